@@ -1,0 +1,20 @@
+"""jaxmesh: a jitted, exact policy evaluator for JAX-native environments."""
+
+from jaxmesh import adapt
+from jaxmesh.envs import make_env
+from jaxmesh.evaluate import Outcome, evaluate, make_evaluator
+from jaxmesh.model import Model
+from jaxmesh.results import EpisodeResult, RunResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "adapt",
+    "make_env",
+    "evaluate",
+    "make_evaluator",
+    "Outcome",
+    "Model",
+    "EpisodeResult",
+    "RunResult",
+]

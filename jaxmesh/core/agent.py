@@ -1,0 +1,312 @@
+"""The agent side of a step: plan, chunk replay, prefetch, frame windows, masking.
+
+Everything here is a pure function of an ``AgentState`` pytree that holds, for
+every lane, the chunk being replayed and its cursor, the prefetched chunk, the
+frame windows of the spec's inputs, the previous action and the recurrent state.
+``act`` takes lane masks and returns one action per lane; ``observe`` pushes the
+next observation into the windows; ``begin`` starts fresh episodes. The scan
+engine (``engine.py``) and a host loop over remote simulators drive the same
+three functions.
+
+Planning is compacted: only lanes that need a plan on this step are gathered,
+in tiles of ``tile`` rows (a size independent of the lane count, so that a row's
+floating-point result never depends on N), and a while loop runs only as many
+tiles as are needed.
+
+Policy keys (CONTRACT 5): the plan of episode key ``k`` at episode step ``t`` uses
+``fold_in(fold_in(k, 1), t)`` for a synchronous plan and
+``fold_in(fold_in(k, 2), t)`` for a prefetch plan. Env-step keys use stream 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxmesh import adapt
+from jaxmesh.core.policy import Policy
+
+RAW = "__obs__"  # the window of the raw observation when there is no spec
+
+STREAM_ENV, STREAM_PLAN, STREAM_PREFETCH = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """Static configuration of the agent side (hashable, never traced)."""
+
+    num_envs: int
+    horizon: int  # effective h = min(H, K)
+    lead: int  # effective l = min(L, h)
+    tile: int
+    action_shape: tuple[int, ...]
+    action_dtype: Any
+    spec: tuple[tuple[str, Any], ...]  # ((name, declaration), ...)
+    raw: bool  # no user spec: the policy sees the observation as it is
+    chunked: bool  # the policy emits chunks (else one action per plan)
+
+
+@struct.dataclass
+class AgentState:
+    chunk: jax.Array  # [N, h, *A] the chunk being replayed
+    pending: jax.Array  # [N, h, *A] the prefetched chunk (lead > 0)
+    cursor: jax.Array  # [N] actions of `chunk` already executed; h = exhausted
+    fresh: jax.Array  # [N] the episode has not planned yet (plan synchronously)
+    windows: dict  # name -> pytree of [N, stack, ...]
+    prev: jax.Array  # [N, *A] the previous executed action
+    rstate: Any  # [N, ...] recurrent policy state
+    calls: jax.Array  # [N] plans issued for the lane's current episode
+    rows: jax.Array  # () policy rows computed (tiles x tile)
+
+
+def make_config(
+    env, policy: Policy, *, num_envs, horizon, lead, tile, chunk
+) -> AgentConfig:
+    spec = policy.spec
+    raw = spec is None
+    items = ((RAW, adapt.State()),) if raw else tuple(spec.items())
+    h = min(horizon, chunk) if chunk is not None else 1
+    return AgentConfig(
+        num_envs=num_envs,
+        horizon=h,
+        lead=min(lead, h),
+        tile=tile,
+        action_shape=tuple(env.action_shape),
+        action_dtype=jnp.dtype(env.action_dtype),
+        spec=items,
+        raw=raw,
+        chunked=chunk is not None,
+    )
+
+
+def _frame(decl, obs, action):
+    return decl.frame(obs, action)
+
+
+def frames(cfg: AgentConfig, obs: Any, action: jax.Array) -> dict:
+    """Single-lane processed frames of every input."""
+    return {name: _frame(decl, obs, action) for name, decl in cfg.spec}
+
+
+def _where(mask, a, b):
+    """Per-lane select over pytrees with a leading lane axis."""
+
+    def sel(x, y):
+        m = jnp.reshape(mask, mask.shape + (1,) * (x.ndim - mask.ndim))
+        return jnp.where(m, x, y)
+
+    return jax.tree.map(sel, a, b)
+
+
+def policy_inputs(cfg: AgentConfig, windows: dict) -> Any:
+    """What the policy sees per lane: frames, or a stacked window for stack > 1."""
+    out = {}
+    for name, decl in cfg.spec:
+        w = windows[name]
+        out[name] = w if decl.stack > 1 else jax.tree.map(lambda x: x[:, 0], w)
+    return out[RAW] if cfg.raw else out
+
+
+def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentState:
+    """Agent state for N lanes; lanes in ``lanes`` begin an episode at ``obs``."""
+    n, h = cfg.num_envs, cfg.horizon
+    zeros_a = jnp.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
+    prev = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
+    first = jax.vmap(lambda o, a: frames(cfg, o, a))(obs, prev)
+    windows = {
+        name: jax.tree.map(
+            lambda f, s=decl.stack: jnp.repeat(f[:, None], s, axis=1), first[name]
+        )
+        for name, decl in cfg.spec
+    }
+    rstate = None
+    if policy.initial_state is not None:
+        one = policy.initial_state()
+        rstate = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), one)
+        rstate = jax.tree.map(jnp.asarray, rstate)
+    state = AgentState(
+        chunk=zeros_a,
+        pending=zeros_a,
+        cursor=jnp.full((n,), h, jnp.int32),
+        fresh=jnp.ones((n,), bool),
+        windows=windows,
+        prev=prev,
+        rstate=rstate,
+        calls=jnp.zeros((n,), jnp.int32),
+        rows=jnp.zeros((), jnp.int32),
+    )
+    return begin(cfg, policy, state, lanes, obs)
+
+
+def begin(
+    cfg: AgentConfig, policy: Policy, state: AgentState, mask: jax.Array, obs: Any
+) -> AgentState:
+    """Starts episodes on the lanes in ``mask`` from their reset observation.
+
+    Windows are filled with copies of the reset frame (zeros for Previous), the
+    cursor marks the chunk exhausted and ``fresh`` forces a synchronous plan.
+    """
+    n, h = cfg.num_envs, cfg.horizon
+    prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
+    first = jax.vmap(lambda o, a: frames(cfg, o, a))(obs, prev0)
+    windows = {}
+    for name, decl in cfg.spec:
+        full = jax.tree.map(
+            lambda f, s=decl.stack: jnp.repeat(f[:, None], s, axis=1), first[name]
+        )
+        windows[name] = _where(mask, full, state.windows[name])
+    rstate = state.rstate
+    if policy.initial_state is not None:
+        one = policy.initial_state()
+        init_r = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), one)
+        rstate = _where(mask, init_r, rstate)
+    return state.replace(
+        cursor=jnp.where(mask, h, state.cursor),
+        fresh=state.fresh | mask,
+        windows=windows,
+        prev=_where(mask, prev0, state.prev),
+        rstate=rstate,
+        calls=jnp.where(mask, 0, state.calls),
+    )
+
+
+def _plan_keys(ep_keys: jax.Array, t: jax.Array, stream: int) -> jax.Array:
+    return jax.vmap(lambda k, s: jax.random.fold_in(jax.random.fold_in(k, stream), s))(
+        ep_keys, t
+    )
+
+
+def _plan(
+    cfg: AgentConfig,
+    policy: Policy,
+    params: Any,
+    state: AgentState,
+    need: jax.Array,
+    buf: jax.Array,
+    keys: jax.Array,
+) -> tuple[jax.Array, Any, jax.Array]:
+    """Plans the lanes in ``need`` in fixed tiles; writes chunks into ``buf``.
+
+    Returns the updated buffer, recurrent state and rows computed.
+    """
+    n, tile, h = cfg.num_envs, cfg.tile, cfg.horizon
+    n_pad = -(-n // tile) * tile
+    (order,) = jnp.nonzero(need, size=n_pad, fill_value=n)
+    n_tiles = (jnp.sum(need, dtype=jnp.int32) + tile - 1) // tile
+    inputs = policy_inputs(cfg, state.windows)
+
+    def body(carry):
+        i, buf, rstate = carry
+        idx = jax.lax.dynamic_slice(order, (i * tile,), (tile,))
+        take = lambda x: jnp.take(x, idx, axis=0, mode="clip")
+        out, new_r = policy.apply(
+            params, jax.tree.map(take, inputs), take(keys), jax.tree.map(take, rstate)
+        )
+        out = jnp.asarray(out).astype(cfg.action_dtype)
+        if not cfg.chunked:
+            out = out[:, None]
+        buf = buf.at[idx].set(out[:, :h], mode="drop")
+        rstate = jax.tree.map(
+            lambda a, b: a.at[idx].set(b.astype(a.dtype), mode="drop"), rstate, new_r
+        )
+        return i + 1, buf, rstate
+
+    _, buf, rstate = jax.lax.while_loop(
+        lambda c: c[0] < n_tiles, body, (jnp.int32(0), buf, state.rstate)
+    )
+    return buf, rstate, n_tiles * tile
+
+
+def act(
+    cfg: AgentConfig,
+    policy: Policy,
+    params: Any,
+    state: AgentState,
+    active: jax.Array,
+    ep_keys: jax.Array,
+    t: jax.Array,
+) -> tuple[AgentState, jax.Array]:
+    """Plans where needed and returns the action each lane executes now.
+
+    Args:
+      active: [N] lanes running an episode (masked lanes plan nothing).
+      ep_keys: [N] episode keys (``PRNGKey(seed)``).
+      t: [N] step index within each lane's episode.
+    """
+    h, lead = cfg.horizon, cfg.lead
+    exhausted = active & (state.cursor >= h)
+    if lead == 0:
+        sync = exhausted
+        chunk = state.chunk
+    else:
+        sync = exhausted & state.fresh
+        chunk = _where(exhausted & ~state.fresh, state.pending, state.chunk)
+    cursor = jnp.where(exhausted, 0, state.cursor)
+    keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
+    chunk, rstate, rows = _plan(cfg, policy, params, state, sync, chunk, keys)
+    state = state.replace(rstate=rstate)
+    calls = state.calls + sync
+    pending = state.pending
+    if lead > 0:
+        pre = active & (cursor == h - lead)
+        keys = _plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
+        pending, rstate, pre_rows = _plan(
+            cfg, policy, params, state, pre, pending, keys
+        )
+        rows = rows + pre_rows
+        calls = calls + pre
+    action = jnp.take_along_axis(
+        chunk,
+        jnp.reshape(jnp.minimum(cursor, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)),
+        1,
+    )[:, 0]
+    prev = _where(active, action, state.prev)
+    windows = dict(state.windows)
+    for name, decl in cfg.spec:
+        if isinstance(decl, adapt.Previous):
+            windows[name] = _push(windows[name], prev, active)
+    state = state.replace(
+        chunk=chunk,
+        pending=pending,
+        cursor=cursor + active,
+        fresh=state.fresh & ~active,
+        windows=windows,
+        prev=prev,
+        rstate=rstate,
+        calls=calls,
+        rows=state.rows + rows,
+    )
+    return state, action
+
+
+def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
+    """Appends a frame to each lane's window (oldest first) where ``mask``."""
+
+    def push(w, f):
+        f = f[:, None].astype(w.dtype)
+        moved = f if w.shape[1] == 1 else jnp.concatenate([w[:, 1:], f], axis=1)
+        if mask is None:
+            return moved
+        m = jnp.reshape(mask, mask.shape + (1,) * (w.ndim - 1))
+        return jnp.where(m, moved, w)
+
+    return jax.tree.map(push, window, frame)
+
+
+def observe(cfg: AgentConfig, state: AgentState, obs: Any) -> AgentState:
+    """Pushes the observation after an executed step into the obs windows.
+
+    Every lane advances: a lane whose episode just ended is re-filled by
+    ``begin`` and a masked lane's windows are never read.
+    """
+    windows = dict(state.windows)
+    for name, decl in cfg.spec:
+        if isinstance(decl, adapt.Previous):
+            continue
+        frame = jax.vmap(lambda o, d=decl: d.frame(o))(obs)
+        windows[name] = _push(windows[name], frame, None)
+    return state.replace(windows=windows)

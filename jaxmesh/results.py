@@ -1,0 +1,169 @@
+"""What a run reports (CONTRACT 8 and 16)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class EpisodeResult(NamedTuple):
+    """One budgeted episode. ``return_`` is the sum of its rewards."""
+
+    index: int
+    seed: int
+    return_: float
+    length: int
+    terminated: bool
+    truncated: bool
+    predict_calls: int
+    lane: int
+
+    def to_dict(self) -> dict:
+        d = self._asdict()
+        d["return"] = d.pop("return_")
+        return d
+
+
+@dataclasses.dataclass
+class RunResult:
+    """A run's results, arrays ordered by episode index.
+
+    Attributes:
+      returns, lengths, seeds, terminated, truncated, predict_calls, lanes: per
+        episode, length ``episodes``.
+      env_steps: executed env steps of active lanes (masked lanes never count).
+      policy_rows: rows the policy actually computed (tiles included).
+      wall_time: seconds for the whole call; ``compile_time`` of it compiling.
+      steps_per_second: ``env_steps`` over the time spent running (not compiling).
+      num_envs, horizon, prefetch_lead: the run's settings; ``effective_horizon``
+        is ``min(horizon, K)``.
+    """
+
+    returns: np.ndarray
+    lengths: np.ndarray
+    seeds: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    predict_calls: np.ndarray
+    lanes: np.ndarray
+    env_steps: int
+    policy_rows: int
+    wall_time: float
+    compile_time: float
+    run_time: float
+    num_envs: int
+    horizon: int
+    effective_horizon: int
+    prefetch_lead: int
+    policy: str = ""
+    env: str = ""
+    chunk: int | None = None
+
+    @property
+    def num_episodes(self) -> int:
+        return int(len(self.returns))
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.env_steps / self.run_time if self.run_time > 0 else 0.0
+
+    @property
+    def rows_per_step(self) -> float:
+        """Policy rows computed per executed env step (ideal: 1/h)."""
+        return self.policy_rows / self.env_steps if self.env_steps else 0.0
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.prefetch_lead > 0
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.num_episodes else float("nan")
+
+    @property
+    def episodes(self) -> list[EpisodeResult]:
+        return [self.episode(i) for i in range(self.num_episodes)]
+
+    def episode(self, i: int) -> EpisodeResult:
+        return EpisodeResult(
+            index=i,
+            seed=int(self.seeds[i]),
+            return_=float(self.returns[i]),
+            length=int(self.lengths[i]),
+            terminated=bool(self.terminated[i]),
+            truncated=bool(self.truncated[i]),
+            predict_calls=int(self.predict_calls[i]),
+            lane=int(self.lanes[i]),
+        )
+
+    def summary(self) -> str:
+        """A readable summary table."""
+        mode = (
+            f"asynchronous (prefetch_lead={self.prefetch_lead}; not comparable to "
+            "a synchronous score)"
+            if self.asynchronous
+            else "synchronous"
+        )
+        rows: list[tuple[str, Any]] = [
+            ("policy", self.policy),
+            ("env", self.env),
+            ("episodes", self.num_episodes),
+        ]
+        if self.num_episodes:
+            r = self.returns
+            rows += [
+                ("mean return", f"{np.mean(r):.3f} +- {np.std(r):.3f}"),
+                ("min / max return", f"{np.min(r):.3f} / {np.max(r):.3f}"),
+                ("mean length", f"{np.mean(self.lengths):.1f}"),
+                (
+                    "terminated / truncated",
+                    f"{int(self.terminated.sum())} / {int(self.truncated.sum())}",
+                ),
+            ]
+        rows += [
+            ("mode", mode),
+            (
+                "lanes / horizon (effective)",
+                f"{self.num_envs} / {self.horizon} ({self.effective_horizon})",
+            ),
+            ("env steps", self.env_steps),
+            ("policy rows per env step", f"{self.rows_per_step:.3f}"),
+            ("env steps / s", f"{self.steps_per_second:,.0f}"),
+            (
+                "wall time (compile)",
+                f"{self.wall_time:.2f} s ({self.compile_time:.2f} s)",
+            ),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict (settings, totals and every episode)."""
+        return {
+            "policy": self.policy,
+            "env": self.env,
+            "settings": {
+                "num_envs": self.num_envs,
+                "horizon": self.horizon,
+                "effective_horizon": self.effective_horizon,
+                "prefetch_lead": self.prefetch_lead,
+                "asynchronous": self.asynchronous,
+                "chunk": self.chunk,
+            },
+            "totals": {
+                "episodes": self.num_episodes,
+                "mean_return": None if not self.num_episodes else self.mean_return,
+                "env_steps": self.env_steps,
+                "policy_rows": self.policy_rows,
+                "rows_per_step": self.rows_per_step,
+                "wall_time": self.wall_time,
+                "compile_time": self.compile_time,
+                "steps_per_second": self.steps_per_second,
+            },
+            "episodes": [e.to_dict() for e in self.episodes],
+        }
