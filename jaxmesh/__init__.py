@@ -2,7 +2,7 @@
 
 from jaxmesh import adapt
 from jaxmesh.envs import make_env
-from jaxmesh.evaluate import Outcome, evaluate, make_evaluator
+from jaxmesh.driver import Outcome, evaluate, make_evaluator
 from jaxmesh.model import Model
 from jaxmesh.results import EpisodeResult, RunResult
 

@@ -35,7 +35,10 @@ CORNERS = ("predict", "predict_chunk", "predict_batch", "predict_chunk_batch")
 
 
 def positional_arity(fn: Callable) -> int | None:
-    """Number of positional parameters ``fn`` takes (None if unknowable)."""
+    """Number of required positional parameters ``fn`` takes (None: unknowable).
+
+    Parameters with defaults do not count, so ``lambda obs, w=w: ...`` takes one.
+    """
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -44,7 +47,9 @@ def positional_arity(fn: Callable) -> int | None:
     for p in sig.parameters.values():
         if p.kind is p.VAR_POSITIONAL:
             return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
+            p.default is p.empty
+        ):
             n += 1
     return n
 

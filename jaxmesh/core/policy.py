@@ -38,18 +38,19 @@ def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable
     if arity is None:
         arity = base
     if arity not in (base, base + 1):
-        want = (
-            "(params, obs) or (params, obs, key)"
-            if with_params
-            else "(obs) or (obs, key)"
-        )
+        want = "(params, obs[, key])" if with_params else "(obs) or (obs, key)"
         raise TypeError(
-            f"policy {name!r} takes {arity} positional arguments; expected {want}"
+            f"policy {name!r} takes {arity} required positional arguments; "
+            f"expected {want}"
         )
-    stochastic = arity == base + 1
+    # A stochastic policy takes the key positionally, or as an optional `key=`.
+    by_keyword = arity == base and takes_param(fn, "key")
+    stochastic = arity == base + 1 or by_keyword
 
     def one(params, obs, key):
         args = ((params,) if with_params else ()) + (obs,)
+        if by_keyword:
+            return fn(*args, key=key)
         if stochastic:
             args += (key,)
         return fn(*args)

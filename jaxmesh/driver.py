@@ -374,8 +374,8 @@ def evaluate(
         try:
             exc.partial_result = _partial(carry, seeds_arr)  # type: ignore[attr-defined]
             exc.add_note(
-                f"jaxmesh: {int(np.sum(exc.partial_result['done']))} of {e} episodes had "
-                "finished; they are on this exception's .partial_result"
+                f"jaxmesh: {int(np.sum(exc.partial_result['done']))} of {e} "
+                "episodes had finished; they are on this exception's .partial_result"
             )
         except Exception:  # the carry itself may be unusable
             pass
