@@ -1,6 +1,7 @@
 """jaxmesh: a jitted, exact policy evaluator for JAX-native environments."""
 
 from jaxmesh import adapt
+from jaxmesh.checkpoint import load_params, save_params
 from jaxmesh.envs import make_env
 from jaxmesh.driver import Outcome, evaluate, make_evaluator
 from jaxmesh.model import Model
@@ -17,4 +18,6 @@ __all__ = [
     "Model",
     "EpisodeResult",
     "RunResult",
+    "save_params",
+    "load_params",
 ]

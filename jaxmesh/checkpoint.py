@@ -1,0 +1,168 @@
+"""Saving and loading policy params with orbax-checkpoint (its ``v1`` API).
+
+A checkpoint is a directory written by ``orbax.checkpoint.v1.save``. Loading
+reads the saved tree's metadata first and restores into that abstract tree, so
+the caller needs no template: the result has the saved tree, dtypes and shapes
+(orbax stores sequences as lists, so a tuple in the tree comes back as a list).
+Saving over an existing path is an error unless ``overwrite=True``.
+
+Example::
+
+    params = model.init(jax.random.PRNGKey(0), obs)
+    jaxmesh.save_params("/tmp/mlp", params)
+    params = jaxmesh.load_params("/tmp/mlp", device=jax.devices("cpu")[0])
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def _ocp():
+    # Imported on first use: orbax adds about half a second to `import jaxmesh`.
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def _abs_path(path: str | os.PathLike) -> Path:
+    # orbax rejects relative paths; resolve against the working directory.
+    return Path(os.fspath(path)).expanduser().absolute()
+
+
+def save_params(
+    path: str | os.PathLike, params: Any, *, overwrite: bool = False
+) -> Path:
+    """Saves a params pytree as an orbax checkpoint directory.
+
+    Leaves may be ``jax.Array``, ``np.ndarray``, Python ints/floats and strings
+    (orbax's standard leaves). The write is atomic: orbax writes to a temporary
+    directory and renames it once complete.
+
+    Args:
+      path: the checkpoint directory to create (relative paths are taken from
+        the working directory; missing parent directories are created).
+      params: the pytree to save, e.g. the output of a flax ``Module.init``.
+      overwrite: replace a checkpoint (or any directory) already at ``path``.
+        Default False: an existing ``path`` is an error, so that a checkpoint is
+        never replaced by accident.
+
+    Returns:
+      The absolute path written.
+
+    Raises:
+      FileExistsError: ``path`` exists and ``overwrite`` is False.
+    """
+    target = _abs_path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(
+            f"save_params: {str(target)!r} already exists; pass overwrite=True to "
+            "replace it, or choose another path"
+        )
+    _ocp().v1.save(target, params, overwrite=overwrite)
+    return target
+
+
+def _abstract_leaf(meta: Any, sharding: jax.sharding.Sharding) -> Any:
+    # orbax's metadata classes are non-runtime Protocols, so tell them apart by
+    # their fields: a saved jax.Array records its sharding, a numpy array not.
+    if hasattr(meta, "sharding_metadata"):
+        return jax.ShapeDtypeStruct(meta.shape, meta.dtype, sharding=sharding)
+    if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+        return np.empty(meta.shape, meta.dtype)
+    return meta  # scalars and strings: orbax's metadata is the leaf itself
+
+
+def _resolve_device(device: jax.Device | str | None) -> jax.Device | None:
+    if device is None or isinstance(device, jax.Device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(
+            f"load_params: device={device!r}; expected None, a jax.Device, or a "
+            "string such as 'cpu' or 'gpu:1'"
+        )
+    platform, _, index = device.strip().lower().partition(":")
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError:
+        devices = []
+    if index and not index.isdigit():
+        raise ValueError(
+            f"load_params: device={device!r}; expected 'PLATFORM' or "
+            "'PLATFORM:INDEX' such as 'gpu:1'"
+        )
+    i = int(index or 0)
+    if i >= len(devices):
+        raise ValueError(
+            f"load_params: device={device!r}, but this machine has {len(devices)} "
+            f"{platform} device(s); available: {[str(d) for d in jax.devices()]}"
+        )
+    return devices[i]
+
+
+def load_params(
+    path: str | os.PathLike, *, device: jax.Device | str | None = None
+) -> Any:
+    """Loads a params pytree saved by ``save_params``.
+
+    Args:
+      path: the checkpoint directory.
+      device: the jax device to place the leaves on (a ``jax.Device`` or a
+        string such as ``'cpu'`` or ``'gpu:1'``). ``None``: saved
+        ``jax.Array`` leaves go to the default device (``jax.devices()[0]``) and
+        saved ``np.ndarray`` leaves stay host numpy arrays. Given a device, every
+        array leaf (numpy ones included) is a ``jax.Array`` on that device
+        (under jax's dtype rules: without ``jax_enable_x64`` a 64-bit numpy leaf
+        becomes 32-bit).
+
+    Returns:
+      The pytree as saved: same structure, dtypes and shapes.
+
+    Raises:
+      FileNotFoundError: nothing exists at ``path``.
+      ValueError: ``path`` exists but is not an orbax checkpoint, or no such
+        device.
+    """
+    device = _resolve_device(device)
+    source = _abs_path(path)
+    if not source.exists():
+        raise FileNotFoundError(
+            f"load_params: no checkpoint at {str(source)!r} (given {str(path)!r}); "
+            "pass the directory written by jaxmesh.save_params(path, params), or "
+            "create one there first"
+        )
+    ocp = _ocp()
+    not_checkpoint = (
+        f"load_params: {str(source)!r} exists but is not an orbax checkpoint "
+        "directory; pass the directory written by jaxmesh.save_params"
+    )
+    if not source.is_dir():
+        raise ValueError(not_checkpoint)
+    try:
+        # is_orbax_checkpoint() accepts any directory (orbax 0.12.8); reading
+        # the metadata is the real test.
+        saved = ocp.v1.metadata(source).metadata
+    except ValueError as e:
+        raise ValueError(f"{not_checkpoint} (orbax: {e})") from e
+    target_device = device if device is not None else jax.devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(target_device)
+    abstract = jax.tree.map(lambda m: _abstract_leaf(m, sharding), saved)
+    params = ocp.v1.load(source, abstract)
+    if device is not None:
+        params = jax.tree.map(
+            lambda x: (
+                jax.device_put(x, device)
+                if isinstance(x, np.ndarray | jax.Array)
+                else x
+            ),
+            params,
+        )
+    return params
+
+
+__all__ = ["save_params", "load_params"]

@@ -1,0 +1,5 @@
+"""Trained policies shipped with jaxmesh (weights inside the package)."""
+
+from jaxmesh.zoo.cartpole import CartPoleMLP
+
+__all__ = ["CartPoleMLP"]

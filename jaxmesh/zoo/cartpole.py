@@ -1,0 +1,122 @@
+"""A small MLP policy for gymnax ``CartPole-v1``, with trained weights shipped.
+
+The weights in ``checkpoints/cartpole_mlp`` were trained by evolution
+strategies with ``python -m jaxmesh.zoo.train_cartpole`` (see ``docs/cli.md``).
+
+Example::
+
+    policy = jaxmesh.zoo.CartPoleMLP()
+    result = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=1000)
+
+    # Or as a plain function of (params, obs), e.g. for make_evaluator:
+    params = jaxmesh.load_params(cartpole.DEFAULT_PATH)
+    action = cartpole.apply(params, obs)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxmesh.checkpoint import load_params
+from jaxmesh.model import Model
+
+#: The checkpoint shipped inside the package, found next to this file.
+DEFAULT_PATH = Path(__file__).resolve().parent / "checkpoints" / "cartpole_mlp"
+
+OBS_SIZE = 4
+NUM_ACTIONS = 2
+
+
+class MLP(nn.Module):
+    """Observation -> action logits: tanh hidden layers, a linear head."""
+
+    hidden: Sequence[int] = (64, 64)
+    num_actions: int = NUM_ACTIONS
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = jnp.asarray(obs, jnp.float32)
+        for width in self.hidden:
+            x = nn.tanh(nn.Dense(width)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+def init(key: jax.Array) -> Any:
+    """Fresh (untrained) params of ``MLP()``."""
+    return MLP().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
+
+
+def apply(params: Any, obs: jax.Array) -> jax.Array:
+    """The greedy action (argmax of the logits) as int32, for one observation.
+
+    Args:
+      params: the params of ``MLP()`` (``init`` or a loaded checkpoint).
+      obs: one CartPole observation, shape (4,) (a leading batch axis also
+        works and gives one action per row).
+
+    Returns:
+      The action, int32, shape () (or (B,) for a batch).
+    """
+    logits = MLP().apply(params, obs)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+class CartPoleMLP(Model):
+    """The trained CartPole MLP as a ``jaxmesh.Model``.
+
+    Args:
+      checkpoint: the checkpoint directory to load; None (or the default) is
+        the one shipped with jaxmesh. A relative path is taken from the working
+        directory.
+      device: the jax device for the params (a ``jax.Device`` or ``'cpu'``,
+        ``'gpu:1'``...; default: the default device).
+      name: a display name.
+
+    Raises:
+      FileNotFoundError: nothing exists at ``checkpoint``.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike | None = DEFAULT_PATH,
+        *,
+        device: jax.Device | str | None = None,
+        name: str | None = None,
+    ):
+        self.checkpoint = Path(DEFAULT_PATH if checkpoint is None else checkpoint)
+        super().__init__(
+            params=load_params(self.checkpoint, device=device),
+            name=name or "CartPoleMLP",
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any] | None = None, /, **kw: Any
+    ) -> CartPoleMLP:
+        """Builds the model from a config dict (the constructor's keywords).
+
+        This is how ``jaxmesh eval`` builds a policy from ``policy_config``;
+        unknown keys raise ``TypeError`` naming them.
+        """
+        given = {**(config or {}), **kw}
+        unknown = sorted(set(given) - {"checkpoint", "device", "name"})
+        if unknown:
+            raise TypeError(
+                f"CartPoleMLP.from_config: unknown key(s) {unknown}; allowed: "
+                "checkpoint (a directory, or null for the shipped one), device, name"
+            )
+        return cls(**given)
+
+    def predict(self, obs: jax.Array) -> jax.Array:
+        """The greedy action for one observation (int32, shape ())."""
+        return apply(self.params, obs)
+
+
+__all__ = ["MLP", "init", "apply", "CartPoleMLP", "DEFAULT_PATH"]
