@@ -2,9 +2,11 @@
 
 from jaxmesh import adapt
 from jaxmesh.checkpoint import load_params, save_params
-from jaxmesh.envs import make_env
 from jaxmesh.driver import Outcome, evaluate, make_evaluator
-from jaxmesh.model import Model
+from jaxmesh.envs import make_env
+from jaxmesh.explain import check_frame_limit, explain
+from jaxmesh.model import Model, build_model
+from jaxmesh.params import Param, ParamError
 from jaxmesh.results import EpisodeResult, RunResult
 
 __version__ = "0.1.0"
@@ -20,4 +22,9 @@ __all__ = [
     "RunResult",
     "save_params",
     "load_params",
+    "Param",
+    "ParamError",
+    "build_model",
+    "explain",
+    "check_frame_limit",
 ]

@@ -221,7 +221,13 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
         how = "from_config" if hasattr(obj, "from_config") else "constructor"
         build = obj.from_config if how == "from_config" else obj
         try:
-            return build(**policy_config)
+            policy = build(**policy_config)
+            from jaxmesh.model import Model
+
+            if isinstance(policy, Model):
+                # Load the weights now: a bad checkpoint is a config error.
+                policy._ensure_loaded()
+            return policy
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise ConfigError(
                 f"cannot build policy {target!r} ({how}) from policy_config "

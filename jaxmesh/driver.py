@@ -22,6 +22,7 @@ from jaxmesh.core import agent
 from jaxmesh.core.engine import DEFAULT_MAX_STEPS, Engine, EngineConfig
 from jaxmesh.core.policy import Policy, output_chunk, resolve_policy
 from jaxmesh.envs import make_env
+from jaxmesh.explain import check_frame_limit
 from jaxmesh.results import EpisodeResult, RunResult
 
 #: Rows per policy call. Fixed (never derived from num_envs) so that a row's
@@ -161,6 +162,7 @@ def build_engine(
         tile=settings.plan_tile,
         chunk=chunk,
     )
+    check_frame_limit(policy.spec, env, cfg.num_envs)
     config = EngineConfig(episodes=episodes, max_steps=settings.max_steps, agent=cfg)
     return Engine(policy, env, config), chunk
 
@@ -252,6 +254,7 @@ def evaluate(
     prefetch_lead: int = 0,
     max_episode_steps: int | None = None,
     hooks: Any = None,
+    params: Any = None,
     plan_tile: int = DEFAULT_PLAN_TILE,
     segment_steps: int = DEFAULT_SEGMENT_STEPS,
 ) -> RunResult:
@@ -271,6 +274,10 @@ def evaluate(
         ``t - min(L, h)`` (simulated asynchronous inference).
       max_episode_steps: a cap on episode length (``truncated`` when hit);
         default: the env's own limit, or 100,000 steps.
+      params: policy params passed as a jit argument (new values never
+        recompile). With ``params``, a plain function is ``fn(params, obs)`` or
+        ``fn(params, obs, key)`` as in ``make_evaluator``; for a Model they
+        replace ``model.params`` for this run.
       hooks: an object (or list) with any of ``on_run_start(info)``,
         ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called on
         the host between segments.
@@ -296,14 +303,13 @@ def evaluate(
         "segment_steps", segment_steps, 1, "env steps per segment"
     )
     env_obj = make_env(env)
-    pol = resolve_policy(policy, with_params=False)
-    params = pol.params
+    with_params = params is not None
+    pol = resolve_policy(policy, with_params=with_params)
+    params = _placed_params(pol, params if with_params else None)
     hook_list = _hooks_list(hooks)
     e = int(seeds_arr.size)
-    if pol.model is not None and hasattr(pol.model, "_ensure_loaded"):
-        pol.model._ensure_loaded()
 
-    cache_key = (id(policy), _env_key(env), settings, e)
+    cache_key = (id(policy), _env_key(env), settings, e, with_params)
     compiled = _CACHE.get(cache_key)
     if compiled is None:
         engine, chunk = build_engine(pol, env_obj, params, settings, e)
@@ -357,7 +363,7 @@ def evaluate(
     compile_time = time.perf_counter() - t0 if (fresh or fresh2) else 0.0
 
     t_run = time.perf_counter()
-    reported = np.zeros(e, bool)
+    reported = 0
     want_episodes = any(hasattr(hk, "on_episode_end") for hk in hook_list) or (
         pol.model is not None and type(pol.model).on_episode_end is not _base_hook()
     )
@@ -366,7 +372,7 @@ def evaluate(
             carry = segment(params, carry)
             n_done = int(carry.lanes.n_done)
             if want_episodes:
-                _stream(carry, reported, seeds_arr, hook_list, pol)
+                reported = _stream(carry, reported, seeds_arr, hook_list, pol)
             if n_done >= e:
                 break
     except BaseException as exc:
@@ -408,6 +414,17 @@ def evaluate(
     return result
 
 
+def _placed_params(pol: Policy, params: Any) -> Any:
+    """A Model's params (loaded once, on its ``device``), or ``params`` as given."""
+    model = pol.model
+    if model is None:
+        return params
+    if params is None:
+        return model.placed_params()
+    model._ensure_loaded()
+    return model.place(params)
+
+
 def _base_hook():
     from jaxmesh.model import Model
 
@@ -432,14 +449,18 @@ def _partial(carry, seeds_arr) -> dict:
     return out
 
 
-def _stream(carry, reported, seeds_arr, hook_list, pol) -> None:
-    """Streams newly finished episodes to the hooks, in episode order."""
+def _stream(carry, cursor: int, seeds_arr, hook_list, pol) -> int:
+    """Streams finished episodes to the hooks in episode order.
+
+    Episode i is reported once every episode before it has been: an episode
+    that ends early waits for the earlier ones. Returns the next index to report.
+    """
     res = jax.device_get(carry.lanes.results)
     done = np.asarray(res.done)
-    new = np.flatnonzero(done & ~reported)
-    for i in new:
+    while cursor < done.size and done[cursor]:
+        i = cursor
         ep = EpisodeResult(
-            index=int(i),
+            index=i,
             seed=int(seeds_arr[i]),
             return_=float(res.returns[i]),
             length=int(res.lengths[i]),
@@ -448,10 +469,11 @@ def _stream(carry, reported, seeds_arr, hook_list, pol) -> None:
             predict_calls=int(res.predict_calls[i]),
             lane=int(res.lane[i]),
         )
-        reported[i] = True
+        cursor += 1
         _call(hook_list, "on_episode_end", ep)
         if pol.model is not None:
-            pol.model.on_episode_end(int(i))
+            pol.model.on_episode_end(i)
+    return cursor
 
 
 class Outcome(NamedTuple):
@@ -511,7 +533,11 @@ def make_evaluator(
         engine = engines[sig]
         s = jnp.asarray(seeds_arr if seeds is None else seeds, jnp.int32)
         if s.shape != (e,):
-            raise ValueError(f"seeds must have shape ({e},), got {s.shape}")
+            raise ValueError(
+                f"seeds must have shape ({e},) (one per budgeted episode), got "
+                f"{s.shape}; pass {e} seeds or build the evaluator with another "
+                "budget"
+            )
         if e == 0:
             z = jnp.zeros((0,))
             return Outcome(
@@ -538,3 +564,54 @@ def make_evaluator(
         )
 
     return evaluator
+
+
+class Agent(NamedTuple):
+    """The jitted agent side alone, for host loops that step envs themselves.
+
+    Attributes:
+      config: the static agent configuration (effective horizon, lead, tile).
+      params: the policy's own params (a Model's ``params``; None for functions).
+      init: ``init(obs, lanes) -> state``; lanes in ``lanes`` begin at ``obs``.
+      step: ``step(params, state, obs, started, active, ep_keys, t) -> (state,
+        actions)``; see ``jaxmesh.core.agent.host_step``.
+    """
+
+    config: agent.AgentConfig
+    params: Any
+    init: Any
+    step: Any
+
+
+def make_agent(
+    policy: Any,
+    env: Any,
+    *,
+    num_envs: int,
+    horizon: int = 1,
+    prefetch_lead: int = 0,
+    plan_tile: int = DEFAULT_PLAN_TILE,
+) -> Agent:
+    """Plan + replay + windows + previous action + masking as jitted functions.
+
+    The scan engine and a host loop over remote simulators drive the same
+    functions, so both give the same per-episode results.
+    """
+    settings = _check_settings(num_envs, horizon, prefetch_lead, None, plan_tile)
+    env_obj = make_env(env)
+    pol = resolve_policy(policy, with_params=False)
+    engine, _ = build_engine(
+        pol, env_obj, _placed_params(pol, None), settings, settings.num_envs
+    )
+    cfg = engine.config.agent
+
+    def init(obs, lanes):
+        return agent.init(cfg, pol, obs, lanes)
+
+    def step(params, state, obs, started, active, ep_keys, t):
+        return agent.host_step(
+            cfg, pol, params, state, obs, started, active, ep_keys, t
+        )
+
+    params = _placed_params(pol, None)
+    return Agent(cfg, params, jax.jit(init), jax.jit(step, donate_argnums=(1,)))

@@ -25,13 +25,29 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from jaxmesh import adapt
+from jaxmesh.params import (
+    Param,
+    ParamError,
+    _jsonable,
+    params_schema,
+    validate_config,
+)
 
 CORNERS = ("predict", "predict_chunk", "predict_batch", "predict_chunk_batch")
+
+#: Version of the ``describe()`` envelope; bumped when a field changes meaning.
+DESCRIBE_SCHEMA_VERSION = 1
 
 
 def positional_arity(fn: Callable) -> int | None:
@@ -72,8 +88,106 @@ def _check_native_chunk(value: Any, who: str) -> int | None:
     return value
 
 
+def _check_device(value: Any, who: str) -> Any:
+    if value is None or isinstance(value, str | jax.Device):
+        return value
+    raise TypeError(
+        f"{who}: device={value!r} must be None, a jax.Device, or a string such as "
+        "'cpu', 'gpu' or 'gpu:1'"
+    )
+
+
+def resolve_device(device: Any) -> jax.Device | None:
+    """A ``device`` value (None, a ``jax.Device`` or ``'cpu'``/``'gpu:1'``) as a device.
+
+    Raises:
+      ValueError: the platform has no such device here (the message lists the
+        devices there are).
+    """
+    if device is None or isinstance(device, jax.Device):
+        return device
+    _check_device(device, "resolve_device")
+    platform, _, index = device.strip().lower().partition(":")
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError:
+        devices = []
+    if not index.isdigit() and index:
+        raise ValueError(
+            f"device={device!r}: expected 'PLATFORM' or 'PLATFORM:INDEX' (e.g. "
+            "'gpu:1'); the index must be an int"
+        )
+    i = int(index) if index else 0
+    if i >= len(devices):
+        raise ValueError(
+            f"device={device!r}: this machine has {len(devices)} {platform} "
+            f"device(s); available devices are {[str(d) for d in jax.devices()]}. "
+            "Pick one of them, or device=None for the default"
+        )
+    return devices[i]
+
+
+def _under_trace() -> bool:
+    """Whether we are inside a jit trace (there, every new array is a tracer)."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+_nothing = contextlib.nullcontext
+
+
+def _loads_first(fn: Callable) -> Callable:
+    """Wraps a corner so that the model's ``load`` has run before it."""
+
+    @functools.wraps(fn)
+    def corner(self, *args, **kwargs):
+        if not self._loaded:
+            self._ensure_loaded()
+        return fn(self, *args, **kwargs)
+
+    corner._jaxmesh_loads_first = True  # type: ignore[attr-defined]
+    return corner
+
+
+class _Params:
+    """``self.params``: the weights; the first read runs ``load`` if needed.
+
+    So whoever reads a model's params first (the host driver, a checkpoint
+    save, a test) gets the loaded weights, never the pre-load placeholder.
+    """
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return objtype._class_params
+        if not obj._loaded and not obj._loading:
+            obj._ensure_loaded()
+        return obj.__dict__.get("params", type(obj)._class_params)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__["params"] = value
+
+
+def _spec_to_dict(decl: Any) -> dict:
+    d: dict[str, Any] = {"kind": type(decl).__name__}
+    for field in dataclasses.fields(decl):
+        v = getattr(decl, field.name)
+        if field.name == "dtype":
+            v = jnp.dtype(v).name
+        elif isinstance(v, tuple):
+            v = list(v)
+        d[field.name] = v
+    return d
+
+
 class Model:
     """Base class for authored policies, or a wrapper around a function.
+
+    Subclass and implement any of the corners ``predict(self, obs)``,
+    ``predict_chunk(self, obs)``, ``predict_batch(self, obs)`` and
+    ``predict_chunk_batch(self, obs)``; read weights from ``self.params``. Put
+    heavy work (imports, weights) in ``load(self, **config)``: it runs exactly
+    once per instance, before the first predict. Declare configuration with
+    ``jaxmesh.Param`` class attributes and build with ``MyModel.from_config``.
 
     Args:
       fn: optional single-lane function to wrap. Without ``params`` it is
@@ -84,45 +198,184 @@ class Model:
       native_chunk: the chunk length K the model emits, if it emits chunks.
       params: the weights pytree corners read as ``self.params``.
       name: a display name (defaults to the class or function name).
+      device: where params (and observations) are placed before predict: a
+        ``jax.Device``, ``'cpu'``, ``'gpu'``, ``'gpu:1'``, or None (default).
+
+    A subclass with its own ``__init__`` may call ``super().__init__()`` with no
+    arguments, or not at all: every attribute has a class-level default.
     """
 
     native_chunk: int | None = None
-    spec: dict | None = None
-    params: Any = None
+    spec: Mapping[str, adapt.Input] | None = None
+    params: Any = _Params()
+    device: Any = None
+    #: Extra JSON-ready fields merged into ``describe()`` (e.g. paper, license).
+    metadata: Mapping[str, Any] | None = None
+
+    # Class-level defaults, so that a subclass whose __init__ skips ours works.
+    _fn: Callable | None = None
+    _name: str | None = None
+    _fn_takes_params: bool = False
+    _class_params: Any = None  # a subclass's `params = ...` class attribute
+    _config: Mapping[str, Any] = MappingProxyType({})
+    _loaded: bool = False
+    _loading: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "params" in vars(cls) and not isinstance(vars(cls)["params"], _Params):
+            cls._class_params = vars(cls)["params"]
+            cls.params = _Params()
+        for name, value in vars(cls).items():
+            if isinstance(value, Param) and name in _RESERVED:
+                raise TypeError(
+                    f"{cls.__name__}.{name} = Param(...): {name!r} is a jaxmesh.Model "
+                    "attribute; give the param another name"
+                )
+        for name in (*CORNERS, "initial_state"):
+            fn = vars(cls).get(name)
+            if fn is vars(Model).get(name):
+                continue  # the base placeholder: not an implemented corner
+            if inspect.isfunction(fn) and not getattr(fn, "_jaxmesh_loads_first", 0):
+                setattr(cls, name, _loads_first(fn))
 
     def __init__(
         self,
         fn: Callable | None = None,
         *,
-        spec: dict | None = None,
+        spec: Mapping[str, adapt.Input] | None = None,
         native_chunk: int | None = None,
         params: Any = None,
         name: str | None = None,
+        device: Any = None,
     ):
-        self._fn = fn
         if fn is not None and not callable(fn):
             raise TypeError(f"Model(fn={fn!r}): fn must be callable")
+        self._fn = fn
+        self._name = name
         if spec is not None:
-            self.spec = spec
-        self.spec = adapt.check_spec(self.spec)
+            self.spec = adapt.check_spec(spec)
         if native_chunk is not None:
             self.native_chunk = native_chunk
-        self.native_chunk = _check_native_chunk(self.native_chunk, self.name_hint(name))
         if params is not None:
             self.params = params
-        self._name = name
+        if device is not None:
+            self.device = device
         self._fn_takes_params = fn is not None and params is not None
-        if fn is None and not self.corners():
+        self._check()
+
+    # Configuration and loading ------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None = None, /, **kw: Any):
+        """Builds a model from validated configuration.
+
+        Checks the values against the class's ``jaxmesh.Param`` declarations
+        (and ``load``'s keyword parameters), then builds the model with no
+        constructor arguments; ``self.<param>`` reads the configured values from
+        ``__init__`` on, and ``load`` receives them (declared params not given
+        get their defaults) when it runs.
+
+        Args:
+          config: a dict of param values (e.g. read from YAML).
+          **kw: more param values (override ``config``).
+
+        Raises:
+          ParamError: an unknown name, a missing required param, or a value
+            outside its param's domain (the message names the param, the value
+            and what is allowed).
+
+        Example::
+
+          model = MyModel.from_config(yaml.safe_load(open("model.yaml")))
+        """
+        if cls is Model:
+            raise TypeError(
+                "Model.from_config: call it on a Model subclass (MyModel.from_config)"
+            )
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(
+                f"{cls.__name__}.from_config(config={config!r}): expected a dict of "
+                "param name to value"
+            )
+        values = validate_config(cls, {**(config or {}), **kw})
+        obj = cls.__new__(cls)
+        obj._config = MappingProxyType(values)
+        try:
+            inspect.signature(obj.__init__).bind()
+        except TypeError as e:
+            raise TypeError(
+                f"{cls.__name__}.from_config builds the model with no constructor "
+                f"arguments, but {cls.__name__}.__init__ needs some ({e}); give them "
+                "defaults, or declare them as jaxmesh.Param"
+            ) from None
+        obj.__init__()
+        return obj
+
+    @classmethod
+    def params_schema(cls) -> dict[str, Param]:
+        """The params ``from_config`` accepts: name -> ``jaxmesh.Param``."""
+        return params_schema(cls)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The configuration this instance was built with (``from_config``)."""
+        return dict(self._config)
+
+    def load(self, **config: Any) -> None:
+        """Hook for heavy work: imports, weights. Runs once, before any predict.
+
+        Override it with the keyword parameters your model takes (or declare
+        them as ``jaxmesh.Param``); set ``self.params`` here. ``MyModel()`` calls
+        it with no arguments (load's own defaults); ``from_config`` passes the
+        validated values.
+        """
+
+    def _ensure_loaded(self) -> None:
+        """Runs ``load`` if it has not run yet (exactly once per instance)."""
+        if self._loaded or self._loading:
+            return
+        self._check()
+        config = dict(self._config)
+        try:
+            inspect.signature(self.load).bind(**config)
+        except TypeError as e:
+            cls = type(self).__name__
+            raise TypeError(
+                f"{cls}.load cannot run with the configuration {config} ({e}): "
+                f"build the model with {cls}.from_config(...) giving its params, or "
+                "give load's parameters defaults"
+            ) from None
+        self._loading = True
+        try:
+            # Weights made in load must be concrete arrays even when the first
+            # call comes from inside a trace (a corner called under jit). Only
+            # then: eager evaluation of this kind skips the op cache (slow).
+            eager = jax.ensure_compile_time_eval() if _under_trace() else _nothing()
+            with eager:
+                self.load(**config)
+        finally:
+            self._loading = False
+        self._loaded = True
+        self._check()
+
+    def _check(self) -> None:
+        """Validates the model's declared attributes (called before running)."""
+        who = self.name
+        adapt.check_spec(self.spec)
+        _check_native_chunk(self.native_chunk, who)
+        _check_device(self.device, who)
+        if self._fn is None and not self.corners():
             raise TypeError(
                 f"{type(self).__name__} implements none of the corners {CORNERS}: "
                 "define at least one (e.g. predict(self, obs)) or wrap a function "
                 "with jaxmesh.Model(fn)"
             )
 
+    # What the model is --------------------------------------------------------
     def name_hint(self, name: str | None = None) -> str:
         if name:
             return name
-        fn = getattr(self, "_fn", None)
+        fn = self._fn
         if fn is not None:
             return getattr(fn, "__name__", type(fn).__name__)
         return type(self).__name__
@@ -143,6 +396,23 @@ class Model:
     def recurrent(self) -> bool:
         return type(self).initial_state is not Model.initial_state
 
+    @property
+    def stochastic(self) -> bool:
+        """Whether the corner the engine calls takes a PRNG ``key``."""
+        if self._fn is not None:
+            base = 1 + int(self._fn_takes_params)
+            arity = positional_arity(self._fn)
+            return arity == base + 1 or (arity == base and takes_param(self._fn, "key"))
+        own = self.corners()
+        chunked = "predict_chunk_batch" in own or "predict_chunk" in own
+        batch, single = (
+            ("predict_chunk_batch", "predict_chunk")
+            if chunked
+            else ("predict_batch", "predict")
+        )
+        corner = batch if batch in own else single
+        return corner in own and takes_param(getattr(self, corner), "key")
+
     def initial_state(self) -> Any:
         """Single-lane recurrent state at an episode start (recurrent models)."""
         return None
@@ -153,6 +423,22 @@ class Model:
     def close(self) -> None:
         """Releases resources; ``evaluate`` never calls it."""
 
+    # Placement ----------------------------------------------------------------
+    def placed_params(self) -> Any:
+        """``self.params`` on ``self.device`` (as they are when device is None).
+
+        Runs ``load`` first if it has not run.
+        """
+        self._ensure_loaded()
+        return self.place(self.params)
+
+    def place(self, tree: Any) -> Any:
+        """Puts every array leaf of ``tree`` on ``self.device`` (None: as is)."""
+        device = resolve_device(self.device)
+        if device is None or tree is None:
+            return tree
+        return jax.device_put(tree, device)
+
     @contextlib.contextmanager
     def bound(self, params: Any):
         """Temporarily binds ``params`` (possibly traced) as ``self.params``."""
@@ -162,6 +448,62 @@ class Model:
             yield self
         finally:
             self.params = old
+
+    # Introspection --------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """A JSON-serialisable description of the model (does not run ``load``).
+
+        Returns:
+          A dict with ``schema_version`` (1), ``name``, ``class``, ``doc``,
+          ``wraps`` (the wrapped function's name, or None), ``corners``
+          (implemented, not derived), ``native_chunk``, ``stochastic``,
+          ``recurrent``, ``spec`` (input name -> declaration fields, or None),
+          ``reads`` (observation keys the spec reads; None is the whole
+          observation), ``params`` (name -> default, doc, choices/low/high),
+          ``config`` (the values this instance was built with), ``device``,
+          and every field of the ``metadata`` class attribute.
+
+        Raises:
+          ValueError: a ``metadata`` field reuses a name above.
+        """
+        cls = type(self)
+        doc = inspect.getdoc(cls) if cls.__doc__ else None
+        spec = None if self.spec is None else dict(self.spec)
+        out: dict[str, Any] = {
+            "schema_version": DESCRIBE_SCHEMA_VERSION,
+            "name": self.name,
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "doc": doc.splitlines()[0] if doc else None,
+            "wraps": None if self._fn is None else self.name_hint(),
+            "corners": list(self.corners()),
+            "native_chunk": self.native_chunk,
+            "stochastic": self.stochastic,
+            "recurrent": self.recurrent,
+            "spec": None
+            if spec is None
+            else {k: _spec_to_dict(d) for k, d in spec.items()},
+            "reads": adapt.read_keys(spec),
+            "params": {k: p.to_dict() for k, p in params_schema(cls).items()},
+            "config": {k: _jsonable(v) for k, v in self._config.items()},
+            "device": None if self.device is None else str(self.device),
+        }
+        for key, value in dict(self.metadata or {}).items():
+            if key in out:
+                raise ValueError(
+                    f"{cls.__name__}.metadata[{key!r}] would replace describe()'s "
+                    f"own field {key!r}; rename it (reserved: {sorted(out)})"
+                )
+            out[key] = _jsonable(value)
+        return out
+
+    def explain(self, env: Any, num_envs: int = 1):
+        """What the evaluator reads from ``env`` for this model, and its memory.
+
+        Runs ``load`` first (it may set the spec). See ``jaxmesh.explain``.
+        """
+        from jaxmesh.explain import explain
+
+        return explain(self, env, num_envs=num_envs)
 
     # The four corners. Authored subclasses override any of them.
     def predict(self, obs):  # pragma: no cover - placeholder, never called
@@ -180,4 +522,93 @@ class Model:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-__all__ = ["Model", "CORNERS"]
+_RESERVED = frozenset(n for n in dir(Model) if not n.startswith("__"))
+
+
+def resolve_class(target: str) -> Any:
+    """Imports ``'package.module:Name'`` (or ``'package.module.Name'``).
+
+    Raises:
+      ValueError: the string names no importable attribute.
+    """
+    import importlib
+
+    if not isinstance(target, str) or not target:
+        raise TypeError(f"expected 'package.module:Class', got {target!r}")
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        module_name, _, attr = target.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(
+            f"{target!r}: expected 'package.module:Class' (e.g. "
+            "'my_policies.act:ACTPolicy')"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"{target!r}: cannot import module {module_name!r}: {e}"
+        ) from e
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(
+                f"{target!r}: module {module_name!r} has no attribute {attr!r}"
+            )
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_model(
+    target: str | type[Model] | Model | Callable,
+    config: Mapping[str, Any] | None = None,
+    *,
+    device: Any = None,
+) -> Model:
+    """Builds a model the way a YAML config describes one.
+
+    Args:
+      target: a ``Model`` subclass, ``'package.module:Class'``, a ``Model``
+        instance (returned as it is), or a plain policy function (wrapped).
+      config: the param values, validated by ``Class.from_config``.
+      device: optional device for the model (see ``Model``).
+
+    Raises:
+      ParamError: a bad config (see ``Model.from_config``).
+
+    Example::
+
+      cfg = yaml.safe_load(open("act.yaml"))["model"]
+      model = jaxmesh.build_model(cfg["class"], cfg.get("config"))
+    """
+    obj = resolve_class(target) if isinstance(target, str) else target
+    if isinstance(obj, type) and issubclass(obj, Model):
+        model = obj.from_config(config or {})
+    elif isinstance(obj, Model) or callable(obj):
+        if config:
+            raise ParamError(
+                f"{target!r} is not a Model class, so it takes no config; got "
+                f"{dict(config)!r}",
+                param=next(iter(config)),
+                value=dict(config),
+                allowed="no params",
+            )
+        model = obj if isinstance(obj, Model) else Model(obj)
+    else:
+        raise TypeError(
+            f"{target!r} is a {type(obj).__name__}; expected a jaxmesh.Model "
+            "subclass or a policy function"
+        )
+    if device is not None:
+        model.device = _check_device(device, model.name)
+    return model
+
+
+__all__ = [
+    "Model",
+    "CORNERS",
+    "DESCRIBE_SCHEMA_VERSION",
+    "build_model",
+    "resolve_class",
+    "resolve_device",
+]

@@ -310,3 +310,35 @@ def observe(cfg: AgentConfig, state: AgentState, obs: Any) -> AgentState:
         frame = jax.vmap(lambda o, d=decl: d.frame(o))(obs)
         windows[name] = _push(windows[name], frame, None)
     return state.replace(windows=windows)
+
+
+def host_step(
+    cfg: AgentConfig,
+    policy: Policy,
+    params: Any,
+    state: AgentState,
+    obs: Any,
+    started: jax.Array,
+    active: jax.Array,
+    ep_keys: jax.Array,
+    t: jax.Array,
+) -> tuple[AgentState, jax.Array]:
+    """One agent step for a host loop that steps its envs itself (remote sims).
+
+    The same order as the scan engine: push the observation each lane got from
+    its last step, start the episodes in ``started`` from their reset
+    observation, then plan and pick this step's actions.
+
+    Args:
+      obs: [N] the current observation of every lane (the reset observation for
+        lanes in ``started``).
+      started: [N] lanes whose episode starts at this step.
+      active: [N] lanes running an episode; the others plan nothing.
+      ep_keys: [N] episode keys; t: [N] step index within each episode.
+
+    Returns:
+      The new agent state and [N] actions (meaningless for inactive lanes).
+    """
+    state = observe(cfg, state, obs)
+    state = begin(cfg, policy, state, started, obs)
+    return act(cfg, policy, params, state, active, ep_keys, t)

@@ -109,6 +109,8 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
     """
     if isinstance(policy, Model):
         model = policy
+        # load() may set the spec or native_chunk as well as the weights.
+        model._ensure_loaded()
         if model._fn is not None:
             apply, stochastic = _wrap_function(
                 model._fn, model.name, with_params or model._fn_takes_params

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from jaxmesh.checkpoint import load_params
 from jaxmesh.model import Model
+from jaxmesh.params import Param
 
 #: The checkpoint shipped inside the package, found next to this file.
 DEFAULT_PATH = Path(__file__).resolve().parent / "checkpoints" / "cartpole_mlp"
@@ -71,48 +72,23 @@ def apply(params: Any, obs: jax.Array) -> jax.Array:
 class CartPoleMLP(Model):
     """The trained CartPole MLP as a ``jaxmesh.Model``.
 
-    Args:
-      checkpoint: the checkpoint directory to load; None (or the default) is
-        the one shipped with jaxmesh. A relative path is taken from the working
-        directory.
-      device: the jax device for the params (a ``jax.Device`` or ``'cpu'``,
-        ``'gpu:1'``...; default: the default device).
-      name: a display name.
+    Configure it with ``CartPoleMLP.from_config(checkpoint=...)`` (the CLI's
+    ``policy_config``) or use ``CartPoleMLP()`` for the shipped weights; the
+    checkpoint is read once, by ``load``, before the first prediction.
 
     Raises:
-      FileNotFoundError: nothing exists at ``checkpoint``.
+      FileNotFoundError: nothing exists at ``checkpoint`` (when loading).
     """
 
-    def __init__(
-        self,
-        checkpoint: str | os.PathLike | None = DEFAULT_PATH,
-        *,
-        device: jax.Device | str | None = None,
-        name: str | None = None,
-    ):
-        self.checkpoint = Path(DEFAULT_PATH if checkpoint is None else checkpoint)
-        super().__init__(
-            params=load_params(self.checkpoint, device=device),
-            name=name or "CartPoleMLP",
-        )
+    checkpoint = Param(
+        None,
+        type=(str, type(None)),
+        doc="orbax checkpoint directory of the weights; null: the shipped one",
+    )
 
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any] | None = None, /, **kw: Any
-    ) -> CartPoleMLP:
-        """Builds the model from a config dict (the constructor's keywords).
-
-        This is how ``jaxmesh eval`` builds a policy from ``policy_config``;
-        unknown keys raise ``TypeError`` naming them.
-        """
-        given = {**(config or {}), **kw}
-        unknown = sorted(set(given) - {"checkpoint", "device", "name"})
-        if unknown:
-            raise TypeError(
-                f"CartPoleMLP.from_config: unknown key(s) {unknown}; allowed: "
-                "checkpoint (a directory, or null for the shipped one), device, name"
-            )
-        return cls(**given)
+    def load(self, checkpoint: str | os.PathLike | None = None) -> None:
+        path = Path(DEFAULT_PATH if checkpoint is None else checkpoint)
+        self.params = load_params(path)
 
     def predict(self, obs: jax.Array) -> jax.Array:
         """The greedy action for one observation (int32, shape ())."""

@@ -1,0 +1,255 @@
+"""Models from flax modules: ``from_nnx`` (flax NNX) and ``from_linen``.
+
+Both return a ``jaxmesh.Model`` whose ``params`` is a plain pytree of arrays (a
+nested dict), so it saves with ``jaxmesh.save_params``, restores with
+``jaxmesh.load_params``, and is passed to the engine as a jit argument (new
+weights never recompile). Example::
+
+    net = MyNet(rngs=nnx.Rngs(0))                  # an nnx.Module
+    model = from_nnx(net, native_chunk=8, spec={"image": Image(size=(16, 16))},
+                     postprocess=lambda logits: jnp.argmax(logits, -1))
+    jaxmesh.save_params("ckpt/act", model.params)
+    model.params = jaxmesh.load_params("ckpt/act")
+
+By default the module is called on a batch of lanes (``batched=True``: the
+``predict_batch`` / ``predict_chunk_batch`` corners); ``batched=False`` calls it
+on one lane at a time (``predict`` / ``predict_chunk``, vmapped by the engine).
+A module that emits chunks declares ``native_chunk``. With ``stochastic=True``
+the module is called as ``module(obs, key)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxmesh import adapt
+from jaxmesh.model import Model
+
+Forward = Callable[[Any, Any, Any], Any]  # (params, obs, key) -> output
+
+
+class FlaxModel(Model):
+    """A ``jaxmesh.Model`` around a pure ``forward(params, obs, key)``.
+
+    Built by ``from_nnx`` and ``from_linen``; one concrete subclass per corner
+    (see ``_model_class``) so that the engine sees which corner it implements.
+
+    Args:
+      forward: ``(params, obs, key) -> output``; key is None when the model is
+        deterministic.
+      params: the weights pytree.
+      postprocess: optional ``output -> action or chunk`` (e.g. argmax of
+        logits).
+      native_chunk, spec, name, device: as for ``jaxmesh.Model``.
+    """
+
+    def __init__(
+        self,
+        forward: Forward,
+        params: Any,
+        *,
+        postprocess: Callable[[Any], Any] | None = None,
+        native_chunk: int | None = None,
+        spec: Mapping[str, adapt.Input] | None = None,
+        name: str | None = None,
+        device: Any = None,
+    ):
+        self._forward = forward
+        self._postprocess = postprocess
+        super().__init__(
+            spec=spec,
+            native_chunk=native_chunk,
+            params=params,
+            name=name,
+            device=device,
+        )
+
+    def _run(self, obs: Any, key: Any) -> Any:
+        out = self._forward(self.params, obs, key)
+        return out if self._postprocess is None else self._postprocess(out)
+
+
+_CLASSES: dict[tuple[str, bool], type[FlaxModel]] = {}
+
+
+def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
+    """The ``FlaxModel`` subclass implementing exactly ``corner``."""
+    cls = _CLASSES.get((corner, stochastic))
+    if cls is not None:
+        return cls
+    if stochastic:
+
+        def method(self, obs, key):
+            return self._run(obs, key)
+    else:
+
+        def method(self, obs):
+            return self._run(obs, None)
+
+    method.__name__ = method.__qualname__ = corner
+    name = "Flax" + "".join(w.title() for w in corner.split("_"))
+    cls = type(name, (FlaxModel,), {corner: method, "__module__": __name__})
+    _CLASSES[(corner, stochastic)] = cls
+    return cls
+
+
+def _build(
+    forward: Forward,
+    params: Any,
+    *,
+    batched: bool,
+    stochastic: bool,
+    native_chunk: int | None,
+    spec: Mapping[str, adapt.Input] | None,
+    name: str,
+    device: Any,
+    postprocess: Callable[[Any], Any] | None,
+) -> FlaxModel:
+    corner = "predict_chunk" if native_chunk is not None else "predict"
+    if batched:
+        corner += "_batch"
+    cls = _model_class(corner, stochastic)
+    return cls(
+        forward,
+        params,
+        postprocess=postprocess,
+        native_chunk=native_chunk,
+        spec=spec,
+        name=name,
+        device=device,
+    )
+
+
+def _str_keys(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        return {str(k): _str_keys(v) for k, v in tree.items()}
+    return tree
+
+
+def from_nnx(
+    module: Any,
+    *,
+    params: Any = None,
+    native_chunk: int | None = None,
+    spec: Mapping[str, adapt.Input] | None = None,
+    name: str | None = None,
+    device: Any = None,
+    batched: bool = True,
+    stochastic: bool = False,
+    postprocess: Callable[[Any], Any] | None = None,
+    trainable: Any = None,
+) -> FlaxModel:
+    """A model from a flax NNX module.
+
+    The module is split into its graph definition, its trainable state (the
+    model's ``params``, as a plain nested dict) and everything else (kept
+    fixed, e.g. RNG state or batch statistics). Each predict merges them back
+    and calls the module. Put the module in eval mode first (``module.eval()``)
+    if it has dropout or batch norm.
+
+    Args:
+      module: an ``nnx.Module``; ``module(obs)`` (or ``module(obs, key)`` when
+        ``stochastic``) returns the action, chunk, or what ``postprocess`` turns
+        into one.
+      params: weights to use instead of the module's own: a nested dict such as
+        ``jaxmesh.load_params`` returns, or an ``nnx.State``.
+      native_chunk: K if the module emits chunks of K actions.
+      spec: the input declarations (then ``obs`` is a dict of inputs).
+      name: display name (default: the module's class name).
+      device: where params are placed (see ``jaxmesh.Model``).
+      batched: the module takes a batch of lanes (default) or one lane.
+      stochastic: call ``module(obs, key)`` with a per-lane PRNG key.
+      postprocess: ``output -> action or chunk``, e.g.
+        ``lambda logits: jnp.argmax(logits, -1)``.
+      trainable: the nnx filter selecting the params (default ``nnx.Param``).
+
+    Returns:
+      A ``jaxmesh.Model``.
+    """
+    from flax import nnx
+
+    if not isinstance(module, nnx.Module):
+        raise TypeError(
+            f"from_nnx({module!r}): expected an nnx.Module instance (for a linen "
+            "module, use from_linen(module, params))"
+        )
+    graphdef, state, rest = nnx.split(module, trainable or nnx.Param, ...)
+    if params is None:
+        params = nnx.to_pure_dict(state)
+    elif isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    # String keys throughout (nnx.List indices are ints): the same tree as a
+    # checkpoint restores, so swapping in loaded weights never recompiles.
+    params = _str_keys(params)
+
+    def forward(params, obs, key):
+        net = nnx.merge(graphdef, params, rest)
+        return net(obs) if key is None else net(obs, key)
+
+    return _build(
+        forward,
+        params,
+        batched=batched,
+        stochastic=stochastic,
+        native_chunk=native_chunk,
+        spec=spec,
+        name=name or type(module).__name__,
+        device=device,
+        postprocess=postprocess,
+    )
+
+
+def from_linen(
+    module: Any,
+    params: Any,
+    *,
+    native_chunk: int | None = None,
+    spec: Mapping[str, adapt.Input] | None = None,
+    name: str | None = None,
+    device: Any = None,
+    batched: bool = True,
+    stochastic: bool = False,
+    postprocess: Callable[[Any], Any] | None = None,
+    method: str | Callable | None = None,
+) -> FlaxModel:
+    """A model from a flax linen module and its params.
+
+    Each predict calls ``module.apply(params, obs)`` (``module.apply(params,
+    obs, key)`` when ``stochastic``).
+
+    Args:
+      module: a ``flax.linen.Module``.
+      params: the variables from ``module.init`` (e.g. ``{"params": ...}``) or
+        ``jaxmesh.load_params``.
+      native_chunk, spec, name, device, batched, stochastic, postprocess: as
+        for ``from_nnx``.
+      method: the module method to apply (default ``__call__``).
+
+    Returns:
+      A ``jaxmesh.Model``.
+    """
+    if params is None:
+        raise ValueError(
+            f"from_linen({type(module).__name__}): params is None; pass the "
+            "variables from module.init(key, obs) or jaxmesh.load_params(path)"
+        )
+
+    def forward(params, obs, key):
+        args = (obs,) if key is None else (obs, key)
+        return module.apply(params, *args, method=method)
+
+    return _build(
+        forward,
+        params,
+        batched=batched,
+        stochastic=stochastic,
+        native_chunk=native_chunk,
+        spec=spec,
+        name=name or type(module).__name__,
+        device=device,
+        postprocess=postprocess,
+    )
+
+
+__all__ = ["from_nnx", "from_linen", "FlaxModel"]

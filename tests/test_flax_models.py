@@ -1,0 +1,133 @@
+"""Models from flax modules (NNX and linen), their weights saved and restored
+with orbax (``jaxmesh.save_params`` / ``load_params``), evaluated on gymnax
+CartPole against a plain Python loop that calls the original module."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from reference_loop import gymnax_fns, run_episode
+
+import jaxmesh
+from jaxmesh.flax_models import from_linen, from_nnx
+
+CARTPOLE = gymnax.make("CartPole-v1")
+REF = gymnax_fns(*CARTPOLE)
+SEEDS = [0, 1, 2, 3]
+TILE = 32  # the engine's plan tile: the reference computes in batches this size
+
+
+def rows(x):
+    return jnp.broadcast_to(x, (TILE, *x.shape))
+
+
+def greedy(logits):
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def reference(plan, horizon=1):
+    """``plan(obs) -> chunk`` over SEEDS by gymnax's reset_env / step_env."""
+    plan = jax.jit(plan)
+    return [
+        run_episode(*REF, lambda o, key: plan(o), s, horizon=horizon) for s in SEEDS
+    ]
+
+
+def assert_matches(result, refs):
+    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
+    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
+    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
+    assert len({r.length for r in refs}) > 1  # the weights matter
+
+
+class NnxMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.layers = nnx.List(
+            [nnx.Linear(4, 16, rngs=rngs), nnx.Linear(16, 2, rngs=rngs)]
+        )
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)  # not a param: kept fixed
+
+    def __call__(self, x):
+        x = self.dropout(jnp.tanh(self.layers[0](x)))
+        return self.layers[1](x)
+
+
+class LinenChunker(nn.Module):
+    """One observation -> logits of a chunk of 4 actions."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.tanh(nn.Dense(16)(obs))
+        return nn.Dense(4 * 2)(x).reshape(4, 2)
+
+
+def test_nnx_module_saved_restored_and_evaluated(tmp_path):
+    net = NnxMLP(nnx.Rngs(3))
+    net.eval()  # dropout off
+    model = from_nnx(net, postprocess=greedy)
+    assert model.corners() == ("predict_batch",) and model.name == "NnxMLP"
+    assert set(model.params) == {"layers"} and set(model.params["layers"]) == {"0", "1"}
+
+    jaxmesh.save_params(tmp_path / "mlp", model.params)
+    restored = jaxmesh.load_params(tmp_path / "mlp")
+    assert jax.tree.structure(restored) == jax.tree.structure(model.params)
+    for a, b in zip(
+        jax.tree.leaves(restored), jax.tree.leaves(model.params), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+
+    fresh = NnxMLP(nnx.Rngs(99))  # other weights: the restored ones replace them
+    fresh.eval()
+    loaded = from_nnx(fresh, params=restored, postprocess=greedy)
+    result = jaxmesh.evaluate(loaded, CARTPOLE, num_envs=3, seeds=SEEDS)
+    assert_matches(result, reference(lambda o: greedy(net(rows(o)))[:1]))
+
+
+def test_linen_chunk_module_saved_restored_and_evaluated(tmp_path):
+    module = LinenChunker()
+    params = module.init(jax.random.PRNGKey(4), jnp.zeros(4))
+    jaxmesh.save_params(tmp_path / "chunker", params)
+    restored = jaxmesh.load_params(tmp_path / "chunker", device=jax.devices("cpu")[0])
+
+    model = from_linen(
+        module, restored, native_chunk=4, batched=False, postprocess=greedy
+    )
+    assert model.corners() == ("predict_chunk",) and model.native_chunk == 4
+    result = jaxmesh.evaluate(model, CARTPOLE, num_envs=2, seeds=SEEDS, horizon=3)
+
+    def plan(obs):
+        return greedy(jax.vmap(lambda o: module.apply(params, o))(rows(obs)))[0]
+
+    assert_matches(result, reference(plan, horizon=3))
+
+
+def test_stochastic_and_device_options():
+    class Sampler(nn.Module):
+        @nn.compact
+        def __call__(self, obs, key):
+            logits = nn.Dense(2)(obs)
+            return jax.random.categorical(key, logits).astype(jnp.int32)
+
+    module = Sampler()
+    params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)), jax.random.key(1))
+    model = from_linen(module, params, stochastic=True, device="cpu", name="s")
+    assert model.stochastic and model.corners() == ("predict_batch",)
+    d = model.describe()
+    assert (d["name"], d["stochastic"], d["device"]) == ("s", True, "cpu")
+    obs, key = jnp.ones((3, 4)), jax.random.PRNGKey(5)
+    want = module.apply(params, obs, key)
+    np.testing.assert_array_equal(model.predict_batch(obs, key), want)
+    cpu = jax.devices("cpu")[0]
+    assert all(x.devices() == {cpu} for x in jax.tree.leaves(model.placed_params()))
+
+
+def test_bad_modules():
+    with pytest.raises(TypeError, match="expected an nnx.Module"):
+        from_nnx(None)
+    with pytest.raises(ValueError, match="params is None"):
+        from_linen(LinenChunker(), None)

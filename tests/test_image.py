@@ -1,0 +1,176 @@
+"""Image inputs on a gymnax MinAtar game (Breakout-MinAtar, (10, 10, 4) frames):
+``Image(size=(16, 16), stack=4)`` against a plain Python loop that resizes each
+frame with ``jax.image.resize`` and stacks the last four; and a spec naming a key
+the env does not have.
+
+The policies are exact: resized MinAtar frames hold multiples of 1/256 (the
+bilinear weights of 10 -> 16 are multiples of 1/16), and the projections use
+small integer weights, so every float sum is exact whatever its order or batch.
+"""
+
+from __future__ import annotations
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference_loop import gymnax_fns, run_episode
+
+import jaxmesh
+from jaxmesh.adapt import Image, Previous, State
+
+BREAKOUT = gymnax.make("Breakout-MinAtar")
+SIDE, STACK, ACTIONS = 16, 4, 3
+SEEDS = [0, 1, 2]
+CAP = 400  # max_episode_steps: keeps the reference loop short
+
+_w = np.random.default_rng(0).integers(-2, 3, (STACK * SIDE * SIDE * 4, 2 * ACTIONS))
+W = jnp.asarray(_w, jnp.float32)
+
+
+def scores(image):
+    """[STACK, 16, 16, 4] -> two rows of action scores, exactly."""
+    return (image.reshape(-1) @ W).reshape(2, ACTIONS)
+
+
+def act(image, bias=0.0):
+    """Follow the ball with the paddle (columns of the newest frame); when level,
+    the best action of the projected stack. Column sums and argmax are exact."""
+    cols = image[-1].sum(axis=0)  # [16, 4]: per column, per channel
+    move = jnp.argmax(cols[:, 1]) - jnp.argmax(cols[:, 0])  # ball - paddle
+    best = jnp.argmax(scores(image)[0] + bias)
+    return jnp.where(move < 0, 1, jnp.where(move > 0, 2, best)).astype(jnp.int32)
+
+
+def resize(frame):
+    """The reference frame: float in [0, 1], resized by jax.image.resize."""
+    frame = jnp.asarray(frame)
+    if frame.dtype == jnp.uint8:
+        frame = frame.astype(jnp.float32) / 255.0
+    return jax.image.resize(frame.astype(jnp.float32), (SIDE, SIDE, 4), "bilinear")
+
+
+def window(frames, t):
+    """The last STACK frames up to step t, oldest first, reset frame repeated."""
+    return np.stack([frames[max(i, 0)] for i in range(t - STACK + 1, t + 1)])
+
+
+def assert_matches(result, refs):
+    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
+    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
+    np.testing.assert_array_equal(result.terminated, [r.terminated for r in refs])
+    np.testing.assert_array_equal(result.truncated, [r.truncated for r in refs])
+    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
+
+
+def test_stacked_resized_frames_match_reference():
+    def policy(obs):
+        return act(obs["image"])
+
+    model = jaxmesh.Model(policy, spec={"image": Image(size=(SIDE, SIDE), stack=4)})
+    result = jaxmesh.evaluate(
+        model, BREAKOUT, num_envs=2, seeds=SEEDS, max_episode_steps=CAP
+    )
+
+    plan = jax.jit(lambda frames: act(jax.vmap(resize)(frames))[None])
+    refs = [
+        run_episode(
+            *gymnax_fns(*BREAKOUT),
+            lambda frames, key: plan(frames),
+            seed,
+            cap=CAP,
+            inputs=lambda obs_h, act_h, t: window(obs_h, t),
+        )
+        for seed in SEEDS
+    ]
+    assert len({r.length for r in refs}) > 1
+    assert len(np.unique(np.concatenate([np.asarray(r.actions) for r in refs]))) > 1
+    assert_matches(result, refs)
+
+
+class PixelsBreakout:
+    """Breakout-MinAtar with a dict observation: uint8 ``pixels`` and the
+    ball's ``ball`` position (a jaxmesh env: reset/step, never auto-resets)."""
+
+    name = "pixels-breakout"
+    action_shape = ()
+    action_dtype = jnp.int32
+    num_actions = ACTIONS
+
+    def __init__(self):
+        self.env, self.params = BREAKOUT
+
+    def _obs(self, obs, state):
+        return {
+            "pixels": (obs * 255).astype(jnp.uint8),
+            "ball": jnp.stack([state.ball_x, state.ball_y]).astype(jnp.int32),
+        }
+
+    def reset(self, key):
+        obs, state = self.env.reset_env(key, self.params)
+        return self._obs(obs, state), state
+
+    def step(self, key, state, action):
+        obs, state, reward, done, _ = self.env.step_env(key, state, action, self.params)
+        truncated = self.env.is_truncated(state, self.params)
+        return self._obs(obs, state), state, reward.astype(jnp.float32), done, truncated
+
+
+def test_dict_obs_uint8_pixels_with_chunks_and_previous_action():
+    # Chunks of 2 played whole: the window must advance on replayed steps too.
+    spec = {
+        "image": Image(key="pixels", size=(SIDE, SIDE), stack=STACK),
+        "ball": State(key="ball"),
+        "prev": Previous(),
+    }
+
+    def chunk(image, ball, prev):
+        # Then, a second action from the other projection, the ball's state
+        # and the previous action.
+        extra = jnp.stack([ball[0] - ball[1], prev, 1 - prev])
+        second = jnp.argmax(scores(image)[1] + extra).astype(jnp.int32)
+        return jnp.stack([act(image, bias=extra), second])
+
+    model = jaxmesh.Model(lambda o: chunk(**o), spec=spec, native_chunk=2)
+    env = PixelsBreakout()
+    result = jaxmesh.evaluate(
+        model, env, num_envs=2, seeds=SEEDS, horizon=2, max_episode_steps=CAP
+    )
+
+    plan = jax.jit(
+        lambda frames, ball, prev: chunk(jax.vmap(resize)(frames), ball, prev)
+    )
+
+    def inputs(obs_h, act_h, t):
+        frames = window([o["pixels"] for o in obs_h], t)
+        prev = np.int32(act_h[t - 1] if t > 0 else 0)
+        return frames, obs_h[t]["ball"], prev
+
+    refs = [
+        run_episode(
+            jax.jit(env.reset),
+            jax.jit(env.step),
+            lambda x, key: plan(*x),
+            seed,
+            horizon=2,
+            cap=CAP,
+            inputs=inputs,
+        )
+        for seed in SEEDS
+    ]
+    assert len({r.length for r in refs}) > 1
+    assert_matches(result, refs)
+
+
+def test_a_missing_key_fails_before_compiling_listing_the_env_keys():
+    model = jaxmesh.Model(
+        lambda o: jnp.int32(0), spec={"image": Image(key="rgb", size=(8, 8))}
+    )
+    with pytest.raises(ValueError, match=r"no such key; its keys are \['ball', 'p"):
+        jaxmesh.evaluate(model, PixelsBreakout(), episodes=1)
+    with pytest.raises(ValueError, match=r"Image\(key='rgb'\)"):
+        jaxmesh.explain(model, PixelsBreakout())
+    # A key on an env whose observation is one array (not a dict).
+    with pytest.raises(ValueError, match="reads a dict key, but the env observation"):
+        jaxmesh.explain({"x": State(key="x")}, BREAKOUT)

@@ -1,0 +1,438 @@
+"""jaxmesh.Model: the four corners, describe(), device placement, and the
+author's path of docs/models.md (an ACT-style chunked image policy).
+
+Every evaluation is checked against ``reference_loop.run_episode``, a plain
+Python loop over gymnax's own ``reset_env`` / ``step_env``: episode i is reset
+with ``PRNGKey(seeds[i])``, executes ``chunk[0..h-1]`` and re-plans.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import flax.nnx as nnx
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from reference_loop import gymnax_fns, run_episode, single
+
+import jaxmesh
+from jaxmesh.adapt import Image, Previous, State
+
+CARTPOLE = gymnax.make("CartPole-v1")
+REF = gymnax_fns(*CARTPOLE)
+SEEDS = [0, 5, 77]
+K = 8
+
+
+def lean(obs):
+    """A mediocre deterministic CartPole policy: episodes of 183 to 233 steps."""
+    return (obs[..., 3] > 0).astype(jnp.int32)
+
+
+def chunk8(obs):
+    """One lane: a chunk of 8 actions that depends on the observation."""
+    k = jnp.arange(K)
+    return (obs[2] + 0.05 * k * obs[3] + 0.01 * obs[1] > 0).astype(jnp.int32)
+
+
+def chunk8_batch(obs):
+    """A batch of lanes, written without vmap: [B, 4] -> [B, 8]."""
+    k = jnp.arange(K)[None, :]
+    x = obs[:, 2:3] + 0.05 * k * obs[:, 3:4] + 0.01 * obs[:, 1:2]
+    return (x > 0).astype(jnp.int32)
+
+
+def assert_matches(result, refs):
+    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
+    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
+    np.testing.assert_array_equal(result.terminated, [r.terminated for r in refs])
+    np.testing.assert_array_equal(result.truncated, [r.truncated for r in refs])
+    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
+
+
+_REFS: dict = {}
+
+
+def reference(policy, *, horizon=1, key=None):
+    """Reference episodes over SEEDS, computed once per ``key`` when given."""
+    if key is None or (key, horizon) not in _REFS:
+        policy = jax.jit(policy)
+        refs = [run_episode(*REF, policy, s, horizon=horizon) for s in SEEDS]
+        if key is None:
+            return refs
+        _REFS[(key, horizon)] = refs
+    return _REFS[(key, horizon)]
+
+
+# Corners trace into this counter, so a test sees which corner the engine used.
+TRACED: collections.Counter = collections.Counter()
+
+
+class Single(jaxmesh.Model):
+    def predict(self, obs):
+        TRACED["predict"] += 1
+        return lean(obs)
+
+
+class Batch(jaxmesh.Model):
+    def predict_batch(self, obs):
+        TRACED["predict_batch"] += 1
+        assert obs.ndim == 2  # a batch of lanes, never one lane
+        return lean(obs)
+
+
+class Chunk(jaxmesh.Model):
+    native_chunk = K
+
+    def predict_chunk(self, obs):
+        TRACED["predict_chunk"] += 1
+        return chunk8(obs)
+
+
+class ChunkBatch(jaxmesh.Model):
+    native_chunk = K
+
+    def predict_chunk_batch(self, obs):
+        TRACED["predict_chunk_batch"] += 1
+        return chunk8_batch(obs)
+
+
+class SingleAndBatch(Single, Batch):
+    """Both action corners: the engine calls the authored batched one."""
+
+
+class ActionAndChunk(Single, Chunk):
+    """An action corner and a chunk corner: the engine plans chunks."""
+
+
+class AllFour(Single, Batch, Chunk, ChunkBatch):
+    pass
+
+
+CASES = [
+    # (model class, horizon, reference policy, the one corner the engine traces)
+    (Single, 1, single(lambda o, k: lean(o)), "predict"),
+    (Batch, 1, single(lambda o, k: lean(o)), "predict_batch"),
+    (Chunk, 3, lambda o, k: chunk8(o), "predict_chunk"),
+    (ChunkBatch, 8, lambda o, k: chunk8(o), "predict_chunk_batch"),
+    (SingleAndBatch, 1, single(lambda o, k: lean(o)), "predict_batch"),
+    (ActionAndChunk, 8, lambda o, k: chunk8(o), "predict_chunk"),
+    (AllFour, 5, lambda o, k: chunk8(o), "predict_chunk_batch"),
+]
+OWN = {
+    Single: ("predict",),
+    Batch: ("predict_batch",),
+    Chunk: ("predict_chunk",),
+    ChunkBatch: ("predict_chunk_batch",),
+    SingleAndBatch: ("predict", "predict_batch"),
+    ActionAndChunk: ("predict", "predict_chunk"),
+    AllFour: jaxmesh.model.CORNERS,
+}
+
+
+@pytest.mark.parametrize(
+    "cls, horizon, ref_policy, corner", CASES, ids=[c[0].__name__ for c in CASES]
+)
+def test_corners_alone_and_combined_match_reference(cls, horizon, ref_policy, corner):
+    TRACED.clear()
+    model = cls()
+    assert model.corners() == OWN[cls]
+    result = jaxmesh.evaluate(model, CARTPOLE, num_envs=2, seeds=SEEDS, horizon=horizon)
+    refs = reference(
+        ref_policy, horizon=horizon, key="chunk8" if cls.native_chunk else "lean"
+    )
+    assert_matches(result, refs)
+    assert set(TRACED) == {corner}, TRACED
+
+
+def noisy(obs, key):
+    p = jax.nn.sigmoid(10.0 * obs[2] + 2.0 * obs[3])
+    return jax.random.bernoulli(key, p).astype(jnp.int32)
+
+
+def test_stochastic_corner_gets_the_documented_plan_key():
+    class Noisy(jaxmesh.Model):
+        def predict(self, obs, key):
+            return noisy(obs, key)
+
+    model = Noisy()
+    assert model.stochastic
+    result = jaxmesh.evaluate(model, CARTPOLE, num_envs=2, seeds=SEEDS)
+    assert_matches(result, reference(single(noisy)))
+
+
+def test_a_subclass_with_no_corner_is_refused():
+    class Empty(jaxmesh.Model):
+        native_chunk = 4
+
+    with pytest.raises(TypeError, match="Empty implements none of the corners"):
+        Empty()
+
+
+def test_wrapped_function_with_params_still_works():
+    w = jnp.array([0.0, 0.0, 0.0, 1.0])
+    model = jaxmesh.Model(
+        lambda params, obs: (obs @ params > 0).astype(jnp.int32), params=w, name="lin"
+    )
+    assert model.name == "lin" and model.corners() == () and not model.stochastic
+    result = jaxmesh.evaluate(model, CARTPOLE, num_envs=3, seeds=SEEDS)
+    # obs @ w is obs[3]: the policy `lean`.
+    assert_matches(result, reference(single(lambda o, k: lean(o)), key="lean"))
+
+
+# describe() -------------------------------------------------------------------
+class Described(jaxmesh.Model):
+    """A chunked policy with a spec and params, for describe()."""
+
+    native_chunk = 4
+    spec = {
+        "image": Image(key="pixels", size=(8, 8), stack=2, dtype=jnp.bfloat16),
+        "state": State(key="joints", stack=3),
+        "prev": Previous(),
+    }
+    metadata = {"paper": "https://example.org/act", "license": "MIT"}
+    temperature = jaxmesh.Param(1.0, doc="softmax temperature", low=0.0, high=10.0)
+    mode = jaxmesh.Param("greedy", choices=("greedy", "sample"))
+    checkpoint = jaxmesh.Param(doc="weights directory")
+
+    def predict_chunk(self, obs, key):
+        return jnp.zeros((4,), jnp.int32)
+
+
+def test_describe_is_json_and_complete():
+    model = Described.from_config(checkpoint="/ckpt", mode="sample")
+    d = json.loads(json.dumps(model.describe()))
+    assert d["schema_version"] == 1
+    assert d["name"] == "Described"
+    assert d["class"].endswith("test_model.Described")
+    assert d["doc"] == "A chunked policy with a spec and params, for describe()."
+    assert d["corners"] == ["predict_chunk"]
+    assert d["native_chunk"] == 4
+    assert d["stochastic"] is True and d["recurrent"] is False
+    assert d["wraps"] is None and d["device"] is None
+    assert d["spec"] == {
+        "image": {
+            "kind": "Image",
+            "key": "pixels",
+            "size": [8, 8],
+            "stack": 2,
+            "dtype": "bfloat16",
+        },
+        "state": {"kind": "State", "key": "joints", "stack": 3},
+        "prev": {"kind": "Previous", "stack": 1},
+    }
+    assert d["reads"] == ["pixels", "joints"]
+    assert d["params"] == {
+        "temperature": {
+            "required": False,
+            "doc": "softmax temperature",
+            "default": 1.0,
+            "type": "float",
+            "low": 0.0,
+            "high": 10.0,
+        },
+        "mode": {
+            "required": False,
+            "doc": "",
+            "default": "greedy",
+            "choices": ["greedy", "sample"],
+        },
+        "checkpoint": {"required": True, "doc": "weights directory"},
+    }
+    assert d["config"] == {"checkpoint": "/ckpt", "mode": "sample", "temperature": 1.0}
+    assert d["paper"] == "https://example.org/act" and d["license"] == "MIT"
+
+
+def test_describe_of_a_wrapped_function_and_metadata_clash():
+    def policy(obs, key):
+        return jnp.int32(0)
+
+    d = jaxmesh.Model(policy).describe()
+    assert (d["wraps"], d["name"], d["corners"], d["stochastic"]) == (
+        "policy",
+        "policy",
+        [],
+        True,
+    )
+    assert d["spec"] is None and d["reads"] == [None] and d["params"] == {}
+
+    class Clash(Single):
+        metadata = {"name": "other"}
+
+    with pytest.raises(ValueError, match="metadata\\['name'\\] would replace"):
+        Clash().describe()
+
+
+# device -----------------------------------------------------------------------
+def test_device_places_params_on_the_cpu_device():
+    cpu = jax.devices("cpu")[0]
+    params = {"w": np.arange(4.0, dtype=np.float32), "b": np.float32(1.0)}
+    fn = lambda p, obs: (obs @ p["w"] + p["b"] > 0).astype(jnp.int32)  # noqa: E731
+    for device in (cpu, "cpu", "cpu:0"):
+        placed = jaxmesh.Model(fn, params=params, device=device).placed_params()
+        for leaf in jax.tree.leaves(placed):
+            assert isinstance(leaf, jax.Array) and leaf.devices() == {cpu}
+        np.testing.assert_array_equal(placed["w"], params["w"])
+    # No device: the params as they are (host numpy stays numpy).
+    same = jaxmesh.Model(fn, params=params).placed_params()
+    assert same is params
+    with pytest.raises(ValueError, match="available devices are"):
+        jaxmesh.Model(fn, params=params, device="cpu:99").placed_params()
+    with pytest.raises(TypeError, match="device=3"):
+        jaxmesh.Model(fn, params=params, device=3)
+
+
+def test_device_attribute_on_a_subclass():
+    class OnCpu(Single):
+        device = "cpu"
+
+        def load(self):
+            self.params = {"w": np.ones(2, np.float32)}
+
+    (leaf,) = jax.tree.leaves(OnCpu().placed_params())
+    assert leaf.devices() == {jax.devices("cpu")[0]}
+
+
+# The author's path of docs/models.md -------------------------------------------
+class ActNet(nnx.Module):
+    """Stacked frames + previous action -> logits of a chunk of K actions."""
+
+    def __init__(self, *, frames, side, channels, chunk, actions, hidden, rngs):
+        self.chunk, self.actions = chunk, actions
+        self.conv = nnx.Conv(frames * channels, 8, (3, 3), strides=(2, 2), rngs=rngs)
+        self.prev = nnx.Embed(actions, hidden, rngs=rngs)
+        flat = 8 * (side // 2) * (side // 2)
+        self.body = nnx.Linear(flat + hidden, hidden, rngs=rngs)
+        self.head = nnx.Linear(hidden, chunk * actions, rngs=rngs)
+
+    def __call__(self, image, prev):
+        b, s, h, w, c = image.shape  # [B, frames, H, W, C], oldest frame first
+        x = image.transpose(0, 2, 3, 1, 4).reshape(b, h, w, s * c)
+        x = nnx.relu(self.conv(x)).reshape(b, -1)
+        x = nnx.relu(self.body(jnp.concatenate([x, self.prev(prev)], axis=-1)))
+        return self.head(x).reshape(b, self.chunk, self.actions)
+
+
+class ACTPolicy(jaxmesh.Model):
+    """ACT-style: a chunk of K actions from a stack of resized frames."""
+
+    chunk = jaxmesh.Param(8, low=1, high=32, doc="actions per chunk (K)")
+    side = jaxmesh.Param(16, choices=(16, 32), doc="image side after resizing")
+    frames = jaxmesh.Param(4, low=1, high=8, doc="frames stacked")
+    hidden = jaxmesh.Param(32, low=8, doc="width of the MLP")
+    checkpoint = jaxmesh.Param(None, doc="orbax weights directory (None: fresh)")
+    metadata = {"family": "act"}
+    channels, actions = 4, 3  # Breakout-MinAtar: (10, 10, 4) frames, 3 actions
+
+    @property
+    def native_chunk(self):
+        return self.chunk
+
+    @property
+    def spec(self):
+        return {
+            "image": Image(size=(self.side, self.side), stack=self.frames),
+            "prev": Previous(),
+        }
+
+    def build(self, seed=0):
+        return ActNet(
+            frames=self.frames,
+            side=self.side,
+            channels=self.channels,
+            chunk=self.chunk,
+            actions=self.actions,
+            hidden=self.hidden,
+            rngs=nnx.Rngs(seed),
+        )
+
+    def load(self, chunk, side, frames, hidden, checkpoint):
+        # The module's structure without computing anything: the weights come
+        # from the checkpoint (or a fresh init when there is none).
+        self.graphdef, _ = nnx.split(nnx.eval_shape(self.build))
+        if checkpoint is None:
+            self.params = nnx.to_pure_dict(nnx.state(self.build()))
+        else:
+            self.params = jaxmesh.load_params(checkpoint)
+
+    def predict_chunk_batch(self, obs):
+        net = nnx.merge(self.graphdef, self.params)
+        logits = net(obs["image"], obs["prev"])
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+CONFIG = """
+model:
+  class: {cls}
+  config:
+    chunk: 4
+    frames: 4
+    side: 16
+    checkpoint: {ckpt}
+eval:
+  horizon: 4
+  episodes: 6
+"""
+
+
+def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
+    # Weights trained elsewhere: here random numbers of the net's shapes.
+    shapes = nnx.state(nnx.eval_shape(ACTPolicy.from_config(chunk=4).build))
+    rng = np.random.default_rng(0)
+    weights = jax.tree.map(
+        lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32),
+        nnx.to_pure_dict(shapes),
+    )
+    jaxmesh.save_params(tmp_path / "act", weights)
+
+    cfg = yaml.safe_load(
+        CONFIG.format(cls=f"{__name__}:ACTPolicy", ckpt=tmp_path / "act")
+    )
+    model = jaxmesh.build_model(cfg["model"]["class"], cfg["model"]["config"])
+    assert type(model) is ACTPolicy and model.native_chunk == 4
+
+    ex = model.explain("gymnax:Breakout-MinAtar", num_envs=3)
+    assert ex.leaves == [None]
+    assert ex.inputs["image"].window_shape == (4, 16, 16, 4)
+    assert ex.bytes_per_lane == 4 * 16 * 16 * 4 * 4 + 4  # float32 frames + int32
+    assert "image" in str(ex) and "prev" in str(ex)
+
+    env = gymnax.make("Breakout-MinAtar")
+    result = jaxmesh.evaluate(model, env, num_envs=3, **cfg["eval"])
+
+    # Reference: the net applied to frames resized by jax.image.resize, stacked
+    # oldest first (reset frame repeated), previous executed action; rows padded
+    # to the engine's tile of 32 so that both compute in batches of one shape.
+    net = nnx.merge(model.graphdef, jaxmesh.load_params(tmp_path / "act"))
+
+    @jax.jit
+    def ref_policy(frames, prev):
+        image = jnp.stack(
+            [jax.image.resize(f, (16, 16, 4), "bilinear") for f in frames]
+        )
+        image = jnp.broadcast_to(image, (32, *image.shape))
+        prev = jnp.broadcast_to(prev, (32,))
+        return jnp.argmax(net(image, prev), -1)[0].astype(jnp.int32)
+
+    def inputs(obs_h, act_h, t):
+        frames = np.stack([obs_h[max(i, 0)] for i in range(t - 3, t + 1)])
+        return frames, np.int32(act_h[t - 1] if t > 0 else 0)
+
+    refs = [
+        run_episode(
+            *gymnax_fns(*env),
+            lambda x, key: ref_policy(*x),
+            s,
+            horizon=4,
+            inputs=inputs,
+        )
+        for s in range(6)
+    ]
+    assert_matches(result, refs)
+    assert len({r.length for r in refs}) > 1  # the episodes differ
+    assert len(np.unique(np.concatenate([np.asarray(r.actions) for r in refs]))) == 3
