@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxmesh
+from jaxmesh import make_agent
 from jaxmesh.adapt import Previous, State
-from jaxmesh.driver import make_agent
 
 
 def policy(inp, key):

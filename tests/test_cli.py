@@ -134,3 +134,18 @@ def test_missing_checkpoint_exits_2(tmp_path, capsys):
     code = main(["eval", str(CONFIG), "--set", f"policy_config.checkpoint={bad}"])
     assert code == 2
     assert "no_ckpt" in capsys.readouterr().err
+
+
+def test_describe_prints_the_models_envelope(capsys):
+    assert main(["describe", "jaxmesh.zoo.cartpole:CartPoleMLP"]) == 0
+    envelope = json.loads(capsys.readouterr().out)
+    assert envelope["schema_version"] == 1
+    assert envelope["name"] == "CartPoleMLP"
+    assert envelope["corners"] == ["predict"]
+    assert envelope["native_chunk"] is None
+    assert "checkpoint" in envelope["params"]
+
+
+def test_describe_bad_target_exits_2(capsys):
+    assert main(["describe", "jaxmesh.zoo.cartpole:NoSuchModel"]) == 2
+    assert "NoSuchModel" in capsys.readouterr().err
