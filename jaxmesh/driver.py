@@ -23,7 +23,7 @@ from jaxmesh.core.engine import DEFAULT_MAX_STEPS, Engine, EngineConfig
 from jaxmesh.core.policy import Policy, output_chunk, resolve_policy
 from jaxmesh.envs import make_env
 from jaxmesh.explain import check_frame_limit
-from jaxmesh.results import EpisodeResult, RunResult
+from jaxmesh.results import RunResult, episode_record
 
 #: Rows per policy call. Fixed (never derived from num_envs) so that a row's
 #: floating-point result does not depend on the lane count (CONTRACT 4).
@@ -459,16 +459,7 @@ def _stream(carry, cursor: int, seeds_arr, hook_list, pol) -> int:
     done = np.asarray(res.done)
     while cursor < done.size and done[cursor]:
         i = cursor
-        ep = EpisodeResult(
-            index=i,
-            seed=int(seeds_arr[i]),
-            return_=float(res.returns[i]),
-            length=int(res.lengths[i]),
-            terminated=bool(res.terminated[i]),
-            truncated=bool(res.truncated[i]),
-            predict_calls=int(res.predict_calls[i]),
-            lane=int(res.lane[i]),
-        )
+        ep = episode_record(res, res.lane, seeds_arr, i)
         cursor += 1
         _call(hook_list, "on_episode_end", ep)
         if pol.model is not None:

@@ -26,6 +26,20 @@ class EpisodeResult(NamedTuple):
         return d
 
 
+def episode_record(arrays: Any, lanes: Any, seeds: Any, i: int) -> EpisodeResult:
+    """Episode ``i`` from per-episode arrays (a RunResult or the engine's)."""
+    return EpisodeResult(
+        index=int(i),
+        seed=int(seeds[i]),
+        return_=float(arrays.returns[i]),
+        length=int(arrays.lengths[i]),
+        terminated=bool(arrays.terminated[i]),
+        truncated=bool(arrays.truncated[i]),
+        predict_calls=int(arrays.predict_calls[i]),
+        lane=int(lanes[i]),
+    )
+
+
 @dataclasses.dataclass
 class RunResult:
     """A run's results, arrays ordered by episode index.
@@ -87,16 +101,7 @@ class RunResult:
         return [self.episode(i) for i in range(self.num_episodes)]
 
     def episode(self, i: int) -> EpisodeResult:
-        return EpisodeResult(
-            index=i,
-            seed=int(self.seeds[i]),
-            return_=float(self.returns[i]),
-            length=int(self.lengths[i]),
-            terminated=bool(self.terminated[i]),
-            truncated=bool(self.truncated[i]),
-            predict_calls=int(self.predict_calls[i]),
-            lane=int(self.lanes[i]),
-        )
+        return episode_record(self, self.lanes, self.seeds, i)
 
     def summary(self) -> str:
         """A readable summary table."""

@@ -114,3 +114,12 @@ def gymnax_fns(env, params):
 def single(fn):
     """A single-action policy as a chunk of one."""
     return lambda x, key: jnp.asarray(fn(x, key))[None]
+
+
+def assert_matches(result, refs: list[Episode]) -> None:
+    """Every per-episode field of a RunResult equals the reference episodes."""
+    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
+    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
+    np.testing.assert_array_equal(result.terminated, [r.terminated for r in refs])
+    np.testing.assert_array_equal(result.truncated, [r.truncated for r in refs])
+    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])

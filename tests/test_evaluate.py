@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference_loop import gymnax_fns, run_episode, single
+from reference_loop import assert_matches, gymnax_fns, run_episode, single
 
 import jaxmesh
 from jaxmesh.adapt import Previous, State
@@ -35,14 +35,6 @@ def noisy_chunk(obs, key):
 
 def reference(policy_chunk, seeds, **kw):
     return [run_episode(*REF, policy_chunk, s, **kw) for s in seeds]
-
-
-def assert_matches(result, refs):
-    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
-    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
-    np.testing.assert_array_equal(result.terminated, [r.terminated for r in refs])
-    np.testing.assert_array_equal(result.truncated, [r.truncated for r in refs])
-    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
 
 
 SEEDS = [0, 7, 123, 99991, 2**31 - 1]

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference_loop import gymnax_fns, run_episode
+from reference_loop import assert_matches, gymnax_fns, run_episode
 
 import jaxmesh
 from jaxmesh.adapt import Image, Previous, State
@@ -54,14 +54,6 @@ def resize(frame):
 def window(frames, t):
     """The last STACK frames up to step t, oldest first, reset frame repeated."""
     return np.stack([frames[max(i, 0)] for i in range(t - STACK + 1, t + 1)])
-
-
-def assert_matches(result, refs):
-    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
-    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
-    np.testing.assert_array_equal(result.terminated, [r.terminated for r in refs])
-    np.testing.assert_array_equal(result.truncated, [r.truncated for r in refs])
-    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
 
 
 def test_stacked_resized_frames_match_reference():

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from reference_loop import gymnax_fns, run_episode, single
+from reference_loop import assert_matches, gymnax_fns, run_episode, single
 
 import jaxmesh
 from jaxmesh.adapt import Image, Previous, State
@@ -45,14 +45,6 @@ def chunk8_batch(obs):
     k = jnp.arange(K)[None, :]
     x = obs[:, 2:3] + 0.05 * k * obs[:, 3:4] + 0.01 * obs[:, 1:2]
     return (x > 0).astype(jnp.int32)
-
-
-def assert_matches(result, refs):
-    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
-    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
-    np.testing.assert_array_equal(result.terminated, [r.terminated for r in refs])
-    np.testing.assert_array_equal(result.truncated, [r.truncated for r in refs])
-    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
 
 
 _REFS: dict = {}
