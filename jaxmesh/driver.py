@@ -25,9 +25,28 @@ from jaxmesh.envs import make_env
 from jaxmesh.explain import check_frame_limit
 from jaxmesh.results import RunResult, episode_record
 
-#: Rows per policy call. Fixed (never derived from num_envs) so that a row's
-#: floating-point result does not depend on the lane count (CONTRACT 4).
-DEFAULT_PLAN_TILE = 32
+#: Rows per policy call, by default ``auto_plan_tile(h)``. Never derived from
+#: num_envs, so that a row's floating-point result does not depend on the lane
+#: count (CONTRACT 4); the effective horizon h may set it, since results already
+#: depend on the horizon.
+DEFAULT_PLAN_TILE = None
+#: Rows per policy call at h = 1 when plan_tile is left to jaxmesh.
+AUTO_TILE_ROWS = 128
+
+
+PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
+
+
+def auto_plan_tile(h: int) -> int:
+    """The default tile: ``128 // h`` rows, within [8, 128].
+
+    About N/h lanes plan per step, so shrinking the tile with h keeps the padding
+    rows few for chunked policies, while policies that plan every step get large
+    tiles and few policy calls per step.
+    """
+    return max(8, min(AUTO_TILE_ROWS, AUTO_TILE_ROWS // h))
+
+
 #: Env steps per scan segment between two host visits.
 DEFAULT_SEGMENT_STEPS = 256
 MAX_SEED = 2**31 - 1
@@ -79,7 +98,7 @@ class _Settings(NamedTuple):
     horizon: int
     prefetch_lead: int
     max_steps: int
-    plan_tile: int
+    plan_tile: int | None
 
 
 def _check_settings(num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile):
@@ -94,7 +113,9 @@ def _check_settings(num_envs, horizon, prefetch_lead, max_episode_steps, plan_ti
         cap = DEFAULT_MAX_STEPS
     else:
         cap = _check_int("max_episode_steps", max_episode_steps, 1, "or None")
-    tile = _check_int("plan_tile", plan_tile, 1, "rows per policy call")
+    tile = None
+    if plan_tile is not None:
+        tile = _check_int("plan_tile", plan_tile, 1, "rows per policy call, or None")
     return _Settings(num_envs, horizon, lead, cap, tile)
 
 
@@ -122,13 +143,13 @@ def build_engine(
     probe = agent.make_config(
         env,
         policy,
-        num_envs=settings.plan_tile,
+        num_envs=PROBE_ROWS,
         horizon=1,
         lead=0,
-        tile=settings.plan_tile,
+        tile=PROBE_ROWS,
         chunk=None,
     )
-    tile = settings.plan_tile
+    tile = PROBE_ROWS
     action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
 
     def probe_out(params, obs, action):
@@ -153,13 +174,14 @@ def build_engine(
 
     out = jax.eval_shape(probe_out, _abstract(params), obs, action)
     chunk = output_chunk(policy, out, env, settings.horizon, tile)
+    h = min(settings.horizon, chunk) if chunk is not None else 1
     cfg = agent.make_config(
         env,
         policy,
         num_envs=min(settings.num_envs, max(episodes, 1)),
         horizon=settings.horizon,
         lead=settings.prefetch_lead,
-        tile=settings.plan_tile,
+        tile=settings.plan_tile or auto_plan_tile(h),
         chunk=chunk,
     )
     check_frame_limit(policy.spec, env, cfg.num_envs)
@@ -218,7 +240,9 @@ def _call(hooks: list, name: str, *args) -> None:
             fn(*args)
 
 
-def _to_result(seeds, res, env_steps, rows, timing, settings, policy, env, chunk, h):
+def _to_result(
+    seeds, res, env_steps, rows, timing, settings, policy, env, chunk, h, tile
+):
     wall, compile_time, run_time = timing
     return RunResult(
         returns=np.asarray(res["returns"], np.float32),
@@ -240,6 +264,7 @@ def _to_result(seeds, res, env_steps, rows, timing, settings, policy, env, chunk
         policy=policy.name,
         env=getattr(env, "name", type(env).__name__),
         chunk=chunk,
+        plan_tile=tile,
     )
 
 
@@ -255,7 +280,7 @@ def evaluate(
     max_episode_steps: int | None = None,
     hooks: Any = None,
     params: Any = None,
-    plan_tile: int = DEFAULT_PLAN_TILE,
+    plan_tile: int | None = DEFAULT_PLAN_TILE,
     segment_steps: int = DEFAULT_SEGMENT_STEPS,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
@@ -281,7 +306,9 @@ def evaluate(
       hooks: an object (or list) with any of ``on_run_start(info)``,
         ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called on
         the host between segments.
-      plan_tile: rows per policy call (fixed, so results never depend on N).
+      plan_tile: rows per policy call; None: ``auto_plan_tile(h)`` (128 // h
+        rows, within [8, 128]). Never derived from N, so results never depend
+        on N; for a heavy policy on few lanes, set it near ``num_envs``.
       segment_steps: env steps per scan segment between host visits.
 
     Returns:
@@ -347,7 +374,17 @@ def evaluate(
         }
         wall = time.perf_counter() - t_start
         result = _to_result(
-            seeds_arr, empty, 0, 0, (wall, 0.0, 0.0), settings, pol, env_obj, chunk, h
+            seeds_arr,
+            empty,
+            0,
+            0,
+            (wall, 0.0, 0.0),
+            settings,
+            pol,
+            env_obj,
+            chunk,
+            h,
+            engine.config.agent.tile,
         )
         _call(hook_list, "on_run_end", result)
         return result
@@ -356,11 +393,14 @@ def evaluate(
     t0 = time.perf_counter()
     seeds_dev = jnp.asarray(seeds_arr)
     init, fresh = compiled.get("init", engine.init, params, seeds_dev)
-    carry = init(params, seeds_dev)
+    t_init = time.perf_counter()
+    carry = jax.block_until_ready(init(params, seeds_dev))
+    t_init = time.perf_counter() - t_init  # running init is not compiling
     segment, fresh2 = compiled.get(
         "segment", engine.run_segment, params, carry, static=(segment_steps,)
     )
-    compile_time = time.perf_counter() - t0 if (fresh or fresh2) else 0.0
+    if fresh or fresh2:
+        compile_time = time.perf_counter() - t0 - t_init
 
     t_run = time.perf_counter()
     reported = 0
@@ -409,6 +449,7 @@ def evaluate(
         env_obj,
         chunk,
         h,
+        engine.config.agent.tile,
     )
     _call(hook_list, "on_run_end", result)
     return result
@@ -490,7 +531,7 @@ def make_evaluator(
     seeds: Sequence[int] | None = None,
     prefetch_lead: int = 0,
     max_episode_steps: int | None = None,
-    plan_tile: int = DEFAULT_PLAN_TILE,
+    plan_tile: int | None = DEFAULT_PLAN_TILE,
 ):
     """The engine as a pure function of policy params.
 
@@ -581,7 +622,7 @@ def make_agent(
     num_envs: int,
     horizon: int = 1,
     prefetch_lead: int = 0,
-    plan_tile: int = DEFAULT_PLAN_TILE,
+    plan_tile: int | None = DEFAULT_PLAN_TILE,
 ) -> Agent:
     """Plan + replay + windows + previous action + masking as jitted functions.
 

@@ -48,7 +48,8 @@ class RunResult:
       returns, lengths, seeds, terminated, truncated, predict_calls, lanes: per
         episode, length ``episodes``.
       env_steps: executed env steps of active lanes (masked lanes never count).
-      policy_rows: rows the policy actually computed (tiles included).
+      policy_rows: rows the policy actually computed (whole tiles of
+        ``plan_tile`` rows, padding included).
       wall_time: seconds for the whole call; ``compile_time`` of it compiling.
       steps_per_second: ``env_steps`` over the time spent running (not compiling).
       num_envs, horizon, prefetch_lead: the run's settings; ``effective_horizon``
@@ -74,6 +75,7 @@ class RunResult:
     policy: str = ""
     env: str = ""
     chunk: int | None = None
+    plan_tile: int = 0
 
     @property
     def num_episodes(self) -> int:
@@ -134,7 +136,10 @@ class RunResult:
                 f"{self.num_envs} / {self.horizon} ({self.effective_horizon})",
             ),
             ("env steps", self.env_steps),
-            ("policy rows per env step", f"{self.rows_per_step:.3f}"),
+            (
+                "policy rows per env step (tile)",
+                f"{self.rows_per_step:.3f} ({self.plan_tile} rows per call)",
+            ),
             ("env steps / s", f"{self.steps_per_second:,.0f}"),
             (
                 "wall time (compile)",
@@ -159,6 +164,7 @@ class RunResult:
                 "prefetch_lead": self.prefetch_lead,
                 "asynchronous": self.asynchronous,
                 "chunk": self.chunk,
+                "plan_tile": self.plan_tile,
             },
             "totals": {
                 "episodes": self.num_episodes,

@@ -220,19 +220,29 @@ def test_budget_rules():
         jaxmesh.evaluate(lean, CARTPOLE, episodes=3, seeds=[1, 2])
 
 
-def test_policy_rows_are_counted_in_tiles():
-    """Eight synchronized Pendulum lanes of 200 steps, h=8: 25 plans of one tile."""
+@pytest.mark.parametrize(("plan_tile", "rows"), [(32, 32), (None, 16)])
+def test_policy_rows_are_counted_in_tiles(plan_tile, rows):
+    """Eight synchronized Pendulum lanes of 200 steps, h=8: 25 plans of one tile.
+
+    The default tile at h = 8 is 128 // 8 = 16 rows.
+    """
 
     def hold(obs):
         return jnp.zeros((8, 1)) + 0.0 * obs[0]
 
     result = jaxmesh.evaluate(
-        hold, "gymnax:Pendulum-v1", horizon=8, num_envs=8, episodes=8
+        hold,
+        "gymnax:Pendulum-v1",
+        horizon=8,
+        num_envs=8,
+        episodes=8,
+        plan_tile=plan_tile,
     )
     assert (result.lengths == 200).all() and result.truncated.all()
-    assert result.policy_rows == 25 * 32  # 200 / 8 plans x one tile of 32 rows
+    assert result.plan_tile == rows
+    assert result.policy_rows == 25 * rows  # 200 / 8 plan steps x one tile
     assert (result.predict_calls == 25).all()
-    assert result.rows_per_step == pytest.approx(800 / 1600)
+    assert result.rows_per_step == pytest.approx(25 * rows / 1600)
 
 
 def test_hooks_stream_episodes_in_order():
