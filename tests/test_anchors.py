@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +29,25 @@ import pytest
 
 import jaxmesh
 
-ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "anchors"
+
+def _find_anchors() -> Path:
+    """``shared/anchors`` beside the checkout, or where JAXMESH_ANCHORS points.
+
+    A clone elsewhere (CI's) may find it beside an ancestor folder, or at the
+    workplace's own /work/shared.
+    """
+    if os.environ.get("JAXMESH_ANCHORS"):
+        return Path(os.environ["JAXMESH_ANCHORS"])
+    here = Path(__file__).resolve()
+    candidates = [p / "shared" / "anchors" for p in here.parents]
+    candidates.append(Path("/work/shared/anchors"))
+    for c in candidates:
+        if (c / "gymnax-blines").is_dir():
+            return c
+    return candidates[1]
+
+
+ANCHORS = _find_anchors()
 AGENTS = ANCHORS / "gymnax-blines"
 ENVS = ("CartPole-v1", "Acrobot-v1", "Breakout-MinAtar")
 #: As many episodes as each gymnax-blines run logged its final return over.
