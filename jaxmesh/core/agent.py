@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxmesh import adapt
+from jaxmesh.core import tiles
 from jaxmesh.core.policy import Policy
 
 RAW = "__obs__"  # the window of the raw observation when there is no spec
@@ -193,32 +194,26 @@ def _plan(
 
     Returns the updated buffer, recurrent state and rows computed.
     """
-    n, tile, h = cfg.num_envs, cfg.tile, cfg.horizon
-    n_pad = -(-n // tile) * tile
-    (order,) = jnp.nonzero(need, size=n_pad, fill_value=n)
-    n_tiles = (jnp.sum(need, dtype=jnp.int32) + tile - 1) // tile
+    h = cfg.horizon
     inputs = policy_inputs(cfg, state.windows)
 
-    def body(carry):
-        i, buf, rstate = carry
-        idx = jax.lax.dynamic_slice(order, (i * tile,), (tile,))
-        take = lambda x: jnp.take(x, idx, axis=0, mode="clip")
+    def body(idx, carry):
+        buf, rstate = carry
+        rows = lambda x: tiles.take(x, idx)
         out, new_r = policy.apply(
-            params, jax.tree.map(take, inputs), take(keys), jax.tree.map(take, rstate)
+            params, jax.tree.map(rows, inputs), rows(keys), jax.tree.map(rows, rstate)
         )
-        out = jnp.asarray(out).astype(cfg.action_dtype)
+        out = jnp.asarray(out)
         if not cfg.chunked:
             out = out[:, None]
-        buf = buf.at[idx].set(out[:, :h], mode="drop")
-        rstate = jax.tree.map(
-            lambda a, b: a.at[idx].set(b.astype(a.dtype), mode="drop"), rstate, new_r
-        )
-        return i + 1, buf, rstate
+        buf = tiles.put(buf, idx, out[:, :h])
+        rstate = jax.tree.map(lambda a, b: tiles.put(a, idx, b), rstate, new_r)
+        return buf, rstate
 
-    _, buf, rstate = jax.lax.while_loop(
-        lambda c: c[0] < n_tiles, body, (jnp.int32(0), buf, state.rstate)
+    (buf, rstate), n_tiles = tiles.for_each_tile(
+        need, cfg.tile, body, (buf, state.rstate)
     )
-    return buf, rstate, n_tiles * tile
+    return buf, rstate, n_tiles * cfg.tile
 
 
 def act(

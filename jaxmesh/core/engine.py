@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxmesh.core import agent
+from jaxmesh.core import agent, tiles
 from jaxmesh.core.policy import Policy
 
 #: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
@@ -54,6 +54,7 @@ class Lanes:
     t: jax.Array  # [N] steps done in the current episode
     ret: jax.Array  # [N] return so far
     key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode
+    env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
     env_state: Any
     seeds: jax.Array  # [E]
     next_episode: jax.Array  # () next unstarted episode index
@@ -75,6 +76,16 @@ def _where(mask, a, b):
 def episode_keys(seeds: jax.Array) -> jax.Array:
     """``jax.random.PRNGKey(seed)`` for each seed (CONTRACT 5)."""
     return jax.vmap(jax.random.PRNGKey)(seeds)
+
+
+def env_stream(keys: jax.Array) -> jax.Array:
+    """The per-episode base of env-step keys: ``fold_in(key, STREAM_ENV)``."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
+
+
+#: Lanes reset per call of the env's reset: only lanes that start an episode
+#: are reset, gathered in tiles of this many (a size independent of N).
+RESET_TILE = 32
 
 
 class Engine:
@@ -112,6 +123,7 @@ class Engine:
             t=jnp.zeros((n,), jnp.int32),
             ret=jnp.zeros((n,), jnp.float32),
             key=keys,
+            env_key=env_stream(keys),
             env_state=env_state,
             seeds=seeds,
             next_episode=jnp.int32(min(n, e)),
@@ -131,7 +143,7 @@ class Engine:
         ag, action = agent.act(
             cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
         )
-        env_keys = agent._plan_keys(lanes.key, lanes.t, agent.STREAM_ENV)
+        env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
         obs, env_state, reward, term, trunc = jax.vmap(self.env.step)(
             env_keys, lanes.env_state, action
         )
@@ -160,18 +172,34 @@ class Engine:
         new_ep = lanes.next_episode + jnp.cumsum(ended, dtype=jnp.int32) - 1
         start = ended & (new_ep < e)
         episode = jnp.where(ended, jnp.where(start, new_ep, e), lanes.episode)
-        new_keys = episode_keys(lanes.seeds[jnp.clip(new_ep, 0, e - 1)])
-        key = jnp.where(start[:, None], new_keys, lanes.key)
 
         def reset(args):
-            env_state, ag = args
-            obs0, state0 = jax.vmap(self.env.reset)(key)
-            env_state = _where(start, state0, env_state)
-            ag = agent.begin(cfg.agent, self.policy, ag, start, obs0)
-            return env_state, ag
+            key, env_key, env_state, obs, ag = args
 
-        env_state, ag = jax.lax.cond(
-            jnp.any(start), reset, lambda args: args, (env_state, ag)
+            def body(idx, c):
+                key, env_key, env_state, obs = c
+                seeds = lanes.seeds[jnp.clip(tiles.take(new_ep, idx), 0, e - 1)]
+                k = episode_keys(seeds)
+                obs0, state0 = jax.vmap(self.env.reset)(k)
+                at = lambda x, v: tiles.put(x, idx, v)
+                return (
+                    at(key, k),
+                    at(env_key, env_stream(k)),
+                    jax.tree.map(at, env_state, state0),
+                    jax.tree.map(at, obs, obs0),
+                )
+
+            (key, env_key, env_state, obs), _ = tiles.for_each_tile(
+                start, RESET_TILE, body, (key, env_key, env_state, obs)
+            )
+            ag = agent.begin(cfg.agent, self.policy, ag, start, obs)
+            return key, env_key, env_state, obs, ag
+
+        key, env_key, env_state, obs, ag = jax.lax.cond(
+            jnp.any(start),
+            reset,
+            lambda args: args,
+            (lanes.key, lanes.env_key, env_state, obs, ag),
         )
         lanes = lanes.replace(
             episode=episode,
@@ -179,6 +207,7 @@ class Engine:
             t=jnp.where(ended, 0, t),
             ret=jnp.where(ended, 0.0, ret),
             key=key,
+            env_key=env_key,
             env_state=env_state,
             next_episode=jnp.minimum(lanes.next_episode + n_ended, e),
             n_done=lanes.n_done + n_ended,

@@ -1,0 +1,221 @@
+"""First-call latency of ``jaxmesh.evaluate`` on CartPole, per episode budget.
+
+Every measurement runs in a fresh Python subprocess (no in-memory jit cache
+survives, and JAX's persistent compilation cache is switched off), which:
+
+1. imports jax, flax and jaxmesh (``import s``), then gymnax (``gymnax import
+   s``; jaxmesh imports it lazily on the first gymnax env, and gymnax 1.0.1
+   imports seaborn, matplotlib and scipy, so it is timed here, not in the call),
+2. builds the 2x64 MLP policy (``setup s``: flax init runs a few small ops),
+3. calls ``jaxmesh.evaluate`` once (``first call s``, wall clock; its
+   ``result.compile_time`` and ``result.run_time`` are reported too),
+4. calls it again with the same arguments (``second call s``: compiled code is
+   reused, so this is the run alone).
+
+``latency = first call - its result.run_time`` is what the first call costs
+beyond running the budget (validation, building the engine, tracing, lowering,
+compiling, the initial reset); ``first - second`` is shown as a cross-check (it
+is noisier for a long run, as it subtracts two run times). Goal: <= 3 s and
+not growing with the budget (the largest budget's latency within 0.5 s of the
+smallest's). One discarded subprocess first warms the OS file cache; then budgets
+are interleaved (10, 1000, 100000, 10, ...) and each figure is a median over
+repeats.
+
+Run: ``python benchmarks/compile.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def child(episodes: int, num_envs: int) -> dict:
+    """One measurement, run inside a fresh interpreter."""
+    t0 = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+    from common import init_mlp
+
+    import jaxmesh
+
+    ta = time.perf_counter()
+    import gymnax  # noqa: F401 - jaxmesh imports it lazily; time it here
+
+    t1 = time.perf_counter()
+    module, params = init_mlp((64, 64), 2)
+
+    def mlp_argmax(p, obs):
+        return jnp.argmax(module.apply(p, obs)).astype(jnp.int32)
+
+    policy = jaxmesh.Model(mlp_argmax, params=params, name="mlp2x64")
+    jax.block_until_ready(params)
+    t2 = time.perf_counter()
+    kwargs = dict(episodes=episodes, num_envs=num_envs)
+    first = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", **kwargs)
+    t3 = time.perf_counter()
+    second = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", **kwargs)
+    t4 = time.perf_counter()
+    return {
+        "episodes": episodes,
+        "import_s": ta - t0,
+        "gymnax_import_s": t1 - ta,
+        "setup_s": t2 - t1,
+        "first_s": t3 - t2,
+        "compile_time": first.compile_time,
+        "first_run_time": first.run_time,
+        "second_s": t4 - t3,
+        "second_compile_time": second.compile_time,
+        "env_steps": first.env_steps,
+    }
+
+
+def spawn(episodes: int, num_envs: int) -> dict:
+    env = dict(os.environ)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        str(episodes),
+        "--num-envs",
+        str(num_envs),
+    ]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"child for episodes={episodes} failed ({out.returncode}):\n{out.stderr}"
+        )
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    rec["process_s"] = wall
+    return rec
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Prints the first-call latency table; returns its rows."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--episodes", default="10,1000,100000", help="comma-separated budgets"
+    )
+    ap.add_argument("--num-envs", type=int, default=64, help="lanes N")
+    ap.add_argument("--repeats", type=int, default=3, help="subprocesses per budget")
+    ap.add_argument("--quick", action="store_true", help="small sizes (< 60 s)")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.num_envs)))
+        return []
+    if args.quick:
+        args.repeats = 1
+    budgets = [int(e) for e in args.episodes.split(",")]
+
+    from common import goal, header, machine, table
+
+    print(
+        header(
+            "compile: first-call latency of jaxmesh.evaluate (gymnax CartPole-v1)",
+            {
+                "N": args.num_envs,
+                "policy": "mlp 2x64 (flax, random init)",
+                "repeats": args.repeats,
+                "jax": machine()["jax"],
+                "cpus": machine()["nproc"],
+            },
+        )
+    )
+    spawn(budgets[0], args.num_envs)  # warms the OS file cache; discarded
+    runs: dict[int, list[dict]] = {e: [] for e in budgets}
+    for _ in range(args.repeats):
+        for e in budgets:
+            runs[e].append(spawn(e, args.num_envs))
+    keys = [
+        "process_s",
+        "import_s",
+        "gymnax_import_s",
+        "setup_s",
+        "first_s",
+        "compile_time",
+        "first_run_time",
+        "second_s",
+        "env_steps",
+    ]
+    rows = []
+    for e in budgets:
+        med = {k: statistics.median(r[k] for r in runs[e]) for k in keys}
+        lat = [r["first_s"] - r["first_run_time"] for r in runs[e]]
+        med["latency"] = statistics.median(lat)
+        med["first_minus_second"] = statistics.median(
+            r["first_s"] - r["second_s"] for r in runs[e]
+        )
+        med["latency_max"] = max(lat)
+        med["episodes"] = e
+        med["recompiled_on_second"] = any(r["second_compile_time"] > 0 for r in runs[e])
+        rows.append(med)
+    print(
+        table(
+            [
+                "episodes",
+                "env steps",
+                "process s",
+                "import s",
+                "gymnax import s",
+                "setup s",
+                "first call s",
+                "result.compile_time s",
+                "result.run_time s (1st)",
+                "second call s",
+                "first - second s",
+                "latency s (median)",
+                "latency s (max)",
+                "2nd call recompiled",
+            ],
+            [
+                [
+                    r["episodes"],
+                    int(r["env_steps"]),
+                    r["process_s"],
+                    r["import_s"],
+                    r["gymnax_import_s"],
+                    r["setup_s"],
+                    r["first_s"],
+                    r["compile_time"],
+                    r["first_run_time"],
+                    r["second_s"],
+                    r["first_minus_second"],
+                    r["latency"],
+                    r["latency_max"],
+                    "yes" if r["recompiled_on_second"] else "no",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print(
+        "\nlatency = first call - its result.run_time (goal <= 3 s, flat in the "
+        "budget). "
+        "Fresh subprocess per measurement; medians over repeats.\n"
+    )
+    for r in rows:
+        lat = r["latency"]
+        print(goal(f"compile latency <= 3 s [episodes={r['episodes']}]", lat, lat <= 3))
+    # "Not growing with the budget": the largest budget's latency stays within
+    # 0.5 s of the smallest budget's (the machine's noise is about that).
+    growth = rows[-1]["latency"] - rows[0]["latency"]
+    text = (
+        f"compile latency growth episodes {rows[0]['episodes']} -> "
+        f"{rows[-1]['episodes']} <= 0.5 s"
+    )
+    print(goal(text, growth, growth <= 0.5))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
