@@ -157,7 +157,9 @@ def measure(regime: str, tile: int, args) -> dict:
     by_rows = t1 / (t_env + t_policy * h8["rows"] / h1["rows"])
     return {
         "regime": regime,
-        "plan_tile": f"{int(h1['tile'])}/{int(h8['tile'])} (H1/H8)" if tile is None else tile,
+        "plan_tile": (
+            f"{int(h1['tile'])}/{int(h8['tile'])} (H1/H8)" if tile is None else tile
+        ),
         "episodes": episodes,
         "len_h1": h1["mean_len"],
         "len_h8": h8["mean_len"],
