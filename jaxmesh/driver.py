@@ -198,19 +198,30 @@ class _Compiled:
         self.refs = refs  # keep keyed objects alive so their ids stay valid
         self.executables: dict = {}
 
-    def get(self, name: str, fn, *args, static=()):
-        sig = (
-            name,
-            static,
-            jax.tree.structure(args),
-            tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(args)),
-        )
-        exe = self.executables.get(sig)
-        fresh = exe is None
-        if fresh:
-            exe = fn.lower(*args, *static).compile()
-            self.executables[sig] = exe
-        return exe, fresh
+    def get_many(self, requests: list[tuple]) -> tuple[list, bool]:
+        """Executables for ``(name, jitted_fn, args, static)`` requests.
+
+        ``args`` may be abstract (``jax.ShapeDtypeStruct``). Returns the
+        executables and whether anything had to be compiled.
+        """
+        out, fresh = [], False
+        for name, fn, args, static in requests:
+            sig = (name, static, jax.tree.structure(args), _shapes(args))
+            if sig not in self.executables:
+                self.executables[sig] = fn.lower(*args, *static).compile()
+                fresh = True
+            out.append(self.executables[sig])
+        return out, fresh
+
+
+def _shapes(tree: Any) -> tuple:
+    """Shapes and dtypes of a pytree's leaves (arrays, scalars or abstract)."""
+    return tuple(
+        (tuple(x.shape), jnp.dtype(x.dtype))
+        if hasattr(x, "shape") and hasattr(x, "dtype")
+        else (jnp.shape(x), jnp.result_type(x))
+        for x in jax.tree.leaves(tree)
+    )
 
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
@@ -392,14 +403,17 @@ def evaluate(
     compile_time = 0.0
     t0 = time.perf_counter()
     seeds_dev = jnp.asarray(seeds_arr)
-    init, fresh = compiled.get("init", engine.init, params, seeds_dev)
+    carry_shape = jax.eval_shape(engine.init, params, seeds_dev)
+    (init, segment), fresh = compiled.get_many(
+        [
+            ("init", engine.init, (params, seeds_dev), ()),
+            ("segment", engine.run_segment, (params, carry_shape), (segment_steps,)),
+        ]
+    )
     t_init = time.perf_counter()
     carry = jax.block_until_ready(init(params, seeds_dev))
     t_init = time.perf_counter() - t_init  # running init is not compiling
-    segment, fresh2 = compiled.get(
-        "segment", engine.run_segment, params, carry, static=(segment_steps,)
-    )
-    if fresh or fresh2:
+    if fresh:
         compile_time = time.perf_counter() - t0 - t_init
 
     t_run = time.perf_counter()
