@@ -23,7 +23,7 @@ def no_compile(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("compiled before rejecting bad input")
 
-    monkeypatch.setattr(evaluate_mod._Compiled, "get", refuse)
+    monkeypatch.setattr(evaluate_mod._Compiled, "get_many", refuse)
 
 
 @pytest.mark.parametrize(
