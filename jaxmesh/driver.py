@@ -570,10 +570,7 @@ def make_evaluator(
     engines: dict = {}
 
     def evaluator(params: Any, seeds: jax.Array | None = None) -> Outcome:
-        sig = (
-            jax.tree.structure(params),
-            tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(params)),
-        )
+        sig = jax.tree.structure(params), _shapes(params)
         if sig not in engines:
             engines[sig] = build_engine(pol, env_obj, params, settings, e)[0]
         engine = engines[sig]
