@@ -79,22 +79,19 @@ def make_trainer(cfg: ESConfig):
     def policy(flat: jax.Array, obs: jax.Array) -> jax.Array:
         return cartpole.apply(unravel(flat), obs)
 
-    fitness = jaxmesh.make_evaluator(
-        policy,
-        ENV,
-        num_envs=cfg.episodes,
-        episodes=cfg.episodes,
-        seeds=range(TRAIN_SEEDS, TRAIN_SEEDS + cfg.episodes),
-        plan_tile=cfg.episodes,
-    )
-    validate = jaxmesh.make_evaluator(
-        policy,
-        ENV,
-        num_envs=cfg.valid_episodes,
-        episodes=cfg.valid_episodes,
-        seeds=range(VALID_SEEDS, VALID_SEEDS + cfg.valid_episodes),
-        plan_tile=cfg.valid_episodes,
-    )
+    def evaluator(first_seed: int, episodes: int):
+        # One lane and one plan row per episode: every call is a single tile.
+        return jaxmesh.make_evaluator(
+            policy,
+            ENV,
+            num_envs=episodes,
+            episodes=episodes,
+            seeds=range(first_seed, first_seed + episodes),
+            plan_tile=episodes,
+        )
+
+    fitness = evaluator(TRAIN_SEEDS, cfg.episodes)
+    validate = evaluator(VALID_SEEDS, cfg.valid_episodes)
     optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
     key0 = jax.random.PRNGKey(cfg.seed)
 
@@ -183,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"saved {out}")
     if args.eval_episodes:
         result = jaxmesh.evaluate(
-            cartpole.CartPoleMLP(out),
+            cartpole.CartPoleMLP.from_config(checkpoint=str(out)),
             ENV,
             episodes=args.eval_episodes,
             num_envs=min(256, args.eval_episodes),
