@@ -119,10 +119,32 @@ def _check_settings(num_envs, horizon, prefetch_lead, max_episode_steps, plan_ti
     return _Settings(num_envs, horizon, lead, cap, tile)
 
 
-def _abstract(tree: Any) -> Any:
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
+def _prepare(policy, env, episodes, seeds, settings_args, with_params):
+    """The checks every entry point runs first: budget, settings, env, policy."""
+    seeds_arr = resolve_budget(episodes, seeds)
+    settings = _check_settings(*settings_args)
+    return (
+        seeds_arr,
+        settings,
+        make_env(env),
+        resolve_policy(policy, with_params=with_params),
     )
+
+
+def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of an array, tracer, abstract value or Python scalar."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), jnp.dtype(x.dtype))
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(_leaf_spec, tree)
+
+
+def _shapes(tree: Any) -> tuple:
+    """Shapes and dtypes of a pytree's leaves (a hashable signature)."""
+    return tuple((s.shape, s.dtype) for s in map(_leaf_spec, jax.tree.leaves(tree)))
 
 
 def build_engine(
@@ -212,16 +234,6 @@ class _Compiled:
                 fresh = True
             out.append(self.executables[sig])
         return out, fresh
-
-
-def _shapes(tree: Any) -> tuple:
-    """Shapes and dtypes of a pytree's leaves (arrays, scalars or abstract)."""
-    return tuple(
-        (tuple(x.shape), jnp.dtype(x.dtype))
-        if hasattr(x, "shape") and hasattr(x, "dtype")
-        else (jnp.shape(x), jnp.result_type(x))
-        for x in jax.tree.leaves(tree)
-    )
 
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
@@ -333,16 +345,18 @@ def evaluate(
       result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
     """
     t_start = time.perf_counter()
-    seeds_arr = resolve_budget(episodes, seeds)
-    settings = _check_settings(
-        num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile
+    with_params = params is not None
+    seeds_arr, settings, env_obj, pol = _prepare(
+        policy,
+        env,
+        episodes,
+        seeds,
+        (num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile),
+        with_params,
     )
     segment_steps = _check_int(
         "segment_steps", segment_steps, 1, "env steps per segment"
     )
-    env_obj = make_env(env)
-    with_params = params is not None
-    pol = resolve_policy(policy, with_params=with_params)
     params = _placed_params(pol, params if with_params else None)
     hook_list = _hooks_list(hooks)
     e = int(seeds_arr.size)
@@ -560,12 +574,14 @@ def make_evaluator(
       run = jaxmesh.make_evaluator(apply, "gymnax:CartPole-v1", episodes=16)
       returns = jax.jit(jax.vmap(run))(population).returns  # [P, 16]
     """
-    seeds_arr = resolve_budget(episodes, seeds)
-    settings = _check_settings(
-        num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile
+    seeds_arr, settings, env_obj, pol = _prepare(
+        policy,
+        env,
+        episodes,
+        seeds,
+        (num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile),
+        True,
     )
-    env_obj = make_env(env)
-    pol = resolve_policy(policy, with_params=True)
     e = int(seeds_arr.size)
     engines: dict = {}
 
@@ -640,9 +656,14 @@ def make_agent(
     The scan engine and a host loop over remote simulators drive the same
     functions, so both give the same per-episode results.
     """
-    settings = _check_settings(num_envs, horizon, prefetch_lead, None, plan_tile)
-    env_obj = make_env(env)
-    pol = resolve_policy(policy, with_params=False)
+    _, settings, env_obj, pol = _prepare(
+        policy,
+        env,
+        None,
+        None,
+        (num_envs, horizon, prefetch_lead, None, plan_tile),
+        False,
+    )
     engine, _ = build_engine(
         pol, env_obj, _placed_params(pol, None), settings, settings.num_envs
     )
