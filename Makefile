@@ -2,14 +2,25 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PEER_STAMP := $(VENV)/.installed-peer
 
 .PHONY: run test lint bench train clean
 
+# The floor declared in pyproject.toml (requires-python); checked before the venv
+# is built, so an older interpreter fails with this message instead of pip's.
 $(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "jaxmesh needs Python >= 3.11; $(PY) is $$($(PY) -V 2>&1)." \
+	    "Run: make PY=python3.11 ..." >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
+
+# rlmesh (PyPI) for benchmarks/rlmesh_peer.py only.
+$(PEER_STAMP): $(STAMP)
+	$(BIN)/pip install -e '.[peer]'
+	touch $(PEER_STAMP)
 
 run: $(STAMP)
 	$(BIN)/jaxmesh eval configs/cartpole.yaml
@@ -18,11 +29,15 @@ test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check jaxmesh tests benchmarks
+	$(BIN)/ruff format --check jaxmesh tests benchmarks
+
+bench: $(PEER_STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 train: $(STAMP)
-	$(BIN)/python -m jaxmesh.train_cartpole
+	$(BIN)/python -m jaxmesh.zoo.train_cartpole
 
 clean:
 	rm -rf $(VENV)

@@ -1,9 +1,9 @@
 # ruff: noqa: E402 - OPENBLAS_NUM_THREADS must be set before numpy loads
 """jaxmesh against rlmesh (PyPI) running the same policy on gymnasium CartPole.
 
-rlmesh is installed into a throwaway venv under /tmp (``--venv``; created with
-``pip install rlmesh`` when missing) and only its ``site-packages`` is appended
-to ``sys.path``, so jaxmesh's own environment is untouched. rlmesh is driven
+rlmesh comes from the ``[peer]`` extra (``pip install 'jaxmesh[peer]'``, which
+``make bench`` runs); nothing is installed at run time. Without it the script
+prints how to install it and exits 0, so ``run_all.py`` goes on. rlmesh is driven
 through its public API only: a ``rlmesh.numpy.Model`` subclass with ``predict``
 and ``predict_batch`` (the 2x64 MLP in numpy, same weights as jaxmesh's) and
 ``Model.run(env, episodes=E)`` on ``gymnasium.make_vec("CartPole-v1",
@@ -13,8 +13,6 @@ refuses SAME_STEP and DISABLED on a stock gymnasium vector env). Its figure is
 loopback server it starts; the budget is sized so that a run takes about
 ``--seconds``). jaxmesh runs ``evaluate`` on gymnax CartPole-v1 with the same N
 and weights (``result.steps_per_second``, warm). Interleaved, medians.
-
-When rlmesh cannot be installed, the script prints the error and exits 0.
 
 Run: ``python benchmarks/rlmesh_peer.py [--quick]``
 """
@@ -28,61 +26,40 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
-import glob
 import math
-import subprocess
 import sys
 import time
+from importlib import metadata
 
-DEFAULT_VENV = "/tmp/jaxmesh-bench-rlmesh-venv"
+#: The version the README's figures were measured with (pinned by ``[peer]``).
+RLMESH_VERSION = "0.1.0"
+INSTALL = "pip install 'jaxmesh[peer]'"
 
 
-def ensure_rlmesh(venv: str) -> tuple[object | None, str]:
-    """Imports rlmesh from ``venv`` (installing it there if needed).
+def import_rlmesh() -> tuple[object | None, str]:
+    """Imports rlmesh and ``rlmesh.numpy`` from the running interpreter.
 
-    Returns (module or None, a note on what happened).
+    Returns:
+      (the module, a note naming its version), or (None, why it is missing and
+      the command that installs it).
     """
-    note = f"rlmesh from {venv}"
-    if not os.path.isdir(venv):
-        try:
-            subprocess.run(
-                [sys.executable, "-m", "venv", venv],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            subprocess.run(
-                [os.path.join(venv, "bin", "python"), "-m", "pip", "install",
-                 "--quiet", "rlmesh"],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )  # fmt: skip
-            note += " (installed now)"
-        except (OSError, subprocess.SubprocessError) as e:
-            err = getattr(e, "stderr", "") or str(e)
-            return None, f"pip install rlmesh into {venv} failed: {err.strip()}"
-    sys.path.append(_site(venv))
     try:
         import rlmesh
         import rlmesh.numpy  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure is the report
-        return None, f"import rlmesh from {venv} failed: {type(e).__name__}: {e}"
-    version = getattr(rlmesh, "__version__", None)
-    if version is None:
-        try:
-            from importlib.metadata import version as v
-
-            version = v("rlmesh")
-        except Exception:  # noqa: BLE001
-            version = "?"
-    return rlmesh, f"{note}, version {version}"
-
-
-def _site(venv: str) -> str:
-    found = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
-    return found[0] if found else os.path.join(venv, "lib", "site-packages")
+    except ImportError as e:
+        return None, (
+            f"rlmesh is not importable from {sys.executable} ({e}); it is an "
+            f"optional benchmark dependency: {INSTALL} (rlmesh=={RLMESH_VERSION}), "
+            "or `make bench`, which installs it"
+        )
+    try:
+        version = metadata.version("rlmesh")
+    except metadata.PackageNotFoundError:
+        version = getattr(rlmesh, "__version__", "unknown")
+    note = f"rlmesh {version}"
+    if version != RLMESH_VERSION:
+        note += f" (the README's figures are for {RLMESH_VERSION})"
+    return rlmesh, note
 
 
 def main(argv: list[str] | None = None) -> list[list]:
@@ -91,14 +68,13 @@ def main(argv: list[str] | None = None) -> list[list]:
     ap.add_argument("--num-envs-list", default="16,256", help="comma-separated N")
     ap.add_argument("--seconds", type=float, default=1.5, help="target run length")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
-    ap.add_argument("--venv", default=DEFAULT_VENV, help="throwaway venv for rlmesh")
     ap.add_argument("--quick", action="store_true", help="small sizes (< 60 s)")
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.repeats, args.num_envs_list = 0.3, 1, "16"
 
     print("## rlmesh_peer: jaxmesh vs rlmesh on CartPole-v1\n")
-    rlmesh, note = ensure_rlmesh(args.venv)
+    rlmesh, note = import_rlmesh()
     if rlmesh is None:
         print(f"rlmesh not measured: {note}")
         return []

@@ -1,23 +1,25 @@
 """Trained agents no one on this project made, scored against their published returns.
 
 The agents are the PPO policies of the public gymnax-blines repository (Apache-2.0),
-converted to ``.npz`` and kept outside the repository in ``shared/anchors``, with the
-final return each training run logged over 164 sampled-action episodes
-(``logged.json``). Reproducing those numbers through ``jaxmesh.evaluate`` checks the
-whole evaluator on real networks: resets, env steps, policy keys, episode ends and
-the returns it sums. A plain Python loop over gymnax's own ``reset_env`` /
-``step_env`` then checks single episodes exactly.
+converted to ``.npz`` and kept in the repository under ``tests/data/gymnax_blines``
+(its README gives the source, license and conversion), with the final return each
+training run logged over 164 sampled-action episodes (``logged.json``).
+Reproducing those numbers through ``jaxmesh.evaluate`` checks the whole evaluator on
+real networks: resets, env steps, policy keys, episode ends and the returns it
+sums. A plain Python loop over gymnax's own ``reset_env`` / ``step_env`` then
+checks single episodes exactly.
 
 Pendulum-v1 is left out: its logged -200.6 does not reproduce with gymnax 1.0.1
-(about -245 sampled today; see ``shared/anchors/README.md``).
+(about -245 sampled today; see ``tests/data/gymnax_blines/README.md``).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
-import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,26 +31,8 @@ import pytest
 
 import jaxmesh
 
-
-def _find_anchors() -> Path:
-    """``shared/anchors`` beside the checkout, or where JAXMESH_ANCHORS points.
-
-    A clone elsewhere (CI's) may find it beside an ancestor folder, or at the
-    workplace's own /work/shared.
-    """
-    if os.environ.get("JAXMESH_ANCHORS"):
-        return Path(os.environ["JAXMESH_ANCHORS"])
-    here = Path(__file__).resolve()
-    candidates = [p / "shared" / "anchors" for p in here.parents]
-    candidates.append(Path("/work/shared/anchors"))
-    for c in candidates:
-        if (c / "gymnax-blines").is_dir():
-            return c
-    return candidates[1]
-
-
-ANCHORS = _find_anchors()
-AGENTS = ANCHORS / "gymnax-blines"
+#: The agents and their logged returns, shipped with the tests.
+AGENTS = Path(__file__).resolve().parent / "data" / "gymnax_blines"
 ENVS = ("CartPole-v1", "Acrobot-v1", "Breakout-MinAtar")
 #: As many episodes as each gymnax-blines run logged its final return over.
 EPISODES = 164
@@ -58,13 +42,34 @@ Z = 4.0
 #: where every episode scores 500, and a zero spread leaves no statistical room).
 SLACK = 0.5
 
-pytestmark = pytest.mark.skipif(
-    not AGENTS.is_dir(),
-    reason=f"reference agents not found at {AGENTS}: they live outside the "
-    "repository (shared/anchors/gymnax-blines next to the checkout)",
-)
-
 LAYERS = ("Dense_0", "Dense_1", "Dense_2")
+
+
+def data_file(name: str) -> Path:
+    """A file of ``tests/data/gymnax_blines``; missing is a failure, never a skip."""
+    path = AGENTS / name
+    assert path.is_file(), (
+        f"reference data {path} is missing: it is part of the repository "
+        "(tests/data/gymnax_blines); restore it from version control rather than "
+        "skipping these checks"
+    )
+    return path
+
+
+def test_reference_data_is_shipped_as_documented():
+    # Every agent and the logged returns are in the repository, byte for byte
+    # the files whose checksums the data README records (with their source and
+    # license); a missing file fails here, it is never skipped.
+    readme = data_file("README.md").read_text()
+    recorded = dict(re.findall(r"`([\w.-]+\.npz)` \|[^|]*\| `([0-9a-f]{64})`", readme))
+    assert sorted(recorded) == sorted(f"{name}-ppo.npz" for name in ENVS), recorded
+    for file, digest in recorded.items():
+        actual = hashlib.sha256(data_file(file).read_bytes()).hexdigest()
+        assert actual == digest, f"{file}: sha256 {actual}, README records {digest}"
+    logged = json.loads(data_file("logged.json").read_text())
+    assert sorted(logged) == sorted(ENVS), sorted(logged)
+    with pytest.raises(AssertionError, match="missing"):
+        data_file("Pendulum-v1-ppo.npz")
 
 
 def load_actor(name: str) -> dict[str, jax.Array]:
@@ -77,7 +82,7 @@ def load_actor(name: str) -> dict[str, jax.Array]:
       ``{"Dense_i/kernel": ..., "Dense_i/bias": ...}`` for the three actor layers;
       the critic weights in the same file are left out.
     """
-    path = AGENTS / f"{name}-ppo.npz"
+    path = data_file(f"{name}-ppo.npz")
     with np.load(path) as npz:
         stored = set(npz.files)
         want = [f"{layer}/{p}" for layer in LAYERS for p in ("kernel", "bias")]
@@ -139,7 +144,7 @@ def run(name: str, mode: str) -> jaxmesh.RunResult:
 
 
 def logged_return(name: str) -> float:
-    logged = json.loads((AGENTS / "logged.json").read_text())[name]
+    logged = json.loads(data_file("logged.json").read_text())[name]
     assert logged["num_test_rollouts"] == EPISODES, logged
     return float(logged["logged_final_return"])
 

@@ -14,7 +14,7 @@ The run is deterministic: everything derives from ``--seed``. It stops after
 a held-out validation batch ``--patience`` times in a row, and keeps the centre
 params with the best validation score.
 
-Usage::
+Usage (needs the ``[train]`` extra, for optax)::
 
     python -m jaxmesh.zoo.train_cartpole [--out PATH] [--seed 0]
 """
@@ -31,12 +31,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.flatten_util import ravel_pytree
 
 import jaxmesh
 from jaxmesh.checkpoint import save_params
 from jaxmesh.zoo import cartpole
+
+try:
+    import optax
+except ImportError as e:
+    raise ImportError(
+        f"the CartPole trainer needs optax ({e}), which jaxmesh installs only "
+        "with its [train] extra: pip install 'jaxmesh[train]' (make train uses "
+        "a venv that has it)"
+    ) from e
 
 ENV = "gymnax:CartPole-v1"
 MAX_RETURN = 500.0
@@ -176,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     params, stats = train(cfg)
     out = save_params(args.out, params, overwrite=True)
+    # orbax's commit marker records the absolute path written to (a machine
+    # path, in a checkpoint shipped in the repository); restoring a local
+    # checkpoint does not read it.
+    (Path(out) / "commit_success.txt").unlink(missing_ok=True)
     print(f"trained in {stats['train_seconds']:.1f} s: {stats}")
     print(f"saved {out}")
     if args.eval_episodes:
