@@ -20,7 +20,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ("overhead", "parts", "chunks", "compile", "peer", "rlmesh_peer")
+SCRIPTS = ("overhead", "parts", "chunks", "tiles", "compile", "peer", "rlmesh_peer")
 
 
 def run_script(name: str, quick: bool, extra: list[str]) -> tuple[str, float, int]:

@@ -2,12 +2,16 @@
 
 from jaxmesh import adapt, flax_models
 from jaxmesh.checkpoint import load_params, save_params
-from jaxmesh.driver import Agent, Outcome, evaluate, make_agent, make_evaluator
+from jaxmesh.core.results import Results
 from jaxmesh.envs import make_env
+from jaxmesh.errors import BadValueError
 from jaxmesh.explain import check_frame_limit, explain
 from jaxmesh.model import Model, build_model
 from jaxmesh.params import Param, ParamError
-from jaxmesh.results import EpisodeResult, RunResult
+from jaxmesh.run.agent import Agent, make_agent
+from jaxmesh.run.pure import make_evaluator
+from jaxmesh.run.results import EpisodeResult, RunResult
+from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 
 __version__ = "0.1.0"
 
@@ -17,7 +21,11 @@ __all__ = [
     "make_env",
     "evaluate",
     "make_evaluator",
-    "Outcome",
+    "Results",
+    "Evaluator",
+    "cache_info",
+    "clear_cache",
+    "BadValueError",
     "make_agent",
     "Agent",
     "Model",

@@ -6,16 +6,25 @@ a window of the last ``n`` frames (oldest first) on the device, advanced on ever
 executed env step. Example::
 
     spec = {"obs": jaxmesh.adapt.State(stack=4), "prev": jaxmesh.adapt.Previous()}
+
+Every declaration says what its frame is made from, so that the engine needs no
+list of declaration classes: ``reads_obs`` (its frame comes from the
+observation, pushed after every env step) and ``reads_action`` (its frame comes
+from the executed action, pushed when the action is chosen).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+
+#: Input name of the whole observation when a policy has no spec (the engine
+#: keeps one ``State()`` window under this name).
+WHOLE_OBS = "__obs__"
 
 
 def _check_stack(kind: str, stack: Any) -> None:
@@ -51,6 +60,9 @@ class State:
     key: str | None = None
     stack: int = 1
 
+    reads_obs: ClassVar[bool] = True
+    reads_action: ClassVar[bool] = False
+
     def __post_init__(self):
         _check_stack("State", self.stack)
 
@@ -63,14 +75,19 @@ class State:
 class Image:
     """An image leaf (H, W) or (H, W, C), resized on the device and converted.
 
-    uint8 images become ``dtype`` in [0, 1]; ``size=(h, w)`` resizes with
-    ``jax.image.resize`` (bilinear), keeping the channel axis.
+    A uint8 image (8-bit pixels) becomes ``dtype`` in [0, 1] (divided by 255);
+    any other dtype is converted to ``dtype`` with its values kept (an int16
+    depth map in millimetres stays in millimetres). ``size=(h, w)`` resizes
+    with ``jax.image.resize`` (bilinear), keeping the channel axis.
     """
 
     key: str | None = None
     size: tuple[int, int] | None = None
     stack: int = 1
     dtype: Any = jnp.float32
+
+    reads_obs: ClassVar[bool] = True
+    reads_action: ClassVar[bool] = False
 
     def __post_init__(self):
         _check_stack("Image", self.stack)
@@ -91,7 +108,7 @@ class Image:
                 f"Image(key={self.key!r}) expects an (H, W) or (H, W, C) leaf, "
                 f"got shape {img.shape}; use State for non-image leaves"
             )
-        if jnp.issubdtype(img.dtype, jnp.integer):
+        if img.dtype == jnp.uint8:
             img = img.astype(jnp.float32) / 255.0
         img = img.astype(self.dtype)
         if self.size is not None and tuple(img.shape[:2]) != self.size:
@@ -105,6 +122,9 @@ class Previous:
     """The action executed on the previous step (zeros at an episode's start)."""
 
     stack: int = 1
+
+    reads_obs: ClassVar[bool] = False
+    reads_action: ClassVar[bool] = True
 
     def __post_init__(self):
         _check_stack("Previous", self.stack)
@@ -145,9 +165,9 @@ def read_keys(spec: Mapping[str, Input] | None) -> list[str | None]:
         return [None]
     keys: list[str | None] = []
     for decl in spec.values():
-        if isinstance(decl, State | Image) and decl.key not in keys:
+        if decl.reads_obs and decl.key not in keys:
             keys.append(decl.key)
     return keys
 
 
-__all__ = ["State", "Image", "Previous", "check_spec", "read_keys"]
+__all__ = ["State", "Image", "Previous", "WHOLE_OBS", "check_spec", "read_keys"]

@@ -9,8 +9,8 @@ Saving over an existing path is an error unless ``overwrite=True``.
 Example::
 
     params = model.init(jax.random.PRNGKey(0), obs)
-    jaxmesh.save_params("/tmp/mlp", params)
-    params = jaxmesh.load_params("/tmp/mlp", device=jax.devices("cpu")[0])
+    jaxmesh.save_params("ckpt/mlp", params)
+    params = jaxmesh.load_params("ckpt/mlp", device=jax.devices("cpu")[0])
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from jaxmesh.devices import resolve_device
 
 
 def _ocp():
@@ -78,33 +80,6 @@ def _abstract_leaf(meta: Any, sharding: jax.sharding.Sharding) -> Any:
     return meta  # scalars and strings: orbax's metadata is the leaf itself
 
 
-def _resolve_device(device: jax.Device | str | None) -> jax.Device | None:
-    if device is None or isinstance(device, jax.Device):
-        return device
-    if not isinstance(device, str):
-        raise TypeError(
-            f"load_params: device={device!r}; expected None, a jax.Device, or a "
-            "string such as 'cpu' or 'gpu:1'"
-        )
-    platform, _, index = device.strip().lower().partition(":")
-    try:
-        devices = jax.devices(platform)
-    except RuntimeError:
-        devices = []
-    if index and not index.isdigit():
-        raise ValueError(
-            f"load_params: device={device!r}; expected 'PLATFORM' or "
-            "'PLATFORM:INDEX' such as 'gpu:1'"
-        )
-    i = int(index or 0)
-    if i >= len(devices):
-        raise ValueError(
-            f"load_params: device={device!r}, but this machine has {len(devices)} "
-            f"{platform} device(s); available: {[str(d) for d in jax.devices()]}"
-        )
-    return devices[i]
-
-
 def load_params(
     path: str | os.PathLike, *, device: jax.Device | str | None = None
 ) -> Any:
@@ -127,8 +102,9 @@ def load_params(
       FileNotFoundError: nothing exists at ``path``.
       ValueError: ``path`` exists but is not an orbax checkpoint, or no such
         device.
+      TypeError: ``device`` is not None, a ``jax.Device`` or a string.
     """
-    device = _resolve_device(device)
+    device = resolve_device(device, "load_params")
     source = _abs_path(path)
     if not source.exists():
         raise FileNotFoundError(

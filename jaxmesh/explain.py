@@ -21,14 +21,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxmesh import adapt
+from jaxmesh.adapt import WHOLE_OBS
 from jaxmesh.envs import make_env
+from jaxmesh.types import PolicyLike
 
 #: Environment variable holding the frame-window limit in bytes.
 LIMIT_ENV = "JAXMESH_FRAME_HISTORY_LIMIT_BYTES"
 DEFAULT_LIMIT_BYTES = 2 * 1024**3
-
-#: Input name used when there is no spec (the engine keeps the raw observation).
-WHOLE_OBS = "__obs__"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,19 +176,19 @@ def frame_limit_bytes() -> int:
 
 
 def _spec_of(spec_or_model: Any) -> tuple[Mapping[str, adapt.Input] | None, Any]:
-    from jaxmesh.model import Model
-
-    if isinstance(spec_or_model, Model):
-        spec_or_model._ensure_loaded()
-        return spec_or_model.spec, spec_or_model.name
+    if isinstance(spec_or_model, PolicyLike):
+        # A model as the engine sees it: its load has run, so a spec set by
+        # load is the one read here.
+        policy = spec_or_model.as_policy(with_params=False)
+        return policy.spec, policy.name
     if spec_or_model is None or isinstance(spec_or_model, Mapping):
         return adapt.check_spec(spec_or_model), None
     if callable(spec_or_model):  # a plain policy function: no spec
         return None, getattr(spec_or_model, "__name__", None)
     raise TypeError(
         f"explain({spec_or_model!r}): expected a spec dict (name -> "
-        "jaxmesh.adapt.State/Image/Previous), a jaxmesh.Model, a policy function "
-        "or None"
+        "jaxmesh.adapt.State/Image/Previous), a jaxmesh.Model (or any object "
+        "with as_policy), a policy function or None"
     )
 
 

@@ -14,14 +14,24 @@ weights never recompile). Example::
 By default the module is called on a batch of lanes (``batched=True``: the
 ``predict_batch`` / ``predict_chunk_batch`` corners); ``batched=False`` calls it
 on one lane at a time (``predict`` / ``predict_chunk``, vmapped by the engine).
-A module that emits chunks declares ``native_chunk``. With ``stochastic=True``
-the module is called as ``module(obs, key)``.
+A module that emits chunks declares ``native_chunk``.
+
+With ``stochastic=True`` the module is called as ``module(obs, key)`` with one
+PRNG key, and every lane samples with its own key (the engine's per-episode,
+per-step key, so a lane's actions never depend on which other lanes share the
+call): a batched module is vmapped over the rows of its batch, each row called
+as a batch of one (``module(obs[i:i + 1], keys[i])``, one row of output); a
+single-lane module gets its lane's key. So the batched stochastic corners take
+one key per row: ``model.predict_batch(obs, keys)`` with ``keys`` of shape
+``(B, 2)`` (or ``(B,)`` typed keys).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import jax
 
 from jaxmesh import adapt
 from jaxmesh.model import Model
@@ -69,6 +79,22 @@ class FlaxModel(Model):
         out = self._forward(self.params, obs, key)
         return out if self._postprocess is None else self._postprocess(out)
 
+    def _run_rows(self, obs: Any, keys: Any) -> Any:
+        """A batched stochastic forward: row i is sampled with ``keys[i]``.
+
+        The module takes one key for its whole batch, so it is called once per
+        row (vmapped), on a batch of one row; the postprocess then sees the
+        whole batch, as it does without keys.
+        """
+        params = self.params
+
+        def row(o: Any, key: Any) -> Any:
+            one = jax.tree.map(lambda x: x[None], o)
+            return jax.tree.map(lambda x: x[0], self._forward(params, one, key))
+
+        out = jax.vmap(row)(obs, keys)
+        return out if self._postprocess is None else self._postprocess(out)
+
 
 _CLASSES: dict[tuple[str, bool], type[FlaxModel]] = {}
 
@@ -78,7 +104,11 @@ def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
     cls = _CLASSES.get((corner, stochastic))
     if cls is not None:
         return cls
-    if stochastic:
+    if stochastic and corner.endswith("_batch"):
+
+        def method(self, obs, key):
+            return self._run_rows(obs, key)
+    elif stochastic:
 
         def method(self, obs, key):
             return self._run(obs, key)
@@ -159,7 +189,9 @@ def from_nnx(
       name: display name (default: the module's class name).
       device: where params are placed (see ``jaxmesh.Model``).
       batched: the module takes a batch of lanes (default) or one lane.
-      stochastic: call ``module(obs, key)`` with a per-lane PRNG key.
+      stochastic: call ``module(obs, key)`` with a per-lane PRNG key (a batched
+        module is called row by row, each row with its own key; see the module
+        docstring).
       postprocess: ``output -> action or chunk``, e.g.
         ``lambda logits: jnp.argmax(logits, -1)``.
       trainable: the nnx filter selecting the params (default ``nnx.Param``).

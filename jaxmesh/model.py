@@ -9,17 +9,30 @@ Corners read weights from ``self.params``. A corner that has a ``key`` argument
 is stochastic and receives a PRNG key (one per lane). A model that defines
 ``initial_state()`` is recurrent: its corners take ``state=`` and return
 ``(output, new_state)``; the engine carries the state per lane and resets it at
-each episode start.
+each episode start. The engine sees a model through ``Model.as_policy`` (the
+``jaxmesh.types.PolicyLike`` protocol) and nothing else.
 
 Example::
+
+    import jax.numpy as jnp
+    import jaxmesh
+    from jaxmesh.adapt import State
 
     class Chunker(jaxmesh.Model):
         native_chunk = 8
 
-        def predict_chunk(self, obs):
-            return jnp.zeros((8,), jnp.int32)
+        def predict_chunk(self, obs):  # one lane -> 8 actions
+            return jnp.full((8,), obs[2] > 0, jnp.int32)
 
-    jaxmesh.Model(lambda obs: obs[2] > 0, spec={"obs": jaxmesh.adapt.State()})
+    chunked = jaxmesh.evaluate(Chunker(), "gymnax:CartPole-v1", horizon=8, episodes=4)
+
+    # With a spec, the function sees a dict of the declared inputs.
+    lean = jaxmesh.Model(
+        lambda inputs: (inputs["obs"][2] > 0).astype(jnp.int32),
+        spec={"obs": State()},
+        name="lean",
+    )
+    result = jaxmesh.evaluate(lean, "gymnax:CartPole-v1", episodes=4)
 """
 
 from __future__ import annotations
@@ -36,6 +49,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxmesh import adapt
+from jaxmesh.core.policy import (
+    Policy,
+    _wrap_function,
+    positional_arity,
+    takes_param,
+)
+from jaxmesh.devices import check_device, resolve_device
+from jaxmesh.explain import explain
 from jaxmesh.params import (
     Param,
     ParamError,
@@ -50,33 +71,6 @@ CORNERS = ("predict", "predict_chunk", "predict_batch", "predict_chunk_batch")
 DESCRIBE_SCHEMA_VERSION = 1
 
 
-def positional_arity(fn: Callable) -> int | None:
-    """Number of required positional parameters ``fn`` takes (None: unknowable).
-
-    Parameters with defaults do not count, so ``lambda obs, w=w: ...`` takes one.
-    """
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    n = 0
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_POSITIONAL:
-            return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
-            p.default is p.empty
-        ):
-            n += 1
-    return n
-
-
-def takes_param(fn: Callable, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _check_native_chunk(value: Any, who: str) -> int | None:
     if value is None:
         return None
@@ -86,46 +80,6 @@ def _check_native_chunk(value: Any, who: str) -> int | None:
             "K the model emits) or None"
         )
     return value
-
-
-def _check_device(value: Any, who: str) -> Any:
-    if value is None or isinstance(value, str | jax.Device):
-        return value
-    raise TypeError(
-        f"{who}: device={value!r} must be None, a jax.Device, or a string such as "
-        "'cpu', 'gpu' or 'gpu:1'"
-    )
-
-
-def resolve_device(device: Any) -> jax.Device | None:
-    """A ``device`` value (None, a ``jax.Device`` or ``'cpu'``/``'gpu:1'``) as a device.
-
-    Raises:
-      ValueError: the platform has no such device here (the message lists the
-        devices there are).
-    """
-    if device is None or isinstance(device, jax.Device):
-        return device
-    _check_device(device, "resolve_device")
-    platform, _, index = device.strip().lower().partition(":")
-    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
-    try:
-        devices = jax.devices(platform)
-    except RuntimeError:
-        devices = []
-    if not index.isdigit() and index:
-        raise ValueError(
-            f"device={device!r}: expected 'PLATFORM' or 'PLATFORM:INDEX' (e.g. "
-            "'gpu:1'); the index must be an int"
-        )
-    i = int(index) if index else 0
-    if i >= len(devices):
-        raise ValueError(
-            f"device={device!r}: this machine has {len(devices)} {platform} "
-            f"device(s); available devices are {[str(d) for d in jax.devices()]}. "
-            "Pick one of them, or device=None for the default"
-        )
-    return devices[i]
 
 
 def _under_trace() -> bool:
@@ -179,6 +133,13 @@ def _spec_to_dict(decl: Any) -> dict:
     return d
 
 
+def _put(tree: Any, device: jax.Device | None) -> Any:
+    """``tree`` with every array leaf on ``device`` (None: as it is)."""
+    if device is None or tree is None:
+        return tree
+    return jax.device_put(tree, device)
+
+
 class Model:
     """Base class for authored policies, or a wrapper around a function.
 
@@ -203,6 +164,16 @@ class Model:
 
     A subclass with its own ``__init__`` may call ``super().__init__()`` with no
     arguments, or not at all: every attribute has a class-level default.
+
+    How ``self.params`` reaches a corner: the engine passes params as a jit
+    argument (so new weights never recompile) and calls the corner inside its
+    trace. For the length of that one call, and only there (the ``apply`` of
+    ``as_policy``), ``self.params`` reads the traced params; the concrete
+    params are restored as soon as the corner returns or raises. So outside a
+    corner ``model.params`` is always the concrete weights, even after a run
+    that failed. Inside a corner, do not store ``self.params`` (or anything
+    computed from it) on ``self``: it is a tracer that dies with the trace. One
+    model instance is not traced by two threads at once.
     """
 
     native_chunk: int | None = None
@@ -363,7 +334,7 @@ class Model:
         who = self.name
         adapt.check_spec(self.spec)
         _check_native_chunk(self.native_chunk, who)
-        _check_device(self.device, who)
+        check_device(self.device, who)
         if self._fn is None and not self.corners():
             raise TypeError(
                 f"{type(self).__name__} implements none of the corners {CORNERS}: "
@@ -396,13 +367,12 @@ class Model:
     def recurrent(self) -> bool:
         return type(self).initial_state is not Model.initial_state
 
-    @property
-    def stochastic(self) -> bool:
-        """Whether the corner the engine calls takes a PRNG ``key``."""
-        if self._fn is not None:
-            base = 1 + int(self._fn_takes_params)
-            arity = positional_arity(self._fn)
-            return arity == base + 1 or (arity == base and takes_param(self._fn, "key"))
+    def _engine_corner(self) -> tuple[str, bool]:
+        """The corner the engine calls, and whether it is a batched one.
+
+        Chunks are preferred over single actions, then a batched corner over a
+        single-lane one (which the engine lifts with ``vmap``).
+        """
         own = self.corners()
         chunked = "predict_chunk_batch" in own or "predict_chunk" in own
         batch, single = (
@@ -410,8 +380,17 @@ class Model:
             if chunked
             else ("predict_batch", "predict")
         )
-        corner = batch if batch in own else single
-        return corner in own and takes_param(getattr(self, corner), "key")
+        return (batch, True) if batch in own else (single, False)
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the corner the engine calls takes a PRNG ``key``."""
+        if self._fn is not None:
+            base = 1 + int(self._fn_takes_params)
+            arity = positional_arity(self._fn)
+            return arity == base + 1 or (arity == base and takes_param(self._fn, "key"))
+        corner, _ = self._engine_corner()
+        return corner in self.corners() and takes_param(getattr(self, corner), "key")
 
     def initial_state(self) -> Any:
         """Single-lane recurrent state at an episode start (recurrent models)."""
@@ -433,21 +412,115 @@ class Model:
         return self.place(self.params)
 
     def place(self, tree: Any) -> Any:
-        """Puts every array leaf of ``tree`` on ``self.device`` (None: as is)."""
-        device = resolve_device(self.device)
-        if device is None or tree is None:
-            return tree
-        return jax.device_put(tree, device)
+        """Puts every array leaf of ``tree`` on ``self.device`` (None: as is).
+
+        Raises:
+          ValueError: this machine has no such device (see
+            ``jaxmesh.devices.resolve_device``).
+        """
+        return _put(tree, resolve_device(self.device, self.name))
+
+    # What the engine sees -------------------------------------------------------
+    def as_policy(self, *, with_params: bool = False) -> Policy:
+        """The engine's view of this model (the ``jaxmesh.types.PolicyLike`` protocol).
+
+        Runs ``load`` first (it may set the spec, ``native_chunk`` or ``device``)
+        and resolves the device, so a bad value fails here, before compiling.
+
+        Args:
+          with_params: the caller passes params as a jit argument. A wrapped
+            function then takes them first (``fn(params, obs[, key])``), as it
+            does anyway when the model was built with ``params``.
+
+        Returns:
+          A ``jaxmesh.core.policy.Policy`` whose ``apply`` calls this model's
+          corner with the params it is given bound as ``self.params`` (see the
+          class docstring), and whose ``default_params`` are ``self.params``
+          on ``device``.
+
+        Raises:
+          TypeError: a wrapped function of the wrong arity.
+          ValueError: no such device here.
+        """
+        self._ensure_loaded()
+        device = resolve_device(self.device, self.name)
+        if self._fn is not None:
+            apply, stochastic = _wrap_function(
+                self._fn, self.name, with_params or self._fn_takes_params
+            )
+        else:
+            apply, stochastic = self._corner_apply()
+        own_hook = type(self).on_episode_end is not Model.on_episode_end
+
+        def place(tree: Any) -> Any:
+            return _put(tree, device)
+
+        def default_params() -> Any:
+            return place(self.params)
+
+        return Policy(
+            name=self.name,
+            apply=apply,
+            stochastic=stochastic,
+            initial_state=self.initial_state if self.recurrent else None,
+            native_chunk=self.native_chunk,
+            spec=adapt.check_spec(self.spec),
+            default_params=default_params,
+            place=place,
+            device=device,
+            on_episode_end=self.on_episode_end if own_hook else None,
+        )
+
+    def _corner_apply(self) -> tuple[Callable, bool]:
+        """The batched ``apply`` over this model's corner, derived by vmap if needed."""
+        name, batched = self._engine_corner()
+        corner = getattr(self, name)
+        stochastic = takes_param(corner, "key")
+        recurrent = self.recurrent
+
+        def call(obs, key, state):
+            kw = {}
+            if stochastic:
+                kw["key"] = key
+            if recurrent:
+                kw["state"] = state
+            out = corner(obs, **kw)
+            if recurrent:
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise TypeError(
+                        f"{self.name}.{name} is recurrent (the model defines "
+                        "initial_state) and must return (output, new_state); it "
+                        f"returned a {type(out).__name__}"
+                    )
+                return out
+            return out, state
+
+        def apply(params, obs, keys, rstate):
+            with self._bound(params):
+                if batched:
+                    return call(obs, keys, rstate)
+                return jax.vmap(call)(obs, keys, rstate)
+
+        return apply, stochastic
 
     @contextlib.contextmanager
-    def bound(self, params: Any):
-        """Temporarily binds ``params`` (possibly traced) as ``self.params``."""
-        old = self.params
-        self.params = params
+    def _bound(self, params: Any):
+        """Makes ``self.params`` read ``params`` (traced) while a corner is traced.
+
+        The only place where the model's params are replaced behind the
+        author's back; the previous value is restored on exit, errors
+        included.
+        """
+        missing = object()
+        old = self.__dict__.get("params", missing)
+        self.__dict__["params"] = params
         try:
             yield self
         finally:
-            self.params = old
+            if old is missing:
+                self.__dict__.pop("params", None)
+            else:
+                self.__dict__["params"] = old
 
     # Introspection --------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -501,8 +574,6 @@ class Model:
 
         Runs ``load`` first (it may set the spec). See ``jaxmesh.explain``.
         """
-        from jaxmesh.explain import explain
-
         return explain(self, env, num_envs=num_envs)
 
     # The four corners. Authored subclasses override any of them.
@@ -600,7 +671,7 @@ def build_model(
             "subclass or a policy function"
         )
     if device is not None:
-        model.device = _check_device(device, model.name)
+        model.device = check_device(device, model.name)
     return model
 
 
@@ -610,5 +681,4 @@ __all__ = [
     "DESCRIBE_SCHEMA_VERSION",
     "build_model",
     "resolve_class",
-    "resolve_device",
 ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import jax
+
+if TYPE_CHECKING:  # core.policy imports this module; the name is for hints only
+    from jaxmesh.core.policy import Policy
 
 PyTree = Any
 Obs = Any
@@ -31,11 +34,39 @@ class Env(Protocol):
         """Returns (observation, state, reward, terminated, truncated)."""
 
 
-class Hooks(Protocol):
-    """Host-side callbacks, called between scan segments (all optional)."""
+@runtime_checkable
+class PolicyLike(Protocol):
+    """Anything the engine can evaluate besides a plain function.
 
-    def on_run_start(self, info: dict) -> None: ...
+    ``jaxmesh.Model`` is one; the core knows only this method, never the
+    authoring layer behind it.
+    """
 
-    def on_episode_end(self, episode: Any) -> None: ...
+    def as_policy(self, *, with_params: bool) -> Policy:
+        """The engine's view of this object (see ``jaxmesh.core.policy.Policy``).
 
-    def on_run_end(self, result: Any) -> None: ...
+        Args:
+          with_params: True when the caller passes params as a jit argument
+            (``make_evaluator``, ``evaluate(params=...)``).
+        """
+
+
+@runtime_checkable
+class InputDecl(Protocol):
+    """One input of a spec (``jaxmesh.adapt.State``, ``Image``, ``Previous``).
+
+    Attributes:
+      stack: frames kept in the window (the policy sees a stacked window when
+        above 1).
+      reads_obs: the frame is made from the observation (pushed after every
+        executed env step).
+      reads_action: the frame is made from the executed action (pushed when
+        the action is chosen).
+    """
+
+    stack: int
+    reads_obs: bool
+    reads_action: bool
+
+    def frame(self, obs: Obs, action: Any = None) -> PyTree:
+        """One lane's processed frame."""

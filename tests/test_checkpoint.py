@@ -68,6 +68,28 @@ def test_device_places_every_array_leaf(tmp_path, device):
     _assert_same(restored, params)
 
 
+def test_device_values_are_resolved_as_a_model_resolves_them(tmp_path):
+    # One resolver: load_params and jaxmesh.Model accept and refuse the same
+    # values, with the same message.
+    from jaxmesh.devices import resolve_device
+
+    jaxmesh.save_params(tmp_path / "ck", {"w": np.ones(2, np.float32)})
+    cpu0 = jax.devices("cpu")[0]
+    assert resolve_device("CPU:0") is cpu0 and resolve_device(None) is None
+    for bad, error, match in [
+        ("cpu:99", ValueError, r"has \d+ cpu device\(s\); available devices are"),
+        ("cpu:x", ValueError, "the index must be an int"),
+        (3, TypeError, "device=3 must be None, a jax.Device, or a string"),
+    ]:
+        with pytest.raises(error, match=match) as got:
+            jaxmesh.load_params(tmp_path / "ck", device=bad)
+        assert str(got.value).startswith("load_params: ")
+        model = jaxmesh.Model(lambda obs: 0, params={"w": 1.0})
+        model.device = bad
+        with pytest.raises(error, match=match):
+            model.placed_params()
+
+
 def test_missing_path_names_it(tmp_path):
     missing = tmp_path / "no_such_checkpoint"
     with pytest.raises(FileNotFoundError, match="no_such_checkpoint") as info:

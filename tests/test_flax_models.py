@@ -19,11 +19,12 @@ from jaxmesh.flax_models import from_linen, from_nnx
 CARTPOLE = gymnax.make("CartPole-v1")
 REF = gymnax_fns(*CARTPOLE)
 SEEDS = [0, 1, 2, 3]
-TILE = 32  # the engine's plan tile: the reference computes in batches this size
 
 
-def rows(x):
-    return jnp.broadcast_to(x, (TILE, *x.shape))
+def rows(x, tile):
+    """``x`` as a batch of ``tile`` rows: the reference computes in batches of the
+    size the engine used (``result.plan_tile``), so that it rounds the same."""
+    return jnp.broadcast_to(x, (tile, *x.shape))
 
 
 def greedy(logits):
@@ -85,7 +86,8 @@ def test_nnx_module_saved_restored_and_evaluated(tmp_path):
     fresh.eval()
     loaded = from_nnx(fresh, params=restored, postprocess=greedy)
     result = jaxmesh.evaluate(loaded, CARTPOLE, num_envs=3, seeds=SEEDS)
-    assert_matches(result, reference(lambda o: greedy(net(rows(o)))[:1]))
+    tile = result.plan_tile
+    assert_matches(result, reference(lambda o: greedy(net(rows(o, tile)))[:1]))
 
 
 def test_linen_chunk_module_saved_restored_and_evaluated(tmp_path):
@@ -101,27 +103,79 @@ def test_linen_chunk_module_saved_restored_and_evaluated(tmp_path):
     result = jaxmesh.evaluate(model, CARTPOLE, num_envs=2, seeds=SEEDS, horizon=3)
 
     def plan(obs):
-        return greedy(jax.vmap(lambda o: module.apply(params, o))(rows(obs)))[0]
+        batch = rows(obs, result.plan_tile)
+        return greedy(jax.vmap(lambda o: module.apply(params, o))(batch))[0]
 
     assert_matches(result, reference(plan, horizon=3))
 
 
-def test_stochastic_and_device_options():
-    class Sampler(nn.Module):
-        @nn.compact
-        def __call__(self, obs, key):
-            logits = nn.Dense(2)(obs)
-            return jax.random.categorical(key, logits).astype(jnp.int32)
+class LinenSampler(nn.Module):
+    """A batch of observations and one key -> sampled actions."""
 
-    module = Sampler()
+    @nn.compact
+    def __call__(self, obs, key):
+        logits = nn.Dense(2)(obs)
+        return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+class NnxSampler(nnx.Module):
+    def __init__(self, rngs):
+        self.linear = nnx.Linear(4, 2, rngs=rngs)
+
+    def __call__(self, obs, key):
+        return jax.random.categorical(key, self.linear(obs)).astype(jnp.int32)
+
+
+@pytest.mark.parametrize("kind", ["linen", "nnx", "nnx-single-lane"])
+def test_stochastic_module_under_evaluate_samples_with_the_plan_keys(kind):
+    # The batched corner gets one key per row; each lane must sample with its
+    # own plan key, as a plain loop calling the module with that key does.
+    if kind == "linen":
+        module = LinenSampler()
+        params = module.init(
+            jax.random.PRNGKey(0), jnp.zeros((1, 4)), jax.random.key(1)
+        )
+        model = from_linen(module, params, stochastic=True)
+        sample = lambda o, key: module.apply(params, o[None], key)  # noqa: E731
+    else:
+        net = NnxSampler(nnx.Rngs(7))
+        batched = kind == "nnx"
+        model = from_nnx(net, stochastic=True, batched=batched)
+        if batched:
+            sample = lambda o, key: net(o[None], key)  # noqa: E731
+        else:
+            sample = lambda o, key: net(o, key)[None]  # noqa: E731
+    assert model.stochastic
+    seeds = [0, 1, 2, 3, 4, 5]
+    result = jaxmesh.evaluate(model, CARTPOLE, num_envs=3, seeds=seeds)
+
+    sample = jax.jit(sample)
+    # The reference loop hands the policy the plan key of docs/evaluation.md
+    # ("Keys"): fold_in(fold_in(PRNGKey(s), 1), t) at episode step t.
+    refs = [run_episode(*REF, sample, s) for s in seeds]
+    actions = np.concatenate([np.asarray(r.actions) for r in refs])
+    assert set(np.unique(actions)) == {0, 1}  # it really samples
+    assert len({r.length for r in refs}) > 1
+    np.testing.assert_array_equal(result.returns, [r.ret for r in refs])
+    np.testing.assert_array_equal(result.lengths, [r.length for r in refs])
+    np.testing.assert_array_equal(result.predict_calls, [r.calls for r in refs])
+
+
+def test_stochastic_batched_corner_takes_one_key_per_row_and_device_options():
+    module = LinenSampler()
     params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)), jax.random.key(1))
     model = from_linen(module, params, stochastic=True, device="cpu", name="s")
     assert model.stochastic and model.corners() == ("predict_batch",)
     d = model.describe()
     assert (d["name"], d["stochastic"], d["device"]) == ("s", True, "cpu")
-    obs, key = jnp.ones((3, 4)), jax.random.PRNGKey(5)
-    want = module.apply(params, obs, key)
-    np.testing.assert_array_equal(model.predict_batch(obs, key), want)
+    obs = jax.random.normal(jax.random.PRNGKey(2), (5, 4))
+    keys = jax.random.split(jax.random.PRNGKey(5), 5)
+    want = [module.apply(params, obs[i : i + 1], keys[i])[0] for i in range(5)]
+    np.testing.assert_array_equal(model.predict_batch(obs, keys), want)
+    # Row i's action depends on row i alone: the same row with the same key
+    # gives the same action whatever the rest of the batch is.
+    other = model.predict_batch(obs[::-1], keys[::-1])[::-1]
+    np.testing.assert_array_equal(other, want)
     cpu = jax.devices("cpu")[0]
     assert all(x.devices() == {cpu} for x in jax.tree.leaves(model.placed_params()))
 

@@ -166,3 +166,70 @@ def test_a_missing_key_fails_before_compiling_listing_the_env_keys():
     # A key on an env whose observation is one array (not a dict).
     with pytest.raises(ValueError, match="reads a dict key, but the env observation"):
         jaxmesh.explain({"x": State(key="x")}, BREAKOUT)
+
+
+@pytest.mark.parametrize(
+    "dtype, values, want",
+    [
+        # 8-bit pixels: divided by 255 into [0, 1].
+        (jnp.uint8, [0, 51, 255], [0.0, 0.2, 1.0]),
+        # Anything else keeps its values: a depth map in millimetres stays one.
+        (jnp.int16, [0, 1000, -7], [0.0, 1000.0, -7.0]),
+        (jnp.int32, [0, 40000, 3], [0.0, 40000.0, 3.0]),
+        (jnp.float32, [0.5, 300.0, -1.0], [0.5, 300.0, -1.0]),
+        (jnp.bool_, [False, True, True], [0.0, 1.0, 1.0]),
+    ],
+)
+def test_only_uint8_images_are_rescaled(dtype, values, want):
+    img = jnp.asarray([values, values], dtype)  # (2, 3)
+    frame = Image().frame(img)
+    assert frame.dtype == jnp.float32
+    np.testing.assert_allclose(frame, [want, want], rtol=1e-7)
+    # dtype= converts after the rescale (uint8) or as it is (the rest).
+    half = Image(dtype=jnp.float16).frame(img)
+    assert half.dtype == jnp.float16
+    np.testing.assert_allclose(half, [want, want], rtol=1e-3)
+
+
+class Ramp:
+    """A 5-step episode whose observation at step t is a 2x2 ``depth`` map of
+    ``300 * t`` (int16, millimetres) and ``pixels`` of ``51 * t`` (uint8)."""
+
+    name = "ramp"
+    action_shape = ()
+    action_dtype = jnp.int32
+    num_actions = 2
+
+    def _obs(self, t):
+        return {
+            "depth": jnp.full((2, 2), 300 * t, jnp.int16),
+            "pixels": jnp.full((2, 2), 51 * t, jnp.uint8),
+        }
+
+    def reset(self, key):
+        return self._obs(0), jnp.int32(0)
+
+    def step(self, key, t, action):
+        t = t + 1
+        reward = action.astype(jnp.float32)
+        return self._obs(t), t, reward, t >= 5, jnp.bool_(False)
+
+
+def test_int16_depth_keeps_its_values_and_uint8_pixels_are_rescaled_in_a_run():
+    # Reward 1 on each step whose plan saw the threshold crossed. Worked by hand
+    # over steps t = 0..4: depth 300 t > 500 mm at t = 2, 3, 4 (return 3);
+    # pixels 51 t / 255 > 0.5 at t = 3, 4 (return 2). Rescaling the depth by
+    # 1/255 would never cross (return 0); not rescaling the pixels would cross
+    # at t = 1..4 (return 4).
+    depth = jaxmesh.Model(
+        lambda o: (o["d"].mean() > 500).astype(jnp.int32),
+        spec={"d": Image(key="depth")},
+    )
+    pixels = jaxmesh.Model(
+        lambda o: (o["p"].mean() > 0.5).astype(jnp.int32),
+        spec={"p": Image(key="pixels")},
+    )
+    for model, want in ((depth, 3.0), (pixels, 2.0)):
+        result = jaxmesh.evaluate(model, Ramp(), num_envs=2, episodes=3)
+        np.testing.assert_array_equal(result.returns, [want] * 3)
+        np.testing.assert_array_equal(result.lengths, [5, 5, 5])

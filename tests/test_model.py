@@ -9,6 +9,8 @@ with ``PRNGKey(seeds[i])``, executes ``chunk[0..h-1]`` and re-plans.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import importlib
 import json
 
 import flax.nnx as nnx
@@ -428,3 +430,197 @@ def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
     assert_matches(result, refs)
     assert len({r.length for r in refs}) > 1  # the episodes differ
     assert len(np.unique(np.concatenate([np.asarray(r.actions) for r in refs]))) == 3
+
+
+# the module docstring's example ---------------------------------------------
+def _docstring_example(module) -> str:
+    """The code block after ``Example::`` in a module docstring, dedented."""
+    import textwrap
+
+    block = module.__doc__.split("Example::", 1)[1]
+    return textwrap.dedent(block)
+
+
+def test_model_docstring_example_runs_and_matches_reference():
+    code = _docstring_example(jaxmesh.model)
+    assert "jaxmesh.evaluate" in code  # the example evaluates, not just builds
+    ns: dict = {}
+    exec(compile(code, "jaxmesh/model.py:Example", "exec"), ns)
+
+    seeds = [0, 1, 2, 3]  # episodes=4 in the example
+
+    def chunk(obs, key):
+        return jnp.full((8,), obs[2] > 0, jnp.int32)
+
+    refs = [run_episode(*REF, jax.jit(chunk), s, horizon=8) for s in seeds]
+    assert_matches(ns["chunked"], refs)
+    lean2 = jax.jit(single(lambda obs, key: (obs[2] > 0).astype(jnp.int32)))
+    refs = [run_episode(*REF, lean2, s) for s in seeds]
+    assert_matches(ns["result"], refs)
+    assert ns["result"].policy == "lean"
+
+
+# self.params: traced only inside a corner ---------------------------------------
+class Weighted(jaxmesh.Model):
+    """``lean`` with weights read from ``self.params``; records what it saw."""
+
+    def load(self):
+        self.params = {"w": jnp.array([0.0, 0.0, 0.0, 1.0])}
+        self.seen = []
+
+    def predict(self, obs):
+        self.seen.append(type(self.params["w"]))
+        return (obs @ self.params["w"] > 0).astype(jnp.int32)
+
+
+def _is_concrete(tree) -> bool:
+    return all(not isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+def test_params_are_concrete_again_after_a_run_and_after_a_failing_one():
+    model = Weighted()
+    own = model.params
+    result = jaxmesh.evaluate(model, CARTPOLE, num_envs=2, seeds=SEEDS)
+    assert_matches(result, reference(single(lambda o, k: lean(o)), key="lean"))
+    # The corner saw tracers (params are a jit argument); outside, the weights.
+    assert any(issubclass(t, jax.core.Tracer) for t in model.seen)
+    assert model.params is own and _is_concrete(model.params)
+    assert "params" in vars(model)  # set by load: still the instance's own
+
+    # Other params for one run: bound for that run only.
+    other = {"w": jnp.array([0.0, 0.0, 0.0, -1.0])}
+    jaxmesh.evaluate(model, CARTPOLE, seeds=SEEDS, params=other)
+    assert model.params is own
+
+    class Boom(Weighted):
+        def predict(self, obs):
+            super().predict(obs)
+            raise RuntimeError("boom in predict")
+
+    boom = Boom()
+    own = boom.params
+    with pytest.raises(RuntimeError, match="boom in predict"):
+        jaxmesh.evaluate(boom, CARTPOLE, seeds=SEEDS)
+    assert boom.seen  # it failed inside the corner, while bound
+    assert boom.params is own and _is_concrete(boom.params)
+
+    # A class-level params attribute stays a class-level one.
+    class ClassParams(jaxmesh.Model):
+        params = {"w": jnp.array([0.0, 0.0, 0.0, 1.0])}
+
+        def predict(self, obs):
+            raise RuntimeError("boom again")
+
+    cls_model = ClassParams()
+    with pytest.raises(RuntimeError, match="boom again"):
+        jaxmesh.evaluate(cls_model, CARTPOLE, seeds=SEEDS)
+    assert "params" not in vars(cls_model)
+    assert cls_model.params is ClassParams.params
+
+
+# the engine's view: Policy, PolicyLike, input declarations -----------------------
+def test_as_policy_describes_the_model_without_the_core_knowing_it():
+    from jaxmesh.core.policy import Policy, resolve_policy
+    from jaxmesh.types import PolicyLike
+
+    class Hooked(Weighted):
+        device = "cpu"
+        native_chunk = None
+
+        def on_episode_end(self, episode_id):
+            pass
+
+    model = Hooked()
+    assert isinstance(model, PolicyLike)
+    pol = resolve_policy(model, with_params=False)
+    assert isinstance(pol, Policy) and pol.name == "Hooked"
+    cpu = jax.devices("cpu")[0]
+    assert pol.device == cpu
+    placed = pol.default_params()
+    np.testing.assert_array_equal(placed["w"], [0, 0, 0, 1])
+    assert placed["w"].devices() == {cpu}
+    assert pol.place(np.ones(3)).devices() == {cpu}
+    assert pol.on_episode_end == model.on_episode_end
+    assert not pol.stochastic and pol.initial_state is None
+
+    plain = resolve_policy(Weighted(), with_params=False)
+    assert plain.device is None and plain.on_episode_end is None
+    x = np.ones(3)
+    assert plain.place(x) is x
+
+    fn = resolve_policy(lean, with_params=False)
+    assert fn.default_params() is None and fn.place(x) is x and fn.device is None
+    with pytest.raises(TypeError, match="is not callable"):
+        resolve_policy(3, with_params=False)
+
+
+class Doubler:
+    """Not a jaxmesh.Model: any object with ``as_policy`` is evaluated."""
+
+    def as_policy(self, *, with_params):
+        from jaxmesh.core.policy import Policy
+
+        def apply(params, obs, keys, rstate):
+            return lean(obs), rstate
+
+        return Policy(
+            name="doubler",
+            apply=apply,
+            stochastic=False,
+            initial_state=None,
+            native_chunk=None,
+            spec=None,
+            default_params=lambda: None,
+            place=lambda tree: tree,
+            device=None,
+            on_episode_end=None,
+        )
+
+
+def test_any_policy_like_object_is_evaluated():
+    result = jaxmesh.evaluate(Doubler(), CARTPOLE, num_envs=2, seeds=SEEDS)
+    assert_matches(result, reference(single(lambda o, k: lean(o)), key="lean"))
+    assert result.policy == "doubler"
+    ex = jaxmesh.explain(Doubler(), CARTPOLE)
+    assert ex.policy == "doubler" and ex.leaves == [None]
+
+
+def test_input_declarations_say_what_they_read():
+    from jaxmesh import adapt
+    from jaxmesh.types import InputDecl
+
+    for decl in (State(), Image(), Previous()):
+        assert isinstance(decl, InputDecl)
+    assert (State.reads_obs, State.reads_action) == (True, False)
+    assert (Image.reads_obs, Image.reads_action) == (True, False)
+    assert (Previous.reads_obs, Previous.reads_action) == (False, True)
+    # Class attributes, not fields: describe() and equality ignore them.
+    assert "reads_obs" not in {f.name for f in dataclasses.fields(State)}
+    ex = jaxmesh.explain(None, CARTPOLE)
+    assert list(ex.inputs) == [adapt.WHOLE_OBS] == ["__obs__"]
+
+
+def _imports(module) -> set[str]:
+    """Modules a source file imports (at any depth of its code)."""
+    import ast
+    import inspect
+
+    names = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_layering_core_and_explain_do_not_import_the_authoring_layer():
+    # import_module: `jaxmesh.explain` as an attribute is the function.
+    mod = importlib.import_module
+    authoring = {"jaxmesh.model", "jaxmesh.flax_models", "jaxmesh.Model"}
+    for name in ("jaxmesh.core.policy", "jaxmesh.types", "jaxmesh.explain"):
+        assert not _imports(mod(name)) & authoring, name
+    # One device resolver, shared by Model and load_params.
+    assert "jaxmesh.devices" in _imports(mod("jaxmesh.checkpoint"))
+    assert "jaxmesh.devices" in _imports(mod("jaxmesh.model"))

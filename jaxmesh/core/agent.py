@@ -27,11 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxmesh import adapt
+from jaxmesh.adapt import WHOLE_OBS, State
 from jaxmesh.core import tiles
 from jaxmesh.core.policy import Policy
-
-RAW = "__obs__"  # the window of the raw observation when there is no spec
 
 STREAM_ENV, STREAM_PLAN, STREAM_PREFETCH = 0, 1, 2
 
@@ -60,7 +58,7 @@ class AgentState:
     windows: dict  # name -> pytree of [N, stack, ...]
     prev: jax.Array  # [N, *A] the previous executed action
     rstate: Any  # [N, ...] recurrent policy state
-    calls: jax.Array  # [N] plans issued for the lane's current episode
+    predict_calls: jax.Array  # [N] plans issued for the lane's current episode
     rows: jax.Array  # () policy rows computed (tiles x tile)
 
 
@@ -69,7 +67,7 @@ def make_config(
 ) -> AgentConfig:
     spec = policy.spec
     raw = spec is None
-    items = ((RAW, adapt.State()),) if raw else tuple(spec.items())
+    items = ((WHOLE_OBS, State()),) if raw else tuple(spec.items())
     h = min(horizon, chunk) if chunk is not None else 1
     return AgentConfig(
         num_envs=num_envs,
@@ -109,7 +107,7 @@ def policy_inputs(cfg: AgentConfig, windows: dict) -> Any:
     for name, decl in cfg.spec:
         w = windows[name]
         out[name] = w if decl.stack > 1 else jax.tree.map(lambda x: x[:, 0], w)
-    return out[RAW] if cfg.raw else out
+    return out[WHOLE_OBS] if cfg.raw else out
 
 
 def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentState:
@@ -137,7 +135,7 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
         windows=windows,
         prev=prev,
         rstate=rstate,
-        calls=jnp.zeros((n,), jnp.int32),
+        predict_calls=jnp.zeros((n,), jnp.int32),
         rows=jnp.zeros((), jnp.int32),
     )
     return begin(cfg, policy, state, lanes, obs)
@@ -171,7 +169,7 @@ def begin(
         windows=windows,
         prev=_where(mask, prev0, state.prev),
         rstate=rstate,
-        calls=jnp.where(mask, 0, state.calls),
+        predict_calls=jnp.where(mask, 0, state.predict_calls),
     )
 
 
@@ -244,7 +242,7 @@ def act(
     keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
     chunk, rstate, rows = _plan(cfg, policy, params, state, sync, chunk, keys)
     state = state.replace(rstate=rstate)
-    calls = state.calls + sync
+    calls = state.predict_calls + sync
     pending = state.pending
     if lead > 0:
         pre = active & (cursor == h - lead)
@@ -262,7 +260,7 @@ def act(
     prev = _where(active, action, state.prev)
     windows = dict(state.windows)
     for name, decl in cfg.spec:
-        if isinstance(decl, adapt.Previous):
+        if decl.reads_action:
             windows[name] = _push(windows[name], prev, active)
     state = state.replace(
         chunk=chunk,
@@ -272,7 +270,7 @@ def act(
         windows=windows,
         prev=prev,
         rstate=rstate,
-        calls=calls,
+        predict_calls=calls,
         rows=state.rows + rows,
     )
     return state, action
@@ -300,7 +298,7 @@ def observe(cfg: AgentConfig, state: AgentState, obs: Any) -> AgentState:
     """
     windows = dict(state.windows)
     for name, decl in cfg.spec:
-        if isinstance(decl, adapt.Previous):
+        if decl.reads_action:
             continue
         frame = jax.vmap(lambda o, d=decl: d.frame(o))(obs)
         windows[name] = _push(windows[name], frame, None)

@@ -1,14 +1,19 @@
 """The scan engine: lane bookkeeping around the agent step and a JAX env.
 
-One jitted ``step`` covers, for all N lanes at once: plan (compacted tiles) and
-chunk replay (``agent.act``), the env step, frame windows (``agent.observe``),
-episode accounting (returns, lengths, ends, results written at the episode's
-index), handing the next unstarted episode to lanes that finished (ascending
-lane order) and resetting them, and masking lanes with nothing left to start.
+One jitted ``step`` covers, for all N lanes at once: resetting the lanes that
+start an episode (compacted tiles), plan (compacted tiles) and chunk replay
+(``agent.act``), the env step, frame windows (``agent.observe``), episode
+accounting (returns, lengths, ends, results written at the episode's index),
+handing the next unstarted episode to lanes that finished (ascending lane
+order), masking lanes with nothing left to start, and a device-side check for
+bad values (``results.Fault``).
 
-``Engine.run_segment`` advances up to S steps (a ``while_loop`` that stops as soon
-as the budget is done); ``Engine.run`` runs to the end and is the pure function
-behind ``make_evaluator``.
+The compiled program never depends on the budget: the seeds and the result
+buffers have a static *capacity*, and the budget (how many of them are used) is
+data in the carry. ``Engine.run_segment`` advances up to S steps (a
+``while_loop`` that stops as soon as the budget is done or a fault is seen);
+``Engine.run`` runs to the end and is the pure function behind
+``make_evaluator``.
 """
 
 from __future__ import annotations
@@ -18,59 +23,54 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from jaxmesh.core import agent, tiles
+from jaxmesh.core import agent, results, tiles
 from jaxmesh.core.policy import Policy
 
 #: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
 DEFAULT_MAX_STEPS = 100_000
 
+#: Lanes reset per call of the env's reset: only lanes that start an episode
+#: are reset, gathered in tiles of this many (a size independent of N).
+RESET_TILE = 32
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    episodes: int
+    """Static configuration: what the compiled program depends on.
+
+    ``capacity`` is the length of the seed and result buffers; any budget up to
+    it runs on the same program.
+    """
+
+    capacity: int
     max_steps: int
     agent: agent.AgentConfig
 
 
 @struct.dataclass
-class Results:
-    """Per-episode outputs, indexed by episode (length E)."""
-
-    returns: jax.Array
-    lengths: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
-    predict_calls: jax.Array
-    lane: jax.Array
-    done: jax.Array
-
-
-@struct.dataclass
 class Lanes:
-    episode: jax.Array  # [N] episode index run by each lane (E when masked)
+    episode: jax.Array  # [N] episode index run (or about to start) by each lane
     active: jax.Array  # [N] lane runs an episode
+    start: jax.Array  # [N] lane begins `episode` at the next step
     t: jax.Array  # [N] steps done in the current episode
     ret: jax.Array  # [N] return so far
     key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode
     env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
     env_state: Any
-    seeds: jax.Array  # [E]
+    seeds: jax.Array  # [capacity]
+    budget: jax.Array  # () episodes to score (<= capacity)
     next_episode: jax.Array  # () next unstarted episode index
     n_done: jax.Array  # () episodes ended
-    env_steps: jax.Array  # () executed env steps of active lanes
-    results: Results
 
 
 @struct.dataclass
 class Carry:
     lanes: Lanes
     agent: agent.AgentState
-
-
-def _where(mask, a, b):
-    return agent._where(mask, a, b)
+    results: results.Results
 
 
 def episode_keys(seeds: jax.Array) -> jax.Array:
@@ -83,9 +83,20 @@ def env_stream(keys: jax.Array) -> jax.Array:
     return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
 
 
-#: Lanes reset per call of the env's reset: only lanes that start an episode
-#: are reset, gathered in tiles of this many (a size independent of N).
-RESET_TILE = 32
+def _first_lanes(xp, n: int, capacity: int, budget: Any) -> dict:
+    """Lane bookkeeping at the start of a run: lane j starts episode j (CONTRACT 3).
+
+    Every lane is reset on the first step, so that a masked lane (j >= budget)
+    steps a valid env state (seed 0) that is never scored. Written once for
+    numpy (the host builds the first carry without compiling) and jax.numpy
+    (``Engine.run`` builds it under trace).
+    """
+    lane = xp.arange(n, dtype=xp.int32)
+    return {
+        "episode": xp.where(lane < budget, lane, capacity).astype(xp.int32),
+        "start": xp.ones((n,), bool),
+        "next_episode": xp.minimum(xp.asarray(n, xp.int32), budget).astype(xp.int32),
+    }
 
 
 class Engine:
@@ -101,85 +112,83 @@ class Engine:
         self.policy = policy
         self.env = env
         self.config = config
-        self.init = jax.jit(self._init)
+        # The lanes and agent state are donated (updated in place); the results
+        # are not, so the host keeps the last segment's results alive until the
+        # next segment returns: a failure inside a segment loses nothing finished.
         self.run_segment = jax.jit(
-            self._run_segment, static_argnums=(2,), donate_argnums=(1,)
+            self._run_segment, static_argnums=(3,), donate_argnums=(1,)
         )
 
-    # Pure functions -----------------------------------------------------------
-    def _init(self, params: Any, seeds: jax.Array) -> Carry:
+    # The first carry ----------------------------------------------------------
+    def _zero_carry(self) -> Carry:
+        """A carry of the right shapes; ``begin`` fills what a lane reads."""
         cfg = self.config
-        n, e = cfg.agent.num_envs, cfg.episodes
-        lane_ids = jnp.arange(n, dtype=jnp.int32)
-        active = lane_ids < e
-        keys = episode_keys(seeds[jnp.minimum(lane_ids, e - 1)])
-        obs, env_state = jax.vmap(self.env.reset)(keys)
-        zf = jnp.zeros((e,), jnp.float32)
-        zi = jnp.zeros((e,), jnp.int32)
-        zb = jnp.zeros((e,), bool)
+        n = cfg.agent.num_envs
+        key0 = jax.random.PRNGKey(0)
+        obs, env_state = self.env.reset(key0)
+        lanes_of = lambda tree: jax.tree.map(
+            lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), tree
+        )
         lanes = Lanes(
-            episode=jnp.where(active, lane_ids, e),
-            active=active,
+            episode=jnp.zeros((n,), jnp.int32),
+            active=jnp.zeros((n,), bool),
+            start=jnp.zeros((n,), bool),
             t=jnp.zeros((n,), jnp.int32),
             ret=jnp.zeros((n,), jnp.float32),
-            key=keys,
-            env_key=env_stream(keys),
-            env_state=env_state,
-            seeds=seeds,
-            next_episode=jnp.int32(min(n, e)),
+            key=lanes_of(key0),
+            env_key=lanes_of(key0),
+            env_state=lanes_of(env_state),
+            seeds=jnp.zeros((cfg.capacity,), jnp.int32),
+            budget=jnp.int32(0),
+            next_episode=jnp.int32(0),
             n_done=jnp.int32(0),
-            env_steps=jnp.int32(0),
-            results=Results(zf, zi, zb, zb, zi, zi, zb),
         )
-        ag = agent.init(cfg.agent, self.policy, obs, active)
-        return Carry(lanes, ag)
+        ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
+        return Carry(lanes, ag, results.empty(cfg.capacity, n))
 
-    def step(self, params: Any, carry: Carry) -> Carry:
-        """One env step for every active lane, with all the bookkeeping."""
+    def carry_shape(self) -> Carry:
+        """Shapes and dtypes of the carry (traces the env's reset, compiles nothing)."""
+        return jax.eval_shape(self._zero_carry)
+
+    def first_carry(self, seeds: np.ndarray, device: Any = None) -> Carry:
+        """The carry a run starts from, built on the host (nothing compiles).
+
+        Args:
+          seeds: the budget's seeds (int32, at most ``capacity``).
+          device: where to put it (None: JAX's default device).
+        """
+        cap = self.config.capacity
+        budget = np.int32(seeds.size)
+        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self.carry_shape())
+        padded = np.zeros((cap,), np.int32)
+        padded[: seeds.size] = seeds
+        lanes = zeros.lanes.replace(
+            seeds=padded,
+            budget=budget,
+            **_first_lanes(np, self.config.agent.num_envs, cap, budget),
+        )
+        carry = zeros.replace(lanes=lanes)
+        return jax.device_put(carry, device)
+
+    # The step -----------------------------------------------------------------
+    def _begin(self, lanes: Lanes, ag: agent.AgentState):
+        """Resets the lanes in ``lanes.start``; those with an episode begin it."""
         cfg = self.config
-        e = cfg.episodes
-        lanes, ag = carry.lanes, carry.agent
-        active = lanes.active
-        ag, action = agent.act(
-            cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
-        )
-        env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
-        obs, env_state, reward, term, trunc = jax.vmap(self.env.step)(
-            env_keys, lanes.env_state, action
-        )
-        ag = agent.observe(cfg.agent, ag, obs)
-        t = lanes.t + 1
-        ret = lanes.ret + jnp.asarray(reward, jnp.float32)
-        trunc = trunc | (t >= cfg.max_steps)
-        ended = active & (term | trunc)
-
-        # Results are written at the episode's own index; others drop.
-        idx = jnp.where(ended, lanes.episode, e)
-        r = lanes.results
-        put = lambda arr, v: arr.at[idx].set(v, mode="drop")
-        results = Results(
-            returns=put(r.returns, ret),
-            lengths=put(r.lengths, t),
-            terminated=put(r.terminated, term),
-            truncated=put(r.truncated, trunc),
-            predict_calls=put(r.predict_calls, ag.calls),
-            lane=put(r.lane, jnp.arange(cfg.agent.num_envs, dtype=jnp.int32)),
-            done=put(r.done, True),
-        )
-
-        # Finished lanes take the next unstarted episodes in ascending lane order.
-        n_ended = jnp.sum(ended, dtype=jnp.int32)
-        new_ep = lanes.next_episode + jnp.cumsum(ended, dtype=jnp.int32) - 1
-        start = ended & (new_ep < e)
-        episode = jnp.where(ended, jnp.where(start, new_ep, e), lanes.episode)
+        cap = cfg.capacity
+        start = lanes.start
+        begins = start & (lanes.episode < lanes.budget)
 
         def reset(args):
-            key, env_key, env_state, obs, ag = args
+            key, env_key, env_state, ag = args
+            obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0]
+            obs = jax.tree.map(
+                lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype), obs
+            )
 
             def body(idx, c):
                 key, env_key, env_state, obs = c
-                seeds = lanes.seeds[jnp.clip(tiles.take(new_ep, idx), 0, e - 1)]
-                k = episode_keys(seeds)
+                episode = tiles.take(lanes.episode, idx)
+                k = episode_keys(lanes.seeds[jnp.clip(episode, 0, cap - 1)])
                 obs0, state0 = jax.vmap(self.env.reset)(k)
                 at = lambda x, v: tiles.put(x, idx, v)
                 return (
@@ -192,48 +201,140 @@ class Engine:
             (key, env_key, env_state, obs), _ = tiles.for_each_tile(
                 start, RESET_TILE, body, (key, env_key, env_state, obs)
             )
-            ag = agent.begin(cfg.agent, self.policy, ag, start, obs)
-            return key, env_key, env_state, obs, ag
+            ag = agent.begin(cfg.agent, self.policy, ag, begins, obs)
+            return key, env_key, env_state, ag
 
-        key, env_key, env_state, obs, ag = jax.lax.cond(
+        key, env_key, env_state, ag = jax.lax.cond(
             jnp.any(start),
             reset,
             lambda args: args,
-            (lanes.key, lanes.env_key, env_state, obs, ag),
+            (lanes.key, lanes.env_key, lanes.env_state, ag),
         )
         lanes = lanes.replace(
-            episode=episode,
-            active=jnp.where(ended, start, active),
-            t=jnp.where(ended, 0, t),
-            ret=jnp.where(ended, 0.0, ret),
             key=key,
             env_key=env_key,
             env_state=env_state,
-            next_episode=jnp.minimum(lanes.next_episode + n_ended, e),
-            n_done=lanes.n_done + n_ended,
-            env_steps=lanes.env_steps + jnp.sum(active, dtype=jnp.int32),
-            results=results,
+            active=lanes.active | begins,
+            start=jnp.zeros_like(start),
+            t=jnp.where(begins, 0, lanes.t),
+            ret=jnp.where(begins, 0.0, lanes.ret),
         )
-        return Carry(lanes, ag)
+        return lanes, ag
 
-    def _run_segment(self, params: Any, carry: Carry, max_steps: int) -> Carry:
-        e = self.config.episodes
+    def _faults(self, lanes: Lanes, action: jax.Array, reward: jax.Array):
+        """Per-lane fault kind and value: a bad action, or a non-finite reward."""
+        active = lanes.active
+        flat = jnp.reshape(action, (action.shape[0], -1))
+        if self.env.num_actions is not None:
+            bad = (flat < 0) | (flat >= self.env.num_actions)
+            kind_a = results.ACTION_OUT_OF_RANGE
+        else:
+            bad = ~jnp.isfinite(flat)
+            kind_a = results.ACTION_NOT_FINITE
+        bad_a = active & jnp.any(bad, axis=1)
+        # The first bad component of the action.
+        value_a = flat[:, -1].astype(jnp.float32)
+        for i in reversed(range(flat.shape[1] - 1)):
+            value_a = jnp.where(bad[:, i], flat[:, i].astype(jnp.float32), value_a)
+        bad_r = active & ~jnp.isfinite(reward)
+        kinds = jnp.where(bad_a, kind_a, jnp.where(bad_r, results.REWARD_NOT_FINITE, 0))
+        values = jnp.where(bad_a, value_a, reward)
+        return kinds, values
+
+    def step(self, params: Any, carry: Carry) -> Carry:
+        """One env step for every active lane, with all the bookkeeping."""
+        cfg = self.config
+        lanes, ag = self._begin(carry.lanes, carry.agent)
+        active = lanes.active
+        ag, action = agent.act(
+            cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
+        )
+        env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
+        obs, env_state, reward, term, trunc = jax.vmap(self.env.step)(
+            env_keys, lanes.env_state, action
+        )
+        reward = jnp.asarray(reward, jnp.float32)
+        kinds, values = self._faults(lanes, action, reward)
+        ag = agent.observe(cfg.agent, ag, obs)
+        t = lanes.t + 1
+        ret = lanes.ret + reward
+        trunc = trunc | (t >= cfg.max_steps)
+        ended = active & (term | trunc)
+
+        # Results are written at the episode's own index; others drop.
+        r = results.record(
+            carry.results,
+            jnp.where(ended, lanes.episode, cfg.capacity),
+            returns=ret,
+            lengths=t,
+            terminated=term,
+            truncated=trunc,
+            predict_calls=ag.predict_calls,
+            lanes=jnp.arange(cfg.agent.num_envs, dtype=jnp.int32),
+            done=jnp.ones_like(ended),
+        )
+        r = r.replace(
+            env_steps=r.env_steps + jnp.sum(active, dtype=jnp.int32),
+            policy_rows=ag.rows,
+            fault=r.fault.update(kinds, values, lanes.episode, lanes.t),
+        )
+
+        # Finished lanes take the next unstarted episodes in ascending lane order.
+        n_ended = jnp.sum(ended, dtype=jnp.int32)
+        new_ep = lanes.next_episode + jnp.cumsum(ended, dtype=jnp.int32) - 1
+        start = ended & (new_ep < lanes.budget)
+        lanes = lanes.replace(
+            episode=jnp.where(start, new_ep, lanes.episode),
+            active=active & ~ended,
+            start=start,
+            t=t,
+            ret=ret,
+            env_state=env_state,
+            next_episode=jnp.minimum(lanes.next_episode + n_ended, lanes.budget),
+            n_done=lanes.n_done + n_ended,
+        )
+        return Carry(lanes, ag, r)
+
+    @staticmethod
+    def _running(carry: Carry) -> jax.Array:
+        """Whether a segment goes on: budget left and no fault seen yet.
+
+        ``run`` (``make_evaluator``) does not stop at a fault: it has no host to
+        report to, so it scores the whole budget and returns the fault in
+        ``Results.fault``.
+        """
+        return (carry.lanes.n_done < carry.lanes.budget) & ~jnp.any(
+            carry.results.fault.kind != results.NO_FAULT
+        )
+
+    def _run_segment(
+        self, params: Any, state: tuple, res: results.Results, max_steps: int
+    ) -> tuple[tuple, results.Results]:
+        """Up to ``max_steps`` steps from ``state = (lanes, agent)``."""
+        carry = Carry(*state, res)
 
         def cond(c):
             i, carry = c
-            return (i < max_steps) & (carry.lanes.n_done < e)
+            return (i < max_steps) & self._running(carry)
 
         def body(c):
             i, carry = c
             return i + 1, self.step(params, carry)
 
         _, carry = jax.lax.while_loop(cond, body, (jnp.int32(0), carry))
-        return carry
+        return (carry.lanes, carry.agent), carry.results
 
-    def run(self, params: Any, seeds: jax.Array) -> Carry:
-        """Runs the whole budget (pure; jit or vmap it)."""
-        e = self.config.episodes
-        carry = self._init(params, seeds)
-        return jax.lax.while_loop(
-            lambda c: c.lanes.n_done < e, lambda c: self.step(params, c), carry
+    def run(self, params: Any, seeds: jax.Array) -> results.Results:
+        """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it)."""
+        carry = self._zero_carry()
+        budget = jnp.int32(self.config.capacity)
+        first = _first_lanes(
+            jnp, self.config.agent.num_envs, self.config.capacity, budget
         )
+        carry = carry.replace(
+            lanes=carry.lanes.replace(seeds=seeds, budget=budget, **first)
+        )
+        carry = jax.lax.while_loop(
+            lambda c: c.lanes.n_done < budget, lambda c: self.step(params, c), carry
+        )
+        return carry.results

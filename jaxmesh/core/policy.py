@@ -1,14 +1,17 @@
 """Turns what a user passes as a policy into one batched apply function.
 
-Whatever the user wrote (a single-lane function, or a ``jaxmesh.Model`` with any
-of its corners), the engine sees ``apply(params, inputs, keys, rstate) ->
-(outputs, rstate)`` over a batch of rows, plus what it needs to know: whether the
-policy is stochastic or recurrent, its declared chunk length and its spec.
+The engine sees a ``Policy``: ``apply(params, inputs, keys, rstate) -> (outputs,
+rstate)`` over a batch of rows, plus what it needs to know: whether the policy is
+stochastic or recurrent, its declared chunk length, its spec, its params and
+device. A plain single-lane function is wrapped here; anything else provides
+``as_policy`` (the ``jaxmesh.types.PolicyLike`` protocol, which
+``jaxmesh.Model`` implements). This module knows nothing of the authoring layer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -16,23 +19,88 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.model import Model, positional_arity, takes_param
+from jaxmesh.types import PolicyLike
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Policy:
+    """A policy as the engine sees it.
+
+    Attributes:
+      name: a display name for messages.
+      apply: ``apply(params, inputs, keys, rstate) -> (outputs, rstate)`` over a
+        batch of rows (one key per row, used only when ``stochastic``).
+      stochastic: whether ``apply`` uses the keys.
+      initial_state: one lane's recurrent state at an episode start, or None
+        for a policy without state.
+      native_chunk: the declared chunk length K, or None.
+      spec: input name -> declaration (``jaxmesh.adapt``), or None for the
+        whole observation.
+      default_params: the params a run uses when none are given (loaded, on
+        ``device``); ``lambda: None`` for a plain function.
+      place: puts a pytree (params, observations) on ``device``; the identity
+        when ``device`` is None.
+      device: the resolved ``jax.Device``, or None for jax's default.
+      on_episode_end: a host hook called with each ended episode's index, in
+        episode order; None when the policy has none.
+    """
+
     name: str
     apply: Callable[..., tuple[Any, Any]]
     stochastic: bool
     initial_state: Callable[[], Any] | None
     native_chunk: int | None
     spec: dict | None
-    params: Any
-    model: Model | None
+    default_params: Callable[[], Any]
+    place: Callable[[Any], Any]
+    device: Any
+    on_episode_end: Callable[[int], None] | None
+
+
+def positional_arity(fn: Callable) -> int | None:
+    """Number of required positional parameters ``fn`` takes (None: unknowable).
+
+    Parameters with defaults do not count, so ``lambda obs, w=w: ...`` takes one.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    n = 0
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
+            p.default is p.empty
+        ):
+            n += 1
+    return n
+
+
+def takes_param(fn: Callable, name: str) -> bool:
+    """Whether ``fn``'s signature has a parameter called ``name``."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable, bool]:
-    """A single-lane function as a batched (params, obs, keys) -> out."""
+    """A single-lane function as a batched ``apply`` (params, obs, keys, rstate).
+
+    Args:
+      fn: ``fn(obs)`` / ``fn(obs, key)``, or with ``with_params``
+        ``fn(params, obs)`` / ``fn(params, obs, key)``; a key may also be an
+        optional ``key=`` parameter.
+      name: the policy's name, for messages.
+      with_params: whether ``fn`` takes the params first.
+
+    Returns:
+      ``(apply, stochastic)``.
+
+    Raises:
+      TypeError: ``fn`` takes another number of required positional arguments.
+    """
     arity = positional_arity(fn)
     base = 1 + int(with_params)
     if arity is None:
@@ -62,75 +130,36 @@ def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable
     return apply, stochastic
 
 
-def _model_apply(model: Model) -> tuple[Callable, bool]:
-    """The batched corner of an authored model, derived by vmap where missing."""
-    own = model.corners()
-    if "predict_chunk_batch" in own or "predict_chunk" in own:
-        batch_name, single_name = "predict_chunk_batch", "predict_chunk"
-    else:
-        batch_name, single_name = "predict_batch", "predict"
-    batched = batch_name in own
-    corner = getattr(model, batch_name if batched else single_name)
-    stochastic = takes_param(corner, "key")
-    recurrent = model.recurrent
+def _no_params() -> None:
+    return None
 
-    def call(obs, key, state):
-        kw = {}
-        if stochastic:
-            kw["key"] = key
-        if recurrent:
-            kw["state"] = state
-        out = corner(obs, **kw)
-        if recurrent:
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError(
-                    f"{model.name}.{corner.__name__} is recurrent (the model "
-                    "defines initial_state) and must return (output, new_state)"
-                )
-            return out
-        return out, state
 
-    def apply(params, obs, keys, rstate):
-        with model.bound(params):
-            if batched:
-                return call(obs, keys, rstate)
-            return jax.vmap(call)(obs, keys, rstate)
-
-    return apply, stochastic
+def _as_is(tree: Any) -> Any:
+    return tree
 
 
 def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
-    """Resolves a user policy.
+    """Resolves a user policy into the engine's ``Policy``.
 
     Args:
-      policy: a callable or a ``jaxmesh.Model``.
-      with_params: True for ``make_evaluator``, where a plain function takes the
-        params first (``fn(params, obs[, key])``).
+      policy: an object with ``as_policy`` (``jaxmesh.types.PolicyLike``, e.g.
+        a ``jaxmesh.Model``), or a single-lane function.
+      with_params: True for ``make_evaluator`` and ``evaluate(params=...)``,
+        where a plain function takes the params first (``fn(params, obs[,
+        key])``).
+
+    Raises:
+      TypeError: ``policy`` is neither, or a function of the wrong arity, or
+        ``as_policy`` returned something else than a ``Policy``.
     """
-    if isinstance(policy, Model):
-        model = policy
-        # load() may set the spec or native_chunk as well as the weights.
-        model._ensure_loaded()
-        if model._fn is not None:
-            apply, stochastic = _wrap_function(
-                model._fn, model.name, with_params or model._fn_takes_params
+    if isinstance(policy, PolicyLike):
+        pol = policy.as_policy(with_params=with_params)
+        if not isinstance(pol, Policy):
+            raise TypeError(
+                f"{type(policy).__name__}.as_policy returned a "
+                f"{type(pol).__name__}; expected a jaxmesh.core.policy.Policy"
             )
-            fn_params = model._fn_takes_params or with_params
-            if not fn_params:
-                inner = apply
-                apply = lambda params, obs, keys, rstate: inner(None, obs, keys, rstate)
-        else:
-            apply, stochastic = _model_apply(model)
-        return Policy(
-            name=model.name,
-            apply=apply,
-            stochastic=stochastic,
-            initial_state=model.initial_state if model.recurrent else None,
-            native_chunk=model.native_chunk,
-            spec=model.spec,
-            params=model.params,
-            model=model,
-        )
+        return pol
     if not callable(policy):
         raise TypeError(
             f"policy {policy!r} is not callable: pass a function obs -> action "
@@ -145,8 +174,10 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
         initial_state=None,
         native_chunk=None,
         spec=None,
-        params=None,
-        model=None,
+        default_params=_no_params,
+        place=_as_is,
+        device=None,
+        on_episode_end=None,
     )
 
 

@@ -7,9 +7,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxmesh.core.results import EPISODE_FIELDS
+
 
 class EpisodeResult(NamedTuple):
-    """One budgeted episode. ``return_`` is the sum of its rewards."""
+    """One budgeted episode (CONTRACT 8). ``return_`` is the sum of its rewards."""
 
     index: int
     seed: int
@@ -26,17 +28,17 @@ class EpisodeResult(NamedTuple):
         return d
 
 
-def episode_record(arrays: Any, lanes: Any, seeds: Any, i: int) -> EpisodeResult:
-    """Episode ``i`` from per-episode arrays (a RunResult or the engine's)."""
+def episode_at(arrays: Any, i: int, index: int, seed: int) -> EpisodeResult:
+    """Entry ``i`` of per-episode arrays (a RunResult or the engine's Results)."""
     return EpisodeResult(
-        index=int(i),
-        seed=int(seeds[i]),
+        index=int(index),
+        seed=int(seed),
         return_=float(arrays.returns[i]),
         length=int(arrays.lengths[i]),
         terminated=bool(arrays.terminated[i]),
         truncated=bool(arrays.truncated[i]),
         predict_calls=int(arrays.predict_calls[i]),
-        lane=int(lanes[i]),
+        lane=int(arrays.lanes[i]),
     )
 
 
@@ -45,20 +47,24 @@ class RunResult:
     """A run's results, arrays ordered by episode index.
 
     Attributes:
-      returns, lengths, seeds, terminated, truncated, predict_calls, lanes: per
-        episode, length ``episodes``.
+      indices: the episode index of each entry (``0..E-1`` for a finished run;
+        on ``exc.partial_result`` only the episodes that finished).
+      seeds, returns, lengths, terminated, truncated, predict_calls, lanes: per
+        episode (``EPISODE_FIELDS`` and the seeds).
       env_steps: executed env steps of active lanes (masked lanes never count).
       policy_rows: rows the policy actually computed (whole tiles of
         ``plan_tile`` rows, padding included).
-      wall_time: seconds for the whole call; ``compile_time`` of it compiling.
-      steps_per_second: ``env_steps`` over the time spent running (not compiling).
+      wall_time: seconds for the whole call; ``compile_time`` of it compiling;
+        ``run_time`` running the segments.
+      steps_per_second: ``env_steps`` over ``run_time``.
       num_envs, horizon, prefetch_lead: the run's settings; ``effective_horizon``
-        is ``min(horizon, K)``.
+        is ``min(horizon, K)``; ``plan_tile`` the rows per policy call.
     """
 
+    indices: np.ndarray
+    seeds: np.ndarray
     returns: np.ndarray
     lengths: np.ndarray
-    seeds: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
     predict_calls: np.ndarray
@@ -76,6 +82,30 @@ class RunResult:
     env: str = ""
     chunk: int | None = None
     plan_tile: int = 0
+
+    @classmethod
+    def from_results(
+        cls, res: Any, seeds: np.ndarray, keep: np.ndarray | None = None, **run: Any
+    ) -> RunResult:
+        """Builds a result from the engine's ``Results`` (read to the host).
+
+        Args:
+          res: ``jaxmesh.core.results.Results`` with numpy leaves.
+          seeds: the budget's seeds.
+          keep: a mask of the episodes to keep (default: the whole budget).
+          **run: the totals and settings fields.
+        """
+        e = seeds.size
+        idx = np.arange(e) if keep is None else np.flatnonzero(keep[:e])
+        per_episode = {f: np.asarray(getattr(res, f))[idx] for f in EPISODE_FIELDS}
+        return cls(
+            indices=idx,
+            seeds=np.asarray(seeds, np.int64)[idx],
+            env_steps=int(res.env_steps),
+            policy_rows=int(res.policy_rows),
+            **per_episode,
+            **run,
+        )
 
     @property
     def num_episodes(self) -> int:
@@ -103,7 +133,8 @@ class RunResult:
         return [self.episode(i) for i in range(self.num_episodes)]
 
     def episode(self, i: int) -> EpisodeResult:
-        return episode_record(self, self.lanes, self.seeds, i)
+        """The i-th entry (episode ``indices[i]``) as an ``EpisodeResult``."""
+        return episode_at(self, i, self.indices[i], self.seeds[i])
 
     def summary(self) -> str:
         """A readable summary table."""

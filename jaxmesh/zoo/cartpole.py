@@ -5,12 +5,16 @@ strategies with ``python -m jaxmesh.zoo.train_cartpole`` (see ``docs/cli.md``).
 
 Example::
 
-    policy = jaxmesh.zoo.CartPoleMLP()
+    import jaxmesh
+    from jaxmesh.zoo import cartpole
+
+    policy = cartpole.CartPoleMLP()
     result = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=1000)
 
     # Or as a plain function of (params, obs), e.g. for make_evaluator:
     params = jaxmesh.load_params(cartpole.DEFAULT_PATH)
-    action = cartpole.apply(params, obs)
+    run = jaxmesh.make_evaluator(cartpole.apply, "gymnax:CartPole-v1", episodes=16)
+    returns = run(params).returns
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""``jaxmesh.make_agent``: the jitted agent step alone, for host loops that step
+their own simulators (the scan engine drives the same functions)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+
+from jaxmesh.core import agent
+from jaxmesh.core.policy import resolve_policy
+from jaxmesh.envs import make_env
+from jaxmesh.run import build, checks
+
+
+class Agent(NamedTuple):
+    """The jitted agent side alone, for host loops that step envs themselves.
+
+    Attributes:
+      config: the static agent configuration (effective horizon, lead, tile).
+      params: the policy's own params (a Model's ``params``; None for functions).
+      init: ``init(obs, lanes) -> state``; lanes in ``lanes`` begin at ``obs``.
+      step: ``step(params, state, obs, started, active, ep_keys, t) -> (state,
+        actions)``; see ``jaxmesh.core.agent.host_step``. Observations are put
+        on the policy's device first.
+    """
+
+    config: agent.AgentConfig
+    params: Any
+    init: Any
+    step: Any
+
+
+def make_agent(
+    policy: Any,
+    env: Any,
+    *,
+    num_envs: int,
+    horizon: int = 1,
+    prefetch_lead: int = 0,
+    plan_tile: int | None = None,
+) -> Agent:
+    """Plan + replay + windows + previous action + masking as jitted functions.
+
+    The scan engine and a host loop over remote simulators drive the same
+    functions, so both give the same per-episode results.
+    """
+    settings = checks.check_settings(num_envs, horizon, prefetch_lead, None, plan_tile)
+    env_obj = make_env(env)
+    pol = resolve_policy(policy, with_params=False)
+    params = pol.default_params()
+    chunk = build.probe_chunk(pol, env_obj, params, settings.horizon)
+    engine = build.build_engine(pol, env_obj, settings, chunk, settings.num_envs)
+    cfg = engine.config.agent
+
+    def init(obs, lanes):
+        return agent.init(cfg, pol, obs, lanes)
+
+    def step(params, state, obs, started, active, ep_keys, t):
+        return agent.host_step(
+            cfg, pol, params, state, obs, started, active, ep_keys, t
+        )
+
+    init_jit = jax.jit(init)
+    step_jit = jax.jit(step, donate_argnums=(1,))
+    return Agent(
+        cfg,
+        params,
+        lambda obs, lanes: init_jit(pol.place(obs), lanes),
+        lambda params, state, obs, *rest: step_jit(
+            params, state, pol.place(obs), *rest
+        ),
+    )

@@ -1,0 +1,145 @@
+"""Probe a policy against an env (shapes only) and build the engine for it.
+
+Also the two size rules the compiled program depends on: the result buffers'
+capacity (a bucket of the budget, so a new budget rarely recompiles) and the
+default plan tile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxmesh.core import agent
+from jaxmesh.core.engine import Engine, EngineConfig
+from jaxmesh.core.policy import Policy, output_chunk
+from jaxmesh.explain import check_frame_limit
+from jaxmesh.run.checks import Settings
+
+#: Rows per policy call at h = 1 when plan_tile is left to jaxmesh.
+AUTO_TILE_ROWS = 128
+#: The smallest default tile.
+MIN_TILE_ROWS = 8
+#: The smallest result-buffer capacity: every budget up to it shares one program.
+MIN_CAPACITY = 4096
+
+PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def capacity_for(episodes: int) -> int:
+    """Result-buffer capacity for a budget: ``max(4096, next power of two)``.
+
+    Budgets in the same bucket run on the same compiled program (the budget is
+    data); 4096 episodes of buffers cost about 100 KB.
+    """
+    return max(MIN_CAPACITY, _pow2_at_least(episodes))
+
+
+def default_plan_tile(h: int, num_envs: int) -> int:
+    """The default tile: ``128 // h`` rows, shrunk to fit few lanes.
+
+    ``min(128 // h, next power of two >= num_envs)``, kept within [8, 128]. Many
+    lanes (N >= 128 // h) all get the same tile, so their results are
+    bit-identical whatever N is. Fewer lanes get a smaller tile, so a heavy
+    policy on 4 lanes computes 8 rows a plan, not 128; their rows match the
+    large tile's only where the backend rounds a row the same at both batch
+    sizes (docs/evaluation.md has the measurements). Pass ``plan_tile`` to pin
+    the tile when runs at different N must agree bit for bit.
+    """
+    auto = max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS, AUTO_TILE_ROWS // h))
+    return max(MIN_TILE_ROWS, min(auto, _pow2_at_least(num_envs)))
+
+
+def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of an array, tracer, abstract value or Python scalar."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), jnp.dtype(x.dtype))
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+
+def abstract(tree: Any) -> Any:
+    """The shapes and dtypes of a pytree, as ``jax.ShapeDtypeStruct`` leaves."""
+    return jax.tree.map(_leaf_spec, tree)
+
+
+def signature(tree: Any) -> tuple:
+    """A hashable signature of a pytree: structure, shapes and dtypes."""
+    leaves = tuple((s.shape, s.dtype) for s in map(_leaf_spec, jax.tree.leaves(tree)))
+    return jax.tree.structure(tree), leaves
+
+
+def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | None:
+    """Checks the policy's output against the env, by shape only (nothing compiles).
+
+    Returns the chunk length K (None for single actions).
+
+    Raises:
+      ValueError: ``horizon`` above the declared ``native_chunk``, or a chunk
+        length other than the declared one.
+      TypeError: an output that is neither an action nor a chunk.
+    """
+    if policy.native_chunk is not None and horizon > policy.native_chunk:
+        raise ValueError(
+            f"horizon={horizon} exceeds policy {policy.name!r}'s "
+            f"native_chunk={policy.native_chunk}: use horizon <= "
+            f"{policy.native_chunk}"
+        )
+    probe = agent.make_config(
+        env, policy, num_envs=PROBE_ROWS, horizon=1, lead=0, tile=PROBE_ROWS, chunk=None
+    )
+    obs = jax.eval_shape(lambda k: env.reset(k)[0], jax.random.PRNGKey(0))
+    action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
+
+    def probe_out(params, obs, action):
+        frames = agent.frames(probe, obs, action)
+        windows = {
+            name: jax.tree.map(
+                lambda f, s=decl.stack: jnp.broadcast_to(f, (PROBE_ROWS, s) + f.shape),
+                frames[name],
+            )
+            for name, decl in probe.spec
+        }
+        rows = lambda tree: jax.tree.map(
+            lambda x: jnp.broadcast_to(x, (PROBE_ROWS,) + jnp.shape(x)), tree
+        )
+        rstate = None if policy.initial_state is None else rows(policy.initial_state())
+        keys = jnp.zeros((PROBE_ROWS, 2), jnp.uint32)
+        out, _ = policy.apply(params, agent.policy_inputs(probe, windows), keys, rstate)
+        return out
+
+    out = jax.eval_shape(probe_out, abstract(params), obs, action)
+    return output_chunk(policy, out, env, horizon, PROBE_ROWS)
+
+
+def build_engine(
+    policy: Policy,
+    env: Any,
+    settings: Settings,
+    chunk: int | None,
+    capacity: int,
+) -> Engine:
+    """The engine for a probed policy (``probe_chunk``), env and settings.
+
+    Raises:
+      ValueError: the frame windows of the run's lanes exceed the limit.
+    """
+    h = min(settings.horizon, chunk) if chunk is not None else 1
+    lanes = min(settings.num_envs, capacity)
+    cfg = agent.make_config(
+        env,
+        policy,
+        num_envs=lanes,
+        horizon=settings.horizon,
+        lead=settings.prefetch_lead,
+        tile=settings.plan_tile or default_plan_tile(h, settings.num_envs),
+        chunk=chunk,
+    )
+    check_frame_limit(policy.spec, env, lanes)
+    config = EngineConfig(capacity=capacity, max_steps=settings.max_steps, agent=cfg)
+    return Engine(policy, env, config)

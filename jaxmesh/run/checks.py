@@ -1,0 +1,176 @@
+"""Input checks that run before anything is traced or compiled.
+
+Budgets and seeds (CONTRACT 1), run settings, and whether a budget's
+per-episode buffers fit in memory.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxmesh.core.engine import DEFAULT_MAX_STEPS
+from jaxmesh.core.results import BYTES_PER_EPISODE
+
+MAX_SEED = 2**31 - 1
+#: Env steps per scan segment between two host visits.
+DEFAULT_SEGMENT_STEPS = 256
+#: Host bytes per episode of a ``RunResult`` (returns, lengths, seeds as int64,
+#: terminated, truncated, predict_calls, lanes) plus the copy read off the device.
+HOST_BYTES_PER_EPISODE = 4 + 4 + 8 + 1 + 1 + 4 + 4 + BYTES_PER_EPISODE
+#: Share of free memory a budget's per-episode buffers may take.
+MEMORY_SHARE = 0.5
+
+
+def check_int(name: str, value: Any, low: int, hint: str) -> int:
+    """``value`` as an int >= ``low``; a TypeError / ValueError naming it if not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r}: expected an int >= {low}; {hint}")
+    if value < low:
+        raise ValueError(f"{name}={value!r}: expected an int >= {low}; {hint}")
+    return int(value)
+
+
+def free_memory(device: Any = None) -> tuple[int | None, int | None]:
+    """(device bytes free, host bytes free); None where it cannot be known.
+
+    The device figure comes from ``device.memory_stats()`` (GPU, TPU); a CPU
+    device reports none and lives in host memory.
+    """
+    host = None
+    try:
+        host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        pass
+    dev = None
+    try:
+        d = device or jax.local_devices()[0]
+        stats = d.memory_stats() or {}
+        if "bytes_limit" in stats:
+            dev = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    except Exception:  # a backend without memory stats
+        pass
+    return dev, host
+
+
+def _human(n: float) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n):,} B"
+
+
+def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
+    """Refuses a budget whose per-episode buffers cannot fit, before allocating.
+
+    Args:
+      episodes: the budget.
+      capacity: episodes the device buffers hold (a size bucket >= episodes).
+      device: the device the run uses (None: the default).
+
+    Raises:
+      ValueError: naming the bytes needed, the bytes free, and what to do.
+    """
+    dev_free, host_free = free_memory(device)
+    dev_need = capacity * BYTES_PER_EPISODE
+    host_need = episodes * HOST_BYTES_PER_EPISODE
+    if dev_free is None:  # a CPU device: its buffers are host memory too
+        host_need += dev_need
+    for where, need, free in (
+        ("device", dev_need, dev_free),
+        ("host", host_need, host_free),
+    ):
+        if free is not None and need > MEMORY_SHARE * free:
+            fits = int(MEMORY_SHARE * free / max(need / max(episodes, 1), 1))
+            raise ValueError(
+                f"episodes={episodes:,}: the per-episode results would need "
+                f"{_human(need)} of {where} memory, more than half of the "
+                f"{_human(free)} free. Use a smaller budget (at most about "
+                f"{fits:,} episodes here), or split it into runs "
+                "(seeds=range(a, b)) and stream each run's episodes to an "
+                "on_episode_end hook or a file"
+            )
+
+
+def resolve_budget(episodes: Any, seeds: Any, device: Any = None) -> np.ndarray:
+    """The run's seeds (CONTRACT 1): one per budgeted episode, int32.
+
+    A budget too large for memory is refused before its seeds are made.
+    """
+    from jaxmesh.run.build import capacity_for  # the bucket rule lives there
+
+    if episodes is not None:
+        episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
+    if seeds is None:
+        n = 1 if episodes is None else episodes
+        check_budget_fits(n, capacity_for(n), device)
+        return np.arange(n, dtype=np.int32)
+    if isinstance(seeds, str | bytes) or not isinstance(
+        seeds, Sequence | np.ndarray | jax.Array | range
+    ):
+        raise TypeError(
+            f"seeds={seeds!r}: expected a sequence of ints, one per episode"
+        )
+    check_budget_fits(len(seeds), capacity_for(len(seeds)), device)
+    arr = np.asarray(seeds)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(
+            f"seeds must be a 1-D sequence of ints, got dtype {arr.dtype} shape "
+            f"{arr.shape}; pass e.g. seeds=range(100)"
+        )
+    if arr.size and (arr.min() < 0 or arr.max() > MAX_SEED):
+        raise ValueError(
+            f"seeds must lie in [0, {MAX_SEED}] (jax.random.PRNGKey on int32), got "
+            f"min {arr.min()} max {arr.max()}"
+        )
+    if episodes is not None and episodes != arr.size:
+        raise ValueError(
+            f"episodes={episodes} disagrees with len(seeds)={arr.size}; give one of "
+            "them, or make them agree"
+        )
+    return arr.astype(np.int32)
+
+
+class Settings(NamedTuple):
+    """A run's checked settings (everything but the budget and the policy)."""
+
+    num_envs: int
+    horizon: int
+    prefetch_lead: int
+    max_steps: int
+    plan_tile: int | None
+    segment_steps: int
+
+
+def check_settings(
+    num_envs: Any,
+    horizon: Any,
+    prefetch_lead: Any,
+    max_episode_steps: Any,
+    plan_tile: Any,
+    segment_steps: Any = DEFAULT_SEGMENT_STEPS,
+) -> Settings:
+    """Checks every setting; a TypeError / ValueError naming the bad one."""
+    num_envs = check_int("num_envs", num_envs, 1, "the number of parallel lanes")
+    horizon = check_int(
+        "horizon", horizon, 1, "actions of a chunk executed before the next plan"
+    )
+    lead = check_int(
+        "prefetch_lead", prefetch_lead, 0, "0 is synchronous; L > 0 plans L steps early"
+    )
+    if max_episode_steps is None:
+        cap = DEFAULT_MAX_STEPS
+    else:
+        cap = check_int("max_episode_steps", max_episode_steps, 1, "or None")
+    tile = None
+    if plan_tile is not None:
+        tile = check_int("plan_tile", plan_tile, 1, "rows per policy call, or None")
+    segment_steps = check_int(
+        "segment_steps", segment_steps, 1, "env steps per scan segment"
+    )
+    return Settings(num_envs, horizon, lead, cap, tile, segment_steps)

@@ -1,0 +1,339 @@
+"""``jaxmesh.evaluate`` over JAX envs: scan segments driven by a host loop.
+
+An ``Evaluator`` owns one (policy, env, settings) and the programs compiled for
+it, keyed on everything that changes the program: the params' shapes, the
+result-buffer capacity (a bucket of the budget) and the device. ``evaluate``
+keeps a few evaluators (``cache_info()``, ``clear_cache()``) so that calling it
+again with the same policy object, env and settings compiles nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxmesh.core.policy import resolve_policy
+from jaxmesh.envs import make_env
+from jaxmesh.run import build, checks, stream
+from jaxmesh.run.results import RunResult
+
+
+class _Program(NamedTuple):
+    engine: Any
+    segment: Any  # the compiled segment executable
+
+
+class Evaluator:
+    """A policy, an env and settings, with the programs compiled for them.
+
+    Hold one to run several budgets or params without compiling again; a new
+    budget in the same capacity bucket (``build.capacity_for``: 4096 episodes
+    and under share one) or new params of the same shapes reuse the program.
+
+    Args:
+      policy: as for ``jaxmesh.evaluate``.
+      env: as for ``jaxmesh.evaluate``.
+      takes_params: a plain function policy is ``fn(params, obs[, key])``
+        (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
+      horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
+        segment_steps: as for ``jaxmesh.evaluate``.
+
+    Raises:
+      ValueError, TypeError: bad settings, env or policy (nothing compiles).
+
+    Example::
+
+      ev = jaxmesh.Evaluator(policy_fn, "gymnax:CartPole-v1", num_envs=64)
+      a = ev.run(episodes=100)
+      b = ev.run(episodes=300)  # same program: no compile
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        env: Any,
+        *,
+        takes_params: bool = False,
+        horizon: int = 1,
+        num_envs: int = 64,
+        prefetch_lead: int = 0,
+        max_episode_steps: int | None = None,
+        plan_tile: int | None = None,
+        segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
+    ):
+        self.settings = checks.check_settings(
+            num_envs,
+            horizon,
+            prefetch_lead,
+            max_episode_steps,
+            plan_tile,
+            segment_steps,
+        )
+        self.env = make_env(env)
+        self.policy = resolve_policy(policy, with_params=takes_params)
+        self.takes_params = takes_params
+        self._source = (policy, env)  # keeps the keyed objects alive
+        self._chunks: dict = {}  # params signature -> chunk length K
+        self._programs: dict = {}  # (params signature, capacity) -> _Program
+
+    @property
+    def device(self) -> Any:
+        """The device the policy asked for (None: JAX's default)."""
+        return self.policy.device
+
+    def programs(self) -> list[tuple]:
+        """The (params signature, capacity) of every program compiled so far."""
+        return [k for k, p in self._programs.items() if p.segment is not None]
+
+    def _chunk(self, params: Any, sig: tuple) -> int | None:
+        if sig not in self._chunks:
+            self._chunks[sig] = build.probe_chunk(
+                self.policy, self.env, params, self.settings.horizon
+            )
+        return self._chunks[sig]
+
+    def _program(self, params: Any, capacity: int) -> tuple[_Program, bool]:
+        """The engine and compiled segment for these params' shapes and capacity.
+
+        Builds (probes the policy, checks the frame limit) and compiles on the
+        first call for a key; returns whether it compiled.
+        """
+        key = (build.signature(params), capacity)
+        program = self._programs.get(key)
+        if program is not None and program.segment is not None:
+            return program, False
+        if program is None:  # build alone: every check, nothing compiled
+            chunk = self._chunk(params, key[0])
+            engine = build.build_engine(
+                self.policy, self.env, self.settings, chunk, capacity
+            )
+            program = self._programs[key] = _Program(engine, None)
+        return program, False
+
+    def _compiled(self, params: Any, capacity: int) -> tuple[_Program, bool]:
+        program, _ = self._program(params, capacity)
+        if program.segment is not None:
+            return program, False
+        shape = program.engine.carry_shape()
+        segment = program.engine.run_segment.lower(
+            build.abstract(params),
+            (shape.lanes, shape.agent),
+            shape.results,
+            self.settings.segment_steps,
+        ).compile()
+        key = (build.signature(params), capacity)
+        program = self._programs[key] = _Program(program.engine, segment)
+        return program, True
+
+    def run(
+        self,
+        *,
+        episodes: int | None = None,
+        seeds: Sequence[int] | None = None,
+        params: Any = None,
+        hooks: Any = None,
+    ) -> RunResult:
+        """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
+
+        Raises:
+          ValueError, TypeError: bad input, before anything compiles.
+          jaxmesh.BadValueError: a bad action or reward met while running.
+          Any exception from a hook, with the finished episodes on
+          ``exc.partial_result``.
+        """
+        t_start = time.perf_counter()
+        pol, s = self.policy, self.settings
+        seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
+        hook_list = stream.hooks_list(hooks)
+        if self.takes_params and params is None:
+            raise TypeError(
+                "this Evaluator was built with takes_params=True: pass params="
+            )
+        params = pol.default_params() if params is None else pol.place(params)
+        e = int(seeds_arr.size)
+        capacity = build.capacity_for(e)
+        sig = build.signature(params)
+        chunk = self._chunk(params, sig)
+        h = min(s.horizon, chunk) if chunk is not None else 1
+        tile = s.plan_tile or build.default_plan_tile(h, s.num_envs)
+        run_fields = {
+            "num_envs": s.num_envs,
+            "horizon": s.horizon,
+            "effective_horizon": h,
+            "prefetch_lead": s.prefetch_lead,
+            "policy": pol.name,
+            "env": getattr(self.env, "name", type(self.env).__name__),
+            "chunk": chunk,
+            "plan_tile": tile,
+        }
+        if e:  # every check runs before a hook hears of the run
+            self._program(params, capacity)
+        info = {"episodes": e, **run_fields}
+        stream.call(hook_list, "on_run_start", info)
+        episodes_out = stream.EpisodeStream(
+            hook_list, seeds_arr, pol.on_episode_end, run_fields
+        )
+        timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
+        try:
+            t0 = time.perf_counter()
+            program, fresh = (
+                (None, False) if e == 0 else self._compiled(params, capacity)
+            )
+            if fresh:
+                timing["compile_time"] = time.perf_counter() - t0
+            t_run = time.perf_counter()
+            if program is None:
+                from jaxmesh.core.results import empty
+
+                res = empty(0, 0, np)
+            else:
+                res = self._loop(program, params, seeds_arr, episodes_out)
+            timing["run_time"] = time.perf_counter() - t_run
+            timing["wall_time"] = time.perf_counter() - t_start
+            result = episodes_out.result(res, timing)
+            stream.call(hook_list, "on_run_end", result)
+        except BaseException as exc:
+            timing["wall_time"] = time.perf_counter() - t_start
+            episodes_out.fail(exc, timing)
+            raise
+        return result
+
+    def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
+        """Runs segments until the budget is done; returns the host ``Results``."""
+        carry = program.engine.first_carry(seeds_arr, self.device)
+        state, res = (carry.lanes, carry.agent), carry.results
+        e = seeds_arr.size
+        while True:
+            state, res = program.segment(params, state, res)
+            if episodes_out.wants_episodes:
+                host = jax.device_get(res)
+                episodes_out.update(host)
+                n_done, fault = int(host.done[:e].sum()), host.fault.kind
+            else:
+                n_done, fault = jax.device_get((state[0].n_done, res.fault.kind))
+            if np.any(fault):
+                host = jax.device_get(res)
+                episodes_out.update(host)
+                episodes_out.check_fault(host)
+            if n_done >= e:
+                host = jax.device_get(res)
+                episodes_out.update(host)
+                return host
+
+
+_EVALUATORS: collections.OrderedDict = collections.OrderedDict()
+CACHE_SIZE = 16
+
+
+def _env_key(env: Any) -> Any:
+    if isinstance(env, str):
+        return env
+    if isinstance(env, tuple):
+        return tuple(id(x) for x in env)
+    return id(env)
+
+
+def cache_info() -> list[dict]:
+    """What ``evaluate`` keeps: one entry per cached ``Evaluator``."""
+    return [
+        {
+            "policy": ev.policy.name,
+            "env": getattr(ev.env, "name", ""),
+            "settings": ev.settings._asdict(),
+            "device": None if ev.device is None else str(ev.device),
+            "programs": len(ev.programs()),
+        }
+        for ev in _EVALUATORS.values()
+    ]
+
+
+def clear_cache() -> None:
+    """Drops every evaluator (and compiled program) ``evaluate`` keeps."""
+    _EVALUATORS.clear()
+
+
+def evaluate(
+    policy: Any,
+    env: Any,
+    *,
+    horizon: int = 1,
+    num_envs: int = 64,
+    episodes: int | None = None,
+    seeds: Sequence[int] | None = None,
+    prefetch_lead: int = 0,
+    max_episode_steps: int | None = None,
+    hooks: Any = None,
+    params: Any = None,
+    plan_tile: int | None = None,
+    segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
+) -> RunResult:
+    """Evaluates a policy on a JAX-native env, scoring exactly the budget.
+
+    Args:
+      policy: a single-lane callable ``obs -> action`` or ``obs -> chunk`` (or
+        ``(obs, key)`` for a stochastic policy), or a ``jaxmesh.Model``.
+      env: an id (``"gymnax:CartPole-v1"``, ``"brax:fast"``), a gymnax env, an
+        ``(env, env_params)`` tuple, a brax env, or an object following
+        ``jaxmesh.types.Env``.
+      horizon: H, actions of a chunk executed before the next plan.
+      num_envs: N, parallel lanes.
+      episodes: the budget; ``seeds`` default to ``range(episodes)``.
+      seeds: one seed per episode; episode i is reset with
+        ``jax.random.PRNGKey(seeds[i])``.
+      prefetch_lead: L; the chunk that starts at step t was planned at
+        ``t - min(L, h)`` (simulated asynchronous inference).
+      max_episode_steps: a cap on episode length (``truncated`` when hit);
+        default: the env's own limit, or 100,000 steps.
+      hooks: an object (or list) with any of ``on_run_start(info)``,
+        ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called on
+        the host between segments; episodes arrive in episode order.
+      params: policy params passed as a jit argument (new values never
+        recompile). With ``params``, a plain function is ``fn(params, obs)`` or
+        ``fn(params, obs, key)`` as in ``make_evaluator``; for a Model they
+        replace ``model.params`` for this run.
+      plan_tile: rows per policy call; None: ``build.default_plan_tile`` (128 //
+        h rows, fewer for fewer lanes; see docs/evaluation.md for what it
+        promises about invariance).
+      segment_steps: env steps per scan segment between host visits.
+
+    Returns:
+      A ``RunResult``.
+
+    Raises:
+      ValueError, TypeError: bad input, before anything compiles.
+      jaxmesh.BadValueError: a discrete action out of range, a NaN action or a
+        NaN reward, after the segment that met it.
+
+    Example::
+
+      result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
+    """
+    with_params = params is not None
+    settings = checks.check_settings(
+        num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
+    )
+    pol = resolve_policy(policy, with_params=with_params)
+    key = (id(policy), _env_key(env), settings, with_params, str(pol.device))
+    ev = _EVALUATORS.get(key)
+    if ev is None:
+        ev = Evaluator(
+            policy,
+            env,
+            takes_params=with_params,
+            horizon=horizon,
+            num_envs=num_envs,
+            prefetch_lead=prefetch_lead,
+            max_episode_steps=max_episode_steps,
+            plan_tile=plan_tile,
+            segment_steps=segment_steps,
+        )
+        _EVALUATORS[key] = ev
+        while len(_EVALUATORS) > CACHE_SIZE:
+            _EVALUATORS.popitem(last=False)
+    _EVALUATORS.move_to_end(key)
+    return ev.run(episodes=episodes, seeds=seeds, params=params, hooks=hooks)

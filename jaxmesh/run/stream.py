@@ -1,0 +1,148 @@
+"""Host-loop pieces any driver reuses: hooks, episodes streamed in order, and
+what a failure keeps (CONTRACT 16, 20).
+
+A driver (the scan loop, and later a loop over host-stepped envs) reads the
+engine's ``Results`` to the host after each segment and hands it to an
+``EpisodeStream``; on any exception it calls ``EpisodeStream.fail``, which puts
+every finished episode on the exception as ``exc.partial_result``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxmesh.core import results as core_results
+from jaxmesh.errors import BadValueError
+from jaxmesh.run.results import RunResult, episode_at
+
+HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end")
+
+
+def hooks_list(hooks: Any) -> list:
+    """``hooks`` (None, one object, or a list) as a list, each checked.
+
+    Raises:
+      TypeError: an object with none of the hook methods.
+    """
+    if hooks is None:
+        return []
+    out = list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+    for h in out:
+        if not any(callable(getattr(h, name, None)) for name in HOOK_NAMES):
+            raise TypeError(
+                f"hooks: {h!r} has none of the methods {list(HOOK_NAMES)}; pass an "
+                "object that defines at least one of them"
+            )
+    return out
+
+
+def call(hooks: list, name: str, *args: Any) -> None:
+    """Calls ``name(*args)`` on every hook that defines it."""
+    for h in hooks:
+        fn = getattr(h, name, None)
+        if fn is not None:
+            fn(*args)
+
+
+class EpisodeStream:
+    """Hands finished episodes to ``on_episode_end`` hooks in episode order.
+
+    Episode i is reported once every episode before it has been: an episode
+    that ends early waits for the earlier ones.
+
+    Args:
+      hooks: the hook objects.
+      seeds: the budget's seeds.
+      on_episode_end: the policy's own hook (a Model's), or None.
+      run_fields: settings and names for ``RunResult`` (all but totals).
+    """
+
+    def __init__(
+        self,
+        hooks: list,
+        seeds: np.ndarray,
+        on_episode_end: Callable[[int], None] | None,
+        run_fields: dict,
+    ):
+        self.hooks = hooks
+        self.seeds = seeds
+        self.policy_hook = on_episode_end
+        self.run_fields = run_fields
+        self.cursor = 0
+        self.last: Any = None  # the newest Results read to the host
+        self.wants_episodes = on_episode_end is not None or any(
+            hasattr(h, "on_episode_end") for h in hooks
+        )
+
+    def update(self, res: Any) -> None:
+        """Takes the newest host copy of ``Results``; reports what finished."""
+        self.last = res
+        done = np.asarray(res.done)
+        e = self.seeds.size
+        while self.cursor < e and done[self.cursor]:
+            i = self.cursor
+            self.cursor += 1
+            if self.hooks:
+                ep = episode_at(res, i, i, self.seeds[i])
+                call(self.hooks, "on_episode_end", ep)
+            if self.policy_hook is not None:
+                self.policy_hook(i)
+
+    def result(self, res: Any, timing: dict) -> RunResult:
+        """The whole run's ``RunResult``."""
+        return RunResult.from_results(res, self.seeds, **self.run_fields, **timing)
+
+    def partial(self, timing: dict) -> RunResult | None:
+        """The finished episodes of the newest results (None if none were read)."""
+        if self.last is None:
+            return None
+        return RunResult.from_results(
+            self.last,
+            self.seeds,
+            keep=np.asarray(self.last.done),
+            **self.run_fields,
+            **timing,
+        )
+
+    def fail(self, exc: BaseException, timing: dict) -> None:
+        """Puts the finished episodes on ``exc.partial_result`` with a note."""
+        try:
+            partial = self.partial(timing)
+            exc.partial_result = partial  # type: ignore[attr-defined]
+            n = 0 if partial is None else partial.num_episodes
+            exc.add_note(
+                f"jaxmesh: {n} of {self.seeds.size} episodes had finished; they are "
+                "on this exception's .partial_result (a RunResult; .indices names "
+                "them)"
+            )
+        except Exception:  # the results themselves may be unusable
+            pass
+
+    def check_fault(self, res: Any) -> None:
+        """Raises ``BadValueError`` if the device flagged a bad value."""
+        fault = res.fault.first()
+        if fault is None:
+            return
+        kind, episode, step = fault["kind"], fault["episode"], fault["step"]
+        seed = int(self.seeds[episode])
+        value, lane = fault["value"], fault["lane"]
+        what = core_results.FAULT_NAMES[kind]
+        fix = {
+            core_results.ACTION_OUT_OF_RANGE: "return actions in [0, num_actions)",
+            core_results.ACTION_NOT_FINITE: "check the policy's output for NaN/inf",
+            core_results.REWARD_NOT_FINITE: "check the env (its state may have "
+            "diverged under this action)",
+        }[kind]
+        raise BadValueError(
+            f"{what}: {value!r} at episode {episode} (seed {seed}), step {step}, "
+            f"lane {lane}; the run stopped there. {fix}",
+            episode=episode,
+            seed=seed,
+            step=step,
+            lane=lane,
+            value=value,
+            kind=kind,
+        )
