@@ -1,47 +1,146 @@
-"""The brax adapter on brax's own cheap ``fast`` env, against brax's functions."""
+"""The brax adapter against a plain loop over brax's own reset/step.
+
+The reference applies ``episode_length`` itself (``t + 1 >= episode_length``
+is truncated, independently of the adapter) and compares every episode's
+terminated, truncated, length and return.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from brax import envs
+from brax.envs.base import Env, State
+from brax.envs.wrappers import training
 from reference_loop import run_episode, single
 
 import jaxmesh
+from jaxmesh import make_env
 
 
 def push(obs):
     return jnp.tanh(jnp.array([1.0 - obs[1]]))
 
 
-def brax_fns(env, cap):
-    reset = jax.jit(lambda key: (env.reset(key).obs, (env.reset(key), 0)))
+class Drift(Env):
+    """x moves by ``speed * action``; done once ``|x| >= 1``; reward ``1 - x**2``.
 
-    @jax.jit
-    def _step(state, action):
-        return env.step(state, action)
+    A brax env (defined outside brax) that terminates, unlike ``fast``.
+    """
+
+    def __init__(self, spread: float = 0.5, speed: float = 0.25):
+        self.spread, self.speed = spread, speed
+
+    def reset(self, rng):
+        x = jax.random.uniform(rng, (1,), minval=-self.spread, maxval=self.spread)
+        return State(None, x, jnp.float32(0.0), jnp.float32(0.0))
+
+    def step(self, state, action):
+        x = state.obs + self.speed * action
+        done = (jnp.abs(x[0]) >= 1.0).astype(jnp.float32)
+        return state.replace(obs=x, reward=1.0 - x[0] ** 2, done=done)
+
+    @property
+    def observation_size(self):
+        return 1
+
+    @property
+    def action_size(self):
+        return 1
+
+    @property
+    def backend(self):
+        return "none"
+
+
+def away(obs):
+    return jnp.tanh(2.0 * obs)  # pushes away from 0: faster from further out
+
+
+def brax_fns(env, episode_length):
+    """(reset, step) over the env's own functions, truncating on its own."""
+    reset = jax.jit(lambda key: (env.reset(key).obs, (env.reset(key), 0)))
+    _step = jax.jit(env.step)
 
     def step(key, state, action):
         bstate, t = state
         bstate = _step(bstate, action)
-        return bstate.obs, (bstate, t + 1), bstate.reward, bstate.done > 0.5, False
+        truncated = t + 1 >= episode_length
+        return bstate.obs, (bstate, t + 1), bstate.reward, bstate.done > 0.5, truncated
 
     return reset, step
 
 
+def reference(env, policy, seeds, episode_length=1000, cap=100_000):
+    fns = brax_fns(env, episode_length)
+    return [
+        run_episode(*fns, single(lambda o, k: policy(o)), s, cap=cap) for s in seeds
+    ]
+
+
+def assert_episodes(result, refs):
+    assert result.terminated.tolist() == [r.terminated for r in refs]
+    assert result.truncated.tolist() == [r.truncated for r in refs]
+    assert result.lengths.tolist() == [r.length for r in refs]
+    np.testing.assert_allclose(result.returns, [r.ret for r in refs], rtol=1e-5)
+
+
 def test_fast_env_matches_brax_loop():
-    env = envs.get_environment("fast")
     result = jaxmesh.evaluate(
         push, "brax:fast", num_envs=3, episodes=4, max_episode_steps=30
     )
-    refs = [
-        run_episode(*brax_fns(env, 30), single(lambda o, k: push(o)), s, cap=30)
-        for s in range(4)
-    ]
-    np.testing.assert_allclose(result.returns, [r.ret for r in refs], rtol=1e-5)
-    assert result.lengths.tolist() == [30] * 4
+    refs = reference(envs.get_environment("fast"), push, range(4), cap=30)
+    assert_episodes(result, refs)
     assert result.truncated.all() and not result.terminated.any()
+
+
+def test_episode_length_kwarg_truncates_fast_env():
+    env = make_env("brax:fast", episode_length=50)
+    result = jaxmesh.evaluate(push, env, num_envs=2, episodes=3)
+    refs = reference(envs.get_environment("fast"), push, range(3), episode_length=50)
+    assert_episodes(result, refs)
+    assert result.lengths.tolist() == [50] * 3 and result.truncated.all()
+
+
+def test_terminating_env_matches_brax_loop(monkeypatch):
+    monkeypatch.setitem(envs._envs, "drift", Drift)
+    env = make_env("brax:drift", episode_length=6, spread=0.8)
+    assert env.name == "brax:drift"
+    result = jaxmesh.evaluate(away, env, num_envs=3, episodes=8)
+    refs = reference(Drift(spread=0.8), away, range(8), episode_length=6)
+    assert_episodes(result, refs)
+    assert {r.terminated for r in refs} == {True, False}  # both ends occur
+
+
+@pytest.mark.parametrize(
+    "episode_length, length, terminated, truncated",
+    [(4, 4, True, True), (3, 3, False, True), (5, 4, True, False)],
+)
+def test_done_on_the_capped_step(episode_length, length, terminated, truncated):
+    # Hand-worked: x starts at 0 and moves 0.25 a step, so done fires on step 4.
+    env = jaxmesh.envs.BraxEnv(Drift(spread=0.0), episode_length=episode_length)
+    result = jaxmesh.evaluate(lambda o: jnp.ones(1), env, num_envs=2, episodes=2)
+    assert result.lengths.tolist() == [length] * 2
+    ret = sum(1.0 - (0.25 * t) ** 2 for t in range(1, length + 1))
+    np.testing.assert_allclose(result.returns, [ret] * 2)
+    assert result.terminated.tolist() == [terminated] * 2
+    assert result.truncated.tolist() == [truncated] * 2
+
+
+@pytest.mark.parametrize(
+    "episode_length, terminated, truncated",
+    [(4, True, True), (3, False, True)],
+)
+def test_episode_wrapper_limit_is_truncation(episode_length, terminated, truncated):
+    # brax's EpisodeWrapper forces done at its limit; that is truncation, and
+    # a real termination on its last step is both.
+    env = training.EpisodeWrapper(Drift(spread=0.0), episode_length, 1)
+    result = jaxmesh.evaluate(lambda o: jnp.ones(1), env, episodes=1)
+    assert result.lengths.tolist() == [min(episode_length, 4)]
+    assert result.terminated.tolist() == [terminated]
+    assert result.truncated.tolist() == [truncated]
 
 
 def test_brax_env_object_and_default_episode_length():
@@ -50,3 +149,17 @@ def test_brax_env_object_and_default_episode_length():
     result = jaxmesh.evaluate(chunk, env, horizon=4, num_envs=2, episodes=2)
     assert result.lengths.tolist() == [1000, 1000]  # brax's episode_length default
     assert (result.predict_calls == 250).all()
+
+
+def test_unknown_brax_id_suggests_the_closest():
+    with pytest.raises(ValueError, match="did you mean 'ant'\\?") as e:
+        make_env("brax:antt")
+    assert "walker2d" not in str(e.value)
+
+
+def test_bad_brax_kwargs_are_refused_naming_them(monkeypatch):
+    monkeypatch.setitem(envs._envs, "drift", Drift)
+    with pytest.raises(TypeError, match="'sped'"):
+        make_env("brax:drift", sped=0.5)
+    with pytest.raises(ValueError, match="episode_length=0"):
+        make_env("brax:drift", episode_length=0)

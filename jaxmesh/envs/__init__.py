@@ -1,37 +1,143 @@
-"""Environment adapters: anything the user passes becomes one small ``Env``."""
+"""Environment adapters: anything the user passes becomes one small ``Env``.
+
+Episode ends follow one rule in every adapter, gymnasium's (``TimeLimit``):
+
+- ``terminated`` is the env's own terminal state (the pole fell, the robot
+  reached the goal), and nothing else: a time limit never sets it.
+- ``truncated`` is a time limit: the env's own (gymnax ``is_truncated``, brax
+  ``episode_length`` or a brax ``EpisodeWrapper``'s limit) or the run's
+  ``max_episode_steps``.
+- Both are True when the env terminates on the capped step. The episode ends
+  when either is True, and the last step's reward counts.
+"""
 
 from __future__ import annotations
 
+import difflib
+import operator
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import jax.numpy as jnp
 
 from jaxmesh.envs.brax import BraxEnv
 from jaxmesh.envs.gymnax import GymnaxEnv
 
 PREFIXES = ("gymnax", "brax")
 
+#: What jaxmesh needs from an env of its own protocol (``jaxmesh.types.Env``).
+PROTOCOL = {
+    "name": "a str naming the env in results",
+    "action_shape": "a tuple of ints, one lane's action shape",
+    "action_dtype": "a dtype, int32 for discrete actions, float32 for continuous ones",
+    "num_actions": "the number of discrete actions, or None for continuous ones",
+    "reset": "reset(key) -> (obs, state)",
+    "step": "step(key, state, action) -> (obs, state, reward, terminated, truncated)",
+}
 
-def make_env(env: Any, **kwargs) -> Any:
+_KNOWN = (
+    "pass an id such as 'gymnax:CartPole-v1' or 'brax:ant', a gymnax "
+    "Environment or (env, env_params) tuple, a brax Env, or an object with "
+    + ", ".join(PROTOCOL)
+    + " (jaxmesh.types.Env)"
+)
+
+
+def did_you_mean(
+    given: str,
+    choices: Iterable[str],
+    n: int = 3,
+    key: Callable[[str], str] = lambda c: c,
+) -> str:
+    """A hint naming the choices closest to ``given`` ('' when none is close).
+
+    Args:
+      given: what the user typed.
+      choices: what exists.
+      n: at most this many suggestions.
+      key: the part of a choice that ``given`` is compared with.
+
+    Matching ignores case, so ``'cartpole-v1'`` suggests ``'CartPole-v1'``.
+    """
+    by_lower: dict[str, str] = {}
+    for c in choices:
+        by_lower.setdefault(key(c).lower(), c)
+    close = difflib.get_close_matches(given.lower(), list(by_lower), n=n)
+    if not close:
+        return ""
+    names = " or ".join(repr(by_lower[c]) for c in close)
+    return f"did you mean {names}?"
+
+
+def unknown_id(kind: str, given: str, registered: Iterable[str], how: str) -> str:
+    """One paragraph for an unknown id: the closest ones, else every id.
+
+    Args:
+      kind: what was looked up, e.g. ``'gymnax env'``.
+      given: the id the user gave.
+      registered: the ids that exist.
+      how: how the user lists or registers ids, for the message's end.
+    """
+    registered = sorted(registered)
+    hint = did_you_mean(given, registered)
+    if not hint:
+        hint = f"registered: {', '.join(registered)}."
+    return f"unknown {kind} {given!r}; {hint} ({how})"
+
+
+def make_env(env: Any, **kwargs: Any) -> Any:
     """Resolves what a user passes as ``env`` into a jaxmesh single-lane env.
 
     Args:
-      env: an id string (``"gymnax:CartPole-v1"``, ``"brax:fast"``), a gymnax
-        ``Environment``, an ``(env, env_params)`` tuple, a ``brax.envs.Env``, or
-        an object already following ``jaxmesh.types.Env``.
-      **kwargs: passed to the env constructor for id strings.
+      env: an id string (``"gymnax:CartPole-v1"``, ``"brax:ant"``), a gymnax
+        ``Environment`` (a user's own subclass included), an
+        ``(env, env_params)`` tuple, a ``brax.envs.Env``, or an object that
+        follows ``jaxmesh.types.Env`` (every attribute in ``PROTOCOL``).
+      **kwargs: for id strings only, the env's construction arguments. gymnax:
+        fields of the env's params (``max_steps_in_episode=50``) replace the
+        defaults, the rest go to ``gymnax.make``. brax: ``episode_length``
+        (default 1000, None for no limit) and the rest go to
+        ``brax.envs.get_environment``.
+
+    Returns:
+      A ``GymnaxEnv``, a ``BraxEnv``, or ``env`` itself when it already follows
+      the protocol.
 
     Raises:
-      ValueError: for an unknown id or prefix.
-      TypeError: for anything else.
+      ValueError: for an unknown id or prefix (naming the closest ones).
+      TypeError: for an object jaxmesh cannot use (naming each missing
+        attribute), or kwargs the env does not take.
+
+    Example:
+      >>> env = make_env("gymnax:CartPole-v1", max_steps_in_episode=50)
+      >>> env.num_actions
+      2
     """
+    if isinstance(env, str):
+        return _from_id(env, kwargs)
+    if kwargs:
+        raise TypeError(
+            f"make_env got keyword arguments {sorted(kwargs)} with an env object "
+            f"({type(env).__name__}); they only apply to env ids: pass "
+            "'PREFIX:NAME' with them, or build the env object with them yourself"
+        )
     if isinstance(env, GymnaxEnv | BraxEnv):
         return env
-    if isinstance(env, str):
-        prefix, sep, name = env.partition(":")
-        if not sep or prefix not in PREFIXES or not name:
-            raise ValueError(
-                f"unknown env id {env!r}: expected 'PREFIX:NAME' with PREFIX one of "
-                f"{list(PREFIXES)}, e.g. 'gymnax:CartPole-v1' or 'brax:fast'"
-            )
+    if isinstance(env, tuple) and len(env) == 2 and _is_gymnax(env[0]):
+        return GymnaxEnv(env[0], env[1])
+    if _is_gymnax(env):
+        return GymnaxEnv(env)
+    if _is_brax(env):
+        from jaxmesh.envs import brax
+
+        return brax.from_env(env)
+    return _check_protocol(env)
+
+
+def _from_id(env_id: str, kwargs: dict) -> Any:
+    prefix, sep, name = env_id.partition(":")
+    if sep and prefix in PREFIXES and name:
         if prefix == "gymnax":
             from jaxmesh.envs import gymnax
 
@@ -39,20 +145,103 @@ def make_env(env: Any, **kwargs) -> Any:
         from jaxmesh.envs import brax
 
         return brax.make(name, **kwargs)
-    if isinstance(env, tuple) and len(env) == 2:
-        return GymnaxEnv(env[0], env[1])
-    mod = type(env).__module__
-    if mod.startswith("gymnax."):
-        return GymnaxEnv(env)
-    if mod.startswith("brax.") or hasattr(env, "sys") and hasattr(env, "action_size"):
-        return BraxEnv(env)
-    if all(hasattr(env, a) for a in ("reset", "step", "action_shape", "action_dtype")):
-        return env
-    raise TypeError(
-        f"env {env!r} is not an environment jaxmesh knows: pass an id such as "
-        "'gymnax:CartPole-v1', a gymnax Environment or (env, params) tuple, a "
-        "brax Env, or an object with reset/step/action_shape/action_dtype"
+    expected = (
+        f"expected 'PREFIX:NAME' with PREFIX one of {list(PREFIXES)}, "
+        "e.g. 'gymnax:CartPole-v1' or 'brax:ant'"
     )
+    if not sep:
+        # The user may have left the prefix out: compare with the names.
+        hint = did_you_mean(env_id, _all_ids(), key=lambda i: i.partition(":")[2])
+        hint = f"; {hint}" if hint else ""
+        raise ValueError(f"env id {env_id!r} has no prefix{hint} ({expected})")
+    if prefix not in PREFIXES:
+        hint = did_you_mean(prefix, PREFIXES) or f"known: {', '.join(PREFIXES)}."
+        raise ValueError(
+            f"unknown env prefix {prefix!r} in {env_id!r}; {hint} ({expected})"
+        )
+    raise ValueError(f"env id {env_id!r} names no env after {prefix!r} ({expected})")
 
 
-__all__ = ["make_env", "GymnaxEnv", "BraxEnv"]
+def _all_ids() -> list[str]:
+    """Every 'PREFIX:NAME' of the installed libraries (for hints only)."""
+    ids = []
+    try:
+        import gymnax
+
+        ids += [f"gymnax:{n}" for n in gymnax.registered_envs]
+    except ImportError:
+        pass
+    try:
+        from brax import envs
+
+        ids += [f"brax:{n}" for n in envs._envs]
+    except ImportError:
+        pass
+    return ids
+
+
+def _is_gymnax(env: Any) -> bool:
+    # A gymnax env's class was defined by importing gymnax, so when the module
+    # is not loaded nothing is a gymnax env (and gymnax need not be installed).
+    mod = sys.modules.get("gymnax.environments.environment")
+    return mod is not None and isinstance(env, mod.Environment)
+
+
+def _is_brax(env: Any) -> bool:
+    mod = sys.modules.get("brax.envs.base")
+    return mod is not None and isinstance(env, mod.Env)
+
+
+def _check_protocol(env: Any) -> Any:
+    """Returns ``env`` if it follows ``jaxmesh.types.Env``; else a TypeError."""
+    missing = [a for a in PROTOCOL if not _has(env, a)]
+    if missing:
+        lacks = "; ".join(f"{a} ({PROTOCOL[a]})" for a in missing)
+        raise TypeError(
+            f"env {_short_repr(env)} is not an environment jaxmesh knows: it lacks "
+            f"{lacks}. Add what is missing, or {_KNOWN}"
+        )
+    bad = []
+    if not isinstance(env.name, str):
+        bad.append(f"name={env.name!r}")
+    for a in ("reset", "step"):
+        if not callable(getattr(env, a)):
+            bad.append(f"{a} is not callable")
+    try:
+        if any(operator.index(d) < 0 for d in env.action_shape):
+            raise TypeError
+    except TypeError:
+        bad.append(f"action_shape={env.action_shape!r}")
+    try:
+        jnp.dtype(env.action_dtype)
+    except TypeError:
+        bad.append(f"action_dtype={env.action_dtype!r}")
+    n = env.num_actions
+    try:
+        if n is not None and (isinstance(n, bool) or operator.index(n) < 1):
+            raise TypeError
+    except TypeError:
+        bad.append(f"num_actions={n!r}")
+    if bad:
+        expected = "; ".join(f"{a}: {d}" for a, d in PROTOCOL.items())
+        raise TypeError(
+            f"env {_short_repr(env)} has {', '.join(bad)}; jaxmesh needs {expected}"
+        )
+    return env
+
+
+def _has(env: Any, attr: str) -> bool:
+    # A property that raises (gymnax's NotImplementedError) provides nothing.
+    try:
+        getattr(env, attr)
+    except Exception:
+        return False
+    return True
+
+
+def _short_repr(env: Any) -> str:
+    r = repr(env)
+    return r if len(r) <= 80 else f"{type(env).__name__} object"
+
+
+__all__ = ["make_env", "GymnaxEnv", "BraxEnv", "PROTOCOL", "did_you_mean"]

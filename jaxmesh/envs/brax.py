@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 from typing import Any
 
 import jax
@@ -18,7 +20,10 @@ class BraxEnv:
 
     brax envs have no time limit of their own; the adapter reports
     ``truncated`` once ``episode_length`` steps are done (brax's EpisodeWrapper
-    convention) and ``terminated`` from ``state.done``. brax steps take no key.
+    convention, None: no limit) and ``terminated`` from ``state.done``, so
+    both are True when the env is done on the capped step (see
+    ``jaxmesh.envs``). A wrapped env's time limit (``info["truncation"]``) is
+    truncation, not termination. brax steps take no key.
     """
 
     env: Any
@@ -26,12 +31,14 @@ class BraxEnv:
     name: str = ""
 
     def __post_init__(self):
+        if self.episode_length is not None:
+            self.episode_length = _check_episode_length(self.episode_length)
         if not self.name:
-            self.name = f"brax:{type(self.env).__name__.lower()}"
+            inner = getattr(self.env, "unwrapped", self.env)
+            self.name = f"brax:{type(inner).__name__.lower()}"
         self.num_actions = None
         self.action_shape = (int(self.env.action_size),)
         self.action_dtype = jnp.dtype(jnp.float32)
-        self.max_episode_steps = self.episode_length
 
     def reset(self, key: jax.Array):
         state = self.env.reset(key)
@@ -42,20 +49,54 @@ class BraxEnv:
         bstate, t = state
         bstate = self.env.step(bstate, action)
         t = t + 1
-        truncated = jnp.asarray(bstate.info.get("truncation", False), bool)
+        done = jnp.asarray(bstate.done, jnp.float32) > 0.5
+        # brax's EpisodeWrapper sets done at its limit and flags it in
+        # info["truncation"] (only when the env itself was not done).
+        limit = jnp.asarray(bstate.info.get("truncation", 0.0), jnp.float32) > 0.5
+        truncated = limit
         if self.episode_length is not None:
             truncated = truncated | (t >= self.episode_length)
-        terminated = jnp.asarray(bstate.done, jnp.float32) > 0.5
         return (
             bstate.obs,
             (bstate, t),
             jnp.asarray(bstate.reward, jnp.float32),
-            terminated & ~truncated,
+            done & ~limit,
             truncated,
         )
 
 
-def make(env_id: str, **kwargs) -> BraxEnv:
+def from_env(env: Any) -> BraxEnv:
+    """A brax ``Env`` object as a ``BraxEnv``.
+
+    An ``EpisodeWrapper`` anywhere in ``env``'s wrappers sets the adapter's
+    ``episode_length`` (in adapter steps), so that a termination on its last
+    step is reported as both terminated and truncated; otherwise brax's
+    default of 1000 steps applies.
+    """
+    from brax.envs.wrappers import training
+
+    inner = env
+    while inner is not None:
+        if isinstance(inner, training.EpisodeWrapper):
+            length = math.ceil(inner.episode_length / inner.action_repeat)
+            return BraxEnv(env, episode_length=length)
+        inner = getattr(inner, "env", None)
+    return BraxEnv(env)
+
+
+def make(env_id: str, **kwargs: Any) -> BraxEnv:
+    """A registered brax env as a ``BraxEnv``.
+
+    Args:
+      env_id: a brax name, e.g. ``"ant"`` (no ``brax:`` prefix).
+      **kwargs: ``episode_length`` (default 1000; None: no limit) and the
+        rest for ``brax.envs.get_environment`` (the env's constructor).
+
+    Raises:
+      ValueError: for an unknown id (naming the closest registered ones) or a
+        bad ``episode_length``.
+      TypeError: for a keyword the env's constructor does not take.
+    """
     try:
         from brax import envs
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -63,11 +104,37 @@ def make(env_id: str, **kwargs) -> BraxEnv:
             f"env {env_id!r} needs brax: pip install 'jaxmesh[brax]'"
         ) from e
     episode_length = kwargs.pop("episode_length", DEFAULT_EPISODE_LENGTH)
+    if episode_length is not None:
+        episode_length = _check_episode_length(episode_length)
+    if env_id not in envs._envs:
+        from jaxmesh.envs import unknown_id
+
+        raise ValueError(
+            unknown_id(
+                "brax env",
+                env_id,
+                envs._envs,
+                "brax.envs.register_environment adds one",
+            )
+        )
     try:
         env = envs.get_environment(env_id, **kwargs)
-    except KeyError as e:
-        raise ValueError(
-            f"unknown brax env {env_id!r}; registered brax envs are "
-            f"{sorted(envs._envs)}"
+    except TypeError as e:
+        raise TypeError(
+            f"brax env {env_id!r} does not take {sorted(kwargs)} ({e}): pass "
+            "episode_length or arguments of its constructor"
         ) from e
     return BraxEnv(env, episode_length=episode_length, name=f"brax:{env_id}")
+
+
+def _check_episode_length(value: Any) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        n = 0
+    if isinstance(value, bool) or n < 1:
+        raise ValueError(
+            f"episode_length={value!r}: expected an int >= 1 (steps before "
+            "truncated), or None for no limit"
+        )
+    return n

@@ -15,6 +15,9 @@ class GymnaxEnv:
 
     Uses ``reset_env`` / ``step_env`` / ``is_truncated`` directly, never gymnax's
     auto-resetting ``step``: the engine decides when an episode starts.
+    ``terminated`` is ``step_env``'s own (gymnax 1.x keeps time limits out of
+    it) and ``truncated`` is ``is_truncated``; both can be True on one step
+    (see ``jaxmesh.envs``).
     """
 
     env: Any
@@ -26,7 +29,14 @@ class GymnaxEnv:
             self.params = self.env.default_params
         if not self.name:
             self.name = f"gymnax:{self.env.name}"
-        space = self.env.action_space(self.params)
+        try:
+            space = self.env.action_space(self.params)
+        except NotImplementedError as e:
+            raise TypeError(
+                f"gymnax env {type(self.env).__name__} does not implement "
+                "action_space(params): jaxmesh needs it for the action shape and "
+                "dtype; return a gymnax spaces.Discrete or spaces.Box"
+            ) from e
         if hasattr(space, "n") and not hasattr(space, "low"):
             self.num_actions = int(space.n)
             self.action_shape = ()
@@ -35,9 +45,6 @@ class GymnaxEnv:
             self.num_actions = None
             self.action_shape = tuple(space.shape)
             self.action_dtype = jnp.dtype(getattr(space, "dtype", jnp.float32))
-        self.max_episode_steps = (
-            int(getattr(self.params, "max_steps_in_episode", 0)) or None
-        )
 
     def reset(self, key: jax.Array):
         return self.env.reset_env(key, self.params)
@@ -56,7 +63,19 @@ class GymnaxEnv:
         )
 
 
-def make(env_id: str, **kwargs) -> GymnaxEnv:
+def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
+    """A registered gymnax env as a ``GymnaxEnv``.
+
+    Args:
+      env_id: a gymnax id, e.g. ``"CartPole-v1"`` (no ``gymnax:`` prefix).
+      **kwargs: fields of the env's params (``max_steps_in_episode=50``)
+        replace their defaults; the rest go to ``gymnax.make``.
+
+    Raises:
+      ValueError: for an unknown id, naming the closest registered ones.
+      TypeError: for a keyword the env takes neither as a param nor in its
+        constructor.
+    """
     try:
         import gymnax
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -64,9 +83,33 @@ def make(env_id: str, **kwargs) -> GymnaxEnv:
             f"env {env_id!r} needs gymnax: pip install 'jaxmesh[gymnax]'"
         ) from e
     if env_id not in gymnax.registered_envs:
+        from jaxmesh.envs import unknown_id
+
         raise ValueError(
-            f"unknown gymnax env {env_id!r}; registered gymnax envs are "
-            f"{sorted(gymnax.registered_envs)}"
+            unknown_id(
+                "gymnax env",
+                env_id,
+                gymnax.registered_envs,
+                "gymnax.registered_envs lists them",
+            )
         )
-    env, params = gymnax.make(env_id, **kwargs)
+    env, params = gymnax.make(env_id)
+    fields = (
+        {f.name for f in dataclasses.fields(params)}
+        if dataclasses.is_dataclass(params)
+        else set()
+    )
+    ctor = {k: v for k, v in kwargs.items() if k not in fields}
+    if ctor:
+        try:
+            env, params = gymnax.make(env_id, **ctor)
+        except TypeError as e:
+            raise TypeError(
+                f"gymnax env {env_id!r} does not take {sorted(ctor)} ({e}); its "
+                f"params are {sorted(fields)}: pass those, or arguments of its "
+                "constructor"
+            ) from e
+    given = {k: v for k, v in kwargs.items() if k in fields}
+    if given:
+        params = params.replace(**given)
     return GymnaxEnv(env, params)
