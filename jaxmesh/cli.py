@@ -3,13 +3,20 @@
 Commands::
 
     jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
+                             [--no-compile-cache]
+    jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
 
 ``eval`` reads a YAML run config (keys in ``CONFIG_KEYS``; see ``docs/cli.md``),
 applies ``--set`` overrides, builds the env and the policy, runs
 ``jaxmesh.evaluate`` with a progress bar on stderr, prints the summary and
-writes the result as JSON. A bad config exits with status 2 and a message on
-stderr; a successful run exits 0.
+writes the result as JSON. ``explain`` prints what such a run would read from
+the env and hold per lane, compiling nothing.
+
+Exit status: 0 on success; 2 for bad input (the command line, the config, or
+anything ``jaxmesh.evaluate`` refuses before the run starts), reported as one
+line on stderr; an error raised while the run is going keeps its traceback
+(status 1).
 """
 
 from __future__ import annotations
@@ -17,9 +24,9 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
-import importlib
 import inspect
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,7 +38,9 @@ import yaml
 #: Every key a run config may hold, with what it means.
 CONFIG_KEYS: dict[str, str] = {
     "env": "env id, e.g. gymnax:CartPole-v1 (required)",
-    "policy": "module:Class or module:function to import (required)",
+    "env_config": "mapping passed to jaxmesh.make_env(env, **env_config), "
+    "e.g. episode_length: 50 for a brax env",
+    "policy": "module:Class, module:function or module:model_instance (required)",
     "policy_config": "mapping passed to Class.from_config(**...) or Class(**...)",
     "episodes": "episode budget; seeds default to 0..episodes-1",
     "seeds": "explicit list of seeds, one per episode",
@@ -39,7 +48,7 @@ CONFIG_KEYS: dict[str, str] = {
     "horizon": "actions of a chunk executed before the next plan",
     "prefetch_lead": "0 is synchronous; L > 0 plans L steps early",
     "max_episode_steps": "cap on episode length (null: the env's own limit)",
-    "plan_tile": "rows per policy call",
+    "plan_tile": "rows per policy call (null: chosen by the engine)",
     "segment_steps": "env steps per scan segment between host visits",
     "output": "JSON file to write the result to (null: write none)",
 }
@@ -53,6 +62,12 @@ _INT_KEYS = {
     "segment_steps": 1,
 }
 _REQUIRED = ("env", "policy")
+
+#: Environment variables of the persistent compilation cache.
+CACHE_DIR_ENV = "JAXMESH_CACHE_DIR"
+CACHE_SWITCH_ENV = "JAXMESH_COMPILE_CACHE"
+_OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
 
 
 class ConfigError(Exception):
@@ -89,8 +104,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
     """Applies ``KEY=VALUE`` overrides; dotted keys reach into mappings.
 
-    Values are parsed as YAML scalars (``8`` is an int, ``null`` is None,
-    ``true`` a bool, anything else a string). Returns a new dict.
+    Values are parsed as YAML (``8`` is an int, ``null`` is None, ``true`` a
+    bool, ``[1, 2]`` a list, anything else a string). Returns a new dict.
 
     Raises:
       ConfigError: an override without ``=``, or a dotted key through a value
@@ -125,8 +140,17 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
     return out
 
 
-def validate_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Checks keys and value types; returns the config with defaults filled.
+def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Checks a run config's keys and value types; fills the defaults.
+
+    Only the form is checked here; ``jaxmesh.evaluate`` checks how the values
+    fit together (budget against seeds, horizon against the model, ...).
+
+    Args:
+      config: the mapping read from YAML, overrides applied.
+
+    Returns:
+      A new dict with ``policy_config`` and ``env_config`` as dicts.
 
     Raises:
       ConfigError: an unknown or missing key, or a value of the wrong type.
@@ -139,9 +163,9 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
             for k, c in zip(unknown, close, strict=True)
             if c
         )
-        allowed = "\n".join(f"  {k}: {doc}" for k, doc in CONFIG_KEYS.items())
         raise ConfigError(
-            f"unknown config key(s) {unknown}{hint}; allowed keys:\n{allowed}"
+            f"unknown config key(s) {unknown}{hint}; allowed keys: "
+            f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
         )
     missing = [k for k in _REQUIRED if config.get(k) in (None, "")]
     if missing:
@@ -163,19 +187,21 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"{key}={v!r}: expected an int >= {low} ({CONFIG_KEYS[key]})"
             )
-    pc = config.get("policy_config")
-    if pc is not None and not isinstance(pc, dict):
-        raise ConfigError(
-            f"policy_config={pc!r}: expected a mapping of keyword arguments"
-        )
+    out = dict(config)
+    for key in ("policy_config", "env_config"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(
+                f"{key}={value!r}: expected a mapping of keyword arguments "
+                f"({CONFIG_KEYS[key]})"
+            )
+        out[key] = dict(value or {})
     seeds = config.get("seeds")
     if seeds is not None and not (
         isinstance(seeds, list)
         and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
     ):
         raise ConfigError(f"seeds={seeds!r}: expected a list of ints")
-    out = dict(config)
-    out["policy_config"] = dict(pc or {})
     if out.get("output") is not None:
         out["output"] = str(out["output"])
     return out
@@ -188,44 +214,34 @@ def import_target(target: str) -> Any:
     Raises:
       ConfigError: bad form, or the module or name cannot be found.
     """
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"{target!r}: expected 'module:Name', e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
-        )
+    from jaxmesh.model import resolve_class
+
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        raise ConfigError(
-            f"{target!r}: cannot import module {module_name!r}: {e}"
-        ) from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{target!r}: module {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+        return resolve_class(target)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from e
 
 
 def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
     """Builds the policy named by ``module:Name``.
 
     A class is built with ``Class.from_config(**policy_config)`` if it has
-    ``from_config``, else ``Class(**policy_config)``. Anything else callable (a
-    function, a model instance) is used as it is, with no ``policy_config``.
+    ``from_config``, else ``Class(**policy_config)``. A ``jaxmesh.Model``
+    instance or a function is used as it is, with no ``policy_config``. A Model's
+    ``load`` runs here, so that a bad checkpoint is a config error.
 
     Raises:
       ConfigError: the target cannot be imported or built from the config.
     """
+    from jaxmesh.model import Model
+
     obj = import_target(target)
     if inspect.isclass(obj):
         how = "from_config" if hasattr(obj, "from_config") else "constructor"
         build = obj.from_config if how == "from_config" else obj
         try:
             policy = build(**policy_config)
-            from jaxmesh.model import Model
-
             if isinstance(policy, Model):
-                # Load the weights now: a bad checkpoint is a config error.
                 policy._ensure_loaded()
             return policy
         except (TypeError, ValueError, FileNotFoundError) as e:
@@ -233,17 +249,112 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
                 f"cannot build policy {target!r} ({how}) from policy_config "
                 f"{policy_config!r}: {e}"
             ) from e
-    if not callable(obj):
+    if not (isinstance(obj, Model) or callable(obj)):
         raise ConfigError(
             f"policy {target!r} is a {type(obj).__name__}; expected a class, a "
-            "jaxmesh.Model or a function obs -> action"
+            "jaxmesh.Model instance or a function obs -> action"
         )
     if policy_config:
         raise ConfigError(
             f"policy {target!r} is not a class, so it takes no policy_config; got "
             f"{policy_config!r}. Remove policy_config or point policy at a class"
         )
+    if isinstance(obj, Model):
+        try:
+            obj._ensure_loaded()
+        except (TypeError, ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"cannot load policy {target!r}: {e}") from e
     return obj
+
+
+def build_env(env_id: str, env_config: dict[str, Any]) -> Any:
+    """``jaxmesh.make_env(env_id, **env_config)``, its refusals as ConfigError.
+
+    Raises:
+      ConfigError: an unknown env id, or keyword arguments the env refuses.
+    """
+    import jaxmesh
+
+    try:
+        return jaxmesh.make_env(env_id, **env_config)
+    except (ValueError, TypeError, ImportError) as e:
+        given = f" with env_config {env_config!r}" if env_config else ""
+        raise ConfigError(f"cannot make env {env_id!r}{given}: {e}") from e
+
+
+def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """The policy, the env and ``evaluate``'s keyword arguments of a config."""
+    policy = build_policy(config["policy"], config["policy_config"])
+    env = build_env(config["env"], config["env_config"])
+    kwargs = {k: config[k] for k in (*_INT_KEYS, "seeds") if config.get(k) is not None}
+    return policy, env, kwargs
+
+
+# Compilation cache ------------------------------------------------------------
+def default_cache_dir() -> Path:
+    """``$JAXMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmesh/xla``.
+
+    ``XDG_CACHE_HOME`` defaults to ``~/.cache``.
+    """
+    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or "~/.cache"
+    return Path(base).expanduser() / "jaxmesh" / "xla"
+
+
+def enable_compile_cache(path: str | Path | None = None) -> Path:
+    """Turns on JAX's persistent compilation cache for this process.
+
+    Every executable compiled from then on is written to ``path`` (whatever
+    its compile time or size), and a later process that compiles the same
+    program loads it from there instead of compiling. Calling it after
+    something was compiled works too: the cache is re-initialised.
+
+    The cache is trusted code: do not point it at a directory others may write.
+
+    Args:
+      path: the cache directory (created if missing); None: ``default_cache_dir()``
+        (``$JAXMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmesh/xla``, else
+        ``~/.cache/jaxmesh/xla``).
+
+    Returns:
+      The directory in use.
+
+    Raises:
+      OSError: the directory cannot be created.
+
+    Example::
+
+      jaxmesh.cli.enable_compile_cache()  # then jaxmesh.evaluate(...) as usual
+    """
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    where = Path(path).expanduser() if path is not None else default_cache_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(where))
+    # JAX's defaults keep only executables that took over 1 s to compile.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # JAX decides once per process whether the cache is used; start afresh.
+    compilation_cache.reset_cache()
+    return where
+
+
+def compile_cache_wanted(flag_off: bool) -> bool:
+    """Whether the CLI should use the cache: on unless the flag or env says off.
+
+    Raises:
+      ConfigError: ``JAXMESH_COMPILE_CACHE`` holds something else than a switch.
+    """
+    raw = os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
+    if raw not in _OFF + _ON:
+        raise ConfigError(
+            f"{CACHE_SWITCH_ENV}={os.environ[CACHE_SWITCH_ENV]!r}: expected 0 or 1 "
+            "(also false/true, no/yes, off/on); unset it to use the cache"
+        )
+    return not flag_off and raw not in _OFF
 
 
 # Progress --------------------------------------------------------------------
@@ -293,26 +404,74 @@ class Progress:
             self.bar.close()
 
 
+class _Started:
+    """A hook that marks the end of ``evaluate``'s checks.
+
+    ``evaluate`` calls ``on_run_start`` once its input is checked and the policy
+    probed, before anything compiles: a ValueError/TypeError raised before then
+    is bad input, one raised after is a failure of the run.
+    """
+
+    started = False
+
+    def on_run_start(self, info: dict) -> None:
+        del info
+        self.started = True
+
+
 # Commands --------------------------------------------------------------------
+def _refused(config: dict[str, Any], error: Exception) -> str:
+    return f"policy {config['policy']!r} on env {config['env']!r}: {error}"
+
+
+def _read_config(args: argparse.Namespace) -> dict[str, Any]:
+    return check_run_config(apply_overrides(load_config(args.config), args.set))
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import jaxmesh
 
-    config = validate_config(apply_overrides(load_config(args.config), args.set))
-    policy = build_policy(config["policy"], config["policy_config"])
-    kwargs = {k: config[k] for k in (*_INT_KEYS, "seeds") if config.get(k) is not None}
+    config = _read_config(args)
+    if compile_cache_wanted(args.no_compile_cache):
+        try:
+            enable_compile_cache()
+        except OSError as e:  # a cache we cannot write only costs compile time
+            print(
+                f"jaxmesh eval: warning: compilation cache off ({e}); set "
+                f"{CACHE_DIR_ENV} to a writable directory",
+                file=sys.stderr,
+            )
+    policy, env, kwargs = build_run(config)
+    started = _Started()
+    hooks = [started, Progress(enabled=not args.no_progress)]
     try:
-        env = jaxmesh.make_env(config["env"])
-    except (ValueError, TypeError, ImportError) as e:
-        raise ConfigError(f"env={config['env']!r}: {e}") from e
-    result = jaxmesh.evaluate(
-        policy, env, hooks=Progress(enabled=not args.no_progress), **kwargs
-    )
+        result = jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
+    except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
+        if started.started:
+            raise
+        raise ConfigError(_refused(config, e)) from e
     print(result.summary())
     if config.get("output"):
         out = Path(config["output"])
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         print(f"wrote {out}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import jaxmesh
+
+    config = _read_config(args)
+    policy, env, _ = build_run(config)
+    num_envs = config.get("num_envs")
+    if num_envs is None:  # what evaluate would use
+        num_envs = inspect.signature(jaxmesh.evaluate).parameters["num_envs"].default
+    try:
+        explanation = jaxmesh.explain(policy, env, num_envs=num_envs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(_refused(config, e)) from e
+    print(explanation)
     return 0
 
 
@@ -338,36 +497,59 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="jaxmesh", description="Evaluate RL policies with jaxmesh."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    ev = sub.add_parser(
-        "eval",
-        help="evaluate a policy from a YAML run config",
-        description="Evaluate a policy from a YAML run config. Config keys: "
-        + "; ".join(f"{k}: {d}" for k, d in CONFIG_KEYS.items()),
-    )
-    ev.add_argument("config", help="YAML run config, e.g. configs/cartpole.yaml")
-    ev.add_argument(
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML run config, e.g. configs/cartpole.yaml")
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="override a config key (dotted for nested: policy_config.checkpoint=X); "
-        "repeatable; VALUE is parsed as a YAML scalar",
+        "repeatable; VALUE is parsed as YAML",
     )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxmesh", description="Evaluate RL policies with jaxmesh."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    keys = "; ".join(f"{k}: {d}" for k, d in CONFIG_KEYS.items())
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a policy from a YAML run config",
+        description=f"Evaluate a policy from a YAML run config. Config keys: {keys}",
+    )
+    _add_config_args(ev)
     ev.add_argument(
         "--no-progress", action="store_true", help="no progress bar on stderr"
     )
+    ev.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help=f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0;"
+        f" its directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)",
+    )
     ev.set_defaults(run=cmd_eval)
+    ex = sub.add_parser(
+        "explain",
+        help="print what a run config's policy reads and holds per lane",
+        description="Print jaxmesh.explain(policy, env, num_envs) for a run "
+        "config: the observation leaves read, the frame windows and their bytes "
+        f"per lane and for num_envs lanes. Compiles nothing. Config keys: {keys}",
+    )
+    _add_config_args(ex)
+    ex.set_defaults(run=cmd_explain)
     de = sub.add_parser("describe", help="print a model's describe() as JSON")
     de.add_argument(
         "target", help="module:Class, e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
     )
     de.set_defaults(run=cmd_describe)
     return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,7 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: the arguments (default: ``sys.argv[1:]``).
 
     Returns:
-      0 on success, 2 for a bad command line or config (message on stderr).
+      0 on success, 2 for bad input (one line on stderr). An error raised while
+      a run is going propagates with its traceback.
     """
     parser = make_parser()
     try:
@@ -387,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except ConfigError as e:
-        print(f"jaxmesh {args.command}: error: {e}", file=sys.stderr)
+        print(f"jaxmesh {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
 
 

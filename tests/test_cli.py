@@ -1,20 +1,29 @@
-"""``jaxmesh eval`` on the shipped config, run in-process, against a Python loop."""
+"""The ``jaxmesh`` command line, run in-process (and in subprocesses for the
+compilation cache), against a plain Python loop over gymnax's own functions."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnax
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
+from cli_policies import tilt_fn
 
 import jaxmesh
+from jaxmesh import cli
 from jaxmesh.cli import main
 from jaxmesh.zoo import cartpole
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "cartpole.yaml"
 EPISODE_KEYS = {
     "index",
     "seed",
@@ -27,14 +36,25 @@ EPISODE_KEYS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _no_compile_cache(monkeypatch):
+    """In-process runs must not turn on the persistent cache for the session."""
+    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+
+
 def reference_returns(params, seeds):
+    """Returns and lengths of the MLP with ``params``, one episode at a time."""
+    return reference_episodes(lambda obs: cartpole.apply(params, obs), seeds)
+
+
+def reference_episodes(act, seeds):
     """Returns and lengths from gymnax's own reset_env / step_env, one by one."""
     env, env_params = gymnax.make("CartPole-v1")
 
     @jax.jit
     def one_step(key, t, state, obs):
         step_key = jax.random.fold_in(jax.random.fold_in(key, 0), t)
-        action = cartpole.apply(params, obs)
+        action = act(obs)
         obs, state, reward, done, _ = env.step_env(step_key, state, action, env_params)
         return obs, state, reward, done, env.is_truncated(state, env_params)
 
@@ -149,3 +169,252 @@ def test_describe_prints_the_models_envelope(capsys):
 def test_describe_bad_target_exits_2(capsys):
     assert main(["describe", "jaxmesh.zoo.cartpole:NoSuchModel"]) == 2
     assert "NoSuchModel" in capsys.readouterr().err
+
+
+# Helpers for the tests below --------------------------------------------------
+def write_config(tmp_path, **keys):
+    """A run config with a small CartPole budget, ``keys`` replacing defaults."""
+    config = {
+        "env": "gymnax:CartPole-v1",
+        "policy": "cli_policies:tilt",
+        "episodes": 6,
+        "num_envs": 4,
+        "output": str(tmp_path / "r.json"),
+        **keys,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class CompileCounter:
+    """Records XLA compilations (a jax.monitoring listener) inside a block."""
+
+    def __init__(self):
+        self.events = []
+
+    def _listen(self, name, *args, **kwargs):
+        if "backend_compile" in name:
+            self.events.append(kwargs.get("fun_name", name))
+
+    def __enter__(self):
+        # One-op eager compiles that happen once per process, whatever runs
+        # first (jnp.zeros in Model loading, PRNGKey in explain's shape probe):
+        # do them now, so that the block's count does not depend on test order.
+        jax.block_until_ready((jnp.zeros(()), jax.random.PRNGKey(0)))
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def single_error_line(err: str) -> str:
+    """The one line of a refusal on stderr (fails on anything more)."""
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("jaxmesh eval: error: "), lines[0]
+    return lines[0]
+
+
+# A module-level Model instance as policy ---------------------------------------
+def test_eval_model_instance_matches_reference(tmp_path, capsys):
+    config = write_config(tmp_path)
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    assert "tilt" in capsys.readouterr().out
+    episodes = json.loads((tmp_path / "r.json").read_text())["episodes"]
+    reference = reference_episodes(tilt_fn, range(6))
+    assert len({length for _, length in reference}) > 2  # varied episodes
+    got = [(ep["return"], ep["length"]) for ep in episodes]
+    np.testing.assert_array_equal(got, reference)
+
+
+def test_model_instance_takes_no_policy_config(tmp_path, capsys):
+    config = write_config(tmp_path, policy_config={"checkpoint": "x"})
+    assert main(["eval", str(config)]) == 2
+    line = single_error_line(capsys.readouterr().err)
+    assert "cli_policies:tilt" in line and "takes no policy_config" in line
+
+
+# Bad input: one line, status 2, nothing compiled --------------------------------
+@pytest.mark.parametrize(
+    "base, overrides, env, message",
+    [
+        # seeds against the shipped config's episodes: 1000
+        (CONFIG, ["seeds=[1, 2]"], {}, "episodes=1000 disagrees with len(seeds)=2"),
+        (None, ["seeds=[3, -1]", "episodes=null"], {}, "seeds must lie in [0,"),
+        (
+            None,
+            ["policy=cli_policies:chunked", "horizon=8"],
+            {},
+            "horizon=8 exceeds policy 'chunked''s native_chunk=4",
+        ),
+        (
+            None,
+            ["policy=cli_policies:stacked", "num_envs=8"],
+            {"JAXMESH_FRAME_HISTORY_LIMIT_BYTES": "100"},
+            "over the limit of 100 B",
+        ),
+        (None, ["policy=cli_policies:three_args"], {}, "'three_args' takes 3"),
+        (None, ["env=gymnax:CartPol-v1"], {}, "unknown gymnax env 'CartPol-v1'"),
+        (None, ["env_config.bogus=1"], {}, "env_config {'bogus': 1}"),
+        (None, ["env_config=5"], {}, "env_config=5: expected a mapping"),
+        (None, ["policy=cli_policies:nope"], {}, "has no attribute 'nope'"),
+    ],
+    ids=[
+        "seeds-vs-episodes",
+        "negative-seed",
+        "horizon-over-native-chunk",
+        "frame-limit",
+        "policy-arity",
+        "unknown-env",
+        "bad-env-config-key",
+        "env-config-not-mapping",
+        "unknown-policy",
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch, base, overrides, env, message
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = base or write_config(tmp_path)
+    argv = ["eval", str(config), "--no-progress"]
+    for item in overrides:
+        argv += ["--set", item]
+    with CompileCounter() as compiles:
+        code = main(argv)
+    assert code == 2
+    line = single_error_line(capsys.readouterr().err)
+    assert message in line
+    assert compiles.events == []  # refused before anything compiled
+
+
+def test_bad_input_in_a_real_process_prints_one_line():
+    env = {**os.environ, cli.CACHE_SWITCH_ENV: "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmesh.cli", "eval", str(CONFIG)]
+        + ["--set", "seeds=[1, 2]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "disagrees with len(seeds)=2" in single_error_line(proc.stderr)
+
+
+def test_error_while_running_keeps_its_traceback(tmp_path):
+    # The policy passes every check; the ValueError comes after episodes ran,
+    # so it is a failure of the run, not bad input: main must not swallow it.
+    config = write_config(tmp_path, policy="cli_policies:FailsAtRunTime")
+    with pytest.raises(ValueError, match="failure while running, after episode 0"):
+        main(["eval", str(config), "--no-progress"])
+
+
+def test_bad_compile_cache_switch_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "maybe")
+    assert main(["eval", str(write_config(tmp_path))]) == 2
+    line = single_error_line(capsys.readouterr().err)
+    assert "JAXMESH_COMPILE_CACHE='maybe'" in line
+
+
+# explain ------------------------------------------------------------------------
+def test_explain_prints_reads_and_bytes_and_compiles_nothing(tmp_path, capsys):
+    config = write_config(tmp_path, policy="cli_policies:stacked")
+    with CompileCounter() as compiles:
+        code = main(["explain", str(config), "--set", "num_envs=8"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert compiles.events == []
+    # By hand: a CartPole observation is 4 float32 (16 B); stack=4 holds 64 B
+    # per lane, 512 B for 8 lanes.
+    assert "stacked on gymnax:CartPole-v1, 8 lane(s)" in out
+    assert "64 B per lane; 512 B for 8 lane(s)" in out
+    assert not (tmp_path / "r.json").exists()  # explain runs nothing
+
+
+def test_explain_bad_env_exits_2(tmp_path, capsys):
+    config = write_config(tmp_path, env="brax:no_such_env")
+    assert main(["explain", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxmesh explain: error: ") and "no_such_env" in err
+    assert "Traceback" not in err
+
+
+# env_config ---------------------------------------------------------------------
+def test_env_config_sets_brax_episode_length(tmp_path):
+    # brax's fast env never terminates under this policy, so every episode is
+    # truncated at exactly episode_length: the override's 30, not the config's
+    # 50 nor brax's default 1000.
+    config = write_config(
+        tmp_path,
+        env="brax:fast",
+        policy="cli_policies:push",
+        env_config={"episode_length": 50},
+        episodes=3,
+        num_envs=2,
+    )
+    argv = ["eval", str(config), "--no-progress"]
+    assert main([*argv, "--set", "env_config.episode_length=30"]) == 0
+    episodes = json.loads((tmp_path / "r.json").read_text())["episodes"]
+    assert [ep["length"] for ep in episodes] == [30, 30, 30]
+    assert all(ep["truncated"] and not ep["terminated"] for ep in episodes)
+
+
+# The persistent compilation cache -------------------------------------------------
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv(cli.CACHE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.default_cache_dir() == tmp_path / "xdg" / "jaxmesh" / "xla"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cli.default_cache_dir() == Path.home() / ".cache" / "jaxmesh" / "xla"
+    monkeypatch.setenv(cli.CACHE_DIR_ENV, str(tmp_path / "mine"))
+    assert cli.default_cache_dir() == tmp_path / "mine"
+
+
+@pytest.mark.parametrize(
+    "switch, flag, wanted",
+    [(None, False, True), ("1", False, True), ("0", False, False)]
+    + [("off", False, False), (None, True, False), ("1", True, False)],
+)
+def test_compile_cache_switch(monkeypatch, switch, flag, wanted):
+    if switch is None:
+        monkeypatch.delenv(cli.CACHE_SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cli.CACHE_SWITCH_ENV, switch)
+    assert cli.compile_cache_wanted(flag) is wanted
+
+
+def cache_files(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+
+
+def test_second_process_reuses_the_compiled_executables(tmp_path):
+    cache = tmp_path / "xla"
+    env = {k: v for k, v in os.environ.items() if k != cli.CACHE_SWITCH_ENV}
+    env[cli.CACHE_DIR_ENV] = str(cache)
+    argv = [sys.executable, "-m", "jaxmesh.cli", "eval", str(CONFIG)]
+    argv += ["--set", "episodes=4", "--set", "num_envs=2", "--set", "output=null"]
+    argv += ["--no-progress"]
+
+    def run():
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        return cache_files(cache)
+
+    first = run()
+    assert first  # the first process wrote its executables
+    second = run()
+    assert second == first  # the second compiled nothing new: all were reused
+
+    # Off with the flag: a fresh directory stays empty.
+    env[cli.CACHE_DIR_ENV] = str(tmp_path / "unused")
+    proc = subprocess.run(
+        [*argv, "--no-compile-cache"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "unused").exists()
