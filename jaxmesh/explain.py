@@ -223,7 +223,8 @@ def explain(spec_or_model: Any, env: Any, num_envs: int = 1) -> Explanation:
         raise ValueError(f"num_envs={num_envs!r}: expected an int >= 1")
     spec, policy = _spec_of(spec_or_model)
     env_obj = make_env(env)
-    obs = jax.eval_shape(lambda k: env_obj.reset(k)[0], jax.random.PRNGKey(0))
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
+    obs = jax.eval_shape(lambda k: env_obj.reset(k)[0], key)
     action = jax.ShapeDtypeStruct(tuple(env_obj.action_shape), env_obj.action_dtype)
     items = {WHOLE_OBS: adapt.State()} if spec is None else dict(spec)
     inputs: dict[str, InputInfo] = {}

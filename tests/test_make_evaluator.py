@@ -1,67 +1,154 @@
-"""make_evaluator: the engine as a pure function of params (jit, vmap, nesting)."""
+"""make_evaluator: the engine as a pure function of params (jit, vmap, nesting).
+
+Every result is compared with the reference loop, on policies and seeds whose
+episodes differ (so that ignored seeds or params would show).
+"""
 
 from __future__ import annotations
+
+import functools
+import types
 
 import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from reference_loop import gymnax_fns, run_episode, single
+import pytest
+from reference_loop import (
+    NanRewardAt,
+    assert_matches,
+    first_hit,
+    gymnax_fns,
+    run_episode,
+    schedule,
+    single,
+)
 
 import jaxmesh
+from jaxmesh.core import results as core_results
+from jaxmesh.run.build import default_plan_tile
 
 ENV = gymnax.make("CartPole-v1")
+FNS = gymnax_fns(*ENV)
+ANGLE = (0.0, 0.0, 1.0, 0.0)  # episodes of 35 to 65 steps
+DAMPED = (0.0, 0.05, 1.0, 0.05)  # episodes of 68 to 180 steps
 
 
 def linear(w, obs):
     return (obs @ w > 0).astype(jnp.int32)
 
 
+_linear = jax.jit(linear)
+
+
+@functools.cache
+def _episode(w, seed, cap):
+    w = jnp.asarray(w, jnp.float32)
+    policy = single(lambda o, k: _linear(w, o))
+    return run_episode(*FNS, policy, seed, cap=cap)
+
+
+def reference(w, seeds, cap=100_000):
+    return [_episode(tuple(float(x) for x in w), int(s), cap) for s in seeds]
+
+
 def test_jit_matches_reference_loop():
-    run = jax.jit(jaxmesh.make_evaluator(linear, ENV, num_envs=3, episodes=5))
-    w = jnp.array([0.0, 0.1, 1.0, 0.2])
-    out = run(w)
-    refs = [
-        run_episode(*gymnax_fns(*ENV), single(lambda o, k: linear(w, o)), s)
-        for s in range(5)
-    ]
-    np.testing.assert_array_equal(out.returns, [r.ret for r in refs])
-    np.testing.assert_array_equal(out.lengths, [r.length for r in refs])
-    assert int(out.env_steps) == sum(r.length for r in refs)
+    cap = 45  # some episodes end by the cap, others by the env
+    run = jax.jit(
+        jaxmesh.make_evaluator(
+            linear, ENV, num_envs=3, episodes=8, max_episode_steps=cap
+        )
+    )
+    out = run(jnp.array(ANGLE))
+    refs = reference(ANGLE, range(8), cap)
+    assert len({r.ret for r in refs}) > 1
+    assert any(r.terminated for r in refs) and any(r.truncated for r in refs)
+    assert_matches(out, refs)
+    lengths = [r.length for r in refs]
+    lanes, starts = schedule(lengths, 3)
+    np.testing.assert_array_equal(out.lanes, lanes)
+    assert np.asarray(out.done).all()
+    assert int(out.env_steps) == sum(lengths)
+    assert out.fault.first() is None
+    # h = 1: each run step with a running lane plans one tile (3 lanes < tile)
+    steps = max(s + n for s, n in zip(starts, lengths, strict=True))
+    assert int(out.policy_rows) == default_plan_tile(1, 3) * steps
+
+
+def test_seeds_argument_is_honoured():
+    run = jax.jit(jaxmesh.make_evaluator(linear, ENV, num_envs=2, episodes=4))
+    w = jnp.array(ANGLE)
+    default = run(w)
+    other = run(w, jnp.array([11, 12, 13, 14], jnp.int32))
+    assert_matches(default, reference(ANGLE, range(4)))
+    assert_matches(other, reference(ANGLE, [11, 12, 13, 14]))
+    assert not np.array_equal(default.returns, other.returns)
 
 
 def test_vmap_over_population_matches_each_member():
-    run = jaxmesh.make_evaluator(linear, ENV, num_envs=4, episodes=6)
-    pop = jax.random.normal(jax.random.PRNGKey(0), (5, 4))
+    run = jaxmesh.make_evaluator(linear, ENV, num_envs=2, episodes=4)
+    pop = jnp.array([ANGLE, DAMPED, (0.0, 0.0, 1.0, 0.02)])
     batched = jax.jit(jax.vmap(run))(pop)
-    assert batched.returns.shape == (5, 6)
-    for i in range(5):
-        w = pop[i]
-        alone = jaxmesh.evaluate(
-            lambda obs, w=w: linear(w, obs), ENV, num_envs=2, episodes=6
-        )
-        np.testing.assert_array_equal(batched.returns[i], alone.returns)
-        np.testing.assert_array_equal(batched.lengths[i], alone.lengths)
+    assert batched.returns.shape == (3, 4)
+    for i in range(3):
+        member = jax.tree.map(lambda x, i=i: x[i], batched)
+        assert_matches(member, reference(pop[i].tolist(), range(4)))
+    assert len({tuple(np.asarray(r).tolist()) for r in batched.returns}) == 3
 
 
-def test_seeds_argument_and_nesting_in_a_jitted_step():
+def test_nesting_in_a_jitted_step():
     run = jaxmesh.make_evaluator(linear, ENV, num_envs=2, episodes=3)
 
     @jax.jit
     def fitness_step(w, seeds):
         out = run(w, seeds)
-        return w + 0.0 * jnp.mean(out.returns), jnp.mean(out.returns)
+        return w + 0.0 * jnp.mean(out.returns), out
 
-    w = jnp.array([0.0, 0.0, 1.0, 0.5])
-    _, mean = fitness_step(w, jnp.array([7, 8, 9], jnp.int32))
-    alone = jaxmesh.evaluate(lambda obs: linear(w, obs), ENV, seeds=[7, 8, 9])
-    assert float(mean) == float(np.mean(alone.returns))
+    w = jnp.array(DAMPED)
+    _, out = fitness_step(w, jnp.array([7, 8, 9], jnp.int32))
+    assert_matches(out, reference(DAMPED, [7, 8, 9]))
 
 
 def test_model_params_are_replaced():
     model = jaxmesh.Model(linear, params=jnp.zeros(4))
-    run = jax.jit(jaxmesh.make_evaluator(model, ENV, num_envs=2, episodes=2))
-    w = jnp.array([0.0, 0.0, 1.0, 0.5])
-    out = run(w)
-    alone = jaxmesh.evaluate(lambda obs: linear(w, obs), ENV, episodes=2)
-    np.testing.assert_array_equal(out.returns, alone.returns)
+    run = jax.jit(jaxmesh.make_evaluator(model, ENV, num_envs=2, episodes=3))
+    out = run(jnp.array(DAMPED))
+    assert_matches(out, reference(DAMPED, range(3)))
+
+
+def test_seeds_shape_is_checked_under_jit():
+    run = jax.jit(jaxmesh.make_evaluator(linear, ENV, episodes=3))
+    with pytest.raises(ValueError, match=r"shape \(3,\).*\(5,\)"):
+        run(jnp.array(ANGLE), jnp.arange(5, dtype=jnp.int32))
+
+
+def test_bad_values_are_reported_in_fault_without_raising():
+    """One lane, so the first fault in run order is the first in episode order."""
+    thr = 2.3  # the pole's angular velocity first exceeds it in episode 3
+
+    def seven(w, obs):
+        return jnp.where(obs[3] > thr, 7, linear(w, obs)).astype(jnp.int32)
+
+    seeds = range(5)
+    refs = reference(ANGLE, seeds)
+    episode, step = first_hit(refs, lambda o: o[3] > thr)
+    out = jax.jit(jaxmesh.make_evaluator(seven, ENV, num_envs=1, seeds=seeds))(
+        jnp.array(ANGLE)
+    )
+    f = out.fault.first()
+    assert f["kind"] == core_results.ACTION_OUT_OF_RANGE
+    assert (f["episode"], f["step"], f["value"]) == (episode, step, 7.0)
+    assert np.asarray(out.done).all()  # the whole budget was scored
+    before = types.SimpleNamespace(
+        **{f: getattr(out, f)[:episode] for f in core_results.EPISODE_FIELDS}
+    )
+    assert_matches(before, refs[:episode])
+
+    k = 47  # a NaN reward on step 47: episode 2 is the first that long
+    env = NanRewardAt(jaxmesh.make_env(ENV), k)
+    out = jaxmesh.make_evaluator(linear, env, num_envs=1, seeds=seeds)(jnp.array(ANGLE))
+    first = next(i for i, r in enumerate(refs) if r.length > k)
+    f = out.fault.first()
+    assert f["kind"] == core_results.REWARD_NOT_FINITE
+    assert (f["episode"], f["step"]) == (first, k)
+    assert np.isnan(f["value"])

@@ -19,6 +19,7 @@ data in the carry. ``Engine.run_segment`` advances up to S steps (a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -124,7 +125,7 @@ class Engine:
         """A carry of the right shapes; ``begin`` fills what a lane reads."""
         cfg = self.config
         n = cfg.agent.num_envs
-        key0 = jax.random.PRNGKey(0)
+        key0 = jax.random.PRNGKey(0)  # under eval_shape: traced, never run
         obs, env_state = self.env.reset(key0)
         lanes_of = lambda tree: jax.tree.map(
             lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), tree
@@ -146,9 +147,14 @@ class Engine:
         ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
         return Carry(lanes, ag, results.empty(cfg.capacity, n))
 
-    def carry_shape(self) -> Carry:
-        """Shapes and dtypes of the carry (traces the env's reset, compiles nothing)."""
+    @functools.cached_property
+    def _carry_shape(self) -> Carry:
         return jax.eval_shape(self._zero_carry)
+
+    def carry_shape(self) -> Carry:
+        """Shapes and dtypes of the carry (traces the env's reset once, compiles
+        nothing)."""
+        return self._carry_shape
 
     def first_carry(self, seeds: np.ndarray, device: Any = None) -> Carry:
         """The carry a run starts from, built on the host (nothing compiles).
@@ -172,43 +178,44 @@ class Engine:
 
     # The step -----------------------------------------------------------------
     def _begin(self, lanes: Lanes, ag: agent.AgentState):
-        """Resets the lanes in ``lanes.start``; those with an episode begin it."""
+        """Resets the lanes in ``lanes.start``; those with an episode begin it.
+
+        The reset runs only as many tiles as lanes start (none on most steps);
+        only the agent's ``begin``, which touches every lane's windows, sits in
+        a ``cond``. (A ``cond`` around the whole reset compiled about a fifth
+        slower on a CPU: benchmarks/compile.py.)
+        """
         cfg = self.config
         cap = cfg.capacity
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
+        abstract_key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        obs = jax.tree.map(
+            lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype),
+            jax.eval_shape(self.env.reset, abstract_key)[0],
+        )
 
-        def reset(args):
-            key, env_key, env_state, ag = args
-            obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0]
-            obs = jax.tree.map(
-                lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype), obs
+        def body(idx, c):
+            key, env_key, env_state, obs = c
+            episode = tiles.take(lanes.episode, idx)
+            k = episode_keys(lanes.seeds[jnp.clip(episode, 0, cap - 1)])
+            obs0, state0 = jax.vmap(self.env.reset)(k)
+            at = lambda x, v: tiles.put(x, idx, v)
+            return (
+                at(key, k),
+                at(env_key, env_stream(k)),
+                jax.tree.map(at, env_state, state0),
+                jax.tree.map(at, obs, obs0),
             )
 
-            def body(idx, c):
-                key, env_key, env_state, obs = c
-                episode = tiles.take(lanes.episode, idx)
-                k = episode_keys(lanes.seeds[jnp.clip(episode, 0, cap - 1)])
-                obs0, state0 = jax.vmap(self.env.reset)(k)
-                at = lambda x, v: tiles.put(x, idx, v)
-                return (
-                    at(key, k),
-                    at(env_key, env_stream(k)),
-                    jax.tree.map(at, env_state, state0),
-                    jax.tree.map(at, obs, obs0),
-                )
-
-            (key, env_key, env_state, obs), _ = tiles.for_each_tile(
-                start, RESET_TILE, body, (key, env_key, env_state, obs)
-            )
-            ag = agent.begin(cfg.agent, self.policy, ag, begins, obs)
-            return key, env_key, env_state, ag
-
-        key, env_key, env_state, ag = jax.lax.cond(
-            jnp.any(start),
-            reset,
-            lambda args: args,
-            (lanes.key, lanes.env_key, lanes.env_state, ag),
+        (key, env_key, env_state, obs), _ = tiles.for_each_tile(
+            start, RESET_TILE, body, (lanes.key, lanes.env_key, lanes.env_state, obs)
+        )
+        ag = jax.lax.cond(
+            jnp.any(begins),
+            lambda ag: agent.begin(cfg.agent, self.policy, ag, begins, obs),
+            lambda ag: ag,
+            ag,
         )
         lanes = lanes.replace(
             key=key,
@@ -261,10 +268,12 @@ class Engine:
         trunc = trunc | (t >= cfg.max_steps)
         ended = active & (term | trunc)
 
-        # Results are written at the episode's own index; others drop.
+        # Results are written at the episode's own index; others drop. An
+        # episode whose last step met a bad value is not a finished episode.
+        scored = ended & (kinds == results.NO_FAULT)
         r = results.record(
             carry.results,
-            jnp.where(ended, lanes.episode, cfg.capacity),
+            jnp.where(scored, lanes.episode, cfg.capacity),
             returns=ret,
             lengths=t,
             terminated=term,

@@ -59,12 +59,17 @@ class Fault:
         )
 
     def first(self) -> dict | None:
-        """On the host: the earliest fault (lowest step, then lane), or None."""
+        """On the host: the fault of the lowest episode index, or None.
+
+        ``evaluate`` stops at the first step with a fault, so every fault it
+        reports happened on that step; the lowest episode among them is the
+        same whatever the lane count.
+        """
         kind = np.asarray(self.kind)
         lanes = np.flatnonzero(kind != NO_FAULT)
         if lanes.size == 0:
             return None
-        lane = min(lanes, key=lambda j: (int(self.step[j]), j))
+        lane = min(lanes, key=lambda j: (int(self.episode[j]), j))
         return {
             "kind": int(kind[lane]),
             "episode": int(self.episode[lane]),

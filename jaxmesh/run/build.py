@@ -93,7 +93,8 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
     probe = agent.make_config(
         env, policy, num_envs=PROBE_ROWS, horizon=1, lead=0, tile=PROBE_ROWS, chunk=None
     )
-    obs = jax.eval_shape(lambda k: env.reset(k)[0], jax.random.PRNGKey(0))
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
+    obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
     action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
 
     def probe_out(params, obs, action):

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import Results, empty
@@ -17,10 +18,10 @@ def make_evaluator(
     policy: Any,
     env: Any,
     *,
-    horizon: int = 1,
-    num_envs: int = 64,
     episodes: int | None = None,
     seeds: Sequence[int] | None = None,
+    num_envs: int = 64,
+    horizon: int = 1,
     prefetch_lead: int = 0,
     max_episode_steps: int | None = None,
     plan_tile: int | None = None,
@@ -56,12 +57,14 @@ def make_evaluator(
     engines: dict = {}
 
     def evaluator(params: Any, seeds: Any = None) -> Results:
-        s = jnp.asarray(seeds_arr if seeds is None else seeds)
-        if s.shape != (e,) or not jnp.issubdtype(s.dtype, jnp.integer):
+        s = seeds_arr if seeds is None else seeds
+        if not hasattr(s, "dtype"):  # a list: checked before any device work
+            s = np.asarray(s)
+        if np.shape(s) != (e,) or not jnp.issubdtype(s.dtype, jnp.integer):
             raise ValueError(
                 f"seeds must be ints of shape ({e},) (one per budgeted episode), "
-                f"got {s.dtype} {s.shape}; pass {e} seeds or build the evaluator "
-                "with another budget"
+                f"got {s.dtype} {np.shape(s)}; pass {e} seeds or build the "
+                "evaluator with another budget"
             )
         if e == 0:
             return empty(0, 0)
@@ -69,6 +72,6 @@ def make_evaluator(
         if sig not in engines:
             chunk = build.probe_chunk(pol, env_obj, params, settings.horizon)
             engines[sig] = build.build_engine(pol, env_obj, settings, chunk, e)
-        return engines[sig].run(params, s.astype(jnp.int32))
+        return engines[sig].run(params, jnp.asarray(s, jnp.int32))
 
     return evaluator

@@ -22,6 +22,18 @@ from jaxmesh.envs import make_env
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.results import RunResult
 
+#: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
+#: 2 compiles the segment about a fifth faster (most of it is the unrolled
+#: threefry hashes of the PRNG) and ran as fast (benchmarks/compile.py,
+#: benchmarks/overhead.py). Other backends get XLA's defaults.
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
+def compiler_options(device: Any = None) -> dict | None:
+    """The XLA options the segment is compiled with on ``device``."""
+    platform = (device or jax.devices()[0]).platform
+    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
+
 
 class _Program(NamedTuple):
     engine: Any
@@ -125,7 +137,7 @@ class Evaluator:
             (shape.lanes, shape.agent),
             shape.results,
             self.settings.segment_steps,
-        ).compile()
+        ).compile(compiler_options(self.device))
         key = (build.signature(params), capacity)
         program = self._programs[key] = _Program(program.engine, segment)
         return program, True
@@ -210,20 +222,16 @@ class Evaluator:
         e = seeds_arr.size
         while True:
             state, res = program.segment(params, state, res)
-            if episodes_out.wants_episodes:
-                host = jax.device_get(res)
-                episodes_out.update(host)
-                n_done, fault = int(host.done[:e].sum()), host.fault.kind
-            else:
-                n_done, fault = jax.device_get((state[0].n_done, res.fault.kind))
-            if np.any(fault):
+            # Not donated: these results survive a failure in the next segment.
+            episodes_out.latest = res
+            n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
+            finished = n_done >= e
+            if episodes_out.wants_episodes or finished or np.any(faults):
                 host = jax.device_get(res)
                 episodes_out.update(host)
                 episodes_out.check_fault(host)
-            if n_done >= e:
-                host = jax.device_get(res)
-                episodes_out.update(host)
-                return host
+                if finished:
+                    return host
 
 
 _EVALUATORS: collections.OrderedDict = collections.OrderedDict()

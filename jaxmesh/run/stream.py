@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxmesh.core import results as core_results
@@ -72,14 +73,16 @@ class EpisodeStream:
         self.policy_hook = on_episode_end
         self.run_fields = run_fields
         self.cursor = 0
-        self.last: Any = None  # the newest Results read to the host
+        #: The newest ``Results`` (on the device or the host); on a failure the
+        #: finished episodes are read from it.
+        self.latest: Any = None
         self.wants_episodes = on_episode_end is not None or any(
             hasattr(h, "on_episode_end") for h in hooks
         )
 
     def update(self, res: Any) -> None:
         """Takes the newest host copy of ``Results``; reports what finished."""
-        self.last = res
+        self.latest = res
         done = np.asarray(res.done)
         e = self.seeds.size
         while self.cursor < e and done[self.cursor]:
@@ -97,12 +100,13 @@ class EpisodeStream:
 
     def partial(self, timing: dict) -> RunResult | None:
         """The finished episodes of the newest results (None if none were read)."""
-        if self.last is None:
+        if self.latest is None:
             return None
+        res = jax.device_get(self.latest)
         return RunResult.from_results(
-            self.last,
+            res,
             self.seeds,
-            keep=np.asarray(self.last.done),
+            keep=np.asarray(res.done),
             **self.run_fields,
             **timing,
         )
