@@ -35,14 +35,21 @@ import sys
 import time
 
 
-def child(episodes: int, num_envs: int) -> dict:
-    """One measurement, run inside a fresh interpreter."""
+def child(episodes: int, num_envs: int, cache: str | None = None) -> dict:
+    """One measurement, run inside a fresh interpreter.
+
+    With ``cache``, jaxmesh's persistent compilation cache is on in that folder
+    (``jaxmesh.enable_compile_cache``), as it is for the CLI.
+    """
     t0 = time.perf_counter()
     import jax
     import jax.numpy as jnp
     from common import init_mlp
 
     import jaxmesh
+
+    if cache:
+        jaxmesh.enable_compile_cache(cache)
 
     ta = time.perf_counter()
     import gymnax  # noqa: F401 - jaxmesh imports it lazily; time it here
@@ -117,7 +124,7 @@ def bare_scan(policy, params, n: int, steps: int = 500):
     return run(jax.random.PRNGKey(0))
 
 
-def spawn(episodes: int, num_envs: int) -> dict:
+def spawn(episodes: int, num_envs: int, cache: str | None = None) -> dict:
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
@@ -128,7 +135,7 @@ def spawn(episodes: int, num_envs: int) -> dict:
         str(episodes),
         "--num-envs",
         str(num_envs),
-    ]
+    ] + (["--cache", cache] if cache else [])
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -151,9 +158,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--repeats", type=int, default=3, help="subprocesses per budget")
     ap.add_argument("--quick", action="store_true", help="small sizes (< 60 s)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.num_envs)))
+        print(json.dumps(child(args.child, args.num_envs, args.cache)))
         return []
     if args.quick:
         args.repeats = 1
@@ -267,6 +275,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{rows[-1]['episodes']} <= 0.5 s"
     )
     print(goal(text, growth, growth <= 0.5))
+    # A second process with the persistent cache (what `jaxmesh eval` does by
+    # default): two fresh processes share one cache folder.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        first, second = (spawn(budgets[0], args.num_envs, folder) for _ in range(2))
+    print(
+        "\nPersistent compilation cache (jaxmesh.enable_compile_cache), episodes="
+        f"{budgets[0]}: first process's first call {first['first_s']:.2f} s "
+        f"(compile {first['compile_time']:.2f} s); second process's first call "
+        f"{second['first_s']:.2f} s (compile {second['compile_time']:.2f} s)"
+    )
+    ratio = second["first_s"] / max(first["first_s"], 1e-9)
+    print(
+        goal(
+            "second process's first call / first process's (cache)", ratio, ratio < 0.5
+        )
+    )
     return rows
 
 

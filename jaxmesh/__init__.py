@@ -1,6 +1,7 @@
 """jaxmesh: a jitted, exact policy evaluator for JAX-native environments."""
 
 from jaxmesh import adapt, flax_models
+from jaxmesh.cache import enable_compile_cache
 from jaxmesh.checkpoint import load_params, save_params
 from jaxmesh.core.results import Results
 from jaxmesh.envs import make_env
@@ -38,4 +39,5 @@ __all__ = [
     "build_model",
     "explain",
     "check_frame_limit",
+    "enable_compile_cache",
 ]

@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
+
 #: Every key a run config may hold, with what it means.
 CONFIG_KEYS: dict[str, str] = {
     "env": "env id, e.g. gymnax:CartPole-v1 (required)",
@@ -64,7 +66,6 @@ _INT_KEYS = {
 _REQUIRED = ("env", "policy")
 
 #: Environment variables of the persistent compilation cache.
-CACHE_DIR_ENV = "JAXMESH_CACHE_DIR"
 CACHE_SWITCH_ENV = "JAXMESH_COMPILE_CACHE"
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
@@ -291,57 +292,6 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
 
 
 # Compilation cache ------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """``$JAXMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmesh/xla``.
-
-    ``XDG_CACHE_HOME`` defaults to ``~/.cache``.
-    """
-    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or "~/.cache"
-    return Path(base).expanduser() / "jaxmesh" / "xla"
-
-
-def enable_compile_cache(path: str | Path | None = None) -> Path:
-    """Turns on JAX's persistent compilation cache for this process.
-
-    Every executable compiled from then on is written to ``path`` (whatever
-    its compile time or size), and a later process that compiles the same
-    program loads it from there instead of compiling. Calling it after
-    something was compiled works too: the cache is re-initialised.
-
-    The cache is trusted code: do not point it at a directory others may write.
-
-    Args:
-      path: the cache directory (created if missing); None: ``default_cache_dir()``
-        (``$JAXMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmesh/xla``, else
-        ``~/.cache/jaxmesh/xla``).
-
-    Returns:
-      The directory in use.
-
-    Raises:
-      OSError: the directory cannot be created.
-
-    Example::
-
-      jaxmesh.cli.enable_compile_cache()  # then jaxmesh.evaluate(...) as usual
-    """
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    where = Path(path).expanduser() if path is not None else default_cache_dir()
-    where.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(where))
-    # JAX's defaults keep only executables that took over 1 s to compile.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    # JAX decides once per process whether the cache is used; start afresh.
-    compilation_cache.reset_cache()
-    return where
-
-
 def compile_cache_wanted(flag_off: bool) -> bool:
     """Whether the CLI should use the cache: on unless the flag or env says off.
 

@@ -18,7 +18,7 @@ import yaml
 from cli_policies import tilt_fn
 
 import jaxmesh
-from jaxmesh import cli
+from jaxmesh import cache, cli
 from jaxmesh.cli import main
 from jaxmesh.zoo import cartpole
 
@@ -367,11 +367,11 @@ def test_env_config_sets_brax_episode_length(tmp_path):
 def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv(cli.CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cli.default_cache_dir() == tmp_path / "xdg" / "jaxmesh" / "xla"
+    assert cache.default_cache_dir() == tmp_path / "xdg" / "jaxmesh" / "xla"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert cli.default_cache_dir() == Path.home() / ".cache" / "jaxmesh" / "xla"
+    assert cache.default_cache_dir() == Path.home() / ".cache" / "jaxmesh" / "xla"
     monkeypatch.setenv(cli.CACHE_DIR_ENV, str(tmp_path / "mine"))
-    assert cli.default_cache_dir() == tmp_path / "mine"
+    assert cache.default_cache_dir() == tmp_path / "mine"
 
 
 @pytest.mark.parametrize(

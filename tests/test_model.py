@@ -401,7 +401,8 @@ def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
 
     # Reference: the net applied to frames resized by jax.image.resize, stacked
     # oldest first (reset frame repeated), previous executed action; rows padded
-    # to the engine's tile of 32 so that both compute in batches of one shape.
+    # to the run's plan tile so that both compute in batches of one shape.
+    tile = result.plan_tile
     net = nnx.merge(model.graphdef, jaxmesh.load_params(tmp_path / "act"))
 
     @jax.jit
@@ -409,8 +410,8 @@ def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
         image = jnp.stack(
             [jax.image.resize(f, (16, 16, 4), "bilinear") for f in frames]
         )
-        image = jnp.broadcast_to(image, (32, *image.shape))
-        prev = jnp.broadcast_to(prev, (32,))
+        image = jnp.broadcast_to(image, (tile, *image.shape))
+        prev = jnp.broadcast_to(prev, (tile,))
         return jnp.argmax(net(image, prev), -1)[0].astype(jnp.int32)
 
     def inputs(obs_h, act_h, t):

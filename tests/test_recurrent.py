@@ -17,7 +17,6 @@ import jaxmesh
 CARTPOLE = gymnax.make("CartPole-v1")
 REF = gymnax_fns(*CARTPOLE)
 HIDDEN = 8
-TILE = 32  # the engine's plan tile: the reference computes in batches this size
 
 
 class GRUPolicy(jaxmesh.Model):
@@ -67,13 +66,14 @@ class Chunked(GRUPolicy):
     predict = jaxmesh.Model.predict  # only the chunk corner
 
 
-def reference(model, seeds, horizon):
+def reference(model, seeds, horizon, tile):
     """Plain loop: the GRU state starts at zeros each episode and advances on
-    every plan; rows are padded to the plan tile, as the engine computes them."""
+    every plan; rows are padded to the run's plan tile (``result.plan_tile``), as
+    the engine computes them."""
 
     @jax.jit
     def plan(params, obs, state):
-        rows = lambda x: jnp.broadcast_to(x, (TILE, *x.shape))  # noqa: E731
+        rows = lambda x: jnp.broadcast_to(x, (tile, *x.shape))  # noqa: E731
         actions, new = jax.vmap(model.step, in_axes=(None, 0, 0))(
             params, rows(obs), rows(state)
         )
@@ -109,7 +109,7 @@ def test_gru_policy_matches_reference(cls, chunk, horizon):
     result = jaxmesh.evaluate(
         model, CARTPOLE, num_envs=2, seeds=seeds, horizon=horizon, segment_steps=64
     )
-    refs = reference(model, seeds, horizon)
+    refs = reference(model, seeds, horizon, result.plan_tile)
     assert len({r.length for r in refs}) > 1  # the state matters: varied episodes
     assert_matches(result, refs)
     # Host hooks: every ended episode once; close never.
