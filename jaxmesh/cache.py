@@ -59,6 +59,7 @@ def enable_compile_cache(path: str | Path | None = None) -> Path:
 
     where = Path(path).expanduser() if path is not None else default_cache_dir()
     where.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(where))
     # JAX's defaults keep only executables that took over 1 s to compile.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
