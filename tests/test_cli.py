@@ -11,7 +11,6 @@ from pathlib import Path
 
 import gymnax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
@@ -187,28 +186,6 @@ def write_config(tmp_path, **keys):
     return path
 
 
-class CompileCounter:
-    """Records XLA compilations (a jax.monitoring listener) inside a block."""
-
-    def __init__(self):
-        self.events = []
-
-    def _listen(self, name, *args, **kwargs):
-        if "backend_compile" in name:
-            self.events.append(kwargs.get("fun_name", name))
-
-    def __enter__(self):
-        # One-op eager compiles that happen once per process, whatever runs
-        # first (jnp.zeros in Model loading, PRNGKey in explain's shape probe):
-        # do them now, so that the block's count does not depend on test order.
-        jax.block_until_ready((jnp.zeros(()), jax.random.PRNGKey(0)))
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-
-
 def single_error_line(err: str) -> str:
     """The one line of a refusal on stderr (fails on anything more)."""
     assert "Traceback" not in err
@@ -275,7 +252,7 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_line_exit_2(
-    tmp_path, capsys, monkeypatch, base, overrides, env, message
+    no_compile, tmp_path, capsys, monkeypatch, base, overrides, env, message
 ):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -283,12 +260,10 @@ def test_bad_input_is_one_line_exit_2(
     argv = ["eval", str(config), "--no-progress"]
     for item in overrides:
         argv += ["--set", item]
-    with CompileCounter() as compiles:
-        code = main(argv)
+    code = main(argv)  # the no_compile fixture: refused before anything compiled
     assert code == 2
     line = single_error_line(capsys.readouterr().err)
     assert message in line
-    assert compiles.events == []  # refused before anything compiled
 
 
 def test_bad_input_in_a_real_process_prints_one_line():
@@ -321,13 +296,13 @@ def test_bad_compile_cache_switch_exits_2(tmp_path, capsys, monkeypatch):
 
 
 # explain ------------------------------------------------------------------------
-def test_explain_prints_reads_and_bytes_and_compiles_nothing(tmp_path, capsys):
+def test_explain_prints_reads_and_bytes_and_compiles_nothing(
+    tmp_path, capsys, no_compile
+):
     config = write_config(tmp_path, policy="cli_policies:stacked")
-    with CompileCounter() as compiles:
-        code = main(["explain", str(config), "--set", "num_envs=8"])
+    code = main(["explain", str(config), "--set", "num_envs=8"])
     assert code == 0
     out = capsys.readouterr().out
-    assert compiles.events == []
     # By hand: a CartPole observation is 4 float32 (16 B); stack=4 holds 64 B
     # per lane, 512 B for 8 lanes.
     assert "stacked on gymnax:CartPole-v1, 8 lane(s)" in out

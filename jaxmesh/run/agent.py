@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxmesh.core import agent
-from jaxmesh.core.policy import resolve_policy
+from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import make_env
 from jaxmesh.run import build, checks
 
@@ -49,9 +49,23 @@ def make_agent(
     env_obj = make_env(env)
     pol = resolve_policy(policy, with_params=False)
     params = pol.default_params()
-    chunk = build.probe_chunk(pol, env_obj, params, settings.horizon)
-    engine = build.build_engine(pol, env_obj, settings, chunk, settings.num_envs)
-    cfg = engine.config.agent
+    cfg, _, init, step = agent_functions(pol, env_obj, settings, params)
+    return Agent(cfg, params, init, step)
+
+
+def agent_functions(pol: Policy, env: Any, settings: Any, params: Any) -> tuple:
+    """Probes ``pol`` against ``env`` and jits its agent side.
+
+    Returns ``(config, chunk, init, step)``: ``init(obs, lanes)`` and
+    ``step(params, state, obs, started, active, ep_keys, t)`` (the state is
+    donated; observations are put on the policy's device first).
+
+    Raises:
+      ValueError, TypeError: the policy's output does not fit the env, or the
+        frame windows exceed the limit (nothing compiles).
+    """
+    chunk = build.probe_chunk(pol, env, params, settings.horizon)
+    cfg = build.build_engine(pol, env, settings, chunk, settings.num_envs).config.agent
 
     def init(obs, lanes):
         return agent.init(cfg, pol, obs, lanes)
@@ -63,9 +77,9 @@ def make_agent(
 
     init_jit = jax.jit(init)
     step_jit = jax.jit(step, donate_argnums=(1,))
-    return Agent(
+    return (
         cfg,
-        params,
+        chunk,
         lambda obs, lanes: init_jit(pol.place(obs), lanes),
         lambda params, state, obs, *rest: step_jit(
             params, state, pol.place(obs), *rest

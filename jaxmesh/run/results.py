@@ -82,6 +82,9 @@ class RunResult:
     env: str = ""
     chunk: int | None = None
     plan_tile: int = 0
+    #: The wall-clock cap on an episode (host-stepped envs, CONTRACT 18), or
+    #: None. With a cap, which episodes it truncated depends on timing.
+    max_episode_seconds: float | None = None
 
     @classmethod
     def from_results(
@@ -162,6 +165,17 @@ class RunResult:
             ]
         rows += [
             ("mode", mode),
+            *(
+                []
+                if self.max_episode_seconds is None
+                else [
+                    (
+                        "max episode seconds",
+                        f"{self.max_episode_seconds:g} s (wall clock: results "
+                        "depend on timing and may differ between runs)",
+                    )
+                ]
+            ),
             (
                 "lanes / horizon (effective)",
                 f"{self.num_envs} / {self.horizon} ({self.effective_horizon})",
@@ -196,6 +210,7 @@ class RunResult:
                 "asynchronous": self.asynchronous,
                 "chunk": self.chunk,
                 "plan_tile": self.plan_tile,
+                "max_episode_seconds": self.max_episode_seconds,
             },
             "totals": {
                 "episodes": self.num_episodes,

@@ -18,7 +18,9 @@ import jax
 import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
+from jaxmesh.core.results import empty
 from jaxmesh.envs import make_env
+from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.results import RunResult
 
@@ -190,30 +192,22 @@ class Evaluator:
         episodes_out = stream.EpisodeStream(
             hook_list, seeds_arr, pol.on_episode_end, run_fields
         )
-        timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
-        try:
-            t0 = time.perf_counter()
-            program, fresh = (
-                (None, False) if e == 0 else self._compiled(params, capacity)
-            )
-            if fresh:
-                timing["compile_time"] = time.perf_counter() - t0
-            t_run = time.perf_counter()
-            if program is None:
-                from jaxmesh.core.results import empty
+        compiled: list = []
 
-                res = empty(0, 0, np)
-            else:
-                res = self._loop(program, params, seeds_arr, episodes_out)
-            timing["run_time"] = time.perf_counter() - t_run
-            timing["wall_time"] = time.perf_counter() - t_start
-            result = episodes_out.result(res, timing)
-            stream.call(hook_list, "on_run_end", result)
-        except BaseException as exc:
-            timing["wall_time"] = time.perf_counter() - t_start
-            episodes_out.fail(exc, timing)
-            raise
-        return result
+        def compile_program() -> float:
+            if e == 0:
+                return 0.0
+            t0 = time.perf_counter()
+            program, fresh = self._compiled(params, capacity)
+            compiled.append(program)
+            return time.perf_counter() - t0 if fresh else 0.0
+
+        def loop() -> Any:
+            if e == 0:
+                return empty(0, 0, np)
+            return self._loop(compiled[0], params, seeds_arr, episodes_out)
+
+        return stream.drive(episodes_out, t_start, compile_program, loop)
 
     def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``."""
@@ -261,8 +255,12 @@ def cache_info() -> list[dict]:
 
 
 def clear_cache() -> None:
-    """Drops every evaluator (and compiled program) ``evaluate`` keeps."""
+    """Drops every evaluator and host agent (and compiled program) ``evaluate``
+    keeps."""
+    from jaxmesh.run import host
+
     _EVALUATORS.clear()
+    host.clear_cache()
 
 
 def evaluate(
@@ -279,8 +277,13 @@ def evaluate(
     params: Any = None,
     plan_tile: int | None = None,
     segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
+    max_episode_seconds: float | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
+
+    A host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
+    ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``) runs
+    in ``jaxmesh.run.host.evaluate`` under the same contract.
 
     Args:
       policy: a single-lane callable ``obs -> action`` or ``obs -> chunk`` (or
@@ -308,6 +311,8 @@ def evaluate(
         h rows, fewer for fewer lanes; see docs/evaluation.md for what it
         promises about invariance).
       segment_steps: env steps per scan segment between host visits.
+      max_episode_seconds: a wall-clock cap on an episode, host-stepped envs
+        only (a JAX env refuses it: use ``max_episode_steps``).
 
     Returns:
       A ``RunResult``.
@@ -321,10 +326,29 @@ def evaluate(
 
       result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
     """
-    with_params = params is not None
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )
+    if is_host_stepped(env):
+        from jaxmesh.run import host
+
+        return host.evaluate(
+            policy,
+            env,
+            settings,
+            episodes=episodes,
+            seeds=seeds,
+            hooks=hooks,
+            params=params,
+            max_episode_seconds=max_episode_seconds,
+        )
+    if max_episode_seconds is not None:
+        raise ValueError(
+            f"max_episode_seconds={max_episode_seconds!r}: a wall-clock cap applies "
+            "to host-stepped (gymnasium) envs only; a JAX env's episodes run inside "
+            "one compiled program, so cap them with max_episode_steps instead"
+        )
+    with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
     key = (id(policy), _env_key(env), settings, with_params, str(pol.device))
     ev = _EVALUATORS.get(key)

@@ -9,6 +9,7 @@ every finished episode on the exception as ``exc.partial_result``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,39 @@ from jaxmesh.errors import BadValueError
 from jaxmesh.run.results import RunResult, episode_at
 
 HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end")
+
+
+def drive(
+    episodes_out: EpisodeStream,
+    t_start: float,
+    compile_program: Callable[[], float],
+    loop: Callable[[], Any],
+) -> RunResult:
+    """The frame every host loop shares: compile, run, time, report.
+
+    Args:
+      episodes_out: the run's stream (its hooks get ``on_run_end``).
+      t_start: when the call began (``time.perf_counter()``).
+      compile_program: compiles what the run needs; returns the seconds spent
+        compiling (0.0 when nothing was compiled).
+      loop: runs the budget; returns the host ``Results``.
+
+    On any exception the finished episodes ride on it (``EpisodeStream.fail``).
+    """
+    timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
+    try:
+        timing["compile_time"] = compile_program()
+        t_run = time.perf_counter()
+        res = loop()
+        timing["run_time"] = time.perf_counter() - t_run
+        timing["wall_time"] = time.perf_counter() - t_start
+        result = episodes_out.result(res, timing)
+        call(episodes_out.hooks, "on_run_end", result)
+    except BaseException as exc:
+        timing["wall_time"] = time.perf_counter() - t_start
+        episodes_out.fail(exc, timing)
+        raise
+    return result
 
 
 def hooks_list(hooks: Any) -> list:

@@ -1,0 +1,389 @@
+"""``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process.
+
+The agent side is the scan engine's own jitted code (``agent.host_step``:
+observe, begin, plan, replay, windows, masking; CONTRACT 17); only the env step
+moves to the host, where ``jaxmesh.envs.gymnasium`` makes the gymnasium calls.
+One loop iteration is one env step of every running lane, in the scan engine's
+order:
+
+1. the agent step: push each lane's last observation, begin the episodes that
+   start now from their reset observation, plan where needed, pick actions;
+2. check the actions (a discrete action out of range, a NaN action), step the
+   lanes that run an episode, check the rewards;
+3. account: return, length, the caps (``max_episode_steps``,
+   ``max_episode_seconds``); an episode that ended is written at its own index;
+4. finished lanes take the next unstarted episodes in ascending lane order and
+   are reset with their seeds (CONTRACT 3, 6); lanes with nothing left are
+   masked.
+
+Episode keys are ``PRNGKey(seed)`` and policy keys are folded from them as in
+the scan (streams 1 and 2 with the episode step), so a stochastic policy draws
+the same actions from the same observations on a JAX env and here. Episodes
+reach hooks and ``exc.partial_result`` through ``stream.EpisodeStream``
+(CONTRACT 20).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import numbers
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxmesh.core import agent
+from jaxmesh.core import results as core_results
+from jaxmesh.core.policy import Policy, resolve_policy
+from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.run import agent as run_agent
+from jaxmesh.run import build, checks, stream
+from jaxmesh.run.results import RunResult
+
+
+def check_seconds(value: Any) -> float | None:
+    """``max_episode_seconds`` as a float > 0, or None.
+
+    Raises:
+      TypeError: not a number; ValueError: not finite and above 0.
+    """
+    if value is None:
+        return None
+    hint = "seconds of wall clock an episode may run, or None for no limit"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"max_episode_seconds={value!r}: expected a number > 0; {hint}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"max_episode_seconds={value!r}: expected a number > 0; {hint}"
+        )
+    return float(value)
+
+
+# The jitted agent, built once per (policy, lanes, settings) ------------------------
+class _Program(NamedTuple):
+    config: agent.AgentConfig
+    chunk: int | None
+    init: Any  # (obs [N], lanes [N]) -> AgentState
+    step: Any  # agent.host_step with the config and policy bound
+
+
+class HostAgent:
+    """The agent side for one policy, lane layout and settings.
+
+    Probes the policy against the lanes' spaces and builds the jitted
+    ``init`` / ``host_step`` once per params signature; ``evaluate`` keeps a few
+    (``CACHE_SIZE``) so that calling it again compiles nothing.
+    """
+
+    def __init__(self, source: Any, policy: Policy, spec: Any, settings: Any):
+        self._source = source  # keeps the keyed object alive
+        self.policy = policy
+        self.spec = spec
+        self.settings = settings
+        self._programs: dict = {}
+        self._compiled: set = set()
+
+    def program(self, params: Any) -> _Program:
+        """The program for these params' shapes (built, not compiled, once).
+
+        Raises:
+          ValueError, TypeError: the policy's output does not fit the env's
+            action space, or the frame windows exceed the limit.
+        """
+        sig = build.signature(params)
+        if sig in self._programs:
+            return self._programs[sig]
+        program = _Program(
+            *run_agent.agent_functions(self.policy, self.spec, self.settings, params)
+        )
+        self._programs[sig] = program
+        return program
+
+    def compile(self, params: Any) -> float:
+        """Compiles the program for these params once; the seconds it took.
+
+        ``init`` and the step run once on zero observations with every lane
+        masked (nothing is planned), before any env is reset.
+        """
+        sig = build.signature(params)
+        if sig in self._compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        program, spec, n = self.program(params), self.spec, self.settings.num_envs
+        obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
+        off = np.zeros((n,), bool)
+        k = _key_layout()
+        keys = np.zeros((n,) + tuple(k.shape), k.dtype)
+        state = program.init(obs, off)
+        t = np.zeros(n, np.int32)
+        _, actions = program.step(params, state, obs, off, off, keys, t)
+        jax.block_until_ready(actions)
+        self._compiled.add(sig)
+        return time.perf_counter() - t0
+
+
+_AGENTS: collections.OrderedDict = collections.OrderedDict()
+CACHE_SIZE = 16
+
+
+def _host_agent(policy: Any, pol: Policy, spec: Any, settings: Any, with_params: bool):
+    key = (
+        id(policy),
+        with_params,
+        spec.signature,
+        settings.num_envs,
+        settings.horizon,
+        settings.prefetch_lead,
+        settings.plan_tile,
+        str(pol.device),
+    )
+    ag = _AGENTS.get(key)
+    if ag is None:
+        ag = _AGENTS[key] = HostAgent(policy, pol, spec, settings)
+        while len(_AGENTS) > CACHE_SIZE:
+            _AGENTS.popitem(last=False)
+    _AGENTS.move_to_end(key)
+    return ag
+
+
+def clear_cache() -> None:
+    """Drops every host agent (and compiled program) ``evaluate`` keeps."""
+    _AGENTS.clear()
+
+
+# The run ---------------------------------------------------------------------------
+def evaluate(
+    policy: Any,
+    env: Any,
+    settings: checks.Settings,
+    *,
+    episodes: int | None,
+    seeds: Sequence[int] | None,
+    hooks: Any,
+    params: Any,
+    max_episode_seconds: float | None,
+) -> RunResult:
+    """Evaluates a policy on gymnasium envs stepped in this process.
+
+    ``jaxmesh.evaluate`` checks the settings and calls this for a host-stepped
+    ``env``; the arguments and the contract are the same (docs/evaluation.md,
+    "Host-stepped envs").
+
+    Args:
+      env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each), a
+        ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``
+        (``min(num_envs, episodes)`` envs made with ``gymnasium.make`` and
+        closed at the end).
+      settings: the checked settings. ``num_envs`` is at most this many lanes:
+        a list or VectorEnv gives at most its own count (so the default 64
+        means all of them); ``max_episode_steps`` caps an episode's length (an
+        env's own ``TimeLimit`` truncates it too); ``segment_steps`` is unused
+        (the host sees every step).
+      max_episode_seconds: a wall-clock cap on an episode, measured from just
+        before its reset; the episode ends ``truncated`` after the first step
+        that ends past it (CONTRACT 18).
+      policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
+
+    Returns:
+      A ``RunResult`` (``max_episode_seconds`` set).
+
+    Raises:
+      ValueError, TypeError: bad input, before any env is reset.
+      jaxmesh.BadValueError: a discrete action out of range, a NaN action or a
+        NaN reward, at the step that met it.
+      Any exception from an env or a hook, with the finished episodes on
+      ``exc.partial_result``.
+    """
+    t_start = time.perf_counter()
+    with_params = params is not None
+    seconds = check_seconds(max_episode_seconds)
+    pol = resolve_policy(policy, with_params=with_params)
+    seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
+    hook_list = stream.hooks_list(hooks)
+    lanes = gym_lanes.make_lanes(env, settings.num_envs, int(seeds_arr.size))
+    try:
+        settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
+        params = pol.default_params() if params is None else pol.place(params)
+        host_agent = _host_agent(policy, pol, lanes.spec, settings, with_params)
+        host_agent.program(params)  # every check runs before a hook hears of the run
+        return _run(
+            host_agent,
+            pol,
+            params,
+            lanes,
+            settings,
+            seconds,
+            seeds_arr,
+            hook_list,
+            t_start,
+        )
+    finally:
+        lanes.close()
+
+
+def _run(
+    host_agent: HostAgent,
+    pol: Policy,
+    params: Any,
+    lanes: Any,
+    settings: Any,
+    seconds: float | None,
+    seeds_arr: np.ndarray,
+    hook_list: list,
+    t_start: float,
+) -> RunResult:
+    program = host_agent.program(params)
+    cfg = program.config
+    n, e = settings.num_envs, int(seeds_arr.size)
+    run_fields = {
+        "num_envs": n,
+        "horizon": settings.horizon,
+        "effective_horizon": cfg.horizon,
+        "prefetch_lead": settings.prefetch_lead,
+        "policy": pol.name,
+        "env": lanes.spec.name,
+        "chunk": program.chunk,
+        "plan_tile": cfg.tile,
+        "max_episode_seconds": seconds,
+    }
+    stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
+    episodes_out = stream.EpisodeStream(
+        hook_list, seeds_arr, pol.on_episode_end, run_fields
+    )
+    res = core_results.empty(e, n, np)
+    episodes_out.latest = res
+
+    def loop() -> Any:
+        if e:
+            _loop(
+                program, params, lanes, settings, seconds, seeds_arr, res, episodes_out
+            )
+        return res
+
+    return stream.drive(
+        episodes_out,
+        t_start,
+        lambda: host_agent.compile(params) if e else 0.0,
+        loop,
+    )
+
+
+def _key_layout() -> jax.ShapeDtypeStruct:
+    return jax.eval_shape(jax.random.PRNGKey, 0)
+
+
+def _action_faults(
+    actions: np.ndarray, active: np.ndarray, num_actions: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per lane: fault kind (0: none) and the first bad action component."""
+    flat = actions.reshape(actions.shape[0], -1)
+    if num_actions is not None:
+        bad = (flat < 0) | (flat >= num_actions)
+        kind = core_results.ACTION_OUT_OF_RANGE
+    else:
+        bad = ~np.isfinite(flat)
+        kind = core_results.ACTION_NOT_FINITE
+    lane_bad = active & bad.any(axis=1)
+    first = np.take_along_axis(flat, bad.argmax(axis=1)[:, None], axis=1)[:, 0]
+    kinds = np.where(lane_bad, kind, core_results.NO_FAULT).astype(np.int32)
+    return kinds, first.astype(np.float32)
+
+
+def _loop(
+    program: _Program,
+    params: Any,
+    lanes: Any,
+    settings: Any,
+    seconds: float | None,
+    seeds_arr: np.ndarray,
+    res: core_results.Results,
+    episodes_out: stream.EpisodeStream,
+) -> None:
+    """Runs the budget; writes every finished episode into ``res`` (numpy)."""
+    spec = lanes.spec
+    n, e = settings.num_envs, int(seeds_arr.size)
+    k = _key_layout()
+    episode = np.full(n, -1, np.int64)
+    active = np.zeros(n, bool)
+    started = np.zeros(n, bool)
+    t = np.zeros(n, np.int32)
+    ret = np.zeros(n, np.float32)
+    t0 = np.zeros(n, np.float64)
+    ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
+    obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
+    env_steps = 0
+    next_episode = 0
+
+    def start(js: list[int]) -> None:
+        """Lanes ``js`` begin the next unstarted episodes, in this order."""
+        nonlocal next_episode
+        eps = list(range(next_episode, next_episode + len(js)))
+        next_episode += len(js)
+        t0[js] = time.perf_counter()
+        first = lanes.reset(js, [int(seeds_arr[i]) for i in eps], eps)
+        for j, i, o in zip(js, eps, first, strict=True):
+            obs[j] = o
+            episode[j] = i
+            ep_keys[j] = np.asarray(jax.random.PRNGKey(int(seeds_arr[i])))
+        t[js], ret[js], active[js], started[js] = 0, 0.0, True, True
+
+    start(list(range(min(n, e))))
+    state = program.init(obs, active.copy())
+    while active.any():
+        state, actions = program.step(params, state, obs, started, active, ep_keys, t)
+        actions = np.asarray(actions)
+        started[:] = False
+        kinds, values = _action_faults(actions, active, spec.num_actions)
+        go = active & (kinds == core_results.NO_FAULT)
+        reward, term, trunc = lanes.step(actions, go, obs)
+        bad_r = go & ~np.isfinite(reward)
+        kinds = np.where(bad_r, core_results.REWARD_NOT_FINITE, kinds)
+        values = np.where(bad_r, reward, values)
+        env_steps += int(go.sum())
+        res.env_steps[...] = env_steps
+        step_index = t.copy()  # the 0-based step just executed
+        t = t + go
+        ret = ret + np.where(go, reward, np.float32(0))
+        trunc = trunc | (go & (t >= settings.max_steps))
+        if seconds is not None:
+            trunc = trunc | (go & (time.perf_counter() - t0 >= seconds))
+        ended = go & (term | trunc)
+        faulted = kinds != core_results.NO_FAULT
+        if not (ended.any() or faulted.any()):
+            continue
+        calls, rows = jax.device_get((state.predict_calls, state.rows))
+        res.policy_rows[...] = rows
+        # An episode whose last step met a bad value is not a finished episode.
+        for j in np.flatnonzero(ended & ~faulted):
+            i = episode[j]
+            res.returns[i] = ret[j]
+            res.lengths[i] = t[j]
+            res.terminated[i] = term[j]
+            res.truncated[i] = trunc[j]
+            res.predict_calls[i] = calls[j]
+            res.lanes[i] = j
+            res.done[i] = True
+        if faulted.any():
+            f = res.fault
+            f.kind[:] = kinds
+            f.episode[:] = np.maximum(episode, 0)
+            f.step[:] = step_index
+            f.value[:] = values
+        episodes_out.update(res)
+        episodes_out.check_fault(res)
+        restart = []
+        for j in np.flatnonzero(ended):  # ascending lane order (CONTRACT 3)
+            if next_episode + len(restart) < e:
+                restart.append(int(j))
+            else:
+                active[j] = False
+                episode[j] = -1
+        if restart:
+            start(restart)
+    res.policy_rows[...] = jax.device_get(state.rows)
+
+
+__all__ = ["evaluate", "HostAgent", "check_seconds", "clear_cache"]
