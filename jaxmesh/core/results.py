@@ -95,6 +95,24 @@ class Results:
     fault: Fault
 
 
+#: The smallest result-buffer capacity: every budget up to it shares one program.
+MIN_CAPACITY = 4096
+
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def capacity_for(episodes: int) -> int:
+    """Result-buffer capacity for a budget: ``max(4096, next power of two)``.
+
+    Budgets in the same bucket run on the same compiled program (the budget is
+    data); 4096 episodes of buffers cost about 100 KB.
+    """
+    return max(MIN_CAPACITY, pow2_at_least(episodes))
+
+
 #: Device bytes one episode holds in ``Results`` (its seed included).
 BYTES_PER_EPISODE = 4 + 4 + 1 + 1 + 4 + 4 + 1 + 4
 
@@ -135,6 +153,7 @@ __all__ = [
     "Fault",
     "Results",
     "empty",
+    "capacity_for",
     "record",
     "FAULT_NAMES",
 ]

@@ -1,8 +1,7 @@
 """Probe a policy against an env (shapes only) and build the engine for it.
 
-Also the two size rules the compiled program depends on: the result buffers'
-capacity (a bucket of the budget, so a new budget rarely recompiles) and the
-default plan tile.
+Also the default plan tile, one of the sizes the compiled program depends on
+(the other, the result buffers' capacity, is ``core.results.capacity_for``).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 from jaxmesh.core import agent
 from jaxmesh.core.engine import Engine, EngineConfig
 from jaxmesh.core.policy import Policy, output_chunk
+from jaxmesh.core.results import pow2_at_least
 from jaxmesh.explain import check_frame_limit
 from jaxmesh.run.checks import Settings
 
@@ -22,23 +22,7 @@ from jaxmesh.run.checks import Settings
 AUTO_TILE_ROWS = 128
 #: The smallest default tile.
 MIN_TILE_ROWS = 8
-#: The smallest result-buffer capacity: every budget up to it shares one program.
-MIN_CAPACITY = 4096
-
 PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def capacity_for(episodes: int) -> int:
-    """Result-buffer capacity for a budget: ``max(4096, next power of two)``.
-
-    Budgets in the same bucket run on the same compiled program (the budget is
-    data); 4096 episodes of buffers cost about 100 KB.
-    """
-    return max(MIN_CAPACITY, _pow2_at_least(episodes))
 
 
 def default_plan_tile(h: int, num_envs: int) -> int:
@@ -53,7 +37,7 @@ def default_plan_tile(h: int, num_envs: int) -> int:
     the tile when runs at different N must agree bit for bit.
     """
     auto = max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS, AUTO_TILE_ROWS // h))
-    return max(MIN_TILE_ROWS, min(auto, _pow2_at_least(num_envs)))
+    return max(MIN_TILE_ROWS, min(auto, pow2_at_least(num_envs)))
 
 
 def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core.engine import DEFAULT_MAX_STEPS
-from jaxmesh.core.results import BYTES_PER_EPISODE
+from jaxmesh.core.results import BYTES_PER_EPISODE, capacity_for
 
 MAX_SEED = 2**31 - 1
 #: Env steps per scan segment between two host visits.
@@ -102,8 +102,6 @@ def resolve_budget(episodes: Any, seeds: Any, device: Any = None) -> np.ndarray:
 
     A budget too large for memory is refused before its seeds are made.
     """
-    from jaxmesh.run.build import capacity_for  # the bucket rule lives there
-
     if episodes is not None:
         episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
     if seeds is None:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
-from jaxmesh.core.results import empty
+from jaxmesh.core.results import capacity_for, empty
 from jaxmesh.envs import make_env
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.run import build, checks, stream
@@ -46,7 +46,7 @@ class Evaluator:
     """A policy, an env and settings, with the programs compiled for them.
 
     Hold one to run several budgets or params without compiling again; a new
-    budget in the same capacity bucket (``build.capacity_for``: 4096 episodes
+    budget in the same capacity bucket (``core.results.capacity_for``: 4096 episodes
     and under share one) or new params of the same shapes reuse the program.
 
     Args:
@@ -111,26 +111,21 @@ class Evaluator:
             )
         return self._chunks[sig]
 
-    def _program(self, params: Any, capacity: int) -> tuple[_Program, bool]:
-        """The engine and compiled segment for these params' shapes and capacity.
-
-        Builds (probes the policy, checks the frame limit) and compiles on the
-        first call for a key; returns whether it compiled.
-        """
+    def _program(self, params: Any, capacity: int) -> _Program:
+        """The program for these params' shapes and this capacity, built (every
+        check: probe, frame limit) but not necessarily compiled."""
         key = (build.signature(params), capacity)
-        program = self._programs.get(key)
-        if program is not None and program.segment is not None:
-            return program, False
-        if program is None:  # build alone: every check, nothing compiled
+        if key not in self._programs:
             chunk = self._chunk(params, key[0])
             engine = build.build_engine(
                 self.policy, self.env, self.settings, chunk, capacity
             )
-            program = self._programs[key] = _Program(engine, None)
-        return program, False
+            self._programs[key] = _Program(engine, None)
+        return self._programs[key]
 
     def _compiled(self, params: Any, capacity: int) -> tuple[_Program, bool]:
-        program, _ = self._program(params, capacity)
+        """The program with its segment compiled; whether it compiled now."""
+        program = self._program(params, capacity)
         if program.segment is not None:
             return program, False
         shape = program.engine.carry_shape()
@@ -140,8 +135,8 @@ class Evaluator:
             shape.results,
             self.settings.segment_steps,
         ).compile(compiler_options(self.device))
-        key = (build.signature(params), capacity)
-        program = self._programs[key] = _Program(program.engine, segment)
+        program = program._replace(segment=segment)
+        self._programs[(build.signature(params), capacity)] = program
         return program, True
 
     def run(
@@ -170,7 +165,7 @@ class Evaluator:
             )
         params = pol.default_params() if params is None else pol.place(params)
         e = int(seeds_arr.size)
-        capacity = build.capacity_for(e)
+        capacity = capacity_for(e)
         sig = build.signature(params)
         chunk = self._chunk(params, sig)
         h = min(s.horizon, chunk) if chunk is not None else 1
