@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PEER_STAMP := $(VENV)/.installed-peer
 
-.PHONY: run test lint bench train clean
+.PHONY: run test lint bench train proto clean
 
 # The floor declared in pyproject.toml (requires-python); checked before the venv
 # is built, so an older interpreter fails with this message instead of pip's.
@@ -38,6 +38,12 @@ bench: $(PEER_STAMP)
 
 train: $(STAMP)
 	$(BIN)/python -m jaxmesh.zoo.train_cartpole
+
+# Regenerates jaxmesh/remote/proto/*_pb2*.py* from the .proto (grpcio-tools, in
+# [test]); the output is checked in, and tests/test_codec.py checks it is current.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+	  --grpc_python_out=. jaxmesh/remote/proto/jaxmesh_env.proto
 
 clean:
 	rm -rf $(VENV)

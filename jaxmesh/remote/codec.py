@@ -1,0 +1,467 @@
+"""Arrays and leaves <-> wire messages of the ``jaxmesh.env.v1`` protocol.
+
+Pure functions over numpy and the generated protobuf classes: no JAX, no gRPC,
+no I/O, so a fuzzer can hammer them. Every way a message can be wrong (an
+unknown dtype, a negative dimension, bytes that do not match the shape, a leaf
+that does not match its declared spec, an oversize message, bytes protobuf
+cannot parse) raises one exception type, :class:`ProtocolError`, whose message
+names the leaf, what was given, what was expected and what to do.
+
+Arrays travel as a ``Tensor``: a numpy little-endian dtype name, a shape and the
+raw little-endian bytes in C order (never pickle, JSON or base64).
+
+Example:
+    >>> import numpy as np
+    >>> t = encode_array(np.arange(6, dtype=">i4").reshape(2, 3))
+    >>> t.dtype, list(t.shape)
+    ('int32', [2, 3])
+    >>> decode_array(t).tolist()
+    [[0, 1, 2], [3, 4, 5]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+from google.protobuf.message import DecodeError, Message
+
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "PROTOCOL_VERSIONS",
+    "LaneStep",
+    "LeafSpec",
+    "ProtocolError",
+    "check_size",
+    "choose_version",
+    "decode_array",
+    "decode_lane_result",
+    "decode_leaves",
+    "encode_array",
+    "encode_leaves",
+    "leaf_spec_from_proto",
+    "leaf_spec_to_proto",
+    "parse_handshake_reply",
+    "parse_handshake_request",
+    "parse_step_reply",
+    "parse_step_request",
+    "parse_tensor",
+]
+
+#: Protocol versions this side speaks, newest last.
+PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+
+#: The default cap on one message, at both ends (256 MiB).
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+#: dtype names allowed on the wire -> their little-endian numpy dtype.
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+}
+
+#: The most dimensions a wire array may have (numpy's own limit is 64).
+MAX_NDIM = 32
+#: The largest single dimension accepted (no env leaf comes near it).
+MAX_DIM = 2**40
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the ``jaxmesh.env.v1`` protocol.
+
+    A server answers it with gRPC's INVALID_ARGUMENT and serves on; a client
+    ends the run with it.
+    """
+
+
+class LeafSpec(NamedTuple):
+    """One declared leaf of a space: its key, numpy dtype name and shape."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class LaneStep(NamedTuple):
+    """One lane's decoded result of a step call (see ``LaneResult`` in the proto).
+
+    Attributes:
+        lane: the server lane index.
+        steps: env steps executed in the call.
+        observation: leaf key -> array of shape ``(k,) + leaf shape``.
+        rewards: float64, shape ``(steps,)``.
+        terminated: bool, shape ``(steps,)``.
+        truncated: bool, shape ``(steps,)``.
+        info: info key -> array of shape ``(k,) + leaf shape``.
+    """
+
+    lane: int
+    steps: int
+    observation: dict[str, np.ndarray]
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict[str, np.ndarray]
+
+
+def _name(key: str | None) -> str:
+    return "array" if key is None else f"leaf {key!r}"
+
+
+def _wire_dtype(dtype: np.dtype, key: str | None) -> str:
+    """The wire name of a numpy dtype, or ProtocolError for one not allowed."""
+    name = dtype.newbyteorder("=").name if dtype.byteorder != "|" else dtype.name
+    if name not in DTYPES or dtype.kind not in "biuf":
+        raise ProtocolError(
+            f"{_name(key)} has dtype {dtype.str!r}, which cannot be sent; "
+            f"expected one of {sorted(DTYPES)}: cast it (e.g. with .astype) first"
+        )
+    return name
+
+
+def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
+    """A numpy array as a ``Tensor``: dtype name, shape, raw little-endian bytes.
+
+    Big-endian input is converted to little-endian; a non-contiguous array is
+    copied into C order.
+
+    Args:
+        x: an array (or anything ``np.asarray`` takes) of an allowed dtype.
+        key: the leaf's name, for error messages.
+
+    Returns:
+        The ``jaxmesh.env.v1.Tensor`` message.
+
+    Raises:
+        ProtocolError: the dtype is not in the allow-list (bool, int8..int64,
+            uint8..uint64, float16/32/64).
+    """
+    x = np.asarray(x)
+    name = _wire_dtype(x.dtype, key)
+    # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+    x = np.asarray(x, dtype=DTYPES[name], order="C")
+    return pb.Tensor(dtype=name, shape=x.shape, data=x.tobytes())
+
+
+def decode_array(
+    tensor: pb.Tensor, expected: LeafSpec | None = None, *, key: str | None = None
+) -> np.ndarray:
+    """A ``Tensor`` as a numpy array, after checking it.
+
+    Args:
+        tensor: the message.
+        expected: when given, the dtype and shape the array must have; its key
+            names the leaf in errors.
+        key: the leaf's name for errors when ``expected`` is not given.
+
+    Returns:
+        A read-only little-endian array viewing the message's bytes.
+
+    Raises:
+        ProtocolError: an unknown dtype, more than 32 dimensions, a negative or
+            huge dimension, a byte count that differs from prod(shape) *
+            itemsize, bool bytes other than 0 and 1, or a dtype or shape that
+            differs from ``expected``.
+    """
+    if expected is not None and key is None:
+        key = expected.key
+    what = _name(key)
+    if not isinstance(tensor, pb.Tensor):
+        raise ProtocolError(
+            f"{what}: expected a jaxmesh.env.v1.Tensor message, got "
+            f"{type(tensor).__name__}"
+        )
+    dtype = DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise ProtocolError(
+            f"{what} has dtype {tensor.dtype[:64]!r}, expected one of "
+            f"{sorted(DTYPES)}; the peer sent a dtype this protocol does not know "
+            "(check both ends run the same jaxmesh protocol version)"
+        )
+    shape = tuple(tensor.shape)
+    if len(shape) > MAX_NDIM or any(d < 0 or d > MAX_DIM for d in shape):
+        raise ProtocolError(
+            f"{what} has shape {list(shape[: MAX_NDIM + 1])}, expected at most "
+            f"{MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; the peer sent a "
+            "malformed shape"
+        )
+    need = math.prod(shape) * dtype.itemsize
+    if need != len(tensor.data):
+        raise ProtocolError(
+            f"{what} ({tensor.dtype}, shape {list(shape)}) needs {need} bytes, but "
+            f"the message holds {len(tensor.data)}; the peer sent bytes that do not "
+            "match the shape"
+        )
+    if expected is not None:
+        if tensor.dtype != expected.dtype or shape != tuple(expected.shape):
+            raise ProtocolError(
+                f"{what} is {tensor.dtype}{list(shape)}, expected "
+                f"{expected.dtype}{list(expected.shape)} as declared in the "
+                "handshake; the peer broke its own declaration"
+            )
+    if math.prod(max(d, 1) for d in shape) > 2**62:
+        raise ProtocolError(
+            f"{what} has shape {list(shape)}, too large for numpy; the peer sent "
+            "a malformed shape"
+        )
+    if dtype.kind == "b" and tensor.data.count(b"\x00") + tensor.data.count(
+        b"\x01"
+    ) != len(tensor.data):
+        raise ProtocolError(
+            f"{what} is bool, but its bytes hold values other than 0 and 1"
+        )
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+
+
+def encode_leaves(leaves: Mapping[str, npt.ArrayLike]) -> dict[str, pb.Tensor]:
+    """A dict of arrays as a dict of ``Tensor`` messages (see :func:`encode_array`).
+
+    Use it to fill a message's map field: ``msg.observation.update(...)`` does
+    not take messages, so copy each: ``msg.observation[k].CopyFrom(t)``.
+    """
+    return {key: encode_array(x, key) for key, x in leaves.items()}
+
+
+def decode_leaves(
+    tensors: Mapping[str, pb.Tensor],
+    expected: Mapping[str, LeafSpec] | None = None,
+    *,
+    lead: int | None = None,
+) -> dict[str, np.ndarray]:
+    """A map of ``Tensor`` messages as a dict of checked arrays.
+
+    Args:
+        tensors: key -> message (a protobuf map field or a dict).
+        expected: when given, the exact keys that must be present, and each
+            leaf's dtype and shape.
+        lead: when given with ``expected``, each array carries this many rows
+            on a new leading axis: its shape is ``(lead,) + spec.shape``.
+
+    Returns:
+        key -> array, in ``expected``'s order when given.
+
+    Raises:
+        ProtocolError: a missing or unexpected key, or a bad leaf (see
+            :func:`decode_array`).
+    """
+    if expected is None:
+        return {str(k): decode_array(t, key=str(k)) for k, t in tensors.items()}
+    _check_keys(tensors, expected)
+    out = {}
+    for key, spec in expected.items():
+        if lead is not None:
+            spec = spec._replace(shape=(lead, *spec.shape))
+        out[key] = decode_array(tensors[key], spec._replace(key=key))
+    return out
+
+
+def _check_keys(tensors: Mapping[str, pb.Tensor], expected: Mapping[str, LeafSpec]):
+    given, wanted = set(tensors.keys()), set(expected)
+    if given != wanted:
+        raise ProtocolError(
+            f"leaves {sorted(given)[:16]} were sent, expected exactly "
+            f"{sorted(wanted)}; missing {sorted(wanted - given)}, unexpected "
+            f"{sorted(given - wanted)[:16]}"
+        )
+
+
+def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:
+    """A :class:`LeafSpec` as its message (its dtype must be in the allow-list)."""
+    name = _wire_dtype(np.dtype(spec.dtype), spec.key)
+    return pb.LeafSpec(key=spec.key, dtype=name, shape=tuple(spec.shape))
+
+
+def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
+    """A ``LeafSpec`` message as a checked :class:`LeafSpec`.
+
+    Raises:
+        ProtocolError: an unknown dtype or a negative or huge dimension.
+    """
+    shape = tuple(msg.shape)
+    what = _name(msg.key)
+    if msg.dtype not in DTYPES:
+        raise ProtocolError(
+            f"{what} is declared with dtype {msg.dtype[:64]!r}, expected one of "
+            f"{sorted(DTYPES)}"
+        )
+    if len(shape) > MAX_NDIM or any(d < 0 or d > MAX_DIM for d in shape):
+        raise ProtocolError(
+            f"{what} is declared with shape {list(shape[: MAX_NDIM + 1])}, expected "
+            f"at most {MAX_NDIM} dimensions, each in [0, {MAX_DIM}]"
+        )
+    return LeafSpec(msg.key, msg.dtype, shape)
+
+
+def _vector(
+    tensor: pb.Tensor, present: bool, steps: int, kind: str, key: str
+) -> np.ndarray:
+    """A per-step vector field of a ``LaneResult`` (rewards, terminated, truncated)."""
+    if not present and steps == 0:
+        return np.zeros(0, dtype=np.float64 if kind == "f" else bool)
+    x = decode_array(tensor, key=key)
+    if x.shape != (steps,) or x.dtype.kind != kind:
+        want = "a float dtype" if kind == "f" else "bool"
+        raise ProtocolError(
+            f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected {want} of "
+            f"shape [{steps}] (one per executed step)"
+        )
+    return x.astype(np.float64) if kind == "f" else x
+
+
+def decode_lane_result(
+    result: pb.LaneResult,
+    observation: Mapping[str, LeafSpec] | None = None,
+    info: Mapping[str, LeafSpec] | None = None,
+    *,
+    num_lanes: int | None = None,
+) -> LaneStep:
+    """One lane of a ``StepReply``, checked and decoded.
+
+    Args:
+        result: the ``LaneResult`` message.
+        observation: the observation leaves asked for (key -> per-step spec);
+            each must come back with shape ``(k,) + spec.shape``, where
+            ``1 <= k <= max(steps, 1)``. None: take the leaves as sent.
+        info: the info leaves asked for, checked the same way.
+        num_lanes: when given, the lane index must be below it.
+
+    Returns:
+        A :class:`LaneStep`.
+
+    Raises:
+        ProtocolError: an unknown lane, or a leaf or per-step vector that is
+            malformed or does not match what was asked for.
+    """
+    lane, steps = int(result.lane), int(result.steps)
+    if num_lanes is not None and lane >= num_lanes:
+        raise ProtocolError(
+            f"the reply names lane {lane}, but the session has {num_lanes} lanes "
+            f"(0..{num_lanes - 1})"
+        )
+    rewards = _vector(result.rewards, result.HasField("rewards"), steps, "f", "rewards")
+    terminated = _vector(
+        result.terminated, result.HasField("terminated"), steps, "b", "terminated"
+    )
+    truncated = _vector(
+        result.truncated, result.HasField("truncated"), steps, "b", "truncated"
+    )
+    leaves = []
+    for field, specs in ((result.observation, observation), (result.info, info)):
+        if specs is not None:
+            _check_keys(field, specs)
+        decoded = decode_leaves(field)
+        if specs is not None:
+            for key, x in decoded.items():
+                spec = specs[key]
+                if (
+                    x.ndim != len(spec.shape) + 1
+                    or not 1 <= x.shape[0] <= max(steps, 1)
+                    or x.shape[1:] != tuple(spec.shape)
+                    or x.dtype.name != spec.dtype
+                ):
+                    raise ProtocolError(
+                        f"lane {lane}: {_name(key)} is {x.dtype.name}"
+                        f"{list(x.shape)}, expected {spec.dtype}"
+                        f"[k, {', '.join(map(str, spec.shape))}] with 1 <= k <= "
+                        f"{max(steps, 1)} (one row per returned step)"
+                    )
+        leaves.append(decoded)
+    return LaneStep(lane, steps, leaves[0], rewards, terminated, truncated, leaves[1])
+
+
+def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message"):
+    """Refuse a message larger than ``limit`` bytes.
+
+    Raises:
+        ProtocolError: naming the size, the limit and the fix.
+    """
+    if nbytes > limit:
+        mib = 1024 * 1024
+        raise ProtocolError(
+            f"a {what} of {nbytes} bytes ({nbytes / mib:.1f} MiB) is over the "
+            f"{limit} byte ({limit / mib:.1f} MiB) per-message limit; use fewer "
+            "lanes per server, or a smaller declared observation (a spec that reads "
+            "fewer or smaller leaves; explain() lists what crosses the wire)"
+        )
+
+
+M = TypeVar("M", bound=Message)
+
+
+def _parse(cls: type[M], data: bytes, limit: int) -> M:
+    check_size(len(data), limit, f"{cls.DESCRIPTOR.full_name} message")
+    msg = cls()
+    try:
+        msg.ParseFromString(data)
+    except (DecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(
+            f"{len(data)} bytes are not a valid {cls.DESCRIPTOR.full_name} message "
+            f"({type(exc).__name__}: {exc}); check both ends speak the same "
+            "jaxmesh protocol version"
+        ) from exc
+    return msg
+
+
+def parse_tensor(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.Tensor:
+    """Serialized bytes -> ``Tensor``; ProtocolError when they are not one."""
+    return _parse(pb.Tensor, data, limit)
+
+
+def parse_step_request(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.StepRequest:
+    """Serialized bytes -> ``StepRequest``; ProtocolError when they are not one."""
+    return _parse(pb.StepRequest, data, limit)
+
+
+def parse_step_reply(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.StepReply:
+    """Serialized bytes -> ``StepReply``; ProtocolError when they are not one."""
+    return _parse(pb.StepReply, data, limit)
+
+
+def parse_handshake_request(
+    data: bytes, limit: int = MAX_MESSAGE_BYTES
+) -> pb.HandshakeRequest:
+    """Serialized bytes -> ``HandshakeRequest``; ProtocolError when not one."""
+    return _parse(pb.HandshakeRequest, data, limit)
+
+
+def parse_handshake_reply(
+    data: bytes, limit: int = MAX_MESSAGE_BYTES
+) -> pb.HandshakeReply:
+    """Serialized bytes -> ``HandshakeReply``; ProtocolError when not one."""
+    return _parse(pb.HandshakeReply, data, limit)
+
+
+def choose_version(
+    client_versions: Iterable[int], server_versions: Iterable[int] = PROTOCOL_VERSIONS
+) -> int:
+    """The newest protocol version both sides speak.
+
+    Raises:
+        ProtocolError: there is none in common; the message names both lists.
+    """
+    client, server = sorted(set(client_versions)), sorted(set(server_versions))
+    common = set(client) & set(server)
+    if not common:
+        raise ProtocolError(
+            f"no protocol version in common: the client speaks {client}, the "
+            f"server speaks {server}; upgrade the older side of jaxmesh"
+        )
+    return max(common)
