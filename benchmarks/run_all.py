@@ -20,7 +20,16 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ("overhead", "parts", "chunks", "tiles", "compile", "peer", "rlmesh_peer")
+SCRIPTS = (
+    "overhead",
+    "parts",
+    "chunks",
+    "tiles",
+    "compile",
+    "peer",
+    "rlmesh_peer",
+    "remote",
+)
 
 
 def run_script(name: str, quick: bool, extra: list[str]) -> tuple[str, float, int]:

@@ -1,11 +1,16 @@
-"""jaxmesh: a jitted, exact policy evaluator for JAX-native environments."""
+"""jaxmesh: a jitted, exact policy evaluator for JAX-native and served environments."""
 
 from jaxmesh import adapt, flax_models
 from jaxmesh.cache import enable_compile_cache
 from jaxmesh.checkpoint import load_params, save_params
 from jaxmesh.core.results import Results
 from jaxmesh.envs import make_env
-from jaxmesh.errors import BadValueError
+from jaxmesh.errors import (
+    BadValueError,
+    RemoteConnectionError,
+    RemoteEnvError,
+    RemoteError,
+)
 from jaxmesh.explain import check_frame_limit, explain
 from jaxmesh.model import Model, build_model
 from jaxmesh.params import Param, ParamError
@@ -15,6 +20,27 @@ from jaxmesh.run.results import EpisodeResult, RunResult
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 
 __version__ = "0.1.0"
+
+#: Served-env names, imported on first use (they need the [remote] extra: gRPC).
+_REMOTE = {
+    "EnvServer": "jaxmesh.remote.server",
+    "ServeOptions": "jaxmesh.remote.server",
+    "RemoteEnv": "jaxmesh.remote.envs",
+    "RemoteVectorEnv": "jaxmesh.remote.envs",
+}
+
+
+def __getattr__(name: str):
+    module = _REMOTE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxmesh' has no attribute {name!r}")
+    from importlib import import_module
+
+    from jaxmesh.remote.address import require_grpc
+
+    require_grpc()
+    return getattr(import_module(module), name)
+
 
 __all__ = [
     "adapt",
@@ -27,6 +53,13 @@ __all__ = [
     "cache_info",
     "clear_cache",
     "BadValueError",
+    "RemoteError",
+    "RemoteEnvError",
+    "RemoteConnectionError",
+    "EnvServer",
+    "ServeOptions",
+    "RemoteEnv",
+    "RemoteVectorEnv",
     "make_agent",
     "Agent",
     "Model",

@@ -3,15 +3,22 @@
 Commands::
 
     jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
-                             [--no-compile-cache]
+                             [--no-compile-cache] [--telemetry]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
+    jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
+                          [--token T] [--idle-timeout S] [--insecure]
+                          [--allow-remote-shutdown] [--workers W]
 
 ``eval`` reads a YAML run config (keys in ``CONFIG_KEYS``; see ``docs/cli.md``),
 applies ``--set`` overrides, builds the env and the policy, runs
-``jaxmesh.evaluate`` with a progress bar on stderr, prints the summary and
-writes the result as JSON. ``explain`` prints what such a run would read from
-the env and hold per lane, compiling nothing.
+``jaxmesh.evaluate`` with a progress bar on stderr, prints the summary (and with
+``--telemetry`` the per-call timings of a host-stepped run) and writes the result
+as JSON. The env is a JAX env id (``gymnax:``, ``brax:``), a gymnasium id stepped
+in this process (``gymnasium:<id>``), or served envs: ``grpc://host:port`` or a
+list of such addresses. ``explain`` prints what such a run would read from
+the env and hold per lane, compiling nothing. ``serve-env`` serves a gymnasium
+env over gRPC (``jaxmesh.remote.server.EnvServer``) until SIGTERM or Ctrl-C.
 
 Exit status: 0 on success; 2 for bad input (the command line, the config, or
 anything ``jaxmesh.evaluate`` refuses before the run starts), reported as one
@@ -24,8 +31,10 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import importlib.util
 import inspect
 import json
+import math
 import os
 import sys
 import time
@@ -39,9 +48,12 @@ from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
 
 #: Every key a run config may hold, with what it means.
 CONFIG_KEYS: dict[str, str] = {
-    "env": "env id, e.g. gymnax:CartPole-v1 (required)",
+    "env": "env id, e.g. gymnax:CartPole-v1, brax:fast, gymnasium:CartPole-v1 "
+    "(stepped in this process), grpc://host:port (served by jaxmesh serve-env) or "
+    "a list of grpc:// addresses (required)",
     "env_config": "mapping passed to jaxmesh.make_env(env, **env_config), "
-    "e.g. episode_length: 50 for a brax env",
+    "e.g. episode_length: 50 for a brax env (gymnax: and brax: ids only)",
+    "token": "served envs: the servers' session token (null: $JAXMESH_TOKEN)",
     "policy": "module:Class, module:function or module:model_instance (required)",
     "policy_config": "mapping passed to Class.from_config(**...) or Class(**...)",
     "episodes": "episode budget; seeds default to 0..episodes-1",
@@ -52,6 +64,8 @@ CONFIG_KEYS: dict[str, str] = {
     "max_episode_steps": "cap on episode length (null: the env's own limit)",
     "plan_tile": "rows per policy call (null: chosen by the engine)",
     "segment_steps": "env steps per scan segment between host visits",
+    "max_episode_seconds": "wall-clock cap on an episode, gymnasium: and grpc:// "
+    "envs only (results then depend on timing)",
     "output": "JSON file to write the result to (null: write none)",
 }
 _INT_KEYS = {
@@ -174,9 +188,9 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"config is missing {missing}; e.g. env: gymnax:CartPole-v1 and policy: "
             "jaxmesh.zoo.cartpole:CartPoleMLP"
         )
-    for key in ("env", "policy"):
-        if not isinstance(config[key], str):
-            raise ConfigError(f"{key}={config[key]!r}: expected a string")
+    if not isinstance(config["policy"], str):
+        raise ConfigError(f"policy={config['policy']!r}: expected a string")
+    check_env(config["env"])
     if ":" not in config["policy"]:
         raise ConfigError(
             f"policy={config['policy']!r}: expected 'module:Name', e.g. "
@@ -197,6 +211,31 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"({CONFIG_KEYS[key]})"
             )
         out[key] = dict(value or {})
+    seconds = config.get("max_episode_seconds")
+    if seconds is not None and (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise ConfigError(
+            f"max_episode_seconds={seconds!r}: expected a number > 0 "
+            f"({CONFIG_KEYS['max_episode_seconds']}), or null for no limit"
+        )
+    token = config.get("token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ConfigError(
+            f"token={token!r}: expected a non-empty string (quote it in YAML, "
+            "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
+        )
+    if out["env_config"] and not _is_jax_id(config["env"]):
+        raise ConfigError(
+            f"env_config={out['env_config']!r} with env={config['env']!r}: "
+            "env_config only applies to gymnax: and brax: ids; a served env is "
+            "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
+            "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
+            "as registered: remove env_config"
+        )
     seeds = config.get("seeds")
     if seeds is not None and not (
         isinstance(seeds, list)
@@ -206,6 +245,74 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
     if out.get("output") is not None:
         out["output"] = str(out["output"])
     return out
+
+
+def check_env(env: Any) -> None:
+    """Checks the form of a config's ``env``; addresses are parsed, not dialled.
+
+    Args:
+      env: an env id string, ``"grpc://host:port"``, or a non-empty list of
+        distinct ``"grpc://host:port"`` addresses (lanes dealt over the servers).
+
+    Raises:
+      ConfigError: anything else, or a malformed address.
+    """
+    if isinstance(env, str):
+        if env.startswith("grpc:"):
+            _check_address(env)
+        return
+    if not (isinstance(env, list) and env and all(isinstance(e, str) for e in env)):
+        raise ConfigError(
+            f"env={env!r}: expected an env id (e.g. gymnax:CartPole-v1 or "
+            "gymnasium:CartPole-v1), a served env's address grpc://host:port, or "
+            "a list of such addresses"
+        )
+    from jaxmesh.remote.address import SCHEME
+
+    not_served = [e for e in env if not e.startswith(SCHEME)]
+    if not_served:
+        raise ConfigError(
+            f"env={env!r}: a list of envs must hold served addresses "
+            f"'grpc://host:port' only, and {not_served} are not; give one env id, "
+            "or serve each env (jaxmesh serve-env) and list the addresses"
+        )
+    for address in env:
+        _check_address(address)
+    twice = sorted({e for e in env if env.count(e) > 1})
+    if twice:
+        raise ConfigError(
+            f"env={env!r} lists {twice} more than once; a server holds one session "
+            "at a time, so list each server once (its --lanes set how many lanes "
+            "it serves)"
+        )
+
+
+def _check_address(address: str) -> None:
+    from jaxmesh.remote.address import SCHEME, parse_address
+
+    if not address.startswith(SCHEME):
+        raise ConfigError(
+            f"env={address!r}: a served env's address is 'grpc://host:port', "
+            "e.g. grpc://127.0.0.1:5555 (what `jaxmesh serve-env` printed)"
+        )
+    try:
+        parse_address(address)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"env={address!r}: {e}") from e
+
+
+def _is_served(env: Any) -> bool:
+    from jaxmesh.remote.address import is_address
+
+    return is_address(env)
+
+
+def _is_gymnasium_id(env: Any) -> bool:
+    return isinstance(env, str) and env.startswith("gymnasium:")
+
+
+def _is_jax_id(env: Any) -> bool:
+    return not (_is_served(env) or _is_gymnasium_id(env))
 
 
 # Building --------------------------------------------------------------------
@@ -268,14 +375,35 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
     return obj
 
 
-def build_env(env_id: str, env_config: dict[str, Any]) -> Any:
-    """``jaxmesh.make_env(env_id, **env_config)``, its refusals as ConfigError.
+def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
+    """The env to evaluate on, its refusals as ConfigError.
+
+    A ``gymnax:`` or ``brax:`` id is ``jaxmesh.make_env(env_id, **env_config)``.
+    A ``gymnasium:<id>`` and served addresses are passed on as they are
+    (``jaxmesh.evaluate`` makes the envs, or connects when the run starts);
+    here only the packages they need are looked for.
 
     Raises:
-      ConfigError: an unknown env id, or keyword arguments the env refuses.
+      ConfigError: an unknown env id, keyword arguments the env refuses, or a
+        missing package (gymnasium; gRPC for served envs).
     """
     import jaxmesh
 
+    if _is_served(env_id):
+        from jaxmesh.remote.address import require_grpc
+
+        try:
+            require_grpc()
+        except ImportError as e:
+            raise ConfigError(f"env={env_id!r}: {e}") from e
+        return env_id
+    if _is_gymnasium_id(env_id):
+        if importlib.util.find_spec("gymnasium") is None:
+            raise ConfigError(
+                f"env={env_id!r}: gymnasium is not installed; run: pip install "
+                "gymnasium (gymnasium[mujoco] for the MuJoCo envs)"
+            )
+        return env_id
     try:
         return jaxmesh.make_env(env_id, **env_config)
     except (ValueError, TypeError, ImportError) as e:
@@ -287,7 +415,8 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """The policy, the env and ``evaluate``'s keyword arguments of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
     env = build_env(config["env"], config["env_config"])
-    kwargs = {k: config[k] for k in (*_INT_KEYS, "seeds") if config.get(k) is not None}
+    keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "token")
+    kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     return policy, env, kwargs
 
 
@@ -401,6 +530,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise
         raise ConfigError(_refused(config, e)) from e
     print(result.summary())
+    if args.telemetry:
+        print(result.format_telemetry())
     if config.get("output"):
         out = Path(config["output"])
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -417,12 +548,50 @@ def cmd_explain(args: argparse.Namespace) -> int:
     num_envs = config.get("num_envs")
     if num_envs is None:  # what evaluate would use
         num_envs = inspect.signature(jaxmesh.evaluate).parameters["num_envs"].default
+    if not _is_jax_id(env):
+        env, lanes = host_env_spec(env, config)
+        num_envs = min(num_envs, lanes)
     try:
         explanation = jaxmesh.explain(policy, env, num_envs=num_envs)
     except (ValueError, TypeError) as e:
         raise ConfigError(_refused(config, e)) from e
     print(explanation)
     return 0
+
+
+def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, int]:
+    """The spaces of host-stepped envs as an env ``jaxmesh.explain`` reads.
+
+    A ``gymnasium:<id>`` makes one env (then closes it); served envs are asked
+    by handshake only (no session is opened, nothing is stepped).
+
+    Returns:
+      The spec (``jaxmesh.envs.gymnasium.HostEnvSpec``: shapes only) and how
+      many lanes the env offers (a server's lanes; no limit for an id).
+
+    Raises:
+      ConfigError: an unknown gymnasium id, or a space jaxmesh does not read.
+      jaxmesh.RemoteConnectionError: a server cannot be reached (status 1, as
+        for a failed run).
+    """
+    try:
+        if _is_served(env):
+            from jaxmesh.run.served import ServedLanes
+
+            addresses = [env] if isinstance(env, str) else list(env)
+            lanes = ServedLanes(addresses, sys.maxsize, token=config.get("token"))
+            count = lanes.num_lanes
+        else:
+            from jaxmesh.envs.gymnasium import make_lanes
+
+            lanes = make_lanes(env, 1, 1)
+            count = sys.maxsize
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot read the spaces of env {env!r}: {e}") from e
+    try:
+        return lanes.spec, count
+    finally:
+        lanes.close()
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
@@ -444,6 +613,61 @@ def cmd_describe(args: argparse.Namespace) -> int:
             "describe needs a jaxmesh.Model (a jaxmesh version with Model.describe)"
         )
     print(json.dumps(describe(), indent=2, default=str))
+    return 0
+
+
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
+    import signal
+    import threading
+
+    from jaxmesh.remote.server import TOKEN_ENV, EnvServer, ServeOptions
+
+    env = args.env if args.env.startswith("gymnasium:") else f"gymnasium:{args.env}"
+    if args.ready_fd is not None:
+        try:
+            os.fstat(args.ready_fd)
+        except OSError as e:
+            raise ConfigError(
+                f"--ready-fd {args.ready_fd}: not an open file descriptor ({e}); "
+                "pass one the parent keeps open (e.g. subprocess pass_fds)"
+            ) from e
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    try:
+        options = ServeOptions(
+            idle_timeout_seconds=args.idle_timeout,
+            allow_remote_shutdown=args.allow_remote_shutdown,
+            token=token or None,
+            workers=args.workers,
+        )
+        server = EnvServer(
+            env,
+            args.address,
+            options=options,
+            lanes=args.lanes,
+            insecure=args.insecure,
+        ).start()
+    except (ValueError, TypeError, OSError) as e:
+        raise ConfigError(f"cannot serve {env!r} on {args.address!r}: {e}") from e
+
+    def stop(signum: int, frame: Any) -> None:
+        del signum, frame
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(server.address, flush=True)
+    print(
+        f"jaxmesh serve-env: serving {env} ({server.num_lanes} lanes) at "
+        f"{server.address}; SIGTERM or Ctrl-C stops it",
+        file=sys.stderr,
+        flush=True,
+    )
+    if args.ready_fd is not None:
+        os.write(args.ready_fd, f"{server.address}\n".encode())
+        os.close(args.ready_fd)
+    while not server.wait(1.0):
+        pass
     return 0
 
 
@@ -480,6 +704,13 @@ def make_parser() -> argparse.ArgumentParser:
         help=f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0;"
         f" its directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)",
     )
+    ev.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="after the summary, print per-call timings (predict, env step, "
+        "encode, decode, wire, queue; message bytes) of a gymnasium: or grpc:// "
+        "run: result.format_telemetry()",
+    )
     ev.set_defaults(run=cmd_eval)
     ex = sub.add_parser(
         "explain",
@@ -495,6 +726,59 @@ def make_parser() -> argparse.ArgumentParser:
         "target", help="module:Class, e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
     )
     de.set_defaults(run=cmd_describe)
+    se = sub.add_parser(
+        "serve-env",
+        help="serve a gymnasium env over gRPC (jaxmesh.EnvServer)",
+        description="Serve a gymnasium env's lanes over gRPC until SIGTERM or "
+        "Ctrl-C. Prints the address on stdout once serving. Binding a "
+        "non-loopback address needs --token (or JAXMESH_TOKEN) or --insecure.",
+    )
+    se.add_argument("env", help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1")
+    se.add_argument(
+        "--lanes", type=int, default=None, help="envs to make (lanes; default 1)"
+    )
+    se.add_argument(
+        "--address",
+        default="127.0.0.1:0",
+        help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
+    )
+    se.add_argument(
+        "--ready-fd",
+        type=int,
+        default=None,
+        metavar="FD",
+        help="write the address and a newline to this fd once serving, then close it",
+    )
+    se.add_argument(
+        "--token",
+        default=None,
+        help="session token every call must carry (default: $JAXMESH_TOKEN)",
+    )
+    se.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="end a session after S seconds without a request (default 300)",
+    )
+    se.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address with no token",
+    )
+    se.add_argument(
+        "--allow-remote-shutdown",
+        action="store_true",
+        help="let the Shutdown RPC stop the server",
+    )
+    se.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="W",
+        help="threads stepping groups of lanes (default 1)",
+    )
+    se.set_defaults(run=cmd_serve_env)
     return parser
 
 

@@ -23,3 +23,36 @@ class BadValueError(ValueError):
         self.value = value
         self.kind = kind
         self.partial_result = None
+
+
+class RemoteError(RuntimeError):
+    """A served env failed: the server, the connection or the env behind it.
+
+    Attributes:
+      address: the server's address (``host:port``).
+      code: the gRPC status code name (e.g. ``"UNAVAILABLE"``), or None.
+      partial_result: every episode finished before the run stopped (set by
+        ``jaxmesh.evaluate``).
+    """
+
+    def __init__(self, message: str, *, address: str, code: str | None = None):
+        super().__init__(message)
+        self.address = address
+        self.code = code
+        self.partial_result = None
+
+
+class RemoteEnvError(RemoteError):
+    """The env behind a server raised; ``remote_traceback`` is its traceback text.
+
+    The server ends the session and serves the next one.
+    """
+
+    def __init__(self, message: str, *, address: str, remote_traceback: str = ""):
+        super().__init__(message, address=address, code="INTERNAL")
+        self.remote_traceback = remote_traceback
+
+
+class RemoteConnectionError(RemoteError, ConnectionError):
+    """The server cannot be reached, went away, refused the session or timed it
+    out."""

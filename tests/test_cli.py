@@ -1,14 +1,18 @@
 """The ``jaxmesh`` command line, run in-process (and in subprocesses for the
-compilation cache), against a plain Python loop over gymnax's own functions."""
+compilation cache and served envs), against a plain Python loop over gymnax's own
+functions or a plain gymnasium loop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium
 import gymnax
 import jax
 import numpy as np
@@ -23,6 +27,7 @@ from jaxmesh.zoo import cartpole
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
+SERVED_CONFIG = ROOT / "configs" / "cartpole_served.yaml"
 EPISODE_KEYS = {
     "index",
     "seed",
@@ -198,8 +203,13 @@ def single_error_line(err: str) -> str:
 # A module-level Model instance as policy ---------------------------------------
 def test_eval_model_instance_matches_reference(tmp_path, capsys):
     config = write_config(tmp_path)
-    assert main(["eval", str(config), "--no-progress"]) == 0
-    assert "tilt" in capsys.readouterr().out
+    assert main(["eval", str(config), "--no-progress", "--telemetry"]) == 0
+    out = capsys.readouterr().out
+    assert "tilt" in out
+    # A JAX env's run happens inside one compiled program: no per-call timings.
+    lines = out.splitlines()
+    after_summary = lines[1 + next(i for i, x in enumerate(lines) if "wall time" in x)]
+    assert after_summary == "no telemetry (recorded for host-stepped envs only)"
     episodes = json.loads((tmp_path / "r.json").read_text())["episodes"]
     reference = reference_episodes(tilt_fn, range(6))
     assert len({length for _, length in reference}) > 2  # varied episodes
@@ -238,6 +248,52 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         (None, ["env_config.bogus=1"], {}, "env_config {'bogus': 1}"),
         (None, ["env_config=5"], {}, "env_config=5: expected a mapping"),
         (None, ["policy=cli_policies:nope"], {}, "has no attribute 'nope'"),
+        # Served and host-stepped envs: refused before anything connects.
+        (
+            None,
+            ["env=grpc://127.0.0.1"],
+            {},
+            "env='grpc://127.0.0.1': address 'grpc://127.0.0.1' is not "
+            "'grpc://host:port'",
+        ),
+        (None, ["env=grpc://:5555"], {}, "is not 'grpc://host:port'"),
+        (None, ["env=grpc://127.0.0.1:70000"], {}, "port in 1..65535"),
+        (None, ["env=grpc:127.0.0.1:5555"], {}, "address is 'grpc://host:port'"),
+        (
+            None,
+            ["env=[grpc://127.0.0.1:5555, grpc://127.0.0.1:x]"],
+            {},
+            "'grpc://127.0.0.1:x' is not 'grpc://host:port'",
+        ),
+        (
+            None,
+            ["env=[grpc://127.0.0.1:5555, gymnasium:CartPole-v1]"],
+            {},
+            "['gymnasium:CartPole-v1'] are not",
+        ),
+        (
+            None,
+            ["env=[grpc://127.0.0.1:5555, grpc://127.0.0.1:5555]"],
+            {},
+            "more than once",
+        ),
+        (None, ["env=[]"], {}, "env=[]: expected an env id"),
+        (
+            None,
+            ["env=gymnasium:CartPol-v1"],
+            {},
+            "unknown gymnasium env 'CartPol-v1'",
+        ),
+        (
+            None,
+            ["env=gymnasium:CartPole-v1", "env_config.render_mode=human"],
+            {},
+            "env_config only applies to gymnax: and brax: ids",
+        ),
+        (None, ["max_episode_seconds=0"], {}, "max_episode_seconds=0: expected"),
+        (None, ["max_episode_seconds=2"], {}, "cap them with max_episode_steps"),
+        (None, ["token=1234"], {}, "token=1234: expected a non-empty string"),
+        (None, ["token=abc"], {}, "a token is for served envs"),
     ],
     ids=[
         "seeds-vs-episodes",
@@ -249,6 +305,20 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         "bad-env-config-key",
         "env-config-not-mapping",
         "unknown-policy",
+        "address-without-port",
+        "address-without-host",
+        "address-port-out-of-range",
+        "address-without-slashes",
+        "address-list-one-malformed",
+        "address-list-with-an-id",
+        "address-list-twice",
+        "address-list-empty",
+        "unknown-gymnasium-env",
+        "gymnasium-env-config",
+        "seconds-not-positive",
+        "seconds-on-a-jax-env",
+        "token-not-a-string",
+        "token-on-a-jax-env",
     ],
 )
 def test_bad_input_is_one_line_exit_2(
@@ -316,6 +386,173 @@ def test_explain_bad_env_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("jaxmesh explain: error: ") and "no_such_env" in err
     assert "Traceback" not in err
+
+
+def test_explain_reads_a_gymnasium_envs_spaces(tmp_path, capsys, no_compile):
+    config = write_config(
+        tmp_path, env="gymnasium:CartPole-v1", policy="cli_policies:stacked"
+    )
+    assert main(["explain", str(config), "--set", "num_envs=8"]) == 0
+    out = capsys.readouterr().out
+    # By hand: gymnasium's CartPole observation is 4 float32 too.
+    assert "stacked on gymnasium:CartPole-v1, 8 lane(s)" in out
+    assert "64 B per lane; 512 B for 8 lane(s)" in out
+
+
+# Served envs ----------------------------------------------------------------------
+def gymnasium_episodes(seeds) -> list[tuple[float, int]]:
+    """Returns and lengths of ``tilt`` in a plain gymnasium loop (CONTRACT 6).
+
+    Episode i starts with ``env.reset(seed=seeds[i])``; the action pushes the
+    way the pole leans (``tilt_fn`` in numpy); the episode runs until gymnasium
+    says terminated or truncated, the last reward counted.
+    """
+    env = gymnasium.make("CartPole-v1")
+    out = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=int(seed))
+        total, length, done = 0.0, 0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(int(obs[2] > 0))
+            total += float(reward)
+            length += 1
+            done = terminated or truncated
+        out.append((total, length))
+    env.close()
+    return out
+
+
+@contextlib.contextmanager
+def serve_env_process(env_id: str, lanes: int):
+    """A real ``jaxmesh serve-env`` child; yields its address once it serves.
+
+    Readiness: the child writes its address to the pipe given as ``--ready-fd``
+    once it accepts calls (no sleep, no polling). The child is stopped at the
+    end (SIGTERM, then killed if it lingers).
+    """
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-env", env_id]
+        + ["--lanes", str(lanes), "--ready-fd", str(write)],
+        pass_fds=(write,),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as ready:
+            line = ready.readline().decode()
+        if not line.endswith("\n"):  # the child ended before serving
+            proc.kill()
+            raise AssertionError(f"serve-env never served: {proc.communicate()[1]}")
+        yield line.strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a ``jaxmesh`` subprocess: cli_policies importable."""
+    path = os.pathsep.join(
+        p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return {**os.environ, cli.CACHE_SWITCH_ENV: "0", "PYTHONPATH": path}
+
+
+def returns_and_lengths(path: Path) -> list[tuple[float, int]]:
+    return [
+        (ep["return"], ep["length"]) for ep in json.loads(path.read_text())["episodes"]
+    ]
+
+
+def test_eval_served_env_in_a_real_process(tmp_path, capsys):
+    seeds = [3, 1, 4, 15, 9, 2, 6, 5]
+    reference = gymnasium_episodes(seeds)
+    assert len({length for _, length in reference}) > 3  # varied episodes
+    served_json, here_json = tmp_path / "served.json", tmp_path / "here.json"
+    with serve_env_process("gymnasium:CartPole-v1", lanes=3) as address:
+        config = write_config(
+            tmp_path,
+            env=f"grpc://{address}",
+            seeds=seeds,
+            episodes=None,
+            num_envs=4,  # the server has 3 lanes: the run uses 3
+            output=str(served_json),
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "jaxmesh.cli", "eval", str(config)]
+            + ["--no-progress", "--telemetry"],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            cwd=ROOT,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        # explain asks the server for its spaces (a handshake, no session).
+        explain = ["explain", str(config), "--set", "policy=cli_policies:stacked"]
+        assert main(explain) == 0
+        explained = capsys.readouterr().out
+        # The shipped served config, pointed at this server (64 lanes asked).
+        shipped = ["explain", str(SERVED_CONFIG), "--set", f"env=grpc://{address}"]
+        assert main(shipped) == 0
+        shipped = capsys.readouterr().out
+    assert "CartPoleMLP on gymnasium:CartPole-v1, 3 lane(s)" in shipped
+    # By hand: 3 lanes served (num_envs=4 asks for more), 4 float32 x stack 4.
+    assert "stacked on gymnasium:CartPole-v1, 3 lane(s)" in explained
+    assert "64 B per lane; 192 B for 3 lane(s)" in explained
+    lines = proc.stdout.splitlines()
+    assert ["env", "gymnasium:CartPole-v1"] in [line.split() for line in lines]
+    # The telemetry table follows the summary: a header, then one row per series.
+    end = next(i for i, line in enumerate(lines) if line.startswith("wall time"))
+    assert lines[end + 1].split() == ["series", "count", "mean", "p50", "p95", "p99"]
+    rows = {line.split()[0] for line in lines[end + 2 :]}
+    assert {"predict", "env_step", "encode", "decode", "wire"} <= rows
+    served = json.loads(served_json.read_text())
+    assert served["settings"]["num_envs"] == 3
+    assert served["telemetry"]["request_bytes"]["count"] > 0
+
+    # The same config, stepped in this process.
+    here = ["eval", str(config), "--set", "env=gymnasium:CartPole-v1"]
+    assert main([*here, "--set", f"output={here_json}", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert (
+        served["totals"]["mean_return"]
+        == json.loads(here_json.read_text())["totals"]["mean_return"]
+    )
+    assert returns_and_lengths(served_json) == reference
+    assert returns_and_lengths(here_json) == reference
+
+
+def test_eval_over_two_servers_matches_a_plain_loop(tmp_path, capsys):
+    seeds = [3, 1, 4, 15, 9, 2, 6]
+    first = jaxmesh.EnvServer("gymnasium:CartPole-v1", "127.0.0.1:0", lanes=2)
+    second = jaxmesh.EnvServer("gymnasium:CartPole-v1", "127.0.0.1:0", lanes=1)
+    with first.start(), second.start():
+        addresses = [f"grpc://{first.address}", f"grpc://{second.address}"]
+        config = write_config(tmp_path, env=addresses, seeds=seeds, episodes=None)
+        assert main(["eval", str(config), "--no-progress"]) == 0
+    assert "gymnasium:CartPole-v1" in capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["settings"]["num_envs"] == 3  # 2 + 1 lanes of num_envs=4
+    assert returns_and_lengths(tmp_path / "r.json") == gymnasium_episodes(seeds)
+
+
+def test_unreachable_server_is_a_run_failure(tmp_path):
+    # A socket bound to a port but not listening: connecting there is refused,
+    # and nothing else can take the port while the test holds it.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        config = write_config(tmp_path, env=f"grpc://{address}")
+        with pytest.raises(jaxmesh.RemoteConnectionError, match=address):
+            main(["eval", str(config), "--no-progress"])
+    assert not (tmp_path / "r.json").exists()
 
 
 # env_config ---------------------------------------------------------------------

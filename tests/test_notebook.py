@@ -1,4 +1,8 @@
-"""The quickstart notebook runs top to bottom (its cells assert what they show)."""
+"""The notebooks run top to bottom (their cells assert what they show).
+
+``quickstart.ipynb``: JAX envs. ``remote.ipynb``: a ``jaxmesh serve-env`` child
+serving HalfCheetah-v5 (started and stopped by the notebook itself).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import nbclient
 import nbformat
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NAMES = ["quickstart.ipynb", "remote.ipynb"]
 #: A kernel name of our own, so no kernelspec installed elsewhere can shadow it.
 KERNEL = "jaxmesh-tests"
 
@@ -30,17 +35,24 @@ def kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return KERNEL
 
 
-def test_notebook_is_stored_without_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+def test_every_notebook_is_tested():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_is_stored_without_outputs(name: str):
+    notebook = NOTEBOOKS / name
+    nb = nbformat.read(notebook, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code, f"{NOTEBOOK} has no code cells"
+    assert code, f"{notebook} has no code cells"
     dirty = [i for i, c in enumerate(code) if c.outputs or c.execution_count]
-    assert not dirty, f"code cells {dirty} of {NOTEBOOK} keep outputs: clear them"
+    assert not dirty, f"code cells {dirty} of {notebook} keep outputs: clear them"
 
 
-def test_notebook_runs(kernel_name: str, tmp_path: Path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs(name: str, kernel_name: str, tmp_path: Path):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     # One extra cell last: which interpreter the kernel ran.
     nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
     workdir = tmp_path / "run"

@@ -290,18 +290,22 @@ def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
     return jax.tree.map(push, window, frame)
 
 
-def observe(cfg: AgentConfig, state: AgentState, obs: Any) -> AgentState:
+def observe(
+    cfg: AgentConfig, state: AgentState, obs: Any, mask: jax.Array | None = None
+) -> AgentState:
     """Pushes the observation after an executed step into the obs windows.
 
-    Every lane advances: a lane whose episode just ended is re-filled by
-    ``begin`` and a masked lane's windows are never read.
+    Without ``mask`` every lane advances: a lane whose episode just ended is
+    re-filled by ``begin`` and a masked lane's windows are never read. With a
+    ``mask``, only those lanes advance (a host loop whose lanes move at their own
+    pace: a lane still waiting for its env keeps its windows).
     """
     windows = dict(state.windows)
     for name, decl in cfg.spec:
         if decl.reads_action:
             continue
         frame = jax.vmap(lambda o, d=decl: d.frame(o))(obs)
-        windows[name] = _push(windows[name], frame, None)
+        windows[name] = _push(windows[name], frame, mask)
     return state.replace(windows=windows)
 
 
@@ -315,6 +319,7 @@ def host_step(
     active: jax.Array,
     ep_keys: jax.Array,
     t: jax.Array,
+    moved: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
     """One agent step for a host loop that steps its envs itself (remote sims).
 
@@ -328,10 +333,13 @@ def host_step(
       started: [N] lanes whose episode starts at this step.
       active: [N] lanes running an episode; the others plan nothing.
       ep_keys: [N] episode keys; t: [N] step index within each episode.
+      moved: [N] lanes whose ``obs`` is new (default: every lane). A lane not in
+        ``moved`` nor ``active`` keeps its whole state: a host loop may step
+        only the lanes whose env has answered.
 
     Returns:
       The new agent state and [N] actions (meaningless for inactive lanes).
     """
-    state = observe(cfg, state, obs)
+    state = observe(cfg, state, obs, moved)
     state = begin(cfg, policy, state, started, obs)
     return act(cfg, policy, params, state, active, ep_keys, t)

@@ -32,15 +32,19 @@ from google.protobuf.message import DecodeError, Message
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
 __all__ = [
+    "ActionBatch",
+    "ResultBatch",
+    "decode_action_batch",
+    "decode_result_batch",
+    "encode_action_batch",
+    "encode_result_batch",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSIONS",
-    "LaneStep",
     "LeafSpec",
     "ProtocolError",
     "check_size",
     "choose_version",
     "decode_array",
-    "decode_lane_result",
     "decode_leaves",
     "encode_array",
     "encode_leaves",
@@ -98,28 +102,6 @@ class LeafSpec(NamedTuple):
     key: str
     dtype: str
     shape: tuple[int, ...]
-
-
-class LaneStep(NamedTuple):
-    """One lane's decoded result of a step call (see ``LaneResult`` in the proto).
-
-    Attributes:
-        lane: the server lane index.
-        steps: env steps executed in the call.
-        observation: leaf key -> array of shape ``(k,) + leaf shape``.
-        rewards: float64, shape ``(steps,)``.
-        terminated: bool, shape ``(steps,)``.
-        truncated: bool, shape ``(steps,)``.
-        info: info key -> array of shape ``(k,) + leaf shape``.
-    """
-
-    lane: int
-    steps: int
-    observation: dict[str, np.ndarray]
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    info: dict[str, np.ndarray]
 
 
 def _name(key: str | None) -> str:
@@ -313,7 +295,7 @@ def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
 def _vector(
     tensor: pb.Tensor, present: bool, steps: int, kind: str, key: str
 ) -> np.ndarray:
-    """A per-step vector field of a ``LaneResult`` (rewards, terminated, truncated)."""
+    """A per-step vector of a ``ResultBatch`` (rewards, terminated, truncated)."""
     if not present and steps == 0:
         return np.zeros(0, dtype=np.float64 if kind == "f" else bool)
     x = decode_array(tensor, key=key)
@@ -326,65 +308,204 @@ def _vector(
     return x.astype(np.float64) if kind == "f" else x
 
 
-def decode_lane_result(
-    result: pb.LaneResult,
+class ActionBatch(NamedTuple):
+    """A decoded ``ActionBatch``: lane i replays ``counts[i]`` actions.
+
+    Attributes:
+        lanes: int64 ``[m]``, ascending.
+        counts: int64 ``[m]``, each >= 1.
+        actions: leaf key -> array of shape ``(sum(counts),) + leaf shape``; lane
+            i's chunk is rows ``offsets[i] : offsets[i] + counts[i]``.
+    """
+
+    lanes: np.ndarray
+    counts: np.ndarray
+    actions: dict[str, np.ndarray]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[m]``: where each lane's chunk starts in ``actions``."""
+        # Not concatenate([[0], cumsum[:-1]]): that gives [0] for no lanes.
+        return (np.cumsum(self.counts) - self.counts).astype(np.int64)
+
+
+class ResultBatch(NamedTuple):
+    """A decoded ``ResultBatch`` (see the proto for each field)."""
+
+    lanes: np.ndarray
+    steps: np.ndarray
+    rows: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    observation: dict[str, np.ndarray]
+    info: dict[str, np.ndarray]
+
+
+def _index_vector(tensor: pb.Tensor, present: bool, key: str) -> np.ndarray:
+    """A uint32 vector field as int64, or ProtocolError."""
+    if not present:
+        return np.zeros(0, np.int64)
+    x = decode_array(tensor, key=key)
+    if x.ndim != 1 or x.dtype != DTYPES["uint32"]:
+        raise ProtocolError(
+            f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected a uint32 "
+            "vector (one entry per lane of the batch)"
+        )
+    return x.astype(np.int64)
+
+
+def _check_lanes(lanes: np.ndarray, num_lanes: int | None, what: str) -> None:
+    if lanes.size and np.any(np.diff(lanes) <= 0):
+        raise ProtocolError(
+            f"{what} lanes {lanes[:16].tolist()} are not strictly ascending; each "
+            "lane appears once, in ascending order"
+        )
+    if num_lanes is not None and lanes.size and int(lanes[-1]) >= num_lanes:
+        raise ProtocolError(
+            f"{what} names lane {int(lanes[-1])}, but the session has {num_lanes} "
+            f"lanes (0..{num_lanes - 1})"
+        )
+
+
+def _rows_of(
+    tensors: Mapping[str, pb.Tensor],
+    specs: Mapping[str, LeafSpec] | None,
+    total: int,
+    what: str,
+) -> dict[str, np.ndarray]:
+    """Leaves with ``total`` rows on a leading axis, checked against ``specs``."""
+    if specs is None:
+        out = decode_leaves(tensors)
+        for key, x in out.items():
+            if x.ndim < 1 or x.shape[0] != total:
+                raise ProtocolError(
+                    f"{what} {_name(key)} has shape {list(x.shape)}, expected "
+                    f"{total} rows on its first axis"
+                )
+        return out
+    return decode_leaves(tensors, specs, lead=total)
+
+
+def encode_action_batch(
+    lanes: npt.ArrayLike, counts: npt.ArrayLike, actions: Mapping[str, npt.ArrayLike]
+) -> pb.ActionBatch:
+    """Lanes, their chunk lengths and their chunks (concatenated) as a message."""
+    msg = pb.ActionBatch(
+        lanes=encode_array(np.asarray(lanes, np.uint32)),
+        counts=encode_array(np.asarray(counts, np.uint32)),
+    )
+    for key, x in actions.items():
+        msg.actions[key].CopyFrom(encode_array(x, key))
+    return msg
+
+
+def decode_action_batch(
+    msg: pb.ActionBatch,
+    specs: Mapping[str, LeafSpec],
+    *,
+    num_lanes: int | None = None,
+    max_count: int = 1_000_000,
+) -> ActionBatch:
+    """An ``ActionBatch``, checked against the declared action leaves.
+
+    Raises:
+        ProtocolError: lanes not ascending or past ``num_lanes``, counts outside
+            ``1..max_count``, vectors of different lengths, or action leaves
+            whose keys, dtype or shape do not match ``specs`` and the counts.
+    """
+    lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "batch lanes")
+    counts = _index_vector(msg.counts, msg.HasField("counts"), "batch counts")
+    if lanes.shape != counts.shape:
+        raise ProtocolError(
+            f"the action batch has {lanes.size} lanes and {counts.size} counts; "
+            "expected one count per lane"
+        )
+    _check_lanes(lanes, num_lanes, "the action batch")
+    if counts.size and (counts.min() < 1 or counts.max() > max_count):
+        raise ProtocolError(
+            f"the action batch has counts from {int(counts.min())} to "
+            f"{int(counts.max())}, expected each in 1..{max_count} actions per lane"
+        )
+    actions = _rows_of(msg.actions, specs, int(counts.sum()), "the action batch")
+    return ActionBatch(lanes, counts, actions)
+
+
+def encode_result_batch(
+    lanes: npt.ArrayLike,
+    steps: npt.ArrayLike,
+    rows: npt.ArrayLike,
+    rewards: npt.ArrayLike,
+    terminated: npt.ArrayLike,
+    truncated: npt.ArrayLike,
+    observation: Mapping[str, npt.ArrayLike],
+    info: Mapping[str, npt.ArrayLike] | None = None,
+) -> pb.ResultBatch:
+    """The results of one call as a ``ResultBatch`` (see the proto)."""
+    msg = pb.ResultBatch(
+        lanes=encode_array(np.asarray(lanes, np.uint32)),
+        steps=encode_array(np.asarray(steps, np.uint32)),
+        rows=encode_array(np.asarray(rows, np.uint32)),
+        rewards=encode_array(np.asarray(rewards, np.float64)),
+        terminated=encode_array(np.asarray(terminated, bool)),
+        truncated=encode_array(np.asarray(truncated, bool)),
+    )
+    for key, x in observation.items():
+        msg.observation[key].CopyFrom(encode_array(x, key))
+    for key, x in (info or {}).items():
+        msg.info[key].CopyFrom(encode_array(x, key))
+    return msg
+
+
+def decode_result_batch(
+    msg: pb.ResultBatch,
     observation: Mapping[str, LeafSpec] | None = None,
     info: Mapping[str, LeafSpec] | None = None,
     *,
     num_lanes: int | None = None,
-) -> LaneStep:
-    """One lane of a ``StepReply``, checked and decoded.
+) -> ResultBatch:
+    """A ``ResultBatch``, checked: lanes, per-step vectors and leaves agree.
 
     Args:
-        result: the ``LaneResult`` message.
-        observation: the observation leaves asked for (key -> per-step spec);
-            each must come back with shape ``(k,) + spec.shape``, where
-            ``1 <= k <= max(steps, 1)``. None: take the leaves as sent.
-        info: the info leaves asked for, checked the same way.
-        num_lanes: when given, the lane index must be below it.
-
-    Returns:
-        A :class:`LaneStep`.
+        msg: the message.
+        observation: the observation leaves asked for (None: as sent).
+        info: the info leaves, when their specs are known (None: as sent).
+        num_lanes: when given, every lane must be below it.
 
     Raises:
-        ProtocolError: an unknown lane, or a leaf or per-step vector that is
-            malformed or does not match what was asked for.
+        ProtocolError: any inconsistency (lanes not ascending or unknown,
+            vectors of different lengths, a lane whose observation rows are not
+            in ``min(steps, 1) .. max(steps, 1)``, per-step vectors or leaves
+            whose length does not match, a malformed leaf).
     """
-    lane, steps = int(result.lane), int(result.steps)
-    if num_lanes is not None and lane >= num_lanes:
+    lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "result lanes")
+    steps = _index_vector(msg.steps, msg.HasField("steps"), "result steps")
+    rows = _index_vector(msg.rows, msg.HasField("rows"), "result rows")
+    if not lanes.shape == steps.shape == rows.shape:
         raise ProtocolError(
-            f"the reply names lane {lane}, but the session has {num_lanes} lanes "
-            f"(0..{num_lanes - 1})"
+            f"the result batch has {lanes.size} lanes, {steps.size} step counts and "
+            f"{rows.size} row counts; expected one of each per lane"
         )
-    rewards = _vector(result.rewards, result.HasField("rewards"), steps, "f", "rewards")
+    _check_lanes(lanes, num_lanes, "the result batch")
+    low, high = np.minimum(steps, 1), np.maximum(steps, 1)
+    if np.any((rows < low) | (rows > high)):
+        i = int(np.argmax((rows < low) | (rows > high)))
+        raise ProtocolError(
+            f"result lane {int(lanes[i])} has {int(rows[i])} observation rows for "
+            f"{int(steps[i])} steps; expected {int(low[i])} to {int(high[i])}"
+        )
+    total = int(steps.sum())
+    rewards = _vector(msg.rewards, msg.HasField("rewards"), total, "f", "rewards")
     terminated = _vector(
-        result.terminated, result.HasField("terminated"), steps, "b", "terminated"
+        msg.terminated, msg.HasField("terminated"), total, "b", "terminated"
     )
     truncated = _vector(
-        result.truncated, result.HasField("truncated"), steps, "b", "truncated"
+        msg.truncated, msg.HasField("truncated"), total, "b", "truncated"
     )
-    leaves = []
-    for field, specs in ((result.observation, observation), (result.info, info)):
-        if specs is not None:
-            _check_keys(field, specs)
-        decoded = decode_leaves(field)
-        if specs is not None:
-            for key, x in decoded.items():
-                spec = specs[key]
-                if (
-                    x.ndim != len(spec.shape) + 1
-                    or not 1 <= x.shape[0] <= max(steps, 1)
-                    or x.shape[1:] != tuple(spec.shape)
-                    or x.dtype.name != spec.dtype
-                ):
-                    raise ProtocolError(
-                        f"lane {lane}: {_name(key)} is {x.dtype.name}"
-                        f"{list(x.shape)}, expected {spec.dtype}"
-                        f"[k, {', '.join(map(str, spec.shape))}] with 1 <= k <= "
-                        f"{max(steps, 1)} (one row per returned step)"
-                    )
-        leaves.append(decoded)
-    return LaneStep(lane, steps, leaves[0], rewards, terminated, truncated, leaves[1])
+    n_rows = int(rows.sum())
+    obs = _rows_of(msg.observation, observation, n_rows, "the result batch")
+    inf = _rows_of(msg.info, info, n_rows, "the result batch")
+    return ResultBatch(lanes, steps, rows, rewards, terminated, truncated, obs, inf)
 
 
 def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message"):

@@ -20,9 +20,9 @@ class Agent(NamedTuple):
       config: the static agent configuration (effective horizon, lead, tile).
       params: the policy's own params (a Model's ``params``; None for functions).
       init: ``init(obs, lanes) -> state``; lanes in ``lanes`` begin at ``obs``.
-      step: ``step(params, state, obs, started, active, ep_keys, t) -> (state,
-        actions)``; see ``jaxmesh.core.agent.host_step``. Observations are put
-        on the policy's device first.
+      step: ``step(params, state, obs, started, active, ep_keys, t, moved=None)
+        -> (state, actions)``; see ``jaxmesh.core.agent.host_step``.
+        Observations are put on the policy's device first.
     """
 
     config: agent.AgentConfig
@@ -70,9 +70,9 @@ def agent_functions(pol: Policy, env: Any, settings: Any, params: Any) -> tuple:
     def init(obs, lanes):
         return agent.init(cfg, pol, obs, lanes)
 
-    def step(params, state, obs, started, active, ep_keys, t):
+    def step(params, state, obs, started, active, ep_keys, t, moved=None):
         return agent.host_step(
-            cfg, pol, params, state, obs, started, active, ep_keys, t
+            cfg, pol, params, state, obs, started, active, ep_keys, t, moved
         )
 
     init_jit = jax.jit(init)

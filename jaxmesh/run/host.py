@@ -39,9 +39,11 @@ from jaxmesh.core import agent
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.remote.address import is_address
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.results import RunResult
+from jaxmesh.run.telemetry import Telemetry
 
 
 def check_seconds(value: Any) -> float | None:
@@ -165,8 +167,9 @@ def evaluate(
     hooks: Any,
     params: Any,
     max_episode_seconds: float | None,
+    token: str | None = None,
 ) -> RunResult:
-    """Evaluates a policy on gymnasium envs stepped in this process.
+    """Evaluates a policy on gymnasium envs stepped in this process or served.
 
     ``jaxmesh.evaluate`` checks the settings and calls this for a host-stepped
     ``env``; the arguments and the contract are the same (docs/evaluation.md,
@@ -176,7 +179,8 @@ def evaluate(
       env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each), a
         ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``
         (``min(num_envs, episodes)`` envs made with ``gymnasium.make`` and
-        closed at the end).
+        closed at the end); or served envs: ``"grpc://host:port"`` or a list of
+        such addresses (``jaxmesh.run.served``).
       settings: the checked settings. ``num_envs`` is at most this many lanes:
         a list or VectorEnv gives at most its own count (so the default 64
         means all of them); ``max_episode_steps`` caps an episode's length (an
@@ -185,6 +189,7 @@ def evaluate(
       max_episode_seconds: a wall-clock cap on an episode, measured from just
         before its reset; the episode ends ``truncated`` after the first step
         that ends past it (CONTRACT 18).
+      token: the servers' token (default: ``JAXMESH_TOKEN``).
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -203,7 +208,16 @@ def evaluate(
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
     hook_list = stream.hooks_list(hooks)
-    lanes = gym_lanes.make_lanes(env, settings.num_envs, int(seeds_arr.size))
+    if is_address(env):
+        from jaxmesh.remote.address import require_grpc
+
+        require_grpc()
+        from jaxmesh.run.served import ServedLanes
+
+        addresses = [env] if isinstance(env, str) else list(env)
+        lanes = ServedLanes(addresses, settings.num_envs, token=token)
+    else:
+        lanes = gym_lanes.make_lanes(env, settings.num_envs, int(seeds_arr.size))
     try:
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         params = pol.default_params() if params is None else pol.place(params)
@@ -256,11 +270,25 @@ def _run(
     res = core_results.empty(e, n, np)
     episodes_out.latest = res
 
+    tel = Telemetry()
+
     def loop() -> Any:
         if e:
-            _loop(
-                program, params, lanes, settings, seconds, seeds_arr, res, episodes_out
+            run_loop = _loop
+            if not isinstance(lanes, gym_lanes._Lanes):  # served
+                from jaxmesh.run.served import served_loop as run_loop
+            run_loop(
+                program,
+                params,
+                lanes,
+                settings,
+                seconds,
+                seeds_arr,
+                res,
+                episodes_out,
+                tel,
             )
+        run_fields["telemetry"] = tel.stats()
         return res
 
     return stream.drive(
@@ -301,6 +329,7 @@ def _loop(
     seeds_arr: np.ndarray,
     res: core_results.Results,
     episodes_out: stream.EpisodeStream,
+    tel: Telemetry,
 ) -> None:
     """Runs the budget; writes every finished episode into ``res`` (numpy)."""
     spec = lanes.spec
@@ -333,12 +362,16 @@ def _loop(
     start(list(range(min(n, e))))
     state = program.init(obs, active.copy())
     while active.any():
+        t_predict = time.perf_counter()
         state, actions = program.step(params, state, obs, started, active, ep_keys, t)
         actions = np.asarray(actions)
+        t_env = time.perf_counter()
+        tel.add("predict", t_env - t_predict)
         started[:] = False
         kinds, values = _action_faults(actions, active, spec.num_actions)
         go = active & (kinds == core_results.NO_FAULT)
         reward, term, trunc = lanes.step(actions, go, obs)
+        tel.add("env_step", time.perf_counter() - t_env)
         bad_r = go & ~np.isfinite(reward)
         kinds = np.where(bad_r, core_results.REWARD_NOT_FINITE, kinds)
         values = np.where(bad_r, reward, values)

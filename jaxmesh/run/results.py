@@ -85,6 +85,11 @@ class RunResult:
     #: The wall-clock cap on an episode (host-stepped envs, CONTRACT 18), or
     #: None. With a cap, which episodes it truncated depends on timing.
     max_episode_seconds: float | None = None
+    #: Host-stepped runs: per series (``predict``, ``env_step``, ``encode``,
+    #: ``decode``, ``wire``, ``queue``, message bytes) its count, mean, p50, p95
+    #: and p99 (seconds or bytes); None for a JAX env. See
+    #: ``jaxmesh.run.telemetry``.
+    telemetry: dict | None = None
 
     @classmethod
     def from_results(
@@ -197,6 +202,12 @@ class RunResult:
     def __str__(self) -> str:
         return self.summary()
 
+    def format_telemetry(self) -> str:
+        """The telemetry as a table (milliseconds per call; bytes)."""
+        from jaxmesh.run.telemetry import format_table
+
+        return format_table(self.telemetry)
+
     def to_dict(self) -> dict:
         """JSON-serialisable dict (settings, totals and every episode)."""
         return {
@@ -222,5 +233,6 @@ class RunResult:
                 "compile_time": self.compile_time,
                 "steps_per_second": self.steps_per_second,
             },
+            "telemetry": self.telemetry,
             "episodes": [e.to_dict() for e in self.episodes],
         }

@@ -21,6 +21,7 @@ from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import capacity_for, empty
 from jaxmesh.envs import make_env
 from jaxmesh.envs.gymnasium import is_host_stepped
+from jaxmesh.remote.address import is_address
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.results import RunResult
 
@@ -273,12 +274,15 @@ def evaluate(
     plan_tile: int | None = None,
     segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
     max_episode_seconds: float | None = None,
+    token: str | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
     A host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
     ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``) runs
-    in ``jaxmesh.run.host.evaluate`` under the same contract.
+    in ``jaxmesh.run.host.evaluate`` under the same contract, and so do served
+    envs: ``"grpc://host:port"`` (a ``jaxmesh.EnvServer`` or ``jaxmesh
+    serve-env``) or a list of such addresses (lanes dealt over the servers).
 
     Args:
       policy: a single-lane callable ``obs -> action`` or ``obs -> chunk`` (or
@@ -308,6 +312,8 @@ def evaluate(
       segment_steps: env steps per scan segment between host visits.
       max_episode_seconds: a wall-clock cap on an episode, host-stepped envs
         only (a JAX env refuses it: use ``max_episode_steps``).
+      token: served envs: the servers' token (default: the ``JAXMESH_TOKEN``
+        environment variable).
 
     Returns:
       A ``RunResult``.
@@ -324,7 +330,7 @@ def evaluate(
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )
-    if is_host_stepped(env):
+    if is_host_stepped(env) or is_address(env):
         from jaxmesh.run import host
 
         return host.evaluate(
@@ -336,6 +342,12 @@ def evaluate(
             hooks=hooks,
             params=params,
             max_episode_seconds=max_episode_seconds,
+            token=token,
+        )
+    if token is not None:
+        raise ValueError(
+            f"token={token!r}: a token is for served envs ('grpc://host:port'); "
+            f"env {env!r} runs in this process, so drop token="
         )
     if max_episode_seconds is not None:
         raise ValueError(

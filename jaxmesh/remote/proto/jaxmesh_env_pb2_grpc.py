@@ -26,7 +26,12 @@ if _version_not_supported:
 
 
 class EnvServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Calls carry the session token, when the server asks for one, as the
+    metadata "authorization: Bearer <token>". An env that raises ends the Step
+    stream with status INTERNAL and the trailing metadata "jaxmesh-env-error"
+    (the exception's type and message) and "jaxmesh-traceback-bin" (its
+    traceback text, UTF-8).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -44,10 +49,20 @@ class EnvServiceStub:
                 request_serializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.StepRequest.SerializeToString,
                 response_deserializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.StepReply.FromString,
                 _registered_method=True)
+        self.Shutdown = channel.unary_unary(
+                '/jaxmesh.env.v1.EnvService/Shutdown',
+                request_serializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.ShutdownRequest.SerializeToString,
+                response_deserializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.ShutdownReply.FromString,
+                _registered_method=True)
 
 
 class EnvServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Calls carry the session token, when the server asks for one, as the
+    metadata "authorization: Bearer <token>". An env that raises ends the Step
+    stream with status INTERNAL and the trailing metadata "jaxmesh-env-error"
+    (the exception's type and message) and "jaxmesh-traceback-bin" (its
+    traceback text, UTF-8).
+    """
 
     def Handshake(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -56,7 +71,15 @@ class EnvServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Step(self, request_iterator, context):
-        """One reply per request, in order, on one stream.
+        """One reply per request, in order, on one stream. An open Step stream is
+        the session: a second one gets RESOURCE_EXHAUSTED ("busy").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Shutdown(self, request, context):
+        """Stops the server; refused (PERMISSION_DENIED) unless it allows it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -75,6 +98,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     request_deserializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.StepRequest.FromString,
                     response_serializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.StepReply.SerializeToString,
             ),
+            'Shutdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shutdown,
+                    request_deserializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.ShutdownRequest.FromString,
+                    response_serializer=jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.ShutdownReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'jaxmesh.env.v1.EnvService', rpc_method_handlers)
@@ -84,7 +112,12 @@ def add_EnvServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EnvService:
-    """Missing associated documentation comment in .proto file."""
+    """Calls carry the session token, when the server asks for one, as the
+    metadata "authorization: Bearer <token>". An env that raises ends the Step
+    stream with status INTERNAL and the trailing metadata "jaxmesh-env-error"
+    (the exception's type and message) and "jaxmesh-traceback-bin" (its
+    traceback text, UTF-8).
+    """
 
     @staticmethod
     def Handshake(request,
@@ -130,6 +163,33 @@ class EnvService:
             '/jaxmesh.env.v1.EnvService/Step',
             jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.StepRequest.SerializeToString,
             jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.StepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shutdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxmesh.env.v1.EnvService/Shutdown',
+            jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.ShutdownRequest.SerializeToString,
+            jaxmesh_dot_remote_dot_proto_dot_jaxmesh__env__pb2.ShutdownReply.FromString,
             options,
             channel_credentials,
             insecure,

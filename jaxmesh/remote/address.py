@@ -1,0 +1,53 @@
+"""Served-env addresses (``"grpc://host:port"``): recognised without importing gRPC,
+so that ``jaxmesh.evaluate`` can tell a served env from the others for free."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEME = "grpc://"
+INSTALL = "pip install 'jaxmesh[remote]'"
+
+
+def is_address(env: Any) -> bool:
+    """Whether ``env`` names served envs: ``"grpc://host:port"`` or a list of them."""
+    if isinstance(env, str):
+        return env.startswith(SCHEME)
+    return (
+        isinstance(env, list | tuple)
+        and len(env) > 0
+        and all(isinstance(e, str) and e.startswith(SCHEME) for e in env)
+    )
+
+
+def parse_address(address: Any) -> str:
+    """``"grpc://host:port"`` or ``"host:port"`` as gRPC's ``"host:port"``.
+
+    Raises:
+      TypeError: not a string.
+      ValueError: no host, no port, or a port that is not a number in 1..65535.
+    """
+    if not isinstance(address, str):
+        raise TypeError(f"address {address!r}: expected a string 'grpc://host:port'")
+    target = address[len(SCHEME) :] if address.startswith(SCHEME) else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"address {address!r} is not 'grpc://host:port' with a port in "
+            "1..65535 (e.g. 'grpc://127.0.0.1:5555'); pass the address "
+            "`jaxmesh serve-env` printed"
+        )
+    return target
+
+
+def require_grpc() -> None:
+    """Raises ImportError with the install line when the [remote] extra is missing."""
+    try:
+        import grpc  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"served envs need gRPC, which is not installed; run: {INSTALL}"
+        ) from exc
+
+
+__all__ = ["SCHEME", "INSTALL", "is_address", "parse_address", "require_grpc"]

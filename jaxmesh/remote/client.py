@@ -1,0 +1,325 @@
+"""A client session with a jaxmesh env server: a handshake, then one Step stream.
+
+``Connection`` is the only place the client side touches gRPC. Requests go out
+through a queue that feeds the stream, and a reader thread takes replies off the
+stream and decodes them (a function the caller gives), so that decoding never
+sits on the caller's critical path and several requests can be in flight.
+
+Every gRPC failure becomes a ``jaxmesh.RemoteError`` that names the address:
+``RemoteEnvError`` when the env raised (with its traceback text),
+``RemoteConnectionError`` when the server cannot be reached, went away, is busy
+or closed the session. How long a failure can take to surface:
+
+- a bad or unreachable address: the handshake fails at once when nothing
+  listens there (connection refused), else after ``connect_timeout`` seconds;
+- a server killed mid-run: at once when its host closes the connection (the
+  process died), else within ``KEEPALIVE_SECONDS + KEEPALIVE_TIMEOUT_SECONDS``
+  (keepalive pings go unanswered: the host or the network died);
+- a server whose env hangs without dying: ``reply_timeout`` seconds (None: wait
+  as long as the env takes).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import grpc
+
+from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
+from jaxmesh.remote import codec
+from jaxmesh.remote.address import is_address, parse_address
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.proto import jaxmesh_env_pb2_grpc as pb_grpc
+
+TOKEN_ENV = "JAXMESH_TOKEN"
+DEFAULT_CONNECT_TIMEOUT = 10.0
+KEEPALIVE_SECONDS = 10.0
+KEEPALIVE_TIMEOUT_SECONDS = 5.0
+
+
+def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list:
+    """The channel options both ends use: the message cap and keepalive pings."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
+        ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
+    """A gRPC failure as the ``RemoteError`` that says what happened and what to do."""
+    code = exc.code() if hasattr(exc, "code") else None
+    name = code.name if code is not None else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    trailing = {}
+    if hasattr(exc, "trailing_metadata"):
+        trailing = dict(exc.trailing_metadata() or ())
+    env_error = trailing.get("jaxmesh-env-error")
+    if env_error is not None:
+        tb = trailing.get("jaxmesh-traceback-bin", b"")
+        tb = tb.decode("utf-8", "replace") if isinstance(tb, bytes) else str(tb)
+        return RemoteEnvError(
+            f"the env served at {address} raised {env_error} ({details}); its "
+            f"traceback on the server:\n{tb}",
+            address=address,
+            remote_traceback=tb,
+        )
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return RemoteConnectionError(
+            f"the jaxmesh env server at {address} is unavailable ({details}); "
+            "check the address and that the server (`jaxmesh serve-env` or "
+            "EnvServer.start()) is running there",
+            address=address,
+            code=name,
+        )
+    if code in (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.CANCELLED,
+    ):
+        return RemoteConnectionError(
+            f"the jaxmesh env server at {address} ended the call: {name}: {details}",
+            address=address,
+            code=name,
+        )
+    return RemoteError(
+        f"the jaxmesh env server at {address} failed the call: {name}: {details}",
+        address=address,
+        code=name,
+    )
+
+
+class ServerInfo(NamedTuple):
+    """What the handshake told: the env's spaces, lanes and options."""
+
+    address: str
+    protocol_version: int
+    server_version: str
+    env_name: str
+    observation: pb.LeafSpec
+    action: pb.LeafSpec
+    num_lanes: int
+    reset_options: dict[str, pb.Value]
+    capabilities: tuple[str, ...]
+    info_keys: tuple[str, ...]
+
+
+_END = object()
+
+
+class Connection:
+    """One client of one env server: the handshake at construction, then
+    ``open`` / ``send`` / ``receive`` on one Step stream (the session).
+
+    Args:
+      address: ``"grpc://host:port"`` or ``"host:port"``.
+      token: the server's token, when it asks for one; default: the
+        ``JAXMESH_TOKEN`` environment variable.
+      connect_timeout: seconds the handshake may take.
+      reply_timeout: seconds ``receive`` waits for a reply (None: no limit).
+      max_message_bytes: the per-message cap (both ways).
+
+    Raises:
+      ValueError: a malformed address.
+      jaxmesh.RemoteConnectionError: nothing answers there, the token is
+        refused, or no protocol version is spoken by both sides.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reply_timeout: float | None = None,
+        max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+    ):
+        from jaxmesh import __version__
+
+        self.address = parse_address(address)
+        token = os.environ.get(TOKEN_ENV) if token is None else token
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.reply_timeout = reply_timeout
+        self.max_message_bytes = max_message_bytes
+        self._channel = grpc.insecure_channel(
+            self.address, options=channel_options(max_message_bytes)
+        )
+        self._stub = pb_grpc.EnvServiceStub(self._channel)
+        self._stream: Any = None
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        request = pb.HandshakeRequest(
+            protocol_versions=codec.PROTOCOL_VERSIONS,
+            client_version=f"jaxmesh {__version__}",
+            token=token or "",
+        )
+        try:
+            reply = self._stub.Handshake(
+                request,
+                timeout=connect_timeout,
+                metadata=self._metadata,
+                wait_for_ready=False,
+            )
+        except grpc.RpcError as exc:
+            self._channel.close()
+            raise remote_error(exc, self.address) from None
+        if reply.protocol_version not in codec.PROTOCOL_VERSIONS:
+            self._channel.close()
+            raise RemoteConnectionError(
+                f"the server at {self.address} chose protocol version "
+                f"{reply.protocol_version}; this client speaks "
+                f"{list(codec.PROTOCOL_VERSIONS)}: upgrade the older side",
+                address=self.address,
+            )
+        if len(reply.observation) != 1 or len(reply.action) != 1:
+            self._channel.close()
+            raise RemoteConnectionError(
+                f"the server at {self.address} declares {len(reply.observation)} "
+                f"observation and {len(reply.action)} action leaves; this client "
+                "reads exactly one of each",
+                address=self.address,
+            )
+        self.info = ServerInfo(
+            address=self.address,
+            protocol_version=int(reply.protocol_version),
+            server_version=reply.server_version,
+            env_name=reply.env_name or f"grpc://{self.address}",
+            observation=reply.observation[0],
+            action=reply.action[0],
+            num_lanes=int(reply.num_lanes),
+            reset_options={o.name: o.value for o in reply.reset_options},
+            capabilities=tuple(reply.capabilities),
+            info_keys=tuple(reply.info_keys),
+        )
+
+    # The session ---------------------------------------------------------------
+    def open(
+        self,
+        decode: Callable[[pb.StepReply], Any] | None = None,
+        *,
+        replies: queue.SimpleQueue | None = None,
+        tag: Any = None,
+    ) -> None:
+        """Opens the session (the Step stream) and starts the reader thread.
+
+        Args:
+          decode: called by the reader thread on each reply; ``receive`` returns
+            its result with the reply (None: no decoding).
+          replies: a queue shared with other connections: the reader puts
+            ``(tag, item)`` there (item: what ``receive`` returns, or the
+            exception it raises), and ``receive`` is not used.
+          tag: names this connection in ``replies``.
+        """
+        if self._stream is not None:
+            raise RuntimeError(f"the session with {self.address} is already open")
+        requests = self._requests
+
+        def outgoing():
+            while True:
+                item = requests.get()
+                if item is _END:
+                    return
+                yield item
+
+        self._stream = self._stub.Step(outgoing(), metadata=self._metadata)
+        sink = self._replies if replies is None else replies
+        self._reader = threading.Thread(
+            target=self._read,
+            args=(self._stream, decode, lambda item: sink.put((tag, item))),
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _read(self, stream: Any, decode: Callable | None, put: Callable) -> None:
+        try:
+            for reply in stream:
+                arrived = time.perf_counter()
+                try:
+                    decoded = decode(reply) if decode is not None else None
+                except BaseException as exc:  # handed to the caller in order
+                    put(exc)
+                    return
+                put((reply, decoded, arrived, time.perf_counter()))
+        except grpc.RpcError as exc:
+            if self._stream is not None:  # not our own close()
+                put(remote_error(exc, self.address))
+            return
+        put(
+            RemoteConnectionError(
+                f"the jaxmesh env server at {self.address} closed the session",
+                address=self.address,
+            )
+        )
+
+    def send(self, request: pb.StepRequest) -> int:
+        """Queues a request on the stream (never waits for the server).
+
+        Returns:
+          The request's size in bytes.
+
+        Raises:
+          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
+        """
+        size = request.ByteSize()
+        codec.check_size(size, self.max_message_bytes, "step request")
+        self._requests.put(request)
+        return size
+
+    def receive(self) -> tuple[pb.StepReply, Any, float, float]:
+        """The next reply, in order: ``(reply, decoded, arrived, decoded_at)``.
+
+        ``arrived`` and ``decoded_at`` are ``time.perf_counter()`` values.
+
+        Raises:
+          jaxmesh.RemoteError: the call failed (see the module docstring), or
+            no reply came within ``reply_timeout``.
+        """
+        try:
+            item = self._replies.get(timeout=self.reply_timeout)
+        except queue.Empty:
+            raise RemoteConnectionError(
+                f"no reply from the jaxmesh env server at {self.address} within "
+                f"{self.reply_timeout} s (reply_timeout); the env may hang",
+                address=self.address,
+                code="DEADLINE_EXCEEDED",
+            ) from None
+        _, item = item
+        if isinstance(item, BaseException):
+            self._replies.put((None, item))  # every later receive fails the same way
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Ends the session and closes the channel (idempotent)."""
+        if self._stream is not None:
+            self._requests.put(_END)
+            self._stream.cancel()
+            self._stream = None
+        self._channel.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = [
+    "Connection",
+    "ServerInfo",
+    "channel_options",
+    "is_address",
+    "parse_address",
+    "remote_error",
+]

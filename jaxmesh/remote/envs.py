@@ -1,0 +1,633 @@
+"""Served envs as gymnasium envs: ``RemoteEnv`` (one lane) and ``RemoteVectorEnv``.
+
+Both talk to a ``jaxmesh.EnvServer`` (or ``jaxmesh serve-env``) over one
+``jaxmesh.remote.client.Connection``: the handshake at construction rebuilds the
+env's spaces exactly (``jaxmesh.remote.spaces.leaf_space``), and each ``reset``
+or ``step`` is one request and one reply on the session's Step stream. Values
+are the env's own: observations in the observation space's dtype, actions as
+the env's ``step`` takes them (a Discrete action is an int including
+``start``; a Box action travels in the space's dtype).
+
+Seeds: the protocol always resets a lane with an explicit seed, so ``reset()``
+without one draws a seed from the client env's own ``np_random`` (seeded by the
+last ``reset(seed=...)``). The episodes after ``reset(seed=s)`` are therefore
+reproducible, but they are not the episodes a local env would play by
+continuing its own generator.
+
+Every gRPC failure is a ``jaxmesh.RemoteError`` (``RemoteEnvError`` when the
+env raised on the server, ``RemoteConnectionError`` when the server cannot be
+reached, is busy, went away or ended the session). After one, the env is
+broken: every later call raises the same error; make a new one.
+
+Example:
+    >>> server = jaxmesh.EnvServer("gymnasium:CartPole-v1", lanes=4).start()
+    >>> env = jaxmesh.RemoteEnv(server.address)  # doctest: +SKIP
+    >>> obs, info = env.reset(seed=0)  # doctest: +SKIP
+    >>> obs, reward, terminated, truncated, info = env.step(1)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from jaxmesh.remote.address import require_grpc
+
+require_grpc()
+
+from jaxmesh.errors import RemoteError  # noqa: E402
+from jaxmesh.remote import codec  # noqa: E402
+from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection  # noqa: E402
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb  # noqa: E402
+from jaxmesh.remote.spaces import leaf_space  # noqa: E402
+
+__all__ = ["RemoteEnv", "RemoteVectorEnv", "ResetNeeded"]
+
+TRIAL_INDEX = "trial_index"
+RESET_MASK = "reset_mask"
+#: ``reset()`` without a seed resets the served lane with a seed drawn in
+#: ``[0, SEED_BOUND)`` from the client env's ``np_random``.
+SEED_BOUND = 2**31
+_MAX_SEED = 2**63 - 1
+
+
+class ResetNeeded(gymnasium.error.ResetNeeded, AssertionError):
+    """A step of a lane that was never reset, or whose episode ended.
+
+    A ``gymnasium.error.ResetNeeded`` (gymnasium's own error for a step before
+    ``reset``), and an ``AssertionError``, the type gymnasium's ``SyncVectorEnv``
+    raises when a lane is stepped after its episode ended in
+    ``AutoresetMode.DISABLED``; so code written for either catches it.
+    """
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool | np.bool_)
+
+
+def _seed(seed: Any, what: str = "seed") -> int | None:
+    """A checked seed: None or an int in ``[0, 2**63)``."""
+    if seed is None:
+        return None
+    if not _is_int(seed) or not 0 <= int(seed) <= _MAX_SEED:
+        raise ValueError(
+            f"{what}={seed!r}: expected None or an int in [0, 2**63) (the server "
+            "resets the env with env.reset(seed=...), which takes a non-negative "
+            "int)"
+        )
+    return int(seed)
+
+
+class _Client:
+    """One session with a server: the handshake, the spaces, request -> reply."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        connect_timeout: float,
+        reply_timeout: float | None,
+    ):
+        self.conn = Connection(
+            address,
+            token=token,
+            connect_timeout=connect_timeout,
+            reply_timeout=reply_timeout,
+        )
+        info = self.conn.info
+        self.address = info.address
+        self.env_name = info.env_name
+        self.num_lanes = info.num_lanes
+        try:
+            if info.num_lanes < 1:
+                raise codec.ProtocolError(
+                    f"the handshake declares {info.num_lanes} lanes, expected >= 1"
+                )
+            self.obs_space = leaf_space(info.observation)
+            self.act_space = leaf_space(info.action)
+            self.obs_spec = codec.leaf_spec_from_proto(info.observation)
+        except codec.ProtocolError as exc:
+            self.conn.close()
+            raise RemoteError(
+                f"the jaxmesh env server at {self.address} declared spaces this "
+                f"client cannot rebuild: {exc}; upgrade the older side",
+                address=self.address,
+            ) from None
+        self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
+        self.trial_index = TRIAL_INDEX in info.reset_options
+        self.closed = False
+        self._call_id = 0
+        self._templates: dict[bytes, pb.StepRequest] = {}
+
+    def start(self) -> None:
+        """Opens the session and makes sure it is ours: a call that touches no
+        lane, so that a busy server fails here, not at the first reset."""
+        spec = {"": self.obs_spec}
+        n = self.num_lanes
+        try:
+            self.conn.open(
+                lambda reply: codec.decode_result_batch(reply.batch, spec, num_lanes=n)
+            )
+            self.call(pb.StepRequest(lane_mask=[False] * n), np.zeros(0, np.int64))
+        except BaseException:
+            self.close()
+            raise
+
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"render_modes": []}
+        if self.trial_index:
+            meta["reset_options"] = (TRIAL_INDEX,)
+        return meta
+
+    def options(self, options: Mapping[str, Any], what: str) -> dict[str, pb.Value]:
+        """Reset options as wire values: only ``trial_index``, when declared."""
+        unknown = sorted(str(k) for k in options if k != TRIAL_INDEX)
+        declared = [TRIAL_INDEX] if self.trial_index else []
+        if unknown:
+            raise ValueError(
+                f"{what}: options {unknown} are not supported; a served env takes "
+                f"only the reset options it declares ({declared} for "
+                f"{self.env_name} at {self.address}, see metadata['reset_options'])"
+            )
+        if TRIAL_INDEX not in options:
+            return {}
+        value = options[TRIAL_INDEX]
+        if not self.trial_index:
+            raise ValueError(
+                f"{what}: options={{'trial_index': {value!r}}}, but {self.env_name} "
+                f"at {self.address} does not declare the 'trial_index' reset "
+                "option (metadata has no 'reset_options'); leave it out"
+            )
+        if not _is_int(value) or not -_MAX_SEED - 1 <= int(value) <= _MAX_SEED:
+            raise ValueError(
+                f"{what}: options['trial_index']={value!r}, expected an int (int64)"
+            )
+        return {TRIAL_INDEX: pb.Value(int_value=int(value))}
+
+    def actions(self, actions: Any, lead: tuple[int, ...], what: str) -> np.ndarray:
+        """Actions of shape ``lead + action shape`` as the wire array, checked."""
+        space = self.act_space
+        arr = np.asarray(actions)
+        want = lead + space.shape
+        kinds = "iu" if self.discrete else "biuf"
+        if arr.shape != want or arr.dtype.kind not in kinds:
+            kind = "ints" if self.discrete else "numbers"
+            raise ValueError(
+                f"{what} {actions!r} has shape {arr.shape} and dtype {arr.dtype}; "
+                f"expected {kind} of shape {want} for action space {space}"
+            )
+        if self.discrete:
+            low, high = int(space.start), int(space.start + space.n)
+            if arr.size and (arr.min() < low or arr.max() >= high):
+                raise ValueError(
+                    f"{what} {actions!r} is outside the action space {space}; "
+                    f"expected ints in [{low}, {high - 1}]"
+                )
+            return arr.astype(np.int64)
+        # A Box action travels in the space's own dtype (the server's contract).
+        return arr.astype(space.dtype)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise gymnasium.error.ClosedEnvironmentError(
+                f"the env served at {self.address} was closed; make a new one"
+            )
+
+    def call(self, request: pb.StepRequest, lanes: np.ndarray) -> codec.ResultBatch:
+        """Sends one request, waits for its reply; the lanes it must name."""
+        self.check_open()
+        self._call_id += 1
+        request.call_id = self._call_id
+        request.observation_keys.append("")
+        self.conn.send(request)
+        try:
+            reply, batch, _, _ = self.conn.receive()
+        except codec.ProtocolError as exc:
+            raise RemoteError(
+                f"the jaxmesh env server at {self.address} sent a reply this client "
+                f"cannot read: {exc}",
+                address=self.address,
+            ) from None
+        if reply.call_id != self._call_id or not np.array_equal(batch.lanes, lanes):
+            raise RemoteError(
+                f"the jaxmesh env server at {self.address} answered call "
+                f"{reply.call_id} for lanes {batch.lanes.tolist()[:16]}, expected "
+                f"call {self._call_id} for lanes {lanes.tolist()[:16]}; the server "
+                "broke the protocol",
+                address=self.address,
+            )
+        return batch
+
+    def _template(self, lanes: np.ndarray) -> pb.StepRequest:
+        """The parts of a request stepping ``lanes`` once each (built once)."""
+        key = lanes.tobytes()
+        template = self._templates.get(key)
+        if template is None:
+            mask = np.zeros(self.num_lanes, bool)
+            mask[lanes] = True
+            template = pb.StepRequest(
+                lane_mask=mask.tolist(),
+                batch=codec.encode_action_batch(
+                    lanes, np.ones(lanes.size, np.uint32), {}
+                ),
+            )
+            self._templates[key] = template
+        return template
+
+    def step_lanes(self, lanes: np.ndarray, actions: np.ndarray) -> codec.ResultBatch:
+        """One action for each of ``lanes``; every lane must step once."""
+        request = pb.StepRequest()
+        request.CopyFrom(self._template(lanes))
+        request.batch.actions[""].CopyFrom(codec.encode_array(actions))
+        batch = self.call(request, lanes)
+        if not np.all(batch.steps == 1):
+            raise RemoteError(
+                f"the jaxmesh env server at {self.address} executed "
+                f"{batch.steps.tolist()[:16]} steps for lanes "
+                f"{lanes.tolist()[:16]}, expected 1 each (it thinks an episode "
+                "ended that this client did not see end)",
+                address=self.address,
+            )
+        return batch
+
+    def reset_lanes(
+        self, lanes: np.ndarray, seeds: Sequence[int], options: dict[str, pb.Value]
+    ) -> codec.ResultBatch:
+        mask = np.zeros(self.num_lanes, bool)
+        mask[lanes] = True
+        request = pb.StepRequest(
+            lane_mask=mask.tolist(),
+            resets=[
+                pb.LaneReset(lane=int(j), seed=int(s), options=options)
+                for j, s in zip(lanes, seeds, strict=True)
+            ],
+        )
+        return self.call(request, lanes)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.conn.close()
+
+
+def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
+    """One lane's observation as a gymnasium env returns it (writable)."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return np.int64(row)
+    return np.array(row)
+
+
+class RemoteEnv(gymnasium.Env):
+    """One lane of a jaxmesh env server as a ``gymnasium.Env``.
+
+    The spaces are rebuilt exactly from the handshake; ``metadata`` has
+    ``"reset_options": ("trial_index",)`` when the served env declares it.
+    Each ``reset`` and ``step`` is one round trip. The session (the server
+    serves one at a time) is held from construction until :meth:`close`.
+
+    Args:
+        address: ``"grpc://host:port"`` or ``"host:port"``.
+        lane: the server lane this env drives (``0 .. num_lanes - 1``).
+        token: the server's token, when it asks for one (default: the
+            ``JAXMESH_TOKEN`` environment variable).
+        connect_timeout: seconds the handshake may take.
+        reply_timeout: seconds a reply may take (None: as long as the env
+            takes; a dead server is still detected, see
+            ``jaxmesh.remote.client``).
+
+    Raises:
+        ValueError: a malformed address, or a lane the server does not have.
+        jaxmesh.RemoteConnectionError: nothing answers at ``address``, the
+            token is refused, or the server is busy with another client.
+
+    Example:
+        >>> env = jaxmesh.RemoteEnv("grpc://127.0.0.1:5555")  # doctest: +SKIP
+        >>> obs, info = env.reset(seed=3)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        lane: int = 0,
+        token: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reply_timeout: float | None = None,
+    ):
+        self._client: _Client | None = None
+        client = _Client(address, token, connect_timeout, reply_timeout)
+        if not _is_int(lane) or not 0 <= int(lane) < client.num_lanes:
+            client.close()
+            raise ValueError(
+                f"lane={lane!r}, but the server at {client.address} serves "
+                f"{client.num_lanes} lanes; expected an int in "
+                f"[0, {client.num_lanes - 1}]"
+            )
+        client.start()
+        self._client = client
+        self.lane = int(lane)
+        self.address = client.address
+        self.env_name = client.env_name
+        self.observation_space = client.obs_space
+        self.action_space = client.act_space
+        self.metadata = client.metadata()
+        self.render_mode = None
+        self._lanes = np.array([self.lane], np.int64)
+        # "new" (never reset), "running", or "ended" (terminated or truncated).
+        self._state = "new"
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets the served lane: the env's ``reset(seed=..., options=...)``.
+
+        Args:
+            seed: the episode's seed; None: one drawn from this env's
+                ``np_random`` (so a seeded reset makes the following unseeded
+                ones reproducible).
+            options: None, ``{}`` or ``{"trial_index": i}`` when the served env
+                declares that option.
+
+        Returns:
+            ``(observation, {})``.
+
+        Raises:
+            ValueError: a bad seed, or options other than a declared
+                ``trial_index``.
+            jaxmesh.RemoteError: the server or the env failed.
+        """
+        client = self._open()
+        seed = _seed(seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(
+                f"options is a {type(options).__name__}; expected None or a dict "
+                "such as {'trial_index': 0}"
+            )
+        wire = client.options(options or {}, "RemoteEnv.reset")
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(SEED_BOUND))
+        self._state = "new"
+        batch = client.reset_lanes(self._lanes, [seed], wire)
+        self._state = "running"
+        return _obs_value(self.observation_space, batch.observation[""][0]), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Steps the served lane with ``action``.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, {})``.
+
+        Raises:
+            ResetNeeded: the env was never reset, or its episode ended.
+            ValueError: an action not of the action space's shape (or, for a
+                Discrete space, outside it).
+            jaxmesh.RemoteError: the server or the env failed.
+        """
+        client = self._open()
+        if self._state != "running":
+            why = (
+                "was never reset"
+                if self._state == "new"
+                else "ended (terminated or truncated) and was not reset"
+            )
+            raise ResetNeeded(
+                f"step() on {self}: the episode {why}; call reset() first"
+            )
+        arr = client.actions(action, (), "action")[None]
+        batch = client.step_lanes(self._lanes, arr)
+        terminated = bool(batch.terminated[0])
+        truncated = bool(batch.truncated[0])
+        if terminated or truncated:
+            self._state = "ended"
+        obs = _obs_value(self.observation_space, batch.observation[""][0])
+        return obs, float(batch.rewards[0]), terminated, truncated, {}
+
+    def render(self) -> None:
+        """Nothing is rendered: a served env has ``render_mode`` None."""
+        return None
+
+    def close(self) -> None:
+        """Ends the session (the server is free for the next client). Idempotent."""
+        if self._client is not None:
+            self._client.close()
+
+    def _open(self) -> _Client:
+        self._client.check_open()
+        return self._client
+
+    def __del__(self):
+        client = getattr(self, "_client", None)
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - at interpreter exit anything goes
+                pass
+
+    def __str__(self) -> str:
+        return f"RemoteEnv({self.env_name} at {self.address}, lane {self.lane})"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class RemoteVectorEnv(VectorEnv):
+    """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv``.
+
+    It follows ``AutoresetMode.DISABLED`` (``metadata["autoreset_mode"]``), as
+    gymnasium's ``SyncVectorEnv(..., autoreset_mode=AutoresetMode.DISABLED)``
+    does: ``step`` steps every lane, and a lane whose episode ended must be
+    reset (``reset(options={"reset_mask": mask})``) before the next ``step``,
+    else :class:`ResetNeeded`. A partial reset returns the whole batch, the
+    lanes not reset keeping their last observation. Each ``reset`` and
+    ``step`` is one round trip.
+
+    Args:
+        address: ``"grpc://host:port"`` or ``"host:port"``.
+        token: the server's token, when it asks for one (default: the
+            ``JAXMESH_TOKEN`` environment variable).
+        connect_timeout: seconds the handshake may take.
+        reply_timeout: seconds a reply may take (None: as long as the env
+            takes).
+
+    Raises:
+        ValueError: a malformed address.
+        jaxmesh.RemoteConnectionError: nothing answers at ``address``, the
+            token is refused, or the server is busy with another client.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reply_timeout: float | None = None,
+    ):
+        self._client: _Client | None = None
+        client = _Client(address, token, connect_timeout, reply_timeout)
+        client.start()
+        self._client = client
+        self.address = client.address
+        self.env_name = client.env_name
+        self.num_envs = client.num_lanes
+        self.single_observation_space = client.obs_space
+        self.single_action_space = client.act_space
+        self.observation_space = batch_space(client.obs_space, self.num_envs)
+        self.action_space = batch_space(client.act_space, self.num_envs)
+        self.metadata = {**client.metadata(), "autoreset_mode": AutoresetMode.DISABLED}
+        self.render_mode = None
+        spec = client.obs_spec
+        self._obs = np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
+        self._was_reset = np.zeros(self.num_envs, bool)
+        self._ended = np.zeros(self.num_envs, bool)
+        self._all = np.arange(self.num_envs, dtype=np.int64)
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Resets every lane, or the lanes of ``options["reset_mask"]``.
+
+        Args:
+            seed: None (a seed drawn from ``np_random`` per lane), an int
+                (lane i gets ``seed + i``, as ``SyncVectorEnv``), or a list of
+                ``num_envs`` ints or Nones (None: drawn).
+            options: None, or a dict with ``"reset_mask"`` (a bool array of
+                shape ``(num_envs,)`` with at least one True: only those lanes
+                are reset) and ``"trial_index"`` (when the served env declares
+                it; every lane reset gets the same value, as ``SyncVectorEnv``).
+
+        Returns:
+            ``(observations, {})``: every lane's observation, ``(num_envs,) +
+            single observation shape``.
+
+        Raises:
+            ValueError, TypeError: bad seeds, mask or options.
+            jaxmesh.RemoteError: the server or the env failed.
+        """
+        client = self._open()
+        n = self.num_envs
+        if seed is None or _is_int(seed):
+            first = _seed(seed)
+            seeds = [None if first is None else first + i for i in range(n)]
+            for s in seeds:
+                _seed(s, "seed + lane")
+        elif isinstance(seed, Sequence) and not isinstance(seed, str):
+            if len(seed) != n:
+                raise ValueError(
+                    f"seed is a list of {len(seed)} seeds; expected one per lane "
+                    f"({n}), an int, or None"
+                )
+            seeds = [_seed(s, f"seed[{i}]") for i, s in enumerate(seed)]
+        else:
+            raise TypeError(
+                f"seed is a {type(seed).__name__}; expected None, an int or a list "
+                f"of {n} ints or Nones"
+            )
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(
+                f"options is a {type(options).__name__}; expected None or a dict "
+                "such as {'reset_mask': mask}"
+            )
+        options = dict(options or {})
+        mask = options.pop(RESET_MASK, None)
+        if mask is None:
+            lanes = self._all
+        else:
+            arr = np.asarray(mask)
+            if arr.dtype != np.bool_ or arr.shape != (n,) or not arr.any():
+                raise ValueError(
+                    f"options['reset_mask'] is {arr.dtype}{list(arr.shape)} "
+                    f"{arr.tolist()!r:.80}; expected a bool array of shape ({n},) "
+                    "with at least one True (the lanes to reset)"
+                )
+            lanes = np.flatnonzero(arr).astype(np.int64)
+        wire = client.options(options, "RemoteVectorEnv.reset")
+        if _is_int(seed):
+            super().reset(seed=int(seed))
+        drawn = [
+            int(self.np_random.integers(SEED_BOUND)) if seeds[j] is None else seeds[j]
+            for j in lanes
+        ]
+        self._was_reset[lanes] = False
+        batch = client.reset_lanes(lanes, drawn, wire)
+        self._obs[lanes] = batch.observation[""]
+        self._was_reset[lanes] = True
+        self._ended[lanes] = False
+        return self._obs.copy(), {}
+
+    def step(
+        self, actions: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Steps every lane with its action.
+
+        Args:
+            actions: ``(num_envs,) + single action shape`` (ints including
+                ``start`` for a Discrete space).
+
+        Returns:
+            ``(observations, rewards float64, terminated, truncated, {})``.
+
+        Raises:
+            ResetNeeded: a lane was never reset, or its episode ended and it was
+                not reset since (``AutoresetMode.DISABLED``).
+            ValueError: actions of the wrong shape (or outside a Discrete space).
+            jaxmesh.RemoteError: the server or the env failed.
+        """
+        client = self._open()
+        if not self._was_reset.all():
+            lanes = np.flatnonzero(~self._was_reset).tolist()
+            raise ResetNeeded(
+                f"step() on {self}: lanes {lanes[:16]} were never reset; call "
+                "reset() first"
+            )
+        if self._ended.any():
+            lanes = np.flatnonzero(self._ended).tolist()
+            raise ResetNeeded(
+                f"step() on {self}: the episodes of lanes {lanes[:16]} ended "
+                "(terminated or truncated) on an earlier step and were not reset; "
+                "in AutoresetMode.DISABLED reset them first: "
+                "env.reset(options={'reset_mask': terminated | truncated})"
+            )
+        arr = client.actions(actions, (self.num_envs,), "actions")
+        batch = client.step_lanes(self._all, arr)
+        self._obs[:] = batch.observation[""]
+        terminated = np.array(batch.terminated, bool)
+        truncated = np.array(batch.truncated, bool)
+        self._ended = terminated | truncated
+        rewards = np.array(batch.rewards, np.float64)
+        return self._obs.copy(), rewards, terminated, truncated, {}
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Ends the session (the server is free for the next client)."""
+        if self._client is not None:
+            self._client.close()
+
+    def _open(self) -> _Client:
+        self._client.check_open()
+        return self._client
+
+    def __del__(self):
+        client = getattr(self, "_client", None)
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - at interpreter exit anything goes
+                pass
+
+    def __repr__(self) -> str:
+        return (
+            f"RemoteVectorEnv({self.env_name} at {self.address}, "
+            f"num_envs={self.num_envs})"
+        )
+
+    __str__ = __repr__

@@ -1,0 +1,1357 @@
+"""Serve gymnasium envs over gRPC: ``EnvServer`` and ``ServeOptions``.
+
+The server speaks the ``jaxmesh.env.v1`` protocol (``proto/jaxmesh_env.proto``):
+
+- ``Handshake`` declares the spaces, the lane count, the reset options the env
+  declares and the capabilities; it opens nothing and may be called any time.
+- ``Step`` is the session: one open stream at a time (a second is refused with
+  RESOURCE_EXHAUSTED, "busy"). Each request resets lanes and replays chunks of
+  actions, stopping a lane at its episode's end; once a lane has ended, further
+  actions execute nothing (``steps=0``) until the client resets it. The session
+  ends when the client closes or drops the stream, after
+  ``idle_timeout_seconds`` without a request (DEADLINE_EXCEEDED), on an error
+  or on shutdown; then every lane is "not reset" again.
+- ``Shutdown`` stops the server when ``allow_remote_shutdown`` is set.
+
+A malformed request is refused with INVALID_ARGUMENT before anything is
+stepped, and the server serves on. An env that raises ends the session with
+INTERNAL, the env's message and its traceback in the trailing metadata
+(``jaxmesh-env-error``, ``jaxmesh-traceback-bin``); the server serves the next
+session. The standard gRPC health service answers SERVING for ``""`` and
+``jaxmesh.env.v1.EnvService`` while the server serves.
+
+This module imports no JAX: gymnasium, numpy, grpc and the codec only.
+
+Example:
+    >>> server = EnvServer("gymnasium:CartPole-v1", lanes=4).start()
+    >>> server.address  # doctest: +SKIP
+    '127.0.0.1:40123'
+    >>> server.shutdown()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hmac
+import ipaddress
+import math
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import grpc
+import gymnasium
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from jaxmesh.remote import codec
+from jaxmesh.remote import spaces as wire_spaces
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+
+__all__ = ["SERVICE_NAME", "EnvServer", "ServeOptions"]
+
+#: The full name of the gRPC service (also a health-check service name).
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
+#: Capabilities declared in the handshake.
+CAPABILITIES = ("chunk_replay", "info_keys", "max_episode_seconds")
+#: Trailing metadata keys of an env error.
+ENV_ERROR_KEY = "jaxmesh-env-error"
+TRACEBACK_KEY = "jaxmesh-traceback-bin"
+#: The environment variable clients read the token from (named in errors).
+TOKEN_ENV = "JAXMESH_TOKEN"
+#: The most actions one lane may replay in one call.
+MAX_COUNT = 1_000_000
+TRIAL_INDEX = "trial_index"
+
+_LOOPBACK_NAMES = ("localhost",)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"jaxmesh {version('jaxmesh')}"
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "jaxmesh unknown"
+
+
+# Options ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """How an :class:`EnvServer` serves.
+
+    Attributes:
+        idle_timeout_seconds: a session with no request for this long is ended
+            (DEADLINE_EXCEEDED) and the server is free for the next client; it
+            also bounds how long a vanished client holds the session.
+        drain_timeout_seconds: at shutdown, how long the call in progress may
+            take to finish and reply before its stream is cancelled.
+        close_timeout_seconds: at shutdown, how long to wait for the session to
+            let go of the envs, and then for closing the envs the server made.
+        allow_remote_shutdown: whether the ``Shutdown`` RPC may stop the server
+            (else it is refused with PERMISSION_DENIED).
+        token: when set, every call must carry the metadata ``authorization:
+            Bearer <token>`` (clients: ``token=`` or ``JAXMESH_TOKEN``).
+        workers: threads that step the lanes of a list of envs, each a
+            contiguous group of lanes (None: 1, i.e. in the serving thread;
+            see docs/remote.md for the measurement behind it).
+        max_message_bytes: the largest message either way; a reply over it is
+            refused with RESOURCE_EXHAUSTED naming its size.
+    """
+
+    idle_timeout_seconds: float = 300.0
+    drain_timeout_seconds: float = 5.0
+    close_timeout_seconds: float = 10.0
+    allow_remote_shutdown: bool = False
+    token: str | None = None
+    workers: int | None = None
+    max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+
+    def __post_init__(self):
+        for name, low, strict in (
+            ("idle_timeout_seconds", 0.0, True),
+            ("drain_timeout_seconds", 0.0, False),
+            ("close_timeout_seconds", 0.0, False),
+        ):
+            value = getattr(self, name)
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and not math.isnan(value)
+                and (value > low if strict else value >= low)
+            )
+            if not ok:
+                bound = "> 0" if strict else ">= 0"
+                raise ValueError(
+                    f"ServeOptions({name}={value!r}): expected a number of seconds "
+                    f"{bound} (math.inf for no limit)"
+                )
+        if not isinstance(self.allow_remote_shutdown, bool):
+            raise TypeError(
+                f"ServeOptions(allow_remote_shutdown={self.allow_remote_shutdown!r}):"
+                " expected True or False"
+            )
+        if self.token is not None and not (
+            isinstance(self.token, str)
+            and self.token
+            and self.token.isascii()
+            and self.token.isprintable()
+            and self.token.strip() == self.token
+        ):
+            raise ValueError(
+                "ServeOptions(token=...): expected None or a non-empty string of "
+                "printable ASCII without surrounding spaces (it travels as gRPC "
+                "metadata); e.g. secrets.token_urlsafe(32)"
+            )
+        if self.workers is not None and not (
+            isinstance(self.workers, int)
+            and not isinstance(self.workers, bool)
+            and self.workers >= 1
+        ):
+            raise ValueError(
+                f"ServeOptions(workers={self.workers!r}): expected None or an int "
+                ">= 1 (threads stepping groups of lanes)"
+            )
+        limit = self.max_message_bytes
+        if not (
+            isinstance(limit, int)
+            and not isinstance(limit, bool)
+            and 1024 <= limit <= 2**31 - 1
+        ):
+            raise ValueError(
+                f"ServeOptions(max_message_bytes={limit!r}): expected an int in "
+                f"[1024, {2**31 - 1}] (gRPC's own ceiling); the default is "
+                f"{codec.MAX_MESSAGE_BYTES}"
+            )
+
+
+# Addresses ----------------------------------------------------------------------
+def _split_address(address: Any) -> tuple[str, int]:
+    """(host, port) of ``"host:port"`` / ``"[v6]:port"``; ValueError otherwise."""
+    if isinstance(address, str):
+        host, sep, port = address.rpartition(":")
+        if sep and host and port.isdigit() and int(port) <= 65535:
+            if not (host.startswith("[") ^ host.endswith("]")):
+                return host, int(port)
+    raise ValueError(
+        f"address {address!r} is not HOST:PORT; expected e.g. '127.0.0.1:5555', "
+        "'[::1]:5555' or '0.0.0.0:0' (port 0 picks a free port)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    bare = host[1:-1] if host.startswith("[") else host
+    if bare.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
+
+
+# Lanes ---------------------------------------------------------------------------
+class _EnvError(Exception):
+    """An env raised while the server reset or stepped lane ``lane``."""
+
+    def __init__(self, lane: int, phase: str, exc: BaseException):
+        super().__init__(lane, phase, exc)
+        self.lane, self.phase, self.exc = lane, phase, exc
+        self.text = "".join(traceback.format_exception(exc))
+
+    def summary(self) -> str:
+        return f"{type(self.exc).__name__}: {self.exc}"
+
+    def details(self) -> str:
+        return f"env lane {self.lane} raised {self.summary()} (while {self.phase})"
+
+
+class _Reset(NamedTuple):
+    lane: int
+    seed: int
+    options: dict[str, Any] | None
+    max_episode_seconds: float
+
+
+class _Replay(NamedTuple):
+    lane: int
+    actions: np.ndarray  # (count,) + action shape, the env's own values
+
+
+class _Request(NamedTuple):
+    ops: list  # _Reset | _Replay, ascending lane
+    want_obs: bool
+    info_keys: tuple[str, ...]
+    all_observations: bool
+    call_id: int
+    release: tuple[int, ...] = ()  # lanes whose episode the client abandons
+
+
+class _Result:
+    """What one lane did in one call, before encoding."""
+
+    __slots__ = ("lane", "obs", "rewards", "terminated", "truncated", "infos")
+
+    def __init__(self, lane: int):
+        self.lane = lane
+        self.obs: list[np.ndarray] = []
+        self.rewards: list[float] = []
+        self.terminated: list[bool] = []
+        self.truncated: list[bool] = []
+        self.infos: list[dict] = []
+
+
+class _Lanes:
+    """The env's lanes as the server steps them; subclasses say how."""
+
+    num_lanes: int
+    obs_space: Any
+    act_space: Any
+    metadata: dict
+    name: str
+
+    def __init__(self):
+        n = self.num_lanes
+        self.was_reset = np.zeros(n, bool)  # reset in this session
+        self.ended = np.zeros(n, bool)  # the lane's episode ended, not reset since
+        self.deadline: list[float | None] = [None] * n
+        self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
+        self.obs_leaf = wire_spaces.space_leaf(
+            self.obs_space, where=f"{self.name} observation_space"
+        )
+        self.act_leaf = wire_spaces.space_leaf(
+            self.act_space, where=f"{self.name} action_space"
+        )
+        self.act_spec = codec.LeafSpec(
+            "", self.act_leaf.dtype, tuple(self.act_leaf.shape)
+        )
+        self.obs_dtype = np.dtype(self.obs_leaf.dtype)
+        self.obs_shape = tuple(self.obs_leaf.shape)
+        options = (self.metadata or {}).get("reset_options", ()) or ()
+        self.reset_options = (TRIAL_INDEX,) if TRIAL_INDEX in options else ()
+
+    def end_session(self) -> None:
+        self.was_reset[:] = False
+        self.ended[:] = False
+        self.deadline = [None] * self.num_lanes
+
+    def observation(self, value: Any, lane: int) -> np.ndarray:
+        arr = np.asarray(value, self.obs_dtype)
+        if arr.shape != self.obs_shape:
+            raise ValueError(
+                f"{self.name} lane {lane} returned an observation of shape "
+                f"{arr.shape}; its observation_space has shape {self.obs_shape}. "
+                "Make the env return observations of its declared shape"
+            )
+        return arr
+
+    def _env_action(self, actions: np.ndarray, k: int) -> Any:
+        return int(actions[k]) if self.discrete else actions[k]
+
+    def _past_deadline(self, lane: int) -> bool:
+        deadline = self.deadline[lane]
+        return deadline is not None and time.perf_counter() > deadline
+
+    def _start_clock(self, op: _Reset) -> None:
+        seconds = op.max_episode_seconds
+        self.deadline[op.lane] = time.perf_counter() + seconds if seconds > 0 else None
+
+    def check(self, request: _Request) -> None:
+        """Refuses (ProtocolError) a request these lanes cannot serve exactly."""
+
+    def run(self, request: _Request) -> list[_Result]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _ListLanes(_Lanes):
+    """One gymnasium Env per lane; only the lanes named are stepped."""
+
+    def __init__(self, envs: list, owned: bool, workers: int):
+        self.envs = envs
+        self.owned = owned
+        self.num_lanes = len(envs)
+        self.obs_space = envs[0].observation_space
+        self.act_space = envs[0].action_space
+        self.metadata = envs[0].metadata
+        self.name = _env_name(envs[0])
+        super().__init__()
+        self.workers = max(1, min(workers, self.num_lanes))
+        self.pool = (
+            concurrent.futures.ThreadPoolExecutor(
+                self.workers, thread_name_prefix="jaxmesh-lanes"
+            )
+            if self.workers > 1
+            else None
+        )
+        # Lane j belongs to group j * workers // num_lanes (contiguous groups).
+        self.group_of = [j * self.workers // self.num_lanes for j in range(len(envs))]
+
+    def _reset(self, op: _Reset, request: _Request) -> _Result:
+        j = op.lane
+        env = self.envs[j]
+        self._start_clock(op)
+        try:
+            if op.options:
+                obs, info = env.reset(seed=op.seed, options=op.options)
+            else:
+                obs, info = env.reset(seed=op.seed)
+            arr = self.observation(obs, j)
+        except Exception as exc:
+            raise _EnvError(j, "resetting", exc) from exc
+        self.ended[j] = False
+        self.was_reset[j] = True
+        out = _Result(j)
+        out.obs.append(arr)
+        if request.info_keys:
+            out.infos.append(info)
+        return out
+
+    def _replay(self, op: _Replay, request: _Request) -> _Result:
+        j = op.lane
+        out = _Result(j)
+        if self.ended[j]:
+            return out
+        env = self.envs[j]
+        keep_all = request.all_observations
+        want_obs, want_info = request.want_obs, bool(request.info_keys)
+        for k in range(op.actions.shape[0]):
+            try:
+                obs, reward, term, trunc, info = env.step(
+                    self._env_action(op.actions, k)
+                )
+                arr = self.observation(obs, j) if want_obs else None
+            except Exception as exc:
+                raise _EnvError(j, "stepping", exc) from exc
+            term, trunc = bool(term), bool(trunc)
+            if self._past_deadline(j):
+                trunc = True
+            out.rewards.append(float(reward))
+            out.terminated.append(term)
+            out.truncated.append(trunc)
+            if want_obs:
+                if keep_all or not out.obs:
+                    out.obs.append(arr)
+                else:
+                    out.obs[0] = arr
+            if want_info:
+                if keep_all or not out.infos:
+                    out.infos.append(info)
+                else:
+                    out.infos[0] = info
+            if term or trunc:
+                self.ended[j] = True
+                break
+        return out
+
+    def _run_ops(self, ops: list, request: _Request) -> list[_Result]:
+        return [
+            self._reset(op, request)
+            if isinstance(op, _Reset)
+            else self._replay(op, request)
+            for op in ops
+        ]
+
+    def run(self, request: _Request) -> list[_Result]:
+        if self.pool is None or len(request.ops) < 2:
+            return self._run_ops(request.ops, request)
+        groups: dict[int, list] = {}
+        for op in request.ops:
+            groups.setdefault(self.group_of[op.lane], []).append(op)
+        if len(groups) == 1:
+            return self._run_ops(request.ops, request)
+        futures = [
+            self.pool.submit(self._run_ops, ops, request) for ops in groups.values()
+        ]
+        out: list[_Result] = []
+        errors: list[_EnvError] = []
+        for future in futures:  # in lane order: groups are contiguous
+            try:
+                out.extend(future.result())
+            except _EnvError as exc:
+                errors.append(exc)
+        if errors:
+            raise min(errors, key=lambda e: e.lane)
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.owned:
+            for env in self.envs:
+                env.close()
+
+
+class _VectorLanes(_Lanes):
+    """A gymnasium VectorEnv in AutoresetMode.DISABLED, stepped as a whole."""
+
+    def __init__(self, vec: Any, owned: bool, idle_action: Any):
+        self.vec = vec
+        self.owned = owned
+        self.num_lanes = int(vec.num_envs)
+        self.obs_space = vec.single_observation_space
+        self.act_space = vec.single_action_space
+        self.metadata = vec.metadata
+        self.name = _env_name(vec)
+        super().__init__()
+        self.idle = np.asarray(idle_action)
+        # The env's own state, across sessions: reset once at all, and lanes
+        # whose env ended (stepping one in DISABLED mode is not allowed).
+        self.ready = False
+        self.env_ended = np.zeros(self.num_lanes, bool)
+
+    def _vec_reset(self, lanes: list[int], seeds: list, options: dict | None):
+        mask = np.zeros(self.num_lanes, bool)
+        mask[lanes] = True
+        seed_list: list = [None] * self.num_lanes
+        for j, s in zip(lanes, seeds, strict=True):
+            seed_list[j] = s
+        obs, info = self.vec.reset(
+            seed=seed_list, options={"reset_mask": mask, **(options or {})}
+        )
+        self.env_ended[mask] = False
+        return obs, info
+
+    def _lane_info(self, info: dict, j: int, keys: tuple[str, ...]) -> dict:
+        out = {}
+        for key in keys:
+            if key in info:
+                present = info.get("_" + key)
+                if present is None or bool(np.asarray(present)[j]):
+                    try:
+                        out[key] = np.asarray(info[key])[j]
+                    except (IndexError, TypeError):
+                        continue
+        return out
+
+    def _resets(self, resets: list[_Reset], request: _Request) -> list[_Result]:
+        groups: dict[tuple, list[_Reset]] = {}
+        for op in resets:
+            key = tuple(sorted((op.options or {}).items()))
+            groups.setdefault(key, []).append(op)
+        results: dict[int, _Result] = {}
+        first = resets[0].lane
+        try:
+            if not self.ready:
+                # gymnasium's vector envs hold nothing for a lane never reset,
+                # so the first reset covers every lane (seed None where unnamed).
+                plain = groups.pop((), []) if len(groups) == 1 else []
+                every = list(range(self.num_lanes))
+                seeds: list = [None] * self.num_lanes
+                for op in plain:
+                    seeds[op.lane] = op.seed
+                    self._start_clock(op)
+                obs, info = self._vec_reset(every, seeds, None)
+                self.ready = True
+                for op in plain:
+                    results[op.lane] = self._reset_result(op, obs, info, request)
+            for key, ops in groups.items():
+                for op in ops:
+                    self._start_clock(op)
+                obs, info = self._vec_reset(
+                    [op.lane for op in ops], [op.seed for op in ops], dict(key)
+                )
+                for op in ops:
+                    results[op.lane] = self._reset_result(op, obs, info, request)
+        except _EnvError:
+            raise
+        except Exception as exc:
+            raise _EnvError(first, "resetting", exc) from exc
+        return [results[op.lane] for op in resets]
+
+    def _reset_result(self, op: _Reset, obs, info, request: _Request) -> _Result:
+        j = op.lane
+        out = _Result(j)
+        out.obs.append(self.observation(obs[j], j))
+        if request.info_keys:
+            out.infos.append(self._lane_info(info, j, request.info_keys))
+        self.ended[j] = False
+        self.was_reset[j] = True
+        return out
+
+    def _replays(self, replays: list[_Replay], request: _Request) -> list[_Result]:
+        results = {op.lane: _Result(op.lane) for op in replays}
+        active = [op for op in replays if not self.ended[op.lane]]
+        steps = max((op.actions.shape[0] for op in active), default=0)
+        keep_all, want_obs = request.all_observations, request.want_obs
+        for k in range(steps):
+            live = [op for op in active if k < op.actions.shape[0]]
+            if not live:
+                break
+            lane = live[0].lane
+            try:
+                if self.env_ended.any():
+                    idle = [int(j) for j in np.flatnonzero(self.env_ended)]
+                    self._vec_reset(idle, [None] * len(idle), None)
+                batch = np.broadcast_to(
+                    self.idle, (self.num_lanes,) + self.idle.shape
+                ).copy()
+                for op in live:
+                    batch[op.lane] = op.actions[k]
+                obs, reward, term, trunc, info = self.vec.step(batch)
+                term, trunc = np.asarray(term, bool), np.asarray(trunc, bool)
+                self.env_ended = term | trunc
+                reward = np.asarray(reward, np.float64)
+                for op in live:
+                    lane = op.lane
+                    out = results[lane]
+                    te, tr = bool(term[lane]), bool(trunc[lane])
+                    if self._past_deadline(lane):
+                        tr = True
+                    out.rewards.append(float(reward[lane]))
+                    out.terminated.append(te)
+                    out.truncated.append(tr)
+                    if want_obs:
+                        arr = self.observation(obs[lane], lane)
+                        if keep_all or not out.obs:
+                            out.obs.append(arr)
+                        else:
+                            out.obs[0] = arr
+                    if request.info_keys:
+                        row = self._lane_info(info, lane, request.info_keys)
+                        if keep_all or not out.infos:
+                            out.infos.append(row)
+                        else:
+                            out.infos[0] = row
+                    if te or tr:
+                        self.ended[lane] = True
+                active = [op for op in active if not self.ended[op.lane]]
+            except Exception as exc:
+                raise _EnvError(lane, "stepping", exc) from exc
+        return [results[op.lane] for op in replays]
+
+    def check(self, request: _Request) -> None:
+        """Lockstep: a VectorEnv steps every lane at once, so every lane in the
+        middle of an episode is stepped in every call, all by the same count (a
+        lane left out would be stepped with the idle action, silently). A lane
+        reset in this call is not left out: it may be stepped with the idle
+        action before its reset (resets run last), which its reset discards; a
+        client abandons an episode that way (e.g. at max_episode_steps), or by
+        naming the lane in ``release`` when it starts no other."""
+        if not any(isinstance(op, _Replay) for op in request.ops):
+            return  # resets only: nothing is stepped
+        replays = {
+            op.lane: op.actions.shape[0]
+            for op in request.ops
+            if isinstance(op, _Replay)
+        }
+        named = (
+            replays.keys()
+            | {op.lane for op in request.ops if isinstance(op, _Reset)}
+            | set(request.release)
+        )
+        live = np.flatnonzero(self.was_reset & ~self.ended)
+        missing = [int(j) for j in live if int(j) not in named]
+        if missing:
+            raise _bad(
+                f"lanes {missing[:16]} are in the middle of an episode but have no "
+                "actions and no reset in this call; this server steps a VectorEnv "
+                "as a whole (capability 'lockstep'), so every lane mid-episode is "
+                "stepped (or reset, to abandon its episode) in every call. Serve a "
+                "list of Envs for lanes that move on their own"
+            )
+        counts = {c for j, c in replays.items() if not self.ended[j]}
+        if len(counts) > 1:
+            raise _bad(
+                f"the lanes stepped in this call have counts {sorted(counts)}; this "
+                "server steps a VectorEnv as a whole (capability 'lockstep'), so "
+                "every lane mid-episode replays the same number of actions"
+            )
+
+    def run(self, request: _Request) -> list[_Result]:
+        # Steps first, then resets: a lane reset in this call is not stepped.
+        resets = [op for op in request.ops if isinstance(op, _Reset)]
+        replays = [op for op in request.ops if isinstance(op, _Replay)]
+        out = self._replays(replays, request) if replays else []
+        if resets:
+            out += self._resets(resets, request)
+        return sorted(out, key=lambda r: r.lane)
+
+    def close(self) -> None:
+        if self.owned:
+            self.vec.close()
+
+
+def _env_name(env: Any) -> str:
+    from jaxmesh.envs.gymnasium import _env_name as name
+
+    return name(env)
+
+
+def _make_lanes(env: Any, lanes: int | None, workers: int) -> _Lanes:
+    """Server lanes for what the caller passed (an id, an Env, a list, a vector).
+
+    The checks and their wording are those of ``jaxmesh.envs.gymnasium``.
+    """
+    from jaxmesh.envs import gymnasium as gym_lanes
+
+    if lanes is not None and not isinstance(env, str):
+        raise ValueError(
+            f"lanes={lanes} is only for an env id ('gymnasium:<id>'); a "
+            f"{type(env).__name__} brings its own lanes (pass a list of Envs or a "
+            "VectorEnv with the lanes you want)"
+        )
+    if isinstance(env, str):
+        if not env.startswith(gym_lanes.PREFIX + ":"):
+            raise ValueError(
+                f"env {env!r}: expected 'gymnasium:<id>' (e.g. "
+                "'gymnasium:CartPole-v1'), a gymnasium Env, a list of them, a "
+                "VectorEnv in AutoresetMode.DISABLED, or a factory of one"
+            )
+        count = 1 if lanes is None else lanes
+        made = gym_lanes.make_lanes(env, count, count)
+        return _ListLanes(made.envs, owned=True, workers=workers)
+    if isinstance(env, gymnasium.vector.VectorEnv):
+        checked = gym_lanes.VectorLanes(env)  # refuses other autoreset modes
+        return _VectorLanes(env, owned=False, idle_action=checked._idle)
+    if isinstance(env, gymnasium.Env):
+        return _ListLanes([env], owned=False, workers=workers)
+    if isinstance(env, list):
+        if not env:
+            raise ValueError("env=[]: pass at least one gymnasium Env")
+        checked = gym_lanes.EnvLanes(env)  # distinct objects, equal spaces
+        return _ListLanes(checked.envs, owned=False, workers=workers)
+    raise TypeError(
+        f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
+        "list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', or "
+        "a zero-argument factory returning one"
+    )
+
+
+def _is_env(env: Any) -> bool:
+    return isinstance(env, str | list | gymnasium.Env | gymnasium.vector.VectorEnv)
+
+
+# Requests and replies ------------------------------------------------------------
+def _tensor(arr: np.ndarray) -> pb.Tensor:
+    return codec.encode_array(arr)
+
+
+def _info_tensor(rows: list[dict], key: str) -> pb.Tensor | None:
+    """The rows' values of info ``key`` as one Tensor, or None to skip it."""
+    try:
+        values = [np.asarray(row[key]) for row in rows]
+    except KeyError:
+        return None
+    if any(
+        v.dtype.kind not in "biuf" or v.dtype.name not in codec.DTYPES for v in values
+    ):
+        return None
+    try:
+        return codec.encode_array(np.stack(values), key)
+    except (ValueError, codec.ProtocolError):
+        return None
+
+
+def _encode(results: list[_Result], request: _Request, lanes: _Lanes) -> pb.ResultBatch:
+    """Every lane's result of one call as one ``ResultBatch`` (ascending lanes)."""
+    steps = [len(r.rewards) for r in results]
+    # The proto's rule: 1 for a reset; a replay's steps when every observation
+    # is asked for, else min(steps, 1); with or without observation keys (the
+    # info rows follow it too).
+    if request.want_obs:
+        rows = [len(r.obs) for r in results]
+    else:
+        every = request.all_observations
+        rows = [
+            1 if isinstance(op, _Reset) else (k if every else min(k, 1))
+            for op, k in zip(request.ops, steps, strict=True)
+        ]
+    rewards = [x for r in results for x in r.rewards]
+    terminated = [x for r in results for x in r.terminated]
+    truncated = [x for r in results for x in r.truncated]
+    observation = {}
+    if request.want_obs:
+        frames = [o for r in results for o in r.obs]
+        observation[""] = (
+            np.stack(frames)
+            if frames
+            else np.zeros((0,) + lanes.obs_shape, lanes.obs_dtype)
+        )
+    info = {}
+    if request.info_keys:
+        infos = [row for r in results for row in r.infos]
+        if len(infos) == sum(rows):
+            for key in request.info_keys:
+                tensor = _info_tensor(infos, key) if infos else None
+                if tensor is not None:
+                    info[key] = codec.decode_array(tensor, key=key)
+    return codec.encode_result_batch(
+        [r.lane for r in results],
+        steps,
+        rows,
+        np.asarray(rewards, np.float64),
+        np.asarray(terminated, bool),
+        np.asarray(truncated, bool),
+        observation,
+        info,
+    )
+
+
+def _bad(message: str) -> codec.ProtocolError:
+    return codec.ProtocolError(message)
+
+
+def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
+    """A checked request; ProtocolError naming what is wrong (nothing stepped)."""
+    n = lanes.num_lanes
+    if len(msg.lane_mask) != n:
+        raise _bad(
+            f"lane_mask has {len(msg.lane_mask)} entries, expected {n} (one per "
+            "server lane, as the handshake's num_lanes says)"
+        )
+    mask = msg.lane_mask
+
+    def check_lane(lane: int, what: str) -> None:
+        if lane >= n:
+            raise _bad(
+                f"{what} names lane {lane}, but the server has {n} lanes (0..{n - 1})"
+            )
+        if not mask[lane]:
+            raise _bad(f"{what} names lane {lane}, which is not set in lane_mask")
+
+    ops: dict[int, Any] = {}
+    for r in msg.resets:
+        lane = int(r.lane)
+        check_lane(lane, "resets")
+        if lane in ops:
+            raise _bad(f"resets names lane {lane} more than once")
+        if r.seed < 0:
+            raise _bad(f"resets: lane {lane} has seed {r.seed}; expected a seed >= 0")
+        mes = r.max_episode_seconds
+        if not (math.isfinite(mes) and mes >= 0):
+            raise _bad(
+                f"resets: lane {lane} has max_episode_seconds {mes}; expected a "
+                "finite number >= 0 (0: no wall-clock cap)"
+            )
+        options: dict[str, Any] = {}
+        for name, value in r.options.items():
+            if name not in lanes.reset_options:
+                raise _bad(
+                    f"resets: lane {lane} has reset option {name[:64]!r}, but the "
+                    f"env declares {list(lanes.reset_options)} (see the handshake's "
+                    "reset_options)"
+                )
+            if value.WhichOneof("kind") != "int_value":
+                raise _bad(
+                    f"resets: lane {lane} has reset option {name!r} of kind "
+                    f"{value.WhichOneof('kind')}; expected int_value"
+                )
+            options[name] = int(value.int_value)
+        ops[lane] = _Reset(lane, int(r.seed), options or None, float(mes))
+    replays: dict[int, _Replay] = {}
+    if msg.HasField("batch"):
+        batch = codec.decode_action_batch(
+            msg.batch, {"": lanes.act_spec}, num_lanes=n, max_count=MAX_COUNT
+        )
+        arr = np.array(batch.actions[""])
+        if lanes.discrete and arr.size:
+            low = lanes.act_leaf.start
+            high = low + lanes.act_leaf.n
+            if arr.min() < low or arr.max() >= high:
+                bad = arr[(arr < low) | (arr >= high)][0]
+                raise _bad(
+                    f"the action batch has action {int(bad)}, outside the env's "
+                    f"Discrete({lanes.act_leaf.n}, start={low}) [{low}, {high - 1}]"
+                )
+        for lane, start, count in zip(
+            batch.lanes.tolist(),
+            batch.offsets.tolist(),
+            batch.counts.tolist(),
+            strict=True,
+        ):
+            check_lane(lane, "the action batch")
+            if lane in ops:
+                raise _bad(
+                    f"lane {lane} is both reset and stepped in one call; reset it "
+                    "in one call and step it in the next"
+                )
+            if not lanes.was_reset[lane]:
+                raise _bad(
+                    f"the action batch steps lane {lane}, which was never reset in "
+                    f"this session; reset lane {lane} first"
+                )
+            replays[lane] = _Replay(lane, arr[start : start + count])
+    keys = set(msg.observation_keys)
+    if not keys <= {""}:
+        raise _bad(
+            f"observation_keys {sorted(keys)[:16]} are not all declared: the "
+            "observation has the single leaf '' (see the handshake)"
+        )
+    ops.update(replays)
+    release = tuple(dict.fromkeys(int(j) for j in msg.release))
+    for lane in release:
+        check_lane(lane, "release")
+        if lane in ops:
+            raise _bad(
+                f"lane {lane} is both released and reset or stepped in one call; "
+                "release a lane only when it takes no other part in the call"
+            )
+    request = _Request(
+        ops=[ops[j] for j in sorted(ops)],
+        want_obs="" in keys,
+        info_keys=tuple(dict.fromkeys(msg.info_keys)),
+        all_observations=bool(msg.all_observations),
+        call_id=int(msg.call_id),
+        release=release,
+    )
+    lanes.check(request)
+    return request
+
+
+def _ascii(text: str) -> str:
+    return text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
+
+
+def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
+    """Ends an RPC from another thread with ``code`` and ``details``.
+
+    ``ServicerContext.cancel()`` can only say CANCELLED; the call object under
+    it takes a status, so the client learns why. Falls back to ``cancel()``.
+    """
+    call = getattr(getattr(context, "_rpc_event", None), "call", None)
+    try:
+        call.cancel(code.value[0], details)
+    except Exception:  # noqa: BLE001 - a grpc without it: a plain cancel
+        context.cancel()
+
+
+class _Session:
+    """The open Step stream's watchdog: idle timeout and shutdown.
+
+    The serving thread marks when it waits for a request and when it works;
+    a thread ends the stream once it has waited ``idle`` seconds. ``end``
+    ends it now when it waits, else after the reply in progress.
+    """
+
+    def __init__(self, context: grpc.ServicerContext, idle: float, address: str):
+        self.context = context
+        self.idle = idle
+        self.address = address
+        self.waiting_since: float | None = None
+        self.pending: tuple[grpc.StatusCode, str] | None = None
+        self.cond = threading.Condition()
+        self.done = False
+        self.thread = threading.Thread(
+            target=self._watch, name="jaxmesh-session-watchdog", daemon=True
+        )
+        self.thread.start()
+
+    def _watch(self) -> None:
+        with self.cond:
+            while not self.done:
+                since = self.waiting_since
+                if since is None or math.isinf(self.idle):
+                    self.cond.wait(None if math.isinf(self.idle) else self.idle)
+                    continue
+                left = since + self.idle - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                _cancel(
+                    self.context,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the session on the server at {self.address} had no request "
+                    f"for {self.idle:g} s (idle_timeout_seconds) and was ended; "
+                    "open a new session, or start the server with a longer "
+                    "idle timeout",
+                )
+                self.done = True
+
+    def waiting(self) -> None:
+        self.waiting_since = time.monotonic()
+        pending = self.pending
+        if pending is not None:
+            self.context.abort(*pending)
+
+    def working(self) -> None:
+        self.waiting_since = None
+
+    def end(self, code: grpc.StatusCode, details: str) -> None:
+        self.pending = (code, details)
+        if self.waiting_since is not None:
+            _cancel(self.context, code, details)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
+
+
+# The server ---------------------------------------------------------------------
+class EnvServer:
+    """Serves a gymnasium env's lanes over gRPC (the ``jaxmesh.env.v1`` protocol).
+
+    Args:
+        env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each;
+            distinct objects with equal spaces), a ``VectorEnv`` in
+            ``AutoresetMode.DISABLED``, ``"gymnasium:<id>"`` (the server makes
+            ``lanes`` envs and closes them at shutdown), or a zero-argument
+            factory returning one of these (called in :meth:`start`; what it
+            makes is closed at shutdown).
+        address: ``"host:port"`` to bind; port 0 picks a free port. A host
+            other than loopback (127.0.0.0/8, ::1, localhost) needs a token,
+            TLS ``credentials`` or ``insecure=True``.
+        options: :class:`ServeOptions` (default: ``ServeOptions()``).
+        lanes: how many envs to make for ``"gymnasium:<id>"`` (default 1).
+        insecure: allow binding a non-loopback host with no token and no TLS.
+        credentials: ``grpc.ServerCredentials`` (e.g. from
+            ``grpc.ssl_server_credentials``) to serve over TLS.
+
+    Raises:
+        ValueError: a bad address, a non-loopback address with no token, TLS or
+            ``insecure=True``, bad ``lanes``.
+        TypeError: bad ``options`` or ``credentials``.
+
+    Example:
+        >>> with EnvServer("gymnasium:CartPole-v1", lanes=8) as server:
+        ...     print(server.address)  # doctest: +SKIP
+        127.0.0.1:40123
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        address: str = "127.0.0.1:0",
+        *,
+        options: ServeOptions | None = None,
+        lanes: int | None = None,
+        insecure: bool = False,
+        credentials: grpc.ServerCredentials | None = None,
+    ):
+        options = ServeOptions() if options is None else options
+        if not isinstance(options, ServeOptions):
+            raise TypeError(
+                f"options is a {type(options).__name__}; expected "
+                "jaxmesh.ServeOptions(...) or None"
+            )
+        if lanes is not None and not (
+            isinstance(lanes, int) and not isinstance(lanes, bool) and lanes >= 1
+        ):
+            raise ValueError(f"lanes={lanes!r}: expected None or an int >= 1")
+        if credentials is not None and not isinstance(
+            credentials, grpc.ServerCredentials
+        ):
+            raise TypeError(
+                f"credentials is a {type(credentials).__name__}; expected "
+                "grpc.ServerCredentials (e.g. grpc.ssl_server_credentials(...)) or "
+                "None"
+            )
+        host, port = _split_address(address)
+        if not (
+            _is_loopback(host)
+            or options.token is not None
+            or credentials is not None
+            or insecure
+        ):
+            raise ValueError(
+                f"refusing to serve on {address!r} with no token and no TLS: anyone "
+                "who reaches it could drive the env. Bind a loopback address "
+                "(127.0.0.1:PORT), set a token (ServeOptions(token=...), "
+                "--token or JAXMESH_TOKEN), pass TLS credentials=, or say "
+                "insecure=True (--insecure) if the network is trusted"
+            )
+        self._env = env
+        self._host, self._port = host, port
+        self._requested = address
+        self.options = options
+        self._lanes_wanted = lanes
+        self._credentials = credentials
+        self._lanes: _Lanes | None = None
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._address: str | None = None
+        self._state_lock = threading.Lock()
+        self._session_lock = threading.Lock()
+        self._session: _Session | None = None
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._handshake: pb.HandshakeReply | None = None
+
+    # Lifecycle -----------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """The bound ``"host:port"`` (the actual port once started)."""
+        if self._address is None:
+            return self._requested
+        return self._address
+
+    @property
+    def num_lanes(self) -> int:
+        """The number of lanes served (after :meth:`start`)."""
+        if self._lanes is None:
+            raise RuntimeError("the server has not started; call start() first")
+        return self._lanes.num_lanes
+
+    def start(self) -> EnvServer:
+        """Builds the lanes, binds, and starts serving in background threads.
+
+        Returns:
+            self, serving: health SERVING, ``address`` holds the actual port.
+
+        Raises:
+            RuntimeError: started twice.
+            OSError: the address cannot be bound (e.g. its port is in use).
+            ValueError, TypeError: an env the server cannot serve.
+        """
+        with self._state_lock:
+            if self._server is not None or self._stopping:
+                raise RuntimeError(
+                    f"EnvServer at {self.address} was already started; make a new "
+                    "EnvServer to serve again"
+                )
+            env = self._env
+            if callable(env) and not _is_env(env):
+                env = env()
+                if not _is_env(env):
+                    raise TypeError(
+                        f"the env factory returned a {type(env).__name__}; expected "
+                        "a gymnasium Env, a list of them, a VectorEnv or "
+                        "'gymnasium:<id>'"
+                    )
+                owned_by_factory = True
+            else:
+                owned_by_factory = False
+            lanes = _make_lanes(env, self._lanes_wanted, self.options.workers or 1)
+            if owned_by_factory:
+                lanes.owned = True
+            try:
+                self._start_server(lanes)
+            except BaseException:
+                lanes.close()
+                raise
+            self._lanes = lanes
+        return self
+
+    def _start_server(self, lanes: _Lanes) -> None:
+        limit = self.options.max_message_bytes
+        server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(
+                16, thread_name_prefix="jaxmesh-serve"
+            ),
+            options=[
+                ("grpc.max_send_message_length", limit),
+                ("grpc.max_receive_message_length", limit),
+                # Without this, Linux lets a second server bind a port in use.
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        handlers = {
+            "Handshake": grpc.unary_unary_rpc_method_handler(self._handshake_rpc),
+            "Step": grpc.stream_stream_rpc_method_handler(self._step_rpc),
+            "Shutdown": grpc.unary_unary_rpc_method_handler(self._shutdown_rpc),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        where = f"{self._host}:{self._port}"
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(where, self._credentials)
+            else:
+                port = server.add_insecure_port(where)
+        except RuntimeError as exc:
+            raise OSError(
+                f"cannot bind {where!r} ({exc}); is the port in use? Pick another "
+                "port, or port 0 for a free one"
+            ) from exc
+        if not port:
+            raise OSError(
+                f"cannot bind {where!r}; is the port in use? Pick another port, or "
+                "port 0 for a free one"
+            )
+        self._address = f"{self._host}:{port}"
+        self._handshake = self._handshake_reply(lanes)
+        server.start()
+        self._server = server
+        for service in ("", SERVICE_NAME):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    def serve(self) -> None:
+        """Starts (if needed) and blocks until the server is shut down.
+
+        Ctrl-C (KeyboardInterrupt) shuts it down cleanly.
+        """
+        if self._server is None:
+            self.start()
+        try:
+            while not self._stopped.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stops serving: health NOT_SERVING, the session drained, envs closed.
+
+        The call in progress may finish and reply within
+        ``drain_timeout_seconds``; an open session is then ended (UNAVAILABLE).
+        Envs the server made are closed once the session lets go of them
+        (at most ``close_timeout_seconds``). Idempotent.
+        """
+        with self._state_lock:
+            if self._stopping or self._server is None:
+                self._stopping = True
+                if self._server is None:
+                    self._stopped.set()
+                return
+            self._stopping = True
+        self._health.enter_graceful_shutdown()
+        session = self._session
+        if session is not None:
+            session.end(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server at {self.address} is shutting down; the session ended",
+            )
+        done = self._server.stop(self.options.drain_timeout_seconds)
+        opts = self.options
+        done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
+        if self._session_lock.acquire(timeout=opts.close_timeout_seconds):
+            try:
+                self._close_lanes()
+            finally:
+                self._session_lock.release()
+        else:
+            warnings.warn(
+                f"EnvServer at {self.address}: the session still held the envs "
+                f"after close_timeout_seconds={opts.close_timeout_seconds}; they "
+                "were not closed",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._stopped.set()
+
+    def _close_lanes(self) -> None:
+        lanes = self._lanes
+        if lanes is None:
+            return
+        closer = threading.Thread(target=lanes.close, daemon=True)
+        closer.start()
+        closer.join(self.options.close_timeout_seconds)
+        if closer.is_alive():
+            warnings.warn(
+                f"EnvServer at {self.address}: closing the envs took more than "
+                f"close_timeout_seconds={self.options.close_timeout_seconds}; left "
+                "them closing",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until shut down (or ``timeout``); whether it has stopped."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> EnvServer:
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = (
+            "stopped"
+            if self._stopped.is_set()
+            else "serving"
+            if self._server is not None
+            else "not started"
+        )
+        return f"EnvServer({self.address}, {state})"
+
+    # RPCs ----------------------------------------------------------------------
+    def _token_error(
+        self, context: grpc.ServicerContext, given: str = ""
+    ) -> str | None:
+        """Why the call may not proceed (None: it may)."""
+        token = self.options.token
+        if token is None:
+            return None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, rest = value.partition(" ")
+                if scheme.lower() == "bearer":
+                    given = rest.strip()
+        if not given:
+            return (
+                f"the server at {self.address} needs a session token and the call "
+                f"carried none; pass token= (RemoteEnv, RemoteVectorEnv, evaluate) "
+                f"or set {TOKEN_ENV}"
+            )
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return (
+                f"the session token given is not the one the server at "
+                f"{self.address} was started with; pass the right token= or set "
+                f"{TOKEN_ENV}"
+            )
+        return None
+
+    def _handshake_reply(self, lanes: _Lanes) -> pb.HandshakeReply:
+        return pb.HandshakeReply(
+            server_protocol_versions=codec.PROTOCOL_VERSIONS,
+            server_version=_version(),
+            observation=[lanes.obs_leaf],
+            action=[lanes.act_leaf],
+            num_lanes=lanes.num_lanes,
+            reset_options=[
+                pb.ResetOption(name=name, value=pb.Value(int_value=0))
+                for name in lanes.reset_options
+            ],
+            capabilities=CAPABILITIES
+            + (("lockstep",) if isinstance(lanes, _VectorLanes) else ()),
+            env_name=lanes.name,
+        )
+
+    def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        limit = self.options.max_message_bytes
+        try:
+            request = codec.parse_handshake_request(data, limit)
+        except codec.ProtocolError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        why = self._token_error(context, request.token)
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        try:
+            version = codec.choose_version(request.protocol_versions)
+        except codec.ProtocolError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        reply = pb.HandshakeReply()
+        reply.CopyFrom(self._handshake)
+        reply.protocol_version = version
+        return reply.SerializeToString()
+
+    def _shutdown_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        why = self._token_error(context)
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        if not self.options.allow_remote_shutdown:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the server at {self.address} does not allow remote shutdown; "
+                "start it with ServeOptions(allow_remote_shutdown=True) "
+                "(--allow-remote-shutdown), or stop it where it runs",
+            )
+        threading.Thread(
+            target=self.shutdown, name="jaxmesh-remote-shutdown", daemon=True
+        ).start()
+        return pb.ShutdownReply().SerializeToString()
+
+    def _step_rpc(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        why = self._token_error(context)
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        if self._stopping:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server at {self.address} is shutting down",
+            )
+        if not self._session_lock.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server at {self.address} is busy with another client's "
+                "session (one session at a time); wait for it to end, or start "
+                "another server for this client",
+            )
+        lanes = self._lanes
+        session = _Session(context, self.options.idle_timeout_seconds, self.address)
+        self._session = session
+        try:
+            yield from self._serve_session(requests, context, session, lanes)
+        finally:
+            session.stop()
+            lanes.end_session()
+            self._session = None
+            self._session_lock.release()
+
+    def _serve_session(
+        self,
+        requests: Iterator[bytes],
+        context: grpc.ServicerContext,
+        session: _Session,
+        lanes: _Lanes,
+    ) -> Iterator[bytes]:
+        limit = self.options.max_message_bytes
+        abort = context.abort
+        while True:
+            session.waiting()
+            try:
+                data = next(requests)
+            except StopIteration:
+                return
+            session.working()
+            try:
+                request = _parse_request(codec.parse_step_request(data, limit), lanes)
+            except codec.ProtocolError as exc:
+                abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            start = time.perf_counter()
+            try:
+                lanes.ended[list(request.release)] = True
+                results = lanes.run(request)
+            except _EnvError as exc:
+                context.set_trailing_metadata(
+                    (
+                        (ENV_ERROR_KEY, _ascii(exc.summary())),
+                        (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
+                    )
+                )
+                abort(grpc.StatusCode.INTERNAL, exc.details())
+            seconds = time.perf_counter() - start
+            reply = pb.StepReply(
+                batch=_encode(results, request, lanes),
+                server_step_seconds=seconds,
+                call_id=request.call_id,
+            )
+            out = reply.SerializeToString()
+            try:
+                codec.check_size(len(out), limit, "StepReply")
+            except codec.ProtocolError as exc:
+                abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            yield out

@@ -1,0 +1,700 @@
+"""``jaxmesh.evaluate`` over served envs: ``"grpc://host:port"`` or a list of them.
+
+The agent side is the host loop's jitted step (``host.HostAgent``: the same code
+as the scan, CONTRACT 17); this module replaces the env step with calls to one
+or more env servers (``jaxmesh.EnvServer``, ``jaxmesh serve-env``).
+
+Lanes move at their own pace. A lane takes an agent step as soon as the result of
+its previous action (or its reset observation) is in; a lane still waiting for
+its server keeps its whole agent state (``host_step``'s ``moved`` mask). The
+actions a lane will execute are known ahead of time up to the end of its chunk
+(and, under a prefetch lead, of the prefetched chunk), so they go to the server
+in **segments** that the server replays, stopping at the episode's end:
+
+- without a lead, a chunk of h actions is one segment: one round trip per plan;
+- with a lead L, a chunk is cut at ``h - L``: the head's reply carries the
+  observation the prefetch plan reads, and the tail, sent in the next message
+  of the same flush, runs on the server while the client plans; the next chunk
+  goes out as soon as it is planned, so the server never waits for it.
+
+Messages are flushed when no lane can move (the loop would otherwise wait), one
+message per segment rank on each server; a server replies in order, and the
+reader threads decode replies off the critical path. Actions sent after an
+episode's end execute nothing (the server's rule), and their replies are
+dropped by episode epoch. An action that would fail the run's checks (out of
+range, not finite) is never sent: the segment stops before it, and the run
+raises ``BadValueError`` at the step that meets it, as in process.
+
+Only the observation leaf crosses the wire, every replayed step's when an
+observation window reads more than one frame, else the last of each segment
+(the frames in between are never read; CONTRACT 19).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmesh.core import results as core_results
+from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.errors import RemoteConnectionError
+from jaxmesh.remote import codec
+from jaxmesh.remote.client import Connection
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+
+OBS_KEY = ""
+
+
+class ServedLanes:
+    """Lanes spread over one or more env servers, one session on each.
+
+    Global lane j is lane ``local[j]`` of server ``server[j]``; lanes are dealt
+    round-robin over the servers (so N lanes load S servers evenly).
+
+    Args:
+      addresses: the servers (``"grpc://host:port"``).
+      num_envs: lanes asked for; the run uses at most the servers' lanes.
+      token, connect_timeout, reply_timeout: see ``Connection``.
+
+    Raises:
+      jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
+      TypeError: servers with different spaces, or a space jaxmesh does not read.
+    """
+
+    def __init__(
+        self,
+        addresses: list[str],
+        num_envs: int,
+        *,
+        token: str | None = None,
+        connect_timeout: float = 10.0,
+        reply_timeout: float | None = None,
+    ):
+        from jaxmesh.remote import spaces
+
+        self.conns: list[Connection] = []
+        try:
+            for a in addresses:
+                self.conns.append(
+                    Connection(
+                        a,
+                        token=token,
+                        connect_timeout=connect_timeout,
+                        reply_timeout=reply_timeout,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+        first = self.conns[0].info
+        for c in self.conns[1:]:
+            for field in ("observation", "action"):
+                if getattr(c.info, field) != getattr(first, field):
+                    self.close()
+                    raise TypeError(
+                        f"the server at {c.address} declares the {field} space "
+                        f"{getattr(c.info, field)}, the one at {first.address} "
+                        f"{getattr(first, field)}; every server of a run must serve "
+                        "the same env"
+                    )
+        self.observation_space = spaces.leaf_space(first.observation)
+        self.action_space = spaces.leaf_space(first.action)
+        where = f"served env at {first.address}"
+        shape, dtype = gym_lanes.observation_layout(self.observation_space, where)
+        a_shape, a_dtype, n_act = gym_lanes.action_layout(self.action_space, where)
+        self.spec = gym_lanes.HostEnvSpec(
+            first.env_name, shape, dtype, a_shape, a_dtype, n_act
+        )
+        self.wire_obs = codec.leaf_spec_from_proto(first.observation)
+        self.wire_action = codec.leaf_spec_from_proto(first.action)
+        self.discrete_start = (
+            int(first.action.start) if first.action.space == "discrete" else None
+        )
+        self.trial_index = [
+            gym_lanes.TRIAL_INDEX in c.info.reset_options for c in self.conns
+        ]
+        # Lanes dealt round-robin over the servers.
+        self.server: list[int] = []
+        self.local: list[int] = []
+        taken = [0] * len(self.conns)
+        while len(self.server) < num_envs:
+            grew = False
+            for s, c in enumerate(self.conns):
+                if taken[s] < c.info.num_lanes and len(self.server) < num_envs:
+                    self.server.append(s)
+                    self.local.append(taken[s])
+                    taken[s] += 1
+                    grew = True
+            if not grew:
+                break
+        self.num_lanes = len(self.server)
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+
+
+class _Call:
+    """What one sent message asked of each lane: ``lane -> (kind, epoch, count)``."""
+
+    __slots__ = ("lanes", "sent_at", "size")
+
+    def __init__(self, lanes: dict, sent_at: float, size: int):
+        self.lanes = lanes
+        self.sent_at = sent_at
+        self.size = size
+
+
+def needs_every_observation(cfg: Any) -> bool:
+    """Whether an observation window reads more than one frame."""
+    return any(d.stack > 1 and not d.reads_action for _, d in cfg.spec)
+
+
+class _Run:
+    """One run's lane bookkeeping over served lanes (see the module docstring).
+
+    Per lane: the episode it runs and its epoch (bumped whenever the lane's
+    episode changes, so that replies for an ended episode are dropped), whether
+    its current observation is in (``ready``: it may take an agent step), the
+    actions sent for its episode (``sent``) and a ring buffer of step results
+    that came in but were not taken yet (``head`` .. ``tail``).
+    """
+
+    def __init__(
+        self,
+        program: Any,
+        params: Any,
+        lanes: ServedLanes,
+        settings: Any,
+        seconds: float | None,
+        seeds_arr: np.ndarray,
+        res: core_results.Results,
+        episodes_out: Any,
+        tel: Any,
+    ):
+        self.program, self.params, self.lanes = program, params, lanes
+        self.cfg = program.config
+        self.spec = lanes.spec
+        self.seconds = seconds
+        self.seeds = seeds_arr
+        self.res, self.episodes_out, self.tel = res, episodes_out, tel
+        self.n, self.e = settings.num_envs, int(seeds_arr.size)
+        self.max_steps = settings.max_steps
+        self.every_obs = needs_every_observation(self.cfg)
+        n, h = self.n, self.cfg.horizon
+        k = jax.eval_shape(jax.random.PRNGKey, 0)
+        self.episode = np.full(n, -1, np.int64)
+        self.epoch = np.zeros(n, np.int64)
+        self.active = np.zeros(n, bool)  # running an episode
+        self.ready = np.zeros(n, bool)  # its current observation is in: may act
+        self.started = np.zeros(n, bool)  # its episode begins at its next step
+        self.waiting = np.zeros(n, bool)  # acted; that action's result not in yet
+        self.t = np.zeros(n, np.int32)  # steps executed (results taken)
+        self.sent = np.zeros(n, np.int64)  # actions of the episode sent
+        self.ret = np.zeros(n, np.float32)
+        self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
+        self.obs = np.zeros((n,) + self.spec.obs_shape, self.spec.obs_dtype)
+        # Step results in, not taken yet: a ring buffer per lane. At most two
+        # chunks are ever sent ahead of the step a lane is at.
+        cap = self.cap = 2 * h + 2
+        self.rb_reward = np.zeros((n, cap), np.float32)
+        self.rb_term = np.zeros((n, cap), bool)
+        self.rb_trunc = np.zeros((n, cap), bool)
+        self.rb_has_obs = np.zeros((n, cap), bool)
+        self.rb_obs = np.zeros((n, cap) + self.spec.obs_shape, self.spec.obs_dtype)
+        self.capped = np.zeros(n, bool)  # the last result ended at the cap only
+        self.released: list[int] = []  # lanes to release (lockstep servers)
+        self.head = np.zeros(n, np.int64)
+        self.tail = np.zeros(n, np.int64)
+        # Queued, not sent: resets (lane -> episode) and segments.
+        self.resets: dict[int, int] = {}
+        self.seg_lanes: list[np.ndarray] = []
+        self.seg_epochs: list[np.ndarray] = []
+        self.seg_ranks: list[np.ndarray] = []
+        self.seg_counts: list[np.ndarray] = []
+        self.seg_actions: list[np.ndarray] = []
+        self.queued = np.zeros(n, np.int64)  # segments queued per lane
+        self.inflight = [collections.deque() for _ in lanes.conns]
+        self.replies: queue.SimpleQueue = queue.SimpleQueue()
+        self.env_steps = 0
+        self.next_episode = 0
+        self.call_id = 0
+        self.state: Any = None
+        self.server = np.asarray(lanes.server, np.int64)
+        self.local = np.asarray(lanes.local, np.int64)
+        self.to_global = []
+        for s, c in enumerate(lanes.conns):
+            m = np.full(c.info.num_lanes, -1, np.int64)
+            mine = np.flatnonzero(self.server == s)
+            m[self.local[mine]] = mine
+            self.to_global.append(m)
+        self.obs_specs = {OBS_KEY: lanes.wire_obs}
+        self.act_specs = {OBS_KEY: lanes.wire_action}
+        self.num_local = [c.info.num_lanes for c in lanes.conns]
+        self.lockstep = ["lockstep" in c.info.capabilities for c in lanes.conns]
+
+    # Wire --------------------------------------------------------------------------
+    def decode(self, s: int, reply: pb.StepReply) -> codec.ResultBatch:
+        t0 = time.perf_counter()
+        out = codec.decode_result_batch(
+            reply.batch, self.obs_specs, None, num_lanes=self.num_local[s]
+        )
+        self.tel.add("decode", time.perf_counter() - t0)
+        return out
+
+    def wire_actions(self, a: np.ndarray) -> np.ndarray:
+        """Agent actions as the env's own values (Discrete: plus ``start``)."""
+        if self.lanes.discrete_start is not None:
+            return a.astype(np.int64) + self.lanes.discrete_start
+        return a.astype(self.lanes.wire_action.dtype)
+
+    def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
+        """Queues one segment per lane (``counts[i]`` rows of ``acts`` each)."""
+        if not lanes_.size:
+            return
+        self.seg_lanes.append(lanes_)
+        self.seg_epochs.append(self.epoch[lanes_])
+        self.seg_ranks.append(self.queued[lanes_].copy())
+        self.seg_counts.append(counts)
+        self.seg_actions.append(self.wire_actions(acts))
+        self.queued[lanes_] += 1
+
+    def flush(self) -> None:
+        """Sends queued resets and segments: one message per rank per server."""
+        if not self.resets and not self.seg_lanes and not self.released:
+            return
+        if self.seg_lanes:
+            lanes_ = np.concatenate(self.seg_lanes)
+            epochs = np.concatenate(self.seg_epochs)
+            ranks = np.concatenate(self.seg_ranks)
+            counts = np.concatenate(self.seg_counts)
+            acts = np.concatenate(self.seg_actions)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            live = epochs == self.epoch[lanes_]
+        else:
+            lanes_ = np.zeros(0, np.int64)
+            ranks = counts = starts = lanes_
+            live = np.zeros(0, bool)
+            acts = None
+        self.seg_lanes, self.seg_epochs, self.seg_ranks = [], [], []
+        self.seg_counts, self.seg_actions = [], []
+        self.queued[:] = 0
+        resets, self.resets = self.resets, {}
+        top = int(ranks[live].max()) + 1 if live.any() else 1
+        for s, conn in enumerate(self.lanes.conns):
+            on_s = live & (self.server[lanes_] == s)
+            rs = [g for g in resets if self.server[g] == s]
+            if self.lockstep[s]:
+                self._flush_lockstep(
+                    s, conn, on_s, lanes_, counts, starts, acts, rs, resets
+                )
+                continue
+            for r in range(top):
+                pick = np.flatnonzero(on_s & (ranks == r))
+                rr = rs if r == 0 else []
+                if pick.size or rr:
+                    self._send(s, conn, pick, lanes_, counts, starts, acts, rr, resets)
+
+    def _flush_lockstep(self, s, conn, on_s, lanes_, counts, starts, acts, rs, resets):
+        """One call at a time: each lane's next segment, all cut to one count.
+
+        A VectorEnv server steps every lane at once, so each lane mid-episode
+        is in every call with the same count; what is cut off waits for the
+        next call (see the server's ``lockstep`` capability).
+        """
+        pick = np.flatnonzero(on_s)
+        if self.inflight[s]:  # wait for the call in flight: queue it all again
+            for g in rs:
+                self.resets[g] = resets[g]
+            for q in pick:
+                self._requeue(lanes_[q], acts[starts[q] : starts[q] + counts[q]])
+            return
+        merged: dict[int, list] = {}
+        for q in pick:  # in queue order: ranks ascending per lane
+            merged.setdefault(int(lanes_[q]), []).append(
+                acts[starts[q] : starts[q] + counts[q]]
+            )
+        # Each lane's first segment, cut to the shortest: a segment still ends
+        # a call (its last observation is the one a plan reads).
+        chunks = {g: parts[0] for g, parts in merged.items()}
+        if chunks:
+            c = min(len(x) for x in chunks.values())
+            for g, parts in merged.items():
+                if len(parts[0]) > c:
+                    self._requeue(g, parts[0][c:])
+                for part in parts[1:]:
+                    self._requeue(g, part)
+            gs = np.asarray(sorted(chunks), np.int64)
+            rows = np.concatenate([chunks[g][:c] for g in gs])
+            cnt = np.full(gs.size, c, np.int64)
+            st = np.arange(gs.size, dtype=np.int64) * c
+            # _send reads each queued lane's rows through (lanes, counts, starts)
+            all_q = np.arange(gs.size)
+            self._send(s, conn, all_q, gs, cnt, st, rows, rs, resets)
+        elif rs or any(self.server[g] == s for g in self.released):
+            self._send(
+                s, conn, np.zeros(0, np.int64), lanes_, counts, starts, acts, rs, resets
+            )
+
+    def _requeue(self, g: int, rows: np.ndarray) -> None:
+        """Queues wire actions again (already converted) for lane ``g``."""
+        g = int(g)
+        self.seg_lanes.append(np.asarray([g], np.int64))
+        self.seg_epochs.append(self.epoch[[g]])
+        self.seg_ranks.append(self.queued[[g]].copy())
+        self.seg_counts.append(np.asarray([len(rows)], np.int64))
+        self.seg_actions.append(rows)
+        self.queued[g] += 1
+
+    def _send(self, s, conn, pick, lanes_, counts, starts, acts, rs, resets) -> None:
+        t0 = time.perf_counter()
+        req = pb.StepRequest(
+            observation_keys=[OBS_KEY],
+            all_observations=self.every_obs,
+            call_id=self.call_id,
+        )
+        mask = np.zeros(conn.info.num_lanes, bool)
+        for g in sorted(rs, key=lambda g: self.local[g]):
+            i = resets[g]
+            lr = req.resets.add(lane=int(self.local[g]), seed=int(self.seeds[i]))
+            if self.lanes.trial_index[s]:
+                lr.options[gym_lanes.TRIAL_INDEX].int_value = int(i)
+            if self.seconds is not None:
+                lr.max_episode_seconds = self.seconds
+        reset_g = np.asarray(sorted(rs), np.int64)
+        mask[self.local[reset_g]] = True
+        act_g = np.zeros(0, np.int64)
+        if pick.size:
+            order = pick[np.argsort(self.local[lanes_[pick]], kind="stable")]
+            act_g = lanes_[order]
+            c = counts[order]
+            if np.all(c == 1):
+                rows = starts[order]
+            else:
+                rows = np.repeat(starts[order] - np.cumsum(c) + c, c) + np.arange(
+                    int(c.sum())
+                )
+            req.batch.CopyFrom(
+                codec.encode_action_batch(self.local[act_g], c, {OBS_KEY: acts[rows]})
+            )
+            mask[self.local[act_g]] = True
+        size = conn.send(req)
+        now = time.perf_counter()
+        self.tel.add("encode", now - t0)
+        self.tel.add("request_bytes", size)
+        release = [g for g in self.released if self.server[g] == s]
+        if release:
+            req.release.extend(int(self.local[g]) for g in release)
+            mask[self.local[release]] = True
+            self.released = [g for g in self.released if self.server[g] != s]
+        req.lane_mask.extend(mask.tolist())
+        record = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
+        self.inflight[s].append((record, now))
+        self.call_id += 1
+
+    def take_reply(self) -> None:
+        """Waits for the next reply of any server and files its lanes' results."""
+        timeout = self.lanes.conns[0].reply_timeout
+        try:
+            s, item = self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise RemoteConnectionError(
+                "no reply from the jaxmesh env servers "
+                f"{[c.address for c in self.lanes.conns]} within {timeout} s "
+                "(reply_timeout); an env may hang",
+                address=self.lanes.conns[0].address,
+                code="DEADLINE_EXCEEDED",
+            ) from None
+        if isinstance(item, BaseException):
+            raise item
+        reply, b, arrived, decoded_at = item
+        (reset_g, reset_ep, act_g, act_ep), sent_at = self.inflight[s].popleft()
+        tel = self.tel
+        tel.add("env_step", reply.server_step_seconds)
+        tel.add("wire", max(0.0, arrived - sent_at - reply.server_step_seconds))
+        tel.add("queue", time.perf_counter() - decoded_at)
+        tel.add("reply_bytes", reply.ByteSize())
+        g = self.to_global[s][b.lanes]
+        asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
+        if g.size != asked.size or np.any(b.lanes != asked):
+            raise codec.ProtocolError(
+                f"the server at {self.lanes.conns[s].address} answered for lanes "
+                f"{b.lanes[:16].tolist()}, asked for {asked[:16].tolist()}"
+            )
+        obs_rows = b.observation[OBS_KEY]
+        row0 = np.concatenate([[0], np.cumsum(b.rows)[:-1]]).astype(np.int64)
+        step0 = np.concatenate([[0], np.cumsum(b.steps)[:-1]]).astype(np.int64)
+        is_reset = np.isin(g, reset_g)
+        ep_sent = np.zeros(g.size, np.int64)
+        ep_sent[is_reset] = reset_ep[np.searchsorted(reset_g, g[is_reset])]
+        # act_g is in ascending local order, as the reply
+        act_pos = np.flatnonzero(~is_reset)
+        ep_sent[act_pos] = act_ep
+        live = ep_sent == self.epoch[g]
+        # Resets: the reset observation.
+        rl = np.flatnonzero(live & is_reset)
+        if rl.size:
+            self.obs[g[rl]] = obs_rows[row0[rl]]
+            self.ready[g[rl]] = self.started[g[rl]] = True
+        # Replays: step results into the ring buffers.
+        al = np.flatnonzero(live & ~is_reset & (b.steps > 0))
+        if al.size:
+            k = b.steps[al]
+            lane_of = np.repeat(g[al], k)
+            within = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+            src = np.repeat(step0[al], k) + within
+            pos = (np.repeat(self.tail[g[al]], k) + within) % self.cap
+            self.rb_reward[lane_of, pos] = b.rewards[src]
+            self.rb_term[lane_of, pos] = b.terminated[src]
+            self.rb_trunc[lane_of, pos] = b.truncated[src]
+            if self.every_obs:
+                self.rb_obs[lane_of, pos] = obs_rows[np.repeat(row0[al], k) + within]
+                self.rb_has_obs[lane_of, pos] = True
+            else:
+                self.rb_has_obs[lane_of, pos] = False
+                last = (self.tail[g[al]] + k - 1) % self.cap
+                self.rb_obs[g[al], last] = obs_rows[row0[al]]
+                self.rb_has_obs[g[al], last] = True
+            self.tail[g[al]] += k
+
+    # Segments ----------------------------------------------------------------------
+    def plan_segments(self, go: np.ndarray, actions: np.ndarray, cursor) -> None:
+        """Queues every action of the lanes in ``go`` known now and not sent yet.
+
+        After the step that executed cursor c of a chunk that began at step
+        ``cs``: at c = 0 the chunk is known (steps ``cs .. cs+h``); at c = h - L
+        (a lead) the prefetched chunk is too (``.. cs+2h``). Segments are cut at
+        ``cs + m*h`` and, under a lead, at ``cs + m*h + (h - L)``; none passes
+        ``max_episode_steps`` or an action that fails the checks.
+        """
+        h, lead = self.cfg.horizon, self.cfg.lead
+        lanes_ = np.flatnonzero(go)
+        t = self.t[lanes_].astype(np.int64)  # the step of the action just executed
+        c = cursor[lanes_].astype(np.int64) - 1
+        cs = t - c
+        target = self.sent[lanes_].copy()
+        target = np.where(c == 0, np.maximum(target, cs + h), target)
+        if lead:
+            target = np.where(c == h - lead, np.maximum(target, cs + 2 * h), target)
+        target = np.minimum(target, self.max_steps)
+        need = target > self.sent[lanes_]
+        if not need.any():
+            return
+        if h == 1 and lead == 0:  # the action itself, one per lane
+            j = lanes_[need]
+            ok = ~self.bad_actions(actions[j])
+            self.queue_segments(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
+            self.sent[j[ok]] += 1
+            return
+        chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
+        cut_offsets = [h, 2 * h]
+        if 0 < h - lead < h:
+            cut_offsets += [h - lead, 2 * h - lead]
+        by_rank: dict[int, tuple[list, list, list]] = {}
+        for j, cs_j, tgt in zip(lanes_[need], cs[need], target[need], strict=True):
+            first = int(self.sent[j])
+            seq = np.concatenate([chunk[j], pending[j]])[first - cs_j : tgt - cs_j]
+            bad = self.bad_actions(seq)
+            if bad.any():
+                tgt = first + int(np.argmax(bad))
+                seq = seq[: tgt - first]
+            cuts = sorted(
+                {int(cs_j) + o for o in cut_offsets if first < cs_j + o < tgt}
+            )
+            rank = 0
+            for cut in [*cuts, int(tgt)]:
+                if cut > first:
+                    lst = by_rank.setdefault(rank, ([], [], []))
+                    lst[0].append(j)
+                    lst[1].append(cut - first)
+                    lst[2].append(seq[first - self.sent[j] : cut - self.sent[j]])
+                    rank += 1
+                    first = cut
+            self.sent[j] = max(int(self.sent[j]), int(tgt))
+        for rank in sorted(by_rank):
+            js, cnt, parts = by_rank[rank]
+            self.queue_segments(
+                np.asarray(js, np.int64),
+                np.asarray(cnt, np.int64),
+                np.concatenate(parts),
+            )
+
+    def bad_actions(self, seq: np.ndarray) -> np.ndarray:
+        """[k] whether each action fails the run's checks (see host._action_faults)."""
+        flat = seq.reshape(seq.shape[0], -1)
+        if self.spec.num_actions is not None:
+            return ((flat < 0) | (flat >= self.spec.num_actions)).any(axis=1)
+        return (~np.isfinite(flat)).any(axis=1)
+
+    # Episodes ----------------------------------------------------------------------
+    def start(self, js: list[int]) -> None:
+        """Lanes ``js`` begin the next unstarted episodes, in this order."""
+        for j in js:
+            i = self.next_episode
+            self.next_episode += 1
+            self.episode[j] = i
+            self.epoch[j] += 1
+            self.ep_keys[j] = np.asarray(jax.random.PRNGKey(int(self.seeds[i])))
+            self.t[j], self.sent[j], self.ret[j] = 0, 0, 0.0
+            self.active[j] = True
+            self.ready[j] = self.waiting[j] = self.started[j] = False
+            self.head[j] = self.tail[j] = 0
+            self.resets[j] = i
+
+    def take_results(self) -> None:
+        """Lanes waiting for a result that is in take it (one step each)."""
+        j = np.flatnonzero(self.waiting & (self.tail > self.head))
+        if not j.size:
+            return
+        pos = self.head[j] % self.cap
+        r = self.rb_reward[j, pos]
+        te = self.rb_term[j, pos]
+        tr = self.rb_trunc[j, pos]
+        has = self.rb_has_obs[j, pos]
+        self.obs[j[has]] = self.rb_obs[j[has], pos[has]]
+        self.head[j] += 1
+        self.waiting[j] = False
+        self.ready[j] = True
+        step_index = self.t[j].copy()
+        self.t[j] += 1
+        self.env_steps += int(j.size)
+        self.ret[j] += r
+        # A lockstep server's lane that ends at the cap is still mid-episode
+        # there: it must be reset even when it takes no next episode.
+        self.capped[j] = ~(te | tr)
+        tr = tr | (self.t[j] >= self.max_steps)
+        bad_r = ~np.isfinite(r)
+        fault = None
+        if bad_r.any():
+            q = int(np.argmax(bad_r))
+            fault = (
+                int(j[q]),
+                core_results.REWARD_NOT_FINITE,
+                int(step_index[q]),
+                r[q],
+            )
+        end = (te | tr) & ~bad_r
+        ended = j[end]
+        if ended.size:
+            res, i = self.res, self.episode[ended]
+            res.returns[i] = self.ret[ended]
+            res.lengths[i] = self.t[ended]
+            res.terminated[i] = te[end]
+            res.truncated[i] = tr[end]
+            res.lanes[i] = ended
+        self.close_episodes(ended, fault)
+
+    def close_episodes(self, ended: np.ndarray, fault: tuple | None) -> None:
+        """Marks ended episodes done, raises a fault, restarts the lanes."""
+        res = self.res
+        res.env_steps[...] = self.env_steps
+        if not ended.size and fault is None:
+            return
+        calls, rows = jax.device_get((self.state.predict_calls, self.state.rows))
+        res.policy_rows[...] = rows
+        i = self.episode[ended]
+        res.predict_calls[i] = calls[ended]
+        res.done[i] = True
+        if fault is not None:
+            j, kind, step, value = fault
+            f = res.fault
+            f.kind[j] = kind
+            f.episode[j] = max(int(self.episode[j]), 0)
+            f.step[j] = step
+            f.value[j] = value
+        self.episodes_out.update(res)
+        self.episodes_out.check_fault(res)
+        restart = []
+        for j in sorted(ended.tolist()):  # ascending lane order (CONTRACT 3)
+            self.epoch[j] += 1  # what is still in flight for it is void
+            self.ready[j] = self.waiting[j] = False
+            if self.next_episode + len(restart) < self.e:
+                restart.append(j)
+            else:
+                self.active[j] = False
+                if self.capped[j] and self.lockstep[self.server[j]]:
+                    self.released.append(j)  # the server stops expecting it
+                self.episode[j] = -1
+        self.start(restart)
+
+    # The loop ----------------------------------------------------------------------
+    def run(self) -> None:
+        for s, c in enumerate(self.lanes.conns):
+            c.open(
+                lambda reply, s=s: self.decode(s, reply), replies=self.replies, tag=s
+            )
+        self.state = self.program.init(self.obs, np.zeros(self.n, bool))
+        self.start(list(range(min(self.n, self.e))))
+        self.flush()
+        while self.active.any():
+            if not self.ready.any():
+                self.take_reply()
+                self.take_results()
+                if not self.ready.any():
+                    self.flush()
+                continue
+            go = self.ready & self.active
+            t0 = time.perf_counter()
+            self.state, actions = self.program.step(
+                self.params,
+                self.state,
+                self.obs,
+                self.started & go,
+                go,
+                self.ep_keys,
+                self.t,
+                go,
+            )
+            actions, cursor = jax.device_get((actions, self.state.cursor))
+            self.tel.add("predict", time.perf_counter() - t0)
+            self.started[go] = False
+            self.ready[go] = False
+            self.check_actions(go, actions)
+            self.plan_segments(go, actions, cursor)
+            self.waiting[go] = True
+            self.take_results()
+            if not self.ready.any():
+                self.flush()
+        self.res.env_steps[...] = self.env_steps
+        self.res.policy_rows[...] = jax.device_get(self.state.rows)
+
+    def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
+        """Raises BadValueError for an action out of range or not finite."""
+        lanes_ = np.flatnonzero(go)
+        bad = self.bad_actions(actions[lanes_])
+        if not bad.any():
+            return
+        j = int(lanes_[np.argmax(bad)])
+        flat = actions[j].reshape(-1, 1)
+        value = flat[np.argmax(self.bad_actions(flat)), 0]
+        kind = (
+            core_results.ACTION_OUT_OF_RANGE
+            if self.spec.num_actions is not None
+            else core_results.ACTION_NOT_FINITE
+        )
+        self.close_episodes(np.zeros(0, np.int64), (j, kind, int(self.t[j]), value))
+
+
+def served_loop(
+    program: Any,
+    params: Any,
+    lanes: ServedLanes,
+    settings: Any,
+    seconds: float | None,
+    seeds_arr: np.ndarray,
+    res: core_results.Results,
+    episodes_out: Any,
+    tel: Any,
+) -> None:
+    """Runs the budget over served lanes; writes finished episodes into ``res``."""
+    _Run(
+        program, params, lanes, settings, seconds, seeds_arr, res, episodes_out, tel
+    ).run()
+
+
+__all__ = ["ServedLanes", "served_loop", "needs_every_observation"]

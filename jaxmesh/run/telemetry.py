@@ -1,0 +1,78 @@
+"""Per-call timings of a host-stepped run (``result.telemetry``).
+
+A host loop records one sample per call in named series; ``stats`` reduces each
+to count, mean, p50, p95 and p99, and ``format_table`` prints them. Series a
+served run records (seconds unless the name says bytes):
+
+- ``predict``: one jitted agent step (plan where needed, replay, windows),
+  including the device sync that reads its actions;
+- ``env_step``: the server's own time stepping the env for one call;
+- ``encode``: building and sizing one request; ``decode``: checking and
+  decoding one reply (on the reader thread, off the critical path);
+- ``wire``: a call's round trip less the server's env time (network, gRPC,
+  serialisation and the server's queueing);
+- ``queue``: how long a decoded reply waited before the loop took it;
+- ``request_bytes`` / ``reply_bytes``: message sizes.
+
+An in-process run records ``predict`` and ``env_step`` (the gymnasium calls).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
+
+
+class Telemetry:
+    """Samples per series, in the order they were recorded."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, list[float]] = collections.defaultdict(list)
+
+    def add(self, name: str, value: float) -> None:
+        self.series[name].append(float(value))
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """``{series: {count, mean, p50, p95, p99}}`` for every non-empty series."""
+        out = {}
+        for name, values in self.series.items():
+            if not values:
+                continue
+            x = np.asarray(values, np.float64)
+            p50, p95, p99 = np.percentile(x, [50, 95, 99])
+            out[name] = {
+                "count": int(x.size),
+                "mean": float(x.mean()),
+                "p50": float(p50),
+                "p95": float(p95),
+                "p99": float(p99),
+            }
+        return out
+
+
+def format_table(stats: dict[str, dict[str, float]] | None) -> str:
+    """A readable table: times in milliseconds, sizes in bytes."""
+    if not stats:
+        return "no telemetry (recorded for host-stepped envs only)"
+    rows = [("series", "count", "mean", "p50", "p95", "p99")]
+    for name, s in stats.items():
+        if name.endswith("_bytes"):
+            cells = [f"{s[k]:,.0f} B" for k in STAT_NAMES[1:]]
+        else:
+            cells = [f"{1000 * s[k]:.3f} ms" for k in STAT_NAMES[1:]]
+        rows.append((name, f"{s['count']:,}", *cells))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["Telemetry", "format_table", "STAT_NAMES"]
