@@ -173,6 +173,38 @@ def test_a_served_vector_env_steps_in_lockstep_with_the_same_results(lead):
     check_served(got, refs, 3)
 
 
+@pytest.mark.parametrize("groups", [2, 3])
+def test_lane_groups_give_the_same_results(cartpoles, groups):
+    """Pipelined lane groups plan one group while the server steps another."""
+    got = jaxmesh.evaluate(
+        chunky,
+        cartpoles,
+        num_envs=16,
+        horizon=4,
+        prefetch_lead=2,
+        seeds=SEEDS,
+        lane_groups=groups,
+    )
+    check_served(got, chunky_refs(2), 16)
+    # A group plans alone: the default tile is one group's (16 / 2 -> 8 rows).
+    assert got.plan_tile == 8
+
+
+@pytest.mark.parametrize(
+    "value, error", [(0, ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_bad_lane_groups_are_refused(cartpoles, value, error, no_compile):
+    with pytest.raises(error, match="lane_groups"):
+        jaxmesh.evaluate(lean, cartpoles, episodes=2, lane_groups=value)
+
+
+def test_lane_groups_are_refused_for_envs_in_this_process(no_compile):
+    with pytest.raises(ValueError, match="drop lane_groups"):
+        jaxmesh.evaluate(lean, gym.make(ID), episodes=2, lane_groups=2)
+    with pytest.raises(ValueError, match="drop lane_groups"):
+        jaxmesh.evaluate(lean, "gymnax:CartPole-v1", episodes=2, lane_groups=2)
+
+
 def test_max_episode_steps_truncates_like_the_plain_loop(cartpoles):
     got = jaxmesh.evaluate(
         chunky, cartpoles, num_envs=3, horizon=4, max_episode_steps=30, seeds=SEEDS

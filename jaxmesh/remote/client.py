@@ -40,6 +40,8 @@ TOKEN_ENV = "JAXMESH_TOKEN"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 10.0
 KEEPALIVE_TIMEOUT_SECONDS = 5.0
+#: How long ``Connection.close`` waits for the server to end the session.
+CLOSE_TIMEOUT_SECONDS = 5.0
 
 
 def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list:
@@ -255,6 +257,8 @@ class Connection:
             if self._stream is not None:  # not our own close()
                 put(remote_error(exc, self.address))
             return
+        if self._stream is None:  # our own close(): the server ended the session
+            return
         put(
             RemoteConnectionError(
                 f"the jaxmesh env server at {self.address} closed the session",
@@ -300,12 +304,19 @@ class Connection:
             raise item
         return item
 
-    def close(self) -> None:
-        """Ends the session and closes the channel (idempotent)."""
-        if self._stream is not None:
+    def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+        """Ends the session and closes the channel (idempotent).
+
+        The request stream is closed first and the server's end of the session
+        awaited (up to ``timeout`` seconds, then the call is cancelled), so that
+        a client that opens the next session at once never finds it "busy".
+        """
+        stream, self._stream = self._stream, None
+        if stream is not None:
             self._requests.put(_END)
-            self._stream.cancel()
-            self._stream = None
+            if self._reader is not None:
+                self._reader.join(timeout)
+            stream.cancel()
         self._channel.close()
 
     def __enter__(self) -> Connection:

@@ -1079,6 +1079,12 @@ class EnvServer:
                 ("grpc.max_receive_message_length", limit),
                 # Without this, Linux lets a second server bind a port in use.
                 ("grpc.so_reuseport", 0),
+                # Clients ping every KEEPALIVE_SECONDS to find a dead server
+                # (jaxmesh.remote.client); by default gRPC answers pings more
+                # often than every 5 minutes with GOAWAY "too_many_pings".
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+                ("grpc.http2.max_ping_strikes", 0),
             ],
         )
         handlers = {

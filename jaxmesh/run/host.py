@@ -64,6 +64,27 @@ def check_seconds(value: Any) -> float | None:
     return float(value)
 
 
+def check_lane_groups(value: Any) -> int | None:
+    """``lane_groups`` as an int >= 1, or None (the default).
+
+    Raises:
+      TypeError, ValueError: not an int >= 1.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"lane_groups={value!r}: expected an int >= 1 (groups of lanes whose "
+            "calls to the servers overlap), or None for the default"
+        )
+    if value < 1:
+        raise ValueError(
+            f"lane_groups={value!r}: expected an int >= 1 (1: no pipelining), or "
+            "None for the default"
+        )
+    return int(value)
+
+
 # The jitted agent, built once per (policy, lanes, settings) ------------------------
 class _Program(NamedTuple):
     config: agent.AgentConfig
@@ -168,6 +189,7 @@ def evaluate(
     params: Any,
     max_episode_seconds: float | None,
     token: str | None = None,
+    lane_groups: int | None = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -190,6 +212,9 @@ def evaluate(
         before its reset; the episode ends ``truncated`` after the first step
         that ends past it (CONTRACT 18).
       token: the servers' token (default: ``JAXMESH_TOKEN``).
+      lane_groups: served envs: lanes in this many groups, so that the device
+        plans for one group while the servers step another (see
+        ``jaxmesh.run.served``); None: ``served.default_lane_groups``.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -215,8 +240,16 @@ def evaluate(
         from jaxmesh.run.served import ServedLanes
 
         addresses = [env] if isinstance(env, str) else list(env)
+        groups = check_lane_groups(lane_groups)
         lanes = ServedLanes(addresses, settings.num_envs, token=token)
+        settings = lanes.group(settings, groups)
     else:
+        if lane_groups is not None:
+            raise ValueError(
+                f"lane_groups={lane_groups!r}: lane groups pipeline calls to env "
+                "servers ('grpc://host:port'); an env stepped in this process has "
+                "no calls to overlap, so drop lane_groups="
+            )
         lanes = gym_lanes.make_lanes(env, settings.num_envs, int(seeds_arr.size))
     try:
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))

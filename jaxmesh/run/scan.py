@@ -275,6 +275,7 @@ def evaluate(
     segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
     max_episode_seconds: float | None = None,
     token: str | None = None,
+    lane_groups: int | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -314,6 +315,9 @@ def evaluate(
         only (a JAX env refuses it: use ``max_episode_steps``).
       token: served envs: the servers' token (default: the ``JAXMESH_TOKEN``
         environment variable).
+      lane_groups: served envs: lanes in this many groups, so that the device
+        plans for one group while the servers step another; None: the default
+        (``jaxmesh.run.served.default_lane_groups``).
 
     Returns:
       A ``RunResult``.
@@ -343,11 +347,18 @@ def evaluate(
             params=params,
             max_episode_seconds=max_episode_seconds,
             token=token,
+            lane_groups=lane_groups,
         )
     if token is not None:
         raise ValueError(
             f"token={token!r}: a token is for served envs ('grpc://host:port'); "
             f"env {env!r} runs in this process, so drop token="
+        )
+    if lane_groups is not None:
+        raise ValueError(
+            f"lane_groups={lane_groups!r}: lane groups pipeline calls to env "
+            f"servers ('grpc://host:port'); env {env!r} runs in this process, so "
+            "drop lane_groups="
         )
     if max_episode_seconds is not None:
         raise ValueError(

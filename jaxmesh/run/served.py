@@ -46,6 +46,7 @@ from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import Connection
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.run import build
 
 OBS_KEY = ""
 
@@ -133,6 +134,29 @@ class ServedLanes:
             if not grew:
                 break
         self.num_lanes = len(self.server)
+        #: Lane groups for the run (set by ``group``).
+        self.lane_groups = 1
+
+    def group(self, settings: Any, lane_groups: int | None) -> Any:
+        """Sets the run's lane groups; the settings with the tile they imply.
+
+        None: ``default_lane_groups``. A lockstep server steps every lane in
+        every call, so its lanes form one group. Without a ``plan_tile``, the
+        tile is the default for one group's lanes (a group plans alone, and a
+        tile sized for all N lanes would compute rows for nothing).
+        """
+        n = min(settings.num_envs, self.num_lanes)
+        if lane_groups is None:
+            lane_groups = default_lane_groups(n)
+        if any("lockstep" in c.info.capabilities for c in self.conns):
+            lane_groups = 1
+        self.lane_groups = max(1, min(lane_groups, n))
+        if self.lane_groups > 1 and settings.plan_tile is None:
+            per_group = -(-n // self.lane_groups)
+            settings = settings._replace(
+                plan_tile=build.default_plan_tile(settings.horizon, per_group)
+            )
+        return settings
 
     def close(self) -> None:
         for c in self.conns:
@@ -176,6 +200,7 @@ class _Run:
         res: core_results.Results,
         episodes_out: Any,
         tel: Any,
+        lane_groups: int = 1,
     ):
         self.program, self.params, self.lanes = program, params, lanes
         self.cfg = program.config
@@ -237,6 +262,12 @@ class _Run:
         self.act_specs = {OBS_KEY: lanes.wire_action}
         self.num_local = [c.info.num_lanes for c in lanes.conns]
         self.lockstep = ["lockstep" in c.info.capabilities for c in lanes.conns]
+        # Lane groups (contiguous): the device plans for one while a server
+        # steps another. A lockstep server steps every lane in every call.
+        groups = max(1, min(lane_groups, n))
+        self.num_groups = groups
+        group_of = np.arange(n) * groups // n
+        self.group_masks = [group_of == g for g in range(groups)]
 
     # Wire --------------------------------------------------------------------------
     def decode(self, s: int, reply: pb.StepReply) -> codec.ResultBatch:
@@ -264,8 +295,13 @@ class _Run:
         self.seg_actions.append(self.wire_actions(acts))
         self.queued[lanes_] += 1
 
-    def flush(self) -> None:
-        """Sends queued resets and segments: one message per rank per server."""
+    def flush(self, which: np.ndarray | None = None) -> None:
+        """Sends queued resets and segments: one message per rank per server.
+
+        Args:
+          which: [N] the lanes (a lane group) whose queued items go now; the
+            others stay queued (default: every lane).
+        """
         if not self.resets and not self.seg_lanes and not self.released:
             return
         if self.seg_lanes:
@@ -285,6 +321,12 @@ class _Run:
         self.seg_counts, self.seg_actions = [], []
         self.queued[:] = 0
         resets, self.resets = self.resets, {}
+        if which is not None:  # the other lanes' items wait, in order
+            for q in np.flatnonzero(live & ~which[lanes_]):
+                self._requeue(lanes_[q], acts[starts[q] : starts[q] + counts[q]])
+            live = live & which[lanes_]
+            for g in [g for g in resets if not which[g]]:
+                self.resets[g] = resets.pop(g)
         top = int(ranks[live].max()) + 1 if live.any() else 1
         for s, conn in enumerate(self.lanes.conns):
             on_s = live & (self.server[lanes_] == s)
@@ -383,26 +425,35 @@ class _Run:
                 codec.encode_action_batch(self.local[act_g], c, {OBS_KEY: acts[rows]})
             )
             mask[self.local[act_g]] = True
-        size = conn.send(req)
-        now = time.perf_counter()
-        self.tel.add("encode", now - t0)
-        self.tel.add("request_bytes", size)
         release = [g for g in self.released if self.server[g] == s]
         if release:
             req.release.extend(int(self.local[g]) for g in release)
             mask[self.local[release]] = True
             self.released = [g for g in self.released if self.server[g] != s]
         req.lane_mask.extend(mask.tolist())
+        # The request belongs to gRPC once sent: nothing may change it after.
+        size = conn.send(req)
+        now = time.perf_counter()
+        self.tel.add("encode", now - t0)
+        self.tel.add("request_bytes", size)
         record = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
         self.inflight[s].append((record, now))
         self.call_id += 1
 
-    def take_reply(self) -> None:
-        """Waits for the next reply of any server and files its lanes' results."""
+    def take_reply(self, block: bool = True) -> bool:
+        """Files the next reply of any server; False when none is in (``block``
+        False) or none is expected."""
         timeout = self.lanes.conns[0].reply_timeout
+        if not any(self.inflight):
+            return False
         try:
-            s, item = self.replies.get(timeout=timeout)
+            if block:
+                s, item = self.replies.get(timeout=timeout)
+            else:
+                s, item = self.replies.get_nowait()
         except queue.Empty:
+            if not block:
+                return False
             raise RemoteConnectionError(
                 "no reply from the jaxmesh env servers "
                 f"{[c.address for c in self.lanes.conns]} within {timeout} s "
@@ -461,6 +512,7 @@ class _Run:
                 self.rb_obs[g[al], last] = obs_rows[row0[al]]
                 self.rb_has_obs[g[al], last] = True
             self.tail[g[al]] += k
+        return True
 
     # Segments ----------------------------------------------------------------------
     def plan_segments(self, go: np.ndarray, actions: np.ndarray, cursor) -> None:
@@ -631,14 +683,36 @@ class _Run:
         self.state = self.program.init(self.obs, np.zeros(self.n, bool))
         self.start(list(range(min(self.n, self.e))))
         self.flush()
+        turn = 0
         while self.active.any():
-            if not self.ready.any():
-                self.take_reply()
+            while self.take_reply(block=False):  # file what came in meanwhile
+                pass
+            self.take_results()
+            if not self.active.any():
+                break
+            ready = self.ready & self.active
+            if not ready.any():
+                self.flush()
+                if not self.take_reply():
+                    raise RuntimeError(
+                        "jaxmesh internal error: lanes wait for results, but no "
+                        "call is in flight; please report it "
+                        f"(active {np.flatnonzero(self.active).tolist()}, episode "
+                        f"{self.episode[self.active].tolist()}, t "
+                        f"{self.t[self.active].tolist()}, sent "
+                        f"{self.sent[self.active].tolist()}, waiting "
+                        f"{self.waiting[self.active].tolist()}, in "
+                        f"{(self.tail - self.head)[self.active].tolist()})"
+                    )
                 self.take_results()
-                if not self.ready.any():
-                    self.flush()
                 continue
-            go = self.ready & self.active
+            # One group at a time, in turn: the others' calls are in flight.
+            for k in range(self.num_groups):
+                group = self.group_masks[(turn + k) % self.num_groups]
+                if (ready & group).any():
+                    turn = (turn + k + 1) % self.num_groups
+                    break
+            go = ready & group
             t0 = time.perf_counter()
             self.state, actions = self.program.step(
                 self.params,
@@ -658,8 +732,8 @@ class _Run:
             self.plan_segments(go, actions, cursor)
             self.waiting[go] = True
             self.take_results()
-            if not self.ready.any():
-                self.flush()
+            if not (self.ready & group).any():
+                self.flush(group if self.num_groups > 1 else None)
         self.res.env_steps[...] = self.env_steps
         self.res.policy_rows[...] = jax.device_get(self.state.rows)
 
@@ -680,6 +754,12 @@ class _Run:
         self.close_episodes(np.zeros(0, np.int64), (j, kind, int(self.t[j]), value))
 
 
+def default_lane_groups(num_envs: int) -> int:
+    """Lane groups when the caller gives none: 1 (no pipelining) for now."""
+    del num_envs
+    return 1
+
+
 def served_loop(
     program: Any,
     params: Any,
@@ -690,10 +770,22 @@ def served_loop(
     res: core_results.Results,
     episodes_out: Any,
     tel: Any,
+    lane_groups: int | None = None,
 ) -> None:
     """Runs the budget over served lanes; writes finished episodes into ``res``."""
+    if lane_groups is None:
+        lane_groups = lanes.lane_groups
     _Run(
-        program, params, lanes, settings, seconds, seeds_arr, res, episodes_out, tel
+        program,
+        params,
+        lanes,
+        settings,
+        seconds,
+        seeds_arr,
+        res,
+        episodes_out,
+        tel,
+        lane_groups,
     ).run()
 
 
