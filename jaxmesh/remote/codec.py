@@ -185,11 +185,13 @@ def decode_array(
             f"{MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; the peer sent a "
             "malformed shape"
         )
+    # One read: under protobuf's upb runtime each access to a bytes field copies.
+    data = tensor.data
     need = math.prod(shape) * dtype.itemsize
-    if need != len(tensor.data):
+    if need != len(data):
         raise ProtocolError(
             f"{what} ({tensor.dtype}, shape {list(shape)}) needs {need} bytes, but "
-            f"the message holds {len(tensor.data)}; the peer sent bytes that do not "
+            f"the message holds {len(data)}; the peer sent bytes that do not "
             "match the shape"
         )
     if expected is not None:
@@ -204,13 +206,11 @@ def decode_array(
             f"{what} has shape {list(shape)}, too large for numpy; the peer sent "
             "a malformed shape"
         )
-    if dtype.kind == "b" and tensor.data.count(b"\x00") + tensor.data.count(
-        b"\x01"
-    ) != len(tensor.data):
+    if dtype.kind == "b" and data.count(b"\x00") + data.count(b"\x01") != len(data):
         raise ProtocolError(
             f"{what} is bool, but its bytes hold values other than 0 and 1"
         )
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def encode_leaves(leaves: Mapping[str, npt.ArrayLike]) -> dict[str, pb.Tensor]:
