@@ -65,7 +65,16 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import balancing_params, goal, header, init_mlp, machine, median, table
+from common import (
+    balancing_params,
+    goal,
+    header,
+    init_mlp,
+    interleave,
+    machine,
+    median,
+    table,
+)
 from peer import numpy_mlp
 from remote_common import RLMESH_EDITION, ServerPool, grpc_target, make_envs
 
@@ -101,34 +110,6 @@ def pipeline_kwargs(on: bool, groups: int) -> dict[str, int]:
 
 
 # Timing ------------------------------------------------------------------------
-def interleaved(
-    contenders: dict[str, Callable[[], dict[str, float]]],
-    repeats: int,
-    warmups: dict[str, Callable[[], Any]] | None = None,
-) -> dict[str, dict[str, float]]:
-    """Warms each contender up once, then runs them interleaved; medians.
-
-    Args:
-      contenders: name -> one timed run returning a dict of figures.
-      repeats: timed runs of each.
-      warmups: name -> a cheaper warm-up call (default: the contender itself).
-
-    Returns:
-      name -> the median of each of its figures.
-    """
-    warmups = warmups or {}
-    for name, fn in contenders.items():
-        warmups.get(name, fn)()
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            runs[name].append(fn())
-    return {
-        name: {k: median([r[k] for r in rs]) for k in rs[0]}
-        for name, rs in runs.items()
-    }
-
-
 def timed_eval(**kwargs: Any) -> tuple[Any, float]:
     """``jaxmesh.evaluate(**kwargs)`` and the wall clock of the call."""
     t0 = time.perf_counter()
@@ -303,7 +284,7 @@ def _peer_measure(args, n, seeds, policy, model, served_jm):
                 return jm_figures(r, dt)
 
             contenders["jaxmesh"] = jm
-        return interleaved(contenders, args.repeats, warm), keep
+        return interleave(contenders, args.repeats, warm), keep
 
 
 def section_peer(args: argparse.Namespace) -> list[str]:
@@ -455,7 +436,7 @@ def section_limit(args: argparse.Namespace) -> list[str]:
                 return jm_figures(r, dt)
 
             contenders["jaxmesh served"] = remote
-        med = interleaved(contenders, args.repeats)
+        med = interleave(contenders, args.repeats)
     for e in envs:
         e.close()
     bare = med["bare loop (no policy)"]["sps"]
@@ -531,7 +512,7 @@ def section_chunks(args: argparse.Namespace) -> list[str]:
             calls[h] = telemetry_count(r)
             return jm_figures(r, dt) | {"mean_return": float(np.mean(r.returns))}
 
-        med = interleaved({1: lambda: run(1), K: lambda: run(K)}, args.repeats)
+        med = interleave({1: lambda: run(1), K: lambda: run(K)}, args.repeats)
     rows = []
     for h, m in med.items():
         c = calls[h]
@@ -629,7 +610,7 @@ def section_codec(args: argparse.Namespace) -> list[str]:
     }
     contenders = {name: per_call(fn, calls) for name, fn in names.items()}
     contenders["base64 in JSON"] = per_call(json_roundtrip, max(1, calls // 4))
-    med = interleaved(contenders, args.repeats + 2)
+    med = interleave(contenders, args.repeats + 2)
     copy_us = med["np.copyto (one copy)"]["us"]
     codec_us = med["codec: StepReply"]["us"]
     mib = frames.nbytes / 2**20
@@ -701,7 +682,7 @@ def section_pipelining(args: argparse.Namespace) -> list[str]:
             last[on] = r
             return jm_figures(r, dt)
 
-        med = interleaved(
+        med = interleave(
             {"off": lambda: run(False), "on": lambda: run(True)}, args.repeats
         )
     rows = []

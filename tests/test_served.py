@@ -205,6 +205,24 @@ def test_lane_groups_are_refused_for_envs_in_this_process(no_compile):
         jaxmesh.evaluate(lean, "gymnax:CartPole-v1", episodes=2, lane_groups=2)
 
 
+def test_a_served_async_vector_env_gives_the_plain_loops_results():
+    """gymnasium's AsyncVectorEnv (one process per lane) behind a server."""
+    from gymnasium.vector import AsyncVectorEnv, AutoresetMode
+
+    # spawn, not fork: this process runs JAX's threads.
+    vec = AsyncVectorEnv(
+        [lambda: gym.make(ID)] * 2,
+        autoreset_mode=AutoresetMode.DISABLED,
+        context="spawn",
+    )
+    try:
+        with served(vec) as server:
+            got = jaxmesh.evaluate(lean, url(server), num_envs=2, seeds=SEEDS)
+    finally:
+        vec.close()
+    check_served(got, lean_refs(), 2)
+
+
 def test_max_episode_steps_truncates_like_the_plain_loop(cartpoles):
     got = jaxmesh.evaluate(
         chunky, cartpoles, num_envs=3, horizon=4, max_episode_steps=30, seeds=SEEDS

@@ -276,6 +276,26 @@ class _Client:
             self.conn.close()
 
 
+class _Served:
+    """What both clients do with their session: use it, end it, end it at exit."""
+
+    _client: _Client | None = None
+
+    def _open(self) -> _Client:
+        self._client.check_open()
+        return self._client
+
+    def _end_session(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __del__(self):
+        try:
+            self._end_session()
+        except Exception:  # noqa: BLE001 - at interpreter exit anything goes
+            pass
+
+
 def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
     """One lane's observation as a gymnasium env returns it (writable)."""
     if isinstance(space, gymnasium.spaces.Discrete):
@@ -283,7 +303,7 @@ def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
     return np.array(row)
 
 
-class RemoteEnv(gymnasium.Env):
+class RemoteEnv(_Served, gymnasium.Env):
     """One lane of a jaxmesh env server as a ``gymnasium.Env``.
 
     The spaces are rebuilt exactly from the handshake; ``metadata`` has
@@ -415,20 +435,7 @@ class RemoteEnv(gymnasium.Env):
 
     def close(self) -> None:
         """Ends the session (the server is free for the next client). Idempotent."""
-        if self._client is not None:
-            self._client.close()
-
-    def _open(self) -> _Client:
-        self._client.check_open()
-        return self._client
-
-    def __del__(self):
-        client = getattr(self, "_client", None)
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - at interpreter exit anything goes
-                pass
+        self._end_session()
 
     def __str__(self) -> str:
         return f"RemoteEnv({self.env_name} at {self.address}, lane {self.lane})"
@@ -437,7 +444,7 @@ class RemoteEnv(gymnasium.Env):
         return str(self)
 
 
-class RemoteVectorEnv(VectorEnv):
+class RemoteVectorEnv(_Served, VectorEnv):
     """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv``.
 
     It follows ``AutoresetMode.DISABLED`` (``metadata["autoreset_mode"]``), as
@@ -609,20 +616,7 @@ class RemoteVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ends the session (the server is free for the next client)."""
-        if self._client is not None:
-            self._client.close()
-
-    def _open(self) -> _Client:
-        self._client.check_open()
-        return self._client
-
-    def __del__(self):
-        client = getattr(self, "_client", None)
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - at interpreter exit anything goes
-                pass
+        self._end_session()
 
     def __repr__(self) -> str:
         return (

@@ -28,6 +28,13 @@ raises ``BadValueError`` at the step that meets it, as in process.
 Only the observation leaf crosses the wire, every replayed step's when an
 observation window reads more than one frame, else the last of each segment
 (the frames in between are never read; CONTRACT 19).
+
+With ``lane_groups`` G > 1 the lanes form G contiguous groups that take agent
+steps in turn, and a group's messages go as soon as none of its lanes can move,
+so the device plans for one group while a server steps another. A server over a
+``VectorEnv`` says ``lockstep``: it steps every lane at once, so the client sends
+one call at a time with each lane's next segment cut to the shortest, and
+releases a lane it abandons at ``max_episode_steps`` with nothing left to run.
 """
 
 from __future__ import annotations
