@@ -212,16 +212,20 @@ class Connection:
         *,
         replies: queue.SimpleQueue | None = None,
         tag: Any = None,
+        reader: bool = True,
     ) -> None:
-        """Opens the session (the Step stream) and starts the reader thread.
+        """Opens the session (the Step stream), with a reader thread or not.
 
         Args:
-          decode: called by the reader thread on each reply; ``receive`` returns
-            its result with the reply (None: no decoding).
+          decode: called on each reply (by the reader thread); ``receive``
+            returns its result with the reply (None: no decoding).
           replies: a queue shared with other connections: the reader puts
             ``(tag, item)`` there (item: what ``receive`` returns, or the
             exception it raises), and ``receive`` is not used.
           tag: names this connection in ``replies``.
+          reader: False: no reader thread; ``receive`` takes the next reply off
+            the stream itself (one thread hand-off less per call, for a caller
+            with nothing else to do while it waits; no ``reply_timeout``).
         """
         if self._stream is not None:
             raise RuntimeError(f"the session with {self.address} is already open")
@@ -235,36 +239,48 @@ class Connection:
                 yield item
 
         self._stream = self._stub.Step(outgoing(), metadata=self._metadata)
+        self._replies_in = iter(self._stream)
+        self._decode = decode
+        if not reader:
+            self._reader = None
+            return
         sink = self._replies if replies is None else replies
         self._reader = threading.Thread(
             target=self._read,
-            args=(self._stream, decode, lambda item: sink.put((tag, item))),
+            args=(lambda item: sink.put((tag, item)),),
             daemon=True,
         )
         self._reader.start()
 
-    def _read(self, stream: Any, decode: Callable | None, put: Callable) -> None:
+    def _next(self) -> Any:
+        """The next reply off the stream as ``receive`` returns it, the exception
+        ``receive`` raises (returned, not raised), or None after ``close()``."""
         try:
-            for reply in stream:
-                arrived = time.perf_counter()
-                try:
-                    decoded = decode(reply) if decode is not None else None
-                except BaseException as exc:  # handed to the caller in order
-                    put(exc)
-                    return
-                put((reply, decoded, arrived, time.perf_counter()))
-        except grpc.RpcError as exc:
-            if self._stream is not None:  # not our own close()
-                put(remote_error(exc, self.address))
-            return
-        if self._stream is None:  # our own close(): the server ended the session
-            return
-        put(
-            RemoteConnectionError(
+            reply = next(self._replies_in)
+        except StopIteration:
+            if self._stream is None:  # our own close(): the server ended it
+                return None
+            return RemoteConnectionError(
                 f"the jaxmesh env server at {self.address} closed the session",
                 address=self.address,
             )
-        )
+        except grpc.RpcError as exc:
+            return None if self._stream is None else remote_error(exc, self.address)
+        arrived = time.perf_counter()
+        try:
+            decoded = self._decode(reply) if self._decode is not None else None
+        except BaseException as exc:  # handed to the caller in order
+            return exc
+        return reply, decoded, arrived, time.perf_counter()
+
+    def _read(self, put: Callable) -> None:
+        while True:
+            item = self._next()
+            if item is None:
+                return
+            put(item)
+            if isinstance(item, BaseException):
+                return
 
     def send(self, request: pb.StepRequest) -> int:
         """Queues a request on the stream (never waits for the server).
@@ -289,6 +305,16 @@ class Connection:
           jaxmesh.RemoteError: the call failed (see the module docstring), or
             no reply came within ``reply_timeout``.
         """
+        if self._reader is None and self._stream is not None:  # no reader thread
+            item = self._next()
+            if item is None:
+                item = RemoteConnectionError(
+                    f"the session with {self.address} is closed",
+                    address=self.address,
+                )
+            if isinstance(item, BaseException):
+                raise item
+            return item
         try:
             item = self._replies.get(timeout=self.reply_timeout)
         except queue.Empty:
@@ -311,13 +337,24 @@ class Connection:
         awaited (up to ``timeout`` seconds, then the call is cancelled), so that
         a client that opens the next session at once never finds it "busy".
         """
-        stream, self._stream = self._stream, None
+        stream = self._stream
         if stream is not None:
             self._requests.put(_END)
-            if self._reader is not None:
-                self._reader.join(timeout)
+            reader = self._reader
+            if reader is None:  # no reader thread: drain the stream in one
+                reader = threading.Thread(target=self._drain, daemon=True)
+                reader.start()
+            self._stream = None
+            reader.join(timeout)
             stream.cancel()
         self._channel.close()
+
+    def _drain(self) -> None:
+        """Reads replies still in flight until the server ends the session."""
+        while True:
+            item = self._next()
+            if item is None or isinstance(item, BaseException):
+                return
 
     def __enter__(self) -> Connection:
         return self

@@ -108,10 +108,19 @@ def _name(key: str | None) -> str:
     return "array" if key is None else f"leaf {key!r}"
 
 
+#: numpy dtype -> wire name, for the dtypes met so far (a hot path).
+_WIRE_NAMES: dict[np.dtype, str] = {}
+
+
 def _wire_dtype(dtype: np.dtype, key: str | None) -> str:
     """The wire name of a numpy dtype, or ProtocolError for one not allowed."""
+    name = _WIRE_NAMES.get(dtype)
+    if name is not None:
+        return name
     name = dtype.newbyteorder("=").name if dtype.byteorder != "|" else dtype.name
-    if name not in DTYPES or dtype.kind not in "biuf":
+    if name in DTYPES and dtype.kind in "biuf":
+        _WIRE_NAMES[dtype] = name
+    else:
         raise ProtocolError(
             f"{_name(key)} has dtype {dtype.str!r}, which cannot be sent; "
             f"expected one of {sorted(DTYPES)}: cast it (e.g. with .astype) first"

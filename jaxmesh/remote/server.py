@@ -799,23 +799,24 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
                     f"the action batch has action {int(bad)}, outside the env's "
                     f"Discrete({lanes.act_leaf.n}, start={low}) [{low}, {high - 1}]"
                 )
-        for lane, start, count in zip(
-            batch.lanes.tolist(),
-            batch.offsets.tolist(),
-            batch.counts.tolist(),
-            strict=True,
-        ):
+        stepped = batch.lanes  # ascending and < n (decode_action_batch)
+        bad = ~np.asarray(mask, bool)[stepped] | ~lanes.was_reset[stepped]
+        if ops:
+            bad |= np.isin(stepped, list(ops))
+        for lane in stepped[bad].tolist()[:1]:  # the first lane at fault, named
             check_lane(lane, "the action batch")
             if lane in ops:
                 raise _bad(
                     f"lane {lane} is both reset and stepped in one call; reset it "
                     "in one call and step it in the next"
                 )
-            if not lanes.was_reset[lane]:
-                raise _bad(
-                    f"the action batch steps lane {lane}, which was never reset in "
-                    f"this session; reset lane {lane} first"
-                )
+            raise _bad(
+                f"the action batch steps lane {lane}, which was never reset in "
+                f"this session; reset lane {lane} first"
+            )
+        for lane, start, count in zip(
+            stepped.tolist(), batch.offsets.tolist(), batch.counts.tolist(), strict=True
+        ):
             replays[lane] = _Replay(lane, arr[start : start + count])
     keys = set(msg.observation_keys)
     if not keys <= {""}:

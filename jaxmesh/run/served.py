@@ -269,6 +269,7 @@ class _Run:
         self.act_specs = {OBS_KEY: lanes.wire_action}
         self.num_local = [c.info.num_lanes for c in lanes.conns]
         self.lockstep = ["lockstep" in c.info.capabilities for c in lanes.conns]
+        self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
         groups = max(1, min(lane_groups, n))
@@ -453,14 +454,26 @@ class _Run:
         timeout = self.lanes.conns[0].reply_timeout
         if not any(self.inflight):
             return False
-        try:
-            if block:
-                s, item = self.replies.get(timeout=timeout)
-            else:
-                s, item = self.replies.get_nowait()
-        except queue.Empty:
+        if self.direct:
             if not block:
                 return False
+            s, item = 0, self.lanes.conns[0].receive()
+        else:
+            s, item = self._queued_reply(block, timeout)
+            if item is None:
+                return False
+        return self._file_reply(s, item)
+
+    def _queued_reply(self, block: bool, timeout: float | None) -> tuple[int, Any]:
+        """The next reply a reader thread queued: ``(server, item)``; item None
+        when none is in and ``block`` is False."""
+        try:
+            if block:
+                return self.replies.get(timeout=timeout)
+            return self.replies.get_nowait()
+        except queue.Empty:
+            if not block:
+                return 0, None
             raise RemoteConnectionError(
                 "no reply from the jaxmesh env servers "
                 f"{[c.address for c in self.lanes.conns]} within {timeout} s "
@@ -468,6 +481,9 @@ class _Run:
                 address=self.lanes.conns[0].address,
                 code="DEADLINE_EXCEEDED",
             ) from None
+
+    def _file_reply(self, s: int, item: Any) -> bool:
+        """Files one server's reply: reset observations, step results."""
         if isinstance(item, BaseException):
             raise item
         reply, b, arrived, decoded_at = item
@@ -551,6 +567,12 @@ class _Run:
         """
         h, lead = self.cfg.horizon, self.cfg.lead
         lanes_ = np.flatnonzero(go)
+        if h == 1 and lead == 0:  # the action itself, one per lane
+            j = lanes_[self.sent[lanes_] <= self.t[lanes_]]
+            ok = ~self.bad_actions(actions[j])
+            self.queue_segments(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
+            self.sent[j[ok]] += 1
+            return
         t = self.t[lanes_].astype(np.int64)  # the step of the action just executed
         c = cursor[lanes_].astype(np.int64) - 1
         cs = t - c
@@ -561,12 +583,6 @@ class _Run:
         target = np.minimum(target, self.max_steps)
         need = target > self.sent[lanes_]
         if not need.any():
-            return
-        if h == 1 and lead == 0:  # the action itself, one per lane
-            j = lanes_[need]
-            ok = ~self.bad_actions(actions[j])
-            self.queue_segments(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
-            self.sent[j[ok]] += 1
             return
         chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
         cut_offsets = [h, 2 * h]
@@ -701,9 +717,19 @@ class _Run:
 
     # The loop ----------------------------------------------------------------------
     def run(self) -> None:
-        for s, c in enumerate(self.lanes.conns):
+        conns = self.lanes.conns
+        # One server, one group: nothing to do while a reply is out, so the loop
+        # takes it off the stream itself (a thread hand-off less per call);
+        # else reader threads decode replies while the loop plans.
+        self.direct = (
+            len(conns) == 1 and self.num_groups == 1 and conns[0].reply_timeout is None
+        )
+        for s, c in enumerate(conns):
             c.open(
-                lambda reply, s=s: self.decode(s, reply), replies=self.replies, tag=s
+                lambda reply, s=s: self.decode(s, reply),
+                replies=self.replies,
+                tag=s,
+                reader=not self.direct,
             )
         self.state = self.program.init(self.obs, np.zeros(self.n, bool))
         self.start(list(range(min(self.n, self.e))))
@@ -749,7 +775,10 @@ class _Run:
                 self.t,
                 go,
             )
-            actions, cursor = jax.device_get((actions, self.state.cursor))
+            if self.per_step:  # h = 1, no lead: the action is the segment
+                actions, cursor = np.asarray(actions), None
+            else:
+                actions, cursor = jax.device_get((actions, self.state.cursor))
             self.tel.add("predict", time.perf_counter() - t0)
             self.started[go] = False
             self.ready[go] = False
