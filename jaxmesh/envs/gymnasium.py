@@ -283,12 +283,18 @@ class EnvLanes(_Lanes):
         term = np.zeros(n, bool)
         trunc = np.zeros(n, bool)
         env_actions = _to_env_actions(self.action_space, actions)
-        discrete = env_actions.ndim == 1
-        for j in np.flatnonzero(go):
-            a = int(env_actions[j]) if discrete else env_actions[j]
-            o, r, te, tr, _ = self.envs[j].step(a)
-            obs[j] = self.observation(o, j)
-            reward[j], term[j], trunc[j] = r, te, tr
+        # Python ints for a Discrete space (what its step expects).
+        acts = env_actions.tolist() if env_actions.ndim == 1 else env_actions
+        lanes = np.flatnonzero(go).tolist()
+        rows = []
+        envs, observation = self.envs, self.observation
+        for j in lanes:
+            o, r, te, tr, _ = envs[j].step(acts[j])
+            obs[j] = observation(o, j)
+            rows.append((r, te, tr))
+        if lanes:
+            r, te, tr = zip(*rows, strict=True)
+            reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         return reward, term, trunc
 
     def close(self) -> None:

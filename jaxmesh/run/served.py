@@ -18,8 +18,10 @@ in **segments** that the server replays, stopping at the episode's end:
   goes out as soon as it is planned, so the server never waits for it.
 
 Messages are flushed when no lane can move (the loop would otherwise wait), one
-message per segment rank on each server; a server replies in order, and the
-reader threads decode replies off the critical path. Actions sent after an
+message per segment rank on each server; a server replies in order. With
+several servers or lane groups, reader threads decode replies while the loop
+plans; with one of each the loop has nothing to do while it waits, so it takes
+each reply off the stream itself (a thread hand-off less). Actions sent after an
 episode's end execute nothing (the server's rule), and their replies are
 dropped by episode epoch. An action that would fail the run's checks (out of
 range, not finite) is never sent: the segment stops before it, and the run
