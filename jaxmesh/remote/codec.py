@@ -174,23 +174,22 @@ def decode_array(
     """
     if expected is not None and key is None:
         key = expected.key
-    what = _name(key)
     if not isinstance(tensor, pb.Tensor):
         raise ProtocolError(
-            f"{what}: expected a jaxmesh.env.v1.Tensor message, got "
+            f"{_name(key)}: expected a jaxmesh.env.v1.Tensor message, got "
             f"{type(tensor).__name__}"
         )
     dtype = DTYPES.get(tensor.dtype)
     if dtype is None:
         raise ProtocolError(
-            f"{what} has dtype {tensor.dtype[:64]!r}, expected one of "
+            f"{_name(key)} has dtype {tensor.dtype[:64]!r}, expected one of "
             f"{sorted(DTYPES)}; the peer sent a dtype this protocol does not know "
             "(check both ends run the same jaxmesh protocol version)"
         )
     shape = tuple(tensor.shape)
-    if len(shape) > MAX_NDIM or any(d < 0 or d > MAX_DIM for d in shape):
+    if len(shape) > MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > MAX_DIM)):
         raise ProtocolError(
-            f"{what} has shape {list(shape[: MAX_NDIM + 1])}, expected at most "
+            f"{_name(key)} has shape {list(shape[: MAX_NDIM + 1])}, expected at most "
             f"{MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; the peer sent a "
             "malformed shape"
         )
@@ -199,25 +198,26 @@ def decode_array(
     need = math.prod(shape) * dtype.itemsize
     if need != len(data):
         raise ProtocolError(
-            f"{what} ({tensor.dtype}, shape {list(shape)}) needs {need} bytes, but "
-            f"the message holds {len(data)}; the peer sent bytes that do not "
+            f"{_name(key)} ({tensor.dtype}, shape {list(shape)}) needs {need} bytes, "
+            f"but the message holds {len(data)}; the peer sent bytes that do not "
             "match the shape"
         )
     if expected is not None:
         if tensor.dtype != expected.dtype or shape != tuple(expected.shape):
             raise ProtocolError(
-                f"{what} is {tensor.dtype}{list(shape)}, expected "
+                f"{_name(key)} is {tensor.dtype}{list(shape)}, expected "
                 f"{expected.dtype}{list(expected.shape)} as declared in the "
                 "handshake; the peer broke its own declaration"
             )
-    if math.prod(max(d, 1) for d in shape) > 2**62:
+    # With a zero dimension the bytes bound nothing: the other dims may be huge.
+    if need == 0 and math.prod(max(d, 1) for d in shape) > 2**62:
         raise ProtocolError(
-            f"{what} has shape {list(shape)}, too large for numpy; the peer sent "
+            f"{_name(key)} has shape {list(shape)}, too large for numpy; the peer sent "
             "a malformed shape"
         )
     if dtype.kind == "b" and data.count(b"\x00") + data.count(b"\x01") != len(data):
         raise ProtocolError(
-            f"{what} is bool, but its bytes hold values other than 0 and 1"
+            f"{_name(key)} is bool, but its bytes hold values other than 0 and 1"
         )
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 

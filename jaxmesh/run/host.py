@@ -347,6 +347,9 @@ def _action_faults(
     else:
         bad = ~np.isfinite(flat)
         kind = core_results.ACTION_NOT_FINITE
+    if not bad.any():  # the usual case, once per step: no per-lane work
+        n = actions.shape[0]
+        return np.zeros(n, np.int32), np.zeros(n, np.float32)
     lane_bad = active & bad.any(axis=1)
     first = np.take_along_axis(flat, bad.argmax(axis=1)[:, None], axis=1)[:, 0]
     kinds = np.where(lane_bad, kind, core_results.NO_FAULT).astype(np.int32)
