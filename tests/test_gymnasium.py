@@ -117,6 +117,29 @@ def test_lanes_and_env_forms_give_identical_results(n):
         assert len(set(results["list"].lanes.tolist())) == 3
 
 
+@pytest.mark.parametrize("lead", [0, 1, 2, 4])
+@pytest.mark.parametrize("n", [1, 3, 16])
+def test_every_lead_and_lane_count_match_plain_loop(n, lead):
+    envs = [gym.make(ID) for _ in range(n)]
+    got = jaxmesh.evaluate(
+        chunky, envs, num_envs=n, horizon=4, prefetch_lead=lead, seeds=SEEDS
+    )
+    fn = jax.jit(chunky)
+    refs = plain_loop(gym.make(ID), lambda x, key: fn(x), SEEDS, horizon=4, lead=lead)
+    check(got, refs, n)
+
+
+@pytest.mark.parametrize("n", [1, 16])
+def test_frame_stack_and_previous_match_plain_loop_at_any_lane_count(n):
+    model = jaxmesh.Model(stacked, spec=SPEC)
+    envs = [gym.make(ID) for _ in range(n)]
+    got = jaxmesh.evaluate(model, envs, horizon=4, prefetch_lead=2, seeds=SEEDS)
+    refs = plain_loop(
+        gym.make(ID), jax.jit(stacked), SEEDS, horizon=4, lead=2, inputs=stacked_inputs
+    )
+    check(got, refs, n)
+
+
 def test_max_episode_steps_truncates_like_the_plain_loop():
     got = jaxmesh.evaluate(lean, disabled_vec(3), seeds=SEEDS, max_episode_steps=12)
     refs = plain_loop(gym.make(ID), per_step(lean), SEEDS, cap=12)
