@@ -209,7 +209,6 @@ class _Run:
         res: core_results.Results,
         episodes_out: Any,
         tel: Any,
-        lane_groups: int = 1,
     ):
         self.program, self.params, self.lanes = program, params, lanes
         self.cfg = program.config
@@ -274,7 +273,7 @@ class _Run:
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
-        groups = max(1, min(lane_groups, n))
+        groups = max(1, min(lanes.lane_groups, n))
         self.num_groups = groups
         group_of = np.arange(n) * groups // n
         self.group_masks = [group_of == g for g in range(groups)]
@@ -816,33 +815,13 @@ def default_lane_groups(num_envs: int) -> int:
     return 1
 
 
-def served_loop(
-    program: Any,
-    params: Any,
-    lanes: ServedLanes,
-    settings: Any,
-    seconds: float | None,
-    seeds_arr: np.ndarray,
-    res: core_results.Results,
-    episodes_out: Any,
-    tel: Any,
-    lane_groups: int | None = None,
-) -> None:
-    """Runs the budget over served lanes; writes finished episodes into ``res``."""
-    if lane_groups is None:
-        lane_groups = lanes.lane_groups
-    _Run(
-        program,
-        params,
-        lanes,
-        settings,
-        seconds,
-        seeds_arr,
-        res,
-        episodes_out,
-        tel,
-        lane_groups,
-    ).run()
+def served_loop(*args: Any) -> None:
+    """Runs the budget over served lanes; writes finished episodes into ``res``.
+
+    Takes the host loop's arguments (``program, params, lanes, settings,
+    seconds, seeds_arr, res, episodes_out, tel``); see ``_Run``.
+    """
+    _Run(*args).run()
 
 
 __all__ = ["ServedLanes", "served_loop", "needs_every_observation"]
