@@ -18,6 +18,7 @@ from jaxmesh.run.agent import Agent, make_agent
 from jaxmesh.run.pure import make_evaluator
 from jaxmesh.run.results import EpisodeResult, RunResult
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
+from jaxmesh.stats import Comparison, compare
 
 __version__ = "0.1.0"
 
@@ -65,6 +66,8 @@ __all__ = [
     "Model",
     "EpisodeResult",
     "RunResult",
+    "compare",
+    "Comparison",
     "save_params",
     "load_params",
     "Param",

@@ -6,6 +6,7 @@ Commands::
                              [--no-compile-cache] [--telemetry]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
+    jaxmesh compare A.json B.json [--resamples N] [--seed S]
     jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
                           [--token T] [--idle-timeout S] [--insecure]
                           [--allow-remote-shutdown] [--workers W]
@@ -17,7 +18,9 @@ applies ``--set`` overrides, builds the env and the policy, runs
 as JSON. The env is a JAX env id (``gymnax:``, ``brax:``), a gymnasium id stepped
 in this process (``gymnasium:<id>``), or served envs: ``grpc://host:port`` or a
 list of such addresses. ``explain`` prints what such a run would read from
-the env and hold per lane, compiling nothing. ``serve-env`` serves a gymnasium
+the env and hold per lane, compiling nothing. ``compare`` pairs two results
+``eval`` wrote (same seeds) episode by episode and prints ``jaxmesh.compare``'s
+table. ``serve-env`` serves a gymnasium
 env over gRPC (``jaxmesh.remote.server.EnvServer``) until SIGTERM or Ctrl-C.
 
 Exit status: 0 on success; 2 for bad input (the command line, the config, or
@@ -616,6 +619,42 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_result(path: str | Path) -> Any:
+    """The ``RunResult`` in a JSON file written by ``jaxmesh eval``.
+
+    Raises:
+      ConfigError: the file is missing, is not JSON, or is not a result.
+    """
+    from jaxmesh.run.results import RunResult
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"result file {str(path)!r} not found (looked in {str(p.absolute())!r}); "
+            "pass the JSON that jaxmesh eval wrote (its config's output key)"
+        )
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"result file {str(path)!r} is not valid JSON: {e}") from e
+    try:
+        return RunResult.from_dict(data)
+    except ValueError as e:
+        raise ConfigError(f"result file {str(path)!r}: {e}") from e
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from jaxmesh.stats import compare
+
+    a, b = load_result(args.a), load_result(args.b)
+    try:
+        comparison = compare(a, b, resamples=args.resamples, seed=args.seed)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{args.a} and {args.b}: {e}") from e
+    print(comparison)
+    return 0
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
     import signal
@@ -726,6 +765,27 @@ def make_parser() -> argparse.ArgumentParser:
         "target", help="module:Class, e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
     )
     de.set_defaults(run=cmd_describe)
+    co = sub.add_parser(
+        "compare",
+        help="compare two eval results on the same seeds, episode by episode",
+        description="Pair two results written by jaxmesh eval (the same seeds) "
+        "episode by episode and print jaxmesh.compare(A, B): the mean of B - A, "
+        "its percentile bootstrap interval (95%%) and the share of seeds where B "
+        "scores more (ties count half).",
+    )
+    co.add_argument("a", metavar="A.json", help="the baseline result")
+    co.add_argument("b", metavar="B.json", help="the result compared with it")
+    co.add_argument(
+        "--resamples",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="bootstrap resamples (default 10000)",
+    )
+    co.add_argument(
+        "--seed", type=int, default=0, help="the bootstrap's seed (default 0)"
+    )
+    co.set_defaults(run=cmd_compare)
     se = sub.add_parser(
         "serve-env",
         help="serve a gymnasium env over gRPC (jaxmesh.EnvServer)",

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxmesh import stats as _stats
 from jaxmesh.core.results import EPISODE_FIELDS
 
 
@@ -40,6 +41,66 @@ def episode_at(arrays: Any, i: int, index: int, seed: int) -> EpisodeResult:
         predict_calls=int(arrays.predict_calls[i]),
         lane=int(arrays.lanes[i]),
     )
+
+
+#: ``RunResult`` array -> the episode key ``to_dict`` writes it under.
+_EPISODE_KEYS = {
+    "indices": "index",
+    "seeds": "seed",
+    "returns": "return",
+    "lengths": "length",
+    "terminated": "terminated",
+    "truncated": "truncated",
+    "predict_calls": "predict_calls",
+    "lanes": "lane",
+}
+#: ``RunResult`` array -> (episode key, dtype) for ``from_dict``.
+_ARRAYS = {
+    field: (key, dtype)
+    for (field, key), dtype in zip(
+        _EPISODE_KEYS.items(),
+        (np.int64, np.int64, np.float64, np.int64, bool, bool, np.int64, np.int64),
+        strict=True,
+    )
+}
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _stat_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's rows of ``RunResult.stats()``."""
+    r, level = stats["returns"], f"{stats['confidence']:.0%}"
+    how = f"percentile bootstrap, {stats['resamples']:,} resamples"
+
+    def interval(pair: list[float] | None) -> str:
+        return (
+            "n/a (one episode)" if pair is None else f"[{pair[0]:.3f}, {pair[1]:.3f}]"
+        )
+
+    q = r["quantiles"]
+    rows = [
+        ("standard error", _fmt(r["standard_error"])),
+        (f"mean return {level} interval", f"{interval(r['mean_interval'])} ({how})"),
+        (
+            f"IQM return ({level} interval)",
+            f"{r['iqm']:.3f} {interval(r['iqm_interval'])}",
+        ),
+        (
+            "return p5 / p25 / p50 / p75 / p95",
+            " / ".join(f"{v:.3f}" for v in q.values()),
+        ),
+    ]
+    if stats["success_rate"] is not None:
+        low, high = stats["success_interval"]
+        rows.append(
+            (
+                f"success rate ({level} Wilson)",
+                f"{stats['success_rate']:.1%} [{low:.1%}, {high:.1%}]",
+            )
+        )
+    return rows
 
 
 @dataclasses.dataclass
@@ -145,7 +206,17 @@ class RunResult:
         return episode_at(self, i, self.indices[i], self.seeds[i])
 
     def summary(self) -> str:
-        """A readable summary table."""
+        """A readable summary table.
+
+        Besides the run's settings and totals it shows ``stats()``: the mean
+        return +- the sample std, the standard error and 95% bootstrap interval
+        of the mean, the IQM with its interval, the quantiles, and the success
+        rate with its Wilson interval when the env gives a success signal.
+        """
+        # The bootstrap costs resamples x episodes: a large run's summary uses
+        # fewer resamples (the row says how many; stats() takes any number).
+        n = max(self.num_episodes, 1)
+        stats = self.stats(resamples=min(_stats.RESAMPLES, max(200, 10**7 // n)))
         mode = (
             f"asynchronous (prefetch_lead={self.prefetch_lead}; not comparable to "
             "a synchronous score)"
@@ -160,7 +231,8 @@ class RunResult:
         if self.num_episodes:
             r = self.returns
             rows += [
-                ("mean return", f"{np.mean(r):.3f} +- {np.std(r):.3f}"),
+                ("mean return", f"{np.mean(r):.3f} +- {_fmt(stats['returns']['std'])}"),
+                *_stat_rows(stats),
                 ("min / max return", f"{np.min(r):.3f} / {np.max(r):.3f}"),
                 ("mean length", f"{np.mean(self.lengths):.1f}"),
                 (
@@ -202,6 +274,41 @@ class RunResult:
     def __str__(self) -> str:
         return self.summary()
 
+    def stats(
+        self,
+        *,
+        confidence: float = _stats.CONFIDENCE,
+        resamples: int = _stats.RESAMPLES,
+        seed: int = _stats.SEED,
+    ) -> dict[str, Any]:
+        """The statistics of the returns (and the mean length), as plain data.
+
+        See ``jaxmesh.stats`` for each convention (sample std, rliable's IQM,
+        percentile bootstrap with a fixed seed, Wilson interval).
+
+        Args:
+          confidence: the level of every interval.
+          resamples: bootstrap resamples (default 10,000).
+          seed: the bootstrap's seed (the same result gives the same intervals).
+
+        Returns:
+          A JSON-serialisable dict: ``episodes``, ``confidence``, ``resamples``,
+          ``seed``; ``returns``: ``mean``, ``std``, ``standard_error``,
+          ``mean_interval`` ([low, high]), ``iqm``, ``iqm_interval``,
+          ``quantiles`` (``p5``, ``p25``, ``p50``, ``p75``, ``p95``), ``min``,
+          ``max``; ``lengths``: ``mean``; ``success_rate`` and
+          ``success_interval`` (None when the result has no success signal).
+          What too few episodes cannot give is None.
+        """
+        return _stats.describe(
+            self.returns,
+            self.lengths,
+            getattr(self, "success", None),
+            confidence=confidence,
+            resamples=resamples,
+            seed=seed,
+        )
+
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
         from jaxmesh.run.telemetry import format_table
@@ -231,8 +338,76 @@ class RunResult:
                 "rows_per_step": self.rows_per_step,
                 "wall_time": self.wall_time,
                 "compile_time": self.compile_time,
+                "run_time": self.run_time,
                 "steps_per_second": self.steps_per_second,
             },
             "telemetry": self.telemetry,
             "episodes": [e.to_dict() for e in self.episodes],
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunResult:
+        """The result ``to_dict`` wrote (e.g. the JSON of ``jaxmesh eval``).
+
+        The inverse of ``to_dict``: ``RunResult.from_dict(r.to_dict()).to_dict()
+        == r.to_dict()``. Returns are float32, as the engine writes them, unless
+        a value is not a float32 (then float64: nothing written is lost).
+        A dict written before ``totals`` held ``run_time`` gets it from
+        ``env_steps / steps_per_second``.
+
+        Raises:
+          ValueError: a key or an episode field is missing or has the wrong
+            type, naming it.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(
+                f"a result dict was expected (RunResult.to_dict(), the JSON of "
+                f"jaxmesh eval); got a {type(d).__name__}"
+            )
+        missing = [k for k in ("settings", "totals", "episodes") if k not in d]
+        if missing:
+            raise ValueError(
+                f"the result dict lacks {missing} (it has {sorted(d)}); expected "
+                "what RunResult.to_dict() writes (the JSON of jaxmesh eval)"
+            )
+        settings, totals, episodes = d["settings"], d["totals"], d["episodes"]
+        try:
+            columns = {
+                key: [ep[key] for ep in episodes] for key in _EPISODE_KEYS.values()
+            }
+            steps, sps = int(totals["env_steps"]), float(totals["steps_per_second"])
+            run_time = totals.get("run_time", steps / sps if sps > 0 else 0.0)
+            arrays = {
+                field: np.asarray(columns[key], dtype)
+                for field, (key, dtype) in _ARRAYS.items()
+            }
+            # The engine's returns are float32; keep them so (the mean, and so
+            # ``to_dict``, depends on the dtype) unless a value needs more.
+            single = arrays["returns"].astype(np.float32)
+            if np.array_equal(single, arrays["returns"]):
+                arrays["returns"] = single
+            return cls(
+                **arrays,
+                env_steps=steps,
+                policy_rows=int(totals["policy_rows"]),
+                wall_time=float(totals["wall_time"]),
+                compile_time=float(totals["compile_time"]),
+                run_time=float(run_time),
+                num_envs=int(settings["num_envs"]),
+                horizon=int(settings["horizon"]),
+                effective_horizon=int(settings["effective_horizon"]),
+                prefetch_lead=int(settings["prefetch_lead"]),
+                policy=str(d.get("policy", "")),
+                env=str(d.get("env", "")),
+                chunk=settings.get("chunk"),
+                plan_tile=int(settings.get("plan_tile", 0)),
+                max_episode_seconds=settings.get("max_episode_seconds"),
+                telemetry=d.get("telemetry"),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            what = f"key {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(
+                f"the result dict is malformed ({type(e).__name__}: {what}); "
+                "expected what RunResult.to_dict() writes: settings, totals and "
+                f"episodes with fields {sorted(_EPISODE_KEYS.values())}"
+            ) from e
