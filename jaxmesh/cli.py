@@ -3,10 +3,11 @@
 Commands::
 
     jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
-                             [--no-compile-cache] [--telemetry]
+                             [--no-compile-cache] [--telemetry] [--report [PATH]]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
     jaxmesh compare A.json B.json [--resamples N] [--seed S]
+    jaxmesh report RESULTS.json [-o REPORT.html]
     jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
                           [--token T] [--idle-timeout S] [--insecure]
                           [--allow-remote-shutdown] [--workers W]
@@ -20,7 +21,9 @@ in this process (``gymnasium:<id>``), or served envs: ``grpc://host:port`` or a
 list of such addresses. ``explain`` prints what such a run would read from
 the env and hold per lane, compiling nothing. ``compare`` pairs two results
 ``eval`` wrote (same seeds) episode by episode and prints ``jaxmesh.compare``'s
-table. ``serve-env`` serves a gymnasium
+table. ``report`` writes the HTML report (``jaxmesh.report.write_report``) of a
+result ``eval`` wrote; ``eval --report`` writes it at the end of the run.
+``serve-env`` serves a gymnasium
 env over gRPC (``jaxmesh.remote.server.EnvServer``) until SIGTERM or Ctrl-C.
 
 Exit status: 0 on success; 2 for bad input (the command line, the config, or
@@ -523,6 +526,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{CACHE_DIR_ENV} to a writable directory",
                 file=sys.stderr,
             )
+    report = report_path(args.report, config, args.config)
     policy, env, kwargs = build_run(config)
     started = _Started()
     hooks = [started, Progress(enabled=not args.no_progress)]
@@ -540,7 +544,65 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         print(f"wrote {out}")
+    if report is not None:
+        write_report_file(result, report)
     return 0
+
+
+#: ``--report`` given without a path.
+_NEXT_TO_OUTPUT = object()
+
+
+def _need_matplotlib(what: str) -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError(
+            f"{what} needs matplotlib, which is not installed; run: pip install "
+            "'jaxmesh[report]'"
+        )
+
+
+def report_path(given: Any, config: dict[str, Any], config_path: str) -> Path | None:
+    """Where ``eval --report`` writes the report, checked before the run.
+
+    ``--report`` alone puts it next to the result JSON (``output`` with the
+    suffix ``.html``), or in ``report.html`` when the config writes no JSON.
+
+    Raises:
+      ConfigError: matplotlib is missing, or the path is the config's or the
+        JSON's own (the report would overwrite it).
+    """
+    if given is None:
+        return None
+    _need_matplotlib("--report")
+    if given is _NEXT_TO_OUTPUT:
+        output = config.get("output")
+        path = Path(output).with_suffix(".html") if output else Path("report.html")
+    else:
+        path = Path(given)
+    for name, other in (("the config", config_path), ("output", config.get("output"))):
+        if other and path.resolve() == Path(other).resolve():
+            raise ConfigError(
+                f"--report {str(path)!r} is {name} file {str(other)!r}; the report "
+                "would overwrite it: pass another path, e.g. --report report.html"
+            )
+    return path
+
+
+def write_report_file(result: Any, path: Path) -> None:
+    """Writes ``result``'s HTML report to ``path`` and says so on stdout.
+
+    Raises:
+      ConfigError: the file cannot be written.
+    """
+    from jaxmesh.report import write_report
+
+    try:
+        write_report(result, path)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write the report to {str(path)!r}: {e}; pass a writable path"
+        ) from e
+    print(f"wrote {path}")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -655,6 +717,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    _need_matplotlib("jaxmesh report")
+    result = load_result(args.results)
+    out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
+    if out.resolve() == Path(args.results).resolve():
+        raise ConfigError(
+            f"-o {str(out)!r} is the results file itself; pass another path, e.g. "
+            "-o report.html"
+        )
+    write_report_file(result, out)
+    return 0
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
     import signal
@@ -750,6 +825,17 @@ def make_parser() -> argparse.ArgumentParser:
         "encode, decode, wire, queue; message bytes) of a gymnasium: or grpc:// "
         "run: result.format_telemetry()",
     )
+    ev.add_argument(
+        "--report",
+        nargs="?",
+        const=_NEXT_TO_OUTPUT,
+        default=None,
+        metavar="PATH",
+        help="after the run, write its HTML report (summary, plots, settings, "
+        "telemetry, episodes) to PATH; without PATH, next to the output JSON "
+        "(.html) or to report.html. Needs matplotlib (pip install "
+        "'jaxmesh[report]')",
+    )
     ev.set_defaults(run=cmd_eval)
     ex = sub.add_parser(
         "explain",
@@ -786,6 +872,23 @@ def make_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="the bootstrap's seed (default 0)"
     )
     co.set_defaults(run=cmd_compare)
+    rp = sub.add_parser(
+        "report",
+        help="write the HTML report of a result eval wrote",
+        description="Write one self-contained HTML page (summary table, plots, "
+        "settings, telemetry, the first 1,000 episodes) of a result written by "
+        "jaxmesh eval (its config's output key). Needs matplotlib (pip install "
+        "'jaxmesh[report]').",
+    )
+    rp.add_argument("results", metavar="RESULTS.json", help="the result of eval")
+    rp.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="REPORT.html",
+        help="the HTML file to write (default: RESULTS with the suffix .html)",
+    )
+    rp.set_defaults(run=cmd_report)
     se = sub.add_parser(
         "serve-env",
         help="serve a gymnasium env over gRPC (jaxmesh.EnvServer)",

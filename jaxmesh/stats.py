@@ -51,6 +51,16 @@ QUANTILES = (5, 25, 50, 75, 95)
 _CHUNK_ELEMENTS = 1 << 20
 
 
+def summary_resamples(episodes: int) -> int:
+    """Resamples for a summary or report: ``RESAMPLES``, fewer for a large run.
+
+    The bootstrap costs resamples x episodes; a summary keeps it under about
+    10^7 draws (10,000 resamples up to 1,000 episodes, at least 200), and says
+    how many it used.
+    """
+    return min(RESAMPLES, max(200, 10**7 // max(episodes, 1)))
+
+
 def _values(x: Any, name: str = "values") -> np.ndarray:
     """``x`` as a 1-D float64 array of finite values."""
     arr = np.asarray(x, dtype=np.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -213,10 +214,8 @@ class RunResult:
         of the mean, the IQM with its interval, the quantiles, and the success
         rate with its Wilson interval when the env gives a success signal.
         """
-        # The bootstrap costs resamples x episodes: a large run's summary uses
-        # fewer resamples (the row says how many; stats() takes any number).
-        n = max(self.num_episodes, 1)
-        stats = self.stats(resamples=min(_stats.RESAMPLES, max(200, 10**7 // n)))
+        # A large run's summary uses fewer resamples (the row says how many).
+        stats = self.stats(resamples=_stats.summary_resamples(self.num_episodes))
         mode = (
             f"asynchronous (prefetch_lead={self.prefetch_lead}; not comparable to "
             "a synchronous score)"
@@ -308,6 +307,18 @@ class RunResult:
             resamples=resamples,
             seed=seed,
         )
+
+    def plot(self) -> Any:
+        """The run's plots as a matplotlib ``Figure`` (``jaxmesh.report.plot``)."""
+        from jaxmesh.report import plot
+
+        return plot(self)
+
+    def report(self, path: str | Path) -> Path:
+        """Writes the run's HTML report (``jaxmesh.report.write_report``)."""
+        from jaxmesh.report import write_report
+
+        return write_report(self, path)
 
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""

@@ -1,0 +1,733 @@
+"""A run's plots, and one self-contained HTML page that a person can read.
+
+``plot(result)`` draws a matplotlib ``Figure``: the returns as a histogram and as
+an empirical CDF, the episode lengths, and the running success rate when the
+result holds a success signal. ``write_report(result, path)`` writes one HTML
+file: the summary table (``result.stats()``), those plots, the run's settings and
+totals, the telemetry of a host-stepped run and the per-episode table.
+
+The page stands alone: its CSS is inline, its plots are PNG images inside
+``data:`` URIs (base64 is how HTML embeds an image; nothing of a run's data
+travels this way), and it refers to nothing on the network, so it opens offline
+and can be mailed or attached as it is. Every string that comes from a result
+(policy and env names, settings, telemetry series) is escaped with
+``html.escape``. The same result gives the same bytes (no timestamp is written).
+
+matplotlib is an optional extra (``pip install 'jaxmesh[report]'``), imported on
+the first call that draws, never when this module is imported. Figures are
+``matplotlib.figure.Figure`` objects on an Agg canvas, made without
+``matplotlib.pyplot``: nothing is registered in pyplot's global figure list (a
+loop of reports leaks no figures), and the user's own backend is left as it is.
+
+The page is a list of sections (``SECTIONS``), each a function of a ``Page``
+(the result, its statistics, the page's options) that returns a ``Section`` or
+None; a section with nothing
+to show returns None and is left out, with its entry in the contents. A later
+section (videos of recorded episodes, a link to a timeline) is one more such
+function, placed in ``SECTIONS`` where it should appear.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from jaxmesh import stats as _stats
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from jaxmesh.run.results import RunResult
+
+#: Episodes shown in the page's per-episode table (the JSON holds them all).
+EPISODE_ROWS = 1000
+#: The resolution of the embedded plots.
+DPI = 100
+#: What to install when matplotlib is missing.
+INSTALL = "pip install 'jaxmesh[report]'"
+
+
+# Plots -------------------------------------------------------------------------
+def _matplotlib() -> tuple[type, type]:
+    """``(Figure, FigureCanvasAgg)``, imported on first use.
+
+    Raises:
+      ImportError: matplotlib is not installed, naming the extra to install.
+    """
+    try:
+        # The package first: with matplotlib blocked or missing this fails even
+        # when a submodule is still in sys.modules.
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError(
+            f"jaxmesh's plots and HTML report need matplotlib, which cannot be "
+            f"imported ({e}); install it with: {INSTALL}"
+        ) from e
+    return Figure, FigureCanvasAgg
+
+
+def success_flags(result: Any) -> np.ndarray | None:
+    """The result's per-episode success as bools, or None without a signal.
+
+    None when the result has no ``success`` attribute, when it is None, or when
+    any episode lacks the signal (a rate over some episodes would mislead, as
+    ``jaxmesh.stats.describe`` decides too).
+    """
+    success = getattr(result, "success", None)
+    if success is None:
+        return None
+    flags = np.asarray(success, dtype=object).reshape(-1)
+    if flags.size != len(result.returns) or any(f is None for f in flags):
+        return None
+    return flags.astype(bool)
+
+
+def _empty(ax: Any, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _histogram(ax: Any, values: np.ndarray, title: str, xlabel: str) -> None:
+    ax.set_title(title)
+    if not values.size:
+        _empty(ax, "episodes")
+        return
+    ax.hist(values, bins="auto", color="#4c72b0", edgecolor="white", linewidth=0.5)
+    ax.axvline(float(values.mean()), color="#c44e52", linestyle="--", label="mean")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("episodes")
+    if values.min() == values.max():  # one bar fills the panel: say it in words
+        ax.text(
+            0.5,
+            0.5,
+            f"every episode: {values[0]:g}",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85},
+        )
+    else:
+        ax.legend(loc="best", frameon=False)
+
+
+def _cdf(ax: Any, returns: np.ndarray) -> None:
+    ax.set_title("Returns CDF")
+    if not returns.size:
+        _empty(ax, "episodes")
+        return
+    ax.ecdf(returns, color="#4c72b0")
+    ax.set_xlabel("return")
+    ax.set_ylabel("share of episodes with return <= x")
+    ax.set_ylim(0.0, 1.02)
+    ax.grid(alpha=0.3)
+
+
+def _success(ax: Any, indices: np.ndarray, flags: np.ndarray) -> None:
+    ax.set_title("Success over episodes")
+    if not flags.size:
+        _empty(ax, "episodes")
+        return
+    running = np.cumsum(flags) / np.arange(1, flags.size + 1)
+    ax.plot(indices, flags.astype(float), "|", color="#55a868", alpha=0.6, ms=6)
+    ax.plot(indices, running, color="#4c72b0", label="success rate so far")
+    ax.set_xlabel("episode index")
+    ax.set_ylabel("success rate (ticks: episodes)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(loc="center right", frameon=False)
+    ax.grid(alpha=0.3)
+
+
+def plot(result: RunResult) -> Figure:
+    """The run's plots as one matplotlib figure.
+
+    Panels, in this order (axes titles in quotes):
+
+    - "Returns": a histogram of the returns (numpy's ``bins="auto"``), the mean
+      as a dashed line;
+    - "Returns CDF": the empirical CDF of the returns (``Axes.ecdf``);
+    - "Episode lengths": a histogram of the lengths (``bins="auto"``);
+    - "Success over episodes", only when the result has a success signal for
+      every episode (``result.success``): the running success rate in episode
+      order, and each episode as a tick at 0 or 1.
+
+    An empty result draws each panel with the words "no episodes".
+
+    Args:
+      result: a ``RunResult`` (``jaxmesh.evaluate``'s, or
+        ``RunResult.from_dict`` of the JSON ``jaxmesh eval`` wrote).
+
+    Returns:
+      A ``matplotlib.figure.Figure`` on an Agg canvas, not registered with
+      pyplot: save it with ``fig.savefig("plots.png")``; a notebook shows it as
+      a cell's value.
+
+    Raises:
+      ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
+    """
+    Figure, FigureCanvasAgg = _matplotlib()
+    returns = np.asarray(result.returns, np.float64)
+    # Integers stay integers: numpy's "auto" bins of integers are at least 1 wide.
+    lengths = np.asarray(result.lengths, np.int64)
+    flags = success_flags(result)
+    panels = 3 if flags is None else 4
+    rows, cols = (1, 3) if panels == 3 else (2, 2)
+    fig = Figure(figsize=(4.4 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    _histogram(axes[0], returns, "Returns", "return (sum of rewards)")
+    _cdf(axes[1], returns)
+    _histogram(axes[2], lengths, "Episode lengths", "length (env steps)")
+    if flags is not None:
+        _success(axes[3], np.asarray(result.indices), flags)
+    name = f"{result.policy or 'policy'} on {result.env or 'env'}"
+    # parse_math=False: a "$" in a policy's name is text, not TeX.
+    fig.suptitle(f"{name}: {len(returns):,} episodes", parse_math=False)
+    return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (Agg, ``DPI`` dots per inch)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def png_data_uri(png: bytes) -> str:
+    """A ``data:image/png;base64,...`` URI of PNG bytes."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+# HTML helpers ------------------------------------------------------------------
+def esc(value: Any) -> str:
+    """``str(value)`` escaped for HTML text and quoted attributes."""
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _interval(pair: Sequence[float] | None) -> str:
+    return "n/a" if pair is None else f"[{_num(pair[0])}, {_num(pair[1])}]"
+
+
+def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
+    """A table row whose ``data-key`` and ``data-value`` (JSON) carry the datum.
+
+    A reader sees ``text``; a program reads the exact value back with
+    ``json.loads(data-value)``.
+    """
+    note_cell = f"<td class='note'>{esc(note)}</td>" if note else "<td></td>"
+    return (
+        f"<tr data-key='{esc(key)}' data-value='{esc(json.dumps(value))}'>"
+        f"<th scope='row'>{esc(label)}</th><td class='value'>{esc(text)}</td>"
+        f"{note_cell}</tr>"
+    )
+
+
+def _table(rows: Sequence[str], table_id: str, head: Sequence[str]) -> str:
+    cells = "".join(f"<th scope='col'>{esc(h)}</th>" for h in head)
+    return (
+        f"<table id='{esc(table_id)}'><thead><tr>{cells}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+class Section(NamedTuple):
+    """One part of the page: ``body`` is HTML in which every string is escaped."""
+
+    id: str
+    title: str
+    body: str
+
+
+class Page(NamedTuple):
+    """What every section reads: the result, its statistics, the page's options."""
+
+    result: RunResult
+    stats: dict[str, Any]
+    episode_rows: int = EPISODE_ROWS
+
+
+#: A section: ``Page -> Section``, or None when there is nothing to show (the
+#: section and its contents entry are then left out).
+SectionFn = Callable[[Page], Section | None]
+
+
+# Sections ----------------------------------------------------------------------
+def summary_section(page: Page) -> Section:
+    """The statistics of ``result.stats()``, one row each (``data-key``: its path)."""
+    result, stats = page.result, page.stats
+    r, n = stats["returns"], stats["episodes"]
+    level = f"{stats['confidence']:.0%}"
+    how = f"percentile bootstrap, {stats['resamples']:,} resamples"
+    how += f", seed {stats['seed']}"
+    rows = [_row("episodes", "episodes", n, f"{n:,}")]
+    if n:
+        q = r["quantiles"]
+        rows += [
+            _row("returns.mean", "mean return", r["mean"], _num(r["mean"])),
+            _row(
+                "returns.mean_interval",
+                f"mean return, {level} interval",
+                r["mean_interval"],
+                _interval(r["mean_interval"]),
+                how,
+            ),
+            _row(
+                "returns.std",
+                "std of the returns",
+                r["std"],
+                _num(r["std"]),
+                "sample standard deviation (ddof = 1)",
+            ),
+            _row(
+                "returns.standard_error",
+                "standard error of the mean",
+                r["standard_error"],
+                _num(r["standard_error"]),
+                "std / sqrt(episodes)",
+            ),
+            _row(
+                "returns.iqm",
+                "IQM return",
+                r["iqm"],
+                _num(r["iqm"]),
+                "interquartile mean: the mean of the middle half of the returns",
+            ),
+            _row(
+                "returns.iqm_interval",
+                f"IQM return, {level} interval",
+                r["iqm_interval"],
+                _interval(r["iqm_interval"]),
+                how,
+            ),
+            *(
+                _row(
+                    f"returns.quantiles.{k}",
+                    f"return {k}",
+                    v,
+                    _num(v),
+                    f"{k[1:]}% of the episodes return at most this",
+                )
+                for k, v in q.items()
+            ),
+            _row("returns.min", "min return", r["min"], _num(r["min"])),
+            _row("returns.max", "max return", r["max"], _num(r["max"])),
+            _row(
+                "lengths.mean",
+                "mean length",
+                stats["lengths"]["mean"],
+                _num(stats["lengths"]["mean"], 1),
+                "env steps per episode",
+            ),
+        ]
+        if stats["success_rate"] is not None:
+            low, high = stats["success_interval"]
+            rows += [
+                _row(
+                    "success_rate",
+                    "success rate",
+                    stats["success_rate"],
+                    f"{stats['success_rate']:.1%}",
+                ),
+                _row(
+                    "success_interval",
+                    f"success rate, {level} interval",
+                    stats["success_interval"],
+                    f"[{low:.1%}, {high:.1%}]",
+                    "Wilson score interval",
+                ),
+            ]
+        terminated = int(np.sum(result.terminated))
+        truncated = int(np.sum(result.truncated))
+        rows += [
+            _row(
+                "terminated",
+                "terminated",
+                terminated,
+                f"{terminated:,}",
+                "episodes the env ended (a failure or a goal)",
+            ),
+            _row(
+                "truncated",
+                "truncated",
+                truncated,
+                f"{truncated:,}",
+                "episodes cut by a step or time limit",
+            ),
+        ]
+    body = _table(rows, "summary-table", ("statistic", "value", "how"))
+    return Section("summary", "Summary", body)
+
+
+def plots_section(page: Page) -> Section:
+    """``plot(result)`` as one embedded PNG."""
+    result = page.result
+    fig = plot(result)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    uri = png_data_uri(png_bytes(fig))
+    alt = "Plots: " + ", ".join(titles)
+    caption = (
+        "Returns: how many episodes scored each return (dashed: the mean). "
+        "Returns CDF: the share of episodes that scored at most a return; a "
+        "curve further right is a better policy. Episode lengths: how many env "
+        "steps the episodes lasted."
+    )
+    if success_flags(result) is not None:
+        caption += (
+            " Success over episodes: the success rate of the episodes so far, in "
+            "episode order (it settles as episodes add up); ticks mark each "
+            "episode's outcome."
+        )
+    body = (
+        f"<figure><img src='{esc(uri)}' alt='{esc(alt)}'>"
+        f"<figcaption>{esc(caption)}</figcaption></figure>"
+    )
+    return Section("plots", "Plots", body)
+
+
+def settings_section(page: Page) -> Section:
+    """The run's settings and totals (``data-key``: the ``RunResult`` field)."""
+    result = page.result
+    mode = (
+        f"asynchronous: each chunk planned {result.prefetch_lead} step(s) early; "
+        "not comparable to a synchronous score"
+        if result.asynchronous
+        else "synchronous"
+    )
+    cap = result.max_episode_seconds
+    settings = [
+        ("policy", "policy", result.policy, result.policy or "n/a", ""),
+        ("env", "env", result.env, result.env or "n/a", ""),
+        ("num_envs", "lanes (num_envs)", result.num_envs, f"{result.num_envs:,}", ""),
+        (
+            "horizon",
+            "horizon",
+            result.horizon,
+            f"{result.horizon}",
+            "actions of a chunk executed before the next plan",
+        ),
+        (
+            "effective_horizon",
+            "effective horizon",
+            result.effective_horizon,
+            f"{result.effective_horizon}",
+            "min(horizon, chunk length)",
+        ),
+        (
+            "chunk",
+            "chunk length",
+            result.chunk,
+            "one action per plan" if result.chunk is None else f"{result.chunk}",
+            "actions a plan returns",
+        ),
+        (
+            "prefetch_lead",
+            "prefetch lead",
+            result.prefetch_lead,
+            f"{result.prefetch_lead}",
+            mode,
+        ),
+        (
+            "plan_tile",
+            "plan tile",
+            result.plan_tile,
+            f"{result.plan_tile}",
+            "rows per policy call",
+        ),
+        (
+            "max_episode_seconds",
+            "max episode seconds",
+            cap,
+            "none" if cap is None else f"{cap:g} s",
+            ""
+            if cap is None
+            else "a wall-clock cap: which episodes it truncated depends on timing",
+        ),
+    ]
+    totals = [
+        ("env_steps", "env steps", result.env_steps, f"{result.env_steps:,}", ""),
+        (
+            "policy_rows",
+            "policy rows",
+            result.policy_rows,
+            f"{result.policy_rows:,}",
+            f"{result.rows_per_step:.3f} per env step, padding included",
+        ),
+        (
+            "steps_per_second",
+            "env steps per second",
+            result.steps_per_second,
+            f"{result.steps_per_second:,.0f}",
+            "env steps / run time",
+        ),
+        (
+            "wall_time",
+            "wall time",
+            result.wall_time,
+            f"{result.wall_time:.2f} s",
+            "the whole call",
+        ),
+        (
+            "compile_time",
+            "compile time",
+            result.compile_time,
+            f"{result.compile_time:.2f} s",
+            "",
+        ),
+        ("run_time", "run time", result.run_time, f"{result.run_time:.2f} s", ""),
+    ]
+    body = _table(
+        [_row(*s) for s in settings], "settings-table", ("setting", "value", "note")
+    )
+    body += "<h3>Totals</h3>" + _table(
+        [_row(*t) for t in totals], "totals-table", ("total", "value", "note")
+    )
+    return Section("settings", "Settings", body)
+
+
+def telemetry_section(page: Page) -> Section | None:
+    """Per-call timings of a host-stepped run; None for a JAX env."""
+    result = page.result
+    if not result.telemetry:
+        return None
+    from jaxmesh.run.telemetry import STAT_NAMES
+
+    rows = []
+    for name, s in result.telemetry.items():
+        size = str(name).endswith("_bytes")
+        cells = [f"<td>{esc(f'{s[STAT_NAMES[0]]:,}')}</td>"]
+        for k in STAT_NAMES[1:]:
+            text = f"{s[k]:,.0f} B" if size else f"{1000 * s[k]:.3f} ms"
+            cells.append(f"<td>{esc(text)}</td>")
+        rows.append(
+            f"<tr data-key='{esc(name)}' data-value='{esc(json.dumps(s))}'>"
+            f"<th scope='row'>{esc(name)}</th>{''.join(cells)}</tr>"
+        )
+    note = (
+        "One sample per call of the host loop: predict is one jitted agent step, "
+        "env_step the env's own stepping time; served envs add encode and decode "
+        "(building and reading a message), wire (a round trip less the server's "
+        "env time) and queue (how long a reply waited), and message sizes."
+    )
+    body = f"<p>{esc(note)}</p>" + _table(
+        rows, "telemetry-table", ("series", *STAT_NAMES)
+    )
+    return Section("telemetry", "Telemetry", body)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def episodes_section(page: Page) -> Section:
+    """The first ``page.episode_rows`` episodes, one row each, in episode order."""
+    result = page.result
+    n = len(result.returns)
+    shown = min(n, page.episode_rows)
+    flags = success_flags(result)
+    head = ["episode", "seed", "return", "length", "terminated", "truncated"]
+    head += ["plans", "lane"] + ([] if flags is None else ["success"])
+    rows = []
+    for i in range(shown):
+        cells = [
+            int(result.indices[i]),
+            int(result.seeds[i]),
+            float(result.returns[i]),
+            int(result.lengths[i]),
+            bool(result.terminated[i]),
+            bool(result.truncated[i]),
+            int(result.predict_calls[i]),
+            int(result.lanes[i]),
+        ] + ([] if flags is None else [bool(flags[i])])
+        rows.append(
+            f"<tr data-value='{esc(json.dumps(cells))}'>"
+            + "".join(f"<td>{esc(_cell(c))}</td>" for c in cells)
+            + "</tr>"
+        )
+    if shown < n:
+        note = (
+            f"Showing the first {shown:,} of {n:,} episodes; every episode is in "
+            "the results JSON (RunResult.to_dict())."
+        )
+    else:
+        note = f"All {n:,} episodes."
+    body = f"<p id='episodes-note'>{esc(note)}</p>" + _table(
+        rows, "episodes-table", head
+    )
+    return Section("episodes", "Episodes", body)
+
+
+#: The page's sections, in order. A videos section (recorded episodes) belongs
+#: after "plots"; a timeline section (a trace file) after "telemetry".
+SECTIONS: tuple[SectionFn, ...] = (
+    summary_section,
+    plots_section,
+    settings_section,
+    telemetry_section,
+    episodes_section,
+)
+
+_CSS = """
+:root { color-scheme: light; }
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  color: #1f2328; max-width: 1100px; margin: 0 auto; padding: 1.5rem; }
+h1 { font-size: 1.5rem; margin-bottom: 0.2rem; }
+h2 { font-size: 1.2rem; border-bottom: 1px solid #d0d7de; padding-bottom: 0.2rem;
+  margin-top: 2rem; }
+h3 { font-size: 1rem; }
+.lede { color: #59636e; margin-top: 0; }
+.notice { background: #fff8c5; border: 1px solid #d4a72c; border-radius: 6px;
+  padding: 0.5rem 0.8rem; }
+nav ul { list-style: none; padding: 0; display: flex; gap: 1rem; flex-wrap: wrap; }
+nav a { color: #0969da; text-decoration: none; }
+table { border-collapse: collapse; margin: 0.5rem 0;
+  font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid #d0d7de; padding: 0.25rem 0.6rem; text-align: left; }
+thead th { background: #f6f8fa; }
+td.value { text-align: right; white-space: nowrap; }
+td.note { color: #59636e; }
+#episodes-table td, #telemetry-table td { text-align: right; }
+figure { margin: 0; }
+img { max-width: 100%; height: auto; }
+figcaption { color: #59636e; margin-top: 0.3rem; }
+footer { color: #59636e; margin-top: 2rem; font-size: 0.85rem; }
+"""
+
+
+def _notices(result: RunResult) -> list[str]:
+    """Warnings a reader must see before any figure."""
+    out = []
+    if result.asynchronous:
+        out.append(
+            f"Asynchronous run (prefetch_lead={result.prefetch_lead}): each chunk "
+            "was planned from an observation up to that many steps old; its score "
+            "is not comparable to a synchronous one."
+        )
+    if result.max_episode_seconds is not None:
+        out.append(
+            f"Episodes were capped at {result.max_episode_seconds:g} s of wall "
+            "clock: which episodes were truncated depends on timing, and a rerun "
+            "may differ."
+        )
+    if not len(result.returns):
+        out.append("This result holds no episodes.")
+    return out
+
+
+def report_html(
+    result: RunResult,
+    *,
+    resamples: int | None = None,
+    episode_rows: int = EPISODE_ROWS,
+    sections: Sequence[SectionFn] | None = None,
+) -> str:
+    """The report page of ``result`` as an HTML string.
+
+    Args:
+      result: the run's ``RunResult``.
+      resamples: bootstrap resamples of the intervals; None: as
+        ``result.summary()`` (10,000, fewer for a very large run so that the
+        page takes seconds; the page says how many).
+      episode_rows: episodes shown in the per-episode table.
+      sections: the sections to render (default: ``SECTIONS``).
+
+    Returns:
+      A complete HTML5 document that refers to nothing outside itself.
+    """
+    from jaxmesh import __version__
+
+    if resamples is None:  # the summary's rule
+        resamples = _stats.summary_resamples(len(result.returns))
+    page = Page(result, result.stats(resamples=resamples), episode_rows)
+    made = (fn(page) for fn in (SECTIONS if sections is None else sections))
+    parts = [part for part in made if part is not None]
+    name = f"{result.policy or 'policy'} on {result.env or 'env'}"
+    nav = "".join(f"<li><a href='#{esc(p.id)}'>{esc(p.title)}</a></li>" for p in parts)
+    notices = "".join(f"<p class='notice'>{esc(t)}</p>" for t in _notices(result))
+    body = "".join(
+        f"<section id='{esc(p.id)}'><h2>{esc(p.title)}</h2>{p.body}</section>"
+        for p in parts
+    )
+    lede = (
+        f"{len(result.returns):,} episodes on {result.num_envs:,} lanes, "
+        f"{result.env_steps:,} env steps in {result.wall_time:.2f} s"
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<meta name='generator' content='jaxmesh {esc(__version__)}'>"
+        f"<title>{esc(f'jaxmesh report: {name}')}</title>"
+        f"<style>{_CSS}</style></head>\n<body>"
+        f"<header><h1>{esc(name)}</h1><p class='lede'>{esc(lede)}</p></header>"
+        f"{notices}<nav><ul>{nav}</ul></nav>\n{body}\n"
+        f"<footer>{esc(f'Written by jaxmesh {__version__} (jaxmesh report).')}"
+        "</footer></body></html>\n"
+    )
+
+
+def write_report(
+    result: RunResult,
+    path: str | Path,
+    *,
+    resamples: int | None = None,
+    episode_rows: int = EPISODE_ROWS,
+) -> Path:
+    """Writes ``result``'s report as one self-contained HTML file.
+
+    The page holds the summary table (``result.stats()``), the plots of
+    ``plot(result)`` as embedded PNG images, the run's settings and totals, the
+    telemetry table of a host-stepped run, and the first 1,000 episodes (it
+    says so when there are more). It opens offline in any browser.
+
+    Args:
+      result: the run's ``RunResult``.
+      path: the HTML file to write; missing parent folders are created.
+      resamples: bootstrap resamples of the intervals (None: as
+        ``result.summary()``; see ``report_html``).
+      episode_rows: episodes shown in the per-episode table.
+
+    Returns:
+      The path written.
+
+    Raises:
+      ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
+      OSError: the file cannot be written.
+
+    Example:
+      >>> result = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=100)
+      >>> write_report(result, "report.html")   # or result.report("report.html")
+    """
+    page = report_html(result, resamples=resamples, episode_rows=episode_rows)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+__all__ = [
+    "EPISODE_ROWS",
+    "SECTIONS",
+    "Section",
+    "plot",
+    "report_html",
+    "write_report",
+]
