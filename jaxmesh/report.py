@@ -170,7 +170,7 @@ def plot(result: RunResult) -> Figure:
     Returns:
       A ``matplotlib.figure.Figure`` on an Agg canvas, not registered with
       pyplot: save it with ``fig.savefig("plots.png")``; a notebook shows it as
-      a cell's value.
+      a cell's value once its inline backend is on (``%matplotlib inline``).
 
     Raises:
       ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
