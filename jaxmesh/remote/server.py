@@ -302,6 +302,12 @@ class _Lanes:
     def check(self, request: _Request) -> None:
         """Refuses (ProtocolError) a request these lanes cannot serve exactly."""
 
+    def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:
+        """The reply of a call that steps lanes by one action each, built
+        without per-lane objects; None when the call is anything else (then
+        ``run`` and ``_encode`` serve it)."""
+        return None
+
     def run(self, request: _Request) -> list[_Result]:
         raise NotImplementedError
 
@@ -388,6 +394,49 @@ class _ListLanes(_Lanes):
                 self.ended[j] = True
                 break
         return out
+
+    def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:
+        # The per-step case (h = 1): every op one action, on a live lane with
+        # no deadline, the observation asked for and no info keys.
+        ops = request.ops
+        if (
+            self.pool is not None
+            or not ops
+            or not request.want_obs
+            or request.info_keys
+            or not all(
+                isinstance(op, _Replay)
+                and op.actions.shape[0] == 1
+                and not self.ended[op.lane]
+                and self.deadline[op.lane] is None
+                for op in ops
+            )
+        ):
+            return None
+        m = len(ops)
+        obs = np.empty((m,) + self.obs_shape, self.obs_dtype)
+        rewards = np.empty(m, np.float64)
+        ended = np.empty((2, m), bool)
+        envs, observation = self.envs, self.observation
+        for i, op in enumerate(ops):
+            j = op.lane
+            try:
+                o, r, te, tr, _ = envs[j].step(self._env_action(op.actions, 0))
+                obs[i] = observation(o, j)
+            except Exception as exc:
+                raise _EnvError(j, "stepping", exc) from exc
+            rewards[i], ended[0, i], ended[1, i] = r, te, tr
+        self.ended[[op.lane for op in ops]] = ended[0] | ended[1]
+        ones = np.ones(m, np.uint32)
+        return codec.encode_result_batch(
+            [op.lane for op in ops],
+            ones,
+            ones,
+            rewards,
+            ended[0],
+            ended[1],
+            {"": obs},
+        )
 
     def _run_ops(self, ops: list, request: _Request) -> list[_Result]:
         return [
@@ -1341,7 +1390,9 @@ class EnvServer:
             start = time.perf_counter()
             try:
                 lanes.ended[list(request.release)] = True
-                results = lanes.run(request)
+                batch = lanes.run_single_steps(request)
+                if batch is None:
+                    batch = _encode(lanes.run(request), request, lanes)
             except _EnvError as exc:
                 context.set_trailing_metadata(
                     (
@@ -1352,7 +1403,7 @@ class EnvServer:
                 abort(grpc.StatusCode.INTERNAL, exc.details())
             seconds = time.perf_counter() - start
             reply = pb.StepReply(
-                batch=_encode(results, request, lanes),
+                batch=batch,
                 server_step_seconds=seconds,
                 call_id=request.call_id,
             )
