@@ -179,3 +179,25 @@ class BreaksOnSeed(gym.Wrapper):
             raise RuntimeError("the simulator broke")
         self.t += 1
         return self.env.step(action)
+
+
+def tilt_episodes(seeds) -> list[tuple[float, int]]:
+    """Returns and lengths of ``cli_policies:tilt`` in a plain gymnasium loop.
+
+    Episode i starts with ``env.reset(seed=seeds[i])``; the action pushes the
+    way the pole leans (``tilt_fn`` in numpy); the episode runs until gymnasium
+    says terminated or truncated, the last reward counted.
+    """
+    env = gym.make(ID)
+    out = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=int(seed))
+        total, length, done = 0.0, 0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(int(obs[2] > 0))
+            total += float(reward)
+            length += 1
+            done = terminated or truncated
+        out.append((total, length))
+    env.close()
+    return out

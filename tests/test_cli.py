@@ -12,13 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium
 import gymnax
 import jax
 import numpy as np
 import pytest
 import yaml
 from cli_policies import tilt_fn
+from gym_reference import tilt_episodes
 
 import jaxmesh
 from jaxmesh import cache, cli
@@ -400,28 +400,6 @@ def test_explain_reads_a_gymnasium_envs_spaces(tmp_path, capsys, no_compile):
 
 
 # Served envs ----------------------------------------------------------------------
-def gymnasium_episodes(seeds) -> list[tuple[float, int]]:
-    """Returns and lengths of ``tilt`` in a plain gymnasium loop (CONTRACT 6).
-
-    Episode i starts with ``env.reset(seed=seeds[i])``; the action pushes the
-    way the pole leans (``tilt_fn`` in numpy); the episode runs until gymnasium
-    says terminated or truncated, the last reward counted.
-    """
-    env = gymnasium.make("CartPole-v1")
-    out = []
-    for seed in seeds:
-        obs, _ = env.reset(seed=int(seed))
-        total, length, done = 0.0, 0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(int(obs[2] > 0))
-            total += float(reward)
-            length += 1
-            done = terminated or truncated
-        out.append((total, length))
-    env.close()
-    return out
-
-
 @contextlib.contextmanager
 def serve_env_process(env_id: str, lanes: int):
     """A real ``jaxmesh serve-env`` child; yields its address once it serves.
@@ -472,7 +450,7 @@ def returns_and_lengths(path: Path) -> list[tuple[float, int]]:
 
 def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     seeds = [3, 1, 4, 15, 9, 2, 6, 5]
-    reference = gymnasium_episodes(seeds)
+    reference = tilt_episodes(seeds)
     assert len({length for _, length in reference}) > 3  # varied episodes
     served_json, here_json = tmp_path / "served.json", tmp_path / "here.json"
     with serve_env_process("gymnasium:CartPole-v1", lanes=3) as address:
@@ -540,7 +518,7 @@ def test_eval_over_two_servers_matches_a_plain_loop(tmp_path, capsys):
     assert "gymnasium:CartPole-v1" in capsys.readouterr().out
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["settings"]["num_envs"] == 3  # 2 + 1 lanes of num_envs=4
-    assert returns_and_lengths(tmp_path / "r.json") == gymnasium_episodes(seeds)
+    assert returns_and_lengths(tmp_path / "r.json") == tilt_episodes(seeds)
 
 
 def test_unreachable_server_is_a_run_failure(tmp_path):

@@ -17,11 +17,11 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import gymnasium
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
+from gym_reference import tilt_episodes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -419,23 +419,6 @@ def test_small_report_leaves_out_what_it_lacks(tmp_path):
 
 
 # The command line ----------------------------------------------------------------
-def gymnasium_episodes(seeds) -> list[tuple[float, int]]:
-    """Returns and lengths of ``cli_policies:tilt`` in a plain gymnasium loop."""
-    env = gymnasium.make("CartPole-v1")
-    out = []
-    for seed in seeds:
-        obs, _ = env.reset(seed=int(seed))
-        total, length, done = 0.0, 0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(int(obs[2] > 0))
-            total += float(reward)
-            length += 1
-            done = terminated or truncated
-        out.append((total, length))
-    env.close()
-    return out
-
-
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
     """A real ``jaxmesh eval --report`` process: (its JSON, its report)."""
@@ -477,7 +460,7 @@ def test_eval_report_matches_a_plain_gymnasium_loop(evaluated):
     text = html.read_text(encoding="utf-8")
     page = Page(text)
     check_self_contained(text, page)
-    reference = gymnasium_episodes(SEEDS)
+    reference = tilt_episodes(SEEDS)
     rows = [json.loads(r["data-value"]) for r in page.rows["episodes-table"]]
     assert [r[1] for r in rows] == SEEDS
     assert [(r[2], r[3]) for r in rows] == reference

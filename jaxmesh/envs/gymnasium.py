@@ -125,7 +125,7 @@ def _idle_action(space: Any) -> Any:
     return np.clip(zero, space.low, space.high).astype(space.dtype)
 
 
-def _to_env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
+def env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
     """The agent's actions ([n, *A]) as the env's own action values."""
     spaces = _gym().spaces
     if isinstance(space, spaces.Discrete):
@@ -282,9 +282,9 @@ class EnvLanes(_Lanes):
         reward = np.zeros(n, np.float32)
         term = np.zeros(n, bool)
         trunc = np.zeros(n, bool)
-        env_actions = _to_env_actions(self.action_space, actions)
+        values = env_actions(self.action_space, actions)
         # Python ints for a Discrete space (what its step expects).
-        acts = env_actions.tolist() if env_actions.ndim == 1 else env_actions
+        acts = values.tolist() if values.ndim == 1 else values
         lanes = np.flatnonzero(go).tolist()
         rows = []
         envs, observation = self.envs, self.observation
@@ -389,8 +389,8 @@ class VectorLanes(_Lanes):
             idle = [int(j) for j in np.flatnonzero(self._ended)]
             self._reset(idle, [None] * len(idle), {})
         batch = np.broadcast_to(self._idle, (self.num_lanes,) + self._idle.shape).copy()
-        env_actions = _to_env_actions(self.action_space, actions)
-        batch[:n][go] = env_actions[go]
+        values = env_actions(self.action_space, actions)
+        batch[:n][go] = values[go]
         o, r, te, tr, _ = self.vec.step(batch)
         te, tr = np.asarray(te, bool), np.asarray(tr, bool)
         self._ended = te | tr

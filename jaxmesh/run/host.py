@@ -336,17 +336,24 @@ def _key_layout() -> jax.ShapeDtypeStruct:
     return jax.eval_shape(jax.random.PRNGKey, 0)
 
 
-def _action_faults(
+def bad_components(
+    actions: np.ndarray, num_actions: int | None
+) -> tuple[np.ndarray, int]:
+    """Which components of ``[k, *A]`` actions fail the run's checks, flattened
+    to ``[k, prod(A)]``, and the fault kind they would be: a discrete action out
+    of ``[0, num_actions)``, or a continuous one not finite."""
+    flat = actions.reshape(actions.shape[0], -1)
+    if num_actions is not None:
+        return (flat < 0) | (flat >= num_actions), core_results.ACTION_OUT_OF_RANGE
+    return ~np.isfinite(flat), core_results.ACTION_NOT_FINITE
+
+
+def action_faults(
     actions: np.ndarray, active: np.ndarray, num_actions: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per lane: fault kind (0: none) and the first bad action component."""
     flat = actions.reshape(actions.shape[0], -1)
-    if num_actions is not None:
-        bad = (flat < 0) | (flat >= num_actions)
-        kind = core_results.ACTION_OUT_OF_RANGE
-    else:
-        bad = ~np.isfinite(flat)
-        kind = core_results.ACTION_NOT_FINITE
+    bad, kind = bad_components(actions, num_actions)
     if not bad.any():  # the usual case, once per step: no per-lane work
         n = actions.shape[0]
         return np.zeros(n, np.int32), np.zeros(n, np.float32)
@@ -404,7 +411,7 @@ def _loop(
         t_env = time.perf_counter()
         tel.add("predict", t_env - t_predict)
         started[:] = False
-        kinds, values = _action_faults(actions, active, spec.num_actions)
+        kinds, values = action_faults(actions, active, spec.num_actions)
         go = active & (kinds == core_results.NO_FAULT)
         reward, term, trunc = lanes.step(actions, go, obs)
         tel.add("env_step", time.perf_counter() - t_env)

@@ -55,7 +55,7 @@ from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import Connection
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.run import build
+from jaxmesh.run import build, host
 
 OBS_KEY = ""
 
@@ -121,10 +121,6 @@ class ServedLanes:
             first.env_name, shape, dtype, a_shape, a_dtype, n_act
         )
         self.wire_obs = codec.leaf_spec_from_proto(first.observation)
-        self.wire_action = codec.leaf_spec_from_proto(first.action)
-        self.discrete_start = (
-            int(first.action.start) if first.action.space == "discrete" else None
-        )
         self.trial_index = [
             gym_lanes.TRIAL_INDEX in c.info.reset_options for c in self.conns
         ]
@@ -267,7 +263,6 @@ class _Run:
             m[self.local[mine]] = mine
             self.to_global.append(m)
         self.obs_specs = {OBS_KEY: lanes.wire_obs}
-        self.act_specs = {OBS_KEY: lanes.wire_action}
         self.num_local = [c.info.num_lanes for c in lanes.conns]
         self.lockstep = ["lockstep" in c.info.capabilities for c in lanes.conns]
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
@@ -287,12 +282,6 @@ class _Run:
         self.tel.add("decode", time.perf_counter() - t0)
         return out
 
-    def wire_actions(self, a: np.ndarray) -> np.ndarray:
-        """Agent actions as the env's own values (Discrete: plus ``start``)."""
-        if self.lanes.discrete_start is not None:
-            return a.astype(np.int64) + self.lanes.discrete_start
-        return a.astype(self.lanes.wire_action.dtype)
-
     def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
         """Queues one segment per lane (``counts[i]`` rows of ``acts`` each)."""
         if not lanes_.size:
@@ -301,7 +290,8 @@ class _Run:
         self.seg_epochs.append(self.epoch[lanes_])
         self.seg_ranks.append(self.queued[lanes_].copy())
         self.seg_counts.append(counts)
-        self.seg_actions.append(self.wire_actions(acts))
+        # The env's own action values (Discrete: plus ``start``).
+        self.seg_actions.append(gym_lanes.env_actions(self.lanes.action_space, acts))
         self.queued[lanes_] += 1
 
     def flush(self, which: np.ndarray | None = None) -> None:
@@ -619,11 +609,8 @@ class _Run:
             )
 
     def bad_actions(self, seq: np.ndarray) -> np.ndarray:
-        """[k] whether each action fails the run's checks (see host._action_faults)."""
-        flat = seq.reshape(seq.shape[0], -1)
-        if self.spec.num_actions is not None:
-            return ((flat < 0) | (flat >= self.spec.num_actions)).any(axis=1)
-        return (~np.isfinite(flat)).any(axis=1)
+        """[k] whether each action fails the run's checks."""
+        return host.bad_components(seq, self.spec.num_actions)[0].any(axis=1)
 
     # Episodes ----------------------------------------------------------------------
     def start(self, js: list[int]) -> None:
@@ -794,19 +781,12 @@ class _Run:
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
         """Raises BadValueError for an action out of range or not finite."""
-        lanes_ = np.flatnonzero(go)
-        bad = self.bad_actions(actions[lanes_])
-        if not bad.any():
+        kinds, values = host.action_faults(actions, go, self.spec.num_actions)
+        if not kinds.any():
             return
-        j = int(lanes_[np.argmax(bad)])
-        flat = actions[j].reshape(-1, 1)
-        value = flat[np.argmax(self.bad_actions(flat)), 0]
-        kind = (
-            core_results.ACTION_OUT_OF_RANGE
-            if self.spec.num_actions is not None
-            else core_results.ACTION_NOT_FINITE
-        )
-        self.close_episodes(np.zeros(0, np.int64), (j, kind, int(self.t[j]), value))
+        j = int(np.argmax(kinds != core_results.NO_FAULT))
+        fault = (j, int(kinds[j]), int(self.t[j]), values[j])
+        self.close_episodes(np.zeros(0, np.int64), fault)
 
 
 def default_lane_groups(num_envs: int) -> int:
