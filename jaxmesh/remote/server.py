@@ -243,6 +243,28 @@ class _Result:
         self.truncated: list[bool] = []
         self.infos: list[dict] = []
 
+    def record(
+        self,
+        reward: float,
+        term: bool,
+        trunc: bool,
+        obs: np.ndarray | None,
+        info: dict | None,
+        keep_all: bool,
+    ) -> None:
+        """One executed step; ``obs`` / ``info`` (None: not asked for) kept for
+        every step when ``keep_all``, else only the last."""
+        self.rewards.append(float(reward))
+        self.terminated.append(term)
+        self.truncated.append(trunc)
+        for rows, row in ((self.obs, obs), (self.infos, info)):
+            if row is None:
+                continue
+            if keep_all or not rows:
+                rows.append(row)
+            else:
+                rows[0] = row
+
 
 class _Lanes:
     """The env's lanes as the server steps them; subclasses say how."""
@@ -374,22 +396,8 @@ class _ListLanes(_Lanes):
                 arr = self.observation(obs, j) if want_obs else None
             except Exception as exc:
                 raise _EnvError(j, "stepping", exc) from exc
-            term, trunc = bool(term), bool(trunc)
-            if self._past_deadline(j):
-                trunc = True
-            out.rewards.append(float(reward))
-            out.terminated.append(term)
-            out.truncated.append(trunc)
-            if want_obs:
-                if keep_all or not out.obs:
-                    out.obs.append(arr)
-                else:
-                    out.obs[0] = arr
-            if want_info:
-                if keep_all or not out.infos:
-                    out.infos.append(info)
-                else:
-                    out.infos[0] = info
+            term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
+            out.record(reward, term, trunc, arr, info if want_info else None, keep_all)
             if term or trunc:
                 self.ended[j] = True
                 break
@@ -589,24 +597,15 @@ class _VectorLanes(_Lanes):
                 for op in live:
                     lane = op.lane
                     out = results[lane]
-                    te, tr = bool(term[lane]), bool(trunc[lane])
-                    if self._past_deadline(lane):
-                        tr = True
-                    out.rewards.append(float(reward[lane]))
-                    out.terminated.append(te)
-                    out.truncated.append(tr)
-                    if want_obs:
-                        arr = self.observation(obs[lane], lane)
-                        if keep_all or not out.obs:
-                            out.obs.append(arr)
-                        else:
-                            out.obs[0] = arr
-                    if request.info_keys:
-                        row = self._lane_info(info, lane, request.info_keys)
-                        if keep_all or not out.infos:
-                            out.infos.append(row)
-                        else:
-                            out.infos[0] = row
+                    te = bool(term[lane])
+                    tr = bool(trunc[lane]) or self._past_deadline(lane)
+                    arr = self.observation(obs[lane], lane) if want_obs else None
+                    row = (
+                        self._lane_info(info, lane, request.info_keys)
+                        if request.info_keys
+                        else None
+                    )
+                    out.record(reward[lane], te, tr, arr, row, keep_all)
                     if te or tr:
                         self.ended[lane] = True
                 active = [op for op in active if not self.ended[op.lane]]
