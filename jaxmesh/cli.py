@@ -10,6 +10,7 @@ Commands::
     jaxmesh report RESULTS.json [-o REPORT.html]
     jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
                           [--token T] [--idle-timeout S] [--insecure]
+                          [--tls-cert PEM --tls-key PEM]
                           [--allow-remote-shutdown] [--workers W]
 
 ``eval`` reads a YAML run config (keys in ``CONFIG_KEYS``; see ``docs/cli.md``),
@@ -273,9 +274,9 @@ def check_env(env: Any) -> None:
             "gymnasium:CartPole-v1), a served env's address grpc://host:port, or "
             "a list of such addresses"
         )
-    from jaxmesh.remote.address import SCHEME
+    from jaxmesh.remote.address import SCHEMES
 
-    not_served = [e for e in env if not e.startswith(SCHEME)]
+    not_served = [e for e in env if not e.startswith(SCHEMES)]
     if not_served:
         raise ConfigError(
             f"env={env!r}: a list of envs must hold served addresses "
@@ -294,12 +295,13 @@ def check_env(env: Any) -> None:
 
 
 def _check_address(address: str) -> None:
-    from jaxmesh.remote.address import SCHEME, parse_address
+    from jaxmesh.remote.address import SCHEMES, parse_address
 
-    if not address.startswith(SCHEME):
+    if not address.startswith(SCHEMES):
         raise ConfigError(
-            f"env={address!r}: a served env's address is 'grpc://host:port', "
-            "e.g. grpc://127.0.0.1:5555 (what `jaxmesh serve-env` printed)"
+            f"env={address!r}: a served env's address is 'grpc://host:port' "
+            "(or 'grpcs://host:port' over TLS), e.g. grpc://127.0.0.1:5555 (what "
+            "`jaxmesh serve-env` printed)"
         )
     try:
         parse_address(address)
@@ -730,6 +732,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_credentials(cert: str | None, key: str | None) -> Any:
+    """``grpc.ssl_server_credentials`` from PEM files (None: no TLS)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError(
+            f"--tls-cert {cert!r} and --tls-key {key!r}: TLS needs both the "
+            "certificate chain and its private key (PEM files); give both, or "
+            "neither for a plain server"
+        )
+    import grpc
+
+    pems = []
+    for flag, path in (("--tls-key", key), ("--tls-cert", cert)):
+        try:
+            pems.append(Path(path).read_bytes())
+        except OSError as e:
+            raise ConfigError(f"{flag} {path!r}: cannot read it ({e})") from e
+    return grpc.ssl_server_credentials([(pems[0], pems[1])])
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
     import signal
@@ -747,6 +770,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
                 "pass one the parent keeps open (e.g. subprocess pass_fds)"
             ) from e
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    credentials = _server_credentials(args.tls_cert, args.tls_key)
     try:
         options = ServeOptions(
             idle_timeout_seconds=args.idle_timeout,
@@ -760,6 +784,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
             options=options,
             lanes=args.lanes,
             insecure=args.insecure,
+            credentials=credentials,
         ).start()
     except (ValueError, TypeError, OSError) as e:
         raise ConfigError(f"cannot serve {env!r} on {args.address!r}: {e}") from e
@@ -927,7 +952,16 @@ def make_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "--insecure",
         action="store_true",
-        help="allow a non-loopback address with no token",
+        help="allow a non-loopback address with no token and no TLS",
+    )
+    se.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="serve over TLS with this certificate chain (clients: grpcs://)",
+    )
+    se.add_argument(
+        "--tls-key", default=None, metavar="PEM", help="the --tls-cert private key"
     )
     se.add_argument(
         "--allow-remote-shutdown",

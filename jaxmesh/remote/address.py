@@ -1,27 +1,40 @@
 """Served-env addresses (``"grpc://host:port"``): recognised without importing gRPC,
-so that ``jaxmesh.evaluate`` can tell a served env from the others for free."""
+so that ``jaxmesh.evaluate`` can tell a served env from the others for free.
+
+``grpc://`` is a plain connection; ``grpcs://`` is TLS (the server's certificate
+is checked against gRPC's default roots, or the roots of the credentials the
+client is given)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 SCHEME = "grpc://"
+TLS_SCHEME = "grpcs://"
+SCHEMES = (SCHEME, TLS_SCHEME)
 INSTALL = "pip install 'jaxmesh[remote]'"
 
 
 def is_address(env: Any) -> bool:
-    """Whether ``env`` names served envs: ``"grpc://host:port"`` or a list of them."""
+    """Whether ``env`` names served envs: ``"grpc://host:port"`` (or
+    ``"grpcs://host:port"``) or a list of them."""
     if isinstance(env, str):
-        return env.startswith(SCHEME)
+        return env.startswith(SCHEMES)
     return (
         isinstance(env, list | tuple)
         and len(env) > 0
-        and all(isinstance(e, str) and e.startswith(SCHEME) for e in env)
+        and all(isinstance(e, str) and e.startswith(SCHEMES) for e in env)
     )
 
 
+def uses_tls(address: str) -> bool:
+    """Whether ``address`` asks for TLS (``"grpcs://host:port"``)."""
+    return isinstance(address, str) and address.startswith(TLS_SCHEME)
+
+
 def parse_address(address: Any) -> str:
-    """``"grpc://host:port"`` or ``"host:port"`` as gRPC's ``"host:port"``.
+    """``"grpc://host:port"``, ``"grpcs://host:port"`` or ``"host:port"`` as
+    gRPC's ``"host:port"``.
 
     Raises:
       TypeError: not a string.
@@ -29,7 +42,10 @@ def parse_address(address: Any) -> str:
     """
     if not isinstance(address, str):
         raise TypeError(f"address {address!r}: expected a string 'grpc://host:port'")
-    target = address[len(SCHEME) :] if address.startswith(SCHEME) else address
+    target = address
+    for scheme in SCHEMES:
+        if address.startswith(scheme):
+            target = address[len(scheme) :]
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
@@ -50,4 +66,13 @@ def require_grpc() -> None:
         ) from exc
 
 
-__all__ = ["SCHEME", "INSTALL", "is_address", "parse_address", "require_grpc"]
+__all__ = [
+    "INSTALL",
+    "SCHEME",
+    "SCHEMES",
+    "TLS_SCHEME",
+    "is_address",
+    "parse_address",
+    "require_grpc",
+    "uses_tls",
+]

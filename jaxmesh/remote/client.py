@@ -32,7 +32,7 @@ import grpc
 
 from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
 from jaxmesh.remote import codec
-from jaxmesh.remote.address import is_address, parse_address
+from jaxmesh.remote.address import is_address, parse_address, uses_tls
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.proto import jaxmesh_env_pb2_grpc as pb_grpc
 
@@ -56,6 +56,31 @@ def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list:
     ]
 
 
+def channel_credentials(
+    address: str, credentials: grpc.ChannelCredentials | None
+) -> grpc.ChannelCredentials | None:
+    """The TLS credentials a channel to ``address`` uses (None: a plain channel).
+
+    ``"grpcs://"`` means TLS: ``credentials`` or, when None, gRPC's default
+    roots. Credentials with a plain ``"grpc://"`` address are refused rather
+    than silently ignored or silently used.
+    """
+    if credentials is not None and not isinstance(credentials, grpc.ChannelCredentials):
+        raise TypeError(
+            f"credentials is a {type(credentials).__name__}; expected "
+            "grpc.ChannelCredentials (e.g. grpc.ssl_channel_credentials(...)) or None"
+        )
+    if uses_tls(address):
+        return credentials or grpc.ssl_channel_credentials()
+    if credentials is not None:
+        raise ValueError(
+            f"TLS credentials were given for {address!r}, a plain (grpc://) "
+            "address; write it as 'grpcs://host:port' to connect over TLS, or "
+            "drop credentials="
+        )
+    return None
+
+
 def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     """A gRPC failure as the ``RemoteError`` that says what happened and what to do."""
     code = exc.code() if hasattr(exc, "code") else None
@@ -75,10 +100,21 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
             remote_traceback=tb,
         )
     if code == grpc.StatusCode.UNAVAILABLE:
+        if "tls handshake" in details.lower() or "certificate" in details.lower():
+            hint = (
+                "the TLS handshake failed: give credentials="
+                "grpc.ssl_channel_credentials(root_certificates=...) holding the "
+                "certificate (or CA) the server uses, and connect by a host name "
+                "the certificate names"
+            )
+        else:
+            hint = (
+                "check the address and that the server (`jaxmesh serve-env` or "
+                "EnvServer.start()) is running there; a server started with TLS "
+                "(--tls-cert) is reached at grpcs://host:port"
+            )
         return RemoteConnectionError(
-            f"the jaxmesh env server at {address} is unavailable ({details}); "
-            "check the address and that the server (`jaxmesh serve-env` or "
-            "EnvServer.start()) is running there",
+            f"the jaxmesh env server at {address} is unavailable ({details}); " + hint,
             address=address,
             code=name,
         )
@@ -130,9 +166,15 @@ class Connection:
       connect_timeout: seconds the handshake may take.
       reply_timeout: seconds ``receive`` waits for a reply (None: no limit).
       max_message_bytes: the per-message cap (both ways).
+      credentials: ``grpc.ChannelCredentials`` for a TLS server (e.g.
+        ``grpc.ssl_channel_credentials(root_certificates=pem)`` for a private
+        CA); with a ``"grpcs://"`` address and none given, gRPC's default
+        roots check the server's certificate.
 
     Raises:
-      ValueError: a malformed address.
+      ValueError: a malformed address, or credentials with a plain
+        ``"grpc://"`` address.
+      TypeError: credentials that are not ``grpc.ChannelCredentials``.
       jaxmesh.RemoteConnectionError: nothing answers there, the token is
         refused, or no protocol version is spoken by both sides.
     """
@@ -145,16 +187,21 @@ class Connection:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         reply_timeout: float | None = None,
         max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
         from jaxmesh import __version__
 
         self.address = parse_address(address)
+        credentials = channel_credentials(address, credentials)
         token = os.environ.get(TOKEN_ENV) if token is None else token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.reply_timeout = reply_timeout
         self.max_message_bytes = max_message_bytes
-        self._channel = grpc.insecure_channel(
-            self.address, options=channel_options(max_message_bytes)
+        options = channel_options(max_message_bytes)
+        self._channel = (
+            grpc.insecure_channel(self.address, options=options)
+            if credentials is None
+            else grpc.secure_channel(self.address, credentials, options=options)
         )
         self._stub = pb_grpc.EnvServiceStub(self._channel)
         self._stream: Any = None
@@ -366,6 +413,7 @@ class Connection:
 __all__ = [
     "Connection",
     "ServerInfo",
+    "channel_credentials",
     "channel_options",
     "is_address",
     "parse_address",

@@ -93,12 +93,14 @@ class _Client:
         token: str | None,
         connect_timeout: float,
         reply_timeout: float | None,
+        credentials: Any = None,
     ):
         self.conn = Connection(
             address,
             token=token,
             connect_timeout=connect_timeout,
             reply_timeout=reply_timeout,
+            credentials=credentials,
         )
         info = self.conn.info
         self.address = info.address
@@ -312,7 +314,8 @@ class RemoteEnv(_Served, gymnasium.Env):
     serves one at a time) is held from construction until :meth:`close`.
 
     Args:
-        address: ``"grpc://host:port"`` or ``"host:port"``.
+        address: ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
+            ``"host:port"``.
         lane: the server lane this env drives (``0 .. num_lanes - 1``).
         token: the server's token, when it asks for one (default: the
             ``JAXMESH_TOKEN`` environment variable).
@@ -320,6 +323,8 @@ class RemoteEnv(_Served, gymnasium.Env):
         reply_timeout: seconds a reply may take (None: as long as the env
             takes; a dead server is still detected, see
             ``jaxmesh.remote.client``).
+        credentials: ``grpc.ChannelCredentials`` for a TLS server
+            (``"grpcs://host:port"``); None: gRPC's default roots there.
 
     Raises:
         ValueError: a malformed address, or a lane the server does not have.
@@ -339,9 +344,10 @@ class RemoteEnv(_Served, gymnasium.Env):
         token: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         reply_timeout: float | None = None,
+        credentials: Any = None,
     ):
         self._client: _Client | None = None
-        client = _Client(address, token, connect_timeout, reply_timeout)
+        client = _Client(address, token, connect_timeout, reply_timeout, credentials)
         if not _is_int(lane) or not 0 <= int(lane) < client.num_lanes:
             client.close()
             raise ValueError(
@@ -456,12 +462,15 @@ class RemoteVectorEnv(_Served, VectorEnv):
     ``step`` is one round trip.
 
     Args:
-        address: ``"grpc://host:port"`` or ``"host:port"``.
+        address: ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
+            ``"host:port"``.
         token: the server's token, when it asks for one (default: the
             ``JAXMESH_TOKEN`` environment variable).
         connect_timeout: seconds the handshake may take.
         reply_timeout: seconds a reply may take (None: as long as the env
             takes).
+        credentials: ``grpc.ChannelCredentials`` for a TLS server
+            (``"grpcs://host:port"``); None: gRPC's default roots there.
 
     Raises:
         ValueError: a malformed address.
@@ -476,9 +485,10 @@ class RemoteVectorEnv(_Served, VectorEnv):
         token: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         reply_timeout: float | None = None,
+        credentials: Any = None,
     ):
         self._client: _Client | None = None
-        client = _Client(address, token, connect_timeout, reply_timeout)
+        client = _Client(address, token, connect_timeout, reply_timeout, credentials)
         client.start()
         self._client = client
         self.address = client.address

@@ -1,0 +1,234 @@
+"""Served envs over TLS: a server with a certificate, clients at ``grpcs://``.
+
+The certificate is self-signed and made here (``cryptography``) for
+``localhost`` and ``127.0.0.1``; clients trust it through
+``grpc.ssl_channel_credentials(root_certificates=...)``. Every run compares
+with a plain gymnasium CartPole loop on the same seeds and actions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+import jaxmesh
+from jaxmesh.errors import RemoteConnectionError
+
+pytestmark = pytest.mark.timeout(120)
+
+ENV_ID = "CartPole-v1"
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A self-signed certificate for localhost / 127.0.0.1 and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    root = tmp_path_factory.mktemp("tls")
+    paths = {"cert": root / "cert.pem", "key": root / "key.pem"}
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+def server_credentials(pems: dict[str, Path]) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials(
+        [(pems["key"].read_bytes(), pems["cert"].read_bytes())]
+    )
+
+
+def client_credentials(pems: dict[str, Path]) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=pems["cert"].read_bytes())
+
+
+def port_of(server: jaxmesh.EnvServer) -> int:
+    return int(server.address.rpartition(":")[2])
+
+
+def reference(seed: int, actions: list[int]) -> list[tuple]:
+    """A plain gymnasium loop: reset with ``seed``, then ``actions``."""
+    env = gym.make(ENV_ID)
+    obs, _ = env.reset(seed=seed)
+    out = [(obs,)]
+    for a in actions:
+        obs, r, term, trunc, _ = env.step(a)
+        out.append((obs, r, term, trunc))
+        if term or trunc:
+            break
+    env.close()
+    return out
+
+
+def test_remote_env_over_tls_equals_a_plain_loop(pems):
+    actions = [0, 1, 1, 0, 1, 0, 0, 1] * 4
+    want = reference(7, actions)
+    with jaxmesh.EnvServer(
+        [gym.make(ENV_ID)], "127.0.0.1:0", credentials=server_credentials(pems)
+    ) as server:
+        env = jaxmesh.RemoteEnv(
+            f"grpcs://localhost:{port_of(server)}",
+            credentials=client_credentials(pems),
+        )
+        try:
+            obs, _ = env.reset(seed=7)
+            got = [(obs,)]
+            for a in actions[: len(want) - 1]:
+                got.append(env.step(a)[:4])
+        finally:
+            env.close()
+    assert len(got) == len(want)
+    np.testing.assert_array_equal(got[0][0], want[0][0])
+    for g, w in zip(got[1:], want[1:], strict=True):
+        np.testing.assert_array_equal(g[0], w[0])
+        assert g[1:] == w[1:]
+
+
+def test_a_plain_client_cannot_reach_a_tls_server(pems):
+    with jaxmesh.EnvServer(
+        [gym.make(ENV_ID)], "127.0.0.1:0", credentials=server_credentials(pems)
+    ) as server:
+        address = f"grpc://127.0.0.1:{port_of(server)}"
+        with pytest.raises(RemoteConnectionError, match="grpcs://host:port") as err:
+            jaxmesh.RemoteEnv(address, connect_timeout=5.0)
+    assert f"127.0.0.1:{port_of(server)}" in str(err.value)
+
+
+def test_an_untrusted_certificate_is_refused(pems):
+    # gRPC's default roots do not hold this self-signed certificate.
+    with jaxmesh.EnvServer(
+        [gym.make(ENV_ID)], "127.0.0.1:0", credentials=server_credentials(pems)
+    ) as server:
+        address = f"grpcs://localhost:{port_of(server)}"
+        with pytest.raises(RemoteConnectionError, match="TLS handshake failed") as err:
+            jaxmesh.RemoteEnv(address, connect_timeout=5.0)
+    assert f"localhost:{port_of(server)}" in str(err.value)
+
+
+def test_credentials_with_a_plain_address_are_refused_before_connecting(pems):
+    # Nothing listens on port 1: the ValueError must come before any connection.
+    with pytest.raises(ValueError, match="grpcs://host:port"):
+        jaxmesh.RemoteEnv("grpc://127.0.0.1:1", credentials=client_credentials(pems))
+    with pytest.raises(TypeError, match="grpc.ChannelCredentials"):
+        jaxmesh.RemoteVectorEnv("grpcs://127.0.0.1:1", credentials="cert.pem")
+
+
+def test_a_tls_server_may_bind_any_address_without_a_token(pems):
+    # TLS is one of the three ways past the loopback-only rule (token, TLS,
+    # insecure=True); a plain server on 0.0.0.0 with none of them is refused.
+    with pytest.raises(ValueError, match="no token and no TLS"):
+        jaxmesh.EnvServer([gym.make(ENV_ID)], "0.0.0.0:0")
+    with jaxmesh.EnvServer(
+        [gym.make(ENV_ID)], "0.0.0.0:0", credentials=server_credentials(pems)
+    ) as server:
+        vec = jaxmesh.RemoteVectorEnv(
+            f"grpcs://127.0.0.1:{port_of(server)}",
+            credentials=client_credentials(pems),
+        )
+        try:
+            obs, _ = vec.reset(seed=[11])
+        finally:
+            vec.close()
+    np.testing.assert_array_equal(obs[0], reference(11, [])[0][0])
+
+
+def test_serve_env_cli_serves_tls(pems, tmp_path):
+    read_fd, write_fd = os.pipe()
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxmesh.cli",
+        "serve-env",
+        f"gymnasium:{ENV_ID}",
+        "--lanes",
+        "2",
+        "--tls-cert",
+        str(pems["cert"]),
+        "--tls-key",
+        str(pems["key"]),
+        "--ready-fd",
+        str(write_fd),
+    ]
+    proc = subprocess.Popen(
+        cmd, pass_fds=(write_fd,), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd) as ready:
+            address = ready.readline().strip()
+        assert address, proc.stderr.read().decode() if proc.poll() is not None else ""
+        port = address.rpartition(":")[2]
+        vec = jaxmesh.RemoteVectorEnv(
+            f"grpcs://localhost:{port}", credentials=client_credentials(pems)
+        )
+        try:
+            obs, _ = vec.reset(seed=[3, 4])
+            obs2, rew, term, trunc, _ = vec.step(np.array([1, 0]))
+        finally:
+            vec.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    for lane, (seed, action) in enumerate(((3, 1), (4, 0))):
+        want = reference(seed, [action])
+        np.testing.assert_array_equal(obs[lane], want[0][0])
+        np.testing.assert_array_equal(obs2[lane], want[1][0])
+        assert rew[lane] == want[1][1]
+
+
+def test_serve_env_cli_needs_both_tls_files(pems):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxmesh.cli",
+            "serve-env",
+            f"gymnasium:{ENV_ID}",
+            "--tls-cert",
+            str(pems["cert"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "--tls-key" in out.stderr and "give both" in out.stderr
