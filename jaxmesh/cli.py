@@ -73,6 +73,10 @@ CONFIG_KEYS: dict[str, str] = {
     "segment_steps": "env steps per scan segment between host visits",
     "max_episode_seconds": "wall-clock cap on an episode, gymnasium: and grpc:// "
     "envs only (results then depend on timing)",
+    "metrics": "env info keys kept per episode: a list of keys (last value) or a "
+    "mapping key: reduction (last, sum, max, mean, any)",
+    "success": "info key whose last value is an episode's success (null: success "
+    "or is_success when the env has one; false: none)",
     "output": "JSON file to write the result to (null: write none)",
 }
 _INT_KEYS = {
@@ -249,6 +253,13 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
     ):
         raise ConfigError(f"seeds={seeds!r}: expected a list of ints")
+    if config.get("metrics") is not None or config.get("success") is not None:
+        from jaxmesh.run.checks import check_metrics
+
+        try:
+            check_metrics(config.get("metrics"), config.get("success"))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{e} ({CONFIG_KEYS['metrics']})") from e
     if out.get("output") is not None:
         out["output"] = str(out["output"])
     return out
@@ -423,7 +434,7 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """The policy, the env and ``evaluate``'s keyword arguments of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
     env = build_env(config["env"], config["env_config"])
-    keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "token")
+    keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "token", "metrics", "success")
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     return policy, env, kwargs
 

@@ -333,6 +333,17 @@ def _success_flags(success: Any, n: int) -> np.ndarray | None:
     return flags.astype(bool)
 
 
+def metric_mean(values: Any) -> float | None:
+    """The mean of an episode metric over the episodes that have a value.
+
+    Bools (an ``any`` metric) give the share of True; NaN (no value on an
+    episode) is left out; None when no episode has a value.
+    """
+    v = np.asarray(values, np.float64).reshape(-1)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else None
+
+
 def describe(
     returns: Any,
     lengths: Any = None,

@@ -6,7 +6,9 @@ start an episode (compacted tiles), plan (compacted tiles) and chunk replay
 accounting (returns, lengths, ends, results written at the episode's index),
 handing the next unstarted episode to lanes that finished (ascending lane
 order), masking lanes with nothing left to start, and a device-side check for
-bad values (``results.Fault``).
+bad values (``results.Fault``). Episode metrics (``EngineConfig.metrics``) are
+accumulators in the lane state, reduced on every step and written into the
+results at the episode's end: no host round trip.
 
 The compiled program never depends on the budget: the seeds and the result
 buffers have a static *capacity*, and the budget (how many of them are used) is
@@ -49,6 +51,22 @@ class EngineConfig:
     capacity: int
     max_steps: int
     agent: agent.AgentConfig
+    #: ``(info key, reduction)`` pairs kept per episode (``results.REDUCTIONS``).
+    metrics: tuple[tuple[str, str], ...] = ()
+    #: The info key whose last value is an episode's success (None: none).
+    success: str | None = None
+
+    @property
+    def accumulators(self) -> tuple[tuple[str, str], ...]:
+        """Every per-lane accumulator: the metrics, then the success key's last
+        value."""
+        extra = ((self.success, "last"),) if self.success is not None else ()
+        return self.metrics + extra
+
+    @property
+    def reads_info(self) -> bool:
+        """Whether the step needs the env's info (``step_with_info``)."""
+        return bool(self.accumulators)
 
 
 @struct.dataclass
@@ -65,6 +83,9 @@ class Lanes:
     budget: jax.Array  # () episodes to score (<= capacity)
     next_episode: jax.Array  # () next unstarted episode index
     n_done: jax.Array  # () episodes ended
+    #: [N] per accumulator of ``EngineConfig.accumulators``: the reduction so
+    #: far of the current episode's info values (empty without metrics).
+    acc: tuple = ()
 
 
 @struct.dataclass
@@ -143,9 +164,20 @@ class Engine:
             budget=jnp.int32(0),
             next_episode=jnp.int32(0),
             n_done=jnp.int32(0),
+            acc=tuple(
+                jnp.zeros((n,), results.metric_dtype(red))
+                for _, red in cfg.accumulators
+            ),
         )
         ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
-        return Carry(lanes, ag, results.empty(cfg.capacity, n))
+        res = results.empty(
+            cfg.capacity,
+            n,
+            metrics=cfg.metrics,
+            success=cfg.success is not None,
+            has_success=False,  # every episode of a JAX env has the signal
+        )
+        return Carry(lanes, ag, res)
 
     @functools.cached_property
     def _carry_shape(self) -> Carry:
@@ -225,8 +257,43 @@ class Engine:
             start=jnp.zeros_like(start),
             t=jnp.where(begins, 0, lanes.t),
             ret=jnp.where(begins, 0.0, lanes.ret),
+            acc=tuple(
+                jnp.where(begins, jnp.asarray(results.metric_start(red), a.dtype), a)
+                for a, (_, red) in zip(lanes.acc, cfg.accumulators, strict=True)
+            ),
         )
         return lanes, ag
+
+    def _accumulate(self, lanes: Lanes, info: Any) -> tuple:
+        """Every accumulator after this step's info values (active lanes only)."""
+        active = lanes.active
+        leaves = results.info_leaves(info)
+        out = []
+        for a, (name, red) in zip(lanes.acc, self.config.accumulators, strict=True):
+            v = jnp.reshape(leaves[name], (active.shape[0],))
+            if red == "any":
+                new = a | (v != 0)
+            else:
+                v = v.astype(jnp.float32)
+                new = {
+                    "last": v,
+                    "sum": a + v,
+                    "mean": a + v,
+                    "max": jnp.maximum(a, v),
+                }[red]
+            out.append(jnp.where(active, new, a))
+        return tuple(out)
+
+    def _episode_metrics(self, acc: tuple, t: jax.Array) -> tuple[dict, Any]:
+        """The per-lane metric values of an episode ending now, and its success."""
+        cfg = self.config
+        values = {}
+        for a, (name, red) in zip(acc[: len(cfg.metrics)], cfg.metrics, strict=True):
+            values[name] = a / t.astype(jnp.float32) if red == "mean" else a
+        success = None
+        if cfg.success is not None:
+            success = acc[-1] != 0
+        return values, success
 
     def _faults(self, lanes: Lanes, action: jax.Array, reward: jax.Array):
         """Per-lane fault kind and value: a bad action, or a non-finite reward."""
@@ -257,9 +324,15 @@ class Engine:
             cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
         )
         env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
-        obs, env_state, reward, term, trunc = jax.vmap(self.env.step)(
-            env_keys, lanes.env_state, action
-        )
+        if cfg.reads_info:
+            obs, env_state, reward, term, trunc, info = jax.vmap(
+                self.env.step_with_info
+            )(env_keys, lanes.env_state, action)
+            lanes = lanes.replace(acc=self._accumulate(lanes, info))
+        else:
+            obs, env_state, reward, term, trunc = jax.vmap(self.env.step)(
+                env_keys, lanes.env_state, action
+            )
         reward = jnp.asarray(reward, jnp.float32)
         kinds, values = self._faults(lanes, action, reward)
         ag = agent.observe(cfg.agent, ag, obs)
@@ -271,6 +344,12 @@ class Engine:
         # Results are written at the episode's own index; others drop. An
         # episode whose last step met a bad value is not a finished episode.
         scored = ended & (kinds == results.NO_FAULT)
+        extra = {}
+        if cfg.reads_info:
+            metrics, success = self._episode_metrics(lanes.acc, t)
+            extra["metrics"] = metrics
+            if success is not None:
+                extra["success"] = success
         r = results.record(
             carry.results,
             jnp.where(scored, lanes.episode, cfg.capacity),
@@ -281,6 +360,7 @@ class Engine:
             predict_calls=ag.predict_calls,
             lanes=jnp.arange(cfg.agent.num_envs, dtype=jnp.int32),
             done=jnp.ones_like(ended),
+            **extra,
         )
         r = r.replace(
             env_steps=r.env_steps + jnp.sum(active, dtype=jnp.int32),

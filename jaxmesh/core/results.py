@@ -1,13 +1,16 @@
 """The engine's results: one pytree from the device to ``RunResult``.
 
 ``Results`` holds, indexed by episode, everything CONTRACT 8 asks of an episode
-(``EPISODE_FIELDS``), a ``done`` mask, the run totals, and the first bad value
-the run met (``Fault``). The scan engine writes it inside jit, ``make_evaluator``
-returns it as it is, and the host builds ``RunResult`` / ``EpisodeResult`` from
-it (``jaxmesh/run/results.py``).
+(``EPISODE_FIELDS``), a ``done`` mask, the run totals, the first bad value
+the run met (``Fault``), and the episode metrics and success flag asked for
+(``metrics=``, ``success=``; ``REDUCTIONS``). The scan engine writes it inside
+jit, ``make_evaluator`` returns it as it is, and the host builds ``RunResult`` /
+``EpisodeResult`` from it (``jaxmesh/run/results.py``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +26,46 @@ EPISODE_FIELDS = (
     "predict_calls",
     "lanes",
 )
+
+#: How an info leaf is reduced over an episode's steps, with the accumulator's
+#: start value: ``last`` (the last step's value), ``sum``, ``max``, ``mean``
+#: (``sum / steps``), ``any`` (a step with a non-zero value; a bool).
+REDUCTIONS = ("last", "sum", "max", "mean", "any")
+
+
+def metric_dtype(reduction: str) -> Any:
+    """The per-episode dtype of a reduction: bool for ``any``, else float32."""
+    return bool if reduction == "any" else np.float32
+
+
+def metric_start(reduction: str) -> Any:
+    """The accumulator's value before an episode's first step."""
+    if reduction == "any":
+        return False
+    if reduction == "max":
+        return -np.inf
+    if reduction == "last":
+        return np.nan
+    return 0.0
+
+
+def info_leaves(info: Any, prefix: str = "") -> dict[str, Any]:
+    """An env's info as flat ``name -> leaf``: nested mappings join with ``/``.
+
+    gymnax's ``info`` dict, brax's ``state.metrics`` and gymnasium's ``info``
+    are mappings; anything else (None, a struct) has no named leaves.
+    """
+    if not hasattr(info, "items"):
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in info.items():
+        name = f"{prefix}{k}"
+        if hasattr(v, "items"):
+            out.update(info_leaves(v, name + "/"))
+        else:
+            out[name] = v
+    return out
+
 
 #: Fault kinds (``Fault.kind``); 0 means no fault.
 NO_FAULT, ACTION_OUT_OF_RANGE, ACTION_NOT_FINITE, REWARD_NOT_FINITE = 0, 1, 2, 3
@@ -93,6 +136,15 @@ class Results:
     env_steps: jax.Array  # () executed env steps of active lanes
     policy_rows: jax.Array  # () rows the policy computed, padding included
     fault: Fault
+    #: name -> [capacity] per-episode metric (``metrics=``; {} when none).
+    metrics: dict = struct.field(default_factory=dict)
+    #: [capacity] bool: the success key's last value was non-zero (None: no
+    #: success key is tracked).
+    success: Any = None
+    #: [capacity] bool: the episode had the success signal (host-stepped envs
+    #: may lack it on some episodes). None with ``success`` set: every episode
+    #: has it (a JAX env's info has a fixed structure; the engine keeps none).
+    has_success: Any = None
 
 
 #: The smallest result-buffer capacity: every budget up to it shares one program.
@@ -117,9 +169,18 @@ def capacity_for(episodes: int) -> int:
 BYTES_PER_EPISODE = 4 + 4 + 1 + 1 + 4 + 4 + 1 + 4
 
 
-def empty(capacity: int, num_envs: int, xp=jnp) -> Results:
+def empty(
+    capacity: int,
+    num_envs: int,
+    xp=jnp,
+    metrics: tuple[tuple[str, str], ...] = (),
+    success: bool = False,
+    has_success: bool = True,
+) -> Results:
     """Zeroed results for ``capacity`` episodes and ``num_envs`` lanes
-    (``xp``: jax.numpy or numpy)."""
+    (``xp``: jax.numpy or numpy), with a buffer per ``(name, reduction)`` of
+    ``metrics`` and the success buffers when ``success`` (``has_success``:
+    with a per-episode presence mask)."""
     f = lambda dtype: xp.zeros((capacity,), dtype)
     i32 = lambda v: xp.asarray(v, xp.int32)
     return Results(
@@ -138,18 +199,31 @@ def empty(capacity: int, num_envs: int, xp=jnp) -> Results:
             xp.zeros((num_envs,), xp.int32),
             xp.zeros((num_envs,), xp.float32),
         ),
+        metrics={name: f(metric_dtype(red)) for name, red in metrics},
+        success=f(bool) if success else None,
+        has_success=f(bool) if success and has_success else None,
     )
 
 
 def record(results: Results, index: jax.Array, **values: jax.Array) -> Results:
-    """Writes per-lane ``values`` at episode ``index`` (out of range: dropped)."""
+    """Writes per-lane ``values`` at episode ``index`` (out of range: dropped).
+
+    A ``metrics`` value is a dict name -> per-lane values, written into the
+    metric buffers of those names.
+    """
     put = lambda arr, v: arr.at[index].set(v.astype(arr.dtype), mode="drop")
-    updates = {name: put(getattr(results, name), values[name]) for name in values}
+    updates = {}
+    for name, v in values.items():
+        if name == "metrics":
+            updates[name] = {k: put(results.metrics[k], v[k]) for k in results.metrics}
+        else:
+            updates[name] = put(getattr(results, name), v)
     return results.replace(**updates)
 
 
 __all__ = [
     "EPISODE_FIELDS",
+    "REDUCTIONS",
     "Fault",
     "Results",
     "empty",

@@ -36,6 +36,13 @@ PROTOCOL = {
     "step": "step(key, state, action) -> (obs, state, reward, terminated, truncated)",
 }
 
+#: What jaxmesh reads from an env when it has it.
+OPTIONAL = {
+    "step_with_info": "step_with_info(key, state, action) -> (obs, state, reward, "
+    "terminated, truncated, info): ``step`` and a dict of per-step values, the "
+    "source of episode metrics and success (evaluate(metrics=..., success=...))",
+}
+
 _KNOWN = (
     "pass an id such as 'gymnax:CartPole-v1' or 'brax:ant', a gymnax "
     "Environment or (env, env_params) tuple, a brax Env, or an object with "

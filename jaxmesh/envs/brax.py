@@ -45,6 +45,11 @@ class BraxEnv:
         return state.obs, (state, jnp.int32(0))
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
+        return self.step_with_info(key, state, action)[:5]
+
+    def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
+        """``step`` and brax's ``state.metrics`` (the source of episode metrics,
+        ``evaluate(metrics=...)``)."""
         del key
         bstate, t = state
         bstate = self.env.step(bstate, action)
@@ -62,6 +67,7 @@ class BraxEnv:
             jnp.asarray(bstate.reward, jnp.float32),
             done & ~limit,
             truncated,
+            dict(bstate.metrics),
         )
 
 

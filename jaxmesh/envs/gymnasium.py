@@ -193,11 +193,36 @@ def _spec_for(name: str, obs_space: Any, act_space: Any, where: str) -> HostEnvS
 
 # Lanes -------------------------------------------------------------------------
 class _Lanes:
-    """Common parts: the spec, observation conversion and trial_index options."""
+    """Common parts: the spec, observation conversion and trial_index options.
+
+    Info keys: the host loop sets ``info_keys`` (the keys its metrics read);
+    after each ``step``, ``info[key]`` is ``(values float64 [n], present bool
+    [n])`` for the lanes stepped, and ``info_seen`` the keys their infos had.
+    """
 
     spec: HostEnvSpec
     num_lanes: int
     action_space: Any
+    info_keys: tuple[str, ...] = ()
+    info: dict = {}
+    info_seen: set = set()
+
+    def _new_info(self, n: int) -> None:
+        self.info = {
+            k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
+        }
+        self.info_seen = set()
+
+    def _read_info(self, info: Any, j: int) -> None:
+        """Lane ``j``'s values of the info keys (gymnasium's own info dict)."""
+        from jaxmesh.run.host import info_value
+
+        self.info_seen.update(info)
+        for k in self.info_keys:
+            v = info_value(info, k, f"{self.spec.name} lane {j}")
+            if v is not None:
+                vals, present = self.info[k]
+                vals[j], present[j] = v, True
 
     def observation(self, obs: Any, lane: int) -> np.ndarray:
         """One lane's observation as an array of the spec's shape and dtype."""
@@ -288,10 +313,15 @@ class EnvLanes(_Lanes):
         lanes = np.flatnonzero(go).tolist()
         rows = []
         envs, observation = self.envs, self.observation
+        keys = bool(self.info_keys)
+        if keys:
+            self._new_info(n)
         for j in lanes:
-            o, r, te, tr, _ = envs[j].step(acts[j])
+            o, r, te, tr, info = envs[j].step(acts[j])
             obs[j] = observation(o, j)
             rows.append((r, te, tr))
+            if keys:
+                self._read_info(info, j)
         if lanes:
             r, te, tr = zip(*rows, strict=True)
             reward[lanes], term[lanes], trunc[lanes] = r, te, tr
@@ -391,13 +421,32 @@ class VectorLanes(_Lanes):
         batch = np.broadcast_to(self._idle, (self.num_lanes,) + self._idle.shape).copy()
         values = env_actions(self.action_space, actions)
         batch[:n][go] = values[go]
-        o, r, te, tr, _ = self.vec.step(batch)
+        o, r, te, tr, info = self.vec.step(batch)
         te, tr = np.asarray(te, bool), np.asarray(tr, bool)
+        if self.info_keys:
+            self._read_vector_info(info, go)
         self._ended = te | tr
         for j in np.flatnonzero(go):
             obs[j] = self.observation(o[j], int(j))
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
         return reward, te[:n] & go, tr[:n] & go
+
+    def _read_vector_info(self, info: dict, go: np.ndarray) -> None:
+        """The info keys of the lanes in ``go`` (gymnasium's vector info: an
+        array per key, and a ``_key`` mask of the lanes that had it)."""
+        from jaxmesh.run.host import info_value
+
+        n = go.shape[0]
+        self._new_info(n)
+        self.info_seen = {k for k in info if not k.startswith("_")}
+        for k in self.info_keys:
+            if k not in info:
+                continue
+            mask = np.asarray(info.get("_" + k, np.ones(self.num_lanes, bool)), bool)
+            vals, present = self.info[k]
+            for j in np.flatnonzero(go & mask[:n]):
+                v = info_value({k: np.asarray(info[k])[j]}, k, f"lane {j}")
+                vals[j], present[j] = v, True
 
     def close(self) -> None:
         """The caller's VectorEnv stays open."""

@@ -50,7 +50,12 @@ class GymnaxEnv:
         return self.env.reset_env(key, self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
-        obs, state, reward, terminated, _ = self.env.step_env(
+        return self.step_with_info(key, state, action)[:5]
+
+    def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
+        """``step`` and the env's ``info`` dict (``step_env``'s own), the source
+        of episode metrics (``evaluate(metrics=...)``)."""
+        obs, state, reward, terminated, info = self.env.step_env(
             key, state, action, self.params
         )
         truncated = self.env.is_truncated(state, self.params)
@@ -60,6 +65,7 @@ class GymnaxEnv:
             jnp.asarray(reward, jnp.float32),
             jnp.asarray(terminated, bool),
             jnp.asarray(truncated, bool),
+            info,
         )
 
 

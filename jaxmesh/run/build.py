@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from jaxmesh.core import agent
 from jaxmesh.core.engine import Engine, EngineConfig
 from jaxmesh.core.policy import Policy, output_chunk
-from jaxmesh.core.results import pow2_at_least
+from jaxmesh.core.results import info_leaves, pow2_at_least
 from jaxmesh.explain import check_frame_limit
-from jaxmesh.run.checks import Settings
+from jaxmesh.run.checks import Metrics, Settings, resolve_metrics
 
 #: Rows per policy call at h = 1 when plan_tile is left to jaxmesh.
 AUTO_TILE_ROWS = 128
@@ -102,14 +102,77 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
     return output_chunk(policy, out, env, horizon, PROBE_ROWS)
 
 
+def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
+    """A JAX env's info leaves (shapes only: ``eval_shape`` of its step).
+
+    None when the env has no ``step_with_info`` (it reports no info).
+    """
+    step = getattr(env, "step_with_info", None)
+    if step is None:
+        return None
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+    def one_step(key):
+        _, state = env.reset(key)
+        action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
+        return step(key, state, action)[5]
+
+    return info_leaves(jax.eval_shape(one_step, key))
+
+
+def engine_metrics(
+    env: Any, asked: Metrics
+) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The metrics and success key a JAX env's run keeps (nothing compiles).
+
+    Raises:
+      ValueError: a key the env's info lacks (naming those it has), or a key
+        whose value is not one number per step.
+    """
+    name = getattr(env, "name", type(env).__name__)
+    if not asked.named and not isinstance(asked.success, str):
+        if asked.success is False:
+            return (), None
+        info = env_info(env)  # auto success: only when the info has the key
+        if info is None:
+            return (), None
+    else:
+        info = env_info(env)
+        if info is None:
+            raise ValueError(
+                f"metrics={dict(asked.named)!r} / success={asked.success!r}: env "
+                f"{name!r} reports no info (it has no step_with_info(key, state, "
+                "action) -> (obs, state, reward, terminated, truncated, info)); "
+                "gymnax and brax envs have one: add it to your env, or drop "
+                "metrics="
+            )
+    named, success = resolve_metrics(asked, info, name)
+    keys = [n for n, _ in named] + ([success] if success else [])
+    for key in keys:
+        leaf = info[key]
+        if tuple(leaf.shape) not in ((), (1,)) or jnp.dtype(leaf.dtype).kind not in (
+            "biuf"
+        ):
+            raise ValueError(
+                f"metric {key!r} of env {name!r} is {jnp.dtype(leaf.dtype)}"
+                f"{list(leaf.shape)} per step; a metric is one number (or bool) per "
+                "step: name a scalar info key"
+            )
+    return named, success
+
+
 def build_engine(
     policy: Policy,
     env: Any,
     settings: Settings,
     chunk: int | None,
     capacity: int,
+    metrics: tuple[tuple[tuple[str, str], ...], str | None] = ((), None),
 ) -> Engine:
     """The engine for a probed policy (``probe_chunk``), env and settings.
+
+    ``metrics`` is ``engine_metrics``'s result: the info keys kept per episode
+    and the success key.
 
     Raises:
       ValueError: the frame windows of the run's lanes exceed the limit.
@@ -126,5 +189,11 @@ def build_engine(
         chunk=chunk,
     )
     check_frame_limit(policy.spec, env, lanes)
-    config = EngineConfig(capacity=capacity, max_steps=settings.max_steps, agent=cfg)
+    config = EngineConfig(
+        capacity=capacity,
+        max_steps=settings.max_steps,
+        agent=cfg,
+        metrics=metrics[0],
+        success=metrics[1],
+    )
     return Engine(policy, env, config)

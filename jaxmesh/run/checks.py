@@ -172,3 +172,115 @@ def check_settings(
         "segment_steps", segment_steps, 1, "env steps per scan segment"
     )
     return Settings(num_envs, horizon, lead, cap, tile, segment_steps)
+
+
+#: Info keys read as an episode's success without being asked, in this order.
+SUCCESS_KEYS = ("success", "is_success")
+
+
+class Metrics(NamedTuple):
+    """What ``metrics=`` and ``success=`` asked for (checked for form only).
+
+    Attributes:
+      named: ``(info key, reduction)`` pairs, in the order given.
+      success: the success key; None: the first of ``SUCCESS_KEYS`` the env's
+        info has (no signal when it has neither); False: no success flag.
+    """
+
+    named: tuple[tuple[str, str], ...] = ()
+    success: str | bool | None = None
+
+
+def check_metrics(metrics: Any, success: Any = None) -> Metrics:
+    """Checks ``evaluate``'s ``metrics=`` and ``success=`` (nothing compiles).
+
+    Args:
+      metrics: None; an info key; a list of keys (each reduced with ``last``);
+        or a dict key -> reduction, one of ``core.results.REDUCTIONS``.
+      success: None (auto: ``success`` or ``is_success`` when the info has
+        one), an info key whose last value is the episode's success, or False.
+
+    Raises:
+      TypeError: a value of the wrong type, naming it.
+      ValueError: an unknown reduction or an empty or repeated key.
+    """
+    from jaxmesh.core.results import REDUCTIONS
+
+    how = (
+        "pass an info key, a list of keys, or a dict key -> reduction, e.g. "
+        "metrics={'success': 'any', 'x_velocity': 'mean'}"
+    )
+    if metrics is None:
+        pairs: list = []
+    elif isinstance(metrics, str):
+        pairs = [(metrics, "last")]
+    elif isinstance(metrics, dict):
+        pairs = list(metrics.items())
+    elif isinstance(metrics, list | tuple):
+        pairs = [(m, "last") for m in metrics]
+    else:
+        raise TypeError(f"metrics={metrics!r}: expected None or {how}")
+    seen = set()
+    for name, red in pairs:
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"metrics: key {name!r} is not a non-empty string (an info key); " + how
+            )
+        if name in seen:
+            raise ValueError(f"metrics: key {name!r} is given twice; give it once")
+        seen.add(name)
+        if not isinstance(red, str) or red not in REDUCTIONS:
+            raise ValueError(
+                f"metrics: reduction {red!r} for {name!r} is not one of "
+                f"{list(REDUCTIONS)} (how the key's values are reduced over an "
+                "episode's steps)"
+            )
+    if success is not None and success is not False:
+        if not isinstance(success, str) or not success:
+            raise TypeError(
+                f"success={success!r}: expected None (use an info key 'success' "
+                "or 'is_success' when the env has one), an info key whose last "
+                "value is the episode's success, or False (no success flag)"
+            )
+    return Metrics(tuple(pairs), success)
+
+
+def resolve_metrics(
+    asked: Metrics, available: Any, env_name: str
+) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The metrics and success key of a run, against the env's info keys.
+
+    Args:
+      asked: ``check_metrics``'s result.
+      available: the env's info keys (flat names, ``core.results.info_leaves``).
+      env_name: the env, for messages.
+
+    Returns:
+      ``(named, success key or None)``.
+
+    Raises:
+      ValueError: a key the env's info lacks, naming the closest ones and
+        every key the env has.
+    """
+    from jaxmesh.envs import did_you_mean
+
+    available = list(available)
+    wanted = [n for n, _ in asked.named]
+    if isinstance(asked.success, str):
+        wanted.append(asked.success)
+    for name in wanted:
+        if name not in available:
+            hint = did_you_mean(name, available)
+            has = ", ".join(repr(k) for k in available) or "no keys"
+            raise ValueError(
+                f"metric {name!r} is not in the info of env {env_name!r}"
+                f"{'; ' + hint if hint else ''} (its info has {has}); name one "
+                "of its info keys, or drop it from metrics= / success="
+            )
+    if isinstance(asked.success, str):
+        key = asked.success
+    elif asked.success is None:
+        key = next((k for k in SUCCESS_KEYS if k in available), None)
+    else:
+        key = None
+    return asked.named, key

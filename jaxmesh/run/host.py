@@ -85,6 +85,157 @@ def check_lane_groups(value: Any) -> int | None:
     return int(value)
 
 
+# Episode metrics from gymnasium infos ----------------------------------------------
+def info_value(info: Any, key: str, where: str) -> float | None:
+    """One lane's value of info ``key`` as a float (None: not in the info).
+
+    Raises:
+      ValueError: a value that is not one number (or bool).
+    """
+    if key not in info:
+        return None
+    arr = np.asarray(info[key])
+    if arr.size != 1 or arr.dtype.kind not in "biuf":
+        raise ValueError(
+            f"{where}: info[{key!r}] is {arr.dtype}{list(arr.shape)}; a metric is "
+            "one number (or bool) per step: name a scalar info key"
+        )
+    return float(arr.reshape(()))
+
+
+class HostMetrics:
+    """Episode metrics and success of host-stepped lanes, reduced in numpy.
+
+    Per lane and key, an accumulator and the number of steps whose info had
+    the key (gymnasium infos may lack a key on some steps): ``mean`` is over
+    those steps, and a key absent for a whole episode gives NaN (``any``:
+    False). The success flag is the last value seen of the success key; in
+    auto mode (``success=None``) the first of ``checks.SUCCESS_KEYS`` that an
+    episode's info had. A key named in ``metrics=`` or ``success=`` must be in
+    the info of the run's first step (of at least one lane), else ValueError.
+
+    Args:
+      asked: ``checks.check_metrics``'s result.
+      num_lanes: lanes of the run.
+      env_name: for messages.
+    """
+
+    def __init__(self, asked: checks.Metrics, num_lanes: int, env_name: str):
+        self.named = asked.named
+        self.env_name = env_name
+        if isinstance(asked.success, str):
+            self.success_keys: tuple[str, ...] = (asked.success,)
+        elif asked.success is None:
+            self.success_keys = checks.SUCCESS_KEYS
+        else:
+            self.success_keys = ()
+        self.required = tuple(n for n, _ in self.named) + (
+            (asked.success,) if isinstance(asked.success, str) else ()
+        )
+        #: Every info key read each step (only these cross a wire).
+        self.keys = tuple(
+            dict.fromkeys([n for n, _ in self.named] + list(self.success_keys))
+        )
+        n = num_lanes
+        self.acc = {
+            name: np.zeros(n, bool if red == "any" else np.float64)
+            for name, red in self.named
+        }
+        self.count = {name: np.zeros(n, np.int64) for name, _ in self.named}
+        self.last = {k: np.zeros(n, np.float64) for k in self.success_keys}
+        self.seen = {k: np.zeros(n, bool) for k in self.success_keys}
+        self.checked = False
+        #: The success key found (auto mode: the first one an episode had).
+        self.found: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.keys)
+
+    @property
+    def tracks_success(self) -> bool:
+        return bool(self.success_keys)
+
+    def begin(self, js: Any) -> None:
+        """Lanes ``js`` start an episode: their accumulators start over."""
+        for name, red in self.named:
+            self.acc[name][js] = (
+                False if red == "any" else (-np.inf if red == "max" else 0.0)
+            )
+            self.count[name][js] = 0
+        for k in self.success_keys:
+            self.seen[k][js] = False
+
+    def check(self, present: Any, seen_keys: Any = ()) -> None:
+        """Once, at the run's first step: every required key is ``present``.
+
+        Raises:
+          ValueError: a required key no lane's info had (``seen_keys``: the
+            keys the infos had, for the message).
+        """
+        if self.checked:
+            return
+        self.checked = True
+        missing = [k for k in self.required if k not in present]
+        if missing:
+            has = ", ".join(repr(k) for k in sorted(seen_keys)) or "no keys"
+            raise ValueError(
+                f"metric {missing[0]!r} is not in the info of env "
+                f"{self.env_name!r} at its first step (its info has {has}); "
+                "name a key the env reports on every step, or drop it from "
+                "metrics= / success="
+            )
+
+    def step(self, lanes: np.ndarray, values: dict) -> None:
+        """One step of ``lanes``: ``values[key] = (floats [m], present [m])``."""
+        for name, red in self.named:
+            v, ok = values[name]
+            at = lanes[ok]
+            v = v[ok]
+            a = self.acc[name]
+            if red == "any":
+                a[at] |= v != 0
+            elif red == "last":
+                a[at] = v
+            elif red == "max":
+                a[at] = np.maximum(a[at], v)
+            else:
+                a[at] += v
+            self.count[name][at] += 1
+        for k in self.success_keys:
+            v, ok = values[k]
+            self.last[k][lanes[ok]] = v[ok]
+            self.seen[k][lanes[ok]] = True
+
+    def write(self, res: Any, lanes: np.ndarray, episodes: np.ndarray) -> None:
+        """Writes the episodes that ``lanes`` just ended into ``res``."""
+        for name, red in self.named:
+            a, c = self.acc[name][lanes], self.count[name][lanes]
+            if red == "any":
+                res.metrics[name][episodes] = a
+                continue
+            if red == "mean":
+                a = np.divide(a, c, out=np.zeros_like(a), where=c > 0)
+            res.metrics[name][episodes] = np.where(c > 0, a, np.nan)
+        if not self.success_keys:
+            return
+        has = np.zeros(lanes.size, bool)
+        flag = np.zeros(lanes.size, bool)
+        for k in self.success_keys:  # the first key an episode had
+            seen = self.seen[k][lanes] & ~has
+            flag[seen] = self.last[k][lanes][seen] != 0
+            has |= seen
+            if seen.any() and self.found is None:
+                self.found = k
+        res.success[episodes] = flag
+        res.has_success[episodes] = has
+
+    def run_fields(self) -> dict:
+        """The ``RunResult`` fields naming the metrics and the success key."""
+        key = self.success_keys[0] if len(self.success_keys) == 1 else self.found
+        return {"metric_reductions": dict(self.named), "success_key": key}
+
+
 # The jitted agent, built once per (policy, lanes, settings) ------------------------
 class _Program(NamedTuple):
     config: agent.AgentConfig
@@ -190,6 +341,8 @@ def evaluate(
     max_episode_seconds: float | None,
     token: str | None = None,
     lane_groups: int | None = None,
+    metrics: Any = None,
+    success: Any = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -215,6 +368,10 @@ def evaluate(
       lane_groups: served envs: lanes in this many groups, so that the device
         plans for one group while the servers step another (see
         ``jaxmesh.run.served``); None: ``served.default_lane_groups``.
+      metrics, success: as for ``jaxmesh.evaluate``; read from each step's
+        gymnasium ``info`` (``HostMetrics``). A served env sends only these
+        keys, and in auto mode (``success=None``) only the success keys its
+        server declares.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -230,6 +387,7 @@ def evaluate(
     t_start = time.perf_counter()
     with_params = params is not None
     seconds = check_seconds(max_episode_seconds)
+    asked = checks.check_metrics(metrics, success)
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
     hook_list = stream.hooks_list(hooks)
@@ -253,6 +411,10 @@ def evaluate(
         lanes = gym_lanes.make_lanes(env, settings.num_envs, int(seeds_arr.size))
     try:
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
+        if is_address(env):
+            asked = lanes.metrics_asked(asked)
+        host_metrics = HostMetrics(asked, settings.num_envs, lanes.spec.name)
+        lanes.info_keys = host_metrics.keys
         params = pol.default_params() if params is None else pol.place(params)
         host_agent = _host_agent(policy, pol, lanes.spec, settings, with_params)
         host_agent.program(params)  # every check runs before a hook hears of the run
@@ -266,6 +428,7 @@ def evaluate(
             seeds_arr,
             hook_list,
             t_start,
+            host_metrics,
         )
     finally:
         lanes.close()
@@ -281,6 +444,7 @@ def _run(
     seeds_arr: np.ndarray,
     hook_list: list,
     t_start: float,
+    metrics: HostMetrics,
 ) -> RunResult:
     program = host_agent.program(params)
     cfg = program.config
@@ -295,12 +459,15 @@ def _run(
         "chunk": program.chunk,
         "plan_tile": cfg.tile,
         "max_episode_seconds": seconds,
+        **metrics.run_fields(),
     }
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
     episodes_out = stream.EpisodeStream(
         hook_list, seeds_arr, pol.on_episode_end, run_fields
     )
-    res = core_results.empty(e, n, np)
+    res = core_results.empty(
+        e, n, np, metrics=metrics.named, success=metrics.tracks_success
+    )
     episodes_out.latest = res
 
     tel = Telemetry()
@@ -320,8 +487,12 @@ def _run(
                 res,
                 episodes_out,
                 tel,
+                metrics,
             )
         run_fields["telemetry"] = tel.stats()
+        run_fields.update(metrics.run_fields())
+        if run_fields["success_key"] is None:  # auto mode, no episode had one
+            return res.replace(success=None, has_success=None)
         return res
 
     return stream.drive(
@@ -373,6 +544,7 @@ def _loop(
     res: core_results.Results,
     episodes_out: stream.EpisodeStream,
     tel: Telemetry,
+    metrics: HostMetrics,
 ) -> None:
     """Runs the budget; writes every finished episode into ``res`` (numpy)."""
     spec = lanes.spec
@@ -401,6 +573,7 @@ def _loop(
             episode[j] = i
             ep_keys[j] = np.asarray(jax.random.PRNGKey(int(seeds_arr[i])))
         t[js], ret[js], active[js], started[js] = 0, 0.0, True, True
+        metrics.begin(js)
 
     start(list(range(min(n, e))))
     state = program.init(obs, active.copy())
@@ -415,6 +588,13 @@ def _loop(
         go = active & (kinds == core_results.NO_FAULT)
         reward, term, trunc = lanes.step(actions, go, obs)
         tel.add("env_step", time.perf_counter() - t_env)
+        if metrics.active:
+            stepped = np.flatnonzero(go)
+            got = {k: (v[stepped], p[stepped]) for k, (v, p) in lanes.info.items()}
+            if stepped.size:
+                present = {k for k, (_, p) in got.items() if p.any()}
+                metrics.check(present, lanes.info_seen)
+            metrics.step(stepped, got)
         bad_r = go & ~np.isfinite(reward)
         kinds = np.where(bad_r, core_results.REWARD_NOT_FINITE, kinds)
         values = np.where(bad_r, reward, values)
@@ -433,7 +613,10 @@ def _loop(
         calls, rows = jax.device_get((state.predict_calls, state.rows))
         res.policy_rows[...] = rows
         # An episode whose last step met a bad value is not a finished episode.
-        for j in np.flatnonzero(ended & ~faulted):
+        scored = np.flatnonzero(ended & ~faulted)
+        if metrics.active and scored.size:
+            metrics.write(res, scored, episode[scored])
+        for j in scored:
             i = episode[j]
             res.returns[i] = ret[j]
             res.lengths[i] = t[j]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -13,7 +14,12 @@ from jaxmesh.core.results import EPISODE_FIELDS
 
 
 class EpisodeResult(NamedTuple):
-    """One budgeted episode (CONTRACT 8). ``return_`` is the sum of its rewards."""
+    """One budgeted episode (CONTRACT 8). ``return_`` is the sum of its rewards.
+
+    ``success`` is the episode's success flag (None: the run tracks none, or
+    this episode had no signal); ``metrics`` its metric values by name (None:
+    the run keeps none).
+    """
 
     index: int
     seed: int
@@ -23,15 +29,42 @@ class EpisodeResult(NamedTuple):
     truncated: bool
     predict_calls: int
     lane: int
+    success: bool | None = None
+    metrics: dict[str, float | bool] | None = None
 
     def to_dict(self) -> dict:
         d = self._asdict()
         d["return"] = d.pop("return_")
+        for key in ("success", "metrics"):  # a run without them writes neither
+            if d[key] is None:
+                del d[key]
+        if "metrics" in d:
+            d["metrics"] = {k: _json_value(v) for k, v in d["metrics"].items()}
         return d
+
+
+def _json_value(v: Any) -> float | bool | None:
+    """A metric value for JSON: a bool, a float, or None for NaN (no value)."""
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _success_at(arrays: Any, i: int) -> bool | None:
+    success = getattr(arrays, "success", None)
+    if success is None:
+        return None
+    has = getattr(arrays, "has_success", None)
+    if has is not None and not bool(has[i]):
+        return None
+    value = success[i]
+    return None if value is None else bool(value)
 
 
 def episode_at(arrays: Any, i: int, index: int, seed: int) -> EpisodeResult:
     """Entry ``i`` of per-episode arrays (a RunResult or the engine's Results)."""
+    metrics = getattr(arrays, "metrics", None)
     return EpisodeResult(
         index=int(index),
         seed=int(seed),
@@ -41,7 +74,28 @@ def episode_at(arrays: Any, i: int, index: int, seed: int) -> EpisodeResult:
         truncated=bool(arrays.truncated[i]),
         predict_calls=int(arrays.predict_calls[i]),
         lane=int(arrays.lanes[i]),
+        success=_success_at(arrays, i),
+        metrics=None
+        if not metrics
+        else {k: _metric_value(v[i]) for k, v in metrics.items()},
     )
+
+
+def _metric_value(v: Any) -> float | bool:
+    return bool(v) if np.asarray(v).dtype == bool else float(v)
+
+
+def success_array(success: Any, has: Any) -> np.ndarray | None:
+    """Per-episode success: bools when every episode has the signal, else an
+    object array with None where it is missing; None without a success key."""
+    if success is None:
+        return None
+    success = np.asarray(success, bool)
+    if has is None or np.all(has):
+        return success
+    out = success.astype(object)
+    out[~np.asarray(has, bool)] = None
+    return out
 
 
 #: ``RunResult`` array -> the episode key ``to_dict`` writes it under.
@@ -101,6 +155,16 @@ def _stat_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{stats['success_rate']:.1%} [{low:.1%}, {high:.1%}]",
             )
         )
+    elif stats.get("success_key") is not None:
+        rows.append(
+            (
+                "success rate",
+                f"n/a (some episodes had no {stats['success_key']!r} in their info)",
+            )
+        )
+    for name, m in (stats.get("metrics") or {}).items():
+        mean = "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}"
+        rows.append((f"metric {name} ({m['reduction']}), mean", mean))
     return rows
 
 
@@ -152,6 +216,18 @@ class RunResult:
     #: and p99 (seconds or bytes); None for a JAX env. See
     #: ``jaxmesh.run.telemetry``.
     telemetry: dict | None = None
+    #: Per episode, whether it succeeded (``success=``; the last value of the
+    #: success key): bools, or an object array with None for the episodes
+    #: without the signal; None when the env gives no success signal.
+    success: np.ndarray | None = None
+    #: name -> per-episode values of each metric asked for (``metrics=``):
+    #: bool for ``any``, float32 otherwise (NaN: no value on a host-stepped
+    #: env whose info lacked the key for the whole episode).
+    metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    #: name -> its reduction (``last``, ``sum``, ``max``, ``mean``, ``any``).
+    metric_reductions: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The info key read as success (None: none).
+    success_key: str | None = None
 
     @classmethod
     def from_results(
@@ -168,11 +244,23 @@ class RunResult:
         e = seeds.size
         idx = np.arange(e) if keep is None else np.flatnonzero(keep[:e])
         per_episode = {f: np.asarray(getattr(res, f))[idx] for f in EPISODE_FIELDS}
+        success = getattr(res, "success", None)
+        has = getattr(res, "has_success", None)
+        success = success_array(
+            None if success is None else np.asarray(success)[idx],
+            None if has is None else np.asarray(has)[idx],
+        )
+        metrics = {
+            k: np.asarray(v)[idx]
+            for k, v in (getattr(res, "metrics", None) or {}).items()
+        }
         return cls(
             indices=idx,
             seeds=np.asarray(seeds, np.int64)[idx],
             env_steps=int(res.env_steps),
             policy_rows=int(res.policy_rows),
+            success=success,
+            metrics=metrics,
             **per_episode,
             **run,
         )
@@ -189,6 +277,17 @@ class RunResult:
     def rows_per_step(self) -> float:
         """Policy rows computed per executed env step (ideal: 1/h)."""
         return self.policy_rows / self.env_steps if self.env_steps else 0.0
+
+    @property
+    def success_rate(self) -> float | None:
+        """The share of episodes that succeeded; None when any episode lacks
+        the success signal (or the env gives none), never a silent 0."""
+        if self.success is None or not self.num_episodes:
+            return None
+        flags = np.asarray(self.success, dtype=object)
+        if any(f is None for f in flags):
+            return None
+        return float(np.mean(flags.astype(bool)))
 
     @property
     def asynchronous(self) -> bool:
@@ -299,14 +398,23 @@ class RunResult:
           ``success_interval`` (None when the result has no success signal).
           What too few episodes cannot give is None.
         """
-        return _stats.describe(
+        out = _stats.describe(
             self.returns,
             self.lengths,
-            getattr(self, "success", None),
+            self.success,
             confidence=confidence,
             resamples=resamples,
             seed=seed,
         )
+        out["success_key"] = self.success_key
+        out["metrics"] = {
+            name: {
+                "reduction": self.metric_reductions.get(name, "last"),
+                "mean": _stats.metric_mean(values),
+            }
+            for name, values in self.metrics.items()
+        }
+        return out
 
     def plot(self) -> Any:
         """The run's plots as a matplotlib ``Figure`` (``jaxmesh.report.plot``)."""
@@ -340,6 +448,8 @@ class RunResult:
                 "chunk": self.chunk,
                 "plan_tile": self.plan_tile,
                 "max_episode_seconds": self.max_episode_seconds,
+                "metrics": dict(self.metric_reductions),
+                "success_key": self.success_key,
             },
             "totals": {
                 "episodes": self.num_episodes,
@@ -351,6 +461,7 @@ class RunResult:
                 "compile_time": self.compile_time,
                 "run_time": self.run_time,
                 "steps_per_second": self.steps_per_second,
+                "success_rate": self.success_rate,
             },
             "telemetry": self.telemetry,
             "episodes": [e.to_dict() for e in self.episodes],
@@ -397,6 +508,24 @@ class RunResult:
             single = arrays["returns"].astype(np.float32)
             if np.array_equal(single, arrays["returns"]):
                 arrays["returns"] = single
+            reductions = dict(settings.get("metrics") or {})
+            success_key = settings.get("success_key")
+            success = None
+            if success_key is not None:
+                flags = [ep.get("success") for ep in episodes]
+                success = success_array(
+                    [bool(f) for f in flags], [f is not None for f in flags]
+                )
+            metrics = {}
+            for name, red in reductions.items():
+                values = [ep["metrics"][name] for ep in episodes]
+                metrics[name] = (
+                    np.asarray(values, bool)
+                    if red == "any"
+                    else np.asarray(
+                        [np.nan if v is None else v for v in values], np.float32
+                    )
+                )
             return cls(
                 **arrays,
                 env_steps=steps,
@@ -414,6 +543,10 @@ class RunResult:
                 plan_tile=int(settings.get("plan_tile", 0)),
                 max_episode_seconds=settings.get("max_episode_seconds"),
                 telemetry=d.get("telemetry"),
+                success=success,
+                metrics=metrics,
+                metric_reductions=reductions,
+                success_key=success_key,
             )
         except (KeyError, TypeError, ValueError) as e:
             what = f"key {e}" if isinstance(e, KeyError) else str(e)

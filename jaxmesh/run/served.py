@@ -163,6 +163,26 @@ class ServedLanes:
             )
         return settings
 
+    def metrics_asked(self, asked: Any) -> Any:
+        """``asked`` (``checks.Metrics``) with the success key these servers give.
+
+        An info key crosses the wire only when asked for, and asking for any
+        costs the server's fast per-step path; so in auto mode
+        (``success=None``) the client asks for ``success`` / ``is_success``
+        only when the servers declare it in their handshake's ``info_keys``,
+        and tracks no success otherwise. Name the key (``success=
+        "is_success"``) to read it from a server that declares none.
+        """
+        from jaxmesh.run import checks
+
+        if asked.success is not None:
+            return asked
+        declared = set(self.conns[0].info.info_keys)
+        for c in self.conns[1:]:
+            declared &= set(c.info.info_keys)
+        key = next((k for k in checks.SUCCESS_KEYS if k in declared), None)
+        return asked._replace(success=key if key is not None else False)
+
     def close(self) -> None:
         for c in self.conns:
             c.close()
@@ -205,8 +225,12 @@ class _Run:
         res: core_results.Results,
         episodes_out: Any,
         tel: Any,
+        metrics: Any,
     ):
         self.program, self.params, self.lanes = program, params, lanes
+        self.metrics = metrics
+        self.info_keys = list(metrics.keys)
+        self.info_seen: set = set()
         self.cfg = program.config
         self.spec = lanes.spec
         self.seconds = seconds
@@ -214,7 +238,11 @@ class _Run:
         self.res, self.episodes_out, self.tel = res, episodes_out, tel
         self.n, self.e = settings.num_envs, int(seeds_arr.size)
         self.max_steps = settings.max_steps
-        self.every_obs = needs_every_observation(self.cfg)
+        # Every step's info row comes back only with every observation: a
+        # reduction other than ``last`` reads every step.
+        self.every_obs = needs_every_observation(self.cfg) or any(
+            red != "last" for _, red in metrics.named
+        )
         n, h = self.n, self.cfg.horizon
         k = jax.eval_shape(jax.random.PRNGKey, 0)
         self.episode = np.full(n, -1, np.int64)
@@ -236,6 +264,8 @@ class _Run:
         self.rb_trunc = np.zeros((n, cap), bool)
         self.rb_has_obs = np.zeros((n, cap), bool)
         self.rb_obs = np.zeros((n, cap) + self.spec.obs_shape, self.spec.obs_dtype)
+        self.rb_info = {k: np.zeros((n, cap), np.float64) for k in self.info_keys}
+        self.rb_info_has = {k: np.zeros((n, cap), bool) for k in self.info_keys}
         self.capped = np.zeros(n, bool)  # the last result ended at the cap only
         self.released: list[int] = []  # lanes to release (lockstep servers)
         self.head = np.zeros(n, np.int64)
@@ -338,6 +368,12 @@ class _Run:
             for r in range(top):
                 pick = np.flatnonzero(on_s & (ranks == r))
                 rr = rs if r == 0 else []
+                if self.info_keys and rr and pick.size:
+                    # A reset's info rows may lack a step's keys, and the
+                    # server drops a key some row lacks: resets go alone.
+                    none = pick[:0]
+                    self._send(s, conn, none, lanes_, counts, starts, acts, rr, resets)
+                    rr = []
                 if pick.size or rr:
                     self._send(s, conn, pick, lanes_, counts, starts, acts, rr, resets)
 
@@ -398,6 +434,7 @@ class _Run:
             observation_keys=[OBS_KEY],
             all_observations=self.every_obs,
             call_id=self.call_id,
+            info_keys=self.info_keys,
         )
         mask = np.zeros(conn.info.num_lanes, bool)
         for g in sorted(rs, key=lambda g: self.local[g]):
@@ -501,6 +538,13 @@ class _Run:
             self.rb_trunc[gl, pos] = b.truncated[live]
             self.rb_obs[gl, pos] = b.observation[OBS_KEY][live]
             self.rb_has_obs[gl, pos] = True
+            if self.info_keys:
+                info = self.info_rows(b)
+                for k in self.info_keys:
+                    has = k in info
+                    if has:
+                        self.rb_info[k][gl, pos] = info[k][live]
+                    self.rb_info_has[k][gl, pos] = has
             self.tail[gl] += 1
             return True
         asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
@@ -543,8 +587,44 @@ class _Run:
                 last = (self.tail[g[al]] + k - 1) % self.cap
                 self.rb_obs[g[al], last] = obs_rows[row0[al]]
                 self.rb_has_obs[g[al], last] = True
+            if self.info_keys:  # info rows are the observation rows
+                info = self.info_rows(b)
+                for key in self.info_keys:
+                    self.rb_info_has[key][lane_of, pos] = False
+                    if key not in info:
+                        continue
+                    if self.every_obs:
+                        rows = np.repeat(row0[al], k) + within
+                        self.rb_info[key][lane_of, pos] = info[key][rows]
+                        self.rb_info_has[key][lane_of, pos] = True
+                    else:
+                        self.rb_info[key][g[al], last] = info[key][row0[al]]
+                        self.rb_info_has[key][g[al], last] = True
             self.tail[g[al]] += k
         return True
+
+    def info_rows(self, b: codec.ResultBatch) -> dict[str, np.ndarray]:
+        """The reply's info leaves asked for, one float per row.
+
+        Raises:
+          ValueError: a leaf that is not one number per row.
+        """
+        out = {}
+        for k in self.info_keys:
+            if k not in b.info:
+                continue
+            x = np.asarray(b.info[k])
+            if x.ndim < 1 or x.size != x.shape[0]:
+                raise ValueError(
+                    f"served env {self.spec.name!r}: info[{k!r}] is "
+                    f"{x.dtype}{list(x.shape[1:])} per step; a metric is one number "
+                    "(or bool) per step: name a scalar info key"
+                )
+            out[k] = x.reshape(x.shape[0]).astype(np.float64)
+            self.info_seen.add(k)
+        if b.steps.size and b.steps.sum():  # a reply with steps: their rows
+            self.metrics.check(set(out), set(b.info))
+        return out
 
     # Segments ----------------------------------------------------------------------
     def plan_segments(self, go: np.ndarray, actions: np.ndarray, cursor) -> None:
@@ -626,6 +706,8 @@ class _Run:
             self.ready[j] = self.waiting[j] = self.started[j] = False
             self.head[j] = self.tail[j] = 0
             self.resets[j] = i
+        if js:
+            self.metrics.begin(js)
 
     def take_results(self) -> None:
         """Lanes waiting for a result that is in take it (one step each)."""
@@ -638,6 +720,14 @@ class _Run:
         tr = self.rb_trunc[j, pos]
         has = self.rb_has_obs[j, pos]
         self.obs[j[has]] = self.rb_obs[j[has], pos[has]]
+        if self.info_keys:
+            self.metrics.step(
+                j,
+                {
+                    k: (self.rb_info[k][j, pos], self.rb_info_has[k][j, pos])
+                    for k in self.info_keys
+                },
+            )
         self.head[j] += 1
         self.waiting[j] = False
         self.ready[j] = True
@@ -663,6 +753,8 @@ class _Run:
         ended = j[end]
         if ended.size:
             res, i = self.res, self.episode[ended]
+            if self.info_keys:
+                self.metrics.write(res, ended, i)
             res.returns[i] = self.ret[ended]
             res.lengths[i] = self.t[ended]
             res.terminated[i] = te[end]
