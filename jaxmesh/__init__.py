@@ -18,6 +18,7 @@ from jaxmesh.run.agent import Agent, make_agent
 from jaxmesh.run.pure import make_evaluator
 from jaxmesh.run.results import EpisodeResult, RunResult
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
+from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison, compare
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ __all__ = [
     "make_env",
     "evaluate",
     "make_evaluator",
+    "shard_population",
     "Results",
     "Evaluator",
     "cache_info",

@@ -1,15 +1,22 @@
-"""Device values: ``None``, a ``jax.Device``, or a string such as ``'gpu:1'``.
+"""Device values: ``None``, a ``jax.Device``, or a string such as ``'gpu:1'``;
+and the ``devices=`` of a sharded run (``resolve_mesh``).
 
 One resolver for every place that takes a ``device=`` (``jaxmesh.Model``,
 ``jaxmesh.load_params``), so that they accept and refuse the same values with
-the same messages. It imports nothing from jaxmesh, so any module can use it.
+the same messages, and one for every place that takes ``devices=``
+(``jaxmesh.evaluate``, ``jaxmesh.Evaluator``, ``jaxmesh.shard_population``). It
+imports nothing from jaxmesh, so any module can use it.
 """
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import Mesh
 
 # Platform aliases jax.devices() does not take as they are.
 _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
@@ -82,4 +89,123 @@ def resolve_device(device: Any, who: str = "device") -> jax.Device | None:
     return devices[i]
 
 
-__all__ = ["check_device", "resolve_device"]
+#: The axis name of the mesh ``resolve_mesh`` builds.
+LANE_AXIS = "lanes"
+
+
+def resolve_mesh(devices: Any, who: str = "devices") -> Mesh | None:
+    """A ``devices=`` value as a one-axis ``jax.sharding.Mesh`` (None stays None).
+
+    Args:
+      devices: None (one device: no sharding); ``"all"`` (every device JAX sees:
+        every local device in one process, every device of every process under
+        ``jax.distributed``, process 0's first); an int D (the first D of them,
+        which under ``jax.distributed`` may all belong to other processes: see
+        ``check_local_share``); a sequence of ``jax.Device``; or a
+        ``jax.sharding.Mesh`` with exactly one axis.
+      who: what took the value, for the message.
+
+    Returns:
+      The mesh (its one axis is named ``LANE_AXIS`` unless a mesh was given),
+      or None for None.
+
+    Raises:
+      TypeError: any other type.
+      ValueError: a mesh with several axes, an empty list, a repeated device,
+        or more devices than there are (the message lists them).
+
+    Example::
+
+      resolve_mesh("all")  # Mesh('lanes': 8) on a host with 8 devices
+    """
+    if devices is None or isinstance(devices, Mesh):
+        if devices is not None and len(devices.axis_names) != 1:
+            raise ValueError(
+                f"{who}: a Mesh with axes {dict(devices.shape)}; expected one axis "
+                "to split the lanes over. Build one with "
+                "jax.sharding.Mesh(np.array(jax.devices()), ('lanes',))"
+            )
+        return devices
+    every = jax.devices()
+    if isinstance(devices, str):
+        if devices.strip().lower() != "all":
+            raise ValueError(
+                f"{who}={devices!r}; expected 'all', an int, a list of jax.Device "
+                "or a one-axis jax.sharding.Mesh (None: one device)"
+            )
+        chosen = list(every)
+    elif isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+        if not 1 <= devices <= len(every):
+            raise ValueError(
+                f"{who}={devices}; expected 1 to {len(every)} (this machine has "
+                f"{[str(d) for d in every]}). Pass 'all' for every device"
+            )
+        chosen = list(every[: int(devices)])
+    elif isinstance(devices, Sequence) and all(
+        isinstance(d, jax.Device) for d in devices
+    ):
+        chosen = list(devices)
+        if not chosen or len(set(chosen)) != len(chosen):
+            raise ValueError(
+                f"{who}={devices!r}: expected a non-empty list of distinct devices"
+            )
+    else:
+        raise TypeError(
+            f"{who}={devices!r}: expected None, 'all', an int, a list of "
+            "jax.Device or a one-axis jax.sharding.Mesh"
+        )
+    return Mesh(np.array(chosen, dtype=object), (LANE_AXIS,))
+
+
+def mesh_size(mesh: Mesh) -> int:
+    """The number of devices along a one-axis mesh."""
+    return int(mesh.devices.size)
+
+
+def check_local_share(mesh: Mesh, who: str = "devices") -> Mesh:
+    """Checks that this process holds a device of ``mesh``.
+
+    Under ``jax.distributed`` each process drives its own devices of the mesh;
+    a process with none of them cannot take part (in one process every device
+    is its own, so this always passes).
+
+    Args:
+      mesh: the mesh a run is split over.
+      who: what took the mesh, for the message.
+
+    Returns:
+      ``mesh`` as it is.
+
+    Raises:
+      ValueError: no device of ``mesh`` belongs to this process.
+    """
+    me = jax.process_index()
+    if any(d.process_index == me for d in mesh.devices.flat):
+        return mesh
+    owners = sorted({d.process_index for d in mesh.devices.flat})
+    raise ValueError(
+        f"{who}: the mesh's {mesh.devices.size} device(s) belong to process(es) "
+        f"{owners}, none to this process ({me} of {jax.process_count()}); each "
+        "process drives its own devices. Pass devices='all' (every process's "
+        "devices), or call evaluate only in the processes that own the mesh"
+    )
+
+
+def host_device() -> jax.Device:
+    """This process's first CPU device (its first device where JAX has no CPU
+    backend): where host-built arrays wait before they are placed."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu
+        return jax.local_devices()[0]
+
+
+__all__ = [
+    "check_device",
+    "resolve_device",
+    "resolve_mesh",
+    "mesh_size",
+    "check_local_share",
+    "host_device",
+    "LANE_AXIS",
+]

@@ -1,6 +1,7 @@
 """The notebooks run top to bottom (their cells assert what they show).
 
-``quickstart.ipynb``: JAX envs. ``remote.ipynb``: a ``jaxmesh serve-env`` child
+``quickstart.ipynb``: JAX envs. ``tpu.ipynb``: lanes over 8 forced CPU devices
+(run by tests/test_sharded.py). ``remote.ipynb``: a ``jaxmesh serve-env`` child
 serving HalfCheetah-v5 (started and stopped by the notebook itself).
 """
 
@@ -16,6 +17,9 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["quickstart.ipynb", "remote.ipynb"]
+#: Executed elsewhere: ``tpu.ipynb`` needs 8 forced CPU devices, set before JAX
+#: starts (tests/test_sharded.py runs it in such a kernel).
+ELSEWHERE = ["tpu.ipynb"]
 #: A kernel name of our own, so no kernelspec installed elsewhere can shadow it.
 KERNEL = "jaxmesh-tests"
 
@@ -36,10 +40,12 @@ def kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_every_notebook_is_tested():
-    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(NAMES)
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(
+        NAMES + ELSEWHERE
+    )
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + ELSEWHERE)
 def test_notebook_is_stored_without_outputs(name: str):
     notebook = NOTEBOOKS / name
     nb = nbformat.read(notebook, as_version=4)

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import capacity_for, empty
+from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address
@@ -56,7 +57,8 @@ class Evaluator:
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
-        segment_steps: as for ``jaxmesh.evaluate``.
+        segment_steps, metrics, success, devices: as for ``jaxmesh.evaluate``
+        (with ``devices``, a ``jaxmesh.run.sharded.ShardedEvaluator``).
 
     Raises:
       ValueError, TypeError: bad settings, env or policy (nothing compiles).
@@ -67,6 +69,14 @@ class Evaluator:
       a = ev.run(episodes=100)
       b = ev.run(episodes=300)  # same program: no compile
     """
+
+    def __new__(cls, *args: Any, devices: Any = None, **kwargs: Any):
+        # devices= builds the sharded subclass (jaxmesh/run/sharded.py).
+        if devices is not None and cls is Evaluator:
+            from jaxmesh.run.sharded import ShardedEvaluator
+
+            cls = ShardedEvaluator
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -80,7 +90,11 @@ class Evaluator:
         max_episode_steps: int | None = None,
         plan_tile: int | None = None,
         segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
+        metrics: Any = None,
+        success: Any = None,
+        devices: Any = None,
     ):
+        asked = checks.check_metrics(metrics, success)
         self.settings = checks.check_settings(
             num_envs,
             horizon,
@@ -93,6 +107,9 @@ class Evaluator:
         self.policy = resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
         self._source = (policy, env)  # keeps the keyed objects alive
+        # (info keys, reductions) and the success key, checked against the
+        # env's info by shape (nothing compiles).
+        self.metrics = build.engine_metrics(self.env, asked)
         self._chunks: dict = {}  # params signature -> chunk length K
         self._programs: dict = {}  # (params signature, capacity) -> _Program
 
@@ -112,6 +129,14 @@ class Evaluator:
             )
         return self._chunks[sig]
 
+    def _capacity(self, episodes: int) -> int:
+        """Result-buffer capacity of the program a budget runs on."""
+        return capacity_for(episodes)
+
+    def _engine_settings(self, chunk: int | None) -> checks.Settings:
+        """The settings the engine is built with (a sharded run: per device)."""
+        return self.settings
+
     def _program(self, params: Any, capacity: int) -> _Program:
         """The program for these params' shapes and this capacity, built (every
         check: probe, frame limit) but not necessarily compiled."""
@@ -119,7 +144,12 @@ class Evaluator:
         if key not in self._programs:
             chunk = self._chunk(params, key[0])
             engine = build.build_engine(
-                self.policy, self.env, self.settings, chunk, capacity
+                self.policy,
+                self.env,
+                self._engine_settings(chunk),
+                chunk,
+                capacity,
+                self.metrics,
             )
             self._programs[key] = _Program(engine, None)
         return self._programs[key]
@@ -166,7 +196,7 @@ class Evaluator:
             )
         params = pol.default_params() if params is None else pol.place(params)
         e = int(seeds_arr.size)
-        capacity = capacity_for(e)
+        capacity = self._capacity(e)
         sig = build.signature(params)
         chunk = self._chunk(params, sig)
         h = min(s.horizon, chunk) if chunk is not None else 1
@@ -180,6 +210,8 @@ class Evaluator:
             "env": getattr(self.env, "name", type(self.env).__name__),
             "chunk": chunk,
             "plan_tile": tile,
+            "metric_reductions": dict(self.metrics[0]),
+            "success_key": self.metrics[1],
         }
         if e:  # every check runs before a hook hears of the run
             self._program(params, capacity)
@@ -200,7 +232,8 @@ class Evaluator:
 
         def loop() -> Any:
             if e == 0:
-                return empty(0, 0, np)
+                named, key = self.metrics
+                return empty(0, 0, np, metrics=named, success=key is not None)
             return self._loop(compiled[0], params, seeds_arr, episodes_out)
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
@@ -276,6 +309,9 @@ def evaluate(
     max_episode_seconds: float | None = None,
     token: str | None = None,
     lane_groups: int | None = None,
+    metrics: Any = None,
+    success: Any = None,
+    devices: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -318,6 +354,18 @@ def evaluate(
       lane_groups: served envs: lanes in this many groups, so that the device
         plans for one group while the servers step another; None: the default
         (``jaxmesh.run.served.default_lane_groups``).
+      metrics: env info keys kept per episode (``result.metrics``): a key, a
+        list of keys (each its last value), or a dict key -> reduction over the
+        episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``. Sources:
+        gymnax's ``info``, brax's ``state.metrics``, gymnasium's ``info``.
+      success: the info key whose last value is an episode's success
+        (``result.success``, ``result.success_rate``); None: ``success`` or
+        ``is_success`` when the env's info has one; False: none.
+      devices: JAX envs: split the lanes over devices (``jaxmesh/run/sharded.py``,
+        docs/scale.md). None: one device; ``"all"``: every device; an int D:
+        the first D; a list of devices; or a one-axis ``jax.sharding.Mesh``.
+        ``num_envs`` must be a multiple of the device count; results equal the
+        one-device run's episode for episode.
 
     Returns:
       A ``RunResult``.
@@ -334,6 +382,11 @@ def evaluate(
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )
+    if devices is not None and (is_host_stepped(env) or is_address(env)):
+        raise ValueError(
+            f"devices={devices!r}: lanes are split over devices for JAX envs only; "
+            f"env {env!r} is stepped by the host, so drop devices="
+        )
     if is_host_stepped(env) or is_address(env):
         from jaxmesh.run import host
 
@@ -348,6 +401,8 @@ def evaluate(
             max_episode_seconds=max_episode_seconds,
             token=token,
             lane_groups=lane_groups,
+            metrics=metrics,
+            success=success,
         )
     if token is not None:
         raise ValueError(
@@ -368,7 +423,10 @@ def evaluate(
         )
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
-    key = (id(policy), _env_key(env), settings, with_params, str(pol.device))
+    asked = checks.check_metrics(metrics, success)
+    mesh = resolve_mesh(devices)
+    key = (id(policy), _env_key(env), settings, with_params, str(pol.device), asked)
+    key += (mesh,)
     ev = _EVALUATORS.get(key)
     if ev is None:
         ev = Evaluator(
@@ -381,6 +439,9 @@ def evaluate(
             max_episode_steps=max_episode_steps,
             plan_tile=plan_tile,
             segment_steps=segment_steps,
+            metrics=metrics,
+            success=success,
+            devices=mesh,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:

@@ -1,0 +1,330 @@
+"""Lanes sharded over devices (``devices=``) and sharded populations.
+
+XLA's device count is fixed once JAX starts, so the sharded runs happen in one
+child process with eight forced CPU devices (``SCRIPT``), which checks every
+case and prints ``ok``. Each sharded run (1, 2, 4 and 8 devices) is compared
+with the one-device run of the same policy and budget, which the rest of the
+suite checks against plain Python loops; CartPole's episodes are also checked
+against that plain loop here (``reference_loop``). The checks that need no
+second device run in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import jaxmesh
+from jaxmesh.core.results import Fault, Results
+from jaxmesh.devices import resolve_mesh
+from jaxmesh.run import sharded
+
+TESTS = Path(__file__).resolve().parent
+
+SCRIPT = r"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxmesh
+import reference_loop as ref
+from jaxmesh.adapt import Previous, State
+
+assert jax.device_count() == 8, jax.devices()
+FIELDS = ("returns", "lengths", "terminated", "truncated", "predict_calls", "seeds")
+
+
+def mlp(key, n_in, n_out, width=32):
+    k1, k2 = jax.random.split(key)
+    return {
+        "w1": jax.random.normal(k1, (n_in, width)) * 0.5,
+        "w2": jax.random.normal(k2, (width, n_out)) * 0.5,
+    }
+
+
+def acrobot_step(p, obs):
+    # A float MLP on top of a swing-up rule: lengths vary from seed to seed and
+    # one flipped argmax would change an episode (Acrobot is chaotic).
+    logits = jnp.tanh(obs @ p["w1"]) @ p["w2"] * 0.3
+    logits = logits + obs[5] * jnp.array([-2.0, 0.0, 2.0])
+    return jnp.argmax(logits).astype(jnp.int32)
+
+
+def cartpole_step(p, obs):
+    return jnp.argmax(jnp.tanh(obs @ p["w1"]) @ p["w2"]).astype(jnp.int32)
+
+
+def cartpole_chunk(p, x):
+    # A chunk of 4 from a window of 2 frames and the previous action.
+    feats = jnp.concatenate([x["obs"].reshape(-1), x["prev"][None] * 1.0])
+    logits = (jnp.tanh(feats @ p["w1"]) @ p["w2"]).reshape(4, 2)
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+
+
+chunked = jaxmesh.Model(
+    cartpole_chunk,
+    spec={"obs": State(stack=2), "prev": Previous()},
+    native_chunk=4,
+)
+key = jax.random.PRNGKey(3)
+cases = {
+    "acrobot per-step": (acrobot_step, "gymnax:Acrobot-v1", mlp(key, 6, 3), {}),
+    "cartpole chunked, window, lead": (
+        chunked,
+        "gymnax:CartPole-v1",
+        mlp(key, 9, 8),
+        {"horizon": 4, "prefetch_lead": 2},
+    ),
+}
+seeds = [int(s) for s in np.random.default_rng(0).integers(0, 2**31 - 1, 37)]
+
+
+class Order:
+    def __init__(self):
+        self.seen = []
+
+    def on_episode_end(self, ep):
+        self.seen.append(ep.index)
+
+
+# One device is checked in the parent process (devices=1); a mesh of the
+# devices in reverse order stands for 8, with a hook that hears every episode.
+# (The chunked policy skips 4 devices to keep the file's time down.)
+reverse = jax.sharding.Mesh(np.array(jax.devices()[::-1]), ("x",))
+for name, (policy, env, params, kw) in cases.items():
+    one = jaxmesh.evaluate(
+        policy, env, params=params, num_envs=16, seeds=seeds, segment_steps=64, **kw
+    )
+    assert one.lengths.min() < one.lengths.max(), (name, one.lengths)
+    for d in (2, 4, 8) if name.startswith("acrobot") else (2, 8):
+        hook = Order()
+        run = jaxmesh.evaluate(
+            policy,
+            env,
+            params=params,
+            num_envs=16,
+            seeds=seeds,
+            segment_steps=64,
+            devices=reverse if d == 8 else d,
+            hooks=hook,
+            **kw,
+        )
+        assert hook.seen == list(range(len(seeds))), (name, d, hook.seen)
+        for f in FIELDS:
+            np.testing.assert_array_equal(
+                getattr(run, f), getattr(one, f), err_msg=f"{name}, {d} devices, {f}"
+            )
+        np.testing.assert_array_equal(run.indices, np.arange(len(seeds)))
+        assert run.env_steps == one.env_steps == one.lengths.sum(), (name, d)
+        assert run.plan_tile == one.plan_tile and run.num_envs == 16
+        # Device k runs episodes k, k + d, ... on lanes 16 / d * k ...
+        lanes_per = 16 // d
+        assert np.all(run.lanes // lanes_per == np.arange(len(seeds)) % d), name
+    print(name, "ok:", one.lengths.min(), "to", one.lengths.max(), "steps")
+
+# The cached sharded program runs another budget (fewer episodes than devices)
+# and other params without compiling.
+policy, env, _, kw = cases["acrobot per-step"]
+other = mlp(jax.random.PRNGKey(9), 6, 3)
+again = jaxmesh.evaluate(
+    policy, env, params=other, num_envs=16, seeds=seeds[:5], segment_steps=64,
+    devices=reverse, **kw
+)
+assert again.compile_time == 0.0 and again.num_episodes == 5
+one = jaxmesh.evaluate(
+    policy, env, params=other, num_envs=16, seeds=seeds[:5], segment_steps=64, **kw
+)
+np.testing.assert_array_equal(again.lengths, one.lengths)
+ev = jaxmesh.Evaluator(policy, env, num_envs=16, takes_params=True, devices=2)
+assert type(ev).__name__ == "ShardedEvaluator" and ev.lanes_per_device == 8
+
+# CartPole against the plain loop (independent of the engine).
+import gymnax
+
+reset, step = ref.gymnax_fns(*gymnax.make("CartPole-v1"))
+p = mlp(key, 4, 2)
+policy = ref.single(lambda obs, key: cartpole_step(p, obs))
+refs = [ref.run_episode(reset, step, policy, s) for s in seeds[:12]]
+run = jaxmesh.evaluate(
+    cartpole_step, "gymnax:CartPole-v1", params=p, num_envs=16, seeds=seeds[:12],
+    devices="all",
+)
+ref.assert_matches(run, refs)
+
+# A NaN reward on step 3 of every episode: each device stops at its own; the
+# error names episode 0, as on one device, and no episode has finished.
+nan_env = ref.NanRewardAt(jaxmesh.make_env("gymnax:CartPole-v1"), 3)
+try:
+    jaxmesh.evaluate(
+        cartpole_step, nan_env, params=p, num_envs=16, episodes=20, devices="all"
+    )
+    raise AssertionError("no BadValueError")
+except jaxmesh.BadValueError as exc:
+    assert (exc.episode, exc.step, exc.seed) == (0, 3, 0), exc
+    assert exc.partial_result.num_episodes == 0
+
+# Populations: shard_population equals the unsharded vmap, bit for bit.
+run = jaxmesh.make_evaluator(
+    acrobot_step, "gymnax:Acrobot-v1", seeds=seeds[:12], num_envs=4
+)
+population = jax.vmap(lambda k: mlp(k, 6, 3))(jax.random.split(key, 8))
+other = jnp.asarray([int(s) + 1 for s in seeds[:12]], jnp.int32)
+want = jax.jit(jax.vmap(run, in_axes=(0, None)))(population, other)
+got = jaxmesh.shard_population(run, devices="all")(population, other)
+assert got.returns.sharding.num_devices == 8
+for f in FIELDS[:-1]:
+    np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+assert len(set(np.asarray(got.returns).sum(1).tolist())) > 1  # members differ
+print("ok")
+"""
+
+
+def test_sharded_runs_equal_one_device_runs_on_1_2_4_8_devices():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(TESTS), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
+    assert proc.stdout.strip().endswith("ok"), proc.stdout
+
+
+def test_devices_values():
+    assert resolve_mesh(None) is None
+    mesh = resolve_mesh("all")
+    assert mesh.axis_names == ("lanes",) and mesh.devices.size == jax.device_count()
+    assert resolve_mesh(1).devices.size == 1
+    assert resolve_mesh([jax.devices()[0]]).devices.size == 1
+    given = Mesh(np.array(jax.devices()), ("x",))
+    assert resolve_mesh(given) is given
+    with pytest.raises(ValueError, match="expected 1 to"):
+        resolve_mesh(jax.device_count() + 1)
+    with pytest.raises(ValueError, match="'all'"):
+        resolve_mesh("every")
+    with pytest.raises(TypeError, match="one-axis"):
+        resolve_mesh(2.0)
+    with pytest.raises(ValueError, match="one axis"):
+        resolve_mesh(Mesh(np.array(jax.devices()).reshape(1, -1), ("a", "b")))
+
+
+def test_uneven_lanes_are_refused_before_compiling():
+    with pytest.raises(
+        ValueError, match=r"num_envs=10 .* 4 devices.*\(e\.g\. 8 or 12\)"
+    ):
+        sharded.split_lanes(10, 4)
+    assert sharded.split_lanes(12, 4) == 3
+
+
+def test_host_stepped_envs_refuse_devices():
+    import gymnasium as gym
+
+    with pytest.raises(ValueError, match="JAX envs only"):
+        jaxmesh.evaluate(lambda o: 0, gym.make("CartPole-v1"), devices="all")
+
+
+def test_one_device_mesh_equals_the_plain_run():
+    policy = lambda obs: (obs[2] > 0).astype(np.int32)
+    a = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", num_envs=4, episodes=9)
+    b = jaxmesh.evaluate(
+        policy, "gymnax:CartPole-v1", num_envs=4, episodes=9, devices=1
+    )
+    np.testing.assert_array_equal(a.returns, b.returns)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    np.testing.assert_array_equal(a.lanes, b.lanes)
+
+
+def test_merge_interleaves_episodes_and_renumbers_lanes():
+    # Two devices, capacity 3, two lanes each, worked by hand: device d's entry k
+    # is episode 2k + d; device 1's lane j is lane 2 + j.
+    fault = Fault(
+        kind=np.array([[0, 1], [0, 0]]),
+        episode=np.array([[0, 2], [0, 0]]),
+        step=np.array([[0, 5], [0, 0]]),
+        value=np.array([[0.0, 9.0], [0.0, 0.0]], np.float32),
+    )
+    per_ep = lambda a, b: np.array([a, b])
+    stacked = Results(
+        returns=per_ep([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]),
+        lengths=per_ep([1, 2, 3], [4, 5, 6]),
+        terminated=per_ep([1, 0, 0], [0, 1, 0]).astype(bool),
+        truncated=per_ep([0, 0, 0], [0, 0, 1]).astype(bool),
+        predict_calls=per_ep([1, 1, 1], [2, 2, 2]),
+        lanes=per_ep([0, 1, 0], [1, 0, 1]),
+        done=per_ep([1, 1, 0], [1, 0, 0]).astype(bool),
+        env_steps=np.array([6, 9]),
+        policy_rows=np.array([16, 32]),
+        fault=fault,
+    )
+    m = sharded.merge_results(stacked, capacity=3, lanes=2)
+    np.testing.assert_array_equal(m.returns, [1, 10, 2, 20, 3, 30])
+    np.testing.assert_array_equal(m.lengths, [1, 4, 2, 5, 3, 6])
+    np.testing.assert_array_equal(m.lanes, [0, 3, 1, 2, 0, 3])
+    np.testing.assert_array_equal(m.done, [1, 1, 1, 0, 0, 0])
+    assert m.env_steps == 15 and m.policy_rows == 48
+    np.testing.assert_array_equal(m.fault.kind, [0, 1, 0, 0])
+    # Device 0's local episode 2 is episode 4.
+    assert m.fault.first() == {
+        "kind": 1,
+        "episode": 4,
+        "step": 5,
+        "lane": 1,
+        "value": 9.0,
+    }
+
+
+def test_device_shares_and_capacity():
+    shares = sharded.device_seeds(np.arange(10), 4)
+    assert [s.tolist() for s in shares] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert sharded.device_capacity(10, 4, lanes=8) == 4096
+    # Never the per-lane length, so the merge can tell the two apart.
+    assert sharded.device_capacity(10, 4, lanes=4096) == 8192
+    assert sharded.device_capacity(40_000, 4, lanes=8) == 16384
+
+
+def test_tpu_notebook_runs_on_8_cpu_devices(tmp_path: Path, monkeypatch):
+    # notebooks/tpu.ipynb, stored without outputs, runs top to bottom (its cells
+    # assert what they show) in a kernel that sees 8 forced CPU devices.
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(TESTS.parent / "notebooks" / "tpu.ipynb", as_version=4)
+    nbformat.validate(nb)
+    assert not [c for c in nb.cells if c.cell_type == "code" and c.outputs]
+    nb.cells.append(nbformat.v4.new_code_cell("import jax; print(jax.device_count())"))
+    spec_dir = tmp_path / "jupyter" / "kernels" / "jaxmesh-sharded"
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "jaxmesh, 8 CPU devices",
+        "language": "python",
+        "env": {
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "JAX_PLATFORMS": "cpu",
+        },
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name="jaxmesh-sharded",
+        timeout=300,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
+    assert nb.cells[-1].outputs[0]["text"].strip() == "8"
