@@ -78,6 +78,10 @@ def put(tree: Any, sharding: NamedSharding) -> Any:
 
     In one process ``jax.device_put`` does it; under ``jax.distributed`` every
     process holds the same host values and places only its own devices' slices.
+
+    Args:
+      tree: host or local device arrays, the same values in every process.
+      sharding: where the global arrays live.
     """
     if not sharding.mesh.is_multi_process:
         return jax.device_put(tree, sharding)
@@ -106,6 +110,13 @@ def to_host(tree: Any, mesh: Mesh) -> Any:
     the processes' collectives: gloo on CPUs, NCCL on GPUs, ICI on TPUs) and each
     process reads its own copy, so every process gets all of it. Every process
     of the mesh must make the same call.
+
+    Args:
+      tree: a pytree of ``jax.Array`` laid out over ``mesh``.
+      mesh: the run's mesh.
+
+    Returns:
+      The same pytree of numpy arrays, whole.
     """
     if not mesh.is_multi_process:
         return jax.device_get(tree)
