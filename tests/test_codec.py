@@ -337,6 +337,35 @@ def test_result_batch_round_trip():
         assert out.info["x"].tolist() == [10, 11, 12, 13, 14]
 
 
+def test_result_batch_info_presence_round_trip_and_checks():
+    # Rows 0 and 3 lack info "x": zeros there, and a presence mask.
+    present = np.array([False, True, True, False, True])
+    msg = codec.encode_result_batch(
+        **RESULT,
+        observation={"pos": POS},
+        info={"x": X * present},
+        info_present={"x": present},
+    )
+    wire = codec.parse_step_reply(pb.StepReply(batch=msg).SerializeToString())
+    out = codec.decode_result_batch(wire.batch, OBS, INFO, num_lanes=4)
+    assert out.info["x"].tolist() == [0, 11, 12, 0, 14]
+    assert out.info_present["x"].tolist() == present.tolist()
+    # Without a mask every row has the key.
+    plain = codec.encode_result_batch(**RESULT, observation={"pos": POS}, info={"x": X})
+    assert codec.decode_result_batch(plain, OBS, INFO).info_present == {}
+    # A mask for a key not sent, or not one bool per row, is refused.
+    for info, mask, match in (
+        ({}, {"x": present}, "no such info leaf"),
+        ({"x": X}, {"x": present[:4]}, r"expected bool\[5\]"),
+        ({"x": X}, {"x": present.astype(np.uint8)}, r"expected bool\[5\]"),
+    ):
+        bad = codec.encode_result_batch(**RESULT, observation={"pos": POS}, info=info)
+        for key, x in mask.items():
+            bad.info_present[key].CopyFrom(codec.encode_array(np.asarray(x), key))
+        with pytest.raises(codec.ProtocolError, match=match):
+            codec.decode_result_batch(bad, OBS, None)
+
+
 def test_result_batch_of_resets_needs_no_step_vectors():
     # Two resets: no step, one observation row each, no per-step vector sent.
     msg = _result_msg(

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gym_reference import lean
 from gymnasium import spaces
 from reference_loop import run_episode
 
@@ -351,12 +352,17 @@ def test_served_success_alone_and_auto_mode():
         named = jaxmesh.evaluate(
             reach_policy, address, horizon=4, seeds=GYM_SEEDS, success="is_success"
         )
-        # The server declares no info keys: auto mode asks for none.
+        # Auto mode asks for success / is_success, as in process.
         auto = jaxmesh.evaluate(reach_policy, address, horizon=4, seeds=GYM_SEEDS)
+    with EnvServer([gym.make("CartPole-v1") for _ in range(3)], "127.0.0.1:0") as s:
+        # An env with neither key: no success, never a silent 0.
+        none = jaxmesh.evaluate(lean, f"grpc://{s.address}", episodes=3)
     refs, infos = gym_reference(GYM_SEEDS)
-    assert named.success.tolist() == [bool(ep[-1]["is_success"]) for ep in infos]
-    assert named.metrics == {}
-    assert auto.success is None and auto.success_rate is None
+    want = [bool(ep[-1]["is_success"]) for ep in infos]
+    assert named.success.tolist() == want and named.metrics == {}
+    assert auto.success.tolist() == want and auto.success_key == "is_success"
+    assert auto.success_rate == sum(want) / len(want)
+    assert none.success is None and none.success_rate is None
 
 
 def wilson(k, n, z=1.959963984540054):

@@ -701,6 +701,56 @@ def test_trial_index_and_infos():
         session.close()
 
 
+class Sometimes(Counter):
+    """A Counter whose step info has ``is_success`` on even steps only."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.t % 2 == 0:
+            info = {**info, "is_success": self.t % 4 == 0}
+        return obs, reward, term, trunc, info
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_info_keys_some_rows_lack_are_sent_with_a_presence_mask(chunk):
+    # Two lanes stepped together (chunk 1 takes the server's one-step path):
+    # rows without the key hold zeros and are marked absent; a key no row has
+    # ("absent") is left out; a key every row has needs no mask.
+    envs = [Sometimes(), Sometimes()]
+    with serving(envs) as server, client(server) as raw:
+        raw.handshake()
+        session = raw.session()
+        session.call(request(2, [reset(0, 1), reset(1, 2)]))
+        want = {0: [], 1: []}
+        for call in range(4):
+            # Lane 1 is one step ahead of lane 0 after the first call.
+            lanes = [0, 1] if call else [1]
+            reply = session.call(
+                request(
+                    2,
+                    actions=[act(j, [0] * chunk) for j in lanes],
+                    info_keys=("is_success", "t", "absent"),
+                    all_observations=True,
+                )
+            )
+            b = codec.decode_result_batch(reply.batch)
+            assert "absent" not in b.info and "t" not in b.info_present
+            ts = b.info["t"].tolist()
+            if not any(t % 2 == 0 for t in ts):  # no row has it: left out
+                assert "is_success" not in b.info
+            else:
+                rows = np.ones(len(ts), bool)
+                have = b.info_present.get("is_success", rows).tolist()
+                assert have == [t % 2 == 0 for t in ts]
+                assert b.info["is_success"].tolist() == [
+                    (t % 4 == 0) if t % 2 == 0 else False for t in ts
+                ]
+            for j in lanes:
+                want[j] += [0] * chunk
+        assert envs[0].actions == want[0] and envs[1].actions == want[1]
+        session.close()
+
+
 def test_max_episode_seconds_truncates():
     with serving(Counter(sleep=0.01)) as server, client(server) as raw:
         session = raw.session()

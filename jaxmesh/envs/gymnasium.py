@@ -215,12 +215,14 @@ class _Lanes:
 
     def _read_info(self, info: Any, j: int) -> None:
         """Lane ``j``'s values of the info keys (gymnasium's own info dict)."""
+        if not info:  # most steps of most envs: nothing to read
+            return
         from jaxmesh.run.host import info_value
 
         self.info_seen.update(info)
         for k in self.info_keys:
-            v = info_value(info, k, f"{self.spec.name} lane {j}")
-            if v is not None:
+            if k in info:
+                v = info_value(info, k, f"{self.spec.name} lane {j}")
                 vals, present = self.info[k]
                 vals[j], present[j] = v, True
 

@@ -349,6 +349,9 @@ class ResultBatch(NamedTuple):
     truncated: np.ndarray
     observation: dict[str, np.ndarray]
     info: dict[str, np.ndarray]
+    #: bool [rows] per info key that some rows lack (True: the row has it);
+    #: a key every row has is not here.
+    info_present: dict[str, np.ndarray] | None = None
 
 
 def _index_vector(tensor: pb.Tensor, present: bool, key: str) -> np.ndarray:
@@ -449,6 +452,7 @@ def encode_result_batch(
     truncated: npt.ArrayLike,
     observation: Mapping[str, npt.ArrayLike],
     info: Mapping[str, npt.ArrayLike] | None = None,
+    info_present: Mapping[str, npt.ArrayLike] | None = None,
 ) -> pb.ResultBatch:
     """The results of one call as a ``ResultBatch`` (see the proto)."""
     msg = pb.ResultBatch(
@@ -463,6 +467,8 @@ def encode_result_batch(
         msg.observation[key].CopyFrom(encode_array(x, key))
     for key, x in (info or {}).items():
         msg.info[key].CopyFrom(encode_array(x, key))
+    for key, x in (info_present or {}).items():
+        msg.info_present[key].CopyFrom(encode_array(np.asarray(x, bool), key))
     return msg
 
 
@@ -514,7 +520,23 @@ def decode_result_batch(
     n_rows = int(rows.sum())
     obs = _rows_of(msg.observation, observation, n_rows, "the result batch")
     inf = _rows_of(msg.info, info, n_rows, "the result batch")
-    return ResultBatch(lanes, steps, rows, rewards, terminated, truncated, obs, inf)
+    present = {}
+    for key, tensor in msg.info_present.items():
+        if key not in inf:
+            raise ProtocolError(
+                f"the result batch marks which rows have info {_name(key)}, but "
+                "carries no such info leaf"
+            )
+        x = decode_array(tensor, key=key)
+        if x.dtype != np.bool_ or x.shape != (n_rows,):
+            raise ProtocolError(
+                f"the result batch's presence of info {_name(key)} is "
+                f"{x.dtype}{list(x.shape)}, expected bool[{n_rows}] (one per row)"
+            )
+        present[key] = x
+    return ResultBatch(
+        lanes, steps, rows, rewards, terminated, truncated, obs, inf, present
+    )
 
 
 def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message"):

@@ -405,13 +405,12 @@ class _ListLanes(_Lanes):
 
     def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:
         # The per-step case (h = 1): every op one action, on a live lane with
-        # no deadline, the observation asked for and no info keys.
+        # no deadline, and the observation asked for.
         ops = request.ops
         if (
             self.pool is not None
             or not ops
             or not request.want_obs
-            or request.info_keys
             or not all(
                 isinstance(op, _Replay)
                 and op.actions.shape[0] == 1
@@ -426,16 +425,21 @@ class _ListLanes(_Lanes):
         rewards = np.empty(m, np.float64)
         ended = np.empty((2, m), bool)
         envs, observation = self.envs, self.observation
+        infos: list[dict] = []
         for i, op in enumerate(ops):
             j = op.lane
             try:
-                o, r, te, tr, _ = envs[j].step(self._env_action(op.actions, 0))
+                o, r, te, tr, info = envs[j].step(self._env_action(op.actions, 0))
                 obs[i] = observation(o, j)
             except Exception as exc:
                 raise _EnvError(j, "stepping", exc) from exc
             rewards[i], ended[0, i], ended[1, i] = r, te, tr
+            infos.append(info)
         self.ended[[op.lane for op in ops]] = ended[0] | ended[1]
         ones = np.ones(m, np.uint32)
+        info, present = (
+            _info_leaves(infos, request.info_keys) if request.info_keys else ({}, {})
+        )
         return codec.encode_result_batch(
             [op.lane for op in ops],
             ones,
@@ -444,6 +448,8 @@ class _ListLanes(_Lanes):
             ended[0],
             ended[1],
             {"": obs},
+            info,
+            present,
         )
 
     def _run_ops(self, ops: list, request: _Request) -> list[_Result]:
@@ -720,20 +726,45 @@ def _tensor(arr: np.ndarray) -> pb.Tensor:
     return codec.encode_array(arr)
 
 
-def _info_tensor(rows: list[dict], key: str) -> pb.Tensor | None:
-    """The rows' values of info ``key`` as one Tensor, or None to skip it."""
-    try:
-        values = [np.asarray(row[key]) for row in rows]
-    except KeyError:
+def _info_rows(
+    rows: list[dict], key: str
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The rows' values of info ``key`` stacked, and which rows have it (None:
+    every row), or None to leave the key out: no row has it, or its values are
+    not numbers of one shape. A row without the key holds zeros."""
+    values = [row.get(key) for row in rows]
+    have = [v is not None for v in values]
+    if not any(have):
         return None
+    arrays = [np.asarray(v) for v in values if v is not None]
+    first = arrays[0]
     if any(
-        v.dtype.kind not in "biuf" or v.dtype.name not in codec.DTYPES for v in values
+        a.dtype.kind not in "biuf"
+        or a.dtype.name not in codec.DTYPES
+        or a.shape != first.shape
+        for a in arrays
     ):
         return None
-    try:
-        return codec.encode_array(np.stack(values), key)
-    except (ValueError, codec.ProtocolError):
+    dtype = np.result_type(*arrays)
+    if dtype.name not in codec.DTYPES:
         return None
+    out = np.zeros((len(rows),) + first.shape, dtype)
+    out[np.asarray(have)] = arrays
+    return out, (None if all(have) else np.asarray(have))
+
+
+def _info_leaves(
+    rows: list[dict], keys: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(info, info_present)`` of a ``ResultBatch`` for these info rows."""
+    info, present = {}, {}
+    for key in keys:
+        got = _info_rows(rows, key)
+        if got is not None:
+            info[key] = got[0]
+            if got[1] is not None:
+                present[key] = got[1]
+    return info, present
 
 
 def _encode(results: list[_Result], request: _Request, lanes: _Lanes) -> pb.ResultBatch:
@@ -761,14 +792,12 @@ def _encode(results: list[_Result], request: _Request, lanes: _Lanes) -> pb.Resu
             if frames
             else np.zeros((0,) + lanes.obs_shape, lanes.obs_dtype)
         )
-    info = {}
+    info: dict = {}
+    present: dict = {}
     if request.info_keys:
         infos = [row for r in results for row in r.infos]
-        if len(infos) == sum(rows):
-            for key in request.info_keys:
-                tensor = _info_tensor(infos, key) if infos else None
-                if tensor is not None:
-                    info[key] = codec.decode_array(tensor, key=key)
+        if infos and len(infos) == sum(rows):
+            info, present = _info_leaves(infos, request.info_keys)
     return codec.encode_result_batch(
         [r.lane for r in results],
         steps,
@@ -778,6 +807,7 @@ def _encode(results: list[_Result], request: _Request, lanes: _Lanes) -> pb.Resu
         np.asarray(truncated, bool),
         observation,
         info,
+        present,
     )
 
 

@@ -129,7 +129,7 @@ class ActionBatch(_message.Message):
     def __init__(self, lanes: _Optional[_Union[Tensor, _Mapping]] = ..., counts: _Optional[_Union[Tensor, _Mapping]] = ..., actions: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("lanes", "steps", "rows", "rewards", "terminated", "truncated", "observation", "info")
+    __slots__ = ("lanes", "steps", "rows", "rewards", "terminated", "truncated", "observation", "info", "info_present")
     class ObservationEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,13 @@ class ResultBatch(_message.Message):
         key: str
         value: Tensor
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class InfoPresentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
     LANES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +159,7 @@ class ResultBatch(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    INFO_PRESENT_FIELD_NUMBER: _ClassVar[int]
     lanes: Tensor
     steps: Tensor
     rows: Tensor
@@ -160,7 +168,8 @@ class ResultBatch(_message.Message):
     truncated: Tensor
     observation: _containers.MessageMap[str, Tensor]
     info: _containers.MessageMap[str, Tensor]
-    def __init__(self, lanes: _Optional[_Union[Tensor, _Mapping]] = ..., steps: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., observation: _Optional[_Mapping[str, Tensor]] = ..., info: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+    info_present: _containers.MessageMap[str, Tensor]
+    def __init__(self, lanes: _Optional[_Union[Tensor, _Mapping]] = ..., steps: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., observation: _Optional[_Mapping[str, Tensor]] = ..., info: _Optional[_Mapping[str, Tensor]] = ..., info_present: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("lane_mask", "resets", "observation_keys", "info_keys", "all_observations", "call_id", "batch", "release")
