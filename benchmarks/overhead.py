@@ -21,7 +21,12 @@ Goal: jaxmesh >= 0.9x the bare scan's env steps/s.
 every step) on the same budget, interleaved; ``metrics ratio`` is its steps/s
 over the plain run's (goal: >= 0.95, at most 5% slower).
 
-Run: ``python benchmarks/overhead.py [--quick] [--metrics]``
+``--record`` also runs jaxmesh recording 4 episodes (``record=jaxmesh.Record(
+episodes=[0, 1, 2, 3])``: observations, actions, rewards and ends written into
+device buffers every step) on the same budget, interleaved; ``record ratio`` is
+its steps/s over the plain run's (goal: >= 0.95).
+
+Run: ``python benchmarks/overhead.py [--quick] [--metrics] [--record]``
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from common import (
 )
 
 import jaxmesh
+from jaxmesh.record import Record
 
 ENV_ID = "CartPole-v1"
 
@@ -127,6 +133,10 @@ def measure(module, params, name, args, tile: int) -> dict:
         asked = {"metrics": {"discount": "mean"}, "success": "discount"}
         run_jaxmesh(**asked)  # compiles
         runs["metrics"] = lambda: run_jaxmesh(**asked)
+    if args.record:
+        recorded = {"record": Record(episodes=[0, 1, 2, 3])}
+        run_jaxmesh(**recorded)  # compiles
+        runs["record"] = lambda: run_jaxmesh(**recorded)
     med = interleave(runs, args.repeats)
     if args.profile:
         per = first["env_steps"] / n
@@ -150,6 +160,7 @@ def measure(module, params, name, args, tile: int) -> dict:
         "rows_per_step": jm["rows_per_step"],
         "first_compile_s": first["compile"],
         "metrics_ratio": med["metrics"]["sps"] / jm["sps"] if args.metrics else None,
+        "record_ratio": med["record"]["sps"] / jm["sps"] if args.record else None,
     }
 
 
@@ -177,6 +188,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--metrics",
         action="store_true",
         help="also time a run with episode metrics (the metrics ratio)",
+    )
+    ap.add_argument(
+        "--record",
+        action="store_true",
+        help="also time a run recording 4 episodes (the record ratio)",
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -255,6 +271,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if r["metrics_ratio"] is not None:
             m = r["metrics_ratio"]
             text = f"metrics ratio >= 0.95 [{r['policy']}, plan_tile={r['plan_tile']}]"
+            print(goal(text, m, m >= 0.95))
+        if r["record_ratio"] is not None:
+            m = r["record_ratio"]
+            text = f"record ratio >= 0.95 [{r['policy']}, plan_tile={r['plan_tile']}]"
             print(goal(text, m, m >= 0.95))
     return rows
 

@@ -14,12 +14,14 @@ from jaxmesh.errors import (
 from jaxmesh.explain import check_frame_limit, explain
 from jaxmesh.model import Model, build_model
 from jaxmesh.params import Param, ParamError
+from jaxmesh.record import Record, Trajectory
 from jaxmesh.run.agent import Agent, make_agent
 from jaxmesh.run.pure import make_evaluator
 from jaxmesh.run.results import EpisodeResult, RunResult
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison, compare
+from jaxmesh.video import render
 
 __version__ = "0.1.0"
 
@@ -68,6 +70,9 @@ __all__ = [
     "Model",
     "EpisodeResult",
     "RunResult",
+    "Record",
+    "Trajectory",
+    "render",
     "compare",
     "Comparison",
     "save_params",

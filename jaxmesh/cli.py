@@ -4,6 +4,7 @@ Commands::
 
     jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
                              [--no-compile-cache] [--telemetry] [--report [PATH]]
+                             [--video [PATH]]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
     jaxmesh compare A.json B.json [--resamples N] [--seed S]
@@ -23,7 +24,10 @@ list of such addresses. ``explain`` prints what such a run would read from
 the env and hold per lane, compiling nothing. ``compare`` pairs two results
 ``eval`` wrote (same seeds) episode by episode and prints ``jaxmesh.compare``'s
 table. ``report`` writes the HTML report (``jaxmesh.report.write_report``) of a
-result ``eval`` wrote; ``eval --report`` writes it at the end of the run.
+result ``eval`` wrote; ``eval --report`` writes it at the end of the run;
+``eval --video`` records episode 0 (or the config's ``record:`` episodes) and
+renders each to a video next to the result (``jaxmesh.render``), which the
+report embeds.
 ``serve-env`` serves a gymnasium
 env over gRPC (``jaxmesh.remote.server.EnvServer``) until SIGTERM or Ctrl-C.
 
@@ -77,6 +81,9 @@ CONFIG_KEYS: dict[str, str] = {
     "mapping key: reduction (last, sum, max, mean, any)",
     "success": "info key whose last value is an episode's success (null: success "
     "or is_success when the env has one; false: none)",
+    "record": "episodes to record step by step: a list of episode indices, or a "
+    "mapping episodes: [...], max_steps: N, keys: [...] (jaxmesh.Record); the "
+    "trajectories go to the output JSON's .npz, and --video renders them",
     "output": "JSON file to write the result to (null: write none)",
 }
 _INT_KEYS = {
@@ -260,9 +267,37 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             check_metrics(config.get("metrics"), config.get("success"))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{e} ({CONFIG_KEYS['metrics']})") from e
+    if out.get("record") is not None:
+        out["record"] = check_record_config(out["record"])
     if out.get("output") is not None:
         out["output"] = str(out["output"])
     return out
+
+
+def check_record_config(value: Any) -> Any:
+    """A config's ``record:`` as a ``jaxmesh.Record``.
+
+    Raises:
+      ConfigError: not a list of episodes nor a mapping of ``Record``'s fields.
+    """
+    from jaxmesh.record import Record
+
+    if isinstance(value, Record):
+        return value
+    try:
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"episodes", "keys", "max_steps", "frames"})
+            if unknown:
+                raise ValueError(
+                    f"unknown keys {unknown} (expected episodes, keys, max_steps, "
+                    "frames)"
+                )
+            return Record(**value)
+        if isinstance(value, int | list) and not isinstance(value, bool):
+            return Record(episodes=value)
+        raise TypeError(f"a {type(value).__name__}")
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"record={value!r}: {e} ({CONFIG_KEYS['record']})") from e
 
 
 def check_env(env: Any) -> None:
@@ -435,6 +470,7 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     policy = build_policy(config["policy"], config["policy_config"])
     env = build_env(config["env"], config["env_config"])
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "token", "metrics", "success")
+    keys += ("record",)
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     return policy, env, kwargs
 
@@ -540,6 +576,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     report = report_path(args.report, config, args.config)
+    video = video_path(getattr(args, "video", None), config)
+    if video is not None and config.get("record") is None:
+        config["record"] = check_record_config([0])
     policy, env, kwargs = build_run(config)
     started = _Started()
     hooks = [started, Progress(enabled=not args.no_progress)]
@@ -552,14 +591,79 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(result.summary())
     if args.telemetry:
         print(result.format_telemetry())
+    base = Path(config["output"]).parent if config.get("output") else None
+    if video is not None:
+        write_videos(result, video, base, args.video is not _VIDEO_NEXT_TO_OUTPUT)
     if config.get("output"):
         out = Path(config["output"])
         out.parent.mkdir(parents=True, exist_ok=True)
+        if result.trajectories:
+            print(f"wrote {result.save_trajectories(out.with_suffix('.npz'))}")
         out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         print(f"wrote {out}")
     if report is not None:
-        write_report_file(result, report)
+        write_report_file(result, report, base)
     return 0
+
+
+#: ``--video`` given without a path.
+_VIDEO_NEXT_TO_OUTPUT = object()
+
+
+def video_path(given: Any, config: dict[str, Any]) -> Path | None:
+    """Where ``eval --video`` writes the first recorded episode's video,
+    checked before the run (imageio is needed).
+
+    Without a path: next to the output JSON as ``<name>.ep<i>.mp4``, or
+    ``video.ep<i>.mp4`` without one.
+
+    Raises:
+      ConfigError: imageio (or imageio-ffmpeg for a non-GIF) is missing.
+    """
+    if given is None:
+        return None
+    if given is _VIDEO_NEXT_TO_OUTPUT:
+        output = config.get("output")
+        path = Path(output).with_suffix(".mp4") if output else Path("video.mp4")
+    else:
+        path = Path(given)
+    need = ["imageio"] + ([] if path.suffix.lower() == ".gif" else ["imageio_ffmpeg"])
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f"--video {str(path)!r} needs {', '.join(missing)}, which is not "
+            "installed; run: pip install 'jaxmesh[video]'"
+        )
+    return path
+
+
+def write_videos(
+    result: Any, path: Path, base: Path | None, explicit: bool = True
+) -> None:
+    """Renders every recorded episode (``jaxmesh.render``): episode i to
+    ``<path stem>.ep<i><suffix>``, or to ``path`` itself when it was given
+    (``explicit``) and one episode was recorded. Video names in the result
+    become relative to ``base`` (the output JSON's folder), where ``jaxmesh
+    report`` reads them.
+    """
+    from jaxmesh.video import render
+
+    trajectories = result.trajectories or []
+    for tr in trajectories:
+        if explicit and len(trajectories) == 1:
+            target = path
+        else:
+            target = path.with_name(f"{path.stem}.ep{tr.episode}{path.suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            render(result, tr.episode, target)
+        except (ValueError, ImportError) as e:
+            raise ConfigError(f"--video: episode {tr.episode}: {e}") from e
+        print(f"wrote {target}")
+    if base is not None:
+        result.videos = [
+            os.path.relpath(Path(v).absolute(), base.absolute()) for v in result.videos
+        ]
 
 
 #: ``--report`` given without a path.
@@ -601,8 +705,10 @@ def report_path(given: Any, config: dict[str, Any], config_path: str) -> Path | 
     return path
 
 
-def write_report_file(result: Any, path: Path) -> None:
+def write_report_file(result: Any, path: Path, base: Path | None = None) -> None:
     """Writes ``result``'s HTML report to ``path`` and says so on stdout.
+
+    ``base``: the folder relative video paths of the result are read from.
 
     Raises:
       ConfigError: the file cannot be written.
@@ -610,7 +716,7 @@ def write_report_file(result: Any, path: Path) -> None:
     from jaxmesh.report import write_report
 
     try:
-        write_report(result, path)
+        write_report(result, path, base=base)
     except OSError as e:
         raise ConfigError(
             f"cannot write the report to {str(path)!r}: {e}; pass a writable path"
@@ -713,8 +819,12 @@ def load_result(path: str | Path) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"result file {str(path)!r} is not valid JSON: {e}") from e
     try:
-        return RunResult.from_dict(data)
-    except ValueError as e:
+        result = RunResult.from_dict(data)
+        npz = p.with_suffix(".npz")  # what eval wrote for a run with record:
+        if data.get("recorded") and npz.is_file():
+            result.load_trajectories(npz, data["recorded"])
+        return result
+    except (ValueError, OSError) as e:
         raise ConfigError(f"result file {str(path)!r}: {e}") from e
 
 
@@ -739,7 +849,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"-o {str(out)!r} is the results file itself; pass another path, e.g. "
             "-o report.html"
         )
-    write_report_file(result, out)
+    write_report_file(result, out, Path(args.results).parent)
     return 0
 
 
@@ -871,6 +981,17 @@ def make_parser() -> argparse.ArgumentParser:
         "telemetry, episodes) to PATH; without PATH, next to the output JSON "
         "(.html) or to report.html. Needs matplotlib (pip install "
         "'jaxmesh[report]')",
+    )
+    ev.add_argument(
+        "--video",
+        nargs="?",
+        const=_VIDEO_NEXT_TO_OUTPUT,
+        default=None,
+        metavar="PATH",
+        help="record episode 0 (or the config's record: episodes) and render "
+        "each to a video (jaxmesh.render): PATH (.mp4, .gif), or without PATH "
+        "next to the output JSON as NAME.ep<i>.mp4; the report embeds them. "
+        "Needs imageio (pip install 'jaxmesh[video]')",
     )
     ev.set_defaults(run=cmd_eval)
     ex = sub.add_parser(

@@ -260,6 +260,9 @@ class Page(NamedTuple):
     result: RunResult
     stats: dict[str, Any]
     episode_rows: int = EPISODE_ROWS
+    #: The folder relative video paths (``result.videos``) are read from
+    #: (None: the working directory; ``jaxmesh report``: the JSON's folder).
+    base: Path | None = None
 
 
 #: A section: ``Page -> Section``, or None when there is nothing to show (the
@@ -576,11 +579,58 @@ def episodes_section(page: Page) -> Section:
     return Section("episodes", "Episodes", body)
 
 
-#: The page's sections, in order. A videos section (recorded episodes) belongs
-#: after "plots"; a timeline section (a trace file) after "telemetry".
+#: ``data:`` URI media types of the video files the report embeds.
+VIDEO_TYPES = {".gif": "image/gif", ".mp4": "video/mp4", ".webm": "video/webm"}
+
+
+def videos_section(page: Page) -> Section | None:
+    """The videos of recorded episodes (``result.videos``), embedded.
+
+    A GIF is an ``<img>``, an MP4 or WebM a ``<video controls>``, each from a
+    ``data:`` URI, so the page stays one file. A listed file that is missing
+    or of another type is named, not embedded. None without videos.
+    """
+    videos = page.result.videos
+    if not videos:
+        return None
+    items = []
+    for name in videos:
+        path = Path(name)
+        if not path.is_absolute() and page.base is not None:
+            path = page.base / path
+        kind = VIDEO_TYPES.get(path.suffix.lower())
+        label = f"Video: {Path(name).name}"
+        if kind is None or not path.is_file():
+            why = "not found" if kind is None or not path.exists() else "unreadable"
+            if kind is None:
+                why = f"not embedded (a {path.suffix or 'typeless'} file)"
+            items.append(f"<p class='notice'>{esc(f'{label}: {why}.')}</p>")
+            continue
+        uri = f"data:{kind};base64," + base64.b64encode(path.read_bytes()).decode()
+        if kind == "image/gif":
+            media = f"<img src='{esc(uri)}' alt='{esc(label)}'>"
+        else:
+            media = (
+                f"<video controls loop muted playsinline src='{esc(uri)}' "
+                f"aria-label='{esc(label)}'></video>"
+            )
+        items.append(
+            f"<figure data-video='{esc(Path(name).name)}'>{media}"
+            f"<figcaption>{esc(label)}</figcaption></figure>"
+        )
+    note = (
+        "Recorded episodes (evaluate(record=...)), rendered with jaxmesh.render: "
+        "what the policy did, step by step."
+    )
+    return Section("videos", "Videos", f"<p>{esc(note)}</p>" + "".join(items))
+
+
+#: The page's sections, in order. A timeline section (a trace file) belongs
+#: after "telemetry".
 SECTIONS: tuple[SectionFn, ...] = (
     summary_section,
     plots_section,
+    videos_section,
     settings_section,
     telemetry_section,
     episodes_section,
@@ -639,6 +689,7 @@ def report_html(
     resamples: int | None = None,
     episode_rows: int = EPISODE_ROWS,
     sections: Sequence[SectionFn] | None = None,
+    base: str | Path | None = None,
 ) -> str:
     """The report page of ``result`` as an HTML string.
 
@@ -649,6 +700,8 @@ def report_html(
         page takes seconds; the page says how many).
       episode_rows: episodes shown in the per-episode table.
       sections: the sections to render (default: ``SECTIONS``).
+      base: the folder relative ``result.videos`` paths are read from (None:
+        the working directory).
 
     Returns:
       A complete HTML5 document that refers to nothing outside itself.
@@ -657,7 +710,12 @@ def report_html(
 
     if resamples is None:  # the summary's rule
         resamples = _stats.summary_resamples(len(result.returns))
-    page = Page(result, result.stats(resamples=resamples), episode_rows)
+    page = Page(
+        result,
+        result.stats(resamples=resamples),
+        episode_rows,
+        None if base is None else Path(base),
+    )
     made = (fn(page) for fn in (SECTIONS if sections is None else sections))
     parts = [part for part in made if part is not None]
     name = f"{result.policy or 'policy'} on {result.env or 'env'}"
@@ -690,6 +748,7 @@ def write_report(
     *,
     resamples: int | None = None,
     episode_rows: int = EPISODE_ROWS,
+    base: str | Path | None = None,
 ) -> Path:
     """Writes ``result``'s report as one self-contained HTML file.
 
@@ -704,6 +763,8 @@ def write_report(
       resamples: bootstrap resamples of the intervals (None: as
         ``result.summary()``; see ``report_html``).
       episode_rows: episodes shown in the per-episode table.
+      base: the folder relative ``result.videos`` paths are read from (None:
+        the working directory).
 
     Returns:
       The path written.
@@ -716,7 +777,9 @@ def write_report(
       >>> result = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=100)
       >>> write_report(result, "report.html")   # or result.report("report.html")
     """
-    page = report_html(result, resamples=resamples, episode_rows=episode_rows)
+    page = report_html(
+        result, resamples=resamples, episode_rows=episode_rows, base=base
+    )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -727,6 +790,7 @@ __all__ = [
     "EPISODE_ROWS",
     "SECTIONS",
     "Section",
+    "videos_section",
     "plot",
     "report_html",
     "write_report",

@@ -123,6 +123,57 @@ class Fault:
 
 
 @struct.dataclass
+class Recording:
+    """Step-by-step buffers of the recorded episodes (``jaxmesh.Record``).
+
+    Slot r holds episode ``episodes[r]``; ``T`` is the record's ``max_steps``.
+    Step t of an episode is written at ``[r, t]`` (its observation after the
+    step at ``[r, t + 1]``, the reset observation at ``[r, 0]``); steps past
+    ``T`` are dropped. How many steps an episode has is its ``Results.lengths``.
+    """
+
+    episodes: Any  # [R] int32 episode index of each slot
+    observations: Any  # pytree of [R, T + 1, ...]
+    actions: Any  # [R, T, *action_shape]
+    rewards: Any  # [R, T] float32
+    terminated: Any  # [R, T] bool
+    truncated: Any  # [R, T] bool
+    #: Host-stepped gymnasium runs: per slot, a list of ``env.render()``
+    #: frames (reset first); None elsewhere. Never on a device.
+    frames: Any = None
+
+
+def empty_recording(
+    episodes: Any,
+    max_steps: int,
+    obs: Any,
+    action_shape: tuple,
+    action_dtype: Any,
+    xp=jnp,
+) -> Recording:
+    """Zeroed recording buffers (``xp``: jax.numpy or numpy).
+
+    Args:
+      episodes: the recorded episode indices ([R]).
+      max_steps: T, the steps kept per episode.
+      obs: one observation's leaves (arrays or shape-dtype structs).
+      action_shape, action_dtype: one action's.
+    """
+    r = len(episodes)
+    z = lambda shape, dtype: xp.zeros((r,) + tuple(shape), dtype)
+    return Recording(
+        episodes=xp.asarray(np.asarray(episodes, np.int32)),
+        observations=jax.tree.map(
+            lambda x: z((max_steps + 1,) + tuple(x.shape), x.dtype), obs
+        ),
+        actions=z((max_steps,) + tuple(action_shape), action_dtype),
+        rewards=z((max_steps,), np.float32),
+        terminated=z((max_steps,), bool),
+        truncated=z((max_steps,), bool),
+    )
+
+
+@struct.dataclass
 class Results:
     """Per-episode outputs (length = the buffer's capacity) and run totals."""
 
@@ -145,6 +196,8 @@ class Results:
     #: may lack it on some episodes). None with ``success`` set: every episode
     #: has it (a JAX env's info has a fixed structure; the engine keeps none).
     has_success: Any = None
+    #: The recorded episodes' steps (``jaxmesh.Record``; None: none recorded).
+    recording: Any = None
 
 
 #: The smallest result-buffer capacity: every budget up to it shares one program.
@@ -225,7 +278,9 @@ __all__ = [
     "EPISODE_FIELDS",
     "REDUCTIONS",
     "Fault",
+    "Recording",
     "Results",
+    "empty_recording",
     "empty",
     "capacity_for",
     "record",

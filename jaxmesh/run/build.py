@@ -161,6 +161,24 @@ def engine_metrics(
     return named, success
 
 
+def check_record_keys(env: Any, record: Any) -> None:
+    """Checks a ``jaxmesh.Record``'s observation keys against a JAX env's
+    observation, by shape (nothing compiles).
+
+    Raises:
+      ValueError: a key the observation lacks, or keys for a one-array
+        observation.
+    """
+    if record is None or record.keys is None:
+        return
+    from jaxmesh.record import observation_leaves
+
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
+    name = getattr(env, "name", type(env).__name__)
+    observation_leaves(obs, record.keys, f"env {name!r}")
+
+
 def build_engine(
     policy: Policy,
     env: Any,
@@ -168,15 +186,20 @@ def build_engine(
     chunk: int | None,
     capacity: int,
     metrics: tuple[tuple[tuple[str, str], ...], str | None] = ((), None),
+    record: Any = None,
 ) -> Engine:
     """The engine for a probed policy (``probe_chunk``), env and settings.
 
     ``metrics`` is ``engine_metrics``'s result: the info keys kept per episode
-    and the success key.
+    and the success key. ``record`` (a ``jaxmesh.Record`` or None) sizes the
+    recording buffers; which episodes fill them is data
+    (``Engine.first_carry``).
 
     Raises:
-      ValueError: the frame windows of the run's lanes exceed the limit.
+      ValueError: the frame windows of the run's lanes exceed the limit, or a
+        record key the observation lacks.
     """
+    check_record_keys(env, record)
     h = min(settings.horizon, chunk) if chunk is not None else 1
     lanes = min(settings.num_envs, capacity)
     cfg = agent.make_config(
@@ -195,5 +218,8 @@ def build_engine(
         agent=cfg,
         metrics=metrics[0],
         success=metrics[1],
+        record_slots=0 if record is None else len(record.episodes),
+        record_steps=0 if record is None else record.max_steps,
+        record_keys=None if record is None else record.keys,
     )
     return Engine(policy, env, config)

@@ -29,6 +29,7 @@ import collections
 import math
 import numbers
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -39,6 +40,7 @@ from jaxmesh.core import agent
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.record import check_record, check_record_budget, observation_leaves
 from jaxmesh.remote.address import is_address
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, stream
@@ -236,6 +238,151 @@ class HostMetrics:
         return {"metric_reductions": dict(self.named), "success_key": key}
 
 
+# Recording episodes on the host ------------------------------------------------------
+class HostRecorder:
+    """The recorded episodes of a host-stepped run (``jaxmesh.Record``), in
+    numpy buffers of the scan's shapes (``core.results.Recording``).
+
+    Per lane, the slot of the recorded episode it runs (-1: none); steps past
+    ``max_steps`` are not kept. With ``render``, ``render(j)`` is called after
+    each reset and step of a recorded episode on lane j and its frame kept.
+
+    Args:
+      record: the ``jaxmesh.Record``.
+      num_lanes: lanes of the run.
+      spec: the lanes' ``HostEnvSpec``.
+      render: ``lane -> rgb array`` (None: no frames).
+    """
+
+    def __init__(self, record: Any, num_lanes: int, spec: Any, render: Any = None):
+        self.record = record
+        self.max_steps = record.max_steps
+        obs = np.zeros(spec.obs_shape, spec.obs_dtype)
+        self.recording = core_results.empty_recording(
+            record.episodes,
+            record.max_steps,
+            obs,
+            spec.action_shape,
+            spec.action_dtype,
+            xp=np,
+        )
+        self.slot_of = {int(e): r for r, e in enumerate(record.episodes)}
+        self.slot = np.full(num_lanes, -1, np.int64)
+        self.render = render
+        if render is not None:
+            self.recording = self.recording.replace(
+                frames=tuple([] for _ in record.episodes)
+            )
+
+    def begin(self, js: Any, episodes: Any) -> None:
+        """Lanes ``js`` start ``episodes``: which of them are recorded."""
+        for j, i in zip(js, episodes, strict=True):
+            self.slot[j] = self.slot_of.get(int(i), -1)
+
+    def _frame(self, j: int, slot: int) -> None:
+        try:
+            frame = self.render(j)
+        except Exception as e:
+            if self.record.frames:  # asked for: the run fails
+                raise
+            # Frames were only "when the env renders": go on without them.
+            warnings.warn(
+                f"jaxmesh.Record: env.render() failed ({type(e).__name__}: {e}); "
+                "recording goes on without frames (Record(frames=False) skips "
+                "them, frames=True makes this an error)",
+                stacklevel=2,
+            )
+            self.render = None
+            for kept in self.recording.frames:  # a trajectory gets all or none
+                kept.clear()
+            return
+        if frame is not None:
+            self.recording.frames[slot].append(np.asarray(frame, np.uint8))
+
+    def reset(self, js: Any, obs: np.ndarray) -> None:
+        """The reset observations of lanes ``js`` (rows of ``obs`` by lane)."""
+        rec = self.recording
+        for j in js:
+            r = self.slot[j]
+            if r >= 0:
+                rec.observations[r, 0] = obs[j]
+                if self.render is not None:
+                    self._frame(int(j), int(r))
+
+    def actions(self, js: np.ndarray, t: np.ndarray, actions: np.ndarray) -> None:
+        """The actions lanes ``js`` execute at their steps ``t`` (both [m];
+        ``actions`` by lane)."""
+        for q in np.flatnonzero(self.slot[js] >= 0):
+            j, k = js[q], int(t[q])
+            if k < self.max_steps:
+                self.recording.actions[self.slot[j], k] = actions[j]
+
+    def step(self, js: np.ndarray, t: np.ndarray, obs, reward, term, trunc) -> None:
+        """Step ``t`` of lanes ``js``: the observation after it, the reward and
+        the ends (each [m], aligned with ``js``)."""
+        rec = self.recording
+        for q in np.flatnonzero(self.slot[js] >= 0):
+            j, k = js[q], int(t[q])
+            r = self.slot[j]
+            if k >= self.max_steps:
+                continue
+            rec.observations[r, k + 1] = obs[q]
+            rec.rewards[r, k] = reward[q]
+            rec.terminated[r, k] = term[q]
+            rec.truncated[r, k] = trunc[q]
+            if self.render is not None:
+                self._frame(int(j), int(r))
+
+
+def _env_render(lanes: Any, frames: bool | None) -> Any:
+    """``lane -> frame`` for in-process lanes whose envs render ``rgb_array``.
+
+    Raises:
+      ValueError: ``frames=True`` and the lanes cannot give frames.
+    """
+    if frames is False:
+        return None
+    envs = getattr(lanes, "envs", None)
+    ok = envs is not None and all(
+        getattr(e, "render_mode", None) == "rgb_array" for e in envs
+    )
+    if ok:
+        return lambda j: envs[j].render()
+    if frames:
+        what = (
+            "a VectorEnv's lanes"
+            if envs is None
+            else f"render_mode={getattr(envs[0], 'render_mode', None)!r}"
+        )
+        raise ValueError(
+            f"Record(frames=True): {what} gives no rgb_array frames; pass envs made "
+            "with render_mode='rgb_array' (a list of gymnasium Envs, or "
+            "'gymnasium:<id>'), or record without frames and render with "
+            "jaxmesh.render(..., frames=fn)"
+        )
+    return None
+
+
+def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any:
+    """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"`` when a
+    recording wants frames; None otherwise (``make_lanes`` makes them)."""
+    if record is None or record.frames is False or not isinstance(env, str):
+        return None
+    gym = gym_lanes._gym()
+    name = env.partition(":")[2]
+    if ":" not in name and name not in gym.registry:
+        return None  # make_lanes names the unknown id
+    envs: list = []
+    try:
+        for _ in range(max(1, min(num_envs, episodes))):
+            envs.append(gym.make(name, render_mode="rgb_array"))
+        return gym_lanes.EnvLanes(envs, owned=True)
+    except BaseException:
+        for e in envs:
+            e.close()
+        raise
+
+
 # The jitted agent, built once per (policy, lanes, settings) ------------------------
 class _Program(NamedTuple):
     config: agent.AgentConfig
@@ -343,6 +490,7 @@ def evaluate(
     lane_groups: int | None = None,
     metrics: Any = None,
     success: Any = None,
+    record: Any = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -372,6 +520,10 @@ def evaluate(
         gymnasium ``info`` (``HostMetrics``). A served env sends only these
         keys, and in auto mode (``success=None``) only the success keys its
         server declares.
+      record: a ``jaxmesh.Record``: its episodes are recorded on the host
+        (``HostRecorder``); in process, with ``env.render()`` frames when the
+        envs have ``render_mode="rgb_array"`` (``Record.frames``). A served
+        env sends every step's observation for it and gives no frames.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -388,8 +540,10 @@ def evaluate(
     with_params = params is not None
     seconds = check_seconds(max_episode_seconds)
     asked = checks.check_metrics(metrics, success)
+    record = check_record(record)
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
+    check_record_budget(record, int(seeds_arr.size))
     hook_list = stream.hooks_list(hooks)
     if is_address(env):
         from jaxmesh.remote.address import require_grpc
@@ -408,13 +562,30 @@ def evaluate(
                 "servers ('grpc://host:port'); an env stepped in this process has "
                 "no calls to overlap, so drop lane_groups="
             )
-        lanes = gym_lanes.make_lanes(env, settings.num_envs, int(seeds_arr.size))
+        e = int(seeds_arr.size)
+        lanes = _recording_lanes(env, record, settings.num_envs, e)
+        if lanes is None:
+            lanes = gym_lanes.make_lanes(env, settings.num_envs, e)
     try:
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         if is_address(env):
             asked = lanes.metrics_asked(asked)
         host_metrics = HostMetrics(asked, settings.num_envs, lanes.spec.name)
         lanes.info_keys = host_metrics.keys
+        recorder = None
+        if record is not None:
+            where = f"env {lanes.spec.name!r}"
+            observation_leaves(np.zeros(lanes.spec.obs_shape), record.keys, where)
+            render = None
+            if not is_address(env):
+                render = _env_render(lanes, record.frames)
+            elif record.frames:
+                raise ValueError(
+                    "Record(frames=True): a served env sends observations, not "
+                    "frames; record without frames and render with "
+                    "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
+                )
+            recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
         params = pol.default_params() if params is None else pol.place(params)
         host_agent = _host_agent(policy, pol, lanes.spec, settings, with_params)
         host_agent.program(params)  # every check runs before a hook hears of the run
@@ -429,6 +600,7 @@ def evaluate(
             hook_list,
             t_start,
             host_metrics,
+            recorder,
         )
     finally:
         lanes.close()
@@ -445,6 +617,7 @@ def _run(
     hook_list: list,
     t_start: float,
     metrics: HostMetrics,
+    recorder: HostRecorder | None = None,
 ) -> RunResult:
     program = host_agent.program(params)
     cfg = program.config
@@ -468,6 +641,8 @@ def _run(
     res = core_results.empty(
         e, n, np, metrics=metrics.named, success=metrics.tracks_success
     )
+    if recorder is not None:  # filled in place by the loop
+        res = res.replace(recording=recorder.recording)
     episodes_out.latest = res
 
     tel = Telemetry()
@@ -488,6 +663,7 @@ def _run(
                 episodes_out,
                 tel,
                 metrics,
+                recorder,
             )
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())
@@ -545,6 +721,7 @@ def _loop(
     episodes_out: stream.EpisodeStream,
     tel: Telemetry,
     metrics: HostMetrics,
+    recorder: HostRecorder | None = None,
 ) -> None:
     """Runs the budget; writes every finished episode into ``res`` (numpy)."""
     spec = lanes.spec
@@ -574,6 +751,9 @@ def _loop(
             ep_keys[j] = np.asarray(jax.random.PRNGKey(int(seeds_arr[i])))
         t[js], ret[js], active[js], started[js] = 0, 0.0, True, True
         metrics.begin(js)
+        if recorder is not None:
+            recorder.begin(js, eps)
+            recorder.reset(js, obs)
 
     start(list(range(min(n, e))))
     state = program.init(obs, active.copy())
@@ -606,6 +786,10 @@ def _loop(
         trunc = trunc | (go & (t >= settings.max_steps))
         if seconds is not None:
             trunc = trunc | (go & (time.perf_counter() - t0 >= seconds))
+        if recorder is not None:
+            js = np.flatnonzero(go)
+            recorder.actions(js, step_index[js], actions)
+            recorder.step(js, step_index[js], obs[js], reward[js], term[js], trunc[js])
         ended = go & (term | trunc)
         faulted = kinds != core_results.NO_FAULT
         if not (ended.any() or faulted.any()):

@@ -228,6 +228,15 @@ class RunResult:
     metric_reductions: dict[str, str] = dataclasses.field(default_factory=dict)
     #: The info key read as success (None: none).
     success_key: str | None = None
+    #: The recorded episodes that finished (``record=``), in episode order, as
+    #: ``jaxmesh.Trajectory`` records; None when the run recorded none. Not in
+    #: ``to_dict()`` (only ``recorded``, their index): ``save_trajectories``
+    #: writes the arrays to an ``.npz`` file, ``load_trajectories`` reads them.
+    trajectories: list | None = None
+    #: Video files of recorded episodes (``jaxmesh.render`` appends what it
+    #: writes); the HTML report embeds them. Relative paths are relative to the
+    #: working directory (``jaxmesh report``: to the results JSON's folder).
+    videos: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_results(
@@ -254,6 +263,17 @@ class RunResult:
             k: np.asarray(v)[idx]
             for k, v in (getattr(res, "metrics", None) or {}).items()
         }
+        trajectories = None
+        recording = getattr(res, "recording", None)
+        if recording is not None:
+            from jaxmesh.record import trajectories_from
+
+            trajectories = trajectories_from(
+                recording,
+                idx,
+                np.asarray(seeds)[idx],
+                per_episode["lengths"],
+            )
         return cls(
             indices=idx,
             seeds=np.asarray(seeds, np.int64)[idx],
@@ -261,6 +281,7 @@ class RunResult:
             policy_rows=int(res.policy_rows),
             success=success,
             metrics=metrics,
+            trajectories=trajectories,
             **per_episode,
             **run,
         )
@@ -428,6 +449,94 @@ class RunResult:
 
         return write_report(self, path)
 
+    def trajectory(self, episode: int) -> Any:
+        """The recorded ``Trajectory`` of episode ``episode`` (its index).
+
+        Raises:
+          ValueError: the run recorded no such episode (naming those it did).
+        """
+        for tr in self.trajectories or []:
+            if tr.episode == episode:
+                return tr
+        have = [tr.episode for tr in self.trajectories or []]
+        raise ValueError(
+            f"episode {episode} was not recorded (recorded: {have or 'none'}); "
+            "run with record=jaxmesh.Record(episodes=[...]) naming it"
+        )
+
+    def save_trajectories(self, path: str | Path) -> Path:
+        """Writes the recorded trajectories to one ``.npz`` file.
+
+        Each array is stored as ``ep<episode>/<name>`` (``observations``, or
+        ``observations/<key>`` per leaf, ``actions``, ``rewards``,
+        ``terminated``, ``truncated``, ``frames`` when captured); the episode,
+        seed, length and cut flag are in ``to_dict()["recorded"]``.
+
+        Raises:
+          ValueError: the run recorded nothing.
+        """
+        if not self.trajectories:
+            raise ValueError(
+                "this result holds no trajectories; run with "
+                "record=jaxmesh.Record(episodes=[...])"
+            )
+        arrays = {
+            f"ep{tr.episode}/{name}": value
+            for tr in self.trajectories
+            for name, value in tr.arrays().items()
+        }
+        path = Path(path)
+        with open(path, "wb") as f:  # np.savez would append .npz to other names
+            np.savez_compressed(f, **arrays)
+        return path
+
+    def load_trajectories(self, path: str | Path, recorded: list | None = None) -> None:
+        """Reads trajectories ``save_trajectories`` wrote into ``trajectories``.
+
+        Args:
+          path: the ``.npz`` file.
+          recorded: ``to_dict()["recorded"]`` of the run (default: what
+            ``from_dict`` kept of it).
+
+        Raises:
+          ValueError: the file lacks an episode the record lists.
+        """
+        from jaxmesh.record import Trajectory
+
+        recorded = recorded if recorded is not None else self._recorded
+        with np.load(path) as z:
+            out = []
+            for r in recorded or []:
+                p = f"ep{r['episode']}/"
+                arrays = {k[len(p) :]: z[k] for k in z.files if k.startswith(p)}
+                if not arrays:
+                    raise ValueError(
+                        f"{path} holds no arrays of episode {r['episode']} "
+                        f"(it has {sorted(z.files)[:6]}...); pass the .npz file "
+                        "that save_trajectories wrote for this result"
+                    )
+                out.append(
+                    Trajectory.from_arrays(
+                        arrays, r["episode"], r["seed"], r["length"], r["cut"]
+                    )
+                )
+        self.trajectories = out
+
+    @property
+    def _recorded(self) -> list | None:
+        if self.trajectories is None:
+            return getattr(self, "_recorded_meta", None)
+        return [
+            {
+                "episode": tr.episode,
+                "seed": tr.seed,
+                "length": tr.length,
+                "steps": tr.steps,
+                "cut": tr.cut,
+            }
+            for tr in self.trajectories
+        ]
+
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
         from jaxmesh.run.telemetry import format_table
@@ -465,6 +574,8 @@ class RunResult:
             },
             "telemetry": self.telemetry,
             "episodes": [e.to_dict() for e in self.episodes],
+            **({"recorded": self._recorded} if self._recorded is not None else {}),
+            **({"videos": list(self.videos)} if self.videos else {}),
         }
 
     @classmethod
@@ -526,7 +637,7 @@ class RunResult:
                         [np.nan if v is None else v for v in values], np.float32
                     )
                 )
-            return cls(
+            result = cls(
                 **arrays,
                 env_steps=steps,
                 policy_rows=int(totals["policy_rows"]),
@@ -547,7 +658,12 @@ class RunResult:
                 metrics=metrics,
                 metric_reductions=reductions,
                 success_key=success_key,
+                videos=[str(v) for v in d.get("videos", [])],
             )
+            # The arrays live in an .npz file (load_trajectories); their index
+            # is kept so that to_dict() writes it back.
+            result._recorded_meta = d.get("recorded")
+            return result
         except (KeyError, TypeError, ValueError) as e:
             what = f"key {e}" if isinstance(e, KeyError) else str(e)
             raise ValueError(

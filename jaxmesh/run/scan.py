@@ -22,6 +22,7 @@ from jaxmesh.core.results import capacity_for, empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
 from jaxmesh.envs.gymnasium import is_host_stepped
+from jaxmesh.record import check_record, check_record_budget
 from jaxmesh.remote.address import is_address
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.results import RunResult
@@ -59,6 +60,9 @@ class Evaluator:
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
         segment_steps, metrics, success, devices: as for ``jaxmesh.evaluate``
         (with ``devices``, a ``jaxmesh.run.sharded.ShardedEvaluator``).
+      record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
+        may name other episodes, as many of them (the buffers' size is part
+        of the program; which episodes fill them is data).
 
     Raises:
       ValueError, TypeError: bad settings, env or policy (nothing compiles).
@@ -74,6 +78,8 @@ class Evaluator:
         # devices= builds the sharded subclass (jaxmesh/run/sharded.py).
         if devices is not None and cls is Evaluator:
             from jaxmesh.run.sharded import ShardedEvaluator
+
+            _refuse_sharded_record(devices, kwargs.get("record"))
 
             cls = ShardedEvaluator
         return super().__new__(cls)
@@ -93,8 +99,10 @@ class Evaluator:
         metrics: Any = None,
         success: Any = None,
         devices: Any = None,
+        record: Any = None,
     ):
         asked = checks.check_metrics(metrics, success)
+        self.record = check_record(record)
         self.settings = checks.check_settings(
             num_envs,
             horizon,
@@ -110,6 +118,7 @@ class Evaluator:
         # (info keys, reductions) and the success key, checked against the
         # env's info by shape (nothing compiles).
         self.metrics = build.engine_metrics(self.env, asked)
+        build.check_record_keys(self.env, self.record)
         self._chunks: dict = {}  # params signature -> chunk length K
         self._programs: dict = {}  # (params signature, capacity) -> _Program
 
@@ -150,6 +159,7 @@ class Evaluator:
                 chunk,
                 capacity,
                 self.metrics,
+                self.record,
             )
             self._programs[key] = _Program(engine, None)
         return self._programs[key]
@@ -177,8 +187,13 @@ class Evaluator:
         seeds: Sequence[int] | None = None,
         params: Any = None,
         hooks: Any = None,
+        record: Any = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
+
+        ``record`` (None: the evaluator's own) names other episodes to record,
+        as many as the evaluator's ``Record`` with its ``max_steps`` and
+        ``keys``: the same program runs.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -190,6 +205,7 @@ class Evaluator:
         pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         hook_list = stream.hooks_list(hooks)
+        self._run_record = self._check_run_record(record, int(seeds_arr.size))
         if self.takes_params and params is None:
             raise TypeError(
                 "this Evaluator was built with takes_params=True: pass params="
@@ -238,9 +254,32 @@ class Evaluator:
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
+    def _check_run_record(self, record: Any, episodes: int) -> Any:
+        """The ``Record`` of a run: the evaluator's, or one of the same shape.
+
+        Raises:
+          ValueError: another number of episodes, ``max_steps`` or ``keys``
+            than the evaluator was built with, or episodes outside the budget.
+        """
+        record = check_record(record)
+        own = self.record
+        if record is None:
+            record = own
+        elif own is None or record_shape(record) != record_shape(own):
+            raise ValueError(
+                f"run(record={record!r}): this Evaluator was built with "
+                f"record={own!r}; a run may name other episodes, as many, with "
+                "the same max_steps and keys. Build an Evaluator with this record"
+            )
+        check_record_budget(record, episodes)
+        return record
+
     def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``."""
-        carry = program.engine.first_carry(seeds_arr, self.device)
+        rec = self._run_record
+        carry = program.engine.first_carry(
+            seeds_arr, self.device, None if rec is None else rec.episodes
+        )
         state, res = (carry.lanes, carry.agent), carry.results
         e = seeds_arr.size
         while True:
@@ -312,6 +351,7 @@ def evaluate(
     metrics: Any = None,
     success: Any = None,
     devices: Any = None,
+    record: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -366,6 +406,10 @@ def evaluate(
         the first D; a list of devices; or a one-axis ``jax.sharding.Mesh``.
         ``num_envs`` must be a multiple of the device count; results equal the
         one-device run's episode for episode.
+      record: a ``jaxmesh.Record(episodes=[...], keys=None, max_steps=1000)``:
+        keep those episodes' observations, actions, rewards and ends step by
+        step (``result.trajectories``; ``jaxmesh.render`` makes a video).
+        Not with ``devices=``.
 
     Returns:
       A ``RunResult``.
@@ -403,6 +447,7 @@ def evaluate(
             lane_groups=lane_groups,
             metrics=metrics,
             success=success,
+            record=record,
         )
     if token is not None:
         raise ValueError(
@@ -426,7 +471,11 @@ def evaluate(
     asked = checks.check_metrics(metrics, success)
     mesh = resolve_mesh(devices)
     key = (id(policy), _env_key(env), settings, with_params, str(pol.device), asked)
-    key += (mesh,)
+    record = check_record(record)
+    if mesh is not None:
+        _refuse_sharded_record(devices, record)
+    # The recorded episodes are data: runs that record as many share a program.
+    key += (mesh, None if record is None else record_shape(record))
     ev = _EVALUATORS.get(key)
     if ev is None:
         ev = Evaluator(
@@ -442,9 +491,33 @@ def evaluate(
             metrics=metrics,
             success=success,
             devices=mesh,
+            record=record,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:
             _EVALUATORS.popitem(last=False)
     _EVALUATORS.move_to_end(key)
-    return ev.run(episodes=episodes, seeds=seeds, params=params, hooks=hooks)
+    return ev.run(
+        episodes=episodes, seeds=seeds, params=params, hooks=hooks, record=record
+    )
+
+
+def record_shape(record: Any) -> tuple:
+    """What of a ``Record`` the compiled program depends on."""
+    return (len(record.episodes), record.max_steps, record.keys)
+
+
+def _refuse_sharded_record(devices: Any, record: Any) -> None:
+    """Recording is one device's: refuses ``record=`` with ``devices=``.
+
+    Raises:
+      ValueError: both given.
+    """
+    if record is None:
+        return
+    raise ValueError(
+        f"record={record!r} with devices={devices!r}: recorded episodes are kept "
+        "on one device; with lanes split over devices the episodes run on "
+        "different devices. Record in a run without devices= (e.g. "
+        "evaluate(..., seeds=[...], record=...) on the episodes to watch)"
+    )

@@ -164,28 +164,24 @@ class ServedLanes:
         return settings
 
     def metrics_asked(self, asked: Any) -> Any:
-        """``asked`` (``checks.Metrics``) with the success key these servers give.
+        """``asked`` (``checks.Metrics``) as the served run reads it.
 
-        An info key crosses the wire only when asked for, and asking for any
-        costs the server's fast per-step path; so in auto mode
-        (``success=None``) the client asks for ``success`` / ``is_success``
-        only when the servers declare it in their handshake's ``info_keys``,
-        and tracks no success otherwise. Name the key (``success=
-        "is_success"``) to read it from a server that declares none.
+        In auto mode (``success=None``) the client asks for ``success`` and
+        ``is_success`` as in process: a server sends an info key only for the
+        rows that have it (``ResultBatch.info_present``), and nothing when no
+        row does, so an env without either costs a few dict lookups a step.
         """
-        from jaxmesh.run import checks
-
-        if asked.success is not None:
-            return asked
-        declared = set(self.conns[0].info.info_keys)
-        for c in self.conns[1:]:
-            declared &= set(c.info.info_keys)
-        key = next((k for k in checks.SUCCESS_KEYS if k in declared), None)
-        return asked._replace(success=key if key is not None else False)
+        return asked
 
     def close(self) -> None:
         for c in self.conns:
             c.close()
+
+
+def _present(b: codec.ResultBatch, key: str) -> np.ndarray:
+    """Which rows of reply ``b`` have info ``key`` (the key is in ``b.info``)."""
+    present = (b.info_present or {}).get(key)
+    return np.ones(len(b.info[key]), bool) if present is None else present
 
 
 class _Call:
@@ -226,8 +222,12 @@ class _Run:
         episodes_out: Any,
         tel: Any,
         metrics: Any,
+        recorder: Any = None,
     ):
         self.program, self.params, self.lanes = program, params, lanes
+        #: Recorded episodes (``host.HostRecorder``): every step's observation
+        #: crosses the wire for them (``all_observations``).
+        self.recorder = recorder
         self.metrics = metrics
         self.info_keys = list(metrics.keys)
         self.info_seen: set = set()
@@ -240,8 +240,10 @@ class _Run:
         self.max_steps = settings.max_steps
         # Every step's info row comes back only with every observation: a
         # reduction other than ``last`` reads every step.
-        self.every_obs = needs_every_observation(self.cfg) or any(
-            red != "last" for _, red in metrics.named
+        self.every_obs = (
+            needs_every_observation(self.cfg)
+            or any(red != "last" for _, red in metrics.named)
+            or recorder is not None
         )
         n, h = self.n, self.cfg.horizon
         k = jax.eval_shape(jax.random.PRNGKey, 0)
@@ -368,12 +370,6 @@ class _Run:
             for r in range(top):
                 pick = np.flatnonzero(on_s & (ranks == r))
                 rr = rs if r == 0 else []
-                if self.info_keys and rr and pick.size:
-                    # A reset's info rows may lack a step's keys, and the
-                    # server drops a key some row lacks: resets go alone.
-                    none = pick[:0]
-                    self._send(s, conn, none, lanes_, counts, starts, acts, rr, resets)
-                    rr = []
                 if pick.size or rr:
                     self._send(s, conn, pick, lanes_, counts, starts, acts, rr, resets)
 
@@ -541,10 +537,11 @@ class _Run:
             if self.info_keys:
                 info = self.info_rows(b)
                 for k in self.info_keys:
-                    has = k in info
-                    if has:
+                    if k in info:
                         self.rb_info[k][gl, pos] = info[k][live]
-                    self.rb_info_has[k][gl, pos] = has
+                        self.rb_info_has[k][gl, pos] = _present(b, k)[live]
+                    else:
+                        self.rb_info_has[k][gl, pos] = False
             self.tail[gl] += 1
             return True
         asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
@@ -567,6 +564,8 @@ class _Run:
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             self.obs[g[rl]] = obs_rows[row0[rl]]
+            if self.recorder is not None:
+                self.recorder.reset(g[rl], self.obs)
             self.ready[g[rl]] = self.started[g[rl]] = True
         # Replays: step results into the ring buffers.
         al = np.flatnonzero(live & ~is_reset & (b.steps > 0))
@@ -596,10 +595,10 @@ class _Run:
                     if self.every_obs:
                         rows = np.repeat(row0[al], k) + within
                         self.rb_info[key][lane_of, pos] = info[key][rows]
-                        self.rb_info_has[key][lane_of, pos] = True
+                        self.rb_info_has[key][lane_of, pos] = _present(b, key)[rows]
                     else:
                         self.rb_info[key][g[al], last] = info[key][row0[al]]
-                        self.rb_info_has[key][g[al], last] = True
+                        self.rb_info_has[key][g[al], last] = _present(b, key)[row0[al]]
             self.tail[g[al]] += k
         return True
 
@@ -708,6 +707,8 @@ class _Run:
             self.resets[j] = i
         if js:
             self.metrics.begin(js)
+            if self.recorder is not None:
+                self.recorder.begin(js, self.episode[js])
 
     def take_results(self) -> None:
         """Lanes waiting for a result that is in take it (one step each)."""
@@ -732,6 +733,9 @@ class _Run:
         self.waiting[j] = False
         self.ready[j] = True
         step_index = self.t[j].copy()
+        if self.recorder is not None:
+            capped = tr | (step_index + 1 >= self.max_steps)
+            self.recorder.step(j, step_index, self.obs[j], r, te, capped)
         self.t[j] += 1
         self.env_steps += int(j.size)
         self.ret[j] += r
@@ -860,6 +864,9 @@ class _Run:
             else:
                 actions, cursor = jax.device_get((actions, self.state.cursor))
             self.tel.add("predict", time.perf_counter() - t0)
+            if self.recorder is not None:
+                moved = np.flatnonzero(go)
+                self.recorder.actions(moved, self.t[moved], actions)
             self.started[go] = False
             self.ready[go] = False
             self.check_actions(go, actions)

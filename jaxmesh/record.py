@@ -1,0 +1,293 @@
+"""Recording episodes: ``evaluate(..., record=jaxmesh.Record(...))``.
+
+``Record`` says which episodes to keep, which observation leaves and how many
+steps at most; ``RunResult.trajectories`` returns them as ``Trajectory``
+records (numpy), in episode order. On the scan path the engine writes them into
+fixed device buffers of shape ``[len(episodes), max_steps (+ 1), ...]`` as the
+episodes run (``jaxmesh.core.results.Recording``); host-stepped paths (in
+process and served) fill the same buffers on the host. ``jaxmesh.render``
+turns a recorded episode into a video.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: The default cap on the steps kept per recorded episode.
+DEFAULT_RECORD_STEPS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """Which episodes a run keeps step by step.
+
+    Args:
+      episodes: episode indices (in the budget: 0 .. episodes - 1) to record;
+        kept in ascending order, each once. Unrecorded episodes cost nothing
+        (the buffers hold ``len(episodes)`` episodes).
+      keys: the observation leaves to keep: None for the whole observation, or
+        names of the leaves of a dict observation (nested mappings joined with
+        ``/``, as ``metrics=`` names info leaves).
+      max_steps: the most steps kept per episode (default 1000). An episode
+        longer than that keeps its first ``max_steps`` steps (and its reset
+        observation), and its ``Trajectory.cut`` is True.
+      frames: host-stepped gymnasium envs in process: capture
+        ``env.render()`` frames of the recorded episodes (the env must have
+        ``render_mode="rgb_array"``). None: when the env renders
+        ``rgb_array`` (a ``"gymnasium:<id>"`` env is then made with it);
+        True: required (a ValueError otherwise); False: never.
+
+    Raises:
+      TypeError, ValueError: a bad field, naming it.
+
+    Example::
+
+      r = jaxmesh.evaluate(policy, env, episodes=10, record=jaxmesh.Record([0, 3]))
+      r.trajectories[1].actions   # episode 3's actions, [T, ...]
+    """
+
+    episodes: Sequence[int] = (0,)
+    keys: Sequence[str] | str | None = None
+    max_steps: int = DEFAULT_RECORD_STEPS
+    frames: bool | None = None
+
+    def __post_init__(self) -> None:
+        eps = self.episodes
+        if isinstance(eps, numbers.Integral) and not isinstance(eps, bool):
+            eps = [eps]
+        try:
+            eps = list(eps)
+        except TypeError:
+            raise TypeError(
+                f"Record(episodes={self.episodes!r}): expected a list of episode "
+                "indices, e.g. Record(episodes=[0, 1, 2])"
+            ) from None
+        for i in eps:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+                raise ValueError(
+                    f"Record(episodes={self.episodes!r}): {i!r} is not an episode "
+                    "index (an int >= 0)"
+                )
+        if not eps:
+            raise ValueError(
+                "Record(episodes=[]): name at least one episode to record, or "
+                "pass record=None"
+            )
+        if len(set(eps)) != len(eps):
+            raise ValueError(
+                f"Record(episodes={self.episodes!r}): an episode is named twice; "
+                "name each once"
+            )
+        object.__setattr__(self, "episodes", tuple(sorted(int(i) for i in eps)))
+        keys = self.keys
+        if keys is not None:
+            keys = (keys,) if isinstance(keys, str) else tuple(keys)
+            if not keys or not all(isinstance(k, str) and k for k in keys):
+                raise TypeError(
+                    f"Record(keys={self.keys!r}): expected None (the whole "
+                    "observation) or observation leaf names (strings)"
+                )
+            object.__setattr__(self, "keys", keys)
+        m = self.max_steps
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+            raise ValueError(
+                f"Record(max_steps={m!r}): expected an int >= 1, the most steps "
+                f"kept per recorded episode (default {DEFAULT_RECORD_STEPS})"
+            )
+        object.__setattr__(self, "max_steps", int(m))
+        if self.frames not in (None, True, False):
+            raise TypeError(
+                f"Record(frames={self.frames!r}): expected None, True or False"
+            )
+
+
+def check_record(record: Any) -> Record | None:
+    """``evaluate``'s ``record=``: None or a ``Record``.
+
+    Raises:
+      TypeError: anything else.
+    """
+    if record is None or isinstance(record, Record):
+        return record
+    raise TypeError(
+        f"record={record!r}: expected None or jaxmesh.Record(episodes=[...], "
+        "keys=None, max_steps=1000)"
+    )
+
+
+def check_record_budget(record: Record | None, episodes: int) -> None:
+    """Refuses recorded episodes outside the budget (before anything runs).
+
+    Raises:
+      ValueError: naming the episodes and the budget.
+    """
+    if record is None:
+        return
+    out = [i for i in record.episodes if i >= episodes]
+    if out:
+        raise ValueError(
+            f"Record(episodes={list(record.episodes)}): episodes {out} are not in "
+            f"the budget of {episodes} episodes (indices 0 .. {episodes - 1}); "
+            "record episodes of the budget"
+        )
+
+
+def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
+    """The observation leaves ``keys`` names (None: the observation as it is).
+
+    Works on one observation or on batches (any leading axes): leaves are
+    picked by name, never sliced.
+
+    Raises:
+      ValueError: a key the observation lacks (naming those it has), or keys
+        for an observation that is one array.
+    """
+    if keys is None:
+        return obs
+    from jaxmesh.core.results import info_leaves
+
+    leaves = info_leaves(obs)
+    if not leaves:
+        raise ValueError(
+            f"Record(keys={list(keys)}): the observation of {where} is one array, "
+            "not a dict of named leaves; pass keys=None to record it"
+        )
+    missing = [k for k in keys if k not in leaves]
+    if missing:
+        raise ValueError(
+            f"Record(keys=...): {missing[0]!r} is not an observation leaf of "
+            f"{where} (it has {sorted(leaves)}); name one of them"
+        )
+    return {k: leaves[k] for k in keys}
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One recorded episode, as numpy arrays.
+
+    Attributes:
+      episode: its index in the budget; ``seed`` its seed.
+      observations: ``[T + 1, ...]``: the reset observation, then the one
+        after each step (``observations[t]`` is what the policy saw at step
+        t). The whole observation, or a dict of the leaves ``Record.keys``
+        named.
+      actions: ``[T, ...]`` the action executed at each step.
+      rewards: ``[T]`` float32; ``terminated``, ``truncated``: ``[T]`` bool,
+        the step's end flags (the last step's are the episode's).
+      length: the episode's length; ``T = min(length, max_steps)``.
+      cut: the episode ran longer than ``Record.max_steps``: the arrays hold
+        its first ``max_steps`` steps.
+      frames: ``[T + 1, H, W, 3]`` uint8 ``env.render()`` frames captured
+        during the run (host-stepped gymnasium envs with
+        ``render_mode="rgb_array"``), else None.
+    """
+
+    episode: int
+    seed: int
+    observations: Any
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    length: int
+    cut: bool = False
+    frames: np.ndarray | None = None
+
+    @property
+    def steps(self) -> int:
+        """Steps held (``T``)."""
+        return int(len(self.rewards))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array by a flat name (``observations/<key>`` for a dict)."""
+        out: dict[str, np.ndarray] = {}
+        obs = self.observations
+        if isinstance(obs, dict):
+            out.update({f"observations/{k}": np.asarray(v) for k, v in obs.items()})
+        else:
+            out["observations"] = np.asarray(obs)
+        out.update(
+            actions=self.actions,
+            rewards=self.rewards,
+            terminated=self.terminated,
+            truncated=self.truncated,
+        )
+        if self.frames is not None:
+            out["frames"] = self.frames
+        return out
+
+    @classmethod
+    def from_arrays(
+        cls, arrays: dict, episode: int, seed: int, length: int, cut: bool
+    ) -> Trajectory:
+        """The inverse of ``arrays``."""
+        obs: Any
+        if "observations" in arrays:
+            obs = np.asarray(arrays["observations"])
+        else:
+            p = "observations/"
+            obs = {k[len(p) :]: np.asarray(v) for k, v in arrays.items() if k[:13] == p}
+        frames = arrays.get("frames")
+        return cls(
+            episode=int(episode),
+            seed=int(seed),
+            observations=obs,
+            actions=np.asarray(arrays["actions"]),
+            rewards=np.asarray(arrays["rewards"]),
+            terminated=np.asarray(arrays["terminated"]),
+            truncated=np.asarray(arrays["truncated"]),
+            length=int(length),
+            cut=bool(cut),
+            frames=None if frames is None else np.asarray(frames),
+        )
+
+
+def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> list:
+    """The ``Trajectory`` of every finished recorded episode, in episode order.
+
+    Args:
+      recording: a host ``jaxmesh.core.results.Recording`` (numpy leaves).
+      episodes: the finished episodes' indices (a result's ``indices``).
+      seeds, lengths: theirs, aligned with ``episodes``.
+    """
+    import jax
+
+    at = {int(e): k for k, e in enumerate(np.asarray(episodes))}
+    cap = int(np.shape(recording.rewards)[1])
+    frames = recording.frames
+    out = []
+    for slot, ep in enumerate(np.asarray(recording.episodes).tolist()):
+        k = at.get(int(ep))
+        if k is None:
+            continue
+        length = int(lengths[k])
+        t = min(length, cap)
+        obs = jax.tree.map(
+            lambda b, t=t, s=slot: np.array(b[s, : t + 1]), recording.observations
+        )
+        f = None
+        if frames is not None and frames[slot]:
+            f = np.stack(frames[slot][: t + 1])
+        out.append(
+            Trajectory(
+                episode=int(ep),
+                seed=int(seeds[k]),
+                observations=obs,
+                actions=np.array(recording.actions[slot, :t]),
+                rewards=np.array(recording.rewards[slot, :t]),
+                terminated=np.array(recording.terminated[slot, :t]),
+                truncated=np.array(recording.truncated[slot, :t]),
+                length=length,
+                cut=length > cap,
+                frames=f,
+            )
+        )
+    return out
+
+
+__all__ = ["Record", "Trajectory", "DEFAULT_RECORD_STEPS", "check_record"]

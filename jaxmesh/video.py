@@ -1,0 +1,333 @@
+"""Videos of recorded episodes: ``jaxmesh.render(result, episode=0, path=...)``.
+
+Frames come from, in this order:
+
+1. ``frames=fn``: ``fn(obs, state) -> rgb [H, W, 3] uint8``, for every
+   observation of the episode (reset first). For a JAX env, ``state`` is the
+   env's state at that observation, rebuilt by replaying the recorded actions
+   from the episode's key (CONTRACT 5: reset with ``PRNGKey(seed)``, step t
+   with ``fold_in(fold_in(key, 0), t)``); for a host-stepped env it is None.
+2. The frames a host-stepped gymnasium run captured (envs with
+   ``render_mode="rgb_array"``; ``Trajectory.frames``).
+3. The env's own renderer, on the replayed states: gymnax's
+   (``gymnax.visualize``: gymnasium's pygame drawing for classic control,
+   matplotlib for the others), brax's (``brax.io.image``: MuJoCo's OpenGL
+   renderer, headless through ``MUJOCO_GL=egl``).
+
+The video is written with imageio: ``.gif`` through Pillow, ``.mp4`` (and
+other ffmpeg formats) through imageio-ffmpeg (``pip install 'jaxmesh[video]'``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Frames per second when neither ``fps=`` nor the env says.
+DEFAULT_FPS = 30
+
+
+def _imageio() -> Any:
+    try:
+        import imageio
+    except ImportError as e:  # pragma: no cover - the extra is part of [test]
+        raise ImportError(
+            "jaxmesh.render writes videos with imageio: pip install 'jaxmesh[video]' "
+            "(imageio and imageio-ffmpeg)"
+        ) from e
+    return imageio
+
+
+def replay_states(env: Any, trajectory: Any) -> list:
+    """The env states of a recorded episode of a JAX env, replayed.
+
+    Resets with ``PRNGKey(seed)`` and steps with the recorded actions and the
+    episode's env keys (CONTRACT 5), so the states are the run's own.
+
+    Raises:
+      ValueError: the replayed observations differ from the recorded ones
+        (another env, or other env params, than the run's).
+    """
+    import jax
+
+    key = jax.random.PRNGKey(trajectory.seed)
+    env_key = jax.random.fold_in(key, 0)
+    obs, state = jax.jit(env.reset)(key)
+    step = jax.jit(env.step)
+    states, observations = [state], [obs]
+    for t, action in enumerate(trajectory.actions):
+        obs, state = step(jax.random.fold_in(env_key, t), state, action)[:2]
+        states.append(state)
+        observations.append(obs)
+    recorded = trajectory.observations
+    if not isinstance(recorded, dict):
+        got = np.stack([np.asarray(o) for o in observations])
+        if got.shape != recorded.shape or not np.allclose(got, recorded, atol=1e-5):
+            raise ValueError(
+                f"replaying episode {trajectory.episode} on env "
+                f"{getattr(env, 'name', env)!r} does not give the recorded "
+                "observations: pass env= the env (with its params) the run used"
+            )
+    return states
+
+
+def gymnax_frames(env: Any, states: list) -> list[np.ndarray]:
+    """gymnax's own drawing of each state, as RGB arrays.
+
+    Classic-control envs (CartPole, Acrobot, Pendulum, MountainCar) go through
+    gymnax's mapping to gymnasium's ``rgb_array`` renderer
+    (``gymnax.visualize.vis_gym``), with one gymnasium env for all frames;
+    the others through gymnax's ``Visualizer`` drawn on a matplotlib Agg
+    canvas of its own (pyplot's figure list and the user's backend are left
+    alone).
+    """
+    from gymnax.visualize import vis_gym
+
+    name = env.env.name
+    if name in vis_gym.SUPPORTED_GYM_ENVS:
+        import gymnasium
+
+        try:  # gymnasium's classic-control renderer draws with pygame
+            import pygame  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                f"drawing gymnax's {name} needs pygame: pip install "
+                "'jaxmesh[video]'; or pass jaxmesh.render(..., frames=fn)"
+            ) from e
+
+        # pygame (gymnasium's renderer) needs no display or sound card here.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        gym_env = gymnasium.make(name, render_mode="rgb_array")
+        try:
+            gym_env.reset(seed=0)
+            inner = gym_env.unwrapped
+            vis_gym.set_gym_params(inner, name, env.params)
+            out = []
+            for state in states:
+                inner.state = vis_gym.get_gym_state(state, name)
+                if name == "Pendulum-v1":
+                    inner.last_u = np.asarray(state.last_u, dtype=np.float64)
+                out.append(np.asarray(gym_env.render()))
+            return out
+        finally:
+            gym_env.close()
+    from gymnax.visualize.visualizer import Visualizer
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    vis = Visualizer.__new__(Visualizer)  # its figure would come from pyplot
+    vis.env, vis.env_params = env.env, env.params
+    vis.state_seq, vis.reward_seq = states, None
+    vis.fig = Figure(figsize=(4, 3.2), dpi=80)
+    canvas = FigureCanvasAgg(vis.fig)
+    vis.ax = vis.fig.add_subplot(1, 1, 1)
+    vis.init()
+    out = []
+    for i in range(len(states)):
+        vis.update(i)
+        canvas.draw()
+        out.append(np.asarray(canvas.buffer_rgba())[..., :3].copy())
+    return out
+
+
+def brax_frames(env: Any, states: list) -> list[np.ndarray]:
+    """brax's renderer (``brax.io.image``) over the replayed pipeline states.
+
+    brax draws with MuJoCo's OpenGL renderer; without a display it needs a
+    headless GL backend chosen before MuJoCo is imported: ``MUJOCO_GL=egl`` in
+    the environment of the process.
+
+    Raises:
+      ImportError: brax's renderer cannot load.
+      RuntimeError: MuJoCo has no OpenGL context (saying to set MUJOCO_GL).
+    """
+    try:
+        from brax.io import image
+    except ImportError as e:
+        raise ImportError(
+            f"brax renders with brax.io.image, which failed to import ({e}); "
+            "or pass jaxmesh.render(..., frames=fn)"
+        ) from e
+    inner = env.env
+    pipeline = [s[0].pipeline_state for s in states]
+    try:
+        return list(image.render_array(inner.sys, pipeline, height=240, width=320))
+    except Exception as e:
+        if "OpenGL" not in str(e):
+            raise
+        raise RuntimeError(
+            f"brax's renderer found no OpenGL context ({e}); start Python with "
+            "MUJOCO_GL=egl (headless) in its environment, or pass "
+            "jaxmesh.render(..., frames=fn)"
+        ) from e
+
+
+def _env_for(result: Any, env: Any) -> Any:
+    """The JAX env to replay on: ``env`` given, or made from ``result.env``."""
+    from jaxmesh.envs import make_env
+
+    if env is not None:
+        return make_env(env)
+    name = str(result.env)
+    if name.startswith(("gymnax:", "brax:")):
+        return make_env(name)
+    return None
+
+
+def episode_frames(
+    result: Any,
+    episode: int = 0,
+    frames: Callable[[Any, Any], Any] | None = None,
+    env: Any = None,
+) -> list[np.ndarray]:
+    """The RGB frames of a recorded episode (see the module docstring).
+
+    Args:
+      result: a ``RunResult`` of a run with ``record=``.
+      episode: the episode index.
+      frames: ``fn(obs, state) -> rgb``; None: captured frames, else the env's
+        own renderer.
+      env: the JAX env to replay on (default: ``result.env`` by id).
+
+    Raises:
+      ValueError: the episode was not recorded, or no frames can be made
+        (a host-stepped run without captured frames and no ``frames=``).
+    """
+    if result.trajectories is None:
+        raise ValueError(
+            "this result holds no trajectories: run with record=jaxmesh.Record("
+            "episodes=[...]), or, for a result read with RunResult.from_dict, "
+            "load them first (result.load_trajectories(npz_path))"
+        )
+    tr = result.trajectory(episode)
+    jax_env = None
+    if frames is not None or tr.frames is None:
+        jax_env = _env_for(result, env)
+    if frames is None and tr.frames is not None:
+        return list(tr.frames)
+    obs = tr.observations
+    steps = tr.steps + 1
+    obs_at = [
+        {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
+        for t in range(steps)
+    ]
+    if jax_env is None:
+        if frames is None:
+            raise ValueError(
+                f"episode {episode} of {result.env!r} has no frames: a host-stepped "
+                "run captures them only from envs with render_mode='rgb_array' run "
+                "in process (a served env sends none). Pass frames=fn, "
+                "fn(obs, None) -> rgb array"
+            )
+        return [np.asarray(frames(o, None)) for o in obs_at]
+    states = replay_states(jax_env, tr)
+    if frames is not None:
+        return [np.asarray(frames(o, s)) for o, s in zip(obs_at, states, strict=True)]
+    name = str(getattr(jax_env, "name", ""))
+    if name.startswith("gymnax:"):
+        return gymnax_frames(jax_env, states)
+    if name.startswith("brax:"):
+        return brax_frames(jax_env, states)
+    raise ValueError(
+        f"env {name!r} has no renderer jaxmesh knows; pass frames=fn, "
+        "fn(obs, state) -> rgb array [H, W, 3]"
+    )
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    """A frame as uint8 RGB with even sides (what H.264's yuv420p needs)."""
+    f = np.asarray(frame)
+    if f.dtype != np.uint8:
+        f = np.clip(f, 0, 255).astype(np.uint8)
+    if f.ndim == 2:
+        f = np.repeat(f[..., None], 3, axis=-1)
+    f = f[..., :3]
+    h, w = f.shape[:2]
+    return np.pad(f, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+
+
+def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
+    """Encodes frames to ``path``: GIF (Pillow) by extension, else ffmpeg.
+
+    Raises:
+      ValueError: no frames, or frames of different sizes.
+    """
+    if not frames:
+        raise ValueError(f"no frames to write to {path}")
+    frames = [_even(f) for f in frames]
+    sizes = {f.shape for f in frames}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"frames of different shapes {sorted(sizes)}; a video needs one size"
+        )
+    imageio = _imageio()
+    path = Path(path)
+    if path.suffix.lower() == ".gif":
+        imageio.v3.imwrite(
+            path, np.stack(frames), extension=".gif", duration=1000 / fps, loop=0
+        )
+    else:
+        try:
+            import imageio_ffmpeg  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                f"writing {path.suffix} needs imageio-ffmpeg: pip install "
+                "'jaxmesh[video]' (or write a .gif)"
+            ) from e
+        imageio.mimwrite(path, frames, fps=fps, macro_block_size=1)
+    return path
+
+
+def render(
+    result: Any,
+    episode: int = 0,
+    path: str | os.PathLike = "ep0.mp4",
+    frames: Callable[[Any, Any], Any] | None = None,
+    fps: float | None = None,
+    env: Any = None,
+) -> Path:
+    """Renders a recorded episode to a video file (``.mp4``, ``.gif``, ...).
+
+    Args:
+      result: a ``RunResult`` of a run with ``record=jaxmesh.Record(...)``.
+      episode: the episode's index (one that was recorded).
+      path: the file; its extension picks the format (``.gif``: GIF, else
+        ffmpeg, e.g. ``.mp4``).
+      frames: ``fn(obs, state) -> rgb [H, W, 3]`` uint8 (see the module
+        docstring); None: the frames captured during the run, else the env's
+        own renderer (gymnax, brax).
+      fps: frames per second (default 30).
+      env: a JAX env to replay the episode on (default: made from
+        ``result.env``, e.g. ``"gymnax:CartPole-v1"``; pass your own when it
+        was built with other params).
+
+    Returns:
+      The path written; it is also appended to ``result.videos`` (the HTML
+      report embeds those).
+
+    Raises:
+      ValueError: the episode was not recorded, or no frames can be made.
+      ImportError: imageio (or imageio-ffmpeg for ``.mp4``) is missing.
+
+    Example::
+
+      r = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=10,
+                           record=jaxmesh.Record(episodes=[0]))
+      jaxmesh.render(r, episode=0, path="ep0.gif")
+    """
+    if fps is None:
+        fps = DEFAULT_FPS
+    if not fps > 0:
+        raise ValueError(f"fps={fps!r}: expected a number > 0")
+    out = write_video(episode_frames(result, episode, frames, env), path, float(fps))
+    if str(out) not in result.videos:
+        result.videos.append(str(out))
+    return out
+
+
+__all__ = ["render", "episode_frames", "write_video", "replay_states"]
