@@ -4,7 +4,7 @@ Commands::
 
     jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
                              [--no-compile-cache] [--telemetry] [--report [PATH]]
-                             [--video [PATH]]
+                             [--video [PATH]] [--trace PATH]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
     jaxmesh compare A.json B.json [--resamples N] [--seed S]
@@ -580,6 +580,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if video is not None and config.get("record") is None:
         config["record"] = check_record_config([0])
     policy, env, kwargs = build_run(config)
+    if getattr(args, "trace", None) is not None:
+        kwargs["trace"] = args.trace
     started = _Started()
     hooks = [started, Progress(enabled=not args.no_progress)]
     try:
@@ -992,6 +994,13 @@ def make_parser() -> argparse.ArgumentParser:
         "each to a video (jaxmesh.render): PATH (.mp4, .gif), or without PATH "
         "next to the output JSON as NAME.ep<i>.mp4; the report embeds them. "
         "Needs imageio (pip install 'jaxmesh[video]')",
+    )
+    ev.add_argument(
+        "--trace",
+        default=None,
+        metavar="PATH",
+        help="write the run's timeline to PATH as Chrome-trace / Perfetto JSON "
+        "(open it at https://ui.perfetto.dev)",
     )
     ev.set_defaults(run=cmd_eval)
     ex = sub.add_parser(

@@ -762,12 +762,12 @@ def _loop(
         state, actions = program.step(params, state, obs, started, active, ep_keys, t)
         actions = np.asarray(actions)
         t_env = time.perf_counter()
-        tel.add("predict", t_env - t_predict)
+        tel.span("predict", t_predict, t_env, "lanes")
         started[:] = False
         kinds, values = action_faults(actions, active, spec.num_actions)
         go = active & (kinds == core_results.NO_FAULT)
         reward, term, trunc = lanes.step(actions, go, obs)
-        tel.add("env_step", time.perf_counter() - t_env)
+        tel.span("env_step", t_env, time.perf_counter(), "lanes")
         if metrics.active:
             stepped = np.flatnonzero(go)
             got = {k: (v[stepped], p[stepped]) for k, (v, p) in lanes.info.items()}

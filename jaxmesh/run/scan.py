@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import capacity_for, empty
 from jaxmesh.devices import resolve_mesh
@@ -26,6 +27,7 @@ from jaxmesh.record import check_record, check_record_budget
 from jaxmesh.remote.address import is_address
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.results import RunResult
+from jaxmesh.trace import check_trace_path, span, tracing
 
 #: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
 #: 2 compiles the segment about a fifth faster (most of it is the unrolled
@@ -146,10 +148,14 @@ class Evaluator:
         """The settings the engine is built with (a sharded run: per device)."""
         return self.settings
 
-    def _program(self, params: Any, capacity: int) -> _Program:
+    def _program(self, params: Any, capacity: int, steps: bool = False) -> _Program:
         """The program for these params' shapes and this capacity, built (every
-        check: probe, frame limit) but not necessarily compiled."""
-        key = (build.signature(params), capacity)
+        check: probe, frame limit) but not necessarily compiled.
+
+        ``steps``: the program with step events (``on_step`` hooks), a program
+        of its own (keyed with ``"on_step"``); without, no callback is in it.
+        """
+        key = (build.signature(params), capacity) + (("on_step",) if steps else ())
         if key not in self._programs:
             chunk = self._chunk(params, key[0])
             engine = build.build_engine(
@@ -161,12 +167,16 @@ class Evaluator:
                 self.metrics,
                 self.record,
             )
+            if steps:
+                engine = with_step_events(engine)
             self._programs[key] = _Program(engine, None)
         return self._programs[key]
 
-    def _compiled(self, params: Any, capacity: int) -> tuple[_Program, bool]:
+    def _compiled(
+        self, params: Any, capacity: int, steps: bool = False
+    ) -> tuple[_Program, bool]:
         """The program with its segment compiled; whether it compiled now."""
-        program = self._program(params, capacity)
+        program = self._program(params, capacity, steps)
         if program.segment is not None:
             return program, False
         shape = program.engine.carry_shape()
@@ -177,7 +187,8 @@ class Evaluator:
             self.settings.segment_steps,
         ).compile(compiler_options(self.device))
         program = program._replace(segment=segment)
-        self._programs[(build.signature(params), capacity)] = program
+        key = (build.signature(params), capacity) + (("on_step",) if steps else ())
+        self._programs[key] = program
         return program, True
 
     def run(
@@ -277,23 +288,45 @@ class Evaluator:
     def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``."""
         rec = self._run_record
-        carry = program.engine.first_carry(
-            seeds_arr, self.device, None if rec is None else rec.episodes
-        )
+        with span("init", "run"):
+            carry = program.engine.first_carry(
+                seeds_arr, self.device, None if rec is None else rec.episodes
+            )
         state, res = (carry.lanes, carry.agent), carry.results
         e = seeds_arr.size
+        k = 0
         while True:
-            state, res = program.segment(params, state, res)
-            # Not donated: these results survive a failure in the next segment.
-            episodes_out.latest = res
-            n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
+            # A segment's span runs from its dispatch to the sync that reads its
+            # counters (the device's work lies in between).
+            with span("segment", "run", index=k):
+                state, res = program.segment(params, state, res)
+                # Not donated: these results survive a failure in the next one.
+                episodes_out.latest = res
+                n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
+            k += 1
             finished = n_done >= e
             if episodes_out.wants_episodes or finished or np.any(faults):
-                host = jax.device_get(res)
-                episodes_out.update(host)
+                with span("host sync", "run"):
+                    host = jax.device_get(res)
+                with span("hooks", "run"):
+                    episodes_out.update(host)
                 episodes_out.check_fault(host)
                 if finished:
                     return host
+
+
+def _trace_settings(args: dict) -> dict:
+    """The settings a timeline records: the plain values among ``evaluate``'s
+    arguments (policies, envs and params are named, not dumped)."""
+    out = {}
+    for k, v in args.items():
+        if v is None or isinstance(v, bool | int | float | str):
+            out[k] = v
+        elif k == "seeds":
+            out[k] = f"{len(v)} seeds"
+        else:
+            out[k] = getattr(v, "name", None) or type(v).__name__
+    return out
 
 
 _EVALUATORS: collections.OrderedDict = collections.OrderedDict()
@@ -352,6 +385,7 @@ def evaluate(
     success: Any = None,
     devices: Any = None,
     record: Any = None,
+    trace: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -410,6 +444,11 @@ def evaluate(
         keep those episodes' observations, actions, rewards and ends step by
         step (``result.trajectories``; ``jaxmesh.render`` makes a video).
         Not with ``devices=``.
+      trace: a file path: the run's timeline as Chrome-trace / Perfetto JSON
+        (compile, init, segments, host syncs, hooks; per call on host-stepped
+        envs: plan, encode, the call and the server's step, decode), written
+        when the run ends, also when it fails (``jaxmesh.trace``; open it at
+        https://ui.perfetto.dev).
 
     Returns:
       A ``RunResult``.
@@ -423,6 +462,11 @@ def evaluate(
 
       result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
     """
+    path = check_trace_path(trace)
+    if path is not None:
+        args = {k: v for k, v in locals().items() if k not in ("trace", "path")}
+        with tracing(path, _trace_settings(args)):
+            return evaluate(**args)
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )

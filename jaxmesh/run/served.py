@@ -311,7 +311,7 @@ class _Run:
         out = codec.decode_result_batch(
             reply.batch, self.obs_specs, None, num_lanes=self.num_local[s]
         )
-        self.tel.add("decode", time.perf_counter() - t0)
+        self.tel.span("decode", t0, time.perf_counter(), f"server {s}")
         return out
 
     def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
@@ -466,7 +466,9 @@ class _Run:
         # The request belongs to gRPC once sent: nothing may change it after.
         size = conn.send(req)
         now = time.perf_counter()
-        self.tel.add("encode", now - t0)
+        self.tel.span(
+            "encode", t0, now, f"server {s}", resets=len(reset_g), lanes=len(act_g)
+        )
         self.tel.add("request_bytes", size)
         record = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
         self.inflight[s].append((record, now))
@@ -513,8 +515,7 @@ class _Run:
         reply, b, arrived, decoded_at = item
         (reset_g, reset_ep, act_g, act_ep), sent_at = self.inflight[s].popleft()
         tel = self.tel
-        tel.add("env_step", reply.server_step_seconds)
-        tel.add("wire", max(0.0, arrived - sent_at - reply.server_step_seconds))
+        tel.call(f"server {s}", sent_at, arrived, reply.server_step_seconds)
         tel.add("queue", time.perf_counter() - decoded_at)
         tel.add("reply_bytes", reply.ByteSize())
         g = self.to_global[s][b.lanes]
@@ -863,7 +864,12 @@ class _Run:
                 actions, cursor = np.asarray(actions), None
             else:
                 actions, cursor = jax.device_get((actions, self.state.cursor))
-            self.tel.add("predict", time.perf_counter() - t0)
+            self.tel.span(
+                "predict",
+                t0,
+                time.perf_counter(),
+                f"group {(turn - 1) % self.num_groups}",
+            )
             if self.recorder is not None:
                 moved = np.flatnonzero(go)
                 self.recorder.actions(moved, self.t[moved], actions)

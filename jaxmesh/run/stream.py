@@ -19,6 +19,7 @@ import numpy as np
 from jaxmesh.core import results as core_results
 from jaxmesh.errors import BadValueError
 from jaxmesh.run.results import RunResult, episode_at
+from jaxmesh.trace import span
 
 HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end")
 
@@ -42,7 +43,8 @@ def drive(
     """
     timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
     try:
-        timing["compile_time"] = compile_program()
+        with span("compile", "run"):
+            timing["compile_time"] = compile_program()
         t_run = time.perf_counter()
         res = loop()
         timing["run_time"] = time.perf_counter() - t_run

@@ -15,6 +15,9 @@ served run records (seconds unless the name says bytes):
 - ``request_bytes`` / ``reply_bytes``: message sizes.
 
 An in-process run records ``predict`` and ``env_step`` (the gymnasium calls).
+
+Under ``evaluate(..., trace=path)`` the timed series are also spans of the run's
+timeline (``jaxmesh.trace``), named as ``TRACE_NAMES`` says.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ import collections
 
 import numpy as np
 
+from jaxmesh import trace as trace_mod
+
 STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
+#: Series -> the span's name on the timeline.
+TRACE_NAMES = {
+    "predict": "plan",
+    "env_step": "env step",
+    "encode": "encode",
+    "decode": "decode",
+}
 
 
 class Telemetry:
@@ -31,9 +43,31 @@ class Telemetry:
 
     def __init__(self) -> None:
         self.series: dict[str, list[float]] = collections.defaultdict(list)
+        #: The run's timeline (``evaluate(..., trace=)``), or None.
+        self.trace = trace_mod.current()
 
     def add(self, name: str, value: float) -> None:
         self.series[name].append(float(value))
+
+    def span(
+        self, name: str, begin: float, end: float, row: str, **args: object
+    ) -> None:
+        """A timed sample from ``begin`` to ``end`` (``time.perf_counter``), and
+        its span on the timeline when the run is traced."""
+        self.series[name].append(end - begin)
+        if self.trace is not None:
+            self.trace.add(TRACE_NAMES.get(name, name), begin, end, row, args or None)
+
+    def call(self, row: str, sent: float, arrived: float, server: float) -> None:
+        """A served call's round trip on the timeline: the call from send to
+        reply, and inside it the server's env time (its position within the
+        call is not sent, so it is drawn centred: an estimate)."""
+        self.series["env_step"].append(server)
+        self.series["wire"].append(max(0.0, arrived - sent - server))
+        if self.trace is not None:
+            self.trace.add("call", sent, arrived, row)
+            mid = sent + max(0.0, arrived - sent - server) / 2
+            self.trace.add("server step", mid, mid + server, row)
 
     def stats(self) -> dict[str, dict[str, float]]:
         """``{series: {count, mean, p50, p95, p99}}`` for every non-empty series."""

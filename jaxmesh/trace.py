@@ -1,0 +1,249 @@
+"""A run's timeline as Chrome-trace / Perfetto JSON (``evaluate(..., trace=path)``).
+
+The file is the Trace Event Format's JSON object form: ``{"traceEvents": [...],
+"displayTimeUnit": "ms", "otherData": {...}}``. Every span is a complete event
+(``"ph": "X"``) with ``ts`` and ``dur`` in microseconds from the run's start;
+threads (``tid``) are named with metadata events (``"ph": "M"``,
+``"thread_name"``), so a viewer shows one row per part of the run:
+
+- ``run``: compile, init, each scan segment and its host sync, hooks;
+- ``group G`` (host-stepped envs, one row per lane group): each call's plan,
+  encode, wire, server step and decode.
+
+Open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load).
+To see XLA's device ops beside it, run the same evaluation under
+``jax.profiler.trace(log_dir)`` and open that profile in Perfetto or TensorBoard:
+the two timelines share the host's wall clock, not one file (see
+docs/evaluation.md, "Timeline").
+
+A trace keeps at most ``max_events`` events; past that it counts what it drops
+and says so in ``otherData`` (a long host-stepped run makes a few events per call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+#: Events a trace keeps by default (about 150 MB of JSON at most).
+MAX_EVENTS = 1_000_000
+
+#: The trace of the ``evaluate`` call in progress in this context (None: none).
+_CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar(
+    "jaxmesh_trace", default=None
+)
+
+
+def current() -> Trace | None:
+    """The trace the ``evaluate`` call in progress writes to, or None."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def tracing(path: Path | None, settings: dict | None = None) -> Iterator[None]:
+    """Makes a trace current for the block, and writes it to ``path`` at the
+    end, also when the block raises (a failed run's timeline is kept).
+    ``path`` None: nothing is traced."""
+    if path is None:
+        yield
+        return
+    trace = Trace()
+    token = _CURRENT.set(trace)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+        trace.write(path, settings)
+
+
+@contextlib.contextmanager
+def span(name: str, row: str = "run", **args: Any) -> Iterator[None]:
+    """A span on the current trace (nothing when there is none)."""
+    trace = _CURRENT.get()
+    if trace is None:
+        yield
+        return
+    with trace.span(name, row, **args):
+        yield
+
+
+class Trace:
+    """Spans of one run, in the host's ``time.perf_counter`` clock.
+
+    Args:
+      max_events: events kept; later ones are counted and dropped.
+
+    Example::
+
+      trace = Trace()
+      with trace.span("compile", "run"):
+          ...
+      trace.write("run.trace.json")
+    """
+
+    def __init__(self, max_events: int = MAX_EVENTS):
+        if not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events={max_events!r}: expected an int >= 1")
+        self.max_events = max_events
+        self.start = time.perf_counter()
+        self.pid = os.getpid()
+        self.events: list[dict] = []
+        self.dropped = 0
+        self._threads: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def tid(self, row: str) -> int:
+        """The thread id of the row named ``row`` (made on first use)."""
+        with self._lock:
+            if row not in self._threads:
+                self._threads[row] = len(self._threads) + 1
+            return self._threads[row]
+
+    def _us(self, t: float) -> float:
+        return round((t - self.start) * 1e6, 3)
+
+    def _add(self, event: dict) -> None:
+        with self._lock:
+            if len(self.events) < self.max_events:
+                self.events.append(event)
+            else:
+                self.dropped += 1
+
+    def add(
+        self,
+        name: str,
+        begin: float,
+        end: float,
+        row: str = "run",
+        args: dict | None = None,
+    ) -> None:
+        """A span from ``begin`` to ``end`` (``time.perf_counter`` seconds)."""
+        event = {
+            "name": name,
+            "cat": row.split(" ")[0],
+            "ph": "X",
+            "ts": self._us(begin),
+            "dur": max(0.0, round((end - begin) * 1e6, 3)),
+            "pid": self.pid,
+            "tid": self.tid(row),
+        }
+        if args:
+            event["args"] = args
+        self._add(event)
+
+    def instant(self, name: str, t: float, row: str = "run", args=None) -> None:
+        """A moment (``"ph": "i"``, thread scope) at ``t``."""
+        event = {
+            "name": name,
+            "cat": row.split(" ")[0],
+            "ph": "i",
+            "s": "t",
+            "ts": self._us(t),
+            "pid": self.pid,
+            "tid": self.tid(row),
+        }
+        if args:
+            event["args"] = args
+        self._add(event)
+
+    @contextlib.contextmanager
+    def span(self, name: str, row: str = "run", **args: Any) -> Iterator[None]:
+        """Times the ``with`` block as one span (recorded even if it raises)."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, begin, time.perf_counter(), row, args or None)
+
+    def to_json(self, settings: dict | None = None) -> dict:
+        """The Trace Event Format object (events sorted by time)."""
+        meta = [
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": self.pid,
+                "tid": 0,
+                "args": {"name": "jaxmesh evaluate"},
+            }
+        ]
+        for row, tid in self._threads.items():
+            meta.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": self.pid,
+                    "tid": tid,
+                    "args": {"name": row},
+                }
+            )
+            meta.append(
+                {
+                    "name": "thread_sort_index",
+                    "ph": "M",
+                    "pid": self.pid,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
+            )
+        events = sorted(self.events, key=lambda e: (e["ts"], -e.get("dur", 0)))
+        other = {"events": len(self.events), "dropped_events": self.dropped}
+        if settings:
+            other["settings"] = settings
+        return {
+            "traceEvents": meta + events,
+            "displayTimeUnit": "ms",
+            "otherData": other,
+        }
+
+    def write(self, path: str | Path, settings: dict | None = None) -> Path:
+        """Writes the trace as JSON to ``path`` (parents made); returns the path."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.to_json(settings), default=_plain))
+        return out
+
+
+def _plain(x: Any) -> Any:
+    """numpy scalars and other strays in ``args`` as JSON values."""
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def check_trace_path(trace: Any) -> Path | None:
+    """``evaluate``'s ``trace=`` checked before anything runs (None: no trace).
+
+    Raises:
+      TypeError: not a path.
+      ValueError: its folder does not exist or is not writable.
+    """
+    if trace is None:
+        return None
+    if not isinstance(trace, str | os.PathLike):
+        raise TypeError(
+            f"trace={trace!r}: expected a file path for the timeline, e.g. "
+            "trace='run.trace.json', or None"
+        )
+    path = Path(trace)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(
+            f"trace={str(trace)!r}: the folder {str(folder)!r} does not exist; "
+            "create it first or write the trace elsewhere"
+        )
+    if not os.access(folder, os.W_OK):
+        raise ValueError(
+            f"trace={str(trace)!r}: the folder {str(folder)!r} is not writable; "
+            "write the trace elsewhere"
+        )
+    return path
+
+
+__all__ = ["MAX_EVENTS", "Trace", "check_trace_path", "current", "span", "tracing"]
