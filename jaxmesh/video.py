@@ -21,6 +21,7 @@ other ffmpeg formats) through imageio-ffmpeg (``pip install 'jaxmesh[video]'``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -279,7 +280,14 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
                 f"writing {path.suffix} needs imageio-ffmpeg: pip install "
                 "'jaxmesh[video]' (or write a .gif)"
             ) from e
-        imageio.mimwrite(path, frames, fps=fps, macro_block_size=1)
+        with warnings.catch_warnings():
+            # imageio-ffmpeg starts ffmpeg with subprocess (fork, then exec at
+            # once), which JAX's at-fork hook warns about; exec leaves no
+            # thread state behind, so the warning says nothing here.
+            warnings.filterwarnings(
+                "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
+            )
+            imageio.mimwrite(path, frames, fps=fps, macro_block_size=1)
     return path
 
 
