@@ -26,7 +26,13 @@ episodes=[0, 1, 2, 3])``: observations, actions, rewards and ends written into
 device buffers every step) on the same budget, interleaved; ``record ratio`` is
 its steps/s over the plain run's (goal: >= 0.95).
 
-Run: ``python benchmarks/overhead.py [--quick] [--metrics] [--record]``
+``--on-step`` also runs jaxmesh with a hook whose ``on_step`` does nothing (the
+engine then compiles an ordered ``io_callback`` into the step and the host
+builds one ``jaxmesh.StepEvent`` per lane and step) on the same budget,
+interleaved; ``on_step ratio`` is its steps/s over the plain run's. No goal: it
+is the price of a step hook, documented in docs/evaluation.md ("Step hooks").
+
+Run: ``python benchmarks/overhead.py [--quick] [--metrics] [--record] [--on-step]``
 """
 
 from __future__ import annotations
@@ -84,6 +90,13 @@ def make_bare(module, num_envs: int, steps: int):
     return jax.jit(run)
 
 
+class NoOpStep:
+    """A step hook that does nothing: what remains is the cost of delivering."""
+
+    def on_step(self, event: jaxmesh.StepEvent) -> None:
+        del event
+
+
 def make_policy(module, params, name: str) -> jaxmesh.Model:
     def mlp_argmax(p, obs):
         return jnp.argmax(module.apply(p, obs)).astype(jnp.int32)
@@ -137,6 +150,10 @@ def measure(module, params, name, args, tile: int) -> dict:
         recorded = {"record": Record(episodes=[0, 1, 2, 3])}
         run_jaxmesh(**recorded)  # compiles
         runs["record"] = lambda: run_jaxmesh(**recorded)
+    if args.on_step:
+        stepped = {"hooks": NoOpStep()}
+        run_jaxmesh(**stepped)  # compiles
+        runs["on_step"] = lambda: run_jaxmesh(**stepped)
     med = interleave(runs, args.repeats)
     if args.profile:
         per = first["env_steps"] / n
@@ -161,6 +178,8 @@ def measure(module, params, name, args, tile: int) -> dict:
         "first_compile_s": first["compile"],
         "metrics_ratio": med["metrics"]["sps"] / jm["sps"] if args.metrics else None,
         "record_ratio": med["record"]["sps"] / jm["sps"] if args.record else None,
+        "on_step_sps": med["on_step"]["sps"] if args.on_step else None,
+        "on_step_ratio": med["on_step"]["sps"] / jm["sps"] if args.on_step else None,
     }
 
 
@@ -193,6 +212,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--record",
         action="store_true",
         help="also time a run recording 4 episodes (the record ratio)",
+    )
+    ap.add_argument(
+        "--on-step",
+        action="store_true",
+        help="also time a run with a no-op on_step hook (the on_step ratio)",
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -276,6 +300,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             m = r["record_ratio"]
             text = f"record ratio >= 0.95 [{r['policy']}, plan_tile={r['plan_tile']}]"
             print(goal(text, m, m >= 0.95))
+        if r["on_step_ratio"] is not None:
+            print(
+                f"on_step ratio (no goal) [{r['policy']}, plan_tile={r['plan_tile']}]: "
+                f"{r['on_step_ratio']:.3f} ({r['on_step_sps']:,.0f} steps/s with "
+                f"a no-op on_step, {r['jaxmesh_sps']:,.0f} without)"
+            )
     return rows
 
 

@@ -17,7 +17,7 @@ from jaxmesh.params import Param, ParamError
 from jaxmesh.record import Record, Trajectory
 from jaxmesh.run.agent import Agent, make_agent
 from jaxmesh.run.pure import make_evaluator
-from jaxmesh.run.results import EpisodeResult, RunResult
+from jaxmesh.run.results import EpisodeResult, RunResult, StepEvent
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison, compare
@@ -70,6 +70,7 @@ __all__ = [
     "Model",
     "EpisodeResult",
     "RunResult",
+    "StepEvent",
     "Record",
     "Trajectory",
     "render",

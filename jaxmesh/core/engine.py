@@ -10,7 +10,9 @@ bad values (``results.Fault``). Episode metrics (``EngineConfig.metrics``) are
 accumulators in the lane state, reduced on every step and written into the
 results at the episode's end: no host round trip. Recorded episodes
 (``EngineConfig.record_slots``) are written step by step into fixed buffers in
-the results (``results.Recording``), also without a host round trip.
+the results (``results.Recording``), also without a host round trip. Only
+``EngineConfig.step_events`` (an ``on_step`` hook) adds one: an ordered
+``io_callback`` per step that hands the per-lane values to the host.
 
 The compiled program never depends on the budget: the seeds and the result
 buffers have a static *capacity*, and the budget (how many of them are used) is
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.experimental import io_callback
 
 from jaxmesh.core import agent, results, tiles
 from jaxmesh.core.policy import Policy
@@ -63,6 +66,11 @@ class EngineConfig:
     record_slots: int = 0
     record_steps: int = 0
     record_keys: tuple[str, ...] | None = None
+    #: Step events for ``on_step`` hooks: the step sends its per-lane arrays to
+    #: the host through an ordered ``io_callback`` (``Engine.step_sink``), and a
+    #: segment stops after a step whose sink answered False. False: no callback
+    #: is compiled in.
+    step_events: bool = False
 
     @property
     def accumulators(self) -> tuple[tuple[str, str], ...]:
@@ -129,6 +137,12 @@ def _first_lanes(xp, n: int, capacity: int, budget: Any) -> dict:
     }
 
 
+def with_step_events(engine: Engine) -> Engine:
+    """The same engine with step events compiled in (``EngineConfig.step_events``)."""
+    config = dataclasses.replace(engine.config, step_events=True)
+    return Engine(engine.policy, engine.env, config)
+
+
 class Engine:
     """The jitted engine for one (policy, env, configuration).
 
@@ -142,6 +156,12 @@ class Engine:
         self.policy = policy
         self.env = env
         self.config = config
+        #: With ``config.step_events``: the host function each step's arrays go
+        #: to, ``sink(stepped, episode, t, action, reward, terminated,
+        #: truncated) -> bool`` (all [N] numpy; False stops the segment). The
+        #: compiled program calls ``_emit``, which reads this at run time, so
+        #: each run sets its own sink on the same program.
+        self.step_sink: Any = None
         # The lanes and agent state are donated (updated in place); the results
         # are not, so the host keeps the last segment's results alive until the
         # next segment returns: a failure inside a segment loses nothing finished.
@@ -415,8 +435,45 @@ class Engine:
         values = jnp.where(bad_a, value_a, reward)
         return kinds, values
 
+    def _emit(self, *arrays: Any) -> np.bool_:
+        """Host side of the step-event callback: hands the arrays to the sink."""
+        sink = self.step_sink
+        if sink is None:  # no run listens (never the case under Evaluator)
+            return np.bool_(True)
+        return np.bool_(sink(*(np.array(a) for a in arrays)))
+
+    def _step_events(self, lanes: Lanes, kinds, action, reward, term, trunc):
+        """Sends this step's per-lane values to the host (ordered); whether the
+        segment goes on.
+
+        ``lanes`` is the lane state the step ran with (episode, t before the
+        step). Only lanes that executed the step without a bad value are
+        marked as stepped.
+        """
+        stepped = lanes.active & (kinds == results.NO_FAULT)
+        return io_callback(
+            self._emit,
+            jax.ShapeDtypeStruct((), jnp.bool_),
+            stepped,
+            lanes.episode,
+            lanes.t,
+            action,
+            reward,
+            term,
+            trunc,
+            ordered=True,
+        )
+
     def step(self, params: Any, carry: Carry) -> Carry:
         """One env step for every active lane, with all the bookkeeping."""
+        return self._step(params, carry)[0]
+
+    def _step(self, params: Any, carry: Carry) -> tuple[Carry, Any]:
+        """``step``, and whether the segment goes on (None without step events).
+
+        With ``config.step_events`` the step's values go to the host through an
+        ordered ``io_callback`` (``_step_events``).
+        """
         cfg = self.config
         lanes, ag, obs0, begins = self._begin(carry.lanes, carry.agent)
         active = lanes.active
@@ -440,6 +497,9 @@ class Engine:
         ret = lanes.ret + reward
         trunc = trunc | (t >= cfg.max_steps)
         ended = active & (term | trunc)
+        go_on = None
+        if cfg.step_events:
+            go_on = self._step_events(lanes, kinds, action, reward, term, trunc)
         rec = carry.results.recording
         if cfg.record_slots:
             # Skipped once every recorded episode is done (most of a run): a
@@ -493,7 +553,7 @@ class Engine:
             next_episode=jnp.minimum(lanes.next_episode + n_ended, lanes.budget),
             n_done=lanes.n_done + n_ended,
         )
-        return Carry(lanes, ag, r)
+        return Carry(lanes, ag, r), go_on
 
     @staticmethod
     def _running(carry: Carry) -> jax.Array:
@@ -512,6 +572,21 @@ class Engine:
     ) -> tuple[tuple, results.Results]:
         """Up to ``max_steps`` steps from ``state = (lanes, agent)``."""
         carry = Carry(*state, res)
+        if self.config.step_events:
+            # A step whose events a hook refused (it raised) ends the segment;
+            # the host raises the hook's exception after it.
+            def cond(c):
+                i, go_on, carry = c
+                return (i < max_steps) & go_on & self._running(carry)
+
+            def body(c):
+                i, _, carry = c
+                carry, go_on = self._step(params, carry)
+                return i + 1, go_on, carry
+
+            first = (jnp.int32(0), jnp.bool_(True), carry)
+            _, _, carry = jax.lax.while_loop(cond, body, first)
+            return (carry.lanes, carry.agent), carry.results
 
         def cond(c):
             i, carry = c

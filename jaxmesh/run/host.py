@@ -638,6 +638,7 @@ def _run(
     episodes_out = stream.EpisodeStream(
         hook_list, seeds_arr, pol.on_episode_end, run_fields
     )
+    episodes_out.steps = stream.StepStream(hook_list, cfg.horizon, cfg.lead)
     res = core_results.empty(
         e, n, np, metrics=metrics.named, success=metrics.tracks_success
     )
@@ -726,6 +727,7 @@ def _loop(
     """Runs the budget; writes every finished episode into ``res`` (numpy)."""
     spec = lanes.spec
     n, e = settings.num_envs, int(seeds_arr.size)
+    steps = episodes_out.steps
     k = _key_layout()
     episode = np.full(n, -1, np.int64)
     active = np.zeros(n, bool)
@@ -792,7 +794,12 @@ def _loop(
             recorder.step(js, step_index[js], obs[js], reward[js], term[js], trunc[js])
         ended = go & (term | trunc)
         faulted = kinds != core_results.NO_FAULT
+        if steps:  # the lanes that stepped without a bad value, ascending
+            js = np.flatnonzero(go & ~bad_r)
+            ends = (term[js], trunc[js])
+            steps.emit(js, episode[js], step_index[js], actions[js], reward[js], *ends)
         if not (ended.any() or faulted.any()):
+            steps.raise_error()
             continue
         calls, rows = jax.device_get((state.predict_calls, state.rows))
         res.policy_rows[...] = rows
@@ -815,6 +822,9 @@ def _loop(
             f.episode[:] = np.maximum(episode, 0)
             f.step[:] = step_index
             f.value[:] = values
+        # A hook that raised on this step ends the run here: the episodes that
+        # ended on it are done (in exc.partial_result), as on the scan path.
+        steps.raise_error()
         episodes_out.update(res)
         episodes_out.check_fault(res)
         restart = []

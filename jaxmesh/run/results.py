@@ -43,6 +43,40 @@ class EpisodeResult(NamedTuple):
         return d
 
 
+class StepEvent(NamedTuple):
+    """One executed env step of one lane, as ``on_step`` hooks receive it.
+
+    ``t`` is the 0-based step index within episode ``episode`` (its index in
+    the budget); ``action`` is the action the env executed (numpy, the env's
+    action shape, as the engine holds it); ``reward`` is the step's reward
+    (float32, as summed into the return); ``terminated`` / ``truncated`` are
+    the step's ends, ``truncated`` including jaxmesh's caps
+    (``max_episode_steps``, ``max_episode_seconds``).
+
+    ``planned`` is True when the action is the first one of a chunk (a plan
+    made for this step, synchronously or under a lead ahead of time), False
+    when it is replayed from a chunk planned earlier (CONTRACT 10). ``stale``
+    is how many steps before the chunk started playing it was planned: 0 for
+    a synchronous plan (every plan without a lead, and an episode's first
+    chunk), ``min(L, h)`` for a prefetched chunk (CONTRACT 12); every action of
+    a chunk carries its chunk's value, so an action at position ``c`` of its
+    chunk was chosen from an observation ``stale + c`` steps old.
+
+    The observation is not part of the event (it would cross from the device,
+    or the wire, on every step); record episodes with ``jaxmesh.Record``.
+    """
+
+    lane: int
+    episode: int
+    t: int
+    action: np.ndarray
+    reward: float
+    terminated: bool
+    truncated: bool
+    planned: bool
+    stale: int
+
+
 def _json_value(v: Any) -> float | bool | None:
     """A metric value for JSON: a bool, a float, or None for NaN (no value)."""
     if isinstance(v, bool | np.bool_):

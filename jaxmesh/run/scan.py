@@ -76,6 +76,9 @@ class Evaluator:
       b = ev.run(episodes=300)  # same program: no compile
     """
 
+    #: Whether ``on_step`` hooks can run (a sharded evaluator refuses them).
+    supports_step_hooks = True
+
     def __new__(cls, *args: Any, devices: Any = None, **kwargs: Any):
         # devices= builds the sharded subclass (jaxmesh/run/sharded.py).
         if devices is not None and cls is Evaluator:
@@ -130,7 +133,8 @@ class Evaluator:
         return self.policy.device
 
     def programs(self) -> list[tuple]:
-        """The (params signature, capacity) of every program compiled so far."""
+        """The (params signature, capacity) of every program compiled so far;
+        a program with step events (an ``on_step`` hook) adds ``"on_step"``."""
         return [k for k, p in self._programs.items() if p.segment is not None]
 
     def _chunk(self, params: Any, sig: tuple) -> int | None:
@@ -240,8 +244,16 @@ class Evaluator:
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
         }
+        steps = stream.StepStream(hook_list, h, min(s.prefetch_lead, h))
+        self._run_steps = steps
+        if steps and not self.supports_step_hooks:
+            raise ValueError(
+                f"hooks: an on_step hook with devices= ({type(self).__name__}): "
+                "step events are sent from one device's program; drop devices= "
+                "for a run with on_step hooks, or keep on_episode_end only"
+            )
         if e:  # every check runs before a hook hears of the run
-            self._program(params, capacity)
+            self._program(params, capacity, bool(steps))
         info = {"episodes": e, **run_fields}
         stream.call(hook_list, "on_run_start", info)
         episodes_out = stream.EpisodeStream(
@@ -253,7 +265,10 @@ class Evaluator:
             if e == 0:
                 return 0.0
             t0 = time.perf_counter()
-            program, fresh = self._compiled(params, capacity)
+            if steps:  # (a sharded evaluator's _compiled takes no steps)
+                program, fresh = self._compiled(params, capacity, True)
+            else:
+                program, fresh = self._compiled(params, capacity)
             compiled.append(program)
             return time.perf_counter() - t0 if fresh else 0.0
 
@@ -261,7 +276,12 @@ class Evaluator:
             if e == 0:
                 named, key = self.metrics
                 return empty(0, 0, np, metrics=named, success=key is not None)
-            return self._loop(compiled[0], params, seeds_arr, episodes_out)
+            engine = compiled[0].engine
+            engine.step_sink = steps.emit_masked if steps else None
+            try:
+                return self._loop(compiled[0], params, seeds_arr, episodes_out)
+            finally:
+                engine.step_sink = None
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
@@ -302,6 +322,7 @@ class Evaluator:
                 state, res = program.segment(params, state, res)
                 # Not donated: these results survive a failure in the next one.
                 episodes_out.latest = res
+                self._run_steps.raise_error()  # an on_step hook raised: it ends
                 n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
             k += 1
             finished = n_done >= e
@@ -412,7 +433,10 @@ def evaluate(
         default: the env's own limit, or 100,000 steps.
       hooks: an object (or list) with any of ``on_run_start(info)``,
         ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called on
-        the host between segments; episodes arrive in episode order.
+        the host between segments; episodes arrive in episode order. And
+        ``on_step(jaxmesh.StepEvent)``, every executed step in step order (on a
+        JAX env a program of its own with a host callback per step: much slower;
+        docs/evaluation.md, "Step hooks"; refused with ``devices=``).
       params: policy params passed as a jit argument (new values never
         recompile). With ``params``, a plain function is ``fn(params, obs)`` or
         ``fn(params, obs, key)`` as in ``make_evaluator``; for a Model they

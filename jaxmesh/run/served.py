@@ -258,6 +258,11 @@ class _Run:
         self.ret = np.zeros(n, np.float32)
         self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
         self.obs = np.zeros((n,) + self.spec.obs_shape, self.spec.obs_dtype)
+        #: ``on_step`` hooks: a lane's step event goes out when its result is
+        #: taken, with the action the lane executed (kept when it acted).
+        self.steps = episodes_out.steps
+        a_spec = self.spec
+        self.step_action = np.zeros((n,) + a_spec.action_shape, a_spec.action_dtype)
         # Step results in, not taken yet: a ring buffer per lane. At most two
         # chunks are ever sent ahead of the step a lane is at.
         cap = self.cap = 2 * h + 2
@@ -754,6 +759,18 @@ class _Run:
                 int(step_index[q]),
                 r[q],
             )
+        if self.steps:  # lanes ascending; each lane's steps in order
+            ok = ~bad_r
+            js = j[ok]
+            self.steps.emit(
+                js,
+                self.episode[js],
+                step_index[ok],
+                self.step_action[js],
+                r[ok],
+                te[ok],
+                tr[ok],
+            )
         end = (te | tr) & ~bad_r
         ended = j[end]
         if ended.size:
@@ -766,6 +783,7 @@ class _Run:
             res.truncated[i] = tr[end]
             res.lanes[i] = ended
         self.close_episodes(ended, fault)
+        self.steps.raise_error()  # a hook raised on a step that ended nothing
 
     def close_episodes(self, ended: np.ndarray, fault: tuple | None) -> None:
         """Marks ended episodes done, raises a fault, restarts the lanes."""
@@ -785,6 +803,9 @@ class _Run:
             f.episode[j] = max(int(self.episode[j]), 0)
             f.step[j] = step
             f.value[j] = value
+        # A hook that raised on this step ends the run here: the episodes that
+        # ended on it are done (in exc.partial_result), as on the scan path.
+        self.steps.raise_error()
         self.episodes_out.update(res)
         self.episodes_out.check_fault(res)
         restart = []
@@ -873,6 +894,8 @@ class _Run:
             if self.recorder is not None:
                 moved = np.flatnonzero(go)
                 self.recorder.actions(moved, self.t[moved], actions)
+            if self.steps:
+                self.step_action[go] = actions[go]
             self.started[go] = False
             self.ready[go] = False
             self.check_actions(go, actions)

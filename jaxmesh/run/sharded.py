@@ -217,6 +217,11 @@ class ShardedEvaluator(Evaluator):
         process.
     """
 
+    #: ``on_step`` hooks are refused (a ``ValueError`` before anything
+    #: compiles): the step events would come from D programs at once, with no
+    #: order between the devices' steps (docs/evaluation.md, "Step hooks").
+    supports_step_hooks = False
+
     def __init__(self, policy: Any, env: Any, *, devices: Any, **settings: Any):
         super().__init__(policy, env, **settings)
         self.mesh = resolve_mesh(devices)

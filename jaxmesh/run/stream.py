@@ -18,10 +18,10 @@ import numpy as np
 
 from jaxmesh.core import results as core_results
 from jaxmesh.errors import BadValueError
-from jaxmesh.run.results import RunResult, episode_at
+from jaxmesh.run.results import RunResult, StepEvent, episode_at
 from jaxmesh.trace import span
 
-HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end")
+HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end", "on_step")
 
 
 def drive(
@@ -84,6 +84,110 @@ def call(hooks: list, name: str, *args: Any) -> None:
             fn(*args)
 
 
+def chunk_position(
+    t: np.ndarray, horizon: int, lead: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per executed step: whether its action starts a chunk, and the chunk's lag.
+
+    An episode plans at its step 0 and then every ``h`` steps (CONTRACT 10: a
+    chunk plays out until the episode ends), so the action of step ``t`` starts
+    a chunk when ``t % h == 0``. With a lead ``l = min(L, h) > 0`` every chunk
+    but the episode's first (``t < h``) was planned ``l`` steps before it
+    started (CONTRACT 12); without one, every plan is synchronous.
+
+    Args:
+      t: [m] step indices within their episodes (0-based).
+      horizon: the effective horizon h.
+      lead: the effective lead ``min(L, h)``.
+
+    Returns:
+      ``planned`` [m] bools and ``stale`` [m] ints.
+    """
+    t = np.asarray(t)
+    planned = t % horizon == 0
+    stale = np.where((t < horizon) | (lead == 0), 0, lead)
+    return planned, stale
+
+
+class StepStream:
+    """Hands executed steps to the ``on_step`` hooks as ``StepEvent``s.
+
+    A driver calls ``emit`` once per step (per lane and step on a loop whose
+    lanes move at their own pace), with the lanes in ascending order. The
+    first exception a hook raises is kept in ``error`` and no event is
+    delivered after it; the driver stops and raises it (``raise_error``).
+
+    Args:
+      hooks: the hook objects (those without ``on_step`` are ignored).
+      horizon: the effective horizon h; lead: the effective lead.
+    """
+
+    def __init__(self, hooks: list, horizon: int, lead: int):
+        self.fns = [h.on_step for h in hooks if callable(getattr(h, "on_step", None))]
+        self.horizon = horizon
+        self.lead = lead
+        self.error: BaseException | None = None
+
+    def __bool__(self) -> bool:
+        """Whether some hook defines ``on_step``."""
+        return bool(self.fns)
+
+    def emit(
+        self,
+        lanes: Any,
+        episodes: Any,
+        t: Any,
+        actions: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+    ) -> bool:
+        """Delivers one event per lane (all arguments [m], aligned).
+
+        Returns:
+          False once a hook has raised (the exception is kept in ``error``).
+        """
+        if self.error is not None:
+            return False
+        t = np.asarray(t)
+        planned, stale = chunk_position(t, self.horizon, self.lead)
+        actions = np.asarray(actions)
+        rows = zip(
+            np.asarray(lanes).tolist(),
+            np.asarray(episodes).tolist(),
+            t.tolist(),
+            np.asarray(rewards, np.float32).tolist(),
+            np.asarray(terminated).tolist(),
+            np.asarray(truncated).tolist(),
+            planned.tolist(),
+            stale.tolist(),
+            strict=True,
+        )
+        try:
+            for q, (j, i, k, r, te, tr, p, st) in enumerate(rows):
+                event = StepEvent(j, i, k, actions[q], r, te, tr, p, st)
+                for fn in self.fns:
+                    fn(event)
+        except BaseException as exc:  # raised again by the driver, after the step
+            self.error = exc
+            return False
+        return True
+
+    def emit_masked(self, stepped: np.ndarray, *values: np.ndarray) -> bool:
+        """``emit`` for the lanes in ``stepped`` ([N]) of [N] arrays (``episode,
+        t, action, reward, terminated, truncated``): the scan's sink."""
+        js = np.flatnonzero(stepped)
+        if not js.size:
+            return self.error is None
+        return self.emit(js, *(v[js] for v in values))
+
+    def raise_error(self) -> None:
+        """Raises the exception a hook raised, if any."""
+        if self.error is not None:
+            exc, self.error = self.error, None
+            raise exc
+
+
 class EpisodeStream:
     """Hands finished episodes to ``on_episode_end`` hooks in episode order.
 
@@ -115,6 +219,9 @@ class EpisodeStream:
         self.wants_episodes = on_episode_end is not None or any(
             hasattr(h, "on_episode_end") for h in hooks
         )
+        #: The run's ``on_step`` deliveries; a host loop sets it with the run's
+        #: effective horizon and lead (empty: no hook has ``on_step``).
+        self.steps = StepStream([], 1, 0)
 
     def update(self, res: Any) -> None:
         """Takes the newest host copy of ``Results``; reports what finished."""
