@@ -65,6 +65,11 @@ CONFIG_KEYS: dict[str, str] = {
     "env_config": "mapping passed to jaxmesh.make_env(env, **env_config), "
     "e.g. episode_length: 50 for a brax env (gymnax: and brax: ids only)",
     "token": "served envs: the servers' session token (null: $JAXMESH_TOKEN)",
+    "tls_ca": "served envs at grpcs://: a PEM file of the CA (or self-signed "
+    "certificate) the servers' certificates are checked against (null: gRPC's "
+    "default roots)",
+    "reply_timeout": "served envs: seconds a reply may take before the run fails "
+    "(null: as long as the env takes)",
     "policy": "module:Class, module:function or module:model_instance (required)",
     "policy_config": "mapping passed to Class.from_config(**...) or Class(**...)",
     "episodes": "episode budget; seeds default to 0..episodes-1",
@@ -239,6 +244,23 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"max_episode_seconds={seconds!r}: expected a number > 0 "
             f"({CONFIG_KEYS['max_episode_seconds']}), or null for no limit"
+        )
+    timeout = config.get("reply_timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigError(
+            f"reply_timeout={timeout!r}: expected a number > 0 "
+            f"({CONFIG_KEYS['reply_timeout']})"
+        )
+    ca = config.get("tls_ca")
+    if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
+        raise ConfigError(
+            f"tls_ca={ca!r}: expected the path of a PEM file that exists "
+            f"({CONFIG_KEYS['tls_ca']})"
         )
     token = config.get("token")
     if token is not None and (not isinstance(token, str) or not token):
@@ -465,13 +487,25 @@ def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
         raise ConfigError(f"cannot make env {env_id!r}{given}: {e}") from e
 
 
+def _channel_credentials(ca: str | None) -> Any:
+    """``grpc.ssl_channel_credentials`` trusting the PEM file ``ca`` (None: none)."""
+    if ca is None:
+        return None
+    import grpc
+
+    return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+
+
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """The policy, the env and ``evaluate``'s keyword arguments of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
     env = build_env(config["env"], config["env_config"])
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "token", "metrics", "success")
-    keys += ("record",)
+    keys += ("record", "reply_timeout")
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
+    credentials = _channel_credentials(config.get("tls_ca"))
+    if credentials is not None:
+        kwargs["credentials"] = credentials
     return policy, env, kwargs
 
 
@@ -765,7 +799,12 @@ def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, in
             from jaxmesh.run.served import ServedLanes
 
             addresses = [env] if isinstance(env, str) else list(env)
-            lanes = ServedLanes(addresses, sys.maxsize, token=config.get("token"))
+            lanes = ServedLanes(
+                addresses,
+                sys.maxsize,
+                token=config.get("token"),
+                credentials=_channel_credentials(config.get("tls_ca")),
+            )
             count = lanes.num_lanes
         else:
             from jaxmesh.envs.gymnasium import make_lanes

@@ -15,6 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import gymnasium as gym
 import jax
@@ -335,6 +337,52 @@ def test_an_env_exception_reaches_the_client_with_its_traceback():
         # The server serves the next session.
         again = jaxmesh.evaluate(lean, url(server), num_envs=2, seeds=SEEDS[:4])
         assert again.num_episodes == 4
+
+
+class HangsAtStep(gym.Env):
+    """One float observation; 5-step episodes; seed ``hang``'s episode sleeps
+    ``seconds`` in its third step (an env that hangs without dying)."""
+
+    observation_space = spaces.Box(-1, 1, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, hang: int, seconds: float):
+        self.hang, self.seconds = hang, seconds
+        self.released = threading.Event()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_, self.t = seed, 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.seed_ == self.hang and self.t == 3:
+            self.released.wait(self.seconds)
+        return np.zeros(1, np.float32), 1.0, False, self.t >= 5, {}
+
+
+def test_reply_timeout_ends_a_run_whose_env_hangs():
+    envs = [HangsAtStep(hang=2, seconds=30.0)]
+    with served(envs) as server:
+        t0 = time.monotonic()
+        with pytest.raises(jaxmesh.RemoteConnectionError, match="reply_timeout") as e:
+            jaxmesh.evaluate(
+                lambda o: jnp.int32(0),
+                url(server),
+                num_envs=1,
+                episodes=4,
+                reply_timeout=1.0,
+            )
+        assert time.monotonic() - t0 < 20  # not the 30 s the env hangs
+        # Episodes 0 and 1 finished before episode 2 hung; nothing else counts.
+        assert e.value.partial_result.indices.tolist() == [0, 1]
+        assert e.value.partial_result.lengths.tolist() == [5, 5]
+        envs[0].released.set()  # let the server's step return and end
+    with pytest.raises(ValueError, match="reply_timeout=0"):
+        jaxmesh.evaluate(lean, url(server), reply_timeout=0)
+    with pytest.raises(ValueError, match="drop reply_timeout="):
+        jaxmesh.evaluate(lean, [gym.make(ID)], reply_timeout=1.0)
 
 
 def test_a_bad_action_raises_bad_value_error_at_its_step(cartpoles):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import gymnasium as gym
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from cryptography import x509
@@ -232,3 +234,54 @@ def test_serve_env_cli_needs_both_tls_files(pems):
     )
     assert out.returncode != 0
     assert "--tls-key" in out.stderr and "give both" in out.stderr
+
+
+def test_evaluate_over_tls_equals_the_run_in_process(pems):
+    def policy(obs):
+        return (obs[2] > 0).astype(jnp.int32)
+
+    here = jaxmesh.evaluate(policy, [gym.make(ENV_ID) for _ in range(2)], episodes=5)
+    with jaxmesh.EnvServer(
+        [gym.make(ENV_ID) for _ in range(2)],
+        "127.0.0.1:0",
+        credentials=server_credentials(pems),
+    ) as server:
+        address = f"grpcs://localhost:{port_of(server)}"
+        there = jaxmesh.evaluate(
+            policy, address, episodes=5, credentials=client_credentials(pems)
+        )
+        with pytest.raises(ValueError, match="grpcs://host:port"):
+            jaxmesh.evaluate(
+                policy,
+                f"grpc://127.0.0.1:{port_of(server)}",
+                episodes=5,
+                credentials=client_credentials(pems),
+            )
+    np.testing.assert_array_equal(there.returns, here.returns)
+    np.testing.assert_array_equal(there.lengths, here.lengths)
+
+
+def test_cli_eval_reaches_a_tls_server_with_tls_ca(pems, tmp_path):
+    from jaxmesh.cli import main
+
+    out = tmp_path / "served.json"
+    with jaxmesh.EnvServer(
+        [gym.make(ENV_ID) for _ in range(2)],
+        "127.0.0.1:0",
+        credentials=server_credentials(pems),
+    ) as server:
+        config = tmp_path / "tls.yaml"
+        config.write_text(
+            f"env: grpcs://localhost:{port_of(server)}\n"
+            f"tls_ca: {pems['cert']}\n"
+            "reply_timeout: 30\n"
+            "policy: jaxmesh.zoo.cartpole:CartPoleMLP\n"
+            "episodes: 3\n"
+            "num_envs: 2\n"
+            f"output: {out}\n"
+        )
+        assert main(["eval", str(config), "--no-progress"]) == 0
+        missing = tmp_path / "missing.yaml"
+        missing.write_text(config.read_text().replace(str(pems["cert"]), "no.pem"))
+        assert main(["eval", str(missing), "--no-progress"]) == 2
+    assert json.loads(out.read_text())["totals"]["episodes"] == 3

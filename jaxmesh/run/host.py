@@ -66,6 +66,22 @@ def check_seconds(value: Any) -> float | None:
     return float(value)
 
 
+def check_reply_timeout(value: Any) -> float | None:
+    """``reply_timeout`` as a float > 0, or None (no limit).
+
+    Raises:
+      TypeError: not a number; ValueError: not finite and above 0.
+    """
+    if value is None:
+        return None
+    hint = "seconds a served env's reply may take, or None for no limit"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"reply_timeout={value!r}: expected a number > 0; {hint}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"reply_timeout={value!r}: expected a number > 0; {hint}")
+    return float(value)
+
+
 def check_lane_groups(value: Any) -> int | None:
     """``lane_groups`` as an int >= 1, or None (the default).
 
@@ -488,6 +504,8 @@ def evaluate(
     max_episode_seconds: float | None,
     token: str | None = None,
     lane_groups: int | None = None,
+    credentials: Any = None,
+    reply_timeout: float | None = None,
     metrics: Any = None,
     success: Any = None,
     record: Any = None,
@@ -513,13 +531,14 @@ def evaluate(
         before its reset; the episode ends ``truncated`` after the first step
         that ends past it (CONTRACT 18).
       token: the servers' token (default: ``JAXMESH_TOKEN``).
+      credentials, reply_timeout: served envs, as for ``jaxmesh.evaluate``.
       lane_groups: served envs: lanes in this many groups, so that the device
         plans for one group while the servers step another (see
         ``jaxmesh.run.served``); None: ``served.default_lane_groups``.
       metrics, success: as for ``jaxmesh.evaluate``; read from each step's
         gymnasium ``info`` (``HostMetrics``). A served env sends only these
-        keys, and in auto mode (``success=None``) only the success keys its
-        server declares.
+        keys (in auto mode, ``success=None``, also ``success`` and
+        ``is_success`` when its info has them).
       record: a ``jaxmesh.Record``: its episodes are recorded on the host
         (``HostRecorder``); in process, with ``env.render()`` frames when the
         envs have ``render_mode="rgb_array"`` (``Record.frames``). A served
@@ -553,9 +572,26 @@ def evaluate(
 
         addresses = [env] if isinstance(env, str) else list(env)
         groups = check_lane_groups(lane_groups)
-        lanes = ServedLanes(addresses, settings.num_envs, token=token)
+        lanes = ServedLanes(
+            addresses,
+            settings.num_envs,
+            token=token,
+            credentials=credentials,
+            reply_timeout=check_reply_timeout(reply_timeout),
+        )
         settings = lanes.group(settings, groups)
     else:
+        for name, value in (
+            ("token", token),
+            ("credentials", credentials),
+            ("reply_timeout", reply_timeout),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r}: {name} is for served envs "
+                    "('grpc://host:port'); an env stepped in this process needs "
+                    f"none, so drop {name}="
+                )
         if lane_groups is not None:
             raise ValueError(
                 f"lane_groups={lane_groups!r}: lane groups pipeline calls to env "

@@ -402,6 +402,8 @@ def evaluate(
     max_episode_seconds: float | None = None,
     token: str | None = None,
     lane_groups: int | None = None,
+    credentials: Any = None,
+    reply_timeout: float | None = None,
     metrics: Any = None,
     success: Any = None,
     devices: Any = None,
@@ -449,6 +451,14 @@ def evaluate(
         only (a JAX env refuses it: use ``max_episode_steps``).
       token: served envs: the servers' token (default: the ``JAXMESH_TOKEN``
         environment variable).
+      credentials: served envs at ``"grpcs://host:port"``: the
+        ``grpc.ChannelCredentials`` that check the servers' certificates (e.g.
+        ``grpc.ssl_channel_credentials(root_certificates=pem)``); None: gRPC's
+        default roots.
+      reply_timeout: served envs: seconds a reply may take before the run fails
+        with ``jaxmesh.RemoteConnectionError`` (an env that hangs without
+        dying); None: as long as the env takes (a dead server is detected
+        anyway, docs/remote.md).
       lane_groups: served envs: lanes in this many groups, so that the device
         plans for one group while the servers step another; None: the default
         (``jaxmesh.run.served.default_lane_groups``).
@@ -513,6 +523,8 @@ def evaluate(
             max_episode_seconds=max_episode_seconds,
             token=token,
             lane_groups=lane_groups,
+            credentials=credentials,
+            reply_timeout=reply_timeout,
             metrics=metrics,
             success=success,
             record=record,
@@ -528,6 +540,12 @@ def evaluate(
             f"servers ('grpc://host:port'); env {env!r} runs in this process, so "
             "drop lane_groups="
         )
+    for name, value in (("credentials", credentials), ("reply_timeout", reply_timeout)):
+        if value is not None:
+            raise ValueError(
+                f"{name}={value!r}: {name} is for served envs ('grpc://host:port'); "
+                f"env {env!r} runs in this process, so drop {name}="
+            )
     if max_episode_seconds is not None:
         raise ValueError(
             f"max_episode_seconds={max_episode_seconds!r}: a wall-clock cap applies "

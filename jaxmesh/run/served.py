@@ -84,6 +84,7 @@ class ServedLanes:
         token: str | None = None,
         connect_timeout: float = 10.0,
         reply_timeout: float | None = None,
+        credentials: Any = None,
     ):
         from jaxmesh.remote import spaces
 
@@ -96,6 +97,7 @@ class ServedLanes:
                         token=token,
                         connect_timeout=connect_timeout,
                         reply_timeout=reply_timeout,
+                        credentials=credentials,
                     )
                 )
         except BaseException:
