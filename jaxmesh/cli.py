@@ -234,28 +234,18 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"({CONFIG_KEYS[key]})"
             )
         out[key] = dict(value or {})
-    seconds = config.get("max_episode_seconds")
-    if seconds is not None and (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
-        raise ConfigError(
-            f"max_episode_seconds={seconds!r}: expected a number > 0 "
-            f"({CONFIG_KEYS['max_episode_seconds']}), or null for no limit"
-        )
-    timeout = config.get("reply_timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ConfigError(
-            f"reply_timeout={timeout!r}: expected a number > 0 "
-            f"({CONFIG_KEYS['reply_timeout']})"
-        )
+    for key in ("max_episode_seconds", "reply_timeout"):
+        value = config.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ConfigError(
+                f"{key}={value!r}: expected a number > 0 ({CONFIG_KEYS[key]}), "
+                "or null for no limit"
+            )
     ca = config.get("tls_ca")
     if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
         raise ConfigError(

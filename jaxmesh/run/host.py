@@ -48,38 +48,37 @@ from jaxmesh.run.results import RunResult
 from jaxmesh.run.telemetry import Telemetry
 
 
-def check_seconds(value: Any) -> float | None:
-    """``max_episode_seconds`` as a float > 0, or None.
+def _positive_seconds(value: Any, name: str, hint: str) -> float | None:
+    """``value`` as a float > 0, or None; the errors name ``name`` and ``hint``.
 
     Raises:
       TypeError: not a number; ValueError: not finite and above 0.
     """
     if value is None:
         return None
-    hint = "seconds of wall clock an episode may run, or None for no limit"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"max_episode_seconds={value!r}: expected a number > 0; {hint}")
+        raise TypeError(f"{name}={value!r}: expected a number > 0; {hint}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"max_episode_seconds={value!r}: expected a number > 0; {hint}"
-        )
+        raise ValueError(f"{name}={value!r}: expected a number > 0; {hint}")
     return float(value)
+
+
+def check_seconds(value: Any) -> float | None:
+    """``max_episode_seconds`` as a float > 0, or None (see ``_positive_seconds``)."""
+    return _positive_seconds(
+        value,
+        "max_episode_seconds",
+        "seconds of wall clock an episode may run, or None for no limit",
+    )
 
 
 def check_reply_timeout(value: Any) -> float | None:
-    """``reply_timeout`` as a float > 0, or None (no limit).
-
-    Raises:
-      TypeError: not a number; ValueError: not finite and above 0.
-    """
-    if value is None:
-        return None
-    hint = "seconds a served env's reply may take, or None for no limit"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"reply_timeout={value!r}: expected a number > 0; {hint}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"reply_timeout={value!r}: expected a number > 0; {hint}")
-    return float(value)
+    """``reply_timeout`` as a float > 0, or None (see ``_positive_seconds``)."""
+    return _positive_seconds(
+        value,
+        "reply_timeout",
+        "seconds a served env's reply may take, or None for no limit",
+    )
 
 
 def check_lane_groups(value: Any) -> int | None:
