@@ -152,3 +152,36 @@ def test_bad_values_are_reported_in_fault_without_raising():
     assert f["kind"] == core_results.REWARD_NOT_FINITE
     assert (f["episode"], f["step"]) == (first, k)
     assert np.isnan(f["value"])
+
+
+def test_metrics_and_success_under_vmap():
+    # gymnax CartPole's info["discount"] is 0 on the step the pole falls and 1
+    # otherwise: its last value is "not terminated", its mean 1 - 1/length for a
+    # fall and 1 for an episode cut by the cap (worked out from the env's rule).
+    cap = 45
+    run = jaxmesh.make_evaluator(
+        linear,
+        ENV,
+        num_envs=2,
+        episodes=6,
+        max_episode_steps=cap,
+        success="discount",
+        metrics={"discount": "mean"},
+    )
+    pop = jnp.array([ANGLE, DAMPED])
+    out = jax.jit(jax.vmap(run))(pop)
+    assert out.success.shape == out.metrics["discount"].shape == (2, 6)
+    for i in range(2):
+        refs = reference(pop[i].tolist(), range(6), cap)
+        fell = np.array([r.terminated for r in refs])
+        lengths = np.array([r.length for r in refs], np.float32)
+        np.testing.assert_array_equal(np.asarray(out.success[i]), ~fell)
+        np.testing.assert_allclose(
+            np.asarray(out.metrics["discount"][i]),
+            np.where(fell, 1 - 1 / lengths, 1.0),
+            rtol=1e-6,
+        )
+    plain = jaxmesh.make_evaluator(linear, ENV, num_envs=2, episodes=6)(pop[0])
+    assert plain.success is None and plain.metrics == {}
+    with pytest.raises(ValueError, match="discout"):
+        jaxmesh.make_evaluator(linear, ENV, episodes=2, metrics=["discout"])

@@ -25,6 +25,8 @@ def make_evaluator(
     prefetch_lead: int = 0,
     max_episode_steps: int | None = None,
     plan_tile: int | None = None,
+    metrics: Any = None,
+    success: Any = None,
 ):
     """The engine as a pure function of policy params.
 
@@ -42,6 +44,10 @@ def make_evaluator(
     Unlike ``evaluate``, it cannot raise at a bad value: it scores the whole
     budget and reports the fault.
 
+    ``metrics`` and ``success`` are ``evaluate``'s: the per-episode values land
+    in ``Results.metrics`` (name -> [episodes]) and ``Results.success``
+    (None when no success key is kept), reduced on the device.
+
     Example::
 
       run = jaxmesh.make_evaluator(apply, "gymnax:CartPole-v1", episodes=16)
@@ -53,6 +59,7 @@ def make_evaluator(
     seeds_arr = checks.resolve_budget(episodes, seeds)
     env_obj = make_env(env)
     pol = resolve_policy(policy, with_params=True)
+    kept = build.engine_metrics(env_obj, checks.check_metrics(metrics, success))
     e = int(seeds_arr.size)
     engines: dict = {}
 
@@ -67,11 +74,11 @@ def make_evaluator(
                 "evaluator with another budget"
             )
         if e == 0:
-            return empty(0, 0)
+            return empty(0, 0, metrics=kept[0], success=kept[1] is not None)
         sig = build.signature(params)
         if sig not in engines:
             chunk = build.probe_chunk(pol, env_obj, params, settings.horizon)
-            engines[sig] = build.build_engine(pol, env_obj, settings, chunk, e)
+            engines[sig] = build.build_engine(pol, env_obj, settings, chunk, e, kept)
         return engines[sig].run(params, jnp.asarray(s, jnp.int32))
 
     return evaluator
