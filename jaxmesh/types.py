@@ -18,6 +18,11 @@ class Env(Protocol):
     """One environment lane, pure and single-lane; the engine vmaps it.
 
     The engine owns resets and episode accounting: ``step`` never auto-resets.
+
+    Optional: ``step_with_info(key, state, action) -> (observation, state,
+    reward, terminated, truncated, info)``, the same step with the env's info
+    pytree; ``evaluate(metrics=..., success=...)`` reads its leaves (gymnax's
+    ``info``, brax's ``state.metrics``). An env without it has no metrics.
     """
 
     name: str
