@@ -113,18 +113,28 @@ class ConfigError(Exception):
 
 
 # Config ----------------------------------------------------------------------
+def _existing_file(path: str | Path, what: str, hint: str) -> Path:
+    """``path`` as a Path; ConfigError naming ``what`` and ``hint`` when no
+    file is there."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"{what} {str(path)!r} not found (looked in {str(p.absolute())!r}); " + hint
+        )
+    return p
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """Reads a YAML run config (a mapping at the top level).
 
     Raises:
       ConfigError: the file is missing, is not valid YAML, or is not a mapping.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(
-            f"config file {str(path)!r} not found (looked in {str(p.absolute())!r}); "
-            "pass the path of a YAML run config, e.g. configs/cartpole.yaml"
-        )
+    p = _existing_file(
+        path,
+        "config file",
+        "pass the path of a YAML run config, e.g. configs/cartpole.yaml",
+    )
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
@@ -839,12 +849,11 @@ def load_result(path: str | Path) -> Any:
     """
     from jaxmesh.run.results import RunResult
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(
-            f"result file {str(path)!r} not found (looked in {str(p.absolute())!r}); "
-            "pass the JSON that jaxmesh eval wrote (its config's output key)"
-        )
+    p = _existing_file(
+        path,
+        "result file",
+        "pass the JSON that jaxmesh eval wrote (its config's output key)",
+    )
     try:
         data = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -79,6 +79,17 @@ def server_credentials(pems: dict[str, Path]) -> grpc.ServerCredentials:
     )
 
 
+def tls_server(
+    pems: dict[str, Path], lanes: int = 1, address: str = "127.0.0.1:0"
+) -> jaxmesh.EnvServer:
+    """A TLS EnvServer over ``lanes`` CartPoles, started (a context manager)."""
+    return jaxmesh.EnvServer(
+        [gym.make(ENV_ID) for _ in range(lanes)],
+        address,
+        credentials=server_credentials(pems),
+    )
+
+
 def client_credentials(pems: dict[str, Path]) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=pems["cert"].read_bytes())
 
@@ -104,9 +115,7 @@ def reference(seed: int, actions: list[int]) -> list[tuple]:
 def test_remote_env_over_tls_equals_a_plain_loop(pems):
     actions = [0, 1, 1, 0, 1, 0, 0, 1] * 4
     want = reference(7, actions)
-    with jaxmesh.EnvServer(
-        [gym.make(ENV_ID)], "127.0.0.1:0", credentials=server_credentials(pems)
-    ) as server:
+    with tls_server(pems) as server:
         env = jaxmesh.RemoteEnv(
             f"grpcs://localhost:{port_of(server)}",
             credentials=client_credentials(pems),
@@ -135,9 +144,7 @@ def test_remote_env_over_tls_equals_a_plain_loop(pems):
     ],
 )
 def test_a_client_that_cannot_trust_the_server_is_refused(pems, scheme, host, match):
-    with jaxmesh.EnvServer(
-        [gym.make(ENV_ID)], "127.0.0.1:0", credentials=server_credentials(pems)
-    ) as server:
+    with tls_server(pems) as server:
         address = f"{scheme}://{host}:{port_of(server)}"
         with pytest.raises(RemoteConnectionError, match=match) as err:
             jaxmesh.RemoteEnv(address, connect_timeout=5.0)
@@ -157,9 +164,7 @@ def test_a_tls_server_may_bind_any_address_without_a_token(pems):
     # insecure=True); a plain server on 0.0.0.0 with none of them is refused.
     with pytest.raises(ValueError, match="no token and no TLS"):
         jaxmesh.EnvServer([gym.make(ENV_ID)], "0.0.0.0:0")
-    with jaxmesh.EnvServer(
-        [gym.make(ENV_ID)], "0.0.0.0:0", credentials=server_credentials(pems)
-    ) as server:
+    with tls_server(pems, address="0.0.0.0:0") as server:
         vec = jaxmesh.RemoteVectorEnv(
             f"grpcs://127.0.0.1:{port_of(server)}",
             credentials=client_credentials(pems),
@@ -239,11 +244,7 @@ def test_evaluate_over_tls_equals_the_run_in_process(pems):
         return (obs[2] > 0).astype(jnp.int32)
 
     here = jaxmesh.evaluate(policy, [gym.make(ENV_ID) for _ in range(2)], episodes=5)
-    with jaxmesh.EnvServer(
-        [gym.make(ENV_ID) for _ in range(2)],
-        "127.0.0.1:0",
-        credentials=server_credentials(pems),
-    ) as server:
+    with tls_server(pems, lanes=2) as server:
         address = f"grpcs://localhost:{port_of(server)}"
         there = jaxmesh.evaluate(
             policy, address, episodes=5, credentials=client_credentials(pems)
@@ -263,11 +264,7 @@ def test_cli_eval_reaches_a_tls_server_with_tls_ca(pems, tmp_path):
     from jaxmesh.cli import main
 
     out = tmp_path / "served.json"
-    with jaxmesh.EnvServer(
-        [gym.make(ENV_ID) for _ in range(2)],
-        "127.0.0.1:0",
-        credentials=server_credentials(pems),
-    ) as server:
+    with tls_server(pems, lanes=2) as server:
         config = tmp_path / "tls.yaml"
         config.write_text(
             f"env: grpcs://localhost:{port_of(server)}\n"

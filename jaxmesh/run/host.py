@@ -603,8 +603,8 @@ def evaluate(
             lanes = gym_lanes.make_lanes(env, settings.num_envs, e)
     try:
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
-        if is_address(env):
-            asked = lanes.metrics_asked(asked)
+        # Served lanes read info as in process: a server sends a key only for
+        # the rows that have it (ResultBatch.info_present).
         host_metrics = HostMetrics(asked, settings.num_envs, lanes.spec.name)
         lanes.info_keys = host_metrics.keys
         recorder = None

@@ -165,16 +165,6 @@ class ServedLanes:
             )
         return settings
 
-    def metrics_asked(self, asked: Any) -> Any:
-        """``asked`` (``checks.Metrics``) as the served run reads it.
-
-        In auto mode (``success=None``) the client asks for ``success`` and
-        ``is_success`` as in process: a server sends an info key only for the
-        rows that have it (``ResultBatch.info_present``), and nothing when no
-        row does, so an env without either costs a few dict lookups a step.
-        """
-        return asked
-
     def close(self) -> None:
         for c in self.conns:
             c.close()
@@ -311,6 +301,9 @@ class _Run:
         self.num_groups = groups
         group_of = np.arange(n) * groups // n
         self.group_masks = [group_of == g for g in range(groups)]
+        # Timeline rows (jaxmesh.trace), named once rather than on every call.
+        self.group_rows = [f"group {g}" for g in range(groups)]
+        self.server_rows = [f"server {s}" for s in range(len(lanes.conns))]
 
     # Wire --------------------------------------------------------------------------
     def decode(self, s: int, reply: pb.StepReply) -> codec.ResultBatch:
@@ -318,7 +311,7 @@ class _Run:
         out = codec.decode_result_batch(
             reply.batch, self.obs_specs, None, num_lanes=self.num_local[s]
         )
-        self.tel.span("decode", t0, time.perf_counter(), f"server {s}")
+        self.tel.span("decode", t0, time.perf_counter(), self.server_rows[s])
         return out
 
     def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
@@ -473,9 +466,8 @@ class _Run:
         # The request belongs to gRPC once sent: nothing may change it after.
         size = conn.send(req)
         now = time.perf_counter()
-        self.tel.span(
-            "encode", t0, now, f"server {s}", resets=len(reset_g), lanes=len(act_g)
-        )
+        row = self.server_rows[s]
+        self.tel.span("encode", t0, now, row, resets=len(reset_g), lanes=len(act_g))
         self.tel.add("request_bytes", size)
         record = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
         self.inflight[s].append((record, now))
@@ -522,7 +514,7 @@ class _Run:
         reply, b, arrived, decoded_at = item
         (reset_g, reset_ep, act_g, act_ep), sent_at = self.inflight[s].popleft()
         tel = self.tel
-        tel.call(f"server {s}", sent_at, arrived, reply.server_step_seconds)
+        tel.call(self.server_rows[s], sent_at, arrived, reply.server_step_seconds)
         tel.add("queue", time.perf_counter() - decoded_at)
         tel.add("reply_bytes", reply.ByteSize())
         g = self.to_global[s][b.lanes]
@@ -891,7 +883,7 @@ class _Run:
                 "predict",
                 t0,
                 time.perf_counter(),
-                f"group {(turn - 1) % self.num_groups}",
+                self.group_rows[(turn - 1) % self.num_groups],
             )
             if self.recorder is not None:
                 moved = np.flatnonzero(go)
