@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -238,6 +239,19 @@ class _Lanes:
             )
         return arr
 
+    def observations(self, values: Sequence, lanes: Any) -> np.ndarray:
+        """The observations of ``lanes`` (a slice or a list) stacked, checked
+        as ``observation`` checks one (one numpy call in the usual case)."""
+        try:
+            arr = np.asarray(values, self.spec.obs_dtype)
+        except ValueError:  # ragged: name the lane below
+            arr = None
+        if arr is None or arr.shape[1:] != self.spec.obs_shape:
+            where = range(len(values)) if isinstance(lanes, slice) else lanes
+            for j, v in zip(where, values, strict=True):
+                self.observation(v, j)
+        return arr
+
     def close(self) -> None:
         """Closes the envs jaxmesh made (never the caller's own)."""
 
@@ -312,21 +326,24 @@ class EnvLanes(_Lanes):
         values = env_actions(self.action_space, actions)
         # Python ints for a Discrete space (what its step expects).
         acts = values.tolist() if values.ndim == 1 else values
-        lanes = np.flatnonzero(go).tolist()
-        rows = []
-        envs, observation = self.envs, self.observation
-        keys = bool(self.info_keys)
-        if keys:
+        envs = self.envs
+        if go.all():  # the usual step: every lane, no index lists
+            lanes: Any = slice(None)
+            out = [e.step(a) for e, a in zip(envs, acts, strict=False)]
+        else:
+            lanes = np.flatnonzero(go).tolist()
+            out = [envs[j].step(acts[j]) for j in lanes]
+        if keys := bool(self.info_keys):
             self._new_info(n)
-        for j in lanes:
-            o, r, te, tr, info = envs[j].step(acts[j])
-            obs[j] = observation(o, j)
-            rows.append((r, te, tr))
-            if keys:
+        if not out:
+            return reward, term, trunc
+        o, r, te, tr, infos = zip(*out, strict=True)
+        obs[lanes] = self.observations(o, lanes)
+        reward[lanes], term[lanes], trunc[lanes] = r, te, tr
+        if keys:
+            where = range(n) if isinstance(lanes, slice) else lanes
+            for j, info in zip(where, infos, strict=True):
                 self._read_info(info, j)
-        if lanes:
-            r, te, tr = zip(*rows, strict=True)
-            reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         return reward, term, trunc
 
     def close(self) -> None:

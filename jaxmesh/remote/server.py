@@ -221,13 +221,51 @@ class _Replay(NamedTuple):
     actions: np.ndarray  # (count,) + action shape, the env's own values
 
 
-class _Request(NamedTuple):
-    ops: list  # _Reset | _Replay, ascending lane
-    want_obs: bool
-    info_keys: tuple[str, ...]
-    all_observations: bool
-    call_id: int
-    release: tuple[int, ...] = ()  # lanes whose episode the client abandons
+class _Request:
+    """A checked call: its ops (``_Reset`` | ``_Replay``, ascending lane) and
+    what the reply carries.
+
+    A call that steps lanes by one action each and does nothing else (h = 1,
+    most calls) keeps its lanes and actions as two arrays (``single``); its
+    ops are built only if something asks for them.
+    """
+
+    __slots__ = (
+        "_ops",
+        "want_obs",
+        "info_keys",
+        "all_observations",
+        "call_id",
+        "release",
+        "single",
+    )
+
+    def __init__(
+        self,
+        ops: list | None,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        all_observations: bool,
+        call_id: int,
+        release: tuple[int, ...] = (),  # lanes whose episode the client abandons
+        single: tuple[np.ndarray, np.ndarray] | None = None,
+    ):
+        self._ops = ops
+        self.want_obs = want_obs
+        self.info_keys = info_keys
+        self.all_observations = all_observations
+        self.call_id = call_id
+        self.release = release
+        self.single = single
+
+    @property
+    def ops(self) -> list:
+        if self._ops is None:
+            lanes, actions = self.single
+            self._ops = [
+                _Replay(j, actions[i : i + 1]) for i, j in enumerate(lanes.tolist())
+            ]
+        return self._ops
 
 
 class _Result:
@@ -404,53 +442,59 @@ class _ListLanes(_Lanes):
         return out
 
     def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:
-        # The per-step case (h = 1): every op one action, on a live lane with
+        # The per-step case (h = 1): every lane one action, on a live lane with
         # no deadline, and the observation asked for.
-        ops = request.ops
-        if (
-            self.pool is not None
-            or not ops
-            or not request.want_obs
-            or not all(
-                isinstance(op, _Replay)
-                and op.actions.shape[0] == 1
-                and not self.ended[op.lane]
-                and self.deadline[op.lane] is None
-                for op in ops
-            )
-        ):
+        if request.single is None or self.pool is not None or not request.want_obs:
             return None
-        m = len(ops)
-        obs = np.empty((m,) + self.obs_shape, self.obs_dtype)
-        rewards = np.empty(m, np.float64)
-        ended = np.empty((2, m), bool)
-        envs, observation = self.envs, self.observation
-        infos: list[dict] = []
-        for i, op in enumerate(ops):
-            j = op.lane
-            try:
-                o, r, te, tr, info = envs[j].step(self._env_action(op.actions, 0))
-                obs[i] = observation(o, j)
-            except Exception as exc:
-                raise _EnvError(j, "stepping", exc) from exc
-            rewards[i], ended[0, i], ended[1, i] = r, te, tr
-            infos.append(info)
-        self.ended[[op.lane for op in ops]] = ended[0] | ended[1]
-        ones = np.ones(m, np.uint32)
+        lanes, actions = request.single
+        if not lanes.size:
+            return None
+        lane_list = lanes.tolist()
+        deadline = self.deadline
+        if self.ended[lanes].any() or any(deadline[j] is not None for j in lane_list):
+            return None
+        envs = self.envs
+        acts = actions.tolist() if self.discrete else actions
+        out: list = []
+        try:
+            for j, a in zip(lane_list, acts, strict=True):
+                out.append(envs[j].step(a))
+        except Exception as exc:
+            raise _EnvError(lane_list[len(out)], "stepping", exc) from exc
+        o, r, te, tr, infos = zip(*out, strict=True)
+        obs = self.observations(o, lane_list)
+        term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
+        self.ended[lanes] = term | trunc
+        ones = np.ones(len(lane_list), np.uint32)
         info, present = (
             _info_leaves(infos, request.info_keys) if request.info_keys else ({}, {})
         )
         return codec.encode_result_batch(
-            [op.lane for op in ops],
+            lanes,
             ones,
             ones,
-            rewards,
-            ended[0],
-            ended[1],
+            np.asarray(r, np.float64),
+            term,
+            trunc,
             {"": obs},
             info,
             present,
         )
+
+    def observations(self, values: tuple, lane_list: list[int]) -> np.ndarray:
+        """The lanes' observations stacked (one numpy call in the usual case);
+        an observation that does not fit raises ``_EnvError`` naming its lane."""
+        try:
+            arr = np.asarray(values, self.obs_dtype)
+        except (TypeError, ValueError):  # ragged or not numbers: name the lane
+            arr = None
+        if arr is None or arr.shape[1:] != self.obs_shape:
+            for j, v in zip(lane_list, values, strict=True):
+                try:
+                    self.observation(v, j)
+                except Exception as exc:
+                    raise _EnvError(j, "stepping", exc) from exc
+        return arr
 
     def _run_ops(self, ops: list, request: _Request) -> list[_Result]:
         return [
@@ -834,6 +878,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
             raise _bad(f"{what} names lane {lane}, which is not set in lane_mask")
 
     ops: dict[int, Any] = {}
+    single = None
     for r in msg.resets:
         lane = int(r.lane)
         check_lane(lane, "resets")
@@ -892,10 +937,16 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
                 f"the action batch steps lane {lane}, which was never reset in "
                 f"this session; reset lane {lane} first"
             )
-        for lane, start, count in zip(
-            stepped.tolist(), batch.offsets.tolist(), batch.counts.tolist(), strict=True
-        ):
-            replays[lane] = _Replay(lane, arr[start : start + count])
+        if not ops and not msg.release and np.all(batch.counts == 1):
+            single = (stepped, arr)  # one action per lane, nothing else
+        else:
+            for lane, start, count in zip(
+                stepped.tolist(),
+                batch.offsets.tolist(),
+                batch.counts.tolist(),
+                strict=True,
+            ):
+                replays[lane] = _Replay(lane, arr[start : start + count])
     keys = set(msg.observation_keys)
     if not keys <= {""}:
         raise _bad(
@@ -912,12 +963,13 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
                 "release a lane only when it takes no other part in the call"
             )
     request = _Request(
-        ops=[ops[j] for j in sorted(ops)],
+        ops=None if single is not None else [ops[j] for j in sorted(ops)],
         want_obs="" in keys,
         info_keys=tuple(dict.fromkeys(msg.info_keys)),
         all_observations=bool(msg.all_observations),
         call_id=int(msg.call_id),
         release=release,
+        single=single,
     )
     lanes.check(request)
     return request

@@ -911,6 +911,229 @@ class _Run:
         self.close_episodes(np.zeros(0, np.int64), fault)
 
 
+class _StepRun(_Run):
+    """The per-step case (h = 1, no lead, one lane group, no recording, no
+    lockstep server): every lane that has its observation acts, and the
+    actions go to the servers in one call each, answered before the next
+    agent step. That is what ``_Run`` does for this case too, without its ring
+    buffers and segments: one pass over numpy arrays per call, and the lanes
+    that end take the next episodes in ascending lane order, as in the scan
+    (CONTRACT 3). The same episodes, seeds and results; less host work.
+    """
+
+    @staticmethod
+    def applies(program: Any, lanes: ServedLanes, recorder: Any) -> bool:
+        cfg = program.config
+        return (
+            cfg.horizon == 1
+            and cfg.lead == 0
+            and recorder is None
+            and lanes.lane_groups == 1
+            and not any("lockstep" in c.info.capabilities for c in lanes.conns)
+        )
+
+    def run(self) -> None:
+        conns = self.lanes.conns
+        self.direct = len(conns) == 1 and conns[0].reply_timeout is None
+        for s, c in enumerate(conns):
+            c.open(
+                lambda reply, s=s: self.decode(s, reply),
+                replies=self.replies,
+                tag=s,
+                reader=not self.direct,
+            )
+        self.state = self.program.init(self.obs, np.zeros(self.n, bool))
+        self.start(list(range(min(self.n, self.e))))
+        tel = self.tel
+        wire = None
+        while self.active.any():
+            go = self.ready & self.active
+            if go.any():
+                t0 = time.perf_counter()
+                self.state, actions = self.program.step(
+                    self.params,
+                    self.state,
+                    self.obs,
+                    self.started & go,
+                    go,
+                    self.ep_keys,
+                    self.t,
+                    go,
+                )
+                acts = np.asarray(actions)
+                tel.span("predict", t0, time.perf_counter(), self.group_rows[0])
+                if self.steps:
+                    self.step_action[go] = acts[go]
+                self.started[go] = False
+                self.check_actions(go, acts)
+                wire = gym_lanes.env_actions(self.lanes.action_space, acts)
+            resets, self.resets = self.resets, {}
+            stepped = np.flatnonzero(go)
+            for s, conn in enumerate(conns):
+                on_s = stepped[self.server[stepped] == s] if len(conns) > 1 else stepped
+                rs = sorted(g for g in resets if self.server[g] == s)
+                if on_s.size or rs:
+                    self._send_step(s, conn, rs, resets, on_s, wire)
+            self.ready[go] = False
+            calls = sum(1 for q in self.inflight if q)
+            if not calls:
+                raise RuntimeError(
+                    "jaxmesh internal error: active lanes, but nothing to send; "
+                    "please report it (active "
+                    f"{np.flatnonzero(self.active).tolist()})"
+                )
+            for _ in range(calls):
+                if self.direct:
+                    s, item = 0, conns[0].receive()
+                else:
+                    s, item = self._queued_reply(True, conns[0].reply_timeout)
+                self._file_step(s, item)
+        self.res.env_steps[...] = self.env_steps
+        self.res.policy_rows[...] = jax.device_get(self.state.rows)
+
+    def _send_step(self, s, conn, rs, resets, act_g, wire) -> None:
+        """One call to server ``s``: the resets ``rs`` and one action per lane
+        of ``act_g`` (global lanes, ascending)."""
+        t0 = time.perf_counter()
+        req = pb.StepRequest(
+            observation_keys=[OBS_KEY],
+            all_observations=self.every_obs,
+            call_id=self.call_id,
+            info_keys=self.info_keys,
+        )
+        local = self.local
+        mask = np.zeros(conn.info.num_lanes, bool)
+        trial = self.lanes.trial_index[s]
+        for g in sorted(rs, key=lambda g: local[g]):
+            i = resets[g]
+            lr = req.resets.add(lane=int(local[g]), seed=int(self.seeds[i]))
+            if trial:
+                lr.options[gym_lanes.TRIAL_INDEX].int_value = int(i)
+            if self.seconds is not None:
+                lr.max_episode_seconds = self.seconds
+        reset_g = np.asarray(rs, np.int64)
+        mask[local[reset_g]] = True
+        if act_g.size:
+            order = act_g[np.argsort(local[act_g], kind="stable")]
+            act_g = order
+            req.batch.CopyFrom(
+                codec.encode_action_batch(
+                    local[act_g], np.ones(act_g.size, np.int64), {OBS_KEY: wire[act_g]}
+                )
+            )
+            mask[local[act_g]] = True
+        req.lane_mask.extend(mask.tolist())
+        size = conn.send(req)
+        now = time.perf_counter()
+        row = self.server_rows[s]
+        self.tel.span("encode", t0, now, row, resets=len(reset_g), lanes=len(act_g))
+        self.tel.add("request_bytes", size)
+        self.inflight[s].append(((reset_g, None, act_g, None), now))
+        self.call_id += 1
+
+    def _file_step(self, s: int, item: Any) -> None:
+        """Files one server's reply to ``_send_step`` and accounts its steps."""
+        if isinstance(item, BaseException):
+            raise item
+        reply, b, arrived, decoded_at = item
+        (reset_g, _, act_g, _), sent_at = self.inflight[s].popleft()
+        tel = self.tel
+        tel.call(self.server_rows[s], sent_at, arrived, reply.server_step_seconds)
+        tel.add("queue", time.perf_counter() - decoded_at)
+        tel.add("reply_bytes", reply.ByteSize())
+        g = self.to_global[s][b.lanes]
+        asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
+        if (
+            g.size != asked.size
+            or np.any(b.lanes != asked)
+            or np.any(b.steps != np.where(np.isin(g, reset_g), 0, 1))
+        ):
+            raise codec.ProtocolError(
+                f"the server at {self.lanes.conns[s].address} answered for lanes "
+                f"{b.lanes[:16].tolist()} with steps {b.steps[:16].tolist()}, "
+                f"asked for {asked[:16].tolist()} (resets "
+                f"{self.local[reset_g][:16].tolist()})"
+            )
+        obs_rows = b.observation[OBS_KEY]
+        if reset_g.size:
+            is_reset = b.steps == 0
+            rl = g[is_reset]
+            self.obs[rl] = obs_rows[is_reset]
+            self.ready[rl] = self.started[rl] = True
+            step_rows = np.flatnonzero(~is_reset)
+            j = g[step_rows]
+        else:
+            step_rows = None
+            j = g
+        if not j.size:
+            return
+        # One step per stepped lane (rewards, ends), one row per lane
+        # (observations, infos: resets have rows too).
+        pick = (lambda x: x) if step_rows is None else (lambda x: x[step_rows])
+        r = b.rewards.astype(np.float32)
+        te, tr = b.terminated, b.truncated
+        self.obs[j] = pick(obs_rows)
+        if self.info_keys:
+            info = self.info_rows(b)
+            self.metrics.step(
+                j,
+                {
+                    k: (
+                        (pick(info[k]), pick(_present(b, k)))
+                        if k in info
+                        else (np.zeros(j.size), np.zeros(j.size, bool))
+                    )
+                    for k in self.info_keys
+                },
+            )
+        self.ready[j] = True
+        self.account(j, r, te, tr)
+
+    def account(self, j, r, te, tr) -> None:
+        """The step results of lanes ``j`` (ascending): returns, lengths, caps,
+        faults, hooks, and the episodes that ended."""
+        step_index = self.t[j].copy()
+        self.t[j] += 1
+        self.env_steps += int(j.size)
+        self.ret[j] += r
+        tr = tr | (self.t[j] >= self.max_steps)
+        bad_r = ~np.isfinite(r)
+        fault = None
+        if bad_r.any():
+            q = int(np.argmax(bad_r))
+            fault = (
+                int(j[q]),
+                core_results.REWARD_NOT_FINITE,
+                int(step_index[q]),
+                r[q],
+            )
+        if self.steps:
+            ok = ~bad_r
+            js = j[ok]
+            self.steps.emit(
+                js,
+                self.episode[js],
+                step_index[ok],
+                self.step_action[js],
+                r[ok],
+                te[ok],
+                tr[ok],
+            )
+        end = (te | tr) & ~bad_r
+        ended = j[end]
+        if ended.size:
+            res, i = self.res, self.episode[ended]
+            if self.info_keys:
+                self.metrics.write(res, ended, i)
+            res.returns[i] = self.ret[ended]
+            res.lengths[i] = self.t[ended]
+            res.terminated[i] = te[end]
+            res.truncated[i] = tr[end]
+            res.lanes[i] = ended
+        self.close_episodes(ended, fault)
+        self.steps.raise_error()
+
+
 def default_lane_groups(num_envs: int) -> int:
     """Lane groups when the caller gives none: 1 (no pipelining) for now."""
     del num_envs
@@ -923,7 +1146,10 @@ def served_loop(*args: Any) -> None:
     Takes the host loop's arguments (``program, params, lanes, settings,
     seconds, seeds_arr, res, episodes_out, tel``); see ``_Run``.
     """
-    _Run(*args).run()
+    program, lanes = args[0], args[2]
+    recorder = args[10] if len(args) > 10 else None
+    run_cls = _StepRun if _StepRun.applies(program, lanes, recorder) else _Run
+    run_cls(*args).run()
 
 
 __all__ = ["ServedLanes", "served_loop", "needs_every_observation"]
