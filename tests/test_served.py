@@ -192,6 +192,26 @@ def test_lane_groups_give_the_same_results(cartpoles, groups):
     assert got.plan_tile == 8
 
 
+@pytest.mark.parametrize("groups", [2, 3])
+def test_per_step_lane_groups_give_the_same_results(cartpoles, groups):
+    """h = 1: groups take turns, each group's replies awaited at its next turn."""
+    got = jaxmesh.evaluate(
+        lean, cartpoles, num_envs=16, seeds=SEEDS, lane_groups=groups
+    )
+    check_served(got, lean_refs(), 16)
+    assert got.plan_tile == 8  # one group's default tile (8 rows at least)
+
+
+def test_per_step_lane_groups_over_two_servers():
+    """Replies of two servers and two groups come in any order; same episodes."""
+    with served([gym.make(ID) for _ in range(5)]) as a:
+        with served([gym.make(ID) for _ in range(4)]) as b:
+            got = jaxmesh.evaluate(
+                lean, [url(a), url(b)], num_envs=9, seeds=SEEDS, lane_groups=2
+            )
+    check_served(got, lean_refs(), 9)
+
+
 @pytest.mark.parametrize(
     "value, error", [(0, ValueError), (1.5, TypeError), (True, TypeError)]
 )

@@ -912,13 +912,17 @@ class _Run:
 
 
 class _StepRun(_Run):
-    """The per-step case (h = 1, no lead, one lane group, no recording, no
-    lockstep server): every lane that has its observation acts, and the
-    actions go to the servers in one call each, answered before the next
-    agent step. That is what ``_Run`` does for this case too, without its ring
-    buffers and segments: one pass over numpy arrays per call, and the lanes
-    that end take the next episodes in ascending lane order, as in the scan
-    (CONTRACT 3). The same episodes, seeds and results; less host work.
+    """The per-step case (h = 1, no lead, no recording, no lockstep server),
+    without ``_Run``'s ring buffers and segments: one pass over numpy arrays
+    per call.
+
+    The lane groups take turns. At its turn, a group takes in the replies to
+    its last calls, its lanes that have their observation act, and its
+    actions and resets go to the servers, one call per server; the group's
+    replies are awaited only at its next turn, so with G > 1 the device plans
+    for one group while the servers step the others. With one group, every
+    lane that ends takes the next episode in ascending lane order, as in the
+    scan (CONTRACT 3). The same episodes, seeds and results as ``_Run``.
     """
 
     @staticmethod
@@ -928,12 +932,13 @@ class _StepRun(_Run):
             cfg.horizon == 1
             and cfg.lead == 0
             and recorder is None
-            and lanes.lane_groups == 1
             and not any("lockstep" in c.info.capabilities for c in lanes.conns)
         )
 
     def run(self) -> None:
         conns = self.lanes.conns
+        # One server answers in order: the loop takes its replies off the
+        # stream itself (no reader thread), unless a reply timeout needs one.
         self.direct = len(conns) == 1 and conns[0].reply_timeout is None
         for s, c in enumerate(conns):
             c.open(
@@ -942,58 +947,71 @@ class _StepRun(_Run):
                 tag=s,
                 reader=not self.direct,
             )
+        self.pending = [0] * self.num_groups  # calls in flight per group
         self.state = self.program.init(self.obs, np.zeros(self.n, bool))
         self.start(list(range(min(self.n, self.e))))
-        tel = self.tel
-        wire = None
         while self.active.any():
-            go = self.ready & self.active
-            if go.any():
-                t0 = time.perf_counter()
-                self.state, actions = self.program.step(
-                    self.params,
-                    self.state,
-                    self.obs,
-                    self.started & go,
-                    go,
-                    self.ep_keys,
-                    self.t,
-                    go,
-                )
-                acts = np.asarray(actions)
-                tel.span("predict", t0, time.perf_counter(), self.group_rows[0])
-                if self.steps:
-                    self.step_action[go] = acts[go]
-                self.started[go] = False
-                self.check_actions(go, acts)
-                wire = gym_lanes.env_actions(self.lanes.action_space, acts)
-            resets, self.resets = self.resets, {}
-            stepped = np.flatnonzero(go)
-            for s, conn in enumerate(conns):
-                on_s = stepped[self.server[stepped] == s] if len(conns) > 1 else stepped
-                rs = sorted(g for g in resets if self.server[g] == s)
-                if on_s.size or rs:
-                    self._send_step(s, conn, rs, resets, on_s, wire)
-            self.ready[go] = False
-            calls = sum(1 for q in self.inflight if q)
-            if not calls:
-                raise RuntimeError(
-                    "jaxmesh internal error: active lanes, but nothing to send; "
-                    "please report it (active "
-                    f"{np.flatnonzero(self.active).tolist()})"
-                )
-            for _ in range(calls):
-                if self.direct:
-                    s, item = 0, conns[0].receive()
-                else:
-                    s, item = self._queued_reply(True, conns[0].reply_timeout)
-                self._file_step(s, item)
+            for g, group in enumerate(self.group_masks):
+                while self.pending[g]:
+                    self._receive()
+                if (self.active & group).any():
+                    self._turn(g, group)
         self.res.env_steps[...] = self.env_steps
         self.res.policy_rows[...] = jax.device_get(self.state.rows)
 
-    def _send_step(self, s, conn, rs, resets, act_g, wire) -> None:
-        """One call to server ``s``: the resets ``rs`` and one action per lane
-        of ``act_g`` (global lanes, ascending)."""
+    def _receive(self) -> None:
+        """Files the next reply of any server."""
+        conns = self.lanes.conns
+        if self.direct:
+            s, item = 0, conns[0].receive()
+        else:
+            s, item = self._queued_reply(True, conns[0].reply_timeout)
+        self._file_step(s, item)
+
+    def _turn(self, g: int, group: np.ndarray) -> None:
+        """Group ``g``'s agent step and calls."""
+        go = self.ready & self.active & group
+        wire = None
+        if go.any():
+            t0 = time.perf_counter()
+            self.state, actions = self.program.step(
+                self.params,
+                self.state,
+                self.obs,
+                self.started & go,
+                go,
+                self.ep_keys,
+                self.t,
+                go,
+            )
+            acts = np.asarray(actions)
+            self.tel.span("predict", t0, time.perf_counter(), self.group_rows[g])
+            if self.steps:
+                self.step_action[go] = acts[go]
+            self.started[go] = False
+            self.check_actions(go, acts)
+            wire = gym_lanes.env_actions(self.lanes.action_space, acts)
+        stepped = np.flatnonzero(go)
+        resets = {j: i for j, i in self.resets.items() if group[j]}
+        for j in resets:
+            del self.resets[j]
+        conns = self.lanes.conns
+        for s, conn in enumerate(conns):
+            on_s = stepped[self.server[stepped] == s] if len(conns) > 1 else stepped
+            rs = [j for j in resets if self.server[j] == s]
+            if on_s.size or rs:
+                self._send_step(s, conn, rs, resets, on_s, wire, g)
+        self.ready[go] = False
+        if not self.pending[g]:
+            raise RuntimeError(
+                "jaxmesh internal error: a lane group has active lanes but "
+                "nothing to send; please report it (active "
+                f"{np.flatnonzero(self.active & group).tolist()})"
+            )
+
+    def _send_step(self, s, conn, rs, resets, act_g, wire, group) -> None:
+        """One call of lane group ``group`` to server ``s``: the resets ``rs``
+        and one action per lane of ``act_g`` (global lanes)."""
         t0 = time.perf_counter()
         req = pb.StepRequest(
             observation_keys=[OBS_KEY],
@@ -1028,7 +1046,8 @@ class _StepRun(_Run):
         row = self.server_rows[s]
         self.tel.span("encode", t0, now, row, resets=len(reset_g), lanes=len(act_g))
         self.tel.add("request_bytes", size)
-        self.inflight[s].append(((reset_g, None, act_g, None), now))
+        self.inflight[s].append(((reset_g, group, act_g, None), now))
+        self.pending[group] += 1
         self.call_id += 1
 
     def _file_step(self, s: int, item: Any) -> None:
@@ -1036,7 +1055,8 @@ class _StepRun(_Run):
         if isinstance(item, BaseException):
             raise item
         reply, b, arrived, decoded_at = item
-        (reset_g, _, act_g, _), sent_at = self.inflight[s].popleft()
+        (reset_g, group, act_g, _), sent_at = self.inflight[s].popleft()
+        self.pending[group] -= 1
         tel = self.tel
         tel.call(self.server_rows[s], sent_at, arrived, reply.server_step_seconds)
         tel.add("queue", time.perf_counter() - decoded_at)
