@@ -172,17 +172,30 @@ def decode_array(
             itemsize, bool bytes other than 0 and 1, or a dtype or shape that
             differs from ``expected``.
     """
-    if expected is not None and key is None:
-        key = expected.key
-    if not isinstance(tensor, pb.Tensor):
+    if expected is None:
+        return _decode(tensor, key, None, None)
+    return _decode(
+        tensor, expected.key if key is None else key, expected.dtype, expected.shape
+    )
+
+
+def _decode(
+    tensor: pb.Tensor,
+    key: str | None,
+    want_dtype: str | None,
+    want_shape: tuple[int, ...] | None,
+) -> np.ndarray:
+    """``decode_array``'s work: each message field read once (the hot path)."""
+    if type(tensor) is not pb.Tensor and not isinstance(tensor, pb.Tensor):
         raise ProtocolError(
             f"{_name(key)}: expected a jaxmesh.env.v1.Tensor message, got "
             f"{type(tensor).__name__}"
         )
-    dtype = DTYPES.get(tensor.dtype)
+    name = tensor.dtype
+    dtype = DTYPES.get(name)
     if dtype is None:
         raise ProtocolError(
-            f"{_name(key)} has dtype {tensor.dtype[:64]!r}, expected one of "
+            f"{_name(key)} has dtype {name[:64]!r}, expected one of "
             f"{sorted(DTYPES)}; the peer sent a dtype this protocol does not know "
             "(check both ends run the same jaxmesh protocol version)"
         )
@@ -198,17 +211,16 @@ def decode_array(
     need = math.prod(shape) * dtype.itemsize
     if need != len(data):
         raise ProtocolError(
-            f"{_name(key)} ({tensor.dtype}, shape {list(shape)}) needs {need} bytes, "
+            f"{_name(key)} ({name}, shape {list(shape)}) needs {need} bytes, "
             f"but the message holds {len(data)}; the peer sent bytes that do not "
             "match the shape"
         )
-    if expected is not None:
-        if tensor.dtype != expected.dtype or shape != tuple(expected.shape):
-            raise ProtocolError(
-                f"{_name(key)} is {tensor.dtype}{list(shape)}, expected "
-                f"{expected.dtype}{list(expected.shape)} as declared in the "
-                "handshake; the peer broke its own declaration"
-            )
+    if want_dtype is not None and (name != want_dtype or shape != tuple(want_shape)):
+        raise ProtocolError(
+            f"{_name(key)} is {name}{list(shape)}, expected "
+            f"{want_dtype}{list(want_shape)} as declared in the "
+            "handshake; the peer broke its own declaration"
+        )
     # With a zero dimension the bytes bound nothing: the other dims may be huge.
     if need == 0 and math.prod(max(d, 1) for d in shape) > 2**62:
         raise ProtocolError(
@@ -258,13 +270,14 @@ def decode_leaves(
     _check_keys(tensors, expected)
     out = {}
     for key, spec in expected.items():
-        if lead is not None:
-            spec = spec._replace(shape=(lead, *spec.shape))
-        out[key] = decode_array(tensors[key], spec._replace(key=key))
+        shape = tuple(spec.shape) if lead is None else (lead, *spec.shape)
+        out[key] = _decode(tensors[key], key, spec.dtype, shape)
     return out
 
 
 def _check_keys(tensors: Mapping[str, pb.Tensor], expected: Mapping[str, LeafSpec]):
+    if len(tensors) == len(expected) and all(k in tensors for k in expected):
+        return
     given, wanted = set(tensors.keys()), set(expected)
     if given != wanted:
         raise ProtocolError(
@@ -307,7 +320,7 @@ def _vector(
     """A per-step vector of a ``ResultBatch`` (rewards, terminated, truncated)."""
     if not present and steps == 0:
         return np.zeros(0, dtype=np.float64 if kind == "f" else bool)
-    x = decode_array(tensor, key=key)
+    x = _decode(tensor, key, None, None)
     if x.shape != (steps,) or x.dtype.kind != kind:
         want = "a float dtype" if kind == "f" else "bool"
         raise ProtocolError(
@@ -354,12 +367,15 @@ class ResultBatch(NamedTuple):
     info_present: dict[str, np.ndarray] | None = None
 
 
+_UINT32 = np.dtype(np.uint32)
+
+
 def _index_vector(tensor: pb.Tensor, present: bool, key: str) -> np.ndarray:
     """A uint32 vector field as int64, or ProtocolError."""
     if not present:
         return np.zeros(0, np.int64)
-    x = decode_array(tensor, key=key)
-    if x.ndim != 1 or x.dtype != DTYPES["uint32"]:
+    x = _decode(tensor, key, None, None)
+    if x.ndim != 1 or x.dtype != _UINT32:
         raise ProtocolError(
             f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected a uint32 "
             "vector (one entry per lane of the batch)"
@@ -368,7 +384,7 @@ def _index_vector(tensor: pb.Tensor, present: bool, key: str) -> np.ndarray:
 
 
 def _check_lanes(lanes: np.ndarray, num_lanes: int | None, what: str) -> None:
-    if lanes.size and np.any(np.diff(lanes) <= 0):
+    if lanes.size > 1 and (lanes[1:] <= lanes[:-1]).any():
         raise ProtocolError(
             f"{what} lanes {lanes[:16].tolist()} are not strictly ascending; each "
             "lane appears once, in ascending order"
