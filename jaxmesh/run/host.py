@@ -806,21 +806,26 @@ def _loop(
         reward, term, trunc = lanes.step(actions, go, obs)
         tel.span("env_step", t_env, time.perf_counter(), "lanes")
         if metrics.active:
-            stepped = np.flatnonzero(go)
-            got = {k: (v[stepped], p[stepped]) for k, (v, p) in lanes.info.items()}
-            if stepped.size:
-                present = {k for k, (_, p) in got.items() if p.any()}
+            present = {k for k, (_, p) in lanes.info.items() if p.any()}
+            if not metrics.checked and go.any():
                 metrics.check(present, lanes.info_seen)
-            metrics.step(stepped, got)
-        bad_r = go & ~np.isfinite(reward)
-        kinds = np.where(bad_r, core_results.REWARD_NOT_FINITE, kinds)
-        values = np.where(bad_r, reward, values)
+            if present:  # else no lane's info had a key: nothing to add
+                stepped = np.flatnonzero(go)
+                got = {k: (v[stepped], p[stepped]) for k, (v, p) in lanes.info.items()}
+                metrics.step(stepped, got)
+        # Lanes not in ``go`` read reward 0, not ended (``lanes.step``).
+        if not np.isfinite(reward).all():
+            bad_r = go & ~np.isfinite(reward)
+            kinds = np.where(bad_r, core_results.REWARD_NOT_FINITE, kinds)
+            values = np.where(bad_r, reward, values)
+        else:
+            bad_r = None
         env_steps += int(go.sum())
         res.env_steps[...] = env_steps
         step_index = t.copy()  # the 0-based step just executed
-        t = t + go
-        ret = ret + np.where(go, reward, np.float32(0))
-        trunc = trunc | (go & (t >= settings.max_steps))
+        t += go
+        ret += reward
+        trunc |= go & (t >= settings.max_steps)
         if seconds is not None:
             trunc = trunc | (go & (time.perf_counter() - t0 >= seconds))
         if recorder is not None:
@@ -830,7 +835,7 @@ def _loop(
         ended = go & (term | trunc)
         faulted = kinds != core_results.NO_FAULT
         if steps:  # the lanes that stepped without a bad value, ascending
-            js = np.flatnonzero(go & ~bad_r)
+            js = np.flatnonzero(go if bad_r is None else go & ~bad_r)
             ends = (term[js], trunc[js])
             steps.emit(js, episode[js], step_index[js], actions[js], reward[js], *ends)
         if not (ended.any() or faulted.any()):
