@@ -426,12 +426,15 @@ class _ListLanes(_Lanes):
         env = self.envs[j]
         keep_all = request.all_observations
         want_obs, want_info = request.want_obs, bool(request.info_keys)
-        for k in range(op.actions.shape[0]):
+        # Only the kept observations are converted (and checked): every step's
+        # with ``all_observations``, else the last one.
+        convert = want_obs and keep_all
+        acts = op.actions.tolist() if self.discrete else op.actions
+        obs = None
+        for action in acts:
             try:
-                obs, reward, term, trunc, info = env.step(
-                    self._env_action(op.actions, k)
-                )
-                arr = self.observation(obs, j) if want_obs else None
+                obs, reward, term, trunc, info = env.step(action)
+                arr = self.observation(obs, j) if convert else None
             except Exception as exc:
                 raise _EnvError(j, "stepping", exc) from exc
             term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
@@ -439,6 +442,11 @@ class _ListLanes(_Lanes):
             if term or trunc:
                 self.ended[j] = True
                 break
+        if want_obs and not keep_all and out.rewards:
+            try:
+                out.obs.append(self.observation(obs, j))
+            except Exception as exc:
+                raise _EnvError(j, "stepping", exc) from exc
         return out
 
     def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:

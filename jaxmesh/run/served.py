@@ -920,9 +920,10 @@ class _StepRun(_Run):
     its last calls, its lanes that have their observation act, and its
     actions and resets go to the servers, one call per server; the group's
     replies are awaited only at its next turn, so with G > 1 the device plans
-    for one group while the servers step the others. With one group, every
-    lane that ends takes the next episode in ascending lane order, as in the
-    scan (CONTRACT 3). The same episodes, seeds and results as ``_Run``.
+    for one group while the servers step the others. The lanes that end in
+    one reply take the next episodes in ascending lane order (CONTRACT 3); a
+    lane that starts an episode waits one call for its reset observation. The
+    same episodes, seeds and results as ``_Run``.
     """
 
     @staticmethod
