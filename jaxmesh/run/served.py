@@ -940,7 +940,9 @@ class _StepRun(_Run):
         conns = self.lanes.conns
         # One server answers in order: the loop takes its replies off the
         # stream itself (no reader thread), unless a reply timeout needs one.
-        self.direct = len(conns) == 1 and conns[0].reply_timeout is None
+        self.direct = (
+            len(conns) == 1 and self.num_groups == 1 and conns[0].reply_timeout is None
+        )
         for s, c in enumerate(conns):
             c.open(
                 lambda reply, s=s: self.decode(s, reply),
