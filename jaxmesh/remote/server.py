@@ -426,6 +426,8 @@ class _ListLanes(_Lanes):
         env = self.envs[j]
         keep_all = request.all_observations
         want_obs, want_info = request.want_obs, bool(request.info_keys)
+        if not keep_all and self.deadline[j] is None:
+            return self._replay_keep_last(op, out, want_obs, want_info)
         # Only the kept observations are converted (and checked): every step's
         # with ``all_observations``, else the last one.
         convert = want_obs and keep_all
@@ -447,6 +449,34 @@ class _ListLanes(_Lanes):
                 out.obs.append(self.observation(obs, j))
             except Exception as exc:
                 raise _EnvError(j, "stepping", exc) from exc
+        return out
+
+    def _replay_keep_last(
+        self, op: _Replay, out: _Result, want_obs: bool, want_info: bool
+    ) -> _Result:
+        """``_replay`` when only the last step's observation and info go back
+        and no wall-clock cap runs (the usual chunk): a plain loop."""
+        j = op.lane
+        step = self.envs[j].step
+        rewards, terms, truncs = out.rewards, out.terminated, out.truncated
+        obs = info = None
+        try:
+            for action in op.actions.tolist() if self.discrete else op.actions:
+                obs, reward, term, trunc, info = step(action)
+                rewards.append(float(reward))
+                term, trunc = bool(term), bool(trunc)
+                terms.append(term)
+                truncs.append(trunc)
+                if term or trunc:
+                    self.ended[j] = True
+                    break
+            if rewards:
+                if want_obs:
+                    out.obs.append(self.observation(obs, j))
+                if want_info:
+                    out.infos.append(info)
+        except Exception as exc:
+            raise _EnvError(j, "stepping", exc) from exc
         return out
 
     def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:

@@ -655,6 +655,10 @@ class _Run:
         if not need.any():
             return
         chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
+        if lead == 0 and self._one_segment_each(
+            lanes_[need], cs[need], target[need], chunk
+        ):
+            return
         cut_offsets = [h, 2 * h]
         if 0 < h - lead < h:
             cut_offsets += [h - lead, 2 * h - lead]
@@ -686,6 +690,24 @@ class _Run:
                 np.asarray(cnt, np.int64),
                 np.concatenate(parts),
             )
+
+    def _one_segment_each(self, js, cs, target, chunk) -> bool:
+        """Without a lead, each lane's known actions are one segment, the rest
+        of its chunk: queued for every lane at once (no per-lane work). False
+        (nothing queued) when an action fails the checks: the caller then cuts
+        each lane's segment before its first bad action."""
+        first = self.sent[js]
+        counts = target - first
+        offset = first - cs  # where the unsent actions start in the chunk
+        width = int(counts.max())
+        cols = offset[:, None] + np.arange(width)
+        keep = np.arange(width) < counts[:, None]
+        rows = chunk[js[:, None], np.minimum(cols, chunk.shape[1] - 1)][keep]
+        if self.bad_actions(rows).any():
+            return False
+        self.queue_segments(js, counts, rows)
+        self.sent[js] = np.maximum(first, target)
+        return True
 
     def bad_actions(self, seq: np.ndarray) -> np.ndarray:
         """[k] whether each action fails the run's checks."""
