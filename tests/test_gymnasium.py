@@ -216,6 +216,17 @@ class DictObs(gym.Env):
     action_space = spaces.Discrete(2)
 
 
+def narrow_cartpole():
+    """CartPole whose observation bounds differ from the others' in one place."""
+    env = gym.make(ID)
+    space = env.observation_space
+    high = space.high.copy()
+    high[0] = 1.0
+    return gym.wrappers.TransformObservation(
+        env, lambda o: o, spaces.Box(-high, high, space.shape, space.dtype)
+    )
+
+
 @pytest.mark.parametrize(
     "env, error, words",
     [
@@ -223,6 +234,7 @@ class DictObs(gym.Env):
         ("gymnasium:CartPol-v1", ValueError, ["CartPole-v1"]),
         (lambda: [gym.make(ID)] * 2, ValueError, ["same Env object"]),
         (lambda: [gym.make(ID), "CartPole"], TypeError, ["entry 1", "str"]),
+        (lambda: [gym.make(ID), narrow_cartpole()], TypeError, ["entry 1", "same"]),
     ],
 )
 def test_bad_host_envs_are_refused_before_anything_runs(env, error, words, no_compile):
@@ -312,3 +324,14 @@ def test_a_bad_action_raises_bad_value_error_at_its_step():
         jaxmesh.evaluate(overshoot, gym.make(ID), seeds=SEEDS)
     assert (e.value.episode, e.value.step, e.value.value) == (episode, step, 2.0)
     assert e.value.partial_result.indices.tolist() == list(range(episode))
+
+
+def test_host_episode_keys_are_jax_prng_keys():
+    """The host loops build episode keys without a jax call per episode."""
+    from jaxmesh.run.checks import MAX_SEED
+    from jaxmesh.run.host import episode_keys
+
+    seeds = [0, 1, 7, 65_536, 123_456_789, MAX_SEED, *range(1000, 1010)]
+    want = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+    got = episode_keys(np.asarray(seeds))
+    assert got.dtype == want.dtype and np.array_equal(got, want)

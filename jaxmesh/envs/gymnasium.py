@@ -192,6 +192,24 @@ def _spec_for(name: str, obs_space: Any, act_space: Any, where: str) -> HostEnvS
     return HostEnvSpec(name, shape, dtype, a_shape, a_dtype, n)
 
 
+def _same_space(a: Any, b: Any) -> bool:
+    """``a == b`` for two spaces; two Boxes with the same shape, dtype and
+    bounds compare without gymnasium's ``allclose`` (the usual case, per lane
+    of every run)."""
+    if a is b:
+        return True
+    box = _gym().spaces.Box
+    if type(a) is box and type(b) is box:
+        if (
+            a.shape == b.shape
+            and a.dtype == b.dtype
+            and np.array_equal(a.low, b.low)
+            and np.array_equal(a.high, b.high)
+        ):
+            return True
+    return a == b
+
+
 # Lanes -------------------------------------------------------------------------
 class _Lanes:
     """Common parts: the spec, observation conversion and trial_index options.
@@ -284,7 +302,7 @@ class EnvLanes(_Lanes):
         first = envs[0]
         for j, e in enumerate(envs[1:], start=1):
             for attr in ("observation_space", "action_space"):
-                if getattr(e, attr) != getattr(first, attr):
+                if not _same_space(getattr(e, attr), getattr(first, attr)):
                     raise TypeError(
                         f"env list entry {j} has {attr} {getattr(e, attr)}, entry "
                         f"0 has {getattr(first, attr)}; every lane must have the "
@@ -340,7 +358,7 @@ class EnvLanes(_Lanes):
         o, r, te, tr, infos = zip(*out, strict=True)
         obs[lanes] = self.observations(o, lanes)
         reward[lanes], term[lanes], trunc[lanes] = r, te, tr
-        if keys:
+        if keys and any(infos):  # most steps of most envs: every info empty
             where = range(n) if isinstance(lanes, slice) else lanes
             for j, info in zip(where, infos, strict=True):
                 self._read_info(info, j)

@@ -716,12 +716,14 @@ class _Run:
     # Episodes ----------------------------------------------------------------------
     def start(self, js: list[int]) -> None:
         """Lanes ``js`` begin the next unstarted episodes, in this order."""
+        if js:
+            first = self.next_episode
+            self.ep_keys[js] = host.episode_keys(self.seeds[first : first + len(js)])
         for j in js:
             i = self.next_episode
             self.next_episode += 1
             self.episode[j] = i
             self.epoch[j] += 1
-            self.ep_keys[j] = np.asarray(jax.random.PRNGKey(int(self.seeds[i])))
             self.t[j], self.sent[j], self.ret[j] = 0, 0, 0.0
             self.active[j] = True
             self.ready[j] = self.waiting[j] = self.started[j] = False
