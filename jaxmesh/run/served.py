@@ -756,6 +756,11 @@ class _Run:
         self.head[j] += 1
         self.waiting[j] = False
         self.ready[j] = True
+        self.account(j, r, te, tr)
+
+    def account(self, j: np.ndarray, r, te, tr) -> None:
+        """One step result per lane of ``j`` (ascending): returns, lengths,
+        the cap, faults, hooks, recording, and the episodes that ended."""
         step_index = self.t[j].copy()
         if self.recorder is not None:
             capped = tr | (step_index + 1 >= self.max_steps)
@@ -1135,50 +1140,6 @@ class _StepRun(_Run):
             )
         self.ready[j] = True
         self.account(j, r, te, tr)
-
-    def account(self, j, r, te, tr) -> None:
-        """The step results of lanes ``j`` (ascending): returns, lengths, caps,
-        faults, hooks, and the episodes that ended."""
-        step_index = self.t[j].copy()
-        self.t[j] += 1
-        self.env_steps += int(j.size)
-        self.ret[j] += r
-        tr = tr | (self.t[j] >= self.max_steps)
-        bad_r = ~np.isfinite(r)
-        fault = None
-        if bad_r.any():
-            q = int(np.argmax(bad_r))
-            fault = (
-                int(j[q]),
-                core_results.REWARD_NOT_FINITE,
-                int(step_index[q]),
-                r[q],
-            )
-        if self.steps:
-            ok = ~bad_r
-            js = j[ok]
-            self.steps.emit(
-                js,
-                self.episode[js],
-                step_index[ok],
-                self.step_action[js],
-                r[ok],
-                te[ok],
-                tr[ok],
-            )
-        end = (te | tr) & ~bad_r
-        ended = j[end]
-        if ended.size:
-            res, i = self.res, self.episode[ended]
-            if self.info_keys:
-                self.metrics.write(res, ended, i)
-            res.returns[i] = self.ret[ended]
-            res.lengths[i] = self.t[ended]
-            res.terminated[i] = te[end]
-            res.truncated[i] = tr[end]
-            res.lanes[i] = ended
-        self.close_episodes(ended, fault)
-        self.steps.raise_error()
 
 
 def default_lane_groups(num_envs: int) -> int:
