@@ -826,6 +826,37 @@ def test_env_exception_is_internal_with_traceback_and_server_lives():
         new.close()
 
 
+class Misshapen(Counter):
+    """A Counter whose observation loses an entry from step ``bad_at`` on."""
+
+    def __init__(self, bad_at: int):
+        super().__init__()
+        self.bad_at = bad_at
+
+    def _obs(self):
+        obs = super()._obs()
+        return obs[:2] if self.t >= self.bad_at else obs
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_a_misshapen_observation_names_its_lane_and_server_lives(chunk):
+    """One action per lane (the fast path) or a replayed chunk alike."""
+    with serving([Counter(), Misshapen(bad_at=3)]) as server, client(server) as raw:
+        session = raw.session()
+        session.call(request(2, [reset(0, 0), reset(1, 1)]))
+        for _ in range(2 if chunk == 1 else 0):  # steps 1, 2: fine
+            session.call(request(2, actions=[act(0, [1]), act(1, [1])]))
+        acts = [act(0, [1] * chunk), act(1, [1] * chunk)]
+        err = rpc_error(session.call, request(2, actions=acts))
+        assert err.code() == grpc.StatusCode.INTERNAL
+        assert "env lane 1 raised ValueError" in err.details()
+        assert "shape (2,)" in err.details() and "(3,)" in err.details()
+        new = session_when_free(raw, 2)
+        new.call(request(2, [reset(0, 0)]))
+        assert lanes_of(new.call(request(2, actions=[act(0, [1])])))[0].steps == 1
+        new.close()
+
+
 def test_reply_over_the_size_limit_is_refused():
     options = ServeOptions(max_message_bytes=1024 * 1024)
     with serving(Big(), options=options) as server, client(server) as raw:
