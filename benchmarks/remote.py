@@ -425,31 +425,25 @@ def section_limit(args: argparse.Namespace) -> list[str]:
         if addr is not None:
             target = grpc_target(addr)
 
-            def remote():
-                r, dt = timed_eval(
-                    policy=policy,
-                    env=target,
-                    num_envs=n,
-                    seeds=seeds,
-                    max_episode_steps=args.cap,
-                )
-                return jm_figures(r, dt)
+            def remote(model, **kw):
+                def run():
+                    r, dt = timed_eval(
+                        policy=model,
+                        env=target,
+                        num_envs=n,
+                        seeds=seeds,
+                        max_episode_steps=args.cap,
+                        **kw,
+                    )
+                    return jm_figures(r, dt)
 
-            contenders["jaxmesh served"] = remote
+                return run
+
             chunk_policy = jaxmesh.Model(rule_chunk, native_chunk=K, name="rule_chunk8")
-
-            def remote_chunks():
-                r, dt = timed_eval(
-                    policy=chunk_policy,
-                    env=target,
-                    num_envs=n,
-                    seeds=seeds,
-                    horizon=K,
-                    max_episode_steps=args.cap,
-                )
-                return jm_figures(r, dt)
-
-            contenders[f"jaxmesh served, h = {K} (chunk policy)"] = remote_chunks
+            contenders["jaxmesh served"] = remote(policy)
+            contenders[f"jaxmesh served, h = {K} (chunk policy)"] = remote(
+                chunk_policy, horizon=K
+            )
         med = interleave(contenders, args.repeats)
     for e in envs:
         e.close()

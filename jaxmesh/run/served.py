@@ -845,11 +845,15 @@ class _Run:
         self.start(restart)
 
     # The loop ----------------------------------------------------------------------
-    def run(self) -> None:
+    def open_sessions(self) -> None:
+        """Opens a session on every server and starts the first episodes.
+
+        One server and one group: nothing to do while a reply is out, so the
+        loop takes it off the stream itself (a thread hand-off less per call);
+        else (or with a reply timeout) reader threads decode replies while the
+        loop plans.
+        """
         conns = self.lanes.conns
-        # One server, one group: nothing to do while a reply is out, so the loop
-        # takes it off the stream itself (a thread hand-off less per call);
-        # else reader threads decode replies while the loop plans.
         self.direct = (
             len(conns) == 1 and self.num_groups == 1 and conns[0].reply_timeout is None
         )
@@ -862,6 +866,9 @@ class _Run:
             )
         self.state = self.program.init(self.obs, np.zeros(self.n, bool))
         self.start(list(range(min(self.n, self.e))))
+
+    def run(self) -> None:
+        self.open_sessions()
         self.flush()
         turn = 0
         while self.active.any():
@@ -966,22 +973,8 @@ class _StepRun(_Run):
         )
 
     def run(self) -> None:
-        conns = self.lanes.conns
-        # One server answers in order: the loop takes its replies off the
-        # stream itself (no reader thread), unless a reply timeout needs one.
-        self.direct = (
-            len(conns) == 1 and self.num_groups == 1 and conns[0].reply_timeout is None
-        )
-        for s, c in enumerate(conns):
-            c.open(
-                lambda reply, s=s: self.decode(s, reply),
-                replies=self.replies,
-                tag=s,
-                reader=not self.direct,
-            )
         self.pending = [0] * self.num_groups  # calls in flight per group
-        self.state = self.program.init(self.obs, np.zeros(self.n, bool))
-        self.start(list(range(min(self.n, self.e))))
+        self.open_sessions()
         while self.active.any():
             for g, group in enumerate(self.group_masks):
                 while self.pending[g]:
