@@ -901,16 +901,7 @@ class _Run:
                     break
             go = ready & group
             t0 = time.perf_counter()
-            self.state, actions = self.program.step(
-                self.params,
-                self.state,
-                self.obs,
-                self.started & go,
-                go,
-                self.ep_keys,
-                self.t,
-                go,
-            )
+            actions = self.agent_step(go)
             if self.per_step:  # h = 1, no lead: the action is the segment
                 actions, cursor = np.asarray(actions), None
             else:
@@ -936,6 +927,21 @@ class _Run:
                 self.flush(group if self.num_groups > 1 else None)
         self.res.env_steps[...] = self.env_steps
         self.res.policy_rows[...] = jax.device_get(self.state.rows)
+
+    def agent_step(self, go: np.ndarray) -> Any:
+        """The jitted agent step of the lanes in ``go`` (their observation is
+        new); the other lanes keep their whole state. Returns the actions."""
+        self.state, actions = self.program.step(
+            self.params,
+            self.state,
+            self.obs,
+            self.started & go,
+            go,
+            self.ep_keys,
+            self.t,
+            go,
+        )
+        return actions
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
         """Raises BadValueError for an action out of range or not finite."""
@@ -999,16 +1005,7 @@ class _StepRun(_Run):
         wire = None
         if go.any():
             t0 = time.perf_counter()
-            self.state, actions = self.program.step(
-                self.params,
-                self.state,
-                self.obs,
-                self.started & go,
-                go,
-                self.ep_keys,
-                self.t,
-                go,
-            )
+            actions = self.agent_step(go)
             acts = np.asarray(actions)
             self.tel.span("predict", t0, time.perf_counter(), self.group_rows[g])
             if self.steps:
