@@ -426,36 +426,26 @@ class _ListLanes(_Lanes):
         env = self.envs[j]
         keep_all = request.all_observations
         want_obs, want_info = request.want_obs, bool(request.info_keys)
-        if not keep_all and self.deadline[j] is None:
+        if not keep_all:
             return self._replay_keep_last(op, out, want_obs, want_info)
-        # Only the kept observations are converted (and checked): every step's
-        # with ``all_observations``, else the last one.
-        convert = want_obs and keep_all
-        acts = op.actions.tolist() if self.discrete else op.actions
-        obs = None
-        for action in acts:
+        for action in op.actions.tolist() if self.discrete else op.actions:
             try:
                 obs, reward, term, trunc, info = env.step(action)
-                arr = self.observation(obs, j) if convert else None
+                arr = self.observation(obs, j) if want_obs else None
             except Exception as exc:
                 raise _EnvError(j, "stepping", exc) from exc
             term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
-            out.record(reward, term, trunc, arr, info if want_info else None, keep_all)
+            out.record(reward, term, trunc, arr, info if want_info else None, True)
             if term or trunc:
                 self.ended[j] = True
                 break
-        if want_obs and not keep_all and out.rewards:
-            try:
-                out.obs.append(self.observation(obs, j))
-            except Exception as exc:
-                raise _EnvError(j, "stepping", exc) from exc
         return out
 
     def _replay_keep_last(
         self, op: _Replay, out: _Result, want_obs: bool, want_info: bool
     ) -> _Result:
         """``_replay`` when only the last step's observation and info go back
-        and no wall-clock cap runs (the usual chunk): a plain loop."""
+        (the usual chunk): only that observation is converted and checked."""
         j = op.lane
         step = self.envs[j].step
         rewards, terms, truncs = out.rewards, out.terminated, out.truncated
@@ -464,7 +454,7 @@ class _ListLanes(_Lanes):
             for action in op.actions.tolist() if self.discrete else op.actions:
                 obs, reward, term, trunc, info = step(action)
                 rewards.append(float(reward))
-                term, trunc = bool(term), bool(trunc)
+                term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
                 terms.append(term)
                 truncs.append(trunc)
                 if term or trunc:

@@ -424,8 +424,10 @@ class _Run:
         self.seg_actions.append(rows)
         self.queued[g] += 1
 
-    def _send(self, s, conn, pick, lanes_, counts, starts, acts, rs, resets) -> None:
-        t0 = time.perf_counter()
+    def _request(self, s, conn, rs, resets) -> tuple[pb.StepRequest, Any, Any]:
+        """A request to server ``s`` holding the resets of lanes ``rs``
+        (``resets``: lane -> episode): ``(request, lane mask, reset lanes
+        ascending)``; the caller adds actions, then ``_post``s it."""
         req = pb.StepRequest(
             observation_keys=[OBS_KEY],
             all_observations=self.every_obs,
@@ -442,6 +444,31 @@ class _Run:
                 lr.max_episode_seconds = self.seconds
         reset_g = np.asarray(sorted(rs), np.int64)
         mask[self.local[reset_g]] = True
+        return req, mask, reset_g
+
+    def _post(self, s, conn, req, mask, t0, record) -> None:
+        """Sends ``req`` with its lane mask; ``record`` (reset lanes, their
+        tag, action lanes, their tag) waits in flight for the reply."""
+        req.lane_mask.extend(mask.tolist())
+        # The request belongs to gRPC once sent: nothing may change it after.
+        size = conn.send(req)
+        now = time.perf_counter()
+        reset_g, act_g = record[0], record[2]
+        self.tel.span(
+            "encode",
+            t0,
+            now,
+            self.server_rows[s],
+            resets=len(reset_g),
+            lanes=len(act_g),
+        )
+        self.tel.add("request_bytes", size)
+        self.inflight[s].append((record, now))
+        self.call_id += 1
+
+    def _send(self, s, conn, pick, lanes_, counts, starts, acts, rs, resets) -> None:
+        t0 = time.perf_counter()
+        req, mask, reset_g = self._request(s, conn, rs, resets)
         act_g = np.zeros(0, np.int64)
         if pick.size:
             order = pick[np.argsort(self.local[lanes_[pick]], kind="stable")]
@@ -462,16 +489,8 @@ class _Run:
             req.release.extend(int(self.local[g]) for g in release)
             mask[self.local[release]] = True
             self.released = [g for g in self.released if self.server[g] != s]
-        req.lane_mask.extend(mask.tolist())
-        # The request belongs to gRPC once sent: nothing may change it after.
-        size = conn.send(req)
-        now = time.perf_counter()
-        row = self.server_rows[s]
-        self.tel.span("encode", t0, now, row, resets=len(reset_g), lanes=len(act_g))
-        self.tel.add("request_bytes", size)
         record = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
-        self.inflight[s].append((record, now))
-        self.call_id += 1
+        self._post(s, conn, req, mask, t0, record)
 
     def take_reply(self, block: bool = True) -> bool:
         """Files the next reply of any server; False when none is in (``block``
@@ -984,20 +1003,11 @@ class _StepRun(_Run):
         while self.active.any():
             for g, group in enumerate(self.group_masks):
                 while self.pending[g]:
-                    self._receive()
+                    self.take_reply()
                 if (self.active & group).any():
                     self._turn(g, group)
         self.res.env_steps[...] = self.env_steps
         self.res.policy_rows[...] = jax.device_get(self.state.rows)
-
-    def _receive(self) -> None:
-        """Files the next reply of any server."""
-        conns = self.lanes.conns
-        if self.direct:
-            s, item = 0, conns[0].receive()
-        else:
-            s, item = self._queued_reply(True, conns[0].reply_timeout)
-        self._file_step(s, item)
 
     def _turn(self, g: int, group: np.ndarray) -> None:
         """Group ``g``'s agent step and calls."""
@@ -1035,44 +1045,20 @@ class _StepRun(_Run):
         """One call of lane group ``group`` to server ``s``: the resets ``rs``
         and one action per lane of ``act_g`` (global lanes)."""
         t0 = time.perf_counter()
-        req = pb.StepRequest(
-            observation_keys=[OBS_KEY],
-            all_observations=self.every_obs,
-            call_id=self.call_id,
-            info_keys=self.info_keys,
-        )
+        req, mask, reset_g = self._request(s, conn, rs, resets)
         local = self.local
-        mask = np.zeros(conn.info.num_lanes, bool)
-        trial = self.lanes.trial_index[s]
-        for g in sorted(rs, key=lambda g: local[g]):
-            i = resets[g]
-            lr = req.resets.add(lane=int(local[g]), seed=int(self.seeds[i]))
-            if trial:
-                lr.options[gym_lanes.TRIAL_INDEX].int_value = int(i)
-            if self.seconds is not None:
-                lr.max_episode_seconds = self.seconds
-        reset_g = np.asarray(rs, np.int64)
-        mask[local[reset_g]] = True
         if act_g.size:
-            order = act_g[np.argsort(local[act_g], kind="stable")]
-            act_g = order
+            act_g = act_g[np.argsort(local[act_g], kind="stable")]
             req.batch.CopyFrom(
                 codec.encode_action_batch(
                     local[act_g], np.ones(act_g.size, np.int64), {OBS_KEY: wire[act_g]}
                 )
             )
             mask[local[act_g]] = True
-        req.lane_mask.extend(mask.tolist())
-        size = conn.send(req)
-        now = time.perf_counter()
-        row = self.server_rows[s]
-        self.tel.span("encode", t0, now, row, resets=len(reset_g), lanes=len(act_g))
-        self.tel.add("request_bytes", size)
-        self.inflight[s].append(((reset_g, group, act_g, None), now))
+        self._post(s, conn, req, mask, t0, (reset_g, group, act_g, None))
         self.pending[group] += 1
-        self.call_id += 1
 
-    def _file_step(self, s: int, item: Any) -> None:
+    def _file_reply(self, s: int, item: Any) -> bool:
         """Files one server's reply to ``_send_step`` and accounts its steps."""
         if isinstance(item, BaseException):
             raise item
@@ -1108,7 +1094,7 @@ class _StepRun(_Run):
             step_rows = None
             j = g
         if not j.size:
-            return
+            return True
         # One step per stepped lane (rewards, ends), one row per lane
         # (observations, infos: resets have rows too).
         pick = (lambda x: x) if step_rows is None else (lambda x: x[step_rows])
@@ -1130,6 +1116,7 @@ class _StepRun(_Run):
             )
         self.ready[j] = True
         self.account(j, r, te, tr)
+        return True
 
 
 def default_lane_groups(num_envs: int) -> int:
@@ -1138,16 +1125,38 @@ def default_lane_groups(num_envs: int) -> int:
     return 1
 
 
-def served_loop(*args: Any) -> None:
+def served_loop(
+    program: Any,
+    params: Any,
+    lanes: ServedLanes,
+    settings: Any,
+    seconds: float | None,
+    seeds_arr: np.ndarray,
+    res: core_results.Results,
+    episodes_out: Any,
+    tel: Any,
+    metrics: Any,
+    recorder: Any = None,
+) -> None:
     """Runs the budget over served lanes; writes finished episodes into ``res``.
 
-    Takes the host loop's arguments (``program, params, lanes, settings,
-    seconds, seeds_arr, res, episodes_out, tel``); see ``_Run``.
+    Takes the host loop's arguments; see ``_Run``. The per-step case runs
+    ``_StepRun``, every other one ``_Run``.
     """
-    program, lanes = args[0], args[2]
-    recorder = args[10] if len(args) > 10 else None
     run_cls = _StepRun if _StepRun.applies(program, lanes, recorder) else _Run
-    run_cls(*args).run()
+    run_cls(
+        program,
+        params,
+        lanes,
+        settings,
+        seconds,
+        seeds_arr,
+        res,
+        episodes_out,
+        tel,
+        metrics,
+        recorder,
+    ).run()
 
 
 __all__ = ["ServedLanes", "served_loop", "needs_every_observation"]
