@@ -309,6 +309,37 @@ def observe(
     return state.replace(windows=windows)
 
 
+def can_skip(cfg: AgentConfig) -> bool:
+    """Whether a host loop may execute replayed chunk actions without an agent
+    step (``skip_replayed``): chunks of more than one action, and every window
+    one frame deep (a deeper window would need every skipped frame)."""
+    return cfg.horizon > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
+
+
+def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:
+    """Advances each lane past ``skip`` actions of its chunk that the host
+    executed without an agent step (``can_skip`` configs only).
+
+    Those steps planned nothing; on them the scan would only move the cursor,
+    set the previous action and push frames into one-frame windows, and the
+    step that follows overwrites the observation frames. So the cursor moves
+    by ``skip`` and the previous action becomes the last skipped one.
+    """
+    h = cfg.horizon
+    cursor = state.cursor + skip
+    at = jnp.reshape(
+        jnp.clip(cursor - 1, 0, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)
+    )
+    last = jnp.take_along_axis(state.chunk, at, 1)[:, 0]
+    moved = skip > 0
+    prev = _where(moved, last, state.prev)
+    windows = dict(state.windows)
+    for name, decl in cfg.spec:
+        if decl.reads_action:
+            windows[name] = _push(windows[name], prev, moved)
+    return state.replace(cursor=cursor, prev=prev, windows=windows)
+
+
 def host_step(
     cfg: AgentConfig,
     policy: Policy,
@@ -320,6 +351,7 @@ def host_step(
     ep_keys: jax.Array,
     t: jax.Array,
     moved: jax.Array | None = None,
+    skip: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
     """One agent step for a host loop that steps its envs itself (remote sims).
 
@@ -336,10 +368,14 @@ def host_step(
       moved: [N] lanes whose ``obs`` is new (default: every lane). A lane not in
         ``moved`` nor ``active`` keeps its whole state: a host loop may step
         only the lanes whose env has answered.
+      skip: [N] replayed actions each lane executed on the host since its last
+        agent step (``skip_replayed``; None: none).
 
     Returns:
       The new agent state and [N] actions (meaningless for inactive lanes).
     """
+    if skip is not None:
+        state = skip_replayed(cfg, state, skip)
     state = observe(cfg, state, obs, moved)
     state = begin(cfg, policy, state, started, obs)
     return act(cfg, policy, params, state, active, ep_keys, t)

@@ -70,9 +70,9 @@ def agent_functions(pol: Policy, env: Any, settings: Any, params: Any) -> tuple:
     def init(obs, lanes):
         return agent.init(cfg, pol, obs, lanes)
 
-    def step(params, state, obs, started, active, ep_keys, t, moved=None):
+    def step(params, state, obs, started, active, ep_keys, t, moved=None, skip=None):
         return agent.host_step(
-            cfg, pol, params, state, obs, started, active, ep_keys, t, moved
+            cfg, pol, params, state, obs, started, active, ep_keys, t, moved, skip
         )
 
     init_jit = jax.jit(init)

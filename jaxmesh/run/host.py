@@ -456,7 +456,8 @@ class HostAgent:
         keys = np.zeros((n,) + tuple(k.shape), k.dtype)
         state = program.init(obs, off)
         t = np.zeros(n, np.int32)
-        _, actions = program.step(params, state, obs, off, off, keys, t)
+        skip = np.zeros(n, np.int32) if agent.can_skip(program.config) else None
+        _, actions = program.step(params, state, obs, off, off, keys, t, None, skip)
         jax.block_until_ready(actions)
         self._compiled.add(sig)
         return time.perf_counter() - t0
@@ -823,14 +824,46 @@ def _loop(
             recorder.begin(js, eps)
             recorder.reset(js, obs)
 
+    # Chunk replay without the device: on a step where no lane plans, starts,
+    # or prefetches, every lane's action is known on the host (its chunk, read
+    # back at the last agent step), so the step runs no agent step; the next
+    # agent step is told how many actions each lane executed meanwhile
+    # (``agent.skip_replayed``). The steps, their order and every rule are those
+    # of an agent step per env step.
+    cfg = program.config
+    h, lead = cfg.horizon, cfg.lead
+    skipping = agent.can_skip(cfg)
+    skip = np.zeros(n, np.int32) if skipping else None
+    cursor = np.zeros(n, np.int64)  # the next chunk index each lane executes
+    chunk = None
     start(list(range(min(n, e))))
     state = program.init(obs, active.copy())
     while active.any():
         t_predict = time.perf_counter()
-        state, actions = program.step(params, state, obs, started, active, ep_keys, t)
-        actions = np.asarray(actions)
-        t_env = time.perf_counter()
-        tel.span("predict", t_predict, t_env, "lanes")
+        if (
+            skipping
+            and not started.any()
+            and not np.any(
+                active & ((cursor >= h) | ((cursor == h - lead) if lead else False))
+            )
+        ):
+            actions = chunk[np.arange(n), np.minimum(cursor, h - 1)]
+            cursor += active
+            skip += active
+            t_env = t_predict
+        else:
+            state, actions = program.step(
+                params, state, obs, started, active, ep_keys, t, None, skip
+            )
+            if skipping:
+                actions, cursor, chunk = jax.device_get(
+                    (actions, state.cursor, state.chunk)
+                )
+                cursor = cursor.astype(np.int64)
+                skip[:] = 0
+            actions = np.asarray(actions)
+            t_env = time.perf_counter()
+            tel.span("predict", t_predict, t_env, "lanes")
         started[:] = False
         kinds, values = action_faults(actions, active, spec.num_actions)
         go = active & (kinds == core_results.NO_FAULT)

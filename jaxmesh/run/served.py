@@ -49,6 +49,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmesh.core import agent
 from jaxmesh.core import results as core_results
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.errors import RemoteConnectionError
@@ -295,6 +296,13 @@ class _Run:
         self.num_local = [c.info.num_lanes for c in lanes.conns]
         self.lockstep = ["lockstep" in c.info.capabilities for c in lanes.conns]
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
+        # Chunk replay without the device, as in process (``host._loop``): a
+        # lane whose next action is a known replay takes it on the host; the
+        # next agent step is told how many it took (``skip``).
+        self.skipping = agent.can_skip(self.cfg)
+        self.skip = np.zeros(n, np.int32) if self.skipping else None
+        self.cursor = np.zeros(n, np.int64)  # the next chunk index per lane
+        self.chunk: np.ndarray | None = None
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
         groups = max(1, min(lanes.lane_groups, n))
@@ -918,11 +926,21 @@ class _Run:
                 if (ready & group).any():
                     turn = (turn + k + 1) % self.num_groups
                     break
+            replay = ready & self.replays_next()
+            if replay.any():
+                self.replay(replay)
+                continue
             go = ready & group
             t0 = time.perf_counter()
             actions = self.agent_step(go)
             if self.per_step:  # h = 1, no lead: the action is the segment
                 actions, cursor = np.asarray(actions), None
+            elif self.skipping:
+                actions, cursor, self.chunk = jax.device_get(
+                    (actions, self.state.cursor, self.state.chunk)
+                )
+                self.cursor = cursor.astype(np.int64)
+                self.skip[:] = 0
             else:
                 actions, cursor = jax.device_get((actions, self.state.cursor))
             self.tel.span(
@@ -959,8 +977,36 @@ class _Run:
             self.ep_keys,
             self.t,
             go,
+            self.skip,
         )
         return actions
+
+    def replays_next(self) -> np.ndarray:
+        """[N] lanes whose next action is a replay the host knows: no plan, no
+        prefetch and no episode start (False everywhere unless skipping)."""
+        if not self.skipping:
+            return np.zeros(self.n, bool)
+        h, lead, c = self.cfg.horizon, self.cfg.lead, self.cursor
+        due = (c >= h) | (c == h - lead) if lead else c >= h
+        return ~self.started & ~due
+
+    def replay(self, lanes_: np.ndarray) -> None:
+        """The lanes in ``lanes_`` execute their next chunk action without an
+        agent step: it was sent with their segment, and the next agent step
+        skips it (``agent.skip_replayed``)."""
+        js = np.flatnonzero(lanes_)
+        actions = np.zeros_like(self.step_action)
+        actions[js] = self.chunk[js, self.cursor[js]]
+        if self.recorder is not None:
+            self.recorder.actions(js, self.t[js], actions)
+        if self.steps:
+            self.step_action[js] = actions[js]
+        self.ready[js] = False
+        self.check_actions(lanes_, actions)
+        self.cursor[js] += 1
+        self.skip[js] += 1
+        self.waiting[js] = True
+        self.take_results()
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
         """Raises BadValueError for an action out of range or not finite."""
