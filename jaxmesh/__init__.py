@@ -1,6 +1,7 @@
 """jaxmesh: a jitted, exact policy evaluator for JAX-native and served environments."""
 
 from jaxmesh import adapt, flax_models
+from jaxmesh._version import __version__ as __version__
 from jaxmesh.cache import enable_compile_cache
 from jaxmesh.checkpoint import load_params, save_params
 from jaxmesh.core.results import Results
@@ -22,8 +23,6 @@ from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison, compare
 from jaxmesh.video import render
-
-__version__ = "0.1.0"
 
 #: Served-env names, imported on first use (they need the [remote] extra: gRPC).
 _REMOTE = {

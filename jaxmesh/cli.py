@@ -919,7 +919,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from jaxmesh.remote.server import TOKEN_ENV, EnvServer, ServeOptions
+    from jaxmesh.remote.protocol import TOKEN_ENV
+    from jaxmesh.remote.server import EnvServer, ServeOptions
 
     env = args.env if args.env.startswith("gymnasium:") else f"gymnasium:{args.env}"
     if args.ready_fd is not None:

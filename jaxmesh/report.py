@@ -41,11 +41,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from jaxmesh import stats as _stats
+from jaxmesh._version import __version__
+from jaxmesh.run.telemetry import STAT_NAMES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from jaxmesh.run.results import RunResult
+#: A ``jaxmesh.RunResult``, read by attribute. This module never imports the class:
+#: ``RunResult.plot()`` and ``RunResult.report()`` call into it, so the dependency
+#: runs one way (``jaxmesh.run.results`` -> ``jaxmesh.report``).
+Result = Any
 
 #: Episodes shown in the page's per-episode table (the JSON holds them all).
 EPISODE_ROWS = 1000
@@ -148,7 +153,7 @@ def _success(ax: Any, indices: np.ndarray, flags: np.ndarray) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot(result: RunResult) -> Figure:
+def plot(result: Result) -> Figure:
     """The run's plots as one matplotlib figure.
 
     Panels, in this order (axes titles in quotes):
@@ -257,7 +262,7 @@ class Section(NamedTuple):
 class Page(NamedTuple):
     """What every section reads: the result, its statistics, the page's options."""
 
-    result: RunResult
+    result: Result
     stats: dict[str, Any]
     episode_rows: int = EPISODE_ROWS
     #: The folder relative video paths (``result.videos``) are read from
@@ -508,8 +513,6 @@ def telemetry_section(page: Page) -> Section | None:
     result = page.result
     if not result.telemetry:
         return None
-    from jaxmesh.run.telemetry import STAT_NAMES
-
     rows = []
     for name, s in result.telemetry.items():
         size = str(name).endswith("_bytes")
@@ -663,7 +666,7 @@ footer { color: #59636e; margin-top: 2rem; font-size: 0.85rem; }
 """
 
 
-def _notices(result: RunResult) -> list[str]:
+def _notices(result: Result) -> list[str]:
     """Warnings a reader must see before any figure."""
     out = []
     if result.asynchronous:
@@ -684,7 +687,7 @@ def _notices(result: RunResult) -> list[str]:
 
 
 def report_html(
-    result: RunResult,
+    result: Result,
     *,
     resamples: int | None = None,
     episode_rows: int = EPISODE_ROWS,
@@ -706,8 +709,6 @@ def report_html(
     Returns:
       A complete HTML5 document that refers to nothing outside itself.
     """
-    from jaxmesh import __version__
-
     if resamples is None:  # the summary's rule
         resamples = _stats.summary_resamples(len(result.returns))
     page = Page(
@@ -743,7 +744,7 @@ def report_html(
 
 
 def write_report(
-    result: RunResult,
+    result: Result,
     path: str | Path,
     *,
     resamples: int | None = None,

@@ -1,13 +1,18 @@
-"""Interfaces shared across jaxmesh (brax ``training/types.py`` style)."""
+"""Interfaces shared across jaxmesh (brax ``training/types.py`` style).
+
+The protocols (``Env``, ``PolicyLike``, ``InputDecl``) and ``Policy``, the record
+``PolicyLike.as_policy`` returns: the engine's view of a policy, which
+``jaxmesh.core.policy.resolve_policy`` also builds from a plain function. This
+module imports nothing of jaxmesh, so every other module can import it.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import jax
-
-if TYPE_CHECKING:  # core.policy imports this module; the name is for hints only
-    from jaxmesh.core.policy import Policy
 
 PyTree = Any
 Obs = Any
@@ -39,6 +44,41 @@ class Env(Protocol):
         """Returns (observation, state, reward, terminated, truncated)."""
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Policy:
+    """A policy as the engine sees it.
+
+    Attributes:
+      name: a display name for messages.
+      apply: ``apply(params, inputs, keys, rstate) -> (outputs, rstate)`` over a
+        batch of rows (one key per row, used only when ``stochastic``).
+      stochastic: whether ``apply`` uses the keys.
+      initial_state: one lane's recurrent state at an episode start, or None
+        for a policy without state.
+      native_chunk: the declared chunk length K, or None.
+      spec: input name -> declaration (``jaxmesh.adapt``), or None for the
+        whole observation.
+      default_params: the params a run uses when none are given (loaded, on
+        ``device``); ``lambda: None`` for a plain function.
+      place: puts a pytree (params, observations) on ``device``; the identity
+        when ``device`` is None.
+      device: the resolved ``jax.Device``, or None for jax's default.
+      on_episode_end: a host hook called with each ended episode's index, in
+        episode order; None when the policy has none.
+    """
+
+    name: str
+    apply: Callable[..., tuple[Any, Any]]
+    stochastic: bool
+    initial_state: Callable[[], Any] | None
+    native_chunk: int | None
+    spec: dict | None
+    default_params: Callable[[], Any]
+    place: Callable[[Any], Any]
+    device: Any
+    on_episode_end: Callable[[int], None] | None
+
+
 @runtime_checkable
 class PolicyLike(Protocol):
     """Anything the engine can evaluate besides a plain function.
@@ -48,7 +88,7 @@ class PolicyLike(Protocol):
     """
 
     def as_policy(self, *, with_params: bool) -> Policy:
-        """The engine's view of this object (see ``jaxmesh.core.policy.Policy``).
+        """The engine's view of this object (a ``Policy``, above).
 
         Args:
           with_params: True when the caller passes params as a jit argument

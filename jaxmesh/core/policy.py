@@ -1,16 +1,15 @@
 """Turns what a user passes as a policy into one batched apply function.
 
-The engine sees a ``Policy``: ``apply(params, inputs, keys, rstate) -> (outputs,
-rstate)`` over a batch of rows, plus what it needs to know: whether the policy is
-stochastic or recurrent, its declared chunk length, its spec, its params and
-device. A plain single-lane function is wrapped here; anything else provides
-``as_policy`` (the ``jaxmesh.types.PolicyLike`` protocol, which
-``jaxmesh.Model`` implements). This module knows nothing of the authoring layer.
+The engine sees a ``Policy`` (``jaxmesh.types.Policy``): ``apply(params, inputs,
+keys, rstate) -> (outputs, rstate)`` over a batch of rows, plus what it needs to
+know: whether the policy is stochastic or recurrent, its declared chunk length,
+its spec, its params and device. A plain single-lane function is wrapped here;
+anything else provides ``as_policy`` (the ``jaxmesh.types.PolicyLike`` protocol,
+which ``jaxmesh.Model`` implements). This module knows nothing of the authoring layer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import warnings
 from collections.abc import Callable
@@ -19,42 +18,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.types import PolicyLike
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Policy:
-    """A policy as the engine sees it.
-
-    Attributes:
-      name: a display name for messages.
-      apply: ``apply(params, inputs, keys, rstate) -> (outputs, rstate)`` over a
-        batch of rows (one key per row, used only when ``stochastic``).
-      stochastic: whether ``apply`` uses the keys.
-      initial_state: one lane's recurrent state at an episode start, or None
-        for a policy without state.
-      native_chunk: the declared chunk length K, or None.
-      spec: input name -> declaration (``jaxmesh.adapt``), or None for the
-        whole observation.
-      default_params: the params a run uses when none are given (loaded, on
-        ``device``); ``lambda: None`` for a plain function.
-      place: puts a pytree (params, observations) on ``device``; the identity
-        when ``device`` is None.
-      device: the resolved ``jax.Device``, or None for jax's default.
-      on_episode_end: a host hook called with each ended episode's index, in
-        episode order; None when the policy has none.
-    """
-
-    name: str
-    apply: Callable[..., tuple[Any, Any]]
-    stochastic: bool
-    initial_state: Callable[[], Any] | None
-    native_chunk: int | None
-    spec: dict | None
-    default_params: Callable[[], Any]
-    place: Callable[[Any], Any]
-    device: Any
-    on_episode_end: Callable[[int], None] | None
+# Policy lives in types, beside the PolicyLike whose as_policy returns one, so
+# that types needs nothing from here; the engine may import it from either.
+from jaxmesh.types import Policy, PolicyLike
 
 
 def positional_arity(fn: Callable) -> int | None:
@@ -157,7 +123,7 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
         if not isinstance(pol, Policy):
             raise TypeError(
                 f"{type(policy).__name__}.as_policy returned a "
-                f"{type(pol).__name__}; expected a jaxmesh.core.policy.Policy"
+                f"{type(pol).__name__}; expected a jaxmesh.types.Policy"
             )
         return pol
     if not callable(policy):

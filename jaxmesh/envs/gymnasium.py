@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmesh.remote.protocol import TRIAL_INDEX
+
 PREFIX = "gymnasium"
-TRIAL_INDEX = "trial_index"
 
 _DISABLED_HOW = (
     "build one with gymnasium.make_vec(env_id, num_envs=N, vectorization_mode="

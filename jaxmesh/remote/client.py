@@ -30,13 +30,20 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from jaxmesh._version import __version__
 from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.address import is_address, parse_address, uses_tls
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.proto import jaxmesh_env_pb2_grpc as pb_grpc
+from jaxmesh.remote.protocol import (
+    ENV_ERROR_KEY,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSIONS,
+    TOKEN_ENV,
+    TRACEBACK_KEY,
+)
 
-TOKEN_ENV = "JAXMESH_TOKEN"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 10.0
 KEEPALIVE_TIMEOUT_SECONDS = 5.0
@@ -44,7 +51,7 @@ KEEPALIVE_TIMEOUT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 5.0
 
 
-def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list:
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list:
     """The channel options both ends use: the message cap and keepalive pings."""
     return [
         ("grpc.max_send_message_length", max_message_bytes),
@@ -89,9 +96,9 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     trailing = {}
     if hasattr(exc, "trailing_metadata"):
         trailing = dict(exc.trailing_metadata() or ())
-    env_error = trailing.get("jaxmesh-env-error")
+    env_error = trailing.get(ENV_ERROR_KEY)
     if env_error is not None:
-        tb = trailing.get("jaxmesh-traceback-bin", b"")
+        tb = trailing.get(TRACEBACK_KEY, b"")
         tb = tb.decode("utf-8", "replace") if isinstance(tb, bytes) else str(tb)
         return RemoteEnvError(
             f"the env served at {address} raised {env_error} ({details}); its "
@@ -186,11 +193,9 @@ class Connection:
         token: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         reply_timeout: float | None = None,
-        max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
         credentials: grpc.ChannelCredentials | None = None,
     ):
-        from jaxmesh import __version__
-
         self.address = parse_address(address)
         credentials = channel_credentials(address, credentials)
         token = os.environ.get(TOKEN_ENV) if token is None else token
@@ -209,7 +214,7 @@ class Connection:
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
         request = pb.HandshakeRequest(
-            protocol_versions=codec.PROTOCOL_VERSIONS,
+            protocol_versions=PROTOCOL_VERSIONS,
             client_version=f"jaxmesh {__version__}",
             token=token or "",
         )
@@ -223,12 +228,12 @@ class Connection:
         except grpc.RpcError as exc:
             self._channel.close()
             raise remote_error(exc, self.address) from None
-        if reply.protocol_version not in codec.PROTOCOL_VERSIONS:
+        if reply.protocol_version not in PROTOCOL_VERSIONS:
             self._channel.close()
             raise RemoteConnectionError(
                 f"the server at {self.address} chose protocol version "
                 f"{reply.protocol_version}; this client speaks "
-                f"{list(codec.PROTOCOL_VERSIONS)}: upgrade the older side",
+                f"{list(PROTOCOL_VERSIONS)}: upgrade the older side",
                 address=self.address,
             )
         if len(reply.observation) != 1 or len(reply.action) != 1:

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError, Message
 
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS
 
 __all__ = [
     "ActionBatch",
@@ -56,12 +57,6 @@ __all__ = [
     "parse_step_request",
     "parse_tensor",
 ]
-
-#: Protocol versions this side speaks, newest last.
-PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
-
-#: The default cap on one message, at both ends (256 MiB).
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 #: dtype names allowed on the wire -> their little-endian numpy dtype.
 DTYPES: dict[str, np.dtype] = {

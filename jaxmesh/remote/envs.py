@@ -45,11 +45,11 @@ from jaxmesh.errors import RemoteError  # noqa: E402
 from jaxmesh.remote import codec  # noqa: E402
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection  # noqa: E402
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb  # noqa: E402
+from jaxmesh.remote.protocol import OBS_KEY, TRIAL_INDEX  # noqa: E402
 from jaxmesh.remote.spaces import leaf_space  # noqa: E402
 
 __all__ = ["RemoteEnv", "RemoteVectorEnv", "ResetNeeded"]
 
-TRIAL_INDEX = "trial_index"
 RESET_MASK = "reset_mask"
 #: ``reset()`` without a seed resets the served lane with a seed drawn in
 #: ``[0, SEED_BOUND)`` from the client env's ``np_random``.
@@ -130,7 +130,7 @@ class _Client:
     def start(self) -> None:
         """Opens the session and makes sure it is ours: a call that touches no
         lane, so that a busy server fails here, not at the first reset."""
-        spec = {"": self.obs_spec}
+        spec = {OBS_KEY: self.obs_spec}
         n = self.num_lanes
         try:
             self.conn.open(
@@ -206,7 +206,7 @@ class _Client:
         self.check_open()
         self._call_id += 1
         request.call_id = self._call_id
-        request.observation_keys.append("")
+        request.observation_keys.append(OBS_KEY)
         self.conn.send(request)
         try:
             reply, batch, _, _ = self.conn.receive()
@@ -246,7 +246,7 @@ class _Client:
         """One action for each of ``lanes``; every lane must step once."""
         request = pb.StepRequest()
         request.CopyFrom(self._template(lanes))
-        request.batch.actions[""].CopyFrom(codec.encode_array(actions))
+        request.batch.actions[OBS_KEY].CopyFrom(codec.encode_array(actions))
         batch = self.call(request, lanes)
         if not np.all(batch.steps == 1):
             raise RemoteError(
@@ -402,7 +402,7 @@ class RemoteEnv(_Served, gymnasium.Env):
         self._state = "new"
         batch = client.reset_lanes(self._lanes, [seed], wire)
         self._state = "running"
-        return _obs_value(self.observation_space, batch.observation[""][0]), {}
+        return _obs_value(self.observation_space, batch.observation[OBS_KEY][0]), {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Steps the served lane with ``action``.
@@ -432,7 +432,7 @@ class RemoteEnv(_Served, gymnasium.Env):
         truncated = bool(batch.truncated[0])
         if terminated or truncated:
             self._state = "ended"
-        obs = _obs_value(self.observation_space, batch.observation[""][0])
+        obs = _obs_value(self.observation_space, batch.observation[OBS_KEY][0])
         return obs, float(batch.rewards[0]), terminated, truncated, {}
 
     def render(self) -> None:
@@ -577,7 +577,7 @@ class RemoteVectorEnv(_Served, VectorEnv):
         ]
         self._was_reset[lanes] = False
         batch = client.reset_lanes(lanes, drawn, wire)
-        self._obs[lanes] = batch.observation[""]
+        self._obs[lanes] = batch.observation[OBS_KEY]
         self._was_reset[lanes] = True
         self._ended[lanes] = False
         return self._obs.copy(), {}
@@ -617,7 +617,7 @@ class RemoteVectorEnv(_Served, VectorEnv):
             )
         arr = client.actions(actions, (self.num_envs,), "actions")
         batch = client.step_lanes(self._all, arr)
-        self._obs[:] = batch.observation[""]
+        self._obs[:] = batch.observation[OBS_KEY]
         terminated = np.array(batch.terminated, bool)
         truncated = np.array(batch.truncated, bool)
         self._ended = terminated | truncated

@@ -48,35 +48,28 @@ import gymnasium
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from jaxmesh._version import __version__
 from jaxmesh.remote import codec
 from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.protocol import (
+    CAPABILITIES,
+    ENV_ERROR_KEY,
+    LOCKSTEP,
+    MAX_COUNT,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSIONS,
+    TOKEN_ENV,
+    TRACEBACK_KEY,
+    TRIAL_INDEX,
+)
 
 __all__ = ["SERVICE_NAME", "EnvServer", "ServeOptions"]
 
 #: The full name of the gRPC service (also a health-check service name).
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
-#: Capabilities declared in the handshake.
-CAPABILITIES = ("chunk_replay", "info_keys", "max_episode_seconds")
-#: Trailing metadata keys of an env error.
-ENV_ERROR_KEY = "jaxmesh-env-error"
-TRACEBACK_KEY = "jaxmesh-traceback-bin"
-#: The environment variable clients read the token from (named in errors).
-TOKEN_ENV = "JAXMESH_TOKEN"
-#: The most actions one lane may replay in one call.
-MAX_COUNT = 1_000_000
-TRIAL_INDEX = "trial_index"
 
 _LOOPBACK_NAMES = ("localhost",)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"jaxmesh {version('jaxmesh')}"
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "jaxmesh unknown"
 
 
 # Options ------------------------------------------------------------------------
@@ -109,7 +102,7 @@ class ServeOptions:
     allow_remote_shutdown: bool = False
     token: str | None = None
     workers: int | None = None
-    max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
     def __post_init__(self):
         for name, low, strict in (
@@ -165,7 +158,7 @@ class ServeOptions:
             raise ValueError(
                 f"ServeOptions(max_message_bytes={limit!r}): expected an int in "
                 f"[1024, {2**31 - 1}] (gRPC's own ceiling); the default is "
-                f"{codec.MAX_MESSAGE_BYTES}"
+                f"{MAX_MESSAGE_BYTES}"
             )
 
 
@@ -1399,8 +1392,8 @@ class EnvServer:
 
     def _handshake_reply(self, lanes: _Lanes) -> pb.HandshakeReply:
         return pb.HandshakeReply(
-            server_protocol_versions=codec.PROTOCOL_VERSIONS,
-            server_version=_version(),
+            server_protocol_versions=PROTOCOL_VERSIONS,
+            server_version=f"jaxmesh {__version__}",
             observation=[lanes.obs_leaf],
             action=[lanes.act_leaf],
             num_lanes=lanes.num_lanes,
@@ -1409,7 +1402,7 @@ class EnvServer:
                 for name in lanes.reset_options
             ],
             capabilities=CAPABILITIES
-            + (("lockstep",) if isinstance(lanes, _VectorLanes) else ()),
+            + ((LOCKSTEP,) if isinstance(lanes, _VectorLanes) else ()),
             env_name=lanes.name,
         )
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxmesh import report as _report
 from jaxmesh import stats as _stats
 from jaxmesh.core.results import EPISODE_FIELDS
 
@@ -473,15 +474,11 @@ class RunResult:
 
     def plot(self) -> Any:
         """The run's plots as a matplotlib ``Figure`` (``jaxmesh.report.plot``)."""
-        from jaxmesh.report import plot
-
-        return plot(self)
+        return _report.plot(self)
 
     def report(self, path: str | Path) -> Path:
         """Writes the run's HTML report (``jaxmesh.report.write_report``)."""
-        from jaxmesh.report import write_report
-
-        return write_report(self, path)
+        return _report.write_report(self, path)
 
     def trajectory(self, episode: int) -> Any:
         """The recorded ``Trajectory`` of episode ``episode`` (its index).

@@ -56,9 +56,8 @@ from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import Connection
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.run import build, host
-
-OBS_KEY = ""
 
 
 class ServedLanes:

@@ -1,10 +1,12 @@
 """Host-loop pieces any driver reuses: hooks, episodes streamed in order, and
 what a failure keeps (CONTRACT 16, 20).
 
-A driver (the scan loop, and later a loop over host-stepped envs) reads the
-engine's ``Results`` to the host after each segment and hands it to an
-``EpisodeStream``; on any exception it calls ``EpisodeStream.fail``, which puts
-every finished episode on the exception as ``exc.partial_result``.
+Both drivers use them: the scan loop over JAX envs (``jaxmesh.run.scan``) and
+the host loop over gymnasium envs, in process or served (``jaxmesh.run.host``).
+Each hands its ``Results``, read to the host after each segment, to an
+``EpisodeStream`` and runs inside ``drive``, which on any exception calls
+``EpisodeStream.fail``: every finished episode rides on the exception as
+``exc.partial_result``.
 """
 
 from __future__ import annotations
