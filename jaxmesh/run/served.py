@@ -176,17 +176,6 @@ def _present(b: codec.ResultBatch, key: str) -> np.ndarray:
     return np.ones(len(b.info[key]), bool) if present is None else present
 
 
-class _Call:
-    """What one sent message asked of each lane: ``lane -> (kind, epoch, count)``."""
-
-    __slots__ = ("lanes", "sent_at", "size")
-
-    def __init__(self, lanes: dict, sent_at: float, size: int):
-        self.lanes = lanes
-        self.sent_at = sent_at
-        self.size = size
-
-
 def needs_every_observation(cfg: Any) -> bool:
     """Whether an observation window reads more than one frame."""
     return any(d.stack > 1 and not d.reads_action for _, d in cfg.spec)
