@@ -54,9 +54,8 @@ from jaxmesh.core import results as core_results
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
-from jaxmesh.remote.client import Connection
-from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import OBS_KEY
+from jaxmesh.remote.session import Session
 from jaxmesh.run import build, host
 
 
@@ -88,11 +87,11 @@ class ServedLanes:
     ):
         from jaxmesh.remote import spaces
 
-        self.conns: list[Connection] = []
+        self.sessions: list[Session] = []
         try:
             for a in addresses:
-                self.conns.append(
-                    Connection(
+                self.sessions.append(
+                    Session(
                         a,
                         token=token,
                         connect_timeout=connect_timeout,
@@ -103,8 +102,8 @@ class ServedLanes:
         except BaseException:
             self.close()
             raise
-        first = self.conns[0].info
-        for c in self.conns[1:]:
+        first = self.sessions[0].info
+        for c in self.sessions[1:]:
             for field in ("observation", "action"):
                 if getattr(c.info, field) != getattr(first, field):
                     self.close()
@@ -122,17 +121,13 @@ class ServedLanes:
         self.spec = gym_lanes.HostEnvSpec(
             first.env_name, shape, dtype, a_shape, a_dtype, n_act
         )
-        self.wire_obs = codec.leaf_spec_from_proto(first.observation)
-        self.trial_index = [
-            gym_lanes.TRIAL_INDEX in c.info.reset_options for c in self.conns
-        ]
         # Lanes dealt round-robin over the servers.
         self.server: list[int] = []
         self.local: list[int] = []
-        taken = [0] * len(self.conns)
+        taken = [0] * len(self.sessions)
         while len(self.server) < num_envs:
             grew = False
-            for s, c in enumerate(self.conns):
+            for s, c in enumerate(self.sessions):
                 if taken[s] < c.info.num_lanes and len(self.server) < num_envs:
                     self.server.append(s)
                     self.local.append(taken[s])
@@ -155,7 +150,7 @@ class ServedLanes:
         n = min(settings.num_envs, self.num_lanes)
         if lane_groups is None:
             lane_groups = default_lane_groups(n)
-        if any("lockstep" in c.info.capabilities for c in self.conns):
+        if any(c.lockstep for c in self.sessions):
             lane_groups = 1
         self.lane_groups = max(1, min(lane_groups, n))
         if self.lane_groups > 1 and settings.plan_tile is None:
@@ -166,7 +161,7 @@ class ServedLanes:
         return settings
 
     def close(self) -> None:
-        for c in self.conns:
+        for c in self.sessions:
             c.close()
 
 
@@ -266,23 +261,20 @@ class _Run:
         self.seg_counts: list[np.ndarray] = []
         self.seg_actions: list[np.ndarray] = []
         self.queued = np.zeros(n, np.int64)  # segments queued per lane
-        self.inflight = [collections.deque() for _ in lanes.conns]
+        self.inflight = [collections.deque() for _ in lanes.sessions]
         self.replies: queue.SimpleQueue = queue.SimpleQueue()
         self.env_steps = 0
         self.next_episode = 0
-        self.call_id = 0
         self.state: Any = None
         self.server = np.asarray(lanes.server, np.int64)
         self.local = np.asarray(lanes.local, np.int64)
         self.to_global = []
-        for s, c in enumerate(lanes.conns):
+        for s, c in enumerate(lanes.sessions):
             m = np.full(c.info.num_lanes, -1, np.int64)
             mine = np.flatnonzero(self.server == s)
             m[self.local[mine]] = mine
             self.to_global.append(m)
-        self.obs_specs = {OBS_KEY: lanes.wire_obs}
-        self.num_local = [c.info.num_lanes for c in lanes.conns]
-        self.lockstep = ["lockstep" in c.info.capabilities for c in lanes.conns]
+        self.lockstep = [c.lockstep for c in lanes.sessions]
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
         # Chunk replay without the device, as in process (``host._loop``): a
         # lane whose next action is a known replay takes it on the host; the
@@ -299,17 +291,9 @@ class _Run:
         self.group_masks = [group_of == g for g in range(groups)]
         # Timeline rows (jaxmesh.trace), named once rather than on every call.
         self.group_rows = [f"group {g}" for g in range(groups)]
-        self.server_rows = [f"server {s}" for s in range(len(lanes.conns))]
+        self.server_rows = [f"server {s}" for s in range(len(lanes.sessions))]
 
     # Wire --------------------------------------------------------------------------
-    def decode(self, s: int, reply: pb.StepReply) -> codec.ResultBatch:
-        t0 = time.perf_counter()
-        out = codec.decode_result_batch(
-            reply.batch, self.obs_specs, None, num_lanes=self.num_local[s]
-        )
-        self.tel.span("decode", t0, time.perf_counter(), self.server_rows[s])
-        return out
-
     def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
         """Queues one segment per lane (``counts[i]`` rows of ``acts`` each)."""
         if not lanes_.size:
@@ -355,21 +339,19 @@ class _Run:
             for g in [g for g in resets if not which[g]]:
                 self.resets[g] = resets.pop(g)
         top = int(ranks[live].max()) + 1 if live.any() else 1
-        for s, conn in enumerate(self.lanes.conns):
+        for s in range(len(self.lanes.sessions)):
             on_s = live & (self.server[lanes_] == s)
             rs = [g for g in resets if self.server[g] == s]
             if self.lockstep[s]:
-                self._flush_lockstep(
-                    s, conn, on_s, lanes_, counts, starts, acts, rs, resets
-                )
+                self._flush_lockstep(s, on_s, lanes_, counts, starts, acts, rs, resets)
                 continue
             for r in range(top):
                 pick = np.flatnonzero(on_s & (ranks == r))
                 rr = rs if r == 0 else []
                 if pick.size or rr:
-                    self._send(s, conn, pick, lanes_, counts, starts, acts, rr, resets)
+                    self._send(s, pick, lanes_, counts, starts, acts, rr, resets)
 
-    def _flush_lockstep(self, s, conn, on_s, lanes_, counts, starts, acts, rs, resets):
+    def _flush_lockstep(self, s, on_s, lanes_, counts, starts, acts, rs, resets):
         """One call at a time: each lane's next segment, all cut to one count.
 
         A VectorEnv server steps every lane at once, so each lane mid-episode
@@ -404,10 +386,10 @@ class _Run:
             st = np.arange(gs.size, dtype=np.int64) * c
             # _send reads each queued lane's rows through (lanes, counts, starts)
             all_q = np.arange(gs.size)
-            self._send(s, conn, all_q, gs, cnt, st, rows, rs, resets)
+            self._send(s, all_q, gs, cnt, st, rows, rs, resets)
         elif rs or any(self.server[g] == s for g in self.released):
             self._send(
-                s, conn, np.zeros(0, np.int64), lanes_, counts, starts, acts, rs, resets
+                s, np.zeros(0, np.int64), lanes_, counts, starts, acts, rs, resets
             )
 
     def _requeue(self, g: int, rows: np.ndarray) -> None:
@@ -420,36 +402,32 @@ class _Run:
         self.seg_actions.append(rows)
         self.queued[g] += 1
 
-    def _request(self, s, conn, rs, resets) -> tuple[pb.StepRequest, Any, Any]:
-        """A request to server ``s`` holding the resets of lanes ``rs``
-        (``resets``: lane -> episode): ``(request, lane mask, reset lanes
-        ascending)``; the caller adds actions, then ``_post``s it."""
-        req = pb.StepRequest(
-            observation_keys=[OBS_KEY],
+    def _call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
+        """One call to server ``s``: the resets of lanes ``rs`` (``resets``:
+        lane -> episode), a run of ``counts[i]`` wire actions (``rows``) for
+        each lane of ``act_g`` (global lanes, ascending in local order), and
+        the lanes released there. ``tag`` (reset lanes, their epochs, action
+        lanes, their epochs or group) waits in flight for the reply."""
+        t0 = time.perf_counter()
+        session = self.lanes.sessions[s]
+        reset_g = tag[0]
+        eps = [resets[g] for g in reset_g]
+        release = [g for g in self.released if self.server[g] == s]
+        if release:
+            self.released = [g for g in self.released if self.server[g] != s]
+        size = session.send(
+            reset_lanes=self.local[reset_g],
+            seeds=self.seeds[eps],
+            trials=eps if session.trial_index else None,
+            max_episode_seconds=self.seconds,
+            lanes=self.local[act_g] if act_g.size else None,
+            counts=counts,
+            actions=rows,
+            release=self.local[release] if release else (),
             all_observations=self.every_obs,
-            call_id=self.call_id,
             info_keys=self.info_keys,
         )
-        mask = np.zeros(conn.info.num_lanes, bool)
-        for g in sorted(rs, key=lambda g: self.local[g]):
-            i = resets[g]
-            lr = req.resets.add(lane=int(self.local[g]), seed=int(self.seeds[i]))
-            if self.lanes.trial_index[s]:
-                lr.options[gym_lanes.TRIAL_INDEX].int_value = int(i)
-            if self.seconds is not None:
-                lr.max_episode_seconds = self.seconds
-        reset_g = np.asarray(sorted(rs), np.int64)
-        mask[self.local[reset_g]] = True
-        return req, mask, reset_g
-
-    def _post(self, s, conn, req, mask, t0, record) -> None:
-        """Sends ``req`` with its lane mask; ``record`` (reset lanes, their
-        tag, action lanes, their tag) waits in flight for the reply."""
-        req.lane_mask.extend(mask.tolist())
-        # The request belongs to gRPC once sent: nothing may change it after.
-        size = conn.send(req)
         now = time.perf_counter()
-        reset_g, act_g = record[0], record[2]
         self.tel.span(
             "encode",
             t0,
@@ -459,50 +437,45 @@ class _Run:
             lanes=len(act_g),
         )
         self.tel.add("request_bytes", size)
-        self.inflight[s].append((record, now))
-        self.call_id += 1
+        self.inflight[s].append((tag, now))
 
-    def _send(self, s, conn, pick, lanes_, counts, starts, acts, rs, resets) -> None:
-        t0 = time.perf_counter()
-        req, mask, reset_g = self._request(s, conn, rs, resets)
+    def _send(self, s, pick, lanes_, counts, starts, acts, rs, resets) -> None:
+        reset_g = np.asarray(sorted(rs), np.int64)
         act_g = np.zeros(0, np.int64)
+        c = rows = None
         if pick.size:
             order = pick[np.argsort(self.local[lanes_[pick]], kind="stable")]
             act_g = lanes_[order]
             c = counts[order]
             if np.all(c == 1):
-                rows = starts[order]
+                at = starts[order]
             else:
-                rows = np.repeat(starts[order] - np.cumsum(c) + c, c) + np.arange(
+                at = np.repeat(starts[order] - np.cumsum(c) + c, c) + np.arange(
                     int(c.sum())
                 )
-            req.batch.CopyFrom(
-                codec.encode_action_batch(self.local[act_g], c, {OBS_KEY: acts[rows]})
-            )
-            mask[self.local[act_g]] = True
-        release = [g for g in self.released if self.server[g] == s]
-        if release:
-            req.release.extend(int(self.local[g]) for g in release)
-            mask[self.local[release]] = True
-            self.released = [g for g in self.released if self.server[g] != s]
-        record = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
-        self._post(s, conn, req, mask, t0, record)
+            rows = acts[at]
+        tag = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
+        self._call(s, rs, resets, act_g, c, rows, tag)
 
     def take_reply(self, block: bool = True) -> bool:
         """Files the next reply of any server; False when none is in (``block``
         False) or none is expected."""
-        timeout = self.lanes.conns[0].reply_timeout
+        sessions = self.lanes.sessions
         if not any(self.inflight):
             return False
         if self.direct:
             if not block:
                 return False
-            s, item = 0, self.lanes.conns[0].receive()
+            s, reply = 0, sessions[0].receive()
         else:
-            s, item = self._queued_reply(block, timeout)
+            s, item = self._queued_reply(block, sessions[0].reply_timeout)
             if item is None:
                 return False
-        return self._file_reply(s, item)
+            reply = sessions[s].reply(item)
+        tel = self.tel
+        row = self.server_rows[s]
+        tel.span("decode", reply.arrived, reply.decoded_at, row)
+        return self._file_reply(s, reply)
 
     def _queued_reply(self, block: bool, timeout: float | None) -> tuple[int, Any]:
         """The next reply a reader thread queued: ``(server, item)``; item None
@@ -516,28 +489,23 @@ class _Run:
                 return 0, None
             raise RemoteConnectionError(
                 "no reply from the jaxmesh env servers "
-                f"{[c.address for c in self.lanes.conns]} within {timeout} s "
+                f"{[c.address for c in self.lanes.sessions]} within {timeout} s "
                 "(reply_timeout); an env may hang",
-                address=self.lanes.conns[0].address,
+                address=self.lanes.sessions[0].address,
                 code="DEADLINE_EXCEEDED",
             ) from None
 
-    def _file_reply(self, s: int, item: Any) -> bool:
+    def _file_reply(self, s: int, reply: Any) -> bool:
         """Files one server's reply: reset observations, step results."""
-        if isinstance(item, BaseException):
-            raise item
-        reply, b, arrived, decoded_at = item
+        b = reply.batch
         (reset_g, reset_ep, act_g, act_ep), sent_at = self.inflight[s].popleft()
-        tel = self.tel
-        tel.call(self.server_rows[s], sent_at, arrived, reply.server_step_seconds)
-        tel.add("queue", time.perf_counter() - decoded_at)
-        tel.add("reply_bytes", reply.ByteSize())
+        self._tel_reply(s, sent_at, reply)
         g = self.to_global[s][b.lanes]
         if not reset_g.size and b.steps.size and np.all(b.steps == 1):
             # The per-step case (h = 1, every lane one step): no offsets.
             if not np.array_equal(g, act_g):
                 raise codec.ProtocolError(
-                    f"the server at {self.lanes.conns[s].address} answered for "
+                    f"the server at {self.lanes.sessions[s].address} answered for "
                     f"lanes {b.lanes[:16].tolist()}, asked for "
                     f"{self.local[act_g][:16].tolist()}"
                 )
@@ -562,7 +530,7 @@ class _Run:
         asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
         if g.size != asked.size or np.any(b.lanes != asked):
             raise codec.ProtocolError(
-                f"the server at {self.lanes.conns[s].address} answered for lanes "
+                f"the server at {self.lanes.sessions[s].address} answered for lanes "
                 f"{b.lanes[:16].tolist()}, asked for {asked[:16].tolist()}"
             )
         obs_rows = b.observation[OBS_KEY]
@@ -616,6 +584,13 @@ class _Run:
                         self.rb_info_has[key][g[al], last] = _present(b, key)[row0[al]]
             self.tail[g[al]] += k
         return True
+
+    def _tel_reply(self, s: int, sent_at: float, reply: Any) -> None:
+        """A reply's round trip, queueing and size in the telemetry."""
+        tel = self.tel
+        tel.call(self.server_rows[s], sent_at, reply.arrived, reply.server_seconds)
+        tel.add("queue", time.perf_counter() - reply.decoded_at)
+        tel.add("reply_bytes", reply.nbytes)
 
     def info_rows(self, b: codec.ResultBatch) -> dict[str, np.ndarray]:
         """The reply's info leaves asked for, one float per row.
@@ -868,17 +843,14 @@ class _Run:
         else (or with a reply timeout) reader threads decode replies while the
         loop plans.
         """
-        conns = self.lanes.conns
+        sessions = self.lanes.sessions
         self.direct = (
-            len(conns) == 1 and self.num_groups == 1 and conns[0].reply_timeout is None
+            len(sessions) == 1
+            and self.num_groups == 1
+            and sessions[0].reply_timeout is None
         )
-        for s, c in enumerate(conns):
-            c.open(
-                lambda reply, s=s: self.decode(s, reply),
-                replies=self.replies,
-                tag=s,
-                reader=not self.direct,
-            )
+        for s, c in enumerate(sessions):
+            c.open(replies=self.replies, tag=s, reader=not self.direct)
         self.state = self.program.init(self.obs, np.zeros(self.n, bool))
         self.start(list(range(min(self.n, self.e))))
 
@@ -1028,7 +1000,7 @@ class _StepRun(_Run):
             cfg.horizon == 1
             and cfg.lead == 0
             and recorder is None
-            and not any("lockstep" in c.info.capabilities for c in lanes.conns)
+            and not any(c.lockstep for c in lanes.sessions)
         )
 
     def run(self) -> None:
@@ -1061,12 +1033,12 @@ class _StepRun(_Run):
         resets = {j: i for j, i in self.resets.items() if group[j]}
         for j in resets:
             del self.resets[j]
-        conns = self.lanes.conns
-        for s, conn in enumerate(conns):
-            on_s = stepped[self.server[stepped] == s] if len(conns) > 1 else stepped
+        many = len(self.lanes.sessions) > 1
+        for s in range(len(self.lanes.sessions)):
+            on_s = stepped[self.server[stepped] == s] if many else stepped
             rs = [j for j in resets if self.server[j] == s]
             if on_s.size or rs:
-                self._send_step(s, conn, rs, resets, on_s, wire, g)
+                self._send_step(s, rs, resets, on_s, wire, g)
         self.ready[go] = False
         if not self.pending[g]:
             raise RuntimeError(
@@ -1075,34 +1047,24 @@ class _StepRun(_Run):
                 f"{np.flatnonzero(self.active & group).tolist()})"
             )
 
-    def _send_step(self, s, conn, rs, resets, act_g, wire, group) -> None:
+    def _send_step(self, s, rs, resets, act_g, wire, group) -> None:
         """One call of lane group ``group`` to server ``s``: the resets ``rs``
         and one action per lane of ``act_g`` (global lanes)."""
-        t0 = time.perf_counter()
-        req, mask, reset_g = self._request(s, conn, rs, resets)
-        local = self.local
+        reset_g = np.asarray(sorted(rs), np.int64)
+        rows = None
         if act_g.size:
-            act_g = act_g[np.argsort(local[act_g], kind="stable")]
-            req.batch.CopyFrom(
-                codec.encode_action_batch(
-                    local[act_g], np.ones(act_g.size, np.int64), {OBS_KEY: wire[act_g]}
-                )
-            )
-            mask[local[act_g]] = True
-        self._post(s, conn, req, mask, t0, (reset_g, group, act_g, None))
+            act_g = act_g[np.argsort(self.local[act_g], kind="stable")]
+            rows = wire[act_g]
+        ones = np.ones(act_g.size, np.int64)
+        self._call(s, rs, resets, act_g, ones, rows, (reset_g, group, act_g, None))
         self.pending[group] += 1
 
-    def _file_reply(self, s: int, item: Any) -> bool:
+    def _file_reply(self, s: int, reply: Any) -> bool:
         """Files one server's reply to ``_send_step`` and accounts its steps."""
-        if isinstance(item, BaseException):
-            raise item
-        reply, b, arrived, decoded_at = item
+        b = reply.batch
         (reset_g, group, act_g, _), sent_at = self.inflight[s].popleft()
         self.pending[group] -= 1
-        tel = self.tel
-        tel.call(self.server_rows[s], sent_at, arrived, reply.server_step_seconds)
-        tel.add("queue", time.perf_counter() - decoded_at)
-        tel.add("reply_bytes", reply.ByteSize())
+        self._tel_reply(s, sent_at, reply)
         g = self.to_global[s][b.lanes]
         if reset_g.size:
             asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
@@ -1111,7 +1073,7 @@ class _StepRun(_Run):
             asked, steps = self.local[act_g], 1
         if g.size != asked.size or np.any(b.lanes != asked) or np.any(b.steps != steps):
             raise codec.ProtocolError(
-                f"the server at {self.lanes.conns[s].address} answered for lanes "
+                f"the server at {self.lanes.sessions[s].address} answered for lanes "
                 f"{b.lanes[:16].tolist()} with steps {b.steps[:16].tolist()}, "
                 f"asked for {asked[:16].tolist()} (resets "
                 f"{self.local[reset_g][:16].tolist()})"

@@ -1,0 +1,249 @@
+"""The client side of the wire: one session with one env server, in numpy.
+
+``Session`` owns everything protobuf on the client: it builds a ``StepRequest``
+from numpy arrays (lane resets with their seeds and options, one run of known
+actions per lane, lanes to release), numbers the calls, decodes each reply into
+a ``codec.ResultBatch`` and checks that the reply answers the call it should
+(the server answers in order). The host loop (``jaxmesh.run.served``) and
+``RemoteEnv`` / ``RemoteVectorEnv`` drive servers through it and never build a
+message themselves; the host loop owns the episodes' accounting, the session
+knows nothing of episodes.
+
+Lanes here are the server's own lane indices (0 .. ``num_lanes - 1``).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxmesh.errors import RemoteError
+from jaxmesh.remote import codec
+from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.protocol import LOCKSTEP, OBS_KEY, TRIAL_INDEX
+
+
+class Reply(NamedTuple):
+    """One decoded reply and what the telemetry reads of it.
+
+    ``arrived`` and ``decoded_at`` are ``time.perf_counter()`` values; the
+    server's env time and the reply's size are as the server sent them.
+    """
+
+    batch: codec.ResultBatch
+    arrived: float
+    decoded_at: float
+    server_seconds: float
+    nbytes: int
+
+
+class Session:
+    """One session with one env server: requests from numpy, replies decoded.
+
+    The handshake happens at construction (``info``: the spaces, lanes and
+    capabilities); ``open`` starts the session's stream, ``send`` queues a call
+    without waiting, ``receive`` returns the next reply in order.
+
+    Args:
+      address, token, connect_timeout, reply_timeout, credentials: as for
+        ``jaxmesh.remote.client.Connection``.
+
+    Raises:
+      jaxmesh.RemoteConnectionError: the server cannot be reached or refuses.
+      jaxmesh.RemoteError: it declares spaces this client cannot read.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reply_timeout: float | None = None,
+        credentials: Any = None,
+    ):
+        self.conn = Connection(
+            address,
+            token=token,
+            connect_timeout=connect_timeout,
+            reply_timeout=reply_timeout,
+            credentials=credentials,
+        )
+        info = self.info = self.conn.info
+        self.address = info.address
+        self.num_lanes = info.num_lanes
+        self.reply_timeout = reply_timeout
+        try:
+            if info.num_lanes < 1:
+                raise codec.ProtocolError(
+                    f"the handshake declares {info.num_lanes} lanes, expected >= 1"
+                )
+            self.obs_spec = codec.leaf_spec_from_proto(info.observation)
+        except codec.ProtocolError as exc:
+            self.conn.close()
+            raise RemoteError(
+                f"the jaxmesh env server at {self.address} declared spaces this "
+                f"client cannot rebuild: {exc}; upgrade the older side",
+                address=self.address,
+            ) from None
+        #: Whether the env takes the ``trial_index`` reset option (CONTRACT 6).
+        self.trial_index = TRIAL_INDEX in info.reset_options
+        #: Whether the server steps every lane in every call (a VectorEnv).
+        self.lockstep = LOCKSTEP in info.capabilities
+        self.closed = False
+        self._call_id = 0
+        self._pending: collections.deque[int] = collections.deque()
+
+    # The stream ---------------------------------------------------------------
+    def open(
+        self,
+        *,
+        replies: queue.SimpleQueue | None = None,
+        tag: Any = None,
+        reader: bool = True,
+    ) -> None:
+        """Opens the session; replies are decoded as they arrive.
+
+        Args:
+          replies: a queue shared with other sessions: a reader thread puts
+            ``(tag, item)`` there, and the caller hands each item to
+            ``reply(item)``; None: ``receive`` reads this session's own.
+          tag: names this session in ``replies``.
+          reader: False: no reader thread; ``receive`` takes the next reply
+            off the stream itself (a thread hand-off less per call, for a
+            caller with nothing else to do while it waits).
+        """
+        spec = {OBS_KEY: self.obs_spec}
+        n = self.num_lanes
+        self.conn.open(
+            lambda r: codec.decode_result_batch(r.batch, spec, None, num_lanes=n),
+            replies=replies,
+            tag=tag,
+            reader=reader,
+        )
+
+    def send(
+        self,
+        *,
+        reset_lanes: Sequence[int] | np.ndarray = (),
+        seeds: Sequence[int] | np.ndarray = (),
+        trials: Sequence[int] | np.ndarray | None = None,
+        options: Mapping[str, pb.Value] | None = None,
+        max_episode_seconds: float | None = None,
+        lanes: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
+        actions: np.ndarray | None = None,
+        release: Sequence[int] | np.ndarray = (),
+        all_observations: bool = False,
+        info_keys: Sequence[str] = (),
+    ) -> int:
+        """Queues one call (never waits for the server); its size in bytes.
+
+        Args:
+          reset_lanes: lanes to reset, ascending, each with its ``seeds`` entry
+            and, when given, its ``trials`` entry (the ``trial_index`` reset
+            option; only for an env that declares it) and the same
+            ``options`` (wire values) for every one.
+          max_episode_seconds: the wall-clock cap of the episodes reset here.
+          lanes, counts, actions: one run of known actions per lane (lanes
+            ascending, ``counts[i]`` rows of ``actions`` each, in the env's
+            own action values); the server stops a run at its episode's end.
+          release: lanes a lockstep server stops expecting.
+          all_observations: send every replayed step's observation (else only
+            each run's last).
+          info_keys: the info keys to send, for the rows that have them.
+
+        Raises:
+          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
+        """
+        if self.closed:
+            raise RemoteError(
+                f"the session with the jaxmesh env server at {self.address} is "
+                "closed; open a new one",
+                address=self.address,
+            )
+        self._call_id += 1
+        req = pb.StepRequest(
+            observation_keys=[OBS_KEY],
+            all_observations=all_observations,
+            call_id=self._call_id,
+            info_keys=list(info_keys),
+        )
+        mask = np.zeros(self.num_lanes, bool)
+        for q, (lane, seed) in enumerate(zip(reset_lanes, seeds, strict=True)):
+            lr = req.resets.add(lane=int(lane), seed=int(seed), options=options)
+            if trials is not None:
+                lr.options[TRIAL_INDEX].int_value = int(trials[q])
+            if max_episode_seconds is not None:
+                lr.max_episode_seconds = max_episode_seconds
+            mask[int(lane)] = True
+        if lanes is not None and len(lanes):
+            req.batch.CopyFrom(
+                codec.encode_action_batch(lanes, counts, {OBS_KEY: actions})
+            )
+            mask[lanes] = True
+        if len(release):
+            req.release.extend(int(j) for j in release)
+            mask[np.asarray(release, np.int64)] = True
+        req.lane_mask.extend(mask.tolist())
+        # The request belongs to gRPC once sent: nothing may change it after.
+        size = self.conn.send(req)
+        self._pending.append(self._call_id)
+        return size
+
+    def receive(self) -> Reply:
+        """The next reply of this session, in order (see ``reply``).
+
+        Raises:
+          jaxmesh.RemoteError: the call failed, or no reply came within
+            ``reply_timeout``; jaxmesh.remote.codec.ProtocolError: a reply
+            that does not answer the next call.
+        """
+        return self.reply(self.conn.receive())
+
+    def reply(self, item: Any) -> Reply:
+        """A reply as a reader thread queued it (or the exception it met),
+        checked against the next call in flight.
+
+        Raises:
+          The queued exception; jaxmesh.remote.codec.ProtocolError: a reply
+          that answers another call than the next one sent.
+        """
+        if isinstance(item, BaseException):
+            raise item
+        reply, batch, arrived, decoded_at = item
+        expected = self._pending.popleft() if self._pending else None
+        if reply.call_id != expected:
+            raise codec.ProtocolError(
+                f"the jaxmesh env server at {self.address} answered call "
+                f"{reply.call_id}, expected call {expected}; the server broke "
+                "the protocol"
+            )
+        return Reply(
+            batch, arrived, decoded_at, reply.server_step_seconds, reply.ByteSize()
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent whose reply was not taken yet."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Ends the session and closes the channel (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.conn.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["Reply", "Session"]
