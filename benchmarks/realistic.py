@@ -49,6 +49,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import importlib.util
 import sys
 import time
 import traceback
@@ -270,33 +271,16 @@ def agreement(a: np.ndarray | None, b: np.ndarray | None) -> tuple[str, float]:
     return f"{int(same.sum())}/{same.size}", float(same.mean())
 
 
-# Main --------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """Runs the contenders, prints the table and goal lines; 1 when one failed."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lanes", type=int, default=16, help="HalfCheetah lanes (N)")
-    ap.add_argument("--episodes", type=int, default=64, help="episodes per run (E)")
-    ap.add_argument("--cap", type=int, default=200, help="max_episode_steps")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
-    ap.add_argument(
-        "--groups", default="2,4", help="lane_groups to measure served (first: goal)"
-    )
-    ap.add_argument("--seed", type=int, default=0, help="the policy weights' seed")
-    ap.add_argument("--quick", action="store_true", help="small sizes (< 90 s)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.episodes, args.repeats = args.lanes, 1
-    n, cap = args.lanes, args.cap
-    groups = [int(g) for g in args.groups.split(",") if g.strip()]
-    seeds = list(range(args.episodes))
+# Measuring and reporting -------------------------------------------------------
+def collect(args: argparse.Namespace, pool: ServerPool) -> tuple:
+    """Builds the envs, policies and contenders and measures them.
 
-    pool = ServerPool()
-    # The servers build their envs while this process imports and compiles.
-    have_rlmesh = True
-    try:
-        import rlmesh  # noqa: F401
-    except ImportError:
-        have_rlmesh = False
+    Returns (medians, returns per contender, failures, notes, RLMesh's budget).
+    """
+    n, cap, groups = args.lanes, args.cap, args.groups
+    seeds = list(range(args.episodes))
+    # The servers build their envs while this process compiles.
+    have_rlmesh = importlib.util.find_spec("rlmesh") is not None
     pool.start(
         ("jaxmesh", ENV_KIND, n), *([("rlmesh", ENV_KIND, n)] if have_rlmesh else [])
     )
@@ -304,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     m = machine()
     print(
         header(
-            "realistic: 16 served HalfCheetah-v5 lanes, a 2x256 MLP",
+            f"realistic: {n} served HalfCheetah-v5 lanes, a 2x{HIDDEN} MLP",
             {
                 "nproc": m["nproc"],
                 "cpu": m["cpu"],
@@ -372,12 +356,24 @@ def main(argv: list[str] | None = None) -> int:
             # amplifies that, so its reference is the hand loop with per-lane calls.
             _, returns[PER_LANE] = host_loop(envs, seeds, cap, per_lane(forward))
     finally:
-        pool.close()
         for e in envs:
             e.close()
         if model is not None:
             model.close()
+    return med, returns, failed, notes, rl_budget
 
+
+def report(
+    args: argparse.Namespace,
+    med: dict[str, dict[str, float]],
+    returns: dict[str, np.ndarray],
+    failed: dict[str, str],
+    notes: list[str],
+    rl_budget: dict[str, int],
+) -> int:
+    """Prints the table and the goal lines; 1 when a contender failed, else 0."""
+    n, cap, groups = args.lanes, args.cap, args.groups
+    seeds = list(range(args.episodes))
     hand = med[HAND]["sps"] if HAND in med else float("nan")
     share: dict[str, float] = {}
     rows = []
@@ -496,6 +492,28 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("\n".join(out))
     return 1 if failed else 0
+
+
+# Main --------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """Runs the contenders, prints the table and goal lines; 1 when one failed."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lanes", type=int, default=16, help="HalfCheetah lanes (N)")
+    ap.add_argument("--episodes", type=int, default=64, help="episodes per run (E)")
+    ap.add_argument("--cap", type=int, default=200, help="max_episode_steps")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
+    ap.add_argument(
+        "--groups", default="2,4", help="lane_groups to measure served (first: goal)"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the policy weights' seed")
+    ap.add_argument("--quick", action="store_true", help="small sizes (< 90 s)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.episodes, args.repeats = args.lanes, 1
+    args.groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    with ServerPool() as pool:
+        measured = collect(args, pool)
+    return report(args, *measured)
 
 
 if __name__ == "__main__":
