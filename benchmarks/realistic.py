@@ -17,7 +17,7 @@ head. The contenders, in this order:
    when its episode ends (the same episodes, seeds and lane order as jaxmesh).
    Every ratio is to this row.
 3. ``jaxmesh in process, h = 1``: ``jaxmesh.evaluate(policy, envs, num_envs=16,
-   episodes=E, max_episode_steps=200)`` on the same list of envs, defaults.
+   seeds=range(E), max_episode_steps=200)`` on the same list of envs, defaults.
 4. ``jaxmesh in process, h = 8``: the chunk policy, ``horizon=8``.
 5. ``jaxmesh served, h = 1``: a ``jaxmesh.EnvServer`` over 16 HalfCheetah envs
    in a child process on 127.0.0.1, ``evaluate(..., env="grpc://...")``,
@@ -26,16 +26,19 @@ head. The contenders, in this order:
 7. ``jaxmesh served, h = 1, lane_groups = G`` for G in ``--groups`` (2, 4).
 8. ``RLMesh served, h = 1``: rlmesh 0.1.0's ``EnvServer`` over 16 HalfCheetah
    envs in a child process, driven by ``Model.run(address, seeds=...,
-   max_episode_steps=200)`` with an ``rlmesh.numpy.Model`` whose
-   ``predict_batch`` calls the same jitted batched policy as the hand loop.
+   max_episode_steps=200)`` with an ``rlmesh.numpy.Model`` whose ``predict``
+   and ``predict_batch`` call the hand loop's jitted policy (on a served list
+   of envs rlmesh 0.1.0 calls ``predict``, once per lane).
 
 Each contender's first call (compiling, connecting) is timed on its own and
 reported as ``first call s``; then ``--repeats`` interleaved timed calls, medians.
 The figure is env steps over the wall clock of the call (resets included, the
 envs' construction not: they are built once, before any timing). Every
 contender's per-episode returns are checked against the hand loop's
-(``np.allclose``; the h = 8 rows against jaxmesh in process at h = 8): a
-benchmark comparing different work would be worthless.
+(``np.allclose``; served h = 8 against jaxmesh in process at h = 8, RLMesh
+against the hand loop with one policy call per lane, run once untimed: a
+one-row matmul rounds differently, and MuJoCo turns that into other returns):
+a benchmark comparing different work would be worthless.
 
 Run: ``python benchmarks/realistic.py [--quick] [--episodes 64]``
 """
