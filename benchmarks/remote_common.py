@@ -84,16 +84,19 @@ class SlowEnv(gym.Env):
 
 
 def make_envs(kind: str, n: int, **kwargs: Any) -> list[gym.Env]:
-    """``n`` independent envs: ``"cartpole"`` (gymnasium CartPole-v1) or ``"slow"``.
+    """``n`` independent envs: ``"cartpole"`` (gymnasium CartPole-v1),
+    ``"halfcheetah"`` (gymnasium HalfCheetah-v5, MuJoCo) or ``"slow"``.
 
     Raises:
       ValueError: an unknown kind.
     """
     if kind == "cartpole":
         return [gym.make("CartPole-v1") for _ in range(n)]
+    if kind == "halfcheetah":
+        return [gym.make("HalfCheetah-v5") for _ in range(n)]
     if kind == "slow":
         return [SlowEnv(**kwargs) for _ in range(n)]
-    raise ValueError(f"env kind {kind!r}: expected 'cartpole' or 'slow'")
+    raise ValueError(f"env kind {kind!r}: expected 'cartpole', 'halfcheetah' or 'slow'")
 
 
 def _serve(server_kind: str, env_kind: str, n: int, kwargs: dict, conn) -> None:

@@ -29,6 +29,7 @@ SCRIPTS = (
     "peer",
     "rlmesh_peer",
     "remote",
+    "realistic",
     "scale",
 )
 
