@@ -43,9 +43,10 @@ require_grpc()
 
 from jaxmesh.errors import RemoteError  # noqa: E402
 from jaxmesh.remote import codec  # noqa: E402
-from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection  # noqa: E402
+from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT  # noqa: E402
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb  # noqa: E402
 from jaxmesh.remote.protocol import OBS_KEY, TRIAL_INDEX  # noqa: E402
+from jaxmesh.remote.session import Session  # noqa: E402
 from jaxmesh.remote.spaces import leaf_space  # noqa: E402
 
 __all__ = ["RemoteEnv", "RemoteVectorEnv", "ResetNeeded"]
@@ -85,7 +86,8 @@ def _seed(seed: Any, what: str = "seed") -> int | None:
 
 
 class _Client:
-    """One session with a server: the handshake, the spaces, request -> reply."""
+    """One session with a server (``Session``) and what a gymnasium env needs
+    of it: the spaces, checked actions and options, one call at a time."""
 
     def __init__(
         self,
@@ -95,48 +97,38 @@ class _Client:
         reply_timeout: float | None,
         credentials: Any = None,
     ):
-        self.conn = Connection(
+        self.session = Session(
             address,
             token=token,
             connect_timeout=connect_timeout,
             reply_timeout=reply_timeout,
             credentials=credentials,
         )
-        info = self.conn.info
+        info = self.session.info
         self.address = info.address
         self.env_name = info.env_name
         self.num_lanes = info.num_lanes
         try:
-            if info.num_lanes < 1:
-                raise codec.ProtocolError(
-                    f"the handshake declares {info.num_lanes} lanes, expected >= 1"
-                )
             self.obs_space = leaf_space(info.observation)
             self.act_space = leaf_space(info.action)
-            self.obs_spec = codec.leaf_spec_from_proto(info.observation)
         except codec.ProtocolError as exc:
-            self.conn.close()
+            self.session.close()
             raise RemoteError(
                 f"the jaxmesh env server at {self.address} declared spaces this "
                 f"client cannot rebuild: {exc}; upgrade the older side",
                 address=self.address,
             ) from None
+        self.obs_spec = self.session.obs_spec
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
-        self.trial_index = TRIAL_INDEX in info.reset_options
+        self.trial_index = self.session.trial_index
         self.closed = False
-        self._call_id = 0
-        self._templates: dict[bytes, pb.StepRequest] = {}
 
     def start(self) -> None:
         """Opens the session and makes sure it is ours: a call that touches no
         lane, so that a busy server fails here, not at the first reset."""
-        spec = {OBS_KEY: self.obs_spec}
-        n = self.num_lanes
         try:
-            self.conn.open(
-                lambda reply: codec.decode_result_batch(reply.batch, spec, num_lanes=n)
-            )
-            self.call(pb.StepRequest(lane_mask=[False] * n), np.zeros(0, np.int64))
+            self.session.open()
+            self.call(np.zeros(0, np.int64))
         except BaseException:
             self.close()
             raise
@@ -201,53 +193,32 @@ class _Client:
                 f"the env served at {self.address} was closed; make a new one"
             )
 
-    def call(self, request: pb.StepRequest, lanes: np.ndarray) -> codec.ResultBatch:
-        """Sends one request, waits for its reply; the lanes it must name."""
+    def call(self, named: np.ndarray, **request: Any) -> codec.ResultBatch:
+        """Sends one call (``Session.send``'s arguments), waits for its reply;
+        ``named``: the lanes it must name."""
         self.check_open()
-        self._call_id += 1
-        request.call_id = self._call_id
-        request.observation_keys.append(OBS_KEY)
-        self.conn.send(request)
+        self.session.send(**request)
         try:
-            reply, batch, _, _ = self.conn.receive()
+            batch = self.session.receive().batch
         except codec.ProtocolError as exc:
             raise RemoteError(
                 f"the jaxmesh env server at {self.address} sent a reply this client "
                 f"cannot read: {exc}",
                 address=self.address,
             ) from None
-        if reply.call_id != self._call_id or not np.array_equal(batch.lanes, lanes):
+        if not np.array_equal(batch.lanes, named):
             raise RemoteError(
-                f"the jaxmesh env server at {self.address} answered call "
-                f"{reply.call_id} for lanes {batch.lanes.tolist()[:16]}, expected "
-                f"call {self._call_id} for lanes {lanes.tolist()[:16]}; the server "
-                "broke the protocol",
+                f"the jaxmesh env server at {self.address} answered for lanes "
+                f"{batch.lanes.tolist()[:16]}, expected lanes "
+                f"{named.tolist()[:16]}; the server broke the protocol",
                 address=self.address,
             )
         return batch
 
-    def _template(self, lanes: np.ndarray) -> pb.StepRequest:
-        """The parts of a request stepping ``lanes`` once each (built once)."""
-        key = lanes.tobytes()
-        template = self._templates.get(key)
-        if template is None:
-            mask = np.zeros(self.num_lanes, bool)
-            mask[lanes] = True
-            template = pb.StepRequest(
-                lane_mask=mask.tolist(),
-                batch=codec.encode_action_batch(
-                    lanes, np.ones(lanes.size, np.uint32), {}
-                ),
-            )
-            self._templates[key] = template
-        return template
-
     def step_lanes(self, lanes: np.ndarray, actions: np.ndarray) -> codec.ResultBatch:
         """One action for each of ``lanes``; every lane must step once."""
-        request = pb.StepRequest()
-        request.CopyFrom(self._template(lanes))
-        request.batch.actions[OBS_KEY].CopyFrom(codec.encode_array(actions))
-        batch = self.call(request, lanes)
+        ones = np.ones(lanes.size, np.int64)
+        batch = self.call(lanes, lanes=lanes, counts=ones, actions=actions)
         if not np.all(batch.steps == 1):
             raise RemoteError(
                 f"the jaxmesh env server at {self.address} executed "
@@ -261,21 +232,12 @@ class _Client:
     def reset_lanes(
         self, lanes: np.ndarray, seeds: Sequence[int], options: dict[str, pb.Value]
     ) -> codec.ResultBatch:
-        mask = np.zeros(self.num_lanes, bool)
-        mask[lanes] = True
-        request = pb.StepRequest(
-            lane_mask=mask.tolist(),
-            resets=[
-                pb.LaneReset(lane=int(j), seed=int(s), options=options)
-                for j, s in zip(lanes, seeds, strict=True)
-            ],
-        )
-        return self.call(request, lanes)
+        return self.call(lanes, reset_lanes=lanes, seeds=seeds, options=options)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.conn.close()
+            self.session.close()
 
 
 class _Served:
