@@ -34,7 +34,7 @@ import numpy as np
 from flax import struct
 from jax.experimental import io_callback
 
-from jaxmesh.core import agent, results, tiles
+from jaxmesh.core import agent, results, rules, tiles
 from jaxmesh.core.policy import Policy
 
 #: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
@@ -111,11 +111,6 @@ class Carry:
     results: results.Results
 
 
-def episode_keys(seeds: jax.Array) -> jax.Array:
-    """``jax.random.PRNGKey(seed)`` for each seed (CONTRACT 5)."""
-    return jax.vmap(jax.random.PRNGKey)(seeds)
-
-
 def env_stream(keys: jax.Array) -> jax.Array:
     """The per-episode base of env-step keys: ``fold_in(key, STREAM_ENV)``."""
     return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
@@ -127,13 +122,17 @@ def _first_lanes(xp, n: int, capacity: int, budget: Any) -> dict:
     Every lane is reset on the first step, so that a masked lane (j >= budget)
     steps a valid env state (seed 0) that is never scored. Written once for
     numpy (the host builds the first carry without compiling) and jax.numpy
-    (``Engine.run`` builds it under trace).
+    (``Engine.run`` builds it under trace). Lanes without an episode hold
+    ``capacity``, an index no result buffer has.
     """
-    lane = xp.arange(n, dtype=xp.int32)
+    # Every lane is free and none has started: lane j takes episode j.
+    start, episode, next_episode = rules.next_episodes(
+        xp, xp.ones((n,), bool), 0, budget
+    )
     return {
-        "episode": xp.where(lane < budget, lane, capacity).astype(xp.int32),
+        "episode": xp.where(start, episode, capacity).astype(xp.int32),
         "start": xp.ones((n,), bool),
-        "next_episode": xp.minimum(xp.asarray(n, xp.int32), budget).astype(xp.int32),
+        "next_episode": xp.asarray(next_episode).astype(xp.int32),
     }
 
 
@@ -284,7 +283,7 @@ class Engine:
         def body(idx, c):
             key, env_key, env_state, obs = c
             episode = tiles.take(lanes.episode, idx)
-            k = episode_keys(lanes.seeds[jnp.clip(episode, 0, cap - 1)])
+            k = rules.episode_keys(jnp, lanes.seeds[jnp.clip(episode, 0, cap - 1)])
             obs0, state0 = jax.vmap(self.env.reset)(k)
             at = lambda x, v: tiles.put(x, idx, v)
             return (
@@ -312,7 +311,7 @@ class Engine:
             t=jnp.where(begins, 0, lanes.t),
             ret=jnp.where(begins, 0.0, lanes.ret),
             acc=tuple(
-                jnp.where(begins, jnp.asarray(results.metric_start(red), a.dtype), a)
+                rules.begin_metric(jnp, red, a, None, begins)[0]
                 for a, (_, red) in zip(lanes.acc, cfg.accumulators, strict=True)
             ),
         )
@@ -385,55 +384,38 @@ class Engine:
         return rec.replace(**updates)
 
     def _accumulate(self, lanes: Lanes, info: Any) -> tuple:
-        """Every accumulator after this step's info values (active lanes only)."""
+        """Every accumulator after this step's info values (active lanes only).
+
+        A JAX env's info has a fixed structure: every step has every key, so
+        no count is kept (an episode's count is its length).
+        """
         active = lanes.active
         leaves = results.info_leaves(info)
-        out = []
-        for a, (name, red) in zip(lanes.acc, self.config.accumulators, strict=True):
-            v = jnp.reshape(leaves[name], (active.shape[0],))
-            if red == "any":
-                new = a | (v != 0)
-            else:
-                v = v.astype(jnp.float32)
-                new = {
-                    "last": v,
-                    "sum": a + v,
-                    "mean": a + v,
-                    "max": jnp.maximum(a, v),
-                }[red]
-            out.append(jnp.where(active, new, a))
-        return tuple(out)
+        return tuple(
+            rules.accumulate_metric(
+                jnp, red, a, None, jnp.reshape(leaves[name], active.shape), active
+            )[0]
+            for a, (name, red) in zip(lanes.acc, self.config.accumulators, strict=True)
+        )
 
     def _episode_metrics(self, acc: tuple, t: jax.Array) -> tuple[dict, Any]:
-        """The per-lane metric values of an episode ending now, and its success."""
+        """The per-lane metric values of an episode ending now (after ``t``
+        steps), and its success."""
         cfg = self.config
-        values = {}
-        for a, (name, red) in zip(acc[: len(cfg.metrics)], cfg.metrics, strict=True):
-            values[name] = a / t.astype(jnp.float32) if red == "mean" else a
+        values = {
+            name: rules.finalize_metric(jnp, red, a, t)
+            for a, (name, red) in zip(acc[: len(cfg.metrics)], cfg.metrics, strict=True)
+        }
         success = None
         if cfg.success is not None:
-            success = acc[-1] != 0
+            success = rules.success(jnp, acc[-1])
         return values, success
 
     def _faults(self, lanes: Lanes, action: jax.Array, reward: jax.Array):
         """Per-lane fault kind and value: a bad action, or a non-finite reward."""
-        active = lanes.active
-        flat = jnp.reshape(action, (action.shape[0], -1))
-        if self.env.num_actions is not None:
-            bad = (flat < 0) | (flat >= self.env.num_actions)
-            kind_a = results.ACTION_OUT_OF_RANGE
-        else:
-            bad = ~jnp.isfinite(flat)
-            kind_a = results.ACTION_NOT_FINITE
-        bad_a = active & jnp.any(bad, axis=1)
-        # The first bad component of the action.
-        value_a = flat[:, -1].astype(jnp.float32)
-        for i in reversed(range(flat.shape[1] - 1)):
-            value_a = jnp.where(bad[:, i], flat[:, i].astype(jnp.float32), value_a)
-        bad_r = active & ~jnp.isfinite(reward)
-        kinds = jnp.where(bad_a, kind_a, jnp.where(bad_r, results.REWARD_NOT_FINITE, 0))
-        values = jnp.where(bad_a, value_a, reward)
-        return kinds, values
+        num_actions = self.env.num_actions
+        kinds, values = rules.action_faults(jnp, action, lanes.active, num_actions)
+        return rules.reward_faults(jnp, reward, lanes.active, kinds, values)
 
     def _emit(self, *arrays: Any) -> np.bool_:
         """Host side of the step-event callback: hands the arrays to the sink."""
@@ -495,7 +477,7 @@ class Engine:
         ag = agent.observe(cfg.agent, ag, obs)
         t = lanes.t + 1
         ret = lanes.ret + reward
-        trunc = trunc | (t >= cfg.max_steps)
+        trunc = trunc | rules.at_cap(jnp, t, cfg.max_steps)
         ended = active & (term | trunc)
         go_on = None
         if cfg.step_events:
@@ -541,8 +523,9 @@ class Engine:
 
         # Finished lanes take the next unstarted episodes in ascending lane order.
         n_ended = jnp.sum(ended, dtype=jnp.int32)
-        new_ep = lanes.next_episode + jnp.cumsum(ended, dtype=jnp.int32) - 1
-        start = ended & (new_ep < lanes.budget)
+        start, new_ep, next_episode = rules.next_episodes(
+            jnp, ended, lanes.next_episode, lanes.budget
+        )
         lanes = lanes.replace(
             episode=jnp.where(start, new_ep, lanes.episode),
             active=active & ~ended,
@@ -550,7 +533,7 @@ class Engine:
             t=t,
             ret=ret,
             env_state=env_state,
-            next_episode=jnp.minimum(lanes.next_episode + n_ended, lanes.budget),
+            next_episode=next_episode,
             n_done=lanes.n_done + n_ended,
         )
         return Carry(lanes, ag, r), go_on

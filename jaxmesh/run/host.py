@@ -26,7 +26,6 @@ reach hooks and ``exc.partial_result`` through ``stream.EpisodeStream``
 from __future__ import annotations
 
 import collections
-import functools
 import math
 import numbers
 import time
@@ -37,7 +36,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxmesh.core import agent
+from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
@@ -124,10 +123,11 @@ def info_value(info: Any, key: str, where: str) -> float | None:
 class HostMetrics:
     """Episode metrics and success of host-stepped lanes, reduced in numpy.
 
-    Per lane and key, an accumulator and the number of steps whose info had
-    the key (gymnasium infos may lack a key on some steps): ``mean`` is over
-    those steps, and a key absent for a whole episode gives NaN (``any``:
-    False). The success flag is the last value seen of the success key; in
+    Per lane and key, an accumulator (float64) and the number of steps whose
+    info had the key (gymnasium infos may lack a key on some steps): ``mean``
+    is over those steps, and a key absent for a whole episode gives NaN
+    (``any``: False); the arithmetic is ``jaxmesh.core.rules``', the scan
+    engine's own. The success flag is the last value seen of the success key; in
     auto mode (``success=None``) the first of ``checks.SUCCESS_KEYS`` that an
     episode's info had. A key named in ``metrics=`` or ``success=`` must be in
     the info of the run's first step (of at least one lane), else ValueError.
@@ -160,8 +160,10 @@ class HostMetrics:
             for name, red in self.named
         }
         self.count = {name: np.zeros(n, np.int64) for name, _ in self.named}
+        # A success key is a ``last`` reduction; its count says whether an
+        # episode had the key at all.
         self.last = {k: np.zeros(n, np.float64) for k in self.success_keys}
-        self.seen = {k: np.zeros(n, bool) for k in self.success_keys}
+        self.seen = {k: np.zeros(n, np.int64) for k in self.success_keys}
         self.checked = False
         #: The success key found (auto mode: the first one an episode had).
         self.found: str | None = None
@@ -177,12 +179,11 @@ class HostMetrics:
     def begin(self, js: Any) -> None:
         """Lanes ``js`` start an episode: their accumulators start over."""
         for name, red in self.named:
-            self.acc[name][js] = (
-                False if red == "any" else (-np.inf if red == "max" else 0.0)
-            )
-            self.count[name][js] = 0
+            a, c = self.acc[name], self.count[name]
+            a[js], c[js] = rules.begin_metric(np, red, a[js], c[js], True)
         for k in self.success_keys:
-            self.seen[k][js] = False
+            a, c = self.last[k], self.seen[k]
+            a[js], c[js] = rules.begin_metric(np, "last", a[js], c[js], True)
 
     def check(self, present: Any, seen_keys: Any = ()) -> None:
         """Once, at the run's first step: every required key is ``present``.
@@ -208,40 +209,29 @@ class HostMetrics:
         """One step of ``lanes``: ``values[key] = (floats [m], present [m])``."""
         for name, red in self.named:
             v, ok = values[name]
-            at = lanes[ok]
-            v = v[ok]
-            a = self.acc[name]
-            if red == "any":
-                a[at] |= v != 0
-            elif red == "last":
-                a[at] = v
-            elif red == "max":
-                a[at] = np.maximum(a[at], v)
-            else:
-                a[at] += v
-            self.count[name][at] += 1
+            a, c = self.acc[name], self.count[name]
+            a[lanes], c[lanes] = rules.accumulate_metric(
+                np, red, a[lanes], c[lanes], v, ok
+            )
         for k in self.success_keys:
             v, ok = values[k]
-            self.last[k][lanes[ok]] = v[ok]
-            self.seen[k][lanes[ok]] = True
+            a, c = self.last[k], self.seen[k]
+            a[lanes], c[lanes] = rules.accumulate_metric(
+                np, "last", a[lanes], c[lanes], v, ok
+            )
 
     def write(self, res: Any, lanes: np.ndarray, episodes: np.ndarray) -> None:
         """Writes the episodes that ``lanes`` just ended into ``res``."""
         for name, red in self.named:
             a, c = self.acc[name][lanes], self.count[name][lanes]
-            if red == "any":
-                res.metrics[name][episodes] = a
-                continue
-            if red == "mean":
-                a = np.divide(a, c, out=np.zeros_like(a), where=c > 0)
-            res.metrics[name][episodes] = np.where(c > 0, a, np.nan)
+            res.metrics[name][episodes] = rules.finalize_metric(np, red, a, c)
         if not self.success_keys:
             return
         has = np.zeros(lanes.size, bool)
         flag = np.zeros(lanes.size, bool)
         for k in self.success_keys:  # the first key an episode had
-            seen = self.seen[k][lanes] & ~has
-            flag[seen] = self.last[k][lanes][seen] != 0
+            seen = (self.seen[k][lanes] > 0) & ~has
+            flag[seen] = rules.success(np, self.last[k][lanes][seen])
             has |= seen
             if seen.any() and self.found is None:
                 self.found = k
@@ -721,61 +711,10 @@ def _key_layout() -> jax.ShapeDtypeStruct:
     return jax.eval_shape(jax.random.PRNGKey, 0)
 
 
-@functools.cache
-def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
-    """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` for a seed in
-    ``[0, MAX_SEED]`` under this PRNG implementation (threefry2x32 seeding
-    does that), checked against jax itself on a few seeds."""
-    del impl, x64  # the cache key: a run under another setting checks again
-    for s in (0, 1, 65_539, checks.MAX_SEED):
-        k = np.asarray(jax.random.PRNGKey(s))
-        if k.dtype != np.uint32 or k.shape != (2,) or k.tolist() != [0, s]:
-            return False
-    return True
-
-
 def episode_keys(seeds: Any) -> np.ndarray:
-    """``jax.random.PRNGKey(seed)`` of each seed (in ``[0, MAX_SEED]``), as numpy.
-
-    A host loop starts every episode with its key; one jax call per episode
-    costs about 0.2 ms here, more than a CartPole step of 64 lanes. Where jax's
-    own keys are the ``[0, seed]`` pairs (checked once per setting on a few
-    seeds, against ``jax.random.PRNGKey``), they are built in numpy.
-    """
-    seeds = np.asarray(seeds, np.int64).reshape(-1)
-    config = jax.config
-    if _keys_are_seed_pairs(config.jax_default_prng_impl, config.jax_enable_x64):
-        out = np.zeros((seeds.size, 2), np.uint32)
-        out[:, 1] = seeds
-        return out
-    return np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
-
-
-def bad_components(
-    actions: np.ndarray, num_actions: int | None
-) -> tuple[np.ndarray, int]:
-    """Which components of ``[k, *A]`` actions fail the run's checks, flattened
-    to ``[k, prod(A)]``, and the fault kind they would be: a discrete action out
-    of ``[0, num_actions)``, or a continuous one not finite."""
-    flat = actions.reshape(actions.shape[0], -1)
-    if num_actions is not None:
-        return (flat < 0) | (flat >= num_actions), core_results.ACTION_OUT_OF_RANGE
-    return ~np.isfinite(flat), core_results.ACTION_NOT_FINITE
-
-
-def action_faults(
-    actions: np.ndarray, active: np.ndarray, num_actions: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per lane: fault kind (0: none) and the first bad action component."""
-    flat = actions.reshape(actions.shape[0], -1)
-    bad, kind = bad_components(actions, num_actions)
-    if not bad.any():  # the usual case, once per step: no per-lane work
-        n = actions.shape[0]
-        return np.zeros(n, np.int32), np.zeros(n, np.float32)
-    lane_bad = active & bad.any(axis=1)
-    first = np.take_along_axis(flat, bad.argmax(axis=1)[:, None], axis=1)[:, 0]
-    kinds = np.where(lane_bad, kind, core_results.NO_FAULT).astype(np.int32)
-    return kinds, first.astype(np.float32)
+    """``jax.random.PRNGKey(seed)`` of each seed (in ``[0, MAX_SEED]``), as numpy,
+    without a jax call per episode (``rules.episode_keys``)."""
+    return rules.episode_keys(np, seeds)
 
 
 def _loop(
@@ -807,14 +746,11 @@ def _loop(
     env_steps = 0
     next_episode = 0
 
-    def start(js: list[int]) -> None:
-        """Lanes ``js`` begin the next unstarted episodes, in this order."""
-        nonlocal next_episode
-        eps = list(range(next_episode, next_episode + len(js)))
-        next_episode += len(js)
+    def start(js: list[int], eps: list[int]) -> None:
+        """Lanes ``js`` begin episodes ``eps`` (``rules.next_episodes``)."""
         t0[js] = time.perf_counter()
         first = lanes.reset(js, [int(seeds_arr[i]) for i in eps], eps)
-        ep_keys[js] = episode_keys(seeds_arr[eps])
+        ep_keys[js] = rules.episode_keys(np, seeds_arr[eps])
         for j, i, o in zip(js, eps, first, strict=True):
             obs[j] = o
             episode[j] = i
@@ -823,6 +759,17 @@ def _loop(
         if recorder is not None:
             recorder.begin(js, eps)
             recorder.reset(js, obs)
+
+    def take_next(free: np.ndarray) -> None:
+        """The ``free`` lanes take the next unstarted episodes (CONTRACT 3);
+        those left without one are masked."""
+        nonlocal next_episode
+        starts, eps, next_episode = rules.next_episodes(np, free, next_episode, e)
+        masked = free & ~starts
+        active[masked] = False
+        episode[masked] = -1
+        if starts.any():
+            start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
 
     # Chunk replay without the device: on a step where no lane plans, starts,
     # or prefetches, every lane's action is known on the host (its chunk, read
@@ -836,7 +783,7 @@ def _loop(
     skip = np.zeros(n, np.int32) if skipping else None
     cursor = np.zeros(n, np.int64)  # the next chunk index each lane executes
     chunk = None
-    start(list(range(min(n, e))))
+    take_next(np.ones(n, bool))
     state = program.init(obs, active.copy())
     while active.any():
         t_predict = time.perf_counter()
@@ -865,7 +812,7 @@ def _loop(
             t_env = time.perf_counter()
             tel.span("predict", t_predict, t_env, "lanes")
         started[:] = False
-        kinds, values = action_faults(actions, active, spec.num_actions)
+        kinds, values = rules.action_faults(np, actions, active, spec.num_actions)
         go = active & (kinds == core_results.NO_FAULT)
         reward, term, trunc = lanes.step(actions, go, obs)
         tel.span("env_step", t_env, time.perf_counter(), "lanes")
@@ -878,18 +825,13 @@ def _loop(
                 got = {k: (v[stepped], p[stepped]) for k, (v, p) in lanes.info.items()}
                 metrics.step(stepped, got)
         # Lanes not in ``go`` read reward 0, not ended (``lanes.step``).
-        if not np.isfinite(reward).all():
-            bad_r = go & ~np.isfinite(reward)
-            kinds = np.where(bad_r, core_results.REWARD_NOT_FINITE, kinds)
-            values = np.where(bad_r, reward, values)
-        else:
-            bad_r = None
+        kinds, values = rules.reward_faults(np, reward, go, kinds, values)
         env_steps += int(go.sum())
         res.env_steps[...] = env_steps
         step_index = t.copy()  # the 0-based step just executed
         t += go
         ret += reward
-        trunc |= go & (t >= settings.max_steps)
+        trunc |= go & rules.at_cap(np, t, settings.max_steps)
         if seconds is not None:
             trunc = trunc | (go & (time.perf_counter() - t0 >= seconds))
         if recorder is not None:
@@ -899,7 +841,7 @@ def _loop(
         ended = go & (term | trunc)
         faulted = kinds != core_results.NO_FAULT
         if steps:  # the lanes that stepped without a bad value, ascending
-            js = np.flatnonzero(go if bad_r is None else go & ~bad_r)
+            js = np.flatnonzero(go & ~faulted)
             ends = (term[js], trunc[js])
             steps.emit(js, episode[js], step_index[js], actions[js], reward[js], *ends)
         if not (ended.any() or faulted.any()):
@@ -931,15 +873,7 @@ def _loop(
         steps.raise_error()
         episodes_out.update(res)
         episodes_out.check_fault(res)
-        restart = []
-        for j in np.flatnonzero(ended):  # ascending lane order (CONTRACT 3)
-            if next_episode + len(restart) < e:
-                restart.append(int(j))
-            else:
-                active[j] = False
-                episode[j] = -1
-        if restart:
-            start(restart)
+        take_next(ended)
     res.policy_rows[...] = jax.device_get(state.rows)
 
 

@@ -49,14 +49,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import agent
+from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.remote.session import Session
-from jaxmesh.run import build, host
+from jaxmesh.run import build
 
 
 class ServedLanes:
@@ -629,7 +629,7 @@ class _Run:
         lanes_ = np.flatnonzero(go)
         if h == 1 and lead == 0:  # the action itself, one per lane
             j = lanes_[self.sent[lanes_] <= self.t[lanes_]]
-            ok = ~self.bad_actions(actions[j])
+            ok = ~rules.failing_actions(np, actions[j], self.spec.num_actions)
             self.queue_segments(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
             self.sent[j[ok]] += 1
             return
@@ -656,7 +656,7 @@ class _Run:
         for j, cs_j, tgt in zip(lanes_[need], cs[need], target[need], strict=True):
             first = int(self.sent[j])
             seq = np.concatenate([chunk[j], pending[j]])[first - cs_j : tgt - cs_j]
-            bad = self.bad_actions(seq)
+            bad = rules.failing_actions(np, seq, self.spec.num_actions)
             if bad.any():
                 tgt = first + int(np.argmax(bad))
                 seq = seq[: tgt - first]
@@ -693,25 +693,18 @@ class _Run:
         cols = offset[:, None] + np.arange(width)
         keep = np.arange(width) < counts[:, None]
         rows = chunk[js[:, None], np.minimum(cols, chunk.shape[1] - 1)][keep]
-        if self.bad_actions(rows).any():
+        if rules.failing_actions(np, rows, self.spec.num_actions).any():
             return False
         self.queue_segments(js, counts, rows)
         self.sent[js] = np.maximum(first, target)
         return True
 
-    def bad_actions(self, seq: np.ndarray) -> np.ndarray:
-        """[k] whether each action fails the run's checks."""
-        return host.bad_components(seq, self.spec.num_actions)[0].any(axis=1)
-
     # Episodes ----------------------------------------------------------------------
-    def start(self, js: list[int]) -> None:
-        """Lanes ``js`` begin the next unstarted episodes, in this order."""
+    def start(self, js: list[int], eps: list[int]) -> None:
+        """Lanes ``js`` begin episodes ``eps`` (``rules.next_episodes``)."""
         if js:
-            first = self.next_episode
-            self.ep_keys[js] = host.episode_keys(self.seeds[first : first + len(js)])
-        for j in js:
-            i = self.next_episode
-            self.next_episode += 1
+            self.ep_keys[js] = rules.episode_keys(np, self.seeds[eps])
+        for j, i in zip(js, eps, strict=True):
             self.episode[j] = i
             self.epoch[j] += 1
             self.t[j], self.sent[j], self.ret[j] = 0, 0, 0.0
@@ -753,7 +746,7 @@ class _Run:
         the cap, faults, hooks, recording, and the episodes that ended."""
         step_index = self.t[j].copy()
         if self.recorder is not None:
-            capped = tr | (step_index + 1 >= self.max_steps)
+            capped = tr | rules.at_cap(np, step_index + 1, self.max_steps)
             self.recorder.step(j, step_index, self.obs[j], r, te, capped)
         self.t[j] += 1
         self.env_steps += int(j.size)
@@ -761,17 +754,13 @@ class _Run:
         # A lockstep server's lane that ends at the cap is still mid-episode
         # there: it must be reset even when it takes no next episode.
         self.capped[j] = ~(te | tr)
-        tr = tr | (self.t[j] >= self.max_steps)
-        bad_r = ~np.isfinite(r)
+        tr = tr | rules.at_cap(np, self.t[j], self.max_steps)
+        kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
+        bad_r = kinds != core_results.NO_FAULT
         fault = None
         if bad_r.any():
             q = int(np.argmax(bad_r))
-            fault = (
-                int(j[q]),
-                core_results.REWARD_NOT_FINITE,
-                int(step_index[q]),
-                r[q],
-            )
+            fault = (int(j[q]), int(kinds[q]), int(step_index[q]), values[q])
         if self.steps:  # lanes ascending; each lane's steps in order
             ok = ~bad_r
             js = j[ok]
@@ -821,18 +810,25 @@ class _Run:
         self.steps.raise_error()
         self.episodes_out.update(res)
         self.episodes_out.check_fault(res)
-        restart = []
-        for j in sorted(ended.tolist()):  # ascending lane order (CONTRACT 3)
+        free = np.zeros(self.n, bool)
+        for j in sorted(ended.tolist()):
             self.epoch[j] += 1  # what is still in flight for it is void
             self.ready[j] = self.waiting[j] = False
-            if self.next_episode + len(restart) < self.e:
-                restart.append(j)
-            else:
-                self.active[j] = False
-                if self.capped[j] and self.lockstep[self.server[j]]:
-                    self.released.append(j)  # the server stops expecting it
-                self.episode[j] = -1
-        self.start(restart)
+            free[j] = True
+        self.take_next(free)
+
+    def take_next(self, free: np.ndarray) -> None:
+        """The ``free`` lanes ([N] bool) take the next unstarted episodes
+        (CONTRACT 3); those left without one are masked."""
+        starts, eps, self.next_episode = rules.next_episodes(
+            np, free, self.next_episode, self.e
+        )
+        for j in np.flatnonzero(free & ~starts).tolist():  # ascending lane order
+            self.active[j] = False
+            if self.capped[j] and self.lockstep[self.server[j]]:
+                self.released.append(j)  # the server stops expecting it
+            self.episode[j] = -1
+        self.start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
 
     # The loop ----------------------------------------------------------------------
     def open_sessions(self) -> None:
@@ -852,7 +848,7 @@ class _Run:
         for s, c in enumerate(sessions):
             c.open(replies=self.replies, tag=s, reader=not self.direct)
         self.state = self.program.init(self.obs, np.zeros(self.n, bool))
-        self.start(list(range(min(self.n, self.e))))
+        self.take_next(np.ones(self.n, bool))
 
     def run(self) -> None:
         self.open_sessions()
@@ -970,7 +966,7 @@ class _Run:
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
         """Raises BadValueError for an action out of range or not finite."""
-        kinds, values = host.action_faults(actions, go, self.spec.num_actions)
+        kinds, values = rules.action_faults(np, actions, go, self.spec.num_actions)
         if not kinds.any():
             return
         j = int(np.argmax(kinds != core_results.NO_FAULT))

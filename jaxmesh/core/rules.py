@@ -1,0 +1,311 @@
+"""The rules of an episode, written once for the scan engine and the host loops.
+
+Which lane takes the next episode, the step cap, the bad values that stop a
+run, how an info key is reduced over an episode, and the key an episode starts
+from: the scan engine (``jaxmesh.core.engine``, jax.numpy under jit) and the
+host loops (``jaxmesh.run.host`` and ``jaxmesh.run.served``, numpy) call the
+same functions, so the two paths cannot drift apart.
+
+Every function is pure and takes the array namespace first (``xp``: numpy or
+jax.numpy); none branches on an array's value, except where a numpy caller
+gets a shortcut for the usual step (said at the function). Dtypes come from
+the arguments: the host keeps float64 metric accumulators, the engine float32,
+and each keeps its own.
+
+Example:
+  >>> import numpy as np
+  >>> ended = np.array([False, True, True])
+  >>> start, episode, next_episode = next_episodes(np, ended, 5, 6)
+  >>> start.tolist(), int(episode[1]), int(next_episode)
+  ([False, True, False], 5, 6)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmesh.core import results
+
+# Lanes ------------------------------------------------------------------------------
+
+
+def next_episodes(xp: Any, ended: Any, next_episode: Any, budget: Any) -> tuple:
+    """Hands the next unstarted episodes to the lanes that ended (CONTRACT 3).
+
+    Ties on the same step go in ascending lane order: the k-th ended lane (by
+    index) takes episode ``next_episode + k``, as long as it is below
+    ``budget``; an ended lane left without one is masked by the caller. The
+    start of a run is the case where every lane "ended" and ``next_episode``
+    is 0: lane j starts episode j.
+
+    Args:
+      xp: numpy or jax.numpy.
+      ended: [N] bool, the lanes whose episode ended (or that are free).
+      next_episode: the next unstarted episode index (a scalar).
+      budget: the number of episodes of the run (a scalar).
+
+    Returns:
+      ``(start, episode, next_episode)``: [N] bool, the lanes that start an
+      episode; [N] int32, the episode each of them starts (meaningless where
+      ``start`` is False); the new next unstarted episode index.
+    """
+    ended = xp.asarray(ended, bool)
+    rank = xp.cumsum(ended, dtype=xp.int32)  # 1 for the first ended lane
+    episode = next_episode + rank - 1
+    start = ended & (episode < budget)
+    taken = xp.sum(ended, dtype=xp.int32)
+    return start, episode, xp.minimum(next_episode + taken, budget)
+
+
+# The step cap -----------------------------------------------------------------------
+
+
+def at_cap(xp: Any, length: Any, max_steps: int) -> Any:
+    """Whether an episode of ``length`` steps (this one included) has reached
+    ``max_steps``: it then ends truncated (CONTRACT 7)."""
+    return xp.asarray(length) >= max_steps
+
+
+# Bad values -------------------------------------------------------------------------
+
+
+def bad_components(xp: Any, actions: Any, num_actions: int | None) -> tuple[Any, int]:
+    """Which components of ``[k, *A]`` actions fail the run's checks.
+
+    Args:
+      xp: numpy or jax.numpy.
+      actions: [k, *A] actions.
+      num_actions: the discrete action count, or None for continuous actions.
+
+    Returns:
+      ``(bad, kind)``: [k, prod(A)] bool, flattened; the fault kind they would
+      be: a discrete action out of ``[0, num_actions)``
+      (``ACTION_OUT_OF_RANGE``), or a continuous one not finite
+      (``ACTION_NOT_FINITE``).
+    """
+    flat = xp.reshape(actions, (actions.shape[0], -1))
+    if num_actions is not None:
+        return (flat < 0) | (flat >= num_actions), results.ACTION_OUT_OF_RANGE
+    return ~xp.isfinite(flat), results.ACTION_NOT_FINITE
+
+
+def failing_actions(xp: Any, actions: Any, num_actions: int | None) -> Any:
+    """[k] bool: whether each of ``[k, *A]`` actions fails the run's checks
+    (a served lane's segment is cut before the first one)."""
+    return xp.any(bad_components(xp, actions, num_actions)[0], axis=1)
+
+
+def action_faults(
+    xp: Any, actions: Any, active: Any, num_actions: int | None
+) -> tuple[Any, Any]:
+    """Per lane, the fault of the action it is about to execute.
+
+    Args:
+      xp: numpy or jax.numpy.
+      actions: [N, *A] this step's actions.
+      active: [N] bool, the lanes that run an episode (others never fault).
+      num_actions: as for ``bad_components``.
+
+    Returns:
+      ``(kinds, values)``: [N] int32 fault kind (``NO_FAULT``: none) and [N]
+      float32 value, the first bad component of the lane's action (0 where
+      there is no fault).
+
+    With numpy, a step without a bad component (the usual case, once per host
+    step) returns at once, without per-lane work.
+    """
+    n = actions.shape[0]
+    flat = xp.reshape(actions, (n, -1))
+    bad, kind = bad_components(xp, flat, num_actions)
+    if xp is np and not bad.any():
+        return np.zeros(n, np.int32), np.zeros(n, np.float32)
+    lane_bad = xp.asarray(active, bool) & xp.any(bad, axis=1)
+    first = xp.take_along_axis(flat, xp.argmax(bad, axis=1)[:, None], axis=1)[:, 0]
+    kinds = xp.where(lane_bad, kind, results.NO_FAULT).astype(xp.int32)
+    values = xp.where(lane_bad, first.astype(xp.float32), xp.float32(0))
+    return kinds, values
+
+
+def reward_faults(
+    xp: Any, rewards: Any, active: Any, kinds: Any = None, values: Any = None
+) -> tuple[Any, Any]:
+    """Adds a non-finite reward to the step's faults (``action_faults``').
+
+    A lane whose action already faulted keeps that fault: the action is what
+    went wrong first.
+
+    Args:
+      xp: numpy or jax.numpy.
+      rewards: [N] this step's rewards.
+      active: [N] bool, the lanes that executed the step.
+      kinds, values: the step's faults so far (None: none).
+
+    Returns:
+      ``(kinds, values)`` as for ``action_faults``; a bad reward's value is
+      the reward. With numpy, a step whose rewards are all finite returns the
+      faults as they were.
+    """
+    n = rewards.shape[0]
+    if kinds is None:
+        kinds, values = xp.zeros(n, xp.int32), xp.zeros(n, xp.float32)
+    finite = xp.isfinite(rewards)
+    if xp is np and finite.all():
+        return kinds, values
+    bad = xp.asarray(active, bool) & (kinds == results.NO_FAULT) & ~finite
+    kinds = xp.where(bad, results.REWARD_NOT_FINITE, kinds).astype(xp.int32)
+    values = xp.where(bad, rewards, values).astype(xp.float32)
+    return kinds, values
+
+
+# Episode metrics --------------------------------------------------------------------
+#
+# Per lane and info key: an accumulator (its dtype is the caller's) and, where
+# an info may lack the key on some steps (gymnasium), the number of steps that
+# had it. ``count=None`` says every step has the key (a JAX env's info has a
+# fixed structure): the count is then the episode's length.
+
+
+def begin_metric(
+    xp: Any, reduction: str, acc: Any, count: Any, starting: Any
+) -> tuple[Any, Any]:
+    """The accumulator and count where the ``starting`` lanes begin an episode.
+
+    Args:
+      xp: numpy or jax.numpy.
+      reduction: one of ``results.REDUCTIONS``.
+      acc: [N] accumulators.
+      count: [N] steps that had the key, or None.
+      starting: [N] bool, or True for every lane given.
+
+    Returns:
+      ``(acc, count)``; ``count`` stays None when given None.
+    """
+    start = xp.asarray(results.metric_start(reduction), acc.dtype)
+    acc = xp.where(starting, start, acc)
+    if count is not None:
+        count = xp.where(starting, 0, count).astype(count.dtype)
+    return acc, count
+
+
+def accumulate_metric(
+    xp: Any, reduction: str, acc: Any, count: Any, value: Any, present: Any
+) -> tuple[Any, Any]:
+    """The accumulator and count after one step's info values.
+
+    Args:
+      xp: numpy or jax.numpy.
+      reduction: one of ``results.REDUCTIONS``.
+      acc: [N] accumulators.
+      count: [N] steps that had the key, or None.
+      value: [N] this step's values (any real dtype; cast to ``acc``'s).
+      present: [N] bool, the lanes whose step had the key (and that ran it).
+
+    Returns:
+      ``(acc, count)``: unchanged where ``present`` is False.
+    """
+    value = xp.asarray(value)
+    if reduction == "any":
+        new = acc | (value != 0)
+    elif reduction == "last":
+        new = value.astype(acc.dtype)
+    elif reduction == "max":
+        new = xp.maximum(acc, value.astype(acc.dtype))
+    else:  # sum, mean (divided by the count at the end)
+        new = acc + value.astype(acc.dtype)
+    acc = xp.where(present, new, acc)
+    if count is not None:
+        count = (count + present).astype(count.dtype)
+    return acc, count
+
+
+def finalize_metric(xp: Any, reduction: str, acc: Any, count: Any) -> Any:
+    """An episode's metric at its end.
+
+    ``mean`` is over the steps that had the key; an episode where no step had
+    it gives NaN (``any``: False, its accumulator's start).
+
+    Args:
+      xp: numpy or jax.numpy.
+      reduction: one of ``results.REDUCTIONS``.
+      acc: [N] accumulators.
+      count: [N] steps that had the key (for a JAX env: the episode's length).
+
+    Returns:
+      [N] values, of ``acc``'s dtype.
+    """
+    if reduction == "any":
+        return acc
+    count = xp.asarray(count)
+    if reduction == "mean":
+        acc = acc / xp.maximum(count, 1).astype(acc.dtype)
+    return xp.where(count > 0, acc, xp.asarray(xp.nan, acc.dtype))
+
+
+def success(xp: Any, last: Any) -> Any:
+    """An episode's success from the last value of its success key."""
+    return xp.asarray(last) != 0
+
+
+# Episode keys -----------------------------------------------------------------------
+
+#: Seeds on which jax's own keys are checked (``checks.MAX_SEED`` last).
+_PROBE_SEEDS = (0, 1, 65_539, 2**31 - 1)
+
+
+@functools.cache
+def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
+    """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` for a seed in
+    ``[0, 2**31 - 1]`` under this PRNG implementation (threefry2x32 seeding
+    does that), checked against jax itself on a few seeds."""
+    del impl, x64  # the cache key: a run under another setting checks again
+    for s in _PROBE_SEEDS:
+        k = np.asarray(jax.random.PRNGKey(s))
+        if k.dtype != np.uint32 or k.shape != (2,) or k.tolist() != [0, s]:
+            return False
+    return True
+
+
+def episode_keys(xp: Any, seeds: Any) -> Any:
+    """``jax.random.PRNGKey(seed)`` for each seed (CONTRACT 5).
+
+    Args:
+      xp: jax.numpy (the engine, under jit) or numpy (the host loops).
+      seeds: [k] seeds in ``[0, 2**31 - 1]``.
+
+    Returns:
+      [k, 2] keys, as jax arrays or numpy arrays.
+
+    A host loop starts every episode with its key; one jax call per episode
+    costs about 0.2 ms, more than a CartPole step of 64 lanes. So with numpy,
+    where jax's own keys are the ``[0, seed]`` pairs (checked once per PRNG
+    setting on a few seeds, against ``jax.random.PRNGKey``), they are built in
+    numpy.
+    """
+    if xp is not np:
+        return jax.vmap(jax.random.PRNGKey)(seeds)
+    seeds = np.asarray(seeds, np.int64).reshape(-1)
+    config = jax.config
+    if _keys_are_seed_pairs(config.jax_default_prng_impl, config.jax_enable_x64):
+        out = np.zeros((seeds.size, 2), np.uint32)
+        out[:, 1] = seeds
+        return out
+    return np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
+
+
+__all__ = [
+    "next_episodes",
+    "at_cap",
+    "bad_components",
+    "failing_actions",
+    "action_faults",
+    "reward_faults",
+    "begin_metric",
+    "accumulate_metric",
+    "finalize_metric",
+    "success",
+    "episode_keys",
+]
