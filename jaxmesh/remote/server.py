@@ -20,7 +20,11 @@ INTERNAL, the env's message and its traceback in the trailing metadata
 session. The standard gRPC health service answers SERVING for ``""`` and
 ``jaxmesh.env.v1.EnvService`` while the server serves.
 
-This module imports no JAX: gymnasium, numpy, grpc and the codec only.
+The envs are stepped by the JAX-free lanes the in-process host loop uses too
+(``jaxmesh.envs.gymnasium.lanes``); this module adds what serving needs around
+them: the wire's leaves and request checks, the lockstep check of a VectorEnv,
+a worker pool, the encoding, sessions and their idle watchdog. It imports no
+JAX: gymnasium, numpy, grpc, the codec and those lanes only.
 
 Example:
     >>> server = EnvServer("gymnasium:CartPole-v1", lanes=4).start()
