@@ -196,7 +196,8 @@ class EnvLanes(_Lanes):
         o, r, te, tr, infos = zip(*out, strict=True)
         obs[lanes] = shared.observations(o, lanes)
         reward[lanes], term[lanes], trunc[lanes] = r, te, tr
-        np.copyto(shared.ended[:n], term | trunc, where=go)
+        if any(te) or any(tr):  # the shared lanes' state: these episodes ended
+            shared.ended[:n] |= term | trunc
         if keys and any(infos):  # most steps of most envs: every info empty
             where = range(n) if isinstance(lanes, slice) else lanes
             for j, info in zip(where, infos, strict=True):
@@ -247,7 +248,7 @@ class VectorLanes(_Lanes):
             self._read_vector_info(info, go)
         for j in np.flatnonzero(go):
             obs[j] = shared.observation(o[j], int(j))
-        np.copyto(shared.ended[:n], (te | tr)[:n], where=go)
+        shared.ended[:n] |= (te | tr)[:n] & go  # the shared lanes' state
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
         return reward, te[:n] & go, tr[:n] & go
 
