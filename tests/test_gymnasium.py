@@ -483,6 +483,11 @@ def test_host_adapter_replays_in_the_agent_dtype():
         want = [env.step(1)[0] for _ in range(3)]
         assert np.array_equal(got.observation[""][0], want[-1])
         assert got.steps.tolist() == [3, 3]
+        # A wall-clock cap given at reset truncates the replay (a nanosecond:
+        # past after the first step).
+        lanes.reset([0], [7], [0], max_episode_seconds=1e-9)
+        capped = lanes.replay([0], [3], np.ones(3, np.int64))
+        assert capped.steps.tolist() == [1] and capped.truncated.tolist() == [True]
         # An env error reaches the host loop as the env raised it.
         broken = jaxmesh.envs.gymnasium.make_lanes([BreaksOnSeed(2)], 1, 1)
         broken.reset([0], [2], [0])

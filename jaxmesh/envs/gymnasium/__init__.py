@@ -44,6 +44,7 @@ _idle_action = _shared.idle_action
 _same_space = _shared.same_space
 _Lanes = _local._Lanes
 _spec_for = _spec.spec_for
+_canonical = _spec._canonical
 _DISABLED_HOW = DISABLED_HOW
 
 __all__ = [

@@ -104,7 +104,11 @@ class _Lanes:
         return self.lanes.observations(values, lanes)
 
     def _reset_ordered(
-        self, lanes: list[int], seeds: list[int], trials: list[int]
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None,
     ) -> list:
         """``reset`` of lanes in any order: the shared reset takes them
         ascending; the observations come back in the order given."""
@@ -113,7 +117,10 @@ class _Lanes:
         if self.lanes.declares_trial_index:
             options = [{TRIAL_INDEX: int(trials[i])} for i in order]
         batch = self.lanes.reset(
-            [int(lanes[i]) for i in order], [int(seeds[i]) for i in order], options
+            [int(lanes[i]) for i in order],
+            [int(seeds[i]) for i in order],
+            options,
+            [max_episode_seconds or 0.0] * len(order),
         )
         obs = batch.observation[""]
         out: list = [None] * len(lanes)
@@ -122,19 +129,65 @@ class _Lanes:
         return out
 
     @_env_errors
-    def reset(self, lanes: list[int], seeds: list[int], trials: list[int]) -> list:
+    def reset(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None = None,
+    ) -> list:
         """Starts an episode on each of ``lanes``; their observations.
 
         Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
-        the env declares it.
+        the env declares it. ``max_episode_seconds`` caps each episode by wall
+        clock in ``replay`` (its step past the cap reads ``truncated``); ``step``
+        leaves that cap to its caller.
         """
-        return self._reset_ordered(list(lanes), list(seeds), list(trials))
+        return self._reset_ordered(
+            list(lanes), list(seeds), list(trials), max_episode_seconds
+        )
 
     @_env_errors
-    def replay(self, lanes, counts, actions, **kwargs) -> core.ResultBatch:
-        """``lanes.Lanes.replay`` of the shared lanes (the env's own actions:
-        ``env_actions`` converts the agent's)."""
-        return self.lanes.replay(lanes, counts, actions, **kwargs)
+    def replay(
+        self,
+        lanes: Any,
+        counts: Any,
+        actions: np.ndarray,
+        *,
+        keep_all_obs: bool = False,
+        want_obs: bool = True,
+        info_keys: Sequence[str] = (),
+    ) -> core.ResultBatch:
+        """Replays a known run of actions per lane: ``lanes.Lanes.replay`` of
+        the shared lanes, observations in the spec's dtype.
+
+        Args:
+          lanes: int ``[m]``, ascending, each reset before.
+          counts: int ``[m]``, each >= 1.
+          actions: ``[sum(counts), *A]``, the env's own values
+            (``env_actions(self.action_space, agent_actions)``).
+          keep_all_obs: every executed step's observation (and info row), or
+            each lane's last.
+          want_obs: return observations at all.
+          info_keys: info keys to return per row, with presence.
+
+        Returns:
+          A ``ResultBatch`` (``jaxmesh.envs.gymnasium.lanes``): per lane its
+          steps' rewards, terminated, truncated, and its observation and info
+          rows, as a served env's decoded reply holds them.
+
+        Raises:
+          ValueError: bad lanes, counts or actions.
+          Exception: what an env raised, as it raised it.
+        """
+        return self.lanes.replay(
+            lanes,
+            counts,
+            actions,
+            keep_all_obs=keep_all_obs,
+            want_obs=want_obs,
+            info_keys=info_keys,
+        )
 
     def close(self) -> None:
         """Closes the envs jaxmesh made (never the caller's own)."""
@@ -221,15 +274,23 @@ class VectorLanes(_Lanes):
         self.vec = vec
 
     @_env_errors
-    def reset(self, lanes: list[int], seeds: list[int], trials: list[int]) -> list:
+    def reset(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None = None,
+    ) -> list:
         """Starts an episode on each of ``lanes`` (``reset_mask``); their obs.
 
         One reset call for all of them, or one per lane when the env takes a
         ``trial_index`` (gymnasium passes one ``options`` dict to every lane);
         the first call resets every lane (lanes with no episode with
-        ``seed=None``).
+        ``seed=None``). ``max_episode_seconds`` as for ``EnvLanes.reset``.
         """
-        return self._reset_ordered(list(lanes), list(seeds), list(trials))
+        return self._reset_ordered(
+            list(lanes), list(seeds), list(trials), max_episode_seconds
+        )
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: np.ndarray):
         """Steps every vector lane; lanes not in ``go`` play the idle action.
