@@ -335,3 +335,229 @@ def test_host_episode_keys_are_jax_prng_keys():
     want = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
     got = episode_keys(np.asarray(seeds))
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+# The shared lanes' replay against a plain gymnasium loop ---------------------------
+class Tagged(gym.Wrapper):
+    """CartPole whose info has ``x`` (the cart position) on every step and
+    ``lean`` (int8) only while the pole leans right: an info key some rows lack."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = self.env.step(action)
+        info = dict(info, x=float(obs[0]))
+        if obs[2] > 0:
+            info["lean"] = np.int8(1)
+        return obs, reward, term, trunc, info
+
+
+def plain_replay(env, seed, chunks):
+    """``env.reset(seed)``, then each chunk's actions until the episode ends.
+
+    Returns per chunk: (rewards, terminated, truncated, observations, infos) of
+    the steps executed (an empty chunk once the episode has ended).
+    """
+    env.reset(seed=seed)
+    out, ended = [], False
+    for chunk in chunks:
+        steps = ([], [], [], [], [])
+        for action in [] if ended else chunk:
+            obs, reward, term, trunc, info = env.step(int(action))
+            for rows, value in zip(
+                steps, (reward, term, trunc, obs, info), strict=True
+            ):
+                rows.append(value)
+            if term or trunc:
+                ended = True
+                break
+        out.append(steps)
+    return out
+
+
+def lane_rows(batch, i):
+    """Lane i's slices of a ResultBatch: (steps, rows) ranges."""
+    s0, r0 = int(batch.steps[:i].sum()), int(batch.rows[:i].sum())
+    return slice(s0, s0 + int(batch.steps[i])), slice(r0, r0 + int(batch.rows[i]))
+
+
+@pytest.mark.parametrize("keep_all_obs", [False, True])
+@pytest.mark.parametrize("form", ["list", "vector"])
+def test_replay_matches_a_plain_gymnasium_loop(form, keep_all_obs):
+    from jaxmesh.envs.gymnasium import lanes as shared
+
+    seeds, n, calls = [3, 1, 4], 3, 12
+    rng = np.random.default_rng(0)
+    if form == "list":
+        lanes = shared.ListLanes([Tagged(gym.make(ID)) for _ in range(n)])
+        counts = rng.integers(1, 9, (calls, n))  # lanes move on their own
+    else:
+        make = lambda: Tagged(gym.make(ID))  # noqa: E731
+        vec = SyncVectorEnv([make] * n, autoreset_mode=AutoresetMode.DISABLED)
+        lanes = shared.VectorLanes(vec)
+        counts = np.repeat(rng.integers(1, 9, (calls, 1)), n, axis=1)  # lockstep
+    actions = [[rng.integers(0, 2, c) for c in row] for row in counts]
+    first = lanes.reset(range(n), seeds)
+    assert first.lanes.tolist() == list(range(n)) and first.steps.tolist() == [0] * n
+    for j, s in enumerate(seeds):  # the reset observation of env.reset(seed=s)
+        assert np.array_equal(first.observation[""][j], gym.make(ID).reset(seed=s)[0])
+    refs = [
+        plain_replay(Tagged(gym.make(ID)), s, [a[j] for a in actions])
+        for j, s in enumerate(seeds)
+    ]
+    keys = ("x", "lean", "missing")
+    for c in range(calls):
+        live = [j for j in range(n) if not lanes.ended[j]]
+        if not live:
+            break
+        flat = np.concatenate([actions[c][j] for j in live]).astype(np.int64)
+        got = lanes.replay(
+            live, counts[c][live], flat, keep_all_obs=keep_all_obs, info_keys=keys
+        )
+        assert got.lanes.tolist() == live
+        assert "missing" not in got.info  # no row has it: left out
+        for i, j in enumerate(live):
+            rewards, term, trunc, obs, infos = refs[j][c]
+            steps, rows = lane_rows(got, i)
+            assert got.steps[i] == len(rewards) > 0
+            assert got.rewards[steps].tolist() == rewards
+            assert got.terminated[steps].tolist() == term
+            assert got.truncated[steps].tolist() == trunc
+            want_obs = obs if keep_all_obs else obs[-1:]
+            want_info = infos if keep_all_obs else infos[-1:]
+            assert got.rows[i] == len(want_obs)
+            assert np.array_equal(got.observation[""][rows], np.stack(want_obs))
+            assert got.observation[""].dtype == np.float32  # the space's own
+            assert got.info["x"][rows].tolist() == [f["x"] for f in want_info]
+            has = np.zeros(got.rows.sum(), bool)  # no row has it: left out
+            if "lean" in got.info:
+                assert got.info["lean"].dtype == np.int8  # the value's own
+                has = (got.info_present or {}).get("lean", ~has)
+            assert has[rows].tolist() == ["lean" in f for f in want_info]
+    assert lanes.ended.all()  # every episode ran to its end within the calls
+    # Once ended, a lane executes nothing until it is reset.
+    again = lanes.replay([0], [3], np.zeros(3, np.int64))
+    assert again.steps.tolist() == [0] and again.rows.tolist() == [0]
+    lanes.reset([0], [seeds[0]])
+    assert lanes.replay([0], [1], np.zeros(1, np.int64)).steps.tolist() == [1]
+
+
+def test_step_is_replay_by_one_and_matches_a_plain_loop():
+    from jaxmesh.envs.gymnasium import lanes as shared
+
+    lanes = shared.ListLanes([gym.make(ID) for _ in range(2)])
+    refs = [gym.make(ID) for _ in range(2)]
+    lanes.reset([0, 1], [5, 6])
+    for env, s in zip(refs, [5, 6], strict=True):
+        env.reset(seed=s)
+    for t in range(6):
+        acts = np.array([t % 2, 1 - t % 2], np.int64)
+        got = lanes.step([0, 1], acts, info_keys=("x",))
+        want = [env.step(int(a)) for env, a in zip(refs, acts, strict=True)]
+        assert got.steps.tolist() == got.rows.tolist() == [1, 1]
+        assert np.array_equal(got.observation[""], np.stack([w[0] for w in want]))
+        assert got.rewards.tolist() == [w[1] for w in want]
+        assert "x" not in got.info  # CartPole's info is empty
+
+
+def test_reset_options_and_wall_clock_cap():
+    from jaxmesh.envs.gymnasium import lanes as shared
+
+    log: list = []
+    lanes = shared.ListLanes([TrialEnv(log) for _ in range(2)])
+    assert lanes.declares_trial_index
+    got = lanes.reset([0, 1], [4, 9], [{"trial_index": 7}, None], [0.0, 1e-9])
+    assert log == [(4, {"trial_index": 7}), (9, None)]
+    assert got.observation[""][:, 0].tolist() == [7, -1]  # the trial it saw
+    # Lane 1's cap (a nanosecond) is past after its first step: truncated there.
+    out = lanes.replay([0, 1], [2, 2], np.zeros(4, np.int64))
+    assert out.steps.tolist() == [2, 1]
+    assert out.truncated.tolist() == [False, False, True]
+
+
+def test_host_adapter_replays_in_the_agent_dtype():
+    lanes = jaxmesh.envs.gymnasium.make_lanes(f"gymnasium:{ID}", 2, 2)
+    try:
+        assert lanes.reset([1, 0], [8, 7], [0, 1])[0].dtype == lanes.spec.obs_dtype
+        got = lanes.replay([0, 1], [3, 3], np.ones(6, np.int64))
+        env = gym.make(ID)
+        env.reset(seed=7)
+        want = [env.step(1)[0] for _ in range(3)]
+        assert np.array_equal(got.observation[""][0], want[-1])
+        assert got.steps.tolist() == [3, 3]
+        # A wall-clock cap given at reset truncates the replay (a nanosecond:
+        # past after the first step).
+        lanes.reset([0], [7], [0], max_episode_seconds=1e-9)
+        capped = lanes.replay([0], [3], np.ones(3, np.int64))
+        assert capped.steps.tolist() == [1] and capped.truncated.tolist() == [True]
+        # An env error reaches the host loop as the env raised it.
+        broken = jaxmesh.envs.gymnasium.make_lanes([BreaksOnSeed(2)], 1, 1)
+        broken.reset([0], [2], [0])
+        with pytest.raises(RuntimeError, match="simulator broke"):
+            broken.replay([0], [100], np.ones(100, np.int64))
+    finally:
+        lanes.close()
+
+
+def test_replay_errors_name_the_lane_and_the_input():
+    from jaxmesh.envs.gymnasium import lanes as shared
+
+    class Misshapen(gym.Wrapper):
+        def step(self, action):
+            obs, *rest = self.env.step(action)
+            return obs[:3], *rest
+
+    lanes = shared.ListLanes([gym.make(ID), Misshapen(gym.make(ID))])
+    with pytest.raises(ValueError, match="lane 1 was never reset"):
+        lanes.replay([1], [1], np.zeros(1, np.int64))
+    lanes.reset([0, 1], [0, 1])
+    with pytest.raises(ValueError, match="not strictly ascending"):
+        lanes.replay([1, 0], [1, 1], np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="counts summing to 3"):
+        lanes.replay([0, 1], [1, 2], np.zeros(2, np.int64))
+    for keep_all in (False, True):
+        with pytest.raises(shared.LaneError, match="lane 1 returned an obs") as e:
+            lanes.replay([0, 1], [1, 1], np.zeros(2, np.int64), keep_all_obs=keep_all)
+        assert e.value.lane == 1 and isinstance(e.value.exc, ValueError)
+    with pytest.raises(shared.LaneError, match="lane 1 returned an obs"):
+        lanes.step([0, 1], np.zeros(2, np.int64))
+
+
+def test_adapters_hold_their_own_info_state():
+    a = jaxmesh.envs.gymnasium.make_lanes([gym.make(ID)], 1, 1)
+    b = jaxmesh.envs.gymnasium.make_lanes([gym.make(ID)], 1, 1)
+    a.info_seen.add("x")
+    a.info["x"] = None
+    assert b.info == {} and b.info_seen == set()
+
+
+def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
+    """The lanes' ResultBatch is the codec's field for field, their info dtypes
+    its allow-list; lanes.py and the server import no JAX (parsed, not run:
+    importing jaxmesh itself loads JAX)."""
+    import ast
+    from pathlib import Path
+
+    from jaxmesh.envs.gymnasium import lanes as shared
+    from jaxmesh.remote import codec
+
+    assert shared.ResultBatch is codec.ResultBatch  # one class, the wire's
+    assert shared.NUMBER_DTYPES == set(codec.DTYPES)
+    root = Path(jaxmesh.__file__).parent
+    for path, banned in (
+        ("envs/gymnasium/lanes.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
+        ("remote/server.py", ("jax", "flax")),
+    ):
+        for node in ast.walk(ast.parse((root / path).read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in banned or name in (
+                    "jaxmesh.envs",  # lanes.py: unknown_id, on the error path
+                    "jaxmesh.envs.gymnasium",
+                    "jaxmesh.remote",
+                    "jaxmesh.remote.proto",
+                    "jaxmesh.remote.protocol",  # constants; imports nothing
+                ), f"{path} imports {name}"

@@ -112,8 +112,9 @@ def test_the_wire_modules_import_no_jax():
             if not i.startswith("jaxmesh")
         }
         assert not third & jax_like, (name, sorted(third & jax_like))
-    # The protocol's constants need nothing at all.
-    assert imported("jaxmesh.remote.protocol") == frozenset()
+    # The protocol's names need nothing beyond the standard library (numpy
+    # for type checkers only).
+    assert imported("jaxmesh.remote.protocol") <= {"__future__", "typing", "numpy"}
 
 
 def _module_level_names(path: Path) -> set[str]:

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError, Message
 
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS
+from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS, ResultBatch
 
 __all__ = [
     "ActionBatch",
@@ -344,22 +344,6 @@ class ActionBatch(NamedTuple):
         """int64 ``[m]``: where each lane's chunk starts in ``actions``."""
         # Not concatenate([[0], cumsum[:-1]]): that gives [0] for no lanes.
         return (np.cumsum(self.counts) - self.counts).astype(np.int64)
-
-
-class ResultBatch(NamedTuple):
-    """A decoded ``ResultBatch`` (see the proto for each field)."""
-
-    lanes: np.ndarray
-    steps: np.ndarray
-    rows: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    observation: dict[str, np.ndarray]
-    info: dict[str, np.ndarray]
-    #: bool [rows] per info key that some rows lack (True: the row has it);
-    #: a key every row has is not here.
-    info_present: dict[str, np.ndarray] | None = None
 
 
 _UINT32 = np.dtype(np.uint32)

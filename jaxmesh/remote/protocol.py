@@ -5,9 +5,17 @@ session, ``RemoteEnv`` / ``RemoteVectorEnv``, the served host loop, and the
 in-process gymnasium lanes (which pass the same reset option to a local env).
 The messages themselves are ``proto/jaxmesh_env.proto``; ``codec`` encodes them.
 
-This module imports nothing, so the JAX-free server, the codec and a plain
-install without the ``[remote]`` extra can all read it.
+This module imports nothing (the standard library aside), so the JAX-free
+server, the codec and a plain install without the ``[remote]`` extra can all
+read it.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Protocol versions this side speaks, newest last (the handshake picks the
 #: newest both sides speak).
@@ -43,6 +51,44 @@ CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, MAX_EPISODE_SECONDS)
 ENV_ERROR_KEY = "jaxmesh-env-error"
 TRACEBACK_KEY = "jaxmesh-traceback-bin"
 
+
+class ResultBatch(NamedTuple):
+    """What lanes did in one call, as numpy: the wire's ``ResultBatch``.
+
+    The gymnasium lanes (``jaxmesh.envs.gymnasium.lanes``) return it, the
+    codec encodes it (``codec.encode_result_batch(*batch)``) and decodes a
+    reply into it, and the host loop reads it the same way from either.
+
+    Attributes:
+      lanes: int64 ``[m]``, ascending: every lane reset or stepped.
+      steps: int64 ``[m]``: env steps executed (0 for a reset, or for a lane
+        whose episode had ended).
+      rows: int64 ``[m]``: observation (and info) rows: 1 for a reset; for a
+        replay ``steps`` rows when every observation is kept, else
+        ``min(steps, 1)``.
+      rewards: float64 ``[sum(steps)]``, lane after lane.
+      terminated: bool ``[sum(steps)]``.
+      truncated: bool ``[sum(steps)]`` (a wall-clock cap sets it too).
+      observation: ``{"": array [sum(rows), *obs_shape]}`` when observations
+        were asked for, else ``{}``.
+      info: info key -> ``[sum(rows), ...]`` in the values' own dtype, for the
+        keys asked for that some row has (and whose values are numbers of one
+        shape); a row without the key holds zeros.
+      info_present: info key -> bool ``[sum(rows)]`` for a key that some rows
+        lack (True: the row has it); a key every row has is not here.
+    """
+
+    lanes: np.ndarray
+    steps: np.ndarray
+    rows: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    observation: dict[str, np.ndarray]
+    info: dict[str, np.ndarray]
+    info_present: dict[str, np.ndarray] | None = None
+
+
 __all__ = [
     "CAPABILITIES",
     "CHUNK_REPLAY",
@@ -54,6 +100,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "OBS_KEY",
     "PROTOCOL_VERSIONS",
+    "ResultBatch",
     "TOKEN_ENV",
     "TRACEBACK_KEY",
     "TRIAL_INDEX",

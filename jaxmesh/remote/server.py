@@ -20,7 +20,11 @@ INTERNAL, the env's message and its traceback in the trailing metadata
 session. The standard gRPC health service answers SERVING for ``""`` and
 ``jaxmesh.env.v1.EnvService`` while the server serves.
 
-This module imports no JAX: gymnasium, numpy, grpc and the codec only.
+The envs are stepped by the JAX-free lanes the in-process host loop uses too
+(``jaxmesh.envs.gymnasium.lanes``); this module adds what serving needs around
+them: the wire's leaves and request checks, the lockstep check of a VectorEnv,
+a worker pool, the encoding, sessions and their idle watchdog. It imports no
+JAX: gymnasium, numpy, grpc, the codec and those lanes only.
 
 Example:
     >>> server = EnvServer("gymnasium:CartPole-v1", lanes=4).start()
@@ -38,10 +42,9 @@ import ipaddress
 import math
 import threading
 import time
-import traceback
 import warnings
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import gymnasium
@@ -49,6 +52,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxmesh._version import __version__
+from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.remote import codec
 from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
@@ -187,35 +191,8 @@ def _is_loopback(host: str) -> bool:
 
 
 # Lanes ---------------------------------------------------------------------------
-class _EnvError(Exception):
-    """An env raised while the server reset or stepped lane ``lane``."""
-
-    def __init__(self, lane: int, phase: str, exc: BaseException):
-        super().__init__(lane, phase, exc)
-        self.lane, self.phase, self.exc = lane, phase, exc
-        self.text = "".join(traceback.format_exception(exc))
-
-    def summary(self) -> str:
-        return f"{type(self.exc).__name__}: {self.exc}"
-
-    def details(self) -> str:
-        return f"env lane {self.lane} raised {self.summary()} (while {self.phase})"
-
-
-class _Reset(NamedTuple):
-    lane: int
-    seed: int
-    options: dict[str, Any] | None
-    max_episode_seconds: float
-
-
-class _Replay(NamedTuple):
-    lane: int
-    actions: np.ndarray  # (count,) + action shape, the env's own values
-
-
 class _Request:
-    """A checked call: its ops (``_Reset`` | ``_Replay``, ascending lane) and
+    """A checked call: its ops (``Reset`` | ``Replay``, ascending lane) and
     what the reply carries.
 
     A call that steps lanes by one action each and does nothing else (h = 1,
@@ -256,131 +233,49 @@ class _Request:
         if self._ops is None:
             lanes, actions = self.single
             self._ops = [
-                _Replay(j, actions[i : i + 1]) for i, j in enumerate(lanes.tolist())
+                shared.Replay(j, actions[i : i + 1])
+                for i, j in enumerate(lanes.tolist())
             ]
         return self._ops
 
 
-class _Result:
-    """What one lane did in one call, before encoding."""
+def _wire_layout(where: str):
+    """The lanes' observation layout: the wire leaf's (the space's own dtype)."""
 
-    __slots__ = ("lane", "obs", "rewards", "terminated", "truncated", "infos")
+    def layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
+        leaf = wire_spaces.space_leaf(space, where=where)
+        return tuple(leaf.shape), np.dtype(leaf.dtype)
 
-    def __init__(self, lane: int):
-        self.lane = lane
-        self.obs: list[np.ndarray] = []
-        self.rewards: list[float] = []
-        self.terminated: list[bool] = []
-        self.truncated: list[bool] = []
-        self.infos: list[dict] = []
-
-    def record(
-        self,
-        reward: float,
-        term: bool,
-        trunc: bool,
-        obs: np.ndarray | None,
-        info: dict | None,
-        keep_all: bool,
-    ) -> None:
-        """One executed step; ``obs`` / ``info`` (None: not asked for) kept for
-        every step when ``keep_all``, else only the last."""
-        self.rewards.append(float(reward))
-        self.terminated.append(term)
-        self.truncated.append(trunc)
-        for rows, row in ((self.obs, obs), (self.infos, info)):
-            if row is None:
-                continue
-            if keep_all or not rows:
-                rows.append(row)
-            else:
-                rows[0] = row
+    return layout
 
 
-class _Lanes:
-    """The env's lanes as the server steps them; subclasses say how."""
+class _ServedLanes:
+    """The shared lanes (``jaxmesh.envs.gymnasium.lanes``) and what serving adds:
+    the wire's leaves, the lockstep check of a VectorEnv, and a worker pool
+    that steps contiguous groups of a list of envs' lanes at once.
 
-    num_lanes: int
-    obs_space: Any
-    act_space: Any
-    metadata: dict
-    name: str
+    Args:
+        lanes: the shared lanes, observations in the wire leaf's layout.
+        workers: threads for a list of envs (1: the serving thread).
+    """
 
-    def __init__(self):
-        n = self.num_lanes
-        self.was_reset = np.zeros(n, bool)  # reset in this session
-        self.ended = np.zeros(n, bool)  # the lane's episode ended, not reset since
-        self.deadline: list[float | None] = [None] * n
-        self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
+    def __init__(self, lanes: shared.Lanes, workers: int):
+        self.lanes = lanes
+        self.num_lanes = n = lanes.num_lanes
+        self.name = lanes.name
+        self.lockstep = isinstance(lanes, shared.VectorLanes)
         self.obs_leaf = wire_spaces.space_leaf(
-            self.obs_space, where=f"{self.name} observation_space"
+            lanes.observation_space, where=f"{self.name} observation_space"
         )
         self.act_leaf = wire_spaces.space_leaf(
-            self.act_space, where=f"{self.name} action_space"
+            lanes.action_space, where=f"{self.name} action_space"
         )
         self.act_spec = codec.LeafSpec(
             "", self.act_leaf.dtype, tuple(self.act_leaf.shape)
         )
-        self.obs_dtype = np.dtype(self.obs_leaf.dtype)
-        self.obs_shape = tuple(self.obs_leaf.shape)
-        options = (self.metadata or {}).get("reset_options", ()) or ()
-        self.reset_options = (TRIAL_INDEX,) if TRIAL_INDEX in options else ()
-
-    def end_session(self) -> None:
-        self.was_reset[:] = False
-        self.ended[:] = False
-        self.deadline = [None] * self.num_lanes
-
-    def observation(self, value: Any, lane: int) -> np.ndarray:
-        arr = np.asarray(value, self.obs_dtype)
-        if arr.shape != self.obs_shape:
-            raise ValueError(
-                f"{self.name} lane {lane} returned an observation of shape "
-                f"{arr.shape}; its observation_space has shape {self.obs_shape}. "
-                "Make the env return observations of its declared shape"
-            )
-        return arr
-
-    def _env_action(self, actions: np.ndarray, k: int) -> Any:
-        return int(actions[k]) if self.discrete else actions[k]
-
-    def _past_deadline(self, lane: int) -> bool:
-        deadline = self.deadline[lane]
-        return deadline is not None and time.perf_counter() > deadline
-
-    def _start_clock(self, op: _Reset) -> None:
-        seconds = op.max_episode_seconds
-        self.deadline[op.lane] = time.perf_counter() + seconds if seconds > 0 else None
-
-    def check(self, request: _Request) -> None:
-        """Refuses (ProtocolError) a request these lanes cannot serve exactly."""
-
-    def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:
-        """The reply of a call that steps lanes by one action each, built
-        without per-lane objects; None when the call is anything else (then
-        ``run`` and ``_encode`` serve it)."""
-        return None
-
-    def run(self, request: _Request) -> list[_Result]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class _ListLanes(_Lanes):
-    """One gymnasium Env per lane; only the lanes named are stepped."""
-
-    def __init__(self, envs: list, owned: bool, workers: int):
-        self.envs = envs
-        self.owned = owned
-        self.num_lanes = len(envs)
-        self.obs_space = envs[0].observation_space
-        self.act_space = envs[0].action_space
-        self.metadata = envs[0].metadata
-        self.name = _env_name(envs[0])
-        super().__init__()
-        self.workers = max(1, min(workers, self.num_lanes))
+        self.discrete = lanes.discrete
+        self.reset_options = (TRIAL_INDEX,) if lanes.declares_trial_index else ()
+        self.workers = 1 if self.lockstep else max(1, min(workers, n))
         self.pool = (
             concurrent.futures.ThreadPoolExecutor(
                 self.workers, thread_name_prefix="jaxmesh-lanes"
@@ -389,322 +284,45 @@ class _ListLanes(_Lanes):
             else None
         )
         # Lane j belongs to group j * workers // num_lanes (contiguous groups).
-        self.group_of = [j * self.workers // self.num_lanes for j in range(len(envs))]
+        self.group_of = [j * self.workers // n for j in range(n)]
 
-    def _reset(self, op: _Reset, request: _Request) -> _Result:
-        j = op.lane
-        env = self.envs[j]
-        self._start_clock(op)
-        try:
-            if op.options:
-                obs, info = env.reset(seed=op.seed, options=op.options)
-            else:
-                obs, info = env.reset(seed=op.seed)
-            arr = self.observation(obs, j)
-        except Exception as exc:
-            raise _EnvError(j, "resetting", exc) from exc
-        self.ended[j] = False
-        self.was_reset[j] = True
-        out = _Result(j)
-        out.obs.append(arr)
-        if request.info_keys:
-            out.infos.append(info)
-        return out
+    @property
+    def owned(self) -> bool:
+        return self.lanes.owned
 
-    def _replay(self, op: _Replay, request: _Request) -> _Result:
-        j = op.lane
-        out = _Result(j)
-        if self.ended[j]:
-            return out
-        env = self.envs[j]
-        keep_all = request.all_observations
-        want_obs, want_info = request.want_obs, bool(request.info_keys)
-        if not keep_all:
-            return self._replay_keep_last(op, out, want_obs, want_info)
-        for action in op.actions.tolist() if self.discrete else op.actions:
-            try:
-                obs, reward, term, trunc, info = env.step(action)
-                arr = self.observation(obs, j) if want_obs else None
-            except Exception as exc:
-                raise _EnvError(j, "stepping", exc) from exc
-            term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
-            out.record(reward, term, trunc, arr, info if want_info else None, True)
-            if term or trunc:
-                self.ended[j] = True
-                break
-        return out
+    @owned.setter
+    def owned(self, value: bool) -> None:
+        self.lanes.owned = value
 
-    def _replay_keep_last(
-        self, op: _Replay, out: _Result, want_obs: bool, want_info: bool
-    ) -> _Result:
-        """``_replay`` when only the last step's observation and info go back
-        (the usual chunk): only that observation is converted and checked."""
-        j = op.lane
-        step = self.envs[j].step
-        rewards, terms, truncs = out.rewards, out.terminated, out.truncated
-        obs = info = None
-        try:
-            for action in op.actions.tolist() if self.discrete else op.actions:
-                obs, reward, term, trunc, info = step(action)
-                rewards.append(float(reward))
-                term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
-                terms.append(term)
-                truncs.append(trunc)
-                if term or trunc:
-                    self.ended[j] = True
-                    break
-            if rewards:
-                if want_obs:
-                    out.obs.append(self.observation(obs, j))
-                if want_info:
-                    out.infos.append(info)
-        except Exception as exc:
-            raise _EnvError(j, "stepping", exc) from exc
-        return out
-
-    def run_single_steps(self, request: _Request) -> pb.ResultBatch | None:
-        # The per-step case (h = 1): every lane one action, on a live lane with
-        # no deadline, and the observation asked for.
-        if request.single is None or self.pool is not None or not request.want_obs:
-            return None
-        lanes, actions = request.single
-        if not lanes.size:
-            return None
-        lane_list = lanes.tolist()
-        deadline = self.deadline
-        if self.ended[lanes].any() or any(deadline[j] is not None for j in lane_list):
-            return None
-        envs = self.envs
-        acts = actions.tolist() if self.discrete else actions
-        out: list = []
-        try:
-            for j, a in zip(lane_list, acts, strict=True):
-                out.append(envs[j].step(a))
-        except Exception as exc:
-            raise _EnvError(lane_list[len(out)], "stepping", exc) from exc
-        o, r, te, tr, infos = zip(*out, strict=True)
-        obs = self.observations(o, lane_list)
-        term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
-        self.ended[lanes] = term | trunc
-        ones = np.ones(len(lane_list), np.uint32)
-        info, present = (
-            _info_leaves(infos, request.info_keys) if request.info_keys else ({}, {})
-        )
-        return codec.encode_result_batch(
-            lanes,
-            ones,
-            ones,
-            np.asarray(r, np.float64),
-            term,
-            trunc,
-            {"": obs},
-            info,
-            present,
-        )
-
-    def observations(self, values: tuple, lane_list: list[int]) -> np.ndarray:
-        """The lanes' observations stacked (one numpy call in the usual case);
-        an observation that does not fit raises ``_EnvError`` naming its lane."""
-        try:
-            arr = np.asarray(values, self.obs_dtype)
-        except (TypeError, ValueError):  # ragged or not numbers: name the lane
-            arr = None
-        if arr is None or arr.shape[1:] != self.obs_shape:
-            for j, v in zip(lane_list, values, strict=True):
-                try:
-                    self.observation(v, j)
-                except Exception as exc:
-                    raise _EnvError(j, "stepping", exc) from exc
-        return arr
-
-    def _run_ops(self, ops: list, request: _Request) -> list[_Result]:
-        return [
-            self._reset(op, request)
-            if isinstance(op, _Reset)
-            else self._replay(op, request)
-            for op in ops
-        ]
-
-    def run(self, request: _Request) -> list[_Result]:
-        if self.pool is None or len(request.ops) < 2:
-            return self._run_ops(request.ops, request)
-        groups: dict[int, list] = {}
-        for op in request.ops:
-            groups.setdefault(self.group_of[op.lane], []).append(op)
-        if len(groups) == 1:
-            return self._run_ops(request.ops, request)
-        futures = [
-            self.pool.submit(self._run_ops, ops, request) for ops in groups.values()
-        ]
-        out: list[_Result] = []
-        errors: list[_EnvError] = []
-        for future in futures:  # in lane order: groups are contiguous
-            try:
-                out.extend(future.result())
-            except _EnvError as exc:
-                errors.append(exc)
-        if errors:
-            raise min(errors, key=lambda e: e.lane)
-        return out
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.owned:
-            for env in self.envs:
-                env.close()
-
-
-class _VectorLanes(_Lanes):
-    """A gymnasium VectorEnv in AutoresetMode.DISABLED, stepped as a whole."""
-
-    def __init__(self, vec: Any, owned: bool, idle_action: Any):
-        self.vec = vec
-        self.owned = owned
-        self.num_lanes = int(vec.num_envs)
-        self.obs_space = vec.single_observation_space
-        self.act_space = vec.single_action_space
-        self.metadata = vec.metadata
-        self.name = _env_name(vec)
-        super().__init__()
-        self.idle = np.asarray(idle_action)
-        # The env's own state, across sessions: reset once at all, and lanes
-        # whose env ended (stepping one in DISABLED mode is not allowed).
-        self.ready = False
-        self.env_ended = np.zeros(self.num_lanes, bool)
-
-    def _vec_reset(self, lanes: list[int], seeds: list, options: dict | None):
-        mask = np.zeros(self.num_lanes, bool)
-        mask[lanes] = True
-        seed_list: list = [None] * self.num_lanes
-        for j, s in zip(lanes, seeds, strict=True):
-            seed_list[j] = s
-        obs, info = self.vec.reset(
-            seed=seed_list, options={"reset_mask": mask, **(options or {})}
-        )
-        self.env_ended[mask] = False
-        return obs, info
-
-    def _lane_info(self, info: dict, j: int, keys: tuple[str, ...]) -> dict:
-        out = {}
-        for key in keys:
-            if key in info:
-                present = info.get("_" + key)
-                if present is None or bool(np.asarray(present)[j]):
-                    try:
-                        out[key] = np.asarray(info[key])[j]
-                    except (IndexError, TypeError):
-                        continue
-        return out
-
-    def _resets(self, resets: list[_Reset], request: _Request) -> list[_Result]:
-        groups: dict[tuple, list[_Reset]] = {}
-        for op in resets:
-            key = tuple(sorted((op.options or {}).items()))
-            groups.setdefault(key, []).append(op)
-        results: dict[int, _Result] = {}
-        first = resets[0].lane
-        try:
-            if not self.ready:
-                # gymnasium's vector envs hold nothing for a lane never reset,
-                # so the first reset covers every lane (seed None where unnamed).
-                plain = groups.pop((), []) if len(groups) == 1 else []
-                every = list(range(self.num_lanes))
-                seeds: list = [None] * self.num_lanes
-                for op in plain:
-                    seeds[op.lane] = op.seed
-                    self._start_clock(op)
-                obs, info = self._vec_reset(every, seeds, None)
-                self.ready = True
-                for op in plain:
-                    results[op.lane] = self._reset_result(op, obs, info, request)
-            for key, ops in groups.items():
-                for op in ops:
-                    self._start_clock(op)
-                obs, info = self._vec_reset(
-                    [op.lane for op in ops], [op.seed for op in ops], dict(key)
-                )
-                for op in ops:
-                    results[op.lane] = self._reset_result(op, obs, info, request)
-        except _EnvError:
-            raise
-        except Exception as exc:
-            raise _EnvError(first, "resetting", exc) from exc
-        return [results[op.lane] for op in resets]
-
-    def _reset_result(self, op: _Reset, obs, info, request: _Request) -> _Result:
-        j = op.lane
-        out = _Result(j)
-        out.obs.append(self.observation(obs[j], j))
-        if request.info_keys:
-            out.infos.append(self._lane_info(info, j, request.info_keys))
-        self.ended[j] = False
-        self.was_reset[j] = True
-        return out
-
-    def _replays(self, replays: list[_Replay], request: _Request) -> list[_Result]:
-        results = {op.lane: _Result(op.lane) for op in replays}
-        active = [op for op in replays if not self.ended[op.lane]]
-        steps = max((op.actions.shape[0] for op in active), default=0)
-        keep_all, want_obs = request.all_observations, request.want_obs
-        for k in range(steps):
-            live = [op for op in active if k < op.actions.shape[0]]
-            if not live:
-                break
-            lane = live[0].lane
-            try:
-                if self.env_ended.any():
-                    idle = [int(j) for j in np.flatnonzero(self.env_ended)]
-                    self._vec_reset(idle, [None] * len(idle), None)
-                batch = np.broadcast_to(
-                    self.idle, (self.num_lanes,) + self.idle.shape
-                ).copy()
-                for op in live:
-                    batch[op.lane] = op.actions[k]
-                obs, reward, term, trunc, info = self.vec.step(batch)
-                term, trunc = np.asarray(term, bool), np.asarray(trunc, bool)
-                self.env_ended = term | trunc
-                reward = np.asarray(reward, np.float64)
-                for op in live:
-                    lane = op.lane
-                    out = results[lane]
-                    te = bool(term[lane])
-                    tr = bool(trunc[lane]) or self._past_deadline(lane)
-                    arr = self.observation(obs[lane], lane) if want_obs else None
-                    row = (
-                        self._lane_info(info, lane, request.info_keys)
-                        if request.info_keys
-                        else None
-                    )
-                    out.record(reward[lane], te, tr, arr, row, keep_all)
-                    if te or tr:
-                        self.ended[lane] = True
-                active = [op for op in active if not self.ended[op.lane]]
-            except Exception as exc:
-                raise _EnvError(lane, "stepping", exc) from exc
-        return [results[op.lane] for op in replays]
+    def end_session(self) -> None:
+        self.lanes.forget()
 
     def check(self, request: _Request) -> None:
-        """Lockstep: a VectorEnv steps every lane at once, so every lane in the
+        """Refuses (ProtocolError) a request these lanes cannot serve exactly.
+
+        Lockstep: a VectorEnv steps every lane at once, so every lane in the
         middle of an episode is stepped in every call, all by the same count (a
         lane left out would be stepped with the idle action, silently). A lane
         reset in this call is not left out: it may be stepped with the idle
         action before its reset (resets run last), which its reset discards; a
         client abandons an episode that way (e.g. at max_episode_steps), or by
         naming the lane in ``release`` when it starts no other."""
-        if not any(isinstance(op, _Replay) for op in request.ops):
+        if not self.lockstep:
+            return
+        if not any(isinstance(op, shared.Replay) for op in request.ops):
             return  # resets only: nothing is stepped
+        lanes = self.lanes
         replays = {
             op.lane: op.actions.shape[0]
             for op in request.ops
-            if isinstance(op, _Replay)
+            if isinstance(op, shared.Replay)
         }
         named = (
             replays.keys()
-            | {op.lane for op in request.ops if isinstance(op, _Reset)}
+            | {op.lane for op in request.ops if isinstance(op, shared.Reset)}
             | set(request.release)
         )
-        live = np.flatnonzero(self.was_reset & ~self.ended)
+        live = np.flatnonzero(lanes.started & ~lanes.ended)
         missing = [int(j) for j in live if int(j) not in named]
         if missing:
             raise _bad(
@@ -714,7 +332,7 @@ class _VectorLanes(_Lanes):
                 "stepped (or reset, to abandon its episode) in every call. Serve a "
                 "list of Envs for lanes that move on their own"
             )
-        counts = {c for j, c in replays.items() if not self.ended[j]}
+        counts = {c for j, c in replays.items() if not lanes.ended[j]}
         if len(counts) > 1:
             raise _bad(
                 f"the lanes stepped in this call have counts {sorted(counts)}; this "
@@ -722,33 +340,74 @@ class _VectorLanes(_Lanes):
                 "every lane mid-episode replays the same number of actions"
             )
 
-    def run(self, request: _Request) -> list[_Result]:
-        # Steps first, then resets: a lane reset in this call is not stepped.
-        resets = [op for op in request.ops if isinstance(op, _Reset)]
-        replays = [op for op in request.ops if isinstance(op, _Replay)]
-        out = self._replays(replays, request) if replays else []
-        if resets:
-            out += self._resets(resets, request)
-        return sorted(out, key=lambda r: r.lane)
+    def execute(self, request: _Request) -> pb.ResultBatch:
+        """Runs a checked request; its reply's batch.
+
+        Raises:
+            LaneError: an env raised (the session ends with INTERNAL).
+        """
+        lanes = self.lanes
+        lanes.release(request.release)
+        if request.single is not None and self.pool is None:
+            # The per-step case (h = 1), built without per-lane objects when
+            # the lanes allow it (live, no wall-clock cap, observation asked).
+            stepped, actions = request.single
+            batch = lanes.step_each(
+                stepped, actions, request.want_obs, request.info_keys
+            )
+            if batch is not None:
+                return codec.encode_result_batch(*batch)
+        results = self._run(request)
+        batch = lanes.collect(
+            results,
+            want_obs=request.want_obs,
+            info_keys=request.info_keys,
+            keep_all_obs=request.all_observations,
+        )
+        return codec.encode_result_batch(*batch)
+
+    def _run_ops(self, ops: list, request: _Request) -> list[shared.LaneResult]:
+        return self.lanes.run(
+            ops,
+            want_obs=request.want_obs,
+            info_keys=request.info_keys,
+            keep_all_obs=request.all_observations,
+        )
+
+    def _run(self, request: _Request) -> list[shared.LaneResult]:
+        ops = request.ops
+        if self.pool is None or len(ops) < 2:
+            return self._run_ops(ops, request)
+        groups: dict[int, list] = {}
+        for op in ops:
+            groups.setdefault(self.group_of[op.lane], []).append(op)
+        if len(groups) == 1:
+            return self._run_ops(ops, request)
+        futures = [
+            self.pool.submit(self._run_ops, group, request) for group in groups.values()
+        ]
+        out: list[shared.LaneResult] = []
+        errors: list[shared.LaneError] = []
+        for future in futures:  # in lane order: groups are contiguous
+            try:
+                out.extend(future.result())
+            except shared.LaneError as exc:
+                errors.append(exc)
+        if errors:
+            raise min(errors, key=lambda e: e.lane)
+        return out
 
     def close(self) -> None:
-        if self.owned:
-            self.vec.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        self.lanes.close()
 
 
-def _env_name(env: Any) -> str:
-    from jaxmesh.envs.gymnasium import _env_name as name
-
-    return name(env)
-
-
-def _make_lanes(env: Any, lanes: int | None, workers: int) -> _Lanes:
+def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
     """Server lanes for what the caller passed (an id, an Env, a list, a vector).
 
-    The checks and their wording are those of ``jaxmesh.envs.gymnasium``.
+    The checks and their wording are those of ``jaxmesh.envs.gymnasium.lanes``.
     """
-    from jaxmesh.envs import gymnasium as gym_lanes
-
     if lanes is not None and not isinstance(env, str):
         raise ValueError(
             f"lanes={lanes} is only for an env id ('gymnasium:<id>'); a "
@@ -756,25 +415,26 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> _Lanes:
             "VectorEnv with the lanes you want)"
         )
     if isinstance(env, str):
-        if not env.startswith(gym_lanes.PREFIX + ":"):
+        if not env.startswith(shared.PREFIX + ":"):
             raise ValueError(
                 f"env {env!r}: expected 'gymnasium:<id>' (e.g. "
                 "'gymnasium:CartPole-v1'), a gymnasium Env, a list of them, a "
                 "VectorEnv in AutoresetMode.DISABLED, or a factory of one"
             )
-        count = 1 if lanes is None else lanes
-        made = gym_lanes.make_lanes(env, count, count)
-        return _ListLanes(made.envs, owned=True, workers=workers)
+        envs = shared.make_envs(env, 1 if lanes is None else lanes)
+        try:
+            return _served(shared.ListLanes, envs, workers, owned=True)
+        except BaseException:
+            for e in envs:
+                e.close()
+            raise
     if isinstance(env, gymnasium.vector.VectorEnv):
-        checked = gym_lanes.VectorLanes(env)  # refuses other autoreset modes
-        return _VectorLanes(env, owned=False, idle_action=checked._idle)
+        return _served(shared.VectorLanes, env, workers)  # DISABLED mode only
     if isinstance(env, gymnasium.Env):
-        return _ListLanes([env], owned=False, workers=workers)
+        return _served(shared.ListLanes, [env], workers)
     if isinstance(env, list):
-        if not env:
-            raise ValueError("env=[]: pass at least one gymnasium Env")
-        checked = gym_lanes.EnvLanes(env)  # distinct objects, equal spaces
-        return _ListLanes(checked.envs, owned=False, workers=workers)
+        # ListLanes refuses an empty list, repeated objects, unequal spaces.
+        return _served(shared.ListLanes, env, workers)
     raise TypeError(
         f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
         "list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', or "
@@ -782,105 +442,22 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> _Lanes:
     )
 
 
+def _served(kind: type, env: Any, workers: int, owned: bool = False) -> _ServedLanes:
+    first = env[0] if isinstance(env, list) and env else env
+    where = f"{shared.env_name(first)} observation_space"
+    return _ServedLanes(kind(env, owned=owned, layout=_wire_layout(where)), workers)
+
+
 def _is_env(env: Any) -> bool:
     return isinstance(env, str | list | gymnasium.Env | gymnasium.vector.VectorEnv)
 
 
 # Requests and replies ------------------------------------------------------------
-def _tensor(arr: np.ndarray) -> pb.Tensor:
-    return codec.encode_array(arr)
-
-
-def _info_rows(
-    rows: list[dict], key: str
-) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The rows' values of info ``key`` stacked, and which rows have it (None:
-    every row), or None to leave the key out: no row has it, or its values are
-    not numbers of one shape. A row without the key holds zeros."""
-    values = [row.get(key) for row in rows]
-    have = [v is not None for v in values]
-    if not any(have):
-        return None
-    arrays = [np.asarray(v) for v in values if v is not None]
-    first = arrays[0]
-    if any(
-        a.dtype.kind not in "biuf"
-        or a.dtype.name not in codec.DTYPES
-        or a.shape != first.shape
-        for a in arrays
-    ):
-        return None
-    dtype = np.result_type(*arrays)
-    if dtype.name not in codec.DTYPES:
-        return None
-    out = np.zeros((len(rows),) + first.shape, dtype)
-    out[np.asarray(have)] = arrays
-    return out, (None if all(have) else np.asarray(have))
-
-
-def _info_leaves(
-    rows: list[dict], keys: tuple[str, ...]
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """``(info, info_present)`` of a ``ResultBatch`` for these info rows."""
-    info, present = {}, {}
-    for key in keys:
-        got = _info_rows(rows, key)
-        if got is not None:
-            info[key] = got[0]
-            if got[1] is not None:
-                present[key] = got[1]
-    return info, present
-
-
-def _encode(results: list[_Result], request: _Request, lanes: _Lanes) -> pb.ResultBatch:
-    """Every lane's result of one call as one ``ResultBatch`` (ascending lanes)."""
-    steps = [len(r.rewards) for r in results]
-    # The proto's rule: 1 for a reset; a replay's steps when every observation
-    # is asked for, else min(steps, 1); with or without observation keys (the
-    # info rows follow it too).
-    if request.want_obs:
-        rows = [len(r.obs) for r in results]
-    else:
-        every = request.all_observations
-        rows = [
-            1 if isinstance(op, _Reset) else (k if every else min(k, 1))
-            for op, k in zip(request.ops, steps, strict=True)
-        ]
-    rewards = [x for r in results for x in r.rewards]
-    terminated = [x for r in results for x in r.terminated]
-    truncated = [x for r in results for x in r.truncated]
-    observation = {}
-    if request.want_obs:
-        frames = [o for r in results for o in r.obs]
-        observation[""] = (
-            np.stack(frames)
-            if frames
-            else np.zeros((0,) + lanes.obs_shape, lanes.obs_dtype)
-        )
-    info: dict = {}
-    present: dict = {}
-    if request.info_keys:
-        infos = [row for r in results for row in r.infos]
-        if infos and len(infos) == sum(rows):
-            info, present = _info_leaves(infos, request.info_keys)
-    return codec.encode_result_batch(
-        [r.lane for r in results],
-        steps,
-        rows,
-        np.asarray(rewards, np.float64),
-        np.asarray(terminated, bool),
-        np.asarray(truncated, bool),
-        observation,
-        info,
-        present,
-    )
-
-
 def _bad(message: str) -> codec.ProtocolError:
     return codec.ProtocolError(message)
 
 
-def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
+def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
     """A checked request; ProtocolError naming what is wrong (nothing stepped)."""
     n = lanes.num_lanes
     if len(msg.lane_mask) != n:
@@ -927,8 +504,8 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
                     f"{value.WhichOneof('kind')}; expected int_value"
                 )
             options[name] = int(value.int_value)
-        ops[lane] = _Reset(lane, int(r.seed), options or None, float(mes))
-    replays: dict[int, _Replay] = {}
+        ops[lane] = shared.Reset(lane, int(r.seed), options or None, float(mes))
+    replays: dict[int, shared.Replay] = {}
     if msg.HasField("batch"):
         batch = codec.decode_action_batch(
             msg.batch, {"": lanes.act_spec}, num_lanes=n, max_count=MAX_COUNT
@@ -944,7 +521,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
                     f"Discrete({lanes.act_leaf.n}, start={low}) [{low}, {high - 1}]"
                 )
         stepped = batch.lanes  # ascending and < n (decode_action_batch)
-        bad = ~np.asarray(mask, bool)[stepped] | ~lanes.was_reset[stepped]
+        bad = ~np.asarray(mask, bool)[stepped] | ~lanes.lanes.started[stepped]
         if ops:
             bad |= np.isin(stepped, list(ops))
         for lane in stepped[bad].tolist()[:1]:  # the first lane at fault, named
@@ -967,7 +544,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _Lanes) -> _Request:
                 batch.counts.tolist(),
                 strict=True,
             ):
-                replays[lane] = _Replay(lane, arr[start : start + count])
+                replays[lane] = shared.Replay(lane, arr[start : start + count])
     keys = set(msg.observation_keys)
     if not keys <= {""}:
         raise _bad(
@@ -1154,7 +731,7 @@ class EnvServer:
         self.options = options
         self._lanes_wanted = lanes
         self._credentials = credentials
-        self._lanes: _Lanes | None = None
+        self._lanes: _ServedLanes | None = None
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._address: str | None = None
@@ -1220,7 +797,7 @@ class EnvServer:
             self._lanes = lanes
         return self
 
-    def _start_server(self, lanes: _Lanes) -> None:
+    def _start_server(self, lanes: _ServedLanes) -> None:
         limit = self.options.max_message_bytes
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(
@@ -1390,7 +967,7 @@ class EnvServer:
             )
         return None
 
-    def _handshake_reply(self, lanes: _Lanes) -> pb.HandshakeReply:
+    def _handshake_reply(self, lanes: _ServedLanes) -> pb.HandshakeReply:
         return pb.HandshakeReply(
             server_protocol_versions=PROTOCOL_VERSIONS,
             server_version=f"jaxmesh {__version__}",
@@ -1401,8 +978,7 @@ class EnvServer:
                 pb.ResetOption(name=name, value=pb.Value(int_value=0))
                 for name in lanes.reset_options
             ],
-            capabilities=CAPABILITIES
-            + ((LOCKSTEP,) if isinstance(lanes, _VectorLanes) else ()),
+            capabilities=CAPABILITIES + ((LOCKSTEP,) if lanes.lockstep else ()),
             env_name=lanes.name,
         )
 
@@ -1474,7 +1050,7 @@ class EnvServer:
         requests: Iterator[bytes],
         context: grpc.ServicerContext,
         session: _Session,
-        lanes: _Lanes,
+        lanes: _ServedLanes,
     ) -> Iterator[bytes]:
         limit = self.options.max_message_bytes
         abort = context.abort
@@ -1491,11 +1067,8 @@ class EnvServer:
                 abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             start = time.perf_counter()
             try:
-                lanes.ended[list(request.release)] = True
-                batch = lanes.run_single_steps(request)
-                if batch is None:
-                    batch = _encode(lanes.run(request), request, lanes)
-            except _EnvError as exc:
+                batch = lanes.execute(request)
+            except shared.LaneError as exc:
                 context.set_trailing_metadata(
                     (
                         (ENV_ERROR_KEY, _ascii(exc.summary())),

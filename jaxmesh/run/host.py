@@ -40,6 +40,7 @@ from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.envs.gymnasium.lanes import info_value  # noqa: F401 - moved there
 from jaxmesh.record import check_record, check_record_budget, observation_leaves
 from jaxmesh.remote.address import is_address
 from jaxmesh.run import agent as run_agent
@@ -103,21 +104,6 @@ def check_lane_groups(value: Any) -> int | None:
 
 
 # Episode metrics from gymnasium infos ----------------------------------------------
-def info_value(info: Any, key: str, where: str) -> float | None:
-    """One lane's value of info ``key`` as a float (None: not in the info).
-
-    Raises:
-      ValueError: a value that is not one number (or bool).
-    """
-    if key not in info:
-        return None
-    arr = np.asarray(info[key])
-    if arr.size != 1 or arr.dtype.kind not in "biuf":
-        raise ValueError(
-            f"{where}: info[{key!r}] is {arr.dtype}{list(arr.shape)}; a metric is "
-            "one number (or bool) per step: name a scalar info key"
-        )
-    return float(arr.reshape(()))
 
 
 class HostMetrics:

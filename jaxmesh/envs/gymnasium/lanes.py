@@ -1,0 +1,1187 @@
+"""Gymnasium envs as lanes, without JAX: every gymnasium call jaxmesh makes.
+
+One implementation serves both users of host-stepped envs: the in-process host
+loop (``jaxmesh.run.host``, through the adapters of
+``jaxmesh.envs.gymnasium.local``) and the env server
+(``jaxmesh.remote.server``, which adds its deadlines, worker pool, protobuf
+encoding and session handling around it). This module imports numpy, and
+gymnasium on first use; never JAX, never gRPC or protobuf.
+
+Two kinds of lanes:
+
+- :class:`ListLanes`: one gymnasium ``Env`` per lane (distinct objects, equal
+  spaces); only the lanes named are stepped.
+- :class:`VectorLanes`: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``,
+  stepped as a whole (lockstep): lanes not named play a fixed idle action, and
+  an env that ended is reset with ``seed=None`` before the next step.
+
+Both offer the same operations, each answered with a :class:`ResultBatch`
+(numpy arrays in the layout of the wire's ``ResultBatch``, so a server encodes
+it as it is and the in-process loop reads it as it is):
+
+- :meth:`Lanes.reset`: start episodes (a seed each, reset options such as
+  ``trial_index``, an optional wall-clock cap per episode);
+- :meth:`Lanes.step`: one action per lane (the per-step fast path);
+- :meth:`Lanes.replay`: a known run of actions per lane, stopping a lane at its
+  episode's end; every observation comes back, or only the last.
+
+An env that raises (or returns an observation that does not fit) surfaces as a
+:class:`LaneError` naming the lane and what it was doing; the env's own
+exception is its ``exc`` (and ``__cause__``).
+
+Example:
+    >>> import gymnasium, numpy as np
+    >>> lanes = ListLanes([gymnasium.make("CartPole-v1") for _ in range(2)])
+    >>> first = lanes.reset([0, 1], seeds=[3, 4])
+    >>> first.observation[""].shape
+    (2, 4)
+    >>> out = lanes.replay([0, 1], counts=[5, 2], actions=np.ones(7, np.int64))
+    >>> out.steps.tolist(), out.rows.tolist()  # keep-last: one row per lane
+    ([5, 2], [1, 1])
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from jaxmesh.remote.protocol import TRIAL_INDEX, ResultBatch
+
+__all__ = [
+    "PREFIX",
+    "TRIAL_INDEX",
+    "NUMBER_DTYPES",
+    "Lanes",
+    "ListLanes",
+    "VectorLanes",
+    "LaneError",
+    "LaneResult",
+    "Reset",
+    "Replay",
+    "ResultBatch",
+    "declares_trial_index",
+    "env_actions",
+    "env_name",
+    "idle_action",
+    "info_leaves",
+    "info_value",
+    "is_host_stepped",
+    "make_envs",
+    "native_layout",
+    "same_space",
+]
+
+PREFIX = "gymnasium"
+
+#: dtype names an info value may have to come back in a ``ResultBatch`` (the
+#: wire's allow-list, ``jaxmesh.remote.codec.DTYPES``; a test keeps them equal).
+NUMBER_DTYPES = frozenset(
+    (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+)
+
+DISABLED_HOW = (
+    "build one with gymnasium.make_vec(env_id, num_envs=N, vectorization_mode="
+    "'sync', vector_kwargs={'autoreset_mode': "
+    "gymnasium.vector.AutoresetMode.DISABLED}) (or pass autoreset_mode="
+    "AutoresetMode.DISABLED to SyncVectorEnv / AsyncVectorEnv), or pass a list of "
+    "gymnasium Envs"
+)
+
+
+def _gym():
+    import gymnasium
+
+    return gymnasium
+
+
+# Small pieces shared with the agent side ---------------------------------------
+def is_host_stepped(env: Any) -> bool:
+    """Whether ``env`` is a gymnasium env jaxmesh steps on the host.
+
+    True for ``"gymnasium:<id>"``, a ``gymnasium.Env`` (wrappers included), a
+    ``gymnasium.vector.VectorEnv`` and a list holding a ``gymnasium.Env``. Never
+    imports gymnasium: an object can only be a gymnasium env once it is loaded.
+    """
+    if isinstance(env, str):
+        return env.startswith(PREFIX + ":")
+    gym = sys.modules.get("gymnasium")
+    if gym is None:
+        return False
+    if isinstance(env, gym.Env | gym.vector.VectorEnv):
+        return True
+    return isinstance(env, list) and any(isinstance(e, gym.Env) for e in env)
+
+
+def env_name(env: Any) -> str:
+    """``"gymnasium:<id>"`` of an env (its class name when it has no id)."""
+    spec = getattr(env, "spec", None)
+    env_id = getattr(spec, "id", None)
+    if env_id:
+        return f"{PREFIX}:{env_id}"
+    inner = getattr(env, "unwrapped", env)
+    return f"{PREFIX}:{type(inner).__name__}"
+
+
+def declares_trial_index(metadata: Any) -> bool:
+    """Whether an env lists ``"trial_index"`` in ``metadata["reset_options"]``."""
+    options = (metadata or {}).get("reset_options", ()) or ()
+    return TRIAL_INDEX in options
+
+
+def same_space(a: Any, b: Any) -> bool:
+    """``a == b`` for two spaces; two Boxes with the same shape, dtype and
+    bounds compare without gymnasium's ``allclose`` (the usual case, per lane
+    of every run)."""
+    if a is b:
+        return True
+    box = _gym().spaces.Box
+    if type(a) is box and type(b) is box:
+        if (
+            a.shape == b.shape
+            and a.dtype == b.dtype
+            and np.array_equal(a.low, b.low)
+            and np.array_equal(a.high, b.high)
+        ):
+            return True
+    return a == b
+
+
+def idle_action(space: Any) -> np.ndarray:
+    """An action valid in ``space``, played by vector lanes with no episode."""
+    spaces = _gym().spaces
+    if isinstance(space, spaces.Discrete):
+        return np.asarray(space.start, np.int64)
+    zero = np.zeros(space.shape, space.dtype)
+    return np.clip(zero, space.low, space.high).astype(space.dtype)
+
+
+def env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
+    """The agent's actions (``[n, *A]``; Discrete from 0) as the env's own values
+    (Discrete from ``space.start``, int64; Box in the space's dtype)."""
+    spaces = _gym().spaces
+    if isinstance(space, spaces.Discrete):
+        return actions.astype(np.int64) + int(space.start)
+    return actions.astype(space.dtype)
+
+
+def native_layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of an observation in a space's own terms: a Box (and
+    MultiBinary, MultiDiscrete) keeps its dtype, a Discrete is int64.
+
+    Raises:
+      TypeError: a space that is not one array (Dict, Tuple, ...).
+    """
+    spaces = _gym().spaces
+    if isinstance(space, spaces.Discrete):
+        return (), np.dtype(np.int64)
+    if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
+        return tuple(int(d) for d in space.shape), np.dtype(space.dtype)
+    raise TypeError(
+        f"observation_space {space} is a {type(space).__name__}, not one array; "
+        "lanes read Box, Discrete, MultiBinary or MultiDiscrete observations. "
+        "Flatten it (gymnasium.wrappers.FlattenObservation(env)) or pass layout="
+    )
+
+
+def info_value(info: Any, key: str, where: str) -> float | None:
+    """One lane's value of info ``key`` as a float (None: not in the info).
+
+    Raises:
+      ValueError: a value that is not one number (or bool).
+    """
+    if key not in info:
+        return None
+    arr = np.asarray(info[key])
+    if arr.size != 1 or arr.dtype.kind not in "biuf":
+        raise ValueError(
+            f"{where}: info[{key!r}] is {arr.dtype}{list(arr.shape)}; a metric is "
+            "one number (or bool) per step: name a scalar info key"
+        )
+    return float(arr.reshape(()))
+
+
+def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
+    """``count`` envs of ``"gymnasium:<id>"`` (``gymnasium.make(id, **kwargs)``).
+
+    Raises:
+      ValueError: an id gymnasium does not know (naming the closest ones).
+    """
+    gym = _gym()
+    name = env_id.partition(":")[2]
+    # "module:Id" makes gymnasium import the module that registers Id.
+    if ":" not in name and name not in gym.registry:
+        from jaxmesh.envs import unknown_id  # the error path only
+
+        raise ValueError(
+            unknown_id(
+                "gymnasium env",
+                name,
+                gym.registry,
+                "gymnasium.pprint_registry() lists them; import the package "
+                "that registers yours first",
+            )
+        )
+    envs: list = []
+    try:
+        for _ in range(count):
+            envs.append(gym.make(name, **kwargs))
+    except BaseException:
+        for e in envs:
+            e.close()
+        raise
+    return envs
+
+
+# What one call returns ------------------------------------------------------------
+class LaneError(Exception):
+    """An env raised (or returned an observation that does not fit) while lane
+    ``lane`` was ``phase`` ("resetting" or "stepping"); ``exc`` is its error."""
+
+    def __init__(self, lane: int, phase: str, exc: BaseException):
+        super().__init__(lane, phase, exc)
+        self.lane, self.phase, self.exc = lane, phase, exc
+        self.__cause__ = exc
+
+    @property
+    def text(self) -> str:
+        """The env error's traceback, as text."""
+        return "".join(traceback.format_exception(self.exc))
+
+    def summary(self) -> str:
+        return f"{type(self.exc).__name__}: {self.exc}"
+
+    def details(self) -> str:
+        return f"env lane {self.lane} raised {self.summary()} (while {self.phase})"
+
+    def __str__(self) -> str:
+        return self.details()
+
+
+class Reset(NamedTuple):
+    """Start an episode on ``lane``: ``env.reset(seed=seed, options=options)``;
+    a ``max_episode_seconds`` > 0 truncates it by wall clock (0: no cap)."""
+
+    lane: int
+    seed: int | None
+    options: dict[str, Any] | None = None
+    max_episode_seconds: float = 0.0
+
+
+class Replay(NamedTuple):
+    """Step ``lane`` with ``actions`` (``[count, *A]``, the env's own values)
+    until they run out or its episode ends."""
+
+    lane: int
+    actions: np.ndarray
+
+
+class LaneResult:
+    """What one lane did in one call (before :meth:`Lanes.collect`)."""
+
+    __slots__ = ("lane", "reset", "obs", "rewards", "terminated", "truncated", "infos")
+
+    def __init__(self, lane: int, reset: bool = False):
+        self.lane = lane
+        self.reset = reset
+        self.obs: list[np.ndarray] = []
+        self.rewards: list[float] = []
+        self.terminated: list[bool] = []
+        self.truncated: list[bool] = []
+        self.infos: list[dict] = []
+
+    def record(
+        self,
+        reward: float,
+        term: bool,
+        trunc: bool,
+        obs: np.ndarray | None,
+        info: dict | None,
+        keep_all: bool,
+    ) -> None:
+        """One executed step; ``obs`` / ``info`` (None: not asked for) kept for
+        every step when ``keep_all``, else only the last."""
+        self.rewards.append(float(reward))
+        self.terminated.append(term)
+        self.truncated.append(trunc)
+        for rows, row in ((self.obs, obs), (self.infos, info)):
+            if row is None:
+                continue
+            if keep_all or not rows:
+                rows.append(row)
+            else:
+                rows[0] = row
+
+
+def _info_rows(
+    rows: Sequence[dict], key: str
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The rows' values of info ``key`` stacked, and which rows have it (None:
+    every row), or None to leave the key out: no row has it, or its values are
+    not numbers of one shape. A row without the key holds zeros."""
+    values = [row.get(key) for row in rows]
+    have = [v is not None for v in values]
+    if not any(have):
+        return None
+    arrays = [np.asarray(v) for v in values if v is not None]
+    first = arrays[0]
+    if any(
+        a.dtype.kind not in "biuf"
+        or a.dtype.name not in NUMBER_DTYPES
+        or a.shape != first.shape
+        for a in arrays
+    ):
+        return None
+    dtype = np.result_type(*arrays)
+    if dtype.name not in NUMBER_DTYPES:
+        return None
+    out = np.zeros((len(rows),) + first.shape, dtype)
+    out[np.asarray(have)] = arrays
+    return out, (None if all(have) else np.asarray(have))
+
+
+def info_leaves(
+    rows: Sequence[dict], keys: Sequence[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(info, info_present)`` of a :class:`ResultBatch` for these info rows
+    (gymnasium info dicts, one per row)."""
+    info, present = {}, {}
+    for key in keys:
+        got = _info_rows(rows, key)
+        if got is not None:
+            info[key] = got[0]
+            if got[1] is not None:
+                present[key] = got[1]
+    return info, present
+
+
+def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
+    """``lanes`` as ascending distinct ints below ``num_lanes``, or ValueError."""
+    arr = np.asarray(lanes).reshape(-1)
+    if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0):
+        raise ValueError(
+            f"{what}: lanes {arr[:16].tolist()} are not lane numbers; expected "
+            f"ints in 0..{num_lanes - 1}"
+        )
+    out = arr.astype(np.int64).tolist()
+    if out and out[-1] >= num_lanes:
+        raise ValueError(
+            f"{what}: lane {max(out)} given, but there are {num_lanes} lanes "
+            f"(0..{num_lanes - 1})"
+        )
+    if any(b <= a for a, b in zip(out, out[1:], strict=False)):
+        raise ValueError(
+            f"{what}: lanes {out[:16]} are not strictly ascending; name each lane "
+            "once, in ascending order"
+        )
+    return out
+
+
+# Lanes ----------------------------------------------------------------------------
+class Lanes:
+    """What both kinds of lanes share: layout, lane state and the operations.
+
+    Attributes:
+      num_lanes: the lanes.
+      name: ``"gymnasium:<id>"``, for messages and results.
+      observation_space, action_space: one lane's spaces.
+      metadata: the env's metadata.
+      owned: close the envs in :meth:`close` (jaxmesh made them).
+      obs_shape, obs_dtype: what an observation is converted to and checked
+        against (``layout`` of the constructor; the space's own by default).
+      declares_trial_index: the env lists ``"trial_index"`` in
+        ``metadata["reset_options"]`` (only such an env gets it, CONTRACT 6).
+      started: bool ``[num_lanes]``: reset since the lanes were made or
+        :meth:`forget` was called.
+      ended: bool ``[num_lanes]``: the lane's episode ended (or was released)
+        and the lane was not reset since; replaying it executes nothing.
+    """
+
+    num_lanes: int
+    name: str
+    observation_space: Any
+    action_space: Any
+    metadata: dict
+    owned: bool
+
+    def _setup(self, layout: Callable[[Any], tuple] | None) -> None:
+        shape, dtype = (layout or native_layout)(self.observation_space)
+        self.obs_shape = tuple(int(d) for d in shape)
+        self.obs_dtype = np.dtype(dtype)
+        self.discrete = isinstance(self.action_space, _gym().spaces.Discrete)
+        self.declares_trial_index = declares_trial_index(self.metadata)
+        n = self.num_lanes
+        self.started = np.zeros(n, bool)
+        self.ended = np.zeros(n, bool)
+        # perf_counter() past which an episode is truncated; None: no cap. A
+        # list, not an array: the replay loop reads it once per step.
+        self.deadline: list[float | None] = [None] * n
+
+    # Lane state -------------------------------------------------------------------
+    def forget(self) -> None:
+        """Every lane "not reset" again (a server's session ended); the envs'
+        own state is kept."""
+        self.started[:] = False
+        self.ended[:] = False
+        self.deadline = [None] * self.num_lanes
+
+    def release(self, lanes: Sequence[int]) -> None:
+        """Treat ``lanes``' episodes as ended (abandoned without another)."""
+        if len(lanes):
+            self.ended[list(lanes)] = True
+
+    # Observations -------------------------------------------------------------------
+    def observation(self, value: Any, lane: int) -> np.ndarray:
+        """One lane's observation as an array of ``obs_shape`` and ``obs_dtype``.
+
+        Raises:
+          ValueError: a shape other than the observation_space's (naming the
+            lane).
+        """
+        arr = np.asarray(value, self.obs_dtype)
+        if arr.shape != self.obs_shape:
+            raise ValueError(
+                f"{self.name} lane {lane} returned an observation of shape "
+                f"{arr.shape}; its observation_space has shape {self.obs_shape}. "
+                "Make the env return observations of its declared shape"
+            )
+        return arr
+
+    def observations(self, values: Sequence, lanes: Any) -> np.ndarray:
+        """The observations of ``lanes`` (a list, or a slice from 0) stacked,
+        checked as :meth:`observation` checks one (one numpy call in the usual
+        case)."""
+        try:
+            arr = np.asarray(values, self.obs_dtype)
+        except (TypeError, ValueError):  # ragged or not numbers: name the lane
+            arr = None
+        if arr is None or arr.shape[1:] != self.obs_shape:
+            where = range(len(values)) if isinstance(lanes, slice) else lanes
+            for j, v in zip(where, values, strict=True):
+                self.observation(v, j)
+        return arr
+
+    def _past_deadline(self, lane: int) -> bool:
+        deadline = self.deadline[lane]
+        return deadline is not None and time.perf_counter() > deadline
+
+    def _start_clock(self, op: Reset) -> None:
+        seconds = op.max_episode_seconds
+        self.deadline[op.lane] = time.perf_counter() + seconds if seconds > 0 else None
+
+    def _started(self, lane: int) -> None:
+        self.ended[lane] = False
+        self.started[lane] = True
+
+    # The operations -----------------------------------------------------------------
+    def reset(
+        self,
+        lanes: npt.ArrayLike,
+        seeds: Sequence[int | None],
+        options: Sequence[dict | None] | None = None,
+        max_episode_seconds: Sequence[float] | None = None,
+        *,
+        want_obs: bool = True,
+        info_keys: Sequence[str] = (),
+    ) -> ResultBatch:
+        """Starts an episode on each of ``lanes`` (ascending).
+
+        Args:
+          lanes: int ``[m]``, ascending.
+          seeds: ``env.reset(seed=...)`` per lane (None: gymnasium's own).
+          options: per lane, the reset ``options`` dict or None (e.g.
+            ``{"trial_index": i}`` for an env that declares it).
+          max_episode_seconds: per lane, a wall-clock cap on the episode
+            (> 0), or 0 for none; a step past it reads ``truncated``.
+          want_obs: return the reset observations (``observation[""]``).
+          info_keys: the reset infos' keys to return.
+
+        Returns:
+          A :class:`ResultBatch`: ``steps`` 0 and ``rows`` 1 per lane.
+
+        Raises:
+          LaneError: an env raised, or returned an observation that does not fit.
+        """
+        js = _lane_list(lanes, self.num_lanes, "reset")
+        m = len(js)
+        options = [None] * m if options is None else list(options)
+        seconds = [0.0] * m if max_episode_seconds is None else max_episode_seconds
+        if not len(seeds) == len(options) == len(seconds) == m:
+            raise ValueError(
+                f"reset: {m} lanes, {len(seeds)} seeds, {len(options)} options and "
+                f"{len(seconds)} max_episode_seconds; expected one of each per lane"
+            )
+        ops = [
+            Reset(j, None if s is None else int(s), o or None, float(c))
+            for j, s, o, c in zip(js, seeds, options, seconds, strict=True)
+        ]
+        keys = tuple(info_keys)
+        results = self.run(ops, want_obs=want_obs, info_keys=keys, keep_all_obs=False)
+        return self.collect(
+            results, want_obs=want_obs, info_keys=keys, keep_all_obs=False
+        )
+
+    def step(
+        self,
+        lanes: npt.ArrayLike,
+        actions: np.ndarray,
+        *,
+        want_obs: bool = True,
+        info_keys: Sequence[str] = (),
+    ) -> ResultBatch:
+        """One action on each of ``lanes`` (the per-step case, h = 1).
+
+        ``replay(lanes, ones, actions, keep_all_obs=True)``, built without
+        per-lane objects when every lane is mid-episode with no wall-clock cap.
+
+        Args:
+          lanes: int ``[m]``, ascending, each reset before.
+          actions: ``[m, *A]``, the env's own values (``env_actions``).
+
+        Returns:
+          A :class:`ResultBatch` with ``steps`` and ``rows`` 1 per live lane.
+
+        Raises:
+          LaneError: an env raised, or returned an observation that does not fit.
+        """
+        js = _lane_list(lanes, self.num_lanes, "step")
+        self._check_started(js, "step")
+        keys = tuple(info_keys)
+        actions = np.asarray(actions)
+        if actions.shape[:1] != (len(js),):
+            raise ValueError(
+                f"step: {len(js)} lanes but actions of shape {actions.shape}; "
+                "expected one action per lane, [m, *action_shape]"
+            )
+        out = self.step_each(np.asarray(js, np.int64), actions, want_obs, keys)
+        if out is not None:
+            return out
+        return self._replay_ops(
+            [Replay(j, actions[i : i + 1]) for i, j in enumerate(js)],
+            want_obs,
+            keys,
+            True,
+        )
+
+    def step_each(
+        self,
+        lanes: np.ndarray,
+        actions: np.ndarray,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+    ) -> ResultBatch | None:
+        """:meth:`step` of checked input when the fast path serves it, else None."""
+        return None
+
+    def replay(
+        self,
+        lanes: npt.ArrayLike,
+        counts: npt.ArrayLike,
+        actions: np.ndarray,
+        *,
+        keep_all_obs: bool = False,
+        want_obs: bool = True,
+        info_keys: Sequence[str] = (),
+    ) -> ResultBatch:
+        """Replays a known run of actions on each of ``lanes``.
+
+        Lane ``lanes[i]`` executes ``actions[offsets[i] : offsets[i] +
+        counts[i]]`` (``offsets`` the running sum of ``counts``) one per env step,
+        and stops at its episode's end (terminated, truncated, or past its
+        wall-clock cap): the rest of its actions are not executed. A lane whose
+        episode had already ended executes nothing (``steps`` 0).
+
+        Args:
+          lanes: int ``[m]``, ascending, each reset before.
+          counts: int ``[m]``, each >= 1.
+          actions: ``[sum(counts), *A]``, the env's own values (Discrete from
+            ``space.start``: ``env_actions`` converts the agent's).
+          keep_all_obs: return every executed step's observation (and info
+            row), else only each lane's last.
+          want_obs: return observations at all.
+          info_keys: info keys to return, per row (see :class:`ResultBatch`).
+
+        Returns:
+          A :class:`ResultBatch`: per lane its executed steps' rewards,
+          terminated and truncated, and its rows.
+
+        Raises:
+          ValueError: lanes not ascending or never reset, counts below 1, or
+            actions that do not match the counts.
+          LaneError: an env raised, or returned an observation that does not fit.
+
+        Example:
+          >>> import gymnasium, numpy as np
+          >>> lanes = ListLanes([gymnasium.make("CartPole-v1")])
+          >>> _ = lanes.reset([0], seeds=[0])
+          >>> out = lanes.replay([0], [500], np.zeros(500, np.int64))
+          >>> bool(out.terminated[-1]), int(out.steps[0]) < 500
+          (True, True)
+        """
+        js = _lane_list(lanes, self.num_lanes, "replay")
+        self._check_started(js, "replay")
+        counts = np.asarray(counts).reshape(-1)
+        actions = np.asarray(actions)
+        if counts.shape != (len(js),) or (counts.size and counts.min() < 1):
+            raise ValueError(
+                f"replay: counts {counts[:16].tolist()} for {len(js)} lanes; "
+                "expected one count >= 1 per lane"
+            )
+        total = int(counts.sum())
+        if actions.shape[:1] != (total,):
+            raise ValueError(
+                f"replay: actions of shape {actions.shape} for counts summing to "
+                f"{total}; expected [sum(counts), *action_shape]"
+            )
+        starts = (np.cumsum(counts) - counts).tolist()
+        ops = [
+            Replay(j, actions[s : s + int(c)])
+            for j, s, c in zip(js, starts, counts.tolist(), strict=True)
+        ]
+        return self._replay_ops(ops, want_obs, tuple(info_keys), keep_all_obs)
+
+    def _replay_ops(
+        self, ops: list, want_obs: bool, keys: tuple[str, ...], keep_all: bool
+    ) -> ResultBatch:
+        results = self.run(
+            ops, want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all
+        )
+        return self.collect(
+            results, want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all
+        )
+
+    def _check_started(self, js: list[int], what: str) -> None:
+        if js and not self.started[js].all():
+            lane = next(j for j in js if not self.started[j])
+            raise ValueError(
+                f"{what}: lane {lane} was never reset; reset it (reset([{lane}], "
+                "seeds=[...])) before stepping it"
+            )
+
+    def run(
+        self,
+        ops: Sequence[Reset | Replay],
+        *,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        keep_all_obs: bool,
+    ) -> list[LaneResult]:
+        """Runs checked ops (at most one per lane, ascending lanes); their
+        results in ascending lane order. (:meth:`collect` makes the batch.)"""
+        raise NotImplementedError
+
+    def collect(
+        self,
+        results: Sequence[LaneResult],
+        *,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        keep_all_obs: bool,
+    ) -> ResultBatch:
+        """The results of one call (ascending lanes) as one :class:`ResultBatch`."""
+        steps = [len(r.rewards) for r in results]
+        # The wire's rule: 1 for a reset; a replay's steps when every
+        # observation is kept, else min(steps, 1); with or without observations
+        # (the info rows follow it too).
+        if want_obs:
+            rows = [len(r.obs) for r in results]
+        else:
+            rows = [
+                1 if r.reset else (k if keep_all_obs else min(k, 1))
+                for r, k in zip(results, steps, strict=True)
+            ]
+        observation = {}
+        if want_obs:
+            frames = [o for r in results for o in r.obs]
+            observation[""] = (
+                np.stack(frames)
+                if frames
+                else np.zeros((0,) + self.obs_shape, self.obs_dtype)
+            )
+        info: dict = {}
+        present: dict = {}
+        if info_keys:
+            infos = [row for r in results for row in r.infos]
+            if infos and len(infos) == sum(rows):
+                info, present = info_leaves(infos, info_keys)
+        return ResultBatch(
+            np.asarray([r.lane for r in results], np.int64),
+            np.asarray(steps, np.int64),
+            np.asarray(rows, np.int64),
+            np.asarray([x for r in results for x in r.rewards], np.float64),
+            np.asarray([x for r in results for x in r.terminated], bool),
+            np.asarray([x for r in results for x in r.truncated], bool),
+            observation,
+            info,
+            present,
+        )
+
+    def close(self) -> None:
+        """Closes the envs when ``owned`` (never the caller's own)."""
+        raise NotImplementedError
+
+
+class ListLanes(Lanes):
+    """One gymnasium ``Env`` per lane; only the lanes named are stepped.
+
+    Args:
+      envs: the lanes' envs: distinct ``gymnasium.Env`` objects with equal
+        observation and action spaces.
+      owned: jaxmesh made them (and closes them in :meth:`close`).
+      layout: ``space -> (shape, dtype)`` of the observations (default
+        :func:`native_layout`); the agent side converts to the dtypes JAX
+        computes in, a server keeps the space's own.
+
+    Raises:
+      ValueError: no envs, or one Env object in two lanes.
+      TypeError: an entry that is not a ``gymnasium.Env``, lanes with different
+        spaces, a layout that refuses the space.
+    """
+
+    def __init__(
+        self,
+        envs: Sequence,
+        *,
+        owned: bool = False,
+        layout: Callable[[Any], tuple] | None = None,
+    ):
+        envs = list(envs)
+        _check_envs(envs)
+        first = envs[0]
+        self.envs = envs
+        self.owned = owned
+        self.num_lanes = len(envs)
+        self.name = env_name(first)
+        self.observation_space = first.observation_space
+        self.action_space = first.action_space
+        self.metadata = first.metadata
+        self._setup(layout)
+
+    # The raw step ------------------------------------------------------------------
+    def step_envs(self, lanes: Sequence[int] | None, actions: Sequence) -> list:
+        """``env.step(a)`` of each lane: their 5-tuples, unconverted.
+
+        Args:
+          lanes: the lanes, or None for lanes ``0 .. len(actions) - 1``.
+          actions: one per lane, as its ``step`` takes it (a Python int for a
+            Discrete space).
+
+        Raises:
+          LaneError: an env raised.
+        """
+        envs = self.envs
+        out: list = []
+        try:
+            if lanes is None:
+                for e, a in zip(envs, actions, strict=False):
+                    out.append(e.step(a))
+            else:
+                for j, a in zip(lanes, actions, strict=True):
+                    out.append(envs[j].step(a))
+        except Exception as exc:
+            lane = len(out) if lanes is None else lanes[len(out)]
+            raise LaneError(lane, "stepping", exc) from exc
+        return out
+
+    def step_each(
+        self,
+        lanes: np.ndarray,
+        actions: np.ndarray,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+    ) -> ResultBatch | None:
+        # Every lane one action, live, with no deadline, the observation asked
+        # for: the batch is built from the envs' tuples in a few numpy calls.
+        if not want_obs or not lanes.size:
+            return None
+        lane_list = lanes.tolist()
+        deadline = self.deadline
+        if self.ended[lanes].any() or any(deadline[j] is not None for j in lane_list):
+            return None
+        out = self.step_envs(lane_list, actions.tolist() if self.discrete else actions)
+        o, r, te, tr, infos = zip(*out, strict=True)
+        try:
+            obs = self.observations(o, lane_list)
+        except Exception as exc:
+            lane = _first_bad(self, o, lane_list)
+            raise LaneError(lane, "stepping", exc) from exc
+        term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
+        self.ended[lanes] = term | trunc
+        ones = np.ones(len(lane_list), np.int64)
+        info, present = info_leaves(infos, info_keys) if info_keys else ({}, {})
+        return ResultBatch(
+            lanes.astype(np.int64, copy=False),
+            ones,
+            ones,
+            np.asarray(r, np.float64),
+            term,
+            trunc,
+            {"": obs},
+            info,
+            present,
+        )
+
+    # Ops -----------------------------------------------------------------------
+    def _reset(self, op: Reset, want_obs: bool, info_keys: tuple) -> LaneResult:
+        j = op.lane
+        env = self.envs[j]
+        self._start_clock(op)
+        try:
+            if op.options:
+                obs, info = env.reset(seed=op.seed, options=op.options)
+            else:
+                obs, info = env.reset(seed=op.seed)
+            arr = self.observation(obs, j)
+        except Exception as exc:
+            raise LaneError(j, "resetting", exc) from exc
+        self._started(j)
+        out = LaneResult(j, reset=True)
+        if want_obs:
+            out.obs.append(arr)
+        if info_keys:
+            out.infos.append(info)
+        return out
+
+    def _replay(
+        self, op: Replay, want_obs: bool, info_keys: tuple, keep_all: bool
+    ) -> LaneResult:
+        j = op.lane
+        out = LaneResult(j)
+        if self.ended[j]:
+            return out
+        if not keep_all:
+            return self._replay_keep_last(op, out, want_obs, bool(info_keys))
+        step = self.envs[j].step
+        want_info = bool(info_keys)
+        for action in op.actions.tolist() if self.discrete else op.actions:
+            try:
+                obs, reward, term, trunc, info = step(action)
+                arr = self.observation(obs, j) if want_obs else None
+            except Exception as exc:
+                raise LaneError(j, "stepping", exc) from exc
+            term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
+            out.record(reward, term, trunc, arr, info if want_info else None, True)
+            if term or trunc:
+                self.ended[j] = True
+                break
+        return out
+
+    def _replay_keep_last(
+        self, op: Replay, out: LaneResult, want_obs: bool, want_info: bool
+    ) -> LaneResult:
+        """``_replay`` when only the last step's observation and info go back
+        (the usual chunk): only that observation is converted and checked."""
+        j = op.lane
+        step = self.envs[j].step
+        rewards, terms, truncs = out.rewards, out.terminated, out.truncated
+        obs = info = None
+        deadline = self.deadline[j]
+        clock = time.perf_counter
+        try:
+            for action in op.actions.tolist() if self.discrete else op.actions:
+                obs, reward, term, trunc, info = step(action)
+                rewards.append(float(reward))
+                term = bool(term)
+                trunc = bool(trunc) or (deadline is not None and clock() > deadline)
+                terms.append(term)
+                truncs.append(trunc)
+                if term or trunc:
+                    self.ended[j] = True
+                    break
+            if rewards:
+                if want_obs:
+                    out.obs.append(self.observation(obs, j))
+                if want_info:
+                    out.infos.append(info)
+        except Exception as exc:
+            raise LaneError(j, "stepping", exc) from exc
+        return out
+
+    def run(
+        self,
+        ops: Sequence[Reset | Replay],
+        *,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        keep_all_obs: bool,
+    ) -> list[LaneResult]:
+        return [
+            self._reset(op, want_obs, info_keys)
+            if isinstance(op, Reset)
+            else self._replay(op, want_obs, info_keys, keep_all_obs)
+            for op in ops
+        ]
+
+    def close(self) -> None:
+        if self.owned:
+            for env in self.envs:
+                env.close()
+
+
+def _first_bad(lanes: Lanes, values: Sequence, lane_list: list[int]) -> int:
+    """The first of ``lane_list`` whose observation does not fit."""
+    for j, v in zip(lane_list, values, strict=True):
+        try:
+            lanes.observation(v, j)
+        except Exception:  # noqa: BLE001 - any failure names this lane
+            return j
+    return lane_list[0]
+
+
+def _check_envs(envs: list) -> None:
+    """Refuses a list of lanes' envs that cannot run as lanes."""
+    if not envs:
+        raise ValueError("env=[]: pass at least one gymnasium Env")
+    gym = _gym()
+    for j, e in enumerate(envs):
+        if not isinstance(e, gym.Env):
+            raise TypeError(
+                f"env list entry {j} is a {type(e).__name__}, not a "
+                "gymnasium.Env; pass a list of gymnasium Envs, one per lane"
+            )
+    seen: dict[int, int] = {}
+    for j, e in enumerate(envs):
+        k = seen.setdefault(id(e), j)
+        if k != j:
+            raise ValueError(
+                f"env list entries {k} and {j} are the same Env object; each "
+                "lane needs its own env (e.g. [gymnasium.make(id) for _ in "
+                "range(n)])"
+            )
+    first = envs[0]
+    for j, e in enumerate(envs[1:], start=1):
+        for attr in ("observation_space", "action_space"):
+            if not same_space(getattr(e, attr), getattr(first, attr)):
+                raise TypeError(
+                    f"env list entry {j} has {attr} {getattr(e, attr)}, entry "
+                    f"0 has {getattr(first, attr)}; every lane must have the "
+                    "same spaces"
+                )
+
+
+class VectorLanes(Lanes):
+    """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``, stepped as a whole.
+
+    Every call steps every lane (lockstep): lanes not named play
+    :func:`idle_action`; a lane whose env ended is reset with ``seed=None``
+    before the next step (stepping it is not allowed in DISABLED mode). A caller
+    that must not step a lane mid-episode with the idle action names every
+    live lane in each call, all with the same count (the server refuses other
+    calls).
+
+    Args:
+      vec: the VectorEnv.
+      owned: jaxmesh made it (and closes it in :meth:`close`).
+      layout: as for :class:`ListLanes`.
+
+    Raises:
+      ValueError: any other autoreset mode (saying how to build a DISABLED one).
+    """
+
+    def __init__(
+        self,
+        vec: Any,
+        *,
+        owned: bool = False,
+        layout: Callable[[Any], tuple] | None = None,
+    ):
+        gym = _gym()
+        mode = (vec.metadata or {}).get("autoreset_mode")
+        try:
+            mode = gym.vector.AutoresetMode(mode) if mode is not None else None
+        except ValueError:
+            pass
+        if mode != gym.vector.AutoresetMode.DISABLED:
+            raise ValueError(
+                f"{type(vec).__name__} has metadata['autoreset_mode']={mode!r}; "
+                "jaxmesh starts every episode itself (its own seed, CONTRACT 6), "
+                "so it serves a VectorEnv only in AutoresetMode.DISABLED: "
+                + DISABLED_HOW
+            )
+        self.vec = vec
+        self.owned = owned
+        self.num_lanes = int(vec.num_envs)
+        self.name = env_name(vec)
+        self.observation_space = vec.single_observation_space
+        self.action_space = vec.single_action_space
+        self.metadata = vec.metadata
+        self._setup(layout)
+        self.idle = idle_action(self.action_space)
+        # The env's own state (kept by forget()): reset once at all, and the
+        # lanes whose env ended and was not reset since.
+        self.ready = False
+        self.env_ended = np.zeros(self.num_lanes, bool)
+
+    # The raw calls -------------------------------------------------------------------
+    def reset_vector(self, lanes: list[int], seeds: list, options: dict | None):
+        """``vec.reset`` of ``lanes`` (``reset_mask``): its (obs, info)."""
+        mask = np.zeros(self.num_lanes, bool)
+        mask[lanes] = True
+        seed_list: list = [None] * self.num_lanes
+        for j, s in zip(lanes, seeds, strict=True):
+            seed_list[j] = s
+        obs, info = self.vec.reset(
+            seed=seed_list, options={"reset_mask": mask, **(options or {})}
+        )
+        self.env_ended[mask] = False
+        return obs, info
+
+    def idle_batch(self) -> np.ndarray:
+        """Every lane's idle action, ``[num_lanes, *A]`` (to be filled in)."""
+        return np.broadcast_to(self.idle, (self.num_lanes,) + self.idle.shape).copy()
+
+    def step_vector(self, batch: np.ndarray) -> tuple:
+        """``vec.step(batch)`` after resetting lanes whose env ended; its
+        (obs, reward, terminated bool, truncated bool, info)."""
+        if self.env_ended.any():
+            idle = [int(j) for j in np.flatnonzero(self.env_ended)]
+            self.reset_vector(idle, [None] * len(idle), None)
+        obs, reward, term, trunc, info = self.vec.step(batch)
+        term, trunc = np.asarray(term, bool), np.asarray(trunc, bool)
+        self.env_ended = term | trunc
+        return obs, reward, term, trunc, info
+
+    @staticmethod
+    def lane_info(info: dict, j: int, keys: tuple[str, ...]) -> dict:
+        """Lane ``j``'s row of a vector info (an array per key, and a ``_key``
+        mask of the lanes that have it)."""
+        out = {}
+        for key in keys:
+            if key in info:
+                present = info.get("_" + key)
+                if present is None or bool(np.asarray(present)[j]):
+                    try:
+                        out[key] = np.asarray(info[key])[j]
+                    except (IndexError, TypeError):
+                        continue
+        return out
+
+    # Ops ----------------------------------------------------------------------------
+    def _resets(self, resets: list[Reset], want_obs: bool, info_keys: tuple) -> list:
+        # One reset call per distinct options (gymnasium passes one options
+        # dict to every lane), so each trial_index is a call of its own.
+        groups: dict[tuple, list[Reset]] = {}
+        for op in resets:
+            key = tuple(sorted((op.options or {}).items()))
+            groups.setdefault(key, []).append(op)
+        results: dict[int, LaneResult] = {}
+        first = resets[0].lane
+        try:
+            if not self.ready:
+                # gymnasium's vector envs hold nothing for a lane never reset,
+                # so the first reset covers every lane (seed None where unnamed).
+                plain = groups.pop((), []) if len(groups) == 1 else []
+                every = list(range(self.num_lanes))
+                seeds: list = [None] * self.num_lanes
+                for op in plain:
+                    seeds[op.lane] = op.seed
+                    self._start_clock(op)
+                obs, info = self.reset_vector(every, seeds, None)
+                self.ready = True
+                for op in plain:
+                    results[op.lane] = self._reset_result(
+                        op, obs, info, want_obs, info_keys
+                    )
+            for key, ops in groups.items():
+                for op in ops:
+                    self._start_clock(op)
+                obs, info = self.reset_vector(
+                    [op.lane for op in ops], [op.seed for op in ops], dict(key)
+                )
+                for op in ops:
+                    results[op.lane] = self._reset_result(
+                        op, obs, info, want_obs, info_keys
+                    )
+        except LaneError:
+            raise
+        except Exception as exc:
+            raise LaneError(first, "resetting", exc) from exc
+        return [results[op.lane] for op in resets]
+
+    def _reset_result(
+        self, op: Reset, obs, info, want_obs: bool, info_keys: tuple
+    ) -> LaneResult:
+        j = op.lane
+        out = LaneResult(j, reset=True)
+        try:
+            arr = self.observation(obs[j], j)
+        except Exception as exc:
+            raise LaneError(j, "resetting", exc) from exc
+        if want_obs:
+            out.obs.append(arr)
+        if info_keys:
+            out.infos.append(self.lane_info(info, j, info_keys))
+        self._started(j)
+        return out
+
+    def _replays(
+        self, replays: list[Replay], want_obs: bool, info_keys: tuple, keep_all: bool
+    ) -> list[LaneResult]:
+        results = {op.lane: LaneResult(op.lane) for op in replays}
+        active = [op for op in replays if not self.ended[op.lane]]
+        steps = max((op.actions.shape[0] for op in active), default=0)
+        for k in range(steps):
+            live = [op for op in active if k < op.actions.shape[0]]
+            if not live:
+                break
+            lane = live[0].lane
+            try:
+                batch = self.idle_batch()
+                for op in live:
+                    batch[op.lane] = op.actions[k]
+                obs, reward, term, trunc, info = self.step_vector(batch)
+                reward = np.asarray(reward, np.float64)
+                for op in live:
+                    lane = op.lane
+                    te = bool(term[lane])
+                    tr = bool(trunc[lane]) or self._past_deadline(lane)
+                    arr = self.observation(obs[lane], lane) if want_obs else None
+                    row = self.lane_info(info, lane, info_keys) if info_keys else None
+                    results[lane].record(reward[lane], te, tr, arr, row, keep_all)
+                    if te or tr:
+                        self.ended[lane] = True
+                active = [op for op in active if not self.ended[op.lane]]
+            except Exception as exc:
+                raise LaneError(lane, "stepping", exc) from exc
+        return [results[op.lane] for op in replays]
+
+    def run(
+        self,
+        ops: Sequence[Reset | Replay],
+        *,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        keep_all_obs: bool,
+    ) -> list[LaneResult]:
+        # Steps first, then resets: a lane reset in this call is not stepped
+        # (it may play the idle action before its reset, which discards it).
+        resets = [op for op in ops if isinstance(op, Reset)]
+        replays = [op for op in ops if isinstance(op, Replay)]
+        out = (
+            self._replays(replays, want_obs, info_keys, keep_all_obs) if replays else []
+        )
+        if resets:
+            out += self._resets(resets, want_obs, info_keys)
+        return sorted(out, key=lambda r: r.lane)
+
+    def close(self) -> None:
+        if self.owned:
+            self.vec.close()

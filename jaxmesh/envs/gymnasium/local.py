@@ -1,0 +1,369 @@
+"""The in-process host loop's lanes: thin adapters over ``lanes.ListLanes`` /
+``lanes.VectorLanes``.
+
+``jaxmesh.run.host``'s loop reads lanes through the interface here:
+``reset(lanes, seeds, trials)`` (a list of observations), ``step(actions, go,
+obs)`` (one env step of the lanes in ``go``, observations written into ``obs``),
+``.info`` / ``.info_seen`` after each step, ``.spec``, ``.num_lanes`` and
+``close()``. The gymnasium calls, observation checks and lane state are the
+shared implementation's (``self.lanes``); these adapters only turn the agent's
+arrays into its calls and back. ``replay`` passes straight through: a loop may
+run a known chunk on a lane in one call (see ``lanes.Lanes.replay``).
+
+A run sees one of two classes:
+
+- ``EnvLanes``: one gymnasium ``Env`` per lane (a single Env, a list of Envs,
+  or ``"gymnasium:<id>"``, whose envs jaxmesh makes and closes). Only lanes
+  that run an episode are stepped.
+- ``VectorLanes``: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``
+  (gymnasium 1.x). Every lane is stepped on every call, so lanes with no
+  episode left play a fixed idle action, and are reset with ``seed=None`` when
+  their env ends.
+
+Episode i with seed s starts with ``reset(seed=s)``, plus ``options={"trial_index":
+i}`` exactly when the env lists ``"trial_index"`` in ``metadata["reset_options"]``
+(CONTRACT 6, with ``trial_index_base = 0``). An env's exception reaches the
+caller as the env raised it (not wrapped in ``lanes.LaneError``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxmesh.envs.gymnasium import lanes as core
+from jaxmesh.envs.gymnasium.lanes import TRIAL_INDEX, _gym, env_actions, info_value
+from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
+
+__all__ = ["EnvLanes", "VectorLanes", "make_lanes"]
+
+
+def _env_errors(method):
+    """The env's own exception instead of the ``LaneError`` wrapping it (the
+    host loop reports an env failure as the env raised it)."""
+
+    @functools.wraps(method)
+    def unwrapped(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except core.LaneError as err:
+            exc = err.exc
+        # Raised outside the except block: the env's error keeps its own
+        # traceback and context, without the LaneError around it.
+        raise exc
+
+    return unwrapped
+
+
+class _Lanes:
+    """Common parts of the adapters: the spec, info keys and pass-throughs.
+
+    Info keys: the host loop sets ``info_keys`` (the keys its metrics read);
+    after each ``step``, ``info[key]`` is ``(values float64 [n], present bool
+    [n])`` for the lanes stepped, and ``info_seen`` the keys their infos had.
+
+    Attributes:
+      lanes: the shared implementation (``lanes.ListLanes`` or
+        ``lanes.VectorLanes``), observations in the spec's dtype.
+    """
+
+    def __init__(self, lanes: core.Lanes, where: str):
+        self.lanes = lanes
+        self.spec: HostEnvSpec = spec_for(
+            lanes.name, lanes.observation_space, lanes.action_space, where
+        )
+        self.num_lanes = lanes.num_lanes
+        self.action_space = lanes.action_space
+        self.info_keys: tuple[str, ...] = ()
+        self.info: dict = {}
+        self.info_seen: set = set()
+
+    @property
+    def owned(self) -> bool:
+        return self.lanes.owned
+
+    @owned.setter
+    def owned(self, value: bool) -> None:
+        self.lanes.owned = value
+
+    def _new_info(self, n: int) -> None:
+        self.info = {
+            k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
+        }
+        self.info_seen = set()
+
+    def observation(self, obs: Any, lane: int) -> np.ndarray:
+        """One lane's observation as an array of the spec's shape and dtype."""
+        return self.lanes.observation(obs, lane)
+
+    def observations(self, values: Sequence, lanes: Any) -> np.ndarray:
+        """The observations of ``lanes`` (a slice or a list) stacked, checked."""
+        return self.lanes.observations(values, lanes)
+
+    def _reset_ordered(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None,
+    ) -> list:
+        """``reset`` of lanes in any order: the shared reset takes them
+        ascending; the observations come back in the order given."""
+        order = sorted(range(len(lanes)), key=lanes.__getitem__)
+        options = None
+        if self.lanes.declares_trial_index:
+            options = [{TRIAL_INDEX: int(trials[i])} for i in order]
+        batch = self.lanes.reset(
+            [int(lanes[i]) for i in order],
+            [int(seeds[i]) for i in order],
+            options,
+            [max_episode_seconds or 0.0] * len(order),
+        )
+        obs = batch.observation[""]
+        out: list = [None] * len(lanes)
+        for k, i in enumerate(order):
+            out[i] = obs[k]
+        return out
+
+    @_env_errors
+    def reset(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None = None,
+    ) -> list:
+        """Starts an episode on each of ``lanes``; their observations.
+
+        Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
+        the env declares it. ``max_episode_seconds`` caps each episode by wall
+        clock in ``replay`` (its step past the cap reads ``truncated``); ``step``
+        leaves that cap to its caller.
+        """
+        return self._reset_ordered(
+            list(lanes), list(seeds), list(trials), max_episode_seconds
+        )
+
+    @_env_errors
+    def replay(
+        self,
+        lanes: Any,
+        counts: Any,
+        actions: np.ndarray,
+        *,
+        keep_all_obs: bool = False,
+        want_obs: bool = True,
+        info_keys: Sequence[str] = (),
+    ) -> core.ResultBatch:
+        """Replays a known run of actions per lane: ``lanes.Lanes.replay`` of
+        the shared lanes, observations in the spec's dtype.
+
+        Args:
+          lanes: int ``[m]``, ascending, each reset before.
+          counts: int ``[m]``, each >= 1.
+          actions: ``[sum(counts), *A]``, the env's own values
+            (``env_actions(self.action_space, agent_actions)``).
+          keep_all_obs: every executed step's observation (and info row), or
+            each lane's last.
+          want_obs: return observations at all.
+          info_keys: info keys to return per row, with presence.
+
+        Returns:
+          A ``ResultBatch`` (``jaxmesh.envs.gymnasium.lanes``): per lane its
+          steps' rewards, terminated, truncated, and its observation and info
+          rows, as a served env's decoded reply holds them.
+
+        Raises:
+          ValueError: bad lanes, counts or actions.
+          Exception: what an env raised, as it raised it.
+        """
+        return self.lanes.replay(
+            lanes,
+            counts,
+            actions,
+            keep_all_obs=keep_all_obs,
+            want_obs=want_obs,
+            info_keys=info_keys,
+        )
+
+    def close(self) -> None:
+        """Closes the envs jaxmesh made (never the caller's own)."""
+        self.lanes.close()
+
+
+class EnvLanes(_Lanes):
+    """One gymnasium ``Env`` per lane; only lanes with an episode are stepped.
+
+    Args:
+      envs: the lanes' envs (all with equal observation and action spaces).
+      owned: jaxmesh made them (``"gymnasium:<id>"``) and closes them.
+    """
+
+    def __init__(self, envs: list, owned: bool = False):
+        lanes = core.ListLanes(
+            envs, owned=owned, layout=lambda space: observation_layout(space, "env")
+        )
+        super().__init__(lanes, "env")
+        self.envs = lanes.envs
+
+    def _read_info(self, info: Any, j: int) -> None:
+        """Lane ``j``'s values of the info keys (gymnasium's own info dict)."""
+        if not info:  # most steps of most envs: nothing to read
+            return
+        self.info_seen.update(info)
+        for k in self.info_keys:
+            if k in info:
+                v = info_value(info, k, f"{self.spec.name} lane {j}")
+                vals, present = self.info[k]
+                vals[j], present[j] = v, True
+
+    @_env_errors
+    def step(self, actions: np.ndarray, go: np.ndarray, obs: np.ndarray):
+        """Steps the lanes in ``go``; writes their observations into ``obs``.
+
+        Returns:
+          (reward float32 [n], terminated [n], truncated [n]); lanes not in
+          ``go`` read 0 / False.
+        """
+        n = go.shape[0]
+        reward = np.zeros(n, np.float32)
+        term = np.zeros(n, bool)
+        trunc = np.zeros(n, bool)
+        values = env_actions(self.action_space, actions)
+        # Python ints for a Discrete space (what its step expects).
+        acts = values.tolist() if values.ndim == 1 else values
+        shared = self.lanes
+        if go.all():  # the usual step: every lane, no index lists
+            lanes: Any = slice(None)
+            out = shared.step_envs(None, acts)
+        else:
+            lanes = np.flatnonzero(go).tolist()
+            out = shared.step_envs(lanes, [acts[j] for j in lanes])
+        if keys := bool(self.info_keys):
+            self._new_info(n)
+        if not out:
+            return reward, term, trunc
+        o, r, te, tr, infos = zip(*out, strict=True)
+        obs[lanes] = shared.observations(o, lanes)
+        reward[lanes], term[lanes], trunc[lanes] = r, te, tr
+        if any(te) or any(tr):  # the shared lanes' state: these episodes ended
+            shared.ended[:n] |= term | trunc
+        if keys and any(infos):  # most steps of most envs: every info empty
+            where = range(n) if isinstance(lanes, slice) else lanes
+            for j, info in zip(where, infos, strict=True):
+                self._read_info(info, j)
+        return reward, term, trunc
+
+
+class VectorLanes(_Lanes):
+    """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``.
+
+    Raises:
+      ValueError: any other autoreset mode (saying how to build a DISABLED one).
+    """
+
+    def __init__(self, vec: Any):
+        where = f"VectorEnv {type(vec).__name__}"
+        lanes = core.VectorLanes(
+            vec, layout=lambda space: observation_layout(space, where)
+        )
+        super().__init__(lanes, where)
+        self.vec = vec
+
+    @_env_errors
+    def reset(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None = None,
+    ) -> list:
+        """Starts an episode on each of ``lanes`` (``reset_mask``); their obs.
+
+        One reset call for all of them, or one per lane when the env takes a
+        ``trial_index`` (gymnasium passes one ``options`` dict to every lane);
+        the first call resets every lane (lanes with no episode with
+        ``seed=None``). ``max_episode_seconds`` as for ``EnvLanes.reset``.
+        """
+        return self._reset_ordered(
+            list(lanes), list(seeds), list(trials), max_episode_seconds
+        )
+
+    def step(self, actions: np.ndarray, go: np.ndarray, obs: np.ndarray):
+        """Steps every vector lane; lanes not in ``go`` play the idle action.
+
+        Returns:
+          (reward float32 [n], terminated [n], truncated [n]) for the first n
+          lanes; lanes not in ``go`` read 0 / False.
+        """
+        n = go.shape[0]
+        shared = self.lanes
+        batch = shared.idle_batch()
+        values = env_actions(self.action_space, actions)
+        batch[:n][go] = values[go]
+        o, r, te, tr, info = shared.step_vector(batch)
+        if self.info_keys:
+            self._read_vector_info(info, go)
+        for j in np.flatnonzero(go):
+            obs[j] = shared.observation(o[j], int(j))
+        shared.ended[:n] |= (te | tr)[:n] & go  # the shared lanes' state
+        reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
+        return reward, te[:n] & go, tr[:n] & go
+
+    def _read_vector_info(self, info: dict, go: np.ndarray) -> None:
+        """The info keys of the lanes in ``go`` (gymnasium's vector info: an
+        array per key, and a ``_key`` mask of the lanes that had it)."""
+        n = go.shape[0]
+        self._new_info(n)
+        self.info_seen = {k for k in info if not k.startswith("_")}
+        for k in self.info_keys:
+            if k not in info:
+                continue
+            mask = np.asarray(info.get("_" + k, np.ones(self.num_lanes, bool)), bool)
+            vals, present = self.info[k]
+            for j in np.flatnonzero(go & mask[:n]):
+                v = info_value({k: np.asarray(info[k])[j]}, k, f"lane {j}")
+                vals[j], present[j] = v, True
+
+
+def make_lanes(env: Any, num_envs: int, episodes: int) -> _Lanes:
+    """The lanes for what the user passed as a host-stepped ``env``.
+
+    Args:
+      env: ``"gymnasium:<id>"``, a gymnasium ``Env``, a list of them, or a
+        ``VectorEnv``.
+      num_envs: lanes asked for; an id makes ``min(num_envs, episodes)``
+        envs (at least one), a list gives its first ``num_envs`` envs; the run
+        uses ``min(num_envs, lanes.num_lanes)`` lanes.
+      episodes: the budget (an id makes no more envs than it needs).
+
+    Raises:
+      ValueError: an unknown id, an empty list, a VectorEnv not in
+        ``AutoresetMode.DISABLED``.
+      TypeError: a list entry that is not a gymnasium Env, lanes with different
+        spaces, a space jaxmesh does not support yet.
+    """
+    gym = _gym()
+    if isinstance(env, str):
+        envs = core.make_envs(env, max(1, min(num_envs, episodes)))
+        try:
+            return EnvLanes(envs, owned=True)
+        except BaseException:
+            for e in envs:
+                e.close()
+            raise
+    if isinstance(env, gym.vector.VectorEnv):
+        return VectorLanes(env)
+    if isinstance(env, gym.Env):
+        return EnvLanes([env])
+    if isinstance(env, list):
+        if not env:
+            raise ValueError("env=[]: pass at least one gymnasium Env")
+        return EnvLanes(env[:num_envs])
+    raise TypeError(
+        f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
+        "list of them, a VectorEnv or 'gymnasium:<id>'"
+    )
