@@ -555,7 +555,7 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
                 continue
             for name in names:
                 assert name.split(".")[0] not in banned or name in (
-                    "jaxmesh.envs",  # lanes.py: unknown_id, on the error path
+                    "jaxmesh.envs.names",  # lanes.py: unknown_id, error path
                     "jaxmesh.envs.gymnasium",
                     "jaxmesh.remote",
                     "jaxmesh.remote.proto",

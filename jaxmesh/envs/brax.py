@@ -113,7 +113,7 @@ def make(env_id: str, **kwargs: Any) -> BraxEnv:
     if episode_length is not None:
         episode_length = _check_episode_length(episode_length)
     if env_id not in envs._envs:
-        from jaxmesh.envs import unknown_id
+        from jaxmesh.envs.names import unknown_id
 
         raise ValueError(
             unknown_id(

@@ -89,7 +89,7 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
             f"env {env_id!r} needs gymnax: pip install 'jaxmesh[gymnax]'"
         ) from e
     if env_id not in gymnax.registered_envs:
-        from jaxmesh.envs import unknown_id
+        from jaxmesh.envs.names import unknown_id
 
         raise ValueError(
             unknown_id(

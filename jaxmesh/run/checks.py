@@ -262,7 +262,7 @@ def resolve_metrics(
       ValueError: a key the env's info lacks, naming the closest ones and
         every key the env has.
     """
-    from jaxmesh.envs import did_you_mean
+    from jaxmesh.envs.names import did_you_mean
 
     available = list(available)
     wanted = [n for n, _ in asked.named]

@@ -229,7 +229,7 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
     name = env_id.partition(":")[2]
     # "module:Id" makes gymnasium import the module that registers Id.
     if ":" not in name and name not in gym.registry:
-        from jaxmesh.envs import unknown_id  # the error path only
+        from jaxmesh.envs.names import unknown_id  # the error path only
 
         raise ValueError(
             unknown_id(
