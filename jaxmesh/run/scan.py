@@ -463,11 +463,14 @@ def evaluate(
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
-    A host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
+    The backend is chosen here, once (``jaxmesh.run.backend.backend_of``): a
+    host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
     ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``) runs
     in ``jaxmesh.run.host.evaluate`` under the same contract, and so do served
     envs: ``"grpc://host:port"`` (a ``jaxmesh.EnvServer`` or ``jaxmesh
     serve-env``) or a list of such addresses (lanes dealt over the servers).
+    ``token``, ``credentials``, ``reply_timeout`` and ``lane_groups`` are for
+    served envs only, checked once (``backend.ServedOptions``).
 
     Args:
       policy: a single-lane callable ``obs -> action`` or ``obs -> chunk`` (or
@@ -520,9 +523,10 @@ def evaluate(
       success: the info key whose last value is an episode's success
         (``result.success``, ``result.success_rate``); None: ``success`` or
         ``is_success`` when the env's info has one; False: none.
-      devices: JAX envs: split the lanes over devices (``jaxmesh/run/sharded.py``,
-        docs/scale.md). None: one device; ``"all"``: every device; an int D:
-        the first D; a list of devices; or a one-axis ``jax.sharding.Mesh``.
+      devices: JAX envs: split the lanes over devices (``placement.DeviceMesh``,
+        ``jaxmesh/run/sharded.py``, docs/scale.md). None: one device;
+        ``"all"``: every device; an int D: the first D; a list of devices; or
+        a one-axis ``jax.sharding.Mesh``.
         ``num_envs`` must be a multiple of the device count; results equal the
         one-device run's episode for episode.
       record: a ``jaxmesh.Record(episodes=[...], keys=None, max_steps=1000)``:
