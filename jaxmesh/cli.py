@@ -377,18 +377,30 @@ def _check_address(address: str) -> None:
         raise ConfigError(f"env={address!r}: {e}") from e
 
 
-def _is_served(env: Any) -> bool:
-    from jaxmesh.remote.address import is_address
+def _backend(env: Any) -> str:
+    """The backend ``jaxmesh.evaluate`` runs ``env`` on (``run.backend``): the
+    same test, so the command line never disagrees with it."""
+    from jaxmesh.run.backend import backend_of
 
-    return is_address(env)
+    return backend_of(env)
+
+
+def _is_served(env: Any) -> bool:
+    from jaxmesh.run.backend import SERVED
+
+    return _backend(env) == SERVED
 
 
 def _is_gymnasium_id(env: Any) -> bool:
-    return isinstance(env, str) and env.startswith("gymnasium:")
+    from jaxmesh.run.backend import HOST
+
+    return _backend(env) == HOST
 
 
 def _is_jax_id(env: Any) -> bool:
-    return not (_is_served(env) or _is_gymnasium_id(env))
+    from jaxmesh.run.backend import SCAN
+
+    return _backend(env) == SCAN
 
 
 # Building --------------------------------------------------------------------
@@ -496,16 +508,28 @@ def _channel_credentials(ca: str | None) -> Any:
     return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
 
 
+def served_options(config: dict[str, Any]) -> Any:
+    """A config's served-env options as ``jaxmesh.run.backend.ServedOptions``
+    (``jaxmesh.evaluate`` checks them, and refuses them for an env that is not
+    served)."""
+    from jaxmesh.run.backend import ServedOptions
+
+    return ServedOptions(
+        token=config.get("token"),
+        credentials=_channel_credentials(config.get("tls_ca")),
+        reply_timeout=config.get("reply_timeout"),
+    )
+
+
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """The policy, the env and ``evaluate``'s keyword arguments of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
     env = build_env(config["env"], config["env_config"])
-    keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "token", "metrics", "success")
-    keys += ("record", "reply_timeout")
+    keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
+    keys += ("record",)
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
-    credentials = _channel_credentials(config.get("tls_ca"))
-    if credentials is not None:
-        kwargs["credentials"] = credentials
+    served = served_options(config)._asdict().items()
+    kwargs.update((k, v) for k, v in served if v is not None)
     return policy, env, kwargs
 
 
@@ -799,11 +823,12 @@ def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, in
             from jaxmesh.run.served import ServedLanes
 
             addresses = [env] if isinstance(env, str) else list(env)
+            served = served_options(config)
             lanes = ServedLanes(
                 addresses,
                 sys.maxsize,
-                token=config.get("token"),
-                credentials=_channel_credentials(config.get("tls_ca")),
+                token=served.token,
+                credentials=served.credentials,
             )
             count = lanes.num_lanes
         else:

@@ -10,7 +10,7 @@ import jax
 from jaxmesh.core import agent
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import make_env
-from jaxmesh.run import build, checks
+from jaxmesh.run import build, checks, plan
 
 
 class Agent(NamedTuple):
@@ -49,23 +49,37 @@ def make_agent(
     env_obj = make_env(env)
     pol = resolve_policy(policy, with_params=False)
     params = pol.default_params()
-    cfg, _, init, step = agent_functions(pol, env_obj, settings, params)
+    cfg, _, init, step, _ = agent_functions(pol, env_obj, settings, params)
     return Agent(cfg, params, init, step)
 
 
-def agent_functions(pol: Policy, env: Any, settings: Any, params: Any) -> tuple:
-    """Probes ``pol`` against ``env`` and jits its agent side.
+def agent_functions(
+    pol: Policy, env: Any, settings: Any, params: Any, tile_lanes: int | None = None
+) -> tuple:
+    """Probes ``pol`` against ``env``, plans the run and jits its agent side.
 
-    Returns ``(config, chunk, init, step)``: ``init(obs, lanes)`` and
+    Args:
+      pol, env, params: the resolved policy, the env (or a host env's spec) and
+        the params the policy is probed with.
+      settings: the checked settings (``settings.num_envs`` lanes).
+      tile_lanes: the lanes the default plan tile is sized for (None: all of
+        them; served lane groups plan one group at a time).
+
+    Returns ``(config, chunk, init, step, plan)``: ``init(obs, lanes)`` and
     ``step(params, state, obs, started, active, ep_keys, t)`` (the state is
-    donated; observations are put on the policy's device first).
+    donated; observations are put on the policy's device first), and the
+    run's ``jaxmesh.run.plan.RunPlan``.
 
     Raises:
       ValueError, TypeError: the policy's output does not fit the env, or the
         frame windows exceed the limit (nothing compiles).
     """
     chunk = build.probe_chunk(pol, env, params, settings.horizon)
-    cfg = build.build_engine(pol, env, settings, chunk, settings.num_envs).config.agent
+    # The host keeps no per-episode buffers on the device: capacity is the lanes.
+    run_plan = plan.plan_run(
+        settings, chunk, capacity=settings.num_envs, tile_lanes=tile_lanes
+    )
+    cfg = build.agent_config(pol, env, run_plan)
 
     def init(obs, lanes):
         return agent.init(cfg, pol, obs, lanes)
@@ -84,4 +98,5 @@ def agent_functions(pol: Policy, env: Any, settings: Any, params: Any) -> tuple:
         lambda params, state, obs, *rest: step_jit(
             params, state, pol.place(obs), *rest
         ),
+        run_plan,
     )

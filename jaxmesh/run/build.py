@@ -1,7 +1,8 @@
 """Probe a policy against an env (shapes only) and build the engine for it.
 
-Also the default plan tile, one of the sizes the compiled program depends on
-(the other, the result buffers' capacity, is ``core.results.capacity_for``).
+The sizes the engine is built with (effective horizon, lead, plan tile,
+capacity) come from a ``jaxmesh.run.plan.RunPlan``; ``default_plan_tile`` is
+re-exported from there.
 """
 
 from __future__ import annotations
@@ -14,30 +15,15 @@ import jax.numpy as jnp
 from jaxmesh.core import agent
 from jaxmesh.core.engine import Engine, EngineConfig
 from jaxmesh.core.policy import Policy, output_chunk
-from jaxmesh.core.results import info_leaves, pow2_at_least
+from jaxmesh.core.results import info_leaves
 from jaxmesh.explain import check_frame_limit
-from jaxmesh.run.checks import Metrics, Settings, resolve_metrics
+from jaxmesh.run.checks import Metrics, resolve_metrics
+from jaxmesh.run.plan import (
+    RunPlan,
+    default_plan_tile,  # noqa: F401 - re-exported
+)
 
-#: Rows per policy call at h = 1 when plan_tile is left to jaxmesh.
-AUTO_TILE_ROWS = 128
-#: The smallest default tile.
-MIN_TILE_ROWS = 8
 PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
-
-
-def default_plan_tile(h: int, num_envs: int) -> int:
-    """The default tile: ``128 // h`` rows, shrunk to fit few lanes.
-
-    ``min(128 // h, next power of two >= num_envs)``, kept within [8, 128]. Many
-    lanes (N >= 128 // h) all get the same tile, so their results are
-    bit-identical whatever N is. Fewer lanes get a smaller tile, so a heavy
-    policy on 4 lanes computes 8 rows a plan, not 128; their rows match the
-    large tile's only where the backend rounds a row the same at both batch
-    sizes (docs/evaluation.md has the measurements). Pass ``plan_tile`` to pin
-    the tile when runs at different N must agree bit for bit.
-    """
-    auto = max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS, AUTO_TILE_ROWS // h))
-    return max(MIN_TILE_ROWS, min(auto, pow2_at_least(num_envs)))
 
 
 def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:
@@ -179,43 +165,51 @@ def check_record_keys(env: Any, record: Any) -> None:
     observation_leaves(obs, record.keys, f"env {name!r}")
 
 
+def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
+    """The agent's static configuration for a run's plan.
+
+    Raises:
+      ValueError: the frame windows of the plan's lanes exceed the limit.
+    """
+    cfg = agent.make_config(
+        env,
+        policy,
+        num_envs=plan.lanes,
+        horizon=plan.h,
+        lead=plan.lead,
+        tile=plan.tile,
+        chunk=plan.chunk,
+    )
+    check_frame_limit(policy.spec, env, plan.lanes)
+    return cfg
+
+
 def build_engine(
     policy: Policy,
     env: Any,
-    settings: Settings,
-    chunk: int | None,
-    capacity: int,
+    plan: RunPlan,
+    max_steps: int,
     metrics: tuple[tuple[tuple[str, str], ...], str | None] = ((), None),
     record: Any = None,
 ) -> Engine:
-    """The engine for a probed policy (``probe_chunk``), env and settings.
+    """The engine for a probed policy (``probe_chunk``), env and run plan.
 
-    ``metrics`` is ``engine_metrics``'s result: the info keys kept per episode
-    and the success key. ``record`` (a ``jaxmesh.Record`` or None) sizes the
-    recording buffers; which episodes fill them is data
-    (``Engine.first_carry``).
+    ``plan`` (``jaxmesh.run.plan.plan_run``) sizes the engine: lanes, tile,
+    effective horizon, lead and result capacity. ``max_steps`` is the checked
+    ``max_episode_steps``. ``metrics`` is ``engine_metrics``'s result: the info
+    keys kept per episode and the success key. ``record`` (a
+    ``jaxmesh.Record`` or None) sizes the recording buffers; which episodes
+    fill them is data (``Engine.first_carry``).
 
     Raises:
       ValueError: the frame windows of the run's lanes exceed the limit, or a
         record key the observation lacks.
     """
     check_record_keys(env, record)
-    h = min(settings.horizon, chunk) if chunk is not None else 1
-    lanes = min(settings.num_envs, capacity)
-    cfg = agent.make_config(
-        env,
-        policy,
-        num_envs=lanes,
-        horizon=settings.horizon,
-        lead=settings.prefetch_lead,
-        tile=settings.plan_tile or default_plan_tile(h, settings.num_envs),
-        chunk=chunk,
-    )
-    check_frame_limit(policy.spec, env, lanes)
     config = EngineConfig(
-        capacity=capacity,
-        max_steps=settings.max_steps,
-        agent=cfg,
+        capacity=plan.capacity,
+        max_steps=max_steps,
+        agent=agent_config(policy, env, plan),
         metrics=metrics[0],
         success=metrics[1],
         record_slots=0 if record is None else len(record.episodes),

@@ -26,8 +26,6 @@ reach hooks and ``exc.partial_result`` through ``stream.EpisodeStream``
 from __future__ import annotations
 
 import collections
-import math
-import numbers
 import time
 import warnings
 from collections.abc import Sequence
@@ -42,65 +40,21 @@ from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium.lanes import info_value  # noqa: F401 - moved there
 from jaxmesh.record import check_record, check_record_budget, observation_leaves
-from jaxmesh.remote.address import is_address
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, stream
+from jaxmesh.run.backend import ServedOptions, positive_seconds
 from jaxmesh.run.results import RunResult
 from jaxmesh.run.telemetry import Telemetry
 
 
-def _positive_seconds(value: Any, name: str, hint: str) -> float | None:
-    """``value`` as a float > 0, or None; the errors name ``name`` and ``hint``.
-
-    Raises:
-      TypeError: not a number; ValueError: not finite and above 0.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}={value!r}: expected a number > 0; {hint}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r}: expected a number > 0; {hint}")
-    return float(value)
-
-
 def check_seconds(value: Any) -> float | None:
-    """``max_episode_seconds`` as a float > 0, or None (see ``_positive_seconds``)."""
-    return _positive_seconds(
+    """``max_episode_seconds`` as a float > 0, or None
+    (``backend.positive_seconds``)."""
+    return positive_seconds(
         value,
         "max_episode_seconds",
         "seconds of wall clock an episode may run, or None for no limit",
     )
-
-
-def check_reply_timeout(value: Any) -> float | None:
-    """``reply_timeout`` as a float > 0, or None (see ``_positive_seconds``)."""
-    return _positive_seconds(
-        value,
-        "reply_timeout",
-        "seconds a served env's reply may take, or None for no limit",
-    )
-
-
-def check_lane_groups(value: Any) -> int | None:
-    """``lane_groups`` as an int >= 1, or None (the default).
-
-    Raises:
-      TypeError, ValueError: not an int >= 1.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"lane_groups={value!r}: expected an int >= 1 (groups of lanes whose "
-            "calls to the servers overlap), or None for the default"
-        )
-    if value < 1:
-        raise ValueError(
-            f"lane_groups={value!r}: expected an int >= 1 (1: no pipelining), or "
-            "None for the default"
-        )
-    return int(value)
 
 
 # Episode metrics from gymnasium infos ----------------------------------------------
@@ -381,6 +335,7 @@ class _Program(NamedTuple):
     chunk: int | None
     init: Any  # (obs [N], lanes [N]) -> AgentState
     step: Any  # agent.host_step with the config and policy bound
+    plan: Any  # the run's jaxmesh.run.plan.RunPlan (the config holds its sizes)
 
 
 class HostAgent:
@@ -391,11 +346,20 @@ class HostAgent:
     (``CACHE_SIZE``) so that calling it again compiles nothing.
     """
 
-    def __init__(self, source: Any, policy: Policy, spec: Any, settings: Any):
+    def __init__(
+        self,
+        source: Any,
+        policy: Policy,
+        spec: Any,
+        settings: Any,
+        tile_lanes: int | None = None,
+    ):
         self._source = source  # keeps the keyed object alive
         self.policy = policy
         self.spec = spec
         self.settings = settings
+        #: The lanes the default plan tile is sized for (None: all of them).
+        self.tile_lanes = tile_lanes
         self._programs: dict = {}
         self._compiled: set = set()
 
@@ -410,7 +374,9 @@ class HostAgent:
         if sig in self._programs:
             return self._programs[sig]
         program = _Program(
-            *run_agent.agent_functions(self.policy, self.spec, self.settings, params)
+            *run_agent.agent_functions(
+                self.policy, self.spec, self.settings, params, self.tile_lanes
+            )
         )
         self._programs[sig] = program
         return program
@@ -443,7 +409,14 @@ _AGENTS: collections.OrderedDict = collections.OrderedDict()
 CACHE_SIZE = 16
 
 
-def _host_agent(policy: Any, pol: Policy, spec: Any, settings: Any, with_params: bool):
+def _host_agent(
+    policy: Any,
+    pol: Policy,
+    spec: Any,
+    settings: Any,
+    with_params: bool,
+    tile_lanes: int | None = None,
+):
     key = (
         id(policy),
         with_params,
@@ -452,11 +425,12 @@ def _host_agent(policy: Any, pol: Policy, spec: Any, settings: Any, with_params:
         settings.horizon,
         settings.prefetch_lead,
         settings.plan_tile,
+        tile_lanes,
         str(pol.device),
     )
     ag = _AGENTS.get(key)
     if ag is None:
-        ag = _AGENTS[key] = HostAgent(policy, pol, spec, settings)
+        ag = _AGENTS[key] = HostAgent(policy, pol, spec, settings, tile_lanes)
         while len(_AGENTS) > CACHE_SIZE:
             _AGENTS.popitem(last=False)
     _AGENTS.move_to_end(key)
@@ -479,19 +453,17 @@ def evaluate(
     hooks: Any,
     params: Any,
     max_episode_seconds: float | None,
-    token: str | None = None,
-    lane_groups: int | None = None,
-    credentials: Any = None,
-    reply_timeout: float | None = None,
+    served: ServedOptions | None = None,
     metrics: Any = None,
     success: Any = None,
     record: Any = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
-    ``jaxmesh.evaluate`` checks the settings and calls this for a host-stepped
-    ``env``; the arguments and the contract are the same (docs/evaluation.md,
-    "Host-stepped envs").
+    ``jaxmesh.evaluate`` chooses the backend (``backend.backend_of``), checks
+    the settings and the served options, and calls this for a host-stepped or
+    served ``env``; the arguments and the contract are the same
+    (docs/evaluation.md, "Host-stepped envs").
 
     Args:
       env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each), a
@@ -507,11 +479,10 @@ def evaluate(
       max_episode_seconds: a wall-clock cap on an episode, measured from just
         before its reset; the episode ends ``truncated`` after the first step
         that ends past it (CONTRACT 18).
-      token: the servers' token (default: ``JAXMESH_TOKEN``).
-      credentials, reply_timeout: served envs, as for ``jaxmesh.evaluate``.
-      lane_groups: served envs: lanes in this many groups, so that the device
-        plans for one group while the servers step another (see
-        ``jaxmesh.run.served``); None: ``served.default_lane_groups``.
+      served: for served envs, their checked ``backend.ServedOptions``
+        (token, credentials, reply_timeout, lane_groups: as for
+        ``jaxmesh.evaluate``; lane groups in ``jaxmesh.run.served``); None for
+        envs stepped in this process.
       metrics, success: as for ``jaxmesh.evaluate``; read from each step's
         gymnasium ``info`` (``HostMetrics``). A served env sends only these
         keys (in auto mode, ``success=None``, also ``success`` and
@@ -541,44 +512,28 @@ def evaluate(
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
     check_record_budget(record, int(seeds_arr.size))
     hook_list = stream.hooks_list(hooks)
-    if is_address(env):
+    if served is not None:
         from jaxmesh.remote.address import require_grpc
 
         require_grpc()
         from jaxmesh.run.served import ServedLanes
 
         addresses = [env] if isinstance(env, str) else list(env)
-        groups = check_lane_groups(lane_groups)
         lanes = ServedLanes(
             addresses,
             settings.num_envs,
-            token=token,
-            credentials=credentials,
-            reply_timeout=check_reply_timeout(reply_timeout),
+            token=served.token,
+            credentials=served.credentials,
+            reply_timeout=served.reply_timeout,
         )
-        settings = lanes.group(settings, groups)
+        # A group plans alone: the default tile is sized for its lanes.
+        tile_lanes = lanes.group(settings, served.lane_groups)
     else:
-        for name, value in (
-            ("token", token),
-            ("credentials", credentials),
-            ("reply_timeout", reply_timeout),
-        ):
-            if value is not None:
-                raise ValueError(
-                    f"{name}={value!r}: {name} is for served envs "
-                    "('grpc://host:port'); an env stepped in this process needs "
-                    f"none, so drop {name}="
-                )
-        if lane_groups is not None:
-            raise ValueError(
-                f"lane_groups={lane_groups!r}: lane groups pipeline calls to env "
-                "servers ('grpc://host:port'); an env stepped in this process has "
-                "no calls to overlap, so drop lane_groups="
-            )
         e = int(seeds_arr.size)
         lanes = _recording_lanes(env, record, settings.num_envs, e)
         if lanes is None:
             lanes = gym_lanes.make_lanes(env, settings.num_envs, e)
+        tile_lanes = None
     try:
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         # Served lanes read info as in process: a server sends a key only for
@@ -590,7 +545,7 @@ def evaluate(
             where = f"env {lanes.spec.name!r}"
             observation_leaves(np.zeros(lanes.spec.obs_shape), record.keys, where)
             render = None
-            if not is_address(env):
+            if served is None:
                 render = _env_render(lanes, record.frames)
             elif record.frames:
                 raise ValueError(
@@ -600,7 +555,9 @@ def evaluate(
                 )
             recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
         params = pol.default_params() if params is None else pol.place(params)
-        host_agent = _host_agent(policy, pol, lanes.spec, settings, with_params)
+        host_agent = _host_agent(
+            policy, pol, lanes.spec, settings, with_params, tile_lanes
+        )
         host_agent.program(params)  # every check runs before a hook hears of the run
         return _run(
             host_agent,

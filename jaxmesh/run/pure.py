@@ -11,7 +11,7 @@ import numpy as np
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import Results, empty
 from jaxmesh.envs import make_env
-from jaxmesh.run import build, checks
+from jaxmesh.run import build, checks, plan
 
 
 def make_evaluator(
@@ -78,7 +78,11 @@ def make_evaluator(
         sig = build.signature(params)
         if sig not in engines:
             chunk = build.probe_chunk(pol, env_obj, params, settings.horizon)
-            engines[sig] = build.build_engine(pol, env_obj, settings, chunk, e, kept)
+            # One program holds the whole budget: its buffers are e entries.
+            run_plan = plan.plan_run(settings, chunk, capacity=e)
+            engines[sig] = build.build_engine(
+                pol, env_obj, run_plan, settings.max_steps, kept
+            )
         return engines[sig].run(params, jnp.asarray(s, jnp.int32))
 
     return evaluator

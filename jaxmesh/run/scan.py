@@ -1,10 +1,16 @@
-"""``jaxmesh.evaluate`` over JAX envs: scan segments driven by a host loop.
+"""``jaxmesh.evaluate``: the backend chosen once; JAX envs run here, in scan
+segments driven by one host loop.
 
-An ``Evaluator`` owns one (policy, env, settings) and the programs compiled for
-it, keyed on everything that changes the program: the params' shapes, the
-result-buffer capacity (a bucket of the budget) and the device. ``evaluate``
-keeps a few evaluators (``cache_info()``, ``clear_cache()``) so that calling it
-again with the same policy object, env and settings compiles nothing.
+``evaluate`` asks ``backend.backend_of`` once which backend runs the env, checks
+the served-only options once (``backend.check_served_options``), and hands a
+host-stepped or served env to ``jaxmesh.run.host``. A JAX env runs on an
+``Evaluator``: it owns one (policy, env, settings), a placement (one device or
+a mesh of devices, ``jaxmesh.run.placement``) and the programs compiled for it,
+keyed on everything that changes the program: the params' shapes and the
+result-buffer capacity (a bucket of the budget). Each run's sizes are planned
+once (``jaxmesh.run.plan``). ``evaluate`` keeps a few evaluators
+(``cache_info()``, ``clear_cache()``) so that calling it again with the same
+policy object, env and settings compiles nothing.
 """
 
 from __future__ import annotations
@@ -14,37 +20,28 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
-from jaxmesh.core.results import capacity_for, empty
+from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
-from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.record import check_record, check_record_budget
-from jaxmesh.remote.address import is_address
-from jaxmesh.run import build, checks, stream
+from jaxmesh.run import backend, build, checks, placement, stream
+from jaxmesh.run.placement import (  # noqa: F401 - their old home
+    CPU_COMPILER_OPTIONS,
+    compiler_options,
+)
+from jaxmesh.run.plan import RunPlan, plan_run
 from jaxmesh.run.results import RunResult
 from jaxmesh.trace import check_trace_path, span, tracing
-
-#: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
-#: 2 compiles the segment about a fifth faster (most of it is the unrolled
-#: threefry hashes of the PRNG) and ran as fast (benchmarks/compile.py,
-#: benchmarks/overhead.py). Other backends get XLA's defaults.
-CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-
-
-def compiler_options(device: Any = None) -> dict | None:
-    """The XLA options the segment is compiled with on ``device``."""
-    platform = (device or jax.devices()[0]).platform
-    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
 
 
 class _Program(NamedTuple):
     engine: Any
     segment: Any  # the compiled segment executable
+    plan: RunPlan  # the sizes the engine was built with
 
 
 class Evaluator:
@@ -54,6 +51,10 @@ class Evaluator:
     budget in the same capacity bucket (``core.results.capacity_for``: 4096 episodes
     and under share one) or new params of the same shapes reuse the program.
 
+    Where the lanes run is the evaluator's placement (``self.placement``,
+    ``jaxmesh.run.placement``): one device, or with ``devices=`` a mesh of
+    devices; the loop is the same for both.
+
     Args:
       policy: as for ``jaxmesh.evaluate``.
       env: as for ``jaxmesh.evaluate``.
@@ -61,7 +62,8 @@ class Evaluator:
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
         segment_steps, metrics, success, devices: as for ``jaxmesh.evaluate``
-        (with ``devices``, a ``jaxmesh.run.sharded.ShardedEvaluator``).
+        (with ``devices``, the evaluator is a ``ShardedEvaluator``: the same
+        evaluator on a ``placement.DeviceMesh``).
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
         may name other episodes, as many of them (the buffers' size is part
         of the program; which episodes fill them is data).
@@ -76,16 +78,9 @@ class Evaluator:
       b = ev.run(episodes=300)  # same program: no compile
     """
 
-    #: Whether ``on_step`` hooks can run (a sharded evaluator refuses them).
-    supports_step_hooks = True
-
     def __new__(cls, *args: Any, devices: Any = None, **kwargs: Any):
-        # devices= builds the sharded subclass (jaxmesh/run/sharded.py).
+        # The type names where the lanes run; the placement does the work.
         if devices is not None and cls is Evaluator:
-            from jaxmesh.run.sharded import ShardedEvaluator
-
-            _refuse_sharded_record(devices, kwargs.get("record"))
-
             cls = ShardedEvaluator
         return super().__new__(cls)
 
@@ -124,6 +119,9 @@ class Evaluator:
         # env's info by shape (nothing compiles).
         self.metrics = build.engine_metrics(self.env, asked)
         build.check_record_keys(self.env, self.record)
+        self.placement = placement.placement_for(
+            devices, self.settings.num_envs, self.policy, self.record
+        )
         self._chunks: dict = {}  # params signature -> chunk length K
         self._programs: dict = {}  # (params signature, capacity) -> _Program
 
@@ -131,6 +129,11 @@ class Evaluator:
     def device(self) -> Any:
         """The device the policy asked for (None: JAX's default)."""
         return self.policy.device
+
+    @property
+    def supports_step_hooks(self) -> bool:
+        """Whether ``on_step`` hooks can run (a mesh refuses them)."""
+        return self.placement.supports_step_hooks
 
     def programs(self) -> list[tuple]:
         """The (params signature, capacity) of every program compiled so far;
@@ -144,55 +147,66 @@ class Evaluator:
             )
         return self._chunks[sig]
 
-    def _capacity(self, episodes: int) -> int:
-        """Result-buffer capacity of the program a budget runs on."""
-        return capacity_for(episodes)
+    def plan(self, params: Any, episodes: int) -> RunPlan:
+        """The sizes a run of ``episodes`` with these params is built with.
 
-    def _engine_settings(self, chunk: int | None) -> checks.Settings:
-        """The settings the engine is built with (a sharded run: per device)."""
-        return self.settings
+        The chunk length comes from a shape-only probe of the policy (once per
+        params signature); the lanes and the capacity from the placement; the
+        default tile is sized for all N lanes, also when they are split over
+        devices (so that a sharded run's episodes match the one-device run's).
 
-    def _program(self, params: Any, capacity: int, steps: bool = False) -> _Program:
-        """The program for these params' shapes and this capacity, built (every
+        Raises:
+          ValueError, TypeError: the policy's output does not fit the env.
+        """
+        s = self.settings
+        chunk = self._chunk(params, build.signature(params))
+        return plan_run(
+            s,
+            chunk,
+            capacity=self.placement.capacity(episodes, s.num_envs),
+            lanes=self.placement.lanes(s.num_envs),
+        )
+
+    @staticmethod
+    def _key(params: Any, plan: RunPlan, steps: bool) -> tuple:
+        return (build.signature(params), plan.capacity) + (
+            ("on_step",) if steps else ()
+        )
+
+    def _program(self, params: Any, plan: RunPlan, steps: bool = False) -> _Program:
+        """The program for these params' shapes and this plan, built (every
         check: probe, frame limit) but not necessarily compiled.
 
         ``steps``: the program with step events (``on_step`` hooks), a program
         of its own (keyed with ``"on_step"``); without, no callback is in it.
         """
-        key = (build.signature(params), capacity) + (("on_step",) if steps else ())
+        key = self._key(params, plan, steps)
         if key not in self._programs:
-            chunk = self._chunk(params, key[0])
             engine = build.build_engine(
                 self.policy,
                 self.env,
-                self._engine_settings(chunk),
-                chunk,
-                capacity,
+                plan,
+                self.settings.max_steps,
                 self.metrics,
                 self.record,
             )
             if steps:
                 engine = with_step_events(engine)
-            self._programs[key] = _Program(engine, None)
+            self._programs[key] = _Program(engine, None, plan)
         return self._programs[key]
 
     def _compiled(
-        self, params: Any, capacity: int, steps: bool = False
+        self, params: Any, plan: RunPlan, steps: bool = False
     ) -> tuple[_Program, bool]:
         """The program with its segment compiled; whether it compiled now."""
-        program = self._program(params, capacity, steps)
+        program = self._program(params, plan, steps)
         if program.segment is not None:
             return program, False
-        shape = program.engine.carry_shape()
-        segment = program.engine.run_segment.lower(
-            build.abstract(params),
-            (shape.lanes, shape.agent),
-            shape.results,
-            self.settings.segment_steps,
-        ).compile(compiler_options(self.device))
+        segment = self.placement.compile(
+            program.engine, params, self.settings.segment_steps
+        )
         program = program._replace(segment=segment)
-        key = (build.signature(params), capacity) + (("on_step",) if steps else ())
-        self._programs[key] = program
+        self._programs[self._key(params, plan, steps)] = program
         return program, True
 
     def run(
@@ -227,24 +241,20 @@ class Evaluator:
             )
         params = pol.default_params() if params is None else pol.place(params)
         e = int(seeds_arr.size)
-        capacity = self._capacity(e)
-        sig = build.signature(params)
-        chunk = self._chunk(params, sig)
-        h = min(s.horizon, chunk) if chunk is not None else 1
-        tile = s.plan_tile or build.default_plan_tile(h, s.num_envs)
+        plan = self.plan(params, e)
         run_fields = {
             "num_envs": s.num_envs,
             "horizon": s.horizon,
-            "effective_horizon": h,
+            "effective_horizon": plan.h,
             "prefetch_lead": s.prefetch_lead,
             "policy": pol.name,
             "env": getattr(self.env, "name", type(self.env).__name__),
-            "chunk": chunk,
-            "plan_tile": tile,
+            "chunk": plan.chunk,
+            "plan_tile": plan.tile,
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
         }
-        steps = stream.StepStream(hook_list, h, min(s.prefetch_lead, h))
+        steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
         if steps and not self.supports_step_hooks:
             raise ValueError(
@@ -253,7 +263,7 @@ class Evaluator:
                 "for a run with on_step hooks, or keep on_episode_end only"
             )
         if e:  # every check runs before a hook hears of the run
-            self._program(params, capacity, bool(steps))
+            self._program(params, plan, bool(steps))
         info = {"episodes": e, **run_fields}
         stream.call(hook_list, "on_run_start", info)
         episodes_out = stream.EpisodeStream(
@@ -265,10 +275,7 @@ class Evaluator:
             if e == 0:
                 return 0.0
             t0 = time.perf_counter()
-            if steps:  # (a sharded evaluator's _compiled takes no steps)
-                program, fresh = self._compiled(params, capacity, True)
-            else:
-                program, fresh = self._compiled(params, capacity)
+            program, fresh = self._compiled(params, plan, bool(steps))
             compiled.append(program)
             return time.perf_counter() - t0 if fresh else 0.0
 
@@ -306,13 +313,19 @@ class Evaluator:
         return record
 
     def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
-        """Runs segments until the budget is done; returns the host ``Results``."""
-        rec = self._run_record
+        """Runs segments until the budget is done; returns the host ``Results``.
+
+        The placement puts the carry and the params where the program reads
+        them and reads the results back; the loop is the same on one device and
+        on a mesh.
+        """
+        place, plan, rec = self.placement, program.plan, self._run_record
+        place.check_same_everywhere(seeds_arr, params)
         with span("init", "run"):
-            carry = program.engine.first_carry(
-                seeds_arr, self.device, None if rec is None else rec.episodes
+            state, res = place.first_carry(
+                program.engine, seeds_arr, None if rec is None else rec.episodes
             )
-        state, res = (carry.lanes, carry.agent), carry.results
+            params = place.put_params(params)
         e = seeds_arr.size
         k = 0
         while True:
@@ -321,19 +334,57 @@ class Evaluator:
             with span("segment", "run", index=k):
                 state, res = program.segment(params, state, res)
                 # Not donated: these results survive a failure in the next one.
-                episodes_out.latest = res
+                latest = place.partial(res, plan)
+                if latest is not None:
+                    episodes_out.latest = latest
                 self._run_steps.raise_error()  # an on_step hook raised: it ends
-                n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
+                n_done, faults = place.progress(state, res)
             k += 1
             finished = n_done >= e
             if episodes_out.wants_episodes or finished or np.any(faults):
                 with span("host sync", "run"):
-                    host = jax.device_get(res)
+                    host = place.to_host(res, plan)
                 with span("hooks", "run"):
                     episodes_out.update(host)
                 episodes_out.check_fault(host)
                 if finished:
                     return host
+
+
+class ShardedEvaluator(Evaluator):
+    """An ``Evaluator`` whose lanes are split over the devices of a mesh.
+
+    What ``jaxmesh.Evaluator(..., devices=...)`` (and ``evaluate``) builds: the
+    same evaluator and loop on a ``placement.DeviceMesh``; this type only names
+    it and shows the split. ``num_envs`` must be a multiple of the number of
+    devices D; each device runs ``num_envs / D`` lanes and every D-th episode.
+    Results equal a one-device run's episode for episode (the ``lanes`` field
+    aside); ``plan_tile`` defaults to the one-device run's.
+
+    Under ``jax.distributed`` every process builds the same evaluator and
+    makes the same calls; each drives its own devices of the mesh and returns
+    the whole result (docs/scale.md, "Many hosts").
+
+    Raises:
+      ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
+        device (``jaxmesh.Model(device=...)``), or a mesh with no device of this
+        process.
+    """
+
+    @property
+    def mesh(self) -> Any:
+        """The one-axis ``jax.sharding.Mesh`` the lanes are split over."""
+        return self.placement.mesh
+
+    @property
+    def num_devices(self) -> int:
+        """D, the devices of the mesh."""
+        return self.placement.num_devices
+
+    @property
+    def lanes_per_device(self) -> int:
+        """N / D."""
+        return self.placement.lanes_per_device
 
 
 def _trace_settings(args: dict) -> dict:
@@ -412,11 +463,14 @@ def evaluate(
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
-    A host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
+    The backend is chosen here, once (``jaxmesh.run.backend.backend_of``): a
+    host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
     ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``) runs
     in ``jaxmesh.run.host.evaluate`` under the same contract, and so do served
     envs: ``"grpc://host:port"`` (a ``jaxmesh.EnvServer`` or ``jaxmesh
     serve-env``) or a list of such addresses (lanes dealt over the servers).
+    ``token``, ``credentials``, ``reply_timeout`` and ``lane_groups`` are for
+    served envs only, checked once (``backend.ServedOptions``).
 
     Args:
       policy: a single-lane callable ``obs -> action`` or ``obs -> chunk`` (or
@@ -469,9 +523,10 @@ def evaluate(
       success: the info key whose last value is an episode's success
         (``result.success``, ``result.success_rate``); None: ``success`` or
         ``is_success`` when the env's info has one; False: none.
-      devices: JAX envs: split the lanes over devices (``jaxmesh/run/sharded.py``,
-        docs/scale.md). None: one device; ``"all"``: every device; an int D:
-        the first D; a list of devices; or a one-axis ``jax.sharding.Mesh``.
+      devices: JAX envs: split the lanes over devices (``placement.DeviceMesh``,
+        ``jaxmesh/run/sharded.py``, docs/scale.md). None: one device;
+        ``"all"``: every device; an int D: the first D; a list of devices; or
+        a one-axis ``jax.sharding.Mesh``.
         ``num_envs`` must be a multiple of the device count; results equal the
         one-device run's episode for episode.
       record: a ``jaxmesh.Record(episodes=[...], keys=None, max_steps=1000)``:
@@ -504,12 +559,20 @@ def evaluate(
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )
-    if devices is not None and (is_host_stepped(env) or is_address(env)):
-        raise ValueError(
-            f"devices={devices!r}: lanes are split over devices for JAX envs only; "
-            f"env {env!r} is stepped by the host, so drop devices="
-        )
-    if is_host_stepped(env) or is_address(env):
+    # The one place that chooses the backend; the served-only options are
+    # checked here once, for every kind of env.
+    kind = backend.backend_of(env)
+    served = backend.check_served_options(
+        backend.ServedOptions(token, credentials, reply_timeout, lane_groups),
+        kind,
+        env,
+    )
+    if kind != backend.SCAN:
+        if devices is not None:
+            raise ValueError(
+                f"devices={devices!r}: lanes are split over devices for JAX envs "
+                f"only; env {env!r} is stepped by the host, so drop devices="
+            )
         from jaxmesh.run import host
 
         return host.evaluate(
@@ -521,31 +584,11 @@ def evaluate(
             hooks=hooks,
             params=params,
             max_episode_seconds=max_episode_seconds,
-            token=token,
-            lane_groups=lane_groups,
-            credentials=credentials,
-            reply_timeout=reply_timeout,
+            served=served,
             metrics=metrics,
             success=success,
             record=record,
         )
-    if token is not None:
-        raise ValueError(
-            f"token={token!r}: a token is for served envs ('grpc://host:port'); "
-            f"env {env!r} runs in this process, so drop token="
-        )
-    if lane_groups is not None:
-        raise ValueError(
-            f"lane_groups={lane_groups!r}: lane groups pipeline calls to env "
-            f"servers ('grpc://host:port'); env {env!r} runs in this process, so "
-            "drop lane_groups="
-        )
-    for name, value in (("credentials", credentials), ("reply_timeout", reply_timeout)):
-        if value is not None:
-            raise ValueError(
-                f"{name}={value!r}: {name} is for served envs ('grpc://host:port'); "
-                f"env {env!r} runs in this process, so drop {name}="
-            )
     if max_episode_seconds is not None:
         raise ValueError(
             f"max_episode_seconds={max_episode_seconds!r}: a wall-clock cap applies "
@@ -559,7 +602,7 @@ def evaluate(
     key = (id(policy), _env_key(env), settings, with_params, str(pol.device), asked)
     record = check_record(record)
     if mesh is not None:
-        _refuse_sharded_record(devices, record)
+        placement.refuse_mesh_record(devices, record)
     # The recorded episodes are data: runs that record as many share a program.
     key += (mesh, None if record is None else record_shape(record))
     ev = _EVALUATORS.get(key)
@@ -591,19 +634,3 @@ def evaluate(
 def record_shape(record: Any) -> tuple:
     """What of a ``Record`` the compiled program depends on."""
     return (len(record.episodes), record.max_steps, record.keys)
-
-
-def _refuse_sharded_record(devices: Any, record: Any) -> None:
-    """Recording is one device's: refuses ``record=`` with ``devices=``.
-
-    Raises:
-      ValueError: both given.
-    """
-    if record is None:
-        return
-    raise ValueError(
-        f"record={record!r} with devices={devices!r}: recorded episodes are kept "
-        "on one device; with lanes split over devices the episodes run on "
-        "different devices. Record in a run without devices= (e.g. "
-        "evaluate(..., seeds=[...], record=...) on the episodes to watch)"
-    )

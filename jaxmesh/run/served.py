@@ -56,7 +56,6 @@ from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.remote.session import Session
-from jaxmesh.run import build
 
 
 class ServedLanes:
@@ -139,13 +138,16 @@ class ServedLanes:
         #: Lane groups for the run (set by ``group``).
         self.lane_groups = 1
 
-    def group(self, settings: Any, lane_groups: int | None) -> Any:
-        """Sets the run's lane groups; the settings with the tile they imply.
+    def group(self, settings: Any, lane_groups: int | None) -> int | None:
+        """Sets the run's lane groups; the lanes the default plan tile is sized
+        for (None: all of the run's lanes).
 
         None: ``default_lane_groups``. A lockstep server steps every lane in
         every call, so its lanes form one group. Without a ``plan_tile``, the
         tile is the default for one group's lanes (a group plans alone, and a
-        tile sized for all N lanes would compute rows for nothing).
+        tile sized for all N lanes would compute rows for nothing); the run's
+        plan (``jaxmesh.run.plan.plan_run``) sizes it for the effective
+        horizon, once the policy's chunk length is known.
         """
         n = min(settings.num_envs, self.num_lanes)
         if lane_groups is None:
@@ -154,11 +156,8 @@ class ServedLanes:
             lane_groups = 1
         self.lane_groups = max(1, min(lane_groups, n))
         if self.lane_groups > 1 and settings.plan_tile is None:
-            per_group = -(-n // self.lane_groups)
-            settings = settings._replace(
-                plan_tile=build.default_plan_tile(settings.horizon, per_group)
-            )
-        return settings
+            return -(-n // self.lane_groups)
+        return None
 
     def close(self) -> None:
         for c in self.sessions:

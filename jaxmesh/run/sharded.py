@@ -13,7 +13,8 @@ engine's own ``run_segment`` on each device's slice of a carry stacked along a
 leading device axis. The carry is handled as a pytree (``jax.tree.map``), never
 field by field, so lane state added to the engine needs nothing here. After a
 segment the host merges the per-device results into one ``Results`` in episode
-order (``merge_results``), which the single-device driver reports as it is.
+order (``merge_results``). These are the mesh's mechanics; the evaluator's one
+loop (``jaxmesh.run.scan``) drives them through ``placement.DeviceMesh``.
 
 Under ``jax.distributed`` the mesh may span several processes (docs/scale.md,
 "Many hosts"): every process runs the same calls, builds the first carry of its
@@ -34,9 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxmesh.core.results import Results, capacity_for, pow2_at_least
-from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
-from jaxmesh.run import build
-from jaxmesh.run.scan import Evaluator, _Program, compiler_options
+from jaxmesh.devices import mesh_size, resolve_mesh
 
 
 def split_lanes(num_envs: int, devices: int) -> int:
@@ -176,8 +175,9 @@ def merge_results(stacked: Results, capacity: int, lanes: int) -> Results:
     return jax.tree.map(one, stacked)
 
 
-def _segment(engine: Any, mesh: Mesh, steps: int) -> Any:
-    """The engine's ``run_segment`` on every device's slice of a stacked carry."""
+def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
+    """The engine's ``run_segment`` on every device's slice of a stacked carry
+    (jitted, not compiled; the lanes and agent state are donated)."""
     spec = PartitionSpec(mesh.axis_names[0])
 
     def local(params, state, res):
@@ -198,174 +198,45 @@ def _segment(engine: Any, mesh: Mesh, steps: int) -> Any:
     return jax.jit(sharded, donate_argnums=(1,))
 
 
-class ShardedEvaluator(Evaluator):
-    """An ``Evaluator`` whose lanes are split over the devices of a mesh.
+def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
+    """Under ``jax.distributed``: checks that every process of the mesh was
+    given the same budget and params (one small all-gather).
 
-    Built by ``jaxmesh.Evaluator(..., devices=...)`` (and ``evaluate``); see
-    ``Evaluator`` for the other arguments. ``num_envs`` must be a multiple of
-    the number of devices D; each device runs ``num_envs / D`` lanes and every
-    D-th episode. Results equal a one-device run's episode for episode (the
-    ``lanes`` field aside); ``plan_tile`` defaults to the one-device run's.
-
-    Under ``jax.distributed`` every process builds the same evaluator and
-    makes the same calls; each drives its own devices of the mesh and returns
-    the whole result (docs/scale.md, "Many hosts").
+    Each process places only its own devices' share, so a process with other
+    seeds or params would silently mix two runs into one result. In one
+    process there is nothing to check.
 
     Raises:
-      ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
-        device (``jaxmesh.Model(device=...)``), or a mesh with no device of this
-        process.
+      ValueError: in every process, naming the processes that differ from
+        the first one of the mesh and what differs.
     """
-
-    #: ``on_step`` hooks are refused (a ``ValueError`` before anything
-    #: compiles): the step events would come from D programs at once, with no
-    #: order between the devices' steps (docs/evaluation.md, "Step hooks").
-    supports_step_hooks = False
-
-    def __init__(self, policy: Any, env: Any, *, devices: Any, **settings: Any):
-        super().__init__(policy, env, **settings)
-        self.mesh = resolve_mesh(devices)
-        self.num_devices = mesh_size(self.mesh)
-        self.lanes_per_device = split_lanes(self.settings.num_envs, self.num_devices)
-        if self.policy.device is not None:
-            raise ValueError(
-                f"policy {self.policy.name!r} is pinned to {self.policy.device}, "
-                f"but devices= splits the run over {self.num_devices} devices; "
-                "build the policy with device=None"
-            )
-        check_local_share(self.mesh)
-        self._axis = self.mesh.axis_names[0]
-
-    def _capacity(self, episodes: int) -> int:
-        return device_capacity(episodes, self.num_devices, self.lanes_per_device)
-
-    def _engine_settings(self, chunk: int | None) -> Any:
-        """The one-device settings with N / D lanes and the N-lane plan tile."""
-        s = self.settings
-        h = min(s.horizon, chunk) if chunk is not None else 1
-        tile = s.plan_tile or build.default_plan_tile(h, s.num_envs)
-        return s._replace(num_envs=self.lanes_per_device, plan_tile=tile)
-
-    def _compiled(self, params: Any, capacity: int) -> tuple[_Program, bool]:
-        program = self._program(params, capacity)
-        if program.segment is not None:
-            return program, False
-        d = self.num_devices
-        split = NamedSharding(self.mesh, PartitionSpec(self._axis))
-        whole = NamedSharding(self.mesh, PartitionSpec())
-        stack = lambda s: jax.ShapeDtypeStruct((d,) + s.shape, s.dtype, sharding=split)
-        shape = program.engine.carry_shape()
-        segment = (
-            _segment(program.engine, self.mesh, self.settings.segment_steps)
-            .lower(
-                jax.tree.map(
-                    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=whole),
-                    build.abstract(params),
-                ),
-                jax.tree.map(stack, (shape.lanes, shape.agent)),
-                jax.tree.map(stack, shape.results),
-            )
-            .compile(compiler_options(self.mesh.devices.flat[0]))
-        )
-        program = program._replace(segment=segment)
-        self._programs[(build.signature(params), capacity)] = program
-        return program, True
-
-    def first_carry(self, program: _Program, seeds: np.ndarray) -> Any:
-        """The first carry of every device, stacked along the mesh axis.
-
-        Each process builds (on its host) and places only its own devices'
-        carries: device d of the mesh gets the carry of its share of the budget
-        (``device_seeds``); nothing compiles.
-        """
-        shares = device_seeds(seeds, self.num_devices)
-        host = host_device()
-        mine = [
-            (dev, jax.device_get(program.engine.first_carry(shares[d], host)))
-            for d, dev in enumerate(self.mesh.devices.flat)
-            if dev.process_index == jax.process_index()
+    if not mesh.is_multi_process:
+        return
+    mine = fingerprint(seeds, params)
+    d = mesh_size(mesh)
+    rows = np.broadcast_to(mine, (d, mine.size))
+    split = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    rows = to_host(
+        jax.make_array_from_callback(rows.shape, split, lambda i: rows[i]), mesh
+    )
+    owners = [dev.process_index for dev in mesh.devices.flat]
+    differ = sorted({owners[k] for k in range(d) if np.any(rows[k] != rows[0])})
+    if differ:
+        what = [
+            name
+            for name, col in (("episodes", 0), ("seeds", 1), ("params", 2))
+            if np.any(rows[:, col] != rows[0, col])
         ]
-        split = NamedSharding(self.mesh, PartitionSpec(self._axis))
-
-        def one(*leaves):
-            shape = (self.num_devices,) + np.shape(leaves[0])
-            placed = [
-                jax.device_put(np.asarray(x)[None], dev)
-                for (dev, _), x in zip(mine, leaves, strict=True)
-            ]
-            return jax.make_array_from_single_device_arrays(shape, split, placed)
-
-        return jax.tree.map(one, *(carry for _, carry in mine))
-
-    def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
-        """Under ``jax.distributed``: checks that every process of the mesh was
-        given the same budget and params (one small all-gather).
-
-        Each process places only its own devices' share, so a process with other
-        seeds or params would silently mix two runs into one result.
-
-        Raises:
-          ValueError: in every process, naming the processes that differ from
-            the first one of the mesh and what differs.
-        """
-        if not self.mesh.is_multi_process:
-            return
-        mine = fingerprint(seeds, params)
-        d = self.num_devices
-        rows = np.broadcast_to(mine, (d, mine.size))
-        split = NamedSharding(self.mesh, PartitionSpec(self._axis))
-        rows = to_host(
-            jax.make_array_from_callback(rows.shape, split, lambda i: rows[i]),
-            self.mesh,
+        raise ValueError(
+            f"under jax.distributed, process(es) {differ} were given other "
+            f"{' and '.join(what)} than process {owners[0]}; every process "
+            "must make the same call with the same seeds and params (build "
+            "params from the same key in every process, or load the same "
+            "checkpoint)"
         )
-        owners = [dev.process_index for dev in self.mesh.devices.flat]
-        differ = sorted({owners[k] for k in range(d) if np.any(rows[k] != rows[0])})
-        if differ:
-            what = [
-                name
-                for name, col in (("episodes", 0), ("seeds", 1), ("params", 2))
-                if np.any(rows[:, col] != rows[0, col])
-            ]
-            raise ValueError(
-                f"under jax.distributed, process(es) {differ} were given other "
-                f"{' and '.join(what)} than process {owners[0]}; every process "
-                "must make the same call with the same seeds and params (build "
-                "params from the same key in every process, or load the same "
-                "checkpoint)"
-            )
-
-    def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
-        # The first collective of a run: nothing before it depends on the
-        # values the processes might disagree on.
-        self.check_same_everywhere(seeds_arr, params)
-        carry = self.first_carry(program, seeds_arr)
-        params = put(params, NamedSharding(self.mesh, PartitionSpec()))
-        capacity = program.engine.config.capacity
-        lanes = program.engine.config.agent.num_envs
-        state, res = (carry.lanes, carry.agent), carry.results
-        e = seeds_arr.size
-        # Over several processes a failure must not read the device results:
-        # that is a collective, and a process that failed alone would wait for
-        # its peers forever. A failure there keeps the episodes of the last read
-        # (every segment with hooks; the faulty one for a bad value).
-        several = self.mesh.is_multi_process
-        while True:
-            state, res = program.segment(params, state, res)
-            if not several:
-                episodes_out.latest = _Merged(res, capacity, lanes)
-            n_done, faults = to_host((state[0].n_done, res.fault.kind), self.mesh)
-            finished = int(np.sum(n_done)) >= e
-            # Every process reads the same values, so all take the same branch
-            # (and make the same collectives).
-            if episodes_out.wants_episodes or finished or np.any(faults):
-                host = merge_results(to_host(res, self.mesh), capacity, lanes)
-                episodes_out.update(host)
-                episodes_out.check_fault(host)
-                if finished:
-                    return host
 
 
-class _Merged:
+class Merged:
     """Device results that read back merged (``EpisodeStream.partial`` calls
     ``jax.device_get`` on what it keeps; a pytree node does the merge)."""
 
@@ -374,7 +245,7 @@ class _Merged:
 
 
 jax.tree_util.register_pytree_node(
-    _Merged,
+    Merged,
     lambda m: ((m.res,), (m.capacity, m.lanes)),
     lambda aux, kids: merge_results(jax.device_get(kids[0]), *aux),
 )
@@ -449,8 +320,10 @@ def shard_population(evaluator: Any, devices: Any = "all") -> Any:
 
 
 __all__ = [
-    "ShardedEvaluator",
     "shard_population",
+    "segment_program",
+    "check_same_everywhere",
+    "Merged",
     "merge_results",
     "split_lanes",
     "device_capacity",

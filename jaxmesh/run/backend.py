@@ -1,0 +1,168 @@
+"""Which backend runs an env, told once, and the options only served envs take.
+
+Three backends run ``jaxmesh.evaluate``: the scan over a JAX env
+(``jaxmesh.run.scan``), the host loop over gymnasium envs stepped in this
+process, and the same loop over served envs (``"grpc://host:port"``,
+``jaxmesh.run.served``). ``backend_of`` tells them apart; ``jaxmesh.evaluate``
+and the command line (``jaxmesh.cli``) both ask it, and nothing else tests an
+env's kind. The served-only options travel as one ``ServedOptions``, checked
+once by ``check_served_options``: their values for a served env, and one set
+of refusals, naming the option, for an env that is not served.
+
+This module imports neither backend (and no gymnasium or gRPC), so any module
+may use it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, NamedTuple
+
+from jaxmesh.envs.gymnasium import is_host_stepped
+from jaxmesh.remote.address import is_address
+
+#: A JAX env, run by the scan engine.
+SCAN = "scan"
+#: Gymnasium envs stepped in this process by the host loop.
+HOST = "host"
+#: Served envs: the host loop, its env steps sent to env servers.
+SERVED = "served"
+
+
+def backend_of(env: Any) -> str:
+    """``SERVED`` for ``"grpc://host:port"`` (or a list of addresses), ``HOST``
+    for a gymnasium env (``"gymnasium:<id>"``, an ``Env``, a list of them, a
+    ``VectorEnv``), else ``SCAN`` (``jaxmesh.make_env`` says whether it is one)."""
+    if is_address(env):
+        return SERVED
+    if is_host_stepped(env):
+        return HOST
+    return SCAN
+
+
+def positive_seconds(value: Any, name: str, hint: str) -> float | None:
+    """``value`` as a float > 0, or None; the errors name ``name`` and ``hint``.
+
+    Raises:
+      TypeError: not a number; ValueError: not finite and above 0.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r}: expected a number > 0; {hint}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r}: expected a number > 0; {hint}")
+    return float(value)
+
+
+def check_reply_timeout(value: Any) -> float | None:
+    """``reply_timeout`` as a float > 0, or None (see ``positive_seconds``)."""
+    return positive_seconds(
+        value,
+        "reply_timeout",
+        "seconds a served env's reply may take, or None for no limit",
+    )
+
+
+def check_lane_groups(value: Any) -> int | None:
+    """``lane_groups`` as an int >= 1, or None (the default).
+
+    Raises:
+      TypeError, ValueError: not an int >= 1.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"lane_groups={value!r}: expected an int >= 1 (groups of lanes whose "
+            "calls to the servers overlap), or None for the default"
+        )
+    if value < 1:
+        raise ValueError(
+            f"lane_groups={value!r}: expected an int >= 1 (1: no pipelining), or "
+            "None for the default"
+        )
+    return int(value)
+
+
+class ServedOptions(NamedTuple):
+    """The options of a run on served envs (``jaxmesh.evaluate``'s arguments).
+
+    Attributes:
+      token: the servers' token (None: the ``JAXMESH_TOKEN`` environment
+        variable).
+      credentials: ``grpc.ChannelCredentials`` for ``"grpcs://"`` addresses
+        (None: gRPC's default roots).
+      reply_timeout: seconds a reply may take (None: no limit).
+      lane_groups: lanes in this many groups (None:
+        ``served.default_lane_groups``).
+    """
+
+    token: str | None = None
+    credentials: Any = None
+    reply_timeout: float | None = None
+    lane_groups: int | None = None
+
+
+def _what_runs(env: Any) -> str:
+    """An env for a message: an id as it is, an object by its type."""
+    if isinstance(env, str):
+        return repr(env)
+    if isinstance(env, list | tuple):
+        names = [type(e).__name__ for e in env[:2]] + ["..."] * (len(env) > 2)
+        return f"[{', '.join(names)}]"
+    return getattr(env, "name", None) or type(env).__name__
+
+
+def check_served_options(
+    options: ServedOptions, backend: str, env: Any
+) -> ServedOptions | None:
+    """The served options of a run, checked once, before anything starts.
+
+    Args:
+      options: as given to ``jaxmesh.evaluate``.
+      backend: ``backend_of(env)``.
+      env: the env, for messages.
+
+    Returns:
+      For a served env, the options with their values checked
+      (``reply_timeout`` a float, ``lane_groups`` an int); None for any other
+      env (none of them given).
+
+    Raises:
+      TypeError, ValueError: a bad value for a served env; for any other env,
+        any option given, naming it (it has no server to talk to).
+    """
+    if backend == SERVED:
+        return options._replace(
+            reply_timeout=check_reply_timeout(options.reply_timeout),
+            lane_groups=check_lane_groups(options.lane_groups),
+        )
+    what = _what_runs(env)
+    for name, value in options._asdict().items():
+        if value is None:
+            continue
+        if name == "token":
+            why = "a token is for served envs ('grpc://host:port')"
+        elif name == "lane_groups":
+            why = "lane groups pipeline calls to env servers ('grpc://host:port')"
+        else:
+            why = f"{name} is for served envs ('grpc://host:port')"
+        raise ValueError(
+            f"{name}={value!r}: {why}; env {what} runs in this process, so drop {name}="
+        )
+    return None
+
+
+__all__ = [
+    "SCAN",
+    "HOST",
+    "SERVED",
+    "backend_of",
+    "ServedOptions",
+    "check_served_options",
+    "check_reply_timeout",
+    "check_lane_groups",
+    "positive_seconds",
+]

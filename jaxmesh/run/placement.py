@@ -1,0 +1,289 @@
+"""Where an ``Evaluator``'s lanes run: one device, or a mesh of devices.
+
+The evaluator has one loop (``jaxmesh.run.scan``); a placement is what differs
+between one device and several: how many lanes one program steps and how many
+episodes its buffers hold, how the segment program is compiled, where the first
+carry, the seeds and the params go, and how the results come back to the host.
+
+- ``SingleDevice``: the engine's own ``run_segment`` on the policy's device (or
+  JAX's default).
+- ``DeviceMesh``: the same engine on every device of a one-axis mesh
+  (``jaxmesh.run.sharded``: a static split, each device runs every D-th
+  episode on N / D lanes of its own, with the N-lane plan tile), also over
+  several processes under ``jax.distributed``.
+
+``placement_for(devices, ...)`` picks one; both answer the same questions, so
+the loop never asks which it has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxmesh.core.results import Results, capacity_for
+from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
+from jaxmesh.run import build, sharded
+
+#: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
+#: 2 compiles the segment about a fifth faster (most of it is the unrolled
+#: threefry hashes of the PRNG) and ran as fast (benchmarks/compile.py,
+#: benchmarks/overhead.py). Other backends get XLA's defaults.
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
+def compiler_options(device: Any = None) -> dict | None:
+    """The XLA options the segment is compiled with on ``device``."""
+    platform = (device or jax.devices()[0]).platform
+    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
+
+
+class SingleDevice:
+    """Every lane on one device: the policy's (``Model(device=...)``) or JAX's
+    default.
+
+    Args:
+      device: the device (None: JAX's default).
+    """
+
+    #: ``on_step`` hooks can run: one program sends the step events in order.
+    supports_step_hooks = True
+    #: How many devices the lanes are split over.
+    num_devices = 1
+
+    def __init__(self, device: Any = None):
+        self.device = device
+
+    def lanes(self, num_envs: int) -> int:
+        """Lanes one program steps."""
+        return num_envs
+
+    def capacity(self, episodes: int, num_envs: int) -> int:
+        """Result-buffer entries of the program a budget runs on (a bucket of
+        the budget: ``core.results.capacity_for``)."""
+        del num_envs
+        return capacity_for(episodes)
+
+    def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
+        """The engine's segment, compiled for these params' shapes."""
+        shape = engine.carry_shape()
+        return engine.run_segment.lower(
+            build.abstract(params),
+            (shape.lanes, shape.agent),
+            shape.results,
+            segment_steps,
+        ).compile(compiler_options(self.device))
+
+    def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
+        """Nothing to check: one process runs the whole budget."""
+        del seeds, params
+
+    def first_carry(self, engine: Any, seeds: np.ndarray, record: Any) -> tuple:
+        """``((lanes, agent), results)``: the carry a run starts from, on the
+        device (``record``: the recorded episode indices, or None)."""
+        carry = engine.first_carry(seeds, self.device, record)
+        return (carry.lanes, carry.agent), carry.results
+
+    def put_params(self, params: Any) -> Any:
+        """The params where the program reads them (the policy placed them)."""
+        return params
+
+    def progress(self, state: Any, res: Results) -> tuple[int, np.ndarray]:
+        """(episodes finished, each lane's fault kind): one small read."""
+        n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
+        return int(n_done), faults
+
+    def partial(self, res: Results, plan: Any) -> Any:
+        """What a failure in the next segment keeps (read on demand)."""
+        del plan
+        return res
+
+    def to_host(self, res: Results, plan: Any) -> Results:
+        """The device results as one host ``Results`` in episode order."""
+        del plan
+        return jax.device_get(res)
+
+
+class DeviceMesh:
+    """Lanes split over the devices of a one-axis mesh (``jaxmesh.run.sharded``).
+
+    Device d of D runs episodes d, d + D, ... on ``num_envs / D`` lanes of its
+    own; every device's program is the one-device engine with the N-lane plan
+    tile, so each episode's result is bit for bit the one-device run's.
+
+    Args:
+      mesh: a one-axis ``jax.sharding.Mesh`` (``devices.resolve_mesh``).
+      num_envs: N, all lanes of the run.
+      policy: the resolved policy (it must not be pinned to one device).
+
+    Raises:
+      ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
+        device (``jaxmesh.Model(device=...)``), or a mesh with no device of this
+        process.
+    """
+
+    #: ``on_step`` hooks are refused: the step events would come from D
+    #: programs at once, with no order between the devices' steps
+    #: (docs/evaluation.md, "Step hooks").
+    supports_step_hooks = False
+    device = None
+
+    def __init__(self, mesh: Any, num_envs: int, policy: Any):
+        self.mesh = mesh
+        self.num_devices = mesh_size(mesh)
+        self.lanes_per_device = sharded.split_lanes(num_envs, self.num_devices)
+        if policy.device is not None:
+            raise ValueError(
+                f"policy {policy.name!r} is pinned to {policy.device}, "
+                f"but devices= splits the run over {self.num_devices} devices; "
+                "build the policy with device=None"
+            )
+        check_local_share(mesh)
+        self._split = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+        self._whole = NamedSharding(mesh, PartitionSpec())
+
+    def lanes(self, num_envs: int) -> int:
+        """Lanes one device's program steps: N / D."""
+        del num_envs
+        return self.lanes_per_device
+
+    def capacity(self, episodes: int, num_envs: int) -> int:
+        """Result-buffer entries per device (``sharded.device_capacity``)."""
+        del num_envs
+        return sharded.device_capacity(
+            episodes, self.num_devices, self.lanes_per_device
+        )
+
+    def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
+        """``shard_map`` of the engine's segment over the mesh, compiled for a
+        carry stacked along the device axis."""
+        d = self.num_devices
+        split, whole = self._split, self._whole
+        stack = lambda s: jax.ShapeDtypeStruct((d,) + s.shape, s.dtype, sharding=split)
+        shape = engine.carry_shape()
+        return (
+            sharded.segment_program(engine, self.mesh, segment_steps)
+            .lower(
+                jax.tree.map(
+                    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=whole),
+                    build.abstract(params),
+                ),
+                jax.tree.map(stack, (shape.lanes, shape.agent)),
+                jax.tree.map(stack, shape.results),
+            )
+            .compile(compiler_options(self.mesh.devices.flat[0]))
+        )
+
+    def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
+        """Under ``jax.distributed``: every process was given the same budget
+        and params (``sharded.check_same_everywhere``; the run's first
+        collective: nothing before it depends on values the processes might
+        disagree on)."""
+        sharded.check_same_everywhere(self.mesh, seeds, params)
+
+    def first_carry(self, engine: Any, seeds: np.ndarray, record: Any) -> tuple:
+        """Every device's first carry, stacked along the mesh axis.
+
+        Each process builds (on its host) and places only its own devices'
+        carries: device d gets the carry of its share of the budget
+        (``sharded.device_seeds``); nothing compiles. ``record`` is None (a
+        mesh refuses recording, ``placement_for``).
+        """
+        del record
+        shares = sharded.device_seeds(seeds, self.num_devices)
+        host = host_device()
+        mine = [
+            (dev, jax.device_get(engine.first_carry(shares[d], host)))
+            for d, dev in enumerate(self.mesh.devices.flat)
+            if dev.process_index == jax.process_index()
+        ]
+
+        def one(*leaves):
+            shape = (self.num_devices,) + np.shape(leaves[0])
+            placed = [
+                jax.device_put(np.asarray(x)[None], dev)
+                for (dev, _), x in zip(mine, leaves, strict=True)
+            ]
+            return jax.make_array_from_single_device_arrays(shape, self._split, placed)
+
+        carry = jax.tree.map(one, *(carry for _, carry in mine))
+        return (carry.lanes, carry.agent), carry.results
+
+    def put_params(self, params: Any) -> Any:
+        """The params replicated on every device of the mesh."""
+        return sharded.put(params, self._whole)
+
+    def progress(self, state: Any, res: Results) -> tuple[int, np.ndarray]:
+        """(episodes finished on all devices, every lane's fault kind).
+
+        Every process reads the same values, so all take the same branch of
+        the loop (and make the same collectives).
+        """
+        n_done, faults = sharded.to_host((state[0].n_done, res.fault.kind), self.mesh)
+        return int(np.sum(n_done)), faults
+
+    def partial(self, res: Results, plan: Any) -> Any:
+        """What a failure in the next segment keeps: the device results, merged
+        when read. Over several processes None (keep the last read): reading
+        is a collective, and a process that failed alone would wait for its
+        peers forever."""
+        if self.mesh.is_multi_process:
+            return None
+        return sharded.Merged(res, plan.capacity, plan.lanes)
+
+    def to_host(self, res: Results, plan: Any) -> Results:
+        """Every device's results, read back whole and merged in episode order."""
+        return sharded.merge_results(
+            sharded.to_host(res, self.mesh), plan.capacity, plan.lanes
+        )
+
+
+def placement_for(
+    devices: Any, num_envs: int, policy: Any, record: Any = None
+) -> SingleDevice | DeviceMesh:
+    """The placement of a run: ``devices=`` resolved, checked against the rest.
+
+    Args:
+      devices: as for ``jaxmesh.evaluate`` (None: one device).
+      num_envs: N, all lanes.
+      policy: the resolved policy (its ``device``: where one device runs).
+      record: the run's ``jaxmesh.Record`` (None: none).
+
+    Raises:
+      TypeError, ValueError: a bad ``devices=`` value, ``record=`` with a mesh,
+        or what ``DeviceMesh`` refuses.
+    """
+    mesh = resolve_mesh(devices)
+    if mesh is None:
+        return SingleDevice(policy.device)
+    refuse_mesh_record(devices, record)
+    return DeviceMesh(mesh, num_envs, policy)
+
+
+def refuse_mesh_record(devices: Any, record: Any) -> None:
+    """Recording is one device's: refuses ``record=`` with ``devices=``.
+
+    Raises:
+      ValueError: both given.
+    """
+    if record is None:
+        return
+    raise ValueError(
+        f"record={record!r} with devices={devices!r}: recorded episodes are kept "
+        "on one device; with lanes split over devices the episodes run on "
+        "different devices. Record in a run without devices= (e.g. "
+        "evaluate(..., seeds=[...], record=...) on the episodes to watch)"
+    )
+
+
+__all__ = [
+    "SingleDevice",
+    "DeviceMesh",
+    "placement_for",
+    "refuse_mesh_record",
+    "compiler_options",
+    "CPU_COMPILER_OPTIONS",
+]

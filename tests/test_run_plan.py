@@ -1,0 +1,139 @@
+"""A run's plan computed once, the placement, and the backend chosen once.
+
+Pure host-side checks (nothing compiles): ``jaxmesh.run.plan``,
+``jaxmesh.run.backend`` and the import graph of ``jaxmesh.run``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import jaxmesh
+from jaxmesh.run import backend, checks, served
+from jaxmesh.run.plan import default_plan_tile, effective_horizon, plan_run
+
+RUN = Path(jaxmesh.__file__).resolve().parent / "run"
+
+
+def settings(num_envs=64, horizon=1, lead=0, tile=None):
+    return checks.check_settings(num_envs, horizon, lead, None, tile)
+
+
+@pytest.mark.parametrize(
+    ("horizon", "chunk", "h"), [(1, None, 1), (8, None, 1), (8, 4, 4), (3, 16, 3)]
+)
+def test_effective_horizon_is_min_of_horizon_and_chunk(horizon, chunk, h):
+    assert effective_horizon(horizon, chunk) == h
+    plan = plan_run(settings(horizon=horizon, lead=5), chunk, capacity=4096)
+    assert (plan.h, plan.lead, plan.chunk, plan.horizon) == (
+        h,
+        min(5, h),
+        chunk,
+        horizon,
+    )
+
+
+def test_the_tile_is_sized_for_h_not_the_asked_horizon():
+    # H = 64 over chunks of 4: 4 actions a plan, so 32 rows, not 128 // 64 = 8.
+    plan = plan_run(settings(num_envs=256, horizon=64), 4, capacity=4096)
+    assert plan.tile == default_plan_tile(4, 256) == 32
+
+
+def test_lanes_capacity_and_tile_lanes():
+    s = settings(num_envs=64)
+    # A mesh of 4: 16 lanes a device, the tile of all 64 lanes.
+    plan = plan_run(s, None, capacity=4096, lanes=16)
+    assert (plan.lanes, plan.tile) == (16, default_plan_tile(1, 64))
+    # A budget smaller than the lanes (make_evaluator: capacity = episodes).
+    assert plan_run(s, None, capacity=3).lanes == 3
+    # A served lane group of 8 lanes plans alone.
+    assert plan_run(s, None, capacity=64, tile_lanes=8).tile == 8
+    # A given tile wins.
+    assert plan_run(settings(tile=5), None, capacity=64, tile_lanes=8).tile == 5
+
+
+class _Info:
+    capabilities = ()
+
+
+class _Session:
+    info = _Info()
+    lockstep = False
+
+
+def test_served_lane_groups_size_the_tile_for_one_group():
+    lanes = object.__new__(served.ServedLanes)
+    lanes.sessions, lanes.num_lanes = [_Session()], 32
+    assert lanes.group(settings(num_envs=32), 4) == 8 and lanes.lane_groups == 4
+    assert lanes.group(settings(num_envs=32), 1) is None
+    assert lanes.group(settings(num_envs=32, tile=16), 4) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "kind"),
+    [
+        ("gymnax:CartPole-v1", backend.SCAN),
+        ("brax:fast", backend.SCAN),
+        ("gymnasium:CartPole-v1", backend.HOST),
+        ("grpc://127.0.0.1:5555", backend.SERVED),
+        (["grpc://a:1", "grpcs://b:2"], backend.SERVED),
+    ],
+)
+def test_backend_of(env, kind):
+    assert backend.backend_of(env) == kind
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("token", "abc", "a token is for served envs"),
+        ("credentials", object(), "credentials is for served envs"),
+        ("reply_timeout", 1.0, "reply_timeout is for served envs"),
+        ("lane_groups", 2, "lane groups pipeline calls to env servers"),
+    ],
+)
+@pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1"])
+def test_served_options_are_refused_by_name_for_other_envs(env, name, value, message):
+    options = backend.ServedOptions(**{name: value})
+    with pytest.raises(ValueError, match=message) as e:
+        backend.check_served_options(options, backend.backend_of(env), env)
+    assert f"drop {name}=" in str(e.value) and repr(env) in str(e.value)
+
+
+def test_served_options_are_checked_for_served_envs():
+    address = "grpc://127.0.0.1:5555"
+    got = backend.check_served_options(
+        backend.ServedOptions(token="t", reply_timeout=2, lane_groups=3),
+        backend.SERVED,
+        address,
+    )
+    assert got == backend.ServedOptions("t", None, 2.0, 3)
+    assert (
+        backend.check_served_options(backend.ServedOptions(), backend.SCAN, "x") is None
+    )
+    with pytest.raises(ValueError, match="lane_groups=0"):
+        backend.check_served_options(
+            backend.ServedOptions(lane_groups=0), backend.SERVED, address
+        )
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "jaxmesh.run":
+                out |= {f"jaxmesh.run.{a.name}" for a in node.names}
+            elif node.module.startswith("jaxmesh.run."):
+                out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("name", ["scan", "sharded", "placement", "plan", "backend"])
+def test_the_evaluator_modules_import_no_module_that_imports_them(name):
+    mine = f"jaxmesh.run.{name}"
+    for other in _imports(RUN / f"{name}.py"):
+        back = _imports(RUN / f"{other.rsplit('.', 1)[1]}.py")
+        assert mine not in back, f"{mine} and {other} import each other"
