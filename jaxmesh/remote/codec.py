@@ -30,7 +30,12 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError, Message
 
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS, ResultBatch
+from jaxmesh.remote.protocol import (
+    DTYPE_NAMES,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSIONS,
+    ResultBatch,
+)
 
 __all__ = [
     "ActionBatch",
@@ -60,21 +65,7 @@ __all__ = [
 
 #: dtype names allowed on the wire -> their little-endian numpy dtype.
 DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(name).newbyteorder("<")
-    for name in (
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    )
+    name: np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES
 }
 
 #: The most dimensions a wire array may have (numpy's own limit is 64).

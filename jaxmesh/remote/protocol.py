@@ -26,6 +26,23 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most actions one lane may replay in one call.
 MAX_COUNT = 1_000_000
 
+#: The dtype names an array may have on the wire (little-endian on the wire;
+#: ``codec.DTYPES`` maps them to numpy dtypes).
+DTYPE_NAMES: tuple[str, ...] = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+
 #: The environment variable the session token is read from when none is given
 #: (client and server; named in their errors).
 TOKEN_ENV = "JAXMESH_TOKEN"
@@ -92,6 +109,7 @@ class ResultBatch(NamedTuple):
 __all__ = [
     "CAPABILITIES",
     "CHUNK_REPLAY",
+    "DTYPE_NAMES",
     "ENV_ERROR_KEY",
     "INFO_KEYS",
     "LOCKSTEP",

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from jaxmesh.remote.protocol import TRIAL_INDEX, ResultBatch
+from jaxmesh.remote.protocol import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 
 __all__ = [
     "PREFIX",
@@ -79,24 +79,9 @@ __all__ = [
 
 PREFIX = "gymnasium"
 
-#: dtype names an info value may have to come back in a ``ResultBatch`` (the
-#: wire's allow-list, ``jaxmesh.remote.codec.DTYPES``; a test keeps them equal).
-NUMBER_DTYPES = frozenset(
-    (
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    )
-)
+#: dtype names an info value may have to come back in a ``ResultBatch``: the
+#: wire's own (``jaxmesh.remote.protocol.DTYPE_NAMES``).
+NUMBER_DTYPES = frozenset(DTYPE_NAMES)
 
 DISABLED_HOW = (
     "build one with gymnasium.make_vec(env_id, num_envs=N, vectorization_mode="
