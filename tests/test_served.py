@@ -508,3 +508,26 @@ def test_a_reply_over_the_message_cap_names_size_limit_and_fix():
         with pytest.raises(jaxmesh.RemoteError, match="fewer lanes") as e:
             jaxmesh.evaluate(lambda o: jnp.int32(0), url(server), episodes=2)
     assert e.value.code == "RESOURCE_EXHAUSTED"
+
+
+def test_default_lane_groups_split_many_lanes_and_change_no_result():
+    """From 8 lanes on a run takes two groups by default, with the tile of all
+    its lanes: the same returns bit for bit as one group, float actions too."""
+    from jaxmesh.run.served import default_lane_groups
+
+    assert [default_lane_groups(n) for n in (1, 7, 8, 64)] == [1, 1, 2, 2]
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    w1 = jax.random.normal(k1, (3, 32)) * 0.5
+    w2 = jax.random.normal(k2, (32, 1)) * 0.5
+
+    def mlp(obs):
+        return 2.0 * jnp.tanh(jnp.tanh(obs @ w1) @ w2)
+
+    kw = dict(num_envs=8, seeds=list(range(12)), max_episode_steps=40)
+    with served([gym.make("Pendulum-v1") for _ in range(8)]) as server:
+        default = jaxmesh.evaluate(mlp, url(server), **kw)
+        one = jaxmesh.evaluate(mlp, url(server), lane_groups=1, **kw)
+    np.testing.assert_array_equal(default.returns, one.returns)
+    # Two groups take turns: more agent steps than one group's, same env steps.
+    assert default.env_steps == one.env_steps
+    assert default.telemetry["predict"]["count"] > one.telemetry["predict"]["count"]
