@@ -258,7 +258,8 @@ def measure(
             figures, returns[name] = fn()
             runs[name].append(figures)
     med = {
-        name: {k: median([r[k] for r in rs]) for k in rs[0]} | {"first": first[name]}
+        name: {k: median([r[k] for r in rs]) for k in rs[0]}
+        | {"first": first[name], "runs": [r["sps"] for r in rs]}
         for name, rs in runs.items()
     }
     return med, returns, failed
@@ -377,7 +378,15 @@ def report(
     """Prints the table and the goal lines; 1 when a contender failed, else 0."""
     n, cap, groups = args.lanes, args.cap, args.groups
     seeds = list(range(args.episodes))
-    hand = med[HAND]["sps"] if HAND in med else float("nan")
+
+    def ratio(a: str, b: str) -> float | None:
+        """The median over repeats of a's env steps/s over b's in the same
+        repeat (paired: the machine's drift between repeats cancels)."""
+        if a in med and b in med:
+            pairs = zip(med[a]["runs"], med[b]["runs"], strict=True)
+            return median([x / y for x, y in pairs])
+        return None
+
     share: dict[str, float] = {}
     rows = []
     for name, figures in med.items():
@@ -400,7 +409,7 @@ def report(
                 figures["first"],
                 figures["wall"],
                 figures["sps"],
-                figures["sps"] / hand,
+                ratio(name, HAND) if HAND in med else float("nan"),
                 same,
             ]
         )
@@ -425,7 +434,9 @@ def report(
         f"{args.seed}) has a mean return of {mean_return:.4g} per episode in the hand "
         "loop. env steps/s: env steps over the wall clock of the call (median of "
         f"{args.repeats}; first call s: the first call, compiling and connecting "
-        "included). same returns: episodes whose return agrees with the hand "
+        "included). x hand loop and every goal's ratio: the median over repeats of "
+        "the ratio of the two runs of one repeat. same returns: episodes whose "
+        "return agrees with the hand "
         f"loop's (np.allclose, rtol={RTOL}, atol={ATOL}); the served h = {K} row "
         f"against the in-process h = {K} row (the chunk policy acts differently); "
         "RLMesh's against the hand loop with one policy call per lane (untimed): "
@@ -443,11 +454,6 @@ def report(
         )
     for line in notes + [f"{k} failed: {v}" for k, v in failed.items()]:
         print(line)
-
-    def ratio(a: str, b: str) -> float | None:
-        if a in med and b in med:
-            return med[a]["sps"] / med[b]["sps"]
-        return None
 
     out = []
 
