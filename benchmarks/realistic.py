@@ -64,7 +64,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import goal, header, machine, median, table
-from remote_common import RLMESH_EDITION, ServerPool, grpc_target, make_envs
+from remote_common import (
+    ServerPool,
+    grpc_target,
+    make_envs,
+    rlmesh_model,
+)
 
 import jaxmesh
 
@@ -196,26 +201,6 @@ def jaxmesh_run(policy, env, n, seeds, cap, **kw) -> tuple[dict, np.ndarray]:
     return figures, np.asarray(r.returns, np.float64)
 
 
-def rlmesh_model(forward: Callable[[np.ndarray], np.ndarray]):
-    """An ``rlmesh.numpy.Model`` calling the hand loop's ``forward``; or (None, why)."""
-    try:
-        import rlmesh
-        import rlmesh.numpy
-    except ImportError as e:
-        return None, f"rlmesh not importable ({e}): pip install 'jaxmesh[peer]'"
-
-    class MLP2x256(rlmesh.numpy.Model):
-        workflow_edition = RLMESH_EDITION
-
-        def predict(self, obs):
-            return forward(np.asarray(obs, np.float32)[None])[0]
-
-        def predict_batch(self, obs):
-            return forward(np.asarray(obs, np.float32))
-
-    return MLP2x256(), f"rlmesh {getattr(rlmesh, '__version__', '?')}"
-
-
 def rlmesh_run(model, address, seeds, cap, budget: dict) -> tuple[dict, np.ndarray]:
     """One timed ``Model.run``; returns by episode index (NaN: not reported).
 
@@ -339,7 +324,16 @@ def collect(args: argparse.Namespace, pool: ServerPool) -> tuple:
             contenders[served_group(g)] = lambda g=g: jaxmesh_run(
                 policy, target, n, seeds, cap, lane_groups=g
             )
-    model, note = rlmesh_model(forward) if have_rlmesh else (None, "not installed")
+    model, note = (
+        rlmesh_model(
+            lambda o: forward(o.astype(np.float32)),
+            "MLP2x256",
+            one=lambda a: a,
+            many=lambda a: a,
+        )
+        if have_rlmesh
+        else (None, "not installed")
+    )
     rl_budget: dict[str, int] = {}
     if model is not None:
         try:

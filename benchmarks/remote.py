@@ -76,7 +76,12 @@ from common import (
     table,
 )
 from peer import numpy_mlp
-from remote_common import RLMESH_EDITION, ServerPool, grpc_target, make_envs
+from remote_common import (
+    ServerPool,
+    grpc_target,
+    make_envs,
+    rlmesh_model,
+)
 
 import jaxmesh
 
@@ -153,26 +158,6 @@ def mlp_policies():
         name="mlp2x64_balancing",
     )
     return policy, numpy_mlp(params)
-
-
-def rlmesh_model(forward: Callable[[np.ndarray], np.ndarray]):
-    """An ``rlmesh.numpy.Model`` running ``forward`` (numpy), or (None, why)."""
-    try:
-        import rlmesh
-        import rlmesh.numpy
-    except ImportError as e:
-        return None, f"rlmesh not importable ({e}): pip install 'jaxmesh[peer]'"
-
-    class MLP2x64(rlmesh.numpy.Model):
-        workflow_edition = RLMESH_EDITION
-
-        def predict(self, obs):
-            return int(forward(obs[None])[0])
-
-        def predict_batch(self, obs):
-            return forward(obs).astype("int64")
-
-    return MLP2x64(), f"rlmesh {getattr(rlmesh, '__version__', '?')}"
 
 
 def rule_chunk(obs: jax.Array) -> jax.Array:
@@ -290,7 +275,9 @@ def _peer_measure(args, n, seeds, policy, model, served_jm):
 def section_peer(args: argparse.Namespace) -> list[str]:
     print("### 1. peer: served CartPole-v1, jaxmesh vs RLMesh\n")
     policy, forward = mlp_policies()
-    model, note = rlmesh_model(forward)
+    model, note = rlmesh_model(
+        forward, "MLP2x64", one=int, many=lambda a: a.astype("int64")
+    )
     missing = served_missing()
     if missing:
         print(f"jaxmesh served: not available yet ({missing})\n")

@@ -19,6 +19,7 @@ import functools
 import multiprocessing as mp
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -218,6 +219,42 @@ class ServerPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def rlmesh_model(
+    forward: Callable[[np.ndarray], np.ndarray],
+    name: str,
+    one: Callable[[np.ndarray], Any],
+    many: Callable[[np.ndarray], np.ndarray],
+):
+    """An ``rlmesh.numpy.Model`` named ``name`` running the numpy ``forward``
+    (``[B, *obs] -> [B, *action]``), or ``(None, why)`` without rlmesh.
+
+    ``one`` turns one row of ``forward``'s output into the action rlmesh's
+    ``predict`` returns, ``many`` a batch into ``predict_batch``'s.
+    """
+    try:
+        import rlmesh
+        import rlmesh.numpy
+    except ImportError as e:
+        return None, f"rlmesh not importable ({e}): pip install 'jaxmesh[peer]'"
+
+    def predict(self, obs):
+        return one(forward(np.asarray(obs)[None])[0])
+
+    def predict_batch(self, obs):
+        return many(forward(np.asarray(obs)))
+
+    cls = type(
+        name,
+        (rlmesh.numpy.Model,),
+        {
+            "workflow_edition": RLMESH_EDITION,
+            "predict": predict,
+            "predict_batch": predict_batch,
+        },
+    )
+    return cls(), f"rlmesh {getattr(rlmesh, '__version__', '?')}"
 
 
 def grpc_target(address: str) -> str:

@@ -316,6 +316,16 @@ def can_skip(cfg: AgentConfig) -> bool:
     return cfg.horizon > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 
+def due(cfg: AgentConfig, cursor: Any) -> Any:
+    """[N] lanes whose next action needs an agent step: their chunk is
+    exhausted (a plan, or the prefetched chunk taking over) or, under a lead,
+    the prefetch plan is due. ``cursor`` is the next chunk index per lane
+    (numpy on the host; the other lanes' next action is a known replay)."""
+    h, lead = cfg.horizon, cfg.lead
+    exhausted = cursor >= h
+    return exhausted | (cursor == h - lead) if lead else exhausted
+
+
 def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:
     """Advances each lane past ``skip`` actions of its chunk that the host
     executed without an agent step (``can_skip`` configs only).

@@ -38,7 +38,6 @@ from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.envs.gymnasium.lanes import info_value  # noqa: F401 - moved there
 from jaxmesh.record import check_record, check_record_budget, observation_leaves
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, stream
@@ -721,11 +720,12 @@ def _loop(
     # (``agent.skip_replayed``). The steps, their order and every rule are those
     # of an agent step per env step.
     cfg = program.config
-    h, lead = cfg.horizon, cfg.lead
+    h = cfg.horizon
     skipping = agent.can_skip(cfg)
     skip = np.zeros(n, np.int32) if skipping else None
     cursor = np.zeros(n, np.int64)  # the next chunk index each lane executes
     chunk = None
+    lane_index = np.arange(n)
     take_next(np.ones(n, bool))
     state = program.init(obs, active.copy())
     while active.any():
@@ -733,11 +733,9 @@ def _loop(
         if (
             skipping
             and not started.any()
-            and not np.any(
-                active & ((cursor >= h) | ((cursor == h - lead) if lead else False))
-            )
+            and not np.any(active & agent.due(cfg, cursor))
         ):
-            actions = chunk[np.arange(n), np.minimum(cursor, h - 1)]
+            actions = chunk[lane_index, np.minimum(cursor, h - 1)]
             cursor += active
             skip += active
             t_env = t_predict

@@ -665,7 +665,10 @@ class _Run:
         need = target > self.sent[lanes_]
         if not need.any():
             return
-        chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
+        if self.chunk is not None and lead == 0:  # read with the actions
+            chunk, pending = self.chunk, None
+        else:
+            chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
         if lead == 0 and self._one_segment_each(
             lanes_[need], cs[need], target[need], chunk
         ):
@@ -676,7 +679,8 @@ class _Run:
         by_rank: dict[int, tuple[list, list, list]] = {}
         for j, cs_j, tgt in zip(lanes_[need], cs[need], target[need], strict=True):
             first = int(self.sent[j])
-            seq = np.concatenate([chunk[j], pending[j]])[first - cs_j : tgt - cs_j]
+            known = np.concatenate([chunk[j], pending[j]]) if lead else chunk[j]
+            seq = known[first - cs_j : tgt - cs_j]
             bad = rules.failing_actions(np, seq, self.spec.num_actions)
             if bad.any():
                 tgt = first + int(np.argmax(bad))
@@ -963,9 +967,7 @@ class _Run:
         prefetch and no episode start (False everywhere unless skipping)."""
         if not self.skipping:
             return np.zeros(self.n, bool)
-        h, lead, c = self.cfg.horizon, self.cfg.lead, self.cursor
-        due = (c >= h) | (c == h - lead) if lead else c >= h
-        return ~self.started & ~due
+        return ~self.started & ~agent.due(self.cfg, self.cursor)
 
     def replay(self, lanes_: np.ndarray) -> None:
         """The lanes in ``lanes_`` execute their next chunk action without an

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from jaxmesh.envs.gymnasium import lanes as core
-from jaxmesh.envs.gymnasium.lanes import TRIAL_INDEX, _gym, env_actions, info_value
+from jaxmesh.envs.gymnasium.lanes import _gym, env_actions, info_value
 from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
+from jaxmesh.remote.protocol import OBS_KEY, TRIAL_INDEX
 
 __all__ = ["EnvLanes", "VectorLanes", "make_lanes"]
 
@@ -103,16 +104,26 @@ class _Lanes:
         """The observations of ``lanes`` (a slice or a list) stacked, checked."""
         return self.lanes.observations(values, lanes)
 
-    def _reset_ordered(
+    @_env_errors
+    def reset(
         self,
         lanes: list[int],
         seeds: list[int],
         trials: list[int],
-        max_episode_seconds: float | None,
+        max_episode_seconds: float | None = None,
     ) -> list:
-        """``reset`` of lanes in any order: the shared reset takes them
-        ascending; the observations come back in the order given."""
-        order = sorted(range(len(lanes)), key=lanes.__getitem__)
+        """Starts an episode on each of ``lanes`` (in any order); their
+        observations, in the order given.
+
+        Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
+        the env declares it (a VectorEnv then resets one lane per call, since
+        gymnasium passes one ``options`` dict to every lane).
+        ``max_episode_seconds`` caps each episode by wall clock in ``replay``
+        (its step past the cap reads ``truncated``); ``step`` leaves that cap to
+        its caller.
+        """
+        lanes, seeds, trials = list(lanes), list(seeds), list(trials)
+        order = sorted(range(len(lanes)), key=lanes.__getitem__)  # ascending
         options = None
         if self.lanes.declares_trial_index:
             options = [{TRIAL_INDEX: int(trials[i])} for i in order]
@@ -122,30 +133,11 @@ class _Lanes:
             options,
             [max_episode_seconds or 0.0] * len(order),
         )
-        obs = batch.observation[""]
+        obs = batch.observation[OBS_KEY]
         out: list = [None] * len(lanes)
         for k, i in enumerate(order):
             out[i] = obs[k]
         return out
-
-    @_env_errors
-    def reset(
-        self,
-        lanes: list[int],
-        seeds: list[int],
-        trials: list[int],
-        max_episode_seconds: float | None = None,
-    ) -> list:
-        """Starts an episode on each of ``lanes``; their observations.
-
-        Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
-        the env declares it. ``max_episode_seconds`` caps each episode by wall
-        clock in ``replay`` (its step past the cap reads ``truncated``); ``step``
-        leaves that cap to its caller.
-        """
-        return self._reset_ordered(
-            list(lanes), list(seeds), list(trials), max_episode_seconds
-        )
 
     @_env_errors
     def replay(
@@ -272,25 +264,6 @@ class VectorLanes(_Lanes):
         )
         super().__init__(lanes, where)
         self.vec = vec
-
-    @_env_errors
-    def reset(
-        self,
-        lanes: list[int],
-        seeds: list[int],
-        trials: list[int],
-        max_episode_seconds: float | None = None,
-    ) -> list:
-        """Starts an episode on each of ``lanes`` (``reset_mask``); their obs.
-
-        One reset call for all of them, or one per lane when the env takes a
-        ``trial_index`` (gymnasium passes one ``options`` dict to every lane);
-        the first call resets every lane (lanes with no episode with
-        ``seed=None``). ``max_episode_seconds`` as for ``EnvLanes.reset``.
-        """
-        return self._reset_ordered(
-            list(lanes), list(seeds), list(trials), max_episode_seconds
-        )
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: np.ndarray):
         """Steps every vector lane; lanes not in ``go`` play the idle action.
