@@ -42,6 +42,7 @@ from jaxmesh.record import check_record, check_record_budget, observation_leaves
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, stream
 from jaxmesh.run.backend import ServedOptions, positive_seconds
+from jaxmesh.run.loop import LocalRun
 from jaxmesh.run.results import RunResult
 from jaxmesh.run.telemetry import Telemetry
 
@@ -393,7 +394,7 @@ class HostAgent:
         program, spec, n = self.program(params), self.spec, self.settings.num_envs
         obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
         off = np.zeros((n,), bool)
-        k = _key_layout()
+        k = jax.eval_shape(jax.random.PRNGKey, 0)
         keys = np.zeros((n,) + tuple(k.shape), k.dtype)
         state = program.init(obs, off)
         t = np.zeros(n, np.int32)
@@ -538,7 +539,6 @@ def evaluate(
         # Served lanes read info as in process: a server sends a key only for
         # the rows that have it (ResultBatch.info_present).
         host_metrics = HostMetrics(asked, settings.num_envs, lanes.spec.name)
-        lanes.info_keys = host_metrics.keys
         recorder = None
         if record is not None:
             where = f"env {lanes.spec.name!r}"
@@ -619,10 +619,13 @@ def _run(
 
     def loop() -> Any:
         if e:
-            run_loop = _loop
-            if not isinstance(lanes, gym_lanes._Lanes):  # served
-                from jaxmesh.run.served import served_loop as run_loop
-            run_loop(
+            if isinstance(lanes, gym_lanes._Lanes):
+                run_cls = LocalRun
+            else:
+                from jaxmesh.run.served import run_class
+
+                run_cls = run_class(program, lanes, recorder)
+            run_cls(
                 program,
                 params,
                 lanes,
@@ -634,7 +637,7 @@ def _run(
                 tel,
                 metrics,
                 recorder,
-            )
+            ).run()
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())
         if run_fields["success_key"] is None:  # auto mode, no episode had one
@@ -649,173 +652,10 @@ def _run(
     )
 
 
-def _key_layout() -> jax.ShapeDtypeStruct:
-    return jax.eval_shape(jax.random.PRNGKey, 0)
-
-
 def episode_keys(seeds: Any) -> np.ndarray:
     """``jax.random.PRNGKey(seed)`` of each seed (in ``[0, MAX_SEED]``), as numpy,
     without a jax call per episode (``rules.episode_keys``)."""
     return rules.episode_keys(np, seeds)
-
-
-def _loop(
-    program: _Program,
-    params: Any,
-    lanes: Any,
-    settings: Any,
-    seconds: float | None,
-    seeds_arr: np.ndarray,
-    res: core_results.Results,
-    episodes_out: stream.EpisodeStream,
-    tel: Telemetry,
-    metrics: HostMetrics,
-    recorder: HostRecorder | None = None,
-) -> None:
-    """Runs the budget; writes every finished episode into ``res`` (numpy)."""
-    spec = lanes.spec
-    n, e = settings.num_envs, int(seeds_arr.size)
-    steps = episodes_out.steps
-    k = _key_layout()
-    episode = np.full(n, -1, np.int64)
-    active = np.zeros(n, bool)
-    started = np.zeros(n, bool)
-    t = np.zeros(n, np.int32)
-    ret = np.zeros(n, np.float32)
-    t0 = np.zeros(n, np.float64)
-    ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
-    obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
-    env_steps = 0
-    next_episode = 0
-
-    def start(js: list[int], eps: list[int]) -> None:
-        """Lanes ``js`` begin episodes ``eps`` (``rules.next_episodes``)."""
-        t0[js] = time.perf_counter()
-        first = lanes.reset(js, [int(seeds_arr[i]) for i in eps], eps)
-        ep_keys[js] = rules.episode_keys(np, seeds_arr[eps])
-        for j, i, o in zip(js, eps, first, strict=True):
-            obs[j] = o
-            episode[j] = i
-        t[js], ret[js], active[js], started[js] = 0, 0.0, True, True
-        metrics.begin(js)
-        if recorder is not None:
-            recorder.begin(js, eps)
-            recorder.reset(js, obs)
-
-    def take_next(free: np.ndarray) -> None:
-        """The ``free`` lanes take the next unstarted episodes (CONTRACT 3);
-        those left without one are masked."""
-        nonlocal next_episode
-        starts, eps, next_episode = rules.next_episodes(np, free, next_episode, e)
-        masked = free & ~starts
-        active[masked] = False
-        episode[masked] = -1
-        if starts.any():
-            start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
-
-    # Chunk replay without the device: on a step where no lane plans, starts,
-    # or prefetches, every lane's action is known on the host (its chunk, read
-    # back at the last agent step), so the step runs no agent step; the next
-    # agent step is told how many actions each lane executed meanwhile
-    # (``agent.skip_replayed``). The steps, their order and every rule are those
-    # of an agent step per env step.
-    cfg = program.config
-    h = cfg.horizon
-    skipping = agent.can_skip(cfg)
-    skip = np.zeros(n, np.int32) if skipping else None
-    cursor = np.zeros(n, np.int64)  # the next chunk index each lane executes
-    chunk = None
-    lane_index = np.arange(n)
-    take_next(np.ones(n, bool))
-    state = program.init(obs, active.copy())
-    while active.any():
-        t_predict = time.perf_counter()
-        if (
-            skipping
-            and not started.any()
-            and not np.any(active & agent.due(cfg, cursor))
-        ):
-            actions = chunk[lane_index, np.minimum(cursor, h - 1)]
-            cursor += active
-            skip += active
-            t_env = t_predict
-        else:
-            state, actions = program.step(
-                params, state, obs, started, active, ep_keys, t, None, skip
-            )
-            if skipping:
-                actions, cursor, chunk = jax.device_get(
-                    (actions, state.cursor, state.chunk)
-                )
-                cursor = cursor.astype(np.int64)
-                skip[:] = 0
-            actions = np.asarray(actions)
-            t_env = time.perf_counter()
-            tel.span("predict", t_predict, t_env, "lanes")
-        started[:] = False
-        kinds, values = rules.action_faults(np, actions, active, spec.num_actions)
-        go = active & (kinds == core_results.NO_FAULT)
-        reward, term, trunc = lanes.step(actions, go, obs)
-        tel.span("env_step", t_env, time.perf_counter(), "lanes")
-        if metrics.active:
-            present = {k for k, (_, p) in lanes.info.items() if p.any()}
-            if not metrics.checked and go.any():
-                metrics.check(present, lanes.info_seen)
-            if present:  # else no lane's info had a key: nothing to add
-                stepped = np.flatnonzero(go)
-                got = {k: (v[stepped], p[stepped]) for k, (v, p) in lanes.info.items()}
-                metrics.step(stepped, got)
-        # Lanes not in ``go`` read reward 0, not ended (``lanes.step``).
-        kinds, values = rules.reward_faults(np, reward, go, kinds, values)
-        env_steps += int(go.sum())
-        res.env_steps[...] = env_steps
-        step_index = t.copy()  # the 0-based step just executed
-        t += go
-        ret += reward
-        trunc |= go & rules.at_cap(np, t, settings.max_steps)
-        if seconds is not None:
-            trunc = trunc | (go & (time.perf_counter() - t0 >= seconds))
-        if recorder is not None:
-            js = np.flatnonzero(go)
-            recorder.actions(js, step_index[js], actions)
-            recorder.step(js, step_index[js], obs[js], reward[js], term[js], trunc[js])
-        ended = go & (term | trunc)
-        faulted = kinds != core_results.NO_FAULT
-        if steps:  # the lanes that stepped without a bad value, ascending
-            js = np.flatnonzero(go & ~faulted)
-            ends = (term[js], trunc[js])
-            steps.emit(js, episode[js], step_index[js], actions[js], reward[js], *ends)
-        if not (ended.any() or faulted.any()):
-            steps.raise_error()
-            continue
-        calls, rows = jax.device_get((state.predict_calls, state.rows))
-        res.policy_rows[...] = rows
-        # An episode whose last step met a bad value is not a finished episode.
-        scored = np.flatnonzero(ended & ~faulted)
-        if metrics.active and scored.size:
-            metrics.write(res, scored, episode[scored])
-        for j in scored:
-            i = episode[j]
-            res.returns[i] = ret[j]
-            res.lengths[i] = t[j]
-            res.terminated[i] = term[j]
-            res.truncated[i] = trunc[j]
-            res.predict_calls[i] = calls[j]
-            res.lanes[i] = j
-            res.done[i] = True
-        if faulted.any():
-            f = res.fault
-            f.kind[:] = kinds
-            f.episode[:] = np.maximum(episode, 0)
-            f.step[:] = step_index
-            f.value[:] = values
-        # A hook that raised on this step ends the run here: the episodes that
-        # ended on it are done (in exc.partial_result), as on the scan path.
-        steps.raise_error()
-        episodes_out.update(res)
-        episodes_out.check_fault(res)
-        take_next(ended)
-    res.policy_rows[...] = jax.device_get(state.rows)
 
 
 __all__ = ["evaluate", "HostAgent", "check_seconds", "clear_cache"]

@@ -49,13 +49,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
+from jaxmesh.core import rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.remote.session import Session
+from jaxmesh.run.loop import HostLoop
 
 #: Lanes from which a served run splits its lanes in two groups by default.
 GROUPS_FROM_LANES = 8
@@ -197,14 +198,15 @@ def needs_every_observation(cfg: Any) -> bool:
     return any(d.stack > 1 and not d.reads_action for _, d in cfg.spec)
 
 
-class _Run:
-    """One run's lane bookkeeping over served lanes (see the module docstring).
+class _Run(HostLoop):
+    """One run's pacing over served lanes (see the module docstring); the
+    episode and step rules are ``HostLoop``'s.
 
-    Per lane: the episode it runs and its epoch (bumped whenever the lane's
-    episode changes, so that replies for an ended episode are dropped), whether
-    its current observation is in (``ready``: it may take an agent step), the
-    actions sent for its episode (``sent``) and a ring buffer of step results
-    that came in but were not taken yet (``head`` .. ``tail``).
+    Per lane besides: its epoch (bumped whenever the lane's episode changes, so
+    that replies for an ended episode are dropped), whether its current
+    observation is in (``ready``: it may take an agent step), the actions sent
+    for its episode (``sent``) and a ring buffer of step results that came in
+    but were not taken yet (``head`` .. ``tail``).
     """
 
     def __init__(
@@ -221,45 +223,35 @@ class _Run:
         metrics: Any,
         recorder: Any = None,
     ):
-        self.program, self.params, self.lanes = program, params, lanes
-        #: Recorded episodes (``host.HostRecorder``): every step's observation
-        #: crosses the wire for them (``all_observations``).
-        self.recorder = recorder
-        self.metrics = metrics
+        super().__init__(
+            program,
+            params,
+            lanes,
+            settings,
+            seconds,
+            seeds_arr,
+            res,
+            episodes_out,
+            tel,
+            metrics,
+            recorder,
+        )
+        # The server measures max_episode_seconds (HostLoop.t0 stays None).
         self.info_keys = list(metrics.keys)
         self.info_seen: set = set()
-        self.cfg = program.config
-        self.spec = lanes.spec
-        self.seconds = seconds
-        self.seeds = seeds_arr
-        self.res, self.episodes_out, self.tel = res, episodes_out, tel
-        self.n, self.e = settings.num_envs, int(seeds_arr.size)
-        self.max_steps = settings.max_steps
         # Every step's info row comes back only with every observation: a
-        # reduction other than ``last`` reads every step.
+        # reduction other than ``last`` reads every step. Recorded episodes
+        # need every step's observation too.
         self.every_obs = (
             needs_every_observation(self.cfg)
             or any(red != "last" for _, red in metrics.named)
             or recorder is not None
         )
         n, h = self.n, self.cfg.horizon
-        k = jax.eval_shape(jax.random.PRNGKey, 0)
-        self.episode = np.full(n, -1, np.int64)
         self.epoch = np.zeros(n, np.int64)
-        self.active = np.zeros(n, bool)  # running an episode
         self.ready = np.zeros(n, bool)  # its current observation is in: may act
-        self.started = np.zeros(n, bool)  # its episode begins at its next step
         self.waiting = np.zeros(n, bool)  # acted; that action's result not in yet
-        self.t = np.zeros(n, np.int32)  # steps executed (results taken)
         self.sent = np.zeros(n, np.int64)  # actions of the episode sent
-        self.ret = np.zeros(n, np.float32)
-        self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
-        self.obs = np.zeros((n,) + self.spec.obs_shape, self.spec.obs_dtype)
-        #: ``on_step`` hooks: a lane's step event goes out when its result is
-        #: taken, with the action the lane executed (kept when it acted).
-        self.steps = episodes_out.steps
-        a_spec = self.spec
-        self.step_action = np.zeros((n,) + a_spec.action_shape, a_spec.action_dtype)
         # Step results in, not taken yet: a ring buffer per lane. At most two
         # chunks are ever sent ahead of the step a lane is at.
         cap = self.cap = 2 * h + 2
@@ -284,9 +276,6 @@ class _Run:
         self.queued = np.zeros(n, np.int64)  # segments queued per lane
         self.inflight = [collections.deque() for _ in lanes.sessions]
         self.replies: queue.SimpleQueue = queue.SimpleQueue()
-        self.env_steps = 0
-        self.next_episode = 0
-        self.state: Any = None
         self.server = np.asarray(lanes.server, np.int64)
         self.local = np.asarray(lanes.local, np.int64)
         self.to_global = []
@@ -297,13 +286,6 @@ class _Run:
             self.to_global.append(m)
         self.lockstep = [c.lockstep for c in lanes.sessions]
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
-        # Chunk replay without the device, as in process (``host._loop``): a
-        # lane whose next action is a known replay takes it on the host; the
-        # next agent step is told how many it took (``skip``).
-        self.skipping = agent.can_skip(self.cfg)
-        self.skip = np.zeros(n, np.int32) if self.skipping else None
-        self.cursor = np.zeros(n, np.int64)  # the next chunk index per lane
-        self.chunk: np.ndarray | None = None
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
         groups = max(1, min(lanes.lane_groups, n))
@@ -724,23 +706,29 @@ class _Run:
         self.sent[js] = np.maximum(first, target)
         return True
 
-    # Episodes ----------------------------------------------------------------------
-    def start(self, js: list[int], eps: list[int]) -> None:
-        """Lanes ``js`` begin episodes ``eps`` (``rules.next_episodes``)."""
-        if js:
-            self.ep_keys[js] = rules.episode_keys(np, self.seeds[eps])
+    # Episodes (HostLoop's rules; the wire's part here) -----------------------------
+    def reset_lanes(self, js: list[int], eps: list[int]) -> None:
+        """Queues the resets; a lane is ready when its reset observation is in."""
         for j, i in zip(js, eps, strict=True):
-            self.episode[j] = i
             self.epoch[j] += 1
-            self.t[j], self.sent[j], self.ret[j] = 0, 0, 0.0
-            self.active[j] = True
-            self.ready[j] = self.waiting[j] = self.started[j] = False
-            self.head[j] = self.tail[j] = 0
             self.resets[j] = i
-        if js:
-            self.metrics.begin(js)
-            if self.recorder is not None:
-                self.recorder.begin(js, self.episode[js])
+        self.sent[js] = 0
+        self.ready[js] = self.waiting[js] = self.started[js] = False
+        self.head[js] = self.tail[js] = 0
+
+    def stepped(self, j: np.ndarray, te: np.ndarray, tr: np.ndarray) -> None:
+        # A lockstep server's lane that ends at the cap is still mid-episode
+        # there: it must be reset even when it takes no next episode.
+        self.capped[j] = ~(te | tr)
+
+    def masked(self, js: np.ndarray) -> None:
+        for j in js.tolist():
+            if self.capped[j] and self.lockstep[self.server[j]]:
+                self.released.append(j)  # the server stops expecting it
+
+    def free(self, ended: np.ndarray) -> None:
+        self.epoch[ended] += 1  # what is still in flight for it is void
+        self.ready[ended] = self.waiting[ended] = False
 
     def take_results(self) -> None:
         """Lanes waiting for a result that is in take it (one step each)."""
@@ -765,95 +753,6 @@ class _Run:
         self.waiting[j] = False
         self.ready[j] = True
         self.account(j, r, te, tr)
-
-    def account(self, j: np.ndarray, r, te, tr) -> None:
-        """One step result per lane of ``j`` (ascending): returns, lengths,
-        the cap, faults, hooks, recording, and the episodes that ended."""
-        step_index = self.t[j].copy()
-        if self.recorder is not None:
-            capped = tr | rules.at_cap(np, step_index + 1, self.max_steps)
-            self.recorder.step(j, step_index, self.obs[j], r, te, capped)
-        self.t[j] += 1
-        self.env_steps += int(j.size)
-        self.ret[j] += r
-        # A lockstep server's lane that ends at the cap is still mid-episode
-        # there: it must be reset even when it takes no next episode.
-        self.capped[j] = ~(te | tr)
-        tr = tr | rules.at_cap(np, self.t[j], self.max_steps)
-        kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
-        bad_r = kinds != core_results.NO_FAULT
-        fault = None
-        if bad_r.any():
-            q = int(np.argmax(bad_r))
-            fault = (int(j[q]), int(kinds[q]), int(step_index[q]), values[q])
-        if self.steps:  # lanes ascending; each lane's steps in order
-            ok = ~bad_r
-            js = j[ok]
-            self.steps.emit(
-                js,
-                self.episode[js],
-                step_index[ok],
-                self.step_action[js],
-                r[ok],
-                te[ok],
-                tr[ok],
-            )
-        end = (te | tr) & ~bad_r
-        ended = j[end]
-        if ended.size:
-            res, i = self.res, self.episode[ended]
-            if self.info_keys:
-                self.metrics.write(res, ended, i)
-            res.returns[i] = self.ret[ended]
-            res.lengths[i] = self.t[ended]
-            res.terminated[i] = te[end]
-            res.truncated[i] = tr[end]
-            res.lanes[i] = ended
-        self.close_episodes(ended, fault)
-        self.steps.raise_error()  # a hook raised on a step that ended nothing
-
-    def close_episodes(self, ended: np.ndarray, fault: tuple | None) -> None:
-        """Marks ended episodes done, raises a fault, restarts the lanes."""
-        res = self.res
-        res.env_steps[...] = self.env_steps
-        if not ended.size and fault is None:
-            return
-        calls, rows = jax.device_get((self.state.predict_calls, self.state.rows))
-        res.policy_rows[...] = rows
-        i = self.episode[ended]
-        res.predict_calls[i] = calls[ended]
-        res.done[i] = True
-        if fault is not None:
-            j, kind, step, value = fault
-            f = res.fault
-            f.kind[j] = kind
-            f.episode[j] = max(int(self.episode[j]), 0)
-            f.step[j] = step
-            f.value[j] = value
-        # A hook that raised on this step ends the run here: the episodes that
-        # ended on it are done (in exc.partial_result), as on the scan path.
-        self.steps.raise_error()
-        self.episodes_out.update(res)
-        self.episodes_out.check_fault(res)
-        free = np.zeros(self.n, bool)
-        for j in sorted(ended.tolist()):
-            self.epoch[j] += 1  # what is still in flight for it is void
-            self.ready[j] = self.waiting[j] = False
-            free[j] = True
-        self.take_next(free)
-
-    def take_next(self, free: np.ndarray) -> None:
-        """The ``free`` lanes ([N] bool) take the next unstarted episodes
-        (CONTRACT 3); those left without one are masked."""
-        starts, eps, self.next_episode = rules.next_episodes(
-            np, free, self.next_episode, self.e
-        )
-        for j in np.flatnonzero(free & ~starts).tolist():  # ascending lane order
-            self.active[j] = False
-            if self.capped[j] and self.lockstep[self.server[j]]:
-                self.released.append(j)  # the server stops expecting it
-            self.episode[j] = -1
-        self.start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
 
     # The loop ----------------------------------------------------------------------
     def open_sessions(self) -> None:
@@ -913,17 +812,9 @@ class _Run:
                 continue
             go = ready & group
             t0 = time.perf_counter()
-            actions = self.agent_step(go)
-            if self.per_step:  # h = 1, no lead: the action is the segment
-                actions, cursor = np.asarray(actions), None
-            elif self.skipping:
-                actions, cursor, self.chunk = jax.device_get(
-                    (actions, self.state.cursor, self.state.chunk)
-                )
-                self.cursor = cursor.astype(np.int64)
-                self.skip[:] = 0
-            else:
-                actions, cursor = jax.device_get((actions, self.state.cursor))
+            device = self.agent_step(self.started & go, go, go)
+            # h = 1 without a lead: the action is the segment, no cursor read.
+            actions, cursor = self.read_actions(device, cursor=not self.per_step)
             self.tel.span(
                 "predict",
                 t0,
@@ -943,58 +834,28 @@ class _Run:
             self.take_results()
             if not (self.ready & group).any():
                 self.flush(group if self.num_groups > 1 else None)
-        self.res.env_steps[...] = self.env_steps
-        self.res.policy_rows[...] = jax.device_get(self.state.rows)
-
-    def agent_step(self, go: np.ndarray) -> Any:
-        """The jitted agent step of the lanes in ``go`` (their observation is
-        new); the other lanes keep their whole state. Returns the actions."""
-        self.state, actions = self.program.step(
-            self.params,
-            self.state,
-            self.obs,
-            self.started & go,
-            go,
-            self.ep_keys,
-            self.t,
-            go,
-            self.skip,
-        )
-        return actions
-
-    def replays_next(self) -> np.ndarray:
-        """[N] lanes whose next action is a replay the host knows: no plan, no
-        prefetch and no episode start (False everywhere unless skipping)."""
-        if not self.skipping:
-            return np.zeros(self.n, bool)
-        return ~self.started & ~agent.due(self.cfg, self.cursor)
+        self.finish()
 
     def replay(self, lanes_: np.ndarray) -> None:
         """The lanes in ``lanes_`` execute their next chunk action without an
-        agent step: it was sent with their segment, and the next agent step
-        skips it (``agent.skip_replayed``)."""
+        agent step: it was sent with their segment (``HostLoop.replayed``)."""
         js = np.flatnonzero(lanes_)
-        actions = np.zeros_like(self.step_action)
-        actions[js] = self.chunk[js, self.cursor[js]]
+        actions = self.replayed(js)
         if self.recorder is not None:
             self.recorder.actions(js, self.t[js], actions)
         if self.steps:
             self.step_action[js] = actions[js]
         self.ready[js] = False
         self.check_actions(lanes_, actions)
-        self.cursor[js] += 1
-        self.skip[js] += 1
         self.waiting[js] = True
         self.take_results()
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
-        """Raises BadValueError for an action out of range or not finite."""
-        kinds, values = rules.action_faults(np, actions, go, self.spec.num_actions)
-        if not kinds.any():
-            return
-        j = int(np.argmax(kinds != core_results.NO_FAULT))
-        fault = (j, int(kinds[j]), int(self.t[j]), values[j])
-        self.close_episodes(np.zeros(0, np.int64), fault)
+        """Raises BadValueError for an action out of range or not finite (the
+        segments stop before it: it is never sent)."""
+        faults = self.action_faults(go, actions)
+        if faults is not None:
+            self.close_episodes(np.zeros(0, np.int64), faults)
 
 
 class _StepRun(_Run):
@@ -1031,8 +892,7 @@ class _StepRun(_Run):
                     self.take_reply()
                 if (self.active & group).any():
                     self._turn(g, group)
-        self.res.env_steps[...] = self.env_steps
-        self.res.policy_rows[...] = jax.device_get(self.state.rows)
+        self.finish()
 
     def _turn(self, g: int, group: np.ndarray) -> None:
         """Group ``g``'s agent step and calls."""
@@ -1040,8 +900,8 @@ class _StepRun(_Run):
         wire = None
         if go.any():
             t0 = time.perf_counter()
-            actions = self.agent_step(go)
-            acts = np.asarray(actions)
+            device = self.agent_step(self.started & go, go, go)
+            acts, _ = self.read_actions(device)
             self.tel.span("predict", t0, time.perf_counter(), self.group_rows[g])
             if self.steps:
                 self.step_action[go] = acts[go]
@@ -1134,38 +994,10 @@ class _StepRun(_Run):
         return True
 
 
-def served_loop(
-    program: Any,
-    params: Any,
-    lanes: ServedLanes,
-    settings: Any,
-    seconds: float | None,
-    seeds_arr: np.ndarray,
-    res: core_results.Results,
-    episodes_out: Any,
-    tel: Any,
-    metrics: Any,
-    recorder: Any = None,
-) -> None:
-    """Runs the budget over served lanes; writes finished episodes into ``res``.
-
-    Takes the host loop's arguments; see ``_Run``. The per-step case runs
-    ``_StepRun``, every other one ``_Run``.
-    """
-    run_cls = _StepRun if _StepRun.applies(program, lanes, recorder) else _Run
-    run_cls(
-        program,
-        params,
-        lanes,
-        settings,
-        seconds,
-        seeds_arr,
-        res,
-        episodes_out,
-        tel,
-        metrics,
-        recorder,
-    ).run()
+def run_class(program: Any, lanes: ServedLanes, recorder: Any) -> type[_Run]:
+    """The pacing of a served run: ``_StepRun`` in the per-step case, else
+    ``_Run``; both take ``HostLoop``'s arguments."""
+    return _StepRun if _StepRun.applies(program, lanes, recorder) else _Run
 
 
-__all__ = ["ServedLanes", "served_loop", "needs_every_observation"]
+__all__ = ["ServedLanes", "run_class", "needs_every_observation"]

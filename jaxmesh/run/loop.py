@@ -1,0 +1,386 @@
+"""The host loop: a budget of episodes on gymnasium lanes, in process or served.
+
+``HostLoop`` holds what an evaluation over host-stepped lanes keeps per lane and
+does per step, written once for both kinds of lanes:
+
+- the episodes: the next one to the lowest free lane (CONTRACT 3), its seed and
+  key, masking the lanes left without one (``start``, ``take_next``);
+- the agent: the jitted ``agent.host_step`` (plan, replay, windows, ``Previous``,
+  the lead; CONTRACT 17) and, on steps where a lane's action is a known chunk
+  replay, that action taken on the host without an agent step
+  (``agent.can_skip``; the next agent step is told, ``agent.skip_replayed``);
+- each step result (``account``): return, length, the caps
+  (``max_episode_steps``; ``max_episode_seconds`` where this process measures
+  it), bad actions and rewards, the recording, the ``on_step`` hooks, the
+  finished episodes written at their own index and handed to the stream, and
+  the fault that stops the run (``close_episodes``).
+
+How lanes are paced is the transport's: ``LocalRun`` (below) steps every lane
+of this process once per iteration, in the scan engine's order; served lanes
+(``jaxmesh.run.served``) move at their own pace over the wire, with chunks sent
+ahead as segments that the server replays. Both call the methods here for every
+episode and step rule.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmesh.core import agent, rules
+from jaxmesh.core import results as core_results
+
+
+class HostLoop:
+    """Per-lane episode state and the step rules of a host-stepped run.
+
+    Args:
+      program: the run's ``host._Program`` (config, jitted init and step).
+      params: the policy params.
+      lanes: the run's lanes (their ``spec`` is read here).
+      settings: the checked settings (``num_envs`` lanes, ``max_steps``).
+      seconds: ``max_episode_seconds`` or None.
+      seeds_arr: the budget's seeds.
+      res: the numpy ``core.results.Results`` filled in place.
+      episodes_out: the run's ``stream.EpisodeStream`` (``.steps``: hooks).
+      tel: the run's ``Telemetry``.
+      metrics: the run's ``host.HostMetrics``.
+      recorder: a ``host.HostRecorder`` or None.
+    """
+
+    def __init__(
+        self,
+        program: Any,
+        params: Any,
+        lanes: Any,
+        settings: Any,
+        seconds: float | None,
+        seeds_arr: np.ndarray,
+        res: core_results.Results,
+        episodes_out: Any,
+        tel: Any,
+        metrics: Any,
+        recorder: Any = None,
+    ):
+        self.program, self.params, self.lanes = program, params, lanes
+        self.cfg = program.config
+        self.spec = lanes.spec
+        self.seconds = seconds
+        self.seeds = seeds_arr
+        self.res, self.episodes_out, self.tel = res, episodes_out, tel
+        self.metrics, self.recorder = metrics, recorder
+        #: ``on_step`` hooks (falsy when there are none).
+        self.steps = episodes_out.steps
+        self.n, self.e = settings.num_envs, int(seeds_arr.size)
+        self.max_steps = settings.max_steps
+        n, spec = self.n, self.spec
+        k = jax.eval_shape(jax.random.PRNGKey, 0)
+        self.episode = np.full(n, -1, np.int64)
+        self.active = np.zeros(n, bool)  # running an episode
+        self.started = np.zeros(n, bool)  # its episode begins at its next step
+        self.t = np.zeros(n, np.int32)  # steps executed
+        self.ret = np.zeros(n, np.float32)
+        self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
+        self.obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
+        #: The action each lane executes at its current step (the hooks read it).
+        self.step_action = np.zeros((n,) + spec.action_shape, spec.action_dtype)
+        #: When each lane's episode began (perf_counter), where this process
+        #: measures ``max_episode_seconds``; None where the lanes measure it.
+        self.t0: np.ndarray | None = None
+        self.env_steps = 0
+        self.next_episode = 0
+        self.state: Any = None
+        # Chunk replay without the device: a lane whose next action is a known
+        # replay takes it on the host; the next agent step is told how many it
+        # took (``skip``). ``chunk`` and ``cursor`` are read back at each agent
+        # step.
+        self.skipping = agent.can_skip(self.cfg)
+        self.skip = np.zeros(n, np.int32) if self.skipping else None
+        self.cursor = np.zeros(n, np.int64)  # the next chunk index per lane
+        self.chunk: np.ndarray | None = None
+
+    # Episodes ---------------------------------------------------------------------
+    def start(self, js: list[int], eps: list[int]) -> None:
+        """Lanes ``js`` begin episodes ``eps`` (``rules.next_episodes``)."""
+        if not js:
+            return
+        self.ep_keys[js] = rules.episode_keys(np, self.seeds[eps])
+        self.episode[js] = eps
+        self.t[js], self.ret[js], self.active[js] = 0, 0.0, True
+        self.metrics.begin(js)
+        if self.recorder is not None:
+            self.recorder.begin(js, eps)
+        self.reset_lanes(js, eps)
+
+    def reset_lanes(self, js: list[int], eps: list[int]) -> None:
+        """Resets lanes ``js`` for episodes ``eps`` (the transport's part)."""
+        raise NotImplementedError
+
+    def take_next(self, free: np.ndarray) -> None:
+        """The ``free`` lanes ([N] bool) take the next unstarted episodes
+        (CONTRACT 3); those left without one are masked."""
+        starts, eps, self.next_episode = rules.next_episodes(
+            np, free, self.next_episode, self.e
+        )
+        masked = free & ~starts
+        if masked.any():
+            self.active[masked] = False
+            self.episode[masked] = -1
+            self.masked(np.flatnonzero(masked))
+        if starts.any():
+            self.start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
+
+    def masked(self, js: np.ndarray) -> None:
+        """Lanes ``js`` (ascending) have no episode left to run."""
+
+    # The agent --------------------------------------------------------------------
+    def agent_step(self, started: Any, active: Any, moved: Any) -> Any:
+        """The jitted agent step (``agent.host_step``); returns the actions on
+        the device. ``moved`` None: every lane's observation is new."""
+        self.state, actions = self.program.step(
+            self.params,
+            self.state,
+            self.obs,
+            started,
+            active,
+            self.ep_keys,
+            self.t,
+            moved,
+            self.skip,
+        )
+        return actions
+
+    def read_actions(self, actions: Any, cursor: bool = False) -> tuple:
+        """The actions of an agent step on the host, and the chunk cursors when
+        skipping replays or when ``cursor`` (else None). While skipping, the
+        chunk is read too and the skip counts start over."""
+        if self.skipping:
+            actions, cur, self.chunk = jax.device_get(
+                (actions, self.state.cursor, self.state.chunk)
+            )
+            self.cursor = cur.astype(np.int64)
+            self.skip[:] = 0
+            return np.asarray(actions), self.cursor
+        if cursor:
+            actions, cur = jax.device_get((actions, self.state.cursor))
+            return np.asarray(actions), cur
+        return np.asarray(actions), None
+
+    def replays_next(self) -> np.ndarray:
+        """[N] lanes whose next action is a replay the host knows: no plan, no
+        prefetch and no episode start (False everywhere unless skipping)."""
+        if not self.skipping:
+            return np.zeros(self.n, bool)
+        return ~self.started & ~agent.due(self.cfg, self.cursor)
+
+    def replayed(self, js: np.ndarray) -> np.ndarray:
+        """Lanes ``js`` execute their next chunk action without an agent step
+        (the next agent step skips it); returns the actions by lane (zeros for
+        the other lanes)."""
+        actions = np.zeros_like(self.step_action)
+        h = self.cfg.horizon
+        actions[js] = self.chunk[js, np.minimum(self.cursor[js], h - 1)]
+        self.cursor[js] += 1
+        self.skip[js] += 1
+        return actions
+
+    # Step results -----------------------------------------------------------------
+    def account(
+        self,
+        j: np.ndarray,
+        r: np.ndarray,
+        te: np.ndarray,
+        tr: np.ndarray,
+        faults: tuple | None = None,
+    ) -> None:
+        """One step result per lane of ``j`` (ascending): returns, lengths, the
+        caps, faults, recording, hooks, and the episodes that ended.
+
+        Args:
+          j: int [m], the lanes that executed a step; their observations after
+            it are in ``self.obs``.
+          r, te, tr: [m] reward, terminated, truncated as the env said.
+          faults: ``(kinds, values, steps)`` [N], the step's bad actions
+            (``action_faults``: lanes that did not step), or None.
+        """
+        step_index = self.t[j].copy()  # the 0-based step just executed
+        self.t[j] = step_index + 1
+        self.env_steps += int(j.size)
+        self.ret[j] += r
+        self.stepped(j, te, tr)
+        tr = tr | rules.at_cap(np, step_index + 1, self.max_steps)
+        if self.t0 is not None:
+            tr = tr | (time.perf_counter() - self.t0[j] >= self.seconds)
+        if self.recorder is not None:
+            self.recorder.step(j, step_index, self.obs[j], r, te, tr)
+        kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
+        bad_r = kinds != core_results.NO_FAULT
+        if bad_r.any():
+            faults = self._with(
+                faults, j[bad_r], kinds[bad_r], values[bad_r], step_index[bad_r]
+            )
+        if self.steps:  # lanes ascending; a step that met a bad value is not one
+            ok = ~bad_r
+            js = j[ok]
+            self.steps.emit(
+                js,
+                self.episode[js],
+                step_index[ok],
+                self.step_action[js],
+                r[ok],
+                te[ok],
+                tr[ok],
+            )
+        end = (te | tr) & ~bad_r
+        ended = j[end]
+        if ended.size:
+            res, i = self.res, self.episode[ended]
+            if self.metrics.active:
+                self.metrics.write(res, ended, i)
+            res.returns[i] = self.ret[ended]
+            res.lengths[i] = self.t[ended]
+            res.terminated[i] = te[end]
+            res.truncated[i] = tr[end]
+            res.lanes[i] = ended
+        self.close_episodes(ended, faults)
+        self.steps.raise_error()  # a hook raised on a step that ended nothing
+
+    def stepped(self, j: np.ndarray, te: np.ndarray, tr: np.ndarray) -> None:
+        """Lanes ``j`` executed a step that the env ended with ``te | tr``
+        (before the run's own caps)."""
+
+    def _with(self, faults: tuple | None, js, kinds, values, steps) -> tuple:
+        """``faults`` (``(kinds, values, steps)`` [N], or None) with lanes
+        ``js``' added."""
+        if faults is None:
+            n = self.n
+            faults = (np.zeros(n, np.int32), np.zeros(n, np.float32), self.t.copy())
+        else:
+            faults = tuple(x.copy() for x in faults)
+        faults[0][js], faults[1][js], faults[2][js] = kinds, values, steps
+        return faults
+
+    def action_faults(self, go: np.ndarray, actions: np.ndarray) -> tuple | None:
+        """The bad actions (out of range, not finite) of the lanes in ``go``,
+        about to be executed at each lane's step ``t``: ``(kinds, values,
+        steps)`` [N], or None."""
+        kinds, values = rules.action_faults(np, actions, go, self.spec.num_actions)
+        return (kinds, values, self.t.copy()) if kinds.any() else None
+
+    def close_episodes(self, ended: np.ndarray, faults: tuple | None) -> None:
+        """Marks the ``ended`` lanes' episodes done, raises a fault, and hands
+        the lanes their next episodes.
+
+        Args:
+          ended: int [m], lanes whose episode just ended (scored).
+          faults: ``(kinds, values, steps)`` [N]: the bad values met now and
+            the 0-based episode step of each; or None.
+        """
+        res = self.res
+        res.env_steps[...] = self.env_steps
+        if not ended.size and faults is None:
+            return
+        calls, rows = jax.device_get((self.state.predict_calls, self.state.rows))
+        res.policy_rows[...] = rows
+        i = self.episode[ended]
+        res.predict_calls[i] = calls[ended]
+        res.done[i] = True
+        if faults is not None:
+            kinds, values, steps = faults
+            js = np.flatnonzero(kinds != core_results.NO_FAULT)
+            f = res.fault
+            f.kind[js] = kinds[js]
+            f.episode[js] = np.maximum(self.episode[js], 0)
+            f.step[js] = steps[js]
+            f.value[js] = values[js]
+        # A hook that raised on this step ends the run here: the episodes that
+        # ended on it are done (in exc.partial_result), as on the scan path.
+        self.steps.raise_error()
+        self.episodes_out.update(res)
+        self.episodes_out.check_fault(res)
+        self.free(ended)
+        free = np.zeros(self.n, bool)
+        free[ended] = True
+        self.take_next(free)
+
+    def free(self, ended: np.ndarray) -> None:
+        """Lanes ``ended`` finished their episodes (before they take the next)."""
+
+    def finish(self) -> None:
+        """The run's totals, once every episode has ended."""
+        self.res.env_steps[...] = self.env_steps
+        self.res.policy_rows[...] = jax.device_get(self.state.rows)
+
+
+class LocalRun(HostLoop):
+    """Lanes stepped in this process (``jaxmesh.envs.gymnasium.local``).
+
+    One iteration is one env step of every running lane, in the scan engine's
+    order: the agent step (or, when no lane plans, prefetches or starts, each
+    lane's known chunk action); the actions' checks; the env step of the lanes
+    whose action passed; ``account``; the lanes that ended take the next
+    episodes in ascending lane order and are reset at once, so they step with
+    the others at the next iteration (CONTRACT 3, 6). ``max_episode_seconds``
+    is measured here, from just before an episode's reset.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.seconds is not None:
+            self.t0 = np.zeros(self.n, np.float64)
+        self.lanes.info_keys = self.metrics.keys
+
+    def reset_lanes(self, js: list[int], eps: list[int]) -> None:
+        if self.t0 is not None:
+            self.t0[js] = time.perf_counter()
+        first = self.lanes.reset(js, [int(self.seeds[i]) for i in eps], eps)
+        for j, o in zip(js, first, strict=True):
+            self.obs[j] = o
+        self.started[js] = True
+        if self.recorder is not None:
+            self.recorder.reset(js, self.obs)
+
+    def run(self) -> None:
+        tel, n = self.tel, self.n
+        self.take_next(np.ones(n, bool))
+        self.state = self.program.init(self.obs, self.active.copy())
+        while self.active.any():
+            t_predict = time.perf_counter()
+            if self.skipping and not np.any(self.active & ~self.replays_next()):
+                actions = self.replayed(np.flatnonzero(self.active))
+                t_env = t_predict
+            else:
+                device = self.agent_step(self.started, self.active, None)
+                actions, _ = self.read_actions(device)
+                t_env = time.perf_counter()
+                tel.span("predict", t_predict, t_env, "lanes")
+            self.started[:] = False
+            faults = self.action_faults(self.active, actions)
+            go = self.active
+            if faults is not None:
+                go = go & (faults[0] == core_results.NO_FAULT)
+            reward, term, trunc = self.lanes.step(actions, go, self.obs)
+            tel.span("env_step", t_env, time.perf_counter(), "lanes")
+            j = np.flatnonzero(go)
+            if self.metrics.active:
+                self.step_metrics(go, j)
+            if self.recorder is not None:
+                self.recorder.actions(j, self.t[j], actions)
+            self.step_action = actions
+            self.account(j, reward[j], term[j], trunc[j], faults)
+        self.finish()
+
+    def step_metrics(self, go: np.ndarray, j: np.ndarray) -> None:
+        """The info values of the step just taken (``lanes.info``)."""
+        metrics, lanes = self.metrics, self.lanes
+        present = {k for k, (_, p) in lanes.info.items() if p.any()}
+        if not metrics.checked and go.any():
+            metrics.check(present, lanes.info_seen)
+        if present:  # else no lane's info had a key: nothing to add
+            metrics.step(j, {k: (v[j], p[j]) for k, (v, p) in lanes.info.items()})
+
+
+__all__ = ["HostLoop", "LocalRun"]
