@@ -97,12 +97,36 @@ class ServedOptions(NamedTuple):
       reply_timeout: seconds a reply may take (None: no limit).
       lane_groups: lanes in this many groups (None:
         ``served.default_lane_groups``).
+      on_server_loss: ``"rerun"`` (None: the default) or ``"raise"``: what a
+        run over several servers does when one dies or stops answering.
     """
 
     token: str | None = None
     credentials: Any = None
     reply_timeout: float | None = None
     lane_groups: int | None = None
+    on_server_loss: str | None = None
+
+
+#: What a served run may do when it loses a server.
+SERVER_LOSS = ("rerun", "raise")
+
+
+def check_server_loss(value: Any) -> str:
+    """``on_server_loss`` as ``"rerun"`` or ``"raise"`` (None: ``"rerun"``).
+
+    Raises:
+      ValueError: any other value.
+    """
+    if value is None:
+        return "rerun"
+    if not isinstance(value, str) or value not in SERVER_LOSS:
+        raise ValueError(
+            f"on_server_loss={value!r}: expected 'rerun' (run a lost server's "
+            "unfinished episodes again on the other servers) or 'raise' (end the "
+            "run with the finished episodes kept)"
+        )
+    return value
 
 
 def _what_runs(env: Any) -> str:
@@ -138,6 +162,7 @@ def check_served_options(
         return options._replace(
             reply_timeout=check_reply_timeout(options.reply_timeout),
             lane_groups=check_lane_groups(options.lane_groups),
+            on_server_loss=check_server_loss(options.on_server_loss),
         )
     what = _what_runs(env)
     for name, value in options._asdict().items():
@@ -164,5 +189,6 @@ __all__ = [
     "check_served_options",
     "check_reply_timeout",
     "check_lane_groups",
+    "check_server_loss",
     "positive_seconds",
 ]

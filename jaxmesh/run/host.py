@@ -525,6 +525,7 @@ def evaluate(
             token=served.token,
             credentials=served.credentials,
             reply_timeout=served.reply_timeout,
+            on_server_loss=served.on_server_loss,
         )
         # A group plans alone: the default tile is sized for its lanes.
         tile_lanes = lanes.group(settings, served.lane_groups)

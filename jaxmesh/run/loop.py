@@ -92,6 +92,11 @@ class HostLoop:
         self.t0: np.ndarray | None = None
         self.env_steps = 0
         self.next_episode = 0
+        #: Lanes gone for good (their server was lost): never given an episode.
+        self.dead = np.zeros(n, bool)
+        #: Started episodes to run again from their seeds (a lost lane's), taken
+        #: before the next unstarted ones, lowest index first.
+        self.rerun: list[int] = []
         self.state: Any = None
         # Chunk replay without the device: a lane whose next action is a known
         # replay takes it on the host; the next agent step is told how many it
@@ -121,7 +126,9 @@ class HostLoop:
 
     def take_next(self, free: np.ndarray) -> None:
         """The ``free`` lanes ([N] bool) take the next unstarted episodes
-        (CONTRACT 3); those left without one are masked."""
+        (CONTRACT 3); those left without one are masked. Episodes to run again
+        (``rerun``) go first, to the lowest free lanes; a dead lane takes none."""
+        free = self.start_reruns(free & ~self.dead)
         starts, eps, self.next_episode = rules.next_episodes(
             np, free, self.next_episode, self.e
         )
@@ -133,8 +140,35 @@ class HostLoop:
         if starts.any():
             self.start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
 
+    def start_reruns(self, free: np.ndarray) -> np.ndarray:
+        """The lowest ``free`` lanes start the episodes to run again; returns
+        the lanes still free."""
+        if not self.rerun:
+            return free
+        js = np.flatnonzero(free)[: len(self.rerun)]
+        if not js.size:
+            return free
+        again, self.rerun = self.rerun[: js.size], self.rerun[js.size :]
+        free = free.copy()
+        free[js] = False
+        self.start(js.tolist(), again)
+        return free
+
     def masked(self, js: np.ndarray) -> None:
         """Lanes ``js`` (ascending) have no episode left to run."""
+
+    def lose_lanes(self, js: np.ndarray) -> list[int]:
+        """Lanes ``js`` are gone for good: their unfinished episodes go back to
+        be run again from their seeds by the lanes that remain (none of their
+        results was written). Returns those episodes."""
+        lost = sorted(int(i) for i in self.episode[js][self.active[js]])
+        self.dead[js] = True
+        self.active[js] = self.started[js] = False
+        self.episode[js] = -1
+        self.rerun = sorted(self.rerun + lost)
+        # Lanes that had nothing left take the re-runs now.
+        self.start_reruns(~self.active & ~self.dead)
+        return lost
 
     # The agent --------------------------------------------------------------------
     def agent_step(self, started: Any, active: Any, moved: Any) -> Any:

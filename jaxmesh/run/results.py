@@ -272,6 +272,11 @@ class RunResult:
     #: writes); the HTML report embeds them. Relative paths are relative to the
     #: working directory (``jaxmesh report``: to the results JSON's folder).
     videos: list[str] = dataclasses.field(default_factory=list)
+    #: Served runs: the servers lost during the run, in order, each a dict
+    #: (``server``: its address, ``at_seconds``: into the run, ``error``,
+    #: ``lanes``: lanes dropped, ``episodes_rerun``: the unfinished episodes
+    #: run again from their seeds elsewhere). Empty when none was lost.
+    server_losses: list[dict] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_results(
@@ -604,6 +609,7 @@ class RunResult:
                 "success_rate": self.success_rate,
             },
             "telemetry": self.telemetry,
+            **({"server_losses": self.server_losses} if self.server_losses else {}),
             "episodes": [e.to_dict() for e in self.episodes],
             **({"recorded": self._recorded} if self._recorded is not None else {}),
             **({"videos": list(self.videos)} if self.videos else {}),
@@ -690,6 +696,7 @@ class RunResult:
                 metric_reductions=reductions,
                 success_key=success_key,
                 videos=[str(v) for v in d.get("videos", [])],
+                server_losses=[dict(x) for x in d.get("server_losses", [])],
             )
             # The arrays live in an .npz file (load_trajectories); their index
             # is kept so that to_dict() writes it back.

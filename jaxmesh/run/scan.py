@@ -455,6 +455,7 @@ def evaluate(
     lane_groups: int | None = None,
     credentials: Any = None,
     reply_timeout: float | None = None,
+    on_server_loss: str | None = None,
     metrics: Any = None,
     success: Any = None,
     devices: Any = None,
@@ -492,7 +493,9 @@ def evaluate(
         the host between segments; episodes arrive in episode order. And
         ``on_step(jaxmesh.StepEvent)``, every executed step in step order (on a
         JAX env a program of its own with a host callback per step: much slower;
-        docs/evaluation.md, "Step hooks"; refused with ``devices=``).
+        docs/evaluation.md, "Step hooks"; refused with ``devices=``). And
+        ``on_fault(info)``: served envs, a server lost and its unfinished
+        episodes run again (``on_server_loss``).
       params: policy params passed as a jit argument (new values never
         recompile). With ``params``, a plain function is ``fn(params, obs)`` or
         ``fn(params, obs, key)`` as in ``make_evaluator``; for a Model they
@@ -516,6 +519,14 @@ def evaluate(
       lane_groups: served envs: lanes in this many groups, so that the device
         plans for one group while the servers step another; None: the default
         (``jaxmesh.run.served.default_lane_groups``).
+      on_server_loss: served envs over several servers: ``"rerun"`` (None,
+        the default): a server that dies or stops answering (``reply_timeout``)
+        is dropped and the episodes it had not finished run again, from their
+        seeds, on the other servers' lanes, so the result is that of a run
+        without the loss (``result.server_losses`` and ``on_fault`` hooks say
+        what happened); with no server left the run raises. ``"raise"``: the
+        first loss ends the run with ``jaxmesh.RemoteConnectionError``
+        (finished episodes on ``exc.partial_result``).
       metrics: env info keys kept per episode (``result.metrics``): a key, a
         list of keys (each its last value), or a dict key -> reduction over the
         episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``. Sources:
@@ -563,7 +574,9 @@ def evaluate(
     # checked here once, for every kind of env.
     kind = backend.backend_of(env)
     served = backend.check_served_options(
-        backend.ServedOptions(token, credentials, reply_timeout, lane_groups),
+        backend.ServedOptions(
+            token, credentials, reply_timeout, lane_groups, on_server_loss
+        ),
         kind,
         env,
     )

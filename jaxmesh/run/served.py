@@ -56,6 +56,7 @@ from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.remote.session import Session
+from jaxmesh.run import stream
 from jaxmesh.run.loop import HostLoop
 
 #: Lanes from which a served run splits its lanes in two groups by default.
@@ -86,6 +87,9 @@ class ServedLanes:
       addresses: the servers (``"grpc://host:port"``).
       num_envs: lanes asked for; the run uses at most the servers' lanes.
       token, connect_timeout, reply_timeout: see ``Connection``.
+      on_server_loss: ``"rerun"``: a server that dies or stops answering is
+        dropped and its unfinished episodes run again on the other servers'
+        lanes (the run raises when none is left); ``"raise"``: the run raises.
 
     Raises:
       jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
@@ -101,8 +105,12 @@ class ServedLanes:
         connect_timeout: float = 10.0,
         reply_timeout: float | None = None,
         credentials: Any = None,
+        on_server_loss: str = "rerun",
     ):
         from jaxmesh.remote import spaces
+
+        #: What a run does when a server dies or stops answering (``_Run``).
+        self.on_server_loss = on_server_loss
 
         self.sessions: list[Session] = []
         try:
@@ -285,6 +293,9 @@ class _Run(HostLoop):
             m[self.local[mine]] = mine
             self.to_global.append(m)
         self.lockstep = [c.lockstep for c in lanes.sessions]
+        #: Servers dropped (``lose_server``), and when the run began.
+        self.lost: set[int] = set()
+        self.t_start = time.perf_counter()
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
@@ -462,23 +473,77 @@ class _Run(HostLoop):
 
     def take_reply(self, block: bool = True) -> bool:
         """Files the next reply of any server; False when none is in (``block``
-        False) or none is expected."""
+        False) or none is expected. A server that failed is dropped when the
+        run can go on without it (``lose_server``)."""
         sessions = self.lanes.sessions
         if not any(self.inflight):
             return False
-        if self.direct:
-            if not block:
-                return False
-            s, reply = 0, sessions[0].receive()
-        else:
-            s, item = self._queued_reply(block, sessions[0].reply_timeout)
-            if item is None:
-                return False
-            reply = sessions[s].reply(item)
+        s: int | None = 0 if self.direct else None
+        try:
+            if self.direct:
+                if not block:
+                    return False
+                reply = sessions[0].receive()
+            else:
+                s, item = self._queued_reply(block, sessions[0].reply_timeout)
+                if item is None:
+                    return False
+                if s in self.lost:  # queued before its server was dropped
+                    return True
+                reply = sessions[s].reply(item)
+        except RemoteConnectionError as exc:
+            if s is None:  # no reply in time: the server waited on longest
+                s = self._oldest_in_flight()
+            if not self.lose_server(s, exc):
+                raise
+            return True
         tel = self.tel
         row = self.server_rows[s]
         tel.span("decode", reply.arrived, reply.decoded_at, row)
         return self._file_reply(s, reply)
+
+    def _oldest_in_flight(self) -> int:
+        """The server whose oldest call in flight was sent first."""
+        waiting = [(q[0][1], s) for s, q in enumerate(self.inflight) if q]
+        return min(waiting)[1]
+
+    def lose_server(self, s: int, exc: BaseException) -> bool:
+        """Drops server ``s`` after ``exc`` when the run may go on: its lanes
+        are gone and the episodes they had not finished run again, from their
+        seeds, on the lanes that remain (``HostLoop.lose_lanes``). False (the
+        caller raises) under ``on_server_loss="raise"`` or with no other server
+        left."""
+        sessions = self.lanes.sessions
+        left = [t for t in range(len(sessions)) if t != s and t not in self.lost]
+        if self.lanes.on_server_loss != "rerun" or not left:
+            return False
+        self.lost.add(s)
+        js = np.flatnonzero(self.server == s)
+        self.epoch[js] += 1  # whatever is queued or in flight for them is void
+        self.ready[js] = self.waiting[js] = False
+        for j in js.tolist():
+            self.resets.pop(j, None)
+        self.released = [j for j in self.released if self.server[j] != s]
+        self.dropped(list(self.inflight[s]))
+        self.inflight[s].clear()
+        sessions[s].close()
+        episodes = self.lose_lanes(js)
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        loss = {
+            "server": sessions[s].address,
+            "at_seconds": round(time.perf_counter() - self.t_start, 6),
+            "error": first_line,
+            "lanes": int(js.size),
+            "episodes_rerun": len(episodes),
+        }
+        self.episodes_out.run_fields.setdefault("server_losses", []).append(loss)
+        self.tel.add("server_lost", 1)
+        stream.call(self.episodes_out.hooks, "on_fault", dict(loss))
+        return True
+
+    def dropped(self, calls: list) -> None:
+        """Calls in flight to a lost server (``(tag, sent_at)``), never to be
+        answered."""
 
     def _queued_reply(self, block: bool, timeout: float | None) -> tuple[int, Any]:
         """The next reply a reader thread queued: ``(server, item)``; item None
@@ -925,6 +990,10 @@ class _StepRun(_Run):
                 "nothing to send; please report it (active "
                 f"{np.flatnonzero(self.active & group).tolist()})"
             )
+
+    def dropped(self, calls: list) -> None:
+        for (_, group, _, _), _ in calls:
+            self.pending[group] -= 1
 
     def _send_step(self, s, rs, resets, act_g, wire, group) -> None:
         """One call of lane group ``group`` to server ``s``: the resets ``rs``

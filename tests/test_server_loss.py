@@ -1,0 +1,164 @@
+"""A served run that loses a server: the others run its unfinished episodes again.
+
+Real servers: ``jaxmesh serve-env`` child processes on 127.0.0.1, one of them
+killed (SIGKILL) from a hook in the middle of the run. The reference is the
+plain gymnasium loop of ``gym_reference`` (written from the contract): every
+episode of the budget must equal it, the lost server's unfinished ones
+included, as if nothing had happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import gymnasium as gym
+import jax
+import pytest
+from gym_reference import ID, chunky, lean, per_step, plain_loop
+from reference_loop import assert_matches
+
+import jaxmesh
+
+SEEDS = list(range(24))
+_REFS: dict = {}
+
+
+def refs(kind: str) -> list:
+    if kind not in _REFS:
+        if kind == "lean":
+            _REFS[kind] = plain_loop(gym.make(ID), per_step(lean), SEEDS)
+        else:
+            fn = jax.jit(chunky)
+            _REFS[kind] = plain_loop(
+                gym.make(ID), lambda x, k: fn(x), SEEDS, horizon=4, lead=2
+            )
+    return _REFS[kind]
+
+
+def start_serve_env(lanes: int):
+    """``jaxmesh serve-env`` in a child process; (process, address) once ready."""
+    r, w = os.pipe()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxmesh.cli",
+            "serve-env",
+            f"gymnasium:{ID}",
+            "--lanes",
+            str(lanes),
+            "--ready-fd",
+            str(w),
+        ],
+        pass_fds=(w,),
+        stdout=subprocess.DEVNULL,
+    )
+    os.close(w)
+    with os.fdopen(r) as ready:
+        address = ready.readline().strip()
+    assert address, f"serve-env exited with {proc.wait()}"
+    return proc, address
+
+
+@pytest.fixture
+def two_servers():
+    procs = [start_serve_env(2), start_serve_env(2)]
+    yield procs
+    for proc, _ in procs:
+        proc.kill()
+        proc.wait()
+
+
+class KillAt:
+    """Kills a server when episode ``index`` ends; records ``on_fault``."""
+
+    def __init__(self, proc, index: int):
+        self.proc, self.index = proc, index
+        self.faults: list[dict] = []
+
+    def on_episode_end(self, ep):
+        if ep.index == self.index and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def on_fault(self, info):
+        self.faults.append(info)
+
+
+@pytest.mark.parametrize(
+    "policy, kind, kw",
+    [
+        (lean, "lean", {}),  # h = 1: the per-step road
+        (chunky, "chunky", {"horizon": 4, "prefetch_lead": 2}),  # segments
+    ],
+)
+def test_a_lost_server_s_episodes_run_again_on_the_other(two_servers, policy, kind, kw):
+    (victim, lost), (_, kept) = two_servers
+    hook = KillAt(victim, 5)
+    got = jaxmesh.evaluate(
+        policy,
+        [f"grpc://{lost}", f"grpc://{kept}"],
+        num_envs=4,
+        seeds=SEEDS,
+        hooks=hook,
+        **kw,
+    )
+    want = refs(kind)
+    assert got.indices.tolist() == list(range(len(SEEDS)))
+    assert_matches(got, want)
+    assert got.env_steps >= sum(r.length for r in want)
+    # Lanes 0 and 2 were the lost server's (lanes are dealt round-robin); the
+    # episodes that started after the loss ran on lanes 1 and 3.
+    assert len(got.server_losses) == 1
+    loss = got.server_losses[0]
+    assert loss["server"] == lost and loss["lanes"] == 2
+    assert 1 <= loss["episodes_rerun"] <= 2
+    assert hook.faults == [loss]
+    assert got.telemetry["server_lost"]["count"] == 1
+    assert set(got.lanes[got.indices > 8].tolist()) <= {1, 3}
+    # The record survives a round trip through the results JSON.
+    again = jaxmesh.RunResult.from_dict(got.to_dict())
+    assert again.server_losses == got.server_losses
+
+
+def test_on_server_loss_raise_ends_the_run_with_finished_episodes(two_servers):
+    (victim, lost), (_, kept) = two_servers
+    with pytest.raises(jaxmesh.RemoteConnectionError, match=lost) as e:
+        jaxmesh.evaluate(
+            lean,
+            [f"grpc://{lost}", f"grpc://{kept}"],
+            num_envs=4,
+            seeds=SEEDS,
+            hooks=KillAt(victim, 5),
+            on_server_loss="raise",
+        )
+    partial = e.value.partial_result
+    assert set(range(6)) <= set(partial.indices.tolist())
+    assert_matches(partial, [refs("lean")[i] for i in partial.indices])
+
+
+def test_losing_the_last_server_raises_with_finished_episodes():
+    proc, address = start_serve_env(2)
+    try:
+        with pytest.raises(jaxmesh.RemoteConnectionError, match=address) as e:
+            jaxmesh.evaluate(
+                lean,
+                f"grpc://{address}",
+                num_envs=2,
+                seeds=SEEDS,
+                hooks=KillAt(proc, 3),
+            )
+        assert set(range(4)) <= set(e.value.partial_result.indices.tolist())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_on_server_loss_is_checked_before_anything_starts():
+    with pytest.raises(ValueError, match="on_server_loss='retry'.*'rerun'"):
+        jaxmesh.evaluate(lean, "grpc://127.0.0.1:1", on_server_loss="retry")
+    with pytest.raises(ValueError, match="drop on_server_loss="):
+        jaxmesh.evaluate(lean, [gym.make(ID)], on_server_loss="rerun")
