@@ -19,6 +19,7 @@ from jaxmesh.record import Record, Trajectory
 from jaxmesh.run.agent import Agent, make_agent
 from jaxmesh.run.pure import make_evaluator
 from jaxmesh.run.results import EpisodeResult, RunResult, StepEvent
+from jaxmesh.run.resume import EpisodeLog, load_episode_log
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison, compare
@@ -68,6 +69,8 @@ __all__ = [
     "Agent",
     "Model",
     "EpisodeResult",
+    "EpisodeLog",
+    "load_episode_log",
     "RunResult",
     "StepEvent",
     "Record",

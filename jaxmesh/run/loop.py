@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
+from jaxmesh.run import resume
 
 
 class HostLoop:
@@ -92,6 +93,9 @@ class HostLoop:
         self.t0: np.ndarray | None = None
         self.env_steps = 0
         self.next_episode = 0
+        #: Each episode's index in the budget (a resumed run runs a part of it):
+        #: an env that declares ``trial_index`` gets it (CONTRACT 6).
+        self.trial_of = resume.episode_indices(self.e)
         #: Lanes gone for good (their server was lost): never given an episode.
         self.dead = np.zeros(n, bool)
         #: Started episodes to run again from their seeds (a lost lane's), taken
@@ -370,7 +374,8 @@ class LocalRun(HostLoop):
     def reset_lanes(self, js: list[int], eps: list[int]) -> None:
         if self.t0 is not None:
             self.t0[js] = time.perf_counter()
-        first = self.lanes.reset(js, [int(self.seeds[i]) for i in eps], eps)
+        seeds = [int(self.seeds[i]) for i in eps]
+        first = self.lanes.reset(js, seeds, self.trial_of[eps].tolist())
         for j, o in zip(js, first, strict=True):
             self.obs[j] = o
         self.started[js] = True

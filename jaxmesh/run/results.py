@@ -277,6 +277,10 @@ class RunResult:
     #: ``lanes``: lanes dropped, ``episodes_rerun``: the unfinished episodes
     #: run again from their seeds elsewhere). Empty when none was lost.
     server_losses: list[dict] = dataclasses.field(default_factory=list)
+    #: What ``evaluate(..., resume=)`` compares beyond the fields above
+    #: (``jaxmesh.run.resume.fingerprint``: ``max_episode_steps``, and the
+    #: params' digest on a failure's ``partial_result``); None: not recorded.
+    fingerprint: dict | None = None
 
     @classmethod
     def from_results(
@@ -610,6 +614,7 @@ class RunResult:
             },
             "telemetry": self.telemetry,
             **({"server_losses": self.server_losses} if self.server_losses else {}),
+            **({"fingerprint": self.fingerprint} if self.fingerprint else {}),
             "episodes": [e.to_dict() for e in self.episodes],
             **({"recorded": self._recorded} if self._recorded is not None else {}),
             **({"videos": list(self.videos)} if self.videos else {}),
@@ -697,6 +702,7 @@ class RunResult:
                 success_key=success_key,
                 videos=[str(v) for v in d.get("videos", [])],
                 server_losses=[dict(x) for x in d.get("server_losses", [])],
+                fingerprint=d.get("fingerprint"),
             )
             # The arrays live in an .npz file (load_trajectories); their index
             # is kept so that to_dict() writes it back.

@@ -29,6 +29,7 @@ from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
 from jaxmesh.record import check_record, check_record_budget
 from jaxmesh.run import backend, build, checks, placement, stream
+from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.placement import (  # noqa: F401 - their old home
     CPU_COMPILER_OPTIONS,
     compiler_options,
@@ -436,6 +437,7 @@ def clear_cache() -> None:
     host.clear_cache()
 
 
+@resume_mod.resumable
 def evaluate(
     policy: Any,
     env: Any,
@@ -461,6 +463,7 @@ def evaluate(
     devices: Any = None,
     record: Any = None,
     trace: Any = None,
+    resume: RunResult | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -549,6 +552,13 @@ def evaluate(
         envs: plan, encode, the call and the server's step, decode), written
         when the run ends, also when it fails (``jaxmesh.trace``; open it at
         https://ui.perfetto.dev).
+      resume: an earlier ``RunResult`` of this run (an exception's
+        ``partial_result``, ``RunResult.from_dict`` of its JSON, or
+        ``jaxmesh.load_episode_log(path)``): only the episodes it lacks run, in
+        its plan tile, and the result holds the whole budget, each episode as
+        an uninterrupted run gives it (``jaxmesh.run.resume``). A result of
+        another budget, policy, params, env or settings is refused, naming
+        what differs; not with ``record=``.
 
     Returns:
       A ``RunResult``.

@@ -432,7 +432,7 @@ class _Run(HostLoop):
         size = session.send(
             reset_lanes=self.local[reset_g],
             seeds=self.seeds[eps],
-            trials=eps if session.trial_index else None,
+            trials=self.trial_of[eps] if session.trial_index else None,
             max_episode_seconds=self.seconds,
             lanes=self.local[act_g] if act_g.size else None,
             counts=counts,
