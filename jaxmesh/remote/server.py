@@ -466,6 +466,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
             "server lane, as the handshake's num_lanes says)"
         )
     mask = msg.lane_mask
+    _check_bounds(msg, n)
 
     def check_lane(lane: int, what: str) -> None:
         if lane >= n:
@@ -548,8 +549,8 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
     keys = set(msg.observation_keys)
     if not keys <= {""}:
         raise _bad(
-            f"observation_keys {sorted(keys)[:16]} are not all declared: the "
-            "observation has the single leaf '' (see the handshake)"
+            f"observation_keys {codec.few(sorted(keys))} are not all declared: "
+            "the observation has the single leaf '' (see the handshake)"
         )
     ops.update(replays)
     release = tuple(dict.fromkeys(int(j) for j in msg.release))
@@ -571,6 +572,37 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
     )
     lanes.check(request)
     return request
+
+
+def _check_bounds(msg: pb.StepRequest, n: int) -> None:
+    """Refuses repeated fields longer than any request needs, before anything
+    is made of them (their lengths only are read)."""
+    for what, field in (
+        ("observation keys", msg.observation_keys),
+        ("info keys", msg.info_keys),
+    ):
+        if len(field) > codec.MAX_KEYS:
+            raise _bad(
+                f"the request asks for {len(field)} {what}, more than the "
+                f"{codec.MAX_KEYS} a request may name (the first: "
+                f"{codec.few(field[: codec.FEW + 1], len(field))})"
+            )
+        for key in field:
+            if len(key) > codec.MAX_KEY_CHARS:
+                raise _bad(
+                    f"the request names the {what[:-1]} {codec.short(key)}, longer "
+                    f"than the {codec.MAX_KEY_CHARS} characters a key may have"
+                )
+    if len(msg.release) > n:
+        raise _bad(
+            f"release names {len(msg.release)} lanes, but the server has {n} lanes; "
+            "name each lane at most once"
+        )
+    if len(msg.resets) > n:
+        raise _bad(
+            f"resets has {len(msg.resets)} entries, but the server has {n} lanes; "
+            "reset each lane at most once"
+        )
 
 
 def _ascii(text: str) -> str:

@@ -1,0 +1,134 @@
+"""What a client cannot make the env server do: hold it past its idle timeout,
+make it allocate from an unbounded request, or make the client hang on close.
+
+Real servers on 127.0.0.1 (port 0), driven by the raw stub client of
+tests/test_server.py or by jaxmesh's own clients, and stopped by each test.
+Times are checked against generous bounds only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+from test_server import (
+    act,
+    client,
+    lanes_of,
+    request,
+    reset,
+    rpc_error,
+    serving,
+    session_when_free,
+)
+
+from jaxmesh.remote import codec
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+
+ID = "CartPole-v1"
+
+
+# Bounded handshakes and requests -------------------------------------------------
+@pytest.mark.parametrize("with_one", [False, True], ids=["none-spoken", "one-spoken"])
+def test_a_handshake_with_very_many_versions_is_refused_short_and_fast(with_one):
+    versions = list(range(2, 100_002))
+    if with_one:
+        versions[-1] = 1  # a version the server speaks, at the end of the list
+    with serving(f"gymnasium:{ID}") as server, client(server) as raw:
+        t0 = time.monotonic()
+        err = rpc_error(raw.handshake, versions)
+        assert time.monotonic() - t0 < 5.0
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = err.details()
+        assert len(details) < 400, details
+        assert "100000 protocol versions" in details
+        assert "[2, 3, 4" in details  # the first few, not the list
+        # The server serves on.
+        assert raw.handshake().protocol_version == 1
+
+
+def test_a_handshake_over_its_byte_limit_is_refused_before_parsing():
+    with serving(f"gymnasium:{ID}") as server, client(server) as raw:
+        request_ = pb.HandshakeRequest(token="x" * (2 * 1024 * 1024))
+        err = rpc_error(raw.stub.Handshake, request_)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "handshake" in err.details().lower() and len(err.details()) < 400
+        assert raw.handshake().protocol_version == 1
+
+
+def test_a_refused_version_list_names_its_count_and_first_few():
+    with serving(f"gymnasium:{ID}") as server, client(server) as raw:
+        err = rpc_error(raw.handshake, list(range(2, 42)))
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "40 versions" in err.details() and "[2, 3, 4" in err.details()
+        assert "41" not in err.details()
+        assert len(err.details()) < 400
+
+
+def _too_many():
+    long = "k" * 100_000
+    return {
+        "info_keys": (
+            request(2, [reset(0, 0)], info_keys=[f"k{i}" for i in range(100_000)]),
+            "100000 info keys",
+        ),
+        "observation_keys": (
+            request(2, [reset(0, 0)], keys=[f"k{i}" for i in range(100_000)]),
+            "100000 observation keys",
+        ),
+        "a long info key": (request(2, [reset(0, 0)], info_keys=[long]), "info key"),
+        "a long observation key": (request(2, [reset(0, 0)], keys=[long]), "kkk"),
+        "release": (
+            pb.StepRequest(lane_mask=[True, True], release=[0] * 100_000),
+            "release names 100000 lanes",
+        ),
+        "batch lanes": (
+            pb.StepRequest(
+                lane_mask=[True, True],
+                batch=pb.ActionBatch(
+                    lanes=codec.encode_array(np.arange(100_000, dtype=np.uint32)),
+                    counts=codec.encode_array(np.ones(100_000, np.uint32)),
+                ),
+            ),
+            "100000 lanes",
+        ),
+        "tensor dims": (
+            pb.StepRequest(
+                lane_mask=[True, True],
+                batch=pb.ActionBatch(
+                    lanes=pb.Tensor(dtype="uint32", shape=[1] * 100_000),
+                ),
+            ),
+            "100000 dimensions",
+        ),
+        "action keys": (
+            pb.StepRequest(
+                lane_mask=[True, True],
+                batch=pb.ActionBatch(
+                    lanes=codec.encode_array(np.zeros(1, np.uint32)),
+                    counts=codec.encode_array(np.ones(1, np.uint32)),
+                    actions={long: codec.encode_array(np.zeros(1, np.int64))},
+                ),
+            ),
+            "kkk",
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_too_many()))
+def test_unbounded_request_fields_are_refused_short(name):
+    bad, words = _too_many()[name]
+    with serving(f"gymnasium:{ID}", lanes=2) as server, client(server) as raw:
+        session = raw.session()
+        session.call(request(2, [reset(0, 0)]))
+        t0 = time.monotonic()
+        err = rpc_error(session.call, bad)
+        assert time.monotonic() - t0 < 5.0
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+        assert words in err.details(), err.details()
+        assert len(err.details()) < 600, err.details()
+        session = session_when_free(raw, 2)
+        assert lanes_of(session.call(request(2, actions=[act(0, [1])])))[0].steps == 1
+        session.close()
