@@ -8,12 +8,16 @@ Times are checked against generous bounds only.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium import spaces
 from test_server import (
+    Raw,
     act,
     client,
     lanes_of,
@@ -26,8 +30,54 @@ from test_server import (
 
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.server import ServeOptions
 
 ID = "CartPole-v1"
+
+
+class Wide(gym.Env):
+    """A 256 KiB observation: a few unread replies fill the flow-control window."""
+
+    observation_space = spaces.Box(0, 255, (256 * 1024,), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, **kwargs):
+        super().reset(**kwargs)
+        return np.zeros(256 * 1024, np.uint8), {}
+
+    def step(self, action):
+        return np.zeros(256 * 1024, np.uint8), 0.0, False, False, {}
+
+
+# The idle watchdog -----------------------------------------------------------------
+def test_a_client_that_never_reads_its_replies_is_ended_within_the_idle_timeout():
+    idle = 2.0
+    options = ServeOptions(idle_timeout_seconds=idle)
+    stop = threading.Event()
+
+    def flood():
+        """A reset, then steps for as long as gRPC takes them (never a read)."""
+        yield request(1, [reset(0, 0)])
+        step = request(1, actions=[act(0, [1])])
+        while not stop.is_set():
+            yield step
+
+    with serving(Wide(), options=options) as server, client(server) as raw:
+        greedy = Raw(server.address)
+        try:
+            replies = greedy.stub.Step(flood())  # never read
+            time.sleep(0.5)  # let it fill the windows
+            t0 = time.monotonic()
+            # A second client gets the server within the idle timeout and a few
+            # seconds, although the first one neither reads nor closes.
+            new = session_when_free(raw, 1, within=idle + 6.0)
+            assert time.monotonic() - t0 < idle + 6.0
+            assert lanes_of(new.call(request(1, actions=[act(0, [1])])))[0].steps == 1
+            new.close()
+        finally:
+            stop.set()
+            replies.cancel()
+            greedy.close()
 
 
 # Bounded handshakes and requests -------------------------------------------------
