@@ -13,6 +13,7 @@ import time
 
 import grpc
 import gymnasium as gym
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gymnasium import spaces
@@ -28,6 +29,7 @@ from test_server import (
     session_when_free,
 )
 
+import jaxmesh
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.server import ServeOptions
@@ -182,3 +184,66 @@ def test_unbounded_request_fields_are_refused_short(name):
         session = session_when_free(raw, 2)
         assert lanes_of(session.call(request(2, actions=[act(0, [1])])))[0].steps == 1
         session.close()
+
+
+# reply_timeout and close ---------------------------------------------------------
+class Sleepy(gym.Wrapper):
+    """CartPole whose 3rd step sleeps ``seconds`` (until released): an env that
+    hangs without dying. ``hung_at`` is when the sleep began."""
+
+    def __init__(self, seconds: float):
+        super().__init__(gym.make(ID))
+        self.seconds = seconds
+        self.released = threading.Event()
+        self.hung_at: float | None = None
+        self.t = 0
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 3:
+            self.hung_at = time.monotonic()
+            self.released.wait(self.seconds)
+        return self.env.step(action)
+
+
+def test_reply_timeout_raises_within_the_timeout_and_a_second():
+    env = Sleepy(seconds=30.0)
+    timeout = 0.5
+    with serving(env) as server:
+        try:
+            with pytest.raises(jaxmesh.RemoteConnectionError, match="reply_timeout"):
+                jaxmesh.evaluate(
+                    lambda o: jnp.int32(0),
+                    f"grpc://{server.address}",
+                    num_envs=1,
+                    episodes=2,
+                    reply_timeout=timeout,
+                )
+            raised = time.monotonic()
+            assert env.hung_at is not None
+            assert raised - env.hung_at < timeout + 1.5
+        finally:
+            env.released.set()
+
+
+def test_remote_env_close_after_a_timed_out_step_does_not_wait_for_the_server():
+    env = Sleepy(seconds=30.0)
+    with serving(env) as server:
+        try:
+            remote = jaxmesh.RemoteEnv(f"grpc://{server.address}", reply_timeout=0.5)
+            remote.reset(seed=0)
+            remote.step(0)
+            remote.step(0)
+            t0 = time.monotonic()
+            with pytest.raises(jaxmesh.RemoteConnectionError, match="reply_timeout"):
+                remote.step(0)
+            assert time.monotonic() - t0 < 0.5 + 1.5
+            t0 = time.monotonic()
+            remote.close()
+            assert time.monotonic() - t0 < 1.5
+        finally:
+            env.released.set()
