@@ -17,6 +17,11 @@ or closed the session. How long a failure can take to surface:
   (keepalive pings go unanswered: the host or the network died);
 - a server whose env hangs without dying: ``reply_timeout`` seconds (None: wait
   as long as the env takes).
+
+``close`` never waits for a hung server: it lets the server finish the replies
+still in flight only while they keep coming (each within
+``CLOSE_GRACE_SECONDS``, ``CLOSE_TIMEOUT_SECONDS`` in all), and cancels the
+stream at once after a reply timeout or a failure.
 """
 
 from __future__ import annotations
@@ -47,8 +52,11 @@ from jaxmesh.remote.protocol import (
 DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 10.0
 KEEPALIVE_TIMEOUT_SECONDS = 5.0
-#: How long ``Connection.close`` waits for the server to end the session.
+#: How long ``Connection.close`` waits in all for the server to end the session.
 CLOSE_TIMEOUT_SECONDS = 5.0
+#: How long ``Connection.close`` waits for the next reply (or the session's
+#: end) before it takes the server for hung and cancels the stream.
+CLOSE_GRACE_SECONDS = 0.5
 
 
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list:
@@ -213,6 +221,12 @@ class Connection:
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
+        # When a reply (or the stream's end) last came in, or the session
+        # opened: close() waits for a server only while it answers.
+        self._progress = self._last_send = time.monotonic()
+        self._sent = self._received = 0  # requests queued, replies read
+        # A reply timed out or the stream failed: close() waits for nothing.
+        self._broken = False
         request = pb.HandshakeRequest(
             protocol_versions=PROTOCOL_VERSIONS,
             client_version=f"jaxmesh {__version__}",
@@ -291,6 +305,7 @@ class Connection:
                 yield item
 
         self._stream = self._stub.Step(outgoing(), metadata=self._metadata)
+        self._progress = time.monotonic()
         self._replies_in = iter(self._stream)
         self._decode = decode
         if not reader:
@@ -310,14 +325,22 @@ class Connection:
         try:
             reply = next(self._replies_in)
         except StopIteration:
+            self._progress = time.monotonic()
             if self._stream is None:  # our own close(): the server ended it
                 return None
+            self._broken = True
             return RemoteConnectionError(
                 f"the jaxmesh env server at {self.address} closed the session",
                 address=self.address,
             )
         except grpc.RpcError as exc:
-            return None if self._stream is None else remote_error(exc, self.address)
+            self._progress = time.monotonic()
+            if self._stream is None:
+                return None
+            self._broken = True
+            return remote_error(exc, self.address)
+        self._progress = time.monotonic()
+        self._received += 1
         arrived = time.perf_counter()
         try:
             decoded = self._decode(reply) if self._decode is not None else None
@@ -346,6 +369,8 @@ class Connection:
         size = request.ByteSize()
         codec.check_size(size, self.max_message_bytes, "step request")
         self._requests.put(request)
+        self._sent += 1
+        self._last_send = time.monotonic()
         return size
 
     def receive(self) -> tuple[pb.StepReply, Any, float, float]:
@@ -370,6 +395,7 @@ class Connection:
         try:
             item = self._replies.get(timeout=self.reply_timeout)
         except queue.Empty:
+            self._broken = True  # the server hangs: close() will not wait
             raise RemoteConnectionError(
                 f"no reply from the jaxmesh env server at {self.address} within "
                 f"{self.reply_timeout} s (reply_timeout); the env may hang",
@@ -382,22 +408,41 @@ class Connection:
             raise item
         return item
 
-    def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+    def close(
+        self,
+        timeout: float = CLOSE_TIMEOUT_SECONDS,
+        grace: float = CLOSE_GRACE_SECONDS,
+    ) -> None:
         """Ends the session and closes the channel (idempotent).
 
         The request stream is closed first and the server's end of the session
-        awaited (up to ``timeout`` seconds, then the call is cancelled), so that
-        a client that opens the next session at once never finds it "busy".
+        awaited, so that a client that opens the next session at once does not
+        find it "busy"; but only while the server answers: the call is
+        cancelled once no reply (nor the end) has come for ``grace`` seconds
+        (counted from the last reply or request when replies are owed), after
+        ``timeout`` seconds in all, and at once after a reply timeout or a
+        failure. A hung server holds ``close`` at most ``grace`` seconds.
         """
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
             reader = self._reader
-            if reader is None:  # no reader thread: drain the stream in one
+            if reader is None and not self._broken:  # drain the stream in one
                 reader = threading.Thread(target=self._drain, daemon=True)
                 reader.start()
             self._stream = None
-            reader.join(timeout)
+            start = time.monotonic()
+            deadline = start + timeout
+            # The server owes replies that a reader thread would have read as
+            # they came: it has been quiet since the last reply or request.
+            owed = self._reader is not None and self._sent > self._received
+            since = max(self._progress, self._last_send) if owed else start
+            while reader is not None and not self._broken:
+                quiet = max(self._progress, since) + grace
+                left = min(deadline, quiet) - time.monotonic()
+                if left <= 0 or not reader.is_alive():
+                    break
+                reader.join(left)
             stream.cancel()
         self._channel.close()
 

@@ -72,6 +72,33 @@ DTYPES: dict[str, np.dtype] = {
 MAX_NDIM = 32
 #: The largest single dimension accepted (no env leaf comes near it).
 MAX_DIM = 2**40
+#: The most protocol versions a handshake may list (a client speaks a few).
+MAX_PROTOCOL_VERSIONS = 64
+#: The largest handshake request accepted (versions, a version string, a token).
+MAX_HANDSHAKE_BYTES = 1024 * 1024
+#: The most observation keys, and info keys, one step request may ask for.
+MAX_KEYS = 256
+#: The longest key (a leaf's or an info key's) a request may name.
+MAX_KEY_CHARS = 256
+#: How many entries of a peer's list an error message names.
+FEW = 8
+
+
+def few(values: Iterable, count: int | None = None) -> str:
+    """The first ``FEW`` of ``values`` for an error message, never the whole list
+    (``count``: how many there are, when ``values`` is a prefix)."""
+    head = [v if isinstance(v, int) else short(v) for v in list(values)[: FEW + 1]]
+    if len(head) <= FEW and (count is None or count <= FEW):
+        return "[" + ", ".join(str(v) for v in head) + "]"
+    return "[" + ", ".join(str(v) for v in head[:FEW]) + ", ...]"
+
+
+def short(text: object, limit: int = 64) -> str:
+    """``repr(text)`` cut to about ``limit`` characters, for an error message."""
+    text = str(text)
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
 class ProtocolError(ValueError):
@@ -91,7 +118,7 @@ class LeafSpec(NamedTuple):
 
 
 def _name(key: str | None) -> str:
-    return "array" if key is None else f"leaf {key!r}"
+    return "array" if key is None else f"leaf {short(key)}"
 
 
 #: numpy dtype -> wire name, for the dtypes met so far (a hot path).
@@ -185,8 +212,15 @@ def _decode(
             f"{sorted(DTYPES)}; the peer sent a dtype this protocol does not know "
             "(check both ends run the same jaxmesh protocol version)"
         )
+    ndim = len(tensor.shape)  # before a tuple is made of it: it may be huge
+    if ndim > MAX_NDIM:
+        raise ProtocolError(
+            f"{_name(key)} has shape {few(tensor.shape[: FEW + 1], ndim)} ({ndim} "
+            f"dimensions), expected at most {MAX_NDIM} dimensions; the peer sent "
+            "a malformed shape"
+        )
     shape = tuple(tensor.shape)
-    if len(shape) > MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > MAX_DIM)):
+    if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
         raise ProtocolError(
             f"{_name(key)} has shape {list(shape[: MAX_NDIM + 1])}, expected at most "
             f"{MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; the peer sent a "
@@ -267,9 +301,9 @@ def _check_keys(tensors: Mapping[str, pb.Tensor], expected: Mapping[str, LeafSpe
     given, wanted = set(tensors.keys()), set(expected)
     if given != wanted:
         raise ProtocolError(
-            f"leaves {sorted(given)[:16]} were sent, expected exactly "
+            f"leaves {few(sorted(given))} were sent, expected exactly "
             f"{sorted(wanted)}; missing {sorted(wanted - given)}, unexpected "
-            f"{sorted(given - wanted)[:16]}"
+            f"{few(sorted(given - wanted))}"
         )
 
 
@@ -285,8 +319,13 @@ def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
     Raises:
         ProtocolError: an unknown dtype or a negative or huge dimension.
     """
-    shape = tuple(msg.shape)
     what = _name(msg.key)
+    if len(msg.shape) > MAX_NDIM:
+        raise ProtocolError(
+            f"{what} is declared with {len(msg.shape)} dimensions, expected at "
+            f"most {MAX_NDIM}"
+        )
+    shape = tuple(msg.shape)
     if msg.dtype not in DTYPES:
         raise ProtocolError(
             f"{what} is declared with dtype {msg.dtype[:64]!r}, expected one of "
@@ -412,6 +451,16 @@ def decode_action_batch(
             ``1..max_count``, vectors of different lengths, or action leaves
             whose keys, dtype or shape do not match ``specs`` and the counts.
     """
+    if num_lanes is not None:
+        # Before anything is made of them: each lane appears at most once.
+        for key, field in (("batch lanes", msg.lanes), ("batch counts", msg.counts)):
+            ndim = len(field.shape)
+            size = math.prod(field.shape) if ndim <= MAX_NDIM else None
+            if size is not None and size > num_lanes:
+                raise ProtocolError(
+                    f"the action batch names {size} lanes ({key}), but the "
+                    f"session has {num_lanes} lanes; each lane appears once"
+                )
     lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "batch lanes")
     counts = _index_vector(msg.counts, msg.HasField("counts"), "batch counts")
     if lanes.shape != counts.shape:
@@ -576,8 +625,28 @@ def parse_step_reply(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.StepRepl
 def parse_handshake_request(
     data: bytes, limit: int = MAX_MESSAGE_BYTES
 ) -> pb.HandshakeRequest:
-    """Serialized bytes -> ``HandshakeRequest``; ProtocolError when not one."""
-    return _parse(pb.HandshakeRequest, data, limit)
+    """Serialized bytes -> ``HandshakeRequest``; ProtocolError when not one.
+
+    A handshake is small: at most ``MAX_HANDSHAKE_BYTES`` (whatever ``limit``
+    allows) and ``MAX_PROTOCOL_VERSIONS`` versions, checked before anything
+    is made of them.
+    """
+    if len(data) > min(limit, MAX_HANDSHAKE_BYTES):
+        raise ProtocolError(
+            f"a handshake request of {len(data)} bytes is over the "
+            f"{min(limit, MAX_HANDSHAKE_BYTES)} byte limit of a handshake (a few "
+            "protocol versions, a version string and a token)"
+        )
+    msg = _parse(pb.HandshakeRequest, data, limit)
+    count = len(msg.protocol_versions)
+    if count > MAX_PROTOCOL_VERSIONS:
+        raise ProtocolError(
+            f"the handshake lists {count} protocol versions, more than the "
+            f"{MAX_PROTOCOL_VERSIONS} a client may list (the first: "
+            f"{few(msg.protocol_versions[: FEW + 1], count)}); list the versions "
+            "the client speaks"
+        )
+    return msg
 
 
 def parse_handshake_reply(
@@ -599,7 +668,16 @@ def choose_version(
     common = set(client) & set(server)
     if not common:
         raise ProtocolError(
-            f"no protocol version in common: the client speaks {client}, the "
-            f"server speaks {server}; upgrade the older side of jaxmesh"
+            f"no protocol version in common: the client speaks {_versions(client)}, "
+            f"the server speaks {_versions(server)}; upgrade the older side of "
+            "jaxmesh"
         )
     return max(common)
+
+
+def _versions(versions: list[int]) -> str:
+    """A sorted version list for a message: whole when short, else its count
+    and the first few."""
+    if len(versions) <= FEW:
+        return str(versions)
+    return f"{len(versions)} versions, {few(versions)}"

@@ -9,8 +9,9 @@ The server speaks the ``jaxmesh.env.v1`` protocol (``proto/jaxmesh_env.proto``):
   actions, stopping a lane at its episode's end; once a lane has ended, further
   actions execute nothing (``steps=0``) until the client resets it. The session
   ends when the client closes or drops the stream, after
-  ``idle_timeout_seconds`` without a request (DEADLINE_EXCEEDED), on an error
-  or on shutdown; then every lane is "not reset" again.
+  ``idle_timeout_seconds`` without a request or with a reply the client does
+  not take (DEADLINE_EXCEEDED), on an error or on shutdown; then every lane is
+  "not reset" again.
 - ``Shutdown`` stops the server when ``allow_remote_shutdown`` is set.
 
 A malformed request is refused with INVALID_ARGUMENT before anything is
@@ -82,9 +83,11 @@ class ServeOptions:
     """How an :class:`EnvServer` serves.
 
     Attributes:
-        idle_timeout_seconds: a session with no request for this long is ended
-            (DEADLINE_EXCEEDED) and the server is free for the next client; it
-            also bounds how long a vanished client holds the session.
+        idle_timeout_seconds: a session with no request for this long, or
+            whose client takes no reply for this long (it sends but does not
+            read), is ended (DEADLINE_EXCEEDED) and the server is free for the
+            next client; it also bounds how long a vanished client holds the
+            session.
         drain_timeout_seconds: at shutdown, how long the call in progress may
             take to finish and reply before its stream is cancelled.
         close_timeout_seconds: at shutdown, how long to wait for the session to
@@ -466,6 +469,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
             "server lane, as the handshake's num_lanes says)"
         )
     mask = msg.lane_mask
+    _check_bounds(msg, n)
 
     def check_lane(lane: int, what: str) -> None:
         if lane >= n:
@@ -548,8 +552,8 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
     keys = set(msg.observation_keys)
     if not keys <= {""}:
         raise _bad(
-            f"observation_keys {sorted(keys)[:16]} are not all declared: the "
-            "observation has the single leaf '' (see the handshake)"
+            f"observation_keys {codec.few(sorted(keys))} are not all declared: "
+            "the observation has the single leaf '' (see the handshake)"
         )
     ops.update(replays)
     release = tuple(dict.fromkeys(int(j) for j in msg.release))
@@ -573,6 +577,37 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
     return request
 
 
+def _check_bounds(msg: pb.StepRequest, n: int) -> None:
+    """Refuses repeated fields longer than any request needs, before anything
+    is made of them (their lengths only are read)."""
+    for what, field in (
+        ("observation keys", msg.observation_keys),
+        ("info keys", msg.info_keys),
+    ):
+        if len(field) > codec.MAX_KEYS:
+            raise _bad(
+                f"the request asks for {len(field)} {what}, more than the "
+                f"{codec.MAX_KEYS} a request may name (the first: "
+                f"{codec.few(field[: codec.FEW + 1], len(field))})"
+            )
+        for key in field:
+            if len(key) > codec.MAX_KEY_CHARS:
+                raise _bad(
+                    f"the request names the {what[:-1]} {codec.short(key)}, longer "
+                    f"than the {codec.MAX_KEY_CHARS} characters a key may have"
+                )
+    if len(msg.release) > n:
+        raise _bad(
+            f"release names {len(msg.release)} lanes, but the server has {n} lanes; "
+            "name each lane at most once"
+        )
+    if len(msg.resets) > n:
+        raise _bad(
+            f"resets has {len(msg.resets)} entries, but the server has {n} lanes; "
+            "reset each lane at most once"
+        )
+
+
 def _ascii(text: str) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
 
@@ -593,9 +628,11 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
 class _Session:
     """The open Step stream's watchdog: idle timeout and shutdown.
 
-    The serving thread marks when it waits for a request and when it works;
-    a thread ends the stream once it has waited ``idle`` seconds. ``end``
-    ends it now when it waits, else after the reply in progress.
+    The serving thread marks when it waits for a request, when it works and
+    when it hands a reply to gRPC (which blocks while the client reads no
+    replies); a thread ends the stream once it has waited, for a request or
+    for the client to take a reply, ``idle`` seconds. ``end`` ends it now when
+    it waits for a request, else after the reply in progress.
     """
 
     def __init__(self, context: grpc.ServicerContext, idle: float, address: str):
@@ -603,6 +640,7 @@ class _Session:
         self.idle = idle
         self.address = address
         self.waiting_since: float | None = None
+        self.receiving = False  # waiting for a request (not sending a reply)
         self.pending: tuple[grpc.StatusCode, str] | None = None
         self.cond = threading.Condition()
         self.done = False
@@ -622,17 +660,23 @@ class _Session:
                 if left > 0:
                     self.cond.wait(left)
                     continue
+                what = (
+                    "had no request"
+                    if self.receiving
+                    else "took no reply (the client read none)"
+                )
                 _cancel(
                     self.context,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"the session on the server at {self.address} had no request "
-                    f"for {self.idle:g} s (idle_timeout_seconds) and was ended; "
+                    f"the session on the server at {self.address} {what} for "
+                    f"{self.idle:g} s (idle_timeout_seconds) and was ended; "
                     "open a new session, or start the server with a longer "
                     "idle timeout",
                 )
                 self.done = True
 
     def waiting(self) -> None:
+        self.receiving = True
         self.waiting_since = time.monotonic()
         pending = self.pending
         if pending is not None:
@@ -640,10 +684,14 @@ class _Session:
 
     def working(self) -> None:
         self.waiting_since = None
+        self.receiving = False
+
+    def sending(self) -> None:
+        self.waiting_since = time.monotonic()
 
     def end(self, code: grpc.StatusCode, details: str) -> None:
         self.pending = (code, details)
-        if self.waiting_since is not None:
+        if self.receiving and self.waiting_since is not None:
             _cancel(self.context, code, details)
 
     def stop(self) -> None:
@@ -1087,4 +1135,7 @@ class EnvServer:
                 codec.check_size(len(out), limit, "StepReply")
             except codec.ProtocolError as exc:
                 abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            # The yield blocks while the client takes no replies (flow control):
+            # the watchdog's clock runs through it as through a wait.
+            session.sending()
             yield out
