@@ -56,6 +56,7 @@ from typing import Any
 import yaml
 
 from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
+from jaxmesh.trace import REDACTED, is_secret_key, redact_text, secret_values
 
 #: Every key a run config may hold, with what it means.
 CONFIG_KEYS: dict[str, str] = {
@@ -170,6 +171,11 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
+            if is_secret_key(key.strip().split(".")[-1]):  # never echo a secret
+                raise ConfigError(
+                    f"--set {key.strip()}={REDACTED}: cannot parse the value as "
+                    "YAML; quote it, e.g. --set \"token='...'\""
+                ) from None
             raise ConfigError(f"--set {item!r}: cannot parse the value: {e}") from e
         parts = key.strip().split(".")
         node = out
@@ -264,8 +270,10 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         )
     token = config.get("token")
     if token is not None and (not isinstance(token, str) or not token):
-        raise ConfigError(
-            f"token={token!r}: expected a non-empty string (quote it in YAML, "
+        kind = type(token).__name__
+        given = "an empty string" if token == "" else f"a value of type {kind}"
+        raise ConfigError(  # the value itself is never echoed: it is a secret
+            f"token: expected a non-empty string, got {given} (quote it in YAML, "
             "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
         )
     if out["env_config"] and not _is_jax_id(config["env"]):
@@ -613,7 +621,9 @@ class _Started:
 
 # Commands --------------------------------------------------------------------
 def _refused(config: dict[str, Any], error: Exception) -> str:
-    return f"policy {config['policy']!r} on env {config['env']!r}: {error}"
+    """``evaluate``'s refusal of a config, with no secret of it in the text."""
+    text = f"policy {config['policy']!r} on env {config['env']!r}: {error}"
+    return redact_text(text, secret_values(config))
 
 
 def _read_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -1206,7 +1216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except ConfigError as e:
-        print(f"jaxmesh {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
+        # No secret is echoed: the token given on the command line or in
+        # $JAXMESH_TOKEN (a config's token is taken out where it is read).
+        given = {"token": getattr(args, "token", None)}
+        line = redact_text(_one_line(str(e)), secret_values(given))
+        print(f"jaxmesh {args.command}: error: {line}", file=sys.stderr)
         return 2
 
 

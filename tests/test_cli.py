@@ -292,7 +292,12 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         ),
         (None, ["max_episode_seconds=0"], {}, "max_episode_seconds=0: expected"),
         (None, ["max_episode_seconds=2"], {}, "cap them with max_episode_steps"),
-        (None, ["token=1234"], {}, "token=1234: expected a non-empty string"),
+        (
+            None,
+            ["token=1234"],
+            {},
+            "token: expected a non-empty string, got a value of type int",
+        ),
         (None, ["token=abc"], {}, "a token is for served envs"),
     ],
     ids=[
