@@ -129,7 +129,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
     """Reads a YAML run config (a mapping at the top level).
 
     Raises:
-      ConfigError: the file is missing, is not valid YAML, or is not a mapping.
+      ConfigError: the file is missing, cannot be read, is not UTF-8, is not
+        valid YAML, or is not a mapping.
     """
     p = _existing_file(
         path,
@@ -137,7 +138,16 @@ def load_config(path: str | Path) -> dict[str, Any]:
         "pass the path of a YAML run config, e.g. configs/cartpole.yaml",
     )
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte "
+            f"0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(path)!r}: cannot read it ({e})") from e
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
     if data is None:
@@ -890,7 +900,7 @@ def load_result(path: str | Path) -> Any:
         "pass the JSON that jaxmesh eval wrote (its config's output key)",
     )
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"result file {str(path)!r} is not valid JSON: {e}") from e
     try:

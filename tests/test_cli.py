@@ -153,6 +153,19 @@ def test_missing_config_exits_2(tmp_path, capsys):
     assert "nope.yaml" in err and "not found" in err
 
 
+@pytest.mark.parametrize("command", ["eval", "explain"])
+def test_a_config_that_is_not_utf8_exits_2(tmp_path, capsys, command):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes(
+        "env: gymnax:CartPole-v1\npolicy: caf\u00e9:x\n".encode("latin-1")
+    )
+    assert main([command, str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"jaxmesh {command}: error: config file ")
+    assert "latin1.yaml" in err and "is not UTF-8" in err and "byte 0xe9" in err
+
+
 def test_missing_checkpoint_exits_2(tmp_path, capsys):
     bad = tmp_path / "no_ckpt"
     code = main(["eval", str(CONFIG), "--set", f"policy_config.checkpoint={bad}"])
