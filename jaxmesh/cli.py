@@ -959,6 +959,52 @@ def _server_credentials(cert: str | None, key: str | None) -> Any:
     return grpc.ssl_server_credentials([(pems[0], pems[1])])
 
 
+#: What ``serve-env`` takes as its env, for its refusals.
+SERVE_ENV_FORMS = (
+    "serve-env serves gymnasium envs: give gymnasium:<id> or <id> (e.g. "
+    "gymnasium:CartPole-v1), or gymnasium:<module>:<id> for an env that <module> "
+    "registers when imported"
+)
+
+
+def serve_env_id(env: str) -> str:
+    """``serve-env``'s env argument as ``"gymnasium:<id>"``.
+
+    ``gymnasium:<id>`` is kept, a bare ``<id>`` gets the prefix. Anything else
+    with a colon is refused: gymnasium would read ``gymnax:CartPole-v1`` as
+    "import gymnax, then make CartPole-v1" and quietly serve its own env.
+
+    Raises:
+      ConfigError: another prefix, or an id ``lanes.parse_id`` refuses.
+    """
+    from jaxmesh.envs.gymnasium.lanes import PREFIX, parse_id
+
+    if env.startswith(PREFIX + ":"):
+        full = env
+    elif ":" not in env:
+        full = f"{PREFIX}:{env}"
+    else:
+        first = env.partition(":")[0]
+        if first.lower() in ("gymnax", "brax"):
+            why = (
+                f"{first}: envs are JAX envs: they run inside the evaluating "
+                f"process (env: {env} in a run config), not on a server"
+            )
+        elif first.lower() in ("grpc", "grpcs"):
+            why = "this is a served env's address (what eval connects to)"
+        else:
+            why = (
+                f"gymnasium would import the module {first!r} first; if it "
+                f"registers the env, give gymnasium:{env}"
+            )
+        raise ConfigError(f"env {env!r}: {why}; {SERVE_ENV_FORMS}")
+    try:
+        parse_id(full)
+    except ValueError as e:
+        raise ConfigError(f"{e} ({SERVE_ENV_FORMS})") from e
+    return full
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
     import signal
@@ -967,7 +1013,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     from jaxmesh.remote.protocol import TOKEN_ENV
     from jaxmesh.remote.server import EnvServer, ServeOptions
 
-    env = args.env if args.env.startswith("gymnasium:") else f"gymnasium:{args.env}"
+    env = serve_env_id(args.env)
     if args.ready_fd is not None:
         try:
             os.fstat(args.ready_fd)

@@ -299,6 +299,12 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         ),
         (
             None,
+            ["env=gymnasium:gymnax:CartPole-v1"],
+            {},
+            "'gymnax' is not a module that registers gymnasium envs",
+        ),
+        (
+            None,
             ["env=gymnasium:CartPole-v1", "env_config.render_mode=human"],
             {},
             "env_config only applies to gymnax: and brax: ids",
@@ -332,6 +338,7 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         "address-list-twice",
         "address-list-empty",
         "unknown-gymnasium-env",
+        "gymnasium-id-with-a-jaxmesh-prefix",
         "gymnasium-env-config",
         "seconds-not-positive",
         "seconds-on-a-jax-env",
@@ -523,6 +530,38 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     )
     assert returns_and_lengths(served_json) == reference
     assert returns_and_lengths(here_json) == reference
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        # gymnasium would read "gymnax:" as a module to import and serve its own
+        # CartPole-v1: refused, not served.
+        ("gymnax:CartPole-v1", "gymnax: envs are JAX envs"),
+        ("brax:fast", "brax: envs are JAX envs"),
+        ("grpc://127.0.0.1:5555", "is a served env's address"),
+        ("my_pkg:MyEnv-v0", "gymnasium:my_pkg:MyEnv-v0"),
+        ("gymnasium:gymnax:CartPole-v1", "'gymnax' is not a module"),
+        ("gymnasium:", "expected gymnasium:<id>"),
+    ],
+    ids=["gymnax", "brax", "address", "module-without-prefix", "inner-gymnax", "empty"],
+)
+def test_serve_env_refuses_what_is_not_a_gymnasium_id(
+    capsys, monkeypatch, env, message
+):
+    from jaxmesh.remote import server
+
+    class NoServer:
+        def __init__(self, env, *args, **kwargs):
+            raise AssertionError(f"serve-env went on to serve {env!r}")
+
+    monkeypatch.setattr(server, "EnvServer", NoServer)
+    assert main(["serve-env", env]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("jaxmesh serve-env: error: ")
+    assert message in err
+    assert "gymnasium:<id>" in err  # says what it accepts
 
 
 def test_eval_over_two_servers_matches_a_plain_loop(tmp_path, capsys):
