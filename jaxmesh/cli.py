@@ -40,6 +40,7 @@ line on stderr; an error raised while the run is going keeps its traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import difflib
 import importlib.util
@@ -48,6 +49,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -1005,6 +1007,40 @@ def serve_env_id(env: str) -> str:
     return full
 
 
+@contextlib.contextmanager
+def _native_stderr_held() -> Any:
+    """Holds back what is written to file descriptor 2 inside the block (gRPC's
+    C core logs there, e.g. its own line for a port in use).
+
+    On success it is written out after the block; when the block raises it is
+    dropped: the error is reported as jaxmesh's one line. Where fd 2 cannot be
+    redirected, the block runs as it is.
+    """
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    held = tempfile.TemporaryFile()
+    ok = False
+    try:
+        os.dup2(held.fileno(), 2)
+        yield
+        ok = True
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if ok:
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+            if text:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+        held.close()
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
     import signal
@@ -1031,14 +1067,16 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
             token=token or None,
             workers=args.workers,
         )
-        server = EnvServer(
-            env,
-            args.address,
-            options=options,
-            lanes=args.lanes,
-            insecure=args.insecure,
-            credentials=credentials,
-        ).start()
+        # A failed bind is reported as one line of ours, not after gRPC's log.
+        with _native_stderr_held():
+            server = EnvServer(
+                env,
+                args.address,
+                options=options,
+                lanes=args.lanes,
+                insecure=args.insecure,
+                credentials=credentials,
+            ).start()
     except (ValueError, TypeError, OSError) as e:
         raise ConfigError(f"cannot serve {env!r} on {args.address!r}: {e}") from e
 

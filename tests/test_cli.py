@@ -532,6 +532,35 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     assert returns_and_lengths(here_json) == reference
 
 
+def serve_env_error(*args: str) -> tuple[int, str]:
+    """``jaxmesh serve-env ARGS`` in a child that should refuse; its status and
+    stderr (everything written to fd 2, gRPC's own log included)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-env", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert not proc.stdout, proc.stdout
+    return proc.returncode, proc.stderr
+
+
+def test_serve_env_on_a_port_in_use_prints_one_line():
+    # A listening socket holds the port for the whole test: the bind must fail.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        code, err = serve_env_error("CartPole-v1", "--address", f"127.0.0.1:{port}")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err  # jaxmesh's line only, no gRPC log before it
+    assert lines[0].startswith("jaxmesh serve-env: error: cannot serve ")
+    assert f"127.0.0.1:{port}" in lines[0] and "is the port in use?" in lines[0]
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
