@@ -1230,7 +1230,11 @@ def make_parser() -> argparse.ArgumentParser:
         "Ctrl-C. Prints the address on stdout once serving. Binding a "
         "non-loopback address needs --token (or JAXMESH_TOKEN) or --insecure.",
     )
-    se.add_argument("env", help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1")
+    se.add_argument(
+        "env",
+        help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1 "
+        "(gymnasium:<module>:<id> imports <module> first)",
+    )
     se.add_argument(
         "--lanes", type=int, default=None, help="envs to make (lanes; default 1)"
     )
