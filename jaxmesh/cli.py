@@ -40,6 +40,7 @@ line on stderr; an error raised while the run is going keeps its traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import difflib
 import importlib.util
@@ -48,6 +49,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +58,7 @@ from typing import Any
 import yaml
 
 from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
+from jaxmesh.trace import REDACTED, is_secret_key, redact_text, secret_values
 
 #: Every key a run config may hold, with what it means.
 CONFIG_KEYS: dict[str, str] = {
@@ -128,7 +131,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
     """Reads a YAML run config (a mapping at the top level).
 
     Raises:
-      ConfigError: the file is missing, is not valid YAML, or is not a mapping.
+      ConfigError: the file is missing, cannot be read, is not UTF-8, is not
+        valid YAML, or is not a mapping.
     """
     p = _existing_file(
         path,
@@ -136,7 +140,16 @@ def load_config(path: str | Path) -> dict[str, Any]:
         "pass the path of a YAML run config, e.g. configs/cartpole.yaml",
     )
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte "
+            f"0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(path)!r}: cannot read it ({e})") from e
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
     if data is None:
@@ -170,6 +183,11 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
+            if is_secret_key(key.strip().split(".")[-1]):  # never echo a secret
+                raise ConfigError(
+                    f"--set {key.strip()}={REDACTED}: cannot parse the value as "
+                    "YAML; quote it, e.g. --set \"token='...'\""
+                ) from None
             raise ConfigError(f"--set {item!r}: cannot parse the value: {e}") from e
         parts = key.strip().split(".")
         node = out
@@ -264,8 +282,10 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         )
     token = config.get("token")
     if token is not None and (not isinstance(token, str) or not token):
-        raise ConfigError(
-            f"token={token!r}: expected a non-empty string (quote it in YAML, "
+        kind = type(token).__name__
+        given = "an empty string" if token == "" else f"a value of type {kind}"
+        raise ConfigError(  # the value itself is never echoed: it is a secret
+            f"token: expected a non-empty string, got {given} (quote it in YAML, "
             "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
         )
     if out["env_config"] and not _is_jax_id(config["env"]):
@@ -613,7 +633,9 @@ class _Started:
 
 # Commands --------------------------------------------------------------------
 def _refused(config: dict[str, Any], error: Exception) -> str:
-    return f"policy {config['policy']!r} on env {config['env']!r}: {error}"
+    """``evaluate``'s refusal of a config, with no secret of it in the text."""
+    text = f"policy {config['policy']!r} on env {config['env']!r}: {error}"
+    return redact_text(text, secret_values(config))
 
 
 def _read_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -880,7 +902,7 @@ def load_result(path: str | Path) -> Any:
         "pass the JSON that jaxmesh eval wrote (its config's output key)",
     )
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"result file {str(path)!r} is not valid JSON: {e}") from e
     try:
@@ -939,6 +961,86 @@ def _server_credentials(cert: str | None, key: str | None) -> Any:
     return grpc.ssl_server_credentials([(pems[0], pems[1])])
 
 
+#: What ``serve-env`` takes as its env, for its refusals.
+SERVE_ENV_FORMS = (
+    "serve-env serves gymnasium envs: give gymnasium:<id> or <id> (e.g. "
+    "gymnasium:CartPole-v1), or gymnasium:<module>:<id> for an env that <module> "
+    "registers when imported"
+)
+
+
+def serve_env_id(env: str) -> str:
+    """``serve-env``'s env argument as ``"gymnasium:<id>"``.
+
+    ``gymnasium:<id>`` is kept, a bare ``<id>`` gets the prefix. Anything else
+    with a colon is refused: gymnasium would read ``gymnax:CartPole-v1`` as
+    "import gymnax, then make CartPole-v1" and quietly serve its own env.
+
+    Raises:
+      ConfigError: another prefix, or an id ``lanes.parse_id`` refuses.
+    """
+    from jaxmesh.envs.gymnasium.lanes import PREFIX, parse_id
+
+    if env.startswith(PREFIX + ":"):
+        full = env
+    elif ":" not in env:
+        full = f"{PREFIX}:{env}"
+    else:
+        first = env.partition(":")[0]
+        if first.lower() in ("gymnax", "brax"):
+            why = (
+                f"{first}: envs are JAX envs: they run inside the evaluating "
+                f"process (env: {env} in a run config), not on a server"
+            )
+        elif first.lower() in ("grpc", "grpcs"):
+            why = "this is a served env's address (what eval connects to)"
+        else:
+            why = (
+                f"gymnasium would import the module {first!r} first; if it "
+                f"registers the env, give gymnasium:{env}"
+            )
+        raise ConfigError(f"env {env!r}: {why}; {SERVE_ENV_FORMS}")
+    try:
+        parse_id(full)
+    except ValueError as e:
+        raise ConfigError(f"{e} ({SERVE_ENV_FORMS})") from e
+    return full
+
+
+@contextlib.contextmanager
+def _native_stderr_held() -> Any:
+    """Holds back what is written to file descriptor 2 inside the block (gRPC's
+    C core logs there, e.g. its own line for a port in use).
+
+    On success it is written out after the block; when the block raises it is
+    dropped: the error is reported as jaxmesh's one line. Where fd 2 cannot be
+    redirected, the block runs as it is.
+    """
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    held = tempfile.TemporaryFile()
+    ok = False
+    try:
+        os.dup2(held.fileno(), 2)
+        yield
+        ok = True
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if ok:
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+            if text:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+        held.close()
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """Serves a gymnasium env over gRPC until SIGTERM/SIGINT (exit 0)."""
     import signal
@@ -947,7 +1049,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     from jaxmesh.remote.protocol import TOKEN_ENV
     from jaxmesh.remote.server import EnvServer, ServeOptions
 
-    env = args.env if args.env.startswith("gymnasium:") else f"gymnasium:{args.env}"
+    env = serve_env_id(args.env)
     if args.ready_fd is not None:
         try:
             os.fstat(args.ready_fd)
@@ -965,14 +1067,16 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
             token=token or None,
             workers=args.workers,
         )
-        server = EnvServer(
-            env,
-            args.address,
-            options=options,
-            lanes=args.lanes,
-            insecure=args.insecure,
-            credentials=credentials,
-        ).start()
+        # A failed bind is reported as one line of ours, not after gRPC's log.
+        with _native_stderr_held():
+            server = EnvServer(
+                env,
+                args.address,
+                options=options,
+                lanes=args.lanes,
+                insecure=args.insecure,
+                credentials=credentials,
+            ).start()
     except (ValueError, TypeError, OSError) as e:
         raise ConfigError(f"cannot serve {env!r} on {args.address!r}: {e}") from e
 
@@ -1126,7 +1230,11 @@ def make_parser() -> argparse.ArgumentParser:
         "Ctrl-C. Prints the address on stdout once serving. Binding a "
         "non-loopback address needs --token (or JAXMESH_TOKEN) or --insecure.",
     )
-    se.add_argument("env", help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1")
+    se.add_argument(
+        "env",
+        help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1 "
+        "(gymnasium:<module>:<id> imports <module> first)",
+    )
     se.add_argument(
         "--lanes", type=int, default=None, help="envs to make (lanes; default 1)"
     )
@@ -1206,7 +1314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except ConfigError as e:
-        print(f"jaxmesh {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
+        # No secret is echoed: the token given on the command line or in
+        # $JAXMESH_TOKEN (a config's token is taken out where it is read).
+        given = {"token": getattr(args, "token", None)}
+        line = redact_text(_one_line(str(e)), secret_values(given))
+        print(f"jaxmesh {args.command}: error: {line}", file=sys.stderr)
         return 2
 
 

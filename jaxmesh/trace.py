@@ -18,6 +18,11 @@ docs/evaluation.md, "Timeline").
 
 A trace keeps at most ``max_events`` events; past that it counts what it drops
 and says so in ``otherData`` (a long host-stepped run makes a few events per call).
+
+Trace files are meant to be shared, so a trace never holds a secret: a setting
+named like one (``token``, ``credentials``, ...: ``is_secret_key``) is written
+as ``"***"`` when it was given, and its value is taken out of every other string
+of the file (``redact_settings``, ``redact_text``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,19 @@ from typing import Any
 
 #: Events a trace keeps by default (about 150 MB of JSON at most).
 MAX_EVENTS = 1_000_000
+
+#: What a secret setting reads as in a trace (and in messages): given, not shown.
+REDACTED = "***"
+
+#: Names of settings that hold secrets (the served token, TLS material).
+SECRET_KEYS = frozenset(
+    {"token", "credentials", "tls_key", "private_key", "password", "secret"}
+)
+_SECRET_WORDS = ("token", "secret", "password", "private_key", "credential")
+
+#: The environment variable a served run's token may come from (as
+#: ``jaxmesh.remote.protocol.TOKEN_ENV``; not imported: that needs gRPC).
+_TOKEN_ENV = "JAXMESH_TOKEN"
 
 #: The trace of the ``evaluate`` call in progress in this context (None: none).
 _CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar(
@@ -163,7 +181,11 @@ class Trace:
             self.add(name, begin, time.perf_counter(), row, args or None)
 
     def to_json(self, settings: dict | None = None) -> dict:
-        """The Trace Event Format object (events sorted by time)."""
+        """The Trace Event Format object (events sorted by time).
+
+        ``settings`` go to ``otherData`` with their secrets redacted
+        (``redact_settings``); no event's text holds one either.
+        """
         meta = [
             {
                 "name": "process_name",
@@ -193,9 +215,12 @@ class Trace:
                 }
             )
         events = sorted(self.events, key=lambda e: (e["ts"], -e.get("dur", 0)))
+        secrets = secret_values(settings)
+        if secrets:  # a secret never reaches a shared file, whatever row it is in
+            events = _scrub(events, secrets)
         other = {"events": len(self.events), "dropped_events": self.dropped}
         if settings:
-            other["settings"] = settings
+            other["settings"] = redact_settings(settings)
         return {
             "traceEvents": meta + events,
             "displayTimeUnit": "ms",
@@ -208,6 +233,63 @@ class Trace:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(self.to_json(settings), default=_plain))
         return out
+
+
+def is_secret_key(name: Any) -> bool:
+    """Whether a setting called ``name`` holds a secret (``SECRET_KEYS``, or a
+    name with token, secret, password, private_key or credential in it)."""
+    if not isinstance(name, str):
+        return False
+    low = name.lower()
+    return low in SECRET_KEYS or any(word in low for word in _SECRET_WORDS)
+
+
+def secret_values(settings: dict | None = None) -> list[str]:
+    """The secret strings a run knows: those of ``settings``' secret keys and
+    the ``JAXMESH_TOKEN`` environment variable (longest first).
+
+    Strings under 4 characters are left out: taking them out of free text would
+    garble it (their setting is still redacted by name).
+    """
+    found = {
+        v
+        for k, v in (settings or {}).items()
+        if is_secret_key(k) and isinstance(v, str)
+    }
+    found.add(os.environ.get(_TOKEN_ENV) or "")
+    return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: list[str] | tuple[str, ...]) -> str:
+    """``text`` with every secret in ``secrets`` (and its ``repr``) as ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(repr(secret), REDACTED).replace(secret, REDACTED)
+    return text
+
+
+def _scrub(value: Any, secrets: list[str]) -> Any:
+    """``value`` (JSON-like) with the secrets taken out of every string."""
+    if isinstance(value, str):
+        return redact_text(value, secrets)
+    if isinstance(value, dict):
+        return {_scrub(k, secrets): _scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v, secrets) for v in value]
+    return value
+
+
+def redact_settings(settings: dict | None) -> dict:
+    """``settings`` as an artifact may show them: a secret setting that was
+    given reads ``"***"`` (None stays None: no secret was given), and no other
+    value holds a secret's text."""
+    settings = dict(settings or {})
+    secrets = secret_values(settings)
+    out = {
+        k: REDACTED if v is not None and is_secret_key(k) else v
+        for k, v in settings.items()
+    }
+    return _scrub(out, secrets) if secrets else out
 
 
 def _plain(x: Any) -> Any:
@@ -246,4 +328,17 @@ def check_trace_path(trace: Any) -> Path | None:
     return path
 
 
-__all__ = ["MAX_EVENTS", "Trace", "check_trace_path", "current", "span", "tracing"]
+__all__ = [
+    "MAX_EVENTS",
+    "REDACTED",
+    "SECRET_KEYS",
+    "Trace",
+    "check_trace_path",
+    "current",
+    "is_secret_key",
+    "redact_settings",
+    "redact_text",
+    "secret_values",
+    "span",
+    "tracing",
+]

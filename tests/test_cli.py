@@ -153,6 +153,19 @@ def test_missing_config_exits_2(tmp_path, capsys):
     assert "nope.yaml" in err and "not found" in err
 
 
+@pytest.mark.parametrize("command", ["eval", "explain"])
+def test_a_config_that_is_not_utf8_exits_2(tmp_path, capsys, command):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes(
+        "env: gymnax:CartPole-v1\npolicy: caf\u00e9:x\n".encode("latin-1")
+    )
+    assert main([command, str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"jaxmesh {command}: error: config file ")
+    assert "latin1.yaml" in err and "is not UTF-8" in err and "byte 0xe9" in err
+
+
 def test_missing_checkpoint_exits_2(tmp_path, capsys):
     bad = tmp_path / "no_ckpt"
     code = main(["eval", str(CONFIG), "--set", f"policy_config.checkpoint={bad}"])
@@ -286,13 +299,24 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         ),
         (
             None,
+            ["env=gymnasium:gymnax:CartPole-v1"],
+            {},
+            "'gymnax' is not a module that registers gymnasium envs",
+        ),
+        (
+            None,
             ["env=gymnasium:CartPole-v1", "env_config.render_mode=human"],
             {},
             "env_config only applies to gymnax: and brax: ids",
         ),
         (None, ["max_episode_seconds=0"], {}, "max_episode_seconds=0: expected"),
         (None, ["max_episode_seconds=2"], {}, "cap them with max_episode_steps"),
-        (None, ["token=1234"], {}, "token=1234: expected a non-empty string"),
+        (
+            None,
+            ["token=1234"],
+            {},
+            "token: expected a non-empty string, got a value of type int",
+        ),
         (None, ["token=abc"], {}, "a token is for served envs"),
     ],
     ids=[
@@ -314,6 +338,7 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
         "address-list-twice",
         "address-list-empty",
         "unknown-gymnasium-env",
+        "gymnasium-id-with-a-jaxmesh-prefix",
         "gymnasium-env-config",
         "seconds-not-positive",
         "seconds-on-a-jax-env",
@@ -505,6 +530,67 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     )
     assert returns_and_lengths(served_json) == reference
     assert returns_and_lengths(here_json) == reference
+
+
+def serve_env_error(*args: str) -> tuple[int, str]:
+    """``jaxmesh serve-env ARGS`` in a child that should refuse; its status and
+    stderr (everything written to fd 2, gRPC's own log included)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-env", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert not proc.stdout, proc.stdout
+    return proc.returncode, proc.stderr
+
+
+def test_serve_env_on_a_port_in_use_prints_one_line():
+    # A listening socket holds the port for the whole test: the bind must fail.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        code, err = serve_env_error("CartPole-v1", "--address", f"127.0.0.1:{port}")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err  # jaxmesh's line only, no gRPC log before it
+    assert lines[0].startswith("jaxmesh serve-env: error: cannot serve ")
+    assert f"127.0.0.1:{port}" in lines[0] and "is the port in use?" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        # gymnasium would read "gymnax:" as a module to import and serve its own
+        # CartPole-v1: refused, not served.
+        ("gymnax:CartPole-v1", "gymnax: envs are JAX envs"),
+        ("brax:fast", "brax: envs are JAX envs"),
+        ("grpc://127.0.0.1:5555", "is a served env's address"),
+        ("my_pkg:MyEnv-v0", "gymnasium:my_pkg:MyEnv-v0"),
+        ("gymnasium:gymnax:CartPole-v1", "'gymnax' is not a module"),
+        ("gymnasium:", "expected gymnasium:<id>"),
+    ],
+    ids=["gymnax", "brax", "address", "module-without-prefix", "inner-gymnax", "empty"],
+)
+def test_serve_env_refuses_what_is_not_a_gymnasium_id(
+    capsys, monkeypatch, env, message
+):
+    from jaxmesh.remote import server
+
+    class NoServer:
+        def __init__(self, env, *args, **kwargs):
+            raise AssertionError(f"serve-env went on to serve {env!r}")
+
+    monkeypatch.setattr(server, "EnvServer", NoServer)
+    assert main(["serve-env", env]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("jaxmesh serve-env: error: ")
+    assert message in err
+    assert "gymnasium:<id>" in err  # says what it accepts
 
 
 def test_eval_over_two_servers_matches_a_plain_loop(tmp_path, capsys):

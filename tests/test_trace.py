@@ -108,6 +108,37 @@ def test_events_past_the_cap_are_counted_not_kept():
         Trace(max_events=0)
 
 
+def test_secret_settings_are_redacted_and_their_text_taken_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXMESH_TOKEN", "env-token-0042")
+    trace = Trace()
+    # A secret that strays into another string (an event's args, a setting's
+    # value) is taken out there too.
+    t = trace.start
+    trace.add("call", t, t, "group 0", {"note": "sent tok-abc123 to the server"})
+    trace.add("call", t, t, "group 0", {"note": "env-token-0042 from the env"})
+    settings = {
+        "token": "tok-abc123",
+        "credentials": "ChannelCredentials",
+        "tls_key": None,
+        "env": "grpc://127.0.0.1:5555",
+        "label": "run with tok-abc123",
+        "num_envs": 4,
+    }
+    text = trace.write(tmp_path / "t.json", settings).read_text()
+    assert "tok-abc123" not in text and "env-token-0042" not in text
+    doc = json.loads(text)
+    assert doc["otherData"]["settings"] == {
+        "token": "***",
+        "credentials": "***",
+        "tls_key": None,  # not given: shown as not given
+        "env": "grpc://127.0.0.1:5555",
+        "label": "run with ***",
+        "num_envs": 4,
+    }
+    notes = [e["args"]["note"] for e in check_trace_events(doc)]
+    assert notes == ["sent *** to the server", "*** from the env"]
+
+
 def test_trace_path_is_checked_before_a_run(tmp_path):
     assert check_trace_path(None) is None
     assert check_trace_path(tmp_path / "a.json") == tmp_path / "a.json"

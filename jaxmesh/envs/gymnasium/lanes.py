@@ -74,6 +74,7 @@ __all__ = [
     "is_host_stepped",
     "make_envs",
     "native_layout",
+    "parse_id",
     "same_space",
 ]
 
@@ -204,14 +205,54 @@ def info_value(info: Any, key: str, where: str) -> float | None:
     return float(arr.reshape(()))
 
 
+#: Prefixes that name jaxmesh's other envs, never a module that registers
+#: gymnasium envs: in ``"gymnasium:gymnax:CartPole-v1"`` gymnasium would import
+#: gymnax (which registers nothing with it) and make its own CartPole-v1.
+NOT_MODULES = {
+    "gymnax": "jaxmesh's prefix for gymnax's JAX envs",
+    "brax": "jaxmesh's prefix for brax's JAX envs",
+    "gymnasium": "the prefix of the id itself",
+    "grpc": "the scheme of a served env's address",
+    "grpcs": "the scheme of a served env's address over TLS",
+}
+
+ID_FORMS = (
+    "expected gymnasium:<id> (e.g. gymnasium:CartPole-v1), or "
+    "gymnasium:<module>:<id> for an env that <module> registers when imported"
+)
+
+
+def parse_id(env_id: str) -> str:
+    """The id ``gymnasium.make`` takes for ``"gymnasium:<id>"`` (``"<id>"``, or
+    gymnasium's own ``"<module>:<id>"``, which imports ``<module>`` first).
+
+    Raises:
+      ValueError: not ``"gymnasium:..."``, no id, or a ``<module>`` that is one
+        of jaxmesh's prefixes (``gymnax:``, ``brax:``, ``grpc:``, ...): gymnasium
+        would quietly make an env of its own registry instead.
+    """
+    prefix, sep, name = env_id.partition(":")
+    module, inner, rest = name.rpartition(":")
+    if prefix != PREFIX or not sep or not rest.strip() or (inner and not module):
+        raise ValueError(f"env {env_id!r}: {ID_FORMS}")
+    if inner and module.split(":")[0].lower() in NOT_MODULES:
+        first = module.split(":")[0]
+        raise ValueError(
+            f"env {env_id!r}: {first!r} is not a module that registers gymnasium "
+            f"envs ({first}: is {NOT_MODULES[first.lower()]}); {ID_FORMS}"
+        )
+    return name
+
+
 def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
     """``count`` envs of ``"gymnasium:<id>"`` (``gymnasium.make(id, **kwargs)``).
 
     Raises:
-      ValueError: an id gymnasium does not know (naming the closest ones).
+      ValueError: an id gymnasium does not know (naming the closest ones), or
+        one ``parse_id`` refuses.
     """
+    name = parse_id(env_id)
     gym = _gym()
-    name = env_id.partition(":")[2]
     # "module:Id" makes gymnasium import the module that registers Id.
     if ":" not in name and name not in gym.registry:
         from jaxmesh.envs.names import unknown_id  # the error path only

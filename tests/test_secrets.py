@@ -1,0 +1,187 @@
+"""No secret in an artifact: a served run's session token and its TLS material
+never reach the trace, the result (its text, its JSON), the HTML report,
+stdout, stderr or the logs, whichever way the run was started (``jaxmesh eval``
+or ``jaxmesh.evaluate``); where a setting is shown it reads ``***``.
+
+The servers are real (``jaxmesh.EnvServer`` on 127.0.0.1, over TLS with a
+token), started and stopped here; the certificate is self-signed and made here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import logging
+from pathlib import Path
+
+import grpc
+import gymnasium as gym
+import pytest
+import yaml
+from cli_policies import tilt
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+import jaxmesh
+from jaxmesh import cli
+from jaxmesh.remote.server import ServeOptions
+from jaxmesh.report import report_html
+
+pytestmark = pytest.mark.timeout(300)
+
+#: A token no artifact may hold (distinctive, so a hit is never a coincidence).
+TOKEN = "tok-9f3a61c2e8d4-do-not-leak"
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A self-signed certificate for localhost / 127.0.0.1 and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    root = tmp_path_factory.mktemp("tls")
+    paths = {"cert": root / "cert.pem", "key": root / "key.pem"}
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+def secrets_of(pems: dict[str, Path]) -> dict[str, str]:
+    """What no artifact may hold: the token, and the private key's lines."""
+    key_lines = [
+        line
+        for line in pems["key"].read_text().splitlines()
+        if line and not line.startswith("-----")
+    ]
+    return {"token": TOKEN, **{f"key line {i}": x for i, x in enumerate(key_lines)}}
+
+
+def assert_no_secret(artifacts: dict[str, str], secrets: dict[str, str]) -> None:
+    for what, text in artifacts.items():
+        for name, secret in secrets.items():
+            assert secret not in text, f"{what} holds the {name}"
+
+
+def tls_token_server(pems: dict[str, Path], lanes: int = 2) -> jaxmesh.EnvServer:
+    credentials = grpc.ssl_server_credentials(
+        [(pems["key"].read_bytes(), pems["cert"].read_bytes())]
+    )
+    return jaxmesh.EnvServer(
+        [gym.make("CartPole-v1") for _ in range(lanes)],
+        "127.0.0.1:0",
+        options=ServeOptions(token=TOKEN),
+        credentials=credentials,
+    )
+
+
+def port_of(server: jaxmesh.EnvServer) -> int:
+    return int(server.address.rpartition(":")[2])
+
+
+def test_a_served_run_with_a_token_leaves_it_in_no_artifact(
+    pems, tmp_path, capfd, caplog, monkeypatch
+):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    out, report = tmp_path / "r.json", tmp_path / "r.html"
+    cli_trace, api_trace = tmp_path / "cli.trace.json", tmp_path / "api.trace.json"
+    with tls_token_server(pems) as server:
+        address = f"grpcs://localhost:{port_of(server)}"
+        config = tmp_path / "run.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "env": address,
+                    "tls_ca": str(pems["cert"]),
+                    "token": TOKEN,
+                    "policy": "cli_policies:tilt",
+                    "episodes": 4,
+                    "num_envs": 2,
+                    "output": str(out),
+                }
+            )
+        )
+        argv = ["eval", str(config), "--telemetry", "--trace", str(cli_trace)]
+        assert cli.main([*argv, "--report", str(report)]) == 0
+        result = jaxmesh.evaluate(
+            tilt,
+            address,
+            episodes=3,
+            num_envs=2,
+            token=TOKEN,
+            credentials=grpc.ssl_channel_credentials(
+                root_certificates=pems["cert"].read_bytes()
+            ),
+            trace=api_trace,
+        )
+    captured = capfd.readouterr()
+    saved = jaxmesh.RunResult.from_dict(json.loads(out.read_text()))
+    artifacts = {
+        "the eval trace": cli_trace.read_text(),
+        "the evaluate trace": api_trace.read_text(),
+        "the results JSON": out.read_text(),
+        "the HTML report": report.read_text(),
+        "the report of the evaluate result": report_html(result),
+        "the result's repr": repr(result),
+        "the result's summary": result.summary(),
+        "the result's JSON": json.dumps(result.to_dict()),
+        "the saved result's repr": repr(saved),
+        "stdout": captured.out,
+        "stderr": captured.err,
+        "the logs": caplog.text,
+    }
+    assert_no_secret(artifacts, secrets_of(pems))
+    # The traces say a token (and credentials) were given, not what they are.
+    for path in (cli_trace, api_trace):
+        settings = json.loads(path.read_text())["otherData"]["settings"]
+        assert settings["token"] == "***", path.name
+        assert settings["credentials"] == "***", path.name
+        assert settings["episodes"] in (3, 4)
+
+
+def test_a_refused_token_is_not_echoed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"env": "gymnax:CartPole-v1", "policy": "cli_policies:tilt", "episodes": 2}
+        )
+    )
+    # A token given to an env that is not served is refused by name, not value.
+    assert cli.main(["eval", str(config), "--set", f"token={TOKEN}"]) == 2
+    err = capsys.readouterr().err
+    assert "a token is for served envs" in err and "token=***" in err
+    assert TOKEN not in err
+    # A token of the wrong type: the same.
+    assert cli.main(["eval", str(config), "--set", "token=918273645"]) == 2
+    err = capsys.readouterr().err
+    assert "expected a non-empty string" in err and "918273645" not in err
