@@ -185,3 +185,13 @@ def test_a_refused_token_is_not_echoed(tmp_path, capsys, monkeypatch):
     assert cli.main(["eval", str(config), "--set", "token=918273645"]) == 2
     err = capsys.readouterr().err
     assert "expected a non-empty string" in err and "918273645" not in err
+
+
+def test_a_token_given_for_an_env_in_this_process_is_not_echoed():
+    import gymnasium as gym
+
+    with pytest.raises(ValueError, match="drop token=") as e:
+        jaxmesh.evaluate(
+            lambda obs: 0, [gym.make("CartPole-v1")], token="hunter2-secret"
+        )
+    assert "hunter2" not in str(e.value)

@@ -174,8 +174,9 @@ def check_served_options(
             why = "lane groups pipeline calls to env servers ('grpc://host:port')"
         else:
             why = f"{name} is for served envs ('grpc://host:port')"
+        shown = "***" if name in ("token", "credentials") else repr(value)
         raise ValueError(
-            f"{name}={value!r}: {why}; env {what} runs in this process, so drop {name}="
+            f"{name}={shown}: {why}; env {what} runs in this process, so drop {name}="
         )
     return None
 
