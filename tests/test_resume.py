@@ -11,6 +11,7 @@ by a hook that raises once a given episode has ended.
 from __future__ import annotations
 
 import json
+import warnings
 
 import gymnasium as gym
 import jax
@@ -185,3 +186,24 @@ def test_an_episode_log_resumes_a_run_and_tolerates_a_cut_last_line(tmp_path):
     full = jaxmesh.load_episode_log(path)
     assert full.indices.tolist() == list(range(len(SEEDS)))
     assert_matches(full, refs)
+
+
+class IgnoresSeed(gym.Wrapper):
+    """CartPole whose reset ignores its seed (as MetaWorld's does): each reset
+    draws its start from the env's own running generator."""
+
+    def __init__(self):
+        super().__init__(gym.make(ID))
+        self.draws = np.random.default_rng(0)
+
+    def reset(self, *, seed=None, options=None):
+        return self.env.reset(seed=int(self.draws.integers(1 << 30)))
+
+
+def test_a_seed_reset_twice_to_different_observations_warns_once():
+    with pytest.warns(UserWarning, match="seed 0 .episodes 0 and 2") as got:
+        jaxmesh.evaluate(lean, [IgnoresSeed()], seeds=[0, 1, 0, 1, 0])
+    assert len([w for w in got if "reset observations" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a seeded env repeats itself: no warning
+        jaxmesh.evaluate(lean, [gym.make(ID)], seeds=[0, 1, 0, 1, 0])

@@ -25,6 +25,7 @@ episode and step rule.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -33,6 +34,9 @@ import numpy as np
 from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.run import resume
+
+#: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
+MAX_SEEDS_CHECKED = 1_000_000
 
 
 class HostLoop:
@@ -101,6 +105,9 @@ class HostLoop:
         #: Started episodes to run again from their seeds (a lost lane's), taken
         #: before the next unstarted ones, lowest index first.
         self.rerun: list[int] = []
+        # Seed -> (first episode, digest of its reset observation).
+        self.reset_digest: dict[int, tuple[int, int]] = {}
+        self.warned_seeds = False
         self.state: Any = None
         # Chunk replay without the device: a lane whose next action is a known
         # replay takes it on the host; the next agent step is told how many it
@@ -160,6 +167,35 @@ class HostLoop:
 
     def masked(self, js: np.ndarray) -> None:
         """Lanes ``js`` (ascending) have no episode left to run."""
+
+    def seen_resets(self, js: Any) -> None:
+        """Lanes ``js`` have their reset observations in ``obs``: a seed reset
+        twice in a run (a budget that repeats it, an episode run again) must
+        give the same observation, else the run warns once (the env ignores
+        its seed, and its results depend on what it ran before)."""
+        if self.warned_seeds:
+            return
+        for j in np.asarray(js).tolist():
+            i = int(self.episode[j])
+            seed = int(self.seeds[i])
+            digest = hash(self.obs[j].tobytes())
+            first = self.reset_digest.setdefault(seed, (i, digest))
+            if first[1] != digest:
+                self.warned_seeds = True
+                warnings.warn(
+                    f"env {self.spec.name!r} gave different reset observations for "
+                    f"seed {seed} (episodes {first[0]} and {i}): its reset(seed=...) "
+                    "does not reproduce an episode, so results depend on what the "
+                    "env ran before (MetaWorld-style envs pick their task by the "
+                    "trial index, not the seed); jaxmesh.check_seeds(env) checks an "
+                    "env",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                return
+            if len(self.reset_digest) >= MAX_SEEDS_CHECKED:
+                self.warned_seeds = True  # enough seeds seen: stop checking
+                return
 
     def lose_lanes(self, js: np.ndarray) -> list[int]:
         """Lanes ``js`` are gone for good: their unfinished episodes go back to
@@ -379,6 +415,7 @@ class LocalRun(HostLoop):
         for j, o in zip(js, first, strict=True):
             self.obs[j] = o
         self.started[js] = True
+        self.seen_resets(js)
         if self.recorder is not None:
             self.recorder.reset(js, self.obs)
 

@@ -615,6 +615,7 @@ class _Run(HostLoop):
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             self.obs[g[rl]] = obs_rows[row0[rl]]
+            self.seen_resets(g[rl])
             if self.recorder is not None:
                 self.recorder.reset(g[rl], self.obs)
             self.ready[g[rl]] = self.started[g[rl]] = True
@@ -1031,6 +1032,7 @@ class _StepRun(_Run):
             is_reset = b.steps == 0
             rl = g[is_reset]
             self.obs[rl] = obs_rows[is_reset]
+            self.seen_resets(rl)
             self.ready[rl] = self.started[rl] = True
             step_rows = np.flatnonzero(~is_reset)
             j = g[step_rows]
