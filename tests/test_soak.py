@@ -1,0 +1,128 @@
+"""A bounded soak: three served envs, 2,000 short episodes, two servers lost.
+
+Real ``jaxmesh serve-env`` child processes on 127.0.0.1. Mid-run one server is
+killed (SIGKILL) and started again at the same address, and another one stops
+answering (SIGSTOP, caught by ``reply_timeout``); the third finishes the budget.
+The unfaulted run is the same budget stepped in this process (its episodes
+equal a plain gymnasium loop's: tests/test_gymnasium.py): every episode must
+equal it bit for bit, and the run must leave no thread or socket behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+from gym_reference import ID, lean
+
+import jaxmesh
+
+EPISODES = 2000
+CAP = 8
+
+
+def serve(address: str = "127.0.0.1:0"):
+    r, w = os.pipe()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxmesh.cli",
+            "serve-env",
+            f"gymnasium:{ID}",
+            "--lanes",
+            "4",
+            "--address",
+            address,
+            "--ready-fd",
+            str(w),
+        ],
+        pass_fds=(w,),
+        stdout=subprocess.DEVNULL,
+    )
+    os.close(w)
+    with os.fdopen(r) as ready:
+        got = ready.readline().strip()
+    assert got, f"serve-env exited with {proc.wait()}"
+    return proc, got
+
+
+def sockets() -> int:
+    """Open sockets of this process."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+class Faults:
+    """Kills server 0 at episode 400 and starts it again; stops server 1 at 900."""
+
+    def __init__(self, procs):
+        self.procs = procs
+        self.faults: list[dict] = []
+
+    def on_episode_end(self, ep):
+        if ep.index == 400:
+            proc, address = self.procs[0]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            self.procs[0] = serve(address)  # back at the same address
+        elif ep.index == 900:
+            self.procs[1][0].send_signal(signal.SIGSTOP)
+
+    def on_fault(self, info):
+        self.faults.append(info)
+
+
+def test_a_run_that_loses_two_of_three_servers_equals_the_unfaulted_run():
+    seeds = list(range(EPISODES))
+    want = jaxmesh.evaluate(
+        lean, f"gymnasium:{ID}", num_envs=12, seeds=seeds, max_episode_steps=CAP
+    )
+    threads, socks = threading.active_count(), sockets()
+    procs = [serve() for _ in range(3)]
+    try:
+        hook = Faults(procs)
+        t0 = time.perf_counter()
+        got = jaxmesh.evaluate(
+            lean,
+            [f"grpc://{a}" for _, a in procs],
+            num_envs=12,
+            seeds=seeds,
+            max_episode_steps=CAP,
+            hooks=hook,
+            reply_timeout=2.0,
+        )
+        wall = time.perf_counter() - t0
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait()
+    assert got.indices.tolist() == list(range(EPISODES))
+    for f in ("seeds", "returns", "lengths", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    np.testing.assert_array_equal(got.predict_calls, want.predict_calls)
+    losses = got.server_losses
+    assert [x["server"] for x in losses] == [procs[0][1], procs[1][1]]
+    assert "DEADLINE_EXCEEDED" in losses[1]["error"] or "within" in losses[1]["error"]
+    assert hook.faults == losses
+    assert wall < 60
+    # Nothing left behind: reader threads and channels end with the run.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (
+        threading.active_count() > threads or sockets() > socks
+    ):
+        time.sleep(0.05)
+    assert threading.active_count() <= threads
+    assert sockets() <= socks
