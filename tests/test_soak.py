@@ -1,8 +1,8 @@
 """A bounded soak: three served envs, 2,000 short episodes, two servers lost.
 
 Real ``jaxmesh serve-env`` child processes on 127.0.0.1. Mid-run one server is
-killed (SIGKILL) and started again at the same address, and another one stops
-answering (SIGSTOP, caught by ``reply_timeout``); the third finishes the budget.
+killed (SIGKILL) and started again at the same address (the run rejoins it),
+and another one stops answering (SIGSTOP, caught by ``reply_timeout``).
 The unfaulted run is the same budget stepped in this process (its episodes
 equal a plain gymnasium loop's: tests/test_gymnasium.py): every episode must
 equal it bit for bit, and the run must leave no thread or socket behind.
@@ -116,7 +116,13 @@ def test_a_run_that_loses_two_of_three_servers_equals_the_unfaulted_run():
     losses = got.server_losses
     assert [x["server"] for x in losses] == [procs[0][1], procs[1][1]]
     assert "DEADLINE_EXCEEDED" in losses[1]["error"] or "within" in losses[1]["error"]
-    assert hook.faults == losses
+    # The restarted server was rejoined and ran episodes again; the stopped one
+    # never answered again.
+    assert losses[0]["rejoined_at_seconds"] > losses[0]["at_seconds"]
+    assert losses[1]["rejoined_at_seconds"] is None
+    assert sorted(f["event"] for f in hook.faults) == ["lost", "lost", "rejoined"]
+    assert got.telemetry["server_rejoined"]["count"] == 1
+    assert set(got.lanes[got.indices > 1500].tolist()) & {0, 3, 6, 9}
     assert wall < 60
     # Nothing left behind: reader threads and channels end with the run.
     deadline = time.monotonic() + 5

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import threading
 import time
 from typing import Any
 
@@ -58,6 +59,13 @@ from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.remote.session import Session
 from jaxmesh.run import stream
 from jaxmesh.run.loop import HostLoop
+
+#: A lost server is tried again after these pauses (seconds), for at most
+#: ``REJOIN_SECONDS`` after the loss, each try waiting ``REJOIN_CONNECT_SECONDS``
+#: for the handshake.
+REJOIN_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0)
+REJOIN_SECONDS = 60.0
+REJOIN_CONNECT_SECONDS = 2.0
 
 #: Lanes from which a served run splits its lanes in two groups by default.
 GROUPS_FROM_LANES = 8
@@ -112,18 +120,17 @@ class ServedLanes:
         #: What a run does when a server dies or stops answering (``_Run``).
         self.on_server_loss = on_server_loss
 
+        self.addresses = list(addresses)
+        self._connect = {
+            "token": token,
+            "connect_timeout": connect_timeout,
+            "reply_timeout": reply_timeout,
+            "credentials": credentials,
+        }
         self.sessions: list[Session] = []
         try:
             for a in addresses:
-                self.sessions.append(
-                    Session(
-                        a,
-                        token=token,
-                        connect_timeout=connect_timeout,
-                        reply_timeout=reply_timeout,
-                        credentials=credentials,
-                    )
-                )
+                self.sessions.append(Session(a, **self._connect))
         except BaseException:
             self.close()
             raise
@@ -189,6 +196,29 @@ class ServedLanes:
         if self.lane_groups > 1 and asked and settings.plan_tile is None:
             return -(-n // self.lane_groups)
         return None
+
+    def reconnect(self, s: int, connect_timeout: float) -> Session:
+        """A new session with server ``s`` (at its first address), checked to
+        serve the same spaces and at least the lanes the run gave it.
+
+        Raises:
+          jaxmesh.RemoteError: it cannot be reached; ValueError: it serves
+            something else now.
+        """
+        kw = {**self._connect, "connect_timeout": connect_timeout}
+        session = Session(self.addresses[s], **kw)
+        old, new = self.sessions[s].info, session.info
+        used = sum(1 for x in self.server if x == s)
+        same = all(
+            getattr(new, f) == getattr(old, f) for f in ("observation", "action")
+        )
+        if not same or new.num_lanes < used:
+            session.close()
+            raise ValueError(
+                f"the server back at {self.addresses[s]} serves other spaces or "
+                f"fewer than {used} lanes; it is not rejoined"
+            )
+        return session
 
     def close(self) -> None:
         for c in self.sessions:
@@ -296,6 +326,11 @@ class _Run(HostLoop):
         #: Servers dropped (``lose_server``), and when the run began.
         self.lost: set[int] = set()
         self.t_start = time.perf_counter()
+        # A lost server is tried again in the background (``_reconnect``); a
+        # new session waits in ``rejoins`` until the loop takes it.
+        self.rejoins: queue.SimpleQueue = queue.SimpleQueue()
+        self.stop_rejoining = threading.Event()
+        self.rejoin_threads: list[threading.Thread] = []
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
@@ -475,6 +510,8 @@ class _Run(HostLoop):
         """Files the next reply of any server; False when none is in (``block``
         False) or none is expected. A server that failed is dropped when the
         run can go on without it (``lose_server``)."""
+        if self.rejoin_threads:
+            self.take_rejoins()
         sessions = self.lanes.sessions
         if not any(self.inflight):
             return False
@@ -530,16 +567,81 @@ class _Run(HostLoop):
         episodes = self.lose_lanes(js)
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         loss = {
+            "event": "lost",
             "server": sessions[s].address,
-            "at_seconds": round(time.perf_counter() - self.t_start, 6),
+            "at_seconds": self._now(),
             "error": first_line,
             "lanes": int(js.size),
             "episodes_rerun": len(episodes),
+            "rejoined_at_seconds": None,
         }
         self.episodes_out.run_fields.setdefault("server_losses", []).append(loss)
         self.tel.add("server_lost", 1)
         stream.call(self.episodes_out.hooks, "on_fault", dict(loss))
+        thread = threading.Thread(target=self._reconnect, args=(s,), daemon=True)
+        self.rejoin_threads.append(thread)
+        thread.start()
         return True
+
+    def _now(self) -> float:
+        return round(time.perf_counter() - self.t_start, 6)
+
+    def _reconnect(self, s: int) -> None:
+        """Tries server ``s`` again with backoff (``REJOIN_DELAYS``), for at
+        most ``REJOIN_SECONDS``; a session that opens goes to ``rejoins``."""
+        end = time.monotonic() + REJOIN_SECONDS
+        for delay in REJOIN_DELAYS:
+            if self.stop_rejoining.wait(delay) or time.monotonic() > end:
+                return
+            try:
+                session = self.lanes.reconnect(s, REJOIN_CONNECT_SECONDS)
+            except Exception:  # not back yet, or something else now
+                continue
+            if self.stop_rejoining.is_set():
+                session.close()
+                return
+            self.rejoins.put((s, session))
+            return
+
+    def take_rejoins(self) -> None:
+        """Servers that came back take their lanes again: those lanes start the
+        episodes to run again, else the next unstarted ones."""
+        while True:
+            try:
+                s, session = self.rejoins.get_nowait()
+            except queue.Empty:
+                return
+            self.lanes.sessions[s] = session
+            session.open(replies=self.replies, tag=s, reader=True)
+            self.lockstep[s] = session.lockstep
+            self.lost.discard(s)
+            js = np.flatnonzero(self.server == s)
+            self.dead[js] = False
+            self.capped[js] = False
+            self.epoch[js] += 1
+            at = self._now()
+            for loss in reversed(self.episodes_out.run_fields["server_losses"]):
+                if loss["server"] == session.address:
+                    loss["rejoined_at_seconds"] = at
+                    break
+            self.tel.add("server_rejoined", 1)
+            event = {"event": "rejoined", "server": session.address, "at_seconds": at}
+            stream.call(self.episodes_out.hooks, "on_fault", event)
+            free = np.zeros(self.n, bool)
+            free[js] = True
+            self.take_next(free)
+
+    def stop_rejoins(self) -> None:
+        """Ends the reconnect attempts; closes sessions never taken."""
+        self.stop_rejoining.set()
+        for thread in self.rejoin_threads:
+            thread.join(REJOIN_CONNECT_SECONDS + 1.0)
+        while True:
+            try:
+                _, session = self.rejoins.get_nowait()
+            except queue.Empty:
+                return
+            session.close()
 
     def dropped(self, calls: list) -> None:
         """Calls in flight to a lost server (``(tag, sent_at)``), never to be
@@ -841,6 +943,13 @@ class _Run(HostLoop):
         self.take_next(np.ones(self.n, bool))
 
     def run(self) -> None:
+        """Runs the budget (``pace``); reconnect attempts end with it."""
+        try:
+            self.pace()
+        finally:
+            self.stop_rejoins()
+
+    def pace(self) -> None:
         self.open_sessions()
         self.flush()
         turn = 0
@@ -949,7 +1058,7 @@ class _StepRun(_Run):
             and not any(c.lockstep for c in lanes.sessions)
         )
 
-    def run(self) -> None:
+    def pace(self) -> None:
         self.pending = [0] * self.num_groups  # calls in flight per group
         self.open_sessions()
         while self.active.any():
