@@ -194,8 +194,6 @@ def _plan(
     """
     h = cfg.horizon
     inputs = policy_inputs(cfg, state.windows)
-    if need.shape[0] <= cfg.tile:
-        return _plan_one_tile(cfg, policy, params, state, need, buf, keys, inputs)
 
     def body(idx, carry):
         buf, rstate = carry
@@ -214,38 +212,6 @@ def _plan(
         need, cfg.tile, body, (buf, state.rstate)
     )
     return buf, rstate, n_tiles * cfg.tile
-
-
-def _plan_one_tile(cfg, policy, params, state, need, buf, keys, inputs):
-    """``_plan`` when one tile holds every lane (N <= tile): the same rows, in
-    lane order instead of compacted, and selects instead of a gather and a
-    scatter.
-
-    The policy still sees exactly ``tile`` rows (lanes past N repeat the last
-    lane, as the compacted tile's padding does), and only when a lane needs a
-    plan; a row's result does not depend on its place in the tile, so every
-    planned lane gets the bits the compacted tile gives it. The program is
-    smaller: no compaction (a cumsum and a scatter), no loop.
-    """
-    n, h, tile = need.shape[0], cfg.horizon, cfg.tile
-    rows = lambda x: (
-        x if n == tile else tiles.take(x, jnp.arange(tile, dtype=jnp.int32))
-    )
-
-    def run(carry):
-        buf, rstate = carry
-        out, new_r = policy.apply(
-            params, jax.tree.map(rows, inputs), rows(keys), jax.tree.map(rows, rstate)
-        )
-        out = jnp.asarray(out)
-        if not cfg.chunked:
-            out = out[:, None]
-        keep = lambda old, v: _where(need, v[:n].astype(old.dtype), old)
-        return keep(buf, out[:, :h]), jax.tree.map(keep, rstate, new_r)
-
-    planned = jnp.any(need)
-    buf, rstate = jax.lax.cond(planned, run, lambda c: c, (buf, state.rstate))
-    return buf, rstate, planned.astype(jnp.int32) * tile
 
 
 def act(
@@ -286,12 +252,11 @@ def act(
         )
         rows = rows + pre_rows
         calls = calls + pre
-    if h == 1:  # one action a plan: the cursor can only point at it
-        action = chunk[:, 0]
-    else:
-        at = jnp.minimum(cursor, h - 1)
-        at = jnp.reshape(at, (-1, 1) + (1,) * len(cfg.action_shape))
-        action = jnp.take_along_axis(chunk, at, 1)[:, 0]
+    action = jnp.take_along_axis(
+        chunk,
+        jnp.reshape(jnp.minimum(cursor, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)),
+        1,
+    )[:, 0]
     prev = _where(active, action, state.prev)
     windows = dict(state.windows)
     for name, decl in cfg.spec:

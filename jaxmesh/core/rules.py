@@ -124,11 +124,7 @@ def action_faults(
     if xp is np and not bad.any():
         return np.zeros(n, np.int32), np.zeros(n, np.float32)
     lane_bad = xp.asarray(active, bool) & xp.any(bad, axis=1)
-    if flat.shape[1] == 1:  # one component (a discrete action): it is the first
-        first = flat[:, 0]
-    else:
-        first = xp.take_along_axis(flat, xp.argmax(bad, axis=1)[:, None], axis=1)
-        first = first[:, 0]
+    first = xp.take_along_axis(flat, xp.argmax(bad, axis=1)[:, None], axis=1)[:, 0]
     kinds = xp.where(lane_bad, kind, results.NO_FAULT).astype(xp.int32)
     values = xp.where(lane_bad, first.astype(xp.float32), xp.float32(0))
     return kinds, values
