@@ -6,6 +6,7 @@ from jaxmesh.cache import enable_compile_cache
 from jaxmesh.checkpoint import load_params, save_params
 from jaxmesh.core.results import Results
 from jaxmesh.envs import make_env
+from jaxmesh.envs.check import SeedReport, check_seeds
 from jaxmesh.errors import (
     BadValueError,
     RemoteConnectionError,
@@ -50,6 +51,8 @@ __all__ = [
     "adapt",
     "flax_models",
     "make_env",
+    "check_seeds",
+    "SeedReport",
     "evaluate",
     "make_evaluator",
     "shard_population",

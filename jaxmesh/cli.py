@@ -5,10 +5,14 @@ Commands::
     jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
                              [--no-compile-cache] [--telemetry] [--report [PATH]]
                              [--video [PATH]] [--trace PATH]
+                             [--episode-log PATH | --no-episode-log]
+                             [--resume PATH]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
     jaxmesh compare A.json B.json [--resamples N] [--seed S]
     jaxmesh report RESULTS.json [-o REPORT.html]
+    jaxmesh check-env ENV [--seed S] [--other S] [--steps N] [--token T]
+                          [--tls-ca PEM]
     jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
                           [--token T] [--idle-timeout S] [--insecure]
                           [--tls-cert PEM --tls-key PEM]
@@ -27,7 +31,11 @@ table. ``report`` writes the HTML report (``jaxmesh.report.write_report``) of a
 result ``eval`` wrote; ``eval --report`` writes it at the end of the run;
 ``eval --video`` records episode 0 (or the config's ``record:`` episodes) and
 renders each to a video next to the result (``jaxmesh.render``), which the
-report embeds.
+report embeds. ``eval`` streams each finished episode to an episode log
+(``jaxmesh.EpisodeLog``) next to the result, ``NAME.episodes.jsonl``, and
+``eval --resume FILE`` (that log, or a result JSON) runs only the episodes it
+lacks. ``check-env`` says whether an env is reproducible from its seed
+(``jaxmesh.check_seeds``; exit 0 when it is, 1 when not).
 ``serve-env`` serves a gymnasium
 env over gRPC (``jaxmesh.remote.server.EnvServer``) until SIGTERM or Ctrl-C.
 
@@ -73,6 +81,9 @@ CONFIG_KEYS: dict[str, str] = {
     "default roots)",
     "reply_timeout": "served envs: seconds a reply may take before the run fails "
     "(null: as long as the env takes)",
+    "on_server_loss": "served envs over several servers: rerun (null: the default; "
+    "a lost server's unfinished episodes run again on the others) or raise (the "
+    "first loss ends the run)",
     "policy": "module:Class, module:function or module:model_instance (required)",
     "policy_config": "mapping passed to Class.from_config(**...) or Class(**...)",
     "episodes": "episode budget; seeds default to 0..episodes-1",
@@ -92,7 +103,11 @@ CONFIG_KEYS: dict[str, str] = {
     "record": "episodes to record step by step: a list of episode indices, or a "
     "mapping episodes: [...], max_steps: N, keys: [...] (jaxmesh.Record); the "
     "trajectories go to the output JSON's .npz, and --video renders them",
-    "output": "JSON file to write the result to (null: write none)",
+    "check_seeds": "gymnasium: envs: before the run, check that the first lane's "
+    "env is reproducible from its seed (jaxmesh.check_seeds), else refuse the run "
+    "(null/false: no check)",
+    "output": "JSON file to write the result to (null: write none); the episode "
+    "log goes next to it as NAME.episodes.jsonl",
 }
 _INT_KEYS = {
     "episodes": 0,
@@ -274,6 +289,20 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"{key}={value!r}: expected a number > 0 ({CONFIG_KEYS[key]}), "
                 "or null for no limit"
             )
+    loss = config.get("on_server_loss")
+    if loss is not None:
+        from jaxmesh.run.backend import check_server_loss
+
+        try:
+            check_server_loss(loss)
+        except ValueError as e:
+            raise ConfigError(f"{e} ({CONFIG_KEYS['on_server_loss']})") from e
+    check = config.get("check_seeds")
+    if check is not None and not isinstance(check, bool):
+        raise ConfigError(
+            f"check_seeds={check!r}: expected true or false "
+            f"({CONFIG_KEYS['check_seeds']})"
+        )
     ca = config.get("tls_ca")
     if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
         raise ConfigError(
@@ -538,6 +567,7 @@ def served_options(config: dict[str, Any]) -> Any:
         token=config.get("token"),
         credentials=_channel_credentials(config.get("tls_ca")),
         reply_timeout=config.get("reply_timeout"),
+        on_server_loss=config.get("on_server_loss"),
     )
 
 
@@ -548,6 +578,8 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
     keys += ("record",)
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
+    if config.get("check_seeds"):
+        kwargs["check_seeds"] = True
     served = served_options(config)._asdict().items()
     kwargs.update((k, v) for k, v in served if v is not None)
     return policy, env, kwargs
@@ -578,9 +610,11 @@ class Progress:
     exact ``steps_per_second``.
     """
 
-    def __init__(self, enabled: bool = True, stream: Any = None):
+    def __init__(self, enabled: bool = True, stream: Any = None, initial: int = 0):
         self.enabled = enabled
         self.stream = stream
+        #: Episodes done before the run starts (a resumed run's earlier ones).
+        self.initial = initial
         self.bar = None
         self.steps = 0
         self.t_first: float | None = None
@@ -591,6 +625,7 @@ class Progress:
 
         self.bar = tqdm(
             total=info.get("episodes"),
+            initial=self.initial,
             desc=f"{info.get('policy', '')} on {info.get('env', '')}",
             unit="ep",
             file=self.stream if self.stream is not None else sys.stderr,
@@ -659,17 +694,40 @@ def cmd_eval(args: argparse.Namespace) -> int:
     video = video_path(getattr(args, "video", None), config)
     if video is not None and config.get("record") is None:
         config["record"] = check_record_config([0])
+    resume_from = getattr(args, "resume", None)
+    earlier = load_resume(resume_from) if resume_from is not None else None
+    log_path = episode_log_path(args, config)
     policy, env, kwargs = build_run(config)
     if getattr(args, "trace", None) is not None:
         kwargs["trace"] = args.trace
     started = _Started()
-    hooks = [started, Progress(enabled=not args.no_progress)]
+    done = 0 if earlier is None else earlier.num_episodes
+    hooks: list = [started, Progress(enabled=not args.no_progress, initial=done)]
+    from jaxmesh.run import resume as resume_mod
+
+    params = getattr(policy, "params", None)  # a Model's; a function has none
+    steps = config.get("max_episode_steps")
+    if log_path is not None:
+        # A resumed run appends to its log; a new run starts it afresh.
+        log = resume_mod.EpisodeLog(log_path, params=params, max_episode_steps=steps)
+        hooks += [_LogStart(log_path, fresh=earlier is None), log]
+        fp = dict(log.fp)
+    else:
+        fp = resume_mod.fingerprint(steps, params, digest=params is not None)
+    if earlier is not None:
+        check_whole_resume(earlier, policy, env, config, resume_from)
+        kwargs["resume"] = earlier
     try:
         result = jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
     except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
         if started.started:
             raise
+        if earlier is not None and str(e).startswith("resume="):
+            text = f"--resume {resume_from}: {str(e).removeprefix('resume=: ')}"
+            raise ConfigError(_refused(config, text)) from e
         raise ConfigError(_refused(config, e)) from e
+    # What a later --resume of this result checks: the step cap, the params.
+    result.fingerprint = {**(result.fingerprint or {}), **fp}
     print(result.summary())
     if args.telemetry:
         print(result.format_telemetry())
@@ -686,6 +744,156 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if report is not None:
         write_report_file(result, report, base)
     return 0
+
+
+#: The suffix of the episode log next to the output JSON.
+EPISODE_LOG_SUFFIX = ".episodes.jsonl"
+
+
+def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path | None:
+    """Where ``eval`` streams its episodes: ``--episode-log PATH``, else next to
+    the output JSON as ``NAME.episodes.jsonl``; None with ``--no-episode-log``
+    or when the config writes no JSON.
+
+    Raises:
+      ConfigError: the path is the output JSON or the config itself.
+    """
+    if getattr(args, "no_episode_log", False):
+        return None
+    given = getattr(args, "episode_log", None)
+    output = config.get("output")
+    if given is not None:
+        path = Path(given)
+    elif output:
+        path = Path(output).with_suffix(EPISODE_LOG_SUFFIX)
+    else:
+        return None
+    for name, other in (("the config", args.config), ("output", output)):
+        if other and path.resolve() == Path(other).resolve():
+            raise ConfigError(
+                f"--episode-log {str(path)!r} is {name} file {str(other)!r}; the "
+                "log would overwrite it: pass another path, e.g. --episode-log "
+                "run.episodes.jsonl"
+            )
+    return path
+
+
+class _LogStart:
+    """The hook before ``eval``'s ``jaxmesh.EpisodeLog``: once the run starts
+    (so that a refused run leaves an earlier log as it was), it makes the log's
+    folder and, for a new run (``fresh``), empties the file: a log holds one
+    run and its resumptions."""
+
+    def __init__(self, path: Path, fresh: bool):
+        self.path, self.fresh = path, fresh
+
+    def on_run_start(self, info: dict) -> None:
+        del info
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.fresh:
+            return
+        if self.path.is_file() and self.path.stat().st_size:
+            print(
+                f"jaxmesh eval: note: starting the episode log {self.path} afresh "
+                f"(--resume {self.path} continues the run it holds)",
+                file=sys.stderr,
+            )
+        self.path.write_text("", encoding="utf-8")
+
+
+def check_whole_resume(
+    earlier: Any, policy: Any, env: Any, config: dict[str, Any], path: Any
+) -> None:
+    """For a ``--resume`` file that already holds every episode of the budget.
+
+    ``evaluate(..., resume=)`` then runs nothing, so it checks only the seeds,
+    ``max_episode_steps`` and the params; here the policy's and env's names
+    (where they are known without connecting: not a served env's),
+    ``horizon``, ``prefetch_lead`` and ``max_episode_seconds`` are compared
+    too, so that another run's complete result is refused as a partial one is.
+
+    Raises:
+      ConfigError: naming what differs.
+    """
+    from jaxmesh.core.policy import resolve_policy
+    from jaxmesh.run import checks
+
+    try:
+        seeds = checks.resolve_budget(config.get("episodes"), config.get("seeds"))
+    except (ValueError, TypeError):
+        return  # evaluate refuses the budget itself
+    if not set(range(int(seeds.size))) <= set(earlier.indices.tolist()):
+        return  # episodes will run: evaluate compares the built run
+    seconds = config.get("max_episode_seconds")
+    pairs = [
+        ("horizon", earlier.horizon, config.get("horizon") or 1),
+        ("prefetch_lead", earlier.prefetch_lead, config.get("prefetch_lead") or 0),
+        (
+            "max_episode_seconds",
+            earlier.max_episode_seconds,
+            None if seconds is None else float(seconds),
+        ),
+    ]
+    with contextlib.suppress(TypeError, ValueError):
+        pairs.append(
+            ("policy", earlier.policy, resolve_policy(policy, with_params=False).name)
+        )
+    if _is_jax_id(env):
+        pairs.append(("env", earlier.env, getattr(env, "name", None)))
+    elif isinstance(env, str) and _is_gymnasium_id(env):
+        pairs.append(("env", earlier.env, env))
+    for what, before, now in pairs:
+        if before != now:
+            raise ConfigError(
+                f"policy {config['policy']!r} on env {config['env']!r}: --resume "
+                f"{path}: the earlier run had {what} {before!r}, this config "
+                f"{now!r}; a run resumes only with the same policy, params, env "
+                "and settings (pass the same ones, or start a new run without "
+                "--resume)"
+            )
+
+
+def load_resume(path: str | Path) -> Any:
+    """The earlier run ``eval --resume PATH`` continues, as a ``RunResult``: an
+    episode log (its first line is a ``jaxmesh_episode_log`` run line:
+    ``jaxmesh.load_episode_log``) or a result JSON (``RunResult.from_dict``).
+
+    Raises:
+      ConfigError: the file is missing, or is neither.
+    """
+    from jaxmesh.run.results import RunResult
+    from jaxmesh.run.resume import LOG_KEY, load_episode_log
+
+    p = _existing_file(
+        path,
+        "--resume file",
+        "pass the episode log (NAME.episodes.jsonl) or the result JSON of the run "
+        "to continue",
+    )
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(
+            f"--resume {str(path)!r}: cannot read it as text ({e})"
+        ) from e
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        head = json.loads(first)
+    except json.JSONDecodeError:
+        head = None  # a result JSON is indented: its first line is "{"
+    try:
+        if isinstance(head, dict) and LOG_KEY in head:
+            return load_episode_log(p)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"neither an episode log (a first line holding {LOG_KEY!r}) nor "
+                f"a result JSON ({e})"
+            ) from None
+        return RunResult.from_dict(data)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--resume {str(path)!r}: {e}") from e
 
 
 #: ``--video`` given without a path.
@@ -940,6 +1148,47 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_env(args: argparse.Namespace) -> int:
+    """Prints ``jaxmesh.check_seeds``' report; 0 when reproducible, 1 when not."""
+    from jaxmesh.envs.check import check_seeds
+    from jaxmesh.run.backend import SERVED
+
+    env = args.env
+    check_env(env)  # an address's form, before anything is dialled
+    served = _backend(env) == SERVED
+    if not served and (args.token is not None or args.tls_ca is not None):
+        raise ConfigError(
+            f"--token / --tls-ca are for a served env (grpc://host:port); env "
+            f"{env!r} runs in this process"
+        )
+    if args.tls_ca is not None and not Path(args.tls_ca).is_file():
+        raise ConfigError(f"--tls-ca {args.tls_ca!r}: no such PEM file")
+    if _is_gymnasium_id(env) and importlib.util.find_spec("gymnasium") is None:
+        raise ConfigError(
+            f"env={env!r}: gymnasium is not installed; run: pip install gymnasium"
+        )
+    extra = {}
+    if served:
+        from jaxmesh.remote.address import require_grpc
+        from jaxmesh.remote.protocol import TOKEN_ENV
+
+        try:
+            require_grpc()
+        except ImportError as e:
+            raise ConfigError(f"env={env!r}: {e}") from e
+        token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+        extra = {
+            "token": token or None,
+            "credentials": _channel_credentials(args.tls_ca),
+        }
+    try:
+        report = check_seeds(env, args.seed, args.other, steps=args.steps, **extra)
+    except (ValueError, TypeError, ImportError) as e:
+        raise ConfigError(f"cannot check env {env!r}: {e}") from e
+    print(report.message)
+    return 0 if report.reproducible else 1
+
+
 def _server_credentials(cert: str | None, key: str | None) -> Any:
     """``grpc.ssl_server_credentials`` from PEM files (None: no TLS)."""
     if cert is None and key is None:
@@ -1170,6 +1419,27 @@ def make_parser() -> argparse.ArgumentParser:
         help="write the run's timeline to PATH as Chrome-trace / Perfetto JSON "
         "(open it at https://ui.perfetto.dev)",
     )
+    logs = ev.add_mutually_exclusive_group()
+    logs.add_argument(
+        "--episode-log",
+        default=None,
+        metavar="PATH",
+        help="stream each finished episode to this JSON-lines file (default: next "
+        f"to the output JSON as NAME{EPISODE_LOG_SUFFIX}; none without output); a "
+        "new run starts it afresh, --resume appends to it",
+    )
+    logs.add_argument(
+        "--no-episode-log", action="store_true", help="write no episode log"
+    )
+    ev.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help="continue an earlier run of this config: PATH is its episode log or "
+        "its result JSON; only the episodes it lacks run, and the output holds "
+        "the whole budget. A file of another run (policy, params, env, seeds, "
+        "settings) is refused (status 2)",
+    )
     ev.set_defaults(run=cmd_eval)
     ex = sub.add_parser(
         "explain",
@@ -1223,6 +1493,43 @@ def make_parser() -> argparse.ArgumentParser:
         help="the HTML file to write (default: RESULTS with the suffix .html)",
     )
     rp.set_defaults(run=cmd_report)
+    ce = sub.add_parser(
+        "check-env",
+        help="check that an env is reproducible from its seed",
+        description="Reset the env twice with --seed and once with --other, step "
+        "each --steps times with one fixed action, and print jaxmesh.check_seeds'"
+        "s report: whether the same seed gives the same observations, rewards and "
+        "ends (reproducible), and another seed something else (seed-sensitive). "
+        "Exit status 0 when reproducible, 1 when not, 2 for bad input.",
+    )
+    ce.add_argument(
+        "env",
+        help="gymnasium:<id> (made here), grpc://host:port (lane 0 of a server, "
+        "which must be free), or a JAX env id (gymnax:, brax:)",
+    )
+    ce.add_argument("--seed", type=int, default=0, help="the seed reset twice (0)")
+    ce.add_argument(
+        "--other", type=int, default=1, help="the seed compared with it (1)"
+    )
+    ce.add_argument(
+        "--steps",
+        type=int,
+        default=5,
+        metavar="N",
+        help="env steps compared after each reset (default 5)",
+    )
+    ce.add_argument(
+        "--token",
+        default=None,
+        help="a served env's session token (default: $JAXMESH_TOKEN)",
+    )
+    ce.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PEM",
+        help="grpcs:// servers: the CA the server's certificate is checked against",
+    )
+    ce.set_defaults(run=cmd_check_env)
     se = sub.add_parser(
         "serve-env",
         help="serve a gymnasium env over gRPC (jaxmesh.EnvServer)",

@@ -390,6 +390,147 @@ def test_bad_compile_cache_switch_exits_2(tmp_path, capsys, monkeypatch):
     assert "JAXMESH_COMPILE_CACHE='maybe'" in line
 
 
+# Episode logs and --resume ------------------------------------------------------
+def episodes_of(path: Path) -> list[dict]:
+    """A result JSON's episodes, less the lane each ran on (a resumed run deals
+    its episodes to lanes of its own; nothing else may differ)."""
+    eps = json.loads(path.read_text())["episodes"]
+    return [{k: v for k, v in ep.items() if k != "lane"} for ep in eps]
+
+
+@pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1"])
+def test_a_killed_run_resumed_from_its_episode_log_equals_an_uninterrupted_one(
+    tmp_path, capsys, env
+):
+    config = write_config(tmp_path, env=env, episodes=12)
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    whole = episodes_of(tmp_path / "r.json")
+    log = tmp_path / "r.episodes.jsonl"  # next to the output JSON by default
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 + 12 and '"jaxmesh_episode_log"' in lines[0]
+    # A run killed after 4 episodes, while writing the fifth line.
+    log.write_text("\n".join(lines[:5]) + '\n{"episode": {"index": 4, "se')
+    (tmp_path / "r.json").unlink()
+    argv = ["eval", str(config), "--no-progress", "--resume", str(log)]
+    assert main(argv) == 0
+    assert episodes_of(tmp_path / "r.json") == whole
+    # The log was appended to: it holds the whole budget again.
+    full = jaxmesh.load_episode_log(log)
+    assert full.indices.tolist() == list(range(12))
+    capsys.readouterr()
+
+
+def test_resume_from_a_result_json_and_no_episode_log(tmp_path, capsys):
+    config = write_config(tmp_path, episodes=8)
+    assert main(["eval", str(config), "--no-progress", "--no-episode-log"]) == 0
+    assert not (tmp_path / "r.episodes.jsonl").exists()
+    whole = json.loads((tmp_path / "r.json").read_text())
+    assert whole["fingerprint"]["max_episode_steps"] is None
+    partial = dict(whole, episodes=whole["episodes"][:3])
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(partial))
+    log = tmp_path / "resumed.jsonl"
+    argv = ["eval", str(config), "--no-progress", "--resume", str(earlier)]
+    assert main(argv + ["--episode-log", str(log)]) == 0
+    want = [{k: v for k, v in ep.items() if k != "lane"} for ep in whole["episodes"]]
+    assert episodes_of(tmp_path / "r.json") == want
+    # The log holds the episodes run now: those the earlier result lacked.
+    assert jaxmesh.load_episode_log(log).indices.tolist() == list(range(3, 8))
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["env=gymnasium:CartPole-v1"], "the earlier run had env 'gymnax:CartPole-v1'"),
+        (["max_episode_steps=30"], "the earlier run had max_episode_steps None"),
+        (["seeds=[5, 6, 7, 8, 9, 10]", "episodes=null"], "seed for episode 0"),
+        (["policy=cli_policies:chunked"], "the earlier run had policy"),
+    ],
+    ids=["env", "max-episode-steps", "seeds", "policy"],
+)
+@pytest.mark.parametrize("complete", [False, True], ids=["partial", "complete"])
+def test_a_resume_file_of_another_run_is_one_line_exit_2(
+    tmp_path, capsys, overrides, message, complete
+):
+    config = write_config(tmp_path)
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    log = tmp_path / "r.episodes.jsonl"
+    if not complete:
+        log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")
+    before = log.read_text()
+    capsys.readouterr()
+    argv = ["eval", str(config), "--no-progress", "--resume", str(log)]
+    for item in overrides:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    line = single_error_line(capsys.readouterr().err)
+    assert f"--resume {log}: " in line and message in line
+    assert log.read_text() == before  # a refused run leaves the log as it was
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json at all\n", "neither an episode log"),
+        ('{"episodes": []}\n', "the result dict lacks"),
+    ],
+)
+def test_a_resume_file_that_is_no_run_is_one_line_exit_2(
+    tmp_path, capsys, content, message
+):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    config = write_config(tmp_path)
+    assert main(["eval", str(config), "--resume", str(bad)]) == 2
+    assert message in single_error_line(capsys.readouterr().err)
+    assert main(["eval", str(config), "--resume", str(tmp_path / "none")]) == 2
+    assert "not found" in single_error_line(capsys.readouterr().err)
+
+
+def test_a_new_run_starts_its_episode_log_afresh(tmp_path, capsys):
+    config = write_config(tmp_path, episodes=3)
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    assert "starting the episode log" in capsys.readouterr().err
+    log = (tmp_path / "r.episodes.jsonl").read_text().splitlines()
+    assert len(log) == 1 + 3
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["on_server_loss=retry"], "on_server_loss='retry': expected 'rerun'"),
+        (["on_server_loss=raise"], "on_server_loss='raise': on_server_loss is for"),
+        (["check_seeds=3"], "check_seeds=3: expected true or false"),
+    ],
+)
+def test_on_server_loss_and_check_seeds_keys(tmp_path, capsys, overrides, message):
+    argv = ["eval", str(write_config(tmp_path)), "--no-progress"]
+    for item in overrides:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    assert message in single_error_line(capsys.readouterr().err)
+
+
+def test_on_server_loss_reaches_evaluate():
+    config = cli.check_run_config(
+        {"env": "grpc://127.0.0.1:5555", "policy": "a:b", "on_server_loss": "raise"}
+    )
+    assert cli.served_options(config).on_server_loss == "raise"
+
+
+def test_check_seeds_key_refuses_a_seedless_env(tmp_path, capsys):
+    config = write_config(
+        tmp_path, env="gymnasium:jaxmesh-test/IgnoresSeed-v0", check_seeds=True
+    )
+    import test_check_env  # noqa: F401  (registers the env)
+
+    assert main(["eval", str(config), "--no-progress"]) == 2
+    line = single_error_line(capsys.readouterr().err)
+    assert "check_seeds=True: env gymnasium:jaxmesh-test/IgnoresSeed-v0 is not" in line
+
+
 # explain ------------------------------------------------------------------------
 def test_explain_prints_reads_and_bytes_and_compiles_nothing(
     tmp_path, capsys, no_compile

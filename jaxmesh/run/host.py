@@ -457,6 +457,7 @@ def evaluate(
     metrics: Any = None,
     success: Any = None,
     record: Any = None,
+    check_seeds: bool = False,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -491,19 +492,31 @@ def evaluate(
         (``HostRecorder``); in process, with ``env.render()`` frames when the
         envs have ``render_mode="rgb_array"`` (``Record.frames``). A served
         env sends every step's observation for it and gives no frames.
+      check_seeds: before the run, ``jaxmesh.check_seeds`` on the first lane's
+        env (``jaxmesh.envs.check.require_reproducible``); a served env
+        refuses it (check a server with ``jaxmesh check-env grpc://host:port``
+        before the run).
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
       A ``RunResult`` (``max_episode_seconds`` set).
 
     Raises:
-      ValueError, TypeError: bad input, before any env is reset.
+      ValueError, TypeError: bad input, before any env is reset (with
+        ``check_seeds``, an env that is not reproducible from its seed).
       jaxmesh.BadValueError: a discrete action out of range, a NaN action or a
         NaN reward, at the step that met it.
       Any exception from an env or a hook, with the finished episodes on
       ``exc.partial_result``.
     """
     t_start = time.perf_counter()
+    if check_seeds and served is not None:
+        raise ValueError(
+            "check_seeds=True is for envs in this process; a served env's server "
+            "holds one session at a time, so check it before the run: "
+            f"`jaxmesh check-env {env if isinstance(env, str) else env[0]}` (or "
+            "jaxmesh.check_seeds(address))"
+        )
     with_params = params is not None
     seconds = check_seconds(max_episode_seconds)
     asked = checks.check_metrics(metrics, success)
@@ -536,6 +549,11 @@ def evaluate(
             lanes = gym_lanes.make_lanes(env, settings.num_envs, e)
         tile_lanes = None
     try:
+        if check_seeds:
+            from jaxmesh.envs.check import require_reproducible
+
+            first = lanes.envs[0] if hasattr(lanes, "envs") else lanes.vec
+            require_reproducible(first, "check_seeds=True")
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         # Served lanes read info as in process: a server sends a key only for
         # the rows that have it (ResultBatch.info_present).

@@ -464,6 +464,7 @@ def evaluate(
     record: Any = None,
     trace: Any = None,
     resume: RunResult | None = None,
+    check_seeds: bool = False,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -559,6 +560,14 @@ def evaluate(
         an uninterrupted run gives it (``jaxmesh.run.resume``). A result of
         another budget, policy, params, env or settings is refused, naming
         what differs; not with ``record=``.
+      check_seeds: host-stepped envs in this process: before the run,
+        ``jaxmesh.check_seeds`` on the first lane's env (two resets with seed
+        0 and one with seed 1, a few steps each); a ``ValueError`` naming the
+        env and what differed when it is not reproducible from its seed
+        (docs/evaluation.md, "Envs that ignore their seed"). A served env
+        refuses it (check a server before the run: ``jaxmesh check-env
+        grpc://host:port``); a JAX env is reproducible by construction (a
+        function of ``jax.random.PRNGKey(seed)``), so nothing is checked.
 
     Returns:
       A ``RunResult``.
@@ -580,6 +589,8 @@ def evaluate(
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )
+    if not isinstance(check_seeds, bool):
+        raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
     # The one place that chooses the backend; the served-only options are
     # checked here once, for every kind of env.
     kind = backend.backend_of(env)
@@ -611,6 +622,7 @@ def evaluate(
             metrics=metrics,
             success=success,
             record=record,
+            check_seeds=check_seeds,
         )
     if max_episode_seconds is not None:
         raise ValueError(

@@ -1,0 +1,326 @@
+"""Does an env honour its seed? ``check_seeds`` finds out before a run.
+
+jaxmesh's results are reproducible only if the env is: episode i starts with
+``env.reset(seed=seeds[i])``, so an env that ignores its seed (resets from the
+global ``np.random`` state, or picks its task some other way, as MetaWorld
+does) gives other episodes on every run, and a resumed run would not equal an
+uninterrupted one. ``check_seeds`` resets one env twice with the same seed and
+once with another, steps each a few times with one fixed action (the idle
+action: a Discrete space's first action, a Box's zeros clipped to its
+bounds), and compares the observations, rewards and episode ends.
+
+An env that lists ``"trial_index"`` in ``metadata["reset_options"]`` gets
+``options={"trial_index": 0}`` on every reset, as a run's episode 0 would, so
+only the seed changes between them.
+
+A JAX env (``gymnax:``, ``brax:`` or an object of ``jaxmesh.types.Env``) is
+checked the same way through its ``reset(key)`` and ``step(key, state,
+action)``, with ``jax.random.PRNGKey(seed)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+#: Env steps compared after each reset.
+DEFAULT_STEPS = 5
+
+
+class SeedReport(NamedTuple):
+    """What ``check_seeds`` found.
+
+    Attributes:
+      reproducible: two resets with the same seed (and the same actions after
+        them) gave identical observations, rewards and episode ends.
+      seed_sensitive: a reset with the other seed gave something different
+        (False: the env may ignore its seed, or be deterministic).
+      message: one line for a person: the env, the seeds, what was compared
+        and, for a failed check, what differed first.
+    """
+
+    reproducible: bool
+    seed_sensitive: bool
+    message: str
+
+
+class _Trace(NamedTuple):
+    """What one reset and its steps gave."""
+
+    reset: Any
+    observations: list
+    rewards: list
+    ends: list  # (terminated, truncated) per step
+
+
+def _leaves(x: Any) -> list:
+    """The arrays of an observation (a dict, tuple or list of arrays, or one)."""
+    if isinstance(x, dict):
+        return [leaf for k in sorted(x, key=str) for leaf in _leaves(x[k])]
+    if isinstance(x, tuple | list):
+        return [leaf for v in x for leaf in _leaves(v)]
+    return [np.asarray(x)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb, strict=True):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        nan = x.dtype.kind in "fc"
+        if not np.array_equal(x, y, equal_nan=nan):
+            return False
+    return True
+
+
+def _gap(a: Any, b: Any) -> str:
+    """How two observations differ, for the message."""
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) == len(lb):
+        for x, y in zip(la, lb, strict=True):
+            if x.shape != y.shape:
+                return f" (shapes {x.shape} and {y.shape})"
+            if x.dtype.kind in "biuf" and y.dtype.kind in "biuf":
+                diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
+                if diff.size and np.nanmax(diff) > 0:
+                    return f" (largest difference {float(np.nanmax(diff)):.6g})"
+    return ""
+
+
+def _first_difference(a: _Trace, b: _Trace) -> str | None:
+    """What differs first between two traces (None: nothing)."""
+    if not _same(a.reset, b.reset):
+        return "the reset observation" + _gap(a.reset, b.reset)
+    for t in range(max(len(a.rewards), len(b.rewards))):
+        if t >= len(a.rewards) or t >= len(b.rewards):
+            return f"the episode's length (one ended after {t} steps)"
+        if not _same(a.observations[t], b.observations[t]):
+            gap = _gap(a.observations[t], b.observations[t])
+            return f"the observation after step {t + 1}{gap}"
+        if a.rewards[t] != b.rewards[t]:
+            return f"the reward of step {t + 1} ({a.rewards[t]!r} and {b.rewards[t]!r})"
+        if a.ends[t] != b.ends[t]:
+            return f"terminated/truncated at step {t + 1} ({a.ends[t]} and {b.ends[t]})"
+    return None
+
+
+# Gymnasium envs (in this process or served) ---------------------------------
+def _gym_trace(env: Any, seed: int, steps: int, action: Any, options: Any) -> _Trace:
+    obs, _ = env.reset(seed=seed, options=options)
+    out = _Trace(obs, [], [], [])
+    for _ in range(steps):
+        obs, reward, terminated, truncated, _ = env.step(action)
+        out.observations.append(obs)
+        out.rewards.append(float(reward))
+        out.ends.append((bool(terminated), bool(truncated)))
+        if terminated or truncated:
+            break
+    return out
+
+
+def _gym_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
+    from jaxmesh.envs.gymnasium.lanes import declares_trial_index, idle_action
+    from jaxmesh.remote.protocol import TRIAL_INDEX
+
+    action = idle_action(env.action_space)
+    metadata = getattr(env, "metadata", None)
+    options = {TRIAL_INDEX: 0} if declares_trial_index(metadata) else None
+    traces = tuple(_gym_trace(env, s, steps, action, options) for s in seeds)
+    return traces, _action_text(action)
+
+
+def _action_text(action: Any) -> str:
+    a = np.asarray(action)
+    return f"action {a.item()!r}" if a.ndim == 0 else f"the action {a.tolist()!r}"
+
+
+# JAX envs -----------------------------------------------------------------------
+def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
+    import jax
+    import jax.numpy as jnp
+
+    action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+
+    def trace(seed: int) -> _Trace:
+        key = jax.random.PRNGKey(seed)
+        obs, state = reset(key)
+        out = _Trace(jax.device_get(obs), [], [], [])
+        for t in range(steps):
+            obs, state, reward, terminated, truncated = step(
+                jax.random.fold_in(key, t), state, action
+            )
+            out.observations.append(jax.device_get(obs))
+            out.rewards.append(float(reward))
+            out.ends.append((bool(terminated), bool(truncated)))
+            if out.ends[-1] != (False, False):
+                break
+        return out
+
+    return tuple(trace(s) for s in seeds), _action_text(jax.device_get(action))
+
+
+# The check ----------------------------------------------------------------------
+def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, bool]:
+    """(the env to check, its name, what to close after, whether it is a JAX
+    env)."""
+    from jaxmesh.run.backend import HOST, SERVED, backend_of
+
+    kind = backend_of(env)
+    if kind == SERVED:
+        if not isinstance(env, str):
+            raise TypeError(
+                f"env={env!r}: check one server at a time, e.g. "
+                "check_seeds('grpc://host:port')"
+            )
+        from jaxmesh.remote.address import require_grpc
+
+        require_grpc()
+        from jaxmesh.remote.envs import RemoteEnv
+
+        remote = RemoteEnv(env, token=token, credentials=credentials)
+        return remote, f"{remote.env_name} at {env}", remote, False
+    if token is not None or credentials is not None:
+        raise ValueError(
+            "check_seeds(token=..., credentials=...): these are for a served env "
+            f"('grpc://host:port'); env {env!r} runs in this process"
+        )
+    if kind == HOST:
+        from jaxmesh.envs.gymnasium.lanes import _gym, env_name, make_envs
+
+        gym = _gym()
+        if isinstance(env, str):
+            (made,) = make_envs(env, 1)
+            return made, env, made, False
+        if isinstance(env, list):
+            if not env:
+                raise ValueError("env=[]: pass a gymnasium Env")
+            env = env[0]  # the lanes' first env
+        if isinstance(env, gym.vector.VectorEnv):
+            inner = getattr(env, "envs", None)  # SyncVectorEnv holds its envs
+            if not inner:
+                raise TypeError(
+                    f"env {type(env).__name__}: check_seeds resets one env, and "
+                    "this VectorEnv does not hold its envs in this process; check "
+                    "one env made like them: check_seeds(gymnasium.make(id))"
+                )
+            env = inner[0]
+        return env, env_name(env), None, False
+    from jaxmesh.envs import make_env
+
+    made = make_env(env)
+    return made, getattr(made, "name", type(made).__name__), None, True
+
+
+def check_seeds(
+    env: Any,
+    seed: int = 0,
+    other: int = 1,
+    *,
+    steps: int = DEFAULT_STEPS,
+    token: str | None = None,
+    credentials: Any = None,
+) -> SeedReport:
+    """Checks that ``env`` is reproducible from its seed, and depends on it.
+
+    Resets the env with ``seed``, steps it ``steps`` times with one fixed action
+    (fewer if the episode ends), does the same again with ``seed`` and once with
+    ``other``, and compares what came back: observations, rewards, and
+    terminated / truncated.
+
+    Args:
+      env: a gymnasium ``Env`` (a list of them: the first; a ``SyncVectorEnv``:
+        its first env), ``"gymnasium:<id>"`` (made, checked and closed),
+        ``"grpc://host:port"`` (lane 0 of that server, through
+        ``jaxmesh.RemoteEnv``; the server must be free), or a JAX env (an id
+        such as ``"gymnax:CartPole-v1"``, or anything ``jaxmesh.make_env``
+        takes).
+      seed: the seed reset with twice.
+      other: the seed compared with it (must differ from ``seed``).
+      steps: env steps compared after each reset (0: only the reset
+        observation).
+      token, credentials: for a served env, as for ``jaxmesh.RemoteEnv``.
+
+    Returns:
+      A ``SeedReport``. The env passed in is left reset and stepped; an env
+      made here (an id, a server's session) is closed.
+
+    Raises:
+      ValueError, TypeError: bad arguments, an unknown id, or an env that
+        cannot be reset or stepped as checked.
+      jaxmesh.RemoteConnectionError: a served env cannot be reached.
+    """
+    for name, value in (("seed", seed), ("other", other), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name}={value!r}: expected an int")
+        if value < 0:
+            raise ValueError(f"{name}={value!r}: expected an int >= 0")
+    if seed == other:
+        raise ValueError(
+            f"seed={seed} and other={other}: give two different seeds, so that "
+            "the check can tell whether the seed changes anything"
+        )
+    target, name, owned, is_jax = _resolve(env, token, credentials)
+    try:
+        seeds = (int(seed), int(seed), int(other))
+        if is_jax:
+            traces, action = _jax_traces(target, seeds, int(steps))
+        else:
+            traces, action = _gym_traces(target, seeds, int(steps))
+    finally:
+        if owned is not None:
+            owned.close()
+    first, again, moved = traces
+    compared = "reset observation"
+    if steps:
+        compared += f" and {len(first.rewards)} step(s) of {action}"
+    same_seed = _first_difference(first, again)
+    other_seed = _first_difference(first, moved)
+    reproducible, sensitive = same_seed is None, other_seed is not None
+    if not reproducible:
+        # The other seed's result says nothing then: the same seed differs too.
+        text = (
+            f"env {name} is not reproducible: two resets with seed {seed} differed "
+            f"in {same_seed}; its episodes would differ from run to run (an env "
+            "that ignores its seed: see docs/evaluation.md, 'Envs that ignore "
+            "their seed')"
+        )
+    elif sensitive:
+        text = (
+            f"env {name} is reproducible and seed-sensitive: two resets with seed "
+            f"{seed} gave the same {compared}, and seed {other} differed in "
+            f"{other_seed}"
+        )
+    else:
+        text = (
+            f"env {name} is reproducible but not seed-sensitive: seeds {seed} and "
+            f"{other} gave the same {compared}; the env may ignore its seed (or "
+            "not depend on it this early: check more steps)"
+        )
+    return SeedReport(reproducible, sensitive, text)
+
+
+def require_reproducible(env: Any, what: str = "check_seeds=True") -> SeedReport:
+    """``check_seeds(env)``, raising when the env is not reproducible (what
+    ``evaluate(..., check_seeds=True)`` runs on the first lane's env).
+
+    Raises:
+      ValueError: naming the env and what differed (or why it cannot be
+        checked: a VectorEnv whose envs live in other processes).
+    """
+    try:
+        report = check_seeds(env)
+    except TypeError as e:
+        raise ValueError(f"{what}: {e}") from e
+    if not report.reproducible:
+        raise ValueError(
+            f"{what}: {report.message}. Fix the env's reset(seed=...), or run "
+            "without check_seeds knowing that its results will not repeat"
+        )
+    return report
+
+
+__all__ = ["SeedReport", "check_seeds", "require_reproducible", "DEFAULT_STEPS"]
