@@ -715,7 +715,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         fp = resume_mod.fingerprint(steps, params, digest=params is not None)
     if earlier is not None:
-        check_whole_resume(earlier, policy, env, config, resume_from)
         kwargs["resume"] = earlier
     try:
         result = jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
@@ -799,58 +798,6 @@ class _LogStart:
                 file=sys.stderr,
             )
         self.path.write_text("", encoding="utf-8")
-
-
-def check_whole_resume(
-    earlier: Any, policy: Any, env: Any, config: dict[str, Any], path: Any
-) -> None:
-    """For a ``--resume`` file that already holds every episode of the budget.
-
-    ``evaluate(..., resume=)`` then runs nothing, so it checks only the seeds,
-    ``max_episode_steps`` and the params; here the policy's and env's names
-    (where they are known without connecting: not a served env's),
-    ``horizon``, ``prefetch_lead`` and ``max_episode_seconds`` are compared
-    too, so that another run's complete result is refused as a partial one is.
-
-    Raises:
-      ConfigError: naming what differs.
-    """
-    from jaxmesh.core.policy import resolve_policy
-    from jaxmesh.run import checks
-
-    try:
-        seeds = checks.resolve_budget(config.get("episodes"), config.get("seeds"))
-    except (ValueError, TypeError):
-        return  # evaluate refuses the budget itself
-    if not set(range(int(seeds.size))) <= set(earlier.indices.tolist()):
-        return  # episodes will run: evaluate compares the built run
-    seconds = config.get("max_episode_seconds")
-    pairs = [
-        ("horizon", earlier.horizon, config.get("horizon") or 1),
-        ("prefetch_lead", earlier.prefetch_lead, config.get("prefetch_lead") or 0),
-        (
-            "max_episode_seconds",
-            earlier.max_episode_seconds,
-            None if seconds is None else float(seconds),
-        ),
-    ]
-    with contextlib.suppress(TypeError, ValueError):
-        pairs.append(
-            ("policy", earlier.policy, resolve_policy(policy, with_params=False).name)
-        )
-    if _is_jax_id(env):
-        pairs.append(("env", earlier.env, getattr(env, "name", None)))
-    elif isinstance(env, str) and _is_gymnasium_id(env):
-        pairs.append(("env", earlier.env, env))
-    for what, before, now in pairs:
-        if before != now:
-            raise ConfigError(
-                f"policy {config['policy']!r} on env {config['env']!r}: --resume "
-                f"{path}: the earlier run had {what} {before!r}, this config "
-                f"{now!r}; a run resumes only with the same policy, params, env "
-                "and settings (pass the same ones, or start a new run without "
-                "--resume)"
-            )
 
 
 def load_resume(path: str | Path) -> Any:

@@ -114,6 +114,11 @@ def test_a_resumed_gymnasium_run_equals_the_plain_loop():
     # A complete result resumes to itself, running nothing.
     again = jaxmesh.evaluate(lean, f"gymnasium:{ID}", resume=got, **kw)
     assert_matches(again, refs)
+    # ... and is refused for another run all the same, though nothing runs.
+    with pytest.raises(ValueError, match="env"):
+        jaxmesh.evaluate(lean, "gymnasium:MountainCar-v0", resume=got, **kw)
+    with pytest.raises(ValueError, match="horizon"):
+        jaxmesh.evaluate(lean, f"gymnasium:{ID}", resume=got, horizon=4, **kw)
 
 
 def test_a_resumed_episode_gets_its_budget_trial_index():

@@ -266,6 +266,39 @@ def resumable(evaluate: Callable[..., RunResult]) -> Callable[..., RunResult]:
     return wrapper
 
 
+def _check_complete(done: RunResult, args: dict) -> None:
+    """A result that holds the whole budget runs nothing, so the run is never
+    built: its settings and the names known without building (the policy's,
+    and the env's unless served) are compared here instead.
+
+    Raises:
+      ValueError: naming what differs.
+    """
+    from jaxmesh.core.policy import resolve_policy
+
+    seconds = args.get("max_episode_seconds")
+    pairs = [
+        ("horizon", done.horizon, args.get("horizon") or 1),
+        ("prefetch_lead", done.prefetch_lead, args.get("prefetch_lead") or 0),
+        (
+            "max_episode_seconds",
+            done.max_episode_seconds,
+            None if seconds is None else float(seconds),
+        ),
+    ]
+    with contextlib.suppress(TypeError, ValueError):
+        with_params = args.get("params") is not None
+        name = resolve_policy(args["policy"], with_params=with_params).name
+        pairs.append(("policy", done.policy, name))
+    env = args.get("env")
+    name = env if isinstance(env, str) else getattr(env, "name", None)
+    if isinstance(name, str) and not name.startswith(("grpc://", "grpcs://")):
+        pairs.append(("env", done.env, name))
+    for what, before, now in pairs:
+        if before != now:
+            raise _differs(what, before, now)
+
+
 def run(
     evaluate: Callable[..., RunResult],
     args: dict,
@@ -293,6 +326,7 @@ def run(
     if not isinstance(user_hooks, list | tuple):
         user_hooks = [user_hooks]
     if not missing.size:
+        _check_complete(done, args)
         result = dataclasses.replace(done)
         for h in user_hooks:
             if callable(getattr(h, "on_run_end", None)):
