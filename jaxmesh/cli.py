@@ -103,6 +103,8 @@ CONFIG_KEYS: dict[str, str] = {
     "record": "episodes to record step by step: a list of episode indices, or a "
     "mapping episodes: [...], max_steps: N, keys: [...] (jaxmesh.Record); the "
     "trajectories go to the output JSON's .npz, and --video renders them",
+    "trial_index_base": "gymnasium: and grpc:// envs that declare a trial_index "
+    "reset option: episode i gets trial_index = trial_index_base + i (default 0)",
     "check_seeds": "gymnasium: envs: before the run, check that the first lane's "
     "env is reproducible from its seed (jaxmesh.check_seeds), else refuse the run "
     "(null/false: no check)",
@@ -117,6 +119,7 @@ _INT_KEYS = {
     "max_episode_steps": 1,
     "plan_tile": 1,
     "segment_steps": 1,
+    "trial_index_base": 0,
 }
 _REQUIRED = ("env", "policy")
 

@@ -131,6 +131,30 @@ def test_a_resumed_episode_gets_its_budget_trial_index():
     np.testing.assert_array_equal(got.returns, want)
 
 
+def test_trial_index_base_shifts_every_trial_index_and_is_kept_by_a_resume():
+    """Episode i pays 1 + trial index per step (TrialEnv): 1 + 100 + i."""
+    want = [(101 + i) * (2 + s % 3) for i, s in enumerate(SEEDS)]
+    envs = lambda: [TrialEnv([]) for _ in range(2)]  # noqa: E731
+    got = jaxmesh.evaluate(trial_policy, envs(), seeds=SEEDS, trial_index_base=100)
+    np.testing.assert_array_equal(got.returns, want)
+    assert got.trial_index_base == 100
+    partial = interrupted(
+        trial_policy, envs(), 5, num_envs=2, seeds=SEEDS, trial_index_base=100
+    )
+    again = jaxmesh.RunResult.from_dict(partial.to_dict())
+    assert again.trial_index_base == 100
+    resumed = jaxmesh.evaluate(
+        trial_policy, envs(), resume=again, seeds=SEEDS, trial_index_base=100
+    )
+    np.testing.assert_array_equal(resumed.returns, want)
+    with pytest.raises(ValueError, match="trial_index_base"):
+        jaxmesh.evaluate(trial_policy, envs(), resume=again, seeds=SEEDS)
+    with pytest.raises(ValueError, match="drop trial_index_base="):
+        jaxmesh.evaluate(lean, "gymnax:CartPole-v1", trial_index_base=3)
+    with pytest.raises(ValueError, match="trial_index_base=-1"):
+        jaxmesh.evaluate(trial_policy, envs(), trial_index_base=-1)
+
+
 def test_a_resume_of_another_run_is_refused_naming_what_differs():
     policy, params = mlp_policy()
     env = "gymnax:CartPole-v1"
@@ -212,3 +236,21 @@ def test_a_seed_reset_twice_to_different_observations_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a seeded env repeats itself: no warning
         jaxmesh.evaluate(lean, [gym.make(ID)], seeds=[0, 1, 0, 1, 0])
+
+
+def test_trial_index_base_reaches_a_served_env():
+    from jaxmesh.remote.server import EnvServer
+
+    log = []
+    with EnvServer([TrialEnv(log) for _ in range(2)], "127.0.0.1:0") as server:
+        got = jaxmesh.evaluate(
+            trial_policy,
+            f"grpc://{server.address}",
+            num_envs=2,
+            seeds=SEEDS,
+            trial_index_base=7,
+        )
+    assert sorted(o["trial_index"] for _, o in log) == [7 + i for i in range(20)]
+    np.testing.assert_array_equal(
+        got.returns, [(8 + i) * (2 + s % 3) for i, s in enumerate(SEEDS)]
+    )

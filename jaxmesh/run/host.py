@@ -458,6 +458,7 @@ def evaluate(
     success: Any = None,
     record: Any = None,
     check_seeds: bool = False,
+    trial_index_base: int = 0,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -589,6 +590,7 @@ def evaluate(
             t_start,
             host_metrics,
             recorder,
+            trial_index_base,
         )
     finally:
         lanes.close()
@@ -606,6 +608,7 @@ def _run(
     t_start: float,
     metrics: HostMetrics,
     recorder: HostRecorder | None = None,
+    trial_base: int = 0,
 ) -> RunResult:
     program = host_agent.program(params)
     cfg = program.config
@@ -620,6 +623,7 @@ def _run(
         "chunk": program.chunk,
         "plan_tile": cfg.tile,
         "max_episode_seconds": seconds,
+        "trial_index_base": trial_base,
         **metrics.run_fields(),
     }
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
@@ -656,6 +660,7 @@ def _run(
                 tel,
                 metrics,
                 recorder,
+                trial_base,
             ).run()
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())

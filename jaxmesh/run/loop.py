@@ -79,6 +79,7 @@ class HostLoop:
       tel: the run's ``Telemetry``.
       metrics: the run's ``host.HostMetrics``.
       recorder: a ``host.HostRecorder`` or None.
+      trial_base: ``trial_index_base``: episode i's trial index is this + i.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class HostLoop:
         tel: Any,
         metrics: Any,
         recorder: Any = None,
+        trial_base: int = 0,
     ):
         self.program, self.params, self.lanes = program, params, lanes
         self.cfg = program.config
@@ -124,7 +126,7 @@ class HostLoop:
         self.next_episode = 0
         #: Each episode's index in the budget (a resumed run runs a part of it):
         #: an env that declares ``trial_index`` gets it (CONTRACT 6).
-        self.trial_of = resume.episode_indices(self.e)
+        self.trial_of = trial_base + resume.episode_indices(self.e)
         #: Lanes gone for good (their server was lost): never given an episode.
         self.dead = np.zeros(n, bool)
         #: Started episodes to run again from their seeds (a lost lane's), taken

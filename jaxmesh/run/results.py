@@ -246,6 +246,9 @@ class RunResult:
     #: The wall-clock cap on an episode (host-stepped envs, CONTRACT 18), or
     #: None. With a cap, which episodes it truncated depends on timing.
     max_episode_seconds: float | None = None
+    #: Host-stepped envs that declare a ``trial_index`` reset option: episode
+    #: i got ``trial_index_base + i`` (CONTRACT 6).
+    trial_index_base: int = 0
     #: Host-stepped runs: per series (``predict``, ``env_step``, ``encode``,
     #: ``decode``, ``wire``, ``queue``, message bytes) its count, mean, p50, p95
     #: and p99 (seconds or bytes); None for a JAX env. See
@@ -597,6 +600,7 @@ class RunResult:
                 "chunk": self.chunk,
                 "plan_tile": self.plan_tile,
                 "max_episode_seconds": self.max_episode_seconds,
+                "trial_index_base": self.trial_index_base,
                 "metrics": dict(self.metric_reductions),
                 "success_key": self.success_key,
             },
@@ -695,6 +699,7 @@ class RunResult:
                 chunk=settings.get("chunk"),
                 plan_tile=int(settings.get("plan_tile", 0)),
                 max_episode_seconds=settings.get("max_episode_seconds"),
+                trial_index_base=int(settings.get("trial_index_base", 0)),
                 telemetry=d.get("telemetry"),
                 success=success,
                 metrics=metrics,

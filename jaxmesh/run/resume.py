@@ -108,6 +108,11 @@ class _Check:
                 info.get("max_episode_seconds"),
             ),
             ("metrics", dict(d.metric_reductions), info.get("metric_reductions")),
+            (
+                "trial_index_base",
+                d.trial_index_base,
+                info.get("trial_index_base", 0),
+            ),
         ]
         for what, before, now in pairs:
             if before != now:
@@ -278,6 +283,11 @@ def _check_complete(done: RunResult, args: dict) -> None:
 
     seconds = args.get("max_episode_seconds")
     pairs = [
+        (
+            "trial_index_base",
+            done.trial_index_base,
+            args.get("trial_index_base") or 0,
+        ),
         ("horizon", done.horizon, args.get("horizon") or 1),
         ("prefetch_lead", done.prefetch_lead, args.get("prefetch_lead") or 0),
         (
@@ -379,6 +389,7 @@ _RUN_KEYS = (
     "max_episode_seconds",
     "metric_reductions",
     "success_key",
+    "trial_index_base",
     "episodes",
 )
 
@@ -497,6 +508,7 @@ def load_episode_log(path: Any) -> RunResult:
             "chunk": first.get("chunk"),
             "plan_tile": first.get("plan_tile") or 0,
             "max_episode_seconds": first.get("max_episode_seconds"),
+            "trial_index_base": first.get("trial_index_base") or 0,
             "metrics": first.get("metric_reductions") or {},
             "success_key": first.get("success_key"),
         },

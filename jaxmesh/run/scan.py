@@ -465,6 +465,7 @@ def evaluate(
     trace: Any = None,
     resume: RunResult | None = None,
     check_seeds: bool = False,
+    trial_index_base: int = 0,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -568,6 +569,11 @@ def evaluate(
         refuses it (check a server before the run: ``jaxmesh check-env
         grpc://host:port``); a JAX env is reproducible by construction (a
         function of ``jax.random.PRNGKey(seed)``), so nothing is checked.
+      trial_index_base: host-stepped and served envs that list
+        ``"trial_index"`` in ``metadata["reset_options"]``: episode i is reset
+        with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
+        whatever lane runs it; an env that does not declare it never sees it.
+        A JAX env refuses a base other than 0.
 
     Returns:
       A ``RunResult``.
@@ -591,6 +597,13 @@ def evaluate(
     )
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
+    trial_index_base = checks.check_int(
+        "trial_index_base",
+        trial_index_base,
+        0,
+        "episode i of an env that declares a trial_index reset option gets "
+        "trial_index_base + i",
+    )
     # The one place that chooses the backend; the served-only options are
     # checked here once, for every kind of env.
     kind = backend.backend_of(env)
@@ -623,6 +636,13 @@ def evaluate(
             success=success,
             record=record,
             check_seeds=check_seeds,
+            trial_index_base=trial_index_base,
+        )
+    if trial_index_base:
+        raise ValueError(
+            f"trial_index_base={trial_index_base!r}: trial indices are a reset "
+            "option of host-stepped (gymnasium or served) envs that declare it; a "
+            "JAX env's episodes start from PRNGKey(seed), so drop trial_index_base="
         )
     if max_episode_seconds is not None:
         raise ValueError(

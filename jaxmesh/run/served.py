@@ -243,6 +243,7 @@ class _Run(HostLoop):
         tel: Any,
         metrics: Any,
         recorder: Any = None,
+        trial_base: int = 0,
     ):
         super().__init__(
             program,
@@ -256,6 +257,7 @@ class _Run(HostLoop):
             tel,
             metrics,
             recorder,
+            trial_base,
         )
         # The server measures max_episode_seconds (HostLoop.t0 stays None).
         self.info_keys = list(metrics.keys)
