@@ -205,7 +205,11 @@ class Image:
         object.__setattr__(self, "crop", _check_crop(self.crop))
 
     def _plan(self, shape: tuple[int, ...], dtype: Any) -> list[tuple[str, Any]]:
-        """(description, function) of each step for a leaf of shape and dtype."""
+        """(description, function) of each step for a leaf of shape and dtype.
+
+        Each function binds its numbers as default arguments: the names are
+        reused by later steps.
+        """
         if len(shape) not in (2, 3):
             raise ValueError(
                 f"Image(key={self.key!r}) expects an (H, W) or (H, W, C) leaf, "
@@ -221,7 +225,7 @@ class Image:
                 (
                     f"crop {what} (rows {t}:{t + h}, cols {left}:{left + w} "
                     f"of {hw[0]}x{hw[1]})",
-                    lambda x: x[t : t + h, left : left + w],
+                    lambda x, box=(slice(t, t + h), slice(left, left + w)): x[box],
                 )
             )
             hw = (h, w)
@@ -230,7 +234,7 @@ class Image:
             steps.append(
                 (
                     f"rotate {self.rotate} ccw",
-                    lambda x: jnp.rot90(x, k, axes=(0, 1)),
+                    lambda x, k=k: jnp.rot90(x, k, axes=(0, 1)),
                 )
             )
             if k % 2:
@@ -252,7 +256,9 @@ class Image:
             return jax.image.resize(x, to + rest, method="bilinear").astype(out)
 
         if self.resize == "stretch":
-            steps.append((f"resize stretch {self.size}", lambda x: bilinear(x, (h, w))))
+            steps.append(
+                (f"resize stretch {self.size}", lambda x, to=(h, w): bilinear(x, to))
+            )
         elif self.resize == "pad":
             rh, rw = _fit(hw, self.size, cover=False)
             top, left = int((h - rh) / 2), int((w - rw) / 2)
@@ -261,17 +267,18 @@ class Image:
                 (
                     f"resize pad {self.size} (fit {rh}x{rw}, zero rows "
                     f"{pad[0][0]}+{pad[0][1]}, cols {pad[1][0]}+{pad[1][1]})",
-                    lambda x: jnp.pad(bilinear(x, (rh, rw)), pad),
+                    lambda x, to=(rh, rw), pad=pad: jnp.pad(bilinear(x, to), pad),
                 )
             )
         else:
             rh, rw = _fit(hw, self.size, cover=True)
             top, left = (rh - h) // 2, (rw - w) // 2
+            box = (slice(top, top + h), slice(left, left + w))
             steps.append(
                 (
                     f"resize crop {self.size} (cover {rh}x{rw}, keep rows "
                     f"{top}:{top + h}, cols {left}:{left + w})",
-                    lambda x: bilinear(x, (rh, rw))[top : top + h, left : left + w],
+                    lambda x, to=(rh, rw), box=box: bilinear(x, to)[box],
                 )
             )
         return steps
