@@ -16,6 +16,7 @@ from the executed action, pushed when the action is chosen).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -71,20 +72,106 @@ class State:
         return _leaf(self, obs)
 
 
+RESIZE_MODES = ("stretch", "pad", "crop")
+ROTATIONS = (0, 90, 180, 270)
+
+
+def _check_crop(crop: Any) -> float | tuple[int, int, int, int] | None:
+    """``crop`` as stored: None, a fraction in (0, 1], or (top, left, h, w)."""
+    if crop is None:
+        return None
+    if isinstance(crop, bool):
+        pass
+    elif isinstance(crop, int | float):
+        if 0 < crop <= 1:
+            return float(crop)
+    elif isinstance(crop, tuple | list) and len(crop) == 4:
+        px = tuple(crop)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in px):
+            top, left, height, width = px
+            if top >= 0 and left >= 0 and height > 0 and width > 0:
+                return px
+    raise ValueError(
+        f"Image(crop={crop!r}): crop must be a centre-crop fraction f with "
+        "0 < f <= 1 (f of the height and f of the width are kept), or "
+        "(top, left, height, width) in pixels: ints, top and left >= 0, height "
+        "and width > 0"
+    )
+
+
+def _crop_box(crop: Any, hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of ``crop`` on an image of (H, W) ``hw``."""
+    H, W = hw
+    if isinstance(crop, float):
+        h = max(1, math.floor(H * crop + 0.5))
+        w = max(1, math.floor(W * crop + 0.5))
+        return (H - h) // 2, (W - w) // 2, h, w
+    top, left, h, w = crop
+    if top + h > H or left + w > W:
+        raise ValueError(
+            f"Image(crop={crop!r}): the box (top, left, height, width) reaches "
+            f"row {top + h} and column {left + w}, outside the {H}x{W} image"
+        )
+    return crop
+
+
+def _fit(hw: tuple[int, int], size: tuple[int, int], cover: bool) -> tuple[int, int]:
+    """The aspect-kept size that fits inside (``cover=False``) or covers ``size``.
+
+    Computed as openpi's ``resize_with_pad`` does (a ratio of sides, then
+    ``int()``), so that the same images give the same sizes.
+    """
+    (H, W), (h, w) = hw, size
+    if cover:
+        ratio = min(W / w, H / h)
+        return max(h, int(H / ratio)), max(w, int(W / ratio))
+    ratio = max(W / w, H / h)
+    return min(h, max(1, int(H / ratio))), min(w, max(1, int(W / ratio)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Image:
-    """An image leaf (H, W) or (H, W, C), resized on the device and converted.
+    """An image leaf (H, W) or (H, W, C), preprocessed on the device.
 
-    A uint8 image (8-bit pixels) becomes ``dtype`` in [0, 1] (divided by 255);
-    any other dtype is converted to ``dtype`` with its values kept (an int16
-    depth map in millimetres stays in millimetres). ``size=(h, w)`` resizes
-    with ``jax.image.resize`` (bilinear), keeping the channel axis.
+    The steps run in this order, inside the jitted frame function:
+
+    1. ``crop``: a centre crop as a fraction ``f`` (0 < f <= 1: ``f * H`` rows and
+       ``f * W`` columns are kept, rounded to the nearest pixel, halves up; the
+       leftover is split with the smaller half before), or ``(top, left, height,
+       width)`` in pixels. It comes first because a crop is stated in the
+       camera's own pixels.
+    2. ``rotate``: ``k`` degrees counter-clockwise (``jnp.rot90`` on the H, W
+       axes: row 0 becomes column 0 read bottom up); 0, 90, 180 or 270. Before
+       the resize because letterbox padding is not symmetric (the odd pixel goes
+       after), so rotating a padded image would move it.
+    3. dtype: a uint8 image (8-bit pixels) becomes ``dtype`` in [0, 1] (divided
+       by 255); any other dtype is converted to ``dtype`` with its values kept
+       (an int16 depth map in millimetres stays in millimetres). The resize
+       interpolates in ``dtype``.
+    4. ``size=(h, w)`` with ``resize``:
+
+       - ``"stretch"`` (the default): bilinear to (h, w), the aspect ratio not
+         kept (``jax.image.resize``; antialiased when shrinking, as PIL's
+         bilinear is).
+       - ``"pad"``: the aspect ratio kept, resized to fit inside (h, w) and
+         padded with zeros, centred (the odd pixel after): openpi's
+         ``resize_with_pad``.
+       - ``"crop"``: the aspect ratio kept, resized to cover (h, w), then the
+         centre (h, w) kept (the odd pixel cut after).
+
+       A leaf already of size (h, w) is not resized.
+
+    ``steps(shape, dtype)`` lists what ``frame`` does to a leaf of that shape and
+    dtype, in order; ``jaxmesh.explain`` prints it.
     """
 
     key: str | None = None
     size: tuple[int, int] | None = None
     stack: int = 1
     dtype: Any = jnp.float32
+    resize: str = "stretch"
+    rotate: int = 0
+    crop: float | tuple[int, int, int, int] | None = None
 
     reads_obs: ClassVar[bool] = True
     reads_action: ClassVar[bool] = False
@@ -93,27 +180,122 @@ class Image:
         _check_stack("Image", self.stack)
         if self.size is not None:
             size = tuple(self.size)
-            if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+            if len(size) != 2 or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size
+            ):
                 raise ValueError(
                     f"Image(size={self.size!r}): size must be (height, width) "
                     "of positive ints"
                 )
             object.__setattr__(self, "size", size)
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(
+                f"Image(resize={self.resize!r}): resize must be one of "
+                f"{', '.join(map(repr, RESIZE_MODES))}"
+            )
+        if self.resize != "stretch" and self.size is None:
+            raise ValueError(
+                f"Image(resize={self.resize!r}) needs size=(height, width) to resize to"
+            )
+        if isinstance(self.rotate, bool) or self.rotate not in ROTATIONS:
+            raise ValueError(
+                f"Image(rotate={self.rotate!r}): rotate must be 0, 90, 180 or 270 "
+                "(degrees counter-clockwise)"
+            )
+        object.__setattr__(self, "crop", _check_crop(self.crop))
+
+    def _plan(self, shape: tuple[int, ...], dtype: Any) -> list[tuple[str, Any]]:
+        """(description, function) of each step for a leaf of shape and dtype.
+
+        Each function binds its numbers as default arguments: the names are
+        reused by later steps.
+        """
+        if len(shape) not in (2, 3):
+            raise ValueError(
+                f"Image(key={self.key!r}) expects an (H, W) or (H, W, C) leaf, "
+                f"got shape {tuple(shape)}; use State for non-image leaves"
+            )
+        hw = tuple(shape[:2])
+        out = self.dtype
+        steps: list[tuple[str, Any]] = []
+        if self.crop is not None:
+            t, left, h, w = _crop_box(self.crop, hw)
+            what = f"{self.crop:g}" if isinstance(self.crop, float) else str(self.crop)
+            steps.append(
+                (
+                    f"crop {what} (rows {t}:{t + h}, cols {left}:{left + w} "
+                    f"of {hw[0]}x{hw[1]})",
+                    lambda x, box=(slice(t, t + h), slice(left, left + w)): x[box],
+                )
+            )
+            hw = (h, w)
+        if self.rotate:
+            k = self.rotate // 90
+            steps.append(
+                (
+                    f"rotate {self.rotate} ccw",
+                    lambda x, k=k: jnp.rot90(x, k, axes=(0, 1)),
+                )
+            )
+            if k % 2:
+                hw = (hw[1], hw[0])
+        name = jnp.dtype(out).name
+        if jnp.dtype(dtype) == jnp.uint8:
+            steps.append(
+                (f"{name} /255", lambda x: (x.astype(jnp.float32) / 255.0).astype(out))
+            )
+        elif jnp.dtype(dtype) != jnp.dtype(out):
+            steps.append((f"{name} (values kept)", lambda x: x.astype(out)))
+        if self.size is None or hw == self.size:
+            return steps
+        (h, w), rest = self.size, tuple(shape[2:])
+
+        def bilinear(x, to):
+            if tuple(x.shape[:2]) == to:
+                return x
+            return jax.image.resize(x, to + rest, method="bilinear").astype(out)
+
+        if self.resize == "stretch":
+            steps.append(
+                (f"resize stretch {self.size}", lambda x, to=(h, w): bilinear(x, to))
+            )
+        elif self.resize == "pad":
+            rh, rw = _fit(hw, self.size, cover=False)
+            top, left = int((h - rh) / 2), int((w - rw) / 2)
+            pad = ((top, h - rh - top), (left, w - rw - left)) + ((0, 0),) * len(rest)
+            steps.append(
+                (
+                    f"resize pad {self.size} (fit {rh}x{rw}, zero rows "
+                    f"{pad[0][0]}+{pad[0][1]}, cols {pad[1][0]}+{pad[1][1]})",
+                    lambda x, to=(rh, rw), pad=pad: jnp.pad(bilinear(x, to), pad),
+                )
+            )
+        else:
+            rh, rw = _fit(hw, self.size, cover=True)
+            top, left = (rh - h) // 2, (rw - w) // 2
+            box = (slice(top, top + h), slice(left, left + w))
+            steps.append(
+                (
+                    f"resize crop {self.size} (cover {rh}x{rw}, keep rows "
+                    f"{top}:{top + h}, cols {left}:{left + w})",
+                    lambda x, to=(rh, rw), box=box: bilinear(x, to)[box],
+                )
+            )
+        return steps
+
+    def steps(self, shape: tuple[int, ...], dtype: Any) -> list[str]:
+        """What ``frame`` does to a leaf of this shape and dtype, in order.
+
+        Steps that would not change the leaf (no crop, rotate 0, a dtype it
+        already has, a size it already has) are left out.
+        """
+        return [what for what, _ in self._plan(tuple(shape), dtype)]
 
     def frame(self, obs: Any, action: Any = None) -> jax.Array:
         del action
         img = jnp.asarray(_leaf(self, obs))
-        if img.ndim not in (2, 3):
-            raise ValueError(
-                f"Image(key={self.key!r}) expects an (H, W) or (H, W, C) leaf, "
-                f"got shape {img.shape}; use State for non-image leaves"
-            )
-        if img.dtype == jnp.uint8:
-            img = img.astype(jnp.float32) / 255.0
-        img = img.astype(self.dtype)
-        if self.size is not None and tuple(img.shape[:2]) != self.size:
-            shape = self.size + tuple(img.shape[2:])
-            img = jax.image.resize(img, shape, method="bilinear").astype(self.dtype)
+        for _, step in self._plan(tuple(img.shape), img.dtype):
+            img = step(img)
         return img
 
 

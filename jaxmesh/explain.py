@@ -45,6 +45,9 @@ class InputInfo:
       stack: frames in the window.
       window_shape: ``(stack,) + shape``, what the policy sees when stack > 1.
       bytes_per_lane: bytes of the window for one lane.
+      steps: for an ``Image``, what its frame function does to the leaf, in
+        order (``Image.steps``: crop, rotate, dtype, resize; steps that change
+        nothing are left out); empty for the other kinds.
     """
 
     name: str
@@ -55,6 +58,7 @@ class InputInfo:
     stack: int
     window_shape: Any
     bytes_per_lane: int
+    steps: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -120,12 +124,20 @@ class Explanation:
             ).rstrip()
             for r in rows
         ]
+        # Every transform each image input goes through, in the order applied.
+        prep = [
+            f"  {'(observation)' if i.name == WHOLE_OBS else i.name}: "
+            + (" -> ".join(i.steps) or "as read")
+            for i in self.inputs.values()
+            if i.kind == "Image"
+        ]
         status = "within" if self.within_limit else "OVER"
         return "\n".join(
             [
                 f"explain: {who}{self.env}, {self.num_envs} lane(s)",
                 f"reads: {reads}",
                 *table,
+                *(["preprocessing:", *prep] if prep else []),
                 f"frame windows: {self.bytes_per_lane:,} B per lane; "
                 f"{_human(self.total_bytes)} for {self.num_envs} lane(s) ({status} "
                 f"the limit of {_human(self.limit_bytes)}, {LIMIT_ENV})",
@@ -202,6 +214,14 @@ def _is_leaf(x: Any) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct)
 
 
+def _steps(decl: Any, obs: Any) -> list[str]:
+    """An Image's steps on its (abstract) leaf; nothing for the other kinds."""
+    if not isinstance(decl, adapt.Image):
+        return []
+    leaf = adapt._leaf(decl, obs)
+    return decl.steps(tuple(leaf.shape), leaf.dtype)
+
+
 def explain(spec_or_model: Any, env: Any, num_envs: int = 1) -> Explanation:
     """Explains what the evaluator will read from ``env`` and hold per lane.
 
@@ -244,6 +264,7 @@ def explain(spec_or_model: Any, env: Any, num_envs: int = 1) -> Explanation:
             stack=decl.stack,
             window_shape=window,
             bytes_per_lane=decl.stack * _nbytes(frame),
+            steps=_steps(decl, obs),
         )
     per_lane = sum(i.bytes_per_lane for i in inputs.values())
     return Explanation(

@@ -141,6 +141,8 @@ def test_str_and_to_dict():
     assert "reads: 'rgb', 'joints'" in text
     assert "image   Image     rgb     (8, 8, 3)  bfloat16  2      768" in text
     assert "860 B per lane; 4.20 KiB (4,300 B) for 5 lane(s) (within the" in text
+    # uint8 -> bfloat16 in [0, 1], then stretched 32x32 -> 8x8.
+    assert "preprocessing:\n  image: bfloat16 /255 -> resize stretch (8, 8)\n" in text
     d = json.loads(json.dumps(ex.to_dict()))
     assert d["inputs"]["image"]["window_shape"] == [2, 8, 8, 3]
     assert d["total_bytes"] == 5 * PER_LANE and d["leaves"] == ["rgb", "joints"]
@@ -205,3 +207,66 @@ def test_evaluate_refuses_over_the_limit_before_compiling(monkeypatch):
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert compiled == []
+
+
+# What each image input goes through -----------------------------------------------
+class Libero:
+    """LIBERO's observation as robosuite gives it: 256x256 uint8 cameras, the
+    third-person one upside down, and a float32 depth map."""
+
+    name = "libero"
+    action_shape = (7,)
+    action_dtype = jnp.float32
+    num_actions = None
+
+    def reset(self, key):
+        obs = {
+            "agentview_image": jnp.zeros((256, 256, 3), jnp.uint8),
+            "wrist_image": jnp.zeros((256, 256, 3), jnp.uint8),
+            "depth": jnp.zeros((128, 128), jnp.float32),
+        }
+        return obs, jnp.int32(0)
+
+    def step(self, key, state, action):
+        obs, _ = self.reset(key)
+        return obs, state + 1, jnp.float32(0), jnp.bool_(False), jnp.bool_(False)
+
+
+def test_every_image_transform_is_listed_in_order():
+    spec = {
+        "image": Image("agentview_image", size=(224, 224), resize="pad", rotate=180),
+        "wrist": Image("wrist_image", size=(224, 224), crop=0.9),
+        "depth": Image("depth"),
+        "prev": Previous(),
+    }
+    ex = explain(spec, Libero())
+    # 256 -> 224 by 0.875 on both sides: no padding is left; 0.9 of 256 = 230
+    # rows, 13 either side.
+    image = [
+        "rotate 180 ccw",
+        "float32 /255",
+        "resize pad (224, 224) (fit 224x224, zero rows 0+0, cols 0+0)",
+    ]
+    wrist = [
+        "crop 0.9 (rows 13:243, cols 13:243 of 256x256)",
+        "float32 /255",
+        "resize stretch (224, 224)",
+    ]
+    assert ex.inputs["image"].steps == image
+    assert ex.inputs["wrist"].steps == wrist
+    assert ex.inputs["depth"].steps == [] and ex.inputs["prev"].steps == []
+    assert ex.inputs["image"].shape == ex.inputs["wrist"].shape == (224, 224, 3)
+    lines = str(ex).splitlines()
+    at = lines.index("preprocessing:")
+    assert lines[at + 1 : at + 4] == [
+        "  image: " + " -> ".join(image),
+        "  wrist: " + " -> ".join(wrist),
+        "  depth: as read",
+    ]
+    assert lines[at + 4].startswith("frame windows:")
+    assert ex.to_dict()["inputs"]["wrist"]["steps"] == wrist
+
+
+def test_a_crop_box_outside_the_image_fails_in_explain():
+    with pytest.raises(ValueError, match=r"crop=\(200, 0, 100, 100\).*256x256"):
+        explain({"i": Image("wrist_image", crop=(200, 0, 100, 100))}, Libero())
