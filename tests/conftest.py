@@ -1,8 +1,12 @@
-"""Shared test tools: the one way the suite checks whether XLA compiled."""
+"""Shared test tools: the one way the suite checks whether XLA compiled, and a
+self-signed TLS certificate for servers on 127.0.0.1."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -45,3 +49,47 @@ def no_compile():
     with compiles() as seen:
         yield
     assert not seen, f"compiled before rejecting bad input: {seen}"
+
+
+@pytest.fixture(scope="session")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A self-signed certificate for localhost / 127.0.0.1 and its key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    root = tmp_path_factory.mktemp("tls")
+    paths = {"cert": root / "cert.pem", "key": root / "key.pem"}
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths

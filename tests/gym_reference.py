@@ -10,6 +10,10 @@ or truncated or the cap is hit; chunk replay and prefetch follow
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -201,3 +205,19 @@ def tilt_episodes(seeds) -> list[tuple[float, int]]:
         out.append((total, length))
     env.close()
     return out
+
+
+def start_serve_env(*args):
+    """``jaxmesh serve-env`` in a child process: ``(process, address)`` once it
+    is ready (its readiness comes through ``--ready-fd``)."""
+    r, w = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-env", *args, "--ready-fd", str(w)],
+        pass_fds=(w,),
+        stdout=subprocess.DEVNULL,
+    )
+    os.close(w)
+    with os.fdopen(r) as ready:
+        address = ready.readline().strip()
+    assert address, f"serve-env exited with {proc.wait()}"
+    return proc, address

@@ -9,8 +9,6 @@ token), started and stopped here; the certificate is self-signed and made here.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import logging
 from pathlib import Path
@@ -20,10 +18,6 @@ import gymnasium as gym
 import pytest
 import yaml
 from cli_policies import tilt
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 import jaxmesh
 from jaxmesh import cli
@@ -34,45 +28,6 @@ pytestmark = pytest.mark.timeout(300)
 
 #: A token no artifact may hold (distinctive, so a hit is never a coincidence).
 TOKEN = "tok-9f3a61c2e8d4-do-not-leak"
-
-
-@pytest.fixture(scope="module")
-def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A self-signed certificate for localhost / 127.0.0.1 and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                ]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    root = tmp_path_factory.mktemp("tls")
-    paths = {"cert": root / "cert.pem", "key": root / "key.pem"}
-    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
 
 
 def secrets_of(pems: dict[str, Path]) -> dict[str, str]:

@@ -11,10 +11,7 @@ every other per-episode field is the reference's.
 from __future__ import annotations
 
 import math
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -38,6 +35,7 @@ from gym_reference import (
     plain_loop,
     stacked,
     stacked_inputs,
+    start_serve_env,
     trial_policy,
 )
 from gymnasium import spaces
@@ -415,21 +413,6 @@ def test_a_bad_action_raises_bad_value_error_at_its_step(cartpoles):
         jaxmesh.evaluate(overshoot, cartpoles, num_envs=1, seeds=SEEDS)
     assert (e.value.episode, e.value.step, e.value.value) == (episode, step, 2.0)
     assert e.value.partial_result.indices.tolist() == list(range(episode))
-
-
-def start_serve_env(*args):
-    """``jaxmesh serve-env`` in a child process; its address, once it is ready."""
-    r, w = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", "serve-env", *args, "--ready-fd", str(w)],
-        pass_fds=(w,),
-        stdout=subprocess.DEVNULL,
-    )
-    os.close(w)
-    with os.fdopen(r) as ready:
-        address = ready.readline().strip()
-    assert address, f"serve-env exited with {proc.wait()}"
-    return proc, address
 
 
 def test_a_server_killed_mid_run_ends_the_run_with_finished_episodes():

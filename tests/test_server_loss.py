@@ -9,15 +9,12 @@ included, as if nothing had happened.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import gymnasium as gym
 import jax
 import pytest
-from gym_reference import ID, chunky, lean, per_step, plain_loop
+from gym_reference import ID, chunky, lean, per_step, plain_loop, start_serve_env
 from reference_loop import assert_matches
 
 import jaxmesh
@@ -38,34 +35,13 @@ def refs(kind: str) -> list:
     return _REFS[kind]
 
 
-def start_serve_env(lanes: int):
-    """``jaxmesh serve-env`` in a child process; (process, address) once ready."""
-    r, w = os.pipe()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jaxmesh.cli",
-            "serve-env",
-            f"gymnasium:{ID}",
-            "--lanes",
-            str(lanes),
-            "--ready-fd",
-            str(w),
-        ],
-        pass_fds=(w,),
-        stdout=subprocess.DEVNULL,
-    )
-    os.close(w)
-    with os.fdopen(r) as ready:
-        address = ready.readline().strip()
-    assert address, f"serve-env exited with {proc.wait()}"
-    return proc, address
+def serve(lanes: int):
+    return start_serve_env(f"gymnasium:{ID}", "--lanes", str(lanes))
 
 
 @pytest.fixture
 def two_servers():
-    procs = [start_serve_env(2), start_serve_env(2)]
+    procs = [serve(2), serve(2)]
     yield procs
     for proc, _ in procs:
         proc.kill()
@@ -141,7 +117,7 @@ def test_on_server_loss_raise_ends_the_run_with_finished_episodes(two_servers):
 
 
 def test_losing_the_last_server_raises_with_finished_episodes():
-    proc, address = start_serve_env(2)
+    proc, address = serve(2)
     try:
         with pytest.raises(jaxmesh.RemoteConnectionError, match=address) as e:
             jaxmesh.evaluate(

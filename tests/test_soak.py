@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
-from gym_reference import ID, lean
+from gym_reference import ID, lean, start_serve_env
 
 import jaxmesh
 
@@ -27,29 +25,7 @@ CAP = 8
 
 
 def serve(address: str = "127.0.0.1:0"):
-    r, w = os.pipe()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jaxmesh.cli",
-            "serve-env",
-            f"gymnasium:{ID}",
-            "--lanes",
-            "4",
-            "--address",
-            address,
-            "--ready-fd",
-            str(w),
-        ],
-        pass_fds=(w,),
-        stdout=subprocess.DEVNULL,
-    )
-    os.close(w)
-    with os.fdopen(r) as ready:
-        got = ready.readline().strip()
-    assert got, f"serve-env exited with {proc.wait()}"
-    return proc, got
+    return start_serve_env(f"gymnasium:{ID}", "--lanes", "4", "--address", address)
 
 
 def sockets() -> int:

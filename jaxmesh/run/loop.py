@@ -494,19 +494,32 @@ class LocalRun(HostLoop):
                 t_env = time.perf_counter()
                 tel.span("predict", t_predict, t_env, "lanes")
             self.started[:] = False
-            faults = self.action_faults(self.active, actions)
-            go = self.active
-            if faults is not None:
-                go = go & (faults[0] == core_results.NO_FAULT)
-            reward, term, trunc = self.lanes.step(actions, go, self.obs)
-            tel.span("env_step", t_env, time.perf_counter(), "lanes")
-            j = np.flatnonzero(go)
-            if self.metrics.active:
-                self.step_metrics(go, j)
-            if self.recorder is not None:
-                self.recorder.actions(j, self.t[j], actions)
-            self.step_action = actions
-            self.account(j, reward[j], term[j], trunc[j], faults)
+            self.step_lanes(self.active, actions, t_env, "lanes")
+
+    def step_lanes(
+        self,
+        mask: np.ndarray,
+        actions: np.ndarray,
+        t_env: float,
+        row: str,
+        defer: bool = False,
+    ) -> tuple | None:
+        """The lanes in ``mask`` execute ``actions`` (by lane): the checks, the
+        env step of those whose action passed, the metrics, the recording and
+        ``account`` (``defer``: the step's faults returned, not raised)."""
+        faults = self.action_faults(mask, actions)
+        go = mask
+        if faults is not None:
+            go = go & (faults[0] == core_results.NO_FAULT)
+        reward, term, trunc = self.lanes.step(actions, go, self.obs)
+        self.tel.span("env_step", t_env, time.perf_counter(), row)
+        j = np.flatnonzero(go)
+        if self.metrics.active:
+            self.step_metrics(go, j)
+        if self.recorder is not None:
+            self.recorder.actions(j, self.t[j], actions)
+        self.step_action = actions
+        return self.account(j, reward[j], term[j], trunc[j], faults, defer)
 
     def dispatch(self, g: int) -> tuple | None:
         """Starts group ``g``'s agent step (the device runs it while the host
@@ -539,20 +552,9 @@ class LocalRun(HostLoop):
                 device, t0, mask = item
                 actions, _ = self.read_actions(device)
                 t_env = time.perf_counter()
-                tel.span("predict", t0, t_env, self.group_rows[g])
-                faults = self.action_faults(mask, actions)
-                go = mask
-                if faults is not None:
-                    go = go & (faults[0] == core_results.NO_FAULT)
-                reward, term, trunc = self.lanes.step(actions, go, self.obs)
-                tel.span("env_step", t_env, time.perf_counter(), self.group_rows[g])
-                j = np.flatnonzero(go)
-                if self.metrics.active:
-                    self.step_metrics(go, j)
-                if self.recorder is not None:
-                    self.recorder.actions(j, self.t[j], actions)
-                self.step_action = actions
-                found = self.account(j, reward[j], term[j], trunc[j], faults, True)
+                row = self.group_rows[g]
+                tel.span("predict", t0, t_env, row)
+                found = self.step_lanes(mask, actions, t_env, row, defer=True)
                 if found is not None:
                     deferred = found if deferred is None else _merge(deferred, found)
             if deferred is not None:

@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmesh.core.results import EPISODE_FIELDS
 from jaxmesh.run.results import RunResult, success_array
 
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
@@ -188,16 +189,7 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
         return np.concatenate([np.asarray(a), np.asarray(b)])[order]
 
     fields = {
-        f: cat(getattr(done, f), getattr(new, f))
-        for f in (
-            "seeds",
-            "returns",
-            "lengths",
-            "terminated",
-            "truncated",
-            "predict_calls",
-            "lanes",
-        )
+        f: cat(getattr(done, f), getattr(new, f)) for f in ("seeds", *EPISODE_FIELDS)
     }
     success = None
     if done.success is not None or new.success is not None:

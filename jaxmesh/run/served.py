@@ -50,7 +50,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import results as core_results
 from jaxmesh.core import rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.errors import RemoteConnectionError
@@ -230,35 +229,10 @@ class _Run(HostLoop):
     but were not taken yet (``head`` .. ``tail``).
     """
 
-    def __init__(
-        self,
-        program: Any,
-        params: Any,
-        lanes: ServedLanes,
-        settings: Any,
-        seconds: float | None,
-        seeds_arr: np.ndarray,
-        res: core_results.Results,
-        episodes_out: Any,
-        tel: Any,
-        metrics: Any,
-        recorder: Any = None,
-        trial_base: int = 0,
-    ):
-        super().__init__(
-            program,
-            params,
-            lanes,
-            settings,
-            seconds,
-            seeds_arr,
-            res,
-            episodes_out,
-            tel,
-            metrics,
-            recorder,
-            trial_base,
-        )
+    def __init__(self, *args: Any, **kwargs: Any):
+        """``HostLoop``'s arguments; ``lanes`` are ``ServedLanes``."""
+        super().__init__(*args, **kwargs)
+        lanes, metrics, recorder = self.lanes, self.metrics, self.recorder
         # The server measures max_episode_seconds (HostLoop.t0 stays None).
         self.info_keys = list(metrics.keys)
         self.info_seen: set = set()
