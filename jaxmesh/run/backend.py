@@ -162,7 +162,11 @@ def check_served_options(
         return options._replace(
             reply_timeout=check_reply_timeout(options.reply_timeout),
             lane_groups=check_lane_groups(options.lane_groups),
-            on_server_loss=check_server_loss(options.on_server_loss),
+            on_server_loss=(
+                None
+                if options.on_server_loss is None
+                else check_server_loss(options.on_server_loss)
+            ),
         )
     what = _what_runs(env)
     for name, value in options._asdict().items():

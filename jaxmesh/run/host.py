@@ -539,7 +539,7 @@ def evaluate(
             token=served.token,
             credentials=served.credentials,
             reply_timeout=served.reply_timeout,
-            on_server_loss=served.on_server_loss,
+            on_server_loss=served.on_server_loss or "rerun",
         )
         # A group plans alone: the default tile is sized for its lanes.
         tile_lanes = lanes.group(settings, served.lane_groups)
