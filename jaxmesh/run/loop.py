@@ -35,31 +35,6 @@ from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.run import resume
 
-#: Lanes from which a run splits its lanes in two groups by default.
-GROUPS_FROM_LANES = 8
-
-
-def default_lane_groups(num_lanes: int) -> int:
-    """Lane groups when the caller gives none: 2 from ``GROUPS_FROM_LANES``
-    lanes on, else 1.
-
-    Served, measured on a 2-core machine with the client and the server on it,
-    in paired runs (docs/remote.md, "Lane groups"): on 16 HalfCheetah lanes two
-    groups beat one in every pair, 1.07-1.38x at h = 1 and 1.09-1.24x at h = 8
-    (the device plans for one group while the server steps the other); on 64
-    CartPole lanes 1.07-1.16x in four pairs of five, 0.90x in one. Four groups
-    were slower. Few lanes gain nothing, and one lane cannot be split. In
-    process: docs/evaluation.md, "Host-stepped envs".
-    """
-    return 2 if num_lanes >= GROUPS_FROM_LANES else 1
-
-
-def _merge(a: tuple, b: tuple) -> tuple:
-    """Two steps' ``(kinds, values, steps)`` faults, ``a``'s kept where both."""
-    take = (a[0] == core_results.NO_FAULT) & (b[0] != core_results.NO_FAULT)
-    return tuple(np.where(take, y, x) for x, y in zip(a, b, strict=True))
-
-
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
 MAX_SEEDS_CHECKED = 1_000_000
 
@@ -296,8 +271,7 @@ class HostLoop:
         te: np.ndarray,
         tr: np.ndarray,
         faults: tuple | None = None,
-        defer: bool = False,
-    ) -> tuple | None:
+    ) -> None:
         """One step result per lane of ``j`` (ascending): returns, lengths, the
         caps, faults, recording, hooks, and the episodes that ended.
 
@@ -307,9 +281,6 @@ class HostLoop:
           r, te, tr: [m] reward, terminated, truncated as the env said.
           faults: ``(kinds, values, steps)`` [N], the step's bad actions
             (``action_faults``: lanes that did not step), or None.
-          defer: return the step's faults (None: none) instead of raising
-            them, for a caller that steps other lanes of the same step first
-            and then raises with ``close_episodes``.
         """
         step_index = self.t[j].copy()  # the 0-based step just executed
         self.t[j] = step_index + 1
@@ -350,12 +321,8 @@ class HostLoop:
             res.terminated[i] = te[end]
             res.truncated[i] = tr[end]
             res.lanes[i] = ended
-        if defer:
-            self.close_episodes(ended, None)
-            return faults
         self.close_episodes(ended, faults)
         self.steps.raise_error()  # a hook raised on a step that ended nothing
-        return None
 
     def stepped(self, j: np.ndarray, te: np.ndarray, tr: np.ndarray) -> None:
         """Lanes ``j`` executed a step that the env ended with ``te | tr``
@@ -441,23 +408,6 @@ class LocalRun(HostLoop):
         if self.seconds is not None:
             self.t0 = np.zeros(self.n, np.float64)
         self.lanes.info_keys = self.metrics.keys
-        # Two lane groups pipeline the device and the envs: while one group's
-        # envs step here, the device computes the other group's agent step.
-        # Not for a VectorEnv (it steps every lane in every call), replayed
-        # chunk steps taken on the host (an agent step is rare then), or
-        # on_step hooks (their events and errors are per whole step).
-        groups = default_lane_groups(self.n)
-        if (
-            getattr(self.lanes, "steps_every_lane", False)
-            or self.skipping
-            or self.steps
-        ):
-            groups = 1
-        group_of = np.arange(self.n) * groups // self.n
-        self.group_masks = [group_of == g for g in range(groups)]
-        self.group_rows = (
-            ["lanes"] if groups == 1 else [f"group {g}" for g in range(groups)]
-        )
 
     def reset_lanes(self, js: list[int], eps: list[int]) -> None:
         if self.t0 is not None:
@@ -474,10 +424,7 @@ class LocalRun(HostLoop):
     def run(self) -> None:
         self.take_next(np.ones(self.n, bool))
         self.state = self.program.init(self.obs, self.active.copy())
-        if len(self.group_masks) > 1:
-            self.pipelined()
-        else:
-            self.lockstep()
+        self.lockstep()
         self.finish()
 
     def lockstep(self) -> None:
@@ -502,11 +449,10 @@ class LocalRun(HostLoop):
         actions: np.ndarray,
         t_env: float,
         row: str,
-        defer: bool = False,
-    ) -> tuple | None:
+    ) -> None:
         """The lanes in ``mask`` execute ``actions`` (by lane): the checks, the
         env step of those whose action passed, the metrics, the recording and
-        ``account`` (``defer``: the step's faults returned, not raised)."""
+        ``account``."""
         faults = self.action_faults(mask, actions)
         go = mask
         if faults is not None:
@@ -519,46 +465,7 @@ class LocalRun(HostLoop):
         if self.recorder is not None:
             self.recorder.actions(j, self.t[j], actions)
         self.step_action = actions
-        return self.account(j, reward[j], term[j], trunc[j], faults, defer)
-
-    def dispatch(self, g: int) -> tuple | None:
-        """Starts group ``g``'s agent step (the device runs it while the host
-        goes on); None when the group has no running lane."""
-        mask = self.active & self.group_masks[g]
-        if not mask.any():
-            return None
-        t0 = time.perf_counter()
-        device = self.agent_step(self.started & mask, mask, mask)
-        self.started[mask] = False
-        return device, t0, mask
-
-    def pipelined(self) -> None:
-        """Groups step in ascending order within an iteration, so each lane
-        steps once per iteration and lanes that end on one step take the next
-        episodes in ascending lane order, as in ``lockstep``; each group's
-        agent step is dispatched before the group before it steps its envs.
-        A bad value raises after every group has executed the step."""
-        tel, groups = self.tel, len(self.group_masks)
-        pending: list = [self.dispatch(0)] + [None] * (groups - 1)
-        while self.active.any():
-            deferred = None
-            for g in range(groups):
-                nxt = (g + 1) % groups
-                if deferred is None:
-                    pending[nxt] = self.dispatch(nxt)
-                item, pending[g] = pending[g], None
-                if item is None:
-                    continue
-                device, t0, mask = item
-                actions, _ = self.read_actions(device)
-                t_env = time.perf_counter()
-                row = self.group_rows[g]
-                tel.span("predict", t0, t_env, row)
-                found = self.step_lanes(mask, actions, t_env, row, defer=True)
-                if found is not None:
-                    deferred = found if deferred is None else _merge(deferred, found)
-            if deferred is not None:
-                self.close_episodes(np.zeros(0, np.int64), deferred)
+        self.account(j, reward[j], term[j], trunc[j], faults)
 
     def step_metrics(self, go: np.ndarray, j: np.ndarray) -> None:
         """The info values of the step just taken (``lanes.info``)."""

@@ -71,9 +71,6 @@ class _Lanes:
         ``lanes.VectorLanes``), observations in the spec's dtype.
     """
 
-    #: Whether every call steps every lane (a VectorEnv), not only those asked.
-    steps_every_lane = False
-
     def __init__(self, lanes: core.Lanes, where: str):
         self.lanes = lanes
         self.spec: HostEnvSpec = spec_for(
@@ -259,9 +256,6 @@ class VectorLanes(_Lanes):
     Raises:
       ValueError: any other autoreset mode (saying how to build a DISABLED one).
     """
-
-    #: Every call steps every lane (lanes not in ``go`` play the idle action).
-    steps_every_lane = True
 
     def __init__(self, vec: Any):
         where = f"VectorEnv {type(vec).__name__}"
