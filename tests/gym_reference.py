@@ -207,17 +207,37 @@ def tilt_episodes(seeds) -> list[tuple[float, int]]:
     return out
 
 
+def start_serve_envs(*arg_lists):
+    """``jaxmesh serve-env`` child processes, started together: ``[(process,
+    address), ...]`` once each is ready (readiness comes through
+    ``--ready-fd``)."""
+    started = []
+    for args in arg_lists:
+        r, w = os.pipe()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jaxmesh.cli",
+                "serve-env",
+                *args,
+                "--ready-fd",
+                str(w),
+            ],
+            pass_fds=(w,),
+            stdout=subprocess.DEVNULL,
+        )
+        os.close(w)
+        started.append((proc, r))
+    out = []
+    for proc, r in started:
+        with os.fdopen(r) as ready:
+            address = ready.readline().strip()
+        assert address, f"serve-env exited with {proc.wait()}"
+        out.append((proc, address))
+    return out
+
+
 def start_serve_env(*args):
-    """``jaxmesh serve-env`` in a child process: ``(process, address)`` once it
-    is ready (its readiness comes through ``--ready-fd``)."""
-    r, w = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", "serve-env", *args, "--ready-fd", str(w)],
-        pass_fds=(w,),
-        stdout=subprocess.DEVNULL,
-    )
-    os.close(w)
-    with os.fdopen(r) as ready:
-        address = ready.readline().strip()
-    assert address, f"serve-env exited with {proc.wait()}"
-    return proc, address
+    """One ``jaxmesh serve-env`` child process: ``(process, address)``."""
+    return start_serve_envs(args)[0]

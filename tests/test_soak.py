@@ -16,7 +16,7 @@ import threading
 import time
 
 import numpy as np
-from gym_reference import ID, lean, start_serve_env
+from gym_reference import ID, lean, start_serve_env, start_serve_envs
 
 import jaxmesh
 
@@ -65,7 +65,8 @@ def test_a_run_that_loses_two_of_three_servers_equals_the_unfaulted_run():
         lean, f"gymnasium:{ID}", num_envs=12, seeds=seeds, max_episode_steps=CAP
     )
     threads, socks = threading.active_count(), sockets()
-    procs = [serve() for _ in range(3)]
+    args = (f"gymnasium:{ID}", "--lanes", "4", "--address", "127.0.0.1:0")
+    procs = start_serve_envs(args, args, args)
     try:
         hook = Faults(procs)
         t0 = time.perf_counter()
@@ -76,7 +77,7 @@ def test_a_run_that_loses_two_of_three_servers_equals_the_unfaulted_run():
             seeds=seeds,
             max_episode_steps=CAP,
             hooks=hook,
-            reply_timeout=2.0,
+            reply_timeout=1.0,
         )
         wall = time.perf_counter() - t0
     finally:
