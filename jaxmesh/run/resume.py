@@ -90,6 +90,23 @@ def _differs(what: str, before: Any, now: Any) -> ValueError:
     )
 
 
+def _compare(done: RunResult, now: dict) -> None:
+    """Raises, naming the first difference, when a field of this run (``now``:
+    any of the keys below) differs from the earlier run's."""
+    before = {
+        "policy": done.policy,
+        "env": done.env,
+        "horizon": done.horizon,
+        "prefetch_lead": done.prefetch_lead,
+        "max_episode_seconds": done.max_episode_seconds,
+        "metrics": dict(done.metric_reductions),
+        "trial_index_base": done.trial_index_base,
+    }
+    for what, value in now.items():
+        if before[what] != value:
+            raise _differs(what, before[what], value)
+
+
 class _Check:
     """A hook that compares the run, once it is built, with the earlier one."""
 
@@ -97,27 +114,11 @@ class _Check:
         self.done = done
 
     def on_run_start(self, info: dict) -> None:
-        d = self.done
-        pairs = [
-            ("policy", d.policy, info.get("policy")),
-            ("env", d.env, info.get("env")),
-            ("horizon", d.horizon, info.get("horizon")),
-            ("prefetch_lead", d.prefetch_lead, info.get("prefetch_lead")),
-            (
-                "max_episode_seconds",
-                d.max_episode_seconds,
-                info.get("max_episode_seconds"),
-            ),
-            ("metrics", dict(d.metric_reductions), info.get("metric_reductions")),
-            (
-                "trial_index_base",
-                d.trial_index_base,
-                info.get("trial_index_base", 0),
-            ),
-        ]
-        for what, before, now in pairs:
-            if before != now:
-                raise _differs(what, before, now)
+        now = {k: info.get(k) for k in ("policy", "env", "horizon", "prefetch_lead")}
+        now["max_episode_seconds"] = info.get("max_episode_seconds")
+        now["metrics"] = info.get("metric_reductions")
+        now["trial_index_base"] = info.get("trial_index_base", 0)
+        _compare(self.done, now)
 
 
 class _Renumbered:
@@ -274,31 +275,20 @@ def _check_complete(done: RunResult, args: dict) -> None:
     from jaxmesh.core.policy import resolve_policy
 
     seconds = args.get("max_episode_seconds")
-    pairs = [
-        (
-            "trial_index_base",
-            done.trial_index_base,
-            args.get("trial_index_base") or 0,
-        ),
-        ("horizon", done.horizon, args.get("horizon") or 1),
-        ("prefetch_lead", done.prefetch_lead, args.get("prefetch_lead") or 0),
-        (
-            "max_episode_seconds",
-            done.max_episode_seconds,
-            None if seconds is None else float(seconds),
-        ),
-    ]
+    now: dict = {
+        "trial_index_base": args.get("trial_index_base") or 0,
+        "horizon": args.get("horizon") or 1,
+        "prefetch_lead": args.get("prefetch_lead") or 0,
+        "max_episode_seconds": None if seconds is None else float(seconds),
+    }
     with contextlib.suppress(TypeError, ValueError):
         with_params = args.get("params") is not None
-        name = resolve_policy(args["policy"], with_params=with_params).name
-        pairs.append(("policy", done.policy, name))
+        now["policy"] = resolve_policy(args["policy"], with_params=with_params).name
     env = args.get("env")
     name = env if isinstance(env, str) else getattr(env, "name", None)
     if isinstance(name, str) and not name.startswith(("grpc://", "grpcs://")):
-        pairs.append(("env", done.env, name))
-    for what, before, now in pairs:
-        if before != now:
-            raise _differs(what, before, now)
+        now["env"] = name
+    _compare(done, now)
 
 
 def run(
