@@ -23,7 +23,8 @@ from jaxmesh.run.results import EpisodeResult, RunResult, StepEvent
 from jaxmesh.run.resume import EpisodeLog, load_episode_log
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
-from jaxmesh.stats import Comparison, compare
+from jaxmesh.stats import Comparison
+from jaxmesh.suite import Suite, SuiteResult, Task, compare
 from jaxmesh.video import render
 
 #: Served-env names, imported on first use (they need the [remote] extra: gRPC).
@@ -80,6 +81,9 @@ __all__ = [
     "Trajectory",
     "render",
     "compare",
+    "Suite",
+    "SuiteResult",
+    "Task",
     "Comparison",
     "save_params",
     "load_params",

@@ -72,7 +72,10 @@ from jaxmesh.trace import REDACTED, is_secret_key, redact_text, secret_values
 CONFIG_KEYS: dict[str, str] = {
     "env": "env id, e.g. gymnax:CartPole-v1, brax:fast, gymnasium:CartPole-v1 "
     "(stepped in this process), grpc://host:port (served by jaxmesh serve-env) or "
-    "a list of grpc:// addresses (required)",
+    "a list of grpc:// addresses (required, unless tasks is given)",
+    "tasks": "a suite instead of env: task name -> env id, or a mapping with env "
+    "and any of env_config, instruction, episodes, seeds, trial_index_base "
+    "(jaxmesh.Suite; top-level episodes/seeds are every task's default)",
     "env_config": "mapping passed to jaxmesh.make_env(env, **env_config), "
     "e.g. episode_length: 50 for a brax env (gymnax: and brax: ids only)",
     "token": "served envs: the servers' session token (null: $JAXMESH_TOKEN)",
@@ -251,7 +254,14 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"unknown config key(s) {unknown}{hint}; allowed keys: "
             f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
         )
-    missing = [k for k in _REQUIRED if config.get(k) in (None, "")]
+    suite = config.get("tasks") is not None
+    if suite and config.get("env") not in (None, ""):
+        raise ConfigError(
+            f"env={config['env']!r} and tasks: a config runs one env or a suite of "
+            "tasks; remove env (each task names its own) or tasks"
+        )
+    required = [k for k in _REQUIRED if not (suite and k == "env")]
+    missing = [k for k in required if config.get(k) in (None, "")]
     if missing:
         raise ConfigError(
             f"config is missing {missing}; e.g. env: gymnax:CartPole-v1 and policy: "
@@ -259,7 +269,10 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         )
     if not isinstance(config["policy"], str):
         raise ConfigError(f"policy={config['policy']!r}: expected a string")
-    check_env(config["env"])
+    if suite:
+        config = dict(config, tasks=check_tasks(config["tasks"]))
+    else:
+        check_env(config["env"])
     if ":" not in config["policy"]:
         raise ConfigError(
             f"policy={config['policy']!r}: expected 'module:Name', e.g. "
@@ -320,7 +333,12 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"token: expected a non-empty string, got {given} (quote it in YAML, "
             "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
         )
-    if out["env_config"] and not _is_jax_id(config["env"]):
+    if suite and out["env_config"]:
+        raise ConfigError(
+            f"env_config={out['env_config']!r} with tasks: give each task its own "
+            "env_config (tasks: {name: {env: ..., env_config: {...}}})"
+        )
+    if not suite and out["env_config"] and not _is_jax_id(config["env"]):
         raise ConfigError(
             f"env_config={out['env_config']!r} with env={config['env']!r}: "
             "env_config only applies to gymnax: and brax: ids; a served env is "
@@ -515,6 +533,92 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
     return obj
 
 
+#: The keys of a task in a config's ``tasks:`` mapping.
+TASK_KEYS = (
+    "env",
+    "env_config",
+    "instruction",
+    "episodes",
+    "seeds",
+    "trial_index_base",
+)
+
+
+def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
+    """A config's ``tasks:`` as task name -> a mapping of ``TASK_KEYS``.
+
+    Raises:
+      ConfigError: not a non-empty mapping, a task without an env, an unknown
+        key, or a value of the wrong type.
+    """
+    if not isinstance(tasks, dict) or not tasks:
+        raise ConfigError(
+            f"tasks={tasks!r}: expected a mapping of task name -> env id (or -> "
+            "a mapping with env: ...), e.g. tasks: {reach: gymnasium:FetchReach-v4}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for name, task in tasks.items():
+        where = f"tasks.{name}"
+        task = {"env": task} if isinstance(task, str | list) else task
+        if not isinstance(task, dict):
+            raise ConfigError(
+                f"{where}={task!r}: expected an env id or a mapping with env: ..."
+            )
+        unknown = sorted(set(task) - set(TASK_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {unknown}; a task takes {list(TASK_KEYS)}"
+            )
+        if task.get("env") in (None, ""):
+            raise ConfigError(f"{where}: the task needs an env: ...")
+        check_env(task["env"])
+        said = task.get("instruction")
+        if said is not None and not isinstance(said, str):
+            raise ConfigError(f"{where}.instruction={said!r}: expected a string")
+        for key, low in (("episodes", 1), ("trial_index_base", 0)):
+            v = task.get(key)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int) or v < low
+            ):
+                raise ConfigError(f"{where}.{key}={v!r}: expected an int >= {low}")
+        seeds = task.get("seeds")
+        if seeds is not None and not (
+            isinstance(seeds, list)
+            and seeds
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
+        ):
+            raise ConfigError(f"{where}.seeds={seeds!r}: expected a list of ints")
+        env_config = task.get("env_config") or {}
+        if not isinstance(env_config, dict):
+            raise ConfigError(f"{where}.env_config={env_config!r}: expected a mapping")
+        if env_config and not _is_jax_id(task["env"]):
+            raise ConfigError(
+                f"{where}.env_config={env_config!r}: env_config applies to gymnax: "
+                "and brax: ids only"
+            )
+        out[str(name)] = dict(task, env_config=dict(env_config))
+    return out
+
+
+def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
+    """A checked ``tasks:`` mapping as a ``jaxmesh.Suite`` (each env as
+    ``build_env`` makes it; a gymnasium: id is made when its task runs)."""
+    import jaxmesh
+
+    return jaxmesh.Suite(
+        {
+            name: jaxmesh.Task(
+                build_env(t["env"], t["env_config"]),
+                instruction=t.get("instruction"),
+                episodes=t.get("episodes"),
+                seeds=t.get("seeds"),
+                trial_index_base=t.get("trial_index_base"),
+            )
+            for name, t in tasks.items()
+        }
+    )
+
+
 def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
     """The env to evaluate on, its refusals as ConfigError.
 
@@ -577,7 +681,10 @@ def served_options(config: dict[str, Any]) -> Any:
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """The policy, the env and ``evaluate``'s keyword arguments of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
-    env = build_env(config["env"], config["env_config"])
+    if config.get("tasks") is not None:
+        env = build_suite(config["tasks"])
+    else:
+        env = build_env(config["env"], config["env_config"])
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
     keys += ("record",)
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
@@ -694,18 +801,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     report = report_path(args.report, config, args.config)
+    suite = config.get("tasks") is not None
+    if suite and getattr(args, "video", None) is not None:
+        raise ConfigError(
+            "--video with tasks: a suite's videos are per task; run one task with "
+            "--set env=... to render it"
+        )
     video = video_path(getattr(args, "video", None), config)
     if video is not None and config.get("record") is None:
         config["record"] = check_record_config([0])
     resume_from = getattr(args, "resume", None)
     earlier = load_resume(resume_from) if resume_from is not None else None
-    log_path = episode_log_path(args, config)
+    # A suite keeps no episode log: its output JSON is written after every task.
+    log_path = None if suite else episode_log_path(args, config)
     policy, env, kwargs = build_run(config)
     if getattr(args, "trace", None) is not None:
         kwargs["trace"] = args.trace
     started = _Started()
-    done = 0 if earlier is None else earlier.num_episodes
+    done = 0 if earlier is None or suite else earlier.num_episodes
     hooks: list = [started, Progress(enabled=not args.no_progress, initial=done)]
+    if suite and config.get("output"):
+        hooks.append(_SuiteSaver(Path(config["output"]), earlier))
     from jaxmesh.run import resume as resume_mod
 
     params = getattr(policy, "params", None)  # a Model's; a function has none
@@ -728,6 +844,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             text = f"--resume {resume_from}: {str(e).removeprefix('resume=: ')}"
             raise ConfigError(_refused(config, text)) from e
         raise ConfigError(_refused(config, e)) from e
+    if suite:
+        return _finish_suite(result, config, report)
     # What a later --resume of this result checks: the step cap, the params.
     result.fingerprint = {**(result.fingerprint or {}), **fp}
     print(result.summary())
@@ -745,6 +863,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"wrote {out}")
     if report is not None:
         write_report_file(result, report, base)
+    return 0
+
+
+class _SuiteSaver:
+    """The hook that writes a suite's output JSON after every task, so a run
+    that fails keeps the tasks it finished (``--resume`` continues it)."""
+
+    def __init__(self, path: Path, earlier: Any):
+        self.path = path
+        self.tasks = dict(getattr(earlier, "tasks", None) or {})
+
+    def on_task_end(self, name: str, result: Any) -> None:
+        from jaxmesh.suite import SuiteResult
+
+        self.tasks[name] = result
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(SuiteResult(dict(self.tasks)).to_dict(), indent=2)
+        self.path.write_text(text + "\n")
+
+
+def _finish_suite(result: Any, config: dict[str, Any], report: Path | None) -> int:
+    """``eval``'s output of a suite: the per-task table, the JSON, the report."""
+    print(result.summary())
+    if config.get("output"):
+        out = Path(config["output"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        print(f"wrote {out}")
+    if report is not None:
+        write_report_file(result, report)
     return 0
 
 
@@ -841,6 +989,10 @@ def load_resume(path: str | Path) -> Any:
                 f"neither an episode log (a first line holding {LOG_KEY!r}) nor "
                 f"a result JSON ({e})"
             ) from None
+        if isinstance(data, dict) and data.get("suite"):
+            from jaxmesh.suite import SuiteResult
+
+            return SuiteResult.from_dict(data)
         return RunResult.from_dict(data)
     except (ValueError, OSError) as e:
         raise ConfigError(f"--resume {str(path)!r}: {e}") from e
@@ -953,10 +1105,14 @@ def write_report_file(result: Any, path: Path, base: Path | None = None) -> None
     Raises:
       ConfigError: the file cannot be written.
     """
-    from jaxmesh.report import write_report
+    from jaxmesh.report import write_report, write_suite_report
+    from jaxmesh.suite import SuiteResult
 
     try:
-        write_report(result, path, base=base)
+        if isinstance(result, SuiteResult):
+            write_suite_report(result, path)
+        else:
+            write_report(result, path, base=base)
     except OSError as e:
         raise ConfigError(
             f"cannot write the report to {str(path)!r}: {e}; pass a writable path"

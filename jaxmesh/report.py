@@ -720,15 +720,23 @@ def report_html(
     made = (fn(page) for fn in (SECTIONS if sections is None else sections))
     parts = [part for part in made if part is not None]
     name = f"{result.policy or 'policy'} on {result.env or 'env'}"
-    nav = "".join(f"<li><a href='#{esc(p.id)}'>{esc(p.title)}</a></li>" for p in parts)
-    notices = "".join(f"<p class='notice'>{esc(t)}</p>" for t in _notices(result))
-    body = "".join(
-        f"<section id='{esc(p.id)}'><h2>{esc(p.title)}</h2>{p.body}</section>"
-        for p in parts
-    )
     lede = (
         f"{len(result.returns):,} episodes on {result.num_envs:,} lanes, "
         f"{result.env_steps:,} env steps in {result.wall_time:.2f} s"
+    )
+    return _document(name, lede, _notices(result), parts)
+
+
+def _document(
+    name: str, lede: str, notices: Sequence[str], parts: Sequence[Section]
+) -> str:
+    """A complete page: the title, the lede, the notices, a contents list and
+    the sections, with the CSS inline (nothing outside the page is loaded)."""
+    nav = "".join(f"<li><a href='#{esc(p.id)}'>{esc(p.title)}</a></li>" for p in parts)
+    notices = "".join(f"<p class='notice'>{esc(t)}</p>" for t in notices)
+    body = "".join(
+        f"<section id='{esc(p.id)}'><h2>{esc(p.title)}</h2>{p.body}</section>"
+        for p in parts
     )
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
@@ -787,6 +795,141 @@ def write_report(
     return out
 
 
+# Suites -------------------------------------------------------------------------
+def _errorbars(values: Sequence[float], intervals: Sequence[Any]) -> np.ndarray:
+    """matplotlib's ``yerr`` (2 x n, distances below and above) from intervals
+    (None: no bar)."""
+    low = [v - i[0] if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    high = [i[1] - v if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    return np.maximum(np.array([low, high], np.float64), 0.0)
+
+
+def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
+    """A suite's per-task figure: the success rate of each task with its Wilson
+    interval ("Success rate per task", when every task has a success signal)
+    and the mean return of each task with its bootstrap interval ("Mean return
+    per task")."""
+    figure_cls, canvas_cls = _matplotlib()
+    s = suite.stats() if stats is None else stats
+    rows = s["tasks"]
+    names = [row["task"] for row in rows]
+    rated = all(row["success_rate"] is not None for row in rows)
+    fig = figure_cls(
+        figsize=(8.8 if rated else 4.4, 3.6), dpi=DPI, layout="constrained"
+    )
+    canvas_cls(fig)
+    axes = fig.subplots(1, 2 if rated else 1, squeeze=False)[0]
+    x = np.arange(len(names))
+    ax = axes[-1]
+    means = [row["mean_return"] or 0.0 for row in rows]
+    ax.bar(x, means, color="#4c72b0")
+    ax.errorbar(
+        x,
+        means,
+        yerr=_errorbars(means, [row["return_interval"] for row in rows]),
+        fmt="none",
+        ecolor="#1f2328",
+        capsize=4,
+    )
+    ax.set_title("Mean return per task")
+    ax.set_ylabel("mean return (bars: interval)")
+    if rated:
+        ax = axes[0]
+        rates = [row["success_rate"] for row in rows]
+        ax.bar(x, rates, color="#55a868")
+        ax.errorbar(
+            x,
+            rates,
+            yerr=_errorbars(rates, [row["success_interval"] for row in rows]),
+            fmt="none",
+            ecolor="#1f2328",
+            capsize=4,
+        )
+        ax.set_title("Success rate per task")
+        ax.set_ylabel("success rate (bars: Wilson interval)")
+        ax.set_ylim(0.0, 1.05)
+    for ax in axes:
+        ax.set_xticks(x, names, rotation=30 if len(names) > 4 else 0, ha="right")
+        ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def tasks_section(suite: Any, stats: dict) -> Section:
+    """The per-task table (``SuiteResult.table``): one row per task, the mean
+    over tasks and the pooled figures; ``data-task`` names each row's task."""
+    cells = suite.table(stats)
+    rows = []
+    for row in cells[1:]:
+        tds = "".join(f"<td class='value'>{esc(c)}</td>" for c in row[1:])
+        rows.append(
+            f"<tr data-task='{esc(row[0])}'><th scope='row'>{esc(row[0])}</th>"
+            f"{tds}</tr>"
+        )
+    level = f"{stats['confidence']:.0%}"
+    note = (
+        f"Per task: the success rate with its {level} Wilson interval and the mean "
+        f"return with its {level} percentile bootstrap interval "
+        f"({stats['resamples']:,} resamples). The mean over tasks counts every "
+        "task once; pooled counts every episode once."
+    )
+    body = f"<p>{esc(note)}</p>" + _table(rows, "tasks-table", cells[0])
+    instructions = getattr(suite, "instructions", {}) or {}
+    if any(v is not None for v in instructions.values()):
+        said = [
+            f"<tr><th scope='row'>{esc(k)}</th><td>{esc(v or 'none')}</td></tr>"
+            for k, v in instructions.items()
+        ]
+        body += "<h3>Instructions</h3>" + _table(
+            said, "instructions-table", ("task", "instruction")
+        )
+    return Section("tasks", "Tasks", body)
+
+
+def suite_report_html(suite: Any, *, resamples: int | None = None) -> str:
+    """A suite's report page: the per-task table, the per-task figure, and each
+    task's own plots (``plot``), as one self-contained HTML document."""
+    n = max(suite.num_episodes, 1)
+    resamples = _stats.summary_resamples(n) if resamples is None else resamples
+    stats = suite.stats(resamples=resamples)
+    fig = suite_plot(suite, stats)
+    titles = ", ".join(ax.get_title() for ax in fig.axes if ax.get_title())
+    overview = (
+        f"<figure><img src='{esc(png_data_uri(png_bytes(fig)))}' "
+        f"alt='{esc('Plots: ' + titles)}'><figcaption>"
+        f"{esc('Bars: each task; whiskers: the intervals of the Tasks table.')}"
+        "</figcaption></figure>"
+    )
+    parts = [tasks_section(suite, stats), Section("plots", "Plots", overview)]
+    for k, (name, result) in enumerate(suite.tasks.items()):
+        fig = plot(result)
+        body = (
+            f"<p>{esc(f'{result.num_episodes:,} episodes of {result.env}')}</p>"
+            f"<figure><img src='{esc(png_data_uri(png_bytes(fig)))}' "
+            f"alt='{esc(f'Plots of task {name}')}'></figure>"
+        )
+        parts.append(Section(f"task-{k}", f"Task {name}", body))
+    rs = list(suite.tasks.values())
+    policy = rs[0].policy if rs else "policy"
+    name = f"{policy or 'policy'} on a suite of {len(rs)} tasks"
+    lede = (
+        f"{suite.num_episodes:,} episodes over {len(rs)} tasks in "
+        f"{suite.wall_time:.2f} s"
+    )
+    notices = [t for r in rs[:1] for t in _notices(r) if "holds no" not in t]
+    return _document(name, lede, notices, parts)
+
+
+def write_suite_report(
+    suite: Any, path: str | Path, *, resamples: int | None = None
+) -> Path:
+    """Writes a ``SuiteResult``'s report as one self-contained HTML file (the
+    per-task table, the per-task figure and every task's plots)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(suite_report_html(suite, resamples=resamples), encoding="utf-8")
+    return out
+
+
 __all__ = [
     "EPISODE_ROWS",
     "SECTIONS",
@@ -794,5 +937,8 @@ __all__ = [
     "videos_section",
     "plot",
     "report_html",
+    "suite_plot",
+    "suite_report_html",
     "write_report",
+    "write_suite_report",
 ]

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxmesh import suite as suite_mod
 from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import empty
@@ -437,6 +438,7 @@ def clear_cache() -> None:
     host.clear_cache()
 
 
+@suite_mod.runs_suites
 @resume_mod.resumable
 def evaluate(
     policy: Any,

@@ -23,7 +23,14 @@ from jaxmesh.errors import BadValueError
 from jaxmesh.run.results import RunResult, StepEvent, episode_at
 from jaxmesh.trace import span
 
-HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end", "on_step", "on_fault")
+HOOK_NAMES = (
+    "on_run_start",
+    "on_episode_end",
+    "on_run_end",
+    "on_step",
+    "on_fault",
+    "on_task_end",  # suites only (jaxmesh.suite): (task name, RunResult)
+)
 
 
 def drive(

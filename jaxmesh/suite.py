@@ -1,0 +1,598 @@
+"""Task suites: one policy scored on several tasks, with a per-task table.
+
+A ``Suite`` names its tasks (``Task``: an env, an optional language instruction,
+episodes or seeds of its own); ``jaxmesh.evaluate(policy, suite, ...)`` runs
+every task under the same contract as a single run and returns a
+``SuiteResult``: one ``RunResult`` per task (``result.tasks["push"]``) and the
+suite's own figures, per task, averaged over tasks and pooled.
+
+What a task's episodes score depends only on (task, seed): each task runs as
+its own ``evaluate`` call, so neither the lanes nor the order the tasks run in
+change a result. Tasks run one after another, and a host-stepped task's envs
+are made when the task starts and closed when it ends, so a suite of 40 tasks
+never holds more than one task's envs. Tasks that are the same JAX env with
+other parameters (gymnax env params) run in one compiled program with the task
+as data (``jaxmesh.envs.gymnax.task_batch``) when the run allows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxmesh import stats as _stats
+from jaxmesh.run import stream
+from jaxmesh.run.results import RunResult
+
+__all__ = [
+    "Suite",
+    "SuiteComparison",
+    "SuiteResult",
+    "Task",
+    "compare",
+    "compare_suites",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task of a suite.
+
+    Attributes:
+      env: what ``jaxmesh.evaluate`` takes as ``env`` (an id such as
+        ``"gymnasium:FetchReach-v4"`` or ``"grpc://host:port"``, a gymnax
+        ``(env, params)`` pair, an env object), or a function of no arguments
+        that returns one, called when the task starts (so that building a
+        task's envs waits for its turn).
+      instruction: the language instruction the policy is given for this task
+        (``evaluate(..., instruction=...)``; a ``jaxmesh.adapt.Text`` input
+        reads it); None: none, or the env's own.
+      episodes: this task's budget (seeds ``0..episodes-1``); None: the suite's.
+      seeds: this task's seeds, one per episode; overrides ``episodes``.
+      trial_index_base: this task's ``trial_index_base`` (CONTRACT 6); None:
+        the run's.
+    """
+
+    env: Any
+    instruction: str | None = None
+    episodes: int | None = None
+    seeds: Sequence[int] | None = None
+    trial_index_base: int | None = None
+
+    def __post_init__(self):
+        if self.instruction is not None and not isinstance(self.instruction, str):
+            raise TypeError(
+                f"Task(instruction={self.instruction!r}): expected a string (the "
+                "instruction the policy reads) or None"
+            )
+        if self.episodes is not None and (
+            isinstance(self.episodes, bool)
+            or not isinstance(self.episodes, int)
+            or self.episodes < 1
+        ):
+            raise ValueError(
+                f"Task(episodes={self.episodes!r}): expected an int >= 1, or None "
+                "for the suite's budget"
+            )
+        if self.seeds is not None:
+            object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+            if not self.seeds:
+                raise ValueError("Task(seeds=()): expected one seed per episode")
+
+
+class Suite:
+    """Named tasks scored together (``jaxmesh.evaluate(policy, suite)``).
+
+    Args:
+      tasks: task name -> ``Task`` (or just an env, a task without an
+        instruction), in the order they run and are reported.
+      episodes: the budget of every task that does not set its own (seeds
+        ``0..episodes-1``); None: ``evaluate``'s ``episodes=`` / ``seeds=``.
+      seeds: the seeds of every task that does not set its own.
+
+    Raises:
+      ValueError, TypeError: no tasks, a name that is not a non-empty string,
+        or a bad budget.
+
+    Example::
+
+      suite = jaxmesh.Suite(
+          {
+              "reach": jaxmesh.Task("gymnasium:FetchReach-v4", "reach the goal"),
+              "push": jaxmesh.Task("gymnasium:FetchPush-v4", "push the block"),
+          },
+          episodes=50,
+      )
+      result = jaxmesh.evaluate(policy, suite, num_envs=8)
+      print(result.summary())          # the per-task table
+      result.tasks["push"].success_rate
+    """
+
+    def __init__(
+        self,
+        tasks: Mapping[str, Task | Any],
+        *,
+        episodes: int | None = None,
+        seeds: Sequence[int] | None = None,
+    ):
+        if not isinstance(tasks, Mapping) or not tasks:
+            raise ValueError(
+                f"Suite(tasks={tasks!r}): expected a non-empty mapping of task "
+                "name -> jaxmesh.Task (or env)"
+            )
+        self.tasks: dict[str, Task] = {}
+        for name, task in tasks.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"Suite task name {name!r}: expected a non-empty string"
+                )
+            self.tasks[name] = task if isinstance(task, Task) else Task(task)
+        default = Task(None, episodes=episodes, seeds=seeds)  # checks the budget
+        self.episodes, self.seeds = default.episodes, default.seeds
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __repr__(self) -> str:
+        return f"Suite({list(self.tasks)}, episodes={self.episodes!r})"
+
+    def budget(self, name: str, episodes: Any, seeds: Any) -> dict[str, Any]:
+        """``evaluate``'s ``episodes`` / ``seeds`` for task ``name``: the task's
+        own, else the suite's, else the run's."""
+        task = self.tasks[name]
+        for s, e in ((task.seeds, task.episodes), (self.seeds, self.episodes)):
+            if s is not None:
+                return {"episodes": None, "seeds": list(s)}
+            if e is not None:
+                return {"episodes": e, "seeds": None}
+        return {"episodes": episodes, "seeds": seeds}
+
+
+def _env_of(task: Task) -> Any:
+    """The task's env, made now when it is a factory."""
+    env = task.env
+    if callable(env) and not hasattr(env, "reset") and not isinstance(env, type):
+        return env()
+    return env
+
+
+def _trace_path(trace: Any, name: str) -> Any:
+    """A task's own trace file: ``run.json`` -> ``run.<task>.json``."""
+    if trace is None:
+        return None
+    path = Path(trace)
+    return path.with_name(f"{path.stem}.{name}{path.suffix}")
+
+
+#: ``evaluate`` keywords a suite sets per task, not the caller.
+_PER_TASK = ("episodes", "seeds", "instruction", "trial_index_base", "trace")
+
+
+def runs_suites(evaluate: Callable[..., Any]) -> Callable[..., Any]:
+    """``evaluate`` that also takes a ``Suite`` as its env (``run_suite``)."""
+
+    @functools.wraps(evaluate)
+    def wrapper(policy: Any, env: Any, **kw: Any) -> Any:
+        if isinstance(env, Suite):
+            return run_suite(evaluate, policy, env, **kw)
+        if isinstance(kw.get("resume"), SuiteResult):
+            raise TypeError(
+                "resume= is a SuiteResult, but env is not a Suite: resume a suite "
+                "with the same Suite, or a single run with its RunResult"
+            )
+        return evaluate(policy, env, **kw)
+
+    return wrapper
+
+
+def run_suite(
+    evaluate: Callable[..., RunResult],
+    policy: Any,
+    suite: Suite,
+    **kw: Any,
+) -> SuiteResult:
+    """Runs every task of ``suite`` with ``evaluate`` (see ``Suite``).
+
+    ``instruction=`` and ``trial_index_base=`` given to ``evaluate`` apply to
+    the tasks that do not set their own; ``trace=`` writes one file per task
+    (``run.json`` -> ``run.<task>.json``); ``resume=`` takes an earlier
+    ``SuiteResult`` of this suite (a failure's ``partial_result``): finished
+    tasks run nothing, the others run only the episodes they lack. Hooks get
+    every task's ``on_run_start`` ... ``on_run_end``, then
+    ``on_task_end(name, RunResult)`` once the task is done.
+
+    Raises:
+      Whatever a task's run raises; its ``partial_result`` is then a
+      ``SuiteResult`` of the tasks finished so far plus that task's partial
+      result, so nothing finished is lost.
+    """
+    resume = kw.pop("resume", None)
+    if resume is not None and not isinstance(resume, SuiteResult):
+        raise TypeError(
+            f"resume={type(resume).__name__}: a suite resumes from the SuiteResult "
+            "of an earlier run of the same suite (or an exception's partial_result)"
+        )
+    if resume is not None:
+        extra = sorted(set(resume.tasks) - set(suite.tasks))
+        if extra:
+            raise ValueError(
+                f"resume= holds tasks {extra} that this suite does not have "
+                f"(its tasks: {list(suite.tasks)}); resume with the same suite"
+            )
+    episodes, seeds = kw.pop("episodes", None), kw.pop("seeds", None)
+    instruction = kw.pop("instruction", None)
+    base = kw.pop("trial_index_base", None)
+    trace = kw.pop("trace", None)
+    hooks = stream.hooks_list(kw.get("hooks"))
+    start = time.perf_counter()
+    done: dict[str, RunResult] = {}
+    instructions: dict[str, str | None] = {}
+    for name, task in suite.tasks.items():
+        args = dict(kw, **suite.budget(name, episodes, seeds))
+        if args["episodes"] is None and args["seeds"] is None:
+            raise ValueError(
+                f"task {name!r} has no budget: give Task(episodes=...), "
+                "Suite(..., episodes=...) or evaluate(..., episodes=...)"
+            )
+        said = task.instruction if task.instruction is not None else instruction
+        instructions[name] = said
+        if said is not None:
+            args["instruction"] = said
+        tib = task.trial_index_base if task.trial_index_base is not None else base
+        if tib:
+            args["trial_index_base"] = tib
+        if trace is not None:
+            args["trace"] = _trace_path(trace, name)
+        if resume is not None and name in resume.tasks:
+            args["resume"] = resume.tasks[name]
+        try:
+            done[name] = evaluate(policy, _env_of(task), **args)
+        except BaseException as exc:
+            partial = getattr(exc, "partial_result", None)
+            got = dict(done)
+            if isinstance(partial, RunResult):
+                got[name] = partial
+            exc.partial_result = SuiteResult(
+                got, instructions, time.perf_counter() - start
+            )
+            raise
+        stream.call(hooks, "on_task_end", name, done[name])
+    return SuiteResult(done, instructions, time.perf_counter() - start)
+
+
+def _rate(flags: np.ndarray | None) -> float | None:
+    return None if flags is None or not flags.size else float(flags.mean())
+
+
+def _task_row(name: str, env: str, stats: dict) -> dict[str, Any]:
+    ret = stats["returns"]
+    return {
+        "task": name,
+        "episodes": stats["episodes"],
+        "success_rate": stats["success_rate"],
+        "success_interval": stats["success_interval"],
+        "mean_return": ret["mean"],
+        "return_interval": ret["mean_interval"],
+        "mean_length": stats["lengths"]["mean"],
+        "env": env,
+    }
+
+
+@dataclasses.dataclass
+class SuiteResult:
+    """The result of ``jaxmesh.evaluate(policy, suite)``.
+
+    Attributes:
+      tasks: task name -> its ``RunResult``, in the suite's order.
+      instructions: task name -> the instruction its policy was given (None:
+        none).
+      wall_time: seconds for the whole suite, every task's compile included.
+    """
+
+    tasks: dict[str, RunResult]
+    instructions: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    wall_time: float = 0.0
+
+    def __getitem__(self, name: str) -> RunResult:
+        if name not in self.tasks:
+            raise KeyError(
+                f"no task {name!r}; the suite's tasks are {list(self.tasks)}"
+            )
+        return self.tasks[name]
+
+    @property
+    def num_episodes(self) -> int:
+        return sum(r.num_episodes for r in self.tasks.values())
+
+    def _pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Every task's returns, lengths and success flags, concatenated (the
+        flags None unless every task has a success signal)."""
+        rs = list(self.tasks.values())
+        returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
+        lengths = np.concatenate([np.asarray(r.lengths) for r in rs])
+        flags = [None if r.success is None else np.asarray(r.success) for r in rs]
+        success = None if any(f is None for f in flags) else np.concatenate(flags)
+        return returns, lengths, success
+
+    def stats(
+        self,
+        *,
+        confidence: float = _stats.CONFIDENCE,
+        resamples: int = _stats.RESAMPLES,
+        seed: int = _stats.SEED,
+    ) -> dict[str, Any]:
+        """The suite's figures as plain data (``jaxmesh.stats`` conventions).
+
+        Returns:
+          ``{"tasks": [row, ...], "mean_over_tasks": {...}, "pooled": {...}}``.
+          A row: ``task``, ``episodes``, ``success_rate`` with its Wilson
+          ``success_interval``, ``mean_return`` with its bootstrap
+          ``return_interval``, ``mean_length``, ``env``. ``mean_over_tasks``:
+          the unweighted mean of the tasks' success rates and mean returns
+          (every task counts once, as LIBERO and MetaWorld report a suite).
+          ``pooled``: the same figures over every episode of every task.
+          A success figure is None unless every task has a success signal.
+        """
+        opts = {"confidence": confidence, "resamples": resamples, "seed": seed}
+        rows = [
+            _task_row(name, r.env, r.stats(**opts)) for name, r in self.tasks.items()
+        ]
+        rates = [row["success_rate"] for row in rows]
+        returns = [row["mean_return"] for row in rows]
+        over = {
+            "tasks": len(rows),
+            "success_rate": None
+            if any(v is None for v in rates)
+            else float(np.mean(rates)),
+            "mean_return": None
+            if any(v is None for v in returns)
+            else float(np.mean(returns)),
+        }
+        r, lengths, success = self._pooled()
+        pooled = _task_row("pooled", "", _stats.describe(r, lengths, success, **opts))
+        return {
+            "tasks": rows,
+            "mean_over_tasks": over,
+            "pooled": pooled,
+            "confidence": confidence,
+            "resamples": resamples,
+            "seed": seed,
+        }
+
+    def table(self, stats: dict | None = None) -> list[list[str]]:
+        """The per-task table as text cells: a header row, one row per task,
+        then the mean over tasks and the pooled row (the success columns only
+        when a task has a success signal)."""
+        s = self.stats(resamples=self._resamples()) if stats is None else stats
+
+        def pct(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.1%}"
+
+        def span(pair: Any, fmt: str) -> str:
+            return "" if pair is None else f"[{pair[0]:{fmt}}, {pair[1]:{fmt}}]"
+
+        def num(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.3f}"
+
+        head = ["task", "episodes", "success", "interval", "mean return", "interval"]
+        out = [head]
+        for row in s["tasks"]:
+            out.append(
+                [
+                    row["task"],
+                    str(row["episodes"]),
+                    pct(row["success_rate"]),
+                    span(row["success_interval"], ".1%"),
+                    num(row["mean_return"]),
+                    span(row["return_interval"], ".3f"),
+                ]
+            )
+        over, pooled = s["mean_over_tasks"], s["pooled"]
+        out.append(
+            [
+                "mean over tasks",
+                str(sum(row["episodes"] for row in s["tasks"])),
+                pct(over["success_rate"]),
+                "",
+                num(over["mean_return"]),
+                "",
+            ]
+        )
+        out.append(
+            [
+                "pooled",
+                str(pooled["episodes"]),
+                pct(pooled["success_rate"]),
+                span(pooled["success_interval"], ".1%"),
+                num(pooled["mean_return"]),
+                span(pooled["return_interval"], ".3f"),
+            ]
+        )
+        if all(row["success_rate"] is None for row in s["tasks"]):
+            out = [row[:2] + row[4:] for row in out]  # no task has a signal
+        return out
+
+    def _resamples(self) -> int:
+        return _stats.summary_resamples(max(self.num_episodes, 1))
+
+    def summary(self) -> str:
+        """The per-task table (success rate with its Wilson interval, mean
+        return with its bootstrap interval), the mean over tasks and the
+        pooled figures."""
+        rows = self.table()
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = [
+            "  ".join(
+                cell.ljust(w) if c == 0 else cell.rjust(w)
+                for c, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.insert(-2, "  ".join("-" * w for w in widths))
+        level = f"{_stats.CONFIDENCE:.0%}"
+        lines.append(
+            f"({level} intervals: Wilson for success rates, percentile bootstrap "
+            f"with {self._resamples():,} resamples for mean returns; {len(self.tasks)}"
+            f" tasks in {self.wall_time:.2f} s)"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def plot(self) -> Any:
+        """The per-task figure as a matplotlib ``Figure`` (``jaxmesh.report``)."""
+        from jaxmesh import report
+
+        return report.suite_plot(self)
+
+    def report(self, path: str | Path) -> Path:
+        """Writes the suite's HTML report (``jaxmesh.report.write_suite_report``)."""
+        from jaxmesh import report
+
+        return report.write_suite_report(self, path)
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict: every task's ``RunResult.to_dict()``."""
+        return {
+            "suite": True,
+            "tasks": {name: r.to_dict() for name, r in self.tasks.items()},
+            "instructions": dict(self.instructions),
+            "wall_time": self.wall_time,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SuiteResult:
+        """The inverse of ``to_dict`` (e.g. of a results JSON file)."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("tasks"), Mapping):
+            raise ValueError(
+                "expected a suite result's dict (with a 'tasks' mapping, as "
+                "SuiteResult.to_dict() writes)"
+            )
+        return cls(
+            {name: RunResult.from_dict(r) for name, r in d["tasks"].items()},
+            dict(d.get("instructions") or {}),
+            float(d.get("wall_time") or 0.0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteComparison:
+    """Suite B against suite A, paired by task and seed.
+
+    Attributes:
+      tasks: task name -> its ``jaxmesh.Comparison`` (returns paired by seed).
+      pooled: the ``Comparison`` over every (task, seed) pair.
+      success: task name -> (A's success rate, B's), None where a task has no
+        success signal.
+    """
+
+    tasks: dict[str, _stats.Comparison]
+    pooled: _stats.Comparison
+    success: dict[str, tuple[float, float] | None]
+
+    def __str__(self) -> str:
+        head = ["task", "A return", "B return", "B - A", "interval", "B wins"]
+        head += ["A success", "B success"]
+        rows = [head]
+        items = [*self.tasks.items(), ("pooled", self.pooled)]
+        for name, c in items:
+            low, high = c.interval
+            pair = self.success.get(name)
+            rows.append(
+                [
+                    name,
+                    f"{c.mean_a:.3f}",
+                    f"{c.mean_b:.3f}",
+                    f"{c.difference:+.3f}",
+                    f"[{low:+.3f}, {high:+.3f}]",
+                    f"{c.wins:.1%}",
+                    "n/a" if pair is None else f"{pair[0]:.1%}",
+                    "n/a" if pair is None else f"{pair[1]:.1%}",
+                ]
+            )
+        widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+        lines = [
+            "  ".join(
+                x.ljust(w) if c == 0 else x.rjust(w)
+                for c, (x, w) in enumerate(zip(r, widths, strict=True))
+            )
+            for r in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(f"pooled verdict: {self.pooled.verdict}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class _Pairs:
+    """The (task, seed) pairs of a suite as one run (what ``compare`` reads)."""
+
+    indices: np.ndarray
+    seeds: np.ndarray
+    returns: np.ndarray
+    policy: str = ""
+    env: str = ""
+
+
+def _as_pairs(s: SuiteResult) -> _Pairs:
+    rs = list(s.tasks.values())
+    returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
+    seeds = np.concatenate([np.asarray(r.seeds, np.int64) for r in rs])
+    policy = rs[0].policy if rs else ""
+    return _Pairs(np.arange(returns.size), seeds, returns, policy, "suite")
+
+
+def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison:
+    """Suite B against suite A, task by task and pooled (``jaxmesh.compare``).
+
+    Raises:
+      ValueError: the suites have other tasks, or a task's runs cannot be
+        paired (``jaxmesh.compare``'s reasons), naming the task.
+    """
+    if list(a.tasks) != list(b.tasks):
+        raise ValueError(
+            f"cannot compare these suites: a has tasks {list(a.tasks)} and b "
+            f"{list(b.tasks)}; compare runs of the same suite"
+        )
+    per: dict[str, _stats.Comparison] = {}
+    success: dict[str, tuple[float, float] | None] = {}
+    for name in a.tasks:
+        ra, rb = a.tasks[name], b.tasks[name]
+        try:
+            per[name] = _stats.compare(ra, rb, **kw)
+        except ValueError as e:
+            raise ValueError(f"task {name!r}: {e}") from None
+        fa = None if ra.success is None else np.asarray(ra.success, bool)
+        fb = None if rb.success is None else np.asarray(rb.success, bool)
+        success[name] = None if fa is None or fb is None else (_rate(fa), _rate(fb))
+    pooled = _stats.compare(_as_pairs(a), _as_pairs(b), **kw)
+    return SuiteComparison(per, pooled, success)
+
+
+def compare(a: Any, b: Any, **kw: Any) -> _stats.Comparison | SuiteComparison:
+    """``jaxmesh.compare``: two ``RunResult`` paired by seed
+    (``jaxmesh.stats.compare``), or two ``SuiteResult`` task by task and pooled
+    over every (task, seed) pair (``compare_suites``); keywords as
+    ``jaxmesh.stats.compare`` (``resamples``, ``seed``, ``confidence``).
+
+    Raises:
+      TypeError: one is a suite result and the other is not.
+      ValueError: the runs cannot be paired, naming what differs.
+    """
+    suites = isinstance(a, SuiteResult), isinstance(b, SuiteResult)
+    if all(suites):
+        return compare_suites(a, b, **kw)
+    if any(suites):
+        raise TypeError(
+            f"a is a {type(a).__name__} and b a {type(b).__name__}: compare two "
+            "suite results (task by task) or two run results"
+        )
+    return _stats.compare(a, b, **kw)
