@@ -33,6 +33,7 @@ NOT_FOR_THE_PACKAGE = {"test", "dev", "bench", "peer"}
 #: Declared but never imported by name, and why.
 NOT_IMPORTED = {
     "six": "gymnax 1.0.1 imports it without declaring it",
+    "mujoco": "[robot] caps it below 3.12, where gymnasium-robotics' Fetch breaks",
 }
 
 
