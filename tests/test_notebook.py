@@ -3,6 +3,7 @@
 ``quickstart.ipynb``: JAX envs. ``tpu.ipynb``: lanes over 8 forced CPU devices
 (run by tests/test_sharded.py). ``remote.ipynb``: a ``jaxmesh serve-env`` child
 serving HalfCheetah-v5 (started and stopped by the notebook itself).
+``robot.ipynb``: a suite of Fetch tasks, one of them also served.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import nbformat
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["quickstart.ipynb", "remote.ipynb"]
+NAMES = ["quickstart.ipynb", "remote.ipynb", "robot.ipynb"]
 #: Executed elsewhere: ``tpu.ipynb`` needs 8 forced CPU devices, set before JAX
 #: starts (tests/test_sharded.py runs it in such a kernel).
 ELSEWHERE = ["tpu.ipynb"]
