@@ -485,7 +485,8 @@ def evaluate(
         ``(obs, key)`` for a stochastic policy), or a ``jaxmesh.Model``.
       env: an id (``"gymnax:CartPole-v1"``, ``"brax:fast"``), a gymnax env, an
         ``(env, env_params)`` tuple, a brax env, or an object following
-        ``jaxmesh.types.Env``.
+        ``jaxmesh.types.Env``. A ``jaxmesh.Suite`` runs each of its tasks and
+        returns a ``jaxmesh.SuiteResult`` (``jaxmesh.suite``, docs/suites.md).
       horizon: H, actions of a chunk executed before the next plan.
       num_envs: N, parallel lanes.
       episodes: the budget; ``seeds`` default to ``range(episodes)``.
