@@ -45,6 +45,24 @@ DEFAULT_MAX_STEPS = 100_000
 RESET_TILE = 32
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrialReset:
+    """Episodes that start from a trial index (``evaluate(initial_states=...)``
+    or ``reset_fn=``, ``jaxmesh.run.initial``) instead of ``env.reset(key)``.
+
+    Attributes:
+      reset: one lane's ``reset(key, trial, data) -> (obs, state)``, with the
+        output structure, shapes and dtypes of ``env.reset``'s.
+      data: the shapes (``jax.ShapeDtypeStruct`` leaves) of the run's data that
+        ``reset`` reads (the stacked initial states; ``()`` for none). The data
+        itself rides in the lanes (``Lanes.trials``): new values of the same
+        shapes run on the same program.
+    """
+
+    reset: Any
+    data: Any = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Static configuration: what the compiled program depends on.
@@ -71,6 +89,9 @@ class EngineConfig:
     #: segment stops after a step whose sink answered False. False: no callback
     #: is compiled in.
     step_events: bool = False
+    #: Episodes start from a trial index (``TrialReset``); None: from
+    #: ``env.reset(PRNGKey(seed))``, and the lanes carry nothing for it.
+    trials: TrialReset | None = None
 
     @property
     def accumulators(self) -> tuple[tuple[str, str], ...]:
@@ -102,6 +123,10 @@ class Lanes:
     #: [N] per accumulator of ``EngineConfig.accumulators``: the reduction so
     #: far of the current episode's info values (empty without metrics).
     acc: tuple = ()
+    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the [capacity]
+    #: int32 trial index of each episode and the data the reset reads (empty
+    #: without).
+    trials: tuple = ()
 
 
 @struct.dataclass
@@ -195,6 +220,12 @@ class Engine:
                 jnp.zeros((n,), results.metric_dtype(red))
                 for _, red in cfg.accumulators
             ),
+            trials=()
+            if cfg.trials is None
+            else (
+                jnp.zeros((cfg.capacity,), jnp.int32),
+                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cfg.trials.data),
+            ),
         )
         ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
         res = results.empty(
@@ -226,7 +257,11 @@ class Engine:
         return self._carry_shape
 
     def first_carry(
-        self, seeds: np.ndarray, device: Any = None, record: Any = None
+        self,
+        seeds: np.ndarray,
+        device: Any = None,
+        record: Any = None,
+        trials: tuple | None = None,
     ) -> Carry:
         """The carry a run starts from, built on the host (nothing compiles).
 
@@ -235,6 +270,9 @@ class Engine:
           device: where to put it (None: JAX's default device).
           record: the recorded episode indices (``config.record_slots`` of
             them); required when the engine records.
+          trials: ``(trial_of, data)``: each episode's trial index (int32, as
+            many as ``seeds``) and the data of ``config.trials``; required
+            when the engine has ``config.trials``.
         """
         cap = self.config.capacity
         budget = np.int32(seeds.size)
@@ -246,6 +284,11 @@ class Engine:
             budget=budget,
             **_first_lanes(np, self.config.agent.num_envs, cap, budget),
         )
+        if self.config.trials is not None:
+            trial_of, data = trials
+            padded_trials = np.zeros((cap,), np.int32)  # masked lanes: trial 0
+            padded_trials[: seeds.size] = trial_of
+            lanes = lanes.replace(trials=(padded_trials, data))
         carry = zeros.replace(lanes=lanes)
         if self.config.record_slots:
             episodes = np.asarray(record, np.int32)
@@ -282,9 +325,9 @@ class Engine:
 
         def body(idx, c):
             key, env_key, env_state, obs = c
-            episode = tiles.take(lanes.episode, idx)
-            k = rules.episode_keys(jnp, lanes.seeds[jnp.clip(episode, 0, cap - 1)])
-            obs0, state0 = jax.vmap(self.env.reset)(k)
+            episode = jnp.clip(tiles.take(lanes.episode, idx), 0, cap - 1)
+            k = rules.episode_keys(jnp, lanes.seeds[episode])
+            obs0, state0 = self._reset(lanes, k, episode)
             at = lambda x, v: tiles.put(x, idx, v)
             return (
                 at(key, k),
@@ -316,6 +359,17 @@ class Engine:
             ),
         )
         return lanes, ag, obs, begins
+
+    def _reset(self, lanes: Lanes, keys: jax.Array, episodes: jax.Array):
+        """The reset of a tile of lanes starting ``episodes`` with these keys:
+        ``env.reset(key)``, or with ``config.trials`` its reset from each
+        episode's trial index."""
+        trials = self.config.trials
+        if trials is None:
+            return jax.vmap(self.env.reset)(keys)
+        trial_of, data = lanes.trials
+        reset = jax.vmap(trials.reset, in_axes=(0, 0, None))
+        return reset(keys, trial_of[episodes], data)
 
     # Recording ----------------------------------------------------------------
     def _record_obs(self, obs: Any) -> Any:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmesh.core import agent
-from jaxmesh.core.engine import Engine, EngineConfig
+from jaxmesh.core.engine import Engine, EngineConfig, TrialReset
 from jaxmesh.core.policy import Policy, output_chunk
 from jaxmesh.core.results import info_leaves
 from jaxmesh.explain import check_frame_limit
@@ -191,6 +191,7 @@ def build_engine(
     max_steps: int,
     metrics: tuple[tuple[tuple[str, str], ...], str | None] = ((), None),
     record: Any = None,
+    trials: TrialReset | None = None,
 ) -> Engine:
     """The engine for a probed policy (``probe_chunk``), env and run plan.
 
@@ -199,7 +200,8 @@ def build_engine(
     ``max_episode_steps``. ``metrics`` is ``engine_metrics``'s result: the info
     keys kept per episode and the success key. ``record`` (a
     ``jaxmesh.Record`` or None) sizes the recording buffers; which episodes
-    fill them is data (``Engine.first_carry``).
+    fill them is data (``Engine.first_carry``). ``trials``: episodes start
+    from a trial index (``jaxmesh.run.initial``); None: from ``env.reset``.
 
     Raises:
       ValueError: the frame windows of the run's lanes exceed the limit, or a
@@ -215,5 +217,6 @@ def build_engine(
         record_slots=0 if record is None else len(record.episodes),
         record_steps=0 if record is None else record.max_steps,
         record_keys=None if record is None else record.keys,
+        trials=trials,
     )
     return Engine(policy, env, config)

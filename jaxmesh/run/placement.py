@@ -81,10 +81,13 @@ class SingleDevice:
         """Nothing to check: one process runs the whole budget."""
         del seeds, params
 
-    def first_carry(self, engine: Any, seeds: np.ndarray, record: Any) -> tuple:
+    def first_carry(
+        self, engine: Any, seeds: np.ndarray, record: Any, trials: Any = None
+    ) -> tuple:
         """``((lanes, agent), results)``: the carry a run starts from, on the
-        device (``record``: the recorded episode indices, or None)."""
-        carry = engine.first_carry(seeds, self.device, record)
+        device (``record``: the recorded episode indices, or None; ``trials``:
+        ``(trial_of, data)`` of an engine with initial states, or None)."""
+        carry = engine.first_carry(seeds, self.device, record, trials)
         return (carry.lanes, carry.agent), carry.results
 
     def put_params(self, params: Any) -> Any:
@@ -184,19 +187,32 @@ class DeviceMesh:
         disagree on)."""
         sharded.check_same_everywhere(self.mesh, seeds, params)
 
-    def first_carry(self, engine: Any, seeds: np.ndarray, record: Any) -> tuple:
+    def first_carry(
+        self, engine: Any, seeds: np.ndarray, record: Any, trials: Any = None
+    ) -> tuple:
         """Every device's first carry, stacked along the mesh axis.
 
         Each process builds (on its host) and places only its own devices'
         carries: device d gets the carry of its share of the budget
-        (``sharded.device_seeds``); nothing compiles. ``record`` is None (a
+        (``sharded.device_seeds``; with ``trials``, the same share of the trial
+        indices, and all of the data); nothing compiles. ``record`` is None (a
         mesh refuses recording, ``placement_for``).
         """
         del record
-        shares = sharded.device_seeds(seeds, self.num_devices)
+        d_count = self.num_devices
+        shares = sharded.device_seeds(seeds, d_count)
+        trial_shares = [None] * d_count
+        if trials is not None:
+            trial_of, data = trials
+            trial_shares = [(t, data) for t in sharded.device_seeds(trial_of, d_count)]
         host = host_device()
         mine = [
-            (dev, jax.device_get(engine.first_carry(shares[d], host)))
+            (
+                dev,
+                jax.device_get(
+                    engine.first_carry(shares[d], host, None, trial_shares[d])
+                ),
+            )
             for d, dev in enumerate(self.mesh.devices.flat)
             if dev.process_index == jax.process_index()
         ]

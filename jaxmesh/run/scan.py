@@ -29,7 +29,7 @@ from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
 from jaxmesh.record import check_record, check_record_budget
-from jaxmesh.run import backend, build, checks, placement, stream
+from jaxmesh.run import backend, build, checks, initial, placement, stream
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.placement import (  # noqa: F401 - their old home
     CPU_COMPILER_OPTIONS,
@@ -38,6 +38,12 @@ from jaxmesh.run.placement import (  # noqa: F401 - their old home
 from jaxmesh.run.plan import RunPlan, plan_run
 from jaxmesh.run.results import RunResult
 from jaxmesh.trace import check_trace_path, span, tracing
+
+TRIAL_HINT = (
+    "episode i gets trial index trial_index_base + i (a host-stepped env that "
+    "declares a trial_index reset option; a JAX env with initial_states= or "
+    "reset_fn=)"
+)
 
 
 class _Program(NamedTuple):
@@ -69,6 +75,9 @@ class Evaluator:
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
         may name other episodes, as many of them (the buffers' size is part
         of the program; which episodes fill them is data).
+      initial_states, reset_fn: as for ``jaxmesh.evaluate``; ``run`` may
+        pass other ``initial_states`` of the same shapes (their values are
+        data) and its own ``trial_index_base``.
 
     Raises:
       ValueError, TypeError: bad settings, env or policy (nothing compiles).
@@ -102,8 +111,11 @@ class Evaluator:
         success: Any = None,
         devices: Any = None,
         record: Any = None,
+        initial_states: Any = None,
+        reset_fn: Any = None,
     ):
         asked = checks.check_metrics(metrics, success)
+        trials = initial.resolve(initial_states, reset_fn)
         self.record = check_record(record)
         self.settings = checks.check_settings(
             num_envs,
@@ -121,6 +133,9 @@ class Evaluator:
         # env's info by shape (nothing compiles).
         self.metrics = build.engine_metrics(self.env, asked)
         build.check_record_keys(self.env, self.record)
+        # Episodes from a trial index: checked against the env's reset by shape.
+        self.trials = trials
+        self._trial_reset = None if trials is None else trials.engine_reset(self.env)
         self.placement = placement.placement_for(
             devices, self.settings.num_envs, self.policy, self.record
         )
@@ -191,6 +206,7 @@ class Evaluator:
                 self.settings.max_steps,
                 self.metrics,
                 self.record,
+                self._trial_reset,
             )
             if steps:
                 engine = with_step_events(engine)
@@ -219,12 +235,15 @@ class Evaluator:
         params: Any = None,
         hooks: Any = None,
         record: Any = None,
+        trial_index_base: int = 0,
+        initial_states: Any = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
         ``record`` (None: the evaluator's own) names other episodes to record,
         as many as the evaluator's ``Record`` with its ``max_steps`` and
-        ``keys``: the same program runs.
+        ``keys``: the same program runs. ``initial_states`` (None: the
+        evaluator's own) of the evaluator's shapes run on the same program.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -237,6 +256,12 @@ class Evaluator:
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         hook_list = stream.hooks_list(hooks)
         self._run_record = self._check_run_record(record, int(seeds_arr.size))
+        trial_index_base = checks.check_int(
+            "trial_index_base", trial_index_base, 0, TRIAL_HINT
+        )
+        self._run_trials = initial.run_trials(
+            self.trials, initial_states, trial_index_base, int(seeds_arr.size)
+        )
         if self.takes_params and params is None:
             raise TypeError(
                 "this Evaluator was built with takes_params=True: pass params="
@@ -255,6 +280,7 @@ class Evaluator:
             "plan_tile": plan.tile,
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
+            "trial_index_base": trial_index_base,
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -325,7 +351,10 @@ class Evaluator:
         place.check_same_everywhere(seeds_arr, params)
         with span("init", "run"):
             state, res = place.first_carry(
-                program.engine, seeds_arr, None if rec is None else rec.episodes
+                program.engine,
+                seeds_arr,
+                None if rec is None else rec.episodes,
+                self._run_trials,
             )
             params = place.put_params(params)
         e = seeds_arr.size
@@ -468,6 +497,8 @@ def evaluate(
     resume: RunResult | None = None,
     check_seeds: bool = False,
     trial_index_base: int = 0,
+    initial_states: Any = None,
+    reset_fn: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -576,7 +607,22 @@ def evaluate(
         ``"trial_index"`` in ``metadata["reset_options"]``: episode i is reset
         with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
         whatever lane runs it; an env that does not declare it never sees it.
-        A JAX env refuses a base other than 0.
+        A JAX env: episode i starts from trial ``trial_index_base + i`` of
+        ``initial_states`` or ``reset_fn``; without them a base other than 0
+        is refused.
+      initial_states: JAX envs: T initial states in the form the env's reset
+        returns them, ``(obs, state)`` with a leading axis T on every leaf
+        (what ``jax.vmap(env.reset)(keys)`` returns for ``env =
+        jaxmesh.make_env(...)``), or a list of T such pairs. Episode i starts
+        from entry ``trial_index_base + i``, whatever lane runs it; a budget
+        that needs an entry past T is refused (never wrapped). The values are
+        data: other states of the same shapes compile nothing.
+        docs/evaluation.md, "Initial states".
+      reset_fn: JAX envs, instead of ``initial_states``: ``reset_fn(key,
+        trial) -> (obs, state)`` of one lane, traced in the compiled program;
+        episode i's reset is ``reset_fn(PRNGKey(seeds[i]), trial_index_base +
+        i)`` (``trial`` an int32 scalar). Its output must have the env
+        reset's structure, shapes and dtypes (checked by shape first).
 
     Returns:
       A ``RunResult``.
@@ -601,11 +647,7 @@ def evaluate(
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
     trial_index_base = checks.check_int(
-        "trial_index_base",
-        trial_index_base,
-        0,
-        "episode i of an env that declares a trial_index reset option gets "
-        "trial_index_base + i",
+        "trial_index_base", trial_index_base, 0, TRIAL_HINT
     )
     # The one place that chooses the backend; the served-only options are
     # checked here once, for every kind of env.
@@ -623,6 +665,7 @@ def evaluate(
                 f"devices={devices!r}: lanes are split over devices for JAX envs "
                 f"only; env {env!r} is stepped by the host, so drop devices="
             )
+        initial.refuse_host(initial_states, reset_fn, env)
         from jaxmesh.run import host
 
         return host.evaluate(
@@ -641,12 +684,6 @@ def evaluate(
             check_seeds=check_seeds,
             trial_index_base=trial_index_base,
         )
-    if trial_index_base:
-        raise ValueError(
-            f"trial_index_base={trial_index_base!r}: trial indices are a reset "
-            "option of host-stepped (gymnasium or served) envs that declare it; a "
-            "JAX env's episodes start from PRNGKey(seed), so drop trial_index_base="
-        )
     if max_episode_seconds is not None:
         raise ValueError(
             f"max_episode_seconds={max_episode_seconds!r}: a wall-clock cap applies "
@@ -661,8 +698,12 @@ def evaluate(
     record = check_record(record)
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
-    # The recorded episodes are data: runs that record as many share a program.
+    trials = initial.resolve(initial_states, reset_fn)
+    states = None if trials is None else trials.states
+    # The recorded episodes and the initial states' values are data: runs that
+    # record as many, from states of the same shapes, share a program.
     key += (mesh, None if record is None else record_shape(record))
+    key += (None if trials is None else trials.key,)
     ev = _EVALUATORS.get(key)
     if ev is None:
         ev = Evaluator(
@@ -679,13 +720,21 @@ def evaluate(
             success=success,
             devices=mesh,
             record=record,
+            initial_states=states,
+            reset_fn=reset_fn,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:
             _EVALUATORS.popitem(last=False)
     _EVALUATORS.move_to_end(key)
     return ev.run(
-        episodes=episodes, seeds=seeds, params=params, hooks=hooks, record=record
+        episodes=episodes,
+        seeds=seeds,
+        params=params,
+        hooks=hooks,
+        record=record,
+        trial_index_base=trial_index_base,
+        initial_states=states,
     )
 
 

@@ -1,0 +1,361 @@
+"""Initial states of JAX envs: episode i starts from trial ``trial_index_base + i``.
+
+A JAX env's episode normally starts from ``env.reset(PRNGKey(seed))``. Two
+arguments of ``jaxmesh.evaluate`` replace that reset (docs/evaluation.md,
+"Initial states"):
+
+- ``initial_states``: T states given up front, in the form ``env.reset``
+  returns them, ``(obs, state)``, stacked so that every leaf has a leading axis
+  T (what ``jax.vmap(env.reset)(keys)`` returns), or a Python ``list`` of T
+  such pairs. Episode i starts from entry ``trial_index_base + i``; a budget
+  that needs an entry past T is refused (never wrapped around).
+- ``reset_fn(key, trial) -> (obs, state)``: episode i's reset is
+  ``reset_fn(PRNGKey(seeds[i]), trial_index_base + i)``, traced inside the
+  compiled program (one lane: ``key`` is a ``uint32[2]`` key, ``trial`` an
+  ``int32`` scalar).
+
+The episode's key is still ``PRNGKey(seeds[i])``: env-step and policy keys
+derive from it as without initial states (CONTRACT 5). Inside a resumed run
+the trial index follows the episode's index in the budget
+(``resume.episode_indices``). Everything here checks by shape only: nothing
+compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmesh.core.engine import TrialReset
+from jaxmesh.run import resume
+
+#: The largest trial index (trial indices are int32 in the compiled program).
+MAX_TRIAL = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trials:
+    """A checked source of initial states (``resolve``): one of the two is set.
+
+    Attributes:
+      states: ``(obs, state)`` as numpy, every leaf with leading axis ``count``.
+      reset_fn: the user's ``reset_fn(key, trial) -> (obs, state)``.
+    """
+
+    states: Any = None
+    reset_fn: Callable | None = None
+
+    @property
+    def count(self) -> int | None:
+        """T, the states given (None for a ``reset_fn``: any trial index)."""
+        if self.states is None:
+            return None
+        return int(jax.tree.leaves(self.states)[0].shape[0])
+
+    @property
+    def key(self) -> tuple:
+        """What the compiled program depends on: the states' structure and
+        shapes (not their values), or the reset function."""
+        if self.states is None:
+            return ("reset_fn", id(self.reset_fn))
+        leaves = tuple((x.shape, x.dtype) for x in jax.tree.leaves(self.states))
+        return ("initial_states", jax.tree.structure(self.states), leaves)
+
+    def engine_reset(self, env: Any) -> TrialReset:
+        """The engine's reset from a trial index, checked against ``env.reset``
+        by shape (nothing compiles).
+
+        Raises:
+          TypeError, ValueError: a reset whose output is not ``env.reset``'s
+            structure, shapes and dtypes (naming the first leaf that differs).
+        """
+        want = jax.eval_shape(env.reset, jax.ShapeDtypeStruct((2,), jnp.uint32))
+        name = getattr(env, "name", type(env).__name__)
+        if self.states is None:
+            got = _trace_reset_fn(self.reset_fn)
+            _check_like(got, want, "reset_fn(key, trial)", name, "return")
+            return TrialReset(functools.partial(_call_reset_fn, self.reset_fn))
+        one = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.states
+        )
+        _check_like(one, want, "initial_states", name, "hold")
+        data = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.states
+        )
+        return TrialReset(_take_state, data)
+
+    def for_run(self, states: Any) -> Any:
+        """The data a run's reset reads: these ``states`` (None: the
+        evaluator's own), which must have the evaluator's shapes.
+
+        Raises:
+          ValueError: a reset function's run given states, or states of other
+            shapes than those the program was built for.
+        """
+        if states is None:
+            return () if self.states is None else self.states
+        given = resolve(states, None)
+        if self.states is None or given.key != self.key:
+            built = (
+                "a reset_fn"
+                if self.states is None
+                else f"initial_states of {self.count} states with these shapes"
+            )
+            raise ValueError(
+                f"run(initial_states=...): {given.count} states of other shapes "
+                f"than this Evaluator was built with ({built}); states with the "
+                "same structure, shapes and dtypes run on the same program: "
+                "build another Evaluator for these"
+            )
+        return given.states
+
+
+def _take_state(key: jax.Array, trial: jax.Array, states: Any) -> Any:
+    """Entry ``trial`` of the stacked ``(obs, state)``."""
+    del key
+    return jax.tree.map(lambda x: x[trial], states)
+
+
+def _call_reset_fn(fn: Callable, key: jax.Array, trial: jax.Array, data: Any) -> Any:
+    del data
+    return fn(key, trial)
+
+
+def _trace_reset_fn(fn: Callable) -> Any:
+    """``reset_fn``'s output shapes, for one lane."""
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    trial = jax.ShapeDtypeStruct((), jnp.int32)
+    try:
+        return jax.eval_shape(fn, key, trial)
+    except Exception as e:
+        raise TypeError(
+            f"reset_fn={_name(fn)}: calling it on one lane's key (uint32[2]) and "
+            f"trial index (int32 scalar), inside jit, failed: {type(e).__name__}: "
+            f"{e}. It must be a JAX function reset_fn(key, trial) -> (obs, state)"
+        ) from e
+
+
+def _check_like(got: Any, want: Any, what: str, env: str, verb: str) -> None:
+    """Refuses a reset output whose structure, shapes or dtypes differ from
+    ``env.reset``'s."""
+    s_got, s_want = jax.tree.structure(got), jax.tree.structure(want)
+    if s_got != s_want:
+        raise TypeError(
+            f"{what} must {verb} what env {env!r}'s reset returns, (obs, state) "
+            f"with structure {s_want}; got {s_got}. Build it from the env's own "
+            "reset (jaxmesh.make_env(env).reset(key)) and change the values only"
+        )
+    paths = jax.tree_util.tree_leaves_with_path(want)
+    for (path, w), g in zip(paths, jax.tree.leaves(got), strict=True):
+        if tuple(g.shape) != tuple(w.shape) or jnp.dtype(g.dtype) != jnp.dtype(w.dtype):
+            where = jax.tree_util.keystr(path)
+            raise TypeError(
+                f"{what}: leaf {where} is {jnp.dtype(g.dtype)}{list(g.shape)} per "
+                f"episode; env {env!r}'s reset gives {jnp.dtype(w.dtype)}"
+                f"{list(w.shape)}. Give it that shape and dtype"
+            )
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _check_reset_fn(fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(
+            f"reset_fn={fn!r}: expected a function reset_fn(key, trial) -> (obs, state)"
+        )
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: traced later
+        return
+    try:
+        sig.bind(None, None)
+    except TypeError as e:
+        raise TypeError(
+            f"reset_fn={_name(fn)}{sig}: expected a function of two arguments, "
+            f"reset_fn(key, trial) -> (obs, state) ({e})"
+        ) from e
+
+
+def _host(x: Any) -> np.ndarray:
+    """A leaf as numpy, in the dtype JAX would give it (float64 -> float32 and
+    int64 -> int32 unless 64-bit types are enabled), as ``jnp.asarray`` does."""
+    x = np.asarray(x)
+    return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
+
+
+def _stack(states: list) -> Any:
+    """A list of T ``(obs, state)`` pairs as one pytree of numpy leaves [T, ...]."""
+    if not states:
+        raise ValueError(
+            "initial_states=[]: expected at least one (obs, state) pair, as the "
+            "env's reset returns it"
+        )
+    first = jax.tree.structure(states[0])
+    for i, s in enumerate(states):
+        if jax.tree.structure(s) != first:
+            raise TypeError(
+                f"initial_states[{i}] has structure {jax.tree.structure(s)}; "
+                f"initial_states[0] has {first}: every entry must be (obs, state) "
+                "as the env's reset returns it"
+            )
+    try:
+        return jax.tree.map(
+            lambda *xs: _host(np.stack([_host(x) for x in xs])), *states
+        )
+    except ValueError as e:
+        raise ValueError(
+            f"initial_states: the entries' leaves differ in shape ({e}); every "
+            "entry must have the shapes of the env's reset output"
+        ) from e
+
+
+def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
+    """Checks ``evaluate``'s ``initial_states`` / ``reset_fn`` on their own
+    (the env's shapes are checked by ``Trials.engine_reset``).
+
+    Returns:
+      A ``Trials``, or None when neither is given.
+
+    Raises:
+      ValueError, TypeError: both given, an empty or ragged list, leaves with
+        different leading axes, or a ``reset_fn`` that is not a function of two
+        arguments.
+    """
+    if initial_states is None and reset_fn is None:
+        return None
+    if initial_states is not None and reset_fn is not None:
+        raise ValueError(
+            "initial_states= and reset_fn= both given: episode i starts either "
+            "from initial_states entry trial_index_base + i or from reset_fn(key, "
+            "trial_index_base + i); pass one of them"
+        )
+    if reset_fn is not None:
+        _check_reset_fn(reset_fn)
+        return Trials(reset_fn=reset_fn)
+    if isinstance(initial_states, list):
+        states = _stack(initial_states)
+    else:
+        states = jax.tree.map(_host, initial_states)
+    paths = jax.tree_util.tree_leaves_with_path(states)
+    if not paths:
+        raise ValueError(
+            f"initial_states={initial_states!r}: no arrays; expected (obs, state) "
+            "as the env's reset returns it, every leaf with a leading axis T"
+        )
+    axes = {jax.tree_util.keystr(p): (x.shape[:1] or (None,))[0] for p, x in paths}
+    if len(set(axes.values())) != 1 or None in axes.values():
+        shown = ", ".join(f"{k}: {v}" for k, v in list(axes.items())[:6])
+        raise ValueError(
+            f"initial_states: every leaf needs the same leading axis T (one entry "
+            f"per initial state); got leading axes {shown}. Stack T states of "
+            "the env's reset output (jax.vmap(env.reset)(keys) has this form), "
+            "or pass a list of (obs, state) pairs"
+        )
+    if next(iter(axes.values())) == 0:
+        raise ValueError("initial_states: T = 0 states; give at least one")
+    return Trials(states=states)
+
+
+def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray | None:
+    """Each episode's trial index, ``base`` + its index in the budget.
+
+    Returns:
+      int32 [episodes], or None without initial states (``base`` must be 0).
+
+    Raises:
+      ValueError: a base other than 0 without initial states, or a budget that
+        needs more states than were given (never wrapped around).
+    """
+    if trials is None:
+        if base:
+            raise ValueError(
+                f"trial_index_base={base!r}: a JAX env's episodes start from "
+                "PRNGKey(seed) unless you give initial states; pass "
+                "initial_states= (T states, episode i starts from entry "
+                "trial_index_base + i) or reset_fn=(key, trial) -> (obs, state), "
+                "or drop trial_index_base="
+            )
+        return None
+    trial_of = base + resume.episode_indices(episodes).astype(np.int64)
+    top = int(trial_of.max()) if trial_of.size else base - 1
+    count = trials.count
+    if count is not None and top >= count:
+        raise ValueError(
+            f"initial_states holds {count} states (entries 0..{count - 1}), but "
+            f"the run needs entry {top} (trial_index_base={base}, {episodes} "
+            f"episodes: entries {base}..{top}); episodes never wrap around to "
+            f"reuse a state: give at most {max(count - base, 0)} episodes, a lower "
+            "trial_index_base, or more states"
+        )
+    if top > MAX_TRIAL:
+        raise ValueError(
+            f"trial_index_base={base}: trial indices reach {top}, above the "
+            f"largest int32 ({MAX_TRIAL}); use a lower base"
+        )
+    return trial_of.astype(np.int32)
+
+
+def run_trials(
+    trials: Trials | None, states: Any, base: int, episodes: int
+) -> tuple | None:
+    """A run's ``(trial_of, data)`` for ``Engine.first_carry``, or None.
+
+    Args:
+      trials: the evaluator's initial states (None: none).
+      states: the run's own ``initial_states`` (None: the evaluator's).
+      base: ``trial_index_base``.
+      episodes: the run's episode count.
+
+    Raises:
+      ValueError: as ``trial_indices`` and ``Trials.for_run``, or states given
+        to a run of an evaluator built without initial states.
+    """
+    if trials is None and states is not None:
+        raise ValueError(
+            "run(initial_states=...): this Evaluator was built without initial "
+            "states (its program resets episodes from PRNGKey(seed)); build one "
+            "with initial_states="
+        )
+    data = None if trials is None else trials.for_run(states)
+    trial_of = trial_indices(trials, base, episodes)
+    return None if trial_of is None else (trial_of, data)
+
+
+def refuse_host(initial_states: Any, reset_fn: Any, env: Any) -> None:
+    """Host-stepped and served envs take no ``initial_states`` / ``reset_fn``.
+
+    Raises:
+      ValueError: one of them given.
+    """
+    given = [
+        n
+        for n, v in (("initial_states", initial_states), ("reset_fn", reset_fn))
+        if v is not None
+    ]
+    if given:
+        raise ValueError(
+            f"{given[0]}= with env {env!r}: initial states are given this way to "
+            "JAX envs only; a host-stepped or served env picks its initial state "
+            'from the trial index itself: list "trial_index" in '
+            "env.metadata['reset_options'] and read options['trial_index'] in "
+            f"reset (episode i gets trial_index_base + i), and drop {given[0]}="
+        )
+
+
+__all__ = [
+    "Trials",
+    "resolve",
+    "trial_indices",
+    "run_trials",
+    "refuse_host",
+    "MAX_TRIAL",
+]
