@@ -163,15 +163,14 @@ def test_delay_matches_the_rule(env_kind):
 
 
 def test_delay_other_sizes_gymnax():
-    """d = 1 and d = h - 1, with K > h + d (the tail past d + h is unused)."""
-    for h, d in ((3, 1), (5, 3)):
+    """d = h - 1 with K = h + d (the chunk's last action plays)."""
+    for h, d in ((5, 3),):
         ref = run_reference("gymnax", lambda h=h, d=d: DelayRule(h, d))
         assert_reference(run("gymnax", 3, horizon=h, delay=d), ref)
 
 
 # Ensembling ------------------------------------------------------------------
 ENSEMBLES = {
-    "m=0.01": (jaxmesh.Ensemble(m=0.01), exp_weight(0.01)),
     "m=0.5": (jaxmesh.Ensemble(m=0.5), exp_weight(0.5)),
     "average": (jaxmesh.Ensemble(aggregation="average"), lambda i, n: 1.0),
     "latest_only": (
@@ -194,22 +193,17 @@ def test_ensemble_matches_the_rule(env_kind):
         assert_reference(result, ref)
         assert result.execution == "ensemble(m=0.5)"
     # Newest first instead of oldest first.
-    flipped = run_reference(env_kind, lambda: EnsembleRule(lambda i, n: weight(n - 1 - i, n)))
+    flipped = run_reference(
+        env_kind, lambda: EnsembleRule(lambda i, n: weight(n - 1 - i, n))
+    )
     assert_differs(result, flipped)
 
 
-@pytest.mark.parametrize("name", ["m=0.01", "average", "latest_only", "weights"])
+@pytest.mark.parametrize("name", ["average", "latest_only", "weights"])
 def test_ensemble_aggregations_gymnax(name):
     ens, weight = ENSEMBLES[name]
     ref = run_reference("gymnax", lambda: EnsembleRule(weight))
     assert_reference(run("gymnax", 3, execution=ens), ref)
-
-
-def test_latest_only_is_the_plain_horizon_one_run():
-    ens, _ = ENSEMBLES["latest_only"]
-    a = run("gymnax", 3, execution=ens)
-    b = run("gymnax", 3, horizon=1)
-    np.testing.assert_allclose(a.returns, b.returns, rtol=1e-6)
 
 
 # Errors (before anything compiles) -------------------------------------------
@@ -252,3 +246,62 @@ def test_ensemble_errors():
         jaxmesh.Ensemble(weights=[0.0, 1.0])
     with pytest.raises(ValueError, match="m=-1"):
         jaxmesh.Ensemble(m=-1)
+
+
+# Chunk corners told how much will run (CONTRACT 24) ----------------------------
+def test_execution_horizon_plain_function_under_delay():
+    seen = []
+
+    def head(obs, execution_horizon=K):  # decodes only what will run
+        seen.append(execution_horizon)
+        steps = 0.3 * jnp.arange(execution_horizon, dtype=jnp.float32) - 1.0
+        return (f(obs) + steps)[:, None]
+
+    result = jaxmesh.evaluate(
+        head,
+        ENV["gymnax"],
+        num_envs=3,
+        seeds=SEEDS,
+        max_episode_steps=CAP,
+        horizon=4,
+        delay=2,
+    )
+    assert set(seen) == {K, 6}  # the probe sees its default; the run h + d
+    assert_reference(result, run_reference("gymnax", lambda: DelayRule(4, 2)))
+
+
+def test_execution_horizon_model_under_ensembling_and_replay():
+    seen = []
+
+    class Head(jaxmesh.Model):
+        native_chunk = None
+
+        def predict_chunk(self, obs, execution_horizon=K):
+            seen.append(execution_horizon)
+            steps = 0.3 * jnp.arange(execution_horizon, dtype=jnp.float32) - 1.0
+            return (f(obs) + steps)[:, None]
+
+    ens, weight = ENSEMBLES["m=0.5"]
+    result = jaxmesh.evaluate(
+        Head(),
+        ENV["gymnasium"],
+        num_envs=3,
+        seeds=SEEDS,
+        max_episode_steps=CAP,
+        execution=ens,
+    )
+    assert seen[-1] == K
+    assert_reference(result, run_reference("gymnasium", lambda: EnsembleRule(weight)))
+    seen.clear()
+    jaxmesh.evaluate(
+        Head(), ENV["gymnasium"], num_envs=1, episodes=1, horizon=3, max_episode_steps=4
+    )
+    assert seen[-1] == 3
+
+
+def test_execution_horizon_short_chunk_is_refused():
+    def short(obs, execution_horizon=K):
+        return jnp.zeros((execution_horizon - 1, 1))  # one short of what it is told
+
+    with pytest.raises(ValueError, match="executes 4 actions"):
+        jaxmesh.evaluate(short, ENV["gymnasium"], num_envs=1, episodes=1, horizon=4)

@@ -57,6 +57,14 @@ class AgentConfig:
     ensemble: Any = None
     chunk_len: int = 1  # K, the policy's chunk length (1 for single actions)
 
+    @property
+    def execution_horizon(self) -> int:
+        """Actions executed from one plan (CONTRACT 24): h, h + d under a
+        delay (its first d skipped), K under ensembling."""
+        return (
+            self.chunk_len if self.ensemble is not None else self.horizon + self.delay
+        )
+
 
 @struct.dataclass
 class AgentState:
@@ -230,6 +238,9 @@ def _plan(
     """
     h = cfg.horizon
     inputs = policy_inputs(cfg, state.windows)
+    told = {}
+    if policy.takes_execution_horizon and cfg.chunked:
+        told = {"execution_horizon": cfg.execution_horizon}
     if write is None:
         write = lambda buf, idx, out: tiles.put(buf, idx, out[:, :h])
 
@@ -237,11 +248,22 @@ def _plan(
         buf, rstate = carry
         rows = lambda x: tiles.take(x, idx)
         out, new_r = policy.apply(
-            params, jax.tree.map(rows, inputs), rows(keys), jax.tree.map(rows, rstate)
+            params,
+            jax.tree.map(rows, inputs),
+            rows(keys),
+            jax.tree.map(rows, rstate),
+            **told,
         )
         out = jnp.asarray(out)
         if not cfg.chunked:
             out = out[:, None]
+        elif out.shape[1] < cfg.execution_horizon:
+            raise ValueError(
+                f"policy {policy.name!r} returned chunks of {out.shape[1]} actions "
+                f"(told execution_horizon={told.get('execution_horizon')}); this run "
+                f"executes {cfg.execution_horizon} actions of each plan: return at "
+                "least that many"
+            )
         buf = write(buf, idx, out)
         rstate = jax.tree.map(lambda a, b: tiles.put(a, idx, b), rstate, new_r)
         return buf, rstate
