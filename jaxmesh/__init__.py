@@ -13,6 +13,7 @@ from jaxmesh.errors import (
     RemoteEnvError,
     RemoteError,
 )
+from jaxmesh.execution import Ensemble
 from jaxmesh.explain import check_frame_limit, explain
 from jaxmesh.model import Model, build_model
 from jaxmesh.params import Param, ParamError
@@ -55,6 +56,7 @@ __all__ = [
     "check_seeds",
     "SeedReport",
     "evaluate",
+    "Ensemble",
     "make_evaluator",
     "shard_population",
     "Results",

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 
 from jaxmesh import adapt
 from jaxmesh.core.policy import (
+    EXECUTION_HORIZON,
     Policy,
     _wrap_function,
     positional_arity,
@@ -448,8 +449,10 @@ class Model:
             apply, stochastic = _wrap_function(
                 self._fn, self.name, with_params or self._fn_takes_params
             )
+            corner = None
         else:
             apply, stochastic = self._corner_apply()
+            corner = self._engine_corner()[0]
         own_hook = type(self).on_episode_end is not Model.on_episode_end
 
         def place(tree: Any) -> Any:
@@ -469,6 +472,10 @@ class Model:
             place=place,
             device=device,
             on_episode_end=self.on_episode_end if own_hook else None,
+            takes_execution_horizon=takes_param(
+                self._fn if self._fn is not None else getattr(self, corner),
+                EXECUTION_HORIZON,
+            ),
         )
 
     def _corner_apply(self) -> tuple[Callable, bool]:
@@ -478,8 +485,10 @@ class Model:
         stochastic = takes_param(corner, "key")
         recurrent = self.recurrent
 
-        def call(obs, key, state):
+        def call(obs, key, state, execution_horizon=None):
             kw = {}
+            if execution_horizon is not None:
+                kw[EXECUTION_HORIZON] = execution_horizon
             if stochastic:
                 kw["key"] = key
             if recurrent:
@@ -495,11 +504,12 @@ class Model:
                 return out
             return out, state
 
-        def apply(params, obs, keys, rstate):
+        def apply(params, obs, keys, rstate, execution_horizon=None):
+            lane = lambda o, k, s: call(o, k, s, execution_horizon)
             with self._bound(params):
                 if batched:
-                    return call(obs, keys, rstate)
-                return jax.vmap(call)(obs, keys, rstate)
+                    return lane(obs, keys, rstate)
+                return jax.vmap(lane)(obs, keys, rstate)
 
         return apply, stochastic
 

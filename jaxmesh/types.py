@@ -65,6 +65,9 @@ class Policy:
       device: the resolved ``jax.Device``, or None for jax's default.
       on_episode_end: a host hook called with each ended episode's index, in
         episode order; None when the policy has none.
+      takes_execution_horizon: the policy declares ``execution_horizon``:
+        ``apply`` is then called with ``execution_horizon=E``, the static
+        number of actions the run executes from one plan (CONTRACT 24).
     """
 
     name: str
@@ -77,6 +80,7 @@ class Policy:
     place: Callable[[Any], Any]
     device: Any
     on_episode_end: Callable[[int], None] | None
+    takes_execution_horizon: bool = False
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from flax import struct
 from jaxmesh.adapt import WHOLE_OBS, State
 from jaxmesh.core import tiles
 from jaxmesh.core.policy import Policy
+from jaxmesh.execution import lane_weights
 
 STREAM_ENV, STREAM_PLAN, STREAM_PREFETCH = 0, 1, 2
 
@@ -47,6 +48,22 @@ class AgentConfig:
     spec: tuple[tuple[str, Any], ...]  # ((name, declaration), ...)
     raw: bool  # no user spec: the policy sees the observation as it is
     chunked: bool  # the policy emits chunks (else one action per plan)
+    #: Inference delay d: a plan made at cursor h - d (as a lead of d) plays
+    #: its actions d .. d+h-1 (CONTRACT 23); 0: none.
+    delay: int = 0
+    #: A ``jaxmesh.Ensemble``: a plan every step (h = 1) into a ring buffer of
+    #: each lane's last K chunks, executing their weighted average (CONTRACT
+    #: 22); None: chunks replayed as they are.
+    ensemble: Any = None
+    chunk_len: int = 1  # K, the policy's chunk length (1 for single actions)
+
+    @property
+    def execution_horizon(self) -> int:
+        """Actions executed from one plan (CONTRACT 24): h, h + d under a
+        delay (its first d skipped), K under ensembling."""
+        return (
+            self.chunk_len if self.ensemble is not None else self.horizon + self.delay
+        )
 
 
 @struct.dataclass
@@ -60,11 +77,25 @@ class AgentState:
     rstate: Any  # [N, ...] recurrent policy state
     predict_calls: jax.Array  # [N] plans issued for the lane's current episode
     rows: jax.Array  # () policy rows computed (tiles x tile)
+    #: [N, K, K, *A] under ensembling: the chunk planned at episode step s in
+    #: slot s % K (None otherwise).
+    ring: Any = None
 
 
 def make_config(
-    env, policy: Policy, *, num_envs, horizon, lead, tile, chunk
+    env,
+    policy: Policy,
+    *,
+    num_envs,
+    horizon,
+    lead,
+    tile,
+    chunk,
+    delay=0,
+    ensemble=None,
 ) -> AgentConfig:
+    """The static agent configuration (``horizon`` and ``lead`` as the run's
+    plan has them: under ensembling h = 1, under a delay the lead is d)."""
     spec = policy.spec
     raw = spec is None
     items = ((WHOLE_OBS, State()),) if raw else tuple(spec.items())
@@ -79,6 +110,9 @@ def make_config(
         spec=items,
         raw=raw,
         chunked=chunk is not None,
+        delay=delay,
+        ensemble=ensemble,
+        chunk_len=1 if chunk is None else chunk,
     )
 
 
@@ -137,7 +171,13 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
         rstate=rstate,
         predict_calls=jnp.zeros((n,), jnp.int32),
         rows=jnp.zeros((), jnp.int32),
+        ring=None,
     )
+    if cfg.ensemble is not None:
+        k = cfg.chunk_len
+        state = state.replace(
+            ring=jnp.zeros((n, k, k) + cfg.action_shape, cfg.action_dtype)
+        )
     return begin(cfg, policy, state, lanes, obs)
 
 
@@ -185,26 +225,46 @@ def _plan(
     params: Any,
     state: AgentState,
     need: jax.Array,
-    buf: jax.Array,
+    buf: Any,
     keys: jax.Array,
-) -> tuple[jax.Array, Any, jax.Array]:
+    write: Any = None,
+) -> tuple[Any, Any, jax.Array]:
     """Plans the lanes in ``need`` in fixed tiles; writes chunks into ``buf``.
+
+    ``write(buf, idx, out) -> buf`` puts a tile's chunks ``out`` ([tile, K,
+    *A]) into the rows ``idx`` of ``buf``; by default their first h actions.
 
     Returns the updated buffer, recurrent state and rows computed.
     """
     h = cfg.horizon
     inputs = policy_inputs(cfg, state.windows)
+    told = {}
+    if policy.takes_execution_horizon and cfg.chunked:
+        told = {"execution_horizon": cfg.execution_horizon}
+    if write is None:
+        write = lambda buf, idx, out: tiles.put(buf, idx, out[:, :h])
 
     def body(idx, carry):
         buf, rstate = carry
         rows = lambda x: tiles.take(x, idx)
         out, new_r = policy.apply(
-            params, jax.tree.map(rows, inputs), rows(keys), jax.tree.map(rows, rstate)
+            params,
+            jax.tree.map(rows, inputs),
+            rows(keys),
+            jax.tree.map(rows, rstate),
+            **told,
         )
         out = jnp.asarray(out)
         if not cfg.chunked:
             out = out[:, None]
-        buf = tiles.put(buf, idx, out[:, :h])
+        elif out.shape[1] < cfg.execution_horizon:
+            raise ValueError(
+                f"policy {policy.name!r} returned chunks of {out.shape[1]} actions "
+                f"(told execution_horizon={told.get('execution_horizon')}); this run "
+                f"executes {cfg.execution_horizon} actions of each plan: return at "
+                "least that many"
+            )
+        buf = write(buf, idx, out)
         rstate = jax.tree.map(lambda a, b: tiles.put(a, idx, b), rstate, new_r)
         return buf, rstate
 
@@ -230,7 +290,10 @@ def act(
       ep_keys: [N] episode keys (``PRNGKey(seed)``).
       t: [N] step index within each lane's episode.
     """
-    h, lead = cfg.horizon, cfg.lead
+    if cfg.ensemble is not None:
+        state, action = _ensemble(cfg, policy, params, state, active, ep_keys, t)
+        return _executed(cfg, state, active, action), action
+    h, lead, d = cfg.horizon, cfg.lead, cfg.delay
     exhausted = active & (state.cursor >= h)
     if lead == 0:
         sync = exhausted
@@ -245,10 +308,14 @@ def act(
     calls = state.predict_calls + sync
     pending = state.pending
     if lead > 0:
+        # A lead plans the next chunk at cursor h - lead and plays it from its
+        # first action; a delay d plans it at cursor h - d and plays actions
+        # d .. d+h-1 (the first d were meant for steps already executed).
         pre = active & (cursor == h - lead)
         keys = _plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
+        late = lambda buf, idx, out: tiles.put(buf, idx, out[:, d : d + h])
         pending, rstate, pre_rows = _plan(
-            cfg, policy, params, state, pre, pending, keys
+            cfg, policy, params, state, pre, pending, keys, late
         )
         rows = rows + pre_rows
         calls = calls + pre
@@ -257,20 +324,84 @@ def act(
         jnp.reshape(jnp.minimum(cursor, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)),
         1,
     )[:, 0]
+    state = state.replace(
+        chunk=chunk,
+        pending=pending,
+        cursor=cursor,
+        rstate=rstate,
+        predict_calls=calls,
+        rows=state.rows + rows,
+    )
+    return _executed(cfg, state, active, action), action
+
+
+def _executed(
+    cfg: AgentConfig, state: AgentState, active: jax.Array, action: jax.Array
+) -> AgentState:
+    """The state after the active lanes execute ``action``: the cursor moves,
+    the previous action and the windows that read it follow."""
     prev = _where(active, action, state.prev)
     windows = dict(state.windows)
     for name, decl in cfg.spec:
         if decl.reads_action:
             windows[name] = _push(windows[name], prev, active)
-    state = state.replace(
-        chunk=chunk,
-        pending=pending,
-        cursor=cursor + active,
+    return state.replace(
+        cursor=state.cursor + active,
         fresh=state.fresh & ~active,
         windows=windows,
         prev=prev,
+    )
+
+
+def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Array:
+    """[N] the ensembled action at episode step ``t`` from each lane's ring.
+
+    Slot s holds the chunk planned at the latest step ``t_s <= t`` with
+    ``t_s % K == s``; its age is ``(t - s) % K`` and it covers t when planned in
+    this episode (``age <= t``). Its entry for step t is ``chunk[age]``.
+    """
+    k = cfg.chunk_len
+    age = (t[:, None] - jnp.arange(k, dtype=t.dtype)[None, :]) % k  # [N, K]
+    valid = age <= t[:, None]
+    w = lane_weights(cfg.ensemble, age, valid, k)  # [N, K]
+    extra = (1,) * len(cfg.action_shape)
+    entries = jnp.take_along_axis(
+        ring, jnp.reshape(age, age.shape + (1,) + extra), axis=2
+    )[:, :, 0]  # [N, K, *A]
+    w = jnp.reshape(w, w.shape + extra)
+    total = jnp.sum(w * entries.astype(jnp.float32), axis=1)
+    return (total / jnp.sum(w, axis=1)).astype(cfg.action_dtype)
+
+
+def _ensemble(
+    cfg: AgentConfig,
+    policy: Policy,
+    params: Any,
+    state: AgentState,
+    active: jax.Array,
+    ep_keys: jax.Array,
+    t: jax.Array,
+) -> tuple[AgentState, jax.Array]:
+    """Temporal ensembling: every active lane plans; its whole chunk goes into
+    slot ``t % K`` of its ring, and the action is ``ensemble_action``."""
+    k = cfg.chunk_len
+    slot = t % k
+    keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
+
+    def write(ring, idx, out):
+        at = tiles.take(slot, idx)
+        return ring.at[idx, at].set(out[:, :k].astype(ring.dtype), mode="drop")
+
+    ring, rstate, rows = _plan(
+        cfg, policy, params, state, active, state.ring, keys, write
+    )
+    action = ensemble_action(cfg, ring, t)
+    state = state.replace(
+        chunk=action[:, None],
+        cursor=jnp.zeros_like(state.cursor),
+        ring=ring,
         rstate=rstate,
-        predict_calls=calls,
+        predict_calls=state.predict_calls + active,
         rows=state.rows + rows,
     )
     return state, action

@@ -22,6 +22,10 @@ import jax.numpy as jnp
 # that types needs nothing from here; the engine may import it from either.
 from jaxmesh.types import Policy, PolicyLike
 
+#: The optional parameter through which a chunk corner learns how many of its
+#: actions the run executes from one plan (CONTRACT 24).
+EXECUTION_HORIZON = "execution_horizon"
+
 
 def positional_arity(fn: Callable) -> int | None:
     """Number of required positional parameters ``fn`` takes (None: unknowable).
@@ -81,16 +85,18 @@ def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable
     by_keyword = arity == base and takes_param(fn, "key")
     stochastic = arity == base + 1 or by_keyword
 
-    def one(params, obs, key):
+    def one(params, obs, key, execution_horizon=None):
         args = ((params,) if with_params else ()) + (obs,)
+        kw = {} if execution_horizon is None else {EXECUTION_HORIZON: execution_horizon}
         if by_keyword:
-            return fn(*args, key=key)
+            return fn(*args, key=key, **kw)
         if stochastic:
             args += (key,)
-        return fn(*args)
+        return fn(*args, **kw)
 
-    def apply(params, obs, keys, rstate):
-        out = jax.vmap(one, in_axes=(None, 0, 0))(params, obs, keys)
+    def apply(params, obs, keys, rstate, execution_horizon=None):
+        lane = lambda p, o, k: one(p, o, k, execution_horizon)
+        out = jax.vmap(lane, in_axes=(None, 0, 0))(params, obs, keys)
         return out, rstate
 
     return apply, stochastic
@@ -144,6 +150,7 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
         place=_as_is,
         device=None,
         on_episode_end=None,
+        takes_execution_horizon=takes_param(policy, EXECUTION_HORIZON),
     )
 
 

@@ -169,8 +169,16 @@ def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
     """The agent's static configuration for a run's plan.
 
     Raises:
-      ValueError: the frame windows of the plan's lanes exceed the limit.
+      ValueError: the frame windows of the plan's lanes exceed the limit, or
+        an ensemble of discrete actions.
     """
+    if plan.ensemble is not None and env.num_actions is not None:
+        raise ValueError(
+            f"execution={plan.ensemble!r}: env "
+            f"{getattr(env, 'name', type(env).__name__)!r} has {env.num_actions} "
+            "discrete actions, and an average of discrete actions is no action; "
+            "ensembling is for continuous actions: drop execution="
+        )
     cfg = agent.make_config(
         env,
         policy,
@@ -179,6 +187,8 @@ def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
         lead=plan.lead,
         tile=plan.tile,
         chunk=plan.chunk,
+        delay=plan.delay,
+        ensemble=plan.ensemble,
     )
     check_frame_limit(policy.spec, env, plan.lanes)
     return cfg

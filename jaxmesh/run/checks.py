@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxmesh.core.engine import DEFAULT_MAX_STEPS
 from jaxmesh.core.results import BYTES_PER_EPISODE, capacity_for
+from jaxmesh.execution import check_execution
 
 MAX_SEED = 2**31 - 1
 #: Env steps per scan segment between two host visits.
@@ -143,6 +144,10 @@ class Settings(NamedTuple):
     max_steps: int
     plan_tile: int | None
     segment_steps: int
+    #: Inference delay d in steps (0: none); CONTRACT 23.
+    delay: int = 0
+    #: How a chunk is executed: None (replayed) or a ``jaxmesh.Ensemble``.
+    execution: Any = None
 
 
 def check_settings(
@@ -152,8 +157,14 @@ def check_settings(
     max_episode_steps: Any,
     plan_tile: Any,
     segment_steps: Any = DEFAULT_SEGMENT_STEPS,
+    delay: Any = 0,
+    execution: Any = None,
 ) -> Settings:
-    """Checks every setting; a TypeError / ValueError naming the bad one."""
+    """Checks every setting; a TypeError / ValueError naming the bad one.
+
+    The checks that need the policy's chunk length (``delay < h``,
+    ``K >= h + delay``, an ensemble's weights) run in ``plan.plan_run``.
+    """
     num_envs = check_int("num_envs", num_envs, 1, "the number of parallel lanes")
     horizon = check_int(
         "horizon", horizon, 1, "actions of a chunk executed before the next plan"
@@ -171,7 +182,30 @@ def check_settings(
     segment_steps = check_int(
         "segment_steps", segment_steps, 1, "env steps per scan segment"
     )
-    return Settings(num_envs, horizon, lead, cap, tile, segment_steps)
+    delay = check_int(
+        "delay", delay, 0, "steps between a plan's observation and its chunk's start"
+    )
+    execution = check_execution(execution)
+    if delay and lead:
+        raise ValueError(
+            f"delay={delay} with prefetch_lead={lead}: both say when the next chunk "
+            "is planned (a lead plays it from its first action, a delay skips the "
+            "delay's stale actions); give one of them"
+        )
+    if execution is not None and (delay or lead or horizon != 1):
+        raise ValueError(
+            f"execution={execution!r} with horizon={horizon}, delay={delay}, "
+            f"prefetch_lead={lead}: ensembling plans a chunk every step and "
+            "averages the chunks that cover it; drop horizon=, delay= and "
+            "prefetch_lead="
+        )
+    return Settings(num_envs, horizon, lead, cap, tile, segment_steps, delay, execution)
+
+
+def execution_fields(settings: Settings) -> dict:
+    """How a run's chunks were executed, as ``RunResult`` fields."""
+    e = settings.execution
+    return {"delay": settings.delay, "execution": None if e is None else e.describe()}
 
 
 #: Info keys read as an episode's success without being asked, in this order.

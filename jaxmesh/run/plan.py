@@ -59,6 +59,10 @@ class RunPlan(NamedTuple):
       lanes: lanes one program steps (per device when split over devices; at
         most ``capacity``: a lane never waits for an episode that cannot exist).
       capacity: result-buffer entries of one program (per device).
+      delay: the inference delay d (0: none). A delayed chunk is planned as a
+        lead of d would plan it (so ``lead`` is d) and plays from its action d.
+      ensemble: a ``jaxmesh.Ensemble`` (h is then 1: a plan every step), or
+        None.
     """
 
     horizon: int
@@ -68,6 +72,16 @@ class RunPlan(NamedTuple):
     tile: int
     lanes: int
     capacity: int
+    delay: int = 0
+    ensemble: Any = None
+
+    @property
+    def execution_horizon(self) -> int:
+        """Actions executed from one plan (CONTRACT 24): h; h + d under a
+        delay (its first d are skipped); K under ensembling."""
+        if self.ensemble is not None:
+            return self.chunk
+        return self.h + self.delay
 
 
 def plan_run(
@@ -95,8 +109,16 @@ def plan_run(
 
     Returns:
       The ``RunPlan``.
+
+    Raises:
+      ValueError, TypeError: a delay or an ensemble the policy's chunks do not
+        allow (``check_execution``).
     """
     h = effective_horizon(settings.horizon, chunk)
+    delay, ensemble = settings.delay, settings.execution
+    check_execution(settings, chunk, h)
+    if ensemble is not None:
+        h = 1  # a plan every step
     n = settings.num_envs
     tile = settings.plan_tile or default_plan_tile(
         h, n if tile_lanes is None else tile_lanes
@@ -105,11 +127,52 @@ def plan_run(
         horizon=settings.horizon,
         chunk=chunk,
         h=h,
-        lead=min(settings.prefetch_lead, h),
+        lead=delay or min(settings.prefetch_lead, h),
         tile=tile,
         lanes=min(n if lanes is None else lanes, capacity),
         capacity=capacity,
+        delay=delay,
+        ensemble=ensemble,
     )
 
 
-__all__ = ["RunPlan", "plan_run", "default_plan_tile", "effective_horizon"]
+def check_execution(settings: Any, chunk: int | None, h: int) -> None:
+    """Refuses a delay or an ensemble that the policy's chunks cannot serve.
+
+    Args:
+      settings: the checked settings (``delay``, ``execution``).
+      chunk: the policy's chunk length K (None: single actions).
+      h: the effective horizon ``min(H, K)``.
+
+    Raises:
+      ValueError: a delay d without ``0 < d < h`` or ``K >= h + d``; an
+        ensemble of single actions or of the wrong number of weights.
+    """
+    delay, ensemble = settings.delay, settings.execution
+    if delay:
+        k = 1 if chunk is None else chunk
+        if delay >= h or k < h + delay:
+            raise ValueError(
+                f"delay={delay} with horizon={settings.horizon} and chunks of K={k} "
+                f"actions (h = min(H, K) = {h}): a delayed chunk plays actions "
+                f"d .. d+h-1, so it needs 0 < d < h and K >= h + d; use "
+                f"horizon <= {k - delay} (and above {delay}), or a policy with "
+                "longer chunks"
+            )
+    if ensemble is not None:
+        if chunk is None:
+            raise ValueError(
+                f"execution={ensemble!r}: the policy returns single actions; "
+                "ensembling averages chunks of K actions, so give it a chunk "
+                "policy (obs -> (K,) + action shape)"
+            )
+        ensemble.check_chunk(chunk)
+
+
+__all__ = [
+    "RunPlan",
+    "plan_run",
+    "default_plan_tile",
+    "effective_horizon",
+    "check_execution",
+]

@@ -243,6 +243,11 @@ class RunResult:
     env: str = ""
     chunk: int | None = None
     plan_tile: int = 0
+    #: Inference delay in steps (CONTRACT 23); 0: none.
+    delay: int = 0
+    #: How chunks were executed: None (replayed), or an ensemble's label
+    #: (``jaxmesh.Ensemble.describe``, CONTRACT 22).
+    execution: str | None = None
     #: The wall-clock cap on an episode (host-stepped envs, CONTRACT 18), or
     #: None. With a cap, which episodes it truncated depends on timing.
     max_episode_seconds: float | None = None
@@ -596,6 +601,8 @@ class RunResult:
                 "horizon": self.horizon,
                 "effective_horizon": self.effective_horizon,
                 "prefetch_lead": self.prefetch_lead,
+                "delay": self.delay,
+                "execution": self.execution,
                 "asynchronous": self.asynchronous,
                 "chunk": self.chunk,
                 "plan_tile": self.plan_tile,
@@ -694,6 +701,8 @@ class RunResult:
                 horizon=int(settings["horizon"]),
                 effective_horizon=int(settings["effective_horizon"]),
                 prefetch_lead=int(settings["prefetch_lead"]),
+                delay=int(settings.get("delay", 0)),
+                execution=settings.get("execution"),
                 policy=str(d.get("policy", "")),
                 env=str(d.get("env", "")),
                 chunk=settings.get("chunk"),

@@ -69,7 +69,8 @@ class Evaluator:
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
-        segment_steps, metrics, success, devices: as for ``jaxmesh.evaluate``
+        segment_steps, metrics, success, devices, delay, execution: as for
+        ``jaxmesh.evaluate``
         (with ``devices``, the evaluator is a ``ShardedEvaluator``: the same
         evaluator on a ``placement.DeviceMesh``).
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
@@ -113,6 +114,8 @@ class Evaluator:
         record: Any = None,
         initial_states: Any = None,
         reset_fn: Any = None,
+        delay: int = 0,
+        execution: Any = None,
     ):
         asked = checks.check_metrics(metrics, success)
         trials = initial.resolve(initial_states, reset_fn)
@@ -124,6 +127,8 @@ class Evaluator:
             max_episode_steps,
             plan_tile,
             segment_steps,
+            delay,
+            execution,
         )
         self.env = make_env(env)
         self.policy = resolve_policy(policy, with_params=takes_params)
@@ -274,6 +279,7 @@ class Evaluator:
             "horizon": s.horizon,
             "effective_horizon": plan.h,
             "prefetch_lead": s.prefetch_lead,
+            **checks.execution_fields(s),
             "policy": pol.name,
             "env": getattr(self.env, "name", type(self.env).__name__),
             "chunk": plan.chunk,
@@ -499,6 +505,8 @@ def evaluate(
     trial_index_base: int = 0,
     initial_states: Any = None,
     reset_fn: Any = None,
+    delay: int = 0,
+    execution: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -525,6 +533,15 @@ def evaluate(
         ``jax.random.PRNGKey(seeds[i])``.
       prefetch_lead: L; the chunk that starts at step t was planned at
         ``t - min(L, h)`` (simulated asynchronous inference).
+      delay: d steps of inference delay (0 < d < h, chunks of K >= h + d):
+        the next chunk is planned when the playing one has d actions left and
+        plays its actions ``d .. d+h-1`` once the playing one is exhausted
+        (docs/contract.md, "How a chunk is executed"); not with
+        ``prefetch_lead``.
+      execution: None (each plan's chunk replays its first h actions) or a
+        ``jaxmesh.Ensemble``: a chunk planned every step and the chunks that
+        cover a step averaged (temporal ensembling; continuous actions; not
+        with ``horizon``, ``delay`` or ``prefetch_lead``).
       max_episode_steps: a cap on episode length (``truncated`` when hit);
         default: the env's own limit, or 100,000 steps.
       hooks: an object (or list) with any of ``on_run_start(info)``,
@@ -642,7 +659,14 @@ def evaluate(
         with tracing(path, _trace_settings(args)):
             return evaluate(**args)
     settings = checks.check_settings(
-        num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
+        num_envs,
+        horizon,
+        prefetch_lead,
+        max_episode_steps,
+        plan_tile,
+        segment_steps,
+        delay,
+        execution,
     )
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
@@ -722,6 +746,8 @@ def evaluate(
             record=record,
             initial_states=states,
             reset_fn=reset_fn,
+            delay=delay,
+            execution=execution,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:

@@ -1,0 +1,307 @@
+"""How a chunk is executed (CONTRACT 22-24): delay and temporal ensembling.
+
+Each mode is checked against a plain loop written here from the documented
+rule (docs/contract.md, "How a chunk is executed"), not from the engine, on a
+gymnax env and on a gymnasium env stepped in this process, at 1 and 3 lanes.
+The chunks' entries differ per step (``chunk[j] = f(obs) + 0.3 * j - 1``), so an
+off-by-one in the cursor, the delay or the ring changes the actions; each test
+also shows that the nearest wrong rule gives other returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference_loop import fold, gymnax_fns
+
+import jaxmesh
+
+K = 8  # chunk length
+CAP = 13  # steps per episode (not a multiple of any horizon used here)
+SEEDS = [5, 2, 7, 11]
+LANES = (1, 3)
+
+
+def f(obs):
+    return jnp.tanh(jnp.dot(obs, jnp.asarray([0.7, -1.3, 0.4], obs.dtype)))
+
+
+def chunk_policy(obs):
+    """K actions, each step's differing from the last by 0.3."""
+    steps = 0.3 * jnp.arange(K, dtype=jnp.float32) - 1.0
+    return (f(obs) + steps)[:, None]
+
+
+def plan_np(obs):
+    return np.asarray(jax.jit(chunk_policy)(jnp.asarray(obs, jnp.float32)))
+
+
+# The reference rules ---------------------------------------------------------
+class DelayRule:
+    """CONTRACT 23: the episode's first chunk plays chunk[0:h]; when the playing
+    chunk has d actions left, the next is planned from this step's observation
+    and plays new[d : d + h] once the playing chunk is exhausted."""
+
+    def __init__(self, h, d):
+        self.h, self.d, self.calls = h, d, 0
+
+    def plan(self, obs):
+        self.calls += 1
+        return plan_np(obs)
+
+    def act(self, t, obs):
+        h, d = self.h, self.d
+        if t == 0:
+            self.playing, self.offset, self.pos, self.next = self.plan(obs), 0, 0, None
+        if self.pos == h:
+            self.playing, self.offset, self.pos = self.next, d, 0
+            self.next = None
+        if self.pos == h - d:
+            self.next = self.plan(obs)
+        action = self.playing[self.offset + self.pos]
+        self.pos += 1
+        return action
+
+
+class EnsembleRule:
+    """CONTRACT 22: a chunk planned every step; the action at t is the weighted
+    average of the chunks planned at t_i <= t that cover t, oldest first."""
+
+    def __init__(self, weight):
+        self.weight, self.calls = weight, 0  # weight(i, n) of the i-th of n
+
+    def act(self, t, obs):
+        if t == 0:
+            self.planned = []
+        self.planned.append((t, plan_np(obs)))
+        self.calls += 1
+        cover = [(ti, c) for ti, c in self.planned if t - ti < K]
+        n = len(cover)
+        w = np.asarray([self.weight(i, n) for i in range(n)], np.float64)
+        entries = np.stack([c[t - ti] for ti, c in cover]).astype(np.float64)
+        return (w[:, None] * entries).sum(0) / w.sum()
+
+
+def exp_weight(m):
+    return lambda i, n: math.exp(-m * i)
+
+
+def run_reference(env_kind, rule_of):
+    """Per seed (return, length, plans) of the plain loop with a fresh rule."""
+    out = []
+    for seed in SEEDS:
+        rule = rule_of()
+        if env_kind == "gymnax":
+            reset, step = GYMNAX_FNS
+            key = jax.random.PRNGKey(seed)
+            obs, state = reset(key)
+        else:
+            env = gym.make("Pendulum-v1")
+            obs, _ = env.reset(seed=seed)
+        ret = 0.0
+        for t in range(CAP):
+            action = np.asarray(rule.act(t, np.asarray(obs)), np.float32)
+            if env_kind == "gymnax":
+                obs, state, r, _, _ = step(fold(key, 0, t), state, jnp.asarray(action))
+            else:
+                obs, r, _, _, _ = env.step(action)
+            ret += float(r)
+        out.append((ret, CAP, rule.calls))
+    return out
+
+
+def assert_reference(result, ref):
+    np.testing.assert_allclose(result.returns, [r[0] for r in ref], rtol=2e-5)
+    np.testing.assert_array_equal(result.lengths, [r[1] for r in ref])
+    np.testing.assert_array_equal(result.predict_calls, [r[2] for r in ref])
+
+
+def assert_differs(result, ref):
+    """The nearest wrong rule gives other returns: the test can fail."""
+    assert not np.allclose(result.returns, [r[0] for r in ref], rtol=1e-4)
+
+
+ENV = {"gymnax": "gymnax:Pendulum-v1", "gymnasium": "gymnasium:Pendulum-v1"}
+GYMNAX_FNS = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gymnax_fns():
+    global GYMNAX_FNS
+    import gymnax
+
+    GYMNAX_FNS = gymnax_fns(*gymnax.make("Pendulum-v1"))
+
+
+def run(env_kind, num_envs, **kw):
+    return jaxmesh.evaluate(
+        chunk_policy,
+        ENV[env_kind],
+        num_envs=num_envs,
+        seeds=SEEDS,
+        max_episode_steps=CAP,
+        **kw,
+    )
+
+
+# Delay -----------------------------------------------------------------------
+@pytest.mark.parametrize("env_kind", ["gymnax", "gymnasium"])
+def test_delay_matches_the_rule(env_kind):
+    h, d = 4, 2
+    ref = run_reference(env_kind, lambda: DelayRule(h, d))
+    for n in LANES:
+        result = run(env_kind, n, horizon=h, delay=d)
+        assert_reference(result, ref)
+        assert result.delay == d and result.to_dict()["settings"]["delay"] == d
+    # Off by one: the delayed chunk played from d - 1 (or a lead: from 0).
+    assert_differs(result, run_reference(env_kind, lambda: DelayRule(h, d - 1)))
+
+
+def test_delay_other_sizes_gymnax():
+    """d = h - 1 with K = h + d (the chunk's last action plays)."""
+    for h, d in ((5, 3),):
+        ref = run_reference("gymnax", lambda h=h, d=d: DelayRule(h, d))
+        assert_reference(run("gymnax", 3, horizon=h, delay=d), ref)
+
+
+# Ensembling ------------------------------------------------------------------
+ENSEMBLES = {
+    "m=0.5": (jaxmesh.Ensemble(m=0.5), exp_weight(0.5)),
+    "average": (jaxmesh.Ensemble(aggregation="average"), lambda i, n: 1.0),
+    "latest_only": (
+        jaxmesh.Ensemble(aggregation="latest_only"),
+        lambda i, n: float(i == n - 1),
+    ),
+    "weights": (
+        jaxmesh.Ensemble(weights=[1, 2, 3, 4, 0, 0, 0, 5]),
+        lambda i, n: [1, 2, 3, 4, 0, 0, 0, 5][i],
+    ),
+}
+
+
+@pytest.mark.parametrize("env_kind", ["gymnax", "gymnasium"])
+def test_ensemble_matches_the_rule(env_kind):
+    ens, weight = ENSEMBLES["m=0.5"]
+    ref = run_reference(env_kind, lambda: EnsembleRule(weight))
+    for n in LANES:
+        result = run(env_kind, n, execution=ens)
+        assert_reference(result, ref)
+        assert result.execution == "ensemble(m=0.5)"
+    # Newest first instead of oldest first.
+    flipped = run_reference(
+        env_kind, lambda: EnsembleRule(lambda i, n: weight(n - 1 - i, n))
+    )
+    assert_differs(result, flipped)
+
+
+@pytest.mark.parametrize("name", ["average", "latest_only", "weights"])
+def test_ensemble_aggregations_gymnax(name):
+    ens, weight = ENSEMBLES[name]
+    ref = run_reference("gymnax", lambda: EnsembleRule(weight))
+    assert_reference(run("gymnax", 3, execution=ens), ref)
+
+
+# Errors (before anything compiles) -------------------------------------------
+def test_delay_errors():
+    with pytest.raises(ValueError, match="0 < d < h and K >= h"):
+        run("gymnax", 1, horizon=4, delay=4)
+    with pytest.raises(ValueError, match="K >= h \\+ d"):
+        run("gymnax", 1, horizon=7, delay=2)  # K = 8 < 9
+    with pytest.raises(ValueError, match="K >= h \\+ d"):
+        jaxmesh.evaluate(
+            lambda obs: chunk_policy(obs)[0], ENV["gymnax"], horizon=1, delay=1
+        )
+    with pytest.raises(ValueError, match="give one of them"):
+        run("gymnax", 1, horizon=4, delay=1, prefetch_lead=1)
+    with pytest.raises(ValueError, match="delay=-1"):
+        run("gymnax", 1, horizon=4, delay=-1)
+    with pytest.raises(ValueError, match="0 < d < h"):
+        run("gymnasium", 1, horizon=2, delay=3)
+
+
+def test_ensemble_errors():
+    ens = jaxmesh.Ensemble()
+    with pytest.raises(ValueError, match="discrete actions"):
+        jaxmesh.evaluate(
+            lambda obs: jnp.zeros((K,), jnp.int32), "gymnax:CartPole-v1", execution=ens
+        )
+    with pytest.raises(ValueError, match="single actions"):
+        jaxmesh.evaluate(lambda obs: chunk_policy(obs)[0], ENV["gymnax"], execution=ens)
+    with pytest.raises(ValueError, match="drop horizon="):
+        run("gymnax", 1, horizon=2, execution=ens)
+    with pytest.raises(ValueError, match="8 of them"):
+        run("gymnax", 1, execution=jaxmesh.Ensemble(weights=[1.0, 2.0]))
+    with pytest.raises(TypeError, match="jaxmesh.Ensemble"):
+        run("gymnax", 1, execution="ensemble")
+    with pytest.raises(ValueError, match="aggregation"):
+        jaxmesh.Ensemble(aggregation="median")
+    with pytest.raises(ValueError, match="weights are for"):
+        jaxmesh.Ensemble(aggregation="average", weights=[1.0])
+    with pytest.raises(ValueError, match="positive first"):
+        jaxmesh.Ensemble(weights=[0.0, 1.0])
+    with pytest.raises(ValueError, match="m=-1"):
+        jaxmesh.Ensemble(m=-1)
+
+
+# Chunk corners told how much will run (CONTRACT 24) ----------------------------
+def test_execution_horizon_plain_function_under_delay():
+    seen = []
+
+    def head(obs, execution_horizon=K):  # decodes only what will run
+        seen.append(execution_horizon)
+        steps = 0.3 * jnp.arange(execution_horizon, dtype=jnp.float32) - 1.0
+        return (f(obs) + steps)[:, None]
+
+    result = jaxmesh.evaluate(
+        head,
+        ENV["gymnax"],
+        num_envs=3,
+        seeds=SEEDS,
+        max_episode_steps=CAP,
+        horizon=4,
+        delay=2,
+    )
+    assert set(seen) == {K, 6}  # the probe sees its default; the run h + d
+    assert_reference(result, run_reference("gymnax", lambda: DelayRule(4, 2)))
+
+
+def test_execution_horizon_model_under_ensembling_and_replay():
+    seen = []
+
+    class Head(jaxmesh.Model):
+        native_chunk = None
+
+        def predict_chunk(self, obs, execution_horizon=K):
+            seen.append(execution_horizon)
+            steps = 0.3 * jnp.arange(execution_horizon, dtype=jnp.float32) - 1.0
+            return (f(obs) + steps)[:, None]
+
+    ens, weight = ENSEMBLES["m=0.5"]
+    result = jaxmesh.evaluate(
+        Head(),
+        ENV["gymnasium"],
+        num_envs=3,
+        seeds=SEEDS,
+        max_episode_steps=CAP,
+        execution=ens,
+    )
+    assert seen[-1] == K
+    assert_reference(result, run_reference("gymnasium", lambda: EnsembleRule(weight)))
+    seen.clear()
+    jaxmesh.evaluate(
+        Head(), ENV["gymnasium"], num_envs=1, episodes=1, horizon=3, max_episode_steps=4
+    )
+    assert seen[-1] == 3
+
+
+def test_execution_horizon_short_chunk_is_refused():
+    def short(obs, execution_horizon=K):
+        return jnp.zeros((execution_horizon - 1, 1))  # one short of what it is told
+
+    with pytest.raises(ValueError, match="executes 4 actions"):
+        jaxmesh.evaluate(short, ENV["gymnasium"], num_envs=1, episodes=1, horizon=4)
