@@ -62,7 +62,8 @@ class Evaluator:
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
-        segment_steps, metrics, success, devices: as for ``jaxmesh.evaluate``
+        segment_steps, metrics, success, success_mode, devices: as for
+        ``jaxmesh.evaluate``
         (with ``devices``, the evaluator is a ``ShardedEvaluator``: the same
         evaluator on a ``placement.DeviceMesh``).
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
@@ -101,8 +102,10 @@ class Evaluator:
         success: Any = None,
         devices: Any = None,
         record: Any = None,
+        success_mode: str = checks.DEFAULT_SUCCESS_MODE,
     ):
         asked = checks.check_metrics(metrics, success)
+        self.success_mode = checks.check_success_mode(success_mode)
         self.record = check_record(record)
         self.settings = checks.check_settings(
             num_envs,
@@ -254,6 +257,7 @@ class Evaluator:
             "plan_tile": plan.tile,
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
+            "success_mode": self.success_mode,
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -466,6 +470,7 @@ def evaluate(
     resume: RunResult | None = None,
     check_seeds: bool = False,
     trial_index_base: int = 0,
+    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -536,9 +541,16 @@ def evaluate(
         list of keys (each its last value), or a dict key -> reduction over the
         episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``. Sources:
         gymnax's ``info``, brax's ``state.metrics``, gymnasium's ``info``.
-      success: the info key whose last value is an episode's success
-        (``result.success``, ``result.success_rate``); None: ``success`` or
-        ``is_success`` when the env's info has one; False: none.
+      success: the info key that is an episode's success signal; None:
+        ``success`` or ``is_success`` when the env's info has one; False: none.
+        Per episode the result keeps ``success_once`` (true at any executed
+        step), ``success_at_end`` (true at its last step) and
+        ``success_at_reset`` (true in the reset's info; None where the reset
+        gives no info, as on gymnax).
+      success_mode: which of them is the headline, ``result.success`` and
+        ``result.success_rate`` (and the summary's and report's): ``"once"``
+        (the default, as LIBERO, MetaWorld and ManiSkill count a task
+        achieved) or ``"end"`` (stricter); docs/evaluation.md, "Success".
       devices: JAX envs: split the lanes over devices (``placement.DeviceMesh``,
         ``jaxmesh/run/sharded.py``, docs/scale.md). None: one device;
         ``"all"``: every device; an int D: the first D; a list of devices; or
@@ -595,6 +607,7 @@ def evaluate(
     settings = checks.check_settings(
         num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile, segment_steps
     )
+    success_mode = checks.check_success_mode(success_mode)
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
     trial_index_base = checks.check_int(
@@ -637,6 +650,7 @@ def evaluate(
             record=record,
             check_seeds=check_seeds,
             trial_index_base=trial_index_base,
+            success_mode=success_mode,
         )
     if trial_index_base:
         raise ValueError(
@@ -655,6 +669,7 @@ def evaluate(
     asked = checks.check_metrics(metrics, success)
     mesh = resolve_mesh(devices)
     key = (id(policy), _env_key(env), settings, with_params, str(pol.device), asked)
+    key += (success_mode,)
     record = check_record(record)
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
@@ -676,6 +691,7 @@ def evaluate(
             success=success,
             devices=mesh,
             record=record,
+            success_mode=success_mode,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:

@@ -255,11 +255,13 @@ class _Run(HostLoop):
         self.info_keys = list(metrics.keys)
         self.info_seen: set = set()
         # Every step's info row comes back only with every observation: a
-        # reduction other than ``last`` reads every step. Recorded episodes
-        # need every step's observation too.
+        # reduction other than ``last``, and success once (any step's success
+        # key), read every step. Recorded episodes need every step's
+        # observation too.
         self.every_obs = (
             needs_every_observation(self.cfg)
             or any(red != "last" for _, red in metrics.named)
+            or metrics.tracks_success
             or recorder is not None
         )
         n, h = self.n, self.cfg.horizon
@@ -694,6 +696,12 @@ class _Run(HostLoop):
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             self.obs[g[rl]] = obs_rows[row0[rl]]
+            if self.metrics.tracks_success:  # the reset infos' success keys
+                info = self.info_rows(b)
+                self.metrics.reset(
+                    g[rl],
+                    {k: (info[k][row0[rl]], _present(b, k)[row0[rl]]) for k in info},
+                )
             self.seen_resets(g[rl])
             if self.recorder is not None:
                 self.recorder.reset(g[rl], self.obs)
