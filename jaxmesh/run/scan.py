@@ -221,12 +221,15 @@ class Evaluator:
         params: Any = None,
         hooks: Any = None,
         record: Any = None,
+        success_mode: str | None = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
         ``record`` (None: the evaluator's own) names other episodes to record,
         as many as the evaluator's ``Record`` with its ``max_steps`` and
-        ``keys``: the same program runs.
+        ``keys``: the same program runs. ``success_mode`` (None: the
+        evaluator's own) names the result's headline success; the program does
+        not depend on it.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -236,6 +239,9 @@ class Evaluator:
         """
         t_start = time.perf_counter()
         pol, s = self.policy, self.settings
+        if success_mode is None:
+            success_mode = self.success_mode
+        success_mode = checks.check_success_mode(success_mode)
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         hook_list = stream.hooks_list(hooks)
         self._run_record = self._check_run_record(record, int(seeds_arr.size))
@@ -257,7 +263,7 @@ class Evaluator:
             "plan_tile": plan.tile,
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
-            "success_mode": self.success_mode,
+            "success_mode": success_mode,
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -669,7 +675,6 @@ def evaluate(
     asked = checks.check_metrics(metrics, success)
     mesh = resolve_mesh(devices)
     key = (id(policy), _env_key(env), settings, with_params, str(pol.device), asked)
-    key += (success_mode,)
     record = check_record(record)
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
@@ -691,14 +696,18 @@ def evaluate(
             success=success,
             devices=mesh,
             record=record,
-            success_mode=success_mode,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:
             _EVALUATORS.popitem(last=False)
     _EVALUATORS.move_to_end(key)
     return ev.run(
-        episodes=episodes, seeds=seeds, params=params, hooks=hooks, record=record
+        episodes=episodes,
+        seeds=seeds,
+        params=params,
+        hooks=hooks,
+        record=record,
+        success_mode=success_mode,
     )
 
 
