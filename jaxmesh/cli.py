@@ -101,8 +101,10 @@ CONFIG_KEYS: dict[str, str] = {
     "envs only (results then depend on timing)",
     "metrics": "env info keys kept per episode: a list of keys (last value) or a "
     "mapping key: reduction (last, sum, max, mean, any)",
-    "success": "info key whose last value is an episode's success (null: success "
-    "or is_success when the env has one; false: none)",
+    "success": "info key that is an episode's success signal (null: success or "
+    "is_success when the env has one; false: none)",
+    "success_mode": "the headline success: once (the signal was true at any step; "
+    "the default) or end (true at the episode's last step); both are in the output",
     "record": "episodes to record step by step: a list of episode indices, or a "
     "mapping episodes: [...], max_steps: N, keys: [...] (jaxmesh.Record); the "
     "trajectories go to the output JSON's .npz, and --video renders them",
@@ -359,6 +361,13 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             check_metrics(config.get("metrics"), config.get("success"))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{e} ({CONFIG_KEYS['metrics']})") from e
+    if config.get("success_mode") is not None:
+        from jaxmesh.run.checks import check_success_mode
+
+        try:
+            check_success_mode(config["success_mode"])
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
     if out.get("record") is not None:
         out["record"] = check_record_config(out["record"])
     if out.get("output") is not None:
@@ -686,7 +695,7 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     else:
         env = build_env(config["env"], config["env_config"])
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
-    keys += ("record",)
+    keys += ("record", "success_mode")
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     if config.get("check_seeds"):
         kwargs["check_seeds"] = True

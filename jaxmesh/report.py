@@ -343,6 +343,8 @@ def summary_section(page: Page) -> Section:
                 "env steps per episode",
             ),
         ]
+        mode = stats.get("success_mode")
+        named = {"once": "success once", "end": "success at end"}.get(mode, "")
         if stats["success_rate"] is not None:
             low, high = stats["success_interval"]
             rows += [
@@ -351,6 +353,7 @@ def summary_section(page: Page) -> Section:
                     "success rate",
                     stats["success_rate"],
                     f"{stats['success_rate']:.1%}",
+                    f"the headline: {named} (success_mode={mode!r})" if named else "",
                 ),
                 _row(
                     "success_interval",
@@ -358,6 +361,34 @@ def summary_section(page: Page) -> Section:
                     stats["success_interval"],
                     f"[{low:.1%}, {high:.1%}]",
                     "Wilson score interval",
+                ),
+            ]
+        if stats.get("success_key") is not None:
+            pct = lambda v: "n/a" if v is None else f"{v:.1%}"
+            at_reset = stats.get("successes_at_reset")
+            rows += [
+                _row(
+                    "success_once_rate",
+                    "success once",
+                    stats.get("success_once_rate"),
+                    pct(stats.get("success_once_rate")),
+                    "the success signal was true at any step of the episode",
+                ),
+                _row(
+                    "success_at_end_rate",
+                    "success at end",
+                    stats.get("success_at_end_rate"),
+                    pct(stats.get("success_at_end_rate")),
+                    "the success signal was true at the episode's last step",
+                ),
+                _row(
+                    "successes_at_reset",
+                    "successful at reset",
+                    at_reset,
+                    "unknown" if at_reset is None else f"{at_reset:,}",
+                    "episodes whose success signal was already true at reset"
+                    if at_reset is not None
+                    else "the env's reset gives no success signal",
                 ),
             ]
         terminated = int(np.sum(result.terminated))

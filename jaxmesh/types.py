@@ -28,6 +28,12 @@ class Env(Protocol):
     reward, terminated, truncated, info)``, the same step with the env's info
     pytree; ``evaluate(metrics=..., success=...)`` reads its leaves (gymnax's
     ``info``, brax's ``state.metrics``). An env without it has no metrics.
+
+    Optional: ``reset_with_info(key) -> (observation, state, info)``, the same
+    reset with the info of the reset state; when it holds the success key,
+    each episode also keeps whether it was successful at reset
+    (``result.success_at_reset``; brax's adapter has it, gymnax resets give
+    no info).
     """
 
     name: str

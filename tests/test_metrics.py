@@ -118,6 +118,7 @@ def test_gymnax_metrics_and_success_match_the_plain_loop(n):
         max_episode_steps=CAP,
         metrics=asked,
         success="discount",
+        success_mode="end",
         plan_tile=8,
     )
     assert result.lengths.tolist() == [r.length for r in refs]
@@ -125,9 +126,13 @@ def test_gymnax_metrics_and_success_match_the_plain_loop(n):
     want = [bool(ep[-1]["discount"] != 0) for ep in infos]
     assert result.success.dtype == bool
     assert result.success.tolist() == want
+    assert result.success_at_end.tolist() == want
     assert 0 < sum(want) < len(want)  # both kinds of episode
     assert result.success_rate == sum(want) / len(want)
     assert [e.success for e in result.episodes] == want
+    once = [any(bool(i["discount"] != 0) for i in ep) for ep in infos]
+    assert result.success_once.tolist() == once
+    assert result.success_at_reset is None  # gymnax resets give no info
 
 
 def test_every_reduction_on_gymnax():
@@ -207,7 +212,9 @@ def test_brax_metrics_and_success_match_brax_loop(n):
     # ``success`` is in brax's metrics: kept without being asked (its last value).
     want = [bool(ep[-1]["success"] != 0) for ep in infos]
     assert 0 < sum(want) < len(want)
-    assert result.success.tolist() == want
+    assert result.success_at_end.tolist() == want
+    once = [any(bool(i["success"] != 0) for i in ep) for ep in infos]
+    assert result.success_once.tolist() == once
     assert result.success_key == "success"
 
 
@@ -298,13 +305,13 @@ def check_reach(result, seeds, drop=None):
         bool(ep[-1]["is_success"]) if ep and "is_success" in ep[-1] else None
         for ep in infos
     ]
-    assert [e.success for e in result.episodes] == want
+    assert [e.success_at_end for e in result.episodes] == want
     if None in want:
-        assert result.success_rate is None
+        assert result.success_at_end_rate is None
     else:
-        assert result.success.dtype == bool
+        assert result.success_at_end.dtype == bool
         assert 0 < sum(want) < len(want)
-        assert result.success_rate == sum(want) / len(want)
+        assert result.success_at_end_rate == sum(want) / len(want)
     assert result.success_key == "is_success"
     return want
 
@@ -359,9 +366,10 @@ def test_served_success_alone_and_auto_mode():
         none = jaxmesh.evaluate(lean, f"grpc://{s.address}", episodes=3)
     refs, infos = gym_reference(GYM_SEEDS)
     want = [bool(ep[-1]["is_success"]) for ep in infos]
-    assert named.success.tolist() == want and named.metrics == {}
-    assert auto.success.tolist() == want and auto.success_key == "is_success"
-    assert auto.success_rate == sum(want) / len(want)
+    assert named.success_at_end.tolist() == want and named.metrics == {}
+    assert auto.success_at_end.tolist() == want
+    assert auto.success_key == "is_success"
+    assert auto.success_at_end_rate == sum(want) / len(want)
     assert none.success is None and none.success_rate is None
 
 
@@ -430,7 +438,7 @@ def test_partial_result_keeps_metrics():
     refs, infos = gym_reference(GYM_SEEDS)
     assert partial.num_episodes > 0
     for j, i in enumerate(partial.indices):
-        assert partial.success[j] == bool(infos[i][-1]["is_success"])
+        assert partial.success_at_end[j] == bool(infos[i][-1]["is_success"])
         assert partial.metrics["dist"][j] == pytest.approx(
             by_hand(infos[i], "dist", "mean")
         )
@@ -486,7 +494,8 @@ def test_cli_metrics_key(tmp_path, capsys):
     # discount is 1 on every step but a terminal one: its sum is length - 1.
     for ep in d["episodes"]:
         assert ep["metrics"]["discount"] == ep["length"] - 1
-        assert ep["success"] is False
+        assert ep["success_at_end"] is False
+        assert ep["success_once"] is (ep["length"] > 1)
     config.write_text(
         "env: gymnax:CartPole-v1\npolicy: cli_policies:tilt\nepisodes: 5\n"
         "metrics: {discount: median}\n"

@@ -355,7 +355,8 @@ def assert_same_episodes(scan, host):
 def test_lanes_cap_and_every_reduction_agree():
     scan, host = both_paths(alternate, metrics=METRICS, success="hit")
     assert_same_episodes(scan, host)
-    assert scan.success.tolist() == host.success.tolist()
+    for kind in ("success", "success_once", "success_at_end"):
+        assert getattr(scan, kind).tolist() == getattr(host, kind).tolist()
     assert scan.env_steps == host.env_steps == sum(LENGTHS)
     # By hand: the lengths, the cap and the lanes (ties in lane order).
     assert scan.lengths.tolist() == LENGTHS
@@ -374,7 +375,10 @@ def test_lanes_cap_and_every_reduction_agree():
     half = (c + 0.5 * (L // 2) / L).astype(np.float32)
     np.testing.assert_array_equal(scan.metrics["half"], half)
     assert scan.metrics["hit"].tolist() == (L >= 4).tolist()
-    assert scan.success.tolist() == (L == 4).tolist()
+    # "hit" is true at step 3 only: at the end of the 4-step episodes, once in
+    # every episode of 4 steps or more.
+    assert scan.success_at_end.tolist() == (L == 4).tolist()
+    assert scan.success_once.tolist() == scan.success.tolist() == (L >= 4).tolist()
     np.testing.assert_array_equal(
         scan.returns, L + 0.5 * (L // 2) + 0.25 * L * (L - 1) / 2
     )

@@ -76,8 +76,13 @@ class EngineConfig:
     agent: agent.AgentConfig
     #: ``(info key, reduction)`` pairs kept per episode (``results.REDUCTIONS``).
     metrics: tuple[tuple[str, str], ...] = ()
-    #: The info key whose last value is an episode's success (None: none).
+    #: The info key that is an episode's success signal (None: none): its
+    #: last value (success at the end) and whether any step had it non-zero
+    #: (success once) are kept per episode.
     success: str | None = None
+    #: Whether the reset's info (``env.reset_with_info``) holds the success
+    #: key: each episode then also keeps whether it was successful at reset.
+    success_at_reset: bool = False
     #: Recorded episodes (``jaxmesh.Record``): how many (0: no recording), the
     #: steps kept per episode, and the observation leaves kept (None: all).
     #: Which episodes they are is data (``Recording.episodes``).
@@ -96,9 +101,10 @@ class EngineConfig:
     @property
     def accumulators(self) -> tuple[tuple[str, str], ...]:
         """Every per-lane accumulator: the metrics, then the success key's last
-        value."""
-        extra = ((self.success, "last"),) if self.success is not None else ()
-        return self.metrics + extra
+        value and whether any step had it."""
+        if self.success is None:
+            return self.metrics
+        return self.metrics + ((self.success, "last"), (self.success, "any"))
 
     @property
     def reads_info(self) -> bool:
@@ -127,6 +133,9 @@ class Lanes:
     #: int32 trial index of each episode and the data the reset reads (empty
     #: without).
     trials: tuple = ()
+    #: [N] bool: the current episode's reset info had a non-zero success key
+    #: (None unless ``EngineConfig.success_at_reset``).
+    reset_success: Any = None
 
 
 @struct.dataclass
@@ -226,6 +235,7 @@ class Engine:
                 jnp.zeros((cfg.capacity,), jnp.int32),
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cfg.trials.data),
             ),
+            reset_success=jnp.zeros((n,), bool) if cfg.success_at_reset else None,
         )
         ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
         res = results.empty(
@@ -234,6 +244,7 @@ class Engine:
             metrics=cfg.metrics,
             success=cfg.success is not None,
             has_success=False,  # every episode of a JAX env has the signal
+            at_reset=cfg.success_at_reset,
         )
         if cfg.record_slots:
             res = res.replace(
@@ -324,20 +335,27 @@ class Engine:
         )
 
         def body(idx, c):
-            key, env_key, env_state, obs = c
+            key, env_key, env_state, obs, at_reset = c
             episode = jnp.clip(tiles.take(lanes.episode, idx), 0, cap - 1)
             k = rules.episode_keys(jnp, lanes.seeds[episode])
-            obs0, state0 = self._reset(lanes, k, episode)
             at = lambda x, v: tiles.put(x, idx, v)
+            if cfg.success_at_reset:  # never with trials (build.py)
+                obs0, state0, info0 = jax.vmap(self.env.reset_with_info)(k)
+                flag = results.info_leaves(info0)[cfg.success]
+                at_reset = at(at_reset, rules.success(jnp, jnp.reshape(flag, (-1,))))
+            else:
+                obs0, state0 = self._reset(lanes, k, episode)
             return (
                 at(key, k),
                 at(env_key, env_stream(k)),
                 jax.tree.map(at, env_state, state0),
                 jax.tree.map(at, obs, obs0),
+                at_reset,
             )
 
-        (key, env_key, env_state, obs), _ = tiles.for_each_tile(
-            start, RESET_TILE, body, (lanes.key, lanes.env_key, lanes.env_state, obs)
+        first = (lanes.key, lanes.env_key, lanes.env_state, obs, lanes.reset_success)
+        (key, env_key, env_state, obs, reset_success), _ = tiles.for_each_tile(
+            start, RESET_TILE, body, first
         )
         ag = jax.lax.cond(
             jnp.any(begins),
@@ -357,6 +375,7 @@ class Engine:
                 rules.begin_metric(jnp, red, a, None, begins)[0]
                 for a, (_, red) in zip(lanes.acc, cfg.accumulators, strict=True)
             ),
+            reset_success=reset_success,
         )
         return lanes, ag, obs, begins
 
@@ -452,17 +471,21 @@ class Engine:
             for a, (name, red) in zip(lanes.acc, self.config.accumulators, strict=True)
         )
 
-    def _episode_metrics(self, acc: tuple, t: jax.Array) -> tuple[dict, Any]:
+    def _episode_metrics(self, lanes: Lanes, t: jax.Array) -> tuple[dict, dict]:
         """The per-lane metric values of an episode ending now (after ``t``
-        steps), and its success."""
-        cfg = self.config
+        steps), and its success fields (``Results``' names; {} without a
+        success key)."""
+        cfg, acc = self.config, lanes.acc
         values = {
             name: rules.finalize_metric(jnp, red, a, t)
             for a, (name, red) in zip(acc[: len(cfg.metrics)], cfg.metrics, strict=True)
         }
-        success = None
+        success = {}
         if cfg.success is not None:
-            success = rules.success(jnp, acc[-1])
+            success["success"] = rules.success(jnp, acc[-2])
+            success["success_once"] = acc[-1]
+        if cfg.success_at_reset:
+            success["success_at_reset"] = lanes.reset_success
         return values, success
 
     def _faults(self, lanes: Lanes, action: jax.Array, reward: jax.Array):
@@ -553,10 +576,8 @@ class Engine:
         scored = ended & (kinds == results.NO_FAULT)
         extra = {}
         if cfg.reads_info:
-            metrics, success = self._episode_metrics(lanes.acc, t)
-            extra["metrics"] = metrics
-            if success is not None:
-                extra["success"] = success
+            extra["metrics"], success = self._episode_metrics(lanes, t)
+            extra.update(success)
         r = results.record(
             carry.results.replace(recording=rec),
             jnp.where(scored, lanes.episode, cfg.capacity),

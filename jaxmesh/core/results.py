@@ -189,15 +189,35 @@ class Results:
     fault: Fault
     #: name -> [capacity] per-episode metric (``metrics=``; {} when none).
     metrics: dict = struct.field(default_factory=dict)
-    #: [capacity] bool: the success key's last value was non-zero (None: no
-    #: success key is tracked).
+    #: [capacity] bool: the success key's last value was non-zero, success at
+    #: the episode's end (None: no success key is tracked).
     success: Any = None
     #: [capacity] bool: the episode had the success signal (host-stepped envs
     #: may lack it on some episodes). None with ``success`` set: every episode
     #: has it (a JAX env's info has a fixed structure; the engine keeps none).
     has_success: Any = None
+    #: [capacity] bool: the success key was non-zero at any executed step of
+    #: the episode (None: no success key is tracked). Its presence is
+    #: ``has_success``'s.
+    success_once: Any = None
+    #: [capacity] bool: the success key was non-zero in the reset's info (None:
+    #: not measured: no success key, or an env whose reset gives no info).
+    success_at_reset: Any = None
+    #: [capacity] bool: the reset's info had the success key (host-stepped
+    #: envs); None with ``success_at_reset`` set: every reset has it.
+    has_success_at_reset: Any = None
     #: The recorded episodes' steps (``jaxmesh.Record``; None: none recorded).
     recording: Any = None
+
+
+#: The ``Results`` fields of the success signal (None when none is tracked).
+SUCCESS_FIELDS = (
+    "success",
+    "has_success",
+    "success_once",
+    "success_at_reset",
+    "has_success_at_reset",
+)
 
 
 #: The smallest result-buffer capacity: every budget up to it shares one program.
@@ -229,11 +249,12 @@ def empty(
     metrics: tuple[tuple[str, str], ...] = (),
     success: bool = False,
     has_success: bool = True,
+    at_reset: bool = False,
 ) -> Results:
     """Zeroed results for ``capacity`` episodes and ``num_envs`` lanes
     (``xp``: jax.numpy or numpy), with a buffer per ``(name, reduction)`` of
     ``metrics`` and the success buffers when ``success`` (``has_success``:
-    with a per-episode presence mask)."""
+    with per-episode presence masks; ``at_reset``: with the at-reset flags)."""
     f = lambda dtype: xp.zeros((capacity,), dtype)
     i32 = lambda v: xp.asarray(v, xp.int32)
     return Results(
@@ -255,6 +276,9 @@ def empty(
         metrics={name: f(metric_dtype(red)) for name, red in metrics},
         success=f(bool) if success else None,
         has_success=f(bool) if success and has_success else None,
+        success_once=f(bool) if success else None,
+        success_at_reset=f(bool) if success and at_reset else None,
+        has_success_at_reset=f(bool) if success and at_reset and has_success else None,
     )
 
 

@@ -41,8 +41,13 @@ class BraxEnv:
         self.action_dtype = jnp.dtype(jnp.float32)
 
     def reset(self, key: jax.Array):
+        return self.reset_with_info(key)[:2]
+
+    def reset_with_info(self, key: jax.Array):
+        """``reset`` and brax's ``state.metrics`` of the reset state (read for
+        an episode's success at reset)."""
         state = self.env.reset(key)
-        return state.obs, (state, jnp.int32(0))
+        return state.obs, (state, jnp.int32(0)), dict(state.metrics)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
         return self.step_with_info(key, state, action)[:5]

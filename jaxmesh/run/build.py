@@ -106,6 +106,26 @@ def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
     return info_leaves(jax.eval_shape(one_step, key))
 
 
+def success_at_reset(env: Any, key: str | None) -> bool:
+    """Whether a JAX env's reset gives the success key ``key`` in its info
+    (shapes only: ``eval_shape`` of ``env.reset_with_info``), one number per
+    reset: each episode then keeps whether it was successful at reset.
+
+    False without a key, or for an env without ``reset_with_info`` (gymnax
+    resets give no info; brax's ``state.metrics`` do).
+    """
+    reset = getattr(env, "reset_with_info", None)
+    if key is None or reset is None:
+        return False
+    abstract = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    leaf = info_leaves(jax.eval_shape(lambda k: reset(k)[2], abstract)).get(key)
+    return (
+        leaf is not None
+        and tuple(leaf.shape) in ((), (1,))
+        and jnp.dtype(leaf.dtype).kind in "biuf"
+    )
+
+
 def engine_metrics(
     env: Any, asked: Metrics
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
@@ -224,6 +244,8 @@ def build_engine(
         agent=agent_config(policy, env, plan),
         metrics=metrics[0],
         success=metrics[1],
+        # A trial's reset (initial states, reset_fn) gives no reset info.
+        success_at_reset=trials is None and success_at_reset(env, metrics[1]),
         record_slots=0 if record is None else len(record.episodes),
         record_steps=0 if record is None else record.max_steps,
         record_keys=None if record is None else record.keys,

@@ -211,6 +211,29 @@ def execution_fields(settings: Settings) -> dict:
 #: Info keys read as an episode's success without being asked, in this order.
 SUCCESS_KEYS = ("success", "is_success")
 
+#: What ``success_mode=`` may name as the headline success of an episode:
+#: ``once``, the success signal was true at any executed step; ``end``, it was
+#: true at the episode's last step.
+SUCCESS_MODES = ("once", "end")
+#: The default headline (docs/evaluation.md, "Success", says why).
+DEFAULT_SUCCESS_MODE = "once"
+
+
+def check_success_mode(mode: Any) -> str:
+    """Checks ``evaluate``'s ``success_mode=`` (nothing compiles).
+
+    Raises:
+      ValueError: anything but one of ``SUCCESS_MODES``.
+    """
+    if not isinstance(mode, str) or mode not in SUCCESS_MODES:
+        raise ValueError(
+            f"success_mode={mode!r}: expected one of {list(SUCCESS_MODES)}: "
+            "'once' counts an episode a success when its success signal was true "
+            "at any step, 'end' when it was true at its last step (both are in "
+            "result.success_once and result.success_at_end)"
+        )
+    return mode
+
 
 class Metrics(NamedTuple):
     """What ``metrics=`` and ``success=`` asked for (checked for form only).

@@ -67,10 +67,12 @@ class HostMetrics:
     info had the key (gymnasium infos may lack a key on some steps): ``mean``
     is over those steps, and a key absent for a whole episode gives NaN
     (``any``: False); the arithmetic is ``jaxmesh.core.rules``', the scan
-    engine's own. The success flag is the last value seen of the success key; in
-    auto mode (``success=None``) the first of ``checks.SUCCESS_KEYS`` that an
-    episode's info had. A key named in ``metrics=`` or ``success=`` must be in
-    the info of the run's first step (of at least one lane), else ValueError.
+    engine's own. Success at the end is the last value seen of the success key,
+    success once whether any step's value was non-zero, success at reset the
+    reset info's value (``reset``); in auto mode (``success=None``) the key is
+    the first of ``checks.SUCCESS_KEYS`` that an episode's info had. A key named
+    in ``metrics=`` or ``success=`` must be in the info of the run's first step
+    (of at least one lane), else ValueError.
 
     Args:
       asked: ``checks.check_metrics``'s result.
@@ -104,6 +106,10 @@ class HostMetrics:
         # episode had the key at all.
         self.last = {k: np.zeros(n, np.float64) for k in self.success_keys}
         self.seen = {k: np.zeros(n, np.int64) for k in self.success_keys}
+        self.once = {k: np.zeros(n, bool) for k in self.success_keys}
+        # The reset info's value of each success key, and whether it had it.
+        self.at_reset = {k: np.zeros(n, bool) for k in self.success_keys}
+        self.reset_has = {k: np.zeros(n, bool) for k in self.success_keys}
         self.checked = False
         #: The success key found (auto mode: the first one an episode had).
         self.found: str | None = None
@@ -124,6 +130,17 @@ class HostMetrics:
         for k in self.success_keys:
             a, c = self.last[k], self.seen[k]
             a[js], c[js] = rules.begin_metric(np, "last", a[js], c[js], True)
+            self.once[k][js] = False  # "any"'s start
+            self.at_reset[k][js] = self.reset_has[k][js] = False
+
+    def reset(self, js: Any, values: dict) -> None:
+        """The reset infos of lanes ``js``: ``values[key] = (floats [m],
+        present [m])`` (a key no reset info had may be left out)."""
+        for k in self.success_keys:
+            if k in values:
+                v, ok = values[k]
+                self.at_reset[k][js] = ok & rules.success(np, v)
+                self.reset_has[k][js] = ok
 
     def check(self, present: Any, seen_keys: Any = ()) -> None:
         """Once, at the run's first step: every required key is ``present``.
@@ -159,6 +176,8 @@ class HostMetrics:
             a[lanes], c[lanes] = rules.accumulate_metric(
                 np, "last", a[lanes], c[lanes], v, ok
             )
+            o = self.once[k]
+            o[lanes] = rules.accumulate_metric(np, "any", o[lanes], None, v, ok)[0]
 
     def write(self, res: Any, lanes: np.ndarray, episodes: np.ndarray) -> None:
         """Writes the episodes that ``lanes`` just ended into ``res``."""
@@ -167,16 +186,29 @@ class HostMetrics:
             res.metrics[name][episodes] = rules.finalize_metric(np, red, a, c)
         if not self.success_keys:
             return
-        has = np.zeros(lanes.size, bool)
-        flag = np.zeros(lanes.size, bool)
-        for k in self.success_keys:  # the first key an episode had
-            seen = (self.seen[k][lanes] > 0) & ~has
-            flag[seen] = rules.success(np, self.last[k][lanes][seen])
-            has |= seen
-            if seen.any() and self.found is None:
+        keys = self.success_keys
+        # Each episode's key: the first one its steps had, else (no step had
+        # one) the first one its reset had; -1: none.
+        key_of = np.full(lanes.size, -1)
+        for had in (self.seen, self.reset_has):
+            for i, k in enumerate(keys):
+                key_of[(key_of < 0) & (had[k][lanes] > 0)] = i
+        flag, once, at_reset = (np.zeros(lanes.size, bool) for _ in range(3))
+        has, reset_has = np.zeros(lanes.size, bool), np.zeros(lanes.size, bool)
+        for i, k in enumerate(keys):
+            mine = key_of == i
+            flag[mine] = rules.success(np, self.last[k][lanes][mine])
+            once[mine] = self.once[k][lanes][mine]
+            has[mine] = self.seen[k][lanes][mine] > 0
+            at_reset[mine] = self.at_reset[k][lanes][mine]
+            reset_has[mine] = self.reset_has[k][lanes][mine]
+            if self.found is None and has[mine].any():
                 self.found = k
         res.success[episodes] = flag
+        res.success_once[episodes] = once
         res.has_success[episodes] = has
+        res.success_at_reset[episodes] = at_reset
+        res.has_success_at_reset[episodes] = reset_has
 
     def run_fields(self) -> dict:
         """The ``RunResult`` fields naming the metrics and the success key."""
@@ -461,6 +493,7 @@ def evaluate(
     record: Any = None,
     check_seeds: bool = False,
     trial_index_base: int = 0,
+    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -487,7 +520,8 @@ def evaluate(
         (token, credentials, reply_timeout, lane_groups: as for
         ``jaxmesh.evaluate``; lane groups in ``jaxmesh.run.served``); None for
         envs stepped in this process.
-      metrics, success: as for ``jaxmesh.evaluate``; read from each step's
+      metrics, success, success_mode: as for ``jaxmesh.evaluate``; read from
+        each step's
         gymnasium ``info`` (``HostMetrics``). A served env sends only these
         keys (in auto mode, ``success=None``, also ``success`` and
         ``is_success`` when its info has them).
@@ -523,6 +557,7 @@ def evaluate(
     with_params = params is not None
     seconds = check_seconds(max_episode_seconds)
     asked = checks.check_metrics(metrics, success)
+    success_mode = checks.check_success_mode(success_mode)
     record = check_record(record)
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
@@ -593,6 +628,7 @@ def evaluate(
             host_metrics,
             recorder,
             trial_index_base,
+            success_mode,
         )
     finally:
         lanes.close()
@@ -611,6 +647,7 @@ def _run(
     metrics: HostMetrics,
     recorder: HostRecorder | None = None,
     trial_base: int = 0,
+    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
 ) -> RunResult:
     program = host_agent.program(params)
     cfg = program.config
@@ -627,6 +664,7 @@ def _run(
         "plan_tile": cfg.tile,
         "max_episode_seconds": seconds,
         "trial_index_base": trial_base,
+        "success_mode": success_mode,
         **metrics.run_fields(),
     }
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
@@ -635,7 +673,12 @@ def _run(
     )
     episodes_out.steps = stream.StepStream(hook_list, cfg.horizon, cfg.lead)
     res = core_results.empty(
-        e, n, np, metrics=metrics.named, success=metrics.tracks_success
+        e,
+        n,
+        np,
+        metrics=metrics.named,
+        success=metrics.tracks_success,
+        at_reset=metrics.tracks_success,
     )
     if recorder is not None:  # filled in place by the loop
         res = res.replace(recording=recorder.recording)
@@ -668,7 +711,9 @@ def _run(
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())
         if run_fields["success_key"] is None:  # auto mode, no episode had one
-            return res.replace(success=None, has_success=None)
+            return res.replace(**dict.fromkeys(core_results.SUCCESS_FIELDS))
+        if not res.has_success_at_reset.any():  # no reset info had the key
+            return res.replace(success_at_reset=None, has_success_at_reset=None)
         return res
 
     return stream.drive(

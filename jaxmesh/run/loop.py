@@ -416,6 +416,8 @@ class LocalRun(HostLoop):
         first = self.lanes.reset(js, seeds, self.trial_of[eps].tolist())
         for j, o in zip(js, first, strict=True):
             self.obs[j] = o
+        if self.metrics.tracks_success:
+            self.metrics.reset(js, self.lanes.reset_info)
         self.started[js] = True
         self.seen_resets(js)
         if self.recorder is not None:

@@ -17,9 +17,12 @@ from jaxmesh.core.results import EPISODE_FIELDS
 class EpisodeResult(NamedTuple):
     """One budgeted episode (CONTRACT 8). ``return_`` is the sum of its rewards.
 
-    ``success`` is the episode's success flag (None: the run tracks none, or
-    this episode had no signal); ``metrics`` its metric values by name (None:
-    the run keeps none).
+    ``success`` is the episode's headline success flag, ``success_once`` or
+    ``success_at_end`` as the run's ``success_mode`` says (None: the run tracks
+    none, or this episode had no signal); ``success_once``: the signal was true
+    at any executed step; ``success_at_end``: at its last step;
+    ``success_at_reset``: in its reset's info (None: not measured).
+    ``metrics`` holds its metric values by name (None: the run keeps none).
     """
 
     index: int
@@ -32,11 +35,14 @@ class EpisodeResult(NamedTuple):
     lane: int
     success: bool | None = None
     metrics: dict[str, float | bool] | None = None
+    success_once: bool | None = None
+    success_at_end: bool | None = None
+    success_at_reset: bool | None = None
 
     def to_dict(self) -> dict:
         d = self._asdict()
         d["return"] = d.pop("return_")
-        for key in ("success", "metrics"):  # a run without them writes neither
+        for key in ("success", "metrics", *SUCCESS_KINDS):  # None: not written
             if d[key] is None:
                 del d[key]
         if "metrics" in d:
@@ -86,19 +92,53 @@ def _json_value(v: Any) -> float | bool | None:
     return None if math.isnan(v) else v
 
 
-def _success_at(arrays: Any, i: int) -> bool | None:
-    success = getattr(arrays, "success", None)
-    if success is None:
+#: The per-episode success flags besides the headline, as ``RunResult`` and
+#: ``EpisodeResult`` name them.
+SUCCESS_KINDS = ("success_once", "success_at_end", "success_at_reset")
+
+
+def headline(mode: str | None, once: Any, end: Any) -> Any:
+    """The headline success of ``success_mode`` ``mode``: ``once`` or ``end``
+    (flags per episode, or one episode's)."""
+    return once if mode == "once" else end
+
+
+def _flag_at(values: Any, has: Any, i: int) -> bool | None:
+    """Entry ``i`` of success flags as a bool, or None (no flags, or this
+    episode lacks the signal: ``has[i]`` False or the entry None)."""
+    if values is None or (has is not None and not bool(has[i])):
         return None
-    has = getattr(arrays, "has_success", None)
-    if has is not None and not bool(has[i]):
-        return None
-    value = success[i]
+    value = values[i]
     return None if value is None else bool(value)
 
 
-def episode_at(arrays: Any, i: int, index: int, seed: int) -> EpisodeResult:
-    """Entry ``i`` of per-episode arrays (a RunResult or the engine's Results)."""
+def _success_at(arrays: Any, i: int, mode: str | None) -> dict:
+    """Entry ``i``'s success fields (``EpisodeResult``'s names) of a RunResult
+    or of the engine's Results (whose ``success`` is the flag at the end)."""
+    if isinstance(arrays, RunResult):
+        out = {k: _flag_at(getattr(arrays, k), None, i) for k in SUCCESS_KINDS}
+        return {"success": _flag_at(arrays.success, None, i), **out}
+    has = getattr(arrays, "has_success", None)
+    once = _flag_at(getattr(arrays, "success_once", None), has, i)
+    end = _flag_at(getattr(arrays, "success", None), has, i)
+    reset = _flag_at(
+        getattr(arrays, "success_at_reset", None),
+        getattr(arrays, "has_success_at_reset", None),
+        i,
+    )
+    return {
+        "success": headline(mode, once, end),
+        "success_once": once,
+        "success_at_end": end,
+        "success_at_reset": reset,
+    }
+
+
+def episode_at(
+    arrays: Any, i: int, index: int, seed: int, mode: str | None = None
+) -> EpisodeResult:
+    """Entry ``i`` of per-episode arrays (a RunResult or the engine's Results;
+    ``mode``: the run's ``success_mode``, which the engine's Results lack)."""
     metrics = getattr(arrays, "metrics", None)
     return EpisodeResult(
         index=int(index),
@@ -109,10 +149,10 @@ def episode_at(arrays: Any, i: int, index: int, seed: int) -> EpisodeResult:
         truncated=bool(arrays.truncated[i]),
         predict_calls=int(arrays.predict_calls[i]),
         lane=int(arrays.lanes[i]),
-        success=_success_at(arrays, i),
         metrics=None
         if not metrics
         else {k: _metric_value(v[i]) for k, v in metrics.items()},
+        **_success_at(arrays, i, mode),
     )
 
 
@@ -131,6 +171,26 @@ def success_array(success: Any, has: Any) -> np.ndarray | None:
     out = success.astype(object)
     out[~np.asarray(has, bool)] = None
     return out
+
+
+def flags_array(flags: Any) -> np.ndarray | None:
+    """``success_array`` of a list of bools and Nones (None: an empty list or
+    every entry None, nothing measured)."""
+    flags = list(flags)
+    if not flags or all(f is None for f in flags):
+        return None
+    return success_array([bool(f) for f in flags], [f is not None for f in flags])
+
+
+def flag_rate(flags: Any) -> float | None:
+    """The share of True among per-episode flags; None when there are none or
+    any episode lacks the signal (never a silent 0)."""
+    if flags is None or not len(flags):
+        return None
+    flags = np.asarray(flags, dtype=object)
+    if any(f is None for f in flags):
+        return None
+    return float(np.mean(flags.astype(bool)))
 
 
 #: ``RunResult`` array -> the episode key ``to_dict`` writes it under.
@@ -182,19 +242,41 @@ def _stat_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
             " / ".join(f"{v:.3f}" for v in q.values()),
         ),
     ]
+    mode = stats.get("success_mode")
+    named = {"once": "success once", "end": "success at end"}.get(mode)
+    which = f" ({named}, the headline)" if named else ""
     if stats["success_rate"] is not None:
         low, high = stats["success_interval"]
         rows.append(
             (
                 f"success rate ({level} Wilson)",
-                f"{stats['success_rate']:.1%} [{low:.1%}, {high:.1%}]",
+                f"{stats['success_rate']:.1%} [{low:.1%}, {high:.1%}]{which}",
             )
         )
     elif stats.get("success_key") is not None:
         rows.append(
             (
                 "success rate",
-                f"n/a (some episodes had no {stats['success_key']!r} in their info)",
+                f"n/a (some episodes had no {stats['success_key']!r} in their "
+                f"info){which}",
+            )
+        )
+    if stats.get("success_key") is not None:
+        pct = lambda v: "n/a" if v is None else f"{v:.1%}"
+        rows.append(
+            (
+                "success once / at end",
+                f"{pct(stats.get('success_once_rate'))} / "
+                f"{pct(stats.get('success_at_end_rate'))}",
+            )
+        )
+        at_reset = stats.get("successes_at_reset")
+        rows.append(
+            (
+                "successful at reset",
+                "unknown (the env's reset gives no success signal)"
+                if at_reset is None
+                else f"{at_reset} of {stats['episodes']} episodes",
             )
         )
     for name, m in (stats.get("metrics") or {}).items():
@@ -259,9 +341,10 @@ class RunResult:
     #: and p99 (seconds or bytes); None for a JAX env. See
     #: ``jaxmesh.run.telemetry``.
     telemetry: dict | None = None
-    #: Per episode, whether it succeeded (``success=``; the last value of the
-    #: success key): bools, or an object array with None for the episodes
-    #: without the signal; None when the env gives no success signal.
+    #: Per episode, whether it succeeded, the headline: ``success_once`` or
+    #: ``success_at_end`` as ``success_mode`` says. Bools, or an object array
+    #: with None for the episodes without the signal; None when the env gives
+    #: no success signal.
     success: np.ndarray | None = None
     #: name -> per-episode values of each metric asked for (``metrics=``):
     #: bool for ``any``, float32 otherwise (NaN: no value on a host-stepped
@@ -271,6 +354,19 @@ class RunResult:
     metric_reductions: dict[str, str] = dataclasses.field(default_factory=dict)
     #: The info key read as success (None: none).
     success_key: str | None = None
+    #: Which success is the headline (``success``, ``success_rate``, the
+    #: summary's and the report's): ``"once"`` or ``"end"``.
+    success_mode: str = "once"
+    #: Per episode, whether the success signal was true at any executed step
+    #: (as ``success``: bools, None entries where an episode lacked the signal,
+    #: None without a signal).
+    success_once: np.ndarray | None = None
+    #: Per episode, whether the success signal was true at its last step.
+    success_at_end: np.ndarray | None = None
+    #: Per episode, whether the success signal was already true in its reset's
+    #: info; None where not measured (an env whose reset gives no info, e.g.
+    #: gymnax), never False.
+    success_at_reset: np.ndarray | None = None
     #: The recorded episodes that finished (``record=``), in episode order, as
     #: ``jaxmesh.Trajectory`` records; None when the run recorded none. Not in
     #: ``to_dict()`` (only ``recorded``, their index): ``save_trajectories``
@@ -305,12 +401,17 @@ class RunResult:
         e = seeds.size
         idx = np.arange(e) if keep is None else np.flatnonzero(keep[:e])
         per_episode = {f: np.asarray(getattr(res, f))[idx] for f in EPISODE_FIELDS}
-        success = getattr(res, "success", None)
-        has = getattr(res, "has_success", None)
-        success = success_array(
-            None if success is None else np.asarray(success)[idx],
-            None if has is None else np.asarray(has)[idx],
-        )
+
+        def flags(name: str, has: str) -> np.ndarray | None:
+            values, present = getattr(res, name, None), getattr(res, has, None)
+            return success_array(
+                None if values is None else np.asarray(values)[idx],
+                None if present is None else np.asarray(present)[idx],
+            )
+
+        end = flags("success", "has_success")
+        once = flags("success_once", "has_success")
+        mode = run.get("success_mode", "once")
         metrics = {
             k: np.asarray(v)[idx]
             for k, v in (getattr(res, "metrics", None) or {}).items()
@@ -331,7 +432,10 @@ class RunResult:
             seeds=np.asarray(seeds, np.int64)[idx],
             env_steps=int(res.env_steps),
             policy_rows=int(res.policy_rows),
-            success=success,
+            success=headline(mode, once, end),
+            success_once=once,
+            success_at_end=end,
+            success_at_reset=flags("success_at_reset", "has_success_at_reset"),
             metrics=metrics,
             trajectories=trajectories,
             **per_episode,
@@ -353,14 +457,28 @@ class RunResult:
 
     @property
     def success_rate(self) -> float | None:
-        """The share of episodes that succeeded; None when any episode lacks
-        the success signal (or the env gives none), never a silent 0."""
-        if self.success is None or not self.num_episodes:
+        """The share of episodes that succeeded (the headline, ``success``);
+        None when any episode lacks the success signal (or the env gives
+        none), never a silent 0."""
+        return flag_rate(self.success)
+
+    @property
+    def success_once_rate(self) -> float | None:
+        """The share of episodes whose success signal was true at any step."""
+        return flag_rate(self.success_once)
+
+    @property
+    def success_at_end_rate(self) -> float | None:
+        """The share of episodes whose success signal was true at the end."""
+        return flag_rate(self.success_at_end)
+
+    @property
+    def successes_at_reset(self) -> int | None:
+        """How many episodes were already successful at reset; None when not
+        measured for every episode (an env whose reset gives no info)."""
+        if flag_rate(self.success_at_reset) is None:
             return None
-        flags = np.asarray(self.success, dtype=object)
-        if any(f is None for f in flags):
-            return None
-        return float(np.mean(flags.astype(bool)))
+        return int(np.sum(self.success_at_reset.astype(bool)))
 
     @property
     def asynchronous(self) -> bool:
@@ -376,7 +494,7 @@ class RunResult:
 
     def episode(self, i: int) -> EpisodeResult:
         """The i-th entry (episode ``indices[i]``) as an ``EpisodeResult``."""
-        return episode_at(self, i, self.indices[i], self.seeds[i])
+        return episode_at(self, i, self.indices[i], self.seeds[i], self.success_mode)
 
     def summary(self) -> str:
         """A readable summary table.
@@ -468,7 +586,9 @@ class RunResult:
           ``mean_interval`` ([low, high]), ``iqm``, ``iqm_interval``,
           ``quantiles`` (``p5``, ``p25``, ``p50``, ``p75``, ``p95``), ``min``,
           ``max``; ``lengths``: ``mean``; ``success_rate`` and
-          ``success_interval`` (None when the result has no success signal).
+          ``success_interval`` of the headline (None when the result has no
+          success signal), ``success_mode``, ``success_once_rate``,
+          ``success_at_end_rate`` and ``successes_at_reset``.
           What too few episodes cannot give is None.
         """
         out = _stats.describe(
@@ -480,6 +600,10 @@ class RunResult:
             seed=seed,
         )
         out["success_key"] = self.success_key
+        out["success_mode"] = self.success_mode
+        out["success_once_rate"] = self.success_once_rate
+        out["success_at_end_rate"] = self.success_at_end_rate
+        out["successes_at_reset"] = self.successes_at_reset
         out["metrics"] = {
             name: {
                 "reduction": self.metric_reductions.get(name, "last"),
@@ -610,6 +734,7 @@ class RunResult:
                 "trial_index_base": self.trial_index_base,
                 "metrics": dict(self.metric_reductions),
                 "success_key": self.success_key,
+                "success_mode": self.success_mode,
             },
             "totals": {
                 "episodes": self.num_episodes,
@@ -622,6 +747,9 @@ class RunResult:
                 "run_time": self.run_time,
                 "steps_per_second": self.steps_per_second,
                 "success_rate": self.success_rate,
+                "success_once_rate": self.success_once_rate,
+                "success_at_end_rate": self.success_at_end_rate,
+                "successes_at_reset": self.successes_at_reset,
             },
             "telemetry": self.telemetry,
             **({"server_losses": self.server_losses} if self.server_losses else {}),
@@ -674,12 +802,17 @@ class RunResult:
                 arrays["returns"] = single
             reductions = dict(settings.get("metrics") or {})
             success_key = settings.get("success_key")
-            success = None
+            # A file written before both were kept holds the flag at the end
+            # as ``success``, under the rule of the time: "end".
+            mode = settings.get("success_mode", "end")
+            kinds: dict = dict.fromkeys(SUCCESS_KINDS)
             if success_key is not None:
-                flags = [ep.get("success") for ep in episodes]
-                success = success_array(
-                    [bool(f) for f in flags], [f is not None for f in flags]
-                )
+                for kind in SUCCESS_KINDS:
+                    kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
+                if "success_mode" not in settings:
+                    kinds["success_at_end"] = flags_array(
+                        ep.get("success") for ep in episodes
+                    )
             metrics = {}
             for name, red in reductions.items():
                 values = [ep["metrics"][name] for ep in episodes]
@@ -710,7 +843,9 @@ class RunResult:
                 max_episode_seconds=settings.get("max_episode_seconds"),
                 trial_index_base=int(settings.get("trial_index_base", 0)),
                 telemetry=d.get("telemetry"),
-                success=success,
+                success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
+                **kinds,
+                success_mode=mode,
                 metrics=metrics,
                 metric_reductions=reductions,
                 success_key=success_key,

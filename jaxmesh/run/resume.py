@@ -18,7 +18,8 @@ episodes done (and a budget that holds them); ``max_episode_steps``; the params
 when both sides know them (``params_digest``: a result records it when its run
 failed, or when asked, as ``jaxmesh eval`` does); and, once the run has built
 its env and policy and before any episode starts, the policy's and the env's
-names, ``horizon``, ``prefetch_lead``, ``max_episode_seconds`` and the metrics.
+names, ``horizon``, ``prefetch_lead``, ``max_episode_seconds``, the metrics
+and ``success_mode``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import jax
 import numpy as np
 
 from jaxmesh.core.results import EPISODE_FIELDS
-from jaxmesh.run.results import RunResult, success_array
+from jaxmesh.run.checks import DEFAULT_SUCCESS_MODE
+from jaxmesh.run.results import SUCCESS_KINDS, RunResult, flags_array, headline
 
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
     "jaxmesh_resume_indices", default=None
@@ -101,8 +103,11 @@ def _compare(done: RunResult, now: dict) -> None:
         "max_episode_seconds": done.max_episode_seconds,
         "metrics": dict(done.metric_reductions),
         "trial_index_base": done.trial_index_base,
+        "success_mode": done.success_mode,
     }
     for what, value in now.items():
+        if what == "success_mode" and done.success_key is None:
+            continue  # without a success signal the headline is moot
         if before[what] != value:
             raise _differs(what, before[what], value)
 
@@ -118,6 +123,7 @@ class _Check:
         now["max_episode_seconds"] = info.get("max_episode_seconds")
         now["metrics"] = info.get("metric_reductions")
         now["trial_index_base"] = info.get("trial_index_base", 0)
+        now["success_mode"] = info.get("success_mode")
         _compare(self.done, now)
 
 
@@ -192,13 +198,11 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     fields = {
         f: cat(getattr(done, f), getattr(new, f)) for f in ("seeds", *EPISODE_FIELDS)
     }
-    success = None
-    if done.success is not None or new.success is not None:
-        flags = cat(_flags(done), _flags(new))
-        success = success_array(
-            np.asarray([bool(f) for f in flags]),
-            np.asarray([f is not None for f in flags]),
-        )
+    kinds = {
+        kind: flags_array(cat(_flags(done, kind), _flags(new, kind)))
+        for kind in SUCCESS_KINDS
+    }
+    success = headline(new.success_mode, kinds["success_once"], kinds["success_at_end"])
     metrics = {
         k: cat(done.metrics[k], new.metrics[k])
         for k in new.metrics
@@ -209,6 +213,7 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
         indices=at[order],
         **fields,
         success=success,
+        **kinds,
         metrics=metrics,
         env_steps=done.env_steps + new.env_steps,
         policy_rows=done.policy_rows + new.policy_rows,
@@ -221,11 +226,12 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     )
 
 
-def _flags(r: RunResult) -> list:
-    """Per episode its success flag or None."""
-    if r.success is None:
-        return [None] * r.num_episodes
-    return list(r.success.tolist())
+def _flags(r: RunResult, kind: str) -> np.ndarray:
+    """Per episode its flag of ``kind`` (``SUCCESS_KINDS``) or None."""
+    flags = getattr(r, kind)
+    if flags is None:
+        return np.full(r.num_episodes, None, object)
+    return np.asarray(flags, object)
 
 
 def _params_of(policy: Any, params: Any) -> Any:
@@ -280,6 +286,7 @@ def _check_complete(done: RunResult, args: dict) -> None:
         "horizon": args.get("horizon") or 1,
         "prefetch_lead": args.get("prefetch_lead") or 0,
         "max_episode_seconds": None if seconds is None else float(seconds),
+        "success_mode": args.get("success_mode") or DEFAULT_SUCCESS_MODE,
     }
     with contextlib.suppress(TypeError, ValueError):
         with_params = args.get("params") is not None
@@ -371,6 +378,7 @@ _RUN_KEYS = (
     "max_episode_seconds",
     "metric_reductions",
     "success_key",
+    "success_mode",
     "trial_index_base",
     "episodes",
 )
@@ -493,6 +501,8 @@ def load_episode_log(path: Any) -> RunResult:
             "trial_index_base": first.get("trial_index_base") or 0,
             "metrics": first.get("metric_reductions") or {},
             "success_key": first.get("success_key"),
+            # A log written before the mode was recorded: the rule of the time.
+            "success_mode": first.get("success_mode") or "end",
         },
         "totals": {
             "env_steps": sum(int(e["length"]) for e in eps),

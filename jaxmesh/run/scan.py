@@ -69,7 +69,8 @@ class Evaluator:
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
-        segment_steps, metrics, success, devices, delay, execution: as for
+        segment_steps, metrics, success, success_mode, devices, delay,
+        execution: as for
         ``jaxmesh.evaluate``
         (with ``devices``, the evaluator is a ``ShardedEvaluator``: the same
         evaluator on a ``placement.DeviceMesh``).
@@ -116,8 +117,10 @@ class Evaluator:
         reset_fn: Any = None,
         delay: int = 0,
         execution: Any = None,
+        success_mode: str = checks.DEFAULT_SUCCESS_MODE,
     ):
         asked = checks.check_metrics(metrics, success)
+        self.success_mode = checks.check_success_mode(success_mode)
         trials = initial.resolve(initial_states, reset_fn)
         self.record = check_record(record)
         self.settings = checks.check_settings(
@@ -242,6 +245,7 @@ class Evaluator:
         record: Any = None,
         trial_index_base: int = 0,
         initial_states: Any = None,
+        success_mode: str | None = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
@@ -249,6 +253,8 @@ class Evaluator:
         as many as the evaluator's ``Record`` with its ``max_steps`` and
         ``keys``: the same program runs. ``initial_states`` (None: the
         evaluator's own) of the evaluator's shapes run on the same program.
+        ``success_mode`` (None: the evaluator's own) names the result's
+        headline success; the program does not depend on it.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -258,6 +264,9 @@ class Evaluator:
         """
         t_start = time.perf_counter()
         pol, s = self.policy, self.settings
+        if success_mode is None:
+            success_mode = self.success_mode
+        success_mode = checks.check_success_mode(success_mode)
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         hook_list = stream.hooks_list(hooks)
         self._run_record = self._check_run_record(record, int(seeds_arr.size))
@@ -287,6 +296,7 @@ class Evaluator:
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
             "trial_index_base": trial_index_base,
+            "success_mode": success_mode,
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -507,6 +517,7 @@ def evaluate(
     reset_fn: Any = None,
     delay: int = 0,
     execution: Any = None,
+    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -587,9 +598,16 @@ def evaluate(
         list of keys (each its last value), or a dict key -> reduction over the
         episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``. Sources:
         gymnax's ``info``, brax's ``state.metrics``, gymnasium's ``info``.
-      success: the info key whose last value is an episode's success
-        (``result.success``, ``result.success_rate``); None: ``success`` or
-        ``is_success`` when the env's info has one; False: none.
+      success: the info key that is an episode's success signal; None:
+        ``success`` or ``is_success`` when the env's info has one; False: none.
+        Per episode the result keeps ``success_once`` (true at any executed
+        step), ``success_at_end`` (true at its last step) and
+        ``success_at_reset`` (true in the reset's info; None where the reset
+        gives no info, as on gymnax).
+      success_mode: which of them is the headline, ``result.success`` and
+        ``result.success_rate`` (and the summary's and report's): ``"once"``
+        (the default, as LIBERO, MetaWorld and ManiSkill count a task
+        achieved) or ``"end"`` (stricter); docs/evaluation.md, "Success".
       devices: JAX envs: split the lanes over devices (``placement.DeviceMesh``,
         ``jaxmesh/run/sharded.py``, docs/scale.md). None: one device;
         ``"all"``: every device; an int D: the first D; a list of devices; or
@@ -668,6 +686,7 @@ def evaluate(
         delay,
         execution,
     )
+    success_mode = checks.check_success_mode(success_mode)
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
     trial_index_base = checks.check_int(
@@ -707,6 +726,7 @@ def evaluate(
             record=record,
             check_seeds=check_seeds,
             trial_index_base=trial_index_base,
+            success_mode=success_mode,
         )
     if max_episode_seconds is not None:
         raise ValueError(
@@ -761,6 +781,7 @@ def evaluate(
         record=record,
         trial_index_base=trial_index_base,
         initial_states=states,
+        success_mode=success_mode,
     )
 
 

@@ -255,11 +255,13 @@ class _Run(HostLoop):
         self.info_keys = list(metrics.keys)
         self.info_seen: set = set()
         # Every step's info row comes back only with every observation: a
-        # reduction other than ``last`` reads every step. Recorded episodes
-        # need every step's observation too.
+        # reduction other than ``last``, and success once (any step's success
+        # key), read every step. Recorded episodes need every step's
+        # observation too.
         self.every_obs = (
             needs_every_observation(self.cfg)
             or any(red != "last" for _, red in metrics.named)
+            or metrics.tracks_success
             or recorder is not None
         )
         n, h = self.n, self.cfg.horizon
@@ -694,6 +696,7 @@ class _Run(HostLoop):
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             self.obs[g[rl]] = obs_rows[row0[rl]]
+            self.reset_infos(b, g[rl], row0[rl])
             self.seen_resets(g[rl])
             if self.recorder is not None:
                 self.recorder.reset(g[rl], self.obs)
@@ -739,6 +742,15 @@ class _Run(HostLoop):
         tel.call(self.server_rows[s], sent_at, reply.arrived, reply.server_seconds)
         tel.add("queue", time.perf_counter() - reply.decoded_at)
         tel.add("reply_bytes", reply.nbytes)
+
+    def reset_infos(self, b: codec.ResultBatch, lanes_: np.ndarray, rows) -> None:
+        """The success keys of the reset infos of reply ``b`` (its rows
+        ``rows``, one per lane of ``lanes_``)."""
+        if self.metrics.tracks_success:
+            info = self.info_rows(b)
+            self.metrics.reset(
+                lanes_, {k: (info[k][rows], _present(b, k)[rows]) for k in info}
+            )
 
     def info_rows(self, b: codec.ResultBatch) -> dict[str, np.ndarray]:
         """The reply's info leaves asked for, one float per row.
@@ -1118,6 +1130,7 @@ class _StepRun(_Run):
             is_reset = b.steps == 0
             rl = g[is_reset]
             self.obs[rl] = obs_rows[is_reset]
+            self.reset_infos(b, rl, np.flatnonzero(is_reset))
             self.seen_resets(rl)
             self.ready[rl] = self.started[rl] = True
             step_rows = np.flatnonzero(~is_reset)

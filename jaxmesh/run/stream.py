@@ -241,7 +241,8 @@ class EpisodeStream:
             i = self.cursor
             self.cursor += 1
             if self.hooks:
-                ep = episode_at(res, i, i, self.seeds[i])
+                mode = self.run_fields.get("success_mode")
+                ep = episode_at(res, i, i, self.seeds[i], mode)
                 call(self.hooks, "on_episode_end", ep)
             if self.policy_hook is not None:
                 self.policy_hook(i)

@@ -80,6 +80,8 @@ class _Lanes:
         self.action_space = lanes.action_space
         self.info_keys: tuple[str, ...] = ()
         self.info: dict = {}
+        #: The last ``reset``'s info values (``reset``).
+        self.reset_info: dict = {}
         self.info_seen: set = set()
 
     @property
@@ -121,6 +123,9 @@ class _Lanes:
         ``max_episode_seconds`` caps each episode by wall clock in ``replay``
         (its step past the cap reads ``truncated``); ``step`` leaves that cap to
         its caller.
+
+        With ``info_keys`` set, ``reset_info[key]`` is then ``(values float64
+        [m], present bool [m])`` of the reset infos, in the order given.
         """
         lanes, seeds, trials = list(lanes), list(seeds), list(trials)
         order = sorted(range(len(lanes)), key=lanes.__getitem__)  # ascending
@@ -132,11 +137,21 @@ class _Lanes:
             [int(seeds[i]) for i in order],
             options,
             [max_episode_seconds or 0.0] * len(order),
+            info_keys=self.info_keys,
         )
         obs = batch.observation[OBS_KEY]
         out: list = [None] * len(lanes)
         for k, i in enumerate(order):
             out[i] = obs[k]
+        self.reset_info = {}
+        for key, values in batch.info.items():
+            given = np.zeros(len(lanes), np.float64)
+            present = np.zeros(len(lanes), bool)
+            has = batch.info_present.get(key)
+            for k, i in enumerate(order):
+                given[i] = info_value({key: values[k]}, key, f"{self.spec.name} reset")
+                present[i] = True if has is None else bool(has[k])
+            self.reset_info[key] = (given, present)
         return out
 
     @_env_errors
