@@ -95,6 +95,10 @@ class Suite:
       episodes: the budget of every task that does not set its own (seeds
         ``0..episodes-1``); None: ``evaluate``'s ``episodes=`` / ``seeds=``.
       seeds: the seeds of every task that does not set its own.
+      together: run tasks that are one gymnax env with other params (same
+        structure, shapes and dtypes) in one compiled program, the task as
+        data (``jaxmesh.envs.gymnax.GymnaxTasks``); each task's episodes
+        score as its own run would. False: every task compiles its own.
 
     Raises:
       ValueError, TypeError: no tasks, a name that is not a non-empty string,
@@ -120,7 +124,11 @@ class Suite:
         *,
         episodes: int | None = None,
         seeds: Sequence[int] | None = None,
+        together: bool = True,
     ):
+        if not isinstance(together, bool):
+            raise TypeError(f"Suite(together={together!r}): expected True or False")
+        self.together = together
         if not isinstance(tasks, Mapping) or not tasks:
             raise ValueError(
                 f"Suite(tasks={tasks!r}): expected a non-empty mapping of task "
@@ -233,6 +241,7 @@ def run_suite(
     start = time.perf_counter()
     done: dict[str, RunResult] = {}
     instructions: dict[str, str | None] = {}
+    plans: dict[str, dict[str, Any]] = {}
     for name, task in suite.tasks.items():
         args = dict(kw, **suite.budget(name, episodes, seeds))
         if args["episodes"] is None and args["seeds"] is None:
@@ -251,19 +260,170 @@ def run_suite(
             args["trace"] = _trace_path(trace, name)
         if resume is not None and name in resume.tasks:
             args["resume"] = resume.tasks[name]
+        plans[name] = args
+    for group in _groups(suite, plans):
         try:
-            done[name] = evaluate(policy, _env_of(task), **args)
+            if len(group) > 1:
+                got = _run_together(evaluate, policy, suite, group, plans)
+            else:
+                name = group[0]
+                env = _env_of(suite.tasks[name])
+                got = {name: evaluate(policy, env, **plans[name])}
         except BaseException as exc:
             partial = getattr(exc, "partial_result", None)
-            got = dict(done)
+            kept = dict(done)
             if isinstance(partial, RunResult):
-                got[name] = partial
+                if len(group) > 1:
+                    kept.update(_split(partial, suite, group, plans))
+                else:
+                    kept[group[0]] = partial
             exc.partial_result = SuiteResult(
-                got, instructions, time.perf_counter() - start
+                kept, instructions, time.perf_counter() - start
             )
             raise
-        stream.call(hooks, "on_task_end", name, done[name])
+        for name, result in got.items():
+            done[name] = result
+            stream.call(hooks, "on_task_end", name, result)
     return SuiteResult(done, instructions, time.perf_counter() - start)
+
+
+#: ``evaluate`` keywords under which a task always runs on its own.
+_ALONE = ("resume", "trace", "initial_states", "reset_fn", "record", "trial_index_base")
+
+
+def _gymnax_env(task: Task) -> Any:
+    """The task's env as a ``GymnaxEnv`` when it is a gymnax one, else None
+    (nothing is built for any other kind)."""
+    from jaxmesh.envs.gymnax import GymnaxEnv
+
+    env = task.env
+    is_id = isinstance(env, str) and env.startswith("gymnax:")
+    if not (is_id or isinstance(env, tuple | GymnaxEnv)):
+        return None
+    from jaxmesh.envs import make_env
+
+    try:
+        made = make_env(env)
+    except (TypeError, ValueError, ImportError):
+        return None  # its own run says what is wrong with it
+    return made if isinstance(made, GymnaxEnv) else None
+
+
+def _groups(suite: Suite, plans: dict[str, dict]) -> list[list[str]]:
+    """The suite's tasks as runs (lists of task names), in order of their
+    first task: same-shaped gymnax tasks with the same instruction run
+    together (``jaxmesh.envs.gymnax.task_batch``), every other task alone."""
+    from jaxmesh.envs.gymnax import task_batch
+
+    runs: list[list[str]] = []
+    together: dict[Any, list[str]] = {}
+    for name, task in suite.tasks.items():
+        args = plans[name]
+        alone = not suite.together or any(args.get(k) for k in _ALONE)
+        env = None if alone else _gymnax_env(task)
+        if env is None:
+            runs.append([name])
+            continue
+        args["_env"] = env
+        key = (type(env.env), args.get("instruction"))
+        if key not in together:
+            together[key] = []
+            runs.append(together[key])
+        together[key].append(name)
+    out: list[list[str]] = []
+    for run in runs:
+        if len(run) > 1 and task_batch([plans[n]["_env"] for n in run]) is None:
+            out.extend([n] for n in run)  # not one shape: one by one
+        else:
+            out.append(run)
+    for args in plans.values():
+        args.pop("_env", None)
+    return out
+
+
+def _run_together(
+    evaluate: Callable[..., RunResult],
+    policy: Any,
+    suite: Suite,
+    group: list[str],
+    plans: dict[str, dict],
+) -> dict[str, RunResult]:
+    """Same-shaped gymnax tasks in one program: their episodes one after
+    another in one budget, each reset with its task's params by a
+    ``reset_fn`` that maps the episode (its trial index) to its task."""
+    import jax.numpy as jnp
+
+    from jaxmesh.envs.gymnax import task_batch
+
+    envs = [_gymnax_env(suite.tasks[n]) for n in group]
+    batch = task_batch(envs)
+    seeds = [_seeds(plans[n]) for n in group]
+    task_of = jnp.asarray(np.repeat(np.arange(len(group)), [s.size for s in seeds]))
+
+    def reset_fn(key, trial):
+        return batch.reset_task(key, task_of[trial])
+
+    args = dict(plans[group[0]])
+    args.update(episodes=None, seeds=np.concatenate(seeds).tolist(), reset_fn=reset_fn)
+    combined = evaluate(policy, batch, **args)
+    return _split(combined, suite, group, plans, envs)
+
+
+def _seeds(args: dict) -> np.ndarray:
+    if args.get("seeds") is not None:
+        return np.asarray(args["seeds"], np.int64)
+    return np.arange(int(args["episodes"]), dtype=np.int64)
+
+
+def _split(
+    result: RunResult,
+    suite: Suite,
+    group: list[str],
+    plans: dict[str, dict],
+    envs: list | None = None,
+) -> dict[str, RunResult]:
+    """A run of several tasks (``_run_together``) as one result per task.
+
+    Per-episode arrays are sliced by each task's episodes, renumbered from 0;
+    env steps are the task's own; policy rows and times, shared by the
+    program, are split in proportion to the task's env steps."""
+    sizes = [_seeds(plans[n]).size for n in group]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    idx = np.asarray(result.indices)
+    n = idx.size
+    total = max(int(np.sum(result.lengths)), 1)
+    out = {}
+    for k, name in enumerate(group):
+        keep = (idx >= offsets[k]) & (idx < offsets[k + 1])
+        fields = {}
+        for f in dataclasses.fields(RunResult):
+            v = getattr(result, f.name)
+            if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == n:
+                v = v[keep]
+            elif (
+                isinstance(v, dict)
+                and all(
+                    isinstance(x, np.ndarray) and x.shape[:1] == (n,)
+                    for x in v.values()
+                )
+                and v
+            ):
+                v = {key: x[keep] for key, x in v.items()}
+            fields[f.name] = v
+        steps = int(np.sum(fields["lengths"]))
+        share = steps / total
+        fields.update(
+            indices=fields["indices"] - offsets[k],
+            env_steps=steps,
+            policy_rows=round(result.policy_rows * share),
+            wall_time=result.wall_time * share,
+            compile_time=result.compile_time * share,
+            run_time=result.run_time * share,
+        )
+        if envs is not None:
+            fields["env"] = envs[k].name
+        out[name] = RunResult(**fields)
+    return out
 
 
 def _rate(flags: np.ndarray | None) -> float | None:

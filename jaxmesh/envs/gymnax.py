@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclasses.dataclass(eq=False)
@@ -119,3 +120,80 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
     if given:
         params = params.replace(**given)
     return GymnaxEnv(env, params)
+
+
+@dataclasses.dataclass(eq=False)
+class GymnaxTasks:
+    """Several param sets of one gymnax env as one jaxmesh env, the task as data.
+
+    The state carries its episode's params, so the lanes of one program step
+    different tasks side by side; ``reset_task(key, task)`` starts an episode
+    of task ``task`` (an int, traced or not), ``reset(key)`` one of task 0.
+    Built by ``task_batch``; ``jaxmesh.Suite`` runs same-shaped gymnax tasks on
+    one with a ``reset_fn`` that maps each episode to its task.
+    """
+
+    env: Any
+    params: Any  # every leaf stacked on a leading task axis
+    name: str
+    action_shape: tuple
+    action_dtype: Any
+    num_actions: int | None
+
+    def reset_task(self, key: jax.Array, task: Any):
+        params = jax.tree.map(lambda p: p[task], self.params)
+        obs, state = self.env.reset_env(key, params)
+        return obs, (state, params)
+
+    def reset(self, key: jax.Array):
+        return self.reset_task(key, 0)
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        return self.step_with_info(key, state, action)[:5]
+
+    def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
+        inner, params = state
+        obs, inner, reward, terminated, info = self.env.step_env(
+            key, inner, action, params
+        )
+        truncated = self.env.is_truncated(inner, params)
+        return (
+            obs,
+            (inner, params),
+            jnp.asarray(reward, jnp.float32),
+            jnp.asarray(terminated, bool),
+            jnp.asarray(truncated, bool),
+            info,
+        )
+
+
+def _signature(params: Any) -> tuple:
+    leaves, tree = jax.tree.flatten(params)
+    return tree, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves)
+
+
+def task_batch(envs: list[GymnaxEnv]) -> GymnaxTasks | None:
+    """One ``GymnaxTasks`` over ``envs``, or None when they are not one gymnax
+    env class with params of one structure, shapes and dtypes (the same env
+    with other params: a task variant)."""
+    first = envs[0]
+    if not all(isinstance(e, GymnaxEnv) for e in envs):
+        return None
+    if any(type(e.env) is not type(first.env) for e in envs):
+        return None
+    sig = _signature(first.params)
+    if any(_signature(e.params) != sig for e in envs[1:]):
+        return None
+    # Stacked in numpy: no XLA program for it (jnp.asarray keeps JAX's dtypes).
+    stacked = jax.tree.map(
+        lambda *p: jnp.asarray(np.stack([np.asarray(x) for x in p])),
+        *[e.params for e in envs],
+    )
+    return GymnaxTasks(
+        first.env,
+        stacked,
+        first.name,
+        first.action_shape,
+        first.action_dtype,
+        first.num_actions,
+    )
