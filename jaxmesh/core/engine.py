@@ -226,7 +226,11 @@ class Engine:
         return self._carry_shape
 
     def first_carry(
-        self, seeds: np.ndarray, device: Any = None, record: Any = None
+        self,
+        seeds: np.ndarray,
+        device: Any = None,
+        record: Any = None,
+        texts: Any = None,
     ) -> Carry:
         """The carry a run starts from, built on the host (nothing compiles).
 
@@ -235,6 +239,9 @@ class Engine:
           device: where to put it (None: JAX's default device).
           record: the recorded episode indices (``config.record_slots`` of
             them); required when the engine records.
+          texts: each ``jaxmesh.adapt.Text`` input's encoded instruction per
+            lane (name -> pytree of ``[num_envs, ...]``); required when the
+            policy reads one. Data, not part of the program.
         """
         cap = self.config.capacity
         budget = np.int32(seeds.size)
@@ -247,6 +254,8 @@ class Engine:
             **_first_lanes(np, self.config.agent.num_envs, cap, budget),
         )
         carry = zeros.replace(lanes=lanes)
+        if self.config.agent.texts:
+            carry = carry.replace(agent=carry.agent.replace(texts=texts))
         if self.config.record_slots:
             episodes = np.asarray(record, np.int32)
             if episodes.shape != (self.config.record_slots,):

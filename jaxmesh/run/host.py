@@ -40,7 +40,7 @@ from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.record import check_record, check_record_budget, observation_leaves
 from jaxmesh.run import agent as run_agent
-from jaxmesh.run import build, checks, stream
+from jaxmesh.run import build, checks, instructions, stream
 from jaxmesh.run.backend import ServedOptions, positive_seconds
 from jaxmesh.run.loop import LocalRun
 from jaxmesh.run.results import RunResult
@@ -399,7 +399,10 @@ class HostAgent:
         state = program.init(obs, off)
         t = np.zeros(n, np.int32)
         skip = np.zeros(n, np.int32) if agent.can_skip(program.config) else None
-        _, actions = program.step(params, state, obs, off, off, keys, t, None, skip)
+        texts = agent.text_zeros(program.config, n, np)
+        _, actions = program.step(
+            params, state, obs, off, off, keys, t, None, skip, texts
+        )
         jax.block_until_ready(actions)
         self._compiled.add(sig)
         return time.perf_counter() - t0
@@ -459,6 +462,7 @@ def evaluate(
     record: Any = None,
     check_seeds: bool = False,
     trial_index_base: int = 0,
+    instruction: str | None = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -497,6 +501,9 @@ def evaluate(
         env (``jaxmesh.envs.check.require_reproducible``); a served env
         refuses it (check a server with ``jaxmesh check-env grpc://host:port``
         before the run).
+      instruction: as for ``jaxmesh.evaluate``; without it a
+        ``Text(info_key=...)`` input reads each episode's instruction from its
+        reset info (``jaxmesh.run.instructions``).
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -573,6 +580,10 @@ def evaluate(
                     "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
                 )
             recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
+        texts = _lane_texts(
+            pol, instruction, lanes, settings.num_envs, served, seeds_arr,
+            trial_index_base,
+        )
         params = pol.default_params() if params is None else pol.place(params)
         host_agent = _host_agent(
             policy, pol, lanes.spec, settings, with_params, tile_lanes
@@ -591,9 +602,48 @@ def evaluate(
             host_metrics,
             recorder,
             trial_index_base,
+            texts,
+            instruction,
         )
     finally:
         lanes.close()
+
+
+def _lane_texts(
+    pol: Policy,
+    instruction: str | None,
+    lanes: Any,
+    n: int,
+    served: Any,
+    seeds: np.ndarray,
+    trial_base: int,
+) -> instructions.LaneTexts | None:
+    """The Text inputs' per-lane encodings of a host-stepped run (None: the
+    policy reads none).
+
+    An input read from the reset info whose shapes are not known yet (nothing
+    was encoded for it) learns them from a reset of lane 0 with episode 0's
+    seed, before compiling; the run resets that lane again for episode 0.
+
+    Raises:
+      ValueError: a Text input with no instruction, or one read per episode
+        from a served env's reset info.
+    """
+    name = lanes.spec.name
+    encoded = instructions.check_sources(pol.spec, instruction, name, host=True)
+    if not encoded:
+        return None
+    texts = instructions.LaneTexts(pol.spec, encoded, n, pol.device, name)
+    if texts.keys and served is not None:
+        raise ValueError(
+            f"Text(info_key={texts.keys[0]!r}): a served env sends numeric info "
+            "only, so its reset info cannot carry an instruction string; pass "
+            "evaluate(..., instruction='...') (CLI: instruction: in the YAML)"
+        )
+    if texts.missing and seeds.size:
+        lanes.reset([0], [int(seeds[0])], [trial_base], text_keys=texts.keys)
+        texts.begin([0], lanes.reset_text, [0])
+    return texts
 
 
 def _run(
@@ -609,6 +659,8 @@ def _run(
     metrics: HostMetrics,
     recorder: HostRecorder | None = None,
     trial_base: int = 0,
+    texts: instructions.LaneTexts | None = None,
+    instruction: str | None = None,
 ) -> RunResult:
     program = host_agent.program(params)
     cfg = program.config
@@ -624,6 +676,7 @@ def _run(
         "plan_tile": cfg.tile,
         "max_episode_seconds": seconds,
         "trial_index_base": trial_base,
+        "instruction": instruction,
         **metrics.run_fields(),
     }
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
@@ -661,6 +714,7 @@ def _run(
                 metrics,
                 recorder,
                 trial_base,
+                texts,
             ).run()
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())

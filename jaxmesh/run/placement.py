@@ -81,10 +81,13 @@ class SingleDevice:
         """Nothing to check: one process runs the whole budget."""
         del seeds, params
 
-    def first_carry(self, engine: Any, seeds: np.ndarray, record: Any) -> tuple:
+    def first_carry(
+        self, engine: Any, seeds: np.ndarray, record: Any, texts: Any = None
+    ) -> tuple:
         """``((lanes, agent), results)``: the carry a run starts from, on the
-        device (``record``: the recorded episode indices, or None)."""
-        carry = engine.first_carry(seeds, self.device, record)
+        device (``record``: the recorded episode indices, or None; ``texts``:
+        the Text inputs' per-lane encodings, ``Engine.first_carry``)."""
+        carry = engine.first_carry(seeds, self.device, record, texts)
         return (carry.lanes, carry.agent), carry.results
 
     def put_params(self, params: Any) -> Any:
@@ -184,7 +187,9 @@ class DeviceMesh:
         disagree on)."""
         sharded.check_same_everywhere(self.mesh, seeds, params)
 
-    def first_carry(self, engine: Any, seeds: np.ndarray, record: Any) -> tuple:
+    def first_carry(
+        self, engine: Any, seeds: np.ndarray, record: Any, texts: Any = None
+    ) -> tuple:
         """Every device's first carry, stacked along the mesh axis.
 
         Each process builds (on its host) and places only its own devices'
@@ -196,7 +201,7 @@ class DeviceMesh:
         shares = sharded.device_seeds(seeds, self.num_devices)
         host = host_device()
         mine = [
-            (dev, jax.device_get(engine.first_carry(shares[d], host)))
+            (dev, jax.device_get(engine.first_carry(shares[d], host, None, texts)))
             for d, dev in enumerate(self.mesh.devices.flat)
             if dev.process_index == jax.process_index()
         ]

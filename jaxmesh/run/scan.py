@@ -28,7 +28,7 @@ from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
 from jaxmesh.record import check_record, check_record_budget
-from jaxmesh.run import backend, build, checks, placement, stream
+from jaxmesh.run import backend, build, checks, instructions, placement, stream
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.placement import (  # noqa: F401 - their old home
     CPU_COMPILER_OPTIONS,
@@ -218,6 +218,7 @@ class Evaluator:
         params: Any = None,
         hooks: Any = None,
         record: Any = None,
+        instruction: str | None = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
@@ -241,8 +242,13 @@ class Evaluator:
                 "this Evaluator was built with takes_params=True: pass params="
             )
         params = pol.default_params() if params is None else pol.place(params)
+        env_name = getattr(self.env, "name", type(self.env).__name__)
+        instruction = instructions.check_instruction(instruction)
+        # Encoded before the probe: the program is built for their shapes.
+        encoded = instructions.check_sources(pol.spec, instruction, env_name, False)
         e = int(seeds_arr.size)
         plan = self.plan(params, e)
+        self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         run_fields = {
             "num_envs": s.num_envs,
             "horizon": s.horizon,
@@ -254,6 +260,7 @@ class Evaluator:
             "plan_tile": plan.tile,
             "metric_reductions": dict(self.metrics[0]),
             "success_key": self.metrics[1],
+            "instruction": instruction,
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -324,7 +331,10 @@ class Evaluator:
         place.check_same_everywhere(seeds_arr, params)
         with span("init", "run"):
             state, res = place.first_carry(
-                program.engine, seeds_arr, None if rec is None else rec.episodes
+                program.engine,
+                seeds_arr,
+                None if rec is None else rec.episodes,
+                self._run_texts,
             )
             params = place.put_params(params)
         e = seeds_arr.size
@@ -466,6 +476,7 @@ def evaluate(
     resume: RunResult | None = None,
     check_seeds: bool = False,
     trial_index_base: int = 0,
+    instruction: str | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -574,6 +585,12 @@ def evaluate(
         with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
         whatever lane runs it; an env that does not declare it never sees it.
         A JAX env refuses a base other than 0.
+      instruction: the language instruction of every episode, for a policy
+        with a ``jaxmesh.adapt.Text`` input: encoded once on the host by the
+        Text's ``encode``; the encoding is data, so another string of the same
+        shapes compiles nothing. Without it, on a gymnasium or served env, a
+        ``Text(info_key=...)`` reads each episode's instruction from its reset
+        info; a JAX env needs it (docs/models.md, "Language instructions").
 
     Returns:
       A ``RunResult``.
@@ -597,6 +614,7 @@ def evaluate(
     )
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
+    instruction = instructions.check_instruction(instruction)
     trial_index_base = checks.check_int(
         "trial_index_base",
         trial_index_base,
@@ -637,6 +655,7 @@ def evaluate(
             record=record,
             check_seeds=check_seeds,
             trial_index_base=trial_index_base,
+            instruction=instruction,
         )
     if trial_index_base:
         raise ValueError(
@@ -682,7 +701,12 @@ def evaluate(
             _EVALUATORS.popitem(last=False)
     _EVALUATORS.move_to_end(key)
     return ev.run(
-        episodes=episodes, seeds=seeds, params=params, hooks=hooks, record=record
+        episodes=episodes,
+        seeds=seeds,
+        params=params,
+        hooks=hooks,
+        record=record,
+        instruction=instruction,
     )
 
 
