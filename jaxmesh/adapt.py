@@ -444,9 +444,11 @@ def _described(tree: Any) -> str:
         return f"{tree.dtype.name}{list(tree.shape)}"
     return str(
         jax.tree.map(
-            lambda x: f"{x.dtype.name}{list(x.shape)}"
-            if isinstance(x, np.ndarray)
-            else type(x).__name__,
+            lambda x: (
+                f"{x.dtype.name}{list(x.shape)}"
+                if isinstance(x, np.ndarray)
+                else type(x).__name__
+            ),
             tree,
         )
     )

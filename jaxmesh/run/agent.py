@@ -85,10 +85,30 @@ def agent_functions(
         return agent.init(cfg, pol, obs, lanes)
 
     def step(
-        params, state, obs, started, active, ep_keys, t, moved=None, skip=None, texts=None
+        params,
+        state,
+        obs,
+        started,
+        active,
+        ep_keys,
+        t,
+        moved=None,
+        skip=None,
+        texts=None,
     ):
         return agent.host_step(
-            cfg, pol, params, state, obs, started, active, ep_keys, t, moved, skip, texts
+            cfg,
+            pol,
+            params,
+            state,
+            obs,
+            started,
+            active,
+            ep_keys,
+            t,
+            moved,
+            skip,
+            texts,
         )
 
     init_jit = jax.jit(init)

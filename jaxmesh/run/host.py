@@ -581,7 +581,12 @@ def evaluate(
                 )
             recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
         texts = _lane_texts(
-            pol, instruction, lanes, settings.num_envs, served, seeds_arr,
+            pol,
+            instruction,
+            lanes,
+            settings.num_envs,
+            served,
+            seeds_arr,
             trial_index_base,
         )
         params = pol.default_params() if params is None else pol.place(params)

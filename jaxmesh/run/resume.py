@@ -101,6 +101,7 @@ def _compare(done: RunResult, now: dict) -> None:
         "max_episode_seconds": done.max_episode_seconds,
         "metrics": dict(done.metric_reductions),
         "trial_index_base": done.trial_index_base,
+        "instruction": done.instruction,
     }
     for what, value in now.items():
         if before[what] != value:
@@ -118,6 +119,7 @@ class _Check:
         now["max_episode_seconds"] = info.get("max_episode_seconds")
         now["metrics"] = info.get("metric_reductions")
         now["trial_index_base"] = info.get("trial_index_base", 0)
+        now["instruction"] = info.get("instruction")
         _compare(self.done, now)
 
 
@@ -277,6 +279,7 @@ def _check_complete(done: RunResult, args: dict) -> None:
     seconds = args.get("max_episode_seconds")
     now: dict = {
         "trial_index_base": args.get("trial_index_base") or 0,
+        "instruction": args.get("instruction"),
         "horizon": args.get("horizon") or 1,
         "prefetch_lead": args.get("prefetch_lead") or 0,
         "max_episode_seconds": None if seconds is None else float(seconds),
@@ -372,6 +375,7 @@ _RUN_KEYS = (
     "metric_reductions",
     "success_key",
     "trial_index_base",
+    "instruction",
     "episodes",
 )
 
@@ -491,6 +495,7 @@ def load_episode_log(path: Any) -> RunResult:
             "plan_tile": first.get("plan_tile") or 0,
             "max_episode_seconds": first.get("max_episode_seconds"),
             "trial_index_base": first.get("trial_index_base") or 0,
+            "instruction": first.get("instruction"),
             "metrics": first.get("metric_reductions") or {},
             "success_key": first.get("success_key"),
         },
