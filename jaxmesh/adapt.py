@@ -10,7 +10,9 @@ executed env step. Example::
 Every declaration says what its frame is made from, so that the engine needs no
 list of declaration classes: ``reads_obs`` (its frame comes from the
 observation, pushed after every env step) and ``reads_action`` (its frame comes
-from the executed action, pushed when the action is chosen).
+from the executed action, pushed when the action is chosen). ``Text`` reads
+neither: its encoded instruction is per-lane data the run gives the agent
+(``jaxmesh.run.instructions``).
 """
 
 from __future__ import annotations

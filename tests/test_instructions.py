@@ -211,3 +211,40 @@ def test_explain_shows_each_instruction_and_its_encoding():
     fresh = Text(codes, info_key="instruction")
     ex = jaxmesh.explain(model(fresh), "gymnax:CartPole-v1")
     assert "task: from reset info key 'instruction' -> encoded at the first" in str(ex)
+
+
+#: The CLI test's policy (a YAML config names it ``test_instructions:cli_model``).
+cli_model = model(Text(codes))
+
+
+def test_cli_instruction_key_reaches_the_run(tmp_path):
+    import json
+
+    import yaml
+
+    from jaxmesh.cli import main
+
+    out = tmp_path / "r.json"
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "env": "gymnax:CartPole-v1",
+                "policy": "test_instructions:cli_model",
+                "seeds": SEEDS[:4],
+                "num_envs": 2,
+                "instruction": A,
+                "output": str(out),
+            }
+        )
+    )
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    got = jaxmesh.RunResult.from_dict(json.loads(out.read_text()))
+    assert got.instruction == A
+    env, params = gymnax.make("CartPole-v1")
+    reset, step = gymnax_fns(env, params)
+    refs = [run_episode(reset, step, reference_policy(A), s) for s in SEEDS[:4]]
+    np.testing.assert_array_equal(got.returns, [r.ret for r in refs])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(config.read_text().replace(f"instruction: {A}", "instruction: 3"))
+    assert main(["eval", str(bad), "--no-progress"]) == 2
