@@ -10,18 +10,21 @@ executed env step. Example::
 Every declaration says what its frame is made from, so that the engine needs no
 list of declaration classes: ``reads_obs`` (its frame comes from the
 observation, pushed after every env step) and ``reads_action`` (its frame comes
-from the executed action, pushed when the action is chosen).
+from the executed action, pushed when the action is chosen). ``Text`` reads
+neither: its encoded instruction is per-lane data the run gives the agent
+(``jaxmesh.run.instructions``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 #: Input name of the whole observation when a policy has no spec (the engine
 #: keeps one ``State()`` window under this name).
@@ -316,7 +319,151 @@ class Previous:
         return action
 
 
-Input = State | Image | Previous
+@dataclasses.dataclass(frozen=True, eq=False)
+class Text:
+    """A language instruction, encoded on the host into fixed-shape arrays.
+
+    ``encode(instruction: str)`` is the user's tokenizer or embedding: it
+    returns an array, or a pytree of arrays, of the same shapes and dtypes for
+    every string. It runs on the host, never inside jit, once per distinct
+    string (the encodings are kept by string on this declaration); the jitted
+    policy sees the encoded arrays under the input's name, per lane.
+
+    Where a run's instruction comes from, first match wins:
+
+    1. ``jaxmesh.evaluate(..., instruction="...")``: one string for the whole
+       run, on every kind of env (its encoding is data: another string of the
+       same shapes compiles nothing).
+    2. ``info_key``: host-stepped envs (gymnasium in process, or served): each
+       episode's instruction is ``info[info_key]`` of its ``env.reset`` (a
+       string), so it may differ per episode. A JAX env has no reset info:
+       give it ``instruction=``.
+
+    A Text input with neither is refused before anything compiles.
+
+    Args:
+      encode: ``str -> array or pytree of arrays`` (numbers or bools).
+      info_key: the reset-info key holding each episode's instruction (host
+        envs only), or None.
+
+    Example::
+
+        def encode(s):  # 8 character codes, zero-padded
+            codes = [ord(c) for c in s[:8]]
+            return np.array(codes + [0] * (8 - len(codes)), np.int32)
+
+        spec = {"obs": State(), "task": Text(encode, info_key="instruction")}
+    """
+
+    encode: Callable[[str], Any]
+    info_key: str | None = None
+    #: Encodings kept by string (and the first one, whose shapes all share).
+    _cache: dict = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    reads_obs: ClassVar[bool] = False
+    reads_action: ClassVar[bool] = False
+    stack: ClassVar[int] = 1
+
+    def __post_init__(self):
+        if not callable(self.encode):
+            raise TypeError(
+                f"Text(encode={self.encode!r}): encode must be a function "
+                "str -> array (or pytree of arrays), e.g. a tokenizer"
+            )
+        if self.info_key is not None and not (
+            isinstance(self.info_key, str) and self.info_key
+        ):
+            raise TypeError(
+                f"Text(info_key={self.info_key!r}): expected the reset-info key "
+                "(a non-empty string) that holds each episode's instruction, or None"
+            )
+
+    def encoded(self, instruction: str) -> Any:
+        """``encode(instruction)`` as numpy arrays, computed once per string.
+
+        Raises:
+          TypeError: ``instruction`` is not a string, or ``encode`` returned
+            something other than arrays of numbers.
+          ValueError: its shapes or dtypes differ from the first string's
+            (naming both strings and their shapes).
+        """
+        cache = self._cache
+        if instruction in cache:
+            return cache[instruction]
+        if not isinstance(instruction, str):
+            raise TypeError(
+                f"Text: the instruction {instruction!r} is a "
+                f"{type(instruction).__name__}; expected a string"
+            )
+        # In the dtypes JAX computes in (int64 becomes int32 without x64), so
+        # that the arrays the host feeds match the program's.
+        out = jax.tree.map(
+            lambda x: np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)),
+            self.encode(instruction),
+        )
+        leaves = jax.tree.leaves(out)
+        if not leaves or any(x.dtype.kind not in "biuf" for x in leaves):
+            raise TypeError(
+                f"Text: encode({instruction!r}) returned {_described(out)}; expected "
+                "an array (or a pytree of arrays) of numbers or bools"
+            )
+        first = cache.get(_FIRST)
+        if first is None:
+            cache[_FIRST] = (instruction, out)
+        elif _text_signature(first[1]) != _text_signature(out):
+            raise ValueError(
+                f"Text: encode({instruction!r}) gave {_described(out)}, but "
+                f"encode({first[0]!r}) gave {_described(first[1])}; every "
+                "instruction must encode to the same shapes and dtypes (pad or "
+                "truncate to a fixed length)"
+            )
+        cache[instruction] = out
+        return out
+
+    def signature(self) -> Any:
+        """Shapes and dtypes of the encodings (``jax.ShapeDtypeStruct``
+        leaves), or None before the first string is encoded."""
+        first = self._cache.get(_FIRST)
+        if first is None:
+            return None
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), first[1])
+
+
+#: The cache key of a Text's first encoding (never a string).
+_FIRST = object()
+
+
+def _text_signature(tree: Any) -> tuple:
+    leaves = tuple((x.shape, x.dtype.name) for x in jax.tree.leaves(tree))
+    return jax.tree.structure(tree), leaves
+
+
+def _described(tree: Any) -> str:
+    """Shapes and dtypes of a pytree of arrays, for messages."""
+    if isinstance(tree, np.ndarray):
+        return f"{tree.dtype.name}{list(tree.shape)}"
+    return str(
+        jax.tree.map(
+            lambda x: (
+                f"{x.dtype.name}{list(x.shape)}"
+                if isinstance(x, np.ndarray)
+                else type(x).__name__
+            ),
+            tree,
+        )
+    )
+
+
+Input = State | Image | Previous | Text
+
+
+def text_inputs(spec: Mapping[str, Any] | None) -> dict[str, Text]:
+    """The spec's Text inputs, name -> declaration, in spec order."""
+    if spec is None:
+        return {}
+    return {name: d for name, d in spec.items() if isinstance(d, Text)}
 
 
 def check_spec(spec: Any) -> dict[str, Input] | None:
@@ -325,17 +472,17 @@ def check_spec(spec: Any) -> dict[str, Input] | None:
         return None
     if not isinstance(spec, Mapping) or not spec:
         raise TypeError(
-            f"spec must be a non-empty dict of input name to State/Image/Previous, "
-            f"got {spec!r}"
+            "spec must be a non-empty dict of input name to State/Image/Previous/"
+            f"Text, got {spec!r}"
         )
     out = {}
     for name, decl in spec.items():
         if not isinstance(name, str):
             raise TypeError(f"spec keys must be strings, got {name!r}")
-        if not isinstance(decl, State | Image | Previous):
+        if not isinstance(decl, State | Image | Previous | Text):
             raise TypeError(
-                f"spec[{name!r}] = {decl!r}: expected jaxmesh.adapt.State, Image "
-                "or Previous"
+                f"spec[{name!r}] = {decl!r}: expected jaxmesh.adapt.State, Image, "
+                "Previous or Text"
             )
         out[name] = decl
     return out
@@ -352,4 +499,13 @@ def read_keys(spec: Mapping[str, Input] | None) -> list[str | None]:
     return keys
 
 
-__all__ = ["State", "Image", "Previous", "WHOLE_OBS", "check_spec", "read_keys"]
+__all__ = [
+    "State",
+    "Image",
+    "Previous",
+    "Text",
+    "WHOLE_OBS",
+    "check_spec",
+    "read_keys",
+    "text_inputs",
+]

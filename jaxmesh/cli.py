@@ -110,6 +110,9 @@ CONFIG_KEYS: dict[str, str] = {
     "trajectories go to the output JSON's .npz, and --video renders them",
     "trial_index_base": "gymnasium: and grpc:// envs that declare a trial_index "
     "reset option: episode i gets trial_index = trial_index_base + i (default 0)",
+    "instruction": "the language instruction of every episode, for a policy with "
+    "a jaxmesh.adapt.Text input (evaluate(..., instruction=...)); null: a Text "
+    "with info_key reads each episode's from its reset info",
     "check_seeds": "gymnasium: envs: before the run, check that the first lane's "
     "env is reproducible from its seed (jaxmesh.check_seeds), else refuse the run "
     "(null/false: no check)",
@@ -347,6 +350,12 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
             "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
             "as registered: remove env_config"
+        )
+    text = config.get("instruction")
+    if text is not None and not isinstance(text, str):
+        raise ConfigError(
+            f"instruction={text!r}: expected a string (quote it in YAML) or null "
+            f"({CONFIG_KEYS['instruction']})"
         )
     seeds = config.get("seeds")
     if seeds is not None and not (
@@ -695,7 +704,7 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     else:
         env = build_env(config["env"], config["env_config"])
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
-    keys += ("record", "success_mode")
+    keys += ("record", "success_mode", "instruction")
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     if config.get("check_seeds"):
         kwargs["check_seeds"] = True

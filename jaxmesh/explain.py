@@ -48,6 +48,11 @@ class InputInfo:
       steps: for an ``Image``, what its frame function does to the leaf, in
         order (``Image.steps``: crop, rotate, dtype, resize; steps that change
         nothing are left out); empty for the other kinds.
+      instruction: for a ``Text``, where its instruction comes from, per run
+        or task: ``{"": "instruction 'pick up the cup'"}``, ``{"push":
+        ...}`` for tasks, or ``{"": "from reset info key 'instruction'"}``;
+        None for the other kinds. Its ``shape`` and ``dtype`` are the
+        encoding's (None until a string is encoded).
     """
 
     name: str
@@ -59,6 +64,7 @@ class InputInfo:
     window_shape: Any
     bytes_per_lane: int
     steps: list[str] = dataclasses.field(default_factory=list)
+    instruction: dict[str, str] | None = None
 
     def to_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -131,6 +137,18 @@ class Explanation:
             for i in self.inputs.values()
             if i.kind == "Image"
         ]
+        # Each Text input: the instruction of each run or task, and its encoding.
+        texts = [
+            f"  {i.name}{f'[{task}]' if task else ''}: {where} -> "
+            + (
+                "encoded at the first reset"
+                if i.shape is None
+                else f"encoded {_short(i.dtype)} {_short(i.shape)}"
+            )
+            for i in self.inputs.values()
+            if i.instruction is not None
+            for task, where in i.instruction.items()
+        ]
         status = "within" if self.within_limit else "OVER"
         return "\n".join(
             [
@@ -138,6 +156,7 @@ class Explanation:
                 f"reads: {reads}",
                 *table,
                 *(["preprocessing:", *prep] if prep else []),
+                *(["instructions:", *texts] if texts else []),
                 f"frame windows: {self.bytes_per_lane:,} B per lane; "
                 f"{_human(self.total_bytes)} for {self.num_envs} lane(s) ({status} "
                 f"the limit of {_human(self.limit_bytes)}, {LIMIT_ENV})",
@@ -222,7 +241,38 @@ def _steps(decl: Any, obs: Any) -> list[str]:
     return decl.steps(tuple(leaf.shape), leaf.dtype)
 
 
-def explain(spec_or_model: Any, env: Any, num_envs: int = 1) -> Explanation:
+def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
+    """A Text input's row: its encoding's shapes (encoding the instruction
+    given, once per string) and where each run's or task's instruction is from."""
+    from jaxmesh.run.instructions import source
+
+    given = instruction if isinstance(instruction, Mapping) else {"": instruction}
+    where = {}
+    for task, text in given.items():
+        if text is not None:
+            decl.encoded(text)
+        where[str(task)] = source(decl, text)
+    sig = decl.signature()
+    shape = dtype = None
+    if sig is not None:
+        shape = jax.tree.map(lambda x: tuple(x.shape), sig, is_leaf=_is_leaf)
+        dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, sig, is_leaf=_is_leaf)
+    return InputInfo(
+        name=name,
+        kind="Text",
+        key=decl.info_key,
+        shape=shape,
+        dtype=dtype,
+        stack=1,
+        window_shape=shape,
+        bytes_per_lane=0 if sig is None else _nbytes(sig),
+        instruction=where,
+    )
+
+
+def explain(
+    spec_or_model: Any, env: Any, num_envs: int = 1, instruction: Any = None
+) -> Explanation:
     """Explains what the evaluator will read from ``env`` and hold per lane.
 
     Args:
@@ -231,6 +281,11 @@ def explain(spec_or_model: Any, env: Any, num_envs: int = 1) -> Explanation:
         policy sees the whole observation).
       env: anything ``jaxmesh.make_env`` accepts.
       num_envs: lanes to total the memory for.
+      instruction: for ``jaxmesh.adapt.Text`` inputs, the run's instruction
+        (a string, as ``evaluate(instruction=)``), or a dict of task name to
+        instruction (one line per task); encoded here (once per string) to
+        show its shapes. None: a Text reads from its ``info_key`` (or has
+        nothing, which is shown too).
 
     Returns:
       An ``Explanation``; ``print`` it for a table.
@@ -249,6 +304,9 @@ def explain(spec_or_model: Any, env: Any, num_envs: int = 1) -> Explanation:
     items = {WHOLE_OBS: adapt.State()} if spec is None else dict(spec)
     inputs: dict[str, InputInfo] = {}
     for name, decl in items.items():
+        if isinstance(decl, adapt.Text):
+            inputs[name] = _text_info(name, decl, instruction)
+            continue
         frame = jax.eval_shape(decl.frame, obs, action)
         shape = jax.tree.map(lambda x: tuple(x.shape), frame, is_leaf=_is_leaf)
         dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, frame, is_leaf=_is_leaf)

@@ -125,8 +125,12 @@ class _Params:
 def _spec_to_dict(decl: Any) -> dict:
     d: dict[str, Any] = {"kind": type(decl).__name__}
     for field in dataclasses.fields(decl):
+        if not field.init:  # a Text's encodings: state, not configuration
+            continue
         v = getattr(decl, field.name)
-        if field.name == "dtype":
+        if callable(v):  # a Text's encode function: by name
+            v = getattr(v, "__qualname__", type(v).__name__)
+        elif field.name == "dtype":
             v = jnp.dtype(v).name
         elif isinstance(v, tuple):
             v = list(v)
@@ -579,12 +583,12 @@ class Model:
             out[key] = _jsonable(value)
         return out
 
-    def explain(self, env: Any, num_envs: int = 1):
+    def explain(self, env: Any, num_envs: int = 1, instruction: Any = None):
         """What the evaluator reads from ``env`` for this model, and its memory.
 
         Runs ``load`` first (it may set the spec). See ``jaxmesh.explain``.
         """
-        return explain(self, env, num_envs=num_envs)
+        return explain(self, env, num_envs=num_envs, instruction=instruction)
 
     # The four corners. Authored subclasses override any of them.
     def predict(self, obs):  # pragma: no cover - placeholder, never called

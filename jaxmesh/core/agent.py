@@ -13,6 +13,10 @@ in tiles of ``tile`` rows (a size independent of the lane count, so that a row's
 floating-point result never depends on N), and a while loop runs only as many
 tiles as are needed.
 
+A ``jaxmesh.adapt.Text`` input is no window: its encoded instruction is per-lane
+data (``AgentState.texts``), set by whoever starts the lanes' episodes (the
+scan's first carry, or the host loop's ``texts`` argument of ``host_step``).
+
 Policy keys (CONTRACT 5): the plan of episode key ``k`` at episode step ``t`` uses
 ``fold_in(fold_in(k, 1), t)`` for a synchronous plan and
 ``fold_in(fold_in(k, 2), t)`` for a prefetch plan. Env-step keys use stream 0.
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxmesh.adapt import WHOLE_OBS, State
+from jaxmesh.adapt import WHOLE_OBS, State, Text
 from jaxmesh.core import tiles
 from jaxmesh.core.policy import Policy
 from jaxmesh.execution import lane_weights
@@ -65,6 +69,9 @@ class AgentConfig:
             self.chunk_len if self.ensemble is not None else self.horizon + self.delay
         )
 
+    # ((name, treedef, ((shape, dtype), ...)), ...): each Text input's encoding
+    texts: tuple = ()
+
 
 @struct.dataclass
 class AgentState:
@@ -73,6 +80,7 @@ class AgentState:
     cursor: jax.Array  # [N] actions of `chunk` already executed; h = exhausted
     fresh: jax.Array  # [N] the episode has not planned yet (plan synchronously)
     windows: dict  # name -> pytree of [N, stack, ...]
+    texts: dict  # Text input name -> pytree of [N, ...] encoded instructions
     prev: jax.Array  # [N, *A] the previous executed action
     rstate: Any  # [N, ...] recurrent policy state
     predict_calls: jax.Array  # [N] plans issued for the lane's current episode
@@ -100,6 +108,20 @@ def make_config(
     raw = spec is None
     items = ((WHOLE_OBS, State()),) if raw else tuple(spec.items())
     h = min(horizon, chunk) if chunk is not None else 1
+    texts = []
+    for name, decl in items:
+        if isinstance(decl, Text):
+            sig = decl.signature()
+            if sig is None:
+                raise ValueError(
+                    f"input {name!r} is a jaxmesh.adapt.Text but no instruction was "
+                    "encoded for it: pass evaluate(..., instruction='...'), or on a "
+                    "host-stepped env Text(..., info_key=...)"
+                )
+            leaves, treedef = jax.tree.flatten(sig)
+            texts.append(
+                (name, treedef, tuple((x.shape, jnp.dtype(x.dtype)) for x in leaves))
+            )
     return AgentConfig(
         num_envs=num_envs,
         horizon=h,
@@ -113,7 +135,23 @@ def make_config(
         delay=delay,
         ensemble=ensemble,
         chunk_len=1 if chunk is None else chunk,
+        texts=tuple(texts),
     )
+
+
+def windowed(cfg: AgentConfig) -> tuple[tuple[str, Any], ...]:
+    """The inputs kept as frame windows (every kind but Text)."""
+    return tuple((n, d) for n, d in cfg.spec if not isinstance(d, Text))
+
+
+def text_zeros(cfg: AgentConfig, n: int, xp: Any = jnp) -> dict:
+    """Zeros of the Text inputs' encodings for ``n`` lanes (``xp``: jnp or np)."""
+    return {
+        name: jax.tree.unflatten(
+            treedef, [xp.zeros((n,) + tuple(s), d) for s, d in leaves]
+        )
+        for name, treedef, leaves in cfg.texts
+    }
 
 
 def _frame(decl, obs, action):
@@ -121,8 +159,8 @@ def _frame(decl, obs, action):
 
 
 def frames(cfg: AgentConfig, obs: Any, action: jax.Array) -> dict:
-    """Single-lane processed frames of every input."""
-    return {name: _frame(decl, obs, action) for name, decl in cfg.spec}
+    """Single-lane processed frames of every windowed input."""
+    return {name: _frame(decl, obs, action) for name, decl in windowed(cfg)}
 
 
 def _where(mask, a, b):
@@ -135,10 +173,14 @@ def _where(mask, a, b):
     return jax.tree.map(sel, a, b)
 
 
-def policy_inputs(cfg: AgentConfig, windows: dict) -> Any:
-    """What the policy sees per lane: frames, or a stacked window for stack > 1."""
+def policy_inputs(cfg: AgentConfig, windows: dict, texts: dict) -> Any:
+    """What the policy sees per lane: frames, or a stacked window for stack > 1,
+    and each Text input's encoded instruction."""
     out = {}
     for name, decl in cfg.spec:
+        if isinstance(decl, Text):
+            out[name] = texts[name]
+            continue
         w = windows[name]
         out[name] = w if decl.stack > 1 else jax.tree.map(lambda x: x[:, 0], w)
     return out[WHOLE_OBS] if cfg.raw else out
@@ -154,7 +196,7 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
         name: jax.tree.map(
             lambda f, s=decl.stack: jnp.repeat(f[:, None], s, axis=1), first[name]
         )
-        for name, decl in cfg.spec
+        for name, decl in windowed(cfg)
     }
     rstate = None
     if policy.initial_state is not None:
@@ -167,6 +209,7 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
         cursor=jnp.full((n,), h, jnp.int32),
         fresh=jnp.ones((n,), bool),
         windows=windows,
+        texts=text_zeros(cfg, n),
         prev=prev,
         rstate=rstate,
         predict_calls=jnp.zeros((n,), jnp.int32),
@@ -193,7 +236,7 @@ def begin(
     prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
     first = jax.vmap(lambda o, a: frames(cfg, o, a))(obs, prev0)
     windows = {}
-    for name, decl in cfg.spec:
+    for name, decl in windowed(cfg):
         full = jax.tree.map(
             lambda f, s=decl.stack: jnp.repeat(f[:, None], s, axis=1), first[name]
         )
@@ -237,7 +280,7 @@ def _plan(
     Returns the updated buffer, recurrent state and rows computed.
     """
     h = cfg.horizon
-    inputs = policy_inputs(cfg, state.windows)
+    inputs = policy_inputs(cfg, state.windows, state.texts)
     told = {}
     if policy.takes_execution_horizon and cfg.chunked:
         told = {"execution_horizon": cfg.execution_horizon}
@@ -433,7 +476,7 @@ def observe(
     """
     windows = dict(state.windows)
     for name, decl in cfg.spec:
-        if decl.reads_action:
+        if not decl.reads_obs:
             continue
         frame = jax.vmap(lambda o, d=decl: d.frame(o))(obs)
         windows[name] = _push(windows[name], frame, mask)
@@ -493,6 +536,7 @@ def host_step(
     t: jax.Array,
     moved: jax.Array | None = None,
     skip: jax.Array | None = None,
+    texts: dict | None = None,
 ) -> tuple[AgentState, jax.Array]:
     """One agent step for a host loop that steps its envs itself (remote sims).
 
@@ -511,10 +555,14 @@ def host_step(
         only the lanes whose env has answered.
       skip: [N] replayed actions each lane executed on the host since its last
         agent step (``skip_replayed``; None: none).
+      texts: each Text input's encoded instruction per lane ([N, ...]); None:
+        those the state holds.
 
     Returns:
       The new agent state and [N] actions (meaningless for inactive lanes).
     """
+    if texts is not None:
+        state = state.replace(texts=texts)
     if skip is not None:
         state = skip_replayed(cfg, state, skip)
     state = observe(cfg, state, obs, moved)

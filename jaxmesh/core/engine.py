@@ -273,6 +273,7 @@ class Engine:
         device: Any = None,
         record: Any = None,
         trials: tuple | None = None,
+        texts: Any = None,
     ) -> Carry:
         """The carry a run starts from, built on the host (nothing compiles).
 
@@ -284,6 +285,9 @@ class Engine:
           trials: ``(trial_of, data)``: each episode's trial index (int32, as
             many as ``seeds``) and the data of ``config.trials``; required
             when the engine has ``config.trials``.
+          texts: each ``jaxmesh.adapt.Text`` input's encoded instruction per
+            lane (name -> pytree of ``[num_envs, ...]``); required when the
+            policy reads one. Data, not part of the program.
         """
         cap = self.config.capacity
         budget = np.int32(seeds.size)
@@ -301,6 +305,8 @@ class Engine:
             padded_trials[: seeds.size] = trial_of
             lanes = lanes.replace(trials=(padded_trials, data))
         carry = zeros.replace(lanes=lanes)
+        if self.config.agent.texts:
+            carry = carry.replace(agent=carry.agent.replace(texts=texts))
         if self.config.record_slots:
             episodes = np.asarray(record, np.int32)
             if episodes.shape != (self.config.record_slots,):

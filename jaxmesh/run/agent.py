@@ -84,9 +84,31 @@ def agent_functions(
     def init(obs, lanes):
         return agent.init(cfg, pol, obs, lanes)
 
-    def step(params, state, obs, started, active, ep_keys, t, moved=None, skip=None):
+    def step(
+        params,
+        state,
+        obs,
+        started,
+        active,
+        ep_keys,
+        t,
+        moved=None,
+        skip=None,
+        texts=None,
+    ):
         return agent.host_step(
-            cfg, pol, params, state, obs, started, active, ep_keys, t, moved, skip
+            cfg,
+            pol,
+            params,
+            state,
+            obs,
+            started,
+            active,
+            ep_keys,
+            t,
+            moved,
+            skip,
+            texts,
         )
 
     init_jit = jax.jit(init)

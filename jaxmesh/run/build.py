@@ -74,14 +74,16 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
                 lambda f, s=decl.stack: jnp.broadcast_to(f, (PROBE_ROWS, s) + f.shape),
                 frames[name],
             )
-            for name, decl in probe.spec
+            for name, decl in agent.windowed(probe)
         }
         rows = lambda tree: jax.tree.map(
             lambda x: jnp.broadcast_to(x, (PROBE_ROWS,) + jnp.shape(x)), tree
         )
         rstate = None if policy.initial_state is None else rows(policy.initial_state())
         keys = jnp.zeros((PROBE_ROWS, 2), jnp.uint32)
-        out, _ = policy.apply(params, agent.policy_inputs(probe, windows), keys, rstate)
+        texts = agent.text_zeros(probe, PROBE_ROWS)
+        inputs = agent.policy_inputs(probe, windows, texts)
+        out, _ = policy.apply(params, inputs, keys, rstate)
         return out
 
     out = jax.eval_shape(probe_out, abstract(params), obs, action)

@@ -40,7 +40,7 @@ from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.record import check_record, check_record_budget, observation_leaves
 from jaxmesh.run import agent as run_agent
-from jaxmesh.run import build, checks, stream
+from jaxmesh.run import build, checks, instructions, stream
 from jaxmesh.run.backend import ServedOptions, positive_seconds
 from jaxmesh.run.loop import LocalRun
 from jaxmesh.run.results import RunResult
@@ -431,7 +431,10 @@ class HostAgent:
         state = program.init(obs, off)
         t = np.zeros(n, np.int32)
         skip = np.zeros(n, np.int32) if agent.can_skip(program.config) else None
-        _, actions = program.step(params, state, obs, off, off, keys, t, None, skip)
+        texts = agent.text_zeros(program.config, n, np)
+        _, actions = program.step(
+            params, state, obs, off, off, keys, t, None, skip, texts
+        )
         jax.block_until_ready(actions)
         self._compiled.add(sig)
         return time.perf_counter() - t0
@@ -494,6 +497,7 @@ def evaluate(
     check_seeds: bool = False,
     trial_index_base: int = 0,
     success_mode: str = checks.DEFAULT_SUCCESS_MODE,
+    instruction: str | None = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -533,6 +537,9 @@ def evaluate(
         env (``jaxmesh.envs.check.require_reproducible``); a served env
         refuses it (check a server with ``jaxmesh check-env grpc://host:port``
         before the run).
+      instruction: as for ``jaxmesh.evaluate``; without it a
+        ``Text(info_key=...)`` input reads each episode's instruction from its
+        reset info (``jaxmesh.run.instructions``).
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -610,6 +617,15 @@ def evaluate(
                     "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
                 )
             recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
+        texts = _lane_texts(
+            pol,
+            instruction,
+            lanes,
+            settings.num_envs,
+            served,
+            seeds_arr,
+            trial_index_base,
+        )
         params = pol.default_params() if params is None else pol.place(params)
         host_agent = _host_agent(
             policy, pol, lanes.spec, settings, with_params, tile_lanes
@@ -629,9 +645,48 @@ def evaluate(
             recorder,
             trial_index_base,
             success_mode,
+            texts,
+            instruction,
         )
     finally:
         lanes.close()
+
+
+def _lane_texts(
+    pol: Policy,
+    instruction: str | None,
+    lanes: Any,
+    n: int,
+    served: Any,
+    seeds: np.ndarray,
+    trial_base: int,
+) -> instructions.LaneTexts | None:
+    """The Text inputs' per-lane encodings of a host-stepped run (None: the
+    policy reads none).
+
+    An input read from the reset info whose shapes are not known yet (nothing
+    was encoded for it) learns them from a reset of lane 0 with episode 0's
+    seed, before compiling; the run resets that lane again for episode 0.
+
+    Raises:
+      ValueError: a Text input with no instruction, or one read per episode
+        from a served env's reset info.
+    """
+    name = lanes.spec.name
+    encoded = instructions.check_sources(pol.spec, instruction, name, host=True)
+    if not encoded:
+        return None
+    texts = instructions.LaneTexts(pol.spec, encoded, n, pol.device, name)
+    if texts.keys and served is not None:
+        raise ValueError(
+            f"Text(info_key={texts.keys[0]!r}): a served env sends numeric info "
+            "only, so its reset info cannot carry an instruction string; pass "
+            "evaluate(..., instruction='...') (CLI: instruction: in the YAML)"
+        )
+    if texts.missing and seeds.size:
+        lanes.reset([0], [int(seeds[0])], [trial_base], text_keys=texts.keys)
+        texts.begin([0], lanes.reset_text, [0])
+    return texts
 
 
 def _run(
@@ -648,6 +703,8 @@ def _run(
     recorder: HostRecorder | None = None,
     trial_base: int = 0,
     success_mode: str = checks.DEFAULT_SUCCESS_MODE,
+    texts: instructions.LaneTexts | None = None,
+    instruction: str | None = None,
 ) -> RunResult:
     program = host_agent.program(params)
     cfg = program.config
@@ -665,6 +722,7 @@ def _run(
         "max_episode_seconds": seconds,
         "trial_index_base": trial_base,
         "success_mode": success_mode,
+        "instruction": instruction,
         **metrics.run_fields(),
     }
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
@@ -707,6 +765,7 @@ def _run(
                 metrics,
                 recorder,
                 trial_base,
+                texts,
             ).run()
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())

@@ -55,6 +55,8 @@ class HostLoop:
       metrics: the run's ``host.HostMetrics``.
       recorder: a ``host.HostRecorder`` or None.
       trial_base: ``trial_index_base``: episode i's trial index is this + i.
+      texts: the Text inputs' encodings per lane
+        (``jaxmesh.run.instructions.LaneTexts``; None: the policy reads none).
     """
 
     def __init__(
@@ -71,8 +73,10 @@ class HostLoop:
         metrics: Any,
         recorder: Any = None,
         trial_base: int = 0,
+        texts: Any = None,
     ):
         self.program, self.params, self.lanes = program, params, lanes
+        self.texts = texts
         self.cfg = program.config
         self.spec = lanes.spec
         self.seconds = seconds
@@ -226,6 +230,7 @@ class HostLoop:
             self.t,
             moved,
             self.skip,
+            {} if self.texts is None else self.texts.device(),
         )
         return actions
 
@@ -413,7 +418,13 @@ class LocalRun(HostLoop):
         if self.t0 is not None:
             self.t0[js] = time.perf_counter()
         seeds = [int(self.seeds[i]) for i in eps]
-        first = self.lanes.reset(js, seeds, self.trial_of[eps].tolist())
+        trials = self.trial_of[eps].tolist()
+        keys = () if self.texts is None else self.texts.keys
+        if keys:  # the episodes' instructions are in their reset infos
+            first = self.lanes.reset(js, seeds, trials, text_keys=keys)
+            self.texts.begin(js, self.lanes.reset_text, eps)
+        else:
+            first = self.lanes.reset(js, seeds, trials)
         for j, o in zip(js, first, strict=True):
             self.obs[j] = o
         if self.metrics.tracks_success:

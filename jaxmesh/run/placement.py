@@ -82,12 +82,18 @@ class SingleDevice:
         del seeds, params
 
     def first_carry(
-        self, engine: Any, seeds: np.ndarray, record: Any, trials: Any = None
+        self,
+        engine: Any,
+        seeds: np.ndarray,
+        record: Any,
+        trials: Any = None,
+        texts: Any = None,
     ) -> tuple:
         """``((lanes, agent), results)``: the carry a run starts from, on the
         device (``record``: the recorded episode indices, or None; ``trials``:
-        ``(trial_of, data)`` of an engine with initial states, or None)."""
-        carry = engine.first_carry(seeds, self.device, record, trials)
+        ``(trial_of, data)`` of an engine with initial states, or None;
+        ``texts``: the Text inputs' per-lane encodings, ``Engine.first_carry``)."""
+        carry = engine.first_carry(seeds, self.device, record, trials, texts)
         return (carry.lanes, carry.agent), carry.results
 
     def put_params(self, params: Any) -> Any:
@@ -188,7 +194,12 @@ class DeviceMesh:
         sharded.check_same_everywhere(self.mesh, seeds, params)
 
     def first_carry(
-        self, engine: Any, seeds: np.ndarray, record: Any, trials: Any = None
+        self,
+        engine: Any,
+        seeds: np.ndarray,
+        record: Any,
+        trials: Any = None,
+        texts: Any = None,
     ) -> tuple:
         """Every device's first carry, stacked along the mesh axis.
 
@@ -210,7 +221,7 @@ class DeviceMesh:
             (
                 dev,
                 jax.device_get(
-                    engine.first_carry(shares[d], host, None, trial_shares[d])
+                    engine.first_carry(shares[d], host, None, trial_shares[d], texts)
                 ),
             )
             for d, dev in enumerate(self.mesh.devices.flat)

@@ -336,6 +336,10 @@ class RunResult:
     #: Host-stepped envs that declare a ``trial_index`` reset option: episode
     #: i got ``trial_index_base + i`` (CONTRACT 6).
     trial_index_base: int = 0
+    #: The language instruction every episode got (``evaluate(instruction=)``,
+    #: for ``jaxmesh.adapt.Text`` inputs), or None (none given: no Text input,
+    #: or one read per episode from the env's reset info).
+    instruction: str | None = None
     #: Host-stepped runs: per series (``predict``, ``env_step``, ``encode``,
     #: ``decode``, ``wire``, ``queue``, message bytes) its count, mean, p50, p95
     #: and p99 (seconds or bytes); None for a JAX env. See
@@ -515,6 +519,7 @@ class RunResult:
         rows: list[tuple[str, Any]] = [
             ("policy", self.policy),
             ("env", self.env),
+            *([] if self.instruction is None else [("instruction", self.instruction)]),
             ("episodes", self.num_episodes),
         ]
         if self.num_episodes:
@@ -732,6 +737,7 @@ class RunResult:
                 "plan_tile": self.plan_tile,
                 "max_episode_seconds": self.max_episode_seconds,
                 "trial_index_base": self.trial_index_base,
+                "instruction": self.instruction,
                 "metrics": dict(self.metric_reductions),
                 "success_key": self.success_key,
                 "success_mode": self.success_mode,
@@ -842,6 +848,7 @@ class RunResult:
                 plan_tile=int(settings.get("plan_tile", 0)),
                 max_episode_seconds=settings.get("max_episode_seconds"),
                 trial_index_base=int(settings.get("trial_index_base", 0)),
+                instruction=settings.get("instruction"),
                 telemetry=d.get("telemetry"),
                 success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
                 **kinds,

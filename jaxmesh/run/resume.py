@@ -104,6 +104,7 @@ def _compare(done: RunResult, now: dict) -> None:
         "metrics": dict(done.metric_reductions),
         "trial_index_base": done.trial_index_base,
         "success_mode": done.success_mode,
+        "instruction": done.instruction,
     }
     for what, value in now.items():
         if what == "success_mode" and done.success_key is None:
@@ -124,6 +125,7 @@ class _Check:
         now["metrics"] = info.get("metric_reductions")
         now["trial_index_base"] = info.get("trial_index_base", 0)
         now["success_mode"] = info.get("success_mode")
+        now["instruction"] = info.get("instruction")
         _compare(self.done, now)
 
 
@@ -283,6 +285,7 @@ def _check_complete(done: RunResult, args: dict) -> None:
     seconds = args.get("max_episode_seconds")
     now: dict = {
         "trial_index_base": args.get("trial_index_base") or 0,
+        "instruction": args.get("instruction"),
         "horizon": args.get("horizon") or 1,
         "prefetch_lead": args.get("prefetch_lead") or 0,
         "max_episode_seconds": None if seconds is None else float(seconds),
@@ -380,6 +383,7 @@ _RUN_KEYS = (
     "success_key",
     "success_mode",
     "trial_index_base",
+    "instruction",
     "episodes",
 )
 
@@ -499,6 +503,7 @@ def load_episode_log(path: Any) -> RunResult:
             "plan_tile": first.get("plan_tile") or 0,
             "max_episode_seconds": first.get("max_episode_seconds"),
             "trial_index_base": first.get("trial_index_base") or 0,
+            "instruction": first.get("instruction"),
             "metrics": first.get("metric_reductions") or {},
             "success_key": first.get("success_key"),
             # A log written before the mode was recorded: the rule of the time.

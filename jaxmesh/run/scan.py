@@ -29,7 +29,15 @@ from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env
 from jaxmesh.record import check_record, check_record_budget
-from jaxmesh.run import backend, build, checks, initial, placement, stream
+from jaxmesh.run import (
+    backend,
+    build,
+    checks,
+    initial,
+    instructions,
+    placement,
+    stream,
+)
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.placement import (  # noqa: F401 - their old home
     CPU_COMPILER_OPTIONS,
@@ -246,6 +254,7 @@ class Evaluator:
         trial_index_base: int = 0,
         initial_states: Any = None,
         success_mode: str | None = None,
+        instruction: str | None = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
@@ -281,8 +290,13 @@ class Evaluator:
                 "this Evaluator was built with takes_params=True: pass params="
             )
         params = pol.default_params() if params is None else pol.place(params)
+        env_name = getattr(self.env, "name", type(self.env).__name__)
+        instruction = instructions.check_instruction(instruction)
+        # Encoded before the probe: the program is built for their shapes.
+        encoded = instructions.check_sources(pol.spec, instruction, env_name, False)
         e = int(seeds_arr.size)
         plan = self.plan(params, e)
+        self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         run_fields = {
             "num_envs": s.num_envs,
             "horizon": s.horizon,
@@ -297,6 +311,7 @@ class Evaluator:
             "success_key": self.metrics[1],
             "trial_index_base": trial_index_base,
             "success_mode": success_mode,
+            "instruction": instruction,
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -371,6 +386,7 @@ class Evaluator:
                 seeds_arr,
                 None if rec is None else rec.episodes,
                 self._run_trials,
+                self._run_texts,
             )
             params = place.put_params(params)
         e = seeds_arr.size
@@ -518,6 +534,7 @@ def evaluate(
     delay: int = 0,
     execution: Any = None,
     success_mode: str = checks.DEFAULT_SUCCESS_MODE,
+    instruction: str | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -658,6 +675,12 @@ def evaluate(
         episode i's reset is ``reset_fn(PRNGKey(seeds[i]), trial_index_base +
         i)`` (``trial`` an int32 scalar). Its output must have the env
         reset's structure, shapes and dtypes (checked by shape first).
+      instruction: the language instruction of every episode, for a policy
+        with a ``jaxmesh.adapt.Text`` input: encoded once on the host by the
+        Text's ``encode``; the encoding is data, so another string of the same
+        shapes compiles nothing. Without it, on a gymnasium or served env, a
+        ``Text(info_key=...)`` reads each episode's instruction from its reset
+        info; a JAX env needs it (docs/models.md, "Language instructions").
 
     Returns:
       A ``RunResult``.
@@ -689,6 +712,7 @@ def evaluate(
     success_mode = checks.check_success_mode(success_mode)
     if not isinstance(check_seeds, bool):
         raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
+    instruction = instructions.check_instruction(instruction)
     trial_index_base = checks.check_int(
         "trial_index_base", trial_index_base, 0, TRIAL_HINT
     )
@@ -727,6 +751,7 @@ def evaluate(
             check_seeds=check_seeds,
             trial_index_base=trial_index_base,
             success_mode=success_mode,
+            instruction=instruction,
         )
     if max_episode_seconds is not None:
         raise ValueError(
@@ -782,6 +807,7 @@ def evaluate(
         trial_index_base=trial_index_base,
         initial_states=states,
         success_mode=success_mode,
+        instruction=instruction,
     )
 
 

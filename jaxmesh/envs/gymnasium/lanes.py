@@ -527,6 +527,7 @@ class Lanes:
         *,
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
+        text_keys: Sequence[str] = (),
     ) -> ResultBatch:
         """Starts an episode on each of ``lanes`` (ascending).
 
@@ -539,6 +540,9 @@ class Lanes:
             (> 0), or 0 for none; a step past it reads ``truncated``.
           want_obs: return the reset observations (``observation[""]``).
           info_keys: the reset infos' keys to return.
+          text_keys: reset-info keys whose values (strings, such as a language
+            instruction) are kept as they are: ``self.reset_text[key]`` is
+            then one value per lane (None where the info lacks it).
 
         Returns:
           A :class:`ResultBatch`: ``steps`` 0 and ``rows`` 1 per lane.
@@ -559,8 +563,12 @@ class Lanes:
             Reset(j, None if s is None else int(s), o or None, float(c))
             for j, s, o, c in zip(js, seeds, options, seconds, strict=True)
         ]
-        keys = tuple(info_keys)
-        results = self.run(ops, want_obs=want_obs, info_keys=keys, keep_all_obs=False)
+        keys, texts = tuple(info_keys), tuple(text_keys)
+        asked = tuple(dict.fromkeys(keys + texts))
+        results = self.run(ops, want_obs=want_obs, info_keys=asked, keep_all_obs=False)
+        self.reset_text = {
+            k: [r.infos[0].get(k) if r.infos else None for r in results] for k in texts
+        }
         return self.collect(
             results, want_obs=want_obs, info_keys=keys, keep_all_obs=False
         )

@@ -113,9 +113,14 @@ class _Lanes:
         seeds: list[int],
         trials: list[int],
         max_episode_seconds: float | None = None,
+        text_keys: Sequence[str] = (),
     ) -> list:
         """Starts an episode on each of ``lanes`` (in any order); their
         observations, in the order given.
+
+        ``text_keys``: reset-info keys read as they are (strings): afterwards
+        ``self.reset_text[key]`` holds one value per lane, in the order given
+        (None where an info lacks the key).
 
         Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
         the env declares it (a VectorEnv then resets one lane per call, since
@@ -138,11 +143,16 @@ class _Lanes:
             options,
             [max_episode_seconds or 0.0] * len(order),
             info_keys=self.info_keys,
+            text_keys=text_keys,
         )
         obs = batch.observation[OBS_KEY]
         out: list = [None] * len(lanes)
+        text = {k: [None] * len(lanes) for k in text_keys}
         for k, i in enumerate(order):
             out[i] = obs[k]
+            for key in text_keys:
+                text[key][i] = self.lanes.reset_text[key][k]
+        self.reset_text = text
         self.reset_info = {}
         for key, values in batch.info.items():
             given = np.zeros(len(lanes), np.float64)

@@ -1,0 +1,188 @@
+"""Where each run's language instruction comes from, and its encoding per lane.
+
+The rules for ``jaxmesh.adapt.Text`` inputs, written once for every path (JAX
+envs, gymnasium envs in process, served envs):
+
+1. ``evaluate(..., instruction="...")``: one string for the run, encoded once
+   on the host (``Text.encoded``); every lane sees it. The encoding is data
+   (the scan's first carry, the host loop's per-lane arrays), so another
+   string of the same shapes compiles nothing.
+2. Otherwise, on a host-stepped env, a Text with ``info_key``: each episode's
+   instruction is that key of its reset info (``LaneTexts``).
+3. Otherwise the run is refused before anything compiles (``check_sources``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmesh import adapt
+
+
+def check_instruction(value: Any) -> str | None:
+    """``instruction=`` as given: a string or None.
+
+    Raises:
+      TypeError: anything else.
+    """
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(
+        f"instruction={value!r}: expected one string (the language instruction "
+        "every episode of the run gets) or None"
+    )
+
+
+def source(decl: adapt.Text, instruction: str | None) -> str:
+    """Where a Text input's instruction comes from, in words."""
+    if instruction is not None:
+        return f"instruction {instruction!r}"
+    if decl.info_key is not None:
+        return f"from reset info key {decl.info_key!r}"
+    return "none given"
+
+
+def check_sources(
+    spec: Mapping[str, Any] | None, instruction: str | None, env_name: str, host: bool
+) -> dict[str, Any]:
+    """Encodes the run's instruction for every Text input of ``spec``.
+
+    Args:
+      spec: the policy's spec (None: no inputs).
+      instruction: ``evaluate(instruction=)`` (checked), or None.
+      env_name: for messages.
+      host: the env is host-stepped (reset infos exist).
+
+    Returns:
+      Text input name -> its encoded run-level instruction (numpy pytree), or
+      None for one read per episode from the reset info.
+
+    Raises:
+      ValueError: a Text input with no instruction to read (before compiling).
+      TypeError, ValueError: ``Text.encoded``'s.
+    """
+    out: dict[str, Any] = {}
+    for name, decl in adapt.text_inputs(spec).items():
+        if instruction is not None:
+            out[name] = decl.encoded(instruction)
+        elif decl.info_key is not None and host:
+            out[name] = None
+        elif decl.info_key is not None:
+            raise ValueError(
+                f"input {name!r} (Text(info_key={decl.info_key!r})) reads each "
+                f"episode's instruction from its reset info, but env {env_name!r} "
+                "is a JAX env, which has none: pass evaluate(..., instruction='...') "
+                "(CLI: instruction: in the YAML)"
+            )
+        else:
+            raise ValueError(
+                f"input {name!r} is a jaxmesh.adapt.Text but env {env_name!r} gets "
+                "no instruction: pass evaluate(..., instruction='...') (CLI: "
+                "instruction: in the YAML), or for a gymnasium or served env "
+                "Text(encode, info_key='<reset info key>')"
+            )
+    return out
+
+
+def lanes_of(encoded: Any, n: int) -> Any:
+    """One encoding repeated for ``n`` lanes (numpy, ``[n, ...]`` leaves)."""
+    return jax.tree.map(lambda x: np.broadcast_to(x, (n,) + x.shape).copy(), encoded)
+
+
+def run_level(spec: Mapping[str, Any] | None, encoded: dict, n: int) -> dict:
+    """The agent's ``texts`` for ``n`` lanes of a run whose every Text input
+    has a run-level instruction (``check_sources``'s result)."""
+    return {name: lanes_of(encoded[name], n) for name in adapt.text_inputs(spec)}
+
+
+class LaneTexts:
+    """The Text inputs' encodings per lane of a host-stepped run.
+
+    Run-level instructions fill every lane once; an input read from the reset
+    info changes on a lane when it starts an episode (``begin``). The arrays
+    the jitted agent step reads stay on the device between episode starts
+    (``device``): only a lane's new episode moves them again.
+
+    Args:
+      spec: the policy's spec.
+      encoded: ``check_sources``'s result.
+      n: lanes.
+      device: the policy's device (None: JAX's default).
+      env_name: for messages.
+    """
+
+    def __init__(
+        self, spec: Any, encoded: dict, n: int, device: Any = None, env_name: str = ""
+    ):
+        self.decls = adapt.text_inputs(spec)
+        self.env_name = env_name
+        self.per_episode = {k: d for k, d in self.decls.items() if encoded[k] is None}
+        #: Reset-info keys to read at every reset.
+        self.keys = tuple(dict.fromkeys(d.info_key for d in self.per_episode.values()))
+        self.n = n
+        self.host: dict = {}
+        for name, decl in self.decls.items():
+            enc = encoded[name]
+            if enc is None and decl.signature() is not None:
+                enc = jax.tree.map(np.zeros_like, decl._cache[adapt._FIRST][1])
+            if enc is not None:  # a per-episode one: zeros until a lane begins
+                self.host[name] = lanes_of(enc, n)
+        self.place = lambda tree: jax.device_put(tree, device)
+        self._device: Any = None
+        #: Per lane, the instruction of its current episode (per-episode inputs).
+        self.current: list[str | None] = [None] * n
+
+    @property
+    def missing(self) -> bool:
+        """Some per-episode input has no encoding yet, so its shapes are
+        unknown: a reset must come first (``begin``), before compiling."""
+        return any(name not in self.host for name in self.decls)
+
+    def begin(self, js: list[int], texts: dict, episodes: list[int]) -> None:
+        """Lanes ``js`` started ``episodes``; ``texts[key]`` holds each one's
+        reset-info value (``lanes.reset_text``).
+
+        Raises:
+          ValueError: a reset info without the key, or not a string.
+        """
+        if not self.per_episode:
+            return
+        for name, decl in self.per_episode.items():
+            values = texts.get(decl.info_key, [None] * len(js))
+            for j, i, value in zip(js, episodes, values, strict=True):
+                if not isinstance(value, str):
+                    what = (
+                        "has no such key"
+                        if value is None
+                        else f"holds a {type(value).__name__} ({value!r})"
+                    )
+                    raise ValueError(
+                        f"input {name!r}: the reset info of episode {i} (env "
+                        f"{self.env_name!r}) {what}; Text(info_key="
+                        f"{decl.info_key!r}) needs a string there. Make the env's "
+                        "reset return info[key] = instruction, or pass "
+                        "evaluate(..., instruction='...')"
+                    )
+                enc = decl.encoded(str(value))
+                if name not in self.host:
+                    self.host[name] = lanes_of(jax.tree.map(np.zeros_like, enc), self.n)
+                for dst, src in zip(
+                    jax.tree.leaves(self.host[name]), jax.tree.leaves(enc), strict=True
+                ):
+                    dst[j] = src
+                self.current[j] = str(value)
+        self._device = None
+
+    def device(self) -> dict:
+        """The per-lane encodings on the device (moved again only after a
+        lane began an episode)."""
+        if self._device is None:
+            self._device = self.place(self.host)
+        return self._device
+
+
+__all__ = ["check_instruction", "check_sources", "run_level", "source", "LaneTexts"]
