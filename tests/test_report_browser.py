@@ -1,0 +1,178 @@
+"""The HTML report as a real browser renders it (headless Chromium).
+
+A small gymnax CartPole run (a success signal: ``discount``, 0 exactly when the
+pole fell) is written as a report twice, with and without its success signal,
+and each page is loaded in headless Chromium (``tests/browser.py``). The DOM the
+browser built is read with ``test_report.Page``: the summary table and the
+per-episode table hold the figures of a plain loop over gymnax's own functions
+(``reference_loop``), and every plot is a PNG the browser decoded, of the size
+its panels make (4.4 x 3.6 inches each at 100 dpi: 1 x 3 panels, or 2 x 2 with
+"Success over episodes"). Every request the page made is recorded: the page's
+own URL is the only one. The same is checked without a browser on the HTML
+source, and both checks are shown to catch a page that loads an outside image,
+stylesheet, script or CSS background.
+
+Without Chromium the tests skip (install: ``apt-get install chromium``); with
+``JAXMESH_CI`` set (``.ci/run``) they fail instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import gymnax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from browser import (
+    Rendered,
+    data_uri_bytes,
+    outside_references,
+    render,
+    require_chromium,
+)
+from PIL import Image
+from reference_loop import gymnax_fns, run_episode
+from test_report import PNG_SIGNATURE, Page
+
+import jaxmesh
+
+SEEDS = list(range(10, 22))
+CAP = 50  # episodes the pole survives are truncated here: a success
+HORIZON = 4
+#: Pixels of one plot panel (4.4 x 3.6 inches at 100 dpi).
+PANEL = (440, 360)
+
+
+def wobble(obs):
+    """A chunk of 4 actions around "push towards the tilt": some episodes fall."""
+    a = (obs[2] > 0).astype(jnp.int32)
+    return jnp.stack([a, a, 1 - a, a])
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    return require_chromium()
+
+
+@pytest.fixture(scope="module")
+def run():
+    """(the run's result, the plain loop's episodes)."""
+    result = jaxmesh.evaluate(
+        wobble,
+        "gymnax:CartPole-v1",
+        num_envs=4,
+        horizon=HORIZON,
+        seeds=SEEDS,
+        max_episode_steps=CAP,
+        success="discount",
+    )
+    reset, step = gymnax_fns(*gymnax.make("CartPole-v1"))
+    refs = [
+        run_episode(reset, step, lambda x, k: wobble(x), s, horizon=HORIZON, cap=CAP)
+        for s in SEEDS
+    ]
+    wins = [not r.terminated for r in refs]
+    assert 0 < sum(wins) < len(wins)  # both outcomes: the success panel has both
+    return result, refs
+
+
+def rendered_report(result, path: Path) -> tuple[Rendered, Page]:
+    """Writes ``result``'s report to ``path``, renders it in Chromium and checks
+    the page is self-contained (no outside request, no outside reference in the
+    source). Returns the rendering and the browser's DOM, parsed."""
+    result.report(path)
+    source = path.read_text(encoding="utf-8")
+    assert outside_references(source) == []
+    rendered = render(path)
+    assert rendered.requests and rendered.requests[0] == rendered.url  # it listens
+    assert rendered.outside == []
+    return rendered, Page(rendered.dom)
+
+
+@pytest.fixture(scope="module", params=["success", "no success"])
+def report(request, chromium, run, tmp_path_factory):
+    """(with a success signal?, result, refs, rendering, parsed DOM)."""
+    result, refs = run
+    with_success = request.param == "success"
+    if not with_success:
+        result = dataclasses.replace(result, success=None, success_key=None)
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    rendered, page = rendered_report(result, path)
+    return with_success, result, refs, rendered, page
+
+
+def test_summary_and_episodes_tables_hold_the_plain_loop_figures(report):
+    with_success, _, refs, _, page = report
+    assert page.section_ids()[:2] == ["summary", "plots"]
+    assert page.value("summary-table", "episodes") == len(SEEDS)
+    mean = sum(r.ret for r in refs) / len(refs)
+    assert page.value("summary-table", "returns.mean") == pytest.approx(mean)
+    assert page.value("summary-table", "lengths.mean") == pytest.approx(
+        sum(r.length for r in refs) / len(refs)
+    )
+    terminated = sum(r.terminated for r in refs)
+    assert page.value("summary-table", "terminated") == terminated
+    truncated = sum(r.truncated for r in refs)
+    assert page.value("summary-table", "truncated") == truncated
+    if with_success:
+        wins = sum(not r.terminated for r in refs)
+        assert page.value("summary-table", "success_rate") == pytest.approx(
+            wins / len(refs)
+        )
+        low, high = page.value("summary-table", "success_interval")
+        assert low < wins / len(refs) < high
+    else:
+        assert "success_rate" not in page.keyed("summary-table")
+    rows = [json.loads(r["data-value"]) for r in page.rows["episodes-table"]]
+    assert [r[1] for r in rows] == SEEDS
+    assert [(r[2], r[3]) for r in rows] == [(r.ret, r.length) for r in refs]
+    # Every row reads as text too (the browser's DOM, not only data attributes).
+    assert all(len(r["cells"]) == 3 for r in page.rows["summary-table"])
+
+
+def test_every_plot_is_an_image_the_browser_decoded(report):
+    with_success, _, _, rendered, page = report
+    images = [a for tag, a in page.tags if tag == "img"]
+    assert len(images) == 1  # the plots, one figure
+    kind, png = data_uri_bytes(images[0]["src"])
+    assert kind == "image/png" and png.startswith(PNG_SIGNATURE)
+    cols, rows = (2, 2) if with_success else (3, 1)
+    size = (PANEL[0] * cols, PANEL[1] * rows)
+    assert Image.open(io.BytesIO(png)).size == size
+    titles = ["Returns", "Returns CDF", "Episode lengths"]
+    titles += ["Success over episodes"] if with_success else []
+    assert images[0]["alt"] == "Plots: " + ", ".join(titles)
+    # The browser decoded it to the same size.
+    [decoded] = rendered.images
+    assert decoded["complete"] and (decoded["width"], decoded["height"]) == size
+    assert decoded["src"] == images[0]["src"]
+
+
+def test_the_checks_catch_outside_resources(chromium, run, tmp_path):
+    """A report with an outside image, stylesheet, script and CSS background:
+    the browser requests each (nothing leaves the machine) and the static check
+    names each."""
+    result, _ = run
+    path = tmp_path / "leaky.html"
+    result.report(path)
+    outside = {
+        "https://example.com/x.png": "<img src='https://example.com/x.png'>",
+        "http://192.0.2.1/style.css": (
+            "<link rel='stylesheet' href='http://192.0.2.1/style.css'>"
+        ),
+        "script.js": "<script src='script.js'></script>",
+        "https://example.com/bg.png": (
+            "<div style='background: url(\"https://example.com/bg.png\")'>x</div>"
+        ),
+    }
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("</body>", "".join(outside.values()) + "</body>"))
+    assert sorted(outside_references(path.read_text())) == sorted(outside)
+    rendered = render(path)
+    absolute = {u if "//" in u else (tmp_path / u).as_uri() for u in outside}
+    assert set(rendered.outside) == absolute
+    assert np.sum([u == rendered.url for u in rendered.requests]) == 1
