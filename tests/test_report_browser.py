@@ -69,6 +69,7 @@ def run():
         seeds=SEEDS,
         max_episode_steps=CAP,
         success="discount",
+        success_mode="end",  # the last step's discount: 0 when the pole fell
     )
     reset, step = gymnax_fns(*gymnax.make("CartPole-v1"))
     refs = [
@@ -176,3 +177,44 @@ def test_the_checks_catch_outside_resources(chromium, run, tmp_path):
     absolute = {u if "//" in u else (tmp_path / u).as_uri() for u in outside}
     assert set(rendered.outside) == absolute
     assert np.sum([u == rendered.url for u in rendered.requests]) == 1
+
+
+def test_suite_report_shows_the_per_task_table_and_plots(chromium, run, tmp_path):
+    """A suite of two tasks (this run, and it with its first episodes dropped):
+    the browser's tasks table has a row per task, the mean over tasks and the
+    pooled row, with the success rates of the plain loop; every plot decodes."""
+    from jaxmesh.suite import SuiteResult
+
+    result, refs = run
+    keep = np.arange(len(SEEDS)) >= 4
+    fewer = dataclasses.replace(
+        result,
+        **{
+            f.name: getattr(result, f.name)[keep]
+            for f in dataclasses.fields(result)
+            if isinstance(getattr(result, f.name), np.ndarray)
+            and getattr(result, f.name).shape[:1] == (len(SEEDS),)
+        },
+    )
+    suite = SuiteResult({"all": result, "later": fewer}, {"all": None, "later": None})
+    path = tmp_path / "suite.html"
+    suite.report(path)
+    assert outside_references(path.read_text(encoding="utf-8")) == []
+    rendered = render(path)
+    assert rendered.outside == []
+    page = Page(rendered.dom)
+    rows = page.rows["tasks-table"]
+    assert [r["data-task"] for r in rows] == [
+        "all",
+        "later",
+        "mean over tasks",
+        "pooled",
+    ]
+    wins = np.array([not r.terminated for r in refs])
+    for row, flags in zip(rows[:2], (wins, wins[keep]), strict=True):
+        assert row["cells"][1] == str(flags.size)
+        assert row["cells"][2] == f"{flags.mean():.1%}"
+    assert rows[3]["cells"][2] == f"{np.concatenate([wins, wins[keep]]).mean():.1%}"
+    images = [img for img in rendered.images if img["src"].startswith("data:")]
+    assert len(images) == 3  # the per-task figure and each task's plots
+    assert all(img["complete"] and img["width"] > 0 for img in images)
