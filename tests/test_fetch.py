@@ -3,7 +3,7 @@
 The reference makes the Fetch task with gymnasium-robotics' own id, flattens its
 observation with gymnasium's wrapper, and steps it with the scripted policy
 (jitted, one lane) until the env ends the episode, recording each episode's return,
-length and the last ``info["is_success"]``.
+length, whether ``info["is_success"]`` was ever true, and its last value.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from jaxmesh.zoo import fetch
 SEEDS = [0, 3, 7]
 
 
-def plain_fetch(task: str, seeds) -> list[tuple[float, int, bool]]:
+def plain_fetch(task: str, seeds) -> list[tuple[float, int, bool, bool]]:
     gym.register_envs(gymnasium_robotics)
     env = gym.wrappers.FlattenObservation(gym.make(task))
     act = jax.jit(fetch.scripted)
@@ -28,13 +28,14 @@ def plain_fetch(task: str, seeds) -> list[tuple[float, int, bool]]:
     try:
         for seed in seeds:
             obs, _ = env.reset(seed=seed)
-            total, length, done, info = 0.0, 0, False, {}
+            total, length, done, once = 0.0, 0, False, False
             while not done:
                 obs, reward, term, trunc, info = env.step(np.asarray(act(obs)))
                 total += float(reward)
                 length += 1
+                once = once or bool(info["is_success"])
                 done = term or trunc
-            out.append((total, length, bool(info["is_success"])))
+            out.append((total, length, once, bool(info["is_success"])))
     finally:
         env.close()
     return out
@@ -56,7 +57,9 @@ def test_each_fetch_task_equals_the_plain_loop(suite_result, flat):
     ref = plain_fetch(fetch.TASKS[flat], SEEDS)
     np.testing.assert_allclose(result.returns, [r[0] for r in ref], rtol=1e-6)
     np.testing.assert_array_equal(result.lengths, [r[1] for r in ref])
-    np.testing.assert_array_equal(result.success, [r[2] for r in ref])
+    np.testing.assert_array_equal(result.success_once, [r[2] for r in ref])
+    np.testing.assert_array_equal(result.success_at_end, [r[3] for r in ref])
+    np.testing.assert_array_equal(result.success, result.success_once)  # headline
     assert result.success_key == "is_success"
 
 
