@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 
 import gymnasium as gym
 import gymnax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -297,3 +298,74 @@ def test_cli_tasks_key_writes_the_table_and_resumes(tmp_path, capsys, monkeypatc
     capsys.readouterr()
     code = main(["eval", str(config), "--set", "env=gymnax:CartPole-v1"])
     assert code == 2 and "tasks" in capsys.readouterr().err
+
+
+def encode(text: str) -> np.ndarray:
+    """An instruction as its first 4 character codes (padded with spaces)."""
+    return np.asarray([ord(c) for c in text[:4].ljust(4)], np.int32)
+
+
+def by_word(inputs):
+    """Pushes the way the pole leans, or the other way when told to "flip"."""
+    flip = inputs["word"][0] == ord("f")
+    lean_right = inputs["obs"][2] > 0
+    return jnp.where(flip, ~lean_right, lean_right).astype(jnp.int32)
+
+
+def test_each_task_gets_its_own_instruction():
+    from jaxmesh.adapt import State, Text
+
+    model = jaxmesh.Model(by_word, spec={"obs": State(), "word": Text(encode)})
+    said = {"keep": "keep it up", "flip": "flip it over"}
+    suite = jaxmesh.Suite(
+        {
+            "keep": jaxmesh.Task((ENV, PARAMS), instruction=said["keep"]),
+            "flip": jaxmesh.Task(f"gymnasium:{ID}", instruction=said["flip"]),
+            "default": (ENV, GYMNAX_TASKS["short"]),
+        },
+        seeds=[3, 1],
+    )
+    result = jaxmesh.evaluate(model, suite, num_envs=2, instruction="keep going")
+    assert result.instructions == {**said, "default": "keep going"}
+    reset, step = gymnax_fns(ENV, PARAMS)
+
+    def policy(text):
+        fn = jax.jit(lambda obs: by_word({"obs": obs, "word": encode(text)}))
+        return per_step(fn)
+
+    keep = [run_episode(reset, step, policy(said["keep"]), s) for s in (3, 1)]
+    assert_matches(result.tasks["keep"], keep)
+    env = gym.make(ID)
+    flip = plain_loop(env, policy(said["flip"]), [3, 1])
+    env.close()
+    assert_matches(result.tasks["flip"], flip)
+    short = gymnax_fns(ENV, GYMNAX_TASKS["short"])
+    default = [run_episode(*short, policy("keep going"), s) for s in (3, 1)]
+    assert_matches(result.tasks["default"], default)
+    assert result.tasks["flip"].instruction == said["flip"]
+
+
+def test_same_shaped_gymnax_tasks_share_one_program():
+    from conftest import compiles
+
+    lengths = {"a": 0.4, "b": 0.5, "c": 0.7}
+    tasks = {n: (ENV, PARAMS.replace(length=x)) for n, x in lengths.items()}
+    with compiles() as seen:
+        result = jaxmesh.evaluate(
+            lambda obs: lean(obs), jaxmesh.Suite(tasks, seeds=SEEDS), num_envs=3
+        )
+    assert [n for n in seen if "segment" in n] == ["jit(_run_segment)"]
+    for name, task in tasks.items():
+        assert_matches(result.tasks[name], gymnax_refs(task[1], SEEDS))
+        assert result.tasks[name].indices.tolist() == list(range(len(SEEDS)))
+        assert result.tasks[name].env_steps == sum(result.tasks[name].lengths)
+    # The pole's length changes the episodes: the tasks are not one task.
+    assert len({tuple(r.lengths) for r in result.tasks.values()}) > 1
+    alone = jaxmesh.Suite(tasks, seeds=SEEDS, together=False)
+    with compiles() as seen:
+        apart = jaxmesh.evaluate(lambda obs: lean(obs), alone, num_envs=3)
+    assert len([n for n in seen if "segment" in n]) == 3
+    for name in tasks:
+        np.testing.assert_array_equal(
+            apart.tasks[name].returns, result.tasks[name].returns
+        )
