@@ -26,7 +26,7 @@ from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
-from jaxmesh.envs import make_env
+from jaxmesh.envs import make_env, playground
 from jaxmesh.record import check_record, check_record_budget
 from jaxmesh.run import backend, build, checks, placement, stream
 from jaxmesh.run import resume as resume_mod
@@ -68,6 +68,7 @@ class Evaluator:
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
         may name other episodes, as many of them (the buffers' size is part
         of the program; which episodes fill them is data).
+      randomize: as for ``jaxmesh.evaluate``.
 
     Raises:
       ValueError, TypeError: bad settings, env or policy (nothing compiles).
@@ -101,6 +102,7 @@ class Evaluator:
         success: Any = None,
         devices: Any = None,
         record: Any = None,
+        randomize: Any = None,
     ):
         asked = checks.check_metrics(metrics, success)
         self.record = check_record(record)
@@ -113,9 +115,11 @@ class Evaluator:
             segment_steps,
         )
         self.env = make_env(env)
+        if randomize is not None:
+            self.env = playground.randomized(self.env, randomize)
         self.policy = resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
-        self._source = (policy, env)  # keeps the keyed objects alive
+        self._source = (policy, env, randomize)  # keeps the keyed objects alive
         # (info keys, reductions) and the success key, checked against the
         # env's info by shape (nothing compiles).
         self.metrics = build.engine_metrics(self.env, asked)
@@ -466,6 +470,7 @@ def evaluate(
     resume: RunResult | None = None,
     check_seeds: bool = False,
     trial_index_base: int = 0,
+    randomize: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -574,6 +579,13 @@ def evaluate(
         with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
         whatever lane runs it; an env that does not declare it never sees it.
         A JAX env refuses a base other than 0.
+      randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
+        domain randomization drawn at every reset from the episode's own key,
+        ``fold_in(PRNGKey(seed), jaxmesh.envs.playground.RANDOMIZE_STREAM)``,
+        inside the compiled program (the fields it replaces are held per
+        lane), so episode i's physics depends on its seed only. The drawn
+        values are info keys ``"model/<field>/<index>"`` for ``metrics=``.
+        Another env refuses it (TypeError).
 
     Returns:
       A ``RunResult``.
@@ -615,6 +627,8 @@ def evaluate(
         env,
     )
     if kind != backend.SCAN:
+        if randomize is not None:
+            raise TypeError(playground.not_playground(env))
         if devices is not None:
             raise ValueError(
                 f"devices={devices!r}: lanes are split over devices for JAX envs "
@@ -659,7 +673,7 @@ def evaluate(
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
     # The recorded episodes are data: runs that record as many share a program.
-    key += (mesh, None if record is None else record_shape(record))
+    key += (mesh, None if record is None else record_shape(record), randomize)
     ev = _EVALUATORS.get(key)
     if ev is None:
         ev = Evaluator(
@@ -676,6 +690,7 @@ def evaluate(
             success=success,
             devices=mesh,
             record=record,
+            randomize=randomize,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:
