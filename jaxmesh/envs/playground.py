@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import operator
@@ -139,10 +140,7 @@ class PlaygroundEnv:
 
     # The protocol ------------------------------------------------------------
     def reset(self, key: jax.Array):
-        drawn = self.draw(key)
-        with self._with_model(drawn) as env:
-            state = env.reset(key)
-        return state.obs, (state, jnp.int32(0), drawn)
+        return self._jitted[0](key)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
         return self.step_with_info(key, state, action)[:5]
@@ -154,6 +152,22 @@ class PlaygroundEnv:
         ``"reward/success"`` (the sources of ``evaluate(metrics=...,
         success=...)``)."""
         del key
+        return self._jitted[1](state, action)
+
+    @functools.cached_property
+    def _jitted(self) -> tuple[Callable, Callable]:
+        # MJX traces slowly (seconds per reset or step on a CPU), and a run
+        # traces them several times (shape probes, the program): under jit
+        # each is traced once per signature and the rest reuse the jaxpr.
+        return jax.jit(self._reset), jax.jit(self._step)
+
+    def _reset(self, key: jax.Array):
+        drawn = self.draw(key)
+        with self._with_model(drawn) as env:
+            state = env.reset(key)
+        return state.obs, (state, jnp.int32(0), drawn)
+
+    def _step(self, state: Any, action: jax.Array):
         pstate, t, drawn = state
         with self._with_model(drawn) as env:
             if self.action_repeat == 1:
