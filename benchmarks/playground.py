@@ -100,7 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--length", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    env = make_env(f"playground:{NAME}", config_overrides={"episode_length": args.length})
+    overrides = {"episode_length": args.length}
+    env = make_env(f"playground:{NAME}", config_overrides=overrides)
     print(header(f"Playground {NAME} (impl=jax)", vars(args)))
     print(machine())
     rows = []
@@ -130,9 +131,8 @@ def main(argv=None) -> int:
         for name in runs:
             sps = steps / median(times[name])
             rows.append([n, name, sps, sps / base, first[name]])
-    print(
-        table(["N", "evaluator", "env steps/s", "x playground loop", "first call s"], rows)
-    )
+    headers = ["N", "evaluator", "env steps/s", "x playground loop", "first call s"]
+    print(table(headers, rows))
     return 0
 
 

@@ -88,12 +88,13 @@ def reference(env):
     return run
 
 
-@pytest.mark.parametrize("num_envs", [1, 4])
-def test_matches_plain_loop(env, reference, num_envs):
+def test_matches_plain_loop(env, reference):
+    # One lane; the randomized test below runs 4 lanes (lane turnover), and
+    # each MJX program costs tens of seconds to compile on a CPU.
     r = jaxmesh.evaluate(
         policy,
         env,
-        num_envs=num_envs,
+        num_envs=1,
         seeds=SEEDS,
         metrics={"reward/upright": "sum"},
     )
@@ -122,6 +123,9 @@ def test_randomize_per_episode_matches_plain_loop(env, reference):
     np.testing.assert_allclose(r.metrics["model/body_mass/2"], masses, rtol=1e-6)
     np.testing.assert_allclose(r.returns, [x[0] for x in ref], rtol=1e-5)
     np.testing.assert_array_equal(r.lengths, [x[1] for x in ref])
+    np.testing.assert_array_equal(r.truncated, [x[3] for x in ref])
+    # Lane j started episode j; the fifth went to the first lane to finish.
+    assert list(r.lanes[:4]) == [0, 1, 2, 3]
     # The draws differ per episode and change the physics.
     assert len(set(np.round(masses, 6))) == len(SEEDS)
     plain = [reference(s)[0] for s in SEEDS]
