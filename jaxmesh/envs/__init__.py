@@ -5,7 +5,8 @@ Episode ends follow one rule in every adapter, gymnasium's (``TimeLimit``):
 - ``terminated`` is the env's own terminal state (the pole fell, the robot
   reached the goal), and nothing else: a time limit never sets it.
 - ``truncated`` is a time limit: the env's own (gymnax ``is_truncated``, brax
-  ``episode_length`` or a brax ``EpisodeWrapper``'s limit) or the run's
+  ``episode_length`` or a brax ``EpisodeWrapper``'s limit, a Playground
+  config's ``episode_length``) or the run's
   ``max_episode_steps``.
 - Both are True when the env terminates on the capped step. The episode ends
   when either is True, and the last step's reward counts.
@@ -22,8 +23,9 @@ import jax.numpy as jnp
 from jaxmesh.envs.brax import BraxEnv
 from jaxmesh.envs.gymnax import GymnaxEnv
 from jaxmesh.envs.names import did_you_mean
+from jaxmesh.envs.playground import PlaygroundEnv, is_playground
 
-PREFIXES = ("gymnax", "brax")
+PREFIXES = ("gymnax", "brax", "playground")
 
 #: What jaxmesh needs from an env of its own protocol (``jaxmesh.types.Env``).
 PROTOCOL = {
@@ -43,8 +45,9 @@ OPTIONAL = {
 }
 
 _KNOWN = (
-    "pass an id such as 'gymnax:CartPole-v1' or 'brax:ant', a gymnax "
-    "Environment or (env, env_params) tuple, a brax Env, or an object with "
+    "pass an id such as 'gymnax:CartPole-v1', 'brax:ant' or "
+    "'playground:CartpoleBalance', a gymnax Environment or (env, env_params) "
+    "tuple, a brax Env, a MuJoCo Playground env, or an object with "
     + ", ".join(PROTOCOL)
     + " (jaxmesh.types.Env)"
 )
@@ -54,19 +57,23 @@ def make_env(env: Any, **kwargs: Any) -> Any:
     """Resolves what a user passes as ``env`` into a jaxmesh single-lane env.
 
     Args:
-      env: an id string (``"gymnax:CartPole-v1"``, ``"brax:ant"``), a gymnax
-        ``Environment`` (a user's own subclass included), an
-        ``(env, env_params)`` tuple, a ``brax.envs.Env``, or an object that
-        follows ``jaxmesh.types.Env`` (every attribute in ``PROTOCOL``).
+      env: an id string (``"gymnax:CartPole-v1"``, ``"brax:ant"``,
+        ``"playground:CartpoleBalance"``), a gymnax ``Environment`` (a user's
+        own subclass included), an ``(env, env_params)`` tuple, a
+        ``brax.envs.Env``, a MuJoCo Playground env (``MjxEnv``), or an object
+        that follows ``jaxmesh.types.Env`` (every attribute in ``PROTOCOL``).
       **kwargs: for id strings only, the env's construction arguments. gymnax:
         fields of the env's params (``max_steps_in_episode=50``) replace the
         defaults, the rest go to ``gymnax.make``. brax: ``episode_length``
         (default 1000, None for no limit) and the rest go to
-        ``brax.envs.get_environment``.
+        ``brax.envs.get_environment``. playground: ``config_overrides``
+        (Playground config keys; ``impl`` is ``"jax"`` unless given),
+        ``config``, ``episode_length`` and ``randomize``
+        (``jaxmesh.envs.playground.make``).
 
     Returns:
-      A ``GymnaxEnv``, a ``BraxEnv``, or ``env`` itself when it already follows
-      the protocol.
+      A ``GymnaxEnv``, a ``BraxEnv``, a ``PlaygroundEnv``, or ``env`` itself
+      when it already follows the protocol.
 
     Raises:
       ValueError: for an unknown id or prefix (naming the closest ones).
@@ -86,7 +93,7 @@ def make_env(env: Any, **kwargs: Any) -> Any:
             f"({type(env).__name__}); they only apply to env ids: pass "
             "'PREFIX:NAME' with them, or build the env object with them yourself"
         )
-    if isinstance(env, GymnaxEnv | BraxEnv):
+    if isinstance(env, GymnaxEnv | BraxEnv | PlaygroundEnv):
         return env
     if isinstance(env, tuple) and len(env) == 2 and _is_gymnax(env[0]):
         return GymnaxEnv(env[0], env[1])
@@ -96,6 +103,10 @@ def make_env(env: Any, **kwargs: Any) -> Any:
         from jaxmesh.envs import brax
 
         return brax.from_env(env)
+    if is_playground(env):
+        from jaxmesh.envs import playground
+
+        return playground.from_env(env)
     return _check_protocol(env)
 
 
@@ -106,6 +117,10 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
             from jaxmesh.envs import gymnax
 
             return gymnax.make(name, **kwargs)
+        if prefix == "playground":
+            from jaxmesh.envs import playground
+
+            return _make_playground(playground, name, kwargs)
         from jaxmesh.envs import brax
 
         return brax.make(name, **kwargs)
@@ -126,6 +141,19 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
     raise ValueError(f"env id {env_id!r} names no env after {prefix!r} ({expected})")
 
 
+def _make_playground(playground: Any, name: str, kwargs: dict) -> Any:
+    try:
+        return playground.make(name, **kwargs)
+    except TypeError as e:
+        if "unexpected keyword" not in str(e):
+            raise
+        raise TypeError(
+            f"Playground env {name!r} does not take {sorted(kwargs)}: pass "
+            "config_overrides={...} (Playground config keys), config, "
+            "episode_length or randomize"
+        ) from e
+
+
 def _all_ids() -> list[str]:
     """Every 'PREFIX:NAME' of the installed libraries (for hints only)."""
     ids = []
@@ -141,6 +169,10 @@ def _all_ids() -> list[str]:
         ids += [f"brax:{n}" for n in envs._envs]
     except ImportError:
         pass
+    if "mujoco_playground" in sys.modules:  # importing it takes seconds
+        from mujoco_playground import registry
+
+        ids += [f"playground:{n}" for n in registry.ALL_ENVS]
     return ids
 
 
@@ -208,4 +240,11 @@ def _short_repr(env: Any) -> str:
     return r if len(r) <= 80 else f"{type(env).__name__} object"
 
 
-__all__ = ["make_env", "GymnaxEnv", "BraxEnv", "PROTOCOL", "did_you_mean"]
+__all__ = [
+    "make_env",
+    "GymnaxEnv",
+    "BraxEnv",
+    "PlaygroundEnv",
+    "PROTOCOL",
+    "did_you_mean",
+]

@@ -27,7 +27,7 @@ from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
-from jaxmesh.envs import make_env
+from jaxmesh.envs import make_env, playground
 from jaxmesh.record import check_record, check_record_budget
 from jaxmesh.run import (
     backend,
@@ -88,6 +88,7 @@ class Evaluator:
       initial_states, reset_fn: as for ``jaxmesh.evaluate``; ``run`` may
         pass other ``initial_states`` of the same shapes (their values are
         data) and its own ``trial_index_base``.
+      randomize: as for ``jaxmesh.evaluate``.
 
     Raises:
       ValueError, TypeError: bad settings, env or policy (nothing compiles).
@@ -126,6 +127,7 @@ class Evaluator:
         delay: int = 0,
         execution: Any = None,
         success_mode: str = checks.DEFAULT_SUCCESS_MODE,
+        randomize: Any = None,
     ):
         asked = checks.check_metrics(metrics, success)
         self.success_mode = checks.check_success_mode(success_mode)
@@ -142,9 +144,11 @@ class Evaluator:
             execution,
         )
         self.env = make_env(env)
+        if randomize is not None:
+            self.env = playground.randomized(self.env, randomize)
         self.policy = resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
-        self._source = (policy, env)  # keeps the keyed objects alive
+        self._source = (policy, env, randomize)  # keeps the keyed objects alive
         # (info keys, reductions) and the success key, checked against the
         # env's info by shape (nothing compiles).
         self.metrics = build.engine_metrics(self.env, asked)
@@ -535,6 +539,7 @@ def evaluate(
     execution: Any = None,
     success_mode: str = checks.DEFAULT_SUCCESS_MODE,
     instruction: str | None = None,
+    randomize: Any = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -681,6 +686,13 @@ def evaluate(
         shapes compiles nothing. Without it, on a gymnasium or served env, a
         ``Text(info_key=...)`` reads each episode's instruction from its reset
         info; a JAX env needs it (docs/models.md, "Language instructions").
+      randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
+        domain randomization drawn at every reset from the episode's own key,
+        ``fold_in(PRNGKey(seed), jaxmesh.envs.playground.RANDOMIZE_STREAM)``,
+        inside the compiled program (the fields it replaces are held per
+        lane), so episode i's physics depends on its seed only. The drawn
+        values are info keys ``"model/<field>/<index>"`` for ``metrics=``.
+        Another env refuses it (TypeError).
 
     Returns:
       A ``RunResult``.
@@ -727,6 +739,8 @@ def evaluate(
         env,
     )
     if kind != backend.SCAN:
+        if randomize is not None:
+            raise TypeError(playground.not_playground(env))
         if devices is not None:
             raise ValueError(
                 f"devices={devices!r}: lanes are split over devices for JAX envs "
@@ -771,7 +785,7 @@ def evaluate(
     states = None if trials is None else trials.states
     # The recorded episodes and the initial states' values are data: runs that
     # record as many, from states of the same shapes, share a program.
-    key += (mesh, None if record is None else record_shape(record))
+    key += (mesh, None if record is None else record_shape(record), randomize)
     key += (None if trials is None else trials.key,)
     ev = _EVALUATORS.get(key)
     if ev is None:
@@ -793,6 +807,7 @@ def evaluate(
             reset_fn=reset_fn,
             delay=delay,
             execution=execution,
+            randomize=randomize,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:

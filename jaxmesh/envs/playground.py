@@ -1,0 +1,453 @@
+"""Adapter for MuJoCo Playground (MJX) environments, with per-episode domain
+randomization.
+
+A Playground env (``mujoco_playground.registry.load(name)``, an ``MjxEnv``)
+is pure JAX: ``reset(rng) -> State`` and ``step(state, action) -> State``, so
+its lanes step inside the engine's jitted step like a brax env's. Its
+``State.done`` is termination only; the time limit is the env config's
+``episode_length`` (Playground's own training wrappers apply it, with
+``action_repeat``), so the adapter reports ``truncated`` there (the end rule
+of ``jaxmesh.envs``).
+
+Keys: episode s is reset with ``jax.random.PRNGKey(s)`` (CONTRACT 5);
+Playground steps take no key. A randomizer ``fn(mjx_model, key) ->
+mjx_model`` is drawn at every reset from ``fold_in(PRNGKey(s),
+RANDOMIZE_STREAM)``, and the model leaves it changes ride in the lane's state,
+so episode s's physics depends on its seed only, whatever the lane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+#: Playground's own default (``wrap_for_brax_training(episode_length=1000)``),
+#: for an env whose config has no ``episode_length``.
+DEFAULT_EPISODE_LENGTH = 1000
+
+#: The randomizer's key is ``fold_in(PRNGKey(seed), RANDOMIZE_STREAM)``: a
+#: stream of its own, apart from the reset key (``PRNGKey(seed)`` itself) and
+#: the engine's step and plan streams (``jaxmesh.core.agent.STREAM_*``).
+RANDOMIZE_STREAM = 7
+
+#: What the adapter's ``step_with_info`` reports besides Playground's
+#: ``state.metrics`` (top-level keys, e.g. ``"reward/upright"``).
+INFO_PREFIX = "info"  # Playground's ``state.info``: ``"info/<key>"``
+MODEL_PREFIX = "model"  # drawn model values: ``"model/<field>[/<index>...]"``
+#: A Playground metric that marks success (PandaPickCube, LeapCubeReorient):
+#: reported as ``"success"`` (True when above 0.5).
+SUCCESS_METRIC = "reward/success"
+
+#: Config keys jaxmesh sets unless the user does: MJX's JAX implementation
+#: runs inside any jitted program on CPU, GPU and TPU.
+DEFAULT_OVERRIDES = {"impl": "jax"}
+
+
+@dataclasses.dataclass(eq=False)
+class PlaygroundEnv:
+    """A MuJoCo Playground ``MjxEnv`` as a jaxmesh single-lane env.
+
+    Attributes:
+      env: the Playground env (``registry.load(...)``).
+      episode_length: env steps before ``truncated`` (None: no limit); default:
+        the env config's ``episode_length``, else 1000.
+      action_repeat: env steps per action (the env config's ``action_repeat``,
+        default 1): rewards add up, and the limit counts env steps, as in
+        Playground's training wrappers.
+      randomize: ``fn(mjx_model, key) -> mjx_model``, drawn per episode at
+        every reset (None: the env's own model).
+      name: the env's name in results.
+    """
+
+    env: Any
+    episode_length: int | None = None
+    action_repeat: int | None = None
+    randomize: Callable[[Any, jax.Array], Any] | None = None
+    name: str = ""
+
+    def __post_init__(self):
+        cfg = getattr(self.env, "_config", None)
+        if self.episode_length is None:
+            self.episode_length = _config_get(
+                cfg, "episode_length", DEFAULT_EPISODE_LENGTH
+            )
+        if self.episode_length is not None:
+            self.episode_length = _check_int("episode_length", self.episode_length)
+        if self.action_repeat is None:
+            self.action_repeat = _config_get(cfg, "action_repeat", 1)
+        self.action_repeat = _check_int("action_repeat", self.action_repeat)
+        if not self.name:
+            self.name = f"playground:{type(self.env.unwrapped).__name__}"
+        self.num_actions = None
+        self.action_shape = (int(self.env.action_size),)
+        self.action_dtype = jnp.dtype(jnp.float32)
+        self._changed: tuple[bool, ...] = ()
+        if self.randomize is not None:
+            self._changed = _changed_leaves(self.env, self.randomize, self.name)
+
+    # The model of a lane -----------------------------------------------------
+    @property
+    def limit(self) -> int | None:
+        """Adapter steps before ``truncated``: ``ceil(episode_length /
+        action_repeat)`` (None: no limit)."""
+        if self.episode_length is None:
+            return None
+        return math.ceil(self.episode_length / self.action_repeat)
+
+    def draw(self, key: jax.Array) -> tuple:
+        """The model leaves the randomizer changes, drawn from an episode's key
+        (``PRNGKey(seed)``); () without a randomizer."""
+        if self.randomize is None:
+            return ()
+        model = self.randomize(
+            self.env.mjx_model, jax.random.fold_in(key, RANDOMIZE_STREAM)
+        )
+        leaves = jax.tree.leaves(model)
+        return tuple(x for x, c in zip(leaves, self._changed, strict=True) if c)
+
+    def model(self, drawn: tuple) -> Any:
+        """The env's model with a lane's drawn leaves in place."""
+        if not drawn:
+            return self.env.mjx_model
+        base, treedef = jax.tree.flatten(self.env.mjx_model)
+        it = iter(drawn)
+        changed = zip(base, self._changed, strict=True)
+        return jax.tree.unflatten(treedef, [next(it) if c else x for x, c in changed])
+
+    @contextlib.contextmanager
+    def _with_model(self, drawn: tuple):
+        # Playground's own randomization wrapper swaps the env's model the same
+        # way (BraxDomainRandomizationVmapWrapper.v_env_fn), under trace.
+        inner = self.env.unwrapped
+        if not drawn:
+            yield self.env
+            return
+        old = inner._mjx_model
+        inner._mjx_model = self.model(drawn)
+        try:
+            yield self.env
+        finally:
+            inner._mjx_model = old
+
+    # The protocol ------------------------------------------------------------
+    def reset(self, key: jax.Array):
+        return self._jitted[0](key)
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        return self.step_with_info(key, state, action)[:5]
+
+    def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
+        """``step`` and an info dict: Playground's ``state.metrics`` at the top
+        (``"reward/upright"``), its ``state.info`` under ``"info/"``, the drawn
+        model values under ``"model/"`` and ``"success"`` from
+        ``"reward/success"`` (the sources of ``evaluate(metrics=...,
+        success=...)``)."""
+        del key
+        return self._jitted[1](state, action)
+
+    @functools.cached_property
+    def _jitted(self) -> tuple[Callable, Callable]:
+        # MJX traces slowly (seconds per reset or step on a CPU), and a run
+        # traces them several times (shape probes, the program): under jit
+        # each is traced once per signature and the rest reuse the jaxpr.
+        return jax.jit(self._reset), jax.jit(self._step)
+
+    def _reset(self, key: jax.Array):
+        drawn = self.draw(key)
+        with self._with_model(drawn) as env:
+            state = env.reset(key)
+        return state.obs, (state, jnp.int32(0), drawn)
+
+    def _step(self, state: Any, action: jax.Array):
+        pstate, t, drawn = state
+        with self._with_model(drawn) as env:
+            if self.action_repeat == 1:
+                pstate = env.step(pstate, action)
+            else:
+                pstate = _repeat(env, pstate, action, self.action_repeat)
+        t = t + 1
+        terminated = jnp.asarray(pstate.done, jnp.float32) > 0.5
+        truncated = jnp.zeros((), bool) if self.limit is None else t >= self.limit
+        return (
+            pstate.obs,
+            (pstate, t, drawn),
+            jnp.asarray(pstate.reward, jnp.float32),
+            terminated,
+            truncated,
+            self._info(pstate, drawn),
+        )
+
+    def _info(self, pstate: Any, drawn: tuple) -> dict:
+        info = dict(pstate.metrics)
+        info[INFO_PREFIX] = dict(pstate.info)
+        if SUCCESS_METRIC in pstate.metrics:
+            info["success"] = jnp.asarray(pstate.metrics[SUCCESS_METRIC]) > 0.5
+        if drawn:
+            info[MODEL_PREFIX] = self.drawn_values(drawn)
+        return info
+
+    def drawn_values(self, drawn: tuple) -> dict:
+        """A lane's drawn model values as flat scalars: ``"body_mass/1"`` for
+        element 1 of ``body_mass`` (``"opt/timestep"`` for a scalar field)."""
+        paths = jax.tree_util.tree_flatten_with_path(self.env.mjx_model)[0]
+        names = [
+            jax.tree_util.keystr(p, simple=True, separator="/")
+            for (p, _), c in zip(paths, self._changed, strict=True)
+            if c
+        ]
+        out = {}
+        for name, leaf in zip(names, drawn, strict=True):
+            leaf = jnp.asarray(leaf)
+            if leaf.ndim == 0:
+                out[name] = leaf
+                continue
+            for idx in itertools.product(*map(range, leaf.shape)):
+                out["/".join([name, *map(str, idx)])] = leaf[idx]
+        return out
+
+
+def _repeat(env: Any, state: Any, action: jax.Array, n: int) -> Any:
+    """``n`` env steps with one action, rewards summed (brax's
+    ``EpisodeWrapper``, which Playground's training wraps its envs in)."""
+
+    def one(s, _):
+        s = env.step(s, action)
+        return s, s.reward
+
+    state, rewards = jax.lax.scan(one, state, (), n)
+    return state.replace(reward=jnp.sum(rewards, axis=0))
+
+
+def _changed_leaves(env: Any, fn: Callable, name: str) -> tuple[bool, ...]:
+    """Which leaves of the env's model ``fn`` replaces (shapes only).
+
+    A leaf that ``fn`` passes through is the same traced value in its output;
+    only the others are drawn per episode and held per lane.
+
+    Raises:
+      TypeError: ``fn`` does not return a model of the same structure, shapes
+        and dtypes.
+    """
+    model = env.mjx_model
+    changed: list[bool] = []
+
+    def probe(model, key):
+        out = fn(model, key)
+        ins, outs = jax.tree.leaves(model), jax.tree.leaves(out)
+        same = jax.tree.structure(out) == jax.tree.structure(model)
+        if not same:
+            raise TypeError(
+                f"randomize={_fn_name(fn)} on env {name!r} returned "
+                f"{type(out).__name__} of another structure than the env's "
+                "mjx.Model; it must return the model with some fields replaced "
+                "(model.replace(body_mass=...))"
+            )
+        for i, o in zip(ins, outs, strict=True):
+            if (jnp.shape(i), jnp.result_type(i)) != (jnp.shape(o), jnp.result_type(o)):
+                raise TypeError(
+                    f"randomize={_fn_name(fn)} on env {name!r} changed a model "
+                    f"leaf from {jnp.result_type(i)}{list(jnp.shape(i))} to "
+                    f"{jnp.result_type(o)}{list(jnp.shape(o))}; keep each field's "
+                    "shape and dtype"
+                )
+        changed[:] = [o is not i for i, o in zip(ins, outs, strict=True)]
+        return out
+
+    jax.eval_shape(probe, model, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return tuple(changed)
+
+
+def check_randomizer(fn: Any) -> Callable:
+    """``fn`` if it can be a randomizer, else a TypeError naming it."""
+    if not callable(fn):
+        raise TypeError(
+            f"randomize={fn!r}: expected a function fn(mjx_model, key) -> "
+            "mjx_model (e.g. lambda m, k: m.replace(body_mass=m.body_mass * "
+            "jax.random.uniform(k, (), minval=0.8, maxval=1.2)))"
+        )
+    return fn
+
+
+def randomized(env: Any, fn: Any) -> PlaygroundEnv:
+    """A Playground env whose model ``fn`` draws per episode.
+
+    Args:
+      env: a ``PlaygroundEnv`` (``jaxmesh.make_env("playground:<name>")`` or
+        of a Playground env object).
+      fn: ``fn(mjx_model, key) -> mjx_model``.
+
+    Raises:
+      TypeError: ``env`` is not a Playground env, or ``fn`` is not a
+        randomizer of its model.
+    """
+    fn = check_randomizer(fn)
+    if not isinstance(env, PlaygroundEnv):
+        raise TypeError(not_playground(env))
+    if env.randomize is not None:
+        raise TypeError(
+            f"randomize={_fn_name(fn)}: env {env.name!r} already has "
+            f"randomize={_fn_name(env.randomize)}; give one randomizer (compose "
+            "them in one function)"
+        )
+    return dataclasses.replace(
+        env, randomize=fn, name=f"{env.name}+randomize:{_fn_name(fn)}"
+    )
+
+
+def not_playground(env: Any) -> str:
+    """The message refusing ``randomize=`` with an env that is not Playground's."""
+    shown = env if isinstance(env, str) else getattr(env, "name", type(env).__name__)
+    return (
+        f"randomize= is for MuJoCo Playground envs (it replaces fields of the "
+        f"env's mjx.Model); env {shown!r} is not one: pass 'playground:<name>' "
+        "or a Playground env object (mujoco_playground.registry.load(name)), or "
+        "drop randomize="
+    )
+
+
+def from_registry_randomizer(fn: Callable) -> Callable:
+    """A Playground registry randomizer as a per-episode one.
+
+    Playground's randomizers (``registry.get_domain_randomizer(name)``) take a
+    batch of keys and return ``(batched_model, in_axes)``; this draws one
+    model from one key with them.
+
+    Example::
+
+      dr = registry.get_domain_randomizer("Go1JoystickFlatTerrain")
+      jaxmesh.evaluate(policy, env, randomize=from_registry_randomizer(dr))
+    """
+
+    def one(model: Any, key: jax.Array) -> Any:
+        batched, in_axes = fn(model, key[None])
+        return jax.tree.map(
+            lambda x, ax, m: m if ax is None else jnp.take(x, 0, axis=ax),
+            batched,
+            in_axes,
+            model,
+            is_leaf=lambda x: x is None,
+        )
+
+    one.__name__ = getattr(fn, "__name__", "randomizer")
+    return one
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+
+
+def is_playground(env: Any) -> bool:
+    """Whether ``env`` is a Playground ``MjxEnv`` (False when Playground is
+    not loaded: then nothing is one)."""
+    import sys
+
+    mod = sys.modules.get("mujoco_playground._src.mjx_env")
+    return mod is not None and isinstance(env, mod.MjxEnv)
+
+
+def from_env(env: Any) -> PlaygroundEnv:
+    """A Playground env object as a ``PlaygroundEnv`` (its config's
+    ``episode_length`` and ``action_repeat``)."""
+    return PlaygroundEnv(env)
+
+
+def make(
+    env_id: str,
+    *,
+    config_overrides: dict | None = None,
+    config: Any = None,
+    episode_length: int | None = None,
+    randomize: Callable | None = None,
+) -> PlaygroundEnv:
+    """A registered Playground env as a ``PlaygroundEnv``.
+
+    Args:
+      env_id: a Playground name, e.g. ``"CartpoleBalance"`` (no prefix).
+      config_overrides: Playground config keys to set (dotted for nested ones,
+        ``{"episode_length": 200}``); ``impl`` is ``"jax"`` unless given.
+      config: a full ``ml_collections.ConfigDict`` instead of the default one.
+      episode_length: steps before ``truncated``; default: the config's.
+      randomize: ``fn(mjx_model, key) -> mjx_model`` drawn per episode.
+
+    Raises:
+      ValueError: an unknown name (naming the closest ones) or config key.
+      ImportError: Playground is not installed.
+    """
+    try:
+        from mujoco_playground import registry
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(
+            f"env {env_id!r} needs MuJoCo Playground: pip install 'jaxmesh[playground]'"
+        ) from e
+    if env_id not in registry.ALL_ENVS:
+        from jaxmesh.envs.names import unknown_id
+
+        raise ValueError(
+            unknown_id(
+                "Playground env",
+                env_id,
+                registry.ALL_ENVS,
+                "mujoco_playground.registry.ALL_ENVS lists them",
+            )
+        )
+    if config_overrides is not None and not hasattr(config_overrides, "items"):
+        raise TypeError(
+            f"config_overrides={config_overrides!r}: expected a mapping of "
+            "Playground config keys to values, e.g. {'episode_length': 200}"
+        )
+    if config is None:
+        config = registry.get_default_config(env_id)
+    known = set(_flat_keys(config))
+    defaults = {k: v for k, v in DEFAULT_OVERRIDES.items() if k in known}
+    overrides = {**defaults, **dict(config_overrides or {})}
+    unknown = sorted(k for k in overrides if k not in known)
+    if unknown:
+        from jaxmesh.envs.names import did_you_mean
+
+        hint = did_you_mean(unknown[0], known)
+        raise ValueError(
+            f"config_overrides {unknown} for Playground env {env_id!r}: not keys "
+            f"of its config{'; ' + hint if hint else ''} (its keys: "
+            f"{', '.join(sorted(known))})"
+        )
+    try:
+        env = registry.load(env_id, config=config, config_overrides=overrides)
+    except Exception as e:
+        raise ValueError(f"Playground env {env_id!r} failed to load: {e}") from e
+    out = PlaygroundEnv(env, episode_length=episode_length, name=f"playground:{env_id}")
+    return out if randomize is None else randomized(out, randomize)
+
+
+def _flat_keys(config: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in config.items():
+        keys.append(prefix + k)
+        if hasattr(v, "items"):
+            keys += _flat_keys(v, f"{prefix}{k}.")
+    return keys
+
+
+def _config_get(cfg: Any, key: str, default: Any) -> Any:
+    try:
+        return cfg[key] if cfg is not None and key in cfg else default
+    except TypeError:
+        return default
+
+
+def _check_int(name: str, value: Any) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        n = 0
+    if isinstance(value, bool) or n < 1:
+        raise ValueError(f"{name}={value!r}: expected an int >= 1")
+    return n
