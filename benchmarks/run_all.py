@@ -31,6 +31,7 @@ SCRIPTS = (
     "remote",
     "realistic",
     "scale",
+    "sweep",
 )
 
 
