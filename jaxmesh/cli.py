@@ -919,7 +919,6 @@ SWEEP_AXES = ("delay", "horizon")
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     import jaxmesh
-    from jaxmesh.sweep import REFUSED
 
     raw = apply_overrides(load_config(args.config), args.set)
     axes = {}
@@ -935,12 +934,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "--set env=..."
         )
     policy, env, kwargs = build_run(config)
-    refused = sorted(k for k in kwargs if k in REFUSED)
-    if refused:
-        raise ConfigError(
-            f"jaxmesh sweep: config key {refused[0]!r} is not for a sweep "
-            f"({REFUSED[refused[0]]}); remove it or use jaxmesh eval"
-        )
     try:
         result = jaxmesh.sweep(policy, env, **axes, **kwargs)
     except (ValueError, TypeError) as e:

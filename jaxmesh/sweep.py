@@ -171,6 +171,12 @@ def sweep(
     t0 = time.perf_counter()
     delays = _values("delay", delay, 0)
     horizons = _values("horizon", horizon, 1)
+    defaults = {"prefetch_lead": 0, "trial_index_base": 0}
+    evaluate_kwargs = {
+        k: v
+        for k, v in evaluate_kwargs.items()
+        if not (k in REFUSED and (v is None or (k in defaults and v == defaults[k])))
+    }
     refused = sorted(set(evaluate_kwargs) & set(REFUSED))
     if refused:
         name = refused[0]

@@ -144,3 +144,37 @@ def test_bad_input_is_refused_before_compiling():
         jaxmesh.sweep(chunk_policy, ENV, prefetch_lead=1)
     with pytest.raises(ValueError, match="no cell can run"):
         jaxmesh.sweep(chunk_policy, ENV, delay=[4], horizon=[4])
+
+
+def test_cli_sweep_prints_the_table_and_writes_json(tmp_path, capsys):
+    from jaxmesh.cli import main
+
+    out = tmp_path / "sweep.json"
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"env: {ENV}\npolicy: test_sweep:chunk_policy\nseeds: {SEEDS}\n"
+        f"num_envs: 3\nmax_episode_steps: {CAP}\nplan_tile: 8\noutput: {out}\n"
+    )
+    args = ["sweep", str(config), "--set", "delay=[0,2]", "--set", "horizon=4"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "1 program(s) compiled" in text and f"wrote {out}" in text
+    back = jaxmesh.Sweep.from_dict(json.loads(out.read_text()))
+    assert sorted(back.cells) == [(0, 4), (2, 4)]
+    ref = reference(4, 2)
+    np.testing.assert_allclose(
+        back.get(delay=2, horizon=4).returns, [r[0] for r in ref], rtol=2e-5
+    )
+    assert main(["sweep", str(config), "--set", "prefetch_lead=1"]) == 2
+    bad = ["eval", str(config), "--set", "execution={ensemble: {m: -1}}"]
+    assert main(bad) == 2
+    assert "execution.ensemble" in capsys.readouterr().err
+
+
+def test_resume_refuses_another_delay(grid):
+    done = grid.get(delay=2, horizon=4)
+    assert "inference delay of 2 steps" in done.summary()
+    with pytest.raises(ValueError, match="delay"):
+        jaxmesh.evaluate(
+            chunk_policy, ENV, horizon=4, delay=1, seeds=SEEDS, resume=done, **KW
+        )
