@@ -32,6 +32,7 @@ SCRIPTS = (
     "realistic",
     "scale",
     "suite",
+    "sweep",
 )
 
 

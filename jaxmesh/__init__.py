@@ -26,6 +26,7 @@ from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison
 from jaxmesh.suite import Suite, SuiteResult, Task, compare
+from jaxmesh.sweep import Sweep, sweep
 from jaxmesh.video import render
 
 #: Served-env names, imported on first use (they need the [remote] extra: gRPC).
@@ -57,6 +58,8 @@ __all__ = [
     "SeedReport",
     "evaluate",
     "Ensemble",
+    "sweep",
+    "Sweep",
     "make_evaluator",
     "shard_population",
     "Results",

@@ -94,6 +94,12 @@ CONFIG_KEYS: dict[str, str] = {
     "num_envs": "parallel lanes",
     "horizon": "actions of a chunk executed before the next plan",
     "prefetch_lead": "0 is synchronous; L > 0 plans L steps early",
+    "delay": "inference delay d in steps: a chunk planned d steps before it plays, "
+    "its first d actions skipped (0 < d < horizon; 0: none); jaxmesh sweep takes "
+    "a list",
+    "execution": "how a chunk is executed: null (each plan's first h actions) or "
+    "ensemble: {m: 0.01} (temporal ensembling, jaxmesh.Ensemble; also "
+    "aggregation: average | latest_only, or weights: [...])",
     "max_episode_steps": "cap on episode length (null: the env's own limit)",
     "plan_tile": "rows per policy call (null: chosen by the engine)",
     "segment_steps": "env steps per scan segment between host visits",
@@ -124,6 +130,7 @@ _INT_KEYS = {
     "num_envs": 1,
     "horizon": 1,
     "prefetch_lead": 0,
+    "delay": 0,
     "max_episode_steps": 1,
     "plan_tile": 1,
     "segment_steps": 1,
@@ -289,6 +296,7 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"{key}={v!r}: expected an int >= {low} ({CONFIG_KEYS[key]})"
             )
+    execution_of(config.get("execution"))
     out = dict(config)
     for key in ("policy_config", "env_config"):
         value = config.get(key)
@@ -696,6 +704,34 @@ def served_options(config: dict[str, Any]) -> Any:
     )
 
 
+def execution_of(value: Any) -> Any:
+    """A config's ``execution``: None, or ``{ensemble: {...}}`` as a
+    ``jaxmesh.Ensemble(**...)``.
+
+    Raises:
+      ConfigError: any other value, or arguments ``Ensemble`` refuses.
+    """
+    if value is None:
+        return None
+    from jaxmesh.execution import Ensemble
+
+    if not isinstance(value, dict) or set(value) != {"ensemble"}:
+        raise ConfigError(
+            f"execution={value!r}: expected null or a mapping ensemble: {{m: 0.01}} "
+            f"({CONFIG_KEYS['execution']})"
+        )
+    args = value["ensemble"] or {}
+    if not isinstance(args, dict):
+        raise ConfigError(
+            f"execution.ensemble={args!r}: expected a mapping of jaxmesh.Ensemble's "
+            "arguments (m, aggregation, weights), e.g. {m: 0.01}"
+        )
+    try:
+        return Ensemble(**args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"execution.ensemble: {e}") from e
+
+
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """The policy, the env and ``evaluate``'s keyword arguments of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
@@ -708,6 +744,8 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     if config.get("check_seeds"):
         kwargs["check_seeds"] = True
+    if config.get("execution") is not None:
+        kwargs["execution"] = execution_of(config["execution"])
     served = served_options(config)._asdict().items()
     kwargs.update((k, v) for k, v in served if v is not None)
     return policy, env, kwargs
@@ -881,6 +919,40 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"wrote {out}")
     if report is not None:
         write_report_file(result, report, base)
+    return 0
+
+
+#: ``jaxmesh sweep``: the config keys that may hold a list of values to sweep.
+SWEEP_AXES = ("delay", "horizon")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import jaxmesh
+
+    raw = apply_overrides(load_config(args.config), args.set)
+    axes = {}
+    for key in SWEEP_AXES:
+        value = raw.pop(key, None)
+        if value is None:
+            value = [0 if key == "delay" else 1]
+        axes[key] = value if isinstance(value, list) else [value]
+    config = check_run_config(raw)
+    if config.get("tasks") is not None:
+        raise ConfigError(
+            "jaxmesh sweep with tasks: a sweep runs one env; pick a task with "
+            "--set env=..."
+        )
+    policy, env, kwargs = build_run(config)
+    try:
+        result = jaxmesh.sweep(policy, env, **axes, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(_refused(config, e)) from e
+    print(result.summary())
+    if config.get("output"):
+        out = Path(config["output"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
 
 
@@ -1565,6 +1637,17 @@ def make_parser() -> argparse.ArgumentParser:
         "settings) is refused (status 2)",
     )
     ev.set_defaults(run=cmd_eval)
+    sw = sub.add_parser(
+        "sweep",
+        help="score a policy at every delay x horizon of a grid, in one program",
+        description="Score a policy from a YAML run config at every (delay, "
+        "horizon) of a grid (jaxmesh.sweep), on the same seeds: e.g. --set "
+        "delay=[0,1,2,4] --set horizon=[4,8]. Prints the table of success rate "
+        "and mean return per cell and writes the sweep's JSON to the config's "
+        "output.",
+    )
+    _add_config_args(sw)
+    sw.set_defaults(run=cmd_sweep)
     ex = sub.add_parser(
         "explain",
         help="print what a run config's policy reads and holds per lane",

@@ -60,14 +60,24 @@ class AgentConfig:
     #: 22); None: chunks replayed as they are.
     ensemble: Any = None
     chunk_len: int = 1  # K, the policy's chunk length (1 for single actions)
+    #: A sweep's settings (``jaxmesh.sweep``): each cell's ``(h, d)``, cell c
+    #: running episodes ``c * cell_episodes .. (c + 1) * cell_episodes - 1``.
+    #: A lane takes its episode's (h, d) when it begins it (``AgentState.
+    #: setting``: data, not program); ``horizon`` and ``lead`` are then the
+    #: largest h and d (the buffers' sizes). None: one setting, static.
+    grid: tuple[tuple[int, int], ...] | None = None
+    cell_episodes: int = 0
 
     @property
     def execution_horizon(self) -> int:
         """Actions executed from one plan (CONTRACT 24): h, h + d under a
-        delay (its first d skipped), K under ensembling."""
-        return (
-            self.chunk_len if self.ensemble is not None else self.horizon + self.delay
-        )
+        delay (its first d skipped), K under ensembling; a sweep's largest
+        h + d (a sweep tells a policy that asks one value per program)."""
+        if self.ensemble is not None:
+            return self.chunk_len
+        if self.grid is not None:
+            return max(h + d for h, d in self.grid)
+        return self.horizon + self.delay
 
     # ((name, treedef, ((shape, dtype), ...)), ...): each Text input's encoding
     texts: tuple = ()
@@ -88,6 +98,9 @@ class AgentState:
     #: [N, K, K, *A] under ensembling: the chunk planned at episode step s in
     #: slot s % K (None otherwise).
     ring: Any = None
+    #: [N, 2] int32 under a sweep (``AgentConfig.grid``): the (h, d) of each
+    #: lane's episode (None otherwise).
+    setting: Any = None
 
 
 def make_config(
@@ -101,6 +114,8 @@ def make_config(
     chunk,
     delay=0,
     ensemble=None,
+    grid=None,
+    cell_episodes=0,
 ) -> AgentConfig:
     """The static agent configuration (``horizon`` and ``lead`` as the run's
     plan has them: under ensembling h = 1, under a delay the lead is d)."""
@@ -136,6 +151,8 @@ def make_config(
         ensemble=ensemble,
         chunk_len=1 if chunk is None else chunk,
         texts=tuple(texts),
+        grid=grid,
+        cell_episodes=cell_episodes,
     )
 
 
@@ -221,16 +238,26 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
         state = state.replace(
             ring=jnp.zeros((n, k, k) + cfg.action_shape, cfg.action_dtype)
         )
+    if cfg.grid is not None:
+        first_cell = jnp.asarray(cfg.grid[0], jnp.int32)
+        state = state.replace(setting=jnp.broadcast_to(first_cell, (n, 2)))
     return begin(cfg, policy, state, lanes, obs)
 
 
 def begin(
-    cfg: AgentConfig, policy: Policy, state: AgentState, mask: jax.Array, obs: Any
+    cfg: AgentConfig,
+    policy: Policy,
+    state: AgentState,
+    mask: jax.Array,
+    obs: Any,
+    episodes: jax.Array | None = None,
 ) -> AgentState:
     """Starts episodes on the lanes in ``mask`` from their reset observation.
 
     Windows are filled with copies of the reset frame (zeros for Previous), the
     cursor marks the chunk exhausted and ``fresh`` forces a synchronous plan.
+    Under a sweep (``cfg.grid``) a lane takes the (h, d) of its episode
+    (``episodes``: [N] the episode index each lane begins).
     """
     n, h = cfg.num_envs, cfg.horizon
     prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
@@ -246,7 +273,13 @@ def begin(
         one = policy.initial_state()
         init_r = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), one)
         rstate = _where(mask, init_r, rstate)
+    setting = state.setting
+    if cfg.grid is not None and episodes is not None:
+        table = jnp.asarray(cfg.grid, jnp.int32)
+        cell = jnp.clip(episodes // cfg.cell_episodes, 0, len(cfg.grid) - 1)
+        setting = jnp.where(mask[:, None], table[cell], setting)
     return state.replace(
+        setting=setting,
         cursor=jnp.where(mask, h, state.cursor),
         fresh=state.fresh | mask,
         windows=windows,
@@ -336,14 +369,16 @@ def act(
     if cfg.ensemble is not None:
         state, action = _ensemble(cfg, policy, params, state, active, ep_keys, t)
         return _executed(cfg, state, active, action), action
-    h, lead, d = cfg.horizon, cfg.lead, cfg.delay
-    exhausted = active & (state.cursor >= h)
+    h, lead = cfg.horizon, cfg.lead
+    hl, dl, lead_l = _replay_setting(cfg, state)
+    exhausted = active & (state.cursor >= hl)
     if lead == 0:
         sync = exhausted
         chunk = state.chunk
     else:
-        sync = exhausted & state.fresh
-        chunk = _where(exhausted & ~state.fresh, state.pending, state.chunk)
+        takes = exhausted & ~state.fresh & (lead_l > 0)
+        sync = exhausted & ~takes
+        chunk = _where(takes, state.pending, state.chunk)
     cursor = jnp.where(exhausted, 0, state.cursor)
     keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
     chunk, rstate, rows = _plan(cfg, policy, params, state, sync, chunk, keys)
@@ -354,9 +389,13 @@ def act(
         # A lead plans the next chunk at cursor h - lead and plays it from its
         # first action; a delay d plans it at cursor h - d and plays actions
         # d .. d+h-1 (the first d were meant for steps already executed).
-        pre = active & (cursor == h - lead)
+        pre = active & (lead_l > 0) & (cursor == hl - lead_l)
         keys = _plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
-        late = lambda buf, idx, out: tiles.put(buf, idx, out[:, d : d + h])
+
+        def late(buf, idx, out):
+            start = dl if isinstance(dl, int) else tiles.take(dl, idx)
+            return tiles.put(buf, idx, _actions_from(out, start, h))
+
         pending, rstate, pre_rows = _plan(
             cfg, policy, params, state, pre, pending, keys, late
         )
@@ -364,7 +403,9 @@ def act(
         calls = calls + pre
     action = jnp.take_along_axis(
         chunk,
-        jnp.reshape(jnp.minimum(cursor, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)),
+        jnp.reshape(
+            jnp.minimum(cursor, hl - 1), (-1, 1) + (1,) * len(cfg.action_shape)
+        ),
         1,
     )[:, 0]
     state = state.replace(
@@ -376,6 +417,27 @@ def act(
         rows=state.rows + rows,
     )
     return _executed(cfg, state, active, action), action
+
+
+def _replay_setting(cfg: AgentConfig, state: AgentState) -> tuple[Any, Any, Any]:
+    """Each lane's (h, d, lead): static ints, or [N] arrays under a sweep
+    (``cfg.grid``: its episode's h and d, a delay planned as a lead of d)."""
+    if cfg.grid is None:
+        return cfg.horizon, cfg.delay, cfg.lead
+    hl, dl = state.setting[:, 0], state.setting[:, 1]
+    return hl, dl, dl
+
+
+def _actions_from(out: jax.Array, start: Any, h: int) -> jax.Array:
+    """[tile, h, *A] actions ``start .. start + h - 1`` of each chunk of ``out``
+    ([tile, K, *A]); ``start`` an int or [tile] ints (past K: the last action,
+    which a lane of a shorter horizon never plays)."""
+    if isinstance(start, int):
+        return out[:, start : start + h]
+    at = jnp.clip(start[:, None] + jnp.arange(h), 0, out.shape[1] - 1)
+    return jnp.take_along_axis(
+        out, jnp.reshape(at, at.shape + (1,) * (out.ndim - 2)), axis=1
+    )
 
 
 def _executed(

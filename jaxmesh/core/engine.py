@@ -365,7 +365,9 @@ class Engine:
         )
         ag = jax.lax.cond(
             jnp.any(begins),
-            lambda ag: agent.begin(cfg.agent, self.policy, ag, begins, obs),
+            lambda ag: agent.begin(
+                cfg.agent, self.policy, ag, begins, obs, lanes.episode
+            ),
             lambda ag: ag,
             ag,
         )

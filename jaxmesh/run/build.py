@@ -211,6 +211,8 @@ def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
         chunk=plan.chunk,
         delay=plan.delay,
         ensemble=plan.ensemble,
+        grid=plan.grid,
+        cell_episodes=plan.cell_episodes,
     )
     check_frame_limit(policy.spec, env, plan.lanes)
     return cfg

@@ -63,6 +63,9 @@ class RunPlan(NamedTuple):
         lead of d would plan it (so ``lead`` is d) and plays from its action d.
       ensemble: a ``jaxmesh.Ensemble`` (h is then 1: a plan every step), or
         None.
+      grid: a sweep's cells, each ``(h, d)`` (``jaxmesh.sweep``): a lane
+        takes its episode's cell, ``cell_episodes`` episodes to a cell; ``h``
+        and ``lead`` are then the largest of them. None: one setting.
     """
 
     horizon: int
@@ -74,6 +77,8 @@ class RunPlan(NamedTuple):
     capacity: int
     delay: int = 0
     ensemble: Any = None
+    grid: tuple[tuple[int, int], ...] | None = None
+    cell_episodes: int = 0
 
     @property
     def execution_horizon(self) -> int:
@@ -136,6 +141,11 @@ def plan_run(
     )
 
 
+class UnfitDelay(ValueError):
+    """A delay the run's horizon and chunks cannot serve (``0 < d < h``,
+    ``K >= h + d``); a sweep skips such a cell and says why."""
+
+
 def check_execution(settings: Any, chunk: int | None, h: int) -> None:
     """Refuses a delay or an ensemble that the policy's chunks cannot serve.
 
@@ -152,7 +162,7 @@ def check_execution(settings: Any, chunk: int | None, h: int) -> None:
     if delay:
         k = 1 if chunk is None else chunk
         if delay >= h or k < h + delay:
-            raise ValueError(
+            raise UnfitDelay(
                 f"delay={delay} with horizon={settings.horizon} and chunks of K={k} "
                 f"actions (h = min(H, K) = {h}): a delayed chunk plays actions "
                 f"d .. d+h-1, so it needs 0 < d < h and K >= h + d; use "
@@ -175,4 +185,5 @@ __all__ = [
     "default_plan_tile",
     "effective_horizon",
     "check_execution",
+    "UnfitDelay",
 ]

@@ -516,6 +516,14 @@ class RunResult:
             if self.asynchronous
             else "synchronous"
         )
+        if self.delay:
+            mode = (
+                f"inference delay of {self.delay} steps (each chunk planned "
+                f"{self.delay} steps before it plays, its first {self.delay} "
+                "actions skipped)"
+            )
+        if self.execution is not None:
+            mode += f", temporal ensembling: {self.execution}"
         rows: list[tuple[str, Any]] = [
             ("policy", self.policy),
             ("env", self.env),

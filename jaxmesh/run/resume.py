@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core.results import EPISODE_FIELDS
+from jaxmesh.execution import Ensemble
 from jaxmesh.run.checks import DEFAULT_SUCCESS_MODE
 from jaxmesh.run.results import SUCCESS_KINDS, RunResult, flags_array, headline
 
@@ -100,6 +101,8 @@ def _compare(done: RunResult, now: dict) -> None:
         "env": done.env,
         "horizon": done.horizon,
         "prefetch_lead": done.prefetch_lead,
+        "delay": done.delay,
+        "execution": done.execution,
         "max_episode_seconds": done.max_episode_seconds,
         "metrics": dict(done.metric_reductions),
         "trial_index_base": done.trial_index_base,
@@ -121,6 +124,8 @@ class _Check:
 
     def on_run_start(self, info: dict) -> None:
         now = {k: info.get(k) for k in ("policy", "env", "horizon", "prefetch_lead")}
+        now["delay"] = info.get("delay", 0)
+        now["execution"] = info.get("execution")
         now["max_episode_seconds"] = info.get("max_episode_seconds")
         now["metrics"] = info.get("metric_reductions")
         now["trial_index_base"] = info.get("trial_index_base", 0)
@@ -283,11 +288,16 @@ def _check_complete(done: RunResult, args: dict) -> None:
     from jaxmesh.core.policy import resolve_policy
 
     seconds = args.get("max_episode_seconds")
+    execution = args.get("execution")
     now: dict = {
         "trial_index_base": args.get("trial_index_base") or 0,
         "instruction": args.get("instruction"),
         "horizon": args.get("horizon") or 1,
         "prefetch_lead": args.get("prefetch_lead") or 0,
+        "delay": args.get("delay") or 0,
+        "execution": execution.describe()
+        if isinstance(execution, Ensemble)
+        else execution,
         "max_episode_seconds": None if seconds is None else float(seconds),
         "success_mode": args.get("success_mode") or DEFAULT_SUCCESS_MODE,
     }
@@ -376,6 +386,8 @@ _RUN_KEYS = (
     "horizon",
     "effective_horizon",
     "prefetch_lead",
+    "delay",
+    "execution",
     "chunk",
     "plan_tile",
     "max_episode_seconds",
@@ -483,7 +495,8 @@ def load_episode_log(path: Any) -> RunResult:
         )
     first = runs[0]["run"]
     for other in runs[1:]:
-        for key in ("policy", "env", "horizon", "prefetch_lead", "plan_tile"):
+        keys = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
+        for key in (*keys, "plan_tile"):
             if other["run"].get(key) != first.get(key):
                 raise ValueError(
                     f"{path} holds runs with {key} {first.get(key)!r} and "
@@ -499,6 +512,8 @@ def load_episode_log(path: Any) -> RunResult:
             "horizon": first.get("horizon") or 1,
             "effective_horizon": first.get("effective_horizon") or 1,
             "prefetch_lead": first.get("prefetch_lead") or 0,
+            "delay": first.get("delay") or 0,
+            "execution": first.get("execution"),
             "chunk": first.get("chunk"),
             "plan_tile": first.get("plan_tile") or 0,
             "max_episode_seconds": first.get("max_episode_seconds"),

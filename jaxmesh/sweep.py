@@ -1,0 +1,504 @@
+"""``jaxmesh.sweep``: a grid of inference delays and horizons in one program.
+
+``sweep(policy, env, delay=[0, 1, 2, 4], horizon=[4, 8], episodes=100)``
+scores every (delay, horizon) cell on the same seeds and returns a ``Sweep``:
+one ``RunResult`` per cell (``sweep.get(delay=1, horizon=4)``), a table of
+success rate and mean return with their intervals, and a plot of them against
+the delay, a line per horizon.
+
+On a JAX env the cells are data of one compiled program: cell c runs the
+budget's episodes ``c * E .. (c + 1) * E - 1`` (E episodes per cell, the same
+seeds in each), and a lane takes its episode's (h, d) when it begins it
+(``jaxmesh.core.agent``: the cursor, the delayed plan and the actions it plays
+read the lane's h and d; the buffers are sized for the largest). Each cell's
+episodes are bit for bit those of ``jaxmesh.evaluate`` with that horizon and
+delay and the same ``plan_tile`` (``cell.plan_tile``: one tile serves every
+cell). A policy that declares ``execution_horizon`` is told one static value
+per program, so its cells compile one program per distinct ``h + d``. A
+host-stepped or served env runs the cells one after another (its env steps on
+the host, where a program per cell costs little beside them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxmesh import report as _report
+from jaxmesh import stats as _stats
+from jaxmesh.run import backend, checks
+from jaxmesh.run.plan import (
+    UnfitDelay,
+    check_execution,
+    default_plan_tile,
+    effective_horizon,
+)
+from jaxmesh.run.results import RunResult
+from jaxmesh.run.scan import Evaluator, evaluate
+
+#: ``evaluate`` arguments a sweep does not take, and why.
+REFUSED = {
+    "prefetch_lead": "a sweep's stale plans come from its delays",
+    "execution": "a sweep varies the delay of replayed chunks; ensembling "
+    "plans every step and has no delay",
+    "hooks": "a sweep's cells run interleaved in one program",
+    "record": "record episodes with jaxmesh.evaluate on the cell you want",
+    "resume": "resume runs one setting",
+    "trace": "trace one cell with jaxmesh.evaluate",
+    "devices": "a sweep runs on one device",
+    "initial_states": "a cell's trial indices would follow the sweep's order",
+    "reset_fn": "a cell's trial indices would follow the sweep's order",
+    "trial_index_base": "a cell's trial indices would follow the sweep's order",
+}
+
+#: The ``evaluate`` arguments the one-program sweep passes on to its evaluator.
+_EVALUATOR_ARGS = (
+    "num_envs",
+    "max_episode_steps",
+    "segment_steps",
+    "metrics",
+    "success",
+    "success_mode",
+)
+
+
+def _values(name: str, values: Any, low: int) -> tuple[int, ...]:
+    """A sweep axis: one int or a sequence of distinct ints >= ``low``."""
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
+        raise TypeError(
+            f"{name}={values!r}: expected a list of ints, e.g. {name}=[0, 1, 2, 4]"
+        )
+    out = tuple(
+        checks.check_int(name, v, low, f"each {name} of the sweep") for v in values
+    )
+    if not out or len(set(out)) != len(out):
+        raise ValueError(
+            f"{name}={list(values)!r}: expected a non-empty list of distinct ints"
+        )
+    return out
+
+
+class _GridEvaluator(Evaluator):
+    """An ``Evaluator`` whose plan carries a sweep's cells (``RunPlan.grid``)."""
+
+    def __init__(self, *args: Any, grid: tuple, cell_episodes: int, **kw: Any):
+        super().__init__(*args, **kw)
+        self.grid, self.cell_episodes = grid, cell_episodes
+
+    def plan(self, params: Any, episodes: int) -> Any:
+        plan = super().plan(params, episodes)
+        return plan._replace(
+            lead=max(d for _, d in self.grid),
+            grid=self.grid,
+            cell_episodes=self.cell_episodes,
+        )
+
+
+def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> RunResult:
+    """Cell c's result: episodes ``c * e .. (c + 1) * e - 1`` of ``whole``."""
+    at = slice(c * e, (c + 1) * e)
+    cut = lambda x: None if x is None else np.asarray(x)[at]
+    lengths, calls = cut(whole.lengths), cut(whole.predict_calls)
+    return dataclasses.replace(
+        whole,
+        indices=np.arange(e),
+        seeds=cut(whole.seeds),
+        returns=cut(whole.returns),
+        lengths=lengths,
+        terminated=cut(whole.terminated),
+        truncated=cut(whole.truncated),
+        predict_calls=calls,
+        lanes=cut(whole.lanes),
+        success=cut(whole.success),
+        success_once=cut(whole.success_once),
+        success_at_end=cut(whole.success_at_end),
+        success_at_reset=cut(whole.success_at_reset),
+        metrics={k: cut(v) for k, v in whole.metrics.items()},
+        env_steps=int(np.sum(lengths)),
+        policy_rows=int(np.sum(calls)),
+        horizon=horizon,
+        effective_horizon=h,
+        delay=d,
+    )
+
+
+def sweep(
+    policy: Any,
+    env: Any,
+    *,
+    delay: Any = (0,),
+    horizon: Any = (1,),
+    episodes: int | None = None,
+    seeds: Sequence[int] | None = None,
+    params: Any = None,
+    plan_tile: int | None = None,
+    **evaluate_kwargs: Any,
+) -> Sweep:
+    """Scores a policy at every (delay, horizon) of a grid, on the same seeds.
+
+    Args:
+      policy, env, episodes, seeds, params: as for ``jaxmesh.evaluate``; every
+        cell runs the same budget.
+      delay: the inference delays d to sweep (steps; 0 is none).
+      horizon: the horizons H to sweep.
+      plan_tile: rows per policy call, one for every cell (default: the
+        default tile of the smallest effective horizon). A cell equals
+        ``jaxmesh.evaluate`` with the same ``plan_tile`` bit for bit.
+      **evaluate_kwargs: other ``jaxmesh.evaluate`` arguments (``num_envs``,
+        ``max_episode_steps``, ``metrics``, ``success``, ...); see ``REFUSED``
+        for those a sweep does not take.
+
+    Returns:
+      A ``Sweep``. A cell whose delay the horizon and chunks cannot serve
+      (``0 < d < h``, ``K >= h + d``) is not run; ``Sweep.skipped`` says why.
+
+    Raises:
+      ValueError, TypeError: bad input, before anything compiles.
+
+    Example::
+
+      s = jaxmesh.sweep(policy, env, delay=[0, 1, 2], horizon=[4, 8], episodes=50)
+      print(s.summary()); s.plot()
+    """
+    t0 = time.perf_counter()
+    delays = _values("delay", delay, 0)
+    horizons = _values("horizon", horizon, 1)
+    defaults = {"prefetch_lead": 0, "trial_index_base": 0}
+    evaluate_kwargs = {
+        k: v
+        for k, v in evaluate_kwargs.items()
+        if not (k in REFUSED and (v is None or (k in defaults and v == defaults[k])))
+    }
+    refused = sorted(set(evaluate_kwargs) & set(REFUSED))
+    if refused:
+        name = refused[0]
+        raise ValueError(
+            f"sweep(..., {name}=...): a sweep does not take {name} "
+            f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
+        )
+    seeds_arr = checks.resolve_budget(episodes, seeds)
+    if backend.backend_of(env) != backend.SCAN:
+        cells, skipped = _one_by_one(
+            policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
+        )
+        programs = len(cells)
+        compile_time = sum(r.compile_time for r in cells.values())
+    else:
+        cells, skipped, programs, compile_time = _one_program(
+            policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
+        )
+    return Sweep(
+        delays=delays,
+        horizons=horizons,
+        cells=cells,
+        skipped=skipped,
+        programs=programs,
+        wall_time=time.perf_counter() - t0,
+        compile_time=compile_time,
+    )
+
+
+def _one_program(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
+    """The cells of a JAX env: one program (or one per told ``h + d``)."""
+    unknown = sorted(set(kw) - set(_EVALUATOR_ARGS))
+    if unknown:
+        raise TypeError(
+            f"sweep(..., {unknown[0]}=...): not an argument of a sweep on a JAX "
+            f"env; it takes {', '.join(_EVALUATOR_ARGS)}"
+        )
+    base = {k: v for k, v in kw.items() if k in _EVALUATOR_ARGS}
+    takes = params is not None
+    probe = Evaluator(policy, env, takes_params=takes, horizon=max(horizons), **base)
+    pol = probe.policy
+    p = pol.default_params() if params is None else pol.place(params)
+    chunk = probe.plan(p, 1).chunk
+    cells, skipped = [], {}
+    for d in delays:
+        for big_h in horizons:
+            h = effective_horizon(big_h, chunk)
+            try:
+                setting = types.SimpleNamespace(delay=d, execution=None, horizon=big_h)
+                check_execution(setting, chunk, h)
+            except UnfitDelay as e:
+                skipped[(d, big_h)] = str(e)
+                continue
+            cells.append((d, big_h, h))
+    if not cells:
+        raise ValueError(
+            f"sweep(delay={list(delays)}, horizon={list(horizons)}): no cell can "
+            f"run with chunks of K={chunk}: {next(iter(skipped.values()))}"
+        )
+    tile = plan_tile or default_plan_tile(
+        min(h for _, _, h in cells), probe.settings.num_envs
+    )
+    groups: dict = {}
+    for cell in cells:
+        told = cell[0] + cell[2] if pol.takes_execution_horizon else None
+        groups.setdefault(told, []).append(cell)
+    e = int(seeds_arr.size)
+    out, programs, compile_time = {}, 0, 0.0
+    for group in groups.values():
+        ev = _GridEvaluator(
+            policy,
+            env,
+            grid=tuple((h, d) for d, _, h in group),
+            cell_episodes=max(e, 1),
+            takes_params=takes,
+            horizon=max(big_h for _, big_h, _ in group),
+            plan_tile=tile,
+            **base,
+        )
+        whole = ev.run(seeds=np.tile(seeds_arr, len(group)), params=params)
+        programs += len(ev.programs())
+        compile_time += whole.compile_time
+        for c, (d, big_h, h) in enumerate(group):
+            out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
+    return _ordered(out, delays, horizons), skipped, programs, compile_time
+
+
+def _one_by_one(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
+    """The cells of a host-stepped or served env, one ``evaluate`` each."""
+    cells, skipped = {}, {}
+    for d in delays:
+        for big_h in horizons:
+            try:
+                cells[(d, big_h)] = evaluate(
+                    policy,
+                    env,
+                    delay=d,
+                    horizon=big_h,
+                    seeds=seeds_arr,
+                    params=params,
+                    plan_tile=plan_tile,
+                    **kw,
+                )
+            except UnfitDelay as e:
+                skipped[(d, big_h)] = str(e)
+    return _ordered(cells, delays, horizons), skipped
+
+
+def _ordered(cells: dict, delays: tuple, horizons: tuple) -> dict:
+    return {(d, h): cells[(d, h)] for d in delays for h in horizons if (d, h) in cells}
+
+
+def _interval(pair: Any) -> str:
+    if pair is None:
+        return "-"
+    return f"[{pair[0]:.3f}, {pair[1]:.3f}]"
+
+
+@dataclasses.dataclass
+class Sweep:
+    """The results of ``jaxmesh.sweep``: one ``RunResult`` per (delay, horizon).
+
+    Attributes:
+      delays, horizons: the swept values, in the order given.
+      cells: ``(delay, horizon) -> RunResult`` of every cell that ran. A cell's
+        ``wall_time``, ``compile_time`` and ``run_time`` are the whole call's
+        (its cells ran together); its ``env_steps`` are its own episodes'
+        lengths and its ``policy_rows`` its plans (tile padding not counted).
+      skipped: ``(delay, horizon) -> why`` of every cell that could not run
+        (a delay of ``d >= h``, or chunks shorter than ``h + d``).
+      programs: how many programs compiled for the sweep.
+      wall_time, compile_time: seconds for the whole call and of it compiling.
+    """
+
+    delays: tuple[int, ...]
+    horizons: tuple[int, ...]
+    cells: dict
+    skipped: dict
+    programs: int
+    wall_time: float
+    compile_time: float
+
+    def get(self, *, delay: int, horizon: int) -> RunResult:
+        """The result of the cell ``(delay, horizon)``.
+
+        Raises:
+          KeyError: a cell that was not swept, or was skipped (saying why).
+        """
+        key = (delay, horizon)
+        if key in self.cells:
+            return self.cells[key]
+        if key in self.skipped:
+            raise KeyError(
+                f"sweep cell delay={delay}, horizon={horizon} was skipped: "
+                f"{self.skipped[key]}"
+            )
+        raise KeyError(
+            f"sweep cell delay={delay}, horizon={horizon} was not swept: the "
+            f"sweep has delay in {list(self.delays)} and horizon in "
+            f"{list(self.horizons)}"
+        )
+
+    @property
+    def has_success(self) -> bool:
+        """Whether every cell has a success signal (the plot draws it)."""
+        return bool(self.cells) and all(
+            r.success_rate is not None for r in self.cells.values()
+        )
+
+    def table(self) -> list[dict]:
+        """One row per swept cell, delays outer, horizons inner: ``delay``,
+        ``horizon``, ``effective_horizon``, ``episodes``, ``success_rate`` and
+        ``success_interval`` (None without a success signal), ``mean_return``
+        and ``mean_interval`` (95%), ``skipped`` (None, or why it did not run).
+        """
+        rows = []
+        for d in self.delays:
+            for h in self.horizons:
+                row = {"delay": d, "horizon": h, "skipped": self.skipped.get((d, h))}
+                result = self.cells.get((d, h))
+                if result is not None:
+                    n = result.num_episodes
+                    s = result.stats(resamples=_stats.summary_resamples(n))
+                    row.update(
+                        effective_horizon=result.effective_horizon,
+                        episodes=n,
+                        success_rate=s["success_rate"],
+                        success_interval=s["success_interval"],
+                        mean_return=s["returns"]["mean"],
+                        mean_interval=s["returns"]["mean_interval"],
+                    )
+                rows.append(row)
+        return rows
+
+    def summary(self) -> str:
+        """The table as text, with how many programs compiled and the time."""
+        head = ("delay", "horizon", "episodes", "success", "95% CI", "mean return")
+        lines = []
+        for row in self.table():
+            if row["skipped"] is not None:
+                lines.append((str(row["delay"]), str(row["horizon"]), "skipped"))
+                continue
+            rate = row["success_rate"]
+            lines.append(
+                (
+                    str(row["delay"]),
+                    str(row["horizon"]),
+                    str(row["episodes"]),
+                    "-" if rate is None else f"{rate:.3f}",
+                    _interval(row["success_interval"]),
+                    "-"
+                    if row["mean_return"] is None
+                    else f"{row['mean_return']:.3f} {_interval(row['mean_interval'])}",
+                )
+            )
+        widths = [
+            max(len(r[i]) for r in [head, *lines] if i < len(r)) for i in range(6)
+        ]
+        fmt = lambda r: "  ".join(f"{v:<{widths[i]}}" for i, v in enumerate(r)).rstrip()
+        text = [fmt(head), *map(fmt, lines)]
+        text.append(
+            f"{len(self.cells)} cells, {self.programs} program(s) compiled, "
+            f"{self.wall_time:.2f} s ({self.compile_time:.2f} s compiling)"
+        )
+        if self.skipped:
+            text.append("skipped: a delay needs 0 < d < h and chunks of K >= h + d")
+        return "\n".join(text)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def plot(self) -> Any:
+        """Success rate (or, without a success signal, mean return) against the
+        delay, a line per horizon, with 95% intervals: a matplotlib ``Figure``
+        on an Agg canvas (as ``jaxmesh.report.plot``)."""
+        figure_cls, canvas_cls = _report._matplotlib()
+        fig = figure_cls(figsize=(6, 4))
+        canvas_cls(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        success = self.has_success
+        value, interval = (
+            ("success_rate", "success_interval")
+            if success
+            else ("mean_return", "mean_interval")
+        )
+        rows = [r for r in self.table() if r["skipped"] is None]
+        for h in self.horizons:
+            line = [r for r in rows if r["horizon"] == h and r[value] is not None]
+            if not line:
+                continue
+            x = [r["delay"] for r in line]
+            y = [r[value] for r in line]
+            lo = [
+                y_ - (r[interval] or [y_, y_])[0] for r, y_ in zip(line, y, strict=True)
+            ]
+            hi = [
+                (r[interval] or [y_, y_])[1] - y_ for r, y_ in zip(line, y, strict=True)
+            ]
+            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"H={h}")
+        ax.set_xlabel("inference delay (steps)")
+        ax.set_ylabel("success rate" if success else "mean return")
+        ax.set_xticks(list(self.delays))
+        ax.legend(title="horizon")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        return fig
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict: the axes, every cell's ``RunResult.to_dict``,
+        the skipped cells and the totals."""
+        return {
+            "sweep": {"delay": list(self.delays), "horizon": list(self.horizons)},
+            "cells": [
+                {"delay": d, "horizon": h, "result": r.to_dict()}
+                for (d, h), r in self.cells.items()
+            ],
+            "skipped": [
+                {"delay": d, "horizon": h, "reason": why}
+                for (d, h), why in self.skipped.items()
+            ],
+            "programs": self.programs,
+            "wall_time": self.wall_time,
+            "compile_time": self.compile_time,
+            "table": self.table(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sweep:
+        """The sweep ``to_dict`` wrote.
+
+        Raises:
+          ValueError: a dict that is not one ``to_dict`` wrote, naming what lacks.
+        """
+        if not isinstance(d, dict) or "sweep" not in d or "cells" not in d:
+            got = sorted(d) if isinstance(d, dict) else type(d).__name__
+            raise ValueError(
+                f"a sweep dict was expected (Sweep.to_dict(), the JSON of jaxmesh "
+                f"sweep), with keys sweep and cells; got {got}"
+            )
+        try:
+            return cls(
+                delays=tuple(int(x) for x in d["sweep"]["delay"]),
+                horizons=tuple(int(x) for x in d["sweep"]["horizon"]),
+                cells={
+                    (int(c["delay"]), int(c["horizon"])): RunResult.from_dict(
+                        c["result"]
+                    )
+                    for c in d["cells"]
+                },
+                skipped={
+                    (int(c["delay"]), int(c["horizon"])): str(c["reason"])
+                    for c in d.get("skipped", [])
+                },
+                programs=int(d.get("programs", 0)),
+                wall_time=float(d.get("wall_time", math.nan)),
+                compile_time=float(d.get("compile_time", math.nan)),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(
+                f"the sweep dict is malformed ({type(e).__name__}: {e}); expected "
+                "what Sweep.to_dict() writes"
+            ) from e
+
+
+__all__ = ["sweep", "Sweep", "REFUSED"]

@@ -1,0 +1,180 @@
+"""``jaxmesh.sweep``: a delay x horizon grid in one program.
+
+Every cell is checked against a plain loop written here from the delay rule
+(docs/contract.md, item 23; d = 0 is the plain replay of item 10) over
+gymnax's own reset and step, and two cells against a separate
+``jaxmesh.evaluate`` bit for bit. The chunks' entries differ per step, so a
+cell that ran another cell's h or d gives other returns.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference_loop import fold, gymnax_fns
+
+import jaxmesh
+
+K = 12  # chunk length: serves h + d up to 12
+CAP = 13  # steps per episode (not a multiple of any horizon here)
+SEEDS = [5, 2, 7, 11]
+ENV = "gymnax:Pendulum-v1"
+DELAYS, HORIZONS = [0, 1, 2, 4], [4, 8]
+KW = {"num_envs": 3, "max_episode_steps": CAP, "plan_tile": 8}
+
+
+def chunk_policy(obs):
+    """K actions, each step's differing from the last by 0.3."""
+    base = jnp.tanh(jnp.dot(obs, jnp.asarray([0.7, -1.3, 0.4], obs.dtype)))
+    return (base + 0.3 * jnp.arange(K, dtype=jnp.float32) - 1.0)[:, None]
+
+
+def reference(h, d):
+    """Per seed (return, plans) of the delay rule: the first chunk plays
+    chunk[0:h]; with d > 0, when d actions are left the next chunk is planned
+    and plays new[d : d + h]; with d = 0 a chunk is planned when one is done."""
+    import gymnax
+
+    reset, step = gymnax_fns(*gymnax.make("Pendulum-v1"))
+    plan = jax.jit(chunk_policy)
+    out = []
+    for seed in SEEDS:
+        key = jax.random.PRNGKey(seed)
+        obs, state = reset(key)
+        ret, calls, pos, offset, playing, nxt = 0.0, 0, h, 0, None, None
+        for t in range(CAP):
+            if t == 0 or (pos == h and d == 0):
+                playing, offset, pos = np.asarray(plan(obs)), 0, 0
+                calls += 1
+            elif pos == h:
+                playing, offset, pos = nxt, d, 0
+            if d and pos == h - d:
+                nxt = np.asarray(plan(obs))
+                calls += 1
+            action = jnp.asarray(playing[offset + pos])
+            pos += 1
+            obs, state, r, _, _ = step(fold(key, 0, t), state, action)
+            ret += float(r)
+        out.append((ret, calls))
+    return out
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return jaxmesh.sweep(
+        chunk_policy, ENV, delay=DELAYS, horizon=HORIZONS, seeds=SEEDS, **KW
+    )
+
+
+def test_one_program_every_cell_against_the_rule(grid):
+    assert grid.programs == 1
+    assert sorted(grid.cells) == sorted(
+        (d, h) for d in DELAYS for h in HORIZONS if (d, h) != (4, 4)
+    )
+    for (d, h), cell in grid.cells.items():
+        ref = reference(h, d)
+        np.testing.assert_allclose(cell.returns, [r[0] for r in ref], rtol=2e-5)
+        np.testing.assert_array_equal(cell.predict_calls, [r[1] for r in ref])
+        np.testing.assert_array_equal(cell.lengths, [CAP] * len(SEEDS))
+        np.testing.assert_array_equal(cell.seeds, SEEDS)
+        assert (cell.delay, cell.horizon, cell.effective_horizon) == (d, h, h)
+        assert cell.env_steps == CAP * len(SEEDS)
+    # The cells differ from each other: a cell that ran another's setting fails.
+    returns = {k: tuple(v.returns) for k, v in grid.cells.items()}
+    assert len(set(returns.values())) == len(returns)
+
+
+@pytest.mark.parametrize("cell", [(0, 8), (2, 4)])
+def test_cell_equals_a_separate_evaluate(grid, cell):
+    d, h = cell
+    alone = jaxmesh.evaluate(chunk_policy, ENV, delay=d, horizon=h, seeds=SEEDS, **KW)
+    got = grid.get(delay=d, horizon=h)
+    for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(alone, field))
+    assert got.plan_tile == alone.plan_tile == KW["plan_tile"]
+
+
+def test_skipped_cell_and_get(grid):
+    assert (4, 4) in grid.skipped and "0 < d < h" in grid.skipped[(4, 4)]
+    with pytest.raises(KeyError, match="skipped"):
+        grid.get(delay=4, horizon=4)
+    with pytest.raises(KeyError, match="not swept"):
+        grid.get(delay=3, horizon=4)
+
+
+def test_table_summary_plot_and_json(grid):
+    rows = grid.table()
+    assert [(r["delay"], r["horizon"]) for r in rows] == [
+        (d, h) for d in DELAYS for h in HORIZONS
+    ]
+    row = rows[0]
+    cell = grid.get(delay=0, horizon=4)
+    assert row["mean_return"] == pytest.approx(float(np.mean(cell.returns)))
+    low, high = row["mean_interval"]
+    assert low <= row["mean_return"] <= high
+    assert row["success_rate"] is None  # Pendulum gives no success signal
+    text = grid.summary()
+    assert "1 program(s) compiled" in text and "skipped" in text
+    fig = grid.plot()
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "mean return"  # no success signal: the return
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["H=4", "H=8"]
+    d = json.loads(json.dumps(grid.to_dict()))
+    back = jaxmesh.Sweep.from_dict(d)
+    assert back.to_dict() == d
+    np.testing.assert_array_equal(
+        back.get(delay=2, horizon=8).returns, grid.get(delay=2, horizon=8).returns
+    )
+    with pytest.raises(ValueError, match="sweep dict"):
+        jaxmesh.Sweep.from_dict({"cells": []})
+
+
+def test_bad_input_is_refused_before_compiling():
+    with pytest.raises(TypeError, match="delay="):
+        jaxmesh.sweep(chunk_policy, ENV, delay="1")
+    with pytest.raises(ValueError, match="distinct"):
+        jaxmesh.sweep(chunk_policy, ENV, horizon=[4, 4])
+    with pytest.raises(ValueError, match="delay"):
+        jaxmesh.sweep(chunk_policy, ENV, delay=[-1])
+    with pytest.raises(ValueError, match="prefetch_lead"):
+        jaxmesh.sweep(chunk_policy, ENV, prefetch_lead=1)
+    with pytest.raises(ValueError, match="no cell can run"):
+        jaxmesh.sweep(chunk_policy, ENV, delay=[4], horizon=[4])
+
+
+def test_cli_sweep_prints_the_table_and_writes_json(tmp_path, capsys):
+    from jaxmesh.cli import main
+
+    out = tmp_path / "sweep.json"
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"env: {ENV}\npolicy: test_sweep:chunk_policy\nseeds: {SEEDS}\n"
+        f"num_envs: 3\nmax_episode_steps: {CAP}\nplan_tile: 8\noutput: {out}\n"
+    )
+    args = ["sweep", str(config), "--set", "delay=[0,2]", "--set", "horizon=4"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "1 program(s) compiled" in text and f"wrote {out}" in text
+    back = jaxmesh.Sweep.from_dict(json.loads(out.read_text()))
+    assert sorted(back.cells) == [(0, 4), (2, 4)]
+    ref = reference(4, 2)
+    np.testing.assert_allclose(
+        back.get(delay=2, horizon=4).returns, [r[0] for r in ref], rtol=2e-5
+    )
+    assert main(["sweep", str(config), "--set", "prefetch_lead=1"]) == 2
+    bad = ["eval", str(config), "--set", "execution={ensemble: {m: -1}}"]
+    assert main(bad) == 2
+    assert "execution.ensemble" in capsys.readouterr().err
+
+
+def test_resume_refuses_another_delay(grid):
+    done = grid.get(delay=2, horizon=4)
+    assert "inference delay of 2 steps" in done.summary()
+    with pytest.raises(ValueError, match="delay"):
+        jaxmesh.evaluate(
+            chunk_policy, ENV, horizon=4, delay=1, seeds=SEEDS, resume=done, **KW
+        )
