@@ -437,6 +437,9 @@ def _task_row(name: str, env: str, stats: dict) -> dict[str, Any]:
         "episodes": stats["episodes"],
         "success_rate": stats["success_rate"],
         "success_interval": stats["success_interval"],
+        "success_once_rate": stats.get("success_once_rate"),
+        "success_at_end_rate": stats.get("success_at_end_rate"),
+        "successes_at_reset": stats.get("successes_at_reset"),
         "mean_return": ret["mean"],
         "return_interval": ret["mean_interval"],
         "mean_length": stats["lengths"]["mean"],
@@ -480,6 +483,21 @@ class SuiteResult:
         success = None if any(f is None for f in flags) else np.concatenate(flags)
         return returns, lengths, success
 
+    def _pooled_flags(self, kind: str) -> np.ndarray | None:
+        """Every task's ``kind`` flags (``success_once``, ...) concatenated, or
+        None unless every task has them."""
+        flags = [getattr(r, kind, None) for r in self.tasks.values()]
+        if not flags or any(f is None for f in flags):
+            return None
+        return np.concatenate([np.asarray(f, bool) for f in flags])
+
+    @property
+    def success_mode(self) -> str | None:
+        """The headline success of the tasks (``"once"`` or ``"end"``; None
+        when the tasks differ or have no success signal)."""
+        modes = {r.success_mode for r in self.tasks.values() if r.success is not None}
+        return modes.pop() if len(modes) == 1 else None
+
     def stats(
         self,
         *,
@@ -516,7 +534,15 @@ class SuiteResult:
         }
         r, lengths, success = self._pooled()
         pooled = _task_row("pooled", "", _stats.describe(r, lengths, success, **opts))
+        for kind in ("success_once", "success_at_end"):
+            flags = self._pooled_flags(kind)
+            pooled[f"{kind}_rate"] = _rate(flags)
+        at_reset = [row["successes_at_reset"] for row in rows]
+        pooled["successes_at_reset"] = (
+            None if any(v is None for v in at_reset) else int(sum(at_reset))
+        )
         return {
+            "success_mode": self.success_mode,
             "tasks": rows,
             "mean_over_tasks": over,
             "pooled": pooled,
@@ -540,42 +566,47 @@ class SuiteResult:
         def num(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.3f}"
 
-        head = ["task", "episodes", "success", "interval", "mean return", "interval"]
-        out = [head]
-        for row in s["tasks"]:
-            out.append(
-                [
-                    row["task"],
-                    str(row["episodes"]),
-                    pct(row["success_rate"]),
-                    span(row["success_interval"], ".1%"),
-                    num(row["mean_return"]),
-                    span(row["return_interval"], ".3f"),
-                ]
-            )
+        mode = s.get("success_mode")
+        other = {"once": "success_at_end_rate", "end": "success_once_rate"}.get(mode)
+        other_name = {"once": "at end", "end": "once"}.get(mode, "")
+        head = ["task", "episodes", f"success ({mode or 'n/a'})", "interval"]
+        head += [other_name, "at reset", "mean return", "interval"]
+
+        def row_of(name: str, row: dict, interval: bool = True) -> list[str]:
+            at_reset = row.get("successes_at_reset")
+            return [
+                name,
+                str(row["episodes"]),
+                pct(row["success_rate"]),
+                span(row["success_interval"], ".1%") if interval else "",
+                pct(row.get(other)) if other else "n/a",
+                "n/a" if at_reset is None else str(at_reset),
+                num(row["mean_return"]),
+                span(row["return_interval"], ".3f") if interval else "",
+            ]
+
+        out = [head] + [row_of(row["task"], row) for row in s["tasks"]]
         over, pooled = s["mean_over_tasks"], s["pooled"]
+        rates = [row.get(other) for row in s["tasks"]] if other else [None]
+        mean_other = None if any(v is None for v in rates) else float(np.mean(rates))
         out.append(
-            [
+            row_of(
                 "mean over tasks",
-                str(sum(row["episodes"] for row in s["tasks"])),
-                pct(over["success_rate"]),
-                "",
-                num(over["mean_return"]),
-                "",
-            ]
+                {
+                    "episodes": sum(row["episodes"] for row in s["tasks"]),
+                    "success_rate": over["success_rate"],
+                    "success_interval": None,
+                    other or "": mean_other,
+                    "successes_at_reset": pooled.get("successes_at_reset"),
+                    "mean_return": over["mean_return"],
+                    "return_interval": None,
+                },
+                interval=False,
+            )
         )
-        out.append(
-            [
-                "pooled",
-                str(pooled["episodes"]),
-                pct(pooled["success_rate"]),
-                span(pooled["success_interval"], ".1%"),
-                num(pooled["mean_return"]),
-                span(pooled["return_interval"], ".3f"),
-            ]
-        )
+        out.append(row_of("pooled", pooled))
         if all(row["success_rate"] is None for row in s["tasks"]):
-            out = [row[:2] + row[4:] for row in out]  # no task has a signal
+            out = [row[:2] + row[6:] for row in out]  # no task has a signal
         return out
 
     def _resamples(self) -> int:
@@ -597,6 +628,15 @@ class SuiteResult:
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines.insert(-2, "  ".join("-" * w for w in widths))
         level = f"{_stats.CONFIDENCE:.0%}"
+        mode = self.success_mode
+        if mode is not None:
+            lines.append(
+                f"(success {mode}: the headline, success_mode={mode!r}; "
+                + (
+                    "once: the success signal was true at some step; at end: at "
+                    "the last step; at reset: episodes already successful at reset)"
+                )
+            )
         lines.append(
             f"({level} intervals: Wilson for success rates, percentile bootstrap "
             f"with {self._resamples():,} resamples for mean returns; {len(self.tasks)}"
