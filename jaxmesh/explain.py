@@ -279,7 +279,8 @@ def explain(
       spec_or_model: a spec dict, a ``jaxmesh.Model`` (its ``load`` runs first:
         it may set the spec), a plain policy function, or None (no spec: the
         policy sees the whole observation).
-      env: anything ``jaxmesh.make_env`` accepts.
+      env: anything ``jaxmesh.make_env`` accepts, or a ``jaxmesh.Suite``
+        (its first task's env; each task's instruction, unless given).
       num_envs: lanes to total the memory for.
       instruction: for ``jaxmesh.adapt.Text`` inputs, the run's instruction
         (a string, as ``evaluate(instruction=)``), or a dict of task name to
@@ -296,6 +297,12 @@ def explain(
     """
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}: expected an int >= 1")
+    from jaxmesh.suite import Suite
+
+    if isinstance(env, Suite):  # its tasks' instructions, its first task's env
+        if instruction is None:
+            instruction = {n: t.instruction for n, t in env.tasks.items()}
+        env = next(iter(env.tasks.values())).env
     spec, policy = _spec_of(spec_or_model)
     env_obj = make_env(env)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly

@@ -343,6 +343,9 @@ def test_each_task_gets_its_own_instruction():
     default = [run_episode(*short, policy("keep going"), s) for s in (3, 1)]
     assert_matches(result.tasks["default"], default)
     assert result.tasks["flip"].instruction == said["flip"]
+    shown = str(jaxmesh.explain(model, suite))
+    assert "word[keep]: instruction 'keep it up' -> encoded int32 (4,)" in shown
+    assert "word[flip]: instruction 'flip it over'" in shown
 
 
 def test_same_shaped_gymnax_tasks_share_one_program():
