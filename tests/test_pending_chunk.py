@@ -219,3 +219,34 @@ def test_pending_chunk_errors(no_compile):
         jaxmesh.evaluate(wrong, GYMNAX, horizon=H)
     with pytest.raises(ValueError, match="length=0"):
         PendingChunk(length=0)
+
+
+def test_pending_chunk_on_a_served_env_matches_the_rule():
+    from gym_reference import start_serve_env
+
+    proc, address = start_serve_env("gymnasium:Pendulum-v1", "--lanes", "3")
+    try:
+        got = jaxmesh.evaluate(
+            MODEL,
+            f"grpc://{address}",
+            num_envs=3,
+            seeds=SEEDS,
+            horizon=H,
+            delay=2,
+            max_episode_steps=CAP,
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_reference(got, run_reference("gymnasium", lambda: RtcRule(H, 2)))
+
+
+def test_a_sweep_shows_each_lane_its_cells_delay():
+    """One program over delays 0 and 2: each cell is the rule's episodes."""
+    s = jaxmesh.sweep(MODEL, GYMNAX, delay=[0, 2], horizon=[H], seeds=SEEDS, num_envs=3)
+    assert s.programs == 1
+    for d in (0, 2):
+        assert_reference(
+            s.get(delay=d, horizon=H),
+            run_reference("gymnax", lambda d=d: RtcRule(H, d)),
+        )
