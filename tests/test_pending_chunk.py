@@ -60,40 +60,45 @@ def _plan_np(obs, actions, mask, delay):
 
 # The reference rule ------------------------------------------------------------
 class RtcRule:
-    """CONTRACT 10/23 replay, and the tail of CONTRACT 29 from step alignment.
+    """CONTRACT 10/12/23 replay, and the tail of CONTRACT 29 from step alignment.
 
+    A delay d plans at the playing chunk's cursor h - d a chunk whose entry i is
+    for step t + i (it plays from entry d); a prefetch lead L plans there (at
+    h - L) a chunk whose entry i is for step t + L + i (it plays from entry 0).
     ``shift`` moves the tail by that many entries: the nearest wrong rule.
     """
 
-    def __init__(self, h, d, shift=0):
-        self.h, self.d, self.shift, self.calls = h, d, shift, 0
+    def __init__(self, h, d, shift=0, lead=0):
+        self.h, self.d, self.shift, self.lead, self.calls = h, d, shift, lead, 0
 
-    def plan(self, t, obs):
+    def plan(self, t, obs, meant_for):
+        """A chunk whose entry 0 is meant for step ``meant_for``."""
         actions, mask = np.zeros((K, 1), np.float32), np.zeros(K, bool)
         if self.last is not None:
-            s, chunk = self.last  # planned at step s: entry i is for step s + i
+            s, chunk = self.last  # its entry i is for step s + i
             for j in range(K):
-                i = t + j - s + self.shift
+                i = meant_for + j - s + self.shift
                 if 0 <= i < K:
                     actions[j], mask[j] = chunk[i], True
         chunk = np.asarray(_plan_np(jnp.asarray(obs), actions, mask, self.d))
-        self.last = (t, chunk)
+        self.last = (meant_for, chunk)
         self.calls += 1
         return chunk
 
     def act(self, t, obs):
-        h, d = self.h, self.d
+        h, d, lead = self.h, self.d, self.lead
+        early = d or lead  # the next plan is made this many steps early
         if t == 0:
             self.last = None
-            self.playing, self.offset, self.pos = self.plan(t, obs), 0, 0
-        if self.pos == h:  # exhausted: a plan now, or the delayed one arrives
-            if d == 0:
-                self.playing, self.offset = self.plan(t, obs), 0
+            self.playing, self.offset, self.pos = self.plan(t, obs, t), 0, 0
+        if self.pos == h:  # exhausted: a plan now, or the early one takes over
+            if early == 0:
+                self.playing, self.offset = self.plan(t, obs, t), 0
             else:
                 self.playing, self.offset = self.next, d
             self.pos = 0
-        if d and self.pos == h - d:
-            self.next = self.plan(t, obs)
+        if early and self.pos == h - early:
+            self.next = self.plan(t, obs, t + lead)
         action = self.playing[self.offset + self.pos]
         self.pos += 1
         return action
@@ -196,6 +201,17 @@ def test_what_the_first_plans_see():
     # chunk 1 = arange(K) + 60: its entries 4..7
     np.testing.assert_array_equal(a2, [64, 65, 66, 67, 0, 0, 0, 0])
     np.testing.assert_array_equal(m2, [True] * 4 + [False] * 4)
+
+
+@pytest.mark.parametrize("lead", [2, H])
+def test_pending_chunk_under_a_prefetch_lead_matches_the_rule(lead):
+    """A lead's chunk starts playing where the old one stops: its tail is the
+    old chunk's prev[h:] (at lead = h the first prefetch, planned on the
+    episode's first step, sees the chunk planned just before it)."""
+    ref = run_reference("gymnax", lambda: RtcRule(H, 0, lead=lead))
+    assert_reference(run("gymnax", 3, prefetch_lead=lead), ref)
+    wrong = run_reference("gymnax", lambda: RtcRule(H, 0, shift=1, lead=lead))
+    assert not np.allclose([r[0] for r in ref], [r[0] for r in wrong], rtol=1e-4)
 
 
 def _same(x, y):
