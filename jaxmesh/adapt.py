@@ -10,9 +10,10 @@ executed env step. Example::
 Every declaration says what its frame is made from, so that the engine needs no
 list of declaration classes: ``reads_obs`` (its frame comes from the
 observation, pushed after every env step) and ``reads_action`` (its frame comes
-from the executed action, pushed when the action is chosen). ``Text`` reads
-neither: its encoded instruction is per-lane data the run gives the agent
-(``jaxmesh.run.instructions``).
+from the executed action, pushed when the action is chosen). ``Text`` and
+``PendingChunk`` read neither: a Text's encoded instruction is per-lane data the
+run gives the agent (``jaxmesh.run.instructions``); a PendingChunk is the tail
+of the lane's previous chunk, which the agent keeps itself.
 """
 
 from __future__ import annotations
@@ -431,6 +432,64 @@ class Text:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), first[1])
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingChunk:
+    """The unexecuted tail of the policy's previous chunk, and the delay.
+
+    For policies that make their new chunk agree with the old one (real-time
+    chunking: guided inpainting of the chunk being planned). At every plan the
+    policy sees, under this input's name, a dict:
+
+    - ``"actions"``: ``(K,) + action shape``, K the policy's chunk length.
+      ``actions[j]`` is the previous chunk's action for the env step at which
+      the new chunk's action j is meant to run (the two are aligned entry by
+      entry). Under ``delay=d`` its first d entries are exactly the actions
+      that the runtime executes while the new chunk is being computed (the new
+      chunk's own first d are stale and skipped): a hard prefix. The entries
+      after them are the rest of the previous chunk, which will not run: a
+      soft prefix. Without a delay nothing of the previous chunk runs after a
+      plan, and the tail is its not-executed remainder ``prev[h:K]``.
+    - ``"mask"``: ``(K,)`` bool, the entries the previous chunk has (the others
+      are zeros).
+    - ``"delay"``: int32, d (0 without a delay; a sweep's lane gets its cell's).
+
+    At an episode's start (its first plan) the actions are zeros and the mask
+    is all False. The rule in steps is in docs/contract.md ("How a chunk is
+    executed"). Not for ``execution=jaxmesh.Ensemble(...)`` (a plan every step,
+    whose executed action is an average, is no chunk to continue) nor for a
+    policy of single actions.
+
+    Args:
+      length: the policy's chunk length K, when it must be known before the
+        policy is first called (a policy whose output length follows its
+        inputs' shapes); None: found by calling the policy, by shape only.
+
+    Example::
+
+        def rtc(inp):  # blend the new plan into the actions still to run
+            own = plan(inp["obs"])  # (K, A)
+            tail = inp["pending"]
+            keep = tail["mask"][:, None]
+            return jnp.where(keep, 0.5 * own + 0.5 * tail["actions"], own)
+
+        spec = {"obs": State(), "pending": PendingChunk()}
+    """
+
+    length: int | None = None
+
+    reads_obs: ClassVar[bool] = False
+    reads_action: ClassVar[bool] = False
+    stack: ClassVar[int] = 1
+
+    def __post_init__(self):
+        n = self.length
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(
+                f"PendingChunk(length={n!r}): length must be the policy's chunk "
+                "length K (an int >= 1), or None to find it by calling the policy"
+            )
+
+
 #: The cache key of a Text's first encoding (never a string).
 _FIRST = object()
 
@@ -456,7 +515,14 @@ def _described(tree: Any) -> str:
     )
 
 
-Input = State | Image | Previous | Text
+Input = State | Image | Previous | Text | PendingChunk
+
+
+def pending_inputs(spec: Mapping[str, Any] | None) -> dict[str, PendingChunk]:
+    """The spec's PendingChunk inputs, name -> declaration, in spec order."""
+    if spec is None:
+        return {}
+    return {name: d for name, d in spec.items() if isinstance(d, PendingChunk)}
 
 
 def text_inputs(spec: Mapping[str, Any] | None) -> dict[str, Text]:
@@ -473,16 +539,16 @@ def check_spec(spec: Any) -> dict[str, Input] | None:
     if not isinstance(spec, Mapping) or not spec:
         raise TypeError(
             "spec must be a non-empty dict of input name to State/Image/Previous/"
-            f"Text, got {spec!r}"
+            f"Text/PendingChunk, got {spec!r}"
         )
     out = {}
     for name, decl in spec.items():
         if not isinstance(name, str):
             raise TypeError(f"spec keys must be strings, got {name!r}")
-        if not isinstance(decl, State | Image | Previous | Text):
+        if not isinstance(decl, State | Image | Previous | Text | PendingChunk):
             raise TypeError(
                 f"spec[{name!r}] = {decl!r}: expected jaxmesh.adapt.State, Image, "
-                "Previous or Text"
+                "Previous, Text or PendingChunk"
             )
         out[name] = decl
     return out
@@ -504,8 +570,10 @@ __all__ = [
     "Image",
     "Previous",
     "Text",
+    "PendingChunk",
     "WHOLE_OBS",
     "check_spec",
     "read_keys",
     "text_inputs",
+    "pending_inputs",
 ]

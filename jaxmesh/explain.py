@@ -36,7 +36,8 @@ class InputInfo:
 
     Attributes:
       name: the input's name in the spec (``"__obs__"`` without a spec).
-      kind: ``"State"``, ``"Image"`` or ``"Previous"``.
+      kind: ``"State"``, ``"Image"``, ``"Previous"``, ``"Text"`` or
+        ``"PendingChunk"``.
       key: the observation key read (None: the whole observation, or none for
         ``Previous``).
       shape: the processed frame's shape (a pytree of shapes when the frame is a
@@ -270,6 +271,24 @@ def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
     )
 
 
+def _pending_info(name: str, decl: adapt.PendingChunk, action: Any) -> InputInfo:
+    """A PendingChunk input's row: the tail's shapes (K the chunk length, as
+    declared, else ``"K"``); the agent keeps the tail, not a frame window."""
+    k = "K" if decl.length is None else decl.length
+    shape = {"actions": (k, *action.shape), "mask": (k,), "delay": ()}
+    dtype = {"actions": jnp.dtype(action.dtype).name, "mask": "bool", "delay": "int32"}
+    return InputInfo(
+        name=name,
+        kind="PendingChunk",
+        key=None,
+        shape=shape,
+        dtype=dtype,
+        stack=1,
+        window_shape=shape,
+        bytes_per_lane=0,
+    )
+
+
 def explain(
     spec_or_model: Any, env: Any, num_envs: int = 1, instruction: Any = None
 ) -> Explanation:
@@ -313,6 +332,9 @@ def explain(
     for name, decl in items.items():
         if isinstance(decl, adapt.Text):
             inputs[name] = _text_info(name, decl, instruction)
+            continue
+        if isinstance(decl, adapt.PendingChunk):
+            inputs[name] = _pending_info(name, decl, action)
             continue
         frame = jax.eval_shape(decl.frame, obs, action)
         shape = jax.tree.map(lambda x: tuple(x.shape), frame, is_leaf=_is_leaf)

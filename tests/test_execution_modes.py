@@ -305,3 +305,30 @@ def test_execution_horizon_short_chunk_is_refused():
 
     with pytest.raises(ValueError, match="executes 4 actions"):
         jaxmesh.evaluate(short, ENV["gymnasium"], num_envs=1, episodes=1, horizon=4)
+
+
+# Served (a real serve-env child) ---------------------------------------------------
+def test_delay_and_ensembling_served_equal_in_process():
+    """Each mode on a served gymnasium Pendulum: every episode equal to the
+    in-process run's (the same jitted agent step; only the env step moves)."""
+    from gym_reference import start_serve_env
+
+    proc, address = start_serve_env("gymnasium:Pendulum-v1", "--lanes", "3")
+    try:
+        for mode in (dict(horizon=4, delay=2), dict(execution=ENSEMBLES["m=0.5"][0])):
+            served = jaxmesh.evaluate(
+                chunk_policy,
+                f"grpc://{address}",
+                num_envs=3,
+                seeds=SEEDS,
+                max_episode_steps=CAP,
+                **mode,
+            )
+            here = run("gymnasium", 3, **mode)
+            np.testing.assert_array_equal(served.returns, here.returns)
+            np.testing.assert_array_equal(served.lengths, here.lengths)
+            np.testing.assert_array_equal(served.predict_calls, here.predict_calls)
+            assert served.delay == here.delay and served.execution == here.execution
+    finally:
+        proc.kill()
+        proc.wait()

@@ -16,6 +16,9 @@ tiles as are needed.
 A ``jaxmesh.adapt.Text`` input is no window: its encoded instruction is per-lane
 data (``AgentState.texts``), set by whoever starts the lanes' episodes (the
 scan's first carry, or the host loop's ``texts`` argument of ``host_step``).
+A ``jaxmesh.adapt.PendingChunk`` input is none either: each plan writes the
+tail of its chunk that the lane's next plan will see (``AgentState.tail``,
+``tail_start``), so JAX envs and host-stepped envs get it from this code alone.
 
 Policy keys (CONTRACT 5): the plan of episode key ``k`` at episode step ``t`` uses
 ``fold_in(fold_in(k, 1), t)`` for a synchronous plan and
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxmesh.adapt import WHOLE_OBS, State, Text
+from jaxmesh.adapt import WHOLE_OBS, PendingChunk, State, Text
 from jaxmesh.core import tiles
 from jaxmesh.core.policy import Policy
 from jaxmesh.execution import lane_weights
@@ -81,6 +84,8 @@ class AgentConfig:
 
     # ((name, treedef, ((shape, dtype), ...)), ...): each Text input's encoding
     texts: tuple = ()
+    #: The names of the spec's PendingChunk inputs (all see the same tail).
+    pending_names: tuple[str, ...] = ()
 
 
 @struct.dataclass
@@ -101,6 +106,11 @@ class AgentState:
     #: [N, 2] int32 under a sweep (``AgentConfig.grid``): the (h, d) of each
     #: lane's episode (None otherwise).
     setting: Any = None
+    #: [N, K, *A] with a PendingChunk input: the tail of each lane's latest
+    #: chunk, aligned with the next plan's chunk (``tail_start``), zeros past
+    #: its ``tail_len`` ([N] int32) valid entries (None otherwise).
+    tail: Any = None
+    tail_len: Any = None
 
 
 def make_config(
@@ -153,12 +163,58 @@ def make_config(
         texts=tuple(texts),
         grid=grid,
         cell_episodes=cell_episodes,
+        pending_names=tuple(n for n, d in items if isinstance(d, PendingChunk)),
     )
 
 
 def windowed(cfg: AgentConfig) -> tuple[tuple[str, Any], ...]:
-    """The inputs kept as frame windows (every kind but Text)."""
-    return tuple((n, d) for n, d in cfg.spec if not isinstance(d, Text))
+    """The inputs kept as frame windows (those that read the observation or
+    the action; not Text nor PendingChunk)."""
+    return tuple((n, d) for n, d in cfg.spec if d.reads_obs or d.reads_action)
+
+
+def pending_value(tail: jax.Array, tail_len: jax.Array, delay: Any) -> dict:
+    """What a PendingChunk input shows, per row: the tail ``[R, K, *A]``, its
+    mask (the first ``tail_len`` entries) and the delay ``d`` (an int or [R])."""
+    k = tail.shape[1]
+    mask = jnp.arange(k, dtype=jnp.int32)[None, :] < tail_len[:, None]
+    delay = jnp.broadcast_to(jnp.asarray(delay, jnp.int32), tail_len.shape)
+    return {"actions": tail, "mask": mask, "delay": delay}
+
+
+def pending_zeros(cfg: AgentConfig, n: int, length: int) -> dict:
+    """A PendingChunk input's value at an episode's start, for ``n`` rows of
+    chunks of ``length`` actions (zeros, nothing valid)."""
+    tail = jnp.zeros((n, length) + cfg.action_shape, cfg.action_dtype)
+    return pending_value(tail, jnp.zeros((n,), jnp.int32), cfg.delay)
+
+
+def tail_start(h: Any, d: Any, planned_late: bool) -> Any:
+    """The index of a new chunk's entry for the step of the next plan's first
+    entry (CONTRACT 29): the next plan's PendingChunk shows ``chunk[start:]``.
+
+    A chunk played from its entry 0 at the step it was planned (synchronous)
+    is followed by a plan at its cursor h - d (d = 0: when exhausted) whose
+    chunk is aligned with the step of that plan: start h - d. A chunk planned
+    ahead (a delay d: played from entry d, d steps after its plan; a prefetch
+    lead: from entry 0, the lead's steps after its plan) has its next plan
+    aligned with its entry h: start h.
+    """
+    return h if planned_late else h - d
+
+
+def _shifted(out: jax.Array, start: Any, k: int) -> tuple[jax.Array, jax.Array]:
+    """``out[:, start:]`` padded with zeros to K entries ([tile, K, *A]) and
+    the number of valid entries ([tile]); ``start`` an int or [tile] ints."""
+    start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), out.shape[:1])
+    at = start[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
+    valid = at < out.shape[1]
+    extra = (1,) * (out.ndim - 2)
+    got = jnp.take_along_axis(
+        out, jnp.reshape(jnp.clip(at, 0, out.shape[1] - 1), at.shape + extra), axis=1
+    )
+    tail = jnp.where(jnp.reshape(valid, valid.shape + extra), got, 0)
+    return tail, jnp.maximum(out.shape[1] - start, 0)
 
 
 def text_zeros(cfg: AgentConfig, n: int, xp: Any = jnp) -> dict:
@@ -190,13 +246,19 @@ def _where(mask, a, b):
     return jax.tree.map(sel, a, b)
 
 
-def policy_inputs(cfg: AgentConfig, windows: dict, texts: dict) -> Any:
+def policy_inputs(
+    cfg: AgentConfig, windows: dict, texts: dict, pending: dict | None = None
+) -> Any:
     """What the policy sees per lane: frames, or a stacked window for stack > 1,
-    and each Text input's encoded instruction."""
+    each Text input's encoded instruction and each PendingChunk input's
+    ``pending`` (``pending_value``)."""
     out = {}
     for name, decl in cfg.spec:
         if isinstance(decl, Text):
             out[name] = texts[name]
+            continue
+        if isinstance(decl, PendingChunk):
+            out[name] = pending
             continue
         w = windows[name]
         out[name] = w if decl.stack > 1 else jax.tree.map(lambda x: x[:, 0], w)
@@ -241,6 +303,11 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
     if cfg.grid is not None:
         first_cell = jnp.asarray(cfg.grid[0], jnp.int32)
         state = state.replace(setting=jnp.broadcast_to(first_cell, (n, 2)))
+    if cfg.pending_names:
+        state = state.replace(
+            tail=jnp.zeros((n, cfg.chunk_len) + cfg.action_shape, cfg.action_dtype),
+            tail_len=jnp.zeros((n,), jnp.int32),
+        )
     return begin(cfg, policy, state, lanes, obs)
 
 
@@ -255,7 +322,8 @@ def begin(
     """Starts episodes on the lanes in ``mask`` from their reset observation.
 
     Windows are filled with copies of the reset frame (zeros for Previous), the
-    cursor marks the chunk exhausted and ``fresh`` forces a synchronous plan.
+    cursor marks the chunk exhausted, ``fresh`` forces a synchronous plan and
+    a PendingChunk's tail is cleared.
     Under a sweep (``cfg.grid``) a lane takes the (h, d) of its episode
     (``episodes``: [N] the episode index each lane begins).
     """
@@ -278,6 +346,11 @@ def begin(
         table = jnp.asarray(cfg.grid, jnp.int32)
         cell = jnp.clip(episodes // cfg.cell_episodes, 0, len(cfg.grid) - 1)
         setting = jnp.where(mask[:, None], table[cell], setting)
+    if cfg.pending_names:
+        state = state.replace(
+            tail=_where(mask, jnp.zeros_like(state.tail), state.tail),
+            tail_len=jnp.where(mask, 0, state.tail_len),
+        )
     return state.replace(
         setting=setting,
         cursor=jnp.where(mask, h, state.cursor),
@@ -304,16 +377,24 @@ def _plan(
     buf: Any,
     keys: jax.Array,
     write: Any = None,
-) -> tuple[Any, Any, jax.Array]:
+    start: Any = 0,
+) -> tuple[Any, AgentState, jax.Array]:
     """Plans the lanes in ``need`` in fixed tiles; writes chunks into ``buf``.
 
     ``write(buf, idx, out) -> buf`` puts a tile's chunks ``out`` ([tile, K,
     *A]) into the rows ``idx`` of ``buf``; by default their first h actions.
+    With a PendingChunk input, ``out[start:]`` (``start``: an int or [N] ints,
+    ``tail_start``) becomes the planned lanes' tail.
 
-    Returns the updated buffer, recurrent state and rows computed.
+    Returns the updated buffer, the state with the planned lanes' recurrent
+    state (and tail), and the rows computed.
     """
     h = cfg.horizon
-    inputs = policy_inputs(cfg, state.windows, state.texts)
+    pending = None
+    if cfg.pending_names:
+        _, delay, _ = _replay_setting(cfg, state)
+        pending = pending_value(state.tail, state.tail_len, delay)
+    inputs = policy_inputs(cfg, state.windows, state.texts, pending)
     told = {}
     if policy.takes_execution_horizon and cfg.chunked:
         told = {"execution_horizon": cfg.execution_horizon}
@@ -321,7 +402,7 @@ def _plan(
         write = lambda buf, idx, out: tiles.put(buf, idx, out[:, :h])
 
     def body(idx, carry):
-        buf, rstate = carry
+        buf, rstate, tail = carry
         rows = lambda x: tiles.take(x, idx)
         out, new_r = policy.apply(
             params,
@@ -342,12 +423,20 @@ def _plan(
             )
         buf = write(buf, idx, out)
         rstate = jax.tree.map(lambda a, b: tiles.put(a, idx, b), rstate, new_r)
-        return buf, rstate
+        if tail is not None:
+            at = start if isinstance(start, int) else tiles.take(start, idx)
+            new_tail, new_len = _shifted(out, at, cfg.chunk_len)
+            tail = (tiles.put(tail[0], idx, new_tail), tiles.put(tail[1], idx, new_len))
+        return buf, rstate, tail
 
-    (buf, rstate), n_tiles = tiles.for_each_tile(
-        need, cfg.tile, body, (buf, state.rstate)
+    tail = (state.tail, state.tail_len) if cfg.pending_names else None
+    (buf, rstate, tail), n_tiles = tiles.for_each_tile(
+        need, cfg.tile, body, (buf, state.rstate, tail)
     )
-    return buf, rstate, n_tiles * cfg.tile
+    state = state.replace(rstate=rstate)
+    if tail is not None:
+        state = state.replace(tail=tail[0], tail_len=tail[1])
+    return buf, state, n_tiles * cfg.tile
 
 
 def act(
@@ -381,8 +470,17 @@ def act(
         chunk = _where(takes, state.pending, state.chunk)
     cursor = jnp.where(exhausted, 0, state.cursor)
     keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
-    chunk, rstate, rows = _plan(cfg, policy, params, state, sync, chunk, keys)
-    state = state.replace(rstate=rstate)
+    chunk, state, rows = _plan(
+        cfg,
+        policy,
+        params,
+        state,
+        sync,
+        chunk,
+        keys,
+        None,
+        tail_start(hl, dl, False),
+    )
     calls = state.predict_calls + sync
     pending = state.pending
     if lead > 0:
@@ -396,8 +494,16 @@ def act(
             start = dl if isinstance(dl, int) else tiles.take(dl, idx)
             return tiles.put(buf, idx, _actions_from(out, start, h))
 
-        pending, rstate, pre_rows = _plan(
-            cfg, policy, params, state, pre, pending, keys, late
+        pending, state, pre_rows = _plan(
+            cfg,
+            policy,
+            params,
+            state,
+            pre,
+            pending,
+            keys,
+            late,
+            tail_start(hl, dl, True),
         )
         rows = rows + pre_rows
         calls = calls + pre
@@ -412,7 +518,6 @@ def act(
         chunk=chunk,
         pending=pending,
         cursor=cursor,
-        rstate=rstate,
         predict_calls=calls,
         rows=state.rows + rows,
     )
@@ -497,7 +602,7 @@ def _ensemble(
         at = tiles.take(slot, idx)
         return ring.at[idx, at].set(out[:, :k].astype(ring.dtype), mode="drop")
 
-    ring, rstate, rows = _plan(
+    ring, state, rows = _plan(
         cfg, policy, params, state, active, state.ring, keys, write
     )
     action = ensemble_action(cfg, ring, t)
@@ -505,7 +610,6 @@ def _ensemble(
         chunk=action[:, None],
         cursor=jnp.zeros_like(state.cursor),
         ring=ring,
-        rstate=rstate,
         predict_calls=state.predict_calls + active,
         rows=state.rows + rows,
     )

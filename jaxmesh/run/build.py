@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxmesh import adapt
 from jaxmesh.core import agent
 from jaxmesh.core.engine import Engine, EngineConfig, TrialReset
 from jaxmesh.core.policy import Policy, output_chunk
@@ -67,7 +68,7 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
     obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
     action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
 
-    def probe_out(params, obs, action):
+    def probe_out(params, obs, action, length):
         frames = agent.frames(probe, obs, action)
         windows = {
             name: jax.tree.map(
@@ -82,12 +83,67 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
         rstate = None if policy.initial_state is None else rows(policy.initial_state())
         keys = jnp.zeros((PROBE_ROWS, 2), jnp.uint32)
         texts = agent.text_zeros(probe, PROBE_ROWS)
-        inputs = agent.policy_inputs(probe, windows, texts)
+        pending = agent.pending_zeros(probe, PROBE_ROWS, length)
+        inputs = agent.policy_inputs(probe, windows, texts, pending)
         out, _ = policy.apply(params, inputs, keys, rstate)
         return out
 
-    out = jax.eval_shape(probe_out, abstract(params), obs, action)
+    shape_of = lambda length: jax.eval_shape(
+        lambda p, o, a: probe_out(p, o, a, length), abstract(params), obs, action
+    )
+    pending = adapt.pending_inputs(policy.spec)
+    if not pending:
+        return output_chunk(policy, shape_of(1), env, horizon, PROBE_ROWS)
+    out = _probe_pending(policy, env, pending, shape_of)
     return output_chunk(policy, out, env, horizon, PROBE_ROWS)
+
+
+def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> Any:
+    """The output of a policy with PendingChunk inputs, whose tail is as long
+    as the chunk it returns: probed with the declared length (or
+    ``native_chunk``, or 1), then again with the length it returned.
+
+    Raises:
+      ValueError: a declared length other than the chunk's, or a chunk length
+        that follows the tail's.
+    """
+    declared = {d.length for d in pending.values()} - {None}
+    if len(declared) > 1:
+        raise ValueError(
+            f"policy {policy.name!r}: its PendingChunk inputs declare lengths "
+            f"{sorted(declared)}; they all show the same tail: give one length"
+        )
+    guess = next(iter(declared), None) or policy.native_chunk or 1
+    names = ", ".join(map(repr, pending))
+    try:
+        out = shape_of(guess)
+    except Exception as exc:
+        if not declared:
+            exc.add_note(
+                f"(jaxmesh called policy {policy.name!r} with its PendingChunk "
+                f"input(s) {names} of {guess} action(s) to find its chunk length "
+                "K; declare it: PendingChunk(length=K))"
+            )
+        raise
+    a = len(env.action_shape)
+    k = out.shape[1] if len(out.shape) == a + 2 else None
+    if declared and k != guess:
+        raise ValueError(
+            f"policy {policy.name!r}: PendingChunk(length={guess}) but the policy "
+            f"returns {'single actions' if k is None else f'chunks of K={k}'}; "
+            "length must be the chunk length K"
+        )
+    if k is not None and k != guess:
+        out = shape_of(k)
+        again = out.shape[1] if len(out.shape) == a + 2 else None
+        if again != k:
+            raise ValueError(
+                f"policy {policy.name!r} returns chunks of {k} actions with a "
+                f"PendingChunk of {guess}, and {again} with one of {k}: its chunk "
+                "length must not follow the tail's; declare it with "
+                "PendingChunk(length=K)"
+            )
+    return out
 
 
 def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
@@ -194,6 +250,21 @@ def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
       ValueError: the frame windows of the plan's lanes exceed the limit, or
         an ensemble of discrete actions.
     """
+    pending = adapt.pending_inputs(policy.spec)
+    if pending and (plan.ensemble is not None or plan.chunk is None):
+        name = next(iter(pending))
+        why = (
+            f"execution={plan.ensemble!r} plans every step and executes an "
+            "average of the chunks, so no chunk's tail is pending: drop execution= "
+            "or the PendingChunk input"
+            if plan.chunk is not None
+            else "the policy returns single actions, so there is no chunk tail: "
+            "return chunks of K actions ((K,) + action shape), or drop the input"
+        )
+        raise ValueError(
+            f"policy {policy.name!r}: input {name!r} is a jaxmesh.adapt.PendingChunk "
+            f"(the unexecuted tail of the previous chunk), but {why}"
+        )
     if plan.ensemble is not None and env.num_actions is not None:
         raise ValueError(
             f"execution={plan.ensemble!r}: env "
