@@ -358,6 +358,7 @@ def test_handshake_declares_the_env():
         assert set(reply.capabilities) == {
             "chunk_replay",
             "info_keys",
+            "info_every_step",
             "max_episode_seconds",
         }
         err = rpc_error(raw.handshake, (7, 8))

@@ -488,8 +488,10 @@ def encode_result_batch(
     observation: Mapping[str, npt.ArrayLike],
     info: Mapping[str, npt.ArrayLike] | None = None,
     info_present: Mapping[str, npt.ArrayLike] | None = None,
+    info_rows: npt.ArrayLike | None = None,
 ) -> pb.ResultBatch:
-    """The results of one call as a ``ResultBatch`` (see the proto)."""
+    """The results of one call as a ``ResultBatch`` (see the proto);
+    ``info_rows`` None: the info rows are ``rows``."""
     msg = pb.ResultBatch(
         lanes=encode_array(np.asarray(lanes, np.uint32)),
         steps=encode_array(np.asarray(steps, np.uint32)),
@@ -504,6 +506,8 @@ def encode_result_batch(
         msg.info[key].CopyFrom(encode_array(x, key))
     for key, x in (info_present or {}).items():
         msg.info_present[key].CopyFrom(encode_array(np.asarray(x, bool), key))
+    if info_rows is not None:
+        msg.info_rows.CopyFrom(encode_array(np.asarray(info_rows, np.uint32)))
     return msg
 
 
@@ -524,26 +528,35 @@ def decode_result_batch(
 
     Raises:
         ProtocolError: any inconsistency (lanes not ascending or unknown,
-            vectors of different lengths, a lane whose observation rows are not
-            in ``min(steps, 1) .. max(steps, 1)``, per-step vectors or leaves
-            whose length does not match, a malformed leaf).
+            vectors of different lengths, a lane whose observation or info rows
+            are not in ``min(steps, 1) .. max(steps, 1)``, per-step vectors or
+            leaves whose length does not match, a malformed leaf).
     """
     lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "result lanes")
     steps = _index_vector(msg.steps, msg.HasField("steps"), "result steps")
     rows = _index_vector(msg.rows, msg.HasField("rows"), "result rows")
-    if not lanes.shape == steps.shape == rows.shape:
+    info_rows = (
+        _index_vector(msg.info_rows, True, "result info rows")
+        if msg.HasField("info_rows")
+        else None
+    )
+    if not lanes.shape == steps.shape == rows.shape or (
+        info_rows is not None and info_rows.shape != lanes.shape
+    ):
+        counts = "" if info_rows is None else f", {info_rows.size} info row counts"
         raise ProtocolError(
             f"the result batch has {lanes.size} lanes, {steps.size} step counts and "
-            f"{rows.size} row counts; expected one of each per lane"
+            f"{rows.size} row counts{counts}; expected one of each per lane"
         )
     _check_lanes(lanes, num_lanes, "the result batch")
     low, high = np.minimum(steps, 1), np.maximum(steps, 1)
-    if np.any((rows < low) | (rows > high)):
-        i = int(np.argmax((rows < low) | (rows > high)))
-        raise ProtocolError(
-            f"result lane {int(lanes[i])} has {int(rows[i])} observation rows for "
-            f"{int(steps[i])} steps; expected {int(low[i])} to {int(high[i])}"
-        )
+    for what, x in (("observation", rows), ("info", info_rows)):
+        if x is not None and np.any((x < low) | (x > high)):
+            i = int(np.argmax((x < low) | (x > high)))
+            raise ProtocolError(
+                f"result lane {int(lanes[i])} has {int(x[i])} {what} rows for "
+                f"{int(steps[i])} steps; expected {int(low[i])} to {int(high[i])}"
+            )
     total = int(steps.sum())
     rewards = _vector(msg.rewards, msg.HasField("rewards"), total, "f", "rewards")
     terminated = _vector(
@@ -553,8 +566,9 @@ def decode_result_batch(
         msg.truncated, msg.HasField("truncated"), total, "b", "truncated"
     )
     n_rows = int(rows.sum())
+    n_info = n_rows if info_rows is None else int(info_rows.sum())
     obs = _rows_of(msg.observation, observation, n_rows, "the result batch")
-    inf = _rows_of(msg.info, info, n_rows, "the result batch")
+    inf = _rows_of(msg.info, info, n_info, "the result batch")
     present = {}
     for key, tensor in msg.info_present.items():
         if key not in inf:
@@ -563,14 +577,14 @@ def decode_result_batch(
                 "carries no such info leaf"
             )
         x = decode_array(tensor, key=key)
-        if x.dtype != np.bool_ or x.shape != (n_rows,):
+        if x.dtype != np.bool_ or x.shape != (n_info,):
             raise ProtocolError(
                 f"the result batch's presence of info {_name(key)} is "
-                f"{x.dtype}{list(x.shape)}, expected bool[{n_rows}] (one per row)"
+                f"{x.dtype}{list(x.shape)}, expected bool[{n_info}] (one per row)"
             )
         present[key] = x
     return ResultBatch(
-        lanes, steps, rows, rewards, terminated, truncated, obs, inf, present
+        lanes, steps, rows, rewards, terminated, truncated, obs, inf, present, info_rows
     )
 
 

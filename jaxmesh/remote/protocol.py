@@ -56,12 +56,15 @@ TRIAL_INDEX = "trial_index"
 #: Capabilities a server declares in the handshake. Every server declares
 #: ``CAPABILITIES``; a server over a ``VectorEnv`` adds ``LOCKSTEP``: it steps
 #: every lane at once, so the client sends one call at a time with every lane's
-#: segment cut to the same length.
+#: segment cut to the same length. ``INFO_EVERY_STEP``: the server honours a
+#: request's ``info_every_step`` (every executed step's info, only the last
+#: observation); a client asks an older server for every observation instead.
 CHUNK_REPLAY = "chunk_replay"
 INFO_KEYS = "info_keys"
+INFO_EVERY_STEP = "info_every_step"
 MAX_EPISODE_SECONDS = "max_episode_seconds"
 LOCKSTEP = "lockstep"
-CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, MAX_EPISODE_SECONDS)
+CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, INFO_EVERY_STEP, MAX_EPISODE_SECONDS)
 
 #: Trailing metadata keys of an env error: its one-line summary, and the
 #: server-side traceback (binary metadata, hence the ``-bin`` suffix).
@@ -80,19 +83,22 @@ class ResultBatch(NamedTuple):
       lanes: int64 ``[m]``, ascending: every lane reset or stepped.
       steps: int64 ``[m]``: env steps executed (0 for a reset, or for a lane
         whose episode had ended).
-      rows: int64 ``[m]``: observation (and info) rows: 1 for a reset; for a
-        replay ``steps`` rows when every observation is kept, else
-        ``min(steps, 1)``.
+      rows: int64 ``[m]``: observation rows: 1 for a reset; for a replay
+        ``steps`` rows when every observation is kept, else ``min(steps, 1)``.
       rewards: float64 ``[sum(steps)]``, lane after lane.
       terminated: bool ``[sum(steps)]``.
       truncated: bool ``[sum(steps)]`` (a wall-clock cap sets it too).
       observation: ``{"": array [sum(rows), *obs_shape]}`` when observations
         were asked for, else ``{}``.
-      info: info key -> ``[sum(rows), ...]`` in the values' own dtype, for the
-        keys asked for that some row has (and whose values are numbers of one
-        shape); a row without the key holds zeros.
-      info_present: info key -> bool ``[sum(rows)]`` for a key that some rows
-        lack (True: the row has it); a key every row has is not here.
+      info: info key -> ``[sum(info rows), ...]`` in the values' own dtype,
+        for the keys asked for that some row has (and whose values are numbers
+        of one shape); a row without the key holds zeros.
+      info_present: info key -> bool ``[sum(info rows)]`` for a key that some
+        rows lack (True: the row has it); a key every row has is not here.
+      info_rows: int64 ``[m]``: info rows per lane, when they differ from
+        ``rows`` (every executed step's info with only the last observation:
+        1 for a reset, ``steps`` for a replay); None: the info rows are
+        ``rows``.
     """
 
     lanes: np.ndarray
@@ -104,6 +110,12 @@ class ResultBatch(NamedTuple):
     observation: dict[str, np.ndarray]
     info: dict[str, np.ndarray]
     info_present: dict[str, np.ndarray] | None = None
+    info_rows: np.ndarray | None = None
+
+    @property
+    def info_row_counts(self) -> np.ndarray:
+        """int64 ``[m]``: the info rows of each lane (``info_rows`` or ``rows``)."""
+        return self.rows if self.info_rows is None else self.info_rows
 
 
 __all__ = [
@@ -111,6 +123,7 @@ __all__ = [
     "CHUNK_REPLAY",
     "DTYPE_NAMES",
     "ENV_ERROR_KEY",
+    "INFO_EVERY_STEP",
     "INFO_KEYS",
     "LOCKSTEP",
     "MAX_COUNT",

@@ -208,6 +208,7 @@ class _Request:
         "want_obs",
         "info_keys",
         "all_observations",
+        "info_every_step",
         "call_id",
         "release",
         "single",
@@ -222,11 +223,13 @@ class _Request:
         call_id: int,
         release: tuple[int, ...] = (),  # lanes whose episode the client abandons
         single: tuple[np.ndarray, np.ndarray] | None = None,
+        info_every_step: bool = False,  # every step's info, the last observation
     ):
         self._ops = ops
         self.want_obs = want_obs
         self.info_keys = info_keys
         self.all_observations = all_observations
+        self.info_every_step = info_every_step
         self.call_id = call_id
         self.release = release
         self.single = single
@@ -366,6 +369,7 @@ class _ServedLanes:
             want_obs=request.want_obs,
             info_keys=request.info_keys,
             keep_all_obs=request.all_observations,
+            keep_all_info=request.info_every_step,
         )
         return codec.encode_result_batch(*batch)
 
@@ -375,6 +379,7 @@ class _ServedLanes:
             want_obs=request.want_obs,
             info_keys=request.info_keys,
             keep_all_obs=request.all_observations,
+            keep_all_info=request.info_every_step,
         )
 
     def _run(self, request: _Request) -> list[shared.LaneResult]:
@@ -572,6 +577,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
         call_id=int(msg.call_id),
         release=release,
         single=single,
+        info_every_step=bool(msg.info_every_step),
     )
     lanes.check(request)
     return request

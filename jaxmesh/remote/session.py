@@ -25,7 +25,7 @@ from jaxmesh.errors import RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import LOCKSTEP, OBS_KEY, TRIAL_INDEX
+from jaxmesh.remote.protocol import INFO_EVERY_STEP, LOCKSTEP, OBS_KEY, TRIAL_INDEX
 
 
 class Reply(NamedTuple):
@@ -95,6 +95,9 @@ class Session:
         self.trial_index = TRIAL_INDEX in info.reset_options
         #: Whether the server steps every lane in every call (a VectorEnv).
         self.lockstep = LOCKSTEP in info.capabilities
+        #: Whether the server sends every step's info with the last observation
+        #: only (``send(info_every_step=True)``).
+        self.info_every_step = INFO_EVERY_STEP in info.capabilities
         self.closed = False
         self._call_id = 0
         self._pending: collections.deque[int] = collections.deque()
@@ -141,6 +144,7 @@ class Session:
         release: Sequence[int] | np.ndarray = (),
         all_observations: bool = False,
         info_keys: Sequence[str] = (),
+        info_every_step: bool = False,
     ) -> int:
         """Queues one call (never waits for the server); its size in bytes.
 
@@ -157,6 +161,9 @@ class Session:
           all_observations: send every replayed step's observation (else only
             each run's last).
           info_keys: the info keys to send, for the rows that have them.
+          info_every_step: send the info of every replayed step even when only
+            the last observation is sent (the reply's ``info_rows``); only
+            for a server that declares it (``self.info_every_step``).
 
         Raises:
           jaxmesh.remote.codec.ProtocolError: larger than the message cap.
@@ -173,6 +180,7 @@ class Session:
             all_observations=all_observations,
             call_id=self._call_id,
             info_keys=list(info_keys),
+            info_every_step=info_every_step,
         )
         mask = np.zeros(self.num_lanes, bool)
         for q, (lane, seed) in enumerate(zip(reset_lanes, seeds, strict=True)):

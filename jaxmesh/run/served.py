@@ -28,8 +28,12 @@ range, not finite) is never sent: the segment stops before it, and the run
 raises ``BadValueError`` at the step that meets it, as in process.
 
 Only the observation leaf crosses the wire, every replayed step's when an
-observation window reads more than one frame, else the last of each segment
-(the frames in between are never read; CONTRACT 19).
+observation window reads more than one frame (or an episode is recorded), else
+the last of each segment (the frames in between are never read; CONTRACT 19).
+The info values asked for (metrics, the success key) cross on those rows, or on
+every replayed step's row when a reduction reads every step (success once, a
+mean, ...): the server sends them (``info_every_step``) without the observations
+in between; a server that does not declare it sends every observation instead.
 
 With ``lane_groups`` G > 1 the lanes form G contiguous groups that take agent
 steps in turn, and a group's messages go as soon as none of its lanes can move,
@@ -199,7 +203,8 @@ class ServedLanes:
 
     def reconnect(self, s: int, connect_timeout: float) -> Session:
         """A new session with server ``s`` (at its first address), checked to
-        serve the same spaces and at least the lanes the run gave it.
+        serve the same spaces, at least the lanes the run gave it, and every
+        step's info when the lost one did (``Session.info_every_step``).
 
         Raises:
           jaxmesh.RemoteError: it cannot be reached; ValueError: it serves
@@ -211,12 +216,12 @@ class ServedLanes:
         used = sum(1 for x in self.server if x == s)
         same = all(
             getattr(new, f) == getattr(old, f) for f in ("observation", "action")
-        )
+        ) and (session.info_every_step or not self.sessions[s].info_every_step)
         if not same or new.num_lanes < used:
             session.close()
             raise ValueError(
-                f"the server back at {self.addresses[s]} serves other spaces or "
-                f"fewer than {used} lanes; it is not rejoined"
+                f"the server back at {self.addresses[s]} serves other spaces, "
+                f"fewer than {used} lanes or an older protocol; it is not rejoined"
             )
         return session
 
@@ -254,16 +259,20 @@ class _Run(HostLoop):
         # The server measures max_episode_seconds (HostLoop.t0 stays None).
         self.info_keys = list(metrics.keys)
         self.info_seen: set = set()
-        # Every step's info row comes back only with every observation: a
-        # reduction other than ``last``, and success once (any step's success
-        # key), read every step. Recorded episodes need every step's
-        # observation too.
+        # A reduction other than ``last``, and success once (any step's success
+        # key), read every step's info: a server that declares it sends them
+        # with the last observation only (``info_every_step``), an older one
+        # with every observation. Windows of several frames and recorded
+        # episodes read every step's observation.
+        every_info = any(red != "last" for _, red in metrics.named) or (
+            metrics.tracks_success
+        )
         self.every_obs = (
             needs_every_observation(self.cfg)
-            or any(red != "last" for _, red in metrics.named)
-            or metrics.tracks_success
             or recorder is not None
+            or (every_info and not all(c.info_every_step for c in lanes.sessions))
         )
+        self.info_every_step = every_info and not self.every_obs
         n, h = self.n, self.cfg.horizon
         self.epoch = np.zeros(n, np.int64)
         self.ready = np.zeros(n, bool)  # its current observation is in: may act
@@ -454,6 +463,7 @@ class _Run(HostLoop):
             release=self.local[release] if release else (),
             all_observations=self.every_obs,
             info_keys=self.info_keys,
+            info_every_step=self.info_every_step,
         )
         now = time.perf_counter()
         self.tel.span(
@@ -685,6 +695,10 @@ class _Run(HostLoop):
         obs_rows = b.observation[OBS_KEY]
         row0 = np.concatenate([[0], np.cumsum(b.rows)[:-1]]).astype(np.int64)
         step0 = np.concatenate([[0], np.cumsum(b.steps)[:-1]]).astype(np.int64)
+        # Info rows: the observation rows, or a reset's and every step's.
+        info0 = row0
+        if b.info:
+            info0 = self._info_starts(s, b)
         is_reset = np.isin(g, reset_g)
         ep_sent = np.zeros(g.size, np.int64)
         ep_sent[is_reset] = reset_ep[np.searchsorted(reset_g, g[is_reset])]
@@ -696,7 +710,7 @@ class _Run(HostLoop):
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             self.obs[g[rl]] = obs_rows[row0[rl]]
-            self.reset_infos(b, g[rl], row0[rl])
+            self.reset_infos(b, g[rl], info0[rl])
             self.seen_resets(g[rl])
             if self.recorder is not None:
                 self.recorder.reset(g[rl], self.obs)
@@ -720,21 +734,40 @@ class _Run(HostLoop):
                 last = (self.tail[g[al]] + k - 1) % self.cap
                 self.rb_obs[g[al], last] = obs_rows[row0[al]]
                 self.rb_has_obs[g[al], last] = True
-            if self.info_keys:  # info rows are the observation rows
+            if self.info_keys:
                 info = self.info_rows(b)
+                each = self.every_obs or self.info_every_step  # a row per step
                 for key in self.info_keys:
                     self.rb_info_has[key][lane_of, pos] = False
                     if key not in info:
                         continue
-                    if self.every_obs:
-                        rows = np.repeat(row0[al], k) + within
+                    if each:
+                        rows = np.repeat(info0[al], k) + within
                         self.rb_info[key][lane_of, pos] = info[key][rows]
                         self.rb_info_has[key][lane_of, pos] = _present(b, key)[rows]
-                    else:
-                        self.rb_info[key][g[al], last] = info[key][row0[al]]
-                        self.rb_info_has[key][g[al], last] = _present(b, key)[row0[al]]
+                    else:  # ``last``: each lane's last step, as its observation
+                        self.rb_info[key][g[al], last] = info[key][info0[al]]
+                        self.rb_info_has[key][g[al], last] = _present(b, key)[info0[al]]
             self.tail[g[al]] += k
         return True
+
+    def _info_starts(self, s: int, b: codec.ResultBatch) -> np.ndarray:
+        """Where each lane's info rows start in reply ``b``, checked: with
+        ``info_every_step`` a reset's row and one per executed step, else the
+        observation rows."""
+        counts = b.info_row_counts
+        if self.info_every_step:
+            want = np.where(b.steps > 0, b.steps, b.rows)
+        else:
+            want = b.rows
+        if not np.array_equal(counts, want):
+            i = int(np.argmax(counts != want))
+            raise codec.ProtocolError(
+                f"the server at {self.lanes.sessions[s].address} sent "
+                f"{int(counts[i])} info rows for lane {int(b.lanes[i])} "
+                f"({int(b.steps[i])} steps), expected {int(want[i])}"
+            )
+        return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
     def _tel_reply(self, s: int, sent_at: float, reply: Any) -> None:
         """A reply's round trip, queueing and size in the telemetry."""

@@ -342,16 +342,21 @@ class LaneResult:
         obs: np.ndarray | None,
         info: dict | None,
         keep_all: bool,
+        keep_all_info: bool = False,
     ) -> None:
         """One executed step; ``obs`` / ``info`` (None: not asked for) kept for
-        every step when ``keep_all``, else only the last."""
+        every step when ``keep_all`` (``info`` also when ``keep_all_info``),
+        else only the last."""
         self.rewards.append(float(reward))
         self.terminated.append(term)
         self.truncated.append(trunc)
-        for rows, row in ((self.obs, obs), (self.infos, info)):
+        for rows, row, every in (
+            (self.obs, obs, keep_all),
+            (self.infos, info, keep_all or keep_all_info),
+        ):
             if row is None:
                 continue
-            if keep_all or not rows:
+            if every or not rows:
                 rows.append(row)
             else:
                 rows[0] = row
@@ -717,9 +722,12 @@ class Lanes:
         want_obs: bool,
         info_keys: tuple[str, ...],
         keep_all_obs: bool,
+        keep_all_info: bool = False,
     ) -> list[LaneResult]:
         """Runs checked ops (at most one per lane, ascending lanes); their
-        results in ascending lane order. (:meth:`collect` makes the batch.)"""
+        results in ascending lane order. (:meth:`collect` makes the batch.)
+        ``keep_all_info``: every executed step's info is kept, whatever
+        ``keep_all_obs`` says of the observations."""
         raise NotImplementedError
 
     def collect(
@@ -729,8 +737,10 @@ class Lanes:
         want_obs: bool,
         info_keys: tuple[str, ...],
         keep_all_obs: bool,
+        keep_all_info: bool = False,
     ) -> ResultBatch:
-        """The results of one call (ascending lanes) as one :class:`ResultBatch`."""
+        """The results of one call (ascending lanes) as one :class:`ResultBatch`
+        (``keep_all_info``: as :meth:`run` was called)."""
         steps = [len(r.rewards) for r in results]
         # The wire's rule: 1 for a reset; a replay's steps when every
         # observation is kept, else min(steps, 1); with or without observations
@@ -750,12 +760,22 @@ class Lanes:
                 if frames
                 else np.zeros((0,) + self.obs_shape, self.obs_dtype)
             )
+        # Every step's info with only the last observation: a reset's row and
+        # one per executed step.
+        info_rows = None
+        if keep_all_info and not keep_all_obs:
+            per_step = [
+                1 if r.reset else k for r, k in zip(results, steps, strict=True)
+            ]
+            info_rows = None if per_step == rows else per_step
         info: dict = {}
         present: dict = {}
         if info_keys:
             infos = [row for r in results for row in r.infos]
-            if infos and len(infos) == sum(rows):
+            if infos and len(infos) == sum(rows if info_rows is None else info_rows):
                 info, present = info_leaves(infos, info_keys)
+        if not info:  # no info leaf: nothing to count rows of
+            info_rows = None
         return ResultBatch(
             np.asarray([r.lane for r in results], np.int64),
             np.asarray(steps, np.int64),
@@ -766,6 +786,7 @@ class Lanes:
             observation,
             info,
             present,
+            None if info_rows is None else np.asarray(info_rows, np.int64),
         )
 
     def close(self) -> None:
@@ -895,14 +916,21 @@ class ListLanes(Lanes):
         return out
 
     def _replay(
-        self, op: Replay, want_obs: bool, info_keys: tuple, keep_all: bool
+        self,
+        op: Replay,
+        want_obs: bool,
+        info_keys: tuple,
+        keep_all: bool,
+        keep_all_info: bool = False,
     ) -> LaneResult:
         j = op.lane
         out = LaneResult(j)
         if self.ended[j]:
             return out
         if not keep_all:
-            return self._replay_keep_last(op, out, want_obs, bool(info_keys))
+            return self._replay_keep_last(
+                op, out, want_obs, bool(info_keys), keep_all_info
+            )
         step = self.envs[j].step
         want_info = bool(info_keys)
         for action in op.actions.tolist() if self.discrete else op.actions:
@@ -919,13 +947,21 @@ class ListLanes(Lanes):
         return out
 
     def _replay_keep_last(
-        self, op: Replay, out: LaneResult, want_obs: bool, want_info: bool
+        self,
+        op: Replay,
+        out: LaneResult,
+        want_obs: bool,
+        want_info: bool,
+        every_info: bool = False,
     ) -> LaneResult:
-        """``_replay`` when only the last step's observation and info go back
-        (the usual chunk): only that observation is converted and checked."""
+        """``_replay`` when only the last step's observation (and info, unless
+        ``every_info``) goes back (the usual chunk): only that observation is
+        converted and checked."""
         j = op.lane
         step = self.envs[j].step
         rewards, terms, truncs = out.rewards, out.terminated, out.truncated
+        every_info = every_info and want_info
+        infos = out.infos
         obs = info = None
         deadline = self.deadline[j]
         clock = time.perf_counter
@@ -937,14 +973,16 @@ class ListLanes(Lanes):
                 trunc = bool(trunc) or (deadline is not None and clock() > deadline)
                 terms.append(term)
                 truncs.append(trunc)
+                if every_info:
+                    infos.append(info)
                 if term or trunc:
                     self.ended[j] = True
                     break
             if rewards:
                 if want_obs:
                     out.obs.append(self.observation(obs, j))
-                if want_info:
-                    out.infos.append(info)
+                if want_info and not every_info:
+                    infos.append(info)
         except Exception as exc:
             raise LaneError(j, "stepping", exc) from exc
         return out
@@ -956,11 +994,12 @@ class ListLanes(Lanes):
         want_obs: bool,
         info_keys: tuple[str, ...],
         keep_all_obs: bool,
+        keep_all_info: bool = False,
     ) -> list[LaneResult]:
         return [
             self._reset(op, want_obs, info_keys)
             if isinstance(op, Reset)
-            else self._replay(op, want_obs, info_keys, keep_all_obs)
+            else self._replay(op, want_obs, info_keys, keep_all_obs, keep_all_info)
             for op in ops
         ]
 
@@ -1167,7 +1206,12 @@ class VectorLanes(Lanes):
         return out
 
     def _replays(
-        self, replays: list[Replay], want_obs: bool, info_keys: tuple, keep_all: bool
+        self,
+        replays: list[Replay],
+        want_obs: bool,
+        info_keys: tuple,
+        keep_all: bool,
+        keep_all_info: bool = False,
     ) -> list[LaneResult]:
         results = {op.lane: LaneResult(op.lane) for op in replays}
         active = [op for op in replays if not self.ended[op.lane]]
@@ -1189,7 +1233,9 @@ class VectorLanes(Lanes):
                     tr = bool(trunc[lane]) or self._past_deadline(lane)
                     arr = self.observation(obs[lane], lane) if want_obs else None
                     row = self.lane_info(info, lane, info_keys) if info_keys else None
-                    results[lane].record(reward[lane], te, tr, arr, row, keep_all)
+                    results[lane].record(
+                        reward[lane], te, tr, arr, row, keep_all, keep_all_info
+                    )
                     if te or tr:
                         self.ended[lane] = True
                 active = [op for op in active if not self.ended[op.lane]]
@@ -1204,13 +1250,16 @@ class VectorLanes(Lanes):
         want_obs: bool,
         info_keys: tuple[str, ...],
         keep_all_obs: bool,
+        keep_all_info: bool = False,
     ) -> list[LaneResult]:
         # Steps first, then resets: a lane reset in this call is not stepped
         # (it may play the idle action before its reset, which discards it).
         resets = [op for op in ops if isinstance(op, Reset)]
         replays = [op for op in ops if isinstance(op, Replay)]
         out = (
-            self._replays(replays, want_obs, info_keys, keep_all_obs) if replays else []
+            self._replays(replays, want_obs, info_keys, keep_all_obs, keep_all_info)
+            if replays
+            else []
         )
         if resets:
             out += self._resets(resets, want_obs, info_keys)

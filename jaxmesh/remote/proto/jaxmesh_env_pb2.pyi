@@ -129,7 +129,7 @@ class ActionBatch(_message.Message):
     def __init__(self, lanes: _Optional[_Union[Tensor, _Mapping]] = ..., counts: _Optional[_Union[Tensor, _Mapping]] = ..., actions: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("lanes", "steps", "rows", "rewards", "terminated", "truncated", "observation", "info", "info_present")
+    __slots__ = ("lanes", "steps", "rows", "rewards", "terminated", "truncated", "observation", "info", "info_present", "info_rows")
     class ObservationEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,7 @@ class ResultBatch(_message.Message):
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     INFO_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    INFO_ROWS_FIELD_NUMBER: _ClassVar[int]
     lanes: Tensor
     steps: Tensor
     rows: Tensor
@@ -169,10 +170,11 @@ class ResultBatch(_message.Message):
     observation: _containers.MessageMap[str, Tensor]
     info: _containers.MessageMap[str, Tensor]
     info_present: _containers.MessageMap[str, Tensor]
-    def __init__(self, lanes: _Optional[_Union[Tensor, _Mapping]] = ..., steps: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., observation: _Optional[_Mapping[str, Tensor]] = ..., info: _Optional[_Mapping[str, Tensor]] = ..., info_present: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+    info_rows: Tensor
+    def __init__(self, lanes: _Optional[_Union[Tensor, _Mapping]] = ..., steps: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., observation: _Optional[_Mapping[str, Tensor]] = ..., info: _Optional[_Mapping[str, Tensor]] = ..., info_present: _Optional[_Mapping[str, Tensor]] = ..., info_rows: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("lane_mask", "resets", "observation_keys", "info_keys", "all_observations", "call_id", "batch", "release")
+    __slots__ = ("lane_mask", "resets", "observation_keys", "info_keys", "all_observations", "call_id", "batch", "release", "info_every_step")
     LANE_MASK_FIELD_NUMBER: _ClassVar[int]
     RESETS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +183,7 @@ class StepRequest(_message.Message):
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    INFO_EVERY_STEP_FIELD_NUMBER: _ClassVar[int]
     lane_mask: _containers.RepeatedScalarFieldContainer[bool]
     resets: _containers.RepeatedCompositeFieldContainer[LaneReset]
     observation_keys: _containers.RepeatedScalarFieldContainer[str]
@@ -189,7 +192,8 @@ class StepRequest(_message.Message):
     call_id: int
     batch: ActionBatch
     release: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, lane_mask: _Optional[_Iterable[bool]] = ..., resets: _Optional[_Iterable[_Union[LaneReset, _Mapping]]] = ..., observation_keys: _Optional[_Iterable[str]] = ..., info_keys: _Optional[_Iterable[str]] = ..., all_observations: _Optional[bool] = ..., call_id: _Optional[int] = ..., batch: _Optional[_Union[ActionBatch, _Mapping]] = ..., release: _Optional[_Iterable[int]] = ...) -> None: ...
+    info_every_step: bool
+    def __init__(self, lane_mask: _Optional[_Iterable[bool]] = ..., resets: _Optional[_Iterable[_Union[LaneReset, _Mapping]]] = ..., observation_keys: _Optional[_Iterable[str]] = ..., info_keys: _Optional[_Iterable[str]] = ..., all_observations: _Optional[bool] = ..., call_id: _Optional[int] = ..., batch: _Optional[_Union[ActionBatch, _Mapping]] = ..., release: _Optional[_Iterable[int]] = ..., info_every_step: _Optional[bool] = ...) -> None: ...
 
 class StepReply(_message.Message):
     __slots__ = ("server_step_seconds", "call_id", "batch")
