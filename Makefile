@@ -25,9 +25,12 @@ $(PEER_STAMP): $(STAMP)
 run: $(STAMP)
 	$(BIN)/jaxmesh eval configs/cartpole.yaml
 
+# Test files run on TEST_WORKERS processes (pytest-xdist; 0: one process).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
