@@ -12,7 +12,8 @@ Frames come from, in this order:
 3. The env's own renderer, on the replayed states: gymnax's
    (``gymnax.visualize``: gymnasium's pygame drawing for classic control,
    matplotlib for the others), brax's (``brax.io.image``: MuJoCo's OpenGL
-   renderer, headless through ``MUJOCO_GL=egl``).
+   renderer, headless through ``MUJOCO_GL=egl``), MuJoCo Playground's
+   (``env.render(trajectory)``: the same renderer).
 
 The video is written with imageio: ``.gif`` through Pillow, ``.mp4`` (and
 other ffmpeg formats) through imageio-ffmpeg (``pip install 'jaxmesh[video]'``).
@@ -168,6 +169,32 @@ def brax_frames(env: Any, states: list) -> list[np.ndarray]:
         ) from e
 
 
+def playground_frames(env: Any, states: list) -> list[np.ndarray]:
+    """MuJoCo Playground's renderer (``env.render(trajectory)``) over the
+    replayed states, 240 x 320.
+
+    Playground draws with MuJoCo's OpenGL renderer (``mujoco.Renderer``) on the
+    env's ``mj_model``: without a display it needs ``MUJOCO_GL=egl`` in the
+    environment of the process before MuJoCo is imported. The drawing is of
+    the env's own model: a randomizer's drawn fields (a mass, a friction) do
+    not show, drawn geometry (``geom_size``) neither.
+
+    Raises:
+      RuntimeError: MuJoCo has no OpenGL context (saying to set MUJOCO_GL).
+    """
+    trajectory = [s[0] for s in states]  # the adapter's (state, t, drawn)
+    try:
+        return [np.asarray(f) for f in env.env.render(trajectory, 240, 320)]
+    except Exception as e:
+        if "OpenGL" not in str(e) and "EGL" not in type(e).__name__:
+            raise
+        raise RuntimeError(
+            f"Playground's renderer found no OpenGL context ({e}); start Python "
+            "with MUJOCO_GL=egl (headless) in its environment, or pass "
+            "jaxmesh.render(..., frames=fn)"
+        ) from e
+
+
 def _env_for(result: Any, env: Any) -> Any:
     """The JAX env to replay on: ``env`` given, or made from ``result.env``."""
     from jaxmesh.envs import make_env
@@ -175,7 +202,13 @@ def _env_for(result: Any, env: Any) -> Any:
     if env is not None:
         return make_env(env)
     name = str(result.env)
-    if name.startswith(("gymnax:", "brax:")):
+    if name.startswith("playground:") and "+randomize:" in name:
+        raise ValueError(
+            f"{name!r} was run with a randomizer, which a result does not keep: "
+            "pass env=jaxmesh.envs.playground.randomized(make_env(...), fn), the "
+            "env the run used, to replay its episodes"
+        )
+    if name.startswith(("gymnax:", "brax:", "playground:")):
         return make_env(name)
     return None
 
@@ -234,6 +267,8 @@ def episode_frames(
         return gymnax_frames(jax_env, states)
     if name.startswith("brax:"):
         return brax_frames(jax_env, states)
+    if name.startswith("playground:"):
+        return playground_frames(jax_env, states)
     raise ValueError(
         f"env {name!r} has no renderer jaxmesh knows; pass frames=fn, "
         "fn(obs, state) -> rgb array [H, W, 3]"
@@ -308,11 +343,11 @@ def render(
         ffmpeg, e.g. ``.mp4``).
       frames: ``fn(obs, state) -> rgb [H, W, 3]`` uint8 (see the module
         docstring); None: the frames captured during the run, else the env's
-        own renderer (gymnax, brax).
+        own renderer (gymnax, brax, MuJoCo Playground).
       fps: frames per second (default 30).
       env: a JAX env to replay the episode on (default: made from
         ``result.env``, e.g. ``"gymnax:CartPole-v1"``; pass your own when it
-        was built with other params).
+        was built with other params, config overrides or a randomizer).
 
     Returns:
       The path written; it is also appended to ``result.videos`` (the HTML
@@ -338,4 +373,10 @@ def render(
     return out
 
 
-__all__ = ["render", "episode_frames", "write_video", "replay_states"]
+__all__ = [
+    "render",
+    "episode_frames",
+    "write_video",
+    "replay_states",
+    "playground_frames",
+]

@@ -2,16 +2,24 @@
 ``env.reset(key)`` / ``env.step(state, action)``.
 
 The reference resets episode s with ``jax.random.PRNGKey(s)`` (CONTRACT 5),
-applies the config's ``episode_length`` itself (``t >= episode_length`` is
-truncated; Playground's ``done`` is termination) and, for domain
-randomization, draws the model from ``fold_in(PRNGKey(s), 7)`` and swaps it
-into the env the way Playground's own randomization wrapper does
-(``env._mjx_model``). One compile of the reference's reset and step (the model
-an argument) serves every episode; episodes are short and lanes few, since MJX
-compiles slowly on a CPU.
+applies the episode length itself (``t >= length`` is truncated; Playground's
+``done`` is termination) and, for domain randomization, draws the model from
+``fold_in(PRNGKey(s), 7)`` and swaps it into the env the way Playground's own
+randomization wrapper does (``env._mjx_model``). It is built on its own
+Playground env, and one compile of its reset and step (the model an argument)
+serves every episode.
+
+MJX compiles slowly on a CPU (tens of seconds per program), so the file
+compiles two jaxmesh programs, each once, in module fixtures: the shipped
+config (the trained policy, no randomizer, its 100 episodes), which the plain
+loop and the README's figures are checked against, and a randomized run of
+short episodes on 4 lanes, run twice with the seeds in another order.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +29,16 @@ import pytest
 pytest.importorskip("mujoco_playground")
 
 import jaxmesh  # noqa: E402
+from jaxmesh import cli, stats  # noqa: E402
 from jaxmesh.envs import make_env, playground  # noqa: E402
+from jaxmesh.zoo import playground_cartpole  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "playground_cartpole.yaml"
 LENGTH = 20
 SEEDS = [3, 0, 7, 11, 5]
+#: The config's episodes that the plain loop replays (1000 steps each).
+CONFIG_SEEDS = [0, 3]
 #: A fixed linear policy on CartpoleBalance's 5 observations.
 W = jnp.array([[0.3, -0.5, 2.0, 0.4, 0.6]])
 
@@ -47,17 +61,25 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def reference(env):
-    """``run(seed, randomize=None) -> (return, length, terminated, truncated,
-    sum of reward/upright, body_mass[2])``: a plain loop, one episode."""
-    pg = env.env
-    assert pg._config.impl == "jax" and pg._config.episode_length == LENGTH
+def reference():
+    """``run(act, seed, length, randomize=None) -> (return, length, terminated,
+    truncated, sum of reward/upright, body_mass[2])``: a plain loop, one
+    episode, with ``act`` a jitted policy.
+
+    The reference's randomizers change ``body_mass`` only: its reset and step
+    take that field and hold the rest of the model as constants, which XLA
+    folds (a step runs about 10 times faster than with the whole model an
+    argument).
+    """
+    from mujoco_playground import registry
+
+    pg = registry.load("CartpoleBalance", config_overrides={"impl": "jax"})
     base = pg.mjx_model
 
     def swapped(fn):
-        def call(model, *args):
+        def call(body_mass, *args):
             old = pg._mjx_model
-            pg._mjx_model = model
+            pg._mjx_model = base.replace(body_mass=body_mass)
             try:
                 return fn(*args)
             finally:
@@ -66,39 +88,103 @@ def reference(env):
         return jax.jit(call)
 
     reset, step = swapped(pg.reset), swapped(pg.step)
-    act = jax.jit(policy)
 
-    def run(seed, randomize=None):
+    def run(act, seed, length, randomize=None):
         key = jax.random.PRNGKey(seed)
         model = base
         if randomize is not None:
             model = randomize(base, jax.random.fold_in(key, 7))
-        state = reset(model, key)
+            same = jax.tree.map(lambda a, b: a is b, model, base)
+            assert not same.body_mass and all(
+                jax.tree.leaves(same.replace(body_mass=True))
+            ), "the reference's randomizers change body_mass only"
+        mass = model.body_mass
+        state = reset(mass, key)
         ret, upright, t = 0.0, 0.0, 0
         while True:
-            state = step(model, state, act(state.obs))
+            state = step(mass, state, act(state.obs))
             t += 1
             ret += float(state.reward)
             upright += float(state.metrics["reward/upright"])
-            term, trunc = bool(state.done > 0.5), t >= LENGTH
+            term, trunc = bool(state.done > 0.5), t >= length
             if term or trunc:
-                mass = float(model.body_mass[2])
-                return ret, t, term, trunc, upright, mass
+                return ret, t, term, trunc, upright, float(mass[2])
 
     return run
 
 
-def test_matches_plain_loop(env, reference):
-    # One lane; the randomized test below runs 4 lanes (lane turnover), and
-    # each MJX program costs tens of seconds to compile on a CPU.
-    r = jaxmesh.evaluate(
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped config run as ``jaxmesh eval`` builds it: (config, result)."""
+    config = cli.check_run_config(cli.load_config(CONFIG))
+    model, env, kwargs = cli.build_run(config)
+    assert isinstance(model, playground_cartpole.CartpoleMLP)
+    return config, jaxmesh.evaluate(model, env, **kwargs)
+
+
+def test_matches_plain_loop(shipped, reference):
+    config, r = shipped
+    assert r.env == "playground:CartpoleBalance"
+    length = config["env_config"]["config_overrides"]["episode_length"]
+    params = jaxmesh.load_params(playground_cartpole.DEFAULT_PATH)
+    act = jax.jit(lambda obs: playground_cartpole.apply(params, obs))
+    ref = [reference(act, s, length) for s in CONFIG_SEEDS]
+    np.testing.assert_allclose(r.returns[CONFIG_SEEDS], [x[0] for x in ref], rtol=1e-5)
+    np.testing.assert_array_equal(r.lengths[CONFIG_SEEDS], [x[1] for x in ref])
+    np.testing.assert_array_equal(r.terminated[CONFIG_SEEDS], [x[2] for x in ref])
+    np.testing.assert_array_equal(r.truncated[CONFIG_SEEDS], [x[3] for x in ref])
+    # The config asks for the per-step mean of reward/upright.
+    assert config["metrics"] == {"reward/upright": "mean"}
+    np.testing.assert_allclose(
+        r.metrics["reward/upright"][CONFIG_SEEDS],
+        [x[4] / x[1] for x in ref],
+        rtol=1e-5,
+    )
+
+
+def test_shipped_policy_scores_its_recorded_interval(shipped):
+    # The README states the config's mean return and its 95% interval; the
+    # shipped checkpoint must score them on the config's own episodes.
+    config, r = shipped
+    text = (ROOT / "README.md").read_text()
+    found = re.search(
+        r"configs/playground_cartpole\.yaml`.*?mean return ([\d.]+) of at most\s+"
+        r"1000,\s+95%\s+interval\s+\[([\d.]+), ([\d.]+)\],\s+on\s+(\d+)",
+        text,
+        re.S,
+    )
+    assert found, "README.md: the playground_cartpole.yaml score is not stated"
+    mean, low, high, episodes = map(float, found.groups())
+    assert r.num_episodes == config["episodes"] == episodes
+    assert low <= r.returns.mean() <= high
+    assert abs(r.returns.mean() - mean) < 0.05
+    interval = stats.describe(r.returns)["returns"]["mean_interval"]
+    np.testing.assert_allclose(interval, [low, high], atol=0.05)
+    # Better than the hand-made controller's 0.9 (what the docs compare with).
+    assert r.returns.mean() > 900
+
+
+@pytest.fixture(scope="module")
+def randomized(env):
+    """The randomized run on 4 lanes (lane turnover), and the same program
+    with the seeds reversed: other lanes run each episode."""
+    run = lambda seeds: jaxmesh.evaluate(  # noqa: E731
         policy,
         env,
-        num_envs=1,
-        seeds=SEEDS,
-        metrics={"reward/upright": "sum"},
+        num_envs=4,
+        seeds=seeds,
+        randomize=heavier_pole,
+        metrics={"model/body_mass/2": "last", "reward/upright": "sum"},
     )
-    ref = [reference(s) for s in SEEDS]
+    return run(SEEDS), run(SEEDS[::-1])
+
+
+def test_randomize_per_episode_matches_plain_loop(randomized, reference):
+    r, _ = randomized
+    act = jax.jit(policy)
+    ref = [reference(act, s, LENGTH, heavier_pole) for s in SEEDS]
+    masses = [x[5] for x in ref]
+    np.testing.assert_allclose(r.metrics["model/body_mass/2"], masses, rtol=1e-6)
     np.testing.assert_allclose(r.returns, [x[0] for x in ref], rtol=1e-5)
     np.testing.assert_array_equal(r.lengths, [x[1] for x in ref])
     np.testing.assert_array_equal(r.terminated, [x[2] for x in ref])
@@ -106,30 +192,24 @@ def test_matches_plain_loop(env, reference):
     np.testing.assert_allclose(
         r.metrics["reward/upright"], [x[4] for x in ref], rtol=1e-5
     )
-    assert r.env == "playground:CartpoleBalance"
-
-
-def test_randomize_per_episode_matches_plain_loop(env, reference):
-    r = jaxmesh.evaluate(
-        policy,
-        env,
-        num_envs=4,
-        seeds=SEEDS,
-        randomize=heavier_pole,
-        metrics={"model/body_mass/2": "last"},
-    )
-    ref = [reference(s, heavier_pole) for s in SEEDS]
-    masses = [x[5] for x in ref]
-    np.testing.assert_allclose(r.metrics["model/body_mass/2"], masses, rtol=1e-6)
-    np.testing.assert_allclose(r.returns, [x[0] for x in ref], rtol=1e-5)
-    np.testing.assert_array_equal(r.lengths, [x[1] for x in ref])
-    np.testing.assert_array_equal(r.truncated, [x[3] for x in ref])
     # Lane j started episode j; the fifth went to the first lane to finish.
     assert list(r.lanes[:4]) == [0, 1, 2, 3]
     # The draws differ per episode and change the physics.
     assert len(set(np.round(masses, 6))) == len(SEEDS)
-    plain = [reference(s)[0] for s in SEEDS]
+    plain = [reference(act, s, LENGTH)[0] for s in SEEDS]
     assert not np.allclose(r.returns, plain, rtol=1e-4)
+
+
+def test_randomized_episode_depends_on_its_seed_only(randomized):
+    # Reversed seeds: each episode runs on another lane, after other episodes.
+    r, rev = randomized
+    assert list(rev.seeds) == SEEDS[::-1]
+    assert [int(x) for x in rev.lanes] != [int(x) for x in r.lanes[::-1]]
+    np.testing.assert_allclose(rev.returns[::-1], r.returns, rtol=1e-6)
+    np.testing.assert_array_equal(rev.lengths[::-1], r.lengths)
+    np.testing.assert_array_equal(
+        rev.metrics["model/body_mass/2"][::-1], r.metrics["model/body_mass/2"]
+    )
 
 
 def test_env_object_takes_its_config(env):
@@ -165,3 +245,60 @@ def test_bad_randomizer_is_refused(env):
         playground.randomized(
             env, lambda m, k: m.replace(body_mass=jnp.zeros(7, jnp.float32))
         )
+
+
+#: Run with MUJOCO_GL=egl in a fresh process (the suite's MuJoCo may have
+#: chosen another GL backend at import): Playground's renderer through
+#: ``jaxmesh.video.playground_frames`` against plain ``mujoco.Renderer`` frames
+#: of the same states. No MJX program is compiled: the states are
+#: ``mjx.put_data`` of MuJoCo data with set joint positions. Exit 77: no EGL.
+RENDER_SCRIPT = """
+import sys
+import mujoco
+import numpy as np
+from mujoco import mjx
+from jaxmesh.envs import make_env
+from jaxmesh.video import playground_frames
+
+env = make_env("playground:CartpoleBalance")
+mj = env.env.mj_model
+try:
+    plain = mujoco.Renderer(mj, 240, 320)
+except Exception as e:
+    print("no EGL:", type(e).__name__, e)
+    sys.exit(77)
+states, want = [], []
+for angle in (0.0, 0.6, -0.6):
+    d = mujoco.MjData(mj)
+    d.qpos[:] = [0.1, angle]
+    mujoco.mj_forward(mj, d)
+    plain.update_scene(d, camera=-1)
+    want.append(plain.render().copy())
+    data = mjx.put_data(mj, d)
+    states.append((type("S", (), {"data": data})(), 0, ()))
+got = playground_frames(env, states)
+assert [f.shape for f in got] == [(240, 320, 3)] * 3, [f.shape for f in got]
+for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+assert not np.array_equal(got[1], got[2])  # the pole leans both ways
+print("ok")
+"""
+
+
+def test_playground_renderer_draws_the_states():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
+    run = subprocess.run(
+        [sys.executable, "-c", RENDER_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if run.returncode == 77:
+        pytest.skip(f"no headless OpenGL (EGL) here: {run.stdout.strip()}")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.strip().endswith("ok")

@@ -1,0 +1,185 @@
+"""Trains the ``CartpoleBalance`` MLP with evolution strategies and saves its
+checkpoint.
+
+OpenAI-ES (Salimans et al., 2017) on the flattened params of
+``jaxmesh.zoo.playground_cartpole.MLP``, as ``jaxmesh.zoo.train_cartpole`` does
+for gymnax CartPole: each generation draws ``population / 2`` Gaussian
+directions and their negatives, scores the centre and every perturbed policy
+with ``jaxmesh.make_evaluator`` vmapped over them (one ``jax.jit``, the MJX
+physics inside it), turns the perturbed fitnesses into centered ranks and takes
+an Adam step along the rank-weighted directions. Fitness episodes use fresh
+seeds each generation, far from ``0..999`` (the seeds
+``jaxmesh eval configs/playground_cartpole.yaml`` scores), and the centre's
+score on them is its validation: the best centre is kept.
+
+The run is deterministic: everything derives from ``--seed``.
+
+Usage (needs the ``[train]`` and ``[playground]`` extras)::
+
+    python -m jaxmesh.zoo.train_playground_cartpole [--out PATH] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+import jaxmesh
+from jaxmesh.checkpoint import save_params
+from jaxmesh.envs import make_env
+from jaxmesh.zoo import playground_cartpole
+from jaxmesh.zoo.train_cartpole import centered_ranks, optax
+
+ENV = "playground:CartpoleBalance"
+#: Fitness seeds are TRAIN_SEEDS + generation * episodes + i: disjoint from
+#: 0..999, the evaluation seeds.
+TRAIN_SEEDS = 3_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ESConfig:
+    """Hyper-parameters of the ES run (the defaults produced the shipped one)."""
+
+    seed: int = 0
+    generations: int = 250
+    population: int = 32  # even: population / 2 antithetic pairs
+    episodes: int = 4  # fitness episodes per member per generation
+    episode_length: int = 500  # env steps of a fitness episode
+    sigma: float = 0.1
+    learning_rate: float = 0.03
+    weight_decay: float = 0.005
+
+
+def make_trainer(cfg: ESConfig):
+    """Builds (initial state, jitted generation step, unravel)."""
+    if cfg.population < 2 or cfg.population % 2:
+        raise ValueError(
+            f"population={cfg.population}: expected an even int >= 2 (antithetic pairs)"
+        )
+    params0 = playground_cartpole.init(jax.random.PRNGKey(cfg.seed))
+    flat0, unravel = ravel_pytree(params0)
+
+    def policy(flat: jax.Array, obs: jax.Array) -> jax.Array:
+        return playground_cartpole.apply(unravel(flat), obs)
+
+    env = make_env(ENV, config_overrides={"episode_length": cfg.episode_length})
+    # One lane and one plan row per episode: every call is a single tile.
+    fitness = jaxmesh.make_evaluator(
+        policy,
+        env,
+        num_envs=cfg.episodes,
+        episodes=cfg.episodes,
+        seeds=range(TRAIN_SEEDS, TRAIN_SEEDS + cfg.episodes),
+        plan_tile=cfg.episodes,
+    )
+    optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
+    key0 = jax.random.PRNGKey(cfg.seed)
+
+    @jax.jit
+    def generation(flat, opt_state, gen):
+        half = jax.random.normal(
+            jax.random.fold_in(key0, gen), (cfg.population // 2, flat.size)
+        )
+        eps = jnp.concatenate([half, -half])
+        seeds = TRAIN_SEEDS + gen * cfg.episodes + jnp.arange(cfg.episodes)
+        members = jnp.concatenate([flat[None], flat + cfg.sigma * eps])
+        returns = jax.vmap(fitness, in_axes=(0, None))(members, seeds).returns
+        score = returns.mean(axis=1)
+        centre, score = score[0], score[1:]
+        # Gradient ascent on the rank-weighted directions; optax minimises.
+        grad = -(centered_ranks(score) @ eps) / (cfg.population * cfg.sigma)
+        updates, new_state = optimizer.update(grad, opt_state, flat)
+        return optax.apply_updates(flat, updates), new_state, centre, score
+
+    return (flat0, optimizer.init(flat0)), generation, unravel
+
+
+def train(cfg: ESConfig, log=print) -> tuple[Any, dict]:
+    """Runs ES and returns the best centre params (a flax params dict) and stats.
+
+    The centre scored in generation g is the one before g's update, so the
+    best is kept from the scores as they come.
+    """
+    (flat, opt_state), generation, unravel = make_trainer(cfg)
+    best_flat, best_score, best_gen = flat, -np.inf, -1
+    t0 = time.perf_counter()
+    for gen in range(cfg.generations):
+        new_flat, opt_state, centre, score = generation(flat, opt_state, jnp.int32(gen))
+        centre = float(centre)
+        if centre >= best_score:
+            best_flat, best_score, best_gen = flat, centre, gen
+        flat = new_flat
+        log(
+            f"gen {gen:4d}  population mean {float(score.mean()):6.1f}  max "
+            f"{float(score.max()):6.1f}  centre {centre:6.1f}  "
+            f"({time.perf_counter() - t0:6.1f} s)"
+        )
+    stats = {
+        "generations": cfg.generations,
+        "best_generation": best_gen,
+        "best_centre_return": best_score,
+        "train_seconds": time.perf_counter() - t0,
+    }
+    return unravel(best_flat), stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxmesh.zoo.train_playground_cartpole",
+        description=__doc__.split("\n")[0],
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=playground_cartpole.DEFAULT_PATH,
+        help="checkpoint directory to write (replaced if it exists); default: the "
+        "checkpoint shipped in the package",
+    )
+    defaults = ESConfig()
+    for f in dataclasses.fields(ESConfig):
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=type(getattr(defaults, f.name)),
+            default=getattr(defaults, f.name),
+        )
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=100,
+        help="episodes (seeds 0..N-1, 1000 steps, unseen in training) scored after "
+        "training",
+    )
+    args = parser.parse_args(argv)
+    cfg = ESConfig(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ESConfig)}
+    )
+    params, stats = train(cfg)
+    out = save_params(args.out, params, overwrite=True)
+    # orbax's commit marker records the absolute path written to (a machine
+    # path, in a checkpoint shipped in the repository); restoring a local
+    # checkpoint does not read it.
+    (Path(out) / "commit_success.txt").unlink(missing_ok=True)
+    print(f"trained in {stats['train_seconds']:.1f} s: {stats}")
+    print(f"saved {out}")
+    if args.eval_episodes:
+        result = jaxmesh.evaluate(
+            playground_cartpole.CartpoleMLP.from_config(checkpoint=str(out)),
+            ENV,
+            episodes=args.eval_episodes,
+            num_envs=min(100, args.eval_episodes),
+        )
+        print(result.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
