@@ -851,34 +851,33 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
     canvas_cls(fig)
     axes = fig.subplots(1, 2 if rated else 1, squeeze=False)[0]
     x = np.arange(len(names))
-    ax = axes[-1]
-    means = [row["mean_return"] or 0.0 for row in rows]
-    ax.bar(x, means, color="#4c72b0")
-    ax.errorbar(
-        x,
-        means,
-        yerr=_errorbars(means, [row["return_interval"] for row in rows]),
-        fmt="none",
-        ecolor="#1f2328",
-        capsize=4,
+
+    def bars(ax: Any, key: str, interval: str, color: str, title: str, label: str):
+        values = [row[key] or 0.0 for row in rows]
+        ax.bar(x, values, color=color)
+        yerr = _errorbars(values, [row[interval] for row in rows])
+        ax.errorbar(x, values, yerr=yerr, fmt="none", ecolor="#1f2328", capsize=4)
+        ax.set_title(title)
+        ax.set_ylabel(label)
+
+    bars(
+        axes[-1],
+        "mean_return",
+        "return_interval",
+        "#4c72b0",
+        "Mean return per task",
+        "mean return (bars: interval)",
     )
-    ax.set_title("Mean return per task")
-    ax.set_ylabel("mean return (bars: interval)")
     if rated:
-        ax = axes[0]
-        rates = [row["success_rate"] for row in rows]
-        ax.bar(x, rates, color="#55a868")
-        ax.errorbar(
-            x,
-            rates,
-            yerr=_errorbars(rates, [row["success_interval"] for row in rows]),
-            fmt="none",
-            ecolor="#1f2328",
-            capsize=4,
+        bars(
+            axes[0],
+            "success_rate",
+            "success_interval",
+            "#55a868",
+            "Success rate per task",
+            "success rate (bars: Wilson interval)",
         )
-        ax.set_title("Success rate per task")
-        ax.set_ylabel("success rate (bars: Wilson interval)")
-        ax.set_ylim(0.0, 1.05)
+        axes[0].set_ylim(0.0, 1.05)
     for ax in axes:
         ax.set_xticks(x, names, rotation=30 if len(names) > 4 else 0, ha="right")
         ax.grid(axis="y", alpha=0.3)

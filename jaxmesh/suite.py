@@ -426,6 +426,25 @@ def _split(
     return out
 
 
+def _text_table(rows: list[list[str]], rule_before_last: int = 0) -> list[str]:
+    """Rows of text cells as aligned lines (the first column left, the rest
+    right), a rule under the header and, with ``rule_before_last``, one above
+    that many last rows."""
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if c == 0 else cell.rjust(w)
+            for c, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    rule = "  ".join("-" * w for w in widths)
+    lines.insert(1, rule)
+    if rule_before_last:
+        lines.insert(len(lines) - rule_before_last, rule)
+    return lines
+
+
 def _rate(flags: np.ndarray | None) -> float | None:
     return None if flags is None or not flags.size else float(flags.mean())
 
@@ -616,17 +635,7 @@ class SuiteResult:
         """The per-task table (success rate with its Wilson interval, mean
         return with its bootstrap interval), the mean over tasks and the
         pooled figures."""
-        rows = self.table()
-        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines = [
-            "  ".join(
-                cell.ljust(w) if c == 0 else cell.rjust(w)
-                for c, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-            for row in rows
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        lines.insert(-2, "  ".join("-" * w for w in widths))
+        lines = _text_table(self.table(), rule_before_last=2)
         level = f"{_stats.CONFIDENCE:.0%}"
         mode = self.success_mode
         if mode is not None:
@@ -718,15 +727,7 @@ class SuiteComparison:
                     "n/a" if pair is None else f"{pair[1]:.1%}",
                 ]
             )
-        widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-        lines = [
-            "  ".join(
-                x.ljust(w) if c == 0 else x.rjust(w)
-                for c, (x, w) in enumerate(zip(r, widths, strict=True))
-            )
-            for r in rows
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = _text_table(rows)
         lines.append(f"pooled verdict: {self.pooled.verdict}")
         return "\n".join(lines)
 

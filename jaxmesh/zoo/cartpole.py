@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.checkpoint import load_params
-from jaxmesh.model import Model
-from jaxmesh.params import Param
+from jaxmesh.zoo.shipped import ShippedWeights
 
 #: The checkpoint shipped inside the package, found next to this file.
 DEFAULT_PATH = Path(__file__).resolve().parent / "checkpoints" / "cartpole_mlp"
@@ -73,26 +70,11 @@ def apply(params: Any, obs: jax.Array) -> jax.Array:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-class CartPoleMLP(Model):
-    """The trained CartPole MLP as a ``jaxmesh.Model``.
+class CartPoleMLP(ShippedWeights):
+    """The trained CartPole MLP as a ``jaxmesh.Model`` (``CartPoleMLP()``: the
+    shipped weights; ``from_config(checkpoint=...)``: others)."""
 
-    Configure it with ``CartPoleMLP.from_config(checkpoint=...)`` (the CLI's
-    ``policy_config``) or use ``CartPoleMLP()`` for the shipped weights; the
-    checkpoint is read once, by ``load``, before the first prediction.
-
-    Raises:
-      FileNotFoundError: nothing exists at ``checkpoint`` (when loading).
-    """
-
-    checkpoint = Param(
-        None,
-        type=(str, type(None)),
-        doc="orbax checkpoint directory of the weights; null: the shipped one",
-    )
-
-    def load(self, checkpoint: str | os.PathLike | None = None) -> None:
-        path = Path(DEFAULT_PATH if checkpoint is None else checkpoint)
-        self.params = load_params(path)
+    DEFAULT_PATH = DEFAULT_PATH
 
     def predict(self, obs: jax.Array) -> jax.Array:
         """The greedy action for one observation (int32, shape ())."""

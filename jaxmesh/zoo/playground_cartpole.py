@@ -30,7 +30,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,9 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.checkpoint import load_params
-from jaxmesh.model import Model
-from jaxmesh.params import Param
+from jaxmesh.zoo.shipped import ShippedWeights
 
 #: The checkpoint shipped inside the package, found next to this file.
 DEFAULT_PATH = (
@@ -93,26 +90,12 @@ def apply(params: Any, obs: jax.Array) -> jax.Array:
     return MLP().apply(params, obs)
 
 
-class CartpoleMLP(Model):
-    """The trained ``CartpoleBalance`` MLP as a ``jaxmesh.Model``.
+class CartpoleMLP(ShippedWeights):
+    """The trained ``CartpoleBalance`` MLP as a ``jaxmesh.Model``
+    (``CartpoleMLP()``: the shipped weights; ``from_config(checkpoint=...)``:
+    others)."""
 
-    ``CartpoleMLP()`` uses the shipped weights; ``CartpoleMLP.from_config(
-    checkpoint=...)`` (the CLI's ``policy_config``) others. The checkpoint is
-    read once, by ``load``, before the first prediction.
-
-    Raises:
-      FileNotFoundError: nothing exists at ``checkpoint`` (when loading).
-    """
-
-    checkpoint = Param(
-        None,
-        type=(str, type(None)),
-        doc="orbax checkpoint directory of the weights; null: the shipped one",
-    )
-
-    def load(self, checkpoint: str | os.PathLike | None = None) -> None:
-        path = Path(DEFAULT_PATH if checkpoint is None else checkpoint)
-        self.params = load_params(path)
+    DEFAULT_PATH = DEFAULT_PATH
 
     def predict(self, obs: jax.Array) -> jax.Array:
         """The action for one observation (float32, shape (1,))."""

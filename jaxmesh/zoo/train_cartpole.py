@@ -154,19 +154,32 @@ def train(cfg: ESConfig, log=print) -> tuple[Any, dict]:
     return unravel(best_flat), stats
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m jaxmesh.zoo.train_cartpole", description=__doc__.split("\n")[0]
-    )
+def run_cli(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    doc: str,
+    config: type,
+    train: Any,
+    model: type,
+    env: Any,
+    eval_episodes: int,
+    eval_lanes: int,
+) -> int:
+    """The command line of a zoo trainer: ``--out`` and one flag per field of
+    the ``config`` dataclass, train, save the weights where ``model`` reads
+    them, then score the saved checkpoint on ``--eval-episodes`` seeds
+    ``0..N-1`` (unseen in training)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     parser.add_argument(
         "--out",
         type=Path,
-        default=cartpole.DEFAULT_PATH,
+        default=model.DEFAULT_PATH,
         help="checkpoint directory to write (replaced if it exists); default: the "
         "checkpoint shipped in the package",
     )
-    defaults = ESConfig()
-    for f in dataclasses.fields(ESConfig):
+    defaults = config()
+    for f in dataclasses.fields(config):
         parser.add_argument(
             f"--{f.name.replace('_', '-')}",
             type=type(getattr(defaults, f.name)),
@@ -175,13 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eval-episodes",
         type=int,
-        default=1000,
+        default=eval_episodes,
         help="episodes (seeds 0..N-1, unseen in training) scored after training",
     )
     args = parser.parse_args(argv)
-    cfg = ESConfig(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ESConfig)}
-    )
+    cfg = config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
     params, stats = train(cfg)
     out = save_params(args.out, params, overwrite=True)
     # orbax's commit marker records the absolute path written to (a machine
@@ -192,13 +203,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"saved {out}")
     if args.eval_episodes:
         result = jaxmesh.evaluate(
-            cartpole.CartPoleMLP.from_config(checkpoint=str(out)),
-            ENV,
+            model.from_config(checkpoint=str(out)),
+            env,
             episodes=args.eval_episodes,
-            num_envs=min(256, args.eval_episodes),
+            num_envs=min(eval_lanes, args.eval_episodes),
         )
         print(result.summary())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(
+        argv,
+        prog="python -m jaxmesh.zoo.train_cartpole",
+        doc=__doc__,
+        config=ESConfig,
+        train=train,
+        model=cartpole.CartPoleMLP,
+        env=ENV,
+        eval_episodes=1000,
+        eval_lanes=256,
+    )
 
 
 if __name__ == "__main__":

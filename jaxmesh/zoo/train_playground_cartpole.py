@@ -21,11 +21,9 @@ Usage (needs the ``[train]`` and ``[playground]`` extras)::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,10 +32,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import jaxmesh
-from jaxmesh.checkpoint import save_params
 from jaxmesh.envs import make_env
 from jaxmesh.zoo import playground_cartpole
-from jaxmesh.zoo.train_cartpole import centered_ranks, optax
+from jaxmesh.zoo.train_cartpole import centered_ranks, optax, run_cli
 
 ENV = "playground:CartpoleBalance"
 #: Fitness seeds are TRAIN_SEEDS + generation * episodes + i: disjoint from
@@ -133,52 +130,17 @@ def train(cfg: ESConfig, log=print) -> tuple[Any, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    return run_cli(
+        argv,
         prog="python -m jaxmesh.zoo.train_playground_cartpole",
-        description=__doc__.split("\n")[0],
+        doc=__doc__,
+        config=ESConfig,
+        train=train,
+        model=playground_cartpole.CartpoleMLP,
+        env=ENV,
+        eval_episodes=100,
+        eval_lanes=100,
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=playground_cartpole.DEFAULT_PATH,
-        help="checkpoint directory to write (replaced if it exists); default: the "
-        "checkpoint shipped in the package",
-    )
-    defaults = ESConfig()
-    for f in dataclasses.fields(ESConfig):
-        parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=type(getattr(defaults, f.name)),
-            default=getattr(defaults, f.name),
-        )
-    parser.add_argument(
-        "--eval-episodes",
-        type=int,
-        default=100,
-        help="episodes (seeds 0..N-1, 1000 steps, unseen in training) scored after "
-        "training",
-    )
-    args = parser.parse_args(argv)
-    cfg = ESConfig(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ESConfig)}
-    )
-    params, stats = train(cfg)
-    out = save_params(args.out, params, overwrite=True)
-    # orbax's commit marker records the absolute path written to (a machine
-    # path, in a checkpoint shipped in the repository); restoring a local
-    # checkpoint does not read it.
-    (Path(out) / "commit_success.txt").unlink(missing_ok=True)
-    print(f"trained in {stats['train_seconds']:.1f} s: {stats}")
-    print(f"saved {out}")
-    if args.eval_episodes:
-        result = jaxmesh.evaluate(
-            playground_cartpole.CartpoleMLP.from_config(checkpoint=str(out)),
-            ENV,
-            episodes=args.eval_episodes,
-            num_envs=min(100, args.eval_episodes),
-        )
-        print(result.summary())
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""What every policy shipped in ``jaxmesh.zoo`` shares: weights in an orbax
+checkpoint inside the package, read once by ``load``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import ClassVar
+
+from jaxmesh.checkpoint import load_params
+from jaxmesh.model import Model
+from jaxmesh.params import Param
+
+
+class ShippedWeights(Model):
+    """A ``jaxmesh.Model`` whose weights ship with jaxmesh (``DEFAULT_PATH``).
+
+    ``Cls()`` uses the shipped weights; ``Cls.from_config(checkpoint=...)``
+    (the CLI's ``policy_config``) others. The checkpoint is read once, by
+    ``load``, before the first prediction.
+
+    Raises:
+      FileNotFoundError: nothing exists at ``checkpoint`` (when loading).
+    """
+
+    #: The shipped checkpoint directory (each subclass sets its own).
+    DEFAULT_PATH: ClassVar[Path]
+
+    checkpoint = Param(
+        None,
+        type=(str, type(None)),
+        doc="orbax checkpoint directory of the weights; null: the shipped one",
+    )
+
+    def load(self, checkpoint: str | os.PathLike | None = None) -> None:
+        path = Path(self.DEFAULT_PATH if checkpoint is None else checkpoint)
+        self.params = load_params(path)
