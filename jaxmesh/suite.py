@@ -261,10 +261,12 @@ def run_suite(
         if resume is not None and name in resume.tasks:
             args["resume"] = resume.tasks[name]
         plans[name] = args
-    for group in _groups(suite, plans):
+    gymnax_envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
+    for group in _groups(suite, plans, gymnax_envs):
         try:
             if len(group) > 1:
-                got = _run_together(evaluate, policy, suite, group, plans)
+                envs = [gymnax_envs[n] for n in group]
+                got = _run_together(evaluate, policy, envs, group, plans)
             else:
                 name = group[0]
                 env = _env_of(suite.tasks[name])
@@ -274,7 +276,7 @@ def run_suite(
             kept = dict(done)
             if isinstance(partial, RunResult):
                 if len(group) > 1:
-                    kept.update(_split(partial, suite, group, plans))
+                    kept.update(_split(partial, group, plans))
                 else:
                     kept[group[0]] = partial
             exc.partial_result = SuiteResult(
@@ -309,10 +311,13 @@ def _gymnax_env(task: Task) -> Any:
     return made if isinstance(made, GymnaxEnv) else None
 
 
-def _groups(suite: Suite, plans: dict[str, dict]) -> list[list[str]]:
+def _groups(
+    suite: Suite, plans: dict[str, dict], envs: dict[str, Any]
+) -> list[list[str]]:
     """The suite's tasks as runs (lists of task names), in order of their
     first task: same-shaped gymnax tasks with the same instruction run
-    together (``jaxmesh.envs.gymnax.task_batch``), every other task alone."""
+    together (``jaxmesh.envs.gymnax.task_batch``), every other task alone;
+    ``envs`` gets the ``GymnaxEnv`` of each task that may run with others."""
     from jaxmesh.envs.gymnax import task_batch
 
     runs: list[list[str]] = []
@@ -324,7 +329,7 @@ def _groups(suite: Suite, plans: dict[str, dict]) -> list[list[str]]:
         if env is None:
             runs.append([name])
             continue
-        args["_env"] = env
+        envs[name] = env
         key = (type(env.env), args.get("instruction"))
         if key not in together:
             together[key] = []
@@ -332,30 +337,28 @@ def _groups(suite: Suite, plans: dict[str, dict]) -> list[list[str]]:
         together[key].append(name)
     out: list[list[str]] = []
     for run in runs:
-        if len(run) > 1 and task_batch([plans[n]["_env"] for n in run]) is None:
+        if len(run) > 1 and task_batch([envs[n] for n in run]) is None:
             out.extend([n] for n in run)  # not one shape: one by one
         else:
             out.append(run)
-    for args in plans.values():
-        args.pop("_env", None)
     return out
 
 
 def _run_together(
     evaluate: Callable[..., RunResult],
     policy: Any,
-    suite: Suite,
+    envs: list,
     group: list[str],
     plans: dict[str, dict],
 ) -> dict[str, RunResult]:
-    """Same-shaped gymnax tasks in one program: their episodes one after
-    another in one budget, each reset with its task's params by a
-    ``reset_fn`` that maps the episode (its trial index) to its task."""
+    """Same-shaped gymnax tasks (``envs``, one per task of ``group``) in one
+    program: their episodes one after another in one budget, each reset with
+    its task's params by a ``reset_fn`` that maps the episode (its trial
+    index) to its task."""
     import jax.numpy as jnp
 
     from jaxmesh.envs.gymnax import task_batch
 
-    envs = [_gymnax_env(suite.tasks[n]) for n in group]
     batch = task_batch(envs)
     seeds = [_seeds(plans[n]) for n in group]
     task_of = jnp.asarray(np.repeat(np.arange(len(group)), [s.size for s in seeds]))
@@ -366,7 +369,7 @@ def _run_together(
     args = dict(plans[group[0]])
     args.update(episodes=None, seeds=np.concatenate(seeds).tolist(), reset_fn=reset_fn)
     combined = evaluate(policy, batch, **args)
-    return _split(combined, suite, group, plans, envs)
+    return _split(combined, group, plans, envs)
 
 
 def _seeds(args: dict) -> np.ndarray:
@@ -377,7 +380,6 @@ def _seeds(args: dict) -> np.ndarray:
 
 def _split(
     result: RunResult,
-    suite: Suite,
     group: list[str],
     plans: dict[str, dict],
     envs: list | None = None,
