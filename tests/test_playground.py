@@ -313,16 +313,22 @@ def test_playground_renderer_draws_the_states():
 
 # Recorded states: videos of long episodes -------------------------------------
 def cartpole_obs(mj, qpos, qvel):
-    """CartpoleBalance's observation of each state, worked out with plain
-    MuJoCo (float64 forward kinematics in C): the cart position, the pole's
-    cos and sin (its frame's zz and xz entries, which Playground's
-    ``_get_obs`` reads), then the joint velocities."""
+    """CartpoleBalance's observation at each step, worked out from the states
+    with plain MuJoCo (float64 forward kinematics in C): the cart position,
+    the pole's cos and sin (its frame's zz and xz entries, which Playground's
+    ``_get_obs`` reads), then the joint velocities.
+
+    A step's frames are those of its forward pass, before the integration
+    (MuJoCo's ``mj_step``): after step t the pole's frame is that of state
+    t - 1, while ``qpos`` and ``qvel`` are state t's. The reset's frame is
+    its own state's.
+    """
     import mujoco
 
     d = mujoco.MjData(mj)
     out = []
-    for q, v in zip(qpos, qvel, strict=True):
-        d.qpos[:], d.qvel[:] = q, v
+    for t, (q, v) in enumerate(zip(qpos, qvel, strict=True)):
+        d.qpos[:] = qpos[max(t - 1, 0)]
         mujoco.mj_kinematics(mj, d)
         out.append([q[0], d.xmat[2, 8], d.xmat[2, 2], *v])
     return np.array(out)
@@ -346,7 +352,7 @@ def test_recorded_states_are_the_runs_own(shipped, reference):
     # observation the policy saw at that step.
     mj = make_env("playground:CartpoleBalance").env.mj_model
     obs = cartpole_obs(mj, tr.states["qpos"], tr.states["qvel"])
-    np.testing.assert_allclose(obs, tr.observations, atol=1e-5)
+    np.testing.assert_allclose(obs, tr.observations, atol=1e-6)
     # A plain loop over Playground's own reset/step gives the same states
     # while float rounding has not yet parted the two.
     params = jaxmesh.load_params(playground_cartpole.DEFAULT_PATH)
