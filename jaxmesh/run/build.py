@@ -314,6 +314,7 @@ def build_engine(
         record key the observation lacks.
     """
     check_record_keys(env, record)
+    name = getattr(env, "name", type(env).__name__)
     config = EngineConfig(
         capacity=plan.capacity,
         max_steps=max_steps,
@@ -325,7 +326,7 @@ def build_engine(
         record_slots=0 if record is None else len(record.episodes),
         record_steps=0 if record is None else record.max_steps,
         record_keys=None if record is None else record.keys,
-        record_states=records_states(record, env, repr(env)),
+        record_states=records_states(record, env, f"env {name!r}"),
         trials=trials,
     )
     return Engine(policy, env, config)
