@@ -415,11 +415,12 @@ def check_record_config(value: Any) -> Any:
         return value
     try:
         if isinstance(value, dict):
-            unknown = sorted(set(value) - {"episodes", "keys", "max_steps", "frames"})
+            fields = {"episodes", "keys", "max_steps", "frames", "states"}
+            unknown = sorted(set(value) - fields)
             if unknown:
                 raise ValueError(
                     f"unknown keys {unknown} (expected episodes, keys, max_steps, "
-                    "frames)"
+                    "frames, states)"
                 )
             return Record(**value)
         if isinstance(value, int | list) and not isinstance(value, bool):

@@ -41,6 +41,15 @@ class Record:
         ``render_mode="rgb_array"``). None: when the env renders
         ``rgb_array`` (a ``"gymnasium:<id>"`` env is then made with it);
         True: required (a ValueError otherwise); False: never.
+      states: JAX envs whose adapter declares ``render_state`` (MuJoCo
+        Playground, brax): keep, per step, the physics state the env's
+        renderer draws (Playground: the mjx Data's ``qpos``, ``qvel``,
+        ``mocap_pos``, ``mocap_quat``, ``xfrc_applied``; brax: the pipeline
+        state's ``q``, ``qd``), written inside the run, so that
+        ``jaxmesh.render`` draws the run's own states, however long the
+        episode (``Trajectory.states``). None: when the env declares it;
+        True: required (a ValueError otherwise, and on host-stepped envs);
+        False: never (videos then replay the recorded actions).
 
     Raises:
       TypeError, ValueError: a bad field, naming it.
@@ -55,6 +64,7 @@ class Record:
     keys: Sequence[str] | str | None = None
     max_steps: int = DEFAULT_RECORD_STEPS
     frames: bool | None = None
+    states: bool | None = None
 
     def __post_init__(self) -> None:
         eps = self.episodes
@@ -100,10 +110,12 @@ class Record:
                 f"kept per recorded episode (default {DEFAULT_RECORD_STEPS})"
             )
         object.__setattr__(self, "max_steps", int(m))
-        if self.frames not in (None, True, False):
-            raise TypeError(
-                f"Record(frames={self.frames!r}): expected None, True or False"
-            )
+        for name in ("frames", "states"):
+            if getattr(self, name) not in (None, True, False):
+                raise TypeError(
+                    f"Record({name}={getattr(self, name)!r}): expected None, True "
+                    "or False"
+                )
 
 
 def check_record(record: Any) -> Record | None:
@@ -135,6 +147,32 @@ def check_record_budget(record: Record | None, episodes: int) -> None:
             f"the budget of {episodes} episodes (indices 0 .. {episodes - 1}); "
             "record episodes of the budget"
         )
+
+
+def records_states(record: Record | None, env: Any, where: str) -> bool:
+    """Whether a run records its env's render states (``Record.states``).
+
+    Args:
+      record: the run's ``Record`` (None: nothing is recorded).
+      env: the JAX env (an adapter with ``render_state(state) -> dict``), or
+        None for a host-stepped env, which has no states to record.
+      where: the env's name, for the message.
+
+    Raises:
+      ValueError: ``Record(states=True)`` and the env declares no
+        ``render_state``.
+    """
+    if record is None or record.states is False:
+        return False
+    has = callable(getattr(env, "render_state", None))
+    if record.states and not has:
+        raise ValueError(
+            f"Record(states=True): {where} declares no render_state (only MuJoCo "
+            "Playground and brax envs, run in the jitted loop, record their "
+            "physics state); drop states=True (videos then replay the recorded "
+            "actions, or use the frames captured on the host)"
+        )
+    return has
 
 
 def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
@@ -185,6 +223,10 @@ class Trajectory:
       frames: ``[T + 1, H, W, 3]`` uint8 ``env.render()`` frames captured
         during the run (host-stepped gymnasium envs with
         ``render_mode="rgb_array"``), else None.
+      states: ``{name: [T + 1, ...]}``: the env's render state (``Record.
+        states``) at the reset and after each step, as the run computed it
+        (Playground: ``qpos``, ``qvel``, ``mocap_pos``, ``mocap_quat``,
+        ``xfrc_applied``), else None.
     """
 
     episode: int
@@ -197,6 +239,7 @@ class Trajectory:
     length: int
     cut: bool = False
     frames: np.ndarray | None = None
+    states: dict | None = None
 
     @property
     def steps(self) -> int:
@@ -219,6 +262,8 @@ class Trajectory:
         )
         if self.frames is not None:
             out["frames"] = self.frames
+        for k, v in (self.states or {}).items():
+            out[f"states/{k}"] = np.asarray(v)
         return out
 
     @classmethod
@@ -232,6 +277,8 @@ class Trajectory:
         else:
             p = "observations/"
             obs = {k[len(p) :]: np.asarray(v) for k, v in arrays.items() if k[:13] == p}
+        p = "states/"
+        states = {k[len(p) :]: np.asarray(v) for k, v in arrays.items() if k[:7] == p}
         frames = arrays.get("frames")
         return cls(
             episode=int(episode),
@@ -244,6 +291,7 @@ class Trajectory:
             length=int(length),
             cut=bool(cut),
             frames=None if frames is None else np.asarray(frames),
+            states=states or None,
         )
 
 
@@ -273,6 +321,11 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
         f = None
         if frames is not None and frames[slot]:
             f = np.stack(frames[slot][: t + 1])
+        states = None
+        if recording.states:  # an env may have nothing to draw ({})
+            states = {
+                k: np.array(v[slot, : t + 1]) for k, v in recording.states.items()
+            }
         out.append(
             Trajectory(
                 episode=int(ep),
@@ -285,6 +338,7 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
                 length=length,
                 cut=length > cap,
                 frames=f,
+                states=states,
             )
         )
     return out

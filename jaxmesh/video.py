@@ -9,11 +9,18 @@ Frames come from, in this order:
    with ``fold_in(fold_in(key, 0), t)``); for a host-stepped env it is None.
 2. The frames a host-stepped gymnasium run captured (envs with
    ``render_mode="rgb_array"``; ``Trajectory.frames``).
-3. The env's own renderer, on the replayed states: gymnax's
+3. The env's own renderer on the render states the run recorded
+   (``Record.states``; MuJoCo Playground and brax envs record them by
+   default): Playground's (``env.render(trajectory)``) and brax's
+   (``brax.io.image``), both MuJoCo's OpenGL renderer, headless through
+   ``MUJOCO_GL=egl``. Nothing is replayed: the video is the run's own
+   episode, however long.
+4. The env's own renderer, on the replayed states: gymnax's
    (``gymnax.visualize``: gymnasium's pygame drawing for classic control,
-   matplotlib for the others), brax's (``brax.io.image``: MuJoCo's OpenGL
-   renderer, headless through ``MUJOCO_GL=egl``), MuJoCo Playground's
-   (``env.render(trajectory)``: the same renderer).
+   matplotlib for the others), brax's and Playground's (when their states
+   were not recorded). The replay is open loop: in an unstable system its
+   float rounding drifts from the run's over a long episode, and such an
+   episode is refused (its observations differ from the recorded ones).
 
 The video is written with imageio: ``.gif`` through Pillow, ``.mp4`` (and
 other ffmpeg formats) through imageio-ffmpeg (``pip install 'jaxmesh[video]'``).
@@ -72,9 +79,52 @@ def replay_states(env: Any, trajectory: Any) -> list:
             raise ValueError(
                 f"replaying episode {trajectory.episode} on env "
                 f"{getattr(env, 'name', env)!r} does not give the recorded "
-                "observations: pass env= the env (with its params) the run used"
+                "observations: pass env= the env (with its params) the run used; "
+                "or, for a long episode of an unstable system (the open-loop "
+                "replay drifts from the run), record its states "
+                "(Record(states=True): MuJoCo Playground and brax envs) and draw "
+                "with the env's renderer (no frames=)"
             )
     return states
+
+
+def recorded_states(env: Any, trajectory: Any) -> list:
+    """The recorded render states of an episode as the adapter states that
+    ``playground_frames`` / ``brax_frames`` draw (each holds only the
+    fields the renderer reads; ``Trajectory.states``).
+
+    Raises:
+      ValueError: the states do not fit the env's (another env than the
+        run's), or the env has no renderer that draws them.
+    """
+    from types import SimpleNamespace
+
+    import jax
+
+    states = trajectory.states
+    name = str(getattr(env, "name", ""))
+    key = jax.ShapeDtypeStruct((2,), np.uint32)
+    want = jax.eval_shape(lambda k: env.render_state(env.reset(k)[1]), key)
+    have = {k: tuple(np.shape(v)[1:]) for k, v in states.items()}
+    if {k: tuple(v.shape) for k, v in want.items()} != have:
+        raise ValueError(
+            f"the recorded states of episode {trajectory.episode} ({have}) are "
+            f"not those of env {name!r} "
+            f"({ {k: tuple(v.shape) for k, v in want.items()} }): pass env= the "
+            "env the run used"
+        )
+    at = [
+        SimpleNamespace(**{k: np.asarray(v[t]) for k, v in states.items()})
+        for t in range(trajectory.steps + 1)
+    ]
+    if name.startswith("playground:"):
+        return [(SimpleNamespace(data=d), t, ()) for t, d in enumerate(at)]
+    if name.startswith("brax:"):
+        return [(SimpleNamespace(pipeline_state=p), t) for t, p in enumerate(at)]
+    raise ValueError(
+        f"env {name!r} has no renderer jaxmesh knows for its recorded states; "
+        "pass frames=fn, fn(obs, state) -> rgb array [H, W, 3]"
+    )
 
 
 def gymnax_frames(env: Any, states: list) -> list[np.ndarray]:
@@ -195,13 +245,16 @@ def playground_frames(env: Any, states: list) -> list[np.ndarray]:
         ) from e
 
 
-def _env_for(result: Any, env: Any) -> Any:
-    """The JAX env to replay on: ``env`` given, or made from ``result.env``."""
+def _env_for(result: Any, env: Any, replay: bool = True) -> Any:
+    """The JAX env to replay on (or, ``replay=False``, whose renderer draws
+    recorded states): ``env`` given, or made from ``result.env``."""
     from jaxmesh.envs import make_env
 
     if env is not None:
         return make_env(env)
     name = str(result.env)
+    if not replay:  # the drawing is of the env's own model (no randomizer)
+        name = name.split("+randomize:")[0]
     if name.startswith("playground:") and "+randomize:" in name:
         raise ValueError(
             f"{name!r} was run with a randomizer, which a result does not keep: "
@@ -225,8 +278,10 @@ def episode_frames(
       result: a ``RunResult`` of a run with ``record=``.
       episode: the episode index.
       frames: ``fn(obs, state) -> rgb``; None: captured frames, else the env's
-        own renderer.
-      env: the JAX env to replay on (default: ``result.env`` by id).
+        own renderer (on the recorded states when the run kept them, else on
+        replayed ones).
+      env: the JAX env to replay on, or whose renderer draws the recorded
+        states (default: ``result.env`` by id).
 
     Raises:
       ValueError: the episode was not recorded, or no frames can be made
@@ -239,6 +294,9 @@ def episode_frames(
             "load them first (result.load_trajectories(npz_path))"
         )
     tr = result.trajectory(episode)
+    if frames is None and tr.frames is None and tr.states is not None:
+        jax_env = _env_for(result, env, replay=False)
+        return _draw(jax_env, recorded_states(jax_env, tr))
     jax_env = None
     if frames is not None or tr.frames is None:
         jax_env = _env_for(result, env)
@@ -262,13 +320,18 @@ def episode_frames(
     states = replay_states(jax_env, tr)
     if frames is not None:
         return [np.asarray(frames(o, s)) for o, s in zip(obs_at, states, strict=True)]
-    name = str(getattr(jax_env, "name", ""))
+    return _draw(jax_env, states)
+
+
+def _draw(env: Any, states: list) -> list[np.ndarray]:
+    """The env's own renderer over its (adapter) states, chosen by name."""
+    name = str(getattr(env, "name", ""))
     if name.startswith("gymnax:"):
-        return gymnax_frames(jax_env, states)
+        return gymnax_frames(env, states)
     if name.startswith("brax:"):
-        return brax_frames(jax_env, states)
+        return brax_frames(env, states)
     if name.startswith("playground:"):
-        return playground_frames(jax_env, states)
+        return playground_frames(env, states)
     raise ValueError(
         f"env {name!r} has no renderer jaxmesh knows; pass frames=fn, "
         "fn(obs, state) -> rgb array [H, W, 3]"
@@ -345,9 +408,10 @@ def render(
         docstring); None: the frames captured during the run, else the env's
         own renderer (gymnax, brax, MuJoCo Playground).
       fps: frames per second (default 30).
-      env: a JAX env to replay the episode on (default: made from
-        ``result.env``, e.g. ``"gymnax:CartPole-v1"``; pass your own when it
-        was built with other params, config overrides or a randomizer).
+      env: a JAX env to replay the episode on, or whose renderer draws its
+        recorded states (default: made from ``result.env``, e.g.
+        ``"gymnax:CartPole-v1"``; pass your own when it was built with other
+        params, config overrides or, for a replay, a randomizer).
 
     Returns:
       The path written; it is also appended to ``result.videos`` (the HTML
@@ -378,5 +442,6 @@ __all__ = [
     "episode_frames",
     "write_video",
     "replay_states",
+    "recorded_states",
     "playground_frames",
 ]

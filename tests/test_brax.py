@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from brax import envs
+from brax import base, envs
 from brax.envs.base import Env, State
 from brax.envs.wrappers import training
 from reference_loop import run_episode, single
@@ -53,6 +53,54 @@ class Drift(Env):
     @property
     def backend(self):
         return "none"
+
+
+class Slide(Env):
+    """q moves by qd, qd by ``0.1 * action``; ``obs = q``, reward ``-q**2``.
+
+    A brax env with a pipeline state (what brax's renderer draws) and no
+    physics engine behind it.
+    """
+
+    sys = None  # brax's renderer reads env.sys (replaced in the test)
+
+    @staticmethod
+    def pipeline(q, qd):
+        return base.State(
+            q=q,
+            qd=qd,
+            x=base.Transform.create(pos=jnp.zeros(3)),
+            xd=base.Motion.create(vel=jnp.zeros(3)),
+            contact=None,
+        )
+
+    def reset(self, rng):
+        q = jax.random.uniform(rng, (1,), minval=-0.5, maxval=0.5)
+        return State(self.pipeline(q, jnp.zeros(1)), q, jnp.float32(0), jnp.float32(0))
+
+    def step(self, state, action):
+        ps = state.pipeline_state
+        qd = ps.qd + 0.1 * action
+        q = ps.q + qd
+        return state.replace(
+            pipeline_state=self.pipeline(q, qd), obs=q, reward=-(q[0] ** 2)
+        )
+
+    @property
+    def observation_size(self):
+        return 1
+
+    @property
+    def action_size(self):
+        return 1
+
+    @property
+    def backend(self):
+        return "none"
+
+
+def settle(obs):
+    return -jnp.tanh(2.0 * obs)
 
 
 def away(obs):
@@ -163,3 +211,33 @@ def test_bad_brax_kwargs_are_refused_naming_them(monkeypatch):
         make_env("brax:drift", sped=0.5)
     with pytest.raises(ValueError, match="episode_length=0"):
         make_env("brax:drift", episode_length=0)
+
+
+def test_recorded_states_equal_brax_loop(monkeypatch):
+    env = Slide()
+    adapter = jaxmesh.envs.BraxEnv(env, episode_length=12)
+    record = jaxmesh.Record(episodes=[0, 2])
+    r = jaxmesh.evaluate(settle, adapter, num_envs=2, episodes=3, record=record)
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    for tr in r.trajectories:
+        s = reset(jax.random.PRNGKey(tr.seed))
+        states = [s.pipeline_state]
+        for _ in range(tr.length):
+            s = step(s, settle(s.obs))
+            states.append(s.pipeline_state)
+        assert sorted(tr.states) == ["q", "qd"]
+        np.testing.assert_allclose(tr.states["q"], [p.q for p in states], atol=1e-6)
+        np.testing.assert_allclose(tr.states["qd"], [p.qd for p in states], atol=1e-6)
+    # brax's renderer gets the recorded states; nothing is replayed.
+    from brax.io import image
+
+    from jaxmesh import video
+
+    def no_replay(*args):
+        raise AssertionError("a recorded episode's states were replayed")
+
+    drawn = lambda sys, states, height, width: [np.asarray(p.q) for p in states]
+    monkeypatch.setattr(video, "replay_states", no_replay)
+    monkeypatch.setattr(image, "render_array", drawn)
+    frames = video.episode_frames(r, episode=2, env=adapter)
+    np.testing.assert_array_equal(np.stack(frames), r.trajectory(2).states["q"])

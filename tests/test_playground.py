@@ -89,7 +89,8 @@ def reference():
 
     reset, step = swapped(pg.reset), swapped(pg.step)
 
-    def run(act, seed, length, randomize=None):
+    def run(act, seed, length, randomize=None, qpos=None):
+        """``qpos``: a list that gets the reset's and every step's qpos."""
         key = jax.random.PRNGKey(seed)
         model = base
         if randomize is not None:
@@ -101,8 +102,11 @@ def reference():
         mass = model.body_mass
         state = reset(mass, key)
         ret, upright, t = 0.0, 0.0, 0
+        trace = [] if qpos is None else qpos
+        trace.append(np.asarray(state.data.qpos))
         while True:
             state = step(mass, state, act(state.obs))
+            trace.append(np.asarray(state.data.qpos))
             t += 1
             ret += float(state.reward)
             upright += float(state.metrics["reward/upright"])
@@ -115,11 +119,13 @@ def reference():
 
 @pytest.fixture(scope="module")
 def shipped():
-    """The shipped config run as ``jaxmesh eval`` builds it: (config, result)."""
+    """The shipped config run as ``jaxmesh eval`` builds it: (config, result),
+    with its episodes ``CONFIG_SEEDS`` recorded (1000 steps each)."""
     config = cli.check_run_config(cli.load_config(CONFIG))
     model, env, kwargs = cli.build_run(config)
     assert isinstance(model, playground_cartpole.CartpoleMLP)
-    return config, jaxmesh.evaluate(model, env, **kwargs)
+    record = jaxmesh.Record(episodes=CONFIG_SEEDS, max_steps=1000)
+    return config, jaxmesh.evaluate(model, env, record=record, **kwargs)
 
 
 def test_matches_plain_loop(shipped, reference):
@@ -175,6 +181,7 @@ def randomized(env):
         seeds=seeds,
         randomize=heavier_pole,
         metrics={"model/body_mass/2": "last", "reward/upright": "sum"},
+        record=jaxmesh.Record(episodes=[0]),
     )
     return run(SEEDS), run(SEEDS[::-1])
 
@@ -293,6 +300,177 @@ def test_playground_renderer_draws_the_states():
     env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
     run = subprocess.run(
         [sys.executable, "-c", RENDER_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if run.returncode == 77:
+        pytest.skip(f"no headless OpenGL (EGL) here: {run.stdout.strip()}")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.strip().endswith("ok")
+
+
+# Recorded states: videos of long episodes -------------------------------------
+def cartpole_obs(mj, qpos, qvel):
+    """CartpoleBalance's observation at each step, worked out from the states
+    with plain MuJoCo (float64 forward kinematics in C): the cart position,
+    the pole's cos and sin (its frame's zz and xz entries, which Playground's
+    ``_get_obs`` reads), then the joint velocities.
+
+    A step's frames are those of its forward pass, before the integration
+    (MuJoCo's ``mj_step``): after step t the pole's frame is that of state
+    t - 1, while ``qpos`` and ``qvel`` are state t's. The reset's frame is
+    its own state's.
+    """
+    import mujoco
+
+    d = mujoco.MjData(mj)
+    out = []
+    for t, (q, v) in enumerate(zip(qpos, qvel, strict=True)):
+        d.qpos[:] = qpos[max(t - 1, 0)]
+        mujoco.mj_kinematics(mj, d)
+        out.append([q[0], d.xmat[2, 8], d.xmat[2, 2], *v])
+    return np.array(out)
+
+
+def test_recorded_states_are_the_runs_own(shipped, reference):
+    # 1000 steps: far past where an open-loop replay of this episode drifts
+    # from the run (docs/playground.md#videos).
+    _, r = shipped
+    tr = r.trajectory(0)
+    assert tr.length == tr.steps == 1000 and not tr.cut
+    shapes = {k: v.shape for k, v in tr.states.items()}
+    assert shapes == {
+        "qpos": (1001, 2),
+        "qvel": (1001, 2),
+        "mocap_pos": (1001, 0, 3),
+        "mocap_quat": (1001, 0, 4),
+        "xfrc_applied": (1001, 3, 6),
+    }
+    # Every recorded state, the last ones included, is the state of the
+    # observation the policy saw at that step.
+    mj = make_env("playground:CartpoleBalance").env.mj_model
+    obs = cartpole_obs(mj, tr.states["qpos"], tr.states["qvel"])
+    np.testing.assert_allclose(obs, tr.observations, atol=1e-6)
+    # A plain loop over Playground's own reset/step gives the same states
+    # while float rounding has not yet parted the two.
+    params = jaxmesh.load_params(playground_cartpole.DEFAULT_PATH)
+    act = jax.jit(lambda obs: playground_cartpole.apply(params, obs))
+    qpos = []
+    reference(act, 0, 1000, qpos=qpos)
+    np.testing.assert_allclose(np.stack(qpos[:101]), tr.states["qpos"][:101], atol=1e-5)
+    assert np.abs(np.diff(tr.states["qpos"][:101], axis=0)).max() > 1e-3  # it moves
+
+
+def test_long_episode_is_drawn_from_its_recorded_states(shipped, monkeypatch):
+    from jaxmesh import video
+
+    _, r = shipped
+    tr = r.trajectory(3)
+
+    def no_replay(*args):
+        raise AssertionError("a recorded episode's states were replayed")
+
+    def qpos_of(env, states):  # stands in for the OpenGL drawing
+        return [np.asarray(s[0].data.qpos) for s in states]
+
+    monkeypatch.setattr(video, "replay_states", no_replay)
+    monkeypatch.setattr(video, "playground_frames", qpos_of)
+    frames = video.episode_frames(r, episode=3)
+    np.testing.assert_array_equal(np.stack(frames), tr.states["qpos"])
+    # States of another env are refused, naming it.
+    with pytest.raises(ValueError, match="not those of env"):
+        video.episode_frames(r, episode=3, env="playground:PendulumSwingup")
+
+
+#: Run with MUJOCO_GL=egl in a fresh process: recorded states read back from
+#: the results files, drawn by ``jaxmesh.video`` (no replay) and by plain
+#: ``mujoco.Renderer``. Argv: the two results files' stems. Exit 77: no EGL.
+STATES_SCRIPT = """
+import json
+import sys
+
+import mujoco
+import numpy as np
+
+import jaxmesh
+from jaxmesh import video
+from jaxmesh.envs import make_env
+
+
+def no_replay(*args):
+    raise AssertionError("a recorded episode's states were replayed")
+
+
+video.replay_states = no_replay
+env = make_env("playground:CartpoleBalance")
+mj = env.env.mj_model
+try:
+    plain = mujoco.Renderer(mj, 240, 320)
+except Exception as e:
+    print("no EGL:", type(e).__name__, e)
+    sys.exit(77)
+
+
+def draw(tr, t):
+    d = mujoco.MjData(mj)
+    d.qpos[:], d.qvel[:] = tr.states["qpos"][t], tr.states["qvel"][t]
+    mujoco.mj_forward(mj, d)
+    plain.update_scene(d, camera=-1)
+    return plain.render().copy()
+
+
+def load(stem):
+    with open(stem + ".json") as f:
+        r = jaxmesh.RunResult.from_dict(json.load(f))
+    r.load_trajectories(stem + ".npz")
+    return r
+
+
+# The 1000-step episode: states at its end (drawing all 1001 frames with a
+# software renderer takes minutes).
+tr = load(sys.argv[1]).trajectory(0)
+views = video.recorded_states(env, tr)
+assert len(views) == 1001, len(views)
+steps = [0, 650, 1000]
+for t, got in zip(steps, video.playground_frames(env, [views[t] for t in steps])):
+    np.testing.assert_array_equal(got, draw(tr, t))
+# A randomized run's 20-step episode, end to end, without env=: the drawing
+# is of the env's own model, which its name gives.
+short = load(sys.argv[2])
+assert "+randomize:" in short.env, short.env
+tr = short.trajectory(0)
+frames = video.episode_frames(short, episode=0)
+assert len(frames) == tr.steps + 1 == 21, len(frames)
+for t in (0, 10, 20):
+    np.testing.assert_array_equal(frames[t], draw(tr, t))
+assert not np.array_equal(frames[0], frames[20])
+print("ok")
+"""
+
+
+def test_recorded_states_saved_and_drawn(shipped, randomized, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    stems = []
+    for name, r in (("long", shipped[1]), ("short", randomized[0])):
+        stem = tmp_path / name
+        (tmp_path / f"{name}.json").write_text(json.dumps(r.to_dict()))
+        r.save_trajectories(tmp_path / f"{name}.npz")
+        back = jaxmesh.RunResult.from_dict(r.to_dict())
+        back.load_trajectories(tmp_path / f"{name}.npz")
+        for a, b in zip(r.trajectories, back.trajectories, strict=True):
+            assert sorted(b.states) == sorted(playground.RENDER_FIELDS)
+            for k, v in a.states.items():
+                np.testing.assert_array_equal(v, b.states[k])
+        stems.append(str(stem))
+    env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
+    run = subprocess.run(
+        [sys.executable, "-c", STATES_SCRIPT, *stems],
         env=env,
         capture_output=True,
         text=True,

@@ -129,6 +129,8 @@ def test_buffers_sized_by_recorded_episodes():
     plain.run(episodes=4)
     (p,) = plain._programs.values()
     assert p.engine.carry_shape().results.recording is None
+    # A gymnax env declares no render state: none is kept.
+    assert rec.states is None and a.trajectories[0].states is None
     np.testing.assert_array_equal(plain.run(episodes=4).returns, a.returns)
 
 
@@ -147,6 +149,16 @@ def test_bad_record_arguments():
         evaluate(
             chunky, "gymnax:CartPole-v1", episodes=3, devices=1, record=Record([0])
         )
+
+
+def test_states_need_an_env_that_declares_them():
+    with pytest.raises(TypeError, match=r"Record\(states='yes'\)"):
+        Record(states="yes")
+    # Refused before anything compiles, naming the env.
+    for env in ("gymnax:CartPole-v1", f"gymnasium:{ID}"):
+        with pytest.raises(ValueError, match="declares no render_state") as e:
+            evaluate(chunky, env, episodes=2, record=Record([0], states=True))
+        assert "states=True" in str(e.value)
 
 
 class DictObs(gym.ObservationWrapper):

@@ -89,6 +89,9 @@ class EngineConfig:
     record_slots: int = 0
     record_steps: int = 0
     record_keys: tuple[str, ...] | None = None
+    #: Whether the recording keeps the env's render state per step
+    #: (``env.render_state(state)``; ``Record.states``).
+    record_states: bool = False
     #: Step events for ``on_step`` hooks: the step sends its per-lane arrays to
     #: the host through an ordered ``io_callback`` (``Engine.step_sink``), and a
     #: segment stops after a step whose sink answered False. False: no callback
@@ -254,6 +257,9 @@ class Engine:
                     self._record_obs(obs),
                     tuple(self.env.action_shape),
                     self.env.action_dtype,
+                    states=self.env.render_state(env_state)
+                    if cfg.record_states
+                    else None,
                 )
             )
         return Carry(lanes, ag, res)
@@ -416,36 +422,51 @@ class Engine:
         match = (rec.episodes[:, None] == episode[None, :]) & mask[None, :]
         return jnp.any(match, axis=1), jnp.argmax(match, axis=1)
 
-    def _record(self, rec, lanes, begins, obs0, obs, action, reward, term, trunc):
-        """One step of the recording: reset observations of the recorded
-        episodes that began on this step, then the step itself."""
+    def _record(
+        self, rec, lanes, begins, obs0, obs, action, reward, term, trunc, env_state
+    ):
+        """One step of the recording: reset observations (and render states)
+        of the recorded episodes that began on this step, then the step
+        itself (``env_state``: the lanes' states after it)."""
         rec = self._record_reset(rec, lanes, begins, obs0)
         return self._record_step(
             rec,
             lanes,
             obs=obs,
+            states=env_state,
             actions=action,
             rewards=reward,
             terminated=term,
             truncated=trunc,
         )
 
+    def _render_states(self, rec: Any, env_state: Any) -> Any:
+        """The lanes' render states (``env.render_state``), or None when the
+        recording keeps none. Field reads only: no physics runs here."""
+        if rec.states is None:
+            return None
+        return jax.vmap(self.env.render_state)(env_state)
+
     def _record_reset(self, rec: Any, lanes: Lanes, begins, obs) -> Any:
-        """Writes the reset observation of recorded episodes that begin now."""
+        """Writes the reset observation (and the reset state's render state,
+        ``lanes.env_state``) of recorded episodes that begin now."""
         has, lane = self._record_lanes(rec, begins, lanes.episode)
         slots = jnp.arange(has.shape[0])
         at = jnp.where(has, 0, self.config.record_steps + 1)  # else: dropped
         put = lambda b, x: b.at[slots, at].set(x[lane].astype(b.dtype), mode="drop")
         return rec.replace(
-            observations=jax.tree.map(put, rec.observations, self._record_obs(obs))
+            observations=jax.tree.map(put, rec.observations, self._record_obs(obs)),
+            states=jax.tree.map(
+                put, rec.states, self._render_states(rec, lanes.env_state)
+            ),
         )
 
     def _record_step(self, rec: Any, lanes: Lanes, **values: Any) -> Any:
         """Writes step ``lanes.t`` of the recorded episodes running now.
 
-        ``values``: per lane ``obs`` (after the step), ``actions``,
-        ``rewards``, ``terminated``, ``truncated``. Steps past
-        ``record_steps`` are dropped (the episode is cut).
+        ``values``: per lane ``obs`` and ``states`` (the env states, after
+        the step), ``actions``, ``rewards``, ``terminated``, ``truncated``.
+        Steps past ``record_steps`` are dropped (the episode is cut).
         """
         t_max = self.config.record_steps
         has, lane = self._record_lanes(rec, lanes.active, lanes.episode)
@@ -458,8 +479,10 @@ class Engine:
             )
 
         obs = self._record_obs(values.pop("obs"))
+        states = self._render_states(rec, values.pop("states"))
         updates = {
             "observations": jax.tree.map(put(step + 1), rec.observations, obs),
+            "states": jax.tree.map(put(step + 1), rec.states, states),
             **{k: put(step)(getattr(rec, k), v) for k, v in values.items()},
         }
         return rec.replace(**updates)
@@ -571,7 +594,17 @@ class Engine:
         if cfg.record_slots:
             # Skipped once every recorded episode is done (most of a run): a
             # gather of R flags instead of the writes.
-            step_values = (lanes, begins, obs0, obs, action, reward, term, trunc)
+            step_values = (
+                lanes,
+                begins,
+                obs0,
+                obs,
+                action,
+                reward,
+                term,
+                trunc,
+                env_state,
+            )
             rec = jax.lax.cond(
                 ~jnp.all(carry.results.done[rec.episodes]),
                 lambda rec: self._record(rec, *step_values),

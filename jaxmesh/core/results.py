@@ -141,6 +141,9 @@ class Recording:
     #: Host-stepped gymnasium runs: per slot, a list of ``env.render()``
     #: frames (reset first); None elsewhere. Never on a device.
     frames: Any = None
+    #: The env's render state (``Record.states``): name -> [R, T + 1, ...],
+    #: written like the observations; None when not recorded.
+    states: Any = None
 
 
 def empty_recording(
@@ -150,6 +153,7 @@ def empty_recording(
     action_shape: tuple,
     action_dtype: Any,
     xp=jnp,
+    states: Any = None,
 ) -> Recording:
     """Zeroed recording buffers (``xp``: jax.numpy or numpy).
 
@@ -158,18 +162,19 @@ def empty_recording(
       max_steps: T, the steps kept per episode.
       obs: one observation's leaves (arrays or shape-dtype structs).
       action_shape, action_dtype: one action's.
+      states: one render state's leaves (None: no states are recorded).
     """
     r = len(episodes)
     z = lambda shape, dtype: xp.zeros((r,) + tuple(shape), dtype)
+    steps = lambda x: z((max_steps + 1,) + tuple(x.shape), x.dtype)
     return Recording(
         episodes=xp.asarray(np.asarray(episodes, np.int32)),
-        observations=jax.tree.map(
-            lambda x: z((max_steps + 1,) + tuple(x.shape), x.dtype), obs
-        ),
+        observations=jax.tree.map(steps, obs),
         actions=z((max_steps,) + tuple(action_shape), action_dtype),
         rewards=z((max_steps,), np.float32),
         terminated=z((max_steps,), bool),
         truncated=z((max_steps,), bool),
+        states=None if states is None else jax.tree.map(steps, states),
     )
 
 

@@ -16,6 +16,11 @@ from jaxmesh.envs.timing import step_seconds
 DEFAULT_EPISODE_LENGTH = 1000
 
 
+#: The pipeline-state fields brax's renderer sets before drawing a state
+#: (``brax.io.image.render_array``; the mocap ones when present).
+RENDER_FIELDS = ("q", "qd", "mocap_pos", "mocap_quat")
+
+
 @dataclasses.dataclass(eq=False)
 class BraxEnv:
     """A brax ``Env`` as a jaxmesh single-lane env.
@@ -81,6 +86,14 @@ class BraxEnv:
             truncated,
             dict(bstate.metrics),
         )
+
+    def render_state(self, state: Any) -> dict:
+        """What brax's renderer (``brax.io.image.render_array``) reads of a
+        lane's pipeline state: ``q``, ``qd`` and, where the pipeline has them,
+        ``mocap_pos`` and ``mocap_quat`` (``Record.states`` keeps them per
+        step, so a video draws the run's own states)."""
+        ps = state[0].pipeline_state
+        return {k: getattr(ps, k) for k in RENDER_FIELDS if hasattr(ps, k)}
 
 
 def from_env(env: Any) -> BraxEnv:

@@ -49,6 +49,10 @@ MODEL_PREFIX = "model"  # drawn model values: ``"model/<field>[/<index>...]"``
 #: reported as ``"success"`` (True when above 0.5).
 SUCCESS_METRIC = "reward/success"
 
+#: The mjx Data fields Playground's renderer sets before drawing a state
+#: (``mujoco_playground._src.mjx_env.render_array``): the render state.
+RENDER_FIELDS = ("qpos", "qvel", "mocap_pos", "mocap_quat", "xfrc_applied")
+
 #: Config keys jaxmesh sets unless the user does: MJX's JAX implementation
 #: runs inside any jitted program on CPU, GPU and TPU.
 DEFAULT_OVERRIDES = {"impl": "jax"}
@@ -203,6 +207,14 @@ class PlaygroundEnv:
         if drawn:
             info[MODEL_PREFIX] = self.drawn_values(drawn)
         return info
+
+    def render_state(self, state: Any) -> dict:
+        """What Playground's renderer (``mjx_env.render_array``) reads of a
+        lane's state: the mjx Data's ``qpos``, ``qvel``, ``mocap_pos``,
+        ``mocap_quat`` and ``xfrc_applied`` (``Record.states`` keeps them per
+        step, so a video draws the run's own states)."""
+        data = state[0].data
+        return {k: getattr(data, k) for k in RENDER_FIELDS}
 
     def drawn_values(self, drawn: tuple) -> dict:
         """A lane's drawn model values as flat scalars: ``"body_mass/1"`` for

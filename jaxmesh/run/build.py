@@ -18,6 +18,7 @@ from jaxmesh.core.engine import Engine, EngineConfig, TrialReset
 from jaxmesh.core.policy import Policy, output_chunk
 from jaxmesh.core.results import info_leaves
 from jaxmesh.explain import check_frame_limit
+from jaxmesh.record import observation_leaves, records_states
 from jaxmesh.run.checks import Metrics, resolve_metrics
 from jaxmesh.run.plan import (
     RunPlan,
@@ -227,19 +228,19 @@ def engine_metrics(
 
 def check_record_keys(env: Any, record: Any) -> None:
     """Checks a ``jaxmesh.Record``'s observation keys against a JAX env's
-    observation, by shape (nothing compiles).
+    observation, by shape (nothing compiles), and its ``states=True`` against
+    the env's ``render_state``.
 
     Raises:
-      ValueError: a key the observation lacks, or keys for a one-array
-        observation.
+      ValueError: a key the observation lacks, keys for a one-array
+        observation, or ``states=True`` for an env without render states.
     """
+    name = getattr(env, "name", type(env).__name__)
+    records_states(record, env, f"env {name!r}")
     if record is None or record.keys is None:
         return
-    from jaxmesh.record import observation_leaves
-
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
     obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
-    name = getattr(env, "name", type(env).__name__)
     observation_leaves(obs, record.keys, f"env {name!r}")
 
 
@@ -313,6 +314,7 @@ def build_engine(
         record key the observation lacks.
     """
     check_record_keys(env, record)
+    name = getattr(env, "name", type(env).__name__)
     config = EngineConfig(
         capacity=plan.capacity,
         max_steps=max_steps,
@@ -324,6 +326,7 @@ def build_engine(
         record_slots=0 if record is None else len(record.episodes),
         record_steps=0 if record is None else record.max_steps,
         record_keys=None if record is None else record.keys,
+        record_states=records_states(record, env, f"env {name!r}"),
         trials=trials,
     )
     return Engine(policy, env, config)

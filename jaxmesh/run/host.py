@@ -38,7 +38,12 @@ from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.record import check_record, check_record_budget, observation_leaves
+from jaxmesh.record import (
+    check_record,
+    check_record_budget,
+    observation_leaves,
+    records_states,
+)
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, instructions, stream
 from jaxmesh.run.backend import ServedOptions, positive_seconds
@@ -569,6 +574,7 @@ def evaluate(
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
     check_record_budget(record, int(seeds_arr.size))
+    records_states(record, None, "a host-stepped env")
     hook_list = stream.hooks_list(hooks)
     if served is not None:
         from jaxmesh.remote.address import require_grpc

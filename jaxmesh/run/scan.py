@@ -367,8 +367,9 @@ class Evaluator:
         """The ``Record`` of a run: the evaluator's, or one of the same shape.
 
         Raises:
-          ValueError: another number of episodes, ``max_steps`` or ``keys``
-            than the evaluator was built with, or episodes outside the budget.
+          ValueError: another number of episodes, ``max_steps``, ``keys`` or
+            ``states`` than the evaluator was built with, or episodes outside
+            the budget.
         """
         record = check_record(record)
         own = self.record
@@ -378,7 +379,8 @@ class Evaluator:
             raise ValueError(
                 f"run(record={record!r}): this Evaluator was built with "
                 f"record={own!r}; a run may name other episodes, as many, with "
-                "the same max_steps and keys. Build an Evaluator with this record"
+                "the same max_steps, keys and states. Build an Evaluator with "
+                "this record"
             )
         check_record_budget(record, episodes)
         return record
@@ -846,4 +848,4 @@ def evaluate(
 
 def record_shape(record: Any) -> tuple:
     """What of a ``Record`` the compiled program depends on."""
-    return (len(record.episodes), record.max_steps, record.keys)
+    return (len(record.episodes), record.max_steps, record.keys, record.states)
