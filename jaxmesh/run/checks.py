@@ -254,9 +254,10 @@ def delay_steps(delay_ms: float, dt: float | None, env: str) -> int:
     """
     if dt is None:
         raise ValueError(
-            f"delay_ms={delay_ms:g}: env {env!r} has no step time (no dt or "
-            "tau), so milliseconds cannot be turned into steps; give the "
-            "delay in steps, delay=d"
+            f"delay_ms={delay_ms:g}: env {env!r} has no step time jaxmesh can "
+            "read (a dt or tau; an AsyncVectorEnv's is not read), so "
+            "milliseconds cannot be turned into steps; give the delay in "
+            "steps, delay=d"
         )
     # Rounded first, so 100 ms at dt 0.05 s is 2 steps, not 3 by a float's ulp.
     return math.ceil(round(delay_ms / (1000.0 * dt), 9))

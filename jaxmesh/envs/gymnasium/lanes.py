@@ -131,17 +131,15 @@ def env_name(env: Any) -> str:
 def env_dt(env: Any) -> float | None:
     """Simulated seconds per step of a gymnasium env or VectorEnv: its
     unwrapped env's ``dt`` (MuJoCo, classic control) or ``tau`` (CartPole);
-    None without one."""
+    None without one.
+
+    A VectorEnv's is its first env's when it holds them (``SyncVectorEnv``);
+    an ``AsyncVectorEnv``'s is not read (None): asking its workers for an
+    attribute their env lacks shuts them down.
+    """
     if isinstance(env, _gym().vector.VectorEnv):
-        for name in timing.NAMES:
-            try:
-                values = env.get_attr(name)
-            except Exception:  # no such attribute on its envs
-                continue
-            dt = timing.seconds(values[0]) if len(values) else None
-            if dt is not None:
-                return dt
-        return None
+        envs = getattr(env, "envs", None)
+        return env_dt(envs[0]) if envs else None
     return timing.step_seconds(getattr(env, "unwrapped", env))
 
 
