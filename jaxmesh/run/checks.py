@@ -148,6 +148,10 @@ class Settings(NamedTuple):
     delay: int = 0
     #: How a chunk is executed: None (replayed) or a ``jaxmesh.Ensemble``.
     execution: Any = None
+    #: A sweep's cells (``jaxmesh.sweep``), each ``(h, d)``: episode i runs
+    #: cell ``i // cell_episodes`` (``plan.RunPlan.grid``). None: one setting.
+    grid: tuple[tuple[int, int], ...] | None = None
+    cell_episodes: int = 0
 
 
 def check_settings(
