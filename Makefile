@@ -25,12 +25,13 @@ $(PEER_STAMP): $(STAMP)
 run: $(STAMP)
 	$(BIN)/jaxmesh eval configs/cartpole.yaml
 
-# Test files run on TEST_WORKERS processes (pytest-xdist; 0: one process).
+# Test files run on TEST_WORKERS processes (pytest-xdist; 0: one process); the
+# slowest 20 tests are listed at the end, to keep the suite within its budget.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks

@@ -97,6 +97,9 @@ CONFIG_KEYS: dict[str, str] = {
     "delay": "inference delay d in steps: a chunk planned d steps before it plays, "
     "its first d actions skipped (0 < d < horizon; 0: none); jaxmesh sweep takes "
     "a list",
+    "delay_ms": "the inference delay as milliseconds instead of steps: "
+    "ceil(delay_ms / (1000 dt)) steps, dt the env's seconds per step (not with "
+    "delay; jaxmesh sweep takes a list)",
     "execution": "how a chunk is executed: null (each plan's first h actions) or "
     "ensemble: {m: 0.01} (temporal ensembling, jaxmesh.Ensemble; also "
     "aggregation: average | latest_only, or weights: [...])",
@@ -306,6 +309,14 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"({CONFIG_KEYS[key]})"
             )
         out[key] = dict(value or {})
+    delay_ms = config.get("delay_ms")
+    if delay_ms is not None and not isinstance(delay_ms, list):
+        from jaxmesh.run.checks import check_delay_ms
+
+        try:
+            check_delay_ms(delay_ms, config.get("delay") or 0)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{e} ({CONFIG_KEYS['delay_ms']})") from e
     for key in ("max_episode_seconds", "reply_timeout"):
         value = config.get(key)
         if value is not None and (
@@ -740,7 +751,7 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     else:
         env = build_env(config["env"], config["env_config"])
     keys = (*_INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
-    keys += ("record", "success_mode", "instruction")
+    keys += ("record", "success_mode", "instruction", "delay_ms")
     kwargs = {k: config[k] for k in keys if config.get(k) is not None}
     if config.get("check_seeds"):
         kwargs["check_seeds"] = True

@@ -34,6 +34,9 @@ class Env(Protocol):
     each episode also keeps whether it was successful at reset
     (``result.success_at_reset``; brax's adapter has it, gymnax resets give
     no info).
+
+    Optional: ``dt``, simulated seconds per step, for ``evaluate(...,
+    delay_ms=)`` (an env without it refuses a delay in milliseconds).
     """
 
     name: str

@@ -169,6 +169,77 @@ def test_delay_other_sizes_gymnax():
         assert_reference(run("gymnax", 3, horizon=h, delay=d), ref)
 
 
+# Delay in milliseconds -------------------------------------------------------
+def test_delay_steps_by_hand():
+    """d = ceil(delay_ms / (1000 dt)): the first step boundary at or after the
+    chunk's arrival plays it."""
+    from jaxmesh.run.checks import delay_steps
+
+    assert delay_steps(0, 0.05, "e") == 0
+    assert delay_steps(100, 0.05, "e") == 2  # exactly two steps of 50 ms
+    assert delay_steps(101, 0.05, "e") == 3
+    assert delay_steps(1, 0.05, "e") == 1
+    assert delay_steps(60, 0.02, "e") == 3  # 0.06 / 0.02, not 4 by a float's ulp
+    assert delay_steps(500, 0.002, "e") == 250
+
+
+@pytest.mark.parametrize("env_kind", ["gymnax", "gymnasium"])
+def test_delay_ms_is_the_delay_in_steps_of_the_envs_dt(env_kind):
+    """Pendulum's dt is 0.05 s (gymnax ``params.dt``, gymnasium
+    ``unwrapped.dt``): 60 ms and 100 ms are both a 2-step delay."""
+    ref = run_reference(env_kind, lambda: DelayRule(4, 2))
+    for ms in (60, 100):
+        result = run(env_kind, 3, horizon=4, delay_ms=ms)
+        assert_reference(result, ref)
+        assert (result.delay, result.delay_ms) == (2, float(ms))
+    settings = result.to_dict()["settings"]
+    assert (settings["delay"], settings["delay_ms"]) == (2, 100.0)
+    back = jaxmesh.RunResult.from_dict(result.to_dict())
+    assert (back.delay, back.delay_ms) == (2, 100.0)
+    assert "delay_ms=100" in result.summary()
+
+
+def test_delay_ms_errors():
+    with pytest.raises(ValueError, match="has no step time"):
+        jaxmesh.evaluate(
+            chunk_policy, "gymnax:MountainCarContinuous-v0", horizon=4, delay_ms=50
+        )
+    with pytest.raises(ValueError, match="give the delay once"):
+        run("gymnax", 1, horizon=4, delay=2, delay_ms=100)
+    with pytest.raises(ValueError, match="drop prefetch_lead"):
+        run("gymnax", 1, horizon=4, prefetch_lead=1, delay_ms=100)
+    with pytest.raises(ValueError, match=">= 0"):
+        run("gymnax", 1, horizon=4, delay_ms=-5)
+    with pytest.raises(TypeError, match="milliseconds"):
+        run("gymnax", 1, horizon=4, delay_ms="100ms")
+    # 200 ms is 4 steps: more than h = 4 allows, and the message says so.
+    with pytest.raises(ValueError, match="delay=4 \\(delay_ms=200"):
+        run("gymnax", 1, horizon=4, delay_ms=200)
+
+
+def test_make_evaluator_takes_the_execution_modes():
+    """The pure evaluator executes chunks by the same rules (delay, delay_ms,
+    ensembling), checked against the plain loops."""
+
+    def apply(scale, obs):
+        return chunk_policy(obs) * scale
+
+    kw = dict(seeds=SEEDS, num_envs=3, max_episode_steps=CAP)
+    one = jnp.float32(1.0)
+    for mode, rule in (
+        (dict(horizon=4, delay=2), lambda: DelayRule(4, 2)),
+        (dict(horizon=4, delay_ms=100), lambda: DelayRule(4, 2)),
+        (dict(execution=ENSEMBLES["m=0.5"][0]), None),
+    ):
+        if rule is None:
+            rule = lambda: EnsembleRule(ENSEMBLES["m=0.5"][1])  # noqa: E731
+        ev = jaxmesh.make_evaluator(apply, ENV["gymnax"], **kw, **mode)
+        res = ev(one)
+        ref = run_reference("gymnax", rule)
+        np.testing.assert_allclose(res.returns, [r[0] for r in ref], rtol=2e-5)
+        np.testing.assert_array_equal(res.predict_calls, [r[2] for r in ref])
+
+
 # Ensembling ------------------------------------------------------------------
 ENSEMBLES = {
     "m=0.5": (jaxmesh.Ensemble(m=0.5), exp_weight(0.5)),
@@ -315,7 +386,12 @@ def test_delay_and_ensembling_served_equal_in_process():
 
     proc, address = start_serve_env("gymnasium:Pendulum-v1", "--lanes", "3")
     try:
-        for mode in (dict(horizon=4, delay=2), dict(execution=ENSEMBLES["m=0.5"][0])):
+        modes = (
+            dict(horizon=4, delay=2),
+            dict(horizon=4, delay_ms=100),  # the server sends Pendulum's dt
+            dict(execution=ENSEMBLES["m=0.5"][0]),
+        )
+        for mode in modes:
             served = jaxmesh.evaluate(
                 chunk_policy,
                 f"grpc://{address}",
@@ -329,6 +405,7 @@ def test_delay_and_ensembling_served_equal_in_process():
             np.testing.assert_array_equal(served.lengths, here.lengths)
             np.testing.assert_array_equal(served.predict_calls, here.predict_calls)
             assert served.delay == here.delay and served.execution == here.execution
+            assert served.delay_ms == mode.get("delay_ms")
     finally:
         proc.kill()
         proc.wait()

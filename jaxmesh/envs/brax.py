@@ -10,6 +10,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxmesh.envs.timing import step_seconds
+
 #: brax's own convention (``brax.envs.create(episode_length=1000)``).
 DEFAULT_EPISODE_LENGTH = 1000
 
@@ -39,6 +41,11 @@ class BraxEnv:
         self.num_actions = None
         self.action_shape = (int(self.env.action_size),)
         self.action_dtype = jnp.dtype(jnp.float32)
+
+    @property
+    def dt(self) -> float | None:
+        """Seconds of simulated time per step (the brax env's ``dt``)."""
+        return step_seconds(self.env)
 
     def reset(self, key: jax.Array):
         return self.reset_with_info(key)[:2]

@@ -9,6 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmesh.envs import timing
+from jaxmesh.envs.timing import step_seconds
+
 
 @dataclasses.dataclass(eq=False)
 class GymnaxEnv:
@@ -46,6 +49,12 @@ class GymnaxEnv:
             self.num_actions = None
             self.action_shape = tuple(space.shape)
             self.action_dtype = jnp.dtype(getattr(space, "dtype", jnp.float32))
+
+    @property
+    def dt(self) -> float | None:
+        """Seconds of simulated time per step: the params' ``dt`` (``tau`` for
+        CartPole); None where the env has neither."""
+        return step_seconds(self.params)
 
     def reset(self, key: jax.Array):
         return self.env.reset_env(key, self.params)
@@ -139,6 +148,18 @@ class GymnaxTasks:
     action_shape: tuple
     action_dtype: Any
     num_actions: int | None
+
+    @property
+    def dt(self) -> float | None:
+        """The tasks' seconds per step when they all share one; else None."""
+        first = jax.tree.map(lambda p: p[0], self.params)
+        dt = step_seconds(first)
+        same = all(
+            np.allclose(np.asarray(getattr(self.params, n)), dt)
+            for n in timing.NAMES
+            if hasattr(self.params, n)
+        )
+        return dt if dt is not None and same else None
 
     def reset_task(self, key: jax.Array, task: Any):
         params = jax.tree.map(lambda p: p[task], self.params)

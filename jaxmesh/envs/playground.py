@@ -30,6 +30,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxmesh.envs.timing import step_seconds
+
 #: Playground's own default (``wrap_for_brax_training(episode_length=1000)``),
 #: for an env whose config has no ``episode_length``.
 DEFAULT_EPISODE_LENGTH = 1000
@@ -102,6 +104,13 @@ class PlaygroundEnv:
         if self.episode_length is None:
             return None
         return math.ceil(self.episode_length / self.action_repeat)
+
+    @property
+    def dt(self) -> float | None:
+        """Seconds of simulated time per adapter step: the env's control
+        ``dt`` times ``action_repeat``."""
+        dt = step_seconds(self.env)
+        return None if dt is None else dt * self.action_repeat
 
     def draw(self, key: jax.Array) -> tuple:
         """The model leaves the randomizer changes, drawn from an episode's key

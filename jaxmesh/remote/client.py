@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from jaxmesh._version import __version__
+from jaxmesh.envs import timing
 from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.address import is_address, parse_address, uses_tls
@@ -165,6 +166,8 @@ class ServerInfo(NamedTuple):
     reset_options: dict[str, pb.Value]
     capabilities: tuple[str, ...]
     info_keys: tuple[str, ...]
+    #: Simulated seconds per env step; None where the env has none.
+    dt: float | None = None
 
 
 _END = object()
@@ -269,6 +272,7 @@ class Connection:
             reset_options={o.name: o.value for o in reply.reset_options},
             capabilities=tuple(reply.capabilities),
             info_keys=tuple(reply.info_keys),
+            dt=timing.seconds(reply.dt),
         )
 
     # The session ---------------------------------------------------------------

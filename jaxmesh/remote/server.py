@@ -1034,6 +1034,7 @@ class EnvServer:
             ],
             capabilities=CAPABILITIES + ((LOCKSTEP,) if lanes.lockstep else ()),
             env_name=lanes.name,
+            dt=lanes.lanes.dt or 0.0,
         )
 
     def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:

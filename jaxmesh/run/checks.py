@@ -6,6 +6,7 @@ per-episode buffers fit in memory.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from collections.abc import Sequence
@@ -148,6 +149,9 @@ class Settings(NamedTuple):
     delay: int = 0
     #: How a chunk is executed: None (replayed) or a ``jaxmesh.Ensemble``.
     execution: Any = None
+    #: The delay as given in milliseconds (None: given in steps, ``delay``);
+    #: ``resolve_delay_ms`` turns it into ``delay`` steps by the env's dt.
+    delay_ms: float | None = None
     #: A sweep's cells (``jaxmesh.sweep``), each ``(h, d)``: episode i runs
     #: cell ``i // cell_episodes`` (``plan.RunPlan.grid``). None: one setting.
     grid: tuple[tuple[int, int], ...] | None = None
@@ -163,8 +167,12 @@ def check_settings(
     segment_steps: Any = DEFAULT_SEGMENT_STEPS,
     delay: Any = 0,
     execution: Any = None,
+    delay_ms: Any = None,
 ) -> Settings:
     """Checks every setting; a TypeError / ValueError naming the bad one.
+
+    ``delay_ms`` is checked here and turned into steps once the env is known
+    (``resolve_delay_ms``).
 
     The checks that need the policy's chunk length (``delay < h``,
     ``K >= h + delay``, an ensemble's weights) run in ``plan.plan_run``.
@@ -190,6 +198,13 @@ def check_settings(
         "delay", delay, 0, "steps between a plan's observation and its chunk's start"
     )
     execution = check_execution(execution)
+    delay_ms = check_delay_ms(delay_ms, delay)
+    if delay_ms is not None and (lead or execution is not None):
+        raise ValueError(
+            f"delay_ms={delay_ms:g} with prefetch_lead={lead}, execution="
+            f"{execution!r}: a delay replays chunks planned before they play; "
+            "drop prefetch_lead= and execution=, or delay_ms="
+        )
     if delay and lead:
         raise ValueError(
             f"delay={delay} with prefetch_lead={lead}: both say when the next chunk "
@@ -203,13 +218,70 @@ def check_settings(
             "averages the chunks that cover it; drop horizon=, delay= and "
             "prefetch_lead="
         )
-    return Settings(num_envs, horizon, lead, cap, tile, segment_steps, delay, execution)
+    return Settings(
+        num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
+    )
+
+
+def check_delay_ms(delay_ms: Any, delay: int = 0) -> float | None:
+    """``delay_ms`` as a float >= 0 (None: not given); not with ``delay``."""
+    if delay_ms is None:
+        return None
+    if isinstance(delay_ms, bool) or not isinstance(
+        delay_ms, numbers.Real | np.integer | np.floating
+    ):
+        raise TypeError(
+            f"delay_ms={delay_ms!r}: expected a number of milliseconds (the "
+            "inference time, turned into steps by the env's dt), or None"
+        )
+    value = float(delay_ms)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"delay_ms={delay_ms!r}: expected a finite number of milliseconds "
+            ">= 0 (0 is no delay)"
+        )
+    if delay:
+        raise ValueError(
+            f"delay={delay} with delay_ms={delay_ms!r}: give the delay once, in "
+            "steps (delay=) or in milliseconds (delay_ms=)"
+        )
+    return value
+
+
+def delay_steps(delay_ms: float, dt: float | None, env: str) -> int:
+    """The steps of a ``delay_ms`` inference time on an env of ``dt``
+    seconds a step: ``ceil(delay_ms / (1000 * dt))``, the first step at or
+    after the chunk's arrival being the first that can play it.
+
+    Raises:
+      ValueError: the env has no step time (``dt``).
+    """
+    if dt is None:
+        raise ValueError(
+            f"delay_ms={delay_ms:g}: env {env!r} has no step time (no dt or "
+            "tau), so milliseconds cannot be turned into steps; give the "
+            "delay in steps, delay=d"
+        )
+    # Rounded first, so 100 ms at dt 0.05 s is 2 steps, not 3 by a float's ulp.
+    return math.ceil(round(delay_ms / (1000.0 * dt), 9))
+
+
+def resolve_delay_ms(settings: Settings, dt: float | None, env: str) -> Settings:
+    """``settings`` with a ``delay_ms`` turned into ``delay`` steps by the
+    env's ``dt`` (``delay_steps``); unchanged without ``delay_ms``."""
+    if settings.delay_ms is None:
+        return settings
+    return settings._replace(delay=delay_steps(settings.delay_ms, dt, env))
 
 
 def execution_fields(settings: Settings) -> dict:
     """How a run's chunks were executed, as ``RunResult`` fields."""
     e = settings.execution
-    return {"delay": settings.delay, "execution": None if e is None else e.describe()}
+    return {
+        "delay": settings.delay,
+        "delay_ms": settings.delay_ms,
+        "execution": None if e is None else e.describe(),
+    }
 
 
 #: Info keys read as an episode's success without being asked, in this order.

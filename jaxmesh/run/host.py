@@ -602,6 +602,7 @@ def evaluate(
             first = lanes.envs[0] if hasattr(lanes, "envs") else lanes.vec
             require_reproducible(first, "check_seeds=True")
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
+        settings = checks.resolve_delay_ms(settings, lanes.spec.dt, lanes.spec.name)
         # Served lanes read info as in process: a server sends a key only for
         # the rows that have it (ResultBatch.info_present).
         host_metrics = HostMetrics(asked, settings.num_envs, lanes.spec.name)

@@ -177,12 +177,18 @@ def check_execution(settings: Any, chunk: int | None, h: int) -> None:
     if delay:
         k = 1 if chunk is None else chunk
         if delay >= h or k < h + delay:
+            given = getattr(settings, "delay_ms", None)
+            ms = "" if given is None else f" (delay_ms={given:g} at the env's dt)"
+            fix = (
+                f"use {delay} < horizon <= {k - delay}"
+                if k - delay > delay
+                else f"no horizon serves d={delay} with K={k}: use a shorter delay"
+            )
             raise UnfitDelay(
-                f"delay={delay} with horizon={settings.horizon} and chunks of K={k} "
-                f"actions (h = min(H, K) = {h}): a delayed chunk plays actions "
-                f"d .. d+h-1, so it needs 0 < d < h and K >= h + d; use "
-                f"horizon <= {k - delay} (and above {delay}), or a policy with "
-                "longer chunks"
+                f"delay={delay}{ms} with horizon={settings.horizon} and chunks of "
+                f"K={k} actions (h = min(H, K) = {h}): a delayed chunk plays "
+                f"actions d .. d+h-1, so it needs 0 < d < h and K >= h + d; {fix}, "
+                "or a policy with longer chunks"
             )
     if ensemble is not None:
         if chunk is None:

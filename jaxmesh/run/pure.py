@@ -11,6 +11,7 @@ import numpy as np
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import Results, empty
 from jaxmesh.envs import make_env
+from jaxmesh.envs.timing import step_seconds
 from jaxmesh.run import build, checks, plan
 
 
@@ -27,6 +28,9 @@ def make_evaluator(
     plan_tile: int | None = None,
     metrics: Any = None,
     success: Any = None,
+    delay: int = 0,
+    delay_ms: float | None = None,
+    execution: Any = None,
 ):
     """The engine as a pure function of policy params.
 
@@ -44,6 +48,10 @@ def make_evaluator(
     Unlike ``evaluate``, it cannot raise at a bad value: it scores the whole
     budget and reports the fault.
 
+    ``delay``, ``delay_ms`` and ``execution`` (a ``jaxmesh.Ensemble``) are
+    ``evaluate``'s: how each plan's chunk is executed (docs/contract.md, "How
+    a chunk is executed").
+
     ``metrics`` and ``success`` are ``evaluate``'s: the per-episode values land
     in ``Results.metrics`` (name -> [episodes]) and ``Results.success``
     (None when no success key is kept), reduced on the device.
@@ -54,10 +62,19 @@ def make_evaluator(
       returns = jax.jit(jax.vmap(run))(population).returns  # [P, 16]
     """
     settings = checks.check_settings(
-        num_envs, horizon, prefetch_lead, max_episode_steps, plan_tile
+        num_envs,
+        horizon,
+        prefetch_lead,
+        max_episode_steps,
+        plan_tile,
+        delay=delay,
+        execution=execution,
+        delay_ms=delay_ms,
     )
     seeds_arr = checks.resolve_budget(episodes, seeds)
     env_obj = make_env(env)
+    name = getattr(env_obj, "name", type(env_obj).__name__)
+    settings = checks.resolve_delay_ms(settings, step_seconds(env_obj), name)
     pol = resolve_policy(policy, with_params=True)
     kept = build.engine_metrics(env_obj, checks.check_metrics(metrics, success))
     e = int(seeds_arr.size)

@@ -327,6 +327,9 @@ class RunResult:
     plan_tile: int = 0
     #: Inference delay in steps (CONTRACT 23); 0: none.
     delay: int = 0
+    #: The delay as given in milliseconds (``delay_ms=``), turned into
+    #: ``delay`` steps by the env's dt; None: given in steps.
+    delay_ms: float | None = None
     #: How chunks were executed: None (replayed), or an ensemble's label
     #: (``jaxmesh.Ensemble.describe``, CONTRACT 22).
     execution: str | None = None
@@ -522,6 +525,10 @@ class RunResult:
                 f"{self.delay} steps before it plays, its first {self.delay} "
                 "actions skipped)"
             )
+            if self.delay_ms is not None:
+                mode += f", from delay_ms={self.delay_ms:g}"
+        elif self.delay_ms is not None:
+            mode += " (delay_ms=0: no delay)"
         if self.execution is not None:
             mode += f", temporal ensembling: {self.execution}"
         rows: list[tuple[str, Any]] = [
@@ -739,6 +746,7 @@ class RunResult:
                 "effective_horizon": self.effective_horizon,
                 "prefetch_lead": self.prefetch_lead,
                 "delay": self.delay,
+                "delay_ms": self.delay_ms,
                 "execution": self.execution,
                 "asynchronous": self.asynchronous,
                 "chunk": self.chunk,
@@ -849,6 +857,7 @@ class RunResult:
                 effective_horizon=int(settings["effective_horizon"]),
                 prefetch_lead=int(settings["prefetch_lead"]),
                 delay=int(settings.get("delay", 0)),
+                delay_ms=settings.get("delay_ms"),
                 execution=settings.get("execution"),
                 policy=str(d.get("policy", "")),
                 env=str(d.get("env", "")),

@@ -102,6 +102,7 @@ def _compare(done: RunResult, now: dict) -> None:
         "horizon": done.horizon,
         "prefetch_lead": done.prefetch_lead,
         "delay": done.delay,
+        "delay_ms": done.delay_ms,
         "execution": done.execution,
         "max_episode_seconds": done.max_episode_seconds,
         "metrics": dict(done.metric_reductions),
@@ -294,13 +295,17 @@ def _check_complete(done: RunResult, args: dict) -> None:
         "instruction": args.get("instruction"),
         "horizon": args.get("horizon") or 1,
         "prefetch_lead": args.get("prefetch_lead") or 0,
-        "delay": args.get("delay") or 0,
         "execution": execution.describe()
         if isinstance(execution, Ensemble)
         else execution,
         "max_episode_seconds": None if seconds is None else float(seconds),
         "success_mode": args.get("success_mode") or DEFAULT_SUCCESS_MODE,
     }
+    # A delay in milliseconds is compared as given (its steps need the env).
+    if args.get("delay_ms") is not None:
+        now["delay_ms"] = float(args["delay_ms"])
+    else:
+        now["delay"] = args.get("delay") or 0
     with contextlib.suppress(TypeError, ValueError):
         with_params = args.get("params") is not None
         now["policy"] = resolve_policy(args["policy"], with_params=with_params).name
@@ -387,6 +392,7 @@ _RUN_KEYS = (
     "effective_horizon",
     "prefetch_lead",
     "delay",
+    "delay_ms",
     "execution",
     "chunk",
     "plan_tile",
@@ -513,6 +519,7 @@ def load_episode_log(path: Any) -> RunResult:
             "effective_horizon": first.get("effective_horizon") or 1,
             "prefetch_lead": first.get("prefetch_lead") or 0,
             "delay": first.get("delay") or 0,
+            "delay_ms": first.get("delay_ms"),
             "execution": first.get("execution"),
             "chunk": first.get("chunk"),
             "plan_tile": first.get("plan_tile") or 0,

@@ -28,6 +28,7 @@ from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env, playground
+from jaxmesh.envs.timing import step_seconds
 from jaxmesh.record import check_record, check_record_budget
 from jaxmesh.run import (
     backend,
@@ -78,7 +79,7 @@ class Evaluator:
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
         segment_steps, metrics, success, success_mode, devices, delay,
-        execution: as for
+        delay_ms, execution: as for
         ``jaxmesh.evaluate``
         (with ``devices``, the evaluator is a ``ShardedEvaluator``: the same
         evaluator on a ``placement.DeviceMesh``).
@@ -128,6 +129,7 @@ class Evaluator:
         execution: Any = None,
         success_mode: str = checks.DEFAULT_SUCCESS_MODE,
         randomize: Any = None,
+        delay_ms: float | None = None,
     ):
         asked = checks.check_metrics(metrics, success)
         self.success_mode = checks.check_success_mode(success_mode)
@@ -142,10 +144,16 @@ class Evaluator:
             segment_steps,
             delay,
             execution,
+            delay_ms,
         )
         self.env = make_env(env)
         if randomize is not None:
             self.env = playground.randomized(self.env, randomize)
+        self.settings = checks.resolve_delay_ms(
+            self.settings,
+            step_seconds(self.env),
+            getattr(self.env, "name", type(self.env).__name__),
+        )
         self.policy = resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
         self._source = (policy, env, randomize)  # keeps the keyed objects alive
@@ -540,6 +548,7 @@ def evaluate(
     success_mode: str = checks.DEFAULT_SUCCESS_MODE,
     instruction: str | None = None,
     randomize: Any = None,
+    delay_ms: float | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -571,6 +580,13 @@ def evaluate(
         plays its actions ``d .. d+h-1`` once the playing one is exhausted
         (docs/contract.md, "How a chunk is executed"); not with
         ``prefetch_lead``.
+      delay_ms: the delay as an inference time in milliseconds instead of
+        ``delay``: ``d = ceil(delay_ms / (1000 * dt))`` steps, ``dt`` the
+        env's seconds per step (its ``dt``, or ``tau`` for CartPole; a served
+        env's server sends it), since the first step at or after the chunk's
+        arrival is the first that can play it. An env without a step time
+        refuses it; ``result.delay`` holds the steps, ``result.delay_ms``
+        the milliseconds.
       execution: None (each plan's chunk replays its first h actions) or a
         ``jaxmesh.Ensemble``: a chunk planned every step and the chunks that
         cover a step averaged (temporal ensembling; continuous actions; not
@@ -720,6 +736,7 @@ def evaluate(
         segment_steps,
         delay,
         execution,
+        delay_ms,
     )
     success_mode = checks.check_success_mode(success_mode)
     if not isinstance(check_seeds, bool):
@@ -808,6 +825,7 @@ def evaluate(
             delay=delay,
             execution=execution,
             randomize=randomize,
+            delay_ms=delay_ms,
         )
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:

@@ -155,7 +155,7 @@ class ServedLanes:
         shape, dtype = gym_lanes.observation_layout(self.observation_space, where)
         a_shape, a_dtype, n_act = gym_lanes.action_layout(self.action_space, where)
         self.spec = gym_lanes.HostEnvSpec(
-            first.env_name, shape, dtype, a_shape, a_dtype, n_act
+            first.env_name, shape, dtype, a_shape, a_dtype, n_act, first.dt
         )
         # Lanes dealt round-robin over the servers.
         self.server: list[int] = []

@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from jaxmesh.envs import timing
 from jaxmesh.remote.protocol import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 
 __all__ = [
@@ -125,6 +126,23 @@ def env_name(env: Any) -> str:
         return f"{PREFIX}:{env_id}"
     inner = getattr(env, "unwrapped", env)
     return f"{PREFIX}:{type(inner).__name__}"
+
+
+def env_dt(env: Any) -> float | None:
+    """Simulated seconds per step of a gymnasium env or VectorEnv: its
+    unwrapped env's ``dt`` (MuJoCo, classic control) or ``tau`` (CartPole);
+    None without one."""
+    if isinstance(env, _gym().vector.VectorEnv):
+        for name in timing.NAMES:
+            try:
+                values = env.get_attr(name)
+            except Exception:  # no such attribute on its envs
+                continue
+            dt = timing.seconds(values[0]) if len(values) else None
+            if dt is not None:
+                return dt
+        return None
+    return timing.step_seconds(getattr(env, "unwrapped", env))
 
 
 def declares_trial_index(metadata: Any) -> bool:
@@ -435,6 +453,7 @@ class Lanes:
       name: ``"gymnasium:<id>"``, for messages and results.
       observation_space, action_space: one lane's spaces.
       metadata: the env's metadata.
+      dt: simulated seconds per step (``env_dt``), None where the env has none.
       owned: close the envs in :meth:`close` (jaxmesh made them).
       obs_shape, obs_dtype: what an observation is converted to and checked
         against (``layout`` of the constructor; the space's own by default).
@@ -451,6 +470,7 @@ class Lanes:
     observation_space: Any
     action_space: Any
     metadata: dict
+    dt: float | None
     owned: bool
 
     def _setup(self, layout: Callable[[Any], tuple] | None) -> None:
@@ -828,6 +848,7 @@ class ListLanes(Lanes):
         self.observation_space = first.observation_space
         self.action_space = first.action_space
         self.metadata = first.metadata
+        self.dt = env_dt(first)
         self._setup(layout)
 
     # The raw step ------------------------------------------------------------------
@@ -1096,6 +1117,7 @@ class VectorLanes(Lanes):
         self.observation_space = vec.single_observation_space
         self.action_space = vec.single_action_space
         self.metadata = vec.metadata
+        self.dt = env_dt(vec)
         self._setup(layout)
         self.idle = idle_action(self.action_space)
         # The env's own state (kept by forget()): reset once at all, and the

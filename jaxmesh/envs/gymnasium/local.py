@@ -74,7 +74,7 @@ class _Lanes:
     def __init__(self, lanes: core.Lanes, where: str):
         self.lanes = lanes
         self.spec: HostEnvSpec = spec_for(
-            lanes.name, lanes.observation_space, lanes.action_space, where
+            lanes.name, lanes.observation_space, lanes.action_space, where, lanes.dt
         )
         self.num_lanes = lanes.num_lanes
         self.action_space = lanes.action_space

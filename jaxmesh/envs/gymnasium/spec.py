@@ -85,6 +85,9 @@ class HostEnvSpec:
     action_shape: tuple[int, ...]
     action_dtype: Any
     num_actions: int | None
+    #: Simulated seconds per step; None where the env has none (not part of
+    #: ``signature``: no compiled code depends on it).
+    dt: float | None = None
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         del key
@@ -108,8 +111,10 @@ class HostEnvSpec:
         )
 
 
-def spec_for(name: str, obs_space: Any, act_space: Any, where: str) -> HostEnvSpec:
+def spec_for(
+    name: str, obs_space: Any, act_space: Any, where: str, dt: float | None = None
+) -> HostEnvSpec:
     """The ``HostEnvSpec`` of lanes with these spaces (TypeError: unsupported)."""
     shape, dtype = observation_layout(obs_space, where)
     a_shape, a_dtype, n = action_layout(act_space, where)
-    return HostEnvSpec(name, shape, dtype, a_shape, a_dtype, n)
+    return HostEnvSpec(name, shape, dtype, a_shape, a_dtype, n, dt)
