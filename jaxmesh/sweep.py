@@ -6,17 +6,19 @@ one ``RunResult`` per cell (``sweep.get(delay=1, horizon=4)``), a table of
 success rate and mean return with their intervals, and a plot of them against
 the delay, a line per horizon.
 
-On a JAX env the cells are data of one compiled program: cell c runs the
-budget's episodes ``c * E .. (c + 1) * E - 1`` (E episodes per cell, the same
-seeds in each), and a lane takes its episode's (h, d) when it begins it
-(``jaxmesh.core.agent``: the cursor, the delayed plan and the actions it plays
-read the lane's h and d; the buffers are sized for the largest). Each cell's
-episodes are bit for bit those of ``jaxmesh.evaluate`` with that horizon and
-delay and the same ``plan_tile`` (``cell.plan_tile``: one tile serves every
-cell). A policy that declares ``execution_horizon`` is told one static value
-per program, so its cells compile one program per distinct ``h + d``. A
-host-stepped or served env runs the cells one after another (its env steps on
-the host, where a program per cell costs little beside them).
+The cells are data of one compiled program: cell c runs the budget's episodes
+``c * E .. (c + 1) * E - 1`` (E episodes per cell, the same seeds in each), and
+a lane takes its episode's (h, d) when it begins it (``jaxmesh.core.agent``:
+the cursor, the delayed plan and the actions it plays read the lane's h and d;
+the buffers are sized for the largest). On a JAX env that program is the scan;
+on a host-stepped or served env it is the host loop's agent step, one run over
+the cells' episodes, the loop pacing each lane by its cell
+(``jaxmesh.run.loop.HostLoop.lane_setting``: the replays it takes without an
+agent step, a served env's segments). Each cell's episodes are bit for bit
+those of ``jaxmesh.evaluate`` with that horizon and delay and the same
+``plan_tile`` (``cell.plan_tile``: one tile serves every cell). A policy that
+declares ``execution_horizon`` is told one static value per program, so its
+cells compile one program per distinct ``h + d``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import numpy as np
 
 from jaxmesh import report as _report
 from jaxmesh import stats as _stats
-from jaxmesh.run import backend, checks
+from jaxmesh.core.policy import resolve_policy
+from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.run import backend, build, checks, instructions
 from jaxmesh.run.plan import (
     UnfitDelay,
     check_execution,
@@ -40,7 +44,7 @@ from jaxmesh.run.plan import (
     effective_horizon,
 )
 from jaxmesh.run.results import RunResult
-from jaxmesh.run.scan import Evaluator, evaluate
+from jaxmesh.run.scan import Evaluator
 
 #: ``evaluate`` arguments a sweep does not take, and why.
 REFUSED = {
@@ -65,6 +69,14 @@ _EVALUATOR_ARGS = (
     "metrics",
     "success",
     "success_mode",
+)
+#: The ``evaluate`` arguments of a sweep on a host-stepped or served env.
+_HOST_ARGS = (
+    *_EVALUATOR_ARGS,
+    "max_episode_seconds",
+    "check_seeds",
+    "instruction",
+    *backend.ServedOptions._fields,
 )
 
 
@@ -91,15 +103,7 @@ class _GridEvaluator(Evaluator):
 
     def __init__(self, *args: Any, grid: tuple, cell_episodes: int, **kw: Any):
         super().__init__(*args, **kw)
-        self.grid, self.cell_episodes = grid, cell_episodes
-
-    def plan(self, params: Any, episodes: int) -> Any:
-        plan = super().plan(params, episodes)
-        return plan._replace(
-            lead=max(d for _, d in self.grid),
-            grid=self.grid,
-            cell_episodes=self.cell_episodes,
-        )
+        self.settings = self.settings._replace(grid=grid, cell_episodes=cell_episodes)
 
 
 def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> RunResult:
@@ -185,16 +189,10 @@ def sweep(
             f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
         )
     seeds_arr = checks.resolve_budget(episodes, seeds)
-    if backend.backend_of(env) != backend.SCAN:
-        cells, skipped = _one_by_one(
-            policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
-        )
-        programs = len(cells)
-        compile_time = sum(r.compile_time for r in cells.values())
-    else:
-        cells, skipped, programs, compile_time = _one_program(
-            policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
-        )
+    run = _one_program if backend.backend_of(env) == backend.SCAN else _on_host
+    cells, skipped, programs, compile_time = run(
+        policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
+    )
     return Sweep(
         delays=delays,
         horizons=horizons,
@@ -220,32 +218,13 @@ def _one_program(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw
     pol = probe.policy
     p = pol.default_params() if params is None else pol.place(params)
     chunk = probe.plan(p, 1).chunk
-    cells, skipped = [], {}
-    for d in delays:
-        for big_h in horizons:
-            h = effective_horizon(big_h, chunk)
-            try:
-                setting = types.SimpleNamespace(delay=d, execution=None, horizon=big_h)
-                check_execution(setting, chunk, h)
-            except UnfitDelay as e:
-                skipped[(d, big_h)] = str(e)
-                continue
-            cells.append((d, big_h, h))
-    if not cells:
-        raise ValueError(
-            f"sweep(delay={list(delays)}, horizon={list(horizons)}): no cell can "
-            f"run with chunks of K={chunk}: {next(iter(skipped.values()))}"
-        )
+    cells, skipped = _fit_cells(delays, horizons, chunk)
     tile = plan_tile or default_plan_tile(
         min(h for _, _, h in cells), probe.settings.num_envs
     )
-    groups: dict = {}
-    for cell in cells:
-        told = cell[0] + cell[2] if pol.takes_execution_horizon else None
-        groups.setdefault(told, []).append(cell)
     e = int(seeds_arr.size)
     out, programs, compile_time = {}, 0, 0.0
-    for group in groups.values():
+    for group in _programs_of(cells, pol):
         ev = _GridEvaluator(
             policy,
             env,
@@ -264,25 +243,124 @@ def _one_program(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw
     return _ordered(out, delays, horizons), skipped, programs, compile_time
 
 
-def _one_by_one(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
-    """The cells of a host-stepped or served env, one ``evaluate`` each."""
-    cells, skipped = {}, {}
+def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
+    """The cells ``(d, H, h)`` that chunks of K = ``chunk`` serve, and the
+    skipped ones (``(d, H) -> why``).
+
+    Raises:
+      ValueError: no cell can run.
+    """
+    cells, skipped = [], {}
     for d in delays:
         for big_h in horizons:
+            h = effective_horizon(big_h, chunk)
             try:
-                cells[(d, big_h)] = evaluate(
-                    policy,
-                    env,
-                    delay=d,
-                    horizon=big_h,
-                    seeds=seeds_arr,
-                    params=params,
-                    plan_tile=plan_tile,
-                    **kw,
-                )
+                setting = types.SimpleNamespace(delay=d, execution=None, horizon=big_h)
+                check_execution(setting, chunk, h)
             except UnfitDelay as e:
                 skipped[(d, big_h)] = str(e)
-    return _ordered(cells, delays, horizons), skipped
+                continue
+            cells.append((d, big_h, h))
+    if not cells:
+        raise ValueError(
+            f"sweep(delay={list(delays)}, horizon={list(horizons)}): no cell can "
+            f"run with chunks of K={chunk}: {next(iter(skipped.values()))}"
+        )
+    return cells, skipped
+
+
+def _programs_of(cells: list, pol: Any) -> list[list]:
+    """The cells in groups of one program each: all of them, or for a policy
+    told ``execution_horizon`` (a static int) one group per ``h + d``."""
+    groups: dict = {}
+    for cell in cells:
+        told = cell[0] + cell[2] if pol.takes_execution_horizon else None
+        groups.setdefault(told, []).append(cell)
+    return list(groups.values())
+
+
+def _on_host(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
+    """The cells of a host-stepped or served env: one run over the tiled
+    seeds per program (``_programs_of``), each lane taking its episode's cell
+    in the agent step and in the host loop's pacing (``HostLoop.lane_setting``:
+    its replays without an agent step, a served env's segments)."""
+    from jaxmesh.run import host
+
+    unknown = sorted(set(kw) - set(_HOST_ARGS))
+    if unknown:
+        raise TypeError(
+            f"sweep(..., {unknown[0]}=...): not an argument of a sweep on a "
+            f"host-stepped or served env; it takes {', '.join(_HOST_ARGS)}"
+        )
+    kw = dict(kw)
+    kind = backend.backend_of(env)
+    options = (kw.pop(f, None) for f in backend.ServedOptions._fields)
+    served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
+    settings = checks.check_settings(
+        kw.pop("num_envs", 64),
+        max(horizons),
+        0,
+        kw.pop("max_episode_steps", None),
+        plan_tile,
+        kw.pop("segment_steps", checks.DEFAULT_SEGMENT_STEPS),
+    )
+    kw["success_mode"] = checks.check_success_mode(
+        kw.get("success_mode", checks.DEFAULT_SUCCESS_MODE)
+    )
+    kw["instruction"] = instructions.check_instruction(kw.get("instruction"))
+    kw.setdefault("max_episode_seconds", None)
+    if not isinstance(kw.get("check_seeds", False), bool):
+        raise TypeError(f"check_seeds={kw['check_seeds']!r}: expected True or False")
+    pol = resolve_policy(policy, with_params=params is not None)
+    p = pol.default_params() if params is None else pol.place(params)
+    spec = _host_spec(env, served)
+    chunk = build.probe_chunk(pol, spec, p, max(horizons))
+    cells, skipped = _fit_cells(delays, horizons, chunk)
+    e = int(seeds_arr.size)
+    out, programs, compile_time = {}, 0, 0.0
+    for group in _programs_of(cells, pol):
+        grid = settings._replace(
+            horizon=max(big_h for _, big_h, _ in group),
+            grid=tuple((h, d) for d, _, h in group),
+            cell_episodes=max(e, 1),
+        )
+        whole = host.evaluate(
+            policy,
+            env,
+            grid,
+            episodes=None,
+            seeds=np.tile(seeds_arr, len(group)),
+            hooks=None,
+            params=params,
+            served=served,
+            **kw,
+        )
+        programs += 1  # one agent step (HostAgent) per grid
+        compile_time += whole.compile_time
+        for c, (d, big_h, h) in enumerate(group):
+            out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
+    return _ordered(out, delays, horizons), skipped, programs, compile_time
+
+
+def _host_spec(env: Any, served: Any) -> Any:
+    """The ``HostEnvSpec`` of a host-stepped env (one lane made and closed,
+    never the caller's own) or of served envs (their handshake)."""
+    if served is None:
+        lanes = gym_lanes.make_lanes(env, 1, 1)
+    else:
+        from jaxmesh.run.served import ServedLanes
+
+        lanes = ServedLanes(
+            [env] if isinstance(env, str) else list(env),
+            1,
+            token=served.token,
+            credentials=served.credentials,
+            reply_timeout=served.reply_timeout,
+        )
+    try:
+        return lanes.spec
+    finally:
+        lanes.close()
 
 
 def _ordered(cells: dict, delays: tuple, horizons: tuple) -> dict:

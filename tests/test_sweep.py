@@ -2,15 +2,18 @@
 
 Every cell is checked against a plain loop written here from the delay rule
 (docs/contract.md, item 23; d = 0 is the plain replay of item 10) over
-gymnax's own reset and step, and two cells against a separate
-``jaxmesh.evaluate`` bit for bit. The chunks' entries differ per step, so a
-cell that ran another cell's h or d gives other returns.
+gymnax's own reset and step (a JAX env) or gymnasium's (in process), and
+cells against a separate ``jaxmesh.evaluate`` bit for bit; a served env's
+cells (a real ``jaxmesh serve-env``) equal the in-process ones. The chunks'
+entries differ per step, so a cell that ran another cell's h or d gives other
+returns.
 """
 
 from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,18 +36,31 @@ def chunk_policy(obs):
     return (base + 0.3 * jnp.arange(K, dtype=jnp.float32) - 1.0)[:, None]
 
 
-def reference(h, d):
+def reference(h, d, kind="gymnax"):
     """Per seed (return, plans) of the delay rule: the first chunk plays
     chunk[0:h]; with d > 0, when d actions are left the next chunk is planned
-    and plays new[d : d + h]; with d = 0 a chunk is planned when one is done."""
-    import gymnax
+    and plays new[d : d + h]; with d = 0 a chunk is planned when one is done.
+    ``kind``: gymnax's own reset and step, or gymnasium's (``env.reset(seed=)``,
+    CONTRACT 6)."""
+    if kind == "gymnax":
+        import gymnax
 
-    reset, step = gymnax_fns(*gymnax.make("Pendulum-v1"))
+        reset, step = gymnax_fns(*gymnax.make("Pendulum-v1"))
+    else:
+        env = gym.make("Pendulum-v1")
+
+        def reset(key, seed=None):
+            return env.reset(seed=seed)[0], None
+
+        def step(key, state, action):
+            obs, r, _, _, _ = env.step(np.asarray(action, np.float32))
+            return obs, None, r, None, None
+
     plan = jax.jit(chunk_policy)
     out = []
     for seed in SEEDS:
         key = jax.random.PRNGKey(seed)
-        obs, state = reset(key)
+        obs, state = reset(key) if kind == "gymnax" else reset(key, seed)
         ret, calls, pos, offset, playing, nxt = 0.0, 0, h, 0, None, None
         for t in range(CAP):
             if t == 0 or (pos == h and d == 0):
@@ -178,3 +194,110 @@ def test_resume_refuses_another_delay(grid):
         jaxmesh.evaluate(
             chunk_policy, ENV, horizon=4, delay=1, seeds=SEEDS, resume=done, **KW
         )
+
+
+# Host-stepped and served envs -----------------------------------------------------
+HOST = "gymnasium:Pendulum-v1"
+TRACES = {"sweep": 0, "one": 0}
+
+
+def counted(name):
+    """``chunk_policy`` counting its traces (one per compile of a plan)."""
+
+    def policy(obs):
+        TRACES[name] += 1
+        return chunk_policy(obs)
+
+    return policy
+
+
+@pytest.fixture(scope="module")
+def host_grid():
+    return jaxmesh.sweep(
+        counted("sweep"), HOST, delay=DELAYS, horizon=HORIZONS, seeds=SEEDS, **KW
+    )
+
+
+def test_host_sweep_compiles_one_agent_step_for_every_cell(host_grid):
+    assert host_grid.programs == 1
+    assert "1 program(s) compiled" in host_grid.summary()
+    assert sorted(host_grid.cells) == sorted(
+        (d, h) for d in DELAYS for h in HORIZONS if (d, h) != (4, 4)
+    )
+    # A separate delayed run traces its plans once (and probes the chunk
+    # length once); the sweep as often, plus its own probe: not once per cell.
+    alone = counted("one")
+    jaxmesh.evaluate(alone, HOST, delay=2, horizon=4, seeds=SEEDS, **KW)
+    assert TRACES["sweep"] == TRACES["one"] + 1
+
+
+def test_host_sweep_every_cell_against_the_rule(host_grid):
+    for (d, h), cell in host_grid.cells.items():
+        ref = reference(h, d, "gymnasium")
+        np.testing.assert_allclose(cell.returns, [r[0] for r in ref], rtol=2e-5)
+        np.testing.assert_array_equal(cell.predict_calls, [r[1] for r in ref])
+        np.testing.assert_array_equal(cell.lengths, [CAP] * len(SEEDS))
+        np.testing.assert_array_equal(cell.seeds, SEEDS)
+        assert (cell.delay, cell.horizon, cell.effective_horizon) == (d, h, h)
+        assert cell.env_steps == CAP * len(SEEDS)
+    returns = {k: tuple(v.returns) for k, v in host_grid.cells.items()}
+    assert len(set(returns.values())) == len(returns)
+
+
+@pytest.mark.parametrize("cell", [(0, 4), (1, 8), (2, 4), (4, 8)])
+def test_host_cell_equals_a_separate_evaluate(host_grid, cell):
+    d, h = cell
+    alone = jaxmesh.evaluate(chunk_policy, HOST, delay=d, horizon=h, seeds=SEEDS, **KW)
+    got = host_grid.get(delay=d, horizon=h)
+    for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(alone, field))
+    assert got.plan_tile == alone.plan_tile == KW["plan_tile"]
+
+
+def test_served_sweep_equals_the_in_process_one(host_grid):
+    """One served run over the tiled seeds: a lane's segments (the actions the
+    server replays) follow its episode's h and d, so every cell equals the
+    in-process sweep's (the same agent step; only the env step moves)."""
+    from gym_reference import start_serve_env
+
+    proc, address = start_serve_env(HOST, "--lanes", "3")
+    try:
+        served = jaxmesh.sweep(
+            chunk_policy,
+            f"grpc://{address}",
+            delay=DELAYS,
+            horizon=HORIZONS,
+            seeds=SEEDS,
+            **KW,
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert served.programs == 1
+    assert sorted(served.cells) == sorted(host_grid.cells)
+    assert served.skipped.keys() == host_grid.skipped.keys()
+    for key, here in host_grid.cells.items():
+        there = served.cells[key]
+        for field in ("returns", "lengths", "predict_calls", "seeds"):
+            np.testing.assert_array_equal(getattr(there, field), getattr(here, field))
+
+
+def told_policy(obs, execution_horizon=K):
+    """A chunk corner told how many actions a plan executes (CONTRACT 24): its
+    chunk's entries depend on it, so a cell told another value differs."""
+    return chunk_policy(obs)[:execution_horizon] + 0.01 * execution_horizon
+
+
+def test_host_sweep_tells_each_program_its_h_plus_d():
+    s = jaxmesh.sweep(told_policy, HOST, delay=[0, 2], horizon=[4], seeds=SEEDS, **KW)
+    assert s.programs == 2  # h + d = 4 and 6: one static value each
+    for d in (0, 2):
+        alone = jaxmesh.evaluate(
+            told_policy, HOST, delay=d, horizon=4, seeds=SEEDS, **KW
+        )
+        np.testing.assert_array_equal(s.get(delay=d, horizon=4).returns, alone.returns)
+
+
+def test_host_sweep_refuses_what_a_jax_env_takes_only():
+    with pytest.raises(TypeError, match="host-stepped or served"):
+        jaxmesh.sweep(chunk_policy, HOST, randomize=lambda m, k: m, seeds=SEEDS)

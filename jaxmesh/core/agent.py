@@ -311,6 +311,15 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
     return begin(cfg, policy, state, lanes, obs)
 
 
+def cell_setting(cfg: AgentConfig, episodes: Any, xp: Any = jnp) -> Any:
+    """[N, 2] the ``(h, d)`` of each lane's episode under a sweep
+    (``cfg.grid``): episode i runs cell ``i // cfg.cell_episodes``. ``xp`` is
+    jnp in the jitted step, np where a host loop paces its lanes by them."""
+    table = xp.asarray(cfg.grid, xp.int32)
+    cell = xp.clip(xp.asarray(episodes) // cfg.cell_episodes, 0, len(cfg.grid) - 1)
+    return table[cell]
+
+
 def begin(
     cfg: AgentConfig,
     policy: Policy,
@@ -343,9 +352,7 @@ def begin(
         rstate = _where(mask, init_r, rstate)
     setting = state.setting
     if cfg.grid is not None and episodes is not None:
-        table = jnp.asarray(cfg.grid, jnp.int32)
-        cell = jnp.clip(episodes // cfg.cell_episodes, 0, len(cfg.grid) - 1)
-        setting = jnp.where(mask[:, None], table[cell], setting)
+        setting = jnp.where(mask[:, None], cell_setting(cfg, episodes), setting)
     if cfg.pending_names:
         state = state.replace(
             tail=_where(mask, jnp.zeros_like(state.tail), state.tail),
@@ -656,14 +663,19 @@ def can_skip(cfg: AgentConfig) -> bool:
     return cfg.horizon > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 
-def due(cfg: AgentConfig, cursor: Any) -> Any:
+def due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
     """[N] lanes whose next action needs an agent step: their chunk is
     exhausted (a plan, or the prefetched chunk taking over) or, under a lead,
     the prefetch plan is due. ``cursor`` is the next chunk index per lane
-    (numpy on the host; the other lanes' next action is a known replay)."""
-    h, lead = cfg.horizon, cfg.lead
+    (numpy on the host; the other lanes' next action is a known replay).
+    ``h`` and ``lead``: each lane's ([N], a sweep's ``cell_setting``); None:
+    the config's."""
+    if h is None:
+        h, lead = cfg.horizon, cfg.lead
     exhausted = cursor >= h
-    return exhausted | (cursor == h - lead) if lead else exhausted
+    if not cfg.lead:
+        return exhausted
+    return exhausted | ((lead > 0) & (cursor == h - lead))
 
 
 def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:
@@ -703,6 +715,7 @@ def host_step(
     moved: jax.Array | None = None,
     skip: jax.Array | None = None,
     texts: dict | None = None,
+    episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
     """One agent step for a host loop that steps its envs itself (remote sims).
 
@@ -723,6 +736,8 @@ def host_step(
         agent step (``skip_replayed``; None: none).
       texts: each Text input's encoded instruction per lane ([N, ...]); None:
         those the state holds.
+      episodes: [N] the budget episode each lane runs, under a sweep
+        (``cfg.grid``): a lane in ``started`` takes its episode's (h, d).
 
     Returns:
       The new agent state and [N] actions (meaningless for inactive lanes).
@@ -732,5 +747,5 @@ def host_step(
     if skip is not None:
         state = skip_replayed(cfg, state, skip)
     state = observe(cfg, state, obs, moved)
-    state = begin(cfg, policy, state, started, obs)
+    state = begin(cfg, policy, state, started, obs, episodes)
     return act(cfg, policy, params, state, active, ep_keys, t)

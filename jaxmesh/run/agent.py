@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from jaxmesh.core import agent
 from jaxmesh.core.policy import Policy, resolve_policy
@@ -66,9 +67,11 @@ def agent_functions(
         them; served lane groups plan one group at a time).
 
     Returns ``(config, chunk, init, step, plan)``: ``init(obs, lanes)`` and
-    ``step(params, state, obs, started, active, ep_keys, t)`` (the state is
-    donated; observations are put on the policy's device first), and the
-    run's ``jaxmesh.run.plan.RunPlan``.
+    ``step(params, state, obs, started, active, ep_keys, t, ..., episodes=)``
+    (``agent.host_step``; the state is donated; observations are put on the
+    policy's device first; ``episodes``, [N] each lane's budget episode, is
+    read under a sweep's grid only), and the run's
+    ``jaxmesh.run.plan.RunPlan``.
 
     Raises:
       ValueError, TypeError: the policy's output does not fit the env, or the
@@ -95,6 +98,7 @@ def agent_functions(
         moved=None,
         skip=None,
         texts=None,
+        episodes=None,
     ):
         return agent.host_step(
             cfg,
@@ -109,16 +113,21 @@ def agent_functions(
             moved,
             skip,
             texts,
+            episodes,
         )
 
     init_jit = jax.jit(init)
     step_jit = jax.jit(step, donate_argnums=(1,))
+
+    def step_placed(params, state, obs, *rest, episodes=None):
+        # Only a sweep's lanes read their episode index (their cell).
+        episodes = None if cfg.grid is None else np.asarray(episodes, np.int32)
+        return step_jit(params, state, pol.place(obs), *rest, episodes=episodes)
+
     return (
         cfg,
         chunk,
         lambda obs, lanes: init_jit(pol.place(obs), lanes),
-        lambda params, state, obs, *rest: step_jit(
-            params, state, pol.place(obs), *rest
-        ),
+        step_placed,
         run_plan,
     )

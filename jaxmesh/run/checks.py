@@ -152,6 +152,10 @@ class Settings(NamedTuple):
     #: The delay as given in milliseconds (None: given in steps, ``delay``);
     #: ``resolve_delay_ms`` turns it into ``delay`` steps by the env's dt.
     delay_ms: float | None = None
+    #: A sweep's cells (``jaxmesh.sweep``), each ``(h, d)``: episode i runs
+    #: cell ``i // cell_episodes`` (``plan.RunPlan.grid``). None: one setting.
+    grid: tuple[tuple[int, int], ...] | None = None
+    cell_episodes: int = 0
 
 
 def check_settings(

@@ -438,7 +438,7 @@ class HostAgent:
         skip = np.zeros(n, np.int32) if agent.can_skip(program.config) else None
         texts = agent.text_zeros(program.config, n, np)
         _, actions = program.step(
-            params, state, obs, off, off, keys, t, None, skip, texts
+            params, state, obs, off, off, keys, t, None, skip, texts, episodes=t
         )
         jax.block_until_ready(actions)
         self._compiled.add(sig)
@@ -466,6 +466,8 @@ def _host_agent(
         settings.prefetch_lead,
         settings.delay,
         settings.execution,
+        settings.grid,
+        settings.cell_episodes,
         settings.plan_tile,
         tile_lanes,
         str(pol.device),

@@ -123,6 +123,12 @@ class HostLoop:
         self.skip = np.zeros(n, np.int32) if self.skipping else None
         self.cursor = np.zeros(n, np.int64)  # the next chunk index per lane
         self.chunk: np.ndarray | None = None
+        #: Under a sweep (``cfg.grid``): each lane's episode's h and d ([N]),
+        #: which pace its replays and segments (``lane_setting``); None: the config's.
+        self.lane_h = self.lane_lead = None
+        if self.cfg.grid is not None:
+            self.lane_h = np.full(n, self.cfg.horizon, np.int64)
+            self.lane_lead = np.zeros(n, np.int64)
 
     # Episodes ---------------------------------------------------------------------
     def start(self, js: list[int], eps: list[int]) -> None:
@@ -131,6 +137,9 @@ class HostLoop:
             return
         self.ep_keys[js] = rules.episode_keys(np, self.seeds[eps])
         self.episode[js] = eps
+        if self.lane_h is not None:  # the cell the agent step gives it
+            cell = agent.cell_setting(self.cfg, eps, np)
+            self.lane_h[js], self.lane_lead[js] = cell[:, 0], cell[:, 1]
         self.t[js], self.ret[js], self.active[js] = 0, 0.0, True
         self.metrics.begin(js)
         if self.recorder is not None:
@@ -217,6 +226,14 @@ class HostLoop:
         return lost
 
     # The agent --------------------------------------------------------------------
+    def lane_setting(self, js: np.ndarray) -> tuple[Any, Any]:
+        """The effective horizon and lead (a delay d plans as a lead of d) of
+        lanes ``js``: [m] ints, each lane's cell under a sweep."""
+        if self.lane_h is None:
+            m = np.shape(js)[0]
+            return np.full(m, self.cfg.horizon), np.full(m, self.cfg.lead)
+        return self.lane_h[js], self.lane_lead[js]
+
     def agent_step(self, started: Any, active: Any, moved: Any) -> Any:
         """The jitted agent step (``agent.host_step``); returns the actions on
         the device. ``moved`` None: every lane's observation is new."""
@@ -231,6 +248,7 @@ class HostLoop:
             moved,
             self.skip,
             {} if self.texts is None else self.texts.device(),
+            episodes=self.episode,
         )
         return actions
 
@@ -255,7 +273,9 @@ class HostLoop:
         prefetch and no episode start (False everywhere unless skipping)."""
         if not self.skipping:
             return np.zeros(self.n, bool)
-        return ~self.started & ~agent.due(self.cfg, self.cursor)
+        return ~self.started & ~agent.due(
+            self.cfg, self.cursor, self.lane_h, self.lane_lead
+        )
 
     def replayed(self, js: np.ndarray) -> np.ndarray:
         """Lanes ``js`` execute their next chunk action without an agent step

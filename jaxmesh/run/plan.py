@@ -86,6 +86,8 @@ class RunPlan(NamedTuple):
         delay (its first d are skipped); K under ensembling."""
         if self.ensemble is not None:
             return self.chunk
+        if self.grid is not None:
+            return max(h + d for h, d in self.grid)
         return self.h + self.delay
 
 
@@ -112,6 +114,11 @@ def plan_run(
         its episodes match the one-device run's; served lane groups for one
         group).
 
+    Under a sweep's ``settings.grid`` (its cells' effective ``(h, d)``, each
+    checked by the sweep), ``h`` and ``lead`` are the largest of them (the
+    buffers' sizes) and the default tile is that of the smallest h (one tile
+    serves every cell).
+
     Returns:
       The ``RunPlan``.
 
@@ -124,20 +131,28 @@ def plan_run(
     check_execution(settings, chunk, h)
     if ensemble is not None:
         h = 1  # a plan every step
+    grid = settings.grid
+    lead = delay or min(settings.prefetch_lead, h)
+    tile_h = h
+    if grid is not None:
+        h, lead = max(c[0] for c in grid), max(c[1] for c in grid)
+        tile_h = min(c[0] for c in grid)
     n = settings.num_envs
     tile = settings.plan_tile or default_plan_tile(
-        h, n if tile_lanes is None else tile_lanes
+        tile_h, n if tile_lanes is None else tile_lanes
     )
     return RunPlan(
         horizon=settings.horizon,
         chunk=chunk,
         h=h,
-        lead=delay or min(settings.prefetch_lead, h),
+        lead=lead,
         tile=tile,
         lanes=min(n if lanes is None else lanes, capacity),
         capacity=capacity,
         delay=delay,
         ensemble=ensemble,
+        grid=grid,
+        cell_episodes=settings.cell_episodes,
     )
 
 

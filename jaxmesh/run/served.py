@@ -816,11 +816,11 @@ class _Run(HostLoop):
         ``cs``: at c = 0 the chunk is known (steps ``cs .. cs+h``); at c = h - L
         (a lead) the prefetched chunk is too (``.. cs+2h``). Segments are cut at
         ``cs + m*h`` and, under a lead, at ``cs + m*h + (h - L)``; none passes
-        ``max_episode_steps`` or an action that fails the checks.
+        ``max_episode_steps`` or an action that fails the checks. h and L are
+        each lane's (``HostLoop.lane_setting``: its cell under a sweep).
         """
-        h, lead = self.cfg.horizon, self.cfg.lead
         lanes_ = np.flatnonzero(go)
-        if h == 1 and lead == 0:  # the action itself, one per lane
+        if self.cfg.horizon == 1 and self.cfg.lead == 0:  # the action, per lane
             j = lanes_[self.sent[lanes_] <= self.t[lanes_]]
             ok = ~rules.failing_actions(np, actions[j], self.spec.num_actions)
             self.queue_segments(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
@@ -829,34 +829,40 @@ class _Run(HostLoop):
         t = self.t[lanes_].astype(np.int64)  # the step of the action just executed
         c = cursor[lanes_].astype(np.int64) - 1
         cs = t - c
+        h, lead = self.lane_setting(lanes_)
         target = self.sent[lanes_].copy()
         target = np.where(c == 0, np.maximum(target, cs + h), target)
-        if lead:
-            target = np.where(c == h - lead, np.maximum(target, cs + 2 * h), target)
+        if self.cfg.lead:
+            ahead = (lead > 0) & (c == h - lead)
+            target = np.where(ahead, np.maximum(target, cs + 2 * h), target)
         target = np.minimum(target, self.max_steps)
         need = target > self.sent[lanes_]
         if not need.any():
             return
-        if self.chunk is not None and lead == 0:  # read with the actions
+        if self.chunk is not None and self.cfg.lead == 0:  # read with the actions
             chunk, pending = self.chunk, None
         else:
             chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
-        if lead == 0 and self._one_segment_each(
+        if self.cfg.lead == 0 and self._one_segment_each(
             lanes_[need], cs[need], target[need], chunk
         ):
             return
-        cut_offsets = [h, 2 * h]
-        if 0 < h - lead < h:
-            cut_offsets += [h - lead, 2 * h - lead]
         by_rank: dict[int, tuple[list, list, list]] = {}
-        for j, cs_j, tgt in zip(lanes_[need], cs[need], target[need], strict=True):
+        for j, cs_j, tgt, h_j, lead_j in zip(
+            lanes_[need], cs[need], target[need], h[need], lead[need], strict=True
+        ):
             first = int(self.sent[j])
-            known = np.concatenate([chunk[j], pending[j]]) if lead else chunk[j]
+            known = chunk[j, :h_j]
+            if lead_j:
+                known = np.concatenate([known, pending[j, :h_j]])
             seq = known[first - cs_j : tgt - cs_j]
             bad = rules.failing_actions(np, seq, self.spec.num_actions)
             if bad.any():
                 tgt = first + int(np.argmax(bad))
                 seq = seq[: tgt - first]
+            cut_offsets = [h_j, 2 * h_j]
+            if 0 < h_j - lead_j < h_j:
+                cut_offsets += [h_j - lead_j, 2 * h_j - lead_j]
             cuts = sorted(
                 {int(cs_j) + o for o in cut_offsets if first < cs_j + o < tgt}
             )
