@@ -935,7 +935,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 #: ``jaxmesh sweep``: the config keys that may hold a list of values to sweep.
-SWEEP_AXES = ("delay", "horizon")
+SWEEP_AXES = ("delay", "horizon", "delay_ms")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -945,6 +945,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     axes = {}
     for key in SWEEP_AXES:
         value = raw.pop(key, None)
+        if value is None and key == "delay_ms":
+            continue
         if value is None:
             value = [0 if key == "delay" else 1]
         axes[key] = value if isinstance(value, list) else [value]

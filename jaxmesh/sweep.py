@@ -98,6 +98,40 @@ def _values(name: str, values: Any, low: int) -> tuple[int, ...]:
     return out
 
 
+def _milliseconds(values: Any) -> tuple[float, ...]:
+    """The ``delay_ms`` axis: one number or a sequence of distinct numbers >= 0."""
+    if isinstance(values, int | float) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
+        raise TypeError(
+            f"delay_ms={values!r}: expected a list of milliseconds, e.g. "
+            "delay_ms=[0, 50, 100, 200]"
+        )
+    out = tuple(checks.check_delay_ms(v) for v in values)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(
+            f"delay_ms={list(values)!r}: expected a non-empty list of distinct "
+            "numbers of milliseconds"
+        )
+    return out
+
+
+def _step_time(env: Any, kw: dict) -> tuple[float | None, str]:
+    """The env's seconds per step and its name (a JAX env made, a gymnasium
+    env's lane made and closed, or a served env's handshake)."""
+    if backend.backend_of(env) == backend.SCAN:
+        from jaxmesh.envs import make_env
+        from jaxmesh.envs.timing import step_seconds
+
+        made = make_env(env)
+        return step_seconds(made), getattr(made, "name", type(made).__name__)
+    kind = backend.backend_of(env)
+    options = (kw.get(f) for f in backend.ServedOptions._fields)
+    served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
+    spec = _host_spec(env, served)
+    return spec.dt, spec.name
+
+
 class _GridEvaluator(Evaluator):
     """An ``Evaluator`` whose plan carries a sweep's cells (``RunPlan.grid``)."""
 
@@ -140,6 +174,7 @@ def sweep(
     *,
     delay: Any = (0,),
     horizon: Any = (1,),
+    delay_ms: Any = None,
     episodes: int | None = None,
     seeds: Sequence[int] | None = None,
     params: Any = None,
@@ -153,6 +188,11 @@ def sweep(
         cell runs the same budget.
       delay: the inference delays d to sweep (steps; 0 is none).
       horizon: the horizons H to sweep.
+      delay_ms: instead of ``delay``, the inference times to sweep in
+        milliseconds, each ``ceil(ms / (1000 * dt))`` steps by the env's dt
+        (as ``evaluate(..., delay_ms=)``). Times of the same steps share a
+        cell; ``get(delay_ms=..., horizon=...)``, the table and the plot
+        are in milliseconds.
       plan_tile: rows per policy call, one for every cell (default: the
         default tile of the smallest effective horizon). A cell equals
         ``jaxmesh.evaluate`` with the same ``plan_tile`` bit for bit.
@@ -175,6 +215,12 @@ def sweep(
     t0 = time.perf_counter()
     delays = _values("delay", delay, 0)
     horizons = _values("horizon", horizon, 1)
+    times = None if delay_ms is None else _milliseconds(delay_ms)
+    if times is not None and delays != (0,):
+        raise ValueError(
+            f"sweep(delay={list(delays)}, delay_ms={list(times)}): give the "
+            "delays once, in steps (delay=) or in milliseconds (delay_ms=)"
+        )
     defaults = {"prefetch_lead": 0, "trial_index_base": 0}
     evaluate_kwargs = {
         k: v
@@ -189,6 +235,11 @@ def sweep(
             f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
         )
     seeds_arr = checks.resolve_budget(episodes, seeds)
+    steps_of = None
+    if times is not None:
+        dt, name = _step_time(env, evaluate_kwargs)
+        steps_of = {ms: checks.delay_steps(ms, dt, name) for ms in times}
+        delays = tuple(dict.fromkeys(steps_of.values()))
     run = _one_program if backend.backend_of(env) == backend.SCAN else _on_host
     cells, skipped, programs, compile_time = run(
         policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
@@ -201,6 +252,7 @@ def sweep(
         programs=programs,
         wall_time=time.perf_counter() - t0,
         compile_time=compile_time,
+        delay_steps=steps_of,
     )
 
 
@@ -387,6 +439,8 @@ class Sweep:
         (a delay of ``d >= h``, or chunks shorter than ``h + d``).
       programs: how many programs compiled for the sweep.
       wall_time, compile_time: seconds for the whole call and of it compiling.
+      delay_steps: a ``delay_ms`` sweep's milliseconds -> steps, in the order
+        given (None: the delays were given in steps).
     """
 
     delays: tuple[int, ...]
@@ -396,13 +450,27 @@ class Sweep:
     programs: int
     wall_time: float
     compile_time: float
+    delay_steps: dict | None = None
 
-    def get(self, *, delay: int, horizon: int) -> RunResult:
-        """The result of the cell ``(delay, horizon)``.
+    def get(
+        self, *, horizon: int, delay: int | None = None, delay_ms: float | None = None
+    ) -> RunResult:
+        """The result of the cell ``(delay, horizon)``, or of the steps of
+        ``delay_ms`` in a sweep over milliseconds.
 
         Raises:
           KeyError: a cell that was not swept, or was skipped (saying why).
         """
+        if (delay is None) == (delay_ms is None):
+            raise TypeError("Sweep.get: give delay= (steps) or delay_ms=, not both")
+        if delay_ms is not None:
+            if self.delay_steps is None or float(delay_ms) not in self.delay_steps:
+                swept = None if self.delay_steps is None else list(self.delay_steps)
+                raise KeyError(
+                    f"sweep cell delay_ms={delay_ms} was not swept: the sweep has "
+                    f"delay_ms in {swept}"
+                )
+            delay = self.delay_steps[float(delay_ms)]
         key = (delay, horizon)
         if key in self.cells:
             return self.cells[key]
@@ -425,15 +493,23 @@ class Sweep:
         )
 
     def table(self) -> list[dict]:
-        """One row per swept cell, delays outer, horizons inner: ``delay``,
+        """One row per swept cell, delays outer, horizons inner: ``delay``
+        (steps; and ``delay_ms`` in a sweep over milliseconds, a row per time),
         ``horizon``, ``effective_horizon``, ``episodes``, ``success_rate`` and
         ``success_interval`` (None without a success signal), ``mean_return``
         and ``mean_interval`` (95%), ``skipped`` (None, or why it did not run).
         """
         rows = []
-        for d in self.delays:
+        axis = (
+            list(self.delay_steps.items())
+            if self.delay_steps is not None
+            else [(None, d) for d in self.delays]
+        )
+        for ms, d in axis:
             for h in self.horizons:
                 row = {"delay": d, "horizon": h, "skipped": self.skipped.get((d, h))}
+                if ms is not None:
+                    row["delay_ms"] = ms
                 result = self.cells.get((d, h))
                 if result is not None:
                     n = result.num_episodes
@@ -454,13 +530,16 @@ class Sweep:
         head = ("delay", "horizon", "episodes", "success", "95% CI", "mean return")
         lines = []
         for row in self.table():
+            delay = str(row["delay"])
+            if "delay_ms" in row:
+                delay = f"{row['delay_ms']:g} ms ({row['delay']})"
             if row["skipped"] is not None:
-                lines.append((str(row["delay"]), str(row["horizon"]), "skipped"))
+                lines.append((delay, str(row["horizon"]), "skipped"))
                 continue
             rate = row["success_rate"]
             lines.append(
                 (
-                    str(row["delay"]),
+                    delay,
                     str(row["horizon"]),
                     str(row["episodes"]),
                     "-" if rate is None else f"{rate:.3f}",
@@ -505,7 +584,7 @@ class Sweep:
             line = [r for r in rows if r["horizon"] == h and r[value] is not None]
             if not line:
                 continue
-            x = [r["delay"] for r in line]
+            x = [r.get("delay_ms", r["delay"]) for r in line]
             y = [r[value] for r in line]
             lo = [
                 y_ - (r[interval] or [y_, y_])[0] for r, y_ in zip(line, y, strict=True)
@@ -514,9 +593,10 @@ class Sweep:
                 (r[interval] or [y_, y_])[1] - y_ for r, y_ in zip(line, y, strict=True)
             ]
             ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"H={h}")
-        ax.set_xlabel("inference delay (steps)")
+        ms = self.delay_steps is not None
+        ax.set_xlabel(f"inference delay ({'ms' if ms else 'steps'})")
         ax.set_ylabel("success rate" if success else "mean return")
-        ax.set_xticks(list(self.delays))
+        ax.set_xticks(list(self.delay_steps) if ms else list(self.delays))
         ax.legend(title="horizon")
         ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -526,7 +606,13 @@ class Sweep:
         """A JSON-serialisable dict: the axes, every cell's ``RunResult.to_dict``,
         the skipped cells and the totals."""
         return {
-            "sweep": {"delay": list(self.delays), "horizon": list(self.horizons)},
+            "sweep": {
+                "delay": list(self.delays),
+                "horizon": list(self.horizons),
+                "delay_ms": None
+                if self.delay_steps is None
+                else [[ms, d] for ms, d in self.delay_steps.items()],
+            },
             "cells": [
                 {"delay": d, "horizon": h, "result": r.to_dict()}
                 for (d, h), r in self.cells.items()
@@ -571,6 +657,9 @@ class Sweep:
                 programs=int(d.get("programs", 0)),
                 wall_time=float(d.get("wall_time", math.nan)),
                 compile_time=float(d.get("compile_time", math.nan)),
+                delay_steps=None
+                if d["sweep"].get("delay_ms") is None
+                else {float(ms): int(s) for ms, s in d["sweep"]["delay_ms"]},
             )
         except (KeyError, TypeError) as e:
             raise ValueError(

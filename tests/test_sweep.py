@@ -181,7 +181,16 @@ def test_cli_sweep_prints_the_table_and_writes_json(tmp_path, capsys):
     np.testing.assert_allclose(
         back.get(delay=2, horizon=4).returns, [r[0] for r in ref], rtol=2e-5
     )
+    # The same cells from milliseconds (Pendulum's dt is 0.05 s).
+    args = ["sweep", str(config), "--set", "delay_ms=[0,100]", "--set", "horizon=4"]
+    assert main(args) == 0
+    assert "100 ms (2)" in capsys.readouterr().out
+    ms = jaxmesh.Sweep.from_dict(json.loads(out.read_text()))
+    np.testing.assert_array_equal(
+        ms.get(delay_ms=100, horizon=4).returns, back.get(delay=2, horizon=4).returns
+    )
     assert main(["sweep", str(config), "--set", "prefetch_lead=1"]) == 2
+    assert main(["eval", str(config), "--set", "delay_ms=-1"]) == 2
     bad = ["eval", str(config), "--set", "execution={ensemble: {m: -1}}"]
     assert main(bad) == 2
     assert "execution.ensemble" in capsys.readouterr().err
@@ -301,3 +310,44 @@ def test_host_sweep_tells_each_program_its_h_plus_d():
 def test_host_sweep_refuses_what_a_jax_env_takes_only():
     with pytest.raises(TypeError, match="host-stepped or served"):
         jaxmesh.sweep(chunk_policy, HOST, randomize=lambda m, k: m, seeds=SEEDS)
+
+
+def test_a_sweep_over_milliseconds_is_the_sweep_over_their_steps():
+    """delay_ms = [0, 40, 50, 100] on Pendulum (dt = 0.05 s) is the delays
+    [0, 1, 1, 2] steps: the cells equal the step sweep's, 40 and 50 ms share
+    one, and the table, JSON and plot are in milliseconds."""
+    ms = jaxmesh.sweep(
+        chunk_policy,
+        ENV,
+        delay_ms=[0, 40, 50, 100],
+        horizon=[4],
+        seeds=SEEDS,
+        num_envs=3,
+        max_episode_steps=CAP,
+    )
+    assert ms.delay_steps == {0.0: 0, 40.0: 1, 50.0: 1, 100.0: 2}
+    assert ms.delays == (0, 1, 2) and len(ms.cells) == 3
+    for d in (0, 1, 2):
+        ref = reference(4, d)
+        got = ms.get(delay_ms={0: 0, 1: 50, 2: 100}[d], horizon=4)
+        np.testing.assert_allclose(got.returns, [r[0] for r in ref], rtol=2e-5)
+    assert ms.get(delay_ms=40, horizon=4) is ms.get(delay=1, horizon=4)
+    rows = ms.table()
+    assert [(r["delay_ms"], r["delay"]) for r in rows] == [
+        (0.0, 0),
+        (40.0, 1),
+        (50.0, 1),
+        (100.0, 2),
+    ]
+    assert "100 ms (2)" in ms.summary()
+    back = jaxmesh.Sweep.from_dict(json.loads(json.dumps(ms.to_dict())))
+    assert back.delay_steps == ms.delay_steps
+    assert ms.plot().axes[0].get_xlabel() == "inference delay (ms)"
+    with pytest.raises(KeyError, match="delay_ms=70"):
+        ms.get(delay_ms=70, horizon=4)
+    with pytest.raises(ValueError, match="give the delays once"):
+        jaxmesh.sweep(chunk_policy, ENV, delay=[1], delay_ms=[50], horizon=[4])
+    with pytest.raises(ValueError, match="has no step time"):
+        jaxmesh.sweep(
+            chunk_policy, "gymnax:MountainCarContinuous-v0", delay_ms=[50], horizon=[4]
+        )
