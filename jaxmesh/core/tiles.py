@@ -33,7 +33,11 @@ def for_each_tile(
       The final carry and the number of tiles run.
     """
     n = need.shape[0]
-    n_pad = -(-n // tile) * tile
+    # One tile more than the lanes fill: the slice of tile i then moves with i
+    # even when every lane fits in one tile. Were it the whole buffer, XLA
+    # would see a loop-invariant body and hoist it out of the loop, running
+    # the body (a whole reset) on every step, whether or not a lane needs it.
+    n_pad = (-(-n // tile) + 1) * tile
     # The lanes in ``need``, in ascending order, then padding (N): what
     # ``jnp.nonzero(need, size=n_pad, fill_value=n)`` gives, written as one
     # cumsum and one scatter, which XLA compiles about a third faster.
