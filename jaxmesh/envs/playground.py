@@ -24,6 +24,8 @@ import functools
 import itertools
 import math
 import operator
+import os
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -388,6 +390,7 @@ def make(
     config: Any = None,
     episode_length: int | None = None,
     randomize: Callable | None = None,
+    menagerie: str | os.PathLike | None = None,
 ) -> PlaygroundEnv:
     """A registered Playground env as a ``PlaygroundEnv``.
 
@@ -398,9 +401,14 @@ def make(
       config: a full ``ml_collections.ConfigDict`` instead of the default one.
       episode_length: steps before ``truncated``; default: the config's.
       randomize: ``fn(mjx_model, key) -> mjx_model`` drawn per episode.
+      menagerie: a MuJoCo Menagerie checkout (the folder holding
+        ``unitree_go1/``, ``franka_emika_panda/``, ...) for the locomotion and
+        manipulation envs; default: ``$MENAGERIE_ROOT``, else Playground's own
+        copy (``menagerie_folder()``), which it git-clones when absent.
 
     Raises:
       ValueError: an unknown name (naming the closest ones) or config key.
+      FileNotFoundError: the env needs Menagerie and no checkout is found.
       ImportError: Playground is not installed.
     """
     try:
@@ -440,10 +448,14 @@ def make(
             f"of its config{'; ' + hint if hint else ''} (its keys: "
             f"{', '.join(sorted(known))})"
         )
-    try:
-        env = registry.load(env_id, config=config, config_overrides=overrides)
-    except Exception as e:
-        raise ValueError(f"Playground env {env_id!r} failed to load: {e}") from e
+    with menagerie_for(env_id, menagerie) as root:
+        try:
+            env = registry.load(env_id, config=config, config_overrides=overrides)
+        except Exception as e:
+            hint = "" if root is None else "; " + _menagerie_hint(root)
+            raise ValueError(
+                f"Playground env {env_id!r} failed to load: {e}{hint}"
+            ) from e
     out = PlaygroundEnv(env, episode_length=episode_length, name=f"playground:{env_id}")
     return out if randomize is None else randomized(out, randomize)
 
@@ -472,3 +484,120 @@ def _check_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or n < 1:
         raise ValueError(f"{name}={value!r}: expected an int >= 1")
     return n
+
+
+# MuJoCo Menagerie (the robots of the locomotion and manipulation envs) ------
+
+#: The variable naming a Menagerie checkout (the folder of ``unitree_go1/``,
+#: ...); the ``mujoco-menagerie`` package reads the same one.
+MENAGERIE_ENV = "MENAGERIE_ROOT"
+MENAGERIE_REPO = "https://github.com/google-deepmind/mujoco_menagerie"
+
+
+def needs_menagerie(env_id: str) -> bool:
+    """Whether Playground env ``env_id`` loads its robot from Menagerie (every
+    locomotion and manipulation env; the Control Suite ships its models)."""
+    from mujoco_playground import registry
+
+    return env_id in registry.locomotion.ALL_ENVS or env_id in (
+        registry.manipulation.ALL_ENVS
+    )
+
+
+def menagerie_folder() -> pathlib.Path:
+    """Where Playground reads Menagerie from unless told otherwise (inside
+    its install: ``mujoco_playground/external_deps/mujoco_menagerie``)."""
+    from mujoco_playground._src import mjx_env
+
+    return pathlib.Path(mjx_env.MENAGERIE_PATH)
+
+
+def menagerie_commit() -> str:
+    """The Menagerie commit the installed Playground is written against."""
+    from mujoco_playground._src import mjx_env
+
+    return mjx_env.MENAGERIE_COMMIT_SHA
+
+
+@contextlib.contextmanager
+def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
+    """Playground pointed at a Menagerie checkout while ``env_id`` is built.
+
+    ``path``, else ``$MENAGERIE_ROOT``: Playground's own path variable
+    (``mjx_env.MENAGERIE_PATH``) is set to it for the build and put back
+    after, so nothing is written into Playground's install. Neither given:
+    Playground's own copy, cloned by Playground when absent. Yields the
+    folder used (None for an env that needs no Menagerie).
+
+    Raises:
+      FileNotFoundError: the given folder does not exist, or there is no
+        copy and Playground could not clone one (no network, no git, a
+        read-only install); the message says how to get one.
+    """
+    if not needs_menagerie(env_id):
+        yield None
+        return
+    from etils import epath
+    from mujoco_playground._src import mjx_env
+
+    source = "menagerie="
+    if path is None and os.environ.get(MENAGERIE_ENV):
+        path, source = os.environ[MENAGERIE_ENV], f"${MENAGERIE_ENV}="
+    if path is None:
+        _clone_menagerie(env_id)
+        yield menagerie_folder()
+        return
+    root = pathlib.Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{source}{str(path)!r}: no such folder; Playground env {env_id!r} "
+            "needs a MuJoCo Menagerie checkout there (the folder holding "
+            f"unitree_go1/, franka_emika_panda/, ...). {_menagerie_fix()}"
+        )
+    old = mjx_env.MENAGERIE_PATH
+    mjx_env.MENAGERIE_PATH = epath.Path(root)
+    try:
+        yield root
+    finally:
+        mjx_env.MENAGERIE_PATH = old
+
+
+def _clone_menagerie(env_id: str) -> None:
+    """Playground's own copy, cloned by Playground when absent; a
+    FileNotFoundError with the fix when that fails."""
+    from mujoco_playground._src import mjx_env
+
+    folder = menagerie_folder()
+    if folder.exists():
+        return
+    try:
+        mjx_env.ensure_menagerie_exists()
+    except Exception as e:  # git missing or failing, a read-only install, ...
+        raise FileNotFoundError(
+            f"Playground env {env_id!r} needs MuJoCo Menagerie's robot files: "
+            f"Playground reads them from {folder}, which does not exist, and "
+            f"its git clone of {MENAGERIE_REPO} there failed "
+            f"({type(e).__name__}: {e}). {_menagerie_fix()}"
+        ) from e
+
+
+def _menagerie_fix() -> str:
+    return (
+        "On a machine with network access: git clone "
+        f"{MENAGERIE_REPO} && git -C mujoco_menagerie checkout "
+        f"{menagerie_commit()} (the commit this Playground is written "
+        "against), copy the folder to this machine and pass it: "
+        "make_env('playground:<name>', menagerie='/path/to/mujoco_menagerie') "
+        f"(env_config: {{menagerie: ...}} in a config) or set "
+        f"{MENAGERIE_ENV}=/path/to/mujoco_menagerie. The pip package "
+        "mujoco-menagerie holds no robot files: it downloads them from GitHub "
+        "when first used."
+    )
+
+
+def _menagerie_hint(root: pathlib.Path) -> str:
+    return (
+        f"its robot is read from the MuJoCo Menagerie checkout {root}: it needs "
+        f"that robot's folder there, at commit {menagerie_commit()} (the one "
+        "this Playground is written against)"
+    )
