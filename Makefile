@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PEER_STAMP := $(VENV)/.installed-peer
 
-.PHONY: run test lint bench train proto clean
+.PHONY: run test test-slow lint bench train proto clean
 
 # The floor declared in pyproject.toml (requires-python); checked before the venv
 # is built, so an older interpreter fails with this message instead of pip's.
@@ -31,7 +31,12 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -m "not slow"
+
+# The tests marked slow, left out of make test: a Menagerie robot's minutes of
+# MJX compile on 2 cores (tests/test_playground_menagerie.py).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks

@@ -203,6 +203,7 @@ def result(env):
     )
 
 
+@pytest.mark.slow  # Go1's MJX step compiles for minutes on 2 cores
 def test_evaluate_matches_plain_loop(result, reference):
     assert list(result.seeds) == SEEDS
     for i, seed in enumerate(SEEDS):

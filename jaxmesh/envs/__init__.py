@@ -150,7 +150,7 @@ def _make_playground(playground: Any, name: str, kwargs: dict) -> Any:
         raise TypeError(
             f"Playground env {name!r} does not take {sorted(kwargs)}: pass "
             "config_overrides={...} (Playground config keys), config, "
-            "episode_length or randomize"
+            "episode_length, randomize or menagerie (a MuJoCo Menagerie checkout)"
         ) from e
 
 

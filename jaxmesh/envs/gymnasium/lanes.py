@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from jaxmesh.envs import timing
+from jaxmesh.envs.timing import step_seconds
 from jaxmesh.remote.protocol import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 
 __all__ = [
@@ -140,7 +140,7 @@ def env_dt(env: Any) -> float | None:
     if isinstance(env, _gym().vector.VectorEnv):
         envs = getattr(env, "envs", None)
         return env_dt(envs[0]) if envs else None
-    return timing.step_seconds(getattr(env, "unwrapped", env))
+    return step_seconds(getattr(env, "unwrapped", env))
 
 
 def declares_trial_index(metadata: Any) -> bool:
