@@ -85,13 +85,12 @@ def env(menagerie):
 def no_menagerie(tmp_path, monkeypatch):
     """Playground's own copy absent and its git clone failing (as offline),
     in a folder of the test's own (nothing written into Playground)."""
-    from etils import epath
     from mujoco_playground._src import mjx_env
 
     def offline(url, target, commit):
         raise subprocess.CalledProcessError(128, ["git", "clone", url])
 
-    deps = epath.Path(tmp_path / "external_deps")
+    deps = type(mjx_env.EXTERNAL_DEPS_PATH)(tmp_path / "external_deps")
     monkeypatch.setattr(mjx_env, "EXTERNAL_DEPS_PATH", deps)
     monkeypatch.setattr(mjx_env, "MENAGERIE_PATH", deps / "mujoco_menagerie")
     monkeypatch.setattr(mjx_env, "_clone_with_progress", offline)

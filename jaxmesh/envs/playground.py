@@ -537,7 +537,6 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
     if not needs_menagerie(env_id):
         yield None
         return
-    from etils import epath
     from mujoco_playground._src import mjx_env
 
     source = "menagerie="
@@ -555,7 +554,8 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
             f"unitree_go1/, franka_emika_panda/, ...). {_menagerie_fix()}"
         )
     old = mjx_env.MENAGERIE_PATH
-    mjx_env.MENAGERIE_PATH = epath.Path(root)
+    # The path class Playground uses (etils' epath.Path in 0.2.0), not imported.
+    mjx_env.MENAGERIE_PATH = type(old)(root)
     try:
         yield root
     finally:
