@@ -55,7 +55,7 @@ class Drift(Env):
         return "none"
 
 
-class Slide(Env):
+class Slide(Drift):
     """q moves by qd, qd by ``0.1 * action``; ``obs = q``, reward ``-q**2``.
 
     A brax env with a pipeline state (what brax's renderer draws) and no
@@ -85,18 +85,6 @@ class Slide(Env):
         return state.replace(
             pipeline_state=self.pipeline(q, qd), obs=q, reward=-(q[0] ** 2)
         )
-
-    @property
-    def observation_size(self):
-        return 1
-
-    @property
-    def action_size(self):
-        return 1
-
-    @property
-    def backend(self):
-        return "none"
 
 
 def settle(obs):

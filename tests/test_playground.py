@@ -292,14 +292,16 @@ print("ok")
 """
 
 
-def test_playground_renderer_draws_the_states():
+def run_gl_script(script, *args):
+    """Runs ``script`` in a Python child under ``MUJOCO_GL=egl``; it prints
+    ``ok`` at the end (status 77: no headless OpenGL, a skip)."""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
     run = subprocess.run(
-        [sys.executable, "-c", RENDER_SCRIPT],
+        [sys.executable, "-c", script, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -309,6 +311,10 @@ def test_playground_renderer_draws_the_states():
         pytest.skip(f"no headless OpenGL (EGL) here: {run.stdout.strip()}")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert run.stdout.strip().endswith("ok")
+
+
+def test_playground_renderer_draws_the_states():
+    run_gl_script(RENDER_SCRIPT)
 
 
 # Recorded states: videos of long episodes -------------------------------------
@@ -452,9 +458,6 @@ print("ok")
 
 def test_recorded_states_saved_and_drawn(shipped, randomized, tmp_path):
     import json
-    import os
-    import subprocess
-    import sys
 
     stems = []
     for name, r in (("long", shipped[1]), ("short", randomized[0])):
@@ -468,15 +471,4 @@ def test_recorded_states_saved_and_drawn(shipped, randomized, tmp_path):
             for k, v in a.states.items():
                 np.testing.assert_array_equal(v, b.states[k])
         stems.append(str(stem))
-    env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
-    run = subprocess.run(
-        [sys.executable, "-c", STATES_SCRIPT, *stems],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if run.returncode == 77:
-        pytest.skip(f"no headless OpenGL (EGL) here: {run.stdout.strip()}")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert run.stdout.strip().endswith("ok")
+    run_gl_script(STATES_SCRIPT, *stems)

@@ -91,8 +91,12 @@ def test_one_program_every_cell_against_the_rule(grid):
     assert sorted(grid.cells) == sorted(
         (d, h) for d in DELAYS for h in HORIZONS if (d, h) != (4, 4)
     )
-    for (d, h), cell in grid.cells.items():
-        ref = reference(h, d)
+    assert_cells_follow_the_rule(grid, "gymnax")
+
+
+def assert_cells_follow_the_rule(sweep, kind):
+    for (d, h), cell in sweep.cells.items():
+        ref = reference(h, d, kind)
         np.testing.assert_allclose(cell.returns, [r[0] for r in ref], rtol=2e-5)
         np.testing.assert_array_equal(cell.predict_calls, [r[1] for r in ref])
         np.testing.assert_array_equal(cell.lengths, [CAP] * len(SEEDS))
@@ -100,15 +104,18 @@ def test_one_program_every_cell_against_the_rule(grid):
         assert (cell.delay, cell.horizon, cell.effective_horizon) == (d, h, h)
         assert cell.env_steps == CAP * len(SEEDS)
     # The cells differ from each other: a cell that ran another's setting fails.
-    returns = {k: tuple(v.returns) for k, v in grid.cells.items()}
+    returns = {k: tuple(v.returns) for k, v in sweep.cells.items()}
     assert len(set(returns.values())) == len(returns)
 
 
 @pytest.mark.parametrize("cell", [(0, 8), (2, 4)])
 def test_cell_equals_a_separate_evaluate(grid, cell):
-    d, h = cell
-    alone = jaxmesh.evaluate(chunk_policy, ENV, delay=d, horizon=h, seeds=SEEDS, **KW)
-    got = grid.get(delay=d, horizon=h)
+    assert_cell_is_its_evaluate(grid, ENV, *cell)
+
+
+def assert_cell_is_its_evaluate(sweep, env, d, h):
+    alone = jaxmesh.evaluate(chunk_policy, env, delay=d, horizon=h, seeds=SEEDS, **KW)
+    got = sweep.get(delay=d, horizon=h)
     for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
         np.testing.assert_array_equal(getattr(got, field), getattr(alone, field))
     assert got.plan_tile == alone.plan_tile == KW["plan_tile"]
@@ -241,26 +248,12 @@ def test_host_sweep_compiles_one_agent_step_for_every_cell(host_grid):
 
 
 def test_host_sweep_every_cell_against_the_rule(host_grid):
-    for (d, h), cell in host_grid.cells.items():
-        ref = reference(h, d, "gymnasium")
-        np.testing.assert_allclose(cell.returns, [r[0] for r in ref], rtol=2e-5)
-        np.testing.assert_array_equal(cell.predict_calls, [r[1] for r in ref])
-        np.testing.assert_array_equal(cell.lengths, [CAP] * len(SEEDS))
-        np.testing.assert_array_equal(cell.seeds, SEEDS)
-        assert (cell.delay, cell.horizon, cell.effective_horizon) == (d, h, h)
-        assert cell.env_steps == CAP * len(SEEDS)
-    returns = {k: tuple(v.returns) for k, v in host_grid.cells.items()}
-    assert len(set(returns.values())) == len(returns)
+    assert_cells_follow_the_rule(host_grid, "gymnasium")
 
 
 @pytest.mark.parametrize("cell", [(0, 4), (1, 8), (2, 4), (4, 8)])
 def test_host_cell_equals_a_separate_evaluate(host_grid, cell):
-    d, h = cell
-    alone = jaxmesh.evaluate(chunk_policy, HOST, delay=d, horizon=h, seeds=SEEDS, **KW)
-    got = host_grid.get(delay=d, horizon=h)
-    for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
-        np.testing.assert_array_equal(getattr(got, field), getattr(alone, field))
-    assert got.plan_tile == alone.plan_tile == KW["plan_tile"]
+    assert_cell_is_its_evaluate(host_grid, HOST, *cell)
 
 
 def test_served_sweep_equals_the_in_process_one(host_grid):
