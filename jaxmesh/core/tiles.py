@@ -7,10 +7,14 @@ runs only as many tiles as are needed. The body always sees exactly ``tile``
 indices, a number that never depends on the lane count, so what it computes for
 a lane does not either; padding indices equal N (out of range): read them with
 ``mode="clip"`` and write with ``mode="drop"``.
+
+For work most steps skip (a reset), ``rarely=True`` puts all of it in a
+``cond`` on whether any lane is flagged.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +23,12 @@ import jax.numpy as jnp
 
 
 def for_each_tile(
-    need: jax.Array, tile: int, body: Callable[[jax.Array, Any], Any], carry: Any
+    need: jax.Array,
+    tile: int,
+    body: Callable[[jax.Array, Any], Any],
+    carry: Any,
+    *,
+    rarely: bool = False,
 ) -> tuple[Any, jax.Array]:
     """Runs ``carry = body(idx, carry)`` over the lanes in ``need``, tile by tile.
 
@@ -28,26 +37,61 @@ def for_each_tile(
       tile: indices per body call.
       body: ``(idx[tile] int32, carry) -> carry``.
       carry: any pytree.
+      rarely: most steps no lane needs the body (a reset): all of it then
+        sits in a ``cond`` on whether any lane does, so such a step pays one
+        reduction, and when every lane fits in one tile the body is called
+        once, without the loop. Not for a policy's plan: XLA:CPU can round a
+        policy compiled inside a ``cond`` differently from one in the loop
+        (seen on Acrobot at one lane), which would break results' equality
+        across lane counts.
 
     Returns:
       The final carry and the number of tiles run.
     """
     n = need.shape[0]
+    if not rarely:
+        return _tiled(need, tile, body, carry)
+    if n <= tile:
+        # One tile holds every lane: a single call, no loop.
+        def one(carry):
+            idx, _ = _order(need, tile)
+            return body(idx, carry), jnp.int32(1)
+
+    else:
+        one = functools.partial(_tiled, need, tile, body)
+    return jax.lax.cond(jnp.any(need), one, lambda c: (c, jnp.int32(0)), carry)
+
+
+def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+    """The lanes in ``need`` in ascending order, then padding (N), ``size`` of
+    them; and how many lanes ``need`` has.
+
+    What ``jnp.nonzero(need, size=size, fill_value=N)`` gives, written as one
+    cumsum and one scatter, which XLA compiles about a third faster. The lanes
+    fill the first rows, in order: a policy's row can round differently at
+    another place in a batch.
+    """
+    n = need.shape[0]
+    pos = jnp.cumsum(need, dtype=jnp.int32) - 1
+    order = (
+        jnp.full((size,), n, jnp.int32)
+        .at[jnp.where(need, pos, size)]
+        .set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+    )
+    return order, pos[-1] + 1
+
+
+def _tiled(
+    need: jax.Array, tile: int, body: Callable[[jax.Array, Any], Any], carry: Any
+) -> tuple[Any, jax.Array]:
+    """``for_each_tile`` as a loop over the tiles."""
+    n = need.shape[0]
     # One tile more than the lanes fill: the slice of tile i then moves with i
     # even when every lane fits in one tile. Were it the whole buffer, XLA
     # would see a loop-invariant body and hoist it out of the loop, running
     # the body (a whole reset) on every step, whether or not a lane needs it.
-    n_pad = (-(-n // tile) + 1) * tile
-    # The lanes in ``need``, in ascending order, then padding (N): what
-    # ``jnp.nonzero(need, size=n_pad, fill_value=n)`` gives, written as one
-    # cumsum and one scatter, which XLA compiles about a third faster.
-    pos = jnp.cumsum(need, dtype=jnp.int32) - 1
-    order = (
-        jnp.full((n_pad,), n, jnp.int32)
-        .at[jnp.where(need, pos, n_pad)]
-        .set(jnp.arange(n, dtype=jnp.int32), mode="drop")
-    )
-    n_tiles = (pos[-1] + 1 + tile - 1) // tile
+    order, count = _order(need, (-(-n // tile) + 1) * tile)
+    n_tiles = (count + tile - 1) // tile
 
     def loop(c):
         i, carry = c
