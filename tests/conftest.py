@@ -12,6 +12,27 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+#: The test files that take longest (about a minute or more on 2 cores), run
+#: first: with ``make test``'s two workers taking whole files, a long file left
+#: for the end keeps one worker busy while the other has nothing left to run.
+LONG_FILES = (
+    "test_sharded.py",
+    "test_notebook.py",
+    "test_playground.py",
+    "test_evaluate.py",
+    "test_cli.py",
+    "test_distributed.py",
+    "test_soak.py",
+    "test_model.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Orders the long files first, each file's tests in their own order."""
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 #: The event JAX records once per XLA (backend) compilation.
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
