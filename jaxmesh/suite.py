@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxmesh import stats as _stats
+from jaxmesh import text
 from jaxmesh.run import stream
 from jaxmesh.run.results import RunResult
 
@@ -432,15 +433,8 @@ def _text_table(rows: list[list[str]], rule_before_last: int = 0) -> list[str]:
     """Rows of text cells as aligned lines (the first column left, the rest
     right), a rule under the header and, with ``rule_before_last``, one above
     that many last rows."""
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = [
-        "  ".join(
-            cell.ljust(w) if c == 0 else cell.rjust(w)
-            for c, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    ]
-    rule = "  ".join("-" * w for w in widths)
+    lines = text.aligned(rows)
+    rule = "  ".join("-" * w for w in text.widths(rows))
     lines.insert(1, rule)
     if rule_before_last:
         lines.insert(len(lines) - rule_before_last, rule)

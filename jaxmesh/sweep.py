@@ -119,13 +119,13 @@ def _milliseconds(values: Any) -> tuple[float, ...]:
 def _step_time(env: Any, kw: dict) -> tuple[float | None, str]:
     """The env's seconds per step and its name (a JAX env made, a gymnasium
     env's lane made and closed, or a served env's handshake)."""
-    if backend.backend_of(env) == backend.SCAN:
+    kind = backend.backend_of(env)
+    if kind == backend.SCAN:
         from jaxmesh.envs import make_env
         from jaxmesh.envs.timing import step_seconds
 
         made = make_env(env)
         return step_seconds(made), getattr(made, "name", type(made).__name__)
-    kind = backend.backend_of(env)
     options = (kw.get(f) for f in backend.ServedOptions._fields)
     served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
     spec = _host_spec(env, served)

@@ -26,6 +26,7 @@ import collections
 
 import numpy as np
 
+from jaxmesh import text
 from jaxmesh import trace as trace_mod
 
 STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
@@ -98,15 +99,7 @@ def format_table(stats: dict[str, dict[str, float]] | None) -> str:
         else:
             cells = [f"{1000 * s[k]:.3f} ms" for k in STAT_NAMES[1:]]
         rows.append((name, f"{s['count']:,}", *cells))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    ]
-    return "\n".join(lines)
+    return "\n".join(text.aligned(rows))
 
 
 __all__ = ["Telemetry", "format_table", "STAT_NAMES"]
