@@ -93,8 +93,13 @@ class SingleDevice:
         device (``record``: the recorded episode indices, or None; ``trials``:
         ``(trial_of, data)`` of an engine with initial states, or None;
         ``texts``: the Text inputs' per-lane encodings, ``Engine.first_carry``)."""
-        carry = engine.first_carry(seeds, self.device, record, trials, texts)
+        carry = engine.start(seeds, self.device, record, trials, texts)
         return (carry.lanes, carry.agent), carry.results
+
+    def keep(self, engine: Any, state: Any) -> None:
+        """Keeps a finished run's ``(lanes, agent)`` buffers: the engine's next
+        run starts on them (``Engine.start``)."""
+        engine.keep(state)
 
     def put_params(self, params: Any) -> Any:
         """The params where the program reads them (the policy placed them)."""
@@ -238,6 +243,10 @@ class DeviceMesh:
 
         carry = jax.tree.map(one, *(carry for _, carry in mine))
         return (carry.lanes, carry.agent), carry.results
+
+    def keep(self, engine: Any, state: Any) -> None:
+        """Nothing kept: every run places its devices' carries anew."""
+        del engine, state
 
     def put_params(self, params: Any) -> Any:
         """The params replicated on every device of the mesh."""

@@ -425,6 +425,7 @@ class Evaluator:
                     episodes_out.update(host)
                 episodes_out.check_fault(host)
                 if finished:
+                    place.keep(program.engine, state)
                     return host
 
 
