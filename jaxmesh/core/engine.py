@@ -1,25 +1,31 @@
 """The scan engine: lane bookkeeping around the agent step and a JAX env.
 
-One jitted ``step`` covers, for all N lanes at once: resetting the lanes that
-start an episode (compacted tiles), plan (compacted tiles) and chunk replay
-(``agent.act``), the env step, frame windows (``agent.observe``), episode
-accounting (returns, lengths, ends, results written at the episode's index),
-handing the next unstarted episode to lanes that finished (ascending lane
-order), masking lanes with nothing left to start, and a device-side check for
-bad values (``results.Fault``). Episode metrics (``EngineConfig.metrics``) are
-accumulators in the lane state, reduced on every step and written into the
-results at the episode's end: no host round trip. Recorded episodes
-(``EngineConfig.record_slots``) are written step by step into fixed buffers in
-the results (``results.Recording``), also without a host round trip. Only
-``EngineConfig.step_events`` (an ``on_step`` hook) adds one: an ordered
-``io_callback`` per step that hands the per-lane values to the host.
+For all N lanes at once, the engine resets the lanes that start an episode
+(compacted tiles), plans (compacted tiles) and replays chunks
+(``agent.act``), steps the env, pushes frame windows (``agent.observe``),
+accounts episodes (returns, lengths, ends, results written at the episode's
+index), hands the next unstarted episode to lanes that finished (ascending
+lane order), masks lanes with nothing left to start, and checks for bad
+values on the device (``results.Fault``). Episode metrics
+(``EngineConfig.metrics``) are accumulators in the lane state, reduced on
+every step and written into the results at the episode's end: no host round
+trip. Recorded episodes (``EngineConfig.record_slots``) are written step by
+step into fixed buffers in the results (``results.Recording``), also without
+a host round trip. Only ``EngineConfig.step_events`` (an ``on_step`` hook)
+adds one: an ordered ``io_callback`` per step that hands the per-lane values
+to the host.
+
+The loop has two levels (``Engine._advance``): an inner loop of env steps
+that runs until an episode ends, holding per-lane state only, and an outer
+loop that writes the ended episodes' results and starts the next ones. Step
+by step the order is CONTRACT 3's; the split keeps the result buffers and
+every ``cond`` out of the step nearly every step runs.
 
 The compiled program never depends on the budget: the seeds and the result
 buffers have a static *capacity*, and the budget (how many of them are used) is
-data in the carry. ``Engine.run_segment`` advances up to S steps (a
-``while_loop`` that stops as soon as the budget is done or a fault is seen);
-``Engine.run`` runs to the end and is the pure function behind
-``make_evaluator``.
+data in the carry. ``Engine.run_segment`` advances up to S steps and stops as
+soon as the budget is done or a fault is seen; ``Engine.run`` runs to the end
+and is the pure function behind ``make_evaluator``.
 """
 
 from __future__ import annotations
@@ -518,24 +524,6 @@ class Engine:
         match = (rec.episodes[:, None] == episode[None, :]) & mask[None, :]
         return jnp.any(match, axis=1), jnp.argmax(match, axis=1)
 
-    def _record(
-        self, rec, lanes, begins, obs0, obs, action, reward, term, trunc, env_state
-    ):
-        """One step of the recording: reset observations (and render states)
-        of the recorded episodes that began on this step, then the step
-        itself (``env_state``: the lanes' states after it)."""
-        rec = self._record_reset(rec, lanes, begins, obs0)
-        return self._record_step(
-            rec,
-            lanes,
-            obs=obs,
-            states=env_state,
-            actions=action,
-            rewards=reward,
-            terminated=term,
-            truncated=trunc,
-        )
-
     def _render_states(self, rec: Any, env_state: Any) -> Any:
         """The lanes' render states (``env.render_state``), or None when the
         recording keeps none. Field reads only: no physics runs here."""
@@ -650,18 +638,47 @@ class Engine:
             ordered=True,
         )
 
-    def step(self, params: Any, carry: Carry) -> Carry:
-        """One env step for every active lane, with all the bookkeeping."""
-        return self._step(params, carry)[0]
+    # The loop ----------------------------------------------------------------
+    #
+    # A run is an outer loop over the steps on which episodes end: each of its
+    # iterations starts the lanes that take an episode (``_begin``), then runs
+    # an inner loop of env steps (``_core``) until a lane's episode ends (or
+    # the segment's steps are done, a bad value or a refused step event is
+    # met), then writes the ended episodes' results and hands the next ones
+    # over (``_finish``). Step by step this is the order of CONTRACT 3; the
+    # inner loop, where nearly every step runs, holds per-lane state only: no
+    # result buffers and no ``cond``, so XLA:CPU runs a few-lane step as one
+    # sequence of kernels instead of scheduling them over its thread pool.
 
-    def _step(self, params: Any, carry: Carry) -> tuple[Carry, Any]:
-        """``step``, and whether the segment goes on (None without step events).
+    def _inner(self, carry: Carry) -> Inner:
+        """The inner loop's state at the start of an outer iteration."""
+        n = self.config.agent.num_envs
+        no = jnp.zeros((n,), bool)
+        res = carry.results
+        return Inner(
+            lanes=carry.lanes,
+            agent=carry.agent,
+            recording=res.recording,
+            record_done=res.done[res.recording.episodes]
+            if self.config.record_slots
+            else None,
+            fault=res.fault,
+            env_steps=res.env_steps,
+            steps=jnp.int32(0),
+            go_on=jnp.bool_(True),
+            ended=no,
+            terminated=no,
+            truncated=no,
+            scored=no,
+        )
 
-        With ``config.step_events`` the step's values go to the host through an
-        ordered ``io_callback`` (``_step_events``).
-        """
+    def _core(self, params: Any, c: Inner) -> Inner:
+        """One env step of every active lane: plan and replay, the env step,
+        frame windows, episode accounting and bad values; an episode's end is
+        left to ``_finish``. With ``config.step_events`` the step's values go
+        to the host through an ordered ``io_callback`` (``_step_events``)."""
         cfg = self.config
-        lanes, ag, obs0, begins = self._begin(carry.lanes, carry.agent)
+        lanes, ag = c.lanes, c.agent
         active = lanes.active
         ag, action = agent.act(
             cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
@@ -680,133 +697,175 @@ class Engine:
         kinds, values = self._faults(lanes, action, reward)
         ag = agent.observe(cfg.agent, ag, obs)
         t = lanes.t + 1
-        ret = lanes.ret + reward
         trunc = trunc | rules.at_cap(jnp, t, cfg.max_steps)
         ended = active & (term | trunc)
-        go_on = None
+        go_on = c.go_on
         if cfg.step_events:
             go_on = self._step_events(lanes, kinds, action, reward, term, trunc)
-        rec = carry.results.recording
+        rec = c.recording
         if cfg.record_slots:
-            # Skipped once every recorded episode is done (most of a run): a
-            # gather of R flags instead of the writes.
-            step_values = (
-                lanes,
-                begins,
-                obs0,
-                obs,
-                action,
-                reward,
-                term,
-                trunc,
-                env_state,
+            # Skipped once every recorded episode is done (most of a run).
+            step_values = dict(
+                obs=obs,
+                states=env_state,
+                actions=action,
+                rewards=reward,
+                terminated=term,
+                truncated=trunc,
             )
             rec = jax.lax.cond(
-                ~jnp.all(carry.results.done[rec.episodes]),
-                lambda rec: self._record(rec, *step_values),
+                ~jnp.all(c.record_done),
+                lambda rec: self._record_step(rec, lanes, **step_values),
                 lambda rec: rec,
                 rec,
             )
+        return c.replace(
+            lanes=lanes.replace(
+                active=active & ~ended,
+                t=t,
+                ret=lanes.ret + reward,
+                env_state=env_state,
+            ),
+            agent=ag,
+            recording=rec,
+            fault=c.fault.update(kinds, values, lanes.episode, lanes.t),
+            env_steps=c.env_steps + jnp.sum(active, dtype=jnp.int32),
+            steps=c.steps + 1,
+            go_on=go_on,
+            ended=ended,
+            terminated=term,
+            truncated=trunc,
+            # An episode whose last step met a bad value is not a finished one.
+            scored=ended & (kinds == results.NO_FAULT),
+        )
 
-        # Results are written at the episode's own index; others drop. An
-        # episode whose last step met a bad value is not a finished episode.
-        def finish(r, episode, next_episode):
-            scored = ended & (kinds == results.NO_FAULT)
+    def _finish(self, c: Inner, res: results.Results) -> tuple[Lanes, Any]:
+        """Writes the results of the episodes that ended on the inner loop's
+        last step, at their own index (others drop), and hands the next
+        unstarted episodes to their lanes in ascending lane order."""
+        cfg = self.config
+        lanes, ended = c.lanes, c.ended
+
+        def finish(lanes, res):
             extra = {}
             if cfg.reads_info:
-                extra["metrics"], success = self._episode_metrics(lanes, t)
+                extra["metrics"], success = self._episode_metrics(lanes, lanes.t)
                 extra.update(success)
-            r = results.record(
-                r,
-                jnp.where(scored, episode, cfg.capacity),
-                returns=ret,
-                lengths=t,
-                terminated=term,
-                truncated=trunc,
-                predict_calls=ag.predict_calls,
+            res = results.record(
+                res,
+                jnp.where(c.scored, lanes.episode, cfg.capacity),
+                returns=lanes.ret,
+                lengths=lanes.t,
+                terminated=c.terminated,
+                truncated=c.truncated,
+                predict_calls=c.agent.predict_calls,
                 lanes=jnp.arange(cfg.agent.num_envs, dtype=jnp.int32),
                 done=jnp.ones_like(ended),
                 **extra,
             )
-            # Finished lanes take the next unstarted episodes in ascending
-            # lane order.
             start, new_ep, next_episode = rules.next_episodes(
-                jnp, ended, next_episode, lanes.budget
+                jnp, ended, lanes.next_episode, lanes.budget
             )
-            return r, jnp.where(start, new_ep, episode), start, next_episode
+            lanes = lanes.replace(
+                episode=jnp.where(start, new_ep, lanes.episode),
+                start=start,
+                next_episode=next_episode,
+                n_done=lanes.n_done + jnp.sum(ended, dtype=jnp.int32),
+            )
+            return lanes, res
 
-        def none_ended(r, episode, next_episode):
-            return r, episode, jnp.zeros_like(ended), next_episode
-
-        r = carry.results.replace(
-            recording=rec,
-            env_steps=carry.results.env_steps + jnp.sum(active, dtype=jnp.int32),
-            policy_rows=ag.rows,
-            fault=carry.results.fault.update(kinds, values, lanes.episode, lanes.t),
+        res = res.replace(
+            recording=c.recording,
+            fault=c.fault,
+            env_steps=c.env_steps,
+            policy_rows=c.agent.rows,
         )
-        # Most steps no episode ends: the result scatters and the hand-over
-        # then cost one reduction.
-        r, episode, start, next_episode = jax.lax.cond(
-            jnp.any(ended), finish, none_ended, r, lanes.episode, lanes.next_episode
-        )
-        lanes = lanes.replace(
-            episode=episode,
-            active=active & ~ended,
-            start=start,
-            t=t,
-            ret=ret,
-            env_state=env_state,
-            next_episode=next_episode,
-            n_done=lanes.n_done + jnp.sum(ended, dtype=jnp.int32),
-        )
-        return Carry(lanes, ag, r), go_on
+        # Only a segment's last outer iteration can end with no episode ended.
+        return jax.lax.cond(jnp.any(ended), finish, lambda *a: a, lanes, res)
 
-    @staticmethod
-    def _running(carry: Carry) -> jax.Array:
-        """Whether a segment goes on: budget left and no fault seen yet.
+    def _begin_recorded(self, rec: Any, done, lanes: Lanes, begins, obs0) -> Any:
+        """The recording after ``_begin``: the reset observations (and render
+        states) of recorded episodes that began."""
+        if not self.config.record_slots:
+            return rec
+        return jax.lax.cond(
+            ~jnp.all(done[rec.episodes]),
+            lambda rec: self._record_reset(rec, lanes, begins, obs0),
+            lambda rec: rec,
+            rec,
+        )
 
-        ``run`` (``make_evaluator``) does not stop at a fault: it has no host to
-        report to, so it scores the whole budget and returns the fault in
-        ``Results.fault``.
+    def _advance(
+        self, params: Any, carry: Carry, max_steps: Any, stop_at_fault: bool
+    ) -> tuple[Carry, Any]:
+        """Runs up to ``max_steps`` env steps (None: until the budget is done);
+        stops once the budget is done, after a step that met a bad value
+        (``stop_at_fault``) and after a step whose events a hook refused.
+
+        Returns the carry and whether the run may go on (False after a
+        refused step event).
         """
-        return (carry.lanes.n_done < carry.lanes.budget) & ~jnp.any(
-            carry.results.fault.kind != results.NO_FAULT
-        )
+
+        def no_fault(fault):
+            if not stop_at_fault:
+                return jnp.bool_(True)
+            return jnp.all(fault.kind == results.NO_FAULT)
+
+        def steps_left(steps):
+            return jnp.bool_(True) if max_steps is None else steps < max_steps
+
+        def outer_cond(o):
+            steps, go_on, carry = o
+            return (
+                steps_left(steps)
+                & go_on
+                & (carry.lanes.n_done < carry.lanes.budget)
+                & no_fault(carry.results.fault)
+            )
+
+        def outer_body(o):
+            steps, _, carry = o
+            lanes, ag, obs0, begins = self._begin(carry.lanes, carry.agent)
+            res = carry.results
+            rec = self._begin_recorded(res.recording, res.done, lanes, begins, obs0)
+            inner = self._inner(Carry(lanes, ag, res.replace(recording=rec)))
+
+            def inner_cond(c):
+                return (
+                    steps_left(steps + c.steps)
+                    & c.go_on
+                    & ~jnp.any(c.ended)
+                    & no_fault(c.fault)
+                )
+
+            # The outer loop's condition holds, so the first step runs.
+            inner = jax.lax.while_loop(
+                inner_cond, lambda c: self._core(params, c), inner
+            )
+            lanes, res = self._finish(inner, res)
+            carry = Carry(lanes, inner.agent, res)
+            return steps + inner.steps, inner.go_on, carry
+
+        first = (jnp.int32(0), jnp.bool_(True), carry)
+        _, go_on, carry = jax.lax.while_loop(outer_cond, outer_body, first)
+        return carry, go_on
 
     def _run_segment(
         self, params: Any, state: tuple, res: results.Results, max_steps: int
     ) -> tuple[tuple, results.Results]:
-        """Up to ``max_steps`` steps from ``state = (lanes, agent)``."""
+        """Up to ``max_steps`` steps from ``state = (lanes, agent)``; stops at a
+        bad value (the host reports it) or a step event a hook refused (the
+        host raises the hook's exception after it)."""
         carry = Carry(*self._refreshed(state), res)
-        if self.config.step_events:
-            # A step whose events a hook refused (it raised) ends the segment;
-            # the host raises the hook's exception after it.
-            def cond(c):
-                i, go_on, carry = c
-                return (i < max_steps) & go_on & self._running(carry)
-
-            def body(c):
-                i, _, carry = c
-                carry, go_on = self._step(params, carry)
-                return i + 1, go_on, carry
-
-            first = (jnp.int32(0), jnp.bool_(True), carry)
-            _, _, carry = jax.lax.while_loop(cond, body, first)
-            return (carry.lanes, carry.agent), carry.results
-
-        def cond(c):
-            i, carry = c
-            return (i < max_steps) & self._running(carry)
-
-        def body(c):
-            i, carry = c
-            return i + 1, self.step(params, carry)
-
-        _, carry = jax.lax.while_loop(cond, body, (jnp.int32(0), carry))
+        carry, _ = self._advance(params, carry, max_steps, stop_at_fault=True)
         return (carry.lanes, carry.agent), carry.results
 
     def run(self, params: Any, seeds: jax.Array) -> results.Results:
-        """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it)."""
+        """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it).
+
+        It does not stop at a bad value: with no host to report to, it scores
+        the whole budget and returns the fault in ``Results.fault``.
+        """
         carry = self._zero_carry()
         budget = jnp.int32(self.config.capacity)
         first = _first_lanes(
@@ -815,7 +874,28 @@ class Engine:
         carry = carry.replace(
             lanes=carry.lanes.replace(seeds=seeds, budget=budget, **first)
         )
-        carry = jax.lax.while_loop(
-            lambda c: c.lanes.n_done < budget, lambda c: self.step(params, c), carry
-        )
+        carry, _ = self._advance(params, carry, None, stop_at_fault=False)
         return carry.results
+
+
+@struct.dataclass
+class Inner:
+    """The inner loop's state (``Engine._advance``): per-lane arrays and a few
+    counters, never the result buffers."""
+
+    lanes: Lanes
+    agent: agent.AgentState
+    recording: Any  # the recording buffers (None without ``record_slots``)
+    #: [R] bool: each recorded episode was done when the loop began (None
+    #: without ``record_slots``); none ends before the loop's last step.
+    record_done: Any
+    fault: results.Fault
+    env_steps: jax.Array  # () executed env steps of active lanes
+    steps: jax.Array  # () steps of this inner loop
+    go_on: jax.Array  # () no step event was refused
+    #: [N] bool, of the last step: the lane's episode ended, terminated,
+    #: truncated, and ended with no bad value (scored).
+    ended: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    scored: jax.Array
