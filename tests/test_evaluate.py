@@ -53,12 +53,18 @@ def reference(policy_chunk, seeds, **kw):
 SEEDS = [0, 7, 123, 99991, 2**31 - 1]
 
 
+#: ``angle`` on this many lanes: one program shared by the tests of lanes and
+#: budgets (each compiled program costs seconds; the budget is data).
+LANES = 4
+
+
 def test_per_step_policy_matches_reference():
-    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=2, seeds=SEEDS)
+    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=LANES, seeds=SEEDS)
     refs = reference(single(lambda o, k: angle(o)), SEEDS)
     assert len({r.length for r in refs}) > 1
     assert_matches(result, refs)
-    assert result.lanes.tolist() == schedule([r.length for r in refs], 2)[0]
+    # 5 episodes on 4 lanes: the first lane to finish takes the fifth.
+    assert result.lanes.tolist() == schedule([r.length for r in refs], LANES)[0]
     np.testing.assert_array_equal(result.seeds, SEEDS)
     assert result.env_steps == result.lengths.sum()
 
@@ -91,8 +97,8 @@ def test_chunk_shorter_than_horizon_uses_k():
     assert_matches(result, reference(lambda o, k: chunk3(o), seeds, horizon=8))
 
 
-@pytest.mark.parametrize("lead", [1, 2, 8])
-@pytest.mark.parametrize("horizon", [3, 8])
+# l = min(lead, h): 1 (h = 8), h - 1 (h = 3), h itself, and a lead beyond h.
+@pytest.mark.parametrize(("horizon", "lead"), [(8, 1), (3, 2), (8, 8), (3, 8)])
 def test_prefetch_lead_matches_reference(lead, horizon):
     seeds = [10, 11, 12]
     result = jaxmesh.evaluate(
@@ -232,10 +238,12 @@ def test_invariance_across_lane_counts_on_chaotic_env():
         max_episode_steps=cap,
         plan_tile=tile,
     )
-    pinned = {n: run(n, tile=16) for n in (1, 3, 16, 64)}
+    # Pinned: fewer lanes than the tile (one lane is the default's N = 1),
+    # exactly one tile, several tiles.
+    pinned = {n: run(n, tile=16) for n in (3, 16, 64)}
     default_ns = (1, 64, 128) if jax.default_backend() == "cpu" else (128, 256)
     default = {n: run(n) for n in default_ns}
-    assert default[128].plan_tile == 128 and pinned[1].plan_tile == 16
+    assert default[128].plan_tile == 128 and pinned[3].plan_tile == 16
 
     refs, gap = acrobot_reference(seeds, cap)
     lengths = [r.length for r in refs]
@@ -250,17 +258,17 @@ def test_invariance_across_lane_counts_on_chaotic_env():
         assert_matches(r, refs)
         assert r.lanes.tolist() == schedule(lengths, n)[0], n
         assert r.env_steps == sum(lengths)
-    base = pinned[1]
+    base = pinned[3]
     for r in [*pinned.values(), *default.values()]:
         assert_same_episodes(r, base)
 
 
 def test_lane_assignment_and_budget():
     seeds = list(range(30))
-    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=4, seeds=seeds)
+    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=LANES, seeds=seeds)
     refs = reference(single(lambda o, k: angle(o)), seeds)
     assert_matches(result, refs)
-    lanes, starts = schedule([r.length for r in refs], 4)
+    lanes, starts = schedule([r.length for r in refs], LANES)
     assert result.lanes.tolist() == lanes
     assert result.lanes[:4].tolist() == [0, 1, 2, 3]
     assert len(set(starts)) > 10  # lanes freed at many different steps
@@ -269,7 +277,7 @@ def test_lane_assignment_and_budget():
 
 
 def test_fewer_episodes_than_lanes():
-    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=16, episodes=3)
+    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=LANES, episodes=3)
     assert result.num_episodes == 3
     assert result.lanes.tolist() == [0, 1, 2]
     assert result.env_steps == int(result.lengths.sum())
@@ -330,7 +338,7 @@ def test_four_lanes_plan_eight_rows():
     max(length) steps with at least one running lane, each one tile of 8 rows.
     """
     seeds = [0, 1, 2, 3]
-    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=4, seeds=seeds)
+    result = jaxmesh.evaluate(angle, CARTPOLE, num_envs=LANES, seeds=seeds)
     refs = reference(single(lambda o, k: angle(o)), seeds)
     assert_matches(result, refs)
     longest = max(r.length for r in refs)
@@ -416,26 +424,27 @@ def test_evaluator_reuses_its_program():
 
 
 def test_new_settings_make_a_new_program():
-    def pol(obs):
-        return angle(obs)
+    # One Model object of this test alone (no program cached yet) for both
+    # facets: new settings, then the same settings on another device.
+    model = jaxmesh.Model(angle)
 
     jaxmesh.clear_cache()
-    jaxmesh.evaluate(pol, CARTPOLE, num_envs=4, episodes=3)
+    jaxmesh.evaluate(model, CARTPOLE, num_envs=4, episodes=3)
     assert len(jaxmesh.cache_info()) == 1
     with compiles() as seen:
-        jaxmesh.evaluate(pol, CARTPOLE, num_envs=8, episodes=3)
+        jaxmesh.evaluate(model, CARTPOLE, num_envs=8, episodes=3)
     assert seen, "new settings must compile a new program"
     info = jaxmesh.cache_info()
     assert [i["settings"]["num_envs"] for i in info] == [4, 8]
     assert all(i["programs"] == 1 for i in info)
     # The same Model object on another device is another program.
-    model = jaxmesh.Model(angle)
-    jaxmesh.evaluate(model, CARTPOLE, num_envs=4, episodes=3)
     cpu = jax.devices("cpu")[0]
     model.device = cpu
     with compiles() as seen:
-        jaxmesh.evaluate(model, CARTPOLE, num_envs=4, episodes=3)
+        jaxmesh.evaluate(model, CARTPOLE, num_envs=8, episodes=3)
     assert seen, "a new device must compile a new program"
-    assert [i["device"] for i in jaxmesh.cache_info()[-2:]] == [None, str(cpu)]
+    info = jaxmesh.cache_info()
+    assert [i["device"] for i in info] == [None, None, str(cpu)]
+    assert [i["settings"]["num_envs"] for i in info] == [4, 8, 8]
     jaxmesh.clear_cache()
     assert jaxmesh.cache_info() == []

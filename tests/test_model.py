@@ -421,9 +421,10 @@ def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
         frames = np.stack([obs_h[max(i, 0)] for i in range(t - 3, t + 1)])
         return frames, np.int32(act_h[t - 1] if t > 0 else 0)
 
+    fns = gymnax_fns(*env)  # jitted once for every episode
     refs = [
         run_episode(
-            *gymnax_fns(*env),
+            *fns,
             lambda x, key: ref_policy(*x),
             s,
             horizon=4,
@@ -456,7 +457,8 @@ def test_model_docstring_example_runs_and_matches_reference():
     def chunk(obs, key):
         return jnp.full((8,), obs[2] > 0, jnp.int32)
 
-    refs = [run_episode(*REF, jax.jit(chunk), s, horizon=8) for s in seeds]
+    chunk = jax.jit(chunk)  # once for every episode
+    refs = [run_episode(*REF, chunk, s, horizon=8) for s in seeds]
     assert_matches(ns["chunked"], refs)
     lean2 = jax.jit(single(lambda obs, key: (obs[2] > 0).astype(jnp.int32)))
     refs = [run_episode(*REF, lean2, s) for s in seeds]

@@ -4,6 +4,12 @@
 (run by tests/test_sharded.py). ``remote.ipynb``: a ``jaxmesh serve-env`` child
 serving HalfCheetah-v5 (started and stopped by the notebook itself).
 ``robot.ipynb``: a suite of Fetch tasks, one of them also served.
+
+The notebooks run one after another in one kernel (starting a process with JAX
+and jaxmesh costs seconds each): before each one, a first cell empties the
+kernel's namespace (``%reset -f``: a name another notebook defined or imported
+is gone), drops jaxmesh's cached programs and moves to the notebook's own
+folder.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ ELSEWHERE = ["tpu.ipynb"]
 KERNEL = "jaxmesh-tests"
 
 
-@pytest.fixture
-def kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A kernelspec that runs this very interpreter (the venv pytest runs in)."""
-    spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory):
+    """One kernel of a kernelspec that runs this very interpreter (the venv
+    pytest runs in), shared by the notebooks of this file."""
+    from jupyter_client.manager import KernelManager
+
+    root = tmp_path_factory.mktemp("kernel")
+    spec_dir = root / "jupyter" / "kernels" / KERNEL
     spec_dir.mkdir(parents=True)
     spec = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -36,8 +46,24 @@ def kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "language": "python",
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    return KERNEL
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", str(root / "jupyter"))
+        km = KernelManager(kernel_name=KERNEL)
+        km.start_kernel(cwd=str(root))
+    try:
+        yield km
+    finally:
+        km.shutdown_kernel(now=True)
+
+
+#: The first cell of each run: no name, cached program or folder of another run.
+CLEAN = """\
+import os as _os
+import jaxmesh as _jaxmesh
+_os.chdir({workdir!r})
+_jaxmesh.clear_cache()
+get_ipython().run_line_magic("reset", "-f")
+"""
 
 
 def test_every_notebook_is_tested():
@@ -58,19 +84,23 @@ def test_notebook_is_stored_without_outputs(name: str):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs(name: str, kernel_name: str, tmp_path: Path):
+def test_notebook_runs(name: str, kernel, tmp_path: Path):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    # One extra cell last: which interpreter the kernel ran.
-    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
     workdir = tmp_path / "run"
     workdir.mkdir()
-    client = nbclient.NotebookClient(
-        nb,
-        kernel_name=kernel_name,
-        timeout=300,
-        resources={"metadata": {"path": str(workdir)}},
+    # One extra cell first (a clean namespace in workdir), one last: which
+    # interpreter the kernel ran, and that it ran in workdir.
+    nb.cells.insert(0, nbformat.v4.new_code_cell(CLEAN.format(workdir=str(workdir))))
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "import os, sys; print(sys.executable); print(os.getcwd())"
+        )
     )
+    client = nbclient.NotebookClient(nb, km=kernel, timeout=300)
     client.execute()  # raises CellExecutionError, naming the cell, if one fails
     ran = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in ran)
-    assert nb.cells[-1].outputs[0]["text"].strip() == sys.executable
+    assert nb.cells[-1].outputs[0]["text"].split() == [
+        sys.executable,
+        str(workdir.resolve()),
+    ]

@@ -1,19 +1,18 @@
 """Lanes sharded over devices (``devices=``) and sharded populations.
 
 XLA's device count is fixed once JAX starts, so the sharded runs happen in one
-child process with eight forced CPU devices (``SCRIPT``), which checks every
-case and prints ``ok``. Each sharded run (1, 2, 4 and 8 devices) is compared
-with the one-device run of the same policy and budget, which the rest of the
-suite checks against plain Python loops; CartPole's episodes are also checked
-against that plain loop here (``reference_loop``). The checks that need no
+Jupyter kernel with eight forced CPU devices (``SCRIPT``, which checks every
+case and prints ``ok``; the kernel also runs ``notebooks/tpu.ipynb``). Each
+sharded run (2, 4 and 8 devices) is compared with the one-device run of the
+same policy and budget, which the rest of the suite checks against plain Python
+loops; CartPole's episodes on 8 devices are also checked against that plain
+loop here (``reference_loop``). The checks that need no
 second device run in this process.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -97,14 +96,16 @@ class Order:
 
 # One device is checked in the parent process (devices=1); a mesh of the
 # devices in reverse order stands for 8, with a hook that hears every episode.
-# (The chunked policy skips 4 devices to keep the file's time down.)
+# (Each case skips one of 2 and 4 devices to keep the file's time down; every
+# count runs.)
 reverse = jax.sharding.Mesh(np.array(jax.devices()[::-1]), ("x",))
+eight = {}
 for name, (policy, env, params, kw) in cases.items():
     one = jaxmesh.evaluate(
         policy, env, params=params, num_envs=16, seeds=seeds, segment_steps=64, **kw
     )
     assert one.lengths.min() < one.lengths.max(), (name, one.lengths)
-    for d in (2, 4, 8) if name.startswith("acrobot") else (2, 8):
+    for d in (4, 8) if name.startswith("acrobot") else (2, 8):
         hook = Order()
         run = jaxmesh.evaluate(
             policy,
@@ -128,6 +129,7 @@ for name, (policy, env, params, kw) in cases.items():
         # Device k runs episodes k, k + d, ... on lanes 16 / d * k ...
         lanes_per = 16 // d
         assert np.all(run.lanes // lanes_per == np.arange(len(seeds)) % d), name
+    eight[name] = run
     print(name, "ok:", one.lengths.min(), "to", one.lengths.max(), "steps")
 
 # The cached sharded program runs another budget (fewer episodes than devices)
@@ -146,18 +148,28 @@ np.testing.assert_array_equal(again.lengths, one.lengths)
 ev = jaxmesh.Evaluator(policy, env, num_envs=16, takes_params=True, devices=2)
 assert type(ev).__name__ == "ShardedEvaluator" and ev.lanes_per_device == 8
 
-# CartPole against the plain loop (independent of the engine).
+# CartPole's run on 8 devices against the plain loop (independent of the
+# engine): a window of 2 frames, the previous executed action, h = 4, lead 2.
 import gymnax
 
 reset, step = ref.gymnax_fns(*gymnax.make("CartPole-v1"))
+_, _, p, _ = cases["cartpole chunked, window, lead"]
+chunk_ref = jax.jit(lambda x: cartpole_chunk(p, x))
+
+
+def window(obs_h, act_h, t):
+    frames = jnp.stack([obs_h[max(i, 0)] for i in (t - 1, t)])
+    return {"obs": frames, "prev": act_h[t - 1] if t > 0 else jnp.int32(0)}
+
+
+refs = [
+    ref.run_episode(
+        reset, step, lambda x, k: chunk_ref(x), s, horizon=4, lead=2, inputs=window
+    )
+    for s in seeds
+]
+ref.assert_matches(eight["cartpole chunked, window, lead"], refs)
 p = mlp(key, 4, 2)
-policy = ref.single(lambda obs, key: cartpole_step(p, obs))
-refs = [ref.run_episode(reset, step, policy, s) for s in seeds[:12]]
-run = jaxmesh.evaluate(
-    cartpole_step, "gymnax:CartPole-v1", params=p, num_envs=16, seeds=seeds[:12],
-    devices="all",
-)
-ref.assert_matches(run, refs)
 
 # A NaN reward on step 3 of every episode: each device stops at its own; the
 # error names episode 0, as on one device, and no episode has finished.
@@ -187,22 +199,91 @@ print("ok")
 """
 
 
-def test_sharded_runs_equal_one_device_runs_on_1_2_4_8_devices():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(TESTS), *filter(None, [env.get("PYTHONPATH")])]
+KERNEL = "jaxmesh-sharded"
+
+
+@pytest.fixture(scope="module")
+def eight_cpu_devices(tmp_path_factory: pytest.TempPathFactory):
+    """One Jupyter kernel that sees 8 forced CPU devices, for the two tests below.
+
+    Starting a process with JAX and jaxmesh costs seconds, so both use this
+    one: ``tpu.ipynb`` first, in the kernel as it started (a notebook must not
+    lean on names another run left behind), then ``SCRIPT``, in a namespace of
+    its own (run alone, or first, SCRIPT finds the kernel unused: no matter).
+    """
+    from jupyter_client.manager import KernelManager
+
+    root = tmp_path_factory.mktemp("kernel")
+    spec_dir = root / "jupyter" / "kernels" / KERNEL
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "jaxmesh, 8 CPU devices",
+        "language": "python",
+        "env": {
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "JAX_PLATFORMS": "cpu",
+        },
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", str(root / "jupyter"))
+        km = KernelManager(kernel_name=KERNEL)
+        km.start_kernel(cwd=str(root))
+    kernel = {"km": km, "used": False, "path": str(root / "jupyter")}
+    try:
+        yield kernel
+    finally:
+        km.shutdown_kernel(now=True)
+
+
+def run_in(kernel: dict, nb, *, fresh: bool) -> None:
+    """Runs every cell of ``nb`` in the shared kernel; ``fresh``: in a kernel no
+    other cell ran in (a new one of the same spec if the shared one was used)."""
+    import nbclient
+
+    if fresh and kernel["used"]:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("JUPYTER_PATH", kernel["path"])
+            nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=300).execute()
+        return
+    kernel["used"] = True
+    nbclient.NotebookClient(nb, km=kernel["km"], timeout=300).execute()
+
+
+def test_tpu_notebook_runs_on_8_cpu_devices(eight_cpu_devices):
+    # notebooks/tpu.ipynb, stored without outputs, runs top to bottom (its cells
+    # assert what they show) in a kernel that sees 8 forced CPU devices.
+    import nbformat
+
+    nb = nbformat.read(TESTS.parent / "notebooks" / "tpu.ipynb", as_version=4)
+    nbformat.validate(nb)
+    assert not [c for c in nb.cells if c.cell_type == "code" and c.outputs]
+    nb.cells.append(nbformat.v4.new_code_cell("import jax; print(jax.device_count())"))
+    run_in(eight_cpu_devices, nb, fresh=True)
+    assert nb.cells[-1].outputs[0]["text"].strip() == "8"
+
+
+def test_sharded_runs_equal_one_device_runs_on_1_2_4_8_devices(eight_cpu_devices):
+    import nbformat
+
+    # SCRIPT in a fresh namespace; the evaluators the notebook left are dropped
+    # so that SCRIPT's own cache checks see only its own programs.
+    # (linecache: a failure's traceback shows SCRIPT's lines.)
+    cell = (
+        "import linecache, sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "import jaxmesh\n"
+        "jaxmesh.clear_cache()\n"
+        f"src = {SCRIPT!r}\n"
+        "linecache.cache['SCRIPT'] = (len(src), None, src.splitlines(True), 'SCRIPT')\n"
+        "exec(compile(src, 'SCRIPT', 'exec'), {'__name__': 'SCRIPT'})\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
-    assert proc.stdout.strip().endswith("ok"), proc.stdout
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    # A failing assertion raises CellExecutionError, with SCRIPT's traceback.
+    run_in(eight_cpu_devices, nb, fresh=False)
+    out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert out.strip().endswith("ok"), out
 
 
 def test_devices_values():
@@ -295,36 +376,3 @@ def test_device_shares_and_capacity():
     # Never the per-lane length, so the merge can tell the two apart.
     assert sharded.device_capacity(10, 4, lanes=4096) == 8192
     assert sharded.device_capacity(40_000, 4, lanes=8) == 16384
-
-
-def test_tpu_notebook_runs_on_8_cpu_devices(tmp_path: Path, monkeypatch):
-    # notebooks/tpu.ipynb, stored without outputs, runs top to bottom (its cells
-    # assert what they show) in a kernel that sees 8 forced CPU devices.
-    import nbclient
-    import nbformat
-
-    nb = nbformat.read(TESTS.parent / "notebooks" / "tpu.ipynb", as_version=4)
-    nbformat.validate(nb)
-    assert not [c for c in nb.cells if c.cell_type == "code" and c.outputs]
-    nb.cells.append(nbformat.v4.new_code_cell("import jax; print(jax.device_count())"))
-    spec_dir = tmp_path / "jupyter" / "kernels" / "jaxmesh-sharded"
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "jaxmesh, 8 CPU devices",
-        "language": "python",
-        "env": {
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-            "JAX_PLATFORMS": "cpu",
-        },
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    client = nbclient.NotebookClient(
-        nb,
-        kernel_name="jaxmesh-sharded",
-        timeout=300,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute()
-    assert nb.cells[-1].outputs[0]["text"].strip() == "8"
