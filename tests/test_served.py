@@ -129,6 +129,28 @@ def test_chunked_policy_every_lead_matches_plain_loop(cartpoles, n, lead):
     check_served(got, refs, n)
 
 
+# One round trip per plan (right after the runs above: their agents are
+# still cached) -----------------------------------------------------------
+def test_a_chunk_crosses_the_wire_once(cartpoles):
+    """One lane, h = 4, no lead: a reset per episode, then one call per chunk."""
+    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=1, horizon=4, seeds=SEEDS)
+    calls = len(SEEDS) + sum(math.ceil(n / 4) for n in got.lengths.tolist())
+    assert got.telemetry["request_bytes"]["count"] == calls
+    per_step_run = jaxmesh.evaluate(lean, cartpoles, num_envs=1, seeds=SEEDS)
+    assert per_step_run.telemetry["request_bytes"]["count"] == len(SEEDS) + int(
+        per_step_run.lengths.sum()
+    )
+
+
+def test_telemetry_has_every_series(cartpoles):
+    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=3, horizon=4, seeds=SEEDS)
+    for name in ("predict", "env_step", "encode", "decode", "wire", "queue"):
+        s = got.telemetry[name]
+        assert s["count"] > 0 and 0 <= s["p50"] <= s["p95"] <= s["p99"]
+    table = got.format_telemetry()
+    assert "env_step" in table and "p99" in table
+
+
 # 3 lanes run several episodes each (a window starts afresh on a lane's next
 # episode); 16 lanes, more than episodes, plan in two lane groups.
 @pytest.mark.parametrize("n", [3, 16])
@@ -258,27 +280,6 @@ def test_max_episode_steps_truncates_like_the_plain_loop(cartpoles):
     refs = chunky_refs(0, cap=30)
     assert any(r.truncated for r in refs)
     check_served(got, refs, 3)
-
-
-# One round trip per plan -----------------------------------------------------------
-def test_a_chunk_crosses_the_wire_once(cartpoles):
-    """One lane, h = 4, no lead: a reset per episode, then one call per chunk."""
-    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=1, horizon=4, seeds=SEEDS)
-    calls = len(SEEDS) + sum(math.ceil(n / 4) for n in got.lengths.tolist())
-    assert got.telemetry["request_bytes"]["count"] == calls
-    per_step_run = jaxmesh.evaluate(lean, cartpoles, num_envs=1, seeds=SEEDS)
-    assert per_step_run.telemetry["request_bytes"]["count"] == len(SEEDS) + int(
-        per_step_run.lengths.sum()
-    )
-
-
-def test_telemetry_has_every_series(cartpoles):
-    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=3, horizon=4, seeds=SEEDS)
-    for name in ("predict", "env_step", "encode", "decode", "wire", "queue"):
-        s = got.telemetry[name]
-        assert s["count"] > 0 and 0 <= s["p50"] <= s["p95"] <= s["p99"]
-    table = got.format_telemetry()
-    assert "env_step" in table and "p99" in table
 
 
 # Continuous actions: MuJoCo ------------------------------------------------------
