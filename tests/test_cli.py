@@ -5,6 +5,7 @@ functions or a plain gymnasium loop."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
@@ -214,17 +215,15 @@ def single_error_line(err: str) -> str:
 
 
 # A module-level Model instance as policy ---------------------------------------
-def test_eval_model_instance_matches_reference(tmp_path, capsys):
-    config = write_config(tmp_path)
-    assert main(["eval", str(config), "--no-progress", "--telemetry"]) == 0
-    out = capsys.readouterr().out
+def test_eval_model_instance_matches_reference(earlier_run):
+    # write_config's run (12 episodes, --telemetry): the resume tests' too.
+    _, episodes, out = earlier_run()
     assert "tilt" in out
     # A JAX env's run happens inside one compiled program: no per-call timings.
     lines = out.splitlines()
     after_summary = lines[1 + next(i for i, x in enumerate(lines) if "wall time" in x)]
     assert after_summary == "no telemetry (recorded for host-stepped envs only)"
-    episodes = json.loads((tmp_path / "r.json").read_text())["episodes"]
-    reference = reference_episodes(tilt_fn, range(6))
+    reference = reference_episodes(tilt_fn, range(12))
     assert len({length for _, length in reference}) > 2  # varied episodes
     got = [(ep["return"], ep["length"]) for ep in episodes]
     np.testing.assert_array_equal(got, reference)
@@ -400,12 +399,13 @@ def episodes_of(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory):
-    """``earlier_run(env)``: the episode log (its text) and the episodes of one
-    uninterrupted run of ``write_config(env=env, episodes=12)``.
+    """``earlier_run(env)``: the episode log (its text), the episodes and the
+    stdout of one uninterrupted run of ``write_config(env=env, episodes=12)``
+    with ``--telemetry``.
 
-    Run once per env for the tests that need such a run's log in a folder of
-    their own: a log's lines name the run (policy, env, seeds, caps), not its
-    folder.
+    Run once per env: the resume tests copy its log into folders of their own
+    (a log's lines name the run: policy, env, seeds, caps; not its folder), and
+    test_eval_model_instance_matches_reference reads its episodes and output.
     """
     runs = {}
 
@@ -415,9 +415,11 @@ def earlier_run(tmp_path_factory):
             with pytest.MonkeyPatch.context() as mp:  # as ``_no_compile_cache``
                 mp.setenv(cli.CACHE_SWITCH_ENV, "0")
                 config = write_config(folder, env=env, episodes=12)
-                assert main(["eval", str(config), "--no-progress"]) == 0
+                argv = ["eval", str(config), "--no-progress", "--telemetry"]
+                with contextlib.redirect_stdout(io.StringIO()) as out:
+                    assert main(argv) == 0
             log = folder / "r.episodes.jsonl"  # next to the output JSON by default
-            runs[env] = log.read_text(), episodes_of(folder / "r.json")
+            runs[env] = log.read_text(), episodes_of(folder / "r.json"), out.getvalue()
         return runs[env]
 
     return run
@@ -427,7 +429,7 @@ def earlier_run(tmp_path_factory):
 def test_a_killed_run_resumed_from_its_episode_log_equals_an_uninterrupted_one(
     tmp_path, capsys, earlier_run, env
 ):
-    text, whole = earlier_run(env)
+    text, whole, _ = earlier_run(env)
     config = write_config(tmp_path, env=env, episodes=12)
     log = tmp_path / "r.episodes.jsonl"
     lines = text.splitlines()
@@ -479,7 +481,7 @@ def test_resume_from_a_result_json_and_no_episode_log(tmp_path, capsys):
 def test_a_resume_file_of_another_run_is_one_line_exit_2(
     tmp_path, capsys, earlier_run, overrides, message, complete
 ):
-    text, _ = earlier_run()
+    text = earlier_run()[0]
     config = write_config(tmp_path, episodes=12)  # the earlier run's config
     log = tmp_path / "r.episodes.jsonl"
     if complete:
