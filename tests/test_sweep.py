@@ -46,12 +46,13 @@ def _gymnax_pendulum():
 
 
 @functools.cache
-def reference(h, d, kind="gymnax"):
+def reference(h, d, kind="gymnax", told=None):
     """Per seed (return, plans) of the delay rule: the first chunk plays
     chunk[0:h]; with d > 0, when d actions are left the next chunk is planned
     and plays new[d : d + h]; with d = 0 a chunk is planned when one is done.
     ``kind``: gymnax's own reset and step, or gymnasium's (``env.reset(seed=)``,
-    CONTRACT 6). Computed once per (h, d, kind): several tests read it."""
+    CONTRACT 6). ``told``: plan with ``told_policy`` told that many actions run.
+    Computed once per (h, d, kind, told): several tests read it."""
     if kind == "gymnax":
         reset, step = _gymnax_pendulum()
     else:
@@ -64,7 +65,10 @@ def reference(h, d, kind="gymnax"):
             obs, r, _, _, _ = env.step(np.asarray(action, np.float32))
             return obs, None, r, None, None
 
-    plan = jax.jit(chunk_policy)
+    if told is None:
+        plan = jax.jit(chunk_policy)
+    else:
+        plan = jax.jit(functools.partial(told_policy, execution_horizon=told))
     out = []
     for seed in SEEDS:
         key = jax.random.PRNGKey(seed)
@@ -264,6 +268,7 @@ def test_host_sweep_compiles_one_agent_step_for_every_cell(host_grid):
     got = host_grid.get(delay=2, horizon=4)
     for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
         np.testing.assert_array_equal(getattr(got, field), getattr(one, field))
+    assert got.plan_tile == one.plan_tile == KW["plan_tile"]
 
 
 def test_host_sweep_every_cell_against_the_rule(host_grid):
@@ -315,10 +320,15 @@ def test_host_sweep_tells_each_program_its_h_plus_d():
     s = jaxmesh.sweep(told_policy, HOST, delay=[0, 2], horizon=[4], seeds=SEEDS, **KW)
     assert s.programs == 2  # h + d = 4 and 6: one static value each
     for d in (0, 2):
-        alone = jaxmesh.evaluate(
-            told_policy, HOST, delay=d, horizon=4, seeds=SEEDS, **KW
-        )
-        np.testing.assert_array_equal(s.get(delay=d, horizon=4).returns, alone.returns)
+        got = s.get(delay=d, horizon=4)
+        ref = reference(4, d, "gymnasium", told=4 + d)
+        np.testing.assert_allclose(got.returns, [r[0] for r in ref], rtol=2e-5)
+        np.testing.assert_array_equal(got.predict_calls, [r[1] for r in ref])
+        # Told another value (the chunk's K, or the other cell's h + d where it
+        # covers h + d actions): other returns, so a cell told wrong fails.
+        for wrong in sorted({K, 6} - {4 + d}):
+            other = reference(4, d, "gymnasium", told=wrong)
+            assert not np.allclose(got.returns, [r[0] for r in other], rtol=1e-4)
 
 
 def test_host_sweep_refuses_what_a_jax_env_takes_only():
