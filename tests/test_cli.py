@@ -5,6 +5,7 @@ functions or a plain gymnasium loop."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
@@ -214,17 +215,15 @@ def single_error_line(err: str) -> str:
 
 
 # A module-level Model instance as policy ---------------------------------------
-def test_eval_model_instance_matches_reference(tmp_path, capsys):
-    config = write_config(tmp_path)
-    assert main(["eval", str(config), "--no-progress", "--telemetry"]) == 0
-    out = capsys.readouterr().out
+def test_eval_model_instance_matches_reference(earlier_run):
+    # write_config's run (12 episodes, --telemetry): the resume tests' too.
+    _, episodes, out = earlier_run()
     assert "tilt" in out
     # A JAX env's run happens inside one compiled program: no per-call timings.
     lines = out.splitlines()
     after_summary = lines[1 + next(i for i, x in enumerate(lines) if "wall time" in x)]
     assert after_summary == "no telemetry (recorded for host-stepped envs only)"
-    episodes = json.loads((tmp_path / "r.json").read_text())["episodes"]
-    reference = reference_episodes(tilt_fn, range(6))
+    reference = reference_episodes(tilt_fn, range(12))
     assert len({length for _, length in reference}) > 2  # varied episodes
     got = [(ep["return"], ep["length"]) for ep in episodes]
     np.testing.assert_array_equal(got, reference)
@@ -398,19 +397,45 @@ def episodes_of(path: Path) -> list[dict]:
     return [{k: v for k, v in ep.items() if k != "lane"} for ep in eps]
 
 
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory):
+    """``earlier_run(env)``: the episode log (its text), the episodes and the
+    stdout of one uninterrupted run of ``write_config(env=env, episodes=12)``
+    with ``--telemetry``.
+
+    Run once per env: the resume tests copy its log into folders of their own
+    (a log's lines name the run: policy, env, seeds, caps; not its folder), and
+    test_eval_model_instance_matches_reference reads its episodes and output.
+    """
+    runs = {}
+
+    def run(env="gymnax:CartPole-v1"):
+        if env not in runs:
+            folder = tmp_path_factory.mktemp("earlier")
+            with pytest.MonkeyPatch.context() as mp:  # as ``_no_compile_cache``
+                mp.setenv(cli.CACHE_SWITCH_ENV, "0")
+                config = write_config(folder, env=env, episodes=12)
+                argv = ["eval", str(config), "--no-progress", "--telemetry"]
+                with contextlib.redirect_stdout(io.StringIO()) as out:
+                    assert main(argv) == 0
+            log = folder / "r.episodes.jsonl"  # next to the output JSON by default
+            runs[env] = log.read_text(), episodes_of(folder / "r.json"), out.getvalue()
+        return runs[env]
+
+    return run
+
+
 @pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1"])
 def test_a_killed_run_resumed_from_its_episode_log_equals_an_uninterrupted_one(
-    tmp_path, capsys, env
+    tmp_path, capsys, earlier_run, env
 ):
+    text, whole, _ = earlier_run(env)
     config = write_config(tmp_path, env=env, episodes=12)
-    assert main(["eval", str(config), "--no-progress"]) == 0
-    whole = episodes_of(tmp_path / "r.json")
-    log = tmp_path / "r.episodes.jsonl"  # next to the output JSON by default
-    lines = log.read_text().splitlines()
+    log = tmp_path / "r.episodes.jsonl"
+    lines = text.splitlines()
     assert len(lines) == 1 + 12 and '"jaxmesh_episode_log"' in lines[0]
     # A run killed after 4 episodes, while writing the fifth line.
     log.write_text("\n".join(lines[:5]) + '\n{"episode": {"index": 4, "se')
-    (tmp_path / "r.json").unlink()
     argv = ["eval", str(config), "--no-progress", "--resume", str(log)]
     assert main(argv) == 0
     assert episodes_of(tmp_path / "r.json") == whole
@@ -444,20 +469,25 @@ def test_resume_from_a_result_json_and_no_episode_log(tmp_path, capsys):
     [
         (["env=gymnasium:CartPole-v1"], "the earlier run had env 'gymnax:CartPole-v1'"),
         (["max_episode_steps=30"], "the earlier run had max_episode_steps None"),
-        (["seeds=[5, 6, 7, 8, 9, 10]", "episodes=null"], "seed for episode 0"),
+        (
+            ["seeds=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]", "episodes=null"],
+            "seed for episode 0",
+        ),
         (["policy=cli_policies:chunked"], "the earlier run had policy"),
     ],
     ids=["env", "max-episode-steps", "seeds", "policy"],
 )
 @pytest.mark.parametrize("complete", [False, True], ids=["partial", "complete"])
 def test_a_resume_file_of_another_run_is_one_line_exit_2(
-    tmp_path, capsys, overrides, message, complete
+    tmp_path, capsys, earlier_run, overrides, message, complete
 ):
-    config = write_config(tmp_path)
-    assert main(["eval", str(config), "--no-progress"]) == 0
+    text = earlier_run()[0]
+    config = write_config(tmp_path, episodes=12)  # the earlier run's config
     log = tmp_path / "r.episodes.jsonl"
-    if not complete:
-        log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")
+    if complete:
+        log.write_text(text)
+    else:
+        log.write_text("\n".join(text.splitlines()[:3]) + "\n")
     before = log.read_text()
     capsys.readouterr()
     argv = ["eval", str(config), "--no-progress", "--resume", str(log)]
@@ -488,13 +518,15 @@ def test_a_resume_file_that_is_no_run_is_one_line_exit_2(
     assert "not found" in single_error_line(capsys.readouterr().err)
 
 
-def test_a_new_run_starts_its_episode_log_afresh(tmp_path, capsys):
-    config = write_config(tmp_path, episodes=3)
-    assert main(["eval", str(config), "--no-progress"]) == 0
+def test_a_new_run_starts_its_episode_log_afresh(tmp_path, capsys, earlier_run):
+    # The log of an earlier run of this very config, then the same run again.
+    config = write_config(tmp_path, episodes=12)
+    (tmp_path / "r.episodes.jsonl").write_text(earlier_run()[0])
+    capsys.readouterr()
     assert main(["eval", str(config), "--no-progress"]) == 0
     assert "starting the episode log" in capsys.readouterr().err
     log = (tmp_path / "r.episodes.jsonl").read_text().splitlines()
-    assert len(log) == 1 + 3
+    assert len(log) == 1 + 12
 
 
 @pytest.mark.parametrize(
@@ -628,16 +660,11 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
             num_envs=4,  # the server has 3 lanes: the run uses 3
             output=str(served_json),
         )
-        proc = subprocess.run(
-            [sys.executable, "-m", "jaxmesh.cli", "eval", str(config)]
-            + ["--no-progress", "--telemetry"],
-            capture_output=True,
-            text=True,
-            env=cli_env(),
-            cwd=ROOT,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr
+        # The served env is the real process here; eval runs in this one (as
+        # ``python -m jaxmesh.cli eval`` does in test_second_process_...).
+        capsys.readouterr()
+        assert main(["eval", str(config), "--no-progress", "--telemetry"]) == 0
+        evaluated = capsys.readouterr().out
         # explain asks the server for its spaces (a handshake, no session).
         explain = ["explain", str(config), "--set", "policy=cli_policies:stacked"]
         assert main(explain) == 0
@@ -650,7 +677,7 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     # By hand: 3 lanes served (num_envs=4 asks for more), 4 float32 x stack 4.
     assert "stacked on gymnasium:CartPole-v1, 3 lane(s)" in explained
     assert "64 B per lane; 192 B for 3 lane(s)" in explained
-    lines = proc.stdout.splitlines()
+    lines = evaluated.splitlines()
     assert ["env", "gymnasium:CartPole-v1"] in [line.split() for line in lines]
     # The telemetry table follows the summary: a header, then one row per series.
     end = next(i for i, line in enumerate(lines) if line.startswith("wall time"))
@@ -661,8 +688,9 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     assert served["settings"]["num_envs"] == 3
     assert served["telemetry"]["request_bytes"]["count"] > 0
 
-    # The same config, stepped in this process.
+    # The same config, stepped in this process, on the 3 lanes the server gave.
     here = ["eval", str(config), "--set", "env=gymnasium:CartPole-v1"]
+    here += ["--set", "num_envs=3"]
     assert main([*here, "--set", f"output={here_json}", "--no-progress"]) == 0
     capsys.readouterr()
     assert (
@@ -828,10 +856,14 @@ def test_second_process_reuses_the_compiled_executables(tmp_path):
     second = run()
     assert second == first  # the second compiled nothing new: all were reused
 
-    # Off with the flag: a fresh directory stays empty.
+    # Off with the flag: a fresh directory stays empty. (A run that compiles, on
+    # the host-stepped CartPole: its agent step compiles faster than the scan.)
     env[cli.CACHE_DIR_ENV] = str(tmp_path / "unused")
     proc = subprocess.run(
-        [*argv, "--no-compile-cache"], capture_output=True, text=True, env=env
+        [*argv, "--set", "env=gymnasium:CartPole-v1", "--no-compile-cache"],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "unused").exists()

@@ -182,10 +182,13 @@ def test_hooks_that_are_not_hook_objects(no_compile):
 CARTPOLE = gymnax.make("CartPole-v1")
 CARTPOLE_FNS = gymnax_fns(*CARTPOLE)
 PENDULUM = gymnax.make("Pendulum-v1")
+PENDULUM_FNS = gymnax_fns(*PENDULUM)
 
 
 def reference(env, policy, seeds, **kw):
-    return [run_episode(*gymnax_fns(*env), single(policy), s, **kw) for s in seeds]
+    fns = {id(CARTPOLE): CARTPOLE_FNS, id(PENDULUM): PENDULUM_FNS}.get(id(env))
+    fns = fns or gymnax_fns(*env)  # jitted once per env, not once per call
+    return [run_episode(*fns, single(policy), s, **kw) for s in seeds]
 
 
 _ANGLE_POLICY = jax.jit(angle)
@@ -250,9 +253,13 @@ def test_hook_exception_aborts_with_its_type_and_keeps_finished():
     assert any("partial_result" in note for note in info.value.__notes__)
 
 
+@functools.cache
 def raise_at_reset_of(seed):
     """A policy that raises from inside the compiled segment (a host callback)
-    when it plans from the reset observation of the episode with ``seed``."""
+    when it plans from the reset observation of the episode with ``seed``.
+
+    One function per seed: the runs that fail on the same seed share a program.
+    """
     env, params = CARTPOLE
     target = np.asarray(env.reset_env(jax.random.PRNGKey(seed), params)[0])
 
@@ -354,7 +361,8 @@ def test_non_finite_continuous_action():
         return jnp.where(obs[2] > 5.0, jnp.inf, 0.0)[None]
 
     seeds = [0, 1, 2]
-    refs = reference(PENDULUM, lambda o, k: jnp.zeros(1), seeds)
+    # The reference of the episodes the checks read: 0 (finished) and 1 (hit).
+    refs = reference(PENDULUM, lambda o, k: jnp.zeros(1), seeds[:2])
     episode, step = first_hit(refs, lambda o: o[2] > 5.0)
     assert episode == 1
     with pytest.raises(jaxmesh.BadValueError) as info:
@@ -396,7 +404,8 @@ def test_bad_value_on_an_episode_s_last_step_is_not_a_finished_episode():
 def test_no_false_alarm_at_the_bounds():
     # actions 0 and num_actions - 1 on CartPole, +-2 (the bounds) on Pendulum
     seeds = [0, 1, 2]
-    r = jaxmesh.evaluate(angle, CARTPOLE, num_envs=2, seeds=seeds)
+    # The settings of test_hook_exception_aborts_...: its program, run to the end.
+    r = jaxmesh.evaluate(angle, CARTPOLE, num_envs=2, seeds=seeds, segment_steps=8)
     assert_matches(r, angle_refs(seeds))
 
     def bang(obs):
@@ -437,5 +446,6 @@ def test_small_free_memory_refuses_a_modest_budget(monkeypatch):
     monkeypatch.setattr(checks, "free_memory", lambda device=None: (mib, 64 * mib))
     with pytest.raises(ValueError, match=r"of device memory"):
         jaxmesh.evaluate(good, ENV, episodes=100_000)
-    # a budget that fits runs
-    assert jaxmesh.evaluate(good, ENV, episodes=3).num_episodes == 3
+    # a budget that fits runs (on test_hook_exception_aborts_...'s program)
+    fits = dict(num_envs=2, segment_steps=8, episodes=3)
+    assert jaxmesh.evaluate(angle, CARTPOLE, **fits).num_episodes == 3

@@ -112,8 +112,14 @@ def test_per_step_policy_matches_plain_loop(cartpoles, n):
     assert got.num_envs == min(n, 16) and got.env == f"gymnasium:{ID}"
 
 
-@pytest.mark.parametrize("lead", [0, 1, 2, 4])
-@pytest.mark.parametrize("n", [1, 3, 16])
+#: Every lead at 3 lanes, and each lead (l = 0, 0 < l < h, l = h) and lane count
+#: twice: one lane, some lanes running several episodes each, and more lanes than
+#: episodes (two lane groups by default). 16 lanes at lead 2 is
+#: test_lane_groups_give_the_same_results's run.
+LANES_AND_LEADS = [(1, 0), (1, 2), (3, 0), (3, 1), (3, 2), (3, 4), (16, 1), (16, 4)]
+
+
+@pytest.mark.parametrize(("n", "lead"), LANES_AND_LEADS)
 def test_chunked_policy_every_lead_matches_plain_loop(cartpoles, n, lead):
     got = jaxmesh.evaluate(
         chunky, cartpoles, num_envs=n, horizon=4, prefetch_lead=lead, seeds=SEEDS
@@ -123,7 +129,31 @@ def test_chunked_policy_every_lead_matches_plain_loop(cartpoles, n, lead):
     check_served(got, refs, n)
 
 
-@pytest.mark.parametrize("n", [1, 3, 16])
+# One round trip per plan (right after the runs above: their agents are
+# still cached) -----------------------------------------------------------
+def test_a_chunk_crosses_the_wire_once(cartpoles):
+    """One lane, h = 4, no lead: a reset per episode, then one call per chunk."""
+    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=1, horizon=4, seeds=SEEDS)
+    calls = len(SEEDS) + sum(math.ceil(n / 4) for n in got.lengths.tolist())
+    assert got.telemetry["request_bytes"]["count"] == calls
+    per_step_run = jaxmesh.evaluate(lean, cartpoles, num_envs=1, seeds=SEEDS)
+    assert per_step_run.telemetry["request_bytes"]["count"] == len(SEEDS) + int(
+        per_step_run.lengths.sum()
+    )
+
+
+def test_telemetry_has_every_series(cartpoles):
+    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=3, horizon=4, seeds=SEEDS)
+    for name in ("predict", "env_step", "encode", "decode", "wire", "queue"):
+        s = got.telemetry[name]
+        assert s["count"] > 0 and 0 <= s["p50"] <= s["p95"] <= s["p99"]
+    table = got.format_telemetry()
+    assert "env_step" in table and "p99" in table
+
+
+# 3 lanes run several episodes each (a window starts afresh on a lane's next
+# episode); 16 lanes, more than episodes, plan in two lane groups.
+@pytest.mark.parametrize("n", [3, 16])
 def test_frame_stack_previous_and_lead_match_plain_loop(cartpoles, n):
     model = jaxmesh.Model(stacked, spec=SPEC)
     got = jaxmesh.evaluate(
@@ -250,27 +280,6 @@ def test_max_episode_steps_truncates_like_the_plain_loop(cartpoles):
     refs = chunky_refs(0, cap=30)
     assert any(r.truncated for r in refs)
     check_served(got, refs, 3)
-
-
-# One round trip per plan -----------------------------------------------------------
-def test_a_chunk_crosses_the_wire_once(cartpoles):
-    """One lane, h = 4, no lead: a reset per episode, then one call per chunk."""
-    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=1, horizon=4, seeds=SEEDS)
-    calls = len(SEEDS) + sum(math.ceil(n / 4) for n in got.lengths.tolist())
-    assert got.telemetry["request_bytes"]["count"] == calls
-    per_step_run = jaxmesh.evaluate(lean, cartpoles, num_envs=1, seeds=SEEDS)
-    assert per_step_run.telemetry["request_bytes"]["count"] == len(SEEDS) + int(
-        per_step_run.lengths.sum()
-    )
-
-
-def test_telemetry_has_every_series(cartpoles):
-    got = jaxmesh.evaluate(chunky, cartpoles, num_envs=3, horizon=4, seeds=SEEDS)
-    for name in ("predict", "env_step", "encode", "decode", "wire", "queue"):
-        s = got.telemetry[name]
-        assert s["count"] > 0 and 0 <= s["p50"] <= s["p95"] <= s["p99"]
-    table = got.format_telemetry()
-    assert "env_step" in table and "p99" in table
 
 
 # Continuous actions: MuJoCo ------------------------------------------------------

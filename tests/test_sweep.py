@@ -11,6 +11,7 @@ returns.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import gymnasium as gym
@@ -36,16 +37,24 @@ def chunk_policy(obs):
     return (base + 0.3 * jnp.arange(K, dtype=jnp.float32) - 1.0)[:, None]
 
 
-def reference(h, d, kind="gymnax"):
+@functools.cache
+def _gymnax_pendulum():
+    """gymnax's own Pendulum reset and step, jitted once for every reference."""
+    import gymnax
+
+    return gymnax_fns(*gymnax.make("Pendulum-v1"))
+
+
+@functools.cache
+def reference(h, d, kind="gymnax", told=None):
     """Per seed (return, plans) of the delay rule: the first chunk plays
     chunk[0:h]; with d > 0, when d actions are left the next chunk is planned
     and plays new[d : d + h]; with d = 0 a chunk is planned when one is done.
     ``kind``: gymnax's own reset and step, or gymnasium's (``env.reset(seed=)``,
-    CONTRACT 6)."""
+    CONTRACT 6). ``told``: plan with ``told_policy`` told that many actions run.
+    Computed once per (h, d, kind, told): several tests read it."""
     if kind == "gymnax":
-        import gymnax
-
-        reset, step = gymnax_fns(*gymnax.make("Pendulum-v1"))
+        reset, step = _gymnax_pendulum()
     else:
         env = gym.make("Pendulum-v1")
 
@@ -56,7 +65,10 @@ def reference(h, d, kind="gymnax"):
             obs, r, _, _, _ = env.step(np.asarray(action, np.float32))
             return obs, None, r, None, None
 
-    plan = jax.jit(chunk_policy)
+    if told is None:
+        plan = jax.jit(chunk_policy)
+    else:
+        plan = jax.jit(functools.partial(told_policy, execution_horizon=told))
     out = []
     for seed in SEEDS:
         key = jax.random.PRNGKey(seed)
@@ -76,7 +88,7 @@ def reference(h, d, kind="gymnax"):
             obs, state, r, _, _ = step(fold(key, 0, t), state, action)
             ret += float(r)
         out.append((ret, calls))
-    return out
+    return tuple(out)
 
 
 @pytest.fixture(scope="module")
@@ -227,11 +239,18 @@ def counted(name):
     return policy
 
 
+#: The host sweeps' policy: the in-process sweep's and the served one's (the same
+#: agent step; only the env step moves).
+SWEEP_POLICY = counted("sweep")
+
+
 @pytest.fixture(scope="module")
 def host_grid():
-    return jaxmesh.sweep(
-        counted("sweep"), HOST, delay=DELAYS, horizon=HORIZONS, seeds=SEEDS, **KW
+    grid = jaxmesh.sweep(
+        SWEEP_POLICY, HOST, delay=DELAYS, horizon=HORIZONS, seeds=SEEDS, **KW
     )
+    TRACES["after sweep"] = TRACES["sweep"]  # before any later run reuses it
+    return grid
 
 
 def test_host_sweep_compiles_one_agent_step_for_every_cell(host_grid):
@@ -243,15 +262,22 @@ def test_host_sweep_compiles_one_agent_step_for_every_cell(host_grid):
     # A separate delayed run traces its plans once (and probes the chunk
     # length once); the sweep as often, plus its own probe: not once per cell.
     alone = counted("one")
-    jaxmesh.evaluate(alone, HOST, delay=2, horizon=4, seeds=SEEDS, **KW)
-    assert TRACES["sweep"] == TRACES["one"] + 1
+    one = jaxmesh.evaluate(alone, HOST, delay=2, horizon=4, seeds=SEEDS, **KW)
+    assert TRACES["after sweep"] == TRACES["one"] + 1
+    # And that run is the sweep's cell bit for bit (as the cells below).
+    got = host_grid.get(delay=2, horizon=4)
+    for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(one, field))
+    assert got.plan_tile == one.plan_tile == KW["plan_tile"]
 
 
 def test_host_sweep_every_cell_against_the_rule(host_grid):
     assert_cells_follow_the_rule(host_grid, "gymnasium")
 
 
-@pytest.mark.parametrize("cell", [(0, 4), (1, 8), (2, 4), (4, 8)])
+# d = 0 and d = h / 2 = K - h; (2, 4) is test_host_sweep_compiles_...'s run; every
+# cell follows the rule (test_host_sweep_every_cell_against_the_rule).
+@pytest.mark.parametrize("cell", [(0, 4), (4, 8)])
 def test_host_cell_equals_a_separate_evaluate(host_grid, cell):
     assert_cell_is_its_evaluate(host_grid, HOST, *cell)
 
@@ -265,7 +291,7 @@ def test_served_sweep_equals_the_in_process_one(host_grid):
     proc, address = start_serve_env(HOST, "--lanes", "3")
     try:
         served = jaxmesh.sweep(
-            chunk_policy,
+            SWEEP_POLICY,
             f"grpc://{address}",
             delay=DELAYS,
             horizon=HORIZONS,
@@ -294,10 +320,15 @@ def test_host_sweep_tells_each_program_its_h_plus_d():
     s = jaxmesh.sweep(told_policy, HOST, delay=[0, 2], horizon=[4], seeds=SEEDS, **KW)
     assert s.programs == 2  # h + d = 4 and 6: one static value each
     for d in (0, 2):
-        alone = jaxmesh.evaluate(
-            told_policy, HOST, delay=d, horizon=4, seeds=SEEDS, **KW
-        )
-        np.testing.assert_array_equal(s.get(delay=d, horizon=4).returns, alone.returns)
+        got = s.get(delay=d, horizon=4)
+        ref = reference(4, d, "gymnasium", told=4 + d)
+        np.testing.assert_allclose(got.returns, [r[0] for r in ref], rtol=2e-5)
+        np.testing.assert_array_equal(got.predict_calls, [r[1] for r in ref])
+        # Told another value (the chunk's K, or the other cell's h + d where it
+        # covers h + d actions): other returns, so a cell told wrong fails.
+        for wrong in sorted({K, 6} - {4 + d}):
+            other = reference(4, d, "gymnasium", told=wrong)
+            assert not np.allclose(got.returns, [r[0] for r in other], rtol=1e-4)
 
 
 def test_host_sweep_refuses_what_a_jax_env_takes_only():
