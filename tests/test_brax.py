@@ -7,6 +7,8 @@ terminated, truncated, length and return.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,10 +97,20 @@ def away(obs):
     return jnp.tanh(2.0 * obs)  # pushes away from 0: faster from further out
 
 
+@functools.cache
+def jitted(env):
+    """The env's own reset (with its obs) and step, jitted once per env."""
+    reset = jax.jit(lambda key: (env.reset(key).obs, (env.reset(key), 0)))
+    return reset, jax.jit(env.step)
+
+
+#: brax's "fast", the reference of both runs of it.
+FAST = envs.get_environment("fast")
+
+
 def brax_fns(env, episode_length):
     """(reset, step) over the env's own functions, truncating on its own."""
-    reset = jax.jit(lambda key: (env.reset(key).obs, (env.reset(key), 0)))
-    _step = jax.jit(env.step)
+    reset, _step = jitted(env)
 
     def step(key, state, action):
         bstate, t = state
@@ -127,7 +139,7 @@ def test_fast_env_matches_brax_loop():
     result = jaxmesh.evaluate(
         push, "brax:fast", num_envs=3, episodes=4, max_episode_steps=30
     )
-    refs = reference(envs.get_environment("fast"), push, range(4), cap=30)
+    refs = reference(FAST, push, range(4), cap=30)
     assert_episodes(result, refs)
     assert result.truncated.all() and not result.terminated.any()
 
@@ -135,7 +147,7 @@ def test_fast_env_matches_brax_loop():
 def test_episode_length_kwarg_truncates_fast_env():
     env = make_env("brax:fast", episode_length=50)
     result = jaxmesh.evaluate(push, env, num_envs=2, episodes=3)
-    refs = reference(envs.get_environment("fast"), push, range(3), episode_length=50)
+    refs = reference(FAST, push, range(3), episode_length=50)
     assert_episodes(result, refs)
     assert result.lengths.tolist() == [50] * 3 and result.truncated.all()
 

@@ -6,6 +6,7 @@ contract, not from the engine).
 
 from __future__ import annotations
 
+import functools
 import time
 
 import gymnasium as gym
@@ -67,8 +68,7 @@ def test_chunked_policy_with_prefetch_lead_matches_plain_loop():
     got = jaxmesh.evaluate(
         chunky, f"gymnasium:{ID}", num_envs=3, horizon=4, prefetch_lead=2, seeds=SEEDS
     )
-    fn = jax.jit(chunky)
-    refs = plain_loop(gym.make(ID), lambda x, key: fn(x), SEEDS, horizon=4, lead=2)
+    refs = chunky_refs(2)
     assert len({r.length for r in refs}) > 3
     check(got, refs, 3)
     assert got.chunk == 6 and got.effective_horizon == 4 and got.asynchronous
@@ -81,26 +81,16 @@ def test_stochastic_policy_matches_plain_loop():
     check(got, refs, 2)
 
 
-def test_frame_stack_and_previous_match_plain_loop():
-    model = jaxmesh.Model(stacked, spec=SPEC)
-    envs = [gym.make(ID) for _ in range(3)]
-    got = jaxmesh.evaluate(model, envs, horizon=4, prefetch_lead=2, seeds=SEEDS)
-    refs = plain_loop(
-        gym.make(ID),
-        jax.jit(stacked),
-        SEEDS,
-        horizon=4,
-        lead=2,
-        inputs=stacked_inputs,
-    )
-    assert len({r.length for r in refs}) > 3
-    check(got, refs, 3)
+@functools.cache
+def chunky_refs(lead):
+    """The plain loop of ``chunky`` (horizon 4) with this lead, run once."""
+    fn = jax.jit(chunky)
+    return plain_loop(gym.make(ID), lambda x, key: fn(x), SEEDS, horizon=4, lead=lead)
 
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_lanes_and_env_forms_give_identical_results(n):
-    fn = jax.jit(chunky)
-    refs = plain_loop(gym.make(ID), lambda x, key: fn(x), SEEDS, horizon=4)
+    refs = chunky_refs(0)
     forms = {
         "list": [gym.make(ID) for _ in range(n)],
         "vector": disabled_vec(n),
@@ -117,27 +107,34 @@ def test_lanes_and_env_forms_give_identical_results(n):
         assert len(set(results["list"].lanes.tolist())) == 3
 
 
-@pytest.mark.parametrize("lead", [0, 1, 2, 4])
+#: Leads 0 (synchronous), 1 and 4 (= h); lead 2 at every lane count is the
+#: frame-stack test's below (and 3 lanes of ``chunky`` the prefetch test's).
+@pytest.mark.parametrize("lead", [0, 1, 4])
 @pytest.mark.parametrize("n", [1, 3, 16])
 def test_every_lead_and_lane_count_match_plain_loop(n, lead):
     envs = [gym.make(ID) for _ in range(n)]
     got = jaxmesh.evaluate(
         chunky, envs, num_envs=n, horizon=4, prefetch_lead=lead, seeds=SEEDS
     )
-    fn = jax.jit(chunky)
-    refs = plain_loop(gym.make(ID), lambda x, key: fn(x), SEEDS, horizon=4, lead=lead)
-    check(got, refs, n)
+    check(got, chunky_refs(lead), n)
 
 
-@pytest.mark.parametrize("n", [1, 16])
+@pytest.mark.parametrize("n", [1, 3, 16])
 def test_frame_stack_and_previous_match_plain_loop_at_any_lane_count(n):
     model = jaxmesh.Model(stacked, spec=SPEC)
     envs = [gym.make(ID) for _ in range(n)]
     got = jaxmesh.evaluate(model, envs, horizon=4, prefetch_lead=2, seeds=SEEDS)
-    refs = plain_loop(
+    refs = stacked_refs()
+    assert len({r.length for r in refs}) > 3
+    check(got, refs, n)
+
+
+@functools.cache
+def stacked_refs():
+    """The plain loop of ``stacked`` (horizon 4, lead 2, SPEC's inputs), run once."""
+    return plain_loop(
         gym.make(ID), jax.jit(stacked), SEEDS, horizon=4, lead=2, inputs=stacked_inputs
     )
-    check(got, refs, n)
 
 
 def test_max_episode_steps_truncates_like_the_plain_loop():

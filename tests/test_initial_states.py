@@ -24,6 +24,8 @@ CAP = 60  # a step cap that no episode below reaches (lengths 15..54)
 T = 12  # initial states
 BASE = 5  # the reset_fn runs' trial_index_base
 SEEDS = [3 + 7 * i for i in range(T)]  # seeds other than 0..T-1
+#: Short scan segments (the reset_fn runs): a hook hears of episodes early.
+SEGMENT = 16
 
 
 def policy(obs):
@@ -86,7 +88,14 @@ def test_reference_is_not_trivial(refs):
     assert all(r.terminated for r in refs)
 
 
-@pytest.mark.parametrize("num_envs", [1, 3, 8])
+#: Lane counts: on 3 lanes each lane runs several of the 12 episodes, so an
+#: entry taken from the lane (or from a count of the lane's own episodes) is
+#: caught; 8 lanes start 8 episodes at once, then 4 on the first lanes free.
+#: (1 lane would show nothing more: there a lane's count is the episode index.)
+LANES = [3, 8]
+
+
+@pytest.mark.parametrize("num_envs", LANES)
 def test_initial_states_whatever_the_lanes(states, refs, num_envs):
     result = jaxmesh.evaluate(
         policy,
@@ -143,7 +152,7 @@ def fn_refs(cartpole, reset_fn):
     return reference(step, resets, SEEDS)
 
 
-@pytest.mark.parametrize("num_envs", [1, 3, 8])
+@pytest.mark.parametrize("num_envs", LANES)
 def test_reset_fn_with_trial_index_base(reset_fn, fn_refs, num_envs):
     result = jaxmesh.evaluate(
         policy,
@@ -153,6 +162,7 @@ def test_reset_fn_with_trial_index_base(reset_fn, fn_refs, num_envs):
         max_episode_steps=CAP,
         reset_fn=reset_fn,
         trial_index_base=BASE,
+        segment_steps=SEGMENT,  # on 3 lanes: the resumed test's first program
     )
     assert_matches(result, fn_refs)
     assert result.trial_index_base == BASE
@@ -319,7 +329,7 @@ def test_a_resumed_run_keeps_each_episodes_trial(reset_fn, fn_refs):
             "gymnax:CartPole-v1",
             hooks=StopAfter(4),
             trial_index_base=BASE,
-            segment_steps=16,  # the hook hears of episodes (and stops) early
+            segment_steps=SEGMENT,  # the hook hears of episodes (and stops) early
             **kw,
         )
     partial = e.value.partial_result

@@ -128,13 +128,23 @@ def shipped():
     return config, jaxmesh.evaluate(model, env, record=record, **kwargs)
 
 
-def test_matches_plain_loop(shipped, reference):
-    config, r = shipped
-    assert r.env == "playground:CartpoleBalance"
+@pytest.fixture(scope="module")
+def shipped_refs(shipped, reference):
+    """The plain loop of the shipped checkpoint on ``CONFIG_SEEDS`` (each run
+    once, 1000 steps): (episodes, qpos of the reset and every step of each)."""
+    config, _ = shipped
     length = config["env_config"]["config_overrides"]["episode_length"]
     params = jaxmesh.load_params(playground_cartpole.DEFAULT_PATH)
     act = jax.jit(lambda obs: playground_cartpole.apply(params, obs))
-    ref = [reference(act, s, length) for s in CONFIG_SEEDS]
+    qpos = {s: [] for s in CONFIG_SEEDS}
+    ref = [reference(act, s, length, qpos=qpos[s]) for s in CONFIG_SEEDS]
+    return ref, qpos
+
+
+def test_matches_plain_loop(shipped, shipped_refs):
+    config, r = shipped
+    assert r.env == "playground:CartpoleBalance"
+    ref, _ = shipped_refs
     np.testing.assert_allclose(r.returns[CONFIG_SEEDS], [x[0] for x in ref], rtol=1e-5)
     np.testing.assert_array_equal(r.lengths[CONFIG_SEEDS], [x[1] for x in ref])
     np.testing.assert_array_equal(r.terminated[CONFIG_SEEDS], [x[2] for x in ref])
@@ -254,44 +264,6 @@ def test_bad_randomizer_is_refused(env):
         )
 
 
-#: Run with MUJOCO_GL=egl in a fresh process (the suite's MuJoCo may have
-#: chosen another GL backend at import): Playground's renderer through
-#: ``jaxmesh.video.playground_frames`` against plain ``mujoco.Renderer`` frames
-#: of the same states. No MJX program is compiled: the states are
-#: ``mjx.put_data`` of MuJoCo data with set joint positions. Exit 77: no EGL.
-RENDER_SCRIPT = """
-import sys
-import mujoco
-import numpy as np
-from mujoco import mjx
-from jaxmesh.envs import make_env
-from jaxmesh.video import playground_frames
-
-env = make_env("playground:CartpoleBalance")
-mj = env.env.mj_model
-try:
-    plain = mujoco.Renderer(mj, 240, 320)
-except Exception as e:
-    print("no EGL:", type(e).__name__, e)
-    sys.exit(77)
-states, want = [], []
-for angle in (0.0, 0.6, -0.6):
-    d = mujoco.MjData(mj)
-    d.qpos[:] = [0.1, angle]
-    mujoco.mj_forward(mj, d)
-    plain.update_scene(d, camera=-1)
-    want.append(plain.render().copy())
-    data = mjx.put_data(mj, d)
-    states.append((type("S", (), {"data": data})(), 0, ()))
-got = playground_frames(env, states)
-assert [f.shape for f in got] == [(240, 320, 3)] * 3, [f.shape for f in got]
-for g, w in zip(got, want):
-    np.testing.assert_array_equal(g, w)
-assert not np.array_equal(got[1], got[2])  # the pole leans both ways
-print("ok")
-"""
-
-
 def run_gl_script(script, *args):
     """Runs ``script`` in a Python child under ``MUJOCO_GL=egl``; it prints
     ``ok`` at the end (status 77: no headless OpenGL, a skip)."""
@@ -311,10 +283,6 @@ def run_gl_script(script, *args):
         pytest.skip(f"no headless OpenGL (EGL) here: {run.stdout.strip()}")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert run.stdout.strip().endswith("ok")
-
-
-def test_playground_renderer_draws_the_states():
-    run_gl_script(RENDER_SCRIPT)
 
 
 # Recorded states: videos of long episodes -------------------------------------
@@ -340,7 +308,7 @@ def cartpole_obs(mj, qpos, qvel):
     return np.array(out)
 
 
-def test_recorded_states_are_the_runs_own(shipped, reference):
+def test_recorded_states_are_the_runs_own(shipped, shipped_refs):
     # 1000 steps: far past where an open-loop replay of this episode drifts
     # from the run (docs/playground.md#videos).
     _, r = shipped
@@ -361,10 +329,8 @@ def test_recorded_states_are_the_runs_own(shipped, reference):
     np.testing.assert_allclose(obs, tr.observations, atol=1e-6)
     # A plain loop over Playground's own reset/step gives the same states
     # while float rounding has not yet parted the two.
-    params = jaxmesh.load_params(playground_cartpole.DEFAULT_PATH)
-    act = jax.jit(lambda obs: playground_cartpole.apply(params, obs))
-    qpos = []
-    reference(act, 0, 1000, qpos=qpos)
+    qpos = shipped_refs[1][0]
+    assert len(qpos) == 1001
     np.testing.assert_allclose(np.stack(qpos[:101]), tr.states["qpos"][:101], atol=1e-5)
     assert np.abs(np.diff(tr.states["qpos"][:101], axis=0)).max() > 1e-3  # it moves
 
@@ -390,26 +356,26 @@ def test_long_episode_is_drawn_from_its_recorded_states(shipped, monkeypatch):
         video.episode_frames(r, episode=3, env="playground:PendulumSwingup")
 
 
-#: Run with MUJOCO_GL=egl in a fresh process: recorded states read back from
-#: the results files, drawn by ``jaxmesh.video`` (no replay) and by plain
-#: ``mujoco.Renderer``. Argv: the two results files' stems. Exit 77: no EGL.
-STATES_SCRIPT = """
+#: Run with MUJOCO_GL=egl in a fresh process (the suite's MuJoCo may have
+#: chosen another GL backend at import), once for both checks of drawing.
+#: First Playground's renderer through ``jaxmesh.video.playground_frames``
+#: against plain ``mujoco.Renderer`` frames of the same states, with no MJX
+#: program compiled: the states are ``mjx.put_data`` of MuJoCo data with set
+#: joint positions. Then recorded states read back from the results files,
+#: drawn by ``jaxmesh.video`` (no replay) and by plain ``mujoco.Renderer``.
+#: Argv: the two results files' stems. Exit 77: no EGL.
+GL_SCRIPT = """
 import json
 import sys
 
 import mujoco
 import numpy as np
+from mujoco import mjx
 
 import jaxmesh
 from jaxmesh import video
 from jaxmesh.envs import make_env
 
-
-def no_replay(*args):
-    raise AssertionError("a recorded episode's states were replayed")
-
-
-video.replay_states = no_replay
 env = make_env("playground:CartpoleBalance")
 mj = env.env.mj_model
 try:
@@ -417,6 +383,30 @@ try:
 except Exception as e:
     print("no EGL:", type(e).__name__, e)
     sys.exit(77)
+
+# Set states: the renderer draws exactly what plain MuJoCo draws.
+states, want = [], []
+for angle in (0.0, 0.6, -0.6):
+    d = mujoco.MjData(mj)
+    d.qpos[:] = [0.1, angle]
+    mujoco.mj_forward(mj, d)
+    plain.update_scene(d, camera=-1)
+    want.append(plain.render().copy())
+    data = mjx.put_data(mj, d)
+    states.append((type("S", (), {"data": data})(), 0, ()))
+got = video.playground_frames(env, states)
+assert [f.shape for f in got] == [(240, 320, 3)] * 3, [f.shape for f in got]
+for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+assert not np.array_equal(got[1], got[2])  # the pole leans both ways
+
+
+# Recorded states, read back from the files and never replayed.
+def no_replay(*args):
+    raise AssertionError("a recorded episode's states were replayed")
+
+
+video.replay_states = no_replay
 
 
 def draw(tr, t):
@@ -456,7 +446,8 @@ print("ok")
 """
 
 
-def test_recorded_states_saved_and_drawn(shipped, randomized, tmp_path):
+def test_set_and_recorded_states_are_drawn(shipped, randomized, tmp_path):
+    # One child process draws both: the set states and the saved runs' states.
     import json
 
     stems = []
@@ -471,4 +462,4 @@ def test_recorded_states_saved_and_drawn(shipped, randomized, tmp_path):
             for k, v in a.states.items():
                 np.testing.assert_array_equal(v, b.states[k])
         stems.append(str(stem))
-    run_gl_script(STATES_SCRIPT, *stems)
+    run_gl_script(GL_SCRIPT, *stems)

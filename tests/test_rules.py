@@ -12,6 +12,8 @@ assignment with ties, the step cap, every metric reduction and the faults
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -266,6 +268,12 @@ class Tally:
         return obs, state, jnp.float32(reward), t + 1 >= length, trunc, info
 
 
+@functools.cache
+def jitted(env):
+    """``env``'s reset and step_with_info, jitted once for every lane."""
+    return jax.jit(env.reset), jax.jit(env.step_with_info)
+
+
 class AsGym(gym.Env):
     """A jaxmesh-protocol env as a gymnasium ``Env``, calling the same jitted
     functions: ``reset(seed=s)`` resets with ``PRNGKey(s)`` and step t gets
@@ -275,8 +283,7 @@ class AsGym(gym.Env):
     action_space = spaces.Discrete(2)
 
     def __init__(self, env):
-        self._reset = jax.jit(env.reset)
-        self._step = jax.jit(env.step_with_info)
+        self._reset, self._step = jitted(env)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -322,7 +329,8 @@ def both_paths(policy, nan=None, **kwargs):
     """``evaluate`` on Tally as a JAX env and as gymnasium Envs (one per lane):
     the two results, or the two ``BadValueError``s."""
     out = []
-    for env in (Tally(nan), [AsGym(Tally(nan)) for _ in range(N)]):
+    tally = Tally(nan)  # the host lanes call the scan's own env functions
+    for env in (tally, [AsGym(tally) for _ in range(N)]):
         try:
             out.append(
                 jaxmesh.evaluate(

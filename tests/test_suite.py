@@ -8,6 +8,7 @@ the per-episode values here.
 
 from __future__ import annotations
 
+import functools
 import json
 from html.parser import HTMLParser
 
@@ -35,9 +36,20 @@ GYMNAX_TASKS = {
 }
 
 
+@functools.cache
+def fns_of(params):
+    """``gymnax_fns(ENV, params)``, compiled once per params value."""
+    return gymnax_fns(ENV, params)
+
+
+@functools.cache
+def lean_step():
+    return per_step(lean)
+
+
 def gymnax_refs(params, seeds):
-    reset, step = gymnax_fns(ENV, params)
-    return [run_episode(reset, step, per_step(lean), s) for s in seeds]
+    reset, step = fns_of(params)
+    return [run_episode(reset, step, lean_step(), s) for s in seeds]
 
 
 def gym_refs(seeds, make=lambda: gym.make(ID)):
@@ -327,7 +339,7 @@ def test_each_task_gets_its_own_instruction():
     )
     result = jaxmesh.evaluate(model, suite, num_envs=2, instruction="keep going")
     assert result.instructions == {**said, "default": "keep going"}
-    reset, step = gymnax_fns(ENV, PARAMS)
+    reset, step = fns_of(PARAMS)
 
     def policy(text):
         fn = jax.jit(lambda obs: by_word({"obs": obs, "word": encode(text)}))
@@ -339,7 +351,7 @@ def test_each_task_gets_its_own_instruction():
     flip = plain_loop(env, policy(said["flip"]), [3, 1])
     env.close()
     assert_matches(result.tasks["flip"], flip)
-    short = gymnax_fns(ENV, GYMNAX_TASKS["short"])
+    short = fns_of(GYMNAX_TASKS["short"])
     default = [run_episode(*short, policy("keep going"), s) for s in (3, 1)]
     assert_matches(result.tasks["default"], default)
     assert result.tasks["flip"].instruction == said["flip"]
