@@ -830,11 +830,15 @@ class Engine:
             rec = self._begin_recorded(res.recording, res.done, lanes, begins, obs0)
             inner = self._inner(Carry(lanes, ag, res.replace(recording=rec)))
 
+            # A lane running an episode: under vmap (a population), a member
+            # whose budget is done runs the loops along with the others and
+            # must not step forever.
             def inner_cond(c):
                 return (
                     steps_left(steps + c.steps)
                     & c.go_on
                     & ~jnp.any(c.ended)
+                    & jnp.any(c.lanes.active)
                     & no_fault(c.fault)
                 )
 
