@@ -320,23 +320,15 @@ class Engine:
         carry = self._given(zeros, seeds, record, trials, texts)
         return jax.device_put(carry, device)
 
-    def start(
-        self,
-        seeds: np.ndarray,
-        device: Any = None,
-        record: Any = None,
-        trials: tuple | None = None,
-        texts: Any = None,
-    ) -> Carry:
+    def start(self, seeds: np.ndarray, device: Any = None, **run: Any) -> Carry:
         """The first carry of a run on ``device``: ``refill`` of the buffers
-        the last finished run kept (``keep``), else ``first_carry``."""
+        the last finished run kept (``keep``), else ``first_carry``. ``run``:
+        ``record``, ``trials`` and ``texts``, as for ``first_carry``."""
         with self._spare_lock:
             spare, self._spare = self._spare, None
         if spare is not None and device in (None, *spare[0].seeds.devices()):
-            return self.refill(
-                spare, self._results0, seeds, device, record, trials, texts
-            )
-        carry = self.first_carry(seeds, device, record, trials, texts)
+            return self.refill(spare, self._results0, seeds, device, **run)
+        carry = self.first_carry(seeds, device, **run)
         self._results0 = carry.results
         return carry
 
@@ -351,9 +343,7 @@ class Engine:
         results0: results.Results,
         seeds: np.ndarray,
         device: Any = None,
-        record: Any = None,
-        trials: tuple | None = None,
-        texts: Any = None,
+        **run: Any,
     ) -> Carry:
         """``first_carry`` on the buffers of a finished run: only the run's own
         fields travel to the device.
@@ -363,14 +353,15 @@ class Engine:
             to this run's first segment, which zeroes all but ``GIVEN``).
           results0: device results of a ``first_carry`` (never donated, so
             still zero; only the recorded episodes are this run's).
-          seeds, device, record, trials, texts: as for ``first_carry``.
+          seeds, device: as for ``first_carry``; ``run``: its ``record``,
+            ``trials`` and ``texts``.
 
         Putting a whole first carry on the device costs about 0.1 ms per
         array on a CPU (an MJX state has over a hundred): most of a short
         run's time.
         """
         lanes, ag = spare
-        given = self._given(Carry(lanes, ag, results0), seeds, record, trials, texts)
+        given = self._given(Carry(lanes, ag, results0), seeds, **run)
         put = lambda x: jax.device_put(x, device)
         fields = {f: put(getattr(given.lanes, f)) for f in GIVEN}
         lanes = lanes.replace(fresh=put(np.bool_(True)), **fields)
@@ -382,7 +373,9 @@ class Engine:
             res = res.replace(recording=rec)
         return Carry(lanes, ag, res)
 
-    def _given(self, carry: Carry, seeds, record, trials, texts) -> Carry:
+    def _given(
+        self, carry: Carry, seeds, record=None, trials=None, texts=None
+    ) -> Carry:
         """``carry`` with a run's own values (host arrays) in ``GIVEN``, the
         agent's texts and the recorded episodes; see ``first_carry``."""
         cap = self.config.capacity

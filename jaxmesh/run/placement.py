@@ -93,7 +93,9 @@ class SingleDevice:
         device (``record``: the recorded episode indices, or None; ``trials``:
         ``(trial_of, data)`` of an engine with initial states, or None;
         ``texts``: the Text inputs' per-lane encodings, ``Engine.first_carry``)."""
-        carry = engine.start(seeds, self.device, record, trials, texts)
+        carry = engine.start(
+            seeds, self.device, record=record, trials=trials, texts=texts
+        )
         return (carry.lanes, carry.agent), carry.results
 
     def keep(self, engine: Any, state: Any) -> None:
