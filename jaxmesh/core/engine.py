@@ -16,10 +16,10 @@ adds one: an ordered ``io_callback`` per step that hands the per-lane values
 to the host.
 
 The loop has two levels (``Engine._advance``): an inner loop of env steps
-that runs until an episode ends, holding per-lane state only, and an outer
-loop that writes the ended episodes' results and starts the next ones. Step
-by step the order is CONTRACT 3's; the split keeps the result buffers and
-every ``cond`` out of the step nearly every step runs.
+(resets of starting lanes included) that runs until an episode ends, holding
+per-lane state only, and an outer loop that writes the ended episodes'
+results and hands the next episodes over. Step by step the order is CONTRACT
+3's; the split keeps the result buffers out of the step every step runs.
 
 The compiled program never depends on the budget: the seeds and the result
 buffers have a static *capacity*, and the budget (how many of them are used) is
@@ -633,15 +633,17 @@ class Engine:
 
     # The loop ----------------------------------------------------------------
     #
-    # A run is an outer loop over the steps on which episodes end: each of its
-    # iterations starts the lanes that take an episode (``_begin``), then runs
-    # an inner loop of env steps (``_core``) until a lane's episode ends (or
-    # the segment's steps are done, a bad value or a refused step event is
-    # met), then writes the ended episodes' results and hands the next ones
-    # over (``_finish``). Step by step this is the order of CONTRACT 3; the
-    # inner loop, where nearly every step runs, holds per-lane state only: no
-    # result buffers and no ``cond``, so XLA:CPU runs a few-lane step as one
-    # sequence of kernels instead of scheduling them over its thread pool.
+    # A run is an outer loop over the steps on which episodes end. Its inner
+    # loop runs env steps until a lane's episode ends (or the segment's steps
+    # are done, a bad value or a refused step event is met): each starts the
+    # lanes that take an episode (``_begin``, in a ``cond`` that most steps
+    # skip), then steps them (``_core``). The outer loop then writes the ended
+    # episodes' results and hands the next ones over (``_finish``). Step by
+    # step this is the order of CONTRACT 3; the inner loop, where every step
+    # runs, holds per-lane state only, never the result buffers, so XLA:CPU
+    # runs a few-lane step as one sequence of kernels instead of scheduling
+    # them over its thread pool (it does so for any computation that touches
+    # a buffer over 512 bytes).
 
     def _inner(self, carry: Carry) -> Inner:
         """The inner loop's state at the start of an outer iteration."""
@@ -778,11 +780,12 @@ class Engine:
 
     def _begin_recorded(self, rec: Any, done, lanes: Lanes, begins, obs0) -> Any:
         """The recording after ``_begin``: the reset observations (and render
-        states) of recorded episodes that began."""
+        states) of recorded episodes that began (``done``: [R] bool, each
+        recorded episode was done when the inner loop began)."""
         if not self.config.record_slots:
             return rec
         return jax.lax.cond(
-            ~jnp.all(done[rec.episodes]),
+            ~jnp.all(done),
             lambda rec: self._record_reset(rec, lanes, begins, obs0),
             lambda rec: rec,
             rec,
@@ -816,32 +819,29 @@ class Engine:
                 & no_fault(carry.results.fault)
             )
 
+        # A lane running or starting an episode: under vmap (a population), a
+        # member whose budget is done runs the loops along with the others
+        # and must not step forever.
+        def inner_cond(c):
+            return (
+                steps_left(c.steps)
+                & c.go_on
+                & ~jnp.any(c.ended)
+                & jnp.any(c.lanes.active | c.lanes.start)
+                & no_fault(c.fault)
+            )
+
+        def inner_body(c):
+            lanes, ag, obs0, begins = self._begin(c.lanes, c.agent)
+            rec = self._begin_recorded(c.recording, c.record_done, lanes, begins, obs0)
+            return self._core(params, c.replace(lanes=lanes, agent=ag, recording=rec))
+
         def outer_body(o):
             steps, _, carry = o
-            lanes, ag, obs0, begins = self._begin(carry.lanes, carry.agent)
-            res = carry.results
-            rec = self._begin_recorded(res.recording, res.done, lanes, begins, obs0)
-            inner = self._inner(Carry(lanes, ag, res.replace(recording=rec)))
-
-            # A lane running an episode: under vmap (a population), a member
-            # whose budget is done runs the loops along with the others and
-            # must not step forever.
-            def inner_cond(c):
-                return (
-                    steps_left(steps + c.steps)
-                    & c.go_on
-                    & ~jnp.any(c.ended)
-                    & jnp.any(c.lanes.active)
-                    & no_fault(c.fault)
-                )
-
-            # The outer loop's condition holds, so the first step runs.
-            inner = jax.lax.while_loop(
-                inner_cond, lambda c: self._core(params, c), inner
-            )
-            lanes, res = self._finish(inner, res)
-            carry = Carry(lanes, inner.agent, res)
-            return steps + inner.steps, inner.go_on, carry
+            inner = self._inner(carry).replace(steps=steps)
+            inner = jax.lax.while_loop(inner_cond, inner_body, inner)
+            lanes, res = self._finish(inner, carry.results)
+            return inner.steps, inner.go_on, Carry(lanes, inner.agent, res)
 
         first = (jnp.int32(0), jnp.bool_(True), carry)
         _, go_on, carry = jax.lax.while_loop(outer_cond, outer_body, first)
@@ -888,7 +888,7 @@ class Inner:
     record_done: Any
     fault: results.Fault
     env_steps: jax.Array  # () executed env steps of active lanes
-    steps: jax.Array  # () steps of this inner loop
+    steps: jax.Array  # () steps of the segment so far
     go_on: jax.Array  # () no step event was refused
     #: [N] bool, of the last step: the lane's episode ended, terminated,
     #: truncated, and ended with no bad value (scored).
