@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
+import json
+import sys
 from pathlib import Path
 
 import jax
@@ -114,3 +116,30 @@ def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         )
     )
     return paths
+
+
+@contextlib.contextmanager
+def jupyter_kernel(root: Path, name: str, env: dict | None = None):
+    """A started Jupyter kernel of a kernelspec of our own (``name``, written
+    under ``root``, so no kernelspec installed elsewhere can shadow it) that
+    runs this very interpreter, with ``env`` added to its environment; shut
+    down on exit."""
+    from jupyter_client.manager import KernelManager
+
+    spec_dir = root / "jupyter" / "kernels" / name
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"{name} ({sys.executable})",
+        "language": "python",
+        **({"env": env} if env else {}),
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", str(root / "jupyter"))
+        km = KernelManager(kernel_name=name)
+        km.start_kernel(cwd=str(root))
+    try:
+        yield km
+    finally:
+        km.shutdown_kernel(now=True)

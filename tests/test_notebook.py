@@ -14,13 +14,13 @@ folder.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import nbclient
 import nbformat
 import pytest
+from conftest import jupyter_kernel
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["quickstart.ipynb", "remote.ipynb", "robot.ipynb"]
@@ -35,25 +35,8 @@ KERNEL = "jaxmesh-tests"
 def kernel(tmp_path_factory: pytest.TempPathFactory):
     """One kernel of a kernelspec that runs this very interpreter (the venv
     pytest runs in), shared by the notebooks of this file."""
-    from jupyter_client.manager import KernelManager
-
-    root = tmp_path_factory.mktemp("kernel")
-    spec_dir = root / "jupyter" / "kernels" / KERNEL
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python ({sys.executable})",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("JUPYTER_PATH", str(root / "jupyter"))
-        km = KernelManager(kernel_name=KERNEL)
-        km.start_kernel(cwd=str(root))
-    try:
+    with jupyter_kernel(tmp_path_factory.mktemp("kernel"), KERNEL) as km:
         yield km
-    finally:
-        km.shutdown_kernel(now=True)
 
 
 #: The first cell of each run: no name, cached program or folder of another run.

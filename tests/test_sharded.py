@@ -12,13 +12,12 @@ second device run in this process.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from conftest import jupyter_kernel
 from jax.sharding import Mesh
 
 import jaxmesh
@@ -211,30 +210,13 @@ def eight_cpu_devices(tmp_path_factory: pytest.TempPathFactory):
     lean on names another run left behind), then ``SCRIPT``, in a namespace of
     its own (run alone, or first, SCRIPT finds the kernel unused: no matter).
     """
-    from jupyter_client.manager import KernelManager
-
     root = tmp_path_factory.mktemp("kernel")
-    spec_dir = root / "jupyter" / "kernels" / KERNEL
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "jaxmesh, 8 CPU devices",
-        "language": "python",
-        "env": {
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-            "JAX_PLATFORMS": "cpu",
-        },
+    env = {
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
     }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("JUPYTER_PATH", str(root / "jupyter"))
-        km = KernelManager(kernel_name=KERNEL)
-        km.start_kernel(cwd=str(root))
-    kernel = {"km": km, "used": False, "path": str(root / "jupyter")}
-    try:
-        yield kernel
-    finally:
-        km.shutdown_kernel(now=True)
+    with jupyter_kernel(root, KERNEL, env) as km:
+        yield {"km": km, "used": False, "path": str(root / "jupyter")}
 
 
 def run_in(kernel: dict, nb, *, fresh: bool) -> None:
