@@ -4,9 +4,10 @@ A run on a JAX env hands its final lane and agent state back to the engine,
 and the next run of the same program starts from those buffers with only its
 own values (seeds, budget, first lanes) put on the device: putting a whole
 first carry there costs about 0.1 ms per array, most of a short run's time.
-The first segment zeroes the rest, so a run never sees what the last one left
-(a chunk half replayed, a prefetched chunk, frame windows, an unfinished
-episode). Checked against the plain loop over gymnax's own functions.
+The first segment zeroes its counters, and a lane's state is written when it
+begins an episode, so a run never sees what the last one left (a chunk half
+replayed, a prefetched chunk, frame windows, masked lanes, policy rows).
+Checked against the plain loop over gymnax's own functions.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def test_later_runs_equal_the_plain_loop(monkeypatch):
     )
     # A budget that leaves lanes mid-chunk and masked, then a smaller one
     # (two lanes masked from the start), then the first again.
+    rows = []
     for seeds in ([3, 1, 4, 1, 5, 9, 2], [6, 5], [3, 1, 4, 1, 5, 9, 2]):
         got = ev.run(seeds=seeds)
+        rows.append(got.policy_rows)
         refs = [
             ref.run_episode(reset, step, policy, s, horizon=3, lead=1, inputs=inputs)
             for s in seeds
@@ -64,3 +67,6 @@ def test_later_runs_equal_the_plain_loop(monkeypatch):
         assert got.lanes.tolist() == lanes
         assert got.env_steps == sum(r.length for r in refs)
     assert len(built) == 1  # the later runs started on the kept buffers
+    # The policy rows are counted from zero again (the first run's carry
+    # was built on the host).
+    assert rows[2] == rows[0] and 0 < rows[1] < rows[0]

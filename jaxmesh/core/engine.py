@@ -147,7 +147,7 @@ class Lanes:
     #: (None unless ``EngineConfig.success_at_reset``).
     reset_success: Any = None
     #: () bool: the carry reuses a finished run's buffers (``Engine.refill``):
-    #: the segment first zeroes all but the run's own fields (``GIVEN``).
+    #: the segment first zeroes the counters it reads (``Engine._refreshed``).
     fresh: Any = False
 
 
@@ -350,7 +350,7 @@ class Engine:
 
         Args:
           spare: ``(lanes, agent)`` a run of this engine ended with (donated
-            to this run's first segment, which zeroes all but ``GIVEN``).
+            to this run's first segment, which zeroes its counters).
           results0: device results of a ``first_carry`` (never donated, so
             still zero; only the recorded episodes are this run's).
           seeds, device: as for ``first_carry``; ``run``: its ``record``,
@@ -408,17 +408,30 @@ class Engine:
 
     @staticmethod
     def _refreshed(state: tuple) -> tuple:
-        """``state`` with all but the run's own fields zeroed when it reuses a
-        finished run's buffers (``Lanes.fresh``, ``refill``): one ``cond``
-        per segment."""
+        """``state`` ready for a run's first segment when it reuses a finished
+        run's buffers (``Lanes.fresh``, ``refill``): the flags and counters a
+        run reads before it writes them are zeroed: the episodes ended and
+        the policy rows, and (all false after a finished run, the only kind
+        kept) which lanes run and which must plan.
 
-        def zeroed(state):
-            lanes, ag = state
-            zero = lambda t: jax.tree.map(jnp.zeros_like, t)
-            kept = {f: getattr(lanes, f) for f in GIVEN}
-            return zero(lanes).replace(**kept), zero(ag).replace(texts=ag.texts)
-
-        return jax.lax.cond(state[0].fresh, zeroed, lambda s: s, state)
+        Every other per-lane field is written when its lane begins an episode
+        (the reset, ``agent.begin``), and a lane that begins none stays
+        inactive, masked, as the zero lanes of a first carry are: whatever a
+        last run left there is never read.
+        """
+        lanes, ag = state
+        reused = lanes.fresh
+        zero = lambda x: jnp.where(reused, jnp.zeros_like(x), x)
+        lanes = lanes.replace(
+            active=zero(lanes.active),
+            n_done=zero(lanes.n_done),
+            fresh=jnp.zeros_like(lanes.fresh),
+        )
+        ag = ag.replace(
+            fresh=zero(ag.fresh),
+            rows=zero(ag.rows),
+        )
+        return lanes, ag
 
     # The step -----------------------------------------------------------------
     def _begin(self, lanes: Lanes, ag: agent.AgentState):
