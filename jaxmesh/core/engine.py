@@ -47,8 +47,11 @@ from jaxmesh.core.policy import Policy
 #: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
 DEFAULT_MAX_STEPS = 100_000
 
-#: Lanes reset per call of the env's reset: only lanes that start an episode
-#: are reset, gathered in tiles of this many (a size independent of N).
+#: Lanes reset per call of the env's reset, at most: only lanes that start an
+#: episode are reset, gathered in tiles of ``min(RESET_TILE, N)``. Fewer lanes
+#: get a smaller tile: a one-lane step then touches no buffer over 512 bytes,
+#: which XLA:CPU needs to run a step's kernels in one sequence, and the env's
+#: step runs all N lanes in one batch anyway.
 RESET_TILE = 32
 
 
@@ -129,7 +132,7 @@ class Lanes:
     start: jax.Array  # [N] lane begins `episode` at the next step
     t: jax.Array  # [N] steps done in the current episode
     ret: jax.Array  # [N] return so far
-    key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode
+    key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode (at hand-over)
     env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
     env_state: Any
     seeds: jax.Array  # [capacity]
@@ -455,9 +458,9 @@ class Engine:
         )
 
         def body(idx, c):
-            key, env_key, env_state, obs, at_reset = c
+            env_key, env_state, obs, at_reset = c
             episode = jnp.clip(tiles.take(lanes.episode, idx), 0, cap - 1)
-            k = rules.episode_keys(jnp, lanes.seeds[episode])
+            k = tiles.take(lanes.key, idx)  # set at the hand-over (_inner)
             at = lambda x, v: tiles.put(x, idx, v)
             if cfg.success_at_reset:  # never with trials (build.py)
                 obs0, state0, info0 = jax.vmap(self.env.reset_with_info)(k)
@@ -466,16 +469,15 @@ class Engine:
             else:
                 obs0, state0 = self._reset(lanes, k, episode)
             return (
-                at(key, k),
                 at(env_key, env_stream(k)),
                 jax.tree.map(at, env_state, state0),
                 jax.tree.map(at, obs, obs0),
                 at_reset,
             )
 
-        first = (lanes.key, lanes.env_key, lanes.env_state, obs, lanes.reset_success)
-        (key, env_key, env_state, obs, reset_success), _ = tiles.for_each_tile(
-            start, RESET_TILE, body, first, rarely=True
+        first = (lanes.env_key, lanes.env_state, obs, lanes.reset_success)
+        (env_key, env_state, obs, reset_success), _ = tiles.for_each_tile(
+            start, min(RESET_TILE, cfg.agent.num_envs), body, first, rarely=True
         )
         ag = jax.lax.cond(
             jnp.any(begins),
@@ -486,7 +488,6 @@ class Engine:
             ag,
         )
         lanes = lanes.replace(
-            key=key,
             env_key=env_key,
             env_state=env_state,
             active=lanes.active | begins,
@@ -659,12 +660,22 @@ class Engine:
     # a buffer over 512 bytes).
 
     def _inner(self, carry: Carry) -> Inner:
-        """The inner loop's state at the start of an outer iteration."""
-        n = self.config.agent.num_envs
+        """The inner loop's state at the start of an outer iteration: the
+        lanes handed an episode get its key, and the seeds stay out (a
+        [capacity] buffer in the loop would have XLA:CPU spread every step's
+        kernels over its thread pool)."""
+        cfg = self.config
+        n = cfg.agent.num_envs
         no = jnp.zeros((n,), bool)
         res = carry.results
+        lanes = carry.lanes
+        episode = jnp.clip(lanes.episode, 0, cfg.capacity - 1)
+        keys = rules.episode_keys(jnp, lanes.seeds[episode])
+        lanes = lanes.replace(
+            key=jnp.where(lanes.start[:, None], keys, lanes.key), seeds=None
+        )
         return Inner(
-            lanes=carry.lanes,
+            lanes=lanes,
             agent=carry.agent,
             recording=res.recording,
             record_done=res.done[res.recording.episodes]
@@ -853,6 +864,7 @@ class Engine:
             steps, _, carry = o
             inner = self._inner(carry).replace(steps=steps)
             inner = jax.lax.while_loop(inner_cond, inner_body, inner)
+            inner = inner.replace(lanes=inner.lanes.replace(seeds=carry.lanes.seeds))
             lanes, res = self._finish(inner, carry.results)
             return inner.steps, inner.go_on, Carry(lanes, inner.agent, res)
 
