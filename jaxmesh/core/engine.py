@@ -457,11 +457,11 @@ class Engine:
             jax.eval_shape(self.env.reset, abstract_key)[0],
         )
 
-        def body(idx, c):
+        def body(rows, c):
             env_key, env_state, obs, at_reset = c
-            episode = jnp.clip(tiles.take(lanes.episode, idx), 0, cap - 1)
-            k = tiles.take(lanes.key, idx)  # set at the hand-over (_inner)
-            at = lambda x, v: tiles.put(x, idx, v)
+            episode = jnp.clip(rows.take(lanes.episode), 0, cap - 1)
+            k = rows.take(lanes.key)  # set at the hand-over (_inner)
+            at = rows.put
             if cfg.success_at_reset:  # never with trials (build.py)
                 obs0, state0, info0 = jax.vmap(self.env.reset_with_info)(k)
                 flag = results.info_leaves(info0)[cfg.success]
@@ -476,8 +476,8 @@ class Engine:
             )
 
         first = (lanes.env_key, lanes.env_state, obs, lanes.reset_success)
-        (env_key, env_state, obs, reset_success), _ = tiles.for_each_tile(
-            start, min(RESET_TILE, cfg.agent.num_envs), body, first, rarely=True
+        env_key, env_state, obs, reset_success = tiles.rarely(
+            start, min(RESET_TILE, cfg.agent.num_envs), body, first
         )
         ag = jax.lax.cond(
             jnp.any(begins),

@@ -4,17 +4,17 @@ The lanes flagged in a mask are gathered (a cumsum and a scatter: ``jnp.nonzero`
 with a static size)
 and handed to a body ``tile`` indices at a time, inside a ``while_loop`` that
 runs only as many tiles as are needed. The body always sees exactly ``tile``
-indices, a number that never depends on the lane count, so what it computes for
-a lane does not either; padding indices equal N (out of range): read them with
-``mode="clip"`` and write with ``mode="drop"``.
+indices, however many lanes are flagged, so what it computes for a lane does not
+depend on how many others share its step; padding indices equal N (out of
+range): read them with ``mode="clip"`` and write with ``mode="drop"``.
 
-For work most steps skip (a reset), ``rarely=True`` puts all of it in a
-``cond`` on whether any lane is flagged.
+For work most steps skip (a reset), ``rarely`` puts all of it in a ``cond``
+on whether any lane is flagged.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +27,6 @@ def for_each_tile(
     tile: int,
     body: Callable[[jax.Array, Any], Any],
     carry: Any,
-    *,
-    rarely: bool = False,
 ) -> tuple[Any, jax.Array]:
     """Runs ``carry = body(idx, carry)`` over the lanes in ``need``, tile by tile.
 
@@ -37,29 +35,56 @@ def for_each_tile(
       tile: indices per body call.
       body: ``(idx[tile] int32, carry) -> carry``.
       carry: any pytree.
-      rarely: most steps no lane needs the body (a reset): all of it then
-        sits in a ``cond`` on whether any lane does, so such a step pays one
-        reduction, and when every lane fits in one tile the body is called
-        once, without the loop. Not for a policy's plan: XLA:CPU can round a
-        policy compiled inside a ``cond`` differently from one in the loop
-        (seen on Acrobot at one lane), which would break results' equality
-        across lane counts.
 
     Returns:
       The final carry and the number of tiles run.
     """
-    n = need.shape[0]
-    if not rarely:
-        return _tiled(need, tile, body, carry)
-    if n <= tile:
-        # One tile holds every lane: a single call, no loop.
-        def one(carry):
-            idx, _ = _order(need, tile)
-            return body(idx, carry), jnp.int32(1)
+    return _tiled(need, tile, body, carry)
 
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """The lanes one call of a ``rarely`` body works on: a tile of lane
+    indices (``idx``, padding N), or all lanes in order, of which those in
+    ``keep`` take the new values."""
+
+    idx: Any = None
+    keep: Any = None
+
+    def take(self, x: jax.Array) -> jax.Array:
+        """The rows of ``x`` the call works on."""
+        return x if self.idx is None else take(x, self.idx)
+
+    def put(self, x: jax.Array, v: jax.Array) -> jax.Array:
+        """``x`` with the call's rows set to ``v`` (its kept rows, without a
+        tile)."""
+        if self.idx is not None:
+            return put(x, self.idx, v)
+        keep = jnp.reshape(self.keep, self.keep.shape + (1,) * (jnp.ndim(x) - 1))
+        return jnp.where(keep, v.astype(x.dtype), x)
+
+
+def rarely(
+    need: jax.Array, tile: int, body: Callable[[Rows, Any], Any], carry: Any
+) -> Any:
+    """``carry = body(rows, carry)`` over the lanes in ``need``, for work most
+    steps skip (a reset): all of it sits in a ``cond`` on whether any lane is
+    flagged, so such a step pays one reduction.
+
+    When every lane fits in one tile (N <= tile), the body runs once on all
+    lanes in order, and only the flagged lanes keep its values (``Rows.put``
+    selects): the same rows a tile would compute, without the gather and
+    scatter. Otherwise the flagged lanes are visited tile by tile. Not for a
+    policy's plan: XLA:CPU can round a policy compiled inside a ``cond``
+    differently from one in the loop (seen on Acrobot at one lane), which
+    would break results' equality across lane counts.
+    """
+    n = need.shape[0]
+    if n <= tile:
+        one = lambda c: body(Rows(keep=need), c)
     else:
-        one = functools.partial(_tiled, need, tile, body)
-    return jax.lax.cond(jnp.any(need), one, lambda c: (c, jnp.int32(0)), carry)
+        one = lambda c: _tiled(need, tile, lambda idx, c: body(Rows(idx=idx), c), c)[0]
+    return jax.lax.cond(jnp.any(need), one, lambda c: c, carry)
 
 
 def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
