@@ -2,11 +2,11 @@
 
 A run on a JAX env hands its final lane and agent state back to the engine,
 and the next run of the same program starts from those buffers with only its
-own values (seeds, budget, first lanes) put on the device: putting a whole
-first carry there costs about 0.1 ms per array, most of a short run's time.
-The first segment zeroes its counters, and a lane's state is written when it
-begins an episode, so a run never sees what the last one left (a chunk half
-replayed, a prefetched chunk, frame windows, masked lanes, policy rows).
+own values (seeds, budget, first lanes) and zero counters put on the device:
+putting a whole first carry there costs about 0.1 ms per array, most of a
+short run's time. A lane's state is written when it begins an episode, so a
+run never sees what the last one left (a chunk half replayed, a prefetched
+chunk, frame windows, masked lanes, policy rows).
 Checked against the plain loop over gymnax's own functions.
 """
 

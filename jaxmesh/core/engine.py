@@ -149,14 +149,27 @@ class Lanes:
     #: [N] bool: the current episode's reset info had a non-zero success key
     #: (None unless ``EngineConfig.success_at_reset``).
     reset_success: Any = None
-    #: () bool: the carry reuses a finished run's buffers (``Engine.refill``):
-    #: the segment first zeroes the counters it reads (``Engine._refreshed``).
-    fresh: Any = False
 
 
-#: The lane fields a run brings (its budget, first lanes and trials); every
-#: other field of its first carry is zero.
-GIVEN = ("seeds", "budget", "episode", "start", "next_episode", "trials")
+#: The lane fields a run brings (its budget, first lanes and trials) and the
+#: counters it reads before it writes them (zero: no lane runs, no episode
+#: ended); with the agent's ``AGENT_GIVEN``, all a run reuses a finished run's
+#: buffers for needs to be put anew (``Engine.refill``). Every other field is
+#: written when a lane begins an episode (the reset, ``agent.begin``), and a
+#: lane that begins none stays masked, as the zero lanes of a first carry are.
+GIVEN = (
+    "seeds",
+    "budget",
+    "episode",
+    "start",
+    "next_episode",
+    "trials",
+    "active",
+    "n_done",
+)
+#: The agent's: which lanes must plan (none), the policy rows (zero) and the
+#: instructions' encodings.
+AGENT_GIVEN = ("fresh", "rows", "texts")
 
 
 @struct.dataclass
@@ -262,7 +275,6 @@ class Engine:
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cfg.trials.data),
             ),
             reset_success=jnp.zeros((n,), bool) if cfg.success_at_reset else None,
-            fresh=jnp.bool_(False),
         )
         ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
         res = results.empty(
@@ -349,11 +361,12 @@ class Engine:
         **run: Any,
     ) -> Carry:
         """``first_carry`` on the buffers of a finished run: only the run's own
-        fields travel to the device.
+        fields and the counters it reads first (``GIVEN``, ``AGENT_GIVEN``)
+        travel to the device, in one transfer.
 
         Args:
           spare: ``(lanes, agent)`` a run of this engine ended with (donated
-            to this run's first segment, which zeroes its counters).
+            to this run's first segment).
           results0: device results of a ``first_carry`` (never donated, so
             still zero; only the recorded episodes are this run's).
           seeds, device: as for ``first_carry``; ``run``: its ``record``,
@@ -365,39 +378,42 @@ class Engine:
         """
         lanes, ag = spare
         given = self._given(Carry(lanes, ag, results0), seeds, **run)
-        put = lambda x: jax.device_put(x, device)
-        fields = {f: put(getattr(given.lanes, f)) for f in GIVEN}
-        lanes = lanes.replace(fresh=put(np.bool_(True)), **fields)
-        if self.config.agent.texts:
-            ag = ag.replace(texts=put(given.agent.texts))
+        host = (
+            {f: getattr(given.lanes, f) for f in GIVEN},
+            {f: getattr(given.agent, f) for f in AGENT_GIVEN},
+            given.results.recording.episodes if self.config.record_slots else None,
+        )
+        lane_fields, agent_fields, episodes = jax.device_put(host, device)
         res = results0
         if self.config.record_slots:
-            rec = res.recording.replace(episodes=put(given.results.recording.episodes))
-            res = res.replace(recording=rec)
-        return Carry(lanes, ag, res)
+            res = res.replace(recording=res.recording.replace(episodes=episodes))
+        return Carry(lanes.replace(**lane_fields), ag.replace(**agent_fields), res)
 
     def _given(
         self, carry: Carry, seeds, record=None, trials=None, texts=None
     ) -> Carry:
-        """``carry`` with a run's own values (host arrays) in ``GIVEN``, the
-        agent's texts and the recorded episodes; see ``first_carry``."""
-        cap = self.config.capacity
+        """``carry`` with a run's own values (host arrays) in ``GIVEN`` and
+        ``AGENT_GIVEN`` and the recorded episodes; see ``first_carry``."""
+        cap, n = self.config.capacity, self.config.agent.num_envs
         budget = np.int32(seeds.size)
         padded = np.zeros((cap,), np.int32)
         padded[: seeds.size] = seeds
         lanes = carry.lanes.replace(
             seeds=padded,
             budget=budget,
-            **_first_lanes(np, self.config.agent.num_envs, cap, budget),
+            active=np.zeros((n,), bool),
+            n_done=np.int32(0),
+            **_first_lanes(np, n, cap, budget),
         )
         if self.config.trials is not None:
             trial_of, data = trials
             padded_trials = np.zeros((cap,), np.int32)  # masked lanes: trial 0
             padded_trials[: seeds.size] = trial_of
             lanes = lanes.replace(trials=(padded_trials, data))
-        carry = carry.replace(lanes=lanes)
+        ag = carry.agent.replace(fresh=np.zeros((n,), bool), rows=np.int32(0))
         if self.config.agent.texts:
-            carry = carry.replace(agent=carry.agent.replace(texts=texts))
+            ag = ag.replace(texts=texts)
+        carry = carry.replace(lanes=lanes, agent=ag)
         if self.config.record_slots:
             episodes = np.asarray(record, np.int32)
             if episodes.shape != (self.config.record_slots,):
@@ -408,33 +424,6 @@ class Engine:
             rec = carry.results.recording.replace(episodes=episodes)
             carry = carry.replace(results=carry.results.replace(recording=rec))
         return carry
-
-    @staticmethod
-    def _refreshed(state: tuple) -> tuple:
-        """``state`` ready for a run's first segment when it reuses a finished
-        run's buffers (``Lanes.fresh``, ``refill``): the flags and counters a
-        run reads before it writes them are zeroed: the episodes ended and
-        the policy rows, and (all false after a finished run, the only kind
-        kept) which lanes run and which must plan.
-
-        Every other per-lane field is written when its lane begins an episode
-        (the reset, ``agent.begin``), and a lane that begins none stays
-        inactive, masked, as the zero lanes of a first carry are: whatever a
-        last run left there is never read.
-        """
-        lanes, ag = state
-        reused = lanes.fresh
-        zero = lambda x: jnp.where(reused, jnp.zeros_like(x), x)
-        lanes = lanes.replace(
-            active=zero(lanes.active),
-            n_done=zero(lanes.n_done),
-            fresh=jnp.zeros_like(lanes.fresh),
-        )
-        ag = ag.replace(
-            fresh=zero(ag.fresh),
-            rows=zero(ag.rows),
-        )
-        return lanes, ag
 
     # The step -----------------------------------------------------------------
     def _begin(self, lanes: Lanes, ag: agent.AgentState):
@@ -878,7 +867,7 @@ class Engine:
         """Up to ``max_steps`` steps from ``state = (lanes, agent)``; stops at a
         bad value (the host reports it) or a step event a hook refused (the
         host raises the hook's exception after it)."""
-        carry = Carry(*self._refreshed(state), res)
+        carry = Carry(*state, res)
         carry, _ = self._advance(params, carry, max_steps, stop_at_fault=True)
         return (carry.lanes, carry.agent), carry.results
 
