@@ -75,10 +75,12 @@ def test_chunked_policy_with_prefetch_lead_matches_plain_loop():
 
 
 def test_stochastic_policy_matches_plain_loop():
-    # Capped at 200 steps (a good balancer: uncapped, 2163 steps in all).
-    got = jaxmesh.evaluate(noisy, disabled_vec(2), seeds=SEEDS, max_episode_steps=200)
-    refs = plain_loop(gym.make(ID), single(jax.jit(noisy)), SEEDS, cap=200)
-    assert len({r.length for r in refs}) > 3
+    # A good balancer: 4 seeds capped at 200 steps (155, 200, 170 and 190 steps;
+    # all 7 uncapped run 2163), still 2 lanes reused.
+    seeds = SEEDS[3:]
+    got = jaxmesh.evaluate(noisy, disabled_vec(2), seeds=seeds, max_episode_steps=200)
+    refs = plain_loop(gym.make(ID), single(jax.jit(noisy)), seeds, cap=200)
+    assert len({r.length for r in refs}) > 3 and any(r.truncated for r in refs)
     check(got, refs, 2)
 
 
