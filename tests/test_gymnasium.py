@@ -75,9 +75,12 @@ def test_chunked_policy_with_prefetch_lead_matches_plain_loop():
 
 
 def test_stochastic_policy_matches_plain_loop():
-    got = jaxmesh.evaluate(noisy, disabled_vec(2), seeds=SEEDS)
-    refs = plain_loop(gym.make(ID), single(jax.jit(noisy)), SEEDS)
-    assert len({r.length for r in refs}) > 3
+    # A good balancer: 4 seeds capped at 200 steps (155, 200, 170 and 190 steps;
+    # all 7 uncapped run 2163), still 2 lanes reused.
+    seeds = SEEDS[3:]
+    got = jaxmesh.evaluate(noisy, disabled_vec(2), seeds=seeds, max_episode_steps=200)
+    refs = plain_loop(gym.make(ID), single(jax.jit(noisy)), seeds, cap=200)
+    assert len({r.length for r in refs}) > 3 and any(r.truncated for r in refs)
     check(got, refs, 2)
 
 
@@ -107,10 +110,10 @@ def test_lanes_and_env_forms_give_identical_results(n):
         assert len(set(results["list"].lanes.tolist())) == 3
 
 
-#: Leads 0 (synchronous), 1 and 4 (= h); lead 2 at every lane count is the
-#: frame-stack test's below (and 3 lanes of ``chunky`` the prefetch test's).
-@pytest.mark.parametrize("lead", [0, 1, 4])
-@pytest.mark.parametrize("n", [1, 3, 16])
+#: Leads 0 (synchronous), 1 and 4 (= h) on 3 lanes (7 episodes: lanes reused)
+#: and 0 and 4 on 16 (idle lanes); one lane at lead 0 here and at lead 2 in the
+#: frame-stack test below (and 3 lanes of ``chunky`` at lead 2 the prefetch test's).
+@pytest.mark.parametrize("n, lead", [(1, 0), (3, 0), (3, 1), (3, 4), (16, 0), (16, 4)])
 def test_every_lead_and_lane_count_match_plain_loop(n, lead):
     envs = [gym.make(ID) for _ in range(n)]
     got = jaxmesh.evaluate(
@@ -119,7 +122,9 @@ def test_every_lead_and_lane_count_match_plain_loop(n, lead):
     check(got, chunky_refs(lead), n)
 
 
-@pytest.mark.parametrize("n", [1, 3, 16])
+#: One lane, and 3 lanes over 7 episodes (windows reset on a reused lane while
+#: others run on); idle lanes are test_every_lead_and_lane_count_...'s.
+@pytest.mark.parametrize("n", [1, 3])
 def test_frame_stack_and_previous_match_plain_loop_at_any_lane_count(n):
     model = jaxmesh.Model(stacked, spec=SPEC)
     envs = [gym.make(ID) for _ in range(n)]
@@ -138,9 +143,10 @@ def stacked_refs():
 
 
 def test_max_episode_steps_truncates_like_the_plain_loop():
-    got = jaxmesh.evaluate(lean, disabled_vec(3), seeds=SEEDS, max_episode_steps=12)
+    # 2 lanes: the agent step of test_per_step_policy_matches_plain_loop
+    got = jaxmesh.evaluate(lean, disabled_vec(2), seeds=SEEDS, max_episode_steps=12)
     refs = plain_loop(gym.make(ID), per_step(lean), SEEDS, cap=12)
-    check(got, refs, 3)
+    check(got, refs, 2)
     assert got.truncated.any() and got.lengths.max() == 12
 
 

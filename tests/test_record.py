@@ -72,13 +72,25 @@ def gymnax_refs():
     return {i: reference(reset, step, i) for i in RECORDED}
 
 
+@pytest.fixture(scope="module")
+def gymnax_plain():
+    """Every budgeted episode of the plain loop (for the returns and lengths)."""
+    env, params = gymnax.make("CartPole-v1")
+    reset, step = gymnax_fns(env, params)
+    return [reference(reset, step, i)[0] for i in range(EPISODES)]
+
+
+#: Segments of 16 steps on one lane: the partial-result test's program too.
+ONE_LANE = {"num_envs": 1, "segment_steps": 16}
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_gymnax_recording_equals_plain_loop(gymnax_refs, n):
     r = evaluate(
         chunky,
         "gymnax:CartPole-v1",
         horizon=4,
-        num_envs=n,
+        **(ONE_LANE if n == 1 else {"num_envs": n}),
         episodes=EPISODES,
         record=Record(episodes=RECORDED),
     )
@@ -92,46 +104,40 @@ def test_gymnax_recording_equals_plain_loop(gymnax_refs, n):
         assert r.trajectory(tr.episode) is tr
 
 
-def test_cap_keeps_the_first_steps(gymnax_refs):
-    r = evaluate(
-        chunky,
-        "gymnax:CartPole-v1",
-        horizon=4,
-        num_envs=3,
-        episodes=EPISODES,
-        record=Record(episodes=RECORDED, max_steps=5),
-    )
-    for tr in r.trajectories:
-        assert tr.cut and tr.steps == 5
-        check_trajectory(tr, gymnax_refs[tr.episode], steps=5)
-
-
-def test_buffers_sized_by_recorded_episodes():
+def test_cap_keeps_the_first_steps_in_buffers_sized_by_recorded_episodes(
+    gymnax_refs, gymnax_plain
+):
     ev = Evaluator(
         chunky,
         "gymnax:CartPole-v1",
         horizon=4,
         num_envs=3,
-        record=Record(episodes=[2], max_steps=7),
+        record=Record(episodes=RECORDED, max_steps=5),
     )
-    a = ev.run(episodes=4)
+    a = ev.run(episodes=EPISODES)
+    for tr in a.trajectories:
+        assert tr.cut and tr.steps == 5
+        check_trajectory(tr, gymnax_refs[tr.episode], steps=5)
     programs = ev.programs()
     (program,) = ev._programs.values()
     rec = program.engine.carry_shape().results.recording
-    assert rec.actions.shape == (1, 7)  # one episode, whatever the budget
-    assert rec.observations.shape == (1, 8, 4)
+    assert rec.actions.shape == (2, 5)  # two episodes, whatever the budget
+    assert rec.observations.shape == (2, 6, 4)
     # Other episodes, as many: the same program.
-    b = ev.run(episodes=4, record=Record(episodes=[3], max_steps=7))
+    b = ev.run(episodes=EPISODES, record=Record(episodes=[0, 5], max_steps=5))
     assert ev.programs() == programs and b.compile_time == 0.0
-    assert [t.episode for t in a.trajectories] == [2]
-    assert [t.episode for t in b.trajectories] == [3]
+    assert [t.episode for t in a.trajectories] == RECORDED
+    assert [t.episode for t in b.trajectories] == [0, 5]
+    # Without a record, no buffers (the program built, not compiled).
     plain = Evaluator(chunky, "gymnax:CartPole-v1", horizon=4, num_envs=3)
-    plain.run(episodes=4)
-    (p,) = plain._programs.values()
+    p = plain._program(None, plain.plan(None, EPISODES))
     assert p.engine.carry_shape().results.recording is None
     # A gymnax env declares no render state: none is kept.
     assert rec.states is None and a.trajectories[0].states is None
-    np.testing.assert_array_equal(plain.run(episodes=4).returns, a.returns)
+    # Recording changes no episode: every one is the plain loop's.
+    for got in (a, b):
+        np.testing.assert_array_equal(got.returns, [e.ret for e in gymnax_plain])
+        np.testing.assert_array_equal(got.lengths, [e.length for e in gymnax_plain])
 
 
 def test_bad_record_arguments():
@@ -226,7 +232,8 @@ def test_gymnasium_recording_equals_plain_loop(n):
 def test_gymnasium_frames_need_rgb_array():
     with pytest.raises(ValueError, match="render_mode"):
         evaluate(chunky, gym.make(ID), episodes=2, record=Record([0], frames=True))
-    r = evaluate(chunky, gym.make(ID), episodes=2, record=Record([0]))
+    # horizon=4 on one lane: the agent step of the test above, at n = 1
+    r = evaluate(chunky, gym.make(ID), horizon=4, episodes=2, record=Record([0]))
     assert r.trajectories[0].frames is None  # no render_mode: no frames
 
 
@@ -236,6 +243,7 @@ def test_gymnasium_id_cap_and_seconds():
         chunky,
         f"gymnasium:{ID}",
         horizon=4,
+        num_envs=1,
         seeds=SEEDS[:2],
         record=Record([0], max_steps=4),
     )
@@ -295,11 +303,10 @@ def test_partial_result_keeps_finished_recordings():
             chunky,
             "gymnax:CartPole-v1",
             horizon=4,
-            num_envs=1,
-            episodes=6,
-            segment_steps=16,
+            **ONE_LANE,
+            episodes=EPISODES,
             hooks=Stop(),
-            record=Record([1, 5]),
+            record=Record(RECORDED),
         )
     partial = info.value.partial_result
-    assert [t.episode for t in partial.trajectories] == [1]
+    assert [t.episode for t in partial.trajectories] == [1]  # 4 never finished

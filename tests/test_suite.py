@@ -18,13 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gym_reference import ID, lean, per_step, plain_loop, start_serve_envs
+from gym_reference import ID, lean, per_step, plain_loop
 from gymnasium import spaces
-from reference_loop import assert_matches, gymnax_fns, run_episode
+from reference_loop import assert_matches, run_episode
 
 import jaxmesh
 from jaxmesh import stats
 from jaxmesh.cli import main
+from jaxmesh.remote.server import EnvServer
 from jaxmesh.suite import SuiteResult
 
 SEEDS = [3, 1, 4, 15, 9]
@@ -36,10 +37,23 @@ GYMNAX_TASKS = {
 }
 
 
+_RESET = jax.jit(ENV.reset_env)
+
+
+@jax.jit
+def _step(key, state, action, params):
+    obs, state, reward, term, _ = ENV.step_env(key, state, action, params)
+    return obs, state, reward, term, ENV.is_truncated(state, params)
+
+
 @functools.cache
 def fns_of(params):
-    """``gymnax_fns(ENV, params)``, compiled once per params value."""
-    return gymnax_fns(ENV, params)
+    """(reset, step) over gymnax's own functions (``reference_loop.gymnax_fns``)
+    with ``params`` as data: compiled once for every params value."""
+    return (
+        lambda key: _RESET(key, params),
+        lambda key, state, action: _step(key, state, action, params),
+    )
 
 
 @functools.cache
@@ -192,42 +206,40 @@ def test_host_tasks_are_built_one_task_at_a_time():
 
 
 def test_tasks_on_their_own_servers():
-    (p1, a1), (p2, a2) = start_serve_envs(
-        [f"gymnasium:{ID}", "--lanes", "2", "--address", "127.0.0.1:0"],
-        [f"gymnasium:{ID}", "--lanes", "2", "--address", "127.0.0.1:0"],
-    )
-    try:
+    # In-process servers: the same EnvServer ``jaxmesh serve-env`` runs.
+    with (
+        EnvServer(f"gymnasium:{ID}", "127.0.0.1:0", lanes=2) as s1,
+        EnvServer(f"gymnasium:{ID}", "127.0.0.1:0", lanes=2) as s2,
+    ):
         suite = jaxmesh.Suite(
             {
-                "a": jaxmesh.Task(f"grpc://{a1}", seeds=SEEDS),
-                "b": jaxmesh.Task(f"grpc://{a2}", seeds=[5, 6]),
+                "a": jaxmesh.Task(f"grpc://{s1.address}", seeds=SEEDS),
+                "b": jaxmesh.Task(f"grpc://{s2.address}", seeds=[5, 6]),
             }
         )
         result = jaxmesh.evaluate(lean, suite, num_envs=2)
-    finally:
-        for p in (p1, p2):
-            p.terminate()
-            p.wait(10)
     assert_matches(result.tasks["a"], gym_refs(SEEDS))
     assert_matches(result.tasks["b"], gym_refs([5, 6]))
 
 
 def test_a_failing_task_keeps_the_finished_ones():
+    # Host tasks only: the fixture's agent step serves them (a finished gymnax
+    # task resuming is the CLI test's).
     suite = jaxmesh.Suite(
-        {"ok": (ENV, GYMNAX_TASKS["short"]), "bad": "gymnasium:NoSuchEnv-v0"},
-        seeds=SEEDS,
+        {"ok": f"gymnasium:{ID}", "bad": "gymnasium:NoSuchEnv-v0"}, seeds=SEEDS
     )
     with pytest.raises(ValueError, match="NoSuchEnv") as err:
         jaxmesh.evaluate(lean, suite, num_envs=2)
     partial = err.value.partial_result
     assert isinstance(partial, SuiteResult) and list(partial.tasks) == ["ok"]
-    assert_matches(partial.tasks["ok"], gymnax_refs(GYMNAX_TASKS["short"], SEEDS))
+    assert_matches(partial.tasks["ok"], gym_refs(SEEDS))
     # Resuming with a fixed suite runs only the missing task.
     fixed = jaxmesh.Suite(
-        {"ok": (ENV, GYMNAX_TASKS["short"]), "bad": f"gymnasium:{ID}"}, seeds=SEEDS
+        {"ok": f"gymnasium:{ID}", "bad": jaxmesh.Task(f"gymnasium:{ID}", seeds=[5, 6])},
+        seeds=SEEDS,
     )
     done = jaxmesh.evaluate(lean, fixed, num_envs=2, resume=partial)
-    assert_matches(done.tasks["bad"], gym_refs(SEEDS))
+    assert_matches(done.tasks["bad"], gym_refs([5, 6]))
     np.testing.assert_array_equal(done.tasks["ok"].returns, partial.tasks["ok"].returns)
 
 
@@ -333,7 +345,8 @@ def test_each_task_gets_its_own_instruction():
         {
             "keep": jaxmesh.Task((ENV, PARAMS), instruction=said["keep"]),
             "flip": jaxmesh.Task(f"gymnasium:{ID}", instruction=said["flip"]),
-            "default": (ENV, GYMNAX_TASKS["short"]),
+            # keep's env and params: the same program, another instruction
+            "default": (ENV, PARAMS),
         },
         seeds=[3, 1],
     )
@@ -351,8 +364,7 @@ def test_each_task_gets_its_own_instruction():
     flip = plain_loop(env, policy(said["flip"]), [3, 1])
     env.close()
     assert_matches(result.tasks["flip"], flip)
-    short = fns_of(GYMNAX_TASKS["short"])
-    default = [run_episode(*short, policy("keep going"), s) for s in (3, 1)]
+    default = [run_episode(reset, step, policy("keep going"), s) for s in (3, 1)]
     assert_matches(result.tasks["default"], default)
     assert result.tasks["flip"].instruction == said["flip"]
     shown = str(jaxmesh.explain(model, suite))
@@ -363,7 +375,7 @@ def test_each_task_gets_its_own_instruction():
 def test_same_shaped_gymnax_tasks_share_one_program():
     from conftest import compiles
 
-    lengths = {"a": 0.4, "b": 0.5, "c": 0.7}
+    lengths = {"a": 0.4, "b": 0.7}
     tasks = {n: (ENV, PARAMS.replace(length=x)) for n, x in lengths.items()}
     with compiles() as seen:
         result = jaxmesh.evaluate(
@@ -379,7 +391,7 @@ def test_same_shaped_gymnax_tasks_share_one_program():
     alone = jaxmesh.Suite(tasks, seeds=SEEDS, together=False)
     with compiles() as seen:
         apart = jaxmesh.evaluate(lambda obs: lean(obs), alone, num_envs=3)
-    assert len([n for n in seen if "segment" in n]) == 3
+    assert len([n for n in seen if "segment" in n]) == 2
     for name in tasks:
         np.testing.assert_array_equal(
             apart.tasks[name].returns, result.tasks[name].returns

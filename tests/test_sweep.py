@@ -4,7 +4,7 @@ Every cell is checked against a plain loop written here from the delay rule
 (docs/contract.md, item 23; d = 0 is the plain replay of item 10) over
 gymnax's own reset and step (a JAX env) or gymnasium's (in process), and
 cells against a separate ``jaxmesh.evaluate`` bit for bit; a served env's
-cells (a real ``jaxmesh serve-env``) equal the in-process ones. The chunks'
+cells (a real ``jaxmesh.EnvServer``) equal the in-process ones. The chunks'
 entries differ per step, so a cell that ran another cell's h or d gives other
 returns.
 """
@@ -181,7 +181,13 @@ def test_bad_input_is_refused_before_compiling():
         jaxmesh.sweep(chunk_policy, ENV, delay=[4], horizon=[4])
 
 
-def test_cli_sweep_prints_the_table_and_writes_json(tmp_path, capsys):
+def test_cli_sweep_over_milliseconds_is_the_sweep_over_their_steps(
+    grid, tmp_path, capsys
+):
+    """delay_ms = [0, 40, 50, 100] on Pendulum (dt = 0.05 s), from the command
+    line, is the delays [0, 1, 1, 2] steps: the cells equal the step grid's bit
+    for bit, 40 and 50 ms share one, and the table, JSON and plot are in
+    milliseconds."""
     from jaxmesh.cli import main
 
     out = tmp_path / "sweep.json"
@@ -190,24 +196,33 @@ def test_cli_sweep_prints_the_table_and_writes_json(tmp_path, capsys):
         f"env: {ENV}\npolicy: test_sweep:chunk_policy\nseeds: {SEEDS}\n"
         f"num_envs: 3\nmax_episode_steps: {CAP}\nplan_tile: 8\noutput: {out}\n"
     )
-    args = ["sweep", str(config), "--set", "delay=[0,2]", "--set", "horizon=4"]
-    assert main(args) == 0
+    args = ["sweep", str(config), "--set", "delay_ms=[0,40,50,100]"]
+    assert main([*args, "--set", "horizon=4"]) == 0
     text = capsys.readouterr().out
     assert "1 program(s) compiled" in text and f"wrote {out}" in text
-    back = jaxmesh.Sweep.from_dict(json.loads(out.read_text()))
-    assert sorted(back.cells) == [(0, 4), (2, 4)]
-    ref = reference(4, 2)
-    np.testing.assert_allclose(
-        back.get(delay=2, horizon=4).returns, [r[0] for r in ref], rtol=2e-5
-    )
-    # The same cells from milliseconds (Pendulum's dt is 0.05 s).
-    args = ["sweep", str(config), "--set", "delay_ms=[0,100]", "--set", "horizon=4"]
-    assert main(args) == 0
-    assert "100 ms (2)" in capsys.readouterr().out
+    assert "100 ms (2)" in text
     ms = jaxmesh.Sweep.from_dict(json.loads(out.read_text()))
-    np.testing.assert_array_equal(
-        ms.get(delay_ms=100, horizon=4).returns, back.get(delay=2, horizon=4).returns
-    )
+    assert ms.delay_steps == {0.0: 0, 40.0: 1, 50.0: 1, 100.0: 2}
+    assert ms.delays == (0, 1, 2) and len(ms.cells) == 3
+    for d in (0, 1, 2):
+        got = ms.get(delay_ms={0: 0, 1: 50, 2: 100}[d], horizon=4)
+        want = grid.get(delay=d, horizon=4)
+        for field in ("returns", "lengths", "predict_calls", "seeds"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+    assert ms.get(delay_ms=40, horizon=4) is ms.get(delay=1, horizon=4)
+    rows = ms.table()
+    assert [(r["delay_ms"], r["delay"]) for r in rows] == [
+        (0.0, 0),
+        (40.0, 1),
+        (50.0, 1),
+        (100.0, 2),
+    ]
+    assert "100 ms (2)" in ms.summary()
+    back = jaxmesh.Sweep.from_dict(json.loads(json.dumps(ms.to_dict())))
+    assert back.delay_steps == ms.delay_steps
+    assert ms.plot().axes[0].get_xlabel() == "inference delay (ms)"
+    with pytest.raises(KeyError, match="delay_ms=70"):
+        ms.get(delay_ms=70, horizon=4)
     assert main(["sweep", str(config), "--set", "prefetch_lead=1"]) == 2
     assert main(["eval", str(config), "--set", "delay_ms=-1"]) == 2
     bad = ["eval", str(config), "--set", "execution={ensemble: {m: -1}}"]
@@ -286,21 +301,18 @@ def test_served_sweep_equals_the_in_process_one(host_grid):
     """One served run over the tiled seeds: a lane's segments (the actions the
     server replays) follow its episode's h and d, so every cell equals the
     in-process sweep's (the same agent step; only the env step moves)."""
-    from gym_reference import start_serve_env
+    from jaxmesh.remote.server import EnvServer
 
-    proc, address = start_serve_env(HOST, "--lanes", "3")
-    try:
+    # In process: the EnvServer ``jaxmesh serve-env`` runs.
+    with EnvServer(HOST, "127.0.0.1:0", lanes=3) as server:
         served = jaxmesh.sweep(
             SWEEP_POLICY,
-            f"grpc://{address}",
+            f"grpc://{server.address}",
             delay=DELAYS,
             horizon=HORIZONS,
             seeds=SEEDS,
             **KW,
         )
-    finally:
-        proc.kill()
-        proc.wait()
     assert served.programs == 1
     assert sorted(served.cells) == sorted(host_grid.cells)
     assert served.skipped.keys() == host_grid.skipped.keys()
@@ -336,39 +348,8 @@ def test_host_sweep_refuses_what_a_jax_env_takes_only():
         jaxmesh.sweep(chunk_policy, HOST, randomize=lambda m, k: m, seeds=SEEDS)
 
 
-def test_a_sweep_over_milliseconds_is_the_sweep_over_their_steps():
-    """delay_ms = [0, 40, 50, 100] on Pendulum (dt = 0.05 s) is the delays
-    [0, 1, 1, 2] steps: the cells equal the step sweep's, 40 and 50 ms share
-    one, and the table, JSON and plot are in milliseconds."""
-    ms = jaxmesh.sweep(
-        chunk_policy,
-        ENV,
-        delay_ms=[0, 40, 50, 100],
-        horizon=[4],
-        seeds=SEEDS,
-        num_envs=3,
-        max_episode_steps=CAP,
-    )
-    assert ms.delay_steps == {0.0: 0, 40.0: 1, 50.0: 1, 100.0: 2}
-    assert ms.delays == (0, 1, 2) and len(ms.cells) == 3
-    for d in (0, 1, 2):
-        ref = reference(4, d)
-        got = ms.get(delay_ms={0: 0, 1: 50, 2: 100}[d], horizon=4)
-        np.testing.assert_allclose(got.returns, [r[0] for r in ref], rtol=2e-5)
-    assert ms.get(delay_ms=40, horizon=4) is ms.get(delay=1, horizon=4)
-    rows = ms.table()
-    assert [(r["delay_ms"], r["delay"]) for r in rows] == [
-        (0.0, 0),
-        (40.0, 1),
-        (50.0, 1),
-        (100.0, 2),
-    ]
-    assert "100 ms (2)" in ms.summary()
-    back = jaxmesh.Sweep.from_dict(json.loads(json.dumps(ms.to_dict())))
-    assert back.delay_steps == ms.delay_steps
-    assert ms.plot().axes[0].get_xlabel() == "inference delay (ms)"
-    with pytest.raises(KeyError, match="delay_ms=70"):
-        ms.get(delay_ms=70, horizon=4)
+def test_a_sweep_over_milliseconds_refuses_bad_input():
+    """A live sweep over milliseconds is the command line's (above)."""
     with pytest.raises(ValueError, match="give the delays once"):
         jaxmesh.sweep(chunk_policy, ENV, delay=[1], delay_ms=[50], horizon=[4])
     with pytest.raises(ValueError, match="has no step time"):
