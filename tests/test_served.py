@@ -103,7 +103,9 @@ def cartpoles():
 
 
 # Equality with the plain loop ------------------------------------------------------
-@pytest.mark.parametrize("n", [1, 3, 16])
+# One lane, and more lanes than episodes; 2 lanes (several episodes each) run
+# per step in the async, heavy-info and fault tests below, against the same loop.
+@pytest.mark.parametrize("n", [1, 16])
 def test_per_step_policy_matches_plain_loop(cartpoles, n):
     got = jaxmesh.evaluate(lean, cartpoles, num_envs=n, seeds=SEEDS)
     refs = lean_refs()
