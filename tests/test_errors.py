@@ -134,10 +134,15 @@ def test_seed_keys_are_prngkey_of_seed():
     result = jaxmesh.evaluate(
         lambda obs: jnp.zeros(1), (env, params), seeds=seeds, max_episode_steps=1
     )
-    for s, got in zip(seeds, result.returns, strict=True):
+
+    @jax.jit  # the env's own reset_env / step_env, compiled once for every seed
+    def first_reward(s):
         _, state = env.reset_env(jax.random.PRNGKey(s), params)
         key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(s), 0), 0)
-        _, _, reward, _, _ = env.step_env(key, state, jnp.zeros(1), params)
+        return env.step_env(key, state, jnp.zeros(1), params)[2]
+
+    for s, got in zip(seeds, result.returns, strict=True):
+        reward = first_reward(jnp.uint32(s))
         assert got == pytest.approx(float(reward), rel=1e-6)
     assert len(set(result.returns.tolist())) == len(seeds)
 
@@ -348,10 +353,16 @@ def test_action_out_of_range_where_a_condition_first_holds():
     assert_partial(e.partial_result, refs, range(episode))
 
 
+def torque(w, obs):
+    """Pendulum torque ``w[0]`` while the angular velocity is positive, else
+    ``w[1]``: the torques are params (data), so every pair runs on one program."""
+    return jnp.where(obs[2] > 0, w[0], w[1])[None]
+
+
 def test_non_finite_continuous_action():
-    nan = lambda obs: jnp.full((1,), jnp.nan) + 0.0 * obs[0]
+    nan = jnp.array([jnp.nan, jnp.nan])  # NaN whatever the observation
     with pytest.raises(jaxmesh.BadValueError, match="non-finite") as info:
-        jaxmesh.evaluate(nan, PENDULUM, num_envs=2, seeds=[4, 5, 6])
+        jaxmesh.evaluate(torque, PENDULUM, num_envs=2, seeds=[4, 5, 6], params=nan)
     e = info.value
     assert (e.episode, e.seed, e.step, e.lane) == (0, 4, 0, 0)
     assert np.isnan(e.value) and e.kind == core_results.ACTION_NOT_FINITE
@@ -376,15 +387,22 @@ def nan_reward_env(k):
     return NanRewardAt(jaxmesh.make_env(CARTPOLE), k)
 
 
+#: Reward NaN at step 46, the last step of seed 0's episode (47 steps, hand-
+#: checked); one env object, so that the two tests below share one program.
+NAN_K = 46
+NAN_ENV = nan_reward_env(NAN_K)
+
+
 def test_nan_reward_from_the_env():
-    """Reward NaN at step 47: episodes of at most 47 steps end before it."""
-    seeds = list(range(6))
+    """Reward NaN at step 46: episodes of at most 46 steps end before it."""
+    seeds = [1, 2, 3, 4, 5]
     refs = angle_refs(seeds)
-    k = 47
+    k = NAN_K
     episode = next(i for i, r in enumerate(refs) if r.length > k)
-    assert episode == 2  # hand-checked: 47 and 36 steps, then 49
+    assert episode == 1  # hand-checked: 36 steps, then 49
+    assert refs[episode].length > k + 1  # step k is not that episode's last
     with pytest.raises(jaxmesh.BadValueError, match="reward") as info:
-        jaxmesh.evaluate(angle, nan_reward_env(k), num_envs=1, seeds=seeds)
+        jaxmesh.evaluate(angle, NAN_ENV, num_envs=1, seeds=seeds)
     e = info.value
     assert (e.episode, e.seed, e.step) == (episode, seeds[episode], k)
     assert e.kind == core_results.REWARD_NOT_FINITE and np.isnan(e.value)
@@ -395,8 +413,9 @@ def test_bad_value_on_an_episode_s_last_step_is_not_a_finished_episode():
     seeds = [0, 1]
     refs = angle_refs(seeds)
     k = refs[0].length - 1  # episode 0's last step
+    assert k == NAN_K
     with pytest.raises(jaxmesh.BadValueError) as info:
-        jaxmesh.evaluate(angle, nan_reward_env(k), num_envs=1, seeds=seeds)
+        jaxmesh.evaluate(angle, NAN_ENV, num_envs=1, seeds=seeds)
     assert (info.value.episode, info.value.step) == (0, k)
     assert info.value.partial_result.num_episodes == 0
 
@@ -408,11 +427,11 @@ def test_no_false_alarm_at_the_bounds():
     r = jaxmesh.evaluate(angle, CARTPOLE, num_envs=2, seeds=seeds, segment_steps=8)
     assert_matches(r, angle_refs(seeds))
 
-    def bang(obs):
-        return jnp.where(obs[2] > 0, 2.0, -2.0)[None]
-
-    r = jaxmesh.evaluate(bang, PENDULUM, num_envs=2, seeds=[0])
-    assert_matches(r, reference(PENDULUM, lambda o, k: bang(o), [0]), rtol=1e-5)
+    # test_non_finite_continuous_action's program, with the bounds as torques
+    bang = jnp.array([2.0, -2.0])
+    r = jaxmesh.evaluate(torque, PENDULUM, num_envs=2, seeds=[0], params=bang)
+    ref = reference(PENDULUM, lambda o, k: torque(bang, o), [0])
+    assert_matches(r, ref, rtol=1e-5)
 
 
 # Budgets that cannot fit ------------------------------------------------------

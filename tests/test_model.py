@@ -114,10 +114,11 @@ CASES = [
     (Batch, 1, single(lambda o, k: lean(o)), "predict_batch"),
     (Chunk, 3, lambda o, k: chunk8(o), "predict_chunk"),
     (ChunkBatch, 8, lambda o, k: chunk8(o), "predict_chunk_batch"),
-    (SingleAndBatch, 1, single(lambda o, k: lean(o)), "predict_batch"),
-    (ActionAndChunk, 8, lambda o, k: chunk8(o), "predict_chunk"),
     (AllFour, 5, lambda o, k: chunk8(o), "predict_chunk_batch"),
 ]
+#: Two corners each: (model class, the one corner the engine traces). Each runs
+#: the corner of a class above (that class's run, here traced alone).
+COMBINED = [(SingleAndBatch, "predict_batch"), (ActionAndChunk, "predict_chunk")]
 OWN = {
     Single: ("predict",),
     Batch: ("predict_batch",),
@@ -142,6 +143,24 @@ def test_corners_alone_and_combined_match_reference(cls, horizon, ref_policy, co
     )
     assert_matches(result, refs)
     assert set(TRACED) == {corner}, TRACED
+
+
+@pytest.mark.parametrize("cls, corner", COMBINED, ids=[c[0].__name__ for c in COMBINED])
+def test_combined_corners_trace_the_one_the_engine_calls(cls, corner):
+    """The engine's policy (what ``evaluate`` runs) calls one corner, fixed by
+    the class: its output is that corner's, on a batch of two lanes."""
+    from jaxmesh.core.policy import resolve_policy
+
+    TRACED.clear()
+    model = cls()
+    assert model.corners() == OWN[cls]
+    pol = resolve_policy(model, with_params=False)
+    obs = jnp.array([[0.1, -0.2, 0.03, 0.5], [0.0, 0.3, -0.04, -0.6]])
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    out, _ = pol.apply(pol.default_params(), obs, keys, None)
+    assert set(TRACED) == {corner}, TRACED
+    want = chunk8_batch(obs) if cls.native_chunk else lean(obs)
+    np.testing.assert_array_equal(out, want)
 
 
 def noisy(obs, key):

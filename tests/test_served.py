@@ -103,7 +103,9 @@ def cartpoles():
 
 
 # Equality with the plain loop ------------------------------------------------------
-@pytest.mark.parametrize("n", [1, 3, 16])
+# One lane, and more lanes than episodes; 2 lanes (several episodes each) run
+# per step in the async, heavy-info and fault tests below, against the same loop.
+@pytest.mark.parametrize("n", [1, 16])
 def test_per_step_policy_matches_plain_loop(cartpoles, n):
     got = jaxmesh.evaluate(lean, cartpoles, num_envs=n, seeds=SEEDS)
     refs = lean_refs()
@@ -112,11 +114,12 @@ def test_per_step_policy_matches_plain_loop(cartpoles, n):
     assert got.num_envs == min(n, 16) and got.env == f"gymnasium:{ID}"
 
 
-#: Every lead at 3 lanes, and each lead (l = 0, 0 < l < h, l = h) and lane count
-#: twice: one lane, some lanes running several episodes each, and more lanes than
-#: episodes (two lane groups by default). 16 lanes at lead 2 is
+#: Every lead at 3 lanes (some lanes running several episodes each), and each
+#: kind of lead (l = 0, 0 < l < h, l = h) and lane count twice: one lane (lead 0
+#: here, its chunks counted in test_a_chunk_crosses_the_wire_once), 3 lanes, and
+#: more lanes than episodes (two lane groups by default). 16 lanes at lead 2 is
 #: test_lane_groups_give_the_same_results's run.
-LANES_AND_LEADS = [(1, 0), (1, 2), (3, 0), (3, 1), (3, 2), (3, 4), (16, 1), (16, 4)]
+LANES_AND_LEADS = [(1, 0), (3, 0), (3, 1), (3, 2), (3, 4), (16, 4)]
 
 
 @pytest.mark.parametrize(("n", "lead"), LANES_AND_LEADS)
@@ -203,7 +206,9 @@ def test_a_served_vector_env_steps_in_lockstep_with_the_same_results(lead):
     check_served(got, refs, 3)
 
 
-@pytest.mark.parametrize("groups", [2, 3])
+# 3 groups do not split 16 lanes evenly. (2 groups, the default from 8 lanes on,
+# with the tile of all lanes: the 16-lane runs above.)
+@pytest.mark.parametrize("groups", [3])
 def test_lane_groups_give_the_same_results(cartpoles, groups):
     """Pipelined lane groups plan one group while the server steps another."""
     got = jaxmesh.evaluate(
@@ -216,11 +221,11 @@ def test_lane_groups_give_the_same_results(cartpoles, groups):
         lane_groups=groups,
     )
     check_served(got, chunky_refs(2), 16)
-    # A group plans alone: the default tile is one group's (16 / 2 -> 8 rows).
+    # A group plans alone: the default tile is one group's (8 rows at least).
     assert got.plan_tile == 8
 
 
-@pytest.mark.parametrize("groups", [2, 3])
+@pytest.mark.parametrize("groups", [3])
 def test_per_step_lane_groups_give_the_same_results(cartpoles, groups):
     """h = 1: groups take turns, each group's replies awaited at its next turn."""
     got = jaxmesh.evaluate(
