@@ -9,7 +9,8 @@ depend on how many others share its step; padding indices equal N (out of
 range): read them with ``mode="clip"`` and write with ``mode="drop"``.
 
 For work most steps skip (a reset), ``rarely`` puts all of it in a ``cond``
-on whether any lane is flagged.
+on whether any lane is flagged; when every lane fits in one tile it runs on all
+lanes in place instead and keeps the flagged lanes' values.
 """
 
 from __future__ import annotations
@@ -39,7 +40,21 @@ def for_each_tile(
     Returns:
       The final carry and the number of tiles run.
     """
-    return _tiled(need, tile, body, carry)
+    n = need.shape[0]
+    # One tile more than the lanes fill: the slice of tile i then moves with i
+    # even when every lane fits in one tile. Were it the whole buffer, XLA
+    # would see a loop-invariant body and hoist it out of the loop, running
+    # the body (a whole reset) on every step, whether or not a lane needs it.
+    order, count = _order(need, (-(-n // tile) + 1) * tile)
+    n_tiles = (count + tile - 1) // tile
+
+    def loop(c):
+        i, carry = c
+        idx = jax.lax.dynamic_slice(order, (i * tile,), (tile,))
+        return i + 1, body(idx, carry)
+
+    _, carry = jax.lax.while_loop(lambda c: c[0] < n_tiles, loop, (jnp.int32(0), carry))
+    return carry, n_tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +98,8 @@ def rarely(
     if n <= tile:
         one = lambda c: body(Rows(keep=need), c)
     else:
-        one = lambda c: _tiled(need, tile, lambda idx, c: body(Rows(idx=idx), c), c)[0]
+        tiled = lambda idx, c: body(Rows(idx=idx), c)
+        one = lambda c: for_each_tile(need, tile, tiled, c)[0]
     return jax.lax.cond(jnp.any(need), one, lambda c: c, carry)
 
 
@@ -104,27 +120,6 @@ def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
         .set(jnp.arange(n, dtype=jnp.int32), mode="drop")
     )
     return order, pos[-1] + 1
-
-
-def _tiled(
-    need: jax.Array, tile: int, body: Callable[[jax.Array, Any], Any], carry: Any
-) -> tuple[Any, jax.Array]:
-    """``for_each_tile`` as a loop over the tiles."""
-    n = need.shape[0]
-    # One tile more than the lanes fill: the slice of tile i then moves with i
-    # even when every lane fits in one tile. Were it the whole buffer, XLA
-    # would see a loop-invariant body and hoist it out of the loop, running
-    # the body (a whole reset) on every step, whether or not a lane needs it.
-    order, count = _order(need, (-(-n // tile) + 1) * tile)
-    n_tiles = (count + tile - 1) // tile
-
-    def loop(c):
-        i, carry = c
-        idx = jax.lax.dynamic_slice(order, (i * tile,), (tile,))
-        return i + 1, body(idx, carry)
-
-    _, carry = jax.lax.while_loop(lambda c: c[0] < n_tiles, loop, (jnp.int32(0), carry))
-    return carry, n_tiles
 
 
 def take(x: jax.Array, idx: jax.Array) -> jax.Array:
