@@ -30,6 +30,7 @@ SCRIPTS = (
     "rlmesh_peer",
     "remote",
     "realistic",
+    "hostsim",
     "scale",
     "suite",
     "sweep",
