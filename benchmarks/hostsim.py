@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import inspect
 import multiprocessing as mp
 import os
 import select
@@ -831,7 +832,8 @@ def workload_c(args, served: ServeEnv) -> list[str]:
     forward = batched(image_act, params)
     policy = jaxmesh.Model(image_act, params=params, name="image_mean")
     envs = [ImageEnv(episode_steps=cap) for _ in range(n)]
-    in_kw = {"workers": 0} if "workers" in jaxmesh.evaluate.__code__.co_varnames else {}
+    takes = inspect.signature(jaxmesh.evaluate).parameters
+    in_kw = {"workers": 0} if "workers" in takes else {}
     contenders: dict[str, tuple[Callable, tuple]] = {
         HAND: (lambda: host_loop(envs, seeds, cap, forward), ()),
         C_IN: (lambda: jaxmesh_run(policy, envs, n, seeds, cap, **in_kw), ()),
