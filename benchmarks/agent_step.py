@@ -1,0 +1,182 @@
+"""One agent step of a host-stepped run against a hand loop's jitted policy call.
+
+The workload of ``realistic.py``'s in-process rows: 16 gymnasium
+``HalfCheetah-v5`` lanes, a 2x256 tanh MLP over [16, 17] float32 observations,
+horizon 1. Two contenders, per call, in microseconds (median over ``--calls``
+calls, interleaved in blocks):
+
+(a) ``hand``: ``np.asarray(policy_jit(params, obs))``, the hand loop's call
+    (params put on the device once, as ``realistic.batched_policy`` does);
+(b) ``jaxmesh``: ``HostLoop.agent_step`` + ``HostLoop.read_actions``, the
+    program built as ``jaxmesh.run.host`` builds it (``_host_agent`` over the
+    lanes' spec, ``pol.default_params()`` as ``evaluate`` passes them) and
+    driven as ``LocalRun.lockstep`` drives it (every lane active, none started).
+
+No env is stepped: the observations are the lanes' reset observations, so the
+figures are the agent step alone. No thread environment variable is set.
+
+(c) ``jaxmesh, params placed``: (b) with the loop's params put on the device
+    once beforehand (numpy params are otherwise copied at every step).
+
+``--env`` steps every env between calls (untimed), as a run does: caches and
+the runtime's threads are then as cold as in a run.
+
+Run: ``python benchmarks/agent_step.py [--calls 5000] [--lanes 16] [--env]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import types
+from typing import Any
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxmesh
+from jaxmesh.core import results as core_results
+from jaxmesh.core.policy import resolve_policy
+from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.run import checks
+from jaxmesh.run import host as run_host
+from jaxmesh.run.loop import HostLoop
+
+OBS_DIM, ACT_DIM, HIDDEN = 17, 6, 256
+
+
+def init_params(seed: int) -> dict[str, np.ndarray]:
+    """Fixed random weights of a 2x256 tanh MLP (``realistic.init_params``'s)."""
+    rng = np.random.default_rng(seed)
+
+    def dense(fan_in: int, fan_out: int) -> tuple[np.ndarray, np.ndarray]:
+        w = rng.normal(0.0, 1.0 / np.sqrt(fan_in), (fan_in, fan_out))
+        b = rng.normal(0.0, 0.1, fan_out)
+        return w.astype(np.float32), b.astype(np.float32)
+
+    p = {}
+    p["w1"], p["b1"] = dense(OBS_DIM, HIDDEN)
+    p["w2"], p["b2"] = dense(HIDDEN, HIDDEN)
+    p["w3"], p["b3"] = dense(HIDDEN, ACT_DIM)
+    return p
+
+
+def act(p: Any, obs: jax.Array) -> jax.Array:
+    """One action ([6]) from one observation ([17]); also batched ([n, 17])."""
+    h = jnp.tanh(obs @ p["w1"] + p["b1"])
+    h = jnp.tanh(h @ p["w2"] + p["b2"])
+    return jnp.tanh(h @ p["w3"] + p["b3"])
+
+
+def _host_loop(policy: Any, envs: list, n: int) -> tuple[HostLoop, Any]:
+    """A ``HostLoop`` over ``envs`` with the program ``host.evaluate`` builds;
+    every lane active at its reset observation, the state initialised."""
+    lanes = gym_lanes.make_lanes(envs, n, n)
+    settings = checks.check_settings(n, 1, 0, None, None)
+    pol = resolve_policy(policy, with_params=False)
+    params = pol.default_params()
+    host_agent = run_host._host_agent(policy, pol, lanes.spec, settings, False, None)
+    program = host_agent.program(params)
+    host_agent.compile(params)
+    seeds = np.arange(n, dtype=np.int64)
+    res = core_results.empty(n, n, np)
+    stub = types.SimpleNamespace(steps=None)
+    loop = HostLoop(
+        program, params, lanes, settings, None, seeds, res, stub, None, stub
+    )
+    for j, env in enumerate(envs[:n]):
+        loop.obs[j] = env.reset(seed=j)[0]
+    loop.active[:] = True
+    loop.episode[:] = np.arange(n)
+    loop.ep_keys[:] = run_host.episode_keys(seeds)
+    loop.state = program.init(loop.obs, loop.active.copy())
+    return loop, lanes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=5000, help="timed calls each")
+    ap.add_argument(
+        "--block", type=int, default=250, help="calls per interleaved block"
+    )
+    ap.add_argument("--lanes", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--env", action="store_true", help="step every env between calls (untimed)"
+    )
+    ap.add_argument(
+        "--no-placed", action="store_true", help="skip the params-placed contender"
+    )
+    args = ap.parse_args()
+    n = args.lanes
+
+    params = init_params(args.seed)
+    policy = jaxmesh.Model(act, params=params, name="mlp2x256_tanh")
+    envs = [gym.make("HalfCheetah-v5") for _ in range(n)]
+    loop, lanes = _host_loop(policy, envs, n)
+
+    fn = jax.jit(act)
+    dev_params = jax.device_put(params)
+    obs = np.array(loop.obs, np.float32)
+
+    def hand() -> np.ndarray:
+        return np.asarray(fn(dev_params, obs))
+
+    def jaxmesh_step(run: HostLoop) -> np.ndarray:
+        device = run.agent_step(run.started, run.active, None)
+        actions, _ = run.read_actions(device)
+        run.started[:] = False
+        return actions
+
+    contenders = {"hand": hand, "jaxmesh": lambda: jaxmesh_step(loop)}
+    if not args.no_placed:
+        # The same loop with its params put on the device once (numpy params
+        # are otherwise copied to the device at every step).
+        placed, _ = _host_loop(policy, envs, n)
+        placed.params = jax.device_put(placed.params)
+        contenders["jaxmesh, params placed"] = lambda: jaxmesh_step(placed)
+    ref = hand()
+    same = {k: np.array_equal(f(), ref) for k, f in contenders.items()}
+    for f in contenders.values():  # warm up
+        for _ in range(200):
+            f()
+    idle = np.zeros(ACT_DIM, np.float32)
+
+    def between() -> None:  # what a run does between agent steps (untimed)
+        if args.env:
+            for env in envs:
+                env.step(idle)
+
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    clock = time.perf_counter_ns
+    for _ in range(max(1, args.calls // args.block)):
+        for name, f in contenders.items():
+            out = times[name]
+            for _ in range(args.block):
+                between()
+                t0 = clock()
+                f()
+                out.append((clock() - t0) / 1e3)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    p10 = {k: float(np.percentile(v, 10)) for k, v in times.items()}
+    print(
+        f"agent step: {n} HalfCheetah-v5 lanes, 2x256 tanh MLP, horizon 1, "
+        f"jax {jax.__version__}, {len(times['hand'])} calls each"
+    )
+    print(f"actions identical to the hand call's: {same}")
+    print(f"envs stepped between calls (untimed): {args.env}")
+    for k in contenders:
+        print(
+            f"  {k:24s} median {med[k]:8.1f} us   p10 {p10[k]:8.1f} us"
+            f"   ratio to hand {med[k] / med['hand']:.2f}"
+        )
+    lanes.close()
+    for e in envs:
+        e.close()
+
+
+if __name__ == "__main__":
+    main()
