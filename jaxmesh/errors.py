@@ -56,3 +56,15 @@ class RemoteEnvError(RemoteError):
 class RemoteConnectionError(RemoteError, ConnectionError):
     """The server cannot be reached, went away, refused the session or timed it
     out."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process stepping a host env's lanes died twice while running
+    the same episode (``episode``, ``seed``); ``partial_result`` holds every
+    episode finished before the run stopped."""
+
+    def __init__(self, message: str, *, episode: int, seed: int):
+        super().__init__(message)
+        self.episode = episode
+        self.seed = seed
+        self.partial_result = None

@@ -214,8 +214,10 @@ def test_max_episode_seconds_is_refused_for_a_jax_env(no_compile):
         jaxmesh.evaluate(lean, "gymnax:CartPole-v1", max_episode_seconds=1.0)
 
 
-class DictObs(gym.Env):
-    observation_space = spaces.Dict({"x": spaces.Box(-1, 1, (2,), np.float32)})
+class TextInDictObs(gym.Env):
+    observation_space = spaces.Dict(
+        {"x": spaces.Box(-1, 1, (2,), np.float32), "words": spaces.Text(5)}
+    )
     action_space = spaces.Discrete(2)
 
 
@@ -233,7 +235,7 @@ def narrow_cartpole():
 @pytest.mark.parametrize(
     "env, error, words",
     [
-        (DictObs(), TypeError, ["Dict", "FlattenObservation"]),
+        (TextInDictObs(), TypeError, ["Text", "Box", "Dict"]),
         ("gymnasium:CartPol-v1", ValueError, ["CartPole-v1"]),
         (lambda: [gym.make(ID)] * 2, ValueError, ["same Env object"]),
         (lambda: [gym.make(ID), "CartPole"], TypeError, ["entry 1", "str"]),
@@ -479,7 +481,7 @@ def test_reset_options_and_wall_clock_cap():
 def test_host_adapter_replays_in_the_agent_dtype():
     lanes = jaxmesh.envs.gymnasium.make_lanes(f"gymnasium:{ID}", 2, 2)
     try:
-        assert lanes.reset([1, 0], [8, 7], [0, 1])[0].dtype == lanes.spec.obs_dtype
+        assert lanes.reset([1, 0], [8, 7], [0, 1])[""].dtype == lanes.spec.obs_dtype
         got = lanes.replay([0, 1], [3, 3], np.ones(6, np.int64))
         env = gym.make(ID)
         env.reset(seed=7)
@@ -547,6 +549,8 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
     root = Path(jaxmesh.__file__).parent
     for path, banned in (
         ("envs/gymnasium/lanes.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
+        ("envs/gymnasium/leaves.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
+        ("envs/gymnasium/workers.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         ("remote/server.py", ("jax", "flax")),
     ):
         for node in ast.walk(ast.parse((root / path).read_text())):
@@ -561,6 +565,7 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
                     "jaxmesh.envs.names",  # lanes.py: unknown_id, error path
                     "jaxmesh.envs.timing",  # a step's seconds: imports only math
                     "jaxmesh.envs.gymnasium",
+                    "jaxmesh.envs.gymnasium.leaves",  # numpy only
                     "jaxmesh.remote",
                     "jaxmesh.remote.proto",
                     "jaxmesh.remote.protocol",  # constants; imports nothing

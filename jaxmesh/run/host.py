@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jaxmesh.adapt import read_keys
 from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
@@ -240,7 +241,8 @@ class HostRecorder:
     def __init__(self, record: Any, num_lanes: int, spec: Any, render: Any = None):
         self.record = record
         self.max_steps = record.max_steps
-        obs = np.zeros(spec.obs_shape, spec.obs_dtype)
+        self.keys = record.keys
+        obs = observation_leaves(spec.zeros(), self.keys, "")
         self.recording = core_results.empty_recording(
             record.episodes,
             record.max_steps,
@@ -282,13 +284,21 @@ class HostRecorder:
         if frame is not None:
             self.recording.frames[slot].append(np.asarray(frame, np.uint8))
 
-    def reset(self, js: Any, obs: np.ndarray) -> None:
+    def _put(self, r: int, k: int, obs: Any, row: int) -> None:
+        """Row ``row`` of ``obs`` (leaves by lane) as slot r's observation k."""
+        picked = observation_leaves(obs, self.keys, "")
+        jax.tree.map(
+            lambda buf, x: buf.__setitem__((r, k), x[row]),
+            self.recording.observations,
+            picked,
+        )
+
+    def reset(self, js: Any, obs: Any) -> None:
         """The reset observations of lanes ``js`` (rows of ``obs`` by lane)."""
-        rec = self.recording
         for j in js:
             r = self.slot[j]
             if r >= 0:
-                rec.observations[r, 0] = obs[j]
+                self._put(r, 0, obs, j)
                 if self.render is not None:
                     self._frame(int(j), int(r))
 
@@ -301,15 +311,15 @@ class HostRecorder:
                 self.recording.actions[self.slot[j], k] = actions[j]
 
     def step(self, js: np.ndarray, t: np.ndarray, obs, reward, term, trunc) -> None:
-        """Step ``t`` of lanes ``js``: the observation after it, the reward and
-        the ends (each [m], aligned with ``js``)."""
+        """Step ``t`` of lanes ``js``: the observation after it (``obs``: every
+        lane's, by lane), the reward and the ends ([m], aligned with ``js``)."""
         rec = self.recording
         for q in np.flatnonzero(self.slot[js] >= 0):
             j, k = js[q], int(t[q])
             r = self.slot[j]
             if k >= self.max_steps:
                 continue
-            rec.observations[r, k + 1] = obs[q]
+            self._put(r, k + 1, obs, j)
             rec.rewards[r, k] = reward[q]
             rec.terminated[r, k] = term[q]
             rec.truncated[r, k] = trunc[q]
@@ -346,6 +356,59 @@ def _env_render(lanes: Any, frames: bool | None) -> Any:
     return None
 
 
+def check_workers(value: Any) -> int | None:
+    """``workers`` as an int >= 0, or None (the default: ``_workers``' rule).
+
+    Raises:
+      TypeError, ValueError: not an int >= 0.
+    """
+    if value is None:
+        return None
+    return checks.check_int(
+        "workers",
+        value,
+        0,
+        "worker processes that step a host-stepped env's lanes (0: in this "
+        "process; None: chosen for the machine and the env)",
+    )
+
+
+def _workers(
+    workers: int | None, env: Any, lanes: int, record: Any, check_seeds: bool
+) -> int:
+    """The worker processes of a run in this process's lanes (0: none).
+
+    ``workers=None`` picks them (``workers.default_workers``) for an env given
+    as an id or factory, when nothing needs the envs in this process (frames
+    recorded, ``check_seeds``); envs built by the caller stay here.
+
+    Raises:
+      TypeError, ValueError: ``workers >= 1`` with env objects or a factory
+        that cannot be pickled, or with frames recorded or ``check_seeds``.
+    """
+    from jaxmesh.envs.gymnasium import workers as pool
+
+    frames = record is not None and record.frames is not False
+    if workers is None:
+        if frames or check_seeds or not pool.is_source(env):
+            return 0
+        return pool.default_workers(env, lanes)
+    if workers == 0:
+        return 0
+    pool.check_source(env, lanes)
+    if record is not None and record.frames:
+        raise ValueError(
+            f"workers={workers}: Record(frames=True) renders the envs, which live "
+            "in the worker processes; record without frames, or pass workers=0"
+        )
+    if check_seeds:
+        raise ValueError(
+            f"workers={workers}: check_seeds=True checks an env in this process; "
+            "pass workers=0, or check the env first with jaxmesh.check_seeds"
+        )
+    return min(workers, lanes)
+
+
 def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any:
     """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"`` when a
     recording wants frames; None otherwise (``make_lanes`` makes them)."""
@@ -373,6 +436,9 @@ class _Program(NamedTuple):
     init: Any  # (obs [N], lanes [N]) -> AgentState
     step: Any  # agent.host_step with the config and policy bound
     plan: Any  # the run's jaxmesh.run.plan.RunPlan (the config holds its sizes)
+    #: The observation leaves the policy reads (``leaves.ObsLayout``): only
+    #: these are put on the device.
+    layout: Any
 
 
 class HostAgent:
@@ -413,7 +479,8 @@ class HostAgent:
         program = _Program(
             *run_agent.agent_functions(
                 self.policy, self.spec, self.settings, params, self.tile_lanes
-            )
+            ),
+            self.spec.layout,
         )
         self._programs[sig] = program
         return program
@@ -429,7 +496,7 @@ class HostAgent:
             return 0.0
         t0 = time.perf_counter()
         program, spec, n = self.program(params), self.spec, self.settings.num_envs
-        obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
+        obs = spec.zeros((n,))
         off = np.zeros((n,), bool)
         k = jax.eval_shape(jax.random.PRNGKey, 0)
         keys = np.zeros((n,) + tuple(k.shape), k.dtype)
@@ -505,6 +572,7 @@ def evaluate(
     trial_index_base: int = 0,
     success_mode: str = checks.DEFAULT_SUCCESS_MODE,
     instruction: str | None = None,
+    workers: int | None = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -597,7 +665,12 @@ def evaluate(
         tile_lanes = lanes.group(settings, served.lane_groups)
     else:
         e = int(seeds_arr.size)
-        lanes = _recording_lanes(env, record, settings.num_envs, e)
+        count = max(1, min(settings.num_envs, e))
+        w = _workers(workers, env, count, record, check_seeds)
+        if w:
+            lanes = gym_lanes.WorkerEnvLanes(env, count, w)
+        else:
+            lanes = _recording_lanes(env, record, settings.num_envs, e)
         if lanes is None:
             lanes = gym_lanes.make_lanes(env, settings.num_envs, e)
         tile_lanes = None
@@ -615,7 +688,7 @@ def evaluate(
         recorder = None
         if record is not None:
             where = f"env {lanes.spec.name!r}"
-            observation_leaves(np.zeros(lanes.spec.obs_shape), record.keys, where)
+            observation_leaves(lanes.spec.zeros(), record.keys, where)
             render = None
             if served is None:
                 render = _env_render(lanes, record.frames)
@@ -636,8 +709,10 @@ def evaluate(
             trial_index_base,
         )
         params = pol.default_params() if params is None else pol.place(params)
+        # The policy's view: only the observation leaves it reads.
+        agent_spec = lanes.spec.reading(read_keys(pol.spec))
         host_agent = _host_agent(
-            policy, pol, lanes.spec, settings, with_params, tile_lanes
+            policy, pol, agent_spec, settings, with_params, tile_lanes
         )
         host_agent.program(params)  # every check runs before a hook hears of the run
         return _run(
@@ -755,7 +830,7 @@ def _run(
 
     def loop() -> Any:
         if e:
-            if isinstance(lanes, gym_lanes._Lanes):
+            if isinstance(lanes, gym_lanes._Lanes | gym_lanes.WorkerEnvLanes):
                 run_cls = LocalRun
             else:
                 from jaxmesh.run.served import run_class

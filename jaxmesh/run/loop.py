@@ -33,7 +33,8 @@ import numpy as np
 
 from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
-from jaxmesh.run import resume
+from jaxmesh.errors import WorkerError
+from jaxmesh.run import resume, stream
 
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
 MAX_SEEDS_CHECKED = 1_000_000
@@ -75,7 +76,9 @@ class HostLoop:
         trial_base: int = 0,
         texts: Any = None,
     ):
-        self.program, self.params, self.lanes = program, params, lanes
+        # Params on the device once, not copied at every agent step.
+        self.program, self.lanes = program, lanes
+        self.params = jax.device_put(params)
         self.texts = texts
         self.cfg = program.config
         self.spec = lanes.spec
@@ -95,7 +98,12 @@ class HostLoop:
         self.t = np.zeros(n, np.int32)  # steps executed
         self.ret = np.zeros(n, np.float32)
         self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
-        self.obs = np.zeros((n,) + spec.obs_shape, spec.obs_dtype)
+        #: Each lane's last observation as named leaves ``[N, ...]``; ``obs``
+        #: holds the same arrays in the observation's own structure, and
+        #: ``agent_obs`` those the policy reads (what the agent step is given).
+        self.obs_leaves = spec.layout.empty((n,))
+        self.obs = spec.layout.build(self.obs_leaves)
+        self.agent_obs = program.layout.build(self.obs_leaves)
         #: The action each lane executes at its current step (the hooks read it).
         self.step_action = np.zeros((n,) + spec.action_shape, spec.action_dtype)
         #: When each lane's episode began (perf_counter), where this process
@@ -106,6 +114,8 @@ class HostLoop:
         #: Each episode's index in the budget (a resumed run runs a part of it):
         #: an env that declares ``trial_index`` gets it (CONTRACT 6).
         self.trial_of = trial_base + resume.episode_indices(self.e)
+        #: Episode -> times a worker process died while running it.
+        self.losses: dict[int, int] = {}
         #: Lanes gone for good (their server was lost): never given an episode.
         self.dead = np.zeros(n, bool)
         #: Started episodes to run again from their seeds (a lost lane's), taken
@@ -193,7 +203,7 @@ class HostLoop:
         for j in np.asarray(js).tolist():
             i = int(self.episode[j])
             seed = int(self.seeds[i])
-            digest = hash(self.obs[j].tobytes())
+            digest = hash(b"".join(x[j].tobytes() for x in self.obs_leaves.values()))
             first = self.reset_digest.setdefault(seed, (i, digest))
             if first[1] != digest:
                 self.warned_seeds = True
@@ -226,6 +236,39 @@ class HostLoop:
         return lost
 
     # The agent --------------------------------------------------------------------
+    def requeue(self, js: np.ndarray) -> None:
+        """Lanes ``js`` lost their envs (their worker died; a new one rebuilt
+        them): their unfinished episodes run again from their seeds, on any
+        free lane, before the unstarted ones (CONTRACT 30).
+
+        Raises:
+          WorkerError: an episode was lost this way a second time (naming it;
+            every finished episode is kept on ``exc.partial_result``).
+        """
+        js = js[self.active[js]]
+        lost = sorted(int(i) for i in self.episode[js])
+        # The episode whose step was under way is the one counted; every one
+        # on the worker when that is unknown.
+        culprits = [j for j in getattr(self.lanes, "culprits", ()) if j in js]
+        counted = sorted(int(self.episode[j]) for j in culprits) or lost
+        for i in counted:
+            self.losses[i] = self.losses.get(i, 0) + 1
+            if self.losses[i] >= 2:
+                raise WorkerError(
+                    f"episode {i} (seed {int(self.seeds[i])}) was running when its "
+                    "worker process died, twice: its env crashes the process (a "
+                    "simulator fault, or memory). Run it alone (seeds=[...], "
+                    "workers=0) to see the error",
+                    episode=i,
+                    seed=int(self.seeds[i]),
+                )
+        self.active[js] = self.started[js] = False
+        self.episode[js] = -1
+        self.rerun = sorted(self.rerun + lost)
+        self.tel.add("worker_lost", 1)
+        event = {"event": "worker lost", "lanes": js.tolist(), "episodes_rerun": lost}
+        stream.call(self.episodes_out.hooks, "on_fault", event)
+
     def lane_setting(self, js: np.ndarray) -> tuple[Any, Any]:
         """The effective horizon and lead (a delay d plans as a lead of d) of
         lanes ``js``: [m] ints, each lane's cell under a sweep."""
@@ -240,7 +283,7 @@ class HostLoop:
         self.state, actions = self.program.step(
             self.params,
             self.state,
-            self.obs,
+            self.agent_obs,
             started,
             active,
             self.ep_keys,
@@ -316,7 +359,7 @@ class HostLoop:
         if self.t0 is not None:
             tr = tr | (time.perf_counter() - self.t0[j] >= self.seconds)
         if self.recorder is not None:
-            self.recorder.step(j, step_index, self.obs[j], r, te, tr)
+            self.recorder.step(j, step_index, self.obs, r, te, tr)
         kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
         bad_r = kinds != core_results.NO_FAULT
         if bad_r.any():
@@ -445,8 +488,8 @@ class LocalRun(HostLoop):
             self.texts.begin(js, self.lanes.reset_text, eps)
         else:
             first = self.lanes.reset(js, seeds, trials)
-        for j, o in zip(js, first, strict=True):
-            self.obs[j] = o
+        for name, rows in first.items():
+            self.obs_leaves[name][js] = rows
         if self.metrics.tracks_success:
             self.metrics.reset(js, self.lanes.reset_info)
         self.started[js] = True
@@ -456,7 +499,7 @@ class LocalRun(HostLoop):
 
     def run(self) -> None:
         self.take_next(np.ones(self.n, bool))
-        self.state = self.program.init(self.obs, self.active.copy())
+        self.state = self.program.init(self.agent_obs, self.active.copy())
         self.lockstep()
         self.finish()
 
@@ -490,8 +533,14 @@ class LocalRun(HostLoop):
         go = mask
         if faults is not None:
             go = go & (faults[0] == core_results.NO_FAULT)
-        reward, term, trunc = self.lanes.step(actions, go, self.obs)
+        reward, term, trunc = self.lanes.step(actions, go, self.obs_leaves)
         self.tel.span("env_step", t_env, time.perf_counter(), row)
+        lost = np.asarray(getattr(self.lanes, "lost", ()), np.int64)
+        lost = lost[lost < self.n]
+        if lost.size:  # a worker died: these lanes did not step
+            go = go.copy()
+            go[lost] = False
+            self.requeue(lost)
         j = np.flatnonzero(go)
         if self.metrics.active:
             self.step_metrics(go, j)
@@ -499,6 +548,10 @@ class LocalRun(HostLoop):
             self.recorder.actions(j, self.t[j], actions)
         self.step_action = actions
         self.account(j, reward[j], term[j], trunc[j], faults)
+        if lost.size:  # their episodes run again, from their seeds
+            free = np.zeros(self.n, bool)
+            free[lost] = True
+            self.take_next(free & ~self.active)
 
     def step_metrics(self, go: np.ndarray, j: np.ndarray) -> None:
         """The info values of the step just taken (``lanes.info``)."""

@@ -552,6 +552,7 @@ def evaluate(
     instruction: str | None = None,
     randomize: Any = None,
     delay_ms: float | None = None,
+    workers: int | None = None,
 ) -> RunResult:
     """Evaluates a policy on a JAX-native env, scoring exactly the budget.
 
@@ -758,6 +759,19 @@ def evaluate(
         kind,
         env,
     )
+    from jaxmesh.run import host
+
+    workers = host.check_workers(workers)
+    if workers and kind != backend.HOST:
+        raise ValueError(
+            f"workers={workers}: worker processes step a gymnasium env's lanes "
+            f"('gymnasium:<id>' or an env factory); env {env!r} is "
+            + (
+                "served: start its server with `jaxmesh serve-env ... --workers N`"
+                if kind == backend.SERVED
+                else "a JAX env, stepped inside the jitted loop: drop workers="
+            )
+        )
     if kind != backend.SCAN:
         if randomize is not None:
             raise TypeError(playground.not_playground(env))
@@ -767,8 +781,6 @@ def evaluate(
                 f"only; env {env!r} is stepped by the host, so drop devices="
             )
         initial.refuse_host(initial_states, reset_fn, env)
-        from jaxmesh.run import host
-
         return host.evaluate(
             policy,
             env,
@@ -786,6 +798,7 @@ def evaluate(
             trial_index_base=trial_index_base,
             success_mode=success_mode,
             instruction=instruction,
+            workers=workers,
         )
     if max_episode_seconds is not None:
         raise ValueError(

@@ -56,6 +56,7 @@ import numpy as np
 
 from jaxmesh.core import rules
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.envs.gymnasium.spec import spec_for
 from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import OBS_KEY
@@ -152,10 +153,12 @@ class ServedLanes:
         self.observation_space = spaces.leaf_space(first.observation)
         self.action_space = spaces.leaf_space(first.action)
         where = f"served env at {first.address}"
-        shape, dtype = gym_lanes.observation_layout(self.observation_space, where)
-        a_shape, a_dtype, n_act = gym_lanes.action_layout(self.action_space, where)
-        self.spec = gym_lanes.HostEnvSpec(
-            first.env_name, shape, dtype, a_shape, a_dtype, n_act, first.dt
+        self.spec = spec_for(
+            first.env_name,
+            self.observation_space,
+            self.action_space,
+            where,
+            first.dt,
         )
         # Lanes dealt round-robin over the servers.
         self.server: list[int] = []

@@ -28,7 +28,12 @@ from jaxmesh.envs.gymnasium.lanes import (
     info_value,
     is_host_stepped,
 )
-from jaxmesh.envs.gymnasium.local import EnvLanes, VectorLanes, make_lanes
+from jaxmesh.envs.gymnasium.local import (
+    EnvLanes,
+    VectorLanes,
+    WorkerEnvLanes,
+    make_lanes,
+)
 from jaxmesh.envs.gymnasium.spec import (
     HostEnvSpec,
     action_layout,
@@ -54,6 +59,7 @@ __all__ = [
     "make_lanes",
     "EnvLanes",
     "VectorLanes",
+    "WorkerEnvLanes",
     "HostEnvSpec",
     "LaneError",
     "ResultBatch",

@@ -42,15 +42,18 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.remote.protocol import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 
@@ -105,7 +108,8 @@ def is_host_stepped(env: Any) -> bool:
     """Whether ``env`` is a gymnasium env jaxmesh steps on the host.
 
     True for ``"gymnasium:<id>"``, a ``gymnasium.Env`` (wrappers included), a
-    ``gymnasium.vector.VectorEnv`` and a list holding a ``gymnasium.Env``. Never
+    ``gymnasium.vector.VectorEnv``, an env factory (``is_factory``) and a list
+    holding a ``gymnasium.Env`` or a factory. Never
     imports gymnasium: an object can only be a gymnasium env once it is loaded.
     """
     if isinstance(env, str):
@@ -113,9 +117,21 @@ def is_host_stepped(env: Any) -> bool:
     gym = sys.modules.get("gymnasium")
     if gym is None:
         return False
-    if isinstance(env, gym.Env | gym.vector.VectorEnv):
+    if isinstance(env, gym.Env | gym.vector.VectorEnv) or is_factory(env):
         return True
-    return isinstance(env, list) and any(isinstance(e, gym.Env) for e in env)
+    return isinstance(env, list) and any(
+        isinstance(e, gym.Env) or is_factory(e) for e in env
+    )
+
+
+def is_factory(env: Any) -> bool:
+    """A zero-argument env factory: a function, a ``functools.partial`` or a
+    ``gymnasium.Env`` subclass (that worker processes call to build their
+    envs)."""
+    if isinstance(env, types.FunctionType | functools.partial):
+        return True
+    gym = sys.modules.get("gymnasium")
+    return gym is not None and isinstance(env, type) and issubclass(env, gym.Env)
 
 
 def env_name(env: Any) -> str:
@@ -453,8 +469,9 @@ class Lanes:
       metadata: the env's metadata.
       dt: simulated seconds per step (``env_dt``), None where the env has none.
       owned: close the envs in :meth:`close` (jaxmesh made them).
-      obs_shape, obs_dtype: what an observation is converted to and checked
-        against (``layout`` of the constructor; the space's own by default).
+      layout: the observation's named leaves (``leaves.ObsLayout``), each
+        converted to and checked against the ``layout`` of the constructor
+        (the space's own by default).
       declares_trial_index: the env lists ``"trial_index"`` in
         ``metadata["reset_options"]`` (only such an env gets it, CONTRACT 6).
       started: bool ``[num_lanes]``: reset since the lanes were made or
@@ -472,9 +489,9 @@ class Lanes:
     owned: bool
 
     def _setup(self, layout: Callable[[Any], tuple] | None) -> None:
-        shape, dtype = (layout or native_layout)(self.observation_space)
-        self.obs_shape = tuple(int(d) for d in shape)
-        self.obs_dtype = np.dtype(dtype)
+        self.layout = ObsLayout(
+            self.observation_space, layout or native_layout, self.name
+        )
         self.discrete = isinstance(self.action_space, _gym().spaces.Discrete)
         self.declares_trial_index = declares_trial_index(self.metadata)
         n = self.num_lanes
@@ -498,35 +515,21 @@ class Lanes:
             self.ended[list(lanes)] = True
 
     # Observations -------------------------------------------------------------------
-    def observation(self, value: Any, lane: int) -> np.ndarray:
-        """One lane's observation as an array of ``obs_shape`` and ``obs_dtype``.
+    def observation(self, value: Any, lane: int) -> dict[str, np.ndarray]:
+        """One lane's observation as named leaves (``ObsLayout.leaves``).
 
         Raises:
-          ValueError: a shape other than the observation_space's (naming the
-            lane).
+          ValueError: a missing leaf or a shape other than the
+            observation_space's (naming the lane).
         """
-        arr = np.asarray(value, self.obs_dtype)
-        if arr.shape != self.obs_shape:
-            raise ValueError(
-                f"{self.name} lane {lane} returned an observation of shape "
-                f"{arr.shape}; its observation_space has shape {self.obs_shape}. "
-                "Make the env return observations of its declared shape"
-            )
-        return arr
+        return self.layout.leaves(value, lane)
 
-    def observations(self, values: Sequence, lanes: Any) -> np.ndarray:
-        """The observations of ``lanes`` (a list, or a slice from 0) stacked,
-        checked as :meth:`observation` checks one (one numpy call in the usual
-        case)."""
-        try:
-            arr = np.asarray(values, self.obs_dtype)
-        except (TypeError, ValueError):  # ragged or not numbers: name the lane
-            arr = None
-        if arr is None or arr.shape[1:] != self.obs_shape:
-            where = range(len(values)) if isinstance(lanes, slice) else lanes
-            for j, v in zip(where, values, strict=True):
-                self.observation(v, j)
-        return arr
+    def observations(self, values: Sequence, lanes: Any) -> dict[str, np.ndarray]:
+        """The observations of ``lanes`` (a list, or a slice from 0) stacked per
+        leaf, checked as :meth:`observation` checks one (one numpy call per leaf
+        in the usual case)."""
+        where = range(len(values)) if isinstance(lanes, slice) else lanes
+        return self.layout.stack(values, where)
 
     def _past_deadline(self, lane: int) -> bool:
         deadline = self.deadline[lane]
@@ -773,11 +776,12 @@ class Lanes:
         observation = {}
         if want_obs:
             frames = [o for r in results for o in r.obs]
-            observation[""] = (
-                np.stack(frames)
-                if frames
-                else np.zeros((0,) + self.obs_shape, self.obs_dtype)
-            )
+            if frames:
+                observation = {
+                    n: np.stack([f[n] for f in frames]) for n in self.layout.names
+                }
+            else:
+                observation = self.layout.empty((0,))
         # Every step's info with only the last observation: a reset's row and
         # one per executed step.
         info_rows = None
@@ -908,7 +912,7 @@ class ListLanes(Lanes):
             np.asarray(r, np.float64),
             term,
             trunc,
-            {"": obs},
+            obs,
             info,
             present,
         )
@@ -1215,7 +1219,7 @@ class VectorLanes(Lanes):
         j = op.lane
         out = LaneResult(j, reset=True)
         try:
-            arr = self.observation(obs[j], j)
+            arr = self.observation(self.layout.row(obs, j), j)
         except Exception as exc:
             raise LaneError(j, "resetting", exc) from exc
         if want_obs:
@@ -1251,7 +1255,11 @@ class VectorLanes(Lanes):
                     lane = op.lane
                     te = bool(term[lane])
                     tr = bool(trunc[lane]) or self._past_deadline(lane)
-                    arr = self.observation(obs[lane], lane) if want_obs else None
+                    arr = (
+                        self.observation(self.layout.row(obs, lane), lane)
+                        if want_obs
+                        else None
+                    )
                     row = self.lane_info(info, lane, info_keys) if info_keys else None
                     results[lane].record(
                         reward[lane], te, tr, arr, row, keep_all, keep_all_info

@@ -37,7 +37,7 @@ import numpy as np
 from jaxmesh.envs.gymnasium import lanes as core
 from jaxmesh.envs.gymnasium.lanes import _gym, env_actions, info_value
 from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
-from jaxmesh.remote.protocol import OBS_KEY, TRIAL_INDEX
+from jaxmesh.remote.protocol import TRIAL_INDEX
 
 __all__ = ["EnvLanes", "VectorLanes", "make_lanes"]
 
@@ -98,14 +98,6 @@ class _Lanes:
         }
         self.info_seen = set()
 
-    def observation(self, obs: Any, lane: int) -> np.ndarray:
-        """One lane's observation as an array of the spec's shape and dtype."""
-        return self.lanes.observation(obs, lane)
-
-    def observations(self, values: Sequence, lanes: Any) -> np.ndarray:
-        """The observations of ``lanes`` (a slice or a list) stacked, checked."""
-        return self.lanes.observations(values, lanes)
-
     @_env_errors
     def reset(
         self,
@@ -114,9 +106,9 @@ class _Lanes:
         trials: list[int],
         max_episode_seconds: float | None = None,
         text_keys: Sequence[str] = (),
-    ) -> list:
+    ) -> dict[str, np.ndarray]:
         """Starts an episode on each of ``lanes`` (in any order); their
-        observations, in the order given.
+        observations as named leaves ``[m, ...]``, rows in the order given.
 
         ``text_keys``: reset-info keys read as they are (strings): afterwards
         ``self.reset_text[key]`` holds one value per lane, in the order given
@@ -145,11 +137,12 @@ class _Lanes:
             info_keys=self.info_keys,
             text_keys=text_keys,
         )
-        obs = batch.observation[OBS_KEY]
-        out: list = [None] * len(lanes)
+        # Rows back in the order given.
+        back = np.empty(len(order), np.int64)
+        back[order] = np.arange(len(order))
+        out = {name: rows[back] for name, rows in batch.observation.items()}
         text = {k: [None] * len(lanes) for k in text_keys}
         for k, i in enumerate(order):
-            out[i] = obs[k]
             for key in text_keys:
                 text[key][i] = self.lanes.reset_text[key][k]
         self.reset_text = text
@@ -238,8 +231,9 @@ class EnvLanes(_Lanes):
                 vals[j], present[j] = v, True
 
     @_env_errors
-    def step(self, actions: np.ndarray, go: np.ndarray, obs: np.ndarray):
-        """Steps the lanes in ``go``; writes their observations into ``obs``.
+    def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
+        """Steps the lanes in ``go``; writes their observations into ``obs``
+        (named leaves ``[n, ...]``).
 
         Returns:
           (reward float32 [n], terminated [n], truncated [n]); lanes not in
@@ -264,7 +258,8 @@ class EnvLanes(_Lanes):
         if not out:
             return reward, term, trunc
         o, r, te, tr, infos = zip(*out, strict=True)
-        obs[lanes] = shared.observations(o, lanes)
+        for name, rows in shared.observations(o, lanes).items():
+            obs[name][lanes] = rows
         reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         if any(te) or any(tr):  # the shared lanes' state: these episodes ended
             shared.ended[:n] |= term | trunc
@@ -290,8 +285,9 @@ class VectorLanes(_Lanes):
         super().__init__(lanes, where)
         self.vec = vec
 
-    def step(self, actions: np.ndarray, go: np.ndarray, obs: np.ndarray):
-        """Steps every vector lane; lanes not in ``go`` play the idle action.
+    def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
+        """Steps every vector lane; lanes not in ``go`` play the idle action;
+        writes their observations into ``obs`` (named leaves ``[n, ...]``).
 
         Returns:
           (reward float32 [n], terminated [n], truncated [n]) for the first n
@@ -306,7 +302,9 @@ class VectorLanes(_Lanes):
         if self.info_keys:
             self._read_vector_info(info, go)
         for j in np.flatnonzero(go):
-            obs[j] = shared.observation(o[j], int(j))
+            one = shared.observation(shared.layout.row(o, int(j)), int(j))
+            for name, leaf in one.items():
+                obs[name][j] = leaf
         shared.ended[:n] |= (te | tr)[:n] & go  # the shared lanes' state
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
         return reward, te[:n] & go, tr[:n] & go
@@ -327,12 +325,142 @@ class VectorLanes(_Lanes):
                 vals[j], present[j] = v, True
 
 
+class WorkerEnvLanes:
+    """Lanes stepped by worker processes (``workers.WorkerLanes``) over shared
+    memory, behind the same interface as :class:`EnvLanes`.
+
+    After a ``step``, ``lost`` lists the lanes of a worker that died in it: a
+    new worker rebuilt their envs, and the host loop runs their episodes again
+    from their seeds (they did not step).
+
+    Args:
+      source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a
+        list of them (one per lane).
+      num_lanes: the lanes.
+      workers: the worker processes.
+    """
+
+    def __init__(self, source: Any, num_lanes: int, workers: int):
+        from jaxmesh.envs.gymnasium.workers import WorkerLanes
+
+        self.pool = WorkerLanes(source, num_lanes, workers)
+        try:
+            pool = self.pool
+            self.spec: HostEnvSpec = spec_for(
+                pool.name, pool.observation_space, pool.action_space, "env", pool.dt
+            )
+            pool.attach(self.spec.layout, self.spec.action_shape, None)
+        except BaseException:
+            self.pool.close()
+            raise
+        self.num_lanes = num_lanes
+        self.action_space = pool.action_space
+        self.info_keys: tuple[str, ...] = ()
+        self.info: dict = {}
+        self.reset_info: dict = {}
+        self.reset_text: dict = {}
+        self.info_seen: set = set()
+        self.lost: list[int] = []
+        #: Of ``lost``, the lane whose env step was under way (none: the
+        #: worker died between steps).
+        self.culprits: list[int] = []
+        self.owned = True
+
+    @property
+    def workers(self) -> int:
+        return self.pool.workers
+
+    def _rows(self, lanes: Any) -> dict[str, np.ndarray]:
+        slots = self.pool.slots
+        return {n: slots["obs:" + n][lanes] for n in self.spec.layout.names}
+
+    def reset(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        trials: list[int],
+        max_episode_seconds: float | None = None,
+        text_keys: Sequence[str] = (),
+    ) -> dict[str, np.ndarray]:
+        """As :meth:`EnvLanes.reset`; a worker that dies while resetting is
+        replaced and the reset tried once more.
+
+        Raises:
+          workers.WorkerLost: the worker died again.
+        """
+        from jaxmesh.envs.gymnasium.workers import WorkerLost
+
+        lanes = [int(j) for j in lanes]
+        order = sorted(range(len(lanes)), key=lanes.__getitem__)
+        asc = [lanes[i] for i in order]
+        options = None
+        if self.pool.declares_trial_index:
+            options = [{TRIAL_INDEX: int(trials[i])} for i in order]
+        args = (
+            asc,
+            [int(seeds[i]) for i in order],
+            options,
+            [max_episode_seconds or 0.0] * len(order),
+            self.info_keys,
+            tuple(text_keys),
+        )
+        try:
+            info, present, texts = self.pool.reset(*args)
+        except WorkerLost:
+            info, present, texts = self.pool.reset(*args)
+        back = np.empty(len(order), np.int64)
+        back[order] = np.arange(len(order))
+        self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
+        self.reset_info = {}
+        for key, values in info.items():
+            given = np.zeros(len(lanes), np.float64)
+            for q, i in enumerate(order):
+                given[i] = info_value({key: values[q]}, key, f"{self.spec.name} reset")
+            self.reset_info[key] = (given, present[key][back])
+        return self._rows(lanes)
+
+    def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
+        """As :meth:`EnvLanes.step`, the lanes stepped in their workers; lanes
+        of a worker that died read as not stepped (``lost``)."""
+        n = go.shape[0]
+        pool = self.pool
+        act = pool.slots["action"]
+        act[:n][go] = env_actions(self.action_space, actions[go])
+        info, seen, lost = pool.step(go, self.info_keys)
+        self.lost, self.culprits = lost, pool.culprits
+        if lost:
+            go = go.copy()
+            go[[j for j in lost if j < n]] = False
+        slots = pool.slots
+        js = np.flatnonzero(go)
+        for name, rows in self._rows(js).items():
+            obs[name][js] = rows
+        reward = np.where(go, slots["reward"][:n], np.float32(0))
+        term = slots["terminated"][:n] & go
+        trunc = slots["truncated"][:n] & go
+        if self.info_keys:
+            self.info = {
+                k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
+            }
+            self.info_seen = seen
+            for key, pairs in info.items():
+                vals, present = self.info[key]
+                for j, v in pairs:
+                    vals[j], present[j] = v, True
+        return reward, term, trunc
+
+    def close(self) -> None:
+        """Stops the workers and frees the shared memory."""
+        self.pool.close()
+
+
 def make_lanes(env: Any, num_envs: int, episodes: int) -> _Lanes:
     """The lanes for what the user passed as a host-stepped ``env``.
 
     Args:
-      env: ``"gymnasium:<id>"``, a gymnasium ``Env``, a list of them, or a
-        ``VectorEnv``.
+      env: ``"gymnasium:<id>"``, a gymnasium ``Env``, a list of them, a
+        ``VectorEnv``, or a zero-argument factory (or a list of them, one per
+        lane) that jaxmesh calls to make envs it owns.
       num_envs: lanes asked for; an id makes ``min(num_envs, episodes)``
         envs (at least one), a list gives its first ``num_envs`` envs; the run
         uses ``min(num_envs, lanes.num_lanes)`` lanes.
@@ -345,8 +473,14 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> _Lanes:
         spaces, a space jaxmesh does not support yet.
     """
     gym = _gym()
-    if isinstance(env, str):
-        envs = core.make_envs(env, max(1, min(num_envs, episodes)))
+    if (
+        isinstance(env, str)
+        or core.is_factory(env)
+        or (isinstance(env, list) and env and all(map(core.is_factory, env)))
+    ):
+        from jaxmesh.envs.gymnasium.workers import build_envs
+
+        envs = build_envs(env, range(max(1, min(num_envs, episodes))))
         try:
             return EnvLanes(envs, owned=True)
         except BaseException:

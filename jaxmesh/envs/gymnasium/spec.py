@@ -16,8 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.envs.gymnasium.lanes import _gym
+from jaxmesh.envs.gymnasium.leaves import ObsLayout
 
-__all__ = ["HostEnvSpec", "action_layout", "observation_layout", "spec_for"]
+__all__ = [
+    "HostEnvSpec",
+    "action_layout",
+    "obs_layout",
+    "observation_layout",
+    "spec_for",
+]
 
 
 def _canonical(dtype: Any) -> np.dtype:
@@ -26,27 +33,28 @@ def _canonical(dtype: Any) -> np.dtype:
 
 
 def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of one lane's observation array for a gymnasium space.
+    """(shape, dtype) of one observation leaf (a space that is one array) in the
+    dtypes JAX computes in; ``Dict`` and ``Tuple`` spaces are walked leaf by
+    leaf (``leaves.ObsLayout``).
 
     Raises:
-      TypeError: a space jaxmesh does not read yet (Dict, Tuple and the rest).
+      TypeError: a space jaxmesh does not read (Text, Graph, Sequence, ...).
     """
     spaces = _gym().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int32)
     if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
         return tuple(int(d) for d in space.shape), _canonical(space.dtype)
-    if isinstance(space, spaces.Dict | spaces.Tuple):
-        raise TypeError(
-            f"{where}: observation_space {space} is a {type(space).__name__}; "
-            "jaxmesh does not read Dict or Tuple observations from gymnasium envs "
-            "yet. Flatten it (gymnasium.wrappers.FlattenObservation(env)) or pick "
-            "one entry with a gymnasium ObservationWrapper"
-        )
     raise TypeError(
         f"{where}: observation_space {space} ({type(space).__name__}) is not one "
-        "jaxmesh reads; expected Box, Discrete, MultiBinary or MultiDiscrete"
+        "jaxmesh reads; expected Box, Discrete, MultiBinary or MultiDiscrete "
+        "leaves, alone or in Dict and Tuple spaces"
     )
+
+
+def obs_layout(space: Any, where: str) -> ObsLayout:
+    """The named leaves of an observation space, in JAX's dtypes."""
+    return ObsLayout(space, lambda leaf: observation_layout(leaf, where), where)
 
 
 def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | None]:
@@ -74,14 +82,17 @@ def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | N
 class HostEnvSpec:
     """What the agent builder needs of host-stepped lanes (jaxmesh's env protocol).
 
-    ``reset`` gives a zero observation of the right shape and dtype; it is only
-    ever traced for shapes (``jax.eval_shape``). ``step`` is never called: the
-    host loop steps the gymnasium envs itself.
+    ``reset`` gives a zero observation of the right structure, shapes and
+    dtypes; it is only ever traced for shapes (``jax.eval_shape``). ``step`` is
+    never called: the host loop steps the gymnasium envs itself.
+
+    Attributes:
+      layout: the observation's named leaves (one array, or a nest of Dicts
+        and Tuples), in JAX's dtypes.
     """
 
     name: str
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
+    layout: ObsLayout
     action_shape: tuple[int, ...]
     action_dtype: Any
     num_actions: int | None
@@ -89,9 +100,33 @@ class HostEnvSpec:
     #: ``signature``: no compiled code depends on it).
     dt: float | None = None
 
-    def reset(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """The shape of a one-array observation (TypeError for a nest)."""
+        return self.layout.shapes[self._whole()]
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        """The dtype of a one-array observation (TypeError for a nest)."""
+        return self.layout.dtypes[self._whole()]
+
+    def _whole(self) -> str:
+        if not self.layout.whole:
+            raise TypeError(
+                f"{self.name}: the observation has leaves "
+                f"{list(self.layout.names)}, not one array"
+            )
+        return ""
+
+    def zeros(self, lead: tuple[int, ...] = ()) -> Any:
+        """A zero observation (numpy) with leading axes ``lead``, in its own
+        structure."""
+        return self.layout.build(self.layout.empty(lead))
+
+    def reset(self, key: jax.Array) -> tuple[Any, jax.Array]:
         del key
-        return jnp.zeros(self.obs_shape, self.obs_dtype), jnp.zeros((), jnp.int32)
+        zeros = {n: jnp.asarray(x) for n, x in self.layout.empty().items()}
+        return self.layout.build(zeros), jnp.zeros((), jnp.int32)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
         raise TypeError(
@@ -99,12 +134,24 @@ class HostEnvSpec:
             "jitted step (use it through jaxmesh.evaluate, not make_evaluator)"
         )
 
+    def reading(self, keys: list[str | None]) -> HostEnvSpec:
+        """The spec of the observation leaves a policy reads (``keys``: the
+        top-level keys of its inputs, None for the whole observation): only
+        those move to the device."""
+        if None in keys or not keys:
+            return self
+        layout = self.layout.select([k for k in keys if k is not None])
+        return (
+            self if layout is self.layout else dataclasses.replace(self, layout=layout)
+        )
+
     @property
     def signature(self) -> tuple:
         """A hashable summary: what compiled agent code depends on."""
+        lay = self.layout
         return (
-            self.obs_shape,
-            str(self.obs_dtype),
+            repr(lay.skeleton),
+            tuple((n, lay.shapes[n], str(lay.dtypes[n])) for n in lay.names),
             self.action_shape,
             str(jnp.dtype(self.action_dtype)),
             self.num_actions,
@@ -115,6 +162,5 @@ def spec_for(
     name: str, obs_space: Any, act_space: Any, where: str, dt: float | None = None
 ) -> HostEnvSpec:
     """The ``HostEnvSpec`` of lanes with these spaces (TypeError: unsupported)."""
-    shape, dtype = observation_layout(obs_space, where)
     a_shape, a_dtype, n = action_layout(act_space, where)
-    return HostEnvSpec(name, shape, dtype, a_shape, a_dtype, n, dt)
+    return HostEnvSpec(name, obs_layout(obs_space, where), a_shape, a_dtype, n, dt)

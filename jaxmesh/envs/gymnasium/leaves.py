@@ -1,0 +1,202 @@
+"""One lane's observation as named leaves: Box, Dict and Tuple spaces alike.
+
+A gymnasium observation is one array (``Box``, ``Discrete``, ...) or a nest of
+them (``Dict`` and ``Tuple`` spaces: camera images in uint8 beside float states,
+as robot simulators return them). Host-stepped lanes, worker processes and the
+wire carry it as flat named leaves, each in its own dtype and shape:
+
+- one array is one leaf named ``""`` (the wire's ``OBS_KEY``);
+- a ``Dict``'s leaves are named by their keys, nested keys joined with ``/``
+  (``{"cam": {"rgb": ...}}`` -> ``"cam/rgb"``); a ``Tuple``'s by their index.
+
+:class:`ObsLayout` turns an env's observation into those leaves (converted and
+checked against the space) and the leaves back into the nest the policy sees
+(``build``). JAX-free: numpy and gymnasium only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ObsLayout", "leaf_name"]
+
+#: A single-array observation's leaf name (the wire's ``OBS_KEY``).
+WHOLE = ""
+
+
+def leaf_name(path: tuple) -> str:
+    """The flat name of the leaf at ``path`` (keys and indices)."""
+    return "/".join(str(p) for p in path)
+
+
+class ObsLayout:
+    """The named leaves of one lane's observation, for a gymnasium space.
+
+    Args:
+      space: the lane's observation space.
+      leaf: ``space -> (shape, dtype)`` for a space that is one array (Box,
+        Discrete, MultiBinary, MultiDiscrete); raises TypeError for others.
+      where: names the env in messages.
+
+    Attributes:
+      names: the leaf names, in the space's order.
+      shapes, dtypes: per name, one lane's leaf shape and dtype.
+      whole: the observation is one array (one leaf, named ``""``).
+
+    Raises:
+      TypeError: a leaf space ``leaf`` refuses, an empty Dict or Tuple, or a
+        Dict key that is not a string or holds ``/``.
+    """
+
+    def __init__(self, space: Any, leaf: Callable[[Any], tuple], where: str):
+        self.where = where
+        self.paths: dict[str, tuple] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+        self.skeleton = self._walk(space, (), leaf)
+        self.names = tuple(self.paths)
+        self.whole = self.names == (WHOLE,)
+
+    def _walk(self, space: Any, path: tuple, leaf: Callable) -> Any:
+        from gymnasium import spaces
+
+        if isinstance(space, spaces.Dict | spaces.Tuple):
+            kind = type(space).__name__
+            if not len(space.spaces):
+                raise TypeError(
+                    f"{self.where}: observation_space has an empty {kind} at "
+                    f"{leaf_name(path) or 'its top'}; give it at least one entry"
+                )
+            if isinstance(space, spaces.Tuple):
+                return tuple(
+                    self._walk(s, path + (i,), leaf) for i, s in enumerate(space)
+                )
+            out = {}
+            for key, sub in space.spaces.items():
+                if not isinstance(key, str) or "/" in key or not key:
+                    raise TypeError(
+                        f"{self.where}: observation Dict key {key!r} is not a "
+                        "non-empty string without '/'; jaxmesh names leaves by "
+                        "their keys joined with '/'. Rename the key with a "
+                        "gymnasium ObservationWrapper"
+                    )
+                out[key] = self._walk(sub, path + (key,), leaf)
+            return out
+        name = leaf_name(path)
+        shape, dtype = leaf(space)
+        self.paths[name] = path
+        self.shapes[name] = tuple(int(d) for d in shape)
+        self.dtypes[name] = np.dtype(dtype)
+        return name
+
+    def select(self, keys: list[str]) -> ObsLayout:
+        """This layout with only the top-level Dict entries ``keys`` (the
+        leaves a policy reads); itself where it is not a Dict or lacks a key."""
+        if not isinstance(self.skeleton, dict) or any(
+            k not in self.skeleton for k in keys
+        ):
+            return self
+        out = object.__new__(ObsLayout)
+        out.where = self.where
+        out.skeleton = {k: self.skeleton[k] for k in keys}
+        kept = [n for n in self.names if self.paths[n][0] in keys]
+        out.paths = {n: self.paths[n] for n in kept}
+        out.shapes = {n: self.shapes[n] for n in kept}
+        out.dtypes = {n: self.dtypes[n] for n in kept}
+        out.names = tuple(kept)
+        out.whole = False
+        return out
+
+    # Env values -> leaves --------------------------------------------------------
+    def _raw(self, value: Any, name: str, lane: int) -> Any:
+        for p in self.paths[name]:
+            try:
+                value = value[p]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise ValueError(
+                    f"{self.where} lane {lane} returned an observation without "
+                    f"{leaf_name(self.paths[name])!r} ({type(exc).__name__}: "
+                    f"{exc}); its observation_space has leaves {list(self.names)}"
+                ) from None
+        return value
+
+    def _check(self, arr: np.ndarray, name: str, lane: int, lead: int) -> None:
+        if arr.shape[lead:] != self.shapes[name]:
+            what = "an observation" if self.whole else f"observation leaf {name!r}"
+            raise ValueError(
+                f"{self.where} lane {lane} returned {what} of shape "
+                f"{arr.shape[lead:]}; its observation_space has shape "
+                f"{self.shapes[name]}. Make the env return observations of its "
+                "declared shape"
+            )
+
+    def leaves(self, value: Any, lane: int) -> dict[str, np.ndarray]:
+        """One observation as ``{name: array}`` in the layout's dtypes.
+
+        Raises:
+          ValueError: a missing leaf or a shape other than the space's (naming
+            the lane).
+        """
+        out = {}
+        for name in self.names:
+            arr = np.asarray(self._raw(value, name, lane), self.dtypes[name])
+            self._check(arr, name, lane, 0)
+            out[name] = arr
+        return out
+
+    def stack(self, values: list, lanes: list[int] | range) -> dict[str, np.ndarray]:
+        """Several lanes' observations as ``{name: array [m, ...]}``."""
+        out = {}
+        for name in self.names:
+            try:
+                if self.whole:
+                    arr = np.asarray(values, self.dtypes[name])
+                else:
+                    arr = np.asarray(
+                        [
+                            self._raw(v, name, j)
+                            for v, j in zip(values, lanes, strict=True)
+                        ],
+                        self.dtypes[name],
+                    )
+            except (TypeError, ValueError):  # ragged or not numbers: name the lane
+                arr = None
+            if arr is None or arr.shape[1:] != self.shapes[name]:
+                for v, j in zip(values, lanes, strict=True):
+                    self.leaves(v, j)
+            out[name] = arr
+        return out
+
+    def row(self, batched: Any, j: int) -> Any:
+        """Lane ``j``'s observation of a vector env's batched observation."""
+        if self.whole:
+            return batched[j]
+        return self.build({n: self._raw(batched, n, j)[j] for n in self.names})
+
+    # Leaves -> the nest ----------------------------------------------------------
+    def build(self, leaves: Mapping[str, Any]) -> Any:
+        """The observation's own structure (an array, or nested dicts and
+        tuples) holding ``leaves[name]`` at each leaf."""
+        return _fill(self.skeleton, leaves)
+
+    def empty(self, lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+        """Zero leaves with leading axes ``lead``."""
+        return {n: np.zeros(lead + self.shapes[n], self.dtypes[n]) for n in self.names}
+
+    def nbytes(self) -> int:
+        """Bytes of one lane's observation (every leaf)."""
+        return sum(
+            int(np.prod(self.shapes[n], dtype=np.int64)) * self.dtypes[n].itemsize
+            for n in self.names
+        )
+
+
+def _fill(skeleton: Any, leaves: Mapping[str, Any]) -> Any:
+    if isinstance(skeleton, str):
+        return leaves[skeleton]
+    if isinstance(skeleton, tuple):
+        return tuple(_fill(s, leaves) for s in skeleton)
+    return {k: _fill(s, leaves) for k, s in skeleton.items()}

@@ -1,0 +1,634 @@
+"""Gymnasium lanes stepped by worker processes, one core each, over shared memory.
+
+A Python simulator's step holds the GIL, so one process steps on one core.
+:class:`WorkerLanes` splits a run's lanes into W contiguous blocks, each owned
+by a worker process that builds its own envs (from ``"gymnasium:<id>"`` or a
+picklable zero-argument factory) and steps them with the same
+:class:`jaxmesh.envs.gymnasium.lanes.ListLanes` the in-process loop uses.
+
+The data path is shared memory: one segment per run holds, per lane, its
+action, whether it steps (``go``), its reward and ends, and its observation
+leaves (each in the agent's dtype). A step writes the actions, sends each
+worker with a lane to step a one-byte command over its pipe, and waits for the
+replies (the reward, ends and observations are in the segment; the info values
+asked for and any env error come back in the reply). Workers never see JAX;
+the evaluating process owns every episode's accounting.
+
+A worker that dies (a simulator crash, the OOM killer) raises
+:class:`WorkerLost` from the call it died in: its lanes' envs are rebuilt by a
+new worker and the caller runs their unfinished episodes again from their own
+seeds. Nothing outlives :meth:`WorkerLanes.close`: workers are joined (killed
+if they do not exit) and the segment is unlinked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import secrets
+import signal
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing import connection, shared_memory
+from typing import Any
+
+import numpy as np
+
+from jaxmesh.envs.gymnasium import lanes as core
+from jaxmesh.envs.gymnasium.leaves import ObsLayout
+
+__all__ = [
+    "WorkerLanes",
+    "WorkerLost",
+    "build_envs",
+    "check_source",
+    "default_workers",
+    "workers_for",
+    "is_source",
+]
+
+#: Seconds a worker may take to build its envs and say so.
+START_SECONDS = 300.0
+#: Seconds a worker has to exit after ``close`` before it is killed.
+EXIT_SECONDS = 5.0
+
+
+class WorkerLost(RuntimeError):
+    """Worker ``worker`` (lanes ``lanes``) died; its envs were rebuilt."""
+
+    def __init__(self, worker: int, lanes: list[int], exitcode: int | None):
+        super().__init__(
+            f"worker process {worker} (lanes {lanes[0]}..{lanes[-1]}) died "
+            f"(exit code {exitcode})"
+        )
+        self.worker, self.lanes, self.exitcode = worker, lanes, exitcode
+
+
+def is_source(env: Any) -> bool:
+    """``env`` is something a worker can build envs from: ``"gymnasium:<id>"``,
+    a zero-argument callable, or a non-empty list of callables."""
+    if isinstance(env, str):
+        return env.startswith(core.PREFIX + ":")
+    if isinstance(env, list):
+        return bool(env) and all(_is_factory(e) for e in env)
+    return _is_factory(env)
+
+
+def _is_factory(env: Any) -> bool:
+    return core.is_factory(env)
+
+
+def check_source(env: Any, num_lanes: int) -> None:
+    """Refuses a source that worker processes cannot use (before any starts).
+
+    Raises:
+      TypeError: env objects (they live in this process), or a factory that
+        cannot be pickled (a lambda, a closure, a local function).
+      ValueError: a list of factories shorter than the lanes.
+    """
+    gym = core._gym()
+    if isinstance(env, gym.Env | gym.vector.VectorEnv) or (
+        isinstance(env, list) and env and not all(_is_factory(e) for e in env)
+    ):
+        raise TypeError(
+            f"workers=: env {type(env).__name__} holds env objects built in this "
+            "process, which worker processes cannot share; pass "
+            "'gymnasium:<id>' or a picklable zero-argument factory (a "
+            "module-level function or functools.partial(gymnasium.make, id)) "
+            "that each worker calls, or workers=0"
+        )
+    if isinstance(env, list) and len(env) < num_lanes:
+        raise ValueError(
+            f"workers=: {len(env)} env factories for {num_lanes} lanes; pass one "
+            "factory per lane (or one factory for all), or num_envs="
+            f"{len(env)}"
+        )
+    if isinstance(env, str):
+        core.parse_id(env)
+        return
+    for f in env if isinstance(env, list) else [env]:
+        try:
+            pickle.dumps(f)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure
+            raise TypeError(
+                f"workers=: env factory {getattr(f, '__qualname__', f)!r} cannot "
+                f"be pickled for a worker process ({type(exc).__name__}: {exc}); "
+                "pass a module-level function or functools.partial(gymnasium."
+                "make, id, ...) instead of a lambda or a local function, or "
+                "workers=0"
+            ) from None
+
+
+#: A lane step of at least this many seconds (summed over the lanes) pays for
+#: the worker round trip (tens of microseconds) many times over.
+WORTH_SECONDS = 300e-6
+#: Env steps timed by ``default_workers``.
+PROBE_STEPS = 16
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_workers(source: Any, num_lanes: int) -> int:
+    """The worker processes ``workers=None`` gives (``workers_for`` of the
+    step cost measured on one env built here from ``source``: a reset with
+    seed 0, then up to ``PROBE_STEPS`` steps of a fixed action, the fastest
+    step counted; the env is closed after)."""
+    c = cores()
+    if c < 2 or num_lanes < 2:
+        return 0
+    env = build_envs(source, [0])[0]
+    try:
+        env.reset(seed=0)
+        action = core.idle_action(env.action_space)
+        if isinstance(env.action_space, core._gym().spaces.Discrete):
+            action = int(action)
+        fastest = float("inf")
+        for _ in range(PROBE_STEPS):
+            t0 = time.perf_counter()
+            _, _, term, trunc, _ = env.step(action)
+            fastest = min(fastest, time.perf_counter() - t0)
+            if term or trunc:
+                break
+    finally:
+        env.close()
+    return workers_for(fastest, num_lanes, c)
+
+
+def workers_for(step_seconds: float, num_lanes: int, cores: int) -> int:
+    """One worker per core (at most one per lane) when the lanes' env steps
+    together cost at least ``WORTH_SECONDS`` (``num_lanes * step_seconds``),
+    else 0 (in process); 0 on one core or one lane."""
+    if cores < 2 or num_lanes < 2 or step_seconds * num_lanes < WORTH_SECONDS:
+        return 0
+    return min(cores, num_lanes)
+
+
+def build_envs(source: Any, lanes: Sequence[int]) -> list:
+    """The envs of ``lanes`` from a source (see :func:`is_source`)."""
+    if isinstance(source, str):
+        return core.make_envs(source, len(lanes))
+    envs: list = []
+    try:
+        for j in lanes:
+            make = source[j] if isinstance(source, list) else source
+            env = make()
+            if not isinstance(env, core._gym().Env):
+                raise TypeError(
+                    f"env factory {getattr(make, '__qualname__', make)!r} returned "
+                    f"a {type(env).__name__}; it must return a gymnasium.Env"
+                )
+            envs.append(env)
+    except BaseException:
+        for e in envs:
+            e.close()
+        raise
+    return envs
+
+
+# The shared segment ----------------------------------------------------------------
+class Slots:
+    """Per-lane arrays in one shared-memory segment (the same offsets on both
+    sides). ``fields``: name -> (shape per lane, dtype)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, n: int, fields: dict):
+        self.shm = shm
+        self.arrays: dict[str, np.ndarray] = {}
+        offset = 0
+        for name, (shape, dtype) in fields.items():
+            dtype = np.dtype(dtype)
+            offset = -(-offset // 64) * 64  # each array on its own cache line
+            arr = np.ndarray((n,) + tuple(shape), dtype, shm.buf, offset)
+            self.arrays[name] = arr
+            offset += arr.nbytes
+
+    @staticmethod
+    def size(n: int, fields: dict) -> int:
+        offset = 0
+        for shape, dtype in fields.values():
+            offset = -(-offset // 64) * 64
+            offset += n * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return max(offset, 1)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def release(self) -> None:
+        self.arrays.clear()
+        self.shm.close()
+
+
+def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> dict:
+    """The segment's fields: actions, flags, rewards, ends, observation leaves."""
+    fields: dict = {
+        "action": (action_shape, action_dtype),
+        "go": ((), bool),
+        "busy": ((), bool),
+        "reward": ((), np.float32),
+        "terminated": ((), bool),
+        "truncated": ((), bool),
+    }
+    for name in layout.names:
+        fields["obs:" + name] = (layout.shapes[name], layout.dtypes[name])
+    return fields
+
+
+# The worker process ----------------------------------------------------------------
+def _worker_main(conn: Any, source: Any, block: list[int]) -> None:
+    """A worker: builds its lanes' envs, then answers commands until ``close``
+    (Ctrl-C is the parent's to handle: it closes the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    envs = None
+    slots = None
+    try:
+        envs = build_envs(source, block)
+        lanes = core.ListLanes(envs, owned=True)
+        conn.send(
+            (
+                "ready",
+                lanes.observation_space,
+                lanes.action_space,
+                os.getpid(),
+                lanes.name,
+                lanes.declares_trial_index,
+                lanes.dt,
+            )
+        )
+        while True:
+            msg = conn.recv()
+            op = msg[0]
+            if op == "close":
+                break
+            if op == "attach":
+                name, n, fields = msg[1:]
+                slots = Slots(shared_memory.SharedMemory(name), n, fields)
+                obs_names = [f[4:] for f in fields if f.startswith("obs:")]
+                conn.send(("ok",))
+                continue
+            try:
+                if op == "step":
+                    conn.send(_step(lanes, slots, block, obs_names, msg[1]))
+                elif op == "reset":
+                    conn.send(_reset(lanes, slots, block, obs_names, *msg[1:]))
+                else:
+                    conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
+            except core.LaneError as err:
+                conn.send(("error", block[err.lane], _picklable(err.exc), err.text))
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        pass  # the parent went away or is stopping: just exit
+    except BaseException as exc:  # noqa: BLE001 - building the envs failed
+        try:
+            text = "".join(traceback.format_exception(exc))
+            conn.send(("error", None, _picklable(exc), text))
+        except Exception:  # noqa: BLE001 - the pipe is gone
+            pass
+    finally:
+        if slots is not None:
+            slots.release()
+        if envs is not None:
+            for e in envs:
+                try:
+                    e.close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - send a stand-in that pickles
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _write_obs(slots: Slots, names: list[str], rows: Any, leaves: dict) -> None:
+    for name in names:
+        slots["obs:" + name][rows] = leaves[name]
+
+
+def _read_infos(infos: Sequence, keys: tuple, lanes: Sequence[int], where: str):
+    """Info values per key as (lane, float) pairs, and the keys seen."""
+    seen: set = set()
+    values: dict = {k: [] for k in keys}
+    for j, info in zip(lanes, infos, strict=True):
+        if not info:
+            continue
+        seen.update(info)
+        for k in keys:
+            if k in info:
+                values[k].append((j, core.info_value(info, k, f"{where} lane {j}")))
+    return values, seen
+
+
+def _step(lanes: core.ListLanes, slots: Slots, block: list[int], names, keys):
+    lo = block[0]
+    go = slots["go"][lo : lo + len(block)]
+    local = np.flatnonzero(go).tolist()
+    if not local:
+        return ("stepped", {}, set())
+    acts = slots["action"][lo : lo + len(block)]
+    values = core.env_actions(lanes.action_space, acts[local])
+    values = values.tolist() if lanes.discrete else values
+    # ``busy`` names the lane whose env step kills the process, if one does.
+    busy, envs = slots["busy"], lanes.envs
+    out = []
+    for q, j in enumerate(local):
+        busy[lo + j] = True
+        try:
+            out.append(envs[j].step(values[q]))
+        except Exception as exc:
+            busy[lo + j] = False
+            raise core.LaneError(j, "stepping", exc) from exc
+        busy[lo + j] = False
+    o, r, te, tr, infos = zip(*out, strict=True)
+    try:
+        leaves = lanes.observations(o, local)
+    except Exception as exc:
+        raise core.LaneError(core._first_bad(lanes, o, local), "stepping", exc) from exc
+    rows = [lo + j for j in local]
+    _write_obs(slots, names, rows, leaves)
+    slots["reward"][rows] = r
+    slots["terminated"][rows] = te
+    slots["truncated"][rows] = tr
+    info, seen = _read_infos(infos, keys, rows, lanes.name) if keys else ({}, set())
+    return ("stepped", info, seen)
+
+
+def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, texts):
+    lo = block[0]
+    local = [j - lo for j in rows]
+    slots["busy"][rows] = True
+    batch = lanes.reset(local, seeds, options, seconds, info_keys=keys, text_keys=texts)
+    slots["busy"][rows] = False
+    _write_obs(slots, names, rows, batch.observation)
+    return ("reset", batch.info, batch.info_present, lanes.reset_text)
+
+
+# The parent's side -----------------------------------------------------------------
+class WorkerLanes:
+    """``num_lanes`` gymnasium lanes in ``workers`` processes (contiguous blocks).
+
+    ``reset`` and ``step`` follow ``jaxmesh.envs.gymnasium.lanes.ListLanes``:
+    the same envs, built in the workers, stepped with the same calls. Call
+    :meth:`attach` with the observation layout and action layout before
+    stepping (the parent learns the spaces from the first worker).
+
+    Args:
+      source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
+        of them (one per lane).
+      num_lanes: the lanes.
+      workers: W processes (at most ``num_lanes``).
+
+    Raises:
+      RuntimeError: a worker could not build its envs (the error it met).
+    """
+
+    def __init__(self, source: Any, num_lanes: int, workers: int):
+        self.source = source
+        self.num_lanes = num_lanes
+        w = max(1, min(workers, num_lanes))
+        bounds = np.linspace(0, num_lanes, w + 1).round().astype(int)
+        self.blocks = [
+            list(range(int(a), int(b)))
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+        # Spawned, never forked: this process runs JAX's threads. A worker
+        # imports jaxmesh (and the main script, so that its factories
+        # unpickle) before it builds its envs: a second or two at the start.
+        self.ctx = mp.get_context("spawn")
+        self.procs: list = [None] * w
+        self.conns: list = [None] * w
+        self.pids: list[int] = [0] * w
+        self.shm: shared_memory.SharedMemory | None = None
+        self.slots: Slots | None = None
+        self.fields: dict | None = None
+        self.owner = np.repeat(np.arange(w), [len(b) for b in self.blocks])
+        #: The lanes whose env call was under way when a worker died (the
+        #: last ``step`` or ``reset``).
+        self.culprits: list[int] = []
+        try:
+            for k in range(w):
+                self._spawn(k)
+            first = None
+            for k in range(w):
+                reply = self._ready(k)
+                first = first or reply
+            (self.observation_space, self.action_space, _, self.name) = first[1:5]
+            self.declares_trial_index, self.dt = first[5], first[6]
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def workers(self) -> int:
+        return len(self.blocks)
+
+    def _spawn(self, k: int) -> None:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(
+            target=_worker_main,
+            args=(child, self.source, self.blocks[k]),
+            name=f"jaxmesh-worker-{k}",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        self.procs[k], self.conns[k] = proc, parent
+
+    def _ready(self, k: int) -> tuple:
+        reply = self._recv(k, START_SECONDS, "building its envs")
+        if reply[0] != "ready":
+            self._raise(reply, k)
+        self.pids[k] = reply[3]
+        if self.slots is not None:
+            self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
+            self._recv(k, START_SECONDS, "attaching")
+        return reply
+
+    def attach(self, layout: ObsLayout, action_shape: tuple, action_dtype: Any):
+        """Makes the shared segment for these layouts and hands it to the
+        workers."""
+        gym = core._gym()
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            env_action = ((), np.int64)
+        else:
+            env_action = (action_shape, self.action_space.dtype)
+        del action_dtype
+        self.fields = slot_fields(layout, *env_action)
+        size = Slots.size(self.num_lanes, self.fields)
+        self.shm = shared_memory.SharedMemory(
+            name=f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=size
+        )
+        self.slots = Slots(self.shm, self.num_lanes, self.fields)
+        self.obs_names = list(layout.names)
+        for k in range(self.workers):
+            self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
+        for k in range(self.workers):
+            self._recv(k, START_SECONDS, "attaching")
+
+    # Messages -------------------------------------------------------------------
+    def _recv(self, k: int, timeout: float | None, doing: str) -> tuple:
+        conn, proc = self.conns[k], self.procs[k]
+        ready = connection.wait([conn, proc.sentinel], timeout)
+        if conn in ready:
+            try:
+                return conn.recv()
+            except (EOFError, OSError):
+                pass
+        elif not ready:
+            raise TimeoutError(
+                f"worker process {k} took over {timeout:.0f} s {doing}; is its env "
+                "hanging?"
+            )
+        self._lost(k)
+
+    def _lost(self, k: int) -> None:
+        """Worker k died: start a new one for its lanes, then say so."""
+        proc = self.procs[k]
+        proc.join(EXIT_SECONDS)
+        code = proc.exitcode
+        self.conns[k].close()
+        self._spawn(k)
+        self._ready(k)
+        raise WorkerLost(k, self.blocks[k], code)
+
+    def _raise(self, reply: tuple, k: int) -> None:
+        _, lane, exc, text = reply
+        where = f"worker process {k}" + ("" if lane is None else f", lane {lane}")
+        exc.add_note(f"(raised in {where}; its traceback:)\n{text}")
+        raise exc
+
+    def _gather(self, ks: list[int], doing: str) -> tuple[dict, list[int]]:
+        """Each worker's reply, and the lanes of those that died (replaced by
+        now); raises the first env error once every reply is in (so none is
+        left unread)."""
+        replies: dict[int, tuple] = {}
+        lost: list[int] = []
+        self.culprits = []
+        for k in ks:
+            try:
+                replies[k] = self._recv(k, None, doing)
+            except WorkerLost:
+                lost += self.blocks[k]
+                busy = self.slots["busy"]
+                self.culprits += [j for j in self.blocks[k] if busy[j]]
+                busy[self.blocks[k]] = False
+        for k, reply in replies.items():
+            if reply[0] == "error":
+                self._raise(reply, k)
+        return replies, lost
+
+    # Lanes ----------------------------------------------------------------------
+    def reset(
+        self,
+        lanes: list[int],
+        seeds: list[int],
+        options: list | None,
+        seconds: list[float],
+        info_keys: tuple,
+        text_keys: tuple,
+    ) -> tuple[dict, dict, dict]:
+        """Resets ``lanes`` (ascending); their observations are in the segment.
+
+        Returns (info, info_present, reset_text) of the resets, rows in the
+        order given (as ``ListLanes.reset`` gives them)."""
+        by_worker: dict[int, list[int]] = {}
+        for i, j in enumerate(lanes):
+            by_worker.setdefault(int(self.owner[j]), []).append(i)
+        for k, idx in by_worker.items():
+            self.conns[k].send(
+                (
+                    "reset",
+                    [lanes[i] for i in idx],
+                    [seeds[i] for i in idx],
+                    None if options is None else [options[i] for i in idx],
+                    [seconds[i] for i in idx],
+                    tuple(info_keys),
+                    tuple(text_keys),
+                )
+            )
+        replies, lost = self._gather(list(by_worker), "resetting")
+        if lost:
+            raise WorkerLost(int(self.owner[lost[0]]), lost, None)
+        m = len(lanes)
+        info: dict = {}
+        present: dict = {}
+        texts = {key: [None] * m for key in text_keys}
+        for k, idx in by_worker.items():
+            _, inf, pres, text = replies[k]
+            for key, vals in inf.items():
+                if key not in info:
+                    info[key] = np.zeros((m,) + vals.shape[1:], vals.dtype)
+                    present[key] = np.zeros(m, bool)
+                info[key][idx] = vals
+                present[key][idx] = pres.get(key, True)
+            for key in text_keys:
+                for q, i in enumerate(idx):
+                    texts[key][i] = text[key][q]
+        return info, present, texts
+
+    def step(self, go: np.ndarray, info_keys: tuple) -> tuple[dict, set, list]:
+        """Steps the lanes in ``go`` ([N] bool; actions already in the
+        segment).
+
+        Returns:
+          info values ``{key: [(lane, value)]}``, the keys the infos had, and
+          the lanes of workers that died in the step (their envs are rebuilt
+          and must be reset; their step's results are not in the segment).
+        """
+        n = go.shape[0]
+        slots = self.slots
+        slots["go"][:n] = go
+        slots["go"][n:] = False
+        ks = sorted({int(k) for k in self.owner[:n][go]})
+        cmd = ("step", tuple(info_keys))
+        for k in ks:
+            self.conns[k].send(cmd)
+        replies, lost = self._gather(ks, "stepping")
+        info: dict = {}
+        seen: set = set()
+        for _, inf, s in replies.values():
+            seen |= s
+            for key, pairs in inf.items():
+                info.setdefault(key, []).extend(pairs)
+        return info, seen, lost
+
+    def close(self) -> None:
+        """Stops every worker (killed after ``EXIT_SECONDS``) and unlinks the
+        segment."""
+        for conn in self.conns:
+            if conn is None:
+                continue
+            try:
+                conn.send(("close",))
+            except (OSError, ValueError):
+                pass
+        for k, proc in enumerate(self.procs):
+            if proc is None:
+                continue
+            proc.join(EXIT_SECONDS)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            if self.conns[k] is not None:
+                self.conns[k].close()
+            self.procs[k] = self.conns[k] = None
+        if self.slots is not None:
+            self.slots.release()
+            self.slots = None
+        if self.shm is not None:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+            self.shm = None
+
+
+Factory = Callable[[], Any]

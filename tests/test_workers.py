@@ -1,0 +1,177 @@
+"""Host-stepped envs with Dict observations, in process and in worker processes
+(CONTRACT 30, 31), against the plain gymnasium loop."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gym_reference import plain_loop
+from reference_loop import assert_matches
+from worker_envs import CameraEnv, RaisesOnSeed
+
+import jaxmesh
+from jaxmesh.envs.gymnasium.workers import (
+    WorkerLanes,
+    cores,
+    default_workers,
+    workers_for,
+)
+
+SEEDS = [5, 0, 7, 3, 11, 2, 8]
+
+
+def brightness(obs):
+    """A chunk of 3 from the image (uint8) and the state: reads two of the
+    observation's leaves."""
+    base = jnp.stack(
+        [obs["image"].astype(jnp.float32).mean() / 255 - 0.5, obs["state"][0]]
+    )
+    return jnp.clip(jnp.stack([base, -base, 0.5 * base]), -1, 1)
+
+
+@functools.cache
+def reference(horizon: int, lead: int):
+    """The plain loop: one CameraEnv, episode i reset with SEEDS[i]."""
+    fn = jax.jit(brightness)
+
+    def policy(obs, key):
+        del key
+        return fn({"image": obs["image"], "state": np.float32(obs["state"])})
+
+    return plain_loop(CameraEnv(), policy, SEEDS, horizon=horizon, lead=lead)
+
+
+def no_leftovers():
+    """No worker process, no shared-memory segment of a run, no extra thread."""
+    assert multiprocessing.active_children() == []
+    mine = f"jaxmesh_{os.getpid()}_"
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(mine)]
+    assert threading.active_count() == 1
+
+
+@pytest.mark.parametrize("workers, lanes", [(0, 3), (1, 2), (3, 5)])
+def test_dict_observations_match_the_plain_loop(workers, lanes):
+    """A nested Dict observation (uint8 image, float64 state, a Tuple) is read
+    leaf by leaf, chunked with a lead, the same at every worker count."""
+    result = jaxmesh.evaluate(
+        brightness,
+        CameraEnv,
+        num_envs=lanes,
+        seeds=SEEDS,
+        horizon=3,
+        prefetch_lead=1,
+        workers=workers,
+        metrics={"bright": "mean"},
+    )
+    assert_matches(result, reference(3, 1), rtol=1e-5)
+    assert result.policy_rows > 0
+    np.testing.assert_allclose(
+        result.metrics["bright"],
+        [r.ret / r.length for r in reference(3, 1)],
+        rtol=1e-5,
+    )
+    if workers:
+        no_leftovers()
+
+
+def test_workers_give_the_in_process_bits_on_a_mujoco_env():
+    """gymnasium's HalfCheetah (MuJoCo) in 2 worker processes: every episode's
+    return and length are the in-process run's, bit for bit."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    w1 = jax.random.normal(k1, (17, 32)) * 0.3
+    w2 = jax.random.normal(k2, (32, 6)) * 0.3
+
+    def mlp(obs):
+        return jnp.tanh(jnp.tanh(obs @ w1) @ w2)
+
+    kw = dict(num_envs=3, seeds=[4, 9, 1, 7, 2], max_episode_steps=25)
+    here = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=0, **kw)
+    there = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=2, **kw)
+    np.testing.assert_array_equal(there.returns, here.returns)
+    np.testing.assert_array_equal(there.lengths, here.lengths)
+    assert there.env_steps == here.env_steps == 5 * 25
+    no_leftovers()
+
+
+def test_a_worker_that_dies_is_replaced_and_its_episodes_run_again(tmp_path):
+    """Seed 7's episode kills its worker once: a new worker takes the lanes,
+    the episodes they held run again from their seeds, and the result is the
+    unfaulted one; the hook hears of it."""
+    faults = []
+
+    class Hook:
+        def on_fault(self, event):
+            faults.append(event)
+
+    once = str(tmp_path / "crashed")
+    env = functools.partial(CameraEnv, crash_seed=7, once=once)
+    result = jaxmesh.evaluate(
+        brightness, env, num_envs=3, seeds=SEEDS, horizon=3, workers=2, hooks=[Hook()]
+    )
+    assert os.path.exists(once)
+    assert_matches(result, reference(3, 0), rtol=1e-5)
+    assert [f["event"] for f in faults] == ["worker lost"]
+    assert 2 in faults[0]["episodes_rerun"]  # seed 7 is episode 2
+    no_leftovers()
+
+
+def test_a_worker_that_dies_twice_on_an_episode_ends_the_run_naming_it():
+    env = functools.partial(CameraEnv, crash_seed=3)  # episode 3, every time
+    with pytest.raises(jaxmesh.errors.WorkerError) as e:
+        jaxmesh.evaluate(brightness, env, num_envs=3, seeds=SEEDS, workers=2)
+    assert e.value.episode == 3 and e.value.seed == 3
+    assert "episode 3 (seed 3)" in str(e.value)
+    partial = e.value.partial_result
+    refs = reference(1, 0)
+    assert len(partial.indices) > 0
+    assert_matches(partial, [refs[i] for i in partial.indices], rtol=1e-5)
+    no_leftovers()
+
+
+def test_an_env_error_in_a_worker_reaches_the_caller_as_raised():
+    with pytest.raises(RuntimeError, match="simulator broke") as e:
+        jaxmesh.evaluate(brightness, RaisesOnSeed, num_envs=2, seeds=[1, 2], workers=2)
+    assert "worker process" in "".join(getattr(e.value, "__notes__", []))
+    no_leftovers()
+
+
+def test_bad_worker_input_is_refused_before_anything_starts():
+    envs = [CameraEnv() for _ in range(2)]
+    with pytest.raises(TypeError, match="picklable zero-argument factory"):
+        jaxmesh.evaluate(brightness, envs, workers=2)
+    local = lambda: CameraEnv()  # noqa: E731 - a lambda does not pickle
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        jaxmesh.evaluate(brightness, local, workers=2)
+    with pytest.raises(ValueError, match="worker processes step a gymnasium"):
+        jaxmesh.evaluate(lambda o: 0, "gymnax:CartPole-v1", workers=2)
+    with pytest.raises(ValueError, match="workers"):
+        jaxmesh.evaluate(brightness, CameraEnv, workers=-1)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_factory_that_does_not_build_an_env_is_a_clear_error():
+    with pytest.raises(TypeError, match="must return a gymnasium.Env"):
+        WorkerLanes(functools.partial(dict, a=1), 2, 1)
+    no_leftovers()
+
+
+def test_the_default_rule_worked_by_hand():
+    """workers=None: one worker per core (at most one per lane) once the lanes'
+    steps cost 300 us together; in process below, on one core or one lane."""
+    assert workers_for(50e-6, 16, 2) == 2  # HalfCheetah: 0.8 ms a lockstep
+    assert workers_for(5e-6, 16, 2) == 0  # CartPole: 80 us
+    assert workers_for(20e-6, 16, 2) == 2  # exactly 320 us
+    assert workers_for(1e-3, 3, 8) == 3  # no more workers than lanes
+    assert workers_for(1e-3, 16, 1) == 0
+    assert workers_for(1e-3, 1, 8) == 0
+    # The probe builds one env, steps it and closes it; nothing is left.
+    assert default_workers("gymnasium:CartPole-v1", 1) == 0
+    assert default_workers("gymnasium:CartPole-v1", 4) in (0, min(4, cores()))
+    assert multiprocessing.active_children() == []

@@ -1,0 +1,81 @@
+"""Module-level gymnasium envs for the worker-process tests (a worker process
+imports them by name to build its envs)."""
+
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class CameraEnv(gym.Env):
+    """A robot-sim-shaped env: a nested Dict observation with a uint8 camera
+    image beside a float64 state and a Tuple of a Discrete and a Box.
+
+    Everything is drawn from the env's own ``np_random`` (so ``reset(seed=s)``
+    reproduces an episode); an episode lasts ``4 + nest[0]`` steps of the first
+    observation; the reward reads the image, the state and the action.
+
+    Args:
+      crash_seed: the episode with this seed kills the process (``os._exit``)
+        at its step 3: a simulator crash.
+      once: a file path; with it, the crash happens only while the file does
+        not exist (the crash creates it), so the episode's second run passes.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, crash_seed: int | None = None, once: str | None = None):
+        self.crash_seed, self.once = crash_seed, once
+        self.observation_space = spaces.Dict(
+            {
+                "image": spaces.Box(0, 255, (6, 5, 3), np.uint8),
+                "state": spaces.Box(-np.inf, np.inf, (3,), np.float64),
+                "nest": spaces.Tuple(
+                    (spaces.Discrete(4), spaces.Box(-1, 1, (2,), np.float32))
+                ),
+            }
+        )
+        self.action_space = spaces.Box(-1, 1, (2,), np.float32)
+
+    def _obs(self):
+        r = self.np_random
+        return {
+            "image": r.integers(0, 256, (6, 5, 3), dtype=np.uint8),
+            "state": r.normal(size=3),
+            "nest": (int(r.integers(4)), r.uniform(-1, 1, 2).astype(np.float32)),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_, self.t = seed, 0
+        obs = self._obs()
+        self.length = 4 + obs["nest"][0]
+        return obs, {}
+
+    def step(self, action):
+        self.t += 1
+        if self.seed_ == self.crash_seed and self.t == 3:
+            if self.once is None or not os.path.exists(self.once):
+                if self.once is not None:
+                    open(self.once, "w").close()
+                os._exit(3)
+        obs = self._obs()
+        reward = float(obs["image"].mean()) / 255 + float(np.sum(action))
+        reward += float(obs["state"][0])
+        return obs, reward, self.t >= self.length, False, {"bright": reward}
+
+
+class RaisesOnSeed(CameraEnv):
+    """Raises (a Python error, the process lives) at step 2 of seed ``bad``."""
+
+    def __init__(self, bad: int = 2):
+        super().__init__()
+        self.bad = bad
+
+    def step(self, action):
+        if self.seed_ == self.bad and self.t == 1:
+            raise RuntimeError("the simulator broke")
+        return super().step(action)
