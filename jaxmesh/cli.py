@@ -122,6 +122,8 @@ CONFIG_KEYS: dict[str, str] = {
     "instruction": "the language instruction of every episode, for a policy with "
     "a jaxmesh.adapt.Text input (evaluate(..., instruction=...)); null: a Text "
     "with info_key reads each episode's from its reset info",
+    "workers": "gymnasium: envs: worker processes that step the lanes (0: in this "
+    "process; null: one per core when the env's steps are costly enough)",
     "check_seeds": "gymnasium: envs: before the run, check that the first lane's "
     "env is reproducible from its seed (jaxmesh.check_seeds), else refuse the run "
     "(null/false: no check)",
@@ -138,6 +140,7 @@ _INT_KEYS = {
     "plan_tile": 1,
     "segment_steps": 1,
     "trial_index_base": 0,
+    "workers": 0,
 }
 _REQUIRED = ("env", "policy")
 
