@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import threading
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -175,3 +176,32 @@ def test_the_default_rule_worked_by_hand():
     assert default_workers("gymnasium:CartPole-v1", 1) == 0
     assert default_workers("gymnasium:CartPole-v1", 4) in (0, min(4, cores()))
     assert multiprocessing.active_children() == []
+
+
+def test_process_lanes_answer_every_op_as_list_lanes_do():
+    """The server's lanes in worker processes (serve-env --workers): resets,
+    chunk replays stopping at an episode's end, releases and single steps
+    give the ResultBatch of the same envs in this process."""
+    from jaxmesh.envs.gymnasium.lanes import ListLanes
+    from jaxmesh.envs.gymnasium.workers import ProcessLanes
+
+    here = ListLanes([gym.make("CartPole-v1") for _ in range(5)])
+    there = ProcessLanes("gymnasium:CartPole-v1", 5, 2)
+    try:
+        got = []
+        for lanes in (here, there):
+            first = lanes.reset([0, 1, 2, 3, 4], [1, 2, 3, 4, 5])
+            chunk = lanes.replay([0, 2, 3, 4], [3, 50, 1, 2], np.ones(56, np.int64))
+            lanes.release([1])
+            step = lanes.step([0, 2, 3, 4], np.zeros(4, np.int64))
+            got.append((first, chunk, step, lanes.ended.copy()))
+        for a, b in zip(got[0][:3], got[1][:3], strict=True):
+            for field in ("lanes", "steps", "rows", "rewards", "terminated"):
+                np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+            np.testing.assert_array_equal(a.observation[""], b.observation[""])
+        np.testing.assert_array_equal(got[0][3], got[1][3])
+        assert got[0][1].steps.tolist()[1] < 50  # the episode ended mid-chunk
+    finally:
+        here.close()
+        there.close()
+    no_leftovers()

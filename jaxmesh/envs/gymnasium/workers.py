@@ -30,7 +30,7 @@ import secrets
 import signal
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from multiprocessing import connection, shared_memory
 from typing import Any
 
@@ -40,6 +40,7 @@ from jaxmesh.envs.gymnasium import lanes as core
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 
 __all__ = [
+    "ProcessLanes",
     "WorkerLanes",
     "WorkerLost",
     "build_envs",
@@ -241,7 +242,7 @@ def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> di
 
 
 # The worker process ----------------------------------------------------------------
-def _worker_main(conn: Any, source: Any, block: list[int]) -> None:
+def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     """A worker: builds its lanes' envs, then answers commands until ``close``
     (Ctrl-C is the parent's to handle: it closes the workers)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -249,7 +250,7 @@ def _worker_main(conn: Any, source: Any, block: list[int]) -> None:
     slots = None
     try:
         envs = build_envs(source, block)
-        lanes = core.ListLanes(envs, owned=True)
+        lanes = core.ListLanes(envs, owned=True, layout=layout)
         conn.send(
             (
                 "ready",
@@ -277,6 +278,14 @@ def _worker_main(conn: Any, source: Any, block: list[int]) -> None:
                     conn.send(_step(lanes, slots, block, obs_names, msg[1]))
                 elif op == "reset":
                     conn.send(_reset(lanes, slots, block, obs_names, *msg[1:]))
+                elif op == "run":
+                    conn.send(("ran", lanes.run(msg[1], **msg[2])))
+                elif op == "release":
+                    lanes.release(msg[1])
+                    conn.send(("ok",))
+                elif op == "forget":
+                    lanes.forget()
+                    conn.send(("ok",))
                 else:
                     conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
             except core.LaneError as err:
@@ -373,32 +382,34 @@ def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, text
 
 # The parent's side -----------------------------------------------------------------
 class WorkerLanes:
-    """``num_lanes`` gymnasium lanes in ``workers`` processes (contiguous blocks).
-
-    ``reset`` and ``step`` follow ``jaxmesh.envs.gymnasium.lanes.ListLanes``:
-    the same envs, built in the workers, stepped with the same calls. Call
-    :meth:`attach` with the observation layout and action layout before
-    stepping (the parent learns the spaces from the first worker).
+    """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
+    blocks of lanes), and the messages to them: ``attach`` / ``reset`` /
+    ``step`` over the shared segment (the in-process host loop's data path,
+    ``local.WorkerEnvLanes``), or ``ask`` any op (``ProcessLanes``).
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
         of them (one per lane).
       num_lanes: the lanes.
       workers: W processes (at most ``num_lanes``).
+      layout: the workers' ``ListLanes`` layout (picklable; None: the space's
+        own dtypes).
+
+    Attributes:
+      observation_space, action_space, name, declares_trial_index, dt: the
+        lanes' (from the first worker's envs).
 
     Raises:
-      RuntimeError: a worker could not build its envs (the error it met).
+      Exception: what a worker met building its envs (with its traceback).
     """
 
-    def __init__(self, source: Any, num_lanes: int, workers: int):
+    def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
         self.source = source
+        self.layout = layout
         self.num_lanes = num_lanes
         w = max(1, min(workers, num_lanes))
         bounds = np.linspace(0, num_lanes, w + 1).round().astype(int)
-        self.blocks = [
-            list(range(int(a), int(b)))
-            for a, b in zip(bounds, bounds[1:], strict=False)
-        ]
+        self.blocks = [list(range(bounds[k], bounds[k + 1])) for k in range(w)]
         # Spawned, never forked: this process runs JAX's threads. A worker
         # imports jaxmesh (and the main script, so that its factories
         # unpickle) before it builds its envs: a second or two at the start.
@@ -434,7 +445,7 @@ class WorkerLanes:
         parent, child = self.ctx.Pipe()
         proc = self.ctx.Process(
             target=_worker_main,
-            args=(child, self.source, self.blocks[k]),
+            args=(child, self.source, self.blocks[k], self.layout),
             name=f"jaxmesh-worker-{k}",
             daemon=True,
         )
@@ -450,6 +461,15 @@ class WorkerLanes:
         if self.slots is not None:
             self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
             self._recv(k, START_SECONDS, "attaching")
+        return reply
+
+    def ask(self, k: int, msg: tuple, doing: str) -> tuple:
+        """Sends worker k a message and returns its reply (an env error
+        raised; a worker that died: ``WorkerLost``)."""
+        self.conns[k].send(msg)
+        reply = self._recv(k, None, doing)
+        if reply[0] == "error":
+            self._raise(reply, k)
         return reply
 
     def attach(self, layout: ObsLayout, action_shape: tuple, action_dtype: Any):
@@ -631,4 +651,108 @@ class WorkerLanes:
             self.shm = None
 
 
-Factory = Callable[[], Any]
+class ProcessLanes(core.Lanes):
+    """:class:`jaxmesh.envs.gymnasium.lanes.Lanes` whose envs live in worker
+    processes: each call's ops go to the workers that own their lanes, which
+    run them with their own ``ListLanes`` at once, and the lane results come
+    back over the pipes (``jaxmesh serve-env --workers``: the server's replies
+    carry them to the client anyway). A worker that dies ends the call with a
+    ``LaneError`` of the first lane it held (the session ends; the worker was
+    replaced, and the next session's resets rebuild its lanes).
+
+    Args:
+      source, num_lanes, workers, layout: as for :class:`WorkerLanes`.
+    """
+
+    def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
+        self.pool = WorkerLanes(source, num_lanes, workers, layout)
+        pool = self.pool
+        self.owned = True
+        self.num_lanes = num_lanes
+        self.name = pool.name
+        self.observation_space = pool.observation_space
+        self.action_space = pool.action_space
+        self.metadata = (
+            {"reset_options": (core.TRIAL_INDEX,)} if pool.declares_trial_index else {}
+        )
+        self.dt = pool.dt
+        try:
+            self._setup(layout)
+        except BaseException:
+            pool.close()
+            raise
+
+    @property
+    def workers(self) -> int:
+        return self.pool.workers
+
+    def _each(self, per_worker: dict[int, tuple], doing: str) -> dict[int, tuple]:
+        pool = self.pool
+        for k, msg in per_worker.items():
+            pool.conns[k].send(msg)
+        replies, lost = pool._gather(list(per_worker), doing)
+        if lost:
+            exc = RuntimeError(
+                f"the worker process of lanes {lost[0]}..{lost[-1]} died while "
+                f"{doing}; a new one was started"
+            )
+            raise core.LaneError(lost[0], doing, exc)
+        return replies
+
+    def run(
+        self,
+        ops: Sequence[core.Reset | core.Replay],
+        *,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        keep_all_obs: bool,
+        keep_all_info: bool = False,
+    ) -> list[core.LaneResult]:
+        owner, blocks = self.pool.owner, self.pool.blocks
+        by_worker: dict[int, list] = {}
+        for op in ops:
+            k = int(owner[op.lane])
+            by_worker.setdefault(k, []).append(op._replace(lane=op.lane - blocks[k][0]))
+        kw = dict(
+            want_obs=want_obs,
+            info_keys=info_keys,
+            keep_all_obs=keep_all_obs,
+            keep_all_info=keep_all_info,
+        )
+        replies = self._each(
+            {k: ("run", mine, kw) for k, mine in by_worker.items()}, "stepping"
+        )
+        out: list[core.LaneResult] = []
+        for k in sorted(replies):
+            for r in replies[k][1]:
+                r.lane += blocks[k][0]
+                if r.reset:
+                    self._started(r.lane)
+                if r.terminated and (r.terminated[-1] or r.truncated[-1]):
+                    self.ended[r.lane] = True
+                out.append(r)
+        return out
+
+    def release(self, lanes: Sequence[int]) -> None:
+        super().release(lanes)
+        self._tell("release", [int(j) for j in lanes])
+
+    def forget(self) -> None:
+        super().forget()
+        self._tell("forget", None)
+
+    def _tell(self, op: str, lanes: list[int] | None) -> None:
+        pool = self.pool
+        msgs: dict[int, tuple] = {}
+        for k, block in enumerate(pool.blocks):
+            if lanes is None:
+                msgs[k] = (op,)
+            else:
+                mine = [j - block[0] for j in lanes if j in block]
+                if mine:
+                    msgs[k] = (op, mine)
+        if msgs:
+            self._each(msgs, op)
+
+    def close(self) -> None:
+        self.pool.close()
