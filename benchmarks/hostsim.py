@@ -899,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
         "--envpool-threads", default="1,2", help="EnvPool num_threads to measure"
     )
     ap.add_argument("--only", default="A,B,C", help="workloads to run, e.g. A,B")
-    ap.add_argument("--quick", action="store_true", help="small sizes (~2 min)")
+    ap.add_argument("--quick", action="store_true", help="small sizes (~1-3 min)")
     args = ap.parse_args(argv)
     if args.quick:
         args.episodes, args.b_episodes, args.c_episodes = args.lanes, 8, 16
