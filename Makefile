@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
 
-# rlmesh (PyPI) for benchmarks/rlmesh_peer.py only.
+# rlmesh (PyPI) for benchmarks/rlmesh_peer.py, envpool for benchmarks/hostsim.py.
 $(PEER_STAMP): $(STAMP)
 	$(BIN)/pip install -e '.[peer]'
 	touch $(PEER_STAMP)
