@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import threading
 
 import gymnasium as gym
@@ -49,15 +51,30 @@ def reference(horizon: int, lead: int):
     return plain_loop(CameraEnv(), policy, SEEDS, horizon=horizon, lead=lead)
 
 
+def children() -> list[int]:
+    """This process's child processes (from /proc: any kind of child)."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == me:
+                out.append(int(entry))
+    return out
+
+
 def no_leftovers():
     """No worker process, no shared-memory segment of a run, no extra thread."""
-    assert multiprocessing.active_children() == []
+    assert children() == []
     mine = f"jaxmesh_{os.getpid()}_"
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(mine)]
     assert threading.active_count() == 1
 
 
-@pytest.mark.parametrize("workers, lanes", [(0, 3), (1, 2), (3, 5)])
+@pytest.mark.parametrize("workers, lanes", [(0, 3), (1, 2), (2, 3), (3, 5)])
 def test_dict_observations_match_the_plain_loop(workers, lanes):
     """A nested Dict observation (uint8 image, float64 state, a Tuple) is read
     leaf by leaf, chunked with a lead, the same at every worker count."""
@@ -154,7 +171,7 @@ def test_bad_worker_input_is_refused_before_anything_starts():
         jaxmesh.evaluate(lambda o: 0, "gymnax:CartPole-v1", workers=2)
     with pytest.raises(ValueError, match="workers"):
         jaxmesh.evaluate(brightness, CameraEnv, workers=-1)
-    assert multiprocessing.active_children() == []
+    assert children() == []
 
 
 def test_a_factory_that_does_not_build_an_env_is_a_clear_error():
@@ -175,7 +192,7 @@ def test_the_default_rule_worked_by_hand():
     # The probe builds one env, steps it and closes it; nothing is left.
     assert default_workers("gymnasium:CartPole-v1", 1) == 0
     assert default_workers("gymnasium:CartPole-v1", 4) in (0, min(4, cores()))
-    assert multiprocessing.active_children() == []
+    assert children() == []
 
 
 def test_process_lanes_answer_every_op_as_list_lanes_do():
@@ -205,3 +222,98 @@ def test_process_lanes_answer_every_op_as_list_lanes_do():
         here.close()
         there.close()
     no_leftovers()
+
+
+SCRIPT = """
+import os, sys, time
+import jax.numpy as jnp
+import jaxmesh
+from worker_envs import CameraEnv
+
+
+class Slow(CameraEnv):  # defined in the main script: workers must run it
+    def step(self, action):
+        time.sleep(0.01)
+        return super().step(action)
+
+
+def kids():
+    me = os.getpid()
+    out = []
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                stat = open(f"/proc/{e}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == me:
+                out.append(e)
+    return out
+
+
+class Tell:
+    said = False
+
+    def on_step(self, event):
+        if not self.said:
+            self.said = True
+            print("children", *kids(), flush=True)
+
+
+if __name__ == "__main__":
+    r = jaxmesh.evaluate(
+        lambda o: jnp.zeros(2), Slow, num_envs=2, episodes=int(sys.argv[1]),
+        workers=2, hooks=[Tell()],
+    )
+    print("returns", *r.returns.round(4), flush=True)
+"""
+
+
+def _script(tmp_path):
+    path = tmp_path / "user_script.py"
+    path.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+    return path, env
+
+
+def _gone(pid: str) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_factory_in_the_main_script_and_ctrl_c_leave_nothing(tmp_path):
+    """A user's script: its env class, defined in the script itself, is built
+    in the workers (which run the script as multiprocessing does); the run
+    scores the plain loop's returns. Interrupted with Ctrl-C, the script exits
+    with no worker process and no shared-memory segment left."""
+    path, env = _script(tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(path), "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    want = [
+        r.ret for r in plain_loop(CameraEnv(), lambda o, k: np.zeros((1, 2)), [0, 1, 2])
+    ]
+    np.testing.assert_allclose(np.float64(lines["returns"].split()), want, atol=1e-3)
+    assert len(lines["children"].split()) == 2
+    proc = subprocess.Popen(
+        [sys.executable, str(path), "100000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline().split()
+        assert first[0] == "children" and len(first) == 3
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert all(_gone(pid) for pid in first[1:])
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"jaxmesh_{proc.pid}_")]
+    assert left == []

@@ -23,15 +23,17 @@ if they do not exit) and the segment is unlinked.
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import mmap
 import os
 import pickle
 import secrets
-import signal
+import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Sequence
-from multiprocessing import connection, shared_memory
+from multiprocessing import connection
 from typing import Any
 
 import numpy as np
@@ -199,7 +201,7 @@ class Slots:
     """Per-lane arrays in one shared-memory segment (the same offsets on both
     sides). ``fields``: name -> (shape per lane, dtype)."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, n: int, fields: dict):
+    def __init__(self, shm: Segment, n: int, fields: dict):
         self.shm = shm
         self.arrays: dict[str, np.ndarray] = {}
         offset = 0
@@ -245,7 +247,6 @@ def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> di
 def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     """A worker: builds its lanes' envs, then answers commands until ``close``
     (Ctrl-C is the parent's to handle: it closes the workers)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs = None
     slots = None
     try:
@@ -269,7 +270,7 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                 break
             if op == "attach":
                 name, n, fields = msg[1:]
-                slots = Slots(shared_memory.SharedMemory(name), n, fields)
+                slots = Slots(Segment(name), n, fields)
                 obs_names = [f[4:] for f in fields if f.startswith("obs:")]
                 conn.send(("ok",))
                 continue
@@ -291,7 +292,10 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
             except core.LaneError as err:
                 conn.send(("error", block[err.lane], _picklable(err.exc), err.text))
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
-        pass  # the parent went away or is stopping: just exit
+        # The evaluating process died without closing us: its segment would
+        # be left behind, so the workers unlink it.
+        if slots is not None:
+            slots.shm.unlink()
     except BaseException as exc:  # noqa: BLE001 - building the envs failed
         try:
             text = "".join(traceback.format_exception(exc))
@@ -380,6 +384,108 @@ def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, text
     return ("reset", batch.info, batch.info_present, lanes.reset_text)
 
 
+class Segment:
+    """A POSIX shared-memory segment mapped into this process.
+
+    The evaluating process creates it (``size`` given) and unlinks it at the
+    run's end; workers map it by name. No resource-tracker process is started
+    for it (that helper would outlive the run); if the evaluating process is
+    killed, its workers see their pipe close and unlink the segment themselves.
+    """
+
+    def __init__(self, name: str, size: int | None = None):
+        import _posixshmem
+
+        self.name = name
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
+        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        try:
+            if size is not None:
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        except BaseException:
+            if size is not None:
+                self.unlink()
+            raise
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._map)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._map.close()
+
+    def unlink(self) -> None:
+        import _posixshmem
+
+        try:
+            _posixshmem.shm_unlink("/" + self.name)
+        except FileNotFoundError:
+            pass
+
+
+def _main_path(source: Any, layout: Any) -> str | None:
+    """The main script's path when the source (or layout) is defined in it: a
+    worker must run it (as ``multiprocessing`` does) to unpickle them."""
+    items = source if isinstance(source, list) else [source]
+    for obj in [*items, layout]:
+        obj = getattr(obj, "func", obj)  # a functools.partial's function
+        if getattr(obj, "__module__", None) == "__main__":
+            main = sys.modules["__main__"]
+            return getattr(main, "__file__", None)
+    return None
+
+
+#: A worker's first lines: Ctrl-C is the parent's to handle; the parent's
+#: sys.path; jaxmesh's packages as stubs whose own ``__init__`` (and JAX) load
+#: only if something asks for a name they define (the lanes' modules import
+#: numpy and gymnasium only); the main script when the envs' factory lives
+#: there; then the worker loop.
+_BOOT = r"""
+import os, signal, sys, types
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+from multiprocessing.connection import Connection
+conn = Connection(int(sys.argv[1]))
+sys.path[:], main = conn.recv()
+
+
+def _stub(name):
+    spec = __import__("importlib.util").util.find_spec(name)
+    where = list(spec.submodule_search_locations)
+    mod = types.ModuleType(name)
+    mod.__path__, mod.__file__ = where, spec.origin
+
+    def __getattr__(attr):
+        if any(
+            os.path.exists(os.path.join(d, attr + ".py"))
+            or os.path.isdir(os.path.join(d, attr))
+            for d in where
+        ):
+            raise AttributeError(attr)  # a submodule: the import system loads it
+        del mod.__getattr__
+        with open(spec.origin) as f:
+            exec(compile(f.read(), spec.origin, "exec"), mod.__dict__)
+        return getattr(mod, attr)
+
+    mod.__getattr__ = __getattr__
+    sys.modules[name] = mod
+    if "." in name:
+        parent, _, child = name.rpartition(".")
+        setattr(sys.modules[parent], child, mod)
+
+
+for name in ("jaxmesh", "jaxmesh.envs", "jaxmesh.envs.gymnasium"):
+    _stub(name)
+if main:
+    from multiprocessing import spawn
+
+    spawn._fixup_main_from_path(main)
+from jaxmesh.envs.gymnasium.workers import _worker_main
+
+_worker_main(conn, *conn.recv())
+"""
+
+
 # The parent's side -----------------------------------------------------------------
 class WorkerLanes:
     """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
@@ -410,14 +516,10 @@ class WorkerLanes:
         w = max(1, min(workers, num_lanes))
         bounds = np.linspace(0, num_lanes, w + 1).round().astype(int)
         self.blocks = [list(range(bounds[k], bounds[k + 1])) for k in range(w)]
-        # Spawned, never forked: this process runs JAX's threads. A worker
-        # imports jaxmesh (and the main script, so that its factories
-        # unpickle) before it builds its envs: a second or two at the start.
-        self.ctx = mp.get_context("spawn")
         self.procs: list = [None] * w
         self.conns: list = [None] * w
         self.pids: list[int] = [0] * w
-        self.shm: shared_memory.SharedMemory | None = None
+        self.shm: Segment | None = None
         self.slots: Slots | None = None
         self.fields: dict | None = None
         self.owner = np.repeat(np.arange(w), [len(b) for b in self.blocks])
@@ -442,25 +544,28 @@ class WorkerLanes:
         return len(self.blocks)
 
     def _spawn(self, k: int) -> None:
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(
-            target=_worker_main,
-            args=(child, self.source, self.blocks[k], self.layout),
-            name=f"jaxmesh-worker-{k}",
-            daemon=True,
-        )
-        proc.start()
-        child.close()
-        self.procs[k], self.conns[k] = proc, parent
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        conn = connection.Connection(ours.detach())
+        self.procs[k], self.conns[k] = proc, conn
+        conn.send((sys.path, _main_path(self.source, self.layout)))
+        conn.send((self.source, self.blocks[k], self.layout))
 
     def _ready(self, k: int) -> tuple:
-        reply = self._recv(k, START_SECONDS, "building its envs")
+        reply = self._recv(k, START_SECONDS, "building its envs", starting=True)
         if reply[0] != "ready":
             self._raise(reply, k)
         self.pids[k] = reply[3]
         if self.slots is not None:
             self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
-            self._recv(k, START_SECONDS, "attaching")
+            self._recv(k, START_SECONDS, "attaching", starting=True)
         return reply
 
     def ask(self, k: int, msg: tuple, doing: str) -> tuple:
@@ -483,9 +588,7 @@ class WorkerLanes:
         del action_dtype
         self.fields = slot_fields(layout, *env_action)
         size = Slots.size(self.num_lanes, self.fields)
-        self.shm = shared_memory.SharedMemory(
-            name=f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=size
-        )
+        self.shm = Segment(f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}", size)
         self.slots = Slots(self.shm, self.num_lanes, self.fields)
         self.obs_names = list(layout.names)
         for k in range(self.workers):
@@ -494,26 +597,41 @@ class WorkerLanes:
             self._recv(k, START_SECONDS, "attaching")
 
     # Messages -------------------------------------------------------------------
-    def _recv(self, k: int, timeout: float | None, doing: str) -> tuple:
-        conn, proc = self.conns[k], self.procs[k]
-        ready = connection.wait([conn, proc.sentinel], timeout)
-        if conn in ready:
+    def _recv(
+        self, k: int, timeout: float | None, doing: str, starting: bool = False
+    ) -> tuple:
+        """Worker k's next message. A worker that died while starting is an
+        error (its traceback is on stderr); later, ``WorkerLost`` once a new
+        one has taken its lanes."""
+        conn = self.conns[k]
+        # A worker that dies closes its end: the connection reads EOF.
+        if connection.wait([conn], timeout):
             try:
                 return conn.recv()
             except (EOFError, OSError):
                 pass
-        elif not ready:
+        else:
             raise TimeoutError(
                 f"worker process {k} took over {timeout:.0f} s {doing}; is its env "
                 "hanging?"
+            )
+        if starting:
+            code = self.procs[k].wait()
+            raise RuntimeError(
+                f"worker process {k} exited (code {code}) while {doing}; its error "
+                "is printed above. Check that the env can be built in a fresh "
+                "Python process (its module importable, its factory picklable)"
             )
         self._lost(k)
 
     def _lost(self, k: int) -> None:
         """Worker k died: start a new one for its lanes, then say so."""
         proc = self.procs[k]
-        proc.join(EXIT_SECONDS)
-        code = proc.exitcode
+        try:
+            code = proc.wait(EXIT_SECONDS)
+        except subprocess.TimeoutExpired:  # alive but mute: end it
+            proc.kill()
+            code = proc.wait()
         self.conns[k].close()
         self._spawn(k)
         self._ready(k)
@@ -633,10 +751,11 @@ class WorkerLanes:
         for k, proc in enumerate(self.procs):
             if proc is None:
                 continue
-            proc.join(EXIT_SECONDS)
-            if proc.is_alive():
+            try:
+                proc.wait(EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join()
+                proc.wait()
             if self.conns[k] is not None:
                 self.conns[k].close()
             self.procs[k] = self.conns[k] = None
@@ -644,10 +763,7 @@ class WorkerLanes:
             self.slots.release()
             self.slots = None
         if self.shm is not None:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
+            self.shm.unlink()
             self.shm = None
 
 
