@@ -787,6 +787,7 @@ class EnvServer:
         self._credentials = credentials
         self._lanes: _ServedLanes | None = None
         self._server: grpc.Server | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._health: health.HealthServicer | None = None
         self._address: str | None = None
         self._state_lock = threading.Lock()
@@ -853,10 +854,14 @@ class EnvServer:
 
     def _start_server(self, lanes: _ServedLanes) -> None:
         limit = self.options.max_message_bytes
+        # gRPC's stop() leaves the handler pool's threads idle: shutdown()
+        # ends them.
+        executor = concurrent.futures.ThreadPoolExecutor(
+            16, thread_name_prefix="jaxmesh-serve"
+        )
+        self._executor = executor
         server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(
-                16, thread_name_prefix="jaxmesh-serve"
-            ),
+            executor,
             options=[
                 ("grpc.max_send_message_length", limit),
                 ("grpc.max_receive_message_length", limit),
@@ -954,6 +959,9 @@ class EnvServer:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        if self._executor is not None:
+            # Idle handler threads exit now (a call still running ends first).
+            self._executor.shutdown(wait=False, cancel_futures=True)
         self._stopped.set()
 
     def _close_lanes(self) -> None:
