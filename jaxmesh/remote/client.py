@@ -160,7 +160,10 @@ class ServerInfo(NamedTuple):
     protocol_version: int
     server_version: str
     env_name: str
-    observation: pb.LeafSpec
+    #: One message per observation leaf, in the declared order: the one leaf
+    #: ``""`` of a single-array space, else a Dict or Tuple space's leaves
+    #: (``jaxmesh.remote.spaces.observation_space`` rebuilds the space).
+    observation: tuple[pb.LeafSpec, ...]
     action: pb.LeafSpec
     num_lanes: int
     reset_options: dict[str, pb.Value]
@@ -253,12 +256,13 @@ class Connection:
                 f"{list(PROTOCOL_VERSIONS)}: upgrade the older side",
                 address=self.address,
             )
-        if len(reply.observation) != 1 or len(reply.action) != 1:
+        if not 1 <= len(reply.observation) <= codec.MAX_KEYS or len(reply.action) != 1:
             self._channel.close()
             raise RemoteConnectionError(
                 f"the server at {self.address} declares {len(reply.observation)} "
                 f"observation and {len(reply.action)} action leaves; this client "
-                "reads exactly one of each",
+                f"reads 1 to {codec.MAX_KEYS} observation leaves and exactly one "
+                "action leaf",
                 address=self.address,
             )
         self.info = ServerInfo(
@@ -266,7 +270,7 @@ class Connection:
             protocol_version=int(reply.protocol_version),
             server_version=reply.server_version,
             env_name=reply.env_name or f"grpc://{self.address}",
-            observation=reply.observation[0],
+            observation=tuple(reply.observation),
             action=reply.action[0],
             num_lanes=int(reply.num_lanes),
             reset_options={o.name: o.value for o in reply.reset_options},

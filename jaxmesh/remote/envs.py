@@ -2,9 +2,11 @@
 
 Both talk to a ``jaxmesh.EnvServer`` (or ``jaxmesh serve-env``) over one
 ``jaxmesh.remote.client.Connection``: the handshake at construction rebuilds the
-env's spaces exactly (``jaxmesh.remote.spaces.leaf_space``), and each ``reset``
+env's spaces exactly (``jaxmesh.remote.spaces.observation_space``: a Box or
+Discrete, or the Dict and Tuple spaces that nest them), and each ``reset``
 or ``step`` is one request and one reply on the session's Step stream. Values
-are the env's own: observations in the observation space's dtype, actions as
+are the env's own: observations in the observation space's dtypes (a Dict
+observation is a dict of every leaf, as the env returns it), actions as
 the env's ``step`` takes them (a Discrete action is an int including
 ``start``; a Box action travels in the space's dtype).
 
@@ -45,9 +47,9 @@ from jaxmesh.errors import RemoteError  # noqa: E402
 from jaxmesh.remote import codec  # noqa: E402
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT  # noqa: E402
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb  # noqa: E402
-from jaxmesh.remote.protocol import OBS_KEY, TRIAL_INDEX  # noqa: E402
+from jaxmesh.remote.protocol import TRIAL_INDEX  # noqa: E402
 from jaxmesh.remote.session import Session  # noqa: E402
-from jaxmesh.remote.spaces import leaf_space  # noqa: E402
+from jaxmesh.remote.spaces import build, leaf_space, observation_space  # noqa: E402
 
 __all__ = ["RemoteEnv", "RemoteVectorEnv", "ResetNeeded"]
 
@@ -109,8 +111,10 @@ class _Client:
         self.env_name = info.env_name
         self.num_lanes = info.num_lanes
         try:
-            self.obs_space = leaf_space(info.observation)
+            self.obs_space = observation_space(info.observation)
             self.act_space = leaf_space(info.action)
+            #: Each observation leaf's own space (``""``: the whole one).
+            self.leaf_spaces = {m.key: leaf_space(m) for m in info.observation}
         except codec.ProtocolError as exc:
             self.session.close()
             raise RemoteError(
@@ -118,7 +122,7 @@ class _Client:
                 f"client cannot rebuild: {exc}; upgrade the older side",
                 address=self.address,
             ) from None
-        self.obs_spec = self.session.obs_spec
+        self.obs_specs = self.session.obs_specs
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
         self.trial_index = self.session.trial_index
         self.closed = False
@@ -186,6 +190,17 @@ class _Client:
             return arr.astype(np.int64)
         # A Box action travels in the space's own dtype (the server's contract).
         return arr.astype(space.dtype)
+
+    def observation(self, batch: codec.ResultBatch, row: int) -> Any:
+        """Row ``row``'s observation of a reply, as a gymnasium env returns it
+        (writable arrays; a Dict or Tuple space's nest of them)."""
+        return build(
+            self.obs_space,
+            {
+                k: _obs_value(self.leaf_spaces[k], x[row])
+                for k, x in batch.observation.items()
+            },
+        )
 
     def check_open(self) -> None:
         if self.closed:
@@ -364,7 +379,7 @@ class RemoteEnv(_Served, gymnasium.Env):
         self._state = "new"
         batch = client.reset_lanes(self._lanes, [seed], wire)
         self._state = "running"
-        return _obs_value(self.observation_space, batch.observation[OBS_KEY][0]), {}
+        return client.observation(batch, 0), {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Steps the served lane with ``action``.
@@ -394,7 +409,7 @@ class RemoteEnv(_Served, gymnasium.Env):
         truncated = bool(batch.truncated[0])
         if terminated or truncated:
             self._state = "ended"
-        obs = _obs_value(self.observation_space, batch.observation[OBS_KEY][0])
+        obs = client.observation(batch, 0)
         return obs, float(batch.rewards[0]), terminated, truncated, {}
 
     def render(self) -> None:
@@ -462,8 +477,11 @@ class RemoteVectorEnv(_Served, VectorEnv):
         self.action_space = batch_space(client.act_space, self.num_envs)
         self.metadata = {**client.metadata(), "autoreset_mode": AutoresetMode.DISABLED}
         self.render_mode = None
-        spec = client.obs_spec
-        self._obs = np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
+        # Every lane's last observation, per leaf (one leaf "" for one array).
+        self._obs = {
+            k: np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
+            for k, spec in client.obs_specs.items()
+        }
         self._was_reset = np.zeros(self.num_envs, bool)
         self._ended = np.zeros(self.num_envs, bool)
         self._all = np.arange(self.num_envs, dtype=np.int64)
@@ -473,7 +491,7 @@ class RemoteVectorEnv(_Served, VectorEnv):
         *,
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any]]:
         """Resets every lane, or the lanes of ``options["reset_mask"]``.
 
         Args:
@@ -487,7 +505,8 @@ class RemoteVectorEnv(_Served, VectorEnv):
 
         Returns:
             ``(observations, {})``: every lane's observation, ``(num_envs,) +
-            single observation shape``.
+            single observation shape`` (per leaf, in the observation's
+            structure, for a Dict or Tuple space).
 
         Raises:
             ValueError, TypeError: bad seeds, mask or options.
@@ -539,14 +558,15 @@ class RemoteVectorEnv(_Served, VectorEnv):
         ]
         self._was_reset[lanes] = False
         batch = client.reset_lanes(lanes, drawn, wire)
-        self._obs[lanes] = batch.observation[OBS_KEY]
+        for k, x in self._obs.items():
+            x[lanes] = batch.observation[k]
         self._was_reset[lanes] = True
         self._ended[lanes] = False
-        return self._obs.copy(), {}
+        return self._observations(), {}
 
     def step(
         self, actions: Any
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every lane with its action.
 
         Args:
@@ -579,12 +599,20 @@ class RemoteVectorEnv(_Served, VectorEnv):
             )
         arr = client.actions(actions, (self.num_envs,), "actions")
         batch = client.step_lanes(self._all, arr)
-        self._obs[:] = batch.observation[OBS_KEY]
+        for k, x in self._obs.items():
+            x[:] = batch.observation[k]
         terminated = np.array(batch.terminated, bool)
         truncated = np.array(batch.truncated, bool)
         self._ended = terminated | truncated
         rewards = np.array(batch.rewards, np.float64)
-        return self._obs.copy(), rewards, terminated, truncated, {}
+        return self._observations(), rewards, terminated, truncated, {}
+
+    def _observations(self) -> Any:
+        """Every lane's observation (copies), in the observation's structure:
+        ``(num_envs,) + shape`` per leaf."""
+        return build(
+            self.single_observation_space, {k: x.copy() for k, x in self._obs.items()}
+        )
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ends the session (the server is free for the next client)."""

@@ -47,7 +47,9 @@ DTYPE_NAMES: tuple[str, ...] = (
 #: (client and server; named in their errors).
 TOKEN_ENV = "JAXMESH_TOKEN"
 
-#: The key of the one observation leaf, and of the one action leaf, in a batch.
+#: The key of the one observation leaf of a single-array observation (a Dict or
+#: Tuple one has a leaf per entry, named by its path joined with "/"), and of the
+#: one action leaf, in a batch.
 OBS_KEY = ""
 #: The reset option that carries an episode's trial index to an env that takes
 #: it (a server declares it in the handshake when its env does).
@@ -89,7 +91,8 @@ class ResultBatch(NamedTuple):
       terminated: bool ``[sum(steps)]``.
       truncated: bool ``[sum(steps)]`` (a wall-clock cap sets it too).
       observation: ``{"": array [sum(rows), *obs_shape]}`` when observations
-        were asked for, else ``{}``.
+        were asked for, else ``{}``; for a Dict or Tuple observation, leaf
+        name -> ``[sum(rows), *leaf_shape]`` for the leaves asked for.
       info: info key -> ``[sum(info rows), ...]`` in the values' own dtype,
         for the keys asked for that some row has (and whose values are numbers
         of one shape); a row without the key holds zeros.

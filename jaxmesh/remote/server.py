@@ -206,6 +206,7 @@ class _Request:
     __slots__ = (
         "_ops",
         "want_obs",
+        "obs_keys",
         "info_keys",
         "all_observations",
         "info_every_step",
@@ -224,9 +225,11 @@ class _Request:
         release: tuple[int, ...] = (),  # lanes whose episode the client abandons
         single: tuple[np.ndarray, np.ndarray] | None = None,
         info_every_step: bool = False,  # every step's info, the last observation
+        obs_keys: tuple[str, ...] | None = None,  # leaves asked (None: every one)
     ):
         self._ops = ops
         self.want_obs = want_obs
+        self.obs_keys = obs_keys
         self.info_keys = info_keys
         self.all_observations = all_observations
         self.info_every_step = info_every_step
@@ -270,9 +273,21 @@ class _ServedLanes:
         self.num_lanes = n = lanes.num_lanes
         self.name = lanes.name
         self.lockstep = isinstance(lanes, shared.VectorLanes)
-        self.obs_leaf = wire_spaces.space_leaf(
+        # One message per observation leaf (one, "", for a single array).
+        self.obs_leaves = wire_spaces.space_leaves(
             lanes.observation_space, where=f"{self.name} observation_space"
         )
+        if len(self.obs_leaves) > codec.MAX_KEYS:
+            raise TypeError(
+                f"{self.name} observation_space has {len(self.obs_leaves)} leaves, "
+                f"more than the {codec.MAX_KEYS} a request may ask for; flatten "
+                "some of them with a gymnasium ObservationWrapper"
+            )
+        self.obs_names = tuple(m.key for m in self.obs_leaves)
+        # The lanes' layout of every leaf, and of the leaves a client reads
+        # (``layout_for``): only those are converted, checked and sent.
+        self.full_layout = lanes.layout
+        self._layouts: dict[tuple[str, ...], Any] = {}
         self.act_leaf = wire_spaces.space_leaf(
             lanes.action_space, where=f"{self.name} action_space"
         )
@@ -302,6 +317,24 @@ class _ServedLanes:
 
     def end_session(self) -> None:
         self.lanes.forget()
+        self.lanes.layout = self.full_layout
+
+    def layout_for(self, keys: tuple[str, ...] | None) -> Any:
+        """The lanes' observation layout of the leaves ``keys`` (None: every
+        leaf): the layout pruned to them when they are whole top-level Dict
+        entries (what a policy reads), else every leaf's (the reply then
+        leaves the others out)."""
+        full = self.full_layout
+        if not keys:  # every leaf, or none asked (every leaf is still checked)
+            return full
+        layout = self._layouts.get(keys)
+        if layout is None:
+            top = list(dict.fromkeys(full.paths[k][0] for k in keys))
+            layout = full.select(top)
+            if set(layout.names) != set(keys):
+                layout = full
+            self._layouts[keys] = layout
+        return layout
 
     def check(self, request: _Request) -> None:
         """Refuses (ProtocolError) a request these lanes cannot serve exactly.
@@ -354,6 +387,8 @@ class _ServedLanes:
         """
         lanes = self.lanes
         lanes.release(request.release)
+        keys = request.obs_keys
+        lanes.layout = self.layout_for(keys)
         if request.single is not None and self.pool is None:
             # The per-step case (h = 1), built without per-lane objects when
             # the lanes allow it (live, no wall-clock cap, observation asked).
@@ -362,7 +397,7 @@ class _ServedLanes:
                 stepped, actions, request.want_obs, request.info_keys
             )
             if batch is not None:
-                return codec.encode_result_batch(*batch)
+                return codec.encode_result_batch(*_only(batch, keys))
         results = self._run(request)
         batch = lanes.collect(
             results,
@@ -371,7 +406,7 @@ class _ServedLanes:
             keep_all_obs=request.all_observations,
             keep_all_info=request.info_every_step,
         )
-        return codec.encode_result_batch(*batch)
+        return codec.encode_result_batch(*_only(batch, keys))
 
     def _run_ops(self, ops: list, request: _Request) -> list[shared.LaneResult]:
         return self.lanes.run(
@@ -409,6 +444,15 @@ class _ServedLanes:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         self.lanes.close()
+
+
+def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
+    """A lanes' ``ResultBatch`` with only the observation leaves ``keys``
+    (None: as it is)."""
+    if keys is None or batch.observation.keys() == set(keys):
+        return batch
+    obs = batch.observation
+    return batch._replace(observation={k: obs[k] for k in keys})
 
 
 def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
@@ -555,10 +599,17 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
             ):
                 replays[lane] = shared.Replay(lane, arr[start : start + count])
     keys = set(msg.observation_keys)
-    if not keys <= {""}:
+    names = lanes.obs_names
+    if not keys <= set(names):
+        unknown = sorted(keys - set(names))
+        has = (
+            "the observation has the single leaf ''"
+            if names == ("",)
+            else f"the observation has the leaves {codec.few(names)}"
+        )
         raise _bad(
-            f"observation_keys {codec.few(sorted(keys))} are not all declared: "
-            "the observation has the single leaf '' (see the handshake)"
+            f"observation_keys {codec.few(unknown)} are not all declared: {has} "
+            "(see the handshake)"
         )
     ops.update(replays)
     release = tuple(dict.fromkeys(int(j) for j in msg.release))
@@ -571,13 +622,17 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
             )
     request = _Request(
         ops=None if single is not None else [ops[j] for j in sorted(ops)],
-        want_obs="" in keys,
+        want_obs=bool(keys),
         info_keys=tuple(dict.fromkeys(msg.info_keys)),
         all_observations=bool(msg.all_observations),
         call_id=int(msg.call_id),
         release=release,
         single=single,
         info_every_step=bool(msg.info_every_step),
+        # Only the leaves asked for are converted and sent (in declared order).
+        obs_keys=None
+        if len(keys) == len(names)
+        else tuple(n for n in names if n in keys),
     )
     lanes.check(request)
     return request
@@ -1033,7 +1088,7 @@ class EnvServer:
         return pb.HandshakeReply(
             server_protocol_versions=PROTOCOL_VERSIONS,
             server_version=f"jaxmesh {__version__}",
-            observation=[lanes.obs_leaf],
+            observation=lanes.obs_leaves,
             action=[lanes.act_leaf],
             num_lanes=lanes.num_lanes,
             reset_options=[

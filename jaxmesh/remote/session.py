@@ -83,7 +83,15 @@ class Session:
                 raise codec.ProtocolError(
                     f"the handshake declares {info.num_lanes} lanes, expected >= 1"
                 )
-            self.obs_spec = codec.leaf_spec_from_proto(info.observation)
+            #: Every observation leaf's spec (key, wire dtype, shape), in the
+            #: declared order: ``{"": spec}`` for a single-array observation.
+            self.obs_specs = {}
+            for msg in info.observation:
+                if msg.key in self.obs_specs:
+                    raise codec.ProtocolError(
+                        f"observation leaf {codec.short(msg.key)} is declared twice"
+                    )
+                self.obs_specs[msg.key] = codec.leaf_spec_from_proto(msg)
         except codec.ProtocolError as exc:
             self.conn.close()
             raise RemoteError(
@@ -98,6 +106,9 @@ class Session:
         #: Whether the server sends every step's info with the last observation
         #: only (``send(info_every_step=True)``).
         self.info_every_step = INFO_EVERY_STEP in info.capabilities
+        #: The observation leaves every call asks for (``open``; only these
+        #: cross the wire): every one until told otherwise.
+        self.observation_keys: tuple[str, ...] = tuple(self.obs_specs)
         self.closed = False
         self._call_id = 0
         self._pending: collections.deque[int] = collections.deque()
@@ -109,6 +120,7 @@ class Session:
         replies: queue.SimpleQueue | None = None,
         tag: Any = None,
         reader: bool = True,
+        observation_keys: Sequence[str] | None = None,
     ) -> None:
         """Opens the session; replies are decoded as they arrive.
 
@@ -120,8 +132,24 @@ class Session:
           reader: False: no reader thread; ``receive`` takes the next reply
             off the stream itself (a thread hand-off less per call, for a
             caller with nothing else to do while it waits).
+          observation_keys: the observation leaves every call of the session
+            asks for (declared keys; only these cross the wire); None: every
+            leaf.
+
+        Raises:
+          ValueError: a key the server did not declare.
         """
-        spec = {OBS_KEY: self.obs_spec}
+        if observation_keys is not None:
+            unknown = [k for k in observation_keys if k not in self.obs_specs]
+            if unknown:
+                raise ValueError(
+                    f"observation_keys {codec.few(unknown)} are not leaves of the "
+                    f"observation the server at {self.address} declares (it has "
+                    f"{codec.few(list(self.obs_specs))})"
+                )
+            asked = set(observation_keys)
+            self.observation_keys = tuple(k for k in self.obs_specs if k in asked)
+        spec = {k: self.obs_specs[k] for k in self.observation_keys}
         n = self.num_lanes
         self.conn.open(
             lambda r: codec.decode_result_batch(r.batch, spec, None, num_lanes=n),
@@ -176,7 +204,7 @@ class Session:
             )
         self._call_id += 1
         req = pb.StepRequest(
-            observation_keys=[OBS_KEY],
+            observation_keys=self.observation_keys,
             all_observations=all_observations,
             call_id=self._call_id,
             info_keys=list(info_keys),

@@ -1,14 +1,24 @@
 """Gymnasium spaces <-> ``LeafSpec`` messages of the ``jaxmesh.env.v1`` protocol.
 
 Used by both ends: the server declares its env's spaces in the handshake with
-:func:`space_leaf`, a client rebuilds them with :func:`leaf_space`. Only
-single-array spaces travel for now, under the key ``""``:
+:func:`space_leaf` (an action space, a single-array observation space, under
+the key ``""``) and :func:`space_leaves` (an observation space, one message per
+leaf); a client rebuilds them with :func:`leaf_space` and
+:func:`observation_space`. Each leaf is one of:
 
 - ``Box``: ``space="box"``, the space's own dtype and shape, ``low`` and
   ``high`` as Tensors of that dtype and shape, or as a scalar of that dtype
   when every entry is the same (so a large observation's handshake stays small).
 - ``Discrete(n, start)``: ``space="discrete"``, dtype ``int64``, shape ``[]``,
   ``n`` and ``start``.
+
+An observation space may nest those leaves in ``Dict`` and ``Tuple`` spaces
+(camera images in uint8 beside float states): each leaf is declared under its
+path, Dict keys and Tuple indices joined with ``/`` (``"image"``,
+``"pair/0"``; the names of ``jaxmesh.envs.gymnasium.leaves``), with ``nest``
+saying what each part is (``"d"`` a Dict key, ``"t"`` a Tuple index), in the
+space's order. A single-array space is the one leaf ``""`` with no ``nest``,
+as before, so older clients read it.
 
 Values on the wire are the env's own: an observation is ``np.asarray(obs,
 space.dtype)`` (``int64`` for a Discrete space), an action is what the env's
@@ -23,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
@@ -31,17 +42,33 @@ import numpy as np
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
-__all__ = ["BOX", "DISCRETE", "leaf_spec", "leaf_space", "space_leaf", "wire_value"]
+__all__ = [
+    "BOX",
+    "DICT",
+    "DISCRETE",
+    "TUPLE",
+    "build",
+    "leaf_spec",
+    "leaf_space",
+    "observation_space",
+    "space_leaf",
+    "space_leaves",
+    "wire_value",
+]
 
 BOX = "box"
 DISCRETE = "discrete"
+#: ``LeafSpec.nest`` letters: the part of a leaf's key is a Dict key, a Tuple index.
+DICT = "d"
+TUPLE = "t"
 
 
 def _unsupported(space: Any, where: str) -> TypeError:
     return TypeError(
         f"{where} {space} is a {type(space).__name__}; jaxmesh serves gymnasium "
-        "spaces that are Box or Discrete only (MultiDiscrete, MultiBinary, Dict "
-        "and Tuple are not supported yet). Wrap the env in a gymnasium "
+        "spaces that are Box or Discrete, and observation spaces that nest them "
+        "in Dict and Tuple spaces (MultiDiscrete, MultiBinary, and Dict or Tuple "
+        "actions, are not supported yet). Wrap the env in a gymnasium "
         "ObservationWrapper or ActionWrapper that maps it to a Box or Discrete "
         "(e.g. gymnasium.wrappers.FlattenObservation(env))"
     )
@@ -181,3 +208,164 @@ def wire_value(space: Any, value: Any) -> np.ndarray:
             "shape"
         )
     return arr
+
+
+# Observation spaces of named leaves (Dict and Tuple) -------------------------------
+def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.LeafSpec]:
+    """An observation space as one ``LeafSpec`` message per leaf, in its order.
+
+    A single-array space is the one leaf ``""`` (exactly :func:`space_leaf`'s
+    message); a ``Dict`` or ``Tuple`` space is walked as
+    ``jaxmesh.envs.gymnasium.leaves.ObsLayout`` walks it: each leaf under its
+    path joined with ``/``, ``nest`` one letter per part (``DICT``, ``TUPLE``).
+
+    Raises:
+        TypeError: a leaf that is not a Box or Discrete, an empty Dict or
+            Tuple, or a Dict key that is not a non-empty string without ``/``.
+    """
+    out: list[pb.LeafSpec] = []
+
+    def walk(sub: Any, path: tuple, nest: str) -> None:
+        spaces = gymnasium.spaces
+        if isinstance(sub, spaces.Dict | spaces.Tuple):
+            kind = type(sub).__name__
+            at = "/".join(str(p) for p in path) or "its top"
+            if not len(sub.spaces):
+                raise TypeError(
+                    f"{where} has an empty {kind} at {at}; give it at least one entry"
+                )
+            if isinstance(sub, spaces.Tuple):
+                for i, s in enumerate(sub.spaces):
+                    walk(s, path + (i,), nest + TUPLE)
+                return
+            for key, s in sub.spaces.items():
+                if not isinstance(key, str) or not key or "/" in key:
+                    raise TypeError(
+                        f"{where}: Dict key {key!r} is not a non-empty string "
+                        "without '/'; jaxmesh names leaves by their keys joined "
+                        "with '/'. Rename the key with a gymnasium "
+                        "ObservationWrapper"
+                    )
+                walk(s, path + (key,), nest + DICT)
+            return
+        name = "/".join(str(p) for p in path)
+        msg = space_leaf(sub, name, where=f"{where} leaf {name!r}" if path else where)
+        msg.nest = nest
+        out.append(msg)
+
+    walk(space, (), "")
+    return out
+
+
+def observation_space(msgs: Any) -> gymnasium.Space:
+    """The observation space the handshake's leaves declare (inverse of
+    :func:`space_leaves`).
+
+    Args:
+        msgs: the ``LeafSpec`` messages, in the declared order.
+
+    Returns:
+        The Box or Discrete of a single leaf ``""``; else the nested ``Dict``
+        and ``Tuple`` spaces, Dict keys in the declared order.
+
+    Raises:
+        codec.ProtocolError: no leaf, a leaf ``""`` beside others, a key whose
+            parts do not match its ``nest``, a Tuple index that is not a
+            number or leaves a gap, a path declared twice or as both a leaf
+            and a nest, or a leaf :func:`leaf_space` refuses.
+    """
+    msgs = list(msgs)
+    if not msgs:
+        raise codec.ProtocolError(
+            "the handshake declares no observation leaf; expected at least one"
+        )
+    if len(msgs) == 1 and not msgs[0].nest:
+        if msgs[0].key != "":
+            raise codec.ProtocolError(
+                f"the observation's one leaf is declared under key "
+                f"{codec.short(msgs[0].key)} without a nest; a single-array "
+                "observation is the leaf ''"
+            )
+        return leaf_space(msgs[0])
+    root: dict = {}  # part -> subtree or leaf space; kinds kept apart
+    kinds: dict[tuple, str] = {}
+    for msg in msgs:
+        key, nest = msg.key, msg.nest
+        parts = key.split("/")
+        what = f"observation leaf {codec.short(key)}"
+        if (
+            not nest
+            or len(parts) != len(nest)
+            or any(c not in (DICT, TUPLE) for c in nest)
+            or not all(parts)
+        ):
+            raise codec.ProtocolError(
+                f"{what} is declared with nest {codec.short(nest)}; expected one "
+                f"letter per part of the key, {DICT!r} (a Dict key) or {TUPLE!r} "
+                "(a Tuple index), for every leaf of an observation with several"
+            )
+        node = root
+        for i, (part, kind) in enumerate(zip(parts, nest, strict=True)):
+            path = tuple(parts[:i])
+            if kinds.setdefault(path, kind) != kind:
+                raise codec.ProtocolError(
+                    f"{what} makes {'/'.join(path) or 'the top'} both a Dict and "
+                    "a Tuple; the server broke its own declaration"
+                )
+            if kind == TUPLE and not (
+                part.isascii() and part.isdecimal() and str(int(part)) == part
+            ):
+                raise codec.ProtocolError(
+                    f"{what} has Tuple index {codec.short(part)}; expected a "
+                    "number without leading zeros"
+                )
+            last = i == len(parts) - 1
+            sub = node.get(part)
+            if (last and sub is not None) or (
+                not last and sub is not None and not isinstance(sub, dict)
+            ):
+                raise codec.ProtocolError(
+                    f"{what} is declared twice, or as a leaf and as a nest; the "
+                    "server broke its own declaration"
+                )
+            if last:
+                node[part] = leaf_space(msg)
+            else:
+                node = node.setdefault(part, {})
+
+    def make(node: dict, path: tuple) -> gymnasium.Space:
+        if kinds[path] == DICT:
+            return gymnasium.spaces.Dict(
+                [
+                    (k, make(v, path + (k,)) if isinstance(v, dict) else v)
+                    for k, v in node.items()
+                ]
+            )
+        if sorted(int(k) for k in node) != list(range(len(node))):
+            raise codec.ProtocolError(
+                f"the Tuple at {'/'.join(path) or 'the top'} of the observation "
+                f"declares entries {codec.few(sorted(int(k) for k in node))}; "
+                "expected 0 .. n - 1"
+            )
+        return gymnasium.spaces.Tuple(
+            [
+                make(node[str(i)], path + (str(i),))
+                if isinstance(node[str(i)], dict)
+                else node[str(i)]
+                for i in range(len(node))
+            ]
+        )
+
+    return make(root, ())
+
+
+def build(space: Any, leaves: Mapping[str, Any], path: tuple = ()) -> Any:
+    """An observation in ``space``'s own structure (an array, or nested dicts
+    and tuples) holding ``leaves[name]`` at each leaf (``name`` as in
+    :func:`space_leaves`)."""
+    spaces = gymnasium.spaces
+    if isinstance(space, spaces.Dict):
+        return {k: build(s, leaves, path + (k,)) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(build(s, leaves, path + (i,)) for i, s in enumerate(space.spaces))
+    return leaves["/".join(str(p) for p in path)]

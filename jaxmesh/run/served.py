@@ -27,9 +27,12 @@ dropped by episode epoch. An action that would fail the run's checks (out of
 range, not finite) is never sent: the segment stops before it, and the run
 raises ``BadValueError`` at the step that meets it, as in process.
 
-Only the observation leaf crosses the wire, every replayed step's when an
-observation window reads more than one frame (or an episode is recorded), else
-the last of each segment (the frames in between are never read; CONTRACT 19).
+Only the observation leaves the policy reads cross the wire (a Dict or Tuple
+observation's leaves, CONTRACT 31: the server is asked for those, and those an
+episode recording keeps; one array is the one leaf), every replayed step's when
+an observation window reads more than one frame (or an episode is recorded),
+else the last of each segment (the frames in between are never read; CONTRACT
+19).
 The info values asked for (metrics, the success key) cross on those rows, or on
 every replayed step's row when a reduction reads every step (success once, a
 mean, ...): the server sends them (``info_every_step``) without the observations
@@ -57,9 +60,8 @@ import numpy as np
 from jaxmesh.core import rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium.spec import spec_for
-from jaxmesh.errors import RemoteConnectionError
+from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
-from jaxmesh.remote.protocol import OBS_KEY
 from jaxmesh.remote.session import Session
 from jaxmesh.run import stream
 from jaxmesh.run.loop import HostLoop
@@ -150,8 +152,16 @@ class ServedLanes:
                         f"{getattr(first, field)}; every server of a run must serve "
                         "the same env"
                     )
-        self.observation_space = spaces.leaf_space(first.observation)
-        self.action_space = spaces.leaf_space(first.action)
+        try:
+            self.observation_space = spaces.observation_space(first.observation)
+            self.action_space = spaces.leaf_space(first.action)
+        except codec.ProtocolError as exc:
+            self.close()
+            raise RemoteError(
+                f"the jaxmesh env server at {first.address} declared spaces this "
+                f"client cannot rebuild: {exc}; upgrade the older side",
+                address=first.address,
+            ) from None
         where = f"served env at {first.address}"
         self.spec = spec_for(
             first.env_name,
@@ -239,6 +249,24 @@ def _present(b: codec.ResultBatch, key: str) -> np.ndarray:
     return np.ones(len(b.info[key]), bool) if present is None else present
 
 
+def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
+    """The observation leaves a run asks its servers for: those the policy
+    reads (``program.layout``) and those an episode recording keeps
+    (``Record.keys``; None: every leaf), in the declared order."""
+    names = spec.layout.names
+    if recorder is None:
+        return tuple(program.layout.names)
+    if recorder.keys is None:
+        return tuple(names)
+    read = set(program.layout.names)
+    keep = tuple(recorder.keys)
+    return tuple(
+        n
+        for n in names
+        if n in read or any(n == k or n.startswith(k + "/") for k in keep)
+    )
+
+
 def needs_every_observation(cfg: Any) -> bool:
     """Whether an observation window reads more than one frame."""
     return any(d.stack > 1 and not d.reads_action for _, d in cfg.spec)
@@ -288,7 +316,14 @@ class _Run(HostLoop):
         self.rb_term = np.zeros((n, cap), bool)
         self.rb_trunc = np.zeros((n, cap), bool)
         self.rb_has_obs = np.zeros((n, cap), bool)
-        self.rb_obs = np.zeros((n, cap) + self.spec.obs_shape, self.spec.obs_dtype)
+        #: The observation leaves asked for (``wire_leaves``); the others stay
+        #: zeros in ``obs_leaves``. One array: the one leaf ``""``.
+        self.obs_keys = wire_leaves(self.spec, self.program, recorder)
+        layout = self.spec.layout
+        self.rb_obs = {
+            k: np.zeros((n, cap) + layout.shapes[k], layout.dtypes[k])
+            for k in self.obs_keys
+        }
         self.rb_info = {k: np.zeros((n, cap), np.float64) for k in self.info_keys}
         self.rb_info_has = {k: np.zeros((n, cap), bool) for k in self.info_keys}
         self.capped = np.zeros(n, bool)  # the last result ended at the cap only
@@ -604,7 +639,12 @@ class _Run(HostLoop):
             except queue.Empty:
                 return
             self.lanes.sessions[s] = session
-            session.open(replies=self.replies, tag=s, reader=True)
+            session.open(
+                replies=self.replies,
+                tag=s,
+                reader=True,
+                observation_keys=self.obs_keys,
+            )
             self.lockstep[s] = session.lockstep
             self.lost.discard(s)
             js = np.flatnonzero(self.server == s)
@@ -677,7 +717,8 @@ class _Run(HostLoop):
             self.rb_reward[gl, pos] = b.rewards[live]
             self.rb_term[gl, pos] = b.terminated[live]
             self.rb_trunc[gl, pos] = b.truncated[live]
-            self.rb_obs[gl, pos] = b.observation[OBS_KEY][live]
+            for key, x in b.observation.items():
+                self.rb_obs[key][gl, pos] = x[live]
             self.rb_has_obs[gl, pos] = True
             if self.info_keys:
                 info = self.info_rows(b)
@@ -695,7 +736,7 @@ class _Run(HostLoop):
                 f"the server at {self.lanes.sessions[s].address} answered for lanes "
                 f"{b.lanes[:16].tolist()}, asked for {asked[:16].tolist()}"
             )
-        obs_rows = b.observation[OBS_KEY]
+        obs_rows = b.observation
         row0 = np.concatenate([[0], np.cumsum(b.rows)[:-1]]).astype(np.int64)
         step0 = np.concatenate([[0], np.cumsum(b.steps)[:-1]]).astype(np.int64)
         # Info rows: the observation rows, or a reset's and every step's.
@@ -712,7 +753,8 @@ class _Run(HostLoop):
         # Resets: the reset observation.
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
-            self.obs[g[rl]] = obs_rows[row0[rl]]
+            for key, x in obs_rows.items():
+                self.obs_leaves[key][g[rl]] = x[row0[rl]]
             self.reset_infos(b, g[rl], info0[rl])
             self.seen_resets(g[rl])
             if self.recorder is not None:
@@ -730,12 +772,15 @@ class _Run(HostLoop):
             self.rb_term[lane_of, pos] = b.terminated[src]
             self.rb_trunc[lane_of, pos] = b.truncated[src]
             if self.every_obs:
-                self.rb_obs[lane_of, pos] = obs_rows[np.repeat(row0[al], k) + within]
+                rows = np.repeat(row0[al], k) + within
+                for key, x in obs_rows.items():
+                    self.rb_obs[key][lane_of, pos] = x[rows]
                 self.rb_has_obs[lane_of, pos] = True
             else:
                 self.rb_has_obs[lane_of, pos] = False
                 last = (self.tail[g[al]] + k - 1) % self.cap
-                self.rb_obs[g[al], last] = obs_rows[row0[al]]
+                for key, x in obs_rows.items():
+                    self.rb_obs[key][g[al], last] = x[row0[al]]
                 self.rb_has_obs[g[al], last] = True
             if self.info_keys:
                 info = self.info_rows(b)
@@ -939,7 +984,9 @@ class _Run(HostLoop):
         te = self.rb_term[j, pos]
         tr = self.rb_trunc[j, pos]
         has = self.rb_has_obs[j, pos]
-        self.obs[j[has]] = self.rb_obs[j[has], pos[has]]
+        jh, ph = j[has], pos[has]
+        for key, rb in self.rb_obs.items():
+            self.obs_leaves[key][jh] = rb[jh, ph]
         if self.info_keys:
             self.metrics.step(
                 j,
@@ -969,8 +1016,13 @@ class _Run(HostLoop):
             and sessions[0].reply_timeout is None
         )
         for s, c in enumerate(sessions):
-            c.open(replies=self.replies, tag=s, reader=not self.direct)
-        self.state = self.program.init(self.obs, np.zeros(self.n, bool))
+            c.open(
+                replies=self.replies,
+                tag=s,
+                reader=not self.direct,
+                observation_keys=self.obs_keys,
+            )
+        self.state = self.program.init(self.agent_obs, np.zeros(self.n, bool))
         self.take_next(np.ones(self.n, bool))
 
     def run(self) -> None:
@@ -1167,11 +1219,13 @@ class _StepRun(_Run):
                 f"asked for {asked[:16].tolist()} (resets "
                 f"{self.local[reset_g][:16].tolist()})"
             )
-        obs_rows = b.observation[OBS_KEY]
+        obs_rows = b.observation
+        leaves = self.obs_leaves
         if reset_g.size:
             is_reset = b.steps == 0
             rl = g[is_reset]
-            self.obs[rl] = obs_rows[is_reset]
+            for key, x in obs_rows.items():
+                leaves[key][rl] = x[is_reset]
             self.reset_infos(b, rl, np.flatnonzero(is_reset))
             self.seen_resets(rl)
             self.ready[rl] = self.started[rl] = True
@@ -1187,7 +1241,8 @@ class _StepRun(_Run):
         pick = (lambda x: x) if step_rows is None else (lambda x: x[step_rows])
         r = b.rewards.astype(np.float32)
         te, tr = b.terminated, b.truncated
-        self.obs[j] = pick(obs_rows)
+        for key, x in obs_rows.items():
+            leaves[key][j] = pick(x)
         if self.info_keys:
             info = self.info_rows(b)
             self.metrics.step(
@@ -1214,6 +1269,7 @@ def run_class(program: Any, lanes: ServedLanes, recorder: Any) -> type[_Run]:
 
 __all__ = [
     "ServedLanes",
+    "wire_leaves",
     "run_class",
     "needs_every_observation",
     "default_lane_groups",

@@ -17,7 +17,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class LeafSpec(_message.Message):
-    __slots__ = ("key", "dtype", "shape", "space", "low", "high", "n", "start")
+    __slots__ = ("key", "dtype", "shape", "space", "low", "high", "n", "start", "nest")
     KEY_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class LeafSpec(_message.Message):
     HIGH_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    NEST_FIELD_NUMBER: _ClassVar[int]
     key: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -34,7 +35,8 @@ class LeafSpec(_message.Message):
     high: Tensor
     n: int
     start: int
-    def __init__(self, key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., space: _Optional[str] = ..., low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ..., n: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
+    nest: str
+    def __init__(self, key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., space: _Optional[str] = ..., low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ..., n: _Optional[int] = ..., start: _Optional[int] = ..., nest: _Optional[str] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("bool_value", "int_value", "float_value", "string_value", "tensor_value")
