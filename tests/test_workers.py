@@ -100,8 +100,9 @@ def test_dict_observations_match_the_plain_loop(workers, lanes):
 
 
 def test_workers_give_the_in_process_bits_on_a_mujoco_env():
-    """gymnasium's HalfCheetah (MuJoCo) in 2 worker processes: every episode's
-    return and length are the in-process run's, bit for bit."""
+    """gymnasium's HalfCheetah (MuJoCo) in 2 worker processes, paced a worker's
+    lanes at a time (h = 1): every episode's return, length and info metrics
+    are the in-process run's, bit for bit."""
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     w1 = jax.random.normal(k1, (17, 32)) * 0.3
     w2 = jax.random.normal(k2, (32, 6)) * 0.3
@@ -109,11 +110,18 @@ def test_workers_give_the_in_process_bits_on_a_mujoco_env():
     def mlp(obs):
         return jnp.tanh(jnp.tanh(obs @ w1) @ w2)
 
-    kw = dict(num_envs=3, seeds=[4, 9, 1, 7, 2], max_episode_steps=25)
+    kw = dict(
+        num_envs=3,
+        seeds=[4, 9, 1, 7, 2],
+        max_episode_steps=25,
+        metrics={"reward_ctrl": "sum", "x_velocity": "mean"},
+    )
     here = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=0, **kw)
     there = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=2, **kw)
     np.testing.assert_array_equal(there.returns, here.returns)
     np.testing.assert_array_equal(there.lengths, here.lengths)
+    for key in kw["metrics"]:
+        np.testing.assert_array_equal(there.metrics[key], here.metrics[key])
     assert there.env_steps == here.env_steps == 5 * 25
     no_leftovers()
 

@@ -48,7 +48,7 @@ from jaxmesh.record import (
 from jaxmesh.run import agent as run_agent
 from jaxmesh.run import build, checks, instructions, stream
 from jaxmesh.run.backend import ServedOptions, positive_seconds
-from jaxmesh.run.loop import LocalRun
+from jaxmesh.run.loop import GroupedRun, LocalRun
 from jaxmesh.run.results import RunResult
 from jaxmesh.run.telemetry import Telemetry
 
@@ -830,7 +830,10 @@ def _run(
 
     def loop() -> Any:
         if e:
-            if isinstance(lanes, gym_lanes._Lanes | gym_lanes.WorkerEnvLanes):
+            if isinstance(lanes, gym_lanes.WorkerEnvLanes):
+                grouped = GroupedRun.applies(program, lanes, recorder)
+                run_cls = GroupedRun if grouped else LocalRun
+            elif isinstance(lanes, gym_lanes._Lanes):
                 run_cls = LocalRun
             else:
                 from jaxmesh.run.served import run_class

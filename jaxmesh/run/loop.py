@@ -563,4 +563,92 @@ class LocalRun(HostLoop):
             metrics.step(j, {k: (v[j], p[j]) for k, (v, p) in lanes.info.items()})
 
 
-__all__ = ["HostLoop", "LocalRun"]
+class GroupedRun(LocalRun):
+    """Lanes in worker processes, paced one worker's lanes (a group) at a time:
+    while a worker steps its group, this process plans the next group's.
+
+    Each turn of group g: take the results of its last step (``account``; the
+    lanes that ended take the next episodes and are reset, in that worker, at
+    once), then the agent step for its running lanes and the send of its
+    actions, which its worker steps while the other groups take their turns.
+    The per-step case only (h = 1, no lead, no recording: ``applies``); the
+    same episodes, seeds and results as ``LocalRun``, though which lane runs an
+    episode then depends on the workers' timing (as for served lane groups).
+    """
+
+    @staticmethod
+    def applies(program: Any, lanes: Any, recorder: Any) -> bool:
+        cfg = program.config
+        groups = getattr(lanes, "groups", None)
+        return (
+            groups is not None
+            and len(groups) > 1
+            and cfg.horizon == 1
+            and cfg.lead == 0
+            and cfg.grid is None
+            and recorder is None
+        )
+
+    def run(self) -> None:
+        self.take_next(np.ones(self.n, bool))
+        self.state = self.program.init(self.agent_obs, self.active.copy())
+        masks = []
+        for lanes_ in self.lanes.groups:
+            mask = np.zeros(self.n, bool)
+            mask[lanes_[lanes_ < self.n]] = True
+            masks.append(mask)
+        inflight: list = [None] * len(masks)
+        try:
+            while self.active.any() or any(inflight):
+                for g, group in enumerate(masks):
+                    if inflight[g] is not None:
+                        last, inflight[g] = inflight[g], None
+                        self.take_group(*last)
+                    go = self.active & group
+                    if go.any():
+                        inflight[g] = self.send_group(go)
+        finally:
+            sent = [f[0] for f in inflight if f is not None]
+            if sent:  # an error: read what is in flight, so no reply is left
+                self.lanes.pool.take(sum(sent, []))
+        self.finish()
+
+    def send_group(self, go: np.ndarray) -> tuple:
+        """The agent step of lanes ``go`` and the send of their actions."""
+        t0 = time.perf_counter()
+        device = self.agent_step(self.started & go, go, go)
+        actions, _ = self.read_actions(device)
+        t1 = time.perf_counter()
+        self.tel.span("predict", t0, t1, "group")
+        self.started[go] = False
+        faults = self.action_faults(go, actions)
+        step = go
+        if faults is not None:
+            step = go & (faults[0] == core_results.NO_FAULT)
+        return self.lanes.send(actions, step), step, actions, faults, t1
+
+    def take_group(self, sent, step, actions, faults, t_env) -> None:
+        """The results of a group's step: the metrics and ``account``."""
+        reward, term, trunc = self.lanes.take(sent, step, self.obs_leaves)
+        self.tel.span("env_step", t_env, time.perf_counter(), "group")
+        lost = np.asarray(self.lanes.lost, np.int64)
+        lost = lost[lost < self.n]
+        go = step
+        if lost.size:
+            go = go.copy()
+            go[lost] = False
+            self.requeue(lost)
+        j = np.flatnonzero(go)
+        if self.metrics.active:
+            self.step_metrics(go, j)
+        self.step_action = np.where(
+            go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
+        )
+        self.account(j, reward[j], term[j], trunc[j], faults)
+        if lost.size:
+            free = np.zeros(self.n, bool)
+            free[lost] = True
+            self.take_next(free & ~self.active)
+
+
+__all__ = ["GroupedRun", "HostLoop", "LocalRun"]

@@ -422,11 +422,28 @@ class WorkerEnvLanes:
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
         """As :meth:`EnvLanes.step`, the lanes stepped in their workers; lanes
         of a worker that died read as not stepped (``lost``)."""
+        return self.take(self.send(actions, go), go, obs)
+
+    @property
+    def groups(self) -> list[np.ndarray]:
+        """Each worker's lanes, ascending: the lane groups a run may pace."""
+        return [np.asarray(b, np.int64) for b in self.pool.blocks]
+
+    def send(self, actions: np.ndarray, go: np.ndarray) -> list[int]:
+        """Starts the step of the lanes in ``go`` (their workers step them
+        while this process goes on); ``take`` its results."""
+        act = self.pool.slots["action"]
+        n = go.shape[0]
+        act[:n][go] = env_actions(self.action_space, actions[go])
+        return self.pool.send(go, self.info_keys)
+
+    def take(self, sent: list[int], go: np.ndarray, obs: dict):
+        """The results of ``send(actions, go)`` (``sent``: its return): as
+        :meth:`EnvLanes.step` returns them, observations written into ``obs``;
+        ``info`` / ``info_seen`` for the lanes in ``go``."""
         n = go.shape[0]
         pool = self.pool
-        act = pool.slots["action"]
-        act[:n][go] = env_actions(self.action_space, actions[go])
-        info, seen, lost = pool.step(go, self.info_keys)
+        info, seen, lost = pool.take(sent)
         self.lost, self.culprits = lost, pool.culprits
         if lost:
             go = go.copy()

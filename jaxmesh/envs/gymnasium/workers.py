@@ -714,21 +714,33 @@ class WorkerLanes:
 
     def step(self, go: np.ndarray, info_keys: tuple) -> tuple[dict, set, list]:
         """Steps the lanes in ``go`` ([N] bool; actions already in the
-        segment).
+        segment): ``send`` then ``take`` of every worker with a lane in it.
 
         Returns:
           info values ``{key: [(lane, value)]}``, the keys the infos had, and
           the lanes of workers that died in the step (their envs are rebuilt
           and must be reset; their step's results are not in the segment).
         """
+        return self.take(self.send(go, info_keys))
+
+    def send(self, go: np.ndarray, info_keys: tuple) -> list[int]:
+        """Starts the step of the lanes in ``go`` ([N] bool, actions in the
+        segment) without waiting; the workers asked (``take`` their replies).
+        Only the ``go`` flags of those workers' lanes are written, so other
+        workers may be stepping meanwhile."""
         n = go.shape[0]
-        slots = self.slots
-        slots["go"][:n] = go
-        slots["go"][n:] = False
+        flags = self.slots["go"]
         ks = sorted({int(k) for k in self.owner[:n][go]})
         cmd = ("step", tuple(info_keys))
         for k in ks:
+            block = self.blocks[k]
+            lo, hi = block[0], block[-1] + 1
+            flags[lo:hi] = go[lo:hi] if hi <= n else np.r_[go[lo:n], [False] * (hi - n)]
             self.conns[k].send(cmd)
+        return ks
+
+    def take(self, ks: list[int]) -> tuple[dict, set, list]:
+        """The replies of workers ``ks`` to ``send`` (see ``step``)."""
         replies, lost = self._gather(ks, "stepping")
         info: dict = {}
         seen: set = set()
