@@ -1817,7 +1817,8 @@ def make_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="W",
-        help="threads stepping groups of lanes (default 1)",
+        help="worker processes stepping groups of a gymnasium:<id> env's lanes "
+        "(threads for envs built by a factory; default 1)",
     )
     se.set_defaults(run=cmd_serve_env)
     return parser

@@ -506,6 +506,18 @@ def test_sixteen_lanes_match_separate_loops(workers):
     check_drive(done, SEEDS_16)
 
 
+def test_worker_processes_serve_sixteen_lanes_as_separate_loops():
+    """serve-env --workers 2 on an id: the lanes live in two worker processes
+    (``ProcessLanes``); chunk replays, ends mid-chunk and resets give the
+    separate plain loops' results."""
+    options = ServeOptions(workers=2)
+    env = f"gymnasium:{ID}"
+    with serving(env, lanes=16, options=options) as server, client(server) as raw:
+        assert type(server._lanes.lanes).__name__ == "ProcessLanes"
+        done = drive(raw, 16, SEEDS_16, chunk=6)
+    check_drive(done, SEEDS_16)
+
+
 def test_disabled_vector_env_matches_separate_loops():
     vec = SyncVectorEnv(
         [lambda: gym.make(ID) for _ in range(16)],

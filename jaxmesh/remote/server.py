@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hmac
 import ipaddress
 import math
@@ -96,9 +97,11 @@ class ServeOptions:
             (else it is refused with PERMISSION_DENIED).
         token: when set, every call must carry the metadata ``authorization:
             Bearer <token>`` (clients: ``token=`` or ``JAXMESH_TOKEN``).
-        workers: threads that step the lanes of a list of envs, each a
-            contiguous group of lanes (None: 1, i.e. in the serving thread;
-            see docs/remote.md for the measurement behind it).
+        workers: for ``"gymnasium:<id>"``, worker processes that build and
+            step the lanes, each a contiguous group (a Python sim's step holds
+            the GIL, so threads would share one core); for envs given as
+            objects, threads (None: 1, i.e. in the serving thread; see
+            docs/remote.md).
         max_message_bytes: the largest message either way; a reply over it is
             refused with RESOURCE_EXHAUSTED naming its size.
     """
@@ -248,14 +251,15 @@ class _Request:
         return self._ops
 
 
+def _wire_leaf(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
+    leaf = wire_spaces.space_leaf(space, where=where)
+    return tuple(leaf.shape), np.dtype(leaf.dtype)
+
+
 def _wire_layout(where: str):
-    """The lanes' observation layout: the wire leaf's (the space's own dtype)."""
-
-    def layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
-        leaf = wire_spaces.space_leaf(space, where=where)
-        return tuple(leaf.shape), np.dtype(leaf.dtype)
-
-    return layout
+    """The lanes' observation layout: the wire leaf's (the space's own dtype);
+    picklable, for lanes in worker processes."""
+    return functools.partial(_wire_leaf, where=where)
 
 
 class _ServedLanes:
@@ -473,7 +477,19 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
                 "'gymnasium:CartPole-v1'), a gymnasium Env, a list of them, a "
                 "VectorEnv in AutoresetMode.DISABLED, or a factory of one"
             )
-        envs = shared.make_envs(env, 1 if lanes is None else lanes)
+        count = 1 if lanes is None else lanes
+        if workers > 1 and count > 1:
+            # A Python sim's step holds the GIL: the lanes step in processes.
+            from jaxmesh.envs.gymnasium.workers import ProcessLanes
+
+            where = f"{env} observation_space"
+            procs = ProcessLanes(env, count, workers, layout=_wire_layout(where))
+            try:
+                return _ServedLanes(procs, 1)
+            except BaseException:
+                procs.close()
+                raise
+        envs = shared.make_envs(env, count)
         try:
             return _served(shared.ListLanes, envs, workers, owned=True)
         except BaseException:
