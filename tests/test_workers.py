@@ -325,3 +325,32 @@ def test_a_factory_in_the_main_script_and_ctrl_c_leave_nothing(tmp_path):
     assert all(_gone(pid) for pid in first[1:])
     left = [f for f in os.listdir("/dev/shm") if f.startswith(f"jaxmesh_{proc.pid}_")]
     assert left == []
+
+
+def test_only_the_leaves_the_policy_reads_leave_the_workers():
+    """CONTRACT 31: a policy whose spec reads the image alone gets the image
+    from the workers; the state and the Tuple stay there (no slot for them in
+    the shared segment), and the run is the plain loop's."""
+    from jaxmesh.adapt import State
+    from jaxmesh.envs.gymnasium.local import WorkerEnvLanes
+
+    lanes = WorkerEnvLanes(CameraEnv, 2, 1)
+    try:
+        lanes.carry(["image"])
+        first = lanes.reset([1, 0], [5, 4], [0, 1])
+        assert list(first) == ["image"] and first["image"].dtype == np.uint8
+        assert [f for f in lanes.pool.fields if f.startswith("obs:")] == ["obs:image"]
+        want = CameraEnv().reset(seed=4)[0]["image"]
+        np.testing.assert_array_equal(first["image"][1], want)
+    finally:
+        lanes.close()
+
+    def bright(inputs):
+        return jnp.stack([inputs["img"].astype(jnp.float32).mean() / 255 - 0.5, 0.0])
+
+    model = jaxmesh.Model(bright, spec={"img": State(key="image")})
+    result = jaxmesh.evaluate(model, CameraEnv, num_envs=2, seeds=SEEDS, workers=2)
+    fn = jax.jit(lambda img: bright({"img": img}))
+    refs = plain_loop(CameraEnv(), lambda o, k: fn(o["image"])[None], SEEDS)
+    assert_matches(result, refs, rtol=1e-5)
+    no_leftovers()

@@ -409,6 +409,17 @@ def _workers(
     return min(workers, lanes)
 
 
+def _recorded_leaves(spec: Any, record: Any) -> tuple[str, ...]:
+    """The observation leaves a recording keeps (every one for ``keys=None``)."""
+    if record.keys is None:
+        return spec.layout.names
+    return tuple(
+        n
+        for n in spec.layout.names
+        if n.split("/")[0] in record.keys or n in record.keys
+    )
+
+
 def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any:
     """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"`` when a
     recording wants frames; None otherwise (``make_lanes`` makes them)."""
@@ -699,6 +710,12 @@ def evaluate(
                     "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
                 )
             recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
+        if isinstance(lanes, gym_lanes.WorkerEnvLanes):
+            # Only the leaves the policy reads (and a recording keeps) cross
+            # from the workers.
+            read = lanes.spec.reading(read_keys(pol.spec)).layout.names
+            kept = () if recorder is None else _recorded_leaves(lanes.spec, record)
+            lanes.carry([*read, *kept])
         texts = _lane_texts(
             pol,
             instruction,

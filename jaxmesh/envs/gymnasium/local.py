@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -325,6 +325,14 @@ class VectorLanes(_Lanes):
                 vals[j], present[j] = v, True
 
 
+class _Leaves(NamedTuple):
+    """Some of a layout's leaves (what ``workers.slot_fields`` reads)."""
+
+    names: tuple[str, ...]
+    shapes: dict
+    dtypes: dict
+
+
 class WorkerEnvLanes:
     """Lanes stepped by worker processes (``workers.WorkerLanes``) over shared
     memory, behind the same interface as :class:`EnvLanes`.
@@ -349,7 +357,6 @@ class WorkerEnvLanes:
             self.spec: HostEnvSpec = spec_for(
                 pool.name, pool.observation_space, pool.action_space, "env", pool.dt
             )
-            pool.attach(self.spec.layout, self.spec.action_shape, None)
         except BaseException:
             self.pool.close()
             raise
@@ -365,14 +372,29 @@ class WorkerEnvLanes:
         #: worker died between steps).
         self.culprits: list[int] = []
         self.owned = True
+        #: The observation leaves that cross from the workers (``carry``).
+        self.carried: tuple[str, ...] | None = None
 
     @property
     def workers(self) -> int:
         return self.pool.workers
 
+    def carry(self, names: Sequence[str] | None = None) -> None:
+        """Makes the shared segment, with slots for the observation leaves
+        ``names`` only (None: every leaf): the leaves the policy reads and a
+        recording keeps; the others never leave the workers (and read as
+        zeros here). Called once, before the first reset."""
+        if self.carried is not None:
+            return
+        layout = self.spec.layout
+        keep = layout.names if names is None else set(names)
+        self.carried = tuple(n for n in layout.names if n in keep)
+        view = _Leaves(self.carried, layout.shapes, layout.dtypes)
+        self.pool.attach(view, self.spec.action_shape, None)
+
     def _rows(self, lanes: Any) -> dict[str, np.ndarray]:
         slots = self.pool.slots
-        return {n: slots["obs:" + n][lanes] for n in self.spec.layout.names}
+        return {n: slots["obs:" + n][lanes] for n in self.carried}
 
     def reset(
         self,
@@ -390,6 +412,7 @@ class WorkerEnvLanes:
         """
         from jaxmesh.envs.gymnasium.workers import WorkerLost
 
+        self.carry()  # every leaf, unless the run named the ones it reads
         lanes = [int(j) for j in lanes]
         order = sorted(range(len(lanes)), key=lanes.__getitem__)
         asc = [lanes[i] for i in order]
