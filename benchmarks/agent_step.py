@@ -34,8 +34,9 @@ from typing import Any
 
 import gymnasium as gym
 import jax
-import jax.numpy as jnp
+import mlp
 import numpy as np
+from mlp import ACT_DIM, act
 
 import jaxmesh
 from jaxmesh.core import results as core_results
@@ -45,30 +46,10 @@ from jaxmesh.run import checks
 from jaxmesh.run import host as run_host
 from jaxmesh.run.loop import HostLoop
 
-OBS_DIM, ACT_DIM, HIDDEN = 17, 6, 256
-
 
 def init_params(seed: int) -> dict[str, np.ndarray]:
-    """Fixed random weights of a 2x256 tanh MLP (``realistic.init_params``'s)."""
-    rng = np.random.default_rng(seed)
-
-    def dense(fan_in: int, fan_out: int) -> tuple[np.ndarray, np.ndarray]:
-        w = rng.normal(0.0, 1.0 / np.sqrt(fan_in), (fan_in, fan_out))
-        b = rng.normal(0.0, 0.1, fan_out)
-        return w.astype(np.float32), b.astype(np.float32)
-
-    p = {}
-    p["w1"], p["b1"] = dense(OBS_DIM, HIDDEN)
-    p["w2"], p["b2"] = dense(HIDDEN, HIDDEN)
-    p["w3"], p["b3"] = dense(HIDDEN, ACT_DIM)
-    return p
-
-
-def act(p: Any, obs: jax.Array) -> jax.Array:
-    """One action ([6]) from one observation ([17]); also batched ([n, 17])."""
-    h = jnp.tanh(obs @ p["w1"] + p["b1"])
-    h = jnp.tanh(h @ p["w2"] + p["b2"])
-    return jnp.tanh(h @ p["w3"] + p["b3"])
+    """``mlp.init_params`` without the chunk head (a one-action policy)."""
+    return {k: v for k, v in mlp.init_params(seed).items() if k not in ("wc", "bc")}
 
 
 def _host_loop(policy: Any, envs: list, n: int) -> tuple[HostLoop, Any]:

@@ -87,12 +87,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import goal, header, machine, median, table
+from mlp import HIDDEN, K, act, act_chunk, init_params, jaxmesh_run
 from remote_common import START_TIMEOUT_S, STOP_TIMEOUT_S, grpc_target, make_envs
 
 import jaxmesh
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OBS_DIM, ACT_DIM, HIDDEN, K = 17, 6, 256, 8
 HC_ID = "gymnasium:HalfCheetah-v5"
 IMAGE_ID = "HostsimImage-v0"
 #: Returns agree when np.allclose(a, b, rtol=RTOL, atol=ATOL): jaxmesh sums an
@@ -122,38 +122,6 @@ def envpool_row(threads: int) -> str:
 
 
 # Workload A's policy ----------------------------------------------------------
-def init_params(seed: int) -> dict[str, np.ndarray]:
-    """Fixed random weights: a 2x256 trunk, a 6-wide head and an 8x6-wide head."""
-    rng = np.random.default_rng(seed)
-
-    def dense(fan_in: int, fan_out: int) -> tuple[np.ndarray, np.ndarray]:
-        w = rng.normal(0.0, 1.0 / np.sqrt(fan_in), (fan_in, fan_out))
-        b = rng.normal(0.0, 0.1, fan_out)
-        return w.astype(np.float32), b.astype(np.float32)
-
-    p = {}
-    p["w1"], p["b1"] = dense(OBS_DIM, HIDDEN)
-    p["w2"], p["b2"] = dense(HIDDEN, HIDDEN)
-    p["w3"], p["b3"] = dense(HIDDEN, ACT_DIM)
-    p["wc"], p["bc"] = dense(HIDDEN, K * ACT_DIM)
-    return p
-
-
-def trunk(p: Any, obs: jax.Array) -> jax.Array:
-    h = jnp.tanh(obs @ p["w1"] + p["b1"])
-    return jnp.tanh(h @ p["w2"] + p["b2"])
-
-
-def act(p: Any, obs: jax.Array) -> jax.Array:
-    """One action ([6]) from one observation ([17]); also batched ([n, 17])."""
-    return jnp.tanh(trunk(p, obs) @ p["w3"] + p["b3"])
-
-
-def act_chunk(p: Any, obs: jax.Array) -> jax.Array:
-    """A chunk of K actions ([K, 6]) from one observation ([17])."""
-    return jnp.tanh(trunk(p, obs) @ p["wc"] + p["bc"]).reshape(K, ACT_DIM)
-
-
 def batched(fn: Callable, params: Any) -> Callable[[Any], np.ndarray]:
     """What a user jits by hand: a batch of observations -> numpy actions."""
     jitted = jax.jit(fn)
@@ -369,16 +337,6 @@ def vector_loop(
         obs = o.astype(np.float32)
     wall = time.perf_counter() - t0
     return {"sps": steps / wall, "wall": wall, "steps": float(steps)}, returns
-
-
-def jaxmesh_run(policy, env, n, seeds, cap, **kw) -> tuple[dict, np.ndarray]:
-    t0 = time.perf_counter()
-    r = jaxmesh.evaluate(
-        policy, env, num_envs=n, seeds=seeds, max_episode_steps=cap, **kw
-    )
-    wall = time.perf_counter() - t0
-    figures = {"sps": r.env_steps / wall, "wall": wall, "steps": float(r.env_steps)}
-    return figures, np.asarray(r.returns, np.float64)
 
 
 def missing_feature(e: BaseException, words: tuple[str, ...]) -> bool:

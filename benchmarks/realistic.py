@@ -61,9 +61,9 @@ from typing import Any
 
 import gymnasium as gym
 import jax
-import jax.numpy as jnp
 import numpy as np
 from common import goal, header, machine, median, table
+from mlp import ACT_DIM, HIDDEN, OBS_DIM, K, act, act_chunk, init_params, jaxmesh_run
 from remote_common import (
     ServerPool,
     grpc_target,
@@ -74,7 +74,6 @@ from remote_common import (
 import jaxmesh
 
 ENV_KIND = "halfcheetah"  # remote_common.make_envs: gymnasium HalfCheetah-v5
-OBS_DIM, ACT_DIM, HIDDEN, K = 17, 6, 256, 8
 HAND = "hand loop (jit policy), h = 1"
 IN1, IN8 = "jaxmesh in process, h = 1", f"jaxmesh in process, h = {K}"
 SV1, SV8 = "jaxmesh served, h = 1", f"jaxmesh served, h = {K}"
@@ -90,38 +89,6 @@ def served_group(g: int) -> str:
 
 
 # Policy ------------------------------------------------------------------------
-def init_params(seed: int) -> dict[str, np.ndarray]:
-    """Fixed random weights: a 2x256 trunk, a 6-wide head and an 8x6-wide head."""
-    rng = np.random.default_rng(seed)
-
-    def dense(fan_in: int, fan_out: int) -> tuple[np.ndarray, np.ndarray]:
-        w = rng.normal(0.0, 1.0 / np.sqrt(fan_in), (fan_in, fan_out))
-        b = rng.normal(0.0, 0.1, fan_out)
-        return w.astype(np.float32), b.astype(np.float32)
-
-    p = {}
-    p["w1"], p["b1"] = dense(OBS_DIM, HIDDEN)
-    p["w2"], p["b2"] = dense(HIDDEN, HIDDEN)
-    p["w3"], p["b3"] = dense(HIDDEN, ACT_DIM)
-    p["wc"], p["bc"] = dense(HIDDEN, K * ACT_DIM)
-    return p
-
-
-def trunk(p: Any, obs: jax.Array) -> jax.Array:
-    h = jnp.tanh(obs @ p["w1"] + p["b1"])
-    return jnp.tanh(h @ p["w2"] + p["b2"])
-
-
-def act(p: Any, obs: jax.Array) -> jax.Array:
-    """One action ([6]) from one observation ([17]); also batched ([n, 17])."""
-    return jnp.tanh(trunk(p, obs) @ p["w3"] + p["b3"])
-
-
-def act_chunk(p: Any, obs: jax.Array) -> jax.Array:
-    """A chunk of K actions ([K, 6]) from one observation ([17])."""
-    return jnp.tanh(trunk(p, obs) @ p["wc"] + p["bc"]).reshape(K, ACT_DIM)
-
-
 def batched_policy(params: Any) -> Callable[[np.ndarray], np.ndarray]:
     """What a user jits by hand: obs [n, 17] -> actions [n, 6] as numpy."""
     fn = jax.jit(act)
@@ -189,16 +156,6 @@ def host_loop(
         active = [j for j in active if episode[j] >= 0]
     wall = time.perf_counter() - t0
     return {"sps": steps / wall, "wall": wall, "steps": float(steps)}, returns
-
-
-def jaxmesh_run(policy, env, n, seeds, cap, **kw) -> tuple[dict, np.ndarray]:
-    t0 = time.perf_counter()
-    r = jaxmesh.evaluate(
-        policy, env, num_envs=n, seeds=seeds, max_episode_steps=cap, **kw
-    )
-    wall = time.perf_counter() - t0
-    figures = {"sps": r.env_steps / wall, "wall": wall, "steps": float(r.env_steps)}
-    return figures, np.asarray(r.returns, np.float64)
 
 
 def rlmesh_run(model, address, seeds, cap, budget: dict) -> tuple[dict, np.ndarray]:
