@@ -99,7 +99,8 @@ def test_dict_observations_match_the_plain_loop(workers, lanes):
         no_leftovers()
 
 
-def test_workers_give_the_in_process_bits_on_a_mujoco_env():
+@pytest.mark.parametrize("spare_core", [False, True])
+def test_workers_give_the_in_process_bits_on_a_mujoco_env(spare_core, monkeypatch):
     """gymnasium's HalfCheetah (MuJoCo) in 2 worker processes, paced a worker's
     lanes at a time (h = 1): every episode's return, length and info metrics
     are the in-process run's, bit for bit."""
@@ -117,13 +118,32 @@ def test_workers_give_the_in_process_bits_on_a_mujoco_env():
         metrics={"reward_ctrl": "sum", "x_velocity": "mean"},
     )
     here = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=0, **kw)
+    # With a core to spare the workers' lanes are paced as groups (GroupedRun),
+    # else in lockstep (LocalRun): both give the in-process bits.
+    from jaxmesh.envs.gymnasium import workers as pool
+    from jaxmesh.run import loop
+
+    monkeypatch.setattr(pool, "cores", lambda: 4 if spare_core else 2)
+    ran = []
+    for cls in (loop.GroupedRun, loop.LocalRun):
+        monkeypatch.setattr(cls, "run", _spy(cls.run, cls.__name__, ran))
     there = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=2, **kw)
+    assert ran == ["GroupedRun" if spare_core else "LocalRun"]
     np.testing.assert_array_equal(there.returns, here.returns)
     np.testing.assert_array_equal(there.lengths, here.lengths)
     for key in kw["metrics"]:
         np.testing.assert_array_equal(there.metrics[key], here.metrics[key])
     assert there.env_steps == here.env_steps == 5 * 25
     no_leftovers()
+
+
+def _spy(run, name, ran):
+    def spied(self):
+        if type(self).__name__ == name:
+            ran.append(name)
+        return run(self)
+
+    return spied
 
 
 def test_a_worker_that_dies_is_replaced_and_its_episodes_run_again(tmp_path):
@@ -190,13 +210,14 @@ def test_a_factory_that_does_not_build_an_env_is_a_clear_error():
 
 def test_the_default_rule_worked_by_hand():
     """workers=None: one worker per core (at most one per lane) once the lanes'
-    steps cost 300 us together; in process below, on one core or one lane."""
-    assert workers_for(50e-6, 16, 2) == 2  # HalfCheetah: 0.8 ms a lockstep
+    steps cost 5 ms together; in process below, on one core or one lane."""
+    assert workers_for(3e-3, 8, 2) == 2  # a 3 ms sim: 24 ms a lockstep
+    assert workers_for(73e-6, 16, 2) == 0  # HalfCheetah: 1.2 ms
     assert workers_for(5e-6, 16, 2) == 0  # CartPole: 80 us
-    assert workers_for(20e-6, 16, 2) == 2  # exactly 320 us
-    assert workers_for(1e-3, 3, 8) == 3  # no more workers than lanes
-    assert workers_for(1e-3, 16, 1) == 0
-    assert workers_for(1e-3, 1, 8) == 0
+    assert workers_for(320e-6, 16, 2) == 2  # 5.1 ms
+    assert workers_for(3e-3, 3, 8) == 3  # no more workers than lanes
+    assert workers_for(3e-3, 16, 1) == 0
+    assert workers_for(3e-3, 1, 8) == 0
     # The probe builds one env, steps it and closes it; nothing is left.
     assert default_workers("gymnasium:CartPole-v1", 1) == 0
     assert default_workers("gymnasium:CartPole-v1", 4) in (0, min(4, cores()))

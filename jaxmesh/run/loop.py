@@ -578,11 +578,16 @@ class GroupedRun(LocalRun):
 
     @staticmethod
     def applies(program: Any, lanes: Any, recorder: Any) -> bool:
+        """The per-step case with a core to spare for this process's agent
+        step (more cores than workers); else ``LocalRun``'s lockstep, where
+        the workers have the cores while this process waits."""
+        from jaxmesh.envs.gymnasium.workers import cores
+
         cfg = program.config
         groups = getattr(lanes, "groups", None)
         return (
             groups is not None
-            and len(groups) > 1
+            and 1 < len(groups) < cores()
             and cfg.horizon == 1
             and cfg.lead == 0
             and cfg.grid is None

@@ -124,9 +124,12 @@ def check_source(env: Any, num_lanes: int) -> None:
             ) from None
 
 
-#: A lane step of at least this many seconds (summed over the lanes) pays for
-#: the worker round trip (tens of microseconds) many times over.
-WORTH_SECONDS = 300e-6
+#: The lanes' env work per step (summed over the lanes) from which the default
+#: uses workers. Measured on 2 cores: 16 HalfCheetah lanes (1.2 ms a step)
+#: ran at 0.4-0.6x in process with 2 workers (each step pays a wake-up of each
+#: worker and of this process, and the agent step does not overlap), 8 lanes of
+#: a 3 ms Python sim at 1.96x; robot sims with cameras take 10-250 ms a step.
+WORTH_SECONDS = 5e-3
 #: Env steps timed by ``default_workers``.
 PROBE_STEPS = 16
 
