@@ -848,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=int, default=16, help="A: HalfCheetah lanes")
     ap.add_argument("--episodes", type=int, default=64, help="A: episodes per run")
     ap.add_argument("--cap", type=int, default=200, help="A: max_episode_steps")
-    ap.add_argument("--b-episodes", type=int, default=32, help="B: episodes per run")
+    ap.add_argument("--b-episodes", type=int, default=128, help="B: episodes per run")
     ap.add_argument("--busy-ms", type=float, default=3.0, help="B: CPU ms per step")
     ap.add_argument("--c-episodes", type=int, default=64, help="C: episodes per run")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats")
