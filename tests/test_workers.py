@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import gymnasium as gym
 import jax
@@ -324,8 +325,9 @@ def _gone(pid: str) -> bool:
 def test_a_factory_in_the_main_script_and_ctrl_c_leave_nothing(tmp_path):
     """A user's script: its env class, defined in the script itself, is built
     in the workers (which run the script as multiprocessing does); the run
-    scores the plain loop's returns. Interrupted with Ctrl-C, the script exits
-    with no worker process and no shared-memory segment left."""
+    scores the plain loop's returns. Interrupted with Ctrl-C, or its process
+    group sent SIGTERM, the script leaves no worker process and no
+    shared-memory segment."""
     path, env = _script(tmp_path)
     done = subprocess.run(
         [sys.executable, str(path), "3"],
@@ -355,6 +357,29 @@ def test_a_factory_in_the_main_script_and_ctrl_c_leave_nothing(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode != 0
+    assert all(_gone(pid) for pid in first[1:])
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"jaxmesh_{proc.pid}_")]
+    assert left == []
+    # SIGTERM to the script's whole process group (a job scheduler's kill): the
+    # script dies at once; its workers see their pipe close, unlink the
+    # segment and exit.
+    proc = subprocess.Popen(
+        [sys.executable, str(path), "100000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        first = proc.stdout.readline().split()
+        assert first[0] == "children"
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 30
+    while not all(_gone(pid) for pid in first[1:]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the orphaned workers exit on their own
     assert all(_gone(pid) for pid in first[1:])
     left = [f for f in os.listdir("/dev/shm") if f.startswith(f"jaxmesh_{proc.pid}_")]
     assert left == []

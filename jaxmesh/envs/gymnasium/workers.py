@@ -439,7 +439,9 @@ def _main_path(source: Any, layout: Any) -> str | None:
     return None
 
 
-#: A worker's first lines: Ctrl-C is the parent's to handle; the parent's
+#: A worker's first lines: Ctrl-C and SIGTERM are the parent's to handle (a
+#: worker ends when the parent closes it or its pipe closes, and then unlinks
+#: the segment if the parent could not); the parent's
 #: sys.path; jaxmesh's packages as stubs whose own ``__init__`` (and JAX) load
 #: only if something asks for a name they define (the lanes' modules import
 #: numpy and gymnasium only); the main script when the envs' factory lives
@@ -447,6 +449,7 @@ def _main_path(source: Any, layout: Any) -> str | None:
 _BOOT = r"""
 import os, signal, sys, types
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 from multiprocessing.connection import Connection
 conn = Connection(int(sys.argv[1]))
 sys.path[:], main = conn.recv()
