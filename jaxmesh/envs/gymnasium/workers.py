@@ -294,11 +294,14 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                     conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
             except core.LaneError as err:
                 conn.send(("error", block[err.lane], _picklable(err.exc), err.text))
-    except (EOFError, KeyboardInterrupt, BrokenPipeError):
-        # The evaluating process died without closing us: its segment would
-        # be left behind, so the workers unlink it.
+    except (EOFError, ConnectionError, KeyboardInterrupt):
+        # The evaluating process died without closing us (its end of the pipe
+        # closed, with or without our reply unread): its segment would be left
+        # behind, so the workers unlink it.
         if slots is not None:
             slots.shm.unlink()
+        elif envs is None:
+            raise  # building the envs failed: the traceback goes to stderr
     except BaseException as exc:  # noqa: BLE001 - building the envs failed
         try:
             text = "".join(traceback.format_exception(exc))
