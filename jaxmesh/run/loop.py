@@ -535,12 +535,7 @@ class LocalRun(HostLoop):
             go = go & (faults[0] == core_results.NO_FAULT)
         reward, term, trunc = self.lanes.step(actions, go, self.obs_leaves)
         self.tel.span("env_step", t_env, time.perf_counter(), row)
-        lost = np.asarray(getattr(self.lanes, "lost", ()), np.int64)
-        lost = lost[lost < self.n]
-        if lost.size:  # a worker died: these lanes did not step
-            go = go.copy()
-            go[lost] = False
-            self.requeue(lost)
+        go, lost = self.drop_lost(go)
         j = np.flatnonzero(go)
         if self.metrics.active:
             self.step_metrics(go, j)
@@ -548,7 +543,24 @@ class LocalRun(HostLoop):
             self.recorder.actions(j, self.t[j], actions)
         self.step_action = actions
         self.account(j, reward[j], term[j], trunc[j], faults)
-        if lost.size:  # their episodes run again, from their seeds
+        self.restart_lost(lost)
+
+    def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``go`` without the lanes whose worker died in the step just taken
+        (``lanes.lost``: they did not step), whose episodes are queued to run
+        again (``requeue``); and those lanes."""
+        lost = np.asarray(getattr(self.lanes, "lost", ()), np.int64)
+        lost = lost[lost < self.n]
+        if lost.size:
+            go = go.copy()
+            go[lost] = False
+            self.requeue(lost)
+        return go, lost
+
+    def restart_lost(self, lost: np.ndarray) -> None:
+        """The lanes of a worker that died (rebuilt by a new one) take the
+        episodes to run again, after the step's accounting."""
+        if lost.size:
             free = np.zeros(self.n, bool)
             free[lost] = True
             self.take_next(free & ~self.active)
@@ -636,13 +648,7 @@ class GroupedRun(LocalRun):
         """The results of a group's step: the metrics and ``account``."""
         reward, term, trunc = self.lanes.take(sent, step, self.obs_leaves)
         self.tel.span("env_step", t_env, time.perf_counter(), "group")
-        lost = np.asarray(self.lanes.lost, np.int64)
-        lost = lost[lost < self.n]
-        go = step
-        if lost.size:
-            go = go.copy()
-            go[lost] = False
-            self.requeue(lost)
+        go, lost = self.drop_lost(step)
         j = np.flatnonzero(go)
         if self.metrics.active:
             self.step_metrics(go, j)
@@ -650,10 +656,7 @@ class GroupedRun(LocalRun):
             go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
         )
         self.account(j, reward[j], term[j], trunc[j], faults)
-        if lost.size:
-            free = np.zeros(self.n, bool)
-            free[lost] = True
-            self.take_next(free & ~self.active)
+        self.restart_lost(lost)
 
 
 __all__ = ["GroupedRun", "HostLoop", "LocalRun"]

@@ -59,6 +59,58 @@ def _env_errors(method):
     return unwrapped
 
 
+class _Ascending(NamedTuple):
+    """A reset's lanes in ascending order (how the lanes take them) and the way
+    back to the order given."""
+
+    args: tuple  # (lanes, seeds, options, max_episode_seconds), ascending
+    back: np.ndarray  # row of the ascending batch for each lane as given
+
+
+def _ascending(
+    lanes: Sequence[int],
+    seeds: Sequence[int],
+    trials: Sequence[int],
+    declares_trial_index: bool,
+    max_episode_seconds: float | None,
+) -> _Ascending:
+    """The reset arguments by ascending lane: ``{"trial_index": trials[i]}``
+    only for an env that declares it (CONTRACT 6)."""
+    lanes = [int(j) for j in lanes]
+    order = sorted(range(len(lanes)), key=lanes.__getitem__)
+    options = None
+    if declares_trial_index:
+        options = [{TRIAL_INDEX: int(trials[i])} for i in order]
+    back = np.empty(len(order), np.int64)
+    back[order] = np.arange(len(order))
+    args = (
+        [lanes[i] for i in order],
+        [int(seeds[i]) for i in order],
+        options,
+        [max_episode_seconds or 0.0] * len(order),
+    )
+    return _Ascending(args, back)
+
+
+def _in_order(texts: dict, back: np.ndarray) -> dict:
+    """Reset-info texts (one per ascending lane) in the order given."""
+    return {key: [values[b] for b in back] for key, values in texts.items()}
+
+
+def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dict:
+    """Reset-info values (rows by ascending lane) as ``(float64 [m], present
+    bool [m])`` in the order given; a key with no ``present`` is in every row."""
+    out = {}
+    for key, values in info.items():
+        given = np.asarray(
+            [info_value({key: v}, key, where) for v in values], np.float64
+        )
+        has = present.get(key)
+        has = np.ones(len(values), bool) if has is None else np.asarray(has, bool)
+        out[key] = (given[back], has[back])
+    return out
+
+
 class _Lanes:
     """Common parts of the adapters: the spec, info keys and pass-throughs.
 
@@ -124,38 +176,18 @@ class _Lanes:
         With ``info_keys`` set, ``reset_info[key]`` is then ``(values float64
         [m], present bool [m])`` of the reset infos, in the order given.
         """
-        lanes, seeds, trials = list(lanes), list(seeds), list(trials)
-        order = sorted(range(len(lanes)), key=lanes.__getitem__)  # ascending
-        options = None
-        if self.lanes.declares_trial_index:
-            options = [{TRIAL_INDEX: int(trials[i])} for i in order]
-        batch = self.lanes.reset(
-            [int(lanes[i]) for i in order],
-            [int(seeds[i]) for i in order],
-            options,
-            [max_episode_seconds or 0.0] * len(order),
-            info_keys=self.info_keys,
-            text_keys=text_keys,
+        asc = _ascending(
+            lanes, seeds, trials, self.lanes.declares_trial_index, max_episode_seconds
         )
-        # Rows back in the order given.
-        back = np.empty(len(order), np.int64)
-        back[order] = np.arange(len(order))
-        out = {name: rows[back] for name, rows in batch.observation.items()}
-        text = {k: [None] * len(lanes) for k in text_keys}
-        for k, i in enumerate(order):
-            for key in text_keys:
-                text[key][i] = self.lanes.reset_text[key][k]
-        self.reset_text = text
-        self.reset_info = {}
-        for key, values in batch.info.items():
-            given = np.zeros(len(lanes), np.float64)
-            present = np.zeros(len(lanes), bool)
-            has = batch.info_present.get(key)
-            for k, i in enumerate(order):
-                given[i] = info_value({key: values[k]}, key, f"{self.spec.name} reset")
-                present[i] = True if has is None else bool(has[k])
-            self.reset_info[key] = (given, present)
-        return out
+        batch = self.lanes.reset(
+            *asc.args, info_keys=self.info_keys, text_keys=text_keys
+        )
+        back = asc.back
+        self.reset_text = _in_order(self.lanes.reset_text, back)
+        self.reset_info = _reset_infos(
+            batch.info, batch.info_present, back, f"{self.spec.name} reset"
+        )
+        return {name: rows[back] for name, rows in batch.observation.items()}
 
     @_env_errors
     def replay(
@@ -413,34 +445,19 @@ class WorkerEnvLanes:
         from jaxmesh.envs.gymnasium.workers import WorkerLost
 
         self.carry()  # every leaf, unless the run named the ones it reads
-        lanes = [int(j) for j in lanes]
-        order = sorted(range(len(lanes)), key=lanes.__getitem__)
-        asc = [lanes[i] for i in order]
-        options = None
-        if self.pool.declares_trial_index:
-            options = [{TRIAL_INDEX: int(trials[i])} for i in order]
-        args = (
-            asc,
-            [int(seeds[i]) for i in order],
-            options,
-            [max_episode_seconds or 0.0] * len(order),
-            self.info_keys,
-            tuple(text_keys),
+        asc = _ascending(
+            lanes, seeds, trials, self.pool.declares_trial_index, max_episode_seconds
         )
+        args = (*asc.args, self.info_keys, tuple(text_keys))
         try:
             info, present, texts = self.pool.reset(*args)
         except WorkerLost:
             info, present, texts = self.pool.reset(*args)
-        back = np.empty(len(order), np.int64)
-        back[order] = np.arange(len(order))
-        self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
-        self.reset_info = {}
-        for key, values in info.items():
-            given = np.zeros(len(lanes), np.float64)
-            for q, i in enumerate(order):
-                given[i] = info_value({key: values[q]}, key, f"{self.spec.name} reset")
-            self.reset_info[key] = (given, present[key][back])
-        return self._rows(lanes)
+        self.reset_text = _in_order(texts, asc.back)
+        self.reset_info = _reset_infos(
+            info, present, asc.back, f"{self.spec.name} reset"
+        )
+        return self._rows([int(j) for j in lanes])
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
         """As :meth:`EnvLanes.step`, the lanes stepped in their workers; lanes
