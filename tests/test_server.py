@@ -1017,7 +1017,10 @@ def test_token_missing_wrong_right():
             assert "token=" in err.details() and "JAXMESH_TOKEN" in err.details()
             err = rpc_error(raw.session().call, request(1, [reset(0, 0)]))
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert raw.handshake(token="s3cret").num_lanes == 1
+            # The token in the handshake's message alone does not do: the
+            # metadata is checked before any message is read.
+            err = rpc_error(raw.handshake, (1,), "s3cret")
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
         with client(server, token="wrong") as raw:
             err = rpc_error(raw.handshake)
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -1025,6 +1028,9 @@ def test_token_missing_wrong_right():
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED
         with client(server, token="s3cret") as raw:
             assert raw.handshake().num_lanes == 1
+            assert raw.handshake(token="s3cret").num_lanes == 1
+            err = rpc_error(raw.handshake, (1,), "wrong")  # both must match
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
             session = raw.session()
             session.call(request(1, [reset(0, 0)]))
             session.close()

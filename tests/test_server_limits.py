@@ -8,6 +8,8 @@ Times are checked against generous bounds only.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -101,13 +103,111 @@ def test_a_handshake_with_very_many_versions_is_refused_short_and_fast(with_one)
         assert raw.handshake().protocol_version == 1
 
 
-def test_a_handshake_over_its_byte_limit_is_refused_before_parsing():
-    with serving(f"gymnasium:{ID}") as server, client(server) as raw:
+@pytest.mark.parametrize(
+    "options, code, words",
+    [
+        # The receive limit (1 MiB for one CartPole lane) refuses it unread.
+        (ServeOptions(), grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),
+        # Under a larger receive limit, the handshake's own 1 MiB cap does.
+        (
+            ServeOptions(max_request_bytes=8 << 20),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "handshake",
+        ),
+    ],
+)
+def test_a_handshake_over_its_byte_limit_is_refused_before_parsing(
+    options, code, words
+):
+    with serving(f"gymnasium:{ID}", options=options) as server, client(server) as raw:
         request_ = pb.HandshakeRequest(token="x" * (2 * 1024 * 1024))
         err = rpc_error(raw.stub.Handshake, request_)
-        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "handshake" in err.details().lower() and len(err.details()) < 400
+        assert err.code() == code
+        assert words in err.details().lower() and len(err.details()) < 400
         assert raw.handshake().protocol_version == 1
+
+
+# Authentication before bytes --------------------------------------------------------
+SERVE_WITH_TOKEN = """
+import gymnasium as gym
+from jaxmesh.remote.server import EnvServer, ServeOptions
+server = EnvServer([gym.make("CartPole-v1")], "127.0.0.1:0",
+                   options=ServeOptions(token="sekret"))
+print(server.start().address, flush=True)
+server.serve()
+"""
+
+
+def _megabytes(pid: int, field: str) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_unauthenticated_calls_cannot_make_the_server_hold_their_bytes():
+    # Eight concurrent 64 MiB calls with no token, a wrong one or to the health
+    # service: each is refused before its message is read, so the server's
+    # peak memory grows by far less than one of them (it grew by their sum).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITH_TOKEN], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        address = proc.stdout.readline().strip()
+        assert address, "the server did not start"
+        peak_before = _megabytes(proc.pid, "VmHWM")
+        channel = grpc.insecure_channel(
+            address, options=[("grpc.max_send_message_length", 2**31 - 1)]
+        )
+        payload = b"\x0a\x80\x80\x80\x20" + b"x" * (64 << 20)  # field 1, 64 MiB
+        calls = [
+            ("/jaxmesh.env.v1.EnvService/Handshake", ()),
+            ("/jaxmesh.env.v1.EnvService/Handshake", (("authorization", "Bearer no"),)),
+            # The right token with a space more: tokens are compared exactly.
+            (
+                "/jaxmesh.env.v1.EnvService/Handshake",
+                (("authorization", "Bearer sekret "),),
+            ),
+            ("/jaxmesh.env.v1.EnvService/Shutdown", ()),
+            ("/grpc.health.v1.Health/Check", ()),
+        ]
+        codes: dict = {}
+
+        def call(i: int) -> None:
+            method, metadata = calls[i % len(calls)]
+            try:
+                channel.unary_unary(method)(payload, timeout=60, metadata=metadata)
+            except grpc.RpcError as err:
+                codes.setdefault(method.rsplit("/", 1)[1], set()).add(err.code())
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        channel.close()
+        grew = _megabytes(proc.pid, "VmHWM") - peak_before
+        assert codes == {
+            "Handshake": {grpc.StatusCode.UNAUTHENTICATED},
+            "Shutdown": {grpc.StatusCode.UNAUTHENTICATED},
+            "Check": {grpc.StatusCode.RESOURCE_EXHAUSTED},
+        }
+        assert grew < 48, f"the server's peak memory grew by {grew:.0f} MiB"
+        # The server serves on, for the right token.
+        with jaxmesh.RemoteEnv(address, token="sekret") as env:
+            env.reset(seed=0)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_token_with_spaces_around_it_is_refused_by_the_client():
+    with serving(f"gymnasium:{ID}", options=ServeOptions(token="sekret")) as server:
+        with pytest.raises(ValueError, match="compared exactly"):
+            jaxmesh.RemoteEnv(server.address, token=" sekret\n")
+        with jaxmesh.RemoteEnv(server.address, token="sekret") as env:
+            env.reset(seed=0)
 
 
 def test_a_refused_version_list_names_its_count_and_first_few():

@@ -212,7 +212,14 @@ class Connection:
     ):
         self.address = parse_address(address)
         credentials = channel_credentials(address, credentials)
+        where = "token=" if token is not None else TOKEN_ENV
         token = os.environ.get(TOKEN_ENV) if token is None else token
+        if token and token.strip() != token:
+            raise ValueError(
+                f"{where} has spaces or a line break around it; a server's token "
+                "has none, and tokens are compared exactly: strip it (e.g. a "
+                "token read from a file keeps its newline)"
+            )
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.reply_timeout = reply_timeout
         self.max_message_bytes = max_message_bytes

@@ -104,6 +104,12 @@ class ServeOptions:
             docs/remote.md).
         max_message_bytes: the largest message either way; a reply over it is
             refused with RESOURCE_EXHAUSTED naming its size.
+        max_request_bytes: the largest request the server receives (gRPC's
+            receive limit, for every call, authenticated or not); None: a
+            step request replaying ``REQUEST_STEPS`` actions on every lane, at
+            least ``codec.MAX_HANDSHAKE_BYTES``, at most ``max_message_bytes``
+            (``request_limit``). Requests carry actions, replies observations,
+            so this stays small while replies of images are large.
     """
 
     idle_timeout_seconds: float = 300.0
@@ -113,6 +119,7 @@ class ServeOptions:
     token: str | None = None
     workers: int | None = None
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_request_bytes: int | None = None
 
     def __post_init__(self):
         for name, low, strict in (
@@ -170,6 +177,61 @@ class ServeOptions:
                 f"[1024, {2**31 - 1}] (gRPC's own ceiling); the default is "
                 f"{MAX_MESSAGE_BYTES}"
             )
+        wanted = self.max_request_bytes
+        if wanted is not None and not (
+            isinstance(wanted, int)
+            and not isinstance(wanted, bool)
+            and 1024 <= wanted <= 2**31 - 1
+        ):
+            raise ValueError(
+                f"ServeOptions(max_request_bytes={wanted!r}): expected None (sized "
+                f"from the lanes and the action) or an int in [1024, {2**31 - 1}]"
+            )
+
+
+#: Actions per lane one step request may carry under the default receive limit
+#: (a chunk of up to this many steps on every lane).
+REQUEST_STEPS = 1024
+
+
+def request_limit(options: ServeOptions, num_lanes: int, action_size: int) -> int:
+    """The largest request the server accepts, in bytes: ``max_request_bytes``,
+    else room for ``REQUEST_STEPS`` actions of ``action_size`` elements (at 8
+    bytes each, with 64 bytes of framing a step) on each of ``num_lanes``
+    lanes, at least a handshake's cap, never above ``max_message_bytes``."""
+    if options.max_request_bytes is not None:
+        return min(options.max_request_bytes, options.max_message_bytes)
+    per_lane = REQUEST_STEPS * (8 * max(action_size, 1) + 64)
+    wanted = max(codec.MAX_HANDSHAKE_BYTES, num_lanes * per_lane)
+    return min(wanted, options.max_message_bytes)
+
+
+class _Authenticate(grpc.ServerInterceptor):
+    """Refuses an EnvService call whose metadata carries no token or another
+    one before any byte of its message is read: the refusal is a handler that
+    never asks for the request, so an unauthenticated client holds no more of
+    the server's memory than gRPC's flow-control window. The health service
+    needs no token."""
+
+    def __init__(self, server: EnvServer):
+        self.server = server
+        self.prefix = f"/{SERVICE_NAME}/"
+
+    def intercept_service(self, continuation, handler_call_details):
+        if not handler_call_details.method.startswith(self.prefix):
+            return continuation(handler_call_details)
+        why = self.server._token_error(handler_call_details.invocation_metadata)
+        if why is None:
+            return continuation(handler_call_details)
+
+        def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+        if handler_call_details.method.endswith("/Step"):
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        # Unary methods are answered as client-streaming ones: the request
+        # iterator is never advanced, so the message is never received.
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 # Addresses ----------------------------------------------------------------------
@@ -925,6 +987,8 @@ class EnvServer:
 
     def _start_server(self, lanes: _ServedLanes) -> None:
         limit = self.options.max_message_bytes
+        action_size = math.prod(lanes.act_leaf.shape)
+        receive = request_limit(self.options, lanes.num_lanes, action_size)
         # gRPC's stop() leaves the handler pool's threads idle: shutdown()
         # ends them.
         executor = concurrent.futures.ThreadPoolExecutor(
@@ -933,9 +997,10 @@ class EnvServer:
         self._executor = executor
         server = grpc.server(
             executor,
+            interceptors=(_Authenticate(self),) if self.options.token else (),
             options=[
                 ("grpc.max_send_message_length", limit),
-                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_receive_message_length", receive),
                 # Without this, Linux lets a second server bind a port in use.
                 ("grpc.so_reuseport", 0),
                 # Clients ping every KEEPALIVE_SECONDS to find a dead server
@@ -1074,30 +1139,33 @@ class EnvServer:
         return f"EnvServer({self.address}, {state})"
 
     # RPCs ----------------------------------------------------------------------
-    def _token_error(
-        self, context: grpc.ServicerContext, given: str = ""
-    ) -> str | None:
-        """Why the call may not proceed (None: it may)."""
+    def _token_error(self, metadata: Any, given: str | None = None) -> str | None:
+        """Why a call with this metadata (and, for a handshake, this token in
+        its message) may not proceed (None: it may). The token travels as the
+        metadata ``authorization: Bearer <token>`` and is compared exactly."""
         token = self.options.token
         if token is None:
             return None
-        for key, value in context.invocation_metadata() or ():
+        sent = None
+        for key, value in metadata or ():
             if key == "authorization" and isinstance(value, str):
                 scheme, _, rest = value.partition(" ")
                 if scheme.lower() == "bearer":
-                    given = rest.strip()
-        if not given:
+                    sent = rest
+        if not sent:
             return (
                 f"the server at {self.address} needs a session token and the call "
-                f"carried none; pass token= (RemoteEnv, RemoteVectorEnv, evaluate) "
-                f"or set {TOKEN_ENV}"
+                "carried none as the metadata 'authorization: Bearer <token>'; pass "
+                f"token= (RemoteEnv, RemoteVectorEnv, evaluate) or set {TOKEN_ENV}"
             )
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return (
-                f"the session token given is not the one the server at "
-                f"{self.address} was started with; pass the right token= or set "
-                f"{TOKEN_ENV}"
-            )
+        for value in (sent, given):
+            if value and not hmac.compare_digest(value.encode(), token.encode()):
+                return (
+                    f"the session token given is not the one the server at "
+                    f"{self.address} was started with (tokens are compared "
+                    f"exactly, spaces included); pass the right token= or set "
+                    f"{TOKEN_ENV}"
+                )
         return None
 
     def _handshake_reply(self, lanes: _ServedLanes) -> pb.HandshakeReply:
@@ -1122,7 +1190,7 @@ class EnvServer:
             request = codec.parse_handshake_request(data, limit)
         except codec.ProtocolError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        why = self._token_error(context, request.token)
+        why = self._token_error(context.invocation_metadata(), request.token)
         if why is not None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
         try:
@@ -1135,7 +1203,7 @@ class EnvServer:
         return reply.SerializeToString()
 
     def _shutdown_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
-        why = self._token_error(context)
+        why = self._token_error(context.invocation_metadata())
         if why is not None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
         if not self.options.allow_remote_shutdown:
@@ -1153,7 +1221,7 @@ class EnvServer:
     def _step_rpc(
         self, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        why = self._token_error(context)
+        why = self._token_error(context.invocation_metadata())
         if why is not None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
         if self._stopping:
