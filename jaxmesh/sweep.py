@@ -126,7 +126,8 @@ def _step_time(env: Any, kw: dict) -> tuple[float | None, str]:
 
         made = make_env(env)
         return step_seconds(made), getattr(made, "name", type(made).__name__)
-    options = (kw.get(f) for f in backend.ServedOptions._fields)
+    defaults = backend.ServedOptions._field_defaults
+    options = (kw.get(f, defaults.get(f)) for f in backend.ServedOptions._fields)
     served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
     spec = _host_spec(env, served)
     return spec.dt, spec.name
@@ -346,7 +347,8 @@ def _on_host(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
         )
     kw = dict(kw)
     kind = backend.backend_of(env)
-    options = (kw.pop(f, None) for f in backend.ServedOptions._fields)
+    defaults = backend.ServedOptions._field_defaults
+    options = (kw.pop(f, defaults.get(f)) for f in backend.ServedOptions._fields)
     served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
     settings = checks.check_settings(
         kw.pop("num_envs", 64),

@@ -9,7 +9,9 @@ included, as if nothing had happened.
 
 from __future__ import annotations
 
+import io
 import signal
+import threading
 
 import gymnasium as gym
 import jax
@@ -18,6 +20,7 @@ from gym_reference import ID, chunky, lean, per_step, plain_loop, start_serve_en
 from reference_loop import assert_matches
 
 import jaxmesh
+from jaxmesh.cli import Progress
 
 SEEDS = list(range(24))
 _REFS: dict = {}
@@ -118,3 +121,79 @@ def test_on_server_loss_is_checked_before_anything_starts():
         jaxmesh.evaluate(lean, "grpc://127.0.0.1:1", on_server_loss="retry")
     with pytest.raises(ValueError, match="drop on_server_loss="):
         jaxmesh.evaluate(lean, [gym.make(ID)], on_server_loss="rerun")
+
+
+class StopAt(KillAt):
+    """Stops a server (SIGSTOP: it lives, holds its connections and answers
+    nothing) when episode ``index`` ends."""
+
+    def on_episode_end(self, ep):
+        if ep.index == self.index and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+
+@pytest.mark.parametrize(
+    "policy, kind, kw",
+    [
+        (lean, "lean", {}),
+        (chunky, "chunky", {"horizon": 4, "prefetch_lead": 2}),
+    ],
+)
+def test_a_hung_server_is_dropped_by_the_default_reply_timeout(
+    two_servers, policy, kind, kw, monkeypatch
+):
+    # The default rule: a server that owes a reply and sends nothing for 10x
+    # the slowest reply of the run (here, at least 1 s instead of 10 s, to keep
+    # the test short) is dropped; the other runs its episodes again.
+    from jaxmesh.run import backend
+
+    monkeypatch.setattr(backend, "AUTO_FLOOR_SECONDS", 1.0)
+    (victim, hung), (_, kept) = two_servers
+    hook = StopAt(victim, 5)
+    try:
+        got = jaxmesh.evaluate(
+            policy,
+            [f"grpc://{hung}", f"grpc://{kept}"],
+            num_envs=4,
+            seeds=SEEDS,
+            hooks=hook,
+            **kw,
+        )
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    assert_matches(got, refs(kind))
+    assert got.indices.tolist() == list(range(len(SEEDS)))
+    assert len(got.server_losses) == 1
+    loss = got.server_losses[0]
+    assert loss["server"] == hung and "default reply timeout" in loss["error"]
+    assert hook.faults[0] == dict(loss, rejoined_at_seconds=None)
+    # The summary and the CLI's progress say so.
+    row = next(line for line in got.summary().splitlines() if "server lost" in line)
+    assert hung in row and "2 lanes out" in row
+    out = io.StringIO()
+    Progress(enabled=False, stream=out).on_fault(hook.faults[0])
+    assert out.getvalue().startswith(f"jaxmesh: lost the env server {hung} (")
+    assert "run again" in out.getvalue()
+
+
+def test_reply_timeout_none_still_waits_for_a_stopped_server(two_servers):
+    # reply_timeout=None waits as long as the server takes: stopped for 1.5 s
+    # (past a 1 s default), it is kept, and no episode runs again.
+    (victim, slow), (_, kept) = two_servers
+
+    class Pause(StopAt):
+        def on_episode_end(self, ep):
+            if ep.index == self.index:
+                self.proc.send_signal(signal.SIGSTOP)
+                threading.Timer(1.5, self.proc.send_signal, (signal.SIGCONT,)).start()
+
+    got = jaxmesh.evaluate(
+        lean,
+        [f"grpc://{slow}", f"grpc://{kept}"],
+        num_envs=4,
+        seeds=SEEDS,
+        hooks=Pause(victim, 5),
+        reply_timeout=None,
+    )
+    assert_matches(got, refs("lean"))
+    assert got.server_losses == []

@@ -26,6 +26,7 @@ stream at once after a reply timeout or a failure.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -238,6 +239,8 @@ class Connection:
         # opened: close() waits for a server only while it answers.
         self._progress = self._last_send = time.monotonic()
         self._sent = self._received = 0  # requests queued, replies read
+        # When each request not answered yet was queued (``owed_since``).
+        self._owed: collections.deque = collections.deque()
         # A reply timed out or the stream failed: close() waits for nothing.
         self._broken = False
         request = pb.HandshakeRequest(
@@ -356,6 +359,8 @@ class Connection:
             return remote_error(exc, self.address)
         self._progress = time.monotonic()
         self._received += 1
+        if self._owed:
+            self._owed.popleft()
         arrived = time.perf_counter()
         try:
             decoded = self._decode(reply) if self._decode is not None else None
@@ -386,7 +391,18 @@ class Connection:
         self._requests.put(request)
         self._sent += 1
         self._last_send = time.monotonic()
+        self._owed.append(self._last_send)
         return size
+
+    def owed_since(self) -> float | None:
+        """Since when (``time.monotonic``) the server has sent nothing while
+        owing a reply: the later of its last reply and the oldest request not
+        answered; None when it owes none."""
+        try:
+            oldest = self._owed[0]
+        except IndexError:
+            return None
+        return max(self._progress, oldest)
 
     def receive(self) -> tuple[pb.StepReply, Any, float, float]:
         """The next reply, in order: ``(reply, decoded, arrived, decoded_at)``.

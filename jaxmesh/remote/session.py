@@ -264,6 +264,11 @@ class Session:
             batch, arrived, decoded_at, reply.server_step_seconds, reply.ByteSize()
         )
 
+    def owed_since(self) -> float | None:
+        """Since when the server has sent nothing while owing a reply
+        (``time.monotonic``; None: it owes none)."""
+        return self.conn.owed_since()
+
     @property
     def in_flight(self) -> int:
         """Calls sent whose reply was not taken yet."""

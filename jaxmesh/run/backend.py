@@ -56,12 +56,27 @@ def positive_seconds(value: Any, name: str, hint: str) -> float | None:
     return float(value)
 
 
-def check_reply_timeout(value: Any) -> float | None:
-    """``reply_timeout`` as a float > 0, or None (see ``positive_seconds``)."""
+#: ``reply_timeout``'s default: over several servers, a server that owes a
+#: reply and sends none for ``AUTO_FACTOR`` times the slowest reply of the run
+#: (at least ``AUTO_FLOOR_SECONDS``) is dropped (``jaxmesh.run.served``); with
+#: one server, no limit.
+AUTO = "auto"
+AUTO_FACTOR = 10.0
+AUTO_FLOOR_SECONDS = 10.0
+
+
+def check_reply_timeout(value: Any) -> float | str | None:
+    """``reply_timeout`` as a float > 0, ``AUTO``, or None (no limit; also for
+    ``math.inf``)."""
+    if value == AUTO and isinstance(value, str):
+        return AUTO
+    if isinstance(value, float) and value == math.inf:
+        return None
     return positive_seconds(
         value,
         "reply_timeout",
-        "seconds a served env's reply may take, or None for no limit",
+        "seconds a served env's reply may take, 'auto' (the default: a hung "
+        "server among several is dropped) or None for no limit",
     )
 
 
@@ -94,7 +109,8 @@ class ServedOptions(NamedTuple):
         variable).
       credentials: ``grpc.ChannelCredentials`` for ``"grpcs://"`` addresses
         (None: gRPC's default roots).
-      reply_timeout: seconds a reply may take (None: no limit).
+      reply_timeout: seconds a reply may take, ``AUTO`` (the default) or
+        None (no limit).
       lane_groups: lanes in this many groups (None:
         ``served.default_lane_groups``).
       on_server_loss: ``"rerun"`` (None: the default) or ``"raise"``: what a
@@ -103,7 +119,7 @@ class ServedOptions(NamedTuple):
 
     token: str | None = None
     credentials: Any = None
-    reply_timeout: float | None = None
+    reply_timeout: float | str | None = AUTO
     lane_groups: int | None = None
     on_server_loss: str | None = None
 
@@ -170,7 +186,7 @@ def check_served_options(
         )
     what = _what_runs(env)
     for name, value in options._asdict().items():
-        if value is None:
+        if value is None or (name == "reply_timeout" and value == AUTO):
             continue
         if name == "token":
             why = "a token is for served envs ('grpc://host:port')"
@@ -193,6 +209,7 @@ __all__ = [
     "ServedOptions",
     "check_served_options",
     "check_reply_timeout",
+    "AUTO",
     "check_lane_groups",
     "check_server_loss",
     "positive_seconds",

@@ -309,6 +309,17 @@ class RunResult:
     returns: np.ndarray
     lengths: np.ndarray
     terminated: np.ndarray
+def _loss_text(loss: dict) -> str:
+    """One lost server (``RunResult.server_losses``) for the summary."""
+    text = (
+        f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
+        f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
+        f"episodes run again ({loss.get('error')})"
+    )
+    back = loss.get("rejoined_at_seconds")
+    return text + ("" if back is None else f"; rejoined at {back:.1f} s")
+
+
     truncated: np.ndarray
     predict_calls: np.ndarray
     lanes: np.ndarray
@@ -590,6 +601,7 @@ class RunResult:
         resamples: int = _stats.RESAMPLES,
         seed: int = _stats.SEED,
     ) -> dict[str, Any]:
+            *[("server lost", _loss_text(loss)) for loss in self.server_losses],
         """The statistics of the returns (and the mean length), as plain data.
 
         See ``jaxmesh.stats`` for each convention (sample std, rliable's IQM,

@@ -534,7 +534,7 @@ def evaluate(
     token: str | None = None,
     lane_groups: int | None = None,
     credentials: Any = None,
-    reply_timeout: float | None = None,
+    reply_timeout: float | str | None = "auto",
     on_server_loss: str | None = None,
     metrics: Any = None,
     success: Any = None,
@@ -621,9 +621,13 @@ def evaluate(
         ``grpc.ChannelCredentials`` that check the servers' certificates (e.g.
         ``grpc.ssl_channel_credentials(root_certificates=pem)``); None: gRPC's
         default roots.
-      reply_timeout: served envs: seconds a reply may take before the run fails
-        with ``jaxmesh.RemoteConnectionError`` (an env that hangs without
-        dying); None: as long as the env takes (a dead server is detected
+      reply_timeout: served envs: seconds a reply may take before the server
+        is dropped (``on_server_loss``) or the run fails with
+        ``jaxmesh.RemoteConnectionError`` (an env that hangs without dying).
+        ``"auto"`` (the default): over several servers, one that owes a reply
+        and answers nothing for 10 times the slowest reply of the run (at least
+        10 s) is dropped and its episodes run on the others; with one server,
+        no limit. None: as long as the env takes (a dead server is detected
         anyway, docs/remote.md).
       lane_groups: served envs: lanes in this many groups, so that the device
         plans for one group while the servers step another; None: the default

@@ -63,7 +63,7 @@ from jaxmesh.envs.gymnasium.spec import spec_for
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.session import Session
-from jaxmesh.run import stream
+from jaxmesh.run import backend, stream
 from jaxmesh.run.loop import HostLoop
 
 #: A lost server is tried again after these pauses (seconds), for at most
@@ -101,7 +101,12 @@ class ServedLanes:
     Args:
       addresses: the servers (``"grpc://host:port"``).
       num_envs: lanes asked for; the run uses at most the servers' lanes.
-      token, connect_timeout, reply_timeout: see ``Connection``.
+      token, connect_timeout: see ``Connection``.
+      reply_timeout: seconds a reply may take (see ``Connection``), or
+        ``"auto"``: over several servers with ``on_server_loss="rerun"``, a
+        server that owes a reply and sends nothing for ``AUTO_FACTOR`` times
+        the slowest reply of the run, at least ``AUTO_FLOOR_SECONDS``, is
+        dropped (``_Run.drop_hung``); with one server, no limit.
       on_server_loss: ``"rerun"``: a server that dies or stops answering is
         dropped and its unfinished episodes run again on the other servers'
         lanes (the run raises when none is left); ``"raise"``: the run raises.
@@ -118,7 +123,7 @@ class ServedLanes:
         *,
         token: str | None = None,
         connect_timeout: float = 10.0,
-        reply_timeout: float | None = None,
+        reply_timeout: float | str | None = None,
         credentials: Any = None,
         on_server_loss: str = "rerun",
     ):
@@ -128,6 +133,14 @@ class ServedLanes:
         self.on_server_loss = on_server_loss
 
         self.addresses = list(addresses)
+        #: Whether a hung server is dropped by the default rule (``"auto"``).
+        self.auto_timeout = (
+            reply_timeout == backend.AUTO
+            and len(self.addresses) > 1
+            and on_server_loss == "rerun"
+        )
+        if reply_timeout == backend.AUTO:
+            reply_timeout = None
         self._connect = {
             "token": token,
             "connect_timeout": connect_timeout,
@@ -349,6 +362,9 @@ class _Run(HostLoop):
             m[self.local[mine]] = mine
             self.to_global.append(m)
         self.lockstep = [c.lockstep for c in lanes.sessions]
+        #: The slowest reply of the run so far, in seconds from its call
+        #: (``drop_hung``).
+        self.slowest = 0.0
         #: Servers dropped (``lose_server``), and when the run began.
         self.lost: set[int] = set()
         self.t_start = time.perf_counter()
@@ -549,9 +565,14 @@ class _Run(HostLoop):
                     return False
                 reply = sessions[0].receive()
             else:
-                s, item = self._queued_reply(block, sessions[0].reply_timeout)
+                auto = self.lanes.auto_timeout
+                if auto:
+                    self.drop_hung()
+                    s, item = self._queued_reply(block, self._hung_wait(), hung=True)
+                else:
+                    s, item = self._queued_reply(block, sessions[0].reply_timeout)
                 if item is None:
-                    return False
+                    return block and auto  # a wait cut short: look again
                 if s in self.lost:  # queued before its server was dropped
                     return True
                 reply = sessions[s].reply(item)
@@ -565,6 +586,55 @@ class _Run(HostLoop):
         row = self.server_rows[s]
         tel.span("decode", reply.arrived, reply.decoded_at, row)
         return self._file_reply(s, reply)
+
+    def hung_limit(self) -> float | None:
+        """Seconds a server may owe a reply and send nothing before
+        ``drop_hung`` drops it: ``AUTO_FACTOR`` times the slowest reply of the
+        run, at least ``AUTO_FLOOR_SECONDS``; None before any reply."""
+        if not self.slowest:
+            return None
+        return max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * self.slowest)
+
+    def _hung_wait(self) -> float | None:
+        """How long the next wait for a reply may last before a server would
+        be past ``hung_limit`` (None: no limit yet)."""
+        limit = self.hung_limit()
+        if limit is None:
+            return None
+        sessions = self.lanes.sessions
+        times = [
+            since
+            for s in range(len(sessions))
+            if s not in self.lost and (since := sessions[s].owed_since()) is not None
+        ]
+        if not times:
+            return limit
+        return max(min(times) + limit - time.monotonic(), 0.0) + 0.01
+
+    def drop_hung(self) -> None:
+        """Drops a server that owes a reply and has sent nothing for longer
+        than ``hung_limit`` (``lose_server``), while another one is left: its
+        episodes run again on the others."""
+        limit = self.hung_limit()
+        if limit is None:
+            return
+        sessions = self.lanes.sessions
+        now = time.monotonic()
+        for s, session in enumerate(sessions):
+            since = None if s in self.lost else session.owed_since()
+            if since is None or now - since <= limit:
+                continue
+            error = RemoteConnectionError(
+                f"the jaxmesh env server at {session.address} sent nothing for "
+                f"{now - since:.1f} s while owing a reply: past the default reply "
+                f"timeout of {limit:.1f} s ({backend.AUTO_FACTOR:g}x the slowest "
+                f"reply of this run, {self.slowest:.3f} s, and at least "
+                f"{backend.AUTO_FLOOR_SECONDS:g} s); pass reply_timeout= to set "
+                "it, or None to wait",
+                address=session.address,
+                code="DEADLINE_EXCEEDED",
+            )
+            self.lose_server(s, error)  # False: the last server; it may answer
 
     def _oldest_in_flight(self) -> int:
         """The server whose oldest call in flight was sent first."""
@@ -679,15 +749,18 @@ class _Run(HostLoop):
         """Calls in flight to a lost server (``(tag, sent_at)``), never to be
         answered."""
 
-    def _queued_reply(self, block: bool, timeout: float | None) -> tuple[int, Any]:
+    def _queued_reply(
+        self, block: bool, timeout: float | None, hung: bool = False
+    ) -> tuple[int, Any]:
         """The next reply a reader thread queued: ``(server, item)``; item None
-        when none is in and ``block`` is False."""
+        when none is in and ``block`` is False, or (``hung``) when none came
+        within ``timeout``."""
         try:
             if block:
                 return self.replies.get(timeout=timeout)
             return self.replies.get_nowait()
         except queue.Empty:
-            if not block:
+            if not block or hung:
                 return 0, None
             raise RemoteConnectionError(
                 "no reply from the jaxmesh env servers "
@@ -820,6 +893,7 @@ class _Run(HostLoop):
     def _tel_reply(self, s: int, sent_at: float, reply: Any) -> None:
         """A reply's round trip, queueing and size in the telemetry."""
         tel = self.tel
+        self.slowest = max(self.slowest, reply.arrived - sent_at)
         tel.call(self.server_rows[s], sent_at, reply.arrived, reply.server_seconds)
         tel.add("queue", time.perf_counter() - reply.decoded_at)
         tel.add("reply_bytes", reply.nbytes)
