@@ -143,6 +143,9 @@ _INT_KEYS = {
     "workers": 0,
 }
 _REQUIRED = ("env", "policy")
+#: The longest time limit a config may set (a timer waits at most
+#: ``threading.TIMEOUT_MAX``; null is no limit).
+_MAX_SECONDS = 1e9
 
 #: Environment variables of the persistent compilation cache.
 CACHE_SWITCH_ENV = "JAXMESH_COMPILE_CACHE"
@@ -152,6 +155,46 @@ _ON = ("", "1", "true", "yes", "on")
 
 class ConfigError(Exception):
     """A run config (or a command's argument) is wrong; exit status 2."""
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C (SIGINT), its message already printed; exit
+    status 130 (128 + SIGINT), as a shell reports it."""
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping of a YAML document names one key twice (YAML itself keeps the
+    last one silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor` merges; an explicit key may override
+                try:
+                    key = self.construct_object(key_node, deep=True)
+                    hash(key)
+                except (yaml.YAMLError, TypeError):
+                    continue  # SafeLoader says what is wrong with it
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise _DuplicateKey(
+                        f"line {line}: key {key!r} is given twice (first on line "
+                        f"{seen[key]}); YAML would keep only the last value: "
+                        "remove one of them"
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys (``_DuplicateKey``)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
 
 
 # Config ----------------------------------------------------------------------
@@ -188,7 +231,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"config file {str(path)!r}: cannot read it ({e})") from e
     try:
-        data = yaml.safe_load(text)
+        data = _yaml_load(text)
+    except _DuplicateKey as e:
+        raise ConfigError(f"config file {str(path)!r}, {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
     if data is None:
@@ -220,7 +265,9 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
                 "--set policy_config.checkpoint=ckpt/mlp"
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _yaml_load(raw) if raw.strip() else ""
+        except _DuplicateKey as e:
+            raise ConfigError(f"--set {key.strip()}=...: {e}") from None
         except yaml.YAMLError as e:
             if is_secret_key(key.strip().split(".")[-1]):  # never echo a secret
                 raise ConfigError(
@@ -327,10 +374,11 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             or not isinstance(value, int | float)
             or not math.isfinite(value)
             or value <= 0
+            or value > _MAX_SECONDS
         ):
             raise ConfigError(
-                f"{key}={value!r}: expected a number > 0 ({CONFIG_KEYS[key]}), "
-                "or null for no limit"
+                f"{key}={value!r}: expected a number of seconds > 0 and at most "
+                f"{_MAX_SECONDS:.0f} ({CONFIG_KEYS[key]}), or null for no limit"
             )
     loss = config.get("on_server_loss")
     if loss is not None:
@@ -646,18 +694,20 @@ def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
     ``build_env`` makes it; a gymnasium: id is made when its task runs)."""
     import jaxmesh
 
-    return jaxmesh.Suite(
-        {
-            name: jaxmesh.Task(
-                build_env(t["env"], t["env_config"]),
+    built = {}
+    for name, t in tasks.items():
+        env = build_env(t["env"], t["env_config"])
+        try:
+            built[name] = jaxmesh.Task(
+                env,
                 instruction=t.get("instruction"),
                 episodes=t.get("episodes"),
                 seeds=t.get("seeds"),
                 trial_index_base=t.get("trial_index_base"),
             )
-            for name, t in tasks.items()
-        }
-    )
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"tasks.{name}: {e}") from e
+    return jaxmesh.Suite(built)
 
 
 def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
@@ -838,19 +888,39 @@ class _Started:
     ``evaluate`` calls ``on_run_start`` once its input is checked and the policy
     probed, before anything compiles: a ValueError/TypeError raised before then
     is bad input, one raised after is a failure of the run.
+
+    In a suite each task's run starts anew: ``finished`` names the tasks done,
+    and ``started`` is reset after each, so that a later task's refusal is bad
+    input too (the tasks before it are kept in the output JSON).
     """
 
-    started = False
+    def __init__(self) -> None:
+        self.started = False
+        self.finished: list[str] = []
 
     def on_run_start(self, info: dict) -> None:
         del info
         self.started = True
 
+    def on_task_end(self, name: str, result: Any) -> None:
+        del result
+        self.finished.append(name)
+        self.started = False
+
 
 # Commands --------------------------------------------------------------------
-def _refused(config: dict[str, Any], error: Exception) -> str:
-    """``evaluate``'s refusal of a config, with no secret of it in the text."""
-    text = f"policy {config['policy']!r} on env {config['env']!r}: {error}"
+def _refused(config: dict[str, Any], error: Any, task: str | None = None) -> str:
+    """``evaluate``'s refusal of a config, with no secret of it in the text.
+
+    A suite's refusal names its task (``task``), else all of its tasks."""
+    tasks = config.get("tasks")
+    if tasks is None:
+        where = f"env {config['env']!r}"
+    elif task is not None and task in tasks:
+        where = f"task {task!r} (env {tasks[task]['env']!r})"
+    else:
+        where = f"tasks {list(tasks)}"
+    text = f"policy {config['policy']!r} on {where}: {error}"
     return redact_text(text, secret_values(config))
 
 
@@ -858,9 +928,160 @@ def _read_config(args: argparse.Namespace) -> dict[str, Any]:
     return check_run_config(apply_overrides(load_config(args.config), args.set))
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def check_writable(*paths: tuple[str, Any]) -> None:
+    """Refuses, before the run, every ``(what, path)`` where a file cannot be
+    written: a directory, a folder that cannot be made, one that is not
+    writable, a read-only file. The folders are made here (None: skipped).
+
+    Raises:
+      ConfigError: naming the flag or key, the path and what to do.
+    """
+    for what, path in paths:
+        if path is None:
+            continue
+        p = Path(path)
+        fix = f"pass a file path in a writable folder, e.g. {what} results/run.json"
+        if what == "output":
+            fix = "set output to a file in a writable folder (--set output=r.json)"
+        if p.is_dir():
+            raise ConfigError(
+                f"{what} {str(p)!r} is a directory, not a file; {fix} (a file "
+                "inside it: " + repr(str(p / "result.json")) + ")"
+            )
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".jaxmesh-probe-", dir=p.parent)
+            os.close(fd)
+            os.unlink(probe)
+            if p.exists():
+                with open(p, "a"):  # a file there must take writes (not truncated)
+                    pass
+        except OSError as e:
+            why = e.strerror or str(e)
+            raise ConfigError(
+                f"{what} {str(p)!r} cannot be written ({why}: "
+                f"{e.filename or p.parent!s}); {fix}; checked before the run so "
+                "that no result is lost"
+            ) from None
+
+
+def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> Path:
+    """Writes ``data`` as JSON to ``path``; returns where it went.
+
+    Should that fail (the folder removed or the disk full during the run), the
+    result is written to a file in the working directory (else in the
+    temporary directory) instead, and a line on stderr says where.
+    """
+    text = json.dumps(data, indent=2) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+    except OSError as e:
+        error = e
+    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
+        try:
+            fd, name = tempfile.mkstemp(
+                prefix=f"{path.stem}.", suffix=path.suffix or ".json", dir=folder
+            )
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError:
+            continue
+        also = f"; the episode log {log} holds its episodes too" if log else ""
+        print(
+            f"jaxmesh {command}: error: cannot write {str(path)!r} "
+            f"({error.strerror or error}); the result is in {name} instead{also}",
+            file=sys.stderr,
+        )
+        return Path(name)
+    raise error
+
+
+def _resume_command(args: argparse.Namespace, config: dict, path: Any) -> str:
+    """The command line that continues this run from ``path`` (secrets out)."""
+    import shlex
+
+    parts = ["jaxmesh", args.command, args.config]
+    for item in args.set:
+        parts += ["--set", item]
+    if getattr(args, "episode_log", None) is not None:
+        parts += ["--episode-log", str(args.episode_log)]
+    parts += ["--resume", str(path)]
+    return redact_text(shlex.join(parts), secret_values(config))
+
+
+def _run_eval(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    log_path: Path | None,
+    policy: Any,
+    env: Any,
+    hooks: list,
+    kwargs: dict,
+) -> Any:
+    """``jaxmesh.evaluate`` for ``eval``: an interrupted or failed run says
+    where its finished episodes are and the command that continues it
+    (Ctrl-C: one message, exit status 130; a failure: a note under its
+    traceback)."""
     import jaxmesh
 
+    try:
+        return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
+    except (ConfigError, ValueError, TypeError) as e:
+        if not any(getattr(h, "started", False) for h in hooks):
+            raise  # a refusal: nothing ran
+        hint = _kept(args, config, log_path, e)
+        e.add_note(hint)
+        raise
+    except KeyboardInterrupt as e:
+        kept = _kept(args, config, log_path, e)
+        print(f"jaxmesh {args.command}: interrupted. {kept}", file=sys.stderr)
+        raise Interrupted() from None
+    except Exception as e:
+        e.add_note(_kept(args, config, log_path, e))
+        raise
+
+
+def _kept(
+    args: argparse.Namespace, config: dict, log_path: Path | None, exc: Any
+) -> str:
+    """Where a stopped run's finished episodes are, and how to continue it
+    (never raises: the run's own error comes first)."""
+    try:
+        return _keep(args, config, log_path, exc)
+    except Exception as e:  # e.g. the partial result cannot be written either
+        return f"jaxmesh: the finished episodes could not be saved ({e})."
+
+
+def _keep(args: argparse.Namespace, config: dict, log_path: Any, exc: Any) -> str:
+    from jaxmesh.suite import SuiteResult
+
+    partial = getattr(exc, "partial_result", None)
+    output = Path(config["output"]) if config.get("output") else None
+    if isinstance(partial, SuiteResult):
+        if output is None:
+            return "The finished tasks are not saved (the config has no output)."
+        where = write_json(output, partial.to_dict(), args.command)
+        return (
+            f"The finished tasks and episodes are in {where}; to run only the "
+            f"rest: {_resume_command(args, config, where)}"
+        )
+    n = 0 if partial is None else partial.num_episodes
+    if log_path is not None:
+        where = log_path
+    elif partial is not None and n:
+        stem = output.with_suffix(".partial.json") if output else Path("partial.json")
+        where = write_json(stem, partial.to_dict(), args.command)
+    else:
+        return f"{n} episodes had finished; nothing to resume from."
+    return (
+        f"{n} finished episodes are in {where}; to run only the rest: "
+        f"{_resume_command(args, config, where)}"
+    )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
     config = _read_config(args)
     if compile_cache_wanted(args.no_compile_cache):
         try:
@@ -885,6 +1106,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     earlier = load_resume(resume_from) if resume_from is not None else None
     # A suite keeps no episode log: its output JSON is written after every task.
     log_path = None if suite else episode_log_path(args, config)
+    output = Path(config["output"]) if config.get("output") else None
+    npz = output.with_suffix(".npz") if output and config.get("record") else None
+    check_writable(
+        ("output", output),
+        ("--episode-log", log_path),
+        ("--report", report),
+        ("--trace", getattr(args, "trace", None)),
+        ("--video", video),
+        ("the recorded episodes' file", npz),
+    )
     policy, env, kwargs = build_run(config)
     if getattr(args, "trace", None) is not None:
         kwargs["trace"] = args.trace
@@ -907,14 +1138,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if earlier is not None:
         kwargs["resume"] = earlier
     try:
-        result = jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
+        result = _run_eval(args, config, log_path, policy, env, hooks, kwargs)
     except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
         if started.started:
             raise
+        text: Any = e
         if earlier is not None and str(e).startswith("resume="):
             text = f"--resume {resume_from}: {str(e).removeprefix('resume=: ')}"
+        if not suite:
             raise ConfigError(_refused(config, text)) from e
-        raise ConfigError(_refused(config, e)) from e
+        done = started.finished
+        task = next((n for n in config["tasks"] if n not in done), None)
+        line = _refused(config, text, task if done or earlier is not None else None)
+        if done and config.get("output"):
+            line += (
+                f" (the tasks finished before it, {done}, are in {config['output']}: "
+                f"fix this one, then --resume {config['output']} runs only the rest)"
+            )
+        elif done:
+            line += f" (the tasks finished before it, {done}, are not saved: no output)"
+        raise ConfigError(line) from e
     if suite:
         return _finish_suite(result, config, report)
     # What a later --resume of this result checks: the step cap, the params.
@@ -922,19 +1165,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(result.summary())
     if args.telemetry:
         print(result.format_telemetry())
-    base = Path(config["output"]).parent if config.get("output") else None
+    base = output.parent if output is not None else None
+    # The result first, then what is optional (trajectories, videos, report):
+    # a failure in those never costs the result.
+    written = None
+    if output is not None:
+        written = write_json(output, result.to_dict(), "eval", log_path)
+        print(f"wrote {written}")
+        if result.trajectories:
+            print(f"wrote {result.save_trajectories(written.with_suffix('.npz'))}")
     if video is not None:
         write_videos(result, video, base, args.video is not _VIDEO_NEXT_TO_OUTPUT)
-    if config.get("output"):
-        out = Path(config["output"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if result.trajectories:
-            print(f"wrote {result.save_trajectories(out.with_suffix('.npz'))}")
-        out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-        print(f"wrote {out}")
+        if written is not None:  # the result lists its videos
+            written = write_json(written, result.to_dict(), "eval", log_path)
     if report is not None:
         write_report_file(result, report, base)
-    return 0
+    return 0 if written is None or written == output else 1
 
 
 #: ``jaxmesh sweep``: the config keys that may hold a list of values to sweep.
@@ -959,18 +1205,191 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "jaxmesh sweep with tasks: a sweep runs one env; pick a task with "
             "--set env=..."
         )
+    output = Path(config["output"]) if config.get("output") else None
+    cells_path = None if output is None else output.with_suffix(SWEEP_CELLS_SUFFIX)
+    resume_from = getattr(args, "resume", None)
+    earlier = None
+    if resume_from is not None:
+        earlier = _existing_file(
+            resume_from,
+            "--resume file",
+            f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
+            "next to its output)",
+        )
+    check_writable(("output", output), ("the sweep's cells file", cells_path))
     policy, env, kwargs = build_run(config)
+    from jaxmesh.run.resume import params_digest
+
+    identity = _jsonable(
+        {
+            **{k: v for k, v in config.items() if k != "output" and v is not None},
+            **axes,
+            "params": params_digest(getattr(policy, "params", None)),
+        }
+    )
+    done = {} if earlier is None else load_sweep_cells(earlier, identity)
+    cells = None
+    if cells_path is not None:
+        cells = SweepCells(cells_path, identity, done)
     try:
-        result = jaxmesh.sweep(policy, env, **axes, **kwargs)
+        result = jaxmesh.sweep(
+            policy,
+            env,
+            **axes,
+            **kwargs,
+            on_cell=None if cells is None else cells.write,
+            resume=done or None,
+        )
     except (ValueError, TypeError) as e:
+        if cells is not None and cells.started:
+            if cells.count:
+                e.add_note(_sweep_kept(args, config, cells))
+            raise
         raise ConfigError(_refused(config, e)) from e
+    except KeyboardInterrupt:
+        kept = "No cell was kept (no output)."
+        if cells is not None:
+            kept = _sweep_kept(args, config, cells)
+        print(f"jaxmesh sweep: interrupted. {kept}", file=sys.stderr)
+        raise Interrupted() from None
+    except Exception as e:
+        if cells is not None and cells.count:
+            e.add_note(_sweep_kept(args, config, cells))
+        raise
+    finally:
+        if cells is not None:
+            cells.close()
     print(result.summary())
-    if config.get("output"):
-        out = Path(config["output"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-        print(f"wrote {out}")
+    if output is not None:
+        written = write_json(output, result.to_dict(), "sweep", cells_path)
+        print(f"wrote {written}")
+        return 0 if written == output else 1
     return 0
+
+
+#: The suffix of the file next to a sweep's output JSON where each finished
+#: cell is written as it finishes.
+SWEEP_CELLS_SUFFIX = ".cells.jsonl"
+#: The key of a sweep cells file's first line.
+SWEEP_CELLS_KEY = "jaxmesh_sweep_cells"
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples as lists, objects as text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class SweepCells:
+    """``jaxmesh sweep``'s cells file, ``NAME.cells.jsonl``: a first line with
+    the sweep's config (``{"jaxmesh_sweep_cells": 1, "config": {...}}``), then
+    one flushed line per finished cell (``{"cell": {"delay", "horizon",
+    "result"}}``), written as each cell ends: a stopped sweep keeps them, and
+    ``--resume`` runs only the others. A new sweep starts the file afresh; a
+    resumed one rewrites the cells it continues from, then appends."""
+
+    def __init__(self, path: Path, identity: dict, done: dict):
+        self.path, self.identity, self.done = path, identity, dict(done)
+        self.file: Any = None
+        self.count = 0
+        self.started = False
+
+    def _open(self) -> None:
+        # The head and the resumed cells go in whole (a new file renamed over
+        # the old), so that the file never holds fewer cells than before.
+        lines = [{SWEEP_CELLS_KEY: 1, "config": self.identity}]
+        for (d, h), r in self.done.items():
+            lines.append({"cell": {"delay": d, "horizon": h, "result": r.to_dict()}})
+        fresh = self.path.with_name(self.path.name + ".new")
+        fresh.write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
+        os.replace(fresh, self.path)
+        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def _line(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def write(self, delay: int, horizon: int, result: Any) -> None:
+        """``jaxmesh.sweep``'s ``on_cell``: one finished cell."""
+        self.started = True
+        if self.file is None:
+            self._open()
+        record = {"delay": delay, "horizon": horizon, "result": result.to_dict()}
+        self._line({"cell": record})
+        self.count += 1
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def _sweep_kept(args: argparse.Namespace, config: dict, cells: SweepCells) -> str:
+    n = cells.count + len(cells.done)
+    if not n:
+        return "No cell had finished."
+    return (
+        f"{n} finished cell(s) are in {cells.path}; to run only the rest: "
+        f"{_resume_command(args, config, cells.path)}"
+    )
+
+
+def load_sweep_cells(path: Path, identity: dict) -> dict:
+    """The finished cells of a sweep cells file (``SweepCells``), checked to be
+    of the sweep ``identity`` describes.
+
+    Returns:
+      ``(delay, horizon) -> RunResult``; a line cut short (a sweep killed while
+      writing it) is skipped.
+
+    Raises:
+      ConfigError: not a cells file, or a sweep of another config (naming the
+        key that differs).
+    """
+    from jaxmesh.run.results import RunResult
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--resume {str(path)!r}: cannot read it ({e})") from e
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):  # cut short by a killed sweep
+                continue
+            raise ConfigError(
+                f"--resume {str(path)!r}: line {n} is not JSON; expected the cells "
+                f"file of jaxmesh sweep (NAME{SWEEP_CELLS_SUFFIX})"
+            ) from None
+    head = records[0] if records else None
+    if not (isinstance(head, dict) and SWEEP_CELLS_KEY in head):
+        raise ConfigError(
+            f"--resume {str(path)!r}: not a sweep's cells file (its first line holds "
+            f"no {SWEEP_CELLS_KEY!r}); pass the NAME{SWEEP_CELLS_SUFFIX} file next to "
+            "the output of the sweep to continue"
+        )
+    before = head.get("config") or {}
+    for key in sorted(set(before) | set(identity)):
+        if before.get(key) != identity.get(key):
+            raise ConfigError(
+                f"--resume {str(path)!r}: the earlier sweep had {key}="
+                f"{before.get(key)!r}, this call {identity.get(key)!r}; a sweep "
+                "resumes only with the same config (pass the same one, or start a "
+                "new sweep without --resume)"
+            )
+    cells = {}
+    try:
+        for rec in records[1:]:
+            c = rec["cell"]
+            cells[(int(c["delay"]), int(c["horizon"]))] = RunResult.from_dict(
+                c["result"]
+            )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--resume {str(path)!r}: a malformed cell ({e})") from e
+    return cells
 
 
 class _SuiteSaver:
@@ -1664,6 +2083,15 @@ def make_parser() -> argparse.ArgumentParser:
         "output.",
     )
     _add_config_args(sw)
+    sw.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help=f"continue a stopped sweep of this config: PATH is its NAME"
+        f"{SWEEP_CELLS_SUFFIX} (each finished cell, written next to the output as "
+        "it finished); only the other cells run. A sweep of another config is "
+        "refused (status 2)",
+    )
     sw.set_defaults(run=cmd_sweep)
     ex = sub.add_parser(
         "explain",
@@ -1845,6 +2273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.run(args)
+    except Interrupted:
+        return 130
     except ConfigError as e:
         # No secret is echoed: the token given on the command line or in
         # $JAXMESH_TOKEN (a config's token is taken out where it is read).

@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxmesh import stats as _stats
 from jaxmesh import text
-from jaxmesh.run import stream
+from jaxmesh.run import checks, stream
 from jaxmesh.run.results import RunResult
 
 __all__ = [
@@ -85,6 +85,11 @@ class Task:
             object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
             if not self.seeds:
                 raise ValueError("Task(seeds=()): expected one seed per episode")
+            if self.episodes is not None and self.episodes != len(self.seeds):
+                raise ValueError(
+                    f"episodes={self.episodes} disagrees with len(seeds)="
+                    f"{len(self.seeds)}; give one of them, or make them agree"
+                )
 
 
 class Suite:
@@ -262,6 +267,11 @@ def run_suite(
         if resume is not None and name in resume.tasks:
             args["resume"] = resume.tasks[name]
         plans[name] = args
+    for name, args in plans.items():  # every task's budget before any task runs
+        try:
+            checks.resolve_budget(args["episodes"], args["seeds"])
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"task {name!r}: {e}") from None
     gymnax_envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
     for group in _groups(suite, plans, gymnax_envs):
         try:

@@ -51,9 +51,9 @@ REFUSED = {
     "prefetch_lead": "a sweep's stale plans come from its delays",
     "execution": "a sweep varies the delay of replayed chunks; ensembling "
     "plans every step and has no delay",
-    "hooks": "a sweep's cells run interleaved in one program",
+    "hooks": "a sweep's cells run interleaved in one program (on_cell= hears "
+    "of each cell as it finishes)",
     "record": "record episodes with jaxmesh.evaluate on the cell you want",
-    "resume": "resume runs one setting",
     "trace": "trace one cell with jaxmesh.evaluate",
     "devices": "a sweep runs on one device",
     "initial_states": "a cell's trial indices would follow the sweep's order",
@@ -141,6 +141,110 @@ class _GridEvaluator(Evaluator):
         self.settings = self.settings._replace(grid=grid, cell_episodes=cell_episodes)
 
 
+class _CellStream:
+    """The hook that hands each cell of one program to ``on_cell`` as soon as
+    its last episode has ended, while the other cells still run.
+
+    Episodes are kept by their index in the program's budget (cell c holds
+    ``c * e .. (c + 1) * e - 1``); a finished cell is built from its episodes'
+    records as ``RunResult.from_dict`` reads a result (its times, which the
+    cells share, are 0 until the sweep ends)."""
+
+    def __init__(self, group: list, e: int, on_cell: Any):
+        self.group, self.e, self.on_cell = group, e, on_cell
+        self.episodes: list[dict] = [{} for _ in group]
+        self.info: dict = {}
+
+    def on_run_start(self, info: dict) -> None:
+        self.info = dict(info)
+
+    def on_episode_end(self, ep: Any) -> None:
+        c = int(ep.index) // self.e
+        if not 0 <= c < len(self.group):
+            return
+        self.episodes[c][int(ep.index)] = ep.to_dict()
+        if len(self.episodes[c]) == self.e:
+            d, big_h, h = self.group[c]
+            eps = [self.episodes[c][i] for i in sorted(self.episodes[c])]
+            self.episodes[c] = {}
+            self.on_cell(
+                d, big_h, _cell_of_records(self.info, eps, c * self.e, big_h, h, d)
+            )
+
+
+def _cell_of_records(
+    info: dict, eps: list[dict], first: int, horizon: int, h: int, d: int
+) -> RunResult:
+    """A cell's ``RunResult`` from its episodes' records (``EpisodeResult.to_dict``)
+    and the program's ``on_run_start`` info; indices from 0."""
+    eps = [dict(ep, index=int(ep["index"]) - first) for ep in eps]
+    return RunResult.from_dict(
+        {
+            "policy": info.get("policy") or "",
+            "env": info.get("env") or "",
+            "settings": {
+                "num_envs": info.get("num_envs") or 0,
+                "horizon": horizon,
+                "effective_horizon": h,
+                "prefetch_lead": 0,
+                "delay": d,
+                "delay_ms": None,
+                "execution": None,
+                "chunk": info.get("chunk"),
+                "plan_tile": info.get("plan_tile") or 0,
+                "max_episode_seconds": info.get("max_episode_seconds"),
+                "trial_index_base": 0,
+                "instruction": info.get("instruction"),
+                "metrics": info.get("metric_reductions") or {},
+                "success_key": info.get("success_key"),
+                "success_mode": info.get("success_mode") or "once",
+            },
+            "totals": {
+                "env_steps": sum(int(ep["length"]) for ep in eps),
+                "policy_rows": sum(int(ep["predict_calls"]) for ep in eps),
+                "steps_per_second": 0.0,
+                "wall_time": 0.0,
+                "compile_time": 0.0,
+                "run_time": 0.0,
+            },
+            "episodes": eps,
+        }
+    )
+
+
+def _resumed(resume: Any, seeds: np.ndarray) -> dict:
+    """``sweep(resume=)``'s cells, ``(delay, horizon) -> RunResult``, each
+    checked to have run this sweep's seeds.
+
+    Raises:
+      TypeError: not a ``Sweep`` nor a mapping of cells.
+      ValueError: a cell of other seeds.
+    """
+    if resume is None:
+        return {}
+    cells = resume.cells if isinstance(resume, Sweep) else resume
+    if not isinstance(cells, dict) or not all(
+        isinstance(k, tuple) and len(k) == 2 and isinstance(v, RunResult)
+        for k, v in cells.items()
+    ):
+        raise TypeError(
+            f"resume={type(resume).__name__}: expected the Sweep of an earlier "
+            "sweep of this policy, env and seeds (or a dict (delay, horizon) -> "
+            "RunResult of its finished cells)"
+        )
+    for (d, big_h), r in cells.items():
+        if r.num_episodes != seeds.size or not np.array_equal(
+            np.asarray(r.seeds), seeds
+        ):
+            raise ValueError(
+                f"resume=: cell delay={d}, horizon={big_h} ran "
+                f"{r.num_episodes} episodes on other seeds than this sweep's "
+                f"{seeds.size}; a sweep resumes only with the same budget (pass "
+                "the same episodes / seeds, or start a new sweep without resume=)"
+            )
+    return {(int(d), int(big_h)): r for (d, big_h), r in cells.items()}
+
+
 def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> RunResult:
     """Cell c's result: episodes ``c * e .. (c + 1) * e - 1`` of ``whole``."""
     at = slice(c * e, (c + 1) * e)
@@ -180,6 +284,8 @@ def sweep(
     seeds: Sequence[int] | None = None,
     params: Any = None,
     plan_tile: int | None = None,
+    on_cell: Any = None,
+    resume: Any = None,
     **evaluate_kwargs: Any,
 ) -> Sweep:
     """Scores a policy at every (delay, horizon) of a grid, on the same seeds.
@@ -197,6 +303,14 @@ def sweep(
       plan_tile: rows per policy call, one for every cell (default: the
         default tile of the smallest effective horizon). A cell equals
         ``jaxmesh.evaluate`` with the same ``plan_tile`` bit for bit.
+      on_cell: a function ``(delay, horizon, RunResult)`` called with each
+        cell as soon as its episodes have all ended, while later cells still
+        run (to keep finished cells when a long sweep is stopped). Its times
+        are 0: the cells of a program share them.
+      resume: the ``Sweep`` of an earlier, stopped sweep of the same policy,
+        env and seeds (or a dict ``(delay, horizon) -> RunResult`` of the
+        cells ``on_cell`` was given): those cells run nothing again and are
+        part of the result as they are.
       **evaluate_kwargs: other ``jaxmesh.evaluate`` arguments (``num_envs``,
         ``max_episode_steps``, ``metrics``, ``success``, ...); see ``REFUSED``
         for those a sweep does not take.
@@ -236,14 +350,28 @@ def sweep(
             f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
         )
     seeds_arr = checks.resolve_budget(episodes, seeds)
+    if on_cell is not None and not callable(on_cell):
+        raise TypeError(f"on_cell={on_cell!r}: expected a function (d, h, result)")
+    done = _resumed(resume, seeds_arr)
+    if plan_tile is None and done:  # the tile the earlier cells ran with
+        plan_tile = next(iter(done.values())).plan_tile or None
     steps_of = None
     if times is not None:
         dt, name = _step_time(env, evaluate_kwargs)
         steps_of = {ms: checks.delay_steps(ms, dt, name) for ms in times}
         delays = tuple(dict.fromkeys(steps_of.values()))
     run = _one_program if backend.backend_of(env) == backend.SCAN else _on_host
+    extra = {k: v for k, v in dict(done=done, on_cell=on_cell).items() if v}
     cells, skipped, programs, compile_time = run(
-        policy, env, delays, horizons, seeds_arr, params, plan_tile, evaluate_kwargs
+        policy,
+        env,
+        delays,
+        horizons,
+        seeds_arr,
+        params,
+        plan_tile,
+        evaluate_kwargs,
+        **extra,
     )
     return Sweep(
         delays=delays,
@@ -257,8 +385,20 @@ def sweep(
     )
 
 
-def _one_program(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
-    """The cells of a JAX env: one program (or one per told ``h + d``)."""
+def _one_program(
+    policy,
+    env,
+    delays,
+    horizons,
+    seeds_arr,
+    params,
+    plan_tile,
+    kw,
+    done=None,
+    on_cell=None,
+):
+    """The cells of a JAX env: one program (or one per told ``h + d``); the
+    cells in ``done`` (resumed) run nothing."""
     unknown = sorted(set(kw) - set(_EVALUATOR_ARGS))
     if unknown:
         raise TypeError(
@@ -276,8 +416,8 @@ def _one_program(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw
         min(h for _, _, h in cells), probe.settings.num_envs
     )
     e = int(seeds_arr.size)
-    out, programs, compile_time = {}, 0, 0.0
-    for group in _programs_of(cells, pol):
+    out, programs, compile_time = _kept(done, cells), 0, 0.0
+    for group in _programs_of(_todo(cells, done), pol):
         ev = _GridEvaluator(
             policy,
             env,
@@ -288,7 +428,11 @@ def _one_program(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw
             plan_tile=tile,
             **base,
         )
-        whole = ev.run(seeds=np.tile(seeds_arr, len(group)), params=params)
+        whole = ev.run(
+            seeds=np.tile(seeds_arr, len(group)),
+            params=params,
+            hooks=_cell_hooks(group, e, on_cell),
+        )
         programs += len(ev.programs())
         compile_time += whole.compile_time
         for c, (d, big_h, h) in enumerate(group):
@@ -332,7 +476,33 @@ def _programs_of(cells: list, pol: Any) -> list[list]:
     return list(groups.values())
 
 
-def _on_host(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
+def _kept(done: dict | None, cells: list) -> dict:
+    """The resumed cells of this grid (others in ``done`` are not swept)."""
+    done = done or {}
+    return {(d, big_h): done[(d, big_h)] for d, big_h, _ in cells if (d, big_h) in done}
+
+
+def _todo(cells: list, done: dict | None) -> list:
+    """The cells still to run."""
+    return [c for c in cells if (c[0], c[1]) not in (done or {})]
+
+
+def _cell_hooks(group: list, e: int, on_cell: Any) -> list | None:
+    return None if on_cell is None or e == 0 else [_CellStream(group, e, on_cell)]
+
+
+def _on_host(
+    policy,
+    env,
+    delays,
+    horizons,
+    seeds_arr,
+    params,
+    plan_tile,
+    kw,
+    done=None,
+    on_cell=None,
+):
     """The cells of a host-stepped or served env: one run over the tiled
     seeds per program (``_programs_of``), each lane taking its episode's cell
     in the agent step and in the host loop's pacing (``HostLoop.lane_setting``:
@@ -371,8 +541,8 @@ def _on_host(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
     chunk = build.probe_chunk(pol, spec, p, max(horizons))
     cells, skipped = _fit_cells(delays, horizons, chunk)
     e = int(seeds_arr.size)
-    out, programs, compile_time = {}, 0, 0.0
-    for group in _programs_of(cells, pol):
+    out, programs, compile_time = _kept(done, cells), 0, 0.0
+    for group in _programs_of(_todo(cells, done), pol):
         grid = settings._replace(
             horizon=max(big_h for _, big_h, _ in group),
             grid=tuple((h, d) for d, _, h in group),
@@ -384,7 +554,7 @@ def _on_host(policy, env, delays, horizons, seeds_arr, params, plan_tile, kw):
             grid,
             episodes=None,
             seeds=np.tile(seeds_arr, len(group)),
-            hooks=None,
+            hooks=_cell_hooks(group, e, on_cell),
             params=params,
             served=served,
             **kw,

@@ -53,3 +53,22 @@ class FailsAtRunTime(jaxmesh.Model):
 
     def on_episode_end(self, episode_id: int) -> None:
         raise ValueError(f"failure while running, after episode {episode_id}")
+
+
+class RemovesFolder(jaxmesh.Model):
+    """``tilt``, and after its first episode the folder named by
+    ``$JAXMESH_TEST_REMOVE`` is replaced by a file: a disk lost mid-run, after
+    the output's folder was checked."""
+
+    def predict(self, obs):
+        return tilt_fn(obs)
+
+    def on_episode_end(self, episode_id: int) -> None:
+        import os
+        import shutil
+
+        folder = os.environ.get("JAXMESH_TEST_REMOVE")
+        if folder and os.path.isdir(folder):
+            shutil.rmtree(folder)
+            with open(folder, "w") as f:
+                f.write("not a folder any more\n")

@@ -38,6 +38,20 @@ def check_int(name: str, value: Any, low: int, hint: str) -> int:
     return int(value)
 
 
+#: The largest step count a run keeps (episode lengths and step indices are
+#: int32 on the device).
+MAX_STEPS = 2**31 - 1
+#: The most rows one policy call may plan (a tile beyond the lanes is padding).
+MAX_PLAN_TILE = 2**20
+
+
+def check_at_most(name: str, value: int, high: int, hint: str) -> int:
+    """``value`` if it is at most ``high``, else a ValueError naming both."""
+    if value > high:
+        raise ValueError(f"{name}={value!r}: expected at most {high:,}; {hint}")
+    return value
+
+
 def free_memory(device: Any = None) -> tuple[int | None, int | None]:
     """(device bytes free, host bytes free); None where it cannot be known.
 
@@ -188,9 +202,23 @@ def check_settings(
         cap = DEFAULT_MAX_STEPS
     else:
         cap = check_int("max_episode_steps", max_episode_steps, 1, "or None")
+        cap = check_at_most(
+            "max_episode_steps",
+            cap,
+            MAX_STEPS,
+            "episode lengths are int32 on the device; or None for the built-in "
+            f"limit of {DEFAULT_MAX_STEPS:,} steps",
+        )
     tile = None
     if plan_tile is not None:
         tile = check_int("plan_tile", plan_tile, 1, "rows per policy call, or None")
+        tile = check_at_most(
+            "plan_tile",
+            tile,
+            MAX_PLAN_TILE,
+            "rows per policy call (rows beyond the lanes that plan are padding), "
+            "or None for the engine's choice",
+        )
     segment_steps = check_int(
         "segment_steps", segment_steps, 1, "env steps per scan segment"
     )
