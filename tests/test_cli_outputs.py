@@ -417,3 +417,55 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
     capsys.readouterr()
     episodes = json.loads((tmp_path / "out" / "r.json").read_text())["episodes"]
     assert returns_lengths(episodes) == tilt_episodes(range(12))
+
+
+def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
+    tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "slowcart.py").write_text(SLOW_ENV)
+    config = sweep_config(
+        tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", delay=[0, 1]
+    )
+    cells_file = tmp_path / "out" / "r.cells.jsonl"
+    env = {
+        **os.environ,
+        cli.CACHE_SWITCH_ENV: "0",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
+    }
+    argv = ["sweep", str(config), "--set", "num_envs=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if cells_file.is_file() and cells_file.read_text().count('"cell"') >= 1:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("jaxmesh sweep: interrupted. ")
+    command = lines[0].split("to run only the rest: ")[1]
+    assert command == f"jaxmesh sweep {config} --set num_envs=1 --resume {cells_file}"
+    kept = [json.loads(x)["cell"] for x in cells_file.read_text().splitlines()[1:]]
+    assert [c["delay"] for c in kept] == [0]
+    assert returns_lengths(kept[0]["result"]["episodes"]) == chunk_episodes(
+        range(4), 2, 0
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(shlex.split(command)[1:]) == 0
+    capsys.readouterr()
+    cells = json.loads((tmp_path / "out" / "r.json").read_text())["cells"]
+    for c in cells:
+        want = chunk_episodes(range(4), 2, c["delay"])
+        assert returns_lengths(c["result"]["episodes"]) == want
