@@ -7,6 +7,7 @@ Commands::
                              [--video [PATH]] [--trace PATH]
                              [--episode-log PATH | --no-episode-log]
                              [--resume PATH]
+    jaxmesh sweep CONFIG.yaml [--set KEY=VALUE ...] [--resume CELLS.jsonl]
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
     jaxmesh compare A.json B.json [--resamples N] [--seed S]
@@ -1294,6 +1295,12 @@ class SweepCells:
         self.started = False
 
     def _open(self) -> None:
+        if not self.done and self.path.is_file() and self.path.stat().st_size:
+            print(
+                f"jaxmesh sweep: note: starting the cells file {self.path} afresh "
+                f"(--resume {self.path} continues the sweep it holds)",
+                file=sys.stderr,
+            )
         # The head and the resumed cells go in whole (a new file renamed over
         # the old), so that the file never holds fewer cells than before.
         lines = [{SWEEP_CELLS_KEY: 1, "config": self.identity}]
