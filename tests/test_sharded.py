@@ -312,33 +312,38 @@ def test_one_device_mesh_equals_the_plain_run():
     np.testing.assert_array_equal(a.lanes, b.lanes)
 
 
-def test_merge_interleaves_episodes_and_renumbers_lanes():
-    # Two devices, capacity 3, two lanes each, worked by hand: device d's entry k
-    # is episode 2k + d; device 1's lane j is lane 2 + j.
+def test_merge_logs_renumbers_episodes_and_lanes():
+    # Two devices, logs of 3 rows, two lanes each, worked by hand: device d's
+    # local episode k is episode 2k + d; device 1's lane j is lane 2 + j. Device
+    # 0 wrote two rows (its episodes 1 and 0), device 1 one (its episode 0);
+    # rows past ``rows`` are stale and dropped.
     fault = Fault(
         kind=np.array([[0, 1], [0, 0]]),
         episode=np.array([[0, 2], [0, 0]]),
         step=np.array([[0, 5], [0, 0]]),
         value=np.array([[0.0, 9.0], [0.0, 0.0]], np.float32),
     )
-    per_ep = lambda a, b: np.array([a, b])
+    per_row = lambda a, b: np.array([a, b])
     stacked = Results(
-        returns=per_ep([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]),
-        lengths=per_ep([1, 2, 3], [4, 5, 6]),
-        terminated=per_ep([1, 0, 0], [0, 1, 0]).astype(bool),
-        truncated=per_ep([0, 0, 0], [0, 0, 1]).astype(bool),
-        predict_calls=per_ep([1, 1, 1], [2, 2, 2]),
-        lanes=per_ep([0, 1, 0], [1, 0, 1]),
-        done=per_ep([1, 1, 0], [1, 0, 0]).astype(bool),
+        returns=per_row([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]),
+        lengths=per_row([1, 2, 3], [4, 5, 6]),
+        terminated=per_row([1, 0, 0], [0, 1, 0]).astype(bool),
+        truncated=per_row([0, 0, 0], [0, 0, 1]).astype(bool),
+        predict_calls=per_row([1, 1, 1], [2, 2, 2]),
+        lanes=per_row([1, 0, 0], [1, 0, 1]),
+        done=per_row([1, 1, 0], [1, 0, 0]).astype(bool),
         env_steps=np.array([6, 9]),
         policy_rows=np.array([16, 32]),
         fault=fault,
+        index=per_row([1, 0, 7], [0, 7, 7]),
+        rows=np.array([2, 1]),
     )
-    m = sharded.merge_results(stacked, capacity=3, lanes=2)
-    np.testing.assert_array_equal(m.returns, [1, 10, 2, 20, 3, 30])
-    np.testing.assert_array_equal(m.lengths, [1, 4, 2, 5, 3, 6])
-    np.testing.assert_array_equal(m.lanes, [0, 3, 1, 2, 0, 3])
-    np.testing.assert_array_equal(m.done, [1, 1, 1, 0, 0, 0])
+    m = sharded.merge_logs(stacked, lanes=2)
+    assert m.rows == 3
+    np.testing.assert_array_equal(m.index, [2, 0, 1])
+    np.testing.assert_array_equal(m.returns, [1, 2, 10])
+    np.testing.assert_array_equal(m.lengths, [1, 2, 4])
+    np.testing.assert_array_equal(m.lanes, [1, 0, 3])
     assert m.env_steps == 15 and m.policy_rows == 48
     np.testing.assert_array_equal(m.fault.kind, [0, 1, 0, 0])
     # Device 0's local episode 2 is episode 4.
@@ -351,10 +356,6 @@ def test_merge_interleaves_episodes_and_renumbers_lanes():
     }
 
 
-def test_device_shares_and_capacity():
+def test_device_shares():
     shares = sharded.device_seeds(np.arange(10), 4)
     assert [s.tolist() for s in shares] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
-    assert sharded.device_capacity(10, 4, lanes=8) == 4096
-    # Never the per-lane length, so the merge can tell the two apart.
-    assert sharded.device_capacity(10, 4, lanes=4096) == 8192
-    assert sharded.device_capacity(40_000, 4, lanes=8) == 16384

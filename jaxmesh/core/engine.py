@@ -21,11 +21,19 @@ per-lane state only, and an outer loop that writes the ended episodes'
 results and hands the next episodes over. Step by step the order is CONTRACT
 3's; the split keeps the result buffers out of the step every step runs.
 
-The compiled program never depends on the budget: the seeds and the result
-buffers have a static *capacity*, and the budget (how many of them are used) is
-data in the carry. ``Engine.run_segment`` advances up to S steps and stops as
-soon as the budget is done or a fault is seen; ``Engine.run`` runs to the end
-and is the pure function behind ``make_evaluator``.
+The segment program never depends on the budget, and neither do the
+buffers it carries or what the host reads after it: ``Engine.run_segment``
+advances up to S steps, writes the episodes that end into a *log* of
+``capacity`` rows (each row names its episode, ``Results.index``) and reads
+the seeds from a *window* of ``capacity + N`` of them starting at
+``Lanes.base``, which the host puts before each segment (``window``). It stops
+as soon as the budget is done, a fault is seen, or the log could not hold
+another step's ends; the host then copies the rows written into its own
+arrays, indexed by episode (``results.write``). ``capacity`` is sized by the
+lanes, so every budget runs on one program at the same cost per episode.
+``Engine.run`` runs a whole budget of ``capacity`` seeds in one call, with
+result buffers indexed by episode, and is the pure function behind
+``make_evaluator``.
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ DEFAULT_MAX_STEPS = 100_000
 #: step runs all N lanes in one batch anyway.
 RESET_TILE = 32
 
+#: The episode index a lane without an episode holds: above every budget.
+NO_EPISODE = np.iinfo(np.int32).max
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrialReset:
@@ -77,8 +88,8 @@ class TrialReset:
 class EngineConfig:
     """Static configuration: what the compiled program depends on.
 
-    ``capacity`` is the length of the seed and result buffers; any budget up to
-    it runs on the same program.
+    ``capacity``: the rows of a segment's log (``run_segment``; its seed
+    window holds ``capacity + N`` seeds), or the budget of ``run``.
     """
 
     capacity: int
@@ -135,16 +146,19 @@ class Lanes:
     key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode (at hand-over)
     env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
     env_state: Any
-    seeds: jax.Array  # [capacity]
-    budget: jax.Array  # () episodes to score (<= capacity)
+    #: [capacity + N] under ``run_segment``: the seeds of episodes ``base,
+    #: base + 1, ...`` (the segment's window); [capacity] under ``run``.
+    seeds: jax.Array
+    budget: jax.Array  # () episodes to score
+    base: jax.Array  # () the episode of ``seeds[0]`` (and of the trial indices')
     next_episode: jax.Array  # () next unstarted episode index
     n_done: jax.Array  # () episodes ended
     #: [N] per accumulator of ``EngineConfig.accumulators``: the reduction so
     #: far of the current episode's info values (empty without metrics).
     acc: tuple = ()
-    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the [capacity]
-    #: int32 trial index of each episode and the data the reset reads (empty
-    #: without).
+    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the int32 trial
+    #: index of each episode of the window (as ``seeds``) and the data the
+    #: reset reads (empty without).
     trials: tuple = ()
     #: [N] bool: the current episode's reset info had a non-zero success key
     #: (None unless ``EngineConfig.success_at_reset``).
@@ -159,6 +173,7 @@ class Lanes:
 #: lane that begins none stays masked, as the zero lanes of a first carry are.
 GIVEN = (
     "seeds",
+    "base",
     "budget",
     "episode",
     "start",
@@ -184,21 +199,28 @@ def env_stream(keys: jax.Array) -> jax.Array:
     return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
 
 
-def _first_lanes(xp, n: int, capacity: int, budget: Any) -> dict:
+def window_size(config: EngineConfig) -> int:
+    """The seeds a segment's window holds: ``capacity + N``. A segment hands
+    over at most ``capacity`` episodes (its log's rows), and the lanes that
+    begin one on its first step took it at most N episodes before."""
+    return config.capacity + config.agent.num_envs
+
+
+def _first_lanes(xp, n: int, budget: Any) -> dict:
     """Lane bookkeeping at the start of a run: lane j starts episode j (CONTRACT 3).
 
     Every lane is reset on the first step, so that a masked lane (j >= budget)
     steps a valid env state (seed 0) that is never scored. Written once for
     numpy (the host builds the first carry without compiling) and jax.numpy
     (``Engine.run`` builds it under trace). Lanes without an episode hold
-    ``capacity``, an index no result buffer has.
+    ``NO_EPISODE``.
     """
     # Every lane is free and none has started: lane j takes episode j.
     start, episode, next_episode = rules.next_episodes(
         xp, xp.ones((n,), bool), 0, budget
     )
     return {
-        "episode": xp.where(start, episode, capacity).astype(xp.int32),
+        "episode": xp.where(start, episode, NO_EPISODE).astype(xp.int32),
         "start": xp.ones((n,), bool),
         "next_episode": xp.asarray(next_episode).astype(xp.int32),
     }
@@ -242,10 +264,14 @@ class Engine:
         )
 
     # The first carry ----------------------------------------------------------
-    def _zero_carry(self) -> Carry:
-        """A carry of the right shapes; ``begin`` fills what a lane reads."""
+    def _zero_carry(self, log: bool = True) -> Carry:
+        """A carry of the right shapes; ``begin`` fills what a lane reads.
+
+        ``log``: a segment's (a seed window and a log); else ``run``'s
+        (seeds and results indexed by episode)."""
         cfg = self.config
         n = cfg.agent.num_envs
+        seeds = window_size(cfg) if log else cfg.capacity
         key0 = jax.random.PRNGKey(0)  # under eval_shape: traced, never run
         obs, env_state = self.env.reset(key0)
         lanes_of = lambda tree: jax.tree.map(
@@ -260,8 +286,9 @@ class Engine:
             key=lanes_of(key0),
             env_key=lanes_of(key0),
             env_state=lanes_of(env_state),
-            seeds=jnp.zeros((cfg.capacity,), jnp.int32),
+            seeds=jnp.zeros((seeds,), jnp.int32),
             budget=jnp.int32(0),
+            base=jnp.int32(0),
             next_episode=jnp.int32(0),
             n_done=jnp.int32(0),
             acc=tuple(
@@ -271,7 +298,7 @@ class Engine:
             trials=()
             if cfg.trials is None
             else (
-                jnp.zeros((cfg.capacity,), jnp.int32),
+                jnp.zeros((seeds,), jnp.int32),
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cfg.trials.data),
             ),
             reset_success=jnp.zeros((n,), bool) if cfg.success_at_reset else None,
@@ -284,6 +311,7 @@ class Engine:
             success=cfg.success is not None,
             has_success=False,  # every episode of a JAX env has the signal
             at_reset=cfg.success_at_reset,
+            log=log,
         )
         if cfg.record_slots:
             res = res.replace(
@@ -394,22 +422,18 @@ class Engine:
     ) -> Carry:
         """``carry`` with a run's own values (host arrays) in ``GIVEN`` and
         ``AGENT_GIVEN`` and the recorded episodes; see ``first_carry``."""
-        cap, n = self.config.capacity, self.config.agent.num_envs
+        n = self.config.agent.num_envs
         budget = np.int32(seeds.size)
-        padded = np.zeros((cap,), np.int32)
-        padded[: seeds.size] = seeds
+        trial_of = None if trials is None else trials[0]
         lanes = carry.lanes.replace(
-            seeds=padded,
             budget=budget,
             active=np.zeros((n,), bool),
             n_done=np.int32(0),
-            **_first_lanes(np, n, cap, budget),
+            **_first_lanes(np, n, budget),
         )
         if self.config.trials is not None:
-            trial_of, data = trials
-            padded_trials = np.zeros((cap,), np.int32)  # masked lanes: trial 0
-            padded_trials[: seeds.size] = trial_of
-            lanes = lanes.replace(trials=(padded_trials, data))
+            lanes = lanes.replace(trials=(None, trials[1]))
+        lanes = self.with_window(lanes, self.window(seeds, 0, trial_of))
         ag = carry.agent.replace(fresh=np.zeros((n,), bool), rows=np.int32(0))
         if self.config.agent.texts:
             ag = ag.replace(texts=texts)
@@ -425,6 +449,42 @@ class Engine:
             carry = carry.replace(results=carry.results.replace(recording=rec))
         return carry
 
+    def window(
+        self, seeds: np.ndarray, next_episode: int, trial_of: Any = None
+    ) -> dict:
+        """The window of a segment that starts with ``next_episode`` as the
+        next unstarted episode (host arrays): ``base = max(0, next_episode -
+        N)``, and the seeds (and, with ``config.trials``, the trial indices)
+        of episodes ``base, base + 1, ...``, zero past the budget. Host work
+        and transfer proportional to the lanes, never to the budget.
+
+        Args:
+          seeds: the whole budget's seeds (host).
+          next_episode: the lanes' ``next_episode`` (read by the host).
+          trial_of: each episode's trial index (host), with ``config.trials``.
+        """
+        size = window_size(self.config)
+        base = max(0, int(next_episode) - self.config.agent.num_envs)
+
+        def cut(values):  # masked lanes read seed 0 (trial 0) past the budget
+            out = np.zeros((size,), np.int32)
+            part = np.asarray(values)[base : base + size]
+            out[: part.size] = part
+            return out
+
+        out = {"seeds": cut(seeds), "base": np.int32(base)}
+        if self.config.trials is not None:
+            out["trial_of"] = cut(trial_of)
+        return out
+
+    @staticmethod
+    def with_window(lanes: Lanes, window: dict) -> Lanes:
+        """``lanes`` with a ``window`` (host or placed arrays) in them."""
+        lanes = lanes.replace(seeds=window["seeds"], base=window["base"])
+        if "trial_of" in window:
+            lanes = lanes.replace(trials=(window["trial_of"], lanes.trials[1]))
+        return lanes
+
     # The step -----------------------------------------------------------------
     def _begin(self, lanes: Lanes, ag: agent.AgentState):
         """Resets the lanes in ``lanes.start``; those with an episode begin it.
@@ -437,7 +497,6 @@ class Engine:
         for lanes that do not start) and the lanes that begin an episode.
         """
         cfg = self.config
-        cap = cfg.capacity
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
         abstract_key = jax.ShapeDtypeStruct((2,), jnp.uint32)
@@ -448,7 +507,7 @@ class Engine:
 
         def body(rows, c):
             env_key, env_state, obs, at_reset = c
-            episode = jnp.clip(rows.take(lanes.episode), 0, cap - 1)
+            episode = rows.take(lanes.episode)
             k = rows.take(lanes.key)  # set at the hand-over (_inner)
             at = rows.put
             if cfg.success_at_reset:  # never with trials (build.py)
@@ -494,13 +553,14 @@ class Engine:
     def _reset(self, lanes: Lanes, keys: jax.Array, episodes: jax.Array):
         """The reset of a tile of lanes starting ``episodes`` with these keys:
         ``env.reset(key)``, or with ``config.trials`` its reset from each
-        episode's trial index."""
+        episode's trial index (read from the window at ``lanes.base``)."""
         trials = self.config.trials
         if trials is None:
             return jax.vmap(self.env.reset)(keys)
         trial_of, data = lanes.trials
+        at = jnp.clip(episodes - lanes.base, 0, trial_of.shape[0] - 1)
         reset = jax.vmap(trials.reset, in_axes=(0, 0, None))
-        return reset(keys, trial_of[episodes], data)
+        return reset(keys, trial_of[at], data)
 
     # Recording ----------------------------------------------------------------
     def _record_obs(self, obs: Any) -> Any:
@@ -658,8 +718,8 @@ class Engine:
         no = jnp.zeros((n,), bool)
         res = carry.results
         lanes = carry.lanes
-        episode = jnp.clip(lanes.episode, 0, cfg.capacity - 1)
-        keys = rules.episode_keys(jnp, lanes.seeds[episode])
+        at = jnp.clip(lanes.episode - lanes.base, 0, lanes.seeds.shape[0] - 1)
+        keys = rules.episode_keys(jnp, lanes.seeds[at])
         lanes = lanes.replace(
             key=jnp.where(lanes.start[:, None], keys, lanes.key), seeds=None
         )
@@ -667,7 +727,7 @@ class Engine:
             lanes=lanes,
             agent=carry.agent,
             recording=res.recording,
-            record_done=res.done[res.recording.episodes]
+            record_done=self._recorded_done(res.recording, carry.lanes)
             if self.config.record_slots
             else None,
             fault=res.fault,
@@ -679,6 +739,14 @@ class Engine:
             truncated=no,
             scored=no,
         )
+
+    @staticmethod
+    def _recorded_done(rec: Any, lanes: Lanes) -> jax.Array:
+        """[R] bool: each recorded episode has ended (it was handed over and
+        no lane runs it or is about to begin it), so no step writes to it."""
+        held = (lanes.active | lanes.start)[None, :]
+        running = jnp.any((rec.episodes[:, None] == lanes.episode[None, :]) & held, 1)
+        return (rec.episodes < lanes.next_episode) & ~running
 
     def _core(self, params: Any, c: Inner) -> Inner:
         """One env step of every active lane: plan and replay, the env step,
@@ -759,9 +827,15 @@ class Engine:
             if cfg.reads_info:
                 extra["metrics"], success = self._episode_metrics(lanes, lanes.t)
                 extra.update(success)
+            at = jnp.where(c.scored, lanes.episode, cfg.capacity)
+            if res.rows is not None:  # a segment's log: the next free rows
+                rank = jnp.cumsum(c.scored, dtype=jnp.int32) - 1
+                at = jnp.where(c.scored, res.rows + rank, cfg.capacity)
+                extra["index"] = lanes.episode
+                res = res.replace(rows=res.rows + jnp.sum(c.scored, dtype=jnp.int32))
             res = results.record(
                 res,
-                jnp.where(c.scored, lanes.episode, cfg.capacity),
+                at,
                 returns=lanes.ret,
                 lengths=lanes.t,
                 terminated=c.terminated,
@@ -823,6 +897,11 @@ class Engine:
         def steps_left(steps):
             return jnp.bool_(True) if max_steps is None else steps < max_steps
 
+        def room(res):  # a segment's log holds another step's ends
+            if res.rows is None:
+                return jnp.bool_(True)
+            return res.rows + self.config.agent.num_envs <= self.config.capacity
+
         def outer_cond(o):
             steps, go_on, carry = o
             return (
@@ -830,6 +909,7 @@ class Engine:
                 & go_on
                 & (carry.lanes.n_done < carry.lanes.budget)
                 & no_fault(carry.results.fault)
+                & room(carry.results)
             )
 
         # A lane running or starting an episode: under vmap (a population), a
@@ -864,10 +944,12 @@ class Engine:
     def _run_segment(
         self, params: Any, state: tuple, res: results.Results, max_steps: int
     ) -> tuple[tuple, results.Results]:
-        """Up to ``max_steps`` steps from ``state = (lanes, agent)``; stops at a
-        bad value (the host reports it) or a step event a hook refused (the
-        host raises the hook's exception after it)."""
-        carry = Carry(*state, res)
+        """Up to ``max_steps`` steps from ``state = (lanes, agent)`` (with the
+        window ``with_window`` put); stops at a bad value (the host reports
+        it), a step event a hook refused (the host raises the hook's exception
+        after it), or when the log is full. The log's rows start at 0:
+        ``res`` carries the run totals, the fault and the recording over."""
+        carry = Carry(*state, res.replace(rows=jnp.zeros_like(res.rows)))
         carry, _ = self._advance(params, carry, max_steps, stop_at_fault=True)
         return (carry.lanes, carry.agent), carry.results
 
@@ -877,11 +959,9 @@ class Engine:
         It does not stop at a bad value: with no host to report to, it scores
         the whole budget and returns the fault in ``Results.fault``.
         """
-        carry = self._zero_carry()
+        carry = self._zero_carry(log=False)
         budget = jnp.int32(self.config.capacity)
-        first = _first_lanes(
-            jnp, self.config.agent.num_envs, self.config.capacity, budget
-        )
+        first = _first_lanes(jnp, self.config.agent.num_envs, budget)
         carry = carry.replace(
             lanes=carry.lanes.replace(seeds=seeds, budget=budget, **first)
         )

@@ -213,6 +213,12 @@ class Results:
     has_success_at_reset: Any = None
     #: The recorded episodes' steps (``jaxmesh.Record``; None: none recorded).
     recording: Any = None
+    #: A segment's log (``Engine.run_segment``): [capacity] int32, the episode
+    #: index each row holds, and () int32, the rows written (the episodes
+    #: that ended in the segment). None: entry i is episode i (``Engine.run``,
+    #: the host's results).
+    index: Any = None
+    rows: Any = None
 
 
 #: The ``Results`` fields of the success signal (None when none is tracked).
@@ -243,6 +249,20 @@ def capacity_for(episodes: int) -> int:
     return max(MIN_CAPACITY, pow2_at_least(episodes))
 
 
+#: A segment's log (``Engine.run_segment``) holds this many rows per lane, and
+#: at least ``MIN_LOG_ROWS``: a segment stops early only when its lanes end
+#: episodes of under ``segment_steps / 32`` steps on average.
+LOG_ROWS_PER_LANE = 32
+MIN_LOG_ROWS = 1024
+
+
+def log_capacity(lanes: int) -> int:
+    """Rows of a segment's log for a program of ``lanes`` lanes: sized by the
+    lanes, never by the budget (one program and the same host reads per
+    segment for every budget)."""
+    return max(MIN_LOG_ROWS, pow2_at_least(LOG_ROWS_PER_LANE * lanes))
+
+
 #: Device bytes one episode holds in ``Results`` (its seed included).
 BYTES_PER_EPISODE = 4 + 4 + 1 + 1 + 4 + 4 + 1 + 4
 
@@ -255,14 +275,18 @@ def empty(
     success: bool = False,
     has_success: bool = True,
     at_reset: bool = False,
+    log: bool = False,
 ) -> Results:
     """Zeroed results for ``capacity`` episodes and ``num_envs`` lanes
     (``xp``: jax.numpy or numpy), with a buffer per ``(name, reduction)`` of
     ``metrics`` and the success buffers when ``success`` (``has_success``:
-    with per-episode presence masks; ``at_reset``: with the at-reset flags)."""
+    with per-episode presence masks; ``at_reset``: with the at-reset flags).
+    ``log``: a segment's log of ``capacity`` rows (``Results.index``)."""
     f = lambda dtype: xp.zeros((capacity,), dtype)
     i32 = lambda v: xp.asarray(v, xp.int32)
     return Results(
+        index=f(xp.int32) if log else None,
+        rows=i32(0) if log else None,
         returns=f(xp.float32),
         lengths=f(xp.int32),
         terminated=f(bool),
@@ -287,13 +311,13 @@ def empty(
     )
 
 
-def record(results: Results, index: jax.Array, **values: jax.Array) -> Results:
-    """Writes per-lane ``values`` at episode ``index`` (out of range: dropped).
+def record(results: Results, at: jax.Array, **values: jax.Array) -> Results:
+    """Writes per-lane ``values`` at entry ``at`` (out of range: dropped).
 
     A ``metrics`` value is a dict name -> per-lane values, written into the
     metric buffers of those names.
     """
-    put = lambda arr, v: arr.at[index].set(v.astype(arr.dtype), mode="drop")
+    put = lambda arr, v: arr.at[at].set(v.astype(arr.dtype), mode="drop")
     updates = {}
     for name, v in values.items():
         if name == "metrics":
@@ -301,6 +325,50 @@ def record(results: Results, index: jax.Array, **values: jax.Array) -> Results:
         else:
             updates[name] = put(getattr(results, name), v)
     return results.replace(**updates)
+
+
+def per_episode(res: Results) -> dict[str, Any]:
+    """The per-episode buffers of ``res`` by name (a metric as
+    ``metrics/<name>``): every leaf that a segment's log holds per row."""
+    out = {f: getattr(res, f) for f in EPISODE_FIELDS + ("done",)}
+    out.update({f"metrics/{k}": v for k, v in res.metrics.items()})
+    out.update({f: getattr(res, f) for f in SUCCESS_FIELDS})
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def book(log: Results, episodes: int) -> Results:
+    """Host results for a budget of ``episodes``, indexed by episode, shaped
+    after a segment's host ``log`` (its per-episode fields, zero; its run
+    totals, fault and recording as they are). ``write`` fills it in place."""
+    zero = {
+        k: np.zeros((episodes,), np.asarray(v).dtype)
+        for k, v in per_episode(log).items()
+    }
+    return replace_per_episode(log, zero).replace(index=None, rows=None)
+
+
+def replace_per_episode(res: Results, fields: dict[str, Any]) -> Results:
+    """``res`` with the ``per_episode`` buffers named in ``fields`` replaced."""
+    metrics = {k: fields.get(f"metrics/{k}", v) for k, v in res.metrics.items()}
+    plain = {k: v for k, v in fields.items() if not k.startswith("metrics/")}
+    return res.replace(metrics=metrics, **plain)
+
+
+def write(host: Results, log: Results) -> Results:
+    """Copies the rows of a segment's host ``log`` into ``host`` (``book``)
+    at their episodes, in place, and takes the log's run totals, fault and
+    recording. Host work proportional to the rows written."""
+    n = int(log.rows)
+    at = np.asarray(log.index)[:n]
+    into = per_episode(host)
+    for k, v in per_episode(log).items():
+        into[k][at] = np.asarray(v)[:n]
+    return host.replace(
+        env_steps=log.env_steps,
+        policy_rows=log.policy_rows,
+        fault=log.fault,
+        recording=log.recording,
+    )
 
 
 __all__ = [
@@ -312,6 +380,11 @@ __all__ = [
     "empty_recording",
     "empty",
     "capacity_for",
+    "log_capacity",
     "record",
+    "per_episode",
+    "book",
+    "replace_per_episode",
+    "write",
     "FAULT_NAMES",
 ]

@@ -22,6 +22,8 @@ from jaxmesh.execution import check_execution
 MAX_SEED = 2**31 - 1
 #: Env steps per scan segment between two host visits.
 DEFAULT_SEGMENT_STEPS = 256
+#: The most env steps one segment may run (its step counter is int32).
+MAX_SEGMENT_STEPS = 2**31 - 1
 #: Host bytes per episode of a ``RunResult`` (returns, lengths, seeds as int64,
 #: terminated, truncated, predict_calls, lanes) plus the copy read off the device.
 HOST_BYTES_PER_EPISODE = 4 + 4 + 8 + 1 + 1 + 4 + 4 + BYTES_PER_EPISODE
@@ -222,6 +224,14 @@ def check_settings(
     segment_steps = check_int(
         "segment_steps", segment_steps, 1, "env steps per scan segment"
     )
+    if segment_steps > MAX_SEGMENT_STEPS:  # the segment counts its steps in int32
+        raise ValueError(
+            f"segment_steps={segment_steps!r}: expected an int in [1, "
+            f"{MAX_SEGMENT_STEPS:,}] (env steps per scan segment, counted in int32 "
+            f"on the device); pass a smaller value, or leave the default "
+            f"{DEFAULT_SEGMENT_STEPS} (a segment also ends early when its episode "
+            "log fills, so larger values gain little)"
+        )
     delay = check_int(
         "delay", delay, 0, "steps between a plan's observation and its chunk's start"
     )

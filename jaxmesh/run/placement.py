@@ -2,8 +2,10 @@
 
 The evaluator has one loop (``jaxmesh.run.scan``); a placement is what differs
 between one device and several: how many lanes one program steps and how many
-episodes its buffers hold, how the segment program is compiled, where the first
-carry, the seeds and the params go, and how the results come back to the host.
+rows its log holds, how the segment program is compiled, where the first
+carry, each segment's seed window and the params go, and how a segment's log
+comes back to the host (``drain``: one read per segment, of a size set by the
+lanes, never by the budget).
 
 - ``SingleDevice``: the engine's own ``run_segment`` on the policy's device (or
   JAX's default).
@@ -24,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxmesh.core.results import Results, capacity_for
+from jaxmesh.core.results import Results, log_capacity
 from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
 from jaxmesh.run import build, sharded
 
@@ -62,10 +64,10 @@ class SingleDevice:
         return num_envs
 
     def capacity(self, episodes: int, num_envs: int) -> int:
-        """Result-buffer entries of the program a budget runs on (a bucket of
-        the budget: ``core.results.capacity_for``)."""
-        del num_envs
-        return capacity_for(episodes)
+        """Rows of a segment's log (``core.results.log_capacity``): set by the
+        lanes, so every budget runs on one program."""
+        del episodes
+        return log_capacity(num_envs)
 
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
         """The engine's segment, compiled for these params' shapes."""
@@ -107,20 +109,26 @@ class SingleDevice:
         """The params where the program reads them (the policy placed them)."""
         return params
 
-    def progress(self, state: Any, res: Results) -> tuple[int, np.ndarray]:
-        """(episodes finished, each lane's fault kind): one small read."""
-        n_done, faults = jax.device_get((state[0].n_done, res.fault.kind))
-        return int(n_done), faults
-
-    def partial(self, res: Results, plan: Any) -> Any:
-        """What a failure in the next segment keeps (read on demand)."""
+    def drain(self, state: Any, res: Results, plan: Any) -> tuple:
+        """After a segment, one read: ``(log, episodes finished, next
+        unstarted episode)``, the log a host ``Results`` whose recording
+        stays on the device (read at the run's end)."""
         del plan
-        return res
+        lanes = state[0]
+        log, n_done, next_episode = jax.device_get(
+            (res.replace(recording=None), lanes.n_done, lanes.next_episode)
+        )
+        return log.replace(recording=res.recording), int(n_done), next_episode
 
-    def to_host(self, res: Results, plan: Any) -> Results:
-        """The device results as one host ``Results`` in episode order."""
-        del plan
-        return jax.device_get(res)
+    def put_window(
+        self, engine: Any, state: Any, seeds: np.ndarray, next_episode: Any, trials
+    ) -> tuple:
+        """``state`` with the next segment's seed window (``Engine.window``) on
+        the device; ``trials``: the run's ``(trial_of, data)``, or None."""
+        lanes, ag = state
+        trial_of = None if trials is None else trials[0]
+        window = engine.window(seeds, int(next_episode), trial_of)
+        return engine.with_window(lanes, jax.device_put(window, self.device)), ag
 
 
 class DeviceMesh:
@@ -167,11 +175,10 @@ class DeviceMesh:
         return self.lanes_per_device
 
     def capacity(self, episodes: int, num_envs: int) -> int:
-        """Result-buffer entries per device (``sharded.device_capacity``)."""
-        del num_envs
-        return sharded.device_capacity(
-            episodes, self.num_devices, self.lanes_per_device
-        )
+        """Rows of each device's log (``core.results.log_capacity`` of its
+        lanes)."""
+        del episodes, num_envs
+        return log_capacity(self.lanes_per_device)
 
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
         """``shard_map`` of the engine's segment over the mesh, compiled for a
@@ -224,13 +231,18 @@ class DeviceMesh:
             trial_of, data = trials
             trial_shares = [(t, data) for t in sharded.device_seeds(trial_of, d_count)]
         host = host_device()
-        mine = [
-            (
-                dev,
-                jax.device_get(
-                    engine.first_carry(shares[d], host, None, trial_shares[d], texts)
-                ),
+        carry = self._stack(
+            lambda d: jax.device_get(
+                engine.first_carry(shares[d], host, None, trial_shares[d], texts)
             )
+        )
+        return (carry.lanes, carry.agent), carry.results
+
+    def _stack(self, build: Any) -> Any:
+        """Host pytrees ``build(d)`` of this process's devices, placed on them
+        and stacked along the mesh axis (each process places its own)."""
+        mine = [
+            (dev, build(d))
             for d, dev in enumerate(self.mesh.devices.flat)
             if dev.process_index == jax.process_index()
         ]
@@ -243,8 +255,7 @@ class DeviceMesh:
             ]
             return jax.make_array_from_single_device_arrays(shape, self._split, placed)
 
-        carry = jax.tree.map(one, *(carry for _, carry in mine))
-        return (carry.lanes, carry.agent), carry.results
+        return jax.tree.map(one, *(tree for _, tree in mine))
 
     def keep(self, engine: Any, state: Any) -> None:
         """Nothing kept: every run places its devices' carries anew."""
@@ -254,29 +265,35 @@ class DeviceMesh:
         """The params replicated on every device of the mesh."""
         return sharded.put(params, self._whole)
 
-    def progress(self, state: Any, res: Results) -> tuple[int, np.ndarray]:
-        """(episodes finished on all devices, every lane's fault kind).
+    def drain(self, state: Any, res: Results, plan: Any) -> tuple:
+        """After a segment, one read of every device's log, merged into one
+        (``sharded.merge_logs``): ``(log, episodes finished on all devices,
+        each device's next unstarted episode)``.
 
         Every process reads the same values, so all take the same branch of
         the loop (and make the same collectives).
         """
-        n_done, faults = sharded.to_host((state[0].n_done, res.fault.kind), self.mesh)
-        return int(np.sum(n_done)), faults
-
-    def partial(self, res: Results, plan: Any) -> Any:
-        """What a failure in the next segment keeps: the device results, merged
-        when read. Over several processes None (keep the last read): reading
-        is a collective, and a process that failed alone would wait for its
-        peers forever."""
-        if self.mesh.is_multi_process:
-            return None
-        return sharded.Merged(res, plan.capacity, plan.lanes)
-
-    def to_host(self, res: Results, plan: Any) -> Results:
-        """Every device's results, read back whole and merged in episode order."""
-        return sharded.merge_results(
-            sharded.to_host(res, self.mesh), plan.capacity, plan.lanes
+        lanes = state[0]
+        log, n_done, next_episode = sharded.to_host(
+            (res, lanes.n_done, lanes.next_episode), self.mesh
         )
+        return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
+
+    def put_window(
+        self, engine: Any, state: Any, seeds: np.ndarray, next_episode: Any, trials
+    ) -> tuple:
+        """``state`` with each device's next seed window (``Engine.window`` of
+        its share of the budget), stacked along the mesh axis."""
+        lanes, ag = state
+        d_count = self.num_devices
+        shares = sharded.device_seeds(seeds, d_count)
+        trial_shares = [None] * d_count
+        if trials is not None:
+            trial_shares = sharded.device_seeds(trials[0], d_count)
+        window = self._stack(
+            lambda d: engine.window(shares[d], int(next_episode[d]), trial_shares[d])
+        )
+        return engine.with_window(lanes, window), ag
 
 
 def placement_for(

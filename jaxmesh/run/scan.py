@@ -6,9 +6,9 @@ the served-only options once (``backend.check_served_options``), and hands a
 host-stepped or served env to ``jaxmesh.run.host``. A JAX env runs on an
 ``Evaluator``: it owns one (policy, env, settings), a placement (one device or
 a mesh of devices, ``jaxmesh.run.placement``) and the programs compiled for it,
-keyed on everything that changes the program: the params' shapes and the
-result-buffer capacity (a bucket of the budget). Each run's sizes are planned
-once (``jaxmesh.run.plan``). ``evaluate`` keeps a few evaluators
+keyed on everything that changes the program: the params' shapes (and the rows
+of a segment's episode log, set by the lanes: never the budget). Each run's
+sizes are planned once (``jaxmesh.run.plan``). ``evaluate`` keeps a few evaluators
 (``cache_info()``, ``clear_cache()``) so that calling it again with the same
 policy object, env and settings compiles nothing.
 """
@@ -20,9 +20,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from jaxmesh import suite as suite_mod
+from jaxmesh.core import results as core_results
 from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.results import empty
@@ -64,9 +66,8 @@ class _Program(NamedTuple):
 class Evaluator:
     """A policy, an env and settings, with the programs compiled for them.
 
-    Hold one to run several budgets or params without compiling again; a new
-    budget in the same capacity bucket (``core.results.capacity_for``: 4096 episodes
-    and under share one) or new params of the same shapes reuse the program.
+    Hold one to run several budgets or params without compiling again: every
+    budget, and new params of the same shapes, reuse the program.
 
     Where the lanes run is the evaluator's placement (``self.placement``,
     ``jaxmesh.run.placement``): one device, or with ``devices=`` a mesh of
@@ -388,9 +389,12 @@ class Evaluator:
     def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``.
 
-        The placement puts the carry and the params where the program reads
-        them and reads the results back; the loop is the same on one device and
-        on a mesh.
+        The placement puts the carry, each segment's seed window and the params
+        where the program reads them and reads each segment's log back; the
+        host copies the log's rows into its own arrays, indexed by episode
+        (``core.results.write``). What a segment carries and the host reads is
+        sized by the lanes, never by the budget. The loop is the same on one
+        device and on a mesh.
         """
         place, plan, rec = self.placement, program.plan, self._run_record
         place.check_same_everywhere(seeds_arr, params)
@@ -404,29 +408,34 @@ class Evaluator:
             )
             params = place.put_params(params)
         e = seeds_arr.size
+        book = None
         k = 0
         while True:
             # A segment's span runs from its dispatch to the sync that reads its
-            # counters (the device's work lies in between).
+            # log (the device's work lies in between).
             with span("segment", "run", index=k):
                 state, res = program.segment(params, state, res)
-                # Not donated: these results survive a failure in the next one.
-                latest = place.partial(res, plan)
-                if latest is not None:
-                    episodes_out.latest = latest
-                self._run_steps.raise_error()  # an on_step hook raised: it ends
-                n_done, faults = place.progress(state, res)
+                log, n_done, next_episode = place.drain(state, res, plan)
+            with span("host sync", "run"):
+                book = core_results.write(
+                    core_results.book(log, e) if book is None else book, log
+                )
+            # What a failure from here on keeps (the recording still on the
+            # device: the results passed to a segment are not donated).
+            episodes_out.latest = book
+            self._run_steps.raise_error()  # an on_step hook raised: it ends
             k += 1
             finished = n_done >= e
-            if episodes_out.wants_episodes or finished or np.any(faults):
-                with span("host sync", "run"):
-                    host = place.to_host(res, plan)
+            if episodes_out.wants_episodes or finished or np.any(book.fault.kind):
                 with span("hooks", "run"):
-                    episodes_out.update(host)
-                episodes_out.check_fault(host)
+                    episodes_out.update(book)
+                episodes_out.check_fault(book)
                 if finished:
                     place.keep(program.engine, state)
-                    return host
+                    return jax.device_get(book)
+            state = place.put_window(
+                program.engine, state, seeds_arr, next_episode, self._run_trials
+            )
 
 
 class ShardedEvaluator(Evaluator):

@@ -12,15 +12,15 @@ The D engines are one program: ``jax.shard_map`` over a one-axis mesh runs the
 engine's own ``run_segment`` on each device's slice of a carry stacked along a
 leading device axis. The carry is handled as a pytree (``jax.tree.map``), never
 field by field, so lane state added to the engine needs nothing here. After a
-segment the host merges the per-device results into one ``Results`` in episode
-order (``merge_results``). These are the mesh's mechanics; the evaluator's one
-loop (``jaxmesh.run.scan``) drives them through ``placement.DeviceMesh``.
+segment the host merges the devices' logs into one (``merge_logs``). These are
+the mesh's mechanics; the evaluator's one loop (``jaxmesh.run.scan``) drives
+them through ``placement.DeviceMesh``.
 
 Under ``jax.distributed`` the mesh may span several processes (docs/scale.md,
 "Many hosts"): every process runs the same calls, builds the first carry of its
 own devices only, places it (``jax.make_array_from_single_device_arrays``) and
-reads the whole result back with one all-gather per visit (``to_host``), so
-every process returns the same ``RunResult``.
+reads every device's log back with one all-gather per segment (``to_host``),
+so every process returns the same ``RunResult``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxmesh.core.results import Results, capacity_for, pow2_at_least
+from jaxmesh.core.results import Results, per_episode, replace_per_episode
 from jaxmesh.devices import mesh_size, resolve_mesh
 
 
@@ -54,17 +54,6 @@ def split_lanes(num_envs: int, devices: int) -> int:
             f"Pass a multiple of {devices} (e.g. {below} or {above})"
         )
     return num_envs // devices
-
-
-def device_capacity(episodes: int, devices: int, lanes: int) -> int:
-    """Result-buffer capacity per device for a budget split over ``devices``.
-
-    ``capacity_for`` of the largest share, raised above ``lanes`` when needed, so
-    that a per-episode buffer never has a per-lane buffer's length (the merge
-    tells them apart by shape) and the engine never clamps its lanes.
-    """
-    share = -(-episodes // devices)
-    return max(capacity_for(share), pow2_at_least(lanes + 1))
 
 
 def device_seeds(seeds: np.ndarray, devices: int) -> list[np.ndarray]:
@@ -136,43 +125,37 @@ def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
     return np.array([seeds.size, s, p], np.uint32)
 
 
-def merge_results(stacked: Results, capacity: int, lanes: int) -> Results:
-    """Per-device results (leading axis D) as one ``Results`` in episode order.
+def merge_logs(stacked: Results, lanes: int) -> Results:
+    """Every device's segment log (leading axis D, host arrays) as one log.
 
-    Device d's entry k is episode ``k * D + d``. Each leaf is read by shape:
-    ``[D, capacity, ...]`` per episode (interleaved into ``capacity * D``
-    entries), ``[D, lanes, ...]`` per lane (concatenated: device d's lane j is
-    lane ``d * lanes + j``), ``[D]`` a run total (summed). The two fields that
-    hold indices are renumbered: ``lanes`` (per episode) and ``fault.episode``.
+    Device d's rows come after device d - 1's; its local episode k is episode
+    ``k * D + d`` (``index``), its lane j is lane ``d * lanes + j`` (``lanes``
+    and per-lane leaves, concatenated), and ``fault.episode`` is renumbered
+    the same way; run totals and ``rows`` are summed.
 
     Args:
-      stacked: host ``Results`` whose leaves carry a leading device axis.
-      capacity: entries per device (``device_capacity``; never equal to lanes).
+      stacked: host ``Results`` logs whose leaves carry a leading device axis.
       lanes: lanes per device.
     """
-    d = np.asarray(stacked.done).shape[0]
+    rows = np.asarray(stacked.rows)
+    d = rows.shape[0]
     col = np.arange(d)[:, None]
-    stacked = stacked.replace(
-        lanes=np.asarray(stacked.lanes) + col * lanes,
-        fault=stacked.fault.replace(
-            episode=np.asarray(stacked.fault.episode) * d + col
-        ),
+    fields = per_episode(stacked)
+    fields["index"] = np.asarray(stacked.index) * d + col
+    fields["lanes"] = np.asarray(stacked.lanes) + col * lanes
+    merged = {
+        k: np.concatenate([np.asarray(v)[k_, : rows[k_]] for k_ in range(d)])
+        for k, v in fields.items()
+    }
+    fault = stacked.fault.replace(episode=np.asarray(stacked.fault.episode) * d + col)
+    per_lane = lambda x: np.asarray(x).reshape((d * lanes,) + np.shape(x)[2:])
+    total = lambda x: np.asarray(x).sum(dtype=np.int64)
+    return replace_per_episode(stacked, merged).replace(
+        rows=np.int64(rows.sum()),
+        fault=jax.tree.map(per_lane, fault),
+        env_steps=total(stacked.env_steps),
+        policy_rows=total(stacked.policy_rows),
     )
-
-    def one(x):
-        x = np.asarray(x)
-        if x.ndim == 1:
-            return x.sum(dtype=np.int64 if x.dtype.kind in "iub" else None)
-        if x.shape[1] == capacity:
-            return np.swapaxes(x, 0, 1).reshape((capacity * d,) + x.shape[2:])
-        if x.shape[1] == lanes:
-            return x.reshape((d * lanes,) + x.shape[2:])
-        raise ValueError(
-            f"a results leaf of shape {x.shape} is neither per episode "
-            f"({capacity}) nor per lane ({lanes}) on each of {d} devices"
-        )
-
-    return jax.tree.map(one, stacked)
 
 
 def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
@@ -234,21 +217,6 @@ def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
             "params from the same key in every process, or load the same "
             "checkpoint)"
         )
-
-
-class Merged:
-    """Device results that read back merged (``EpisodeStream.partial`` calls
-    ``jax.device_get`` on what it keeps; a pytree node does the merge)."""
-
-    def __init__(self, res: Results, capacity: int, lanes: int):
-        self.res, self.capacity, self.lanes = res, capacity, lanes
-
-
-jax.tree_util.register_pytree_node(
-    Merged,
-    lambda m: ((m.res,), (m.capacity, m.lanes)),
-    lambda aux, kids: merge_results(jax.device_get(kids[0]), *aux),
-)
 
 
 def shard_population(evaluator: Any, devices: Any = "all") -> Any:
@@ -323,10 +291,8 @@ __all__ = [
     "shard_population",
     "segment_program",
     "check_same_everywhere",
-    "Merged",
-    "merge_results",
+    "merge_logs",
     "split_lanes",
-    "device_capacity",
     "device_seeds",
     "fingerprint",
     "put",
