@@ -1492,8 +1492,7 @@ def load_resume(path: str | Path) -> Any:
     Raises:
       ConfigError: the file is missing, or is neither.
     """
-    from jaxmesh.run.results import RunResult
-    from jaxmesh.run.resume import LOG_KEY, load_episode_log
+    from jaxmesh.run.resume import LOG_KEY, load_episode_log, load_results
 
     p = _existing_file(
         path,
@@ -1526,7 +1525,7 @@ def load_resume(path: str | Path) -> Any:
             from jaxmesh.suite import SuiteResult
 
             return SuiteResult.from_dict(data)
-        return RunResult.from_dict(data)
+        return load_results(p)  # RunResult.from_dict, with each episode's line
     except (ValueError, OSError) as e:
         raise ConfigError(f"--resume {str(path)!r}: {e}") from e
 

@@ -392,9 +392,10 @@ def test_bad_compile_cache_switch_exits_2(tmp_path, capsys, monkeypatch):
 # Episode logs and --resume ------------------------------------------------------
 def episodes_of(path: Path) -> list[dict]:
     """A result JSON's episodes, less the lane each ran on (a resumed run deals
-    its episodes to lanes of its own; nothing else may differ)."""
+    its episodes to lanes of its own; nothing else may differ) and the checksum
+    (which covers the lane)."""
     eps = json.loads(path.read_text())["episodes"]
-    return [{k: v for k, v in ep.items() if k != "lane"} for ep in eps]
+    return [{k: v for k, v in ep.items() if k not in ("lane", "check")} for ep in eps]
 
 
 @pytest.fixture(scope="module")
@@ -433,7 +434,8 @@ def test_a_killed_run_resumed_from_its_episode_log_equals_an_uninterrupted_one(
     config = write_config(tmp_path, env=env, episodes=12)
     log = tmp_path / "r.episodes.jsonl"
     lines = text.splitlines()
-    assert len(lines) == 1 + 12 and '"jaxmesh_episode_log"' in lines[0]
+    # The run line, 12 episode lines, the totals line.
+    assert len(lines) == 1 + 12 + 1 and '"jaxmesh_episode_log"' in lines[0]
     # A run killed after 4 episodes, while writing the fifth line.
     log.write_text("\n".join(lines[:5]) + '\n{"episode": {"index": 4, "se')
     argv = ["eval", str(config), "--no-progress", "--resume", str(log)]
@@ -457,7 +459,8 @@ def test_resume_from_a_result_json_and_no_episode_log(tmp_path, capsys):
     log = tmp_path / "resumed.jsonl"
     argv = ["eval", str(config), "--no-progress", "--resume", str(earlier)]
     assert main(argv + ["--episode-log", str(log)]) == 0
-    want = [{k: v for k, v in ep.items() if k != "lane"} for ep in whole["episodes"]]
+    skip = ("lane", "check")  # as episodes_of
+    want = [{k: v for k, v in ep.items() if k not in skip} for ep in whole["episodes"]]
     assert episodes_of(tmp_path / "r.json") == want
     # The log holds the episodes run now: those the earlier result lacked.
     assert jaxmesh.load_episode_log(log).indices.tolist() == list(range(3, 8))
@@ -526,7 +529,7 @@ def test_a_new_run_starts_its_episode_log_afresh(tmp_path, capsys, earlier_run):
     assert main(["eval", str(config), "--no-progress"]) == 0
     assert "starting the episode log" in capsys.readouterr().err
     log = (tmp_path / "r.episodes.jsonl").read_text().splitlines()
-    assert len(log) == 1 + 12
+    assert len(log) == 1 + 12 + 1  # the run line, the episodes, the totals
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from jaxmesh.core.policy import Policy, output_chunk
 from jaxmesh.core.results import info_leaves
 from jaxmesh.explain import check_frame_limit
 from jaxmesh.record import observation_leaves, records_states
+from jaxmesh.run import identity
 from jaxmesh.run.checks import Metrics, resolve_metrics
 from jaxmesh.run.plan import (
     RunPlan,
@@ -65,9 +66,7 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
     probe = agent.make_config(
         env, policy, num_envs=PROBE_ROWS, horizon=1, lead=0, tile=PROBE_ROWS, chunk=None
     )
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
-    obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
-    action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
+    args = probe_args(env, params)
 
     def probe_out(params, obs, action, length):
         frames = agent.frames(probe, obs, action)
@@ -89,14 +88,27 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
         out, _ = policy.apply(params, inputs, keys, rstate)
         return out
 
-    shape_of = lambda length: jax.eval_shape(
-        lambda p, o, a: probe_out(p, o, a, length), abstract(params), obs, action
-    )
+    def shape_of(length: int) -> Any:
+        # Traced once, for the output's shape and for the run's identity (the
+        # program's digest, ``identity.policy_digest``): nothing runs eagerly.
+        fn = lambda p, o, a: probe_out(p, o, a, length)
+        closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
+        identity.note_program(policy, env, params, closed)
+        return out
+
     pending = adapt.pending_inputs(policy.spec)
     if not pending:
         return output_chunk(policy, shape_of(1), env, horizon, PROBE_ROWS)
     out = _probe_pending(policy, env, pending, shape_of)
     return output_chunk(policy, out, env, horizon, PROBE_ROWS)
+
+
+def probe_args(env: Any, params: Any) -> tuple:
+    """The abstract params, observation and action the probe traces with."""
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
+    obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
+    action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
+    return abstract(params), obs, action
 
 
 def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> Any:

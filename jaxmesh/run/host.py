@@ -46,7 +46,7 @@ from jaxmesh.record import (
     records_states,
 )
 from jaxmesh.run import agent as run_agent
-from jaxmesh.run import build, checks, instructions, stream
+from jaxmesh.run import build, checks, identity, instructions, stream
 from jaxmesh.run.backend import ServedOptions, positive_seconds
 from jaxmesh.run.loop import GroupedRun, LocalRun
 from jaxmesh.run.results import RunResult
@@ -825,6 +825,14 @@ def _run(
         "success_mode": success_mode,
         "instruction": instruction,
         **metrics.run_fields(),
+        # What resume= compares: digests of the env, the policy's program
+        # (kept by the probe of host_agent.program) and the params.
+        "fingerprint": identity.run_identity(
+            identity.host_env_digest(lanes),
+            identity.policy_digest(
+                host_agent.policy, host_agent.spec, params, settings.horizon
+            ),
+        ),
     }
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
     episodes_out = stream.EpisodeStream(

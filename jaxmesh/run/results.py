@@ -92,6 +92,30 @@ def _json_value(v: Any) -> float | bool | None:
     return None if math.isnan(v) else v
 
 
+def _record_issues(episodes: list, fingerprint: Any) -> list[tuple[int, int, str]]:
+    """``RunResult.record_issues`` of a dict's episode entries (nothing is
+    checked for a dict that records no run identity: ``resume=`` refuses it)."""
+    from jaxmesh.run import identity
+
+    if not isinstance(fingerprint, dict) or "policy" not in fingerprint:
+        return []
+    run = identity.identity_text(fingerprint)
+    issues: list[tuple[int, int, str]] = []
+    seen: dict[int, dict] = {}
+    for k, ep in enumerate(episodes):
+        index = int(ep["index"])
+        if "check" not in ep:
+            issues.append((k, index, "has no checksum"))
+        elif ep["check"] != identity.record_check(ep, run):
+            issues.append((k, index, "fails its checksum"))
+        if index in seen:
+            what = "same" if seen[index] == ep else "repeats it with other fields"
+            issues.append((k, index, what))
+        else:
+            seen[index] = ep
+    return issues
+
+
 #: The per-episode success flags besides the headline, as ``RunResult`` and
 #: ``EpisodeResult`` name them.
 SUCCESS_KINDS = ("success_once", "success_at_end", "success_at_reset")
@@ -399,9 +423,11 @@ def _loss_text(loss: dict) -> str:
     #: ``lanes``: lanes dropped, ``episodes_rerun``: the unfinished episodes
     #: run again from their seeds elsewhere). Empty when none was lost.
     server_losses: list[dict] = dataclasses.field(default_factory=list)
-    #: What ``evaluate(..., resume=)`` compares beyond the fields above
-    #: (``jaxmesh.run.resume.fingerprint``: ``max_episode_steps``, and the
-    #: params' digest on a failure's ``partial_result``); None: not recorded.
+    #: What ``evaluate(..., resume=)`` compares beyond the fields above: the
+    #: run's identity (``jaxmesh.run.identity``: digests of the ``env``, the
+    #: ``policy``'s traced program and the ``params``, ``max_episode_steps``,
+    #: the ``jax`` version); None: not recorded (a result written before runs
+    #: had one, which ``resume=`` refuses).
     fingerprint: dict | None = None
 
     @classmethod
@@ -747,6 +773,20 @@ def _loss_text(loss: dict) -> str:
 
         return format_table(self.telemetry)
 
+    def episode_records(self) -> list[dict]:
+        """Every episode's ``EpisodeResult.to_dict()`` with its ``check``: a
+        checksum over its fields and the run's ``fingerprint``
+        (``jaxmesh.run.identity.record_check``), which ``resume=`` verifies."""
+        from jaxmesh.run import identity
+
+        run = identity.identity_text(self.fingerprint)
+        out = []
+        for e in self.episodes:
+            d = e.to_dict()
+            d["check"] = identity.record_check(d, run)
+            out.append(d)
+        return out
+
     def to_dict(self) -> dict:
         """JSON-serialisable dict (settings, totals and every episode)."""
         return {
@@ -788,10 +828,20 @@ def _loss_text(loss: dict) -> str:
             "telemetry": self.telemetry,
             **({"server_losses": self.server_losses} if self.server_losses else {}),
             **({"fingerprint": self.fingerprint} if self.fingerprint else {}),
-            "episodes": [e.to_dict() for e in self.episodes],
+            "episodes": self.episode_records(),
             **({"recorded": self._recorded} if self._recorded is not None else {}),
             **({"videos": list(self.videos)} if self.videos else {}),
         }
+
+    @property
+    def record_issues(self) -> list[tuple[int, int, str]]:
+        """Of a result read by ``from_dict``: each episode entry that fails its
+        checksum (``episode_records``), or repeats an earlier entry's episode
+        with other fields, as ``(entry position, episode index, what)``; an
+        entry that repeats one exactly is listed with ``what`` ``"same"``.
+        ``resume=`` refuses a result with any but ``"same"``. Empty for a
+        result built otherwise."""
+        return list(getattr(self, "_record_issues", []))
 
     @classmethod
     def from_dict(cls, d: dict) -> RunResult:
@@ -892,6 +942,7 @@ def _loss_text(loss: dict) -> str:
             # The arrays live in an .npz file (load_trajectories); their index
             # is kept so that to_dict() writes it back.
             result._recorded_meta = d.get("recorded")
+            result._record_issues = _record_issues(episodes, d.get("fingerprint"))
             return result
         except (KeyError, TypeError, ValueError) as e:
             what = f"key {e}" if isinstance(e, KeyError) else str(e)

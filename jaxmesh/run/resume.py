@@ -14,12 +14,19 @@ indices, an env that declares ``trial_index`` gets the budget's index
 the earlier episodes and the new ones, by index.
 
 What must match, each refused with a ``ValueError`` naming it: the seeds of the
-episodes done (and a budget that holds them); ``max_episode_steps``; the params
-when both sides know them (``params_digest``: a result records it when its run
-failed, or when asked, as ``jaxmesh eval`` does); and, once the run has built
-its env and policy and before any episode starts, the policy's and the env's
-names, ``horizon``, ``prefetch_lead``, ``max_episode_seconds``, the metrics
-and ``success_mode``.
+episodes done (and a budget that holds them); ``max_episode_steps``; the params'
+digest; and, once the run has built its env and policy and before any episode
+starts, the policy's and the env's names and identities (``RunResult.fingerprint``,
+``jaxmesh.run.identity``: digests of the policy's traced program and of the
+env), ``horizon``, ``prefetch_lead``, ``max_episode_seconds``, the metrics and
+``success_mode``. A result that records no identity (written before runs had
+one) is refused: nothing shows its episodes came from this policy and env.
+
+Every episode record read from a file carries a checksum over its fields and
+the run's fingerprint (``identity.record_check``): a record that fails it, or
+two records of one episode that disagree, is refused naming the file line and
+the episode; two records that are the same count once. This catches accidents
+and edits by hand, not a forger (who can recompute the checksum).
 """
 
 from __future__ import annotations
@@ -28,17 +35,16 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxmesh.core.results import EPISODE_FIELDS
 from jaxmesh.execution import Ensemble
+from jaxmesh.run import identity
 from jaxmesh.run.checks import DEFAULT_SUCCESS_MODE
 from jaxmesh.run.results import SUCCESS_KINDS, RunResult, flags_array, headline
 
@@ -65,20 +71,14 @@ def _indices(indices: np.ndarray) -> Iterator[None]:
 
 def params_digest(params: Any) -> str | None:
     """A digest of params' structure, dtypes, shapes and values (None: no
-    params). Reads every leaf to the host once."""
-    if params is None:
-        return None
-    h = hashlib.blake2b(digest_size=16)
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        a = np.ascontiguousarray(jax.device_get(leaf))
-        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+    params): ``jaxmesh.run.identity.params_digest``."""
+    return identity.params_digest(params)
 
 
 def fingerprint(max_episode_steps: Any, params: Any = None, digest: bool = False):
-    """What ``resume`` compares beyond a result's own fields: the step cap and,
-    with ``digest``, the params' digest."""
+    """What ``resume`` compares beyond a result's own fields that only the
+    caller knows: the step cap and, with ``digest``, the params' digest. A run
+    adds its env's and policy's digests (``identity.run_identity``)."""
     out: dict = {"max_episode_steps": max_episode_steps}
     if digest:
         out["params"] = params_digest(params)
@@ -117,6 +117,39 @@ def _compare(done: RunResult, now: dict) -> None:
             raise _differs(what, before[what], value)
 
 
+_WHAT_CHANGED = {
+    "env": "its code, config or params changed (env_config, an env object built "
+    "with other params), or it is another env of that name",
+    "policy": "its code or a constant it closes over changed, or it is another "
+    "function or model of the same name",
+}
+
+
+def _compare_identity(done: RunResult, now: dict) -> None:
+    """Raises when this run's env or policy (``now``: its fingerprint) is not
+    the one the earlier run evaluated, though their names are alike."""
+    before = done.fingerprint or {}
+    for key in ("env", "policy"):
+        if before.get(key) == now.get(key):
+            continue
+        name = done.env if key == "env" else done.policy
+        text = (
+            f"resume=: the earlier run's {key} {name!r} is not this call's "
+            f"(digest {str(before.get(key))[:12]} before, "
+            f"{str(now.get(key))[:12]} now): {_WHAT_CHANGED[key]}"
+        )
+        if key == "policy" and before.get("jax") != now.get("jax"):
+            text += (
+                f" (the earlier run traced it with JAX {before.get('jax')}, this "
+                f"call with JAX {now.get('jax')}: another JAX version may trace "
+                "the same code to another program)"
+            )
+        raise ValueError(
+            text + f"; resume with the {key} the earlier run had, or start a new "
+            "run without resume= (jaxmesh eval: without --resume)"
+        )
+
+
 class _Check:
     """A hook that compares the run, once it is built, with the earlier one."""
 
@@ -133,6 +166,7 @@ class _Check:
         now["success_mode"] = info.get("success_mode")
         now["instruction"] = info.get("instruction")
         _compare(self.done, now)
+        _compare_identity(self.done, info.get("fingerprint") or {})
 
 
 class _Renumbered:
@@ -185,6 +219,14 @@ def missing_episodes(
         before_seed = int(done.seeds[wrong[0]])
         raise _differs(f"seed for episode {i}", before_seed, int(seeds[i]))
     before = done.fingerprint or {}
+    if "policy" not in before or "env" not in before:
+        raise ValueError(
+            "resume=: the earlier run records no identity of its policy and env "
+            "(a results file or episode log written by a jaxmesh older than run "
+            "identities, or a RunResult built by hand), so its episodes cannot "
+            "be shown to come from this policy and env; start a new run without "
+            "resume= (jaxmesh eval: without --resume)"
+        )
     cap = before.get("max_episode_steps", max_episode_steps)
     if cap != max_episode_steps:
         raise _differs("max_episode_steps", cap, max_episode_steps)
@@ -192,6 +234,66 @@ def missing_episodes(
         if before["params"] != digest:
             raise _differs("params (digest)", before["params"], digest)
     return np.setdiff1d(np.arange(seeds.size, dtype=np.int64), idx)
+
+
+def _where(done: RunResult, position: int) -> str:
+    """Where entry ``position`` of a result read from a file was: its file and
+    line when known, else its place in the result's episodes."""
+    lines = getattr(done, "_record_lines", None)
+    source = getattr(done, "_source", None)
+    if source is not None and lines is not None and position < len(lines):
+        return f"{source}:{lines[position]}"
+    return f"episodes[{position}]"
+
+
+def checked_records(done: RunResult) -> RunResult:
+    """``done`` with its episode records verified (``RunResult.record_issues``):
+    an entry that repeats another exactly is dropped.
+
+    Raises:
+      ValueError: naming the first entry that fails its checksum, lacks one,
+        or repeats an episode with other fields (its file line when known).
+    """
+    issues = done.record_issues
+    bad = [x for x in issues if x[2] != "same"]
+    if bad:
+        position, index, what = bad[0]
+        hint = (
+            "two records of one episode disagree: remove the wrong one"
+            if what.startswith("repeats")
+            else "a record edited by hand, or copied from another run, is not "
+            "resumed from: restore the earlier run's own record, or remove it "
+            "(its episode then runs again)"
+        )
+        raise ValueError(
+            f"resume=: {_where(done, position)}: the record of episode {index} "
+            f"{what}; {hint}"
+        )
+    if not issues:
+        return done
+    drop = {position for position, _, _ in issues}
+    keep = np.array([k for k in range(done.num_episodes) if k not in drop], np.int64)
+    return _select(done, keep)
+
+
+def _select(r: RunResult, keep: np.ndarray) -> RunResult:
+    """``r`` with only its entries at positions ``keep``."""
+    per = {f: np.asarray(getattr(r, f))[keep] for f in ("seeds", *EPISODE_FIELDS)}
+    kinds = {
+        kind: None if getattr(r, kind) is None else np.asarray(getattr(r, kind))[keep]
+        for kind in (*SUCCESS_KINDS, "success")
+    }
+    out = dataclasses.replace(
+        r,
+        indices=np.asarray(r.indices)[keep],
+        **per,
+        **kinds,
+        metrics={k: np.asarray(v)[keep] for k, v in r.metrics.items()},
+    )
+    for attr in ("_source", "_recorded_meta"):
+        if hasattr(r, attr):
+            setattr(out, attr, getattr(r, attr))
+    return out
 
 
 def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
@@ -262,20 +364,33 @@ def resumable(evaluate: Callable[..., RunResult]) -> Callable[..., RunResult]:
             digest = params_digest(_params_of(policy, kw.get("params")))
             args = {"policy": policy, "env": env, **kw}
             return run(wrapper, args, done, np.asarray(seeds, np.int64), digest)
-        steps = kw.get("max_episode_steps")
+        params = _params_of(policy, kw.get("params"))
+        fields = fingerprint(kw.get("max_episode_steps"), params, digest=True)
         try:
-            result = evaluate(policy, env, **kw)
+            with identity.evaluating(fields):
+                result = evaluate(policy, env, **kw)
         except BaseException as exc:
             partial = getattr(exc, "partial_result", None)
-            if isinstance(partial, RunResult) and partial.fingerprint is None:
-                params = _params_of(policy, kw.get("params"))
-                partial.fingerprint = fingerprint(steps, params, digest=True)
+            if isinstance(partial, RunResult):
+                partial.fingerprint = {**fields, **(partial.fingerprint or {})}
+                _flush_logs(kw.get("hooks"), partial, partial.episodes)
             raise
-        if result.fingerprint is None:
-            result.fingerprint = fingerprint(steps)
+        result.fingerprint = {**fields, **(result.fingerprint or {})}
         return result
 
     return wrapper
+
+
+def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
+    """A failed run's episode logs get the finished ``episodes`` that its
+    hooks had not heard of yet (an episode finished in the segment that
+    failed waits for the earlier ones), and ``result``'s totals: a log then
+    holds every episode the exception's ``partial_result`` holds."""
+    hooks = [] if hooks is None else hooks
+    for log in hooks if isinstance(hooks, list | tuple) else [hooks]:
+        if isinstance(log, EpisodeLog):
+            with contextlib.suppress(OSError):
+                log.flush(episodes, result)
 
 
 def _check_complete(done: RunResult, args: dict) -> None:
@@ -338,12 +453,15 @@ def run(
             "of their own"
         )
     missing = missing_episodes(done, seeds, args.get("max_episode_steps"), digest)
+    done = checked_records(done)
     user_hooks = args.get("hooks")
     user_hooks = [] if user_hooks is None else user_hooks
     if not isinstance(user_hooks, list | tuple):
         user_hooks = [user_hooks]
     if not missing.size:
         _check_complete(done, args)
+        # An empty run builds the env and probes the policy: their identity.
+        evaluate(**{**args, "episodes": 0, "seeds": None, "hooks": [_Check(done)]})
         result = dataclasses.replace(done)
         for h in user_hooks:
             if callable(getattr(h, "on_run_end", None)):
@@ -373,6 +491,8 @@ def run(
         partial = getattr(exc, "partial_result", None)
         if partial is not None:
             exc.partial_result = merge(done, partial, missing)
+            ran = [e._replace(index=int(missing[e.index])) for e in partial.episodes]
+            _flush_logs(user_hooks, exc.partial_result, ran)
         raise
     result = merge(done, new, missing)
     for h in user_hooks:
@@ -412,15 +532,21 @@ class EpisodeLog:
     goes on, and what a run finished survives whatever ends it.
 
     Each run start writes a ``run`` line (``{"jaxmesh_episode_log": 1, "run":
-    {...}, "fingerprint": {...}}``: the run's policy, env and settings); each
-    episode an ``{"episode": EpisodeResult.to_dict()}`` line; a lost server a
-    ``{"fault": ...}`` line. A resumed run appends to the same file.
-    ``load_episode_log`` reads it back as a ``RunResult`` for ``resume=``.
+    {...}, "fingerprint": {...}}``: the run's policy, env and settings, and its
+    identity: digests of the env, the policy's program and the params, and
+    ``max_episode_steps``); each episode an ``{"episode": {...}}`` line
+    (``EpisodeResult.to_dict()`` and ``check``, a checksum over its fields and
+    the run's fingerprint); a lost server a ``{"fault": ...}`` line; the end of
+    a run, or its failure, a ``{"totals": ...}`` line (the run's env steps,
+    policy rows and times, an earlier run's it resumed included). A failed
+    run's log holds every episode its exception's ``partial_result`` holds. A
+    resumed run appends to the same file. ``load_episode_log`` reads it back
+    as a ``RunResult`` for ``resume=``.
 
     Args:
       path: the file (created, or appended to).
-      params: the params evaluated (their digest goes in the run line, so that
-        a resume with other params is refused); None: not recorded.
+      params: the params evaluated (``evaluate`` records their digest itself;
+        this is for a log of runs made otherwise); None: not recorded here.
       max_episode_steps: the run's cap, recorded for the same check.
     """
 
@@ -428,6 +554,9 @@ class EpisodeLog:
         self.path = os.fspath(path)
         self.fp = fingerprint(max_episode_steps, params, digest=params is not None)
         self._file: Any = None
+        self._identity = identity.identity_text(self.fp)
+        #: The episode indices this log wrote (in this process).
+        self.written: set[int] = set()
 
     def _write(self, record: dict) -> None:
         if self._file is None:
@@ -443,15 +572,39 @@ class EpisodeLog:
 
     def on_run_start(self, info: dict) -> None:
         run_info = {k: info.get(k) for k in _RUN_KEYS}
-        self._write({LOG_KEY: 1, "run": run_info, "fingerprint": self.fp})
+        fp = {**self.fp, **(info.get("fingerprint") or {})}
+        self._identity = identity.identity_text(fp)
+        self._write({LOG_KEY: 1, "run": run_info, "fingerprint": fp})
 
     def on_episode_end(self, ep: Any) -> None:
-        self._write({"episode": ep.to_dict()})
+        d = ep.to_dict()
+        d["check"] = identity.record_check(d, self._identity)
+        self._write({"episode": d})
+        self.written.add(int(ep.index))
 
     def on_fault(self, info: dict) -> None:
         self._write({"fault": info})
 
+    def _totals(self, result: Any) -> None:
+        totals = {
+            k: getattr(result, k)
+            for k in ("env_steps", "policy_rows", "wall_time", "compile_time")
+        }
+        self._write({"totals": {**totals, "run_time": result.run_time}})
+
     def on_run_end(self, result: Any) -> None:
+        self._totals(result)
+        self.close()
+
+    def flush(self, episodes: list, result: Any) -> None:
+        """After a failure: writes the ``episodes`` not written yet (their
+        budget indices), then ``result``'s totals, and closes the file."""
+        if self._file is None and not self.written:
+            return  # the run never started: the log is left as it was
+        for ep in episodes:
+            if int(ep.index) not in self.written:
+                self.on_episode_end(ep)
+        self._totals(result)
         self.close()
 
     def close(self) -> None:
@@ -460,19 +613,36 @@ class EpisodeLog:
             self._file = None
 
 
+def _log_error(path: str, n: int, text: str) -> ValueError:
+    return ValueError(f"{path}:{n}: {text}")
+
+
 def load_episode_log(path: Any) -> RunResult:
     """The episodes of an episode log (``EpisodeLog``) as a ``RunResult``, by
-    index, for ``evaluate(..., resume=)``; its settings are the first run
-    line's. A line cut short (a run killed while writing it: the file's last,
-    or the last before a resumed run's) is skipped.
+    index, for ``evaluate(..., resume=)``; its settings and identity are the
+    first run line's. A line cut short (a run killed while writing it: the
+    file's last, or the last before a resumed run's) is skipped. Every episode
+    line is checked against its checksum and its run's identity; two lines of
+    one episode that are equal count once.
+
+    Totals: the last ``totals`` line's, plus, for episodes after it (a run
+    killed before it wrote one), their lengths as env steps and their plans
+    (``predict_calls``) as policy rows (a lower bound: the padding of plan
+    tiles and the unfinished episodes' work are not known).
 
     Raises:
-      ValueError: not an episode log, or runs of other settings in one file.
+      ValueError: not an episode log; runs of other settings or identities in
+        one file; an episode line that fails its checksum, or two lines of one
+        episode that disagree (naming the file line and the episode).
     """
     path = os.fspath(path)
     runs: list[dict] = []
-    episodes: dict[int, dict] = {}
+    episodes: dict[int, tuple[int, dict]] = {}
     faults: list[dict] = []
+    totals: dict | None = None
+    after: list[dict] = []  # the episodes after the last totals line
+    run_identity = ""
+    checked = False
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     for n, line in enumerate(lines, 1):
@@ -488,12 +658,53 @@ def load_episode_log(path: Any) -> RunResult:
                 f"{path}:{n} is not JSON; an episode log (jaxmesh.EpisodeLog, "
                 "jaxmesh eval --episode-log) holds one JSON object per line"
             ) from None
+        if not isinstance(rec, dict):
+            raise _log_error(
+                path, n, "not a JSON object; an episode log holds one per line"
+            )
         if LOG_KEY in rec:
+            fp = rec.get("fingerprint") or {}
+            if runs and _identity_of(fp) != _identity_of(runs[0].get("fingerprint")):
+                raise _log_error(
+                    path,
+                    n,
+                    "this run line's identity (env, policy, params, "
+                    "max_episode_steps) is not the first run line's; one log "
+                    "holds one run and its resumptions: split the file",
+                )
             runs.append(rec)
+            run_identity = identity.identity_text(fp)
+            checked = "policy" in fp and "env" in fp
         elif "episode" in rec and runs:
-            episodes[int(rec["episode"]["index"])] = rec["episode"]
+            ep = rec["episode"]
+            index = int(ep["index"])
+            if checked and ep.get("check") != identity.record_check(ep, run_identity):
+                what = "has no checksum" if "check" not in ep else "fails its checksum"
+                raise _log_error(
+                    path,
+                    n,
+                    f"the record of episode {index} {what} (its fields or its "
+                    "run's identity were changed); a record edited by hand, or "
+                    "copied from another run, is not resumed from: restore the "
+                    "run's own line, or remove it (its episode then runs again)",
+                )
+            if index in episodes:
+                first_line, first = episodes[index]
+                if first != ep:
+                    raise _log_error(
+                        path,
+                        n,
+                        f"episode {index} is also on line {first_line} with other "
+                        "fields; two records of one episode disagree: remove "
+                        "the wrong one",
+                    )
+                continue  # the same record twice: once
+            episodes[index] = (n, ep)
+            after.append(ep)
         elif "fault" in rec:
             faults.append(rec["fault"])
+        elif "totals" in rec:
+            totals, after = rec["totals"], []
     if not runs:
         raise ValueError(
             f"{path} has no run line; expected an episode log written by "
@@ -509,7 +720,8 @@ def load_episode_log(path: Any) -> RunResult:
                     f"{other['run'].get(key)!r}; one log holds one run (and its "
                     "resumptions)"
                 )
-    eps = [episodes[i] for i in sorted(episodes)]
+    eps = [episodes[i][1] for i in sorted(episodes)]
+    base = totals or {}
     d = {
         "policy": first.get("policy") or "",
         "env": first.get("env") or "",
@@ -532,18 +744,55 @@ def load_episode_log(path: Any) -> RunResult:
             "success_mode": first.get("success_mode") or "end",
         },
         "totals": {
-            "env_steps": sum(int(e["length"]) for e in eps),
-            "policy_rows": 0,
+            "env_steps": int(base.get("env_steps", 0))
+            + sum(int(e["length"]) for e in after),
+            "policy_rows": int(base.get("policy_rows", 0))
+            + sum(int(e["predict_calls"]) for e in after),
             "steps_per_second": 0.0,
-            "wall_time": 0.0,
-            "compile_time": 0.0,
-            "run_time": 0.0,
+            "wall_time": float(base.get("wall_time", 0.0)),
+            "compile_time": float(base.get("compile_time", 0.0)),
+            "run_time": float(base.get("run_time", 0.0)),
         },
-        "episodes": eps,
+        # Checked above, line by line: from_dict checks nothing again.
+        "episodes": [{k: v for k, v in e.items() if k != "check"} for e in eps],
         "server_losses": faults,
         "fingerprint": runs[0].get("fingerprint"),
     }
-    return RunResult.from_dict(d)
+    result = RunResult.from_dict({**d, "fingerprint": None})
+    result.fingerprint = d["fingerprint"]
+    return result
+
+
+def _identity_of(fp: Any) -> tuple:
+    fp = fp if isinstance(fp, dict) else {}
+    return tuple(fp.get(k) for k in ("env", "policy", "params", "max_episode_steps"))
+
+
+def load_results(path: Any) -> RunResult:
+    """A results JSON (``RunResult.to_dict``, the output of ``jaxmesh eval``)
+    read for ``resume=``: ``RunResult.from_dict`` with each episode entry's
+    file line, so that a refused record is named by its line.
+
+    Raises:
+      ValueError: not a result JSON (``from_dict``'s errors).
+    """
+    path = os.fspath(path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    result = RunResult.from_dict(json.loads(text))
+    result._source = path
+    # Each entry's line: where its "index" key is, in order, after "episodes".
+    start = text.find('"episodes"')
+    lines = []
+    if start >= 0:
+        pos = start
+        for _ in range(result.num_episodes):
+            pos = text.find('"index"', pos + 1)
+            if pos < 0:
+                break
+            lines.append(text.count("\n", 0, pos) + 1)
+    result._record_lines = lines
+    return result
 
 
 __all__ = [
@@ -553,6 +802,8 @@ __all__ = [
     "episode_indices",
     "params_digest",
     "fingerprint",
+    "checked_records",
+    "load_results",
     "missing_episodes",
     "merge",
     "run",

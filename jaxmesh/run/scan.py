@@ -36,6 +36,7 @@ from jaxmesh.run import (
     backend,
     build,
     checks,
+    identity,
     initial,
     instructions,
     placement,
@@ -325,6 +326,12 @@ class Evaluator:
             "trial_index_base": trial_index_base,
             "success_mode": success_mode,
             "instruction": instruction,
+            # What resume= compares: digests of the env, the policy's program
+            # (kept by the probe of self.plan) and the params.
+            "fingerprint": identity.run_identity(
+                identity.env_digest(self.env),
+                identity.policy_digest(pol, self.env, params, s.horizon),
+            ),
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
@@ -408,7 +415,7 @@ class Evaluator:
             )
             params = place.put_params(params)
         e = seeds_arr.size
-        book = None
+        book, base = None, 0  # the first carry's window starts at episode 0
         k = 0
         while True:
             # A segment's span runs from its dispatch to the sync that reads its
@@ -433,8 +440,8 @@ class Evaluator:
                 if finished:
                     place.keep(program.engine, state)
                     return jax.device_get(book)
-            state = place.put_window(
-                program.engine, state, seeds_arr, next_episode, self._run_trials
+            state, base = place.put_window(
+                program.engine, state, base, seeds_arr, next_episode, self._run_trials
             )
 
 

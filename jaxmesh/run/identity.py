@@ -1,0 +1,239 @@
+"""A run's identity: digests of the policy, its params and the env, and the
+checksum that binds each episode record to them.
+
+``resume=`` merges an earlier run's episodes only when they were scored by the
+same policy on the same env. Names do not prove that (two functions called
+``act``), so a run records digests of what it evaluates:
+
+- ``policy``: the policy's traced program (its jaxpr on the inputs it is
+  called with, constants closed over included), so that editing its code or a
+  constant it closes over changes it. Traced once per policy and input shapes,
+  at the shape probe every run makes anyway (``build.probe_chunk``).
+- ``params``: the params' structure, dtypes, shapes and values.
+- ``env``: a JAX env's name and the traced programs of its ``reset`` and
+  ``step`` (its params and config are constants of them); a host-stepped env's
+  name, spaces and (gymnasium) registration kwargs.
+
+``record_check`` is a checksum over one episode's fields and the run's
+identity: a record edited by hand, or moved to another run's file, fails it.
+It protects against accidents, not against a forger (who can recompute it).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+#: The fingerprint keys of a run's identity, in the order ``resume`` compares
+#: them (an env's difference also changes the policy program's input shapes).
+IDENTITY_KEYS = ("env", "policy", "params")
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_CACHE_SIZE = 64
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+def _leaf_bytes(h: Any, leaf: Any) -> None:
+    try:
+        a = np.asarray(jax.device_get(leaf))
+    except Exception:  # not an array (a key, an opaque object): its repr
+        h.update(_ADDRESS.sub("", repr(leaf)).encode())
+        return
+    if a.dtype == object:
+        h.update(_ADDRESS.sub("", repr(a.tolist())).encode())
+        return
+    # A value jax would convert (float64 numpy under 32-bit jax) digests as
+    # the value the run evaluates.
+    canonical = jax.dtypes.canonicalize_dtype(a.dtype)
+    if canonical != a.dtype:
+        a = a.astype(canonical)
+    a = np.ascontiguousarray(a)
+    h.update(f"{a.dtype}|{a.shape}|".encode())
+    h.update(a.tobytes())
+
+
+def tree_digest(tree: Any) -> str | None:
+    """A digest of a pytree's structure, dtypes, shapes and values (None for
+    None). Reads every leaf to the host."""
+    if tree is None:
+        return None
+    h = _hasher()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        h.update(f"{jax.tree_util.keystr(path)}|".encode())
+        _leaf_bytes(h, leaf)
+    return h.hexdigest()
+
+
+def program_digest(closed: Any) -> str:
+    """A digest of a traced program (``jax.make_jaxpr``'s ``ClosedJaxpr``):
+    its text (object addresses removed) and the values of its constants."""
+    h = _hasher()
+    h.update(_ADDRESS.sub("", str(closed.jaxpr)).encode())
+    for c in closed.consts:
+        _leaf_bytes(h, c)
+    return h.hexdigest()
+
+
+# The policy program, recorded by the probe -----------------------------------------
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+
+
+def _program_key(policy: Any, env: Any, params: Any) -> tuple:
+    from jaxmesh.run.build import signature
+
+    return (id(policy.apply), id(env), signature(params))
+
+
+def note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
+    """Keeps the digest of ``policy``'s probe program on ``env``'s
+    observations with ``params``' shapes; ``policy_digest`` reads it."""
+    key = _program_key(policy, env, params)
+    # What the key names is kept alive with the digest: no id is reused.
+    _PROGRAMS[key] = (policy.apply, env, program_digest(closed))
+    _PROGRAMS.move_to_end(key)
+    while len(_PROGRAMS) > _CACHE_SIZE:
+        _PROGRAMS.popitem(last=False)
+
+
+def policy_digest(policy: Any, env: Any, params: Any, horizon: int) -> str:
+    """The digest of ``policy``'s program on ``env``'s observations with
+    ``params``' shapes: the probe's (``build.probe_chunk``), probing again
+    when it is not kept."""
+    key = _program_key(policy, env, params)
+    if key not in _PROGRAMS:
+        from jaxmesh.run import build
+
+        build.probe_chunk(policy, env, params, horizon)
+    return _PROGRAMS[key][-1]
+
+
+# The env ------------------------------------------------------------------------
+_ENVS: collections.OrderedDict = collections.OrderedDict()
+
+
+def env_digest(env: Any) -> str:
+    """A JAX env's digest: its name and the programs of its ``reset`` and
+    ``step`` (traced for shapes, once per env object)."""
+    key = id(env)
+    if key in _ENVS:
+        return _ENVS[key][1]
+    h = _hasher()
+    h.update(f"{getattr(env, 'name', type(env).__name__)}|".encode())
+    k = jax.ShapeDtypeStruct((2,), np.uint32)
+    try:
+        reset, (_, state) = jax.make_jaxpr(env.reset, return_shape=True)(k)
+        action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
+        step = jax.make_jaxpr(env.step)(k, state, action)
+    except Exception as e:  # an env that cannot be traced apart: its type only
+        h.update(f"untraced|{type(env).__module__}.{type(env).__qualname__}".encode())
+        h.update(type(e).__name__.encode())
+    else:
+        h.update(program_digest(reset).encode())
+        h.update(program_digest(step).encode())
+    _ENVS[key] = (env, h.hexdigest())  # the env kept alive: its id is not reused
+    while len(_ENVS) > 16:
+        _ENVS.popitem(last=False)
+    return _ENVS[key][1]
+
+
+def host_env_digest(lanes: Any) -> str:
+    """A host-stepped env's digest: its name, observation layout (leaf names,
+    shapes, dtypes) and action shape, dtype and count, as every kind of lanes
+    (in process, workers, served) sees them alike."""
+    spec = lanes.spec
+    layout = spec.layout
+    h = _hasher()
+    h.update(f"{spec.name}|{spec.action_shape}|{spec.action_dtype}|".encode())
+    h.update(f"{spec.num_actions}|{layout.names}|{layout.shapes}|".encode())
+    h.update(f"{layout.dtypes}".encode())
+    return h.hexdigest()
+
+
+_PARAMS: contextvars.ContextVar = contextvars.ContextVar(
+    "jaxmesh_params_digest", default=None
+)
+_LAST: list = []  # (leaves, digest) of the last jax.Array params digested
+
+
+def params_digest(params: Any) -> str | None:
+    """``tree_digest`` of the params a run evaluates, as given (None: none).
+
+    Params whose leaves are all ``jax.Array`` (immutable) and the very objects
+    digested last time are not read again.
+    """
+    if params is None:
+        return None
+    leaves = jax.tree.leaves(params)
+    immutable = all(isinstance(x, jax.Array) for x in leaves)
+    if immutable and _LAST and len(_LAST[0]) == len(leaves):
+        if all(a is b for a, b in zip(_LAST[0], leaves, strict=True)):
+            return _LAST[1]
+    digest = tree_digest(params)
+    if immutable:
+        _LAST[:] = [leaves, digest]
+    return digest
+
+
+@contextlib.contextmanager
+def evaluating(fields: dict) -> Iterator[None]:
+    """Within: the fingerprint fields of the run being made that only the
+    caller knows (``max_episode_steps`` as given, the params' digest), for
+    ``run_identity``."""
+    token = _PARAMS.set(dict(fields))
+    try:
+        yield
+    finally:
+        _PARAMS.reset(token)
+
+
+def run_identity(env: str, policy: str) -> dict:
+    """The fingerprint a run records (``RunResult.fingerprint``): the fields
+    given to ``evaluating``, the env's and the policy's digests, and the JAX
+    version the programs were traced with."""
+    out = dict(_PARAMS.get() or {})
+    out.update(env=env, policy=policy, jax=jax.__version__)
+    return out
+
+
+# Records -------------------------------------------------------------------------
+def identity_text(fingerprint: dict | None) -> str:
+    """The part of a run's fingerprint a record's checksum covers, as text."""
+    return json.dumps(fingerprint or {}, sort_keys=True, allow_nan=True)
+
+
+def record_check(record: dict, identity: str) -> str:
+    """The checksum of one episode record (``EpisodeResult.to_dict()``, without
+    ``check``) under a run's identity (``identity_text``)."""
+    body = {k: v for k, v in record.items() if k != "check"}
+    h = _hasher()
+    h.update(identity.encode())
+    h.update(json.dumps(body, sort_keys=True, allow_nan=True).encode())
+    return h.hexdigest()
+
+
+__all__ = [
+    "IDENTITY_KEYS",
+    "tree_digest",
+    "program_digest",
+    "note_program",
+    "policy_digest",
+    "env_digest",
+    "host_env_digest",
+    "params_digest",
+    "evaluating",
+    "run_identity",
+    "identity_text",
+    "record_check",
+]
