@@ -309,6 +309,17 @@ def _stat_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _loss_text(loss: dict) -> str:
+    """One lost server (``RunResult.server_losses``) for the summary."""
+    text = (
+        f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
+        f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
+        f"episodes run again ({loss.get('error')})"
+    )
+    back = loss.get("rejoined_at_seconds")
+    return text + ("" if back is None else f"; rejoined at {back:.1f} s")
+
+
 @dataclasses.dataclass
 class RunResult:
     """A run's results, arrays ordered by episode index.
@@ -333,17 +344,6 @@ class RunResult:
     returns: np.ndarray
     lengths: np.ndarray
     terminated: np.ndarray
-def _loss_text(loss: dict) -> str:
-    """One lost server (``RunResult.server_losses``) for the summary."""
-    text = (
-        f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
-        f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
-        f"episodes run again ({loss.get('error')})"
-    )
-    back = loss.get("rejoined_at_seconds")
-    return text + ("" if back is None else f"; rejoined at {back:.1f} s")
-
-
     truncated: np.ndarray
     predict_calls: np.ndarray
     lanes: np.ndarray
@@ -603,6 +603,7 @@ def _loss_text(loss: dict) -> str:
                 "lanes / horizon (effective)",
                 f"{self.num_envs} / {self.horizon} ({self.effective_horizon})",
             ),
+            *[("server lost", _loss_text(loss)) for loss in self.server_losses],
             ("env steps", self.env_steps),
             (
                 "policy rows per env step (tile)",
@@ -627,7 +628,6 @@ def _loss_text(loss: dict) -> str:
         resamples: int = _stats.RESAMPLES,
         seed: int = _stats.SEED,
     ) -> dict[str, Any]:
-            *[("server lost", _loss_text(loss)) for loss in self.server_losses],
         """The statistics of the returns (and the mean length), as plain data.
 
         See ``jaxmesh.stats`` for each convention (sample std, rliable's IQM,
