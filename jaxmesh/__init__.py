@@ -9,6 +9,7 @@ from jaxmesh.envs import make_env
 from jaxmesh.envs.check import SeedReport, check_seeds
 from jaxmesh.errors import (
     BadValueError,
+    EnvError,
     RemoteConnectionError,
     RemoteEnvError,
     RemoteError,
@@ -68,6 +69,7 @@ __all__ = [
     "clear_cache",
     "BadValueError",
     "RemoteError",
+    "EnvError",
     "RemoteEnvError",
     "RemoteConnectionError",
     "EnvServer",

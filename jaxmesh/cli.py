@@ -83,8 +83,10 @@ CONFIG_KEYS: dict[str, str] = {
     "tls_ca": "served envs at grpcs://: a PEM file of the CA (or self-signed "
     "certificate) the servers' certificates are checked against (null: gRPC's "
     "default roots)",
-    "reply_timeout": "served envs: seconds a reply may take before the run fails "
-    "(null: as long as the env takes)",
+    "reply_timeout": "served envs: seconds a reply may take before the server is "
+    "dropped or the run fails (null: auto, over several servers one that answers "
+    "nothing for 10x the slowest reply so far, at least 10 s, is dropped; .inf: "
+    "as long as the env takes)",
     "on_server_loss": "served envs over several servers: rerun (null: the default; "
     "a lost server's unfinished episodes run again on the others) or raise (the "
     "first loss ends the run)",
@@ -370,6 +372,8 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{e} ({CONFIG_KEYS['delay_ms']})") from e
     for key in ("max_episode_seconds", "reply_timeout"):
         value = config.get(key)
+        if key == "reply_timeout" and value == math.inf:
+            continue  # no limit
         if value is not None and (
             isinstance(value, bool)
             or not isinstance(value, int | float)
@@ -379,7 +383,8 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         ):
             raise ConfigError(
                 f"{key}={value!r}: expected a number of seconds > 0 and at most "
-                f"{_MAX_SECONDS:.0f} ({CONFIG_KEYS[key]}), or null for no limit"
+                f"{_MAX_SECONDS:.0f} ({CONFIG_KEYS[key]}), or null for "
+                + ("the default" if key == "reply_timeout" else "no limit")
             )
     loss = config.get("on_server_loss")
     if loss is not None:
@@ -756,6 +761,14 @@ def _channel_credentials(ca: str | None) -> Any:
     return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
 
 
+def _reply_timeout(value: Any) -> Any:
+    """A config's ``reply_timeout``: null is the default (``"auto"``), ``.inf``
+    no limit, a number the seconds."""
+    if value is None:
+        return "auto"
+    return None if value == math.inf else value
+
+
 def served_options(config: dict[str, Any]) -> Any:
     """A config's served-env options as ``jaxmesh.run.backend.ServedOptions``
     (``jaxmesh.evaluate`` checks them, and refuses them for an env that is not
@@ -765,7 +778,7 @@ def served_options(config: dict[str, Any]) -> Any:
     return ServedOptions(
         token=config.get("token"),
         credentials=_channel_credentials(config.get("tls_ca")),
-        reply_timeout=config.get("reply_timeout"),
+        reply_timeout=_reply_timeout(config.get("reply_timeout")),
         on_server_loss=config.get("on_server_loss"),
     )
 
@@ -812,8 +825,11 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
         kwargs["check_seeds"] = True
     if config.get("execution") is not None:
         kwargs["execution"] = execution_of(config["execution"])
-    served = served_options(config)._asdict().items()
-    kwargs.update((k, v) for k, v in served if v is not None)
+    served = served_options(config)._asdict()
+    reply_timeout = served.pop("reply_timeout")
+    kwargs.update((k, v) for k, v in served.items() if v is not None)
+    if config.get("reply_timeout") is not None:  # else evaluate's default
+        kwargs["reply_timeout"] = reply_timeout  # None for .inf: no limit
     return policy, env, kwargs
 
 
@@ -874,6 +890,32 @@ class Progress:
             rate = (self.steps - self.steps_first) / (now - self.t_first)
             self.bar.set_postfix_str(f"{rate:,.0f} env steps/s", refresh=False)
         self.bar.update(1)
+
+    def on_fault(self, info: dict) -> None:
+        """A lost or rejoined server, or a lost worker process: one line on
+        stderr above the bar (printed even with the bar off)."""
+        event = info.get("event")
+        if event == "lost":
+            line = (
+                f"jaxmesh: lost the env server {info.get('server')} "
+                f"({info.get('error')}); its {info.get('lanes')} lanes are out and "
+                f"{info.get('episodes_rerun')} unfinished episodes run again on "
+                "the other servers"
+            )
+        elif event == "rejoined":
+            line = f"jaxmesh: the env server {info.get('server')} is back"
+        elif event == "worker lost":
+            line = (
+                f"jaxmesh: a worker process died; {len(info.get('episodes_rerun', []))}"
+                " unfinished episodes run again on a new one"
+            )
+        else:
+            line = f"jaxmesh: {info}"
+        stream = self.stream if self.stream is not None else sys.stderr
+        if self.bar is not None and self.enabled:
+            self.bar.write(line, file=stream)
+        else:
+            print(line, file=stream)
 
     def on_run_end(self, result: Any) -> None:
         if self.bar is not None:

@@ -25,6 +25,42 @@ class BadValueError(ValueError):
         self.partial_result = None
 
 
+class EnvError(RuntimeError):
+    """An env raised while a run reset or stepped it; the env's own exception
+    is ``__cause__`` (its traceback is printed above this one).
+
+    Attributes name where: ``episode`` (its index in the budget), ``seed``,
+    ``lane``, ``step`` (the 0-based env step of the episode being taken, None
+    while resetting), ``server`` (the address of the env server, None in
+    process); ``partial_result`` holds every episode finished before the run
+    stopped. A served env's is a ``RemoteEnvError``, an ``EnvError`` too.
+    """
+
+    def __init__(self, message: str, **where):
+        super().__init__(message)
+        self.partial_result = None
+        self.episode = where.get("episode")
+        self.seed = where.get("seed")
+        self.lane = where.get("lane")
+        self.step = where.get("step")
+        self.server = where.get("server")
+
+
+def describe_env_error(what: str, episode, seed, lane, step, server=None) -> str:
+    """The message of an ``EnvError`` naming where the env raised ``what``
+    (its exception's type and message)."""
+    doing = (
+        f"while resetting episode {episode} (seed {seed})"
+        if step is None
+        else f"at step {step} of episode {episode} (seed {seed})"
+    )
+    at = f"lane {lane}" + ("" if server is None else f" of the server at {server}")
+    return (
+        f"the env raised {what} {doing}, on {at}; the "
+        f"run stopped there. Run that episode alone (seeds=[{seed}]) to debug it"
+    )
+
+
 class RemoteError(RuntimeError):
     """A served env failed: the server, the connection or the env behind it.
 
@@ -42,15 +78,40 @@ class RemoteError(RuntimeError):
         self.partial_result = None
 
 
-class RemoteEnvError(RemoteError):
+class RemoteEnvError(RemoteError, EnvError):
     """The env behind a server raised; ``remote_traceback`` is its traceback text.
 
-    The server ends the session and serves the next one.
+    The server ends the session and serves the next one. In a run,
+    ``episode``, ``seed``, ``lane``, ``step`` and ``server`` name where (as an
+    ``EnvError``'s); from a ``RemoteEnv`` alone they are None but ``lane`` and
+    ``phase`` (``"resetting"`` or ``"stepping"``), the server's lane, when the
+    server says.
     """
 
-    def __init__(self, message: str, *, address: str, remote_traceback: str = ""):
+    def __init__(
+        self,
+        message: str,
+        *,
+        address: str,
+        remote_traceback: str = "",
+        phase: str | None = None,
+        steps_done: int = 0,
+        summary: str = "",
+        **where,
+    ):
         super().__init__(message, address=address, code="INTERNAL")
         self.remote_traceback = remote_traceback
+        self.episode = where.get("episode")
+        self.seed = where.get("seed")
+        self.lane = where.get("lane")
+        self.step = where.get("step")
+        self.server = where.get("server")
+        #: What the server's lane was doing, and the steps it had taken in the
+        #: failed call before the one that raised (from the server).
+        self.phase = phase
+        self.steps_done = steps_done
+        #: The env's exception as the server names it ("Type: message").
+        self.summary = summary
 
 
 class RemoteConnectionError(RemoteError, ConnectionError):

@@ -195,9 +195,14 @@ def test_a_worker_that_dies_twice_on_an_episode_ends_the_run_naming_it():
 
 
 def test_an_env_error_in_a_worker_reaches_the_caller_as_raised():
-    with pytest.raises(RuntimeError, match="simulator broke") as e:
+    # An EnvError naming the episode, whose cause is the env's own exception
+    # with the worker's traceback in a note.
+    with pytest.raises(jaxmesh.EnvError, match="simulator broke") as e:
         jaxmesh.evaluate(brightness, RaisesOnSeed, num_envs=2, seeds=[1, 2], workers=2)
-    assert "worker process" in "".join(getattr(e.value, "__notes__", []))
+    assert (e.value.episode, e.value.seed, e.value.step) == (1, 2, 1)
+    cause = e.value.__cause__
+    assert isinstance(cause, RuntimeError)
+    assert "worker process" in "".join(getattr(cause, "__notes__", []))
     no_leftovers()
 
 

@@ -79,3 +79,16 @@ class RaisesOnSeed(CameraEnv):
         if self.seed_ == self.bad and self.t == 1:
             raise RuntimeError("the simulator broke")
         return super().step(action)
+
+
+class ResetRaisesOnSeed(CameraEnv):
+    """Raises (a Python error) when reset with seed ``bad``."""
+
+    def __init__(self, bad: int = 2):
+        super().__init__()
+        self.bad = bad
+
+    def reset(self, *, seed=None, options=None):
+        if seed == self.bad:
+            raise ValueError(f"no scene for seed {seed}")
+        return super().reset(seed=seed, options=options)

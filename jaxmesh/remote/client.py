@@ -45,6 +45,7 @@ from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.proto import jaxmesh_env_pb2_grpc as pb_grpc
 from jaxmesh.remote.protocol import (
     ENV_ERROR_KEY,
+    ENV_LANE_KEY,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSIONS,
     TOKEN_ENV,
@@ -98,6 +99,18 @@ def channel_credentials(
     return None
 
 
+def _env_lane(value: Any) -> tuple[int | None, str | None, int]:
+    """The server's ``ENV_LANE_KEY``: (lane, phase, steps); unknown parts None
+    (0 steps) when it sent none or something else."""
+    try:
+        lane, phase, steps = str(value).split(" ")
+        if phase not in ("resetting", "stepping"):
+            raise ValueError(phase)
+        return int(lane), phase, int(steps)
+    except ValueError:
+        return None, None, 0
+
+
 def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     """A gRPC failure as the ``RemoteError`` that says what happened and what to do."""
     code = exc.code() if hasattr(exc, "code") else None
@@ -110,11 +123,16 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     if env_error is not None:
         tb = trailing.get(TRACEBACK_KEY, b"")
         tb = tb.decode("utf-8", "replace") if isinstance(tb, bytes) else str(tb)
+        lane, phase, steps = _env_lane(trailing.get(ENV_LANE_KEY))
         return RemoteEnvError(
             f"the env served at {address} raised {env_error} ({details}); its "
             f"traceback on the server:\n{tb}",
             address=address,
             remote_traceback=tb,
+            lane=lane,
+            phase=phase,
+            steps_done=steps,
+            summary=str(env_error),
         )
     if code == grpc.StatusCode.UNAVAILABLE:
         if "tls handshake" in details.lower() or "certificate" in details.lower():

@@ -72,6 +72,9 @@ CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, INFO_EVERY_STEP, MAX_EPISODE_SECONDS)
 #: server-side traceback (binary metadata, hence the ``-bin`` suffix).
 ENV_ERROR_KEY = "jaxmesh-env-error"
 TRACEBACK_KEY = "jaxmesh-traceback-bin"
+#: Beside them, where: "<lane> <resetting|stepping> <steps>", the server's lane
+#: and the steps it took in the failed call before the one that raised.
+ENV_LANE_KEY = "jaxmesh-env-lane"
 
 
 class ResultBatch(NamedTuple):
@@ -126,6 +129,7 @@ __all__ = [
     "CHUNK_REPLAY",
     "DTYPE_NAMES",
     "ENV_ERROR_KEY",
+    "ENV_LANE_KEY",
     "INFO_EVERY_STEP",
     "INFO_KEYS",
     "LOCKSTEP",

@@ -61,6 +61,7 @@ from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
     CAPABILITIES,
     ENV_ERROR_KEY,
+    ENV_LANE_KEY,
     LOCKSTEP,
     MAX_COUNT,
     MAX_MESSAGE_BYTES,
@@ -1274,6 +1275,7 @@ class EnvServer:
                 context.set_trailing_metadata(
                     (
                         (ENV_ERROR_KEY, _ascii(exc.summary())),
+                        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
                         (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
                     )
                 )

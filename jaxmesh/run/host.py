@@ -864,7 +864,7 @@ def _run(
                 from jaxmesh.run.served import run_class
 
                 run_cls = run_class(program, lanes, recorder)
-            run_cls(
+            run = run_cls(
                 program,
                 params,
                 lanes,
@@ -878,7 +878,14 @@ def _run(
                 recorder,
                 trial_base,
                 texts,
-            ).run()
+            )
+            try:
+                run.run()
+            except Exception as exc:
+                named = run.env_error(exc)  # an env's error names its episode
+                if named is exc:
+                    raise
+                raise named from exc
         run_fields["telemetry"] = tel.stats()
         run_fields.update(metrics.run_fields())
         if run_fields["success_key"] is None:  # auto mode, no episode had one

@@ -33,7 +33,8 @@ import numpy as np
 
 from jaxmesh.core import agent, rules
 from jaxmesh.core import results as core_results
-from jaxmesh.errors import WorkerError
+from jaxmesh.envs.gymnasium.lanes import where_raised
+from jaxmesh.errors import EnvError, RemoteEnvError, WorkerError, describe_env_error
 from jaxmesh.run import resume, stream
 
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
@@ -452,6 +453,36 @@ class HostLoop:
 
     def free(self, ended: np.ndarray) -> None:
         """Lanes ``ended`` finished their episodes (before they take the next)."""
+
+    def env_error(self, exc: Exception) -> Exception:
+        """``exc`` as an ``EnvError`` naming the episode, its seed, the lane and
+        the step, when an env raised it on a lane of this run
+        (``lanes.mark_where``); else ``exc`` itself."""
+        where = where_raised(exc)
+        if where is None or not 0 <= where[0] < self.n:
+            return exc
+        lane, phase, steps = where
+        episode = int(self.episode[lane])
+        if episode < 0:
+            return exc
+        seed = int(self.seeds[episode])
+        step = None if phase == "resetting" else int(self.t[lane]) + steps
+        at = {"episode": episode, "seed": seed, "lane": lane, "step": step}
+        if isinstance(exc, RemoteEnvError):
+            what = exc.summary or "an error"
+            message = describe_env_error(what, server=exc.address, **at)
+            return RemoteEnvError(
+                f"{message}; its traceback on the server:\n{exc.remote_traceback}",
+                address=exc.address,
+                remote_traceback=exc.remote_traceback,
+                phase=exc.phase,
+                steps_done=exc.steps_done,
+                summary=exc.summary,
+                server=exc.address,
+                **at,
+            )
+        what = f"{type(exc).__name__}: {exc}"
+        return EnvError(describe_env_error(what, **at), **at)
 
     def finish(self) -> None:
         """The run's totals, once every episode has ended."""

@@ -60,7 +60,7 @@ import numpy as np
 from jaxmesh.core import rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium.spec import spec_for
-from jaxmesh.errors import RemoteConnectionError, RemoteError
+from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.session import Session
 from jaxmesh.run import backend, stream
@@ -582,10 +582,25 @@ class _Run(HostLoop):
             if not self.lose_server(s, exc):
                 raise
             return True
+        except RemoteEnvError as exc:
+            self._mark_env_error(s, exc)
+            raise
         tel = self.tel
         row = self.server_rows[s]
         tel.span("decode", reply.arrived, reply.decoded_at, row)
         return self._file_reply(s, reply)
+
+    def _mark_env_error(self, s: int | None, exc: RemoteEnvError) -> None:
+        """Marks the env error server ``s`` sent with the run's lane and the
+        step of its episode (``HostLoop.env_error`` names them): the call that
+        failed is the oldest in flight, so every earlier step of the lane is
+        in (``head`` .. ``tail``)."""
+        if s is None or exc.lane is None or not 0 <= exc.lane < len(self.to_global[s]):
+            return
+        j = int(self.to_global[s][exc.lane])
+        if j >= 0:
+            known = int(self.tail[j] - self.head[j])
+            gym_lanes.mark_where(exc, j, exc.phase, known + exc.steps_done)
 
     def hung_limit(self) -> float | None:
         """Seconds a server may owe a reply and send nothing before

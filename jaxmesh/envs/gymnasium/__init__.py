@@ -27,6 +27,8 @@ from jaxmesh.envs.gymnasium.lanes import (
     env_actions,
     info_value,
     is_host_stepped,
+    mark_where,
+    where_raised,
 )
 from jaxmesh.envs.gymnasium.local import (
     EnvLanes,
@@ -67,4 +69,6 @@ __all__ = [
     "action_layout",
     "env_actions",
     "info_value",
+    "mark_where",
+    "where_raised",
 ]

@@ -65,6 +65,8 @@ __all__ = [
     "ListLanes",
     "VectorLanes",
     "LaneError",
+    "mark_where",
+    "where_raised",
     "LaneResult",
     "Reset",
     "Replay",
@@ -312,11 +314,12 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
 # What one call returns ------------------------------------------------------------
 class LaneError(Exception):
     """An env raised (or returned an observation that does not fit) while lane
-    ``lane`` was ``phase`` ("resetting" or "stepping"); ``exc`` is its error."""
+    ``lane`` was ``phase`` ("resetting" or "stepping"), after ``steps`` steps of
+    the call that failed; ``exc`` is its error."""
 
-    def __init__(self, lane: int, phase: str, exc: BaseException):
+    def __init__(self, lane: int, phase: str, exc: BaseException, steps: int = 0):
         super().__init__(lane, phase, exc)
-        self.lane, self.phase, self.exc = lane, phase, exc
+        self.lane, self.phase, self.exc, self.steps = lane, phase, exc, steps
         self.__cause__ = exc
 
     @property
@@ -332,6 +335,24 @@ class LaneError(Exception):
 
     def __str__(self) -> str:
         return self.details()
+
+
+def mark_where(exc: BaseException, lane: int, phase: str | None, steps: int = 0):
+    """Marks an env's own exception, raised on as it is, with where it was
+    raised: lane ``lane`` while ``phase`` (``"resetting"``, ``"stepping"`` or
+    None: unknown), after ``steps`` steps of the failed call. The run turns a
+    marked exception into a ``jaxmesh.errors.EnvError`` naming the episode
+    (``where_raised``)."""
+    try:
+        exc._jaxmesh_where = (int(lane), phase, int(steps))
+    except (AttributeError, TypeError):  # an exception that takes no attribute
+        pass
+    return exc
+
+
+def where_raised(exc: BaseException) -> tuple[int, str | None, int] | None:
+    """``mark_where``'s ``(lane, phase, steps)`` of ``exc``, or None."""
+    return getattr(exc, "_jaxmesh_where", None)
 
 
 class Reset(NamedTuple):
@@ -961,7 +982,7 @@ class ListLanes(Lanes):
                 obs, reward, term, trunc, info = step(action)
                 arr = self.observation(obs, j) if want_obs else None
             except Exception as exc:
-                raise LaneError(j, "stepping", exc) from exc
+                raise LaneError(j, "stepping", exc, len(out.rewards)) from exc
             term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
             out.record(reward, term, trunc, arr, info if want_info else None, True)
             if term or trunc:
@@ -988,9 +1009,11 @@ class ListLanes(Lanes):
         obs = info = None
         deadline = self.deadline[j]
         clock = time.perf_counter
+        done = 0  # steps taken before the one that raised
         try:
             for action in op.actions.tolist() if self.discrete else op.actions:
                 obs, reward, term, trunc, info = step(action)
+                done += 1
                 rewards.append(float(reward))
                 term = bool(term)
                 trunc = bool(trunc) or (deadline is not None and clock() > deadline)
@@ -1002,12 +1025,13 @@ class ListLanes(Lanes):
                     self.ended[j] = True
                     break
             if rewards:
+                done -= 1  # the last step's observation is checked here
                 if want_obs:
                     out.obs.append(self.observation(obs, j))
                 if want_info and not every_info:
                     infos.append(info)
         except Exception as exc:
-            raise LaneError(j, "stepping", exc) from exc
+            raise LaneError(j, "stepping", exc, done) from exc
         return out
 
     def run(
@@ -1268,7 +1292,8 @@ class VectorLanes(Lanes):
                         self.ended[lane] = True
                 active = [op for op in active if not self.ended[op.lane]]
             except Exception as exc:
-                raise LaneError(lane, "stepping", exc) from exc
+                done = len(results[lane].rewards) if lane in results else 0
+                raise LaneError(lane, "stepping", exc, done) from exc
         return [results[op.lane] for op in replays]
 
     def run(

@@ -23,7 +23,8 @@ A run sees one of two classes:
 Episode i with seed s starts with ``reset(seed=s)``, plus ``options={"trial_index":
 i}`` exactly when the env lists ``"trial_index"`` in ``metadata["reset_options"]``
 (CONTRACT 6, with ``trial_index_base = 0``). An env's exception reaches the
-caller as the env raised it (not wrapped in ``lanes.LaneError``).
+caller as the env raised it (not wrapped in ``lanes.LaneError``), marked with
+its lane (``lanes.mark_where``), from which the run names the episode.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _env_errors(method):
         try:
             return method(*args, **kwargs)
         except core.LaneError as err:
-            exc = err.exc
+            exc = core.mark_where(err.exc, err.lane, err.phase, err.steps)
         # Raised outside the except block: the env's error keeps its own
         # traceback and context, without the LaneError around it.
         raise exc

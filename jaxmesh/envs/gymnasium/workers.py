@@ -293,7 +293,8 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                 else:
                     conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
             except core.LaneError as err:
-                conn.send(("error", block[err.lane], _picklable(err.exc), err.text))
+                error = _picklable(err.exc)
+                conn.send(("error", block[err.lane], error, err.text, err.phase))
     except (EOFError, ConnectionError, KeyboardInterrupt):
         # The evaluating process died without closing us (its end of the pipe
         # closed, with or without our reply unread): its segment would be left
@@ -647,9 +648,11 @@ class WorkerLanes:
         raise WorkerLost(k, self.blocks[k], code)
 
     def _raise(self, reply: tuple, k: int) -> None:
-        _, lane, exc, text = reply
+        _, lane, exc, text, *phase = reply
         where = f"worker process {k}" + ("" if lane is None else f", lane {lane}")
         exc.add_note(f"(raised in {where}; its traceback:)\n{text}")
+        if lane is not None:
+            core.mark_where(exc, lane, phase[0] if phase else None)
         raise exc
 
     def _gather(self, ks: list[int], doing: str) -> tuple[dict, list[int]]:
