@@ -67,7 +67,9 @@ def evaluator():
 
 
 def test_many_segments_match_the_closed_form(evaluator):
-    seeds = (np.arange(3000) * 7919 + 13) % 100_003
+    # Past one seed window (engine.window_size: 4 * 1024 + 4 here): the host
+    # puts new windows as the lanes move on.
+    seeds = (np.arange(10_000) * 7919 + 13) % 100_003
     r = evaluator.run(seeds=seeds)
     lengths, returns, lanes = expected(seeds)
     np.testing.assert_array_equal(r.lengths, lengths)
@@ -86,6 +88,27 @@ def test_one_program_for_every_budget(evaluator):
     lengths, returns, _ = expected(np.arange(9000))
     np.testing.assert_array_equal(big.lengths, lengths)
     np.testing.assert_array_equal(big.returns, returns)
+
+
+def test_trial_indices_follow_the_window():
+    # Episode i starts from initial state i (its own "seed" field), past
+    # several windows; the reset key's seed is then unused.
+    t = 10_000
+    start = (np.arange(t) * 104_729 + 5) % 99_991
+    obs = jax.vmap(Countdown._obs)(jnp.asarray(start), jnp.zeros(t, jnp.int32))
+    states = (obs, (jnp.asarray(start, jnp.int32), jnp.zeros(t, jnp.int32)))
+    r = jaxmesh.evaluate(
+        policy,
+        Countdown(),
+        num_envs=LANES,
+        episodes=t,
+        initial_states=states,
+        segment_steps=2048,
+    )
+    lengths, returns, lanes = expected(start)
+    np.testing.assert_array_equal(r.lengths, lengths)
+    np.testing.assert_array_equal(r.returns, returns)
+    np.testing.assert_array_equal(r.lanes, lanes)
 
 
 class Seen:

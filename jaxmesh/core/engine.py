@@ -25,8 +25,9 @@ The segment program never depends on the budget, and neither do the
 buffers it carries or what the host reads after it: ``Engine.run_segment``
 advances up to S steps, writes the episodes that end into a *log* of
 ``capacity`` rows (each row names its episode, ``Results.index``) and reads
-the seeds from a *window* of ``capacity + N`` of them starting at
-``Lanes.base``, which the host puts before each segment (``window``). It stops
+the seeds from a *window* of them starting at ``Lanes.base``
+(``window_size``), which the host puts anew when a segment could need a seed
+past it (``window``, ``window_fits``). It stops
 as soon as the budget is done, a fault is seen, or the log could not hold
 another step's ends; the host then copies the rows written into its own
 arrays, indexed by episode (``results.write``). ``capacity`` is sized by the
@@ -89,7 +90,7 @@ class EngineConfig:
     """Static configuration: what the compiled program depends on.
 
     ``capacity``: the rows of a segment's log (``run_segment``; its seed
-    window holds ``capacity + N`` seeds), or the budget of ``run``.
+    window: ``window_size``), or the budget of ``run``.
     """
 
     capacity: int
@@ -146,7 +147,7 @@ class Lanes:
     key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode (at hand-over)
     env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
     env_state: Any
-    #: [capacity + N] under ``run_segment``: the seeds of episodes ``base,
+    #: [window_size] under ``run_segment``: the seeds of episodes ``base,
     #: base + 1, ...`` (the segment's window); [capacity] under ``run``.
     seeds: jax.Array
     budget: jax.Array  # () episodes to score
@@ -199,11 +200,18 @@ def env_stream(keys: jax.Array) -> jax.Array:
     return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
 
 
+#: A segment's seed window spans this many logs' worth of episodes (plus N),
+#: so the host puts a new one only every few segments (``Engine.window_fits``).
+WINDOW_LOGS = 4
+
+
 def window_size(config: EngineConfig) -> int:
-    """The seeds a segment's window holds: ``capacity + N``. A segment hands
-    over at most ``capacity`` episodes (its log's rows), and the lanes that
-    begin one on its first step took it at most N episodes before."""
-    return config.capacity + config.agent.num_envs
+    """The seeds a segment's window holds: ``WINDOW_LOGS * capacity + N``. A
+    segment hands over at most ``capacity`` episodes (its log's rows), and the
+    lanes that begin one on its first step took it at most N episodes before,
+    so a window serves every segment that starts with its next unstarted
+    episode in ``[base + N, base + (WINDOW_LOGS - 1) * capacity + 2 N]``."""
+    return WINDOW_LOGS * config.capacity + config.agent.num_envs
 
 
 def _first_lanes(xp, n: int, budget: Any) -> dict:
@@ -476,6 +484,15 @@ class Engine:
         if self.config.trials is not None:
             out["trial_of"] = cut(trial_of)
         return out
+
+    def window_fits(self, base: int, next_episode: int) -> bool:
+        """Whether the window at ``base`` holds every episode a segment that
+        starts with ``next_episode`` may begin (see ``window_size``)."""
+        n, cap = self.config.agent.num_envs, self.config.capacity
+        first = max(0, int(next_episode) - n)
+        return base <= first and int(next_episode) + cap <= base + window_size(
+            self.config
+        )
 
     @staticmethod
     def with_window(lanes: Lanes, window: dict) -> Lanes:

@@ -121,14 +121,25 @@ class SingleDevice:
         return log.replace(recording=res.recording), int(n_done), next_episode
 
     def put_window(
-        self, engine: Any, state: Any, seeds: np.ndarray, next_episode: Any, trials
+        self,
+        engine: Any,
+        state: Any,
+        base: Any,
+        seeds: np.ndarray,
+        next_episode,
+        trials,
     ) -> tuple:
-        """``state`` with the next segment's seed window (``Engine.window``) on
-        the device; ``trials``: the run's ``(trial_of, data)``, or None."""
+        """``(state, base)`` for the next segment: the same when the window at
+        ``base`` serves it (``Engine.window_fits``), else with a new window
+        (``Engine.window``) on the device and its base. ``trials``: the run's
+        ``(trial_of, data)``, or None."""
+        if engine.window_fits(int(base), next_episode):
+            return state, base
         lanes, ag = state
         trial_of = None if trials is None else trials[0]
         window = engine.window(seeds, int(next_episode), trial_of)
-        return engine.with_window(lanes, jax.device_put(window, self.device)), ag
+        lanes = engine.with_window(lanes, jax.device_put(window, self.device))
+        return (lanes, ag), int(window["base"])
 
 
 class DeviceMesh:
@@ -280,20 +291,34 @@ class DeviceMesh:
         return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
 
     def put_window(
-        self, engine: Any, state: Any, seeds: np.ndarray, next_episode: Any, trials
+        self,
+        engine: Any,
+        state: Any,
+        base: Any,
+        seeds: np.ndarray,
+        next_episode,
+        trials,
     ) -> tuple:
-        """``state`` with each device's next seed window (``Engine.window`` of
-        its share of the budget), stacked along the mesh axis."""
-        lanes, ag = state
+        """``(state, base)`` for the next segment: the same when every
+        device's window serves it, else with each device's new window
+        (``Engine.window`` of its share of the budget), stacked along the mesh
+        axis, and their bases ([D])."""
         d_count = self.num_devices
+        base = np.broadcast_to(np.asarray(base), (d_count,))
+        pairs = zip(base, next_episode, strict=True)
+        if all(engine.window_fits(int(b), ne) for b, ne in pairs):
+            return state, base
+        lanes, ag = state
         shares = sharded.device_seeds(seeds, d_count)
         trial_shares = [None] * d_count
         if trials is not None:
             trial_shares = sharded.device_seeds(trials[0], d_count)
-        window = self._stack(
-            lambda d: engine.window(shares[d], int(next_episode[d]), trial_shares[d])
-        )
-        return engine.with_window(lanes, window), ag
+        windows = [
+            engine.window(shares[d], int(next_episode[d]), trial_shares[d])
+            for d in range(d_count)
+        ]
+        window = self._stack(lambda d: windows[d])
+        return engine.with_window(lanes, window), np.array([w["base"] for w in windows])
 
 
 def placement_for(
