@@ -36,6 +36,7 @@ from jaxmesh.run import (
     backend,
     build,
     checks,
+    identity,
     initial,
     instructions,
     placement,
@@ -325,6 +326,12 @@ class Evaluator:
             "trial_index_base": trial_index_base,
             "success_mode": success_mode,
             "instruction": instruction,
+            # What resume= compares: digests of the env, the policy's program
+            # (kept by the probe of self.plan) and the params.
+            "fingerprint": identity.run_identity(
+                identity.env_digest(self.env),
+                identity.policy_digest(pol, self.env, params, s.horizon),
+            ),
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
