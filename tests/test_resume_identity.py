@@ -377,3 +377,24 @@ def test_a_results_dict_with_one_episode_twice_alike_resumes_once():
         jaxmesh.evaluate(
             act, ENV, num_envs=2, seeds=seeds, resume=jaxmesh.RunResult.from_dict(d)
         )
+
+
+def test_a_gymnasium_run_of_another_policy_of_the_same_name_is_refused():
+    env = "gymnasium:CartPole-v1"
+
+    def act(obs):
+        return (obs[2] > 0).astype(jnp.int32)
+
+    seeds = list(range(6))
+    with pytest.raises(Stop) as e:
+        jaxmesh.evaluate(act, env, num_envs=2, seeds=seeds, hooks=StopAt(1))
+    partial = e.value.partial_result
+    whole = jaxmesh.evaluate(act, env, num_envs=2, seeds=seeds)
+    got = jaxmesh.evaluate(act, env, num_envs=3, seeds=seeds, resume=partial)
+    np.testing.assert_array_equal(got.returns, whole.returns)
+
+    def act(obs):  # noqa: F811 - another function called act
+        return jnp.int32(0)
+
+    with pytest.raises(ValueError, match="the earlier run's policy 'act' is not"):
+        jaxmesh.evaluate(act, env, num_envs=2, seeds=seeds, resume=partial)

@@ -11,8 +11,9 @@ same policy on the same env. Names do not prove that (two functions called
   at the shape probe every run makes anyway (``build.probe_chunk``).
 - ``params``: the params' structure, dtypes, shapes and values.
 - ``env``: a JAX env's name and the traced programs of its ``reset`` and
-  ``step`` (its params and config are constants of them); a host-stepped env's
-  name, spaces and (gymnasium) registration kwargs.
+  ``step`` (its params and config are constants of them) and of a Playground
+  env's randomizer; a host-stepped env's name, observation leaves and action
+  space (what every kind of lanes sees alike; not its constructor arguments).
 
 ``record_check`` is a checksum over one episode's fields and the run's
 identity: a record edited by hand, or moved to another run's file, fails it.
@@ -32,10 +33,6 @@ from typing import Any
 
 import jax
 import numpy as np
-
-#: The fingerprint keys of a run's identity, in the order ``resume`` compares
-#: them (an env's difference also changes the policy program's input shapes).
-IDENTITY_KEYS = ("env", "policy", "params")
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _CACHE_SIZE = 64
@@ -124,8 +121,9 @@ _ENVS: collections.OrderedDict = collections.OrderedDict()
 
 
 def env_digest(env: Any) -> str:
-    """A JAX env's digest: its name and the programs of its ``reset`` and
-    ``step`` (traced for shapes, once per env object)."""
+    """A JAX env's digest: its name and the programs of its ``reset``,
+    ``step`` and (a Playground env's randomizer) ``draw``, traced for shapes
+    once per env object."""
     key = id(env)
     if key in _ENVS:
         return _ENVS[key][1]
@@ -142,6 +140,10 @@ def env_digest(env: Any) -> str:
     else:
         h.update(program_digest(reset).encode())
         h.update(program_digest(step).encode())
+    draw = getattr(env, "draw", None)  # a Playground env's domain randomizer
+    if callable(draw):
+        with contextlib.suppress(Exception):
+            h.update(program_digest(jax.make_jaxpr(draw)(k)).encode())
     _ENVS[key] = (env, h.hexdigest())  # the env kept alive: its id is not reused
     while len(_ENVS) > 16:
         _ENVS.popitem(last=False)
@@ -224,7 +226,6 @@ def record_check(record: dict, identity: str) -> str:
 
 
 __all__ = [
-    "IDENTITY_KEYS",
     "tree_digest",
     "program_digest",
     "note_program",
