@@ -10,6 +10,8 @@ which episode, read from the text), and an exception's ``partial_result``.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -398,3 +400,29 @@ def test_a_gymnasium_run_of_another_policy_of_the_same_name_is_refused():
 
     with pytest.raises(ValueError, match="the earlier run's policy 'act' is not"):
         jaxmesh.evaluate(act, env, num_envs=2, seeds=seeds, resume=partial)
+
+
+def test_a_flax_model_resumes_in_another_process(tmp_path, capsys):
+    """The digests do not depend on the process (no object address, no hash
+    seed): a run killed in one process resumes in another."""
+    cfg = config(
+        tmp_path,
+        policy="jaxmesh.zoo.cartpole:CartPoleMLP",
+        policy_config={"checkpoint": None},
+        episodes=6,
+    )
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    capsys.readouterr()
+    whole = without_lane(tmp_path / "r.json")
+    log = tmp_path / "r.episodes.jsonl"
+    log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")
+    env = {**os.environ, cli.CACHE_SWITCH_ENV: "0", "PYTHONHASHSEED": "123"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmesh.cli", *resume(cfg, log)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert without_lane(tmp_path / "r.json") == whole
