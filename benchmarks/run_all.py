@@ -26,6 +26,7 @@ SCRIPTS = (
     "chunks",
     "tiles",
     "compile",
+    "budget",
     "peer",
     "rlmesh_peer",
     "remote",
