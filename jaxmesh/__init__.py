@@ -26,7 +26,7 @@ from jaxmesh.run.resume import EpisodeLog, load_episode_log
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
 from jaxmesh.stats import Comparison
-from jaxmesh.suite import Suite, SuiteResult, Task, compare
+from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
 from jaxmesh.sweep import Sweep, sweep
 from jaxmesh.video import render
 
@@ -91,6 +91,7 @@ __all__ = [
     "Suite",
     "SuiteResult",
     "Task",
+    "make_suite",
     "Comparison",
     "save_params",
     "load_params",

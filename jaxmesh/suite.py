@@ -38,6 +38,7 @@ __all__ = [
     "Task",
     "compare",
     "compare_suites",
+    "make_suite",
 ]
 
 
@@ -169,10 +170,76 @@ class Suite:
 
 
 def _env_of(task: Task) -> Any:
-    """The task's env, made now when it is a factory."""
+    """The task's env, made now when it is a factory (a ``functools.partial``
+    of an env class, as ``jaxmesh.make_env("libero:...")`` returns, is an env
+    source that ``evaluate`` calls per lane, so it is passed as it is)."""
     env = task.env
+    if isinstance(env, functools.partial) and isinstance(env.func, type):
+        return env
     if callable(env) and not hasattr(env, "reset") and not isinstance(env, type):
         return env()
+    return env
+
+
+#: Suite ids ``make_suite`` knows: prefix -> the module that builds them.
+_SUITE_PREFIXES = {"libero": "jaxmesh.envs.libero"}
+
+
+def make_suite(
+    name: str, tasks: Any = None, episodes: int | None = 50, **options: Any
+) -> Suite:
+    """A benchmark's suite by id: ``make_suite("libero:libero_spatial")``.
+
+    Args:
+      name: ``"libero:<suite>"`` with a suite of ``jaxmesh.envs.libero.SUITES``
+        (``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``,
+        ``libero_90``).
+      tasks: the task indices to run (the benchmark's order); None: all.
+      episodes: every task's budget (seeds and trials ``0..episodes-1``);
+        None: ``evaluate``'s ``episodes=`` / ``seeds=``.
+      **options: every task's env options, as ``jaxmesh.make_env`` takes them
+        (LIBERO: ``camera_size``, ``settle_steps``, ``max_episode_steps``).
+
+    Returns:
+      A ``Suite`` whose tasks carry the benchmark's task names and language
+      instructions (docs/libero.md).
+
+    Raises:
+      ValueError: an unknown prefix, suite or task index (naming the valid
+        ones); TypeError: a bad option.
+    """
+    prefix, sep, rest = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if not sep or prefix not in _SUITE_PREFIXES or not rest:
+        raise ValueError(
+            f"make_suite({name!r}): expected 'PREFIX:SUITE' with PREFIX one of "
+            f"{list(_SUITE_PREFIXES)}, e.g. 'libero:libero_spatial'"
+        )
+    from importlib import import_module
+
+    module = import_module(_SUITE_PREFIXES[prefix])
+    return module.make_suite(rest, tasks=tasks, episodes=episodes, **options)
+
+
+def _with_env_config(env: Any, env_config: Any) -> Any:
+    """``evaluate(env=id, env_config={...})``: the id made with those options
+    (``jaxmesh.make_env(id, **env_config)``). A ``libero:`` id is made even
+    without options: it names a factory of host-stepped envs."""
+    from jaxmesh import envs
+
+    if env_config is not None and not isinstance(env_config, Mapping):
+        raise TypeError(
+            f"env_config={env_config!r}: expected a mapping of the env's options "
+            "(passed as jaxmesh.make_env(env, **env_config))"
+        )
+    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
+    if is_id and (env_config or env.startswith("libero:")):
+        return envs.make_env(env, **dict(env_config or {}))
+    if env_config:
+        raise TypeError(
+            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
+            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
+            "env with its options yourself, or give an id"
+        )
     return env
 
 
@@ -193,6 +260,15 @@ def runs_suites(evaluate: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(evaluate)
     def wrapper(policy: Any, env: Any, **kw: Any) -> Any:
+        # env_config: an id's options (jaxmesh.make_env(env, **env_config)).
+        env_config = kw.pop("env_config", None)
+        if not isinstance(env, Suite):
+            env = _with_env_config(env, env_config)
+        elif env_config:
+            raise TypeError(
+                "env_config= with a Suite: give each task's env its options "
+                "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
+            )
         if isinstance(env, Suite):
             return run_suite(evaluate, policy, env, **kw)
         if isinstance(kw.get("resume"), SuiteResult):

@@ -25,7 +25,7 @@ from jaxmesh.envs.gymnax import GymnaxEnv
 from jaxmesh.envs.names import did_you_mean
 from jaxmesh.envs.playground import PlaygroundEnv, is_playground
 
-PREFIXES = ("gymnax", "brax", "playground")
+PREFIXES = ("gymnax", "brax", "playground", "libero")
 
 #: What jaxmesh needs from an env of its own protocol (``jaxmesh.types.Env``).
 PROTOCOL = {
@@ -69,11 +69,16 @@ def make_env(env: Any, **kwargs: Any) -> Any:
         ``brax.envs.get_environment``. playground: ``config_overrides``
         (Playground config keys; ``impl`` is ``"jax"`` unless given),
         ``config``, ``episode_length`` and ``randomize``
-        (``jaxmesh.envs.playground.make``).
+        (``jaxmesh.envs.playground.make``). libero
+        (``"libero:libero_spatial/0"``): ``camera_size`` (256; None: state
+        only), ``settle_steps`` (10), ``max_episode_steps`` (the suite's cap)
+        (``jaxmesh.envs.libero.make``).
 
     Returns:
       A ``GymnaxEnv``, a ``BraxEnv``, a ``PlaygroundEnv``, or ``env`` itself
-      when it already follows the protocol.
+      when it already follows the protocol; for a ``libero:`` id, a picklable
+      factory of a gymnasium env (``jaxmesh.envs.libero.LiberoEnv``) that
+      ``jaxmesh.evaluate`` calls once per lane.
 
     Raises:
       ValueError: for an unknown id or prefix (naming the closest ones).
@@ -121,6 +126,10 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
             from jaxmesh.envs import playground
 
             return _make_playground(playground, name, kwargs)
+        if prefix == "libero":
+            from jaxmesh.envs import libero
+
+            return libero.make(name, **kwargs)
         from jaxmesh.envs import brax
 
         return brax.make(name, **kwargs)

