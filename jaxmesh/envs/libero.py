@@ -267,6 +267,22 @@ def make(name: str, **options: Any) -> functools.partial:
     return functools.partial(LiberoEnv, suite, index, **check_options(**options))
 
 
+def make_envs(name: str, count: int, **options: Any) -> list:
+    """``count`` envs of ``"libero:<name>"`` (what a server serves as lanes:
+    ``jaxmesh.EnvServer(functools.partial(make_envs, name, 8))``, or
+    ``jaxmesh serve-env libero:<name> --lanes 8``)."""
+    factory = make(name, **options)
+    envs: list = []
+    try:
+        for _ in range(count):
+            envs.append(factory())
+    except BaseException:
+        for e in envs:
+            e.close()
+        raise
+    return envs
+
+
 def _gym() -> Any:
     import gymnasium
 
@@ -274,13 +290,15 @@ def _gym() -> Any:
 
 
 def _space(obs: dict) -> Any:
-    """A Dict space of LIBERO's observation: images ``[0, 255]`` uint8, the
-    rest unbounded, each leaf with its own shape and dtype."""
+    """A Dict space of LIBERO's observation: images (``<camera>_image``)
+    ``[0, 255]`` uint8 as the renderer returns them (before the first reset
+    robosuite holds them as floats), the rest unbounded, each leaf with its
+    own shape and dtype."""
     spaces = _gym().spaces
     leaves = {}
     for k, v in obs.items():
         v = np.asarray(v)
-        if v.dtype == np.uint8:
+        if v.dtype == np.uint8 or k.endswith("_image"):
             leaves[k] = spaces.Box(0, 255, v.shape, np.uint8)
         else:
             leaves[k] = spaces.Box(-np.inf, np.inf, v.shape, v.dtype)
@@ -415,6 +433,7 @@ __all__ = [
     "SUITES",
     "check_options",
     "make",
+    "make_envs",
     "make_suite",
     "parse_id",
     "suite_tasks",

@@ -1,0 +1,311 @@
+"""LIBERO tasks (``libero:<suite>/<i>``) against a plain loop over LIBERO's API.
+
+The reference (``openpi_episode``) is the loop of openpi's LIBERO client
+(``examples/libero/main.py``, which LeRobot and vla-evaluation-harness follow),
+written here against LIBERO's own classes: ``env.seed``, ``env.reset``,
+``env.set_init_state(init_states[k])``, settle steps of the dummy action, then
+policy steps until ``done`` or the cap. jaxmesh runs the same policy in
+process, in worker processes and served over gRPC; each episode's length,
+return, success and every observation the policy saw must be the reference's.
+
+The policy's actions take a few exact values (0.25, 0.5, ...) chosen by
+comparisons, so the float rounding of a batched policy call cannot change an
+action: the sims run bit for bit alike. Episodes are short (caps of 12-20
+steps) and state only (no renderer), except one with 32x32 cameras.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "libero.libero", reason="LIBERO is not installed: pip install 'jaxmesh[libero]'"
+)
+
+import jax.numpy as jnp  # noqa: E402
+
+import jaxmesh  # noqa: E402
+from jaxmesh.envs import libero  # noqa: E402
+
+SUITE, TASK = "libero_spatial", 0
+CAP = 15
+KEYS = ["robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos"]
+
+
+def policy(obs):
+    """A state policy whose actions are exact: one of a few values each."""
+    p, g = obs["robot0_eef_pos"], obs["robot0_gripper_qpos"]
+    dx = jnp.where(p[0] > -0.2, -0.5, 0.5)
+    dz = jnp.where(p[2] > 1.15, -0.5, 0.25)
+    grip = jnp.where(g[0] > 0.03, 1.0, -1.0)
+    zero = jnp.zeros(())
+    return jnp.stack([dx, zero + 0.25, dz, zero, zero, zero, grip]).astype(jnp.float32)
+
+
+def policy_np(obs):
+    """``policy`` in numpy, on the float32 observation jaxmesh passes."""
+    p = np.float32(obs["robot0_eef_pos"])
+    g = np.float32(obs["robot0_gripper_qpos"])
+    dx = -0.5 if p[0] > np.float32(-0.2) else 0.5
+    dz = -0.5 if p[2] > np.float32(1.15) else 0.25
+    grip = 1.0 if g[0] > np.float32(0.03) else -1.0
+    return np.array([dx, 0.25, dz, 0, 0, 0, grip], np.float32)
+
+
+def image_policy(obs):
+    """Moves by the agentview image's brightness (it reads both cameras)."""
+    for k in ("agentview_image", "robot0_eye_in_hand_image"):  # at trace time
+        assert obs[k].dtype == jnp.uint8 and obs[k].shape == (32, 32, 3), k
+    a = obs["agentview_image"].astype(jnp.float32).mean()
+    h = obs["robot0_eye_in_hand_image"].astype(jnp.float32).mean()
+    dx = jnp.where(a > 100.0, 0.5, -0.5)
+    dy = jnp.where(h > 100.0, 0.25, -0.25)
+    zero = jnp.zeros(())
+    return jnp.stack([dx, dy, zero, zero, zero, zero, zero - 1.0]).astype(jnp.float32)
+
+
+#: The policy reads the two cameras and the end effector (only they move).
+CAMERA_KEYS = ("agentview_image", "robot0_eye_in_hand_image", "robot0_eef_pos")
+image_model = jaxmesh.Model(
+    image_policy, spec={k: jaxmesh.adapt.State(key=k) for k in CAMERA_KEYS}
+)
+
+
+def image_policy_np(obs):
+    a = np.float32(obs["agentview_image"]).mean(dtype=np.float32)
+    h = np.float32(obs["robot0_eye_in_hand_image"]).mean(dtype=np.float32)
+    return np.array(
+        [0.5 if a > 100 else -0.5, 0.25 if h > 100 else -0.25, 0, 0, 0, 0, -1],
+        np.float32,
+    )
+
+
+# The reference: openpi's LIBERO loop over LIBERO's own API --------------------
+def _libero_env(suite, task, camera_size):
+    from libero.libero import benchmark, get_libero_path
+    from libero.libero.envs.env_wrapper import ControlEnv, OffScreenRenderEnv
+
+    t = benchmark.get_benchmark_dict()[suite]().get_task(task)
+    bddl = os.path.join(get_libero_path("bddl_files"), t.problem_folder, t.bddl_file)
+    if camera_size is None:
+        return ControlEnv(
+            bddl_file_name=bddl, use_camera_obs=False, has_offscreen_renderer=False
+        )
+    return OffScreenRenderEnv(
+        bddl_file_name=bddl, camera_heights=camera_size, camera_widths=camera_size
+    )
+
+
+def openpi_episode(env, init_states, seed, trial, act, max_steps, keys, settle=10):
+    """One episode as openpi's client runs it; returns what it saw and scored."""
+    env.seed(seed)
+    env.reset()
+    obs = env.set_init_state(init_states[trial])
+    seen, total, success, t = [], 0.0, False, 0
+    while t < max_steps + settle:
+        if t < settle:
+            obs, reward, done, info = env.step([0, 0, 0, 0, 0, 0, -1])
+            t += 1
+            continue
+        seen.append({k: np.asarray(obs[k]).copy() for k in keys})
+        obs, reward, done, info = env.step(act(obs).tolist())
+        total += reward
+        if done:
+            success = True
+            break
+        t += 1
+    seen.append({k: np.asarray(obs[k]).copy() for k in keys})
+    return {"length": len(seen) - 1, "return": total, "success": success, "seen": seen}
+
+
+def reference(suite, task, seeds, trials, act, max_steps, keys, camera_size=None):
+    from libero.libero import benchmark
+
+    init = benchmark.get_benchmark_dict()[suite]().get_task_init_states(task)
+    env = _libero_env(suite, task, camera_size)
+    try:
+        return [
+            openpi_episode(env, init, s, k % len(init), act, max_steps, keys)
+            for s, k in zip(seeds, trials, strict=True)
+        ]
+    finally:
+        env.close()
+
+
+SEEDS = [7, 3, 11]
+BASE = 48  # trials 48, 49, 50 -> init states 48, 49, 0
+
+
+@pytest.fixture(scope="module")
+def expected():
+    trials = [BASE + i for i in range(len(SEEDS))]
+    return reference(SUITE, TASK, SEEDS, trials, policy_np, CAP, KEYS)
+
+
+def check_same(result, expected, keys=KEYS, exact=True):
+    """Each episode's length, return, success and observations equal the
+    reference's (observations as the float32 the policy reads)."""
+    assert len(result.lengths) == len(expected)
+    for i, ref in enumerate(expected):
+        assert int(result.lengths[i]) == ref["length"], i
+        np.testing.assert_allclose(result.returns[i], ref["return"], atol=1e-6)
+        assert bool(result.success[i]) == ref["success"], i
+    for tr in result.trajectories:
+        ref = expected[tr.episode]["seen"]
+        assert len(tr.rewards) == len(ref) - 1
+        for k in keys:
+            want = np.stack([s[k] for s in ref])
+            got = np.asarray(tr.observations[k])
+            if want.dtype == np.uint8:
+                np.testing.assert_array_equal(got, want, err_msg=k)
+            else:
+                np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=k)
+
+
+def run(env, **kw):
+    kw.setdefault("num_envs", 2)
+    return jaxmesh.evaluate(
+        policy,
+        env,
+        seeds=SEEDS,
+        trial_index_base=BASE,
+        record=jaxmesh.Record(episodes=list(range(len(SEEDS))), keys=KEYS),
+        **kw,
+    )
+
+
+def test_in_process_equals_openpi_loop(expected):
+    result = run(
+        f"libero:{SUITE}/{TASK}",
+        env_config={"camera_size": None, "max_episode_steps": CAP},
+    )
+    check_same(result, expected)
+    assert not result.truncated.any() or (result.lengths == CAP).all()
+    assert result.env.endswith(f"libero:{SUITE}/{TASK}")
+
+
+def test_worker_processes_equal_openpi_loop(expected):
+    env = jaxmesh.make_env(f"libero:{SUITE}/{TASK}", camera_size=None)
+    result = run(env, workers=2, max_episode_steps=CAP)
+    check_same(result, expected)
+
+
+def test_served_equals_openpi_loop(expected):
+    from jaxmesh.remote.server import EnvServer
+
+    lanes = functools.partial(libero.make_envs, f"{SUITE}/{TASK}", 2, camera_size=None)
+    with EnvServer(lanes, "127.0.0.1:0") as server:
+        result = run(f"grpc://{server.address}", max_episode_steps=CAP)
+    check_same(result, expected)
+
+
+def test_cameras_reach_the_policy_unchanged():
+    keys = list(CAMERA_KEYS)
+    want = reference(SUITE, 1, [5], [2], image_policy_np, 4, keys, camera_size=32)
+    result = jaxmesh.evaluate(
+        image_model,
+        f"libero:{SUITE}/1",
+        env_config={"camera_size": 32},
+        seeds=[5],
+        trial_index_base=2,
+        num_envs=1,
+        max_episode_steps=4,
+        record=jaxmesh.Record(episodes=[0], keys=keys),
+    )
+    check_same(result, want, keys=keys)
+    img = result.trajectories[0].observations["agentview_image"]
+    assert img.shape == (5, 32, 32, 3) and img.std() > 0  # a rendered scene
+
+
+def test_suite_names_instructions_and_caps():
+    from libero.libero import benchmark
+
+    suite = jaxmesh.make_suite("libero:libero_goal", tasks=[3, 1], episodes=2)
+    ref = benchmark.get_benchmark_dict()["libero_goal"]()
+    assert list(suite.tasks) == [ref.get_task(3).name, ref.get_task(1).name]
+    assert [t.instruction for t in suite.tasks.values()] == [
+        ref.get_task(3).language,
+        ref.get_task(1).language,
+    ]
+    assert suite.episodes == 2
+    for name, cap in libero.SUITES.items():
+        assert libero.make(f"{name}/0").keywords["max_episode_steps"] is None
+        assert (
+            cap
+            == {
+                "libero_spatial": 220,
+                "libero_object": 280,
+                "libero_goal": 300,
+                "libero_10": 520,
+                "libero_90": 400,
+            }[name]
+        )
+    assert len(jaxmesh.make_suite("libero:libero_90").tasks) == 90
+
+
+def test_suite_over_worker_processes_equals_openpi_loop():
+    suite = jaxmesh.make_suite(
+        f"libero:{SUITE}",
+        tasks=[2, 0],
+        episodes=2,
+        camera_size=None,
+        max_episode_steps=12,
+    )
+    result = jaxmesh.evaluate(policy, suite, num_envs=2, workers=2)
+    for name, task in zip(suite.tasks, (2, 0), strict=True):
+        want = reference(SUITE, task, [0, 1], [0, 1], policy_np, 12, KEYS)
+        got = result.tasks[name]
+        assert got.lengths.tolist() == [w["length"] for w in want]
+        assert got.success.tolist() == [w["success"] for w in want]
+    assert "pick_up_the_black_bowl" in result.summary()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "options", "match"),
+    [
+        (
+            "libero:libero_spatail/0",
+            {},
+            r"unknown LIBERO suite 'libero_spatail'.*"
+            r"libero_spatial",
+        ),
+        ("libero:libero_10/10", {}, r"libero_10 has tasks 0\.\.9; got task index 10"),
+        ("libero:libero_goal", {}, r"expected 'libero:<suite>/<task index>'"),
+        ("libero:libero_goal/0", {"camera_size": 0}, r"camera_size=0: expected"),
+        ("libero:libero_goal/0", {"settle_steps": -1}, r"settle_steps=-1"),
+        ("libero:libero_goal/0", {"cameras": 2}, r"does not take \['cameras'\]"),
+    ],
+)
+def test_bad_ids_and_options(env_id, options, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        jaxmesh.make_env(env_id, **options)
+
+
+def test_bad_suites():
+    with pytest.raises(ValueError, match=r"expected one of \['libero_spatial'"):
+        jaxmesh.make_suite("libero:libero_100")
+    with pytest.raises(ValueError, match=r"0\.\.9"):
+        jaxmesh.make_suite("libero:libero_object", tasks=[12])
+    with pytest.raises(ValueError, match=r"'PREFIX:SUITE'"):
+        jaxmesh.make_suite("libero_object")
+    with pytest.raises(TypeError, match="env_config only applies"):
+        jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", env_config={"x": 1})
+
+
+def test_missing_gl_library_names_package_and_variable(monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    monkeypatch.setattr(libero.ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"libosmesa6.*MUJOCO_GL"):
+        libero._gl_backend()
+
+
+def test_missing_package_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "libero.libero", None)
+    with pytest.raises(ImportError, match=r"jaxmesh\[libero\]"):
+        libero._libero()
