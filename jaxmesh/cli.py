@@ -77,6 +77,10 @@ CONFIG_KEYS: dict[str, str] = {
     "tasks": "a suite instead of env: task name -> env id, or a mapping with env "
     "and any of env_config, instruction, episodes, seeds, trial_index_base "
     "(jaxmesh.Suite; top-level episodes/seeds are every task's default)",
+    "suite": "a benchmark's suite instead of env or tasks: an id (libero:"
+    "libero_spatial) or a mapping with name: and jaxmesh.make_suite's arguments "
+    "(tasks: [0, 1] task indices, camera_size, settle_steps, max_episode_steps); "
+    "each task named and instructed as the benchmark does (docs/libero.md)",
     "env_config": "mapping passed to jaxmesh.make_env(env, **env_config), "
     "e.g. episode_length: 50 for a brax env (gymnax: and brax: ids only)",
     "token": "served envs: the servers' session token (null: $JAXMESH_TOKEN)",
@@ -322,6 +326,8 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"unknown config key(s) {unknown}{hint}; allowed keys: "
             f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
         )
+    if config.get("suite") is not None:
+        config = expand_suite(config)
     suite = config.get("tasks") is not None
     if suite and config.get("env") not in (None, ""):
         raise ConfigError(
@@ -637,6 +643,49 @@ TASK_KEYS = (
     "seeds",
     "trial_index_base",
 )
+
+
+def expand_suite(config: dict[str, Any]) -> dict[str, Any]:
+    """A config's ``suite:`` as the ``tasks:`` it stands for (``jaxmesh.
+    make_suite``): each task's env id, instruction and env_config.
+
+    Raises:
+      ConfigError: with env or tasks, or a suite make_suite refuses.
+    """
+    import jaxmesh
+
+    given = config["suite"]
+    for other in ("env", "tasks", "env_config"):
+        if config.get(other) not in (None, "", {}):
+            raise ConfigError(
+                f"suite={given!r} and {other}: a suite names its tasks and their "
+                f"envs; remove {other} (env options go in suite: {{name: ..., "
+                "camera_size: ...}})"
+            )
+    args = {"name": given} if isinstance(given, str) else given
+    if not isinstance(args, dict) or not isinstance(args.get("name"), str):
+        raise ConfigError(
+            f"suite={given!r}: expected a suite id (e.g. libero:libero_spatial) or "
+            "a mapping with name: <id> and make_suite's options (tasks: [0, 1], "
+            "camera_size: 128, ...)"
+        )
+    options = {k: v for k, v in args.items() if k not in ("name", "tasks")}
+    try:
+        suite = jaxmesh.make_suite(
+            args["name"], tasks=args.get("tasks"), episodes=None, **options
+        )
+    except (ValueError, TypeError, ImportError, RuntimeError) as e:
+        raise ConfigError(f"suite={given!r}: {e}") from e
+    tasks = {}
+    for name, task in suite.tasks.items():
+        suite_name, index = task.env.args[:2]  # functools.partial(LiberoEnv, ...)
+        tasks[name] = {
+            "env": f"libero:{suite_name}/{index}",
+            "instruction": task.instruction,
+            "env_config": dict(task.env.keywords),
+        }
+    out = {k: v for k, v in config.items() if k not in ("suite", "env_config")}
+    return dict(out, tasks=tasks)
 
 
 def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
@@ -1137,11 +1186,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
     report = report_path(args.report, config, args.config)
     suite = config.get("tasks") is not None
-    if suite and getattr(args, "video", None) is not None:
-        raise ConfigError(
-            "--video with tasks: a suite's videos are per task; run one task with "
-            "--set env=... to render it"
-        )
     video = video_path(getattr(args, "video", None), config)
     if video is not None and config.get("record") is None:
         config["record"] = check_record_config([0])
@@ -1202,7 +1246,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             line += f" (the tasks finished before it, {done}, are not saved: no output)"
         raise ConfigError(line) from e
     if suite:
-        return _finish_suite(result, config, report)
+        return _finish_suite(result, config, report, video)
     # What a later --resume of this result checks: the step cap, the params.
     result.fingerprint = {**(result.fingerprint or {}), **fp}
     print(result.summary())
@@ -1458,9 +1502,17 @@ class _SuiteSaver:
         self.path.write_text(text + "\n")
 
 
-def _finish_suite(result: Any, config: dict[str, Any], report: Path | None) -> int:
-    """``eval``'s output of a suite: the per-task table, the JSON, the report."""
+def _finish_suite(
+    result: Any, config: dict[str, Any], report: Path | None, video: Path | None
+) -> int:
+    """``eval``'s output of a suite: the per-task table, the videos (each
+    task's recorded episodes, ``<video stem>.<task>.ep<i><suffix>``), the
+    JSON, the report."""
     print(result.summary())
+    if video is not None:
+        for name, task in result.tasks.items():
+            target = video.with_name(f"{video.stem}.{name}{video.suffix}")
+            write_videos(task, target, None, explicit=False)
     if config.get("output"):
         out = Path(config["output"])
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -1621,8 +1673,13 @@ def write_videos(
         else:
             target = path.with_name(f"{path.stem}.ep{tr.episode}{path.suffix}")
         target.parent.mkdir(parents=True, exist_ok=True)
+        frames = None
+        if tr.frames is None and "libero:" in str(result.env):
+            # Worker processes capture no render() frames: a LIBERO episode's
+            # video is its recorded camera image.
+            from jaxmesh.envs.libero import video_frame as frames
         try:
-            render(result, tr.episode, target)
+            render(result, tr.episode, target, frames=frames)
         except (ValueError, ImportError) as e:
             raise ConfigError(f"--video: episode {tr.episode}: {e}") from e
         print(f"wrote {target}")
@@ -1936,6 +1993,40 @@ def serve_env_id(env: str) -> str:
     return full
 
 
+def _libero_lanes(env_id: str, env_config: str | None, lanes: int | None) -> Any:
+    """``serve-env libero:<suite>/<i>``: a factory of its ``lanes`` envs (built
+    when the server starts), the id and ``--env-config`` checked now.
+
+    Raises:
+      ConfigError: bad JSON, an unknown suite, task or option, LIBERO or its
+        OpenGL library missing.
+    """
+    import functools
+
+    from jaxmesh.envs import libero
+
+    try:
+        options = json.loads(env_config) if env_config is not None else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"--env-config {env_config!r}: not JSON ({e}); expected an object such "
+            'as \'{"camera_size": 128}\''
+        ) from e
+    if not isinstance(options, dict):
+        raise ConfigError(
+            f"--env-config {env_config!r}: expected a JSON object of the env's "
+            "options (camera_size, settle_steps, max_episode_steps)"
+        )
+    if lanes is not None and (isinstance(lanes, bool) or lanes < 1):
+        raise ConfigError(f"--lanes {lanes}: expected an int >= 1")
+    name = env_id.partition(":")[2]
+    try:
+        libero.make(name, **options)
+    except (ValueError, TypeError, ImportError, RuntimeError) as e:
+        raise ConfigError(f"cannot serve {env_id!r}: {e}") from e
+    return functools.partial(libero.make_envs, name, lanes or 1, **options)
+
+
 @contextlib.contextmanager
 def _native_stderr_held() -> Any:
     """Holds back what is written to file descriptor 2 inside the block (gRPC's
@@ -1978,7 +2069,16 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     from jaxmesh.remote.protocol import TOKEN_ENV
     from jaxmesh.remote.server import EnvServer, ServeOptions
 
-    env = serve_env_id(args.env)
+    lanes = args.lanes
+    if args.env.startswith("libero:"):
+        env, lanes = _libero_lanes(args.env, args.env_config, lanes), None
+    elif args.env_config is not None:
+        raise ConfigError(
+            f"--env-config with {args.env!r}: it applies to libero:<suite>/<i> ids; "
+            "a gymnasium:<id> is made as registered: remove --env-config"
+        )
+    else:
+        env = serve_env_id(args.env)
     if args.ready_fd is not None:
         try:
             os.fstat(args.ready_fd)
@@ -2002,7 +2102,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
                 env,
                 args.address,
                 options=options,
-                lanes=args.lanes,
+                lanes=lanes,
                 insecure=args.insecure,
                 credentials=credentials,
             ).start()
@@ -2017,7 +2117,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     print(server.address, flush=True)
     print(
-        f"jaxmesh serve-env: serving {env} ({server.num_lanes} lanes) at "
+        f"jaxmesh serve-env: serving {args.env} ({server.num_lanes} lanes) at "
         f"{server.address}; SIGTERM or Ctrl-C stops it",
         file=sys.stderr,
         flush=True,
@@ -2240,7 +2340,8 @@ def make_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "env",
         help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1 "
-        "(gymnasium:<module>:<id> imports <module> first)",
+        "(gymnasium:<module>:<id> imports <module> first), or a LIBERO task "
+        "libero:<suite>/<i> (options: --env-config)",
     )
     se.add_argument(
         "--lanes", type=int, default=None, help="envs to make (lanes; default 1)"
@@ -2295,6 +2396,13 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="W",
         help="worker processes stepping groups of a gymnasium:<id> env's lanes "
         "(threads for envs built by a factory; default 1)",
+    )
+    se.add_argument(
+        "--env-config",
+        default=None,
+        metavar="JSON",
+        help="libero:<suite>/<i> envs: their options as a JSON object, e.g. "
+        '\'{"camera_size": 128}\' (jaxmesh.make_env(env, **options))',
     )
     se.set_defaults(run=cmd_serve_env)
     return parser

@@ -34,6 +34,7 @@ import html
 import io
 import json
 import math
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -937,6 +938,9 @@ def suite_report_html(suite: Any, *, resamples: int | None = None) -> str:
             f"<figure><img src='{esc(png_data_uri(png_bytes(fig)))}' "
             f"alt='{esc(f'Plots of task {name}')}'></figure>"
         )
+        shown = videos_section(types.SimpleNamespace(result=result, base=None))
+        if shown is not None:  # the task's recorded episodes
+            body += shown.body
         parts.append(Section(f"task-{k}", f"Task {name}", body))
     rs = list(suite.tasks.values())
     policy = rs[0].policy if rs else "policy"

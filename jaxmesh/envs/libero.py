@@ -35,6 +35,7 @@ renders headless through OpenGL: ``MUJOCO_GL=osmesa`` (Debian's
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import functools
 import os
@@ -121,7 +122,10 @@ def _libero() -> Any:
 @functools.cache
 def _suite(name: str) -> Any:
     lib = _libero()
-    return lib.benchmark.get_benchmark_dict()[name]()
+    # LIBERO prints its task order on stdout; stdout belongs to the caller
+    # (serve-env prints its address there).
+    with contextlib.redirect_stdout(sys.stderr):
+        return lib.benchmark.get_benchmark_dict()[name]()
 
 
 def check_suite(suite: Any) -> str:
@@ -283,6 +287,21 @@ def make_envs(name: str, count: int, **options: Any) -> list:
     return envs
 
 
+def video_frame(obs: Any, state: Any = None) -> np.ndarray:
+    """A video frame of a recorded LIBERO episode: its agentview image turned
+    upright (``jaxmesh.render(result, i, path, frames=video_frame)``; the run
+    must record ``agentview_image``, i.e. have cameras)."""
+    del state
+    if not isinstance(obs, dict) or "agentview_image" not in obs:
+        raise ValueError(
+            "a LIBERO video needs the agentview_image of every step: run with "
+            "camera_size (not None) and record it (Record(keys=None) or a list "
+            "with 'agentview_image')"
+        )
+    img = np.asarray(obs["agentview_image"])
+    return np.ascontiguousarray(np.clip(img, 0, 255).astype(np.uint8)[::-1, ::-1])
+
+
 def _gym() -> Any:
     import gymnasium
 
@@ -437,6 +456,7 @@ __all__ = [
     "make_suite",
     "parse_id",
     "suite_tasks",
+    "video_frame",
 ]
 
 
