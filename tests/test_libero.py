@@ -309,3 +309,35 @@ def test_missing_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "libero.libero", None)
     with pytest.raises(ImportError, match=r"jaxmesh\[libero\]"):
         libero._libero()
+
+
+def test_config_runs_from_the_command_line(tmp_path, capsys):
+    """configs/libero_spatial.yaml, cut short: the per-task table, the JSON,
+    a video per task (from worker processes) and the report embedding them."""
+    import json
+    from pathlib import Path
+
+    from jaxmesh.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "libero.json"
+    sets = [
+        "suite.tasks=[3]",
+        "suite.camera_size=32",
+        "suite.max_episode_steps=6",
+        "episodes=1",
+        f"output={out}",
+    ]
+    argv = ["eval", str(root / "configs" / "libero_spatial.yaml"), "--no-progress"]
+    argv += [a for s in sets for a in ("--set", s)]
+    argv += ["--report", str(tmp_path / "libero.html"), "--video"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    name = "pick_up_the_black_bowl_on_the_cookie_box_and_place_it_on_the_plate"
+    assert name in printed and "interval" in printed
+    task = json.loads(out.read_text())["tasks"][name]
+    assert len(task["episodes"]) == 1 and task["env"].endswith("libero_spatial/3")
+    video = tmp_path / f"libero.{name}.ep0.mp4"
+    assert video.stat().st_size > 0
+    html = (tmp_path / "libero.html").read_text()
+    assert name in html and f"data-video='{video.name}'" in html

@@ -83,7 +83,8 @@ def _gl_backend() -> str:
       RuntimeError: the backend's library is not installed (naming the
         package and the variable).
     """
-    if "mujoco" not in sys.modules:
+    if "OpenGL" not in sys.modules and "robosuite" not in sys.modules:
+        # Both read their variable when first imported.
         os.environ.setdefault("MUJOCO_GL", "osmesa")
         os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     backend = os.environ.get("MUJOCO_GL", "").strip().lower()
