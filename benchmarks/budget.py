@@ -88,6 +88,8 @@ def run_cli(workdir: Path, checkpoint: Path, lanes: int, episodes: int) -> dict:
     if code not in (0, None):
         raise RuntimeError(f"jaxmesh eval exited with {code}")
     totals = json.loads(out.read_text())["totals"]
+    for written in workdir.glob(f"{out.stem}.*"):  # GBs at 1e7 episodes
+        written.unlink()
     return {"run_time": totals["run_time"], "env_steps": totals["env_steps"]}
 
 
@@ -186,8 +188,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     budgets = [10**k for k in range(3, top + 1)]
     if args.budgets:
         budgets = [int(float(x)) for x in args.budgets.split(",")]
-    lanes_list = [int(x) for x in args.lanes.split(",")]
-    paths = args.paths.split(",")
     print(
         header(
             "Cost per episode against the budget",
@@ -201,7 +201,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             },
         )
     )
-    workdir = Path(tempfile.mkdtemp(prefix="jaxmesh-budget-"))
+    with tempfile.TemporaryDirectory(prefix="jaxmesh-budget-") as tmp:
+        return measure_all(args, budgets, Path(tmp))
+
+
+def measure_all(args: argparse.Namespace, budgets: list[int], workdir: Path) -> list:
+    """Every table and goal line, with files written under ``workdir``."""
+    lanes_list = [int(x) for x in args.lanes.split(",")]
+    paths = args.paths.split(",")
     checkpoint = workdir / "untrained"
     jaxmesh.save_params(checkpoint, cartpole.init(jax.random.PRNGKey(0)))
     policy = cartpole.CartPoleMLP.from_config(checkpoint=str(checkpoint))
