@@ -35,6 +35,7 @@ SCRIPTS = (
     "scale",
     "suite",
     "sweep",
+    "libero_speed",
 )
 
 

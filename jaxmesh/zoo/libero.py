@@ -54,10 +54,11 @@ def _act(obs: dict) -> jnp.ndarray:
     return jnp.concatenate([move, jnp.zeros(3), grip[None]]).astype(jnp.float32)
 
 
-def _chunk(obs: dict) -> jnp.ndarray:
+def chunk(obs: dict) -> jnp.ndarray:
+    """One plan: ``CHUNK`` copies of the action for ``obs``."""
     return jnp.broadcast_to(_act(obs), (CHUNK, 7))
 
 
 #: The policy the config runs: a Model reading four state leaves (only they
 #: leave the env's process), a chunk of ``CHUNK`` actions per plan.
-scripted = Model(_chunk, spec={k: State(key=k) for k in KEYS})
+scripted = Model(chunk, spec={k: State(key=k) for k in KEYS})
