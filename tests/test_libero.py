@@ -17,6 +17,7 @@ steps) and state only (no renderer), except one with 32x32 cameras.
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import numpy as np
@@ -194,12 +195,32 @@ def test_worker_processes_equal_openpi_loop(expected):
     check_same(result, expected)
 
 
+@pytest.mark.slow  # make test serves through the command (the next test)
 def test_served_equals_openpi_loop(expected):
     from jaxmesh.remote.server import EnvServer
 
     lanes = functools.partial(libero.make_envs, f"{SUITE}/{TASK}", 2, camera_size=None)
     with EnvServer(lanes, "127.0.0.1:0") as server:
         result = run(f"grpc://{server.address}", max_episode_steps=CAP)
+    check_same(result, expected)
+
+
+def test_serve_env_command_equals_openpi_loop(expected):
+    """``jaxmesh serve-env libero:... --env-config JSON`` in a child process."""
+    from gym_reference import start_serve_env
+
+    proc, address = start_serve_env(
+        f"libero:{SUITE}/{TASK}",
+        "--lanes",
+        "1",
+        "--env-config",
+        json.dumps({"camera_size": None, "max_episode_steps": CAP}),
+    )
+    try:
+        result = run(f"grpc://{address}", num_envs=1)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
     check_same(result, expected)
 
 
@@ -314,7 +335,6 @@ def test_missing_package_names_the_extra(monkeypatch):
 def test_config_runs_from_the_command_line(tmp_path, capsys):
     """configs/libero_spatial.yaml, cut short: the per-task table, the JSON,
     a video per task (from worker processes) and the report embedding them."""
-    import json
     from pathlib import Path
 
     from jaxmesh.cli import main
