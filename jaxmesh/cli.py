@@ -82,7 +82,8 @@ CONFIG_KEYS: dict[str, str] = {
     "(tasks: [0, 1] task indices, camera_size, settle_steps, max_episode_steps); "
     "each task named and instructed as the benchmark does (docs/libero.md)",
     "env_config": "mapping passed to jaxmesh.make_env(env, **env_config), "
-    "e.g. episode_length: 50 for a brax env (gymnax: and brax: ids only)",
+    "e.g. episode_length: 50 for a brax env, camera_size: 128 for a libero: task "
+    "(gymnax:, brax:, playground: and libero: ids only)",
     "token": "served envs: the servers' session token (null: $JAXMESH_TOKEN)",
     "tls_ca": "served envs at grpcs://: a PEM file of the CA (or self-signed "
     "certificate) the servers' certificates are checked against (null: gRPC's "
@@ -428,7 +429,8 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
     if not suite and out["env_config"] and not _is_jax_id(config["env"]):
         raise ConfigError(
             f"env_config={out['env_config']!r} with env={config['env']!r}: "
-            "env_config only applies to gymnax: and brax: ids; a served env is "
+            "env_config only applies to gymnax: and brax: ids (and playground:, "
+            "libero:); a served env is "
             "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
             "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
             "as registered: remove env_config"
@@ -737,8 +739,8 @@ def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"{where}.env_config={env_config!r}: expected a mapping")
         if env_config and not _is_jax_id(task["env"]):
             raise ConfigError(
-                f"{where}.env_config={env_config!r}: env_config applies to gymnax: "
-                "and brax: ids only"
+                f"{where}.env_config={env_config!r}: env_config applies to gymnax:, "
+                "brax:, playground: and libero: ids only"
             )
         out[str(name)] = dict(task, env_config=dict(env_config))
     return out
@@ -2010,7 +2012,7 @@ def _libero_lanes(env_id: str, env_config: str | None, lanes: int | None) -> Any
     except json.JSONDecodeError as e:
         raise ConfigError(
             f"--env-config {env_config!r}: not JSON ({e}); expected an object such "
-            'as \'{"camera_size": 128}\''
+            "as '{\"camera_size\": 128}'"
         ) from e
     if not isinstance(options, dict):
         raise ConfigError(
@@ -2402,7 +2404,7 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="JSON",
         help="libero:<suite>/<i> envs: their options as a JSON object, e.g. "
-        '\'{"camera_size": 128}\' (jaxmesh.make_env(env, **options))',
+        "'{\"camera_size\": 128}' (jaxmesh.make_env(env, **options))",
     )
     se.set_defaults(run=cmd_serve_env)
     return parser

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -361,3 +362,24 @@ def test_config_runs_from_the_command_line(tmp_path, capsys):
     assert video.stat().st_size > 0
     html = (tmp_path / "libero.html").read_text()
     assert name in html and f"data-video='{video.name}'" in html
+
+
+@pytest.mark.parametrize(
+    ("sets", "match"),
+    [
+        (["suite=libero:libero_100"], r"unknown LIBERO suite 'libero_100'"),
+        (["suite.tasks=[10]"], r"libero_spatial has tasks 0\.\.9"),
+        (["suite.cameras=2"], r"does not take \['cameras'\]"),
+        (["env=libero:libero_spatial/0"], r"suite=.* and env: a suite names its tasks"),
+        (["suite=[1]"], r"expected a suite id"),
+    ],
+)
+def test_bad_suite_configs(sets, match, capsys):
+    from pathlib import Path
+
+    from jaxmesh.cli import main
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "libero_spatial.yaml"
+    argv = ["eval", str(config)] + [a for s in sets for a in ("--set", s)]
+    assert main(argv) == 2
+    assert re.search(match, capsys.readouterr().err)
