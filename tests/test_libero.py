@@ -184,8 +184,10 @@ def test_in_process_equals_openpi_loop(expected):
     result = run(
         f"libero:{SUITE}/{TASK}",
         env_config={"camera_size": None, "max_episode_steps": CAP},
+        metrics="init_state",
     )
     check_same(result, expected)
+    assert np.asarray(result.metrics["init_state"]).tolist() == [48, 49, 0]
     assert not result.truncated.any() or (result.lengths == CAP).all()
     assert result.env.endswith(f"libero:{SUITE}/{TASK}")
 
@@ -383,3 +385,46 @@ def test_bad_suite_configs(sets, match, capsys):
     argv = ["eval", str(config)] + [a for s in sets for a in ("--set", s)]
     assert main(argv) == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def test_suite_resumes_after_a_failure():
+    """A suite run stopped after its first episode resumes with the rest: each
+    episode keeps its own seed and initial state (trial_index_base + index)."""
+
+    class StopAfterFirst:
+        def on_episode_end(self, episode):
+            raise RuntimeError("stopped on purpose")
+
+    suite = jaxmesh.make_suite(
+        f"libero:{SUITE}",
+        tasks=[TASK],
+        episodes=3,
+        camera_size=None,
+        max_episode_steps=8,
+    )
+    with pytest.raises(Exception, match="stopped on purpose") as info:
+        jaxmesh.evaluate(
+            policy,
+            suite,
+            num_envs=1,
+            trial_index_base=BASE,
+            hooks=[StopAfterFirst()],
+            metrics="init_state",
+        )
+    partial = info.value.partial_result
+    assert isinstance(partial, jaxmesh.SuiteResult)
+    (name,) = suite.tasks
+    assert partial.tasks[name].num_episodes == 1
+    result = jaxmesh.evaluate(
+        policy,
+        suite,
+        num_envs=1,
+        trial_index_base=BASE,
+        resume=partial,
+        metrics="init_state",
+    )
+    want = reference(SUITE, TASK, [0, 1, 2], [48, 49, 50], policy_np, 8, KEYS)
+    got = result.tasks[name]
+    assert got.lengths.tolist() == [w["length"] for w in want]
+    np.testing.assert_allclose(got.returns, [w["return"] for w in want], atol=1e-6)
+    assert np.asarray(got.metrics["init_state"]).tolist() == [48, 49, 0]

@@ -347,8 +347,10 @@ class LiberoEnv(_base_env()):
 
     ``reset(seed=s, options={"trial_index": k})`` seeds LIBERO's env with
     ``s``, resets it, sets init state ``k % 50`` (k = 0 without options) and
-    settles. ``info["success"]`` is LIBERO's success check; the reset's info
-    also holds ``"language"``, the task's instruction.
+    settles. ``info["success"]`` is LIBERO's success check and
+    ``info["init_state"]`` the init state the episode started from
+    (``evaluate(..., metrics="init_state")`` keeps it per episode); the
+    reset's info also holds ``"language"``, the task's instruction.
     """
 
     metadata = {"render_modes": ["rgb_array"], "reset_options": (_TRIAL_INDEX,)}
@@ -408,7 +410,7 @@ class LiberoEnv(_base_env()):
             np.asarray(low, np.float32), np.asarray(high, np.float32), dtype=np.float32
         )
         self.observation_space = _space(self._observe(self._env.env.observation_spec()))
-        self._steps, self._last = 0, None
+        self._steps, self._last, self._init_state = 0, None, 0
 
     @staticmethod
     def _observe(obs: Any) -> dict[str, np.ndarray]:
@@ -420,12 +422,18 @@ class LiberoEnv(_base_env()):
         if seed is not None:
             self._env.seed(int(seed))
         self._env.reset()
-        obs = self._env.set_init_state(self.init_states[trial % len(self.init_states)])
+        self._init_state = trial % len(self.init_states)
+        obs = self._env.set_init_state(self.init_states[self._init_state])
         done = False
         for _ in range(self.settle_steps):
             obs, _, done, _ = self._env.step(list(DUMMY_ACTION))
         self._steps, self._last = 0, self._observe(obs)
-        info = {"success": bool(done), "language": self.language, _TRIAL_INDEX: trial}
+        info = {
+            "success": bool(done),
+            "init_state": self._init_state,
+            "language": self.language,
+            _TRIAL_INDEX: trial,
+        }
         return self._last, info
 
     def step(self, action: Any):
@@ -433,7 +441,8 @@ class LiberoEnv(_base_env()):
         self._steps += 1
         self._last = self._observe(obs)
         truncated = self._steps >= self.max_episode_steps
-        return self._last, float(reward), bool(done), truncated, {"success": bool(done)}
+        info = {"success": bool(done), "init_state": self._init_state}
+        return self._last, float(reward), bool(done), truncated, info
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None or self._last is None:
