@@ -38,6 +38,7 @@ EPISODE_KEYS = {
     "truncated",
     "predict_calls",
     "lane",
+    "check",  # the record's checksum (docs/evaluation.md)
 }
 
 

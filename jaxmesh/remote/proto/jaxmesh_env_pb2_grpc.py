@@ -26,10 +26,14 @@ if _version_not_supported:
 
 
 class EnvServiceStub:
-    """Calls carry the session token, when the server asks for one, as the
-    metadata "authorization: Bearer <token>". An env that raises ends the Step
-    stream with status INTERNAL and the trailing metadata "jaxmesh-env-error"
-    (the exception's type and message) and "jaxmesh-traceback-bin" (its
+    """Calls carry the session token, when the server asks for one, as the metadata
+    "authorization: Bearer <token>", compared exactly; a call without it is
+    refused (UNAUTHENTICATED) before its message is read. The server receives
+    requests up to a limit sized from its lanes (at least 1 MiB). An env that
+    raises ends the Step stream with status INTERNAL and the trailing metadata
+    "jaxmesh-env-error" (the exception's type and message), "jaxmesh-env-lane"
+    ("<lane> <resetting|stepping> <steps>": the lane and the steps it took in
+    the call before the one that raised) and "jaxmesh-traceback-bin" (its
     traceback text, UTF-8).
     """
 
@@ -57,10 +61,14 @@ class EnvServiceStub:
 
 
 class EnvServiceServicer:
-    """Calls carry the session token, when the server asks for one, as the
-    metadata "authorization: Bearer <token>". An env that raises ends the Step
-    stream with status INTERNAL and the trailing metadata "jaxmesh-env-error"
-    (the exception's type and message) and "jaxmesh-traceback-bin" (its
+    """Calls carry the session token, when the server asks for one, as the metadata
+    "authorization: Bearer <token>", compared exactly; a call without it is
+    refused (UNAUTHENTICATED) before its message is read. The server receives
+    requests up to a limit sized from its lanes (at least 1 MiB). An env that
+    raises ends the Step stream with status INTERNAL and the trailing metadata
+    "jaxmesh-env-error" (the exception's type and message), "jaxmesh-env-lane"
+    ("<lane> <resetting|stepping> <steps>": the lane and the steps it took in
+    the call before the one that raised) and "jaxmesh-traceback-bin" (its
     traceback text, UTF-8).
     """
 
@@ -112,10 +120,14 @@ def add_EnvServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EnvService:
-    """Calls carry the session token, when the server asks for one, as the
-    metadata "authorization: Bearer <token>". An env that raises ends the Step
-    stream with status INTERNAL and the trailing metadata "jaxmesh-env-error"
-    (the exception's type and message) and "jaxmesh-traceback-bin" (its
+    """Calls carry the session token, when the server asks for one, as the metadata
+    "authorization: Bearer <token>", compared exactly; a call without it is
+    refused (UNAUTHENTICATED) before its message is read. The server receives
+    requests up to a limit sized from its lanes (at least 1 MiB). An env that
+    raises ends the Step stream with status INTERNAL and the trailing metadata
+    "jaxmesh-env-error" (the exception's type and message), "jaxmesh-env-lane"
+    ("<lane> <resetting|stepping> <steps>": the lane and the steps it took in
+    the call before the one that raised) and "jaxmesh-traceback-bin" (its
     traceback text, UTF-8).
     """
 
