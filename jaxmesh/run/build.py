@@ -7,6 +7,7 @@ re-exported from there.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import jax
@@ -45,6 +46,37 @@ def signature(tree: Any) -> tuple:
     """A hashable signature of a pytree: structure, shapes and dtypes."""
     leaves = tuple((s.shape, s.dtype) for s in map(_leaf_spec, jax.tree.leaves(tree)))
     return jax.tree.structure(tree), leaves
+
+
+# The policy's program, kept by the probe for the run's identity ------------------
+#: Probe programs' digests by (policy, env, params' signature), newest last.
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_KEPT = 64
+
+
+def _program_key(policy: Any, env: Any, params: Any) -> tuple:
+    return (id(policy.apply), id(env), signature(params))
+
+
+def _note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
+    """Keeps the digest of ``policy``'s probe program on ``env``'s
+    observations with ``params``' shapes; ``policy_digest`` reads it."""
+    key = _program_key(policy, env, params)
+    # What the key names is kept alive with the digest: no id is reused.
+    _PROGRAMS[key] = (policy.apply, env, identity.program_digest(closed))
+    _PROGRAMS.move_to_end(key)
+    while len(_PROGRAMS) > _PROGRAMS_KEPT:
+        _PROGRAMS.popitem(last=False)
+
+
+def policy_digest(policy: Policy, env: Any, params: Any, horizon: int) -> str:
+    """The digest of ``policy``'s program on ``env``'s observations with
+    ``params``' shapes (``identity.program_digest``): the probe's, probing
+    again when it is not kept."""
+    key = _program_key(policy, env, params)
+    if key not in _PROGRAMS:
+        probe_chunk(policy, env, params, horizon)
+    return _PROGRAMS[key][-1]
 
 
 def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | None:
@@ -90,10 +122,10 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
 
     def shape_of(length: int) -> Any:
         # Traced once, for the output's shape and for the run's identity (the
-        # program's digest, ``identity.policy_digest``): nothing runs eagerly.
+        # program's digest, ``policy_digest``): nothing runs eagerly.
         fn = lambda p, o, a: probe_out(p, o, a, length)
         closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
-        identity.note_program(policy, env, params, closed)
+        _note_program(policy, env, params, closed)
         return out
 
     pending = adapt.pending_inputs(policy.spec)

@@ -829,7 +829,7 @@ def _run(
         # (kept by the probe of host_agent.program) and the params.
         "fingerprint": identity.run_identity(
             identity.host_env_digest(lanes),
-            identity.policy_digest(
+            build.policy_digest(
                 host_agent.policy, host_agent.spec, params, settings.horizon
             ),
         ),

@@ -83,39 +83,6 @@ def program_digest(closed: Any) -> str:
     return h.hexdigest()
 
 
-# The policy program, recorded by the probe -----------------------------------------
-_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
-
-
-def _program_key(policy: Any, env: Any, params: Any) -> tuple:
-    from jaxmesh.run.build import signature
-
-    return (id(policy.apply), id(env), signature(params))
-
-
-def note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
-    """Keeps the digest of ``policy``'s probe program on ``env``'s
-    observations with ``params``' shapes; ``policy_digest`` reads it."""
-    key = _program_key(policy, env, params)
-    # What the key names is kept alive with the digest: no id is reused.
-    _PROGRAMS[key] = (policy.apply, env, program_digest(closed))
-    _PROGRAMS.move_to_end(key)
-    while len(_PROGRAMS) > _CACHE_SIZE:
-        _PROGRAMS.popitem(last=False)
-
-
-def policy_digest(policy: Any, env: Any, params: Any, horizon: int) -> str:
-    """The digest of ``policy``'s program on ``env``'s observations with
-    ``params``' shapes: the probe's (``build.probe_chunk``), probing again
-    when it is not kept."""
-    key = _program_key(policy, env, params)
-    if key not in _PROGRAMS:
-        from jaxmesh.run import build
-
-        build.probe_chunk(policy, env, params, horizon)
-    return _PROGRAMS[key][-1]
-
-
 # The env ------------------------------------------------------------------------
 _ENVS: collections.OrderedDict = collections.OrderedDict()
 
@@ -228,8 +195,6 @@ def record_check(record: dict, identity: str) -> str:
 __all__ = [
     "tree_digest",
     "program_digest",
-    "note_program",
-    "policy_digest",
     "env_digest",
     "host_env_digest",
     "params_digest",

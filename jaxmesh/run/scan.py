@@ -330,7 +330,7 @@ class Evaluator:
             # (kept by the probe of self.plan) and the params.
             "fingerprint": identity.run_identity(
                 identity.env_digest(self.env),
-                identity.policy_digest(pol, self.env, params, s.horizon),
+                build.policy_digest(pol, self.env, params, s.horizon),
             ),
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
