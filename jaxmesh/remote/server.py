@@ -1004,6 +1004,10 @@ class EnvServer:
                 ("grpc.max_receive_message_length", receive),
                 # Without this, Linux lets a second server bind a port in use.
                 ("grpc.so_reuseport", 0),
+                # Requests are small (actions): the receive windows stay at
+                # their initial 64 KiB, all a refused call's client can make
+                # the server hold (replies are paced by the client's windows).
+                ("grpc.http2.bdp_probe", 0),
                 # Clients ping every KEEPALIVE_SECONDS to find a dead server
                 # (jaxmesh.remote.client); by default gRPC answers pings more
                 # often than every 5 minutes with GOAWAY "too_many_pings".
