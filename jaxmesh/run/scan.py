@@ -588,6 +588,9 @@ def evaluate(
         ``(env, env_params)`` tuple, a brax env, or an object following
         ``jaxmesh.types.Env``. A ``jaxmesh.Suite`` runs each of its tasks and
         returns a ``jaxmesh.SuiteResult`` (``jaxmesh.suite``, docs/suites.md).
+        ``env_config={...}`` (a keyword) makes an id with those options,
+        ``jaxmesh.make_env(env, **env_config)`` (e.g. a ``"libero:"`` task's
+        ``camera_size``; docs/libero.md).
       horizon: H, actions of a chunk executed before the next plan.
       num_envs: N, parallel lanes.
       episodes: the budget; ``seeds`` default to ``range(episodes)``.
