@@ -192,6 +192,32 @@ def test_in_process_equals_openpi_loop(expected):
     assert result.env.endswith(f"libero:{SUITE}/{TASK}")
 
 
+def test_libero_s_done_ends_the_episode_as_a_success(monkeypatch):
+    # LIBERO's ``done`` is its task's success check (``_check_success``). No
+    # short scripted policy solves a task, so the check of the task's class is
+    # replaced by a physical predicate this policy reaches mid-episode (the end
+    # effector below z = 1.16 m); LIBERO's own step and reward read it. In
+    # process, jaxmesh must end each episode where the plain loop does, as a
+    # success, with LIBERO's reward.
+    def low(self):
+        return bool(self.sim.data.site_xpos[self.robots[0].eef_site_id][2] < 1.16)
+
+    env = _libero_env(SUITE, TASK, None)
+    task_class = type(env.env)  # the problem's class, as LIBERO registers it
+    env.close()
+    monkeypatch.setattr(task_class, "_check_success", low)
+    trials = [BASE + i for i in range(len(SEEDS))]
+    want = reference(SUITE, TASK, SEEDS, trials, policy_np, CAP, KEYS)
+    assert all(w["success"] and w["length"] < CAP for w in want)
+    result = run(
+        f"libero:{SUITE}/{TASK}",
+        env_config={"camera_size": None, "max_episode_steps": CAP},
+    )
+    check_same(result, want)
+    assert result.terminated.all() and not result.truncated.any()
+    assert result.success.all() and (result.returns == 1.0).all()
+
+
 def test_worker_processes_equal_openpi_loop(expected):
     env = jaxmesh.make_env(f"libero:{SUITE}/{TASK}", camera_size=None)
     result = run(env, workers=2, max_episode_steps=CAP)
