@@ -217,7 +217,11 @@ def make_suite(
     from importlib import import_module
 
     module = import_module(_SUITE_PREFIXES[prefix])
-    return module.make_suite(rest, tasks=tasks, episodes=episodes, **options)
+    members = module.suite_members(rest, tasks=tasks, **options)
+    return Suite(
+        {name: Task(env, instruction=text) for name, env, text in members},
+        episodes=episodes,
+    )
 
 
 def _with_env_config(env: Any, env_config: Any) -> Any:

@@ -197,7 +197,7 @@ def check_options(
     settle_steps: Any = DEFAULT_SETTLE_STEPS,
     max_episode_steps: Any = None,
 ) -> dict[str, Any]:
-    """A LIBERO env's options, checked (``make``, ``make_suite``).
+    """A LIBERO env's options, checked (``make``, ``suite_members``).
 
     Raises:
       TypeError, ValueError: naming the option, what was given and expected.
@@ -463,34 +463,27 @@ __all__ = [
     "check_options",
     "make",
     "make_envs",
-    "make_suite",
+    "suite_members",
     "parse_id",
     "suite_tasks",
     "video_frame",
 ]
 
 
-def make_suite(
-    suite: str, tasks: Any = None, episodes: int | None = 50, **options: Any
-) -> Any:
-    """A ``jaxmesh.Suite`` of LIBERO suite ``suite``'s tasks.
+def suite_members(
+    suite: str, tasks: Any = None, **options: Any
+) -> list[tuple[str, Any, str]]:
+    """LIBERO suite ``suite``'s tasks as ``(name, env factory, instruction)``,
+    in LIBERO's order; ``jaxmesh.make_suite`` makes them a ``Suite``.
 
     Args:
       suite: one of ``SUITES``.
       tasks: task indices to keep (LIBERO's order); None: every task.
-      episodes: each task's budget (seeds ``0..episodes-1``, init states
-        ``0..episodes-1`` mod 50); None: ``evaluate``'s.
       **options: every task's env options (``make``).
-
-    Returns:
-      A ``jaxmesh.Suite`` whose tasks are named by LIBERO's task names, each
-      with its language instruction and its env factory.
 
     Raises:
       ValueError, TypeError: an unknown suite, task index or option.
     """
-    from jaxmesh.suite import Suite, Task
-
     check_suite(suite)
     names = suite_tasks(suite)
     if tasks is None:
@@ -498,19 +491,15 @@ def make_suite(
     else:
         if isinstance(tasks, int | str) or not hasattr(tasks, "__iter__"):
             raise TypeError(
-                f"make_suite({suite!r}, tasks={tasks!r}): expected a list of task "
-                f"indices in 0..{len(names) - 1}, or None for all"
+                f"make_suite('libero:{suite}', tasks={tasks!r}): expected a list "
+                f"of task indices in 0..{len(names) - 1}, or None for all"
             )
         indices = [check_task(suite, i) for i in tasks]
         if not indices or len(set(indices)) != len(indices):
             raise ValueError(
-                f"make_suite({suite!r}, tasks={list(tasks)!r}): expected distinct "
-                f"task indices in 0..{len(names) - 1}, at least one"
+                f"make_suite('libero:{suite}', tasks={list(tasks)!r}): expected "
+                f"distinct task indices in 0..{len(names) - 1}, at least one"
             )
-    return Suite(
-        {
-            names[i][0]: Task(make(f"{suite}/{i}", **options), instruction=names[i][1])
-            for i in indices
-        },
-        episodes=episodes,
-    )
+    return [
+        (names[i][0], make(f"{suite}/{i}", **options), names[i][1]) for i in indices
+    ]
