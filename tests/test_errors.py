@@ -462,9 +462,14 @@ def test_small_free_memory_refuses_a_modest_budget(monkeypatch):
     monkeypatch.setattr(checks, "free_memory", lambda device=None: (None, 8 * mib))
     with pytest.raises(ValueError, match=r"of host memory.*smaller budget"):
         jaxmesh.evaluate(good, ENV, episodes=100_000)
+    # 1 MiB of device memory: make_evaluator's budget-sized device buffers
+    # (100,000 episodes x 23 bytes, in a 131,072 bucket: 2.9 MiB) do not fit;
+    # an evaluate run's device buffers are sized by its lanes, so only its
+    # host results count (100,000 x 49 bytes: 4.7 MiB of the 64 MiB free).
     monkeypatch.setattr(checks, "free_memory", lambda device=None: (mib, 64 * mib))
     with pytest.raises(ValueError, match=r"of device memory"):
-        jaxmesh.evaluate(good, ENV, episodes=100_000)
+        jaxmesh.make_evaluator(lambda w, obs: good(obs), ENV, episodes=100_000)
+    assert checks.resolve_budget(100_000, None, "tiny device").size == 100_000
     # a budget that fits runs (on test_hook_exception_aborts_...'s program)
     fits = dict(num_envs=2, segment_steps=8, episodes=3)
     assert jaxmesh.evaluate(angle, CARTPOLE, **fits).num_episodes == 3

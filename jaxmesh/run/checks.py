@@ -88,7 +88,8 @@ def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
 
     Args:
       episodes: the budget.
-      capacity: episodes the device buffers hold (a size bucket >= episodes).
+      capacity: episodes the device buffers hold (a size bucket >= episodes;
+        0: none sized by the budget).
       device: the device the run uses (None: the default).
 
     Raises:
@@ -115,16 +116,21 @@ def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
             )
 
 
-def resolve_budget(episodes: Any, seeds: Any, device: Any = None) -> np.ndarray:
+def resolve_budget(
+    episodes: Any, seeds: Any, device: Any = None, device_buffers: bool = False
+) -> np.ndarray:
     """The run's seeds (CONTRACT 1): one per budgeted episode, int32.
 
-    A budget too large for memory is refused before its seeds are made.
+    A budget too large for memory is refused before its seeds are made: the
+    host's per-episode results, and with ``device_buffers`` (``Engine.run``,
+    behind ``make_evaluator``) the device's budget-sized buffers too; an
+    ``evaluate`` run's device buffers are sized by its lanes.
     """
     if episodes is not None:
         episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
     if seeds is None:
         n = 1 if episodes is None else episodes
-        check_budget_fits(n, capacity_for(n), device)
+        check_budget_fits(n, capacity_for(n) if device_buffers else 0, device)
         return np.arange(n, dtype=np.int32)
     if isinstance(seeds, str | bytes) or not isinstance(
         seeds, Sequence | np.ndarray | jax.Array | range
@@ -132,7 +138,8 @@ def resolve_budget(episodes: Any, seeds: Any, device: Any = None) -> np.ndarray:
         raise TypeError(
             f"seeds={seeds!r}: expected a sequence of ints, one per episode"
         )
-    check_budget_fits(len(seeds), capacity_for(len(seeds)), device)
+    n = len(seeds)
+    check_budget_fits(n, capacity_for(n) if device_buffers else 0, device)
     arr = np.asarray(seeds)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise TypeError(

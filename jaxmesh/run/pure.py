@@ -71,7 +71,7 @@ def make_evaluator(
         execution=execution,
         delay_ms=delay_ms,
     )
-    seeds_arr = checks.resolve_budget(episodes, seeds)
+    seeds_arr = checks.resolve_budget(episodes, seeds, device_buffers=True)
     env_obj = make_env(env)
     name = getattr(env_obj, "name", type(env_obj).__name__)
     settings = checks.resolve_delay_ms(settings, step_seconds(env_obj), name)
