@@ -454,3 +454,18 @@ def test_suite_resumes_after_a_failure():
     assert got.lengths.tolist() == [w["length"] for w in want]
     np.testing.assert_allclose(got.returns, [w["return"] for w in want], atol=1e-6)
     assert np.asarray(got.metrics["init_state"]).tolist() == [48, 49, 0]
+
+
+def test_a_resume_with_other_settle_steps_is_refused():
+    # Settle steps other than the papers' 10 change the episodes: they are in
+    # the env's name, so resuming a run with other settle steps is refused.
+    options = {"camera_size": None, "max_episode_steps": 3}
+    env_id = f"libero:{SUITE}/{TASK}"
+    first = jaxmesh.evaluate(
+        policy, env_id, env_config={**options, "settle_steps": 5}, seeds=[7], num_envs=1
+    )
+    assert first.env.endswith(f"{env_id}-settle5")
+    with pytest.raises(ValueError, match="settle5"):
+        jaxmesh.evaluate(
+            policy, env_id, env_config=options, seeds=[7, 3], num_envs=1, resume=first
+        )

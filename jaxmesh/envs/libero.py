@@ -400,8 +400,12 @@ class LiberoEnv(_base_env()):
             self._env = ControlEnv(
                 bddl_file_name=bddl, use_camera_obs=False, has_offscreen_renderer=False
             )
+        # Settle steps other than the papers' are in the name: it is the env's
+        # identity wherever it runs (a resume with others is refused).
+        settle = self.settle_steps
+        tag = "" if settle == DEFAULT_SETTLE_STEPS else f"-settle{settle}"
         self.spec = _gym().envs.registration.EnvSpec(
-            id=f"{PREFIX}:{suite}/{self.task_index}",
+            id=f"{PREFIX}:{suite}/{self.task_index}{tag}",
             max_episode_steps=self.max_episode_steps,
         )
         low, high = self._env.env.action_spec
