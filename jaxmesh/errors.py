@@ -39,11 +39,11 @@ class EnvError(RuntimeError):
     def __init__(self, message: str, **where):
         super().__init__(message)
         self.partial_result = None
-        self.episode = where.get("episode")
-        self.seed = where.get("seed")
-        self.lane = where.get("lane")
-        self.step = where.get("step")
-        self.server = where.get("server")
+        self._locate(**where)
+
+    def _locate(self, episode=None, seed=None, lane=None, step=None, server=None):
+        self.episode, self.seed, self.lane = episode, seed, lane
+        self.step, self.server = step, server
 
 
 def describe_env_error(what: str, episode, seed, lane, step, server=None) -> str:
@@ -101,11 +101,7 @@ class RemoteEnvError(RemoteError, EnvError):
     ):
         super().__init__(message, address=address, code="INTERNAL")
         self.remote_traceback = remote_traceback
-        self.episode = where.get("episode")
-        self.seed = where.get("seed")
-        self.lane = where.get("lane")
-        self.step = where.get("step")
-        self.server = where.get("server")
+        self._locate(**where)
         #: What the server's lane was doing, and the steps it had taken in the
         #: failed call before the one that raised (from the server).
         self.phase = phase

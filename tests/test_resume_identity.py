@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
+from test_resume import Stop, StopAt
 
 import jaxmesh
 from jaxmesh import cli
@@ -38,21 +39,6 @@ POL_B = "import jax.numpy as jnp\n\n\ndef act(obs):\n    return jnp.int32(0)\n"
 @pytest.fixture(autouse=True)
 def _no_compile_cache(monkeypatch):
     monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
-
-
-class Stop(Exception):
-    pass
-
-
-class StopAt:
-    """Raises once episode ``index`` has ended."""
-
-    def __init__(self, index: int):
-        self.index = index
-
-    def on_episode_end(self, ep):
-        if ep.index == self.index:
-            raise Stop(ep.index)
 
 
 def single_error_line(err: str) -> str:

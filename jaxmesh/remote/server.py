@@ -167,27 +167,22 @@ class ServeOptions:
                 f"ServeOptions(workers={self.workers!r}): expected None or an int "
                 ">= 1 (threads stepping groups of lanes)"
             )
-        limit = self.max_message_bytes
-        if not (
-            isinstance(limit, int)
-            and not isinstance(limit, bool)
-            and 1024 <= limit <= 2**31 - 1
+        for name, default in (
+            ("max_message_bytes", f"the default is {MAX_MESSAGE_BYTES}"),
+            ("max_request_bytes", "None: sized from the lanes and the action"),
         ):
-            raise ValueError(
-                f"ServeOptions(max_message_bytes={limit!r}): expected an int in "
-                f"[1024, {2**31 - 1}] (gRPC's own ceiling); the default is "
-                f"{MAX_MESSAGE_BYTES}"
-            )
-        wanted = self.max_request_bytes
-        if wanted is not None and not (
-            isinstance(wanted, int)
-            and not isinstance(wanted, bool)
-            and 1024 <= wanted <= 2**31 - 1
-        ):
-            raise ValueError(
-                f"ServeOptions(max_request_bytes={wanted!r}): expected None (sized "
-                f"from the lanes and the action) or an int in [1024, {2**31 - 1}]"
-            )
+            value = getattr(self, name)
+            if name == "max_request_bytes" and value is None:
+                continue
+            if not (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and 1024 <= value <= 2**31 - 1
+            ):
+                raise ValueError(
+                    f"ServeOptions({name}={value!r}): expected an int in "
+                    f"[1024, {2**31 - 1}] (gRPC's own ceiling); {default}"
+                )
 
 
 #: Actions per lane one step request may carry under the default receive limit
