@@ -23,7 +23,6 @@ if they do not exit) and the segment is unlinked.
 
 from __future__ import annotations
 
-import mmap
 import os
 import pickle
 import secrets
@@ -40,6 +39,7 @@ import numpy as np
 
 from jaxmesh.envs.gymnasium import lanes as core
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
+from jaxmesh.envs.gymnasium.shm import Segment, Slots
 
 __all__ = [
     "ProcessLanes",
@@ -200,37 +200,6 @@ def build_envs(source: Any, lanes: Sequence[int]) -> list:
 
 
 # The shared segment ----------------------------------------------------------------
-class Slots:
-    """Per-lane arrays in one shared-memory segment (the same offsets on both
-    sides). ``fields``: name -> (shape per lane, dtype)."""
-
-    def __init__(self, shm: Segment, n: int, fields: dict):
-        self.shm = shm
-        self.arrays: dict[str, np.ndarray] = {}
-        offset = 0
-        for name, (shape, dtype) in fields.items():
-            dtype = np.dtype(dtype)
-            offset = -(-offset // 64) * 64  # each array on its own cache line
-            arr = np.ndarray((n,) + tuple(shape), dtype, shm.buf, offset)
-            self.arrays[name] = arr
-            offset += arr.nbytes
-
-    @staticmethod
-    def size(n: int, fields: dict) -> int:
-        offset = 0
-        for shape, dtype in fields.values():
-            offset = -(-offset // 64) * 64
-            offset += n * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return max(offset, 1)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.arrays[name]
-
-    def release(self) -> None:
-        self.arrays.clear()
-        self.shm.close()
-
-
 def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> dict:
     """The segment's fields: actions, flags, rewards, ends, observation leaves."""
     fields: dict = {
@@ -389,46 +358,6 @@ def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, text
     slots["busy"][rows] = False
     _write_obs(slots, names, rows, batch.observation)
     return ("reset", batch.info, batch.info_present, lanes.reset_text)
-
-
-class Segment:
-    """A POSIX shared-memory segment mapped into this process.
-
-    The evaluating process creates it (``size`` given) and unlinks it at the
-    run's end; workers map it by name. No resource-tracker process is started
-    for it (that helper would outlive the run); if the evaluating process is
-    killed, its workers see their pipe close and unlink the segment themselves.
-    """
-
-    def __init__(self, name: str, size: int | None = None):
-        import _posixshmem
-
-        self.name = name
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
-        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
-        try:
-            if size is not None:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
-        except BaseException:
-            if size is not None:
-                self.unlink()
-            raise
-        finally:
-            os.close(fd)
-        self.buf = memoryview(self._map)
-
-    def close(self) -> None:
-        self.buf.release()
-        self._map.close()
-
-    def unlink(self) -> None:
-        import _posixshmem
-
-        try:
-            _posixshmem.shm_unlink("/" + self.name)
-        except FileNotFoundError:
-            pass
 
 
 def _main_path(source: Any, layout: Any) -> str | None:
