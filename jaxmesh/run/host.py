@@ -444,8 +444,8 @@ def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any
 class _Program(NamedTuple):
     config: agent.AgentConfig
     chunk: int | None
-    init: Any  # (obs [N], lanes [N]) -> AgentState
-    step: Any  # agent.host_step with the config and policy bound
+    init: Any  # (obs [N], lanes [N]) -> run.agent.HostState
+    step: Any  # agent.host_step with the config and policy bound (packed)
     plan: Any  # the run's jaxmesh.run.plan.RunPlan (the config holds its sizes)
     #: The observation leaves the policy reads (``leaves.ObsLayout``): only
     #: these are put on the device.
@@ -489,7 +489,12 @@ class HostAgent:
             return self._programs[sig]
         program = _Program(
             *run_agent.agent_functions(
-                self.policy, self.spec, self.settings, params, self.tile_lanes
+                self.policy,
+                self.spec,
+                self.settings,
+                params,
+                self.tile_lanes,
+                packed=True,
             ),
             self.spec.layout,
         )
