@@ -410,7 +410,8 @@ def _one_program(
     probe = Evaluator(policy, env, takes_params=takes, horizon=max(horizons), **base)
     pol = probe.policy
     p = pol.default_params() if params is None else pol.place(params)
-    chunk = probe.plan(p, 1).chunk
+    told = _probe_told(pol, delays, horizons)
+    chunk = build.probe_chunk(pol, probe.env, p, max(horizons), told)
     cells, skipped = _fit_cells(delays, horizons, chunk)
     tile = plan_tile or default_plan_tile(
         min(h for _, _, h in cells), probe.settings.num_envs
@@ -464,6 +465,15 @@ def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
             f"run with chunks of K={chunk}: {next(iter(skipped.values()))}"
         )
     return cells, skipped
+
+
+def _probe_told(pol: Any, delays: Sequence[int], horizons: Sequence[int]) -> Any:
+    """What the probe tells a policy that declares ``execution_horizon``: the
+    grid's largest h + d, so its chunk fits every cell (each program is then
+    told its own h + d). None for a policy that does not declare it."""
+    if not pol.takes_execution_horizon:
+        return None
+    return max(horizons) + max(delays)
 
 
 def _programs_of(cells: list, pol: Any) -> list[list]:
@@ -538,7 +548,9 @@ def _on_host(
     pol = resolve_policy(policy, with_params=params is not None)
     p = pol.default_params() if params is None else pol.place(params)
     spec = _host_spec(env, served)
-    chunk = build.probe_chunk(pol, spec, p, max(horizons))
+    chunk = build.probe_chunk(
+        pol, spec, p, max(horizons), _probe_told(pol, delays, horizons)
+    )
     cells, skipped = _fit_cells(delays, horizons, chunk)
     e = int(seeds_arr.size)
     out, programs, compile_time = _kept(done, cells), 0, 0.0

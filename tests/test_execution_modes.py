@@ -72,6 +72,20 @@ class DelayRule:
         return action
 
 
+class ChunkRule:
+    """A chunk planned every h steps from that step's observation; its first h
+    actions played in order (no delay, no lead)."""
+
+    def __init__(self, h):
+        self.h, self.calls = h, 0
+
+    def act(self, t, obs):
+        if t % self.h == 0:
+            self.calls += 1
+            self.playing = plan_np(obs)
+        return self.playing[t % self.h]
+
+
 class EnsembleRule:
     """CONTRACT 22: a chunk planned every step; the action at t is the weighted
     average of the chunks planned at t_i <= t that cover t, oldest first."""
@@ -348,7 +362,7 @@ def test_execution_horizon_plain_function_under_delay():
         horizon=4,
         delay=2,
     )
-    assert set(seen) == {K, 6}  # the probe sees its default; the run h + d
+    assert set(seen) == {6}  # the probe is told what the run is: h + d
     assert_reference(result, run_reference("gymnax", lambda: DelayRule(4, 2)))
 
 
@@ -379,6 +393,25 @@ def test_execution_horizon_model_under_ensembling_and_replay():
         Head(), ENV["gymnasium"], num_envs=1, episodes=1, horizon=3, max_episode_steps=4
     )
     assert seen[-1] == 3
+
+
+@pytest.mark.parametrize("kind", ["gymnax", "gymnasium"])
+def test_execution_horizon_default_of_one_is_told_the_horizon(kind):
+    """A corner with RLMesh's signature (``execution_horizon: int = 1``)
+    decodes as many actions as it is told: probed and run with h = 4, it plays
+    4-action chunks, not single actions."""
+    seen = []
+
+    def head(obs, execution_horizon=1):
+        seen.append(execution_horizon)
+        steps = 0.3 * jnp.arange(execution_horizon, dtype=jnp.float32) - 1.0
+        return (f(obs) + steps)[:, None]
+
+    result = jaxmesh.evaluate(
+        head, ENV[kind], num_envs=3, seeds=SEEDS, max_episode_steps=CAP, horizon=4
+    )
+    assert set(seen) == {4}
+    assert_reference(result, run_reference(kind, lambda: ChunkRule(4)))
 
 
 def test_execution_horizon_short_chunk_is_refused():

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxmesh import adapt
 from jaxmesh.core import agent
 from jaxmesh.core.engine import Engine, EngineConfig, TrialReset
-from jaxmesh.core.policy import Policy, output_chunk
+from jaxmesh.core.policy import EXECUTION_HORIZON, Policy, output_chunk
 from jaxmesh.core.results import info_leaves
 from jaxmesh.explain import check_frame_limit
 from jaxmesh.record import observation_leaves, records_states
@@ -69,18 +69,37 @@ def _note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
         _PROGRAMS.popitem(last=False)
 
 
-def policy_digest(policy: Policy, env: Any, params: Any, horizon: int) -> str:
+def policy_digest(
+    policy: Policy, env: Any, params: Any, horizon: int, told: int | None = None
+) -> str:
     """The digest of ``policy``'s program on ``env``'s observations with
     ``params``' shapes (``identity.program_digest``): the probe's, probing
     again when it is not kept."""
     key = _program_key(policy, env, params)
     if key not in _PROGRAMS:
-        probe_chunk(policy, env, params, horizon)
+        probe_chunk(policy, env, params, horizon, told)
     return _PROGRAMS[key][-1]
 
 
-def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | None:
+def told_horizon(policy: Policy, settings: Any) -> int | None:
+    """The ``execution_horizon`` a chunk corner that declares it is told, from
+    the probe on: the actions the run executes of each plan, h + d (CONTRACT
+    24). None for a policy that does not declare it, and under ensembling,
+    where every action of the chunk is executed: the corner is called with its
+    own default, and that length is K."""
+    if not policy.takes_execution_horizon or settings.execution is not None:
+        return None
+    return settings.horizon + settings.delay
+
+
+def probe_chunk(
+    policy: Policy, env: Any, params: Any, horizon: int, told: int | None = None
+) -> int | None:
     """Checks the policy's output against the env, by shape only (nothing compiles).
+
+    ``told``: the ``execution_horizon`` the run tells the policy
+    (``told_horizon``); the probe tells it the same, so a head whose length
+    follows its argument is probed at the length the run will see.
 
     Returns the chunk length K (None for single actions).
 
@@ -117,7 +136,8 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
         texts = agent.text_zeros(probe, PROBE_ROWS)
         pending = agent.pending_zeros(probe, PROBE_ROWS, length)
         inputs = agent.policy_inputs(probe, windows, texts, pending)
-        out, _ = policy.apply(params, inputs, keys, rstate)
+        kw = {} if told is None else {EXECUTION_HORIZON: told}
+        out, _ = policy.apply(params, inputs, keys, rstate, **kw)
         return out
 
     def shape_of(length: int) -> Any:
@@ -130,9 +150,17 @@ def probe_chunk(policy: Policy, env: Any, params: Any, horizon: int) -> int | No
 
     pending = adapt.pending_inputs(policy.spec)
     if not pending:
-        return output_chunk(policy, shape_of(1), env, horizon, PROBE_ROWS)
-    out = _probe_pending(policy, env, pending, shape_of)
-    return output_chunk(policy, out, env, horizon, PROBE_ROWS)
+        out = shape_of(1)
+    else:
+        out = _probe_pending(policy, env, pending, shape_of)
+    k = output_chunk(policy, out, env, horizon, PROBE_ROWS)
+    if told is not None and k is not None and k < told:
+        raise ValueError(
+            f"policy {policy.name!r} returned chunks of {k} actions when told "
+            f"execution_horizon={told}; this run executes {told} actions of each "
+            "plan: return at least that many"
+        )
+    return k
 
 
 def probe_args(env: Any, params: Any) -> tuple:

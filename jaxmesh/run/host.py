@@ -835,7 +835,11 @@ def _run(
         "fingerprint": identity.run_identity(
             identity.host_env_digest(lanes),
             build.policy_digest(
-                host_agent.policy, host_agent.spec, params, settings.horizon
+                host_agent.policy,
+                host_agent.spec,
+                params,
+                settings.horizon,
+                build.told_horizon(host_agent.policy, settings),
             ),
         ),
     }

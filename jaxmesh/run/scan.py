@@ -190,7 +190,11 @@ class Evaluator:
     def _chunk(self, params: Any, sig: tuple) -> int | None:
         if sig not in self._chunks:
             self._chunks[sig] = build.probe_chunk(
-                self.policy, self.env, params, self.settings.horizon
+                self.policy,
+                self.env,
+                params,
+                self.settings.horizon,
+                build.told_horizon(self.policy, self.settings),
             )
         return self._chunks[sig]
 
@@ -330,7 +334,9 @@ class Evaluator:
             # (kept by the probe of self.plan) and the params.
             "fingerprint": identity.run_identity(
                 identity.env_digest(self.env),
-                build.policy_digest(pol, self.env, params, s.horizon),
+                build.policy_digest(
+                    pol, self.env, params, s.horizon, build.told_horizon(pol, s)
+                ),
             ),
         }
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
