@@ -95,6 +95,8 @@ CONFIG_KEYS: dict[str, str] = {
     "on_server_loss": "served envs over several servers: rerun (null: the default; "
     "a lost server's unfinished episodes run again on the others) or raise (the "
     "first loss ends the run)",
+    "transport": "served envs: auto (null: the default; shared memory with a server "
+    "on this host run by this user, else gRPC), grpc or shm",
     "policy": "module:Class, module:function or module:model_instance (required)",
     "policy_config": "mapping passed to Class.from_config(**...) or Class(**...)",
     "episodes": "episode budget; seeds default to 0..episodes-1",
@@ -831,6 +833,7 @@ def served_options(config: dict[str, Any]) -> Any:
         credentials=_channel_credentials(config.get("tls_ca")),
         reply_timeout=_reply_timeout(config.get("reply_timeout")),
         on_server_loss=config.get("on_server_loss"),
+        transport=config.get("transport"),
     )
 
 

@@ -190,6 +190,8 @@ class ServerInfo(NamedTuple):
     info_keys: tuple[str, ...]
     #: Simulated seconds per env step; None where the env has none.
     dt: float | None = None
+    #: The abstract Unix socket of the same-host data path ("": none offered).
+    shared_memory: str = ""
 
 
 _END = object()
@@ -240,6 +242,8 @@ class Connection:
                 "token read from a file keeps its newline)"
             )
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        #: The session token (None: none), for the same-host data path.
+        self.token = token or None
         self.reply_timeout = reply_timeout
         self.max_message_bytes = max_message_bytes
         options = channel_options(max_message_bytes)
@@ -305,6 +309,7 @@ class Connection:
             capabilities=tuple(reply.capabilities),
             info_keys=tuple(reply.info_keys),
             dt=timing.seconds(reply.dt),
+            shared_memory=reply.shared_memory,
         )
 
     # The session ---------------------------------------------------------------

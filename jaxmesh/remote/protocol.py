@@ -66,7 +66,31 @@ INFO_KEYS = "info_keys"
 INFO_EVERY_STEP = "info_every_step"
 MAX_EPISODE_SECONDS = "max_episode_seconds"
 LOCKSTEP = "lockstep"
+#: The server offers the same-host data path (``jaxmesh.remote.shm``): the
+#: handshake's ``shared_memory`` names its abstract Unix socket.
+SHARED_MEMORY = "shared_memory"
 CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, INFO_EVERY_STEP, MAX_EPISODE_SECONDS)
+
+#: How a session's calls travel: ``"auto"`` (the same-host data path when the
+#: server offers it and it attaches, else gRPC), ``"grpc"`` or ``"shm"`` (the
+#: same-host data path or an error).
+TRANSPORTS = ("auto", "grpc", "shm")
+
+
+def check_transport(value: object) -> str:
+    """``transport`` as one of ``TRANSPORTS``.
+
+    Raises:
+      ValueError: any other value.
+    """
+    if not isinstance(value, str) or value not in TRANSPORTS:
+        raise ValueError(
+            f"transport={value!r}: expected 'auto' (shared memory with a server on "
+            "this host, else gRPC), 'grpc' (always the gRPC stream) or 'shm' "
+            "(shared memory, an error when the server is not on this host)"
+        )
+    return value
+
 
 #: Trailing metadata keys of an env error: its one-line summary, and the
 #: server-side traceback (binary metadata, hence the ``-bin`` suffix).
@@ -139,7 +163,10 @@ __all__ = [
     "OBS_KEY",
     "PROTOCOL_VERSIONS",
     "ResultBatch",
+    "SHARED_MEMORY",
     "TOKEN_ENV",
     "TRACEBACK_KEY",
+    "TRANSPORTS",
     "TRIAL_INDEX",
+    "check_transport",
 ]

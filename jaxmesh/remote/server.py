@@ -41,7 +41,12 @@ import dataclasses
 import functools
 import hmac
 import ipaddress
+import json
 import math
+import os
+import secrets
+import socket
+import sys
 import threading
 import time
 import warnings
@@ -55,7 +60,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxmesh._version import __version__
 from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.envs.gymnasium.shm import Segment, Slots
 from jaxmesh.remote import codec
+from jaxmesh.remote import shm as same_host
 from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
@@ -66,9 +73,11 @@ from jaxmesh.remote.protocol import (
     MAX_COUNT,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSIONS,
+    SHARED_MEMORY,
     TOKEN_ENV,
     TRACEBACK_KEY,
     TRIAL_INDEX,
+    ResultBatch,
 )
 
 __all__ = ["SERVICE_NAME", "EnvServer", "ServeOptions"]
@@ -111,6 +120,9 @@ class ServeOptions:
             least ``codec.MAX_HANDSHAKE_BYTES``, at most ``max_message_bytes``
             (``request_limit``). Requests carry actions, replies observations,
             so this stays small while replies of images are large.
+        shared_memory: offer clients on this host, running as this user, the
+            same-host data path (capability ``shared_memory``: a Unix socket
+            and shared memory instead of the gRPC stream; docs/remote.md).
     """
 
     idle_timeout_seconds: float = 300.0
@@ -121,6 +133,7 @@ class ServeOptions:
     workers: int | None = None
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_request_bytes: int | None = None
+    shared_memory: bool = True
 
     def __post_init__(self):
         for name, low, strict in (
@@ -141,6 +154,11 @@ class ServeOptions:
                     f"ServeOptions({name}={value!r}): expected a number of seconds "
                     f"{bound} (math.inf for no limit)"
                 )
+        if not isinstance(self.shared_memory, bool):
+            raise TypeError(
+                f"ServeOptions(shared_memory={self.shared_memory!r}): expected True "
+                "or False"
+            )
         if not isinstance(self.allow_remote_shutdown, bool):
             raise TypeError(
                 f"ServeOptions(allow_remote_shutdown={self.allow_remote_shutdown!r}):"
@@ -447,6 +465,10 @@ class _ServedLanes:
         Raises:
             LaneError: an env raised (the session ends with INTERNAL).
         """
+        return codec.encode_result_batch(*self.execute_batch(request))
+
+    def execute_batch(self, request: _Request) -> ResultBatch:
+        """Runs a checked request; its reply's batch as numpy (``execute``)."""
         lanes = self.lanes
         lanes.release(request.release)
         keys = request.obs_keys
@@ -459,7 +481,7 @@ class _ServedLanes:
                 stepped, actions, request.want_obs, request.info_keys
             )
             if batch is not None:
-                return codec.encode_result_batch(*_only(batch, keys))
+                return _only(batch, keys)
         results = self._run(request)
         batch = lanes.collect(
             results,
@@ -468,7 +490,7 @@ class _ServedLanes:
             keep_all_obs=request.all_observations,
             keep_all_info=request.info_every_step,
         )
-        return codec.encode_result_batch(*_only(batch, keys))
+        return _only(batch, keys)
 
     def _run_ops(self, ops: list, request: _Request) -> list[shared.LaneResult]:
         return self.lanes.run(
@@ -925,6 +947,11 @@ class EnvServer:
         self._stopping = False
         self._stopped = threading.Event()
         self._handshake: pb.HandshakeReply | None = None
+        # The same-host data path (``_start_shm``): its socket, the thread
+        # accepting on it and the threads serving its connections.
+        self._shm_name = ""
+        self._shm_listener: socket.socket | None = None
+        self._shm_threads: list[threading.Thread] = []
 
     # Lifecycle -----------------------------------------------------------------
     @property
@@ -1038,6 +1065,8 @@ class EnvServer:
                 "port 0 for a free one"
             )
         self._address = f"{self._host}:{port}"
+        if self.options.shared_memory and sys.platform.startswith("linux"):
+            self._start_shm()
         self._handshake = self._handshake_reply(lanes)
         server.start()
         self._server = server
@@ -1082,6 +1111,7 @@ class EnvServer:
         done = self._server.stop(self.options.drain_timeout_seconds)
         opts = self.options
         done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
+        self._stop_shm()
         if self._session_lock.acquire(timeout=opts.close_timeout_seconds):
             try:
                 self._close_lanes()
@@ -1179,9 +1209,12 @@ class EnvServer:
                 pb.ResetOption(name=name, value=pb.Value(int_value=0))
                 for name in lanes.reset_options
             ],
-            capabilities=CAPABILITIES + ((LOCKSTEP,) if lanes.lockstep else ()),
+            capabilities=CAPABILITIES
+            + ((LOCKSTEP,) if lanes.lockstep else ())
+            + ((SHARED_MEMORY,) if self._shm_name else ()),
             env_name=lanes.name,
             dt=lanes.lanes.dt or 0.0,
+            shared_memory=self._shm_name,
         )
 
     def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
@@ -1294,3 +1327,265 @@ class EnvServer:
             # the watchdog's clock runs through it as through a wait.
             session.sending()
             yield out
+
+    # The same-host data path (jaxmesh.remote.shm) -----------------------------
+    def _start_shm(self) -> None:
+        """Listens on a fresh abstract Unix socket; a thread accepts on it."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = same_host.socket_name()
+        try:
+            listener.bind("\0" + name)
+            listener.listen(4)
+        except OSError:
+            listener.close()
+            return  # no same-host path: clients use gRPC
+        self._shm_listener = listener
+        self._shm_name = name
+        thread = threading.Thread(
+            target=self._shm_accept, name="jaxmesh-shm-accept", daemon=True
+        )
+        thread.start()
+        self._shm_threads.append(thread)
+
+    def _stop_shm(self) -> None:
+        listener = self._shm_listener
+        if listener is None:
+            return
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        except OSError:
+            pass
+        listener.close()
+        wait = self.options.drain_timeout_seconds + self.options.close_timeout_seconds
+        for thread in list(self._shm_threads):
+            thread.join(wait)
+
+    def _shm_accept(self) -> None:
+        listener = self._shm_listener
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if self._stopping:
+                conn.close()
+                return
+            self._shm_threads = [t for t in self._shm_threads if t.is_alive()]
+            thread = threading.Thread(
+                target=self._shm_connection,
+                args=(conn,),
+                name="jaxmesh-shm-session",
+                daemon=True,
+            )
+            self._shm_threads.append(thread)
+            thread.start()
+
+    def _shm_connection(self, conn: socket.socket) -> None:
+        """One client on the socket: its checks, then its session."""
+        lanes = self._lanes
+
+        def refuse(code: grpc.StatusCode, details: str) -> None:
+            payload = same_host.status_payload(code.name, details)
+            same_host.send_frame(conn, same_host.REFUSE, payload)
+
+        try:
+            conn.settimeout(10.0)
+            frame = same_host.recv_frame(conn, 1 << 20)
+            if frame is None or frame[0] != same_host.HELLO:
+                return
+            hello = json.loads(frame[2].decode("utf-8"))
+            token, keys = hello.get("token"), hello.get("keys")
+            if same_host.peer_uid(conn) != os.getuid():
+                return refuse(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "the same-host data path is for clients running as the "
+                    "server's user",
+                )
+            why = self._token_error(
+                (("authorization", f"Bearer {token}"),) if token else ()
+            )
+            if why is not None:
+                return refuse(grpc.StatusCode.UNAUTHENTICATED, why)
+            if not (
+                isinstance(keys, list)
+                and all(k in lanes.obs_names for k in keys)
+                and len(set(keys)) == len(keys)
+            ):
+                return refuse(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"observation leaves {codec.short(keys)} are not leaves the "
+                    f"server declares ({codec.few(list(lanes.obs_names))})",
+                )
+            if self._stopping:
+                return refuse(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the server at {self.address} is shutting down",
+                )
+            if not self._session_lock.acquire(blocking=False):
+                return refuse(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the server at {self.address} is busy with another client's "
+                    "session (one session at a time); wait for it to end, or start "
+                    "another server for this client",
+                )
+            session = _ShmSession(conn)
+            self._session = session
+            try:
+                self._shm_session(conn, session, lanes, tuple(keys))
+            finally:
+                lanes.end_session()
+                self._session = None
+                self._session_lock.release()
+        except (OSError, ValueError, codec.ProtocolError):
+            pass  # the client went away or broke the protocol: it is gone
+        finally:
+            conn.close()
+
+    def _shm_session(
+        self,
+        conn: socket.socket,
+        session: _ShmSession,
+        lanes: _ServedLanes,
+        keys: tuple[str, ...],
+    ) -> None:
+        n = lanes.num_lanes
+        specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
+        fields = same_host.ring_fields(specs, keys)
+        name = f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}"
+        segment = Segment(name, Slots.size(n, fields))
+        slots = Slots(segment, n, fields)
+        try:
+            payload = json.dumps({"segment": name}).encode()
+            same_host.send_frame(conn, same_host.ATTACH, payload)
+            frame = same_host.recv_frame(conn, 1 << 10)
+        except BaseException:
+            slots.release()
+            raise
+        finally:
+            segment.unlink()  # both sides have it mapped (or never will)
+        try:
+            if frame is not None and frame[0] == same_host.ATTACHED:
+                self._shm_calls(conn, session, lanes, keys, slots)
+        finally:
+            slots.release()
+
+    def _shm_calls(
+        self,
+        conn: socket.socket,
+        session: _ShmSession,
+        lanes: _ServedLanes,
+        keys: tuple[str, ...],
+        slots: Slots,
+    ) -> None:
+        """Answers the session's calls as ``_serve_session`` does on gRPC."""
+        limit = self.options.max_message_bytes
+        idle = self.options.idle_timeout_seconds
+        conn.settimeout(None if math.isinf(idle) else idle)
+        n = lanes.num_lanes
+
+        def fail(code: grpc.StatusCode, details: str, metadata=()) -> None:
+            payload = same_host.status_payload(code.name, details, metadata)
+            try:
+                same_host.send_frame(conn, same_host.ERROR, payload)
+            except OSError:
+                pass
+
+        call = 0
+        while True:
+            session.receiving = True
+            if session.pending is not None:
+                return fail(*session.pending)
+            try:
+                frame = same_host.recv_frame(conn, limit)
+            except TimeoutError:
+                return fail(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the session on the server at {self.address} had no request "
+                    f"for {idle:g} s (idle_timeout_seconds) and was ended; open a "
+                    "new session, or start the server with a longer idle timeout",
+                )
+            except codec.ProtocolError as exc:
+                return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            session.receiving = False
+            if frame is None:
+                if session.pending is not None:
+                    fail(*session.pending)
+                return
+            kind, _, data = frame
+            if kind != same_host.REQUEST:
+                return fail(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"unexpected frame kind {kind}"
+                )
+            try:
+                request = _parse_request(codec.parse_step_request(data, limit), lanes)
+            except codec.ProtocolError as exc:
+                return fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            start = time.perf_counter()
+            try:
+                batch = lanes.execute_batch(request)
+            except shared.LaneError as exc:
+                return fail(
+                    grpc.StatusCode.INTERNAL,
+                    exc.details(),
+                    (
+                        (ENV_ERROR_KEY, _ascii(exc.summary())),
+                        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
+                        (TRACEBACK_KEY, exc.text),
+                    ),
+                )
+            seconds = time.perf_counter() - start
+            slot = call % same_host.RING
+            call += 1
+            shared_bytes = 0  # the observation bytes the ring carries
+            if _fits(batch.observation, keys, slots, slot, n):
+                rows = int(batch.rows.sum())
+                for key in keys:
+                    x = batch.observation[key]
+                    slots[f"{slot}:{key}"][:rows] = x
+                    shared_bytes += x.nbytes
+                batch = batch._replace(observation={})
+            else:
+                slot = same_host.NO_SLOT
+            out = pb.StepReply(
+                batch=codec.encode_result_batch(*batch),
+                server_step_seconds=seconds,
+                call_id=request.call_id,
+            ).SerializeToString()
+            try:  # the cap of the gRPC reply: rows in the ring count too
+                codec.check_size(len(out) + shared_bytes, limit, "StepReply")
+            except codec.ProtocolError as exc:
+                return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            try:
+                same_host.send_frame(conn, same_host.REPLY, out, slot)
+            except TimeoutError:
+                return  # the client took no reply for idle_timeout_seconds
+
+
+def _fits(obs: dict, keys: tuple, slots: Slots, slot: int, n: int) -> bool:
+    """Whether a reply's observation rows go in ring slot ``slot``: every leaf
+    asked for, at most one row per lane, each in its slot's dtype and shape."""
+    if not keys or obs.keys() != set(keys):
+        return False
+    for key in keys:
+        x, dst = obs[key], slots[f"{slot}:{key}"]
+        if x.shape[0] > n or x.dtype != dst.dtype or x.shape[1:] != dst.shape[1:]:
+            return False
+    return True
+
+
+class _ShmSession:
+    """A same-host session as ``shutdown`` ends it (``_Session``'s ``end``):
+    now when it waits for a request, else after the reply in progress."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.receiving = False
+        self.pending: tuple[grpc.StatusCode, str] | None = None
+
+    def end(self, code: grpc.StatusCode, details: str) -> None:
+        self.pending = (code, details)
+        if self.receiving:
+            try:
+                self.conn.shutdown(socket.SHUT_RD)  # wakes the waiting recv
+            except OSError:
+                pass

@@ -15,17 +15,27 @@ Lanes here are the server's own lane indices (0 .. ``num_lanes - 1``).
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmesh.errors import RemoteError
+from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import INFO_EVERY_STEP, LOCKSTEP, OBS_KEY, TRIAL_INDEX
+from jaxmesh.remote.protocol import (
+    INFO_EVERY_STEP,
+    LOCKSTEP,
+    OBS_KEY,
+    SHARED_MEMORY,
+    TRIAL_INDEX,
+    check_transport,
+)
+
+_log = logging.getLogger(__name__)
 
 
 class Reply(NamedTuple):
@@ -52,6 +62,8 @@ class Session:
     Args:
       address, token, connect_timeout, reply_timeout, credentials: as for
         ``jaxmesh.remote.client.Connection``.
+      transport: ``"auto"``, ``"grpc"`` or ``"shm"`` (``TRANSPORTS``): how
+        ``open`` carries the calls; ``self.transport`` says which it took.
 
     Raises:
       jaxmesh.RemoteConnectionError: the server cannot be reached or refuses.
@@ -66,7 +78,12 @@ class Session:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         reply_timeout: float | None = None,
         credentials: Any = None,
+        transport: str = "auto",
     ):
+        self.asked_transport = check_transport(transport)
+        #: How the calls travel once open: "grpc" or "shm".
+        self.transport = "grpc"
+        self._connect_timeout = connect_timeout
         self.conn = Connection(
             address,
             token=token,
@@ -112,6 +129,9 @@ class Session:
         self.closed = False
         self._call_id = 0
         self._pending: collections.deque[int] = collections.deque()
+        # What send / receive / close use: the gRPC Connection, or a
+        # jaxmesh.remote.shm.ShmStream once open attaches one.
+        self.stream: Any = self.conn
 
     # The stream ---------------------------------------------------------------
     def open(
@@ -151,12 +171,72 @@ class Session:
             self.observation_keys = tuple(k for k in self.obs_specs if k in asked)
         spec = {k: self.obs_specs[k] for k in self.observation_keys}
         n = self.num_lanes
-        self.conn.open(
-            lambda r: codec.decode_result_batch(r.batch, spec, None, num_lanes=n),
-            replies=replies,
-            tag=tag,
-            reader=reader,
-        )
+        stream = self._attach()
+        if stream is None:
+            self.conn.open(
+                lambda r: codec.decode_result_batch(r.batch, spec, None, num_lanes=n),
+                replies=replies,
+                tag=tag,
+                reader=reader,
+            )
+            return
+        keys = self.observation_keys
+
+        def decode(r: pb.StepReply, obs: dict | None) -> codec.ResultBatch:
+            if obs is None:
+                return codec.decode_result_batch(r.batch, spec, None, num_lanes=n)
+            b = codec.decode_result_batch(r.batch, {}, None, num_lanes=n)
+            rows = int(b.rows.sum())
+            if rows > n:
+                raise codec.ProtocolError(
+                    f"a reply puts {rows} observation rows in shared memory, "
+                    f"which holds {n}"
+                )
+            return b._replace(observation={k: obs[k][:rows].copy() for k in keys})
+
+        self.stream = stream
+        self.transport = "shm"
+        stream.open(decode, replies=replies, tag=tag, reader=reader)
+
+    def _attach(self) -> Any:
+        """The same-host stream when ``transport`` allows it and it attaches;
+        None: gRPC (logged at debug level, or an error for ``"shm"``)."""
+        asked = self.asked_transport
+        if asked == "grpc":
+            return None
+        from jaxmesh.remote import shm
+
+        name = self.info.shared_memory
+        if SHARED_MEMORY not in self.info.capabilities or not name:
+            why = "the server does not offer it (an older server, or one started "
+            why += "with ServeOptions(shared_memory=False))"
+        else:
+            try:
+                return shm.ShmStream(
+                    self.address,
+                    name,
+                    self.conn.token,
+                    self.obs_specs,
+                    self.observation_keys,
+                    self.num_lanes,
+                    connect_timeout=self._connect_timeout,
+                    reply_timeout=self.reply_timeout,
+                    max_message_bytes=self.conn.max_message_bytes,
+                )
+            except Exception as exc:  # noqa: BLE001 - any failure falls back
+                if asked == "shm" and isinstance(exc, RemoteError):
+                    raise
+                why = f"attaching failed ({type(exc).__name__}: {exc})"
+        if asked == "shm":
+            raise RemoteConnectionError(
+                f"transport='shm': the same-host data path to the jaxmesh env "
+                f"server at {self.address} is not available: {why}. It needs the "
+                "server on this host, running as this user; pass transport='auto' "
+                "to fall back to gRPC",
+                address=self.address,
+            )
+        _log.debug("session with %s uses gRPC: same-host path: %s", self.address, why)
+        return None
 
     def send(
         self,
@@ -228,7 +308,7 @@ class Session:
             mask[np.asarray(release, np.int64)] = True
         req.lane_mask.extend(mask.tolist())
         # The request belongs to gRPC once sent: nothing may change it after.
-        size = self.conn.send(req)
+        size = self.stream.send(req)
         self._pending.append(self._call_id)
         return size
 
@@ -240,7 +320,7 @@ class Session:
             ``reply_timeout``; jaxmesh.remote.codec.ProtocolError: a reply
             that does not answer the next call.
         """
-        return self.reply(self.conn.receive())
+        return self.reply(self.stream.receive())
 
     def reply(self, item: Any) -> Reply:
         """A reply as a reader thread queued it (or the exception it met),
@@ -267,7 +347,7 @@ class Session:
     def owed_since(self) -> float | None:
         """Since when the server has sent nothing while owing a reply
         (``time.monotonic``; None: it owes none)."""
-        return self.conn.owed_since()
+        return self.stream.owed_since()
 
     @property
     def in_flight(self) -> int:
@@ -278,7 +358,11 @@ class Session:
         """Ends the session and closes the channel (idempotent)."""
         if not self.closed:
             self.closed = True
-            self.conn.close()
+            try:
+                if self.stream is not self.conn:
+                    self.stream.close()
+            finally:
+                self.conn.close()
 
     def __enter__(self) -> Session:
         return self

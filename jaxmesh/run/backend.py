@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address
+from jaxmesh.remote.protocol import check_transport
 
 #: A JAX env, run by the scan engine.
 SCAN = "scan"
@@ -115,6 +116,8 @@ class ServedOptions(NamedTuple):
         ``served.default_lane_groups``).
       on_server_loss: ``"rerun"`` (None: the default) or ``"raise"``: what a
         run over several servers does when one dies or stops answering.
+      transport: ``"auto"`` (the default; None too), ``"grpc"`` or ``"shm"``:
+        how calls travel to a server on this host (``remote.protocol``).
     """
 
     token: str | None = None
@@ -122,6 +125,7 @@ class ServedOptions(NamedTuple):
     reply_timeout: float | str | None = AUTO
     lane_groups: int | None = None
     on_server_loss: str | None = None
+    transport: str | None = "auto"
 
 
 #: What a served run may do when it loses a server.
@@ -183,10 +187,13 @@ def check_served_options(
                 if options.on_server_loss is None
                 else check_server_loss(options.on_server_loss)
             ),
+            transport=check_transport(
+                "auto" if options.transport is None else options.transport
+            ),
         )
     what = _what_runs(env)
     for name, value in options._asdict().items():
-        if value is None or (name == "reply_timeout" and value == AUTO):
+        if value is None or (name in ("reply_timeout", "transport") and value == AUTO):
             continue
         if name == "token":
             why = "a token is for served envs ('grpc://host:port')"

@@ -494,7 +494,7 @@ class HostAgent:
                 self.settings,
                 params,
                 self.tile_lanes,
-                packed=True,
+                packed=False,
             ),
             self.spec.layout,
         )
@@ -676,6 +676,7 @@ def evaluate(
             credentials=served.credentials,
             reply_timeout=served.reply_timeout,
             on_server_loss=served.on_server_loss or "rerun",
+            transport=served.transport or "auto",
         )
         # A group plans alone: the default tile is sized for its lanes.
         tile_lanes = lanes.group(settings, served.lane_groups)

@@ -558,6 +558,7 @@ def evaluate(
     credentials: Any = None,
     reply_timeout: float | str | None = "auto",
     on_server_loss: str | None = None,
+    transport: str = "auto",
     metrics: Any = None,
     success: Any = None,
     devices: Any = None,
@@ -665,6 +666,9 @@ def evaluate(
         what happened); with no server left the run raises. ``"raise"``: the
         first loss ends the run with ``jaxmesh.RemoteConnectionError``
         (finished episodes on ``exc.partial_result``).
+      transport: served envs: ``"auto"`` (the default: shared memory with a
+        server on this host run by this user, else gRPC), ``"grpc"`` or
+        ``"shm"`` (shared memory or an error); see docs/remote.md.
       metrics: env info keys kept per episode (``result.metrics``): a key, a
         list of keys (each its last value), or a dict key -> reduction over the
         episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``. Sources:
@@ -783,7 +787,7 @@ def evaluate(
     kind = backend.backend_of(env)
     served = backend.check_served_options(
         backend.ServedOptions(
-            token, credentials, reply_timeout, lane_groups, on_server_loss
+            token, credentials, reply_timeout, lane_groups, on_server_loss, transport
         ),
         kind,
         env,

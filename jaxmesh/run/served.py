@@ -110,6 +110,8 @@ class ServedLanes:
       on_server_loss: ``"rerun"``: a server that dies or stops answering is
         dropped and its unfinished episodes run again on the other servers'
         lanes (the run raises when none is left); ``"raise"``: the run raises.
+      transport: ``"auto"``, ``"grpc"`` or ``"shm"``: how each session's calls
+        travel (``jaxmesh.remote.session.TRANSPORTS``).
 
     Raises:
       jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
@@ -126,6 +128,7 @@ class ServedLanes:
         reply_timeout: float | str | None = None,
         credentials: Any = None,
         on_server_loss: str = "rerun",
+        transport: str = "auto",
     ):
         from jaxmesh.remote import spaces
 
@@ -146,6 +149,7 @@ class ServedLanes:
             "connect_timeout": connect_timeout,
             "reply_timeout": reply_timeout,
             "credentials": credentials,
+            "transport": transport,
         }
         self.sessions: list[Session] = []
         try:
@@ -731,6 +735,7 @@ class _Run(HostLoop):
                 observation_keys=self.obs_keys,
             )
             self.lockstep[s] = session.lockstep
+            self.tel.add("transport_shm", session.transport == "shm")
             self.lost.discard(s)
             js = np.flatnonzero(self.server == s)
             self.dead[js] = False
@@ -1111,6 +1116,8 @@ class _Run(HostLoop):
                 reader=not self.direct,
                 observation_keys=self.obs_keys,
             )
+            # Sessions on the same-host data path: 1 each, 0 each on gRPC.
+            self.tel.add("transport_shm", c.transport == "shm")
         self.state = self.program.init(self.agent_obs, np.zeros(self.n, bool))
         self.take_next(np.ones(self.n, bool))
 

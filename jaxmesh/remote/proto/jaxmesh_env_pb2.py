@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&jaxmesh/remote/proto/jaxmesh_env.proto\x12\x0ejaxmesh.env.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb7\x01\n\x08LeafSpec\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05space\x18\x04 \x01(\t\x12#\n\x03low\x18\x05 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12$\n\x04high\x18\x06 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\t\n\x01n\x18\x07 \x01(\x03\x12\r\n\x05start\x18\x08 \x01(\x03\x12\x0c\n\x04nest\x18\t \x01(\t\"\x99\x01\n\x05Value\x12\x14\n\nbool_value\x18\x01 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12.\n\x0ctensor_value\x18\x05 \x01(\x0b\x32\x16.jaxmesh.env.v1.TensorH\x00\x42\x06\n\x04kind\"A\n\x0bResetOption\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.jaxmesh.env.v1.Value\"T\n\x10HandshakeRequest\x12\x19\n\x11protocol_versions\x18\x01 \x03(\r\x12\x16\n\x0e\x63lient_version\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\"\xcb\x02\n\x0eHandshakeReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12 \n\x18server_protocol_versions\x18\x02 \x03(\r\x12\x16\n\x0eserver_version\x18\x03 \x01(\t\x12-\n\x0bobservation\x18\x04 \x03(\x0b\x32\x18.jaxmesh.env.v1.LeafSpec\x12(\n\x06\x61\x63tion\x18\x05 \x03(\x0b\x32\x18.jaxmesh.env.v1.LeafSpec\x12\x11\n\tnum_lanes\x18\x06 \x01(\r\x12\x32\n\rreset_options\x18\x07 \x03(\x0b\x32\x1b.jaxmesh.env.v1.ResetOption\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12\x11\n\tinfo_keys\x18\t \x03(\t\x12\x10\n\x08\x65nv_name\x18\n \x01(\t\x12\n\n\x02\x64t\x18\x0b \x01(\x01\"\xc4\x01\n\tLaneReset\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\x37\n\x07options\x18\x03 \x03(\x0b\x32&.jaxmesh.env.v1.LaneReset.OptionsEntry\x12\x1b\n\x13max_episode_seconds\x18\x04 \x01(\x01\x1a\x45\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.jaxmesh.env.v1.Value:\x02\x38\x01\"\xdf\x01\n\x0b\x41\x63tionBatch\x12%\n\x05lanes\x18\x01 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12&\n\x06\x63ounts\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\x39\n\x07\x61\x63tions\x18\x03 \x03(\x0b\x32(.jaxmesh.env.v1.ActionBatch.ActionsEntry\x1a\x46\n\x0c\x41\x63tionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\"\xc5\x05\n\x0bResultBatch\x12%\n\x05lanes\x18\x01 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12%\n\x05steps\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12$\n\x04rows\x18\x03 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\'\n\x07rewards\x18\x04 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12*\n\nterminated\x18\x05 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12)\n\ttruncated\x18\x06 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\x41\n\x0bobservation\x18\x07 \x03(\x0b\x32,.jaxmesh.env.v1.ResultBatch.ObservationEntry\x12\x33\n\x04info\x18\x08 \x03(\x0b\x32%.jaxmesh.env.v1.ResultBatch.InfoEntry\x12\x42\n\x0cinfo_present\x18\t \x03(\x0b\x32,.jaxmesh.env.v1.ResultBatch.InfoPresentEntry\x12)\n\tinfo_rows\x18\n \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x1aJ\n\x10ObservationEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\x1a\x43\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\x1aJ\n\x10InfoPresentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\"\xff\x01\n\x0bStepRequest\x12\x11\n\tlane_mask\x18\x01 \x03(\x08\x12)\n\x06resets\x18\x02 \x03(\x0b\x32\x19.jaxmesh.env.v1.LaneReset\x12\x18\n\x10observation_keys\x18\x04 \x03(\t\x12\x11\n\tinfo_keys\x18\x05 \x03(\t\x12\x18\n\x10\x61ll_observations\x18\x06 \x01(\x08\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12*\n\x05\x62\x61tch\x18\x08 \x01(\x0b\x32\x1b.jaxmesh.env.v1.ActionBatch\x12\x0f\n\x07release\x18\t \x03(\r\x12\x17\n\x0finfo_every_step\x18\n \x01(\x08J\x04\x08\x03\x10\x04\"k\n\tStepReply\x12\x1b\n\x13server_step_seconds\x18\x02 \x01(\x01\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\x04\x12*\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x1b.jaxmesh.env.v1.ResultBatchJ\x04\x08\x01\x10\x02\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply2\xeb\x01\n\nEnvService\x12M\n\tHandshake\x12 .jaxmesh.env.v1.HandshakeRequest\x1a\x1e.jaxmesh.env.v1.HandshakeReply\x12\x42\n\x04Step\x12\x1b.jaxmesh.env.v1.StepRequest\x1a\x19.jaxmesh.env.v1.StepReply(\x01\x30\x01\x12J\n\x08Shutdown\x12\x1f.jaxmesh.env.v1.ShutdownRequest\x1a\x1d.jaxmesh.env.v1.ShutdownReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&jaxmesh/remote/proto/jaxmesh_env.proto\x12\x0ejaxmesh.env.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb7\x01\n\x08LeafSpec\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05space\x18\x04 \x01(\t\x12#\n\x03low\x18\x05 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12$\n\x04high\x18\x06 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\t\n\x01n\x18\x07 \x01(\x03\x12\r\n\x05start\x18\x08 \x01(\x03\x12\x0c\n\x04nest\x18\t \x01(\t\"\x99\x01\n\x05Value\x12\x14\n\nbool_value\x18\x01 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12.\n\x0ctensor_value\x18\x05 \x01(\x0b\x32\x16.jaxmesh.env.v1.TensorH\x00\x42\x06\n\x04kind\"A\n\x0bResetOption\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.jaxmesh.env.v1.Value\"T\n\x10HandshakeRequest\x12\x19\n\x11protocol_versions\x18\x01 \x03(\r\x12\x16\n\x0e\x63lient_version\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\"\xe2\x02\n\x0eHandshakeReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12 \n\x18server_protocol_versions\x18\x02 \x03(\r\x12\x16\n\x0eserver_version\x18\x03 \x01(\t\x12-\n\x0bobservation\x18\x04 \x03(\x0b\x32\x18.jaxmesh.env.v1.LeafSpec\x12(\n\x06\x61\x63tion\x18\x05 \x03(\x0b\x32\x18.jaxmesh.env.v1.LeafSpec\x12\x11\n\tnum_lanes\x18\x06 \x01(\r\x12\x32\n\rreset_options\x18\x07 \x03(\x0b\x32\x1b.jaxmesh.env.v1.ResetOption\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12\x11\n\tinfo_keys\x18\t \x03(\t\x12\x10\n\x08\x65nv_name\x18\n \x01(\t\x12\n\n\x02\x64t\x18\x0b \x01(\x01\x12\x15\n\rshared_memory\x18\x0c \x01(\t\"\xc4\x01\n\tLaneReset\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\x37\n\x07options\x18\x03 \x03(\x0b\x32&.jaxmesh.env.v1.LaneReset.OptionsEntry\x12\x1b\n\x13max_episode_seconds\x18\x04 \x01(\x01\x1a\x45\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.jaxmesh.env.v1.Value:\x02\x38\x01\"\xdf\x01\n\x0b\x41\x63tionBatch\x12%\n\x05lanes\x18\x01 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12&\n\x06\x63ounts\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\x39\n\x07\x61\x63tions\x18\x03 \x03(\x0b\x32(.jaxmesh.env.v1.ActionBatch.ActionsEntry\x1a\x46\n\x0c\x41\x63tionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\"\xc5\x05\n\x0bResultBatch\x12%\n\x05lanes\x18\x01 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12%\n\x05steps\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12$\n\x04rows\x18\x03 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\'\n\x07rewards\x18\x04 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12*\n\nterminated\x18\x05 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12)\n\ttruncated\x18\x06 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x12\x41\n\x0bobservation\x18\x07 \x03(\x0b\x32,.jaxmesh.env.v1.ResultBatch.ObservationEntry\x12\x33\n\x04info\x18\x08 \x03(\x0b\x32%.jaxmesh.env.v1.ResultBatch.InfoEntry\x12\x42\n\x0cinfo_present\x18\t \x03(\x0b\x32,.jaxmesh.env.v1.ResultBatch.InfoPresentEntry\x12)\n\tinfo_rows\x18\n \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor\x1aJ\n\x10ObservationEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\x1a\x43\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\x1aJ\n\x10InfoPresentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.jaxmesh.env.v1.Tensor:\x02\x38\x01\"\xff\x01\n\x0bStepRequest\x12\x11\n\tlane_mask\x18\x01 \x03(\x08\x12)\n\x06resets\x18\x02 \x03(\x0b\x32\x19.jaxmesh.env.v1.LaneReset\x12\x18\n\x10observation_keys\x18\x04 \x03(\t\x12\x11\n\tinfo_keys\x18\x05 \x03(\t\x12\x18\n\x10\x61ll_observations\x18\x06 \x01(\x08\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12*\n\x05\x62\x61tch\x18\x08 \x01(\x0b\x32\x1b.jaxmesh.env.v1.ActionBatch\x12\x0f\n\x07release\x18\t \x03(\r\x12\x17\n\x0finfo_every_step\x18\n \x01(\x08J\x04\x08\x03\x10\x04\"k\n\tStepReply\x12\x1b\n\x13server_step_seconds\x18\x02 \x01(\x01\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\x04\x12*\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x1b.jaxmesh.env.v1.ResultBatchJ\x04\x08\x01\x10\x02\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply2\xeb\x01\n\nEnvService\x12M\n\tHandshake\x12 .jaxmesh.env.v1.HandshakeRequest\x1a\x1e.jaxmesh.env.v1.HandshakeReply\x12\x42\n\x04Step\x12\x1b.jaxmesh.env.v1.StepRequest\x1a\x19.jaxmesh.env.v1.StepReply(\x01\x30\x01\x12J\n\x08Shutdown\x12\x1f.jaxmesh.env.v1.ShutdownRequest\x1a\x1d.jaxmesh.env.v1.ShutdownReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,31 +52,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDSHAKEREQUEST']._serialized_start=521
   _globals['_HANDSHAKEREQUEST']._serialized_end=605
   _globals['_HANDSHAKEREPLY']._serialized_start=608
-  _globals['_HANDSHAKEREPLY']._serialized_end=939
-  _globals['_LANERESET']._serialized_start=942
-  _globals['_LANERESET']._serialized_end=1138
-  _globals['_LANERESET_OPTIONSENTRY']._serialized_start=1069
-  _globals['_LANERESET_OPTIONSENTRY']._serialized_end=1138
-  _globals['_ACTIONBATCH']._serialized_start=1141
-  _globals['_ACTIONBATCH']._serialized_end=1364
-  _globals['_ACTIONBATCH_ACTIONSENTRY']._serialized_start=1294
-  _globals['_ACTIONBATCH_ACTIONSENTRY']._serialized_end=1364
-  _globals['_RESULTBATCH']._serialized_start=1367
-  _globals['_RESULTBATCH']._serialized_end=2076
-  _globals['_RESULTBATCH_OBSERVATIONENTRY']._serialized_start=1857
-  _globals['_RESULTBATCH_OBSERVATIONENTRY']._serialized_end=1931
-  _globals['_RESULTBATCH_INFOENTRY']._serialized_start=1933
-  _globals['_RESULTBATCH_INFOENTRY']._serialized_end=2000
-  _globals['_RESULTBATCH_INFOPRESENTENTRY']._serialized_start=2002
-  _globals['_RESULTBATCH_INFOPRESENTENTRY']._serialized_end=2076
-  _globals['_STEPREQUEST']._serialized_start=2079
-  _globals['_STEPREQUEST']._serialized_end=2334
-  _globals['_STEPREPLY']._serialized_start=2336
-  _globals['_STEPREPLY']._serialized_end=2443
-  _globals['_SHUTDOWNREQUEST']._serialized_start=2445
-  _globals['_SHUTDOWNREQUEST']._serialized_end=2462
-  _globals['_SHUTDOWNREPLY']._serialized_start=2464
-  _globals['_SHUTDOWNREPLY']._serialized_end=2479
-  _globals['_ENVSERVICE']._serialized_start=2482
-  _globals['_ENVSERVICE']._serialized_end=2717
+  _globals['_HANDSHAKEREPLY']._serialized_end=962
+  _globals['_LANERESET']._serialized_start=965
+  _globals['_LANERESET']._serialized_end=1161
+  _globals['_LANERESET_OPTIONSENTRY']._serialized_start=1092
+  _globals['_LANERESET_OPTIONSENTRY']._serialized_end=1161
+  _globals['_ACTIONBATCH']._serialized_start=1164
+  _globals['_ACTIONBATCH']._serialized_end=1387
+  _globals['_ACTIONBATCH_ACTIONSENTRY']._serialized_start=1317
+  _globals['_ACTIONBATCH_ACTIONSENTRY']._serialized_end=1387
+  _globals['_RESULTBATCH']._serialized_start=1390
+  _globals['_RESULTBATCH']._serialized_end=2099
+  _globals['_RESULTBATCH_OBSERVATIONENTRY']._serialized_start=1880
+  _globals['_RESULTBATCH_OBSERVATIONENTRY']._serialized_end=1954
+  _globals['_RESULTBATCH_INFOENTRY']._serialized_start=1956
+  _globals['_RESULTBATCH_INFOENTRY']._serialized_end=2023
+  _globals['_RESULTBATCH_INFOPRESENTENTRY']._serialized_start=2025
+  _globals['_RESULTBATCH_INFOPRESENTENTRY']._serialized_end=2099
+  _globals['_STEPREQUEST']._serialized_start=2102
+  _globals['_STEPREQUEST']._serialized_end=2357
+  _globals['_STEPREPLY']._serialized_start=2359
+  _globals['_STEPREPLY']._serialized_end=2466
+  _globals['_SHUTDOWNREQUEST']._serialized_start=2468
+  _globals['_SHUTDOWNREQUEST']._serialized_end=2485
+  _globals['_SHUTDOWNREPLY']._serialized_start=2487
+  _globals['_SHUTDOWNREPLY']._serialized_end=2502
+  _globals['_ENVSERVICE']._serialized_start=2505
+  _globals['_ENVSERVICE']._serialized_end=2740
 # @@protoc_insertion_point(module_scope)

@@ -71,7 +71,7 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_versions: _Optional[_Iterable[int]] = ..., client_version: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class HandshakeReply(_message.Message):
-    __slots__ = ("protocol_version", "server_protocol_versions", "server_version", "observation", "action", "num_lanes", "reset_options", "capabilities", "info_keys", "env_name", "dt")
+    __slots__ = ("protocol_version", "server_protocol_versions", "server_version", "observation", "action", "num_lanes", "reset_options", "capabilities", "info_keys", "env_name", "dt", "shared_memory")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVER_PROTOCOL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class HandshakeReply(_message.Message):
     INFO_KEYS_FIELD_NUMBER: _ClassVar[int]
     ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     DT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     server_protocol_versions: _containers.RepeatedScalarFieldContainer[int]
     server_version: str
@@ -94,7 +95,8 @@ class HandshakeReply(_message.Message):
     info_keys: _containers.RepeatedScalarFieldContainer[str]
     env_name: str
     dt: float
-    def __init__(self, protocol_version: _Optional[int] = ..., server_protocol_versions: _Optional[_Iterable[int]] = ..., server_version: _Optional[str] = ..., observation: _Optional[_Iterable[_Union[LeafSpec, _Mapping]]] = ..., action: _Optional[_Iterable[_Union[LeafSpec, _Mapping]]] = ..., num_lanes: _Optional[int] = ..., reset_options: _Optional[_Iterable[_Union[ResetOption, _Mapping]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., info_keys: _Optional[_Iterable[str]] = ..., env_name: _Optional[str] = ..., dt: _Optional[float] = ...) -> None: ...
+    shared_memory: str
+    def __init__(self, protocol_version: _Optional[int] = ..., server_protocol_versions: _Optional[_Iterable[int]] = ..., server_version: _Optional[str] = ..., observation: _Optional[_Iterable[_Union[LeafSpec, _Mapping]]] = ..., action: _Optional[_Iterable[_Union[LeafSpec, _Mapping]]] = ..., num_lanes: _Optional[int] = ..., reset_options: _Optional[_Iterable[_Union[ResetOption, _Mapping]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., info_keys: _Optional[_Iterable[str]] = ..., env_name: _Optional[str] = ..., dt: _Optional[float] = ..., shared_memory: _Optional[str] = ...) -> None: ...
 
 class LaneReset(_message.Message):
     __slots__ = ("lane", "seed", "options", "max_episode_seconds")

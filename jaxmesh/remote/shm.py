@@ -1,0 +1,473 @@
+"""The same-host data path of a session: a Unix socket and shared memory.
+
+A server declares the capability ``shared_memory`` and, in the handshake's
+``shared_memory`` field, the name of an abstract Unix socket it listens on. A
+client on the same host attaches there instead of opening the gRPC Step
+stream; gRPC stays the control plane (handshake, health, shutdown, auth) and
+the path across hosts. Over the socket every message is a frame: a header
+(``_HEADER``: payload bytes, kind, ring slot) and a payload.
+
+1. The client sends ``HELLO`` (JSON: its token and the observation leaves it
+   reads). The server checks that the peer runs as its own user
+   (``SO_PEERCRED``), the token (as gRPC's), and that no session is open, else
+   it answers ``REFUSE`` (JSON: a gRPC status name and details).
+2. The server creates a POSIX shared-memory segment of ``RING`` slots, each
+   holding every leaf asked for on every lane (in the leaf's own dtype), and
+   answers ``ATTACH`` with its name. The client maps it and answers
+   ``ATTACHED``; both then unlink it (mapping it proves the same host and user:
+   the segment is the user's alone, mode 0600), so nothing is left in
+   ``/dev/shm`` whatever happens to either side afterwards.
+3. Each call is a ``REQUEST`` frame holding the serialized ``StepRequest``,
+   exactly as on the gRPC stream, answered in order by a ``REPLY`` frame: the
+   serialized ``StepReply`` with the observation rows taken out and written to
+   the ring slot the frame names (call ``i`` uses slot ``i % RING``; the client
+   copies them out before it sends call ``i + RING``); a reply whose rows do
+   not fit (every observation of a recorded chunk) carries them inline. An
+   env error, a refused request, an idle timeout or the server's shutdown is
+   an ``ERROR`` frame (JSON: the gRPC status and trailing metadata the gRPC
+   stream would have ended with), and the session ends.
+4. The client ends the session by shutting down its side of the socket; the
+   server answers what is in flight, frees the session, then closes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxmesh.envs.gymnasium.shm import Segment, Slots
+from jaxmesh.errors import RemoteConnectionError, RemoteError
+from jaxmesh.remote import codec
+
+#: Ring slots of observation rows: calls a client may have in flight before it
+#: waits for the oldest reply to be read.
+RING = 4
+#: Frame kinds.
+HELLO, ATTACH, ATTACHED, REFUSE, REQUEST, REPLY, ERROR = range(1, 8)
+#: A frame's header: payload bytes, kind, ring slot (``NO_SLOT``: inline).
+_HEADER = struct.Struct("<IBBxx")
+NO_SLOT = 255
+#: The largest control frame (HELLO, ATTACH, REFUSE, ERROR) read.
+_CONTROL_BYTES = 1 << 20
+
+
+def unlink(name: str) -> None:
+    """Unlinks the segment ``name`` (gone already: nothing to do)."""
+    import _posixshmem
+
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+def socket_name() -> str:
+    """A fresh abstract socket name (no file: nothing to clean up)."""
+    return f"jaxmesh-{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dict:
+    """The segment's arrays: ``"<slot>:<key>"`` -> (shape per lane, dtype)."""
+    return {
+        f"{slot}:{key}": (tuple(specs[key].shape), np.dtype(specs[key].dtype))
+        for slot in range(RING)
+        for key in keys
+    }
+
+
+def send_frame(sock: socket.socket, kind: int, payload: bytes, slot=NO_SLOT):
+    sock.sendall(_HEADER.pack(len(payload), kind, slot) + payload)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes, or None at the peer's end before the first byte."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionResetError("the peer closed the socket mid-frame")
+        got += k
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None:
+    """The next frame ``(kind, slot, payload)``; None at the peer's end.
+
+    Raises:
+      OSError: the socket failed; codec.ProtocolError: a frame over ``limit``.
+    """
+    head = _recv_exact(sock, _HEADER.size)
+    if head is None:
+        return None
+    size, kind, slot = _HEADER.unpack(head)
+    if size > limit:
+        raise codec.ProtocolError(
+            f"a frame of {size} bytes is over the {limit} byte limit"
+        )
+    payload = _recv_exact(sock, size) if size else b""
+    if payload is None:
+        raise ConnectionResetError("the peer closed the socket mid-frame")
+    return kind, slot, payload
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return struct.unpack("3i", creds)[1]
+
+
+class _Status:
+    """What ``client.remote_error`` reads of a failed gRPC call, from an
+    ``ERROR`` or ``REFUSE`` frame."""
+
+    def __init__(self, payload: bytes):
+        msg = json.loads(payload.decode("utf-8"))
+        import grpc
+
+        self._code = getattr(grpc.StatusCode, str(msg.get("code")), None)
+        self._details = str(msg.get("details", ""))
+        meta = []
+        for key, value in msg.get("metadata", []):
+            meta.append((key, value.encode("utf-8") if key.endswith("-bin") else value))
+        self._meta = tuple(meta)
+
+    def code(self):
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self):
+        return self._meta
+
+
+def status_payload(code: str, details: str, metadata: Sequence = ()) -> bytes:
+    """An ``ERROR`` / ``REFUSE`` payload: a gRPC status name, its details and
+    the trailing metadata (binary values as UTF-8 text)."""
+    meta = [
+        [k, v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)]
+        for k, v in metadata
+    ]
+    return json.dumps({"code": code, "details": details, "metadata": meta}).encode()
+
+
+def _status_error(payload: bytes, address: str) -> RemoteError:
+    from jaxmesh.remote.client import remote_error
+
+    try:
+        return remote_error(_Status(payload), address)
+    except (ValueError, TypeError, AttributeError):
+        return RemoteError(
+            f"the jaxmesh env server at {address} ended the session with an "
+            "unreadable error frame",
+            address=address,
+        )
+
+
+class ShmStream:
+    """The client's same-host session: attaches at construction, then
+    ``open`` / ``send`` / ``receive`` / ``owed_since`` / ``close`` as
+    ``client.Connection`` has them, so ``Session`` drives either alike.
+
+    Args:
+      address: the server's address (for messages).
+      name: the abstract socket name from the handshake.
+      token: the session token (already resolved from ``JAXMESH_TOKEN``).
+      specs: every observation leaf's spec; keys: the leaves read.
+      num_lanes: the server's lanes (rows per ring slot).
+      connect_timeout: seconds attaching may take.
+      reply_timeout: seconds ``receive`` waits for a reply (None: no limit).
+      max_message_bytes: the per-frame cap.
+
+    Raises:
+      OSError, ValueError, RemoteError: attaching failed (the caller falls
+      back to gRPC, or says why when shared memory was asked for).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        token: str | None,
+        specs: Mapping[str, codec.LeafSpec],
+        keys: Sequence[str],
+        num_lanes: int,
+        *,
+        connect_timeout: float,
+        reply_timeout: float | None,
+        max_message_bytes: int,
+    ):
+        self.address = address
+        self.reply_timeout = reply_timeout
+        self.max_message_bytes = max_message_bytes
+        self.keys = tuple(keys)
+        self.slots: Slots | None = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = sock
+        try:
+            sock.settimeout(connect_timeout)
+            sock.connect("\0" + name)
+            hello = {"token": token or "", "keys": list(self.keys)}
+            send_frame(sock, HELLO, json.dumps(hello).encode())
+            frame = recv_frame(sock, _CONTROL_BYTES)
+            if frame is None:
+                raise ConnectionError("the server closed the socket while attaching")
+            kind, _, payload = frame
+            if kind == REFUSE:
+                raise _status_error(payload, address)
+            if kind != ATTACH:
+                raise ConnectionError(f"the server answered frame kind {kind}")
+            segment = json.loads(payload.decode())["segment"]
+            if not (isinstance(segment, str) and segment.startswith("jaxmesh_")):
+                raise ConnectionError(f"the server named segment {segment!r}")
+            try:
+                shm = Segment(segment)
+            finally:
+                unlink(segment)
+            try:
+                fields = ring_fields(specs, self.keys)
+                if len(shm.buf) < Slots.size(num_lanes, fields):
+                    raise ConnectionError("the shared segment is smaller than agreed")
+                self.slots = Slots(shm, num_lanes, fields)
+            except BaseException:
+                shm.close()
+                raise
+            send_frame(sock, ATTACHED, b"")
+            sock.settimeout(None)
+        except BaseException:
+            self._release()
+            raise
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._early: collections.deque = collections.deque()
+        self._reader: threading.Thread | None = None
+        self._decode: Callable | None = None
+        self._cond = threading.Condition()
+        self._sent = self._read = 0
+        self._owed: collections.deque = collections.deque()
+        self._progress = self._last_send = time.monotonic()
+        self._ending = False  # close() shut our side: the server's end is due
+        self._closing = False
+        self._broken = False
+        self._stream = False
+
+    def _release(self) -> None:
+        slots, self.slots = self.slots, None
+        if slots is not None:
+            try:
+                slots.release()
+            except BufferError:  # a view still held: unmapped when collected
+                pass
+        self.sock.close()
+
+    # The session, as Connection's --------------------------------------------
+    def open(
+        self,
+        decode: Callable[[Any, dict | None], Any],
+        *,
+        replies: queue.SimpleQueue | None = None,
+        tag: Any = None,
+        reader: bool = True,
+    ) -> None:
+        """Starts taking replies (see ``Connection.open``); ``decode(reply,
+        observation)`` decodes one, ``observation`` being the rows read from
+        the ring (None: they are inline)."""
+        self._decode = decode
+        self._stream = True
+        if not reader:
+            return
+        sink = self._replies if replies is None else replies
+        self._reader = threading.Thread(
+            target=self._read_loop,
+            args=(lambda item: sink.put((tag, item)),),
+            name="jaxmesh-shm-reader",
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _next(self) -> Any:
+        """The next reply as ``receive`` returns it, the exception it raises
+        (returned), or None after ``close``."""
+        try:
+            frame = recv_frame(self.sock, self.max_message_bytes)
+        except (OSError, codec.ProtocolError) as exc:
+            frame = exc
+        self._progress = time.monotonic()
+        if not isinstance(frame, tuple) and (
+            self._closing or (self._ending and frame is None)
+        ):
+            return None
+        if frame is None or isinstance(frame, BaseException):
+            self._broken = True
+            self._wake()
+            return RemoteConnectionError(
+                f"the jaxmesh env server at {self.address} closed the session",
+                address=self.address,
+            )
+        kind, slot, payload = frame
+        if kind == ERROR:
+            self._broken = True
+            self._wake()
+            return _status_error(payload, self.address)
+        if kind != REPLY:
+            self._broken = True
+            self._wake()
+            return codec.ProtocolError(
+                f"the jaxmesh env server at {self.address} sent frame kind {kind}"
+            )
+        if self._owed:
+            self._owed.popleft()
+        arrived = time.perf_counter()
+        try:
+            reply = codec.parse_step_reply(payload, self.max_message_bytes)
+            obs = None
+            if slot != NO_SLOT:
+                if slot >= RING:
+                    raise codec.ProtocolError(f"a reply names ring slot {slot}")
+                obs = {k: self.slots[f"{slot}:{k}"] for k in self.keys}
+            decoded = self._decode(reply, obs)
+        except BaseException as exc:  # handed to the caller in order
+            decoded = exc
+        finally:
+            with self._cond:
+                self._read += 1
+                self._cond.notify_all()
+        if isinstance(decoded, BaseException):
+            return decoded
+        return reply, decoded, arrived, time.perf_counter()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _read_loop(self, put: Callable) -> None:
+        while True:
+            item = self._next()
+            if item is None:
+                return
+            put(item)
+            if isinstance(item, BaseException):
+                return
+
+    def send(self, request: Any) -> int:
+        """Sends a request (waits only while ``RING`` replies are unread).
+
+        Raises:
+          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
+        """
+        data = request.SerializeToString()
+        codec.check_size(len(data), self.max_message_bytes, "step request")
+        if self._reader is None:  # the caller reads: take replies off early
+            while self._sent - self._read >= RING and not self._broken:
+                self._early.append(self._next())
+        else:
+            with self._cond:
+                while self._sent - self._read >= RING and not self._broken:
+                    self._cond.wait()
+        self._sent += 1
+        self._last_send = time.monotonic()
+        self._owed.append(self._last_send)
+        if not self._broken:
+            try:
+                send_frame(self.sock, REQUEST, data)
+            except OSError:
+                pass  # the server is gone: the reply side says so
+        return len(data)
+
+    def owed_since(self) -> float | None:
+        try:
+            oldest = self._owed[0]
+        except IndexError:
+            return None
+        return max(self._progress, oldest)
+
+    def receive(self) -> Any:
+        """The next reply (see ``Connection.receive``)."""
+        if self._reader is None:
+            item = self._early.popleft() if self._early else self._next()
+            if item is None:
+                item = RemoteConnectionError(
+                    f"the session with {self.address} is closed", address=self.address
+                )
+            if isinstance(item, BaseException):
+                self._early.appendleft(item)
+                raise item
+            return item
+        try:
+            _, item = self._replies.get(timeout=self.reply_timeout)
+        except queue.Empty:
+            self._broken = True
+            raise RemoteConnectionError(
+                f"no reply from the jaxmesh env server at {self.address} within "
+                f"{self.reply_timeout} s (reply_timeout); the env may hang",
+                address=self.address,
+                code="DEADLINE_EXCEEDED",
+            ) from None
+        if isinstance(item, BaseException):
+            self._replies.put((None, item))
+            raise item
+        return item
+
+    def close(self, timeout: float = 5.0, grace: float = 0.5) -> None:
+        """Ends the session (idempotent): the server answers what is in flight
+        while it keeps answering (``grace`` seconds per reply, ``timeout`` in
+        all), frees the session, and closes its side."""
+        if self.slots is None:
+            return
+        if self._stream and not self._broken:
+            self._ending = True
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            reader = self._reader
+            if reader is None:
+                reader = threading.Thread(target=self._drain, daemon=True)
+                reader.start()
+            deadline = time.monotonic() + timeout
+            while reader.is_alive() and not self._broken:
+                quiet = max(self._progress, self._last_send) + grace
+                left = min(deadline, quiet) - time.monotonic()
+                if left <= 0:
+                    break
+                reader.join(left)
+        self._closing = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not None:
+            self._reader.join(1.0)
+        self._release()
+
+    def _drain(self) -> None:
+        while True:
+            item = self._next()
+            if item is None or isinstance(item, BaseException):
+                return
+
+
+__all__ = [
+    "RING",
+    "ShmStream",
+    "peer_uid",
+    "recv_frame",
+    "ring_fields",
+    "send_frame",
+    "socket_name",
+    "status_payload",
+]
