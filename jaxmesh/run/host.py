@@ -494,7 +494,7 @@ class HostAgent:
                 self.settings,
                 params,
                 self.tile_lanes,
-                packed=False,
+                packed=True,
             ),
             self.spec.layout,
         )
