@@ -281,6 +281,15 @@ def cartpole_run(act, episodes=24):
     return jaxmesh.evaluate(act, "gymnax:CartPole-v1", num_envs=8, episodes=episodes)
 
 
+def test_summary_says_when_a_run_played_chunks():
+    """An int vector from a discrete policy that forgot to index is read as a
+    chunk: the summary says so, and says nothing of chunks for one action."""
+    single = cartpole_run(lambda obs: (obs[2] > 0).astype(np.int32), episodes=8)
+    assert "chunks of" not in single.summary()
+    vector = cartpole_run(lambda obs: (obs + 0.5 > 0).astype(np.int32), episodes=8)
+    assert "8 / 1 (1); chunks of 4 actions" in vector.summary()
+
+
 def test_run_result_stats_summary_and_round_trip():
     result = cartpole_run(lambda obs: (obs[2] > 0).astype(np.int32))
     s = result.stats()

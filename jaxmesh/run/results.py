@@ -601,7 +601,8 @@ class RunResult:
             ),
             (
                 "lanes / horizon (effective)",
-                f"{self.num_envs} / {self.horizon} ({self.effective_horizon})",
+                f"{self.num_envs} / {self.horizon} ({self.effective_horizon})"
+                + ("" if self.chunk is None else f"; chunks of {self.chunk} actions"),
             ),
             *[("server lost", _loss_text(loss)) for loss in self.server_losses],
             ("env steps", self.env_steps),
