@@ -66,6 +66,7 @@ from typing import Any
 
 import yaml
 
+from jaxmesh._version import __version__
 from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
 from jaxmesh.trace import REDACTED, is_secret_key, redact_text, secret_values
 
@@ -2151,6 +2152,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxmesh", description="Evaluate RL policies with jaxmesh."
     )
+    parser.add_argument("--version", action="version", version=f"jaxmesh {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     keys = "; ".join(f"{k}: {d}" for k, d in CONFIG_KEYS.items())
     ev = sub.add_parser(
@@ -2427,6 +2429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       0 on success, 2 for bad input (one line on stderr). An error raised while
       a run is going propagates with its traceback.
     """
+    # As ``python -m`` does: a config's ``policy: mymodule:fn`` names a module
+    # in the working directory (the console script leaves it off sys.path).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     parser = make_parser()
     try:
         args = parser.parse_args(argv)

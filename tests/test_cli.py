@@ -871,3 +871,34 @@ def test_second_process_reuses_the_compiled_executables(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "unused").exists()
+
+
+def test_console_script_imports_a_policy_module_from_the_working_directory(tmp_path):
+    """``policy: mypol:act`` names ./mypol.py, as under ``python -m``, with no
+    PYTHONPATH; ``--version`` prints the package's version."""
+    script = Path(sys.executable).with_name("jaxmesh")
+    (tmp_path / "mypol.py").write_text(
+        "import jax.numpy as jnp\n\n\ndef act(obs):\n"
+        "    return (obs[2] > 0).astype(jnp.int32)\n"
+    )
+    (tmp_path / "c.yaml").write_text(
+        "env: gymnax:CartPole-v1\npolicy: mypol:act\nepisodes: 4\nnum_envs: 2\n"
+        "output: out.json\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env[cli.CACHE_SWITCH_ENV] = "0"
+    run = lambda *a: subprocess.run(
+        [str(script), *a],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    version = run("--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"jaxmesh {jaxmesh.__version__}"
+    proc = run("eval", "c.yaml")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert len(out["episodes"]) == 4
