@@ -42,13 +42,15 @@ an [8, 6] chunk from the same trunk). Contenders:
    seeds lanes, not episodes, so it runs other episodes (its auto-reset steps
    are counted as steps).
 
-Workload B (heavy sim): ``BusyEnv`` below burns ~3 ms of pure-Python CPU per
+Workload B (heavy sim): ``busyenv.BusyEnv`` burns ~3 ms of pure-Python CPU per
 step (a busy loop calibrated at start) and returns a Dict observation
 {"image": uint8 64x64x3, "state": float32 [8]}; 8 lanes, 30-step episodes;
 the policy reads ``obs["state"]`` and returns a 2-dim float action. The hand
 loop (one process) against jaxmesh ``workers=0``, ``workers=2`` and default,
-each given a picklable factory (``functools.partial(hostsim.BusyEnv,
-loops=...)``) as its env.
+each given a picklable factory (``functools.partial(busyenv.BusyEnv,
+loops=...)``) as its env. The env lives in a module of its own that imports no
+JAX, as a simulator's does: each worker imports its factory's module, and
+importing this one (JAX) took ~1 s of each worker's start.
 
 Workload C (image wire): ``ImageEnv`` below returns one 224x224x3 uint8 image
 per step (cheap); 16 lanes, 50-step episodes; the policy averages the image.
@@ -86,6 +88,7 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
+from busyenv import BusyEnv, calibrate
 from common import goal, header, machine, median, table
 from mlp import HIDDEN, K, act, act_chunk, init_params, jaxmesh_run
 from remote_common import START_TIMEOUT_S, STOP_TIMEOUT_S, grpc_target, make_envs
@@ -129,67 +132,7 @@ def batched(fn: Callable, params: Any) -> Callable[[Any], np.ndarray]:
     return lambda obs: np.asarray(jitted(params, obs))
 
 
-# Workloads B and C: envs defined here (module level: they pickle) -----------
-def burn(loops: int) -> int:
-    """Pure-Python CPU work: ``loops`` iterations of integer arithmetic."""
-    x = 0
-    for i in range(loops):
-        x = (x + i * i) & 0xFFFF
-    return x
-
-
-def calibrate(ms: float) -> int:
-    """Loops of :func:`burn` that take ~``ms`` milliseconds here (best of 7)."""
-    probe = 20_000
-    best = float("inf")
-    for _ in range(7):
-        t0 = time.perf_counter()
-        burn(probe)
-        best = min(best, time.perf_counter() - t0)
-    return max(1, int(probe * ms / 1000.0 / best))
-
-
-class BusyEnv(gym.Env):
-    """A heavy Python simulator: each step burns ``loops`` of pure-Python CPU.
-
-    Observations are a Dict {"image": uint8 [64, 64, 3], "state": float32 [8]};
-    the state drifts toward the (tiled) 2-dim action, reward is minus its
-    squared norm; episodes are truncated after ``episode_steps`` steps.
-    """
-
-    metadata = {"render_modes": []}
-
-    def __init__(self, loops: int = 1000, episode_steps: int = 30):
-        self.loops, self.episode_steps = loops, episode_steps
-        self.observation_space = gym.spaces.Dict(
-            {
-                "image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
-                "state": gym.spaces.Box(-np.inf, np.inf, (8,), np.float32),
-            }
-        )
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        self._state = np.zeros(8, np.float32)
-        self._t = 0
-
-    def _obs(self) -> dict[str, np.ndarray]:
-        image = np.full((64, 64, 3), self._t % 256, np.uint8)
-        return {"image": image, "state": self._state.copy()}
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        self._state = self.np_random.normal(0.0, 1.0, 8).astype(np.float32)
-        self._t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        burn(self.loops)
-        a = np.asarray(action, np.float32)
-        self._state = (0.9 * self._state + 0.1 * np.tile(a, 4)).astype(np.float32)
-        self._t += 1
-        reward = -float(np.sum(self._state**2))
-        return self._obs(), reward, False, self._t >= self.episode_steps, {}
-
-
+# Workload C: its env defined here (module level: it pickles) ------------------
 class ImageEnv(gym.Env):
     """A cheap env with a big observation: one 224x224x3 uint8 image per step.
 
@@ -738,10 +681,8 @@ def workload_b(args, loops: int) -> list[str]:
     params = {"w": rng.normal(0.0, 0.5, (8, 2)).astype(np.float32)}
     forward = batched(busy_act, params)
     policy = jaxmesh.Model(busy_act, params=params, name="busy_state_policy")
-    # The factory pickles by module name (hostsim.BusyEnv), not __main__.
-    import hostsim
-
-    factory = functools.partial(hostsim.BusyEnv, loops=loops, episode_steps=cap)
+    # The factory pickles by module name (busyenv.BusyEnv), not __main__.
+    factory = functools.partial(BusyEnv, loops=loops, episode_steps=cap)
     envs = [factory() for _ in range(n)]
     # A TypeError naming workers=, Dict observations, or a factory as env (this
     # build refusing the functools.partial as an env): not available.
@@ -766,7 +707,7 @@ def workload_b(args, loops: int) -> list[str]:
     differ = report_table(med, returns, {}, B_HAND, {})
     print(
         f"\nThe hand loop runs in this one process; jaxmesh's rows are given the "
-        f"picklable factory functools.partial(hostsim.BusyEnv, loops={loops}). The "
+        f"picklable factory functools.partial(busyenv.BusyEnv, loops={loops}). The "
         f"ideal with 2 processes on {os.cpu_count()} cores is 2x.\n"
     )
     out: list[str] = []
