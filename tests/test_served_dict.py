@@ -29,7 +29,7 @@ from jaxmesh.errors import RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote import spaces as wire
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.server import EnvServer
+from jaxmesh.remote.server import EnvServer, ServeOptions
 from jaxmesh.remote.session import Session
 
 SEEDS = [5, 0, 7, 3, 11, 2, 8]
@@ -72,9 +72,15 @@ def reference(horizon: int, lead: int):
     return plain_loop(CameraEnv(), policy, SEEDS, horizon=horizon, lead=lead)
 
 
+#: The leaves that cross are counted on the gRPC wire (``sent``): these
+#: servers offer no same-host transport (tests/test_shm_transport.py has it).
+GRPC_ONLY = ServeOptions(shared_memory=False)
+
+
 @pytest.fixture(scope="module")
 def server():
-    with EnvServer([CameraEnv() for _ in range(LANES)], "127.0.0.1:0") as s:
+    envs = [CameraEnv() for _ in range(LANES)]
+    with EnvServer(envs, "127.0.0.1:0", options=GRPC_ONLY) as s:
         yield s
 
 
@@ -134,7 +140,7 @@ def test_a_lockstep_server_of_a_vector_env(sent):
     -1: a CameraEnv never reset with a seed would match crash_seed=None)."""
     make = functools.partial(CameraEnv, crash_seed=-1)
     vec = SyncVectorEnv([make] * LANES, autoreset_mode=AutoresetMode.DISABLED)
-    with EnvServer(vec, "127.0.0.1:0") as s:
+    with EnvServer(vec, "127.0.0.1:0", options=GRPC_ONLY) as s:
         got = jaxmesh.evaluate(
             chunked, url(s), num_envs=LANES, seeds=SEEDS, horizon=3, prefetch_lead=1
         )

@@ -360,6 +360,7 @@ def test_handshake_declares_the_env():
             "info_keys",
             "info_every_step",
             "max_episode_seconds",
+            "shared_memory",
         }
         err = rpc_error(raw.handshake, (7, 8))
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
