@@ -2,8 +2,8 @@
 
 The workload of ``realistic.py``'s in-process rows: 16 gymnasium
 ``HalfCheetah-v5`` lanes, a 2x256 tanh MLP over [16, 17] float32 observations,
-horizon 1. Two contenders, per call, in microseconds (median over ``--calls``
-calls, interleaved in blocks):
+horizon 1. Contenders, per call, in microseconds (median over ``--calls``
+calls, interleaved in blocks), each with its ratio to the hand call:
 
 (a) ``hand``: ``np.asarray(policy_jit(params, obs))``, the hand loop's call
     (params put on the device once, as ``realistic.batched_policy`` does);
@@ -12,12 +12,20 @@ calls, interleaved in blocks):
     lanes' spec, ``pol.default_params()`` as ``evaluate`` passes them) and
     driven as ``LocalRun.lockstep`` drives it (every lane active, none started).
 
+and the breakdown of (b):
+
+(c) ``program alone``: (b)'s jitted program called with its inputs built
+    beforehand (its state buffer, the int32 rows of the host inputs): (b)
+    less the host side (building the rows, the loop's bookkeeping);
+(d) ``pytree program``: the same ``agent.host_step`` jitted over the
+    ``AgentState`` pytree and the host inputs as separate arrays
+    (``make_agent``'s program: a buffer per state leaf and per input);
+(e) ``hand, in a tile loop``: (a)'s policy inside a ``while_loop`` over the
+    tiles to plan, as the agent's plan compaction runs it (``core.tiles``):
+    what that loop alone costs XLA:CPU.
+
 No env is stepped: the observations are the lanes' reset observations, so the
 figures are the agent step alone. No thread environment variable is set.
-
-(c) ``jaxmesh, params placed``: (b) with the loop's params put on the device
-    once beforehand (numpy params are otherwise copied at every step).
-
 ``--env`` steps every env between calls (untimed), as a run does: caches and
 the runtime's threads are then as cold as in a run.
 
@@ -34,14 +42,17 @@ from typing import Any
 
 import gymnasium as gym
 import jax
+import jax.numpy as jnp
 import mlp
 import numpy as np
 from mlp import ACT_DIM, act
 
 import jaxmesh
 from jaxmesh.core import results as core_results
+from jaxmesh.core import tiles
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.run import agent as run_agent
 from jaxmesh.run import checks
 from jaxmesh.run import host as run_host
 from jaxmesh.run.loop import HostLoop
@@ -77,6 +88,70 @@ def _host_loop(policy: Any, envs: list, n: int) -> tuple[HostLoop, Any]:
     return loop, lanes
 
 
+def _breakdown(loop: HostLoop, policy: Any, params: Any, obs: np.ndarray) -> dict:
+    """The contenders (c), (d) and (e) of the module's docstring."""
+    n, program = loop.n, loop.program
+    step = program.step  # a run.agent.PackedStep
+    sig, rows, keys = step.host_inputs(loop.started, loop.active, loop.ep_keys, loop.t)
+    fn = step.program(sig, loop.state.layout)
+    texts: dict = {}
+    agent_obs = loop.agent_obs
+    flat = [loop.state.flat, loop.state.big]
+
+    def program_alone() -> np.ndarray:
+        flat[0], flat[1], actions = fn(
+            loop.params, flat[0], flat[1], agent_obs, rows, keys, texts
+        )
+        return np.asarray(actions)
+
+    # make_agent's program: the AgentState pytree, the inputs one by one.
+    pol = resolve_policy(policy, with_params=False)
+    settings = checks.check_settings(n, 1, 0, None, None)
+    _, _, init, pytree_step, _ = run_agent.agent_functions(
+        pol, loop.spec, settings, pol.default_params()
+    )
+    tree = [init(agent_obs, loop.active.copy())]
+
+    def pytree_program() -> np.ndarray:
+        tree[0], actions = pytree_step(
+            loop.params,
+            tree[0],
+            agent_obs,
+            loop.started,
+            loop.active,
+            loop.ep_keys,
+            loop.t,
+            None,
+            None,
+            texts,
+        )
+        return np.asarray(actions)
+
+    # The hand call's policy inside the plan's tile loop (core.tiles).
+    tile = program.config.tile
+
+    def tiled(p: Any, o: Any, need: Any) -> Any:
+        def body(idx: Any, buf: Any) -> Any:
+            out = jax.vmap(act, in_axes=(None, 0))(p, tiles.take(o, idx))
+            return tiles.put(buf, idx, out)
+
+        buf = jnp.zeros((n, ACT_DIM), jnp.float32)
+        return tiles.for_each_tile(need, tile, body, buf)[0]
+
+    tiled_jit = jax.jit(tiled)
+    need = np.ones(n, bool)
+    dev_params = jax.device_put(params)
+
+    def hand_tiled() -> np.ndarray:
+        return np.asarray(tiled_jit(dev_params, obs, need))
+
+    return {
+        "program alone": program_alone,
+        "pytree program": pytree_program,
+        "hand, in a tile loop": hand_tiled,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=5000, help="timed calls each")
@@ -88,9 +163,7 @@ def main() -> None:
     ap.add_argument(
         "--env", action="store_true", help="step every env between calls (untimed)"
     )
-    ap.add_argument(
-        "--no-placed", action="store_true", help="skip the params-placed contender"
-    )
+    ap.add_argument("--no-breakdown", action="store_true", help="time (a) and (b) only")
     args = ap.parse_args()
     n = args.lanes
 
@@ -113,12 +186,10 @@ def main() -> None:
         return actions
 
     contenders = {"hand": hand, "jaxmesh": lambda: jaxmesh_step(loop)}
-    if not args.no_placed:
-        # The same loop with its params put on the device once (numpy params
-        # are otherwise copied to the device at every step).
-        placed, _ = _host_loop(policy, envs, n)
-        placed.params = jax.device_put(placed.params)
-        contenders["jaxmesh, params placed"] = lambda: jaxmesh_step(placed)
+    if not args.no_breakdown:
+        # Its own loop: the program alone donates that loop's state.
+        other, _ = _host_loop(policy, envs, n)
+        contenders.update(_breakdown(other, policy, params, obs))
     ref = hand()
     same = {k: np.array_equal(f(), ref) for k, f in contenders.items()}
     for f in contenders.values():  # warm up

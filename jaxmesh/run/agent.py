@@ -5,7 +5,7 @@ A host loop's own program (``agent_functions(..., packed=True)``) calls the
 same ``agent.host_step`` through fewer buffers, which is what a step of a few
 lanes costs on a CPU (each buffer in or out of a jitted call costs about a
 microsecond, more than the agent's own work on a few KB): the state's small
-leaves travel as one byte buffer (``HostState``) and the per-lane host inputs
+leaves travel as one buffer of 32-bit words (``HostState``) and the per-lane host inputs
 (masks, step indices, episode keys) as one int32 array. Bitcasts only: the
 step computes exactly what ``host_step`` computes on the pytree.
 """
@@ -157,18 +157,68 @@ def agent_functions(
 
 
 # The host loop's program: the same step through fewer buffers --------------------
-#: State leaves up to this size travel in one byte buffer; larger ones (image
-#: windows, long chunks) stay buffers of their own (copying them would cost
-#: more than a buffer).
+#: State leaves up to this size travel in one buffer of 32-bit words; larger
+#: ones (image windows, long chunks) stay buffers of their own (copying them
+#: would cost more than a buffer).
 FLAT_MAX_BYTES = 16 * 1024
-_FLAT_KINDS = "biuf"  # bitcast to bytes as they are (bool as uint8)
 
 
 class _Leaf(NamedTuple):
     shape: tuple[int, ...]
     dtype: np.dtype
-    offset: int  # into the byte buffer; -1: a buffer of its own
-    index: int  # among the separate buffers (-1: in the byte buffer)
+    offset: int  # into the word buffer; -1: a buffer of its own
+    index: int  # among the separate buffers (-1: in the word buffer)
+
+    @property
+    def words(self) -> int:
+        """32-bit words the leaf takes: one per element (a value of 8 bytes:
+        two; of 1 or 2 bytes: zero-extended to one)."""
+        size = int(np.prod(self.shape, dtype=np.int64))
+        return size * max(1, self.dtype.itemsize // 4)
+
+
+def _as_words(dtype: np.dtype) -> bool:
+    """Whether values of ``dtype`` go into 32-bit words exactly: bool, ints
+    and floats of whole bytes (not keys, not 4-bit types)."""
+    if dtype == np.bool_:
+        return True
+    if jnp.issubdtype(dtype, jnp.integer):
+        bits = jnp.iinfo(dtype).bits
+    elif jnp.issubdtype(dtype, jnp.floating):
+        bits = jnp.finfo(dtype).bits
+    else:
+        return False
+    return bits == 8 * dtype.itemsize and dtype.itemsize in (1, 2, 4, 8)
+
+
+def _to_words(x: jax.Array) -> jax.Array:
+    """``x`` as a flat uint32 vector (``_Leaf.words`` long), exactly."""
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint32)
+    elif x.dtype.itemsize < 4:  # the same bits, zero-extended
+        unsigned = jnp.dtype(f"uint{8 * x.dtype.itemsize}")
+        x = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+    else:
+        x = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.reshape(x, (-1,))
+
+
+def _from_words(w: Any, leaf: _Leaf, xp: Any) -> Any:
+    """The leaf's value from its words (``xp``: jnp under jit, or np)."""
+    size = leaf.dtype.itemsize
+    if xp is np:
+        if leaf.dtype == np.bool_:
+            return (w != 0).reshape(leaf.shape)
+        if size < 4:
+            w = w.astype(f"uint{8 * size}")
+        return w.view(leaf.dtype).reshape(leaf.shape)
+    if leaf.dtype == np.bool_:
+        return jnp.reshape(w, leaf.shape) != 0
+    if size < 4:
+        w = w.astype(jnp.dtype(f"uint{8 * size}"))
+        return jax.lax.bitcast_convert_type(jnp.reshape(w, leaf.shape), leaf.dtype)
+    extra = () if size == 4 else (size // 4,)
+    return jax.lax.bitcast_convert_type(jnp.reshape(w, leaf.shape + extra), leaf.dtype)
 
 
 class StateLayout(NamedTuple):
@@ -176,7 +226,6 @@ class StateLayout(NamedTuple):
 
     treedef: Any
     leaves: tuple[_Leaf, ...]
-    nbytes: int
 
     @staticmethod
     def of(state: Any) -> StateLayout:
@@ -184,19 +233,18 @@ class StateLayout(NamedTuple):
         leaves, treedef = jax.tree.flatten(state)
         out, offset, index = [], 0, 0
         for x in leaves:
-            dtype = np.dtype(x.dtype)
-            size = int(np.prod(x.shape, dtype=np.int64)) * dtype.itemsize
-            if dtype.kind in _FLAT_KINDS and size <= FLAT_MAX_BYTES:
-                out.append(_Leaf(tuple(x.shape), dtype, offset, -1))
-                offset += size
+            leaf = _Leaf(tuple(x.shape), np.dtype(x.dtype), offset, -1)
+            if _as_words(leaf.dtype) and leaf.words * 4 <= FLAT_MAX_BYTES:
+                offset += leaf.words
             else:
-                out.append(_Leaf(tuple(x.shape), dtype, -1, index))
+                leaf = leaf._replace(offset=-1, index=index)
                 index += 1
-        return StateLayout(treedef, tuple(out), offset)
+            out.append(leaf)
+        return StateLayout(treedef, tuple(out))
 
     def pack(self, state: Any) -> tuple[jax.Array, tuple]:
-        """(byte buffer, separate leaves) of ``state`` (under jit)."""
-        flat, big = [jnp.zeros((0,), jnp.uint8)], []
+        """(word buffer, separate leaves) of ``state`` (under jit)."""
+        flat, big = [jnp.zeros((0,), jnp.uint32)], []
         for leaf, x in zip(self.leaves, jax.tree.leaves(state), strict=True):
             if (tuple(x.shape), np.dtype(x.dtype)) != (leaf.shape, leaf.dtype):
                 raise TypeError(
@@ -205,37 +253,26 @@ class StateLayout(NamedTuple):
                 )
             if leaf.index >= 0:
                 big.append(x)
-                continue
-            if x.dtype == jnp.bool_:
-                x = x.astype(jnp.uint8)
-            x = jax.lax.bitcast_convert_type(x, jnp.uint8)
-            flat.append(jnp.reshape(x, (-1,)))
+            else:
+                flat.append(_to_words(x))
         return jnp.concatenate(flat), tuple(big)
 
     def unpack(self, flat: Any, big: tuple, xp: Any = jnp) -> Any:
-        """The ``AgentState`` of a byte buffer and the separate leaves (``xp``:
+        """The ``AgentState`` of a word buffer and the separate leaves (``xp``:
         jnp under jit; np for a buffer read back on the host)."""
         out = []
         for leaf in self.leaves:
             if leaf.index >= 0:
                 out.append(big[leaf.index])
-                continue
-            size = int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
-            raw = flat[leaf.offset : leaf.offset + size]
-            if xp is np:
-                out.append(raw.view(leaf.dtype).reshape(leaf.shape))
-            elif leaf.dtype == np.bool_:
-                out.append(jnp.reshape(raw, leaf.shape) != 0)
             else:
-                width = () if leaf.dtype.itemsize == 1 else (leaf.dtype.itemsize,)
-                raw = jnp.reshape(raw, leaf.shape + width)
-                out.append(jax.lax.bitcast_convert_type(raw, leaf.dtype))
+                w = flat[leaf.offset : leaf.offset + leaf.words]
+                out.append(_from_words(w, leaf, xp))
         return jax.tree.unflatten(self.treedef, out)
 
 
 class HostState:
-    """The agent state of a host loop's program: the small leaves in one byte
-    buffer on the device, the large ones as they are.
+    """The agent state of a host loop's program: the small leaves in one
+    buffer of 32-bit words on the device, the large ones as they are.
 
     Reading a field (``state.cursor``, ``state.predict_calls``, ...) gives its
     value on the host (numpy; a large leaf: its device array), read back once
@@ -257,58 +294,42 @@ class HostState:
 
 def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
     """``init`` and ``step`` (the pytree functions of ``agent_functions``) as
-    a host loop's program: ``(init(obs, lanes) -> HostState, step(params,
-    state, obs, started, active, ep_keys, t, moved=None, skip=None,
-    texts=None, episodes=None) -> (HostState, actions))``.
-
-    The host inputs (numpy: bool masks, int step counts, the uint32 episode
-    keys) go to the device as one int32 array of rows, one row per mask or
-    count and one per 32-bit word of a key; a key array that is no numpy
-    uint32 array goes as it is.
-    """
-    jitted: dict = {}
+    a host loop's program: ``init(obs, lanes) -> HostState`` and a
+    ``PackedStep``."""
+    jitted: list = []
 
     def init_placed(obs, lanes):
         obs = pol.place(obs)
-        if "init" not in jitted:  # the layout needs the observations' shapes
+        if not jitted:  # the layout needs the observations' shapes
             layout = StateLayout.of(jax.eval_shape(init, obs, lanes))
-            jitted["init"] = layout, jax.jit(lambda o, m: layout.pack(init(o, m)))
-        layout, fn = jitted["init"]
+            jitted.append((layout, jax.jit(lambda o, m: layout.pack(init(o, m)))))
+        layout, fn = jitted[0]
         return HostState(layout, *fn(obs, lanes))
 
-    def unpack_rows(rows, names, key_shape):
-        masks = ("started", "active", "moved")
-        got = {n: rows[i] != 0 if n in masks else rows[i] for i, n in enumerate(names)}
-        if key_shape is not None:  # the keys' 32-bit words, a row each
-            words = jax.lax.bitcast_convert_type(rows[len(names) :].T, jnp.uint32)
-            got["ep_keys"] = jnp.reshape(words, (rows.shape[1],) + key_shape)
-        return got
+    return init_placed, PackedStep(cfg, pol, step)
 
-    def build_step(names, key_shape, layout):
-        def run(params, flat, big, obs, rows, keys, texts):
-            got = unpack_rows(rows, names, key_shape)
-            if key_shape is not None:
-                keys = got["ep_keys"]
-            state = layout.unpack(flat, big)
-            state, actions = step(
-                params,
-                state,
-                obs,
-                got["started"],
-                got["active"],
-                keys,
-                got["t"],
-                got.get("moved"),
-                got.get("skip"),
-                texts,
-                got.get("episodes"),
-            )
-            flat, big = layout.pack(state)
-            return flat, big, actions
 
-        return jax.jit(run, donate_argnums=(1, 2))
+_MASKS = ("started", "active", "moved")
 
-    def step_placed(
+
+class PackedStep:
+    """``step(params, state, obs, started, active, ep_keys, t, moved=None,
+    skip=None, texts=None, episodes=None) -> (HostState, actions)``: the
+    pytree step over a ``HostState``, its host inputs in one array.
+
+    The host inputs (numpy: bool masks, int step counts, the uint32 episode
+    keys) go to the device as one int32 array of rows (``host_inputs``), one
+    row per mask or count and one per 32-bit word of a key; a key array that
+    is no numpy uint32 array goes as it is. One jitted program per pattern of
+    inputs given (``program``).
+    """
+
+    def __init__(self, cfg: agent.AgentConfig, pol: Policy, step: Any):
+        self.cfg, self.pol, self.step = cfg, pol, step
+        self._programs: dict = {}
+
+    def __call__(
+        self,
         params,
         state,
         obs,
@@ -321,35 +342,72 @@ def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
         texts=None,
         episodes=None,
     ):
+        sig, rows, keys = self.host_inputs(
+            started, active, ep_keys, t, moved, skip, episodes
+        )
+        fn = self.program(sig, state.layout)
+        flat, big, actions = fn(
+            params, state.flat, state.big, self.pol.place(obs), rows, keys, texts
+        )
+        return HostState(state.layout, flat, big), actions
+
+    def host_inputs(
+        self, started, active, ep_keys, t, moved=None, skip=None, episodes=None
+    ) -> tuple:
+        """``(signature, rows, keys)``: the int32 rows of the host inputs and
+        the keys when they are not among them (else None)."""
         given = {"started": started, "active": active, "t": t}
         if moved is not None:
             given["moved"] = moved
         if skip is not None:
             given["skip"] = skip
-        if cfg.grid is not None:  # only a sweep's lanes read their episode
+        if self.cfg.grid is not None:  # only a sweep's lanes read their episode
             given["episodes"] = episodes
-        names = tuple(given)
+        n, k = self.cfg.num_envs, len(given)
+        words = key_shape = None
         keys = ep_keys
-        words = None
         if isinstance(ep_keys, np.ndarray) and ep_keys.dtype == np.uint32:
-            words = ep_keys.reshape(cfg.num_envs, -1).view(np.int32).T
-            keys = None
-        rows = np.empty(
-            (len(names) + (0 if words is None else words.shape[0]), cfg.num_envs),
-            np.int32,
-        )
+            words = ep_keys.reshape(n, -1).view(np.int32).T
+            key_shape, keys = tuple(ep_keys.shape[1:]), None
+        rows = np.empty((k + (0 if words is None else words.shape[0]), n), np.int32)
         for i, x in enumerate(given.values()):
             rows[i] = x
         if words is not None:
-            rows[len(names) :] = words
-        key_shape = None if words is None else tuple(ep_keys.shape[1:])
-        sig = (names, key_shape)
-        fn = jitted.get(sig)
-        if fn is None:
-            fn = jitted[sig] = build_step(names, key_shape, state.layout)
-        flat, big, actions = fn(
-            params, state.flat, state.big, pol.place(obs), rows, keys, texts
-        )
-        return HostState(state.layout, flat, big), actions
+            rows[k:] = words
+        return (tuple(given), key_shape), rows, keys
 
-    return init_placed, step_placed
+    def program(self, sig: tuple, layout: StateLayout) -> Any:
+        """The jitted ``(params, flat, big, obs, rows, keys, texts) -> (flat,
+        big, actions)`` for inputs of signature ``sig`` (the flat state and
+        its large leaves donated)."""
+        fn = self._programs.get(sig)
+        if fn is None:
+            fn = self._programs[sig] = self._build(*sig, layout)
+        return fn
+
+    def _build(self, names: tuple, key_shape: Any, layout: StateLayout) -> Any:
+        def run(params, flat, big, obs, rows, keys, texts):
+            got = {
+                name: rows[i] != 0 if name in _MASKS else rows[i]
+                for i, name in enumerate(names)
+            }
+            if key_shape is not None:  # the keys' 32-bit words, a row each
+                words = rows[len(names) :].T
+                keys = jax.lax.bitcast_convert_type(words, jnp.uint32)
+                keys = jnp.reshape(keys, (rows.shape[1],) + key_shape)
+            state, actions = self.step(
+                params,
+                layout.unpack(flat, big),
+                obs,
+                got["started"],
+                got["active"],
+                keys,
+                got["t"],
+                got.get("moved"),
+                got.get("skip"),
+                texts,
+                got.get("episodes"),
+            )
+            return (*layout.pack(state), actions)
+
+        return jax.jit(run, donate_argnums=(1, 2))
