@@ -57,7 +57,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import rules
+from jaxmesh.core import replay, rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium.spec import spec_for
 from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
@@ -954,10 +954,10 @@ class _Run(HostLoop):
     def plan_segments(self, go: np.ndarray, actions: np.ndarray, cursor) -> None:
         """Queues every action of the lanes in ``go`` known now and not sent yet.
 
-        After the step that executed cursor c of a chunk that began at step
-        ``cs``: at c = 0 the chunk is known (steps ``cs .. cs+h``); at c = h - L
-        (a lead) the prefetched chunk is too (``.. cs+2h``). Segments are cut at
-        ``cs + m*h`` and, under a lead, at ``cs + m*h + (h - L)``; none passes
+        What is known after the step that played index c of a chunk
+        (``replay.known_until``: at c = 0 the chunk, at c = h - L under a lead
+        the prefetched one too) is cut where the agent must see an observation
+        first (``replay.segment_offsets``); no segment passes
         ``max_episode_steps`` or an action that fails the checks. h and L are
         each lane's (``HostLoop.lane_setting``: its cell under a sweep).
         """
@@ -969,15 +969,11 @@ class _Run(HostLoop):
             self.sent[j[ok]] += 1
             return
         t = self.t[lanes_].astype(np.int64)  # the step of the action just executed
-        c = cursor[lanes_].astype(np.int64) - 1
-        cs = t - c
+        played = cursor[lanes_].astype(np.int64) - 1  # its index in its chunk
+        cs = t - played
         h, lead = self.lane_setting(lanes_)
-        target = self.sent[lanes_].copy()
-        target = np.where(c == 0, np.maximum(target, cs + h), target)
-        if self.cfg.lead:
-            ahead = (lead > 0) & (c == h - lead)
-            target = np.where(ahead, np.maximum(target, cs + 2 * h), target)
-        target = np.minimum(target, self.max_steps)
+        known = replay.known_until(played, t, h, lead, np)
+        target = np.minimum(np.maximum(self.sent[lanes_], known), self.max_steps)
         need = target > self.sent[lanes_]
         if not need.any():
             return
@@ -1002,12 +998,8 @@ class _Run(HostLoop):
             if bad.any():
                 tgt = first + int(np.argmax(bad))
                 seq = seq[: tgt - first]
-            cut_offsets = [h_j, 2 * h_j]
-            if 0 < h_j - lead_j < h_j:
-                cut_offsets += [h_j - lead_j, 2 * h_j - lead_j]
-            cuts = sorted(
-                {int(cs_j) + o for o in cut_offsets if first < cs_j + o < tgt}
-            )
+            offsets = replay.segment_offsets(int(h_j), int(lead_j))
+            cuts = sorted({int(cs_j) + o for o in offsets if first < cs_j + o < tgt})
             rank = 0
             for cut in [*cuts, int(tgt)]:
                 if cut > first:
