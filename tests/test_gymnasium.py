@@ -536,7 +536,7 @@ def test_adapters_hold_their_own_info_state():
 
 def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
     """The lanes' ResultBatch is the codec's field for field, their info dtypes
-    its allow-list; lanes.py and the server import no JAX (parsed, not run:
+    its allow-list; the lanes, workers, shared memory and the server import no JAX (parsed, not run:
     importing jaxmesh itself loads JAX)."""
     import ast
     from pathlib import Path
@@ -551,6 +551,7 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
         ("envs/gymnasium/lanes.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         ("envs/gymnasium/leaves.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         ("envs/gymnasium/workers.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
+        ("envs/gymnasium/shm.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         ("remote/server.py", ("jax", "flax")),
     ):
         for node in ast.walk(ast.parse((root / path).read_text())):
@@ -566,6 +567,7 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
                     "jaxmesh.envs.timing",  # a step's seconds: imports only math
                     "jaxmesh.envs.gymnasium",
                     "jaxmesh.envs.gymnasium.leaves",  # numpy only
+                    "jaxmesh.envs.gymnasium.shm",  # numpy and the standard library
                     "jaxmesh.remote",
                     "jaxmesh.remote.proto",
                     "jaxmesh.remote.protocol",  # constants; imports nothing
