@@ -15,8 +15,8 @@ calls, interleaved in blocks), each with its ratio to the hand call:
 and the breakdown of (b):
 
 (c) ``program alone``: (b)'s jitted program called with its inputs built
-    beforehand (its state buffer, the int32 rows of the host inputs): (b)
-    less the host side (building the rows, the loop's bookkeeping);
+    beforehand (its state buffer, the lane masks in one array): (b) less the
+    host side (building the inputs, the loop's bookkeeping);
 (d) ``pytree program``: the same ``agent.host_step`` jitted over the
     ``AgentState`` pytree and the host inputs as separate arrays
     (``make_agent``'s program: a buffer per state leaf and per input);
@@ -92,7 +92,8 @@ def _breakdown(loop: HostLoop, policy: Any, params: Any, obs: np.ndarray) -> dic
     """The contenders (c), (d) and (e) of the module's docstring."""
     n, program = loop.n, loop.program
     step = program.step  # a run.agent.PackedStep
-    sig, rows, keys = step.host_inputs(loop.started, loop.active, loop.ep_keys, loop.t)
+    keys = step.keys_on_device(loop.ep_keys)
+    sig, masks, counts = step.host_inputs(loop.started, loop.active, loop.t)
     fn = step.program(sig, loop.state.layout)
     texts: dict = {}
     agent_obs = loop.agent_obs
@@ -100,7 +101,7 @@ def _breakdown(loop: HostLoop, policy: Any, params: Any, obs: np.ndarray) -> dic
 
     def program_alone() -> np.ndarray:
         flat[0], flat[1], actions = fn(
-            loop.params, flat[0], flat[1], agent_obs, rows, keys, texts
+            loop.params, flat[0], flat[1], agent_obs, masks, counts, keys, texts
         )
         return np.asarray(actions)
 

@@ -89,15 +89,22 @@ def _chunk_policy(obs, key):
     return jnp.clip(jnp.tanh(obs[:1])[None, :] + noise, -1.0, 1.0)
 
 
-@pytest.mark.parametrize("lead", [0, 1])
-def test_packed_step_equals_the_pytree_step(lead):
+def _plain_chunk_policy(obs):
+    """The same without a key: the step indices are then left out."""
+    return jnp.clip(jnp.tanh(obs[:1])[None, :] * jnp.arange(1.0, 5.0)[:, None], -1, 1)
+
+
+@pytest.mark.parametrize(
+    "lead, policy", [(0, _chunk_policy), (1, _chunk_policy), (1, _plain_chunk_policy)]
+)
+def test_packed_step_equals_the_pytree_step(lead, policy):
     """Both programs driven side by side over lanes that start, pause, skip
     and move at their own pace give the same actions and states, bit for bit
     (the pytree step is ``agent.host_step`` on the ``AgentState``)."""
     env = make_env(gymnax.make("Pendulum-v1"))
     n = 5
     settings = checks.check_settings(n, 4, lead, None, None)
-    pol = resolve_policy(_chunk_policy, with_params=False)
+    pol = resolve_policy(policy, with_params=False)
     plain = run_agent.agent_functions(pol, env, settings, None)
     packed = run_agent.agent_functions(pol, env, settings, None, packed=True)
     assert plain[0] == packed[0]
@@ -118,6 +125,8 @@ def test_packed_step_equals_the_pytree_step(lead):
         skip = np.where(active & (i % 3 == 2), rng.integers(0, 2, n), 0)
         args = (obs, started, active, keys, t, moved if i % 2 else None, skip)
         a_state, a_act = plain[3](None, a_state, *args)
+        if i % 3 == 1:  # as the host loop passes them
+            args = args[:3] + (packed[3].keys_on_device(keys),) + args[4:]
         b_state, b_act = packed[3](None, b_state, *args)
         assert _bits(np.asarray(a_act)) == _bits(np.asarray(b_act)), i
         for name in ("chunk", "pending", "cursor", "fresh", "prev", "predict_calls"):

@@ -5,9 +5,10 @@ A host loop's own program (``agent_functions(..., packed=True)``) calls the
 same ``agent.host_step`` through fewer buffers, which is what a step of a few
 lanes costs on a CPU (each buffer in or out of a jitted call costs about a
 microsecond, more than the agent's own work on a few KB): the state's small
-leaves travel as one buffer of 32-bit words (``HostState``) and the per-lane host inputs
-(masks, step indices, episode keys) as one int32 array. Bitcasts only: the
-step computes exactly what ``host_step`` computes on the pytree.
+leaves travel as one buffer of 32-bit words (``HostState``), the lane masks as
+one array, the counts as another (``PackedStep``); the loop keeps the episode
+keys on the device between episode starts. Bitcasts only: the step computes
+exactly what ``host_step`` computes on the pytree.
 """
 
 from __future__ import annotations
@@ -309,23 +310,23 @@ def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
     return init_placed, PackedStep(cfg, pol, step)
 
 
-_MASKS = ("started", "active", "moved")
-
-
 class PackedStep:
     """``step(params, state, obs, started, active, ep_keys, t, moved=None,
     skip=None, texts=None, episodes=None) -> (HostState, actions)``: the
-    pytree step over a ``HostState``, its host inputs in one array.
+    pytree step over a ``HostState``, its host inputs in two arrays.
 
-    The host inputs (numpy: bool masks, int step counts, the uint32 episode
-    keys) go to the device as one int32 array of rows (``host_inputs``), one
-    row per mask or count and one per 32-bit word of a key; a key array that
-    is no numpy uint32 array goes as it is. One jitted program per pattern of
-    inputs given (``program``).
+    The lane masks go to the device as one bool array, the counts (step
+    indices, skips, a sweep's episodes) as one int32 array (``host_inputs``);
+    keys as they are given (a loop keeps them on the device between episode
+    starts: ``keys_on_device``). One jitted program per pattern of inputs
+    given (``program``).
     """
 
     def __init__(self, cfg: agent.AgentConfig, pol: Policy, step: Any):
         self.cfg, self.pol, self.step = cfg, pol, step
+        #: Whether the step reads the step indices ``t``: a policy's key is
+        #: folded with them, ensembling picks its ring's slot by them.
+        self.reads_t = pol.stochastic or cfg.ensemble is not None
         self._programs: dict = {}
 
     def __call__(
@@ -342,71 +343,75 @@ class PackedStep:
         texts=None,
         episodes=None,
     ):
-        sig, rows, keys = self.host_inputs(
-            started, active, ep_keys, t, moved, skip, episodes
-        )
+        sig, masks, counts = self.host_inputs(started, active, t, moved, skip, episodes)
         fn = self.program(sig, state.layout)
         flat, big, actions = fn(
-            params, state.flat, state.big, self.pol.place(obs), rows, keys, texts
+            params,
+            state.flat,
+            state.big,
+            self.pol.place(obs),
+            masks,
+            counts,
+            ep_keys,
+            texts,
         )
         return HostState(state.layout, flat, big), actions
 
     def host_inputs(
-        self, started, active, ep_keys, t, moved=None, skip=None, episodes=None
+        self, started, active, t, moved=None, skip=None, episodes=None
     ) -> tuple:
-        """``(signature, rows, keys)``: the int32 rows of the host inputs and
-        the keys when they are not among them (else None)."""
-        given = {"started": started, "active": active, "t": t}
-        if moved is not None:
-            given["moved"] = moved
+        """``(signature, masks, counts)``: the masks as one bool array, the
+        counts as one int32 array (None: no count is read). The step indices
+        are left out where nothing reads them (a policy without a key, no
+        ensembling)."""
+        masks = (started, active) if moved is None else (started, active, moved)
+        counts = []
+        if self.reads_t:
+            counts.append(t)
         if skip is not None:
-            given["skip"] = skip
+            counts.append(skip)
         if self.cfg.grid is not None:  # only a sweep's lanes read their episode
-            given["episodes"] = episodes
-        n, k = self.cfg.num_envs, len(given)
-        words = key_shape = None
-        keys = ep_keys
-        if isinstance(ep_keys, np.ndarray) and ep_keys.dtype == np.uint32:
-            words = ep_keys.reshape(n, -1).view(np.int32).T
-            key_shape, keys = tuple(ep_keys.shape[1:]), None
-        rows = np.empty((k + (0 if words is None else words.shape[0]), n), np.int32)
-        for i, x in enumerate(given.values()):
-            rows[i] = x
-        if words is not None:
-            rows[k:] = words
-        return (tuple(given), key_shape), rows, keys
+            counts.append(episodes)
+        sig = (moved is not None, self.reads_t, skip is not None)
+        counts = (
+            np.concatenate(counts, dtype=np.int32, casting="unsafe") if counts else None
+        )
+        return sig, np.concatenate(masks, dtype=bool), counts
+
+    def keys_on_device(self, ep_keys: np.ndarray) -> jax.Array:
+        """A copy of the episode keys on the policy's device, for a loop that
+        passes them until the next episode starts (no transfer per step)."""
+        return jax.device_put(np.array(ep_keys), self.pol.device)
 
     def program(self, sig: tuple, layout: StateLayout) -> Any:
-        """The jitted ``(params, flat, big, obs, rows, keys, texts) -> (flat,
-        big, actions)`` for inputs of signature ``sig`` (the flat state and
-        its large leaves donated)."""
+        """The jitted ``(params, flat, big, obs, masks, counts, keys, texts)
+        -> (flat, big, actions)`` for inputs of signature ``sig`` (the flat
+        state and its large leaves donated)."""
         fn = self._programs.get(sig)
         if fn is None:
             fn = self._programs[sig] = self._build(*sig, layout)
         return fn
 
-    def _build(self, names: tuple, key_shape: Any, layout: StateLayout) -> Any:
-        def run(params, flat, big, obs, rows, keys, texts):
-            got = {
-                name: rows[i] != 0 if name in _MASKS else rows[i]
-                for i, name in enumerate(names)
-            }
-            if key_shape is not None:  # the keys' 32-bit words, a row each
-                words = rows[len(names) :].T
-                keys = jax.lax.bitcast_convert_type(words, jnp.uint32)
-                keys = jnp.reshape(keys, (rows.shape[1],) + key_shape)
+    def _build(self, moved: bool, reads_t: bool, skip: bool, layout: StateLayout):
+        n, grid = self.cfg.num_envs, self.cfg.grid is not None
+
+        def run(params, flat, big, obs, masks, counts, keys, texts):
+            masks = jnp.reshape(masks, (-1, n))
+            counts = () if counts is None else jnp.reshape(counts, (-1, n))
+            at = iter(range(len(counts)))
+            t = counts[next(at)] if reads_t else jnp.zeros((n,), jnp.int32)
             state, actions = self.step(
                 params,
                 layout.unpack(flat, big),
                 obs,
-                got["started"],
-                got["active"],
+                masks[0],
+                masks[1],
                 keys,
-                got["t"],
-                got.get("moved"),
-                got.get("skip"),
+                t,  # zeros where unread
+                masks[2] if moved else None,
+                counts[next(at)] if skip else None,
                 texts,
-                got.get("episodes"),
+                counts[next(at)] if grid else None,
             )
             return (*layout.pack(state), actions)
 

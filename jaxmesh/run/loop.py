@@ -99,6 +99,8 @@ class HostLoop:
         self.t = np.zeros(n, np.int32)  # steps executed
         self.ret = np.zeros(n, np.float32)
         self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
+        #: ``ep_keys`` on the device, put there again after episodes start.
+        self.keys_device: Any = None
         #: Each lane's last observation as named leaves ``[N, ...]``; ``obs``
         #: holds the same arrays in the observation's own structure, and
         #: ``agent_obs`` those the policy reads (what the agent step is given).
@@ -147,6 +149,7 @@ class HostLoop:
         if not js:
             return
         self.ep_keys[js] = rules.episode_keys(np, self.seeds[eps])
+        self.keys_device = None
         self.episode[js] = eps
         if self.lane_h is not None:  # the cell the agent step gives it
             cell = agent.cell_setting(self.cfg, eps, np)
@@ -281,13 +284,15 @@ class HostLoop:
     def agent_step(self, started: Any, active: Any, moved: Any) -> Any:
         """The jitted agent step (``agent.host_step``); returns the actions on
         the device. ``moved`` None: every lane's observation is new."""
+        if self.keys_device is None:
+            self.keys_device = self.program.step.keys_on_device(self.ep_keys)
         self.state, actions = self.program.step(
             self.params,
             self.state,
             self.agent_obs,
             started,
             active,
-            self.ep_keys,
+            self.keys_device,
             self.t,
             moved,
             self.skip,
