@@ -300,6 +300,11 @@ class _Run(HostLoop):
     but were not taken yet (``head`` .. ``tail``).
     """
 
+    #: Whether the loop waits for replies only in the order the calls went
+    #: (blocking, oldest first): with one server it may then take them off
+    #: the stream itself, whatever the lane groups.
+    takes_in_order = False
+
     def __init__(self, *args: Any, **kwargs: Any):
         """``HostLoop``'s arguments; ``lanes`` are ``ServedLanes``."""
         super().__init__(*args, **kwargs)
@@ -1098,7 +1103,7 @@ class _Run(HostLoop):
         sessions = self.lanes.sessions
         self.direct = (
             len(sessions) == 1
-            and self.num_groups == 1
+            and (self.num_groups == 1 or self.takes_in_order)
             and sessions[0].reply_timeout is None
         )
         for s, c in enumerate(sessions):
@@ -1218,6 +1223,8 @@ class _StepRun(_Run):
     lane that starts an episode waits one call for its reset observation. The
     same episodes, seeds and results as ``_Run``.
     """
+
+    takes_in_order = True
 
     @staticmethod
     def applies(program: Any, lanes: ServedLanes, recorder: Any) -> bool:
