@@ -257,3 +257,88 @@ def test_bad_transports_are_refused(no_compile):
         jaxmesh.evaluate(lean, "grpc://127.0.0.1:1", seeds=[0], transport="udp")
     with pytest.raises(ValueError, match="transport='shm'.*drop transport="):
         jaxmesh.evaluate(lean, f"gymnasium:{ID}", seeds=[0], transport="shm")
+
+
+def test_steps_travel_as_binary_frames_with_the_env_s_own_values(cartpoles):
+    """Calls that only step lanes go as STEP frames and come back as RESULT
+    frames; rewards, ends and observation rows are gymnasium's own, for one
+    action per lane and for a run of actions on one lane."""
+    import gymnasium as gym
+
+    from jaxmesh.remote import shm
+
+    envs = [gym.make(ID) for _ in range(2)]
+    with Session(cartpoles.address, transport="shm") as s:
+        s.open(reader=False)
+        assert s.stream.binary
+        s.send(reset_lanes=[0, 1], seeds=[5, 7])
+        s.receive()
+        for e, seed in zip(envs, [5, 7], strict=True):
+            e.reset(seed=seed)
+        lanes, counts = np.array([0, 1]), np.array([1, 3])
+        actions = np.array([1, 0, 1, 1], np.int64)
+        size = s.send(lanes=lanes, counts=counts, actions=actions)
+        assert size == len(shm.pack_step(2, lanes, counts, actions, 0, b""))
+        batch = s.receive().batch
+    want = [envs[0].step(1), *[envs[1].step(int(a)) for a in actions[1:]]]
+    np.testing.assert_array_equal(batch.lanes, [0, 1])
+    np.testing.assert_array_equal(batch.steps, [1, 3])
+    np.testing.assert_array_equal(batch.rewards, [w[1] for w in want])
+    np.testing.assert_array_equal(batch.terminated, [w[2] for w in want])
+    np.testing.assert_array_equal(batch.truncated, [w[3] for w in want])
+    np.testing.assert_array_equal(batch.observation[""], [want[0][0], want[3][0]])
+    for e in envs:
+        e.close()
+
+
+def test_a_step_frame_for_a_lane_never_reset_is_refused(cartpoles):
+    with Session(cartpoles.address, transport="shm") as s:
+        s.open(reader=False)
+        s.send(lanes=np.array([2]), counts=np.array([1]), actions=np.array([1]))
+        with pytest.raises(jaxmesh.RemoteError, match="reset lane 2 first"):
+            s.receive()
+
+
+def test_malformed_binary_frames_are_refused_by_name():
+    from jaxmesh.remote import codec, shm
+
+    spec = codec.LeafSpec("", "float32", (2,))
+    acts = np.zeros((2, 2), np.float32)
+    ok = shm.pack_step(9, np.array([0, 3]), np.array([1, 1]), acts, 1, b"a\0b")
+    call_id, flags, info, batch = shm.unpack_step(ok, spec, num_lanes=4, max_count=8)
+    assert (call_id, flags, info) == (9, 1, b"a\0b")
+    np.testing.assert_array_equal(batch.lanes, [0, 3])
+    kw = {"num_lanes": 4, "max_count": 8}
+    with pytest.raises(codec.ProtocolError, match="too short"):
+        shm.unpack_step(ok[:5], spec, **kw)
+    with pytest.raises(codec.ProtocolError, match="needs 16 bytes"):
+        shm.unpack_step(ok[:-1], spec, **kw)
+    with pytest.raises(codec.ProtocolError, match="not strictly ascending"):
+        shm.unpack_step(
+            shm.pack_step(1, np.array([3, 0]), np.array([1, 1]), acts), spec, **kw
+        )
+    with pytest.raises(codec.ProtocolError, match="names 5 lanes"):
+        shm.unpack_step(
+            shm.pack_step(1, np.arange(5), np.ones(5), np.zeros((5, 2), np.float32)),
+            spec,
+            **kw,
+        )
+    result = codec.ResultBatch(
+        np.array([1]), np.array([1]), np.array([1]), np.array([0.5]),
+        np.array([True]), np.array([False]), {}, {}, {}, None,
+    )  # fmt: skip
+    data = shm.pack_result(4, 0.25, result)
+    reply, got = shm.unpack_result(data, num_lanes=2)
+    assert (reply.call_id, reply.server_step_seconds, reply.ByteSize()) == (
+        4,
+        0.25,
+        len(data),
+    )
+    np.testing.assert_array_equal(got.rewards, [0.5])
+    np.testing.assert_array_equal(got.terminated, [True])
+    with pytest.raises(codec.ProtocolError, match="names lane 1"):
+        shm.unpack_result(data, num_lanes=1)
+    with pytest.raises(codec.ProtocolError, match="does not hold"):
+        shm.unpack_result(data[:-1], num_lanes=2)
+    with pytest.raises(codec.ProtocolError, match="other than 0 and 1"):
+        shm.unpack_result(data[:-1] + b"\x02", num_lanes=2)

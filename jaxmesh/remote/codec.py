@@ -463,6 +463,24 @@ def decode_action_batch(
                 )
     lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "batch lanes")
     counts = _index_vector(msg.counts, msg.HasField("counts"), "batch counts")
+    check_action_vectors(lanes, counts, num_lanes=num_lanes, max_count=max_count)
+    actions = _rows_of(msg.actions, specs, int(counts.sum()), "the action batch")
+    return ActionBatch(lanes, counts, actions)
+
+
+def check_action_vectors(
+    lanes: np.ndarray,
+    counts: np.ndarray,
+    *,
+    num_lanes: int | None = None,
+    max_count: int = 1_000_000,
+) -> None:
+    """An action batch's lanes and counts (int64 vectors) as
+    ``decode_action_batch`` checks them (also for the same-host frames).
+
+    Raises:
+        ProtocolError: see ``decode_action_batch``.
+    """
     if lanes.shape != counts.shape:
         raise ProtocolError(
             f"the action batch has {lanes.size} lanes and {counts.size} counts; "
@@ -474,8 +492,6 @@ def decode_action_batch(
             f"the action batch has counts from {int(counts.min())} to "
             f"{int(counts.max())}, expected each in 1..{max_count} actions per lane"
         )
-    actions = _rows_of(msg.actions, specs, int(counts.sum()), "the action batch")
-    return ActionBatch(lanes, counts, actions)
 
 
 def encode_result_batch(
@@ -540,23 +556,7 @@ def decode_result_batch(
         if msg.HasField("info_rows")
         else None
     )
-    if not lanes.shape == steps.shape == rows.shape or (
-        info_rows is not None and info_rows.shape != lanes.shape
-    ):
-        counts = "" if info_rows is None else f", {info_rows.size} info row counts"
-        raise ProtocolError(
-            f"the result batch has {lanes.size} lanes, {steps.size} step counts and "
-            f"{rows.size} row counts{counts}; expected one of each per lane"
-        )
-    _check_lanes(lanes, num_lanes, "the result batch")
-    low, high = np.minimum(steps, 1), np.maximum(steps, 1)
-    for what, x in (("observation", rows), ("info", info_rows)):
-        if x is not None and np.any((x < low) | (x > high)):
-            i = int(np.argmax((x < low) | (x > high)))
-            raise ProtocolError(
-                f"result lane {int(lanes[i])} has {int(x[i])} {what} rows for "
-                f"{int(steps[i])} steps; expected {int(low[i])} to {int(high[i])}"
-            )
+    check_result_vectors(lanes, steps, rows, info_rows, num_lanes=num_lanes)
     total = int(steps.sum())
     rewards = _vector(msg.rewards, msg.HasField("rewards"), total, "f", "rewards")
     terminated = _vector(
@@ -586,6 +586,39 @@ def decode_result_batch(
     return ResultBatch(
         lanes, steps, rows, rewards, terminated, truncated, obs, inf, present, info_rows
     )
+
+
+def check_result_vectors(
+    lanes: np.ndarray,
+    steps: np.ndarray,
+    rows: np.ndarray,
+    info_rows: np.ndarray | None = None,
+    *,
+    num_lanes: int | None = None,
+) -> None:
+    """A result batch's per-lane vectors (int64) as ``decode_result_batch``
+    checks them (also for the same-host frames).
+
+    Raises:
+        ProtocolError: see ``decode_result_batch``.
+    """
+    if not lanes.shape == steps.shape == rows.shape or (
+        info_rows is not None and info_rows.shape != lanes.shape
+    ):
+        counts = "" if info_rows is None else f", {info_rows.size} info row counts"
+        raise ProtocolError(
+            f"the result batch has {lanes.size} lanes, {steps.size} step counts and "
+            f"{rows.size} row counts{counts}; expected one of each per lane"
+        )
+    _check_lanes(lanes, num_lanes, "the result batch")
+    low, high = np.minimum(steps, 1), np.maximum(steps, 1)
+    for what, x in (("observation", rows), ("info", info_rows)):
+        if x is not None and np.any((x < low) | (x > high)):
+            i = int(np.argmax((x < low) | (x > high)))
+            raise ProtocolError(
+                f"result lane {int(lanes[i])} has {int(x[i])} {what} rows for "
+                f"{int(steps[i])} steps; expected {int(low[i])} to {int(high[i])}"
+            )
 
 
 def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message"):

@@ -659,31 +659,7 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
         batch = codec.decode_action_batch(
             msg.batch, {"": lanes.act_spec}, num_lanes=n, max_count=MAX_COUNT
         )
-        arr = np.array(batch.actions[""])
-        if lanes.discrete and arr.size:
-            low = lanes.act_leaf.start
-            high = low + lanes.act_leaf.n
-            if arr.min() < low or arr.max() >= high:
-                bad = arr[(arr < low) | (arr >= high)][0]
-                raise _bad(
-                    f"the action batch has action {int(bad)}, outside the env's "
-                    f"Discrete({lanes.act_leaf.n}, start={low}) [{low}, {high - 1}]"
-                )
-        stepped = batch.lanes  # ascending and < n (decode_action_batch)
-        bad = ~np.asarray(mask, bool)[stepped] | ~lanes.lanes.started[stepped]
-        if ops:
-            bad |= np.isin(stepped, list(ops))
-        for lane in stepped[bad].tolist()[:1]:  # the first lane at fault, named
-            check_lane(lane, "the action batch")
-            if lane in ops:
-                raise _bad(
-                    f"lane {lane} is both reset and stepped in one call; reset it "
-                    "in one call and step it in the next"
-                )
-            raise _bad(
-                f"the action batch steps lane {lane}, which was never reset in "
-                f"this session; reset lane {lane} first"
-            )
+        arr, stepped = _check_actions(batch, lanes, mask, ops, check_lane)
         if not ops and not msg.release and np.all(batch.counts == 1):
             single = (stepped, arr)  # one action per lane, nothing else
         else:
@@ -734,6 +710,112 @@ def _parse_request(msg: pb.StepRequest, lanes: _ServedLanes) -> _Request:
     return request
 
 
+def _check_actions(
+    batch: codec.ActionBatch, lanes: _ServedLanes, mask, ops, check_lane
+):
+    """A decoded action batch's actions (a writable copy) and lanes, after the
+    checks nothing stepped may fail: discrete actions in range, each lane set
+    in ``mask``, reset before and not also reset in this call (``ops``)."""
+    arr = np.array(batch.actions[""])
+    if lanes.discrete and arr.size:
+        low = lanes.act_leaf.start
+        high = low + lanes.act_leaf.n
+        if arr.min() < low or arr.max() >= high:
+            bad = arr[(arr < low) | (arr >= high)][0]
+            raise _bad(
+                f"the action batch has action {int(bad)}, outside the env's "
+                f"Discrete({lanes.act_leaf.n}, start={low}) [{low}, {high - 1}]"
+            )
+    stepped = batch.lanes  # ascending and < n (decode_action_batch)
+    bad = ~np.asarray(mask, bool)[stepped] | ~lanes.lanes.started[stepped]
+    if ops:
+        bad |= np.isin(stepped, list(ops))
+    for lane in stepped[bad].tolist()[:1]:  # the first lane at fault, named
+        check_lane(lane, "the action batch")
+        if lane in ops:
+            raise _bad(
+                f"lane {lane} is both reset and stepped in one call; reset it "
+                "in one call and step it in the next"
+            )
+        raise _bad(
+            f"the action batch steps lane {lane}, which was never reset in "
+            f"this session; reset lane {lane} first"
+        )
+    return arr, stepped
+
+
+def _parse_step(payload: bytes, lanes: _ServedLanes, keys: tuple[str, ...]) -> _Request:
+    """A checked same-host STEP frame (only steps, the session's observation
+    leaves ``keys``, no info) as ``_parse_request`` checks a ``StepRequest``."""
+    n = lanes.num_lanes
+    call_id, flags, info, batch = same_host.unpack_step(
+        payload, lanes.act_spec, num_lanes=n, max_count=MAX_COUNT
+    )
+    mask = np.zeros(n, bool)
+    mask[batch.lanes] = True
+
+    def check_lane(lane: int, what: str) -> None:
+        pass  # every lane named is in range and in the mask
+
+    arr, stepped = _check_actions(batch, lanes, mask, {}, check_lane)
+    single = None
+    ops = None
+    if np.all(batch.counts == 1):
+        single = (stepped, arr)
+    else:
+        ops = [
+            shared.Replay(lane, arr[start : start + count])
+            for lane, start, count in zip(
+                stepped.tolist(),
+                batch.offsets.tolist(),
+                batch.counts.tolist(),
+                strict=True,
+            )
+        ]
+    names = lanes.obs_names
+    request = _Request(
+        ops=ops,
+        want_obs=bool(keys),
+        info_keys=_info_keys(info),
+        all_observations=bool(flags & same_host.ALL_OBSERVATIONS),
+        call_id=call_id,
+        single=single,
+        info_every_step=bool(flags & same_host.INFO_EVERY_STEP),
+        obs_keys=None
+        if len(keys) == len(names)
+        else tuple(n for n in names if n in keys),
+    )
+    lanes.check(request)
+    return request
+
+
+@functools.lru_cache(maxsize=64)
+def _info_keys(data: bytes) -> tuple[str, ...]:
+    """A STEP frame's info keys, checked as ``_check_bounds`` checks a
+    ``StepRequest``'s (the same few bytes come in every call: cached)."""
+    try:
+        keys = data.decode("utf-8").split("\0") if data else []
+    except UnicodeDecodeError:
+        raise _bad("the step frame's info keys are not UTF-8") from None
+    _check_keys("info keys", keys)
+    return tuple(dict.fromkeys(keys))
+
+
+def _check_keys(what: str, field: Any) -> None:
+    if len(field) > codec.MAX_KEYS:
+        raise _bad(
+            f"the request asks for {len(field)} {what}, more than the "
+            f"{codec.MAX_KEYS} a request may name (the first: "
+            f"{codec.few(field[: codec.FEW + 1], len(field))})"
+        )
+    for key in field:
+        if len(key) > codec.MAX_KEY_CHARS:
+            raise _bad(
+                f"the request names the {what[:-1]} {codec.short(key)}, longer "
+                f"than the {codec.MAX_KEY_CHARS} characters a key may have"
+            )
+
+
 def _check_bounds(msg: pb.StepRequest, n: int) -> None:
     """Refuses repeated fields longer than any request needs, before anything
     is made of them (their lengths only are read)."""
@@ -741,18 +823,7 @@ def _check_bounds(msg: pb.StepRequest, n: int) -> None:
         ("observation keys", msg.observation_keys),
         ("info keys", msg.info_keys),
     ):
-        if len(field) > codec.MAX_KEYS:
-            raise _bad(
-                f"the request asks for {len(field)} {what}, more than the "
-                f"{codec.MAX_KEYS} a request may name (the first: "
-                f"{codec.few(field[: codec.FEW + 1], len(field))})"
-            )
-        for key in field:
-            if len(key) > codec.MAX_KEY_CHARS:
-                raise _bad(
-                    f"the request names the {what[:-1]} {codec.short(key)}, longer "
-                    f"than the {codec.MAX_KEY_CHARS} characters a key may have"
-                )
+        _check_keys(what, field)
     if len(msg.release) > n:
         raise _bad(
             f"release names {len(msg.release)} lanes, but the server has {n} lanes; "
@@ -1395,6 +1466,7 @@ class EnvServer:
                 return
             hello = json.loads(frame[2].decode("utf-8"))
             token, keys = hello.get("token"), hello.get("keys")
+            binary = same_host.BINARY in (hello.get("frames") or ())
             if same_host.peer_uid(conn) != os.getuid():
                 return refuse(
                     grpc.StatusCode.PERMISSION_DENIED,
@@ -1431,7 +1503,7 @@ class EnvServer:
             session = _ShmSession(conn)
             self._session = session
             try:
-                self._shm_session(conn, session, lanes, tuple(keys))
+                self._shm_session(conn, session, lanes, tuple(keys), binary)
             finally:
                 lanes.end_session()
                 self._session = None
@@ -1447,6 +1519,7 @@ class EnvServer:
         session: _ShmSession,
         lanes: _ServedLanes,
         keys: tuple[str, ...],
+        binary: bool = False,
     ) -> None:
         n = lanes.num_lanes
         specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
@@ -1455,7 +1528,8 @@ class EnvServer:
         segment = Segment(name, Slots.size(n, fields))
         slots = Slots(segment, n, fields)
         try:
-            payload = json.dumps({"segment": name}).encode()
+            attach = {"segment": name, "frames": [same_host.BINARY] if binary else []}
+            payload = json.dumps(attach).encode()
             same_host.send_frame(conn, same_host.ATTACH, payload)
             frame = same_host.recv_frame(conn, 1 << 10)
         except BaseException:
@@ -1465,7 +1539,7 @@ class EnvServer:
             segment.unlink()  # both sides have it mapped (or never will)
         try:
             if frame is not None and frame[0] == same_host.ATTACHED:
-                self._shm_calls(conn, session, lanes, keys, slots)
+                self._shm_calls(conn, session, lanes, keys, slots, binary)
         finally:
             slots.release()
 
@@ -1476,8 +1550,10 @@ class EnvServer:
         lanes: _ServedLanes,
         keys: tuple[str, ...],
         slots: Slots,
+        binary: bool = False,
     ) -> None:
-        """Answers the session's calls as ``_serve_session`` does on gRPC."""
+        """Answers the session's calls as ``_serve_session`` does on gRPC
+        (``binary``: the client takes RESULT frames and may send STEP ones)."""
         limit = self.options.max_message_bytes
         idle = self.options.idle_timeout_seconds
         conn.settimeout(None if math.isinf(idle) else idle)
@@ -1512,12 +1588,16 @@ class EnvServer:
                     fail(*session.pending)
                 return
             kind, _, data = frame
-            if kind != same_host.REQUEST:
+            if kind != same_host.REQUEST and not (binary and kind == same_host.STEP):
                 return fail(
                     grpc.StatusCode.INVALID_ARGUMENT, f"unexpected frame kind {kind}"
                 )
             try:
-                request = _parse_request(codec.parse_step_request(data, limit), lanes)
+                if kind == same_host.STEP:
+                    request = _parse_step(data, lanes, keys)
+                else:
+                    msg = codec.parse_step_request(data, limit)
+                    request = _parse_request(msg, lanes)
             except codec.ProtocolError as exc:
                 return fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             start = time.perf_counter()
@@ -1546,19 +1626,32 @@ class EnvServer:
                 batch = batch._replace(observation={})
             else:
                 slot = same_host.NO_SLOT
-            out = pb.StepReply(
-                batch=codec.encode_result_batch(*batch),
-                server_step_seconds=seconds,
-                call_id=request.call_id,
-            ).SerializeToString()
+            kind = same_host.REPLY
+            if binary and _plain(batch, keys, slot):
+                kind = same_host.RESULT
+                out = same_host.pack_result(request.call_id, seconds, batch)
+            else:
+                out = pb.StepReply(
+                    batch=codec.encode_result_batch(*batch),
+                    server_step_seconds=seconds,
+                    call_id=request.call_id,
+                ).SerializeToString()
             try:  # the cap of the gRPC reply: rows in the ring count too
                 codec.check_size(len(out) + shared_bytes, limit, "StepReply")
             except codec.ProtocolError as exc:
                 return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             try:
-                same_host.send_frame(conn, same_host.REPLY, out, slot)
+                same_host.send_frame(conn, kind, out, slot)
             except TimeoutError:
                 return  # the client took no reply for idle_timeout_seconds
+
+
+def _plain(batch: Any, keys: tuple, slot: int) -> bool:
+    """Whether a reply goes as a RESULT frame: no info, and its observation
+    rows in the ring (or none asked)."""
+    if batch.info or batch.info_present or batch.info_rows is not None:
+        return False
+    return slot != same_host.NO_SLOT if keys else not batch.observation
 
 
 def _fits(obs: dict, keys: tuple, slots: Slots, slot: int, n: int) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxmesh.errors import RemoteConnectionError, RemoteError
-from jaxmesh.remote import codec
+from jaxmesh.remote import codec, shm
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
@@ -132,6 +132,12 @@ class Session:
         # What send / receive / close use: the gRPC Connection, or a
         # jaxmesh.remote.shm.ShmStream once open attaches one.
         self.stream: Any = self.conn
+        # Calls that only step lanes go as same-host STEP frames (``open``).
+        self._binary = False
+        self._act_spec: codec.LeafSpec | None = None
+        self._act_dtype: np.dtype | None = None
+        self._info_keys: tuple[str, ...] = ()
+        self._info: bytes | None = b""
 
     # The stream ---------------------------------------------------------------
     def open(
@@ -172,6 +178,12 @@ class Session:
         spec = {k: self.obs_specs[k] for k in self.observation_keys}
         n = self.num_lanes
         stream = self._attach()
+        if stream is not None and stream.binary:
+            try:
+                self._act_spec = codec.leaf_spec_from_proto(self.info.action)
+                self._act_dtype = codec.DTYPES[self._act_spec.dtype]
+            except (codec.ProtocolError, KeyError):
+                stream.binary = False
         if stream is None:
             self.conn.open(
                 lambda r: codec.decode_result_batch(r.batch, spec, None, num_lanes=n),
@@ -196,6 +208,7 @@ class Session:
 
         self.stream = stream
         self.transport = "shm"
+        self._binary = stream.binary
         stream.open(decode, replies=replies, tag=tag, reader=reader)
 
     def _attach(self) -> Any:
@@ -204,8 +217,6 @@ class Session:
         asked = self.asked_transport
         if asked == "grpc":
             return None
-        from jaxmesh.remote import shm
-
         name = self.info.shared_memory
         if SHARED_MEMORY not in self.info.capabilities or not name:
             why = "the server does not offer it (an older server, or one started "
@@ -283,6 +294,16 @@ class Session:
                 address=self.address,
             )
         self._call_id += 1
+        info = self._info_bytes(info_keys) if self._binary else None
+        if info is not None and self._steps_only(reset_lanes, lanes, actions, release):
+            flags = (shm.ALL_OBSERVATIONS if all_observations else 0) | (
+                shm.INFO_EVERY_STEP if info_every_step else 0
+            )
+            size = self.stream.send_step(
+                self._call_id, lanes, counts, actions, flags, info
+            )
+            self._pending.append(self._call_id)
+            return size
         req = pb.StepRequest(
             observation_keys=self.observation_keys,
             all_observations=all_observations,
@@ -311,6 +332,26 @@ class Session:
         size = self.stream.send(req)
         self._pending.append(self._call_id)
         return size
+
+    def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
+        """``info_keys`` as a STEP frame carries them (the last ones kept)."""
+        keys = tuple(info_keys)
+        if keys != self._info_keys:
+            self._info_keys, self._info = keys, shm.info_key_bytes(keys)
+        return self._info
+
+    def _steps_only(self, reset_lanes, lanes, actions, release) -> bool:
+        """Whether a call only steps lanes, with actions in the declared dtype
+        and shape: it then travels as a same-host STEP frame."""
+        return (
+            not len(reset_lanes)
+            and not len(release)
+            and lanes is not None
+            and len(lanes) > 0
+            and isinstance(actions, np.ndarray)
+            and actions.dtype == self._act_dtype
+            and actions.shape[1:] == self._act_spec.shape
+        )
 
     def receive(self) -> Reply:
         """The next reply of this session, in order (see ``reply``).

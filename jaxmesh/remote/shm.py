@@ -26,6 +26,10 @@ the path across hosts. Over the socket every message is a frame: a header
    env error, a refused request, an idle timeout or the server's shutdown is
    an ``ERROR`` frame (JSON: the gRPC status and trailing metadata the gRPC
    stream would have ended with), and the session ends.
+   Where both sides list ``BINARY`` in HELLO / ATTACH (``"frames"``), a call
+   that only steps lanes is a ``STEP`` frame (``pack_step``: fixed header and
+   raw arrays, no protobuf) and a reply without info a ``RESULT`` frame
+   (``pack_result``), each checked as its protobuf message is.
 4. The client ends the session by shutting down its side of the socket; the
    server answers what is in flight, frees the session, then closes.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import queue
 import secrets
@@ -54,7 +59,22 @@ from jaxmesh.remote import codec
 #: waits for the oldest reply to be read.
 RING = 4
 #: Frame kinds.
-HELLO, ATTACH, ATTACHED, REFUSE, REQUEST, REPLY, ERROR = range(1, 8)
+HELLO, ATTACH, ATTACHED, REFUSE, REQUEST, REPLY, ERROR, STEP, RESULT = range(1, 10)
+#: The binary frames a side offers in HELLO / ATTACH (``"frames"``): ``STEP``
+#: and ``RESULT`` are used only when both sides list them.
+BINARY = "step-v1"
+#: A STEP frame: call id, lanes m, flags, info key bytes; then the info keys
+#: (UTF-8, NUL-separated), lanes and counts (uint32 [m] each) and the actions'
+#: raw bytes (the declared action dtype, little-endian).
+_STEP_HEAD = struct.Struct("<QIII")
+#: STEP flags.
+ALL_OBSERVATIONS, INFO_EVERY_STEP = 1, 2
+#: A RESULT frame: call id, the server's env seconds, lanes m, steps in all;
+#: then lanes, steps, rows (uint32 [m] each), rewards (float64), terminated
+#: and truncated (bool, one byte each) per step.
+_RESULT_HEAD = struct.Struct("<QdII")
+_U32 = np.dtype("<u4")
+_F64 = np.dtype("<f8")
 #: A frame's header: payload bytes, kind, ring slot (``NO_SLOT``: inline).
 _HEADER = struct.Struct("<IBBxx")
 NO_SLOT = 255
@@ -123,6 +143,154 @@ def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None
     if payload is None:
         raise ConnectionResetError("the peer closed the socket mid-frame")
     return kind, slot, payload
+
+
+def pack_step(
+    call_id: int,
+    lanes: np.ndarray,
+    counts: np.ndarray,
+    actions: np.ndarray,
+    flags: int = 0,
+    info: bytes = b"",
+) -> bytes:
+    """A STEP payload: ``counts[i]`` rows of ``actions`` for each of ``lanes``
+    (``actions`` already in the declared action dtype and shape); ``info``:
+    the info keys asked for (``info_key_bytes``)."""
+    m = len(lanes)
+    return b"".join(
+        (
+            _STEP_HEAD.pack(call_id, m, flags, len(info)),
+            info,
+            np.asarray(lanes, _U32).tobytes(),
+            np.asarray(counts, _U32).tobytes(),
+            np.ascontiguousarray(actions).tobytes(),
+        )
+    )
+
+
+def info_key_bytes(keys: Sequence[str]) -> bytes | None:
+    """Info keys as a STEP frame carries them; None: a key holds a NUL (the
+    call goes as a ``StepRequest``)."""
+    if any("\0" in k for k in keys):
+        return None
+    return "\0".join(keys).encode("utf-8")
+
+
+def unpack_step(
+    payload: bytes, spec: codec.LeafSpec, *, num_lanes: int, max_count: int
+) -> tuple[int, int, bytes, codec.ActionBatch]:
+    """A STEP payload as ``(call_id, flags, info key bytes, ActionBatch)``,
+    checked as ``codec.decode_action_batch`` checks an ``ActionBatch``.
+
+    Raises:
+      codec.ProtocolError: a malformed frame or batch.
+    """
+    size = len(payload)
+    if size < _STEP_HEAD.size:
+        raise codec.ProtocolError(f"a step frame of {size} bytes is too short")
+    call_id, m, flags, info_bytes = _STEP_HEAD.unpack_from(payload)
+    if m > num_lanes:
+        raise codec.ProtocolError(
+            f"the action batch names {m} lanes, but the session has {num_lanes} "
+            "lanes; each lane appears once"
+        )
+    at = _STEP_HEAD.size + info_bytes
+    if size < at + 8 * m:
+        raise codec.ProtocolError(
+            f"a step frame of {size} bytes does not hold {m} lanes and "
+            f"{info_bytes} bytes of info keys"
+        )
+    info = payload[_STEP_HEAD.size : at]
+    head = np.frombuffer(payload, _U32, 2 * m, at) if m else np.zeros(0, _U32)
+    lanes, counts = head[:m].astype(np.int64), head[m:].astype(np.int64)
+    codec.check_action_vectors(lanes, counts, num_lanes=num_lanes, max_count=max_count)
+    dtype = codec.DTYPES[spec.dtype]
+    shape = (int(counts.sum()), *spec.shape)
+    at += 8 * m
+    need = math.prod(shape) * dtype.itemsize
+    if size - at != need:
+        raise codec.ProtocolError(
+            f"the action batch ({spec.dtype}, shape {list(shape)}) needs {need} "
+            f"bytes, but the step frame holds {size - at}"
+        )
+    actions = np.frombuffer(payload, dtype, math.prod(shape), at).reshape(shape)
+    if dtype.kind == "b" and actions.size and actions.view(np.uint8).max() > 1:
+        raise codec.ProtocolError(
+            "the action batch is bool, but its bytes hold values other than 0 and 1"
+        )
+    return call_id, flags, info, codec.ActionBatch(lanes, counts, {"": actions})
+
+
+def pack_result(call_id: int, seconds: float, batch: Any) -> bytes:
+    """A RESULT payload of a batch without info (observation rows in the
+    ring, or none)."""
+    total = len(batch.rewards)
+    return b"".join(
+        (
+            _RESULT_HEAD.pack(call_id, seconds, len(batch.lanes), total),
+            np.asarray(batch.lanes, _U32).tobytes(),
+            np.asarray(batch.steps, _U32).tobytes(),
+            np.asarray(batch.rows, _U32).tobytes(),
+            np.asarray(batch.rewards, _F64).tobytes(),
+            np.asarray(batch.terminated, bool).tobytes(),
+            np.asarray(batch.truncated, bool).tobytes(),
+        )
+    )
+
+
+class Result:
+    """A RESULT frame's message fields, as ``Session.reply`` reads a
+    ``StepReply``'s (``call_id``, ``server_step_seconds``, ``ByteSize()``)."""
+
+    __slots__ = ("call_id", "server_step_seconds", "nbytes")
+
+    def __init__(self, call_id: int, seconds: float, nbytes: int):
+        self.call_id = call_id
+        self.server_step_seconds = seconds
+        self.nbytes = nbytes
+
+    def ByteSize(self) -> int:  # noqa: N802 - protobuf's name
+        return self.nbytes
+
+
+def unpack_result(payload: bytes, *, num_lanes: int) -> tuple[Result, Any]:
+    """A RESULT payload as ``(Result, codec.ResultBatch)`` without
+    observation (the caller adds the ring's rows), checked as
+    ``codec.decode_result_batch`` checks a ``ResultBatch``.
+
+    Raises:
+      codec.ProtocolError: a malformed frame or batch.
+    """
+    size = len(payload)
+    if size < _RESULT_HEAD.size:
+        raise codec.ProtocolError(f"a result frame of {size} bytes is too short")
+    call_id, seconds, m, total = _RESULT_HEAD.unpack_from(payload)
+    at = _RESULT_HEAD.size
+    if m > num_lanes or size - at != 12 * m + 10 * total:
+        raise codec.ProtocolError(
+            f"a result frame of {size} bytes does not hold {m} lanes and "
+            f"{total} steps (a session of {num_lanes} lanes)"
+        )
+    head = np.frombuffer(payload, _U32, 3 * m, at).astype(np.int64)
+    lanes, steps, rows = head[:m], head[m : 2 * m], head[2 * m :]
+    codec.check_result_vectors(lanes, steps, rows, num_lanes=num_lanes)
+    if int(steps.sum()) != total:
+        raise codec.ProtocolError(
+            f"a result frame counts {total} steps, its lanes {int(steps.sum())}"
+        )
+    at += 12 * m
+    rewards = np.frombuffer(payload, _F64, total, at).astype(np.float64)
+    flags = np.frombuffer(payload, np.uint8, 2 * total, at + 8 * total)
+    if flags.size and flags.max() > 1:
+        raise codec.ProtocolError(
+            "terminated / truncated are bool, but their bytes hold values other "
+            "than 0 and 1"
+        )
+    flags = flags.view(bool)
+    batch = codec.ResultBatch(
+        lanes, steps, rows, rewards, flags[:total], flags[total:], {}, {}, {}, None
+    )
+    return Result(call_id, seconds, size), batch
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -216,6 +384,8 @@ class ShmStream:
         self.reply_timeout = reply_timeout
         self.max_message_bytes = max_message_bytes
         self.keys = tuple(keys)
+        self.num_lanes = num_lanes
+        self.binary = False
         self.slots: Slots | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = sock
@@ -223,6 +393,7 @@ class ShmStream:
             sock.settimeout(connect_timeout)
             sock.connect("\0" + name)
             hello = {"token": token or "", "keys": list(self.keys)}
+            hello["frames"] = [BINARY]
             send_frame(sock, HELLO, json.dumps(hello).encode())
             frame = recv_frame(sock, _CONTROL_BYTES)
             if frame is None:
@@ -232,7 +403,11 @@ class ShmStream:
                 raise _status_error(payload, address)
             if kind != ATTACH:
                 raise ConnectionError(f"the server answered frame kind {kind}")
-            segment = json.loads(payload.decode())["segment"]
+            attach = json.loads(payload.decode())
+            segment = attach["segment"]
+            #: Whether calls and replies travel as STEP / RESULT frames
+            #: where they can (the server offers them).
+            self.binary = BINARY in (attach.get("frames") or ())
             if not (isinstance(segment, str) and segment.startswith("jaxmesh_")):
                 raise ConnectionError(f"the server named segment {segment!r}")
             try:
@@ -323,7 +498,7 @@ class ShmStream:
             self._broken = True
             self._wake()
             return _status_error(payload, self.address)
-        if kind != REPLY:
+        if kind not in (REPLY, RESULT):
             self._broken = True
             self._wake()
             return codec.ProtocolError(
@@ -333,13 +508,17 @@ class ShmStream:
             self._owed.popleft()
         arrived = time.perf_counter()
         try:
-            reply = codec.parse_step_reply(payload, self.max_message_bytes)
             obs = None
             if slot != NO_SLOT:
                 if slot >= RING:
                     raise codec.ProtocolError(f"a reply names ring slot {slot}")
                 obs = {k: self.slots[f"{slot}:{k}"] for k in self.keys}
-            decoded = self._decode(reply, obs)
+            if kind == RESULT:
+                reply, decoded = unpack_result(payload, num_lanes=self.num_lanes)
+                decoded = self._ring_rows(decoded, obs)
+            else:
+                reply = codec.parse_step_reply(payload, self.max_message_bytes)
+                decoded = self._decode(reply, obs)
         except BaseException as exc:  # handed to the caller in order
             decoded = exc
         finally:
@@ -349,6 +528,21 @@ class ShmStream:
         if isinstance(decoded, BaseException):
             return decoded
         return reply, decoded, arrived, time.perf_counter()
+
+    def _ring_rows(self, batch: Any, obs: dict | None) -> Any:
+        """A RESULT's batch with its observation rows copied out of the ring
+        (none asked: as it is)."""
+        if obs is None:
+            if self.keys:
+                raise codec.ProtocolError("a result frame names no ring slot")
+            return batch
+        rows = int(batch.rows.sum())
+        if rows > self.num_lanes:
+            raise codec.ProtocolError(
+                f"a reply puts {rows} observation rows in shared memory, which "
+                f"holds {self.num_lanes}"
+            )
+        return batch._replace(observation={k: obs[k][:rows].copy() for k in obs})
 
     def _wake(self) -> None:
         with self._cond:
@@ -371,6 +565,28 @@ class ShmStream:
         """
         data = request.SerializeToString()
         codec.check_size(len(data), self.max_message_bytes, "step request")
+        return self._send(REQUEST, data)
+
+    def send_step(
+        self,
+        call_id: int,
+        lanes: np.ndarray,
+        counts: np.ndarray,
+        actions: np.ndarray,
+        flags: int = 0,
+        info: bytes = b"",
+    ) -> int:
+        """Sends a call that only steps lanes as a STEP frame (``binary``:
+        the server takes them); see ``pack_step``.
+
+        Raises:
+          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
+        """
+        data = pack_step(call_id, lanes, counts, actions, flags, info)
+        codec.check_size(len(data), self.max_message_bytes, "step request")
+        return self._send(STEP, data)
+
+    def _send(self, kind: int, data: bytes) -> int:
         if self._reader is None:  # the caller reads: take replies off early
             while self._sent - self._read >= RING and not self._broken:
                 self._early.append(self._next())
@@ -383,7 +599,7 @@ class ShmStream:
         self._owed.append(self._last_send)
         if not self._broken:
             try:
-                send_frame(self.sock, REQUEST, data)
+                send_frame(self.sock, kind, data)
             except OSError:
                 pass  # the server is gone: the reply side says so
         return len(data)
@@ -462,12 +678,19 @@ class ShmStream:
 
 
 __all__ = [
+    "BINARY",
     "RING",
+    "Result",
     "ShmStream",
+    "pack_result",
+    "info_key_bytes",
+    "pack_step",
     "peer_uid",
     "recv_frame",
     "ring_fields",
     "send_frame",
     "socket_name",
     "status_payload",
+    "unpack_result",
+    "unpack_step",
 ]
