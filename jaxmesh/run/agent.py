@@ -277,19 +277,27 @@ class HostState:
 
     Reading a field (``state.cursor``, ``state.predict_calls``, ...) gives its
     value on the host (numpy; a large leaf: its device array), read back once
-    per state; the next step donates the buffers.
+    per state (``read_back``); the next step donates the buffers.
     """
 
     def __init__(self, layout: StateLayout, flat: jax.Array, big: tuple):
         self.layout, self.flat, self.big = layout, flat, big
         self._host: Any = None
 
+    def read_back(self, *arrays: Any) -> tuple:
+        """``arrays`` on the host, read in one transfer with the state's word
+        buffer (whose fields then read without another)."""
+        flat, *got = jax.device_get((self.flat, *arrays))
+        # A copy: a view would hold the device buffer, which the next step
+        # could then not donate.
+        self._host = self.layout.unpack(np.array(flat), self.big, np)
+        return tuple(got)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         if self._host is None:
-            flat = np.asarray(jax.device_get(self.flat))
-            self._host = self.layout.unpack(flat, self.big, np)
+            self.read_back()
         return getattr(self._host, name)
 
 

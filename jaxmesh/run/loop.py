@@ -306,15 +306,14 @@ class HostLoop:
         skipping replays or when ``cursor`` (else None). While skipping, the
         chunk is read too and the skip counts start over."""
         if self.skipping:
-            actions, cur, self.chunk = jax.device_get(
-                (actions, self.state.cursor, self.state.chunk)
-            )
+            (actions,) = self.state.read_back(actions)  # with the state's words
+            cur, self.chunk = jax.device_get((self.state.cursor, self.state.chunk))
             self.cursor = cur.astype(np.int64)
             self.skip[:] = 0
             return np.asarray(actions), self.cursor
         if cursor:
-            actions, cur = jax.device_get((actions, self.state.cursor))
-            return np.asarray(actions), cur
+            (actions,) = self.state.read_back(actions)
+            return np.asarray(actions), self.state.cursor
         return np.asarray(actions), None
 
     def replays_next(self) -> np.ndarray:
