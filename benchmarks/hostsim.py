@@ -499,6 +499,7 @@ class EnvPoolChild:
 
     def __init__(self, lanes: int, iters: int, cap: int, threads, seed: int):
         self.why, self.proc = None, None
+        self.version: str | None = None
         try:
             import envpool  # noqa: F401
         except ImportError:
@@ -513,7 +514,6 @@ class EnvPoolChild:
         )
         self.proc.start()
         child.close()
-        self.version: str | None = None
 
     def ready(self) -> bool:
         if self.proc is None:

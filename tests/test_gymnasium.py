@@ -536,8 +536,8 @@ def test_adapters_hold_their_own_info_state():
 
 def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
     """The lanes' ResultBatch is the codec's field for field, their info dtypes
-    its allow-list; the lanes, workers, shared memory and the server import no JAX (parsed, not run:
-    importing jaxmesh itself loads JAX)."""
+    its allow-list; the lanes, workers, shared memory and the server import no
+    JAX (parsed, not run: importing jaxmesh itself loads JAX)."""
     import ast
     from pathlib import Path
 
