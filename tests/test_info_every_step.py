@@ -18,9 +18,10 @@ from gym_reference import ID, SEEDS, check, chunky, plain_loop
 from gymnasium import spaces
 
 import jaxmesh
-from jaxmesh.remote import server as server_mod
 from jaxmesh.remote.protocol import INFO_EVERY_STEP
 from jaxmesh.remote.server import EnvServer
+from jaxmesh.remote.server import same_host as same_host_mod
+from jaxmesh.remote.server import service as service_mod
 from jaxmesh.remote.session import Session
 
 CHUNK = 5
@@ -134,15 +135,17 @@ def test_a_replay_sends_every_steps_info_and_its_last_observation():
 @pytest.mark.parametrize("declared", [True, False])
 def test_served_success_once_and_a_mean_match_the_plain_loop(declared, monkeypatch):
     if not declared:  # a server from before the field: it neither says nor reads it
-        older = tuple(c for c in server_mod.CAPABILITIES if c != INFO_EVERY_STEP)
-        monkeypatch.setattr(server_mod, "CAPABILITIES", older)
-        parse = server_mod._parse_request
+        older = tuple(c for c in service_mod.CAPABILITIES if c != INFO_EVERY_STEP)
+        monkeypatch.setattr(service_mod, "CAPABILITIES", older)
+        parse = service_mod._parse_request
 
         def unread(msg, lanes):
             msg.ClearField("info_every_step")
             return parse(msg, lanes)
 
-        monkeypatch.setattr(server_mod, "_parse_request", unread)
+        # Both transports parse a request: the gRPC stream and the same-host path.
+        monkeypatch.setattr(service_mod, "_parse_request", unread)
+        monkeypatch.setattr(same_host_mod, "_parse_request", unread)
     seeds = list(range(8))
     with EnvServer([Blink() for _ in range(3)], "127.0.0.1:0") as server:
         with Session(f"grpc://{server.address}") as session:

@@ -1,0 +1,356 @@
+"""The served lanes: ``_ServedLanes`` (the shared JAX-free lanes of
+``jaxmesh.envs.gymnasium.lanes`` plus what serving adds: the wire's leaves,
+the lockstep check of a VectorEnv, a thread pool stepping groups of lanes),
+``_make_lanes`` (lanes for whatever the caller passed: an id, an Env, a list,
+a VectorEnv; worker processes for an id with ``workers``), and ``_Request``,
+a checked call as the lanes execute it.
+
+``requests.py`` builds ``_Request`` from the wire; ``service.py`` and
+``same_host.py`` execute them here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.remote import codec
+from jaxmesh.remote import spaces as wire_spaces
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.protocol import TRIAL_INDEX, ResultBatch
+
+
+class _Request:
+    """A checked call: its ops (``Reset`` | ``Replay``, ascending lane) and
+    what the reply carries.
+
+    A call that steps lanes by one action each and does nothing else (h = 1,
+    most calls) keeps its lanes and actions as two arrays (``single``); its
+    ops are built only if something asks for them.
+    """
+
+    __slots__ = (
+        "_ops",
+        "want_obs",
+        "obs_keys",
+        "info_keys",
+        "all_observations",
+        "info_every_step",
+        "call_id",
+        "release",
+        "single",
+    )
+
+    def __init__(
+        self,
+        ops: list | None,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        all_observations: bool,
+        call_id: int,
+        release: tuple[int, ...] = (),  # lanes whose episode the client abandons
+        single: tuple[np.ndarray, np.ndarray] | None = None,
+        info_every_step: bool = False,  # every step's info, the last observation
+        obs_keys: tuple[str, ...] | None = None,  # leaves asked (None: every one)
+    ):
+        self._ops = ops
+        self.want_obs = want_obs
+        self.obs_keys = obs_keys
+        self.info_keys = info_keys
+        self.all_observations = all_observations
+        self.info_every_step = info_every_step
+        self.call_id = call_id
+        self.release = release
+        self.single = single
+
+    @property
+    def ops(self) -> list:
+        if self._ops is None:
+            lanes, actions = self.single
+            self._ops = [
+                shared.Replay(j, actions[i : i + 1])
+                for i, j in enumerate(lanes.tolist())
+            ]
+        return self._ops
+
+
+def _bad(message: str) -> codec.ProtocolError:
+    return codec.ProtocolError(message)
+
+
+def _wire_leaf(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
+    leaf = wire_spaces.space_leaf(space, where=where)
+    return tuple(leaf.shape), np.dtype(leaf.dtype)
+
+
+def _wire_layout(where: str):
+    """The lanes' observation layout: the wire leaf's (the space's own dtype);
+    picklable, for lanes in worker processes."""
+    return functools.partial(_wire_leaf, where=where)
+
+
+class _ServedLanes:
+    """The shared lanes (``jaxmesh.envs.gymnasium.lanes``) and what serving adds:
+    the wire's leaves, the lockstep check of a VectorEnv, and a worker pool
+    that steps contiguous groups of a list of envs' lanes at once.
+
+    Args:
+        lanes: the shared lanes, observations in the wire leaf's layout.
+        workers: threads for a list of envs (1: the serving thread).
+    """
+
+    def __init__(self, lanes: shared.Lanes, workers: int):
+        self.lanes = lanes
+        self.num_lanes = n = lanes.num_lanes
+        self.name = lanes.name
+        self.lockstep = isinstance(lanes, shared.VectorLanes)
+        # One message per observation leaf (one, "", for a single array).
+        self.obs_leaves = wire_spaces.space_leaves(
+            lanes.observation_space, where=f"{self.name} observation_space"
+        )
+        if len(self.obs_leaves) > codec.MAX_KEYS:
+            raise TypeError(
+                f"{self.name} observation_space has {len(self.obs_leaves)} leaves, "
+                f"more than the {codec.MAX_KEYS} a request may ask for; flatten "
+                "some of them with a gymnasium ObservationWrapper"
+            )
+        self.obs_names = tuple(m.key for m in self.obs_leaves)
+        # The lanes' layout of every leaf, and of the leaves a client reads
+        # (``layout_for``): only those are converted, checked and sent.
+        self.full_layout = lanes.layout
+        self._layouts: dict[tuple[str, ...], Any] = {}
+        self.act_leaf = wire_spaces.space_leaf(
+            lanes.action_space, where=f"{self.name} action_space"
+        )
+        self.act_spec = codec.LeafSpec(
+            "", self.act_leaf.dtype, tuple(self.act_leaf.shape)
+        )
+        self.discrete = lanes.discrete
+        self.reset_options = (TRIAL_INDEX,) if lanes.declares_trial_index else ()
+        self.workers = 1 if self.lockstep else max(1, min(workers, n))
+        self.pool = (
+            concurrent.futures.ThreadPoolExecutor(
+                self.workers, thread_name_prefix="jaxmesh-lanes"
+            )
+            if self.workers > 1
+            else None
+        )
+        # Lane j belongs to group j * workers // num_lanes (contiguous groups).
+        self.group_of = [j * self.workers // n for j in range(n)]
+
+    @property
+    def owned(self) -> bool:
+        return self.lanes.owned
+
+    @owned.setter
+    def owned(self, value: bool) -> None:
+        self.lanes.owned = value
+
+    def end_session(self) -> None:
+        self.lanes.forget()
+        self.lanes.layout = self.full_layout
+
+    def layout_for(self, keys: tuple[str, ...] | None) -> Any:
+        """The lanes' observation layout of the leaves ``keys`` (None: every
+        leaf): the layout pruned to them when they are whole top-level Dict
+        entries (what a policy reads), else every leaf's (the reply then
+        leaves the others out)."""
+        full = self.full_layout
+        if not keys:  # every leaf, or none asked (every leaf is still checked)
+            return full
+        layout = self._layouts.get(keys)
+        if layout is None:
+            top = list(dict.fromkeys(full.paths[k][0] for k in keys))
+            layout = full.select(top)
+            if set(layout.names) != set(keys):
+                layout = full
+            self._layouts[keys] = layout
+        return layout
+
+    def check(self, request: _Request) -> None:
+        """Refuses (ProtocolError) a request these lanes cannot serve exactly.
+
+        Lockstep: a VectorEnv steps every lane at once, so every lane in the
+        middle of an episode is stepped in every call, all by the same count (a
+        lane left out would be stepped with the idle action, silently). A lane
+        reset in this call is not left out: it may be stepped with the idle
+        action before its reset (resets run last), which its reset discards; a
+        client abandons an episode that way (e.g. at max_episode_steps), or by
+        naming the lane in ``release`` when it starts no other."""
+        if not self.lockstep:
+            return
+        if not any(isinstance(op, shared.Replay) for op in request.ops):
+            return  # resets only: nothing is stepped
+        lanes = self.lanes
+        replays = {
+            op.lane: op.actions.shape[0]
+            for op in request.ops
+            if isinstance(op, shared.Replay)
+        }
+        named = (
+            replays.keys()
+            | {op.lane for op in request.ops if isinstance(op, shared.Reset)}
+            | set(request.release)
+        )
+        live = np.flatnonzero(lanes.started & ~lanes.ended)
+        missing = [int(j) for j in live if int(j) not in named]
+        if missing:
+            raise _bad(
+                f"lanes {missing[:16]} are in the middle of an episode but have no "
+                "actions and no reset in this call; this server steps a VectorEnv "
+                "as a whole (capability 'lockstep'), so every lane mid-episode is "
+                "stepped (or reset, to abandon its episode) in every call. Serve a "
+                "list of Envs for lanes that move on their own"
+            )
+        counts = {c for j, c in replays.items() if not lanes.ended[j]}
+        if len(counts) > 1:
+            raise _bad(
+                f"the lanes stepped in this call have counts {sorted(counts)}; this "
+                "server steps a VectorEnv as a whole (capability 'lockstep'), so "
+                "every lane mid-episode replays the same number of actions"
+            )
+
+    def execute(self, request: _Request) -> pb.ResultBatch:
+        """Runs a checked request; its reply's batch.
+
+        Raises:
+            LaneError: an env raised (the session ends with INTERNAL).
+        """
+        return codec.encode_result_batch(*self.execute_batch(request))
+
+    def execute_batch(self, request: _Request) -> ResultBatch:
+        """Runs a checked request; its reply's batch as numpy (``execute``)."""
+        lanes = self.lanes
+        lanes.release(request.release)
+        keys = request.obs_keys
+        lanes.layout = self.layout_for(keys)
+        if request.single is not None and self.pool is None:
+            # The per-step case (h = 1), built without per-lane objects when
+            # the lanes allow it (live, no wall-clock cap, observation asked).
+            stepped, actions = request.single
+            batch = lanes.step_each(
+                stepped, actions, request.want_obs, request.info_keys
+            )
+            if batch is not None:
+                return _only(batch, keys)
+        results = self._run(request)
+        batch = lanes.collect(
+            results,
+            want_obs=request.want_obs,
+            info_keys=request.info_keys,
+            keep_all_obs=request.all_observations,
+            keep_all_info=request.info_every_step,
+        )
+        return _only(batch, keys)
+
+    def _run_ops(self, ops: list, request: _Request) -> list[shared.LaneResult]:
+        return self.lanes.run(
+            ops,
+            want_obs=request.want_obs,
+            info_keys=request.info_keys,
+            keep_all_obs=request.all_observations,
+            keep_all_info=request.info_every_step,
+        )
+
+    def _run(self, request: _Request) -> list[shared.LaneResult]:
+        ops = request.ops
+        if self.pool is None or len(ops) < 2:
+            return self._run_ops(ops, request)
+        groups: dict[int, list] = {}
+        for op in ops:
+            groups.setdefault(self.group_of[op.lane], []).append(op)
+        if len(groups) == 1:
+            return self._run_ops(ops, request)
+        futures = [
+            self.pool.submit(self._run_ops, group, request) for group in groups.values()
+        ]
+        out: list[shared.LaneResult] = []
+        errors: list[shared.LaneError] = []
+        for future in futures:  # in lane order: groups are contiguous
+            try:
+                out.extend(future.result())
+            except shared.LaneError as exc:
+                errors.append(exc)
+        if errors:
+            raise min(errors, key=lambda e: e.lane)
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        self.lanes.close()
+
+
+def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
+    """A lanes' ``ResultBatch`` with only the observation leaves ``keys``
+    (None: as it is)."""
+    if keys is None or batch.observation.keys() == set(keys):
+        return batch
+    obs = batch.observation
+    return batch._replace(observation={k: obs[k] for k in keys})
+
+
+def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
+    """Server lanes for what the caller passed (an id, an Env, a list, a vector).
+
+    The checks and their wording are those of ``jaxmesh.envs.gymnasium.lanes``.
+    """
+    if lanes is not None and not isinstance(env, str):
+        raise ValueError(
+            f"lanes={lanes} is only for an env id ('gymnasium:<id>'); a "
+            f"{type(env).__name__} brings its own lanes (pass a list of Envs or a "
+            "VectorEnv with the lanes you want)"
+        )
+    if isinstance(env, str):
+        if not env.startswith(shared.PREFIX + ":"):
+            raise ValueError(
+                f"env {env!r}: expected 'gymnasium:<id>' (e.g. "
+                "'gymnasium:CartPole-v1'), a gymnasium Env, a list of them, a "
+                "VectorEnv in AutoresetMode.DISABLED, or a factory of one"
+            )
+        count = 1 if lanes is None else lanes
+        if workers > 1 and count > 1:
+            # A Python sim's step holds the GIL: the lanes step in processes.
+            from jaxmesh.envs.gymnasium.workers import ProcessLanes
+
+            where = f"{env} observation_space"
+            procs = ProcessLanes(env, count, workers, layout=_wire_layout(where))
+            try:
+                return _ServedLanes(procs, 1)
+            except BaseException:
+                procs.close()
+                raise
+        envs = shared.make_envs(env, count)
+        try:
+            return _served(shared.ListLanes, envs, workers, owned=True)
+        except BaseException:
+            for e in envs:
+                e.close()
+            raise
+    if isinstance(env, gymnasium.vector.VectorEnv):
+        return _served(shared.VectorLanes, env, workers)  # DISABLED mode only
+    if isinstance(env, gymnasium.Env):
+        return _served(shared.ListLanes, [env], workers)
+    if isinstance(env, list):
+        # ListLanes refuses an empty list, repeated objects, unequal spaces.
+        return _served(shared.ListLanes, env, workers)
+    raise TypeError(
+        f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
+        "list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', or "
+        "a zero-argument factory returning one"
+    )
+
+
+def _served(kind: type, env: Any, workers: int, owned: bool = False) -> _ServedLanes:
+    first = env[0] if isinstance(env, list) and env else env
+    where = f"{shared.env_name(first)} observation_space"
+    return _ServedLanes(kind(env, owned=owned, layout=_wire_layout(where)), workers)
+
+
+def _is_env(env: Any) -> bool:
+    return isinstance(env, str | list | gymnasium.Env | gymnasium.vector.VectorEnv)

@@ -1,0 +1,549 @@
+"""``EnvServer``: the server's lifecycle (start, serve, shutdown) and its gRPC
+service (``Handshake``, ``Step``, ``Shutdown``, the token check and the
+interceptor that applies it before a request is read).
+
+It builds its lanes with ``lanes.py``, parses calls with ``requests.py``,
+watches a Step stream with ``sessions.py``, and takes the same-host data path
+from its mixin ``same_host._SameHostPath``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hmac
+import math
+import socket
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from jaxmesh._version import __version__
+from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.remote import codec
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.protocol import (
+    CAPABILITIES,
+    ENV_ERROR_KEY,
+    ENV_LANE_KEY,
+    LOCKSTEP,
+    PROTOCOL_VERSIONS,
+    SHARED_MEMORY,
+    TOKEN_ENV,
+    TRACEBACK_KEY,
+)
+from jaxmesh.remote.server.lanes import _is_env, _make_lanes, _ServedLanes
+from jaxmesh.remote.server.options import (
+    SERVICE_NAME,
+    ServeOptions,
+    _is_loopback,
+    _split_address,
+    request_limit,
+)
+from jaxmesh.remote.server.requests import _parse_request
+from jaxmesh.remote.server.same_host import _SameHostPath
+from jaxmesh.remote.server.sessions import _ascii, _Session
+
+
+class _Authenticate(grpc.ServerInterceptor):
+    """Refuses an EnvService call whose metadata carries no token or another
+    one before any byte of its message is read: the refusal is a handler that
+    never asks for the request, so an unauthenticated client holds no more of
+    the server's memory than gRPC's flow-control window. The health service
+    needs no token."""
+
+    def __init__(self, server: EnvServer):
+        self.server = server
+        self.prefix = f"/{SERVICE_NAME}/"
+
+    def intercept_service(self, continuation, handler_call_details):
+        if not handler_call_details.method.startswith(self.prefix):
+            return continuation(handler_call_details)
+        why = self.server._token_error(handler_call_details.invocation_metadata)
+        if why is None:
+            return continuation(handler_call_details)
+
+        def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+        if handler_call_details.method.endswith("/Step"):
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        # Unary methods are answered as client-streaming ones: the request
+        # iterator is never advanced, so the message is never received.
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+class EnvServer(_SameHostPath):
+    """Serves a gymnasium env's lanes over gRPC (the ``jaxmesh.env.v1`` protocol).
+
+    Args:
+        env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each;
+            distinct objects with equal spaces), a ``VectorEnv`` in
+            ``AutoresetMode.DISABLED``, ``"gymnasium:<id>"`` (the server makes
+            ``lanes`` envs and closes them at shutdown), or a zero-argument
+            factory returning one of these (called in :meth:`start`; what it
+            makes is closed at shutdown).
+        address: ``"host:port"`` to bind; port 0 picks a free port. A host
+            other than loopback (127.0.0.0/8, ::1, localhost) needs a token,
+            TLS ``credentials`` or ``insecure=True``.
+        options: :class:`ServeOptions` (default: ``ServeOptions()``).
+        lanes: how many envs to make for ``"gymnasium:<id>"`` (default 1).
+        insecure: allow binding a non-loopback host with no token and no TLS.
+        credentials: ``grpc.ServerCredentials`` (e.g. from
+            ``grpc.ssl_server_credentials``) to serve over TLS.
+
+    Raises:
+        ValueError: a bad address, a non-loopback address with no token, TLS or
+            ``insecure=True``, bad ``lanes``.
+        TypeError: bad ``options`` or ``credentials``.
+
+    Example:
+        >>> with EnvServer("gymnasium:CartPole-v1", lanes=8) as server:
+        ...     print(server.address)  # doctest: +SKIP
+        127.0.0.1:40123
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        address: str = "127.0.0.1:0",
+        *,
+        options: ServeOptions | None = None,
+        lanes: int | None = None,
+        insecure: bool = False,
+        credentials: grpc.ServerCredentials | None = None,
+    ):
+        options = ServeOptions() if options is None else options
+        if not isinstance(options, ServeOptions):
+            raise TypeError(
+                f"options is a {type(options).__name__}; expected "
+                "jaxmesh.ServeOptions(...) or None"
+            )
+        if lanes is not None and not (
+            isinstance(lanes, int) and not isinstance(lanes, bool) and lanes >= 1
+        ):
+            raise ValueError(f"lanes={lanes!r}: expected None or an int >= 1")
+        if credentials is not None and not isinstance(
+            credentials, grpc.ServerCredentials
+        ):
+            raise TypeError(
+                f"credentials is a {type(credentials).__name__}; expected "
+                "grpc.ServerCredentials (e.g. grpc.ssl_server_credentials(...)) or "
+                "None"
+            )
+        host, port = _split_address(address)
+        if not (
+            _is_loopback(host)
+            or options.token is not None
+            or credentials is not None
+            or insecure
+        ):
+            raise ValueError(
+                f"refusing to serve on {address!r} with no token and no TLS: anyone "
+                "who reaches it could drive the env. Bind a loopback address "
+                "(127.0.0.1:PORT), set a token (ServeOptions(token=...), "
+                "--token or JAXMESH_TOKEN), pass TLS credentials=, or say "
+                "insecure=True (--insecure) if the network is trusted"
+            )
+        self._env = env
+        self._host, self._port = host, port
+        self._requested = address
+        self.options = options
+        self._lanes_wanted = lanes
+        self._credentials = credentials
+        self._lanes: _ServedLanes | None = None
+        self._server: grpc.Server | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._health: health.HealthServicer | None = None
+        self._address: str | None = None
+        self._state_lock = threading.Lock()
+        self._session_lock = threading.Lock()
+        self._session: _Session | None = None
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._handshake: pb.HandshakeReply | None = None
+        # The same-host data path (``_start_shm``): its socket, the thread
+        # accepting on it and the threads serving its connections.
+        self._shm_name = ""
+        self._shm_listener: socket.socket | None = None
+        self._shm_threads: list[threading.Thread] = []
+
+    # Lifecycle -----------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """The bound ``"host:port"`` (the actual port once started)."""
+        if self._address is None:
+            return self._requested
+        return self._address
+
+    @property
+    def num_lanes(self) -> int:
+        """The number of lanes served (after :meth:`start`)."""
+        if self._lanes is None:
+            raise RuntimeError("the server has not started; call start() first")
+        return self._lanes.num_lanes
+
+    def start(self) -> EnvServer:
+        """Builds the lanes, binds, and starts serving in background threads.
+
+        Returns:
+            self, serving: health SERVING, ``address`` holds the actual port.
+
+        Raises:
+            RuntimeError: started twice.
+            OSError: the address cannot be bound (e.g. its port is in use).
+            ValueError, TypeError: an env the server cannot serve.
+        """
+        with self._state_lock:
+            if self._server is not None or self._stopping:
+                raise RuntimeError(
+                    f"EnvServer at {self.address} was already started; make a new "
+                    "EnvServer to serve again"
+                )
+            env = self._env
+            if callable(env) and not _is_env(env):
+                env = env()
+                if not _is_env(env):
+                    raise TypeError(
+                        f"the env factory returned a {type(env).__name__}; expected "
+                        "a gymnasium Env, a list of them, a VectorEnv or "
+                        "'gymnasium:<id>'"
+                    )
+                owned_by_factory = True
+            else:
+                owned_by_factory = False
+            lanes = _make_lanes(env, self._lanes_wanted, self.options.workers or 1)
+            if owned_by_factory:
+                lanes.owned = True
+            try:
+                self._start_server(lanes)
+            except BaseException:
+                lanes.close()
+                raise
+            self._lanes = lanes
+        return self
+
+    def _start_server(self, lanes: _ServedLanes) -> None:
+        limit = self.options.max_message_bytes
+        action_size = math.prod(lanes.act_leaf.shape)
+        receive = request_limit(self.options, lanes.num_lanes, action_size)
+        # gRPC's stop() leaves the handler pool's threads idle: shutdown()
+        # ends them.
+        executor = concurrent.futures.ThreadPoolExecutor(
+            16, thread_name_prefix="jaxmesh-serve"
+        )
+        self._executor = executor
+        server = grpc.server(
+            executor,
+            interceptors=(_Authenticate(self),) if self.options.token else (),
+            options=[
+                ("grpc.max_send_message_length", limit),
+                ("grpc.max_receive_message_length", receive),
+                # Without this, Linux lets a second server bind a port in use.
+                ("grpc.so_reuseport", 0),
+                # Requests are small (actions): the receive windows stay at
+                # their initial 64 KiB, all a refused call's client can make
+                # the server hold (replies are paced by the client's windows).
+                ("grpc.http2.bdp_probe", 0),
+                # Clients ping every KEEPALIVE_SECONDS to find a dead server
+                # (jaxmesh.remote.client); by default gRPC answers pings more
+                # often than every 5 minutes with GOAWAY "too_many_pings".
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+                ("grpc.http2.max_ping_strikes", 0),
+            ],
+        )
+        handlers = {
+            "Handshake": grpc.unary_unary_rpc_method_handler(self._handshake_rpc),
+            "Step": grpc.stream_stream_rpc_method_handler(self._step_rpc),
+            "Shutdown": grpc.unary_unary_rpc_method_handler(self._shutdown_rpc),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        where = f"{self._host}:{self._port}"
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(where, self._credentials)
+            else:
+                port = server.add_insecure_port(where)
+        except RuntimeError as exc:
+            raise OSError(
+                f"cannot bind {where!r} ({exc}); is the port in use? Pick another "
+                "port, or port 0 for a free one"
+            ) from exc
+        if not port:
+            raise OSError(
+                f"cannot bind {where!r}; is the port in use? Pick another port, or "
+                "port 0 for a free one"
+            )
+        self._address = f"{self._host}:{port}"
+        if self.options.shared_memory and sys.platform.startswith("linux"):
+            self._start_shm()
+        self._handshake = self._handshake_reply(lanes)
+        server.start()
+        self._server = server
+        for service in ("", SERVICE_NAME):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    def serve(self) -> None:
+        """Starts (if needed) and blocks until the server is shut down.
+
+        Ctrl-C (KeyboardInterrupt) shuts it down cleanly.
+        """
+        if self._server is None:
+            self.start()
+        try:
+            while not self._stopped.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stops serving: health NOT_SERVING, the session drained, envs closed.
+
+        The call in progress may finish and reply within
+        ``drain_timeout_seconds``; an open session is then ended (UNAVAILABLE).
+        Envs the server made are closed once the session lets go of them
+        (at most ``close_timeout_seconds``). Idempotent.
+        """
+        with self._state_lock:
+            if self._stopping or self._server is None:
+                self._stopping = True
+                if self._server is None:
+                    self._stopped.set()
+                return
+            self._stopping = True
+        self._health.enter_graceful_shutdown()
+        session = self._session
+        if session is not None:
+            session.end(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server at {self.address} is shutting down; the session ended",
+            )
+        done = self._server.stop(self.options.drain_timeout_seconds)
+        opts = self.options
+        done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
+        self._stop_shm()
+        if self._session_lock.acquire(timeout=opts.close_timeout_seconds):
+            try:
+                self._close_lanes()
+            finally:
+                self._session_lock.release()
+        else:
+            warnings.warn(
+                f"EnvServer at {self.address}: the session still held the envs "
+                f"after close_timeout_seconds={opts.close_timeout_seconds}; they "
+                "were not closed",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if self._executor is not None:
+            # Idle handler threads exit now (a call still running ends first).
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._stopped.set()
+
+    def _close_lanes(self) -> None:
+        lanes = self._lanes
+        if lanes is None:
+            return
+        closer = threading.Thread(target=lanes.close, daemon=True)
+        closer.start()
+        closer.join(self.options.close_timeout_seconds)
+        if closer.is_alive():
+            warnings.warn(
+                f"EnvServer at {self.address}: closing the envs took more than "
+                f"close_timeout_seconds={self.options.close_timeout_seconds}; left "
+                "them closing",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until shut down (or ``timeout``); whether it has stopped."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> EnvServer:
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = (
+            "stopped"
+            if self._stopped.is_set()
+            else "serving"
+            if self._server is not None
+            else "not started"
+        )
+        return f"EnvServer({self.address}, {state})"
+
+    # RPCs ----------------------------------------------------------------------
+    def _token_error(self, metadata: Any, given: str | None = None) -> str | None:
+        """Why a call with this metadata (and, for a handshake, this token in
+        its message) may not proceed (None: it may). The token travels as the
+        metadata ``authorization: Bearer <token>`` and is compared exactly."""
+        token = self.options.token
+        if token is None:
+            return None
+        sent = None
+        for key, value in metadata or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, rest = value.partition(" ")
+                if scheme.lower() == "bearer":
+                    sent = rest
+        if not sent:
+            return (
+                f"the server at {self.address} needs a session token and the call "
+                "carried none as the metadata 'authorization: Bearer <token>'; pass "
+                f"token= (RemoteEnv, RemoteVectorEnv, evaluate) or set {TOKEN_ENV}"
+            )
+        for value in (sent, given):
+            if value and not hmac.compare_digest(value.encode(), token.encode()):
+                return (
+                    f"the session token given is not the one the server at "
+                    f"{self.address} was started with (tokens are compared "
+                    f"exactly, spaces included); pass the right token= or set "
+                    f"{TOKEN_ENV}"
+                )
+        return None
+
+    def _handshake_reply(self, lanes: _ServedLanes) -> pb.HandshakeReply:
+        return pb.HandshakeReply(
+            server_protocol_versions=PROTOCOL_VERSIONS,
+            server_version=f"jaxmesh {__version__}",
+            observation=lanes.obs_leaves,
+            action=[lanes.act_leaf],
+            num_lanes=lanes.num_lanes,
+            reset_options=[
+                pb.ResetOption(name=name, value=pb.Value(int_value=0))
+                for name in lanes.reset_options
+            ],
+            capabilities=CAPABILITIES
+            + ((LOCKSTEP,) if lanes.lockstep else ())
+            + ((SHARED_MEMORY,) if self._shm_name else ()),
+            env_name=lanes.name,
+            dt=lanes.lanes.dt or 0.0,
+            shared_memory=self._shm_name,
+        )
+
+    def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        limit = self.options.max_message_bytes
+        try:
+            request = codec.parse_handshake_request(data, limit)
+        except codec.ProtocolError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        why = self._token_error(context.invocation_metadata(), request.token)
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        try:
+            version = codec.choose_version(request.protocol_versions)
+        except codec.ProtocolError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        reply = pb.HandshakeReply()
+        reply.CopyFrom(self._handshake)
+        reply.protocol_version = version
+        return reply.SerializeToString()
+
+    def _shutdown_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        why = self._token_error(context.invocation_metadata())
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        if not self.options.allow_remote_shutdown:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the server at {self.address} does not allow remote shutdown; "
+                "start it with ServeOptions(allow_remote_shutdown=True) "
+                "(--allow-remote-shutdown), or stop it where it runs",
+            )
+        threading.Thread(
+            target=self.shutdown, name="jaxmesh-remote-shutdown", daemon=True
+        ).start()
+        return pb.ShutdownReply().SerializeToString()
+
+    def _step_rpc(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        why = self._token_error(context.invocation_metadata())
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        if self._stopping:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server at {self.address} is shutting down",
+            )
+        if not self._session_lock.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server at {self.address} is busy with another client's "
+                "session (one session at a time); wait for it to end, or start "
+                "another server for this client",
+            )
+        lanes = self._lanes
+        session = _Session(context, self.options.idle_timeout_seconds, self.address)
+        self._session = session
+        try:
+            yield from self._serve_session(requests, context, session, lanes)
+        finally:
+            session.stop()
+            lanes.end_session()
+            self._session = None
+            self._session_lock.release()
+
+    def _serve_session(
+        self,
+        requests: Iterator[bytes],
+        context: grpc.ServicerContext,
+        session: _Session,
+        lanes: _ServedLanes,
+    ) -> Iterator[bytes]:
+        limit = self.options.max_message_bytes
+        abort = context.abort
+        while True:
+            session.waiting()
+            try:
+                data = next(requests)
+            except StopIteration:
+                return
+            session.working()
+            try:
+                request = _parse_request(codec.parse_step_request(data, limit), lanes)
+            except codec.ProtocolError as exc:
+                abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            start = time.perf_counter()
+            try:
+                batch = lanes.execute(request)
+            except shared.LaneError as exc:
+                context.set_trailing_metadata(
+                    (
+                        (ENV_ERROR_KEY, _ascii(exc.summary())),
+                        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
+                        (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
+                    )
+                )
+                abort(grpc.StatusCode.INTERNAL, exc.details())
+            seconds = time.perf_counter() - start
+            reply = pb.StepReply(
+                batch=batch,
+                server_step_seconds=seconds,
+                call_id=request.call_id,
+            )
+            out = reply.SerializeToString()
+            try:
+                codec.check_size(len(out), limit, "StepReply")
+            except codec.ProtocolError as exc:
+                abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            # The yield blocks while the client takes no replies (flow control):
+            # the watchdog's clock runs through it as through a wait.
+            session.sending()
+            yield out

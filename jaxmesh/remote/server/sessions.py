@@ -1,0 +1,127 @@
+"""The open session as shutdown and the idle timeout see it: ``_Session``
+(the gRPC Step stream's watchdog thread), ``_ShmSession`` (a same-host
+session: ``end`` wakes its waiting read) and ``_cancel``, which ends a gRPC
+call from another thread with a status.
+
+``service.py`` opens a ``_Session`` per Step stream, ``same_host.py`` a
+``_ShmSession`` per same-host client; ``EnvServer.shutdown`` ends either.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+
+import grpc
+
+
+def _ascii(text: str) -> str:
+    return text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
+
+
+def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
+    """Ends an RPC from another thread with ``code`` and ``details``.
+
+    ``ServicerContext.cancel()`` can only say CANCELLED; the call object under
+    it takes a status, so the client learns why. Falls back to ``cancel()``.
+    """
+    call = getattr(getattr(context, "_rpc_event", None), "call", None)
+    try:
+        call.cancel(code.value[0], details)
+    except Exception:  # noqa: BLE001 - a grpc without it: a plain cancel
+        context.cancel()
+
+
+class _Session:
+    """The open Step stream's watchdog: idle timeout and shutdown.
+
+    The serving thread marks when it waits for a request, when it works and
+    when it hands a reply to gRPC (which blocks while the client reads no
+    replies); a thread ends the stream once it has waited, for a request or
+    for the client to take a reply, ``idle`` seconds. ``end`` ends it now when
+    it waits for a request, else after the reply in progress.
+    """
+
+    def __init__(self, context: grpc.ServicerContext, idle: float, address: str):
+        self.context = context
+        self.idle = idle
+        self.address = address
+        self.waiting_since: float | None = None
+        self.receiving = False  # waiting for a request (not sending a reply)
+        self.pending: tuple[grpc.StatusCode, str] | None = None
+        self.cond = threading.Condition()
+        self.done = False
+        self.thread = threading.Thread(
+            target=self._watch, name="jaxmesh-session-watchdog", daemon=True
+        )
+        self.thread.start()
+
+    def _watch(self) -> None:
+        with self.cond:
+            while not self.done:
+                since = self.waiting_since
+                if since is None or math.isinf(self.idle):
+                    self.cond.wait(None if math.isinf(self.idle) else self.idle)
+                    continue
+                left = since + self.idle - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                what = (
+                    "had no request"
+                    if self.receiving
+                    else "took no reply (the client read none)"
+                )
+                _cancel(
+                    self.context,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the session on the server at {self.address} {what} for "
+                    f"{self.idle:g} s (idle_timeout_seconds) and was ended; "
+                    "open a new session, or start the server with a longer "
+                    "idle timeout",
+                )
+                self.done = True
+
+    def waiting(self) -> None:
+        self.receiving = True
+        self.waiting_since = time.monotonic()
+        pending = self.pending
+        if pending is not None:
+            self.context.abort(*pending)
+
+    def working(self) -> None:
+        self.waiting_since = None
+        self.receiving = False
+
+    def sending(self) -> None:
+        self.waiting_since = time.monotonic()
+
+    def end(self, code: grpc.StatusCode, details: str) -> None:
+        self.pending = (code, details)
+        if self.receiving and self.waiting_since is not None:
+            _cancel(self.context, code, details)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
+
+
+class _ShmSession:
+    """A same-host session as ``shutdown`` ends it (``_Session``'s ``end``):
+    now when it waits for a request, else after the reply in progress."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.receiving = False
+        self.pending: tuple[grpc.StatusCode, str] | None = None
+
+    def end(self, code: grpc.StatusCode, details: str) -> None:
+        self.pending = (code, details)
+        if self.receiving:
+            try:
+                self.conn.shutdown(socket.SHUT_RD)  # wakes the waiting recv
+            except OSError:
+                pass
