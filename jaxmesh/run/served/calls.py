@@ -1,0 +1,186 @@
+"""Where a lane's actions and resets are sent from: the outgoing queue of
+segments (``queue_segments``), its flush into one call per rank per server
+(``flush``; one call at a time to a lockstep server) and the call itself
+(``_call``: encode, send, keep its tag in flight for the reply).
+
+It is a mixin of ``pace._Run``, not a collaborator: its methods read and
+write the run's per-lane state (epochs, rings, queues, sessions), which
+``_Run.__init__`` sets and the other mixins share; splitting that state
+would change what each step sees.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from jaxmesh.envs import gymnasium as gym_lanes
+
+
+class _Calls:
+    """The run's outgoing queue and calls (see the module docstring)."""
+
+    def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
+        """Queues one segment per lane (``counts[i]`` rows of ``acts`` each)."""
+        if not lanes_.size:
+            return
+        self.seg_lanes.append(lanes_)
+        self.seg_epochs.append(self.epoch[lanes_])
+        self.seg_ranks.append(self.queued[lanes_].copy())
+        self.seg_counts.append(counts)
+        # The env's own action values (Discrete: plus ``start``).
+        self.seg_actions.append(gym_lanes.env_actions(self.lanes.action_space, acts))
+        self.queued[lanes_] += 1
+
+    def flush(self, which: np.ndarray | None = None) -> None:
+        """Sends queued resets and segments: one message per rank per server.
+
+        Args:
+          which: [N] the lanes (a lane group) whose queued items go now; the
+            others stay queued (default: every lane).
+        """
+        if not self.resets and not self.seg_lanes and not self.released:
+            return
+        if self.seg_lanes:
+            lanes_ = np.concatenate(self.seg_lanes)
+            epochs = np.concatenate(self.seg_epochs)
+            ranks = np.concatenate(self.seg_ranks)
+            counts = np.concatenate(self.seg_counts)
+            acts = np.concatenate(self.seg_actions)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            live = epochs == self.epoch[lanes_]
+        else:
+            lanes_ = np.zeros(0, np.int64)
+            ranks = counts = starts = lanes_
+            live = np.zeros(0, bool)
+            acts = None
+        self.seg_lanes, self.seg_epochs, self.seg_ranks = [], [], []
+        self.seg_counts, self.seg_actions = [], []
+        self.queued[:] = 0
+        resets, self.resets = self.resets, {}
+        if which is not None:  # the other lanes' items wait, in order
+            for q in np.flatnonzero(live & ~which[lanes_]):
+                self._requeue(lanes_[q], acts[starts[q] : starts[q] + counts[q]])
+            live = live & which[lanes_]
+            for g in [g for g in resets if not which[g]]:
+                self.resets[g] = resets.pop(g)
+        top = int(ranks[live].max()) + 1 if live.any() else 1
+        for s in range(len(self.lanes.sessions)):
+            on_s = live & (self.server[lanes_] == s)
+            rs = [g for g in resets if self.server[g] == s]
+            if self.lockstep[s]:
+                self._flush_lockstep(s, on_s, lanes_, counts, starts, acts, rs, resets)
+                continue
+            for r in range(top):
+                pick = np.flatnonzero(on_s & (ranks == r))
+                rr = rs if r == 0 else []
+                if pick.size or rr:
+                    self._send(s, pick, lanes_, counts, starts, acts, rr, resets)
+
+    def _flush_lockstep(self, s, on_s, lanes_, counts, starts, acts, rs, resets):
+        """One call at a time: each lane's next segment, all cut to one count.
+
+        A VectorEnv server steps every lane at once, so each lane mid-episode
+        is in every call with the same count; what is cut off waits for the
+        next call (see the server's ``lockstep`` capability).
+        """
+        pick = np.flatnonzero(on_s)
+        if self.inflight[s]:  # wait for the call in flight: queue it all again
+            for g in rs:
+                self.resets[g] = resets[g]
+            for q in pick:
+                self._requeue(lanes_[q], acts[starts[q] : starts[q] + counts[q]])
+            return
+        merged: dict[int, list] = {}
+        for q in pick:  # in queue order: ranks ascending per lane
+            merged.setdefault(int(lanes_[q]), []).append(
+                acts[starts[q] : starts[q] + counts[q]]
+            )
+        # Each lane's first segment, cut to the shortest: a segment still ends
+        # a call (its last observation is the one a plan reads).
+        chunks = {g: parts[0] for g, parts in merged.items()}
+        if chunks:
+            c = min(len(x) for x in chunks.values())
+            for g, parts in merged.items():
+                if len(parts[0]) > c:
+                    self._requeue(g, parts[0][c:])
+                for part in parts[1:]:
+                    self._requeue(g, part)
+            gs = np.asarray(sorted(chunks), np.int64)
+            rows = np.concatenate([chunks[g][:c] for g in gs])
+            cnt = np.full(gs.size, c, np.int64)
+            st = np.arange(gs.size, dtype=np.int64) * c
+            # _send reads each queued lane's rows through (lanes, counts, starts)
+            all_q = np.arange(gs.size)
+            self._send(s, all_q, gs, cnt, st, rows, rs, resets)
+        elif rs or any(self.server[g] == s for g in self.released):
+            self._send(
+                s, np.zeros(0, np.int64), lanes_, counts, starts, acts, rs, resets
+            )
+
+    def _requeue(self, g: int, rows: np.ndarray) -> None:
+        """Queues wire actions again (already converted) for lane ``g``."""
+        g = int(g)
+        self.seg_lanes.append(np.asarray([g], np.int64))
+        self.seg_epochs.append(self.epoch[[g]])
+        self.seg_ranks.append(self.queued[[g]].copy())
+        self.seg_counts.append(np.asarray([len(rows)], np.int64))
+        self.seg_actions.append(rows)
+        self.queued[g] += 1
+
+    def _call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
+        """One call to server ``s``: the resets of lanes ``rs`` (``resets``:
+        lane -> episode), a run of ``counts[i]`` wire actions (``rows``) for
+        each lane of ``act_g`` (global lanes, ascending in local order), and
+        the lanes released there. ``tag`` (reset lanes, their epochs, action
+        lanes, their epochs or group) waits in flight for the reply."""
+        t0 = time.perf_counter()
+        session = self.lanes.sessions[s]
+        reset_g = tag[0]
+        eps = [resets[g] for g in reset_g]
+        release = [g for g in self.released if self.server[g] == s]
+        if release:
+            self.released = [g for g in self.released if self.server[g] != s]
+        size = session.send(
+            reset_lanes=self.local[reset_g],
+            seeds=self.seeds[eps],
+            trials=self.trial_of[eps] if session.trial_index else None,
+            max_episode_seconds=self.seconds,
+            lanes=self.local[act_g] if act_g.size else None,
+            counts=counts,
+            actions=rows,
+            release=self.local[release] if release else (),
+            all_observations=self.every_obs,
+            info_keys=self.info_keys,
+            info_every_step=self.info_every_step,
+        )
+        now = time.perf_counter()
+        self.tel.span(
+            "encode",
+            t0,
+            now,
+            self.server_rows[s],
+            resets=len(reset_g),
+            lanes=len(act_g),
+        )
+        self.tel.add("request_bytes", size)
+        self.inflight[s].append((tag, now))
+
+    def _send(self, s, pick, lanes_, counts, starts, acts, rs, resets) -> None:
+        reset_g = np.asarray(sorted(rs), np.int64)
+        act_g = np.zeros(0, np.int64)
+        c = rows = None
+        if pick.size:
+            order = pick[np.argsort(self.local[lanes_[pick]], kind="stable")]
+            act_g = lanes_[order]
+            c = counts[order]
+            if np.all(c == 1):
+                at = starts[order]
+            else:
+                at = np.repeat(starts[order] - np.cumsum(c) + c, c) + np.arange(
+                    int(c.sum())
+                )
+            rows = acts[at]
+        tag = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
+        self._call(s, rs, resets, act_g, c, rows, tag)

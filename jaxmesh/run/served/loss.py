@@ -1,0 +1,195 @@
+"""Losing and rejoining a server: ``drop_hung`` (a server that owes a reply
+past the automatic limit), ``lose_server`` (its lanes' unfinished episodes run
+again on the other servers' lanes), the background reconnect with backoff
+(``REJOIN_DELAYS``) and ``take_rejoins`` (a server back takes lanes again).
+
+It is a mixin of ``pace._Run``, not a collaborator: its methods read and
+write the run's per-lane state (epochs, rings, queues, sessions), which
+``_Run.__init__`` sets and the other mixins share; splitting that state
+would change what each step sees.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+
+from jaxmesh.errors import RemoteConnectionError
+from jaxmesh.run import backend, stream
+
+#: A lost server is tried again after these pauses (seconds), for at most
+#: ``REJOIN_SECONDS`` after the loss, each try waiting ``REJOIN_CONNECT_SECONDS``
+#: for the handshake.
+REJOIN_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0)
+REJOIN_SECONDS = 60.0
+REJOIN_CONNECT_SECONDS = 2.0
+
+
+class _Loss:
+    """The run's server losses and rejoins (see the module docstring)."""
+
+    def hung_limit(self) -> float | None:
+        """Seconds a server may owe a reply and send nothing before
+        ``drop_hung`` drops it: ``AUTO_FACTOR`` times the slowest reply of the
+        run, at least ``AUTO_FLOOR_SECONDS``; None before any reply."""
+        if not self.slowest:
+            return None
+        return max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * self.slowest)
+
+    def _hung_wait(self) -> float | None:
+        """How long the next wait for a reply may last before a server would
+        be past ``hung_limit`` (None: no limit yet)."""
+        limit = self.hung_limit()
+        if limit is None:
+            return None
+        sessions = self.lanes.sessions
+        times = [
+            since
+            for s in range(len(sessions))
+            if s not in self.lost and (since := sessions[s].owed_since()) is not None
+        ]
+        if not times:
+            return limit
+        return max(min(times) + limit - time.monotonic(), 0.0) + 0.01
+
+    def drop_hung(self) -> None:
+        """Drops a server that owes a reply and has sent nothing for longer
+        than ``hung_limit`` (``lose_server``), while another one is left: its
+        episodes run again on the others."""
+        limit = self.hung_limit()
+        if limit is None:
+            return
+        sessions = self.lanes.sessions
+        now = time.monotonic()
+        for s, session in enumerate(sessions):
+            since = None if s in self.lost else session.owed_since()
+            if since is None or now - since <= limit:
+                continue
+            error = RemoteConnectionError(
+                f"the jaxmesh env server at {session.address} sent nothing for "
+                f"{now - since:.1f} s while owing a reply: past the default reply "
+                f"timeout of {limit:.1f} s ({backend.AUTO_FACTOR:g}x the slowest "
+                f"reply of this run, {self.slowest:.3f} s, and at least "
+                f"{backend.AUTO_FLOOR_SECONDS:g} s); pass reply_timeout= to set "
+                "it, or None to wait",
+                address=session.address,
+                code="DEADLINE_EXCEEDED",
+            )
+            self.lose_server(s, error)  # False: the last server; it may answer
+
+    def _oldest_in_flight(self) -> int:
+        """The server whose oldest call in flight was sent first."""
+        waiting = [(q[0][1], s) for s, q in enumerate(self.inflight) if q]
+        return min(waiting)[1]
+
+    def lose_server(self, s: int, exc: BaseException) -> bool:
+        """Drops server ``s`` after ``exc`` when the run may go on: its lanes
+        are gone and the episodes they had not finished run again, from their
+        seeds, on the lanes that remain (``HostLoop.lose_lanes``). False (the
+        caller raises) under ``on_server_loss="raise"`` or with no other server
+        left."""
+        sessions = self.lanes.sessions
+        left = [t for t in range(len(sessions)) if t != s and t not in self.lost]
+        if self.lanes.on_server_loss != "rerun" or not left:
+            return False
+        self.lost.add(s)
+        js = np.flatnonzero(self.server == s)
+        self.epoch[js] += 1  # whatever is queued or in flight for them is void
+        self.ready[js] = self.waiting[js] = False
+        for j in js.tolist():
+            self.resets.pop(j, None)
+        self.released = [j for j in self.released if self.server[j] != s]
+        self.dropped(list(self.inflight[s]))
+        self.inflight[s].clear()
+        sessions[s].close()
+        episodes = self.lose_lanes(js)
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        loss = {
+            "event": "lost",
+            "server": sessions[s].address,
+            "at_seconds": self._now(),
+            "error": first_line,
+            "lanes": int(js.size),
+            "episodes_rerun": len(episodes),
+            "rejoined_at_seconds": None,
+        }
+        self.episodes_out.run_fields.setdefault("server_losses", []).append(loss)
+        self.tel.add("server_lost", 1)
+        stream.call(self.episodes_out.hooks, "on_fault", dict(loss))
+        thread = threading.Thread(target=self._reconnect, args=(s,), daemon=True)
+        self.rejoin_threads.append(thread)
+        thread.start()
+        return True
+
+    def _now(self) -> float:
+        return round(time.perf_counter() - self.t_start, 6)
+
+    def _reconnect(self, s: int) -> None:
+        """Tries server ``s`` again with backoff (``REJOIN_DELAYS``), for at
+        most ``REJOIN_SECONDS``; a session that opens goes to ``rejoins``."""
+        end = time.monotonic() + REJOIN_SECONDS
+        for delay in REJOIN_DELAYS:
+            if self.stop_rejoining.wait(delay) or time.monotonic() > end:
+                return
+            try:
+                session = self.lanes.reconnect(s, REJOIN_CONNECT_SECONDS)
+            except Exception:  # not back yet, or something else now
+                continue
+            if self.stop_rejoining.is_set():
+                session.close()
+                return
+            self.rejoins.put((s, session))
+            return
+
+    def take_rejoins(self) -> None:
+        """Servers that came back take their lanes again: those lanes start the
+        episodes to run again, else the next unstarted ones."""
+        while True:
+            try:
+                s, session = self.rejoins.get_nowait()
+            except queue.Empty:
+                return
+            self.lanes.sessions[s] = session
+            session.open(
+                replies=self.replies,
+                tag=s,
+                reader=True,
+                observation_keys=self.obs_keys,
+            )
+            self.lockstep[s] = session.lockstep
+            self.tel.add("transport_shm", session.transport == "shm")
+            self.lost.discard(s)
+            js = np.flatnonzero(self.server == s)
+            self.dead[js] = False
+            self.capped[js] = False
+            self.epoch[js] += 1
+            at = self._now()
+            for loss in reversed(self.episodes_out.run_fields["server_losses"]):
+                if loss["server"] == session.address:
+                    loss["rejoined_at_seconds"] = at
+                    break
+            self.tel.add("server_rejoined", 1)
+            event = {"event": "rejoined", "server": session.address, "at_seconds": at}
+            stream.call(self.episodes_out.hooks, "on_fault", event)
+            free = np.zeros(self.n, bool)
+            free[js] = True
+            self.take_next(free)
+
+    def stop_rejoins(self) -> None:
+        """Ends the reconnect attempts; closes sessions never taken."""
+        self.stop_rejoining.set()
+        for thread in self.rejoin_threads:
+            thread.join(REJOIN_CONNECT_SECONDS + 1.0)
+        while True:
+            try:
+                _, session = self.rejoins.get_nowait()
+            except queue.Empty:
+                return
+            session.close()
+
+    def dropped(self, calls: list) -> None:
+        """Calls in flight to a lost server (``(tag, sent_at)``), never to be
+        answered."""

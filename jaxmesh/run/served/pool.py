@@ -1,0 +1,202 @@
+"""The served lanes: ``ServedLanes`` (one session on each env server, the
+run's lanes dealt over them, their lane groups, a reconnect to a lost server)
+and ``default_lane_groups``.
+
+The run (``pace._Run``) reads it as ``self.lanes``; it imports no other
+module of this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxmesh.envs.gymnasium.spec import spec_for
+from jaxmesh.errors import RemoteError
+from jaxmesh.remote import codec
+from jaxmesh.remote.session import Session
+from jaxmesh.run import backend
+
+#: Lanes from which a served run splits its lanes in two groups by default.
+GROUPS_FROM_LANES = 8
+
+
+def default_lane_groups(num_lanes: int) -> int:
+    """Lane groups when the caller gives none: 2 from ``GROUPS_FROM_LANES``
+    lanes on, else 1.
+
+    Served, measured on a 2-core machine with the client and the server on it,
+    in paired runs (docs/remote.md, "Lane groups"): on 16 HalfCheetah lanes two
+    groups beat one in every pair, 1.07-1.38x at h = 1 and 1.09-1.24x at h = 8
+    (the device plans for one group while the server steps the other); on 64
+    CartPole lanes 1.07-1.16x in four pairs of five, 0.90x in one. Four groups
+    were slower. Few lanes gain nothing, and one lane cannot be split.
+    """
+    return 2 if num_lanes >= GROUPS_FROM_LANES else 1
+
+
+class ServedLanes:
+    """Lanes spread over one or more env servers, one session on each.
+
+    Global lane j is lane ``local[j]`` of server ``server[j]``; lanes are dealt
+    round-robin over the servers (so N lanes load S servers evenly).
+
+    Args:
+      addresses: the servers (``"grpc://host:port"``).
+      num_envs: lanes asked for; the run uses at most the servers' lanes.
+      token, connect_timeout: see ``Connection``.
+      reply_timeout: seconds a reply may take (see ``Connection``), or
+        ``"auto"``: over several servers with ``on_server_loss="rerun"``, a
+        server that owes a reply and sends nothing for ``AUTO_FACTOR`` times
+        the slowest reply of the run, at least ``AUTO_FLOOR_SECONDS``, is
+        dropped (``_Run.drop_hung``); with one server, no limit.
+      on_server_loss: ``"rerun"``: a server that dies or stops answering is
+        dropped and its unfinished episodes run again on the other servers'
+        lanes (the run raises when none is left); ``"raise"``: the run raises.
+      transport: ``"auto"``, ``"grpc"`` or ``"shm"``: how each session's calls
+        travel (``jaxmesh.remote.session.TRANSPORTS``).
+
+    Raises:
+      jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
+      TypeError: servers with different spaces, or a space jaxmesh does not read.
+    """
+
+    def __init__(
+        self,
+        addresses: list[str],
+        num_envs: int,
+        *,
+        token: str | None = None,
+        connect_timeout: float = 10.0,
+        reply_timeout: float | str | None = None,
+        credentials: Any = None,
+        on_server_loss: str = "rerun",
+        transport: str = "auto",
+    ):
+        from jaxmesh.remote import spaces
+
+        #: What a run does when a server dies or stops answering (``_Run``).
+        self.on_server_loss = on_server_loss
+
+        self.addresses = list(addresses)
+        #: Whether a hung server is dropped by the default rule (``"auto"``).
+        self.auto_timeout = (
+            reply_timeout == backend.AUTO
+            and len(self.addresses) > 1
+            and on_server_loss == "rerun"
+        )
+        if reply_timeout == backend.AUTO:
+            reply_timeout = None
+        self._connect = {
+            "token": token,
+            "connect_timeout": connect_timeout,
+            "reply_timeout": reply_timeout,
+            "credentials": credentials,
+            "transport": transport,
+        }
+        self.sessions: list[Session] = []
+        try:
+            for a in addresses:
+                self.sessions.append(Session(a, **self._connect))
+        except BaseException:
+            self.close()
+            raise
+        first = self.sessions[0].info
+        for c in self.sessions[1:]:
+            for field in ("observation", "action"):
+                if getattr(c.info, field) != getattr(first, field):
+                    self.close()
+                    raise TypeError(
+                        f"the server at {c.address} declares the {field} space "
+                        f"{getattr(c.info, field)}, the one at {first.address} "
+                        f"{getattr(first, field)}; every server of a run must serve "
+                        "the same env"
+                    )
+        try:
+            self.observation_space = spaces.observation_space(first.observation)
+            self.action_space = spaces.leaf_space(first.action)
+        except codec.ProtocolError as exc:
+            self.close()
+            raise RemoteError(
+                f"the jaxmesh env server at {first.address} declared spaces this "
+                f"client cannot rebuild: {exc}; upgrade the older side",
+                address=first.address,
+            ) from None
+        where = f"served env at {first.address}"
+        self.spec = spec_for(
+            first.env_name,
+            self.observation_space,
+            self.action_space,
+            where,
+            first.dt,
+        )
+        # Lanes dealt round-robin over the servers.
+        self.server: list[int] = []
+        self.local: list[int] = []
+        taken = [0] * len(self.sessions)
+        while len(self.server) < num_envs:
+            grew = False
+            for s, c in enumerate(self.sessions):
+                if taken[s] < c.info.num_lanes and len(self.server) < num_envs:
+                    self.server.append(s)
+                    self.local.append(taken[s])
+                    taken[s] += 1
+                    grew = True
+            if not grew:
+                break
+        self.num_lanes = len(self.server)
+        #: Lane groups for the run (set by ``group``).
+        self.lane_groups = 1
+
+    def group(self, settings: Any, lane_groups: int | None) -> int | None:
+        """Sets the run's lane groups; the lanes the default plan tile is sized
+        for (None: all of the run's lanes).
+
+        None: ``default_lane_groups``. A lockstep server steps every lane in
+        every call, so its lanes form one group. Without a ``plan_tile``, the
+        tile of asked-for groups is the default for one group's lanes (a group
+        plans alone, and a tile sized for all N lanes would compute rows for
+        nothing); default groups keep the tile of all N lanes; the run's
+        plan (``jaxmesh.run.plan.plan_run``) sizes it for the effective
+        horizon, once the policy's chunk length is known.
+        """
+        n = min(settings.num_envs, self.num_lanes)
+        asked = lane_groups is not None
+        if not asked:
+            lane_groups = default_lane_groups(n)
+        if any(c.lockstep for c in self.sessions):
+            lane_groups = 1
+        self.lane_groups = max(1, min(lane_groups, n))
+        # Default groups keep the tile of all N lanes, so that a run's results
+        # are those of one group bit for bit (a tile's size can change a row's
+        # rounding); asked-for groups plan in a tile sized for one group.
+        if self.lane_groups > 1 and asked and settings.plan_tile is None:
+            return -(-n // self.lane_groups)
+        return None
+
+    def reconnect(self, s: int, connect_timeout: float) -> Session:
+        """A new session with server ``s`` (at its first address), checked to
+        serve the same spaces, at least the lanes the run gave it, and every
+        step's info when the lost one did (``Session.info_every_step``).
+
+        Raises:
+          jaxmesh.RemoteError: it cannot be reached; ValueError: it serves
+            something else now.
+        """
+        kw = {**self._connect, "connect_timeout": connect_timeout}
+        session = Session(self.addresses[s], **kw)
+        old, new = self.sessions[s].info, session.info
+        used = sum(1 for x in self.server if x == s)
+        same = all(
+            getattr(new, f) == getattr(old, f) for f in ("observation", "action")
+        ) and (session.info_every_step or not self.sessions[s].info_every_step)
+        if not same or new.num_lanes < used:
+            session.close()
+            raise ValueError(
+                f"the server back at {self.addresses[s]} serves other spaces, "
+                f"fewer than {used} lanes or an older protocol; it is not rejoined"
+            )
+        return session
+
+    def close(self) -> None:
+        for c in self.sessions:
+            c.close()
