@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxmesh.adapt import WHOLE_OBS, PendingChunk, State, Text
-from jaxmesh.core import tiles
+from jaxmesh.core import replay, tiles
 from jaxmesh.core.policy import Policy
 from jaxmesh.execution import lane_weights
 
@@ -467,7 +467,7 @@ def act(
         return _executed(cfg, state, active, action), action
     h, lead = cfg.horizon, cfg.lead
     hl, dl, lead_l = _replay_setting(cfg, state)
-    exhausted = active & (state.cursor >= hl)
+    exhausted = active & replay.exhausted(state.cursor, hl)
     if lead == 0:
         sync = exhausted
         chunk = state.chunk
@@ -494,7 +494,7 @@ def act(
         # A lead plans the next chunk at cursor h - lead and plays it from its
         # first action; a delay d plans it at cursor h - d and plays actions
         # d .. d+h-1 (the first d were meant for steps already executed).
-        pre = active & (lead_l > 0) & (cursor == hl - lead_l)
+        pre = active & replay.prefetch_due(cursor, hl, lead_l)
         keys = _plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
 
         def late(buf, idx, out):
@@ -514,12 +514,9 @@ def act(
         )
         rows = rows + pre_rows
         calls = calls + pre
+    at = replay.play_index(cursor, hl, jnp)
     action = jnp.take_along_axis(
-        chunk,
-        jnp.reshape(
-            jnp.minimum(cursor, hl - 1), (-1, 1) + (1,) * len(cfg.action_shape)
-        ),
-        1,
+        chunk, jnp.reshape(at, (-1, 1) + (1,) * len(cfg.action_shape)), 1
     )[:, 0]
     state = state.replace(
         chunk=chunk,
@@ -672,10 +669,9 @@ def due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
     the config's."""
     if h is None:
         h, lead = cfg.horizon, cfg.lead
-    exhausted = cursor >= h
     if not cfg.lead:
-        return exhausted
-    return exhausted | ((lead > 0) & (cursor == h - lead))
+        return replay.exhausted(cursor, h)
+    return replay.due(cursor, h, lead)
 
 
 def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:

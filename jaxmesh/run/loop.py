@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import agent, rules
+from jaxmesh.core import agent, replay, rules
 from jaxmesh.core import results as core_results
 from jaxmesh.envs.gymnasium.lanes import where_raised
 from jaxmesh.errors import EnvError, RemoteEnvError, WorkerError, describe_env_error
@@ -331,7 +331,7 @@ class HostLoop:
         the other lanes)."""
         actions = np.zeros_like(self.step_action)
         h = self.cfg.horizon
-        actions[js] = self.chunk[js, np.minimum(self.cursor[js], h - 1)]
+        actions[js] = self.chunk[js, replay.play_index(self.cursor[js], h, np)]
         self.cursor[js] += 1
         self.skip[js] += 1
         return actions
