@@ -46,7 +46,8 @@ Workload B (heavy sim): ``busyenv.BusyEnv`` burns ~3 ms of pure-Python CPU per
 step (a busy loop calibrated at start) and returns a Dict observation
 {"image": uint8 64x64x3, "state": float32 [8]}; 8 lanes, 30-step episodes;
 the policy reads ``obs["state"]`` and returns a 2-dim float action. The hand
-loop (one process) against jaxmesh ``workers=0``, ``workers=2`` and default,
+loop (one process) against jaxmesh ``workers=0``, ``workers=2``, default and
+``workers=4`` (more workers than cores),
 each given a picklable factory (``functools.partial(busyenv.BusyEnv,
 loops=...)``) as its env. The env lives in a module of its own that imports no
 JAX, as a simulator's does: each worker imports its factory's module, and
@@ -116,6 +117,7 @@ SV1, SV8 = "jaxmesh served, h = 1", f"jaxmesh served, h = {K}"
 SVG = 'jaxmesh served transport="grpc", h = 1'
 B_HAND, B_W0 = "hand loop (one process)", "jaxmesh workers=0"
 B_W2, B_DEF = "jaxmesh workers=2", "jaxmesh default (no workers=)"
+B_W4 = "jaxmesh workers=4 (more workers than cores)"
 C_IN, C_SV = "jaxmesh in process", "jaxmesh served (same host)"
 EP_NOTE = "seeds per lane, not per episode; not the same episodes"
 
@@ -692,6 +694,7 @@ def workload_b(args, loops: int) -> list[str]:
         B_W0: (lambda: jaxmesh_run(policy, factory, n, seeds, cap, workers=0), feats),
         B_W2: (lambda: jaxmesh_run(policy, factory, n, seeds, cap, workers=2), feats),
         B_DEF: (lambda: jaxmesh_run(policy, factory, n, seeds, cap), feats),
+        B_W4: (lambda: jaxmesh_run(policy, factory, n, seeds, cap, workers=4), feats),
     }
     print(
         f"\n### B: {n} lanes of a {steps_ms:g} ms pure-Python sim ({loops:,} loops), "
@@ -717,7 +720,7 @@ def workload_b(args, loops: int) -> list[str]:
         paired(med, B_W2, B_HAND),
         1.9,
     )
-    for name in (B_W0, B_DEF):
+    for name in (B_W0, B_DEF, B_W4):
         r = paired(med, name, B_HAND)
         if r is not None:
             out.append(f"result: hostsim: B: {name} over the hand loop: {r:.3g}x")
