@@ -4,9 +4,10 @@ segments (``queue_segments``), its flush into one call per rank per server
 (``_call``: encode, send, keep its tag in flight for the reply).
 
 It is a mixin of ``pace._Run``, not a collaborator: its methods read and
-write the run's per-lane state (epochs, rings, queues, sessions), which
-``_Run.__init__`` sets and the other mixins share; splitting that state
-would change what each step sees.
+write the run's one per-lane state (epochs, ring buffers, queues, calls in
+flight), which ``_Run.__init__`` sets and the other mixins share; a
+collaborator would need that state handed over or split apart, changing the
+code that reads it rather than moving it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ lanes, step results into each lane's ring buffer, checked against the call's
 tag), the info rows a reply carries and its telemetry.
 
 It is a mixin of ``pace._Run``, not a collaborator: its methods read and
-write the run's per-lane state (epochs, rings, queues, sessions), which
-``_Run.__init__`` sets and the other mixins share; splitting that state
-would change what each step sees. A server that fails while a reply is
+write the run's one per-lane state (epochs, ring buffers, queues, calls in
+flight), which ``_Run.__init__`` sets and the other mixins share; a
+collaborator would need that state handed over or split apart, changing the
+code that reads it rather than moving it. A server that fails while a reply is
 awaited is handed to ``loss.py`` (``lose_server``).
 """
 
