@@ -260,6 +260,8 @@ class Connection:
         # When a reply (or the stream's end) last came in, or the session
         # opened: close() waits for a server only while it answers.
         self._progress = self._last_send = time.monotonic()
+        #: ``time.perf_counter()`` when the last request was handed to gRPC.
+        self.sent_at = 0.0
         self._sent = self._received = 0  # requests queued, replies read
         # When each request not answered yet was queued (``owed_since``).
         self._owed: collections.deque = collections.deque()
@@ -411,6 +413,7 @@ class Connection:
         """
         size = request.ByteSize()
         codec.check_size(size, self.max_message_bytes, "step request")
+        self.sent_at = time.perf_counter()  # the server can start from here on
         self._requests.put(request)
         self._sent += 1
         self._last_send = time.monotonic()

@@ -385,6 +385,12 @@ class Session:
             batch, arrived, decoded_at, reply.server_step_seconds, reply.ByteSize()
         )
 
+    @property
+    def sent_at(self) -> float:
+        """``time.perf_counter()`` when the last call's bytes began to go out:
+        the server cannot have started on it before."""
+        return self.stream.sent_at
+
     def owed_since(self) -> float | None:
         """Since when the server has sent nothing while owing a reply
         (``time.monotonic``; None: it owes none)."""

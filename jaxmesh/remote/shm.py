@@ -435,6 +435,8 @@ class ShmStream:
         self._sent = self._read = 0
         self._owed: collections.deque = collections.deque()
         self._progress = self._last_send = time.monotonic()
+        #: ``time.perf_counter()`` when the last request began to go out.
+        self.sent_at = 0.0
         self._ending = False  # close() shut our side: the server's end is due
         self._closing = False
         self._broken = False
@@ -597,6 +599,7 @@ class ShmStream:
         self._sent += 1
         self._last_send = time.monotonic()
         self._owed.append(self._last_send)
+        self.sent_at = time.perf_counter()  # the server can start from here on
         if not self._broken:
             try:
                 send_frame(self.sock, kind, data)

@@ -156,7 +156,9 @@ class _Calls:
             info_keys=self.info_keys,
             info_every_step=self.info_every_step,
         )
-        now = time.perf_counter()
+        # The call starts when its bytes go out (the server may start at once,
+        # before send returns): its span holds the server's step.
+        now = session.sent_at
         self.tel.span(
             "encode",
             t0,
