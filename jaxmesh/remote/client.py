@@ -172,6 +172,19 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     )
 
 
+def pump(take: Callable[[], Any], put: Callable[[Any], None]) -> None:
+    """A reader thread's loop: hands each item ``take`` returns (a reply, or
+    the exception that ends the stream) to ``put``, until None (closed) or an
+    exception."""
+    while True:
+        item = take()
+        if item is None:
+            return
+        put(item)
+        if isinstance(item, BaseException):
+            return
+
+
 class ServerInfo(NamedTuple):
     """What the handshake told: the env's spaces, lanes and options."""
 
@@ -356,8 +369,8 @@ class Connection:
             return
         sink = self._replies if replies is None else replies
         self._reader = threading.Thread(
-            target=self._read,
-            args=(lambda item: sink.put((tag, item)),),
+            target=pump,
+            args=(self._next, lambda item: sink.put((tag, item))),
             daemon=True,
         )
         self._reader.start()
@@ -392,15 +405,6 @@ class Connection:
         except BaseException as exc:  # handed to the caller in order
             return exc
         return reply, decoded, arrived, time.perf_counter()
-
-    def _read(self, put: Callable) -> None:
-        while True:
-            item = self._next()
-            if item is None:
-                return
-            put(item)
-            if isinstance(item, BaseException):
-                return
 
     def send(self, request: pb.StepRequest) -> int:
         """Queues a request on the stream (never waits for the server).

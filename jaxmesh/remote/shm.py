@@ -54,6 +54,7 @@ import numpy as np
 from jaxmesh.envs.gymnasium.shm import Segment, Slots
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
+from jaxmesh.remote.client import pump
 
 #: Ring slots of observation rows: calls a client may have in flight before it
 #: waits for the oldest reply to be read.
@@ -469,8 +470,8 @@ class ShmStream:
             return
         sink = self._replies if replies is None else replies
         self._reader = threading.Thread(
-            target=self._read_loop,
-            args=(lambda item: sink.put((tag, item)),),
+            target=pump,
+            args=(self._next, lambda item: sink.put((tag, item))),
             name="jaxmesh-shm-reader",
             daemon=True,
         )
@@ -549,15 +550,6 @@ class ShmStream:
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
-
-    def _read_loop(self, put: Callable) -> None:
-        while True:
-            item = self._next()
-            if item is None:
-                return
-            put(item)
-            if isinstance(item, BaseException):
-                return
 
     def send(self, request: Any) -> int:
         """Sends a request (waits only while ``RING`` replies are unread).
