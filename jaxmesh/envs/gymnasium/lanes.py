@@ -545,12 +545,14 @@ class Lanes:
         """
         return self.layout.leaves(value, lane)
 
-    def observations(self, values: Sequence, lanes: Any) -> dict[str, np.ndarray]:
+    def observations(
+        self, values: Sequence, lanes: Any, out: dict | None = None
+    ) -> dict[str, np.ndarray]:
         """The observations of ``lanes`` (a list, or a slice from 0) stacked per
         leaf, checked as :meth:`observation` checks one (one numpy call per leaf
-        in the usual case)."""
+        in the usual case); into ``out`` (``ObsLayout.stack``) where given."""
         where = range(len(values)) if isinstance(lanes, slice) else lanes
-        return self.layout.stack(values, where)
+        return self.layout.stack(values, where, out)
 
     def _past_deadline(self, lane: int) -> bool:
         deadline = self.deadline[lane]

@@ -147,28 +147,40 @@ class ObsLayout:
             out[name] = arr
         return out
 
-    def stack(self, values: list, lanes: list[int] | range) -> dict[str, np.ndarray]:
-        """Several lanes' observations as ``{name: array [m, ...]}``."""
-        out = {}
+    def stack(
+        self,
+        values: list,
+        lanes: list[int] | range,
+        out: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Several lanes' observations as ``{name: array [m, ...]}``.
+
+        ``out``: per name, an array ``[m, ...]`` of the layout's dtype (a view
+        of a larger buffer) to stack the rows into, so that they are copied
+        once (the rows given are converted as ``np.asarray`` converts them).
+        A bad observation may leave ``out`` part written before the error.
+        """
+        got = {}
         for name in self.names:
+            dtype = self.dtypes[name]
+            if self.whole:
+                rows = values
+            else:
+                rows = [
+                    self._raw(v, name, j) for v, j in zip(values, lanes, strict=True)
+                ]
             try:
-                if self.whole:
-                    arr = np.asarray(values, self.dtypes[name])
+                if out is None:
+                    arr = np.asarray(rows, dtype)
                 else:
-                    arr = np.asarray(
-                        [
-                            self._raw(v, name, j)
-                            for v, j in zip(values, lanes, strict=True)
-                        ],
-                        self.dtypes[name],
-                    )
+                    arr = np.stack(rows, out=out[name], casting="unsafe")
             except (TypeError, ValueError):  # ragged or not numbers: name the lane
                 arr = None
             if arr is None or arr.shape[1:] != self.shapes[name]:
                 for v, j in zip(values, lanes, strict=True):
                     self.leaves(v, j)
-            out[name] = arr
-        return out
+            got[name] = arr
+        return got
 
     def row(self, batched: Any, j: int) -> Any:
         """Lane ``j``'s observation of a vector env's batched observation."""

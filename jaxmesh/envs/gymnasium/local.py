@@ -291,8 +291,12 @@ class EnvLanes(_Lanes):
         if not out:
             return reward, term, trunc
         o, r, te, tr, infos = zip(*out, strict=True)
-        for name, rows in shared.observations(o, lanes).items():
-            obs[name][lanes] = rows
+        if isinstance(lanes, slice):  # rows 0 .. m-1: stacked in place, one copy
+            m = len(o)
+            shared.observations(o, lanes, {k: obs[k][:m] for k in shared.layout.names})
+        else:
+            for name, rows in shared.observations(o, lanes).items():
+                obs[name][lanes] = rows
         reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         if any(te) or any(tr):  # the shared lanes' state: these episodes ended
             shared.ended[:n] |= term | trunc
