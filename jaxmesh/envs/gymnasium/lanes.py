@@ -521,6 +521,11 @@ class Lanes:
         # perf_counter() past which an episode is truncated; None: no cap. A
         # list, not an array: the replay loop reads it once per step.
         self.deadline: list[float | None] = [None] * n
+        #: Buffers ``{leaf: [>= m, ...]}`` that ``step_each`` stacks its
+        #: observation rows into (rows 0 .. m-1, its batch's leaves then views
+        #: of them), where a leaf's dtype and row shape match; None: new arrays.
+        #: A same-host server points it at the ring slot of the reply.
+        self.obs_into: dict[str, np.ndarray] | None = None
 
     # Lane state -------------------------------------------------------------------
     def forget(self) -> None:
@@ -920,7 +925,7 @@ class ListLanes(Lanes):
         out = self.step_envs(lane_list, actions.tolist() if self.discrete else actions)
         o, r, te, tr, infos = zip(*out, strict=True)
         try:
-            obs = self.observations(o, lane_list)
+            obs = self.observations(o, lane_list, self._into(len(lane_list)))
         except Exception as exc:
             lane = _first_bad(self, o, lane_list)
             raise LaneError(lane, "stepping", exc) from exc
@@ -939,6 +944,22 @@ class ListLanes(Lanes):
             info,
             present,
         )
+
+    def _into(self, m: int) -> dict[str, np.ndarray] | None:
+        """The first ``m`` rows of the ``obs_into`` buffers that fit the
+        layout's leaves (None: none)."""
+        if not self.obs_into:
+            return None
+        layout, out = self.layout, {}
+        for name, buf in self.obs_into.items():
+            if (
+                name in layout.dtypes
+                and buf.dtype == layout.dtypes[name]
+                and buf.shape[1:] == layout.shapes[name]
+                and buf.shape[0] >= m
+            ):
+                out[name] = buf[:m]
+        return out or None
 
     # Ops -----------------------------------------------------------------------
     def _reset(self, op: Reset, want_obs: bool, info_keys: tuple) -> LaneResult:

@@ -155,10 +155,11 @@ class ObsLayout:
     ) -> dict[str, np.ndarray]:
         """Several lanes' observations as ``{name: array [m, ...]}``.
 
-        ``out``: per name, an array ``[m, ...]`` of the layout's dtype (a view
-        of a larger buffer) to stack the rows into, so that they are copied
-        once (the rows given are converted as ``np.asarray`` converts them).
-        A bad observation may leave ``out`` part written before the error.
+        ``out``: for some names, an array ``[m, ...]`` of the layout's dtype
+        (a view of a larger buffer) to stack the rows into, so that they are
+        copied once (the rows given are converted as ``np.asarray`` converts
+        them); the other names get new arrays. A bad observation may leave
+        ``out`` part written before the error.
         """
         got = {}
         for name in self.names:
@@ -170,10 +171,11 @@ class ObsLayout:
                     self._raw(v, name, j) for v, j in zip(values, lanes, strict=True)
                 ]
             try:
-                if out is None:
+                into = None if out is None else out.get(name)
+                if into is None:
                     arr = np.asarray(rows, dtype)
                 else:
-                    arr = np.stack(rows, out=out[name], casting="unsafe")
+                    arr = np.stack(rows, out=into, casting="unsafe")
             except (TypeError, ValueError):  # ragged or not numbers: name the lane
                 arr = None
             if arr is None or arr.shape[1:] != self.shapes[name]:
