@@ -103,8 +103,9 @@ class HostLoop:
         self.keys_device: Any = None
         #: Each lane's last observation as named leaves ``[N, ...]``; ``obs``
         #: holds the same arrays in the observation's own structure, and
-        #: ``agent_obs`` those the policy reads (what the agent step is given).
-        self.obs_leaves = spec.layout.empty((n,))
+        #: ``agent_obs`` those the policy reads (what the agent step is given;
+        #: aligned, so a CPU device reads them in place instead of copying).
+        self.obs_leaves = spec.layout.empty((n,), aligned=True)
         self.obs = spec.layout.build(self.obs_leaves)
         self.agent_obs = program.layout.build(self.obs_leaves)
         #: The action each lane executes at its current step (the hooks read it).
@@ -547,7 +548,12 @@ class LocalRun(HostLoop):
                 actions = self.replayed(np.flatnonzero(self.active))
                 t_env = t_predict
             else:
-                device = self.agent_step(self.started, self.active, None)
+                # moved = active, not None (every lane): the same actions (a
+                # lane not active plans nothing, and begin re-fills its windows
+                # when it starts), and XLA on a CPU pushes the frame into the
+                # windows in one fused pass where it copies an unmasked one
+                # (a third less time per step with 2.4 MB of images).
+                device = self.agent_step(self.started, self.active, self.active)
                 actions, _ = self.read_actions(device)
                 t_env = time.perf_counter()
                 tel.span("predict", t_predict, t_env, "lanes")

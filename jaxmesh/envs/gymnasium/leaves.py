@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ObsLayout", "leaf_name"]
+__all__ = ["ObsLayout", "aligned_zeros", "leaf_name"]
 
 #: A single-array observation's leaf name (the wire's ``OBS_KEY``).
 WHOLE = ""
@@ -196,9 +196,13 @@ class ObsLayout:
         tuples) holding ``leaves[name]`` at each leaf."""
         return _fill(self.skeleton, leaves)
 
-    def empty(self, lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
-        """Zero leaves with leading axes ``lead``."""
-        return {n: np.zeros(lead + self.shapes[n], self.dtypes[n]) for n in self.names}
+    def empty(
+        self, lead: tuple[int, ...] = (), aligned: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Zero leaves with leading axes ``lead``; ``aligned``: each starts on
+        a 64-byte boundary (``aligned_zeros``)."""
+        zeros = aligned_zeros if aligned else np.zeros
+        return {n: zeros(lead + self.shapes[n], self.dtypes[n]) for n in self.names}
 
     def nbytes(self) -> int:
         """Bytes of one lane's observation (every leaf)."""
@@ -206,6 +210,25 @@ class ObsLayout:
             int(np.prod(self.shapes[n], dtype=np.int64)) * self.dtypes[n].itemsize
             for n in self.names
         )
+
+
+#: The alignment of ``aligned_zeros``: XLA's CPU client reads a jit argument
+#: that starts on such a boundary in place, and copies one that does not.
+ALIGN = 64
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` starting on an ``ALIGN``-byte boundary.
+
+    numpy's own large arrays start 16 bytes past a page, so on a CPU device
+    every jitted call that takes one copies it first (2.4 MB of camera images
+    per step: a third of a millisecond); an aligned batch goes in without it.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _fill(skeleton: Any, leaves: Mapping[str, Any]) -> Any:
