@@ -127,8 +127,9 @@ class _Replies:
             self.rb_reward[gl, pos] = b.rewards[live]
             self.rb_term[gl, pos] = b.terminated[live]
             self.rb_trunc[gl, pos] = b.truncated[live]
-            for key, x in b.observation.items():
-                self.rb_obs[key][gl, pos] = x[live]
+            every = bool(live.all())  # the usual reply: no row to mask out
+            for key, x in b.observation.items():  # an image row copied once
+                self.rb_obs[key][gl, pos] = x if every else x[live]
             self.rb_has_obs[gl, pos] = True
             if self.info_keys:
                 info = self.info_rows(b)
