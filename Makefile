@@ -31,7 +31,7 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -rs -m "not slow"
 
 # The tests marked slow, left out of make test: a Menagerie robot's minutes of
 # MJX compile on 2 cores (tests/test_playground_menagerie.py).
