@@ -235,6 +235,26 @@ def test_per_step_lane_groups_give_the_same_results(cartpoles, groups):
     assert got.plan_tile == 8  # one group's default tile (8 rows at least)
 
 
+def test_per_step_lane_groups_with_windows_and_keys_match_one_group(cartpoles):
+    """h = 1 in two lane groups taking turns: a stochastic policy over a
+    3-frame window and the previous action gives the plain loop's episodes,
+    and one group's bit for bit, while lanes run several episodes each."""
+    model = jaxmesh.Model(stacked, spec=SPEC)
+    kw = dict(num_envs=4, horizon=1, seeds=SEEDS)
+    two = jaxmesh.evaluate(model, cartpoles, lane_groups=2, **kw)
+    one = jaxmesh.evaluate(model, cartpoles, lane_groups=1, **kw)
+    refs = plain_loop(
+        gym.make(ID), jax.jit(stacked), SEEDS, horizon=1, inputs=stacked_inputs
+    )
+    assert len({r.length for r in refs}) > 3
+    check_served(two, refs, 4)
+    np.testing.assert_array_equal(two.returns, one.returns)
+    np.testing.assert_array_equal(two.lengths, one.lengths)
+    np.testing.assert_array_equal(two.predict_calls, one.predict_calls)
+    # Two groups take turns: more agent steps than one group's.
+    assert two.telemetry["predict"]["count"] > one.telemetry["predict"]["count"]
+
+
 def test_per_step_lane_groups_over_two_servers():
     """Replies of two servers and two groups come in any order; same episodes."""
     with served([gym.make(ID) for _ in range(5)]) as a:
