@@ -48,13 +48,13 @@ import numpy as np
 from mlp import ACT_DIM, act
 
 import jaxmesh
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.core import tiles
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.run import agent as run_agent
 from jaxmesh.run import checks
 from jaxmesh.run import host as run_host
+from jaxmesh.run import host_agent as run_agent
 from jaxmesh.run.loop import HostLoop
 
 

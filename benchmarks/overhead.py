@@ -57,7 +57,7 @@ from common import (
 )
 
 import jaxmesh
-from jaxmesh.record import Record
+from jaxmesh.results.record import Record
 
 ENV_ID = "CartPole-v1"
 

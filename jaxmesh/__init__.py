@@ -4,7 +4,7 @@ from jaxmesh import adapt, flax_models
 from jaxmesh._version import __version__ as __version__
 from jaxmesh.cache import enable_compile_cache
 from jaxmesh.checkpoint import load_params, save_params
-from jaxmesh.core.results import Results
+from jaxmesh.core.tally import Results
 from jaxmesh.envs import make_env
 from jaxmesh.envs.check import SeedReport, check_seeds
 from jaxmesh.errors import (
@@ -18,17 +18,17 @@ from jaxmesh.execution import Ensemble
 from jaxmesh.explain import check_frame_limit, explain
 from jaxmesh.model import Model, build_model
 from jaxmesh.params import Param, ParamError
-from jaxmesh.record import Record, Trajectory
-from jaxmesh.run.agent import Agent, make_agent
+from jaxmesh.results.record import Record, Trajectory
+from jaxmesh.results.result import EpisodeResult, RunResult, StepEvent
+from jaxmesh.results.stats import Comparison
+from jaxmesh.results.video import render
+from jaxmesh.run.host_agent import Agent, make_agent
 from jaxmesh.run.pure import make_evaluator
-from jaxmesh.run.results import EpisodeResult, RunResult, StepEvent
 from jaxmesh.run.resume import EpisodeLog, load_episode_log
 from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
 from jaxmesh.run.sharded import shard_population
-from jaxmesh.stats import Comparison
 from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
 from jaxmesh.sweep import Sweep, sweep
-from jaxmesh.video import render
 
 #: Served-env names, imported on first use (they need the [remote] extra: gRPC).
 _REMOTE = {

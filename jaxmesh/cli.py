@@ -477,7 +477,7 @@ def check_record_config(value: Any) -> Any:
     Raises:
       ConfigError: not a list of episodes nor a mapping of ``Record``'s fields.
     """
-    from jaxmesh.record import Record
+    from jaxmesh.results.record import Record
 
     if isinstance(value, Record):
         return value
@@ -1444,7 +1444,7 @@ def load_sweep_cells(path: Path, identity: dict) -> dict:
       ConfigError: not a cells file, or a sweep of another config (naming the
         key that differs).
     """
-    from jaxmesh.run.results import RunResult
+    from jaxmesh.results.result import RunResult
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -1670,7 +1670,7 @@ def write_videos(
     become relative to ``base`` (the output JSON's folder), where ``jaxmesh
     report`` reads them.
     """
-    from jaxmesh.video import render
+    from jaxmesh.results.video import render
 
     trajectories = result.trajectories or []
     for tr in trajectories:
@@ -1742,7 +1742,7 @@ def write_report_file(result: Any, path: Path, base: Path | None = None) -> None
     Raises:
       ConfigError: the file cannot be written.
     """
-    from jaxmesh.report import write_report, write_suite_report
+    from jaxmesh.results.report import write_report, write_suite_report
     from jaxmesh.suite import SuiteResult
 
     try:
@@ -1845,7 +1845,7 @@ def load_result(path: str | Path) -> Any:
     Raises:
       ConfigError: the file is missing, is not JSON, or is not a result.
     """
-    from jaxmesh.run.results import RunResult
+    from jaxmesh.results.result import RunResult
 
     p = _existing_file(
         path,
@@ -1867,7 +1867,7 @@ def load_result(path: str | Path) -> Any:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from jaxmesh.stats import compare
+    from jaxmesh.results.stats import compare
 
     a, b = load_result(args.a), load_result(args.b)
     try:

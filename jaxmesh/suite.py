@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxmesh import stats as _stats
 from jaxmesh import text
+from jaxmesh.results import stats as _stats
+from jaxmesh.results.result import RunResult
 from jaxmesh.run import checks, stream
-from jaxmesh.run.results import RunResult
 
 __all__ = [
     "Suite",
@@ -744,13 +744,13 @@ class SuiteResult:
 
     def plot(self) -> Any:
         """The per-task figure as a matplotlib ``Figure`` (``jaxmesh.report``)."""
-        from jaxmesh import report
+        from jaxmesh.results import report
 
         return report.suite_plot(self)
 
     def report(self, path: str | Path) -> Path:
         """Writes the suite's HTML report (``jaxmesh.report.write_suite_report``)."""
-        from jaxmesh import report
+        from jaxmesh.results import report
 
         return report.write_suite_report(self, path)
 

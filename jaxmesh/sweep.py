@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxmesh import report as _report
-from jaxmesh import stats as _stats
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.results import report as _report
+from jaxmesh.results import stats as _stats
+from jaxmesh.results.result import RunResult
 from jaxmesh.run import backend, build, checks, instructions
 from jaxmesh.run.plan import (
     UnfitDelay,
@@ -43,7 +44,6 @@ from jaxmesh.run.plan import (
     default_plan_tile,
     effective_horizon,
 )
-from jaxmesh.run.results import RunResult
 from jaxmesh.run.scan import Evaluator
 
 #: ``evaluate`` arguments a sweep does not take, and why.

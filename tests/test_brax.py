@@ -231,7 +231,7 @@ def test_recorded_states_equal_brax_loop(monkeypatch):
     # brax's renderer gets the recorded states; nothing is replayed.
     from brax.io import image
 
-    from jaxmesh import video
+    from jaxmesh.results import video
 
     def no_replay(*args):
         raise AssertionError("a recorded episode's states were replayed")

@@ -21,7 +21,7 @@ from reference_loop import (
 )
 
 import jaxmesh
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.run import checks
 
 ENV = "gymnax:CartPole-v1"

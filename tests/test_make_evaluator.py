@@ -25,7 +25,7 @@ from reference_loop import (
 )
 
 import jaxmesh
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.run.build import default_plan_tile
 
 ENV = gymnax.make("CartPole-v1")

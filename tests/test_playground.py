@@ -29,8 +29,9 @@ import pytest
 pytest.importorskip("mujoco_playground")
 
 import jaxmesh  # noqa: E402
-from jaxmesh import cli, stats  # noqa: E402
+from jaxmesh import cli  # noqa: E402
 from jaxmesh.envs import make_env, playground  # noqa: E402
+from jaxmesh.results import stats  # noqa: E402
 from jaxmesh.zoo import playground_cartpole  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -336,7 +337,7 @@ def test_recorded_states_are_the_runs_own(shipped, shipped_refs):
 
 
 def test_long_episode_is_drawn_from_its_recorded_states(shipped, monkeypatch):
-    from jaxmesh import video
+    from jaxmesh.results import video
 
     _, r = shipped
     tr = r.trajectory(3)
@@ -373,7 +374,7 @@ import numpy as np
 from mujoco import mjx
 
 import jaxmesh
-from jaxmesh import video
+from jaxmesh.results import video
 from jaxmesh.envs import make_env
 
 env = make_env("playground:CartpoleBalance")

@@ -20,9 +20,9 @@ import pytest
 from gym_reference import ID, SEEDS, chunky
 from reference_loop import gymnax_fns, run_episode
 
-from jaxmesh.record import Record, Trajectory
 from jaxmesh.remote.server import EnvServer
-from jaxmesh.run.results import RunResult
+from jaxmesh.results.record import Record, Trajectory
+from jaxmesh.results.result import RunResult
 from jaxmesh.run.scan import Evaluator, evaluate
 
 RECORDED = [1, 4]

@@ -23,11 +23,11 @@ import pytest
 from gym_reference import ID, chunky
 
 from jaxmesh.cli import main
-from jaxmesh.record import Record
 from jaxmesh.remote.server import EnvServer
-from jaxmesh.report import write_report
+from jaxmesh.results.record import Record
+from jaxmesh.results.report import write_report
+from jaxmesh.results.video import episode_frames, render
 from jaxmesh.run.scan import evaluate
-from jaxmesh.video import episode_frames, render
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"

@@ -27,7 +27,7 @@ from matplotlib.patches import Rectangle
 
 from jaxmesh import cli
 from jaxmesh.cli import main
-from jaxmesh.run.results import RunResult
+from jaxmesh.results.result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -260,7 +260,7 @@ def test_import_is_lazy_and_a_missing_matplotlib_names_the_extra(
     monkeypatch, tmp_path, capsys
 ):
     code = (
-        "import sys, jaxmesh, jaxmesh.report, jaxmesh.run.results\n"
+        "import sys, jaxmesh, jaxmesh.results.report, jaxmesh.results.result\n"
         "assert 'matplotlib' not in sys.modules, 'imported on import'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

@@ -23,8 +23,8 @@ from gymnasium import spaces
 from reference_loop import fold, schedule
 
 import jaxmesh
-from jaxmesh.core import results as core_results
 from jaxmesh.core import rules
+from jaxmesh.core import tally as core_results
 
 NO, OUT, NOT_FINITE, REWARD = (
     core_results.NO_FAULT,

@@ -22,7 +22,7 @@ from cli_policies import tilt
 import jaxmesh
 from jaxmesh import cli
 from jaxmesh.remote.server import ServeOptions
-from jaxmesh.report import report_html
+from jaxmesh.results.report import report_html
 
 pytestmark = pytest.mark.timeout(300)
 

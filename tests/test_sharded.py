@@ -21,7 +21,7 @@ from conftest import jupyter_kernel
 from jax.sharding import Mesh
 
 import jaxmesh
-from jaxmesh.core.results import Fault, Results
+from jaxmesh.core.tally import Fault, Results
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.run import sharded
 

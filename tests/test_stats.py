@@ -14,9 +14,10 @@ import pytest
 import scipy.stats
 
 import jaxmesh
-from jaxmesh import cli, stats
+from jaxmesh import cli
 from jaxmesh.cli import main
-from jaxmesh.run.results import RunResult
+from jaxmesh.results import stats
+from jaxmesh.results.result import RunResult
 from jaxmesh.zoo import cartpole
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"

@@ -23,9 +23,9 @@ from gymnasium import spaces
 from reference_loop import assert_matches, run_episode
 
 import jaxmesh
-from jaxmesh import stats
 from jaxmesh.cli import main
 from jaxmesh.remote.server import EnvServer
+from jaxmesh.results import stats
 from jaxmesh.suite import SuiteResult
 
 SEEDS = [3, 1, 4, 15, 9]

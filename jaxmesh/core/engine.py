@@ -6,11 +6,11 @@ For all N lanes at once, the engine resets the lanes that start an episode
 accounts episodes (returns, lengths, ends, results written at the episode's
 index), hands the next unstarted episode to lanes that finished (ascending
 lane order), masks lanes with nothing left to start, and checks for bad
-values on the device (``results.Fault``). Episode metrics
+values on the device (``tally.Fault``). Episode metrics
 (``EngineConfig.metrics``) are accumulators in the lane state, reduced on
 every step and written into the results at the episode's end: no host round
 trip. Recorded episodes (``EngineConfig.record_slots``) are written step by
-step into fixed buffers in the results (``results.Recording``), also without
+step into fixed buffers in the results (``tally.Recording``), also without
 a host round trip. Only ``EngineConfig.step_events`` (an ``on_step`` hook)
 adds one: an ordered ``io_callback`` per step that hands the per-lane values
 to the host.
@@ -30,7 +30,7 @@ the seeds from a *window* of them starting at ``Lanes.base``
 past it (``window``, ``window_fits``). It stops
 as soon as the budget is done, a fault is seen, or the log could not hold
 another step's ends; the host then copies the rows written into its own
-arrays, indexed by episode (``results.write``). ``capacity`` is sized by the
+arrays, indexed by episode (``tally.write``). ``capacity`` is sized by the
 lanes, so every budget runs on one program at the same cost per episode.
 ``Engine.run`` runs a whole budget of ``capacity`` seeds in one call, with
 result buffers indexed by episode, and is the pure function behind
@@ -50,7 +50,7 @@ import numpy as np
 from flax import struct
 from jax.experimental import io_callback
 
-from jaxmesh.core import agent, results, rules, tiles
+from jaxmesh.core import agent, rules, tally, tiles
 from jaxmesh.core.policy import Policy
 
 #: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
@@ -96,7 +96,7 @@ class EngineConfig:
     capacity: int
     max_steps: int
     agent: agent.AgentConfig
-    #: ``(info key, reduction)`` pairs kept per episode (``results.REDUCTIONS``).
+    #: ``(info key, reduction)`` pairs kept per episode (``tally.REDUCTIONS``).
     metrics: tuple[tuple[str, str], ...] = ()
     #: The info key that is an episode's success signal (None: none): its
     #: last value (success at the end) and whether any step had it non-zero
@@ -192,7 +192,7 @@ AGENT_GIVEN = ("fresh", "rows", "texts")
 class Carry:
     lanes: Lanes
     agent: agent.AgentState
-    results: results.Results
+    results: tally.Results
 
 
 def env_stream(keys: jax.Array) -> jax.Array:
@@ -300,7 +300,7 @@ class Engine:
             next_episode=jnp.int32(0),
             n_done=jnp.int32(0),
             acc=tuple(
-                jnp.zeros((n,), results.metric_dtype(red))
+                jnp.zeros((n,), tally.metric_dtype(red))
                 for _, red in cfg.accumulators
             ),
             trials=()
@@ -312,7 +312,7 @@ class Engine:
             reset_success=jnp.zeros((n,), bool) if cfg.success_at_reset else None,
         )
         ag = agent.init(cfg.agent, self.policy, lanes_of(obs), lanes.active)
-        res = results.empty(
+        res = tally.empty(
             cfg.capacity,
             n,
             metrics=cfg.metrics,
@@ -323,7 +323,7 @@ class Engine:
         )
         if cfg.record_slots:
             res = res.replace(
-                recording=results.empty_recording(
+                recording=tally.empty_recording(
                     np.zeros(cfg.record_slots, np.int32),
                     cfg.record_steps,
                     self._record_obs(obs),
@@ -391,7 +391,7 @@ class Engine:
     def refill(
         self,
         spare: tuple,
-        results0: results.Results,
+        results0: tally.Results,
         seeds: np.ndarray,
         device: Any = None,
         **run: Any,
@@ -529,7 +529,7 @@ class Engine:
             at = rows.put
             if cfg.success_at_reset:  # never with trials (build.py)
                 obs0, state0, info0 = jax.vmap(self.env.reset_with_info)(k)
-                flag = results.info_leaves(info0)[cfg.success]
+                flag = tally.info_leaves(info0)[cfg.success]
                 at_reset = at(at_reset, rules.success(jnp, jnp.reshape(flag, (-1,))))
             else:
                 obs0, state0 = self._reset(lanes, k, episode)
@@ -585,7 +585,7 @@ class Engine:
         keys = self.config.record_keys
         if keys is None:
             return obs
-        leaves = results.info_leaves(obs)
+        leaves = tally.info_leaves(obs)
         return {k: leaves[k] for k in keys}
 
     @staticmethod
@@ -651,7 +651,7 @@ class Engine:
         no count is kept (an episode's count is its length).
         """
         active = lanes.active
-        leaves = results.info_leaves(info)
+        leaves = tally.info_leaves(info)
         return tuple(
             rules.accumulate_metric(
                 jnp, red, a, None, jnp.reshape(leaves[name], active.shape), active
@@ -697,7 +697,7 @@ class Engine:
         step). Only lanes that executed the step without a bad value are
         marked as stepped.
         """
-        stepped = lanes.active & (kinds == results.NO_FAULT)
+        stepped = lanes.active & (kinds == tally.NO_FAULT)
         return io_callback(
             self._emit,
             jax.ShapeDtypeStruct((), jnp.bool_),
@@ -829,10 +829,10 @@ class Engine:
             terminated=term,
             truncated=trunc,
             # An episode whose last step met a bad value is not a finished one.
-            scored=ended & (kinds == results.NO_FAULT),
+            scored=ended & (kinds == tally.NO_FAULT),
         )
 
-    def _finish(self, c: Inner, res: results.Results) -> tuple[Lanes, Any]:
+    def _finish(self, c: Inner, res: tally.Results) -> tuple[Lanes, Any]:
         """Writes the results of the episodes that ended on the inner loop's
         last step, at their own index (others drop), and hands the next
         unstarted episodes to their lanes in ascending lane order."""
@@ -850,7 +850,7 @@ class Engine:
                 at = jnp.where(c.scored, res.rows + rank, cfg.capacity)
                 extra["index"] = lanes.episode
                 res = res.replace(rows=res.rows + jnp.sum(c.scored, dtype=jnp.int32))
-            res = results.record(
+            res = tally.record(
                 res,
                 at,
                 returns=lanes.ret,
@@ -909,7 +909,7 @@ class Engine:
         def no_fault(fault):
             if not stop_at_fault:
                 return jnp.bool_(True)
-            return jnp.all(fault.kind == results.NO_FAULT)
+            return jnp.all(fault.kind == tally.NO_FAULT)
 
         def steps_left(steps):
             return jnp.bool_(True) if max_steps is None else steps < max_steps
@@ -959,8 +959,8 @@ class Engine:
         return carry, go_on
 
     def _run_segment(
-        self, params: Any, state: tuple, res: results.Results, max_steps: int
-    ) -> tuple[tuple, results.Results]:
+        self, params: Any, state: tuple, res: tally.Results, max_steps: int
+    ) -> tuple[tuple, tally.Results]:
         """Up to ``max_steps`` steps from ``state = (lanes, agent)`` (with the
         window ``with_window`` put); stops at a bad value (the host reports
         it), a step event a hook refused (the host raises the hook's exception
@@ -970,7 +970,7 @@ class Engine:
         carry, _ = self._advance(params, carry, max_steps, stop_at_fault=True)
         return (carry.lanes, carry.agent), carry.results
 
-    def run(self, params: Any, seeds: jax.Array) -> results.Results:
+    def run(self, params: Any, seeds: jax.Array) -> tally.Results:
         """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it).
 
         It does not stop at a bad value: with no host to report to, it scores
@@ -997,7 +997,7 @@ class Inner:
     #: [R] bool: each recorded episode was done when the loop began (None
     #: without ``record_slots``); none ends before the loop's last step.
     record_done: Any
-    fault: results.Fault
+    fault: tally.Fault
     env_steps: jax.Array  # () executed env steps of active lanes
     steps: jax.Array  # () steps of the segment so far
     go_on: jax.Array  # () no step event was refused

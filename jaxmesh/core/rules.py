@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import results
+from jaxmesh.core import tally
 
 # Lanes ------------------------------------------------------------------------------
 
@@ -89,8 +89,8 @@ def bad_components(xp: Any, actions: Any, num_actions: int | None) -> tuple[Any,
     """
     flat = xp.reshape(actions, (actions.shape[0], -1))
     if num_actions is not None:
-        return (flat < 0) | (flat >= num_actions), results.ACTION_OUT_OF_RANGE
-    return ~xp.isfinite(flat), results.ACTION_NOT_FINITE
+        return (flat < 0) | (flat >= num_actions), tally.ACTION_OUT_OF_RANGE
+    return ~xp.isfinite(flat), tally.ACTION_NOT_FINITE
 
 
 def failing_actions(xp: Any, actions: Any, num_actions: int | None) -> Any:
@@ -125,7 +125,7 @@ def action_faults(
         return np.zeros(n, np.int32), np.zeros(n, np.float32)
     lane_bad = xp.asarray(active, bool) & xp.any(bad, axis=1)
     first = xp.take_along_axis(flat, xp.argmax(bad, axis=1)[:, None], axis=1)[:, 0]
-    kinds = xp.where(lane_bad, kind, results.NO_FAULT).astype(xp.int32)
+    kinds = xp.where(lane_bad, kind, tally.NO_FAULT).astype(xp.int32)
     values = xp.where(lane_bad, first.astype(xp.float32), xp.float32(0))
     return kinds, values
 
@@ -155,8 +155,8 @@ def reward_faults(
     finite = xp.isfinite(rewards)
     if xp is np and finite.all():
         return kinds, values
-    bad = xp.asarray(active, bool) & (kinds == results.NO_FAULT) & ~finite
-    kinds = xp.where(bad, results.REWARD_NOT_FINITE, kinds).astype(xp.int32)
+    bad = xp.asarray(active, bool) & (kinds == tally.NO_FAULT) & ~finite
+    kinds = xp.where(bad, tally.REWARD_NOT_FINITE, kinds).astype(xp.int32)
     values = xp.where(bad, rewards, values).astype(xp.float32)
     return kinds, values
 
@@ -176,7 +176,7 @@ def begin_metric(
 
     Args:
       xp: numpy or jax.numpy.
-      reduction: one of ``results.REDUCTIONS``.
+      reduction: one of ``tally.REDUCTIONS``.
       acc: [N] accumulators.
       count: [N] steps that had the key, or None.
       starting: [N] bool, or True for every lane given.
@@ -184,7 +184,7 @@ def begin_metric(
     Returns:
       ``(acc, count)``; ``count`` stays None when given None.
     """
-    start = xp.asarray(results.metric_start(reduction), acc.dtype)
+    start = xp.asarray(tally.metric_start(reduction), acc.dtype)
     acc = xp.where(starting, start, acc)
     if count is not None:
         count = xp.where(starting, 0, count).astype(count.dtype)
@@ -198,7 +198,7 @@ def accumulate_metric(
 
     Args:
       xp: numpy or jax.numpy.
-      reduction: one of ``results.REDUCTIONS``.
+      reduction: one of ``tally.REDUCTIONS``.
       acc: [N] accumulators.
       count: [N] steps that had the key, or None.
       value: [N] this step's values (any real dtype; cast to ``acc``'s).
@@ -230,7 +230,7 @@ def finalize_metric(xp: Any, reduction: str, acc: Any, count: Any) -> Any:
 
     Args:
       xp: numpy or jax.numpy.
-      reduction: one of ``results.REDUCTIONS``.
+      reduction: one of ``tally.REDUCTIONS``.
       acc: [N] accumulators.
       count: [N] steps that had the key (for a JAX env: the episode's length).
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core.engine import DEFAULT_MAX_STEPS
-from jaxmesh.core.results import BYTES_PER_EPISODE, capacity_for
+from jaxmesh.core.tally import BYTES_PER_EPISODE, capacity_for
 from jaxmesh.execution import check_execution
 
 MAX_SEED = 2**31 - 1
@@ -383,7 +383,7 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
       TypeError: a value of the wrong type, naming it.
       ValueError: an unknown reduction or an empty or repeated key.
     """
-    from jaxmesh.core.results import REDUCTIONS
+    from jaxmesh.core.tally import REDUCTIONS
 
     how = (
         "pass an info key, a list of keys, or a dict key -> reduction, e.g. "

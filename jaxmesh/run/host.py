@@ -36,20 +36,20 @@ import numpy as np
 
 from jaxmesh.adapt import read_keys
 from jaxmesh.core import agent, rules
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.record import (
+from jaxmesh.results.record import (
     check_record,
     check_record_budget,
     observation_leaves,
     records_states,
 )
-from jaxmesh.run import agent as run_agent
+from jaxmesh.results.result import RunResult
 from jaxmesh.run import build, checks, identity, instructions, stream
+from jaxmesh.run import host_agent as run_agent
 from jaxmesh.run.backend import ServedOptions, positive_seconds
 from jaxmesh.run.loop import GroupedRun, LocalRun
-from jaxmesh.run.results import RunResult
 from jaxmesh.run.telemetry import Telemetry
 
 

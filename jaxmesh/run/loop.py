@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core import agent, replay, rules
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.envs.gymnasium.lanes import where_raised
 from jaxmesh.errors import EnvError, RemoteEnvError, WorkerError, describe_env_error
 from jaxmesh.run import resume, stream

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxmesh.core.results import Results, log_capacity
+from jaxmesh.core.tally import Results, log_capacity
 from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
 from jaxmesh.run import build, sharded
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from jaxmesh.core.results import pow2_at_least
+from jaxmesh.core.tally import pow2_at_least
 
 #: Rows per policy call at h = 1 when plan_tile is left to jaxmesh.
 AUTO_TILE_ROWS = 128

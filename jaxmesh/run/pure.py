@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
-from jaxmesh.core.results import Results, empty
+from jaxmesh.core.tally import Results, empty
 from jaxmesh.envs import make_env
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.run import build, checks, plan

@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxmesh.core.results import EPISODE_FIELDS
+from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.execution import Ensemble
+from jaxmesh.results.result import SUCCESS_KINDS, RunResult, flags_array, headline
 from jaxmesh.run import identity
 from jaxmesh.run.checks import DEFAULT_SUCCESS_MODE
-from jaxmesh.run.results import SUCCESS_KINDS, RunResult, flags_array, headline
 
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
     "jaxmesh_resume_indices", default=None

@@ -24,14 +24,15 @@ import jax
 import numpy as np
 
 from jaxmesh import suite as suite_mod
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
-from jaxmesh.core.results import empty
+from jaxmesh.core.tally import empty
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env, playground
 from jaxmesh.envs.timing import step_seconds
-from jaxmesh.record import check_record, check_record_budget
+from jaxmesh.results.record import check_record, check_record_budget
+from jaxmesh.results.result import RunResult
 from jaxmesh.run import (
     backend,
     build,
@@ -48,7 +49,6 @@ from jaxmesh.run.placement import (  # noqa: F401 - their old home
     compiler_options,
 )
 from jaxmesh.run.plan import RunPlan, plan_run
-from jaxmesh.run.results import RunResult
 from jaxmesh.trace import check_trace_path, span, tracing
 
 TRIAL_HINT = (

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxmesh.core.results import Results, per_episode, replace_per_episode
+from jaxmesh.core.tally import Results, per_episode, replace_per_episode
 from jaxmesh.devices import mesh_size, resolve_mesh
 
 

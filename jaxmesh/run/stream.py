@@ -18,9 +18,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmesh.core import results as core_results
+from jaxmesh.core import tally as core_results
 from jaxmesh.errors import BadValueError
-from jaxmesh.run.results import RunResult, StepEvent, episode_at
+from jaxmesh.results.result import RunResult, StepEvent, episode_at
 from jaxmesh.trace import span
 
 HOOK_NAMES = (

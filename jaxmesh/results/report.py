@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from jaxmesh import stats as _stats
 from jaxmesh._version import __version__
+from jaxmesh.results import stats as _stats
 from jaxmesh.run.telemetry import STAT_NAMES
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmesh import report as _report
-from jaxmesh import stats as _stats
-from jaxmesh.core.results import EPISODE_FIELDS
+from jaxmesh.core.tally import EPISODE_FIELDS
+from jaxmesh.results import report as _report
+from jaxmesh.results import stats as _stats
 
 
 class EpisodeResult(NamedTuple):
@@ -463,7 +463,7 @@ class RunResult:
         trajectories = None
         recording = getattr(res, "recording", None)
         if recording is not None:
-            from jaxmesh.record import trajectories_from
+            from jaxmesh.results.record import trajectories_from
 
             trajectories = trajectories_from(
                 recording,
@@ -732,7 +732,7 @@ class RunResult:
         Raises:
           ValueError: the file lacks an episode the record lists.
         """
-        from jaxmesh.record import Trajectory
+        from jaxmesh.results.record import Trajectory
 
         recorded = recorded if recorded is not None else self._recorded
         with np.load(path) as z:

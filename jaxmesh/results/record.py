@@ -187,7 +187,7 @@ def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
     """
     if keys is None:
         return obs
-    from jaxmesh.core.results import info_leaves
+    from jaxmesh.core.tally import info_leaves
 
     leaves = info_leaves(obs)
     if not leaves:
