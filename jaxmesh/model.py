@@ -480,6 +480,7 @@ class Model:
                 self._fn if self._fn is not None else getattr(self, corner),
                 EXECUTION_HORIZON,
             ),
+            declares_chunk=corner in ("predict_chunk", "predict_chunk_batch"),
         )
 
     def _corner_apply(self) -> tuple[Callable, bool]:

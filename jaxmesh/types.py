@@ -77,6 +77,9 @@ class Policy:
       takes_execution_horizon: the policy declares ``execution_horizon``:
         ``apply`` is then called with ``execution_horizon=E``, the static
         number of actions the run executes from one plan (CONTRACT 24).
+      declares_chunk: the author says the policy returns chunks (a
+        ``jaxmesh.Model``'s ``predict_chunk`` corner), so a chunk played at
+        horizon 1 is meant (CONTRACT 11).
     """
 
     name: str
@@ -90,6 +93,7 @@ class Policy:
     device: Any
     on_episode_end: Callable[[int], None] | None
     takes_execution_horizon: bool = False
+    declares_chunk: bool = False
 
 
 @runtime_checkable

@@ -178,10 +178,56 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
     )
 
 
+def declares_chunk(policy: Policy) -> bool:
+    """Whether the policy says it returns chunks: a declared ``native_chunk``,
+    a ``predict_chunk`` corner, or an ``execution_horizon`` parameter."""
+    return (
+        policy.native_chunk is not None
+        or policy.declares_chunk
+        or policy.takes_execution_horizon
+    )
+
+
+def action_space(env: Any) -> str:
+    """The env's action space in words, for messages."""
+    a = tuple(env.action_shape)
+    if env.num_actions is not None:
+        return f"Discrete({env.num_actions}): one action is an int of shape {a}"
+    return f"one action of shape {a}, {jnp.dtype(env.action_dtype)}"
+
+
+def undeclared_chunk_message(policy: Policy, shape: tuple, env: Any, k: int) -> str:
+    """The warning for a chunk nobody declared, played at horizon 1
+    (CONTRACT 11): the output may be a single action that forgot to index."""
+    a = tuple(env.action_shape)
+    name = getattr(env, "name", type(env).__name__)
+    return (
+        f"policy {policy.name!r} returned shape {shape} per lane, read as a chunk "
+        f"of {k} actions for env {name!r} (action space {action_space(env)}); at "
+        "horizon=1 only each chunk's first action is played. If the policy means "
+        f"one action, return shape {a} (index what it computes, e.g. obs[2] "
+        "instead of obs, or jnp.argmax(logits, -1)). If it means a chunk, declare "
+        f"it to silence this warning: jaxmesh.Model(fn, native_chunk={k}), a "
+        "predict_chunk corner or an execution_horizon parameter (and "
+        f"horizon={k} plays all of it)"
+    )
+
+
 def output_chunk(
-    policy: Policy, out: jax.ShapeDtypeStruct, env: Any, horizon: int, rows: int
+    policy: Policy,
+    out: jax.ShapeDtypeStruct,
+    env: Any,
+    horizon: int,
+    rows: int,
+    *,
+    chunk_meant: bool = False,
 ) -> int | None:
     """Tells a chunk (returns K) from a single action (returns None) by shape.
+
+    ``chunk_meant``: the run or the policy's inputs ask for chunks (an
+    ensemble, a ``PendingChunk`` input), beside what the policy declares
+    (``declares_chunk``). A chunk that nobody asked for, played at horizon 1,
+    warns once (CONTRACT 11): it may be one action that forgot to index.
 
     Raises:
       TypeError: the output is neither ``action_shape`` nor ``(K,) + action_shape``,
@@ -226,6 +272,10 @@ def output_chunk(
                 f"policy {policy.name!r} declares native_chunk={declared} but its "
                 f"prediction has length {got} (shape {shape}); make them agree"
             )
+    if k is not None and horizon == 1 and not (chunk_meant or declares_chunk(policy)):
+        warnings.warn(
+            undeclared_chunk_message(policy, shape, env, k), UserWarning, stacklevel=4
+        )
     if k is None and horizon > 1:
         warnings.warn(
             f"policy {policy.name!r} returns single actions, so horizon={horizon} "

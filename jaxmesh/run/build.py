@@ -8,6 +8,7 @@ re-exported from there.
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Any
 
 import jax
@@ -77,7 +78,10 @@ def policy_digest(
     again when it is not kept."""
     key = _program_key(policy, env, params)
     if key not in _PROGRAMS:
-        probe_chunk(policy, env, params, horizon, told)
+        # The run's own probe has warned of what this one would find.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            probe_chunk(policy, env, params, horizon, told)
     return _PROGRAMS[key][-1]
 
 
@@ -92,14 +96,34 @@ def told_horizon(policy: Policy, settings: Any) -> int | None:
     return settings.horizon + settings.delay
 
 
+def asks_chunks(settings: Any) -> bool:
+    """Whether a run's settings execute chunks whatever the horizon: an
+    ensemble (``execution=``) or a delay, so a chunk at horizon 1 is meant."""
+    return (
+        settings.execution is not None
+        or bool(settings.delay)
+        or settings.delay_ms is not None
+    )
+
+
 def probe_chunk(
-    policy: Policy, env: Any, params: Any, horizon: int, told: int | None = None
+    policy: Policy,
+    env: Any,
+    params: Any,
+    horizon: int,
+    told: int | None = None,
+    *,
+    chunks_asked: bool = False,
 ) -> int | None:
     """Checks the policy's output against the env, by shape only (nothing compiles).
 
     ``told``: the ``execution_horizon`` the run tells the policy
     (``told_horizon``); the probe tells it the same, so a head whose length
     follows its argument is probed at the length the run will see.
+
+    ``chunks_asked``: the run executes chunks whatever the horizon
+    (``asks_chunks``). Otherwise a chunk at horizon 1 from a policy that
+    declares none warns once (``output_chunk``, CONTRACT 11).
 
     Returns the chunk length K (None for single actions).
 
@@ -153,7 +177,8 @@ def probe_chunk(
         out = shape_of(1)
     else:
         out = _probe_pending(policy, env, pending, shape_of)
-    k = output_chunk(policy, out, env, horizon, PROBE_ROWS)
+    meant = chunks_asked or bool(pending)
+    k = output_chunk(policy, out, env, horizon, PROBE_ROWS, chunk_meant=meant)
     if told is not None and k is not None and k < told:
         raise ValueError(
             f"policy {policy.name!r} returned chunks of {k} actions when told "

@@ -97,7 +97,14 @@ def agent_functions(
         frame windows exceed the limit (nothing compiles).
     """
     told = build.told_horizon(pol, settings)
-    chunk = build.probe_chunk(pol, env, params, settings.horizon, told)
+    chunk = build.probe_chunk(
+        pol,
+        env,
+        params,
+        settings.horizon,
+        told,
+        chunks_asked=build.asks_chunks(settings),
+    )
     # The host keeps no per-episode buffers on the device: capacity is the lanes.
     run_plan = plan.plan_run(
         settings, chunk, capacity=settings.num_envs, tile_lanes=tile_lanes

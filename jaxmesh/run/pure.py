@@ -95,7 +95,14 @@ def make_evaluator(
         sig = build.signature(params)
         if sig not in engines:
             told = build.told_horizon(pol, settings)
-            chunk = build.probe_chunk(pol, env_obj, params, settings.horizon, told)
+            chunk = build.probe_chunk(
+                pol,
+                env_obj,
+                params,
+                settings.horizon,
+                told,
+                chunks_asked=build.asks_chunks(settings),
+            )
             # One program holds the whole budget: its buffers are e entries.
             run_plan = plan.plan_run(settings, chunk, capacity=e)
             engines[sig] = build.build_engine(

@@ -195,6 +195,7 @@ class Evaluator:
                 params,
                 self.settings.horizon,
                 build.told_horizon(self.policy, self.settings),
+                chunks_asked=build.asks_chunks(self.settings),
             )
         return self._chunks[sig]
 
