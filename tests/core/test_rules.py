@@ -81,6 +81,27 @@ def test_next_episodes(ended, next_episode, budget, start, episodes, after):
         assert int(nxt) == after
 
 
+def test_a_whole_run_of_episodes_lane_by_lane():
+    """3 lanes, 5 episodes, by hand: the start gives lanes 0-2 episodes 0-2;
+    lane 1 ends (episode 3); then lanes 0 and 2 on one step (episode 4 to
+    lane 0, lane 2 masked); then lane 1 again (masked: the budget is spent)."""
+    nxt, got = 0, []
+    for ended in ([1, 1, 1], [0, 1, 0], [1, 0, 1], [0, 1, 0]):
+        start, episode, nxt = rules.next_episodes(np, np.asarray(ended, bool), nxt, 5)
+        got.append({j: int(episode[j]) for j in np.flatnonzero(start)})
+    assert got == [{0: 0, 1: 1, 2: 2}, {1: 3}, {0: 4}, {}]
+    assert int(nxt) == 5
+
+
+def test_next_episodes_under_jit_takes_traced_counters():
+    """The engine's next episode and budget are traced scalars."""
+    run = jax.jit(lambda e, n, b: rules.next_episodes(jnp, e, n, b))
+    start, episode, nxt = run(jnp.asarray([True, False, True]), 4, 6)
+    assert np.asarray(start).tolist() == [True, False, True]
+    assert [int(episode[0]), int(episode[2])] == [4, 5]
+    assert int(nxt) == 6
+
+
 def test_step_cap():
     np_, jnp_ = on_both(lambda xp, t: rules.at_cap(xp, t, 5), np.int32([1, 4, 5, 6]))
     assert np_.tolist() == jnp_.tolist() == [False, False, True, True]
@@ -134,6 +155,45 @@ def test_a_nan_reward_and_a_bad_action_on_one_step():
     alone = on_both(lambda xp, r, m: rules.reward_faults(xp, r, m), rewards, active)
     assert_same(*alone)
     assert alone[0][0].tolist() == [REWARD, REWARD, NO, NO, NO]
+
+
+@pytest.mark.parametrize(
+    ("num_actions", "actions", "bad", "kind"),
+    [
+        # discrete, 3 actions: -1 and 3 are out of [0, 3)
+        (3, [[0, 2], [-1, 1], [3, 3]], [[0, 0], [1, 0], [1, 1]], OUT),
+        # continuous [2, 2] actions, flattened per row
+        (
+            None,
+            [[[0.0, 1.0], [2.0, 3.0]], [[np.nan, 0.0], [0.0, -np.inf]]],
+            [[0, 0, 0, 0], [1, 0, 0, 1]],
+            NOT_FINITE,
+        ),
+    ],
+)
+def test_bad_components(num_actions, actions, bad, kind):
+    dtype = np.int32 if num_actions else np.float32
+    actions = np.asarray(actions, dtype)
+    got_np, got_jnp = on_both(
+        lambda xp, a: rules.bad_components(xp, a, num_actions)[0], actions
+    )
+    assert got_np.tolist() == got_jnp.tolist() == np.asarray(bad, bool).tolist()
+    assert rules.bad_components(np, actions, num_actions)[1] == kind
+    rows = rules.failing_actions(np, actions, num_actions)
+    assert rows.tolist() == np.asarray(bad, bool).any(axis=1).tolist()
+
+
+def test_a_step_without_a_bad_value_has_no_fault():
+    """numpy's shortcut for the usual step gives what the full rule gives."""
+    actions, active = np.int32([0, 1, 1]), np.ones(3, bool)
+    for xp_out in on_both(
+        lambda xp, a, m: rules.action_faults(xp, a, m, 2), actions, active
+    ):
+        kinds, values = xp_out
+        assert kinds.tolist() == [NO] * 3 and values.tolist() == [0.0] * 3
+    rewards = np.float32([1.0, -2.0, 0.0])
+    kinds, values = rules.reward_faults(np, rewards, active)
+    assert kinds.tolist() == [NO] * 3 and values.tolist() == [0.0] * 3
 
 
 # Metric reductions ------------------------------------------------------------------
@@ -201,6 +261,30 @@ def test_every_step_has_the_key_without_a_count():
         True,
         True,
     ]
+
+
+@pytest.mark.parametrize(
+    ("reduction", "start"),
+    [("last", np.nan), ("sum", 0.0), ("max", -np.inf), ("mean", 0.0), ("any", False)],
+)
+def test_each_reduction_starts_from_its_own_value(reduction, start):
+    dtype = bool if reduction == "any" else np.float32
+    acc, count = rules.begin_metric(
+        np, reduction, np.ones(2, dtype), None, np.array([True, False])
+    )
+    assert count is None
+    np.testing.assert_array_equal(acc, np.asarray([start, 1], dtype))
+
+
+def test_any_counts_a_negative_value_and_last_keeps_the_newest():
+    acc, _ = rules.accumulate_metric(
+        np, "any", np.zeros(3, bool), None, np.float32([-0.5, 0.0, 2.0]), True
+    )
+    assert acc.tolist() == [True, False, True]
+    acc, count = rules.accumulate_metric(
+        np, "last", np.float32([1.0, 1.0]), np.int64([1, 1]), [7.0, 8.0], [1, 0]
+    )
+    assert acc.tolist() == [7.0, 1.0] and count.tolist() == [2, 1]
 
 
 # Episode keys -------------------------------------------------------------------------
