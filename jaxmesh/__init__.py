@@ -1,36 +1,68 @@
-"""jaxmesh: a jitted, exact policy evaluator for JAX-native and served environments."""
+"""jaxmesh: a jitted, exact policy evaluator for JAX-native and served environments.
 
-from jaxmesh import adapt, flax_models
+The public names are imported on first use (``_NAMES``: name -> module), so
+that ``import jaxmesh`` (and ``jaxmesh --help``) costs no JAX import; ``from
+jaxmesh import evaluate`` and ``jaxmesh.evaluate`` import what they name.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from jaxmesh._version import __version__ as __version__
-from jaxmesh.cache import enable_compile_cache
-from jaxmesh.checkpoint import load_params, save_params
-from jaxmesh.core.tally import Results
-from jaxmesh.envs import make_env
-from jaxmesh.envs.check import SeedReport, check_seeds
-from jaxmesh.errors import (
-    BadValueError,
-    EnvError,
-    RemoteConnectionError,
-    RemoteEnvError,
-    RemoteError,
-)
-from jaxmesh.execution import Ensemble
-from jaxmesh.explain import check_frame_limit, explain
-from jaxmesh.model import Model, build_model
-from jaxmesh.params import Param, ParamError
-from jaxmesh.results.record import Record, Trajectory
-from jaxmesh.results.result import EpisodeResult, RunResult, StepEvent
-from jaxmesh.results.stats import Comparison
-from jaxmesh.results.video import render
-from jaxmesh.run.host_agent import Agent, make_agent
-from jaxmesh.run.pure import make_evaluator
-from jaxmesh.run.resume import EpisodeLog, load_episode_log
-from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
-from jaxmesh.run.sharded import shard_population
-from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
-from jaxmesh.sweep import Sweep, sweep
 
-#: Served-env names, imported on first use (they need the [remote] extra: gRPC).
+#: The public submodules.
+_SUBMODULES = ("adapt", "flax_models")
+#: Every other public name and the module it lives in.
+_NAMES = {
+    "make_env": "jaxmesh.envs",
+    "check_seeds": "jaxmesh.envs.check",
+    "SeedReport": "jaxmesh.envs.check",
+    "evaluate": "jaxmesh.run.scan",
+    "Ensemble": "jaxmesh.execution",
+    "sweep": "jaxmesh.sweep",
+    "Sweep": "jaxmesh.sweep",
+    "make_evaluator": "jaxmesh.run.pure",
+    "shard_population": "jaxmesh.run.sharded",
+    "Results": "jaxmesh.core.tally",
+    "Evaluator": "jaxmesh.run.scan",
+    "cache_info": "jaxmesh.run.scan",
+    "clear_cache": "jaxmesh.run.scan",
+    "BadValueError": "jaxmesh.errors",
+    "RemoteError": "jaxmesh.errors",
+    "EnvError": "jaxmesh.errors",
+    "RemoteEnvError": "jaxmesh.errors",
+    "RemoteConnectionError": "jaxmesh.errors",
+    "make_agent": "jaxmesh.run.host_agent",
+    "Agent": "jaxmesh.run.host_agent",
+    "Model": "jaxmesh.model",
+    "EpisodeResult": "jaxmesh.results.result",
+    "EpisodeLog": "jaxmesh.run.resume",
+    "load_episode_log": "jaxmesh.run.resume",
+    "RunResult": "jaxmesh.results.result",
+    "StepEvent": "jaxmesh.results.result",
+    "Record": "jaxmesh.results.record",
+    "Trajectory": "jaxmesh.results.record",
+    "render": "jaxmesh.results.video",
+    "compare": "jaxmesh.suite",
+    "Suite": "jaxmesh.suite",
+    "SuiteResult": "jaxmesh.suite",
+    "Task": "jaxmesh.suite",
+    "make_suite": "jaxmesh.suite",
+    "Comparison": "jaxmesh.results.stats",
+    "save_params": "jaxmesh.checkpoint",
+    "load_params": "jaxmesh.checkpoint",
+    "Param": "jaxmesh.params",
+    "ParamError": "jaxmesh.params",
+    "build_model": "jaxmesh.model",
+    "explain": "jaxmesh.explain",
+    "check_frame_limit": "jaxmesh.explain",
+    "enable_compile_cache": "jaxmesh.cache",
+}
+#: Served-env names (they need the [remote] extra: gRPC).
 _REMOTE = {
     "EnvServer": "jaxmesh.remote.server",
     "ServeOptions": "jaxmesh.remote.server",
@@ -38,18 +70,70 @@ _REMOTE = {
     "RemoteVectorEnv": "jaxmesh.remote.envs",
 }
 
+if TYPE_CHECKING:
+    from jaxmesh import adapt, flax_models
+    from jaxmesh.cache import enable_compile_cache
+    from jaxmesh.checkpoint import load_params, save_params
+    from jaxmesh.core.tally import Results
+    from jaxmesh.envs import make_env
+    from jaxmesh.envs.check import SeedReport, check_seeds
+    from jaxmesh.errors import (
+        BadValueError,
+        EnvError,
+        RemoteConnectionError,
+        RemoteEnvError,
+        RemoteError,
+    )
+    from jaxmesh.execution import Ensemble
+    from jaxmesh.explain import check_frame_limit, explain
+    from jaxmesh.model import Model, build_model
+    from jaxmesh.params import Param, ParamError
+    from jaxmesh.remote.envs import RemoteEnv, RemoteVectorEnv
+    from jaxmesh.remote.server import EnvServer, ServeOptions
+    from jaxmesh.results.record import Record, Trajectory
+    from jaxmesh.results.result import EpisodeResult, RunResult, StepEvent
+    from jaxmesh.results.stats import Comparison
+    from jaxmesh.results.video import render
+    from jaxmesh.run.host_agent import Agent, make_agent
+    from jaxmesh.run.pure import make_evaluator
+    from jaxmesh.run.resume import EpisodeLog, load_episode_log
+    from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
+    from jaxmesh.run.sharded import shard_population
+    from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
+    from jaxmesh.sweep import Sweep, sweep
 
-def __getattr__(name: str):
-    module = _REMOTE.get(name)
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return import_module(f"{__name__}.{name}")
+    module = _NAMES.get(name) or _REMOTE.get(name)
     if module is None:
         raise AttributeError(f"module 'jaxmesh' has no attribute {name!r}")
-    from importlib import import_module
+    if name in _REMOTE:
+        from jaxmesh.remote.address import require_grpc
 
-    from jaxmesh.remote.address import require_grpc
+        require_grpc()
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
 
-    require_grpc()
-    return getattr(import_module(module), name)
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package, whose public names stay what ``_NAMES`` says: importing a
+    submodule named like a public function (``jaxmesh.sweep``,
+    ``jaxmesh.explain``) would bind the submodule in its place."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _NAMES:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "adapt",

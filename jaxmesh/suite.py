@@ -30,6 +30,7 @@ from jaxmesh import text
 from jaxmesh.results import stats as _stats
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import checks, stream
+from jaxmesh.run.config import RunConfig
 
 __all__ = [
     "Suite",
@@ -224,29 +225,6 @@ def make_suite(
     )
 
 
-def _with_env_config(env: Any, env_config: Any) -> Any:
-    """``evaluate(env=id, env_config={...})``: the id made with those options
-    (``jaxmesh.make_env(id, **env_config)``). A ``libero:`` id is made even
-    without options: it names a factory of host-stepped envs."""
-    from jaxmesh import envs
-
-    if env_config is not None and not isinstance(env_config, Mapping):
-        raise TypeError(
-            f"env_config={env_config!r}: expected a mapping of the env's options "
-            "(passed as jaxmesh.make_env(env, **env_config))"
-        )
-    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
-    if is_id and (env_config or env.startswith("libero:")):
-        return envs.make_env(env, **dict(env_config or {}))
-    if env_config:
-        raise TypeError(
-            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
-            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
-            "env with its options yourself, or give an id"
-        )
-    return env
-
-
 def _trace_path(trace: Any, name: str) -> Any:
     """A task's own trace file: ``run.json`` -> ``run.<task>.json``."""
     if trace is None:
@@ -256,45 +234,18 @@ def _trace_path(trace: Any, name: str) -> Any:
 
 
 #: ``evaluate`` keywords a suite sets per task, not the caller.
-_PER_TASK = ("episodes", "seeds", "instruction", "trial_index_base", "trace")
-
-
-def runs_suites(evaluate: Callable[..., Any]) -> Callable[..., Any]:
-    """``evaluate`` that also takes a ``Suite`` as its env (``run_suite``)."""
-
-    @functools.wraps(evaluate)
-    def wrapper(policy: Any, env: Any, **kw: Any) -> Any:
-        # env_config: an id's options (jaxmesh.make_env(env, **env_config)).
-        env_config = kw.pop("env_config", None)
-        if not isinstance(env, Suite):
-            env = _with_env_config(env, env_config)
-        elif env_config:
-            raise TypeError(
-                "env_config= with a Suite: give each task's env its options "
-                "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
-            )
-        if isinstance(env, Suite):
-            return run_suite(evaluate, policy, env, **kw)
-        if isinstance(kw.get("resume"), SuiteResult):
-            raise TypeError(
-                "resume= is a SuiteResult, but env is not a Suite: resume a suite "
-                "with the same Suite, or a single run with its RunResult"
-            )
-        return evaluate(policy, env, **kw)
-
-    return wrapper
-
-
 def run_suite(
-    evaluate: Callable[..., RunResult],
+    run: Callable[..., RunResult],
     policy: Any,
     suite: Suite,
-    **kw: Any,
+    config: RunConfig,
+    **call: Any,
 ) -> SuiteResult:
-    """Runs every task of ``suite`` with ``evaluate`` (see ``Suite``).
+    """Runs every task of ``suite``: ``run(policy, env, config, **call)`` per
+    task (``jaxmesh.api.run_one``; see ``Suite``).
 
-    ``instruction=`` and ``trial_index_base=`` given to ``evaluate`` apply to
-    the tasks that do not set their own; ``trace=`` writes one file per task
+    The config's ``Starts.instruction`` and ``Starts.trial_index_base`` apply
+    to the tasks that do not set their own; ``trace=`` writes one file per task
     (``run.json`` -> ``run.<task>.json``); ``resume=`` takes an earlier
     ``SuiteResult`` of this suite (a failure's ``partial_result``): finished
     tasks run nothing, the others run only the episodes they lack. Hooks get
@@ -306,7 +257,7 @@ def run_suite(
       ``SuiteResult`` of the tasks finished so far plus that task's partial
       result, so nothing finished is lost.
     """
-    resume = kw.pop("resume", None)
+    resume = call.pop("resume", None)
     if resume is not None and not isinstance(resume, SuiteResult):
         raise TypeError(
             f"resume={type(resume).__name__}: a suite resumes from the SuiteResult "
@@ -319,17 +270,17 @@ def run_suite(
                 f"resume= holds tasks {extra} that this suite does not have "
                 f"(its tasks: {list(suite.tasks)}); resume with the same suite"
             )
-    episodes, seeds = kw.pop("episodes", None), kw.pop("seeds", None)
-    instruction = kw.pop("instruction", None)
-    base = kw.pop("trial_index_base", None)
-    trace = kw.pop("trace", None)
-    hooks = stream.hooks_list(kw.get("hooks"))
+    episodes, seeds = call.pop("episodes", None), call.pop("seeds", None)
+    instruction = config.starts.instruction
+    base = config.starts.trial_index_base
+    trace = call.pop("trace", None)
+    hooks = stream.hooks_list(call.get("hooks"))
     start = time.perf_counter()
     done: dict[str, RunResult] = {}
     instructions: dict[str, str | None] = {}
     plans: dict[str, dict[str, Any]] = {}
     for name, task in suite.tasks.items():
-        args = dict(kw, **suite.budget(name, episodes, seeds))
+        args = dict(call, **suite.budget(name, episodes, seeds))
         if args["episodes"] is None and args["seeds"] is None:
             raise ValueError(
                 f"task {name!r} has no budget: give Task(episodes=...), "
@@ -337,13 +288,10 @@ def run_suite(
             )
         said = task.instruction if task.instruction is not None else instruction
         instructions[name] = said
-        if said is not None:
-            args["instruction"] = said
         tib = task.trial_index_base if task.trial_index_base is not None else base
-        if tib:
-            args["trial_index_base"] = tib
-        if trace is not None:
-            args["trace"] = _trace_path(trace, name)
+        args["config"] = config.replace(instruction=said, trial_index_base=tib)
+        args["trace"] = _trace_path(trace, name)
+        args["resume"] = None
         if resume is not None and name in resume.tasks:
             args["resume"] = resume.tasks[name]
         plans[name] = args
@@ -357,11 +305,11 @@ def run_suite(
         try:
             if len(group) > 1:
                 envs = [gymnax_envs[n] for n in group]
-                got = _run_together(evaluate, policy, envs, group, plans)
+                got = _run_together(run, policy, envs, group, plans)
             else:
                 name = group[0]
                 env = _env_of(suite.tasks[name])
-                got = {name: evaluate(policy, env, **plans[name])}
+                got = {name: run(policy, env, **plans[name])}
         except BaseException as exc:
             partial = getattr(exc, "partial_result", None)
             kept = dict(done)
@@ -380,8 +328,10 @@ def run_suite(
     return SuiteResult(done, instructions, time.perf_counter() - start)
 
 
-#: ``evaluate`` keywords under which a task always runs on its own.
-_ALONE = ("resume", "trace", "initial_states", "reset_fn", "record", "trial_index_base")
+#: A run's arguments, and its config's ``Starts`` fields, under which a task
+#: always runs on its own.
+_ALONE = ("resume", "trace", "record")
+_ALONE_STARTS = ("initial_states", "reset_fn", "trial_index_base")
 
 
 def _gymnax_env(task: Task) -> Any:
@@ -415,13 +365,15 @@ def _groups(
     together: dict[Any, list[str]] = {}
     for name, task in suite.tasks.items():
         args = plans[name]
+        starts = args["config"].starts
         alone = not suite.together or any(args.get(k) for k in _ALONE)
+        alone = alone or any(getattr(starts, k) for k in _ALONE_STARTS)
         env = None if alone else _gymnax_env(task)
         if env is None:
             runs.append([name])
             continue
         envs[name] = env
-        key = (type(env.env), args.get("instruction"))
+        key = (type(env.env), starts.instruction)
         if key not in together:
             together[key] = []
             runs.append(together[key])
@@ -436,7 +388,7 @@ def _groups(
 
 
 def _run_together(
-    evaluate: Callable[..., RunResult],
+    run: Callable[..., RunResult],
     policy: Any,
     envs: list,
     group: list[str],
@@ -458,8 +410,9 @@ def _run_together(
         return batch.reset_task(key, task_of[trial])
 
     args = dict(plans[group[0]])
-    args.update(episodes=None, seeds=np.concatenate(seeds).tolist(), reset_fn=reset_fn)
-    combined = evaluate(policy, batch, **args)
+    args.update(episodes=None, seeds=np.concatenate(seeds).tolist())
+    args["config"] = args["config"].replace(reset_fn=reset_fn)
+    combined = run(policy, batch, **args)
     return _split(combined, group, plans, envs)
 
 

@@ -37,7 +37,8 @@ from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import backend, build, checks, instructions
+from jaxmesh.run import backend, build, checks
+from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.run.plan import (
     UnfitDelay,
     check_execution,
@@ -61,23 +62,43 @@ REFUSED = {
     "trial_index_base": "a cell's trial indices would follow the sweep's order",
 }
 
-#: The ``evaluate`` arguments the one-program sweep passes on to its evaluator.
-_EVALUATOR_ARGS = (
-    "num_envs",
-    "max_episode_steps",
-    "segment_steps",
-    "metrics",
-    "success",
-    "success_mode",
-)
-#: The ``evaluate`` arguments of a sweep on a host-stepped or served env.
-_HOST_ARGS = (
-    *_EVALUATOR_ARGS,
-    "max_episode_seconds",
-    "check_seeds",
-    "instruction",
-    *backend.ServedOptions._fields,
-)
+
+def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
+    """The sweep's ``RunConfig``, without what a sweep does not take.
+
+    Raises:
+      ValueError: a ``REFUSED`` setting, or a delay or horizon given in the
+        config (a sweep's own axes).
+    """
+    for name in ("hooks", "record", "trace"):
+        if settings.pop(name, None) is not None:
+            raise ValueError(
+                f"sweep(..., {name}=...): a sweep does not take {name} "
+                f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
+            )
+    config = from_keywords(config, settings, "jaxmesh.sweep")
+    c, s, lay = config.chunking, config.starts, config.layout
+    given = {
+        "prefetch_lead": c.prefetch_lead,
+        "execution": c.execution,
+        "devices": lay.devices,
+        "initial_states": s.initial_states,
+        "reset_fn": s.reset_fn,
+        "trial_index_base": s.trial_index_base,
+    }
+    for name, value in given.items():
+        if value is not None and value != 0:
+            raise ValueError(
+                f"sweep(..., {name}=...): a sweep does not take {name} "
+                f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
+            )
+    if c.delay or c.delay_ms is not None or config.horizon != 1:
+        raise ValueError(
+            f"sweep(config with horizon={config.horizon}, delay={c.delay}, "
+            f"delay_ms={c.delay_ms}): a sweep's horizons and delays are its axes; "
+            "give them as sweep(horizon=[...], delay=[...]) or delay_ms=[...]"
+        )
+    return config
 
 
 def _values(name: str, values: Any, low: int) -> tuple[int, ...]:
@@ -116,7 +137,7 @@ def _milliseconds(values: Any) -> tuple[float, ...]:
     return out
 
 
-def _step_time(env: Any, kw: dict) -> tuple[float | None, str]:
+def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
     """The env's seconds per step and its name (a JAX env made, a gymnasium
     env's lane made and closed, or a served env's handshake)."""
     kind = backend.backend_of(env)
@@ -126,10 +147,7 @@ def _step_time(env: Any, kw: dict) -> tuple[float | None, str]:
 
         made = make_env(env)
         return step_seconds(made), getattr(made, "name", type(made).__name__)
-    defaults = backend.ServedOptions._field_defaults
-    options = (kw.get(f, defaults.get(f)) for f in backend.ServedOptions._fields)
-    served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
-    spec = _host_spec(env, served)
+    spec = _host_spec(env, config.for_backend(kind, env))
     return spec.dt, spec.name
 
 
@@ -137,7 +155,7 @@ class _GridEvaluator(Evaluator):
     """An ``Evaluator`` whose plan carries a sweep's cells (``RunPlan.grid``)."""
 
     def __init__(self, *args: Any, grid: tuple, cell_episodes: int, **kw: Any):
-        super().__init__(*args, **kw)
+        super().__init__(*args, **kw)  # kw: takes_params
         self.settings = self.settings._replace(grid=grid, cell_episodes=cell_episodes)
 
 
@@ -276,6 +294,7 @@ def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> Run
 def sweep(
     policy: Any,
     env: Any,
+    config: RunConfig | None = None,
     *,
     delay: Any = (0,),
     horizon: Any = (1,),
@@ -283,10 +302,9 @@ def sweep(
     episodes: int | None = None,
     seeds: Sequence[int] | None = None,
     params: Any = None,
-    plan_tile: int | None = None,
     on_cell: Any = None,
     resume: Any = None,
-    **evaluate_kwargs: Any,
+    **settings: Any,
 ) -> Sweep:
     """Scores a policy at every (delay, horizon) of a grid, on the same seeds.
 
@@ -300,9 +318,10 @@ def sweep(
         (as ``evaluate(..., delay_ms=)``). Times of the same steps share a
         cell; ``get(delay_ms=..., horizon=...)``, the table and the plot
         are in milliseconds.
-      plan_tile: rows per policy call, one for every cell (default: the
-        default tile of the smallest effective horizon). A cell equals
-        ``jaxmesh.evaluate`` with the same ``plan_tile`` bit for bit.
+      config: a ``jaxmesh.RunConfig`` for every cell (None: the defaults);
+        ``Layout.plan_tile`` is one for every cell (default: the default tile
+        of the smallest effective horizon), and a cell equals
+        ``jaxmesh.evaluate`` with the same tile bit for bit.
       on_cell: a function ``(delay, horizon, RunResult)`` called with each
         cell as soon as its episodes have all ended, while later cells still
         run (to keep finished cells when a long sweep is stopped). Its times
@@ -311,9 +330,9 @@ def sweep(
         env and seeds (or a dict ``(delay, horizon) -> RunResult`` of the
         cells ``on_cell`` was given): those cells run nothing again and are
         part of the result as they are.
-      **evaluate_kwargs: other ``jaxmesh.evaluate`` arguments (``num_envs``,
-        ``max_episode_steps``, ``metrics``, ``success``, ...); see ``REFUSED``
-        for those a sweep does not take.
+      **settings: ``RunConfig``'s flat knobs and groups, overriding
+        ``config``'s (``num_envs=``, ``scoring=jaxmesh.Scoring(...)``); see
+        ``REFUSED`` for those a sweep does not take.
 
     Returns:
       A ``Sweep``. A cell whose delay the horizon and chunks cannot serve
@@ -336,19 +355,8 @@ def sweep(
             f"sweep(delay={list(delays)}, delay_ms={list(times)}): give the "
             "delays once, in steps (delay=) or in milliseconds (delay_ms=)"
         )
-    defaults = {"prefetch_lead": 0, "trial_index_base": 0}
-    evaluate_kwargs = {
-        k: v
-        for k, v in evaluate_kwargs.items()
-        if not (k in REFUSED and (v is None or (k in defaults and v == defaults[k])))
-    }
-    refused = sorted(set(evaluate_kwargs) & set(REFUSED))
-    if refused:
-        name = refused[0]
-        raise ValueError(
-            f"sweep(..., {name}=...): a sweep does not take {name} "
-            f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
-        )
+    config = _checked_config(config, settings)
+    plan_tile = config.layout.plan_tile
     seeds_arr = checks.resolve_budget(episodes, seeds)
     if on_cell is not None and not callable(on_cell):
         raise TypeError(f"on_cell={on_cell!r}: expected a function (d, h, result)")
@@ -357,7 +365,7 @@ def sweep(
         plan_tile = next(iter(done.values())).plan_tile or None
     steps_of = None
     if times is not None:
-        dt, name = _step_time(env, evaluate_kwargs)
+        dt, name = _step_time(env, config)
         steps_of = {ms: checks.delay_steps(ms, dt, name) for ms in times}
         delays = tuple(dict.fromkeys(steps_of.values()))
     run = _one_program if backend.backend_of(env) == backend.SCAN else _on_host
@@ -369,8 +377,7 @@ def sweep(
         horizons,
         seeds_arr,
         params,
-        plan_tile,
-        evaluate_kwargs,
+        config.replace(plan_tile=plan_tile),
         **extra,
     )
     return Sweep(
@@ -392,28 +399,23 @@ def _one_program(
     horizons,
     seeds_arr,
     params,
-    plan_tile,
-    kw,
+    config,
     done=None,
     on_cell=None,
 ):
     """The cells of a JAX env: one program (or one per told ``h + d``); the
     cells in ``done`` (resumed) run nothing."""
-    unknown = sorted(set(kw) - set(_EVALUATOR_ARGS))
-    if unknown:
-        raise TypeError(
-            f"sweep(..., {unknown[0]}=...): not an argument of a sweep on a JAX "
-            f"env; it takes {', '.join(_EVALUATOR_ARGS)}"
-        )
-    base = {k: v for k, v in kw.items() if k in _EVALUATOR_ARGS}
+    config.for_backend(backend.SCAN, env)
     takes = params is not None
-    probe = Evaluator(policy, env, takes_params=takes, horizon=max(horizons), **base)
+    probe = Evaluator(
+        policy, env, config.replace(horizon=max(horizons)), takes_params=takes
+    )
     pol = probe.policy
     p = pol.default_params() if params is None else pol.place(params)
     told = _probe_told(pol, delays, horizons)
     chunk = build.probe_chunk(pol, probe.env, p, max(horizons), told)
     cells, skipped = _fit_cells(delays, horizons, chunk)
-    tile = plan_tile or default_plan_tile(
+    tile = config.layout.plan_tile or default_plan_tile(
         min(h for _, _, h in cells), probe.settings.num_envs
     )
     e = int(seeds_arr.size)
@@ -422,12 +424,10 @@ def _one_program(
         ev = _GridEvaluator(
             policy,
             env,
+            config.replace(horizon=max(big_h for _, big_h, _ in group), plan_tile=tile),
             grid=tuple((h, d) for d, _, h in group),
             cell_episodes=max(e, 1),
             takes_params=takes,
-            horizon=max(big_h for _, big_h, _ in group),
-            plan_tile=tile,
-            **base,
         )
         whole = ev.run(
             seeds=np.tile(seeds_arr, len(group)),
@@ -446,8 +446,18 @@ def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
     skipped ones (``(d, H) -> why``).
 
     Raises:
-      ValueError: no cell can run.
+      ValueError: no cell can run, or a policy of single actions (``chunk``
+        None) with a horizon or delay to sweep: its every cell would run
+        horizon 1 with no delay, under another label.
     """
+    if chunk is None and (horizons != (1,) or delays != (0,)):
+        raise ValueError(
+            f"sweep(delay={list(delays)}, horizon={list(horizons)}): the policy "
+            "returns one action per call (not a chunk of actions), so the horizon "
+            "h and the delay d do not apply to it: every cell would run h = 1 "
+            "with no delay. Sweep a policy that returns chunks, or score this one "
+            "with jaxmesh.evaluate"
+        )
     cells, skipped = [], {}
     for d in delays:
         for big_h in horizons:
@@ -508,8 +518,7 @@ def _on_host(
     horizons,
     seeds_arr,
     params,
-    plan_tile,
-    kw,
+    config,
     done=None,
     on_cell=None,
 ):
@@ -519,32 +528,7 @@ def _on_host(
     its replays without an agent step, a served env's segments)."""
     from jaxmesh.run import host
 
-    unknown = sorted(set(kw) - set(_HOST_ARGS))
-    if unknown:
-        raise TypeError(
-            f"sweep(..., {unknown[0]}=...): not an argument of a sweep on a "
-            f"host-stepped or served env; it takes {', '.join(_HOST_ARGS)}"
-        )
-    kw = dict(kw)
-    kind = backend.backend_of(env)
-    defaults = backend.ServedOptions._field_defaults
-    options = (kw.pop(f, defaults.get(f)) for f in backend.ServedOptions._fields)
-    served = backend.check_served_options(backend.ServedOptions(*options), kind, env)
-    settings = checks.check_settings(
-        kw.pop("num_envs", 64),
-        max(horizons),
-        0,
-        kw.pop("max_episode_steps", None),
-        plan_tile,
-        kw.pop("segment_steps", checks.DEFAULT_SEGMENT_STEPS),
-    )
-    kw["success_mode"] = checks.check_success_mode(
-        kw.get("success_mode", checks.DEFAULT_SUCCESS_MODE)
-    )
-    kw["instruction"] = instructions.check_instruction(kw.get("instruction"))
-    kw.setdefault("max_episode_seconds", None)
-    if not isinstance(kw.get("check_seeds", False), bool):
-        raise TypeError(f"check_seeds={kw['check_seeds']!r}: expected True or False")
+    served = config.for_backend(backend.backend_of(env), env)
     pol = resolve_policy(policy, with_params=params is not None)
     p = pol.default_params() if params is None else pol.place(params)
     spec = _host_spec(env, served)
@@ -555,21 +539,16 @@ def _on_host(
     e = int(seeds_arr.size)
     out, programs, compile_time = _kept(done, cells), 0, 0.0
     for group in _programs_of(_todo(cells, done), pol):
-        grid = settings._replace(
-            horizon=max(big_h for _, big_h, _ in group),
-            grid=tuple((h, d) for d, _, h in group),
-            cell_episodes=max(e, 1),
-        )
         whole = host.evaluate(
             policy,
             env,
-            grid,
+            config.replace(horizon=max(big_h for _, big_h, _ in group)),
             episodes=None,
             seeds=np.tile(seeds_arr, len(group)),
             hooks=_cell_hooks(group, e, on_cell),
             params=params,
             served=served,
-            **kw,
+            grid=(tuple((h, d) for d, _, h in group), max(e, 1)),
         )
         programs += 1  # one agent step (HostAgent) per grid
         compile_time += whole.compile_time

@@ -23,7 +23,7 @@ from reference_loop import gymnax_fns, run_episode
 from jaxmesh.remote.server import EnvServer
 from jaxmesh.results.record import Record, Trajectory
 from jaxmesh.results.result import RunResult
-from jaxmesh.run.scan import Evaluator, evaluate
+from jaxmesh import Evaluator, evaluate
 
 RECORDED = [1, 4]
 EPISODES = 6

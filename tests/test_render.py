@@ -27,7 +27,7 @@ from jaxmesh.remote.server import EnvServer
 from jaxmesh.results.record import Record
 from jaxmesh.results.report import write_report
 from jaxmesh.results.video import episode_frames, render
-from jaxmesh.run.scan import evaluate
+from jaxmesh import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"

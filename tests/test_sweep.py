@@ -190,11 +190,12 @@ def test_cli_sweep_over_milliseconds_is_the_sweep_over_their_steps(
     milliseconds."""
     from jaxmesh.cli import main
 
-    out = tmp_path / "sweep.json"
+    out = tmp_path / "run.sweep.json"  # the sweep's own file, next to the output
     config = tmp_path / "run.yaml"
     config.write_text(
         f"env: {ENV}\npolicy: test_sweep:chunk_policy\nseeds: {SEEDS}\n"
-        f"num_envs: 3\nmax_episode_steps: {CAP}\nplan_tile: 8\noutput: {out}\n"
+        f"num_envs: 3\nmax_episode_steps: {CAP}\nplan_tile: 8\n"
+        f"output: {tmp_path / 'run.json'}\n"
     )
     args = ["sweep", str(config), "--set", "delay_ms=[0,40,50,100]"]
     assert main([*args, "--set", "horizon=4"]) == 0
@@ -344,7 +345,7 @@ def test_host_sweep_tells_each_program_its_h_plus_d():
 
 
 def test_host_sweep_refuses_what_a_jax_env_takes_only():
-    with pytest.raises(TypeError, match="host-stepped or served"):
+    with pytest.raises(TypeError, match="is for MuJoCo Playground envs"):
         jaxmesh.sweep(chunk_policy, HOST, randomize=lambda m, k: m, seeds=SEEDS)
 
 

@@ -48,20 +48,10 @@ from jaxmesh.results.record import (
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import build, checks, identity, instructions, stream
 from jaxmesh.run import host_agent as run_agent
-from jaxmesh.run.backend import ServedOptions, positive_seconds
+from jaxmesh.run.backend import ServedOptions
+from jaxmesh.run.config import RunConfig
 from jaxmesh.run.loop import GroupedRun, LocalRun
 from jaxmesh.run.telemetry import Telemetry
-
-
-def check_seconds(value: Any) -> float | None:
-    """``max_episode_seconds`` as a float > 0, or None
-    (``backend.positive_seconds``)."""
-    return positive_seconds(
-        value,
-        "max_episode_seconds",
-        "seconds of wall clock an episode may run, or None for no limit",
-    )
-
 
 # Episode metrics from gymnasium infos ----------------------------------------------
 
@@ -573,22 +563,15 @@ def clear_cache() -> None:
 def evaluate(
     policy: Any,
     env: Any,
-    settings: checks.Settings,
+    config: RunConfig,
     *,
     episodes: int | None,
     seeds: Sequence[int] | None,
     hooks: Any,
     params: Any,
-    max_episode_seconds: float | None,
     served: ServedOptions | None = None,
-    metrics: Any = None,
-    success: Any = None,
     record: Any = None,
-    check_seeds: bool = False,
-    trial_index_base: int = 0,
-    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
-    instruction: str | None = None,
-    workers: int | None = None,
+    grid: tuple | None = None,
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
@@ -603,34 +586,28 @@ def evaluate(
         (``min(num_envs, episodes)`` envs made with ``gymnasium.make`` and
         closed at the end); or served envs: ``"grpc://host:port"`` or a list of
         such addresses (``jaxmesh.run.served``).
-      settings: the checked settings. ``num_envs`` is at most this many lanes:
-        a list or VectorEnv gives at most its own count (so the default 64
-        means all of them); ``max_episode_steps`` caps an episode's length (an
-        env's own ``TimeLimit`` truncates it too); ``segment_steps`` is unused
-        (the host sees every step).
-      max_episode_seconds: a wall-clock cap on an episode, measured from just
-        before its reset; the episode ends ``truncated`` after the first step
-        that ends past it (CONTRACT 18).
-      served: for served envs, their checked ``backend.ServedOptions``
-        (token, credentials, reply_timeout, lane_groups: as for
-        ``jaxmesh.evaluate``; lane groups in ``jaxmesh.run.served``); None for
-        envs stepped in this process.
-      metrics, success, success_mode: as for ``jaxmesh.evaluate``; read from
-        each step's
-        gymnasium ``info`` (``HostMetrics``). A served env sends only these
-        keys (in auto mode, ``success=None``, also ``success`` and
-        ``is_success`` when its info has them).
+      config: the checked ``RunConfig``. ``num_envs`` is at most this many
+        lanes: a list or VectorEnv gives at most its own count (so the default
+        64 means all of them); ``max_episode_steps`` caps an episode's length
+        (an env's own ``TimeLimit`` truncates it too);
+        ``max_episode_seconds`` is a wall-clock cap measured from just before
+        an episode's reset (it ends ``truncated`` after the first step that
+        ends past it, CONTRACT 18); ``Layout.segment_steps`` is unused (the
+        host sees every step). Metrics and success are read from each step's
+        gymnasium ``info`` (``HostMetrics``); a served env sends only those
+        keys. ``Starts.check_seeds`` runs ``jaxmesh.check_seeds`` on the first
+        lane's env before the run (a served env refuses it). Without
+        ``Starts.instruction`` a ``Text(info_key=...)`` input reads each
+        episode's instruction from its reset info.
+      served: for served envs, their checked ``backend.ServedOptions`` (lane
+        groups in ``jaxmesh.run.served``); None for envs stepped in this
+        process.
       record: a ``jaxmesh.Record``: its episodes are recorded on the host
         (``HostRecorder``); in process, with ``env.render()`` frames when the
         envs have ``render_mode="rgb_array"`` (``Record.frames``). A served
         env sends every step's observation for it and gives no frames.
-      check_seeds: before the run, ``jaxmesh.check_seeds`` on the first lane's
-        env (``jaxmesh.envs.check.require_reproducible``); a served env
-        refuses it (check a server with ``jaxmesh check-env grpc://host:port``
-        before the run).
-      instruction: as for ``jaxmesh.evaluate``; without it a
-        ``Text(info_key=...)`` input reads each episode's instruction from its
-        reset info (``jaxmesh.run.instructions``).
+      grid: a sweep's ``(cells, cell_episodes)`` (``checks.Settings.grid``),
+        or None for one setting.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Returns:
@@ -645,6 +622,12 @@ def evaluate(
       ``exc.partial_result``.
     """
     t_start = time.perf_counter()
+    settings, starts, scoring = config.settings, config.starts, config.scoring
+    if grid is not None:
+        settings = settings._replace(grid=grid[0], cell_episodes=grid[1])
+    check_seeds, workers = starts.check_seeds, config.workers
+    trial_index_base, instruction = starts.trial_index_base, starts.instruction
+    success_mode = scoring.success_mode
     if check_seeds and served is not None:
         raise ValueError(
             "check_seeds=True is for envs in this process; a served env's server "
@@ -653,9 +636,8 @@ def evaluate(
             "jaxmesh.check_seeds(address))"
         )
     with_params = params is not None
-    seconds = check_seconds(max_episode_seconds)
-    asked = checks.check_metrics(metrics, success)
-    success_mode = checks.check_success_mode(success_mode)
+    seconds = config.max_episode_seconds
+    asked = checks.check_metrics(scoring.metrics, scoring.success)
     record = check_record(record)
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
@@ -693,7 +675,7 @@ def evaluate(
         tile_lanes = None
     try:
         if check_seeds:
-            from jaxmesh.envs.check import require_reproducible
+            from jaxmesh.run.seed_check import require_reproducible
 
             first = lanes.envs[0] if hasattr(lanes, "envs") else lanes.vec
             require_reproducible(first, "check_seeds=True")
@@ -868,7 +850,7 @@ def _run(
             if isinstance(lanes, gym_lanes.WorkerEnvLanes):
                 grouped = GroupedRun.applies(program, lanes, recorder)
                 run_cls = GroupedRun if grouped else LocalRun
-            elif isinstance(lanes, gym_lanes._Lanes):
+            elif isinstance(lanes, gym_lanes.LocalLanes):
                 run_cls = LocalRun
             else:
                 from jaxmesh.run.served import run_class
@@ -918,4 +900,4 @@ def episode_keys(seeds: Any) -> np.ndarray:
     return rules.episode_keys(np, seeds)
 
 
-__all__ = ["evaluate", "HostAgent", "check_seconds", "clear_cache"]
+__all__ = ["evaluate", "HostAgent", "clear_cache"]

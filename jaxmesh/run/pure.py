@@ -13,24 +13,17 @@ from jaxmesh.core.tally import Results, empty
 from jaxmesh.envs import make_env
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.run import build, checks, plan
+from jaxmesh.run.config import RunConfig, changed, from_keywords
 
 
 def make_evaluator(
     policy: Any,
     env: Any,
+    config: RunConfig | None = None,
     *,
     episodes: int | None = None,
     seeds: Sequence[int] | None = None,
-    num_envs: int = 64,
-    horizon: int = 1,
-    prefetch_lead: int = 0,
-    max_episode_steps: int | None = None,
-    plan_tile: int | None = None,
-    metrics: Any = None,
-    success: Any = None,
-    delay: int = 0,
-    delay_ms: float | None = None,
-    execution: Any = None,
+    **settings: Any,
 ):
     """The engine as a pure function of policy params.
 
@@ -48,29 +41,24 @@ def make_evaluator(
     Unlike ``evaluate``, it cannot raise at a bad value: it scores the whole
     budget and reports the fault.
 
-    ``delay``, ``delay_ms`` and ``execution`` (a ``jaxmesh.Ensemble``) are
-    ``evaluate``'s: how each plan's chunk is executed (docs/contract.md, "How
-    a chunk is executed").
-
-    ``metrics`` and ``success`` are ``evaluate``'s: the per-episode values land
-    in ``Results.metrics`` (name -> [episodes]) and ``Results.success``
-    (None when no success key is kept), reduced on the device.
+    ``config`` (or ``RunConfig``'s knobs and groups as keywords) is
+    ``evaluate``'s: ``num_envs``, ``horizon``, ``max_episode_steps``,
+    ``Chunking`` (how each plan's chunk is executed, docs/contract.md, "How a
+    chunk is executed"), ``Layout.plan_tile`` and ``Scoring``'s ``metrics``
+    and ``success``: the per-episode values land in ``Results.metrics`` (name
+    -> [episodes]) and ``Results.success`` (None when no success key is
+    kept), reduced on the device. What needs the host between segments
+    (``Starts``, ``Served``, workers, devices, a wall-clock cap) is refused.
 
     Example::
 
       run = jaxmesh.make_evaluator(apply, "gymnax:CartPole-v1", episodes=16)
       returns = jax.jit(jax.vmap(run))(population).returns  # [P, 16]
     """
-    settings = checks.check_settings(
-        num_envs,
-        horizon,
-        prefetch_lead,
-        max_episode_steps,
-        plan_tile,
-        delay=delay,
-        execution=execution,
-        delay_ms=delay_ms,
-    )
+    config = from_keywords(config, settings, "jaxmesh.make_evaluator")
+    _refuse_host_settings(config)
+    settings = config.settings
+    metrics, success = config.scoring.metrics, config.scoring.success
     seeds_arr = checks.resolve_budget(episodes, seeds, device_buffers=True)
     env_obj = make_env(env)
     name = getattr(env_obj, "name", type(env_obj).__name__)
@@ -111,3 +99,29 @@ def make_evaluator(
         return engines[sig].run(params, jnp.asarray(s, jnp.int32))
 
     return evaluator
+
+
+def _refuse_host_settings(config: RunConfig) -> None:
+    """The settings ``make_evaluator``'s one pure program cannot honour.
+
+    Raises:
+      ValueError: naming the setting and what to use instead.
+    """
+    given = changed(config.starts) + [
+        name
+        for name, value in (
+            ("served", config.served),
+            ("workers", config.workers),
+            ("max_episode_seconds", config.max_episode_seconds),
+            ("devices", config.layout.devices),
+        )
+        if value is not None
+    ]
+    if config.layout.segment_steps != checks.DEFAULT_SEGMENT_STEPS:
+        given.append("segment_steps")
+    if given:
+        raise ValueError(
+            f"make_evaluator(..., {given[0]}=...): the pure evaluator is one "
+            "program over the whole budget, with no host between segments, so it "
+            f"does not take {given[0]}; use jaxmesh.evaluate or jaxmesh.Evaluator"
+        )

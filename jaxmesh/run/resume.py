@@ -34,19 +34,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import json
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.execution import Ensemble
 from jaxmesh.results.result import SUCCESS_KINDS, RunResult, flags_array, headline
-from jaxmesh.run import identity
-from jaxmesh.run.checks import DEFAULT_SUCCESS_MODE
+from jaxmesh.run import checks, identity
+
+if TYPE_CHECKING:
+    from jaxmesh.run.config import RunConfig
 
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
     "jaxmesh_resume_indices", default=None
@@ -349,36 +350,29 @@ def _params_of(policy: Any, params: Any) -> Any:
     return params if params is not None else getattr(policy, "params", None)
 
 
-def resumable(evaluate: Callable[..., RunResult]) -> Callable[..., RunResult]:
-    """``evaluate`` with ``resume=`` (see the module docstring); every result it
-    returns records its ``fingerprint``, a failure's ``partial_result`` with the
-    params' digest."""
-
-    @functools.wraps(evaluate)
-    def wrapper(policy: Any, env: Any, **kw: Any) -> RunResult:
-        done = kw.pop("resume", None)
-        if done is not None:
-            from jaxmesh.run import checks
-
-            seeds = checks.resolve_budget(kw.get("episodes"), kw.get("seeds"))
-            digest = params_digest(_params_of(policy, kw.get("params")))
-            args = {"policy": policy, "env": env, **kw}
-            return run(wrapper, args, done, np.asarray(seeds, np.int64), digest)
-        params = _params_of(policy, kw.get("params"))
-        fields = fingerprint(kw.get("max_episode_steps"), params, digest=True)
-        try:
-            with identity.evaluating(fields):
-                result = evaluate(policy, env, **kw)
-        except BaseException as exc:
-            partial = getattr(exc, "partial_result", None)
-            if isinstance(partial, RunResult):
-                partial.fingerprint = {**fields, **(partial.fingerprint or {})}
-                _flush_logs(kw.get("hooks"), partial, partial.episodes)
-            raise
-        result.fingerprint = {**fields, **(result.fingerprint or {})}
-        return result
-
-    return wrapper
+def fingerprinted(
+    evaluate: Callable[..., RunResult],
+    policy: Any,
+    env: Any,
+    config: RunConfig,
+    call: dict,
+) -> RunResult:
+    """``evaluate(policy, env, config, **call)``, its result (or a failure's
+    ``partial_result``) recording its ``fingerprint`` with the params'
+    digest; a failure's episode logs get the episodes they had not heard of."""
+    params = _params_of(policy, call.get("params"))
+    fields = fingerprint(config.max_episode_steps, params, digest=True)
+    try:
+        with identity.evaluating(fields):
+            result = evaluate(policy, env, config, **call)
+    except BaseException as exc:
+        partial = getattr(exc, "partial_result", None)
+        if isinstance(partial, RunResult):
+            partial.fingerprint = {**fields, **(partial.fingerprint or {})}
+            _flush_logs(call.get("hooks"), partial, partial.episodes)
+        raise
+    result.fingerprint = {**fields, **(result.fingerprint or {})}
+    return result
 
 
 def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
@@ -393,7 +387,9 @@ def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
                 log.flush(episodes, result)
 
 
-def _check_complete(done: RunResult, args: dict) -> None:
+def _check_complete(
+    done: RunResult, policy: Any, env: Any, config: RunConfig, call: dict
+) -> None:
     """A result that holds the whole budget runs nothing, so the run is never
     built: its settings and the names known without building (the policy's,
     and the env's unless served) are compared here instead.
@@ -403,28 +399,27 @@ def _check_complete(done: RunResult, args: dict) -> None:
     """
     from jaxmesh.core.policy import resolve_policy
 
-    seconds = args.get("max_episode_seconds")
-    execution = args.get("execution")
+    chunking, starts = config.chunking, config.starts
+    execution = chunking.execution
     now: dict = {
-        "trial_index_base": args.get("trial_index_base") or 0,
-        "instruction": args.get("instruction"),
-        "horizon": args.get("horizon") or 1,
-        "prefetch_lead": args.get("prefetch_lead") or 0,
+        "trial_index_base": starts.trial_index_base,
+        "instruction": starts.instruction,
+        "horizon": config.horizon,
+        "prefetch_lead": chunking.prefetch_lead,
         "execution": execution.describe()
         if isinstance(execution, Ensemble)
         else execution,
-        "max_episode_seconds": None if seconds is None else float(seconds),
-        "success_mode": args.get("success_mode") or DEFAULT_SUCCESS_MODE,
+        "max_episode_seconds": config.max_episode_seconds,
+        "success_mode": config.scoring.success_mode,
     }
     # A delay in milliseconds is compared as given (its steps need the env).
-    if args.get("delay_ms") is not None:
-        now["delay_ms"] = float(args["delay_ms"])
+    if chunking.delay_ms is not None:
+        now["delay_ms"] = chunking.delay_ms
     else:
-        now["delay"] = args.get("delay") or 0
+        now["delay"] = chunking.delay
     with contextlib.suppress(TypeError, ValueError):
-        with_params = args.get("params") is not None
-        now["policy"] = resolve_policy(args["policy"], with_params=with_params).name
-    env = args.get("env")
+        with_params = call.get("params") is not None
+        now["policy"] = resolve_policy(policy, with_params=with_params).name
     name = env if isinstance(env, str) else getattr(env, "name", None)
     if isinstance(name, str) and not name.startswith(("grpc://", "grpcs://")):
         now["env"] = name
@@ -433,12 +428,14 @@ def _check_complete(done: RunResult, args: dict) -> None:
 
 def run(
     evaluate: Callable[..., RunResult],
-    args: dict,
+    policy: Any,
+    env: Any,
+    config: RunConfig,
+    call: dict,
     done: RunResult,
-    seeds: np.ndarray,
-    digest: str | None,
 ) -> RunResult:
-    """``evaluate(**args)`` over the episodes ``done`` lacks, merged with it.
+    """``evaluate(policy, env, config, **call)`` over the episodes ``done``
+    lacks, merged with it (each inner run ``fingerprinted``).
 
     Raises:
       ValueError: ``done`` is from another budget or run (before anything
@@ -446,28 +443,33 @@ def run(
       Any exception of the run, with ``partial_result`` holding ``done``'s
         episodes and those finished now.
     """
-    if args.get("record") is not None:
+    if call.get("record") is not None:
         raise ValueError(
             "resume= with record=: the recorded episodes are named by budget index; "
             "resume without record=, then record the episodes you want in a run "
             "of their own"
         )
-    missing = missing_episodes(done, seeds, args.get("max_episode_steps"), digest)
+    seeds = np.asarray(
+        checks.resolve_budget(call.get("episodes"), call.get("seeds")), np.int64
+    )
+    digest = params_digest(_params_of(policy, call.get("params")))
+    missing = missing_episodes(done, seeds, config.max_episode_steps, digest)
     done = checked_records(done)
-    user_hooks = args.get("hooks")
+    user_hooks = call.get("hooks")
     user_hooks = [] if user_hooks is None else user_hooks
     if not isinstance(user_hooks, list | tuple):
         user_hooks = [user_hooks]
     if not missing.size:
-        _check_complete(done, args)
+        _check_complete(done, policy, env, config, call)
         # An empty run builds the env and probes the policy: their identity.
-        evaluate(**{**args, "episodes": 0, "seeds": None, "hooks": [_Check(done)]})
+        empty = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
+        fingerprinted(evaluate, policy, env, config, empty)
         result = dataclasses.replace(done)
         for h in user_hooks:
             if callable(getattr(h, "on_run_end", None)):
                 h.on_run_end(result)
         return result
-    tile = args.get("plan_tile")
+    tile = config.layout.plan_tile
     if tile is not None and done.plan_tile and tile != done.plan_tile:
         raise _differs("plan_tile", done.plan_tile, tile)
     watched = ("on_run_start", "on_episode_end", "on_step", "on_fault")
@@ -476,17 +478,12 @@ def run(
         for h in user_hooks
         if any(callable(getattr(h, name, None)) for name in watched)
     ]
-    inner = {
-        **args,
-        "episodes": None,
-        "seeds": seeds[missing].tolist(),
-        "hooks": hooks,
-        # The rows a policy call sees: each episode rounds as it did before.
-        "plan_tile": done.plan_tile or tile,
-    }
+    inner = {**call, "episodes": None, "seeds": seeds[missing].tolist(), "hooks": hooks}
+    # The rows a policy call sees: each episode rounds as it did before.
+    config = config.replace(plan_tile=done.plan_tile or tile)
     try:
         with _indices(missing):
-            new = evaluate(**inner)
+            new = fingerprinted(evaluate, policy, env, config, inner)
     except BaseException as exc:
         partial = getattr(exc, "partial_result", None)
         if partial is not None:
@@ -798,7 +795,7 @@ def load_results(path: Any) -> RunResult:
 __all__ = [
     "EpisodeLog",
     "load_episode_log",
-    "resumable",
+    "fingerprinted",
     "episode_indices",
     "params_digest",
     "fingerprint",

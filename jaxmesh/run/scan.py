@@ -1,16 +1,14 @@
-"""``jaxmesh.evaluate``: the backend chosen once; JAX envs run here, in scan
-segments driven by one host loop.
+"""JAX envs' backend: the budget runs in scan segments driven by one host loop.
 
-``evaluate`` asks ``backend.backend_of`` once which backend runs the env, checks
-the served-only options once (``backend.check_served_options``), and hands a
-host-stepped or served env to ``jaxmesh.run.host``. A JAX env runs on an
-``Evaluator``: it owns one (policy, env, settings), a placement (one device or
-a mesh of devices, ``jaxmesh.run.placement``) and the programs compiled for it,
-keyed on everything that changes the program: the params' shapes (and the rows
-of a segment's episode log, set by the lanes: never the budget). Each run's
-sizes are planned once (``jaxmesh.run.plan``). ``evaluate`` keeps a few evaluators
-(``cache_info()``, ``clear_cache()``) so that calling it again with the same
-policy object, env and settings compiles nothing.
+``jaxmesh.evaluate`` (``jaxmesh.api``) picks this backend for a JAX env and
+calls ``run``. An ``Evaluator`` owns one (policy, env, ``RunConfig``), a
+placement (one device or a mesh of devices, ``jaxmesh.run.placement``) and the
+programs compiled for it, keyed on everything that changes the program: the
+params' shapes (and the rows of a segment's episode log, set by the lanes:
+never the budget). Each run's sizes are planned once (``jaxmesh.run.plan``).
+``run`` keeps a few evaluators (``cache_info()``, ``clear_cache()``) so that
+calling ``jaxmesh.evaluate`` again with the same policy object, env and
+settings compiles nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxmesh import suite as suite_mod
 from jaxmesh.core import tally as core_results
 from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
@@ -34,7 +31,6 @@ from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results.record import check_record, check_record_budget
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import (
-    backend,
     build,
     checks,
     identity,
@@ -43,13 +39,9 @@ from jaxmesh.run import (
     placement,
     stream,
 )
-from jaxmesh.run import resume as resume_mod
-from jaxmesh.run.placement import (  # noqa: F401 - their old home
-    CPU_COMPILER_OPTIONS,
-    compiler_options,
-)
+from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.run.plan import RunPlan, plan_run
-from jaxmesh.trace import check_trace_path, span, tracing
+from jaxmesh.trace import span
 
 TRIAL_HINT = (
     "episode i gets trial index trial_index_base + i (a host-stepped env that "
@@ -77,21 +69,18 @@ class Evaluator:
     Args:
       policy: as for ``jaxmesh.evaluate``.
       env: as for ``jaxmesh.evaluate``.
+      config: a ``jaxmesh.RunConfig`` (None: the defaults); with
+        ``Layout(devices=...)`` the evaluator is a ``ShardedEvaluator`` (the
+        same evaluator on a ``placement.DeviceMesh``). ``run`` may pass its own
+        ``trial_index_base``, ``instruction``, ``success_mode`` and
+        ``initial_states`` of the same shapes (their values are data).
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
-      horizon, num_envs, prefetch_lead, max_episode_steps, plan_tile,
-        segment_steps, metrics, success, success_mode, devices, delay,
-        delay_ms, execution: as for
-        ``jaxmesh.evaluate``
-        (with ``devices``, the evaluator is a ``ShardedEvaluator``: the same
-        evaluator on a ``placement.DeviceMesh``).
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
         may name other episodes, as many of them (the buffers' size is part
         of the program; which episodes fill them is data).
-      initial_states, reset_fn: as for ``jaxmesh.evaluate``; ``run`` may
-        pass other ``initial_states`` of the same shapes (their values are
-        data) and its own ``trial_index_base``.
-      randomize: as for ``jaxmesh.evaluate``.
+      **settings: ``RunConfig``'s flat knobs and groups, overriding
+        ``config``'s (``num_envs=64``, ``chunking=jaxmesh.Chunking(...)``).
 
     Raises:
       ValueError, TypeError: bad settings, env or policy (nothing compiles).
@@ -103,8 +92,10 @@ class Evaluator:
       b = ev.run(episodes=300)  # same program: no compile
     """
 
-    def __new__(cls, *args: Any, devices: Any = None, **kwargs: Any):
+    def __new__(cls, policy: Any, env: Any, config: Any = None, **kwargs: Any):
         # The type names where the lanes run; the placement does the work.
+        layout = kwargs.get("layout") or getattr(config, "layout", None)
+        devices = kwargs.get("devices", getattr(layout, "devices", None))
         if devices is not None and cls is Evaluator:
             cls = ShardedEvaluator
         return super().__new__(cls)
@@ -113,41 +104,23 @@ class Evaluator:
         self,
         policy: Any,
         env: Any,
+        config: RunConfig | None = None,
         *,
         takes_params: bool = False,
-        horizon: int = 1,
-        num_envs: int = 64,
-        prefetch_lead: int = 0,
-        max_episode_steps: int | None = None,
-        plan_tile: int | None = None,
-        segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
-        metrics: Any = None,
-        success: Any = None,
-        devices: Any = None,
         record: Any = None,
-        initial_states: Any = None,
-        reset_fn: Any = None,
-        delay: int = 0,
-        execution: Any = None,
-        success_mode: str = checks.DEFAULT_SUCCESS_MODE,
-        randomize: Any = None,
-        delay_ms: float | None = None,
+        **settings: Any,
     ):
-        asked = checks.check_metrics(metrics, success)
-        self.success_mode = checks.check_success_mode(success_mode)
-        trials = initial.resolve(initial_states, reset_fn)
+        # settings: RunConfig's flat knobs and groups, or the keywords of
+        # earlier releases (filed under their groups, with a warning).
+        config = from_keywords(config, settings, "jaxmesh.Evaluator")
+        self.config = config
+        starts, scoring = config.starts, config.scoring
+        asked = checks.check_metrics(scoring.metrics, scoring.success)
+        self.success_mode = scoring.success_mode
+        trials = initial.resolve(starts.initial_states, starts.reset_fn)
         self.record = check_record(record)
-        self.settings = checks.check_settings(
-            num_envs,
-            horizon,
-            prefetch_lead,
-            max_episode_steps,
-            plan_tile,
-            segment_steps,
-            delay,
-            execution,
-            delay_ms,
-        )
+        self.settings = config.settings
+        randomize, devices = starts.randomize, config.layout.devices
         self.env = make_env(env)
         if randomize is not None:
             self.env = playground.randomized(self.env, randomize)
@@ -488,20 +461,6 @@ class ShardedEvaluator(Evaluator):
         return self.placement.lanes_per_device
 
 
-def _trace_settings(args: dict) -> dict:
-    """The settings a timeline records: the plain values among ``evaluate``'s
-    arguments (policies, envs and params are named, not dumped)."""
-    out = {}
-    for k, v in args.items():
-        if v is None or isinstance(v, bool | int | float | str):
-            out[k] = v
-        elif k == "seeds":
-            out[k] = f"{len(v)} seeds"
-        else:
-            out[k] = getattr(v, "name", None) or type(v).__name__
-    return out
-
-
 _EVALUATORS: collections.OrderedDict = collections.OrderedDict()
 CACHE_SIZE = 16
 
@@ -537,346 +496,41 @@ def clear_cache() -> None:
     host.clear_cache()
 
 
-@suite_mod.runs_suites
-@resume_mod.resumable
-def evaluate(
+def run(
     policy: Any,
     env: Any,
+    config: RunConfig,
     *,
-    horizon: int = 1,
-    num_envs: int = 64,
-    episodes: int | None = None,
-    seeds: Sequence[int] | None = None,
-    prefetch_lead: int = 0,
-    max_episode_steps: int | None = None,
-    hooks: Any = None,
-    params: Any = None,
-    plan_tile: int | None = None,
-    segment_steps: int = checks.DEFAULT_SEGMENT_STEPS,
-    max_episode_seconds: float | None = None,
-    token: str | None = None,
-    lane_groups: int | None = None,
-    credentials: Any = None,
-    reply_timeout: float | str | None = "auto",
-    on_server_loss: str | None = None,
-    transport: str = "auto",
-    metrics: Any = None,
-    success: Any = None,
-    devices: Any = None,
-    record: Any = None,
-    trace: Any = None,
-    resume: RunResult | None = None,
-    check_seeds: bool = False,
-    trial_index_base: int = 0,
-    initial_states: Any = None,
-    reset_fn: Any = None,
-    delay: int = 0,
-    execution: Any = None,
-    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
-    instruction: str | None = None,
-    randomize: Any = None,
-    delay_ms: float | None = None,
-    workers: int | None = None,
+    episodes: int | None,
+    seeds: Sequence[int] | None,
+    params: Any,
+    hooks: Any,
+    record: Any,
 ) -> RunResult:
-    """Evaluates a policy on a JAX-native env, scoring exactly the budget.
-
-    The backend is chosen here, once (``jaxmesh.run.backend.backend_of``): a
-    host-stepped gymnasium env (a ``gymnasium.Env``, a list of them, a
-    ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``) runs
-    in ``jaxmesh.run.host.evaluate`` under the same contract, and so do served
-    envs: ``"grpc://host:port"`` (a ``jaxmesh.EnvServer`` or ``jaxmesh
-    serve-env``) or a list of such addresses (lanes dealt over the servers).
-    ``token``, ``credentials``, ``reply_timeout`` and ``lane_groups`` are for
-    served envs only, checked once (``backend.ServedOptions``).
-
-    Args:
-      policy: a single-lane callable ``obs -> action`` or ``obs -> chunk`` (or
-        ``(obs, key)`` for a stochastic policy), or a ``jaxmesh.Model``.
-      env: an id (``"gymnax:CartPole-v1"``, ``"brax:fast"``), a gymnax env, an
-        ``(env, env_params)`` tuple, a brax env, or an object following
-        ``jaxmesh.types.Env``. A ``jaxmesh.Suite`` runs each of its tasks and
-        returns a ``jaxmesh.SuiteResult`` (``jaxmesh.suite``, docs/suites.md).
-        ``env_config={...}`` (a keyword) makes an id with those options,
-        ``jaxmesh.make_env(env, **env_config)`` (e.g. a ``"libero:"`` task's
-        ``camera_size``; docs/libero.md).
-      horizon: H, actions of a chunk executed before the next plan.
-      num_envs: N, parallel lanes.
-      episodes: the budget; ``seeds`` default to ``range(episodes)``.
-      seeds: one seed per episode; episode i is reset with
-        ``jax.random.PRNGKey(seeds[i])``.
-      prefetch_lead: L; the chunk that starts at step t was planned at
-        ``t - min(L, h)`` (simulated asynchronous inference).
-      delay: d steps of inference delay (0 < d < h, chunks of K >= h + d):
-        the next chunk is planned when the playing one has d actions left and
-        plays its actions ``d .. d+h-1`` once the playing one is exhausted
-        (docs/contract.md, "How a chunk is executed"); not with
-        ``prefetch_lead``.
-      delay_ms: the delay as an inference time in milliseconds instead of
-        ``delay``: ``d = ceil(delay_ms / (1000 * dt))`` steps, ``dt`` the
-        env's seconds per step (its ``dt``, or ``tau`` for CartPole; a served
-        env's server sends it), since the first step at or after the chunk's
-        arrival is the first that can play it. An env without a step time
-        refuses it; ``result.delay`` holds the steps, ``result.delay_ms``
-        the milliseconds.
-      execution: None (each plan's chunk replays its first h actions) or a
-        ``jaxmesh.Ensemble``: a chunk planned every step and the chunks that
-        cover a step averaged (temporal ensembling; continuous actions; not
-        with ``horizon``, ``delay`` or ``prefetch_lead``).
-      max_episode_steps: a cap on episode length (``truncated`` when hit);
-        default: the env's own limit, or 100,000 steps.
-      hooks: an object (or list) with any of ``on_run_start(info)``,
-        ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called on
-        the host between segments; episodes arrive in episode order. And
-        ``on_step(jaxmesh.StepEvent)``, every executed step in step order (on a
-        JAX env a program of its own with a host callback per step: much slower;
-        docs/evaluation.md, "Step hooks"; refused with ``devices=``). And
-        ``on_fault(info)``: served envs, a server lost and its unfinished
-        episodes run again (``on_server_loss``).
-      params: policy params passed as a jit argument (new values never
-        recompile). With ``params``, a plain function is ``fn(params, obs)`` or
-        ``fn(params, obs, key)`` as in ``make_evaluator``; for a Model they
-        replace ``model.params`` for this run.
-      plan_tile: rows per policy call; None: ``build.default_plan_tile`` (128 //
-        h rows, fewer for fewer lanes; see docs/evaluation.md for what it
-        promises about invariance).
-      segment_steps: env steps per scan segment between host visits.
-      max_episode_seconds: a wall-clock cap on an episode, host-stepped envs
-        only (a JAX env refuses it: use ``max_episode_steps``).
-      token: served envs: the servers' token (default: the ``JAXMESH_TOKEN``
-        environment variable).
-      credentials: served envs at ``"grpcs://host:port"``: the
-        ``grpc.ChannelCredentials`` that check the servers' certificates (e.g.
-        ``grpc.ssl_channel_credentials(root_certificates=pem)``); None: gRPC's
-        default roots.
-      reply_timeout: served envs: seconds a reply may take before the server
-        is dropped (``on_server_loss``) or the run fails with
-        ``jaxmesh.RemoteConnectionError`` (an env that hangs without dying).
-        ``"auto"`` (the default): over several servers, one that owes a reply
-        and answers nothing for 10 times the slowest reply of the run (at least
-        10 s) is dropped and its episodes run on the others; with one server,
-        no limit. None: as long as the env takes (a dead server is detected
-        anyway, docs/remote.md).
-      lane_groups: served envs: lanes in this many groups, so that the device
-        plans for one group while the servers step another; None: the default
-        (``jaxmesh.run.served.default_lane_groups``).
-      on_server_loss: served envs over several servers: ``"rerun"`` (None,
-        the default): a server that dies or stops answering (``reply_timeout``)
-        is dropped and the episodes it had not finished run again, from their
-        seeds, on the other servers' lanes, so the result is that of a run
-        without the loss (``result.server_losses`` and ``on_fault`` hooks say
-        what happened); with no server left the run raises. ``"raise"``: the
-        first loss ends the run with ``jaxmesh.RemoteConnectionError``
-        (finished episodes on ``exc.partial_result``).
-      transport: served envs: ``"auto"`` (the default: shared memory with a
-        server on this host run by this user, else gRPC), ``"grpc"`` or
-        ``"shm"`` (shared memory or an error); see docs/remote.md.
-      metrics: env info keys kept per episode (``result.metrics``): a key, a
-        list of keys (each its last value), or a dict key -> reduction over the
-        episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``. Sources:
-        gymnax's ``info``, brax's ``state.metrics``, gymnasium's ``info``.
-      success: the info key that is an episode's success signal; None:
-        ``success`` or ``is_success`` when the env's info has one; False: none.
-        Per episode the result keeps ``success_once`` (true at any executed
-        step), ``success_at_end`` (true at its last step) and
-        ``success_at_reset`` (true in the reset's info; None where the reset
-        gives no info, as on gymnax).
-      success_mode: which of them is the headline, ``result.success`` and
-        ``result.success_rate`` (and the summary's and report's): ``"once"``
-        (the default, as LIBERO, MetaWorld and ManiSkill count a task
-        achieved) or ``"end"`` (stricter); docs/evaluation.md, "Success".
-      devices: JAX envs: split the lanes over devices (``placement.DeviceMesh``,
-        ``jaxmesh/run/sharded.py``, docs/scale.md). None: one device;
-        ``"all"``: every device; an int D: the first D; a list of devices; or
-        a one-axis ``jax.sharding.Mesh``.
-        ``num_envs`` must be a multiple of the device count; results equal the
-        one-device run's episode for episode.
-      record: a ``jaxmesh.Record(episodes=[...], keys=None, max_steps=1000)``:
-        keep those episodes' observations, actions, rewards and ends step by
-        step (``result.trajectories``; ``jaxmesh.render`` makes a video).
-        Not with ``devices=``.
-      trace: a file path: the run's timeline as Chrome-trace / Perfetto JSON
-        (compile, init, segments, host syncs, hooks; per call on host-stepped
-        envs: plan, encode, the call and the server's step, decode), written
-        when the run ends, also when it fails (``jaxmesh.trace``; open it at
-        https://ui.perfetto.dev).
-      resume: an earlier ``RunResult`` of this run (an exception's
-        ``partial_result``, ``RunResult.from_dict`` of its JSON, or
-        ``jaxmesh.load_episode_log(path)``): only the episodes it lacks run, in
-        its plan tile, and the result holds the whole budget, each episode as
-        an uninterrupted run gives it (``jaxmesh.run.resume``). A result of
-        another budget, policy, params, env or settings is refused, naming
-        what differs; not with ``record=``.
-      check_seeds: host-stepped envs in this process: before the run,
-        ``jaxmesh.check_seeds`` on the first lane's env (two resets with seed
-        0 and one with seed 1, a few steps each); a ``ValueError`` naming the
-        env and what differed when it is not reproducible from its seed
-        (docs/evaluation.md, "Envs that ignore their seed"). A served env
-        refuses it (check a server before the run: ``jaxmesh check-env
-        grpc://host:port``); a JAX env is reproducible by construction (a
-        function of ``jax.random.PRNGKey(seed)``), so nothing is checked.
-      trial_index_base: host-stepped and served envs that list
-        ``"trial_index"`` in ``metadata["reset_options"]``: episode i is reset
-        with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
-        whatever lane runs it; an env that does not declare it never sees it.
-        A JAX env: episode i starts from trial ``trial_index_base + i`` of
-        ``initial_states`` or ``reset_fn``; without them a base other than 0
-        is refused.
-      initial_states: JAX envs: T initial states in the form the env's reset
-        returns them, ``(obs, state)`` with a leading axis T on every leaf
-        (what ``jax.vmap(env.reset)(keys)`` returns for ``env =
-        jaxmesh.make_env(...)``), or a list of T such pairs. Episode i starts
-        from entry ``trial_index_base + i``, whatever lane runs it; a budget
-        that needs an entry past T is refused (never wrapped). The values are
-        data: other states of the same shapes compile nothing.
-        docs/evaluation.md, "Initial states".
-      reset_fn: JAX envs, instead of ``initial_states``: ``reset_fn(key,
-        trial) -> (obs, state)`` of one lane, traced in the compiled program;
-        episode i's reset is ``reset_fn(PRNGKey(seeds[i]), trial_index_base +
-        i)`` (``trial`` an int32 scalar). Its output must have the env
-        reset's structure, shapes and dtypes (checked by shape first).
-      instruction: the language instruction of every episode, for a policy
-        with a ``jaxmesh.adapt.Text`` input: encoded once on the host by the
-        Text's ``encode``; the encoding is data, so another string of the same
-        shapes compiles nothing. Without it, on a gymnasium or served env, a
-        ``Text(info_key=...)`` reads each episode's instruction from its reset
-        info; a JAX env needs it (docs/models.md, "Language instructions").
-      randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
-        domain randomization drawn at every reset from the episode's own key,
-        ``fold_in(PRNGKey(seed), jaxmesh.envs.playground.RANDOMIZE_STREAM)``,
-        inside the compiled program (the fields it replaces are held per
-        lane), so episode i's physics depends on its seed only. The drawn
-        values are info keys ``"model/<field>/<index>"`` for ``metrics=``.
-        Another env refuses it (TypeError).
-
-    Returns:
-      A ``RunResult``.
-
-    Raises:
-      ValueError, TypeError: bad input, before anything compiles.
-      jaxmesh.BadValueError: a discrete action out of range, a NaN action or a
-        NaN reward, after the segment that met it.
-
-    Example::
-
-      result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
-    """
-    path = check_trace_path(trace)
-    if path is not None:
-        args = {k: v for k, v in locals().items() if k not in ("trace", "path")}
-        with tracing(path, _trace_settings(args)):
-            return evaluate(**args)
-    settings = checks.check_settings(
-        num_envs,
-        horizon,
-        prefetch_lead,
-        max_episode_steps,
-        plan_tile,
-        segment_steps,
-        delay,
-        execution,
-        delay_ms,
-    )
-    success_mode = checks.check_success_mode(success_mode)
-    if not isinstance(check_seeds, bool):
-        raise TypeError(f"check_seeds={check_seeds!r}: expected True or False")
-    instruction = instructions.check_instruction(instruction)
-    trial_index_base = checks.check_int(
-        "trial_index_base", trial_index_base, 0, TRIAL_HINT
-    )
-    # The one place that chooses the backend; the served-only options are
-    # checked here once, for every kind of env.
-    kind = backend.backend_of(env)
-    served = backend.check_served_options(
-        backend.ServedOptions(
-            token, credentials, reply_timeout, lane_groups, on_server_loss, transport
-        ),
-        kind,
-        env,
-    )
-    from jaxmesh.run import host
-
-    workers = host.check_workers(workers)
-    if workers and kind != backend.HOST:
-        raise ValueError(
-            f"workers={workers}: worker processes step a gymnasium env's lanes "
-            f"('gymnasium:<id>' or an env factory); env {env!r} is "
-            + (
-                "served: start its server with `jaxmesh serve-env ... --workers N`"
-                if kind == backend.SERVED
-                else "a JAX env, stepped inside the jitted loop: drop workers="
-            )
-        )
-    if kind != backend.SCAN:
-        if randomize is not None:
-            raise TypeError(playground.not_playground(env))
-        if devices is not None:
-            raise ValueError(
-                f"devices={devices!r}: lanes are split over devices for JAX envs "
-                f"only; env {env!r} is stepped by the host, so drop devices="
-            )
-        initial.refuse_host(initial_states, reset_fn, env)
-        return host.evaluate(
-            policy,
-            env,
-            settings,
-            episodes=episodes,
-            seeds=seeds,
-            hooks=hooks,
-            params=params,
-            max_episode_seconds=max_episode_seconds,
-            served=served,
-            metrics=metrics,
-            success=success,
-            record=record,
-            check_seeds=check_seeds,
-            trial_index_base=trial_index_base,
-            success_mode=success_mode,
-            instruction=instruction,
-            workers=workers,
-        )
-    if max_episode_seconds is not None:
-        raise ValueError(
-            f"max_episode_seconds={max_episode_seconds!r}: a wall-clock cap applies "
-            "to host-stepped (gymnasium) envs only; a JAX env's episodes run inside "
-            "one compiled program, so cap them with max_episode_steps instead"
-        )
+    """A JAX env's run (``jaxmesh.evaluate`` picked this backend): on a kept
+    ``Evaluator`` when the same policy object, env and settings ran before
+    (nothing compiles again), else on a new one."""
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
-    asked = checks.check_metrics(metrics, success)
+    scoring, starts = config.scoring, config.starts
+    asked = checks.check_metrics(scoring.metrics, scoring.success)
+    devices = config.layout.devices
     mesh = resolve_mesh(devices)
-    key = (id(policy), _env_key(env), settings, with_params, str(pol.device), asked)
+    key = (id(policy), _env_key(env), config.settings, with_params, str(pol.device))
+    key += (asked,)
     record = check_record(record)
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
-    trials = initial.resolve(initial_states, reset_fn)
+    trials = initial.resolve(starts.initial_states, starts.reset_fn)
     states = None if trials is None else trials.states
     # The recorded episodes and the initial states' values are data: runs that
     # record as many, from states of the same shapes, share a program.
-    key += (mesh, None if record is None else record_shape(record), randomize)
+    key += (mesh, None if record is None else record_shape(record), starts.randomize)
     key += (None if trials is None else trials.key,)
     ev = _EVALUATORS.get(key)
     if ev is None:
-        ev = Evaluator(
-            policy,
-            env,
-            takes_params=with_params,
-            horizon=horizon,
-            num_envs=num_envs,
-            prefetch_lead=prefetch_lead,
-            max_episode_steps=max_episode_steps,
-            plan_tile=plan_tile,
-            segment_steps=segment_steps,
-            metrics=metrics,
-            success=success,
-            devices=mesh,
-            record=record,
-            initial_states=states,
-            reset_fn=reset_fn,
-            delay=delay,
-            execution=execution,
-            randomize=randomize,
-            delay_ms=delay_ms,
-        )
+        built = config.replace(devices=mesh, initial_states=states)
+        ev = Evaluator(policy, env, built, takes_params=with_params, record=record)
         _EVALUATORS[key] = ev
         while len(_EVALUATORS) > CACHE_SIZE:
             _EVALUATORS.popitem(last=False)
@@ -887,10 +541,10 @@ def evaluate(
         params=params,
         hooks=hooks,
         record=record,
-        trial_index_base=trial_index_base,
+        trial_index_base=starts.trial_index_base,
         initial_states=states,
-        success_mode=success_mode,
-        instruction=instruction,
+        success_mode=scoring.success_mode,
+        instruction=starts.instruction,
     )
 
 

@@ -1,0 +1,273 @@
+"""``jaxmesh.evaluate``: the one way in.
+
+Every run starts here, in four steps a reader can follow in this file:
+
+1. the configuration is built and checked once (``jaxmesh.RunConfig``; the
+   keywords of earlier releases are filed under their groups with a
+   ``DeprecationWarning``);
+2. a ``jaxmesh.Suite`` runs each task through steps 3-4 (``jaxmesh.suite``);
+3. ``resume=`` runs only the episodes an earlier result lacks, a ``trace=``
+   writes the run's timeline, and every result records its fingerprint
+   (``jaxmesh.run.resume``);
+4. the backend is picked once (``jaxmesh.run.backend.backend_of``) and runs
+   the budget: the jitted scan for a JAX env (``jaxmesh.run.scan``), the host
+   loop for gymnasium envs in this process, in worker processes or served
+   over gRPC (``jaxmesh.run.host``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jaxmesh import envs, suite
+from jaxmesh.results.result import RunResult
+from jaxmesh.run import backend, host, scan
+from jaxmesh.run import resume as resume_mod
+from jaxmesh.run.config import RunConfig, from_keywords
+from jaxmesh.trace import check_trace_path, tracing
+
+#: The flat knobs' defaults, as ``RunConfig`` holds them (shown in signatures).
+_UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from config>"})()
+
+
+def evaluate(
+    policy: Any,
+    env: Any,
+    config: RunConfig | None = None,
+    *,
+    episodes: int | None = None,
+    seeds: Sequence[int] | None = None,
+    num_envs: int = _UNSET,
+    horizon: int = _UNSET,
+    max_episode_steps: int | None = _UNSET,
+    max_episode_seconds: float | None = _UNSET,
+    workers: int | None = _UNSET,
+    chunking: Any = _UNSET,
+    starts: Any = _UNSET,
+    scoring: Any = _UNSET,
+    served: Any = _UNSET,
+    layout: Any = _UNSET,
+    params: Any = None,
+    hooks: Any = None,
+    record: Any = None,
+    trace: Any = None,
+    resume: Any = None,
+    env_config: Mapping | None = None,
+    **deprecated: Any,
+) -> Any:
+    """Evaluates a policy on an env, scoring exactly the budget.
+
+    Episode i of the budget runs with seed ``seeds[i]`` (``episodes=E``: seeds
+    0..E-1), is scored once, and comes out the same whatever the lane count,
+    tile or backend (docs/contract.md).
+
+    Args:
+      policy: a single-lane callable ``obs -> action`` or ``obs -> chunk``
+        (``(obs, key)`` for a stochastic one), or a ``jaxmesh.Model``.
+      env: an id (``"gymnax:CartPole-v1"``, ``"brax:fast"``,
+        ``"playground:CartpoleBalance"``, ``"gymnasium:Hopper-v5"``,
+        ``"libero:libero_spatial/0"``), a served env (``"grpc://host:port"``
+        or a list of addresses), a JAX env object, a gymnasium ``Env``, a list
+        of them or a ``VectorEnv``, or a ``jaxmesh.Suite`` (then a
+        ``jaxmesh.SuiteResult`` is returned).
+      config: a ``jaxmesh.RunConfig`` (None: the defaults). The keywords
+        below override its fields.
+      episodes, seeds: the budget: E episodes with seeds 0..E-1, or these
+        seeds (one episode each).
+      num_envs, horizon, max_episode_steps, max_episode_seconds, workers: the
+        flat knobs (``RunConfig``: 64 lanes, horizon 1, the env's step cap,
+        no wall-clock cap, workers chosen for the machine).
+      chunking, starts, scoring, served, layout: the groups
+        (``jaxmesh.Chunking``, ``Starts``, ``Scoring``, ``Served``,
+        ``Layout``; docs/evaluation.md lists their fields).
+      params: policy params passed as a jit argument (new values never
+        recompile). With ``params``, a plain function is ``fn(params, obs)``
+        or ``fn(params, obs, key)``; for a Model they replace
+        ``model.params`` for this run.
+      hooks: an object (or list) with any of ``on_run_start(info)``,
+        ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called
+        on the host between segments, episodes in episode order;
+        ``on_step(jaxmesh.StepEvent)``, every executed step in step order (on
+        a JAX env a program of its own with a host callback per step: much
+        slower; docs/evaluation.md, "Step hooks"); ``on_fault(info)``: a
+        served env's server lost and its unfinished episodes run again.
+      record: a ``jaxmesh.Record(episodes=[...], keys=None, max_steps=1000)``:
+        keep those episodes' observations, actions, rewards and ends step by
+        step (``result.trajectories``; ``jaxmesh.render`` makes a video).
+      trace: a file path: the run's timeline as Chrome-trace / Perfetto JSON
+        (compile, init, segments, host syncs, hooks; per call on host-stepped
+        envs: plan, encode, the call and the server's step, decode), written
+        when the run ends, also when it fails (``jaxmesh.trace``).
+      resume: an earlier ``RunResult`` of this run (an exception's
+        ``partial_result``, ``RunResult.from_dict`` of its JSON, or
+        ``jaxmesh.load_episode_log(path)``): only the episodes it lacks run,
+        in its plan tile, and the result holds the whole budget, each episode
+        as an uninterrupted run gives it. A result of another budget, policy,
+        params, env or settings is refused, naming what differs; a
+        ``SuiteResult`` for a suite.
+      env_config: an id's options, ``jaxmesh.make_env(env, **env_config)``.
+      **deprecated: the keywords of earlier releases (``prefetch_lead=``,
+        ``success=``, ...): filed under their group with one
+        ``DeprecationWarning`` naming the new spelling.
+
+    Returns:
+      A ``jaxmesh.RunResult`` (a ``jaxmesh.SuiteResult`` for a suite).
+
+    Raises:
+      ValueError, TypeError: bad input, before anything compiles.
+      jaxmesh.BadValueError: a bad action or reward, after the segment that
+        met it. Any exception of a run carries the finished episodes on
+        ``exc.partial_result``.
+
+    Example::
+
+      result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
+    """
+    given = {
+        name: value
+        for name, value in (
+            ("num_envs", num_envs),
+            ("horizon", horizon),
+            ("max_episode_steps", max_episode_steps),
+            ("max_episode_seconds", max_episode_seconds),
+            ("workers", workers),
+            ("chunking", chunking),
+            ("starts", starts),
+            ("scoring", scoring),
+            ("served", served),
+            ("layout", layout),
+        )
+        if value is not _UNSET
+    }
+    config = from_keywords(config, {**given, **deprecated})
+    call = {
+        "episodes": episodes,
+        "seeds": seeds,
+        "params": params,
+        "hooks": hooks,
+        "record": record,
+        "trace": trace,
+        "resume": resume,
+    }
+    if isinstance(env, suite.Suite):
+        if env_config:
+            raise TypeError(
+                "env_config= with a Suite: give each task's env its options "
+                "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
+            )
+        return suite.run_suite(run_one, policy, env, config, **call)
+    return run_one(policy, with_env_config(env, env_config), config, **call)
+
+
+def run_one(
+    policy: Any,
+    env: Any,
+    config: RunConfig,
+    *,
+    episodes: int | None,
+    seeds: Sequence[int] | None,
+    params: Any,
+    hooks: Any,
+    record: Any,
+    trace: Any,
+    resume: Any,
+) -> RunResult:
+    """One run of one env: resumed, traced and fingerprinted (step 3)."""
+    if isinstance(resume, suite.SuiteResult):
+        raise TypeError(
+            "resume= is a SuiteResult, but env is not a Suite: resume a suite "
+            "with the same Suite, or a single run with its RunResult"
+        )
+    path = check_trace_path(trace)
+    call = {
+        "episodes": episodes,
+        "seeds": seeds,
+        "params": params,
+        "hooks": hooks,
+        "record": record,
+    }
+    named = {"policy": policy, "env": env}
+    with tracing(path, _trace_settings(named, config, call) if path else None):
+        if resume is not None:
+            return resume_mod.run(run_backend, policy, env, config, call, resume)
+        return resume_mod.fingerprinted(run_backend, policy, env, config, call)
+
+
+def run_backend(
+    policy: Any,
+    env: Any,
+    config: RunConfig,
+    *,
+    episodes: int | None,
+    seeds: Sequence[int] | None,
+    params: Any,
+    hooks: Any,
+    record: Any,
+) -> RunResult:
+    """The backend, picked once, runs the budget (step 4).
+
+    Raises:
+      ValueError, TypeError: a setting the env's backend does not take.
+    """
+    kind = backend.backend_of(env)
+    served = config.for_backend(kind, env)
+    if kind == backend.SCAN:
+        return scan.run(
+            policy,
+            env,
+            config,
+            episodes=episodes,
+            seeds=seeds,
+            params=params,
+            hooks=hooks,
+            record=record,
+        )
+    return host.evaluate(
+        policy,
+        env,
+        config,
+        served=served,
+        episodes=episodes,
+        seeds=seeds,
+        params=params,
+        hooks=hooks,
+        record=record,
+    )
+
+
+def with_env_config(env: Any, env_config: Any) -> Any:
+    """``evaluate(env=id, env_config={...})``: the id made with those options
+    (``jaxmesh.make_env(id, **env_config)``). A ``libero:`` id is made even
+    without options: it names a factory of host-stepped envs."""
+    if env_config is not None and not isinstance(env_config, Mapping):
+        raise TypeError(
+            f"env_config={env_config!r}: expected a mapping of the env's options "
+            "(passed as jaxmesh.make_env(env, **env_config))"
+        )
+    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
+    if is_id and (env_config or env.startswith("libero:")):
+        return envs.make_env(env, **dict(env_config or {}))
+    if env_config:
+        raise TypeError(
+            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
+            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
+            "env with its options yourself, or give an id"
+        )
+    return env
+
+
+def _trace_settings(named: dict, config: RunConfig, call: dict) -> dict:
+    """The settings a timeline records: the policy's and env's names, the
+    config's plain values and the budget (seeds counted, not listed)."""
+    out = {
+        k: v if isinstance(v, str) else getattr(v, "name", None) or type(v).__name__
+        for k, v in named.items()
+    }
+    out.update(config.to_dict(), episodes=call["episodes"])
+    if call["seeds"] is not None:
+        out["seeds"] = f"{len(call['seeds'])} seeds"
+    return out
+
+
+__all__ = ["evaluate", "run_backend", "run_one", "with_env_config"]

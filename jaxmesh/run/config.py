@@ -1,0 +1,530 @@
+"""A run's configuration, checked once when it is built.
+
+The knobs most runs set stay flat on ``RunConfig`` (``num_envs``,
+``horizon``, ``max_episode_steps``, ``max_episode_seconds``, ``workers``); the
+rest live in small groups a reader can name, each checked in its constructor:
+
+- ``Chunking``: how a chunk is executed (a prefetch lead, an inference delay,
+  an ensemble);
+- ``Starts``: how episodes start (trial indices, initial states, a reset
+  function, domain randomization, the instruction, a seed check);
+- ``Scoring``: what is scored (metrics, the success key and its mode);
+- ``Served``: the connection to env servers (token, TLS, timeouts, lane
+  groups, what a lost server does, the transport);
+- ``Layout``: how the lanes' work is laid out (the plan tile, scan segments,
+  devices).
+
+One ``RunConfig`` flows from ``jaxmesh.evaluate`` (and ``Evaluator``,
+``make_evaluator``, ``sweep``, suites, resume and the command line) down to
+the backend that runs it; nothing below re-checks it. What a single call
+evaluates (the budget, params, hooks, a recording) is not configuration and
+stays an argument of the call.
+
+The keywords of earlier releases (``evaluate(prefetch_lead=2,
+success="success")``) still work: ``from_keywords`` files each under its
+group and warns once, naming the new spelling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+from jaxmesh.envs import playground
+from jaxmesh.run import backend, checks, initial, instructions
+
+#: Steps a scan segment runs before the host looks at the episode log.
+DEFAULT_SEGMENT_STEPS = checks.DEFAULT_SEGMENT_STEPS
+#: ``Scoring.success_mode``'s default (docs/evaluation.md, "Success").
+DEFAULT_SUCCESS_MODE = checks.DEFAULT_SUCCESS_MODE
+
+_TRIAL_HINT = (
+    "episode i is trial trial_index_base + i (reset options, or the row of "
+    "initial_states / the trial reset_fn gets)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunking:
+    """How a chunk is executed (docs/evaluation.md, "Execution modes").
+
+    Attributes:
+      prefetch_lead: L; the chunk that starts at step t was planned at
+        ``t - min(L, h)`` (simulated asynchronous inference; 0: synchronous).
+      delay: d steps of inference delay (0 < d < h, chunks of K >= h + d):
+        the next chunk is planned when the playing one has d actions left and
+        plays its actions ``d .. d+h-1`` once the playing one is exhausted
+        (docs/contract.md, "How a chunk is executed"); not with a lead.
+      delay_ms: the delay as an inference time in milliseconds instead:
+        ``d = ceil(delay_ms / (1000 * dt))`` steps, ``dt`` the env's seconds
+        per step (its ``dt``, or ``tau`` for CartPole; a served env's server
+        sends it). An env without a step time refuses it; ``result.delay``
+        holds the steps, ``result.delay_ms`` the milliseconds.
+      execution: None (each plan's chunk replays its first h actions) or a
+        ``jaxmesh.Ensemble``: a chunk planned every step and the chunks that
+        cover a step averaged (temporal ensembling; continuous actions; not
+        with a horizon, delay or lead).
+
+    Raises:
+      TypeError, ValueError: a bad value, or two that exclude each other
+        (a lead with a delay, ``delay`` with ``delay_ms``, ...).
+    """
+
+    prefetch_lead: int = 0
+    delay: int = 0
+    delay_ms: float | None = None
+    execution: Any = None
+
+    def __post_init__(self) -> None:
+        # horizon=1 here: the horizon's own checks are RunConfig's.
+        s = checks.check_settings(
+            1, 1, self.prefetch_lead, None, None, DEFAULT_SEGMENT_STEPS,
+            self.delay, self.execution, self.delay_ms,
+        )  # fmt: skip
+        object.__setattr__(self, "prefetch_lead", s.prefetch_lead)
+        object.__setattr__(self, "delay", s.delay)
+        object.__setattr__(self, "delay_ms", s.delay_ms)
+        object.__setattr__(self, "execution", s.execution)
+
+
+@dataclasses.dataclass(frozen=True)
+class Starts:
+    """How episodes start.
+
+    Attributes:
+      trial_index_base: host-stepped and served envs that list
+        ``"trial_index"`` in ``metadata["reset_options"]``: episode i is reset
+        with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
+        whatever lane runs it. A JAX env: episode i starts from trial
+        ``trial_index_base + i`` of ``initial_states`` or ``reset_fn``;
+        without them a base other than 0 is refused.
+      initial_states: JAX envs: T initial states in the form the env's reset
+        returns them, ``(obs, state)`` with a leading axis T on every leaf
+        (what ``jax.vmap(env.reset)(keys)`` returns for ``env =
+        jaxmesh.make_env(...)``), or a list of T such pairs. Episode i starts
+        from entry ``trial_index_base + i``; a budget that needs an entry past
+        T is refused (never wrapped). The values are data: other states of
+        the same shapes compile nothing (docs/evaluation.md, "Initial
+        states").
+      reset_fn: JAX envs, instead of ``initial_states``: ``reset_fn(key,
+        trial) -> (obs, state)`` of one lane, traced in the program; episode
+        i's reset is ``reset_fn(PRNGKey(seeds[i]), trial_index_base + i)``.
+        Its output must have the env reset's structure, shapes and dtypes.
+      randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
+        domain randomization drawn at every reset from the episode's own key
+        (``fold_in(PRNGKey(seed), jaxmesh.envs.playground.RANDOMIZE_STREAM)``)
+        inside the program, so episode i's physics depends on its seed only;
+        the drawn values are info keys ``"model/<field>/<index>"``.
+      instruction: the language instruction of every episode, for a policy
+        with a ``jaxmesh.adapt.Text`` input, encoded once on the host. Without
+        it, on a gymnasium or served env, a ``Text(info_key=...)`` reads each
+        episode's instruction from its reset info; a JAX env needs it.
+      check_seeds: host-stepped envs in this process: before the run,
+        ``jaxmesh.check_seeds`` on the first lane's env (two resets with seed
+        0, one with seed 1, a few steps each): a ``ValueError`` when it is not
+        reproducible from its seed. A served env refuses it (check a server
+        with ``jaxmesh check-env grpc://host:port``); a JAX env is
+        reproducible by construction.
+    """
+
+    trial_index_base: int = 0
+    initial_states: Any = None
+    reset_fn: Any = None
+    randomize: Any = None
+    instruction: str | None = None
+    check_seeds: bool = False
+
+    def __post_init__(self) -> None:
+        base = checks.check_int(
+            "trial_index_base", self.trial_index_base, 0, _TRIAL_HINT
+        )
+        object.__setattr__(self, "trial_index_base", base)
+        if self.initial_states is not None and self.reset_fn is not None:
+            raise ValueError(
+                "initial_states= and reset_fn= both given: episode i starts either "
+                "from initial_states entry trial_index_base + i or from reset_fn(key, "
+                "trial_index_base + i); pass one of them"
+            )
+        if self.randomize is not None and not callable(self.randomize):
+            raise TypeError(
+                f"randomize={self.randomize!r}: expected a function "
+                "(mjx_model, key) -> mjx_model"
+            )
+        instructions.check_instruction(self.instruction)
+        if not isinstance(self.check_seeds, bool):
+            raise TypeError(f"check_seeds={self.check_seeds!r}: expected True or False")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """What is scored beside the return (docs/evaluation.md, "Metrics").
+
+    Attributes:
+      metrics: env info keys kept per episode (``result.metrics``): a key, a
+        list of keys (each its last value), or a dict key -> reduction over
+        the episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``.
+        Sources: gymnax's ``info``, brax's ``state.metrics``, gymnasium's
+        ``info``.
+      success: the info key that is an episode's success signal; None:
+        ``success`` or ``is_success`` when the env's info has one; False:
+        none. Per episode the result keeps ``success_once`` (true at any
+        executed step), ``success_at_end`` (true at its last step) and
+        ``success_at_reset`` (true in the reset's info).
+      success_mode: which of them is the headline (``result.success_rate``,
+        the summary and report): ``"once"`` (the default, as LIBERO,
+        MetaWorld and ManiSkill count a task achieved) or ``"end"``
+        (stricter); docs/evaluation.md, "Success".
+    """
+
+    metrics: Any = None
+    success: Any = None
+    success_mode: str = DEFAULT_SUCCESS_MODE
+
+    def __post_init__(self) -> None:
+        checks.check_metrics(self.metrics, self.success)
+        mode = checks.check_success_mode(self.success_mode)
+        object.__setattr__(self, "success_mode", mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """The connection to env servers (``"grpc://host:port"`` envs).
+
+    Attributes:
+      token: the servers' token (None: the ``JAXMESH_TOKEN`` environment
+        variable).
+      credentials: for ``"grpcs://host:port"``: the
+        ``grpc.ChannelCredentials`` that check the servers' certificates
+        (e.g. ``grpc.ssl_channel_credentials(root_certificates=pem)``); None:
+        gRPC's default roots.
+      reply_timeout: seconds a reply may take before the server is dropped
+        (``on_server_loss``) or the run fails with
+        ``jaxmesh.RemoteConnectionError``. ``"auto"`` (the default): over
+        several servers, one that owes a reply and answers nothing for 10
+        times the slowest reply of the run (at least 10 s) is dropped; with
+        one server, no limit. None: as long as the env takes.
+      lane_groups: lanes in this many groups, so that the device plans for
+        one group while the servers step another; None: the default
+        (``jaxmesh.run.served.default_lane_groups``).
+      on_server_loss: over several servers: ``"rerun"`` (None, the default):
+        a server that dies or stops answering is dropped and the episodes it
+        had not finished run again, from their seeds, on the other servers'
+        lanes, so the result is that of a run without the loss
+        (``result.server_losses``, ``on_fault`` hooks); ``"raise"``: the first
+        loss ends the run with ``jaxmesh.RemoteConnectionError``.
+      transport: ``"auto"`` (the default: shared memory with a server on this
+        host run by this user, else gRPC), ``"grpc"`` or ``"shm"`` (shared
+        memory or an error); docs/remote.md.
+
+    Raises:
+      TypeError, ValueError: a bad value, naming it.
+    """
+
+    token: str | None = None
+    credentials: Any = None
+    reply_timeout: float | str | None = backend.AUTO
+    lane_groups: int | None = None
+    on_server_loss: str | None = None
+    transport: str | None = "auto"
+
+    def __post_init__(self) -> None:
+        checked = backend.check_served_options(self.options(), backend.SERVED, None)
+        for name, value in checked._asdict().items():
+            object.__setattr__(self, name, value)
+
+    def options(self) -> backend.ServedOptions:
+        """The options as the served backend reads them."""
+        return backend.ServedOptions(**dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the lanes' work is laid out: where they run and in what pieces.
+
+    Attributes:
+      plan_tile: rows per policy call; None: ``build.default_plan_tile``
+        (128 // h rows, fewer for fewer lanes; docs/evaluation.md says what it
+        promises about invariance).
+      segment_steps: JAX envs: env steps per scan segment, between which the
+        host reads the episode log, calls hooks and checks for faults.
+      devices: JAX envs: split the lanes over devices
+        (``placement.DeviceMesh``, docs/scale.md). None: one device;
+        ``"all"``: every device; an int D: the first D; a list of devices; or
+        a one-axis ``jax.sharding.Mesh``. ``num_envs`` must be a multiple of
+        the device count; results equal the one-device run's episode for
+        episode. Not with a ``Record`` or ``on_step`` hooks.
+    """
+
+    plan_tile: int | None = None
+    segment_steps: int = DEFAULT_SEGMENT_STEPS
+    devices: Any = None
+
+    def __post_init__(self) -> None:
+        s = checks.check_settings(1, 1, 0, None, self.plan_tile, self.segment_steps)
+        object.__setattr__(self, "plan_tile", s.plan_tile)
+        object.__setattr__(self, "segment_steps", s.segment_steps)
+
+
+#: Where each group's fields live: ``RunConfig``'s attribute -> its class.
+GROUPS: dict[str, type] = {
+    "chunking": Chunking,
+    "starts": Starts,
+    "scoring": Scoring,
+    "served": Served,
+    "layout": Layout,
+}
+#: The flat knobs, ``RunConfig``'s own fields.
+FLAT = ("num_envs", "horizon", "max_episode_steps", "max_episode_seconds", "workers")
+#: Every grouped field's name -> its group's attribute.
+GROUP_OF: dict[str, str] = {
+    f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A run's configuration: the flat knobs and the groups, checked once.
+
+    Attributes:
+      num_envs: lanes run side by side (a host-stepped env's list or
+        ``VectorEnv`` gives at most its own count).
+      horizon: H, actions of a chunk executed before the next plan.
+      max_episode_steps: an episode's step cap (None: the env's own limit,
+        else the engine's built-in one).
+      max_episode_seconds: host-stepped envs: a wall-clock cap on an episode.
+      workers: host-stepped envs made from an id or factory: worker
+        processes that step the lanes (0: this process; None: chosen for the
+        machine and the env).
+      chunking, starts, scoring, layout: the groups (``Chunking``,
+        ``Starts``, ``Scoring``, ``Layout``).
+      served: ``Served`` options for ``"grpc://host:port"`` envs, or None.
+
+    Raises:
+      TypeError, ValueError: a bad value, or settings that exclude each other
+        (an ensemble with ``horizon > 1``, ...), naming what to change.
+
+    Example::
+
+      config = jaxmesh.RunConfig(
+          num_envs=256, horizon=8, chunking=jaxmesh.Chunking(prefetch_lead=2)
+      )
+      result = jaxmesh.evaluate(policy, env, config, episodes=1000)
+    """
+
+    num_envs: int = 64
+    horizon: int = 1
+    max_episode_steps: int | None = None
+    max_episode_seconds: float | None = None
+    workers: int | None = None
+    chunking: Chunking = Chunking()
+    starts: Starts = Starts()
+    scoring: Scoring = Scoring()
+    served: Served | None = None
+    layout: Layout = Layout()
+
+    def __post_init__(self) -> None:
+        for name, cls in GROUPS.items():
+            value = getattr(self, name)
+            if name == "served" and value is None:
+                continue
+            if isinstance(value, dict):  # a config file's mapping
+                value = cls(**value)
+                object.__setattr__(self, name, value)
+            if not isinstance(value, cls):
+                raise TypeError(
+                    f"{name}={value!r}: expected a jaxmesh.{cls.__name__} "
+                    f"(e.g. {name}=jaxmesh.{cls.__name__}(...))"
+                )
+        s = self.settings  # the cross-field checks
+        object.__setattr__(self, "num_envs", s.num_envs)
+        object.__setattr__(self, "horizon", s.horizon)
+        seconds = backend.positive_seconds(
+            self.max_episode_seconds,
+            "max_episode_seconds",
+            "seconds of wall clock an episode may run, or None for no limit",
+        )
+        object.__setattr__(self, "max_episode_seconds", seconds)
+        if self.workers is not None:
+            workers = checks.check_int(
+                "workers",
+                self.workers,
+                0,
+                "worker processes that step a host-stepped env's lanes (0: in "
+                "this process; None: chosen for the machine and the env)",
+            )
+            object.__setattr__(self, "workers", workers)
+
+    @property
+    def settings(self) -> checks.Settings:
+        """The engine's view: ``checks.Settings`` (a record, no checks left)."""
+        c, lay = self.chunking, self.layout
+        return checks.check_settings(
+            self.num_envs, self.horizon, c.prefetch_lead, self.max_episode_steps,
+            lay.plan_tile, lay.segment_steps, c.delay, c.execution, c.delay_ms,
+        )  # fmt: skip
+
+    def for_backend(self, kind: str, env: Any) -> backend.ServedOptions | None:
+        """Checks the settings only one backend takes against the backend
+        that runs ``env`` (``backend.backend_of``).
+
+        Returns:
+          The served options for a served env, else None.
+
+        Raises:
+          ValueError, TypeError: a setting this backend does not take, naming
+            what to change.
+        """
+        given = backend.ServedOptions() if self.served is None else self.served
+        served = backend.check_served_options(
+            given if self.served is None else given.options(), kind, env
+        )
+        if self.workers and kind != backend.HOST:
+            raise ValueError(
+                f"workers={self.workers}: worker processes step a gymnasium env's "
+                f"lanes ('gymnasium:<id>' or an env factory); env {env!r} is "
+                + (
+                    "served: start its server with `jaxmesh serve-env ... --workers N`"
+                    if kind == backend.SERVED
+                    else "a JAX env, stepped inside the jitted loop: drop workers="
+                )
+            )
+        if kind == backend.SCAN:
+            if self.max_episode_seconds is not None:
+                raise ValueError(
+                    f"max_episode_seconds={self.max_episode_seconds!r}: a "
+                    "wall-clock cap applies to host-stepped (gymnasium) envs only; "
+                    "a JAX env's episodes run inside one compiled program, so cap "
+                    "them with max_episode_steps instead"
+                )
+            return served
+        starts = self.starts
+        if starts.randomize is not None:
+            raise TypeError(playground.not_playground(env))
+        if self.layout.devices is not None:
+            raise ValueError(
+                f"devices={self.layout.devices!r}: lanes are split over devices "
+                f"for JAX envs only; env {env!r} is stepped by the host, so drop "
+                "devices= (Layout(devices=...))"
+            )
+        initial.refuse_host(starts.initial_states, starts.reset_fn, env)
+        return served
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with flat knobs or grouped fields changed (each by its own
+        name: ``config.replace(horizon=4, prefetch_lead=1)``)."""
+        return _apply(self, changes)
+
+    def to_dict(self) -> dict:
+        """The settings a result records and resume compares: plain values,
+        functions and arrays named by type only, the token never."""
+        out: dict = {name: getattr(self, name) for name in FLAT}
+        for name in GROUPS:
+            group = getattr(self, name)
+            if group is None:
+                continue
+            for f in dataclasses.fields(group):
+                out[f.name] = _plain(f.name, getattr(group, f.name))
+        return out
+
+
+def changed(group: Any) -> list[str]:
+    """The fields of a group set to something other than their defaults
+    (arrays and functions compared by identity, never element by element)."""
+    out = []
+    for f in dataclasses.fields(group):
+        value = getattr(group, f.name)
+        plain = isinstance(value, bool | int | float | str)
+        same = value is f.default or (plain and value == f.default)
+        if not same:
+            out.append(f.name)
+    return out
+
+
+def _plain(name: str, value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return "***" if name in ("token", "credentials") and value else value
+    describe = getattr(value, "describe", None)
+    return describe() if callable(describe) else type(value).__name__
+
+
+def _apply(config: RunConfig, changes: dict) -> RunConfig:
+    """``config`` with ``changes`` (flat knobs and grouped fields by name)."""
+    flat = {k: v for k, v in changes.items() if k in FLAT or k in GROUPS}
+    by_group: dict[str, dict] = {}
+    for name, value in changes.items():
+        if name in flat:
+            continue
+        group = GROUP_OF.get(name)
+        if group is None:
+            raise TypeError(
+                f"{name}=: not a setting of a run; the settings are "
+                f"{', '.join(FLAT)} and the fields of "
+                + ", ".join(f"{cls.__name__}" for cls in GROUPS.values())
+            )
+        by_group.setdefault(group, {})[name] = value
+    for group, fields in by_group.items():
+        current = flat.get(group, getattr(config, group))
+        if current is None:  # served=None: the defaults
+            current = GROUPS[group]()
+        flat[group] = dataclasses.replace(current, **fields)
+    return dataclasses.replace(config, **flat)
+
+
+def from_keywords(
+    config: RunConfig | None, given: dict, caller: str = "jaxmesh.evaluate"
+) -> RunConfig:
+    """The ``RunConfig`` of a call: ``config`` (None: the defaults) with the
+    flat knobs and groups in ``given``, and any keyword of earlier releases
+    filed under its group with one ``DeprecationWarning`` naming the new
+    spelling.
+
+    Raises:
+      TypeError: a keyword that is no setting, or a group given both whole
+        and by its old keywords.
+    """
+    old = {k: v for k, v in given.items() if k in GROUP_OF}
+    if old:
+        spelled: dict[str, list[str]] = {}
+        for name, value in old.items():
+            group = GROUP_OF[name]
+            if group in given:
+                raise TypeError(
+                    f"{caller}({group}=..., {name}=...): {name} is a field of "
+                    f"{group}; give it there ({GROUPS[group].__name__}({name}=...))"
+                )
+            spelled.setdefault(group, []).append(f"{name}={_short(value)}")
+        new = ", ".join(
+            f"{g}=jaxmesh.{GROUPS[g].__name__}({', '.join(v)})"
+            for g, v in spelled.items()
+        )
+        names = ", ".join(f"{k}=..." for k in sorted(old))
+        warnings.warn(
+            f"{caller}({names}): these keywords are deprecated and will be "
+            f"removed; write {new}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    base = RunConfig() if config is None else config
+    if not isinstance(base, RunConfig):
+        raise TypeError(
+            f"config={config!r}: expected a jaxmesh.RunConfig, or None for the defaults"
+        )
+    return _apply(base, given) if given else base
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else "..."
+
+
+__all__ = [
+    "Chunking",
+    "Layout",
+    "RunConfig",
+    "Scoring",
+    "Served",
+    "Starts",
+    "changed",
+    "from_keywords",
+]
