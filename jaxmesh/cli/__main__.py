@@ -1,0 +1,7 @@
+"""``python -m jaxmesh.cli``: the ``jaxmesh`` command."""
+
+import sys
+
+from jaxmesh.cli import main
+
+sys.exit(main())
