@@ -22,8 +22,11 @@ from cli_policies import tilt_fn
 from gym_reference import tilt_episodes
 
 import jaxmesh
-from jaxmesh import cache, cli
+from jaxmesh import cache
 from jaxmesh.cli import main
+from jaxmesh.cli.build import served_options
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV, compile_cache_wanted
+from jaxmesh.cli.checks import check_run_config
 from jaxmesh.zoo import cartpole
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +48,7 @@ EPISODE_KEYS = {
 @pytest.fixture(autouse=True)
 def _no_compile_cache(monkeypatch):
     """In-process runs must not turn on the persistent cache for the session."""
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 def reference_returns(params, seeds):
@@ -362,7 +365,7 @@ def test_bad_input_is_one_line_exit_2(
 
 
 def test_bad_input_in_a_real_process_prints_one_line():
-    env = {**os.environ, cli.CACHE_SWITCH_ENV: "0"}
+    env = {**os.environ, CACHE_SWITCH_ENV: "0"}
     proc = subprocess.run(
         [sys.executable, "-m", "jaxmesh.cli", "eval", str(CONFIG)]
         + ["--set", "seeds=[1, 2]"],
@@ -384,7 +387,7 @@ def test_error_while_running_keeps_its_traceback(tmp_path):
 
 
 def test_bad_compile_cache_switch_exits_2(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "maybe")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "maybe")
     assert main(["eval", str(write_config(tmp_path))]) == 2
     line = single_error_line(capsys.readouterr().err)
     assert "JAXMESH_COMPILE_CACHE='maybe'" in line
@@ -415,7 +418,7 @@ def earlier_run(tmp_path_factory):
         if env not in runs:
             folder = tmp_path_factory.mktemp("earlier")
             with pytest.MonkeyPatch.context() as mp:  # as ``_no_compile_cache``
-                mp.setenv(cli.CACHE_SWITCH_ENV, "0")
+                mp.setenv(CACHE_SWITCH_ENV, "0")
                 config = write_config(folder, env=env, episodes=12)
                 argv = ["eval", str(config), "--no-progress", "--telemetry"]
                 with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -550,10 +553,10 @@ def test_on_server_loss_and_check_seeds_keys(tmp_path, capsys, overrides, messag
 
 
 def test_on_server_loss_reaches_evaluate():
-    config = cli.check_run_config(
+    config = check_run_config(
         {"env": "grpc://127.0.0.1:5555", "policy": "a:b", "on_server_loss": "raise"}
     )
-    assert cli.served_options(config).on_server_loss == "raise"
+    assert served_options(config).on_server_loss == "raise"
 
 
 def test_check_seeds_key_refuses_a_seedless_env(tmp_path, capsys):
@@ -641,7 +644,7 @@ def cli_env() -> dict[str, str]:
     path = os.pathsep.join(
         p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p
     )
-    return {**os.environ, cli.CACHE_SWITCH_ENV: "0", "PYTHONPATH": path}
+    return {**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONPATH": path}
 
 
 def returns_and_lengths(path: Path) -> list[tuple[float, int]]:
@@ -814,12 +817,12 @@ def test_env_config_sets_brax_episode_length(tmp_path):
 
 # The persistent compilation cache -------------------------------------------------
 def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.delenv(cli.CACHE_DIR_ENV, raising=False)
+    monkeypatch.delenv(cache.CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.default_cache_dir() == tmp_path / "xdg" / "jaxmesh" / "xla"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache.default_cache_dir() == Path.home() / ".cache" / "jaxmesh" / "xla"
-    monkeypatch.setenv(cli.CACHE_DIR_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "mine"))
     assert cache.default_cache_dir() == tmp_path / "mine"
 
 
@@ -830,10 +833,10 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 )
 def test_compile_cache_switch(monkeypatch, switch, flag, wanted):
     if switch is None:
-        monkeypatch.delenv(cli.CACHE_SWITCH_ENV, raising=False)
+        monkeypatch.delenv(CACHE_SWITCH_ENV, raising=False)
     else:
-        monkeypatch.setenv(cli.CACHE_SWITCH_ENV, switch)
-    assert cli.compile_cache_wanted(flag) is wanted
+        monkeypatch.setenv(CACHE_SWITCH_ENV, switch)
+    assert compile_cache_wanted(flag) is wanted
 
 
 def cache_files(path: Path) -> set[str]:
@@ -842,8 +845,8 @@ def cache_files(path: Path) -> set[str]:
 
 def test_second_process_reuses_the_compiled_executables(tmp_path):
     cache = tmp_path / "xla"
-    env = {k: v for k, v in os.environ.items() if k != cli.CACHE_SWITCH_ENV}
-    env[cli.CACHE_DIR_ENV] = str(cache)
+    env = {k: v for k, v in os.environ.items() if k != CACHE_SWITCH_ENV}
+    env[cache.CACHE_DIR_ENV] = str(cache)
     argv = [sys.executable, "-m", "jaxmesh.cli", "eval", str(CONFIG)]
     argv += ["--set", "episodes=4", "--set", "num_envs=2", "--set", "output=null"]
     argv += ["--no-progress"]
@@ -862,7 +865,7 @@ def test_second_process_reuses_the_compiled_executables(tmp_path):
 
     # Off with the flag: a fresh directory stays empty. (A run that compiles, on
     # the host-stepped CartPole: its agent step compiles faster than the scan.)
-    env[cli.CACHE_DIR_ENV] = str(tmp_path / "unused")
+    env[cache.CACHE_DIR_ENV] = str(tmp_path / "unused")
     proc = subprocess.run(
         [*argv, "--set", "env=gymnasium:CartPole-v1", "--no-compile-cache"],
         capture_output=True,
@@ -886,7 +889,7 @@ def test_console_script_imports_a_policy_module_from_the_working_directory(tmp_p
         "output: out.json\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env[cli.CACHE_SWITCH_ENV] = "0"
+    env[CACHE_SWITCH_ENV] = "0"
     run = lambda *a: subprocess.run(
         [str(script), *a],
         cwd=tmp_path,

@@ -23,15 +23,17 @@ import yaml
 from gym_reference import tilt_episodes
 
 import jaxmesh
-from jaxmesh import cli
 from jaxmesh.cli import main
+from jaxmesh.cli import sweep as cli_sweep
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+from jaxmesh.cli.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
 def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 def write_config(tmp_path, name="run.yaml", **keys):
@@ -176,18 +178,18 @@ def test_a_stopped_sweep_keeps_its_finished_cells_and_resumes(
     tmp_path, capsys, monkeypatch
 ):
     config = sweep_config(tmp_path, delay=[0, 1])
-    output = tmp_path / "out" / "r.json"
-    cells_file = tmp_path / "out" / "r.cells.jsonl"
+    output = tmp_path / "out" / "r.sweep.json"  # the sweep's own, not eval's r.json
+    cells_file = tmp_path / "out" / "r.sweep.cells.jsonl"
     want = {d: chunk_episodes(range(4), 2, d) for d in (0, 1)}
     assert want[0] != want[1]  # the delay changes the episodes
     # Ctrl-C as the first cell is written (the second still running).
-    write = cli.SweepCells.write
+    write = cli_sweep.SweepCells.write
 
     def write_then_interrupt(self, delay, horizon, result):
         write(self, delay, horizon, result)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.SweepCells, "write", write_then_interrupt)
+    monkeypatch.setattr(cli_sweep.SweepCells, "write", write_then_interrupt)
     assert main(["sweep", str(config), "--set", "num_envs=1"]) == 130
     err = capsys.readouterr().err
     assert "jaxmesh sweep: interrupted. 1 finished cell(s) are in" in err
@@ -197,7 +199,7 @@ def test_a_stopped_sweep_keeps_its_finished_cells_and_resumes(
     assert (first["delay"], first["horizon"]) == (0, 2)
     assert returns_lengths(first["result"]["episodes"]) == want[0]
     assert not output.exists()
-    monkeypatch.setattr(cli.SweepCells, "write", write)
+    monkeypatch.setattr(cli_sweep.SweepCells, "write", write)
     # The printed command runs only the other cell.
     command = err.split("to run only the rest: ")[1].strip()
     want_command = f"jaxmesh sweep {config} --set num_envs=1 --resume {cells_file}"
@@ -215,9 +217,17 @@ def test_a_stopped_sweep_keeps_its_finished_cells_and_resumes(
 
 def test_a_sweep_resumed_with_another_config_is_refused(tmp_path, capsys):
     config = sweep_config(tmp_path, delay=[0, 1])
-    cells_file = tmp_path / "out" / "r.cells.jsonl"
+    cells_file = tmp_path / "out" / "r.sweep.cells.jsonl"
+    # The config's output is jaxmesh eval's result (what jaxmesh report reads):
+    # the sweep writes its own file next to it and leaves the output as it is.
+    eval_result = tmp_path / "out" / "r.json"
+    eval_result.parent.mkdir()
+    eval_result.write_text("the eval's result\n")
     assert main(["sweep", str(config)]) == 0
-    capsys.readouterr()
+    assert f"wrote {tmp_path / 'out' / 'r.sweep.json'}" in capsys.readouterr().out
+    assert eval_result.read_text() == "the eval's result\n"
+    cells = json.loads((tmp_path / "out" / "r.sweep.json").read_text())["cells"]
+    assert [(c["delay"], c["horizon"]) for c in cells] == [(0, 2), (1, 2)]
     argv = ["sweep", str(config), "--set", "episodes=5", "--resume", str(cells_file)]
     assert main(argv) == 2
     line = error_line(capsys.readouterr().err, "sweep")
@@ -226,6 +236,63 @@ def test_a_sweep_resumed_with_another_config_is_refused(tmp_path, capsys):
     assert main(argv) == 2
     line = error_line(capsys.readouterr().err, "sweep")
     assert "expected the cells file of jaxmesh sweep" in line
+
+
+@pytest.mark.parametrize("axes", [["horizon=[1,4]"], ["horizon=4"], ["delay=[0,1]"]])
+def test_a_sweep_of_a_single_action_policy_is_refused_before_it_runs(
+    tmp_path, capsys, axes
+):
+    """``cli_policies:tilt`` returns one action per call: every "horizon 4" or
+    "delay 1" cell would run horizon 1 with no delay under that label."""
+    config = write_config(tmp_path, "sweep.yaml", workers=None)  # policy: tilt
+    argv = ["sweep", str(config)]
+    for axis in axes:
+        argv += ["--set", axis]
+    assert main(argv) == 2
+    line = error_line(capsys.readouterr().err, "sweep")
+    assert "returns one action per call" in line
+    assert "the horizon h and the delay d do not apply" in line
+    assert not list((tmp_path / "out").iterdir())  # nothing ran, nothing written
+
+
+def test_the_api_sweep_refuses_a_single_action_policy_too():
+    from cli_policies import tilt_fn
+
+    for axes in ({"horizon": [1, 2]}, {"delay": [0, 1], "horizon": [1]}):
+        with pytest.raises(ValueError, match="returns one action per call"):
+            jaxmesh.sweep(tilt_fn, "gymnax:CartPole-v1", episodes=2, **axes)
+
+
+# A video that fails -------------------------------------------------------------
+def test_a_failed_video_keeps_the_results_and_names_what_to_set(
+    tmp_path, capsys, monkeypatch
+):
+    """Headless with no OpenGL: the renderer raises. The JSON, the recorded
+    episodes and the report are written first; the error says which variable
+    to set; the exit status is 1."""
+    from jaxmesh.results import video
+
+    def no_gl(*args, **kwargs):
+        raise RuntimeError("an OpenGL context could not be created")
+
+    monkeypatch.setattr(video, "render", no_gl)
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    out = tmp_path / "r.json"
+    argv = ["eval", str(ROOT / "configs" / "cartpole.yaml"), "--no-progress"]
+    for key in ("episodes=3", "num_envs=4", "max_episode_steps=20", f"output={out}"):
+        argv += ["--set", key]
+    assert main([*argv, "--video", "--report"]) == 1
+    captured = capsys.readouterr()
+    for path in (out, out.with_suffix(".npz"), out.with_suffix(".html")):
+        assert path.is_file() and f"wrote {path}" in captured.out, path
+    data = json.loads(out.read_text())
+    assert [ep["length"] for ep in data["episodes"]] == [20, 20, 20]
+    assert "videos" not in data
+    assert not list(tmp_path.glob("*.mp4"))
+    line = error_line(captured.err)
+    assert "an OpenGL context could not be created" in line
+    assert "MUJOCO_GL=egl" in line and "MUJOCO_GL=osmesa" in line
+    assert str(out) in line  # where the results are
 
 
 # Suites -------------------------------------------------------------------------
@@ -348,7 +415,7 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
     path.write_text(
         "base: &b {episodes: 3, num_envs: 2}\npolicy_config:\n  <<: *b\n  episodes: 4\n"
     )
-    assert cli.load_config(path)["policy_config"] == {"episodes": 4, "num_envs": 2}
+    assert load_config(path)["policy_config"] == {"episodes": 4, "num_envs": 2}
 
 
 # Ctrl-C --------------------------------------------------------------------------
@@ -381,7 +448,7 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
     log = tmp_path / "out" / "r.episodes.jsonl"
     env = {
         **os.environ,
-        cli.CACHE_SWITCH_ENV: "0",
+        CACHE_SWITCH_ENV: "0",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
     }
     argv = ["eval", str(config), "--no-progress", "--set", "num_envs=1"]
@@ -426,10 +493,10 @@ def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
     config = sweep_config(
         tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", delay=[0, 1]
     )
-    cells_file = tmp_path / "out" / "r.cells.jsonl"
+    cells_file = tmp_path / "out" / "r.sweep.cells.jsonl"
     env = {
         **os.environ,
-        cli.CACHE_SWITCH_ENV: "0",
+        CACHE_SWITCH_ENV: "0",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
     }
     argv = ["sweep", str(config), "--set", "num_envs=1"]

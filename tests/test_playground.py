@@ -29,7 +29,9 @@ import pytest
 pytest.importorskip("mujoco_playground")
 
 import jaxmesh  # noqa: E402
-from jaxmesh import cli  # noqa: E402
+from jaxmesh.cli.build import build_run  # noqa: E402
+from jaxmesh.cli.checks import check_run_config  # noqa: E402
+from jaxmesh.cli.config import load_config  # noqa: E402
 from jaxmesh.envs import make_env, playground  # noqa: E402
 from jaxmesh.results import stats  # noqa: E402
 from jaxmesh.zoo import playground_cartpole  # noqa: E402
@@ -122,8 +124,8 @@ def reference():
 def shipped():
     """The shipped config run as ``jaxmesh eval`` builds it: (config, result),
     with its episodes ``CONFIG_SEEDS`` recorded (1000 steps each)."""
-    config = cli.check_run_config(cli.load_config(CONFIG))
-    model, env, kwargs = cli.build_run(config)
+    config = check_run_config(load_config(CONFIG))
+    model, env, kwargs = build_run(config)
     assert isinstance(model, playground_cartpole.CartpoleMLP)
     record = jaxmesh.Record(episodes=CONFIG_SEEDS, max_steps=1000)
     return config, jaxmesh.evaluate(model, env, record=record, **kwargs)

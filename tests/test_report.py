@@ -25,8 +25,8 @@ from gym_reference import tilt_episodes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from jaxmesh import cli
 from jaxmesh.cli import main
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.results.result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -439,7 +439,7 @@ def evaluated(tmp_path_factory):
     path = os.pathsep.join(
         p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p
     )
-    env = {**os.environ, cli.CACHE_SWITCH_ENV: "0", "PYTHONPATH": path}
+    env = {**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, "-m", "jaxmesh.cli", "eval", str(config), "--no-progress"]
         + ["--report"],

@@ -23,8 +23,8 @@ import yaml
 from test_resume import Stop, StopAt
 
 import jaxmesh
-from jaxmesh import cli
 from jaxmesh.cli import main
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 
 ENV = "gymnax:CartPole-v1"
 POL_A = """import jax.numpy as jnp
@@ -38,7 +38,7 @@ POL_B = "import jax.numpy as jnp\n\n\ndef act(obs):\n    return jnp.int32(0)\n"
 
 @pytest.fixture(autouse=True)
 def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 def single_error_line(err: str) -> str:
@@ -402,7 +402,7 @@ def test_a_flax_model_resumes_in_another_process(tmp_path, capsys):
     whole = without_lane(tmp_path / "r.json")
     log = tmp_path / "r.episodes.jsonl"
     log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")
-    env = {**os.environ, cli.CACHE_SWITCH_ENV: "0", "PYTHONHASHSEED": "123"}
+    env = {**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONHASHSEED": "123"}
     proc = subprocess.run(
         [sys.executable, "-m", "jaxmesh.cli", *resume(cfg, log)],
         capture_output=True,

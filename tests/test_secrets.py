@@ -21,6 +21,7 @@ from cli_policies import tilt
 
 import jaxmesh
 from jaxmesh import cli
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.remote.server import ServeOptions
 from jaxmesh.results.report import report_html
 
@@ -66,7 +67,7 @@ def test_a_served_run_with_a_token_leaves_it_in_no_artifact(
     pems, tmp_path, capfd, caplog, monkeypatch
 ):
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
     out, report = tmp_path / "r.json", tmp_path / "r.html"
     cli_trace, api_trace = tmp_path / "cli.trace.json", tmp_path / "api.trace.json"
     with tls_token_server(pems) as server:
@@ -124,7 +125,7 @@ def test_a_served_run_with_a_token_leaves_it_in_no_artifact(
 
 
 def test_a_refused_token_is_not_echoed(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
     config = tmp_path / "run.yaml"
     config.write_text(
         yaml.safe_dump(

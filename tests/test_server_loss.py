@@ -20,7 +20,7 @@ from gym_reference import ID, chunky, lean, per_step, plain_loop, start_serve_en
 from reference_loop import assert_matches
 
 import jaxmesh
-from jaxmesh.cli import Progress
+from jaxmesh.cli.hooks import Progress
 
 SEEDS = list(range(24))
 _REFS: dict = {}

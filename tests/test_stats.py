@@ -14,8 +14,8 @@ import pytest
 import scipy.stats
 
 import jaxmesh
-from jaxmesh import cli
 from jaxmesh.cli import main
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.results import stats
 from jaxmesh.results.result import RunResult
 from jaxmesh.zoo import cartpole
@@ -26,7 +26,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"
 @pytest.fixture(autouse=True)
 def _no_compile_cache(monkeypatch):
     """In-process runs must not turn on the persistent cache for the session."""
-    monkeypatch.setenv(cli.CACHE_SWITCH_ENV, "0")
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 def synthetic(returns, seeds=None, indices=None, policy="p", env="e") -> RunResult:

@@ -1,5 +1,90 @@
-"""The ``jaxmesh`` command line: its one module, moved into this package to
-be split by what each part does."""
+"""The ``jaxmesh`` command line.
 
-from jaxmesh.cli.checks import *  # noqa: F403
-from jaxmesh.cli.checks import main as main
+Commands::
+
+    jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
+                             [--no-compile-cache] [--telemetry] [--report [PATH]]
+                             [--video [PATH]] [--trace PATH]
+                             [--episode-log PATH | --no-episode-log]
+                             [--resume PATH]
+    jaxmesh sweep CONFIG.yaml [--set KEY=VALUE ...] [--resume CELLS.jsonl]
+    jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
+    jaxmesh describe MODULE:CLASS
+    jaxmesh compare A.json B.json [--resamples N] [--seed S]
+    jaxmesh report RESULTS.json [-o REPORT.html]
+    jaxmesh check-env ENV [--seed S] [--other S] [--steps N] [--token T]
+                          [--tls-ca PEM]
+    jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
+                          [--token T] [--idle-timeout S] [--insecure]
+                          [--tls-cert PEM --tls-key PEM]
+                          [--allow-remote-shutdown] [--workers W]
+
+The package, one file per job: ``parser`` (the commands and their flags),
+``config`` (a run config's keys, one table, and reading it from YAML),
+``checks`` (checking a config), ``build`` (the policy, env and ``evaluate``
+arguments it names), ``outputs`` (where each file goes, checked before a
+run), ``artifacts`` (videos and the HTML report), ``hooks`` (the progress bar
+and the episode log's start), ``tls``, ``cache`` (the compilation cache's
+switch), and one module per command family: ``eval``, ``sweep``, ``explain``
+(explain, describe), ``results`` (compare, report), ``serve`` (check-env,
+serve-env). A command's module is imported only when it runs: ``--help``
+and ``--version`` import no JAX.
+
+Exit status: 0 on success; 2 for bad input (the command line, the config, or
+anything ``jaxmesh.evaluate`` refuses before the run starts), reported as one
+line on stderr; an error raised while the run is going keeps its traceback
+(status 1); 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from jaxmesh.cli.errors import ConfigError, Interrupted
+from jaxmesh.cli.parser import make_parser
+from jaxmesh.trace import redact_text, secret_values
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, its lines' white space collapsed."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``jaxmesh`` command line; returns the exit status.
+
+    Args:
+      argv: the arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+      0 on success, 2 for bad input (one line on stderr). An error raised while
+      a run is going propagates with its traceback.
+    """
+    # As ``python -m`` does: a config's ``policy: mymodule:fn`` names a module
+    # in the working directory (the console script leaves it off sys.path).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    parser = make_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse already printed the message
+        return int(e.code or 0)
+    module, _, name = args.run.partition(":")
+    try:
+        run = getattr(importlib.import_module(f"jaxmesh.cli.{module}"), name)
+        return run(args)
+    except Interrupted:
+        return 130
+    except ConfigError as e:
+        # No secret is echoed: the token given on the command line or in
+        # $JAXMESH_TOKEN (a config's token is taken out where it is read).
+        given = {"token": getattr(args, "token", None)}
+        line = redact_text(one_line(str(e)), secret_values(given))
+        print(f"jaxmesh {args.command}: error: {line}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["main"]

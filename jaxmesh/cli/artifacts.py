@@ -1,0 +1,103 @@
+"""The optional files of a finished run: its videos and its HTML report.
+
+Their libraries are the ``[video]`` (imageio) and ``[report]`` (matplotlib)
+extras, imported when a file is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from jaxmesh.cli.errors import ConfigError
+from jaxmesh.suite import SuiteResult
+
+
+class VideoError(Exception):
+    """A recorded episode's video could not be rendered."""
+
+
+def video_failed(error: VideoError, written: list[Path]) -> str:
+    """The error line of a failed video: the results are kept, and what to set
+    for headless rendering (a MuJoCo or brax renderer needs OpenGL)."""
+    kept = ", ".join(str(p) for p in written) if written else "nothing (no output)"
+    gl = os.environ.get("MUJOCO_GL")
+    if gl:
+        fix = (
+            f"MUJOCO_GL={gl} is set: check that its library is installed (egl: the "
+            "GPU's driver; osmesa: Debian's libosmesa6), or try the other"
+        )
+    else:
+        fix = (
+            "without a display, rendering needs headless OpenGL: set MUJOCO_GL=egl "
+            "(a GPU) or MUJOCO_GL=osmesa (CPU, Debian's libosmesa6)"
+        )
+    return (
+        f"--video: {error}. The run's results are written ({kept}); the video "
+        f"is not: {fix}, then run again (or drop --video)"
+    )
+
+
+def write_videos(
+    result: Any, path: Path, base: Path | None, explicit: bool = True
+) -> None:
+    """Renders every recorded episode (``jaxmesh.render``): episode i to
+    ``<path stem>.ep<i><suffix>``, or to ``path`` itself when it was given
+    (``explicit``) and one episode was recorded. Video names in the result
+    become relative to ``base`` (the output JSON's folder), where ``jaxmesh
+    report`` reads them.
+
+    Raises:
+      VideoError: an episode's video could not be rendered (the result lists
+        the videos written before it).
+    """
+    from jaxmesh.results.video import render
+
+    trajectories = result.trajectories or []
+    for tr in trajectories:
+        if explicit and len(trajectories) == 1:
+            target = path
+        else:
+            target = path.with_name(f"{path.stem}.ep{tr.episode}{path.suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        frames = None
+        if tr.frames is None and "libero:" in str(result.env):
+            # Worker processes capture no render() frames: a LIBERO episode's
+            # video is its recorded camera image.
+            from jaxmesh.envs.libero import video_frame as frames
+        try:
+            render(result, tr.episode, target, frames=frames)
+        except Exception as e:  # any failure of this optional file is reported alike
+            raise VideoError(f"episode {tr.episode}: {type(e).__name__}: {e}") from e
+        print(f"wrote {target}")
+    if base is not None:
+        result.videos = [
+            os.path.relpath(Path(v).absolute(), base.absolute()) for v in result.videos
+        ]
+
+
+def write_report_file(
+    result: Any, path: Path, base: Path | None = None, announce: bool = True
+) -> None:
+    """Writes ``result``'s HTML report to ``path`` and says so on stdout.
+
+    ``base``: the folder relative video paths of the result are read from;
+    ``announce``: say so (False when a report is written again with videos).
+
+    Raises:
+      ConfigError: the file cannot be written.
+    """
+    from jaxmesh.results.report import write_report, write_suite_report
+
+    try:
+        if isinstance(result, SuiteResult):
+            write_suite_report(result, path)
+        else:
+            write_report(result, path, base=base)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write the report to {str(path)!r}: {e}; pass a writable path"
+        ) from e
+    if announce:
+        print(f"wrote {path}")

@@ -1,0 +1,168 @@
+"""Builds what a checked run config names: the policy, the env (or a suite of
+tasks) and ``jaxmesh.evaluate``'s keyword arguments."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+from typing import Any
+
+from jaxmesh.cli.checks import execution_of, is_gymnasium_id, is_served
+from jaxmesh.cli.config import INT_KEYS
+from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.tls import channel_credentials
+from jaxmesh.envs import make_env
+from jaxmesh.model import Model, resolve_class
+from jaxmesh.remote.address import require_grpc
+from jaxmesh.run.backend import ServedOptions
+from jaxmesh.suite import Suite, Task
+
+
+def import_target(target: str) -> Any:
+    """Imports ``module:Name`` (``Name`` may be dotted).
+
+    Raises:
+      ConfigError: bad form, or the module or name cannot be found.
+    """
+    try:
+        return resolve_class(target)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from e
+
+
+def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
+    """Builds the policy named by ``module:Name``.
+
+    A class is built with ``Class.from_config(**policy_config)`` if it has
+    ``from_config``, else ``Class(**policy_config)``. A ``jaxmesh.Model``
+    instance or a function is used as it is, with no ``policy_config``. A Model's
+    ``load`` runs here, so that a bad checkpoint is a config error.
+
+    Raises:
+      ConfigError: the target cannot be imported or built from the config.
+    """
+    obj = import_target(target)
+    if inspect.isclass(obj):
+        how = "from_config" if hasattr(obj, "from_config") else "constructor"
+        build = obj.from_config if how == "from_config" else obj
+        try:
+            policy = build(**policy_config)
+            if isinstance(policy, Model):
+                policy._ensure_loaded()
+            return policy
+        except (TypeError, ValueError, FileNotFoundError) as e:
+            raise ConfigError(
+                f"cannot build policy {target!r} ({how}) from policy_config "
+                f"{policy_config!r}: {e}"
+            ) from e
+    if not (isinstance(obj, Model) or callable(obj)):
+        raise ConfigError(
+            f"policy {target!r} is a {type(obj).__name__}; expected a class, a "
+            "jaxmesh.Model instance or a function obs -> action"
+        )
+    if policy_config:
+        raise ConfigError(
+            f"policy {target!r} is not a class, so it takes no policy_config; got "
+            f"{policy_config!r}. Remove policy_config or point policy at a class"
+        )
+    if isinstance(obj, Model):
+        try:
+            obj._ensure_loaded()
+        except (TypeError, ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"cannot load policy {target!r}: {e}") from e
+    return obj
+
+
+def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
+    """A checked ``tasks:`` mapping as a ``jaxmesh.Suite`` (each env as
+    ``build_env`` makes it; a gymnasium: id is made when its task runs)."""
+    built = {}
+    for name, t in tasks.items():
+        env = build_env(t["env"], t["env_config"])
+        try:
+            built[name] = Task(
+                env,
+                instruction=t.get("instruction"),
+                episodes=t.get("episodes"),
+                seeds=t.get("seeds"),
+                trial_index_base=t.get("trial_index_base"),
+            )
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"tasks.{name}: {e}") from e
+    return Suite(built)
+
+
+def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
+    """The env to evaluate on, its refusals as ConfigError.
+
+    A ``gymnax:`` or ``brax:`` id is ``make_env(env_id, **env_config)``.
+    A ``gymnasium:<id>`` and served addresses are passed on as they are
+    (``jaxmesh.evaluate`` makes the envs, or connects when the run starts);
+    here only the packages they need are looked for.
+
+    Raises:
+      ConfigError: an unknown env id, keyword arguments the env refuses, or a
+        missing package (gymnasium; gRPC for served envs).
+    """
+    if is_served(env_id):
+        try:
+            require_grpc()
+        except ImportError as e:
+            raise ConfigError(f"env={env_id!r}: {e}") from e
+        return env_id
+    if is_gymnasium_id(env_id):
+        if importlib.util.find_spec("gymnasium") is None:
+            raise ConfigError(
+                f"env={env_id!r}: gymnasium is not installed; run: pip install "
+                "gymnasium (gymnasium[mujoco] for the MuJoCo envs)"
+            )
+        return env_id
+    try:
+        return make_env(env_id, **env_config)
+    except (ValueError, TypeError, ImportError) as e:
+        given = f" with env_config {env_config!r}" if env_config else ""
+        raise ConfigError(f"cannot make env {env_id!r}{given}: {e}") from e
+
+
+def _reply_timeout(value: Any) -> Any:
+    """A config's ``reply_timeout``: null is the default (``"auto"``), ``.inf``
+    no limit, a number the seconds."""
+    if value is None:
+        return "auto"
+    return None if value == math.inf else value
+
+
+def served_options(config: dict[str, Any]) -> Any:
+    """A config's served-env options as ``jaxmesh.run.backend.ServedOptions``
+    (``jaxmesh.evaluate`` checks them, and refuses them for an env that is not
+    served)."""
+    return ServedOptions(
+        token=config.get("token"),
+        credentials=channel_credentials(config.get("tls_ca")),
+        reply_timeout=_reply_timeout(config.get("reply_timeout")),
+        on_server_loss=config.get("on_server_loss"),
+        transport=config.get("transport"),
+    )
+
+
+def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """The policy, the env and ``evaluate``'s keyword arguments of a config."""
+    policy = build_policy(config["policy"], config["policy_config"])
+    if config.get("tasks") is not None:
+        env = build_suite(config["tasks"])
+    else:
+        env = build_env(config["env"], config["env_config"])
+    keys = (*INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
+    keys += ("record", "success_mode", "instruction", "delay_ms")
+    kwargs = {k: config[k] for k in keys if config.get(k) is not None}
+    if config.get("check_seeds"):
+        kwargs["check_seeds"] = True
+    if config.get("execution") is not None:
+        kwargs["execution"] = execution_of(config["execution"])
+    served = served_options(config)._asdict()
+    reply_timeout = served.pop("reply_timeout")
+    kwargs.update((k, v) for k, v in served.items() if v is not None)
+    if config.get("reply_timeout") is not None:  # else evaluate's default
+        kwargs["reply_timeout"] = reply_timeout  # None for .inf: no limit
+    return policy, env, kwargs

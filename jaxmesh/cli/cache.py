@@ -1,0 +1,27 @@
+"""The command line's switch of the persistent compilation cache."""
+
+from __future__ import annotations
+
+import os
+
+from jaxmesh.cli.errors import ConfigError
+
+#: The environment variable that turns the cache off (0) or on (1, the default).
+CACHE_SWITCH_ENV = "JAXMESH_COMPILE_CACHE"
+_OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
+
+
+def compile_cache_wanted(flag_off: bool) -> bool:
+    """Whether the CLI should use the cache: on unless the flag or env says off.
+
+    Raises:
+      ConfigError: ``JAXMESH_COMPILE_CACHE`` holds something else than a switch.
+    """
+    raw = os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
+    if raw not in _OFF + _ON:
+        raise ConfigError(
+            f"{CACHE_SWITCH_ENV}={os.environ[CACHE_SWITCH_ENV]!r}: expected 0 or 1 "
+            "(also false/true, no/yes, off/on); unset it to use the cache"
+        )
+    return not flag_off and raw not in _OFF

@@ -1,0 +1,374 @@
+"""A run config: its keys (one table), reading it from YAML, ``--set`` overrides.
+
+``SCHEMA`` is every key a config may hold, with its type, its default and what
+it means; ``jaxmesh eval --help`` prints it, and ``jaxmesh.cli.checks``
+checks a config against it. This module imports nothing heavy (no JAX), so
+that ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from jaxmesh.cli.errors import ConfigError
+from jaxmesh.trace import REDACTED, is_secret_key
+
+
+class Key(NamedTuple):
+    """One config key.
+
+    Attributes:
+      type: what the YAML holds, as the help prints it.
+      default: the value when the key is absent (None: null, the default
+        described in ``help``).
+      help: what the key means, one line.
+      low: for an int key, its least value (None: not an int).
+    """
+
+    type: str
+    default: Any
+    help: str
+    low: int | None = None
+
+
+#: Every key a run config may hold (docs/cli.md says more of each).
+SCHEMA: dict[str, Key] = {
+    "env": Key(
+        "str | list",
+        None,
+        "env id: gymnax:<id>, brax:<name>, playground:<name>, libero:<suite>/<i>, "
+        "gymnasium:<id> (stepped here), grpc://host:port or a list of addresses "
+        "(required unless tasks or suite)",
+    ),
+    "tasks": Key(
+        "mapping",
+        None,
+        "a suite instead of env: task name -> env id, or -> {env, env_config, "
+        "instruction, episodes, seeds, trial_index_base}",
+    ),
+    "suite": Key(
+        "str | mapping",
+        None,
+        "a benchmark's suite instead of env or tasks: libero:libero_spatial, or "
+        "{name: ..., tasks: [0, 1], camera_size: ...} (jaxmesh.make_suite)",
+    ),
+    "env_config": Key(
+        "mapping",
+        None,
+        "keyword arguments of jaxmesh.make_env(env, **env_config), e.g. "
+        "episode_length: 50 (gymnax:, brax:, playground:, libero: ids only)",
+    ),
+    "policy": Key(
+        "str",
+        None,
+        "module:Class, module:function or module:model_instance (required)",
+    ),
+    "policy_config": Key(
+        "mapping", None, "keyword arguments of Class.from_config(...) or Class(...)"
+    ),
+    "episodes": Key(
+        "int",
+        None,
+        "episode budget: seeds 0..episodes-1 (null: one per seed, else 1)",
+        low=0,
+    ),
+    "seeds": Key(
+        "list of int", None, "the seeds, one episode each (not with episodes)"
+    ),
+    "num_envs": Key("int", 64, "parallel lanes", low=1),
+    "horizon": Key("int", 1, "actions of a chunk executed before the next plan", low=1),
+    "prefetch_lead": Key(
+        "int", 0, "plan L steps before a chunk runs out (0: in step)", low=0
+    ),
+    "delay": Key(
+        "int",
+        0,
+        "inference delay d in steps: a chunk planned d steps before it plays, its "
+        "first d actions skipped (0 < d < horizon)",
+        low=0,
+    ),
+    "delay_ms": Key(
+        "number",
+        None,
+        "the inference delay in milliseconds: ceil(delay_ms / (1000 dt)) steps "
+        "(not with delay)",
+    ),
+    "execution": Key(
+        "mapping",
+        None,
+        "null (each plan's first h actions) or ensemble: {m: 0.01} (temporal "
+        "ensembling, jaxmesh.Ensemble)",
+    ),
+    "max_episode_steps": Key(
+        "int", None, "cap on an episode's length (null: the env's own limit)", low=1
+    ),
+    "plan_tile": Key(
+        "int", None, "rows per policy call (null: chosen by the engine)", low=1
+    ),
+    "segment_steps": Key(
+        "int", 256, "env steps per scan segment between host visits", low=1
+    ),
+    "max_episode_seconds": Key(
+        "number",
+        None,
+        "wall-clock cap on an episode, gymnasium: and grpc:// envs only (null: none)",
+    ),
+    "metrics": Key(
+        "list | mapping",
+        None,
+        "env info keys kept per episode: [key, ...] (last value) or {key: last | "
+        "sum | max | mean | any}",
+    ),
+    "success": Key(
+        "str | false",
+        None,
+        "the info key of an episode's success (null: success or is_success when "
+        "the env has one; false: none)",
+    ),
+    "success_mode": Key(
+        "str",
+        "once",
+        "the headline success: once (true at any step) or end (true at the last step)",
+    ),
+    "record": Key(
+        "list | mapping",
+        None,
+        "episodes to record step by step: [0, 3] or {episodes: [...], max_steps: N, "
+        "keys: [...]}; saved to the output's .npz",
+    ),
+    "trial_index_base": Key(
+        "int",
+        0,
+        "episode i gets reset option trial_index = trial_index_base + i "
+        "(gymnasium:, grpc:// envs that take one)",
+        low=0,
+    ),
+    "instruction": Key(
+        "str",
+        None,
+        "the language instruction of every episode, for a policy with a "
+        "jaxmesh.adapt.Text input",
+    ),
+    "workers": Key(
+        "int",
+        None,
+        "gymnasium: envs: worker processes stepping the lanes (0: this process; "
+        "null: chosen for the machine)",
+        low=0,
+    ),
+    "check_seeds": Key(
+        "bool",
+        False,
+        "gymnasium: envs: check that the env is reproducible from its seed before "
+        "the run",
+    ),
+    "token": Key(
+        "str", None, "served envs: the servers' session token (null: $JAXMESH_TOKEN)"
+    ),
+    "tls_ca": Key(
+        "path",
+        None,
+        "grpcs:// servers: the PEM file of the CA that signed their certificates",
+    ),
+    "reply_timeout": Key(
+        "number",
+        None,
+        "served envs: seconds a reply may take (null: auto, a hung server among "
+        "several is dropped; .inf: no limit)",
+    ),
+    "on_server_loss": Key(
+        "str",
+        None,
+        "served envs over several servers: rerun (the default: a lost server's "
+        "episodes rerun on the others) or raise",
+    ),
+    "transport": Key(
+        "str",
+        None,
+        "served envs: auto (the default: shared memory for a server on this host), "
+        "grpc or shm",
+    ),
+    "output": Key(
+        "path",
+        None,
+        "the JSON file of the result (null: none); the episode log goes next to it "
+        "as NAME.episodes.jsonl",
+    ),
+}
+#: Each key's one-line meaning.
+CONFIG_KEYS: dict[str, str] = {key: k.help for key, k in SCHEMA.items()}
+#: The int keys and their least values.
+INT_KEYS: dict[str, int] = {
+    key: k.low for key, k in SCHEMA.items() if k.low is not None
+}
+REQUIRED = ("env", "policy")
+#: The longest time limit a config may set (a timer waits at most
+#: ``threading.TIMEOUT_MAX``; null is no limit).
+MAX_SECONDS = 1e9
+
+
+def keys_help(width: int | None = None) -> str:
+    """``SCHEMA`` as the help prints it: a key a line, its type, its meaning and
+    its default when it has one, wrapped to ``width`` columns (None: the
+    terminal's, as argparse does)."""
+    if width is None:
+        width = shutil.get_terminal_size().columns - 2
+    column = max(map(len, SCHEMA)) + 4
+    lines = ["config keys (YAML; --set KEY=VALUE overrides one; docs/cli.md):"]
+    for key, k in SCHEMA.items():
+        default = "" if k.default is None else f" (default: {_yaml(k.default)})"
+        lines.append(
+            textwrap.fill(
+                f"{k.type}: {k.help}{default}",
+                width=max(width, column + 40),
+                initial_indent=f"  {key:<{column - 2}}",
+                subsequent_indent=" " * column,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(lines)
+
+
+def _yaml(value: Any) -> str:
+    return (
+        yaml.safe_dump(value, default_flow_style=True)
+        .strip()
+        .removesuffix("...")
+        .strip()
+    )
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping of a YAML document names one key twice (YAML itself keeps the
+    last one silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor` merges; an explicit key may override
+                try:
+                    key = self.construct_object(key_node, deep=True)
+                    hash(key)
+                except (yaml.YAMLError, TypeError):
+                    continue  # SafeLoader says what is wrong with it
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise _DuplicateKey(
+                        f"line {line}: key {key!r} is given twice (first on line "
+                        f"{seen[key]}); YAML would keep only the last value: "
+                        "remove one of them"
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys (``_DuplicateKey``)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
+def existing_file(path: str | Path, what: str, hint: str) -> Path:
+    """``path`` as a Path; ConfigError naming ``what`` and ``hint`` when no
+    file is there."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"{what} {str(path)!r} not found (looked in {str(p.absolute())!r}); " + hint
+        )
+    return p
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Reads a YAML run config (a mapping at the top level).
+
+    Raises:
+      ConfigError: the file is missing, cannot be read, is not UTF-8, is not
+        valid YAML, or is not a mapping.
+    """
+    p = existing_file(
+        path,
+        "config file",
+        "pass the path of a YAML run config, e.g. configs/cartpole.yaml",
+    )
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte "
+            f"0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(path)!r}: cannot read it ({e})") from e
+    try:
+        data = yaml_load(text)
+    except _DuplicateKey as e:
+        raise ConfigError(f"config file {str(path)!r}, {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} holds a {type(data).__name__}; expected a "
+            f"mapping of keys {sorted(CONFIG_KEYS)}"
+        )
+    return data
+
+
+def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
+    """Applies ``KEY=VALUE`` overrides; dotted keys reach into mappings.
+
+    Values are parsed as YAML (``8`` is an int, ``null`` is None, ``true`` a
+    bool, ``[1, 2]`` a list, anything else a string). Returns a new dict.
+
+    Raises:
+      ConfigError: an override without ``=``, or a dotted key through a value
+        that is not a mapping.
+    """
+    out = copy.deepcopy(config)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"--set {item!r}: expected KEY=VALUE, e.g. --set episodes=20 or "
+                "--set policy_config.checkpoint=ckpt/mlp"
+            )
+        try:
+            value = yaml_load(raw) if raw.strip() else ""
+        except _DuplicateKey as e:
+            raise ConfigError(f"--set {key.strip()}=...: {e}") from None
+        except yaml.YAMLError as e:
+            if is_secret_key(key.strip().split(".")[-1]):  # never echo a secret
+                raise ConfigError(
+                    f"--set {key.strip()}={REDACTED}: cannot parse the value as "
+                    "YAML; quote it, e.g. --set \"token='...'\""
+                ) from None
+            raise ConfigError(f"--set {item!r}: cannot parse the value: {e}") from e
+        parts = key.strip().split(".")
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(
+                    f"--set {item!r}: {where!r} is {child!r}, not a mapping, so it "
+                    "has no sub-keys"
+                )
+            node = child
+        node[parts[-1]] = value
+    return out

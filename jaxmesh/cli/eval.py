@@ -1,0 +1,318 @@
+"""``jaxmesh eval``: run a config, print the summary, write the results.
+
+The episodes stream to an episode log as they finish, so that a stopped run
+keeps them and ``--resume`` runs only the rest; the result JSON, the recorded
+episodes and the report are written before the videos (``_write_outputs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jaxmesh
+from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
+from jaxmesh.cli.artifacts import (
+    VideoError,
+    video_failed,
+    write_report_file,
+    write_videos,
+)
+from jaxmesh.cli.build import build_run
+from jaxmesh.cli.cache import compile_cache_wanted
+from jaxmesh.cli.checks import check_record_config, read_config
+from jaxmesh.cli.config import existing_file
+from jaxmesh.cli.errors import ConfigError, Interrupted, refused
+from jaxmesh.cli.hooks import LogStart, Progress, Started, SuiteSaver
+from jaxmesh.cli.outputs import (
+    VIDEO_NEXT_TO_OUTPUT,
+    check_writable,
+    episode_log_path,
+    report_path,
+    video_path,
+    write_json,
+)
+from jaxmesh.cli.parser import resume_command
+from jaxmesh.run.resume import (
+    LOG_KEY,
+    EpisodeLog,
+    fingerprint,
+    load_episode_log,
+    load_results,
+)
+from jaxmesh.suite import SuiteResult
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    if compile_cache_wanted(args.no_compile_cache):
+        try:
+            enable_compile_cache()
+        except OSError as e:  # a cache we cannot write only costs compile time
+            print(
+                f"jaxmesh eval: warning: compilation cache off ({e}); set "
+                f"{CACHE_DIR_ENV} to a writable directory",
+                file=sys.stderr,
+            )
+    report = report_path(args.report, config, args.config)
+    suite = config.get("tasks") is not None
+    video = video_path(getattr(args, "video", None), config)
+    if video is not None and config.get("record") is None:
+        config["record"] = check_record_config([0])
+    resume_from = getattr(args, "resume", None)
+    earlier = load_resume(resume_from) if resume_from is not None else None
+    # A suite keeps no episode log: its output JSON is written after every task.
+    log_path = None if suite else episode_log_path(args, config)
+    output = Path(config["output"]) if config.get("output") else None
+    npz = output.with_suffix(".npz") if output and config.get("record") else None
+    check_writable(
+        ("output", output),
+        ("--episode-log", log_path),
+        ("--report", report),
+        ("--trace", getattr(args, "trace", None)),
+        ("--video", video),
+        ("the recorded episodes' file", npz),
+    )
+    policy, env, kwargs = build_run(config)
+    if getattr(args, "trace", None) is not None:
+        kwargs["trace"] = args.trace
+    started = Started()
+    done = 0 if earlier is None or suite else earlier.num_episodes
+    hooks: list = [started, Progress(enabled=not args.no_progress, initial=done)]
+    if suite and config.get("output"):
+        hooks.append(SuiteSaver(Path(config["output"]), earlier))
+    params = getattr(policy, "params", None)  # a Model's; a function has none
+    steps = config.get("max_episode_steps")
+    if log_path is not None:
+        # A resumed run appends to its log; a new run starts it afresh.
+        log = EpisodeLog(log_path, params=params, max_episode_steps=steps)
+        hooks += [LogStart(log_path, fresh=earlier is None), log]
+        fp = dict(log.fp)
+    else:
+        fp = fingerprint(steps, params, digest=params is not None)
+    if earlier is not None:
+        kwargs["resume"] = earlier
+    try:
+        result = _run_eval(args, config, log_path, policy, env, hooks, kwargs)
+    except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
+        if started.started:
+            raise
+        text: Any = e
+        if earlier is not None and str(e).startswith("resume="):
+            text = f"--resume {resume_from}: {str(e).removeprefix('resume=: ')}"
+        if not suite:
+            raise ConfigError(refused(config, text)) from e
+        done = started.finished
+        task = next((n for n in config["tasks"] if n not in done), None)
+        line = refused(config, text, task if done or earlier is not None else None)
+        if done and config.get("output"):
+            line += (
+                f" (the tasks finished before it, {done}, are in {config['output']}: "
+                f"fix this one, then --resume {config['output']} runs only the rest)"
+            )
+        elif done:
+            line += f" (the tasks finished before it, {done}, are not saved: no output)"
+        raise ConfigError(line) from e
+    if suite:
+        return _finish_suite(result, config, report, video)
+    # What a later --resume of this result checks: the step cap, the params.
+    result.fingerprint = {**(result.fingerprint or {}), **fp}
+    print(result.summary())
+    if args.telemetry:
+        print(result.format_telemetry())
+    return _write_outputs(args, result, output, log_path, report, video)
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    result: Any,
+    output: Path | None,
+    log_path: Path | None,
+    report: Path | None,
+    video: Path | None,
+) -> int:
+    """Writes a finished run's files: the results first (the JSON, the recorded
+    episodes' .npz, the report), then the videos, so that a video that cannot
+    be rendered (no OpenGL on a headless machine) never costs the results.
+
+    Returns:
+      0; 1 when the JSON went elsewhere than ``output`` or a video failed (its
+      error printed, naming what to set).
+    """
+    base = output.parent if output is not None else None
+    written: list[Path] = []
+    saved = None
+    if output is not None:
+        saved = write_json(output, result.to_dict(), "eval", log_path)
+        written.append(saved)
+        print(f"wrote {saved}")
+        if result.trajectories:
+            npz = Path(result.save_trajectories(saved.with_suffix(".npz")))
+            written.append(npz)
+            print(f"wrote {npz}")
+    if report is not None:
+        write_report_file(result, report, base)
+        written.append(report)
+    status = 0 if saved is None or saved == output else 1
+    if video is None:
+        return status
+    try:
+        write_videos(result, video, base, args.video is not VIDEO_NEXT_TO_OUTPUT)
+    except VideoError as e:
+        print(f"jaxmesh eval: error: {video_failed(e, written)}", file=sys.stderr)
+        return 1
+    # The result and its report list the videos.
+    if saved is not None:
+        write_json(saved, result.to_dict(), "eval", log_path)
+    if report is not None:
+        write_report_file(result, report, base, announce=False)
+    return status
+
+
+def _run_eval(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    log_path: Path | None,
+    policy: Any,
+    env: Any,
+    hooks: list,
+    kwargs: dict,
+) -> Any:
+    """``jaxmesh.evaluate`` for ``eval``: an interrupted or failed run says
+    where its finished episodes are and the command that continues it
+    (Ctrl-C: one message, exit status 130; a failure: a note under its
+    traceback)."""
+    try:
+        return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
+    except (ConfigError, ValueError, TypeError) as e:
+        if not any(getattr(h, "started", False) for h in hooks):
+            raise  # a refusal: nothing ran
+        hint = _kept(args, config, log_path, e)
+        e.add_note(hint)
+        raise
+    except KeyboardInterrupt as e:
+        kept = _kept(args, config, log_path, e)
+        print(f"jaxmesh {args.command}: interrupted. {kept}", file=sys.stderr)
+        raise Interrupted() from None
+    except Exception as e:
+        e.add_note(_kept(args, config, log_path, e))
+        raise
+
+
+def _kept(
+    args: argparse.Namespace, config: dict, log_path: Path | None, exc: Any
+) -> str:
+    """Where a stopped run's finished episodes are, and how to continue it
+    (never raises: the run's own error comes first)."""
+    try:
+        return _keep(args, config, log_path, exc)
+    except Exception as e:  # e.g. the partial result cannot be written either
+        return f"jaxmesh: the finished episodes could not be saved ({e})."
+
+
+def _keep(args: argparse.Namespace, config: dict, log_path: Any, exc: Any) -> str:
+    partial = getattr(exc, "partial_result", None)
+    output = Path(config["output"]) if config.get("output") else None
+    if isinstance(partial, SuiteResult):
+        if output is None:
+            return "The finished tasks are not saved (the config has no output)."
+        where = write_json(output, partial.to_dict(), args.command)
+        return (
+            f"The finished tasks and episodes are in {where}; to run only the "
+            f"rest: {resume_command(args, config, where)}"
+        )
+    n = 0 if partial is None else partial.num_episodes
+    if log_path is not None:
+        where = log_path
+    elif partial is not None and n:
+        stem = output.with_suffix(".partial.json") if output else Path("partial.json")
+        where = write_json(stem, partial.to_dict(), args.command)
+    else:
+        return f"{n} episodes had finished; nothing to resume from."
+    return (
+        f"{n} finished episodes are in {where}; to run only the rest: "
+        f"{resume_command(args, config, where)}"
+    )
+
+
+def _finish_suite(
+    result: Any, config: dict[str, Any], report: Path | None, video: Path | None
+) -> int:
+    """``eval``'s output of a suite: the per-task table, the JSON, the report,
+    then the videos (each task's recorded episodes, ``<video stem>.<task>.
+    ep<i><suffix>``)."""
+    print(result.summary())
+    written = []
+    if config.get("output"):
+        written.append(_write_suite_json(result, Path(config["output"])))
+    if report is not None:
+        write_report_file(result, report)
+        written.append(report)
+    if video is None:
+        return 0
+    try:
+        for name, task in result.tasks.items():
+            target = video.with_name(f"{video.stem}.{name}{video.suffix}")
+            write_videos(task, target, None, explicit=False)
+    except VideoError as e:
+        print(f"jaxmesh eval: error: {video_failed(e, written)}", file=sys.stderr)
+        return 1
+    # The result and its report list the videos.
+    if config.get("output"):
+        _write_suite_json(result, Path(config["output"]), announce=False)
+    if report is not None:
+        write_report_file(result, report, announce=False)
+    return 0
+
+
+def _write_suite_json(result: Any, out: Path, announce: bool = True) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if announce:
+        print(f"wrote {out}")
+    return out
+
+
+def load_resume(path: str | Path) -> Any:
+    """The earlier run ``eval --resume PATH`` continues, as a ``RunResult``: an
+    episode log (its first line is a ``jaxmesh_episode_log`` run line:
+    ``jaxmesh.load_episode_log``) or a result JSON (``RunResult.from_dict``).
+
+    Raises:
+      ConfigError: the file is missing, or is neither.
+    """
+    p = existing_file(
+        path,
+        "--resume file",
+        "pass the episode log (NAME.episodes.jsonl) or the result JSON of the run "
+        "to continue",
+    )
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(
+            f"--resume {str(path)!r}: cannot read it as text ({e})"
+        ) from e
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        head = json.loads(first)
+    except json.JSONDecodeError:
+        head = None  # a result JSON is indented: its first line is "{"
+    try:
+        if isinstance(head, dict) and LOG_KEY in head:
+            return load_episode_log(p)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"neither an episode log (a first line holding {LOG_KEY!r}) nor "
+                f"a result JSON ({e})"
+            ) from None
+        if isinstance(data, dict) and data.get("suite"):
+            return SuiteResult.from_dict(data)
+        return load_results(p)  # RunResult.from_dict, with each episode's line
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--resume {str(path)!r}: {e}") from e

@@ -1,0 +1,151 @@
+"""The hooks ``jaxmesh eval`` runs with: the progress bar, the mark of a
+started run, the episode log's start, a suite's saver."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from jaxmesh.suite import SuiteResult
+
+
+class Progress:
+    """A tqdm bar on stderr: episodes done of the budget, and env steps/s.
+
+    The rate while running counts the steps of finished episodes since the
+    first one ended (so compile time is excluded); at the end it shows the run's
+    exact ``steps_per_second``.
+    """
+
+    def __init__(self, enabled: bool = True, stream: Any = None, initial: int = 0):
+        self.enabled = enabled
+        self.stream = stream
+        #: Episodes done before the run starts (a resumed run's earlier ones).
+        self.initial = initial
+        self.bar = None
+        self.steps = 0
+        self.t_first: float | None = None
+        self.steps_first = 0
+
+    def on_run_start(self, info: dict) -> None:
+        self.bar = tqdm(
+            total=info.get("episodes"),
+            initial=self.initial,
+            desc=f"{info.get('policy', '')} on {info.get('env', '')}",
+            unit="ep",
+            file=self.stream if self.stream is not None else sys.stderr,
+            disable=not self.enabled,
+            dynamic_ncols=True,
+        )
+
+    def on_episode_end(self, ep: Any) -> None:
+        now = time.perf_counter()
+        self.steps += int(ep.length)
+        if self.t_first is None:
+            self.t_first, self.steps_first = now, self.steps
+        elif now > self.t_first:
+            rate = (self.steps - self.steps_first) / (now - self.t_first)
+            self.bar.set_postfix_str(f"{rate:,.0f} env steps/s", refresh=False)
+        self.bar.update(1)
+
+    def on_fault(self, info: dict) -> None:
+        """A lost or rejoined server, or a lost worker process: one line on
+        stderr above the bar (printed even with the bar off)."""
+        event = info.get("event")
+        if event == "lost":
+            line = (
+                f"jaxmesh: lost the env server {info.get('server')} "
+                f"({info.get('error')}); its {info.get('lanes')} lanes are out and "
+                f"{info.get('episodes_rerun')} unfinished episodes run again on "
+                "the other servers"
+            )
+        elif event == "rejoined":
+            line = f"jaxmesh: the env server {info.get('server')} is back"
+        elif event == "worker lost":
+            line = (
+                f"jaxmesh: a worker process died; {len(info.get('episodes_rerun', []))}"
+                " unfinished episodes run again on a new one"
+            )
+        else:
+            line = f"jaxmesh: {info}"
+        stream = self.stream if self.stream is not None else sys.stderr
+        if self.bar is not None and self.enabled:
+            self.bar.write(line, file=stream)
+        else:
+            print(line, file=stream)
+
+    def on_run_end(self, result: Any) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(
+                f"{result.steps_per_second:,.0f} env steps/s", refresh=False
+            )
+            self.bar.close()
+
+
+class Started:
+    """A hook that marks the end of ``evaluate``'s checks.
+
+    ``evaluate`` calls ``on_run_start`` once its input is checked and the policy
+    probed, before anything compiles: a ValueError/TypeError raised before then
+    is bad input, one raised after is a failure of the run.
+
+    In a suite each task's run starts anew: ``finished`` names the tasks done,
+    and ``started`` is reset after each, so that a later task's refusal is bad
+    input too (the tasks before it are kept in the output JSON).
+    """
+
+    def __init__(self) -> None:
+        self.started = False
+        self.finished: list[str] = []
+
+    def on_run_start(self, info: dict) -> None:
+        del info
+        self.started = True
+
+    def on_task_end(self, name: str, result: Any) -> None:
+        del result
+        self.finished.append(name)
+        self.started = False
+
+
+class LogStart:
+    """The hook before ``eval``'s ``jaxmesh.EpisodeLog``: once the run starts
+    (so that a refused run leaves an earlier log as it was), it makes the log's
+    folder and, for a new run (``fresh``), empties the file: a log holds one
+    run and its resumptions."""
+
+    def __init__(self, path: Path, fresh: bool):
+        self.path, self.fresh = path, fresh
+
+    def on_run_start(self, info: dict) -> None:
+        del info
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.fresh:
+            return
+        if self.path.is_file() and self.path.stat().st_size:
+            print(
+                f"jaxmesh eval: note: starting the episode log {self.path} afresh "
+                f"(--resume {self.path} continues the run it holds)",
+                file=sys.stderr,
+            )
+        self.path.write_text("", encoding="utf-8")
+
+
+class SuiteSaver:
+    """The hook that writes a suite's output JSON after every task, so a run
+    that fails keeps the tasks it finished (``--resume`` continues it)."""
+
+    def __init__(self, path: Path, earlier: Any):
+        self.path = path
+        self.tasks = dict(getattr(earlier, "tasks", None) or {})
+
+    def on_task_end(self, name: str, result: Any) -> None:
+        self.tasks[name] = result
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(SuiteResult(dict(self.tasks)).to_dict(), indent=2)
+        self.path.write_text(text + "\n")

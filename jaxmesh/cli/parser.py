@@ -1,0 +1,325 @@
+"""The ``jaxmesh`` command line's parser: its commands and their flags.
+
+Each command names the function that runs it as ``"module:function"`` of
+``jaxmesh.cli``, imported only when that command runs, so that ``--help``
+and ``--version`` import neither JAX nor the envs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from jaxmesh._version import __version__
+from jaxmesh.cache import CACHE_DIR_ENV
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+from jaxmesh.cli.config import keys_help
+from jaxmesh.cli.outputs import (
+    EPISODE_LOG_SUFFIX,
+    REPORT_NEXT_TO_OUTPUT,
+    SWEEP_CELLS_SUFFIX,
+    SWEEP_SUFFIX,
+    VIDEO_NEXT_TO_OUTPUT,
+)
+from jaxmesh.trace import redact_text, secret_values
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """A config command's arguments: the YAML file and its ``--set``s."""
+    parser.add_argument("config", help="YAML run config, e.g. configs/cartpole.yaml")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted for nested: policy_config.checkpoint=X); "
+        "repeatable; VALUE is parsed as YAML",
+    )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The parser of every command; ``args.run`` names the function to call."""
+    parser = argparse.ArgumentParser(
+        prog="jaxmesh", description="Evaluate RL policies with jaxmesh."
+    )
+    parser.add_argument("--version", action="version", version=f"jaxmesh {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    keys = keys_help()
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a policy from a YAML run config",
+        description="Evaluate a policy from a YAML run config: print the summary "
+        "and write the result JSON (the config's output), its episode log and, "
+        "when asked, the report and the videos.",
+        epilog=keys,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_args(ev)
+    ev.add_argument(
+        "--no-progress", action="store_true", help="no progress bar on stderr"
+    )
+    ev.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help=f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0;"
+        f" its directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)",
+    )
+    ev.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="after the summary, print per-call timings (predict, env step, "
+        "encode, decode, wire, queue; message bytes) of a gymnasium: or grpc:// "
+        "run: result.format_telemetry()",
+    )
+    ev.add_argument(
+        "--report",
+        nargs="?",
+        const=REPORT_NEXT_TO_OUTPUT,
+        default=None,
+        metavar="PATH",
+        help="after the run, write its HTML report (summary, plots, settings, "
+        "telemetry, episodes) to PATH; without PATH, next to the output JSON "
+        "(.html) or to report.html. Needs matplotlib (pip install "
+        "'jaxmesh[report]')",
+    )
+    ev.add_argument(
+        "--video",
+        nargs="?",
+        const=VIDEO_NEXT_TO_OUTPUT,
+        default=None,
+        metavar="PATH",
+        help="record episode 0 (or the config's record: episodes) and render "
+        "each to a video (jaxmesh.render): PATH (.mp4, .gif), or without PATH "
+        "next to the output JSON as NAME.ep<i>.mp4; the report embeds them. "
+        "Needs imageio (pip install 'jaxmesh[video]')",
+    )
+    ev.add_argument(
+        "--trace",
+        default=None,
+        metavar="PATH",
+        help="write the run's timeline to PATH as Chrome-trace / Perfetto JSON "
+        "(open it at https://ui.perfetto.dev)",
+    )
+    logs = ev.add_mutually_exclusive_group()
+    logs.add_argument(
+        "--episode-log",
+        default=None,
+        metavar="PATH",
+        help="stream each finished episode to this JSON-lines file (default: next "
+        f"to the output JSON as NAME{EPISODE_LOG_SUFFIX}; none without output); a "
+        "new run starts it afresh, --resume appends to it",
+    )
+    logs.add_argument(
+        "--no-episode-log", action="store_true", help="write no episode log"
+    )
+    ev.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help="continue an earlier run of this config: PATH is its episode log or "
+        "its result JSON; only the episodes it lacks run, and the output holds "
+        "the whole budget. A file of another run (policy, params, env, seeds, "
+        "settings) is refused (status 2)",
+    )
+    ev.set_defaults(run="eval:cmd_eval")
+    sw = sub.add_parser(
+        "sweep",
+        help="score a policy at every delay x horizon of a grid, in one program",
+        description="Score a policy from a YAML run config at every (delay, "
+        "horizon) of a grid (jaxmesh.sweep), on the same seeds: e.g. --set "
+        "delay=[0,1,2,4] --set horizon=[4,8]. Prints the table of success rate "
+        "and mean return per cell and writes the sweep's JSON next to the "
+        f"config's output as NAME{SWEEP_SUFFIX} (the output itself is left to "
+        "jaxmesh eval). A policy that returns one action per call has no "
+        "horizon or delay to sweep.",
+    )
+    add_config_args(sw)
+    sw.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help=f"continue a stopped sweep of this config: PATH is its NAME"
+        f"{SWEEP_CELLS_SUFFIX} (each finished cell, written next to the "
+        "config's output as it finished); only the other cells run. A sweep of "
+        "another config is refused (status 2)",
+    )
+    sw.set_defaults(run="sweep:cmd_sweep")
+    ex = sub.add_parser(
+        "explain",
+        help="print what a run config's policy reads and holds per lane",
+        description="Print jaxmesh.explain(policy, env, num_envs) for a run "
+        "config: the observation leaves read, the frame windows and their bytes "
+        "per lane and for num_envs lanes. Compiles nothing.",
+        epilog=keys,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_args(ex)
+    ex.set_defaults(run="explain:cmd_explain")
+    de = sub.add_parser("describe", help="print a model's describe() as JSON")
+    de.add_argument(
+        "target", help="module:Class, e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
+    )
+    de.set_defaults(run="explain:cmd_describe")
+    co = sub.add_parser(
+        "compare",
+        help="compare two eval results on the same seeds, episode by episode",
+        description="Pair two results written by jaxmesh eval (the same seeds) "
+        "episode by episode and print jaxmesh.compare(A, B): the mean of B - A, "
+        "its percentile bootstrap interval (95%%) and the share of seeds where B "
+        "scores more (ties count half).",
+    )
+    co.add_argument("a", metavar="A.json", help="the baseline result")
+    co.add_argument("b", metavar="B.json", help="the result compared with it")
+    co.add_argument(
+        "--resamples",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="bootstrap resamples (default 10000)",
+    )
+    co.add_argument(
+        "--seed", type=int, default=0, help="the bootstrap's seed (default 0)"
+    )
+    co.set_defaults(run="results:cmd_compare")
+    rp = sub.add_parser(
+        "report",
+        help="write the HTML report of a result eval wrote",
+        description="Write one self-contained HTML page (summary table, plots, "
+        "settings, telemetry, the first 1,000 episodes) of a result written by "
+        "jaxmesh eval (its config's output key). Needs matplotlib (pip install "
+        "'jaxmesh[report]').",
+    )
+    rp.add_argument("results", metavar="RESULTS.json", help="the result of eval")
+    rp.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="REPORT.html",
+        help="the HTML file to write (default: RESULTS with the suffix .html)",
+    )
+    rp.set_defaults(run="results:cmd_report")
+    ce = sub.add_parser(
+        "check-env",
+        help="check that an env is reproducible from its seed",
+        description="Reset the env twice with --seed and once with --other, step "
+        "each --steps times with one fixed action, and print jaxmesh.check_seeds'"
+        "s report: whether the same seed gives the same observations, rewards and "
+        "ends (reproducible), and another seed something else (seed-sensitive). "
+        "Exit status 0 when reproducible, 1 when not, 2 for bad input.",
+    )
+    ce.add_argument(
+        "env",
+        help="gymnasium:<id> (made here), grpc://host:port (lane 0 of a server, "
+        "which must be free), or a JAX env id (gymnax:, brax:)",
+    )
+    ce.add_argument("--seed", type=int, default=0, help="the seed reset twice (0)")
+    ce.add_argument(
+        "--other", type=int, default=1, help="the seed compared with it (1)"
+    )
+    ce.add_argument(
+        "--steps",
+        type=int,
+        default=5,
+        metavar="N",
+        help="env steps compared after each reset (default 5)",
+    )
+    ce.add_argument(
+        "--token",
+        default=None,
+        help="a served env's session token (default: $JAXMESH_TOKEN)",
+    )
+    ce.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PEM",
+        help="grpcs:// servers: the CA the server's certificate is checked against",
+    )
+    ce.set_defaults(run="serve:cmd_check_env")
+    se = sub.add_parser(
+        "serve-env",
+        help="serve a gymnasium env over gRPC (jaxmesh.EnvServer)",
+        description="Serve a gymnasium env's lanes over gRPC until SIGTERM or "
+        "Ctrl-C. Prints the address on stdout once serving. Binding a "
+        "non-loopback address needs --token (or JAXMESH_TOKEN) or --insecure.",
+    )
+    se.add_argument(
+        "env",
+        help="gymnasium:<id> or <id>, e.g. gymnasium:CartPole-v1 "
+        "(gymnasium:<module>:<id> imports <module> first), or a LIBERO task "
+        "libero:<suite>/<i> (options: --env-config)",
+    )
+    se.add_argument(
+        "--lanes", type=int, default=None, help="envs to make (lanes; default 1)"
+    )
+    se.add_argument(
+        "--address",
+        default="127.0.0.1:0",
+        help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
+    )
+    se.add_argument(
+        "--ready-fd",
+        type=int,
+        default=None,
+        metavar="FD",
+        help="write the address and a newline to this fd once serving, then close it",
+    )
+    se.add_argument(
+        "--token",
+        default=None,
+        help="session token every call must carry (default: $JAXMESH_TOKEN)",
+    )
+    se.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="end a session after S seconds without a request (default 300)",
+    )
+    se.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address with no token and no TLS",
+    )
+    se.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="serve over TLS with this certificate chain (clients: grpcs://)",
+    )
+    se.add_argument(
+        "--tls-key", default=None, metavar="PEM", help="the --tls-cert private key"
+    )
+    se.add_argument(
+        "--allow-remote-shutdown",
+        action="store_true",
+        help="let the Shutdown RPC stop the server",
+    )
+    se.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="W",
+        help="worker processes stepping groups of a gymnasium:<id> env's lanes "
+        "(threads for envs built by a factory; default 1)",
+    )
+    se.add_argument(
+        "--env-config",
+        default=None,
+        metavar="JSON",
+        help="libero:<suite>/<i> envs: their options as a JSON object, e.g. "
+        "'{\"camera_size\": 128}' (jaxmesh.make_env(env, **options))",
+    )
+    se.set_defaults(run="serve:cmd_serve_env")
+    return parser
+
+
+def resume_command(args: argparse.Namespace, config: dict, path: Any) -> str:
+    """The command line that continues this run from ``path`` (secrets out)."""
+    parts = ["jaxmesh", args.command, args.config]
+    for item in args.set:
+        parts += ["--set", item]
+    if getattr(args, "episode_log", None) is not None:
+        parts += ["--episode-log", str(args.episode_log)]
+    parts += ["--resume", str(path)]
+    return redact_text(shlex.join(parts), secret_values(config))

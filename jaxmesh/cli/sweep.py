@@ -1,0 +1,240 @@
+"""``jaxmesh sweep``: score a config at every (delay, horizon) of a grid.
+
+Each finished cell is written to a cells file as it ends, so that a stopped
+sweep keeps them and ``--resume`` runs only the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import jaxmesh
+from jaxmesh.cli.build import build_run
+from jaxmesh.cli.checks import check_run_config
+from jaxmesh.cli.config import apply_overrides, existing_file, load_config
+from jaxmesh.cli.errors import ConfigError, Interrupted, refused
+from jaxmesh.cli.outputs import (
+    SWEEP_CELLS_SUFFIX,
+    SWEEP_SUFFIX,
+    check_writable,
+    write_json,
+)
+from jaxmesh.cli.parser import resume_command
+from jaxmesh.results.result import RunResult
+from jaxmesh.run.resume import params_digest
+
+#: ``jaxmesh sweep``: the config keys that may hold a list of values to sweep.
+SWEEP_AXES = ("delay", "horizon", "delay_ms")
+#: The key of a sweep cells file's first line.
+SWEEP_CELLS_KEY = "jaxmesh_sweep_cells"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Runs the sweep of a config's ``--set`` axes; writes ``NAME.sweep.json``
+    next to the config's output (never the output itself: that is ``jaxmesh
+    eval``'s result, which ``jaxmesh report`` reads)."""
+    raw = apply_overrides(load_config(args.config), args.set)
+    axes = {}
+    for key in SWEEP_AXES:
+        value = raw.pop(key, None)
+        if value is None and key == "delay_ms":
+            continue
+        if value is None:
+            value = [0 if key == "delay" else 1]
+        axes[key] = value if isinstance(value, list) else [value]
+    config = check_run_config(raw)
+    if config.get("tasks") is not None:
+        raise ConfigError(
+            "jaxmesh sweep with tasks: a sweep runs one env; pick a task with "
+            "--set env=..."
+        )
+    # The config's output is its eval's result: the sweep writes its own file
+    # next to it (NAME.sweep.json), and its cells beside that.
+    given = Path(config["output"]) if config.get("output") else None
+    output = None if given is None else given.with_suffix(SWEEP_SUFFIX)
+    cells_path = None if given is None else given.with_suffix(SWEEP_CELLS_SUFFIX)
+    resume_from = getattr(args, "resume", None)
+    earlier = None
+    if resume_from is not None:
+        earlier = existing_file(
+            resume_from,
+            "--resume file",
+            f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
+            "next to its output)",
+        )
+    check_writable(
+        ("the sweep's output", output), ("the sweep's cells file", cells_path)
+    )
+    policy, env, kwargs = build_run(config)
+    identity = _jsonable(
+        {
+            **{k: v for k, v in config.items() if k != "output" and v is not None},
+            **axes,
+            "params": params_digest(getattr(policy, "params", None)),
+        }
+    )
+    done = {} if earlier is None else load_sweep_cells(earlier, identity)
+    cells = None
+    if cells_path is not None:
+        cells = SweepCells(cells_path, identity, done)
+    try:
+        result = jaxmesh.sweep(
+            policy,
+            env,
+            **axes,
+            **kwargs,
+            on_cell=None if cells is None else cells.write,
+            resume=done or None,
+        )
+    except (ValueError, TypeError) as e:
+        if cells is not None and cells.started:
+            if cells.count:
+                e.add_note(_sweep_kept(args, config, cells))
+            raise
+        raise ConfigError(refused(config, e)) from e
+    except KeyboardInterrupt:
+        kept = "No cell was kept (no output)."
+        if cells is not None:
+            kept = _sweep_kept(args, config, cells)
+        print(f"jaxmesh sweep: interrupted. {kept}", file=sys.stderr)
+        raise Interrupted() from None
+    except Exception as e:
+        if cells is not None and cells.count:
+            e.add_note(_sweep_kept(args, config, cells))
+        raise
+    finally:
+        if cells is not None:
+            cells.close()
+    print(result.summary())
+    if output is not None:
+        written = write_json(output, result.to_dict(), "sweep", cells_path)
+        print(f"wrote {written}")
+        return 0 if written == output else 1
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples as lists, objects as text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class SweepCells:
+    """``jaxmesh sweep``'s cells file, ``NAME.sweep.cells.jsonl``: a first line with
+    the sweep's config (``{"jaxmesh_sweep_cells": 1, "config": {...}}``), then
+    one flushed line per finished cell (``{"cell": {"delay", "horizon",
+    "result"}}``), written as each cell ends: a stopped sweep keeps them, and
+    ``--resume`` runs only the others. A new sweep starts the file afresh; a
+    resumed one rewrites the cells it continues from, then appends."""
+
+    def __init__(self, path: Path, identity: dict, done: dict):
+        self.path, self.identity, self.done = path, identity, dict(done)
+        self.file: Any = None
+        self.count = 0
+        self.started = False
+
+    def _open(self) -> None:
+        if not self.done and self.path.is_file() and self.path.stat().st_size:
+            print(
+                f"jaxmesh sweep: note: starting the cells file {self.path} afresh "
+                f"(--resume {self.path} continues the sweep it holds)",
+                file=sys.stderr,
+            )
+        # The head and the resumed cells go in whole (a new file renamed over
+        # the old), so that the file never holds fewer cells than before.
+        lines = [{SWEEP_CELLS_KEY: 1, "config": self.identity}]
+        for (d, h), r in self.done.items():
+            lines.append({"cell": {"delay": d, "horizon": h, "result": r.to_dict()}})
+        fresh = self.path.with_name(self.path.name + ".new")
+        fresh.write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
+        os.replace(fresh, self.path)
+        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def _line(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def write(self, delay: int, horizon: int, result: Any) -> None:
+        """``jaxmesh.sweep``'s ``on_cell``: one finished cell."""
+        self.started = True
+        if self.file is None:
+            self._open()
+        record = {"delay": delay, "horizon": horizon, "result": result.to_dict()}
+        self._line({"cell": record})
+        self.count += 1
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def _sweep_kept(args: argparse.Namespace, config: dict, cells: SweepCells) -> str:
+    n = cells.count + len(cells.done)
+    if not n:
+        return "No cell had finished."
+    return (
+        f"{n} finished cell(s) are in {cells.path}; to run only the rest: "
+        f"{resume_command(args, config, cells.path)}"
+    )
+
+
+def load_sweep_cells(path: Path, identity: dict) -> dict:
+    """The finished cells of a sweep cells file (``SweepCells``), checked to be
+    of the sweep ``identity`` describes.
+
+    Returns:
+      ``(delay, horizon) -> RunResult``; a line cut short (a sweep killed while
+      writing it) is skipped.
+
+    Raises:
+      ConfigError: not a cells file, or a sweep of another config (naming the
+        key that differs).
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--resume {str(path)!r}: cannot read it ({e})") from e
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):  # cut short by a killed sweep
+                continue
+            raise ConfigError(
+                f"--resume {str(path)!r}: line {n} is not JSON; expected the cells "
+                f"file of jaxmesh sweep (NAME{SWEEP_CELLS_SUFFIX})"
+            ) from None
+    head = records[0] if records else None
+    if not (isinstance(head, dict) and SWEEP_CELLS_KEY in head):
+        raise ConfigError(
+            f"--resume {str(path)!r}: not a sweep's cells file (its first line holds "
+            f"no {SWEEP_CELLS_KEY!r}); pass the NAME{SWEEP_CELLS_SUFFIX} file next to "
+            "the output of the sweep to continue"
+        )
+    before = head.get("config") or {}
+    for key in sorted(set(before) | set(identity)):
+        if before.get(key) != identity.get(key):
+            raise ConfigError(
+                f"--resume {str(path)!r}: the earlier sweep had {key}="
+                f"{before.get(key)!r}, this call {identity.get(key)!r}; a sweep "
+                "resumes only with the same config (pass the same one, or start a "
+                "new sweep without --resume)"
+            )
+    cells = {}
+    try:
+        for rec in records[1:]:
+            c = rec["cell"]
+            cells[(int(c["delay"]), int(c["horizon"]))] = RunResult.from_dict(
+                c["result"]
+            )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--resume {str(path)!r}: a malformed cell ({e})") from e
+    return cells

@@ -1,0 +1,39 @@
+"""TLS credentials for served envs, from PEM files (gRPC is imported only here,
+when TLS is asked for: it is the ``[remote]`` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaxmesh.cli.errors import ConfigError
+
+
+def channel_credentials(ca: str | None) -> Any:
+    """``grpc.ssl_channel_credentials`` trusting the PEM file ``ca`` (None: none)."""
+    if ca is None:
+        return None
+    import grpc
+
+    return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+
+
+def server_credentials(cert: str | None, key: str | None) -> Any:
+    """``grpc.ssl_server_credentials`` from PEM files (None: no TLS)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError(
+            f"--tls-cert {cert!r} and --tls-key {key!r}: TLS needs both the "
+            "certificate chain and its private key (PEM files); give both, or "
+            "neither for a plain server"
+        )
+    import grpc
+
+    pems = []
+    for flag, path in (("--tls-key", key), ("--tls-cert", cert)):
+        try:
+            pems.append(Path(path).read_bytes())
+        except OSError as e:
+            raise ConfigError(f"{flag} {path!r}: cannot read it ({e})") from e
+    return grpc.ssl_server_credentials([(pems[0], pems[1])])
