@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jaxmesh.envs.brax import BraxEnv
 from jaxmesh.envs.gymnax import GymnaxEnv
-from jaxmesh.envs.names import did_you_mean
+from jaxmesh.envs.names import ENV_PREFIXES, did_you_mean, no_prefix
 from jaxmesh.envs.playground import PlaygroundEnv, is_playground
 
 PREFIXES = ("gymnax", "brax", "playground", "libero")
@@ -140,13 +140,12 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
     if not sep:
         # The user may have left the prefix out: compare with the names.
         hint = did_you_mean(env_id, _all_ids(), key=lambda i: i.partition(":")[2])
-        hint = f"; {hint}" if hint else ""
-        raise ValueError(f"env id {env_id!r} has no prefix{hint} ({expected})")
+        raise ValueError(no_prefix(env_id, hint))
     if prefix not in PREFIXES:
-        hint = did_you_mean(prefix, PREFIXES) or f"known: {', '.join(PREFIXES)}."
-        raise ValueError(
-            f"unknown env prefix {prefix!r} in {env_id!r}; {hint} ({expected})"
+        hint = did_you_mean(prefix, ENV_PREFIXES) or "known: " + "; ".join(
+            ENV_PREFIXES.values()
         )
+        raise ValueError(f"unknown env prefix {prefix!r} in {env_id!r}; {hint}")
     raise ValueError(f"env id {env_id!r} names no env after {prefix!r} ({expected})")
 
 
