@@ -32,6 +32,22 @@ def uses_tls(address: str) -> bool:
     return isinstance(address, str) and address.startswith(TLS_SCHEME)
 
 
+def host_port(target: Any, *, bind: bool = False) -> tuple[str, int] | None:
+    """``(host, port)`` of ``"host:port"`` or ``"[v6]:port"``; None when
+    ``target`` is not one. The port is in 1..65535, or 0..65535 with ``bind``
+    (port 0: the server picks a free one)."""
+    if not isinstance(target, str):
+        return None
+    host, sep, port = target.rpartition(":")
+    if not (sep and host and port.isdigit()):
+        return None
+    if host.startswith("[") ^ host.endswith("]"):
+        return None
+    if not (0 if bind else 1) <= int(port) <= 65535:
+        return None
+    return host, int(port)
+
+
 def parse_address(address: Any) -> str:
     """``"grpc://host:port"``, ``"grpcs://host:port"`` or ``"host:port"`` as
     gRPC's ``"host:port"``.
@@ -46,8 +62,7 @@ def parse_address(address: Any) -> str:
     for scheme in SCHEMES:
         if address.startswith(scheme):
             target = address[len(scheme) :]
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if host_port(target) is None:
         raise ValueError(
             f"address {address!r} is not 'grpc://host:port' with a port in "
             "1..65535 (e.g. 'grpc://127.0.0.1:5555'); pass the address "
@@ -67,6 +82,7 @@ def require_grpc() -> None:
 
 
 __all__ = [
+    "host_port",
     "INSTALL",
     "SCHEME",
     "SCHEMES",

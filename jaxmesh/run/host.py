@@ -25,7 +25,6 @@ reach hooks and ``exc.partial_result`` through ``stream.EpisodeStream``
 
 from __future__ import annotations
 
-import collections
 import time
 import warnings
 from collections.abc import Sequence
@@ -50,6 +49,7 @@ from jaxmesh.run import build, checks, identity, instructions, stream
 from jaxmesh.run import host_agent as run_agent
 from jaxmesh.run.backend import ServedOptions
 from jaxmesh.run.config import RunConfig
+from jaxmesh.run.kept import Kept
 from jaxmesh.run.loop import GroupedRun, LocalRun
 from jaxmesh.run.telemetry import Telemetry
 
@@ -447,7 +447,7 @@ class HostAgent:
 
     Probes the policy against the lanes' spaces and builds the jitted
     ``init`` / ``host_step`` once per params signature; ``evaluate`` keeps a few
-    (``CACHE_SIZE``) so that calling it again compiles nothing.
+    (``kept.SIZE``) so that calling it again compiles nothing.
     """
 
     def __init__(
@@ -518,8 +518,7 @@ class HostAgent:
         return time.perf_counter() - t0
 
 
-_AGENTS: collections.OrderedDict = collections.OrderedDict()
-CACHE_SIZE = 16
+_AGENTS = Kept()
 
 
 def _host_agent(
@@ -545,13 +544,7 @@ def _host_agent(
         tile_lanes,
         str(pol.device),
     )
-    ag = _AGENTS.get(key)
-    if ag is None:
-        ag = _AGENTS[key] = HostAgent(policy, pol, spec, settings, tile_lanes)
-        while len(_AGENTS) > CACHE_SIZE:
-            _AGENTS.popitem(last=False)
-    _AGENTS.move_to_end(key)
-    return ag
+    return _AGENTS.get(key, lambda: HostAgent(policy, pol, spec, settings, tile_lanes))
 
 
 def clear_cache() -> None:
@@ -798,34 +791,29 @@ def _run(
     program = host_agent.program(params)
     cfg = program.config
     n, e = settings.num_envs, int(seeds_arr.size)
-    run_fields = {
-        "num_envs": n,
-        "horizon": settings.horizon,
-        "effective_horizon": cfg.horizon,
-        "prefetch_lead": settings.prefetch_lead,
-        **checks.execution_fields(settings),
-        "policy": pol.name,
-        "env": lanes.spec.name,
-        "chunk": program.chunk,
-        "plan_tile": cfg.tile,
-        "max_episode_seconds": seconds,
-        "trial_index_base": trial_base,
-        "success_mode": success_mode,
-        "instruction": instruction,
-        **metrics.run_fields(),
-        # What resume= compares: digests of the env, the policy's program
-        # (kept by the probe of host_agent.program) and the params.
-        "fingerprint": identity.run_identity(
+    # What resume= compares: digests of the env, the policy's program (kept
+    # by the probe of host_agent.program) and the params.
+    told = build.told_horizon(host_agent.policy, settings)
+    run_fields = stream.run_fields(
+        settings,
+        num_envs=n,
+        effective_horizon=cfg.horizon,
+        chunk=program.chunk,
+        plan_tile=cfg.tile,
+        policy=pol.name,
+        env=lanes.spec.name,
+        metrics=metrics.run_fields(),
+        trial_index_base=trial_base,
+        instruction=instruction,
+        success_mode=success_mode,
+        fingerprint=identity.run_identity(
             identity.host_env_digest(lanes),
             build.policy_digest(
-                host_agent.policy,
-                host_agent.spec,
-                params,
-                settings.horizon,
-                build.told_horizon(host_agent.policy, settings),
+                host_agent.policy, host_agent.spec, params, settings.horizon, told
             ),
         ),
-    }
+        max_episode_seconds=seconds,
+    )
     stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
     episodes_out = stream.EpisodeStream(
         hook_list, seeds_arr, pol.on_episode_end, run_fields

@@ -13,7 +13,6 @@ settings compiles nothing.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -40,6 +39,7 @@ from jaxmesh.run import (
     stream,
 )
 from jaxmesh.run.config import RunConfig, from_keywords
+from jaxmesh.run.kept import Kept
 from jaxmesh.run.plan import RunPlan, plan_run
 from jaxmesh.trace import span
 
@@ -289,30 +289,29 @@ class Evaluator:
         e = int(seeds_arr.size)
         plan = self.plan(params, e)
         self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
-        run_fields = {
-            "num_envs": s.num_envs,
-            "horizon": s.horizon,
-            "effective_horizon": plan.h,
-            "prefetch_lead": s.prefetch_lead,
-            **checks.execution_fields(s),
-            "policy": pol.name,
-            "env": getattr(self.env, "name", type(self.env).__name__),
-            "chunk": plan.chunk,
-            "plan_tile": plan.tile,
-            "metric_reductions": dict(self.metrics[0]),
-            "success_key": self.metrics[1],
-            "trial_index_base": trial_index_base,
-            "success_mode": success_mode,
-            "instruction": instruction,
-            # What resume= compares: digests of the env, the policy's program
-            # (kept by the probe of self.plan) and the params.
-            "fingerprint": identity.run_identity(
+        # What resume= compares: digests of the env, the policy's program
+        # (kept by the probe of self.plan) and the params.
+        told = build.told_horizon(pol, s)
+        run_fields = stream.run_fields(
+            s,
+            num_envs=s.num_envs,
+            effective_horizon=plan.h,
+            chunk=plan.chunk,
+            plan_tile=plan.tile,
+            policy=pol.name,
+            env=env_name,
+            metrics={
+                "metric_reductions": dict(self.metrics[0]),
+                "success_key": self.metrics[1],
+            },
+            trial_index_base=trial_index_base,
+            instruction=instruction,
+            success_mode=success_mode,
+            fingerprint=identity.run_identity(
                 identity.env_digest(self.env),
-                build.policy_digest(
-                    pol, self.env, params, s.horizon, build.told_horizon(pol, s)
-                ),
+                build.policy_digest(pol, self.env, params, s.horizon, told),
             ),
-        }
+        )
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
         self._run_steps = steps
         if steps and not self.supports_step_hooks:
@@ -461,8 +460,7 @@ class ShardedEvaluator(Evaluator):
         return self.placement.lanes_per_device
 
 
-_EVALUATORS: collections.OrderedDict = collections.OrderedDict()
-CACHE_SIZE = 16
+_EVALUATORS = Kept()
 
 
 def _env_key(env: Any) -> Any:
@@ -483,7 +481,7 @@ def cache_info() -> list[dict]:
             "device": None if ev.device is None else str(ev.device),
             "programs": len(ev.programs()),
         }
-        for ev in _EVALUATORS.values()
+        for ev in _EVALUATORS
     ]
 
 
@@ -527,14 +525,11 @@ def run(
     # record as many, from states of the same shapes, share a program.
     key += (mesh, None if record is None else record_shape(record), starts.randomize)
     key += (None if trials is None else trials.key,)
-    ev = _EVALUATORS.get(key)
-    if ev is None:
-        built = config.replace(devices=mesh, initial_states=states)
-        ev = Evaluator(policy, env, built, takes_params=with_params, record=record)
-        _EVALUATORS[key] = ev
-        while len(_EVALUATORS) > CACHE_SIZE:
-            _EVALUATORS.popitem(last=False)
-    _EVALUATORS.move_to_end(key)
+    built = config.replace(devices=mesh, initial_states=states)
+    ev = _EVALUATORS.get(
+        key,
+        lambda: Evaluator(policy, env, built, takes_params=with_params, record=record),
+    )
     return ev.run(
         episodes=episodes,
         seeds=seeds,

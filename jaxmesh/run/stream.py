@@ -67,6 +67,50 @@ def drive(
     return result
 
 
+def run_fields(
+    settings: Any,
+    *,
+    num_envs: int,
+    effective_horizon: int,
+    chunk: int | None,
+    plan_tile: int,
+    policy: str,
+    env: str,
+    metrics: dict,
+    trial_index_base: int,
+    instruction: str | None,
+    success_mode: str,
+    fingerprint: dict,
+    **more: Any,
+) -> dict:
+    """A run's ``RunResult`` fields beside its episodes and totals, the same
+    for both backends: its settings (``checks.Settings``), what the plan made
+    of them, the names, ``metrics`` (``metric_reductions``, ``success_key``),
+    how episodes start, the headline success mode, the fingerprint, and
+    ``more`` of the backend's own (a wall-clock cap)."""
+    return {
+        "num_envs": num_envs,
+        "horizon": settings.horizon,
+        "effective_horizon": effective_horizon,
+        "prefetch_lead": settings.prefetch_lead,
+        "delay": settings.delay,
+        "delay_ms": settings.delay_ms,
+        "execution": None
+        if settings.execution is None
+        else settings.execution.describe(),
+        "policy": policy,
+        "env": env,
+        "chunk": chunk,
+        "plan_tile": plan_tile,
+        **metrics,
+        "trial_index_base": trial_index_base,
+        "success_mode": success_mode,
+        "instruction": instruction,
+        **more,
+        "fingerprint": fingerprint,
+    }
+
+
 def hooks_list(hooks: Any) -> list:
     """``hooks`` (None, one object, or a list) as a list, each checked.
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from jaxmesh.remote import codec
+from jaxmesh.remote.address import host_port
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
 
@@ -156,12 +157,11 @@ def request_limit(options: ServeOptions, num_lanes: int, action_size: int) -> in
 
 # Addresses ----------------------------------------------------------------------
 def _split_address(address: Any) -> tuple[str, int]:
-    """(host, port) of ``"host:port"`` / ``"[v6]:port"``; ValueError otherwise."""
-    if isinstance(address, str):
-        host, sep, port = address.rpartition(":")
-        if sep and host and port.isdigit() and int(port) <= 65535:
-            if not (host.startswith("[") ^ host.endswith("]")):
-                return host, int(port)
+    """(host, port) of ``"host:port"`` / ``"[v6]:port"`` to listen on (port 0
+    picks a free one, ``address.host_port``); ValueError otherwise."""
+    pair = host_port(address, bind=True)
+    if pair is not None:
+        return pair
     raise ValueError(
         f"address {address!r} is not HOST:PORT; expected e.g. '127.0.0.1:5555', "
         "'[::1]:5555' or '0.0.0.0:0' (port 0 picks a free port)"
