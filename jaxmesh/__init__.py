@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import types
 from importlib import import_module
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from jaxmesh._version import __version__ as __version__
@@ -108,6 +109,10 @@ def __getattr__(name: str) -> Any:
         return import_module(f"{__name__}.{name}")
     module = _NAMES.get(name) or _REMOTE.get(name)
     if module is None:
+        # ``jaxmesh.run``, ``jaxmesh.model``, ...: a submodule, as when every
+        # module was imported with the package.
+        if not name.startswith("_") and find_spec(f"{__name__}.{name}"):
+            return import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'jaxmesh' has no attribute {name!r}")
     if name in _REMOTE:
         from jaxmesh.remote.address import require_grpc

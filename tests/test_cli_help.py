@@ -59,11 +59,12 @@ def test_import_jaxmesh_imports_no_jax_until_a_name_is_used():
         "print('jax' in sys.modules)\n"
         "jaxmesh.evaluate\n"
         "print('jax' in sys.modules)\n"
+        "print(jaxmesh.model.Model is jaxmesh.Model)\n"  # a submodule, on demand
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == ["False", "True"]
+    assert out == ["False", "True", "True"]
 
 
 def test_every_public_name_resolves_to_its_module_s_object():
