@@ -383,16 +383,16 @@ class ACTPolicy(jaxmesh.Model):
 
 
 CONFIG = """
-model:
-  class: {cls}
-  config:
-    chunk: 4
-    frames: 4
-    side: 16
-    checkpoint: {ckpt}
-eval:
-  horizon: 4
-  episodes: 6
+env: gymnax:Breakout-MinAtar
+policy: {cls}
+policy_config:
+  chunk: 4
+  frames: 4
+  side: 16
+  checkpoint: {ckpt}
+num_envs: 3
+horizon: 4
+episodes: 6
 """
 
 
@@ -409,7 +409,7 @@ def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
     cfg = yaml.safe_load(
         CONFIG.format(cls=f"{__name__}:ACTPolicy", ckpt=tmp_path / "act")
     )
-    model = jaxmesh.build_model(cfg["model"]["class"], cfg["model"]["config"])
+    model = jaxmesh.build_model(cfg["policy"], cfg["policy_config"])
     assert type(model) is ACTPolicy and model.native_chunk == 4
 
     ex = model.explain("gymnax:Breakout-MinAtar", num_envs=3)
@@ -419,7 +419,9 @@ def test_act_policy_from_yaml_and_orbax_matches_reference(tmp_path):
     assert "image" in str(ex) and "prev" in str(ex)
 
     env = gymnax.make("Breakout-MinAtar")
-    result = jaxmesh.evaluate(model, env, num_envs=3, **cfg["eval"])
+    result = jaxmesh.evaluate(
+        model, env, num_envs=3, horizon=cfg["horizon"], episodes=cfg["episodes"]
+    )
 
     # Reference: the net applied to frames resized by jax.image.resize, stacked
     # oldest first (reset frame repeated), previous executed action; rows padded

@@ -1,0 +1,69 @@
+"""Every shipped config and every YAML example in the docs is a config that
+``jaxmesh eval`` reads: each passes the command line's own check (nothing is
+built or run)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from jaxmesh.cli.checks import check_run_config
+from jaxmesh.cli.config import load_config, yaml_load
+from jaxmesh.suite import make_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+#: A fenced ```yaml block of a Markdown file.
+YAML_BLOCK = re.compile(r"^```ya?ml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def doc_blocks() -> list[tuple[str, str]]:
+    out = []
+    for path in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+        text = path.read_text(encoding="utf-8")
+        for m in YAML_BLOCK.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            out.append((f"{path.name}:{line}", m.group(1)))
+    return out
+
+
+DOC_BLOCKS = doc_blocks()
+
+
+def check(config: dict) -> None:
+    """``check_run_config``; a ``suite:`` config is skipped where its suite
+    cannot be made (LIBERO or its OpenGL library missing): the check expands
+    it into its tasks."""
+    if config.get("suite") is not None:
+        try:
+            make_suite("libero:libero_spatial", tasks=[0], episodes=None)
+        except (ImportError, RuntimeError) as e:
+            pytest.skip(f"a LIBERO suite cannot be made here: {e}")
+    check_run_config(config)
+
+
+def test_there_is_something_to_check():
+    assert len(CONFIGS) >= 6 and len(DOC_BLOCKS) >= 5
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_file_passes_the_check(path):
+    check(load_config(path))
+
+
+@pytest.mark.parametrize("block", DOC_BLOCKS, ids=lambda b: b[0])
+def test_every_yaml_example_in_the_docs_passes_the_check(block):
+    where, text = block
+    config = yaml_load(text)
+    assert isinstance(config, dict), where
+    check(config)
+
+
+def test_every_config_named_in_the_docs_exists():
+    named = set()
+    for path in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]:
+        named |= set(re.findall(r"configs/[\w.-]+\.yaml", path.read_text("utf-8")))
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not missing
