@@ -20,8 +20,8 @@ _SUBMODULES = ("adapt", "flax_models")
 #: Every other public name and the module it lives in.
 _NAMES = {
     "make_env": "jaxmesh.envs",
-    "check_seeds": "jaxmesh.envs.check",
-    "SeedReport": "jaxmesh.envs.check",
+    "check_seeds": "jaxmesh.run.seed_check",
+    "SeedReport": "jaxmesh.run.seed_check",
     "evaluate": "jaxmesh.run.scan",
     "Ensemble": "jaxmesh.execution",
     "sweep": "jaxmesh.sweep",
@@ -77,7 +77,6 @@ if TYPE_CHECKING:
     from jaxmesh.checkpoint import load_params, save_params
     from jaxmesh.core.tally import Results
     from jaxmesh.envs import make_env
-    from jaxmesh.envs.check import SeedReport, check_seeds
     from jaxmesh.errors import (
         BadValueError,
         EnvError,
@@ -99,6 +98,7 @@ if TYPE_CHECKING:
     from jaxmesh.run.pure import make_evaluator
     from jaxmesh.run.resume import EpisodeLog, load_episode_log
     from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
+    from jaxmesh.run.seed_check import SeedReport, check_seeds
     from jaxmesh.run.sharded import shard_population
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep

@@ -552,6 +552,7 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
         ("envs/gymnasium/leaves.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         ("envs/gymnasium/workers.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         ("envs/gymnasium/shm.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
+        ("envs/gymnasium/batch.py", ("jax", "flax", "grpc", "google", "jaxmesh")),
         *(  # the server package, every module of it
             (f"remote/server/{p.name}", ("jax", "flax"))
             for p in sorted((root / "remote" / "server").glob("*.py"))
@@ -571,6 +572,7 @@ def test_shared_lanes_agree_with_the_wire_and_import_no_jax():
                     "jaxmesh.envs.gymnasium",
                     "jaxmesh.envs.gymnasium.leaves",  # numpy only
                     "jaxmesh.envs.gymnasium.shm",  # numpy and the standard library
+                    "jaxmesh.envs.gymnasium.batch",  # numpy only
                     "jaxmesh.remote",
                     "jaxmesh.remote.proto",
                     "jaxmesh.remote.protocol",  # constants; imports nothing

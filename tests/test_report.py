@@ -27,6 +27,7 @@ from matplotlib.patches import Rectangle
 
 from jaxmesh.cli import main
 from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+from jaxmesh.results.report import constant_lines
 from jaxmesh.results.result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,10 +216,19 @@ def test_histogram_of_hand_worked_returns():
     heights, edges = bars(axes_by_title(fig)["Returns"])
     np.testing.assert_array_equal(heights, [1, 0, 2, 3])
     np.testing.assert_allclose(edges, [0, 0.5, 1, 1.5, 2])
-    # One value: one bar fills the panel, and the panel says so in words.
-    ax = axes_by_title(make_result([500.0] * 4).plot())
-    assert [t.get_text() for t in ax["Returns"].texts] == ["every episode: 500"]
-    assert bars(ax["Returns"])[0].tolist() == [4]
+    # One value: no panel of one bar, a line says it (lengths 1..4 still vary).
+    result = make_result([500.0] * 4)
+    assert list(axes_by_title(result.plot())) == ["Episode lengths"]
+    assert constant_lines(result) == ["Every episode returned 500."]
+    both = make_result([7.0] * 3, [50] * 3)
+    assert constant_lines(both) == [
+        "Every episode returned 7.",
+        "Every episode lasted 50 env steps.",
+    ]
+    (ax,) = both.plot().axes  # nothing to draw: the figure holds the lines
+    assert [t.get_text() for t in ax.texts] == [
+        "Every episode returned 7.\nEvery episode lasted 50 env steps."
+    ]
 
 
 def test_success_panel_shows_the_running_rate():
@@ -317,6 +327,7 @@ def test_report_page_holds_the_stats_settings_telemetry_and_episodes(tmp_path):
         "summary",
         "plots",
         "settings",
+        "provenance",
         "telemetry",
         "episodes",
     ]
@@ -404,7 +415,13 @@ def test_small_report_leaves_out_what_it_lacks(tmp_path):
     result = make_result([3.0, 5.0, 4.0, 4.0, 9.0])
     first = result.report(tmp_path / "a.html").read_bytes()
     page = Page(first.decode())
-    assert page.section_ids() == ["summary", "plots", "settings", "episodes"]
+    assert page.section_ids() == [
+        "summary",
+        "plots",
+        "settings",
+        "provenance",
+        "episodes",
+    ]
     assert "success_rate" not in page.keyed("summary-table")
     assert page.value("summary-table", "returns.mean") == 5.0  # by hand
     assert page.value("summary-table", "returns.iqm") == pytest.approx(

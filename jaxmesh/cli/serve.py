@@ -21,10 +21,10 @@ from jaxmesh.cli.checks import check_env, is_gymnasium_id, is_served
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.tls import channel_credentials, server_credentials
 from jaxmesh.envs import libero
-from jaxmesh.envs.check import check_seeds
 from jaxmesh.envs.gymnasium.lanes import PREFIX, parse_id
 from jaxmesh.remote.address import require_grpc
 from jaxmesh.remote.protocol import TOKEN_ENV
+from jaxmesh.run.seed_check import check_seeds
 
 
 def cmd_check_env(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ The segment program never depends on the budget, and neither do the
 buffers it carries or what the host reads after it: ``Engine.run_segment``
 advances up to S steps, writes the episodes that end into a *log* of
 ``capacity`` rows (each row names its episode, ``Results.index``) and reads
-the seeds from a *window* of them starting at ``Lanes.base``
+the seeds from a *window* of them starting at ``LaneState.base``
 (``window_size``), which the host puts anew when a segment could need a seed
 past it (``window``, ``window_fits``). It stops
 as soon as the budget is done, a fault is seen, or the log could not hold
@@ -77,7 +77,7 @@ class TrialReset:
         output structure, shapes and dtypes of ``env.reset``'s.
       data: the shapes (``jax.ShapeDtypeStruct`` leaves) of the run's data that
         ``reset`` reads (the stacked initial states; ``()`` for none). The data
-        itself rides in the lanes (``Lanes.trials``): new values of the same
+        itself rides in the lanes (``LaneState.trials``): new values of the same
         shapes run on the same program.
     """
 
@@ -138,7 +138,7 @@ class EngineConfig:
 
 
 @struct.dataclass
-class Lanes:
+class LaneState:
     episode: jax.Array  # [N] episode index run (or about to start) by each lane
     active: jax.Array  # [N] lane runs an episode
     start: jax.Array  # [N] lane begins `episode` at the next step
@@ -190,7 +190,7 @@ AGENT_GIVEN = ("fresh", "rows", "texts")
 
 @struct.dataclass
 class Carry:
-    lanes: Lanes
+    lanes: LaneState
     agent: agent.AgentState
     results: tally.Results
 
@@ -285,7 +285,7 @@ class Engine:
         lanes_of = lambda tree: jax.tree.map(
             lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), tree
         )
-        lanes = Lanes(
+        lanes = LaneState(
             episode=jnp.zeros((n,), jnp.int32),
             active=jnp.zeros((n,), bool),
             start=jnp.zeros((n,), bool),
@@ -300,8 +300,7 @@ class Engine:
             next_episode=jnp.int32(0),
             n_done=jnp.int32(0),
             acc=tuple(
-                jnp.zeros((n,), tally.metric_dtype(red))
-                for _, red in cfg.accumulators
+                jnp.zeros((n,), tally.metric_dtype(red)) for _, red in cfg.accumulators
             ),
             trials=()
             if cfg.trials is None
@@ -495,7 +494,7 @@ class Engine:
         )
 
     @staticmethod
-    def with_window(lanes: Lanes, window: dict) -> Lanes:
+    def with_window(lanes: LaneState, window: dict) -> LaneState:
         """``lanes`` with a ``window`` (host or placed arrays) in them."""
         lanes = lanes.replace(seeds=window["seeds"], base=window["base"])
         if "trial_of" in window:
@@ -503,7 +502,7 @@ class Engine:
         return lanes
 
     # The step -----------------------------------------------------------------
-    def _begin(self, lanes: Lanes, ag: agent.AgentState):
+    def _begin(self, lanes: LaneState, ag: agent.AgentState):
         """Resets the lanes in ``lanes.start``; those with an episode begin it.
 
         The reset runs only as many tiles as lanes start, in a ``cond`` that
@@ -567,7 +566,7 @@ class Engine:
         )
         return lanes, ag, obs, begins
 
-    def _reset(self, lanes: Lanes, keys: jax.Array, episodes: jax.Array):
+    def _reset(self, lanes: LaneState, keys: jax.Array, episodes: jax.Array):
         """The reset of a tile of lanes starting ``episodes`` with these keys:
         ``env.reset(key)``, or with ``config.trials`` its reset from each
         episode's trial index (read from the window at ``lanes.base``)."""
@@ -604,7 +603,7 @@ class Engine:
             return None
         return jax.vmap(self.env.render_state)(env_state)
 
-    def _record_reset(self, rec: Any, lanes: Lanes, begins, obs) -> Any:
+    def _record_reset(self, rec: Any, lanes: LaneState, begins, obs) -> Any:
         """Writes the reset observation (and the reset state's render state,
         ``lanes.env_state``) of recorded episodes that begin now."""
         has, lane = self._record_lanes(rec, begins, lanes.episode)
@@ -618,7 +617,7 @@ class Engine:
             ),
         )
 
-    def _record_step(self, rec: Any, lanes: Lanes, **values: Any) -> Any:
+    def _record_step(self, rec: Any, lanes: LaneState, **values: Any) -> Any:
         """Writes step ``lanes.t`` of the recorded episodes running now.
 
         ``values``: per lane ``obs`` and ``states`` (the env states, after
@@ -644,7 +643,7 @@ class Engine:
         }
         return rec.replace(**updates)
 
-    def _accumulate(self, lanes: Lanes, info: Any) -> tuple:
+    def _accumulate(self, lanes: LaneState, info: Any) -> tuple:
         """Every accumulator after this step's info values (active lanes only).
 
         A JAX env's info has a fixed structure: every step has every key, so
@@ -659,7 +658,7 @@ class Engine:
             for a, (name, red) in zip(lanes.acc, self.config.accumulators, strict=True)
         )
 
-    def _episode_metrics(self, lanes: Lanes, t: jax.Array) -> tuple[dict, dict]:
+    def _episode_metrics(self, lanes: LaneState, t: jax.Array) -> tuple[dict, dict]:
         """The per-lane metric values of an episode ending now (after ``t``
         steps), and its success fields (``Results``' names; {} without a
         success key)."""
@@ -676,7 +675,7 @@ class Engine:
             success["success_at_reset"] = lanes.reset_success
         return values, success
 
-    def _faults(self, lanes: Lanes, action: jax.Array, reward: jax.Array):
+    def _faults(self, lanes: LaneState, action: jax.Array, reward: jax.Array):
         """Per-lane fault kind and value: a bad action, or a non-finite reward."""
         num_actions = self.env.num_actions
         kinds, values = rules.action_faults(jnp, action, lanes.active, num_actions)
@@ -689,7 +688,7 @@ class Engine:
             return np.bool_(True)
         return np.bool_(sink(*(np.array(a) for a in arrays)))
 
-    def _step_events(self, lanes: Lanes, kinds, action, reward, term, trunc):
+    def _step_events(self, lanes: LaneState, kinds, action, reward, term, trunc):
         """Sends this step's per-lane values to the host (ordered); whether the
         segment goes on.
 
@@ -758,7 +757,7 @@ class Engine:
         )
 
     @staticmethod
-    def _recorded_done(rec: Any, lanes: Lanes) -> jax.Array:
+    def _recorded_done(rec: Any, lanes: LaneState) -> jax.Array:
         """[R] bool: each recorded episode has ended (it was handed over and
         no lane runs it or is about to begin it), so no step writes to it."""
         held = (lanes.active | lanes.start)[None, :]
@@ -832,7 +831,7 @@ class Engine:
             scored=ended & (kinds == tally.NO_FAULT),
         )
 
-    def _finish(self, c: Inner, res: tally.Results) -> tuple[Lanes, Any]:
+    def _finish(self, c: Inner, res: tally.Results) -> tuple[LaneState, Any]:
         """Writes the results of the episodes that ended on the inner loop's
         last step, at their own index (others drop), and hands the next
         unstarted episodes to their lanes in ascending lane order."""
@@ -882,7 +881,7 @@ class Engine:
         # Only a segment's last outer iteration can end with no episode ended.
         return jax.lax.cond(jnp.any(ended), finish, lambda *a: a, lanes, res)
 
-    def _begin_recorded(self, rec: Any, done, lanes: Lanes, begins, obs0) -> Any:
+    def _begin_recorded(self, rec: Any, done, lanes: LaneState, begins, obs0) -> Any:
         """The recording after ``_begin``: the reset observations (and render
         states) of recorded episodes that began (``done``: [R] bool, each
         recorded episode was done when the inner loop began)."""
@@ -991,7 +990,7 @@ class Inner:
     """The inner loop's state (``Engine._advance``): per-lane arrays and a few
     counters, never the result buffers."""
 
-    lanes: Lanes
+    lanes: LaneState
     agent: agent.AgentState
     recording: Any  # the recording buffers (None without ``record_slots``)
     #: [R] bool: each recorded episode was done when the loop began (None

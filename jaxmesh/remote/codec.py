@@ -29,13 +29,9 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError, Message
 
+from jaxmesh.envs.gymnasium.batch import DTYPE_NAMES, ResultBatch
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import (
-    DTYPE_NAMES,
-    MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSIONS,
-    ResultBatch,
-)
+from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS
 
 __all__ = [
     "ActionBatch",

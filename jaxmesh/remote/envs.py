@@ -43,11 +43,11 @@ from jaxmesh.remote.address import require_grpc
 
 require_grpc()
 
+from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX  # noqa: E402
 from jaxmesh.errors import RemoteError  # noqa: E402
 from jaxmesh.remote import codec  # noqa: E402
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT  # noqa: E402
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb  # noqa: E402
-from jaxmesh.remote.protocol import TRIAL_INDEX  # noqa: E402
 from jaxmesh.remote.session import Session  # noqa: E402
 from jaxmesh.remote.spaces import build, leaf_space, observation_space  # noqa: E402
 

@@ -2,20 +2,18 @@
 
 Both ends of the gRPC boundary import them from here: the server, the client
 session, ``RemoteEnv`` / ``RemoteVectorEnv``, the served host loop, and the
-in-process gymnasium lanes (which pass the same reset option to a local env).
+in-process host loop.
 The messages themselves are ``proto/jaxmesh_env.proto``; ``codec`` encodes them.
 
 This module imports nothing (the standard library aside), so the JAX-free
 server, the codec and a plain install without the ``[remote]`` extra can all
-read it.
+read it. What the lanes themselves define and the wire carries as it is (the
+dtype names an array may have, the ``trial_index`` reset option, the
+``ResultBatch`` of one call) lives with the lanes, one layer down:
+``jaxmesh.envs.gymnasium.batch``.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    import numpy as np
 
 #: Protocol versions this side speaks, newest last (the handshake picks the
 #: newest both sides speak).
@@ -26,23 +24,6 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most actions one lane may replay in one call.
 MAX_COUNT = 1_000_000
 
-#: The dtype names an array may have on the wire (little-endian on the wire;
-#: ``codec.DTYPES`` maps them to numpy dtypes).
-DTYPE_NAMES: tuple[str, ...] = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
-
 #: The environment variable the session token is read from when none is given
 #: (client and server; named in their errors).
 TOKEN_ENV = "JAXMESH_TOKEN"
@@ -51,10 +32,6 @@ TOKEN_ENV = "JAXMESH_TOKEN"
 #: Tuple one has a leaf per entry, named by its path joined with "/"), and of the
 #: one action leaf, in a batch.
 OBS_KEY = ""
-#: The reset option that carries an episode's trial index to an env that takes
-#: it (a server declares it in the handshake when its env does).
-TRIAL_INDEX = "trial_index"
-
 #: Capabilities a server declares in the handshake. Every server declares
 #: ``CAPABILITIES``; a server over a ``VectorEnv`` adds ``LOCKSTEP``: it steps
 #: every lane at once, so the client sends one call at a time with every lane's
@@ -101,57 +78,9 @@ TRACEBACK_KEY = "jaxmesh-traceback-bin"
 ENV_LANE_KEY = "jaxmesh-env-lane"
 
 
-class ResultBatch(NamedTuple):
-    """What lanes did in one call, as numpy: the wire's ``ResultBatch``.
-
-    The gymnasium lanes (``jaxmesh.envs.gymnasium.lanes``) return it, the
-    codec encodes it (``codec.encode_result_batch(*batch)``) and decodes a
-    reply into it, and the host loop reads it the same way from either.
-
-    Attributes:
-      lanes: int64 ``[m]``, ascending: every lane reset or stepped.
-      steps: int64 ``[m]``: env steps executed (0 for a reset, or for a lane
-        whose episode had ended).
-      rows: int64 ``[m]``: observation rows: 1 for a reset; for a replay
-        ``steps`` rows when every observation is kept, else ``min(steps, 1)``.
-      rewards: float64 ``[sum(steps)]``, lane after lane.
-      terminated: bool ``[sum(steps)]``.
-      truncated: bool ``[sum(steps)]`` (a wall-clock cap sets it too).
-      observation: ``{"": array [sum(rows), *obs_shape]}`` when observations
-        were asked for, else ``{}``; for a Dict or Tuple observation, leaf
-        name -> ``[sum(rows), *leaf_shape]`` for the leaves asked for.
-      info: info key -> ``[sum(info rows), ...]`` in the values' own dtype,
-        for the keys asked for that some row has (and whose values are numbers
-        of one shape); a row without the key holds zeros.
-      info_present: info key -> bool ``[sum(info rows)]`` for a key that some
-        rows lack (True: the row has it); a key every row has is not here.
-      info_rows: int64 ``[m]``: info rows per lane, when they differ from
-        ``rows`` (every executed step's info with only the last observation:
-        1 for a reset, ``steps`` for a replay); None: the info rows are
-        ``rows``.
-    """
-
-    lanes: np.ndarray
-    steps: np.ndarray
-    rows: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    observation: dict[str, np.ndarray]
-    info: dict[str, np.ndarray]
-    info_present: dict[str, np.ndarray] | None = None
-    info_rows: np.ndarray | None = None
-
-    @property
-    def info_row_counts(self) -> np.ndarray:
-        """int64 ``[m]``: the info rows of each lane (``info_rows`` or ``rows``)."""
-        return self.rows if self.info_rows is None else self.info_rows
-
-
 __all__ = [
     "CAPABILITIES",
     "CHUNK_REPLAY",
-    "DTYPE_NAMES",
     "ENV_ERROR_KEY",
     "ENV_LANE_KEY",
     "INFO_EVERY_STEP",
@@ -162,11 +91,9 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "OBS_KEY",
     "PROTOCOL_VERSIONS",
-    "ResultBatch",
     "SHARED_MEMORY",
     "TOKEN_ENV",
     "TRACEBACK_KEY",
     "TRANSPORTS",
-    "TRIAL_INDEX",
     "check_transport",
 ]

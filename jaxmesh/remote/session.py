@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec, shm
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection
@@ -31,7 +32,6 @@ from jaxmesh.remote.protocol import (
     LOCKSTEP,
     OBS_KEY,
     SHARED_MEMORY,
-    TRIAL_INDEX,
     check_transport,
 )
 

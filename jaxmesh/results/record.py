@@ -4,7 +4,7 @@
 steps at most; ``RunResult.trajectories`` returns them as ``Trajectory``
 records (numpy), in episode order. On the scan path the engine writes them into
 fixed device buffers of shape ``[len(episodes), max_steps (+ 1), ...]`` as the
-episodes run (``jaxmesh.core.results.Recording``); host-stepped paths (in
+episodes run (``jaxmesh.core.tally.Recording``); host-stepped paths (in
 process and served) fill the same buffers on the host. ``jaxmesh.render``
 turns a recorded episode into a video.
 """
@@ -299,7 +299,7 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
     """The ``Trajectory`` of every finished recorded episode, in episode order.
 
     Args:
-      recording: a host ``jaxmesh.core.results.Recording`` (numpy leaves).
+      recording: a host ``jaxmesh.core.tally.Recording`` (numpy leaves).
       episodes: the finished episodes' indices (a result's ``indices``).
       seeds, lengths: theirs, aligned with ``episodes``.
     """

@@ -2,16 +2,22 @@
 
 ``plot(result)`` draws a matplotlib ``Figure``: the returns as a histogram and as
 an empirical CDF, the episode lengths, and the running success rate when the
-result holds a success signal. ``write_report(result, path)`` writes one HTML
-file: the summary table (``result.stats()``), those plots, the run's settings and
-totals, the telemetry of a host-stepped run and the per-episode table.
+result holds a success signal; a value every episode shares is one line
+(``constant_lines``), not a plot. ``write_report(result, path)`` writes one HTML
+file: the summary table (``result.stats()``), those plots, the videos of
+recorded episodes, the run's settings and totals, its provenance (seeds, the
+run's identity, the date and the versions that made it), the telemetry of a
+host-stepped run and the per-episode table. The summary, settings, totals and
+provenance tables print the rows of ``jaxmesh.results.summary.rows``: the same
+rows as ``result.summary()``, never a second copy.
 
 The page stands alone: its CSS is inline, its plots are PNG images inside
 ``data:`` URIs (base64 is how HTML embeds an image; nothing of a run's data
 travels this way), and it refers to nothing on the network, so it opens offline
 and can be mailed or attached as it is. Every string that comes from a result
 (policy and env names, settings, telemetry series) is escaped with
-``html.escape``. The same result gives the same bytes (no timestamp is written).
+``html.escape``. The same result gives the same bytes (the only date written is
+the run's own, from the result).
 
 matplotlib is an optional extra (``pip install 'jaxmesh[report]'``), imported on
 the first call that draws, never when this module is imported. Figures are
@@ -21,10 +27,9 @@ loop of reports leaks no figures), and the user's own backend is left as it is.
 
 The page is a list of sections (``SECTIONS``), each a function of a ``Page``
 (the result, its statistics, the page's options) that returns a ``Section`` or
-None; a section with nothing
-to show returns None and is left out, with its entry in the contents. A later
-section (videos of recorded episodes, a link to a timeline) is one more such
-function, placed in ``SECTIONS`` where it should appear.
+None; a section with nothing to show returns None and is left out, with its
+entry in the contents. A later section (a link to a timeline, say) is one more
+such function, placed in ``SECTIONS`` where it should appear.
 """
 
 from __future__ import annotations
@@ -33,8 +38,6 @@ import base64
 import html
 import io
 import json
-import math
-import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -43,14 +46,15 @@ import numpy as np
 
 from jaxmesh._version import __version__
 from jaxmesh.results import stats as _stats
-from jaxmesh.run.telemetry import STAT_NAMES
+from jaxmesh.results import summary as _summary
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 #: A ``jaxmesh.RunResult``, read by attribute. This module never imports the class:
 #: ``RunResult.plot()`` and ``RunResult.report()`` call into it, so the dependency
-#: runs one way (``jaxmesh.run.results`` -> ``jaxmesh.report``).
+#: runs one way (``jaxmesh.results.result`` -> ``jaxmesh.results.report``, inside
+#: those two methods).
 Result = Any
 
 #: Episodes shown in the page's per-episode table (the JSON holds them all).
@@ -87,7 +91,7 @@ def success_flags(result: Any) -> np.ndarray | None:
 
     None when the result has no ``success`` attribute, when it is None, or when
     any episode lacks the signal (a rate over some episodes would mislead, as
-    ``jaxmesh.stats.describe`` decides too).
+    ``jaxmesh.results.stats.describe`` decides too).
     """
     success = getattr(result, "success", None)
     if success is None:
@@ -96,6 +100,28 @@ def success_flags(result: Any) -> np.ndarray | None:
     if flags.size != len(result.returns) or any(f is None for f in flags):
         return None
     return flags.astype(bool)
+
+
+def _constant(values: np.ndarray) -> bool:
+    """Whether every episode has the same value (a plot of it would be one bar
+    or one step: a line of text says it better)."""
+    return values.size > 0 and bool(values.min() == values.max())
+
+
+def constant_lines(result: Any) -> list[str]:
+    """One line for each plot left out because every episode has the same
+    value (``plot`` draws no panel for it), e.g. "Every episode lasted 50 env
+    steps."."""
+    n = len(result.returns)
+    every = "The one episode" if n == 1 else "Every episode"
+    out = []
+    returns = np.asarray(result.returns, np.float64)
+    if _constant(returns):
+        out.append(f"{every} returned {returns[0]:g}.")
+    lengths = np.asarray(result.lengths, np.int64)
+    if _constant(lengths):
+        out.append(f"{every} lasted {lengths[0]:,} env steps.")
+    return out
 
 
 def _empty(ax: Any, what: str) -> None:
@@ -113,18 +139,7 @@ def _histogram(ax: Any, values: np.ndarray, title: str, xlabel: str) -> None:
     ax.axvline(float(values.mean()), color="#c44e52", linestyle="--", label="mean")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("episodes")
-    if values.min() == values.max():  # one bar fills the panel: say it in words
-        ax.text(
-            0.5,
-            0.5,
-            f"every episode: {values[0]:g}",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85},
-        )
-    else:
-        ax.legend(loc="best", frameon=False)
+    ax.legend(loc="best", frameon=False)
 
 
 def _cdf(ax: Any, returns: np.ndarray) -> None:
@@ -167,7 +182,11 @@ def plot(result: Result) -> Figure:
       every episode (``result.success``): the running success rate in episode
       order, and each episode as a tick at 0 or 1.
 
-    An empty result draws each panel with the words "no episodes".
+    Returns whose every value is the same get no "Returns" nor "Returns CDF"
+    panel, lengths likewise no "Episode lengths" panel: one bar says less than
+    the line ``constant_lines`` gives (the report prints it); when nothing is
+    left to draw, the figure holds those lines as text. An empty result draws
+    each panel with the words "no episodes".
 
     Args:
       result: a ``RunResult`` (``jaxmesh.evaluate``'s, or
@@ -186,16 +205,29 @@ def plot(result: Result) -> Figure:
     # Integers stay integers: numpy's "auto" bins of integers are at least 1 wide.
     lengths = np.asarray(result.lengths, np.int64)
     flags = success_flags(result)
-    panels = 3 if flags is None else 4
-    rows, cols = (1, 3) if panels == 3 else (2, 2)
+    panels: list[Callable[[Any], None]] = []
+    if not _constant(returns):
+        panels.append(
+            lambda ax: _histogram(ax, returns, "Returns", "return (sum of rewards)")
+        )
+        panels.append(lambda ax: _cdf(ax, returns))
+    if not _constant(lengths):
+        panels.append(
+            lambda ax: _histogram(ax, lengths, "Episode lengths", "length (env steps)")
+        )
+    if flags is not None:
+        panels.append(lambda ax: _success(ax, np.asarray(result.indices), flags))
+    rows, cols = (2, 2) if len(panels) == 4 else (1, max(len(panels), 1))
     fig = Figure(figsize=(4.4 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    _histogram(axes[0], returns, "Returns", "return (sum of rewards)")
-    _cdf(axes[1], returns)
-    _histogram(axes[2], lengths, "Episode lengths", "length (env steps)")
-    if flags is not None:
-        _success(axes[3], np.asarray(result.indices), flags)
+    for ax, draw in zip(axes, panels, strict=False):
+        draw(ax)
+    if not panels:  # every figure is one value: say so instead of drawing it
+        axes[0].set_axis_off()
+        axes[0].text(
+            0.5, 0.5, "\n".join(constant_lines(result)), ha="center", va="center"
+        )
     name = f"{result.policy or 'policy'} on {result.env or 'env'}"
     # parse_math=False: a "$" in a policy's name is text, not TeX.
     fig.suptitle(f"{name}: {len(returns):,} episodes", parse_math=False)
@@ -218,16 +250,6 @@ def png_data_uri(png: bytes) -> str:
 def esc(value: Any) -> str:
     """``str(value)`` escaped for HTML text and quoted attributes."""
     return html.escape(str(value), quote=True)
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:,.{digits}f}"
-
-
-def _interval(pair: Sequence[float] | None) -> str:
-    return "n/a" if pair is None else f"[{_num(pair[0])}, {_num(pair[1])}]"
 
 
 def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
@@ -277,163 +299,44 @@ SectionFn = Callable[[Page], Section | None]
 
 
 # Sections ----------------------------------------------------------------------
+def _rows(page: Page, table: str) -> list[str]:
+    """The rows of ``summary.rows`` in ``table``, as HTML (``data-key``: the
+    row's key; ``data-value``: its value as JSON)."""
+    rows = _summary.rows(page.result, page.stats)
+    return _html_rows([r for r in rows if r.table == table])
+
+
 def summary_section(page: Page) -> Section:
     """The statistics of ``result.stats()``, one row each (``data-key``: its path)."""
-    result, stats = page.result, page.stats
-    r, n = stats["returns"], stats["episodes"]
-    level = f"{stats['confidence']:.0%}"
-    how = f"percentile bootstrap, {stats['resamples']:,} resamples"
-    how += f", seed {stats['seed']}"
-    rows = [_row("episodes", "episodes", n, f"{n:,}")]
-    if n:
-        q = r["quantiles"]
-        rows += [
-            _row("returns.mean", "mean return", r["mean"], _num(r["mean"])),
-            _row(
-                "returns.mean_interval",
-                f"mean return, {level} interval",
-                r["mean_interval"],
-                _interval(r["mean_interval"]),
-                how,
-            ),
-            _row(
-                "returns.std",
-                "std of the returns",
-                r["std"],
-                _num(r["std"]),
-                "sample standard deviation (ddof = 1)",
-            ),
-            _row(
-                "returns.standard_error",
-                "standard error of the mean",
-                r["standard_error"],
-                _num(r["standard_error"]),
-                "std / sqrt(episodes)",
-            ),
-            _row(
-                "returns.iqm",
-                "IQM return",
-                r["iqm"],
-                _num(r["iqm"]),
-                "interquartile mean: the mean of the middle half of the returns",
-            ),
-            _row(
-                "returns.iqm_interval",
-                f"IQM return, {level} interval",
-                r["iqm_interval"],
-                _interval(r["iqm_interval"]),
-                how,
-            ),
-            *(
-                _row(
-                    f"returns.quantiles.{k}",
-                    f"return {k}",
-                    v,
-                    _num(v),
-                    f"{k[1:]}% of the episodes return at most this",
-                )
-                for k, v in q.items()
-            ),
-            _row("returns.min", "min return", r["min"], _num(r["min"])),
-            _row("returns.max", "max return", r["max"], _num(r["max"])),
-            _row(
-                "lengths.mean",
-                "mean length",
-                stats["lengths"]["mean"],
-                _num(stats["lengths"]["mean"], 1),
-                "env steps per episode",
-            ),
-        ]
-        mode = stats.get("success_mode")
-        named = {"once": "success once", "end": "success at end"}.get(mode, "")
-        if stats["success_rate"] is not None:
-            low, high = stats["success_interval"]
-            rows += [
-                _row(
-                    "success_rate",
-                    "success rate",
-                    stats["success_rate"],
-                    f"{stats['success_rate']:.1%}",
-                    f"the headline: {named} (success_mode={mode!r})" if named else "",
-                ),
-                _row(
-                    "success_interval",
-                    f"success rate, {level} interval",
-                    stats["success_interval"],
-                    f"[{low:.1%}, {high:.1%}]",
-                    "Wilson score interval",
-                ),
-            ]
-        if stats.get("success_key") is not None:
-            pct = lambda v: "n/a" if v is None else f"{v:.1%}"
-            at_reset = stats.get("successes_at_reset")
-            rows += [
-                _row(
-                    "success_once_rate",
-                    "success once",
-                    stats.get("success_once_rate"),
-                    pct(stats.get("success_once_rate")),
-                    "the success signal was true at any step of the episode",
-                ),
-                _row(
-                    "success_at_end_rate",
-                    "success at end",
-                    stats.get("success_at_end_rate"),
-                    pct(stats.get("success_at_end_rate")),
-                    "the success signal was true at the episode's last step",
-                ),
-                _row(
-                    "successes_at_reset",
-                    "successful at reset",
-                    at_reset,
-                    "unknown" if at_reset is None else f"{at_reset:,}",
-                    "episodes whose success signal was already true at reset"
-                    if at_reset is not None
-                    else "the env's reset gives no success signal",
-                ),
-            ]
-        terminated = int(np.sum(result.terminated))
-        truncated = int(np.sum(result.truncated))
-        rows += [
-            _row(
-                "terminated",
-                "terminated",
-                terminated,
-                f"{terminated:,}",
-                "episodes the env ended (a failure or a goal)",
-            ),
-            _row(
-                "truncated",
-                "truncated",
-                truncated,
-                f"{truncated:,}",
-                "episodes cut by a step or time limit",
-            ),
-        ]
-    body = _table(rows, "summary-table", ("statistic", "value", "how"))
+    body = _table(
+        _rows(page, "summary"), "summary-table", ("statistic", "value", "how")
+    )
     return Section("summary", "Summary", body)
 
 
 def plots_section(page: Page) -> Section:
-    """``plot(result)`` as one embedded PNG."""
+    """``plot(result)`` as one embedded PNG, and a line instead of each plot
+    whose values are all the same (``constant_lines``)."""
     result = page.result
+    lines = constant_lines(result)
+    body = "".join(f"<p class='constant'>{esc(line)}</p>" for line in lines)
     fig = plot(result)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    if not titles:  # nothing varies: the lines say it all
+        return Section("plots", "Plots", body)
     uri = png_data_uri(png_bytes(fig))
     alt = "Plots: " + ", ".join(titles)
-    caption = (
-        "Returns: how many episodes scored each return (dashed: the mean). "
-        "Returns CDF: the share of episodes that scored at most a return; a "
-        "curve further right is a better policy. Episode lengths: how many env "
-        "steps the episodes lasted."
-    )
-    if success_flags(result) is not None:
-        caption += (
-            " Success over episodes: the success rate of the episodes so far, in "
-            "episode order (it settles as episodes add up); ticks mark each "
-            "episode's outcome."
-        )
-    body = (
+    captions = {
+        "Returns": "Returns: how many episodes scored each return (dashed: the mean).",
+        "Returns CDF": "Returns CDF: the share of episodes that scored at most a "
+        "return; a curve further right is a better policy.",
+        "Episode lengths": "Episode lengths: how many env steps the episodes lasted.",
+        "Success over episodes": "Success over episodes: the success rate of the "
+        "episodes so far, in episode order (it settles as episodes add up); "
+        "ticks mark each episode's outcome.",
+    }
+    caption = " ".join(captions[t] for t in titles if t in captions)
+    body += (
         f"<figure><img src='{esc(uri)}' alt='{esc(alt)}'>"
         f"<figcaption>{esc(caption)}</figcaption></figure>"
     )
@@ -442,102 +345,28 @@ def plots_section(page: Page) -> Section:
 
 def settings_section(page: Page) -> Section:
     """The run's settings and totals (``data-key``: the ``RunResult`` field)."""
-    result = page.result
-    mode = (
-        f"asynchronous: each chunk planned {result.prefetch_lead} step(s) early; "
-        "not comparable to a synchronous score"
-        if result.asynchronous
-        else "synchronous"
-    )
-    cap = result.max_episode_seconds
-    settings = [
-        ("policy", "policy", result.policy, result.policy or "n/a", ""),
-        ("env", "env", result.env, result.env or "n/a", ""),
-        ("num_envs", "lanes (num_envs)", result.num_envs, f"{result.num_envs:,}", ""),
-        (
-            "horizon",
-            "horizon",
-            result.horizon,
-            f"{result.horizon}",
-            "actions of a chunk executed before the next plan",
-        ),
-        (
-            "effective_horizon",
-            "effective horizon",
-            result.effective_horizon,
-            f"{result.effective_horizon}",
-            "min(horizon, chunk length)",
-        ),
-        (
-            "chunk",
-            "chunk length",
-            result.chunk,
-            "one action per plan" if result.chunk is None else f"{result.chunk}",
-            "actions a plan returns",
-        ),
-        (
-            "prefetch_lead",
-            "prefetch lead",
-            result.prefetch_lead,
-            f"{result.prefetch_lead}",
-            mode,
-        ),
-        (
-            "plan_tile",
-            "plan tile",
-            result.plan_tile,
-            f"{result.plan_tile}",
-            "rows per policy call",
-        ),
-        (
-            "max_episode_seconds",
-            "max episode seconds",
-            cap,
-            "none" if cap is None else f"{cap:g} s",
-            ""
-            if cap is None
-            else "a wall-clock cap: which episodes it truncated depends on timing",
-        ),
-    ]
-    totals = [
-        ("env_steps", "env steps", result.env_steps, f"{result.env_steps:,}", ""),
-        (
-            "policy_rows",
-            "policy rows",
-            result.policy_rows,
-            f"{result.policy_rows:,}",
-            f"{result.rows_per_step:.3f} per env step, padding included",
-        ),
-        (
-            "steps_per_second",
-            "env steps per second",
-            result.steps_per_second,
-            f"{result.steps_per_second:,.0f}",
-            "env steps / run time",
-        ),
-        (
-            "wall_time",
-            "wall time",
-            result.wall_time,
-            f"{result.wall_time:.2f} s",
-            "the whole call",
-        ),
-        (
-            "compile_time",
-            "compile time",
-            result.compile_time,
-            f"{result.compile_time:.2f} s",
-            "",
-        ),
-        ("run_time", "run time", result.run_time, f"{result.run_time:.2f} s", ""),
-    ]
     body = _table(
-        [_row(*s) for s in settings], "settings-table", ("setting", "value", "note")
+        _rows(page, "settings"), "settings-table", ("setting", "value", "note")
     )
     body += "<h3>Totals</h3>" + _table(
-        [_row(*t) for t in totals], "totals-table", ("total", "value", "note")
+        _rows(page, "totals"), "totals-table", ("total", "value", "note")
     )
     return Section("settings", "Settings", body)
+
+
+def provenance_section(page: Page) -> Section:
+    """Where the result comes from: its seeds, the run's identity (digests of
+    the policy, its params and the env, as ``resume=`` compares them) and when
+    and with which versions it was made (``data-key``: the field's path)."""
+    note = (
+        "What made these numbers. The settings above and these rows are in the "
+        "results JSON too (RunResult.to_dict()); a rerun with the same settings, "
+        "seeds and versions gives the same episodes."
+    )
+    body = f"<p>{esc(note)}</p>" + _table(
+        _rows(page, "provenance"), "provenance-table", ("what", "value", "note")
+    )
+    return Section("provenance", "Provenance", body)
 
 
 def telemetry_section(page: Page) -> Section | None:
@@ -548,8 +377,8 @@ def telemetry_section(page: Page) -> Section | None:
     rows = []
     for name, s in result.telemetry.items():
         size = str(name).endswith("_bytes")
-        cells = [f"<td>{esc(f'{s[STAT_NAMES[0]]:,}')}</td>"]
-        for k in STAT_NAMES[1:]:
+        cells = [f"<td>{esc(f'{s[_summary.STAT_NAMES[0]]:,}')}</td>"]
+        for k in _summary.STAT_NAMES[1:]:
             text = f"{s[k]:,.0f} B" if size else f"{1000 * s[k]:.3f} ms"
             cells.append(f"<td>{esc(text)}</td>")
         rows.append(
@@ -563,7 +392,7 @@ def telemetry_section(page: Page) -> Section | None:
         "env time) and queue (how long a reply waited), and message sizes."
     )
     body = f"<p>{esc(note)}</p>" + _table(
-        rows, "telemetry-table", ("series", *STAT_NAMES)
+        rows, "telemetry-table", ("series", *_summary.STAT_NAMES)
     )
     return Section("telemetry", "Telemetry", body)
 
@@ -578,9 +407,15 @@ def _cell(value: Any) -> str:
 
 def episodes_section(page: Page) -> Section:
     """The first ``page.episode_rows`` episodes, one row each, in episode order."""
-    result = page.result
+    body = episodes_table(page.result, page.episode_rows, "episodes")
+    return Section("episodes", "Episodes", body)
+
+
+def episodes_table(result: Result, episode_rows: int, table_id: str) -> str:
+    """A note and the table of ``result``'s first ``episode_rows`` episodes
+    (ids ``<table_id>-note`` and ``<table_id>-table``)."""
     n = len(result.returns)
-    shown = min(n, page.episode_rows)
+    shown = min(n, episode_rows)
     flags = success_flags(result)
     head = ["episode", "seed", "return", "length", "terminated", "truncated"]
     head += ["plans", "lane"] + ([] if flags is None else ["success"])
@@ -608,10 +443,9 @@ def episodes_section(page: Page) -> Section:
         )
     else:
         note = f"All {n:,} episodes."
-    body = f"<p id='episodes-note'>{esc(note)}</p>" + _table(
-        rows, "episodes-table", head
+    return f"<p id='{esc(table_id)}-note'>{esc(note)}</p>" + _table(
+        rows, f"{table_id}-table", head
     )
-    return Section("episodes", "Episodes", body)
 
 
 #: ``data:`` URI media types of the video files the report embeds.
@@ -667,6 +501,7 @@ SECTIONS: tuple[SectionFn, ...] = (
     plots_section,
     videos_section,
     settings_section,
+    provenance_section,
     telemetry_section,
     episodes_section,
 )
@@ -916,9 +751,43 @@ def tasks_section(suite: Any, stats: dict) -> Section:
     return Section("tasks", "Tasks", body)
 
 
-def suite_report_html(suite: Any, *, resamples: int | None = None) -> str:
-    """A suite's report page: the per-task table, the per-task figure, and each
-    task's own plots (``plot``), as one self-contained HTML document."""
+def _html_rows(rows: Sequence[_summary.Row]) -> list[str]:
+    return [_row(r.key, r.label, r.value, r.text, r.note) for r in rows]
+
+
+def suite_provenance_section(suite: Any) -> Section:
+    """Each task's settings and provenance (``summary.setting_rows`` and
+    ``summary.provenance_rows``): what ran, on which seeds, with what."""
+    body = ""
+    for k, (name, result) in enumerate(suite.tasks.items()):
+        body += f"<h3>{esc(f'Task {name}')}</h3>" + _table(
+            _html_rows(
+                _summary.setting_rows(result) + _summary.provenance_rows(result)
+            ),
+            f"task-{k}-provenance-table",
+            ("what", "value", "note"),
+        )
+    return Section("provenance", "Provenance", body)
+
+
+def suite_report_html(
+    suite: Any,
+    *,
+    resamples: int | None = None,
+    episode_rows: int = EPISODE_ROWS,
+    base: str | Path | None = None,
+) -> str:
+    """A suite's report page: the per-task table, the per-task figure, and for
+    each task its plots (``plot``), its videos and its episodes, then the
+    provenance, as one self-contained HTML document.
+
+    Args:
+      suite: a ``SuiteResult``.
+      resamples: bootstrap resamples of the intervals (None: as its summary).
+      episode_rows: episodes shown in each task's table.
+      base: the folder relative video paths are read from (None: the working
+        directory).
+    """
     n = max(suite.num_episodes, 1)
     resamples = _stats.summary_resamples(n) if resamples is None else resamples
     stats = suite.stats(resamples=resamples)
@@ -932,16 +801,17 @@ def suite_report_html(suite: Any, *, resamples: int | None = None) -> str:
     )
     parts = [tasks_section(suite, stats), Section("plots", "Plots", overview)]
     for k, (name, result) in enumerate(suite.tasks.items()):
-        fig = plot(result)
-        body = (
-            f"<p>{esc(f'{result.num_episodes:,} episodes of {result.env}')}</p>"
-            f"<figure><img src='{esc(png_data_uri(png_bytes(fig)))}' "
-            f"alt='{esc(f'Plots of task {name}')}'></figure>"
-        )
-        shown = videos_section(types.SimpleNamespace(result=result, base=None))
+        page = Page(result, {}, episode_rows, None if base is None else Path(base))
+        body = f"<p>{esc(f'{result.num_episodes:,} episodes of {result.env}')}</p>"
+        body += plots_section(page).body
+        shown = videos_section(page)
         if shown is not None:  # the task's recorded episodes
             body += shown.body
+        body += "<h3>Episodes</h3>" + episodes_table(
+            result, episode_rows, f"task-{k}-episodes"
+        )
         parts.append(Section(f"task-{k}", f"Task {name}", body))
+    parts.append(suite_provenance_section(suite))
     rs = list(suite.tasks.values())
     policy = rs[0].policy if rs else "policy"
     name = f"{policy or 'policy'} on a suite of {len(rs)} tasks"
@@ -954,13 +824,18 @@ def suite_report_html(suite: Any, *, resamples: int | None = None) -> str:
 
 
 def write_suite_report(
-    suite: Any, path: str | Path, *, resamples: int | None = None
+    suite: Any,
+    path: str | Path,
+    *,
+    resamples: int | None = None,
+    base: str | Path | None = None,
 ) -> Path:
-    """Writes a ``SuiteResult``'s report as one self-contained HTML file (the
-    per-task table, the per-task figure and every task's plots)."""
+    """Writes a ``SuiteResult``'s report as one self-contained HTML file (see
+    ``suite_report_html``)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(suite_report_html(suite, resamples=resamples), encoding="utf-8")
+    page = suite_report_html(suite, resamples=resamples, base=base)
+    out.write_text(page, encoding="utf-8")
     return out
 
 

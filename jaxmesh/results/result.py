@@ -1,17 +1,32 @@
-"""What a run reports (CONTRACT 8 and 16)."""
+"""What a run gives back, as data (CONTRACT 8 and 16).
+
+``RunResult``, ``EpisodeResult`` and ``StepEvent`` are fields, properties,
+``to_dict`` / ``from_dict`` and the recorded trajectories' ``.npz`` files. This
+module imports nothing of presentation: text tables live in
+``jaxmesh.results.summary``, plots and HTML in ``jaxmesh.results.report``.
+``RunResult.summary()`` (and ``str()``), ``format_telemetry()``, ``plot()`` and
+``report(path)`` are one-line delegates to those modules that import them
+inside the method: the one exception to imports at the top, so that reading
+or building a result never loads the presentation (nor matplotlib).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import importlib.metadata
 import math
+import platform
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxmesh._version import __version__
 from jaxmesh.core.tally import EPISODE_FIELDS
-from jaxmesh.results import report as _report
+from jaxmesh.results import checksum
 from jaxmesh.results import stats as _stats
+from jaxmesh.results.record import Trajectory, trajectories_from
 
 
 class EpisodeResult(NamedTuple):
@@ -95,18 +110,16 @@ def _json_value(v: Any) -> float | bool | None:
 def _record_issues(episodes: list, fingerprint: Any) -> list[tuple[int, int, str]]:
     """``RunResult.record_issues`` of a dict's episode entries (nothing is
     checked for a dict that records no run identity: ``resume=`` refuses it)."""
-    from jaxmesh.run import identity
-
     if not isinstance(fingerprint, dict) or "policy" not in fingerprint:
         return []
-    run = identity.identity_text(fingerprint)
+    run = checksum.identity_text(fingerprint)
     issues: list[tuple[int, int, str]] = []
     seen: dict[int, dict] = {}
     for k, ep in enumerate(episodes):
         index = int(ep["index"])
         if "check" not in ep:
             issues.append((k, index, "has no checksum"))
-        elif ep["check"] != identity.record_check(ep, run):
+        elif ep["check"] != checksum.record_check(ep, run):
             issues.append((k, index, "fails its checksum"))
         if index in seen:
             what = "same" if seen[index] == ep else "repeats it with other fields"
@@ -217,6 +230,26 @@ def flag_rate(flags: Any) -> float | None:
     return float(np.mean(flags.astype(bool)))
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def made_with() -> dict:
+    """``RunResult.provenance`` of a run made now: the date (UTC, to the
+    second) and the versions of the packages that made it."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": {
+            "jaxmesh": __version__,
+            **{name: _version(name) for name in ("jax", "jaxlib", "numpy")},
+            "python": platform.python_version(),
+        },
+    }
+
+
 #: ``RunResult`` array -> the episode key ``to_dict`` writes it under.
 _EPISODE_KEYS = {
     "indices": "index",
@@ -237,87 +270,6 @@ _ARRAYS = {
         strict=True,
     )
 }
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def _stat_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary's rows of ``RunResult.stats()``."""
-    r, level = stats["returns"], f"{stats['confidence']:.0%}"
-    how = f"percentile bootstrap, {stats['resamples']:,} resamples"
-
-    def interval(pair: list[float] | None) -> str:
-        return (
-            "n/a (one episode)" if pair is None else f"[{pair[0]:.3f}, {pair[1]:.3f}]"
-        )
-
-    q = r["quantiles"]
-    rows = [
-        ("standard error", _fmt(r["standard_error"])),
-        (f"mean return {level} interval", f"{interval(r['mean_interval'])} ({how})"),
-        (
-            f"IQM return ({level} interval)",
-            f"{r['iqm']:.3f} {interval(r['iqm_interval'])}",
-        ),
-        (
-            "return p5 / p25 / p50 / p75 / p95",
-            " / ".join(f"{v:.3f}" for v in q.values()),
-        ),
-    ]
-    mode = stats.get("success_mode")
-    named = {"once": "success once", "end": "success at end"}.get(mode)
-    which = f" ({named}, the headline)" if named else ""
-    if stats["success_rate"] is not None:
-        low, high = stats["success_interval"]
-        rows.append(
-            (
-                f"success rate ({level} Wilson)",
-                f"{stats['success_rate']:.1%} [{low:.1%}, {high:.1%}]{which}",
-            )
-        )
-    elif stats.get("success_key") is not None:
-        rows.append(
-            (
-                "success rate",
-                f"n/a (some episodes had no {stats['success_key']!r} in their "
-                f"info){which}",
-            )
-        )
-    if stats.get("success_key") is not None:
-        pct = lambda v: "n/a" if v is None else f"{v:.1%}"
-        rows.append(
-            (
-                "success once / at end",
-                f"{pct(stats.get('success_once_rate'))} / "
-                f"{pct(stats.get('success_at_end_rate'))}",
-            )
-        )
-        at_reset = stats.get("successes_at_reset")
-        rows.append(
-            (
-                "successful at reset",
-                "unknown (the env's reset gives no success signal)"
-                if at_reset is None
-                else f"{at_reset} of {stats['episodes']} episodes",
-            )
-        )
-    for name, m in (stats.get("metrics") or {}).items():
-        mean = "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}"
-        rows.append((f"metric {name} ({m['reduction']}), mean", mean))
-    return rows
-
-
-def _loss_text(loss: dict) -> str:
-    """One lost server (``RunResult.server_losses``) for the summary."""
-    text = (
-        f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
-        f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
-        f"episodes run again ({loss.get('error')})"
-    )
-    back = loss.get("rejoined_at_seconds")
-    return text + ("" if back is None else f"; rejoined at {back:.1f} s")
 
 
 @dataclasses.dataclass
@@ -429,6 +381,10 @@ class RunResult:
     #: the ``jax`` version); None: not recorded (a result written before runs
     #: had one, which ``resume=`` refuses).
     fingerprint: dict | None = None
+    #: When and with what the run was made (``made_with()``: ``date``, UTC,
+    #: and the ``versions`` of jaxmesh, jax, jaxlib, numpy and Python); None:
+    #: not recorded (a result built by hand, or written before runs kept it).
+    provenance: dict | None = None
 
     @classmethod
     def from_results(
@@ -437,7 +393,7 @@ class RunResult:
         """Builds a result from the engine's ``Results`` (read to the host).
 
         Args:
-          res: ``jaxmesh.core.results.Results`` with numpy leaves.
+          res: ``jaxmesh.core.tally.Results`` with numpy leaves.
           seeds: the budget's seeds.
           keep: a mask of the episodes to keep (default: the whole budget).
           **run: the totals and settings fields.
@@ -463,8 +419,6 @@ class RunResult:
         trajectories = None
         recording = getattr(res, "recording", None)
         if recording is not None:
-            from jaxmesh.results.record import trajectories_from
-
             trajectories = trajectories_from(
                 recording,
                 idx,
@@ -483,7 +437,7 @@ class RunResult:
             metrics=metrics,
             trajectories=trajectories,
             **per_episode,
-            **run,
+            **{"provenance": made_with(), **run},
         )
 
     @property
@@ -541,83 +495,16 @@ class RunResult:
         return episode_at(self, i, self.indices[i], self.seeds[i], self.success_mode)
 
     def summary(self) -> str:
-        """A readable summary table.
+        """A readable summary table (``jaxmesh.results.summary.text``).
 
-        Besides the run's settings and totals it shows ``stats()``: the mean
-        return +- the sample std, the standard error and 95% bootstrap interval
-        of the mean, the IQM with its interval, the quantiles, and the success
-        rate with its Wilson interval when the env gives a success signal.
+        The run's settings, the statistics of ``stats()`` (the mean return and
+        its 95% bootstrap interval, the IQM with its interval, the quantiles,
+        the success rate with its Wilson interval when the env gives a success
+        signal) and the totals: the rows the HTML report shows too.
         """
-        # A large run's summary uses fewer resamples (the row says how many).
-        stats = self.stats(resamples=_stats.summary_resamples(self.num_episodes))
-        mode = (
-            f"asynchronous (prefetch_lead={self.prefetch_lead}; not comparable to "
-            "a synchronous score)"
-            if self.asynchronous
-            else "synchronous"
-        )
-        if self.delay:
-            mode = (
-                f"inference delay of {self.delay} steps (each chunk planned "
-                f"{self.delay} steps before it plays, its first {self.delay} "
-                "actions skipped)"
-            )
-            if self.delay_ms is not None:
-                mode += f", from delay_ms={self.delay_ms:g}"
-        elif self.delay_ms is not None:
-            mode += " (delay_ms=0: no delay)"
-        if self.execution is not None:
-            mode += f", temporal ensembling: {self.execution}"
-        rows: list[tuple[str, Any]] = [
-            ("policy", self.policy),
-            ("env", self.env),
-            *([] if self.instruction is None else [("instruction", self.instruction)]),
-            ("episodes", self.num_episodes),
-        ]
-        if self.num_episodes:
-            r = self.returns
-            rows += [
-                ("mean return", f"{np.mean(r):.3f} +- {_fmt(stats['returns']['std'])}"),
-                *_stat_rows(stats),
-                ("min / max return", f"{np.min(r):.3f} / {np.max(r):.3f}"),
-                ("mean length", f"{np.mean(self.lengths):.1f}"),
-                (
-                    "terminated / truncated",
-                    f"{int(self.terminated.sum())} / {int(self.truncated.sum())}",
-                ),
-            ]
-        rows += [
-            ("mode", mode),
-            *(
-                []
-                if self.max_episode_seconds is None
-                else [
-                    (
-                        "max episode seconds",
-                        f"{self.max_episode_seconds:g} s (wall clock: results "
-                        "depend on timing and may differ between runs)",
-                    )
-                ]
-            ),
-            (
-                "lanes / horizon (effective)",
-                f"{self.num_envs} / {self.horizon} ({self.effective_horizon})"
-                + ("" if self.chunk is None else f"; chunks of {self.chunk} actions"),
-            ),
-            *[("server lost", _loss_text(loss)) for loss in self.server_losses],
-            ("env steps", self.env_steps),
-            (
-                "policy rows per env step (tile)",
-                f"{self.rows_per_step:.3f} ({self.plan_tile} rows per call)",
-            ),
-            ("env steps / s", f"{self.steps_per_second:,.0f}"),
-            (
-                "wall time (compile)",
-                f"{self.wall_time:.2f} s ({self.compile_time:.2f} s)",
-            ),
-        ]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        from jaxmesh.results import summary  # presentation (see the module doc)
+
+        return summary.text(self)
 
     def __str__(self) -> str:
         return self.summary()
@@ -631,7 +518,7 @@ class RunResult:
     ) -> dict[str, Any]:
         """The statistics of the returns (and the mean length), as plain data.
 
-        See ``jaxmesh.stats`` for each convention (sample std, rliable's IQM,
+        See ``jaxmesh.results.stats`` for each convention (sample std, rliable's IQM,
         percentile bootstrap with a fixed seed, Wilson interval).
 
         Args:
@@ -673,12 +560,18 @@ class RunResult:
         return out
 
     def plot(self) -> Any:
-        """The run's plots as a matplotlib ``Figure`` (``jaxmesh.report.plot``)."""
-        return _report.plot(self)
+        """The run's plots as a matplotlib ``Figure``
+        (``jaxmesh.results.report.plot``)."""
+        from jaxmesh.results import report  # presentation (see the module doc)
+
+        return report.plot(self)
 
     def report(self, path: str | Path) -> Path:
-        """Writes the run's HTML report (``jaxmesh.report.write_report``)."""
-        return _report.write_report(self, path)
+        """Writes the run's HTML report
+        (``jaxmesh.results.report.write_report``)."""
+        from jaxmesh.results import report  # presentation (see the module doc)
+
+        return report.write_report(self, path)
 
     def trajectory(self, episode: int) -> Any:
         """The recorded ``Trajectory`` of episode ``episode`` (its index).
@@ -732,8 +625,6 @@ class RunResult:
         Raises:
           ValueError: the file lacks an episode the record lists.
         """
-        from jaxmesh.results.record import Trajectory
-
         recorded = recorded if recorded is not None else self._recorded
         with np.load(path) as z:
             out = []
@@ -770,21 +661,19 @@ class RunResult:
 
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
-        from jaxmesh.run.telemetry import format_table
+        from jaxmesh.results import summary  # presentation (see the module doc)
 
-        return format_table(self.telemetry)
+        return summary.telemetry_text(self.telemetry)
 
     def episode_records(self) -> list[dict]:
         """Every episode's ``EpisodeResult.to_dict()`` with its ``check``: a
         checksum over its fields and the run's ``fingerprint``
-        (``jaxmesh.run.identity.record_check``), which ``resume=`` verifies."""
-        from jaxmesh.run import identity
-
-        run = identity.identity_text(self.fingerprint)
+        (``jaxmesh.results.checksum.record_check``), which ``resume=`` verifies."""
+        run = checksum.identity_text(self.fingerprint)
         out = []
         for e in self.episodes:
             d = e.to_dict()
-            d["check"] = identity.record_check(d, run)
+            d["check"] = checksum.record_check(d, run)
             out.append(d)
         return out
 
@@ -829,6 +718,7 @@ class RunResult:
             "telemetry": self.telemetry,
             **({"server_losses": self.server_losses} if self.server_losses else {}),
             **({"fingerprint": self.fingerprint} if self.fingerprint else {}),
+            **({"provenance": self.provenance} if self.provenance else {}),
             "episodes": self.episode_records(),
             **({"recorded": self._recorded} if self._recorded is not None else {}),
             **({"videos": list(self.videos)} if self.videos else {}),
@@ -939,6 +829,7 @@ class RunResult:
                 videos=[str(v) for v in d.get("videos", [])],
                 server_losses=[dict(x) for x in d.get("server_losses", [])],
                 fingerprint=d.get("fingerprint"),
+                provenance=d.get("provenance"),
             )
             # The arrays live in an .npz file (load_trajectories); their index
             # is kept so that to_dict() writes it back.

@@ -415,7 +415,7 @@ def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any
     recording wants frames; None otherwise (``make_lanes`` makes them)."""
     if record is None or record.frames is False or not isinstance(env, str):
         return None
-    gym = gym_lanes._gym()
+    gym = gym_lanes.import_gymnasium()
     name = env.partition(":")[2]
     if ":" not in name and name not in gym.registry:
         return None  # make_lanes names the unknown id
@@ -431,7 +431,7 @@ def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any
 
 
 # The jitted agent, built once per (policy, lanes, settings) ------------------------
-class _Program(NamedTuple):
+class _HostProgram(NamedTuple):
     config: agent.AgentConfig
     chunk: int | None
     init: Any  # (obs [N], lanes [N]) -> run.agent.HostState
@@ -467,7 +467,7 @@ class HostAgent:
         self._programs: dict = {}
         self._compiled: set = set()
 
-    def program(self, params: Any) -> _Program:
+    def program(self, params: Any) -> _HostProgram:
         """The program for these params' shapes (built, not compiled, once).
 
         Raises:
@@ -477,7 +477,7 @@ class HostAgent:
         sig = build.signature(params)
         if sig in self._programs:
             return self._programs[sig]
-        program = _Program(
+        program = _HostProgram(
             *run_agent.agent_functions(
                 self.policy,
                 self.spec,

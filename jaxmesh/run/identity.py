@@ -26,13 +26,15 @@ import collections
 import contextlib
 import contextvars
 import hashlib
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
+
+# The records' checksum lives with the results; a run's identity feeds it.
+from jaxmesh.results.checksum import identity_text, record_check
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _CACHE_SIZE = 64
@@ -174,22 +176,6 @@ def run_identity(env: str, policy: str) -> dict:
     out = dict(_PARAMS.get() or {})
     out.update(env=env, policy=policy, jax=jax.__version__)
     return out
-
-
-# Records -------------------------------------------------------------------------
-def identity_text(fingerprint: dict | None) -> str:
-    """The part of a run's fingerprint a record's checksum covers, as text."""
-    return json.dumps(fingerprint or {}, sort_keys=True, allow_nan=True)
-
-
-def record_check(record: dict, identity: str) -> str:
-    """The checksum of one episode record (``EpisodeResult.to_dict()``, without
-    ``check``) under a run's identity (``identity_text``)."""
-    body = {k: v for k, v in record.items() if k != "check"}
-    h = _hasher()
-    h.update(identity.encode())
-    h.update(json.dumps(body, sort_keys=True, allow_nan=True).encode())
-    return h.hexdigest()
 
 
 __all__ = [

@@ -1,8 +1,8 @@
 """Per-call timings of a host-stepped run (``result.telemetry``).
 
 A host loop records one sample per call in named series; ``stats`` reduces each
-to count, mean, p50, p95 and p99, and ``format_table`` prints them. Series a
-served run records (seconds unless the name says bytes):
+to count, mean, p50, p95 and p99 (``jaxmesh.results.summary.telemetry_text``
+prints them). Series a served run records (seconds unless the name says bytes):
 
 - ``predict``: one jitted agent step (plan where needed, replay, windows),
   including the device sync that reads its actions;
@@ -26,10 +26,8 @@ import collections
 
 import numpy as np
 
-from jaxmesh import text
 from jaxmesh import trace as trace_mod
 
-STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
 #: Series -> the span's name on the timeline.
 TRACE_NAMES = {
     "predict": "plan",
@@ -88,18 +86,4 @@ class Telemetry:
         return out
 
 
-def format_table(stats: dict[str, dict[str, float]] | None) -> str:
-    """A readable table: times in milliseconds, sizes in bytes."""
-    if not stats:
-        return "no telemetry (recorded for host-stepped envs only)"
-    rows = [("series", "count", "mean", "p50", "p95", "p99")]
-    for name, s in stats.items():
-        if name.endswith("_bytes"):
-            cells = [f"{s[k]:,.0f} B" for k in STAT_NAMES[1:]]
-        else:
-            cells = [f"{1000 * s[k]:.3f} ms" for k in STAT_NAMES[1:]]
-        rows.append((name, f"{s['count']:,}", *cells))
-    return "\n".join(text.aligned(rows))
-
-
-__all__ = ["Telemetry", "format_table", "STAT_NAMES"]
+__all__ = ["Telemetry"]

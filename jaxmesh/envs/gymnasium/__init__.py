@@ -9,22 +9,20 @@ call. Three modules:
   ``VectorEnv`` lanes in lockstep (see its docstring).
 - ``spec``: the agent side's view: ``HostEnvSpec`` (jaxmesh's env protocol,
   shapes only) and the observation and action layouts in JAX's dtypes.
-- ``local``: the in-process host loop's adapters (``EnvLanes``,
-  ``VectorLanes``, ``make_lanes``) over the shared lanes.
+- ``local``: the in-process host loop's adapters over the shared lanes:
+  ``EnvLanes`` and ``VectorEnvLanes`` (both ``LocalLanes``), ``WorkerEnvLanes``
+  (lanes in worker processes) and ``make_lanes``.
 
 gymnasium is imported on first use, so importing this package costs nothing.
 """
 
-from jaxmesh.envs.gymnasium import lanes as _shared
-from jaxmesh.envs.gymnasium import local as _local
-from jaxmesh.envs.gymnasium import spec as _spec
 from jaxmesh.envs.gymnasium.lanes import (
-    DISABLED_HOW,
     PREFIX,
     TRIAL_INDEX,
     LaneError,
     ResultBatch,
     env_actions,
+    import_gymnasium,
     info_value,
     is_host_stepped,
     mark_where,
@@ -32,7 +30,8 @@ from jaxmesh.envs.gymnasium.lanes import (
 )
 from jaxmesh.envs.gymnasium.local import (
     EnvLanes,
-    VectorLanes,
+    LocalLanes,
+    VectorEnvLanes,
     WorkerEnvLanes,
     make_lanes,
 )
@@ -42,25 +41,14 @@ from jaxmesh.envs.gymnasium.spec import (
     observation_layout,
 )
 
-# Private names that other modules (and branches) reach for by their names in
-# the former single module ``jaxmesh.envs.gymnasium``.
-_gym = _shared._gym
-_declares_trial_index = _shared.declares_trial_index
-_env_name = _shared.env_name
-_idle_action = _shared.idle_action
-_same_space = _shared.same_space
-_Lanes = _local._Lanes
-_spec_for = _spec.spec_for
-_canonical = _spec._canonical
-_DISABLED_HOW = DISABLED_HOW
-
 __all__ = [
     "PREFIX",
     "TRIAL_INDEX",
     "is_host_stepped",
     "make_lanes",
     "EnvLanes",
-    "VectorLanes",
+    "LocalLanes",
+    "VectorEnvLanes",
     "WorkerEnvLanes",
     "HostEnvSpec",
     "LaneError",
@@ -69,6 +57,7 @@ __all__ = [
     "action_layout",
     "env_actions",
     "info_value",
+    "import_gymnasium",
     "mark_where",
     "where_raised",
 ]

@@ -19,10 +19,10 @@ Both offer the same operations, each answered with a :class:`ResultBatch`
 (numpy arrays in the layout of the wire's ``ResultBatch``, so a server encodes
 it as it is and the in-process loop reads it as it is):
 
-- :meth:`Lanes.reset`: start episodes (a seed each, reset options such as
+- :meth:`GymLanes.reset`: start episodes (a seed each, reset options such as
   ``trial_index``, an optional wall-clock cap per episode);
-- :meth:`Lanes.step`: one action per lane (the per-step fast path);
-- :meth:`Lanes.replay`: a known run of actions per lane, stopping a lane at its
+- :meth:`GymLanes.step`: one action per lane (the per-step fast path);
+- :meth:`GymLanes.replay`: a known run of actions per lane, stopping a lane at its
   episode's end; every observation comes back, or only the last.
 
 An env that raises (or returns an observation that does not fit) surfaces as a
@@ -53,17 +53,18 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from jaxmesh.envs.gymnasium.batch import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.envs.timing import step_seconds
-from jaxmesh.remote.protocol import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 
 __all__ = [
     "PREFIX",
     "TRIAL_INDEX",
     "NUMBER_DTYPES",
-    "Lanes",
+    "GymLanes",
     "ListLanes",
     "VectorLanes",
+    "import_gymnasium",
     "LaneError",
     "mark_where",
     "where_raised",
@@ -87,7 +88,7 @@ __all__ = [
 PREFIX = "gymnasium"
 
 #: dtype names an info value may have to come back in a ``ResultBatch``: the
-#: wire's own (``jaxmesh.remote.protocol.DTYPE_NAMES``).
+#: wire's own (``jaxmesh.envs.gymnasium.batch.DTYPE_NAMES``).
 NUMBER_DTYPES = frozenset(DTYPE_NAMES)
 
 DISABLED_HOW = (
@@ -99,7 +100,7 @@ DISABLED_HOW = (
 )
 
 
-def _gym():
+def import_gymnasium():
     import gymnasium
 
     return gymnasium
@@ -155,7 +156,7 @@ def env_dt(env: Any) -> float | None:
     an ``AsyncVectorEnv``'s is not read (None): asking its workers for an
     attribute their env lacks shuts them down.
     """
-    if isinstance(env, _gym().vector.VectorEnv):
+    if isinstance(env, import_gymnasium().vector.VectorEnv):
         envs = getattr(env, "envs", None)
         return env_dt(envs[0]) if envs else None
     return step_seconds(getattr(env, "unwrapped", env))
@@ -173,7 +174,7 @@ def same_space(a: Any, b: Any) -> bool:
     of every run)."""
     if a is b:
         return True
-    box = _gym().spaces.Box
+    box = import_gymnasium().spaces.Box
     if type(a) is box and type(b) is box:
         if (
             a.shape == b.shape
@@ -187,7 +188,7 @@ def same_space(a: Any, b: Any) -> bool:
 
 def idle_action(space: Any) -> np.ndarray:
     """An action valid in ``space``, played by vector lanes with no episode."""
-    spaces = _gym().spaces
+    spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return np.asarray(space.start, np.int64)
     zero = np.zeros(space.shape, space.dtype)
@@ -197,7 +198,7 @@ def idle_action(space: Any) -> np.ndarray:
 def env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
     """The agent's actions (``[n, *A]``; Discrete from 0) as the env's own values
     (Discrete from ``space.start``, int64; Box in the space's dtype)."""
-    spaces = _gym().spaces
+    spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return actions.astype(np.int64) + int(space.start)
     return actions.astype(space.dtype)
@@ -210,7 +211,7 @@ def native_layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
     Raises:
       TypeError: a space that is not one array (Dict, Tuple, ...).
     """
-    spaces = _gym().spaces
+    spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int64)
     if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
@@ -286,7 +287,7 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
         one ``parse_id`` refuses.
     """
     name = parse_id(env_id)
-    gym = _gym()
+    gym = import_gymnasium()
     # "module:Id" makes gymnasium import the module that registers Id.
     if ":" not in name and name not in gym.registry:
         from jaxmesh.envs.names import unknown_id  # the error path only
@@ -374,7 +375,7 @@ class Replay(NamedTuple):
 
 
 class LaneResult:
-    """What one lane did in one call (before :meth:`Lanes.collect`)."""
+    """What one lane did in one call (before :meth:`GymLanes.collect`)."""
 
     __slots__ = ("lane", "reset", "obs", "rewards", "terminated", "truncated", "infos")
 
@@ -480,7 +481,7 @@ def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
 
 
 # Lanes ----------------------------------------------------------------------------
-class Lanes:
+class GymLanes:
     """What both kinds of lanes share: layout, lane state and the operations.
 
     Attributes:
@@ -513,7 +514,9 @@ class Lanes:
         self.layout = ObsLayout(
             self.observation_space, layout or native_layout, self.name
         )
-        self.discrete = isinstance(self.action_space, _gym().spaces.Discrete)
+        self.discrete = isinstance(
+            self.action_space, import_gymnasium().spaces.Discrete
+        )
         self.declares_trial_index = declares_trial_index(self.metadata)
         n = self.num_lanes
         self.started = np.zeros(n, bool)
@@ -844,7 +847,7 @@ class Lanes:
         raise NotImplementedError
 
 
-class ListLanes(Lanes):
+class ListLanes(GymLanes):
     """One gymnasium ``Env`` per lane; only the lanes named are stepped.
 
     Args:
@@ -1079,7 +1082,7 @@ class ListLanes(Lanes):
                 env.close()
 
 
-def _first_bad(lanes: Lanes, values: Sequence, lane_list: list[int]) -> int:
+def _first_bad(lanes: GymLanes, values: Sequence, lane_list: list[int]) -> int:
     """The first of ``lane_list`` whose observation does not fit."""
     for j, v in zip(lane_list, values, strict=True):
         try:
@@ -1093,7 +1096,7 @@ def _check_envs(envs: list) -> None:
     """Refuses a list of lanes' envs that cannot run as lanes."""
     if not envs:
         raise ValueError("env=[]: pass at least one gymnasium Env")
-    gym = _gym()
+    gym = import_gymnasium()
     for j, e in enumerate(envs):
         if not isinstance(e, gym.Env):
             raise TypeError(
@@ -1120,7 +1123,7 @@ def _check_envs(envs: list) -> None:
                 )
 
 
-class VectorLanes(Lanes):
+class VectorLanes(GymLanes):
     """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``, stepped as a whole.
 
     Every call steps every lane (lockstep): lanes not named play
@@ -1146,7 +1149,7 @@ class VectorLanes(Lanes):
         owned: bool = False,
         layout: Callable[[Any], tuple] | None = None,
     ):
-        gym = _gym()
+        gym = import_gymnasium()
         mode = (vec.metadata or {}).get("autoreset_mode")
         try:
             mode = gym.vector.AutoresetMode(mode) if mode is not None else None

@@ -8,14 +8,14 @@ obs)`` (one env step of the lanes in ``go``, observations written into ``obs``),
 ``close()``. The gymnasium calls, observation checks and lane state are the
 shared implementation's (``self.lanes``); these adapters only turn the agent's
 arrays into its calls and back. ``replay`` passes straight through: a loop may
-run a known chunk on a lane in one call (see ``lanes.Lanes.replay``).
+run a known chunk on a lane in one call (see ``lanes.GymLanes.replay``).
 
 A run sees one of two classes:
 
 - ``EnvLanes``: one gymnasium ``Env`` per lane (a single Env, a list of Envs,
   or ``"gymnasium:<id>"``, whose envs jaxmesh makes and closes). Only lanes
   that run an episode are stepped.
-- ``VectorLanes``: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``
+- ``VectorEnvLanes``: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``
   (gymnasium 1.x). Every lane is stepped on every call, so lanes with no
   episode left play a fixed idle action, and are reset with ``seed=None`` when
   their env ends.
@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmesh.envs.gymnasium import lanes as core
-from jaxmesh.envs.gymnasium.lanes import _gym, env_actions, info_value
+from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
+from jaxmesh.envs.gymnasium.lanes import env_actions, import_gymnasium, info_value
 from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
-from jaxmesh.remote.protocol import TRIAL_INDEX
 
-__all__ = ["EnvLanes", "VectorLanes", "make_lanes"]
+__all__ = ["LocalLanes", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
 
 
 def _env_errors(method):
@@ -51,8 +51,8 @@ def _env_errors(method):
     def unwrapped(*args, **kwargs):
         try:
             return method(*args, **kwargs)
-        except core.LaneError as err:
-            exc = core.mark_where(err.exc, err.lane, err.phase, err.steps)
+        except shared.LaneError as err:
+            exc = shared.mark_where(err.exc, err.lane, err.phase, err.steps)
         # Raised outside the except block: the env's error keeps its own
         # traceback and context, without the LaneError around it.
         raise exc
@@ -112,7 +112,7 @@ def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dic
     return out
 
 
-class _Lanes:
+class LocalLanes:
     """Common parts of the adapters: the spec, info keys and pass-throughs.
 
     Info keys: the host loop sets ``info_keys`` (the keys its metrics read);
@@ -124,7 +124,7 @@ class _Lanes:
         ``lanes.VectorLanes``), observations in the spec's dtype.
     """
 
-    def __init__(self, lanes: core.Lanes, where: str):
+    def __init__(self, lanes: shared.GymLanes, where: str):
         self.lanes = lanes
         self.spec: HostEnvSpec = spec_for(
             lanes.name, lanes.observation_space, lanes.action_space, where, lanes.dt
@@ -200,8 +200,8 @@ class _Lanes:
         keep_all_obs: bool = False,
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
-    ) -> core.ResultBatch:
-        """Replays a known run of actions per lane: ``lanes.Lanes.replay`` of
+    ) -> shared.ResultBatch:
+        """Replays a known run of actions per lane: ``lanes.GymLanes.replay`` of
         the shared lanes, observations in the spec's dtype.
 
         Args:
@@ -237,7 +237,7 @@ class _Lanes:
         self.lanes.close()
 
 
-class EnvLanes(_Lanes):
+class EnvLanes(LocalLanes):
     """One gymnasium ``Env`` per lane; only lanes with an episode are stepped.
 
     Args:
@@ -246,7 +246,7 @@ class EnvLanes(_Lanes):
     """
 
     def __init__(self, envs: list, owned: bool = False):
-        lanes = core.ListLanes(
+        lanes = shared.ListLanes(
             envs, owned=owned, layout=lambda space: observation_layout(space, "env")
         )
         super().__init__(lanes, "env")
@@ -307,7 +307,7 @@ class EnvLanes(_Lanes):
         return reward, term, trunc
 
 
-class VectorLanes(_Lanes):
+class VectorEnvLanes(LocalLanes):
     """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``.
 
     Raises:
@@ -316,7 +316,7 @@ class VectorLanes(_Lanes):
 
     def __init__(self, vec: Any):
         where = f"VectorEnv {type(vec).__name__}"
-        lanes = core.VectorLanes(
+        lanes = shared.VectorLanes(
             vec, layout=lambda space: observation_layout(space, where)
         )
         super().__init__(lanes, where)
@@ -516,7 +516,7 @@ class WorkerEnvLanes:
         self.pool.close()
 
 
-def make_lanes(env: Any, num_envs: int, episodes: int) -> _Lanes:
+def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalLanes:
     """The lanes for what the user passed as a host-stepped ``env``.
 
     Args:
@@ -534,11 +534,11 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> _Lanes:
       TypeError: a list entry that is not a gymnasium Env, lanes with different
         spaces, a space jaxmesh does not support yet.
     """
-    gym = _gym()
+    gym = import_gymnasium()
     if (
         isinstance(env, str)
-        or core.is_factory(env)
-        or (isinstance(env, list) and env and all(map(core.is_factory, env)))
+        or shared.is_factory(env)
+        or (isinstance(env, list) and env and all(map(shared.is_factory, env)))
     ):
         from jaxmesh.envs.gymnasium.workers import build_envs
 
@@ -550,7 +550,7 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> _Lanes:
                 e.close()
             raise
     if isinstance(env, gym.vector.VectorEnv):
-        return VectorLanes(env)
+        return VectorEnvLanes(env)
     if isinstance(env, gym.Env):
         return EnvLanes([env])
     if isinstance(env, list):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmesh.envs.gymnasium.lanes import _gym
+from jaxmesh.envs.gymnasium.lanes import import_gymnasium
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 
 __all__ = [
@@ -40,7 +40,7 @@ def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtyp
     Raises:
       TypeError: a space jaxmesh does not read (Text, Graph, Sequence, ...).
     """
-    spaces = _gym().spaces
+    spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int32)
     if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
@@ -65,7 +65,7 @@ def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | N
     Raises:
       TypeError: any other action space (not supported yet).
     """
-    spaces = _gym().spaces
+    spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), jnp.int32, int(space.n)
     if isinstance(space, spaces.Box):

@@ -1,6 +1,6 @@
 """Gymnasium lanes stepped by worker processes, one core each, over shared memory.
 
-A Python simulator's step holds the GIL, so one process steps on one core.
+A Python simulator's step holds the GIL, so one process steps on one shared.
 :class:`WorkerLanes` splits a run's lanes into W contiguous blocks, each owned
 by a worker process that builds its own envs (from ``"gymnasium:<id>"`` or a
 picklable zero-argument factory) and steps them with the same
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmesh.envs.gymnasium import lanes as core
+from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.envs.gymnasium.shm import Segment, Slots
 
@@ -73,14 +73,14 @@ def is_source(env: Any) -> bool:
     """``env`` is something a worker can build envs from: ``"gymnasium:<id>"``,
     a zero-argument callable, or a non-empty list of callables."""
     if isinstance(env, str):
-        return env.startswith(core.PREFIX + ":")
+        return env.startswith(shared.PREFIX + ":")
     if isinstance(env, list):
         return bool(env) and all(_is_factory(e) for e in env)
     return _is_factory(env)
 
 
 def _is_factory(env: Any) -> bool:
-    return core.is_factory(env)
+    return shared.is_factory(env)
 
 
 def check_source(env: Any, num_lanes: int) -> None:
@@ -91,7 +91,7 @@ def check_source(env: Any, num_lanes: int) -> None:
         cannot be pickled (a lambda, a closure, a local function).
       ValueError: a list of factories shorter than the lanes.
     """
-    gym = core._gym()
+    gym = shared.import_gymnasium()
     if isinstance(env, gym.Env | gym.vector.VectorEnv) or (
         isinstance(env, list) and env and not all(_is_factory(e) for e in env)
     ):
@@ -109,7 +109,7 @@ def check_source(env: Any, num_lanes: int) -> None:
             f"{len(env)}"
         )
     if isinstance(env, str):
-        core.parse_id(env)
+        shared.parse_id(env)
         return
     for f in env if isinstance(env, list) else [env]:
         try:
@@ -153,8 +153,8 @@ def default_workers(source: Any, num_lanes: int) -> int:
     env = build_envs(source, [0])[0]
     try:
         env.reset(seed=0)
-        action = core.idle_action(env.action_space)
-        if isinstance(env.action_space, core._gym().spaces.Discrete):
+        action = shared.idle_action(env.action_space)
+        if isinstance(env.action_space, shared.import_gymnasium().spaces.Discrete):
             action = int(action)
         fastest = float("inf")
         for _ in range(PROBE_STEPS):
@@ -180,13 +180,13 @@ def workers_for(step_seconds: float, num_lanes: int, cores: int) -> int:
 def build_envs(source: Any, lanes: Sequence[int]) -> list:
     """The envs of ``lanes`` from a source (see :func:`is_source`)."""
     if isinstance(source, str):
-        return core.make_envs(source, len(lanes))
+        return shared.make_envs(source, len(lanes))
     envs: list = []
     try:
         for j in lanes:
             make = source[j] if isinstance(source, list) else source
             env = make()
-            if not isinstance(env, core._gym().Env):
+            if not isinstance(env, shared.import_gymnasium().Env):
                 raise TypeError(
                     f"env factory {getattr(make, '__qualname__', make)!r} returned "
                     f"a {type(env).__name__}; it must return a gymnasium.Env"
@@ -223,7 +223,7 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     slots = None
     try:
         envs = build_envs(source, block)
-        lanes = core.ListLanes(envs, owned=True, layout=layout)
+        lanes = shared.ListLanes(envs, owned=True, layout=layout)
         conn.send(
             (
                 "ready",
@@ -261,7 +261,7 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                     conn.send(("ok",))
                 else:
                     conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
-            except core.LaneError as err:
+            except shared.LaneError as err:
                 error = _picklable(err.exc)
                 conn.send(("error", block[err.lane], error, err.text, err.phase))
     except (EOFError, ConnectionError, KeyboardInterrupt):
@@ -312,18 +312,18 @@ def _read_infos(infos: Sequence, keys: tuple, lanes: Sequence[int], where: str):
         seen.update(info)
         for k in keys:
             if k in info:
-                values[k].append((j, core.info_value(info, k, f"{where} lane {j}")))
+                values[k].append((j, shared.info_value(info, k, f"{where} lane {j}")))
     return values, seen
 
 
-def _step(lanes: core.ListLanes, slots: Slots, block: list[int], names, keys):
+def _step(lanes: shared.ListLanes, slots: Slots, block: list[int], names, keys):
     lo = block[0]
     go = slots["go"][lo : lo + len(block)]
     local = np.flatnonzero(go).tolist()
     if not local:
         return ("stepped", {}, set())
     acts = slots["action"][lo : lo + len(block)]
-    values = core.env_actions(lanes.action_space, acts[local])
+    values = shared.env_actions(lanes.action_space, acts[local])
     values = values.tolist() if lanes.discrete else values
     # ``busy`` names the lane whose env step kills the process, if one does.
     busy, envs = slots["busy"], lanes.envs
@@ -334,13 +334,15 @@ def _step(lanes: core.ListLanes, slots: Slots, block: list[int], names, keys):
             out.append(envs[j].step(values[q]))
         except Exception as exc:
             busy[lo + j] = False
-            raise core.LaneError(j, "stepping", exc) from exc
+            raise shared.LaneError(j, "stepping", exc) from exc
         busy[lo + j] = False
     o, r, te, tr, infos = zip(*out, strict=True)
     try:
         leaves = lanes.observations(o, local)
     except Exception as exc:
-        raise core.LaneError(core._first_bad(lanes, o, local), "stepping", exc) from exc
+        raise shared.LaneError(
+            shared._first_bad(lanes, o, local), "stepping", exc
+        ) from exc
     rows = [lo + j for j in local]
     _write_obs(slots, names, rows, leaves)
     slots["reward"][rows] = r
@@ -529,7 +531,7 @@ class WorkerLanes:
     def attach(self, layout: ObsLayout, action_shape: tuple, action_dtype: Any):
         """Makes the shared segment for these layouts and hands it to the
         workers."""
-        gym = core._gym()
+        gym = shared.import_gymnasium()
         if isinstance(self.action_space, gym.spaces.Discrete):
             env_action = ((), np.int64)
         else:
@@ -591,7 +593,7 @@ class WorkerLanes:
         where = f"worker process {k}" + ("" if lane is None else f", lane {lane}")
         exc.add_note(f"(raised in {where}; its traceback:)\n{text}")
         if lane is not None:
-            core.mark_where(exc, lane, phase[0] if phase else None)
+            shared.mark_where(exc, lane, phase[0] if phase else None)
         raise exc
 
     def _gather(self, ks: list[int], doing: str) -> tuple[dict, list[int]]:
@@ -730,8 +732,8 @@ class WorkerLanes:
             self.shm = None
 
 
-class ProcessLanes(core.Lanes):
-    """:class:`jaxmesh.envs.gymnasium.lanes.Lanes` whose envs live in worker
+class ProcessLanes(shared.GymLanes):
+    """:class:`jaxmesh.envs.gymnasium.lanes.GymLanes` whose envs live in worker
     processes: each call's ops go to the workers that own their lanes, which
     run them with their own ``ListLanes`` at once, and the lane results come
     back over the pipes (``jaxmesh serve-env --workers``: the server's replies
@@ -752,7 +754,9 @@ class ProcessLanes(core.Lanes):
         self.observation_space = pool.observation_space
         self.action_space = pool.action_space
         self.metadata = (
-            {"reset_options": (core.TRIAL_INDEX,)} if pool.declares_trial_index else {}
+            {"reset_options": (shared.TRIAL_INDEX,)}
+            if pool.declares_trial_index
+            else {}
         )
         self.dt = pool.dt
         try:
@@ -775,18 +779,18 @@ class ProcessLanes(core.Lanes):
                 f"the worker process of lanes {lost[0]}..{lost[-1]} died while "
                 f"{doing}; a new one was started"
             )
-            raise core.LaneError(lost[0], doing, exc)
+            raise shared.LaneError(lost[0], doing, exc)
         return replies
 
     def run(
         self,
-        ops: Sequence[core.Reset | core.Replay],
+        ops: Sequence[shared.Reset | shared.Replay],
         *,
         want_obs: bool,
         info_keys: tuple[str, ...],
         keep_all_obs: bool,
         keep_all_info: bool = False,
-    ) -> list[core.LaneResult]:
+    ) -> list[shared.LaneResult]:
         owner, blocks = self.pool.owner, self.pool.blocks
         by_worker: dict[int, list] = {}
         for op in ops:
@@ -801,7 +805,7 @@ class ProcessLanes(core.Lanes):
         replies = self._each(
             {k: ("run", mine, kw) for k, mine in by_worker.items()}, "stepping"
         )
-        out: list[core.LaneResult] = []
+        out: list[shared.LaneResult] = []
         for k in sorted(replies):
             for r in replies[k][1]:
                 r.lane += blocks[k][0]

@@ -1,4 +1,4 @@
-"""The served lanes: ``_ServedLanes`` (the shared JAX-free lanes of
+"""The served lanes: ``ServerLanes`` (the shared JAX-free lanes of
 ``jaxmesh.envs.gymnasium.lanes`` plus what serving adds: the wire's leaves,
 the lockstep check of a VectorEnv, a thread pool stepping groups of lanes),
 ``_make_lanes`` (lanes for whatever the caller passed: an id, an Env, a list,
@@ -19,10 +19,10 @@ import gymnasium
 import numpy as np
 
 from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX, ResultBatch
 from jaxmesh.remote import codec
 from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import TRIAL_INDEX, ResultBatch
 
 
 class _Request:
@@ -94,7 +94,7 @@ def _wire_layout(where: str):
     return functools.partial(_wire_leaf, where=where)
 
 
-class _ServedLanes:
+class ServerLanes:
     """The shared lanes (``jaxmesh.envs.gymnasium.lanes``) and what serving adds:
     the wire's leaves, the lockstep check of a VectorEnv, and a worker pool
     that steps contiguous groups of a list of envs' lanes at once.
@@ -104,7 +104,7 @@ class _ServedLanes:
         workers: threads for a list of envs (1: the serving thread).
     """
 
-    def __init__(self, lanes: shared.Lanes, workers: int):
+    def __init__(self, lanes: shared.GymLanes, workers: int):
         self.lanes = lanes
         self.num_lanes = n = lanes.num_lanes
         self.name = lanes.name
@@ -295,7 +295,7 @@ def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
     return batch._replace(observation={k: obs[k] for k in keys})
 
 
-def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
+def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerLanes:
     """Server lanes for what the caller passed (an id, an Env, a list, a vector).
 
     The checks and their wording are those of ``jaxmesh.envs.gymnasium.lanes``.
@@ -321,7 +321,7 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
             where = f"{env} observation_space"
             procs = ProcessLanes(env, count, workers, layout=_wire_layout(where))
             try:
-                return _ServedLanes(procs, 1)
+                return ServerLanes(procs, 1)
             except BaseException:
                 procs.close()
                 raise
@@ -346,10 +346,10 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> _ServedLanes:
     )
 
 
-def _served(kind: type, env: Any, workers: int, owned: bool = False) -> _ServedLanes:
+def _served(kind: type, env: Any, workers: int, owned: bool = False) -> ServerLanes:
     first = env[0] if isinstance(env, list) and env else env
     where = f"{shared.env_name(first)} observation_space"
-    return _ServedLanes(kind(env, owned=owned, layout=_wire_layout(where)), workers)
+    return ServerLanes(kind(env, owned=owned, layout=_wire_layout(where)), workers)
 
 
 def _is_env(env: Any) -> bool:

@@ -37,7 +37,7 @@ from jaxmesh.remote.protocol import (
     TOKEN_ENV,
     TRACEBACK_KEY,
 )
-from jaxmesh.remote.server.lanes import _is_env, _make_lanes, _ServedLanes
+from jaxmesh.remote.server.lanes import ServerLanes, _is_env, _make_lanes
 from jaxmesh.remote.server.options import (
     SERVICE_NAME,
     ServeOptions,
@@ -156,7 +156,7 @@ class EnvServer(_SameHostPath):
         self.options = options
         self._lanes_wanted = lanes
         self._credentials = credentials
-        self._lanes: _ServedLanes | None = None
+        self._lanes: ServerLanes | None = None
         self._server: grpc.Server | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._health: health.HealthServicer | None = None
@@ -228,7 +228,7 @@ class EnvServer(_SameHostPath):
             self._lanes = lanes
         return self
 
-    def _start_server(self, lanes: _ServedLanes) -> None:
+    def _start_server(self, lanes: ServerLanes) -> None:
         limit = self.options.max_message_bytes
         action_size = math.prod(lanes.act_leaf.shape)
         receive = request_limit(self.options, lanes.num_lanes, action_size)
@@ -418,7 +418,7 @@ class EnvServer(_SameHostPath):
                 )
         return None
 
-    def _handshake_reply(self, lanes: _ServedLanes) -> pb.HandshakeReply:
+    def _handshake_reply(self, lanes: ServerLanes) -> pb.HandshakeReply:
         return pb.HandshakeReply(
             server_protocol_versions=PROTOCOL_VERSIONS,
             server_version=f"jaxmesh {__version__}",
@@ -505,7 +505,7 @@ class EnvServer(_SameHostPath):
         requests: Iterator[bytes],
         context: grpc.ServicerContext,
         session: _Session,
-        lanes: _ServedLanes,
+        lanes: ServerLanes,
     ) -> Iterator[bytes]:
         limit = self.options.max_message_bytes
         abort = context.abort

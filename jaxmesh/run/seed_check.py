@@ -122,8 +122,8 @@ def _gym_trace(env: Any, seed: int, steps: int, action: Any, options: Any) -> _T
 
 
 def _gym_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
+    from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
     from jaxmesh.envs.gymnasium.lanes import declares_trial_index, idle_action
-    from jaxmesh.remote.protocol import TRIAL_INDEX
 
     action = idle_action(env.action_space)
     metadata = getattr(env, "metadata", None)
@@ -189,9 +189,9 @@ def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, boo
             f"('grpc://host:port'); env {env!r} runs in this process"
         )
     if kind == HOST:
-        from jaxmesh.envs.gymnasium.lanes import _gym, env_name, make_envs
+        from jaxmesh.envs.gymnasium.lanes import env_name, import_gymnasium, make_envs
 
-        gym = _gym()
+        gym = import_gymnasium()
         if isinstance(env, str):
             (made,) = make_envs(env, 1)
             return made, env, made, False

@@ -1,0 +1,86 @@
+"""What gymnasium lanes hand back from one call, and the names they share with the wire.
+
+The lanes (``jaxmesh.envs.gymnasium.lanes``) return a ``ResultBatch``; the env
+server sends it as it is (``jaxmesh.remote.codec`` encodes it, and decodes a
+reply into it), so the host loop reads lanes in this process and served lanes
+alike. ``DTYPE_NAMES`` are the dtypes a lane's arrays may have (on the wire
+too), ``TRIAL_INDEX`` the reset option a local or a served env takes. JAX-free:
+numpy only, for the server.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+#: The dtype names a lane's arrays may have (little-endian on the wire;
+#: ``jaxmesh.remote.codec.DTYPES`` maps them to numpy dtypes).
+DTYPE_NAMES: tuple[str, ...] = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+
+#: The reset option that carries an episode's trial index to an env that takes
+#: it (a server declares it in the handshake when its env does).
+TRIAL_INDEX = "trial_index"
+
+
+class ResultBatch(NamedTuple):
+    """What lanes did in one call, as numpy: the wire's ``ResultBatch`` too.
+
+    The gymnasium lanes (``jaxmesh.envs.gymnasium.lanes``) return it, the
+    codec encodes it (``codec.encode_result_batch(*batch)``) and decodes a
+    reply into it, and the host loop reads it the same way from either.
+
+    Attributes:
+      lanes: int64 ``[m]``, ascending: every lane reset or stepped.
+      steps: int64 ``[m]``: env steps executed (0 for a reset, or for a lane
+        whose episode had ended).
+      rows: int64 ``[m]``: observation rows: 1 for a reset; for a replay
+        ``steps`` rows when every observation is kept, else ``min(steps, 1)``.
+      rewards: float64 ``[sum(steps)]``, lane after lane.
+      terminated: bool ``[sum(steps)]``.
+      truncated: bool ``[sum(steps)]`` (a wall-clock cap sets it too).
+      observation: ``{"": array [sum(rows), *obs_shape]}`` when observations
+        were asked for, else ``{}``; for a Dict or Tuple observation, leaf
+        name -> ``[sum(rows), *leaf_shape]`` for the leaves asked for.
+      info: info key -> ``[sum(info rows), ...]`` in the values' own dtype,
+        for the keys asked for that some row has (and whose values are numbers
+        of one shape); a row without the key holds zeros.
+      info_present: info key -> bool ``[sum(info rows)]`` for a key that some
+        rows lack (True: the row has it); a key every row has is not here.
+      info_rows: int64 ``[m]``: info rows per lane, when they differ from
+        ``rows`` (every executed step's info with only the last observation:
+        1 for a reset, ``steps`` for a replay); None: the info rows are
+        ``rows``.
+    """
+
+    lanes: np.ndarray
+    steps: np.ndarray
+    rows: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    observation: dict[str, np.ndarray]
+    info: dict[str, np.ndarray]
+    info_present: dict[str, np.ndarray] | None = None
+    info_rows: np.ndarray | None = None
+
+    @property
+    def info_row_counts(self) -> np.ndarray:
+        """int64 ``[m]``: the info rows of each lane (``info_rows`` or ``rows``)."""
+        return self.rows if self.info_rows is None else self.info_rows
+
+
+__all__ = ["DTYPE_NAMES", "TRIAL_INDEX", "ResultBatch"]

@@ -1,0 +1,459 @@
+"""The one table of a run's summary rows, and its text.
+
+``rows(result, stats)`` lists every figure the summary shows, once: its key
+(the path of its value in ``result.stats()``, or the ``RunResult`` field), its
+label, its value as plain data, its value as text, a note on how it was
+computed, and the table it belongs to (``summary``: the statistics,
+``settings``: what ran, ``totals``: what it cost). ``text`` prints the rows as
+``result.summary()`` does; the HTML report (``jaxmesh.results.report``) prints
+the same rows as its summary, settings and totals tables, with the notes and
+each value as ``data-value``. A figure added here shows in both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxmesh import text as _text
+from jaxmesh.results import stats as _stats
+
+#: The columns of a telemetry series (``RunResult.telemetry``), in order.
+STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
+#: The tables a row belongs to, in the order ``text`` prints them.
+TABLES = ("settings", "summary", "totals")
+
+
+class Row(NamedTuple):
+    """One figure of the summary."""
+
+    #: The path of ``value`` in ``result.stats()`` (dotted), or the field.
+    key: str
+    label: str
+    #: Plain data (JSON): what the HTML report writes as ``data-value``.
+    value: Any
+    text: str
+    #: How it was computed or what it means (the HTML report's last column).
+    note: str = ""
+    #: ``summary``, ``settings`` or ``totals``.
+    table: str = "summary"
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _interval(pair: Sequence[float] | None, digits: int = 3) -> str:
+    if pair is None:
+        return "n/a (one episode)"
+    return f"[{pair[0]:.{digits}f}, {pair[1]:.{digits}f}]"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def mode_text(result: Any) -> str:
+    """How chunks were played: synchronous, asynchronous, with a delay, or with
+    temporal ensembling."""
+    mode = (
+        f"asynchronous (prefetch_lead={result.prefetch_lead}; not comparable to "
+        "a synchronous score)"
+        if result.asynchronous
+        else "synchronous"
+    )
+    if result.delay:
+        mode = (
+            f"inference delay of {result.delay} steps (each chunk planned "
+            f"{result.delay} steps before it plays, its first {result.delay} "
+            "actions skipped)"
+        )
+        if result.delay_ms is not None:
+            mode += f", from delay_ms={result.delay_ms:g}"
+    elif result.delay_ms is not None:
+        mode += " (delay_ms=0: no delay)"
+    if result.execution is not None:
+        mode += f", temporal ensembling: {result.execution}"
+    return mode
+
+
+def loss_text(loss: dict) -> str:
+    """One lost server (``RunResult.server_losses``) in words."""
+    text = (
+        f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
+        f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
+        f"episodes run again ({loss.get('error')})"
+    )
+    back = loss.get("rejoined_at_seconds")
+    return text + ("" if back is None else f"; rejoined at {back:.1f} s")
+
+
+def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
+    """The statistics (``table="summary"``)."""
+    r, n = stats["returns"], stats["episodes"]
+    out = [Row("episodes", "episodes", n, f"{n:,}")]
+    if not n:
+        return out
+    level = f"{stats['confidence']:.0%}"
+    how = (
+        f"percentile bootstrap, {stats['resamples']:,} resamples, seed {stats['seed']}"
+    )
+    out += [
+        Row("returns.mean", "mean return", r["mean"], _num(r["mean"])),
+        Row(
+            "returns.std",
+            "std of the returns",
+            r["std"],
+            _num(r["std"]),
+            "sample standard deviation (ddof = 1)",
+        ),
+        Row(
+            "returns.standard_error",
+            "standard error of the mean",
+            r["standard_error"],
+            _num(r["standard_error"]),
+            "std / sqrt(episodes)",
+        ),
+        Row(
+            "returns.mean_interval",
+            f"mean return, {level} interval",
+            r["mean_interval"],
+            _interval(r["mean_interval"]),
+            how,
+        ),
+        Row(
+            "returns.iqm",
+            "IQM return",
+            r["iqm"],
+            _num(r["iqm"]),
+            "interquartile mean: the mean of the middle half of the returns",
+        ),
+        Row(
+            "returns.iqm_interval",
+            f"IQM return, {level} interval",
+            r["iqm_interval"],
+            _interval(r["iqm_interval"]),
+            how,
+        ),
+        Row(
+            "resamples",
+            "bootstrap resamples",
+            stats["resamples"],
+            f"{stats['resamples']:,} (percentile bootstrap, seed {stats['seed']})",
+            "fewer for a very large run, so that the summary takes seconds",
+        ),
+        *(
+            Row(
+                f"returns.quantiles.{k}",
+                f"return {k}",
+                v,
+                _num(v),
+                f"{k[1:]}% of the episodes return at most this",
+            )
+            for k, v in r["quantiles"].items()
+        ),
+        Row("returns.min", "min return", r["min"], _num(r["min"])),
+        Row("returns.max", "max return", r["max"], _num(r["max"])),
+        Row(
+            "lengths.mean",
+            "mean length",
+            stats["lengths"]["mean"],
+            _num(stats["lengths"]["mean"], 1),
+            "env steps per episode",
+        ),
+    ]
+    mode = stats.get("success_mode")
+    named = {"once": "success once", "end": "success at end"}.get(mode)
+    headline = f" ({named}, the headline)" if named else ""
+    key = stats.get("success_key")
+    if stats["success_rate"] is not None:
+        low, high = stats["success_interval"]
+        out += [
+            Row(
+                "success_rate",
+                f"success rate{headline}",
+                stats["success_rate"],
+                f"{stats['success_rate']:.1%}",
+                f"success_mode={mode!r}",
+            ),
+            Row(
+                "success_interval",
+                f"success rate, {level} Wilson interval",
+                stats["success_interval"],
+                f"[{low:.1%}, {high:.1%}]",
+                "Wilson score interval",
+            ),
+        ]
+    elif key is not None:
+        out.append(
+            Row(
+                "success_rate",
+                f"success rate{headline}",
+                None,
+                f"n/a (some episodes had no {key!r} in their info)",
+            )
+        )
+    if key is not None:
+        at_reset = stats.get("successes_at_reset")
+        out += [
+            Row(
+                "success_once_rate",
+                "success once",
+                stats.get("success_once_rate"),
+                _pct(stats.get("success_once_rate")),
+                "the success signal was true at any step of the episode",
+            ),
+            Row(
+                "success_at_end_rate",
+                "success at end",
+                stats.get("success_at_end_rate"),
+                _pct(stats.get("success_at_end_rate")),
+                "the success signal was true at the episode's last step",
+            ),
+            Row(
+                "successes_at_reset",
+                "successful at reset",
+                at_reset,
+                "unknown" if at_reset is None else f"{at_reset:,} of {n:,} episodes",
+                "episodes whose success signal was already true at reset"
+                if at_reset is not None
+                else "the env's reset gives no success signal",
+            ),
+        ]
+    for name, m in (stats.get("metrics") or {}).items():
+        out.append(
+            Row(
+                f"metrics.{name}.mean",
+                f"metric {name} ({m['reduction']}), mean",
+                m["mean"],
+                "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}",
+                "over the episodes that have a value",
+            )
+        )
+    terminated = int(np.sum(result.terminated))
+    truncated = int(np.sum(result.truncated))
+    out += [
+        Row(
+            "terminated",
+            "terminated",
+            terminated,
+            f"{terminated:,}",
+            "episodes the env ended (a failure or a goal)",
+        ),
+        Row(
+            "truncated",
+            "truncated",
+            truncated,
+            f"{truncated:,}",
+            "episodes cut by a step or time limit",
+        ),
+    ]
+    return out
+
+
+def setting_rows(result: Any) -> list[Row]:
+    """What ran (``table="settings"``)."""
+    cap = result.max_episode_seconds
+    chunk = result.chunk
+    rows = [
+        Row("policy", "policy", result.policy, result.policy or "n/a"),
+        Row("env", "env", result.env, result.env or "n/a"),
+    ]
+    if result.instruction is not None:
+        rows.append(
+            Row("instruction", "instruction", result.instruction, result.instruction)
+        )
+    rows += [
+        Row("num_envs", "lanes (num_envs)", result.num_envs, f"{result.num_envs:,}"),
+        Row(
+            "horizon",
+            "horizon",
+            result.horizon,
+            f"{result.horizon}",
+            "actions of a chunk executed before the next plan",
+        ),
+        Row(
+            "effective_horizon",
+            "effective horizon",
+            result.effective_horizon,
+            f"{result.effective_horizon}",
+            "min(horizon, chunk length)",
+        ),
+        Row(
+            "chunk",
+            "chunk length",
+            chunk,
+            "one action per plan" if chunk is None else f"chunks of {chunk} actions",
+            "actions a plan returns",
+        ),
+        Row(
+            "prefetch_lead",
+            "prefetch lead",
+            result.prefetch_lead,
+            f"{result.prefetch_lead}",
+            "steps a chunk is planned before it plays",
+        ),
+        Row("mode", "mode", mode_text(result), mode_text(result)),
+        Row(
+            "plan_tile",
+            "plan tile",
+            result.plan_tile,
+            f"{result.plan_tile}",
+            "rows per policy call",
+        ),
+        Row(
+            "max_episode_seconds",
+            "max episode seconds",
+            cap,
+            "none"
+            if cap is None
+            else f"{cap:g} s (wall clock: results depend on timing and may differ "
+            "between runs)",
+        ),
+    ]
+    rows += [
+        Row(f"server_losses.{i}", "server lost", loss, loss_text(loss))
+        for i, loss in enumerate(result.server_losses)
+    ]
+    return [row._replace(table="settings") for row in rows]
+
+
+def _total_rows(result: Any) -> list[Row]:
+    """What it cost (``table="totals"``)."""
+    rows = [
+        Row("env_steps", "env steps", result.env_steps, f"{result.env_steps:,}"),
+        Row(
+            "policy_rows",
+            "policy rows",
+            result.policy_rows,
+            f"{result.policy_rows:,}",
+            "rows the policy computed, padding included",
+        ),
+        Row(
+            "rows_per_step",
+            "policy rows per env step",
+            result.rows_per_step,
+            f"{result.rows_per_step:.3f} ({result.plan_tile} rows per call)",
+            "ideal: 1 / horizon",
+        ),
+        Row(
+            "steps_per_second",
+            "env steps / s",
+            result.steps_per_second,
+            f"{result.steps_per_second:,.0f}",
+            "env steps / run time",
+        ),
+        Row(
+            "wall_time",
+            "wall time",
+            result.wall_time,
+            f"{result.wall_time:.2f} s",
+            "the whole call",
+        ),
+        Row(
+            "compile_time",
+            "compile time",
+            result.compile_time,
+            f"{result.compile_time:.2f} s",
+        ),
+        Row("run_time", "run time", result.run_time, f"{result.run_time:.2f} s"),
+    ]
+    return [row._replace(table="totals") for row in rows]
+
+
+def seeds_text(seeds: Any) -> str:
+    """A run's seeds in a few words: a range when they are consecutive."""
+    seeds = np.asarray(seeds, np.int64).reshape(-1)
+    n = seeds.size
+    if not n:
+        return "none"
+    if n > 1 and np.array_equal(seeds, np.arange(seeds[0], seeds[0] + n)):
+        return f"{seeds[0]} to {seeds[-1]} ({n:,} seeds, in episode order)"
+    shown = ", ".join(str(s) for s in seeds[:8])
+    return shown + (f", ... ({n:,} seeds)" if n > 8 else "")
+
+
+def provenance_rows(result: Any) -> list[Row]:
+    """Where the result comes from (``table="provenance"``): the seeds, the
+    run's identity (digests of the policy, its params and the env) and when and
+    with what it was made."""
+    seeds = np.asarray(result.seeds, np.int64).reshape(-1)
+    span = None if not seeds.size else [int(seeds[0]), int(seeds[-1])]
+    value = {"count": int(seeds.size), "first_last": span}
+    rows = [Row("seeds", "seeds", value, seeds_text(seeds))]
+    for key, value in sorted((result.fingerprint or {}).items()):
+        rows.append(
+            Row(f"fingerprint.{key}", f"{key} (run identity)", value, f"{value}")
+        )
+    made = result.provenance or {}
+    date = made.get("date")
+    rows.append(Row("provenance.date", "date (UTC)", date, date or "not recorded"))
+    for name, version in (made.get("versions") or {}).items():
+        rows.append(
+            Row(
+                f"provenance.versions.{name}", name, version, version or "not installed"
+            )
+        )
+    if not made:
+        rows[-1] = rows[-1]._replace(
+            note="the result does not say when or with which versions it was made"
+        )
+    return [row._replace(table="provenance") for row in rows]
+
+
+def rows(result: Any, stats: dict[str, Any]) -> list[Row]:
+    """Every row of ``result``'s summary, settings first, then the statistics
+    (``stats``: ``result.stats()``), the totals and the provenance (which the
+    text leaves to the JSON and the HTML report)."""
+    return (
+        setting_rows(result)
+        + _stat_rows(result, stats)
+        + _total_rows(result)
+        + provenance_rows(result)
+    )
+
+
+def summary_stats(result: Any) -> dict[str, Any]:
+    """``result.stats()`` as the summary uses it: a large run's with fewer
+    resamples (its ``resamples`` row says how many)."""
+    return result.stats(resamples=_stats.summary_resamples(len(result.returns)))
+
+
+def text(result: Any, stats: dict[str, Any] | None = None) -> str:
+    """``result``'s summary as text: one line per row, label and value."""
+    table = rows(result, summary_stats(result) if stats is None else stats)
+    table = [row for row in table if row.table in TABLES]
+    width = max(len(row.label) for row in table)
+    return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
+
+
+def telemetry_text(telemetry: dict[str, dict[str, float]] | None) -> str:
+    """A telemetry table (``RunResult.telemetry``): times in milliseconds,
+    sizes in bytes."""
+    if not telemetry:
+        return "no telemetry (recorded for host-stepped envs only)"
+    table = [("series", *STAT_NAMES)]
+    for name, s in telemetry.items():
+        if name.endswith("_bytes"):
+            cells = [f"{s[k]:,.0f} B" for k in STAT_NAMES[1:]]
+        else:
+            cells = [f"{1000 * s[k]:.3f} ms" for k in STAT_NAMES[1:]]
+        table.append((name, f"{s['count']:,}", *cells))
+    return "\n".join(_text.aligned(table))
+
+
+__all__ = [
+    "Row",
+    "rows",
+    "setting_rows",
+    "provenance_rows",
+    "text",
+    "telemetry_text",
+    "mode_text",
+    "STAT_NAMES",
+]
