@@ -22,7 +22,13 @@ _NAMES = {
     "make_env": "jaxmesh.envs",
     "check_seeds": "jaxmesh.run.seed_check",
     "SeedReport": "jaxmesh.run.seed_check",
-    "evaluate": "jaxmesh.run.scan",
+    "evaluate": "jaxmesh.api",
+    "RunConfig": "jaxmesh.run.config",
+    "Chunking": "jaxmesh.run.config",
+    "Starts": "jaxmesh.run.config",
+    "Scoring": "jaxmesh.run.config",
+    "Served": "jaxmesh.run.config",
+    "Layout": "jaxmesh.run.config",
     "Ensemble": "jaxmesh.execution",
     "sweep": "jaxmesh.sweep",
     "Sweep": "jaxmesh.sweep",
@@ -73,6 +79,7 @@ _REMOTE = {
 
 if TYPE_CHECKING:
     from jaxmesh import adapt, flax_models
+    from jaxmesh.api import evaluate
     from jaxmesh.cache import enable_compile_cache
     from jaxmesh.checkpoint import load_params, save_params
     from jaxmesh.core.tally import Results
@@ -94,10 +101,11 @@ if TYPE_CHECKING:
     from jaxmesh.results.result import EpisodeResult, RunResult, StepEvent
     from jaxmesh.results.stats import Comparison
     from jaxmesh.results.video import render
+    from jaxmesh.run.config import Chunking, Layout, RunConfig, Scoring, Served, Starts
     from jaxmesh.run.host_agent import Agent, make_agent
     from jaxmesh.run.pure import make_evaluator
     from jaxmesh.run.resume import EpisodeLog, load_episode_log
-    from jaxmesh.run.scan import Evaluator, cache_info, clear_cache, evaluate
+    from jaxmesh.run.scan import Evaluator, cache_info, clear_cache
     from jaxmesh.run.seed_check import SeedReport, check_seeds
     from jaxmesh.run.sharded import shard_population
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
@@ -147,6 +155,12 @@ __all__ = [
     "check_seeds",
     "SeedReport",
     "evaluate",
+    "RunConfig",
+    "Chunking",
+    "Starts",
+    "Scoring",
+    "Served",
+    "Layout",
     "Ensemble",
     "sweep",
     "Sweep",

@@ -36,6 +36,30 @@ import numpy as np
 # The records' checksum lives with the results; a run's identity feeds it.
 from jaxmesh.results.checksum import identity_text, record_check
 
+# The budget index of each episode of a run (a resumed run runs some of them) --
+_INDICES: contextvars.ContextVar = contextvars.ContextVar(
+    "jaxmesh_resume_indices", default=None
+)
+
+
+def episode_indices(count: int) -> np.ndarray:
+    """The budget index of each of a run's ``count`` episodes: ``0..count-1``,
+    or inside a resumed run the missing episodes' indices."""
+    got = _INDICES.get()
+    return np.arange(count, dtype=np.int64) if got is None else got
+
+
+@contextlib.contextmanager
+def resumed_indices(indices: np.ndarray) -> Iterator[None]:
+    """Inside the block, ``episode_indices`` gives ``indices`` (a resumed
+    run's missing episodes, ``jaxmesh.run.resume``)."""
+    token = _INDICES.set(indices)
+    try:
+        yield
+    finally:
+        _INDICES.reset(token)
+
+
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _CACHE_SIZE = 64
 
@@ -179,6 +203,8 @@ def run_identity(env: str, policy: str) -> dict:
 
 
 __all__ = [
+    "episode_indices",
+    "resumed_indices",
     "tree_digest",
     "program_digest",
     "env_digest",

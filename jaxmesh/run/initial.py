@@ -17,7 +17,7 @@ arguments of ``jaxmesh.evaluate`` replace that reset (docs/evaluation.md,
 The episode's key is still ``PRNGKey(seeds[i])``: env-step and policy keys
 derive from it as without initial states (CONTRACT 5). Inside a resumed run
 the trial index follows the episode's index in the budget
-(``resume.episode_indices``). Everything here checks by shape only: nothing
+(``identity.episode_indices``). Everything here checks by shape only: nothing
 compiles.
 """
 
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.core.engine import TrialReset
-from jaxmesh.run import resume
+from jaxmesh.run import identity
 
 #: The largest trial index (trial indices are int32 in the compiled program).
 MAX_TRIAL = 2**31 - 1
@@ -285,7 +285,7 @@ def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray
                 "or drop trial_index_base="
             )
         return None
-    trial_of = base + resume.episode_indices(episodes).astype(np.int64)
+    trial_of = base + identity.episode_indices(episodes).astype(np.int64)
     top = int(trial_of.max()) if trial_of.size else base - 1
     count = trials.count
     if count is not None and top >= count:

@@ -35,7 +35,7 @@ from jaxmesh.core import agent, replay, rules
 from jaxmesh.core import tally as core_results
 from jaxmesh.envs.gymnasium.lanes import where_raised
 from jaxmesh.errors import EnvError, RemoteEnvError, WorkerError, describe_env_error
-from jaxmesh.run import resume, stream
+from jaxmesh.run import identity, stream
 
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
 MAX_SEEDS_CHECKED = 1_000_000
@@ -117,7 +117,7 @@ class HostLoop:
         self.next_episode = 0
         #: Each episode's index in the budget (a resumed run runs a part of it):
         #: an env that declares ``trial_index`` gets it (CONTRACT 6).
-        self.trial_of = trial_base + resume.episode_indices(self.e)
+        self.trial_of = trial_base + identity.episode_indices(self.e)
         #: Episode -> times a worker process died while running it.
         self.losses: dict[int, int] = {}
         #: Lanes gone for good (their server was lost): never given an episode.

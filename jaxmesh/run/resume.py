@@ -32,11 +32,10 @@ and edits by hand, not a forger (who can recompute the checksum).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,26 +47,6 @@ from jaxmesh.run import checks, identity
 
 if TYPE_CHECKING:
     from jaxmesh.run.config import RunConfig
-
-_INDICES: contextvars.ContextVar = contextvars.ContextVar(
-    "jaxmesh_resume_indices", default=None
-)
-
-
-def episode_indices(count: int) -> np.ndarray:
-    """The budget index of each of a run's ``count`` episodes: ``0..count-1``,
-    or inside a resumed run the missing episodes' indices."""
-    got = _INDICES.get()
-    return np.arange(count, dtype=np.int64) if got is None else got
-
-
-@contextlib.contextmanager
-def _indices(indices: np.ndarray) -> Iterator[None]:
-    token = _INDICES.set(indices)
-    try:
-        yield
-    finally:
-        _INDICES.reset(token)
 
 
 def params_digest(params: Any) -> str | None:
@@ -482,7 +461,7 @@ def run(
     # The rows a policy call sees: each episode rounds as it did before.
     config = config.replace(plan_tile=done.plan_tile or tile)
     try:
-        with _indices(missing):
+        with identity.resumed_indices(missing):
             new = fingerprinted(evaluate, policy, env, config, inner)
     except BaseException as exc:
         partial = getattr(exc, "partial_result", None)
@@ -796,7 +775,6 @@ __all__ = [
     "EpisodeLog",
     "load_episode_log",
     "fingerprinted",
-    "episode_indices",
     "params_digest",
     "fingerprint",
     "checked_records",
