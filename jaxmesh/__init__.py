@@ -8,9 +8,9 @@ jaxmesh import evaluate`` and ``jaxmesh.evaluate`` import what they name.
 from __future__ import annotations
 
 import sys
-import types
 from importlib import import_module
 from importlib.util import find_spec
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from jaxmesh._version import __version__ as __version__
@@ -135,13 +135,13 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-class _Package(types.ModuleType):
+class _Package(ModuleType):
     """This package, whose public names stay what ``_NAMES`` says: importing a
     submodule named like a public function (``jaxmesh.sweep``,
     ``jaxmesh.explain``) would bind the submodule in its place."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _NAMES:
+        if isinstance(value, ModuleType) and name in _NAMES:
             return
         super().__setattr__(name, value)
 

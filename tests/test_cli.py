@@ -22,7 +22,7 @@ from cli_policies import tilt_fn
 from gym_reference import tilt_episodes
 
 import jaxmesh
-from jaxmesh import cache
+from jaxmesh.cache import CACHE_DIR_ENV, default_cache_dir
 from jaxmesh.cli import main
 from jaxmesh.cli.build import served_options
 from jaxmesh.cli.cache import CACHE_SWITCH_ENV, compile_cache_wanted
@@ -817,13 +817,13 @@ def test_env_config_sets_brax_episode_length(tmp_path):
 
 # The persistent compilation cache -------------------------------------------------
 def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.delenv(cache.CACHE_DIR_ENV, raising=False)
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache.default_cache_dir() == tmp_path / "xdg" / "jaxmesh" / "xla"
+    assert default_cache_dir() == tmp_path / "xdg" / "jaxmesh" / "xla"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert cache.default_cache_dir() == Path.home() / ".cache" / "jaxmesh" / "xla"
-    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "mine"))
-    assert cache.default_cache_dir() == tmp_path / "mine"
+    assert default_cache_dir() == Path.home() / ".cache" / "jaxmesh" / "xla"
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
 
 
 @pytest.mark.parametrize(
@@ -846,7 +846,7 @@ def cache_files(path: Path) -> set[str]:
 def test_second_process_reuses_the_compiled_executables(tmp_path):
     cache = tmp_path / "xla"
     env = {k: v for k, v in os.environ.items() if k != CACHE_SWITCH_ENV}
-    env[cache.CACHE_DIR_ENV] = str(cache)
+    env[CACHE_DIR_ENV] = str(cache)
     argv = [sys.executable, "-m", "jaxmesh.cli", "eval", str(CONFIG)]
     argv += ["--set", "episodes=4", "--set", "num_envs=2", "--set", "output=null"]
     argv += ["--no-progress"]
@@ -865,7 +865,7 @@ def test_second_process_reuses_the_compiled_executables(tmp_path):
 
     # Off with the flag: a fresh directory stays empty. (A run that compiles, on
     # the host-stepped CartPole: its agent step compiles faster than the scan.)
-    env[cache.CACHE_DIR_ENV] = str(tmp_path / "unused")
+    env[CACHE_DIR_ENV] = str(tmp_path / "unused")
     proc = subprocess.run(
         [*argv, "--set", "env=gymnasium:CartPole-v1", "--no-compile-cache"],
         capture_output=True,

@@ -89,13 +89,18 @@ def test_every_public_name_resolves_to_its_module_s_object():
 
 def test_a_submodule_named_like_a_function_leaves_the_function():
     # ``jaxmesh/sweep.py`` and ``jaxmesh/explain.py`` are modules whose main
-    # function is the public name; importing them keeps the function there.
-    import jaxmesh.explain
-    import jaxmesh.sweep
-
-    assert callable(jaxmesh.sweep) and jaxmesh.sweep.__name__ == "sweep"
-    assert callable(jaxmesh.explain) and jaxmesh.explain.__name__ == "explain"
-    assert jaxmesh.sweep is sys.modules["jaxmesh.sweep"].sweep
+    # function is the public name; importing them (after ``jaxmesh.types``,
+    # whose name shadows nothing) keeps the function there.
+    code = (
+        "import jaxmesh.types, jaxmesh.explain, jaxmesh.sweep, jaxmesh, sys\n"
+        "print(jaxmesh.sweep is sys.modules['jaxmesh.sweep'].sweep)\n"
+        "print(jaxmesh.explain is sys.modules['jaxmesh.explain'].explain)\n"
+        "print(jaxmesh.types is sys.modules['jaxmesh.types'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["True", "True", "True"]
 
 
 def test_version(capsys):

@@ -532,7 +532,7 @@ def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(shlex.split(command)[1:]) == 0
     capsys.readouterr()
-    cells = json.loads((tmp_path / "out" / "r.json").read_text())["cells"]
+    cells = json.loads((tmp_path / "out" / "r.sweep.json").read_text())["cells"]
     for c in cells:
         want = chunk_episodes(range(4), 2, c["delay"])
         assert returns_lengths(c["result"]["episodes"]) == want
