@@ -37,13 +37,6 @@ PROTOCOL = {
     "step": "step(key, state, action) -> (obs, state, reward, terminated, truncated)",
 }
 
-#: What jaxmesh reads from an env when it has it.
-OPTIONAL = {
-    "step_with_info": "step_with_info(key, state, action) -> (obs, state, reward, "
-    "terminated, truncated, info): ``step`` and a dict of per-step values, the "
-    "source of episode metrics and success (evaluate(metrics=..., success=...))",
-}
-
 _KNOWN = (
     "pass an id such as 'gymnax:CartPole-v1', 'brax:ant' or "
     "'playground:CartpoleBalance', a gymnax Environment or (env, env_params) "
