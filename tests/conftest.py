@@ -1,5 +1,6 @@
-"""Shared test tools: the one way the suite checks whether XLA compiled, and a
-self-signed TLS certificate for servers on 127.0.0.1."""
+"""Shared test tools: the one way the suite checks whether XLA compiled, a
+self-signed TLS certificate for servers on 127.0.0.1, and one XLA compilation
+cache for the whole session."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import contextlib
 import datetime
 import ipaddress
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -33,6 +37,39 @@ def pytest_collection_modifyitems(config, items):
     """Orders the long files first, each file's tests in their own order."""
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+#: JAX's own setting (read from the environment by every process that imports
+#: jax): where compiled executables are kept and looked up.
+XLA_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+    """One persistent XLA cache for the session, in a fresh directory.
+
+    Many tests compile the same program in another process: ``make test``'s
+    two workers, and the CLI, server and worker subprocesses the tests start
+    (each ``jaxmesh eval`` of the same config compiles the same scan). Set
+    here, before the workers start, the directory is inherited by every one of
+    them; a program is then compiled once and loaded after (JAX keeps those
+    that took over a second to compile). Compilation is still observed: a hit
+    records the same backend-compile event (``compiles``). A directory the user
+    set is used as it is; the session's own is removed at the end.
+    """
+    if os.environ.get(XLA_CACHE_ENV):
+        where = os.environ[XLA_CACHE_ENV]
+    else:
+        where = tempfile.mkdtemp(prefix="jaxmesh-tests-xla-")
+        os.environ[XLA_CACHE_ENV] = where
+        config._jaxmesh_xla_cache = where
+    jax.config.update("jax_compilation_cache_dir", where)
+
+
+def pytest_unconfigure(config):
+    where = getattr(config, "_jaxmesh_xla_cache", None)
+    if where is not None:
+        os.environ.pop(XLA_CACHE_ENV, None)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 #: The event JAX records once per XLA (backend) compilation.
