@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import compiles
 
 from jaxmesh.adapt import PendingChunk, Previous, State
 from jaxmesh.core import agent
@@ -37,8 +38,15 @@ def chunk_policy(length=None, spec=None, tells=False):
 
     ``length``: K (None: as long as the run's ``execution_horizon``, which
     the policy is then told). With a spec, it reads input ``"obs"``'s newest
-    frame.
+    frame. The same arguments give the same policy, so that tests of one
+    configuration share its compiled step (``stepper``).
     """
+    return _chunk_policy(length, None if spec is None else tuple(spec.items()), tells)
+
+
+@functools.cache
+def _chunk_policy(length, items, tells):
+    spec = None if items is None else dict(items)
 
     def apply(params, inputs, keys, rstate, execution_horizon=None):
         o = inputs if spec is None else inputs["obs"]
@@ -146,6 +154,15 @@ def test_without_a_lead_a_plan_each_time_the_chunk_is_exhausted():
     ]
     assert np.asarray(state.predict_calls).tolist() == [3, 3]
     assert np.asarray(state.cursor).tolist() == [2, 2]
+
+
+def test_a_second_run_of_one_configuration_compiles_nothing():
+    policy = chunk_policy(4)
+    cfg = config(policy, lead=1)
+    first, _ = play(cfg, policy, 5)
+    with compiles() as seen:
+        again, _ = play(cfg, policy, 5)
+    assert seen == [] and again == first
 
 
 def test_horizon_shorter_than_the_chunk_plays_its_first_h_entries():
