@@ -1,7 +1,7 @@
 """The optional files of a finished run: its videos and its HTML report.
 
 Their libraries are the ``[video]`` (imageio) and ``[report]`` (matplotlib)
-extras, imported when a file is asked for.
+extras, which ``jaxmesh.results`` imports when a file is made.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.errors import ConfigError
+from jaxmesh.envs import libero
+from jaxmesh.results import video
+from jaxmesh.results.report import write_report, write_suite_report
 from jaxmesh.suite import SuiteResult
 
 
@@ -52,8 +55,6 @@ def write_videos(
       VideoError: an episode's video could not be rendered (the result lists
         the videos written before it).
     """
-    from jaxmesh.results.video import render
-
     trajectories = result.trajectories or []
     for tr in trajectories:
         if explicit and len(trajectories) == 1:
@@ -65,9 +66,9 @@ def write_videos(
         if tr.frames is None and "libero:" in str(result.env):
             # Worker processes capture no render() frames: a LIBERO episode's
             # video is its recorded camera image.
-            from jaxmesh.envs.libero import video_frame as frames
+            frames = libero.video_frame
         try:
-            render(result, tr.episode, target, frames=frames)
+            video.render(result, tr.episode, target, frames=frames)
         except Exception as e:  # any failure of this optional file is reported alike
             raise VideoError(f"episode {tr.episode}: {type(e).__name__}: {e}") from e
         print(f"wrote {target}")
@@ -88,8 +89,6 @@ def write_report_file(
     Raises:
       ConfigError: the file cannot be written.
     """
-    from jaxmesh.results.report import write_report, write_suite_report
-
     try:
         if isinstance(result, SuiteResult):
             write_suite_report(result, path)

@@ -67,8 +67,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
             "next to its output)",
         )
+    # The sweep's files go next to the output: its folder is checked through it.
     check_writable(
-        ("the sweep's output", output), ("the sweep's cells file", cells_path)
+        ("output", given),
+        ("the sweep's output", output),
+        ("the sweep's cells file", cells_path),
     )
     policy, env, kwargs = build_run(config)
     identity = _jsonable(
