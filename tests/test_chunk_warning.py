@@ -126,9 +126,9 @@ def test_a_chunk_asked_for_says_nothing():
     def head(obs):  # Pendulum: 3 actions of shape (1,), undeclared
         return jnp.tile(jnp.clip(-obs[1:2], -2.0, 2.0), (3, 1))
 
-    ensemble = jaxmesh.Ensemble(m=0.01)
+    chunking = jaxmesh.Chunking(execution=jaxmesh.Ensemble(m=0.01))
     run = lambda: jaxmesh.evaluate(
-        head, "gymnax:Pendulum-v1", episodes=1, execution=ensemble
+        head, "gymnax:Pendulum-v1", episodes=1, chunking=chunking
     )
     assert quiet(run) == []
 
