@@ -112,8 +112,9 @@ def floor_rows(lengths: np.ndarray, h: int) -> float:
 def measure(regime: str, tile: int, args) -> dict:
     n = args.num_envs
     heavy, trivial = make_policies(regime)
+    layout = jaxmesh.Layout(plan_tile=tile)
     episodes = size_budget(
-        lambda e: jaxmesh.evaluate(heavy, ENV, num_envs=n, episodes=e, plan_tile=tile),
+        lambda e: jaxmesh.evaluate(heavy, ENV, num_envs=n, episodes=e, layout=layout),
         n,
         args.seconds,
         start=n,  # one episode per lane first: episodes may last 500 steps
@@ -127,7 +128,7 @@ def measure(regime: str, tile: int, args) -> dict:
                 horizon=horizon,
                 num_envs=n,
                 episodes=episodes,
-                plan_tile=tile,
+                layout=layout,
             )
             return {
                 "sps": r.steps_per_second,

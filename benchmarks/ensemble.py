@@ -2,7 +2,7 @@
 
 Both runs plan a chunk of 8 Pendulum actions every step with the same 2x256
 relu MLP (a tanh output); the plain run executes chunk[0], the ensembled one
-(``execution=jaxmesh.Ensemble(m=0.01)``) keeps each lane's last 8 chunks in a
+(``Chunking(execution=jaxmesh.Ensemble(m=0.01))``) keeps each lane's last 8 chunks in a
 ring on the device and executes their weighted average. The extra work is one
 ring write and one weighted sum per lane and step. Runs are interleaved in one
 process; medians of the run time (compile excluded).
@@ -42,7 +42,10 @@ def main() -> None:
     evaluators = {
         "plain h=1": jaxmesh.Evaluator(model, ENV, num_envs=n),
         "ensemble K=8": jaxmesh.Evaluator(
-            model, ENV, num_envs=n, execution=jaxmesh.Ensemble(m=0.01)
+            model,
+            ENV,
+            num_envs=n,
+            chunking=jaxmesh.Chunking(execution=jaxmesh.Ensemble(m=0.01)),
         ),
     }
 

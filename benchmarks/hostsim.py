@@ -595,7 +595,9 @@ def workload_a(args, served: ServeEnv, pool: EnvPoolChild) -> list[str]:
             (),
         )
         contenders[SVG] = (
-            lambda: jaxmesh_run(policy, target, n, seeds, cap, transport="grpc"),
+            lambda: jaxmesh_run(
+                policy, target, n, seeds, cap, served=jaxmesh.Served(transport="grpc")
+            ),
             transport,
         )
     ep_rows = []

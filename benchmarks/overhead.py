@@ -16,8 +16,8 @@ excluded); ``wall`` divides the same steps by the whole call's wall clock.
 
 Goal: jaxmesh >= 0.9x the bare scan's env steps/s.
 
-``--metrics`` also runs jaxmesh with episode metrics (``metrics={"discount":
-"mean"}``, ``success="discount"``: two device accumulators per lane, reduced
+``--metrics`` also runs jaxmesh with episode metrics (``Scoring(metrics={"discount":
+"mean"}, success="discount")``: two device accumulators per lane, reduced
 every step) on the same budget, interleaved; ``metrics ratio`` is its steps/s
 over the plain run's (goal: >= 0.95, at most 5% slower).
 
@@ -109,16 +109,17 @@ def measure(module, params, name, args, tile: int) -> dict:
     n = args.num_envs
     env = f"gymnax:{ENV_ID}"
     policy = make_policy(module, params, name)
+    layout = jaxmesh.Layout(plan_tile=tile)
     episodes = size_budget(
-        lambda e: jaxmesh.evaluate(policy, env, num_envs=n, episodes=e, plan_tile=tile),
+        lambda e: jaxmesh.evaluate(policy, env, num_envs=n, episodes=e, layout=layout),
         n,
         args.seconds,
     )
 
-    def run_jaxmesh(**metrics):
+    def run_jaxmesh(**extra):
         t0 = time.perf_counter()
         r = jaxmesh.evaluate(
-            policy, env, num_envs=n, episodes=episodes, plan_tile=tile, **metrics
+            policy, env, num_envs=n, episodes=episodes, layout=layout, **extra
         )
         wall = time.perf_counter() - t0
         return {
@@ -143,7 +144,8 @@ def measure(module, params, name, args, tile: int) -> dict:
 
     runs = {"jaxmesh": run_jaxmesh, "bare": run_bare}
     if args.metrics:
-        asked = {"metrics": {"discount": "mean"}, "success": "discount"}
+        scoring = jaxmesh.Scoring(metrics={"discount": "mean"}, success="discount")
+        asked = {"scoring": scoring}
         run_jaxmesh(**asked)  # compiles
         runs["metrics"] = lambda: run_jaxmesh(**asked)
     if args.record:

@@ -279,7 +279,7 @@ def collect(args: argparse.Namespace, pool: ServerPool) -> tuple:
         )
         for g in groups:
             contenders[served_group(g)] = lambda g=g: jaxmesh_run(
-                policy, target, n, seeds, cap, lane_groups=g
+                policy, target, n, seeds, cap, served=jaxmesh.Served(lane_groups=g)
             )
     model, note = (
         rlmesh_model(

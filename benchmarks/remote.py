@@ -33,7 +33,8 @@ run (interleaved repeats, medians, every contender warmed up first):
    ``time.sleep``, so the server steps the N lanes in ~X ms) served in a child
    process, and a jax policy whose plan over the N lanes costs ~X ms (a per-row
    chain of matmuls, sized by measurement), X = 2: jaxmesh with lane-group
-   pipelining on (``evaluate(..., lane_groups=G)``) against off. Goal >= 1.6x.
+   pipelining on (``evaluate(..., served=Served(lane_groups=G))``) against off.
+   Goal >= 1.6x.
 
 A section whose jaxmesh side does not exist yet prints "... not available yet"
 and the script goes on.
@@ -52,8 +53,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import base64
 import contextlib
+import dataclasses
 import importlib.util
-import inspect
 import json
 import sys
 import time
@@ -103,15 +104,17 @@ def served_missing() -> str | None:
 
 
 def pipelining_missing() -> str | None:
-    """None when ``jaxmesh.evaluate`` takes ``PIPELINE_OPTION``, else why not."""
-    if PIPELINE_OPTION not in inspect.signature(jaxmesh.evaluate).parameters:
-        return f"jaxmesh.evaluate has no {PIPELINE_OPTION}= argument"
+    """None when ``jaxmesh.Served`` has ``PIPELINE_OPTION``, else why not."""
+    served = getattr(jaxmesh, "Served", None)
+    fields = {f.name for f in dataclasses.fields(served)} if served else set()
+    if PIPELINE_OPTION not in fields:
+        return f"jaxmesh.Served has no {PIPELINE_OPTION} field"
     return None
 
 
-def pipeline_kwargs(on: bool, groups: int) -> dict[str, int]:
+def pipeline_kwargs(on: bool, groups: int) -> dict[str, Any]:
     """The ``evaluate`` keyword that turns pipelining on (``groups``) or off."""
-    return {PIPELINE_OPTION: groups if on else 1}
+    return {"served": jaxmesh.Served(**{PIPELINE_OPTION: groups if on else 1})}
 
 
 # Timing ------------------------------------------------------------------------

@@ -6,8 +6,9 @@ devices JAX sees; on a CPU-only machine the script asks XLA for 2 devices,
 ``--devices`` for more), with a float MLP on gymnax Acrobot (uneven episode
 lengths):
 
-1. **Scaling.** env steps/s of ``evaluate(..., devices=d)`` (N lanes in all,
-   N / d per device), compiled and warmed first, medians of interleaved repeats.
+1. **Scaling.** env steps/s of ``evaluate(..., layout=Layout(devices=d))`` (N
+   lanes in all, N / d per device), compiled and warmed first, medians of
+   interleaved repeats.
 2. **Idle share of the static split.** Device d's lanes are busy for the sum of
    the lengths of the episodes they ran; the run lasts as long as its busiest
    lane. ``idle = 1 - busy / (lanes * steps of the run)``, per device, from the
@@ -111,11 +112,13 @@ def main() -> None:
     kw = dict(params=params, num_envs=n, episodes=episodes)
     results = {}
     for d in counts:  # compile and warm every contender first
-        results[d] = jaxmesh.evaluate(policy, "gymnax:Acrobot-v1", devices=d, **kw)
+        layout = jaxmesh.Layout(devices=d)
+        results[d] = jaxmesh.evaluate(policy, "gymnax:Acrobot-v1", layout=layout, **kw)
     rates: dict[int, list[float]] = {d: [] for d in counts}
     for _ in range(repeats):  # interleaved
         for d in counts:
-            r = jaxmesh.evaluate(policy, "gymnax:Acrobot-v1", devices=d, **kw)
+            layout = jaxmesh.Layout(devices=d)
+            r = jaxmesh.evaluate(policy, "gymnax:Acrobot-v1", layout=layout, **kw)
             assert r.compile_time == 0.0
             rates[d].append(r.steps_per_second)
     one = results[1]

@@ -54,7 +54,7 @@ def main() -> None:
     def model():
         return jaxmesh.Model(chunk, params=params, name="mlp2x256_chunk12")
 
-    kw = {"num_envs": n, "episodes": episodes, "plan_tile": 32}
+    kw = {"num_envs": n, "episodes": episodes, "layout": jaxmesh.Layout(plan_tile=32)}
     t0 = time.perf_counter()
     grid = jaxmesh.sweep(model(), env, delay=DELAYS, horizon=HORIZONS, **kw)
     sweep_s = time.perf_counter() - t0
@@ -63,7 +63,8 @@ def main() -> None:
     compile_s = 0.0
     for d in DELAYS:
         for h in HORIZONS:
-            alone = jaxmesh.evaluate(model(), env, delay=d, horizon=h, **kw)
+            delay = jaxmesh.Chunking(delay=d)
+            alone = jaxmesh.evaluate(model(), env, horizon=h, chunking=delay, **kw)
             compile_s += alone.compile_time
             same = np.array_equal(alone.returns, grid.get(delay=d, horizon=h).returns)
             assert same, f"cell delay={d}, horizon={h} differs from its evaluate"

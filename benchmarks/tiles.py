@@ -67,7 +67,7 @@ def few_lanes(repeats: int, episodes_per_lane: int) -> list[dict]:
                     params=params,
                     num_envs=n,
                     episodes=n * episodes_per_lane,
-                    plan_tile=tile,
+                    layout=jaxmesh.Layout(plan_tile=tile),
                 )
                 return {
                     "sps": r.steps_per_second,
