@@ -24,7 +24,7 @@ from gym_reference import tilt_episodes
 import jaxmesh
 from jaxmesh.cache import CACHE_DIR_ENV, default_cache_dir
 from jaxmesh.cli import main
-from jaxmesh.cli.build import served_options
+from jaxmesh.cli.build import run_config
 from jaxmesh.cli.cache import CACHE_SWITCH_ENV, compile_cache_wanted
 from jaxmesh.cli.checks import check_run_config
 from jaxmesh.zoo import cartpole
@@ -225,7 +225,8 @@ def test_eval_model_instance_matches_reference(earlier_run):
     assert "tilt" in out
     # A JAX env's run happens inside one compiled program: no per-call timings.
     lines = out.splitlines()
-    after_summary = lines[1 + next(i for i, x in enumerate(lines) if "wall time" in x)]
+    end = next(i for i, x in enumerate(lines) if x.startswith("run time"))
+    after_summary = lines[1 + end]  # the summary's last row is the run time
     assert after_summary == "no telemetry (recorded for host-stepped envs only)"
     reference = reference_episodes(tilt_fn, range(12))
     assert len({length for _, length in reference}) > 2  # varied episodes
@@ -556,7 +557,7 @@ def test_on_server_loss_reaches_evaluate():
     config = check_run_config(
         {"env": "grpc://127.0.0.1:5555", "policy": "a:b", "on_server_loss": "raise"}
     )
-    assert served_options(config).on_server_loss == "raise"
+    assert run_config(config).served.on_server_loss == "raise"
 
 
 def test_check_seeds_key_refuses_a_seedless_env(tmp_path, capsys):
@@ -687,7 +688,7 @@ def test_eval_served_env_in_a_real_process(tmp_path, capsys):
     lines = evaluated.splitlines()
     assert ["env", "gymnasium:CartPole-v1"] in [line.split() for line in lines]
     # The telemetry table follows the summary: a header, then one row per series.
-    end = next(i for i, line in enumerate(lines) if line.startswith("wall time"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("run time"))
     assert lines[end + 1].split() == ["series", "count", "mean", "p50", "p95", "p99"]
     rows = {line.split()[0] for line in lines[end + 2 :]}
     assert {"predict", "env_step", "encode", "decode", "wire"} <= rows
