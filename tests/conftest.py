@@ -34,7 +34,19 @@ LONG_FILES = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Orders the long files first, each file's tests in their own order."""
+    """Orders the long files first, each file's tests in their own order.
+
+    Raises:
+      pytest.UsageError: a name in ``LONG_FILES`` is no test file under
+        ``tests/`` (moved or renamed): the ordering would silently miss it.
+    """
+    here = Path(__file__).parent
+    missing = [name for name in LONG_FILES if next(here.rglob(name), None) is None]
+    if missing:
+        raise pytest.UsageError(
+            f"tests/conftest.py: LONG_FILES names {missing}, which are no test "
+            "files under tests/ any more; put their new names in LONG_FILES"
+        )
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
