@@ -98,8 +98,10 @@ def make_policies(regime: str):
             return rule_chunk(obs)
 
     return (
-        jaxmesh.Model(heavy, params=params, name=f"mlp3x512_chunk8_{regime}"),
-        jaxmesh.Model(trivial, name=f"trivial_chunk8_{regime}"),
+        jaxmesh.Model(
+            heavy, params=params, native_chunk=K, name=f"mlp3x512_chunk8_{regime}"
+        ),
+        jaxmesh.Model(trivial, native_chunk=K, name=f"trivial_chunk8_{regime}"),
     )
 
 

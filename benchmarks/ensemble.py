@@ -38,7 +38,7 @@ def main() -> None:
     def chunk(p, obs):
         return 2.0 * jnp.tanh(module.apply(p, obs))[:, None]
 
-    model = jaxmesh.Model(chunk, params=params, name="mlp2x256_chunk8")
+    model = jaxmesh.Model(chunk, params=params, native_chunk=K, name="mlp2x256_chunk8")
     evaluators = {
         "plain h=1": jaxmesh.Evaluator(model, ENV, num_envs=n),
         "ensemble K=8": jaxmesh.Evaluator(
