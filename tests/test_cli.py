@@ -24,7 +24,7 @@ from gym_reference import tilt_episodes
 import jaxmesh
 from jaxmesh.cache import CACHE_DIR_ENV, default_cache_dir
 from jaxmesh.cli import main
-from jaxmesh.cli.build import served_options
+from jaxmesh.cli.build import run_config
 from jaxmesh.cli.cache import CACHE_SWITCH_ENV, compile_cache_wanted
 from jaxmesh.cli.checks import check_run_config
 from jaxmesh.zoo import cartpole
@@ -557,7 +557,7 @@ def test_on_server_loss_reaches_evaluate():
     config = check_run_config(
         {"env": "grpc://127.0.0.1:5555", "policy": "a:b", "on_server_loss": "raise"}
     )
-    assert served_options(config).on_server_loss == "raise"
+    assert run_config(config).served.on_server_loss == "raise"
 
 
 def test_check_seeds_key_refuses_a_seedless_env(tmp_path, capsys):

@@ -227,3 +227,51 @@ def test_the_groups_cover_every_old_keyword():
         "randomize", "delay_ms",
     }  # fmt: skip
     assert old == set(config_mod.GROUP_OF)
+
+
+#: RunConfig fields a YAML file cannot hold: functions, arrays, live objects
+#: (credentials come from ``tls_ca``), or settings of the Python API only.
+NOT_IN_YAML = {
+    "credentials",
+    "initial_states",
+    "reset_fn",
+    "randomize",
+    "devices",
+    "lane_groups",
+}
+
+
+def test_the_command_lines_run_keys_are_the_run_configs_fields():
+    """A config file's run keys are ``jaxmesh.RunConfig``'s field names: every
+    key that is not the call's own (env, policy, budget, outputs) names a
+    field, and every field has a key but those a YAML file cannot hold."""
+    from jaxmesh.cli.config import SCHEMA
+
+    fields = set(config_mod.FLAT) | set(config_mod.GROUP_OF)
+    call = {"env", "env_config", "tasks", "suite", "policy", "policy_config"}
+    call |= {"episodes", "seeds", "record", "output", "tls_ca"}
+    assert set(SCHEMA) - call == fields - NOT_IN_YAML
+    assert NOT_IN_YAML <= fields
+
+
+def test_a_config_files_keys_build_the_run_config():
+    from jaxmesh.cli.build import run_config
+    from jaxmesh.cli.checks import check_run_config
+
+    config = check_run_config(
+        {
+            "env": "grpc://127.0.0.1:5555",
+            "policy": "a:b",
+            "horizon": 4,
+            "delay": 1,
+            "plan_tile": 16,
+            "success_mode": "end",
+            "reply_timeout": float("inf"),
+            "instruction": "open the drawer",
+        }
+    )
+    built = run_config(config)
+    assert built.horizon == 4 and built.chunking == jaxmesh.Chunking(delay=1)
+    assert built.layout.plan_tile == 16 and built.scoring.success_mode == "end"
+    assert built.served.reply_timeout is None  # .inf: no limit
+    assert built.starts.instruction == "open the drawer"

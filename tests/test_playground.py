@@ -125,10 +125,11 @@ def shipped():
     """The shipped config run as ``jaxmesh eval`` builds it: (config, result),
     with its episodes ``CONFIG_SEEDS`` recorded (1000 steps each)."""
     config = check_run_config(load_config(CONFIG))
-    model, env, kwargs = build_run(config)
+    model, env, run, kwargs = build_run(config)
     assert isinstance(model, playground_cartpole.CartpoleMLP)
     record = jaxmesh.Record(episodes=CONFIG_SEEDS, max_steps=1000)
-    return config, jaxmesh.evaluate(model, env, record=record, **kwargs)
+    kwargs["record"] = record
+    return config, jaxmesh.evaluate(model, env, run, **kwargs)
 
 
 @pytest.fixture(scope="module")

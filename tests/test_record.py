@@ -20,10 +20,10 @@ import pytest
 from gym_reference import ID, SEEDS, chunky
 from reference_loop import gymnax_fns, run_episode
 
+from jaxmesh import Evaluator, evaluate
 from jaxmesh.remote.server import EnvServer
 from jaxmesh.results.record import Record, Trajectory
 from jaxmesh.results.result import RunResult
-from jaxmesh import Evaluator, evaluate
 
 RECORDED = [1, 4]
 EPISODES = 6

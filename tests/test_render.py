@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from gym_reference import ID, chunky
 
+from jaxmesh import evaluate
 from jaxmesh.cli import main
 from jaxmesh.remote.server import EnvServer
 from jaxmesh.results.record import Record
 from jaxmesh.results.report import write_report
 from jaxmesh.results.video import episode_frames, render
-from jaxmesh import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"

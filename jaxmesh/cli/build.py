@@ -9,13 +9,12 @@ import math
 from typing import Any
 
 from jaxmesh.cli.checks import execution_of, is_gymnasium_id, is_served
-from jaxmesh.cli.config import INT_KEYS
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.tls import channel_credentials
 from jaxmesh.envs import make_env
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
-from jaxmesh.run.backend import ServedOptions
+from jaxmesh.run.config import FLAT, GROUP_OF, RunConfig
 from jaxmesh.suite import Suite, Task
 
 
@@ -133,36 +132,34 @@ def _reply_timeout(value: Any) -> Any:
     return None if value == math.inf else value
 
 
-def served_options(config: dict[str, Any]) -> Any:
-    """A config's served-env options as ``jaxmesh.run.backend.ServedOptions``
-    (``jaxmesh.evaluate`` checks them, and refuses them for an env that is not
-    served)."""
-    return ServedOptions(
-        token=config.get("token"),
-        credentials=channel_credentials(config.get("tls_ca")),
-        reply_timeout=_reply_timeout(config.get("reply_timeout")),
-        on_server_loss=config.get("on_server_loss"),
-        transport=config.get("transport"),
-    )
+def run_config(config: dict[str, Any]) -> RunConfig:
+    """A config's ``jaxmesh.RunConfig``.
+
+    A config's run keys are the ``RunConfig``'s field names, flat (each names
+    one field: ``prefetch_lead`` is ``Chunking.prefetch_lead``), filed by
+    ``RunConfig.replace``; the TLS file ``tls_ca`` becomes ``Served``'s
+    credentials, ``reply_timeout: .inf`` no limit."""
+    fields = set(FLAT) | set(GROUP_OF)
+    settings = {k: v for k, v in config.items() if k in fields and v is not None}
+    if not settings.get("check_seeds"):
+        settings.pop("check_seeds", None)
+    if "execution" in settings:
+        settings["execution"] = execution_of(settings["execution"])
+    if "reply_timeout" in settings:  # else Served's default, auto
+        settings["reply_timeout"] = _reply_timeout(settings["reply_timeout"])
+    if config.get("tls_ca") is not None:
+        settings["credentials"] = channel_credentials(config["tls_ca"])
+    return RunConfig().replace(**settings)
 
 
-def build_run(config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """The policy, the env and ``evaluate``'s keyword arguments of a config."""
+def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, Any]]:
+    """The policy, the env, the ``jaxmesh.RunConfig`` (``run_config``) and the
+    call's own arguments (the budget, the episodes to record) of a config."""
     policy = build_policy(config["policy"], config["policy_config"])
     if config.get("tasks") is not None:
         env = build_suite(config["tasks"])
     else:
         env = build_env(config["env"], config["env_config"])
-    keys = (*INT_KEYS, "seeds", "max_episode_seconds", "metrics", "success")
-    keys += ("record", "success_mode", "instruction", "delay_ms")
-    kwargs = {k: config[k] for k in keys if config.get(k) is not None}
-    if config.get("check_seeds"):
-        kwargs["check_seeds"] = True
-    if config.get("execution") is not None:
-        kwargs["execution"] = execution_of(config["execution"])
-    served = served_options(config)._asdict()
-    reply_timeout = served.pop("reply_timeout")
-    kwargs.update((k, v) for k, v in served.items() if v is not None)
-    if config.get("reply_timeout") is not None:  # else evaluate's default
-        kwargs["reply_timeout"] = reply_timeout  # None for .inf: no limit
-    return policy, env, kwargs
+    call = {k: config.get(k) for k in ("episodes", "seeds", "record")}
+    call = {k: v for k, v in call.items() if v is not None}
+    return policy, env, run_config(config), call

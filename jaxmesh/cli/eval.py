@@ -76,7 +76,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ("--video", video),
         ("the recorded episodes' file", npz),
     )
-    policy, env, kwargs = build_run(config)
+    policy, env, run, kwargs = build_run(config)
+    kwargs["config"] = run
     if getattr(args, "trace", None) is not None:
         kwargs["trace"] = args.trace
     started = Started()

@@ -10,18 +10,17 @@ import sys
 from typing import Any
 
 import jaxmesh
-from jaxmesh.cli.build import build_run, import_target, served_options
+from jaxmesh.cli.build import build_run, import_target, run_config
 from jaxmesh.cli.checks import is_jax_id, is_served, read_config
 from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.envs.gymnasium import make_lanes
+from jaxmesh.run.config import Served
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     config = read_config(args)
-    policy, env, _ = build_run(config)
-    num_envs = config.get("num_envs")
-    if num_envs is None:  # what evaluate would use
-        num_envs = inspect.signature(jaxmesh.evaluate).parameters["num_envs"].default
+    policy, env, run, _ = build_run(config)
+    num_envs = run.num_envs
     if not is_jax_id(env):
         env, lanes = host_env_spec(env, config)
         num_envs = min(num_envs, lanes)
@@ -53,7 +52,7 @@ def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, in
             from jaxmesh.run.served import ServedLanes  # the [remote] extra: gRPC
 
             addresses = [env] if isinstance(env, str) else list(env)
-            served = served_options(config)
+            served = run_config(config).served or Served()
             lanes = ServedLanes(
                 addresses,
                 sys.maxsize,

@@ -73,7 +73,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         ("the sweep's output", output),
         ("the sweep's cells file", cells_path),
     )
-    policy, env, kwargs = build_run(config)
+    policy, env, run, kwargs = build_run(config)
     identity = _jsonable(
         {
             **{k: v for k, v in config.items() if k != "output" and v is not None},
@@ -89,6 +89,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         result = jaxmesh.sweep(
             policy,
             env,
+            run,
             **axes,
             **kwargs,
             on_cell=None if cells is None else cells.write,
