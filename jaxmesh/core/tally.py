@@ -5,7 +5,7 @@
 the run met (``Fault``), and the episode metrics and success flag asked for
 (``metrics=``, ``success=``; ``REDUCTIONS``). The scan engine writes it inside
 jit, ``make_evaluator`` returns it as it is, and the host builds ``RunResult`` /
-``EpisodeResult`` from it (``jaxmesh/run/results.py``).
+``EpisodeResult`` from it (``jaxmesh/results/result.py``).
 """
 
 from __future__ import annotations
