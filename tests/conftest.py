@@ -27,6 +27,7 @@ LONG_FILES = (
     "test_playground.py",
     "test_evaluate.py",
     "test_cli.py",
+    "test_served.py",
     "test_distributed.py",
     "test_soak.py",
     "test_model.py",
