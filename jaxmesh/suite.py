@@ -563,7 +563,7 @@ class SuiteResult:
         resamples: int = _stats.RESAMPLES,
         seed: int = _stats.SEED,
     ) -> dict[str, Any]:
-        """The suite's figures as plain data (``jaxmesh.stats`` conventions).
+        """The suite's figures as plain data (``jaxmesh.results.stats`` conventions).
 
         Returns:
           ``{"tasks": [row, ...], "mean_over_tasks": {...}, "pooled": {...}}``.
@@ -696,13 +696,15 @@ class SuiteResult:
         return self.summary()
 
     def plot(self) -> Any:
-        """The per-task figure as a matplotlib ``Figure`` (``jaxmesh.report``)."""
+        """The per-task figure as a matplotlib ``Figure``
+        (``jaxmesh.results.report``)."""
         from jaxmesh.results import report
 
         return report.suite_plot(self)
 
     def report(self, path: str | Path) -> Path:
-        """Writes the suite's HTML report (``jaxmesh.report.write_suite_report``)."""
+        """Writes the suite's HTML report
+        (``jaxmesh.results.report.write_suite_report``)."""
         from jaxmesh.results import report
 
         return report.write_suite_report(self, path)
@@ -819,9 +821,9 @@ def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison
 
 def compare(a: Any, b: Any, **kw: Any) -> _stats.Comparison | SuiteComparison:
     """``jaxmesh.compare``: two ``RunResult`` paired by seed
-    (``jaxmesh.stats.compare``), or two ``SuiteResult`` task by task and pooled
+    (``jaxmesh.results.stats.compare``), or two ``SuiteResult`` task by task and pooled
     over every (task, seed) pair (``compare_suites``); keywords as
-    ``jaxmesh.stats.compare`` (``resamples``, ``seed``, ``confidence``).
+    ``jaxmesh.results.stats.compare`` (``resamples``, ``seed``, ``confidence``).
 
     Raises:
       TypeError: one is a suite result and the other is not.

@@ -731,7 +731,7 @@ class Sweep:
     def plot(self) -> Any:
         """Success rate (or, without a success signal, mean return) against the
         delay, a line per horizon, with 95% intervals: a matplotlib ``Figure``
-        on an Agg canvas (as ``jaxmesh.report.plot``)."""
+        on an Agg canvas (as ``jaxmesh.results.report.plot``)."""
         figure_cls, canvas_cls = _report._matplotlib()
         fig = figure_cls(figsize=(6, 4))
         canvas_cls(fig)

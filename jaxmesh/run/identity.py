@@ -15,9 +15,10 @@ same policy on the same env. Names do not prove that (two functions called
   env's randomizer; a host-stepped env's name, observation leaves and action
   space (what every kind of lanes sees alike; not its constructor arguments).
 
-``record_check`` is a checksum over one episode's fields and the run's
-identity: a record edited by hand, or moved to another run's file, fails it.
-It protects against accidents, not against a forger (who can recompute it).
+An episode record's checksum over its fields and this identity
+(``jaxmesh.results.checksum.record_check``): a record edited by hand, or moved
+to another run's file, fails it. It protects against accidents, not against a
+forger (who can recompute it).
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ from typing import Any
 
 import jax
 import numpy as np
-
-# The records' checksum lives with the results; a run's identity feeds it.
-from jaxmesh.results.checksum import identity_text, record_check
 
 # The budget index of each episode of a run (a resumed run runs some of them) --
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
@@ -212,6 +210,4 @@ __all__ = [
     "params_digest",
     "evaluating",
     "run_identity",
-    "identity_text",
-    "record_check",
 ]

@@ -23,7 +23,7 @@ env), ``horizon``, ``prefetch_lead``, ``max_episode_seconds``, the metrics and
 one) is refused: nothing shows its episodes came from this policy and env.
 
 Every episode record read from a file carries a checksum over its fields and
-the run's fingerprint (``identity.record_check``): a record that fails it, or
+the run's fingerprint (``results.checksum.record_check``): a record that fails it, or
 two records of one episode that disagree, is refused naming the file line and
 the episode; two records that are the same count once. This catches accidents
 and edits by hand, not a forger (who can recompute the checksum).
@@ -42,6 +42,7 @@ import numpy as np
 
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.execution import Ensemble
+from jaxmesh.results.checksum import identity_text, record_check
 from jaxmesh.results.result import SUCCESS_KINDS, RunResult, flags_array, headline
 from jaxmesh.run import checks, identity
 
@@ -530,7 +531,7 @@ class EpisodeLog:
         self.path = os.fspath(path)
         self.fp = fingerprint(max_episode_steps, params, digest=params is not None)
         self._file: Any = None
-        self._identity = identity.identity_text(self.fp)
+        self._identity = identity_text(self.fp)
         #: The episode indices this log wrote (in this process).
         self.written: set[int] = set()
 
@@ -549,12 +550,12 @@ class EpisodeLog:
     def on_run_start(self, info: dict) -> None:
         run_info = {k: info.get(k) for k in _RUN_KEYS}
         fp = {**self.fp, **(info.get("fingerprint") or {})}
-        self._identity = identity.identity_text(fp)
+        self._identity = identity_text(fp)
         self._write({LOG_KEY: 1, "run": run_info, "fingerprint": fp})
 
     def on_episode_end(self, ep: Any) -> None:
         d = ep.to_dict()
-        d["check"] = identity.record_check(d, self._identity)
+        d["check"] = record_check(d, self._identity)
         self._write({"episode": d})
         self.written.add(int(ep.index))
 
@@ -649,12 +650,12 @@ def load_episode_log(path: Any) -> RunResult:
                     "holds one run and its resumptions: split the file",
                 )
             runs.append(rec)
-            run_identity = identity.identity_text(fp)
+            run_identity = identity_text(fp)
             checked = "policy" in fp and "env" in fp
         elif "episode" in rec and runs:
             ep = rec["episode"]
             index = int(ep["index"])
-            if checked and ep.get("check") != identity.record_check(ep, run_identity):
+            if checked and ep.get("check") != record_check(ep, run_identity):
                 what = "has no checksum" if "check" not in ep else "fails its checksum"
                 raise _log_error(
                     path,
