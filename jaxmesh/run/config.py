@@ -235,7 +235,10 @@ class Served:
 
     def options(self) -> backend.ServedOptions:
         """The options as the served backend reads them."""
-        return backend.ServedOptions(**dataclasses.asdict(self))
+        # getattr, not dataclasses.asdict: credentials cannot be deep-copied.
+        return backend.ServedOptions(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        )
 
 
 @dataclasses.dataclass(frozen=True)
