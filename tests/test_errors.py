@@ -60,7 +60,7 @@ def test_bad_settings(no_compile, kwargs, exc, match):
 def test_unknown_env_ids(no_compile):
     with pytest.raises(ValueError, match="unknown gymnax env 'NoSuchEnv-v0'"):
         jaxmesh.evaluate(good, "gymnax:NoSuchEnv-v0")
-    with pytest.raises(ValueError, match="PREFIX:NAME"):
+    with pytest.raises(ValueError, match="unknown env prefix 'mujoco'.*gymnax:<id>"):
         jaxmesh.evaluate(good, "mujoco:Ant")
     with pytest.raises(ValueError, match="unknown brax env 'nope'"):
         jaxmesh.evaluate(good, "brax:nope")

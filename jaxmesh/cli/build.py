@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from jaxmesh.cli.checks import execution_of, is_gymnasium_id, is_served
-from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.cli.tls import channel_credentials
 from jaxmesh.envs import make_env
 from jaxmesh.model import Model, resolve_class
@@ -149,7 +149,10 @@ def run_config(config: dict[str, Any]) -> RunConfig:
         settings["reply_timeout"] = _reply_timeout(settings["reply_timeout"])
     if config.get("tls_ca") is not None:
         settings["credentials"] = channel_credentials(config["tls_ca"])
-    return RunConfig().replace(**settings)
+    try:
+        return RunConfig().replace(**settings)
+    except (ValueError, TypeError) as e:  # a refusal, before anything is built
+        raise ConfigError(refused(config, e)) from e
 
 
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, Any]]:
