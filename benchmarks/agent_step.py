@@ -53,9 +53,9 @@ from jaxmesh.core import tiles
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.run import checks
-from jaxmesh.run import host as run_host
-from jaxmesh.run import host_agent as run_agent
-from jaxmesh.run.loop import HostLoop
+from jaxmesh.run.host import agent_step as run_agent
+from jaxmesh.run.host import driver as run_host
+from jaxmesh.run.host.loop import HostLoop
 
 
 def init_params(seed: int) -> dict[str, np.ndarray]:

@@ -32,8 +32,8 @@ _NAMES = {
     "Ensemble": "jaxmesh.execution",
     "sweep": "jaxmesh.sweep",
     "Sweep": "jaxmesh.sweep",
-    "make_evaluator": "jaxmesh.run.pure",
-    "shard_population": "jaxmesh.run.sharded",
+    "make_evaluator": "jaxmesh.run.scan.pure",
+    "shard_population": "jaxmesh.run.scan.sharded",
     "Results": "jaxmesh.core.tally",
     "Evaluator": "jaxmesh.run.scan",
     "cache_info": "jaxmesh.run.scan",
@@ -43,8 +43,8 @@ _NAMES = {
     "EnvError": "jaxmesh.errors",
     "RemoteEnvError": "jaxmesh.errors",
     "RemoteConnectionError": "jaxmesh.errors",
-    "make_agent": "jaxmesh.run.host_agent",
-    "Agent": "jaxmesh.run.host_agent",
+    "make_agent": "jaxmesh.run.host.agent_step",
+    "Agent": "jaxmesh.run.host.agent_step",
     "Model": "jaxmesh.model",
     "EpisodeResult": "jaxmesh.results.result",
     "EpisodeLog": "jaxmesh.run.resume",
@@ -102,12 +102,12 @@ if TYPE_CHECKING:
     from jaxmesh.results.stats import Comparison
     from jaxmesh.results.video import render
     from jaxmesh.run.config import Chunking, Layout, RunConfig, Scoring, Served, Starts
-    from jaxmesh.run.host_agent import Agent, make_agent
-    from jaxmesh.run.pure import make_evaluator
+    from jaxmesh.run.host.agent_step import Agent, make_agent
     from jaxmesh.run.resume import EpisodeLog, load_episode_log
     from jaxmesh.run.scan import Evaluator, cache_info, clear_cache
+    from jaxmesh.run.scan.pure import make_evaluator
+    from jaxmesh.run.scan.sharded import shard_population
     from jaxmesh.run.seed_check import SeedReport, check_seeds
-    from jaxmesh.run.sharded import shard_population
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep
 

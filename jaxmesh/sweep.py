@@ -13,7 +13,7 @@ the cursor, the delayed plan and the actions it plays read the lane's h and d;
 the buffers are sized for the largest). On a JAX env that program is the scan;
 on a host-stepped or served env it is the host loop's agent step, one run over
 the cells' episodes, the loop pacing each lane by its cell
-(``jaxmesh.run.loop.HostLoop.lane_setting``: the replays it takes without an
+(``jaxmesh.run.host.loop.HostLoop.lane_setting``: the replays it takes without an
 agent step, a served env's segments). Each cell's episodes are bit for bit
 those of ``jaxmesh.evaluate`` with that horizon and delay and the same
 ``plan_tile`` (``cell.plan_tile``: one tile serves every cell). A policy that
@@ -563,7 +563,7 @@ def _host_spec(env: Any, served: Any) -> Any:
     if served is None:
         lanes = gym_lanes.make_lanes(env, 1, 1)
     else:
-        from jaxmesh.run.served import ServedLanes
+        from jaxmesh.run.host.served import ServedLanes
 
         lanes = ServedLanes(
             [env] if isinstance(env, str) else list(env),

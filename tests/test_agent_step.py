@@ -14,7 +14,7 @@ import pytest
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import make_env
 from jaxmesh.run import checks
-from jaxmesh.run import host_agent as run_agent
+from jaxmesh.run.host import agent_step as run_agent
 
 SHAPES_AND_DTYPES = [
     ((3,), np.bool_),

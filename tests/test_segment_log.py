@@ -13,7 +13,7 @@ from conftest import compiles
 from reference_loop import schedule
 
 import jaxmesh
-from jaxmesh.run import placement
+from jaxmesh.run.scan import placement
 
 LANES = 4
 

@@ -530,7 +530,7 @@ def test_a_reply_over_the_message_cap_names_size_limit_and_fix():
 def test_default_lane_groups_split_many_lanes_and_change_no_result():
     """From 8 lanes on a run takes two groups by default, with the tile of all
     its lanes: the same returns bit for bit as one group, float actions too."""
-    from jaxmesh.run.served import default_lane_groups
+    from jaxmesh.run.host.served import default_lane_groups
 
     assert [default_lane_groups(n) for n in (1, 7, 8, 64)] == [1, 1, 2, 2]
     k1, k2 = jax.random.split(jax.random.PRNGKey(1))

@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 import jaxmesh
 from jaxmesh.core.tally import Fault, Results
 from jaxmesh.devices import resolve_mesh
-from jaxmesh.run import sharded
+from jaxmesh.run.scan import sharded
 
 TESTS = Path(__file__).resolve().parent
 

@@ -134,7 +134,7 @@ def test_workers_give_the_in_process_bits_on_a_mujoco_env(spare_core, monkeypatc
     # With a core to spare the workers' lanes are paced as groups (GroupedRun),
     # else in lockstep (LocalRun): both give the in-process bits.
     from jaxmesh.envs.gymnasium import workers as pool
-    from jaxmesh.run import loop
+    from jaxmesh.run.host import loop
 
     monkeypatch.setattr(pool, "cores", lambda: 4 if spare_core else 2)
     ran = []

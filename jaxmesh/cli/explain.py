@@ -49,7 +49,7 @@ def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, in
     """
     try:
         if is_served(env):
-            from jaxmesh.run.served import ServedLanes  # the [remote] extra: gRPC
+            from jaxmesh.run.host.served import ServedLanes  # the [remote] extra: gRPC
 
             addresses = [env] if isinstance(env, str) else list(env)
             served = run_config(config).served or Served()

@@ -5,8 +5,8 @@ action to play (c = h: the chunk is exhausted). A plan is due when the chunk
 is exhausted; under a prefetch lead L (a delay d is planned as a lead of d)
 the next chunk is also planned when c = h - L, and takes over once the
 playing one is exhausted. The jitted agent step (``jaxmesh.core.agent``), the
-host loop's replays without an agent step (``jaxmesh.run.loop``) and a served
-env's segments of known actions (``jaxmesh.run.served``) all ask these
+host loop's replays without an agent step (``jaxmesh.run.host.loop``) and a served
+env's segments of known actions (``jaxmesh.run.host.served``) all ask these
 functions, so the three cannot drift apart.
 
 Each function takes numpy or ``jax.numpy`` arrays (or ints) and builds its

@@ -3,7 +3,7 @@
 Which lane takes the next episode, the step cap, the bad values that stop a
 run, how an info key is reduced over an episode, and the key an episode starts
 from: the scan engine (``jaxmesh.core.engine``, jax.numpy under jit) and the
-host loops (``jaxmesh.run.host`` and ``jaxmesh.run.served``, numpy) call the
+host loops (``jaxmesh.run.host`` and ``jaxmesh.run.host.served``, numpy) call the
 same functions, so the two paths cannot drift apart.
 
 Every function is pure and takes the array namespace first (``xp``: numpy or

@@ -4,7 +4,7 @@
 from numpy arrays (lane resets with their seeds and options, one run of known
 actions per lane, lanes to release), numbers the calls, decodes each reply into
 a ``codec.ResultBatch`` and checks that the reply answers the call it should
-(the server answers in order). The host loop (``jaxmesh.run.served``) and
+(the server answers in order). The host loop (``jaxmesh.run.host.served``) and
 ``RemoteEnv`` / ``RemoteVectorEnv`` drive servers through it and never build a
 message themselves; the host loop owns the episodes' accounting, the session
 knows nothing of episodes.

@@ -3,7 +3,7 @@
 Three backends run ``jaxmesh.evaluate``: the scan over a JAX env
 (``jaxmesh.run.scan``), the host loop over gymnasium envs stepped in this
 process, and the same loop over served envs (``"grpc://host:port"``,
-``jaxmesh.run.served``). ``backend_of`` tells them apart; ``jaxmesh.evaluate``
+``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``jaxmesh.evaluate``
 and the command line (``jaxmesh.cli``) both ask it, and nothing else tests an
 env's kind. The served-only options travel as one ``ServedOptions``, checked
 once by ``check_served_options``: their values for a served env, and one set
@@ -59,7 +59,7 @@ def positive_seconds(value: Any, name: str, hint: str) -> float | None:
 
 #: ``reply_timeout``'s default: over several servers, a server that owes a
 #: reply and sends none for ``AUTO_FACTOR`` times the slowest reply of the run
-#: (at least ``AUTO_FLOOR_SECONDS``) is dropped (``jaxmesh.run.served``); with
+#: (at least ``AUTO_FLOOR_SECONDS``) is dropped (``jaxmesh.run.host.served``); with
 #: one server, no limit.
 AUTO = "auto"
 AUTO_FACTOR = 10.0

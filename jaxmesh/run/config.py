@@ -206,7 +206,7 @@ class Served:
         one server, no limit. None: as long as the env takes.
       lane_groups: lanes in this many groups, so that the device plans for
         one group while the servers step another; None: the default
-        (``jaxmesh.run.served.default_lane_groups``).
+        (``jaxmesh.run.host.served.default_lane_groups``).
       on_server_loss: over several servers: ``"rerun"`` (None, the default):
         a server that dies or stops answering is dropped and the episodes it
         had not finished run again, from their seeds, on the other servers'

@@ -1,4 +1,4 @@
-"""The host loop (``jaxmesh.run.loop``) on fake lanes and a fake agent, in numpy.
+"""The host loop (``jaxmesh.run.host.loop``) on fake lanes and a fake agent, in numpy.
 
 No gymnasium env, no policy program, nothing compiled: ``Lanes`` below is a
 host-stepped env whose episode of seed s lasts s steps and pays each executed
@@ -19,7 +19,8 @@ import pytest
 import jaxmesh
 from jaxmesh.core import tally
 from jaxmesh.errors import WorkerError
-from jaxmesh.run import loop, stream
+from jaxmesh.run import stream
+from jaxmesh.run.host import loop
 
 
 class Layout:

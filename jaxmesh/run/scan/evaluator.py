@@ -2,7 +2,7 @@
 
 ``jaxmesh.evaluate`` (``jaxmesh.api``) picks this backend for a JAX env and
 calls ``run``. An ``Evaluator`` owns one (policy, env, ``RunConfig``), a
-placement (one device or a mesh of devices, ``jaxmesh.run.placement``) and the
+placement (one device or a mesh of devices, ``jaxmesh.run.scan.placement``) and the
 programs compiled for it, keyed on everything that changes the program: the
 params' shapes (and the rows of a segment's episode log, set by the lanes:
 never the budget). Each run's sizes are planned once (``jaxmesh.run.plan``).
@@ -35,12 +35,12 @@ from jaxmesh.run import (
     identity,
     initial,
     instructions,
-    placement,
     stream,
 )
 from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.run.kept import Kept
 from jaxmesh.run.plan import RunPlan, plan_run
+from jaxmesh.run.scan import placement
 from jaxmesh.trace import span
 
 TRIAL_HINT = (
@@ -63,7 +63,7 @@ class Evaluator:
     budget, and new params of the same shapes, reuse the program.
 
     Where the lanes run is the evaluator's placement (``self.placement``,
-    ``jaxmesh.run.placement``): one device, or with ``devices=`` a mesh of
+    ``jaxmesh.run.scan.placement``): one device, or with ``devices=`` a mesh of
     devices; the loop is the same for both.
 
     Args:

@@ -10,7 +10,7 @@ lanes, never by the budget).
 - ``SingleDevice``: the engine's own ``run_segment`` on the policy's device (or
   JAX's default).
 - ``DeviceMesh``: the same engine on every device of a one-axis mesh
-  (``jaxmesh.run.sharded``: a static split, each device runs every D-th
+  (``jaxmesh.run.scan.sharded``: a static split, each device runs every D-th
   episode on N / D lanes of its own, with the N-lane plan tile), also over
   several processes under ``jax.distributed``.
 
@@ -28,7 +28,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxmesh.core.tally import Results, log_capacity
 from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
-from jaxmesh.run import build, sharded
+from jaxmesh.run import build
+from jaxmesh.run.scan import sharded
 
 #: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
 #: 2 compiles the segment about a fifth faster (most of it is the unrolled
@@ -143,7 +144,7 @@ class SingleDevice:
 
 
 class DeviceMesh:
-    """Lanes split over the devices of a one-axis mesh (``jaxmesh.run.sharded``).
+    """Lanes split over the devices of a one-axis mesh (``jaxmesh.run.scan.sharded``).
 
     Device d of D runs episodes d, d + D, ... on ``num_envs / D`` lanes of its
     own; every device's program is the one-device engine with the N-lane plan

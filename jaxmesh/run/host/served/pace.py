@@ -21,12 +21,12 @@ import numpy as np
 
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.remote import codec
-from jaxmesh.run.loop import HostLoop
-from jaxmesh.run.served.calls import _Calls
-from jaxmesh.run.served.loss import _Loss
-from jaxmesh.run.served.pool import ServedLanes
-from jaxmesh.run.served.replies import _present, _Replies
-from jaxmesh.run.served.segments import _Segments
+from jaxmesh.run.host.loop import HostLoop
+from jaxmesh.run.host.served.calls import _Calls
+from jaxmesh.run.host.served.loss import _Loss
+from jaxmesh.run.host.served.pool import ServedLanes
+from jaxmesh.run.host.served.replies import _present, _Replies
+from jaxmesh.run.host.served.segments import _Segments
 
 
 def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:

@@ -53,8 +53,12 @@ calls), ``replies.py`` (taking and filing replies), ``segments.py`` (segment
 planning) and ``loss.py`` (losing and rejoining servers).
 """
 
-from jaxmesh.run.served.pace import needs_every_observation, run_class, wire_leaves
-from jaxmesh.run.served.pool import GROUPS_FROM_LANES, ServedLanes, default_lane_groups
+from jaxmesh.run.host.served.pace import needs_every_observation, run_class, wire_leaves
+from jaxmesh.run.host.served.pool import (
+    GROUPS_FROM_LANES,
+    ServedLanes,
+    default_lane_groups,
+)
 
 __all__ = [
     "ServedLanes",

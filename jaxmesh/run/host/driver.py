@@ -46,11 +46,11 @@ from jaxmesh.results.record import (
 )
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import build, checks, identity, instructions, stream
-from jaxmesh.run import host_agent as run_agent
 from jaxmesh.run.backend import ServedOptions
 from jaxmesh.run.config import RunConfig
+from jaxmesh.run.host import agent_step as run_agent
+from jaxmesh.run.host.loop import GroupedRun, LocalRun
 from jaxmesh.run.kept import Kept
-from jaxmesh.run.loop import GroupedRun, LocalRun
 from jaxmesh.run.telemetry import Telemetry
 
 # Episode metrics from gymnasium infos ----------------------------------------------
@@ -578,7 +578,7 @@ def evaluate(
         ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``
         (``min(num_envs, episodes)`` envs made with ``gymnasium.make`` and
         closed at the end); or served envs: ``"grpc://host:port"`` or a list of
-        such addresses (``jaxmesh.run.served``).
+        such addresses (``jaxmesh.run.host.served``).
       config: the checked ``RunConfig``. ``num_envs`` is at most this many
         lanes: a list or VectorEnv gives at most its own count (so the default
         64 means all of them); ``max_episode_steps`` caps an episode's length
@@ -593,7 +593,7 @@ def evaluate(
         ``Starts.instruction`` a ``Text(info_key=...)`` input reads each
         episode's instruction from its reset info.
       served: for served envs, their checked ``backend.ServedOptions`` (lane
-        groups in ``jaxmesh.run.served``); None for envs stepped in this
+        groups in ``jaxmesh.run.host.served``); None for envs stepped in this
         process.
       record: a ``jaxmesh.Record``: its episodes are recorded on the host
         (``HostRecorder``); in process, with ``env.render()`` frames when the
@@ -641,7 +641,7 @@ def evaluate(
         from jaxmesh.remote.address import require_grpc
 
         require_grpc()
-        from jaxmesh.run.served import ServedLanes
+        from jaxmesh.run.host.served import ServedLanes
 
         addresses = [env] if isinstance(env, str) else list(env)
         lanes = ServedLanes(
@@ -841,7 +841,7 @@ def _run(
             elif isinstance(lanes, gym_lanes.LocalLanes):
                 run_cls = LocalRun
             else:
-                from jaxmesh.run.served import run_class
+                from jaxmesh.run.host.served import run_class
 
                 run_cls = run_class(program, lanes, recorder)
             run = run_cls(

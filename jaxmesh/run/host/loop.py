@@ -17,7 +17,7 @@ does per step, written once for both kinds of lanes:
 
 How lanes are paced is the transport's: ``LocalRun`` (below) steps every lane
 of this process once per iteration, in the scan engine's order; served lanes
-(``jaxmesh.run.served``) move at their own pace over the wire, with chunks sent
+(``jaxmesh.run.host.served``) move at their own pace over the wire, with chunks sent
 ahead as segments that the server replays. Both call the methods here for every
 episode and step rule.
 """
