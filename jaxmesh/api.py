@@ -161,32 +161,18 @@ def evaluate(
 
 
 def run_one(
-    policy: Any,
-    env: Any,
-    config: RunConfig,
-    *,
-    episodes: int | None,
-    seeds: Sequence[int] | None,
-    params: Any,
-    hooks: Any,
-    record: Any,
-    trace: Any,
-    resume: Any,
+    policy: Any, env: Any, config: RunConfig, *, trace: Any, resume: Any, **call: Any
 ) -> RunResult:
-    """One run of one env: resumed, traced and fingerprinted (step 3)."""
+    """One run of one env: resumed, traced and fingerprinted (step 3).
+
+    ``call``: the budget (``episodes``, ``seeds``), ``params``, ``hooks`` and
+    ``record``, as ``evaluate`` takes them."""
     if isinstance(resume, suite.SuiteResult):
         raise TypeError(
             "resume= is a SuiteResult, but env is not a Suite: resume a suite "
             "with the same Suite, or a single run with its RunResult"
         )
     path = check_trace_path(trace)
-    call = {
-        "episodes": episodes,
-        "seeds": seeds,
-        "params": params,
-        "hooks": hooks,
-        "record": record,
-    }
     named = {"policy": policy, "env": env}
     with tracing(path, _trace_settings(named, config, call) if path else None):
         if resume is not None:
@@ -194,18 +180,9 @@ def run_one(
         return resume_mod.fingerprinted(run_backend, policy, env, config, call)
 
 
-def run_backend(
-    policy: Any,
-    env: Any,
-    config: RunConfig,
-    *,
-    episodes: int | None,
-    seeds: Sequence[int] | None,
-    params: Any,
-    hooks: Any,
-    record: Any,
-) -> RunResult:
-    """The backend, picked once, runs the budget (step 4).
+def run_backend(policy: Any, env: Any, config: RunConfig, **call: Any) -> RunResult:
+    """The backend, picked once, runs the budget (step 4); ``call`` as for
+    ``run_one``.
 
     Raises:
       ValueError, TypeError: a setting the env's backend does not take.
@@ -213,27 +190,8 @@ def run_backend(
     kind = backend.backend_of(env)
     served = config.for_backend(kind, env)
     if kind == backend.SCAN:
-        return scan.run(
-            policy,
-            env,
-            config,
-            episodes=episodes,
-            seeds=seeds,
-            params=params,
-            hooks=hooks,
-            record=record,
-        )
-    return host.evaluate(
-        policy,
-        env,
-        config,
-        served=served,
-        episodes=episodes,
-        seeds=seeds,
-        params=params,
-        hooks=hooks,
-        record=record,
-    )
+        return scan.run(policy, env, config, **call)
+    return host.evaluate(policy, env, config, served=served, **call)
 
 
 def with_env_config(env: Any, env_config: Any) -> Any:
