@@ -4,6 +4,7 @@ built or run)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -30,6 +31,20 @@ def doc_blocks() -> list[tuple[str, str]]:
 
 
 DOC_BLOCKS = doc_blocks()
+
+
+@pytest.fixture(autouse=True)
+def _gl_unchanged(monkeypatch):
+    """Making a LIBERO suite picks a headless OpenGL for this process
+    (``MUJOCO_GL``, ``PYOPENGL_PLATFORM``); it stays this test's: a later
+    test's worker processes import MuJoCo with the machine's own setting."""
+    for name in ("MUJOCO_GL", "PYOPENGL_PLATFORM"):
+        # setenv records the value to restore at the end (or that there was
+        # none); delenv alone records nothing for an unset variable.
+        was = os.environ.get(name)
+        monkeypatch.setenv(name, "" if was is None else was)
+        if was is None:
+            monkeypatch.delenv(name)
 
 
 def check(config: dict) -> None:

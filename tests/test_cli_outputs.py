@@ -420,6 +420,7 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
 
 # Ctrl-C --------------------------------------------------------------------------
 SLOW_ENV = '''
+import os
 import time
 
 import gymnasium as gym
@@ -427,10 +428,11 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
 class SlowCartPole(CartPoleEnv):
-    """CartPole whose steps take 20 ms: a run long enough to interrupt."""
+    """CartPole whose steps take SLOWCART_SECONDS (default 20 ms): a run long
+    enough to interrupt, and a resumed run in the test's process at full speed."""
 
     def step(self, action):
-        time.sleep(0.02)
+        time.sleep(float(os.environ.get("SLOWCART_SECONDS", "0.02")))
         return super().step(action)
 
 
@@ -443,13 +445,16 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
 ):
     (tmp_path / "slowcart.py").write_text(SLOW_ENV)
     config = write_config(
-        tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", episodes=12
+        tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", episodes=24
     )
     log = tmp_path / "out" / "r.episodes.jsonl"
     env = {
         **os.environ,
         CACHE_SWITCH_ENV: "0",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
+        # Slow enough that the run cannot end before the signal, however busy
+        # the machine; the resumed run below, in this process, is not slowed.
+        "SLOWCART_SECONDS": "0.05",
     }
     argv = ["eval", str(config), "--no-progress", "--set", "num_envs=1"]
     proc = subprocess.Popen(
@@ -480,10 +485,11 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
     want = f"jaxmesh eval {config} --set num_envs=1 --resume {log}"
     assert command == want
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOWCART_SECONDS", "0")
     assert main(shlex.split(command)[1:] + ["--no-progress"]) == 0
     capsys.readouterr()
     episodes = json.loads((tmp_path / "out" / "r.json").read_text())["episodes"]
-    assert returns_lengths(episodes) == tilt_episodes(range(12))
+    assert returns_lengths(episodes) == tilt_episodes(range(24))
 
 
 def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
@@ -498,6 +504,9 @@ def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
         **os.environ,
         CACHE_SWITCH_ENV: "0",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
+        # Slow enough that the run cannot end before the signal, however busy
+        # the machine; the resumed run below, in this process, is not slowed.
+        "SLOWCART_SECONDS": "0.05",
     }
     argv = ["sweep", str(config), "--set", "num_envs=1"]
     proc = subprocess.Popen(
@@ -530,6 +539,7 @@ def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
         range(4), 2, 0
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOWCART_SECONDS", "0")
     assert main(shlex.split(command)[1:]) == 0
     capsys.readouterr()
     cells = json.loads((tmp_path / "out" / "r.sweep.json").read_text())["cells"]
