@@ -1,7 +1,7 @@
 # ruff: noqa: E402 - OPENBLAS_NUM_THREADS must be set before numpy loads
 """Served and host-stepped gymnasium envs: jaxmesh against RLMesh and the limit.
 
-The benchmarks of issue 7, each a set of ratios measured side by side in one
+The served-env benchmarks, each a set of ratios measured side by side in one
 run (interleaved repeats, medians, every contender warmed up first):
 
 1. ``peer``: N = 64 (and 1) served gymnasium CartPole-v1 lanes, 500-step
