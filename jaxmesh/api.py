@@ -5,10 +5,12 @@ Every run starts here, in four steps a reader can follow in this file:
 1. the configuration is built and checked once (``jaxmesh.RunConfig``; the
    keywords of earlier releases are filed under their groups with a
    ``DeprecationWarning``);
-2. a ``jaxmesh.Suite`` runs each task through steps 3-4 (``jaxmesh.suite``);
-3. ``resume=`` runs only the episodes an earlier result lacks, a ``trace=``
-   writes the run's timeline, and every result records its fingerprint
-   (``jaxmesh.run.resume``);
+2. a ``jaxmesh.Suite`` is planned as runs (``jaxmesh.suite.SuitePlan``),
+   each made by steps 3-4 (``run_suite``);
+3. ``resume=`` works out the episodes an earlier result lacks, runs them and
+   merges them in (``jaxmesh.run.resume.Resumption``), a ``trace=`` writes
+   the run's timeline, and every result records its fingerprint
+   (``run_one``);
 4. the backend is picked once (``jaxmesh.run.backend.backend_of``) and runs
    the budget: the jitted scan for a JAX env (``jaxmesh.run.scan``), the host
    loop for gymnasium envs in this process, in worker processes or served
@@ -156,8 +158,25 @@ def evaluate(
                 "env_config= with a Suite: give each task's env its options "
                 "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
             )
-        return suite.run_suite(run_one, policy, env, config, **call)
+        return run_suite(policy, env, config, **call)
     return run_one(policy, with_env_config(env, env_config), config, **call)
+
+
+def run_suite(
+    policy: Any, the_suite: suite.Suite, config: RunConfig, **call: Any
+) -> suite.SuiteResult:
+    """Every task of a suite (step 2): the suite's plan groups its tasks into
+    runs, each made by ``run_one``; a failure's ``partial_result`` keeps the
+    tasks finished before it (``jaxmesh.suite.SuitePlan``)."""
+    plan = suite.SuitePlan(the_suite, config, call)
+    for run in plan.runs:
+        try:
+            result = run_one(policy, run.env(), run.config, **run.call)
+        except BaseException as exc:
+            plan.failed(run, exc)
+            raise
+        plan.finished(run, result)
+    return plan.result()
 
 
 def run_one(
@@ -173,11 +192,21 @@ def run_one(
             "with the same Suite, or a single run with its RunResult"
         )
     path = check_trace_path(trace)
-    named = {"policy": policy, "env": env}
-    with tracing(path, _trace_settings(named, config, call) if path else None):
-        if resume is not None:
-            return resume_mod.run(run_backend, policy, env, config, call, resume)
-        return resume_mod.fingerprinted(run_backend, policy, env, config, call)
+    settings = _trace_settings(policy, env, config, call) if path else None
+    with tracing(path, settings):
+        if resume is None:
+            return fingerprinted(policy, env, config, call)
+        todo = resume_mod.Resumption(resume, policy, env, config, call)
+        with todo.running():
+            new = fingerprinted(policy, env, todo.config, todo.call)
+        return todo.merged(new)
+
+
+def fingerprinted(policy: Any, env: Any, config: RunConfig, call: dict) -> RunResult:
+    """The backend's run, its result (or a failure's ``partial_result``)
+    recording its fingerprint (``jaxmesh.run.resume.fingerprinting``)."""
+    with resume_mod.fingerprinting(policy, config, call) as stamp:
+        return stamp(run_backend(policy, env, config, **call))
 
 
 def run_backend(policy: Any, env: Any, config: RunConfig, **call: Any) -> RunResult:
@@ -215,12 +244,12 @@ def with_env_config(env: Any, env_config: Any) -> Any:
     return env
 
 
-def _trace_settings(named: dict, config: RunConfig, call: dict) -> dict:
+def _trace_settings(policy: Any, env: Any, config: RunConfig, call: dict) -> dict:
     """The settings a timeline records: the policy's and env's names, the
     config's plain values and the budget (seeds counted, not listed)."""
     out = {
         k: v if isinstance(v, str) else getattr(v, "name", None) or type(v).__name__
-        for k, v in named.items()
+        for k, v in (("policy", policy), ("env", env))
     }
     out.update(config.to_dict(), episodes=call["episodes"])
     if call["seeds"] is not None:
@@ -228,4 +257,11 @@ def _trace_settings(named: dict, config: RunConfig, call: dict) -> dict:
     return out
 
 
-__all__ = ["evaluate", "run_backend", "run_one", "with_env_config"]
+__all__ = [
+    "evaluate",
+    "fingerprinted",
+    "run_backend",
+    "run_one",
+    "run_suite",
+    "with_env_config",
+]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ from jaxmesh.run.config import RunConfig
 
 __all__ = [
     "Suite",
+    "SuitePlan",
     "SuiteComparison",
     "SuiteResult",
     "Task",
+    "TaskRun",
     "compare",
     "compare_suites",
     "make_suite",
@@ -233,99 +235,138 @@ def _trace_path(trace: Any, name: str) -> Any:
     return path.with_name(f"{path.stem}.{name}{path.suffix}")
 
 
-#: ``evaluate`` keywords a suite sets per task, not the caller.
-def run_suite(
-    run: Callable[..., RunResult],
-    policy: Any,
-    suite: Suite,
-    config: RunConfig,
-    **call: Any,
-) -> SuiteResult:
-    """Runs every task of ``suite``: ``run(policy, env, config, **call)`` per
-    task (``jaxmesh.api.run_one``; see ``Suite``).
+@dataclasses.dataclass
+class TaskRun:
+    """One run of a suite's plan: one task, or several same-shaped gymnax
+    tasks in one program (``names``), with the config and ``evaluate``
+    arguments (``call``) it runs under. ``env()`` gives its env, made when
+    the run starts."""
 
-    The config's ``Starts.instruction`` and ``Starts.trial_index_base`` apply
-    to the tasks that do not set their own; ``trace=`` writes one file per task
+    names: list[str]
+    config: RunConfig
+    call: dict[str, Any]
+    task: Task | None = None  # a task run alone
+    batch: Any = None  # several tasks: their GymnaxTasks
+    envs: list | None = None  # several tasks: each task's GymnaxEnv
+
+    def env(self) -> Any:
+        return self.batch if self.task is None else _env_of(self.task)
+
+
+class SuitePlan:
+    """``evaluate(policy, suite, ...)`` as runs the caller makes one by one.
+
+    The constructor checks every task's budget before any task runs and
+    groups the tasks into ``runs`` (``TaskRun``). The config's
+    ``Starts.instruction`` and ``Starts.trial_index_base`` apply to the tasks
+    that do not set their own; ``trace=`` writes one file per task
     (``run.json`` -> ``run.<task>.json``); ``resume=`` takes an earlier
     ``SuiteResult`` of this suite (a failure's ``partial_result``): finished
     tasks run nothing, the others run only the episodes they lack. Hooks get
     every task's ``on_run_start`` ... ``on_run_end``, then
     ``on_task_end(name, RunResult)`` once the task is done.
 
+    Example (``jaxmesh.api`` makes each run with ``run_one``)::
+
+      plan = SuitePlan(suite, config, call)
+      for run in plan.runs:
+          try:
+              result = run_one(policy, run.env(), run.config, **run.call)
+          except BaseException as exc:
+              plan.failed(run, exc)
+              raise
+          plan.finished(run, result)
+      return plan.result()
+
     Raises:
-      Whatever a task's run raises; its ``partial_result`` is then a
-      ``SuiteResult`` of the tasks finished so far plus that task's partial
-      result, so nothing finished is lost.
+      ValueError, TypeError: a bad ``resume=`` or a task's bad budget.
     """
-    resume = call.pop("resume", None)
-    if resume is not None and not isinstance(resume, SuiteResult):
-        raise TypeError(
-            f"resume={type(resume).__name__}: a suite resumes from the SuiteResult "
-            "of an earlier run of the same suite (or an exception's partial_result)"
-        )
-    if resume is not None:
-        extra = sorted(set(resume.tasks) - set(suite.tasks))
-        if extra:
-            raise ValueError(
-                f"resume= holds tasks {extra} that this suite does not have "
-                f"(its tasks: {list(suite.tasks)}); resume with the same suite"
+
+    def __init__(self, suite: Suite, config: RunConfig, call: dict[str, Any]):
+        call = dict(call)
+        resume = call.pop("resume", None)
+        if resume is not None and not isinstance(resume, SuiteResult):
+            raise TypeError(
+                f"resume={type(resume).__name__}: a suite resumes from the "
+                "SuiteResult of an earlier run of the same suite (or an "
+                "exception's partial_result)"
             )
-    episodes, seeds = call.pop("episodes", None), call.pop("seeds", None)
-    instruction = config.starts.instruction
-    base = config.starts.trial_index_base
-    trace = call.pop("trace", None)
-    hooks = stream.hooks_list(call.get("hooks"))
-    start = time.perf_counter()
-    done: dict[str, RunResult] = {}
-    instructions: dict[str, str | None] = {}
-    plans: dict[str, dict[str, Any]] = {}
-    for name, task in suite.tasks.items():
-        args = dict(call, **suite.budget(name, episodes, seeds))
-        if args["episodes"] is None and args["seeds"] is None:
-            raise ValueError(
-                f"task {name!r} has no budget: give Task(episodes=...), "
-                "Suite(..., episodes=...) or evaluate(..., episodes=...)"
-            )
-        said = task.instruction if task.instruction is not None else instruction
-        instructions[name] = said
-        tib = task.trial_index_base if task.trial_index_base is not None else base
-        args["config"] = config.replace(instruction=said, trial_index_base=tib)
-        args["trace"] = _trace_path(trace, name)
-        args["resume"] = None
-        if resume is not None and name in resume.tasks:
-            args["resume"] = resume.tasks[name]
-        plans[name] = args
-    for name, args in plans.items():  # every task's budget before any task runs
-        try:
-            checks.resolve_budget(args["episodes"], args["seeds"])
-        except (ValueError, TypeError) as e:
-            raise type(e)(f"task {name!r}: {e}") from None
-    gymnax_envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
-    for group in _groups(suite, plans, gymnax_envs):
-        try:
+        if resume is not None:
+            extra = sorted(set(resume.tasks) - set(suite.tasks))
+            if extra:
+                raise ValueError(
+                    f"resume= holds tasks {extra} that this suite does not have "
+                    f"(its tasks: {list(suite.tasks)}); resume with the same suite"
+                )
+        episodes, seeds = call.pop("episodes", None), call.pop("seeds", None)
+        trace = call.pop("trace", None)
+        self.hooks = stream.hooks_list(call.get("hooks"))
+        self.instructions: dict[str, str | None] = {}
+        self.done: dict[str, RunResult] = {}
+        self.start = time.perf_counter()
+        plans: dict[str, dict[str, Any]] = {}
+        for name, task in suite.tasks.items():
+            args = dict(call, **suite.budget(name, episodes, seeds))
+            if args["episodes"] is None and args["seeds"] is None:
+                raise ValueError(
+                    f"task {name!r} has no budget: give Task(episodes=...), "
+                    "Suite(..., episodes=...) or evaluate(..., episodes=...)"
+                )
+            try:
+                checks.resolve_budget(args["episodes"], args["seeds"])
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"task {name!r}: {e}") from None
+            said, tib = task.instruction, task.trial_index_base
+            said = config.starts.instruction if said is None else said
+            tib = config.starts.trial_index_base if tib is None else tib
+            self.instructions[name] = said
+            args["config"] = config.replace(instruction=said, trial_index_base=tib)
+            args["trace"] = _trace_path(trace, name)
+            args["resume"] = None
+            if resume is not None and name in resume.tasks:
+                args["resume"] = resume.tasks[name]
+            plans[name] = args
+        self.plans = plans
+        gymnax_envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
+        self.runs = []
+        for group in _groups(suite, plans, gymnax_envs):
             if len(group) > 1:
-                envs = [gymnax_envs[n] for n in group]
-                got = _run_together(run, policy, envs, group, plans)
+                self.runs.append(_together(group, plans, gymnax_envs))
             else:
-                name = group[0]
-                env = _env_of(suite.tasks[name])
-                got = {name: run(policy, env, **plans[name])}
-        except BaseException as exc:
-            partial = getattr(exc, "partial_result", None)
-            kept = dict(done)
-            if isinstance(partial, RunResult):
-                if len(group) > 1:
-                    kept.update(_split(partial, group, plans))
-                else:
-                    kept[group[0]] = partial
-            exc.partial_result = SuiteResult(
-                kept, instructions, time.perf_counter() - start
-            )
-            raise
-        for name, result in got.items():
-            done[name] = result
-            stream.call(hooks, "on_task_end", name, result)
-    return SuiteResult(done, instructions, time.perf_counter() - start)
+                args = dict(plans[group[0]])
+                task = suite.tasks[group[0]]
+                self.runs.append(TaskRun(group, args.pop("config"), args, task=task))
+
+    def finished(self, run: TaskRun, result: RunResult) -> None:
+        """``run`` made ``result``: each of its tasks is done (its hooks'
+        ``on_task_end``)."""
+        got = self._per_task(run, result)
+        for name, one in got.items():
+            self.done[name] = one
+            stream.call(self.hooks, "on_task_end", name, one)
+
+    def failed(self, run: TaskRun, exc: BaseException) -> None:
+        """``run`` raised ``exc``: its ``partial_result`` becomes a
+        ``SuiteResult`` of the tasks finished so far plus that run's partial
+        result, so nothing finished is lost."""
+        partial = getattr(exc, "partial_result", None)
+        kept = dict(self.done)
+        if isinstance(partial, RunResult):
+            kept.update(self._per_task(run, partial))
+        exc.partial_result = SuiteResult(
+            kept, self.instructions, time.perf_counter() - self.start
+        )
+
+    def result(self) -> SuiteResult:
+        """The suite's result once every run has finished."""
+        return SuiteResult(
+            self.done, self.instructions, time.perf_counter() - self.start
+        )
+
+    def _per_task(self, run: TaskRun, result: RunResult) -> dict[str, RunResult]:
+        if len(run.names) == 1:
+            return {run.names[0]: result}
+        return _split(result, run.names, self.plans, run.envs)
 
 
 #: A run's arguments, and its config's ``Starts`` fields, under which a task
@@ -387,22 +428,19 @@ def _groups(
     return out
 
 
-def _run_together(
-    run: Callable[..., RunResult],
-    policy: Any,
-    envs: list,
-    group: list[str],
-    plans: dict[str, dict],
-) -> dict[str, RunResult]:
-    """Same-shaped gymnax tasks (``envs``, one per task of ``group``) in one
-    program: their episodes one after another in one budget, each reset with
-    its task's params by a ``reset_fn`` that maps the episode (its trial
-    index) to its task."""
+def _together(
+    group: list[str], plans: dict[str, dict], envs: dict[str, Any]
+) -> TaskRun:
+    """Same-shaped gymnax tasks (``group``, each with its ``GymnaxEnv`` in
+    ``envs``) as one run: their episodes one after another in one budget,
+    each reset with its task's params by a ``reset_fn`` that maps the episode
+    (its trial index) to its task."""
     import jax.numpy as jnp
 
     from jaxmesh.envs.gymnax import task_batch
 
-    batch = task_batch(envs)
+    members = [envs[n] for n in group]
+    batch = task_batch(members)
     seeds = [_seeds(plans[n]) for n in group]
     task_of = jnp.asarray(np.repeat(np.arange(len(group)), [s.size for s in seeds]))
 
@@ -411,9 +449,8 @@ def _run_together(
 
     args = dict(plans[group[0]])
     args.update(episodes=None, seeds=np.concatenate(seeds).tolist())
-    args["config"] = args["config"].replace(reset_fn=reset_fn)
-    combined = run(policy, batch, **args)
-    return _split(combined, group, plans, envs)
+    config = args.pop("config").replace(reset_fn=reset_fn)
+    return TaskRun(list(group), config, args, batch=batch, envs=members)
 
 
 def _seeds(args: dict) -> np.ndarray:
@@ -428,7 +465,7 @@ def _split(
     plans: dict[str, dict],
     envs: list | None = None,
 ) -> dict[str, RunResult]:
-    """A run of several tasks (``_run_together``) as one result per task.
+    """A run of several tasks (``_together``) as one result per task.
 
     Per-episode arrays are sliced by each task's episodes, renumbered from 0;
     env steps are the task's own; policy rows and times, shared by the

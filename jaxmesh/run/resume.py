@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -330,29 +330,37 @@ def _params_of(policy: Any, params: Any) -> Any:
     return params if params is not None else getattr(policy, "params", None)
 
 
-def fingerprinted(
-    evaluate: Callable[..., RunResult],
-    policy: Any,
-    env: Any,
-    config: RunConfig,
-    call: dict,
-) -> RunResult:
-    """``evaluate(policy, env, config, **call)``, its result (or a failure's
-    ``partial_result``) recording its ``fingerprint`` with the params'
-    digest; a failure's episode logs get the episodes they had not heard of."""
+@contextlib.contextmanager
+def fingerprinting(
+    policy: Any, config: RunConfig, call: dict
+) -> Iterator[Callable[[RunResult], RunResult]]:
+    """Within: the run being made learns the fingerprint fields only its caller
+    knows (``max_episode_steps`` as given, the params' digest). Yields
+    ``stamp``, which records them on the run's result; a failure's
+    ``partial_result`` is stamped too, and its episode logs get the episodes
+    they had not heard of.
+
+    Example::
+
+      with fingerprinting(policy, config, call) as stamp:
+          result = stamp(backend(policy, env, config, **call))
+    """
     params = _params_of(policy, call.get("params"))
     fields = fingerprint(config.max_episode_steps, params, digest=True)
+
+    def stamp(result: RunResult) -> RunResult:
+        result.fingerprint = {**fields, **(result.fingerprint or {})}
+        return result
+
     try:
         with identity.evaluating(fields):
-            result = evaluate(policy, env, config, **call)
+            yield stamp
     except BaseException as exc:
         partial = getattr(exc, "partial_result", None)
         if isinstance(partial, RunResult):
-            partial.fingerprint = {**fields, **(partial.fingerprint or {})}
+            stamp(partial)
             _flush_logs(call.get("hooks"), partial, partial.episodes)
         raise
-    result.fingerprint = {**fields, **(result.fingerprint or {})}
-    return result
 
 
 def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
@@ -406,76 +414,104 @@ def _check_complete(
     _compare(done, now)
 
 
-def run(
-    evaluate: Callable[..., RunResult],
-    policy: Any,
-    env: Any,
-    config: RunConfig,
-    call: dict,
-    done: RunResult,
-) -> RunResult:
-    """``evaluate(policy, env, config, **call)`` over the episodes ``done``
-    lacks, merged with it (each inner run ``fingerprinted``).
+class Resumption:
+    """``evaluate(..., resume=done)`` as three steps around the run it makes.
+
+    The constructor checks ``done`` against this budget and settings and works
+    out the run to make: the episodes ``done`` lacks (``missing``), with the
+    earlier run's plan tile (``config``) and the budget's indices in hooks
+    (``call``). A result that holds the whole budget makes an empty run, which
+    builds the env and probes the policy to compare their identities.
+    ``running()`` is the context that run is made in, and ``merged(new)``
+    gives the whole budget.
+
+    Example::
+
+      todo = Resumption(done, policy, env, config, call)
+      with todo.running():
+          new = backend(policy, env, todo.config, **todo.call)
+      result = todo.merged(new)
 
     Raises:
       ValueError: ``done`` is from another budget or run (before anything
         runs), or ``record=`` is given.
-      Any exception of the run, with ``partial_result`` holding ``done``'s
-        episodes and those finished now.
     """
-    if call.get("record") is not None:
-        raise ValueError(
-            "resume= with record=: the recorded episodes are named by budget index; "
-            "resume without record=, then record the episodes you want in a run "
-            "of their own"
+
+    def __init__(
+        self, done: RunResult, policy: Any, env: Any, config: RunConfig, call: dict
+    ):
+        if call.get("record") is not None:
+            raise ValueError(
+                "resume= with record=: the recorded episodes are named by budget "
+                "index; resume without record=, then record the episodes you want "
+                "in a run of their own"
+            )
+        seeds = np.asarray(
+            checks.resolve_budget(call.get("episodes"), call.get("seeds")), np.int64
         )
-    seeds = np.asarray(
-        checks.resolve_budget(call.get("episodes"), call.get("seeds")), np.int64
-    )
-    digest = params_digest(_params_of(policy, call.get("params")))
-    missing = missing_episodes(done, seeds, config.max_episode_steps, digest)
-    done = checked_records(done)
-    user_hooks = call.get("hooks")
-    user_hooks = [] if user_hooks is None else user_hooks
-    if not isinstance(user_hooks, list | tuple):
-        user_hooks = [user_hooks]
-    if not missing.size:
-        _check_complete(done, policy, env, config, call)
-        # An empty run builds the env and probes the policy: their identity.
-        empty = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
-        fingerprinted(evaluate, policy, env, config, empty)
-        result = dataclasses.replace(done)
-        for h in user_hooks:
+        digest = params_digest(_params_of(policy, call.get("params")))
+        self.missing = missing_episodes(done, seeds, config.max_episode_steps, digest)
+        self.done = checked_records(done)
+        hooks = call.get("hooks")
+        hooks = [] if hooks is None else hooks
+        self.user_hooks = list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+        if not self.missing.size:
+            _check_complete(self.done, policy, env, config, call)
+            self.config = config
+            self.call = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
+            return
+        tile = config.layout.plan_tile
+        if tile is not None and done.plan_tile and tile != done.plan_tile:
+            raise _differs("plan_tile", done.plan_tile, tile)
+        watched = ("on_run_start", "on_episode_end", "on_step", "on_fault")
+        self.call = {
+            **call,
+            "episodes": None,
+            "seeds": seeds[self.missing].tolist(),
+            "hooks": [_Check(done)]
+            + [
+                _Renumbered(h, self.missing, int(seeds.size))
+                for h in self.user_hooks
+                if any(callable(getattr(h, name, None)) for name in watched)
+            ],
+        }
+        # The rows a policy call sees: each episode rounds as it did before.
+        self.config = config.replace(plan_tile=done.plan_tile or tile)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Within: the run of the missing episodes, whose episode ``k`` is
+        budget episode ``missing[k]``. A failure's ``partial_result`` holds
+        ``done``'s episodes and those finished now (its episode logs too)."""
+        if not self.missing.size:
+            yield
+            return
+        try:
+            with identity.resumed_indices(self.missing):
+                yield
+        except BaseException as exc:
+            partial = getattr(exc, "partial_result", None)
+            if partial is not None:
+                exc.partial_result = merge(self.done, partial, self.missing)
+                ran = [
+                    e._replace(index=int(self.missing[e.index]))
+                    for e in partial.episodes
+                ]
+                _flush_logs(self.user_hooks, exc.partial_result, ran)
+            raise
+
+    def merged(self, new: RunResult) -> RunResult:
+        """The whole budget: ``done``'s episodes and ``new``'s (the run made in
+        ``running()``), each by its index; the user's ``on_run_end`` hooks
+        get it."""
+        if self.missing.size:
+            result = merge(self.done, new, self.missing)
+        else:
+            result = dataclasses.replace(self.done)
+        for h in self.user_hooks:
             if callable(getattr(h, "on_run_end", None)):
                 h.on_run_end(result)
         return result
-    tile = config.layout.plan_tile
-    if tile is not None and done.plan_tile and tile != done.plan_tile:
-        raise _differs("plan_tile", done.plan_tile, tile)
-    watched = ("on_run_start", "on_episode_end", "on_step", "on_fault")
-    hooks = [_Check(done)] + [
-        _Renumbered(h, missing, int(seeds.size))
-        for h in user_hooks
-        if any(callable(getattr(h, name, None)) for name in watched)
-    ]
-    inner = {**call, "episodes": None, "seeds": seeds[missing].tolist(), "hooks": hooks}
-    # The rows a policy call sees: each episode rounds as it did before.
-    config = config.replace(plan_tile=done.plan_tile or tile)
-    try:
-        with identity.resumed_indices(missing):
-            new = fingerprinted(evaluate, policy, env, config, inner)
-    except BaseException as exc:
-        partial = getattr(exc, "partial_result", None)
-        if partial is not None:
-            exc.partial_result = merge(done, partial, missing)
-            ran = [e._replace(index=int(missing[e.index])) for e in partial.episodes]
-            _flush_logs(user_hooks, exc.partial_result, ran)
-        raise
-    result = merge(done, new, missing)
-    for h in user_hooks:
-        if callable(getattr(h, "on_run_end", None)):
-            h.on_run_end(result)
-    return result
 
 
 # The episode log ---------------------------------------------------------------------
@@ -775,12 +811,12 @@ def load_results(path: Any) -> RunResult:
 __all__ = [
     "EpisodeLog",
     "load_episode_log",
-    "fingerprinted",
+    "Resumption",
+    "fingerprinting",
     "params_digest",
     "fingerprint",
     "checked_records",
     "load_results",
     "missing_episodes",
     "merge",
-    "run",
 ]
