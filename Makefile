@@ -8,6 +8,8 @@ PEER_STAMP := $(VENV)/.installed-peer
 
 # The floor declared in pyproject.toml (requires-python); checked before the venv
 # is built, so an older interpreter fails with this message instead of pip's.
+# openpi-client (tests/serve's client) pins numpy<2 but runs on numpy 2: it is
+# installed without its deps, which [test] lists.
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
 	  echo "jaxmesh needs Python >= 3.11; $(PY) is $$($(PY) -V 2>&1)." \
@@ -15,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps 'openpi-client==0.1.2'
 	touch $(STAMP)
 
 # rlmesh (PyPI) for benchmarks/rlmesh_peer.py, envpool for benchmarks/hostsim.py.

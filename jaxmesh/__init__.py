@@ -68,6 +68,7 @@ _NAMES = {
     "explain": "jaxmesh.explain",
     "check_frame_limit": "jaxmesh.explain",
     "enable_compile_cache": "jaxmesh.cache",
+    "PolicyServer": "jaxmesh.serve",  # the [serve] extra (websockets, msgpack)
 }
 #: Served-env names (they need the [remote] extra: gRPC).
 _REMOTE = {
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
     from jaxmesh.run.scan.pure import make_evaluator
     from jaxmesh.run.scan.sharded import shard_population
     from jaxmesh.run.seed_check import SeedReport, check_seeds
+    from jaxmesh.serve import PolicyServer
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep
 
@@ -204,4 +206,5 @@ __all__ = [
     "explain",
     "check_frame_limit",
     "enable_compile_cache",
+    "PolicyServer",
 ]

@@ -1,0 +1,239 @@
+"""One queue for the requests of every connection, and the thread that runs
+them in batches.
+
+A forward takes the oldest request and up to ``max_batch - 1`` more of the
+same observation layout, waiting at most ``max_wait_ms`` after the oldest
+arrived for them to come; it does not wait when every connected client
+already has a request in the queue (none could add another), so a lone
+client pays no wait. A request whose client has gone is dropped before it
+runs. A request the model cannot run fails alone (its own ``RequestError``);
+an error of the forward itself fails the requests of that batch only; the
+server serves on.
+
+Each reply carries its telemetry (``Reply``): the batch it ran in, its
+padded size, the wait in the queue and the forward's time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any, NamedTuple
+
+from jaxmesh.serve.forward import Prepared, RequestError, ServedModel
+
+
+class ServerClosed(RuntimeError):
+    """The server shut down before the request ran."""
+
+
+class Reply(NamedTuple):
+    """A request's output and how it was computed.
+
+    Attributes:
+      output: the model's output for this request (``[K, *A]``).
+      batch_size: the requests the forward ran together.
+      padded: the batch size it was compiled for (``batch_size`` padded).
+      queue_ms: from the request's arrival in the queue to its forward.
+      forward_ms: the forward (stacking, device, compute, read back).
+    """
+
+    output: Any
+    batch_size: int
+    padded: int
+    queue_ms: float
+    forward_ms: float
+
+    def timing(self) -> dict[str, float | int]:
+        return {
+            "batch_size": self.batch_size,
+            "padded_batch": self.padded,
+            "queue_ms": self.queue_ms,
+            "forward_ms": self.forward_ms,
+        }
+
+
+@dataclasses.dataclass(eq=False)
+class _Item:
+    prepared: Prepared
+    future: concurrent.futures.Future
+    arrived: float
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """What the batcher has done since it started.
+
+    Attributes:
+      forwards: forwards run.
+      requests: requests answered (with an output).
+      failed: requests failed (refused by the model, or their forward failed).
+      dropped: requests whose client had gone before they ran.
+      batch_sizes: batch size -> forwards of that size.
+    """
+
+    forwards: int = 0
+    requests: int = 0
+    failed: int = 0
+    dropped: int = 0
+    batch_sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+class Batcher:
+    """Runs the requests of every connection through ``model`` in batches.
+
+    Args:
+      model: the served model.
+      max_wait_ms: how long a forward may wait, after its oldest request
+        arrived, for more requests to fill the batch.
+      max_queue: the most requests waiting at once; more are refused.
+
+    Raises:
+      ValueError: a negative or non-finite ``max_wait_ms``, a bad ``max_queue``.
+    """
+
+    def __init__(
+        self, model: ServedModel, *, max_wait_ms: float, max_queue: int = 4096
+    ):
+        ok = (
+            isinstance(max_wait_ms, int | float)
+            and not isinstance(max_wait_ms, bool)
+            and 0 <= max_wait_ms < float("inf")
+        )
+        if not ok:
+            raise ValueError(
+                f"max_wait_ms={max_wait_ms!r}: expected milliseconds >= 0 (how "
+                "long a forward waits for more requests; 0: never)"
+            )
+        good = isinstance(max_queue, int) and not isinstance(max_queue, bool)
+        if not (good and max_queue >= 1):
+            raise ValueError(f"max_queue={max_queue!r}: expected an int >= 1")
+        self.model = model
+        self.max_batch = model.max_batch
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.stats = BatchStats()
+        self._queue: list[_Item] = []
+        self._cond = threading.Condition()
+        self._clients = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # Clients ---------------------------------------------------------------
+    def connect(self) -> None:
+        """A client connected: one more that may send a request."""
+        with self._cond:
+            self._clients += 1
+
+    def disconnect(self) -> None:
+        with self._cond:
+            self._clients -= 1
+            self._cond.notify()
+
+    def submit(self, prepared: Prepared) -> concurrent.futures.Future:
+        """Queues a request; its future's result is a ``Reply``.
+
+        Raises:
+          ServerClosed: the batcher is closed.
+          RequestError: the queue is full.
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise ServerClosed("the policy server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise RequestError(
+                    f"the server has {self.max_queue} requests waiting; retry later"
+                )
+            self._queue.append(_Item(prepared, future, time.perf_counter()))
+            self._cond.notify()
+        return future
+
+    # The forward thread ------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the batcher has already started")
+        self._thread = threading.Thread(
+            target=self._loop, name="jaxmesh-policy-batcher", daemon=True
+        )
+        self._thread.start()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Fails the waiting requests (``ServerClosed``), lets the forward in
+        progress finish, and joins the thread."""
+        with self._cond:
+            self._closed = True
+            waiting, self._queue = self._queue, []
+            self._cond.notify_all()
+        for item in waiting:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(ServerClosed("the policy server shut down"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _take(self) -> list[_Item] | None:
+        """The next batch (its futures running), or None once closed."""
+        with self._cond:
+            while True:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return None
+                head = self._queue[0]
+                deadline = head.arrived + self.max_wait
+                while not self._closed:
+                    sig = head.prepared.signature
+                    same = [i for i in self._queue if i.prepared.signature == sig]
+                    full = len(same) >= self.max_batch
+                    if full or len(self._queue) >= self._clients:
+                        break
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._closed:
+                    return None
+                batch = same[: self.max_batch]
+                taken = set(map(id, batch))
+                self._queue = [i for i in self._queue if id(i) not in taken]
+                live = [i for i in batch if i.future.set_running_or_notify_cancel()]
+                self.stats.dropped += len(batch) - len(live)
+                if live:
+                    return live
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            self._run(batch)
+
+    def _run(self, batch: list[_Item]) -> None:
+        start = time.perf_counter()
+        try:
+            done = self.model.run([i.prepared for i in batch])
+        except Exception as e:  # noqa: BLE001 - it fails these requests only
+            self.stats.failed += len(batch)
+            for item in batch:
+                item.future.set_exception(e)
+            return
+        stats = self.stats
+        stats.forwards += 1
+        stats.requests += len(batch)
+        stats.batch_sizes[len(batch)] = stats.batch_sizes.get(len(batch), 0) + 1
+        forward_ms = done.seconds * 1000.0
+        for item, out in zip(batch, done.outputs, strict=True):
+            item.future.set_result(
+                Reply(
+                    out,
+                    len(batch),
+                    done.padded,
+                    (start - item.arrived) * 1000.0,
+                    forward_ms,
+                )
+            )
+
+
+__all__ = ["BatchStats", "Batcher", "Reply", "ServerClosed"]

@@ -1,0 +1,121 @@
+"""openpi's wire format: msgpack, numpy arrays as tagged maps, never pickle.
+
+An array travels as ``{b"__ndarray__": True, b"data": <bytes>, b"dtype":
+<numpy dtype string>, b"shape": [...]}`` and a numpy scalar as
+``{b"__npgeneric__": True, b"data": <value>, b"dtype": ...}``, as
+``openpi_client.msgpack_numpy`` writes them. Object, void and complex dtypes
+are refused both ways (they are how pickle-based formats smuggle code), so
+decoding untrusted bytes runs no code and makes nothing but numbers, strings,
+lists and dicts.
+
+Pure functions of bytes: no sockets, no JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+#: dtype kinds that never cross the wire: object, void (records), complex.
+REFUSED_KINDS = ("O", "V", "c")
+
+
+class CodecError(ValueError):
+    """Bytes that are not an openpi message, or a value that cannot be one."""
+
+
+def _pack_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray | np.generic) and obj.dtype.kind in REFUSED_KINDS:
+        raise CodecError(
+            f"cannot send an array of dtype {obj.dtype}: openpi's format carries "
+            "numbers, bools, strings, lists and dicts only"
+        )
+    if isinstance(obj, np.ndarray):
+        return {
+            b"__ndarray__": True,
+            b"data": np.ascontiguousarray(obj).tobytes(),
+            b"dtype": obj.dtype.str,
+            b"shape": list(obj.shape),
+        }
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    raise CodecError(
+        f"cannot send a {type(obj).__name__} ({obj!r:.60}): openpi's format "
+        "carries numpy arrays, numbers, strings, lists and dicts"
+    )
+
+
+def _dtype(raw: Any) -> np.dtype:
+    if isinstance(raw, bytes):
+        raw = raw.decode("ascii", "replace")
+    try:
+        dtype = np.dtype(raw) if isinstance(raw, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind in REFUSED_KINDS or dtype.hasobject:
+        raise CodecError(
+            f"an array of dtype {raw!r}: expected a numpy dtype string of numbers "
+            "or bools, e.g. '<f4' or '|u1'"
+        )
+    return dtype
+
+
+def _unpack_hook(obj: dict) -> Any:
+    if b"__ndarray__" in obj:
+        dtype = _dtype(obj.get(b"dtype"))
+        shape = obj.get(b"shape")
+        data = obj.get(b"data")
+        if not (
+            isinstance(shape, list | tuple)
+            and all(isinstance(s, int) and s >= 0 for s in shape)
+            and isinstance(data, bytes)
+        ):
+            raise CodecError(
+                "an __ndarray__ map needs b'shape' (a list of ints >= 0) and "
+                "b'data' (bytes)"
+            )
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dtype.itemsize != len(data):
+            raise CodecError(
+                f"an array of shape {list(shape)} and dtype {dtype.str} is "
+                f"{count * dtype.itemsize} bytes, but its data holds {len(data)}"
+            )
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+    if b"__npgeneric__" in obj:
+        return _dtype(obj.get(b"dtype")).type(obj.get(b"data"))
+    return obj
+
+
+def packb(obj: Any) -> bytes:
+    """``obj`` (dicts, lists, strings, numbers, numpy arrays) as msgpack bytes.
+
+    Raises:
+      CodecError: a value of another type, or an array of a refused dtype.
+    """
+    return msgpack.packb(obj, default=_pack_default)
+
+
+def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
+    """The value msgpack ``data`` holds, arrays as (read-only) numpy arrays.
+
+    Raises:
+      CodecError: not msgpack, an array map that is malformed or of a refused
+        dtype, or ``data`` over ``max_bytes``.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(
+            f"expected a binary frame of msgpack, got a {type(data).__name__} frame"
+        )
+    if max_bytes is not None and len(data) > max_bytes:
+        raise CodecError(f"a message of {len(data)} bytes is over {max_bytes}")
+    try:
+        return msgpack.unpackb(data, object_hook=_unpack_hook, raw=False)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, msgpack.exceptions.ExtraData) as e:
+        raise CodecError(f"not a msgpack message: {e}") from None
+
+
+__all__ = ["CodecError", "REFUSED_KINDS", "packb", "unpackb"]

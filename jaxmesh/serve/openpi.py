@@ -1,0 +1,217 @@
+"""openpi's websocket policy protocol, as ``openpi-client`` speaks it.
+
+- A client connects (``ws://host:port``, or ``wss://`` with TLS), sending
+  ``Authorization: Api-Key <token>`` when the server has a token; a
+  connection without it is refused with HTTP 401 before the websocket opens.
+- The server sends its metadata first (a msgpack map).
+- Then each binary frame the client sends is one observation (a msgpack map,
+  arrays as ``jaxmesh.serve.codec`` reads them); the server answers each with
+  ``{"actions": [K, *A], "server_timing": {...}}``. ``server_timing`` holds
+  openpi's ``infer_ms`` (from the request's arrival to its reply) and
+  ``prev_total_ms`` (the previous request's whole turn), and the batching
+  telemetry: ``batch_size``, ``padded_batch``, ``queue_ms``, ``forward_ms``.
+- A request the server cannot answer (not msgpack, a key missing, the model
+  refused it) gets a text frame saying why, then the connection is closed
+  with code 1011, as openpi's server does; other clients are not affected.
+- ``GET /healthz`` answers 200 ``OK`` (no token needed).
+
+The websocket side runs on one asyncio loop in its own thread; the forward
+runs in the batcher's thread (``jaxmesh.serve.batcher``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import threading
+import time
+import traceback
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from jaxmesh.serve import codec
+from jaxmesh.serve.batcher import Batcher, ServerClosed
+from jaxmesh.serve.forward import RequestError
+
+HEALTH_PATH = "/healthz"
+#: The close reason after an error's text frame (openpi's own words).
+ERROR_REASON = "Internal server error. Traceback included in previous frame."
+
+
+class OpenpiService:
+    """The websocket server of ``PolicyServer(protocol="openpi")``.
+
+    Args:
+      batcher: where requests go.
+      host, port: where to listen (port 0: a free one).
+      metadata: the map sent to each client first.
+      token: the ``Api-Key`` every connection must carry, or None.
+      ssl_context: serve ``wss://`` with it, or None.
+      max_message_bytes: the largest frame either way.
+      max_connections: connections served at once; more are refused (503).
+    """
+
+    def __init__(
+        self,
+        batcher: Batcher,
+        host: str,
+        port: int,
+        *,
+        metadata: dict,
+        token: str | None,
+        ssl_context: Any,
+        max_message_bytes: int,
+        max_connections: int,
+    ):
+        self.batcher = batcher
+        self.host, self.port = host, port
+        self.metadata = codec.packb(metadata)
+        self._auth = None if token is None else f"Api-Key {token}".encode()
+        self._ssl = ssl_context
+        self.max_message_bytes = max_message_bytes
+        self.max_connections = max_connections
+        self._connections = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # Lifecycle ---------------------------------------------------------------
+    def start(self) -> int:
+        """Binds and serves in a thread; returns the bound port.
+
+        Raises:
+          OSError: the address cannot be bound.
+        """
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._main()),
+            name="jaxmesh-policy-websocket",
+            daemon=True,
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self.port
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Closes every connection and the listening socket; joins the thread."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the loop has already ended
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            server: Server = await serve(
+                self._handle,
+                self.host,
+                self.port,
+                process_request=self._process_request,
+                compression=None,
+                max_size=self.max_message_bytes,
+                ssl=self._ssl,
+            )
+        except OSError as e:
+            self._error = e
+            self._ready.set()
+            return
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        await self._stop.wait()
+        server.close()  # closes the connections too (1001, going away)
+        try:
+            await asyncio.wait_for(server.wait_closed(), 10.0)
+        except TimeoutError:
+            pass
+
+    # HTTP before the websocket -----------------------------------------------
+    def _process_request(self, connection: ServerConnection, request: Any) -> Any:
+        if request.path == HEALTH_PATH:
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self._auth is not None:
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, self._auth):
+                return connection.respond(
+                    http.HTTPStatus.UNAUTHORIZED,
+                    "this policy server needs the header 'Authorization: Api-Key "
+                    "<token>' (openpi-client: WebsocketClientPolicy(api_key=...))\n",
+                )
+        if self._connections >= self.max_connections:
+            return connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"this policy server serves {self.max_connections} connections at "
+                "once; retry later\n",
+            )
+        return None
+
+    # A connection ------------------------------------------------------------
+    async def _handle(self, ws: ServerConnection) -> None:
+        self._connections += 1
+        self.batcher.connect()
+        try:
+            await ws.send(self.metadata)
+            await self._serve(ws)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.batcher.disconnect()
+            self._connections -= 1
+
+    async def _serve(self, ws: ServerConnection) -> None:
+        prev_total: float | None = None
+        while True:
+            message = await ws.recv()
+            start = time.perf_counter()
+            try:
+                obs = codec.unpackb(message)
+                prepared = self.batcher.model.prepare(obs)
+                reply = await self._reply(ws, self.batcher.submit(prepared))
+                if reply is None:  # the client went while its request waited
+                    return
+                timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
+                if prev_total is not None:
+                    timing["prev_total_ms"] = prev_total * 1000.0
+                timing.update(reply.timing())
+                out = codec.packb({"actions": reply.output, "server_timing": timing})
+            except (codec.CodecError, RequestError, ServerClosed) as e:
+                await self._fail(ws, f"{type(e).__name__}: {e}")
+                return
+            except Exception:  # noqa: BLE001 - reported to this client only
+                await self._fail(ws, traceback.format_exc())
+                return
+            await ws.send(out)
+            prev_total = time.perf_counter() - start
+
+    async def _reply(self, ws: ServerConnection, future: Any) -> Any:
+        """The request's ``Reply``, or None when the connection closes first
+        (the request is then dropped, unless its forward has begun)."""
+        waiting = asyncio.wrap_future(future)
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            await asyncio.wait({waiting, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not waiting.done():
+            waiting.cancel()
+            return None
+        return waiting.result()
+
+    async def _fail(self, ws: ServerConnection, text: str) -> None:
+        await ws.send(f"jaxmesh policy server: {text}")
+        await ws.close(code=CloseCode.INTERNAL_ERROR, reason=ERROR_REASON)
+
+
+__all__ = ["ERROR_REASON", "HEALTH_PATH", "OpenpiService"]

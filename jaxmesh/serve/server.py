@@ -1,0 +1,250 @@
+"""``jaxmesh.PolicyServer``: one jitted model behind many clients, batched.
+
+Requests from every connection go to one queue; a forward takes up to
+``max_batch`` of them, waiting at most ``max_wait_ms`` for more, through a
+program compiled for a few fixed batch sizes (``jaxmesh.serve.forward``), so
+nothing recompiles once warm. The model's spec is applied on the server
+(images resized, instructions encoded, states read by key): clients send raw
+observations.
+
+Security as for ``jaxmesh.EnvServer``: loopback by default; any other address
+needs a token or TLS (or ``insecure=True``); frames are capped; nothing is
+unpickled.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from jaxmesh._version import __version__
+from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
+from jaxmesh.remote.server.options import _is_loopback, _split_address
+from jaxmesh.serve.batcher import Batcher, BatchStats
+from jaxmesh.serve.forward import ServedModel
+
+#: The protocols a ``PolicyServer`` speaks.
+PROTOCOLS = ("openpi",)
+
+
+def _tls_context(tls: Any) -> ssl.SSLContext | None:
+    """``tls`` (None, an ``ssl.SSLContext``, or ``(cert PEM, key PEM)`` paths)
+    as a server context."""
+    if tls is None or isinstance(tls, ssl.SSLContext):
+        return tls
+    if isinstance(tls, tuple | list) and len(tls) == 2:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(str(tls[0]), str(tls[1]))
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(
+                f"tls={tuple(tls)!r}: cannot load the certificate chain and its "
+                f"key ({e}); expected two PEM files"
+            ) from e
+        return context
+    raise TypeError(
+        f"tls={tls!r}: expected None, an ssl.SSLContext, or (cert PEM path, key "
+        "PEM path)"
+    )
+
+
+def _check_token(token: Any) -> str | None:
+    if token is None:
+        return None
+    if not (
+        isinstance(token, str)
+        and token
+        and token.isascii()
+        and token.isprintable()
+        and token.strip() == token
+    ):
+        raise ValueError(
+            "token=...: expected None or a non-empty string of printable ASCII "
+            "without surrounding spaces (it travels in an HTTP header); e.g. "
+            "secrets.token_urlsafe(32)"
+        )
+    return token
+
+
+class PolicyServer:
+    """Serves a model to many clients at once, batching their requests.
+
+    Args:
+      model: a ``jaxmesh.Model`` or a single-lane policy function. Its inputs
+        must be the current observation (``State``, ``Image`` with
+        ``stack=1``, ``Text``); a request carries no episode.
+      address: ``"host:port"`` to bind; port 0 picks a free one. A host other
+        than loopback needs ``token``, ``tls`` or ``insecure=True``.
+      protocol: ``"openpi"``: openpi's websocket protocol, which
+        ``openpi-client``'s ``WebsocketClientPolicy`` speaks.
+      max_batch: the most requests one forward takes.
+      max_wait_ms: how long a forward waits, after its oldest request
+        arrived, for more to fill the batch (never when every connected client
+        already has a request waiting).
+      token: the key clients must send (``Authorization: Api-Key <token>``).
+      tls: serve over TLS (``wss://``): an ``ssl.SSLContext`` or ``(cert PEM,
+        key PEM)`` paths.
+      insecure: allow a non-loopback address with no token and no TLS.
+      example: an observation to compile for in ``start`` (every batch size),
+        so that the first requests do not wait for XLA.
+      metadata: more entries for the map a client receives first.
+      max_message_bytes: the largest frame either way.
+      max_connections: clients served at once; more are refused.
+      seed: a stochastic policy's keys: request i gets
+        ``fold_in(PRNGKey(seed), i)``.
+
+    Raises:
+      ValueError: a bad address, protocol, batch size, wait or token; a
+        non-loopback address with no token, TLS or ``insecure``; a model that
+        keeps state per episode.
+      TypeError: a bad ``tls``.
+
+    Example::
+
+        with jaxmesh.PolicyServer(model, max_batch=16) as server:
+            client = WebsocketClientPolicy(*server.address.split(":"))
+            actions = client.infer(obs)["actions"]  # [K, A]
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        address: str = "127.0.0.1:0",
+        *,
+        protocol: str = "openpi",
+        max_batch: int = 16,
+        max_wait_ms: float = 5.0,
+        token: str | None = None,
+        tls: Any = None,
+        insecure: bool = False,
+        example: Any = None,
+        metadata: dict | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_connections: int = 1024,
+        seed: int = 0,
+    ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(
+                f"protocol={protocol!r}: expected one of {PROTOCOLS} ('openpi': "
+                "the websocket protocol openpi-client speaks)"
+            )
+        host, port = _split_address(address)
+        token = _check_token(token)
+        context = _tls_context(tls)
+        if not (_is_loopback(host) or token or context is not None or insecure):
+            raise ValueError(
+                f"refusing to serve on {address!r} with no token and no TLS: anyone "
+                "who reaches it could run the policy. Bind a loopback address "
+                "(127.0.0.1:PORT), set a token (token=..., --token or "
+                "JAXMESH_TOKEN), pass tls=, or say insecure=True (--insecure) if "
+                "the network is trusted"
+            )
+        for name, value, low in (
+            ("max_message_bytes", max_message_bytes, 1024),
+            ("max_connections", max_connections, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r}: expected an int >= {low}")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"metadata={metadata!r}: expected a dict or None")
+        self.protocol = protocol
+        self._host, self._port = host, port
+        self._requested = address
+        self._served = ServedModel(model, max_batch=max_batch, seed=seed)
+        self._batcher = Batcher(self._served, max_wait_ms=max_wait_ms)
+        self._example = example
+        self._metadata = {
+            "server": "jaxmesh",
+            "version": __version__,
+            "policy": self._served.name,
+            "action_chunk": self._served.policy.native_chunk,
+            "max_batch": max_batch,
+            **(metadata or {}),
+        }
+        self._context = context
+        self._token = token
+        self._max_message_bytes = max_message_bytes
+        self._max_connections = max_connections
+        self._service: Any = None
+        self._address: str | None = None
+        self._started = False
+
+    @property
+    def address(self) -> str:
+        """The bound ``"host:port"`` (the actual port once started)."""
+        return self._address or self._requested
+
+    @property
+    def url(self) -> str:
+        """``ws://host:port`` (``wss://`` with TLS): what clients dial."""
+        scheme = "wss" if self._context is not None else "ws"
+        return f"{scheme}://{self.address}"
+
+    @property
+    def stats(self) -> BatchStats:
+        """Forwards, requests and batch sizes so far (``BatchStats``)."""
+        return self._batcher.stats
+
+    @property
+    def compiled(self) -> int:
+        """Programs compiled so far (observation layouts x batch sizes)."""
+        return self._served.compiled()
+
+    def start(self) -> PolicyServer:
+        """Compiles for ``example`` (if given), binds and serves in threads.
+
+        Returns:
+          self, serving; ``address`` holds the actual port.
+
+        Raises:
+          RuntimeError: started twice.
+          OSError: the address cannot be bound.
+          ValueError: ``example`` is an observation the model cannot run.
+        """
+        if self._started:
+            raise RuntimeError("this PolicyServer has already started")
+        self._started = True
+        if self._example is not None:
+            self._served.warm_up(self._served.prepare(self._example))
+        from jaxmesh.serve.openpi import OpenpiService  # the [serve] extra
+
+        self._service = OpenpiService(
+            self._batcher,
+            self._host,
+            self._port,
+            metadata=self._metadata,
+            token=self._token,
+            ssl_context=self._context,
+            max_message_bytes=self._max_message_bytes,
+            max_connections=self._max_connections,
+        )
+        self._batcher.start()
+        try:
+            port = self._service.start()
+        except BaseException:
+            self._batcher.close()
+            raise
+        self._address = f"{self._host}:{port}"
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Closes every connection, fails what waits, joins every thread.
+        Safe to call twice."""
+        if self._service is not None:
+            self._service.shutdown(timeout)
+        self._batcher.close(timeout)
+
+    def __enter__(self) -> PolicyServer:
+        return self if self._started else self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"PolicyServer({self._served.name!r}, address={self.address!r}, "
+            f"protocol={self.protocol!r})"
+        )
+
+
+__all__ = ["PROTOCOLS", "PolicyServer"]
