@@ -4,289 +4,26 @@ Nothing compiles: the env's reset and each declaration's ``frame`` run under
 ``jax.eval_shape``. The figure that matters for memory is the frame windows the
 engine keeps per lane (``stack`` processed frames of every input); a run whose
 windows over N lanes exceed ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default
-2 GiB) is refused by ``check_frame_limit`` before compiling. Example::
+2 GiB) is refused by ``check_frame_limit`` before compiling
+(``jaxmesh.run.footprint``). Example::
 
     print(jaxmesh.explain(model, "gymnax:Breakout-MinAtar", num_envs=256))
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
-from collections.abc import Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
-from jaxmesh import adapt
-from jaxmesh.adapt import WHOLE_OBS
-from jaxmesh.envs import make_env
-from jaxmesh.types import PolicyLike
-
-#: Environment variable holding the frame-window limit in bytes.
-LIMIT_ENV = "JAXMESH_FRAME_HISTORY_LIMIT_BYTES"
-DEFAULT_LIMIT_BYTES = 2 * 1024**3
-
-
-@dataclasses.dataclass(frozen=True)
-class InputInfo:
-    """One model input: its processed frame and the window the engine keeps.
-
-    Attributes:
-      name: the input's name in the spec (``"__obs__"`` without a spec).
-      kind: ``"State"``, ``"Image"``, ``"Previous"``, ``"Text"`` or
-        ``"PendingChunk"``.
-      key: the observation key read (None: the whole observation, or none for
-        ``Previous``).
-      shape: the processed frame's shape (a pytree of shapes when the frame is a
-        pytree, e.g. ``State()`` of a dict observation).
-      dtype: the frame's dtype name (a pytree of names likewise).
-      stack: frames in the window.
-      window_shape: ``(stack,) + shape``, what the policy sees when stack > 1.
-      bytes_per_lane: bytes of the window for one lane.
-      steps: for an ``Image``, what its frame function does to the leaf, in
-        order (``Image.steps``: crop, rotate, dtype, resize; steps that change
-        nothing are left out); empty for the other kinds.
-      instruction: for a ``Text``, where its instruction comes from, per run
-        or task: ``{"": "instruction 'pick up the cup'"}``, ``{"push":
-        ...}`` for tasks, or ``{"": "from reset info key 'instruction'"}``;
-        None for the other kinds. Its ``shape`` and ``dtype`` are the
-        encoding's (None until a string is encoded).
-    """
-
-    name: str
-    kind: str
-    key: str | None
-    shape: Any
-    dtype: Any
-    stack: int
-    window_shape: Any
-    bytes_per_lane: int
-    steps: list[str] = dataclasses.field(default_factory=list)
-    instruction: dict[str, str] | None = None
-
-    def to_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
-
-
-@dataclasses.dataclass(frozen=True)
-class Explanation:
-    """What the evaluator reads from an env for a spec, and its frame memory.
-
-    Attributes:
-      env: the env's name.
-      policy: the model's name (None for a bare spec).
-      leaves: observation keys read; None stands for the whole observation.
-      inputs: input name -> ``InputInfo``, in spec order.
-      num_envs: lanes the totals are for.
-      bytes_per_lane: frame-window bytes of one lane (all inputs).
-      total_bytes: ``bytes_per_lane * num_envs``.
-      limit_bytes: the current ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES``.
-    """
-
-    env: str
-    policy: str | None
-    leaves: list[str | None]
-    inputs: dict[str, InputInfo]
-    num_envs: int
-    bytes_per_lane: int
-    total_bytes: int
-    limit_bytes: int
-
-    @property
-    def within_limit(self) -> bool:
-        return self.total_bytes <= self.limit_bytes
-
-    def to_dict(self) -> dict:
-        """JSON-ready data."""
-        d = dataclasses.asdict(self)
-        d["inputs"] = {k: v.to_dict() for k, v in self.inputs.items()}
-        return _plain(d)
-
-    def __str__(self) -> str:
-        who = f"{self.policy} on " if self.policy else ""
-        reads = ", ".join(
-            "the whole observation" if k is None else repr(k) for k in self.leaves
-        )
-        head = ("input", "kind", "key", "frame", "dtype", "stack", "bytes/lane")
-        rows = [head]
-        for info in self.inputs.values():
-            rows.append(
-                (
-                    "(observation, no spec)" if info.name == WHOLE_OBS else info.name,
-                    info.kind,
-                    "-" if info.key is None else str(info.key),
-                    _short(info.shape),
-                    _short(info.dtype),
-                    str(info.stack),
-                    f"{info.bytes_per_lane:,}",
-                )
-            )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        table = [
-            (
-                "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
-            ).rstrip()
-            for r in rows
-        ]
-        # Every transform each image input goes through, in the order applied.
-        prep = [
-            f"  {'(observation)' if i.name == WHOLE_OBS else i.name}: "
-            + (" -> ".join(i.steps) or "as read")
-            for i in self.inputs.values()
-            if i.kind == "Image"
-        ]
-        # Each Text input: the instruction of each run or task, and its encoding.
-        texts = [
-            f"  {i.name}{f'[{task}]' if task else ''}: {where} -> "
-            + (
-                "encoded at the first reset"
-                if i.shape is None
-                else f"encoded {_short(i.dtype)} {_short(i.shape)}"
-            )
-            for i in self.inputs.values()
-            if i.instruction is not None
-            for task, where in i.instruction.items()
-        ]
-        status = "within" if self.within_limit else "OVER"
-        return "\n".join(
-            [
-                f"explain: {who}{self.env}, {self.num_envs} lane(s)",
-                f"reads: {reads}",
-                *table,
-                *(["preprocessing:", *prep] if prep else []),
-                *(["instructions:", *texts] if texts else []),
-                f"frame windows: {self.bytes_per_lane:,} B per lane; "
-                f"{_human(self.total_bytes)} for {self.num_envs} lane(s) ({status} "
-                f"the limit of {_human(self.limit_bytes)}, {LIMIT_ENV})",
-            ]
-        )
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    return v
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, tuple):
-        return str(v) if len(v) != 1 else f"({v[0]},)"
-    return str(v)
-
-
-def _human(n: int) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.2f} {unit} ({n:,} B)"
-    return f"{n:,} B"
-
-
-def frame_limit_bytes() -> int:
-    """The limit from ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB).
-
-    Raises:
-      ValueError: the variable is set but is not a non-negative integer.
-    """
-    raw = os.environ.get(LIMIT_ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_LIMIT_BYTES
-    try:
-        value = int(raw.strip().replace("_", ""))
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{LIMIT_ENV}={raw!r}: expected a non-negative integer number of bytes "
-            f"(e.g. {DEFAULT_LIMIT_BYTES} for 2 GiB); unset it for the default"
-        )
-    return value
-
-
-def _spec_of(spec_or_model: Any) -> tuple[Mapping[str, adapt.Input] | None, Any]:
-    if isinstance(spec_or_model, PolicyLike):
-        # A model as the engine sees it: its load has run, so a spec set by
-        # load is the one read here.
-        policy = spec_or_model.as_policy(with_params=False)
-        return policy.spec, policy.name
-    if spec_or_model is None or isinstance(spec_or_model, Mapping):
-        return adapt.check_spec(spec_or_model), None
-    if callable(spec_or_model):  # a plain policy function: no spec
-        return None, getattr(spec_or_model, "__name__", None)
-    raise TypeError(
-        f"explain({spec_or_model!r}): expected a spec dict (name -> "
-        "jaxmesh.adapt.State/Image/Previous), a jaxmesh.Model (or any object "
-        "with as_policy), a policy function or None"
-    )
-
-
-def _nbytes(tree: Any) -> int:
-    return sum(
-        math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)
-    )
-
-
-def _is_leaf(x: Any) -> bool:
-    return isinstance(x, jax.ShapeDtypeStruct)
-
-
-def _steps(decl: Any, obs: Any) -> list[str]:
-    """An Image's steps on its (abstract) leaf; nothing for the other kinds."""
-    if not isinstance(decl, adapt.Image):
-        return []
-    leaf = adapt._leaf(decl, obs)
-    return decl.steps(tuple(leaf.shape), leaf.dtype)
-
-
-def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
-    """A Text input's row: its encoding's shapes (encoding the instruction
-    given, once per string) and where each run's or task's instruction is from."""
-    from jaxmesh.run.instructions import source
-
-    given = instruction if isinstance(instruction, Mapping) else {"": instruction}
-    where = {}
-    for task, text in given.items():
-        if text is not None:
-            decl.encoded(text)
-        where[str(task)] = source(decl, text)
-    sig = decl.signature()
-    shape = dtype = None
-    if sig is not None:
-        shape = jax.tree.map(lambda x: tuple(x.shape), sig, is_leaf=_is_leaf)
-        dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, sig, is_leaf=_is_leaf)
-    return InputInfo(
-        name=name,
-        kind="Text",
-        key=decl.info_key,
-        shape=shape,
-        dtype=dtype,
-        stack=1,
-        window_shape=shape,
-        bytes_per_lane=0 if sig is None else _nbytes(sig),
-        instruction=where,
-    )
-
-
-def _pending_info(name: str, decl: adapt.PendingChunk, action: Any) -> InputInfo:
-    """A PendingChunk input's row: the tail's shapes (K the chunk length, as
-    declared, else ``"K"``); the agent keeps the tail, not a frame window."""
-    k = "K" if decl.length is None else decl.length
-    shape = {"actions": (k, *action.shape), "mask": (k,), "delay": ()}
-    dtype = {"actions": jnp.dtype(action.dtype).name, "mask": "bool", "delay": "int32"}
-    return InputInfo(
-        name=name,
-        kind="PendingChunk",
-        key=None,
-        shape=shape,
-        dtype=dtype,
-        stack=1,
-        window_shape=shape,
-        bytes_per_lane=0,
-    )
+from jaxmesh.run.footprint import (
+    DEFAULT_LIMIT_BYTES,
+    LIMIT_ENV,
+    Explanation,
+    InputInfo,
+    check_frame_limit,
+    footprint,
+    frame_limit_bytes,
+)
+from jaxmesh.suite import Suite
 
 
 def explain(
@@ -302,7 +39,7 @@ def explain(
         (its first task's env; each task's instruction, unless given).
       num_envs: lanes to total the memory for.
       instruction: for ``jaxmesh.adapt.Text`` inputs, the run's instruction
-        (a string, as ``evaluate(instruction=)``), or a dict of task name to
+        (a string, as ``Starts(instruction=)``), or a dict of task name to
         instruction (one line per task); encoded here (once per string) to
         show its shapes. None: a Text reads from its ``info_key`` (or has
         nothing, which is shown too).
@@ -314,90 +51,11 @@ def explain(
       ValueError: the spec names an observation key the env does not have (the
         message lists the env's keys), or ``num_envs < 1``.
     """
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs={num_envs!r}: expected an int >= 1")
-    from jaxmesh.suite import Suite
-
     if isinstance(env, Suite):  # its tasks' instructions, its first task's env
         if instruction is None:
             instruction = {n: t.instruction for n, t in env.tasks.items()}
         env = next(iter(env.tasks.values())).env
-    spec, policy = _spec_of(spec_or_model)
-    env_obj = make_env(env)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
-    obs = jax.eval_shape(lambda k: env_obj.reset(k)[0], key)
-    action = jax.ShapeDtypeStruct(tuple(env_obj.action_shape), env_obj.action_dtype)
-    items = {WHOLE_OBS: adapt.State()} if spec is None else dict(spec)
-    inputs: dict[str, InputInfo] = {}
-    for name, decl in items.items():
-        if isinstance(decl, adapt.Text):
-            inputs[name] = _text_info(name, decl, instruction)
-            continue
-        if isinstance(decl, adapt.PendingChunk):
-            inputs[name] = _pending_info(name, decl, action)
-            continue
-        frame = jax.eval_shape(decl.frame, obs, action)
-        shape = jax.tree.map(lambda x: tuple(x.shape), frame, is_leaf=_is_leaf)
-        dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, frame, is_leaf=_is_leaf)
-        window = jax.tree.map(
-            lambda x, s=decl.stack: (s, *x.shape), frame, is_leaf=_is_leaf
-        )
-        inputs[name] = InputInfo(
-            name=name,
-            kind=type(decl).__name__,
-            key=getattr(decl, "key", None),
-            shape=shape,
-            dtype=dtype,
-            stack=decl.stack,
-            window_shape=window,
-            bytes_per_lane=decl.stack * _nbytes(frame),
-            steps=_steps(decl, obs),
-        )
-    per_lane = sum(i.bytes_per_lane for i in inputs.values())
-    return Explanation(
-        env=getattr(env_obj, "name", type(env_obj).__name__),
-        policy=policy,
-        leaves=adapt.read_keys(spec),
-        inputs=inputs,
-        num_envs=num_envs,
-        bytes_per_lane=per_lane,
-        total_bytes=per_lane * num_envs,
-        limit_bytes=frame_limit_bytes(),
-    )
-
-
-def check_frame_limit(spec_or_model: Any, env: Any, num_envs: int) -> Explanation:
-    """Refuses a run whose frame windows would exceed the limit.
-
-    Call it before compiling. The limit is ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES``
-    (bytes; default 2 GiB).
-
-    Args:
-      spec_or_model: as for ``explain``.
-      env: anything ``jaxmesh.make_env`` accepts.
-      num_envs: the lanes the run will hold.
-
-    Returns:
-      The ``Explanation`` when the run fits.
-
-    Raises:
-      ValueError: the N-lane windows exceed the limit; the message gives both
-        figures, the largest input, and what to change.
-    """
-    ex = explain(spec_or_model, env, num_envs=num_envs)
-    if ex.within_limit:
-        return ex
-    big = max(ex.inputs.values(), key=lambda i: i.bytes_per_lane)
-    fits = max(ex.limit_bytes // max(ex.bytes_per_lane, 1), 0)
-    raise ValueError(
-        f"the frame windows of {num_envs} lanes would hold "
-        f"{_human(ex.total_bytes)} ({ex.bytes_per_lane:,} B per lane), over the "
-        f"limit of {_human(ex.limit_bytes)} set by {LIMIT_ENV}. The largest input "
-        f"is {big.name!r} ({big.kind}, window {_short(big.window_shape)} "
-        f"{_short(big.dtype)}, {big.bytes_per_lane:,} B per lane). Use at most "
-        f"{fits} lanes (num_envs), a smaller stack or Image size, or raise "
-        f"{LIMIT_ENV} if the device has the memory"
-    )
+    return footprint(spec_or_model, env, num_envs, instruction)
 
 
 __all__ = [

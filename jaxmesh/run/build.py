@@ -19,10 +19,10 @@ from jaxmesh.core import agent
 from jaxmesh.core.engine import Engine, EngineConfig, TrialReset
 from jaxmesh.core.policy import EXECUTION_HORIZON, Policy, output_chunk
 from jaxmesh.core.tally import info_leaves
-from jaxmesh.explain import check_frame_limit
 from jaxmesh.results.record import observation_leaves, records_states
 from jaxmesh.run import identity
 from jaxmesh.run.checks import Metrics, resolve_metrics
+from jaxmesh.run.footprint import check_frame_limit
 from jaxmesh.run.plan import (
     RunPlan,
     default_plan_tile,  # noqa: F401 - re-exported
