@@ -61,3 +61,7 @@ def image_reference(obs: dict) -> np.ndarray:
     feat = obs["observation/image"][0, 0].astype(np.float32) / 255.0
     state = obs["observation/state"][:3]
     return np.stack([feat * (k + 1) + state for k in range(5)]).astype(np.float32)
+
+
+#: ``linear_model()`` as ``jaxmesh serve-policy serve_models:LINEAR`` names it.
+LINEAR = linear_model()

@@ -17,7 +17,7 @@ from jaxmesh.cli import main
 from jaxmesh.cli.config import SCHEMA
 
 COMMANDS = ("eval", "sweep", "explain", "describe", "compare", "report")
-COMMANDS += ("check-env", "serve-env")
+COMMANDS += ("check-env", "serve-env", "serve-policy")
 
 #: What a fresh process prints after running ``main(argv)``: the modules it
 #: imported that the help must not need.

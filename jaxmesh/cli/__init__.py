@@ -18,6 +18,10 @@ Commands::
                           [--token T] [--idle-timeout S] [--insecure]
                           [--tls-cert PEM --tls-key PEM]
                           [--allow-remote-shutdown] [--workers W]
+    jaxmesh serve-policy CONFIG.yaml|MODULE:ATTR [--address HOST:PORT]
+                          [--max-batch N] [--max-wait-ms MS] [--token T]
+                          [--insecure] [--tls-cert PEM --tls-key PEM]
+                          [--ready-fd FD]
 
 The package, one file per job: ``parser`` (the commands and their flags),
 ``config`` (a run config's keys, one table, and reading it from YAML),
@@ -27,8 +31,8 @@ run), ``artifacts`` (videos and the HTML report), ``hooks`` (the progress bar
 and the episode log's start), ``tls``, ``cache`` (the compilation cache's
 switch), and one module per command family: ``eval``, ``sweep``, ``explain``
 (explain, describe), ``results`` (compare, report), ``serve`` (check-env,
-serve-env). A command's module is imported only when it runs: ``--help``
-and ``--version`` import no JAX.
+serve-env), ``serve_policy`` (serve-policy). A command's module is imported
+only when it runs: ``--help`` and ``--version`` import no JAX.
 
 Exit status: 0 on success; 2 for bad input (the command line, the config, or
 anything ``jaxmesh.evaluate`` refuses before the run starts), reported as one

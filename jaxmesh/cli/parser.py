@@ -311,6 +311,75 @@ def make_parser() -> argparse.ArgumentParser:
         "'{\"camera_size\": 128}' (jaxmesh.make_env(env, **options))",
     )
     se.set_defaults(run="serve:cmd_serve_env")
+    sp = sub.add_parser(
+        "serve-policy",
+        help="serve a policy to simulator or robot clients, batched "
+        "(jaxmesh.PolicyServer)",
+        description="Serve a policy until SIGTERM or Ctrl-C, in openpi's "
+        "websocket protocol (openpi-client's WebsocketClientPolicy works against "
+        "it): the requests of all clients go to one queue and run in batches of "
+        "up to --max-batch. Prints the address on stdout once serving. Binding a "
+        "non-loopback address needs --token (or JAXMESH_TOKEN), TLS or --insecure.",
+    )
+    sp.add_argument(
+        "policy",
+        help="a run config (its policy and policy_config), or module:attr (a "
+        "jaxmesh.Model class or instance, or a policy function)",
+    )
+    sp.add_argument(
+        "--address",
+        default="127.0.0.1:0",
+        help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
+    )
+    sp.add_argument(
+        "--protocol",
+        default="openpi",
+        choices=("openpi",),
+        help="the wire protocol (default openpi)",
+    )
+    sp.add_argument(
+        "--max-batch",
+        type=int,
+        default=16,
+        metavar="N",
+        help="the most requests one forward takes (default 16)",
+    )
+    sp.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        metavar="MS",
+        help="how long a forward waits for more requests (default 5; never "
+        "when every connected client has asked)",
+    )
+    sp.add_argument(
+        "--token",
+        default=None,
+        help="the key clients send as 'Authorization: Api-Key <token>' "
+        "(default: $JAXMESH_TOKEN)",
+    )
+    sp.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address with no token and no TLS",
+    )
+    sp.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="serve over TLS with this certificate chain (clients: wss://)",
+    )
+    sp.add_argument(
+        "--tls-key", default=None, metavar="PEM", help="the --tls-cert private key"
+    )
+    sp.add_argument(
+        "--ready-fd",
+        type=int,
+        default=None,
+        metavar="FD",
+        help="write the address and a newline to this fd once serving, then close it",
+    )
+    sp.set_defaults(run="serve_policy:cmd_serve_policy")
     return parser
 
 

@@ -1,0 +1,116 @@
+"""``jaxmesh serve-policy``: a model served to simulator or robot clients,
+their requests batched (``jaxmesh.PolicyServer``; the server is the
+``[serve]`` extra, imported when the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from jaxmesh.cli.build import build_policy
+from jaxmesh.cli.config import load_config
+from jaxmesh.cli.errors import ConfigError
+from jaxmesh.remote.protocol import TOKEN_ENV
+
+#: A run config's suffixes: the target is then read as a config file.
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+
+def load_policy(target: str) -> Any:
+    """The policy a run config names (its ``policy`` and ``policy_config``),
+    or the one ``module:attr`` names.
+
+    Raises:
+      ConfigError: no such file, a config without ``policy``, or a policy that
+        cannot be imported or built.
+    """
+    if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
+        config = load_config(target)
+        policy = config.get("policy")
+        if not isinstance(policy, str):
+            raise ConfigError(
+                f"config file {target!r} names no policy (policy: module:Name); "
+                "serve-policy serves the policy a run config names"
+            )
+        policy_config = config.get("policy_config") or {}
+        if not isinstance(policy_config, dict):
+            raise ConfigError(
+                f"config file {target!r}: policy_config is a "
+                f"{type(policy_config).__name__}; expected a mapping"
+            )
+        return build_policy(policy, policy_config)
+    if ":" not in target:
+        raise ConfigError(
+            f"{target!r} is neither a run config (.yaml) nor module:attr (e.g. "
+            "my_policies:MyModel); give one of them"
+        )
+    return build_policy(target, {})
+
+
+def cmd_serve_policy(args: argparse.Namespace) -> int:
+    """Serves a policy until SIGTERM/SIGINT (exit 0)."""
+    try:
+        from jaxmesh.serve import PolicyServer  # [serve]: websockets, msgpack
+    except ImportError as e:
+        raise ConfigError(str(e)) from e
+
+    if args.ready_fd is not None:
+        try:
+            os.fstat(args.ready_fd)
+        except OSError as e:
+            raise ConfigError(
+                f"--ready-fd {args.ready_fd}: not an open file descriptor ({e}); "
+                "pass one the parent keeps open (e.g. subprocess pass_fds)"
+            ) from e
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError(
+            f"--tls-cert {args.tls_cert!r} and --tls-key {args.tls_key!r}: TLS "
+            "needs both the certificate chain and its private key (PEM files); "
+            "give both, or neither for a plain server"
+        )
+    policy = load_policy(args.policy)
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    tls = None if args.tls_cert is None else (args.tls_cert, args.tls_key)
+    try:
+        server = PolicyServer(
+            policy,
+            args.address,
+            protocol=args.protocol,
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            token=token or None,
+            tls=tls,
+            insecure=args.insecure,
+        ).start()
+    except (ValueError, TypeError, OSError) as e:
+        raise ConfigError(
+            f"cannot serve {args.policy!r} on {args.address!r}: {e}"
+        ) from e
+
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: Any) -> None:
+        del signum, frame
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(server.address, flush=True)
+    print(
+        f"jaxmesh serve-policy: serving {args.policy} ({args.protocol}, max batch "
+        f"{args.max_batch}) at {server.url}; SIGTERM or Ctrl-C stops it",
+        file=sys.stderr,
+        flush=True,
+    )
+    if args.ready_fd is not None:
+        os.write(args.ready_fd, f"{server.address}\n".encode())
+        os.close(args.ready_fd)
+    while not stopped.wait(1.0):
+        pass
+    server.shutdown()
+    return 0

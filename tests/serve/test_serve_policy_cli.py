@@ -1,0 +1,81 @@
+"""``jaxmesh serve-policy``: a real server process that openpi-client drives,
+and the refusals of bad input (exit status 2, one line)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from serve_models import linear_reference
+
+from jaxmesh.cli import main
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.serve_policy import load_policy
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_serve_policy_in_a_real_process_answers_openpi_client():
+    read, write = os.pipe()
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-policy", "serve_models:LINEAR"]
+        + ["--max-batch", "4", "--ready-fd", str(write)],
+        pass_fds=(write,),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONPATH": path},
+    )
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as ready:
+            line = ready.readline().decode()
+        assert line.endswith("\n"), f"never served: {proc.communicate()[1]}"
+        host, port = line.strip().rsplit(":", 1)
+        assert host == "127.0.0.1"  # loopback by default
+        policy = WebsocketClientPolicy(host, int(port))
+        try:
+            state = np.array([1.0, 2.0, -3.0], np.float32)
+            reply = policy.infer({"observation/state": state})
+        finally:
+            policy._ws.close()
+        np.testing.assert_allclose(reply["actions"], linear_reference(state), rtol=1e-6)
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_a_non_loopback_address_without_a_token_is_refused(capsys, monkeypatch):
+    monkeypatch.delenv("JAXMESH_TOKEN", raising=False)
+    argv = ["serve-policy", "serve_models:LINEAR", "--address", "0.0.0.0:0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no token and no TLS" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_policy_is_read_from_a_run_config_or_module_attr(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "env: gymnax:CartPole-v1\npolicy: jaxmesh.zoo.cartpole:CartPoleMLP\n"
+        "policy_config:\n  checkpoint: null\n"
+    )
+    assert type(load_policy(str(config))).__name__ == "CartPoleMLP"
+    assert load_policy("serve_models:LINEAR").name == "chunk"
+    for bad, why in (
+        ("nothing_here", "neither a run config"),
+        (str(tmp_path / "missing.yaml"), "not found"),
+    ):
+        assert main(["serve-policy", bad]) == 2
+        assert why in capsys.readouterr().err
+    (tmp_path / "empty.yaml").write_text("env: gymnax:CartPole-v1\n")
+    with pytest.raises(ConfigError, match="names no policy"):
+        load_policy(str(tmp_path / "empty.yaml"))
