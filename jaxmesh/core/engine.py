@@ -195,6 +195,16 @@ class Carry:
     results: tally.Results
 
 
+def batched(env: Any) -> bool:
+    """Whether ``env`` steps all lanes in one call (an EnvPool pool,
+    ``jaxmesh.envs.envpool``) instead of a one-lane step that the engine
+    vmaps: it then has ``reset_lanes(begins, episode, state) -> (obs,
+    state)`` and ``step_lanes(active, state, action) -> (obs, state, reward,
+    terminated, truncated, info)``, over all N lanes. A lane outside
+    ``begins`` (or ``active``) must leave every episode's env alone."""
+    return callable(getattr(env, "step_lanes", None))
+
+
 def env_stream(keys: jax.Array) -> jax.Array:
     """The per-episode base of env-step keys: ``fold_in(key, STREAM_ENV)``."""
     return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
@@ -540,9 +550,17 @@ class Engine:
             )
 
         first = (lanes.env_key, lanes.env_state, obs, lanes.reset_success)
-        env_key, env_state, obs, reset_success = tiles.rarely(
-            start, min(RESET_TILE, cfg.agent.num_envs), body, first
-        )
+        if batched(self.env):  # one call starts every lane that begins
+            env_key, env_state, obs, reset_success = jax.lax.cond(
+                jnp.any(start),
+                lambda c: self._reset_lanes(lanes, begins, c),
+                lambda c: c,
+                first,
+            )
+        else:
+            env_key, env_state, obs, reset_success = tiles.rarely(
+                start, min(RESET_TILE, cfg.agent.num_envs), body, first
+            )
         ag = jax.lax.cond(
             jnp.any(begins),
             lambda ag: agent.begin(
@@ -565,6 +583,15 @@ class Engine:
             reset_success=reset_success,
         )
         return lanes, ag, obs, begins
+
+    def _reset_lanes(self, lanes: LaneState, begins: jax.Array, c: tuple) -> tuple:
+        """``_begin``'s reset for a batched env (``batched``): one
+        ``env.reset_lanes`` call for all lanes, kept for the lanes that
+        begin."""
+        env_key, env_state, _, reset_success = c
+        obs, env_state = self.env.reset_lanes(begins, lanes.episode, env_state)
+        env_key = jnp.where(lanes.start[:, None], env_stream(lanes.key), env_key)
+        return env_key, env_state, obs, reset_success
 
     def _reset(self, lanes: LaneState, keys: jax.Array, episodes: jax.Array):
         """The reset of a tile of lanes starting ``episodes`` with these keys:
@@ -776,7 +803,13 @@ class Engine:
             cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
         )
         env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
-        if cfg.reads_info:
+        if batched(self.env):  # one call steps every lane (spares for masked)
+            obs, env_state, reward, term, trunc, info = self.env.step_lanes(
+                active, lanes.env_state, action
+            )
+            if cfg.reads_info:
+                lanes = lanes.replace(acc=self._accumulate(lanes, info))
+        elif cfg.reads_info:
             obs, env_state, reward, term, trunc, info = jax.vmap(
                 self.env.step_with_info
             )(env_keys, lanes.env_state, action)

@@ -25,7 +25,7 @@ from jaxmesh.envs.gymnax import GymnaxEnv
 from jaxmesh.envs.names import ENV_PREFIXES, did_you_mean, no_prefix
 from jaxmesh.envs.playground import PlaygroundEnv, is_playground
 
-PREFIXES = ("gymnax", "brax", "playground", "libero")
+PREFIXES = ("gymnax", "brax", "playground", "libero", "envpool")
 
 #: What jaxmesh needs from an env of its own protocol (``jaxmesh.types.Env``).
 PROTOCOL = {
@@ -65,7 +65,9 @@ def make_env(env: Any, **kwargs: Any) -> Any:
         (``jaxmesh.envs.playground.make``). libero
         (``"libero:libero_spatial/0"``): ``camera_size`` (256; None: state
         only), ``settle_steps`` (10), ``max_episode_steps`` (the suite's cap)
-        (``jaxmesh.envs.libero.make``).
+        (``jaxmesh.envs.libero.make``). envpool (``"envpool:Pong-v5"``):
+        EnvPool's own ``make`` arguments (``max_episode_steps``,
+        ``num_threads``, ``noop_max``, ...; ``jaxmesh.envs.envpool.make``).
 
     Returns:
       A ``GymnaxEnv``, a ``BraxEnv``, a ``PlaygroundEnv``, or ``env`` itself
@@ -123,6 +125,10 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
             from jaxmesh.envs import libero
 
             return libero.make(name, **kwargs)
+        if prefix == "envpool":
+            from jaxmesh.envs import envpool
+
+            return envpool.make(name, **kwargs)
         from jaxmesh.envs import brax
 
         return brax.make(name, **kwargs)

@@ -21,6 +21,8 @@ ENV_PREFIXES = {
     "playground": "playground:<name>, a MuJoCo Playground env run in JAX "
     "(playground:CartpoleBalance)",
     "libero": "libero:<suite>/<i>, a LIBERO task (libero:libero_spatial/0)",
+    "envpool": "envpool:<id>, an EnvPool task stepped inside the jitted loop "
+    "(envpool:HalfCheetah-v5)",
     "gymnasium": "gymnasium:<id>, a gymnasium env stepped in this process "
     "(gymnasium:CartPole-v1)",
     "grpc": "grpc://host:port, an env served by jaxmesh serve-env "

@@ -144,6 +144,9 @@ class Evaluator:
         )
         self._chunks: dict = {}  # params signature -> chunk length K
         self._programs: dict = {}  # (params signature, capacity) -> _Program
+        #: An env built per run from its seeds (an EnvPool pool, ``env.bind``):
+        #: the current run's; its programs are the run's own.
+        self._bound: Any = None
 
     @property
     def device(self) -> Any:
@@ -209,7 +212,7 @@ class Evaluator:
         if key not in self._programs:
             engine = build.build_engine(
                 self.policy,
-                self.env,
+                self.env if self._bound is None else self._bound,
                 plan,
                 self.settings.max_steps,
                 self.metrics,
@@ -289,6 +292,8 @@ class Evaluator:
         e = int(seeds_arr.size)
         plan = self.plan(params, e)
         self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
+        if e and callable(getattr(self.env, "bind", None)):
+            self._bind(seeds_arr, plan.lanes)
         # What resume= compares: digests of the env, the policy's program
         # (kept by the probe of self.plan) and the params.
         told = build.told_horizon(pol, s)
@@ -349,6 +354,19 @@ class Evaluator:
                 engine.step_sink = None
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
+
+    def _bind(self, seeds: np.ndarray, lanes: int) -> None:
+        """Builds the run's env from its seeds (an EnvPool pool: env i seeded
+        with ``seeds[i]``, ``jaxmesh.envs.envpool``); the program calls that
+        pool by its address, so the run compiles its own."""
+        if isinstance(self.placement, placement.DeviceMesh):
+            raise ValueError(
+                f"{self.env.name} with devices=: its pool runs on the host's CPU "
+                "threads, one batch for all lanes; drop devices="
+            )
+        self._programs.clear()
+        self._bound = None  # the last run's pool is freed before a new one
+        self._bound = self.env.bind(seeds, lanes)
 
     def _check_run_record(self, record: Any, episodes: int) -> Any:
         """The ``Record`` of a run: the evaluator's, or one of the same shape.
