@@ -36,6 +36,7 @@ SCRIPTS = (
     "suite",
     "sweep",
     "libero_speed",
+    "serve_policy",
 )
 
 
