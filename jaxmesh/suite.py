@@ -266,17 +266,8 @@ class SuitePlan:
     every task's ``on_run_start`` ... ``on_run_end``, then
     ``on_task_end(name, RunResult)`` once the task is done.
 
-    Example (``jaxmesh.api`` makes each run with ``run_one``)::
-
-      plan = SuitePlan(suite, config, call)
-      for run in plan.runs:
-          try:
-              result = run_one(policy, run.env(), run.config, **run.call)
-          except BaseException as exc:
-              plan.failed(run, exc)
-              raise
-          plan.finished(run, result)
-      return plan.result()
+    ``jaxmesh.api.run_suite`` makes each run of ``runs`` and tells the plan
+    how it went (``finished`` or ``failed``); ``result()`` is the suite's.
 
     Raises:
       ValueError, TypeError: a bad ``resume=`` or a task's bad budget.
