@@ -15,6 +15,7 @@ unpickled.
 from __future__ import annotations
 
 import ssl
+import threading
 from typing import Any
 
 from jaxmesh._version import __version__
@@ -168,6 +169,7 @@ class PolicyServer:
         self._service: Any = None
         self._address: str | None = None
         self._started = False
+        self._stopped = threading.Event()
 
     @property
     def address(self) -> str:
@@ -233,6 +235,12 @@ class PolicyServer:
         if self._service is not None:
             self._service.shutdown(timeout)
         self._batcher.close(timeout)
+        self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the server has shut down (or ``timeout`` seconds);
+        returns whether it has."""
+        return self._stopped.wait(timeout)
 
     def __enter__(self) -> PolicyServer:
         return self if self._started else self.start()

@@ -187,7 +187,9 @@ def test_a_non_loopback_address_needs_a_token_or_tls():
 def test_shutdown_closes_connected_clients():
     server = jaxmesh.PolicyServer(linear_model()).start()
     with client(server) as policy:
+        assert not server.wait(0)
         server.shutdown()
+        assert server.wait(0)
         with pytest.raises(Exception):  # noqa: B017 - closed by the server
             policy.infer({"observation/state": np.ones(3, np.float32)})
     server.shutdown()  # twice is fine
