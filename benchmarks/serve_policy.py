@@ -1,10 +1,13 @@
 # ruff: noqa: E402 - OPENBLAS_NUM_THREADS must be set before numpy loads
 """Serving a policy to many simulator clients: batched against one at a time.
 
-A small conv net (a 224x224x3 camera image resized to 64x64 on the server,
-three strided convolutions, a 512-wide layer with the state, a chunk of 8
-actions) served by ``jaxmesh.PolicyServer`` over openpi's websocket protocol
-to N = 1, 4 and 16 client processes (``serve_client.py``), each stepping a
+Two policies of realistic cost, each reading a 224x224x3 uint8 camera image
+(converted to float on the server, as the spec's ``Image`` says) and the
+state, and returning a chunk of 8 actions: a wide MLP (the image pooled to
+16x16, two layers of 2048: 25 MB of weights) and a small conv net (the image
+pooled to 56x56, three strided convolutions, 512 wide). Each is served by
+``jaxmesh.PolicyServer`` over openpi's websocket protocol to N = 1, 4 and 16
+client processes (``serve_client.py``), each stepping a
 gymnasium CartPole and asking for every action. Two servers side by side, the
 same model and the same clients, repeats interleaved:
 
@@ -46,14 +49,17 @@ from jaxmesh.adapt import Image, State
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHUNK = 8
-IMAGE = Image(key="observation/image", size=(64, 64))
+#: The camera as openpi clients send it (resized on their side to the model's
+#: 224x224): the server converts it to float32 in [0, 1].
+IMAGE = Image(key="observation/image", size=(224, 224))
 SIZES = (1, 2, 4, 8, 16)
 
 
 class ConvNet(nn.Module):
     @nn.compact
     def __call__(self, image: jax.Array, state: jax.Array) -> jax.Array:
-        x = nn.relu(nn.Conv(32, (5, 5), strides=2)(image))
+        x = image.reshape(56, 4, 56, 4, 3).mean(axis=(1, 3))  # 4x4 pooling
+        x = nn.relu(nn.Conv(32, (5, 5), strides=2)(x))
         x = nn.relu(nn.Conv(64, (3, 3), strides=2)(x))
         x = nn.relu(nn.Conv(64, (3, 3), strides=2)(x))
         x = jnp.concatenate([x.reshape(-1), state])
@@ -61,20 +67,44 @@ class ConvNet(nn.Module):
         return nn.Dense(CHUNK)(x).reshape(CHUNK, 1)
 
 
-NET = ConvNet()
+class WideMLP(nn.Module):
+    """The image pooled to a 16x16 thumbnail beside the state, two layers of
+    2048: 6.3 M weights (25 MB), read once per forward whatever the batch."""
+
+    @nn.compact
+    def __call__(self, image: jax.Array, state: jax.Array) -> jax.Array:
+        small = image.reshape(16, 14, 16, 14, 3).mean(axis=(1, 3))
+        x = jnp.concatenate([small.reshape(-1), state])
+        x = nn.relu(nn.Dense(2048)(x))
+        x = nn.relu(nn.Dense(2048)(x))
+        return nn.Dense(CHUNK)(x).reshape(CHUNK, 1)
+
+
+NETS = {"conv": ConvNet(), "mlp": WideMLP()}
+#: What each model is, for the report.
+DESCRIBED = {
+    "conv": "conv net: 224x224x3 pooled to 56x56, 3 strided convolutions, "
+    "512 wide, chunk 8",
+    "mlp": "wide MLP: 224x224x3 pooled to a 16x16 thumbnail + state, 2x2048 "
+    "(25 MB of weights), chunk 8",
+}
 
 
 class CameraPolicy(jaxmesh.Model):
     native_chunk = CHUNK
     spec = {"image": IMAGE, "state": State(key="observation/state")}
 
+    def __init__(self, net: str = "conv"):
+        super().__init__(name=f"camera-{net}")
+        self.net = NETS[net]
+
     def load(self):
-        self.params = NET.init(
-            jax.random.PRNGKey(0), jnp.zeros((64, 64, 3)), jnp.zeros((4,))
+        self.params = self.net.init(
+            jax.random.PRNGKey(0), jnp.zeros((224, 224, 3)), jnp.zeros((4,))
         )
 
     def predict_chunk(self, obs):
-        return NET.apply(self.params, obs["image"], obs["state"])
+        return self.net.apply(self.params, obs["image"], obs["state"])
 
 
 def example(seed: int = 0) -> dict:
@@ -86,14 +116,14 @@ def example(seed: int = 0) -> dict:
     }
 
 
-def bare_forward_ms(params, repeats: int) -> dict[int, float]:
+def bare_forward_ms(net: nn.Module, params, repeats: int) -> dict[int, float]:
     """The jitted forward alone (resize + net on a stacked numpy batch, read
     back), per batch size: the median of ``repeats`` calls."""
 
     @jax.jit
     def bare(params, images, states):
         x = jax.vmap(lambda im: IMAGE.frame({"observation/image": im}))(images)
-        return jax.vmap(NET.apply, in_axes=(None, 0, 0))(params, x, states)
+        return jax.vmap(net.apply, in_axes=(None, 0, 0))(params, x, states)
 
     out = {}
     for b in SIZES:
@@ -162,20 +192,11 @@ def summarise(got: dict, seconds: float, bare: dict[int, float]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes")
-    ap.add_argument("--seconds", type=float, default=None, help="per measurement")
-    ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats")
-    ap.add_argument("--clients", default=None, help="e.g. 1,4,16")
-    args = ap.parse_args(argv)
-    seconds = args.seconds or (1.5 if args.quick else 5.0)
-    repeats = args.repeats or (1 if args.quick else 3)
-    clients = [
-        int(c) for c in (args.clients or ("1,4" if args.quick else "1,4,16")).split(",")
-    ]
-
-    model = CameraPolicy()
+def measure(
+    net: str, clients: list[int], seconds: float, repeats: int, quick: bool
+) -> None:
+    """The table and goal lines of one model."""
+    model = CameraPolicy(net)
     servers = {
         "batched": jaxmesh.PolicyServer(
             model, max_batch=16, max_wait_ms=5.0, example=example()
@@ -184,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         header(
-            "Serving a policy: batched against one request at a time",
+            f"Serving a policy ({net}): batched against one request at a time",
             {
-                "model": "conv net, 224x224x3 -> 64x64, chunk 8",
+                "model": DESCRIBED[net],
                 "clients": clients,
                 "seconds": seconds,
                 "repeats": repeats,
@@ -194,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
-    bare = bare_forward_ms(model.params, repeats=20 if args.quick else 50)
+    bare = bare_forward_ms(model.net, model.params, repeats=20 if quick else 50)
     print(
         "bare jitted forward (ms) by batch size: "
         + ", ".join(f"{b}: {ms:.2f}" for b, ms in bare.items())
@@ -255,10 +276,39 @@ def main(argv: list[str] | None = None) -> int:
     print()
     top = max(clients)
     ratio = med(top, "batched", "obs_s") / med(top, "one at a time", "obs_s")
-    print(goal(f"{top} clients, batched over one at a time (obs/s)", ratio, ratio >= 4))
+    print(
+        goal(
+            f"{net}: {top} clients, batched over one at a time (obs/s)",
+            ratio,
+            ratio >= 4,
+        )
+    )
     if 1 in clients:
         p50 = med(1, "batched", "p50")
-        print(goal("added latency p50, 1 client, 224x224x3 (ms)", p50, p50 <= 1.0))
+        what = f"{net}: added latency p50, 1 client, 224x224x3 (ms)"
+        print(goal(what, p50, p50 <= 1.0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes")
+    ap.add_argument("--seconds", type=float, default=None, help="per measurement")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats")
+    ap.add_argument("--clients", default=None, help="e.g. 1,4,16")
+    ap.add_argument(
+        "--models", default=None, help=f"comma-separated, of {sorted(NETS)}"
+    )
+    args = ap.parse_args(argv)
+    seconds = args.seconds or (1.5 if args.quick else 5.0)
+    repeats = args.repeats or (1 if args.quick else 3)
+    default = "1,4" if args.quick else "1,4,16"
+    clients = [int(c) for c in (args.clients or default).split(",")]
+    models = (args.models or ("mlp" if args.quick else "mlp,conv")).split(",")
+    unknown = sorted(set(models) - set(NETS))
+    if unknown:
+        ap.error(f"--models: unknown {unknown}; choose from {sorted(NETS)}")
+    for net in models:
+        measure(net, clients, seconds, repeats, args.quick)
     return 0
 
 
