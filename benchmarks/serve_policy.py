@@ -116,27 +116,38 @@ def example(seed: int = 0) -> dict:
     }
 
 
-def bare_forward_ms(net: nn.Module, params, repeats: int) -> dict[int, float]:
-    """The jitted forward alone (resize + net on a stacked numpy batch, read
-    back), per batch size: the median of ``repeats`` calls."""
+def bare_forward(net: nn.Module, params):
+    """A timer of the jitted forward alone (the spec's image conversion + the
+    net on a stacked numpy batch, read back): ``timer(repeats)`` gives, per
+    batch size, the median of ``repeats`` calls."""
 
     @jax.jit
     def bare(params, images, states):
         x = jax.vmap(lambda im: IMAGE.frame({"observation/image": im}))(images)
         return jax.vmap(net.apply, in_axes=(None, 0, 0))(params, x, states)
 
-    out = {}
-    for b in SIZES:
-        images = np.stack([example(i)["observation/image"] for i in range(b)])
-        states = np.zeros((b, 4), np.float32)
+    inputs = {
+        b: (
+            np.stack([example(i)["observation/image"] for i in range(b)]),
+            np.zeros((b, 4), np.float32),
+        )
+        for b in SIZES
+    }
+    for images, states in inputs.values():
         np.asarray(bare(params, images, states))
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            np.asarray(bare(params, images, states))
-            times.append((time.perf_counter() - t0) * 1000.0)
-        out[b] = statistics.median(times)
-    return out
+
+    def timer(repeats: int) -> dict[int, float]:
+        out = {}
+        for b, (images, states) in inputs.items():
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                np.asarray(bare(params, images, states))
+                times.append((time.perf_counter() - t0) * 1000.0)
+            out[b] = statistics.median(times)
+        return out
+
+    return timer
 
 
 def run_clients(server: jaxmesh.PolicyServer, n: int, seconds: float) -> dict:
@@ -215,24 +226,30 @@ def measure(
             },
         )
     )
-    bare = bare_forward_ms(model.net, model.params, repeats=20 if quick else 50)
-    print(
-        "bare jitted forward (ms) by batch size: "
-        + ", ".join(f"{b}: {ms:.2f}" for b, ms in bare.items())
-        + "\n"
-    )
+    timer = bare_forward(model.net, model.params)
+    bare_runs = [timer(20)]
     figures: dict[tuple[int, str], list[dict]] = {}
     with servers["batched"], servers["one at a time"]:
         for n in clients:  # a warm-up round, discarded
             for server in servers.values():
                 run_clients(server, n, min(seconds, 1.0))
+        raw: dict[tuple[int, str], list[dict]] = {}
         for _ in range(repeats):
             for n in clients:
                 for name, server in servers.items():
                     got = run_clients(server, n, seconds)
-                    figures.setdefault((n, name), []).append(
-                        summarise(got, seconds, bare)
-                    )
+                    raw.setdefault((n, name), []).append(got)
+            # The bare forward between the rounds, so that it sees their noise.
+            bare_runs.append(timer(20))
+    bare = {b: statistics.median(r[b] for r in bare_runs) for b in SIZES}
+    print(
+        "bare jitted forward (ms) by batch size, median of "
+        f"{len(bare_runs)} timings between the rounds: "
+        + ", ".join(f"{b}: {ms:.2f}" for b, ms in bare.items())
+        + "\n"
+    )
+    for key, runs in raw.items():
+        figures[key] = [summarise(got, seconds, bare) for got in runs]
 
     def med(n: int, name: str, key: str) -> float:
         return statistics.median(f[key] for f in figures[(n, name)])

@@ -86,7 +86,8 @@ class OpenpiService:
         """Binds and serves in a thread; returns the bound port.
 
         Raises:
-          OSError: the address cannot be bound.
+          OSError: the address cannot be bound (or what else kept the server
+            from listening).
         """
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self._main()),
@@ -124,7 +125,7 @@ class OpenpiService:
                 max_size=self.max_message_bytes,
                 ssl=self._ssl,
             )
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - raised again by start()
             self._error = e
             self._ready.set()
             return

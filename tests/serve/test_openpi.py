@@ -193,3 +193,10 @@ def test_shutdown_closes_connected_clients():
         with pytest.raises(Exception):  # noqa: B017 - closed by the server
             policy.infer({"observation/state": np.ones(3, np.float32)})
     server.shutdown()  # twice is fine
+
+
+def test_a_port_in_use_is_an_os_error_and_leaves_nothing_running():
+    with jaxmesh.PolicyServer(linear_model()) as server:
+        second = jaxmesh.PolicyServer(linear_model(), server.address)
+        with pytest.raises(OSError):
+            second.start()
