@@ -37,7 +37,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -rs -m "not slow"
 
 # The tests marked slow, left out of make test: a Menagerie robot's minutes of
-# MJX compile on 2 cores (tests/test_playground_menagerie.py).
+# MJX compile on 2 cores (tests/envs/test_playground_menagerie.py).
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=20
 
@@ -52,7 +52,7 @@ train: $(STAMP)
 	$(BIN)/python -m jaxmesh.zoo.train_cartpole
 
 # Regenerates jaxmesh/remote/proto/*_pb2*.py* from the .proto (grpcio-tools, in
-# [test]); the output is checked in, and tests/test_codec.py checks it is current.
+# [test]); the output is checked in, and tests/remote/test_codec.py checks it is current.
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 	  --grpc_python_out=. jaxmesh/remote/proto/jaxmesh_env.proto

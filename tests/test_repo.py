@@ -94,8 +94,10 @@ def imports(folder: Path) -> dict[str, list[str]]:
     local = {"jaxmesh", "__future__"}
     if not (folder / "__init__.py").exists():
         # Scripts import their neighbours by bare name (their folder is on
-        # sys.path); a package's own modules are imported as jaxmesh.*.
+        # sys.path), and its test packages by theirs (``run.test_check_env``);
+        # a package's own modules are imported as jaxmesh.*.
         local |= {p.stem for p in folder.glob("*.py")}
+        local |= {p.parent.name for p in folder.glob("*/__init__.py")}
     found: dict[str, list[str]] = {}
     for path in sorted(folder.rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))

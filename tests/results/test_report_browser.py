@@ -36,7 +36,7 @@ from browser import (
 )
 from PIL import Image
 from reference_loop import gymnax_fns, run_episode
-from test_report import PNG_SIGNATURE, Page
+from .test_report import PNG_SIGNATURE, Page
 
 import jaxmesh
 

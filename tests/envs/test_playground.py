@@ -36,7 +36,7 @@ from jaxmesh.envs import make_env, playground  # noqa: E402
 from jaxmesh.results import stats  # noqa: E402
 from jaxmesh.zoo import playground_cartpole  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "playground_cartpole.yaml"
 LENGTH = 20
 SEEDS = [3, 0, 7, 11, 5]

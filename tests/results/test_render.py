@@ -29,7 +29,7 @@ from jaxmesh.results.record import Record
 from jaxmesh.results.report import write_report
 from jaxmesh.results.video import episode_frames, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
 
 

@@ -22,14 +22,15 @@ import pytest
 from gym_reference import ID, SEEDS, BreaksOnSeed, chunky, lean, start_serve_envs
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from reference_loop import assert_matches
-from test_served import chunky_refs, lean_refs
-from test_served_dict import LANES, chunked, per_step, reference
-from test_served_dict import SEEDS as CAMERA_SEEDS
 from worker_envs import CameraEnv
 
 import jaxmesh
 from jaxmesh.remote.server import EnvServer, ServeOptions
 from jaxmesh.remote.session import Session
+
+from .test_served import chunky_refs, lean_refs
+from .test_served_dict import LANES, chunked, per_step, reference
+from .test_served_dict import SEEDS as CAMERA_SEEDS
 
 
 def url(server) -> str:

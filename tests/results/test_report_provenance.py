@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from test_report import Page, make_result  # noqa: E402
+from .test_report import Page, make_result  # noqa: E402
 
 from jaxmesh.results import summary  # noqa: E402
 from jaxmesh.results.result import RunResult, made_with  # noqa: E402

@@ -21,7 +21,7 @@ from jaxmesh.results import stats
 from jaxmesh.results.result import RunResult
 from jaxmesh.zoo import cartpole
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cartpole.yaml"
 
 
 @pytest.fixture(autouse=True)

@@ -20,11 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from test_resume import Stop, StopAt
 
 import jaxmesh
 from jaxmesh.cli import main
 from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+
+from .test_resume import Stop, StopAt
 
 ENV = "gymnax:CartPole-v1"
 POL_A = """import jax.numpy as jnp

@@ -2,7 +2,7 @@
 make it allocate from an unbounded request, or make the client hang on close.
 
 Real servers on 127.0.0.1 (port 0), driven by the raw stub client of
-tests/test_server.py or by jaxmesh's own clients, and stopped by each test.
+tests/remote/test_server.py or by jaxmesh's own clients, and stopped by each test.
 Times are checked against generous bounds only.
 """
 
@@ -19,7 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gymnasium import spaces
-from test_server import (
+
+import jaxmesh
+from jaxmesh.remote import codec
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
+from jaxmesh.remote.server import ServeOptions
+
+from .test_server import (
     Raw,
     act,
     client,
@@ -30,11 +36,6 @@ from test_server import (
     serving,
     session_when_free,
 )
-
-import jaxmesh
-from jaxmesh.remote import codec
-from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.server import ServeOptions
 
 ID = "CartPole-v1"
 

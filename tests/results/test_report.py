@@ -30,7 +30,7 @@ from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.results.report import constant_lines
 from jaxmesh.results.result import RunResult
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Elements with no end tag in HTML.
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "source", "wbr"}

@@ -14,7 +14,7 @@ from jaxmesh.cli.checks import check_run_config
 from jaxmesh.cli.config import load_config, yaml_load
 from jaxmesh.suite import make_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 #: A fenced ```yaml block of a Markdown file.
 YAML_BLOCK = re.compile(r"^```ya?ml\n(.*?)^```", re.MULTILINE | re.DOTALL)

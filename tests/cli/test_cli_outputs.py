@@ -28,7 +28,7 @@ from jaxmesh.cli import sweep as cli_sweep
 from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.cli.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,7 @@ from jaxmesh.cli.cache import CACHE_SWITCH_ENV, compile_cache_wanted
 from jaxmesh.cli.checks import check_run_config
 from jaxmesh.zoo import cartpole
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
 SERVED_CONFIG = ROOT / "configs" / "cartpole_served.yaml"
 EPISODE_KEYS = {
@@ -564,7 +564,7 @@ def test_check_seeds_key_refuses_a_seedless_env(tmp_path, capsys):
     config = write_config(
         tmp_path, env="gymnasium:jaxmesh-test/IgnoresSeed-v0", check_seeds=True
     )
-    import test_check_env  # noqa: F401  (registers the env)
+    from run import test_check_env  # noqa: F401  (registers the env)
 
     assert main(["eval", str(config), "--no-progress"]) == 2
     line = single_error_line(capsys.readouterr().err)

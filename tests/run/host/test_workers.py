@@ -319,7 +319,8 @@ if __name__ == "__main__":
 def _script(tmp_path):
     path = tmp_path / "user_script.py"
     path.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env = dict(os.environ, PYTHONPATH=tests)
     return path, env
 
 

@@ -218,6 +218,7 @@ def test_libero_s_done_ends_the_episode_as_a_success(monkeypatch):
     assert result.success.all() and (result.returns == 1.0).all()
 
 
+@pytest.mark.slow  # make test: workers on gymnasium envs (tests/run/host)
 def test_worker_processes_equal_openpi_loop(expected):
     env = jaxmesh.make_env(f"libero:{SUITE}/{TASK}", camera_size=None)
     result = run(env, workers=2, max_episode_steps=CAP)
@@ -297,6 +298,7 @@ def test_suite_names_instructions_and_caps():
     assert len(jaxmesh.make_suite("libero:libero_90").tasks) == 90
 
 
+@pytest.mark.slow  # make test: a LIBERO suite resumed in process (below)
 def test_suite_over_worker_processes_equals_openpi_loop():
     suite = jaxmesh.make_suite(
         f"libero:{SUITE}",
@@ -361,6 +363,7 @@ def test_missing_package_names_the_extra(monkeypatch):
         libero._libero()
 
 
+@pytest.mark.slow  # make test: every shipped config is checked (tests/cli)
 def test_config_runs_from_the_command_line(tmp_path, capsys):
     """configs/libero_spatial.yaml, cut short: the per-task table, the JSON,
     a video per task (from worker processes) and the report embedding them."""
@@ -368,7 +371,7 @@ def test_config_runs_from_the_command_line(tmp_path, capsys):
 
     from jaxmesh.cli import main
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "libero.json"
     sets = [
         "suite.tasks=[3]",
@@ -407,7 +410,7 @@ def test_bad_suite_configs(sets, match, capsys):
 
     from jaxmesh.cli import main
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "libero_spatial.yaml"
+    config = Path(__file__).resolve().parents[2] / "configs" / "libero_spatial.yaml"
     argv = ["eval", str(config)] + [a for s in sets for a in ("--set", s)]
     assert main(argv) == 2
     assert re.search(match, capsys.readouterr().err)

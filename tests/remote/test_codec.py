@@ -20,7 +20,7 @@ from jaxmesh.remote import codec
 from jaxmesh.remote.codec import LeafSpec, ProtocolError
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "jaxmesh" / "remote" / "proto"
 PROTO = "jaxmesh/remote/proto/jaxmesh_env.proto"
 
