@@ -194,8 +194,6 @@ def run_one(
     path = check_trace_path(trace)
     settings = _trace_settings(policy, env, config, call) if path else None
     with tracing(path, settings):
-        if resume is None:
-            return fingerprinted(policy, env, config, call)
         todo = resume_mod.Resumption(resume, policy, env, config, call)
         with todo.running():
             new = fingerprinted(policy, env, todo.config, todo.call)

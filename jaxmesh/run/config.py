@@ -402,8 +402,6 @@ class RunConfig:
                 )
             return served
         starts = self.starts
-        if starts.randomize is not None:
-            raise TypeError(playground.not_playground(env))
         if self.layout.devices is not None:
             raise ValueError(
                 f"devices={self.layout.devices!r}: lanes are split over devices "
@@ -411,6 +409,8 @@ class RunConfig:
                 "devices= (Layout(devices=...))"
             )
         initial.refuse_host(starts.initial_states, starts.reset_fn, env)
+        if starts.randomize is not None:
+            raise TypeError(playground.not_playground(env))
         return served
 
     def replace(self, **changes: Any) -> RunConfig:

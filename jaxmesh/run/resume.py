@@ -415,7 +415,8 @@ def _check_complete(
 
 
 class Resumption:
-    """``evaluate(..., resume=done)`` as three steps around the run it makes.
+    """``evaluate(..., resume=done)`` as three steps around the run it makes
+    (``done=None``, no resume: the run as asked, and its result as it is).
 
     The constructor checks ``done`` against this budget and settings and works
     out the run to make: the episodes ``done`` lacks (``missing``), with the
@@ -438,8 +439,16 @@ class Resumption:
     """
 
     def __init__(
-        self, done: RunResult, policy: Any, env: Any, config: RunConfig, call: dict
+        self,
+        done: RunResult | None,
+        policy: Any,
+        env: Any,
+        config: RunConfig,
+        call: dict,
     ):
+        self.done, self.config, self.call = done, config, call
+        if done is None:
+            return
         if call.get("record") is not None:
             raise ValueError(
                 "resume= with record=: the recorded episodes are named by budget "
@@ -483,7 +492,7 @@ class Resumption:
         """Within: the run of the missing episodes, whose episode ``k`` is
         budget episode ``missing[k]``. A failure's ``partial_result`` holds
         ``done``'s episodes and those finished now (its episode logs too)."""
-        if not self.missing.size:
+        if self.done is None or not self.missing.size:
             yield
             return
         try:
@@ -504,6 +513,8 @@ class Resumption:
         """The whole budget: ``done``'s episodes and ``new``'s (the run made in
         ``running()``), each by its index; the user's ``on_run_end`` hooks
         get it."""
+        if self.done is None:
+            return new
         if self.missing.size:
             result = merge(self.done, new, self.missing)
         else:
