@@ -32,6 +32,7 @@ SCRIPTS = (
     "remote",
     "realistic",
     "hostsim",
+    "envpool_xla",
     "scale",
     "suite",
     "sweep",

@@ -40,18 +40,25 @@ import numpy as np
 #: game's own (not clipped), as evaluation protocols score them.
 ATARI_DEFAULTS = {"episodic_life": False, "reward_clip": False}
 
+#: The episodes of one pool, at most (``make(pool_episodes=)``): about 0.7 MiB
+#: per MuJoCo env and 1 MiB per Atari env, so a pool stays near 1 GiB; a larger
+#: budget runs in pieces, each on its own pool, built when the last is done.
+POOL_EPISODES = 1000
+
 #: The seed of the spare env of each lane (its episodes are never reported).
 SPARE_SEED = 0
 
 _MSB = np.uint32(0x80000000)
 
 
-def make(task_id: str, **kwargs: Any) -> EnvPoolEnv:
+def make(task_id: str, pool_episodes: int = POOL_EPISODES, **kwargs: Any) -> EnvPoolEnv:
     """An EnvPool task as a jaxmesh env (its pools are built per run).
 
     Args:
       task_id: an EnvPool task id, e.g. ``"HalfCheetah-v5"`` or ``"Pong-v5"``
         (no ``envpool:`` prefix).
+      pool_episodes: the episodes of one pool, at most: a larger budget runs
+        in pieces of that many episodes, one pool (and one compile) each.
       **kwargs: EnvPool's own ``make`` arguments (``max_episode_steps``,
         ``num_threads``, ``noop_max``, ``repeat_action_probability``,
         ``stack_num``, ...). ``num_envs``, ``batch_size``, ``seed``,
@@ -97,7 +104,16 @@ def make(task_id: str, **kwargs: Any) -> EnvPoolEnv:
             f"envpool:{task_id} does not take {sorted(kwargs)} ({e}); its options "
             f"are the fields of envpool.make_spec({task_id!r}).config"
         ) from e
-    return EnvPoolEnv(task_id, kwargs, _Specs.of(one))
+    if (
+        isinstance(pool_episodes, bool)
+        or not isinstance(pool_episodes, int)
+        or (pool_episodes < 1)
+    ):
+        raise ValueError(
+            f"pool_episodes={pool_episodes!r}: expected an int >= 1, the "
+            "episodes of one pool (one EnvPool env each)"
+        )
+    return EnvPoolEnv(task_id, kwargs, _Specs.of(one), pool_episodes=pool_episodes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +190,7 @@ class EnvPoolEnv:
     kwargs: dict
     specs: _Specs
     name: str = ""
+    pool_episodes: int = POOL_EPISODES
 
     def __post_init__(self):
         if not self.name:
@@ -252,6 +269,7 @@ class EnvPoolEnv:
             self.kwargs,
             self.specs,
             self.name,
+            self.pool_episodes,
             pool=pool,
             episodes=len(seeds),
             lanes=n,

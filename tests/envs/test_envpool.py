@@ -146,15 +146,18 @@ def pong_refs():
 
 
 @pytest.mark.parametrize(
-    "n",
+    "n, pool_episodes",
     [
-        3,
-        pytest.param(1, marks=pytest.mark.slow),
-        pytest.param(8, marks=pytest.mark.slow),
+        (3, 3),  # two pools: episodes 0-2, then 3-4
+        pytest.param(1, 1000, marks=pytest.mark.slow),
+        pytest.param(8, 1000, marks=pytest.mark.slow),
+        pytest.param(2, 1, marks=pytest.mark.slow),
     ],
 )
-def test_pong_matches_per_episode_pools(pong_refs, n):
-    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=CAP)
+def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
+    env = jaxmesh.make_env(
+        "envpool:Pong-v5", max_episode_steps=CAP, pool_episodes=pool_episodes
+    )
     assert env.num_actions == 6
     r = jaxmesh.evaluate(
         frames_policy,
@@ -165,6 +168,8 @@ def test_pong_matches_per_episode_pools(pong_refs, n):
         chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
     )
     check(r, pong_refs, exact=True)
+    assert r.env_steps == sum(x[1] for x in pong_refs)
+    assert [rec.index for rec in r.episodes] == list(range(len(SEEDS)))
 
 
 @pytest.mark.slow
@@ -238,3 +243,11 @@ def test_float32_to_float64_is_exact():
     lo, hi = jax.jit(f32_to_f64_bits)(x)
     got = np.stack([np.asarray(lo), np.asarray(hi)], -1).reshape(-1).view(np.float64)
     np.testing.assert_array_equal(got, x.astype(np.float64))
+
+
+def test_pure_evaluator_refuses_an_envpool_env(cheetah):
+    with pytest.raises(TypeError, match="jaxmesh.evaluate or jaxmesh.Evaluator"):
+        ev = jaxmesh.make_evaluator(
+            lambda p, o: jnp.tanh(o[:6]), cheetah, num_envs=2, episodes=2
+        )
+        ev(None)

@@ -293,7 +293,7 @@ class Evaluator:
         plan = self.plan(params, e)
         self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         if e and callable(getattr(self.env, "bind", None)):
-            self._bind(seeds_arr, plan.lanes)
+            self._bind(seeds_arr[: self.env.pool_episodes], plan.lanes, e)
         # What resume= compares: digests of the env, the policy's program
         # (kept by the probe of self.plan) and the params.
         told = build.told_horizon(pol, s)
@@ -355,7 +355,7 @@ class Evaluator:
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
-    def _bind(self, seeds: np.ndarray, lanes: int) -> None:
+    def _bind(self, seeds: np.ndarray, lanes: int, budget: int = 0) -> None:
         """Builds the run's env from its seeds (an EnvPool pool: env i seeded
         with ``seeds[i]``, ``jaxmesh.envs.envpool``); the program calls that
         pool by its address, so the run compiles its own."""
@@ -364,8 +364,20 @@ class Evaluator:
                 f"{self.env.name} with devices=: its pool runs on the host's CPU "
                 "threads, one batch for all lanes; drop devices="
             )
+        if self._trial_reset is not None:
+            raise ValueError(
+                f"{self.env.name}: initial_states= / reset_fn=: an EnvPool env "
+                "starts each episode from its own seeded env; drop them"
+            )
+        if self._run_record is not None and budget > self.env.pool_episodes:
+            raise ValueError(
+                f"{self.env.name}: record= with {budget} episodes, over "
+                f"pool_episodes={self.env.pool_episodes} (the episodes of one "
+                "pool): record in a run of at most that many episodes, or make "
+                "the env with a larger pool_episodes"
+            )
         self._programs.clear()
-        self._bound = None  # the last run's pool is freed before a new one
+        self._bound = None  # the last pool is freed before the next is built
         self._bound = self.env.bind(seeds, lanes)
 
     def _check_run_record(self, record: Any, episodes: int) -> Any:
@@ -400,19 +412,56 @@ class Evaluator:
         sized by the lanes, never by the budget. The loop is the same on one
         device and on a mesh.
         """
-        place, plan, rec = self.placement, program.plan, self._run_record
+        place, plan = self.placement, program.plan
         place.check_same_everywhere(seeds_arr, params)
+        with span("init", "run"):
+            params = place.put_params(params)
+        e = seeds_arr.size
+        book = None
+        sink = program.engine.step_sink
+        for a, b in self._pieces(e):
+            if a:  # the next piece's pool, and the program that calls it
+                self._bind(seeds_arr[a:b], plan.lanes)
+                program = self._compiled(params, plan, sink is not None)[0]
+                program.engine.step_sink = sink
+            state, book = self._run_piece(
+                program, params, seeds_arr[a:b], a, e, book, episodes_out
+            )
+        place.keep(program.engine, state)
+        return jax.device_get(book)
+
+    def _pieces(self, e: int) -> list[tuple[int, int]]:
+        """The budget's episodes as ``[a, b)`` pieces run one after another:
+        one piece, except for an env bound per run (an EnvPool pool holds one
+        env per episode) whose ``pool_episodes`` bounds each pool."""
+        size = e if self._bound is None else max(1, self.env.pool_episodes)
+        return [(a, min(a + size, e)) for a in range(0, max(e, 1), size)]
+
+    def _run_piece(
+        self,
+        program: _Program,
+        params,
+        seeds,
+        offset: int,
+        e: int,
+        book,
+        episodes_out,
+    ) -> tuple:
+        """Runs segments until the episodes of ``seeds`` (the budget's
+        episodes ``offset, offset + 1, ...``) are done; writes them into the
+        host ``book`` of all ``e`` episodes. Returns the last state and the
+        book."""
+        place, plan, rec = self.placement, program.plan, self._run_record
         with span("init", "run"):
             state, res = place.first_carry(
                 program.engine,
-                seeds_arr,
+                seeds,
                 None if rec is None else rec.episodes,
                 self._run_trials,
                 self._run_texts,
             )
-            params = place.put_params(params)
-        e = seeds_arr.size
-        book, base = None, 0  # the first carry's window starts at episode 0
+        before = (0, 0) if book is None else (book.env_steps, book.policy_rows)
+        base = 0  # the first carry's window starts at episode 0
         k = 0
         while True:
             # A segment's span runs from its dispatch to the sync that reads its
@@ -420,6 +469,8 @@ class Evaluator:
             with span("segment", "run", index=k):
                 state, res = program.segment(params, state, res)
                 log, n_done, next_episode = place.drain(state, res, plan)
+            if offset:  # a later piece: its episodes' indices in the budget
+                log = _shifted(log, offset, before)
             with span("host sync", "run"):
                 book = core_results.write(
                     core_results.book(log, e) if book is None else book, log
@@ -429,17 +480,29 @@ class Evaluator:
             episodes_out.latest = book
             self._run_steps.raise_error()  # an on_step hook raised: it ends
             k += 1
-            finished = n_done >= e
+            finished = n_done >= seeds.size
             if episodes_out.wants_episodes or finished or np.any(book.fault.kind):
                 with span("hooks", "run"):
                     episodes_out.update(book)
                 episodes_out.check_fault(book)
                 if finished:
-                    place.keep(program.engine, state)
-                    return jax.device_get(book)
+                    return state, book
             state, base = place.put_window(
-                program.engine, state, base, seeds_arr, next_episode, self._run_trials
+                program.engine, state, base, seeds, next_episode, self._run_trials
             )
+
+
+def _shifted(log: Any, offset: int, before: tuple) -> Any:
+    """A later piece's host log as the budget's: episode indices shifted by
+    ``offset``, run totals added to the earlier pieces' (``before``)."""
+    steps, rows = before
+    fault = log.fault.replace(episode=np.asarray(log.fault.episode) + offset)
+    return log.replace(
+        index=np.asarray(log.index) + offset,
+        env_steps=np.asarray(log.env_steps) + steps,
+        policy_rows=np.asarray(log.policy_rows) + rows,
+        fault=fault,
+    )
 
 
 class ShardedEvaluator(Evaluator):

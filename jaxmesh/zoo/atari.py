@@ -1,0 +1,55 @@
+"""A small convolutional Atari policy with fixed random weights (untrained).
+
+It reads EnvPool's Atari observation (``[4, 84, 84]`` uint8: four grayscale
+frames, oldest first) and returns a greedy action. It scores what a random
+policy scores (Pong: about -21): it exists to show the evaluation protocol
+end to end (``configs/pong.yaml``), with the shapes and cost of a real agent's
+network. An agent you trained plugs in the same way: ``policy:
+my_module:my_fn`` with ``fn(obs) -> action``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.cache
+def weights(num_actions: int = 6, seed: int = 0) -> dict:
+    """Conv 8x8/4 (16 ch), conv 4x4/2 (32 ch), dense 256, dense ``num_actions``
+    (the small Atari network of DQN's first paper), He-scaled normal draws
+    (numpy, so that the first call may come from inside a trace)."""
+    rng = np.random.default_rng(seed)
+
+    def he(shape, fan_in):
+        return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+    return {
+        "c1": he((16, 4, 8, 8), 4 * 8 * 8),
+        "c2": he((32, 16, 4, 4), 16 * 4 * 4),
+        "d1": he((32 * 9 * 9, 256), 32 * 9 * 9),
+        "d2": he((256, num_actions), 256),
+    }
+
+
+def logits(obs: jax.Array, num_actions: int = 6) -> jax.Array:
+    """``[4, 84, 84]`` uint8 frames -> ``[num_actions]`` float32 scores."""
+    w = weights(num_actions)
+    x = obs.astype(jnp.float32)[None] / 255.0  # [1, 4, 84, 84], NCHW
+    conv = functools.partial(
+        jax.lax.conv_general_dilated,
+        padding="VALID",
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+    )
+    x = jax.nn.relu(conv(x, w["c1"], (4, 4)))  # [1, 16, 20, 20]
+    x = jax.nn.relu(conv(x, w["c2"], (2, 2)))  # [1, 32, 9, 9]
+    x = jax.nn.relu(x.reshape(-1) @ w["d1"])
+    return x @ w["d2"]
+
+
+def pong(obs: jax.Array) -> jax.Array:
+    """The greedy action of ``logits`` for Pong's 6 actions (int32)."""
+    return jnp.argmax(logits(obs, 6)).astype(jnp.int32)
