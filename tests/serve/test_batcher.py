@@ -4,6 +4,7 @@ and faults that fail only their own request."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -175,3 +176,15 @@ def test_a_recurrent_model_is_refused():
 def test_bad_max_batch_is_refused(bad):
     with pytest.raises(ValueError, match="max_batch"):
         ServedModel(linear_model(), max_batch=bad)
+
+
+def test_a_stochastic_policy_draws_with_fold_in_of_the_seed_and_request_index():
+    def draw(obs, key):
+        return jax.random.uniform(key, (2,)) + obs["observation/state"][0]
+
+    served = ServedModel(draw, max_batch=4, seed=7)
+    rows = [served.prepare(state_obs(0)) for _ in range(3)]
+    first = served.run(rows).outputs + served.run(rows[:1]).outputs
+    for i, out in enumerate(first):  # requests 0, 1, 2, then 3
+        key = jax.random.fold_in(jax.random.PRNGKey(7), i)
+        np.testing.assert_allclose(out, [np.asarray(jax.random.uniform(key, (2,)))])
