@@ -214,6 +214,20 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as e:
         raise ConfigError(f"cannot serve {env!r} on {args.address!r}: {e}") from e
 
+    serve_until_stopped(
+        server,
+        f"jaxmesh serve-env: serving {args.env} ({server.num_lanes} lanes) at "
+        f"{server.address}",
+        args.ready_fd,
+    )
+    return 0
+
+
+def serve_until_stopped(server: Any, what: str, ready_fd: int | None) -> None:
+    """Prints the started ``server``'s address (stdout) and ``what`` it serves
+    (stderr), tells a parent waiting on ``--ready-fd``, and returns once
+    SIGTERM or Ctrl-C has shut the server down."""
+
     def stop(signum: int, frame: Any) -> None:
         del signum, frame
         threading.Thread(target=server.shutdown, daemon=True).start()
@@ -221,15 +235,9 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(server.address, flush=True)
-    print(
-        f"jaxmesh serve-env: serving {args.env} ({server.num_lanes} lanes) at "
-        f"{server.address}; SIGTERM or Ctrl-C stops it",
-        file=sys.stderr,
-        flush=True,
-    )
-    if args.ready_fd is not None:
-        os.write(args.ready_fd, f"{server.address}\n".encode())
-        os.close(args.ready_fd)
+    print(f"{what}; SIGTERM or Ctrl-C stops it", file=sys.stderr, flush=True)
+    if ready_fd is not None:
+        os.write(ready_fd, f"{server.address}\n".encode())
+        os.close(ready_fd)
     while not server.wait(1.0):
         pass
-    return 0

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.build import build_policy
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.serve import serve_until_stopped
 from jaxmesh.remote.protocol import TOKEN_ENV
 
 #: A run config's suffixes: the target is then read as a config file.
@@ -92,25 +90,10 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
             f"cannot serve {args.policy!r} on {args.address!r}: {e}"
         ) from e
 
-    stopped = threading.Event()
-
-    def stop(signum: int, frame: Any) -> None:
-        del signum, frame
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    print(server.address, flush=True)
-    print(
+    serve_until_stopped(
+        server,
         f"jaxmesh serve-policy: serving {args.policy} ({args.protocol}, max batch "
-        f"{args.max_batch}) at {server.url}; SIGTERM or Ctrl-C stops it",
-        file=sys.stderr,
-        flush=True,
+        f"{args.max_batch}) at {server.url}",
+        args.ready_fd,
     )
-    if args.ready_fd is not None:
-        os.write(args.ready_fd, f"{server.address}\n".encode())
-        os.close(args.ready_fd)
-    while not stopped.wait(1.0):
-        pass
-    server.shutdown()
     return 0
