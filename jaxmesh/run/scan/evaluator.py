@@ -364,6 +364,13 @@ class Evaluator:
                 f"{self.env.name} with devices=: its pool runs on the host's CPU "
                 "threads, one batch for all lanes; drop devices="
             )
+        device = self.device or jax.devices()[0]
+        if device.platform != "cpu":
+            raise ValueError(
+                f"{self.env.name} with the policy on {device}: EnvPool's XLA calls "
+                "run on the CPU only; put the policy there (jaxmesh.Model(fn, "
+                "device='cpu')) or run with JAX_PLATFORMS=cpu"
+            )
         if self._trial_reset is not None:
             raise ValueError(
                 f"{self.env.name}: initial_states= / reset_fn=: an EnvPool env "
