@@ -37,18 +37,34 @@ def reference(task, seed, plan, h, lead, cap, **kwargs):
     )
     obs, _ = env.reset()
     seen = [obs[0]]  # observation after t steps
+    actions = []
     total, t, chunk = np.float32(0.0), 0, None
     while True:
         if t % h == 0:
             at = 0 if t == 0 else t - min(lead, h)
             chunk = plan(seen[at])
         action = chunk[t % h][None]
+        actions.append(action[0])
         obs, reward, term, trunc, _ = env.step(action)
         total += np.float32(reward[0])
         t += 1
         seen.append(obs[0])
         if term[0] or trunc[0]:
-            return total, t, bool(term[0]), bool(trunc[0])
+            return total, t, bool(term[0]), bool(trunc[0]), np.stack(seen), actions
+
+
+def check_trajectories(result, refs, exact):
+    """Every step's observation and action against the reference's."""
+    for traj, ref in zip(result.trajectories, refs, strict=True):
+        obs, actions = np.asarray(traj.observations), np.asarray(traj.actions)
+        assert obs.shape == ref[4].shape and actions.shape[0] == len(ref[5])
+        if exact:
+            assert obs.dtype == ref[4].dtype == np.uint8
+            np.testing.assert_array_equal(obs, ref[4])
+            np.testing.assert_array_equal(actions, np.stack(ref[5]))
+        else:
+            np.testing.assert_allclose(obs, ref[4], rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(actions, np.stack(ref[5]), rtol=1e-3, atol=1e-3)
 
 
 def check(result, refs, exact):
@@ -94,24 +110,41 @@ def cheetah_refs():
     return [reference("HalfCheetah-v5", s, mlp_numpy, H, LEAD, CAP) for s in SEEDS]
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_halfcheetah_matches_per_episode_pools(cheetah, cheetah_refs, n):
-    r = jaxmesh.evaluate(
-        mlp,
-        cheetah,
+def run(policy, env, n, pool_episodes=1000):
+    """The test budget on ``n`` lanes, chunked with a lead; recorded step by
+    step when it fits one pool (``record=`` with pieces is refused)."""
+    record = None
+    if pool_episodes >= len(SEEDS):
+        record = jaxmesh.Record(range(len(SEEDS)), max_steps=CAP)
+    return jaxmesh.evaluate(
+        policy,
+        env,
         num_envs=n,
         seeds=SEEDS,
         horizon=H,
         chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
+        record=record,
     )
+
+
+@pytest.mark.parametrize(
+    "n, pool_episodes",
+    [
+        (1, 1000),
+        (3, 3),  # two pools: episodes 0-2, then 3-4
+        pytest.param(8, 1000, marks=pytest.mark.slow),  # masked lanes from the start
+    ],
+)
+def test_halfcheetah_matches_per_episode_pools(cheetah_refs, n, pool_episodes):
+    env = jaxmesh.make_env(
+        "envpool:HalfCheetah-v5", max_episode_steps=CAP, pool_episodes=pool_episodes
+    )
+    r = run(mlp, env, n, pool_episodes)
     check(r, cheetah_refs, exact=False)
+    if pool_episodes >= len(SEEDS):
+        check_trajectories(r, cheetah_refs, exact=False)
     assert r.env_steps == sum(x[1] for x in cheetah_refs)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [8])
-def test_halfcheetah_more_lanes_than_episodes(cheetah, cheetah_refs, n):
-    test_halfcheetah_matches_per_episode_pools(cheetah, cheetah_refs, n)
+    assert [rec.index for rec in r.episodes] == list(range(len(SEEDS)))
 
 
 # Atari Pong: discrete actions, uint8 frames --------------------------------------
@@ -148,10 +181,10 @@ def pong_refs():
 @pytest.mark.parametrize(
     "n, pool_episodes",
     [
-        (3, 3),  # two pools: episodes 0-2, then 3-4
+        (3, 1000),
         pytest.param(1, 1000, marks=pytest.mark.slow),
         pytest.param(8, 1000, marks=pytest.mark.slow),
-        pytest.param(2, 1, marks=pytest.mark.slow),
+        pytest.param(2, 1, marks=pytest.mark.slow),  # a pool per episode
     ],
 )
 def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
@@ -159,17 +192,19 @@ def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
         "envpool:Pong-v5", max_episode_steps=CAP, pool_episodes=pool_episodes
     )
     assert env.num_actions == 6
-    r = jaxmesh.evaluate(
-        frames_policy,
-        env,
-        num_envs=n,
-        seeds=SEEDS,
-        horizon=H,
-        chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
-    )
+    r = run(frames_policy, env, n, pool_episodes)
     check(r, pong_refs, exact=True)
+    if pool_episodes >= len(SEEDS):
+        check_trajectories(r, pong_refs, exact=True)
     assert r.env_steps == sum(x[1] for x in pong_refs)
-    assert [rec.index for rec in r.episodes] == list(range(len(SEEDS)))
+
+
+def test_record_with_pieces_is_refused():
+    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=3, pool_episodes=1)
+    with pytest.raises(ValueError, match="pool_episodes=1"):
+        jaxmesh.evaluate(
+            frames_policy, env, num_envs=1, episodes=2, record=jaxmesh.Record([0])
+        )
 
 
 @pytest.mark.slow
@@ -183,6 +218,47 @@ def test_pong_frames_stay_uint8():
     env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=3)
     jaxmesh.evaluate(policy, env, num_envs=2, episodes=2)
     assert seen and all(s == ((4, 84, 84), jnp.uint8) for s in seen)
+
+
+@pytest.mark.slow
+def test_pong_frame_stack_and_previous_action(pong_refs):
+    """``State(stack=2)`` over EnvPool's uint8 frames and ``Previous()``,
+    against a plain loop that keeps the same window by hand."""
+    from jaxmesh.adapt import Previous, State
+
+    def pol(inp):
+        frames, prev = inp["obs"], inp["prev"]  # [2, 4, 84, 84] uint8, ()
+        s = jnp.sum(frames[-1].astype(jnp.int32)) - jnp.sum(frames[0].astype(jnp.int32))
+        return (jnp.abs(s) + prev) % 6
+
+    model = jaxmesh.Model(pol, spec={"obs": State(stack=2), "prev": Previous()})
+
+    def reference_stacked(seed):
+        env = envpool.make(
+            "Pong-v5",
+            env_type="gymnasium",
+            num_envs=1,
+            seed=seed,
+            max_episode_steps=CAP,
+            episodic_life=False,
+            reward_clip=False,
+        )
+        obs, _ = env.reset()
+        window, prev, total, t = [obs[0], obs[0]], 0, np.float32(0), 0
+        while True:
+            s = window[-1].astype(np.int64).sum() - window[0].astype(np.int64).sum()
+            prev = int((abs(s) + prev) % 6)
+            obs, reward, term, trunc, _ = env.step(np.array([prev], np.int32))
+            window = [window[-1], obs[0]]
+            total += np.float32(reward[0])
+            t += 1
+            if term[0] or trunc[0]:
+                return total, t, bool(term[0]), bool(trunc[0])
+
+    refs = [reference_stacked(s) for s in SEEDS]
+    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=CAP)
+    r = jaxmesh.evaluate(model, env, num_envs=2, seeds=SEEDS)
+    check(r, refs, exact=True)
 
 
 # What is passed to EnvPool, and bad input ------------------------------------------
@@ -245,6 +321,7 @@ def test_float32_to_float64_is_exact():
     np.testing.assert_array_equal(got, x.astype(np.float64))
 
 
+@pytest.mark.slow
 def test_pure_evaluator_refuses_an_envpool_env(cheetah):
     with pytest.raises(TypeError, match="jaxmesh.evaluate or jaxmesh.Evaluator"):
         ev = jaxmesh.make_evaluator(
