@@ -155,7 +155,7 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"env_config={out['env_config']!r} with env={config['env']!r}: "
             "env_config only applies to gymnax: and brax: ids (and playground:, "
-            "libero:); a served env is "
+            "libero:, envpool:); a served env is "
             "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
             "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
             "as registered: remove env_config"

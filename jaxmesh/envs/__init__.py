@@ -73,7 +73,9 @@ def make_env(env: Any, **kwargs: Any) -> Any:
       A ``GymnaxEnv``, a ``BraxEnv``, a ``PlaygroundEnv``, or ``env`` itself
       when it already follows the protocol; for a ``libero:`` id, a picklable
       factory of a gymnasium env (``jaxmesh.envs.libero.LiberoEnv``) that
-      ``jaxmesh.evaluate`` calls once per lane.
+      ``jaxmesh.evaluate`` calls once per lane; for an ``envpool:`` id, an
+      ``jaxmesh.envs.envpool.EnvPoolEnv``, whose pool each run builds from its
+      seeds.
 
     Raises:
       ValueError: for an unknown id or prefix (naming the closest ones).
