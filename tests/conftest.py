@@ -22,6 +22,7 @@ import pytest
 #: first: with ``make test``'s two workers taking whole files, a long file left
 #: for the end keeps one worker busy while the other has nothing left to run.
 LONG_FILES = (
+    "test_libero.py",
     "test_sharded.py",
     "test_notebook.py",
     "test_playground.py",
@@ -31,6 +32,10 @@ LONG_FILES = (
     "test_distributed.py",
     "test_soak.py",
     "test_model.py",
+    "test_gymnasium.py",
+    "test_config.py",
+    "test_rules.py",
+    "test_execution_modes.py",
 )
 
 
