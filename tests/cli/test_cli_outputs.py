@@ -440,23 +440,18 @@ gym.register("SlowCartPole-v1", entry_point=SlowCartPole, max_episode_steps=500)
 '''
 
 
-def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
-    tmp_path, capsys, monkeypatch
-):
-    (tmp_path / "slowcart.py").write_text(SLOW_ENV)
-    config = write_config(
-        tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", episodes=24
-    )
-    log = tmp_path / "out" / "r.episodes.jsonl"
+def interrupted(tmp_path, argv, written, marker, count):
+    """``jaxmesh ARGV`` in a child process on the slow CartPole, sent SIGINT
+    once ``written`` holds ``count`` lines with ``marker``; its exit status and
+    stderr."""
     env = {
         **os.environ,
         CACHE_SWITCH_ENV: "0",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
         # Slow enough that the run cannot end before the signal, however busy
-        # the machine; the resumed run below, in this process, is not slowed.
+        # the machine; the resumed run, in the test's process, is not slowed.
         "SLOWCART_SECONDS": "0.05",
     }
-    argv = ["eval", str(config), "--no-progress", "--set", "num_envs=1"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "jaxmesh.cli", *argv],
         stdout=subprocess.PIPE,
@@ -468,7 +463,7 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            if log.is_file() and log.read_text().count('"episode"') >= 2:
+            if written.is_file() and written.read_text().count(marker) >= count:
                 break
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()
@@ -476,7 +471,20 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    return proc.returncode, err
+
+
+def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
+    tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "slowcart.py").write_text(SLOW_ENV)
+    config = write_config(
+        tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", episodes=24
+    )
+    log = tmp_path / "out" / "r.episodes.jsonl"
+    argv = ["eval", str(config), "--no-progress", "--set", "num_envs=1"]
+    returncode, err = interrupted(tmp_path, argv, log, '"episode"', 2)
+    assert returncode == 130, err
     assert "Traceback" not in err
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("jaxmesh eval: interrupted. ")
@@ -500,35 +508,9 @@ def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
         tmp_path, env="gymnasium:slowcart:SlowCartPole-v1", delay=[0, 1]
     )
     cells_file = tmp_path / "out" / "r.sweep.cells.jsonl"
-    env = {
-        **os.environ,
-        CACHE_SWITCH_ENV: "0",
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
-        # Slow enough that the run cannot end before the signal, however busy
-        # the machine; the resumed run below, in this process, is not slowed.
-        "SLOWCART_SECONDS": "0.05",
-    }
     argv = ["sweep", str(config), "--set", "num_envs=1"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if cells_file.is_file() and cells_file.read_text().count('"cell"') >= 1:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    returncode, err = interrupted(tmp_path, argv, cells_file, '"cell"', 1)
+    assert returncode == 130, err
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("jaxmesh sweep: interrupted. ")
     command = lines[0].split("to run only the rest: ")[1]
