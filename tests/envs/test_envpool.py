@@ -8,6 +8,9 @@ budget on one pool for all episodes at several lane counts.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import envpool
 import jax
 import jax.numpy as jnp
@@ -192,7 +195,19 @@ def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
         "envpool:Pong-v5", max_episode_steps=CAP, pool_episodes=pool_episodes
     )
     assert env.num_actions == 6
+    pools = []  # weak references to each pool the run builds
+    bind = env.bind
+
+    def tracked(*args):
+        pool = bind(*args)
+        pools.append(weakref.ref(pool))
+        return pool
+
+    env.bind = tracked
     r = run(frames_policy, env, n, pool_episodes)
+    gc.collect()
+    assert len(pools) == -(-len(SEEDS) // pool_episodes)
+    assert all(p() is None for p in pools), "a finished run keeps its pool"
     check(r, pong_refs, exact=True)
     if pool_episodes >= len(SEEDS):
         check_trajectories(r, pong_refs, exact=True)

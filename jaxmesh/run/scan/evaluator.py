@@ -434,8 +434,13 @@ class Evaluator:
             state, book = self._run_piece(
                 program, params, seeds_arr[a:b], a, e, book, episodes_out
             )
-        place.keep(program.engine, state)
-        return jax.device_get(book)
+        book = jax.device_get(book)
+        if self._bound is None:
+            place.keep(program.engine, state)
+        else:  # a pool serves one run (its envs are spent): free it now
+            self._programs.clear()
+            self._bound = None
+        return book
 
     def _pieces(self, e: int) -> list[tuple[int, int]]:
         """The budget's episodes as ``[a, b)`` pieces run one after another:
