@@ -218,7 +218,11 @@ def test_record_with_pieces_is_refused():
     env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=3, pool_episodes=1)
     with pytest.raises(ValueError, match="pool_episodes=1"):
         jaxmesh.evaluate(
-            frames_policy, env, num_envs=1, episodes=2, record=jaxmesh.Record([0])
+            lambda obs: frames_policy(obs)[0],
+            env,
+            num_envs=1,
+            episodes=2,
+            record=jaxmesh.Record([0]),
         )
 
 
@@ -283,6 +287,15 @@ def test_atari_evaluation_defaults_and_user_kwargs():
     env = jaxmesh.make_env("envpool:Pong-v5", episodic_life=True, noop_max=1)
     assert env.kwargs == {"episodic_life": True, "reward_clip": False, "noop_max": 1}
     assert jaxmesh.make_env("envpool:HalfCheetah-v5").kwargs == {}
+
+
+def test_env_digest_tells_option_sets_apart():
+    from jaxmesh.run.identity import env_digest
+
+    plain = env_digest(jaxmesh.make_env("envpool:Pong-v5"))
+    assert plain == env_digest(jaxmesh.make_env("envpool:Pong-v5"))
+    sticky = jaxmesh.make_env("envpool:Pong-v5", repeat_action_probability=0.25)
+    assert env_digest(sticky) != plain
 
 
 def test_bad_ids_and_kwargs_name_what_to_do():
