@@ -15,7 +15,10 @@ Frames come from, in this order:
    (``brax.io.image``), both MuJoCo's OpenGL renderer, headless through
    ``MUJOCO_GL=egl``. Nothing is replayed: the video is the run's own
    episode, however long.
-4. The env's own renderer, on the replayed states: gymnax's
+4. For an EnvPool env (``envpool:<id>``, which has no renderer), the frames
+   the policy saw: each recorded observation that is an image (Atari's
+   ``[stack, H, W]`` uint8 frames: the newest of the stack, in gray).
+5. The env's own renderer, on the replayed states: gymnax's
    (``gymnax.visualize``: gymnasium's pygame drawing for classic control,
    matplotlib for the others), brax's and Playground's (when their states
    were not recorded). The replay is open loop: in an unstable system its
@@ -308,6 +311,8 @@ def episode_frames(
         {k: v[t] for k, v in obs.items()} if isinstance(obs, dict) else obs[t]
         for t in range(steps)
     ]
+    if frames is None and str(result.env).startswith("envpool:"):
+        return observation_frames(result.env, obs_at)
     if jax_env is None:
         if frames is None:
             raise ValueError(
@@ -321,6 +326,33 @@ def episode_frames(
     if frames is not None:
         return [np.asarray(frames(o, s)) for o, s in zip(obs_at, states, strict=True)]
     return _draw(jax_env, states)
+
+
+def observation_frames(name: str, observations: list) -> list[np.ndarray]:
+    """An EnvPool episode's frames: its image observations as RGB.
+
+    An observation ``[H, W, 3]`` is a frame as it is; ``[stack, H, W]`` (or
+    ``[H, W]``) uint8 is gray, and the newest frame of the stack is drawn.
+
+    Raises:
+      ValueError: the observations are not images (MuJoCo's state vectors),
+        naming ``frames=`` as the way to draw them.
+    """
+    out = []
+    for obs in observations:
+        o = np.asarray(obs)
+        if o.dtype == np.uint8 and o.ndim == 3 and o.shape[-1] == 3:
+            out.append(o)
+        elif o.dtype == np.uint8 and o.ndim in (2, 3):
+            gray = o if o.ndim == 2 else o[-1]
+            out.append(np.repeat(gray[..., None], 3, axis=-1))
+        else:
+            raise ValueError(
+                f"env {name!r} has no renderer and its observations (shape "
+                f"{o.shape}, {o.dtype}) are not image frames; pass frames=fn, "
+                "fn(obs, None) -> rgb array [H, W, 3]"
+            )
+    return out
 
 
 def _draw(env: Any, states: list) -> list[np.ndarray]:

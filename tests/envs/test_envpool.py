@@ -19,6 +19,7 @@ import pytest
 
 import jaxmesh
 from jaxmesh.envs.envpool import f32_to_f64_bits, f64_bits_to_f32
+from jaxmesh.results.video import episode_frames
 
 CAP = 25  # EnvPool's max_episode_steps: short episodes, several per lane
 SEEDS = [5, 9, 2, 7, 1]
@@ -146,6 +147,8 @@ def test_halfcheetah_matches_per_episode_pools(cheetah_refs, n, pool_episodes):
     check(r, cheetah_refs, exact=False)
     if pool_episodes >= len(SEEDS):
         check_trajectories(r, cheetah_refs, exact=False)
+        with pytest.raises(ValueError, match="pass frames=fn"):
+            episode_frames(r, 0)  # state vectors are no frames
     assert r.env_steps == sum(x[1] for x in cheetah_refs)
     assert [rec.index for rec in r.episodes] == list(range(len(SEEDS)))
 
@@ -211,6 +214,11 @@ def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
     check(r, pong_refs, exact=True)
     if pool_episodes >= len(SEEDS):
         check_trajectories(r, pong_refs, exact=True)
+        # EnvPool has no renderer: a video shows the newest frame of each
+        # observation's stack, in gray.
+        seen = pong_refs[1][4][:, -1]
+        want = np.repeat(seen[..., None], 3, axis=-1)
+        np.testing.assert_array_equal(np.stack(episode_frames(r, 1)), want)
     assert r.env_steps == sum(x[1] for x in pong_refs)
 
 
