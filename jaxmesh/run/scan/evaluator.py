@@ -421,8 +421,6 @@ class Evaluator:
         """
         place, plan = self.placement, program.plan
         place.check_same_everywhere(seeds_arr, params)
-        with span("init", "run"):
-            params = place.put_params(params)
         e = seeds_arr.size
         book = None
         sink = program.engine.step_sink
@@ -464,7 +462,7 @@ class Evaluator:
         host ``book`` of all ``e`` episodes. Returns the last state and the
         book."""
         place, plan, rec = self.placement, program.plan, self._run_record
-        with span("init", "run"):
+        with span("init", "run"):  # a piece's first carry, and the params
             state, res = place.first_carry(
                 program.engine,
                 seeds,
@@ -472,6 +470,7 @@ class Evaluator:
                 self._run_trials,
                 self._run_texts,
             )
+            params = place.put_params(params)
         before = (0, 0) if book is None else (book.env_steps, book.policy_rows)
         base = 0  # the first carry's window starts at episode 0
         k = 0
