@@ -213,7 +213,7 @@ def test_explain_shows_each_instruction_and_its_encoding():
     assert "task: from reset info key 'instruction' -> encoded at the first" in str(ex)
 
 
-#: The CLI test's policy (a YAML config names it ``test_instructions:cli_model``).
+#: The CLI test's policy (a YAML config names it ``run.test_instructions:cli_model``).
 cli_model = model(Text(codes))
 
 
@@ -230,7 +230,7 @@ def test_cli_instruction_key_reaches_the_run(tmp_path):
         yaml.safe_dump(
             {
                 "env": "gymnax:CartPole-v1",
-                "policy": "test_instructions:cli_model",
+                "policy": "run.test_instructions:cli_model",
                 "seeds": SEEDS[:4],
                 "num_envs": 2,
                 "instruction": A,
