@@ -184,14 +184,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         )
     else:
         env = serve_env_id(args.env)
-    if args.ready_fd is not None:
-        try:
-            os.fstat(args.ready_fd)
-        except OSError as e:
-            raise ConfigError(
-                f"--ready-fd {args.ready_fd}: not an open file descriptor ({e}); "
-                "pass one the parent keeps open (e.g. subprocess pass_fds)"
-            ) from e
+    check_ready_fd(args.ready_fd)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     credentials = server_credentials(args.tls_cert, args.tls_key)
     try:
@@ -221,6 +214,23 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         args.ready_fd,
     )
     return 0
+
+
+def check_ready_fd(ready_fd: int | None) -> None:
+    """``--ready-fd``: a file descriptor the parent keeps open, or None.
+
+    Raises:
+      ConfigError: it is not an open file descriptor.
+    """
+    if ready_fd is None:
+        return
+    try:
+        os.fstat(ready_fd)
+    except OSError as e:
+        raise ConfigError(
+            f"--ready-fd {ready_fd}: not an open file descriptor ({e}); "
+            "pass one the parent keeps open (e.g. subprocess pass_fds)"
+        ) from e
 
 
 def serve_until_stopped(server: Any, what: str, ready_fd: int | None) -> None:

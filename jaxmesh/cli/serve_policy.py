@@ -12,7 +12,7 @@ from typing import Any
 from jaxmesh.cli.build import build_policy
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError
-from jaxmesh.cli.serve import serve_until_stopped
+from jaxmesh.cli.serve import check_ready_fd, serve_until_stopped
 from jaxmesh.remote.protocol import TOKEN_ENV
 
 #: A run config's suffixes: the target is then read as a config file.
@@ -57,14 +57,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ConfigError(str(e)) from e
 
-    if args.ready_fd is not None:
-        try:
-            os.fstat(args.ready_fd)
-        except OSError as e:
-            raise ConfigError(
-                f"--ready-fd {args.ready_fd}: not an open file descriptor ({e}); "
-                "pass one the parent keeps open (e.g. subprocess pass_fds)"
-            ) from e
+    check_ready_fd(args.ready_fd)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError(
             f"--tls-cert {args.tls_cert!r} and --tls-key {args.tls_key!r}: TLS "
