@@ -216,3 +216,40 @@ def header(title: str, settings: dict[str, Any]) -> str:
     """A one-line title and the run's settings, for the top of a report."""
     parts = ", ".join(f"{k}={v}" for k, v in settings.items())
     return f"## {title}\n\nsettings: {parts}\n"
+
+
+def envpool_xla_loop(
+    task: str, lanes: int, threads: int, cap: int, iters: int, policy: Callable
+) -> tuple:
+    """The hand-written anchor: a pool of ``lanes`` EnvPool envs (seed 0)
+    stepped through EnvPool's XLA interface in a jitted ``fori_loop`` of
+    ``iters`` steps, each lane acting ``policy(obs)`` (float32 in, float64
+    actions out); no per-episode accounting. EnvPool's ``xla()`` needs
+    ``jax_enable_x64`` on. Returns ``(env, loop, handle, obs)``, where
+    ``loop(handle, obs) -> (handle, obs, total reward)``."""
+    import envpool
+
+    env = envpool.make(
+        task,
+        env_type="gymnasium",
+        num_envs=lanes,
+        batch_size=lanes,
+        num_threads=threads,
+        seed=0,
+        max_episode_steps=cap,
+    )
+    handle, recv, _send, step = env.xla()
+    env.async_reset()
+    handle, (obs, *_) = recv(handle)
+    ids = jnp.arange(lanes, dtype=jnp.int32)
+
+    def body(_, carry):
+        h, o, total = carry
+        a = policy(o.astype(jnp.float32)).astype(jnp.float64)
+        h, (o, r, *_) = step(h, a, ids)
+        return h, o, total + r.sum()
+
+    loop = jax.jit(
+        lambda h, o: jax.lax.fori_loop(0, iters, body, (h, o, jnp.float64(0.0)))
+    )
+    return env, loop, handle, obs

@@ -29,6 +29,7 @@ Run: ``python benchmarks/envpool_xla.py [--quick] [--episodes 32]``
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -58,33 +59,14 @@ def mlp(w, obs):
 
 def anchor(threads: int, iters: int, repeats: int) -> None:
     """The hand-written EnvPool XLA loop (child process): prints JSON."""
-    import envpool
     import jax
     import jax.numpy as jnp
+    from common import envpool_xla_loop
 
     jax.config.update("jax_enable_x64", True)
     w = [jnp.asarray(x) for x in weights()]
-    env = envpool.make(
-        TASK,
-        env_type="gymnasium",
-        num_envs=LANES,
-        batch_size=LANES,
-        num_threads=threads,
-        seed=0,
-        max_episode_steps=CAP,
-    )
-    handle, recv, _send, step = env.xla()
-    env.async_reset()
-    handle, (obs, *_) = recv(handle)
-    ids = jnp.arange(LANES, dtype=jnp.int32)
-
-    def body(_, carry):
-        h, o, total = carry
-        a = mlp(w, o.astype(jnp.float32)).astype(jnp.float64)
-        h, (o, r, *_) = step(h, a, ids)
-        return h, o, total + r.sum()
-
-    loop = jax.jit(lambda h, o: jax.lax.fori_loop(0, iters, body, (h, o, 0.0)))
+    policy = functools.partial(mlp, w)
+    _, loop, handle, obs = envpool_xla_loop(TASK, LANES, threads, CAP, iters, policy)
     handle, obs, _ = jax.block_until_ready(loop(handle, obs))  # compile
     sps = []
     for _ in range(repeats):

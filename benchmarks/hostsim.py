@@ -90,7 +90,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from busyenv import BusyEnv, calibrate
-from common import goal, header, machine, median, table
+from common import envpool_xla_loop, goal, header, machine, median, table
 from mlp import HIDDEN, K, act, act_chunk, init_params, jaxmesh_run
 from remote_common import START_TIMEOUT_S, STOP_TIMEOUT_S, grpc_target, make_envs
 
@@ -448,34 +448,11 @@ def _envpool_child(conn, lanes: int, iters: int, cap: int, threads, seed: int):
         import envpool
 
         params = jax.device_put(init_params(seed))
-        ids = jnp.arange(lanes, dtype=jnp.int32)
-        pools = {}
-        for t in threads:
-            env = envpool.make(
-                "HalfCheetah-v5",
-                env_type="gymnasium",
-                num_envs=lanes,
-                batch_size=lanes,
-                num_threads=t,
-                seed=0,
-                max_episode_steps=cap,
-            )
-            handle, recv, _send, step = env.xla()
-            env.async_reset()
-            handle, (obs, *_) = recv(handle)
-
-            def body(_, carry, step=step):
-                h, o, total = carry
-                a = act(params, o.astype(jnp.float32)).astype(jnp.float64)
-                h, (o, r, *_) = step(h, a, ids)
-                return h, o, total + r.sum()
-
-            loop = jax.jit(
-                lambda h, o, body=body: jax.lax.fori_loop(
-                    0, iters, body, (h, o, jnp.float64(0.0))
-                )
-            )
-            pools[t] = [env, loop, handle, obs]
+        policy = functools.partial(act, params)
+        pools = {
+            t: list(envpool_xla_loop("HalfCheetah-v5", lanes, t, cap, iters, policy))
+            for t in threads
+        }
         conn.send(("ok", envpool.__version__))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
