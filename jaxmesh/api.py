@@ -5,16 +5,19 @@ Every run starts here, in four steps a reader can follow in this file:
 1. the configuration is built and checked once (``jaxmesh.RunConfig``; the
    keywords of earlier releases are filed under their groups with a
    ``DeprecationWarning``);
-2. a ``jaxmesh.Suite`` is planned as runs (``jaxmesh.suite.SuitePlan``),
-   each made by steps 3-4 (``run_suite``);
+2. the env is made with its options and told its backend once
+   (``jaxmesh.run.backend.target``); a ``jaxmesh.Suite`` is planned as runs
+   (``jaxmesh.suite.SuitePlan``), each task's env told the same way
+   (``run_suite``);
 3. ``resume=`` works out the episodes an earlier result lacks, runs them and
    merges them in (``jaxmesh.run.resume.Resumption``), a ``trace=`` writes
    the run's timeline, and every result records its fingerprint
    (``run_one``);
-4. the backend is picked once (``jaxmesh.run.backend.backend_of``) and runs
-   the budget: the jitted scan for a JAX env (``jaxmesh.run.scan``), the host
-   loop for gymnasium envs in this process, in worker processes or served
-   over gRPC (``jaxmesh.run.host``).
+4. the settings only one backend takes are checked against it
+   (``RunConfig.for_backend``) and the backend runs the budget: the jitted
+   scan for a JAX env (``jaxmesh.run.scan``), the host loop for gymnasium
+   envs in this process, in worker processes or served over gRPC
+   (``jaxmesh.run.host``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxmesh import envs, suite
+from jaxmesh import suite
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import backend, host, scan
 from jaxmesh.run import resume as resume_mod
@@ -159,7 +162,7 @@ def evaluate(
                 "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
             )
         return run_suite(policy, env, config, **call)
-    return run_one(policy, with_env_config(env, env_config), config, **call)
+    return run_one(policy, backend.target(env, env_config), config, **call)
 
 
 def run_suite(
@@ -171,7 +174,7 @@ def run_suite(
     plan = suite.SuitePlan(the_suite, config, call)
     for run in plan.runs:
         try:
-            result = run_one(policy, run.env(), run.config, **run.call)
+            result = run_one(policy, backend.target(run.env()), run.config, **run.call)
         except BaseException as exc:
             plan.failed(run, exc)
             raise
@@ -180,74 +183,65 @@ def run_suite(
 
 
 def run_one(
-    policy: Any, env: Any, config: RunConfig, *, trace: Any, resume: Any, **call: Any
+    policy: Any,
+    target: backend.Target,
+    config: RunConfig,
+    *,
+    trace: Any,
+    resume: Any,
+    **call: Any,
 ) -> RunResult:
     """One run of one env: resumed, traced and fingerprinted (step 3).
 
-    ``call``: the budget (``episodes``, ``seeds``), ``params``, ``hooks`` and
-    ``record``, as ``evaluate`` takes them."""
+    ``target``: the env and its backend (``backend.target``); ``call``: the
+    budget (``episodes``, ``seeds``), ``params``, ``hooks`` and ``record``,
+    as ``evaluate`` takes them."""
     if isinstance(resume, suite.SuiteResult):
         raise TypeError(
             "resume= is a SuiteResult, but env is not a Suite: resume a suite "
             "with the same Suite, or a single run with its RunResult"
         )
     path = check_trace_path(trace)
-    settings = _trace_settings(policy, env, config, call) if path else None
+    settings = _trace_settings(policy, target, config, call) if path else None
     with tracing(path, settings):
-        todo = resume_mod.Resumption(resume, policy, env, config, call)
+        todo = resume_mod.Resumption(resume, policy, target, config, call)
         with todo.running():
-            new = fingerprinted(policy, env, todo.config, todo.call)
+            new = fingerprinted(policy, target, todo.config, todo.call)
         return todo.merged(new)
 
 
-def fingerprinted(policy: Any, env: Any, config: RunConfig, call: dict) -> RunResult:
+def fingerprinted(
+    policy: Any, target: backend.Target, config: RunConfig, call: dict
+) -> RunResult:
     """The backend's run, its result (or a failure's ``partial_result``)
     recording its fingerprint (``jaxmesh.run.resume.fingerprinting``)."""
     with resume_mod.fingerprinting(policy, config, call) as stamp:
-        return stamp(run_backend(policy, env, config, **call))
+        return stamp(run_backend(policy, target, config, **call))
 
 
-def run_backend(policy: Any, env: Any, config: RunConfig, **call: Any) -> RunResult:
-    """The backend, picked once, runs the budget (step 4); ``call`` as for
+def run_backend(
+    policy: Any, target: backend.Target, config: RunConfig, **call: Any
+) -> RunResult:
+    """The env's backend runs the budget (step 4); ``call`` as for
     ``run_one``.
 
     Raises:
       ValueError, TypeError: a setting the env's backend does not take.
     """
-    kind = backend.backend_of(env)
-    served = config.for_backend(kind, env)
-    if kind == backend.SCAN:
-        return scan.run(policy, env, config, **call)
-    return host.evaluate(policy, env, config, served=served, **call)
+    served = config.for_backend(target)
+    if target.kind == backend.SCAN:
+        return scan.run(policy, target.env, config, **call)
+    return host.evaluate(policy, target.env, config, served=served, **call)
 
 
-def with_env_config(env: Any, env_config: Any) -> Any:
-    """``evaluate(env=id, env_config={...})``: the id made with those options
-    (``jaxmesh.make_env(id, **env_config)``). A ``libero:`` id is made even
-    without options: it names a factory of host-stepped envs."""
-    if env_config is not None and not isinstance(env_config, Mapping):
-        raise TypeError(
-            f"env_config={env_config!r}: expected a mapping of the env's options "
-            "(passed as jaxmesh.make_env(env, **env_config))"
-        )
-    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
-    if is_id and (env_config or env.startswith("libero:")):
-        return envs.make_env(env, **dict(env_config or {}))
-    if env_config:
-        raise TypeError(
-            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
-            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
-            "env with its options yourself, or give an id"
-        )
-    return env
-
-
-def _trace_settings(policy: Any, env: Any, config: RunConfig, call: dict) -> dict:
+def _trace_settings(
+    policy: Any, target: backend.Target, config: RunConfig, call: dict
+) -> dict:
     """The settings a timeline records: the policy's and env's names, the
     config's plain values and the budget (seeds counted, not listed)."""
     out = {
         k: v if isinstance(v, str) else getattr(v, "name", None) or type(v).__name__
-        for k, v in (("policy", policy), ("env", env))
+        for k, v in (("policy", policy), ("env", target.env))
     }
     out.update(config.to_dict(), episodes=call["episodes"])
     if call["seeds"] is not None:
@@ -261,5 +255,4 @@ __all__ = [
     "run_backend",
     "run_one",
     "run_suite",
-    "with_env_config",
 ]

@@ -147,7 +147,7 @@ def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
 
         made = make_env(env)
         return step_seconds(made), getattr(made, "name", type(made).__name__)
-    spec = _host_spec(env, config.for_backend(kind, env))
+    spec = _host_spec(env, config.for_backend(backend.Target(env, kind)))
     return spec.dt, spec.name
 
 
@@ -405,7 +405,7 @@ def _one_program(
 ):
     """The cells of a JAX env: one program (or one per told ``h + d``); the
     cells in ``done`` (resumed) run nothing."""
-    config.for_backend(backend.SCAN, env)
+    config.for_backend(backend.Target(env, backend.SCAN))
     takes = params is not None
     probe = Evaluator(
         policy, env, config.replace(horizon=max(horizons)), takes_params=takes
@@ -528,7 +528,7 @@ def _on_host(
     its replays without an agent step, a served env's segments)."""
     from jaxmesh.run import host
 
-    served = config.for_backend(backend.backend_of(env), env)
+    served = config.for_backend(backend.target(env))
     pol = resolve_policy(policy, with_params=params is not None)
     p = pol.default_params() if params is None else pol.place(params)
     spec = _host_spec(env, served)

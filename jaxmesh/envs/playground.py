@@ -314,7 +314,7 @@ def randomized(env: Any, fn: Any) -> PlaygroundEnv:
     """
     fn = check_randomizer(fn)
     if not isinstance(env, PlaygroundEnv):
-        raise TypeError(not_playground(env))
+        raise TypeError(not_playground(getattr(env, "name", type(env).__name__)))
     if env.randomize is not None:
         raise TypeError(
             f"randomize={_fn_name(fn)}: env {env.name!r} already has "
@@ -326,12 +326,12 @@ def randomized(env: Any, fn: Any) -> PlaygroundEnv:
     )
 
 
-def not_playground(env: Any) -> str:
-    """The message refusing ``randomize=`` with an env that is not Playground's."""
-    shown = env if isinstance(env, str) else getattr(env, "name", type(env).__name__)
+def not_playground(label: str) -> str:
+    """The message refusing ``randomize=`` with an env that is not Playground's
+    (``label``: its id, name or type)."""
     return (
         f"randomize= is for MuJoCo Playground envs (it replaces fields of the "
-        f"env's mjx.Model); env {shown!r} is not one: pass 'playground:<name>' "
+        f"env's mjx.Model); env {label!r} is not one: pass 'playground:<name>' "
         "or a Playground env object (mujoco_playground.registry.load(name)), or "
         "drop randomize="
     )

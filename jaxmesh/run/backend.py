@@ -3,9 +3,11 @@
 Three backends run ``jaxmesh.evaluate``: the scan over a JAX env
 (``jaxmesh.run.scan``), the host loop over gymnasium envs stepped in this
 process, and the same loop over served envs (``"grpc://host:port"``,
-``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``jaxmesh.evaluate``
-and the command line (``jaxmesh.cli``) both ask it, and nothing else tests an
-env's kind. The served-only options travel as one ``ServedOptions``, checked
+``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``target``
+makes an env id with its options and records the answer beside the env
+(``Target``), so a run asks once and every later step reads ``target.kind``.
+``jaxmesh.evaluate``, sweeps and the command line ask here, and nothing else
+tests an env's kind. The served-only options travel as one ``ServedOptions``, checked
 once by ``check_served_options``: their values for a served env, and one set
 of refusals, naming the option, for an env that is not served.
 
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from jaxmesh import envs
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address
 from jaxmesh.remote.protocol import check_transport
@@ -40,6 +44,64 @@ def backend_of(env: Any) -> str:
     if is_host_stepped(env):
         return HOST
     return SCAN
+
+
+class Target(NamedTuple):
+    """An env and the backend that runs it (``SCAN``, ``HOST`` or ``SERVED``),
+    told once by ``target``."""
+
+    env: Any
+    kind: str
+
+    @property
+    def label(self) -> str:
+        """The env for a message: an id or address as given, an object's
+        ``name`` or type, a list by its first items' types."""
+        env = self.env
+        if isinstance(env, str):
+            return env
+        if isinstance(env, list | tuple):
+            names = [type(e).__name__ for e in env[:2]] + ["..."] * (len(env) > 2)
+            return f"[{', '.join(names)}]"
+        return getattr(env, "name", None) or type(env).__name__
+
+    @property
+    def name(self) -> str | None:
+        """The env's name as results record it: an id or address as given, an
+        object's ``name`` (None when it has none)."""
+        if isinstance(self.env, str):
+            return self.env
+        return getattr(self.env, "name", None)
+
+
+def target(env: Any, env_config: Any = None) -> Target:
+    """``env`` (an id made with ``env_config``'s options) and its backend.
+
+    ``jaxmesh.evaluate(env=id, env_config={...})`` runs
+    ``jaxmesh.make_env(id, **env_config)``; a ``libero:`` id is made even
+    without options, since it names a factory of host-stepped envs.
+
+    Raises:
+      TypeError: ``env_config`` not a mapping, or given with an env that is
+        not an id.
+    """
+    if env_config is not None and not isinstance(env_config, Mapping):
+        raise TypeError(
+            f"env_config={env_config!r}: expected a mapping of the env's options "
+            "(passed as jaxmesh.make_env(env, **env_config))"
+        )
+    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
+    if env_config and not is_id:
+        raise TypeError(
+            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
+            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
+            "env with its options yourself, or give an id"
+        )
+    if is_address(env):
+        return Target(env, SERVED)
+    if is_id and (env_config or env.startswith("libero:")):
+        env = envs.make_env(env, **dict(env_config or {}))
+    return Target(env, HOST if is_host_stepped(env) else SCAN)
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
@@ -149,25 +211,15 @@ def check_server_loss(value: Any) -> str:
     return value
 
 
-def _what_runs(env: Any) -> str:
-    """An env for a message: an id as it is, an object by its type."""
-    if isinstance(env, str):
-        return repr(env)
-    if isinstance(env, list | tuple):
-        names = [type(e).__name__ for e in env[:2]] + ["..."] * (len(env) > 2)
-        return f"[{', '.join(names)}]"
-    return getattr(env, "name", None) or type(env).__name__
-
-
 def check_served_options(
-    options: ServedOptions, backend: str, env: Any
+    options: ServedOptions, backend: str, label: str | None
 ) -> ServedOptions | None:
     """The served options of a run, checked once, before anything starts.
 
     Args:
       options: as given to ``jaxmesh.evaluate``.
       backend: ``backend_of(env)``.
-      env: the env, for messages.
+      label: the env, for messages (``Target.label``).
 
     Returns:
       For a served env, the options with their values checked
@@ -191,7 +243,6 @@ def check_served_options(
                 "auto" if options.transport is None else options.transport
             ),
         )
-    what = _what_runs(env)
     for name, value in options._asdict().items():
         if value is None or (name in ("reply_timeout", "transport") and value == AUTO):
             continue
@@ -203,7 +254,8 @@ def check_served_options(
             why = f"{name} is for served envs ('grpc://host:port')"
         shown = "***" if name in ("token", "credentials") else repr(value)
         raise ValueError(
-            f"{name}={shown}: {why}; env {what} runs in this process, so drop {name}="
+            f"{name}={shown}: {why}; env {label!r} runs in this process, so drop "
+            f"{name}="
         )
     return None
 
@@ -213,6 +265,8 @@ __all__ = [
     "HOST",
     "SERVED",
     "backend_of",
+    "Target",
+    "target",
     "ServedOptions",
     "check_served_options",
     "check_reply_timeout",

@@ -367,9 +367,9 @@ class RunConfig:
             lay.plan_tile, lay.segment_steps, c.delay, c.execution, c.delay_ms,
         )  # fmt: skip
 
-    def for_backend(self, kind: str, env: Any) -> backend.ServedOptions | None:
+    def for_backend(self, target: backend.Target) -> backend.ServedOptions | None:
         """Checks the settings only one backend takes against the backend
-        that runs ``env`` (``backend.backend_of``).
+        that runs the env (``backend.target``).
 
         Returns:
           The served options for a served env, else None.
@@ -378,14 +378,15 @@ class RunConfig:
           ValueError, TypeError: a setting this backend does not take, naming
             what to change.
         """
+        kind, label = target.kind, target.label
         given = backend.ServedOptions() if self.served is None else self.served
         served = backend.check_served_options(
-            given if self.served is None else given.options(), kind, env
+            given if self.served is None else given.options(), kind, label
         )
         if self.workers and kind != backend.HOST:
             raise ValueError(
                 f"workers={self.workers}: worker processes step a gymnasium env's "
-                f"lanes ('gymnasium:<id>' or an env factory); env {env!r} is "
+                f"lanes ('gymnasium:<id>' or an env factory); env {label!r} is "
                 + (
                     "served: start its server with `jaxmesh serve-env ... --workers N`"
                     if kind == backend.SERVED
@@ -405,12 +406,12 @@ class RunConfig:
         if self.layout.devices is not None:
             raise ValueError(
                 f"devices={self.layout.devices!r}: lanes are split over devices "
-                f"for JAX envs only; env {env!r} is stepped by the host, so drop "
+                f"for JAX envs only; env {label!r} is stepped by the host, so drop "
                 "devices= (Layout(devices=...))"
             )
-        initial.refuse_host(starts.initial_states, starts.reset_fn, env)
+        initial.refuse_host(starts.initial_states, starts.reset_fn, label)
         if starts.randomize is not None:
-            raise TypeError(playground.not_playground(env))
+            raise TypeError(playground.not_playground(label))
         return served
 
     def replace(self, **changes: Any) -> RunConfig:

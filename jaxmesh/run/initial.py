@@ -330,8 +330,9 @@ def run_trials(
     return None if trial_of is None else (trial_of, data)
 
 
-def refuse_host(initial_states: Any, reset_fn: Any, env: Any) -> None:
-    """Host-stepped and served envs take no ``initial_states`` / ``reset_fn``.
+def refuse_host(initial_states: Any, reset_fn: Any, label: str) -> None:
+    """Host-stepped and served envs take no ``initial_states`` / ``reset_fn``
+    (``label``: the env, for the message).
 
     Raises:
       ValueError: one of them given.
@@ -343,7 +344,7 @@ def refuse_host(initial_states: Any, reset_fn: Any, env: Any) -> None:
     ]
     if given:
         raise ValueError(
-            f"{given[0]}= with env {env!r}: initial states are given this way to "
+            f"{given[0]}= with env {label!r}: initial states are given this way to "
             "JAX envs only; a host-stepped or served env picks its initial state "
             'from the trial index itself: list "trial_index" in '
             "env.metadata['reset_options'] and read options['trial_index'] in "

@@ -45,6 +45,7 @@ from jaxmesh.execution import Ensemble
 from jaxmesh.results.checksum import identity_text, record_check
 from jaxmesh.results.result import SUCCESS_KINDS, RunResult, flags_array, headline
 from jaxmesh.run import checks, identity
+from jaxmesh.run.backend import SERVED, Target
 
 if TYPE_CHECKING:
     from jaxmesh.run.config import RunConfig
@@ -376,7 +377,7 @@ def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
 
 
 def _check_complete(
-    done: RunResult, policy: Any, env: Any, config: RunConfig, call: dict
+    done: RunResult, policy: Any, target: Target, config: RunConfig, call: dict
 ) -> None:
     """A result that holds the whole budget runs nothing, so the run is never
     built: its settings and the names known without building (the policy's,
@@ -408,9 +409,8 @@ def _check_complete(
     with contextlib.suppress(TypeError, ValueError):
         with_params = call.get("params") is not None
         now["policy"] = resolve_policy(policy, with_params=with_params).name
-    name = env if isinstance(env, str) else getattr(env, "name", None)
-    if isinstance(name, str) and not name.startswith(("grpc://", "grpcs://")):
-        now["env"] = name
+    if isinstance(target.name, str) and target.kind != SERVED:
+        now["env"] = target.name
     _compare(done, now)
 
 
@@ -428,9 +428,9 @@ class Resumption:
 
     Example::
 
-      todo = Resumption(done, policy, env, config, call)
+      todo = Resumption(done, policy, target, config, call)
       with todo.running():
-          new = backend(policy, env, todo.config, **todo.call)
+          new = run_backend(policy, target, todo.config, **todo.call)
       result = todo.merged(new)
 
     Raises:
@@ -442,7 +442,7 @@ class Resumption:
         self,
         done: RunResult | None,
         policy: Any,
-        env: Any,
+        target: Target,
         config: RunConfig,
         call: dict,
     ):
@@ -465,7 +465,7 @@ class Resumption:
         hooks = [] if hooks is None else hooks
         self.user_hooks = list(hooks) if isinstance(hooks, list | tuple) else [hooks]
         if not self.missing.size:
-            _check_complete(self.done, policy, env, config, call)
+            _check_complete(self.done, policy, target, config, call)
             self.config = config
             self.call = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
             return
