@@ -317,7 +317,7 @@ def make_parser() -> argparse.ArgumentParser:
         "(jaxmesh.PolicyServer)",
         description="Serve a policy until SIGTERM or Ctrl-C, in openpi's "
         "websocket protocol (openpi-client's WebsocketClientPolicy works against "
-        "it): the requests of all clients go to one queue and run in batches of "
+        "it), or with --protocol grpc in jaxmesh's own (jaxmesh.RemotePolicy): the requests of all clients go to one queue and run in batches of "
         "up to --max-batch. Prints the address on stdout once serving. Binding a "
         "non-loopback address needs --token (or JAXMESH_TOKEN), TLS or --insecure.",
     )
@@ -334,8 +334,10 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--protocol",
         default="openpi",
-        choices=("openpi",),
-        help="the wire protocol (default openpi)",
+        choices=("openpi", "grpc"),
+        help="the wire protocol: openpi (default; openpi-client's websocket "
+        "protocol) or grpc (jaxmesh's own, for jaxmesh.RemotePolicy in "
+        "jaxmesh.evaluate, with per-episode state kept on the server)",
     )
     sp.add_argument(
         "--max-batch",
