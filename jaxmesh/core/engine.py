@@ -50,7 +50,7 @@ import numpy as np
 from flax import struct
 from jax.experimental import io_callback
 
-from jaxmesh.core import agent, rules, tally, tiles
+from jaxmesh.core import agent, convs, rules, tally, tiles
 from jaxmesh.core.policy import Policy
 
 #: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
@@ -250,6 +250,11 @@ def with_step_events(engine: Engine) -> Engine:
     return Engine(engine.policy, engine.env, config)
 
 
+def _on_cpu(policy: Policy) -> bool:
+    """Whether the policy runs on a CPU (its device, or JAX's default)."""
+    return (policy.device or jax.devices()[0]).platform == "cpu"
+
+
 class Engine:
     """The jitted engine for one (policy, env, configuration).
 
@@ -260,7 +265,9 @@ class Engine:
     """
 
     def __init__(self, policy: Policy, env: Any, config: EngineConfig):
-        self.policy = policy
+        # On a CPU the policy runs inside the loops' bodies, where XLA runs a
+        # non-NHWC convolution on a naive loop (``jaxmesh.core.convs``).
+        self.policy = convs.canonical_convs(policy) if _on_cpu(policy) else policy
         self.env = env
         self.config = config
         #: With ``config.step_events``: the host function each step's arrays go

@@ -36,17 +36,23 @@ def weights(num_actions: int = 6, seed: int = 0) -> dict:
 
 
 def logits(obs: jax.Array, num_actions: int = 6) -> jax.Array:
-    """``[4, 84, 84]`` uint8 frames -> ``[num_actions]`` float32 scores."""
+    """``[4, 84, 84]`` uint8 frames -> ``[num_actions]`` float32 scores.
+
+    The convolutions run channels-last (NHWC input, HWIO kernels), the layout
+    XLA:CPU's fast convolution takes anywhere in a program, loop bodies
+    included (``jaxmesh.core.convs``)."""
     w = weights(num_actions)
-    x = obs.astype(jnp.float32)[None] / 255.0  # [1, 4, 84, 84], NCHW
+    x = jnp.transpose(obs.astype(jnp.float32), (1, 2, 0))[None] / 255.0
     conv = functools.partial(
         jax.lax.conv_general_dilated,
         padding="VALID",
-        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
     )
-    x = jax.nn.relu(conv(x, w["c1"], (4, 4)))  # [1, 16, 20, 20]
-    x = jax.nn.relu(conv(x, w["c2"], (2, 2)))  # [1, 32, 9, 9]
-    x = jax.nn.relu(x.reshape(-1) @ w["d1"])
+    hwio = lambda k: np.transpose(k, (2, 3, 1, 0))
+    x = jax.nn.relu(conv(x, hwio(w["c1"]), (4, 4)))  # [1, 20, 20, 16]
+    x = jax.nn.relu(conv(x, hwio(w["c2"]), (2, 2)))  # [1, 9, 9, 32]
+    # Flattened channel-major, as the weights' rows are laid out.
+    x = jax.nn.relu(jnp.transpose(x, (0, 3, 1, 2)).reshape(-1) @ w["d1"])
     return x @ w["d2"]
 
 
