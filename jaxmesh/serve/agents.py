@@ -1,0 +1,536 @@
+"""The server side of the native protocol: each client's lanes as slots of a
+pool that runs the host loop's own jitted agent step.
+
+A client (``jaxmesh.RemotePolicy`` inside ``jaxmesh.evaluate``) opens a session
+with its env's observation layout, action space and run settings. The server
+plans the run as the client's own process would (``agent_step.agent_functions``:
+the probe, the effective horizon and lead, the plan tile) and gives the
+session's lanes slots of a pool: one ``AgentState`` of ``size`` lanes and one
+jitted step (``PackedStep``) shared by every session whose plan is the same but
+for its lane count. A step request carries the session's lane masks, step
+indices, episode keys and the new observations; the pool's step runs with the
+requesting slots moved and active and every other slot masked, which keeps a
+slot's state whole (``agent.host_step``: a lane neither moved nor active keeps
+its state). So frame windows, ``Previous``, recurrent state and the chunk being
+replayed live in the slots, and each episode's start (``started``) clears them,
+as in process.
+
+Exactness: a pool plans with the session's own tile (``AgentConfig.tile``), so
+every forward has the shape it has in the client's own process; a row's result
+never depends on the other rows of its tile (the contract that makes results
+independent of the lane count), so rows of several clients in one forward give
+what each would alone.
+
+Several sessions' steps run as one pool step (``Pools.run``, fed by the
+server's ``Batcher``). A pool holds exactly its sessions' lanes, so a lone
+client's step costs what its own process's would: sessions join a pool while
+their lanes together stay within ``max_batch`` (a session of more lanes gets
+a pool of its own), and the pool is resized (its lanes' states moved) when one
+joins or leaves; each size compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxmesh import adapt
+from jaxmesh.core import agent
+from jaxmesh.core.policy import resolve_policy
+from jaxmesh.serve.forward import Forward, Prepared, RequestError
+
+#: Settings a session may give, with their defaults.
+SETTINGS = {
+    "num_envs": 1,
+    "horizon": 1,
+    "prefetch_lead": 0,
+    "delay": 0,
+    "plan_tile": None,
+    "tile_lanes": None,
+}
+
+
+# The env's layout on the wire --------------------------------------------------------
+def skeleton_to_wire(skeleton: Any) -> Any:
+    """An ``ObsLayout.skeleton`` (names in nested dicts and tuples) as plain
+    msgpack values: ``{"l": name}``, ``{"t": [...]}``, ``{"d": [[key, sub]]}``."""
+    if isinstance(skeleton, str):
+        return {"l": skeleton}
+    if isinstance(skeleton, tuple):
+        return {"t": [skeleton_to_wire(s) for s in skeleton]}
+    return {"d": [[k, skeleton_to_wire(s)] for k, s in skeleton.items()]}
+
+
+def spec_to_wire(spec: Any) -> dict:
+    """What the server needs of a ``HostEnvSpec``: the layout, the action."""
+    lay = spec.layout
+    return {
+        "name": spec.name,
+        "skeleton": skeleton_to_wire(lay.skeleton),
+        "leaves": [[n, list(lay.shapes[n]), lay.dtypes[n].str] for n in lay.names],
+        "action_shape": list(spec.action_shape),
+        "num_actions": spec.num_actions,
+    }
+
+
+def _space(skeleton: Any, leaves: dict) -> Any:
+    from gymnasium import spaces
+
+    if not isinstance(skeleton, dict) or len(skeleton) != 1:
+        raise RequestError(f"a malformed observation layout: {skeleton!r}")
+    ((kind, value),) = skeleton.items()
+    if kind == "l":
+        if value not in leaves:
+            raise RequestError(f"the layout names leaf {value!r} but declares none")
+        shape, dtype = leaves[value]
+        if dtype == np.bool_:
+            return spaces.MultiBinary(shape) if shape else spaces.Discrete(2)
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            return spaces.Box(int(info.min), int(info.max), shape, dtype)
+        return spaces.Box(-np.inf, np.inf, shape, dtype)
+    if kind == "t":
+        return spaces.Tuple([_space(s, leaves) for s in value])
+    if kind == "d":
+        return spaces.Dict({str(k): _space(s, leaves) for k, s in value})
+    raise RequestError(f"a malformed observation layout: {skeleton!r}")
+
+
+def spec_from_wire(desc: Any) -> Any:
+    """The ``HostEnvSpec`` a session's ``env`` map describes.
+
+    Raises:
+      RequestError: a malformed map, or one the rebuilt spec disagrees with.
+    """
+    from gymnasium import spaces
+
+    from jaxmesh.envs.gymnasium.spec import spec_for
+
+    try:
+        leaves = {
+            str(n): (tuple(int(d) for d in shape), np.dtype(dtype))
+            for n, shape, dtype in desc["leaves"]
+        }
+        for _, dtype in leaves.values():
+            if dtype.kind not in "biuf":
+                raise RequestError(f"an observation leaf of dtype {dtype}")
+        obs_space = _space(desc["skeleton"], leaves)
+        n = desc["num_actions"]
+        if n is not None:
+            act_space = spaces.Discrete(int(n))
+        else:
+            shape = tuple(int(d) for d in desc["action_shape"])
+            act_space = spaces.Box(-np.inf, np.inf, shape, np.float32)
+        spec = spec_for(str(desc["name"]), obs_space, act_space, "the client's env")
+    except RequestError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}"
+        raise RequestError(f"a malformed env description ({why})") from None
+    got = {n: (spec.layout.shapes[n], spec.layout.dtypes[n]) for n in spec.layout.names}
+    if got != leaves:
+        raise RequestError(
+            f"the env's observation leaves {leaves} rebuild as {got}; send leaves "
+            "in JAX's dtypes (what jaxmesh's host lanes hold)"
+        )
+    return spec
+
+
+def _settings(given: Any) -> tuple[Any, int | None]:
+    from jaxmesh.run import checks
+
+    if not isinstance(given, dict) or set(given) - set(SETTINGS):
+        raise RequestError(
+            f"settings {given!r}: expected a map with keys among {sorted(SETTINGS)}"
+        )
+    s = {**SETTINGS, **given}
+    tile_lanes = s["tile_lanes"]
+    if tile_lanes is not None and not (isinstance(tile_lanes, int) and tile_lanes >= 1):
+        raise RequestError(f"tile_lanes={tile_lanes!r}: expected None or an int >= 1")
+    try:
+        settings = checks.check_settings(
+            s["num_envs"],
+            s["horizon"],
+            s["prefetch_lead"],
+            None,
+            s["plan_tile"],
+            delay=s["delay"],
+        )
+    except (TypeError, ValueError) as e:
+        raise RequestError(str(e)) from None
+    return settings, tile_lanes
+
+
+# Pools and sessions ---------------------------------------------------------------
+class Pool:
+    """The lanes of the sessions that share one agent program: exactly as many
+    as they hold (a step's work over every lane, frame conversion and window
+    pushes, costs what their own runs would), resized when a session joins or
+    leaves (``add``, ``remove``), its lanes' states moved along.
+
+    ``lock`` is held by a step and by a resize: the batcher's thread runs the
+    steps, sessions open and close in their own threads.
+    """
+
+    def __init__(self, pol: Any, params: Any, spec: Any, settings: Any):
+        self.pol, self.params, self.spec = pol, params, spec
+        self.settings = settings  # the plan tile pinned to the sessions'
+        self.layout = spec.layout
+        self.lock = threading.Lock()
+        self.sessions: list[Session] = []
+        self.size = 0
+        self.state: Any = None
+        self.rows = 0
+        #: size -> (config, init, step): each size is planned and compiled once.
+        self._programs: dict[int, tuple] = {}
+        k = jax.eval_shape(jax.random.PRNGKey, 0)
+        self._key = (tuple(k.shape), k.dtype)
+        self.leaves = self.layout.empty((0,))
+        #: The leaves in the observation's tree order (what a request sends).
+        self.order = [
+            next(n for n in self.leaves if self.leaves[n] is x)
+            for x in jax.tree.leaves(self.layout.build(self.leaves))
+        ]
+
+    @property
+    def lanes(self) -> int:
+        return sum(s.slots.size for s in self.sessions)
+
+    def _program(self, size: int) -> tuple:
+        from jaxmesh.run.host.agent_step import agent_functions
+
+        program = self._programs.get(size)
+        if program is None:
+            settings = self.settings._replace(num_envs=size)
+            cfg, _, init, step, _ = agent_functions(
+                self.pol, self.spec, settings, self.params, packed=True
+            )
+            program = self._programs[size] = (cfg, init, step)
+        return program
+
+    def _resize(self, size: int, keep: list[Session]) -> None:
+        """``size`` lanes, the sessions ``keep`` first (in order, their lanes'
+        state, observations, keys and steps moved along); the rest free."""
+        self.cfg, init, self.step = self._program(size)
+        self.skipping = agent.can_skip(self.cfg)
+        leaves = self.layout.empty((size,), aligned=True)
+        keys = np.zeros((size, *self._key[0]), self._key[1])
+        t = np.zeros(size, np.int32)
+        obs = self.layout.build(leaves)
+        state = init(obs, np.zeros(size, bool))
+        start, src, dst = 0, [], []
+        for session in keep:
+            n = session.slots.size
+            src.append(session.slots)
+            dst.append(np.arange(start, start + n))
+            start += n
+        if src and self.state is not None:
+            src, dst = np.concatenate(src), np.concatenate(dst)
+            for name in leaves:
+                leaves[name][dst] = self.leaves[name][src]
+            keys[dst], t[dst] = self.keys[src], self.t[src]
+            old = self.state.layout.unpack(self.state.flat, self.state.big)
+            new = state.layout.unpack(state.flat, state.big)
+            old_size = self.size
+
+            def move(a: Any, b: Any) -> Any:
+                if a.ndim and a.shape[0] == old_size:  # a lane's rows
+                    return b.at[dst].set(a[src])
+                return a  # the rows count
+
+            moved = jax.tree.map(move, old, new)
+            state = type(state)(state.layout, *state.layout.pack(moved))
+        at = 0
+        for session in keep:
+            n = session.slots.size
+            session.slots = np.arange(at, at + n)
+            at += n
+        self.size, self.state = size, state
+        self.leaves, self.obs, self.keys, self.t = leaves, obs, keys, t
+        self.warm_up()
+
+    def add(self, session: Session, lanes: int) -> None:
+        """Gives ``session`` ``lanes`` lanes (after every other session's)."""
+        with self.lock:
+            keep = list(self.sessions)
+            session.slots = np.zeros(0, np.int64)
+            self._resize(self.lanes + lanes, keep)
+            session.slots = np.arange(self.size - lanes, self.size)
+            self.sessions.append(session)
+
+    def remove(self, session: Session) -> None:
+        """Takes ``session``'s lanes away (the others' states kept)."""
+        with self.lock:
+            if session not in self.sessions:
+                return
+            self.sessions.remove(session)
+            if self.sessions:
+                self._resize(self.lanes, list(self.sessions))
+
+    def warm_up(self) -> None:
+        """Compiles the step (every lane masked: nothing is planned)."""
+        off = np.zeros(self.size, bool)
+        skip = np.zeros(self.size, np.int32) if self.skipping else None
+        self.state, actions = self.step(
+            self.params,
+            self.state,
+            self.obs,
+            off,
+            off,
+            self.keys,
+            self.t,
+            off,
+            skip,
+            {},
+        )
+        self.state.read_back(actions)
+        self.rows = int(self.state.rows)
+
+    def run(self, requests: list[Step]) -> list[dict]:
+        """One pool step for the sessions' ``requests``; each one's reply."""
+        with self.lock:
+            return self._run(requests)
+
+    def _run(self, requests: list[Step]) -> list[dict]:
+        size = self.size
+        started, active, moved = (np.zeros(size, bool) for _ in range(3))
+        skip = np.zeros(size, np.int32) if self.skipping else None
+        for r in requests:
+            sl = r.session.slots
+            at = sl[r.moved]
+            for name, x in zip(self.order, r.obs, strict=True):
+                self.leaves[name][at] = x
+            started[sl], active[sl], moved[sl] = r.started, r.active, r.moved
+            self.keys[sl], self.t[sl] = r.keys, r.t
+            if skip is not None and r.skip is not None:
+                skip[sl] = r.skip
+        self.state, actions = self.step(
+            self.params,
+            self.state,
+            self.obs,
+            started,
+            active,
+            self.keys,
+            self.t,
+            moved,
+            skip,
+            {},
+        )
+        (actions,) = self.state.read_back(actions)
+        st = self.state
+        rows = int(st.rows)
+        delta, self.rows = rows - self.rows, rows
+        cursor, calls = np.asarray(st.cursor), np.asarray(st.predict_calls)
+        chunk = np.asarray(jax.device_get(st.chunk))
+        pending = np.asarray(jax.device_get(st.pending)) if self.cfg.lead else None
+        out = []
+        for r in requests:
+            sl = r.session.slots
+            reply = {
+                "actions": np.ascontiguousarray(actions[sl]),
+                "cursor": cursor[sl].astype(np.int64),
+                "predict_calls": calls[sl].astype(np.int32),
+                "rows": delta,
+                "chunk": np.ascontiguousarray(chunk[sl]),
+            }
+            if pending is not None:
+                reply["pending"] = np.ascontiguousarray(pending[sl])
+            out.append(reply)
+        return out
+
+
+@dataclasses.dataclass(eq=False)
+class Session:
+    """One client's run: its pool and slots ([n] slot of each lane)."""
+
+    id: int
+    pool: Pool
+    slots: np.ndarray
+
+
+class Step(NamedTuple):
+    """One step request of a session, checked (arrays by the session's lane)."""
+
+    session: Session
+    obs: list  # the moved lanes' leaves, in the observation's tree order
+    started: np.ndarray
+    active: np.ndarray
+    moved: np.ndarray
+    keys: np.ndarray
+    t: np.ndarray
+    skip: np.ndarray | None
+
+
+def _refused(pol: Any) -> list[str]:
+    return [
+        f"input {name!r} is a Text (the instruction is not sent yet)"
+        for name, decl in (pol.spec or {}).items()
+        if isinstance(decl, adapt.Text)
+    ]
+
+
+class Pools:
+    """Every session's slots, in pools of one agent program each.
+
+    Args:
+      model: the served policy (a ``jaxmesh.Model`` or a single-lane function);
+        it may keep state per episode (windows, ``Previous``, recurrent state).
+      max_batch: the most lanes of several sessions one pool holds (a
+        session of more lanes gets a pool of its own).
+
+    ``max_batch`` (here: the most sessions one pool step takes) and ``run``
+    are what the server's ``Batcher`` drives.
+    """
+
+    def __init__(self, model: Any, *, max_batch: int):
+        self.policy = resolve_policy(model, with_params=False)
+        self.name = self.policy.name
+        why = _refused(self.policy)
+        if why:
+            raise ValueError(
+                f"cannot serve policy {self.name!r} over gRPC: {'; '.join(why)}"
+            )
+        self.params = self.policy.default_params()
+        self.lanes = max_batch
+        self.max_batch = 4096
+        self._pools: dict[Any, list[Pool]] = {}
+        self._sessions: dict[int, Session] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def open(self, desc: Any) -> tuple[Session, dict]:
+        """A session for the client's ``desc`` (``{"env": spec_to_wire,
+        "settings": {...}}``); and what the client's loop needs of its plan.
+
+        Raises:
+          RequestError: a malformed description, or a policy that does not fit
+            the env or the settings (the probe's message).
+        """
+        from jaxmesh.adapt import read_keys
+        from jaxmesh.run import build
+        from jaxmesh.run.host.agent_step import agent_functions
+
+        if not isinstance(desc, dict) or "env" not in desc:
+            raise RequestError("an open request needs 'env' and 'settings'")
+        spec = spec_from_wire(desc["env"])
+        settings, tile_lanes = _settings(desc.get("settings", {}))
+        pol = self.policy
+        spec = spec.reading(read_keys(pol.spec))
+        try:
+            cfg, chunk, _, _, _ = agent_functions(
+                pol, spec, settings, self.params, tile_lanes
+            )
+            digest = build.policy_digest(
+                pol,
+                spec,
+                self.params,
+                settings.horizon,
+                build.told_horizon(pol, settings),
+            )
+        except (TypeError, ValueError) as e:
+            raise RequestError(f"{type(e).__name__}: {e}") from None
+        n = settings.num_envs
+        # Pools share a program: the same plan but for the lanes (the tile fixed).
+        key = (spec.signature, dataclasses.replace(cfg, num_envs=0))
+        pinned = settings._replace(plan_tile=cfg.tile)
+        with self._lock:  # (a resize compiles: sessions open one at a time)
+            pools = self._pools.setdefault(key, [])
+            pool = next(
+                (p for p in pools if not p.sessions or p.lanes + n <= self.lanes),
+                None,
+            )
+            if pool is None:
+                pool = Pool(pol, self.params, spec, pinned)
+                pools.append(pool)
+            session = Session(next(self._ids), pool, np.zeros(0, np.int64))
+            pool.add(session, n)
+            if dataclasses.replace(pool.cfg, num_envs=0) != key[1]:
+                pool.remove(session)
+                raise RuntimeError(
+                    f"a pool of {pool.size} lanes plans {pool.cfg}, not {cfg}"
+                )
+            self._sessions[session.id] = session
+        info = {
+            "session": session.id,
+            "policy": self.name,
+            "chunk": chunk,
+            "horizon": cfg.horizon,
+            "lead": cfg.lead,
+            "tile": cfg.tile,
+            "digest": digest,
+            "can_skip": agent.can_skip(cfg),
+            "stochastic": pol.stochastic,
+        }
+        return session, info
+
+    def close(self, session: Session) -> None:
+        """Frees the session's slots (their state is cleared when a next
+        session's episodes start on them)."""
+        with self._lock:
+            if self._sessions.pop(session.id, None) is None:
+                return
+        session.pool.remove(session)
+
+    def check(self, session: Session, msg: Any) -> Prepared:
+        """A step request of ``session`` as the batcher's ``Prepared``.
+
+        Raises:
+          RequestError: a malformed request.
+        """
+        n = session.slots.size
+        if not isinstance(msg, dict):
+            raise RequestError("a step request is a map")
+
+        def lanes(key: str, dtype: Any, optional: bool = False) -> np.ndarray | None:
+            x = msg.get(key)
+            if x is None and optional:
+                return None
+            if not isinstance(x, np.ndarray) or x.shape[:1] != (n,):
+                got = None if x is None else getattr(x, "shape", type(x).__name__)
+                raise RequestError(
+                    f"step request {key!r} is {got}; expected an array of {n} lanes"
+                )
+            return np.asarray(x, dtype)
+
+        started = lanes("started", bool)
+        active = lanes("active", bool)
+        moved = lanes("moved", bool)
+        t = lanes("t", np.int32)
+        keys = lanes("keys", session.pool.keys.dtype)
+        skip = lanes("skip", np.int32, optional=True)
+        obs = msg.get("obs")
+        pool = session.pool
+        m = int(moved.sum())
+        if not isinstance(obs, list) or len(obs) != len(pool.order):
+            raise RequestError(
+                f"step request 'obs' holds {type(obs).__name__}; expected a list of "
+                f"{len(pool.order)} leaves"
+            )
+        for name, x in zip(pool.order, obs, strict=True):
+            want = (m, *pool.layout.shapes[name])
+            if not isinstance(x, np.ndarray) or x.shape != want:
+                raise RequestError(
+                    f"observation leaf {name!r} is {getattr(x, 'shape', x)!r}; "
+                    f"expected {want} (the moved lanes' rows)"
+                )
+        step = Step(session, obs, started, active, moved, keys, t, skip)
+        return Prepared(step, id(pool))
+
+    def run(self, rows: list[Prepared]) -> Forward:
+        """One pool step for the requests ``rows`` (all of one pool)."""
+        t0 = time.perf_counter()
+        requests = [r.inputs for r in rows]
+        replies = requests[0].session.pool.run(requests)
+        return Forward(replies, len(rows), time.perf_counter() - t0)
+
+    def compiled(self) -> int:
+        return sum(len(p) for p in self._pools.values())
+
+
+__all__ = ["Pool", "Pools", "Session", "spec_from_wire", "spec_to_wire"]
