@@ -317,7 +317,8 @@ def make_parser() -> argparse.ArgumentParser:
         "(jaxmesh.PolicyServer)",
         description="Serve a policy until SIGTERM or Ctrl-C, in openpi's "
         "websocket protocol (openpi-client's WebsocketClientPolicy works against "
-        "it), or with --protocol grpc in jaxmesh's own (jaxmesh.RemotePolicy): the requests of all clients go to one queue and run in batches of "
+        "it), or with --protocol grpc in jaxmesh's own (jaxmesh.RemotePolicy): "
+        "the requests of all clients go to one queue and run in batches of "
         "up to --max-batch. Prints the address on stdout once serving. Binding a "
         "non-loopback address needs --token (or JAXMESH_TOKEN), TLS or --insecure.",
     )

@@ -465,6 +465,9 @@ class Pools:
             "tile": cfg.tile,
             "digest": digest,
             "can_skip": agent.can_skip(cfg),
+            # The observation leaves the policy reads, in the order a step
+            # sends them.
+            "leaves": list(pool.order),
             "stochastic": pol.stochastic,
         }
         return session, info

@@ -10,6 +10,10 @@ runs. A request the model cannot run fails alone (its own ``RequestError``);
 an error of the forward itself fails the requests of that batch only; the
 server serves on.
 
+A lone client's request, with nothing queued or running, runs at once in
+the thread that received it (``run_alone``): no hand-off to the forward
+thread and back, the latency of two thread switches.
+
 Each reply carries its telemetry (``Reply``): the batch it ran in, its
 padded size, the wait in the queue and the forward's time.
 """
@@ -119,6 +123,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._clients = 0
         self._closed = False
+        #: A forward is running (in the forward thread, or ``run_alone``'s).
+        self._busy = False
         self._thread: threading.Thread | None = None
 
     # Clients ---------------------------------------------------------------
@@ -151,6 +157,25 @@ class Batcher:
             self._cond.notify()
         return future
 
+    def run_alone(self, prepared: Prepared) -> Reply | None:
+        """Runs the request in the calling thread when its client is the only
+        one connected and no forward runs or waits; its ``Reply`` (or the
+        forward's exception). None otherwise: ``submit`` it.
+        """
+        with self._cond:
+            if self._closed or self._clients > 1 or self._queue or self._busy:
+                return None
+            self._busy = True
+        item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
+        item.future.set_running_or_notify_cancel()
+        try:
+            self._run([item])
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        return item.future.result()
+
     # The forward thread ------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
@@ -177,7 +202,7 @@ class Batcher:
         """The next batch (its futures running), or None once closed."""
         with self._cond:
             while True:
-                while not self._queue and not self._closed:
+                while (not self._queue or self._busy) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return None
@@ -201,6 +226,7 @@ class Batcher:
                 live = [i for i in batch if i.future.set_running_or_notify_cancel()]
                 self.stats.dropped += len(batch) - len(live)
                 if live:
+                    self._busy = True
                     return live
 
     def _loop(self) -> None:
@@ -208,7 +234,12 @@ class Batcher:
             batch = self._take()
             if batch is None:
                 return
-            self._run(batch)
+            try:
+                self._run(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
     def _run(self, batch: list[_Item]) -> None:
         start = time.perf_counter()

@@ -179,7 +179,11 @@ class OpenpiService:
             try:
                 obs = codec.unpackb(message)
                 prepared = self.batcher.model.prepare(obs)
-                reply = await self._reply(ws, self.batcher.submit(prepared))
+                # A lone client's forward runs here, on the loop (no other
+                # connection waits on it): no hand-off to the forward thread.
+                reply = self.batcher.run_alone(prepared)
+                if reply is None:
+                    reply = await self._reply(ws, self.batcher.submit(prepared))
                 if reply is None:  # the client went while its request waited
                     return
                 timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}

@@ -188,3 +188,22 @@ def test_a_stochastic_policy_draws_with_fold_in_of_the_seed_and_request_index():
     for i, out in enumerate(first):  # requests 0, 1, 2, then 3
         key = jax.random.fold_in(jax.random.PRNGKey(7), i)
         np.testing.assert_allclose(out, [np.asarray(jax.random.uniform(key, (2,)))])
+
+
+def test_a_lone_clients_request_runs_in_its_own_thread_else_it_queues():
+    served = ServedModel(linear_model(), max_batch=4)
+    served.warm_up(served.prepare(state_obs(0)))
+    batcher = Batcher(served, max_wait_ms=60_000)
+    batcher.connect()
+    batcher.start()
+    try:
+        reply = batcher.run_alone(served.prepare(state_obs(3)))
+        ref = linear_reference(state_obs(3)["observation/state"])
+        np.testing.assert_allclose(reply.output, ref, rtol=1e-6, atol=1e-6)
+        assert (reply.batch_size, batcher.stats.requests) == (1, 1)
+        batcher.connect()  # a second client: requests go to the queue
+        assert batcher.run_alone(served.prepare(state_obs(4))) is None
+        batcher.disconnect()
+    finally:
+        batcher.close()
+    assert batcher.run_alone(served.prepare(state_obs(5))) is None  # closed

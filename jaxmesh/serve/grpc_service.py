@@ -1,0 +1,229 @@
+"""jaxmesh's native policy protocol over gRPC: one bidirectional stream per
+client run (``jaxmesh.RemotePolicy`` inside ``jaxmesh.evaluate``).
+
+The service ``jaxmesh.policy.v1.PolicyService`` has one method, ``Session``;
+its messages are msgpack maps (``jaxmesh.serve.codec``: arrays as openpi's
+``__ndarray__`` maps, never pickle):
+
+- the client's first message ``{"open": {"env": ..., "settings": ...}}``
+  (``agents.spec_to_wire`` and the run's settings), answered
+  ``{"opened": {"session", "policy", "chunk", "horizon", "lead", "tile",
+  "digest", "can_skip", "stochastic"}}``;
+- then one ``{"step": {...}}`` per agent step (lane masks, step indices,
+  episode keys, the moved lanes' observation leaves), answered ``{"step":
+  {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``.
+
+The session's slots are freed when its stream ends: the client closes it, the
+client vanishes (gRPC cancels the stream), or the server shuts down. A request
+the server cannot run ends that stream only, ``INVALID_ARGUMENT`` with the
+reason; a missing or wrong token is ``UNAUTHENTICATED`` before any message is
+read (``Authorization: Bearer <token>``, as served envs take it).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hmac
+from typing import Any
+
+import grpc
+
+from jaxmesh.serve import codec
+from jaxmesh.serve.batcher import Batcher, ServerClosed
+from jaxmesh.serve.forward import RequestError
+
+SERVICE = "jaxmesh.policy.v1.PolicyService"
+METHOD = f"/{SERVICE}/Session"
+
+
+class _Authenticate(grpc.ServerInterceptor):
+    """Refuses a call without the token before its first message is read."""
+
+    def __init__(self, token: str):
+        self.expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, details):
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(str(given).encode(), self.expected):
+            return continuation(details)
+
+        def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
+            why = "no token" if not given else "a wrong token"
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"the policy server wants a token and the call carried {why}: pass "
+                "RemotePolicy(address, token=...) (or set JAXMESH_TOKEN)",
+            )
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+class GrpcService:
+    """The gRPC server of a ``PolicyServer(protocol="grpc")``.
+
+    Args:
+      pools: the sessions' slots (``agents.Pools``).
+      batcher: the queue every session's steps go to.
+      host, port: where to bind (port 0: a free one).
+      token: the token clients must send, or None.
+      credentials: ``grpc.ServerCredentials`` for TLS, or None.
+      max_message_bytes: the largest message either way.
+      max_connections: streams served at once.
+    """
+
+    def __init__(
+        self,
+        pools: Any,
+        batcher: Batcher,
+        host: str,
+        port: int,
+        *,
+        token: str | None,
+        credentials: Any,
+        max_message_bytes: int,
+        max_connections: int,
+    ):
+        self.pools, self.batcher = pools, batcher
+        self.host, self.port = host, port
+        self.token, self.credentials = token, credentials
+        self.max_bytes = max_message_bytes
+        self.max_connections = max_connections
+        self._server: grpc.Server | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def start(self) -> int:
+        """Binds and serves; returns the bound port.
+
+        Raises:
+          OSError: the address cannot be bound.
+        """
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self.max_connections, thread_name_prefix="jaxmesh-policy-grpc"
+        )
+        server = grpc.server(
+            self._executor,
+            interceptors=(_Authenticate(self.token),) if self.token else (),
+            maximum_concurrent_rpcs=self.max_connections,
+            options=[
+                ("grpc.max_send_message_length", self.max_bytes),
+                ("grpc.max_receive_message_length", self.max_bytes),
+                ("grpc.so_reuseport", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+                ("grpc.http2.max_ping_strikes", 0),
+            ],
+        )
+        handler = grpc.stream_stream_rpc_method_handler(self._session)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),)
+        )
+        where = f"{self.host}:{self.port}"
+        try:
+            if self.credentials is not None:
+                port = server.add_secure_port(where, self.credentials)
+            else:
+                port = server.add_insecure_port(where)
+        except RuntimeError as e:
+            port, why = 0, str(e)
+        else:
+            why = ""
+        if not port:
+            self._executor.shutdown(wait=False)
+            raise OSError(
+                f"cannot bind {where!r}{f' ({why})' if why else ''}; is the port in "
+                "use? Pick another port, or port 0 for a free one"
+            )
+        server.start()
+        self._server = server
+        return port
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Ends every stream and joins the handler threads."""
+        if self._server is not None:
+            self._server.stop(0).wait(timeout)
+            self._server = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # One client's run ----------------------------------------------------------
+    def _session(self, requests: Any, context: grpc.ServicerContext) -> Any:
+        session = None
+        try:
+            for data in requests:
+                try:
+                    msg = codec.unpackb(data, max_bytes=self.max_bytes)
+                except codec.CodecError as e:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                if not isinstance(msg, dict) or len(msg) != 1:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "a message is a map with one key, 'open' or 'step'",
+                    )
+                ((kind, body),) = msg.items()
+                if session is None:
+                    if kind != "open":
+                        context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the first message is 'open', not {kind!r}",
+                        )
+                    try:
+                        session, info = self.pools.open(body)
+                    except RequestError as e:
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                    self.batcher.connect()
+                    yield codec.packb({"opened": info})
+                    continue
+                if kind != "step":
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"expected a 'step' message, not {kind!r}",
+                    )
+                try:
+                    prepared = self.pools.check(session, body)
+                    reply = self.batcher.run_alone(prepared)
+                    if reply is None:
+                        reply = self.batcher.submit(prepared).result()
+                except RequestError as e:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                except ServerClosed as e:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+                yield codec.packb({"step": reply.output, "timing": reply.timing()})
+        finally:
+            if session is not None:
+                self.pools.close(session)
+                self.batcher.disconnect()
+
+
+def server_credentials(tls: Any) -> Any:
+    """``tls`` (None, or ``(cert PEM, key PEM)`` paths) as gRPC server
+    credentials.
+
+    Raises:
+      TypeError: an ``ssl.SSLContext`` (gRPC takes the PEM files) or another
+        type.
+      ValueError: the files cannot be read.
+    """
+    if tls is None:
+        return None
+    if isinstance(tls, grpc.ServerCredentials):
+        return tls
+    if isinstance(tls, tuple | list) and len(tls) == 2:
+        try:
+            with open(tls[0], "rb") as f:
+                cert = f.read()
+            with open(tls[1], "rb") as f:
+                key = f.read()
+        except OSError as e:
+            raise ValueError(
+                f"tls={tuple(tls)!r}: cannot read the certificate and key ({e}); "
+                "expected two PEM files"
+            ) from e
+        return grpc.ssl_server_credentials([(key, cert)])
+    raise TypeError(
+        f"tls={tls!r}: protocol='grpc' takes (cert PEM path, key PEM path) or "
+        "grpc.ServerCredentials (an ssl.SSLContext is for protocol='openpi')"
+    )
+
+
+__all__ = ["GrpcService", "METHOD", "SERVICE", "server_credentials"]

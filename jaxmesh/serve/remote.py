@@ -1,0 +1,426 @@
+"""``jaxmesh.RemotePolicy``: a policy served by ``jaxmesh serve-policy
+--protocol grpc``, as the policy of ``jaxmesh.evaluate`` on host-stepped envs.
+
+The run is the host loop's own (``jaxmesh.run.host.loop``): episodes, seeds,
+env steps, caps and results are this process's. Only the agent step moves to
+the server (``RemoteAgent``, in place of ``driver.HostAgent``): each step sends
+the lanes' masks, step indices, episode keys and new observations, and the
+server runs the jitted agent step the host loop would run (``agents.Pool``)
+over the run's slots, which keep every lane's episode state. The reply holds
+the actions and what the loop reads of the agent state (the chunk cursors,
+the chunk, the plans per episode). So a run with ``RemotePolicy(address)``
+gives the results of the same run with the served model in process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import threading
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxmesh.core import agent
+from jaxmesh.errors import RemoteConnectionError
+from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
+from jaxmesh.types import Policy
+
+#: Seconds ``RemotePolicy`` waits for the server to answer its connection.
+CONNECT_TIMEOUT_SECONDS = 10.0
+_END = object()
+
+
+def _refuse_apply(*args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        "jaxmesh.RemotePolicy runs on host-stepped envs (gymnasium envs, in "
+        "process, in workers or served), where the host loop calls the server "
+        "for each agent step; a JAX env runs its policy inside one jitted "
+        "program, which cannot call a server: serve the env instead, or run "
+        "the model in process"
+    )
+
+
+class RemotePolicy:
+    """A policy a ``jaxmesh.PolicyServer(protocol="grpc")`` serves.
+
+    Args:
+      address: ``"host:port"``, ``"grpc://host:port"`` or
+        ``"grpcs://host:port"`` (TLS), as the server printed.
+      token: the server's token (default: the ``JAXMESH_TOKEN`` environment
+        variable, if set).
+      tls: None (plain, unless the address is ``grpcs://``), True (TLS with
+        the system's roots), a root certificate PEM path, or
+        ``grpc.ChannelCredentials``.
+      connect_timeout: seconds to wait for the server at the run's start.
+      max_message_bytes: the largest message either way.
+
+    Example::
+
+        policy = jaxmesh.RemotePolicy("grpc://127.0.0.1:8000")
+        result = jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=16)
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        tls: Any = None,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ):
+        from jaxmesh.remote.address import parse_address, uses_tls
+
+        self.address = parse_address(address)
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
+        if token is not None and not isinstance(token, str):
+            raise TypeError(f"token is a {type(token).__name__}; expected a string")
+        self.token = token
+        if tls is None and uses_tls(address):
+            tls = True
+        self.tls = tls
+        self._credentials()  # a bad tls= fails here, not in the run
+        ok = isinstance(connect_timeout, int | float) and connect_timeout > 0
+        if isinstance(connect_timeout, bool) or not ok:
+            raise ValueError(
+                f"connect_timeout={connect_timeout!r}: expected seconds > 0"
+            )
+        self.connect_timeout = float(connect_timeout)
+        self.max_message_bytes = max_message_bytes
+        self.name = f"remote:{self.address}"
+
+    def _credentials(self) -> Any:
+        import grpc
+
+        tls = self.tls
+        if tls is None or tls is False:
+            return None
+        if tls is True:
+            return grpc.ssl_channel_credentials()
+        if isinstance(tls, grpc.ChannelCredentials):
+            return tls
+        if isinstance(tls, str | os.PathLike):
+            try:
+                with open(tls, "rb") as f:
+                    return grpc.ssl_channel_credentials(root_certificates=f.read())
+            except OSError as e:
+                raise ValueError(
+                    f"tls={tls!r}: cannot read the root certificate ({e}); expected "
+                    "a PEM file, True (the system's roots) or grpc.ChannelCredentials"
+                ) from e
+        raise TypeError(
+            f"tls={tls!r}: expected None, True, a root certificate PEM path or "
+            "grpc.ChannelCredentials"
+        )
+
+    def as_policy(self, *, with_params: bool) -> Policy:
+        """The engine's view: a policy whose every step runs on the server
+        (``jaxmesh.run.host.driver`` asks ``remote_agent`` for it)."""
+        if with_params:
+            raise TypeError(
+                f"evaluate(params=...) with {self.name}: the params live on the "
+                "policy server; serve the model with the params you want"
+            )
+        return Policy(
+            name=self.name,
+            apply=_refuse_apply,
+            stochastic=False,
+            initial_state=None,
+            native_chunk=None,
+            spec=None,
+            default_params=lambda: None,
+            place=lambda x: x,
+            device=None,
+            on_episode_end=None,
+        )
+
+    def remote_agent(self, pol: Policy, spec: Any, settings: Any, tile_lanes: Any):
+        """The agent side of one run (``driver.HostAgent``'s part)."""
+        return RemoteAgent(self, pol, spec, settings, tile_lanes)
+
+    def __repr__(self) -> str:
+        return f"RemotePolicy({self.address!r})"
+
+
+# The wire ------------------------------------------------------------------------
+class _Stream:
+    """One ``Session`` stream: ``call(message) -> reply`` in turn."""
+
+    def __init__(self, remote: RemotePolicy):
+        import grpc
+
+        from jaxmesh.remote.client import channel_options
+        from jaxmesh.serve.grpc_service import METHOD
+
+        self.address = remote.address
+        options = channel_options(remote.max_message_bytes)
+        creds = remote._credentials()
+        self.channel = (
+            grpc.insecure_channel(self.address, options=options)
+            if creds is None
+            else grpc.secure_channel(self.address, creds, options=options)
+        )
+        try:
+            grpc.channel_ready_future(self.channel).result(
+                timeout=remote.connect_timeout
+            )
+        except grpc.FutureTimeoutError:
+            self.channel.close()
+            raise RemoteConnectionError(
+                f"no policy server answers at {self.address} (waited "
+                f"{remote.connect_timeout:g} s): start one there (`jaxmesh "
+                "serve-policy MODEL --protocol grpc --address "
+                f"{self.address}`), or check the address"
+                + (" and TLS" if creds is not None else ""),
+                address=self.address,
+                code="UNAVAILABLE",
+            ) from None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        metadata = (
+            (("authorization", f"Bearer {remote.token}"),) if remote.token else ()
+        )
+        call = self.channel.stream_stream(METHOD)
+        self._replies = call(iter(self._queue.get, _END), metadata=metadata)
+        self.lock = threading.Lock()
+
+    def call(self, message: dict) -> Any:
+        import grpc
+
+        from jaxmesh.serve import codec
+
+        self._queue.put(codec.packb(message))
+        try:
+            data = next(self._replies)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        except StopIteration:
+            raise RemoteConnectionError(
+                f"the policy server at {self.address} ended the session",
+                address=self.address,
+            ) from None
+        return codec.unpackb(data)
+
+    def _error(self, e: Any) -> Exception:
+        import grpc
+
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return ValueError(f"the policy server at {self.address} refused: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return RemoteConnectionError(
+                f"the policy server at {self.address} refused the session: {details}",
+                address=self.address,
+                code=code.name,
+            )
+        return RemoteConnectionError(
+            f"the policy server at {self.address} went away mid-run "
+            f"({code.name}: {details}); every finished episode is on "
+            "exc.partial_result: start the server again and pass "
+            "jaxmesh.evaluate(..., resume=exc.partial_result) to run the rest",
+            address=self.address,
+            code=code.name,
+        )
+
+    def close(self) -> None:
+        self._queue.put(_END)
+        try:
+            for _ in self._replies:
+                pass
+        except Exception:  # noqa: BLE001 - the session is over either way
+            pass
+        self.channel.close()
+
+
+# The agent side of a run ------------------------------------------------------------
+class _Window(NamedTuple):
+    """A stand-in declaration: whether the served spec keeps deeper windows
+    (what ``agent.can_skip`` reads of a config's spec)."""
+
+    stack: int
+
+
+@dataclasses.dataclass(eq=False)
+class RemoteState:
+    """What the host loop reads of the agent state, as the server sent it."""
+
+    cursor: np.ndarray
+    chunk: np.ndarray
+    pending: np.ndarray
+    predict_calls: np.ndarray
+    rows: int
+
+    def read_back(self, *arrays: Any) -> tuple:
+        return arrays
+
+
+class RemoteStep:
+    """``step(params, state, obs, started, active, ep_keys, t, moved=None,
+    skip=None, texts=None, episodes=None) -> (state, actions)`` on the server
+    (``PackedStep``'s signature)."""
+
+    def __init__(self, stream: _Stream, n: int, layout: Any, reads: list[str]):
+        self.stream, self.n = stream, n
+        # The observation's leaves in tree order, and which of them (in the
+        # server's order) the served policy reads: only those are sent.
+        names = jax.tree.leaves(layout.build({k: k for k in layout.names}))
+        missing = sorted(set(reads) - set(names))
+        if missing:
+            raise ValueError(
+                f"the policy server reads observation leaves {missing}, which "
+                f"this env's observation (leaves {list(names)}) lacks"
+            )
+        self.picked = [names.index(k) for k in reads]
+
+    @staticmethod
+    def keys_on_device(ep_keys: np.ndarray) -> np.ndarray:
+        return np.array(ep_keys)
+
+    def __call__(
+        self,
+        params,
+        state,
+        obs,
+        started,
+        active,
+        ep_keys,
+        t,
+        moved=None,
+        skip=None,
+        texts=None,
+        episodes=None,
+    ):
+        moved = np.ones(self.n, bool) if moved is None else np.asarray(moved, bool)
+        every = jax.tree.leaves(obs)
+        leaves = [
+            np.ascontiguousarray(np.asarray(every[i])[moved]) for i in self.picked
+        ]
+        body = {
+            "obs": leaves,
+            "started": np.asarray(started, bool),
+            "active": np.asarray(active, bool),
+            "moved": moved,
+            "keys": np.asarray(ep_keys),
+            "t": np.asarray(t, np.int32),
+        }
+        if skip is not None:
+            body["skip"] = np.asarray(skip, np.int32)
+        reply = self.stream.call({"step": body})["step"]
+        new = RemoteState(
+            np.asarray(reply["cursor"]),
+            np.asarray(reply["chunk"]),
+            np.asarray(reply.get("pending", reply["chunk"])),
+            np.asarray(reply["predict_calls"]),
+            state.rows + int(reply["rows"]),
+        )
+        return new, np.asarray(reply["actions"])
+
+
+class RemoteProgram(NamedTuple):
+    """``driver._HostProgram``'s fields, for a served agent step."""
+
+    config: agent.AgentConfig
+    chunk: int | None
+    init: Any
+    step: RemoteStep
+    plan: Any
+    layout: Any
+
+
+class RemoteAgent:
+    """``driver.HostAgent`` for a ``RemotePolicy``: the session is opened on
+    the first ``program`` (before the run's hooks hear of it) and closed by
+    ``close``."""
+
+    def __init__(
+        self,
+        remote: RemotePolicy,
+        pol: Policy,
+        spec: Any,
+        settings: Any,
+        tile_lanes: Any,
+    ):
+        if settings.grid is not None or settings.execution is not None:
+            what = "a sweep" if settings.grid is not None else "execution="
+            raise ValueError(
+                f"{remote.name}: {what} is not served yet; run the model in process"
+            )
+        self.remote, self.policy, self.spec = remote, pol, spec
+        self.settings, self.tile_lanes = settings, tile_lanes
+        self._stream: _Stream | None = None
+        self._program: RemoteProgram | None = None
+        self.info: dict = {}
+
+    def program(self, params: Any) -> RemoteProgram:
+        if self._program is not None:
+            return self._program
+        from jaxmesh.serve.agents import spec_to_wire
+
+        s = self.settings
+        settings = {
+            "num_envs": s.num_envs,
+            "horizon": s.horizon,
+            "prefetch_lead": s.prefetch_lead,
+            "delay": s.delay,
+            "plan_tile": s.plan_tile,
+            "tile_lanes": self.tile_lanes,
+        }
+        stream = _Stream(self.remote)
+        try:
+            msg = {"open": {"env": spec_to_wire(self.spec), "settings": settings}}
+            info = stream.call(msg)["opened"]
+        except BaseException:
+            stream.close()
+            raise
+        self._stream, self.info = stream, info
+        spec = self.spec
+        n, h = s.num_envs, int(info["horizon"])
+        chunk = info["chunk"]
+        cfg = agent.AgentConfig(
+            num_envs=n,
+            horizon=h,
+            lead=int(info["lead"]),
+            tile=int(info["tile"]),
+            action_shape=tuple(spec.action_shape),
+            action_dtype=spec.action_dtype,
+            spec=(("served", _Window(1 if info["can_skip"] or h == 1 else 2)),),
+            raw=False,
+            chunked=chunk is not None,
+            delay=s.delay,
+            chunk_len=1 if chunk is None else int(chunk),
+        )
+        a_shape, a_dtype = tuple(spec.action_shape), np.dtype(spec.action_dtype)
+
+        def init(obs: Any, lanes: Any) -> RemoteState:
+            chunks = np.zeros((n, h, *a_shape), a_dtype)
+            zeros = np.zeros(n, np.int32)
+            return RemoteState(zeros.copy(), chunks, chunks.copy(), zeros.copy(), 0)
+
+        self._program = RemoteProgram(
+            cfg,
+            chunk,
+            init,
+            RemoteStep(stream, n, spec.layout, list(info["leaves"])),
+            None,
+            spec.layout,
+        )
+        return self._program
+
+    def compile(self, params: Any) -> float:
+        """The server compiled the step when the session opened."""
+        return 0.0
+
+    def digest(self) -> str:
+        """The served policy's program digest (the server's probe)."""
+        return str(self.info.get("digest", ""))
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+__all__ = ["RemoteAgent", "RemotePolicy", "RemoteState"]
