@@ -136,6 +136,37 @@ def test_chunks_at_horizon_above_one_equal_in_process():
             np.testing.assert_array_equal(got.predict_calls, -(-got.lengths // 3))
 
 
+class DictCartPole(gymnasium.ObservationWrapper):
+    """CartPole whose observation is ``{"state": [4], "noise": [3]}``."""
+
+    def __init__(self):
+        super().__init__(gymnasium.make("CartPole-v1"))
+        self.observation_space = gymnasium.spaces.Dict(
+            {
+                "noise": gymnasium.spaces.Box(-1, 1, (3,)),
+                "state": self.env.observation_space,
+            }
+        )
+
+    def observation(self, obs):
+        return {"noise": np.full(3, 0.5, np.float32), "state": obs}
+
+
+class ReadsState(jaxmesh.Model):
+    spec = {"state": State(key="state")}
+
+    def predict(self, obs):
+        return (obs["state"] @ W[4:8, 0] > 0).astype(jnp.int32)
+
+
+def test_only_the_leaves_the_served_policy_reads_are_sent():
+    want = run(ReadsState(), [DictCartPole() for _ in range(2)], 2)
+    with jaxmesh.PolicyServer(ReadsState(), protocol="grpc") as server:
+        policy = jaxmesh.RemotePolicy(server.url)
+        got = run(policy, [DictCartPole() for _ in range(2)], 2)
+    assert_same(got, want)
+
+
 def test_two_clients_at_once_share_forwards_and_get_their_own_results(in_process):
     got: dict = {}
     errors: list = []
