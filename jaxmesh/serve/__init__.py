@@ -8,7 +8,12 @@ a forward runs up to ``max_batch`` of them through a program compiled for a
 few fixed batch sizes (``forward.py``, which also applies the model's spec to
 raw observations). ``codec.py`` is openpi's msgpack format, without pickle.
 
-Needs the ``[serve]`` extra (websockets, msgpack).
+jaxmesh's own protocol (``protocol="grpc"``, ``grpc_service.py``) serves
+``RemotePolicy`` (``remote.py``), the policy of ``jaxmesh.evaluate`` on
+host-stepped envs: the server keeps each client lane's episode state in slots
+of pools that run the host loop's own agent step (``agents.py``).
+
+Needs the ``[serve]`` extra (websockets, msgpack, gRPC).
 """
 
 try:
