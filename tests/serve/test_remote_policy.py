@@ -216,6 +216,15 @@ def test_a_token_is_required_when_set(in_process):
     assert_same(got, in_process[1])
 
 
+def test_tls(pems, in_process):
+    tls = (pems["cert"], pems["key"])
+    with jaxmesh.PolicyServer(Stacked(), protocol="grpc", tls=tls) as server:
+        assert server.url.startswith("grpcs://127.0.0.1:")
+        policy = jaxmesh.RemotePolicy(server.url, tls=str(pems["cert"]))
+        got = run(policy, "gymnasium:CartPole-v1", 1)
+    assert_same(got, in_process[1])
+
+
 def test_a_server_that_shuts_down_mid_run_keeps_the_finished_episodes(in_process):
     server = jaxmesh.PolicyServer(Stacked(), protocol="grpc").start()
     ended: list = []
