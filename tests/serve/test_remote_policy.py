@@ -136,6 +136,44 @@ def test_chunks_at_horizon_above_one_equal_in_process():
             np.testing.assert_array_equal(got.predict_calls, -(-got.lengths // 3))
 
 
+class Recurrent(jaxmesh.Model):
+    """Pendulum: a torque from a decaying sum of the observations."""
+
+    def initial_state(self):
+        return jnp.zeros(3, jnp.float32)
+
+    def predict(self, obs, state):
+        state = 0.9 * state + obs
+        return jnp.tanh(state @ V[:, :1]) * 2.0, state
+
+
+def plain_recurrent(seeds: list[int]) -> list[float]:
+    returns = []
+    env = gymnasium.make("Pendulum-v1")
+    try:
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            state, total = np.zeros(3, np.float32), 0.0
+            for _ in range(STEPS):
+                state = np.float32(0.9) * state + np.asarray(obs, np.float32)
+                obs, r, te, tr, _ = env.step(np.tanh(state @ V[:, :1]) * 2.0)
+                total += float(r)
+                if te or tr:
+                    break
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
+def test_a_recurrent_models_state_is_kept_per_lane_and_reset_per_episode():
+    want = run(Recurrent(), "gymnasium:Pendulum-v1", 3)
+    np.testing.assert_allclose(want.returns, plain_recurrent(SEEDS), rtol=1e-4)
+    with jaxmesh.PolicyServer(Recurrent(), protocol="grpc") as server:
+        got = run(jaxmesh.RemotePolicy(server.url), "gymnasium:Pendulum-v1", 3)
+    assert_same(got, want)
+
+
 class DictCartPole(gymnasium.ObservationWrapper):
     """CartPole whose observation is ``{"state": [4], "noise": [3]}``."""
 
