@@ -219,12 +219,23 @@ def header(title: str, settings: dict[str, Any]) -> str:
 
 
 def envpool_xla_loop(
-    task: str, lanes: int, threads: int, cap: int, iters: int, policy: Callable
+    task: str,
+    lanes: int,
+    threads: int,
+    cap: int,
+    iters: int,
+    policy: Callable,
+    *,
+    raw: bool = False,
+    **make_kwargs: Any,
 ) -> tuple:
     """The hand-written anchor: a pool of ``lanes`` EnvPool envs (seed 0)
     stepped through EnvPool's XLA interface in a jitted ``fori_loop`` of
-    ``iters`` steps, each lane acting ``policy(obs)`` (float32 in, float64
-    actions out); no per-episode accounting. EnvPool's ``xla()`` needs
+    ``iters`` steps, each lane acting ``policy(obs)``; no per-episode
+    accounting. The policy gets float32 observations and returns actions
+    made float64 (MuJoCo), or with ``raw`` takes the batch as EnvPool gives it
+    and returns EnvPool's action dtype (Atari: uint8 frames in, int32 actions
+    out). ``make_kwargs`` go to ``envpool.make``. EnvPool's ``xla()`` needs
     ``jax_enable_x64`` on. Returns ``(env, loop, handle, obs)``, where
     ``loop(handle, obs) -> (handle, obs, total reward)``."""
     import envpool
@@ -237,17 +248,18 @@ def envpool_xla_loop(
         num_threads=threads,
         seed=0,
         max_episode_steps=cap,
+        **make_kwargs,
     )
     handle, recv, _send, step = env.xla()
     env.async_reset()
     handle, (obs, *_) = recv(handle)
     ids = jnp.arange(lanes, dtype=jnp.int32)
+    act = policy if raw else lambda o: policy(o.astype(jnp.float32)).astype(jnp.float64)
 
     def body(_, carry):
         h, o, total = carry
-        a = policy(o.astype(jnp.float32)).astype(jnp.float64)
-        h, (o, r, *_) = step(h, a, ids)
-        return h, o, total + r.sum()
+        h, (o, r, *_) = step(h, act(o), ids)
+        return h, o, total + r.sum(dtype=jnp.float64)
 
     loop = jax.jit(
         lambda h, o: jax.lax.fori_loop(0, iters, body, (h, o, jnp.float64(0.0)))

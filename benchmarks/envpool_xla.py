@@ -1,46 +1,51 @@
-"""EnvPool's HalfCheetah inside jaxmesh's jitted loop, beside a hand-written
-EnvPool XLA loop and jaxmesh on gymnasium's HalfCheetah.
+"""EnvPool tasks inside jaxmesh's jitted loop, beside a hand-written EnvPool XLA
+loop with the same network (and jaxmesh on gymnasium's HalfCheetah).
 
-Workload: 16 lanes of ``HalfCheetah-v5`` (1000-step episodes, EnvPool's and
-gymnasium's default cap), a 2x256 tanh MLP with fixed random weights (17 ->
-256 -> 256 -> 6, tanh head), episode i seeded with i. Contenders, each at
-EnvPool ``num_threads`` 1 and 2 where it has threads:
+Workloads, each at EnvPool ``num_threads`` 1 and 2:
+
+- ``HalfCheetah-v5``: 16 lanes, 1000-step episodes (EnvPool's and gymnasium's
+  default cap), a 2x256 tanh MLP with fixed random weights (17 -> 256 -> 256
+  -> 6, tanh head), episode i seeded with i.
+- ``Pong-v5``: 8 lanes, episodes cut at 500 agent steps (2,000 frames), the
+  small DQN conv net of ``jaxmesh.zoo.atari`` (fixed random weights; uint8
+  ``[4, 84, 84]`` frames in, a greedy action out), episode i seeded with i.
+
+Contenders:
 
 1. ``hand XLA loop``: EnvPool's own XLA interface (``handle, recv, send,
-   step = env.xla()``) in a jitted ``lax.fori_loop`` of ``E * 1000 / 16``
-   batched steps with the same MLP and no per-episode accounting (the pool
-   auto-resets; its seeds are per lane, so it runs other episodes). It runs
-   in a child process: EnvPool's own XLA calls need ``jax_enable_x64``.
-2. ``jaxmesh envpool``: ``jaxmesh.evaluate(policy, "envpool:HalfCheetah-v5"
-   (num_threads=t), num_envs=16, seeds=range(E))``; the figure is env steps
+   step = env.xla()``) in a jitted ``lax.fori_loop`` of about as many batched
+   steps as jaxmesh's call, the same network, no per-episode accounting (the
+   pool auto-resets; its seeds are per lane, so it runs other episodes). It
+   runs in one child process kept for the whole benchmark (EnvPool's own XLA
+   calls need ``jax_enable_x64``), its loops compiled before any timing.
+2. ``jaxmesh envpool``: ``jaxmesh.evaluate(policy, "envpool:<id>"
+   (num_threads=t), num_envs=N, seeds=range(E))``; the figure is env steps
    over the result's ``run_time`` (the segments; the call's wall time, which
    adds building the run's pool and compiling its program, is printed beside).
-3. ``jaxmesh gymnasium``: the same call on ``"gymnasium:HalfCheetah-v5"``
-   (jaxmesh's default for gymnasium envs).
+3. ``jaxmesh gymnasium`` (HalfCheetah only): the same call on
+   ``"gymnasium:HalfCheetah-v5"`` (jaxmesh's default for gymnasium envs).
 
-Every figure is a median of ``--repeats`` interleaved runs (each hand loop
-run right after jaxmesh's at the same thread count, its compile untimed).
-The ratios printed are jaxmesh envpool over the hand loop at the same thread
-count, and jaxmesh envpool over jaxmesh gymnasium.
+Repeats are interleaved: each jaxmesh call is followed at once by the hand loop
+at the same thread count, and the ratio printed is the median over repeats of
+each such pair's ratio (on shared cores, a pair sees the same load), beside
+the ratio of the medians.
 
-Run: ``python benchmarks/envpool_xla.py [--quick] [--episodes 32]``
+Run: ``python benchmarks/envpool_xla.py [--quick] [--repeats 5]``
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
+import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-LANES, CAP = 16, 1000
-TASK = "HalfCheetah-v5"
+THREADS = (1, 2)
 
 
 def weights(seed: int = 0) -> list[np.ndarray]:
@@ -57,57 +62,71 @@ def mlp(w, obs):
     return jnp.tanh(h @ w[2])
 
 
-def anchor(threads: int, iters: int, repeats: int) -> None:
-    """The hand-written EnvPool XLA loop (child process): prints JSON."""
+#: name -> (task, lanes, episode cap, episodes per call (quick: half))
+WORKLOADS = {
+    "HalfCheetah": ("HalfCheetah-v5", 16, 1000, 32),
+    "Pong": ("Pong-v5", 8, 500, 16),
+}
+#: What jaxmesh passes to Atari tasks by default; the hand loop gets the same.
+ATARI = {"episodic_life": False, "reward_clip": False}
+
+
+def policies(name: str) -> tuple:
+    """(jaxmesh's one-lane policy, the hand loop's batched policy, raw):
+    the same network."""
     import jax
-    import jax.numpy as jnp
-    from common import envpool_xla_loop
+
+    if name == "Pong":
+        from jaxmesh.zoo import atari
+
+        return atari.pong, jax.vmap(atari.pong), True
+    w = [jax.numpy.asarray(x) for x in weights()]
+    one = functools.partial(mlp, w)
+    return one, one, False
+
+
+def _child(conn, iters: dict) -> None:
+    """The hand loops (x64 on), one per (workload, threads), compiled first;
+    answers (workload, threads) with the env steps/s of one timed run."""
+    import jax
 
     jax.config.update("jax_enable_x64", True)
-    w = [jnp.asarray(x) for x in weights()]
-    policy = functools.partial(mlp, w)
-    _, loop, handle, obs = envpool_xla_loop(TASK, LANES, threads, CAP, iters, policy)
-    handle, obs, _ = jax.block_until_ready(loop(handle, obs))  # compile
-    sps = []
-    for _ in range(repeats):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import envpool_xla_loop
+
+    loops = {}
+    for name, (task, lanes, cap, _) in WORKLOADS.items():
+        _, batch, raw = policies(name)
+        extra = ATARI if name == "Pong" else {}
+        for t in THREADS:
+            env, loop, h, o = envpool_xla_loop(
+                task, lanes, t, cap, iters[name], batch, raw=raw, **extra
+            )
+            h, o, _ = jax.block_until_ready(loop(h, o))  # compile
+            loops[name, t] = [env, loop, h, o]
+    conn.send("ready")
+    while True:
+        try:
+            key = conn.recv()
+        except EOFError:
+            return
+        if key is None:
+            return
+        env, loop, h, o = loops[key]
         t0 = time.perf_counter()
-        handle, obs, _ = jax.block_until_ready(loop(handle, obs))
-        sps.append(iters * LANES / (time.perf_counter() - t0))
-    print(json.dumps(sps))
-
-
-def run_anchor(threads: int, iters: int, repeats: int) -> list[float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--anchor",
-            str(threads),
-            "--iters",
-            str(iters),
-            "--repeats",
-            str(repeats),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        h, o, _ = jax.block_until_ready(loop(h, o))
+        wall = time.perf_counter() - t0
+        loops[key][2:] = [h, o]
+        conn.send(iters[key[0]] * WORKLOADS[key[0]][1] / wall)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--anchor", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--iters", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.anchor:
-        anchor(args.anchor, args.iters, args.repeats)
-        return 0
     if args.quick:
-        args.episodes, args.repeats = 16, 2
+        args.repeats = 2
     try:
         import envpool  # noqa: F401
     except ImportError:
@@ -117,54 +136,81 @@ def main(argv: list[str] | None = None) -> int:
 
     import jaxmesh
 
-    w = [jax.numpy.asarray(x) for x in weights()]
-    policy = lambda obs: mlp(w, obs)  # noqa: E731
-    e = args.episodes
-    iters = e * CAP // LANES
+    episodes = {k: v[3] // (2 if args.quick else 1) for k, v in WORKLOADS.items()}
+    iters = {k: episodes[k] * v[2] // v[1] for k, v in WORKLOADS.items()}
+    ctx = mp.get_context("spawn")
+    conn, child_end = ctx.Pipe()
+    child = ctx.Process(target=_child, args=(child_end, iters), daemon=True)
+    child.start()
+    child_end.close()
     print(
-        f"envpool: {LANES} HalfCheetah-v5 lanes, {CAP}-step episodes, {e} episodes "
-        f"per call, 2x256 tanh MLP; nproc {os.cpu_count()}, jax {jax.__version__}"
+        f"envpool: nproc {os.cpu_count()}, jax {jax.__version__}, envpool "
+        f"{envpool.__version__}; load average {os.getloadavg()[0]:.1f} at the start"
     )
-    envs = {t: jaxmesh.make_env(f"envpool:{TASK}", num_threads=t) for t in (1, 2)}
+    envs = {
+        (name, t): jaxmesh.make_env(
+            f"envpool:{task}", num_threads=t, max_episode_steps=cap
+        )
+        for name, (task, _, cap, _) in WORKLOADS.items()
+        for t in THREADS
+    }
+    ours = {name: policies(name)[0] for name in WORKLOADS}
+    assert conn.recv() == "ready"
     rows: dict[str, list[float]] = {}
-    walls: dict[str, list[float]] = {}
-    returns = {}
+    calls: dict[str, list[float]] = {}
+    pairs: dict[tuple, list[float]] = {}
+    returns: dict[str, list[np.ndarray]] = {}
+    gym = "jaxmesh gymnasium HalfCheetah (default workers)"
     for _ in range(args.repeats):
-        for t, env in envs.items():
+        for (name, t), env in envs.items():
+            task, lanes, cap, _ = WORKLOADS[name]
             t0 = time.perf_counter()
-            r = jaxmesh.evaluate(policy, env, num_envs=LANES, seeds=range(e))
-            name = f"jaxmesh envpool, num_threads={t}"
-            rows.setdefault(name, []).append(r.steps_per_second)
-            walls.setdefault(name, []).append(r.env_steps / (time.perf_counter() - t0))
+            r = jaxmesh.evaluate(
+                ours[name], env, num_envs=lanes, seeds=range(episodes[name])
+            )
+            call = time.perf_counter() - t0
+            conn.send((name, t))
+            hand = conn.recv()
+            row = f"jaxmesh {name}, num_threads={t}"
+            rows.setdefault(row, []).append(r.steps_per_second)
+            calls.setdefault(row, []).append(r.env_steps / call)
+            rows.setdefault(f"hand XLA loop {name}, num_threads={t}", []).append(hand)
+            pairs.setdefault((name, t), []).append(r.steps_per_second / hand)
             returns.setdefault(name, []).append(np.asarray(r.returns))
-            name = f"hand EnvPool XLA loop, num_threads={t}"
-            rows.setdefault(name, []).extend(run_anchor(t, iters, 1))
         t0 = time.perf_counter()
         r = jaxmesh.evaluate(
-            policy,
+            ours["HalfCheetah"],
             "gymnasium:HalfCheetah-v5",
-            num_envs=LANES,
-            seeds=range(e),
-            max_episode_steps=CAP,
+            num_envs=16,
+            seeds=range(episodes["HalfCheetah"]),
+            max_episode_steps=1000,
         )
-        name = "jaxmesh gymnasium (default workers)"
-        rows.setdefault(name, []).append(r.steps_per_second)
-        walls.setdefault(name, []).append(r.env_steps / (time.perf_counter() - t0))
-    same = all(np.array_equal(a, returns[k][0]) for k in returns for a in returns[k])
-    print(f"jaxmesh envpool returns equal across repeats and thread counts: {same}")
-    print(f"{'contender':45s} {'steps/s (run)':>14s} {'steps/s (call)':>15s}")
+        rows.setdefault(gym, []).append(r.steps_per_second)
+        calls.setdefault(gym, []).append(r.env_steps / (time.perf_counter() - t0))
+    conn.send(None)
+    child.join(timeout=30)
+    for name, rs in returns.items():
+        same = all(np.array_equal(a, rs[0]) for a in rs)
+        print(f"jaxmesh {name} returns equal across repeats and thread counts: {same}")
+    print(f"{'contender':48s} {'steps/s (run)':>14s} {'steps/s (call)':>15s}")
     med = {k: statistics.median(v) for k, v in rows.items()}
     for k, v in med.items():
-        call = f"{statistics.median(walls[k]):15.0f}" if k in walls else f"{'-':>15s}"
-        print(f"{k:45s} {v:14.0f} {call}")
-    gym = med["jaxmesh gymnasium (default workers)"]
-    for t in (1, 2):
-        ours = med[f"jaxmesh envpool, num_threads={t}"]
-        hand = med[f"hand EnvPool XLA loop, num_threads={t}"]
+        call = f"{statistics.median(calls[k]):15.0f}" if k in calls else f"{'-':>15s}"
+        print(f"{k:48s} {v:14.0f} {call}")
+    for (name, t), ratios in pairs.items():
+        ours_med = med[f"jaxmesh {name}, num_threads={t}"]
+        hand_med = med[f"hand XLA loop {name}, num_threads={t}"]
         print(
-            f"result: envpool: jaxmesh / hand XLA loop at num_threads={t}: "
-            f"{ours / hand:.2f}x; jaxmesh envpool / jaxmesh gymnasium: "
-            f"{ours / gym:.2f}x"
+            f"result: envpool: jaxmesh / hand XLA loop, {name}, num_threads={t}: "
+            f"{statistics.median(ratios):.2f}x (pairs: "
+            f"{', '.join(f'{x:.2f}' for x in ratios)}; medians "
+            f"{ours_med / hand_med:.2f}x)"
+        )
+    for t in THREADS:
+        cheetah = med[f"jaxmesh HalfCheetah, num_threads={t}"]
+        print(
+            f"result: envpool: jaxmesh envpool / jaxmesh gymnasium HalfCheetah at "
+            f"num_threads={t}: {cheetah / med[gym]:.2f}x"
         )
     return 0
 
