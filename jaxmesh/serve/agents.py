@@ -168,6 +168,10 @@ def _settings(given: Any) -> tuple[Any, int | None]:
 
 
 # Pools and sessions ---------------------------------------------------------------
+#: The plans (probes) a server keeps, oldest dropped first.
+MAX_PLANS = 64
+
+
 class Pool:
     """The lanes of the sessions that share one agent program: exactly as many
     as they hold (a step's work over every lane, frame conversion and window
@@ -401,6 +405,8 @@ class Pools:
         self.max_batch = 4096
         self._pools: dict[Any, list[Pool]] = {}
         self._sessions: dict[int, Session] = {}
+        #: (env signature, settings, tile lanes) -> (config, chunk, digest).
+        self._plans: dict[tuple, tuple] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -422,19 +428,28 @@ class Pools:
         settings, tile_lanes = _settings(desc.get("settings", {}))
         pol = self.policy
         spec = spec.reading(read_keys(pol.spec))
-        try:
-            cfg, chunk, _, _, _ = agent_functions(
-                pol, spec, settings, self.params, tile_lanes
-            )
-            digest = build.policy_digest(
-                pol,
-                spec,
-                self.params,
-                settings.horizon,
-                build.told_horizon(pol, settings),
-            )
-        except (TypeError, ValueError) as e:
-            raise RequestError(f"{type(e).__name__}: {e}") from None
+        # The probe traces the model: once per env layout and settings.
+        planned = (spec.signature, settings, tile_lanes)
+        known = self._plans.get(planned)
+        if known is None:
+            try:
+                cfg, chunk, _, _, _ = agent_functions(
+                    pol, spec, settings, self.params, tile_lanes
+                )
+                digest = build.policy_digest(
+                    pol,
+                    spec,
+                    self.params,
+                    settings.horizon,
+                    build.told_horizon(pol, settings),
+                )
+            except (TypeError, ValueError) as e:
+                raise RequestError(f"{type(e).__name__}: {e}") from None
+            with self._lock:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+                known = self._plans[planned] = (cfg, chunk, digest)
+        cfg, chunk, digest = known
         n = settings.num_envs
         # Pools share a program: the same plan but for the lanes (the tile fixed).
         key = (spec.signature, dataclasses.replace(cfg, num_envs=0))
