@@ -22,7 +22,17 @@ already stacked numpy batch, transfer included), p50 and p99. Goals: with 16
 clients, batched >= 4x one at a time; added latency p50 <= 1 ms for one client
 (224x224x3 on loopback).
 
-Run: ``python benchmarks/serve_policy.py [--quick] [--seconds S] [--repeats R]``
+Then ``jaxmesh.RemotePolicy`` (the native gRPC protocol) against the same
+model in process: ``jaxmesh.evaluate`` over B lanes of a gymnasium CartPole
+that also gives a 224x224x3 camera image, with the conv net planning at
+every step (horizon 1), once in this process and once through a
+``jaxmesh serve-policy --protocol grpc`` process on the same machine. Figures
+per B: env steps/s of each and their ratio, and the added time per agent step
+(the served run's seconds per step minus the in-process run's). Goal: served
+>= 0.9x in process at the same batch.
+
+Run: ``python benchmarks/serve_policy.py [--quick] [--seconds S] [--repeats R]
+[--parts openpi,remote]``
 """
 
 from __future__ import annotations
@@ -306,6 +316,153 @@ def measure(
         print(goal(what, p50, p50 <= 1.0))
 
 
+# RemotePolicy against the model in process ----------------------------------------
+class CameraCartPole:
+    """CartPole whose observation is ``{"image": 224x224x3 uint8, "state":
+    [4]}``: the camera a fixed random picture per env (what a simulator's
+    render costs to move, not to draw)."""
+
+    def __new__(cls, seed: int = 0):
+        import gymnasium
+
+        class Env(gymnasium.ObservationWrapper):
+            def __init__(self):
+                super().__init__(gymnasium.make("CartPole-v1"))
+                rng = np.random.default_rng(seed)
+                self.image = rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)
+                self.observation_space = gymnasium.spaces.Dict(
+                    {
+                        "image": gymnasium.spaces.Box(0, 255, (224, 224, 3), np.uint8),
+                        "state": self.env.observation_space,
+                    }
+                )
+
+            def observation(self, obs):
+                return {"image": self.image, "state": obs.astype(np.float32)}
+
+        return Env()
+
+
+class CameraCartPolePolicy(jaxmesh.Model):
+    """The conv net on the camera image and the state: push right when its
+    first output is positive (a chunk of 8 actions, planned every step at
+    horizon 1)."""
+
+    native_chunk = CHUNK
+    spec = {
+        "image": Image(key="image", size=(224, 224)),
+        "state": State(key="state"),
+    }
+
+    def load(self):
+        self.net = NETS["conv"]
+        self.params = self.net.init(
+            jax.random.PRNGKey(0), jnp.zeros((224, 224, 3)), jnp.zeros((4,))
+        )
+
+    def predict_chunk(self, obs):
+        out = self.net.apply(self.params, obs["image"], obs["state"])
+        return (out[:, 0] > 0).astype(jnp.int32)
+
+
+def _served_process() -> tuple[subprocess.Popen, str]:
+    """``jaxmesh serve-policy serve_policy:CameraCartPolePolicy --protocol
+    grpc`` in its own process; its address once serving."""
+    read, write = os.pipe()
+    path = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-policy"]
+        + ["serve_policy:CameraCartPolePolicy", "--protocol", "grpc"]
+        + ["--max-batch", "16", "--ready-fd", str(write)],
+        pass_fds=(write,),
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    os.close(write)
+    with os.fdopen(read, "rb") as ready:
+        line = ready.readline().decode().strip()
+    if not line:
+        proc.kill()
+        raise RuntimeError("jaxmesh serve-policy --protocol grpc did not start")
+    return proc, line
+
+
+def measure_remote(batches: list[int], seconds: float, repeats: int) -> None:
+    """RemotePolicy against the model in process, at each batch (lanes)."""
+    print(
+        header(
+            "RemotePolicy (gRPC) against the model in process",
+            {
+                "model": DESCRIBED["conv"] + ", horizon 1",
+                "env": "gymnasium CartPole + a 224x224x3 uint8 camera, "
+                "max_episode_steps 100",
+                "lanes": batches,
+                "seconds": seconds,
+                "repeats": repeats,
+                "jax backend": jax.default_backend(),
+            },
+        )
+    )
+    proc, address = _served_process()
+    model = CameraCartPolePolicy()
+    remote = jaxmesh.RemotePolicy(address)
+    contenders = {"in process": model, "served": remote}
+
+    def once(policy, lanes: int, episodes: int) -> float:
+        t0 = time.perf_counter()
+        res = jaxmesh.evaluate(
+            policy,
+            [CameraCartPole(i) for i in range(lanes)],
+            episodes=episodes,
+            num_envs=lanes,
+            max_episode_steps=100,
+            workers=0,
+        )
+        return float(res.lengths.sum()) / (time.perf_counter() - t0)
+
+    try:
+        figures: dict[tuple[int, str], list[float]] = {}
+        for lanes in batches:
+            rate = once(model, lanes, lanes)  # compiles; sizes the budget
+            for policy in contenders.values():
+                once(policy, lanes, lanes)  # warm (the server compiles too)
+            episodes = max(lanes, int(rate * seconds / 100))
+            for _ in range(repeats):
+                for name, policy in contenders.items():
+                    got = once(policy, lanes, episodes)
+                    figures.setdefault((lanes, name), []).append(got)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    rows = []
+    for lanes in batches:
+        here = statistics.median(figures[(lanes, "in process")])
+        served = statistics.median(figures[(lanes, "served")])
+        added = (1.0 / served - 1.0 / here) * lanes * 1000.0
+        rows.append([lanes, here, served, served / here, added])
+    print(
+        table(
+            [
+                "lanes",
+                "steps/s in process",
+                "steps/s served",
+                "served / in process",
+                "added ms per agent step",
+            ],
+            rows,
+        )
+    )
+    print()
+    for row in rows:
+        print(
+            goal(
+                f"RemotePolicy over in process, {row[0]} lanes (steps/s)",
+                row[3],
+                row[3] >= 0.9,
+            )
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes")
@@ -315,6 +472,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--models", default=None, help=f"comma-separated, of {sorted(NETS)}"
     )
+    ap.add_argument(
+        "--parts",
+        default="openpi,remote",
+        help="openpi (clients batched against one at a time), remote "
+        "(RemotePolicy against in process)",
+    )
+    ap.add_argument("--lanes", default=None, help="RemotePolicy's batches, e.g. 1,16")
     args = ap.parse_args(argv)
     seconds = args.seconds or (1.5 if args.quick else 5.0)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -324,8 +488,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(models) - set(NETS))
     if unknown:
         ap.error(f"--models: unknown {unknown}; choose from {sorted(NETS)}")
-    for net in models:
-        measure(net, clients, seconds, repeats, args.quick)
+    parts = args.parts.split(",")
+    if "openpi" in parts:
+        for net in models:
+            measure(net, clients, seconds, repeats, args.quick)
+    if "remote" in parts:
+        lanes = [
+            int(b)
+            for b in (args.lanes or ("1,8" if args.quick else "1,4,16")).split(",")
+        ]
+        measure_remote(lanes, seconds, repeats)
     return 0
 
 
