@@ -219,7 +219,7 @@ def test_two_clients_at_once_share_forwards_and_get_their_own_results(in_process
 
     # A long wait: a forward waits for both clients' steps, so rows of both
     # runs share forwards.
-    with jaxmesh.PolicyServer(Stacked(), protocol="grpc", max_wait_ms=500) as server:
+    with jaxmesh.PolicyServer(Stacked(), protocol="grpc", max_wait_ms=200) as server:
         address = server.url
         threads = [
             threading.Thread(target=client, args=("a", 1)),
@@ -254,6 +254,7 @@ def test_a_token_is_required_when_set(in_process):
     assert_same(got, in_process[1])
 
 
+@pytest.mark.slow
 def test_tls(pems, in_process):
     tls = (pems["cert"], pems["key"])
     with jaxmesh.PolicyServer(Stacked(), protocol="grpc", tls=tls) as server:
@@ -307,12 +308,17 @@ def test_a_policy_that_does_not_fit_the_env_is_refused_at_the_start():
             run(jaxmesh.RemotePolicy(server.url), "gymnasium:CartPole-v1", 1)
 
 
-def test_a_jax_env_or_params_are_refused():
+def test_params_are_refused():
+    policy = jaxmesh.RemotePolicy("127.0.0.1:1")
+    with pytest.raises(TypeError, match="params"):
+        jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=1, params={})
+
+
+@pytest.mark.slow
+def test_a_jax_env_is_refused():
     policy = jaxmesh.RemotePolicy("127.0.0.1:1")
     with pytest.raises(TypeError, match="host-stepped"):
         jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=1)
-    with pytest.raises(TypeError, match="params"):
-        jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=1, params={})
 
 
 @pytest.mark.slow
