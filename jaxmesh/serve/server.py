@@ -25,7 +25,7 @@ from jaxmesh.serve.batcher import Batcher, BatchStats
 from jaxmesh.serve.forward import ServedModel
 
 #: The protocols a ``PolicyServer`` speaks.
-PROTOCOLS = ("openpi",)
+PROTOCOLS = ("openpi", "grpc")
 
 
 def _tls_context(tls: Any) -> ssl.SSLContext | None:
@@ -71,28 +71,35 @@ class PolicyServer:
     """Serves a model to many clients at once, batching their requests.
 
     Args:
-      model: a ``jaxmesh.Model`` or a single-lane policy function. Its inputs
-        must be the current observation (``State``, ``Image`` with
-        ``stack=1``, ``Text``); a request carries no episode.
+      model: a ``jaxmesh.Model`` or a single-lane policy function. Over
+        ``"openpi"`` its inputs must be the current observation (``State``,
+        ``Image`` with ``stack=1``, ``Text``): a request carries no episode.
+        Over ``"grpc"`` the server keeps each client lane's episode state
+        (frame windows, ``Previous``, recurrent state, the chunk replayed).
       address: ``"host:port"`` to bind; port 0 picks a free one. A host other
         than loopback needs ``token``, ``tls`` or ``insecure=True``.
       protocol: ``"openpi"``: openpi's websocket protocol, which
-        ``openpi-client``'s ``WebsocketClientPolicy`` speaks.
-      max_batch: the most requests one forward takes.
+        ``openpi-client``'s ``WebsocketClientPolicy`` speaks; ``"grpc"``:
+        jaxmesh's own, which ``jaxmesh.RemotePolicy`` speaks (the policy of
+        ``jaxmesh.evaluate`` on host-stepped envs).
+      max_batch: the most requests one forward takes (``"grpc"``: the client
+        lanes one agent step holds).
       max_wait_ms: how long a forward waits, after its oldest request
         arrived, for more to fill the batch (never when every connected client
         already has a request waiting).
       token: the key clients must send (``Authorization: Api-Key <token>``).
-      tls: serve over TLS (``wss://``): an ``ssl.SSLContext`` or ``(cert PEM,
-        key PEM)`` paths.
+      tls: serve over TLS (``wss://``, ``grpcs://``): ``(cert PEM, key PEM)``
+        paths, or an ``ssl.SSLContext`` (``"openpi"`` only).
       insecure: allow a non-loopback address with no token and no TLS.
       example: an observation to compile for in ``start`` (every batch size),
-        so that the first requests do not wait for XLA.
+        so that the first requests do not wait for XLA (``"openpi"`` only:
+        over ``"grpc"`` a run's session compiles for its env when it opens).
       metadata: more entries for the map a client receives first.
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
-      seed: a stochastic policy's keys: request i gets
-        ``fold_in(PRNGKey(seed), i)``.
+      seed: a stochastic policy's keys over ``"openpi"``: request i gets
+        ``fold_in(PRNGKey(seed), i)`` (over ``"grpc"`` the keys are the
+        client run's episode keys, as in process).
 
     Raises:
       ValueError: a bad address, protocol, batch size, wait or token; a
@@ -127,11 +134,17 @@ class PolicyServer:
         if protocol not in PROTOCOLS:
             raise ValueError(
                 f"protocol={protocol!r}: expected one of {PROTOCOLS} ('openpi': "
-                "the websocket protocol openpi-client speaks)"
+                "the websocket protocol openpi-client speaks; 'grpc': jaxmesh's "
+                "own, for jaxmesh.RemotePolicy)"
             )
         host, port = _split_address(address)
         token = _check_token(token)
-        context = _tls_context(tls)
+        if protocol == "grpc":
+            from jaxmesh.serve.grpc_service import server_credentials
+
+            context = server_credentials(tls)
+        else:
+            context = _tls_context(tls)
         if not (_is_loopback(host) or token or context is not None or insecure):
             raise ValueError(
                 f"refusing to serve on {address!r} with no token and no TLS: anyone "
@@ -151,7 +164,17 @@ class PolicyServer:
         self.protocol = protocol
         self._host, self._port = host, port
         self._requested = address
-        self._served = ServedModel(model, max_batch=max_batch, seed=seed)
+        if protocol == "grpc":
+            from jaxmesh.serve.agents import Pools
+
+            if example is not None:
+                raise ValueError(
+                    "example=...: protocol='grpc' compiles for each client's env "
+                    "when the client opens its session; drop example="
+                )
+            self._served: Any = Pools(model, max_batch=max_batch)
+        else:
+            self._served = ServedModel(model, max_batch=max_batch, seed=seed)
         self._batcher = Batcher(self._served, max_wait_ms=max_wait_ms)
         self._example = example
         self._metadata = {
@@ -178,8 +201,11 @@ class PolicyServer:
 
     @property
     def url(self) -> str:
-        """``ws://host:port`` (``wss://`` with TLS): what clients dial."""
-        scheme = "wss" if self._context is not None else "ws"
+        """``ws://host:port`` (``wss://`` with TLS; ``grpc://``, ``grpcs://``
+        for protocol ``"grpc"``): what clients dial."""
+        scheme = "grpc" if self.protocol == "grpc" else "ws"
+        if self._context is not None:
+            scheme = "grpcs" if self.protocol == "grpc" else "wss"
         return f"{scheme}://{self.address}"
 
     @property
@@ -208,18 +234,10 @@ class PolicyServer:
         self._started = True
         if self._example is not None:
             self._served.warm_up(self._served.prepare(self._example))
-        from jaxmesh.serve.openpi import OpenpiService  # the [serve] extra
-
-        self._service = OpenpiService(
-            self._batcher,
-            self._host,
-            self._port,
-            metadata=self._metadata,
-            token=self._token,
-            ssl_context=self._context,
-            max_message_bytes=self._max_message_bytes,
-            max_connections=self._max_connections,
-        )
+        if self.protocol == "grpc":
+            self._service = self._grpc_service()
+        else:
+            self._service = self._openpi_service()
         self._batcher.start()
         try:
             port = self._service.start()
@@ -229,9 +247,39 @@ class PolicyServer:
         self._address = f"{self._host}:{port}"
         return self
 
+    def _grpc_service(self) -> Any:
+        from jaxmesh.serve.grpc_service import GrpcService
+
+        return GrpcService(
+            self._served,
+            self._batcher,
+            self._host,
+            self._port,
+            token=self._token,
+            credentials=self._context,
+            max_message_bytes=self._max_message_bytes,
+            max_connections=min(self._max_connections, 256),
+        )
+
+    def _openpi_service(self) -> Any:
+        from jaxmesh.serve.openpi import OpenpiService  # the [serve] extra
+
+        return OpenpiService(
+            self._batcher,
+            self._host,
+            self._port,
+            metadata=self._metadata,
+            token=self._token,
+            ssl_context=self._context,
+            max_message_bytes=self._max_message_bytes,
+            max_connections=self._max_connections,
+        )
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Closes every connection, fails what waits, joins every thread.
         Safe to call twice."""
+        if self.protocol == "grpc":  # steps in flight fail first, then streams end
+            self._batcher.close(timeout)
         if self._service is not None:
             self._service.shutdown(timeout)
         self._batcher.close(timeout)
