@@ -384,3 +384,19 @@ def test_serve_policy_grpc_in_a_real_process(in_process):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+class Noisy(jaxmesh.Model):
+    """CartPole: a random push, likelier to the side the pole leans."""
+
+    def predict(self, obs, key):
+        p = jax.nn.sigmoid(obs[2] * 10)
+        return jax.random.bernoulli(key, p).astype(jnp.int32)
+
+
+@pytest.mark.slow
+def test_a_stochastic_model_draws_the_keys_it_draws_in_process():
+    want = run(Noisy(), "gymnasium:CartPole-v1", 3)
+    with jaxmesh.PolicyServer(Noisy(), protocol="grpc") as server:
+        got = run(jaxmesh.RemotePolicy(server.url), "gymnasium:CartPole-v1", 3)
+    assert_same(got, want)
