@@ -115,11 +115,10 @@ def cheetah_refs():
 
 
 def run(policy, env, n, pool_episodes=1000):
-    """The test budget on ``n`` lanes, chunked with a lead; recorded step by
-    step when it fits one pool (``record=`` with pieces is refused)."""
-    record = None
-    if pool_episodes >= len(SEEDS):
-        record = jaxmesh.Record(range(len(SEEDS)), max_steps=CAP)
+    """The test budget on ``n`` lanes, chunked with a lead, every episode
+    recorded step by step (across pieces when ``pool_episodes`` splits it)."""
+    del pool_episodes
+    record = jaxmesh.Record(range(len(SEEDS)), max_steps=CAP)
     return jaxmesh.evaluate(
         policy,
         env,
@@ -145,10 +144,9 @@ def test_halfcheetah_matches_per_episode_pools(cheetah_refs, n, pool_episodes):
     )
     r = run(mlp, env, n, pool_episodes)
     check(r, cheetah_refs, exact=False)
-    if pool_episodes >= len(SEEDS):
-        check_trajectories(r, cheetah_refs, exact=False)
-        with pytest.raises(ValueError, match="pass frames=fn"):
-            episode_frames(r, 0)  # state vectors are no frames
+    check_trajectories(r, cheetah_refs, exact=False)
+    with pytest.raises(ValueError, match="pass frames=fn"):
+        episode_frames(r, 0)  # state vectors are no frames
     assert r.env_steps == sum(x[1] for x in cheetah_refs)
     assert [rec.index for rec in r.episodes] == list(range(len(SEEDS)))
 
@@ -212,26 +210,42 @@ def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
     assert len(pools) == -(-len(SEEDS) // pool_episodes)
     assert all(p() is None for p in pools), "a finished run keeps its pool"
     check(r, pong_refs, exact=True)
-    if pool_episodes >= len(SEEDS):
-        check_trajectories(r, pong_refs, exact=True)
-        # EnvPool has no renderer: a video shows the newest frame of each
-        # observation's stack, in gray.
-        seen = pong_refs[1][4][:, -1]
-        want = np.repeat(seen[..., None], 3, axis=-1)
-        np.testing.assert_array_equal(np.stack(episode_frames(r, 1)), want)
+    check_trajectories(r, pong_refs, exact=True)
+    # EnvPool has no renderer: a video shows the newest frame of each
+    # observation's stack, in gray.
+    seen = pong_refs[1][4][:, -1]
+    want = np.repeat(seen[..., None], 3, axis=-1)
+    np.testing.assert_array_equal(np.stack(episode_frames(r, 1)), want)
     assert r.env_steps == sum(x[1] for x in pong_refs)
 
 
-def test_record_with_pieces_is_refused():
-    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=3, pool_episodes=1)
-    with pytest.raises(ValueError, match="pool_episodes=1"):
-        jaxmesh.evaluate(
-            lambda obs: frames_policy(obs)[0],
-            env,
-            num_envs=1,
-            episodes=2,
-            record=jaxmesh.Record([0]),
+def test_record_across_pieces_keeps_only_the_asked_episodes():
+    """Two of five episodes recorded, over pools of two: each slot holds its
+    own episode (the one-env-pool loop's), whichever piece ran it."""
+    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=4, pool_episodes=2)
+    r = jaxmesh.evaluate(
+        lambda obs: frames_policy(obs)[0],
+        env,
+        num_envs=2,
+        seeds=SEEDS,
+        record=jaxmesh.Record([3, 0], max_steps=4),
+    )
+    one = lambda obs: frames_numpy(obs)[:1]
+    assert [traj.episode for traj in r.trajectories] == [0, 3]
+    for traj in r.trajectories:
+        episode = traj.episode
+        ref = reference(
+            "Pong-v5",
+            SEEDS[episode],
+            one,
+            1,
+            0,
+            4,
+            episodic_life=False,
+            reward_clip=False,
         )
+        np.testing.assert_array_equal(np.asarray(traj.observations), ref[4])
+        np.testing.assert_array_equal(np.asarray(traj.actions), np.stack(ref[5]))
 
 
 @pytest.mark.slow

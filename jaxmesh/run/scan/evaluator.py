@@ -293,7 +293,7 @@ class Evaluator:
         plan = self.plan(params, e)
         self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         if e and callable(getattr(self.env, "bind", None)):
-            self._bind(seeds_arr[: self.env.pool_episodes], plan.lanes, e)
+            self._bind(seeds_arr[: self.env.pool_episodes], plan.lanes)
         # What resume= compares: digests of the env, the policy's program
         # (kept by the probe of self.plan) and the params.
         told = build.told_horizon(pol, s)
@@ -355,7 +355,7 @@ class Evaluator:
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
-    def _bind(self, seeds: np.ndarray, lanes: int, budget: int = 0) -> None:
+    def _bind(self, seeds: np.ndarray, lanes: int) -> None:
         """Builds the run's env from its seeds (an EnvPool pool: env i seeded
         with ``seeds[i]``, ``jaxmesh.envs.envpool``); the program calls that
         pool by its address, so the run compiles its own."""
@@ -375,13 +375,6 @@ class Evaluator:
             raise ValueError(
                 f"{self.env.name}: initial_states= / reset_fn=: an EnvPool env "
                 "starts each episode from its own seeded env; drop them"
-            )
-        if self._run_record is not None and budget > self.env.pool_episodes:
-            raise ValueError(
-                f"{self.env.name}: record= with {budget} episodes, over "
-                f"pool_episodes={self.env.pool_episodes} (the episodes of one "
-                "pool): record in a run of at most that many episodes, or make "
-                "the env with a larger pool_episodes"
             )
         self._programs.clear()
         self._bound = None  # the last pool is freed before the next is built
@@ -424,7 +417,9 @@ class Evaluator:
         e = seeds_arr.size
         book = None
         sink = program.engine.step_sink
-        for a, b in self._pieces(e):
+        pieces = self._pieces(e)
+        recorded = None  # the recorded episodes of the pieces run so far
+        for a, b in pieces:
             if a:  # the next piece's pool, and the program that calls it
                 self._bind(seeds_arr[a:b], plan.lanes)
                 program = self._compiled(params, plan, sink is not None)[0]
@@ -432,6 +427,11 @@ class Evaluator:
             state, book = self._run_piece(
                 program, params, seeds_arr[a:b], a, e, book, episodes_out
             )
+            if self._run_record is not None and len(pieces) > 1:
+                recorded = _merge_recording(
+                    recorded, book.recording, self._run_record.episodes, a, b
+                )
+                book = book.replace(recording=recorded)
         book = jax.device_get(book)
         if self._bound is None:
             place.keep(program.engine, state)
@@ -466,7 +466,7 @@ class Evaluator:
             state, res = place.first_carry(
                 program.engine,
                 seeds,
-                None if rec is None else rec.episodes,
+                None if rec is None else _piece_episodes(rec.episodes, offset, seeds),
                 self._run_trials,
                 self._run_texts,
             )
@@ -501,6 +501,32 @@ class Evaluator:
             state, base = place.put_window(
                 program.engine, state, base, seeds, next_episode, self._run_trials
             )
+
+
+def _piece_episodes(episodes: Any, offset: int, seeds: np.ndarray) -> np.ndarray:
+    """A piece's recorded episodes in its own indices (the budget's episodes
+    ``offset, offset + 1, ...``); -1 for those of other pieces, which no lane
+    ever runs (their slots stay as they are)."""
+    local = np.asarray(episodes, np.int32) - offset
+    return np.where((local >= 0) & (local < seeds.size), local, -1).astype(np.int32)
+
+
+def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> Any:
+    """The recording of the pieces run so far, on the host, with the budget's
+    episode indices ``episodes``: ``kept`` (None before the first piece) with
+    the slots of piece ``[a, b)``'s episodes taken from its recording
+    ``piece`` (whose other slots no lane wrote)."""
+    piece = jax.device_get(piece)
+    if kept is None:
+        kept = jax.tree.map(np.array, piece)
+    episodes = np.asarray(episodes, np.int32)
+    mine = (episodes >= a) & (episodes < b)
+
+    def take(k: np.ndarray, p: np.ndarray) -> np.ndarray:
+        k[mine] = np.asarray(p)[mine]
+        return k
+
+    return jax.tree.map(take, kept, piece).replace(episodes=episodes)
 
 
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
