@@ -69,6 +69,7 @@ _NAMES = {
     "check_frame_limit": "jaxmesh.explain",
     "enable_compile_cache": "jaxmesh.cache",
     "PolicyServer": "jaxmesh.serve",  # the [serve] extra (websockets, msgpack)
+    "RemotePolicy": "jaxmesh.serve.remote",  # the [serve] extra (gRPC, msgpack)
 }
 #: Served-env names (they need the [remote] extra: gRPC).
 _REMOTE = {
@@ -110,6 +111,7 @@ if TYPE_CHECKING:
     from jaxmesh.run.scan.sharded import shard_population
     from jaxmesh.run.seed_check import SeedReport, check_seeds
     from jaxmesh.serve import PolicyServer
+    from jaxmesh.serve.remote import RemotePolicy
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep
 
@@ -207,4 +209,5 @@ __all__ = [
     "check_frame_limit",
     "enable_compile_cache",
     "PolicyServer",
+    "RemotePolicy",
 ]

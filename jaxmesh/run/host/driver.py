@@ -637,6 +637,7 @@ def evaluate(
     check_record_budget(record, int(seeds_arr.size))
     records_states(record, None, "a host-stepped env")
     hook_list = stream.hooks_list(hooks)
+    remote_agent = None
     if served is not None:
         from jaxmesh.remote.address import require_grpc
 
@@ -709,9 +710,15 @@ def evaluate(
         params = pol.default_params() if params is None else pol.place(params)
         # The policy's view: only the observation leaves it reads.
         agent_spec = lanes.spec.reading(read_keys(pol.spec))
-        host_agent = _host_agent(
-            policy, pol, agent_spec, settings, with_params, tile_lanes
-        )
+        # A served policy (jaxmesh.RemotePolicy) runs the agent step on its
+        # server: its agent side stands in for HostAgent.
+        remote = getattr(policy, "remote_agent", None)
+        if remote is not None:
+            host_agent = remote_agent = remote(pol, agent_spec, settings, tile_lanes)
+        else:
+            host_agent = _host_agent(
+                policy, pol, agent_spec, settings, with_params, tile_lanes
+            )
         host_agent.program(params)  # every check runs before a hook hears of the run
         return _run(
             host_agent,
@@ -731,6 +738,8 @@ def evaluate(
             instruction,
         )
     finally:
+        if remote_agent is not None:
+            remote_agent.close()
         lanes.close()
 
 
@@ -808,7 +817,9 @@ def _run(
         success_mode=success_mode,
         fingerprint=identity.run_identity(
             identity.host_env_digest(lanes),
-            build.policy_digest(
+            host_agent.digest()
+            if hasattr(host_agent, "digest")  # a served policy: its server's
+            else build.policy_digest(
                 host_agent.policy, host_agent.spec, params, settings.horizon, told
             ),
         ),
