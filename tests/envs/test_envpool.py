@@ -220,9 +220,10 @@ def test_pong_matches_per_episode_pools(pong_refs, n, pool_episodes):
 
 
 def test_record_across_pieces_keeps_only_the_asked_episodes():
-    """Two of five episodes recorded, over pools of two: each slot holds its
-    own episode (the one-env-pool loop's), whichever piece ran it."""
-    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=4, pool_episodes=2)
+    """Two of five episodes recorded, over pools of three (episodes 0-2, then
+    3-4): each slot holds its own episode (the one-env-pool loop's), whichever
+    piece ran it."""
+    env = jaxmesh.make_env("envpool:Pong-v5", max_episode_steps=4, pool_episodes=3)
     r = jaxmesh.evaluate(
         lambda obs: frames_policy(obs)[0],
         env,
