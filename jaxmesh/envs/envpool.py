@@ -366,7 +366,9 @@ def _ffi(pool: Any, name: str, handle: bytes, specs: tuple, capsules: tuple):
     from jax import ffi
 
     _, outs = specs
-    target = f"jaxmesh_envpool_{id(pool)}_{name}"
+    # The handler is one function per pool class (the pool is the call's
+    # handle): a name reused after a pool is freed then names the same one.
+    target = f"jaxmesh_envpool_{type(pool).__name__}_{id(pool)}_{name}"
     ffi.register_ffi_target(target, capsules[0], platform="cpu", api_version=1)
     results = tuple(_buffer(np.dtype(d), tuple(s)) for d, s in outs)
     call = ffi.ffi_call(
