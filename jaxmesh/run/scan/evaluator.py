@@ -531,14 +531,22 @@ def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> An
 
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
     """A later piece's host log as the budget's: episode indices shifted by
-    ``offset``, run totals added to the earlier pieces' (``before``)."""
+    ``offset``, run totals added to the earlier pieces' (``before``). Its
+    recording's slots name the budget's episodes too (-1, the slots of other
+    pieces' episodes, names none): a partial result has this piece's
+    recorded episodes (the run's end merges every piece's)."""
     steps, rows = before
     fault = log.fault.replace(episode=np.asarray(log.fault.episode) + offset)
+    rec = log.recording
+    if rec is not None:
+        local = np.asarray(rec.episodes)
+        rec = rec.replace(episodes=np.where(local >= 0, local + offset, -1))
     return log.replace(
         index=np.asarray(log.index) + offset,
         env_steps=np.asarray(log.env_steps) + steps,
         policy_rows=np.asarray(log.policy_rows) + rows,
         fault=fault,
+        recording=rec,
     )
 
 
