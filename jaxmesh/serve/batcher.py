@@ -4,8 +4,11 @@ them in batches.
 A forward takes the oldest request and up to ``max_batch - 1`` more of the
 same observation layout, waiting at most ``max_wait_ms`` after the oldest
 arrived for them to come; it does not wait when every connected client
-already has a request in the queue (none could add another), so a lone
-client pays no wait. A request whose client has gone is dropped before it
+that could join it already has a request in the queue (none could add
+another), so a lone client pays no wait. A client may connect to a group
+(``connect(group)``, the ``signature`` of its requests): a forward then
+waits only for its own group's clients, never for one whose requests can
+never join it. A request whose client has gone is dropped before it
 runs. A request the model cannot run fails alone (its own ``RequestError``);
 an error of the forward itself fails the requests of that batch only; the
 server serves on.
@@ -122,21 +125,40 @@ class Batcher:
         self._queue: list[_Item] = []
         self._cond = threading.Condition()
         self._clients = 0
+        #: group (a request signature) -> its connected clients.
+        self._groups: dict[Any, int] = {}
         self._closed = False
         #: A forward is running (in the forward thread, or ``run_alone``'s).
         self._busy = False
         self._thread: threading.Thread | None = None
 
     # Clients ---------------------------------------------------------------
-    def connect(self) -> None:
-        """A client connected: one more that may send a request."""
+    def connect(self, group: Any = None) -> None:
+        """A client connected: one more that may send a request; ``group``:
+        the ``signature`` every request of it has, when known (a forward of
+        another signature then never waits for it)."""
         with self._cond:
             self._clients += 1
+            if group is not None:
+                self._groups[group] = self._groups.get(group, 0) + 1
 
-    def disconnect(self) -> None:
+    def disconnect(self, group: Any = None) -> None:
+        """A client (of ``group``, as it connected) left."""
         with self._cond:
             self._clients -= 1
+            if group is not None:
+                left = self._groups.pop(group) - 1
+                if left:
+                    self._groups[group] = left
             self._cond.notify()
+
+    def _could_join(self, signature: Any) -> int:
+        """How many connected clients could send a request of ``signature``:
+        its group's, or (a signature no group has) every client of no
+        group."""
+        if signature in self._groups:
+            return self._groups[signature]
+        return self._clients - sum(self._groups.values())
 
     def submit(self, prepared: Prepared) -> concurrent.futures.Future:
         """Queues a request; its future's result is a ``Reply``.
@@ -159,11 +181,13 @@ class Batcher:
 
     def run_alone(self, prepared: Prepared) -> Reply | None:
         """Runs the request in the calling thread when its client is the only
-        one connected and no forward runs or waits; its ``Reply`` (or the
+        one connected that could join its forward and no forward runs or
+        waits; its ``Reply`` (or the
         forward's exception). None otherwise: ``submit`` it.
         """
         with self._cond:
-            if self._closed or self._clients > 1 or self._queue or self._busy:
+            alone = self._could_join(prepared.signature) <= 1
+            if self._closed or not alone or self._queue or self._busy:
                 return None
             self._busy = True
         item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
@@ -212,7 +236,14 @@ class Batcher:
                     sig = head.prepared.signature
                     same = [i for i in self._queue if i.prepared.signature == sig]
                     full = len(same) >= self.max_batch
-                    if full or len(self._queue) >= self._clients:
+                    if sig in self._groups:
+                        queued = len(same)
+                    else:  # every client of no group may join it
+                        queued = sum(
+                            i.prepared.signature not in self._groups
+                            for i in self._queue
+                        )
+                    if full or queued >= self._could_join(sig):
                         break
                     left = deadline - time.perf_counter()
                     if left <= 0:

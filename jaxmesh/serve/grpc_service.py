@@ -171,7 +171,8 @@ class GrpcService:
                         session, info = self.pools.open(body)
                     except RequestError as e:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                    self.batcher.connect()
+                    group = id(session.pool)  # its steps' signature
+                    self.batcher.connect(group)
                     yield codec.packb({"opened": info})
                     continue
                 if kind != "step":
@@ -192,7 +193,7 @@ class GrpcService:
         finally:
             if session is not None:
                 self.pools.close(session)
-                self.batcher.disconnect()
+                self.batcher.disconnect(group)
 
 
 def server_credentials(tls: Any) -> Any:

@@ -207,3 +207,33 @@ def test_a_lone_clients_request_runs_in_its_own_thread_else_it_queues():
     finally:
         batcher.close()
     assert batcher.run_alone(served.prepare(state_obs(5))) is None  # closed
+
+
+def test_a_forward_waits_only_for_clients_of_its_own_group():
+    # Two clients of group "a" and one of group "b" (whose requests can never
+    # join a's forward): with a minute's wait, a's two requests run as soon as
+    # both are queued, without waiting for b; b's then runs alone at once.
+    served = ServedModel(linear_model(), max_batch=4)
+    first = served.prepare(state_obs(0))
+    served.warm_up(first)
+    batcher = Batcher(served, max_wait_ms=60_000)
+    for group in ("a", "a", "b"):
+        batcher.connect(group)
+
+    def request(i: int, group: str):
+        return served.prepare(state_obs(i))._replace(signature=group)
+
+    batcher.start()
+    try:
+        a = [batcher.submit(request(i, "a")) for i in (1, 2)]
+        got = [f.result(timeout=30) for f in a]
+        reply = batcher.run_alone(request(3, "b"))  # b's lone client
+    finally:
+        for group in ("a", "a", "b"):
+            batcher.disconnect(group)
+        batcher.close()
+    assert [r.batch_size for r in got] == [2, 2]
+    assert reply is not None and reply.batch_size == 1
+    for i, r in zip((1, 2, 3), [*got, reply], strict=True):
+        ref = linear_reference(state_obs(i)["observation/state"])
+        np.testing.assert_allclose(r.output, ref, rtol=1e-6, atol=1e-6)
