@@ -26,6 +26,18 @@ class CodecError(ValueError):
     """Bytes that are not an openpi message, or a value that cannot be one."""
 
 
+def _buffer(array: np.ndarray) -> Any:
+    """``array``'s bytes, without a copy when it is contiguous (msgpack
+    writes a buffer as it writes bytes)."""
+    array = np.ascontiguousarray(array)
+    if array.size:
+        try:
+            return memoryview(array.reshape(-1)).cast("B")
+        except (TypeError, ValueError):  # a dtype buffers do not carry
+            pass
+    return array.tobytes()
+
+
 def _pack_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray | np.generic) and obj.dtype.kind in REFUSED_KINDS:
         raise CodecError(
@@ -35,7 +47,7 @@ def _pack_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return {
             b"__ndarray__": True,
-            b"data": np.ascontiguousarray(obj).tobytes(),
+            b"data": _buffer(obj),
             b"dtype": obj.dtype.str,
             b"shape": list(obj.shape),
         }

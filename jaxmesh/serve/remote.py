@@ -295,9 +295,10 @@ class RemoteStep:
     ):
         moved = np.ones(self.n, bool) if moved is None else np.asarray(moved, bool)
         every = jax.tree.leaves(obs)
-        leaves = [
-            np.ascontiguousarray(np.asarray(every[i])[moved]) for i in self.picked
-        ]
+        if moved.all():  # every row goes: the lanes' buffers as they are
+            leaves = [np.asarray(every[i]) for i in self.picked]
+        else:
+            leaves = [np.asarray(every[i])[moved] for i in self.picked]
         body = {
             "obs": leaves,
             "started": np.asarray(started, bool),
