@@ -1,11 +1,23 @@
-"""The serving tests' check that a test leaves no thread behind: a server's
-shutdown joins everything it started, and each test closes its clients."""
+"""The serving tests' check that a test leaves no thread behind (a server's
+shutdown joins everything it started, and each test closes its clients), and
+a real ``jaxmesh serve-policy`` process."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+
+#: tests/, on the server process's path: it imports the policy from a test module.
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +31,32 @@ def no_thread_left():
         t.join(5.0)
     left = [t.name for t in left if t.is_alive()]
     assert not left, f"threads left running after the test: {left}"
+
+
+@contextlib.contextmanager
+def serve_policy_process(*args: str) -> Iterator[str]:
+    """A ``jaxmesh serve-policy ARGS`` child process, serving: yields the
+    address it announced on ``--ready-fd``; at the end it is sent SIGTERM and
+    must exit with status 0 (it is killed if it is still running)."""
+    read, write = os.pipe()
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-policy", *args]
+        + ["--ready-fd", str(write)],
+        pass_fds=(write,),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONPATH": path},
+    )
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as ready:
+            line = ready.readline().decode()
+        assert line.endswith("\n"), f"never served: {proc.communicate()[1]}"
+        yield line.strip()
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

@@ -352,38 +352,13 @@ def test_served_envs_equal_in_process(model, env, horizon, lead):
 
 @pytest.mark.slow
 def test_serve_policy_grpc_in_a_real_process(in_process):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from .conftest import serve_policy_process
 
-    from jaxmesh.cli.cache import CACHE_SWITCH_ENV
-
-    tests = Path(__file__).resolve().parents[1]
-    read, write = os.pipe()
-    path = os.pathsep.join(p for p in (str(tests), os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", "serve-policy"]
-        + ["serve.test_remote_policy:Stacked", "--protocol", "grpc"]
-        + ["--ready-fd", str(write)],
-        pass_fds=(write,),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONPATH": path},
-    )
-    os.close(write)
-    try:
-        with os.fdopen(read, "rb") as ready:
-            line = ready.readline().decode()
-        assert line.endswith("\n"), f"never served: {proc.communicate()[1]}"
-        got = run(jaxmesh.RemotePolicy(line.strip()), "gymnasium:CartPole-v1", 3)
-        assert_same(got, in_process[3])
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    with serve_policy_process(
+        "serve.test_remote_policy:Stacked", "--protocol", "grpc"
+    ) as address:
+        got = run(jaxmesh.RemotePolicy(address), "gymnasium:CartPole-v1", 3)
+    assert_same(got, in_process[3])
 
 
 class Noisy(jaxmesh.Model):

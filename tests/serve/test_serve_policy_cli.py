@@ -3,41 +3,21 @@ and the refusals of bad input (exit status 2, one line)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_models import linear_reference
 
 from jaxmesh.cli import main
-from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.serve_policy import load_policy
 
-TESTS = Path(__file__).resolve().parents[1]
+from .conftest import serve_policy_process
 
 
 def test_serve_policy_in_a_real_process_answers_openpi_client():
-    read, write = os.pipe()
-    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", "serve-policy", "serve_models:LINEAR"]
-        + ["--max-batch", "4", "--ready-fd", str(write)],
-        pass_fds=(write,),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, CACHE_SWITCH_ENV: "0", "PYTHONPATH": path},
-    )
-    os.close(write)
-    try:
-        with os.fdopen(read, "rb") as ready:
-            line = ready.readline().decode()
-        assert line.endswith("\n"), f"never served: {proc.communicate()[1]}"
-        host, port = line.strip().rsplit(":", 1)
+    with serve_policy_process("serve_models:LINEAR", "--max-batch", "4") as address:
+        host, port = address.rsplit(":", 1)
         assert host == "127.0.0.1"  # loopback by default
         policy = WebsocketClientPolicy(host, int(port))
         try:
@@ -46,12 +26,6 @@ def test_serve_policy_in_a_real_process_answers_openpi_client():
         finally:
             policy._ws.close()
         np.testing.assert_allclose(reply["actions"], linear_reference(state), rtol=1e-6)
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 def test_a_non_loopback_address_without_a_token_is_refused(capsys, monkeypatch):
