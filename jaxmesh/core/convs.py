@@ -12,10 +12,10 @@ of 1.4 ms). Flax's and Haiku's ``Conv`` are NHWC/HWIO already.
 such convolution written as transpose -> NHWC/HWIO convolution -> transpose
 (the transposes are cheap, and fold into constants for constant kernels), as
 XLA does at the top level. Every other operation is bound as it was. The
-policy's jaxpr is read once per trace; a policy with no such convolution is
-called as it is. Convolutions inside the policy's own ``jit``-ed functions and
-custom derivative rules are rewritten too (those calls are inlined); ones
-inside its own loops or ``cond`` are left as they are.
+policy is traced once (its jaxpr read, then bound eqn by eqn); a policy with
+no such convolution gets its own values. Convolutions inside the policy's own
+``jit``-ed functions and custom derivative rules are rewritten too (those
+calls are inlined); ones inside its own loops or ``cond`` are left as they are.
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ def canonical_convs(policy: Any) -> Any:
 
 def rewrite(fn: Any) -> Any:
     """``fn`` with its non-NHWC 2-D convolutions written as NHWC ones between
-    transposes (module docstring); called as it is when it has none."""
+    transposes (module docstring); the same values when it has none."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         f = functools.partial(fn, **kwargs)
+        # The policy is traced once: its jaxpr is bound as it is, but for the
+        # convolutions to rewrite (none: every eqn as the policy bound it).
         closed, shape = jax.make_jaxpr(f, return_shape=True)(*args)
-        if not _needs(closed.jaxpr):
-            return f(*args)
         out = _eval(closed.jaxpr, closed.consts, jax.tree.leaves(args))
         return jax.tree.unflatten(jax.tree.structure(shape), out)
 
