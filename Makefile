@@ -36,8 +36,10 @@ test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -rs -m "not slow"
 
-# The tests marked slow, left out of make test: a Menagerie robot's minutes of
-# MJX compile on 2 cores (tests/envs/test_playground_menagerie.py).
+# The tests marked slow, left out of make test and run by CI after it: a
+# Menagerie robot's minutes of MJX compile on 2 cores, LIBERO over workers and
+# from the command line, RemotePolicy's process, TLS and served variants, and
+# EnvPool's long and per-episode pools (about 6-7 minutes on 2 cores).
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=20
 
