@@ -39,7 +39,8 @@ test: $(STAMP)
 # The tests marked slow, left out of make test and run by CI after it: a
 # Menagerie robot's minutes of MJX compile on 2 cores, LIBERO over workers and
 # from the command line, RemotePolicy's process, TLS and served variants, and
-# EnvPool's long and per-episode pools (about 6-7 minutes on 2 cores).
+# EnvPool's long and per-episode pools (2.5-7 minutes on 2 cores, as the
+# machine's speed varies).
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=20
 
