@@ -36,13 +36,16 @@ test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -rs -m "not slow"
 
-# The tests marked slow, left out of make test and run by CI after it: a
-# Menagerie robot's minutes of MJX compile on 2 cores, LIBERO over workers and
-# from the command line, RemotePolicy's process, TLS and served variants, and
-# EnvPool's long and per-episode pools (2.5-7 minutes on 2 cores, as the
-# machine's speed varies).
+# The tests marked slow, left out of make test and run by CI after it: those
+# that start Jupyter kernels (the notebooks, 8 forced CPU devices), several
+# processes (scripts interrupted with Ctrl-C, two-process jax.distributed, a
+# second eval process on the compile cache, three servers of which two are
+# lost) or render in software (LIBERO's cameras, a MuJoCo scene); LIBERO beyond
+# its in-process run; a Menagerie robot's minutes of MJX compile on 2 cores;
+# RemotePolicy's process, TLS and served variants; EnvPool's long and
+# per-episode pools. make test checks each of these behaviours in process.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow --durations=20
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks

@@ -18,24 +18,27 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-#: The test files that take longest (about a minute or more on 2 cores), run
-#: first: with ``make test``'s two workers taking whole files, a long file left
-#: for the end keeps one worker busy while the other has nothing left to run.
+#: The test files that take longest in make test or make test-slow (half a
+#: minute or more on 2 cores), run first: with two workers taking whole files, a
+#: long file left for the end keeps one worker busy while the other has nothing
+#: left to run.
 LONG_FILES = (
     "test_libero.py",
-    "test_sharded.py",
     "test_notebook.py",
-    "test_playground.py",
+    "test_sharded.py",
+    "test_playground_menagerie.py",
     "test_evaluate.py",
     "test_cli.py",
     "test_served.py",
-    "test_distributed.py",
-    "test_soak.py",
+    "test_execution_modes.py",
+    "test_server_loss.py",
+    "test_envpool.py",
+    "test_remote_policy.py",
     "test_model.py",
     "test_gymnasium.py",
-    "test_config.py",
-    "test_rules.py",
-    "test_execution_modes.py",
+    "test_playground.py",
+    "test_resume_identity.py",
+    "test_errors.py",
 )
 
 

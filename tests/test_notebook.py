@@ -66,6 +66,9 @@ def test_notebook_is_stored_without_outputs(name: str):
     assert not dirty, f"code cells {dirty} of {notebook} keep outputs: clear them"
 
 
+# A kernel and every cell of three notebooks (1.5 minutes on 2 cores): make test
+# checks every call the notebooks make against plain loops in process.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs(name: str, kernel, tmp_path: Path):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

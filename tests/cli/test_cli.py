@@ -844,6 +844,7 @@ def cache_files(path: Path) -> set[str]:
     return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # three eval processes; make test: the cache's switches
 def test_second_process_reuses_the_compiled_executables(tmp_path):
     cache = tmp_path / "xla"
     env = {k: v for k, v in os.environ.items() if k != CACHE_SWITCH_ENV}

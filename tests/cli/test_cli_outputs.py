@@ -474,6 +474,7 @@ def interrupted(tmp_path, argv, written, marker, count):
     return proc.returncode, err
 
 
+@pytest.mark.slow  # make test: a stopped run resumes in process (tests/run)
 def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
     tmp_path, capsys, monkeypatch
 ):
@@ -500,6 +501,7 @@ def test_ctrl_c_says_how_to_resume_and_that_command_finishes_the_run(
     assert returns_lengths(episodes) == tilt_episodes(range(24))
 
 
+@pytest.mark.slow  # make test: a stopped sweep resumes in process (above)
 def test_ctrl_c_on_a_sweep_keeps_its_finished_cells_in_a_real_process(
     tmp_path, capsys, monkeypatch
 ):

@@ -194,6 +194,7 @@ def test_in_process_equals_openpi_loop(expected):
     assert result.env.endswith(f"libero:{SUITE}/{TASK}")
 
 
+@pytest.mark.slow  # make test: done and success on gymnasium (tests/run)
 def test_libero_s_done_ends_the_episode_as_a_success(monkeypatch):
     # LIBERO's ``done`` is its task's success check (``_check_success``). No
     # short scripted policy solves a task, so the check of the task's class is
@@ -227,7 +228,7 @@ def test_worker_processes_equal_openpi_loop(expected):
     check_same(result, expected)
 
 
-@pytest.mark.slow  # make test serves through the command (the next test)
+@pytest.mark.slow  # make test: served gymnasium envs (tests/run/host)
 def test_served_equals_openpi_loop(expected):
     from jaxmesh.remote.server import EnvServer
 
@@ -237,6 +238,7 @@ def test_served_equals_openpi_loop(expected):
     check_same(result, expected)
 
 
+@pytest.mark.slow  # make test: serve-env of gymnasium envs (tests/remote)
 def test_serve_env_command_equals_openpi_loop(expected):
     """``jaxmesh serve-env libero:... --env-config JSON`` in a child process."""
     from gym_reference import start_serve_env
@@ -256,6 +258,7 @@ def test_serve_env_command_equals_openpi_loop(expected):
     check_same(result, expected)
 
 
+@pytest.mark.slow  # make test: images through the agent (tests/run/host)
 def test_cameras_reach_the_policy_unchanged():
     # Two settle steps, not the papers' 10: each step renders both cameras in
     # software (OSMesa, about 0.4 s a step on 2 cores), on both sides.
@@ -304,7 +307,7 @@ def test_suite_names_instructions_and_caps():
     assert len(jaxmesh.make_suite("libero:libero_90").tasks) == 90
 
 
-@pytest.mark.slow  # make test: a LIBERO suite resumed in process (below)
+@pytest.mark.slow  # make test: suites (tests/test_suite.py)
 def test_suite_over_worker_processes_equals_openpi_loop():
     suite = jaxmesh.make_suite(
         f"libero:{SUITE}",
@@ -422,6 +425,7 @@ def test_bad_suite_configs(sets, match, capsys):
     assert re.search(match, capsys.readouterr().err)
 
 
+@pytest.mark.slow  # make test: suites resumed (tests/test_suite.py)
 def test_suite_resumes_after_a_failure():
     """A suite run stopped after its first episode resumes with the rest: each
     episode keeps its own seed and initial state (trial_index_base + index)."""
@@ -465,6 +469,7 @@ def test_suite_resumes_after_a_failure():
     assert np.asarray(got.metrics["init_state"]).tolist() == [48, 49, 0]
 
 
+@pytest.mark.slow  # make test: other resumes refused (tests/run)
 def test_a_resume_with_other_settle_steps_is_refused():
     # Settle steps other than the papers' 10 change the episodes: they are in
     # the env's name, so resuming a run with other settle steps is refused.

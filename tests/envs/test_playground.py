@@ -450,6 +450,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # a child renders with MuJoCo; make test: the states (above)
 def test_set_and_recorded_states_are_drawn(shipped, randomized, tmp_path):
     # One child process draws both: the set states and the saved runs' states.
     import json

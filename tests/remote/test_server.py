@@ -957,6 +957,7 @@ def test_malformed_requests_are_invalid_argument_and_server_lives():
         session.close()
 
 
+@pytest.mark.slow  # make test: the malformed requests above
 def test_fuzzed_requests_get_invalid_argument_or_a_reply():
     rng = np.random.default_rng(0)
     seeds = [request(3, [reset(j, j) for j in range(3)]).SerializeToString()]

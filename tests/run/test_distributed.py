@@ -25,6 +25,7 @@ from typing import Any
 import gymnax
 import jax
 import numpy as np
+import pytest
 import reference_loop as ref
 
 import jaxmesh
@@ -269,6 +270,7 @@ def assert_same(got: dict, want: Any, name: str) -> None:
     assert [lane // 2 for lane in got["lanes"]] == [i % 4 for i in range(e)], name
 
 
+@pytest.mark.slow  # make test: the device split (test_sharded.py)
 def test_two_processes_equal_one_device(tmp_path: Path):
     deadline = time.monotonic() + DEADLINE_S
     workers = start_workers(tmp_path)

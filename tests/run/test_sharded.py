@@ -233,6 +233,7 @@ def run_in(kernel: dict, nb, *, fresh: bool) -> None:
     nbclient.NotebookClient(nb, km=kernel["km"], timeout=300).execute()
 
 
+@pytest.mark.slow  # a kernel with 8 forced devices; make test: devices=1 below
 def test_tpu_notebook_runs_on_8_cpu_devices(eight_cpu_devices):
     # notebooks/tpu.ipynb, stored without outputs, runs top to bottom (its cells
     # assert what they show) in a kernel that sees 8 forced CPU devices.
@@ -246,6 +247,7 @@ def test_tpu_notebook_runs_on_8_cpu_devices(eight_cpu_devices):
     assert nb.cells[-1].outputs[0]["text"].strip() == "8"
 
 
+@pytest.mark.slow  # the same kernel; make test: devices=1 and the split below
 def test_sharded_runs_equal_one_device_runs_on_1_2_4_8_devices(eight_cpu_devices):
     import nbformat
 

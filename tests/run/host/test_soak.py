@@ -16,6 +16,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from gym_reference import ID, lean, start_serve_env, start_serve_envs
 
 import jaxmesh
@@ -59,6 +60,7 @@ class Faults:
         self.faults.append(info)
 
 
+@pytest.mark.slow  # make test: one lost server at a time (test_server_loss.py)
 def test_a_run_that_loses_two_of_three_servers_equals_the_unfaulted_run():
     seeds = list(range(EPISODES))
     want = jaxmesh.evaluate(

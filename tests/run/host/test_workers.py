@@ -328,6 +328,7 @@ def _gone(pid: str) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
+@pytest.mark.slow  # three scripts of 3 processes; make test: workers in process
 def test_a_factory_in_the_main_script_and_ctrl_c_leave_nothing(tmp_path):
     """A user's script: its env class, defined in the script itself, is built
     in the workers (which run the script as multiprocessing does); the run
