@@ -67,7 +67,7 @@ def test_notebook_is_stored_without_outputs(name: str):
 
 
 # A kernel and every cell of three notebooks (1.5 minutes on 2 cores): make test
-# checks every call the notebooks make against plain loops in process.
+# checks what they call (evaluate, sweep, stats, reports, videos) in process.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs(name: str, kernel, tmp_path: Path):
