@@ -43,7 +43,8 @@ test: $(STAMP)
 # lost) or render in software (LIBERO's cameras, a MuJoCo scene); LIBERO beyond
 # its in-process run; a Menagerie robot's minutes of MJX compile on 2 cores;
 # RemotePolicy's process, TLS and served variants; EnvPool's long and
-# per-episode pools. make test checks each of these behaviours in process.
+# per-episode pools. make test checks the same behaviours in process on lighter
+# envs (the Menagerie robot only on its error cases).
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -m slow
 
