@@ -26,14 +26,18 @@ Frames come from, in this order:
    episode is refused (its observations differ from the recorded ones).
 
 The video is written with imageio: ``.gif`` through Pillow, ``.mp4`` (and
-other ffmpeg formats) through imageio-ffmpeg (``pip install 'jaxmesh[video]'``).
+other ffmpeg formats) through the ffmpeg that imageio-ffmpeg ships
+(``pip install 'jaxmesh[video]'``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import warnings
+import subprocess
+import tempfile
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -387,6 +391,7 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
 
     Raises:
       ValueError: no frames, or frames of different sizes.
+      RuntimeError: ffmpeg could not write a non-GIF ``path``.
     """
     if not frames:
         raise ValueError(f"no frames to write to {path}")
@@ -396,29 +401,72 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
         raise ValueError(
             f"frames of different shapes {sorted(sizes)}; a video needs one size"
         )
-    imageio = _imageio()
     path = Path(path)
     if path.suffix.lower() == ".gif":
-        imageio.v3.imwrite(
+        _imageio().v3.imwrite(
             path, np.stack(frames), extension=".gif", duration=1000 / fps, loop=0
         )
     else:
-        try:
-            import imageio_ffmpeg  # noqa: F401
-        except ImportError as e:
-            raise ImportError(
-                f"writing {path.suffix} needs imageio-ffmpeg: pip install "
-                "'jaxmesh[video]' (or write a .gif)"
-            ) from e
-        with warnings.catch_warnings():
-            # imageio-ffmpeg starts ffmpeg with subprocess (fork, then exec at
-            # once), which JAX's at-fork hook warns about; exec leaves no
-            # thread state behind, so the warning says nothing here.
-            warnings.filterwarnings(
-                "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
-            )
-            imageio.mimwrite(path, frames, fps=fps, macro_block_size=1)
+        _ffmpeg_write(frames, path, fps)
     return path
+
+
+def _ffmpeg_write(frames: list[np.ndarray], path: Path, fps: float) -> None:
+    """Pipes RGB frames to imageio-ffmpeg's ffmpeg, which picks the codec by
+    ``path``'s extension (H.264 for ``.mp4``).
+
+    ffmpeg is started without a pre-exec hook, so the JAX process is never
+    forked with its threads; its messages are kept in a file, never a pipe
+    that could fill while frames are written. A failed write raises with
+    ffmpeg's own words and leaves no partial file; an interrupted one kills
+    ffmpeg before the interruption goes on.
+
+    Raises:
+      ImportError: imageio-ffmpeg is not installed.
+      RuntimeError: ffmpeg could not write ``path``.
+    """
+    try:
+        import imageio_ffmpeg
+    except ImportError as e:
+        raise ImportError(
+            f"writing {path.suffix} needs imageio-ffmpeg: pip install "
+            "'jaxmesh[video]' (or write a .gif)"
+        ) from e
+    h, w = frames[0].shape[:2]
+    rate = Fraction(fps).limit_denominator(1001)
+    cmd = [
+        imageio_ffmpeg.get_ffmpeg_exe(),
+        "-hide_banner", "-loglevel", "error", "-y",
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}",
+        "-framerate", f"{rate.numerator}/{rate.denominator}", "-i", "pipe:0",
+        "-an", "-pix_fmt", "yuv420p", str(path),
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log
+        )
+        try:
+            with contextlib.suppress(BrokenPipeError):  # ffmpeg quit: see its log
+                for frame in frames:
+                    proc.stdin.write(np.ascontiguousarray(frame).tobytes())
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            path.unlink(missing_ok=True)
+            raise
+        if code != 0:
+            log.seek(0)
+            said = log.read().decode(errors="replace").strip()
+            path.unlink(missing_ok=True)
+            raise RuntimeError(
+                f"ffmpeg could not write {path} (exit code {code}): "
+                f"{said or 'it printed nothing'}. Check that the folder is "
+                "writable and has space, and that the extension is a video "
+                "format ffmpeg knows (.mp4, .webm, .avi), or write a .gif"
+            )
 
 
 def render(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html.parser
 import json
+import os
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,7 +28,7 @@ from jaxmesh.cli import main
 from jaxmesh.remote.server import EnvServer
 from jaxmesh.results.record import Record
 from jaxmesh.results.report import write_report
-from jaxmesh.results.video import episode_frames, render
+from jaxmesh.results.video import episode_frames, render, write_video
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
@@ -98,6 +99,35 @@ def test_gymnasium_frames_captured_during_the_run(tmp_path):
     np.testing.assert_array_equal(tr.frames[0], env.render())
     path = render(r, episode=1, path=tmp_path / "ep1.mp4")
     assert mp4_frames(path) == tr.length + 1
+
+
+def test_mp4_keeps_frames_and_rate_without_forking_jax(tmp_path):
+    # 7 flat grays, odd sides (padded to even): H.264 keeps a flat frame's
+    # level within a step or two
+    levels = [0, 40, 80, 120, 160, 200, 240]
+    frames = [np.full((41, 61, 3), v, np.uint8) for v in levels]
+    forks = []
+    # Python runs at-fork hooks when it forks itself (as a pre-exec hook
+    # needs), never when it starts a program with vfork/posix_spawn
+    os.register_at_fork(before=lambda: forks.append(1))
+    path = write_video(frames, tmp_path / "grays.mp4", fps=29.97)
+    assert forks == []
+    with imageio.get_reader(path) as reader:
+        meta = reader.get_meta_data()
+        decoded = [frame.mean() for frame in reader]
+    assert meta["fps"] == pytest.approx(29.97, abs=0.01)
+    assert meta["size"] == (62, 42)
+    np.testing.assert_allclose(decoded, levels, atol=3)
+
+
+def test_ffmpeg_failure_says_why_and_leaves_no_file(tmp_path):
+    frames = [np.zeros((4, 4, 3), np.uint8)]
+    with pytest.raises(
+        RuntimeError,
+        match=r"ffmpeg could not write .*x\.nope.*Unable to choose an output format",
+    ):
+        write_video(frames, tmp_path / "x.nope", fps=10)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_served_run_needs_a_frame_function(tmp_path):
