@@ -136,6 +136,35 @@ def test_ffmpeg_failure_says_why_and_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_interrupted_write_ends_ffmpeg_and_leaves_no_file(tmp_path, monkeypatch):
+    started = []
+
+    class Interrupting(subprocess.Popen):
+        """The real ffmpeg, whose input is cut by Ctrl-C at the second frame."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.stdin is None:  # not the writer (a version check, say)
+                return
+            started.append(self)
+            write, sent = self.stdin.write, []
+
+            def interrupted(data):
+                if sent:
+                    raise KeyboardInterrupt
+                sent.append(write(data))
+
+            self.stdin.write = interrupted
+
+    monkeypatch.setattr(subprocess, "Popen", Interrupting)
+    frames = [np.zeros((8, 8, 3), np.uint8)] * 5
+    with pytest.raises(KeyboardInterrupt):
+        write_video(frames, tmp_path / "cut.mp4", fps=10)
+    (proc,) = started
+    assert proc.returncode is not None and not Path(f"/proc/{proc.pid}").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_served_run_needs_a_frame_function(tmp_path):
     with EnvServer([gym.make(ID)], "127.0.0.1:0") as server:
         r = evaluate(
