@@ -59,6 +59,8 @@ def resumed_indices(indices: np.ndarray) -> Iterator[None]:
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# SGR escape sequences (colours), should a JAX version print them regardless.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CACHE_SIZE = 64
 
 
@@ -97,11 +99,24 @@ def tree_digest(tree: Any) -> str | None:
     return h.hexdigest()
 
 
+def program_text(jaxpr: Any) -> str:
+    """A jaxpr's text as every process prints it: without colour and object
+    addresses.
+
+    ``str(jaxpr)`` is not that: JAX colours it with ANSI escape codes when the
+    process's stdout is a terminal, so a run started in a terminal and resumed
+    through a pipe (``tee``, ``nohup``, a batch job) would digest another text.
+    """
+    text = jaxpr.pretty_print(use_color=False)
+    return _ADDRESS.sub("", _ANSI.sub("", text))
+
+
 def program_digest(closed: Any) -> str:
     """A digest of a traced program (``jax.make_jaxpr``'s ``ClosedJaxpr``):
-    its text (object addresses removed) and the values of its constants."""
+    its text (``program_text``: no colour, no object addresses) and the values
+    of its constants."""
     h = _hasher()
-    h.update(_ADDRESS.sub("", str(closed.jaxpr)).encode())
+    h.update(program_text(closed.jaxpr).encode())
     for c in closed.consts:
         _leaf_bytes(h, c)
     return h.hexdigest()
@@ -204,6 +219,7 @@ __all__ = [
     "episode_indices",
     "resumed_indices",
     "tree_digest",
+    "program_text",
     "program_digest",
     "env_digest",
     "host_env_digest",
