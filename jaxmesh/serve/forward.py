@@ -154,6 +154,9 @@ class ServedModel:
         self.policy = pol
         self.name = pol.name
         self.chunked = declares_chunk(pol)
+        #: The actions one reply holds (K, 1 for a single-action model; None:
+        #: a chunk of undeclared length).
+        self.reply_length = pol.native_chunk if self.chunked else 1
         self.sizes = batch_sizes(max_batch)
         self.max_batch = max_batch
         self.params = pol.default_params()

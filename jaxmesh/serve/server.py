@@ -182,6 +182,9 @@ class PolicyServer:
             "version": __version__,
             "policy": self._served.name,
             "action_chunk": self._served.policy.native_chunk,
+            # openpi's name for the actions one reply holds (its model
+            # configs' and ActionChunkBroker's ``action_horizon``).
+            "action_horizon": getattr(self._served, "reply_length", None),
             "max_batch": max_batch,
             **(metadata or {}),
         }

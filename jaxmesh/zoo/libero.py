@@ -60,5 +60,6 @@ def chunk(obs: dict) -> jnp.ndarray:
 
 
 #: The policy the config runs: a Model reading four state leaves (only they
-#: leave the env's process), a chunk of ``CHUNK`` actions per plan.
-scripted = Model(chunk, spec={k: State(key=k) for k in KEYS})
+#: leave the env's process), a chunk of ``CHUNK`` actions per plan, declared
+#: (served over openpi's protocol, one observation gets ``[CHUNK, 7]``).
+scripted = Model(chunk, spec={k: State(key=k) for k in KEYS}, native_chunk=CHUNK)
