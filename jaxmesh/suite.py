@@ -777,6 +777,7 @@ class SuiteComparison:
     success: dict[str, tuple[float, float] | None]
 
     def __str__(self) -> str:
+        p = self.pooled
         head = ["task", "A return", "B return", "B - A", "interval", "B wins"]
         head += ["A success", "B success"]
         rows = [head]
@@ -796,28 +797,39 @@ class SuiteComparison:
                     "n/a" if pair is None else f"{pair[1]:.1%}",
                 ]
             )
-        lines = _text_table(rows)
-        lines.append(f"pooled verdict: {self.pooled.verdict}")
+        lines = [f"A: {p.label_a}", f"B: {p.label_b}"]
+        if p.paired:
+            lines.append("(paired by task and seed)")
+        else:
+            lines.append(
+                "(UNPAIRED: not the same episodes; each run resampled on its own)"
+            )
+        lines += _text_table(rows)
+        lines.append(f"pooled verdict: {p.verdict}")
         return "\n".join(lines)
 
 
-@dataclasses.dataclass
-class _Pairs:
-    """The (task, seed) pairs of a suite as one run (what ``compare`` reads)."""
+def _as_pairs(s: SuiteResult) -> Any:
+    """The (task, seed) pairs of a suite as one run (what ``compare`` reads):
+    indices, seeds, returns, the policy, and each setting that every task
+    shares (``jaxmesh.results.stats.LABEL_SETTINGS``, for the labels)."""
+    import types
 
-    indices: np.ndarray
-    seeds: np.ndarray
-    returns: np.ndarray
-    policy: str = ""
-    env: str = ""
-
-
-def _as_pairs(s: SuiteResult) -> _Pairs:
     rs = list(s.tasks.values())
     returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
     seeds = np.concatenate([np.asarray(r.seeds, np.int64) for r in rs])
-    policy = rs[0].policy if rs else ""
-    return _Pairs(np.arange(returns.size), seeds, returns, policy, "suite")
+    shared = {}
+    for name in _stats.LABEL_SETTINGS:
+        values = {repr(getattr(r, name, None)) for r in rs}
+        shared[name] = getattr(rs[0], name, None) if len(values) == 1 else None
+    return types.SimpleNamespace(
+        indices=np.arange(returns.size),
+        seeds=seeds,
+        returns=returns,
+        policy=rs[0].policy if rs else "",
+        env=f"a suite of {len(rs)} tasks",
+        **shared,
+    )
 
 
 def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison:

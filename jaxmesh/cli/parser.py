@@ -164,8 +164,9 @@ def make_parser() -> argparse.ArgumentParser:
     co = sub.add_parser(
         "compare",
         help="compare two eval results on the same seeds, episode by episode",
-        description="Pair two results written by jaxmesh eval (the same seeds) "
-        "episode by episode and print jaxmesh.compare(A, B): the mean of B - A, "
+        description="Pair two results written by jaxmesh eval (the same env "
+        "and seeds; two suite results: task by task and pooled) episode by "
+        "episode and print jaxmesh.compare(A, B): the mean of B - A, "
         "its percentile bootstrap interval (95%%) and the share of seeds where B "
         "scores more (ties count half).",
     )
@@ -180,6 +181,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     co.add_argument(
         "--seed", type=int, default=0, help="the bootstrap's seed (default 0)"
+    )
+    co.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="compare the two means without pairing episodes (runs of different "
+        "envs, seeds or budgets; each run resampled on its own)",
     )
     co.set_defaults(run="results:cmd_compare")
     rp = sub.add_parser(

@@ -12,11 +12,12 @@ from jaxmesh.cli.config import existing_file
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.outputs import need_matplotlib
 from jaxmesh.results.result import RunResult
-from jaxmesh.results.stats import compare
+from jaxmesh.suite import SuiteResult, compare
 
 
 def load_result(path: str | Path) -> Any:
-    """The ``RunResult`` in a JSON file written by ``jaxmesh eval``.
+    """The ``RunResult`` (or, of a suite, the ``SuiteResult``) in a JSON file
+    written by ``jaxmesh eval``.
 
     Raises:
       ConfigError: the file is missing, is not JSON, or is not a result.
@@ -31,6 +32,8 @@ def load_result(path: str | Path) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"result file {str(path)!r} is not valid JSON: {e}") from e
     try:
+        if isinstance(data, dict) and data.get("suite"):
+            return SuiteResult.from_dict(data)
         result = RunResult.from_dict(data)
         npz = p.with_suffix(".npz")  # what eval wrote for a run with record:
         if data.get("recorded") and npz.is_file():
@@ -42,8 +45,11 @@ def load_result(path: str | Path) -> Any:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     a, b = load_result(args.a), load_result(args.b)
+    unpaired = bool(getattr(args, "unpaired", False))
     try:
-        comparison = compare(a, b, resamples=args.resamples, seed=args.seed)
+        comparison = compare(
+            a, b, resamples=args.resamples, seed=args.seed, unpaired=unpaired
+        )
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{args.a} and {args.b}: {e}") from e
     print(comparison)

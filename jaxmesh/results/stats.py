@@ -26,7 +26,12 @@ imports JAX. Conventions, so that a figure printed here can be checked by hand:
   seeds) and bootstraps the mean of the per-episode differences ``b - a``
   (resampling episodes, so the pairing is kept). Pairing removes what the two
   runs share (how hard each seed is), so it can see an improvement that two
-  separate intervals, each as wide as the seed-to-seed spread, cannot.
+  separate intervals, each as wide as the seed-to-seed spread, cannot. Runs of
+  different envs are not paired episodes (seed s of one env is not seed s of
+  another), so ``compare`` refuses them unless asked ``unpaired=True``: then it
+  bootstraps each run's mean on its own (seeds ``seed`` and ``seed + 1``) and
+  reports the interval of the difference of the two means, and ``wins`` is the
+  share of all (a, b) episode pairs where b's return is greater (ties half).
 """
 
 from __future__ import annotations
@@ -434,8 +439,12 @@ class Comparison:
         counts half (so two equal runs give 0.5).
       episodes: the number of paired episodes.
       mean_a, mean_b: each run's mean return over those episodes.
-      label_a, label_b: what ran (``policy on env``), for the table.
+      label_a, label_b: what ran (``policy on env``, and the settings in
+        which the two runs differ, e.g. ``prefetch_lead=2``), for the table.
       confidence, resamples, seed: of the interval.
+      paired: True: episodes paired by seed; False (``unpaired=True``): each
+        run resampled on its own, ``wins`` over every (a, b) pair of episodes.
+      episodes_b: B's episodes when unpaired (``episodes`` is then A's).
     """
 
     difference: float
@@ -449,6 +458,8 @@ class Comparison:
     confidence: float = CONFIDENCE
     resamples: int = RESAMPLES
     seed: int = SEED
+    paired: bool = True
+    episodes_b: int | None = None
 
     @property
     def verdict(self) -> str:
@@ -469,18 +480,28 @@ class Comparison:
 
     def __str__(self) -> str:
         low, high = self.interval
+        if self.paired:
+            episodes = ("paired episodes", f"{self.episodes} (same seeds)")
+            how, share = "paired bootstrap", "of seeds"
+        else:
+            episodes = (
+                "episodes A / B",
+                f"{self.episodes} / {self.episodes_b} (UNPAIRED: not the same "
+                "episodes; each run resampled on its own)",
+            )
+            how, share = "unpaired bootstrap", "of all (A, B) episode pairs"
         rows = [
             ("A", self.label_a),
             ("B", self.label_b),
-            ("paired episodes", f"{self.episodes} (same seeds)"),
+            episodes,
             ("mean return A / B", f"{self.mean_a:.3f} / {self.mean_b:.3f}"),
             ("difference (B - A)", f"{self.difference:.3f}"),
             (
                 f"{self.confidence:.0%} interval",
-                f"[{low:.3f}, {high:.3f}] (paired bootstrap, "
+                f"[{low:.3f}, {high:.3f}] ({how}, "
                 f"{self.resamples:,} resamples, seed {self.seed})",
             ),
-            ("B wins", f"{self.wins:.1%} of seeds (ties count half)"),
+            ("B wins", f"{self.wins:.1%} {share} (ties count half)"),
             ("verdict", self.verdict),
         ]
         width = max(len(k) for k, _ in rows)
@@ -492,6 +513,56 @@ def _label(result: Any, default: str) -> str:
     if policy and env:
         return f"{policy} on {env}"
     return policy or env or default
+
+
+#: The settings that change what an episode scores (CONTRACT 4), in the order
+#: a label names them when two runs differ in them.
+LABEL_SETTINGS = (
+    "horizon",
+    "chunk",
+    "prefetch_lead",
+    "delay",
+    "delay_ms",
+    "execution",
+    "max_episode_seconds",
+    "trial_index_base",
+    "instruction",
+    "success_mode",
+)
+
+
+def labels(a: Any, b: Any) -> tuple[str, str]:
+    """Labels of two runs: ``policy on env`` and the settings they differ in.
+
+    ``compare(sync, lagged)`` of one policy on one env labels the sides
+    ``act_head on gymnax:CartPole-v1, prefetch_lead=0`` and ``..., prefetch_lead=2``
+    rather than twice the same words. A setting neither run has (None on both,
+    e.g. a suite's pooled pairs) is left out.
+    """
+    la, lb = _label(a, "A"), _label(b, "B")
+    diff_a, diff_b = [], []
+    for name in LABEL_SETTINGS:
+        va, vb = getattr(a, name, None), getattr(b, name, None)
+        if va != vb:
+            diff_a.append(f"{name}={va!r}" if isinstance(va, str) else f"{name}={va}")
+            diff_b.append(f"{name}={vb!r}" if isinstance(vb, str) else f"{name}={vb}")
+    if diff_a:
+        la, lb = f"{la}, {', '.join(diff_a)}", f"{lb}, {', '.join(diff_b)}"
+    return la, lb
+
+
+def _env_error(a: Any, b: Any) -> str | None:
+    """Why ``a`` and ``b`` are not paired episodes by env, or None."""
+    ea, eb = getattr(a, "env", ""), getattr(b, "env", "")
+    if ea and eb and ea != eb:
+        return (
+            f"a ran env {ea!r} and b env {eb!r}: episodes of different envs are "
+            "not paired (seed s of one env is not seed s of the other), so a "
+            "paired comparison would be meaningless; compare two runs of the same "
+            "env, or pass unpaired=True (jaxmesh compare --unpaired) to compare "
+            "the two means without pairing"
+        )
+    return None
 
 
 def _pairing_error(a: Any, b: Any) -> str | None:
@@ -537,6 +608,7 @@ def compare(
     resamples: int = RESAMPLES,
     seed: int = SEED,
     confidence: float = CONFIDENCE,
+    unpaired: bool = False,
 ) -> Comparison:
     """Compares run B with run A, paired by seed.
 
@@ -550,15 +622,20 @@ def compare(
       resamples: bootstrap resamples (default 10,000).
       seed: the bootstrap's seed (same inputs, same interval).
       confidence: the interval's level.
+      unpaired: False (default): pair episodes by seed, and refuse runs that
+        cannot be paired. True: compare the two means without pairing (each
+        run bootstrapped on its own; any budgets, seeds or envs, at least two
+        episodes each); the table says UNPAIRED.
 
     Returns:
-      A ``Comparison``; ``print`` it for a table.
+      A ``Comparison``; ``print`` it for a table. Its labels name the settings
+      in which the runs differ (``labels``).
 
     Raises:
       TypeError: ``a`` or ``b`` is not a run result.
-      ValueError: the runs cannot be paired (no episodes, different budgets,
-        different episode indices, e.g. a partial result, or different seeds),
-        naming what differs.
+      ValueError: the runs cannot be paired (different envs, no episodes,
+        different budgets, different episode indices, e.g. a partial result,
+        or different seeds), naming what differs.
 
     Example:
       >>> cmp = jaxmesh.compare(baseline, tuned)   # both with seeds=range(200)
@@ -574,7 +651,12 @@ def compare(
                 "jaxmesh.RunResult (from jaxmesh.evaluate, or RunResult.from_dict "
                 "of a saved result)"
             )
-    problem = _pairing_error(a, b)
+    if not isinstance(unpaired, bool):
+        raise TypeError(f"unpaired={unpaired!r}: expected True or False")
+    label_a, label_b = labels(a, b)
+    if unpaired:
+        return _compare_unpaired(a, b, (label_a, label_b), resamples, seed, confidence)
+    problem = _env_error(a, b) or _pairing_error(a, b)
     if problem:
         raise ValueError(f"cannot compare these runs: {problem}")
     ra, rb = _values(a.returns, "a.returns"), _values(b.returns, "b.returns")
@@ -592,9 +674,58 @@ def compare(
         episodes=int(d.size),
         mean_a=float(np.mean(ra)),
         mean_b=float(np.mean(rb)),
-        label_a=_label(a, "A"),
-        label_b=_label(b, "B"),
+        label_a=label_a,
+        label_b=label_b,
         confidence=confidence,
         resamples=resamples,
         seed=seed,
+    )
+
+
+def _compare_unpaired(
+    a: Any,
+    b: Any,
+    label: tuple[str, str],
+    resamples: int,
+    seed: int,
+    confidence: float,
+) -> Comparison:
+    """``compare(..., unpaired=True)``: the difference of two means, each
+    run bootstrapped on its own (A with ``seed``, B with ``seed + 1``)."""
+    ra, rb = _values(a.returns, "a.returns"), _values(b.returns, "b.returns")
+    if ra.size < 2 or rb.size < 2:
+        raise ValueError(
+            f"cannot compare these runs: a holds {ra.size} episodes and b "
+            f"{rb.size}; an unpaired comparison needs at least two episodes in each"
+        )
+
+    def means(x: np.ndarray, s: int) -> np.ndarray:
+        if x.min() == x.max():
+            return np.full(resamples, float(x[0]))
+        return bootstrap_distribution(x, resamples=resamples, seed=s)["mean"]
+
+    dist = means(rb, seed + 1) - means(ra, seed)
+    if dist.min() == dist.max():
+        interval = (float(dist[0]), float(dist[0]))
+    else:
+        interval = percentile_interval(dist, confidence)
+    # P(B > A) + P(B == A) / 2 over every pair: from ranks, O((na + nb) log n).
+    sa = np.sort(ra)
+    below = np.searchsorted(sa, rb, side="left")
+    ties = np.searchsorted(sa, rb, side="right") - below
+    wins = float((below.sum() + 0.5 * ties.sum()) / (ra.size * rb.size))
+    return Comparison(
+        difference=float(np.mean(rb) - np.mean(ra)),
+        interval=interval,
+        wins=wins,
+        episodes=int(ra.size),
+        mean_a=float(np.mean(ra)),
+        mean_b=float(np.mean(rb)),
+        label_a=label[0],
+        label_b=label[1],
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+        paired=False,
+        episodes_b=int(rb.size),
     )

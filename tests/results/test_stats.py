@@ -393,3 +393,127 @@ def test_cli_compare_on_two_eval_results(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("jaxmesh compare: error: ") and message in err, err
         assert err.count("\n") == 1
+
+
+# Runs that are not paired episodes, labels, suites ----------------------------------
+def test_compare_refuses_runs_of_different_envs_by_name():
+    a = synthetic([1, 2, 3, 4], env="gymnax:CartPole-v1")
+    b = synthetic([1, 2, 3, 4], env="Reach2D")
+    with pytest.raises(ValueError, match="not paired") as info:
+        jaxmesh.compare(a, b)
+    text = str(info.value)
+    assert "'gymnax:CartPole-v1'" in text and "'Reach2D'" in text
+    assert "unpaired=True" in text
+
+
+def test_unpaired_compare_by_hand():
+    # a = [1, 2], b = [2, 3, 0]: pairs (b > a) 2>1, 3>1, 3>2; tie 2=2: 3.5 of 6.
+    a = synthetic([1.0, 2.0], env="gymnax:CartPole-v1")
+    b = synthetic([2.0, 3.0, 0.0], env="Reach2D")
+    cmp = jaxmesh.compare(a, b, unpaired=True)
+    assert cmp.wins == pytest.approx(3.5 / 6)
+    assert cmp.difference == pytest.approx(5.0 / 3.0 - 1.5)
+    assert (cmp.episodes, cmp.episodes_b, cmp.paired) == (2, 3, False)
+    assert re.search(r"episodes A / B +2 / 3 \(UNPAIRED", str(cmp)), str(cmp)
+    assert "p on gymnax:CartPole-v1" == cmp.label_a and cmp.label_b == "p on Reach2D"
+    # Constant runs: the difference has no spread.
+    same = jaxmesh.compare(synthetic([4.0] * 3), synthetic([6.0] * 5), unpaired=True)
+    assert (same.difference, same.interval, same.wins) == (2.0, (2.0, 2.0), 1.0)
+
+
+def test_unpaired_interval_matches_a_plain_bootstrap():
+    rng = np.random.default_rng(1)
+    ra, rb = rng.normal(10.0, 3.0, 80), rng.normal(11.0, 3.0, 120)
+    cmp = jaxmesh.compare(synthetic(ra), synthetic(rb), unpaired=True)
+    # An independent bootstrap: resample each run on its own, difference of means.
+    ref = np.random.default_rng(123)
+    ra32, rb32 = ra.astype(np.float32), rb.astype(np.float32)
+    diffs = [
+        rng_b.mean() - rng_a.mean()
+        for rng_a, rng_b in (
+            (ref.choice(ra32, ra32.size), ref.choice(rb32, rb32.size))
+            for _ in range(10_000)
+        )
+    ]
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    assert cmp.interval[0] == pytest.approx(low, abs=0.1)
+    assert cmp.interval[1] == pytest.approx(high, abs=0.1)
+
+
+def test_labels_name_the_settings_that_differ():
+    import dataclasses
+
+    sync = synthetic([1, 2, 3], policy="act_head", env="gymnax:CartPole-v1")
+    lagged = dataclasses.replace(sync, prefetch_lead=2, returns=sync.returns + 1)
+    cmp = jaxmesh.compare(sync, lagged)
+    assert cmp.label_a == "act_head on gymnax:CartPole-v1, prefetch_lead=0"
+    assert cmp.label_b == "act_head on gymnax:CartPole-v1, prefetch_lead=2"
+    two = dataclasses.replace(lagged, horizon=8, instruction="go")
+    assert jaxmesh.compare(sync, two).label_b == (
+        "act_head on gymnax:CartPole-v1, horizon=8, prefetch_lead=2, instruction='go'"
+    )
+    assert jaxmesh.compare(sync, sync).label_a == "act_head on gymnax:CartPole-v1"
+
+
+def write_yaml(tmp_path, name, **keys):
+    import yaml
+
+    config = {"policy": "cli_policies:tilt", "num_envs": 4, "episodes": 8, **keys}
+    config["output"] = str(tmp_path / f"{name}.json")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["eval", str(path), "--no-progress"]) == 0
+    return tmp_path / f"{name}.json"
+
+
+def test_cli_compare_refuses_two_envs_and_compares_them_unpaired(tmp_path, capsys):
+    cartpole_json = write_yaml(tmp_path, "cartpole", env="gymnax:CartPole-v1")
+    acrobot_json = write_yaml(
+        tmp_path, "acrobot", env="gymnax:Acrobot-v1", max_episode_steps=30
+    )
+    capsys.readouterr()
+    assert main(["compare", str(cartpole_json), str(acrobot_json)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxmesh compare: error: ") and err.count("\n") == 1
+    assert "'gymnax:CartPole-v1'" in err and "'gymnax:Acrobot-v1'" in err
+    assert "--unpaired" in err
+
+    argv = ["compare", str(cartpole_json), str(acrobot_json), "--unpaired"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    a = [ep["return"] for ep in json.loads(cartpole_json.read_text())["episodes"]]
+    b = [ep["return"] for ep in json.loads(acrobot_json.read_text())["episodes"]]
+    wins = sum((y > x) + 0.5 * (y == x) for x in a for y in b) / (len(a) * len(b))
+    assert f"difference (B - A)  {np.mean(b) - np.mean(a):.3f}" in out
+    assert re.search(rf"B wins +{wins:.1%} of all \(A, B\) episode pairs", out)
+    assert "UNPAIRED" in out
+
+
+def test_cli_compares_two_suite_results_task_by_task(tmp_path, capsys):
+    tasks = {"cartpole": "gymnax:CartPole-v1", "acrobot": "gymnax:Acrobot-v1"}
+    keys = {"tasks": tasks, "max_episode_steps": 40, "horizon": 4}
+    keys["policy"] = "cli_policies:chunked"
+    sync = write_yaml(tmp_path, "sync", **keys)
+    lagged = write_yaml(tmp_path, "lagged", prefetch_lead=1, **keys)
+    capsys.readouterr()
+    assert main(["compare", str(sync), str(lagged), "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "A: chunked on a suite of 2 tasks, prefetch_lead=0", out
+    assert lines[1] == "B: chunked on a suite of 2 tasks, prefetch_lead=1", out
+    da, db = json.loads(sync.read_text()), json.loads(lagged.read_text())
+    pooled_a, pooled_b = [], []
+    for name in tasks:
+        ra = [ep["return"] for ep in da["tasks"][name]["episodes"]]
+        rb = [ep["return"] for ep in db["tasks"][name]["episodes"]]
+        pooled_a += ra
+        pooled_b += rb
+        row = next(line for line in lines if line.startswith(name))
+        cells = row.split()
+        assert cells[1:4] == [
+            f"{np.mean(ra):.3f}",
+            f"{np.mean(rb):.3f}",
+            f"{np.mean(rb) - np.mean(ra):+.3f}",
+        ], row
+    row = next(line for line in lines if line.startswith("pooled "))
+    assert row.split()[3] == f"{np.mean(pooled_b) - np.mean(pooled_a):+.3f}"
