@@ -143,12 +143,20 @@ class OpenpiService:
         if request.path == HEALTH_PATH:
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if self._auth is not None:
-            got = request.headers.get("Authorization", "").encode()
+            # One header exactly: ``get`` raises on two (HTTP 500).
+            given = request.headers.get_all("Authorization")
+            got = given[0].encode() if len(given) == 1 else b""
             if not hmac.compare_digest(got, self._auth):
                 return connection.respond(
                     http.HTTPStatus.UNAUTHORIZED,
-                    "this policy server needs the header 'Authorization: Api-Key "
-                    "<token>' (openpi-client: WebsocketClientPolicy(api_key=...))\n",
+                    "this policy server needs one header 'Authorization: Api-Key "
+                    "<token>' (openpi-client: WebsocketClientPolicy(api_key=...)); "
+                    + (
+                        "its token is not the server's"
+                        if len(given) == 1
+                        else f"the request carried {len(given)}"
+                    )
+                    + "\n",
                 )
         if self._connections >= self.max_connections:
             return connection.respond(

@@ -5,6 +5,8 @@ says it expects."""
 
 from __future__ import annotations
 
+import http.client
+
 import numpy as np
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -58,3 +60,32 @@ def test_openpis_action_chunk_broker_plays_the_shipped_libero_policy():
             )
         finally:
             client._ws.close()  # openpi-client 0.1.2 has no close()
+
+
+def _upgrade(host: str, port: int, headers: list[tuple[str, str]]) -> int:
+    """The HTTP status of a websocket upgrade request carrying ``headers``."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.putrequest("GET", "/")
+        for name, value in [
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+            *headers,
+        ]:
+            conn.putheader(name, value)
+        conn.endheaders()
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_two_authorization_headers_are_refused_as_unauthorized():
+    with serve_policy_process("serve_models:LINEAR", "--token", "s3cret") as address:
+        host, port = address.rsplit(":", 1)
+        good = ("Authorization", "Api-Key s3cret")
+        assert _upgrade(host, int(port), [good]) == 101
+        for twice in ([good, good], [good, ("Authorization", "Api-Key wrong")]):
+            assert _upgrade(host, int(port), twice) == 401
+        assert _upgrade(host, int(port), []) == 401
