@@ -4,6 +4,7 @@ imports them by name to build its envs)."""
 from __future__ import annotations
 
 import os
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -92,3 +93,41 @@ class ResetRaisesOnSeed(CameraEnv):
         if seed == self.bad:
             raise ValueError(f"no scene for seed {seed}")
         return super().reset(seed=seed, options=options)
+
+
+class KillsItself(gym.Wrapper):
+    """``gymnasium.make("CartPole-v1")`` (under its order check, as ``make``
+    gives it) whose process SIGKILLs itself at the reset of seed ``seed``
+    (``at="reset"``) or at step ``step`` of that seed's episode (``at="step"``):
+    a simulator crash, or the OOM killer.
+
+    Args:
+      seed: the episode's seed.
+      at: ``"reset"`` or ``"step"``.
+      once: a file path: the kill happens only while the file does not exist
+        (the kill creates it), so the episode's second run passes.
+      step: the step (1-based) of ``at="step"``.
+    """
+
+    def __init__(self, seed: int, at: str, once: str, step: int = 5):
+        super().__init__(gym.make("CartPole-v1"))
+        self.kill_seed, self.at, self.once, self.kill_step = seed, at, once, step
+        self.seed_, self.t = None, 0
+
+    def _kill(self) -> None:
+        if not os.path.exists(self.once):
+            open(self.once, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def reset(self, *, seed=None, options=None):
+        if seed == self.kill_seed and self.at == "reset":
+            self._kill()
+        self.seed_, self.t = seed, 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.t += 1
+        here = (self.seed_, self.t) == (self.kill_seed, self.kill_step)
+        if self.at == "step" and here:
+            self._kill()
+        return self.env.step(action)

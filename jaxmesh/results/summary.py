@@ -320,6 +320,19 @@ def setting_rows(result: Any) -> list[Row]:
         Row(f"server_losses.{i}", "server lost", loss, loss_text(loss))
         for i, loss in enumerate(result.server_losses)
     ]
+    lost = (getattr(result, "telemetry", None) or {}).get("worker_lost")
+    if lost:  # a worker process died (a crash, the OOM killer) and was replaced
+        n = int(lost["count"])
+        rows.append(
+            Row(
+                "telemetry.worker_lost.count",
+                "workers lost",
+                n,
+                f"{n} worker process{'es' if n > 1 else ''} lost and replaced; "
+                "the episodes they were running ran again from their seeds",
+                "worker processes that died during the run",
+            )
+        )
     return [row._replace(table="settings") for row in rows]
 
 

@@ -408,6 +408,13 @@ class WorkerEnvLanes:
         #: Of ``lost``, the lane whose env step was under way (none: the
         #: worker died between steps).
         self.culprits: list[int] = []
+        #: The lanes of a worker that died in a ``reset`` (and their culprits,
+        #: the lanes it was resetting): the new worker's envs were never reset
+        #: for the episodes the other lanes were running, so none of them
+        #: steps again until the next ``take`` has reported them ``lost`` and
+        #: the host loop has run their episodes again from their seeds.
+        self.lost_in_reset: set[int] = set()
+        self.culprits_in_reset: list[int] = []
         self.owned = True
         #: The observation leaves that cross from the workers (``carry``).
         self.carried: tuple[str, ...] | None = None
@@ -442,10 +449,15 @@ class WorkerEnvLanes:
         text_keys: Sequence[str] = (),
     ) -> dict[str, np.ndarray]:
         """As :meth:`EnvLanes.reset`; a worker that dies while resetting is
-        replaced and the reset tried once more.
+        replaced and the reset tried once more (so the observations returned
+        are those of the episodes' seeds). Every lane of that worker is then
+        reported ``lost`` by the next ``take`` without stepping: the new
+        worker's envs hold none of the episodes its lanes were running, which
+        the host loop runs again from their seeds, each reset first.
 
         Raises:
-          workers.WorkerLost: the worker died again.
+          workers.WorkerLost: the worker died again (marked with the lane it
+            was resetting: the run names its episode).
         """
         from jaxmesh.envs.gymnasium.workers import WorkerLost
 
@@ -456,8 +468,14 @@ class WorkerEnvLanes:
         args = (*asc.args, self.info_keys, tuple(text_keys))
         try:
             info, present, texts = self.pool.reset(*args)
-        except WorkerLost:
-            info, present, texts = self.pool.reset(*args)
+        except WorkerLost as lost:
+            self.lost_in_reset.update(lost.lanes)
+            self.culprits_in_reset += self.pool.culprits
+            try:
+                info, present, texts = self.pool.reset(*args)
+            except WorkerLost as again:  # the run names the episode reset
+                culprits = self.pool.culprits or again.lanes
+                raise shared.mark_where(again, culprits[0], "resetting") from None
         self.reset_text = _in_order(texts, asc.back)
         self.reset_info = _reset_infos(
             info, present, asc.back, f"{self.spec.name} reset"
@@ -480,6 +498,9 @@ class WorkerEnvLanes:
         act = self.pool.slots["action"]
         n = go.shape[0]
         act[:n][go] = env_actions(self.action_space, actions[go])
+        if self.lost_in_reset:  # their envs are not at their episodes' steps
+            go = go.copy()
+            go[[j for j in self.lost_in_reset if j < n]] = False
         return self.pool.send(go, self.info_keys)
 
     def take(self, sent: list[int], go: np.ndarray, obs: dict):
@@ -490,6 +511,10 @@ class WorkerEnvLanes:
         pool = self.pool
         info, seen, lost = pool.take(sent)
         self.lost, self.culprits = lost, pool.culprits
+        if self.lost_in_reset:
+            self.lost = sorted(self.lost_in_reset.union(lost))
+            self.culprits = self.culprits_in_reset + self.culprits
+            self.lost_in_reset, self.culprits_in_reset = set(), []
         if lost:
             go = go.copy()
             go[[j for j in lost if j < n]] = False

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gym_reference import plain_loop
+from gym_reference import lean, per_step, plain_loop
 from reference_loop import assert_matches
 from worker_envs import CameraEnv, RaisesOnSeed
 
@@ -418,4 +418,32 @@ def test_only_the_leaves_the_policy_reads_leave_the_workers():
     fn = jax.jit(lambda img: bright({"img": img}))
     refs = plain_loop(CameraEnv(), lambda o, k: fn(o["image"])[None], SEEDS)
     assert_matches(result, refs, rtol=1e-5)
+    no_leftovers()
+
+
+@functools.cache
+def cartpole_reference():
+    """The plain loop on gymnasium's own CartPole, no kill."""
+    return plain_loop(gym.make("CartPole-v1"), per_step(lean), list(range(12)))
+
+
+@pytest.mark.parametrize("at", ["reset", "step"])
+def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun(
+    tmp_path, at
+):
+    """gymnasium's CartPole (under the order check gymnasium.make puts around
+    it) SIGKILLs its worker at the reset of seed 9, or at step 5 of its
+    episode, once: the new worker's envs are reset before they step (the
+    episodes in flight on the dead worker run again from their seeds), every
+    episode equals the plain loop's, and the result says a worker was lost
+    and replaced."""
+    from worker_envs import KillsItself
+
+    once = str(tmp_path / "killed")
+    env = functools.partial(KillsItself, seed=9, at=at, once=once)
+    result = jaxmesh.evaluate(lean, env, num_envs=4, seeds=range(12), workers=2)
+    assert os.path.exists(once)  # the kill happened
+    assert_matches(result, cartpole_reference())
+    assert result.telemetry["worker_lost"]["count"] == 1
+    assert "1 worker process lost and replaced" in result.summary()
     no_leftovers()
