@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxmesh import text
 from jaxmesh.results import stats as _stats
-from jaxmesh.results.result import RunResult
+from jaxmesh.results.result import RunResult, flag_rate
 from jaxmesh.run import checks, stream
 from jaxmesh.run.config import RunConfig
 
@@ -558,6 +558,32 @@ class SuiteResult:
     @property
     def num_episodes(self) -> int:
         return sum(r.num_episodes for r in self.tasks.values())
+
+    @property
+    def success_rate(self) -> float | None:
+        """The **pooled** success rate: successes over every episode of every
+        task (each episode counts once; a task with more episodes weighs more).
+        None unless every task has a success signal. The mean of the tasks'
+        own rates, as LIBERO and MetaWorld report a suite, is
+        ``task_mean_success_rate``; with the same budget per task both are
+        equal."""
+        return flag_rate(self._pooled()[2])
+
+    @property
+    def task_mean_success_rate(self) -> float | None:
+        """The unweighted mean of the tasks' success rates (every task counts
+        once); None unless every task has a success signal."""
+        rates = [r.success_rate for r in self.tasks.values()]
+        if not rates or any(v is None for v in rates):
+            return None
+        return float(np.mean(rates))
+
+    @property
+    def mean_return(self) -> float | None:
+        """The pooled mean return over every episode of every task (None for
+        no episodes)."""
+        returns = self._pooled()[0]
+        return float(returns.mean()) if returns.size else None
 
     def _pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Every task's returns, lengths and success flags, concatenated (the

@@ -401,3 +401,52 @@ def test_same_shaped_gymnax_tasks_share_one_program():
         np.testing.assert_array_equal(
             apart.tasks[name].returns, result.tasks[name].returns
         )
+
+
+def flagged_run(flags) -> jaxmesh.RunResult:
+    """A RunResult of ``len(flags)`` one-step episodes with these success flags."""
+    n = len(flags)
+    ones = np.ones(n, np.int32)
+    return jaxmesh.RunResult(
+        indices=np.arange(n),
+        seeds=np.arange(n),
+        returns=np.asarray(flags, np.float32),
+        lengths=ones,
+        terminated=ones.astype(bool),
+        truncated=~ones.astype(bool),
+        predict_calls=ones,
+        lanes=np.zeros(n, np.int32),
+        env_steps=n,
+        policy_rows=n,
+        wall_time=1.0,
+        compile_time=0.5,
+        run_time=0.5,
+        num_envs=1,
+        horizon=1,
+        effective_horizon=1,
+        prefetch_lead=0,
+        success=np.asarray(flags, dtype=object),
+        success_once=np.asarray(flags, dtype=object),
+        success_key="is_success",
+    )
+
+
+def test_suite_success_rate_is_pooled_and_the_mean_over_tasks_is_its_own():
+    # 1 of 2 and 3 of 4: pooled 4 of 6; the mean of the task rates (0.5 + 0.75) / 2.
+    result = SuiteResult(
+        {"a": flagged_run([True, False]), "b": flagged_run([True, True, True, False])}
+    )
+    assert result.success_rate == pytest.approx(4 / 6)
+    assert result.task_mean_success_rate == pytest.approx(0.625)
+    assert result.mean_return == pytest.approx(4 / 6)
+    s = result.stats(resamples=200)
+    assert s["pooled"]["success_rate"] == pytest.approx(result.success_rate)
+    assert s["mean_over_tasks"]["success_rate"] == pytest.approx(0.625)
+    back = SuiteResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert back.success_rate == pytest.approx(4 / 6)
+    # A task without the signal, or an episode without it: no made-up rate.
+    no_signal = flagged_run([True, False])
+    no_signal.success = None
+    for missing in (no_signal, flagged_run([True, None])):
+        part = SuiteResult({"a": flagged_run([True, False]), "b": missing})
+        assert part.success_rate is None and part.task_mean_success_rate is None
