@@ -16,6 +16,33 @@ class Interrupted(Exception):
     status 130 (128 + SIGINT), as a shell reports it."""
 
 
+def _raised_by(exc: BaseException, module: str) -> bool:
+    """Whether ``exc`` is one of ``module``'s exceptions (nothing imported)."""
+    return any(cls.__module__.startswith(module) for cls in type(exc).__mro__)
+
+
+def bad_input(exc: BaseException) -> str | None:
+    """What to say of an error raised before a run started when it is bad
+    input, not a failure of the run: a policy whose params do not fit the env
+    (flax's shape errors at the probe) or an env gymnasium cannot make (an
+    unknown id, a missing dependency). None for any other error.
+    """
+    what = f"{type(exc).__name__}: {exc}"
+    if _raised_by(exc, "flax.errors"):
+        return (
+            f"the policy's params do not fit this env ({what}); give params "
+            "(policy_config, a checkpoint) made for this env's observations and "
+            "actions, or the env the policy was made for"
+        )
+    if _raised_by(exc, "gymnasium.error"):
+        return (
+            f"gymnasium cannot make the env ({what}); check the id: "
+            "gymnasium:<Id> for an env registered with gymnasium, "
+            "gymnasium:<module>:<Id> for one that importing <module> registers"
+        )
+    return None
+
+
 def refused(config: dict[str, Any], error: Any, task: str | None = None) -> str:
     """``evaluate``'s refusal of a config, with no secret of it in the text.
 

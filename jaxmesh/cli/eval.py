@@ -25,7 +25,7 @@ from jaxmesh.cli.build import build_run
 from jaxmesh.cli.cache import compile_cache_wanted
 from jaxmesh.cli.checks import check_record_config, read_config
 from jaxmesh.cli.config import existing_file
-from jaxmesh.cli.errors import ConfigError, Interrupted, refused
+from jaxmesh.cli.errors import ConfigError, Interrupted, bad_input, refused
 from jaxmesh.cli.hooks import LogStart, Progress, Started, SuiteSaver
 from jaxmesh.cli.outputs import (
     VIDEO_NEXT_TO_OUTPUT,
@@ -186,35 +186,47 @@ def _run_eval(
     where its finished episodes are and the command that continues it
     (Ctrl-C: one message, exit status 130; a failure: a note under its
     traceback)."""
+    earlier = kwargs.get("resume")
+    started = lambda: any(getattr(h, "started", False) for h in hooks)
     try:
         return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
     except (ConfigError, ValueError, TypeError) as e:
-        if not any(getattr(h, "started", False) for h in hooks):
+        if not started():
             raise  # a refusal: nothing ran
-        hint = _kept(args, config, log_path, e)
+        hint = _kept(args, config, log_path, e, earlier)
         e.add_note(hint)
         raise
     except KeyboardInterrupt as e:
-        kept = _kept(args, config, log_path, e)
+        kept = _kept(args, config, log_path, e, earlier)
         print(f"jaxmesh {args.command}: interrupted. {kept}", file=sys.stderr)
         raise Interrupted() from None
     except Exception as e:
-        e.add_note(_kept(args, config, log_path, e))
+        why = None if started() else bad_input(e)
+        if why is not None:  # refused as cmd_eval refuses a ValueError
+            raise ValueError(why) from e
+        e.add_note(_kept(args, config, log_path, e, earlier))
         raise
 
 
 def _kept(
-    args: argparse.Namespace, config: dict, log_path: Path | None, exc: Any
+    args: argparse.Namespace,
+    config: dict,
+    log_path: Path | None,
+    exc: Any,
+    earlier: Any = None,
 ) -> str:
     """Where a stopped run's finished episodes are, and how to continue it
-    (never raises: the run's own error comes first)."""
+    (never raises: the run's own error comes first). ``earlier``: the result
+    this run resumes, whose episodes its log holds too."""
     try:
-        return _keep(args, config, log_path, exc)
+        return _keep(args, config, log_path, exc, earlier)
     except Exception as e:  # e.g. the partial result cannot be written either
         return f"jaxmesh: the finished episodes could not be saved ({e})."
 
 
-def _keep(args: argparse.Namespace, config: dict, log_path: Any, exc: Any) -> str:
+def _keep(
+    args: argparse.Namespace, config: dict, log_path: Any, exc: Any, earlier: Any
+) -> str:
     partial = getattr(exc, "partial_result", None)
     output = Path(config["output"]) if config.get("output") else None
     if isinstance(partial, SuiteResult):
@@ -225,14 +237,19 @@ def _keep(args: argparse.Namespace, config: dict, log_path: Any, exc: Any) -> st
             f"The finished tasks and episodes are in {where}; to run only the "
             f"rest: {resume_command(args, config, where)}"
         )
-    n = 0 if partial is None else partial.num_episodes
+    if partial is not None:
+        n = partial.num_episodes
+    else:  # stopped before the run made one: the resumed run's episodes
+        n = 0 if earlier is None else earlier.num_episodes
+    if not n:
+        return "No episode had finished: nothing to resume from."
     if log_path is not None:
         where = log_path
     elif partial is not None and n:
         stem = output.with_suffix(".partial.json") if output else Path("partial.json")
         where = write_json(stem, partial.to_dict(), args.command)
     else:
-        return f"{n} episodes had finished; nothing to resume from."
+        return f"{n} episodes had finished; they are not saved (no output)."
     return (
         f"{n} finished episodes are in {where}; to run only the rest: "
         f"{resume_command(args, config, where)}"
