@@ -376,11 +376,7 @@ def telemetry_section(page: Page) -> Section | None:
         return None
     rows = []
     for name, s in result.telemetry.items():
-        size = str(name).endswith("_bytes")
-        cells = [f"<td>{esc(f'{s[_summary.STAT_NAMES[0]]:,}')}</td>"]
-        for k in _summary.STAT_NAMES[1:]:
-            text = f"{s[k]:,.0f} B" if size else f"{1000 * s[k]:.3f} ms"
-            cells.append(f"<td>{esc(text)}</td>")
+        cells = [f"<td>{esc(c)}</td>" for c in _summary.telemetry_cells(name, s)]
         rows.append(
             f"<tr data-key='{esc(name)}' data-value='{esc(json.dumps(s))}'>"
             f"<th scope='row'>{esc(name)}</th>{''.join(cells)}</tr>"
@@ -389,7 +385,9 @@ def telemetry_section(page: Page) -> Section | None:
         "One sample per call of the host loop: predict is one jitted agent step, "
         "env_step the env's own stepping time; served envs add encode and decode "
         "(building and reading a message), wire (a round trip less the server's "
-        "env time) and queue (how long a reply waited), and message sizes."
+        "env time) and queue (how long a reply waited), and message sizes; "
+        "transport_shm is a flag per served session (yes: shared memory), and "
+        "worker_lost / server_lost count events."
     )
     body = f"<p>{esc(note)}</p>" + _table(
         rows, "telemetry-table", ("series", *_summary.STAT_NAMES)

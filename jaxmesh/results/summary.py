@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxmesh import text as _text
 from jaxmesh.results import stats as _stats
+from jaxmesh.run import telemetry as _telemetry
 
 #: The columns of a telemetry series (``RunResult.telemetry``), in order.
 STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
@@ -445,19 +446,31 @@ def text(result: Any, stats: dict[str, Any] | None = None) -> str:
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
 
 
+def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
+    """One telemetry series' cells under ``STAT_NAMES``: times in
+    milliseconds, sizes in bytes; a flag (``transport_shm``) as the share of
+    its samples that were 1, an event series (``worker_lost``) as its count
+    alone (``jaxmesh.run.telemetry.UNITS``)."""
+    kind = _telemetry.unit(str(name))
+    count = f"{int(s['count']):,}"
+    if kind == "flag":
+        return [count, f"{s['mean']:.0%} yes", "", "", ""]
+    if kind == "count":
+        return [count, "", "", "", ""]
+    if kind == "bytes":
+        return [count, *(f"{s[k]:,.0f} B" for k in STAT_NAMES[1:])]
+    return [count, *(f"{1000 * s[k]:.3f} ms" for k in STAT_NAMES[1:])]
+
+
 def telemetry_text(telemetry: dict[str, dict[str, float]] | None) -> str:
     """A telemetry table (``RunResult.telemetry``): times in milliseconds,
-    sizes in bytes."""
+    sizes in bytes, flags as a share, events as a count (``telemetry_cells``)."""
     if not telemetry:
         return "no telemetry (recorded for host-stepped envs only)"
     table = [("series", *STAT_NAMES)]
     for name, s in telemetry.items():
-        if name.endswith("_bytes"):
-            cells = [f"{s[k]:,.0f} B" for k in STAT_NAMES[1:]]
-        else:
-            cells = [f"{1000 * s[k]:.3f} ms" for k in STAT_NAMES[1:]]
-        table.append((name, f"{s['count']:,}", *cells))
-    return "\n".join(_text.aligned(table))
+        table.append((name, *telemetry_cells(name, s)))
+    return "\n".join(line.rstrip() for line in _text.aligned(table))
 
 
 __all__ = [
@@ -467,6 +480,7 @@ __all__ = [
     "provenance_rows",
     "text",
     "telemetry_text",
+    "telemetry_cells",
     "mode_text",
     "STAT_NAMES",
 ]

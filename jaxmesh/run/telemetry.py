@@ -12,7 +12,14 @@ prints them). Series a served run records (seconds unless the name says bytes):
 - ``wire``: a call's round trip less the server's env time (network, gRPC,
   serialisation and the server's queueing);
 - ``queue``: how long a decoded reply waited before the loop took it;
-- ``request_bytes`` / ``reply_bytes``: message sizes.
+- ``request_bytes`` / ``reply_bytes``: message sizes;
+- ``transport_shm``: a flag, one sample per served session (1 on the
+  same-host shared-memory path, 0 on gRPC);
+- ``worker_lost``, ``server_lost``, ``server_rejoined``: events, one sample
+  of 1 each.
+
+``UNITS`` says which series are not times; a table prints a flag as the share
+of samples that were 1 and an event series as its count, never as seconds.
 
 An in-process run records ``predict`` and ``env_step`` (the gymnasium calls).
 
@@ -35,6 +42,26 @@ TRACE_NAMES = {
     "encode": "encode",
     "decode": "decode",
 }
+
+
+#: Series that are not times (seconds): ``"bytes"``, ``"flag"`` (0 or 1 per
+#: sample) or ``"count"`` (one sample per event). ``unit`` reads it.
+UNITS = {
+    "request_bytes": "bytes",
+    "reply_bytes": "bytes",
+    "transport_shm": "flag",
+    "worker_lost": "count",
+    "server_lost": "count",
+    "server_rejoined": "count",
+}
+
+
+def unit(name: str) -> str:
+    """The unit of series ``name``: ``"s"`` (seconds) unless ``UNITS`` or a
+    ``_bytes`` suffix says ``"bytes"``, ``"flag"`` or ``"count"``."""
+    if name in UNITS:
+        return UNITS[name]
+    return "bytes" if name.endswith("_bytes") else "s"
 
 
 class Telemetry:
@@ -86,4 +113,4 @@ class Telemetry:
         return out
 
 
-__all__ = ["Telemetry"]
+__all__ = ["Telemetry", "UNITS", "unit"]
