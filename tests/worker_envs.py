@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -131,3 +132,20 @@ class KillsItself(gym.Wrapper):
         if self.at == "step" and here:
             self._kill()
         return self.env.step(action)
+
+
+class HangsOnSeed(CameraEnv):
+    """Hangs (sleeps forever, in Python) at step 2 of seed ``bad``, after
+    creating the file ``mark``: a simulator that stopped answering."""
+
+    def __init__(self, bad: int = 2, mark: str | None = None):
+        super().__init__()
+        self.bad, self.mark = bad, mark
+
+    def step(self, action):
+        if self.seed_ == self.bad and self.t == 1:
+            if self.mark is not None:
+                open(self.mark, "w").close()
+            while True:
+                time.sleep(1)
+        return super().step(action)

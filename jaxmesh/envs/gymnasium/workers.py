@@ -29,6 +29,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -243,6 +244,7 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
             if op == "attach":
                 name, n, fields = msg[1:]
                 slots = Slots(Segment(name), n, fields)
+                _attached[:] = [slots.shm]
                 obs_names = [f[4:] for f in fields if f.startswith("obs:")]
                 conn.send(("ok",))
                 continue
@@ -287,6 +289,31 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                     e.close()
                 except Exception:  # noqa: BLE001 - closing is best effort
                     pass
+
+
+#: Seconds between a worker's checks that its parent process still lives.
+PARENT_POLL_SECONDS = 0.2
+#: The segment this worker process has attached (``_watch_parent`` unlinks it).
+_attached: list = []
+
+
+def _watch_parent(parent: int) -> None:
+    """Ends this worker process (unlinking its segment) once its parent
+    ``parent`` is gone: a worker whose env hangs never reads the pipe whose
+    close would end it, and ignores SIGTERM, so a parent killed by SIGTERM (or
+    SIGKILL) would leave it running with parent 1. A daemon thread checks the
+    parent every ``PARENT_POLL_SECONDS``; an env that holds the GIL forever
+    in C code keeps it from running (the parent's ``close`` kills such a
+    worker, when the parent lives to call it)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        for segment in _attached:
+            segment.unlink()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="jaxmesh-parent-watch", daemon=True).start()
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -376,8 +403,9 @@ def _main_path(source: Any, layout: Any) -> str | None:
 
 #: A worker's first lines: Ctrl-C and SIGTERM are the parent's to handle (a
 #: worker ends when the parent closes it or its pipe closes, and then unlinks
-#: the segment if the parent could not); the parent's
-#: sys.path; jaxmesh's packages as stubs whose own ``__init__`` (and JAX) load
+#: the segment if the parent could not; one whose env hangs ends when its
+#: parent is gone, ``_watch_parent``); its name, ``jaxmesh-worker``; the
+#: parent's sys.path; jaxmesh's packages as stubs whose own ``__init__`` (and JAX) load
 #: only if something asks for a name they define (the lanes' modules import
 #: numpy and gymnasium only); the main script when the envs' factory lives
 #: there; then the worker loop, and an exit without the interpreter's teardown
@@ -387,8 +415,13 @@ _BOOT = r"""
 import os, signal, sys, types
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+try:  # the name ps -e, top and pgrep show (the command line names it too)
+    __import__("ctypes").CDLL(None).prctl(15, b"jaxmesh-worker", 0, 0, 0)
+except Exception:  # not Linux: the command line alone names it
+    pass
 from multiprocessing.connection import Connection
-conn = Connection(int(sys.argv[1]))
+conn = Connection(int(sys.argv[-1]))
+parent = int(sys.argv[-2].partition("=")[2])
 sys.path[:], main = conn.recv()
 
 
@@ -423,8 +456,9 @@ if main:
     from multiprocessing import spawn
 
     spawn._fixup_main_from_path(main)
-from jaxmesh.envs.gymnasium.workers import _worker_main
+from jaxmesh.envs.gymnasium.workers import _watch_parent, _worker_main
 
+_watch_parent(parent)
 code = 0
 try:
     _worker_main(conn, *conn.recv())
@@ -497,10 +531,23 @@ class WorkerLanes:
     def _spawn(self, k: int) -> None:
         ours, theirs = socket.socketpair()
         try:
+            # The boot code comes in the environment, so that ps shows what
+            # the process is rather than the code (``_BOOT``).
+            block = self.blocks[k]
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(theirs.fileno())],
+                [
+                    sys.executable,
+                    "-c",
+                    'import os; exec(os.environ.pop("JAXMESH_WORKER_BOOT"))',
+                    "jaxmesh-worker",
+                    str(k),
+                    f"lanes={block[0]}..{block[-1]}",
+                    f"parent={os.getpid()}",
+                    str(theirs.fileno()),
+                ],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
+                env=dict(os.environ, JAXMESH_WORKER_BOOT=_BOOT),
             )
         finally:
             theirs.close()
@@ -713,11 +760,12 @@ class WorkerLanes:
                 conn.send(("close",))
             except (OSError, ValueError):
                 pass
+        deadline = time.monotonic() + EXIT_SECONDS  # for all: hung ones die
         for k, proc in enumerate(self.procs):
             if proc is None:
                 continue
             try:
-                proc.wait(EXIT_SECONDS)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -447,3 +447,85 @@ def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun
     assert result.telemetry["worker_lost"]["count"] == 1
     assert "1 worker process lost and replaced" in result.summary()
     no_leftovers()
+
+
+def test_workers_are_named_in_ps():
+    """``ps -e``, top and pgrep show a worker as ``jaxmesh-worker`` (its comm);
+    ``ps aux`` shows its number, lanes and parent, not the boot code."""
+    pool = WorkerLanes("gymnasium:CartPole-v1", 3, 2)
+    try:
+        for k, pid in enumerate(pool.pids):
+            with open(f"/proc/{pid}/comm") as f:
+                assert f.read() == "jaxmesh-worker\n"
+            with open(f"/proc/{pid}/cmdline") as f:
+                args = f.read().split("\0")
+            lanes = f"lanes={pool.blocks[k][0]}..{pool.blocks[k][-1]}"
+            assert args[3:7] == [
+                "jaxmesh-worker",
+                str(k),
+                lanes,
+                f"parent={os.getpid()}",
+            ]
+            assert len("".join(args)) < 200 + len(sys.executable)
+    finally:
+        pool.close()
+    no_leftovers()
+
+
+HUNG_SCRIPT = """
+import functools, sys
+import jax.numpy as jnp
+import jaxmesh
+from worker_envs import HangsOnSeed
+
+if __name__ == "__main__":
+    env = functools.partial(HangsOnSeed, bad=2, mark=sys.argv[1])
+    jaxmesh.evaluate(lambda o: jnp.zeros(2), env, num_envs=2, episodes=4, workers=2)
+"""
+
+
+def test_a_hung_worker_does_not_outlive_its_run_on_sigterm(tmp_path):
+    """A script's env hangs in one worker; SIGTERM to the script (its default
+    action: the process ends at once) leaves no worker process, the hung one
+    included, and no shared-memory segment."""
+    path, env = _script(tmp_path)
+    path.write_text(HUNG_SCRIPT)
+    mark = tmp_path / "hung"
+    proc = subprocess.Popen([sys.executable, str(path), str(mark)], env=env)
+    workers: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the env never hung"
+            time.sleep(0.05)
+        workers = [str(p) for p in _children_of(proc.pid)]
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while not all(map(_gone, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # orphaned, they see their parent gone and exit
+        assert all(map(_gone, workers)), "a worker outlived its run"
+        left = [
+            f for f in os.listdir("/dev/shm") if f.startswith(f"jaxmesh_{proc.pid}_")
+        ]
+        assert left == []
+    finally:
+        proc.kill()
+        for pid in workers:  # the test's own leftovers, if it failed
+            if not _gone(pid):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append(int(entry))
+    return out
