@@ -286,7 +286,8 @@ class RunResult:
         ``plan_tile`` rows, padding included).
       wall_time: seconds for the whole call; ``compile_time`` of it compiling;
         ``run_time`` running the segments.
-      steps_per_second: ``env_steps`` over ``run_time``.
+      steps_per_second: ``env_steps`` over ``run_time``; of a resumed run,
+        the part this call ran (``resumed_part``).
       num_envs, horizon, prefetch_lead: the run's settings; ``effective_horizon``
         is ``min(horizon, K)``; ``plan_tile`` the rows per policy call.
     """
@@ -385,6 +386,11 @@ class RunResult:
     #: and the ``versions`` of jaxmesh, jax, jaxlib, numpy and Python); None:
     #: not recorded (a result built by hand, or written before runs kept it).
     provenance: dict | None = None
+    #: A resumed run (``resume=``): the part this call ran, ``{"episodes",
+    #: "env_steps", "run_time"}``, whose rate ``steps_per_second`` is (the
+    #: earlier part's run time is not known when it was stopped). None: not
+    #: resumed.
+    resumed_part: dict | None = None
 
     @classmethod
     def from_results(
@@ -446,7 +452,10 @@ class RunResult:
 
     @property
     def steps_per_second(self) -> float:
-        return self.env_steps / self.run_time if self.run_time > 0 else 0.0
+        part = self.resumed_part or {}
+        steps = part.get("env_steps", self.env_steps)
+        seconds = part.get("run_time", self.run_time)
+        return steps / seconds if seconds > 0 else 0.0
 
     @property
     def rows_per_step(self) -> float:
@@ -714,6 +723,7 @@ class RunResult:
                 "success_once_rate": self.success_once_rate,
                 "success_at_end_rate": self.success_at_end_rate,
                 "successes_at_reset": self.successes_at_reset,
+                **({"resumed_part": self.resumed_part} if self.resumed_part else {}),
             },
             "telemetry": self.telemetry,
             **({"server_losses": self.server_losses} if self.server_losses else {}),
@@ -830,6 +840,7 @@ class RunResult:
                 server_losses=[dict(x) for x in d.get("server_losses", [])],
                 fingerprint=d.get("fingerprint"),
                 provenance=d.get("provenance"),
+                resumed_part=totals.get("resumed_part"),
             )
             # The arrays live in an .npz file (load_trajectories); their index
             # is kept so that to_dict() writes it back.

@@ -360,7 +360,9 @@ def _total_rows(result: Any) -> list[Row]:
             "env steps / s",
             result.steps_per_second,
             f"{result.steps_per_second:,.0f}",
-            "env steps / run time",
+            "env steps / run time"
+            if not getattr(result, "resumed_part", None)
+            else "the resumed part's env steps / its run time",
         ),
         Row(
             "wall_time",

@@ -280,7 +280,15 @@ def _select(r: RunResult, keep: np.ndarray) -> RunResult:
 
 def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     """``done``'s episodes and ``new``'s (whose episode k is budget episode
-    ``indices[k]``), by index; totals and timings added up."""
+    ``indices[k]``), by index.
+
+    Totals: ``env_steps`` counts ``done``'s episodes by their lengths (the
+    steps it spent on episodes it never finished are not this result's: they
+    ran again in ``new``) plus ``new``'s steps, so a resumed run counts what
+    an uninterrupted one does; policy rows and times are both parts' added
+    up; ``resumed_part`` holds ``new``'s episodes, steps and run time, the
+    rate ``steps_per_second`` gives.
+    """
     at = np.concatenate([np.asarray(done.indices, np.int64), indices[new.indices]])
     order = np.argsort(at, kind="stable")
 
@@ -307,7 +315,7 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
         success=success,
         **kinds,
         metrics=metrics,
-        env_steps=done.env_steps + new.env_steps,
+        env_steps=int(np.sum(np.asarray(done.lengths, np.int64))) + new.env_steps,
         policy_rows=done.policy_rows + new.policy_rows,
         wall_time=done.wall_time + new.wall_time,
         compile_time=done.compile_time + new.compile_time,
@@ -315,6 +323,11 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
         num_envs=max(done.num_envs, new.num_envs),
         server_losses=list(done.server_losses) + list(new.server_losses),
         fingerprint={**(done.fingerprint or {}), **(new.fingerprint or {})},
+        resumed_part={
+            "episodes": new.num_episodes,
+            "env_steps": new.env_steps,
+            "run_time": new.run_time,
+        },
     )
 
 

@@ -100,8 +100,12 @@ def test_a_resumed_jax_run_equals_an_uninterrupted_one():
     assert sorted(seen.indices) == missing
     assert seen.start["episodes"] == len(SEEDS)
     assert seen.ended is not None and seen.ended.num_episodes == len(SEEDS)
-    # Totals add up both calls' work (the interrupted run's unfinished steps too).
-    assert got.env_steps > int(whole.lengths.sum()) > partial.env_steps
+    # Env steps count the budget's episodes once, as the uninterrupted run's do
+    # (not the interrupted run's steps of episodes it never finished); the
+    # rate is the resumed part's own.
+    assert got.env_steps == whole.env_steps == int(whole.lengths.sum())
+    assert got.resumed_part["env_steps"] == int(whole.lengths[missing].sum())
+    assert got.resumed_part["episodes"] == len(missing)
 
 
 def test_a_resumed_gymnasium_run_equals_the_plain_loop():
