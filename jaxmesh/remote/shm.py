@@ -11,12 +11,17 @@ the path across hosts. Over the socket every message is a frame: a header
    reads). The server checks that the peer runs as its own user
    (``SO_PEERCRED``), the token (as gRPC's), and that no session is open, else
    it answers ``REFUSE`` (JSON: a gRPC status name and details).
-2. The server creates a POSIX shared-memory segment of ``RING`` slots, each
+   The server reads nothing from a peer running as another user, and gives
+   a connection ``ServeOptions.handshake_timeout_seconds`` in all to deliver
+   a complete HELLO of at most the bytes the protocol needs
+   (``server/same_host.py``).
+2. The server creates an anonymous shared-memory file (``memfd_create``: it
+   has no name, so nothing is ever in ``/dev/shm``) of ``RING`` slots, each
    holding every leaf asked for on every lane (in the leaf's own dtype), and
-   answers ``ATTACH`` with its name. The client maps it and answers
-   ``ATTACHED``; both then unlink it (mapping it proves the same host and user:
-   the segment is the user's alone, mode 0600), so nothing is left in
-   ``/dev/shm`` whatever happens to either side afterwards.
+   answers ``ATTACH`` with the file's descriptor attached (``SCM_RIGHTS``).
+   The client maps it and answers ``ATTACHED``. The memory is freed when both
+   sides have unmapped it, whatever happens to either side (``SIGKILL``
+   included).
 3. Each call is a ``REQUEST`` frame holding the serialized ``StepRequest``,
    exactly as on the gRPC stream, answered in order by a ``REPLY`` frame: the
    serialized ``StepReply`` with the observation rows taken out and written to
@@ -39,6 +44,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import mmap
 import os
 import queue
 import secrets
@@ -51,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmesh.envs.gymnasium.shm import Segment, Slots
+from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import pump
@@ -77,20 +83,43 @@ _RESULT_HEAD = struct.Struct("<QdII")
 _U32 = np.dtype("<u4")
 _F64 = np.dtype("<f8")
 #: A frame's header: payload bytes, kind, ring slot (``NO_SLOT``: inline).
-_HEADER = struct.Struct("<IBBxx")
+_HEADER = HEADER = struct.Struct("<IBBxx")
 NO_SLOT = 255
-#: The largest control frame (HELLO, ATTACH, REFUSE, ERROR) read.
+#: The largest control frame (ATTACH, REFUSE, ERROR) a client reads.
 _CONTROL_BYTES = 1 << 20
 
 
-def unlink(name: str) -> None:
-    """Unlinks the segment ``name`` (gone already: nothing to do)."""
-    import _posixshmem
+class Ring:
+    """An anonymous shared-memory file mapped into this process (``buf``).
 
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        pass
+    ``Ring.create(size)`` makes one (``memfd_create``: no name, so no
+    ``/dev/shm`` entry to leave behind); ``Ring(fd)`` maps one whose
+    descriptor came over the socket. Its memory is freed when every process
+    has closed its mapping, however they end.
+    """
+
+    def __init__(self, fd: int):
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._map)
+
+    @classmethod
+    def create(cls, size: int) -> tuple[Ring, int]:
+        """A new ring of ``size`` bytes and a descriptor of it to send (the
+        caller closes it)."""
+        fd = os.memfd_create("jaxmesh-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            return cls(os.dup(fd)), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        self.buf.release()
+        self._map.close()
 
 
 def socket_name() -> str:
@@ -109,6 +138,52 @@ def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dic
 
 def send_frame(sock: socket.socket, kind: int, payload: bytes, slot=NO_SLOT):
     sock.sendall(_HEADER.pack(len(payload), kind, slot) + payload)
+
+
+def send_attach(sock: socket.socket, payload: bytes, fd: int) -> None:
+    """An ATTACH frame with the ring's descriptor ``fd`` on its first byte."""
+    data = _HEADER.pack(len(payload), ATTACH, NO_SLOT) + payload
+    sent = sock.sendmsg(
+        [data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+    )
+    sock.sendall(data[sent:])
+
+
+def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int]:
+    """The server's answer to HELLO, ``(frame, fd)``: the descriptor an
+    ATTACH frame carries, else -1 (any other descriptor is closed).
+
+    Raises:
+      OSError: the socket failed; codec.ProtocolError: a frame over the cap.
+    """
+    fds: list[int] = []
+    msg, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(4 * 4))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+    try:
+        if not msg:
+            return None, -1
+        rest = _recv_exact(sock, _HEADER.size - 1)
+        if rest is None:
+            raise ConnectionResetError("the peer closed the socket mid-frame")
+        size, kind, slot = _HEADER.unpack(msg + rest)
+        if size > _CONTROL_BYTES:
+            raise codec.ProtocolError(
+                f"a frame of {size} bytes is over the {_CONTROL_BYTES} byte limit"
+            )
+        payload = _recv_exact(sock, size) if size else b""
+        if payload is None:
+            raise ConnectionResetError("the peer closed the socket mid-frame")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    keep = fds.pop(0) if kind == ATTACH and fds else -1
+    for fd in fds:
+        os.close(fd)
+    return (kind, slot, payload), keep
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -396,26 +471,23 @@ class ShmStream:
             hello = {"token": token or "", "keys": list(self.keys)}
             hello["frames"] = [BINARY]
             send_frame(sock, HELLO, json.dumps(hello).encode())
-            frame = recv_frame(sock, _CONTROL_BYTES)
+            frame, fd = recv_attach(sock)
             if frame is None:
                 raise ConnectionError("the server closed the socket while attaching")
             kind, _, payload = frame
             if kind == REFUSE:
                 raise _status_error(payload, address)
-            if kind != ATTACH:
-                raise ConnectionError(f"the server answered frame kind {kind}")
-            attach = json.loads(payload.decode())
-            segment = attach["segment"]
-            #: Whether calls and replies travel as STEP / RESULT frames
-            #: where they can (the server offers them).
-            self.binary = BINARY in (attach.get("frames") or ())
-            if not (isinstance(segment, str) and segment.startswith("jaxmesh_")):
-                raise ConnectionError(f"the server named segment {segment!r}")
+            if kind != ATTACH or fd < 0:
+                raise ConnectionError(
+                    f"the server answered frame kind {kind} "
+                    f"({'with' if fd >= 0 else 'without'} a shared-memory file)"
+                )
+            shm = Ring(fd)
             try:
-                shm = Segment(segment)
-            finally:
-                unlink(segment)
-            try:
+                attach = json.loads(payload.decode())
+                #: Whether calls and replies travel as STEP / RESULT frames
+                #: where they can (the server offers them).
+                self.binary = BINARY in (attach.get("frames") or ())
                 fields = ring_fields(specs, self.keys)
                 if len(shm.buf) < Slots.size(num_lanes, fields):
                     raise ConnectionError("the shared segment is smaller than agreed")
@@ -674,6 +746,8 @@ class ShmStream:
 
 __all__ = [
     "BINARY",
+    "HEADER",
+    "Ring",
     "RING",
     "Result",
     "ShmStream",
@@ -681,8 +755,10 @@ __all__ = [
     "info_key_bytes",
     "pack_step",
     "peer_uid",
+    "recv_attach",
     "recv_frame",
     "ring_fields",
+    "send_attach",
     "send_frame",
     "socket_name",
     "status_payload",

@@ -58,6 +58,10 @@ class ServeOptions:
         shared_memory: offer clients on this host, running as this user, the
             same-host data path (capability ``shared_memory``: a Unix socket
             and shared memory instead of the gRPC stream; docs/remote.md).
+        handshake_timeout_seconds: a same-host client has this long from
+            connecting to a whole HELLO, and then to its ATTACHED (a deadline
+            over the whole frame, however it trickles in); else its connection
+            is closed.
     """
 
     idle_timeout_seconds: float = 300.0
@@ -69,10 +73,12 @@ class ServeOptions:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_request_bytes: int | None = None
     shared_memory: bool = True
+    handshake_timeout_seconds: float = 10.0
 
     def __post_init__(self):
         for name, low, strict in (
             ("idle_timeout_seconds", 0.0, True),
+            ("handshake_timeout_seconds", 0.0, True),
             ("drain_timeout_seconds", 0.0, False),
             ("close_timeout_seconds", 0.0, False),
         ):

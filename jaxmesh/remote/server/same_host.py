@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
+import selectors
 import socket
 import threading
 import time
@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 
 from jaxmesh.envs.gymnasium import lanes as shared
-from jaxmesh.envs.gymnasium.shm import Segment, Slots
+from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
@@ -35,10 +35,79 @@ from jaxmesh.remote.server.lanes import ServerLanes
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
 from jaxmesh.remote.server.sessions import _ascii, _ShmSession
 
+#: Connections still sending their HELLO, at most: a new one past this closes
+#: the oldest, so idle connections cannot keep a client who sends its HELLO at
+#: once from being heard.
+MAX_PENDING = 64
+#: Bytes read per ``recv`` of a HELLO (what is held grows with what arrived,
+#: never with what a header declares).
+_CHUNK = 4096
+
+
+class _Pending:
+    """A connection still sending its HELLO: its deadline and the bytes so far."""
+
+    __slots__ = ("deadline", "data")
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.data = bytearray()
+
+
+def hello_limit(token: str | None, obs_names: tuple[str, ...]) -> int:
+    """The largest HELLO a client needs: its token, each observation leaf's
+    name once (JSON escapes at most 6 bytes a character) and 4 KiB of the
+    rest."""
+    names = len(token or "") + sum(len(k) + 4 for k in obs_names)
+    return 4096 + 6 * names
+
+
+def peer_refusal(peer: int, own: int) -> str | None:
+    """Why a peer of user id ``peer`` may not use a server running as ``own``
+    (None: it may)."""
+    if peer == own:
+        return None
+    return (
+        f"the same-host data path is for clients running as the server's user "
+        f"(uid {own}); this client runs as uid {peer}: run it as that user, or "
+        "use the gRPC stream (transport='grpc')"
+    )
+
+
+def parse_hello(payload: bytes) -> tuple[str, list, bool]:
+    """A HELLO's ``(token, keys, binary)``.
+
+    Raises:
+      ValueError: not a JSON map whose token is a string, whose keys are a
+        list of strings and whose frames are a list.
+    """
+    try:
+        hello = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"a HELLO that is not UTF-8 JSON ({exc})") from None
+    if not isinstance(hello, dict):
+        raise ValueError(f"a HELLO that is a {type(hello).__name__}, not a map")
+    token, keys = hello.get("token") or "", hello.get("keys")
+    frames = hello.get("frames") or []
+    if not isinstance(token, str):
+        raise ValueError(f"a HELLO whose token is a {type(token).__name__}")
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+        raise ValueError("a HELLO whose keys are not a list of strings")
+    if not isinstance(frames, list):
+        raise ValueError(f"a HELLO whose frames are a {type(frames).__name__}")
+    return token, keys, same_host.BINARY in frames
+
 
 class _SameHostPath:
     """The same-host data path's listener, its connections and their calls
-    (a mixin of ``EnvServer``: see the module docstring)."""
+    (a mixin of ``EnvServer``: see the module docstring).
+
+    One thread (``jaxmesh-shm-accept``) accepts and reads every HELLO: a
+    peer running as another user is refused before a byte of it is read; a
+    HELLO must be whole within ``handshake_timeout_seconds`` of the accept and
+    at most ``hello_limit`` bytes; at most ``MAX_PENDING`` connections wait
+    for theirs. A session, one at a time, gets a thread of its own.
+    """
 
     def _start_shm(self) -> None:
         """Listens on a fresh abstract Unix socket; a thread accepts on it."""
@@ -46,12 +115,16 @@ class _SameHostPath:
         name = same_host.socket_name()
         try:
             listener.bind("\0" + name)
-            listener.listen(4)
+            listener.listen(socket.SOMAXCONN)
+            listener.setblocking(False)
         except OSError:
             listener.close()
             return  # no same-host path: clients use gRPC
         self._shm_listener = listener
         self._shm_name = name
+        self._shm_wake = socket.socketpair()
+        self._shm_uid = os.getuid()
+        self._shm_hello_seconds = self.options.handshake_timeout_seconds
         thread = threading.Thread(
             target=self._shm_accept, name="jaxmesh-shm-accept", daemon=True
         )
@@ -63,94 +136,192 @@ class _SameHostPath:
         if listener is None:
             return
         try:
-            listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+            self._shm_wake[1].send(b"x")  # wakes the accepting thread
         except OSError:
             pass
-        listener.close()
         wait = self.options.drain_timeout_seconds + self.options.close_timeout_seconds
         for thread in list(self._shm_threads):
             thread.join(wait)
+        listener.close()
+        for end in self._shm_wake:
+            end.close()
 
     def _shm_accept(self) -> None:
+        """Accepts connections and reads their HELLOs (see the class)."""
         listener = self._shm_listener
+        wake = self._shm_wake[0]
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ)
+        selector.register(wake, selectors.EVENT_READ)
+        pending: dict[socket.socket, _Pending] = {}  # oldest first
+
+        def forget(conn: socket.socket) -> None:
+            selector.unregister(conn)
+            del pending[conn]
+
+        try:
+            while not self._stopping:
+                now = time.monotonic()
+                for conn in [c for c, p in pending.items() if p.deadline <= now]:
+                    forget(conn)  # no whole HELLO in time
+                    conn.close()
+                first = min((p.deadline for p in pending.values()), default=None)
+                events = selector.select(None if first is None else first - now)
+                for key, _ in events:
+                    sock = key.fileobj
+                    if sock is wake:
+                        return
+                    if sock is listener:
+                        for conn in self._shm_take(listener):
+                            if len(pending) >= MAX_PENDING:
+                                oldest = next(iter(pending))
+                                forget(oldest)
+                                oldest.close()
+                            deadline = time.monotonic() + self._shm_hello_seconds
+                            pending[conn] = _Pending(deadline)
+                            selector.register(conn, selectors.EVENT_READ)
+                    elif sock in pending:
+                        hello = self._shm_read(sock, pending[sock])
+                        if hello is not None:
+                            forget(sock)
+                            self._shm_answer(sock, hello)
+        finally:
+            for conn in pending:
+                conn.close()
+            selector.close()
+
+    def _shm_take(self, listener: socket.socket) -> list[socket.socket]:
+        """The connections waiting at ``listener``, each of this server's user
+        (another user's is refused before a byte of it is read)."""
+        taken = []
         while True:
             try:
                 conn, _ = listener.accept()
+            except OSError:  # none left (or out of descriptors: serve these)
+                return taken
+            try:
+                why = peer_refusal(same_host.peer_uid(conn), self._shm_uid)
             except OSError:
-                return
-            if self._stopping:
                 conn.close()
-                return
-            self._shm_threads = [t for t in self._shm_threads if t.is_alive()]
-            thread = threading.Thread(
-                target=self._shm_connection,
-                args=(conn,),
-                name="jaxmesh-shm-session",
-                daemon=True,
-            )
-            self._shm_threads.append(thread)
-            thread.start()
-
-    def _shm_connection(self, conn: socket.socket) -> None:
-        """One client on the socket: its checks, then its session."""
-        lanes = self._lanes
-
-        def refuse(code: grpc.StatusCode, details: str) -> None:
-            payload = same_host.status_payload(code.name, details)
-            same_host.send_frame(conn, same_host.REFUSE, payload)
-
-        try:
-            conn.settimeout(10.0)
-            frame = same_host.recv_frame(conn, 1 << 20)
-            if frame is None or frame[0] != same_host.HELLO:
-                return
-            hello = json.loads(frame[2].decode("utf-8"))
-            token, keys = hello.get("token"), hello.get("keys")
-            binary = same_host.BINARY in (hello.get("frames") or ())
-            if same_host.peer_uid(conn) != os.getuid():
-                return refuse(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    "the same-host data path is for clients running as the "
-                    "server's user",
-                )
-            why = self._token_error(
-                (("authorization", f"Bearer {token}"),) if token else ()
-            )
+                continue
             if why is not None:
-                return refuse(grpc.StatusCode.UNAUTHENTICATED, why)
-            if not (
-                isinstance(keys, list)
-                and all(k in lanes.obs_names for k in keys)
-                and len(set(keys)) == len(keys)
-            ):
-                return refuse(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"observation leaves {codec.short(keys)} are not leaves the "
-                    f"server declares ({codec.few(list(lanes.obs_names))})",
-                )
-            if self._stopping:
-                return refuse(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the server at {self.address} is shutting down",
-                )
-            if not self._session_lock.acquire(blocking=False):
-                return refuse(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the server at {self.address} is busy with another client's "
-                    "session (one session at a time); wait for it to end, or start "
-                    "another server for this client",
-                )
+                self._shm_refuse(conn, grpc.StatusCode.PERMISSION_DENIED, why)
+                continue
+            conn.setblocking(False)
+            taken.append(conn)
+
+    def _shm_read(self, conn: socket.socket, state: _Pending) -> Any:
+        """Reads what ``conn`` sent of its HELLO: None while it is not whole,
+        else its payload (bytes), or an ``OSError`` / ``ValueError`` saying
+        why it is refused."""
+        head = same_host.HEADER.size
+        want = head
+        if len(state.data) >= head:
+            want += same_host.HEADER.unpack_from(state.data)[0]
+        try:
+            chunk = conn.recv(min(_CHUNK, want - len(state.data)))
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            return exc
+        if not chunk:
+            return ConnectionResetError("the client closed the socket")
+        state.data += chunk
+        if len(state.data) < head:
+            return None
+        size, kind, _ = same_host.HEADER.unpack_from(state.data)
+        limit = hello_limit(self.options.token, self._lanes.obs_names)
+        if kind != same_host.HELLO:
+            return ValueError(f"the first frame is of kind {kind}, not HELLO")
+        if size > limit:
+            return ValueError(
+                f"a HELLO of {size} bytes is over the {limit} bytes this server's "
+                "token and observation leaves need"
+            )
+        return bytes(state.data[head:]) if len(state.data) == head + size else None
+
+    def _shm_refuse(self, conn: socket.socket, code: grpc.StatusCode, why: str):
+        """Answers REFUSE (if the client takes it at once) and closes."""
+        try:
+            conn.setblocking(False)
+            same_host.send_frame(
+                conn, same_host.REFUSE, same_host.status_payload(code.name, why)
+            )
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _shm_answer(self, conn: socket.socket, hello: Any) -> None:
+        """A whole HELLO's answer: a refusal, or a session in a thread of its
+        own (one at a time)."""
+        if isinstance(hello, OSError):
+            conn.close()
+            return
+        if isinstance(hello, ValueError):
+            return self._shm_refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(hello))
+        lanes = self._lanes
+        try:
+            token, keys, binary = parse_hello(hello)
+        except ValueError as exc:
+            return self._shm_refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        why = self._token_error(
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        if why is not None:
+            return self._shm_refuse(conn, grpc.StatusCode.UNAUTHENTICATED, why)
+        if not (
+            all(k in lanes.obs_names for k in keys) and len(set(keys)) == len(keys)
+        ):
+            return self._shm_refuse(
+                conn,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"observation leaves {codec.short(keys)} are not leaves the "
+                f"server declares ({codec.few(list(lanes.obs_names))})",
+            )
+        if self._stopping:
+            return self._shm_refuse(
+                conn,
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server at {self.address} is shutting down",
+            )
+        if not self._session_lock.acquire(blocking=False):
+            return self._shm_refuse(
+                conn,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server at {self.address} is busy with another client's "
+                "session (one session at a time); wait for it to end, or start "
+                "another server for this client",
+            )
+        self._shm_threads = [t for t in self._shm_threads if t.is_alive()]
+        thread = threading.Thread(
+            target=self._shm_connection,
+            args=(conn, tuple(keys), binary),
+            name="jaxmesh-shm-session",
+            daemon=True,
+        )
+        self._shm_threads.append(thread)
+        thread.start()
+
+    def _shm_connection(
+        self, conn: socket.socket, keys: tuple[str, ...], binary: bool
+    ) -> None:
+        """One admitted client's session (the session lock is held for it)."""
+        lanes = self._lanes
+        try:
+            conn.setblocking(True)
+            conn.settimeout(self._shm_hello_seconds)  # to its ATTACHED
             session = _ShmSession(conn)
             self._session = session
             try:
-                self._shm_session(conn, session, lanes, tuple(keys), binary)
+                self._shm_session(conn, session, lanes, keys, binary)
             finally:
                 lanes.end_session()
                 self._session = None
-                self._session_lock.release()
         except (OSError, ValueError, codec.ProtocolError):
             pass  # the client went away or broke the protocol: it is gone
         finally:
+            self._session_lock.release()
             conn.close()
 
     def _shm_session(
@@ -164,20 +335,17 @@ class _SameHostPath:
         n = lanes.num_lanes
         specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
         fields = same_host.ring_fields(specs, keys)
-        name = f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}"
-        segment = Segment(name, Slots.size(n, fields))
-        slots = Slots(segment, n, fields)
+        # An anonymous file: nothing in /dev/shm, even if this process is
+        # killed while the client attaches.
+        ring, fd = same_host.Ring.create(Slots.size(n, fields))
+        slots = Slots(ring, n, fields)
         try:
-            attach = {"segment": name, "frames": [same_host.BINARY] if binary else []}
-            payload = json.dumps(attach).encode()
-            same_host.send_frame(conn, same_host.ATTACH, payload)
+            try:
+                attach = {"frames": [same_host.BINARY] if binary else []}
+                same_host.send_attach(conn, json.dumps(attach).encode(), fd)
+            finally:
+                os.close(fd)
             frame = same_host.recv_frame(conn, 1 << 10)
-        except BaseException:
-            slots.release()
-            raise
-        finally:
-            segment.unlink()  # both sides have it mapped (or never will)
-        try:
             if frame is not None and frame[0] == same_host.ATTACHED:
                 self._shm_calls(conn, session, lanes, keys, slots, binary)
         finally:
