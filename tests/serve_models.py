@@ -65,3 +65,20 @@ def image_reference(obs: dict) -> np.ndarray:
 
 #: ``linear_model()`` as ``jaxmesh serve-policy serve_models:LINEAR`` names it.
 LINEAR = linear_model()
+
+
+def big_reply_model() -> jaxmesh.Model:
+    """A chunk of 256 x 4096 float32 (4 MiB) per request: a reply a client
+    that does not read cannot take in."""
+
+    def chunk(inputs):
+        return jnp.zeros((256, 4096), jnp.float32) + inputs["state"][0]
+
+    return jaxmesh.Model(
+        chunk, spec={"state": State(key="observation/state")}, native_chunk=256
+    )
+
+
+#: ``big_reply_model()`` as ``jaxmesh serve-policy serve_models:BIG_REPLY``
+#: names it.
+BIG_REPLY = big_reply_model()

@@ -8,6 +8,12 @@ are refused both ways (they are how pickle-based formats smuggle code), so
 decoding untrusted bytes runs no code and makes nothing but numbers, strings,
 lists and dicts.
 
+Decoding is bounded: a message holds at most ``MAX_ITEMS`` entries in all
+its lists and maps together (and ``MAX_CONTAINER`` in any one), and no
+extension types, so a small frame cannot unpack into a huge tree of Python
+objects (a frame of a million empty maps). The protocols send arrays as
+arrays, so their messages hold a few dozen entries.
+
 Pure functions of bytes: no sockets, no JAX.
 """
 
@@ -20,6 +26,10 @@ import numpy as np
 
 #: dtype kinds that never cross the wire: object, void (records), complex.
 REFUSED_KINDS = ("O", "V", "c")
+#: The most entries of one list or map in a message.
+MAX_CONTAINER = 4096
+#: The most entries of every list and map of a message together.
+MAX_ITEMS = 65536
 
 
 class CodecError(ValueError):
@@ -114,7 +124,9 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
 
     Raises:
       CodecError: not msgpack, an array map that is malformed or of a refused
-        dtype, or ``data`` over ``max_bytes``.
+        dtype, ``data`` over ``max_bytes``, a list or map of more than
+        ``MAX_CONTAINER`` entries, more than ``MAX_ITEMS`` entries in all, or
+        an extension type.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise CodecError(
@@ -122,12 +134,55 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
         )
     if max_bytes is not None and len(data) > max_bytes:
         raise CodecError(f"a message of {len(data)} bytes is over {max_bytes}")
+    items = 0
+
+    def count(container: Any) -> None:
+        nonlocal items
+        items += 1 + len(container)
+        if items > MAX_ITEMS:
+            raise CodecError(
+                f"a message of {len(data)} bytes holds over {MAX_ITEMS} list and "
+                "map entries; send arrays as numpy arrays (one __ndarray__ map "
+                "each), not as lists of numbers or of containers"
+            )
+
+    def on_map(obj: dict) -> Any:
+        count(obj)
+        return _unpack_hook(obj)
+
+    def on_list(obj: list) -> list:
+        count(obj)
+        return obj
+
     try:
-        return msgpack.unpackb(data, object_hook=_unpack_hook, raw=False)
+        return msgpack.unpackb(
+            data,
+            object_hook=on_map,
+            list_hook=on_list,
+            raw=False,
+            max_array_len=MAX_CONTAINER,
+            max_map_len=MAX_CONTAINER,
+            max_ext_len=0,
+        )
     except CodecError:
         raise
     except (ValueError, TypeError, msgpack.exceptions.ExtraData) as e:
-        raise CodecError(f"not a msgpack message: {e}") from None
+        why = str(e)
+        if "max_ext_len" in why:
+            why = "an extension type, which this protocol never sends"
+        elif "exceeds max_" in why:
+            why += (
+                f" (a list or map holds at most {MAX_CONTAINER} entries; send "
+                "arrays as numpy arrays)"
+            )
+        raise CodecError(f"not a msgpack message of this protocol: {why}") from None
 
 
-__all__ = ["CodecError", "REFUSED_KINDS", "packb", "unpackb"]
+__all__ = [
+    "CodecError",
+    "MAX_CONTAINER",
+    "MAX_ITEMS",
+    "REFUSED_KINDS",
+    "packb",
+    "unpackb",
+]

@@ -38,6 +38,13 @@ from jaxmesh.serve.batcher import Batcher, ServerClosed
 from jaxmesh.serve.forward import RequestError
 
 HEALTH_PATH = "/healthz"
+#: The least of the request bytes every connection together may hold at once
+#: (from a frame's arrival to its reply); a frame past it is refused.
+MAX_INFLIGHT_BYTES = 1 << 30
+#: Frames a connection's reader buffers beyond the one being answered: a
+#: client that sends faster than it reads its replies is held back by TCP,
+#: not buffered on the server.
+MAX_QUEUED_FRAMES = 1
 #: The close reason after an error's text frame (openpi's own words).
 ERROR_REASON = "Internal server error. Traceback included in previous frame."
 
@@ -53,6 +60,10 @@ class OpenpiService:
       ssl_context: serve ``wss://`` with it, or None.
       max_message_bytes: the largest frame either way.
       max_connections: connections served at once; more are refused (503).
+      max_inflight_bytes: the request bytes all connections together may
+        hold at once (from a frame's arrival to its reply); a frame past it
+        is refused, its connection closed (default: the larger of
+        ``MAX_INFLIGHT_BYTES`` and ``max_message_bytes``).
     """
 
     def __init__(
@@ -66,6 +77,7 @@ class OpenpiService:
         ssl_context: Any,
         max_message_bytes: int,
         max_connections: int,
+        max_inflight_bytes: int | None = None,
     ):
         self.batcher = batcher
         self.host, self.port = host, port
@@ -75,6 +87,11 @@ class OpenpiService:
         self.max_message_bytes = max_message_bytes
         self.max_connections = max_connections
         self._connections = 0
+        if max_inflight_bytes is None:
+            max_inflight_bytes = max(MAX_INFLIGHT_BYTES, max_message_bytes)
+        self.max_inflight_bytes = max_inflight_bytes
+        #: Request bytes held now, every connection together (the loop's).
+        self._inflight = 0
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,6 +140,7 @@ class OpenpiService:
                 process_request=self._process_request,
                 compression=None,
                 max_size=self.max_message_bytes,
+                max_queue=MAX_QUEUED_FRAMES,
                 ssl=self._ssl,
             )
         except Exception as e:  # noqa: BLE001 - raised again by start()
@@ -184,29 +202,51 @@ class OpenpiService:
         while True:
             message = await ws.recv()
             start = time.perf_counter()
-            try:
-                obs = codec.unpackb(message)
-                prepared = self.batcher.model.prepare(obs)
-                # A lone client's forward runs here, on the loop (no other
-                # connection waits on it): no hand-off to the forward thread.
-                reply = self.batcher.run_alone(prepared)
-                if reply is None:
-                    reply = await self._reply(ws, self.batcher.submit(prepared))
-                if reply is None:  # the client went while its request waited
-                    return
-                timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
-                if prev_total is not None:
-                    timing["prev_total_ms"] = prev_total * 1000.0
-                timing.update(reply.timing())
-                out = codec.packb({"actions": reply.output, "server_timing": timing})
-            except (codec.CodecError, RequestError, ServerClosed) as e:
-                await self._fail(ws, f"{type(e).__name__}: {e}")
+            size = len(message)
+            if self._inflight + size > self.max_inflight_bytes:
+                await self._fail(
+                    ws,
+                    f"RequestError: a request of {size} bytes while the server "
+                    f"holds {self._inflight} bytes of requests (at most "
+                    f"{self.max_inflight_bytes} at once); retry later",
+                )
                 return
-            except Exception:  # noqa: BLE001 - reported to this client only
-                await self._fail(ws, traceback.format_exc())
+            self._inflight += size
+            try:
+                out = await self._answer(ws, message, start, prev_total)
+            finally:
+                self._inflight -= size
+                del message
+            if out is None:
                 return
             await ws.send(out)
             prev_total = time.perf_counter() - start
+
+    async def _answer(
+        self, ws: ServerConnection, message: Any, start: float, prev: float | None
+    ) -> bytes | None:
+        """The reply frame to ``message``; None when the connection is over
+        (its client went, or it was failed with the reason)."""
+        try:
+            obs = codec.unpackb(message)
+            prepared = self.batcher.model.prepare(obs)
+            # A lone client's forward runs here, on the loop (no other
+            # connection waits on it): no hand-off to the forward thread.
+            reply = self.batcher.run_alone(prepared)
+            if reply is None:
+                reply = await self._reply(ws, self.batcher.submit(prepared))
+            if reply is None:  # the client went while its request waited
+                return None
+            timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
+            if prev is not None:
+                timing["prev_total_ms"] = prev * 1000.0
+            timing.update(reply.timing())
+            return codec.packb({"actions": reply.output, "server_timing": timing})
+        except (codec.CodecError, RequestError, ServerClosed) as e:
+            await self._fail(ws, f"{type(e).__name__}: {e}")
+        except Exception:  # noqa: BLE001 - reported to this client only
+            await self._fail(ws, traceback.format_exc())
+        return None
 
     async def _reply(self, ws: ServerConnection, future: Any) -> Any:
         """The request's ``Reply``, or None when the connection closes first

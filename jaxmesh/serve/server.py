@@ -97,6 +97,9 @@ class PolicyServer:
       metadata: more entries for the map a client receives first.
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
+      max_inflight_bytes: the request bytes every connection together may
+        hold at once (``"openpi"``; default: the larger of 1 GiB and
+        ``max_message_bytes``); a request past it is refused.
       seed: a stochastic policy's keys over ``"openpi"``: request i gets
         ``fold_in(PRNGKey(seed), i)`` (over ``"grpc"`` the keys are the
         client run's episode keys, as in process).
@@ -130,6 +133,7 @@ class PolicyServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_connections: int = 1024,
         seed: int = 0,
+        max_inflight_bytes: int | None = None,
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(
@@ -156,7 +160,10 @@ class PolicyServer:
         for name, value, low in (
             ("max_message_bytes", max_message_bytes, 1024),
             ("max_connections", max_connections, 1),
+            ("max_inflight_bytes", max_inflight_bytes, 1024),
         ):
+            if value is None and name == "max_inflight_bytes":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r}: expected an int >= {low}")
         if metadata is not None and not isinstance(metadata, dict):
@@ -192,6 +199,7 @@ class PolicyServer:
         self._token = token
         self._max_message_bytes = max_message_bytes
         self._max_connections = max_connections
+        self._max_inflight_bytes = max_inflight_bytes
         self._service: Any = None
         self._address: str | None = None
         self._started = False
@@ -276,6 +284,7 @@ class PolicyServer:
             ssl_context=self._context,
             max_message_bytes=self._max_message_bytes,
             max_connections=self._max_connections,
+            max_inflight_bytes=self._max_inflight_bytes,
         )
 
     def shutdown(self, timeout: float = 10.0) -> None:

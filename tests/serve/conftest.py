@@ -38,6 +38,13 @@ def serve_policy_process(*args: str) -> Iterator[str]:
     """A ``jaxmesh serve-policy ARGS`` child process, serving: yields the
     address it announced on ``--ready-fd``; at the end it is sent SIGTERM and
     must exit with status 0 (it is killed if it is still running)."""
+    with serve_policy_child(*args) as (address, _):
+        yield address
+
+
+@contextlib.contextmanager
+def serve_policy_child(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``serve_policy_process``, yielding the address and the process."""
     read, write = os.pipe()
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
@@ -53,7 +60,7 @@ def serve_policy_process(*args: str) -> Iterator[str]:
         with os.fdopen(read, "rb") as ready:
             line = ready.readline().decode()
         assert line.endswith("\n"), f"never served: {proc.communicate()[1]}"
-        yield line.strip()
+        yield line.strip(), proc
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     finally:

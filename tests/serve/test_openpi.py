@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import ssl
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -200,3 +201,27 @@ def test_a_port_in_use_is_an_os_error_and_leaves_nothing_running():
         second = jaxmesh.PolicyServer(linear_model(), server.address)
         with pytest.raises(OSError):
             second.start()
+
+
+def test_request_bytes_held_at_once_are_capped_across_connections():
+    pad = np.zeros(150_000, np.float32)  # 600 kB the spec does not read
+    state = np.ones(3, np.float32)
+    big = {"observation/state": state, "observation/pad": pad}
+    server = jaxmesh.PolicyServer(
+        linear_model(), max_wait_ms=60_000, max_inflight_bytes=1_000_000
+    ).start()
+    replies: list = []
+    with server, client(server) as a, client(server) as b, client(server) as c:
+        waiting = threading.Thread(target=lambda: replies.append(a.infer(big)))
+        waiting.start()  # waits in the queue for the other two clients
+        deadline = time.monotonic() + 30
+        while server._service._inflight < 600_000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match="holds 6.* bytes of requests"):
+            b.infer(big)  # 1.2 MB held at once: over the cap, refused
+        b._ws.close()
+        reply = c.infer({"observation/state": state})  # joins a's forward
+        waiting.join(30)
+        np.testing.assert_allclose(reply["actions"], linear_reference(state))
+        np.testing.assert_allclose(replies[0]["actions"], linear_reference(state))
+        assert server._service._inflight == 0
