@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import functools
+import io
+import logging
 import os
 import sys
 from typing import Any
@@ -108,6 +110,7 @@ def _libero() -> Any:
       RuntimeError: no OpenGL library for the backend (``_gl_backend``).
     """
     _gl_backend()
+    _quiet_robosuite()
     try:
         import libero.libero as lib
         from libero.libero import benchmark  # noqa: F401 - loads the suites
@@ -120,13 +123,45 @@ def _libero() -> Any:
     return lib
 
 
+#: What robosuite logs on import when it has no private macro file (advice
+#: to its developers, said again in every process that imports it).
+_ROBOSUITE_ADVICE = (
+    "No private macro file found",
+    "It is recommended to use a private macro file",
+    "To setup, run: python",
+)
+
+
+class _DropAdvice(logging.Filter):
+    """Drops robosuite's macro-file advice; its other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_ROBOSUITE_ADVICE)
+
+
+def _quiet_robosuite() -> None:
+    """Filters robosuite's import-time advice out of its logger (set before
+    robosuite is imported, which logs it); its real warnings and errors still
+    show."""
+    logger = logging.getLogger("robosuite_logs")
+    if not any(isinstance(f, _DropAdvice) for f in logger.filters):
+        logger.addFilter(_DropAdvice())
+
+
 @functools.cache
 def _suite(name: str) -> Any:
     lib = _libero()
-    # LIBERO prints its task order on stdout; stdout belongs to the caller
-    # (serve-env prints its address there).
-    with contextlib.redirect_stdout(sys.stderr):
-        return lib.benchmark.get_benchmark_dict()[name]()
+    # LIBERO prints its task order on stdout ("[info] Applying task order index
+    # 0 ..."), once per process and suite: the papers' order is not news, so it
+    # is dropped. Anything else it prints ("[warning]", "[error]") goes to
+    # stderr: stdout belongs to the caller (serve-env prints its address there).
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        suite = lib.benchmark.get_benchmark_dict()[name]()
+    for line in out.getvalue().splitlines(keepends=True):
+        if not line.startswith("[info] Applying task order"):
+            sys.stderr.write(line)
+    return suite
 
 
 def check_suite(suite: Any) -> str:

@@ -483,3 +483,53 @@ def test_a_resume_with_other_settle_steps_is_refused():
         jaxmesh.evaluate(
             policy, env_id, env_config=options, seeds=[7, 3], num_envs=1, resume=first
         )
+
+
+QUIET_RUN = """
+import logging, jax.numpy as jnp, jaxmesh
+result = jaxmesh.evaluate(
+    lambda obs: jnp.zeros(7), "libero:libero_spatial/0", episodes=1,
+    env_config={"camera_size": None, "max_episode_steps": 2, "settle_steps": 1},
+)
+print("episodes", result.num_episodes)
+logging.getLogger("robosuite_logs").warning("a real robosuite warning")
+"""
+
+
+def test_a_libero_run_prints_no_task_order_nor_macro_advice(tmp_path):
+    """LIBERO's "[info] Applying task order index 0 ..." and robosuite's
+    "No private macro file found!" advice are not printed; robosuite's own
+    warnings still are. A fresh process, as a user's run imports them."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MUJOCO_GL="osmesa", JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_RUN],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    both = done.stdout + done.stderr
+    assert "episodes 1" in done.stdout
+    assert "Applying task order" not in both
+    assert "macro file" not in both and "setup_macros" not in both
+    assert "[robosuite WARNING] a real robosuite warning" in done.stderr
+
+
+def test_libero_s_other_lines_still_reach_stderr(monkeypatch, capsys):
+    lib = libero._libero()
+
+    class Suite:
+        def __init__(self):
+            print("[info] Applying task order index 0 (permutation: [0]) ...")
+            print("[warning] No tasks found for benchmark: nowhere")
+
+    monkeypatch.setattr(lib.benchmark, "get_benchmark_dict", lambda: {"x": Suite})
+    assert isinstance(libero._suite.__wrapped__("x"), Suite)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "[warning] No tasks found for benchmark: nowhere\n"
