@@ -149,3 +149,36 @@ class HangsOnSeed(CameraEnv):
             while True:
                 time.sleep(1)
         return super().step(action)
+
+
+class CartPoleThatFails(gym.Wrapper):
+    """gymnasium's CartPole that, at step 2 of seed ``seed``, hangs
+    (``how="hang"``: sleeps forever, in Python) or segfaults (``how="segv"``:
+    SIGSEGV to its own process, as a simulator's C code would)."""
+
+    def __init__(self, how: str, seed: int = 13):
+        super().__init__(gym.make("CartPole-v1"))
+        self.how, self.bad = how, seed
+        self.seed_, self.t = None, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_, self.t = seed, 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.t += 1
+        if self.seed_ == self.bad and self.t == 2:
+            if self.how == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            while True:
+                time.sleep(1)
+        return self.env.step(action)
+
+
+def cartpole_that_fails(how: str, seed: int = 13) -> gym.Env:
+    return CartPoleThatFails(how, seed)
+
+
+# ``jaxmesh serve-env gymnasium:worker_envs:<id>`` builds these in its workers.
+for _id, _how in (("HangsAtSeed13-v0", "hang"), ("SegfaultsAtSeed13-v0", "segv")):
+    gym.register(_id, entry_point=cartpole_that_fails, kwargs={"how": _how})

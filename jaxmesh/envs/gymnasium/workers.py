@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,7 @@ from jaxmesh.envs.gymnasium.shm import Segment, Slots
 __all__ = [
     "ProcessLanes",
     "WorkerLanes",
+    "WorkerCrashed",
     "WorkerLost",
     "build_envs",
     "check_source",
@@ -62,12 +64,33 @@ EXIT_SECONDS = 5.0
 class WorkerLost(RuntimeError):
     """Worker ``worker`` (lanes ``lanes``) died; its envs were rebuilt."""
 
-    def __init__(self, worker: int, lanes: list[int], exitcode: int | None):
+    def __init__(
+        self, worker: int, lanes: list[int], exitcode: int | None, pid: int = 0
+    ):
+        at = f"pid {pid}, " if pid else ""
         super().__init__(
-            f"worker process {worker} (lanes {lanes[0]}..{lanes[-1]}) died "
-            f"(exit code {exitcode})"
+            f"worker process {worker} ({at}lanes {lanes[0]}..{lanes[-1]}) died "
+            f"({exit_text(exitcode)})"
         )
         self.worker, self.lanes, self.exitcode = worker, lanes, exitcode
+        self.pid = pid
+
+
+def exit_text(code: int | None) -> str:
+    """A process's exit status in words: ``killed by SIGSEGV``, ``exit code
+    3``."""
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class WorkerCrashed(RuntimeError):
+    """A served lane's worker process died in a call (``ProcessLanes``)."""
 
 
 def is_source(env: Any) -> bool:
@@ -254,7 +277,7 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                 elif op == "reset":
                     conn.send(_reset(lanes, slots, block, obs_names, *msg[1:]))
                 elif op == "run":
-                    conn.send(("ran", lanes.run(msg[1], **msg[2])))
+                    conn.send(("ran", _run(lanes, slots, block, msg[1], msg[2])))
                 elif op == "release":
                     lanes.release(msg[1])
                     conn.send(("ok",))
@@ -377,6 +400,20 @@ def _step(lanes: shared.ListLanes, slots: Slots, block: list[int], names, keys):
     slots["truncated"][rows] = tr
     info, seen = _read_infos(infos, keys, rows, lanes.name) if keys else ({}, set())
     return ("stepped", info, seen)
+
+
+def _run(lanes: shared.ListLanes, slots: Slots | None, block, ops, kw) -> list:
+    """``lanes.run`` of ``ops`` (local lanes), one op at a time with its lane
+    marked ``busy`` when the parent gave a segment (``ProcessLanes``): a
+    process that dies in an env call is known to have died in that lane's."""
+    if slots is None:
+        return lanes.run(ops, **kw)
+    busy, lo, out = slots["busy"], block[0], []
+    for op in ops:
+        busy[lo + op.lane] = True
+        out += lanes.run([op], **kw)
+        busy[lo + op.lane] = False
+    return out
 
 
 def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, texts):
@@ -511,6 +548,8 @@ class WorkerLanes:
         #: The lanes whose env call was under way when a worker died (the
         #: last ``step`` or ``reset``).
         self.culprits: list[int] = []
+        #: The workers that died in the last call (``WorkerLost`` each).
+        self.deaths: list[WorkerLost] = []
         try:
             for k in range(w):
                 self._spawn(k)
@@ -594,6 +633,18 @@ class WorkerLanes:
         for k in range(self.workers):
             self._recv(k, START_SECONDS, "attaching")
 
+    def attach_flags(self) -> None:
+        """A segment of ``busy`` flags alone (``ProcessLanes``: the data come
+        back over the pipes): each worker marks the lane whose op it runs."""
+        self.fields = {"busy": ((), bool)}
+        size = Slots.size(self.num_lanes, self.fields)
+        self.shm = Segment(f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}", size)
+        self.slots = Slots(self.shm, self.num_lanes, self.fields)
+        for k in range(self.workers):
+            self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
+        for k in range(self.workers):
+            self._recv(k, START_SECONDS, "attaching")
+
     # Messages -------------------------------------------------------------------
     def _recv(
         self, k: int, timeout: float | None, doing: str, starting: bool = False
@@ -631,9 +682,10 @@ class WorkerLanes:
             proc.kill()
             code = proc.wait()
         self.conns[k].close()
+        pid = self.pids[k]
         self._spawn(k)
         self._ready(k)
-        raise WorkerLost(k, self.blocks[k], code)
+        raise WorkerLost(k, self.blocks[k], code, pid)
 
     def _raise(self, reply: tuple, k: int) -> None:
         _, lane, exc, text, *phase = reply
@@ -649,15 +701,17 @@ class WorkerLanes:
         left unread)."""
         replies: dict[int, tuple] = {}
         lost: list[int] = []
-        self.culprits = []
+        self.culprits, self.deaths = [], []
         for k in ks:
             try:
                 replies[k] = self._recv(k, None, doing)
-            except WorkerLost:
+            except WorkerLost as dead:
                 lost += self.blocks[k]
-                busy = self.slots["busy"]
-                self.culprits += [j for j in self.blocks[k] if busy[j]]
-                busy[self.blocks[k]] = False
+                self.deaths.append(dead)
+                if self.slots is not None:  # ProcessLanes have no segment
+                    busy = self.slots["busy"]
+                    self.culprits += [j for j in self.blocks[k] if busy[j]]
+                    busy[self.blocks[k]] = False
         for k, reply in replies.items():
             if reply[0] == "error":
                 self._raise(reply, k)
@@ -808,6 +862,7 @@ class ProcessLanes(shared.GymLanes):
         )
         self.dt = pool.dt
         try:
+            pool.attach_flags()
             self._setup(layout)
         except BaseException:
             pool.close()
@@ -817,17 +872,42 @@ class ProcessLanes(shared.GymLanes):
     def workers(self) -> int:
         return self.pool.workers
 
-    def _each(self, per_worker: dict[int, tuple], doing: str) -> dict[int, tuple]:
+    def _each(
+        self,
+        per_worker: dict[int, tuple],
+        doing: str,
+        ops: dict[int, list] | None = None,
+    ) -> dict[int, tuple]:
+        """Sends each worker its message and returns their replies.
+
+        Raises:
+          LaneError: a worker died (a segfault, the OOM killer), at the lane
+            whose env call was under way (else the lowest lane of ``ops``,
+            each worker's ops with global lanes, else its first lane): a
+            ``WorkerCrashed`` naming the worker, its lanes and that lane. It
+            was replaced (fresh envs): its lanes' episodes are lost, their
+            next op must be a reset.
+        """
         pool = self.pool
         for k, msg in per_worker.items():
             pool.conns[k].send(msg)
         replies, lost = pool._gather(list(per_worker), doing)
         if lost:
-            exc = RuntimeError(
-                f"the worker process of lanes {lost[0]}..{lost[-1]} died while "
-                f"{doing}; a new one was started"
+            dead = pool.deaths[0]
+            mine = {op.lane: op for op in (ops or {}).get(dead.worker, [])}
+            culprits = [j for j in pool.culprits if j in dead.lanes]
+            lane = (culprits or sorted(mine) or dead.lanes)[0]
+            phase = doing
+            if lane in mine and doing == "stepping":
+                reset = isinstance(mine[lane], shared.Reset)
+                phase = "resetting" if reset else doing
+            where = f" in lane {lane}'s env call" if culprits else ""
+            exc = WorkerCrashed(
+                f"{dead}{where} while {phase}. A new worker took its lanes: "
+                "their episodes are lost (reset them to go on); run the env in "
+                "one process (serve-env without --workers) to see its error"
             )
-            raise shared.LaneError(lost[0], doing, exc)
+            raise shared.LaneError(lane, phase, exc)
         return replies
 
     def run(
@@ -851,7 +931,9 @@ class ProcessLanes(shared.GymLanes):
             keep_all_info=keep_all_info,
         )
         replies = self._each(
-            {k: ("run", mine, kw) for k, mine in by_worker.items()}, "stepping"
+            {k: ("run", mine, kw) for k, mine in by_worker.items()},
+            "stepping",
+            {k: [op for op in ops if owner[op.lane] == k] for k in by_worker},
         )
         out: list[shared.LaneResult] = []
         for k in sorted(replies):
