@@ -31,6 +31,7 @@ joins or leaves; each size compiles once.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import threading
@@ -170,6 +171,15 @@ def _settings(given: Any) -> tuple[Any, int | None]:
 # Pools and sessions ---------------------------------------------------------------
 #: The plans (probes) a server keeps, oldest dropped first.
 MAX_PLANS = 64
+#: The compiled steps a pool keeps (one per lane count it has had), least
+#: recently used dropped first: sessions of ever new lane counts cannot grow
+#: the server's memory without bound.
+MAX_PROGRAMS = 4
+#: Pools with no session kept (their programs, for the next run of the same
+#: plan), least recently emptied dropped first.
+MAX_IDLE_POOLS = 16
+#: The most lanes one session may open (``PolicyServer(max_lanes=)``).
+MAX_LANES = 4096
 
 
 class Pool:
@@ -191,8 +201,9 @@ class Pool:
         self.size = 0
         self.state: Any = None
         self.rows = 0
-        #: size -> (config, init, step): each size is planned and compiled once.
-        self._programs: dict[int, tuple] = {}
+        #: size -> (config, init, step), least recently used first: each size
+        #: is planned and compiled once while it is kept (``MAX_PROGRAMS``).
+        self._programs: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         k = jax.eval_shape(jax.random.PRNGKey, 0)
         self._key = (tuple(k.shape), k.dtype)
         self.leaves = self.layout.empty((0,))
@@ -216,7 +227,15 @@ class Pool:
                 self.pol, self.spec, settings, self.params, packed=True
             )
             program = self._programs[size] = (cfg, init, step)
+            while len(self._programs) > MAX_PROGRAMS:
+                self._programs.popitem(last=False)
+        self._programs.move_to_end(size)
         return program
+
+    @property
+    def programs(self) -> int:
+        """Compiled steps this pool keeps."""
+        return len(self._programs)
 
     def _resize(self, size: int, keep: list[Session]) -> None:
         """``size`` lanes, the sessions ``keep`` first (in order, their lanes'
@@ -276,6 +295,10 @@ class Pool:
             self.sessions.remove(session)
             if self.sessions:
                 self._resize(self.lanes, list(self.sessions))
+            else:  # the lanes' memory goes; the programs stay for the next
+                self.size, self.state = 0, None
+                self.leaves = self.layout.empty((0,))
+                self.obs = self.keys = self.t = None
 
     def warm_up(self) -> None:
         """Compiles the step (every lane masked: nothing is planned)."""
@@ -387,12 +410,13 @@ class Pools:
         it may keep state per episode (windows, ``Previous``, recurrent state).
       max_batch: the most lanes of several sessions one pool holds (a
         session of more lanes gets a pool of its own).
+      max_lanes: the most lanes (``num_envs``) one session may open.
 
     ``max_batch`` (here: the most sessions one pool step takes) and ``run``
     are what the server's ``Batcher`` drives.
     """
 
-    def __init__(self, model: Any, *, max_batch: int):
+    def __init__(self, model: Any, *, max_batch: int, max_lanes: int = MAX_LANES):
         self.policy = resolve_policy(model, with_params=False)
         self.name = self.policy.name
         why = _refused(self.policy)
@@ -402,11 +426,14 @@ class Pools:
             )
         self.params = self.policy.default_params()
         self.lanes = max_batch
+        self.max_lanes = max_lanes
         self.max_batch = 4096
         self._pools: dict[Any, list[Pool]] = {}
         self._sessions: dict[int, Session] = {}
         #: (env signature, settings, tile lanes) -> (config, chunk, digest).
         self._plans: dict[tuple, tuple] = {}
+        #: Pools without a session, the one emptied longest ago first.
+        self._idle: list[Pool] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -426,6 +453,13 @@ class Pools:
             raise RequestError("an open request needs 'env' and 'settings'")
         spec = spec_from_wire(desc["env"])
         settings, tile_lanes = _settings(desc.get("settings", {}))
+        if settings.num_envs > self.max_lanes:
+            raise RequestError(
+                f"num_envs={settings.num_envs}: this policy server opens at most "
+                f"{self.max_lanes} lanes per session; run with num_envs <= "
+                f"{self.max_lanes}, or start the server with a larger max_lanes "
+                "(serve-policy --max-lanes N)"
+            )
         pol = self.policy
         spec = spec.reading(read_keys(pol.spec))
         # The probe traces the model: once per env layout and settings.
@@ -443,8 +477,13 @@ class Pools:
                     settings.horizon,
                     build.told_horizon(pol, settings),
                 )
-            except (TypeError, ValueError) as e:
-                raise RequestError(f"{type(e).__name__}: {e}") from None
+            except Exception as e:  # noqa: BLE001 - the model's own trace refused
+                # Whatever the model raises (flax's ScopeParamShapeError is
+                # neither a TypeError nor a ValueError) is the client's to hear.
+                raise RequestError(
+                    f"policy {self.name!r} does not fit env {spec.name!r} with "
+                    f"these settings: {type(e).__name__}: {e}"
+                ) from None
             with self._lock:
                 if len(self._plans) >= MAX_PLANS:
                     self._plans.pop(next(iter(self._plans)))
@@ -463,6 +502,7 @@ class Pools:
             if pool is None:
                 pool = Pool(pol, self.params, spec, pinned)
                 pools.append(pool)
+            self._idle = [p for p in self._idle if p is not pool]
             session = Session(next(self._ids), pool, np.zeros(0, np.int64))
             pool.add(session, n)
             if dataclasses.replace(pool.cfg, num_envs=0) != key[1]:
@@ -489,11 +529,23 @@ class Pools:
 
     def close(self, session: Session) -> None:
         """Frees the session's slots (their state is cleared when a next
-        session's episodes start on them)."""
+        session's episodes start on them); a pool left without sessions
+        frees its lanes, and past ``MAX_IDLE_POOLS`` such pools the one
+        emptied longest ago is dropped with its programs."""
         with self._lock:
             if self._sessions.pop(session.id, None) is None:
                 return
-        session.pool.remove(session)
+            pool = session.pool
+            pool.remove(session)
+            if pool.sessions:
+                return
+            self._idle = [p for p in self._idle if p is not pool] + [pool]
+            while len(self._idle) > MAX_IDLE_POOLS:
+                old = self._idle.pop(0)
+                for pools in self._pools.values():
+                    if old in pools:
+                        pools.remove(old)
+            self._pools = {k: v for k, v in self._pools.items() if v}
 
     def check(self, session: Session, msg: Any) -> Prepared:
         """A step request of ``session`` as the batcher's ``Prepared``.
@@ -548,7 +600,8 @@ class Pools:
         return Forward(replies, len(rows), time.perf_counter() - t0)
 
     def compiled(self) -> int:
-        return sum(len(p) for p in self._pools.values())
+        """Compiled steps the pools keep (at most ``MAX_PROGRAMS`` each)."""
+        return sum(p.programs for pools in self._pools.values() for p in pools)
 
 
 __all__ = ["Pool", "Pools", "Session", "spec_from_wire", "spec_to_wire"]

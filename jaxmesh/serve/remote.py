@@ -186,6 +186,8 @@ class _Stream:
         call = self.channel.stream_stream(METHOD)
         self._replies = call(iter(self._queue.get, _END), metadata=metadata)
         self.lock = threading.Lock()
+        #: Whether a reply has come (before it, a failure is not "mid-run").
+        self.opened = False
 
     def call(self, message: dict) -> Any:
         import grpc
@@ -202,6 +204,7 @@ class _Stream:
                 f"the policy server at {self.address} ended the session",
                 address=self.address,
             ) from None
+        self.opened = True
         return codec.unpackb(data)
 
     def _error(self, e: Any) -> Exception:
@@ -213,6 +216,14 @@ class _Stream:
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return RemoteConnectionError(
                 f"the policy server at {self.address} refused the session: {details}",
+                address=self.address,
+                code=code.name,
+            )
+        if not self.opened:
+            return RemoteConnectionError(
+                f"the policy server at {self.address} failed to open the session "
+                f"({code.name}: {details}); nothing has run: check the server's "
+                "log, and that its model fits this env",
                 address=self.address,
                 code=code.name,
             )
