@@ -76,6 +76,31 @@ IMAGES_JS = """[...document.images].map(i => ({
   width: i.naturalWidth, height: i.naturalHeight}))"""
 
 
+#: How the page lays out: the document's scroll width, the viewport's width,
+#: every visible element whose box reaches past the viewport's right edge (or
+#: starts left of 0), and each video's displayed size.
+LAYOUT_JS = """(() => {
+  const vw = document.documentElement.clientWidth;
+  const past = [];
+  for (const el of document.body.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.right > vw + 0.5 || r.left < -0.5) {
+      past.push({tag: el.tagName.toLowerCase(), id: el.id,
+                 text: (el.textContent || '').slice(0, 80),
+                 left: r.left, right: r.right});
+    }
+  }
+  const videos = [...document.querySelectorAll('video')].map(v => {
+    const r = v.getBoundingClientRect();
+    return {width: r.width, height: r.height, controls: v.controls,
+            natural: [v.videoWidth, v.videoHeight]};
+  });
+  return {scrollWidth: document.documentElement.scrollWidth, viewport: vw,
+          past, videos};
+})()"""
+
+
 def chromium() -> str | None:
     """The Chromium binary to run, or None when none is installed."""
     named = os.environ.get(BINARY_ENV)
@@ -114,6 +139,8 @@ class Rendered:
     #: Each ``<img>`` as decoded: ``src``, ``complete``, ``width``, ``height``
     #: (natural size in pixels; 0 when it did not decode).
     images: list[dict[str, Any]] = field(default_factory=list)
+    #: ``LAYOUT_JS``'s answer when rendered with ``width=``, else None.
+    layout: dict[str, Any] | None = None
 
     @property
     def outside(self) -> list[str]:
@@ -222,7 +249,9 @@ class _Pipe:
             os.close(self._read)
 
 
-def render(path: str | Path, *, timeout: float = 60.0) -> Rendered:
+def render(
+    path: str | Path, *, timeout: float = 60.0, width: int | None = None
+) -> Rendered:
     """Loads ``path`` in headless Chromium and returns what it rendered.
 
     Waits for the load event and for the network to go quiet (Chromium's
@@ -232,6 +261,9 @@ def render(path: str | Path, *, timeout: float = 60.0) -> Rendered:
     Raises:
       FileNotFoundError: no Chromium installed (``require_chromium`` first).
       TimeoutError: the page did not load within ``timeout`` seconds.
+
+    ``width``: lay the page out in a viewport that many CSS pixels wide (800
+    high, scale 1) and measure it (``Rendered.layout``).
     """
     binary = chromium()
     if binary is None:
@@ -242,7 +274,7 @@ def render(path: str | Path, *, timeout: float = 60.0) -> Rendered:
         with open(Path(profile).parent / f"{Path(profile).name}.log", "w") as log:
             pipe = _Pipe(binary, profile, log)
             try:
-                return _load(pipe, url, deadline)
+                return _load(pipe, url, deadline, width)
             except (TimeoutError, EOFError, BrokenPipeError) as e:
                 log.flush()
                 tail = Path(log.name).read_text(errors="replace")[-2000:]
@@ -252,7 +284,7 @@ def render(path: str | Path, *, timeout: float = 60.0) -> Rendered:
                 Path(log.name).unlink(missing_ok=True)
 
 
-def _load(pipe: _Pipe, url: str, deadline: float) -> Rendered:
+def _load(pipe: _Pipe, url: str, deadline: float, width: int | None) -> Rendered:
     target = pipe.call("Target.createTarget", {"url": "about:blank"}, deadline=deadline)
     session = pipe.call(
         "Target.attachToTarget",
@@ -267,6 +299,14 @@ def _load(pipe: _Pipe, url: str, deadline: float) -> Rendered:
         session,
         deadline=deadline,
     )
+    if width is not None:
+        metrics = {"width": width, "height": 800, "deviceScaleFactor": 1}
+        pipe.call(
+            "Emulation.setDeviceMetricsOverride",
+            {**metrics, "mobile": False},
+            session,
+            deadline=deadline,
+        )
     pipe.events.clear()  # about:blank's own events
     frame = pipe.call("Page.navigate", {"url": url}, session, deadline=deadline)
     if "errorText" in frame:
@@ -301,7 +341,8 @@ def _load(pipe: _Pipe, url: str, deadline: float) -> Rendered:
         for e in pipe.events
         if e.get("method") == "Network.requestWillBeSent"
     ]
-    return Rendered(url, dom, requests, images)
+    layout = None if width is None else evaluate(LAYOUT_JS)
+    return Rendered(url, dom, requests, images, layout)
 
 
 # Without a browser -------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from jaxmesh.results.summary import short_env
 from jaxmesh.suite import SuiteResult
 
 
@@ -36,7 +37,7 @@ class Progress:
         self.bar = tqdm(
             total=info.get("episodes"),
             initial=self.initial,
-            desc=f"{info.get('policy', '')} on {info.get('env', '')}",
+            desc=f"{info.get('policy', '')} on {short_env(info.get('env', ''))}",
             unit="ep",
             file=self.stream if self.stream is not None else sys.stderr,
             disable=not self.enabled,

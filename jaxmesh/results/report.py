@@ -61,6 +61,10 @@ Result = Any
 EPISODE_ROWS = 1000
 #: The resolution of the embedded plots.
 DPI = 100
+#: A table value longer than this many characters may wrap.
+LONG_VALUE = 32
+#: Characters per line of a task's name beside its bars.
+SUITE_LABEL_CHARS = 34
 #: What to install when matplotlib is missing.
 INSTALL = "pip install 'jaxmesh[report]'"
 
@@ -159,17 +163,46 @@ def _success(ax: Any, indices: np.ndarray, flags: np.ndarray) -> None:
     if not flags.size:
         _empty(ax, "episodes")
         return
+    from matplotlib.ticker import MaxNLocator
+
     running = np.cumsum(flags) / np.arange(1, flags.size + 1)
     ax.plot(indices, flags.astype(float), "|", color="#55a868", alpha=0.6, ms=6)
     ax.plot(indices, running, color="#4c72b0", label="success rate so far")
     ax.set_xlabel("episode index")
+    # Episode indices are whole numbers: no tick at 0.2 of an episode.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if flags.size == 1:
+        ax.set_xlim(indices[0] - 1, indices[0] + 1)
     ax.set_ylabel("success rate (ticks: episodes)")
     ax.set_ylim(-0.05, 1.05)
     ax.legend(loc="center right", frameon=False)
     ax.grid(alpha=0.3)
 
 
-def plot(result: Result) -> Figure:
+def wrap(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` characters, broken at spaces and
+    after ``_``, ``/`` or ``:`` (a task name such as ``pick_up_the_black_bowl_...``
+    has no space); a piece longer than ``width`` is cut."""
+    import re
+
+    lines = [""]
+    for piece in re.split(r"(?<=[_/:])|(?= )", str(text)):
+        while len(piece.lstrip()) > width:
+            head, piece = piece.lstrip()[:width], piece.lstrip()[width:]
+            lines += [head, ""]
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece.lstrip() if not lines[-1] else piece
+    return "\n".join(line for line in lines if line)
+
+
+def _title_chars(fig: Any, size: float = 12.0) -> int:
+    """Characters of a ``size``-point title that fit across ``fig``."""
+    inches = fig.get_figwidth()
+    return max(20, int(inches * 72 / (0.6 * size)) - 2)
+
+
+def plot(result: Result, title: str | None = None) -> Figure:
     """The run's plots as one matplotlib figure.
 
     Panels, in this order (axes titles in quotes):
@@ -188,9 +221,13 @@ def plot(result: Result) -> Figure:
     left to draw, the figure holds those lines as text. An empty result draws
     each panel with the words "no episodes".
 
+    The figure's title (``policy on env: N episodes``, or ``title``) is
+    wrapped to the figure's width, never cut.
+
     Args:
       result: a ``RunResult`` (``jaxmesh.evaluate``'s, or
         ``RunResult.from_dict`` of the JSON ``jaxmesh eval`` wrote).
+      title: the figure's title; None: ``policy on env: N episodes``.
 
     Returns:
       A ``matplotlib.figure.Figure`` on an Agg canvas, not registered with
@@ -228,9 +265,11 @@ def plot(result: Result) -> Figure:
         axes[0].text(
             0.5, 0.5, "\n".join(constant_lines(result)), ha="center", va="center"
         )
-    name = f"{result.policy or 'policy'} on {result.env or 'env'}"
+    if title is None:
+        name = f"{result.policy or 'policy'} on {_summary.short_env(result.env)}"
+        title = f"{name}: {len(returns):,} episodes"
     # parse_math=False: a "$" in a policy's name is text, not TeX.
-    fig.suptitle(f"{name}: {len(returns):,} episodes", parse_math=False)
+    fig.suptitle(wrap(title, _title_chars(fig)), parse_math=False)
     return fig
 
 
@@ -259,18 +298,29 @@ def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
     ``json.loads(data-value)``.
     """
     note_cell = f"<td class='note'>{esc(note)}</td>" if note else "<td></td>"
+    # A long value (an instruction, a digest, a path) wraps; a number does not.
+    kind = "value long" if len(str(text)) > LONG_VALUE else "value"
     return (
         f"<tr data-key='{esc(key)}' data-value='{esc(json.dumps(value))}'>"
-        f"<th scope='row'>{esc(label)}</th><td class='value'>{esc(text)}</td>"
+        f"<th scope='row'>{esc(label)}</th><td class='{kind}'>{esc(text)}</td>"
         f"{note_cell}</tr>"
     )
+
+
+def breakable(name: str) -> str:
+    """``name`` escaped, with a line-break opportunity (``<wbr>``) after each
+    ``_``, ``/`` and ``:``: a long task name wraps in its cell instead of
+    widening the table past the page."""
+    import re
+
+    return "<wbr>".join(esc(part) for part in re.split(r"(?<=[_/:])", str(name)))
 
 
 def _table(rows: Sequence[str], table_id: str, head: Sequence[str]) -> str:
     cells = "".join(f"<th scope='col'>{esc(h)}</th>" for h in head)
     return (
-        f"<table id='{esc(table_id)}'><thead><tr>{cells}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        f"<div class='wide'><table id='{esc(table_id)}'><thead><tr>{cells}</tr>"
+        f"</thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
@@ -314,13 +364,14 @@ def summary_section(page: Page) -> Section:
     return Section("summary", "Summary", body)
 
 
-def plots_section(page: Page) -> Section:
+def plots_section(page: Page, title: str | None = None) -> Section:
     """``plot(result)`` as one embedded PNG, and a line instead of each plot
-    whose values are all the same (``constant_lines``)."""
+    whose values are all the same (``constant_lines``); ``title``: the
+    figure's (None: ``plot``'s)."""
     result = page.result
     lines = constant_lines(result)
     body = "".join(f"<p class='constant'>{esc(line)}</p>" for line in lines)
-    fig = plot(result)
+    fig = plot(result, title)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     if not titles:  # nothing varies: the lines say it all
         return Section("plots", "Plots", body)
@@ -489,7 +540,8 @@ def videos_section(page: Page) -> Section | None:
         "Recorded episodes (evaluate(record=...)), rendered with jaxmesh.render: "
         "what the policy did, step by step."
     )
-    return Section("videos", "Videos", f"<p>{esc(note)}</p>" + "".join(items))
+    grid = f"<div class='videos'>{''.join(items)}</div>"
+    return Section("videos", "Videos", f"<p>{esc(note)}</p>" + grid)
 
 
 #: The page's sections, in order. A timeline section (a trace file) belongs
@@ -522,10 +574,17 @@ table { border-collapse: collapse; margin: 0.5rem 0;
 th, td { border: 1px solid #d0d7de; padding: 0.25rem 0.6rem; text-align: left; }
 thead th { background: #f6f8fa; }
 td.value { text-align: right; white-space: nowrap; }
+td.value.long { text-align: left; white-space: normal; overflow-wrap: anywhere;
+  min-width: 12rem; }
 td.note { color: #59636e; }
 #episodes-table td, #telemetry-table td { text-align: right; }
+#tasks-table th[scope=row] { min-width: 10rem; }
+.wide { max-width: 100%; overflow-x: auto; }
 figure { margin: 0; }
 img { max-width: 100%; height: auto; }
+.videos { display: flex; flex-wrap: wrap; gap: 1rem; }
+.videos video, .videos img { width: 384px; max-width: 100%; height: auto;
+  image-rendering: pixelated; background: #000; }
 figcaption { color: #59636e; margin-top: 0.3rem; }
 footer { color: #59636e; margin-top: 2rem; font-size: 0.85rem; }
 """
@@ -584,7 +643,7 @@ def report_html(
     )
     made = (fn(page) for fn in (SECTIONS if sections is None else sections))
     parts = [part for part in made if part is not None]
-    name = f"{result.policy or 'policy'} on {result.env or 'env'}"
+    name = f"{result.policy or 'policy'} on {_summary.short_env(result.env) or 'env'}"
     lede = (
         f"{len(result.returns):,} episodes on {result.num_envs:,} lanes, "
         f"{result.env_steps:,} env steps in {result.wall_time:.2f} s"
@@ -673,26 +732,30 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
     """A suite's per-task figure: the success rate of each task with its Wilson
     interval ("Success rate per task", when every task has a success signal)
     and the mean return of each task with its bootstrap interval ("Mean return
-    per task")."""
+    per task").
+
+    Bars are horizontal, one row per task in the suite's order, the task's
+    name beside it wrapped at ``_`` (LIBERO's names run to 80 characters),
+    so that no two names overlap; the figure grows with the tasks."""
     figure_cls, canvas_cls = _matplotlib()
     s = suite.stats() if stats is None else stats
     rows = s["tasks"]
-    names = [row["task"] for row in rows]
+    names = [wrap(row["task"], SUITE_LABEL_CHARS) for row in rows]
     rated = all(row["success_rate"] is not None for row in rows)
-    fig = figure_cls(
-        figsize=(8.8 if rated else 4.4, 3.6), dpi=DPI, layout="constrained"
-    )
+    lines = sum(name.count("\n") + 1 for name in names)
+    height = max(2.4, 1.2 + 0.2 * lines + 0.12 * len(names))
+    fig = figure_cls(figsize=(11.0, height), dpi=DPI, layout="constrained")
     canvas_cls(fig)
-    axes = fig.subplots(1, 2 if rated else 1, squeeze=False)[0]
-    x = np.arange(len(names))
+    axes = fig.subplots(1, 2 if rated else 1, squeeze=False, sharey=True)[0]
+    y = np.arange(len(names))
 
     def bars(ax: Any, key: str, interval: str, color: str, title: str, label: str):
         values = [row[key] or 0.0 for row in rows]
-        ax.bar(x, values, color=color)
-        yerr = _errorbars(values, [row[interval] for row in rows])
-        ax.errorbar(x, values, yerr=yerr, fmt="none", ecolor="#1f2328", capsize=4)
+        ax.barh(y, values, color=color)
+        xerr = _errorbars(values, [row[interval] for row in rows])
+        ax.errorbar(values, y, xerr=xerr, fmt="none", ecolor="#1f2328", capsize=4)
         ax.set_title(title)
-        ax.set_ylabel(label)
+        ax.set_xlabel(label)
 
     bars(
         axes[-1],
@@ -700,7 +763,7 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
         "return_interval",
         "#4c72b0",
         "Mean return per task",
-        "mean return (bars: interval)",
+        "mean return (whiskers: interval)",
     )
     if rated:
         bars(
@@ -709,12 +772,13 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
             "success_interval",
             "#55a868",
             "Success rate per task",
-            "success rate (bars: Wilson interval)",
+            "success rate (whiskers: Wilson interval)",
         )
-        axes[0].set_ylim(0.0, 1.05)
+        axes[0].set_xlim(0.0, 1.05)
+    axes[0].set_yticks(y, names, fontsize=8)
+    axes[0].invert_yaxis()  # the first task on top, as in the table
     for ax in axes:
-        ax.set_xticks(x, names, rotation=30 if len(names) > 4 else 0, ha="right")
-        ax.grid(axis="y", alpha=0.3)
+        ax.grid(axis="x", alpha=0.3)
     return fig
 
 
@@ -726,7 +790,7 @@ def tasks_section(suite: Any, stats: dict) -> Section:
     for row in cells[1:]:
         tds = "".join(f"<td class='value'>{esc(c)}</td>" for c in row[1:])
         rows.append(
-            f"<tr data-task='{esc(row[0])}'><th scope='row'>{esc(row[0])}</th>"
+            f"<tr data-task='{esc(row[0])}'><th scope='row'>{breakable(row[0])}</th>"
             f"{tds}</tr>"
         )
     level = f"{stats['confidence']:.0%}"
@@ -800,8 +864,9 @@ def suite_report_html(
     parts = [tasks_section(suite, stats), Section("plots", "Plots", overview)]
     for k, (name, result) in enumerate(suite.tasks.items()):
         page = Page(result, {}, episode_rows, None if base is None else Path(base))
-        body = f"<p>{esc(f'{result.num_episodes:,} episodes of {result.env}')}</p>"
-        body += plots_section(page).body
+        env = _summary.short_env(result.env)
+        body = f"<p>{esc(f'{result.num_episodes:,} episodes of {env}')}</p>"
+        body += plots_section(page, f"{name}: {result.num_episodes:,} episodes").body
         shown = videos_section(page)
         if shown is not None:  # the task's recorded episodes
             body += shown.body
@@ -812,13 +877,26 @@ def suite_report_html(
     parts.append(suite_provenance_section(suite))
     rs = list(suite.tasks.values())
     policy = rs[0].policy if rs else "policy"
-    name = f"{policy or 'policy'} on a suite of {len(rs)} tasks"
+    name = f"{policy or 'policy'} on {suite_name(suite)}"
     lede = (
         f"{suite.num_episodes:,} episodes over {len(rs)} tasks in "
         f"{suite.wall_time:.2f} s"
     )
     notices = [t for r in rs[:1] for t in _notices(r) if "holds no" not in t]
     return _document(name, lede, notices, parts)
+
+
+def suite_name(suite: Any) -> str:
+    """What the suite is, for a title: ``libero:libero_spatial (2 tasks)`` when
+    every task is one benchmark suite's (``<family>:<suite>/<i>`` ids), else
+    ``a suite of N tasks``."""
+    envs = [_summary.short_env(r.env) for r in suite.tasks.values()]
+    heads = {env.rpartition("/")[0] for env in envs}
+    n = len(envs)
+    count = f"{n} task" + ("" if n == 1 else "s")
+    if len(heads) == 1 and ":" in next(iter(heads)):
+        return f"{heads.pop()} ({count})"
+    return f"a suite of {count}"
 
 
 def write_suite_report(

@@ -263,7 +263,7 @@ def setting_rows(result: Any) -> list[Row]:
     chunk = result.chunk
     rows = [
         Row("policy", "policy", result.policy, result.policy or "n/a"),
-        Row("env", "env", result.env, result.env or "n/a"),
+        Row("env", "env", result.env, short_env(result.env) or "n/a"),
     ]
     if result.instruction is not None:
         rows.append(
@@ -448,6 +448,20 @@ def text(result: Any, stats: dict[str, Any] | None = None) -> str:
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
 
 
+#: Env families whose ids jaxmesh runs as gymnasium envs; their results name
+#: the env ``gymnasium:<family>:...``, shown as the family's own id.
+_GYMNASIUM_FAMILIES = ("libero:",)
+
+
+def short_env(env: str) -> str:
+    """The env's id as a reader knows it: ``gymnasium:libero:libero_spatial/0``
+    (how a result names a LIBERO task, run as a gymnasium env) is shown as
+    ``libero:libero_spatial/0``; every other id as it is."""
+    env = str(env or "")
+    rest = env.removeprefix("gymnasium:")
+    return rest if rest != env and rest.startswith(_GYMNASIUM_FAMILIES) else env
+
+
 def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
     """One telemetry series' cells under ``STAT_NAMES``: times in
     milliseconds, sizes in bytes; a flag (``transport_shm``) as the share of
@@ -483,6 +497,7 @@ __all__ = [
     "text",
     "telemetry_text",
     "telemetry_cells",
+    "short_env",
     "mode_text",
     "STAT_NAMES",
 ]

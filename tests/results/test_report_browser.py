@@ -36,9 +36,10 @@ from browser import (
 )
 from PIL import Image
 from reference_loop import gymnax_fns, run_episode
-from .test_report import PNG_SIGNATURE, Page
 
 import jaxmesh
+
+from .test_report import PNG_SIGNATURE, Page
 
 SEEDS = list(range(10, 22))
 CAP = 50  # episodes the pole survives are truncated here: a success
@@ -218,3 +219,31 @@ def test_suite_report_shows_the_per_task_table_and_plots(chromium, run, tmp_path
     images = [img for img in rendered.images if img["src"].startswith("data:")]
     assert len(images) == 3  # the per-task figure and each task's plots
     assert all(img["complete"] and img["width"] > 0 for img in images)
+
+
+def test_libero_suite_report_fits_1280_px_with_watchable_videos(chromium, tmp_path):
+    """A LIBERO suite's report (LIBERO's 80-character task names and
+    instructions, ids ``gymnasium:libero:...``, 64 x 64 px videos) in a window
+    1280 px wide: the page does not scroll sideways, no element reaches past
+    the right edge, each video shows at least 256 px wide with its controls,
+    and the title and text name the suite and tasks by LIBERO's own ids."""
+    from .test_report_layout import libero_suite
+
+    suite = libero_suite(2, video_dir=tmp_path)
+    path = tmp_path / "suite.html"
+    suite.report(path)
+    rendered = render(path, width=1280)
+    assert rendered.outside == []
+    layout = rendered.layout
+    assert layout["scrollWidth"] <= layout["viewport"] <= 1280, layout
+    assert layout["past"] == [], layout["past"][:5]
+    assert len(layout["videos"]) == 2
+    for video in layout["videos"]:
+        assert video["natural"] == [64, 64]  # it decoded
+        assert video["width"] >= 256 and video["controls"], video
+    page = Page(rendered.dom)
+    text = " ".join(page.text)
+    assert "chunk on libero:libero_spatial (2 tasks)" in text
+    assert "gymnasium:libero" not in text
+    rows = page.rows["tasks-table"]
+    assert [r["data-task"] for r in rows][:2] == list(suite.tasks)
