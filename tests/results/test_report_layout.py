@@ -183,3 +183,17 @@ def test_suite_title_names_the_benchmark_suite():
     assert report.suite_name(SuiteResult({"a": libero_run(0)})) == (
         "libero:libero_spatial (1 task)"
     )
+
+
+def test_the_progress_bar_names_a_libero_task_by_its_own_id():
+    import io
+
+    from jaxmesh.cli.hooks import Progress
+
+    out = io.StringIO()
+    bar = Progress(stream=out)
+    info = {"policy": "chunk", "env": "gymnasium:libero:libero_spatial/0"}
+    bar.on_run_start({**info, "episodes": 2})
+    bar.bar.close()
+    assert "chunk on libero:libero_spatial/0" in out.getvalue()
+    assert "gymnasium:libero" not in out.getvalue()
