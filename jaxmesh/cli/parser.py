@@ -363,6 +363,21 @@ def make_parser() -> argparse.ArgumentParser:
         "when every connected client has asked)",
     )
     sp.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="grpc: end a session whose client sends nothing for S seconds "
+        "(default 300)",
+    )
+    sp.add_argument(
+        "--max-lanes",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="grpc: the most lanes (num_envs) one session may open (default 4096)",
+    )
+    sp.add_argument(
         "--token",
         default=None,
         help="the key clients send as 'Authorization: Api-Key <token>' "

@@ -74,6 +74,8 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
             protocol=args.protocol,
             max_batch=args.max_batch,
             max_wait_ms=args.max_wait_ms,
+            idle_timeout=args.idle_timeout,
+            max_lanes=args.max_lanes,
             token=token or None,
             tls=tls,
             insecure=args.insecure,

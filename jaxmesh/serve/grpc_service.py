@@ -14,7 +14,10 @@ its messages are msgpack maps (``jaxmesh.serve.codec``: arrays as openpi's
   {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``.
 
 The session's slots are freed when its stream ends: the client closes it, the
-client vanishes (gRPC cancels the stream), or the server shuts down. A request
+client vanishes (gRPC cancels the stream), the stream sends nothing for
+``idle_timeout`` seconds (``DEADLINE_EXCEEDED``: a stream that holds one of the
+``max_connections`` and sends nothing is ended), or the server shuts down. A
+request
 the server cannot run ends that stream only, ``INVALID_ARGUMENT`` with the
 reason; a missing or wrong token is ``UNAUTHENTICATED`` before any message is
 read (``Authorization: Bearer <token>``, as served envs take it).
@@ -24,16 +27,76 @@ from __future__ import annotations
 
 import concurrent.futures
 import hmac
+import itertools
+import math
+import threading
+import time
 from typing import Any
 
 import grpc
 
+from jaxmesh.remote.server.sessions import _cancel
 from jaxmesh.serve import codec
 from jaxmesh.serve.batcher import Batcher, ServerClosed
 from jaxmesh.serve.forward import RequestError
 
 SERVICE = "jaxmesh.policy.v1.PolicyService"
 METHOD = f"/{SERVICE}/Session"
+#: Seconds a stream may send nothing (before its first message, or after a
+#: reply) before it is ended: ``PolicyServer(idle_timeout=)``'s default.
+IDLE_TIMEOUT = 300.0
+
+
+class _IdleWatch:
+    """One thread that ends streams which sent nothing for ``seconds``."""
+
+    def __init__(self, seconds: float, address: str):
+        self.seconds, self.address = seconds, address
+        self.cond = threading.Condition()
+        #: stream -> (since when it waits for a message, its context)
+        self.waiting: dict[int, tuple[float, Any]] = {}
+        self.done = False
+        self.thread = threading.Thread(
+            target=self._watch, name="jaxmesh-policy-idle", daemon=True
+        )
+        if not math.isinf(seconds):
+            self.thread.start()
+
+    def waits(self, stream: int, context: Any) -> None:
+        """``stream`` waits for its client from now (or from earlier)."""
+        with self.cond:
+            self.waiting.setdefault(stream, (time.monotonic(), context))
+            self.cond.notify()
+
+    def heard(self, stream: int) -> None:
+        with self.cond:
+            self.waiting.pop(stream, None)
+
+    def _watch(self) -> None:
+        with self.cond:
+            while not self.done:
+                now = time.monotonic()
+                for stream, (since, context) in list(self.waiting.items()):
+                    if now - since >= self.seconds:
+                        del self.waiting[stream]
+                        _cancel(
+                            context,
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"the policy server at {self.address} heard nothing "
+                            f"from this session for {self.seconds:g} s "
+                            "(idle_timeout) and ended it; open a new session, or "
+                            "start the server with a longer --idle-timeout",
+                        )
+                first = min((t for t, _ in self.waiting.values()), default=None)
+                wait = None if first is None else first + self.seconds - now
+                self.cond.wait(wait)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.done = True
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
 class _Authenticate(grpc.ServerInterceptor):
@@ -69,6 +132,8 @@ class GrpcService:
       credentials: ``grpc.ServerCredentials`` for TLS, or None.
       max_message_bytes: the largest message either way.
       max_connections: streams served at once.
+      idle_timeout: seconds a stream may send nothing before it is ended
+        (``math.inf``: never).
     """
 
     def __init__(
@@ -82,8 +147,12 @@ class GrpcService:
         credentials: Any,
         max_message_bytes: int,
         max_connections: int,
+        idle_timeout: float = IDLE_TIMEOUT,
     ):
         self.pools, self.batcher = pools, batcher
+        self.idle_timeout = idle_timeout
+        self._idle: _IdleWatch | None = None
+        self._streams = itertools.count()
         self.host, self.port = host, port
         self.token, self.credentials = token, credentials
         self.max_bytes = max_message_bytes
@@ -135,6 +204,7 @@ class GrpcService:
             )
         server.start()
         self._server = server
+        self._idle = _IdleWatch(self.idle_timeout, f"{self.host}:{port}")
         return port
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -145,12 +215,16 @@ class GrpcService:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._idle is not None:
+            self._idle.stop()
+            self._idle = None
 
     # One client's run ----------------------------------------------------------
     def _session(self, requests: Any, context: grpc.ServicerContext) -> Any:
         session = None
+        idle, stream = self._idle, next(self._streams)
         try:
-            for data in requests:
+            for data in _heard(requests, idle, stream, context):
                 try:
                     msg = codec.unpackb(data, max_bytes=self.max_bytes)
                 except codec.CodecError as e:
@@ -173,6 +247,7 @@ class GrpcService:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                     group = id(session.pool)  # its steps' signature
                     self.batcher.connect(group)
+                    idle.waits(stream, context)  # a reply it does not take, too
                     yield codec.packb({"opened": info})
                     continue
                 if kind != "step":
@@ -189,11 +264,27 @@ class GrpcService:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 except ServerClosed as e:
                     context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+                idle.waits(stream, context)
                 yield codec.packb({"step": reply.output, "timing": reply.timing()})
         finally:
+            idle.heard(stream)
             if session is not None:
                 self.pools.close(session)
                 self.batcher.disconnect(group)
+
+
+def _heard(requests: Any, idle: _IdleWatch, stream: int, context: Any) -> Any:
+    """The stream's messages, ``idle`` watching each wait for the next (from
+    the previous reply's hand-over to gRPC, so a client that takes no reply
+    counts as idle too); the stream's end when ``idle`` ended it."""
+    while True:
+        idle.waits(stream, context)
+        try:
+            data = next(requests)
+        except (StopIteration, grpc.RpcError):
+            return
+        idle.heard(stream)
+        yield data
 
 
 def server_credentials(tls: Any) -> Any:

@@ -103,6 +103,11 @@ class PolicyServer:
       seed: a stochastic policy's keys over ``"openpi"``: request i gets
         ``fold_in(PRNGKey(seed), i)`` (over ``"grpc"`` the keys are the
         client run's episode keys, as in process).
+      idle_timeout: over ``"grpc"``, seconds a session's stream may send
+        nothing before it is ended (``DEADLINE_EXCEEDED``); ``math.inf``:
+        never.
+      max_lanes: over ``"grpc"``, the most lanes (``num_envs``) one session
+        may open; more is refused (``INVALID_ARGUMENT``).
 
     Raises:
       ValueError: a bad address, protocol, batch size, wait or token; a
@@ -134,6 +139,8 @@ class PolicyServer:
         max_connections: int = 1024,
         seed: int = 0,
         max_inflight_bytes: int | None = None,
+        idle_timeout: float = 300.0,
+        max_lanes: int = 4096,
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(
@@ -161,6 +168,7 @@ class PolicyServer:
             ("max_message_bytes", max_message_bytes, 1024),
             ("max_connections", max_connections, 1),
             ("max_inflight_bytes", max_inflight_bytes, 1024),
+            ("max_lanes", max_lanes, 1),
         ):
             if value is None and name == "max_inflight_bytes":
                 continue
@@ -179,7 +187,7 @@ class PolicyServer:
                     "example=...: protocol='grpc' compiles for each client's env "
                     "when the client opens its session; drop example="
                 )
-            self._served: Any = Pools(model, max_batch=max_batch)
+            self._served: Any = Pools(model, max_batch=max_batch, max_lanes=max_lanes)
         else:
             self._served = ServedModel(model, max_batch=max_batch, seed=seed)
         self._batcher = Batcher(self._served, max_wait_ms=max_wait_ms)
@@ -200,6 +208,16 @@ class PolicyServer:
         self._max_message_bytes = max_message_bytes
         self._max_connections = max_connections
         self._max_inflight_bytes = max_inflight_bytes
+        if not (
+            isinstance(idle_timeout, int | float)
+            and not isinstance(idle_timeout, bool)
+            and idle_timeout > 0
+        ):
+            raise ValueError(
+                f"idle_timeout={idle_timeout!r}: expected seconds > 0 (math.inf: "
+                "no limit)"
+            )
+        self._idle_timeout = float(idle_timeout)
         self._service: Any = None
         self._address: str | None = None
         self._started = False
@@ -270,6 +288,7 @@ class PolicyServer:
             credentials=self._context,
             max_message_bytes=self._max_message_bytes,
             max_connections=min(self._max_connections, 256),
+            idle_timeout=self._idle_timeout,
         )
 
     def _openpi_service(self) -> Any:
