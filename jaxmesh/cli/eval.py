@@ -33,6 +33,7 @@ from jaxmesh.cli.outputs import (
     episode_log_path,
     report_path,
     video_path,
+    write_file,
     write_json,
 )
 from jaxmesh.cli.parser import resume_command
@@ -87,9 +88,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         hooks.append(SuiteSaver(Path(config["output"]), earlier))
     params = getattr(policy, "params", None)  # a Model's; a function has none
     steps = config.get("max_episode_steps")
+    log = None
     if log_path is not None:
         # A resumed run appends to its log; a new run starts it afresh.
-        log = EpisodeLog(log_path, params=params, max_episode_steps=steps)
+        log = EpisodeLog(
+            log_path, params=params, max_episode_steps=steps, on_error=_warn
+        )
         hooks += [LogStart(log_path, fresh=earlier is None), log]
         fp = dict(log.fp)
     else:
@@ -124,7 +128,52 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(result.summary())
     if args.telemetry:
         print(result.format_telemetry())
-    return _write_outputs(args, result, output, log_path, report, video)
+    whole = log is None or log.error is None
+    try:
+        # A log that stopped does not hold the episodes: write_json says so.
+        status = _write_outputs(
+            args, result, output, log_path if whole else None, report, video
+        )
+    except _Unwritten as e:
+        print(f"jaxmesh eval: error: {e.text(args, config, log_path)}", file=sys.stderr)
+        return 1
+    if whole:
+        return status
+    print(
+        f"jaxmesh eval: error: the episode log {log_path} stopped when it could "
+        f"not be written ({log.error.strerror or log.error}); the result holds "
+        "every episode",
+        file=sys.stderr,
+    )
+    return max(status, 1)
+
+
+def _warn(text: str) -> None:
+    print(f"jaxmesh eval: warning: {text}", file=sys.stderr)
+
+
+class _Unwritten(Exception):
+    """The result JSON could be written nowhere (its path, the working and
+    the temporary folders: a disk full everywhere)."""
+
+    def __init__(self, path: Path, error: OSError, result: Any):
+        super().__init__(str(error))
+        self.path, self.error, self.result = path, error, result
+
+    def text(self, args: argparse.Namespace, config: dict, log_path: Any) -> str:
+        """What is lost and what is kept (the log's episodes, read back)."""
+        n = self.result.num_episodes
+        held = _held(log_path)
+        line = (
+            f"cannot write {str(self.path)!r} ({self.error.strerror or self.error}), "
+            "nor a copy in the working or the temporary folder; "
+        )
+        if not held:
+            return line + f"the result of its {n} episodes is lost"
+        return line + (
+            f"the episode log {log_path} holds {held} of the {n} episodes; to run "
+            f"only the rest: {resume_command(args, config, log_path)}"
+        )
 
 
 def _write_outputs(
@@ -147,7 +196,10 @@ def _write_outputs(
     written: list[Path] = []
     saved = None
     if output is not None:
-        saved = write_json(output, result.to_dict(), "eval", log_path)
+        try:
+            saved = write_json(output, result.to_dict(), "eval", log_path)
+        except OSError as e:
+            raise _Unwritten(output, e, result) from e
         written.append(saved)
         print(f"wrote {saved}")
         if result.trajectories:
@@ -243,17 +295,37 @@ def _keep(
         n = 0 if earlier is None else earlier.num_episodes
     if not n:
         return "No episode had finished: nothing to resume from."
-    if log_path is not None:
+    held = _held(log_path)
+    also = ""
+    if log_path is not None and held >= n:
         where = log_path
-    elif partial is not None and n:
+    elif partial is not None:
+        # No log, or one that holds less (it could not be written, or the run
+        # resumed a result JSON): the finished episodes go to a file of their
+        # own (on a full disk, write_json's fallback in the working directory).
         stem = output.with_suffix(".partial.json") if output else Path("partial.json")
         where = write_json(stem, partial.to_dict(), args.command)
+        if log_path is not None:
+            also = f" (the episode log {log_path} holds {held})"
+    elif earlier is not None:  # stopped before it ran: as the resumed file was
+        where = Path(args.resume)
     else:
         return f"{n} episodes had finished; they are not saved (no output)."
     return (
-        f"{n} finished episodes are in {where}; to run only the rest: "
+        f"{n} finished episodes are in {where}{also}; to run only the rest: "
         f"{resume_command(args, config, where)}"
     )
+
+
+def _held(log_path: Path | None) -> int:
+    """How many episodes the episode log holds, read back as ``--resume`` would
+    read it (0: no log, or none that can be read)."""
+    if log_path is None or not Path(log_path).is_file():
+        return 0  # not a regular file (/dev/full reads zeros without end)
+    try:
+        return load_episode_log(log_path).num_episodes
+    except (OSError, ValueError):
+        return 0
 
 
 def _finish_suite(
@@ -287,8 +359,7 @@ def _finish_suite(
 
 
 def _write_suite_json(result: Any, out: Path, announce: bool = True) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    write_file(out, (json.dumps(result.to_dict(), indent=2) + "\n").encode())
     if announce:
         print(f"wrote {out}")
     return out

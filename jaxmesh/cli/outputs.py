@@ -7,9 +7,11 @@ Nothing here imports JAX: the parser reads these names for its help.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import secrets
 import sys
 import tempfile
 from pathlib import Path
@@ -68,8 +70,45 @@ def check_writable(*paths: tuple[str, Any]) -> None:
             ) from None
 
 
+def _write_new(fd: int, name: str, data: bytes) -> None:
+    """Writes ``data`` to the new file ``name`` open as ``fd``; on failure
+    removes the file (nothing half-written, or empty, is left) and raises."""
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` whole or not at all: into a new file beside
+    it, then renamed over it, so that a full disk leaves neither an empty nor a
+    cut file (and an earlier file at ``path`` as it was). A path that is a
+    link or not a regular file is written in place.
+
+    Raises:
+      OSError: the file cannot be written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        path.write_bytes(data)
+        return
+    name = str(path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"))
+    # os.open applies the umask, as a plain open() would for ``path``.
+    _write_new(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name, data)
+    try:
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+
+
 def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> Path:
-    """Writes ``data`` as JSON to ``path``; returns where it went.
+    """Writes ``data`` as JSON to ``path``, whole or not at all (``write_file``);
+    returns where it went.
 
     Should that fail (the folder removed or the disk full during the run), the
     result is written to a file in the working directory (else in the
@@ -77,8 +116,7 @@ def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> 
     """
     text = json.dumps(data, indent=2) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_file(path, text.encode())
         return path
     except OSError as e:
         error = e
@@ -87,8 +125,7 @@ def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> 
             fd, name = tempfile.mkstemp(
                 prefix=f"{path.stem}.", suffix=path.suffix or ".json", dir=folder
             )
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
+            _write_new(fd, name, text.encode())
         except OSError:
             continue
         also = f"; the episode log {log} holds its episodes too" if log else ""

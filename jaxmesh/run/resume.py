@@ -35,6 +35,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -563,6 +565,9 @@ _RUN_KEYS = (
 )
 
 
+_LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+
+
 class EpisodeLog:
     """A hook that appends every finished episode to a JSON-lines file as it
     finishes, flushed line by line: the file is safe to read while the run
@@ -580,32 +585,82 @@ class EpisodeLog:
     resumed run appends to the same file. ``load_episode_log`` reads it back
     as a ``RunResult`` for ``resume=``.
 
+    A log that cannot be written (its disk full, its folder gone) does not
+    stop the run: the line that failed is taken back (the file keeps whole
+    lines only), ``error`` keeps the error, ``on_error`` is told once, and
+    nothing more is written; ``written`` says which episodes the file holds.
+
     Args:
       path: the file (created, or appended to).
       params: the params evaluated (``evaluate`` records their digest itself;
         this is for a log of runs made otherwise); None: not recorded here.
       max_episode_steps: the run's cap, recorded for the same check.
+      on_error: called with one line of text when the log cannot be written;
+        None: a ``RuntimeWarning`` with that text.
     """
 
-    def __init__(self, path: Any, *, params: Any = None, max_episode_steps: Any = None):
+    def __init__(
+        self,
+        path: Any,
+        *,
+        params: Any = None,
+        max_episode_steps: Any = None,
+        on_error: Callable[[str], None] | None = None,
+    ):
         self.path = os.fspath(path)
         self.fp = fingerprint(max_episode_steps, params, digest=params is not None)
-        self._file: Any = None
+        self._fd: int | None = None
         self._identity = identity_text(self.fp)
+        self.on_error = on_error
         #: The episode indices this log wrote (in this process).
         self.written: set[int] = set()
+        #: The error that stopped the log (None: every line was written).
+        self.error: OSError | None = None
 
-    def _write(self, record: dict) -> None:
-        if self._file is None:
-            self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
-            if self._file.tell():  # a line cut short by a killed run ends here
-                self._file.seek(self._file.tell() - 1)
-                cut = self._file.read(1) != "\n"
-                self._file.seek(0, os.SEEK_END)
-                if cut:
-                    self._file.write("\n")
-        self._file.write(json.dumps(record, allow_nan=True) + "\n")
-        self._file.flush()
+    def _write(self, record: dict) -> bool:
+        """Appends ``record`` as one line; False when the log cannot be (or
+        could not earlier be) written."""
+        if self.error is not None:
+            return False
+        data = (json.dumps(record, allow_nan=True) + "\n").encode()
+        start = None
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, _LOG_FLAGS, 0o666)
+                size = os.fstat(self._fd).st_size
+                # A line cut short by a killed run ends here.
+                if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as e:
+            self._stop(e, start)
+            return False
+        return True
+
+    def _stop(self, error: OSError, start: int | None) -> None:
+        """After a write failed: takes the cut line back (a regular file
+        only), closes the file and says so once."""
+        self.error = error
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                if start is not None and stat.S_ISREG(os.fstat(self._fd).st_mode):
+                    os.ftruncate(self._fd, start)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        text = (
+            f"the episode log {self.path} cannot be written "
+            f"({error.strerror or error}); it holds the {len(self.written)} "
+            "episodes written before, and the run goes on without it (its "
+            "result holds every episode)"
+        )
+        if self.on_error is None:
+            warnings.warn(text, RuntimeWarning, stacklevel=4)
+        else:
+            self.on_error(text)
 
     def on_run_start(self, info: dict) -> None:
         run_info = {k: info.get(k) for k in _RUN_KEYS}
@@ -616,8 +671,8 @@ class EpisodeLog:
     def on_episode_end(self, ep: Any) -> None:
         d = ep.to_dict()
         d["check"] = record_check(d, self._identity)
-        self._write({"episode": d})
-        self.written.add(int(ep.index))
+        if self._write({"episode": d}):
+            self.written.add(int(ep.index))
 
     def on_fault(self, info: dict) -> None:
         self._write({"fault": info})
@@ -636,7 +691,7 @@ class EpisodeLog:
     def flush(self, episodes: list, result: Any) -> None:
         """After a failure: writes the ``episodes`` not written yet (their
         budget indices), then ``result``'s totals, and closes the file."""
-        if self._file is None and not self.written:
+        if self._fd is None and not self.written and self.error is None:
             return  # the run never started: the log is left as it was
         for ep in episodes:
             if int(ep.index) not in self.written:
@@ -645,9 +700,10 @@ class EpisodeLog:
         self.close()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
 
 def _log_error(path: str, n: int, text: str) -> ValueError:
