@@ -131,10 +131,41 @@ def test_only_the_servers_user_may_attach():
     assert "uid 1000" in why and "uid 1001" in why and "transport='grpc'" in why
 
 
+def first_frame_as_nobody(name: str) -> tuple[int, dict] | None:
+    """What a client running as user ``nobody`` (65534) reads first from the
+    socket ``name`` without sending anything (a forked child; needs root)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: plain socket calls, then out
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            sock = connect(name)
+            os.write(write, json.dumps(read_frame(sock)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return json.loads(data)
+
+
 def test_another_users_client_is_refused_before_its_hello_is_read():
     # The client sends nothing: the refusal comes at the accept, before the
     # server reads a byte (it read and sized the HELLO first, then sat waiting
-    # for the bytes of a declared 1 MiB HELLO).
+    # for the bytes of a declared 1 MiB HELLO). As root, the client really is
+    # another user; else the server takes this user for another one.
+    if os.geteuid() == 0:
+        with serving() as (_, _, name):
+            kind, status = first_frame_as_nobody(name)
+        assert (kind, status["code"]) == (REFUSE, "PERMISSION_DENIED")
+        assert "runs as uid 65534" in status["details"]
     with serving(who="other-user") as (_, _, name):
         sock = connect(name)
         kind, status = read_frame(sock)
