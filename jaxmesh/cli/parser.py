@@ -274,7 +274,8 @@ def make_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "--token",
         default=None,
-        help="session token every call must carry (default: $JAXMESH_TOKEN)",
+        help="session token every call must carry (default: $JAXMESH_TOKEN, "
+        "which is better: a command line is visible to other users in ps)",
     )
     se.add_argument(
         "--idle-timeout",
@@ -381,7 +382,8 @@ def make_parser() -> argparse.ArgumentParser:
         "--token",
         default=None,
         help="the key clients send as 'Authorization: Api-Key <token>' "
-        "(default: $JAXMESH_TOKEN)",
+        "(default: $JAXMESH_TOKEN, which is better: a command line is visible "
+        "to other users in ps)",
     )
     sp.add_argument(
         "--insecure",
