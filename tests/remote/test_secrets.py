@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -151,3 +152,33 @@ def test_a_token_given_for_an_env_in_this_process_is_not_echoed():
             lambda obs: 0, [gym.make("CartPole-v1")], token="hunter2-secret"
         )
     assert "hunter2" not in str(e.value)
+
+
+def test_serve_env_takes_its_token_from_the_environment_not_the_command_line(
+    monkeypatch,
+):
+    # What the docs recommend over --token: the token reaches the server, and
+    # its command line (what `ps` shows every user) does not hold it.
+    from gym_reference import start_serve_envs
+
+    from jaxmesh.remote.protocol import TOKEN_ENV
+
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    ((proc, address),) = start_serve_envs(["gymnasium:CartPole-v1"])
+    try:
+        monkeypatch.delenv(TOKEN_ENV)
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert TOKEN.encode() not in f.read()
+        ps = subprocess.run(
+            ["ps", "-ww", "-o", "args=", "-p", str(proc.pid)],
+            capture_output=True,
+            text=True,
+        )
+        assert TOKEN not in ps.stdout
+        with pytest.raises(jaxmesh.RemoteConnectionError, match="token"):
+            jaxmesh.RemoteEnv(address)
+        with jaxmesh.RemoteEnv(address, token=TOKEN) as env:
+            env.reset(seed=0)
+    finally:
+        proc.terminate()
+        proc.wait(30)
