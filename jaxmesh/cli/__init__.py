@@ -37,7 +37,7 @@ only when it runs: ``--help`` and ``--version`` import no JAX.
 Exit status: 0 on success; 2 for bad input (the command line, the config, or
 anything ``jaxmesh.evaluate`` refuses before the run starts), reported as one
 line on stderr; an error raised while the run is going keeps its traceback
-(status 1); 130 after Ctrl-C.
+(status 1); 130 after Ctrl-C, 143 after SIGTERM (eval).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run = getattr(importlib.import_module(f"jaxmesh.cli.{module}"), name)
         return run(args)
-    except Interrupted:
-        return 130
+    except Interrupted as e:
+        return e.status
     except ConfigError as e:
         # No secret is echoed: the token given on the command line or in
         # $JAXMESH_TOKEN (a config's token is taken out where it is read).

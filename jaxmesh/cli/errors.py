@@ -1,7 +1,12 @@
-"""The command line's two errors: bad input (exit 2) and Ctrl-C (exit 130)."""
+"""The command line's two errors: bad input (exit 2) and Ctrl-C (exit 130;
+SIGTERM 143)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from jaxmesh.trace import redact_text, secret_values
@@ -13,7 +18,36 @@ class ConfigError(Exception):
 
 class Interrupted(Exception):
     """A run stopped by Ctrl-C (SIGINT), its message already printed; exit
-    status 130 (128 + SIGINT), as a shell reports it."""
+    status 130 (128 + SIGINT), as a shell reports it; ``status`` 143 (128 +
+    SIGTERM) for a run stopped by SIGTERM."""
+
+    def __init__(self, status: int = 130):
+        super().__init__(status)
+        self.status = status
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is as Ctrl-C's ``KeyboardInterrupt`` is,
+    so that the run stops the same way (its finished episodes kept, its
+    workers ended) and says how to continue it (``terminating``)."""
+
+
+@contextlib.contextmanager
+def terminating() -> Iterator[None]:
+    """Within (in the main thread): SIGTERM raises ``Terminated``. The
+    handler before is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _raised_by(exc: BaseException, module: str) -> bool:

@@ -25,7 +25,14 @@ from jaxmesh.cli.build import build_run
 from jaxmesh.cli.cache import compile_cache_wanted
 from jaxmesh.cli.checks import check_record_config, read_config
 from jaxmesh.cli.config import existing_file
-from jaxmesh.cli.errors import ConfigError, Interrupted, bad_input, refused
+from jaxmesh.cli.errors import (
+    ConfigError,
+    Interrupted,
+    Terminated,
+    bad_input,
+    refused,
+    terminating,
+)
 from jaxmesh.cli.hooks import LogStart, Progress, Started, SuiteSaver
 from jaxmesh.cli.outputs import (
     VIDEO_NEXT_TO_OUTPUT,
@@ -236,12 +243,13 @@ def _run_eval(
 ) -> Any:
     """``jaxmesh.evaluate`` for ``eval``: an interrupted or failed run says
     where its finished episodes are and the command that continues it
-    (Ctrl-C: one message, exit status 130; a failure: a note under its
-    traceback)."""
+    (Ctrl-C: one message, exit status 130, and SIGTERM the same with status
+    143; a failure: a note under its traceback)."""
     earlier = kwargs.get("resume")
     started = lambda: any(getattr(h, "started", False) for h in hooks)
     try:
-        return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
+        with terminating():  # SIGTERM stops the run as Ctrl-C does
+            return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
     except (ConfigError, ValueError, TypeError) as e:
         if not started():
             raise  # a refusal: nothing ran
@@ -250,8 +258,9 @@ def _run_eval(
         raise
     except KeyboardInterrupt as e:
         kept = _kept(args, config, log_path, e, earlier)
-        print(f"jaxmesh {args.command}: interrupted. {kept}", file=sys.stderr)
-        raise Interrupted() from None
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"jaxmesh {args.command}: {how}. {kept}", file=sys.stderr)
+        raise Interrupted(143 if isinstance(e, Terminated) else 130) from None
     except Exception as e:
         why = None if started() else bad_input(e)
         if why is not None:  # refused as cmd_eval refuses a ValueError
