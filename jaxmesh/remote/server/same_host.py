@@ -14,6 +14,7 @@ gRPC path answers them (``requests.py`` parses, ``lanes.py`` executes).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import selectors
@@ -34,6 +35,8 @@ from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
 from jaxmesh.remote.server.lanes import ServerLanes
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
 from jaxmesh.remote.server.sessions import _ascii, _ShmSession
+
+_log = logging.getLogger(__name__)
 
 #: Connections still sending their HELLO, at most: a new one past this closes
 #: the oldest, so idle connections cannot keep a client who sends its HELLO at
@@ -172,7 +175,17 @@ class _SameHostPath:
                     if sock is wake:
                         return
                     if sock is listener:
-                        for conn in self._shm_take(listener):
+                        try:
+                            taken = self._shm_take(listener)
+                        except OSError:  # out of descriptors: free one
+                            if pending:
+                                oldest = next(iter(pending))
+                                forget(oldest)
+                                oldest.close()
+                            else:
+                                time.sleep(0.1)  # no busy loop meanwhile
+                            continue
+                        for conn in taken:
                             if len(pending) >= MAX_PENDING:
                                 oldest = next(iter(pending))
                                 forget(oldest)
@@ -184,7 +197,11 @@ class _SameHostPath:
                         hello = self._shm_read(sock, pending[sock])
                         if hello is not None:
                             forget(sock)
-                            self._shm_answer(sock, hello)
+                            try:
+                                self._shm_answer(sock, hello)
+                            except Exception as exc:  # noqa: BLE001 - serve on
+                                _log.warning("refused a same-host client: %r", exc)
+                                sock.close()
         finally:
             for conn in pending:
                 conn.close()
@@ -197,7 +214,11 @@ class _SameHostPath:
         while True:
             try:
                 conn, _ = listener.accept()
-            except OSError:  # none left (or out of descriptors: serve these)
+            except (BlockingIOError, InterruptedError):  # none left
+                return taken
+            except OSError:  # out of descriptors, say
+                if not taken:
+                    raise
                 return taken
             try:
                 why = peer_refusal(same_host.peer_uid(conn), self._shm_uid)
