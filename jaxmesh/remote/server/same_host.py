@@ -362,7 +362,12 @@ class _SameHostPath:
         slots = Slots(ring, n, fields)
         try:
             try:
-                attach = {"frames": [same_host.BINARY] if binary else []}
+                # "segment": None makes a client from before descriptors were
+                # passed refuse the ring and fall back to gRPC.
+                attach = {
+                    "segment": None,
+                    "frames": [same_host.BINARY] if binary else [],
+                }
                 same_host.send_attach(conn, json.dumps(attach).encode(), fd)
             finally:
                 os.close(fd)
