@@ -113,6 +113,10 @@ def test_a_client_that_never_reads_its_replies_is_held_back_not_buffered():
     )
     with serve_policy_child("serve_models:BIG_REPLY") as (address, proc):
         host, port = address.rsplit(":", 1)
+        with websockets.sync.client.connect(f"ws://{address}", max_size=None) as ws:
+            ws.recv(timeout=10)  # the metadata
+            ws.send(request)
+            ws.recv(timeout=60)  # compiled and answered: warm
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(
