@@ -561,7 +561,8 @@ class Model:
             "schema_version": DESCRIBE_SCHEMA_VERSION,
             "name": self.name,
             "class": f"{cls.__module__}.{cls.__qualname__}",
-            "doc": doc.splitlines()[0] if doc else None,
+            # The first paragraph: a summary may wrap onto several lines.
+            "doc": " ".join(doc.split("\n\n")[0].split()) if doc else None,
             "wraps": None if self._fn is None else self.name_hint(),
             "corners": list(self.corners()),
             "native_chunk": self.native_chunk,

@@ -12,6 +12,7 @@ from typing import Any
 import jaxmesh
 from jaxmesh.cli.build import build_run, import_target, run_config
 from jaxmesh.cli.checks import is_jax_id, is_served, read_config
+from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.envs.gymnasium import make_lanes
 from jaxmesh.run.config import Served
@@ -71,8 +72,67 @@ def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, in
         lanes.close()
 
 
+def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | None:
+    """What a policy served for the env of run ``config`` reads, from the
+    env's observation (shapes only; nothing is stepped): observation key ->
+    ``(shape, dtype)``, as ``PolicyServer(inputs=...)`` takes it. A model
+    without a spec on an env of one array reads it as
+    ``"observation/state"``.
+
+    Returns:
+      The inputs, or None when they cannot be told (no single ``env`` id, a
+      served env, an env that cannot be made here, or an observation the
+      spec does not read by top-level keys).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from jaxmesh import adapt
+    from jaxmesh.cli.build import build_env
+    from jaxmesh.core.policy import resolve_policy
+    from jaxmesh.serve.forward import STATE_KEYS
+
+    env = config.get("env")
+    if not isinstance(env, str) or is_served(env):
+        return None
+    try:
+        if is_jax_id(env):
+            made = build_env(env, config.get("env_config") or {})
+            key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+            obs = jax.eval_shape(lambda k: made.reset(k)[0], key)
+        else:
+            spec, _ = host_env_spec(env, config)
+            lay = spec.layout
+
+            def leaf(name: str) -> Any:
+                return jax.ShapeDtypeStruct(lay.shapes[name], lay.dtypes[name])
+
+            obs = jax.tree.map(leaf, lay.skeleton)
+        spec = resolve_policy(policy, with_params=False).spec
+    except Exception:  # noqa: BLE001 - then the inputs are not declared
+        return None
+    if hasattr(obs, "shape"):
+        if spec is not None and any(k is not None for k in adapt.read_keys(spec)):
+            return None
+        return {STATE_KEYS[0]: (tuple(obs.shape), obs.dtype)}
+    if not isinstance(obs, dict) or not all(hasattr(v, "shape") for v in obs.values()):
+        return None
+    reads = adapt.read_keys(spec)
+    keys = list(obs) if None in reads else reads
+    if any(k not in obs for k in keys):
+        return None
+    return {k: (tuple(obs[k].shape), obs[k].dtype) for k in keys}
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
-    obj = import_target(args.target)
+    from jaxmesh.cli.serve_policy import CONFIG_SUFFIXES, load_policy
+
+    config = None
+    if args.target.endswith(CONFIG_SUFFIXES):
+        config = load_config(args.target)
+        obj = load_policy(args.target)
+    else:
+        obj = import_target(args.target)
     if inspect.isclass(obj):
         build = obj.from_config if hasattr(obj, "from_config") else obj
         try:
@@ -89,5 +149,26 @@ def cmd_describe(args: argparse.Namespace) -> int:
             f"{args.target!r} ({type(model).__name__}) has no describe() method; "
             "describe needs a jaxmesh.Model (a jaxmesh version with Model.describe)"
         )
-    print(json.dumps(describe(), indent=2, default=str))
+    out = describe()
+    out["inputs"] = _inputs(model, out, config)
+    print(json.dumps(out, indent=2, default=str))
     return 0
+
+
+def _inputs(model: Any, described: dict, config: dict | None) -> Any:
+    """What the model reads, with shapes where a run config's env tells
+    them (``{key: {"shape", "dtype"}}``), else in words."""
+    inputs = None if config is None else served_inputs(model, config)
+    if inputs is not None:
+        return {
+            k: {"shape": list(shape), "dtype": str(dtype)}
+            for k, (shape, dtype) in inputs.items()
+        }
+    if described.get("spec") is not None:
+        return f"the observation keys {described.get('reads')} (see spec)"
+    return (
+        "the whole observation, as the env gives it (no spec). Served over "
+        "openpi's protocol, declare its shape (serve-policy --input "
+        "observation/state=float32[N], or serve a run config: its env tells it); "
+        "clients then send it under 'observation/state', 'state' or 'obs'"
+    )

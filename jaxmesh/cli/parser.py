@@ -158,7 +158,9 @@ def make_parser() -> argparse.ArgumentParser:
     ex.set_defaults(run="explain:cmd_explain")
     de = sub.add_parser("describe", help="print a model's describe() as JSON")
     de.add_argument(
-        "target", help="module:Class, e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
+        "target",
+        help="module:Class, e.g. jaxmesh.zoo.cartpole:CartPoleMLP, or a run config "
+        "(.yaml): its policy, with the inputs' shapes its env gives",
     )
     de.set_defaults(run="explain:cmd_describe")
     co = sub.add_parser(
@@ -398,6 +400,17 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--tls-key", default=None, metavar="PEM", help="the --tls-cert private key"
+    )
+    sp.add_argument(
+        "--input",
+        action="append",
+        default=None,
+        metavar="KEY=DTYPE[SHAPE]",
+        help="openpi: an observation key a request holds, its dtype and shape "
+        "(e.g. observation/state=float32[8], observation/image=uint8[224,224,3]; "
+        "once per key the policy reads). Other shapes and dtypes are refused "
+        "naming the key; the forward compiles for it at start. Default: from a "
+        "run config's env, else any layout the model runs",
     )
     sp.add_argument(
         "--ready-fd",

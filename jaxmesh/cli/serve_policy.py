@@ -50,6 +50,42 @@ def load_policy(target: str) -> Any:
     return build_policy(target, {})
 
 
+def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
+    """The observation a request holds (``PolicyServer(inputs=)``): the
+    ``--input`` options, else what a run config's env gives (openpi only).
+
+    Raises:
+      ConfigError: an ``--input`` not of the form ``KEY=DTYPE[SHAPE]``, a key
+        given twice, or ``--input`` with ``--protocol grpc``.
+    """
+    from jaxmesh.cli.explain import served_inputs
+    from jaxmesh.serve.forward import parse_input
+
+    given = getattr(args, "input", None)
+    if args.protocol != "openpi":
+        if given:
+            raise ConfigError(
+                f"--input {given[0]!r}: --protocol {args.protocol} reads each "
+                "client's observation layout from its session; drop --input"
+            )
+        return None
+    if not given:
+        target = args.policy
+        if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
+            return served_inputs(policy, load_config(target))
+        return None
+    inputs: dict = {}
+    for text in given:
+        try:
+            key, leaf = parse_input(text)
+        except ValueError as e:
+            raise ConfigError(f"--input: {e}") from e
+        if key in inputs:
+            raise ConfigError(f"--input {text!r}: key {key!r} is given twice")
+        inputs[key] = tuple(leaf)
+    return inputs
+
+
 def cmd_serve_policy(args: argparse.Namespace) -> int:
     """Serves a policy until SIGTERM/SIGINT (exit 0)."""
     try:
@@ -65,6 +101,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
             "give both, or neither for a plain server"
         )
     policy = load_policy(args.policy)
+    inputs = declared_inputs(args, policy)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     tls = None if args.tls_cert is None else (args.tls_cert, args.tls_key)
     try:
@@ -79,6 +116,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
             token=token or None,
             tls=tls,
             insecure=args.insecure,
+            inputs=inputs,
         ).start()
     except (ValueError, TypeError, OSError) as e:
         raise ConfigError(
@@ -88,7 +126,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     serve_until_stopped(
         server,
         f"jaxmesh serve-policy: serving {args.policy} ({args.protocol}, max batch "
-        f"{args.max_batch}) at {server.url}",
+        f"{args.max_batch}) at {server.url}; a request holds {server.expects}",
         args.ready_fd,
     )
     return 0

@@ -23,7 +23,9 @@ and recurrent state are refused when the server is built.
 
 from __future__ import annotations
 
+import re
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -39,14 +41,70 @@ from jaxmesh.core.policy import declares_chunk, resolve_policy
 PROMPT_KEY = "prompt"
 #: The input name of the whole observation of a model without a spec.
 WHOLE = adapt.WHOLE_OBS
-#: How many observation layouts (shapes and dtypes) one server compiles for;
-#: a request of another layout past this is refused.
+#: How many observation layouts (shapes and dtypes) a server with no declared
+#: inputs keeps compiled; a new one past this evicts the least recently used.
 MAX_LAYOUTS = 8
+#: How many layouts the model refused a server remembers (refused up front).
+MAX_REFUSED = 64
+#: The keys a model without a spec (one array in, e.g. a CartPole MLP) reads
+#: its array from when the observation is a dict, as openpi's clients send
+#: it: the first of them the dict holds.
+STATE_KEYS = ("observation/state", "state", "obs")
 
 
 class RequestError(ValueError):
     """A request the server cannot run: its own fault, reported to its client
     only."""
+
+
+class Leaf(NamedTuple):
+    """One declared input: an array's shape and dtype (``float32[4]``)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+_INPUT = re.compile(r"^(?P<key>[^=]+)=(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]$")
+
+
+def parse_input(text: str) -> tuple[str, Leaf]:
+    """``"KEY=DTYPE[D0,D1,...]"`` (``"observation/state=float32[8]"``,
+    ``"observation/image=uint8[224,224,3]"``, ``"x=float32[]"`` for a scalar)
+    as ``(key, Leaf)``.
+
+    Raises:
+      ValueError: another form, or a dtype that is not numbers or bools.
+    """
+    m = _INPUT.match(text.strip()) if isinstance(text, str) else None
+    form = (
+        "expected KEY=DTYPE[SHAPE], e.g. observation/state=float32[8] or "
+        "observation/image=uint8[224,224,3]"
+    )
+    if m is None:
+        raise ValueError(f"input {text!r}: {form}")
+    try:
+        dtype = np.dtype(m["dtype"])
+    except TypeError:
+        raise ValueError(f"input {text!r}: no dtype {m['dtype']!r}; {form}") from None
+    dims = [d for d in m["dims"].replace(" ", "").split(",") if d]
+    return m["key"].strip(), _leaf(tuple(int(d) for d in dims), dtype, text)
+
+
+def _leaf(shape: Any, dtype: Any, where: Any) -> Leaf:
+    try:
+        dtype = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"input {where!r}: {e}; expected (shape, dtype)") from None
+    if dtype.kind not in "biuf" or any(d < 0 for d in shape):
+        raise ValueError(
+            f"input {where!r}: {dtype}{list(shape)}; expected an array of numbers "
+            "or bools with dims >= 0"
+        )
+    return Leaf(shape, np.dtype(jax.dtypes.canonicalize_dtype(dtype)))
 
 
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -115,6 +173,22 @@ def _arrays_of(obs: Any, where: str) -> Any:
     return _array(obs, where)
 
 
+def _layout(inputs: dict, spec: Mapping[str, Any] | None) -> str:
+    """A request's inputs in words, by the observation keys they were read
+    from: ``observation/state float32[3], observation/image uint8[8,8,3]``."""
+    keys = {n: getattr(d, "key", n) for n, d in (spec or {}).items()}
+
+    def name(path: tuple) -> str:
+        parts = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
+        if parts:
+            parts[0] = keys.get(parts[0], parts[0]) or WHOLE
+        parts = [p for p in parts if p != WHOLE]
+        return "][".join(parts) or "observation"
+
+    leaves = jax.tree_util.tree_leaves_with_path(inputs)
+    return ", ".join(f"{name(path)} {Leaf(x.shape, x.dtype)}" for path, x in leaves)
+
+
 def _signature(inputs: dict) -> tuple:
     leaves, treedef = jax.tree.flatten(inputs)
     return treedef, tuple((x.shape, x.dtype.str) for x in leaves)
@@ -134,7 +208,14 @@ class ServedModel:
         bad ``max_batch``.
     """
 
-    def __init__(self, model: Any, *, max_batch: int, seed: int = 0):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_batch: int,
+        seed: int = 0,
+        inputs: Mapping[str, Any] | None = None,
+    ):
         if not (isinstance(max_batch, int) and not isinstance(max_batch, bool)) or not (
             1 <= max_batch <= 4096
         ):
@@ -162,24 +243,152 @@ class ServedModel:
         self.params = pol.default_params()
         self._base_key = jax.random.PRNGKey(seed)
         self._count = 0
-        #: (signature, batch size) -> compiled forward.
-        self._programs: dict[tuple, Any] = {}
+        #: The declared inputs (observation key -> Leaf), or None.
+        self.inputs = self._declared(inputs)
+        #: The key a model without a spec reads its one array from, when its
+        #: inputs declare one array (``STATE_KEYS``), else None.
+        self.array_key = None
+        if pol.spec is None and self.inputs is not None and len(self.inputs) == 1:
+            (key,) = self.inputs
+            self.array_key = key if key in STATE_KEYS else None
+        #: signature -> {batch size -> compiled forward}, least recently used
+        #: first.
+        self._programs: OrderedDict[tuple, dict[int, Any]] = OrderedDict()
         #: signature -> why it cannot run (the model refused those inputs).
-        self._bad: dict[tuple, str] = {}
+        self._bad: OrderedDict[tuple, str] = OrderedDict()
         self._jit = jax.jit(self._forward)
 
+    def _declared(self, inputs: Mapping[str, Any] | None) -> dict[str, Leaf] | None:
+        """``inputs`` checked against what the spec reads."""
+        if inputs is None:
+            return None
+        if not isinstance(inputs, Mapping) or not inputs:
+            raise ValueError(
+                f"inputs={inputs!r}: expected None or a non-empty dict from "
+                "observation key to (shape, dtype), e.g. {'observation/state': "
+                "((8,), 'float32')}"
+            )
+        out = {}
+        for key, value in inputs.items():
+            if isinstance(value, str):
+                value = parse_input(f"{key}={value}")[1]
+            elif hasattr(value, "shape") and hasattr(value, "dtype"):
+                value = (value.shape, value.dtype)
+            if not (isinstance(value, tuple) and len(value) == 2):
+                raise ValueError(
+                    f"inputs[{key!r}] = {value!r}: expected (shape, dtype), e.g. "
+                    "((8,), 'float32')"
+                )
+            out[str(key)] = _leaf(value[0], value[1], key)
+        reads = adapt.read_keys(self.policy.spec)
+        if None not in reads:
+            missing = [k for k in reads if k not in out]
+            extra = [k for k in out if k not in reads]
+            if missing or extra:
+                raise ValueError(
+                    f"inputs={sorted(out)}: policy {self.name!r} reads observation "
+                    f"keys {reads}; declare each of them, and no other"
+                    + (f" (missing {missing})" if missing else "")
+                    + (f" (not read: {extra})" if extra else "")
+                )
+        return out
+
+    def expects(self) -> str:
+        """What a request must hold, in words (the start-up line says it)."""
+        spec = self.policy.spec
+        texts = [
+            f"{decl.info_key or PROMPT_KEY!r} (a string)"
+            for decl in (spec or {}).values()
+            if isinstance(decl, adapt.Text)
+        ]
+        if self.inputs is None:
+            shapes = "shapes not declared"
+            if spec is None:
+                what = "the observation as the model takes it"
+            else:
+                what = f"keys {[k for k in adapt.read_keys(spec) if k is not None]}"
+            return f"{', '.join([what, *texts])} ({shapes})"
+        leaves = [f"{k!r} {leaf}" for k, leaf in self.inputs.items()]
+        if self.array_key is not None:
+            others = [k for k in STATE_KEYS if k != self.array_key]
+            leaves[0] += f" (or under {others[0]!r} or {others[1]!r}, or bare)"
+        return ", ".join(leaves + texts)
+
+    def example(self) -> dict | None:
+        """A request of the declared inputs (zeros), or None."""
+        if self.inputs is None:
+            return None
+        obs: dict[str, Any] = {
+            k: np.zeros(leaf.shape, leaf.dtype) for k, leaf in self.inputs.items()
+        }
+        for decl in (self.policy.spec or {}).values():
+            if isinstance(decl, adapt.Text):
+                obs[decl.info_key or PROMPT_KEY] = "warm up"
+        return obs
+
     # The host side: one request -------------------------------------------
+    def _checked(self, key: str, value: Any) -> np.ndarray:
+        """``obs[key]`` as its declared leaf, or the reason it is not."""
+        leaf = self.inputs[key]
+        x = _array(value, f"observation[{key!r}]")
+        if x.shape != leaf.shape:
+            raise RequestError(
+                f"observation[{key!r}] has shape {x.shape}; policy {self.name!r} "
+                f"expects {leaf} (shape {leaf.shape}): send arrays of that shape"
+            )
+        if x.dtype != leaf.dtype:
+            if not np.can_cast(x.dtype, leaf.dtype, "same_kind"):
+                raise RequestError(
+                    f"observation[{key!r}] has dtype {x.dtype}; policy "
+                    f"{self.name!r} expects {leaf} (dtype {leaf.dtype}): send "
+                    f"{leaf.dtype} arrays"
+                )
+            x = x.astype(leaf.dtype)
+        return x
+
+    def _whole(self, obs: Any) -> Any:
+        """The whole observation, as a model without a spec (or a ``State``
+        of ``key=None``) reads it."""
+        if self.inputs is None:  # the model takes what is sent
+            return _arrays_of(obs, "the observation")
+        if self.array_key is not None:
+            if not isinstance(obs, Mapping):
+                return self._checked(self.array_key, obs)
+            given = [k for k in STATE_KEYS if k in obs]
+            if len(given) != 1:
+                why = "holds none of" if not given else f"holds {given}, several of"
+                raise RequestError(
+                    f"the observation {why} the keys {list(STATE_KEYS)}; policy "
+                    f"{self.name!r} reads one array ({self.inputs[self.array_key]}): "
+                    "send it under one of them (its keys are "
+                    f"{sorted(map(str, obs))})"
+                )
+            return self._checked(self.array_key, obs[given[0]])
+        if not isinstance(obs, Mapping):
+            raise RequestError(
+                f"the observation is a {type(obs).__name__}; policy {self.name!r} "
+                f"expects a dict of {self.expects()}"
+            )
+        missing = [k for k in self.inputs if k not in obs]
+        if missing:
+            raise RequestError(
+                f"the observation lacks keys {missing}; policy {self.name!r} "
+                f"expects {self.expects()}"
+            )
+        return {k: self._checked(k, obs[k]) for k in self.inputs}
+
     def prepare(self, obs: Any) -> Prepared:
         """One raw observation as the forward's inputs (numpy, on the host).
 
         Raises:
           RequestError: a key the spec reads is missing, a leaf is not an
-            array of numbers, a Text's instruction is not a string, or the
-            inputs have a layout the model already refused.
+            array of numbers, a leaf's shape or dtype is not the declared
+            one, a Text's instruction is not a string, or the inputs have a
+            layout the model already refused.
         """
         spec = self.policy.spec
         if spec is None:
-            inputs = {WHOLE: _arrays_of(obs, "the observation")}
+            inputs = {WHOLE: self._whole(obs)}
         else:
             if not isinstance(obs, Mapping):
                 raise RequestError(
@@ -191,12 +400,14 @@ class ServedModel:
                 if isinstance(decl, adapt.Text):
                     inputs[name] = self._text(name, decl, obs)
                 elif decl.key is None:
-                    inputs[name] = _arrays_of(obs, "the observation")
+                    inputs[name] = self._whole(obs)
                 elif decl.key not in obs:
                     raise RequestError(
                         f"input {name!r} reads observation key {decl.key!r}, which "
                         f"this observation lacks; its keys are {sorted(map(str, obs))}"
                     )
+                elif self.inputs is not None:
+                    inputs[name] = self._checked(decl.key, obs[decl.key])
                 else:
                     inputs[name] = _array(obs[decl.key], f"observation[{decl.key!r}]")
         sig = _signature(inputs)
@@ -243,18 +454,22 @@ class ServedModel:
         return next(s for s in self.sizes if s >= n)
 
     def _program(self, sig: tuple, size: int, batch: dict, counters: Any) -> Any:
-        program = self._programs.get((sig, size))
-        if program is None:
-            if (
-                sig not in {s for s, _ in self._programs}
-                and len({s for s, _ in self._programs}) >= MAX_LAYOUTS
-            ):
-                raise RequestError(
-                    f"this server already runs {MAX_LAYOUTS} observation layouts; "
-                    "send observations of the shapes and dtypes it already serves"
-                )
-            lowered = self._jit.lower(self.params, batch, counters)
-            program = self._programs[(sig, size)] = lowered.compile()
+        programs = self._programs.get(sig)
+        if programs is not None:
+            self._programs.move_to_end(sig)
+            program = programs.get(size)
+            if program is not None:
+                return program
+        lowered = self._jit.lower(self.params, batch, counters)
+        program = lowered.compile()
+        if programs is None:
+            while len(self._programs) >= MAX_LAYOUTS:
+                # The least recently used layout goes (it compiles again if
+                # it comes back); a fresh jit lets JAX drop its traces too.
+                self._programs.popitem(last=False)
+                self._jit = jax.jit(self._forward)
+            programs = self._programs[sig] = {}
+        programs[size] = program
         return program
 
     def run(self, rows: list[Prepared]) -> Forward:
@@ -277,13 +492,24 @@ class ServedModel:
         t0 = time.perf_counter()
         try:
             program = self._program(sig, size, batch, counters)
-        except RequestError:
-            raise
         except Exception as e:  # the model's own trace refused these inputs
             why = (
-                f"policy {self.name!r} cannot run these inputs: {type(e).__name__}: {e}"
+                f"policy {self.name!r} cannot run these inputs "
+                f"({_layout(rows[0].inputs, self.policy.spec)}): "
+                f"{type(e).__name__}: {e}"
             )
-            if sig not in {s for s, _ in self._programs}:
+            if self.policy.spec is None and self.inputs is None:
+                why += (
+                    f". A model without a spec gets the observation as sent; one "
+                    "that takes one array can be served with its inputs declared "
+                    "(PolicyServer(inputs={'observation/state': ((N,), "
+                    "'float32')}), serve-policy --input "
+                    "observation/state=float32[N]), and clients then send it "
+                    f"under one of {list(STATE_KEYS)}"
+                )
+            if sig not in self._programs:
+                while len(self._bad) >= MAX_REFUSED:
+                    self._bad.popitem(last=False)
                 self._bad[sig] = why
             raise RequestError(why) from e
         out = np.asarray(jax.device_get(program(self.params, batch, counters)))
@@ -297,16 +523,20 @@ class ServedModel:
             self.run([prepared] * size)
 
     def compiled(self) -> int:
-        """How many programs have been compiled (layouts x batch sizes)."""
-        return len(self._programs)
+        """How many programs are kept compiled (layouts x batch sizes)."""
+        return sum(len(p) for p in self._programs.values())
 
 
 __all__ = [
     "Forward",
+    "Leaf",
     "MAX_LAYOUTS",
+    "MAX_REFUSED",
     "PROMPT_KEY",
+    "STATE_KEYS",
     "Prepared",
     "RequestError",
     "ServedModel",
     "batch_sizes",
+    "parse_input",
 ]

@@ -94,6 +94,15 @@ class PolicyServer:
       example: an observation to compile for in ``start`` (every batch size),
         so that the first requests do not wait for XLA (``"openpi"`` only:
         over ``"grpc"`` a run's session compiles for its env when it opens).
+      inputs: the observation a request holds (``"openpi"`` only): a dict
+        from observation key to ``(shape, dtype)`` (or ``"float32[8]"``), for
+        the keys the model's spec reads; a model without a spec that takes
+        one array declares it under ``"observation/state"``, and clients may
+        then send it under ``"observation/state"``, ``"state"`` or ``"obs"``.
+        A request of another shape or dtype is refused naming the key, the
+        shape given and the one expected, before anything compiles; the
+        forward compiles for it in ``start``. None: any layout the model can
+        run (the 8 most recently used kept compiled).
       metadata: more entries for the map a client receives first.
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
@@ -134,6 +143,7 @@ class PolicyServer:
         tls: Any = None,
         insecure: bool = False,
         example: Any = None,
+        inputs: dict | None = None,
         metadata: dict | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_connections: int = 1024,
@@ -187,9 +197,16 @@ class PolicyServer:
                     "example=...: protocol='grpc' compiles for each client's env "
                     "when the client opens its session; drop example="
                 )
+            if inputs is not None:
+                raise ValueError(
+                    "inputs=...: protocol='grpc' reads each client's observation "
+                    "layout from its session; drop inputs="
+                )
             self._served: Any = Pools(model, max_batch=max_batch, max_lanes=max_lanes)
         else:
-            self._served = ServedModel(model, max_batch=max_batch, seed=seed)
+            self._served = ServedModel(
+                model, max_batch=max_batch, seed=seed, inputs=inputs
+            )
         self._batcher = Batcher(self._served, max_wait_ms=max_wait_ms)
         self._example = example
         self._metadata = {
@@ -238,6 +255,14 @@ class PolicyServer:
         return f"{scheme}://{self.address}"
 
     @property
+    def expects(self) -> str:
+        """What a request holds, in words (``"openpi"``: the declared inputs'
+        keys, shapes and dtypes, or the keys the spec reads)."""
+        if self.protocol == "grpc":
+            return "a RemotePolicy session (the layout of the client's env)"
+        return self._served.expects()
+
+    @property
     def stats(self) -> BatchStats:
         """Forwards, requests and batch sizes so far (``BatchStats``)."""
         return self._batcher.stats
@@ -261,8 +286,11 @@ class PolicyServer:
         if self._started:
             raise RuntimeError("this PolicyServer has already started")
         self._started = True
-        if self._example is not None:
-            self._served.warm_up(self._served.prepare(self._example))
+        example = self._example
+        if example is None and self.protocol == "openpi":
+            example = self._served.example()  # the declared inputs, if any
+        if example is not None:
+            self._served.warm_up(self._served.prepare(example))
         if self.protocol == "grpc":
             self._service = self._grpc_service()
         else:

@@ -5,15 +5,28 @@ says it expects."""
 
 from __future__ import annotations
 
+import argparse
 import http.client
 
 import numpy as np
+import pytest
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from serve_models import (
+    ImageModel,
+    image_reference,
+    libero_obs,
+    linear_model,
+    linear_reference,
+)
 
-from jaxmesh.zoo import libero
+import jaxmesh
+from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.serve_policy import declared_inputs
+from jaxmesh.serve.forward import MAX_LAYOUTS, MAX_REFUSED, STATE_KEYS, batch_sizes
+from jaxmesh.zoo import cartpole, libero
 
-from .conftest import serve_policy_process
+from .conftest import serve_policy_child, serve_policy_process
 
 
 def _libero_state(i: int) -> dict:
@@ -89,3 +102,159 @@ def test_two_authorization_headers_are_refused_as_unauthorized():
         for twice in ([good, good], [good, ("Authorization", "Api-Key wrong")]):
             assert _upgrade(host, int(port), twice) == 401
         assert _upgrade(host, int(port), []) == 401
+
+
+def _cartpole_numpy(obs: np.ndarray) -> int:
+    """The shipped CartPole MLP's greedy action, its layers in numpy."""
+    p = jaxmesh.load_params(cartpole.DEFAULT_PATH)["params"]
+    x = np.asarray(obs, np.float32)
+    for layer in ("Dense_0", "Dense_1"):
+        x = np.tanh(x @ np.asarray(p[layer]["kernel"]) + np.asarray(p[layer]["bias"]))
+    logits = x @ np.asarray(p["Dense_2"]["kernel"]) + np.asarray(p["Dense_2"]["bias"])
+    return int(np.argmax(logits))
+
+
+def _startup_line(proc) -> str:
+    """The server's start-up line on stderr (written before it is ready)."""
+    for raw in proc.stderr:
+        line = raw.decode()
+        if line.startswith("jaxmesh serve-policy:"):
+            return line
+    raise AssertionError("no start-up line")
+
+
+def test_a_run_configs_array_policy_takes_openpis_dict_observations():
+    # configs/cartpole.yaml: a model without a spec that takes one array;
+    # the config's env says its shape, and the server says what it expects.
+    with serve_policy_child("configs/cartpole.yaml") as (address, proc):
+        line = _startup_line(proc)
+        assert "'observation/state' float32[4]" in line
+        assert "'state'" in line and "'obs'" in line
+        host, port = address.rsplit(":", 1)
+        states = np.array(
+            [[0.0, 0.0, 0.05, 0.0], [0.0, 0.0, -0.05, 0.0], [0.1, 0.3, -0.02, 0.4]]
+        )
+        for key, state in zip(STATE_KEYS, states, strict=True):
+            client = WebsocketClientPolicy(host, int(port))
+            try:
+                # As openpi's clients send it: float64, with a prompt beside.
+                reply = client.infer({key: state, "prompt": "balance"})
+            finally:
+                client._ws.close()
+            assert reply["actions"].shape == (1,)
+            assert int(reply["actions"][0]) == _cartpole_numpy(state)
+        for obs, why in (
+            (
+                {"observation/state": np.ones(3, np.float32)},
+                r"observation\['observation/state'\] has shape \(3,\); policy "
+                r"'CartPoleMLP' expects float32\[4\]",
+            ),
+            ({"prompt": "balance"}, "holds none of the keys"),
+            (
+                {"state": np.ones(4), "obs": np.ones(4)},
+                r"holds \['state', 'obs'\], several of",
+            ),
+        ):
+            client = WebsocketClientPolicy(host, int(port))
+            try:
+                with pytest.raises(RuntimeError, match=why):
+                    client.infer(obs)
+            finally:
+                client._ws.close()
+
+
+def test_declared_inputs_refuse_another_dtype_naming_the_key():
+    model = linear_model("observation/image")  # reads one key, as a State
+    with pytest.raises(ValueError, match=r"reads observation keys \['observation/"):
+        jaxmesh.PolicyServer(model, inputs={"observation/state": "float32[3]"})
+    inputs = {"observation/image": ((3,), "uint8")}
+    with jaxmesh.PolicyServer(model, inputs=inputs) as server:
+        assert server.compiled == len(batch_sizes(16))  # at start
+        assert server.expects == "'observation/image' uint8[3]"
+        host, port = server.address.rsplit(":", 1)
+        client = WebsocketClientPolicy(host, int(port))
+        try:
+            pixels = np.array([1, 2, 3], np.uint8)
+            reply = client.infer({"observation/image": pixels})
+            np.testing.assert_allclose(
+                reply["actions"],
+                linear_reference(pixels.astype(np.float32)),
+                rtol=1e-6,
+            )
+        finally:
+            client._ws.close()
+        client = WebsocketClientPolicy(host, int(port))
+        try:
+            with pytest.raises(
+                RuntimeError,
+                match=r"observation\['observation/image'\] has dtype float32; "
+                r"policy 'chunk' expects uint8\[3\]",
+            ):
+                client.infer({"observation/image": np.ones(3, np.float32)})
+        finally:
+            client._ws.close()
+        assert server.compiled == len(batch_sizes(16))  # nothing more compiled
+
+
+def _infer(server: jaxmesh.PolicyServer, obs: dict) -> dict:
+    host, port = server.address.rsplit(":", 1)
+    client = WebsocketClientPolicy(host, int(port))
+    try:
+        return client.infer(obs)
+    finally:
+        client._ws.close()
+
+
+def test_no_client_locks_the_layouts_out():
+    # A model that runs any camera size: each size is a layout. More layouts
+    # than are kept compiled evict the least recently used; the first one
+    # still runs after them all.
+    sizes = list(range(4, 4 + MAX_LAYOUTS + 3))
+    with jaxmesh.PolicyServer(ImageModel(), max_batch=1) as server:
+        for size in [*sizes, sizes[0]]:
+            obs = libero_obs(size, size=size)
+            reply = _infer(server, obs)
+            np.testing.assert_allclose(
+                reply["actions"], image_reference(obs), rtol=1e-6
+            )
+            assert server.compiled <= MAX_LAYOUTS
+    # Layouts the model refuses are remembered up to a bound, and do not
+    # keep the layout it runs out.
+    with jaxmesh.PolicyServer(linear_model(), max_batch=1) as server:
+        for n in range(4, 4 + MAX_REFUSED + 8):
+            with pytest.raises(RuntimeError, match=r"observation/state float32\["):
+                _infer(server, {"observation/state": np.ones(n, np.float32)})
+        state = np.array([1.0, 2.0, 3.0], np.float32)
+        reply = _infer(server, {"observation/state": state})
+        np.testing.assert_allclose(reply["actions"], linear_reference(state), rtol=1e-6)
+        assert server.compiled == 1
+
+
+def test_the_command_line_declares_the_layout_and_other_layouts_compile_nothing():
+    args = ("serve_models:LINEAR", "--input", "observation/state=float32[3]")
+    with serve_policy_child(*args) as (address, proc):
+        assert "'observation/state' float32[3]" in _startup_line(proc)
+        host, port = address.rsplit(":", 1)
+        for n in range(4, 4 + MAX_LAYOUTS + 2):
+            client = WebsocketClientPolicy(host, int(port))
+            try:
+                with pytest.raises(RuntimeError, match=rf"has shape \({n},\)"):
+                    client.infer({"observation/state": np.ones(n, np.float32)})
+            finally:
+                client._ws.close()
+        client = WebsocketClientPolicy(host, int(port))
+        try:
+            state = np.array([1.0, -2.0, 0.5], np.float32)
+            reply = client.infer({"observation/state": state})
+            np.testing.assert_allclose(
+                reply["actions"], linear_reference(state), rtol=1e-6
+            )
+        finally:
+            client._ws.close()
+    with pytest.raises(ConfigError, match="KEY=DTYPE"):
+        declared_inputs(
+            argparse.Namespace(
+                input=["state:float32"], protocol="openpi", policy="m:a"
+            ),
+            None,
+        )

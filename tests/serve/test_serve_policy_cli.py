@@ -3,6 +3,8 @@ and the refusals of bad input (exit status 2, one line)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -53,3 +55,17 @@ def test_the_policy_is_read_from_a_run_config_or_module_attr(tmp_path, capsys):
     (tmp_path / "empty.yaml").write_text("env: gymnax:CartPole-v1\n")
     with pytest.raises(ConfigError, match="names no policy"):
         load_policy(str(tmp_path / "empty.yaml"))
+
+
+def test_describe_says_what_a_model_without_a_spec_reads(capsys):
+    assert main(["describe", "configs/cartpole.yaml"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # The config's env (gymnax CartPole) gives the one array's shape.
+    assert out["inputs"] == {"observation/state": {"shape": [4], "dtype": "float32"}}
+    # The docstring's whole first sentence, not its first line.
+    assert out["doc"].startswith("The trained CartPole MLP") and out["doc"].endswith(
+        "others)."
+    )
+    assert main(["describe", "jaxmesh.zoo.cartpole:CartPoleMLP"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "--input observation/state=float32[N]" in out["inputs"]
