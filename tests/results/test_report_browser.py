@@ -247,3 +247,24 @@ def test_libero_suite_report_fits_1280_px_with_watchable_videos(chromium, tmp_pa
     assert "gymnasium:libero" not in text
     rows = page.rows["tasks-table"]
     assert [r["data-task"] for r in rows][:2] == list(suite.tasks)
+
+
+def test_a_libero_task_s_own_report_fits_1280_px(chromium, tmp_path):
+    """One LIBERO task's report (``result.report``): the same checks."""
+    from jaxmesh.results.video import write_video
+
+    from .test_report_layout import libero_run
+
+    frames = [np.full((64, 64, 3), 12 * t, np.uint8) for t in range(16)]
+    video = write_video(frames, tmp_path / "ep0.mp4", fps=8)
+    path = tmp_path / "task.html"
+    libero_run(0, videos=[video]).report(path)
+    rendered = render(path, width=1280)
+    layout = rendered.layout
+    assert layout["scrollWidth"] <= layout["viewport"] <= 1280, layout
+    assert layout["past"] == [], layout["past"][:5]
+    [video] = layout["videos"]
+    assert video["natural"] == [64, 64] and video["width"] >= 256
+    text = " ".join(Page(rendered.dom).text)
+    assert "chunk on libero:libero_spatial/0" in text
+    assert "gymnasium:libero" not in text
