@@ -3,6 +3,7 @@ tasks) and ``jaxmesh.evaluate``'s keyword arguments."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import math
@@ -11,7 +12,8 @@ from typing import Any
 from jaxmesh.cli.checks import execution_of, is_gymnasium_id, is_served
 from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.cli.tls import channel_credentials
-from jaxmesh.envs import make_env
+from jaxmesh.envs import PREFIXES, make_env
+from jaxmesh.envs.gymnasium.lanes import is_factory
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
 from jaxmesh.run.config import FLAT, GROUP_OF, RunConfig
@@ -117,11 +119,60 @@ def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
                 "gymnasium (gymnasium[mujoco] for the MuJoCo envs)"
             )
         return env_id
+    factory = env_factory(env_id, env_config)
+    if factory is not None:
+        return factory
     try:
         return make_env(env_id, **env_config)
     except (ValueError, TypeError, ImportError) as e:
         given = f" with env_config {env_config!r}" if env_config else ""
-        raise ConfigError(f"cannot make env {env_id!r}{given}: {e}") from e
+        text = f"cannot make env {env_id!r}{given}: {e}"
+        if env_id.partition(":")[0] not in PREFIXES:
+            text += f"; {_OWN_ENV}"
+        raise ConfigError(text) from e
+
+
+#: How a config names an env of the user's own.
+_OWN_ENV = (
+    "an env of your own is gymnasium:<module>:<Id> (importing <module> registers "
+    "<Id> with gymnasium) or <module>:<function>, a function that returns a "
+    "gymnasium.Env (env_config: its keyword arguments)"
+)
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
+
+
+def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
+    """The env factory a config's ``env: module:function`` names, as
+    ``jaxmesh.evaluate`` takes one (a function, or a ``gymnasium.Env`` class,
+    with ``env_config`` as its keyword arguments); None when ``env_id`` is
+    another kind of id (its prefix a family's, or no module of that name).
+
+    Raises:
+      ConfigError: the module imports but its attribute is missing or is not
+        an env factory.
+    """
+    module, sep, _ = env_id.partition(":")
+    if not sep or module in PREFIXES or not module.replace(".", "").isidentifier():
+        return None
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing
+        found = False
+    if not found:
+        return None
+    try:
+        obj = import_target(env_id)
+    except ConfigError as e:
+        raise ConfigError(f"env {env_id!r}: {e}; {_OWN_ENV}") from e
+    if not is_factory(obj):
+        raise ConfigError(
+            f"env {env_id!r} is {_a(type(obj).__name__)}, not an env factory; "
+            + _OWN_ENV
+        )
+    return functools.partial(obj, **env_config) if env_config else obj
 
 
 def _reply_timeout(value: Any) -> Any:

@@ -328,17 +328,40 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _swaps_policy(config: dict[str, Any], overrides: Sequence[str]) -> bool:
+    """Whether the overrides' last ``policy=`` names another policy than the
+    file's (a value that does not parse is left to ``apply_overrides``)."""
+    last = None
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key.strip() == "policy":
+            last = raw
+    if last is None:
+        return False
+    try:
+        policy = yaml_load(last) if last.strip() else ""
+    except yaml.YAMLError:
+        return False
+    return policy != config.get("policy")
+
+
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
     """Applies ``KEY=VALUE`` overrides; dotted keys reach into mappings.
 
     Values are parsed as YAML (``8`` is an int, ``null`` is None, ``true`` a
     bool, ``[1, 2]`` a list, anything else a string). Returns a new dict.
 
+    ``--set policy=...`` naming another policy than the file's drops the file's
+    ``policy_config`` (its keyword arguments were for the file's policy); the
+    ``policy_config`` overrides given on the command line still apply.
+
     Raises:
       ConfigError: an override without ``=``, or a dotted key through a value
         that is not a mapping.
     """
     out = copy.deepcopy(config)
+    if _swaps_policy(config, overrides):
+        out.pop("policy_config", None)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
