@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from .test_report import Page, make_result  # noqa: E402
-
 from jaxmesh.results import summary  # noqa: E402
 from jaxmesh.results.result import RunResult, made_with  # noqa: E402
 from jaxmesh.suite import SuiteResult  # noqa: E402
+
+from .test_report import Page, make_result  # noqa: E402
 
 FINGERPRINT = {"env": "e" * 32, "policy": "p" * 32, "jax": "0.4.99"}
 PROVENANCE = {
