@@ -44,8 +44,8 @@ SCHEMA: dict[str, Key] = {
         "str | list",
         None,
         "env id: gymnax:<id>, brax:<name>, playground:<name>, libero:<suite>/<i>, "
-        "gymnasium:<id> (stepped here), grpc://host:port or a list of addresses "
-        "(required unless tasks or suite)",
+        "gymnasium:<id> (stepped here), <module>:<function> (an env factory), "
+        "grpc://host:port or a list of addresses (required unless tasks or suite)",
     ),
     "tasks": Key(
         "mapping",
@@ -63,7 +63,8 @@ SCHEMA: dict[str, Key] = {
         "mapping",
         None,
         "keyword arguments of jaxmesh.make_env(env, **env_config), e.g. "
-        "episode_length: 50 (gymnax:, brax:, playground:, libero: ids only)",
+        "episode_length: 50 (gymnax:, brax:, playground:, libero: ids and env "
+        "factories only)",
     ),
     "policy": Key(
         "str",
