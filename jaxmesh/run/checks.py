@@ -375,7 +375,7 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
 
     Args:
       metrics: None; an info key; a list of keys (each reduced with ``last``);
-        or a dict key -> reduction, one of ``core.results.REDUCTIONS``.
+        or a dict key -> reduction, one of ``core.tally.REDUCTIONS``.
       success: None (auto: ``success`` or ``is_success`` when the info has
         one), an info key whose last value is the episode's success, or False.
 
@@ -431,7 +431,7 @@ def resolve_metrics(
 
     Args:
       asked: ``check_metrics``'s result.
-      available: the env's info keys (flat names, ``core.results.info_leaves``).
+      available: the env's info keys (flat names, ``core.tally.info_leaves``).
       env_name: the env, for messages.
 
     Returns:

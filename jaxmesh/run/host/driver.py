@@ -215,7 +215,7 @@ class HostMetrics:
 # Recording episodes on the host ------------------------------------------------------
 class HostRecorder:
     """The recorded episodes of a host-stepped run (``jaxmesh.Record``), in
-    numpy buffers of the scan's shapes (``core.results.Recording``).
+    numpy buffers of the scan's shapes (``core.tally.Recording``).
 
     Per lane, the slot of the recorded episode it runs (-1: none); steps past
     ``max_steps`` are not kept. With ``render``, ``render(j)`` is called after

@@ -51,7 +51,7 @@ class HostLoop:
       settings: the checked settings (``num_envs`` lanes, ``max_steps``).
       seconds: ``max_episode_seconds`` or None.
       seeds_arr: the budget's seeds.
-      res: the numpy ``core.results.Results`` filled in place.
+      res: the numpy ``core.tally.Results`` filled in place.
       episodes_out: the run's ``stream.EpisodeStream`` (``.steps``: hooks).
       tel: the run's ``Telemetry``.
       metrics: the run's ``host.HostMetrics``.

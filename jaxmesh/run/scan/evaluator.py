@@ -408,7 +408,7 @@ class Evaluator:
         The placement puts the carry, each segment's seed window and the params
         where the program reads them and reads each segment's log back; the
         host copies the log's rows into its own arrays, indexed by episode
-        (``core.results.write``). What a segment carries and the host reads is
+        (``core.tally.write``). What a segment carries and the host reads is
         sized by the lanes, never by the budget. The loop is the same on one
         device and on a mesh.
         """

@@ -68,7 +68,7 @@ class SingleDevice:
         return num_envs
 
     def capacity(self, episodes: int, num_envs: int) -> int:
-        """Rows of a segment's log (``core.results.log_capacity``): set by the
+        """Rows of a segment's log (``core.tally.log_capacity``): set by the
         lanes, so every budget runs on one program."""
         del episodes
         return log_capacity(num_envs)
@@ -190,7 +190,7 @@ class DeviceMesh:
         return self.lanes_per_device
 
     def capacity(self, episodes: int, num_envs: int) -> int:
-        """Rows of each device's log (``core.results.log_capacity`` of its
+        """Rows of each device's log (``core.tally.log_capacity`` of its
         lanes)."""
         del episodes, num_envs
         return log_capacity(self.lanes_per_device)

@@ -33,7 +33,7 @@ def make_evaluator(
     population of params, or called inside a jitted training step. ``seeds``
     (int32, one per episode) defaults to the seeds given here.
 
-    ``Results`` is the engine's own results pytree (``jaxmesh.core.results``):
+    ``Results`` is the engine's own results pytree (``jaxmesh.core.tally``):
     per episode ``returns``, ``lengths``, ``terminated``, ``truncated``,
     ``predict_calls``, ``lanes``, ``done``; totals ``env_steps`` and
     ``policy_rows``; and ``fault``, each lane's first bad value (``fault.kind``

@@ -53,7 +53,7 @@ class ServedLanes:
         dropped and its unfinished episodes run again on the other servers'
         lanes (the run raises when none is left); ``"raise"``: the run raises.
       transport: ``"auto"``, ``"grpc"`` or ``"shm"``: how each session's calls
-        travel (``jaxmesh.remote.session.TRANSPORTS``).
+        travel (``jaxmesh.remote.protocol.TRANSPORTS``).
 
     Raises:
       jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
