@@ -99,3 +99,44 @@ def test_a_run_resumes_across_terminal_and_pipe(tmp_path, first):
     assert rc == 0, text
     assert "is not this call's" not in text
     assert _episodes(out) == whole
+
+
+def test_a_suite_started_in_a_terminal_resumes_through_a_pipe(tmp_path):
+    # A JAX env's task (its env digest is a traced program) and a gymnasium
+    # one (the policy's digest is); a suite resumes from its output JSON.
+    config = tmp_path / "suite.yaml"
+    out = tmp_path / "suite.json"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "policy": "cli_policies:tilt",
+                "tasks": {"a": "gymnax:CartPole-v1", "b": "gymnasium:CartPole-v1"},
+                "episodes": 4,
+                "num_envs": 2,
+                "output": str(out),
+            }
+        )
+    )
+    argv = [sys.executable, "-m", "jaxmesh.cli", "eval", str(config), "--no-progress"]
+    rc, text = _in_terminal(argv)
+    assert rc == 0, text
+    whole = json.loads(out.read_text())
+    cut = json.loads(out.read_text())
+    for task in cut["tasks"].values():  # each task stopped after 2 episodes
+        task["episodes"] = task["episodes"][:2]
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(cut))
+
+    rc, text = _in_pipe([*argv, "--resume", str(earlier)])
+
+    assert rc == 0, text
+    again = json.loads(out.read_text())
+    for name in ("a", "b"):
+        got, want = (
+            [
+                {k: v for k, v in ep.items() if k not in ("lane", "check")}
+                for ep in r["tasks"][name]["episodes"]
+            ]
+            for r in (again, whole)
+        )
+        assert got == want
