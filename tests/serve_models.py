@@ -82,3 +82,18 @@ def big_reply_model() -> jaxmesh.Model:
 #: ``big_reply_model()`` as ``jaxmesh serve-policy serve_models:BIG_REPLY``
 #: names it.
 BIG_REPLY = big_reply_model()
+
+
+def any_shape_model() -> jaxmesh.Model:
+    """One action of 2, the sum of a state of any shape and its negation:
+    every state shape is a layout it runs."""
+
+    def act(inputs):
+        total = inputs["state"].sum()
+        return jnp.stack([total, -total])
+
+    return jaxmesh.Model(act, spec={"state": State(key="observation/state")})
+
+
+#: ``any_shape_model()`` as ``serve-policy serve_models:ANY_SHAPE`` names it.
+ANY_SHAPE = any_shape_model()

@@ -430,6 +430,7 @@ class ServedModel:
             raise RequestError(f"input {name!r}: {e}") from None
 
     # The device side: a batch ---------------------------------------------
+
     def _forward(self, params: Any, batch: dict, counters: jax.Array) -> jax.Array:
         pol = self.policy
         if pol.spec is None:
@@ -465,9 +466,11 @@ class ServedModel:
         if programs is None:
             while len(self._programs) >= MAX_LAYOUTS:
                 # The least recently used layout goes (it compiles again if
-                # it comes back); a fresh jit lets JAX drop its traces too.
+                # it comes back). JAX's own caches keep every layout's trace
+                # and lowering (~300 kB each) with no bound: clear them, or a
+                # stream of new layouts would grow the process without end.
                 self._programs.popitem(last=False)
-                self._jit = jax.jit(self._forward)
+                jax.clear_caches()
             programs = self._programs[sig] = {}
         programs[size] = program
         return program

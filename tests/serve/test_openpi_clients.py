@@ -258,3 +258,35 @@ def test_the_command_line_declares_the_layout_and_other_layouts_compile_nothing(
             ),
             None,
         )
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/PID/status")
+
+
+@pytest.mark.slow  # 120 layouts, each compiled
+def test_a_stream_of_new_layouts_keeps_the_servers_memory_bounded():
+    # Each state length is a layout the model runs; past the 8 kept, each
+    # new one evicts one. JAX's caches kept ~300 kB a layout (+37 MB for
+    # these 100) before eviction cleared them.
+    with serve_policy_child("serve_models:ANY_SHAPE", "--max-batch", "1") as (
+        address,
+        proc,
+    ):
+        host, port = address.rsplit(":", 1)
+        client = WebsocketClientPolicy(host, int(port))
+        try:
+            for n in range(1, 121):
+                if n == 21:
+                    before = _rss(proc.pid)
+                state = np.arange(n, dtype=np.float32)
+                reply = client.infer({"observation/state": state})
+                want = [state.sum(), -state.sum()]
+                np.testing.assert_allclose(reply["actions"], [want], rtol=1e-6)
+        finally:
+            client._ws.close()
+        assert _rss(proc.pid) - before < 16 << 20
