@@ -246,6 +246,7 @@ def _run_eval(
     (Ctrl-C: one message, exit status 130, and SIGTERM the same with status
     143; a failure: a note under its traceback)."""
     earlier = kwargs.get("resume")
+    log = next((h for h in hooks if isinstance(h, EpisodeLog)), None)
     started = lambda: any(getattr(h, "started", False) for h in hooks)
     try:
         with terminating():  # SIGTERM stops the run as Ctrl-C does
@@ -253,11 +254,11 @@ def _run_eval(
     except (ConfigError, ValueError, TypeError) as e:
         if not started():
             raise  # a refusal: nothing ran
-        hint = _kept(args, config, log_path, e, earlier)
+        hint = _kept(args, config, log_path, e, earlier, log)
         e.add_note(hint)
         raise
     except KeyboardInterrupt as e:
-        kept = _kept(args, config, log_path, e, earlier)
+        kept = _kept(args, config, log_path, e, earlier, log)
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         print(f"jaxmesh {args.command}: {how}. {kept}", file=sys.stderr)
         raise Interrupted(143 if isinstance(e, Terminated) else 130) from None
@@ -265,7 +266,7 @@ def _run_eval(
         why = None if started() else bad_input(e)
         if why is not None:  # refused as cmd_eval refuses a ValueError
             raise ValueError(why) from e
-        e.add_note(_kept(args, config, log_path, e, earlier))
+        e.add_note(_kept(args, config, log_path, e, earlier, log))
         raise
 
 
@@ -275,18 +276,24 @@ def _kept(
     log_path: Path | None,
     exc: Any,
     earlier: Any = None,
+    log: EpisodeLog | None = None,
 ) -> str:
     """Where a stopped run's finished episodes are, and how to continue it
     (never raises: the run's own error comes first). ``earlier``: the result
-    this run resumes, whose episodes its log holds too."""
+    this run resumes; ``log``: the run's episode log (at ``log_path``)."""
     try:
-        return _keep(args, config, log_path, exc, earlier)
+        return _keep(args, config, log_path, exc, earlier, log)
     except Exception as e:  # e.g. the partial result cannot be written either
         return f"jaxmesh: the finished episodes could not be saved ({e})."
 
 
 def _keep(
-    args: argparse.Namespace, config: dict, log_path: Any, exc: Any, earlier: Any
+    args: argparse.Namespace,
+    config: dict,
+    log_path: Any,
+    exc: Any,
+    earlier: Any,
+    log: EpisodeLog | None,
 ) -> str:
     partial = getattr(exc, "partial_result", None)
     output = Path(config["output"]) if config.get("output") else None
@@ -304,7 +311,17 @@ def _keep(
         n = 0 if earlier is None else earlier.num_episodes
     if not n:
         return "No episode had finished: nothing to resume from."
-    held = _held(log_path)
+    resumed = getattr(args, "resume", None)
+    if (
+        log is not None
+        and log.error is None
+        and (resumed is None or Path(resumed).resolve() == Path(log_path).resolve())
+    ):
+        # Every line was written, and a failed run's episodes were flushed to
+        # it: the log holds them all (and the earlier ones it was resumed from).
+        held = n
+    else:  # read back: the log stopped, or holds another file's earlier run
+        held = _held(log_path)
     also = ""
     if log_path is not None and held >= n:
         where = log_path
