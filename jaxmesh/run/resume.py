@@ -644,18 +644,32 @@ class EpisodeLog:
         """After a write failed: takes the cut line back (a regular file
         only), closes the file and says so once."""
         self.error = error
+        removed = False
         if self._fd is not None:
             with contextlib.suppress(OSError):
-                if start is not None and stat.S_ISREG(os.fstat(self._fd).st_mode):
+                held = os.fstat(self._fd)
+                if start is not None and stat.S_ISREG(held.st_mode):
                     os.ftruncate(self._fd, start)
+                    # Nothing written at all: no empty file is left behind.
+                    there = os.lstat(self.path)
+                    if not start and (there.st_dev, there.st_ino) == (
+                        held.st_dev,
+                        held.st_ino,
+                    ):
+                        os.unlink(self.path)
+                        removed = True
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+        held = (
+            "nothing was written to it, so it was removed"
+            if removed
+            else f"it holds the {len(self.written)} episodes written before"
+        )
         text = (
             f"the episode log {self.path} cannot be written "
-            f"({error.strerror or error}); it holds the {len(self.written)} "
-            "episodes written before, and the run goes on without it (its "
-            "result holds every episode)"
+            f"({error.strerror or error}); {held}, and the run goes on without "
+            "it (its result holds every episode)"
         )
         if self.on_error is None:
             warnings.warn(text, RuntimeWarning, stacklevel=4)

@@ -164,24 +164,32 @@ LIMITED = (
 )
 
 
-def test_no_empty_or_cut_file_is_left_when_no_file_can_be_written(tmp_path):
-    # Every file this process writes stops at 3,000 bytes: the log takes a
-    # few episodes, the result JSON (and its copies in the working and the
-    # temporary folders) cannot be written at all.
+def _run_with_files_limited(tmp_path: Path, size: int, episodes: int):
+    """``jaxmesh eval`` of a CartPole config in ``tmp_path/out``, its working
+    folder ``cwd`` and temporary folder ``tmp``, every file it writes limited
+    to ``size`` bytes; the process and the three folders."""
     out, cwd, tmp = (tmp_path / name for name in ("out", "cwd", "tmp"))
     for folder in (out, cwd, tmp):
         folder.mkdir()
-    config = _config(out, episodes=40)
+    config = _config(out, episodes=episodes)
     path = os.pathsep.join(
         p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p
     )
     env = {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp)}
     env.update({CACHE_SWITCH_ENV: "0", "PYTHONDONTWRITEBYTECODE": "1"})
-    argv = [sys.executable, "-c", LIMITED, "3000", sys.executable, "-m"]
+    argv = [sys.executable, "-c", LIMITED, str(size), sys.executable, "-m"]
     argv += ["jaxmesh.cli", "eval", str(config), "--no-progress"]
     proc = subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
+    return proc, out, cwd, tmp
+
+
+def test_no_empty_or_cut_file_is_left_when_no_file_can_be_written(tmp_path):
+    # Every file this process writes stops at 3,000 bytes: the log takes a
+    # few episodes, the result JSON (and its copies in the working and the
+    # temporary folders) cannot be written at all.
+    proc, out, cwd, tmp = _run_with_files_limited(tmp_path, 3000, 40)
 
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -189,10 +197,29 @@ def test_no_empty_or_cut_file_is_left_when_no_file_can_be_written(tmp_path):
     held = [x["episode"] for x in _log_lines(log) if "episode" in x]
     assert 1 <= len(held) < 40
     assert _returns_lengths(held) == tilt_episodes(ep["seed"] for ep in held)
-    last = proc.stderr.splitlines()[-1]
+    last = [x for x in proc.stderr.splitlines() if x.startswith("jaxmesh eval:")][-1]
     assert last.startswith(f"jaxmesh eval: error: cannot write {str(out / 'r.json')!r}")
     assert f"the episode log {log} holds {len(held)} of the 40 episodes" in last
     assert f"--resume {log}" in last
     # Nothing else: no empty, cut or temporary file anywhere it tried.
     assert sorted(p.name for p in out.iterdir()) == ["r.episodes.jsonl", "run.yaml"]
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_a_log_that_takes_no_line_is_not_left_empty(tmp_path):
+    # 100 bytes: not even the log's run line fits.
+    proc, out, cwd, tmp = _run_with_files_limited(tmp_path, 100, 4)
+
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    log = out / "r.episodes.jsonl"
+    # jaxmesh's lines (JAX may warn that its compilation cache cannot grow).
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("jaxmesh eval:")]
+    assert lines[0] == (
+        f"jaxmesh eval: warning: the episode log {log} cannot be written (File "
+        "too large); nothing was written to it, so it was removed, and the run "
+        "goes on without it (its result holds every episode)"
+    )
+    assert lines[-1].endswith("the result of its 4 episodes is lost")
+    assert sorted(p.name for p in out.iterdir()) == ["run.yaml"]
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
