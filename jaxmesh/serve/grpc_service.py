@@ -134,6 +134,10 @@ class GrpcService:
       max_connections: streams served at once.
       idle_timeout: seconds a stream may send nothing before it is ended
         (``math.inf``: never).
+      max_inflight_bytes: the bytes of the messages every stream together
+        holds (each its latest, until the next); a message past it ends its
+        stream ``RESOURCE_EXHAUSTED`` (None: the larger of 1 GiB and
+        ``max_message_bytes``).
     """
 
     def __init__(
@@ -148,8 +152,14 @@ class GrpcService:
         max_message_bytes: int,
         max_connections: int,
         idle_timeout: float = IDLE_TIMEOUT,
+        max_inflight_bytes: int | None = None,
     ):
         self.pools, self.batcher = pools, batcher
+        if max_inflight_bytes is None:
+            max_inflight_bytes = max(1 << 30, max_message_bytes)
+        self.max_inflight_bytes = max_inflight_bytes
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
         self.idle_timeout = idle_timeout
         self._idle: _IdleWatch | None = None
         self._streams = itertools.count()
@@ -223,8 +233,10 @@ class GrpcService:
     def _session(self, requests: Any, context: grpc.ServicerContext) -> Any:
         session = None
         idle, stream = self._idle, next(self._streams)
+        held = 0  # the bytes of this stream's latest message
         try:
             for data in _heard(requests, idle, stream, context):
+                held = self._hold(held, len(data), context)
                 try:
                     msg = codec.unpackb(data, max_bytes=self.max_bytes)
                 except codec.CodecError as e:
@@ -267,10 +279,28 @@ class GrpcService:
                 idle.waits(stream, context)
                 yield codec.packb({"step": reply.output, "timing": reply.timing()})
         finally:
+            self._hold(held, 0, context)
             idle.heard(stream)
             if session is not None:
                 self.pools.close(session)
                 self.batcher.disconnect(group)
+
+    def _hold(self, held: int, size: int, context: Any) -> int:
+        """A stream's held bytes go from ``held`` to ``size`` (its new
+        message); ends the stream when every stream's would pass the cap."""
+        with self._inflight_lock:
+            total = self._inflight - held
+            over = size > 0 and total + size > self.max_inflight_bytes
+            if not over:  # (refused: ``held`` stays, the stream's end frees it)
+                self._inflight = total + size
+        if over:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a message of {size} bytes while the server's streams hold "
+                f"{total} bytes (at most {self.max_inflight_bytes} at once); "
+                "retry later",
+            )
+        return size
 
 
 def _heard(requests: Any, idle: _IdleWatch, stream: int, context: Any) -> Any:

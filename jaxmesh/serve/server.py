@@ -107,7 +107,7 @@ class PolicyServer:
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
       max_inflight_bytes: the request bytes every connection together may
-        hold at once (``"openpi"``; default: the larger of 1 GiB and
+        hold at once (default: the larger of 1 GiB and
         ``max_message_bytes``); a request past it is refused.
       seed: a stochastic policy's keys over ``"openpi"``: request i gets
         ``fold_in(PRNGKey(seed), i)`` (over ``"grpc"`` the keys are the
@@ -317,6 +317,7 @@ class PolicyServer:
             max_message_bytes=self._max_message_bytes,
             max_connections=min(self._max_connections, 256),
             idle_timeout=self._idle_timeout,
+            max_inflight_bytes=self._max_inflight_bytes,
         )
 
     def _openpi_service(self) -> Any:
