@@ -16,6 +16,13 @@ cropped, rotated, converted and resized inside the forward, on the device.
 has no ``info_key``) on the host, once per distinct string. A model without a
 spec sees the observation's arrays (its strings left out).
 
+Declared inputs (``inputs=``: observation key -> shape and dtype) are checked
+per request, naming the key, before anything compiles; there is then one
+layout, compiled by ``warm_up``. A model without a spec whose inputs are one
+array under a ``STATE_KEYS`` key reads it from a dict under any of them. With
+nothing declared, the ``MAX_LAYOUTS`` most recently used layouts stay compiled
+and the last ``MAX_REFUSED`` refused ones are remembered.
+
 A served request carries no episode, so what the engine keeps per episode has
 no place here: frame windows (``stack > 1``), ``Previous``, ``PendingChunk``
 and recurrent state are refused when the server is built.
