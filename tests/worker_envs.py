@@ -154,7 +154,8 @@ class HangsOnSeed(CameraEnv):
 class CartPoleThatFails(gym.Wrapper):
     """gymnasium's CartPole that, at step 2 of seed ``seed``, hangs
     (``how="hang"``: sleeps forever, in Python) or segfaults (``how="segv"``:
-    SIGSEGV to its own process, as a simulator's C code would)."""
+    SIGSEGV to its own process, as a simulator's C code would). A hang
+    creates the file named by ``$WORKER_ENVS_HANG_MARK`` first, if set."""
 
     def __init__(self, how: str, seed: int = 13):
         super().__init__(gym.make("CartPole-v1"))
@@ -170,6 +171,8 @@ class CartPoleThatFails(gym.Wrapper):
         if self.seed_ == self.bad and self.t == 2:
             if self.how == "segv":
                 os.kill(os.getpid(), signal.SIGSEGV)
+            if mark := os.environ.get("WORKER_ENVS_HANG_MARK"):
+                open(mark, "w").close()  # says it hangs now
             while True:
                 time.sleep(1)
         return self.env.step(action)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -102,3 +103,84 @@ def test_a_worker_segfault_names_the_worker_lane_and_episode(serve_env, transpor
         lean, f"grpc://{address}", num_envs=4, seeds=seeds, served=served
     )
     assert_matches(result, reference(seeds))
+
+
+def test_a_hung_worker_is_killed_when_its_client_gives_up(serve_env):
+    """Seed 13's episode hangs its worker: the client gives up after its
+    reply timeout; the server kills the hung worker, starts a new one and
+    frees the session, so the next client runs (it scores the plain loop's
+    episodes); SIGTERM then stops the server, leaving no worker (fixture)."""
+    proc, address = serve_env(
+        "gymnasium:worker_envs:HangsAtSeed13-v0",
+        "--lanes",
+        "4",
+        "--workers",
+        "2",
+        "--idle-timeout",
+        "5",
+    )
+    url = f"grpc://{address}"
+    with pytest.raises(jaxmesh.errors.RemoteConnectionError, match="reply_timeout"):
+        jaxmesh.evaluate(
+            lean,
+            url,
+            num_envs=4,
+            seeds=[1, 13, 2, 3],
+            served=jaxmesh.Served(reply_timeout=3, transport="grpc"),
+        )
+    seeds = [1, 2, 3, 4, 5]
+    deadline = time.monotonic() + 60
+    while True:  # the session is freed once the server has seen the client go
+        try:
+            result = jaxmesh.evaluate(lean, url, num_envs=4, seeds=seeds)
+            break
+        except jaxmesh.errors.RemoteConnectionError as exc:
+            if "busy with another client's session" not in str(exc):
+                raise
+            assert time.monotonic() < deadline, "the hung session was never freed"
+            time.sleep(0.1)
+    assert_matches(result, reference(seeds))
+
+
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_sigterm_stops_a_server_whose_worker_hangs(
+    serve_env, tmp_path, monkeypatch, transport
+):
+    """SIGTERM while a worker's env hangs under a client's call: the server
+    exits (status 0) and leaves no worker process; the client's run fails."""
+    mark = tmp_path / "hung"
+    monkeypatch.setenv("WORKER_ENVS_HANG_MARK", str(mark))
+    proc, address = serve_env(
+        "gymnasium:worker_envs:HangsAtSeed13-v0", "--lanes", "2", "--workers", "2"
+    )
+    workers = children_of(proc.pid)
+    assert len(workers) == 2
+    failed: list = []
+
+    def run():
+        try:
+            jaxmesh.evaluate(
+                lean,
+                f"grpc://{address}",
+                num_envs=2,
+                seeds=[1, 13],
+                served=jaxmesh.Served(transport=transport),
+            )
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            failed.append(exc)
+
+    client = threading.Thread(target=run)
+    client.start()
+    deadline = time.monotonic() + 60
+    while not mark.exists():
+        assert time.monotonic() < deadline, "the env never hung"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    client.join(timeout=60)
+    assert not client.is_alive()
+    assert failed and isinstance(failed[0], jaxmesh.errors.RemoteError)
+    deadline = time.monotonic() + 30
+    while not all(map(gone, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(map(gone, workers)), "serve-env left a worker process behind"

@@ -531,6 +531,13 @@ class GymLanes:
         self.obs_into: dict[str, np.ndarray] | None = None
 
     # Lane state -------------------------------------------------------------------
+    def abandon(self, respawn: bool = True) -> None:
+        """The call under way (on another thread) is given up: its client is
+        gone. Envs in this process cannot be stopped, so nothing happens here;
+        lanes in worker processes kill the workers it waits on
+        (``workers.ProcessLanes``)."""
+        del respawn
+
     def forget(self) -> None:
         """Every lane "not reset" again (a server's session ended); the envs'
         own state is kept."""

@@ -550,6 +550,12 @@ class WorkerLanes:
         self.culprits: list[int] = []
         #: The workers that died in the last call (``WorkerLost`` each).
         self.deaths: list[WorkerLost] = []
+        #: The workers whose reply this process is waiting for, and those
+        #: ``abandon`` killed.
+        self.waiting: set[int] = set()
+        self.killed: set[int] = set()
+        #: Workers that die are not replaced (``abandon(respawn=False)``).
+        self.closing = False
         try:
             for k in range(w):
                 self._spawn(k)
@@ -654,7 +660,12 @@ class WorkerLanes:
         one has taken its lanes."""
         conn = self.conns[k]
         # A worker that dies closes its end: the connection reads EOF.
-        if connection.wait([conn], timeout):
+        self.waiting.add(k)
+        try:
+            ready = connection.wait([conn], timeout)
+        finally:
+            self.waiting.discard(k)
+        if ready:
             try:
                 return conn.recv()
             except (EOFError, OSError):
@@ -683,9 +694,24 @@ class WorkerLanes:
             code = proc.wait()
         self.conns[k].close()
         pid = self.pids[k]
-        self._spawn(k)
-        self._ready(k)
+        if self.closing:  # nothing will use its lanes again
+            self.procs[k] = self.conns[k] = None
+        else:
+            self._spawn(k)
+            self._ready(k)
         raise WorkerLost(k, self.blocks[k], code, pid)
+
+    def abandon(self, respawn: bool = True) -> None:
+        """Kills the workers whose reply another thread is waiting for (their
+        env hangs and the call's client gave up): that thread's call ends
+        with ``WorkerLost`` and, with ``respawn``, new workers take their
+        lanes; without it (the server is stopping) they are not replaced."""
+        self.closing = self.closing or not respawn
+        for k in list(self.waiting):
+            proc = self.procs[k]
+            if proc is not None and proc.poll() is None:
+                self.killed.add(k)
+                proc.kill()
 
     def _raise(self, reply: tuple, k: int) -> None:
         _, lane, exc, text, *phase = reply
@@ -894,6 +920,8 @@ class ProcessLanes(shared.GymLanes):
         replies, lost = pool._gather(list(per_worker), doing)
         if lost:
             dead = pool.deaths[0]
+            killed = dead.worker in pool.killed
+            pool.killed.clear()
             mine = {op.lane: op for op in (ops or {}).get(dead.worker, [])}
             culprits = [j for j in pool.culprits if j in dead.lanes]
             lane = (culprits or sorted(mine) or dead.lanes)[0]
@@ -902,13 +930,28 @@ class ProcessLanes(shared.GymLanes):
                 reset = isinstance(mine[lane], shared.Reset)
                 phase = "resetting" if reset else doing
             where = f" in lane {lane}'s env call" if culprits else ""
-            exc = WorkerCrashed(
-                f"{dead}{where} while {phase}. A new worker took its lanes: "
-                "their episodes are lost (reset them to go on); run the env in "
-                "one process (serve-env without --workers) to see its error"
-            )
+            if killed:
+                exc = WorkerCrashed(
+                    f"worker process {dead.worker} (pid {dead.pid}, lanes "
+                    f"{dead.lanes[0]}..{dead.lanes[-1]}) was killed{where} while "
+                    f"{phase}: the call's client gave up on it (the env may "
+                    "hang). A new worker took its lanes"
+                )
+            else:
+                exc = WorkerCrashed(
+                    f"{dead}{where} while {phase}. A new worker took its lanes: "
+                    "their episodes are lost (reset them to go on); run the env "
+                    "in one process (serve-env without --workers) to see its error"
+                )
             raise shared.LaneError(lane, phase, exc)
         return replies
+
+    def abandon(self, respawn: bool = True) -> None:
+        """Kills the workers the call under way (on another thread) waits for:
+        its client gave up (a hung env), or the server stops (``respawn``
+        False). The call ends with a ``LaneError``; new workers take the
+        lanes unless the server stops."""
+        self.pool.abandon(respawn)
 
     def run(
         self,
@@ -958,6 +1001,8 @@ class ProcessLanes(shared.GymLanes):
         pool = self.pool
         msgs: dict[int, tuple] = {}
         for k, block in enumerate(pool.blocks):
+            if pool.conns[k] is None:  # killed as the server stops
+                continue
             if lanes is None:
                 msgs[k] = (op,)
             else:

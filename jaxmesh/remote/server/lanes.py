@@ -151,6 +151,13 @@ class ServerLanes:
     def owned(self, value: bool) -> None:
         self.lanes.owned = value
 
+    def abandon(self, respawn: bool = True) -> None:
+        """The call under way is given up (its client is gone, or the server
+        stops): lanes in worker processes kill the workers it waits on, so it
+        ends and frees the session (``respawn``: new workers take the lanes).
+        Envs in this process cannot be stopped: a hung one keeps the call."""
+        self.lanes.abandon(respawn)
+
     def end_session(self) -> None:
         self.lanes.forget()
         self.lanes.layout = self.full_layout

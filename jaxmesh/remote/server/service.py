@@ -10,6 +10,7 @@ from its mixin ``same_host._SameHostPath``.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hmac
 import math
 import socket
@@ -310,7 +311,9 @@ class EnvServer(_SameHostPath):
         """Stops serving: health NOT_SERVING, the session drained, envs closed.
 
         The call in progress may finish and reply within
-        ``drain_timeout_seconds``; an open session is then ended (UNAVAILABLE).
+        ``drain_timeout_seconds``; an open session is then ended (UNAVAILABLE),
+        and a call still running then, in worker processes
+        (``ServeOptions(workers=)`` on an id), ends with its workers killed.
         Envs the server made are closed once the session lets go of them
         (at most ``close_timeout_seconds``). Idempotent.
         """
@@ -330,6 +333,10 @@ class EnvServer(_SameHostPath):
             )
         done = self._server.stop(self.options.drain_timeout_seconds)
         opts = self.options
+        if self._session_lock.acquire(timeout=opts.drain_timeout_seconds):
+            self._session_lock.release()
+        else:  # the call outlived its grace: a hung env's worker is killed
+            self._lanes.abandon(respawn=False)
         done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
         self._stop_shm()
         if self._session_lock.acquire(timeout=opts.close_timeout_seconds):
@@ -492,6 +499,15 @@ class EnvServer(_SameHostPath):
         lanes = self._lanes
         session = _Session(context, self.options.idle_timeout_seconds, self.address)
         self._session = session
+        # The stream ends while a call runs (its client gave up after its
+        # reply timeout, or went away; or shutdown's grace ran out): a hung
+        # env in a worker process is killed, so the call ends and the session
+        # is freed for the next client.
+        context.add_callback(
+            lambda: session.abandon(
+                functools.partial(lanes.abandon, respawn=not self._stopping)
+            )
+        )
         try:
             yield from self._serve_session(requests, context, session, lanes)
         finally:

@@ -103,6 +103,14 @@ class _Session:
         if self.receiving and self.waiting_since is not None:
             _cancel(self.context, code, details)
 
+    def abandon(self, give_up) -> None:
+        """Calls ``give_up()`` if the session is still open (the call ended
+        under it: its client went away while the server worked). Under the
+        lock ``stop`` takes, so a next session's call is never given up."""
+        with self.cond:
+            if not self.done:
+                give_up()
+
     def stop(self) -> None:
         with self.cond:
             self.done = True
