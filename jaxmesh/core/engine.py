@@ -220,7 +220,7 @@ def window_size(config: EngineConfig) -> int:
     segment hands over at most ``capacity`` episodes (its log's rows), and the
     lanes that begin one on its first step took it at most N episodes before,
     so a window serves every segment that starts with its next unstarted
-    episode in ``[base + N, base + (WINDOW_LOGS - 1) * capacity + 2 N]``."""
+    episode in ``[base + N, base + (WINDOW_LOGS - 1) * capacity + N]``."""
     return WINDOW_LOGS * config.capacity + config.agent.num_envs
 
 
