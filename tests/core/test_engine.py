@@ -115,7 +115,8 @@ def test_a_window_cuts_the_trial_indices_as_the_seeds():
     eng = make_engine(3, 2, trials=trials)
     window = eng.window(np.arange(100, 110), 5, trial_of=np.arange(20, 30))
     assert window["trial_of"].tolist() == [22, 23, 24, 25, 26, 27, 28, 29, 0, 0, 0]
-    lanes = engine.LaneState(*([None] * 13), trials=(None, "data"))
+    lanes = count_engine().first_carry(np.arange(3, dtype=np.int32)).lanes
+    lanes = lanes.replace(trials=(None, "data"))
     lanes = eng.with_window(lanes, window)
     assert lanes.trials[0] is window["trial_of"] and lanes.trials[1] == "data"
     assert lanes.seeds is window["seeds"] and int(lanes.base) == 2
