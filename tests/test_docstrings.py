@@ -10,6 +10,7 @@ its old name ``core.results``.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -65,12 +66,67 @@ def named_paths() -> dict[str, list[str]]:
     return found
 
 
+def module_file(module_name: str) -> Path | None:
+    """The source of a ``jaxmesh`` module, or None when there is none."""
+    path = PACKAGE.parent.joinpath(*module_name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def defined_names(body: list[ast.stmt]) -> set[str]:
+    """The names a module or class body defines: defs, classes, assignments
+    and imports (``import a.b`` defines ``a``)."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.If | ast.Try):  # TYPE_CHECKING, optional imports
+            names |= defined_names(node.body)
+            for handler in getattr(node, "handlers", []):
+                names |= defined_names(handler.body)
+            names |= defined_names(node.orelse)
+    return names
+
+
+def resolve_statically(source: Path, rest: list[str], prefix: bool) -> str | None:
+    """``resolve`` for a module that does not import here (an extra it needs
+    is not installed): its names are read from its source, a class's from its
+    body; deeper names are taken on trust."""
+    body = ast.parse(source.read_text()).body
+    for j, attr in enumerate(rest):
+        names = defined_names(body)
+        if j == len(rest) - 1 and prefix:
+            return (
+                None
+                if any(n.startswith(attr) for n in names)
+                else (f"{source} defines no name {attr}*")
+            )
+        if attr not in names:
+            return f"{source} defines no name {attr!r}"
+        node = next(
+            (n for n in body if isinstance(n, ast.ClassDef) and n.name == attr), None
+        )
+        if node is None:
+            return None
+        body = node.body
+    return None
+
+
 def resolve(dotted: str) -> str | None:
     """None when ``dotted`` names a module or an attribute of one, else why not.
 
     The longest prefix that imports is the module; every name after it must
     be an attribute of the one before (a trailing ``*``: some attribute starts
-    with the last name).
+    with the last name). A module that needs an extra not installed here is
+    read from its source instead (``resolve_statically``).
     """
     prefix = dotted.endswith("*")
     parts = dotted.rstrip("*").split(".")
@@ -79,9 +135,13 @@ def resolve(dotted: str) -> str | None:
         try:
             obj = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name is not None and not module_name.startswith(e.name):
+            missing = e.name or ""
+            if missing.startswith("jaxmesh"):
+                continue  # not a module: a shorter prefix may be
+            source = module_file(module_name)
+            if source is None:
                 return f"importing {module_name} failed: {e}"
-            continue
+            return resolve_statically(source, parts[i:], prefix)
         rest = parts[i:]
         for j, attr in enumerate(rest):
             last = j == len(rest) - 1
@@ -121,6 +181,26 @@ def test_the_scan_finds_the_paths_it_should():
     assert resolve("jaxmesh.core.results") is not None
     assert resolve("jaxmesh.core.tally.no_such_name") is not None
     assert resolve("jaxmesh.core.agent.NO_SUCH_*") is not None
+
+
+def test_a_module_whose_extra_is_missing_is_read_from_its_source(monkeypatch):
+    """Where an extra is not installed, its modules' names are still checked:
+    ``jaxmesh.core.tally`` read as if importing it failed for lack of a
+    third-party package."""
+
+    def no_extra(name):
+        if name == "jaxmesh.core.tally":
+            raise ModuleNotFoundError("No module named 'somextra'", name="somextra")
+        return real(name)
+
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", no_extra)
+    assert resolve("jaxmesh.core.tally") is None
+    assert resolve("jaxmesh.core.tally.write") is None
+    assert resolve("jaxmesh.core.tally.Results.returns") is None
+    assert resolve("jaxmesh.core.tally.REDUC*") is None
+    assert resolve("jaxmesh.core.tally.no_such_name") is not None
+    assert resolve("jaxmesh.core.tally.Results.no_such_field") is not None
 
 
 def test_every_dotted_path_in_the_package_resolves():
