@@ -370,6 +370,16 @@ class _Leaves(NamedTuple):
     dtypes: dict
 
 
+class _Sent(list):
+    """The workers a ``send`` asked (as ``WorkerLanes.send`` returns them),
+    and the lanes it held back because their worker died in a reset (``lost``,
+    and of those the ``culprits`` it was resetting): its ``take`` reports
+    them."""
+
+    lost: list[int]
+    culprits: list[int]
+
+
 class WorkerEnvLanes:
     """Lanes stepped by worker processes (``workers.WorkerLanes``) over shared
     memory, behind the same interface as :class:`EnvLanes`.
@@ -411,8 +421,9 @@ class WorkerEnvLanes:
         #: The lanes of a worker that died in a ``reset`` (and their culprits,
         #: the lanes it was resetting): the new worker's envs were never reset
         #: for the episodes the other lanes were running, so none of them
-        #: steps again until the next ``take`` has reported them ``lost`` and
-        #: the host loop has run their episodes again from their seeds.
+        #: steps again; the next ``send`` holds them back and its ``take``
+        #: reports them ``lost``, and the host loop runs their episodes again
+        #: from their seeds.
         self.lost_in_reset: set[int] = set()
         self.culprits_in_reset: list[int] = []
         self.owned = True
@@ -498,10 +509,16 @@ class WorkerEnvLanes:
         act = self.pool.slots["action"]
         n = go.shape[0]
         act[:n][go] = env_actions(self.action_space, actions[go])
-        if self.lost_in_reset:  # their envs are not at their episodes' steps
-            go = go.copy()
-            go[[j for j in self.lost_in_reset if j < n]] = False
-        return self.pool.send(go, self.info_keys)
+        if not self.lost_in_reset:
+            return self.pool.send(go, self.info_keys)
+        # Their envs are not at their episodes' steps: they do not step, and
+        # this send's ``take`` reports them lost.
+        go = go.copy()
+        go[[j for j in self.lost_in_reset if j < n]] = False
+        sent = _Sent(self.pool.send(go, self.info_keys))
+        sent.lost, sent.culprits = sorted(self.lost_in_reset), self.culprits_in_reset
+        self.lost_in_reset, self.culprits_in_reset = set(), []
+        return sent
 
     def take(self, sent: list[int], go: np.ndarray, obs: dict):
         """The results of ``send(actions, go)`` (``sent``: its return): as
@@ -511,10 +528,9 @@ class WorkerEnvLanes:
         pool = self.pool
         info, seen, lost = pool.take(sent)
         self.lost, self.culprits = lost, pool.culprits
-        if self.lost_in_reset:
-            self.lost = sorted(self.lost_in_reset.union(lost))
-            self.culprits = self.culprits_in_reset + self.culprits
-            self.lost_in_reset, self.culprits_in_reset = set(), []
+        if isinstance(sent, _Sent):  # lanes of a worker that died in a reset
+            self.lost = sorted(set(sent.lost).union(lost))
+            self.culprits = sent.culprits + self.culprits
         if lost:
             go = go.copy()
             go[[j for j in lost if j < n]] = False

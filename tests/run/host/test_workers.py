@@ -432,9 +432,10 @@ def cartpole_reference():
     return plain_loop(gym.make("CartPole-v1"), per_step(lean), list(range(12)))
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("at", ["reset", "step"])
 def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun(
-    tmp_path, at
+    tmp_path, at, grouped, monkeypatch
 ):
     """gymnasium's CartPole (under the order check gymnasium.make puts around
     it) SIGKILLs its worker at the reset of seed 9, or at step 5 of its
@@ -444,6 +445,15 @@ def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun
     and replaced."""
     from worker_envs import KillsItself
 
+    from jaxmesh.envs.gymnasium import workers as workers_mod
+    from jaxmesh.run.host import loop
+
+    if grouped:  # each worker's lanes paced as a group (GroupedRun), as on 3+ cores
+        monkeypatch.setattr(workers_mod, "cores", lambda: 8)
+    ran = []
+    monkeypatch.setattr(
+        loop.HostLoop, "masked", lambda self, js: ran.append(type(self).__name__)
+    )
     once = str(tmp_path / "killed")
     env = functools.partial(KillsItself, seed=9, at=at, once=once)
     result = jaxmesh.evaluate(lean, env, num_envs=4, seeds=range(12), workers=2)
@@ -451,6 +461,7 @@ def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun
     assert_matches(result, cartpole_reference())
     assert result.telemetry["worker_lost"]["count"] == 1
     assert "1 worker process lost and replaced" in result.summary()
+    assert set(ran) == {"GroupedRun" if grouped else "LocalRun"}
     no_leftovers()
 
 
