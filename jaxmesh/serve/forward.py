@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -264,6 +265,8 @@ class ServedModel:
         #: signature -> why it cannot run (the model refused those inputs).
         self._bad: OrderedDict[tuple, str] = OrderedDict()
         self._jit = jax.jit(self._forward)
+        #: Whether the undeclared-chunk warning has been given.
+        self._warned = False
 
     def _declared(self, inputs: Mapping[str, Any] | None) -> dict[str, Leaf] | None:
         """``inputs`` checked against what the spec reads."""
@@ -524,6 +527,18 @@ class ServedModel:
             raise RequestError(why) from e
         out = np.asarray(jax.device_get(program(self.params, batch, counters)))
         seconds = time.perf_counter() - t0
+        if not self.chunked and out.ndim >= 4 and not self._warned:
+            # [B, 1, K, A]: most likely a chunk the model does not declare.
+            self._warned = True
+            warnings.warn(
+                f"policy {self.name!r} returns actions of shape {out.shape[2:]} "
+                "and declares no chunk, so each reply is a chunk of one "
+                f"({out.shape[1:]}), which openpi's ActionChunkBroker cannot "
+                "play; if it returns chunks of K actions, declare native_chunk=K "
+                "(or a predict_chunk corner)",
+                UserWarning,
+                stacklevel=2,
+            )
         return Forward([out[i] for i in range(n)], size, seconds)
 
     def warm_up(self, prepared: Prepared) -> None:

@@ -4,6 +4,8 @@ and faults that fail only their own request."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,3 +239,26 @@ def test_a_forward_waits_only_for_clients_of_its_own_group():
     for i, r in zip((1, 2, 3), [*got, reply], strict=True):
         ref = linear_reference(state_obs(i)["observation/state"])
         np.testing.assert_allclose(r.output, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_a_chunk_the_model_does_not_declare_warns_once():
+    def chunk(inputs):  # a chunk of 5 actions of 7, not declared
+        return jnp.broadcast_to(inputs["state"][:1], (5, 7))
+
+    spec = {"state": State(key="observation/state")}
+    served = ServedModel(jaxmesh.Model(chunk, spec=spec), max_batch=2)
+    with pytest.warns(UserWarning, match=r"shape \(5, 7\).*native_chunk=K"):
+        out = served.run([served.prepare(state_obs(1))]).outputs[0]
+    assert out.shape == (1, 5, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        served.run([served.prepare(state_obs(2))])  # once only
+    declared = ServedModel(
+        jaxmesh.Model(
+            chunk, spec={"state": State(key="observation/state")}, native_chunk=5
+        ),
+        max_batch=2,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert declared.run([declared.prepare(state_obs(1))]).outputs[0].shape == (5, 7)
