@@ -105,7 +105,8 @@ def test_a_worker_segfault_names_the_worker_lane_and_episode(serve_env, transpor
     assert_matches(result, reference(seeds))
 
 
-def test_a_hung_worker_is_killed_when_its_client_gives_up(serve_env):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_a_hung_worker_is_killed_when_its_client_gives_up(serve_env, transport):
     """Seed 13's episode hangs its worker: the client gives up after its
     reply timeout; the server kills the hung worker, starts a new one and
     frees the session, so the next client runs (it scores the plain loop's
@@ -126,7 +127,7 @@ def test_a_hung_worker_is_killed_when_its_client_gives_up(serve_env):
             url,
             num_envs=4,
             seeds=[1, 13, 2, 3],
-            served=jaxmesh.Served(reply_timeout=3, transport="grpc"),
+            served=jaxmesh.Served(reply_timeout=3, transport=transport),
         )
     seeds = [1, 2, 3, 4, 5]
     deadline = time.monotonic() + 60

@@ -334,9 +334,11 @@ class _SameHostPath:
             conn.settimeout(self._shm_hello_seconds)  # to its ATTACHED
             session = _ShmSession(conn)
             self._session = session
+            session.watch(lambda: lanes.abandon(respawn=not self._stopping))
             try:
                 self._shm_session(conn, session, lanes, keys, binary)
             finally:
+                session.stop()
                 lanes.end_session()
                 self._session = None
         except (OSError, ValueError, codec.ProtocolError):

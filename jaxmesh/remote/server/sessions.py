@@ -10,6 +10,7 @@ call from another thread with a status.
 from __future__ import annotations
 
 import math
+import select
 import socket
 import threading
 import time
@@ -119,12 +120,42 @@ class _Session:
 
 class _ShmSession:
     """A same-host session as ``shutdown`` ends it (``_Session``'s ``end``):
-    now when it waits for a request, else after the reply in progress."""
+    now when it waits for a request, else after the reply in progress.
+
+    ``watch(give_up)`` starts a thread that calls ``give_up()`` if the client
+    hangs up while the session is open (a client that gave up on a call that
+    hangs: the serving thread, in the call, reads nothing); ``stop`` ends it.
+    """
+
+    #: Seconds between the watcher's checks that the session is still open.
+    POLL_SECONDS = 0.5
 
     def __init__(self, conn: socket.socket):
         self.conn = conn
         self.receiving = False
         self.pending: tuple[grpc.StatusCode, str] | None = None
+        self.cond = threading.Condition()
+        self.done = False
+
+    def watch(self, give_up) -> None:
+        if not hasattr(select, "POLLRDHUP"):  # not Linux: no watcher
+            return
+        poller = select.poll()
+        poller.register(self.conn.fileno(), select.POLLRDHUP | select.POLLHUP)
+
+        def run() -> None:
+            while not self.done:
+                if poller.poll(self.POLL_SECONDS * 1000):  # the client hung up
+                    with self.cond:
+                        if not self.done:
+                            give_up()
+                    return
+
+        threading.Thread(target=run, name="jaxmesh-shm-hangup", daemon=True).start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.done = True
 
     def end(self, code: grpc.StatusCode, details: str) -> None:
         self.pending = (code, details)
