@@ -106,16 +106,19 @@ class KillsItself(gym.Wrapper):
       seed: the episode's seed.
       at: ``"reset"`` or ``"step"``.
       once: a file path: the kill happens only while the file does not exist
-        (the kill creates it), so the episode's second run passes.
+        (the kill creates it), so the episode's second run passes; None:
+        every time.
       step: the step (1-based) of ``at="step"``.
     """
 
-    def __init__(self, seed: int, at: str, once: str, step: int = 5):
+    def __init__(self, seed: int, at: str, once: str | None, step: int = 5):
         super().__init__(gym.make("CartPole-v1"))
         self.kill_seed, self.at, self.once, self.kill_step = seed, at, once, step
         self.seed_, self.t = None, 0
 
     def _kill(self) -> None:
+        if self.once is None:  # every time
+            os.kill(os.getpid(), signal.SIGKILL)
         if not os.path.exists(self.once):
             open(self.once, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)

@@ -774,7 +774,8 @@ class WorkerLanes:
             )
         replies, lost = self._gather(list(by_worker), "resetting")
         if lost:
-            raise WorkerLost(int(self.owner[lost[0]]), lost, None)
+            dead = self.deaths[0]
+            raise WorkerLost(dead.worker, lost, dead.exitcode, dead.pid)
         m = len(lanes)
         info: dict = {}
         present: dict = {}

@@ -465,6 +465,22 @@ def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun
     no_leftovers()
 
 
+def test_a_reset_that_kills_its_worker_twice_ends_the_run_naming_the_episode():
+    """Seed 9's reset kills its worker every time: the reset is tried once on
+    a new worker, then the run ends with an EnvError naming episode 9 and its
+    reset, every finished episode on its partial result."""
+    from worker_envs import KillsItself
+
+    env = functools.partial(KillsItself, seed=9, at="reset", once=None)
+    with pytest.raises(jaxmesh.EnvError, match="killed by SIGKILL") as e:
+        jaxmesh.evaluate(lean, env, num_envs=4, seeds=range(12), workers=2)
+    assert (e.value.episode, e.value.seed, e.value.step) == (9, 9, None)
+    assert "while resetting episode 9 (seed 9)" in str(e.value)
+    partial = e.value.partial_result
+    assert_matches(partial, [cartpole_reference()[i] for i in partial.indices])
+    no_leftovers()
+
+
 def test_workers_are_named_in_ps():
     """``ps -e``, top and pgrep show a worker as ``jaxmesh-worker`` (its comm);
     ``ps aux`` shows its number, lanes and parent, not the boot code."""
