@@ -2,9 +2,8 @@
 
 Every run starts here, in four steps a reader can follow in this file:
 
-1. the configuration is built and checked once (``jaxmesh.RunConfig``; the
-   keywords of earlier releases are filed under their groups with a
-   ``DeprecationWarning``);
+1. the configuration is built and checked once (``jaxmesh.RunConfig``; a
+   grouped field given as a flat keyword is refused, naming its group);
 2. the env is made with its options and told its backend once
    (``jaxmesh.run.backend.target``); a ``jaxmesh.Suite`` is planned as runs
    (``jaxmesh.suite.SuitePlan``), each task's env told the same way
@@ -59,7 +58,7 @@ def evaluate(
     trace: Any = None,
     resume: Any = None,
     env_config: Mapping | None = None,
-    **deprecated: Any,
+    **unknown: Any,
 ) -> Any:
     """Evaluates a policy on an env, scoring exactly the budget.
 
@@ -112,9 +111,9 @@ def evaluate(
         params, env or settings is refused, naming what differs; a
         ``SuiteResult`` for a suite.
       env_config: an id's options, ``jaxmesh.make_env(env, **env_config)``.
-      **deprecated: the keywords of earlier releases (``prefetch_lead=``,
-        ``success=``, ...): filed under their group with one
-        ``DeprecationWarning`` naming the new spelling.
+      **unknown: refused with a ``TypeError``: a grouped field given flat
+        (``prefetch_lead=2``) names its group and the spelling to use
+        (``chunking=jaxmesh.Chunking(prefetch_lead=2)``).
 
     Returns:
       A ``jaxmesh.RunResult`` (a ``jaxmesh.SuiteResult`` for a suite).
@@ -145,7 +144,7 @@ def evaluate(
         )
         if value is not _UNSET
     }
-    config = from_keywords(config, {**given, **deprecated})
+    config = from_keywords(config, {**given, **unknown})
     call = {
         "episodes": episodes,
         "seeds": seeds,

@@ -20,15 +20,14 @@ the backend that runs it; nothing below re-checks it. What a single call
 evaluates (the budget, params, hooks, a recording) is not configuration and
 stays an argument of the call.
 
-The keywords of earlier releases (``evaluate(prefetch_lead=2,
-success="success")``) still work: ``from_keywords`` files each under its
-group and warns once, naming the new spelling.
+A grouped field given as a flat keyword (``evaluate(prefetch_lead=2)``) is
+refused by ``from_keywords`` with a ``TypeError`` naming its group and the
+spelling to use (``chunking=jaxmesh.Chunking(prefetch_lead=2)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 from jaxmesh.envs import playground
@@ -479,42 +478,43 @@ def from_keywords(
     config: RunConfig | None, given: dict, caller: str = "jaxmesh.evaluate"
 ) -> RunConfig:
     """The ``RunConfig`` of a call: ``config`` (None: the defaults) with the
-    flat knobs and groups in ``given``, and any keyword of earlier releases
-    filed under its group with one ``DeprecationWarning`` naming the new
-    spelling.
+    flat knobs and groups in ``given``.
 
     Raises:
-      TypeError: a keyword that is no setting, or a group given both whole
-        and by its old keywords.
+      TypeError: a keyword that is no setting, or a grouped field given as a
+        flat keyword (``prefetch_lead=2``), naming its group and the spelling
+        to use (``chunking=jaxmesh.Chunking(prefetch_lead=2)``).
     """
-    old = {k: v for k, v in given.items() if k in GROUP_OF}
-    if old:
-        spelled: dict[str, list[str]] = {}
-        for name, value in old.items():
-            group = GROUP_OF[name]
-            if group in given:
-                raise TypeError(
-                    f"{caller}({group}=..., {name}=...): {name} is a field of "
-                    f"{group}; give it there ({GROUPS[group].__name__}({name}=...))"
-                )
-            spelled.setdefault(group, []).append(f"{name}={_short(value)}")
-        new = ", ".join(
-            f"{g}=jaxmesh.{GROUPS[g].__name__}({', '.join(v)})"
-            for g, v in spelled.items()
-        )
-        names = ", ".join(f"{k}=..." for k in sorted(old))
-        warnings.warn(
-            f"{caller}({names}): these keywords are deprecated and will be "
-            f"removed; write {new}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
+    flat = {k: v for k, v in given.items() if k in GROUP_OF}
+    if flat:
+        raise TypeError(_grouped_given_flat(caller, flat, given))
     base = RunConfig() if config is None else config
     if not isinstance(base, RunConfig):
         raise TypeError(
             f"config={config!r}: expected a jaxmesh.RunConfig, or None for the defaults"
         )
     return _apply(base, given) if given else base
+
+
+def _grouped_given_flat(caller: str, flat: dict, given: dict) -> str:
+    """The message for grouped fields given as flat keywords: each one's
+    group, and the call spelled with the groups."""
+    by_group: dict[str, list[str]] = {}
+    for name, value in flat.items():
+        by_group.setdefault(GROUP_OF[name], []).append(f"{name}={_short(value)}")
+    where = "; ".join(
+        f"{', '.join(k.split('=')[0] for k in keys)} "
+        f"{'is a field' if len(keys) == 1 else 'are fields'} of {group}"
+        for group, keys in by_group.items()
+    )
+    spelled = ", ".join(
+        f"{group}=jaxmesh.{GROUPS[group].__name__}("
+        + ", ".join((["..."] if group in given else []) + keys)
+        + ")"
+        for group, keys in by_group.items()
+    )
+    args = ", ".join(k for keys in by_group.values() for k in keys)
+    return f"{caller}({args}): {where}; write {spelled}"
 
 
 def _short(value: Any) -> str:

@@ -95,7 +95,7 @@ def make_trainer(cfg: ESConfig):
             num_envs=episodes,
             episodes=episodes,
             seeds=range(first_seed, first_seed + episodes),
-            plan_tile=episodes,
+            layout=jaxmesh.Layout(plan_tile=episodes),
         )
 
     fitness = evaluator(TRAIN_SEEDS, cfg.episodes)

@@ -76,7 +76,7 @@ def make_trainer(cfg: ESConfig):
         num_envs=cfg.episodes,
         episodes=cfg.episodes,
         seeds=range(TRAIN_SEEDS, TRAIN_SEEDS + cfg.episodes),
-        plan_tile=cfg.episodes,
+        layout=jaxmesh.Layout(plan_tile=cfg.episodes),
     )
     optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
     key0 = jax.random.PRNGKey(cfg.seed)

@@ -1,6 +1,6 @@
-"""The run configuration: its groups check themselves when built, the old
-keywords still run with one warning naming the new spelling, and every entry
-point takes the same object."""
+"""The run configuration: its groups check themselves when built, a grouped
+field given as a flat keyword is refused naming its group and spelling, and
+every entry point takes the same object."""
 
 from __future__ import annotations
 
@@ -105,30 +105,111 @@ def test_to_dict_never_shows_the_token():
     assert c.to_dict()["token"] == "***"
 
 
-# The old keywords ------------------------------------------------------------------
+# A grouped field given as a flat keyword -------------------------------------------
 
 
-def test_old_keywords_warn_once_and_run_as_the_new_spelling():
-    refs = reference(horizon=4, lead=2)
-    with pytest.warns(DeprecationWarning) as caught:
-        old = jaxmesh.evaluate(
-            chunk8,
-            "gymnax:CartPole-v1",
-            seeds=SEEDS,
-            num_envs=4,
-            horizon=4,
-            prefetch_lead=2,
-            plan_tile=8,
-        )
-    deprecations = [w for w in caught if w.category is DeprecationWarning]
-    assert len(deprecations) == 1
-    text = str(deprecations[0].message)
-    assert "chunking=jaxmesh.Chunking(prefetch_lead=2)" in text
-    assert "layout=jaxmesh.Layout(plan_tile=8)" in text
-    assert deprecations[0].filename == __file__  # points at the caller
-    assert_matches(old, refs)
+def never_called(obs):
+    raise AssertionError("nothing runs: the keyword is refused before any compile")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: jaxmesh.evaluate(
+                never_called, "gymnax:CartPole-v1", episodes=2, prefetch_lead=2
+            ),
+            "jaxmesh.evaluate(prefetch_lead=2): prefetch_lead is a field of "
+            "chunking; write chunking=jaxmesh.Chunking(prefetch_lead=2)",
+        ),
+        (
+            lambda: jaxmesh.evaluate(
+                never_called,
+                "gymnax:CartPole-v1",
+                episodes=2,
+                horizon=4,
+                prefetch_lead=2,
+                plan_tile=8,
+                delay=1,
+            ),
+            "jaxmesh.evaluate(prefetch_lead=2, delay=1, plan_tile=8): "
+            "prefetch_lead, delay are fields of chunking; plan_tile is a field of "
+            "layout; write chunking=jaxmesh.Chunking(prefetch_lead=2, delay=1), "
+            "layout=jaxmesh.Layout(plan_tile=8)",
+        ),
+        (
+            lambda: jaxmesh.evaluate(
+                never_called,
+                "gymnax:CartPole-v1",
+                episodes=2,
+                chunking=jaxmesh.Chunking(delay=1),
+                prefetch_lead=1,
+            ),
+            "jaxmesh.evaluate(prefetch_lead=1): prefetch_lead is a field of "
+            "chunking; write chunking=jaxmesh.Chunking(..., prefetch_lead=1)",
+        ),
+        (
+            lambda: jaxmesh.Evaluator(
+                never_called, "gymnax:CartPole-v1", success="success"
+            ),
+            "jaxmesh.Evaluator(success='success'): success is a field of scoring; "
+            "write scoring=jaxmesh.Scoring(success='success')",
+        ),
+        (
+            lambda: jaxmesh.Evaluator(never_called, "gymnax:CartPole-v1", devices=1),
+            "jaxmesh.Evaluator(devices=1): devices is a field of layout; "
+            "write layout=jaxmesh.Layout(devices=1)",
+        ),
+        (
+            lambda: jaxmesh.make_evaluator(
+                lambda p, obs: never_called(obs),
+                "gymnax:CartPole-v1",
+                episodes=2,
+                plan_tile=16,
+            ),
+            "jaxmesh.make_evaluator(plan_tile=16): plan_tile is a field of layout; "
+            "write layout=jaxmesh.Layout(plan_tile=16)",
+        ),
+        (
+            lambda: jaxmesh.sweep(
+                never_called,
+                "gymnax:CartPole-v1",
+                horizon=[4],
+                episodes=2,
+                metrics=["x"],
+            ),
+            "jaxmesh.sweep(metrics=['x']): metrics is a field of scoring; "
+            "write scoring=jaxmesh.Scoring(metrics=['x'])",
+        ),
+        (
+            lambda: jaxmesh.evaluate(
+                never_called,
+                jaxmesh.Suite({"cartpole": jaxmesh.Task("gymnax:CartPole-v1")}),
+                episodes=2,
+                trial_index_base=3,
+            ),
+            "jaxmesh.evaluate(trial_index_base=3): trial_index_base is a field of "
+            "starts; write starts=jaxmesh.Starts(trial_index_base=3)",
+        ),
+    ],
+)
+def test_a_grouped_field_given_flat_is_refused_naming_its_group(call, message):
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new spelling warns nothing
+        warnings.simplefilter("error")  # refused, not warned about
+        with pytest.raises(TypeError) as caught:
+            call()
+    assert str(caught.value) == message
+
+
+def test_an_unknown_keyword_is_refused_naming_the_settings():
+    with pytest.raises(TypeError, match="horizn=: not a setting of a run"):
+        jaxmesh.evaluate(never_called, "gymnax:CartPole-v1", episodes=2, horizn=4)
+
+
+def test_the_grouped_spelling_runs_as_the_reference():
+    refs = reference(horizon=4, lead=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the grouped spelling warns nothing
         new = jaxmesh.evaluate(
             chunk8,
             "gymnax:CartPole-v1",
@@ -151,19 +232,6 @@ def test_a_config_object_with_overrides():
     assert (result.num_envs, result.horizon) == (3, 2)
     assert_matches(result, refs)
     assert config.horizon == 8
-
-
-def test_a_group_given_whole_and_by_old_keyword_is_refused():
-    with pytest.raises(TypeError, match="prefetch_lead is a field of chunking"):
-        jaxmesh.evaluate(
-            chunk8,
-            "gymnax:CartPole-v1",
-            episodes=2,
-            chunking=jaxmesh.Chunking(delay=1),
-            prefetch_lead=1,
-        )
-    with pytest.raises(TypeError, match="not a setting of a run"):
-        jaxmesh.evaluate(chunk8, "gymnax:CartPole-v1", episodes=2, horizn=4)
 
 
 def test_every_entry_point_takes_the_config():
@@ -217,8 +285,8 @@ def test_a_setting_of_another_backend_is_refused(env, settings, names):
         jaxmesh.evaluate(policy, env, episodes=2, **settings)
 
 
-def test_the_groups_cover_every_old_keyword():
-    """Each keyword of the earlier ``evaluate`` has one home."""
+def test_the_groups_cover_every_grouped_field():
+    """Each grouped field has one home, in one group."""
     old = {
         "prefetch_lead", "plan_tile", "segment_steps", "token", "lane_groups",
         "credentials", "reply_timeout", "on_server_loss", "transport", "metrics",

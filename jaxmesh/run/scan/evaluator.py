@@ -95,7 +95,7 @@ class Evaluator:
     def __new__(cls, policy: Any, env: Any, config: Any = None, **kwargs: Any):
         # The type names where the lanes run; the placement does the work.
         layout = kwargs.get("layout") or getattr(config, "layout", None)
-        devices = kwargs.get("devices", getattr(layout, "devices", None))
+        devices = getattr(layout, "devices", None)
         if devices is not None and cls is Evaluator:
             cls = ShardedEvaluator
         return super().__new__(cls)
@@ -110,8 +110,8 @@ class Evaluator:
         record: Any = None,
         **settings: Any,
     ):
-        # settings: RunConfig's flat knobs and groups, or the keywords of
-        # earlier releases (filed under their groups, with a warning).
+        # settings: RunConfig's flat knobs and groups (a grouped field given
+        # flat is refused, naming its group).
         config = from_keywords(config, settings, "jaxmesh.Evaluator")
         self.config = config
         starts, scoring = config.starts, config.scoring
