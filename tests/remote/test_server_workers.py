@@ -74,6 +74,10 @@ def serve_env(monkeypatch):
         while not all(map(gone, workers)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert all(map(gone, workers)), "serve-env left a worker process behind"
+        left = [
+            f for f in os.listdir("/dev/shm") if f.startswith(f"jaxmesh_{proc.pid}_")
+        ]
+        assert left == [], "serve-env left a shared-memory segment behind"
 
 
 def reference(seeds):
