@@ -18,7 +18,9 @@ A worker that dies (a simulator crash, the OOM killer) raises
 :class:`WorkerLost` from the call it died in: its lanes' envs are rebuilt by a
 new worker and the caller runs their unfinished episodes again from their own
 seeds. Nothing outlives :meth:`WorkerLanes.close`: workers are joined (killed
-if they do not exit) and the segment is unlinked.
+if they do not exit) and the segment is unlinked. Nor the evaluating process:
+a worker exits once its parent is gone, even while its env hangs. Workers are
+named ``jaxmesh-worker`` in ``ps``.
 """
 
 from __future__ import annotations
@@ -867,8 +869,11 @@ class ProcessLanes(shared.GymLanes):
     run them with their own ``ListLanes`` at once, and the lane results come
     back over the pipes (``jaxmesh serve-env --workers``: the server's replies
     carry them to the client anyway). A worker that dies ends the call with a
-    ``LaneError`` of the first lane it held (the session ends; the worker was
-    replaced, and the next session's resets rebuild its lanes).
+    ``LaneError`` of the lane whose op it was running (each worker marks it in
+    a segment of ``busy`` flags), its exception a ``WorkerCrashed`` naming the
+    worker, its pid, lanes and how it died (the session ends; the worker was
+    replaced, and the next session's resets rebuild its lanes). ``abandon``
+    kills the workers a call waits on (its client gave up on a hung env).
 
     Args:
       source, num_lanes, workers, layout: as for :class:`WorkerLanes`.
