@@ -531,9 +531,9 @@ class WorkerEnvLanes:
         if isinstance(sent, _Sent):  # lanes of a worker that died in a reset
             self.lost = sorted(set(sent.lost).union(lost))
             self.culprits = sent.culprits + self.culprits
-        if lost:
+        if self.lost:
             go = go.copy()
-            go[[j for j in lost if j < n]] = False
+            go[[j for j in self.lost if j < n]] = False
         slots = pool.slots
         js = np.flatnonzero(go)
         for name, rows in self._rows(js).items():
