@@ -7,9 +7,11 @@ import functools
 import importlib.util
 import inspect
 import math
+from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.checks import execution_of, is_gymnasium_id, is_served
+from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.cli.tls import channel_credentials
 from jaxmesh.envs import PREFIXES, make_env
@@ -73,6 +75,41 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise ConfigError(f"cannot load policy {target!r}: {e}") from e
     return obj
+
+
+#: A run config's suffixes: the target is then read as a config file.
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+
+def load_policy(target: str) -> Any:
+    """The policy a run config names (its ``policy`` and ``policy_config``),
+    or the one ``module:attr`` names.
+
+    Raises:
+      ConfigError: no such file, a config without ``policy``, or a policy that
+        cannot be imported or built.
+    """
+    if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
+        config = load_config(target)
+        policy = config.get("policy")
+        if not isinstance(policy, str):
+            raise ConfigError(
+                f"config file {target!r} names no policy (policy: module:Name); "
+                "serve-policy serves the policy a run config names"
+            )
+        policy_config = config.get("policy_config") or {}
+        if not isinstance(policy_config, dict):
+            raise ConfigError(
+                f"config file {target!r}: policy_config is a "
+                f"{type(policy_config).__name__}; expected a mapping"
+            )
+        return build_policy(policy, policy_config)
+    if ":" not in target:
+        raise ConfigError(
+            f"{target!r} is neither a run config (.yaml) nor module:attr (e.g. "
+            "my_policies:MyModel); give one of them"
+        )
+    return build_policy(target, {})
 
 
 def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:

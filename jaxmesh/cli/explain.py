@@ -10,7 +10,13 @@ import sys
 from typing import Any
 
 import jaxmesh
-from jaxmesh.cli.build import build_run, import_target, run_config
+from jaxmesh.cli.build import (
+    CONFIG_SUFFIXES,
+    build_run,
+    import_target,
+    load_policy,
+    run_config,
+)
 from jaxmesh.cli.checks import is_jax_id, is_served, read_config
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
@@ -125,8 +131,6 @@ def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | Non
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from jaxmesh.cli.serve_policy import CONFIG_SUFFIXES, load_policy
-
     config = None
     if args.target.endswith(CONFIG_SUFFIXES):
         config = load_config(args.target)

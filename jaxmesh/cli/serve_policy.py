@@ -9,45 +9,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxmesh.cli.build import build_policy
+from jaxmesh.cli.build import CONFIG_SUFFIXES, load_policy
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.explain import served_inputs
 from jaxmesh.cli.serve import check_ready_fd, serve_until_stopped
 from jaxmesh.remote.protocol import TOKEN_ENV
-
-#: A run config's suffixes: the target is then read as a config file.
-CONFIG_SUFFIXES = (".yaml", ".yml")
-
-
-def load_policy(target: str) -> Any:
-    """The policy a run config names (its ``policy`` and ``policy_config``),
-    or the one ``module:attr`` names.
-
-    Raises:
-      ConfigError: no such file, a config without ``policy``, or a policy that
-        cannot be imported or built.
-    """
-    if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
-        config = load_config(target)
-        policy = config.get("policy")
-        if not isinstance(policy, str):
-            raise ConfigError(
-                f"config file {target!r} names no policy (policy: module:Name); "
-                "serve-policy serves the policy a run config names"
-            )
-        policy_config = config.get("policy_config") or {}
-        if not isinstance(policy_config, dict):
-            raise ConfigError(
-                f"config file {target!r}: policy_config is a "
-                f"{type(policy_config).__name__}; expected a mapping"
-            )
-        return build_policy(policy, policy_config)
-    if ":" not in target:
-        raise ConfigError(
-            f"{target!r} is neither a run config (.yaml) nor module:attr (e.g. "
-            "my_policies:MyModel); give one of them"
-        )
-    return build_policy(target, {})
 
 
 def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
@@ -58,7 +25,6 @@ def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
       ConfigError: an ``--input`` not of the form ``KEY=DTYPE[SHAPE]``, a key
         given twice, or ``--input`` with ``--protocol grpc``.
     """
-    from jaxmesh.cli.explain import served_inputs
     from jaxmesh.serve.forward import parse_input
 
     given = getattr(args, "input", None)

@@ -503,7 +503,9 @@ def test_a_libero_run_prints_no_task_order_nor_macro_advice(tmp_path):
     import subprocess
     import sys
 
-    env = dict(os.environ, MUJOCO_GL="osmesa", JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa", JAX_PLATFORMS="cpu"
+    )  # both: a LIBERO env made earlier in this process set PYOPENGL_PLATFORM
     done = subprocess.run(
         [sys.executable, "-c", QUIET_RUN],
         capture_output=True,

@@ -11,8 +11,8 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_models import linear_reference
 
 from jaxmesh.cli import main
+from jaxmesh.cli.build import load_policy
 from jaxmesh.cli.errors import ConfigError
-from jaxmesh.cli.serve_policy import load_policy
 
 from .conftest import serve_policy_process
 
