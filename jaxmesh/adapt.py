@@ -332,13 +332,13 @@ class Text:
 
     Where a run's instruction comes from, first match wins:
 
-    1. ``jaxmesh.evaluate(..., instruction="...")``: one string for the whole
+    1. ``jaxmesh.Starts(instruction="...")``: one string for the whole
        run, on every kind of env (its encoding is data: another string of the
        same shapes compiles nothing).
     2. ``info_key``: host-stepped envs (gymnasium in process, or served): each
        episode's instruction is ``info[info_key]`` of its ``env.reset`` (a
        string), so it may differ per episode. A JAX env has no reset info:
-       give it ``instruction=``.
+       give it ``Starts(instruction=...)``.
 
     A Text input with neither is refused before anything compiles.
 

@@ -1,6 +1,6 @@
 """How a chunk is executed: temporal ensembling (``Ensemble``) and its checks.
 
-``evaluate(..., execution=jaxmesh.Ensemble(m=0.01))`` plans a chunk of K
+``Chunking(execution=jaxmesh.Ensemble(m=0.01))`` plans a chunk of K
 actions every step and executes, at step t, a weighted average of every chunk
 that still covers t (ACT's temporal ensembling). The engine keeps each lane's
 last K chunks in a ring buffer on the device (``jaxmesh.core.agent``); the
@@ -8,7 +8,7 @@ weight rule is written once here (``Ensemble.weights``) and runs inside the
 jitted agent step, for JAX envs and host-stepped envs alike.
 
 The other way a chunk's execution changes, an inference delay, is a plain
-``evaluate(..., delay=d)`` setting (docs/contract.md, "How a chunk is
+``Chunking(delay=d)`` setting (docs/contract.md, "How a chunk is
 executed").
 """
 
@@ -55,7 +55,8 @@ class Ensemble:
 
     Example::
 
-      result = jaxmesh.evaluate(act_policy, env, execution=jaxmesh.Ensemble(0.01))
+      chunking = jaxmesh.Chunking(execution=jaxmesh.Ensemble(0.01))
+      result = jaxmesh.evaluate(act_policy, env, chunking=chunking)
     """
 
     m: float = 0.01

@@ -56,7 +56,7 @@ class Task:
         that returns one, called when the task starts (so that building a
         task's envs waits for its turn).
       instruction: the language instruction the policy is given for this task
-        (``evaluate(..., instruction=...)``; a ``jaxmesh.adapt.Text`` input
+        (``Starts(instruction=...)``; a ``jaxmesh.adapt.Text`` input
         reads it); None: none, or the env's own.
       episodes: this task's budget (seeds ``0..episodes-1``); None: the suite's.
       seeds: this task's seeds, one per episode; overrides ``episodes``.

@@ -315,7 +315,7 @@ def sweep(
       horizon: the horizons H to sweep.
       delay_ms: instead of ``delay``, the inference times to sweep in
         milliseconds, each ``ceil(ms / (1000 * dt))`` steps by the env's dt
-        (as ``evaluate(..., delay_ms=)``). Times of the same steps share a
+        (as ``Chunking(delay_ms=)``). Times of the same steps share a
         cell; ``get(delay_ms=..., horizon=...)``, the table and the plot
         are in milliseconds.
       config: a ``jaxmesh.RunConfig`` for every cell (None: the defaults);

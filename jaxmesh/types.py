@@ -26,7 +26,7 @@ class Env(Protocol):
 
     Optional: ``step_with_info(key, state, action) -> (observation, state,
     reward, terminated, truncated, info)``, the same step with the env's info
-    pytree; ``evaluate(metrics=..., success=...)`` reads its leaves (gymnax's
+    pytree; ``Scoring(metrics=..., success=...)`` reads its leaves (gymnax's
     ``info``, brax's ``state.metrics``). An env without it has no metrics.
 
     Optional: ``reset_with_info(key) -> (observation, state, info)``, the same
@@ -35,7 +35,7 @@ class Env(Protocol):
     (``result.success_at_reset``; brax's adapter has it, gymnax resets give
     no info).
 
-    Optional: ``dt``, simulated seconds per step, for ``evaluate(...,
+    Optional: ``dt``, simulated seconds per step, for ``Chunking(
     delay_ms=)`` (an env without it refuses a delay in milliseconds).
     """
 

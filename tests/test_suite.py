@@ -355,7 +355,9 @@ def test_each_task_gets_its_own_instruction():
         },
         seeds=[3, 1],
     )
-    result = jaxmesh.evaluate(model, suite, num_envs=2, instruction="keep going")
+    result = jaxmesh.evaluate(
+        model, suite, num_envs=2, starts=jaxmesh.Starts(instruction="keep going")
+    )
     assert result.instructions == {**said, "default": "keep going"}
     reset, step = fns_of(PARAMS)
 

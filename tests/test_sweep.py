@@ -28,7 +28,7 @@ CAP = 13  # steps per episode (not a multiple of any horizon here)
 SEEDS = [5, 2, 7, 11]
 ENV = "gymnax:Pendulum-v1"
 DELAYS, HORIZONS = [0, 1, 2, 4], [4, 8]
-KW = {"num_envs": 3, "max_episode_steps": CAP, "plan_tile": 8}
+KW = {"num_envs": 3, "max_episode_steps": CAP, "layout": jaxmesh.Layout(plan_tile=8)}
 
 
 def chunk_policy(obs):
@@ -126,11 +126,18 @@ def test_cell_equals_a_separate_evaluate(grid, cell):
 
 
 def assert_cell_is_its_evaluate(sweep, env, d, h):
-    alone = jaxmesh.evaluate(chunk_policy, env, delay=d, horizon=h, seeds=SEEDS, **KW)
+    alone = jaxmesh.evaluate(
+        chunk_policy,
+        env,
+        chunking=jaxmesh.Chunking(delay=d),
+        horizon=h,
+        seeds=SEEDS,
+        **KW,
+    )
     got = sweep.get(delay=d, horizon=h)
     for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
         np.testing.assert_array_equal(getattr(got, field), getattr(alone, field))
-    assert got.plan_tile == alone.plan_tile == KW["plan_tile"]
+    assert got.plan_tile == alone.plan_tile == KW["layout"].plan_tile
 
 
 def test_skipped_cell_and_get(grid):
@@ -176,7 +183,7 @@ def test_bad_input_is_refused_before_compiling():
     with pytest.raises(ValueError, match="delay"):
         jaxmesh.sweep(chunk_policy, ENV, delay=[-1])
     with pytest.raises(ValueError, match="prefetch_lead"):
-        jaxmesh.sweep(chunk_policy, ENV, prefetch_lead=1)
+        jaxmesh.sweep(chunk_policy, ENV, chunking=jaxmesh.Chunking(prefetch_lead=1))
     with pytest.raises(ValueError, match="no cell can run"):
         jaxmesh.sweep(chunk_policy, ENV, delay=[4], horizon=[4])
 
@@ -236,7 +243,13 @@ def test_resume_refuses_another_delay(grid):
     assert "inference delay of 2 steps" in done.summary()
     with pytest.raises(ValueError, match="delay"):
         jaxmesh.evaluate(
-            chunk_policy, ENV, horizon=4, delay=1, seeds=SEEDS, resume=done, **KW
+            chunk_policy,
+            ENV,
+            horizon=4,
+            chunking=jaxmesh.Chunking(delay=1),
+            seeds=SEEDS,
+            resume=done,
+            **KW,
         )
 
 
@@ -278,13 +291,15 @@ def test_host_sweep_compiles_one_agent_step_for_every_cell(host_grid):
     # A separate delayed run traces its plans once (and probes the chunk
     # length once); the sweep as often, plus its own probe: not once per cell.
     alone = counted("one")
-    one = jaxmesh.evaluate(alone, HOST, delay=2, horizon=4, seeds=SEEDS, **KW)
+    one = jaxmesh.evaluate(
+        alone, HOST, chunking=jaxmesh.Chunking(delay=2), horizon=4, seeds=SEEDS, **KW
+    )
     assert TRACES["after sweep"] == TRACES["one"] + 1
     # And that run is the sweep's cell bit for bit (as the cells below).
     got = host_grid.get(delay=2, horizon=4)
     for field in ("returns", "lengths", "terminated", "truncated", "predict_calls"):
         np.testing.assert_array_equal(getattr(got, field), getattr(one, field))
-    assert got.plan_tile == one.plan_tile == KW["plan_tile"]
+    assert got.plan_tile == one.plan_tile == KW["layout"].plan_tile
 
 
 def test_host_sweep_every_cell_against_the_rule(host_grid):
@@ -346,7 +361,12 @@ def test_host_sweep_tells_each_program_its_h_plus_d():
 
 def test_host_sweep_refuses_what_a_jax_env_takes_only():
     with pytest.raises(TypeError, match="is for MuJoCo Playground envs"):
-        jaxmesh.sweep(chunk_policy, HOST, randomize=lambda m, k: m, seeds=SEEDS)
+        jaxmesh.sweep(
+            chunk_policy,
+            HOST,
+            starts=jaxmesh.Starts(randomize=lambda m, k: m),
+            seeds=SEEDS,
+        )
 
 
 def test_a_sweep_over_milliseconds_refuses_bad_input():

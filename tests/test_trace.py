@@ -174,7 +174,9 @@ def test_a_jax_run_traces_compile_init_segments_syncs_and_hooks(tmp_path):
             pass
 
     path = tmp_path / "run.trace.json"
-    kw = dict(num_envs=4, episodes=10, segment_steps=16, hooks=Hook())
+    kw = dict(
+        num_envs=4, episodes=10, layout=jaxmesh.Layout(segment_steps=16), hooks=Hook()
+    )
     traced = jaxmesh.evaluate(lean, "gymnax:CartPole-v1", trace=path, **kw)
     plain = jaxmesh.evaluate(lean, "gymnax:CartPole-v1", **kw)
     np.testing.assert_array_equal(traced.returns, plain.returns)  # no effect

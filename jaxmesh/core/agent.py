@@ -140,8 +140,9 @@ def make_config(
             if sig is None:
                 raise ValueError(
                     f"input {name!r} is a jaxmesh.adapt.Text but no instruction was "
-                    "encoded for it: pass evaluate(..., instruction='...'), or on a "
-                    "host-stepped env Text(..., info_key=...)"
+                    "encoded for it: pass evaluate(..., starts=jaxmesh.Starts("
+                    "instruction='...')), or on a host-stepped env Text(..., "
+                    "info_key=...)"
                 )
             leaves, treedef = jax.tree.flatten(sig)
             texts.append(

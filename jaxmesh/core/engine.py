@@ -69,7 +69,7 @@ NO_EPISODE = np.iinfo(np.int32).max
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrialReset:
-    """Episodes that start from a trial index (``evaluate(initial_states=...)``
+    """Episodes that start from a trial index (``Starts(initial_states=...)``
     or ``reset_fn=``, ``jaxmesh.run.initial``) instead of ``env.reset(key)``.
 
     Attributes:

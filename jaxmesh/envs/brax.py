@@ -66,7 +66,7 @@ class BraxEnv:
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """``step`` and brax's ``state.metrics`` (the source of episode metrics,
-        ``evaluate(metrics=...)``)."""
+        ``Scoring(metrics=...)``)."""
         del key
         bstate, t = state
         bstate = self.env.step(bstate, action)

@@ -64,7 +64,7 @@ class GymnaxEnv:
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """``step`` and the env's ``info`` dict (``step_env``'s own), the source
-        of episode metrics (``evaluate(metrics=...)``)."""
+        of episode metrics (``Scoring(metrics=...)``)."""
         obs, state, reward, terminated, info = self.env.step_env(
             key, state, action, self.params
         )

@@ -384,7 +384,7 @@ class LiberoEnv(_base_env()):
     ``s``, resets it, sets init state ``k % 50`` (k = 0 without options) and
     settles. ``info["success"]`` is LIBERO's success check and
     ``info["init_state"]`` the init state the episode started from
-    (``evaluate(..., metrics="init_state")`` keeps it per episode); the
+    (``Scoring(metrics="init_state")`` keeps it per episode); the
     reset's info also holds ``"language"``, the task's instruction.
     """
 

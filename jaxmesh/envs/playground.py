@@ -164,7 +164,7 @@ class PlaygroundEnv:
         """``step`` and an info dict: Playground's ``state.metrics`` at the top
         (``"reward/upright"``), its ``state.info`` under ``"info/"``, the drawn
         model values under ``"model/"`` and ``"success"`` from
-        ``"reward/success"`` (the sources of ``evaluate(metrics=...,
+        ``"reward/success"`` (the sources of ``Scoring(metrics=...,
         success=...)``)."""
         del key
         return self._jitted[1](state, action)
@@ -347,7 +347,8 @@ def from_registry_randomizer(fn: Callable) -> Callable:
     Example::
 
       dr = registry.get_domain_randomizer("Go1JoystickFlatTerrain")
-      jaxmesh.evaluate(policy, env, randomize=from_registry_randomizer(dr))
+      randomize = from_registry_randomizer(dr)
+      jaxmesh.evaluate(policy, env, starts=jaxmesh.Starts(randomize=randomize))
     """
 
     def one(model: Any, key: jax.Array) -> Any:

@@ -327,7 +327,7 @@ class RunResult:
     #: Host-stepped envs that declare a ``trial_index`` reset option: episode
     #: i got ``trial_index_base + i`` (CONTRACT 6).
     trial_index_base: int = 0
-    #: The language instruction every episode got (``evaluate(instruction=)``,
+    #: The language instruction every episode got (``Starts(instruction=)``,
     #: for ``jaxmesh.adapt.Text`` inputs), or None (none given: no Text input,
     #: or one read per episode from the env's reset info).
     instruction: str | None = None

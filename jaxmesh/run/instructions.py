@@ -3,7 +3,7 @@
 The rules for ``jaxmesh.adapt.Text`` inputs, written once for every path (JAX
 envs, gymnasium envs in process, served envs):
 
-1. ``evaluate(..., instruction="...")``: one string for the run, encoded once
+1. ``Starts(instruction="...")``: one string for the run, encoded once
    on the host (``Text.encoded``); every lane sees it. The encoding is data
    (the scan's first carry, the host loop's per-lane arrays), so another
    string of the same shapes compiles nothing.
@@ -53,7 +53,7 @@ def check_sources(
 
     Args:
       spec: the policy's spec (None: no inputs).
-      instruction: ``evaluate(instruction=)`` (checked), or None.
+      instruction: ``Starts(instruction=)`` (checked), or None.
       env_name: for messages.
       host: the env is host-stepped (reset infos exist).
 
@@ -75,14 +75,16 @@ def check_sources(
             raise ValueError(
                 f"input {name!r} (Text(info_key={decl.info_key!r})) reads each "
                 f"episode's instruction from its reset info, but env {env_name!r} "
-                "is a JAX env, which has none: pass evaluate(..., instruction='...') "
-                "(CLI: instruction: in the YAML)"
+                "is a JAX env, which has none: pass evaluate(..., "
+                "starts=jaxmesh.Starts(instruction='...')) (CLI: instruction: in "
+                "the YAML)"
             )
         else:
             raise ValueError(
                 f"input {name!r} is a jaxmesh.adapt.Text but env {env_name!r} gets "
-                "no instruction: pass evaluate(..., instruction='...') (CLI: "
-                "instruction: in the YAML), or for a gymnasium or served env "
+                "no instruction: pass evaluate(..., starts=jaxmesh.Starts("
+                "instruction='...')) (CLI: instruction: in the YAML), or for a "
+                "gymnasium or served env "
                 "Text(encode, info_key='<reset info key>')"
             )
     return out
@@ -165,7 +167,7 @@ class LaneTexts:
                         f"{self.env_name!r}) {what}; Text(info_key="
                         f"{decl.info_key!r}) needs a string there. Make the env's "
                         "reset return info[key] = instruction, or pass "
-                        "evaluate(..., instruction='...')"
+                        "evaluate(..., starts=jaxmesh.Starts(instruction='...'))"
                     )
                 enc = decl.encoded(str(value))
                 if name not in self.host:

@@ -305,7 +305,7 @@ def check_seeds(
 
 def require_reproducible(env: Any, what: str = "check_seeds=True") -> SeedReport:
     """``check_seeds(env)``, raising when the env is not reproducible (what
-    ``evaluate(..., check_seeds=True)`` runs on the first lane's env).
+    ``Starts(check_seeds=True)`` runs on the first lane's env).
 
     Raises:
       ValueError: naming the env and what differed (or why it cannot be

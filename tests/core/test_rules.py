@@ -445,7 +445,9 @@ def assert_same_episodes(scan, host):
 
 
 def test_lanes_cap_and_every_reduction_agree():
-    scan, host = both_paths(alternate, metrics=METRICS, success="hit")
+    scan, host = both_paths(
+        alternate, scoring=jaxmesh.Scoring(metrics=METRICS, success="hit")
+    )
     assert_same_episodes(scan, host)
     for kind in ("success", "success_once", "success_at_end"):
         assert getattr(scan, kind).tolist() == getattr(host, kind).tolist()
@@ -490,7 +492,9 @@ def test_a_nan_reward_agrees():
     """Episode 3 (seed 3, c = 3) starts on lane 0 at run step 5; its reward at
     step 2 (run step 7) is NaN. Episodes 0-2 ended at run step 4, episode 5
     on the fault's own step: they are the partial result."""
-    e = assert_same_fault(*both_paths(alternate, nan=(3, 2), metrics=METRICS))
+    e = assert_same_fault(
+        *both_paths(alternate, nan=(3, 2), scoring=jaxmesh.Scoring(metrics=METRICS))
+    )
     assert (e.kind, e.episode, e.seed, e.step, e.lane) == (REWARD, 3, 3, 2, 0)
     assert np.isnan(e.value)
     assert e.partial_result.indices.tolist() == [0, 1, 2, 5]
@@ -499,7 +503,9 @@ def test_a_nan_reward_agrees():
 def test_an_out_of_range_action_agrees():
     """Episode 4 (seed 4, c = 2) on lane 1 from run step 5 plays 5 at its step
     1 (run step 6): only episodes 0-2 have ended."""
-    e = assert_same_fault(*both_paths(bad_at(2, 1), metrics=METRICS))
+    e = assert_same_fault(
+        *both_paths(bad_at(2, 1), scoring=jaxmesh.Scoring(metrics=METRICS))
+    )
     assert (e.kind, e.episode, e.seed, e.step, e.lane, e.value) == (
         OUT,
         4,

@@ -176,7 +176,7 @@ def run(env, **kw):
         policy,
         env,
         seeds=SEEDS,
-        trial_index_base=BASE,
+        starts=jaxmesh.Starts(trial_index_base=BASE),
         record=jaxmesh.Record(episodes=list(range(len(SEEDS))), keys=KEYS),
         **kw,
     )
@@ -186,7 +186,7 @@ def test_in_process_equals_openpi_loop(expected):
     result = run(
         f"libero:{SUITE}/{TASK}",
         env_config={"camera_size": None, "max_episode_steps": CAP},
-        metrics="init_state",
+        scoring=jaxmesh.Scoring(metrics="init_state"),
     )
     check_same(result, expected)
     assert np.asarray(result.metrics["init_state"]).tolist() == [48, 49, 0]
@@ -271,7 +271,7 @@ def test_cameras_reach_the_policy_unchanged():
         f"libero:{SUITE}/1",
         env_config={"camera_size": 32, "settle_steps": 2},
         seeds=[5],
-        trial_index_base=2,
+        starts=jaxmesh.Starts(trial_index_base=2),
         num_envs=1,
         max_episode_steps=4,
         record=jaxmesh.Record(episodes=[0], keys=keys),
@@ -446,9 +446,9 @@ def test_suite_resumes_after_a_failure():
             policy,
             suite,
             num_envs=1,
-            trial_index_base=BASE,
+            starts=jaxmesh.Starts(trial_index_base=BASE),
             hooks=[StopAfterFirst()],
-            metrics="init_state",
+            scoring=jaxmesh.Scoring(metrics="init_state"),
         )
     partial = info.value.partial_result
     assert isinstance(partial, jaxmesh.SuiteResult)
@@ -458,9 +458,9 @@ def test_suite_resumes_after_a_failure():
         policy,
         suite,
         num_envs=1,
-        trial_index_base=BASE,
+        starts=jaxmesh.Starts(trial_index_base=BASE),
         resume=partial,
-        metrics="init_state",
+        scoring=jaxmesh.Scoring(metrics="init_state"),
     )
     want = reference(SUITE, TASK, [0, 1, 2], [48, 49, 50], policy_np, 8, KEYS)
     got = result.tasks[name]

@@ -193,8 +193,10 @@ def randomized(env):
         env,
         num_envs=4,
         seeds=seeds,
-        randomize=heavier_pole,
-        metrics={"model/body_mass/2": "last", "reward/upright": "sum"},
+        starts=jaxmesh.Starts(randomize=heavier_pole),
+        scoring=jaxmesh.Scoring(
+            metrics={"model/body_mass/2": "last", "reward/upright": "sum"}
+        ),
         record=jaxmesh.Record(episodes=[0]),
     )
     return run(SEEDS), run(SEEDS[::-1])
@@ -254,9 +256,15 @@ def test_bad_input_is_refused_before_compiling():
     with pytest.raises(TypeError, match="config_overrides"):
         make_env("playground:CartpoleBalance", episode_lenght=5)
     with pytest.raises(TypeError, match="randomize= is for MuJoCo Playground"):
-        jaxmesh.evaluate(policy, "gymnax:Pendulum-v1", randomize=heavier_pole)
+        jaxmesh.evaluate(
+            policy, "gymnax:Pendulum-v1", starts=jaxmesh.Starts(randomize=heavier_pole)
+        )
     with pytest.raises(TypeError, match="randomize= is for MuJoCo Playground"):
-        jaxmesh.evaluate(policy, "gymnasium:Pendulum-v1", randomize=heavier_pole)
+        jaxmesh.evaluate(
+            policy,
+            "gymnasium:Pendulum-v1",
+            starts=jaxmesh.Starts(randomize=heavier_pole),
+        )
 
 
 def test_bad_randomizer_is_refused(env):

@@ -198,7 +198,7 @@ def result(env):
         env,
         num_envs=2,
         seeds=SEEDS,
-        metrics={k: "sum" for k in SMOOTH},
+        scoring=jaxmesh.Scoring(metrics={k: "sum" for k in SMOOTH}),
     )
 
 

@@ -94,9 +94,11 @@ def test_a_served_run_with_a_token_leaves_it_in_no_artifact(
             address,
             episodes=3,
             num_envs=2,
-            token=TOKEN,
-            credentials=grpc.ssl_channel_credentials(
-                root_certificates=pems["cert"].read_bytes()
+            served=jaxmesh.Served(
+                token=TOKEN,
+                credentials=grpc.ssl_channel_credentials(
+                    root_certificates=pems["cert"].read_bytes()
+                ),
             ),
             trace=api_trace,
         )
@@ -149,7 +151,9 @@ def test_a_token_given_for_an_env_in_this_process_is_not_echoed():
 
     with pytest.raises(ValueError, match="drop token=") as e:
         jaxmesh.evaluate(
-            lambda obs: 0, [gym.make("CartPole-v1")], token="hunter2-secret"
+            lambda obs: 0,
+            [gym.make("CartPole-v1")],
+            served=jaxmesh.Served(token="hunter2-secret"),
         )
     assert "hunter2" not in str(e.value)
 

@@ -322,7 +322,7 @@ def test_reply_timeout_raises_within_the_timeout_and_a_second():
                     f"grpc://{server.address}",
                     num_envs=1,
                     episodes=2,
-                    reply_timeout=timeout,
+                    served=jaxmesh.Served(reply_timeout=timeout),
                 )
             raised = time.monotonic()
             assert env.hung_at is not None

@@ -202,14 +202,17 @@ def test_evaluate_over_tls_equals_the_run_in_process(pems):
     with tls_server(pems, lanes=2) as server:
         address = f"grpcs://localhost:{port_of(server)}"
         there = jaxmesh.evaluate(
-            policy, address, episodes=5, credentials=client_credentials(pems)
+            policy,
+            address,
+            episodes=5,
+            served=jaxmesh.Served(credentials=client_credentials(pems)),
         )
         with pytest.raises(ValueError, match="grpcs://host:port"):
             jaxmesh.evaluate(
                 policy,
                 f"grpc://127.0.0.1:{port_of(server)}",
                 episodes=5,
-                credentials=client_credentials(pems),
+                served=jaxmesh.Served(credentials=client_credentials(pems)),
             )
     np.testing.assert_array_equal(there.returns, here.returns)
     np.testing.assert_array_equal(there.lengths, here.lengths)

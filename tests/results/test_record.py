@@ -20,7 +20,7 @@ import pytest
 from gym_reference import ID, SEEDS, chunky
 from reference_loop import gymnax_fns, run_episode
 
-from jaxmesh import Evaluator, evaluate
+from jaxmesh import Evaluator, Layout, evaluate
 from jaxmesh.remote.server import EnvServer
 from jaxmesh.results.record import Record, Trajectory
 from jaxmesh.results.result import RunResult
@@ -81,7 +81,7 @@ def gymnax_plain():
 
 
 #: Segments of 16 steps on one lane: the partial-result test's program too.
-ONE_LANE = {"num_envs": 1, "segment_steps": 16}
+ONE_LANE = {"num_envs": 1, "layout": Layout(segment_steps=16)}
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -153,7 +153,11 @@ def test_bad_record_arguments():
         Record(max_steps=0)
     with pytest.raises(ValueError, match="devices="):
         evaluate(
-            chunky, "gymnax:CartPole-v1", episodes=3, devices=1, record=Record([0])
+            chunky,
+            "gymnax:CartPole-v1",
+            episodes=3,
+            layout=Layout(devices=1),
+            record=Record([0]),
         )
 
 

@@ -69,8 +69,8 @@ def run():
         horizon=HORIZON,
         seeds=SEEDS,
         max_episode_steps=CAP,
-        success="discount",
-        success_mode="end",  # the last step's discount: 0 when the pole fell
+        scoring=jaxmesh.Scoring(success="discount", success_mode="end"),
+        # the last step's discount: 0 when the pole fell
     )
     reset, step = gymnax_fns(*gymnax.make("CartPole-v1"))
     refs = [

@@ -121,7 +121,7 @@ def test_evaluate_check_seeds_refuses_an_env_that_ignores_its_seed():
             lean,
             [IgnoresSeed(gym.make(ID)), gym.make(ID)],
             episodes=2,
-            check_seeds=True,
+            starts=jaxmesh.Starts(check_seeds=True),
             hooks=count,
         )
     assert count.started == 0  # refused before the run started
@@ -131,21 +131,39 @@ def test_evaluate_check_seeds_passes_a_reproducible_env_and_a_jax_env():
     seeds = [3, 1]
     plain = jaxmesh.evaluate(lean, f"gymnasium:{ID}", seeds=seeds, num_envs=2)
     checked = jaxmesh.evaluate(
-        lean, f"gymnasium:{ID}", seeds=seeds, num_envs=2, check_seeds=True
+        lean,
+        f"gymnasium:{ID}",
+        seeds=seeds,
+        num_envs=2,
+        starts=jaxmesh.Starts(check_seeds=True),
     )
     np.testing.assert_array_equal(checked.returns, plain.returns)
     # A JAX env is reproducible by construction: accepted, nothing checked.
     got = jaxmesh.evaluate(
-        lean, "gymnax:CartPole-v1", episodes=2, num_envs=2, check_seeds=True
+        lean,
+        "gymnax:CartPole-v1",
+        episodes=2,
+        num_envs=2,
+        starts=jaxmesh.Starts(check_seeds=True),
     )
     assert got.num_episodes == 2
 
 
 def test_evaluate_check_seeds_refuses_a_served_env_before_connecting():
     with pytest.raises(ValueError, match="jaxmesh check-env grpc://127.0.0.1:9"):
-        jaxmesh.evaluate(lean, "grpc://127.0.0.1:9", episodes=1, check_seeds=True)
+        jaxmesh.evaluate(
+            lean,
+            "grpc://127.0.0.1:9",
+            episodes=1,
+            starts=jaxmesh.Starts(check_seeds=True),
+        )
     with pytest.raises(TypeError, match="check_seeds='yes'"):
-        jaxmesh.evaluate(lean, f"gymnasium:{ID}", episodes=1, check_seeds="yes")
+        jaxmesh.evaluate(
+            lean,
+            f"gymnasium:{ID}",
+            episodes=1,
+            starts=jaxmesh.Starts(check_seeds="yes"),
+        )
 
 
 def test_check_seeds_of_a_served_env():

@@ -47,7 +47,13 @@ def refs(lead: int):
 def test_in_process_replay_matches_plain_loop(n, lead):
     model = jaxmesh.Model(leaning, spec=SPEC)
     envs = [gym.make(ID) for _ in range(n)]
-    got = jaxmesh.evaluate(model, envs, horizon=4, prefetch_lead=lead, seeds=SEEDS)
+    got = jaxmesh.evaluate(
+        model,
+        envs,
+        horizon=4,
+        chunking=jaxmesh.Chunking(prefetch_lead=lead),
+        seeds=SEEDS,
+    )
     expected = refs(lead)
     assert len({r.length for r in expected}) > 3
     check(got, expected, n)
@@ -62,7 +68,7 @@ def test_served_replay_matches_plain_loop(lead):
             f"grpc://{server.address}",
             num_envs=3,
             horizon=4,
-            prefetch_lead=lead,
+            chunking=jaxmesh.Chunking(prefetch_lead=lead),
             seeds=SEEDS,
         )
     expected = refs(lead)

@@ -1,4 +1,4 @@
-"""Many hosts: ``evaluate(..., devices="all")`` under ``jax.distributed``.
+"""Many hosts: ``Layout(devices="all")`` under ``jax.distributed``.
 
 The test starts two processes (``WORKER``) on 127.0.0.1, each with two forced
 CPU devices and JAX's CPU collectives (gloo), so that the mesh holds four
@@ -70,13 +70,15 @@ CHUNKED = jaxmesh.Model(
 )
 KEY = jax.random.PRNGKey(3)
 SEEDS = [int(s) for s in np.random.default_rng(1).integers(0, 2**31 - 1, 23)]
-SETTINGS = {"num_envs": 8, "segment_steps": 64}
+SETTINGS = {"num_envs": 8, "layout": jaxmesh.Layout(segment_steps=64)}
+#: The same settings with the lanes split over every process's devices.
+ON_ALL = {"num_envs": 8, "layout": jaxmesh.Layout(segment_steps=64, devices="all")}
 CASES = {
     "per-step": (per_step, mlp(KEY, 4, 2), {}),
     "chunked, window, lead": (
         CHUNKED,
         mlp(KEY, 9, 8),
-        {"horizon": 4, "prefetch_lead": 2},
+        {"horizon": 4, "chunking": jaxmesh.Chunking(prefetch_lead=2)},
     ),
 }
 FIELDS = ("returns", "lengths", "terminated", "truncated", "predict_calls", "seeds")
@@ -127,7 +129,10 @@ def record(run, hook):
 
 report = {"process": me}
 ev = jaxmesh.Evaluator(
-    per_step, "gymnax:CartPole-v1", takes_params=True, devices="all"
+    per_step,
+    "gymnax:CartPole-v1",
+    takes_params=True,
+    layout=jaxmesh.Layout(devices="all"),
 )
 mesh = ev.mesh
 report["mesh_processes"] = [d.process_index for d in mesh.devices.flat]
@@ -139,9 +144,8 @@ for name, (policy, params, kw) in CASES.items():
         "gymnax:CartPole-v1",
         params=params,
         seeds=SEEDS,
-        devices="all",
         hooks=hook,
-        **SETTINGS,
+        **ON_ALL,
         **kw,
     )
     report[name] = record(run, hook)
@@ -155,9 +159,8 @@ run = jaxmesh.evaluate(
     "gymnax:CartPole-v1",
     params=mlp(jax.random.PRNGKey(9), 4, 2),
     seeds=SEEDS[:3],
-    devices="all",
     hooks=hook,
-    **SETTINGS,
+    **ON_ALL,
     **kw,
 )
 report["other params, 3 episodes"] = record(run, hook)
@@ -172,8 +175,7 @@ for seeds, params in ((SEEDS[::-1], KEY), (SEEDS, jax.random.PRNGKey(9))):
             "gymnax:CartPole-v1",
             params=mlp(params if me == 1 else KEY, 4, 2),
             seeds=seeds if me == 1 else SEEDS,
-            devices="all",
-            **SETTINGS,
+            **ON_ALL,
         )
         report["mismatch"].append(None)
     except ValueError as exc:
@@ -184,7 +186,10 @@ for seeds, params in ((SEEDS[::-1], KEY), (SEEDS, jax.random.PRNGKey(9))):
 if me == 1:
     try:
         jaxmesh.Evaluator(
-            per_step, "gymnax:CartPole-v1", takes_params=True, devices=2
+            per_step,
+            "gymnax:CartPole-v1",
+            takes_params=True,
+            layout=jaxmesh.Layout(devices=2),
         )
         report["refused"] = None
     except ValueError as exc:

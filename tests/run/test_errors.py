@@ -44,7 +44,7 @@ def angle(obs):
         ({"num_envs": 0}, ValueError, "num_envs=0"),
         ({"num_envs": -4}, ValueError, "num_envs=-4"),
         ({"horizon": 0}, ValueError, "horizon=0"),
-        ({"prefetch_lead": -1}, ValueError, "prefetch_lead=-1"),
+        ({"chunking": {"prefetch_lead": -1}}, ValueError, "prefetch_lead=-1"),
         ({"max_episode_steps": 0}, ValueError, "max_episode_steps=0"),
         ({"seeds": [0.5, 1.0]}, TypeError, "seeds must be a 1-D sequence of ints"),
         ({"seeds": "abc"}, TypeError, "seeds="),
@@ -150,8 +150,8 @@ def test_seed_keys_are_prngkey_of_seed():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"plan_tile": 0}, "plan_tile=0"),
-        ({"segment_steps": 0}, "segment_steps=0"),
+        ({"layout": {"plan_tile": 0}}, "plan_tile=0"),
+        ({"layout": {"segment_steps": 0}}, "segment_steps=0"),
     ],
 )
 def test_zero_tile_or_segment(no_compile, kwargs, match):
@@ -242,7 +242,12 @@ def test_hook_exception_aborts_with_its_type_and_keeps_finished():
     boom, hooks = hook_once(4)
     with pytest.raises(boom) as info:
         jaxmesh.evaluate(
-            angle, CARTPOLE, num_envs=2, seeds=seeds, hooks=hooks, segment_steps=8
+            angle,
+            CARTPOLE,
+            num_envs=2,
+            seeds=seeds,
+            hooks=hooks,
+            layout=jaxmesh.Layout(segment_steps=8),
         )
     partial = info.value.partial_result
     assert isinstance(partial, jaxmesh.RunResult)
@@ -298,7 +303,7 @@ def test_partial_result_after_a_failure_inside_a_segment(hooks):
             CARTPOLE,
             num_envs=n,
             seeds=seeds,
-            segment_steps=seg,
+            layout=jaxmesh.Layout(segment_steps=seg),
             hooks=hooks,
         )
     refs = angle_refs(seeds)
@@ -424,7 +429,9 @@ def test_no_false_alarm_at_the_bounds():
     # actions 0 and num_actions - 1 on CartPole, +-2 (the bounds) on Pendulum
     seeds = [0, 1, 2]
     # The settings of test_hook_exception_aborts_...: its program, run to the end.
-    r = jaxmesh.evaluate(angle, CARTPOLE, num_envs=2, seeds=seeds, segment_steps=8)
+    r = jaxmesh.evaluate(
+        angle, CARTPOLE, num_envs=2, seeds=seeds, layout=jaxmesh.Layout(segment_steps=8)
+    )
     assert_matches(r, angle_refs(seeds))
 
     # test_non_finite_continuous_action's program, with the bounds as torques
@@ -471,5 +478,5 @@ def test_small_free_memory_refuses_a_modest_budget(monkeypatch):
         jaxmesh.make_evaluator(lambda w, obs: good(obs), ENV, episodes=100_000)
     assert checks.resolve_budget(100_000, None, "tiny device").size == 100_000
     # a budget that fits runs (on test_hook_exception_aborts_...'s program)
-    fits = dict(num_envs=2, segment_steps=8, episodes=3)
+    fits = dict(num_envs=2, layout=jaxmesh.Layout(segment_steps=8), episodes=3)
     assert jaxmesh.evaluate(angle, CARTPOLE, **fits).num_episodes == 3

@@ -105,7 +105,7 @@ def test_prefetch_lead_matches_reference(lead, horizon):
         noisy_chunk,
         CARTPOLE,
         horizon=horizon,
-        prefetch_lead=lead,
+        chunking=jaxmesh.Chunking(prefetch_lead=lead),
         num_envs=2,
         seeds=seeds,
     )
@@ -236,7 +236,7 @@ def test_invariance_across_lane_counts_on_chaotic_env():
         num_envs=n,
         seeds=seeds,
         max_episode_steps=cap,
-        plan_tile=tile,
+        layout=jaxmesh.Layout(plan_tile=tile),
     )
     # Pinned: fewer lanes than the tile (one lane is the default's N = 1),
     # exactly one tile, several tiles.
@@ -311,7 +311,7 @@ def test_policy_rows_are_counted_in_tiles(plan_tile, rows):
         horizon=8,
         num_envs=8,
         episodes=8,
-        plan_tile=plan_tile,
+        layout=jaxmesh.Layout(plan_tile=plan_tile),
     )
     assert (result.lengths == 200).all() and result.truncated.all()
     assert result.plan_tile == rows
@@ -362,7 +362,12 @@ def test_hooks_stream_episodes_in_order():
 
     seeds = list(range(10))
     result = jaxmesh.evaluate(
-        angle, CARTPOLE, num_envs=3, seeds=seeds, hooks=Hooks(), segment_steps=5
+        angle,
+        CARTPOLE,
+        num_envs=3,
+        seeds=seeds,
+        hooks=Hooks(),
+        layout=jaxmesh.Layout(segment_steps=5),
     )
     assert seen[0] == ("start", 10) and seen[-1] == ("end", 10)
     eps = seen[1:-1]

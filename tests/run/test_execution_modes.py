@@ -173,7 +173,7 @@ def test_delay_matches_the_rule(env_kind):
     h, d = 4, 2
     ref = run_reference(env_kind, lambda: DelayRule(h, d))
     for n in LANES[env_kind]:
-        result = run(env_kind, n, horizon=h, delay=d)
+        result = run(env_kind, n, horizon=h, chunking=jaxmesh.Chunking(delay=d))
         assert_reference(result, ref)
         assert result.delay == d and result.to_dict()["settings"]["delay"] == d
     # Off by one: the delayed chunk played from d - 1 (or a lead: from 0).
@@ -186,7 +186,9 @@ def test_delay_other_sizes():
     both kinds of env share; test_delay_matches_the_rule runs both."""
     for h, d in ((5, 3),):
         ref = run_reference("gymnasium", lambda h=h, d=d: DelayRule(h, d))
-        assert_reference(run("gymnasium", 3, horizon=h, delay=d), ref)
+        assert_reference(
+            run("gymnasium", 3, horizon=h, chunking=jaxmesh.Chunking(delay=d)), ref
+        )
 
 
 # Delay in milliseconds -------------------------------------------------------
@@ -211,7 +213,7 @@ def test_delay_ms_is_the_delay_in_steps_of_the_envs_dt(env_kind):
     its own for the same 2 steps.)"""
     ref = run_reference(env_kind, lambda: DelayRule(4, 2))
     for ms in (60, 100) if env_kind == "gymnasium" else (100,):
-        result = run(env_kind, 3, horizon=4, delay_ms=ms)
+        result = run(env_kind, 3, horizon=4, chunking=jaxmesh.Chunking(delay_ms=ms))
         assert_reference(result, ref)
         assert (result.delay, result.delay_ms) == (2, float(ms))
     settings = result.to_dict()["settings"]
@@ -224,19 +226,27 @@ def test_delay_ms_is_the_delay_in_steps_of_the_envs_dt(env_kind):
 def test_delay_ms_errors():
     with pytest.raises(ValueError, match="has no step time"):
         jaxmesh.evaluate(
-            chunk_policy, "gymnax:MountainCarContinuous-v0", horizon=4, delay_ms=50
+            chunk_policy,
+            "gymnax:MountainCarContinuous-v0",
+            horizon=4,
+            chunking=jaxmesh.Chunking(delay_ms=50),
         )
     with pytest.raises(ValueError, match="give the delay once"):
-        run("gymnax", 1, horizon=4, delay=2, delay_ms=100)
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay=2, delay_ms=100))
     with pytest.raises(ValueError, match="drop prefetch_lead"):
-        run("gymnax", 1, horizon=4, prefetch_lead=1, delay_ms=100)
+        run(
+            "gymnax",
+            1,
+            horizon=4,
+            chunking=jaxmesh.Chunking(prefetch_lead=1, delay_ms=100),
+        )
     with pytest.raises(ValueError, match=">= 0"):
-        run("gymnax", 1, horizon=4, delay_ms=-5)
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay_ms=-5))
     with pytest.raises(TypeError, match="milliseconds"):
-        run("gymnax", 1, horizon=4, delay_ms="100ms")
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay_ms="100ms"))
     # 200 ms is 4 steps: more than h = 4 allows, and the message says so.
     with pytest.raises(ValueError, match="delay=4 \\(delay_ms=200"):
-        run("gymnax", 1, horizon=4, delay_ms=200)
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay_ms=200))
 
 
 def test_make_evaluator_takes_the_execution_modes():
@@ -250,9 +260,12 @@ def test_make_evaluator_takes_the_execution_modes():
     kw = dict(seeds=SEEDS, num_envs=3, max_episode_steps=CAP)
     one = jnp.float32(1.0)
     for mode, rule in (
-        (dict(horizon=4, delay=2), lambda: DelayRule(4, 2)),
-        (dict(horizon=4, delay_ms=60), lambda: DelayRule(4, 2)),
-        (dict(execution=ENSEMBLES["m=0.5"][0]), None),
+        (dict(horizon=4, chunking=jaxmesh.Chunking(delay=2)), lambda: DelayRule(4, 2)),
+        (
+            dict(horizon=4, chunking=jaxmesh.Chunking(delay_ms=60)),
+            lambda: DelayRule(4, 2),
+        ),
+        (dict(chunking=jaxmesh.Chunking(execution=ENSEMBLES["m=0.5"][0])), None),
     ):
         if rule is None:
             rule = lambda: EnsembleRule(ENSEMBLES["m=0.5"][1])  # noqa: E731
@@ -283,7 +296,7 @@ def test_ensemble_matches_the_rule(env_kind):
     ens, weight = ENSEMBLES["m=0.5"]
     ref = run_reference(env_kind, lambda: EnsembleRule(weight))
     for n in LANES[env_kind]:
-        result = run(env_kind, n, execution=ens)
+        result = run(env_kind, n, chunking=jaxmesh.Chunking(execution=ens))
         assert_reference(result, ref)
         assert result.execution == "ensemble(m=0.5)"
     # Newest first instead of oldest first.
@@ -299,41 +312,54 @@ def test_ensemble_aggregations(name):
     both kinds of env share; test_ensemble_matches_the_rule runs both."""
     ens, weight = ENSEMBLES[name]
     ref = run_reference("gymnasium", lambda: EnsembleRule(weight))
-    assert_reference(run("gymnasium", 3, execution=ens), ref)
+    assert_reference(run("gymnasium", 3, chunking=jaxmesh.Chunking(execution=ens)), ref)
 
 
 # Errors (before anything compiles) -------------------------------------------
 def test_delay_errors():
     with pytest.raises(ValueError, match="0 < d < h and K >= h"):
-        run("gymnax", 1, horizon=4, delay=4)
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay=4))
     with pytest.raises(ValueError, match="K >= h \\+ d"):
-        run("gymnax", 1, horizon=7, delay=2)  # K = 8 < 9
+        run("gymnax", 1, horizon=7, chunking=jaxmesh.Chunking(delay=2))  # K = 8 < 9
     with pytest.raises(ValueError, match="K >= h \\+ d"):
         jaxmesh.evaluate(
-            lambda obs: chunk_policy(obs)[0], ENV["gymnax"], horizon=1, delay=1
+            lambda obs: chunk_policy(obs)[0],
+            ENV["gymnax"],
+            horizon=1,
+            chunking=jaxmesh.Chunking(delay=1),
         )
     with pytest.raises(ValueError, match="give one of them"):
-        run("gymnax", 1, horizon=4, delay=1, prefetch_lead=1)
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay=1, prefetch_lead=1))
     with pytest.raises(ValueError, match="delay=-1"):
-        run("gymnax", 1, horizon=4, delay=-1)
+        run("gymnax", 1, horizon=4, chunking=jaxmesh.Chunking(delay=-1))
     with pytest.raises(ValueError, match="0 < d < h"):
-        run("gymnasium", 1, horizon=2, delay=3)
+        run("gymnasium", 1, horizon=2, chunking=jaxmesh.Chunking(delay=3))
 
 
 def test_ensemble_errors():
     ens = jaxmesh.Ensemble()
     with pytest.raises(ValueError, match="discrete actions"):
         jaxmesh.evaluate(
-            lambda obs: jnp.zeros((K,), jnp.int32), "gymnax:CartPole-v1", execution=ens
+            lambda obs: jnp.zeros((K,), jnp.int32),
+            "gymnax:CartPole-v1",
+            chunking=jaxmesh.Chunking(execution=ens),
         )
     with pytest.raises(ValueError, match="single actions"):
-        jaxmesh.evaluate(lambda obs: chunk_policy(obs)[0], ENV["gymnax"], execution=ens)
+        jaxmesh.evaluate(
+            lambda obs: chunk_policy(obs)[0],
+            ENV["gymnax"],
+            chunking=jaxmesh.Chunking(execution=ens),
+        )
     with pytest.raises(ValueError, match="drop horizon="):
-        run("gymnax", 1, horizon=2, execution=ens)
+        run("gymnax", 1, horizon=2, chunking=jaxmesh.Chunking(execution=ens))
     with pytest.raises(ValueError, match="8 of them"):
-        run("gymnax", 1, execution=jaxmesh.Ensemble(weights=[1.0, 2.0]))
+        run(
+            "gymnax",
+            1,
+            chunking=jaxmesh.Chunking(execution=jaxmesh.Ensemble(weights=[1.0, 2.0])),
+        )
     with pytest.raises(TypeError, match="jaxmesh.Ensemble"):
-        run("gymnax", 1, execution="ensemble")
+        run("gymnax", 1, chunking=jaxmesh.Chunking(execution="ensemble"))
     with pytest.raises(ValueError, match="aggregation"):
         jaxmesh.Ensemble(aggregation="median")
     with pytest.raises(ValueError, match="weights are for"):
@@ -360,7 +386,7 @@ def test_execution_horizon_plain_function_under_delay():
         seeds=SEEDS,
         max_episode_steps=CAP,
         horizon=4,
-        delay=2,
+        chunking=jaxmesh.Chunking(delay=2),
     )
     assert set(seen) == {6}  # the probe is told what the run is: h + d
     assert_reference(result, run_reference("gymnax", lambda: DelayRule(4, 2)))
@@ -384,7 +410,7 @@ def test_execution_horizon_model_under_ensembling_and_replay():
         num_envs=3,
         seeds=SEEDS,
         max_episode_steps=CAP,
-        execution=ens,
+        chunking=jaxmesh.Chunking(execution=ens),
     )
     assert seen[-1] == K
     assert_reference(result, run_reference("gymnasium", lambda: EnsembleRule(weight)))
@@ -431,9 +457,10 @@ def test_delay_and_ensembling_served_equal_in_process():
     proc, address = start_serve_env("gymnasium:Pendulum-v1", "--lanes", "3")
     try:
         modes = (
-            dict(horizon=4, delay=2),
-            dict(horizon=4, delay_ms=100),  # the server sends Pendulum's dt
-            dict(execution=ENSEMBLES["m=0.5"][0]),
+            dict(horizon=4, chunking=jaxmesh.Chunking(delay=2)),
+            # the server sends Pendulum's dt
+            dict(horizon=4, chunking=jaxmesh.Chunking(delay_ms=100)),
+            dict(chunking=jaxmesh.Chunking(execution=ENSEMBLES["m=0.5"][0])),
         )
         for mode in modes:
             served = jaxmesh.evaluate(
@@ -449,7 +476,7 @@ def test_delay_and_ensembling_served_equal_in_process():
             np.testing.assert_array_equal(served.lengths, here.lengths)
             np.testing.assert_array_equal(served.predict_calls, here.predict_calls)
             assert served.delay == here.delay and served.execution == here.execution
-            assert served.delay_ms == mode.get("delay_ms")
+            assert served.delay_ms == mode["chunking"].delay_ms
     finally:
         proc.kill()
         proc.wait()

@@ -156,7 +156,7 @@ def test_served_success_once_and_a_mean_match_the_plain_loop(declared, monkeypat
             num_envs=3,
             horizon=CHUNK,
             seeds=seeds,
-            metrics={"t": "mean"},
+            scoring=jaxmesh.Scoring(metrics={"t": "mean"}),
         )
     want = blink_loop(seeds)
     ret, length, once, end, mean_t = (list(x) for x in zip(*want, strict=True))
@@ -183,7 +183,7 @@ def test_tracking_success_on_an_env_without_the_key_sends_no_more():
                 num_envs=3,
                 horizon=6,
                 seeds=SEEDS,
-                success=success,
+                scoring=jaxmesh.Scoring(success=success),
             )
     for result in runs.values():
         check(result, refs, 3)

@@ -103,7 +103,7 @@ def test_initial_states_whatever_the_lanes(states, refs, num_envs):
         num_envs=num_envs,
         seeds=SEEDS,
         max_episode_steps=CAP,
-        initial_states=states,
+        starts=jaxmesh.Starts(initial_states=states),
     )
     assert_matches(result, refs)
     np.testing.assert_array_equal(result.seeds, SEEDS)
@@ -116,12 +116,17 @@ def test_stacked_states_and_new_values_share_a_program(states, refs):
     run = lambda **kw: jaxmesh.evaluate(
         policy, "gymnax:CartPole-v1", num_envs=8, max_episode_steps=CAP, **kw
     )
-    assert_matches(run(seeds=SEEDS, initial_states=stacked), refs)
+    assert_matches(
+        run(seeds=SEEDS, starts=jaxmesh.Starts(initial_states=stacked)), refs
+    )
     # The states reversed, from entry 4 on: episode i starts from state
     # T - 1 - (4 + i).
     flipped = jax.tree.map(lambda x: x[::-1], stacked)
     with compiles() as seen:
-        other = run(seeds=SEEDS[:8], trial_index_base=4, initial_states=flipped)
+        other = run(
+            seeds=SEEDS[:8],
+            starts=jaxmesh.Starts(trial_index_base=4, initial_states=flipped),
+        )
     assert not seen, seen
     assert_matches(other, [refs[T - 1 - (4 + i)] for i in range(8)])
     assert other.trial_index_base == 4
@@ -160,9 +165,9 @@ def test_reset_fn_with_trial_index_base(reset_fn, fn_refs, num_envs):
         num_envs=num_envs,
         seeds=SEEDS,
         max_episode_steps=CAP,
-        reset_fn=reset_fn,
-        trial_index_base=BASE,
-        segment_steps=SEGMENT,  # on 3 lanes: the resumed test's first program
+        starts=jaxmesh.Starts(reset_fn=reset_fn, trial_index_base=BASE),
+        # on 3 lanes: the resumed test's first program
+        layout=jaxmesh.Layout(segment_steps=SEGMENT),
     )
     assert_matches(result, fn_refs)
     assert result.trial_index_base == BASE
@@ -218,7 +223,11 @@ def test_hand_written_env():
     ]
     assert len({r.length for r in refs}) > 2
     result = jaxmesh.evaluate(
-        drift_policy, env, num_envs=4, seeds=range(10, 16), initial_states=states
+        drift_policy,
+        env,
+        num_envs=4,
+        seeds=range(10, 16),
+        starts=jaxmesh.Starts(initial_states=states),
     )
     assert_matches(result, refs, rtol=1e-5)
 
@@ -229,7 +238,9 @@ def test_hand_written_env():
 def test_both_given(no_compile, states, reset_fn):
     with pytest.raises(ValueError, match="both given"):
         jaxmesh.evaluate(
-            policy, "gymnax:CartPole-v1", initial_states=states, reset_fn=reset_fn
+            policy,
+            "gymnax:CartPole-v1",
+            starts=jaxmesh.Starts(initial_states=states, reset_fn=reset_fn),
         )
 
 
@@ -237,36 +248,46 @@ def test_inconsistent_leading_axes(no_compile, states):
     obs, state = jax.tree.map(lambda *xs: np.stack(xs), *states)
     ragged = (obs, state.replace(theta=state.theta[:-1]))
     with pytest.raises(ValueError, match=r"same leading axis T.*\.theta: 11"):
-        jaxmesh.evaluate(policy, "gymnax:CartPole-v1", initial_states=ragged)
+        jaxmesh.evaluate(
+            policy, "gymnax:CartPole-v1", starts=jaxmesh.Starts(initial_states=ragged)
+        )
 
 
 def test_budget_larger_than_the_states(no_compile, states):
     with pytest.raises(ValueError, match="holds 12 states.*needs entry 12"):
         jaxmesh.evaluate(
-            policy, "gymnax:CartPole-v1", episodes=T + 1, initial_states=states
+            policy,
+            "gymnax:CartPole-v1",
+            episodes=T + 1,
+            starts=jaxmesh.Starts(initial_states=states),
         )
     with pytest.raises(ValueError, match=r"entries 3\.\.12.*at most 9 episodes"):
         jaxmesh.evaluate(
             policy,
             "gymnax:CartPole-v1",
             episodes=T - 2,
-            trial_index_base=3,
-            initial_states=states,
+            starts=jaxmesh.Starts(trial_index_base=3, initial_states=states),
         )
 
 
 def test_trial_index_base_needs_initial_states(no_compile):
     with pytest.raises(ValueError, match="trial_index_base=2.*initial_states="):
-        jaxmesh.evaluate(policy, "gymnax:CartPole-v1", trial_index_base=2)
+        jaxmesh.evaluate(
+            policy, "gymnax:CartPole-v1", starts=jaxmesh.Starts(trial_index_base=2)
+        )
 
 
 def test_states_not_of_the_resets_form(no_compile, states):
     obs, state = jax.tree.map(lambda *xs: np.stack(xs), *states)
     with pytest.raises(TypeError, match="structure"):
-        jaxmesh.evaluate(policy, "gymnax:CartPole-v1", initial_states=state)
+        jaxmesh.evaluate(
+            policy, "gymnax:CartPole-v1", starts=jaxmesh.Starts(initial_states=state)
+        )
     with pytest.raises(TypeError, match=r"leaf \[0\] is float32\[3\].*float32\[4\]"):
         jaxmesh.evaluate(
-            policy, "gymnax:CartPole-v1", initial_states=(obs[:, :3], state)
+            policy,
+            "gymnax:CartPole-v1",
+            starts=jaxmesh.Starts(initial_states=(obs[:, :3], state)),
         )
 
 
@@ -274,13 +295,17 @@ def test_reset_fn_signature_and_output(no_compile, cartpole):
     env, params, _, _ = cartpole
     with pytest.raises(TypeError, match="two arguments"):
         jaxmesh.evaluate(
-            policy, "gymnax:CartPole-v1", reset_fn=lambda key: env.reset_env(key)
+            policy,
+            "gymnax:CartPole-v1",
+            starts=jaxmesh.Starts(reset_fn=lambda key: env.reset_env(key)),
         )
     with pytest.raises(TypeError, match="structure"):
         jaxmesh.evaluate(
             policy,
             "gymnax:CartPole-v1",
-            reset_fn=lambda key, trial: env.reset_env(key, params)[0],
+            starts=jaxmesh.Starts(
+                reset_fn=lambda key, trial: env.reset_env(key, params)[0]
+            ),
         )
 
     def int_theta(key, trial):
@@ -288,15 +313,21 @@ def test_reset_fn_signature_and_output(no_compile, cartpole):
         return obs, s.replace(theta=trial)
 
     with pytest.raises(TypeError, match=r"\.theta is int32\[\].*float32\[\]"):
-        jaxmesh.evaluate(policy, "gymnax:CartPole-v1", reset_fn=int_theta)
+        jaxmesh.evaluate(
+            policy, "gymnax:CartPole-v1", starts=jaxmesh.Starts(reset_fn=int_theta)
+        )
     with pytest.raises(TypeError, match="failed"):
         jaxmesh.evaluate(
-            policy, "gymnax:CartPole-v1", reset_fn=lambda key, trial: trial.nope
+            policy,
+            "gymnax:CartPole-v1",
+            starts=jaxmesh.Starts(reset_fn=lambda key, trial: trial.nope),
         )
 
 
 def test_run_states_of_other_shapes(no_compile, states):
-    ev = jaxmesh.Evaluator(policy, "gymnax:CartPole-v1", initial_states=states)
+    ev = jaxmesh.Evaluator(
+        policy, "gymnax:CartPole-v1", starts=jaxmesh.Starts(initial_states=states)
+    )
     with pytest.raises(ValueError, match="other shapes"):
         ev.run(episodes=2, initial_states=states[:5])
     assert ev.programs() == []
@@ -304,7 +335,11 @@ def test_run_states_of_other_shapes(no_compile, states):
 
 def test_host_envs_refuse_initial_states(no_compile, states):
     with pytest.raises(ValueError, match="JAX envs only.*trial_index"):
-        jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", initial_states=states)
+        jaxmesh.evaluate(
+            policy,
+            "gymnasium:CartPole-v1",
+            starts=jaxmesh.Starts(initial_states=states),
+        )
 
 
 class StopAfter:
@@ -322,25 +357,29 @@ class StopAfter:
 def test_a_resumed_run_keeps_each_episodes_trial(reset_fn, fn_refs):
     """Inside a resumed run, a missing episode gets its trial index in the
     budget (BASE + i), not its index among the missing ones."""
-    kw = dict(num_envs=3, seeds=SEEDS, max_episode_steps=CAP, reset_fn=reset_fn)
+    kw = dict(num_envs=3, seeds=SEEDS, max_episode_steps=CAP)
+    starts = jaxmesh.Starts(trial_index_base=BASE, reset_fn=reset_fn)
     with pytest.raises(KeyboardInterrupt) as e:
         jaxmesh.evaluate(
             policy,
             "gymnax:CartPole-v1",
             hooks=StopAfter(4),
-            trial_index_base=BASE,
-            segment_steps=SEGMENT,  # the hook hears of episodes (and stops) early
+            starts=starts,
+            # the hook hears of episodes (and stops) early
+            layout=jaxmesh.Layout(segment_steps=SEGMENT),
             **kw,
         )
     partial = e.value.partial_result
     assert 0 < len(partial.episodes) < T
     done = jaxmesh.evaluate(
-        policy,
-        "gymnax:CartPole-v1",
-        resume=partial,
-        trial_index_base=BASE,
-        **kw,
+        policy, "gymnax:CartPole-v1", resume=partial, starts=starts, **kw
     )
     assert_matches(done, fn_refs)
     with pytest.raises(ValueError, match="trial_index_base"):
-        jaxmesh.evaluate(policy, "gymnax:CartPole-v1", resume=partial, **kw)
+        jaxmesh.evaluate(
+            policy,
+            "gymnax:CartPole-v1",
+            resume=partial,
+            starts=jaxmesh.Starts(reset_fn=reset_fn),
+            **kw,
+        )

@@ -67,7 +67,11 @@ def test_gymnax_run_instruction_matches_plain_loop_and_does_not_recompile():
     results = {}
     for text in (A, B):
         got = jaxmesh.evaluate(
-            m, "gymnax:CartPole-v1", num_envs=3, seeds=SEEDS, instruction=text
+            m,
+            "gymnax:CartPole-v1",
+            num_envs=3,
+            seeds=SEEDS,
+            starts=jaxmesh.Starts(instruction=text),
         )
         refs = [run_episode(reset, step, reference_policy(text), s) for s in SEEDS]
         assert_matches(got, refs)
@@ -85,7 +89,11 @@ def test_a_jax_env_needs_a_run_instruction(no_compile):
     with pytest.raises(ValueError, match="gets no instruction"):
         jaxmesh.evaluate(model(Text(codes)), "gymnax:CartPole-v1", episodes=2)
     with pytest.raises(TypeError, match="one string"):
-        jaxmesh.evaluate(model(Text(codes)), "gymnax:CartPole-v1", instruction=3)
+        jaxmesh.evaluate(
+            model(Text(codes)),
+            "gymnax:CartPole-v1",
+            starts=jaxmesh.Starts(instruction=3),
+        )
 
 
 def test_encodings_of_other_shapes_are_refused_naming_both_strings():
@@ -104,12 +112,20 @@ def test_gymnasium_run_instruction_matches_plain_loop_in_process_and_served():
     m = model(Text(codes))
     refs = plain_loop(gym.make(ID), reference_policy(A), SEEDS)
     local = jaxmesh.evaluate(
-        m, f"gymnasium:{ID}", num_envs=3, seeds=SEEDS, instruction=A
+        m,
+        f"gymnasium:{ID}",
+        num_envs=3,
+        seeds=SEEDS,
+        starts=jaxmesh.Starts(instruction=A),
     )
     assert_matches(local, refs)
     with EnvServer([gym.make(ID) for _ in range(3)], "127.0.0.1:0") as server:
         far = jaxmesh.evaluate(
-            m, f"grpc://{server.address}", num_envs=3, seeds=SEEDS, instruction=A
+            m,
+            f"grpc://{server.address}",
+            num_envs=3,
+            seeds=SEEDS,
+            starts=jaxmesh.Starts(instruction=A),
         )
     assert_matches(far, refs)
     assert local.instruction == far.instruction == A
@@ -163,7 +179,9 @@ def test_per_episode_instructions_from_reset_info_match_plain_loop():
     assert len(distinct) > 2
     assert sorted(enc.calls) == sorted(distinct)  # once per string, both runs
     # The run-level instruction wins over the reset info.
-    flat = jaxmesh.evaluate(m, [instructed()], seeds=seeds, instruction=B)
+    flat = jaxmesh.evaluate(
+        m, [instructed()], seeds=seeds, starts=jaxmesh.Starts(instruction=B)
+    )
     assert_matches(flat, plain_loop(instructed(), reference_policy(B), seeds))
 
 
@@ -186,14 +204,23 @@ def test_served_reset_info_instructions_are_refused_before_compiling(no_compile)
 def test_result_records_the_instruction_and_resume_checks_it():
     m = model(Text(codes))
     got = jaxmesh.evaluate(
-        m, "gymnax:CartPole-v1", num_envs=2, episodes=3, instruction=A
+        m,
+        "gymnax:CartPole-v1",
+        num_envs=2,
+        episodes=3,
+        starts=jaxmesh.Starts(instruction=A),
     )
     back = jaxmesh.RunResult.from_dict(got.to_dict())
     assert back.instruction == A
     assert "instruction" in got.summary() and A in got.summary()
     with pytest.raises(ValueError, match="instruction"):
         jaxmesh.evaluate(
-            m, "gymnax:CartPole-v1", num_envs=2, episodes=3, instruction=B, resume=back
+            m,
+            "gymnax:CartPole-v1",
+            num_envs=2,
+            episodes=3,
+            starts=jaxmesh.Starts(instruction=B),
+            resume=back,
         )
 
 

@@ -165,8 +165,7 @@ def test_metrics_and_success_under_vmap():
         num_envs=2,
         episodes=6,
         max_episode_steps=cap,
-        success="discount",
-        metrics={"discount": "mean"},
+        scoring=jaxmesh.Scoring(success="discount", metrics={"discount": "mean"}),
     )
     pop = jnp.array([ANGLE, DAMPED])
     out = jax.jit(jax.vmap(run))(pop)
@@ -184,4 +183,6 @@ def test_metrics_and_success_under_vmap():
     plain = jaxmesh.make_evaluator(linear, ENV, num_envs=2, episodes=6)(pop[0])
     assert plain.success is None and plain.metrics == {}
     with pytest.raises(ValueError, match="discout"):
-        jaxmesh.make_evaluator(linear, ENV, episodes=2, metrics=["discout"])
+        jaxmesh.make_evaluator(
+            linear, ENV, episodes=2, scoring=jaxmesh.Scoring(metrics=["discout"])
+        )

@@ -120,10 +120,8 @@ def test_gymnax_metrics_and_success_match_the_plain_loop(n, how):
         horizon=4,
         seeds=GYMNAX_SEEDS,
         max_episode_steps=CAP,
-        metrics=asked,
-        success="discount",
-        success_mode="end",
-        plan_tile=8,
+        scoring=jaxmesh.Scoring(metrics=asked, success="discount", success_mode="end"),
+        layout=jaxmesh.Layout(plan_tile=8),
     )
     assert result.lengths.tolist() == [r.length for r in refs]
     check_metrics(result, infos, asked)
@@ -151,7 +149,7 @@ def test_max_reduction_and_no_success_signal_on_gymnax():
             horizon=4,
             seeds=GYMNAX_SEEDS,
             max_episode_steps=CAP,
-            metrics={"discount": how},
+            scoring=jaxmesh.Scoring(metrics={"discount": how}),
         )
         check_metrics(result, infos, {"discount": how})
         # CartPole's info has no success key: no signal, no rate (never 0).
@@ -228,7 +226,12 @@ def test_brax_metrics_and_success_match_brax_loop(n):
     seeds = BRAX_SEEDS
     asked = {"x": "max", "success": "any"}
     result = jaxmesh.evaluate(
-        brax_push, env, num_envs=n, horizon=4, seeds=seeds, metrics=asked
+        brax_push,
+        env,
+        num_envs=n,
+        horizon=4,
+        seeds=seeds,
+        scoring=jaxmesh.Scoring(metrics=asked),
     )
     check_metrics(result, infos, asked)
     # ``success`` is in brax's metrics: kept without being asked (its last value).
@@ -351,7 +354,12 @@ def check_reach(result, seeds, drop=None):
 def test_gymnasium_is_success_in_process(n):
     envs = [Reach() for _ in range(n)]
     result = jaxmesh.evaluate(
-        reach_policy, envs, num_envs=n, horizon=4, seeds=GYM_SEEDS, metrics=GYM_ASKED
+        reach_policy,
+        envs,
+        num_envs=n,
+        horizon=4,
+        seeds=GYM_SEEDS,
+        scoring=jaxmesh.Scoring(metrics=GYM_ASKED),
     )
     check_reach(result, GYM_SEEDS)
 
@@ -365,8 +373,7 @@ def test_gymnasium_is_success_served(n):
             num_envs=n,
             horizon=4,
             seeds=GYM_SEEDS,
-            metrics=GYM_ASKED,
-            success="is_success",
+            scoring=jaxmesh.Scoring(metrics=GYM_ASKED, success="is_success"),
         )
     check_reach(result, GYM_SEEDS)
 
@@ -374,7 +381,12 @@ def test_gymnasium_is_success_served(n):
 def test_an_episode_without_the_signal_gives_no_rate():
     envs = [Reach(drop=5) for _ in range(3)]
     result = jaxmesh.evaluate(
-        reach_policy, envs, num_envs=3, horizon=4, seeds=GYM_SEEDS, metrics=GYM_ASKED
+        reach_policy,
+        envs,
+        num_envs=3,
+        horizon=4,
+        seeds=GYM_SEEDS,
+        scoring=jaxmesh.Scoring(metrics=GYM_ASKED),
     )
     want = check_reach(result, GYM_SEEDS, drop=5)
     assert want[0] is None and want[5] is None  # seeds 0, 5, 10
@@ -388,7 +400,11 @@ def test_served_success_alone_and_auto_mode():
     with EnvServer([Reach() for _ in range(3)], "127.0.0.1:0") as server:
         address = f"grpc://{server.address}"
         named = jaxmesh.evaluate(
-            reach_policy, address, horizon=4, seeds=GYM_SEEDS, success="is_success"
+            reach_policy,
+            address,
+            horizon=4,
+            seeds=GYM_SEEDS,
+            scoring=jaxmesh.Scoring(success="is_success"),
         )
         # Auto mode asks for success / is_success, as in process.
         auto = jaxmesh.evaluate(reach_policy, address, horizon=4, seeds=GYM_SEEDS)
@@ -418,7 +434,7 @@ def test_round_trip_summary_and_episode_records():
         [Reach() for _ in range(3)],
         horizon=4,
         seeds=GYM_SEEDS,
-        metrics=GYM_ASKED,
+        scoring=jaxmesh.Scoring(metrics=GYM_ASKED),
     )
     d = result.to_dict()
     back = jaxmesh.RunResult.from_dict(d)
@@ -448,7 +464,11 @@ def test_round_trip_summary_and_episode_records():
     )
     # A run without metrics writes the episodes it always wrote.
     plain = jaxmesh.evaluate(
-        reach_policy, [Reach()], horizon=4, seeds=[0], success=False
+        reach_policy,
+        [Reach()],
+        horizon=4,
+        seeds=[0],
+        scoring=jaxmesh.Scoring(success=False),
     )
     assert "success" not in plain.to_dict()["episodes"][0]
     assert jaxmesh.RunResult.from_dict(plain.to_dict()).success is None
@@ -467,7 +487,7 @@ def test_partial_result_keeps_metrics():
             [Breaks() for _ in range(3)],  # test_gymnasium_is_success_in_process[3]
             horizon=4,
             seeds=GYM_SEEDS,
-            metrics=GYM_ASKED,
+            scoring=jaxmesh.Scoring(metrics=GYM_ASKED),
         )
     partial = info.value.partial_result
     refs, infos = gym_reference(GYM_SEEDS)
@@ -482,24 +502,39 @@ def test_partial_result_keeps_metrics():
 def test_bad_names_and_reductions_are_refused():
     with pytest.raises(ValueError, match="did you mean 'discount'"):
         jaxmesh.evaluate(
-            cartpole_chunky, "gymnax:CartPole-v1", episodes=2, metrics=["discont"]
+            cartpole_chunky,
+            "gymnax:CartPole-v1",
+            episodes=2,
+            scoring=jaxmesh.Scoring(metrics=["discont"]),
         )
     with pytest.raises(ValueError, match="reduction 'median'"):
         jaxmesh.evaluate(
             cartpole_chunky,
             "gymnax:CartPole-v1",
             episodes=2,
-            metrics={"discount": "median"},
+            scoring=jaxmesh.Scoring(metrics={"discount": "median"}),
         )
     with pytest.raises(ValueError, match="'nope' is not in the info"):
         jaxmesh.evaluate(
-            cartpole_chunky, "gymnax:CartPole-v1", episodes=2, success="nope"
+            cartpole_chunky,
+            "gymnax:CartPole-v1",
+            episodes=2,
+            scoring=jaxmesh.Scoring(success="nope"),
         )
     with pytest.raises(TypeError, match="metrics="):
-        jaxmesh.evaluate(cartpole_chunky, "gymnax:CartPole-v1", episodes=2, metrics=3)
+        jaxmesh.evaluate(
+            cartpole_chunky,
+            "gymnax:CartPole-v1",
+            episodes=2,
+            scoring=jaxmesh.Scoring(metrics=3),
+        )
     with pytest.raises(ValueError, match="'distance' is not in the info.*'dist'"):
         jaxmesh.evaluate(
-            reach_policy, [Reach()], horizon=4, seeds=[1, 2], metrics=["distance"]
+            reach_policy,
+            [Reach()],
+            horizon=4,
+            seeds=[1, 2],
+            scoring=jaxmesh.Scoring(metrics=["distance"]),
         )
     with EnvServer([Reach()], "127.0.0.1:0") as server:
         with pytest.raises(ValueError, match="'distance' is not in the info"):
@@ -508,7 +543,7 @@ def test_bad_names_and_reductions_are_refused():
                 f"grpc://{server.address}",
                 horizon=4,
                 seeds=[1],
-                metrics=["distance"],
+                scoring=jaxmesh.Scoring(metrics=["distance"]),
             )
 
 

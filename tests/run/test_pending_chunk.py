@@ -165,7 +165,7 @@ def assert_reference(result, ref):
 @pytest.mark.parametrize("env_kind", ["gymnax", "gymnasium"])
 def test_pending_chunk_matches_the_rule(env_kind, d):
     ref = run_reference(env_kind, lambda: RtcRule(H, d))
-    assert_reference(run(env_kind, LANES, delay=d), ref)
+    assert_reference(run(env_kind, LANES, chunking=jaxmesh.Chunking(delay=d)), ref)
     # The tail one entry late, or never shown: other returns.
     for wrong in (lambda: RtcRule(H, d, shift=1), lambda: RtcRule(H, d, shift=K)):
         got = [r[0] for r in run_reference(env_kind, wrong)]
@@ -191,7 +191,14 @@ def test_what_the_first_plans_see():
         )
 
     model = jaxmesh.Model(spy, spec={"obs": State(), "pending": PendingChunk()})
-    jaxmesh.evaluate(model, GYMNAX, num_envs=1, episodes=1, horizon=H, delay=2)
+    jaxmesh.evaluate(
+        model,
+        GYMNAX,
+        num_envs=1,
+        episodes=1,
+        horizon=H,
+        chunking=jaxmesh.Chunking(delay=2),
+    )
     # One call per row of a plan's tile (its padding rows repeat the lane).
     plans = [x for i, x in enumerate(seen) if i == 0 or not _same(x, seen[i - 1])]
     (a0, m0, d0), (a1, m1, d1), (a2, m2, _) = plans[:3]
@@ -211,7 +218,9 @@ def test_pending_chunk_under_a_prefetch_lead_matches_the_rule(lead):
     old chunk's prev[h:] (at lead = h the first prefetch, planned on the
     episode's first step, sees the chunk planned just before it)."""
     ref = run_reference("gymnax", lambda: RtcRule(H, 0, lead=lead))
-    assert_reference(run("gymnax", 3, prefetch_lead=lead), ref)
+    assert_reference(
+        run("gymnax", 3, chunking=jaxmesh.Chunking(prefetch_lead=lead)), ref
+    )
     wrong = run_reference("gymnax", lambda: RtcRule(H, 0, shift=1, lead=lead))
     assert not np.allclose([r[0] for r in ref], [r[0] for r in wrong], rtol=1e-4)
 
@@ -222,7 +231,9 @@ def _same(x, y):
 
 def test_pending_chunk_errors(no_compile):
     with pytest.raises(ValueError, match="Ensemble.*no chunk's tail"):
-        jaxmesh.evaluate(MODEL, GYMNAX, execution=jaxmesh.Ensemble())
+        jaxmesh.evaluate(
+            MODEL, GYMNAX, chunking=jaxmesh.Chunking(execution=jaxmesh.Ensemble())
+        )
     single = jaxmesh.Model(
         lambda inp: own_plan(inp["obs"])[0],
         spec={"obs": State(), "pending": PendingChunk()},
@@ -250,7 +261,7 @@ def test_pending_chunk_on_a_served_env_matches_the_rule():
             num_envs=3,
             seeds=SEEDS,
             horizon=H,
-            delay=2,
+            chunking=jaxmesh.Chunking(delay=2),
             max_episode_steps=CAP,
         )
     assert_reference(got, run_reference("gymnasium", lambda: RtcRule(H, 2)))

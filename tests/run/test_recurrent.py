@@ -107,7 +107,12 @@ def test_gru_policy_matches_reference(cls, chunk, horizon):
     )
     seeds = [0, 1, 2, 3, 4]
     result = jaxmesh.evaluate(
-        model, CARTPOLE, num_envs=2, seeds=seeds, horizon=horizon, segment_steps=64
+        model,
+        CARTPOLE,
+        num_envs=2,
+        seeds=seeds,
+        horizon=horizon,
+        layout=jaxmesh.Layout(segment_steps=64),
     )
     refs = reference(model, seeds, horizon, result.plan_tile)
     assert len({r.length for r in refs}) > 1  # the state matters: varied episodes
@@ -122,7 +127,11 @@ def test_on_episode_end_is_called_in_episode_order():
     # segment: the hook must still see 0 first (issue 3, item 3).
     model = Single()
     result = jaxmesh.evaluate(
-        model, CARTPOLE, num_envs=2, seeds=[0, 1, 2, 3, 4], segment_steps=64
+        model,
+        CARTPOLE,
+        num_envs=2,
+        seeds=[0, 1, 2, 3, 4],
+        layout=jaxmesh.Layout(segment_steps=64),
     )
     assert result.lengths[1] < result.lengths[0]
     assert model.ended == [0, 1, 2, 3, 4]

@@ -82,7 +82,9 @@ def test_a_resumed_jax_run_equals_an_uninterrupted_one():
     kw = dict(num_envs=8, seeds=SEEDS, params=params)
     whole = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", **kw)
     # Short segments: the hook hears of episodes (and stops the run) early.
-    partial = interrupted(policy, "gymnax:CartPole-v1", 9, segment_steps=16, **kw)
+    partial = interrupted(
+        policy, "gymnax:CartPole-v1", 9, layout=jaxmesh.Layout(segment_steps=16), **kw
+    )
     assert 0 < partial.num_episodes < len(SEEDS)
     # The partial result carries what a resume checks, and survives JSON.
     partial = jaxmesh.RunResult.from_dict(json.loads(json.dumps(partial.to_dict())))
@@ -139,31 +141,46 @@ def test_trial_index_base_shifts_every_trial_index_and_is_kept_by_a_resume():
     """Episode i pays 1 + trial index per step (TrialEnv): 1 + 100 + i."""
     want = [(101 + i) * (2 + s % 3) for i, s in enumerate(SEEDS)]
     envs = lambda: [TrialEnv([]) for _ in range(2)]  # noqa: E731
-    got = jaxmesh.evaluate(trial_policy, envs(), seeds=SEEDS, trial_index_base=100)
+    got = jaxmesh.evaluate(
+        trial_policy, envs(), seeds=SEEDS, starts=jaxmesh.Starts(trial_index_base=100)
+    )
     np.testing.assert_array_equal(got.returns, want)
     assert got.trial_index_base == 100
     partial = interrupted(
-        trial_policy, envs(), 5, num_envs=2, seeds=SEEDS, trial_index_base=100
+        trial_policy,
+        envs(),
+        5,
+        num_envs=2,
+        seeds=SEEDS,
+        starts=jaxmesh.Starts(trial_index_base=100),
     )
     again = jaxmesh.RunResult.from_dict(partial.to_dict())
     assert again.trial_index_base == 100
     resumed = jaxmesh.evaluate(
-        trial_policy, envs(), resume=again, seeds=SEEDS, trial_index_base=100
+        trial_policy,
+        envs(),
+        resume=again,
+        seeds=SEEDS,
+        starts=jaxmesh.Starts(trial_index_base=100),
     )
     np.testing.assert_array_equal(resumed.returns, want)
     with pytest.raises(ValueError, match="trial_index_base"):
         jaxmesh.evaluate(trial_policy, envs(), resume=again, seeds=SEEDS)
     with pytest.raises(ValueError, match="drop trial_index_base="):
-        jaxmesh.evaluate(lean, "gymnax:CartPole-v1", trial_index_base=3)
+        jaxmesh.evaluate(
+            lean, "gymnax:CartPole-v1", starts=jaxmesh.Starts(trial_index_base=3)
+        )
     with pytest.raises(ValueError, match="trial_index_base=-1"):
-        jaxmesh.evaluate(trial_policy, envs(), trial_index_base=-1)
+        jaxmesh.evaluate(
+            trial_policy, envs(), starts=jaxmesh.Starts(trial_index_base=-1)
+        )
 
 
 def test_a_resume_of_another_run_is_refused_naming_what_differs():
     policy, params = mlp_policy()
     env = "gymnax:CartPole-v1"
     kw = dict(num_envs=4, seeds=SEEDS, params=params)
-    partial = interrupted(policy, env, 3, segment_steps=16, **kw)
+    partial = interrupted(policy, env, 3, layout=jaxmesh.Layout(segment_steps=16), **kw)
     with pytest.raises(ValueError, match="horizon"), pytest.warns(UserWarning):
         jaxmesh.evaluate(policy, env, resume=partial, horizon=2, **kw)
     with pytest.raises(ValueError, match="seed for episode 0"):
@@ -254,7 +271,7 @@ def test_trial_index_base_reaches_a_served_env():
             f"grpc://{server.address}",
             num_envs=2,
             seeds=SEEDS,
-            trial_index_base=7,
+            starts=jaxmesh.Starts(trial_index_base=7),
         )
     assert sorted(o["trial_index"] for _, o in log) == [7 + i for i in range(20)]
     np.testing.assert_array_equal(

@@ -303,7 +303,7 @@ def test_a_failed_runs_log_holds_its_partial_result_and_its_totals(tmp_path):
             num_envs=8,
             seeds=seeds,
             hooks=[jaxmesh.EpisodeLog(path), StopAt(2)],
-            segment_steps=32,
+            layout=jaxmesh.Layout(segment_steps=32),
         )
     partial = e.value.partial_result
     # Episodes after 2 had finished too when the hook stopped the run.

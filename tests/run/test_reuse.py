@@ -50,7 +50,11 @@ def test_later_runs_equal_the_plain_loop(monkeypatch):
     policy = jax.jit(chunks)
     model = jaxmesh.Model(chunks, spec=SPEC)
     ev = jaxmesh.Evaluator(
-        model, "gymnax:CartPole-v1", num_envs=3, horizon=3, prefetch_lead=1
+        model,
+        "gymnax:CartPole-v1",
+        num_envs=3,
+        horizon=3,
+        chunking=jaxmesh.Chunking(prefetch_lead=1),
     )
     # A budget that leaves lanes mid-chunk and masked, then a smaller one
     # (two lanes masked from the start), then the first again.

@@ -63,7 +63,9 @@ def expected(seeds):
 def evaluator():
     # Long segments: 4 lanes of 1-5 step episodes fill the 1024-row log
     # (core.results.log_capacity) well before 2048 steps.
-    return jaxmesh.Evaluator(policy, Countdown(), num_envs=LANES, segment_steps=2048)
+    return jaxmesh.Evaluator(
+        policy, Countdown(), num_envs=LANES, layout=jaxmesh.Layout(segment_steps=2048)
+    )
 
 
 def test_many_segments_match_the_closed_form(evaluator):
@@ -102,8 +104,8 @@ def test_trial_indices_follow_the_window():
         Countdown(),
         num_envs=LANES,
         episodes=t,
-        initial_states=states,
-        segment_steps=2048,
+        starts=jaxmesh.Starts(initial_states=states),
+        layout=jaxmesh.Layout(segment_steps=2048),
     )
     lengths, returns, lanes = expected(start)
     np.testing.assert_array_equal(r.lengths, lengths)
@@ -144,7 +146,9 @@ def test_segment_buffers_and_host_reads_do_not_depend_on_the_budget(monkeypatch)
 
     monkeypatch.setattr(placement.SingleDevice, "compile", compile)
     monkeypatch.setattr(jax, "device_get", counted)
-    ev = jaxmesh.Evaluator(policy, Countdown(), num_envs=LANES, segment_steps=16)
+    ev = jaxmesh.Evaluator(
+        policy, Countdown(), num_envs=LANES, layout=jaxmesh.Layout(segment_steps=16)
+    )
     runs = {}
     for budget in (50, 6000):
         carried.clear()
@@ -165,7 +169,12 @@ def test_segment_buffers_and_host_reads_do_not_depend_on_the_budget(monkeypatch)
 @pytest.mark.parametrize("steps", [2**31, 2**32])
 def test_segment_steps_past_int32_is_refused_before_compiling(steps):
     with compiles() as seen, pytest.raises(ValueError) as info:
-        jaxmesh.evaluate(policy, Countdown(), num_envs=LANES, segment_steps=steps)
+        jaxmesh.evaluate(
+            policy,
+            Countdown(),
+            num_envs=LANES,
+            layout=jaxmesh.Layout(segment_steps=steps),
+        )
     message = str(info.value)
     assert f"segment_steps={steps}" in message and "2,147,483,647" in message
     assert seen == []
@@ -173,6 +182,10 @@ def test_segment_steps_past_int32_is_refused_before_compiling(steps):
 
 def test_the_largest_segment_steps_runs():
     r = jaxmesh.evaluate(
-        policy, Countdown(), num_envs=LANES, episodes=5, segment_steps=2**31 - 1
+        policy,
+        Countdown(),
+        num_envs=LANES,
+        episodes=5,
+        layout=jaxmesh.Layout(segment_steps=2**31 - 1),
     )
     np.testing.assert_array_equal(r.lengths, expected(np.arange(5))[0])

@@ -1,4 +1,4 @@
-"""Lanes sharded over devices (``devices=``) and sharded populations.
+"""Lanes sharded over devices (``Layout(devices=)``) and sharded populations.
 
 XLA's device count is fixed once JAX starts, so the sharded runs happen in one
 Jupyter kernel with eight forced CPU devices (``SCRIPT``, which checks every
@@ -79,7 +79,7 @@ cases = {
         chunked,
         "gymnax:CartPole-v1",
         mlp(key, 9, 8),
-        {"horizon": 4, "prefetch_lead": 2},
+        {"horizon": 4, "chunking": jaxmesh.Chunking(prefetch_lead=2)},
     ),
 }
 seeds = [int(s) for s in np.random.default_rng(0).integers(0, 2**31 - 1, 37)]
@@ -98,10 +98,11 @@ class Order:
 # (Each case skips one of 2 and 4 devices to keep the file's time down; every
 # count runs.)
 reverse = jax.sharding.Mesh(np.array(jax.devices()[::-1]), ("x",))
+SEGMENTS = jaxmesh.Layout(segment_steps=64)
 eight = {}
 for name, (policy, env, params, kw) in cases.items():
     one = jaxmesh.evaluate(
-        policy, env, params=params, num_envs=16, seeds=seeds, segment_steps=64, **kw
+        policy, env, params=params, num_envs=16, seeds=seeds, layout=SEGMENTS, **kw
     )
     assert one.lengths.min() < one.lengths.max(), (name, one.lengths)
     for d in (4, 8) if name.startswith("acrobot") else (2, 8):
@@ -112,8 +113,9 @@ for name, (policy, env, params, kw) in cases.items():
             params=params,
             num_envs=16,
             seeds=seeds,
-            segment_steps=64,
-            devices=reverse if d == 8 else d,
+            layout=jaxmesh.Layout(
+                segment_steps=64, devices=reverse if d == 8 else d
+            ),
             hooks=hook,
             **kw,
         )
@@ -136,15 +138,17 @@ for name, (policy, env, params, kw) in cases.items():
 policy, env, _, kw = cases["acrobot per-step"]
 other = mlp(jax.random.PRNGKey(9), 6, 3)
 again = jaxmesh.evaluate(
-    policy, env, params=other, num_envs=16, seeds=seeds[:5], segment_steps=64,
-    devices=reverse, **kw
+    policy, env, params=other, num_envs=16, seeds=seeds[:5],
+    layout=jaxmesh.Layout(segment_steps=64, devices=reverse), **kw
 )
 assert again.compile_time == 0.0 and again.num_episodes == 5
 one = jaxmesh.evaluate(
-    policy, env, params=other, num_envs=16, seeds=seeds[:5], segment_steps=64, **kw
+    policy, env, params=other, num_envs=16, seeds=seeds[:5], layout=SEGMENTS, **kw
 )
 np.testing.assert_array_equal(again.lengths, one.lengths)
-ev = jaxmesh.Evaluator(policy, env, num_envs=16, takes_params=True, devices=2)
+ev = jaxmesh.Evaluator(
+    policy, env, num_envs=16, takes_params=True, layout=jaxmesh.Layout(devices=2)
+)
 assert type(ev).__name__ == "ShardedEvaluator" and ev.lanes_per_device == 8
 
 # CartPole's run on 8 devices against the plain loop (independent of the
@@ -175,7 +179,8 @@ p = mlp(key, 4, 2)
 nan_env = ref.NanRewardAt(jaxmesh.make_env("gymnax:CartPole-v1"), 3)
 try:
     jaxmesh.evaluate(
-        cartpole_step, nan_env, params=p, num_envs=16, episodes=20, devices="all"
+        cartpole_step, nan_env, params=p, num_envs=16, episodes=20,
+        layout=jaxmesh.Layout(devices="all"),
     )
     raise AssertionError("no BadValueError")
 except jaxmesh.BadValueError as exc:
@@ -300,14 +305,20 @@ def test_host_stepped_envs_refuse_devices():
     import gymnasium as gym
 
     with pytest.raises(ValueError, match="JAX envs only"):
-        jaxmesh.evaluate(lambda o: 0, gym.make("CartPole-v1"), devices="all")
+        jaxmesh.evaluate(
+            lambda o: 0, gym.make("CartPole-v1"), layout=jaxmesh.Layout(devices="all")
+        )
 
 
 def test_one_device_mesh_equals_the_plain_run():
     policy = lambda obs: (obs[2] > 0).astype(np.int32)
     a = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", num_envs=4, episodes=9)
     b = jaxmesh.evaluate(
-        policy, "gymnax:CartPole-v1", num_envs=4, episodes=9, devices=1
+        policy,
+        "gymnax:CartPole-v1",
+        num_envs=4,
+        episodes=9,
+        layout=jaxmesh.Layout(devices=1),
     )
     np.testing.assert_array_equal(a.returns, b.returns)
     np.testing.assert_array_equal(a.lengths, b.lengths)

@@ -144,7 +144,12 @@ def gymnax_refs():
 @pytest.mark.parametrize("n", [1, 3])
 def test_scan_events_equal_the_plain_loop(gymnax_refs, n):
     log = Log()
-    kw = dict(horizon=H, prefetch_lead=LEAD, num_envs=n, seeds=SEEDS)
+    kw = dict(
+        horizon=H,
+        chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
+        num_envs=n,
+        seeds=SEEDS,
+    )
     got = jaxmesh.evaluate(chunk4, "gymnax:CartPole-v1", hooks=log, **kw)
     plain = jaxmesh.evaluate(chunk4, "gymnax:CartPole-v1", **kw)
     got_rows = [(e.lane,) + row(e) for e in log.events]
@@ -182,7 +187,7 @@ def test_scan_hook_that_raises_ends_the_run_with_its_own_exception(gymnax_refs):
             chunk4,
             "gymnax:CartPole-v1",
             horizon=H,
-            prefetch_lead=LEAD,
+            chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
             num_envs=3,
             seeds=SEEDS,
             hooks=hook,
@@ -202,7 +207,11 @@ def test_scan_hook_that_raises_ends_the_run_with_its_own_exception(gymnax_refs):
 def test_scan_step_hooks_with_devices_are_refused_before_compiling():
     with pytest.raises(ValueError, match="on_step.*devices="):
         jaxmesh.evaluate(
-            chunk4, "gymnax:CartPole-v1", num_envs=1, hooks=Log(), devices=1
+            chunk4,
+            "gymnax:CartPole-v1",
+            num_envs=1,
+            hooks=Log(),
+            layout=jaxmesh.Layout(devices=1),
         )
 
 
@@ -226,7 +235,7 @@ def gym_refs():
 
 def test_in_process_events_equal_the_plain_loop(gym_refs):
     log = Log()
-    kw = dict(horizon=H, prefetch_lead=LEAD, seeds=SEEDS)
+    kw = dict(horizon=H, chunking=jaxmesh.Chunking(prefetch_lead=LEAD), seeds=SEEDS)
     got = jaxmesh.evaluate(chunk4, [gym.make(ID) for _ in range(3)], hooks=log, **kw)
     plain = jaxmesh.evaluate(chunk4, [gym.make(ID) for _ in range(3)], **kw)
     assert [(e.lane,) + row(e) for e in log.events] == expected_in_step_order(
@@ -245,7 +254,7 @@ def test_in_process_hook_that_raises_keeps_finished_episodes(gym_refs):
             chunk4,
             [gym.make(ID) for _ in range(3)],
             horizon=H,
-            prefetch_lead=LEAD,
+            chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
             seeds=SEEDS,
             hooks=hook,
         )
@@ -259,7 +268,12 @@ def test_in_process_hook_that_raises_keeps_finished_episodes(gym_refs):
 
 def test_served_events_equal_the_plain_loop_per_lane(gym_refs):
     log = Log()
-    kw = dict(horizon=H, prefetch_lead=LEAD, num_envs=2, seeds=SEEDS)
+    kw = dict(
+        horizon=H,
+        chunking=jaxmesh.Chunking(prefetch_lead=LEAD),
+        num_envs=2,
+        seeds=SEEDS,
+    )
     with EnvServer([gym.make(ID) for _ in range(2)], "127.0.0.1:0") as server:
         url = f"grpc://{server.address}"
         got = jaxmesh.evaluate(chunk4, url, hooks=log, **kw)

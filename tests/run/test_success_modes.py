@@ -125,7 +125,7 @@ def test_in_process_matches_the_plain_loop(n, mode):
         [Flicker() for _ in range(n)],
         horizon=HORIZON,
         seeds=SEEDS,
-        success_mode=mode,
+        scoring=jaxmesh.Scoring(success_mode=mode),
     )
     assert result.success_key == "is_success"
     check(result, gym_loop(SEEDS), mode)
@@ -140,7 +140,7 @@ def test_served_matches_the_plain_loop(horizon):
             num_envs=3,
             horizon=horizon,
             seeds=SEEDS,
-            success="is_success",
+            scoring=jaxmesh.Scoring(success="is_success"),
         )
     check(result, gym_loop(SEEDS), "once")
 
@@ -156,7 +156,11 @@ def test_a_reset_without_the_key_is_unknown_never_false():
 def test_summary_names_the_headline_and_shows_both_rates():
     want = gym_loop(SEEDS)
     result = jaxmesh.evaluate(
-        chunk_policy, [Flicker()], horizon=HORIZON, seeds=SEEDS, success_mode="end"
+        chunk_policy,
+        [Flicker()],
+        horizon=HORIZON,
+        seeds=SEEDS,
+        scoring=jaxmesh.Scoring(success_mode="end"),
     )
     once = sum(w[0] for w in want) / len(want)
     end = sum(w[1] for w in want) / len(want)
@@ -173,7 +177,11 @@ def test_summary_names_the_headline_and_shows_both_rates():
 
 def test_results_json_round_trip_and_an_older_file():
     result = jaxmesh.evaluate(
-        chunk_policy, [Flicker()], horizon=HORIZON, seeds=SEEDS, success_mode="end"
+        chunk_policy,
+        [Flicker()],
+        horizon=HORIZON,
+        seeds=SEEDS,
+        scoring=jaxmesh.Scoring(success_mode="end"),
     )
     d = result.to_dict()
     back = jaxmesh.RunResult.from_dict(d)
@@ -195,7 +203,11 @@ def test_results_json_round_trip_and_an_older_file():
 def test_resume_refuses_another_success_mode():
     envs = [Flicker() for _ in range(2)]
     done = jaxmesh.evaluate(
-        chunk_policy, envs, horizon=HORIZON, seeds=SEEDS, success_mode="end"
+        chunk_policy,
+        envs,
+        horizon=HORIZON,
+        seeds=SEEDS,
+        scoring=jaxmesh.Scoring(success_mode="end"),
     )
     with pytest.raises(ValueError, match="success_mode 'end'.*'once'"):
         jaxmesh.evaluate(chunk_policy, envs, horizon=HORIZON, seeds=SEEDS, resume=done)
@@ -209,7 +221,7 @@ def test_resume_refuses_another_success_mode():
         envs,
         horizon=HORIZON,
         seeds=SEEDS,
-        success_mode="end",
+        scoring=jaxmesh.Scoring(success_mode="end"),
         resume=part,
     )
     check(again, gym_loop(SEEDS), "end")
@@ -301,7 +313,7 @@ def test_jax_env_without_reset_info_has_no_at_reset():
         num_envs=3,
         horizon=HORIZON,
         seeds=SEEDS,
-        success_mode="end",
+        scoring=jaxmesh.Scoring(success_mode="end"),
     )
     check(result, jax_loop(SEEDS, reset_info=False), "end")
 
@@ -317,9 +329,13 @@ def test_a_bad_success_mode_is_refused_before_compiling(bad):
 
     for env in (JaxFlicker(), [Flicker()], "gymnax:CartPole-v1"):
         with pytest.raises(ValueError, match=rf"success_mode={bad!r}.*'once', 'end'"):
-            jaxmesh.evaluate(policy, env, episodes=2, success_mode=bad)
+            jaxmesh.evaluate(
+                policy, env, episodes=2, scoring=jaxmesh.Scoring(success_mode=bad)
+            )
     with pytest.raises(ValueError, match="success_mode"):
-        jaxmesh.Evaluator(policy, JaxFlicker(), success_mode=bad)
+        jaxmesh.Evaluator(
+            policy, JaxFlicker(), scoring=jaxmesh.Scoring(success_mode=bad)
+        )
     assert not traced
 
 

@@ -772,7 +772,8 @@ def _lane_texts(
         raise ValueError(
             f"Text(info_key={texts.keys[0]!r}): a served env sends numeric info "
             "only, so its reset info cannot carry an instruction string; pass "
-            "evaluate(..., instruction='...') (CLI: instruction: in the YAML)"
+            "evaluate(..., starts=jaxmesh.Starts(instruction='...')) (CLI: "
+            "instruction: in the YAML)"
         )
     if texts.missing and seeds.size:
         lanes.reset([0], [int(seeds[0])], [trial_base], text_keys=texts.keys)

@@ -553,10 +553,11 @@ def _shifted(log: Any, offset: int, before: tuple) -> Any:
 class ShardedEvaluator(Evaluator):
     """An ``Evaluator`` whose lanes are split over the devices of a mesh.
 
-    What ``jaxmesh.Evaluator(..., devices=...)`` (and ``evaluate``) builds: the
-    same evaluator and loop on a ``placement.DeviceMesh``; this type only names
-    it and shows the split. ``num_envs`` must be a multiple of the number of
-    devices D; each device runs ``num_envs / D`` lanes and every D-th episode.
+    What ``jaxmesh.Evaluator(..., layout=Layout(devices=...))`` (and
+    ``evaluate``) builds: the same evaluator and loop on a
+    ``placement.DeviceMesh``; this type only names it and shows the split.
+    ``num_envs`` must be a multiple of the number of devices D; each device
+    runs ``num_envs / D`` lanes and every D-th episode.
     Results equal a one-device run's episode for episode (the ``lanes`` field
     aside); ``plan_tile`` defaults to the one-device run's.
 

@@ -1,4 +1,4 @@
-"""Lanes sharded over devices: ``evaluate(..., devices=...)`` and populations.
+"""Lanes sharded over devices: ``Layout(devices=...)`` and populations.
 
 A static split, with no collective inside the loop (docs/scale.md says why):
 device d of D runs every D-th episode of the budget (episodes d, d + D, ...)

@@ -115,7 +115,7 @@ def test_host_loop_reuses_lanes_and_matches_scan_and_reference():
         model,
         (ENV, PARAMS),
         horizon=horizon,
-        prefetch_lead=lead,
+        chunking=jaxmesh.Chunking(prefetch_lead=lead),
         num_envs=n,
         seeds=seeds,
     )

@@ -66,7 +66,12 @@ def test_a_second_run_compiles_nothing():
 
 def test_chunked_policy_with_prefetch_lead_matches_plain_loop():
     got = jaxmesh.evaluate(
-        chunky, f"gymnasium:{ID}", num_envs=3, horizon=4, prefetch_lead=2, seeds=SEEDS
+        chunky,
+        f"gymnasium:{ID}",
+        num_envs=3,
+        horizon=4,
+        chunking=jaxmesh.Chunking(prefetch_lead=2),
+        seeds=SEEDS,
     )
     refs = chunky_refs(2)
     assert len({r.length for r in refs}) > 3
@@ -117,7 +122,12 @@ def test_lanes_and_env_forms_give_identical_results(n):
 def test_every_lead_and_lane_count_match_plain_loop(n, lead):
     envs = [gym.make(ID) for _ in range(n)]
     got = jaxmesh.evaluate(
-        chunky, envs, num_envs=n, horizon=4, prefetch_lead=lead, seeds=SEEDS
+        chunky,
+        envs,
+        num_envs=n,
+        horizon=4,
+        chunking=jaxmesh.Chunking(prefetch_lead=lead),
+        seeds=SEEDS,
     )
     check(got, chunky_refs(lead), n)
 
@@ -128,7 +138,9 @@ def test_every_lead_and_lane_count_match_plain_loop(n, lead):
 def test_frame_stack_and_previous_match_plain_loop_at_any_lane_count(n):
     model = jaxmesh.Model(stacked, spec=SPEC)
     envs = [gym.make(ID) for _ in range(n)]
-    got = jaxmesh.evaluate(model, envs, horizon=4, prefetch_lead=2, seeds=SEEDS)
+    got = jaxmesh.evaluate(
+        model, envs, horizon=4, chunking=jaxmesh.Chunking(prefetch_lead=2), seeds=SEEDS
+    )
     refs = stacked_refs()
     assert len({r.length for r in refs}) > 3
     check(got, refs, n)

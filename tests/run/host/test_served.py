@@ -125,7 +125,12 @@ LANES_AND_LEADS = [(1, 0), (3, 0), (3, 1), (3, 2), (3, 4), (16, 4)]
 @pytest.mark.parametrize(("n", "lead"), LANES_AND_LEADS)
 def test_chunked_policy_every_lead_matches_plain_loop(cartpoles, n, lead):
     got = jaxmesh.evaluate(
-        chunky, cartpoles, num_envs=n, horizon=4, prefetch_lead=lead, seeds=SEEDS
+        chunky,
+        cartpoles,
+        num_envs=n,
+        horizon=4,
+        chunking=jaxmesh.Chunking(prefetch_lead=lead),
+        seeds=SEEDS,
     )
     refs = chunky_refs(lead)
     assert len({r.length for r in refs}) > 3
@@ -160,7 +165,12 @@ def test_telemetry_has_every_series(cartpoles):
 def test_frame_stack_previous_and_lead_match_plain_loop(cartpoles, n):
     model = jaxmesh.Model(stacked, spec=SPEC)
     got = jaxmesh.evaluate(
-        model, cartpoles, num_envs=n, horizon=4, prefetch_lead=2, seeds=SEEDS
+        model,
+        cartpoles,
+        num_envs=n,
+        horizon=4,
+        chunking=jaxmesh.Chunking(prefetch_lead=2),
+        seeds=SEEDS,
     )
     check_served(got, stacked_refs(), n)
 
@@ -180,7 +190,7 @@ def test_two_servers_give_the_results_of_one():
             [url(a), url(b)],
             num_envs=3,
             horizon=4,
-            prefetch_lead=2,
+            chunking=jaxmesh.Chunking(prefetch_lead=2),
             seeds=SEEDS,
         )
     check_served(got, chunky_refs(2), 3)
@@ -197,7 +207,7 @@ def test_a_served_vector_env_steps_in_lockstep_with_the_same_results(lead):
             url(server),
             num_envs=3,
             horizon=4,
-            prefetch_lead=lead,
+            chunking=jaxmesh.Chunking(prefetch_lead=lead),
             max_episode_steps=40,
             seeds=SEEDS,
         )
@@ -216,9 +226,9 @@ def test_lane_groups_give_the_same_results(cartpoles, groups):
         cartpoles,
         num_envs=16,
         horizon=4,
-        prefetch_lead=2,
+        chunking=jaxmesh.Chunking(prefetch_lead=2),
         seeds=SEEDS,
-        lane_groups=groups,
+        served=jaxmesh.Served(lane_groups=groups),
     )
     check_served(got, chunky_refs(2), 16)
     # A group plans alone: the default tile is one group's (8 rows at least).
@@ -229,7 +239,11 @@ def test_lane_groups_give_the_same_results(cartpoles, groups):
 def test_per_step_lane_groups_give_the_same_results(cartpoles, groups):
     """h = 1: groups take turns, each group's replies awaited at its next turn."""
     got = jaxmesh.evaluate(
-        lean, cartpoles, num_envs=16, seeds=SEEDS, lane_groups=groups
+        lean,
+        cartpoles,
+        num_envs=16,
+        seeds=SEEDS,
+        served=jaxmesh.Served(lane_groups=groups),
     )
     check_served(got, lean_refs(), 16)
     assert got.plan_tile == 8  # one group's default tile (8 rows at least)
@@ -241,8 +255,8 @@ def test_per_step_lane_groups_with_windows_and_keys_match_one_group(cartpoles):
     and one group's bit for bit, while lanes run several episodes each."""
     model = jaxmesh.Model(stacked, spec=SPEC)
     kw = dict(num_envs=4, horizon=1, seeds=SEEDS)
-    two = jaxmesh.evaluate(model, cartpoles, lane_groups=2, **kw)
-    one = jaxmesh.evaluate(model, cartpoles, lane_groups=1, **kw)
+    two = jaxmesh.evaluate(model, cartpoles, served=jaxmesh.Served(lane_groups=2), **kw)
+    one = jaxmesh.evaluate(model, cartpoles, served=jaxmesh.Served(lane_groups=1), **kw)
     refs = plain_loop(
         gym.make(ID), jax.jit(stacked), SEEDS, horizon=1, inputs=stacked_inputs
     )
@@ -260,7 +274,11 @@ def test_per_step_lane_groups_over_two_servers():
     with served([gym.make(ID) for _ in range(5)]) as a:
         with served([gym.make(ID) for _ in range(4)]) as b:
             got = jaxmesh.evaluate(
-                lean, [url(a), url(b)], num_envs=9, seeds=SEEDS, lane_groups=2
+                lean,
+                [url(a), url(b)],
+                num_envs=9,
+                seeds=SEEDS,
+                served=jaxmesh.Served(lane_groups=2),
             )
     check_served(got, lean_refs(), 9)
 
@@ -270,14 +288,20 @@ def test_per_step_lane_groups_over_two_servers():
 )
 def test_bad_lane_groups_are_refused(cartpoles, value, error, no_compile):
     with pytest.raises(error, match="lane_groups"):
-        jaxmesh.evaluate(lean, cartpoles, episodes=2, lane_groups=value)
+        jaxmesh.evaluate(
+            lean, cartpoles, episodes=2, served=jaxmesh.Served(lane_groups=value)
+        )
 
 
 def test_lane_groups_are_refused_for_envs_in_this_process(no_compile):
     with pytest.raises(ValueError, match="drop lane_groups"):
-        jaxmesh.evaluate(lean, gym.make(ID), episodes=2, lane_groups=2)
+        jaxmesh.evaluate(
+            lean, gym.make(ID), episodes=2, served=jaxmesh.Served(lane_groups=2)
+        )
     with pytest.raises(ValueError, match="drop lane_groups"):
-        jaxmesh.evaluate(lean, "gymnax:CartPole-v1", episodes=2, lane_groups=2)
+        jaxmesh.evaluate(
+            lean, "gymnax:CartPole-v1", episodes=2, served=jaxmesh.Served(lane_groups=2)
+        )
 
 
 def test_a_served_async_vector_env_gives_the_plain_loops_results():
@@ -424,7 +448,7 @@ def test_reply_timeout_ends_a_run_whose_env_hangs():
                 url(server),
                 num_envs=1,
                 episodes=4,
-                reply_timeout=1.0,
+                served=jaxmesh.Served(reply_timeout=1.0),
             )
         assert time.monotonic() - t0 < 20  # not the 30 s the env hangs
         # Episodes 0 and 1 finished before episode 2 hung; nothing else counts.
@@ -432,9 +456,9 @@ def test_reply_timeout_ends_a_run_whose_env_hangs():
         assert e.value.partial_result.lengths.tolist() == [5, 5]
         envs[0].released.set()  # let the server's step return and end
     with pytest.raises(ValueError, match="reply_timeout=0"):
-        jaxmesh.evaluate(lean, url(server), reply_timeout=0)
+        jaxmesh.evaluate(lean, url(server), served=jaxmesh.Served(reply_timeout=0))
     with pytest.raises(ValueError, match="drop reply_timeout="):
-        jaxmesh.evaluate(lean, [gym.make(ID)], reply_timeout=1.0)
+        jaxmesh.evaluate(lean, [gym.make(ID)], served=jaxmesh.Served(reply_timeout=1.0))
 
 
 def test_a_bad_action_raises_bad_value_error_at_its_step(cartpoles):
@@ -486,7 +510,9 @@ def test_a_token_is_required_and_taken_from_the_argument_or_environment(
     with served([gym.make(ID) for _ in range(2)], options=opts) as server:
         with pytest.raises(jaxmesh.RemoteConnectionError, match="UNAUTHENTICATED"):
             jaxmesh.evaluate(lean, url(server), episodes=2)
-        assert jaxmesh.evaluate(lean, url(server), episodes=2, token="s3cret")
+        assert jaxmesh.evaluate(
+            lean, url(server), episodes=2, served=jaxmesh.Served(token="s3cret")
+        )
         monkeypatch.setenv("JAXMESH_TOKEN", "s3cret")
         assert jaxmesh.evaluate(lean, url(server), episodes=2).num_episodes == 2
 
@@ -543,7 +569,9 @@ def test_default_lane_groups_split_many_lanes_and_change_no_result():
     kw = dict(num_envs=8, seeds=list(range(12)), max_episode_steps=40)
     with served([gym.make("Pendulum-v1") for _ in range(8)]) as server:
         default = jaxmesh.evaluate(mlp, url(server), **kw)
-        one = jaxmesh.evaluate(mlp, url(server), lane_groups=1, **kw)
+        one = jaxmesh.evaluate(
+            mlp, url(server), served=jaxmesh.Served(lane_groups=1), **kw
+        )
     np.testing.assert_array_equal(default.returns, one.returns)
     # Two groups take turns: more agent steps than one group's, same env steps.
     assert default.env_steps == one.env_steps

@@ -115,8 +115,8 @@ def test_chunked_policy_matches_the_plain_loop(server, sent, n, lead):
         num_envs=n,
         seeds=SEEDS,
         horizon=3,
-        prefetch_lead=lead,
-        metrics={"bright": "mean"},
+        chunking=jaxmesh.Chunking(prefetch_lead=lead),
+        scoring=jaxmesh.Scoring(metrics={"bright": "mean"}),
     )
     refs = reference(3, lead)
     assert len({r.length for r in refs}) > 2
@@ -142,7 +142,12 @@ def test_a_lockstep_server_of_a_vector_env(sent):
     vec = SyncVectorEnv([make] * LANES, autoreset_mode=AutoresetMode.DISABLED)
     with EnvServer(vec, "127.0.0.1:0", options=GRPC_ONLY) as s:
         got = jaxmesh.evaluate(
-            chunked, url(s), num_envs=LANES, seeds=SEEDS, horizon=3, prefetch_lead=1
+            chunked,
+            url(s),
+            num_envs=LANES,
+            seeds=SEEDS,
+            horizon=3,
+            chunking=jaxmesh.Chunking(prefetch_lead=1),
         )
     vec.close()
     assert_matches(got, reference(3, 1), rtol=1e-5)

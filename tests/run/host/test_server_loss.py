@@ -68,7 +68,12 @@ class KillAt:
     "policy, kind, kw",
     [
         (lean, "lean", {}),  # h = 1: the per-step road
-        (chunky, "chunky", {"horizon": 4, "prefetch_lead": 2}),  # segments
+        # segments
+        (
+            chunky,
+            "chunky",
+            {"horizon": 4, "chunking": jaxmesh.Chunking(prefetch_lead=2)},
+        ),
     ],
 )
 def test_a_lost_server_s_episodes_run_again_on_the_other(two_servers, policy, kind, kw):
@@ -109,7 +114,7 @@ def test_on_server_loss_raise_ends_the_run_with_finished_episodes(two_servers):
             num_envs=4,
             seeds=SEEDS,
             hooks=KillAt(victim, 5),
-            on_server_loss="raise",
+            served=jaxmesh.Served(on_server_loss="raise"),
         )
     partial = e.value.partial_result
     assert set(range(6)) <= set(partial.indices.tolist())
@@ -118,9 +123,13 @@ def test_on_server_loss_raise_ends_the_run_with_finished_episodes(two_servers):
 
 def test_on_server_loss_is_checked_before_anything_starts():
     with pytest.raises(ValueError, match="on_server_loss='retry'.*'rerun'"):
-        jaxmesh.evaluate(lean, "grpc://127.0.0.1:1", on_server_loss="retry")
+        jaxmesh.evaluate(
+            lean, "grpc://127.0.0.1:1", served=jaxmesh.Served(on_server_loss="retry")
+        )
     with pytest.raises(ValueError, match="drop on_server_loss="):
-        jaxmesh.evaluate(lean, [gym.make(ID)], on_server_loss="rerun")
+        jaxmesh.evaluate(
+            lean, [gym.make(ID)], served=jaxmesh.Served(on_server_loss="rerun")
+        )
 
 
 class StopAt(KillAt):
@@ -136,7 +145,11 @@ class StopAt(KillAt):
     "policy, kind, kw",
     [
         (lean, "lean", {}),
-        (chunky, "chunky", {"horizon": 4, "prefetch_lead": 2}),
+        (
+            chunky,
+            "chunky",
+            {"horizon": 4, "chunking": jaxmesh.Chunking(prefetch_lead=2)},
+        ),
     ],
 )
 def test_a_hung_server_is_dropped_by_the_default_reply_timeout(
@@ -193,7 +206,7 @@ def test_reply_timeout_none_still_waits_for_a_stopped_server(two_servers):
         num_envs=4,
         seeds=SEEDS,
         hooks=Pause(victim, 5),
-        reply_timeout=None,
+        served=jaxmesh.Served(reply_timeout=None),
     )
     assert_matches(got, refs("lean"))
     assert got.server_losses == []

@@ -83,7 +83,11 @@ def test_per_step_and_chunked_policies_match_the_plain_loop(cartpoles, transport
     """h = 1 and a chunk of 4 (a lead of 2): the plain loop's episodes; auto
     and shm take shared memory on 127.0.0.1, grpc the gRPC stream."""
     got = jaxmesh.evaluate(
-        lean, url(cartpoles), num_envs=3, seeds=SEEDS, transport=transport
+        lean,
+        url(cartpoles),
+        num_envs=3,
+        seeds=SEEDS,
+        served=jaxmesh.Served(transport=transport),
     )
     assert_matches(got, lean_refs())
     want = 0.0 if transport == "grpc" else 1.0
@@ -94,8 +98,8 @@ def test_per_step_and_chunked_policies_match_the_plain_loop(cartpoles, transport
         num_envs=4,
         seeds=SEEDS,
         horizon=4,
-        prefetch_lead=2,
-        transport=transport,
+        chunking=jaxmesh.Chunking(prefetch_lead=2),
+        served=jaxmesh.Served(transport=transport),
     )
     assert_matches(got, chunky_refs(lead=2))
     assert shm_sessions(got) == [1, want]
@@ -105,7 +109,11 @@ def test_per_step_and_chunked_policies_match_the_plain_loop(cartpoles, transport
 def test_a_dict_observation_with_a_uint8_image(cameras, transport):
     """A uint8 image leaf and a float state leaf, h = 1 and h = 3."""
     got = jaxmesh.evaluate(
-        per_step, url(cameras), num_envs=2, seeds=CAMERA_SEEDS, transport=transport
+        per_step,
+        url(cameras),
+        num_envs=2,
+        seeds=CAMERA_SEEDS,
+        served=jaxmesh.Served(transport=transport),
     )
     assert_matches(got, reference(1, 0), rtol=1e-5)
     got = jaxmesh.evaluate(
@@ -114,8 +122,8 @@ def test_a_dict_observation_with_a_uint8_image(cameras, transport):
         num_envs=3,
         seeds=CAMERA_SEEDS,
         horizon=3,
-        prefetch_lead=1,
-        transport=transport,
+        chunking=jaxmesh.Chunking(prefetch_lead=1),
+        served=jaxmesh.Served(transport=transport),
     )
     assert_matches(got, reference(3, 1), rtol=1e-5)
     assert shm_sessions(got) == [1, 1.0 if transport == "auto" else 0.0]
@@ -143,7 +151,7 @@ def test_lanes_dealt_over_two_servers(cartpoles):
             num_envs=4,
             seeds=SEEDS,
             horizon=4,
-            prefetch_lead=2,
+            chunking=jaxmesh.Chunking(prefetch_lead=2),
         )
     assert_matches(got, chunky_refs(lead=2))
     assert shm_sessions(got) == [2, 1.0]
@@ -155,7 +163,7 @@ def test_a_lockstep_vector_env_server():
     with EnvServer(vec, "127.0.0.1:0") as s:
         got = jaxmesh.evaluate(
             chunked, url(s), num_envs=LANES, seeds=CAMERA_SEEDS, horizon=3,
-            prefetch_lead=1,
+            chunking=jaxmesh.Chunking(prefetch_lead=1),
         )  # fmt: skip
     vec.close()
     assert_matches(got, reference(3, 1), rtol=1e-5)
@@ -169,7 +177,11 @@ def test_an_env_error_is_the_same_remote_env_error():
         for transport in ("shm", "grpc"):
             with pytest.raises(jaxmesh.RemoteEnvError, match="simulator broke") as e:
                 jaxmesh.evaluate(
-                    lean, url(server), num_envs=2, seeds=SEEDS, transport=transport
+                    lean,
+                    url(server),
+                    num_envs=2,
+                    seeds=SEEDS,
+                    served=jaxmesh.Served(transport=transport),
                 )
             errors[transport] = e.value
         again = jaxmesh.evaluate(lean, url(server), num_envs=2, seeds=SEEDS[:4])
@@ -239,7 +251,13 @@ def test_a_server_without_shared_memory_falls_back_or_refuses():
         assert_matches(got, lean_refs())
         assert shm_sessions(got) == [1, 0.0]
         with pytest.raises(jaxmesh.RemoteConnectionError, match="transport='shm'"):
-            jaxmesh.evaluate(lean, url(s), num_envs=2, seeds=SEEDS, transport="shm")
+            jaxmesh.evaluate(
+                lean,
+                url(s),
+                num_envs=2,
+                seeds=SEEDS,
+                served=jaxmesh.Served(transport="shm"),
+            )
 
 
 def test_a_token_is_checked_on_the_same_host_path():
@@ -255,9 +273,16 @@ def test_a_token_is_checked_on_the_same_host_path():
 
 def test_bad_transports_are_refused(no_compile):
     with pytest.raises(ValueError, match="transport='udp'"):
-        jaxmesh.evaluate(lean, "grpc://127.0.0.1:1", seeds=[0], transport="udp")
+        jaxmesh.evaluate(
+            lean,
+            "grpc://127.0.0.1:1",
+            seeds=[0],
+            served=jaxmesh.Served(transport="udp"),
+        )
     with pytest.raises(ValueError, match="transport='shm'.*drop transport="):
-        jaxmesh.evaluate(lean, f"gymnasium:{ID}", seeds=[0], transport="shm")
+        jaxmesh.evaluate(
+            lean, f"gymnasium:{ID}", seeds=[0], served=jaxmesh.Served(transport="shm")
+        )
 
 
 def test_steps_travel_as_binary_frames_with_the_env_s_own_values(cartpoles):

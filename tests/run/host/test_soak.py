@@ -79,7 +79,7 @@ def test_a_run_that_loses_two_of_three_servers_equals_the_unfaulted_run():
             seeds=seeds,
             max_episode_steps=CAP,
             hooks=hook,
-            reply_timeout=1.0,
+            served=jaxmesh.Served(reply_timeout=1.0),
         )
         wall = time.perf_counter() - t0
     finally:

@@ -74,8 +74,8 @@ class _Loss:
                 f"{now - since:.1f} s while owing a reply: past the default reply "
                 f"timeout of {limit:.1f} s ({backend.AUTO_FACTOR:g}x the slowest "
                 f"reply of this run, {self.slowest:.3f} s, and at least "
-                f"{backend.AUTO_FLOOR_SECONDS:g} s); pass reply_timeout= to set "
-                "it, or None to wait",
+                f"{backend.AUTO_FLOOR_SECONDS:g} s); pass served=jaxmesh.Served("
+                "reply_timeout=...) to set it, or reply_timeout=None to wait",
                 address=session.address,
                 code="DEADLINE_EXCEEDED",
             )
