@@ -7,9 +7,9 @@ process, and the same loop over served envs (``"grpc://host:port"``,
 makes an env id with its options and records the answer beside the env
 (``Target``), so a run asks once and every later step reads ``target.kind``.
 ``jaxmesh.evaluate``, sweeps and the command line ask here, and nothing else
-tests an env's kind. The served-only options travel as one ``ServedOptions``, checked
-once by ``check_served_options``: their values for a served env, and one set
-of refusals, naming the option, for an env that is not served.
+tests an env's kind. The checks of the options only served envs take
+(``reply_timeout``, ``lane_groups``, ``on_server_loss``) live here too;
+``jaxmesh.Served`` runs them when it is built.
 
 This module imports neither backend (and no gymnasium or gRPC), so any module
 may use it.
@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 from jaxmesh import envs
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address
-from jaxmesh.remote.protocol import check_transport
 
 #: A JAX env, run by the scan engine.
 SCAN = "scan"
@@ -164,32 +163,6 @@ def check_lane_groups(value: Any) -> int | None:
     return int(value)
 
 
-class ServedOptions(NamedTuple):
-    """The options of a run on served envs (``jaxmesh.evaluate``'s arguments).
-
-    Attributes:
-      token: the servers' token (None: the ``JAXMESH_TOKEN`` environment
-        variable).
-      credentials: ``grpc.ChannelCredentials`` for ``"grpcs://"`` addresses
-        (None: gRPC's default roots).
-      reply_timeout: seconds a reply may take, ``AUTO`` (the default) or
-        None (no limit).
-      lane_groups: lanes in this many groups (None:
-        ``served.default_lane_groups``).
-      on_server_loss: ``"rerun"`` (None: the default) or ``"raise"``: what a
-        run over several servers does when one dies or stops answering.
-      transport: ``"auto"`` (the default; None too), ``"grpc"`` or ``"shm"``:
-        how calls travel to a server on this host (``remote.protocol``).
-    """
-
-    token: str | None = None
-    credentials: Any = None
-    reply_timeout: float | str | None = AUTO
-    lane_groups: int | None = None
-    on_server_loss: str | None = None
-    transport: str | None = "auto"
-
-
 #: What a served run may do when it loses a server.
 SERVER_LOSS = ("rerun", "raise")
 
@@ -211,55 +184,6 @@ def check_server_loss(value: Any) -> str:
     return value
 
 
-def check_served_options(
-    options: ServedOptions, backend: str, label: str | None
-) -> ServedOptions | None:
-    """The served options of a run, checked once, before anything starts.
-
-    Args:
-      options: as given to ``jaxmesh.evaluate``.
-      backend: ``backend_of(env)``.
-      label: the env, for messages (``Target.label``).
-
-    Returns:
-      For a served env, the options with their values checked
-      (``reply_timeout`` a float, ``lane_groups`` an int); None for any other
-      env (none of them given).
-
-    Raises:
-      TypeError, ValueError: a bad value for a served env; for any other env,
-        any option given, naming it (it has no server to talk to).
-    """
-    if backend == SERVED:
-        return options._replace(
-            reply_timeout=check_reply_timeout(options.reply_timeout),
-            lane_groups=check_lane_groups(options.lane_groups),
-            on_server_loss=(
-                None
-                if options.on_server_loss is None
-                else check_server_loss(options.on_server_loss)
-            ),
-            transport=check_transport(
-                "auto" if options.transport is None else options.transport
-            ),
-        )
-    for name, value in options._asdict().items():
-        if value is None or (name in ("reply_timeout", "transport") and value == AUTO):
-            continue
-        if name == "token":
-            why = "a token is for served envs ('grpc://host:port')"
-        elif name == "lane_groups":
-            why = "lane groups pipeline calls to env servers ('grpc://host:port')"
-        else:
-            why = f"{name} is for served envs ('grpc://host:port')"
-        shown = "***" if name in ("token", "credentials") else repr(value)
-        raise ValueError(
-            f"{name}={shown}: {why}; env {label!r} runs in this process, so drop "
-            f"{name}="
-        )
-    return None
-
-
 __all__ = [
     "SCAN",
     "HOST",
@@ -267,8 +191,6 @@ __all__ = [
     "backend_of",
     "Target",
     "target",
-    "ServedOptions",
-    "check_served_options",
     "check_reply_timeout",
     "AUTO",
     "check_lane_groups",

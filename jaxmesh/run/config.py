@@ -31,6 +31,7 @@ import dataclasses
 from typing import Any
 
 from jaxmesh.envs import playground
+from jaxmesh.remote.protocol import check_transport
 from jaxmesh.run import backend, checks, initial, instructions
 
 #: Steps a scan segment runs before the host looks at the episode log.
@@ -228,15 +229,42 @@ class Served:
     transport: str | None = "auto"
 
     def __post_init__(self) -> None:
-        checked = backend.check_served_options(self.options(), backend.SERVED, None)
-        for name, value in checked._asdict().items():
+        loss, transport = self.on_server_loss, self.transport
+        checked = {
+            "reply_timeout": backend.check_reply_timeout(self.reply_timeout),
+            "lane_groups": backend.check_lane_groups(self.lane_groups),
+            "on_server_loss": None if loss is None else backend.check_server_loss(loss),
+            "transport": check_transport(
+                backend.AUTO if transport is None else transport
+            ),
+        }
+        for name, value in checked.items():
             object.__setattr__(self, name, value)
 
-    def options(self) -> backend.ServedOptions:
-        """The options as the served backend reads them."""
-        # getattr, not dataclasses.asdict: credentials cannot be deep-copied.
-        return backend.ServedOptions(
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+def _refuse_served(served: Served, label: str) -> None:
+    """Raises for ``Served`` options given with an env that is not served: the
+    first option set, naming it (the env has no server to talk to).
+
+    Raises:
+      ValueError: an option other than its default.
+    """
+    for f in dataclasses.fields(served):
+        value = getattr(served, f.name)
+        if value is None or (
+            f.name in ("reply_timeout", "transport") and value == backend.AUTO
+        ):
+            continue
+        if f.name == "token":
+            why = "a token is for served envs ('grpc://host:port')"
+        elif f.name == "lane_groups":
+            why = "lane groups pipeline calls to env servers ('grpc://host:port')"
+        else:
+            why = f"{f.name} is for served envs ('grpc://host:port')"
+        shown = "***" if f.name in ("token", "credentials") else repr(value)
+        raise ValueError(
+            f"{f.name}={shown}: {why}; env {label!r} runs in this process, so drop "
+            f"{f.name}="
         )
 
 
@@ -366,22 +394,24 @@ class RunConfig:
             lay.plan_tile, lay.segment_steps, c.delay, c.execution, c.delay_ms,
         )  # fmt: skip
 
-    def for_backend(self, target: backend.Target) -> backend.ServedOptions | None:
+    def for_backend(self, target: backend.Target) -> Served | None:
         """Checks the settings only one backend takes against the backend
         that runs the env (``backend.target``).
 
         Returns:
-          The served options for a served env, else None.
+          The ``Served`` options for a served env (``Served()`` when none were
+          given), else None.
 
         Raises:
           ValueError, TypeError: a setting this backend does not take, naming
             what to change.
         """
         kind, label = target.kind, target.label
-        given = backend.ServedOptions() if self.served is None else self.served
-        served = backend.check_served_options(
-            given if self.served is None else given.options(), kind, label
-        )
+        served = None
+        if kind == backend.SERVED:
+            served = Served() if self.served is None else self.served
+        elif self.served is not None:
+            _refuse_served(self.served, label)
         if self.workers and kind != backend.HOST:
             raise ValueError(
                 f"workers={self.workers}: worker processes step a gymnasium env's "

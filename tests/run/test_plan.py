@@ -98,27 +98,34 @@ def test_backend_of(env, kind):
 )
 @pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1"])
 def test_served_options_are_refused_by_name_for_other_envs(env, name, value, message):
-    options = backend.ServedOptions(**{name: value})
+    config = jaxmesh.RunConfig(served=jaxmesh.Served(**{name: value}))
     with pytest.raises(ValueError, match=message) as e:
-        backend.check_served_options(options, backend.backend_of(env), env)
+        config.for_backend(backend.target(env))
     assert f"drop {name}=" in str(e.value) and repr(env) in str(e.value)
 
 
-def test_served_options_are_checked_for_served_envs():
+def test_the_served_options_are_one_checked_served():
+    """A served env's options reach its backend as the ``jaxmesh.Served`` given
+    (its values checked when built), or ``Served()``'s defaults; any other env
+    gets none."""
     address = "grpc://127.0.0.1:5555"
-    got = backend.check_served_options(
-        backend.ServedOptions(token="t", reply_timeout=2, lane_groups=3),
-        backend.SERVED,
-        address,
+    given = jaxmesh.Served(token="t", reply_timeout=2, lane_groups=3)
+    assert (given.reply_timeout, given.lane_groups) == (2.0, 3)
+    assert isinstance(given.reply_timeout, float)
+    got = jaxmesh.RunConfig(served=given).for_backend(backend.target(address))
+    assert got is given
+    default = jaxmesh.RunConfig().for_backend(backend.target(address))
+    assert default == jaxmesh.Served()
+    assert (default.reply_timeout, default.transport) == ("auto", "auto")
+    assert (default.token, default.lane_groups, default.on_server_loss) == (
+        None,
+        None,
+        None,
     )
-    assert got == backend.ServedOptions("t", None, 2.0, 3)
-    assert (
-        backend.check_served_options(backend.ServedOptions(), backend.SCAN, "x") is None
-    )
+    assert jaxmesh.RunConfig().for_backend(backend.target("gymnax:CartPole-v1")) is None
     with pytest.raises(ValueError, match="lane_groups=0"):
-        backend.check_served_options(
-            backend.ServedOptions(lane_groups=0), backend.SERVED, address
-        )
+        jaxmesh.Served(lane_groups=0)
+    assert not hasattr(backend, "ServedOptions")  # one class holds the six fields
 
 
 def _path(module: str) -> Path:

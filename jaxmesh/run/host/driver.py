@@ -46,8 +46,7 @@ from jaxmesh.results.record import (
 )
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import build, checks, identity, instructions, stream
-from jaxmesh.run.backend import ServedOptions
-from jaxmesh.run.config import RunConfig
+from jaxmesh.run.config import RunConfig, Served
 from jaxmesh.run.host import agent_step as run_agent
 from jaxmesh.run.host.loop import GroupedRun, LocalRun
 from jaxmesh.run.kept import Kept
@@ -562,7 +561,7 @@ def evaluate(
     seeds: Sequence[int] | None,
     hooks: Any,
     params: Any,
-    served: ServedOptions | None = None,
+    served: Served | None = None,
     record: Any = None,
     grid: tuple | None = None,
 ) -> RunResult:
@@ -592,7 +591,7 @@ def evaluate(
         lane's env before the run (a served env refuses it). Without
         ``Starts.instruction`` a ``Text(info_key=...)`` input reads each
         episode's instruction from its reset info.
-      served: for served envs, their checked ``backend.ServedOptions`` (lane
+      served: for served envs, their ``jaxmesh.Served`` options (lane
         groups in ``jaxmesh.run.host.served``); None for envs stepped in this
         process.
       record: a ``jaxmesh.Record``: its episodes are recorded on the host
