@@ -111,6 +111,21 @@ def pytest_unconfigure(config):
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
+def children_of(pid: int) -> list[int]:
+    """The child processes of ``pid``, of any kind (read from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append(int(entry))
+    return out
+
+
 @contextlib.contextmanager
 def compiles():
     """Collects the XLA compilations made inside the block (a list of names).

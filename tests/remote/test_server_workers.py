@@ -16,27 +16,13 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from conftest import children_of
 from gym_reference import lean, per_step, plain_loop, start_serve_env
 from reference_loop import assert_matches
 
 import jaxmesh
 
 TESTS = Path(__file__).resolve().parents[1]
-
-
-def children_of(pid: int) -> list[int]:
-    """The child processes of ``pid`` (from /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == pid:
-                out.append(int(entry))
-    return out
 
 
 def gone(pid: int) -> bool:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import children_of
 from gym_reference import lean, per_step, plain_loop
 from reference_loop import assert_matches
 from worker_envs import CameraEnv, RaisesOnSeed
@@ -54,17 +55,7 @@ def reference(horizon: int, lead: int):
 
 def children() -> list[int]:
     """This process's child processes (from /proc: any kind of child)."""
-    me, out = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == me:
-                out.append(int(entry))
-    return out
+    return children_of(os.getpid())
 
 
 @pytest.fixture(autouse=True)
@@ -97,9 +88,9 @@ def test_dict_observations_match_the_plain_loop(workers, lanes):
         num_envs=lanes,
         seeds=SEEDS,
         horizon=3,
-        prefetch_lead=1,
+        chunking=jaxmesh.Chunking(prefetch_lead=1),
         workers=workers,
-        metrics={"bright": "mean"},
+        scoring=jaxmesh.Scoring(metrics={"bright": "mean"}),
     )
     assert_matches(result, reference(3, 1), rtol=1e-5)
     assert result.policy_rows > 0
@@ -128,7 +119,7 @@ def test_workers_give_the_in_process_bits_on_a_mujoco_env(spare_core, monkeypatc
         num_envs=3,
         seeds=[4, 9, 1, 7, 2],
         max_episode_steps=25,
-        metrics={"reward_ctrl": "sum", "x_velocity": "mean"},
+        scoring=jaxmesh.Scoring(metrics={"reward_ctrl": "sum", "x_velocity": "mean"}),
     )
     here = jaxmesh.evaluate(mlp, "gymnasium:HalfCheetah-v5", workers=0, **kw)
     # With a core to spare the workers' lanes are paced as groups (GroupedRun),
@@ -144,7 +135,7 @@ def test_workers_give_the_in_process_bits_on_a_mujoco_env(spare_core, monkeypatc
     assert ran == ["GroupedRun" if spare_core else "LocalRun"]
     np.testing.assert_array_equal(there.returns, here.returns)
     np.testing.assert_array_equal(there.lengths, here.lengths)
-    for key in kw["metrics"]:
+    for key in kw["scoring"].metrics:
         np.testing.assert_array_equal(there.metrics[key], here.metrics[key])
     assert there.env_steps == here.env_steps == 5 * 25
     no_leftovers()
@@ -530,7 +521,7 @@ def test_a_hung_worker_does_not_outlive_its_run_on_sigterm(tmp_path):
         while not mark.exists() and proc.poll() is None:
             assert time.monotonic() < deadline, "the env never hung"
             time.sleep(0.05)
-        workers = [str(p) for p in _children_of(proc.pid)]
+        workers = [str(p) for p in children_of(proc.pid)]
         assert len(workers) == 2
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -547,17 +538,3 @@ def test_a_hung_worker_does_not_outlive_its_run_on_sigterm(tmp_path):
         for pid in workers:  # the test's own leftovers, if it failed
             if not _gone(pid):
                 os.kill(int(pid), signal.SIGKILL)
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == pid:
-                out.append(int(entry))
-    return out
