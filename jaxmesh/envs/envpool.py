@@ -254,7 +254,7 @@ class EnvPoolEnv:
 
     reset_lanes = step_lanes
 
-    def bind(self, seeds: Any, num_envs: int) -> PoolLanes:
+    def bind(self, seeds: Any, num_envs: int) -> BoundPool:
         """The pool of one run: env ``i`` seeded with ``seeds[i]``, then one
         spare env per lane (``SPARE_SEED``); batches of ``num_envs``.
 
@@ -273,7 +273,7 @@ class EnvPoolEnv:
             env_seed=seeds + [SPARE_SEED] * n,
             **self.kwargs,
         )
-        return PoolLanes(
+        return BoundPool(
             self.task_id,
             self.kwargs,
             self.specs,
@@ -286,7 +286,7 @@ class EnvPoolEnv:
 
 
 @dataclasses.dataclass(eq=False)
-class PoolLanes(EnvPoolEnv):
+class BoundPool(EnvPoolEnv):
     """One run's pool (``EnvPoolEnv.bind``), stepped for all lanes at once.
 
     A lane's state is the id of the env it steps: its episode's (env ``i`` for

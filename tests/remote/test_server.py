@@ -509,12 +509,12 @@ def test_sixteen_lanes_match_separate_loops(workers):
 
 def test_worker_processes_serve_sixteen_lanes_as_separate_loops():
     """serve-env --workers 2 on an id: the lanes live in two worker processes
-    (``ProcessLanes``); chunk replays, ends mid-chunk and resets give the
+    (``ProcessStepper``); chunk replays, ends mid-chunk and resets give the
     separate plain loops' results."""
     options = ServeOptions(workers=2)
     env = f"gymnasium:{ID}"
     with serving(env, lanes=16, options=options) as server, client(server) as raw:
-        assert type(server._lanes.lanes).__name__ == "ProcessLanes"
+        assert type(server._lanes.lanes).__name__ == "ProcessStepper"
         done = drive(raw, 16, SEEDS_16, chunk=6)
     check_drive(done, SEEDS_16)
 

@@ -10,7 +10,7 @@ call. Three modules:
 - ``spec``: the agent side's view: ``HostEnvSpec`` (jaxmesh's env protocol,
   shapes only) and the observation and action layouts in JAX's dtypes.
 - ``local``: the in-process host loop's adapters over the shared lanes:
-  ``EnvLanes`` and ``VectorEnvLanes`` (both ``LocalLanes``), ``WorkerEnvLanes``
+  ``EnvLanes`` and ``VectorEnvLanes`` (both ``LocalAdapter``), ``WorkerEnvLanes``
   (lanes in worker processes) and ``make_lanes``.
 
 gymnasium is imported on first use, so importing this package costs nothing.
@@ -30,7 +30,7 @@ from jaxmesh.envs.gymnasium.lanes import (
 )
 from jaxmesh.envs.gymnasium.local import (
     EnvLanes,
-    LocalLanes,
+    LocalAdapter,
     VectorEnvLanes,
     WorkerEnvLanes,
     make_lanes,
@@ -47,7 +47,7 @@ __all__ = [
     "is_host_stepped",
     "make_lanes",
     "EnvLanes",
-    "LocalLanes",
+    "LocalAdapter",
     "VectorEnvLanes",
     "WorkerEnvLanes",
     "HostEnvSpec",

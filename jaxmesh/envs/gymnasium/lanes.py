@@ -9,9 +9,9 @@ gymnasium on first use; never JAX, never gRPC or protobuf.
 
 Two kinds of lanes:
 
-- :class:`ListLanes`: one gymnasium ``Env`` per lane (distinct objects, equal
+- :class:`EnvListStepper`: one gymnasium ``Env`` per lane (distinct objects, equal
   spaces); only the lanes named are stepped.
-- :class:`VectorLanes`: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``,
+- :class:`VectorEnvStepper`: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``,
   stepped as a whole (lockstep): lanes not named play a fixed idle action, and
   an env that ended is reset with ``seed=None`` before the next step.
 
@@ -19,10 +19,10 @@ Both offer the same operations, each answered with a :class:`ResultBatch`
 (numpy arrays in the layout of the wire's ``ResultBatch``, so a server encodes
 it as it is and the in-process loop reads it as it is):
 
-- :meth:`GymLanes.reset`: start episodes (a seed each, reset options such as
+- :meth:`GymStepper.reset`: start episodes (a seed each, reset options such as
   ``trial_index``, an optional wall-clock cap per episode);
-- :meth:`GymLanes.step`: one action per lane (the per-step fast path);
-- :meth:`GymLanes.replay`: a known run of actions per lane, stopping a lane at its
+- :meth:`GymStepper.step`: one action per lane (the per-step fast path);
+- :meth:`GymStepper.replay`: a known run of actions per lane, stopping a lane at its
   episode's end; every observation comes back, or only the last.
 
 An env that raises (or returns an observation that does not fit) surfaces as a
@@ -31,7 +31,7 @@ exception is its ``exc`` (and ``__cause__``).
 
 Example:
     >>> import gymnasium, numpy as np
-    >>> lanes = ListLanes([gymnasium.make("CartPole-v1") for _ in range(2)])
+    >>> lanes = EnvListStepper([gymnasium.make("CartPole-v1") for _ in range(2)])
     >>> first = lanes.reset([0, 1], seeds=[3, 4])
     >>> first.observation[""].shape
     (2, 4)
@@ -61,9 +61,9 @@ __all__ = [
     "PREFIX",
     "TRIAL_INDEX",
     "NUMBER_DTYPES",
-    "GymLanes",
-    "ListLanes",
-    "VectorLanes",
+    "GymStepper",
+    "EnvListStepper",
+    "VectorEnvStepper",
     "import_gymnasium",
     "LaneError",
     "mark_where",
@@ -375,7 +375,7 @@ class Replay(NamedTuple):
 
 
 class LaneResult:
-    """What one lane did in one call (before :meth:`GymLanes.collect`)."""
+    """What one lane did in one call (before :meth:`GymStepper.collect`)."""
 
     __slots__ = ("lane", "reset", "obs", "rewards", "terminated", "truncated", "infos")
 
@@ -481,7 +481,7 @@ def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
 
 
 # Lanes ----------------------------------------------------------------------------
-class GymLanes:
+class GymStepper:
     """What both kinds of lanes share: layout, lane state and the operations.
 
     Attributes:
@@ -535,7 +535,7 @@ class GymLanes:
         """The call under way (on another thread) is given up: its client is
         gone. Envs in this process cannot be stopped, so nothing happens here;
         lanes in worker processes kill the workers it waits on
-        (``workers.ProcessLanes``)."""
+        (``workers.ProcessStepper``)."""
         del respawn
 
     def forget(self) -> None:
@@ -728,7 +728,7 @@ class GymLanes:
 
         Example:
           >>> import gymnasium, numpy as np
-          >>> lanes = ListLanes([gymnasium.make("CartPole-v1")])
+          >>> lanes = EnvListStepper([gymnasium.make("CartPole-v1")])
           >>> _ = lanes.reset([0], seeds=[0])
           >>> out = lanes.replay([0], [500], np.zeros(500, np.int64))
           >>> bool(out.terminated[-1]), int(out.steps[0]) < 500
@@ -854,7 +854,7 @@ class GymLanes:
         raise NotImplementedError
 
 
-class ListLanes(GymLanes):
+class EnvListStepper(GymStepper):
     """One gymnasium ``Env`` per lane; only the lanes named are stepped.
 
     Args:
@@ -1089,7 +1089,7 @@ class ListLanes(GymLanes):
                 env.close()
 
 
-def _first_bad(lanes: GymLanes, values: Sequence, lane_list: list[int]) -> int:
+def _first_bad(lanes: GymStepper, values: Sequence, lane_list: list[int]) -> int:
     """The first of ``lane_list`` whose observation does not fit."""
     for j, v in zip(lane_list, values, strict=True):
         try:
@@ -1130,7 +1130,7 @@ def _check_envs(envs: list) -> None:
                 )
 
 
-class VectorLanes(GymLanes):
+class VectorEnvStepper(GymStepper):
     """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``, stepped as a whole.
 
     Every call steps every lane (lockstep): lanes not named play
@@ -1143,7 +1143,7 @@ class VectorLanes(GymLanes):
     Args:
       vec: the VectorEnv.
       owned: jaxmesh made it (and closes it in :meth:`close`).
-      layout: as for :class:`ListLanes`.
+      layout: as for :class:`EnvListStepper`.
 
     Raises:
       ValueError: any other autoreset mode (saying how to build a DISABLED one).

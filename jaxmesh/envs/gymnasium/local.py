@@ -1,5 +1,5 @@
-"""The in-process host loop's lanes: thin adapters over ``lanes.ListLanes`` /
-``lanes.VectorLanes``.
+"""The in-process host loop's lanes: thin adapters over ``lanes.EnvListStepper`` /
+``lanes.VectorEnvStepper``.
 
 ``jaxmesh.run.host``'s loop reads lanes through the interface here:
 ``reset(lanes, seeds, trials)`` (a list of observations), ``step(actions, go,
@@ -8,7 +8,7 @@ obs)`` (one env step of the lanes in ``go``, observations written into ``obs``),
 ``close()``. The gymnasium calls, observation checks and lane state are the
 shared implementation's (``self.lanes``); these adapters only turn the agent's
 arrays into its calls and back. ``replay`` passes straight through: a loop may
-run a known chunk on a lane in one call (see ``lanes.GymLanes.replay``).
+run a known chunk on a lane in one call (see ``lanes.GymStepper.replay``).
 
 A run sees one of two classes:
 
@@ -40,7 +40,7 @@ from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
 from jaxmesh.envs.gymnasium.lanes import env_actions, import_gymnasium, info_value
 from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
 
-__all__ = ["LocalLanes", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
+__all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
 
 
 def _env_errors(method):
@@ -112,7 +112,7 @@ def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dic
     return out
 
 
-class LocalLanes:
+class LocalAdapter:
     """Common parts of the adapters: the spec, info keys and pass-throughs.
 
     Info keys: the host loop sets ``info_keys`` (the keys its metrics read);
@@ -120,11 +120,11 @@ class LocalLanes:
     [n])`` for the lanes stepped, and ``info_seen`` the keys their infos had.
 
     Attributes:
-      lanes: the shared implementation (``lanes.ListLanes`` or
-        ``lanes.VectorLanes``), observations in the spec's dtype.
+      lanes: the shared implementation (``lanes.EnvListStepper`` or
+        ``lanes.VectorEnvStepper``), observations in the spec's dtype.
     """
 
-    def __init__(self, lanes: shared.GymLanes, where: str):
+    def __init__(self, lanes: shared.GymStepper, where: str):
         self.lanes = lanes
         self.spec: HostEnvSpec = spec_for(
             lanes.name, lanes.observation_space, lanes.action_space, where, lanes.dt
@@ -201,7 +201,7 @@ class LocalLanes:
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
     ) -> shared.ResultBatch:
-        """Replays a known run of actions per lane: ``lanes.GymLanes.replay`` of
+        """Replays a known run of actions per lane: ``lanes.GymStepper.replay`` of
         the shared lanes, observations in the spec's dtype.
 
         Args:
@@ -237,7 +237,7 @@ class LocalLanes:
         self.lanes.close()
 
 
-class EnvLanes(LocalLanes):
+class EnvLanes(LocalAdapter):
     """One gymnasium ``Env`` per lane; only lanes with an episode are stepped.
 
     Args:
@@ -246,7 +246,7 @@ class EnvLanes(LocalLanes):
     """
 
     def __init__(self, envs: list, owned: bool = False):
-        lanes = shared.ListLanes(
+        lanes = shared.EnvListStepper(
             envs, owned=owned, layout=lambda space: observation_layout(space, "env")
         )
         super().__init__(lanes, "env")
@@ -307,7 +307,7 @@ class EnvLanes(LocalLanes):
         return reward, term, trunc
 
 
-class VectorEnvLanes(LocalLanes):
+class VectorEnvLanes(LocalAdapter):
     """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``.
 
     Raises:
@@ -316,7 +316,7 @@ class VectorEnvLanes(LocalLanes):
 
     def __init__(self, vec: Any):
         where = f"VectorEnv {type(vec).__name__}"
-        lanes = shared.VectorLanes(
+        lanes = shared.VectorEnvStepper(
             vec, layout=lambda space: observation_layout(space, where)
         )
         super().__init__(lanes, where)
@@ -371,7 +371,7 @@ class _Leaves(NamedTuple):
 
 
 class _Sent(list):
-    """The workers a ``send`` asked (as ``WorkerLanes.send`` returns them),
+    """The workers a ``send`` asked (as ``WorkerPool.send`` returns them),
     and the lanes it held back because their worker died in a reset (``lost``,
     and of those the ``culprits`` it was resetting): its ``take`` reports
     them."""
@@ -381,7 +381,7 @@ class _Sent(list):
 
 
 class WorkerEnvLanes:
-    """Lanes stepped by worker processes (``workers.WorkerLanes``) over shared
+    """Lanes stepped by worker processes (``workers.WorkerPool``) over shared
     memory, behind the same interface as :class:`EnvLanes`.
 
     After a ``step``, ``lost`` lists the lanes of a worker that died in it: a
@@ -396,9 +396,9 @@ class WorkerEnvLanes:
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int):
-        from jaxmesh.envs.gymnasium.workers import WorkerLanes
+        from jaxmesh.envs.gymnasium.workers import WorkerPool
 
-        self.pool = WorkerLanes(source, num_lanes, workers)
+        self.pool = WorkerPool(source, num_lanes, workers)
         try:
             pool = self.pool
             self.spec: HostEnvSpec = spec_for(
@@ -557,7 +557,7 @@ class WorkerEnvLanes:
         self.pool.close()
 
 
-def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalLanes:
+def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:
     """The lanes for what the user passed as a host-stepped ``env``.
 
     Args:

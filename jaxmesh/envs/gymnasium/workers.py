@@ -1,10 +1,10 @@
 """Gymnasium lanes stepped by worker processes, one core each, over shared memory.
 
 A Python simulator's step holds the GIL, so one process steps on one shared.
-:class:`WorkerLanes` splits a run's lanes into W contiguous blocks, each owned
+:class:`WorkerPool` splits a run's lanes into W contiguous blocks, each owned
 by a worker process that builds its own envs (from ``"gymnasium:<id>"`` or a
 picklable zero-argument factory) and steps them with the same
-:class:`jaxmesh.envs.gymnasium.lanes.ListLanes` the in-process loop uses.
+:class:`jaxmesh.envs.gymnasium.lanes.EnvListStepper` the in-process loop uses.
 
 The data path is shared memory: one segment per run holds, per lane, its
 action, whether it steps (``go``), its reward and ends, and its observation
@@ -17,7 +17,7 @@ the evaluating process owns every episode's accounting.
 A worker that dies (a simulator crash, the OOM killer) raises
 :class:`WorkerLost` from the call it died in: its lanes' envs are rebuilt by a
 new worker and the caller runs their unfinished episodes again from their own
-seeds. Nothing outlives :meth:`WorkerLanes.close`: workers are joined (killed
+seeds. Nothing outlives :meth:`WorkerPool.close`: workers are joined (killed
 if they do not exit) and the segment is unlinked. Nor the evaluating process:
 a worker exits once its parent is gone, even while its env hangs. Workers are
 named ``jaxmesh-worker`` in ``ps``.
@@ -46,8 +46,8 @@ from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.envs.gymnasium.shm import Segment, Slots
 
 __all__ = [
-    "ProcessLanes",
-    "WorkerLanes",
+    "ProcessStepper",
+    "WorkerPool",
     "WorkerCrashed",
     "WorkerLost",
     "build_envs",
@@ -92,7 +92,7 @@ def exit_text(code: int | None) -> str:
 
 
 class WorkerCrashed(RuntimeError):
-    """A served lane's worker process died in a call (``ProcessLanes``)."""
+    """A served lane's worker process died in a call (``ProcessStepper``)."""
 
 
 def is_source(env: Any) -> bool:
@@ -249,7 +249,7 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     slots = None
     try:
         envs = build_envs(source, block)
-        lanes = shared.ListLanes(envs, owned=True, layout=layout)
+        lanes = shared.EnvListStepper(envs, owned=True, layout=layout)
         conn.send(
             (
                 "ready",
@@ -368,7 +368,7 @@ def _read_infos(infos: Sequence, keys: tuple, lanes: Sequence[int], where: str):
     return values, seen
 
 
-def _step(lanes: shared.ListLanes, slots: Slots, block: list[int], names, keys):
+def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, keys):
     lo = block[0]
     go = slots["go"][lo : lo + len(block)]
     local = np.flatnonzero(go).tolist()
@@ -404,9 +404,9 @@ def _step(lanes: shared.ListLanes, slots: Slots, block: list[int], names, keys):
     return ("stepped", info, seen)
 
 
-def _run(lanes: shared.ListLanes, slots: Slots | None, block, ops, kw) -> list:
+def _run(lanes: shared.EnvListStepper, slots: Slots | None, block, ops, kw) -> list:
     """``lanes.run`` of ``ops`` (local lanes), one op at a time with its lane
-    marked ``busy`` when the parent gave a segment (``ProcessLanes``): a
+    marked ``busy`` when the parent gave a segment (``ProcessStepper``): a
     process that dies in an env call is known to have died in that lane's."""
     if slots is None:
         return lanes.run(ops, **kw)
@@ -511,18 +511,18 @@ os._exit(code)
 
 
 # The parent's side -----------------------------------------------------------------
-class WorkerLanes:
+class WorkerPool:
     """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
     blocks of lanes), and the messages to them: ``attach`` / ``reset`` /
     ``step`` over the shared segment (the in-process host loop's data path,
-    ``local.WorkerEnvLanes``), or ``ask`` any op (``ProcessLanes``).
+    ``local.WorkerEnvLanes``), or ``ask`` any op (``ProcessStepper``).
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
         of them (one per lane).
       num_lanes: the lanes.
       workers: W processes (at most ``num_lanes``).
-      layout: the workers' ``ListLanes`` layout (picklable; None: the space's
+      layout: the workers' ``EnvListStepper`` layout (picklable; None: the space's
         own dtypes).
 
     Attributes:
@@ -642,7 +642,7 @@ class WorkerLanes:
             self._recv(k, START_SECONDS, "attaching")
 
     def attach_flags(self) -> None:
-        """A segment of ``busy`` flags alone (``ProcessLanes``: the data come
+        """A segment of ``busy`` flags alone (``ProcessStepper``: the data come
         back over the pipes): each worker marks the lane whose op it runs."""
         self.fields = {"busy": ((), bool)}
         size = Slots.size(self.num_lanes, self.fields)
@@ -736,7 +736,7 @@ class WorkerLanes:
             except WorkerLost as dead:
                 lost += self.blocks[k]
                 self.deaths.append(dead)
-                if self.slots is not None:  # ProcessLanes have no segment
+                if self.slots is not None:  # ProcessStepper have no segment
                     busy = self.slots["busy"]
                     self.culprits += [j for j in self.blocks[k] if busy[j]]
                     busy[self.blocks[k]] = False
@@ -758,7 +758,7 @@ class WorkerLanes:
         """Resets ``lanes`` (ascending); their observations are in the segment.
 
         Returns (info, info_present, reset_text) of the resets, rows in the
-        order given (as ``ListLanes.reset`` gives them)."""
+        order given (as ``EnvListStepper.reset`` gives them)."""
         by_worker: dict[int, list[int]] = {}
         for i, j in enumerate(lanes):
             by_worker.setdefault(int(self.owner[j]), []).append(i)
@@ -863,10 +863,10 @@ class WorkerLanes:
             self.shm = None
 
 
-class ProcessLanes(shared.GymLanes):
-    """:class:`jaxmesh.envs.gymnasium.lanes.GymLanes` whose envs live in worker
+class ProcessStepper(shared.GymStepper):
+    """:class:`jaxmesh.envs.gymnasium.lanes.GymStepper` whose envs live in worker
     processes: each call's ops go to the workers that own their lanes, which
-    run them with their own ``ListLanes`` at once, and the lane results come
+    run them with their own ``EnvListStepper`` at once, and the lane results come
     back over the pipes (``jaxmesh serve-env --workers``: the server's replies
     carry them to the client anyway). A worker that dies ends the call with a
     ``LaneError`` of the lane whose op it was running (each worker marks it in
@@ -876,11 +876,11 @@ class ProcessLanes(shared.GymLanes):
     kills the workers a call waits on (its client gave up on a hung env).
 
     Args:
-      source, num_lanes, workers, layout: as for :class:`WorkerLanes`.
+      source, num_lanes, workers, layout: as for :class:`WorkerPool`.
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
-        self.pool = WorkerLanes(source, num_lanes, workers, layout)
+        self.pool = WorkerPool(source, num_lanes, workers, layout)
         pool = self.pool
         self.owned = True
         self.num_lanes = num_lanes

@@ -1,4 +1,4 @@
-"""The served lanes: ``ServerLanes`` (the shared JAX-free lanes of
+"""The served lanes: ``ServerStepper`` (the shared JAX-free lanes of
 ``jaxmesh.envs.gymnasium.lanes`` plus what serving adds: the wire's leaves,
 the lockstep check of a VectorEnv, a thread pool stepping groups of lanes),
 ``_make_lanes`` (lanes for whatever the caller passed: an id, an Env, a list,
@@ -94,7 +94,7 @@ def _wire_layout(where: str):
     return functools.partial(_wire_leaf, where=where)
 
 
-class ServerLanes:
+class ServerStepper:
     """The shared lanes (``jaxmesh.envs.gymnasium.lanes``) and what serving adds:
     the wire's leaves, the lockstep check of a VectorEnv, and a worker pool
     that steps contiguous groups of a list of envs' lanes at once.
@@ -104,11 +104,11 @@ class ServerLanes:
         workers: threads for a list of envs (1: the serving thread).
     """
 
-    def __init__(self, lanes: shared.GymLanes, workers: int):
+    def __init__(self, lanes: shared.GymStepper, workers: int):
         self.lanes = lanes
         self.num_lanes = n = lanes.num_lanes
         self.name = lanes.name
-        self.lockstep = isinstance(lanes, shared.VectorLanes)
+        self.lockstep = isinstance(lanes, shared.VectorEnvStepper)
         # One message per observation leaf (one, "", for a single array).
         self.obs_leaves = wire_spaces.space_leaves(
             lanes.observation_space, where=f"{self.name} observation_space"
@@ -302,7 +302,7 @@ def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
     return batch._replace(observation={k: obs[k] for k in keys})
 
 
-def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerLanes:
+def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
     """Server lanes for what the caller passed (an id, an Env, a list, a vector).
 
     The checks and their wording are those of ``jaxmesh.envs.gymnasium.lanes``.
@@ -323,29 +323,29 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerLanes:
         count = 1 if lanes is None else lanes
         if workers > 1 and count > 1:
             # A Python sim's step holds the GIL: the lanes step in processes.
-            from jaxmesh.envs.gymnasium.workers import ProcessLanes
+            from jaxmesh.envs.gymnasium.workers import ProcessStepper
 
             where = f"{env} observation_space"
-            procs = ProcessLanes(env, count, workers, layout=_wire_layout(where))
+            procs = ProcessStepper(env, count, workers, layout=_wire_layout(where))
             try:
-                return ServerLanes(procs, 1)
+                return ServerStepper(procs, 1)
             except BaseException:
                 procs.close()
                 raise
         envs = shared.make_envs(env, count)
         try:
-            return _served(shared.ListLanes, envs, workers, owned=True)
+            return _served(shared.EnvListStepper, envs, workers, owned=True)
         except BaseException:
             for e in envs:
                 e.close()
             raise
     if isinstance(env, gymnasium.vector.VectorEnv):
-        return _served(shared.VectorLanes, env, workers)  # DISABLED mode only
+        return _served(shared.VectorEnvStepper, env, workers)  # DISABLED mode only
     if isinstance(env, gymnasium.Env):
-        return _served(shared.ListLanes, [env], workers)
+        return _served(shared.EnvListStepper, [env], workers)
     if isinstance(env, list):
-        # ListLanes refuses an empty list, repeated objects, unequal spaces.
-        return _served(shared.ListLanes, env, workers)
+        # EnvListStepper refuses an empty list, repeated objects, unequal spaces.
+        return _served(shared.EnvListStepper, env, workers)
     raise TypeError(
         f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
         "list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', or "
@@ -353,10 +353,10 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerLanes:
     )
 
 
-def _served(kind: type, env: Any, workers: int, owned: bool = False) -> ServerLanes:
+def _served(kind: type, env: Any, workers: int, owned: bool = False) -> ServerStepper:
     first = env[0] if isinstance(env, list) and env else env
     where = f"{shared.env_name(first)} observation_space"
-    return ServerLanes(kind(env, owned=owned, layout=_wire_layout(where)), workers)
+    return ServerStepper(kind(env, owned=owned, layout=_wire_layout(where)), workers)
 
 
 def _is_env(env: Any) -> bool:

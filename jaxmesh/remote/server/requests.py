@@ -3,7 +3,7 @@
 the bounds both keep (lanes, keys, actions); a request that fails is refused
 with a ``codec.ProtocolError`` naming what is wrong.
 
-The result is a ``lanes._Request``, which ``lanes.ServerLanes.check`` checks
+The result is a ``lanes._Request``, which ``lanes.ServerStepper.check`` checks
 against what the lanes can serve exactly.
 """
 
@@ -20,10 +20,10 @@ from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import MAX_COUNT
-from jaxmesh.remote.server.lanes import ServerLanes, _bad, _Request
+from jaxmesh.remote.server.lanes import ServerStepper, _bad, _Request
 
 
-def _parse_request(msg: pb.StepRequest, lanes: ServerLanes) -> _Request:
+def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
     """A checked request; ProtocolError naming what is wrong (nothing stepped)."""
     n = lanes.num_lanes
     if len(msg.lane_mask) != n:
@@ -128,7 +128,9 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerLanes) -> _Request:
     return request
 
 
-def _check_actions(batch: codec.ActionBatch, lanes: ServerLanes, mask, ops, check_lane):
+def _check_actions(
+    batch: codec.ActionBatch, lanes: ServerStepper, mask, ops, check_lane
+):
     """A decoded action batch's actions (a writable copy) and lanes, after the
     checks nothing stepped may fail: discrete actions in range, each lane set
     in ``mask``, reset before and not also reset in this call (``ops``)."""
@@ -160,7 +162,9 @@ def _check_actions(batch: codec.ActionBatch, lanes: ServerLanes, mask, ops, chec
     return arr, stepped
 
 
-def _parse_step(payload: bytes, lanes: ServerLanes, keys: tuple[str, ...]) -> _Request:
+def _parse_step(
+    payload: bytes, lanes: ServerStepper, keys: tuple[str, ...]
+) -> _Request:
     """A checked same-host STEP frame (only steps, the session's observation
     leaves ``keys``, no info) as ``_parse_request`` checks a ``StepRequest``."""
     n = lanes.num_lanes

@@ -32,7 +32,7 @@ from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
-from jaxmesh.remote.server.lanes import ServerLanes
+from jaxmesh.remote.server.lanes import ServerStepper
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
 from jaxmesh.remote.server.sessions import _ascii, _ShmSession
 
@@ -351,7 +351,7 @@ class _SameHostPath:
         self,
         conn: socket.socket,
         session: _ShmSession,
-        lanes: ServerLanes,
+        lanes: ServerStepper,
         keys: tuple[str, ...],
         binary: bool = False,
     ) -> None:
@@ -383,7 +383,7 @@ class _SameHostPath:
         self,
         conn: socket.socket,
         session: _ShmSession,
-        lanes: ServerLanes,
+        lanes: ServerStepper,
         keys: tuple[str, ...],
         slots: Slots,
         binary: bool = False,

@@ -38,7 +38,7 @@ from jaxmesh.remote.protocol import (
     TOKEN_ENV,
     TRACEBACK_KEY,
 )
-from jaxmesh.remote.server.lanes import ServerLanes, _is_env, _make_lanes
+from jaxmesh.remote.server.lanes import ServerStepper, _is_env, _make_lanes
 from jaxmesh.remote.server.options import (
     SERVICE_NAME,
     ServeOptions,
@@ -157,7 +157,7 @@ class EnvServer(_SameHostPath):
         self.options = options
         self._lanes_wanted = lanes
         self._credentials = credentials
-        self._lanes: ServerLanes | None = None
+        self._lanes: ServerStepper | None = None
         self._server: grpc.Server | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._health: health.HealthServicer | None = None
@@ -229,7 +229,7 @@ class EnvServer(_SameHostPath):
             self._lanes = lanes
         return self
 
-    def _start_server(self, lanes: ServerLanes) -> None:
+    def _start_server(self, lanes: ServerStepper) -> None:
         limit = self.options.max_message_bytes
         action_size = math.prod(lanes.act_leaf.shape)
         receive = request_limit(self.options, lanes.num_lanes, action_size)
@@ -425,7 +425,7 @@ class EnvServer(_SameHostPath):
                 )
         return None
 
-    def _handshake_reply(self, lanes: ServerLanes) -> pb.HandshakeReply:
+    def _handshake_reply(self, lanes: ServerStepper) -> pb.HandshakeReply:
         return pb.HandshakeReply(
             server_protocol_versions=PROTOCOL_VERSIONS,
             server_version=f"jaxmesh {__version__}",
@@ -521,7 +521,7 @@ class EnvServer(_SameHostPath):
         requests: Iterator[bytes],
         context: grpc.ServicerContext,
         session: _Session,
-        lanes: ServerLanes,
+        lanes: ServerStepper,
     ) -> Iterator[bytes]:
         limit = self.options.max_message_bytes
         abort = context.abort

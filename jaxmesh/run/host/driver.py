@@ -849,7 +849,7 @@ def _run(
             if isinstance(lanes, gym_lanes.WorkerEnvLanes):
                 grouped = GroupedRun.applies(program, lanes, recorder)
                 run_cls = GroupedRun if grouped else LocalRun
-            elif isinstance(lanes, gym_lanes.LocalLanes):
+            elif isinstance(lanes, gym_lanes.LocalAdapter):
                 run_cls = LocalRun
             else:
                 from jaxmesh.run.host.served import run_class

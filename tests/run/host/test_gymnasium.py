@@ -404,12 +404,12 @@ def test_replay_matches_a_plain_gymnasium_loop(form, keep_all_obs):
     seeds, n, calls = [3, 1, 4], 3, 12
     rng = np.random.default_rng(0)
     if form == "list":
-        lanes = shared.ListLanes([Tagged(gym.make(ID)) for _ in range(n)])
+        lanes = shared.EnvListStepper([Tagged(gym.make(ID)) for _ in range(n)])
         counts = rng.integers(1, 9, (calls, n))  # lanes move on their own
     else:
         make = lambda: Tagged(gym.make(ID))  # noqa: E731
         vec = SyncVectorEnv([make] * n, autoreset_mode=AutoresetMode.DISABLED)
-        lanes = shared.VectorLanes(vec)
+        lanes = shared.VectorEnvStepper(vec)
         counts = np.repeat(rng.integers(1, 9, (calls, 1)), n, axis=1)  # lockstep
     actions = [[rng.integers(0, 2, c) for c in row] for row in counts]
     first = lanes.reset(range(n), seeds)
@@ -460,7 +460,7 @@ def test_replay_matches_a_plain_gymnasium_loop(form, keep_all_obs):
 def test_step_is_replay_by_one_and_matches_a_plain_loop():
     from jaxmesh.envs.gymnasium import lanes as shared
 
-    lanes = shared.ListLanes([gym.make(ID) for _ in range(2)])
+    lanes = shared.EnvListStepper([gym.make(ID) for _ in range(2)])
     refs = [gym.make(ID) for _ in range(2)]
     lanes.reset([0, 1], [5, 6])
     for env, s in zip(refs, [5, 6], strict=True):
@@ -479,7 +479,7 @@ def test_reset_options_and_wall_clock_cap():
     from jaxmesh.envs.gymnasium import lanes as shared
 
     log: list = []
-    lanes = shared.ListLanes([TrialEnv(log) for _ in range(2)])
+    lanes = shared.EnvListStepper([TrialEnv(log) for _ in range(2)])
     assert lanes.declares_trial_index
     got = lanes.reset([0, 1], [4, 9], [{"trial_index": 7}, None], [0.0, 1e-9])
     assert log == [(4, {"trial_index": 7}), (9, None)]
@@ -522,7 +522,7 @@ def test_replay_errors_name_the_lane_and_the_input():
             obs, *rest = self.env.step(action)
             return obs[:3], *rest
 
-    lanes = shared.ListLanes([gym.make(ID), Misshapen(gym.make(ID))])
+    lanes = shared.EnvListStepper([gym.make(ID), Misshapen(gym.make(ID))])
     with pytest.raises(ValueError, match="lane 1 was never reset"):
         lanes.replay([1], [1], np.zeros(1, np.int64))
     lanes.reset([0, 1], [0, 1])

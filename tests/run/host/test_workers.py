@@ -23,7 +23,7 @@ from worker_envs import CameraEnv, RaisesOnSeed
 
 import jaxmesh
 from jaxmesh.envs.gymnasium.workers import (
-    WorkerLanes,
+    WorkerPool,
     cores,
     default_workers,
     workers_for,
@@ -213,7 +213,7 @@ def test_bad_worker_input_is_refused_before_anything_starts():
 
 def test_a_factory_that_does_not_build_an_env_is_a_clear_error():
     with pytest.raises(TypeError, match="must return a gymnasium.Env"):
-        WorkerLanes(functools.partial(dict, a=1), 2, 1)
+        WorkerPool(functools.partial(dict, a=1), 2, 1)
     no_leftovers()
 
 
@@ -237,11 +237,11 @@ def test_process_lanes_answer_every_op_as_list_lanes_do():
     """The server's lanes in worker processes (serve-env --workers): resets,
     chunk replays stopping at an episode's end, releases and single steps
     give the ResultBatch of the same envs in this process."""
-    from jaxmesh.envs.gymnasium.lanes import ListLanes
-    from jaxmesh.envs.gymnasium.workers import ProcessLanes
+    from jaxmesh.envs.gymnasium.lanes import EnvListStepper
+    from jaxmesh.envs.gymnasium.workers import ProcessStepper
 
-    here = ListLanes([gym.make("CartPole-v1") for _ in range(5)])
-    there = ProcessLanes("gymnasium:CartPole-v1", 5, 2)
+    here = EnvListStepper([gym.make("CartPole-v1") for _ in range(5)])
+    there = ProcessStepper("gymnasium:CartPole-v1", 5, 2)
     try:
         got = []
         for lanes in (here, there):
@@ -475,7 +475,7 @@ def test_a_reset_that_kills_its_worker_twice_ends_the_run_naming_the_episode():
 def test_workers_are_named_in_ps():
     """``ps -e``, top and pgrep show a worker as ``jaxmesh-worker`` (its comm);
     ``ps aux`` shows its number, lanes and parent, not the boot code."""
-    pool = WorkerLanes("gymnasium:CartPole-v1", 3, 2)
+    pool = WorkerPool("gymnasium:CartPole-v1", 3, 2)
     try:
         for k, pid in enumerate(pool.pids):
             with open(f"/proc/{pid}/comm") as f:
