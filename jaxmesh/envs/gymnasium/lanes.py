@@ -482,7 +482,9 @@ def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
 
 # Lanes ----------------------------------------------------------------------------
 class GymStepper:
-    """What both kinds of lanes share: layout, lane state and the operations.
+    """What every gymnasium-side stepper shares (``EnvListStepper``,
+    ``VectorEnvStepper``, ``workers.ProcessStepper``; the env server and the
+    host loop both step through them): layout, lane state and the operations.
 
     Attributes:
       num_lanes: the lanes.
