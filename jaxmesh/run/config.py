@@ -182,9 +182,17 @@ class Scoring:
     success_mode: str = DEFAULT_SUCCESS_MODE
 
     def __post_init__(self) -> None:
-        checks.check_metrics(self.metrics, self.success)
+        # Kept, so that the backends read the checked form (``asked``).
+        object.__setattr__(
+            self, "_asked", checks.check_metrics(self.metrics, self.success)
+        )
         mode = checks.check_success_mode(self.success_mode)
         object.__setattr__(self, "success_mode", mode)
+
+    @property
+    def asked(self) -> checks.Metrics:
+        """``metrics`` and ``success`` as checked (``checks.Metrics``)."""
+        return self._asked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +374,12 @@ class RunConfig:
                     f"{name}={value!r}: expected a jaxmesh.{cls.__name__} "
                     f"(e.g. {name}=jaxmesh.{cls.__name__}(...))"
                 )
-        s = self.settings  # the cross-field checks
+        c, lay = self.chunking, self.layout
+        s = checks.check_settings(
+            self.num_envs, self.horizon, c.prefetch_lead, self.max_episode_steps,
+            lay.plan_tile, lay.segment_steps, c.delay, c.execution, c.delay_ms,
+        )  # fmt: skip
+        object.__setattr__(self, "_settings", s)  # the cross-field checks, once
         object.__setattr__(self, "num_envs", s.num_envs)
         object.__setattr__(self, "horizon", s.horizon)
         seconds = backend.positive_seconds(
@@ -387,12 +400,9 @@ class RunConfig:
 
     @property
     def settings(self) -> checks.Settings:
-        """The engine's view: ``checks.Settings`` (a record, no checks left)."""
-        c, lay = self.chunking, self.layout
-        return checks.check_settings(
-            self.num_envs, self.horizon, c.prefetch_lead, self.max_episode_steps,
-            lay.plan_tile, lay.segment_steps, c.delay, c.execution, c.delay_ms,
-        )  # fmt: skip
+        """The engine's view: ``checks.Settings`` (a record, checked when the
+        config was built)."""
+        return self._settings
 
     def for_backend(self, target: backend.Target) -> Served | None:
         """Checks the settings only one backend takes against the backend

@@ -93,7 +93,8 @@ class Trials:
 
     def for_run(self, states: Any) -> Any:
         """The data a run's reset reads: these ``states`` (None: the
-        evaluator's own), which must have the evaluator's shapes.
+        evaluator's own; a ``Trials``: resolved already), which must have the
+        evaluator's shapes.
 
         Raises:
           ValueError: a reset function's run given states, or states of other
@@ -101,7 +102,7 @@ class Trials:
         """
         if states is None:
             return () if self.states is None else self.states
-        given = resolve(states, None)
+        given = states if isinstance(states, Trials) else resolve(states, None)
         if self.states is None or given.key != self.key:
             built = (
                 "a reset_fn"

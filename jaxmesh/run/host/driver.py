@@ -629,7 +629,7 @@ def evaluate(
         )
     with_params = params is not None
     seconds = config.max_episode_seconds
-    asked = checks.check_metrics(scoring.metrics, scoring.success)
+    asked = scoring.asked  # checked when the config was built
     record = check_record(record)
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)

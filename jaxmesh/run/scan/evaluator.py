@@ -50,6 +50,15 @@ TRIAL_HINT = (
 )
 
 
+class _Checked(NamedTuple):
+    """What ``run`` checked once for a new evaluator, passed down as it is."""
+
+    policy: Any  # the resolved ``Policy``
+    record: Any  # ``check_record``'s
+    trials: Any  # ``initial.resolve``'s
+    devices: Any  # the mesh (``resolve_mesh``), None: one device
+
+
 class _Program(NamedTuple):
     engine: Any
     segment: Any  # the compiled segment executable
@@ -108,19 +117,28 @@ class Evaluator:
         *,
         takes_params: bool = False,
         record: Any = None,
+        _checked: _Checked | None = None,
         **settings: Any,
     ):
         # settings: RunConfig's flat knobs and groups (a grouped field given
-        # flat is refused, naming its group).
+        # flat is refused, naming its group). _checked: what ``run`` checked.
         config = from_keywords(config, settings, "jaxmesh.Evaluator")
         self.config = config
         starts, scoring = config.starts, config.scoring
-        asked = checks.check_metrics(scoring.metrics, scoring.success)
+        asked = scoring.asked
         self.success_mode = scoring.success_mode
-        trials = initial.resolve(starts.initial_states, starts.reset_fn)
-        self.record = check_record(record)
+        if _checked is None:
+            trials = initial.resolve(starts.initial_states, starts.reset_fn)
+            self.record = check_record(record)
+            devices = config.layout.devices
+        else:
+            trials, self.record, devices = (
+                _checked.trials,
+                _checked.record,
+                _checked.devices,
+            )
         self.settings = config.settings
-        randomize, devices = starts.randomize, config.layout.devices
+        randomize = starts.randomize
         self.env = make_env(env)
         if randomize is not None:
             self.env = playground.randomized(self.env, randomize)
@@ -129,7 +147,11 @@ class Evaluator:
             step_seconds(self.env),
             getattr(self.env, "name", type(self.env).__name__),
         )
-        self.policy = resolve_policy(policy, with_params=takes_params)
+        self.policy = (
+            resolve_policy(policy, with_params=takes_params)
+            if _checked is None
+            else _checked.policy
+        )
         self.takes_params = takes_params
         self._source = (policy, env, randomize)  # keeps the keyed objects alive
         # (info keys, reductions) and the success key, checked against the
@@ -267,16 +289,44 @@ class Evaluator:
           ``exc.partial_result``.
         """
         t_start = time.perf_counter()
-        pol, s = self.policy, self.settings
         if success_mode is None:
             success_mode = self.success_mode
-        success_mode = checks.check_success_mode(success_mode)
+        return self._run(
+            t_start,
+            episodes=episodes,
+            seeds=seeds,
+            params=params,
+            hooks=hooks,
+            record=check_record(record),
+            trial_index_base=checks.check_int(
+                "trial_index_base", trial_index_base, 0, TRIAL_HINT
+            ),
+            initial_states=initial_states,
+            success_mode=checks.check_success_mode(success_mode),
+            instruction=instructions.check_instruction(instruction),
+        )
+
+    def _run(
+        self,
+        t_start: float,
+        *,
+        episodes: int | None,
+        seeds: Sequence[int] | None,
+        params: Any,
+        hooks: Any,
+        record: Any,
+        trial_index_base: int,
+        initial_states: Any,
+        success_mode: str,
+        instruction: str | None,
+    ) -> RunResult:
+        """``run`` with its run-level values checked (a ``RunConfig``'s, from
+        ``jaxmesh.evaluate``, or ``run``'s arguments): nothing re-checks them.
+        ``initial_states`` may be a resolved ``initial.Trials``."""
+        pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         hook_list = stream.hooks_list(hooks)
         self._run_record = self._check_run_record(record, int(seeds_arr.size))
-        trial_index_base = checks.check_int(
-            "trial_index_base", trial_index_base, 0, TRIAL_HINT
-        )
         self._run_trials = initial.run_trials(
             self.trials, initial_states, trial_index_base, int(seeds_arr.size)
         )
@@ -286,7 +336,6 @@ class Evaluator:
             )
         params = pol.default_params() if params is None else pol.place(params)
         env_name = getattr(self.env, "name", type(self.env).__name__)
-        instruction = instructions.check_instruction(instruction)
         # Encoded before the probe: the program is built for their shapes.
         encoded = instructions.check_sources(pol.spec, instruction, env_name, False)
         e = int(seeds_arr.size)
@@ -381,14 +430,14 @@ class Evaluator:
         self._bound = self.env.bind(seeds, lanes)
 
     def _check_run_record(self, record: Any, episodes: int) -> Any:
-        """The ``Record`` of a run: the evaluator's, or one of the same shape.
+        """The ``Record`` of a run (``check_record``'s): the evaluator's, or
+        one of the same shape.
 
         Raises:
           ValueError: another number of episodes, ``max_steps``, ``keys`` or
             ``states`` than the evaluator was built with, or episodes outside
             the budget.
         """
-        record = check_record(record)
         own = self.record
         if record is None:
             record = own
@@ -638,7 +687,7 @@ def run(
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
     scoring, starts = config.scoring, config.starts
-    asked = checks.check_metrics(scoring.metrics, scoring.success)
+    asked = scoring.asked
     devices = config.layout.devices
     mesh = resolve_mesh(devices)
     key = (id(policy), _env_key(env), config.settings, with_params, str(pol.device))
@@ -652,19 +701,23 @@ def run(
     # record as many, from states of the same shapes, share a program.
     key += (mesh, None if record is None else record_shape(record), starts.randomize)
     key += (None if trials is None else trials.key,)
-    built = config.replace(devices=mesh, initial_states=states)
+    # Checked once here and in the config: the evaluator takes them as they are.
+    checked = _Checked(pol, record, trials, mesh)
     ev = _EVALUATORS.get(
         key,
-        lambda: Evaluator(policy, env, built, takes_params=with_params, record=record),
+        lambda: Evaluator(
+            policy, env, config, takes_params=with_params, _checked=checked
+        ),
     )
-    return ev.run(
+    return ev._run(
+        time.perf_counter(),
         episodes=episodes,
         seeds=seeds,
         params=params,
         hooks=hooks,
         record=record,
         trial_index_base=starts.trial_index_base,
-        initial_states=states,
+        initial_states=None if states is None else trials,
         success_mode=scoring.success_mode,
         instruction=starts.instruction,
     )
