@@ -197,7 +197,7 @@ class Pool:
         self.settings = settings  # the plan tile pinned to the sessions'
         self.layout = spec.layout
         self.lock = threading.Lock()
-        self.sessions: list[Session] = []
+        self.sessions: list[PolicySession] = []
         self.size = 0
         self.state: Any = None
         self.rows = 0
@@ -237,7 +237,7 @@ class Pool:
         """Compiled steps this pool keeps."""
         return len(self._programs)
 
-    def _resize(self, size: int, keep: list[Session]) -> None:
+    def _resize(self, size: int, keep: list[PolicySession]) -> None:
         """``size`` lanes, the sessions ``keep`` first (in order, their lanes'
         state, observations, keys and steps moved along); the rest free."""
         self.cfg, init, self.step = self._program(size)
@@ -278,7 +278,7 @@ class Pool:
         self.leaves, self.obs, self.keys, self.t = leaves, obs, keys, t
         self.warm_up()
 
-    def add(self, session: Session, lanes: int) -> None:
+    def add(self, session: PolicySession, lanes: int) -> None:
         """Gives ``session`` ``lanes`` lanes (after every other session's)."""
         with self.lock:
             keep = list(self.sessions)
@@ -287,7 +287,7 @@ class Pool:
             session.slots = np.arange(self.size - lanes, self.size)
             self.sessions.append(session)
 
-    def remove(self, session: Session) -> None:
+    def remove(self, session: PolicySession) -> None:
         """Takes ``session``'s lanes away (the others' states kept)."""
         with self.lock:
             if session not in self.sessions:
@@ -373,7 +373,7 @@ class Pool:
 
 
 @dataclasses.dataclass(eq=False)
-class Session:
+class PolicySession:
     """One client's run: its pool and slots ([n] slot of each lane)."""
 
     id: int
@@ -384,7 +384,7 @@ class Session:
 class Step(NamedTuple):
     """One step request of a session, checked (arrays by the session's lane)."""
 
-    session: Session
+    session: PolicySession
     obs: list  # the moved lanes' leaves, in the observation's tree order
     started: np.ndarray
     active: np.ndarray
@@ -429,7 +429,7 @@ class Pools:
         self.max_lanes = max_lanes
         self.max_batch = 4096
         self._pools: dict[Any, list[Pool]] = {}
-        self._sessions: dict[int, Session] = {}
+        self._sessions: dict[int, PolicySession] = {}
         #: (env signature, settings, tile lanes) -> (config, chunk, digest).
         self._plans: dict[tuple, tuple] = {}
         #: Pools without a session, the one emptied longest ago first.
@@ -437,7 +437,7 @@ class Pools:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def open(self, desc: Any) -> tuple[Session, dict]:
+    def open(self, desc: Any) -> tuple[PolicySession, dict]:
         """A session for the client's ``desc`` (``{"env": spec_to_wire,
         "settings": {...}}``); and what the client's loop needs of its plan.
 
@@ -503,7 +503,7 @@ class Pools:
                 pool = Pool(pol, self.params, spec, pinned)
                 pools.append(pool)
             self._idle = [p for p in self._idle if p is not pool]
-            session = Session(next(self._ids), pool, np.zeros(0, np.int64))
+            session = PolicySession(next(self._ids), pool, np.zeros(0, np.int64))
             pool.add(session, n)
             if dataclasses.replace(pool.cfg, num_envs=0) != key[1]:
                 pool.remove(session)
@@ -527,7 +527,7 @@ class Pools:
         }
         return session, info
 
-    def close(self, session: Session) -> None:
+    def close(self, session: PolicySession) -> None:
         """Frees the session's slots (their state is cleared when a next
         session's episodes start on them); a pool left without sessions
         frees its lanes, and past ``MAX_IDLE_POOLS`` such pools the one
@@ -547,7 +547,7 @@ class Pools:
                         pools.remove(old)
             self._pools = {k: v for k, v in self._pools.items() if v}
 
-    def check(self, session: Session, msg: Any) -> Prepared:
+    def check(self, session: PolicySession, msg: Any) -> Prepared:
         """A step request of ``session`` as the batcher's ``Prepared``.
 
         Raises:
@@ -604,4 +604,4 @@ class Pools:
         return sum(p.programs for pools in self._pools.values() for p in pools)
 
 
-__all__ = ["Pool", "Pools", "Session", "spec_from_wire", "spec_to_wire"]
+__all__ = ["Pool", "Pools", "PolicySession", "spec_from_wire", "spec_to_wire"]

@@ -17,7 +17,7 @@ A lone client's request, with nothing queued or running, runs at once in
 the thread that received it (``run_alone``): no hand-off to the forward
 thread and back, the latency of two thread switches.
 
-Each reply carries its telemetry (``Reply``): the batch it ran in, its
+Each reply carries its telemetry (``BatchReply``): the batch it ran in, its
 padded size, the wait in the queue and the forward's time.
 """
 
@@ -36,7 +36,7 @@ class ServerClosed(RuntimeError):
     """The server shut down before the request ran."""
 
 
-class Reply(NamedTuple):
+class BatchReply(NamedTuple):
     """A request's output and how it was computed.
 
     Attributes:
@@ -161,7 +161,7 @@ class Batcher:
         return self._clients - sum(self._groups.values())
 
     def submit(self, prepared: Prepared) -> concurrent.futures.Future:
-        """Queues a request; its future's result is a ``Reply``.
+        """Queues a request; its future's result is a ``BatchReply``.
 
         Raises:
           ServerClosed: the batcher is closed.
@@ -179,10 +179,10 @@ class Batcher:
             self._cond.notify()
         return future
 
-    def run_alone(self, prepared: Prepared) -> Reply | None:
+    def run_alone(self, prepared: Prepared) -> BatchReply | None:
         """Runs the request in the calling thread when its client is the only
         one connected that could join its forward and no forward runs or
-        waits; its ``Reply`` (or the
+        waits; its ``BatchReply`` (or the
         forward's exception). None otherwise: ``submit`` it.
         """
         with self._cond:
@@ -288,7 +288,7 @@ class Batcher:
         forward_ms = done.seconds * 1000.0
         for item, out in zip(batch, done.outputs, strict=True):
             item.future.set_result(
-                Reply(
+                BatchReply(
                     out,
                     len(batch),
                     done.padded,
@@ -298,4 +298,4 @@ class Batcher:
             )
 
 
-__all__ = ["BatchStats", "Batcher", "Reply", "ServerClosed"]
+__all__ = ["BatchStats", "Batcher", "BatchReply", "ServerClosed"]

@@ -99,7 +99,7 @@ class _IdleWatch:
             self.thread.join()
 
 
-class _Authenticate(grpc.ServerInterceptor):
+class _PolicyTokenInterceptor(grpc.ServerInterceptor):
     """Refuses a call without the token before its first message is read."""
 
     def __init__(self, token: str):
@@ -181,7 +181,7 @@ class GrpcService:
         )
         server = grpc.server(
             self._executor,
-            interceptors=(_Authenticate(self.token),) if self.token else (),
+            interceptors=(_PolicyTokenInterceptor(self.token),) if self.token else (),
             maximum_concurrent_rpcs=self.max_connections,
             options=[
                 ("grpc.max_send_message_length", self.max_bytes),

@@ -249,7 +249,7 @@ class OpenpiService:
         return None
 
     async def _reply(self, ws: ServerConnection, future: Any) -> Any:
-        """The request's ``Reply``, or None when the connection closes first
+        """The request's ``BatchReply``, or None when the connection closes first
         (the request is then dropped, unless its forward has begun)."""
         waiting = asyncio.wrap_future(future)
         closed = asyncio.ensure_future(ws.wait_closed())

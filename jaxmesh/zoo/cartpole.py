@@ -36,7 +36,7 @@ OBS_SIZE = 4
 NUM_ACTIONS = 2
 
 
-class MLP(nn.Module):
+class CartPoleNet(nn.Module):
     """Observation -> action logits: tanh hidden layers, a linear head."""
 
     hidden: Sequence[int] = (64, 64)
@@ -51,22 +51,22 @@ class MLP(nn.Module):
 
 
 def init(key: jax.Array) -> Any:
-    """Fresh (untrained) params of ``MLP()``."""
-    return MLP().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
+    """Fresh (untrained) params of ``CartPoleNet()``."""
+    return CartPoleNet().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
 
 
 def apply(params: Any, obs: jax.Array) -> jax.Array:
     """The greedy action (argmax of the logits) as int32, for one observation.
 
     Args:
-      params: the params of ``MLP()`` (``init`` or a loaded checkpoint).
+      params: the params of ``CartPoleNet()`` (``init`` or a loaded checkpoint).
       obs: one CartPole observation, shape (4,) (a leading batch axis also
         works and gives one action per row).
 
     Returns:
       The action, int32, shape () (or (B,) for a batch).
     """
-    logits = MLP().apply(params, obs)
+    logits = CartPoleNet().apply(params, obs)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
@@ -81,4 +81,4 @@ class CartPoleMLP(ShippedWeights):
         return apply(self.params, obs)
 
 
-__all__ = ["MLP", "init", "apply", "CartPoleMLP", "DEFAULT_PATH"]
+__all__ = ["CartPoleNet", "init", "apply", "CartPoleMLP", "DEFAULT_PATH"]

@@ -58,7 +58,7 @@ def balance(obs: jax.Array) -> jax.Array:
     return jnp.tanh(jnp.dot(GAINS, obs))[None]
 
 
-class MLP(nn.Module):
+class CartpoleBalanceNet(nn.Module):
     """Observation -> action in [-1, 1]: tanh hidden layers, a tanh head."""
 
     hidden: Sequence[int] = (32, 32)
@@ -73,21 +73,21 @@ class MLP(nn.Module):
 
 
 def init(key: jax.Array) -> Any:
-    """Fresh (untrained) params of ``MLP()``."""
-    return MLP().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
+    """Fresh (untrained) params of ``CartpoleBalanceNet()``."""
+    return CartpoleBalanceNet().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
 
 
 def apply(params: Any, obs: jax.Array) -> jax.Array:
     """The action for one observation.
 
     Args:
-      params: the params of ``MLP()`` (``init`` or a loaded checkpoint).
+      params: the params of ``CartpoleBalanceNet()`` (``init`` or a loaded checkpoint).
       obs: one observation, shape (5,) (a leading batch axis also works).
 
     Returns:
       The action, float32, shape (1,) (or (B, 1) for a batch), in [-1, 1].
     """
-    return MLP().apply(params, obs)
+    return CartpoleBalanceNet().apply(params, obs)
 
 
 class CartpoleMLP(ShippedWeights):
@@ -102,4 +102,12 @@ class CartpoleMLP(ShippedWeights):
         return apply(self.params, obs)
 
 
-__all__ = ["MLP", "init", "apply", "balance", "CartpoleMLP", "DEFAULT_PATH", "GAINS"]
+__all__ = [
+    "CartpoleBalanceNet",
+    "init",
+    "apply",
+    "balance",
+    "CartpoleMLP",
+    "DEFAULT_PATH",
+    "GAINS",
+]

@@ -55,7 +55,7 @@ VALID_SEEDS = 2_000_000
 
 
 @dataclasses.dataclass(frozen=True)
-class ESConfig:
+class CartPoleESConfig:
     """Hyper-parameters of the ES run (the defaults produced the shipped one)."""
 
     seed: int = 0
@@ -75,7 +75,7 @@ def centered_ranks(x: jax.Array) -> jax.Array:
     return ranks / (x.shape[0] - 1) - 0.5
 
 
-def make_trainer(cfg: ESConfig):
+def make_trainer(cfg: CartPoleESConfig):
     """Builds (initial state, jitted generation step, validation function)."""
     if cfg.population < 2 or cfg.population % 2:
         raise ValueError(
@@ -125,7 +125,7 @@ def make_trainer(cfg: ESConfig):
     return (flat0, optimizer.init(flat0)), generation, valid_score, unravel
 
 
-def train(cfg: ESConfig, log=print) -> tuple[Any, dict]:
+def train(cfg: CartPoleESConfig, log=print) -> tuple[Any, dict]:
     """Runs ES and returns the best centre params (a flax params dict) and stats."""
     (flat, opt_state), generation, valid_score, unravel = make_trainer(cfg)
     best_flat, best_valid, best_gen, streak = flat, -np.inf, -1, 0
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         prog="python -m jaxmesh.zoo.train_cartpole",
         doc=__doc__,
-        config=ESConfig,
+        config=CartPoleESConfig,
         train=train,
         model=cartpole.CartPoleMLP,
         env=ENV,

@@ -2,9 +2,10 @@
 checkpoint.
 
 OpenAI-ES (Salimans et al., 2017) on the flattened params of
-``jaxmesh.zoo.playground_cartpole.MLP``, as ``jaxmesh.zoo.train_cartpole`` does
-for gymnax CartPole: each generation draws ``population / 2`` Gaussian
-directions and their negatives, scores the centre and every perturbed policy
+``jaxmesh.zoo.playground_cartpole.CartpoleBalanceNet``, as
+``jaxmesh.zoo.train_cartpole`` does for gymnax CartPole: each generation draws
+``population / 2`` Gaussian directions and their negatives, scores the centre
+and every perturbed policy
 with ``jaxmesh.make_evaluator`` vmapped over them (one ``jax.jit``, the MJX
 physics inside it), turns the perturbed fitnesses into centered ranks and takes
 an Adam step along the rank-weighted directions. Fitness episodes use fresh
@@ -43,7 +44,7 @@ TRAIN_SEEDS = 3_000_000
 
 
 @dataclasses.dataclass(frozen=True)
-class ESConfig:
+class CartpoleBalanceESConfig:
     """Hyper-parameters of the ES run (the defaults produced the shipped one)."""
 
     seed: int = 0
@@ -56,7 +57,7 @@ class ESConfig:
     weight_decay: float = 0.005
 
 
-def make_trainer(cfg: ESConfig):
+def make_trainer(cfg: CartpoleBalanceESConfig):
     """Builds (initial state, jitted generation step, unravel)."""
     if cfg.population < 2 or cfg.population % 2:
         raise ValueError(
@@ -100,7 +101,7 @@ def make_trainer(cfg: ESConfig):
     return (flat0, optimizer.init(flat0)), generation, unravel
 
 
-def train(cfg: ESConfig, log=print) -> tuple[Any, dict]:
+def train(cfg: CartpoleBalanceESConfig, log=print) -> tuple[Any, dict]:
     """Runs ES and returns the best centre params (a flax params dict) and stats.
 
     The centre scored in generation g is the one before g's update, so the
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         prog="python -m jaxmesh.zoo.train_playground_cartpole",
         doc=__doc__,
-        config=ESConfig,
+        config=CartpoleBalanceESConfig,
         train=train,
         model=playground_cartpole.CartpoleMLP,
         env=ENV,

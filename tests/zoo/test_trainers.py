@@ -16,7 +16,7 @@ REF = gymnax_fns(*gymnax.make("CartPole-v1"))
 
 
 def test_the_cartpole_trainers_validation_is_the_reference_mean_return():
-    cfg = train_cartpole.ESConfig(population=2, episodes=2, valid_episodes=3)
+    cfg = train_cartpole.CartPoleESConfig(population=2, episodes=2, valid_episodes=3)
     (flat, _), _, valid_score, unravel = train_cartpole.make_trainer(cfg)
     params = unravel(flat)
     refs = [

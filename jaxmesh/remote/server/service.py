@@ -51,7 +51,7 @@ from jaxmesh.remote.server.same_host import _SameHostPath
 from jaxmesh.remote.server.sessions import _ascii, _Session
 
 
-class _Authenticate(grpc.ServerInterceptor):
+class _EnvTokenInterceptor(grpc.ServerInterceptor):
     """Refuses an EnvService call whose metadata carries no token or another
     one before any byte of its message is read: the refusal is a handler that
     never asks for the request, so an unauthenticated client holds no more of
@@ -241,7 +241,7 @@ class EnvServer(_SameHostPath):
         self._executor = executor
         server = grpc.server(
             executor,
-            interceptors=(_Authenticate(self),) if self.options.token else (),
+            interceptors=(_EnvTokenInterceptor(self),) if self.options.token else (),
             options=[
                 ("grpc.max_send_message_length", limit),
                 ("grpc.max_receive_message_length", receive),
