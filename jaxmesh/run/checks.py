@@ -195,17 +195,29 @@ def check_settings(
     """Checks every setting; a TypeError / ValueError naming the bad one.
 
     ``delay_ms`` is checked here and turned into steps once the env is known
-    (``resolve_delay_ms``).
+    (``resolve_delay_ms``). ``RunConfig`` runs the same checks in parts, each
+    once: ``check_chunking`` in ``Chunking``, ``check_layout`` in ``Layout``,
+    ``check_flat`` and ``settings_of`` in ``RunConfig``.
 
     The checks that need the policy's chunk length (``delay < h``,
     ``K >= h + delay``, an ensemble's weights) run in ``plan.plan_run``.
     """
+    num_envs, horizon, cap = check_flat(num_envs, horizon, max_episode_steps)
+    lead, delay, execution, delay_ms = check_chunking(
+        prefetch_lead, delay, execution, delay_ms
+    )
+    tile, segment_steps = check_layout(plan_tile, segment_steps)
+    return settings_of(
+        num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
+    )
+
+
+def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
+    """``RunConfig``'s own knobs: ``(num_envs, horizon, step cap)``, the cap
+    ``DEFAULT_MAX_STEPS`` for None."""
     num_envs = check_int("num_envs", num_envs, 1, "the number of parallel lanes")
     horizon = check_int(
         "horizon", horizon, 1, "actions of a chunk executed before the next plan"
-    )
-    lead = check_int(
-        "prefetch_lead", prefetch_lead, 0, "0 is synchronous; L > 0 plans L steps early"
     )
     if max_episode_steps is None:
         cap = DEFAULT_MAX_STEPS
@@ -218,6 +230,40 @@ def check_settings(
             "episode lengths are int32 on the device; or None for the built-in "
             f"limit of {DEFAULT_MAX_STEPS:,} steps",
         )
+    return num_envs, horizon, cap
+
+
+def check_chunking(
+    prefetch_lead: Any, delay: Any = 0, execution: Any = None, delay_ms: Any = None
+) -> tuple:
+    """``Chunking``'s fields and how they exclude each other: ``(lead, delay,
+    execution, delay_ms)``."""
+    lead = check_int(
+        "prefetch_lead", prefetch_lead, 0, "0 is synchronous; L > 0 plans L steps early"
+    )
+    delay = check_int(
+        "delay", delay, 0, "steps between a plan's observation and its chunk's start"
+    )
+    execution = check_execution(execution)
+    delay_ms = check_delay_ms(delay_ms, delay)
+    if delay_ms is not None and (lead or execution is not None):
+        raise ValueError(
+            f"delay_ms={delay_ms:g} with prefetch_lead={lead}, execution="
+            f"{execution!r}: a delay replays chunks planned before they play; "
+            "drop prefetch_lead= and execution=, or delay_ms="
+        )
+    if delay and lead:
+        raise ValueError(
+            f"delay={delay} with prefetch_lead={lead}: both say when the next chunk "
+            "is planned (a lead plays it from its first action, a delay skips the "
+            "delay's stale actions); give one of them"
+        )
+    _check_ensemble(execution, 1, delay, lead)
+    return lead, delay, execution, delay_ms
+
+
+def check_layout(plan_tile: Any, segment_steps: Any = DEFAULT_SEGMENT_STEPS) -> tuple:
+    """``Layout``'s ``(plan_tile, segment_steps)``."""
     tile = None
     if plan_tile is not None:
         tile = check_int("plan_tile", plan_tile, 1, "rows per policy call, or None")
@@ -239,23 +285,10 @@ def check_settings(
             f"{DEFAULT_SEGMENT_STEPS} (a segment also ends early when its episode "
             "log fills, so larger values gain little)"
         )
-    delay = check_int(
-        "delay", delay, 0, "steps between a plan's observation and its chunk's start"
-    )
-    execution = check_execution(execution)
-    delay_ms = check_delay_ms(delay_ms, delay)
-    if delay_ms is not None and (lead or execution is not None):
-        raise ValueError(
-            f"delay_ms={delay_ms:g} with prefetch_lead={lead}, execution="
-            f"{execution!r}: a delay replays chunks planned before they play; "
-            "drop prefetch_lead= and execution=, or delay_ms="
-        )
-    if delay and lead:
-        raise ValueError(
-            f"delay={delay} with prefetch_lead={lead}: both say when the next chunk "
-            "is planned (a lead plays it from its first action, a delay skips the "
-            "delay's stale actions); give one of them"
-        )
+    return tile, segment_steps
+
+
+def _check_ensemble(execution: Any, horizon: int, delay: int, lead: int) -> None:
     if execution is not None and (delay or lead or horizon != 1):
         raise ValueError(
             f"execution={execution!r} with horizon={horizon}, delay={delay}, "
@@ -263,6 +296,23 @@ def check_settings(
             "averages the chunks that cover it; drop horizon=, delay= and "
             "prefetch_lead="
         )
+
+
+def settings_of(
+    num_envs: int,
+    horizon: int,
+    lead: int,
+    cap: int,
+    tile: int | None,
+    segment_steps: int,
+    delay: int = 0,
+    execution: Any = None,
+    delay_ms: float | None = None,
+) -> Settings:
+    """The ``Settings`` of values each checked on its own (``check_flat``,
+    ``check_chunking``, ``check_layout``): what they say together (an
+    ensemble with a horizon) is checked here."""
+    _check_ensemble(execution, horizon, delay, lead)
     return Settings(
         num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
     )

@@ -77,15 +77,15 @@ class Chunking:
     execution: Any = None
 
     def __post_init__(self) -> None:
-        # horizon=1 here: the horizon's own checks are RunConfig's.
-        s = checks.check_settings(
-            1, 1, self.prefetch_lead, None, None, DEFAULT_SEGMENT_STEPS,
-            self.delay, self.execution, self.delay_ms,
-        )  # fmt: skip
-        object.__setattr__(self, "prefetch_lead", s.prefetch_lead)
-        object.__setattr__(self, "delay", s.delay)
-        object.__setattr__(self, "delay_ms", s.delay_ms)
-        object.__setattr__(self, "execution", s.execution)
+        # The horizon's own checks (an ensemble with horizon > 1) are
+        # RunConfig's.
+        checked = checks.check_chunking(
+            self.prefetch_lead, self.delay, self.execution, self.delay_ms
+        )
+        for name, value in zip(
+            ("prefetch_lead", "delay", "execution", "delay_ms"), checked, strict=True
+        ):
+            object.__setattr__(self, name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,9 +299,9 @@ class Layout:
     devices: Any = None
 
     def __post_init__(self) -> None:
-        s = checks.check_settings(1, 1, 0, None, self.plan_tile, self.segment_steps)
-        object.__setattr__(self, "plan_tile", s.plan_tile)
-        object.__setattr__(self, "segment_steps", s.segment_steps)
+        tile, steps = checks.check_layout(self.plan_tile, self.segment_steps)
+        object.__setattr__(self, "plan_tile", tile)
+        object.__setattr__(self, "segment_steps", steps)
 
 
 #: Where each group's fields live: ``RunConfig``'s attribute -> its class.
@@ -374,12 +374,17 @@ class RunConfig:
                     f"{name}={value!r}: expected a jaxmesh.{cls.__name__} "
                     f"(e.g. {name}=jaxmesh.{cls.__name__}(...))"
                 )
+        # The flat knobs' checks and what they say with the groups' (checked
+        # in their constructors), once.
         c, lay = self.chunking, self.layout
-        s = checks.check_settings(
-            self.num_envs, self.horizon, c.prefetch_lead, self.max_episode_steps,
-            lay.plan_tile, lay.segment_steps, c.delay, c.execution, c.delay_ms,
+        n, h, cap = checks.check_flat(
+            self.num_envs, self.horizon, self.max_episode_steps
+        )
+        s = checks.settings_of(
+            n, h, c.prefetch_lead, cap, lay.plan_tile, lay.segment_steps,
+            c.delay, c.execution, c.delay_ms,
         )  # fmt: skip
-        object.__setattr__(self, "_settings", s)  # the cross-field checks, once
+        object.__setattr__(self, "_settings", s)
         object.__setattr__(self, "num_envs", s.num_envs)
         object.__setattr__(self, "horizon", s.horizon)
         seconds = backend.positive_seconds(
