@@ -142,6 +142,20 @@ def test_gymnasium_env_checked_once(calls):
     _once(calls, resolve=0)
 
 
+def test_make_evaluator_checked_once(calls):
+    config = jaxmesh.RunConfig(
+        num_envs=2,
+        max_episode_steps=5,
+        scoring=jaxmesh.Scoring(metrics=None, success=False),
+    )
+    run = jaxmesh.make_evaluator(
+        lambda params, obs: jnp.int32(0), "gymnax:CartPole-v1", config, episodes=3
+    )
+    assert run(None).returns.shape == (3,)
+    assert calls["check_metrics"] == 1, dict(calls)
+    assert calls["check_settings"] == 0, dict(calls)
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="jaxmesh eval checks metrics= and success_mode= for form "
