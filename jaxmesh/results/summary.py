@@ -20,7 +20,6 @@ import numpy as np
 
 from jaxmesh import text as _text
 from jaxmesh.results import stats as _stats
-from jaxmesh.run import telemetry as _telemetry
 
 #: The columns of a telemetry series (``RunResult.telemetry``), in order.
 STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
@@ -462,12 +461,32 @@ def short_env(env: str) -> str:
     return rest if rest != env and rest.startswith(_GYMNASIUM_FAMILIES) else env
 
 
+#: The telemetry series that are not times (``jaxmesh.run.telemetry``): a
+#: flag prints as the share of samples that were 1, an event as its count.
+UNITS = {
+    "request_bytes": "bytes",
+    "reply_bytes": "bytes",
+    "transport_shm": "flag",
+    "worker_lost": "count",
+    "server_lost": "count",
+    "server_rejoined": "count",
+}
+
+
+def unit(name: str) -> str:
+    """The unit of series ``name``: ``"s"`` (seconds) unless ``UNITS`` or a
+    ``_bytes`` suffix says ``"bytes"``, ``"flag"`` or ``"count"``."""
+    if name in UNITS:
+        return UNITS[name]
+    return "bytes" if name.endswith("_bytes") else "s"
+
+
 def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
     """One telemetry series' cells under ``STAT_NAMES``: times in
     milliseconds, sizes in bytes; a flag (``transport_shm``) as the share of
     its samples that were 1, an event series (``worker_lost``) as its count
-    alone (``jaxmesh.run.telemetry.UNITS``)."""
-    kind = _telemetry.unit(str(name))
+    alone (``UNITS``)."""
+    kind = unit(str(name))
     count = f"{int(s['count']):,}"
     if kind == "flag":
         return [count, f"{s['mean']:.0%} yes", "", "", ""]
@@ -500,4 +519,6 @@ __all__ = [
     "short_env",
     "mode_text",
     "STAT_NAMES",
+    "UNITS",
+    "unit",
 ]

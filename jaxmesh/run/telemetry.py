@@ -18,8 +18,8 @@ prints them). Series a served run records (seconds unless the name says bytes):
 - ``worker_lost``, ``server_lost``, ``server_rejoined``: events, one sample
   of 1 each.
 
-``UNITS`` says which series are not times; a table prints a flag as the share
-of samples that were 1 and an event series as its count, never as seconds.
+Not every series is a time: ``jaxmesh.results.summary.UNITS`` says which are
+sizes, flags or event counts, and how a table prints them.
 
 An in-process run records ``predict`` and ``env_step`` (the gymnasium calls).
 
@@ -46,24 +46,6 @@ TRACE_NAMES = {
 
 #: Series that are not times (seconds): ``"bytes"``, ``"flag"`` (0 or 1 per
 #: sample) or ``"count"`` (one sample per event). ``unit`` reads it.
-UNITS = {
-    "request_bytes": "bytes",
-    "reply_bytes": "bytes",
-    "transport_shm": "flag",
-    "worker_lost": "count",
-    "server_lost": "count",
-    "server_rejoined": "count",
-}
-
-
-def unit(name: str) -> str:
-    """The unit of series ``name``: ``"s"`` (seconds) unless ``UNITS`` or a
-    ``_bytes`` suffix says ``"bytes"``, ``"flag"`` or ``"count"``."""
-    if name in UNITS:
-        return UNITS[name]
-    return "bytes" if name.endswith("_bytes") else "s"
-
-
 class Telemetry:
     """Samples per series, in the order they were recorded."""
 
@@ -113,4 +95,4 @@ class Telemetry:
         return out
 
 
-__all__ = ["Telemetry", "UNITS", "unit"]
+__all__ = ["Telemetry"]
