@@ -185,6 +185,41 @@ def pump(take: Callable[[], Any], put: Callable[[Any], None]) -> None:
             return
 
 
+def next_reply(
+    replies: queue.Queue,
+    reply_timeout: float | None,
+    address: str,
+    on_timeout: Callable[[], None],
+) -> Any:
+    """The next reply a reader thread handed to ``replies`` (as ``(_, item)``),
+    for both transports' ``receive``.
+
+    Calls ``on_timeout`` (the caller marks its session broken, so that
+    ``close`` does not wait) and raises when none comes within
+    ``reply_timeout`` seconds (None: no limit). An exception the reader handed
+    over is raised and put back, so every later call fails the same way.
+
+    Raises:
+      jaxmesh.RemoteConnectionError: no reply within ``reply_timeout``
+        (code ``DEADLINE_EXCEEDED``).
+      BaseException: the one the reader handed over.
+    """
+    try:
+        _, item = replies.get(timeout=reply_timeout)
+    except queue.Empty:
+        on_timeout()
+        raise RemoteConnectionError(
+            f"no reply from the jaxmesh env server at {address} within "
+            f"{reply_timeout} s (reply_timeout); the env may hang",
+            address=address,
+            code="DEADLINE_EXCEEDED",
+        ) from None
+    if isinstance(item, BaseException):
+        replies.put((None, item))
+        raise item
+    return item
+
+
 class ServerInfo(NamedTuple):
     """What the handshake told: the env's spaces, lanes and options."""
 
@@ -453,21 +488,11 @@ class Connection:
             if isinstance(item, BaseException):
                 raise item
             return item
-        try:
-            item = self._replies.get(timeout=self.reply_timeout)
-        except queue.Empty:
-            self._broken = True  # the server hangs: close() will not wait
-            raise RemoteConnectionError(
-                f"no reply from the jaxmesh env server at {self.address} within "
-                f"{self.reply_timeout} s (reply_timeout); the env may hang",
-                address=self.address,
-                code="DEADLINE_EXCEEDED",
-            ) from None
-        _, item = item
-        if isinstance(item, BaseException):
-            self._replies.put((None, item))  # every later receive fails the same way
-            raise item
-        return item
+        return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
+
+    def _hangs(self) -> None:
+        """No reply came in time: the server hangs, so close() will not wait."""
+        self._broken = True
 
     def close(
         self,

@@ -60,7 +60,7 @@ import numpy as np
 from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
-from jaxmesh.remote.client import pump
+from jaxmesh.remote.client import next_reply, pump
 
 #: Ring slots of observation rows: calls a client may have in flight before it
 #: waits for the oldest reply to be read.
@@ -690,20 +690,11 @@ class ShmStream:
                 self._early.appendleft(item)
                 raise item
             return item
-        try:
-            _, item = self._replies.get(timeout=self.reply_timeout)
-        except queue.Empty:
-            self._broken = True
-            raise RemoteConnectionError(
-                f"no reply from the jaxmesh env server at {self.address} within "
-                f"{self.reply_timeout} s (reply_timeout); the env may hang",
-                address=self.address,
-                code="DEADLINE_EXCEEDED",
-            ) from None
-        if isinstance(item, BaseException):
-            self._replies.put((None, item))
-            raise item
-        return item
+        return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
+
+    def _hangs(self) -> None:
+        """No reply came in time: the server hangs, so close() will not wait."""
+        self._broken = True
 
     def close(self, timeout: float = 5.0, grace: float = 0.5) -> None:
         """Ends the session (idempotent): the server answers what is in flight
