@@ -533,7 +533,7 @@ def _task_row(name: str, env: str, stats: dict) -> dict[str, Any]:
     }
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class SuiteResult:
     """The result of ``jaxmesh.evaluate(policy, suite)``.
 

@@ -272,7 +272,7 @@ _ARRAYS = {
 }
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class RunResult:
     """A run's results, arrays ordered by episode index.
 
@@ -391,6 +391,22 @@ class RunResult:
     #: earlier part's run time is not known when it was stopped). None: not
     #: resumed.
     resumed_part: dict | None = None
+    # Of a result read by ``from_dict`` (``load_results`` adds the file):
+    # the ``recorded`` index it held, written back by ``to_dict`` while
+    # ``trajectories`` is None; its ``record_issues``; the file it was read
+    # from and each episode entry's line there, so that ``resume=`` names a
+    # refused entry by its line. Declared, as every attribute is (the class
+    # has slots: setting an undeclared one raises AttributeError).
+    _recorded_meta: list | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+    _record_issues: list[tuple[int, int, str]] = dataclasses.field(
+        default_factory=list, repr=False, compare=False
+    )
+    _source: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    _record_lines: list[int] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def from_results(
@@ -656,7 +672,7 @@ class RunResult:
     @property
     def _recorded(self) -> list | None:
         if self.trajectories is None:
-            return getattr(self, "_recorded_meta", None)
+            return self._recorded_meta
         return [
             {
                 "episode": tr.episode,
@@ -742,7 +758,7 @@ class RunResult:
         entry that repeats one exactly is listed with ``what`` ``"same"``.
         ``resume=`` refuses a result with any but ``"same"``. Empty for a
         result built otherwise."""
-        return list(getattr(self, "_record_issues", []))
+        return list(self._record_issues)
 
     @classmethod
     def from_dict(cls, d: dict) -> RunResult:
@@ -841,11 +857,11 @@ class RunResult:
                 fingerprint=d.get("fingerprint"),
                 provenance=d.get("provenance"),
                 resumed_part=totals.get("resumed_part"),
+                # The arrays live in an .npz file (load_trajectories); their
+                # index is kept so that to_dict() writes it back.
+                _recorded_meta=d.get("recorded"),
+                _record_issues=_record_issues(episodes, d.get("fingerprint")),
             )
-            # The arrays live in an .npz file (load_trajectories); their index
-            # is kept so that to_dict() writes it back.
-            result._recorded_meta = d.get("recorded")
-            result._record_issues = _record_issues(episodes, d.get("fingerprint"))
             return result
         except (KeyError, TypeError, ValueError) as e:
             what = f"key {e}" if isinstance(e, KeyError) else str(e)

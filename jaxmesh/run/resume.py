@@ -223,8 +223,7 @@ def missing_episodes(
 def _where(done: RunResult, position: int) -> str:
     """Where entry ``position`` of a result read from a file was: its file and
     line when known, else its place in the result's episodes."""
-    lines = getattr(done, "_record_lines", None)
-    source = getattr(done, "_source", None)
+    lines, source = done._record_lines, done._source
     if source is not None and lines is not None and position < len(lines):
         return f"{source}:{lines[position]}"
     return f"episodes[{position}]"
@@ -267,17 +266,17 @@ def _select(r: RunResult, keep: np.ndarray) -> RunResult:
         kind: None if getattr(r, kind) is None else np.asarray(getattr(r, kind))[keep]
         for kind in (*SUCCESS_KINDS, "success")
     }
-    out = dataclasses.replace(
+    return dataclasses.replace(
         r,
         indices=np.asarray(r.indices)[keep],
         **per,
         **kinds,
         metrics={k: np.asarray(v)[keep] for k, v in r.metrics.items()},
+        # Its file and ``recorded`` index stay; the issues and lines were of
+        # the entries before the selection.
+        _record_issues=[],
+        _record_lines=None,
     )
-    for attr in ("_source", "_recorded_meta"):
-        if hasattr(r, attr):
-            setattr(out, attr, getattr(r, attr))
-    return out
 
 
 def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
@@ -887,7 +886,6 @@ def load_results(path: Any) -> RunResult:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     result = RunResult.from_dict(json.loads(text))
-    result._source = path
     # Each entry's line: where its "index" key is, in order, after "episodes".
     start = text.find('"episodes"')
     lines = []
@@ -898,8 +896,7 @@ def load_results(path: Any) -> RunResult:
             if pos < 0:
                 break
             lines.append(text.count("\n", 0, pos) + 1)
-    result._record_lines = lines
-    return result
+    return dataclasses.replace(result, _source=path, _record_lines=lines)
 
 
 __all__ = [
