@@ -359,6 +359,7 @@ def test_trainer_names_its_extra_when_optax_is_missing(monkeypatch):
     # optax is declared in [train] only, so a plain install must say what to do.
     monkeypatch.setitem(sys.modules, "optax", None)  # None: "import optax" fails
     monkeypatch.delitem(sys.modules, "jaxmesh.zoo.train_cartpole", raising=False)
+    monkeypatch.delitem(sys.modules, "jaxmesh.zoo.es", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'jaxmesh\[train\]'"):
         importlib.import_module("jaxmesh.zoo.train_cartpole")
 

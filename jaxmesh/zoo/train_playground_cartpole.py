@@ -27,15 +27,13 @@ import sys
 import time
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 import jaxmesh
 from jaxmesh.envs import make_env
 from jaxmesh.zoo import playground_cartpole
-from jaxmesh.zoo.train_cartpole import centered_ranks, optax, run_cli
+from jaxmesh.zoo.es import flat_policy, make_generation, run_cli
 
 ENV = "playground:CartpoleBalance"
 #: Fitness seeds are TRAIN_SEEDS + generation * episodes + i: disjoint from
@@ -59,15 +57,9 @@ class CartpoleBalanceESConfig:
 
 def make_trainer(cfg: CartpoleBalanceESConfig):
     """Builds (initial state, jitted generation step, unravel)."""
-    if cfg.population < 2 or cfg.population % 2:
-        raise ValueError(
-            f"population={cfg.population}: expected an even int >= 2 (antithetic pairs)"
-        )
-    params0 = playground_cartpole.init(jax.random.PRNGKey(cfg.seed))
-    flat0, unravel = ravel_pytree(params0)
-
-    def policy(flat: jax.Array, obs: jax.Array) -> jax.Array:
-        return playground_cartpole.apply(unravel(flat), obs)
+    flat0, unravel, policy = flat_policy(
+        playground_cartpole.init, playground_cartpole.apply, cfg
+    )
 
     env = make_env(ENV, config_overrides={"episode_length": cfg.episode_length})
     # One lane and one plan row per episode: every call is a single tile.
@@ -79,26 +71,10 @@ def make_trainer(cfg: CartpoleBalanceESConfig):
         seeds=range(TRAIN_SEEDS, TRAIN_SEEDS + cfg.episodes),
         layout=jaxmesh.Layout(plan_tile=cfg.episodes),
     )
-    optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
-    key0 = jax.random.PRNGKey(cfg.seed)
-
-    @jax.jit
-    def generation(flat, opt_state, gen):
-        half = jax.random.normal(
-            jax.random.fold_in(key0, gen), (cfg.population // 2, flat.size)
-        )
-        eps = jnp.concatenate([half, -half])
-        seeds = TRAIN_SEEDS + gen * cfg.episodes + jnp.arange(cfg.episodes)
-        members = jnp.concatenate([flat[None], flat + cfg.sigma * eps])
-        returns = jax.vmap(fitness, in_axes=(0, None))(members, seeds).returns
-        score = returns.mean(axis=1)
-        centre, score = score[0], score[1:]
-        # Gradient ascent on the rank-weighted directions; optax minimises.
-        grad = -(centered_ranks(score) @ eps) / (cfg.population * cfg.sigma)
-        updates, new_state = optimizer.update(grad, opt_state, flat)
-        return optax.apply_updates(flat, updates), new_state, centre, score
-
-    return (flat0, optimizer.init(flat0)), generation, unravel
+    init_state, generation = make_generation(
+        fitness, cfg, TRAIN_SEEDS, score_centre=True
+    )
+    return (flat0, init_state(flat0)), generation, unravel
 
 
 def train(cfg: CartpoleBalanceESConfig, log=print) -> tuple[Any, dict]:

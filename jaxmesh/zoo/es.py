@@ -1,0 +1,149 @@
+"""OpenAI-ES (Salimans et al., 2017) on a policy's flattened params, shared by
+the zoo's trainers (``train_cartpole``, ``train_playground_cartpole``).
+
+Each generation draws ``population / 2`` Gaussian directions and their
+negatives (antithetic sampling), scores every perturbed policy with a
+``jaxmesh.make_evaluator`` function vmapped over the members (one
+``jax.jit``), turns the fitnesses into centered ranks and takes an AdamW step
+along the rank-weighted directions. A trainer chooses its env, its seeds,
+whether the centre is scored with the members, and how it validates and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+import jaxmesh
+from jaxmesh.checkpoint import save_params
+
+try:
+    import optax
+except ImportError as e:
+    raise ImportError(
+        f"the CartPole trainer needs optax ({e}), which jaxmesh installs only "
+        "with its [train] extra: pip install 'jaxmesh[train]' (make train uses "
+        "a venv that has it)"
+    ) from e
+
+
+def centered_ranks(x: jax.Array) -> jax.Array:
+    """Ranks of ``x`` mapped linearly onto [-0.5, 0.5] (ties by position)."""
+    ranks = jnp.argsort(jnp.argsort(x)).astype(jnp.float32)
+    return ranks / (x.shape[0] - 1) - 0.5
+
+
+def flat_policy(init: Callable, apply: Callable, cfg: Any):
+    """Checks ``cfg.population`` and flattens ``init``'s params (from
+    ``cfg.seed``): returns (flat params, unravel, ``policy(flat, obs)``)."""
+    if cfg.population < 2 or cfg.population % 2:
+        raise ValueError(
+            f"population={cfg.population}: expected an even int >= 2 (antithetic pairs)"
+        )
+    flat0, unravel = ravel_pytree(init(jax.random.PRNGKey(cfg.seed)))
+
+    def policy(flat: jax.Array, obs: jax.Array) -> jax.Array:
+        return apply(unravel(flat), obs)
+
+    return flat0, unravel, policy
+
+
+def make_generation(
+    fitness: Callable, cfg: Any, train_seeds: int, *, score_centre: bool
+):
+    """Builds (initial optimizer state of ``flat0``'s shape, jitted generation).
+
+    ``generation(flat, opt_state, gen)`` returns (updated flat, opt_state,
+    the centre's score or None, the members' scores); fitness episodes are
+    ``train_seeds + gen * cfg.episodes + i``. With ``score_centre`` the
+    centre (before the update) is scored in the same vmapped call.
+    """
+    optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
+    key0 = jax.random.PRNGKey(cfg.seed)
+
+    @jax.jit
+    def generation(flat, opt_state, gen):
+        half = jax.random.normal(
+            jax.random.fold_in(key0, gen), (cfg.population // 2, flat.size)
+        )
+        eps = jnp.concatenate([half, -half])
+        seeds = train_seeds + gen * cfg.episodes + jnp.arange(cfg.episodes)
+        members = flat + cfg.sigma * eps
+        if score_centre:
+            members = jnp.concatenate([flat[None], members])
+        returns = jax.vmap(fitness, in_axes=(0, None))(members, seeds).returns
+        score = returns.mean(axis=1)
+        centre = None
+        if score_centre:
+            centre, score = score[0], score[1:]
+        # Gradient ascent on the rank-weighted directions; optax minimises.
+        grad = -(centered_ranks(score) @ eps) / (cfg.population * cfg.sigma)
+        updates, opt_state = optimizer.update(grad, opt_state, flat)
+        return optax.apply_updates(flat, updates), opt_state, centre, score
+
+    return optimizer.init, generation
+
+
+def run_cli(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    doc: str,
+    config: type,
+    train: Any,
+    model: type,
+    env: Any,
+    eval_episodes: int,
+    eval_lanes: int,
+) -> int:
+    """The command line of a zoo trainer: ``--out`` and one flag per field of
+    the ``config`` dataclass, train, save the weights where ``model`` reads
+    them, then score the saved checkpoint on ``--eval-episodes`` seeds
+    ``0..N-1`` (unseen in training)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=model.DEFAULT_PATH,
+        help="checkpoint directory to write (replaced if it exists); default: the "
+        "checkpoint shipped in the package",
+    )
+    defaults = config()
+    for f in dataclasses.fields(config):
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=type(getattr(defaults, f.name)),
+            default=getattr(defaults, f.name),
+        )
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=eval_episodes,
+        help="episodes (seeds 0..N-1, unseen in training) scored after training",
+    )
+    args = parser.parse_args(argv)
+    cfg = config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
+    params, stats = train(cfg)
+    out = save_params(args.out, params, overwrite=True)
+    # orbax's commit marker records the absolute path written to (a machine
+    # path, in a checkpoint shipped in the repository); restoring a local
+    # checkpoint does not read it.
+    (Path(out) / "commit_success.txt").unlink(missing_ok=True)
+    print(f"trained in {stats['train_seconds']:.1f} s: {stats}")
+    print(f"saved {out}")
+    if args.eval_episodes:
+        result = jaxmesh.evaluate(
+            model.from_config(checkpoint=str(out)),
+            env,
+            episodes=args.eval_episodes,
+            num_envs=min(eval_lanes, args.eval_episodes),
+        )
+        print(result.summary())
+    return 0
