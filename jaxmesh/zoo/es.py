@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import jaxmesh
@@ -89,6 +91,53 @@ def make_generation(
         return optax.apply_updates(flat, updates), opt_state, centre, score
 
     return optimizer.init, generation
+
+
+def run_generations(
+    generation: Callable,
+    flat: jax.Array,
+    opt_state: Any,
+    generations: int,
+    *,
+    judge: Callable,
+    label: str,
+    stat: str,
+    log: Callable,
+    target: float = np.inf,
+    patience: int | None = None,
+) -> tuple[jax.Array, dict]:
+    """Runs ``generations`` ES generations and keeps the best centre.
+
+    ``judge(before, after, centre)`` says which flat params a generation
+    offers and their score (logged as ``label``, kept as ``stats[stat]``); with
+    ``patience``, the run stops once that many scores in a row reach
+    ``target``. Returns (the best flat params, stats).
+    """
+    best_flat, best, best_gen, streak = flat, -np.inf, -1, 0
+    t0 = time.perf_counter()
+    gens_run = 0
+    for gen in range(generations):
+        new_flat, opt_state, centre, score = generation(flat, opt_state, jnp.int32(gen))
+        offered, value = judge(flat, new_flat, centre)
+        flat = new_flat
+        gens_run = gen + 1
+        if value >= best:
+            best_flat, best, best_gen = offered, value, gen
+        streak = streak + 1 if value >= target else 0
+        log(
+            f"gen {gen:4d}  population mean {float(score.mean()):6.1f}  max "
+            f"{float(score.max()):6.1f}  {label} {value:6.1f}  "
+            f"({time.perf_counter() - t0:6.1f} s)"
+        )
+        if patience is not None and streak >= patience:
+            break
+    stats = {
+        "generations": gens_run,
+        "best_generation": best_gen,
+        stat: best,
+        "train_seconds": time.perf_counter() - t0,
+    }
+    return best_flat, stats
 
 
 def run_cli(

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 import jaxmesh
 from jaxmesh.zoo import cartpole
-from jaxmesh.zoo.es import flat_policy, make_generation, run_cli
+from jaxmesh.zoo.es import flat_policy, make_generation, run_cli, run_generations
 
 ENV = "gymnax:CartPole-v1"
 MAX_RETURN = 500.0
@@ -88,29 +85,18 @@ def make_trainer(cfg: CartPoleESConfig):
 def train(cfg: CartPoleESConfig, log=print) -> tuple[Any, dict]:
     """Runs ES and returns the best centre params (a flax params dict) and stats."""
     (flat, opt_state), generation, valid_score, unravel = make_trainer(cfg)
-    best_flat, best_valid, best_gen, streak = flat, -np.inf, -1, 0
-    t0 = time.perf_counter()
-    gens_run = 0
-    for gen in range(cfg.generations):
-        flat, opt_state, _, score = generation(flat, opt_state, jnp.int32(gen))
-        valid = float(valid_score(flat))
-        gens_run = gen + 1
-        if valid >= best_valid:
-            best_flat, best_valid, best_gen = flat, valid, gen
-        streak = streak + 1 if valid >= MAX_RETURN else 0
-        log(
-            f"gen {gen:4d}  population mean {float(score.mean()):6.1f}  max "
-            f"{float(score.max()):6.1f}  centre valid {valid:6.1f}  "
-            f"({time.perf_counter() - t0:6.1f} s)"
-        )
-        if streak >= cfg.patience:
-            break
-    stats = {
-        "generations": gens_run,
-        "best_generation": best_gen,
-        "best_valid_return": best_valid,
-        "train_seconds": time.perf_counter() - t0,
-    }
+    best_flat, stats = run_generations(
+        generation,
+        flat,
+        opt_state,
+        cfg.generations,
+        judge=lambda before, after, centre: (after, float(valid_score(after))),
+        label="centre valid",
+        stat="best_valid_return",
+        log=log,
+        target=MAX_RETURN,
+        patience=cfg.patience,
+    )
     return unravel(best_flat), stats
 
 

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from typing import Any
-
-import jax.numpy as jnp
-import numpy as np
 
 import jaxmesh
 from jaxmesh.envs import make_env
 from jaxmesh.zoo import playground_cartpole
-from jaxmesh.zoo.es import flat_policy, make_generation, run_cli
+from jaxmesh.zoo.es import flat_policy, make_generation, run_cli, run_generations
 
 ENV = "playground:CartpoleBalance"
 #: Fitness seeds are TRAIN_SEEDS + generation * episodes + i: disjoint from
@@ -84,25 +80,16 @@ def train(cfg: CartpoleBalanceESConfig, log=print) -> tuple[Any, dict]:
     best is kept from the scores as they come.
     """
     (flat, opt_state), generation, unravel = make_trainer(cfg)
-    best_flat, best_score, best_gen = flat, -np.inf, -1
-    t0 = time.perf_counter()
-    for gen in range(cfg.generations):
-        new_flat, opt_state, centre, score = generation(flat, opt_state, jnp.int32(gen))
-        centre = float(centre)
-        if centre >= best_score:
-            best_flat, best_score, best_gen = flat, centre, gen
-        flat = new_flat
-        log(
-            f"gen {gen:4d}  population mean {float(score.mean()):6.1f}  max "
-            f"{float(score.max()):6.1f}  centre {centre:6.1f}  "
-            f"({time.perf_counter() - t0:6.1f} s)"
-        )
-    stats = {
-        "generations": cfg.generations,
-        "best_generation": best_gen,
-        "best_centre_return": best_score,
-        "train_seconds": time.perf_counter() - t0,
-    }
+    best_flat, stats = run_generations(
+        generation,
+        flat,
+        opt_state,
+        cfg.generations,
+        judge=lambda before, after, centre: (before, float(centre)),
+        label="centre",
+        stat="best_centre_return",
+        log=log,
+    )
     return unravel(best_flat), stats
 
 

@@ -98,3 +98,58 @@ def test_flat_policy_applies_the_unravelled_params():
     obs = jnp.array([1.0, -3.0])
     np.testing.assert_allclose(np.asarray(policy(flat0, obs)), [-3.0, -3.0])
     np.testing.assert_allclose(np.asarray(policy(flat0 * 0, obs)), [0.0, 0.0])
+
+
+def scripted(centres):
+    """A generation step whose centre moves +1 a generation and scores
+    ``centres[gen]``; members score 0..3."""
+
+    def generation(flat, opt_state, gen):
+        return flat + 1.0, opt_state, jnp.float32(centres[int(gen)]), jnp.arange(4.0)
+
+    return generation
+
+
+def test_run_generations_keeps_the_best_offered_params_and_stops_on_patience():
+    logged = []
+    best, stats = es.run_generations(
+        scripted([1.0, 5.0, 9.0, 9.0, 2.0, 7.0]),
+        jnp.zeros(2),
+        None,
+        6,
+        judge=lambda before, after, centre: (before, float(centre)),
+        label="centre",
+        stat="best_centre_return",
+        log=logged.append,
+        target=9.0,
+        patience=2,
+    )
+    # Generations 2 and 3 reach the target: the run stops after 4; the last
+    # best (ties kept later) is generation 3's centre, before its update: 3.
+    np.testing.assert_array_equal(np.asarray(best), [3.0, 3.0])
+    assert {k: v for k, v in stats.items() if k != "train_seconds"} == {
+        "generations": 4,
+        "best_generation": 3,
+        "best_centre_return": 9.0,
+    }
+    assert len(logged) == 4
+    assert logged[1].startswith(
+        "gen    1  population mean    1.5  max    3.0  centre    5.0"
+    )
+
+
+def test_run_generations_without_patience_runs_them_all_and_judges_after():
+    best, stats = es.run_generations(
+        scripted([9.0, 9.0, 9.0]),
+        jnp.zeros(1),
+        None,
+        3,
+        judge=lambda before, after, centre: (after, -float(after[0])),
+        label="valid",
+        stat="best_valid_return",
+        log=lambda line: None,
+    )
+    # Scores -1, -2, -3 of the params after each update: the first is best.
+    np.testing.assert_array_equal(np.asarray(best), [1.0])
+    assert stats["generations"] == 3
+    assert (stats["best_generation"], stats["best_valid_return"]) == (0, -1.0)
