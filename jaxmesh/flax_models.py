@@ -29,7 +29,7 @@ one key per row: ``model.predict_batch(obs, keys)`` with ``keys`` of shape
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import jax
 
@@ -124,30 +124,45 @@ def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
     return cls
 
 
+class FlaxOptions(TypedDict, total=False):
+    """The keywords ``from_nnx`` and ``from_linen`` share (see ``from_nnx``'s
+    Args); their defaults are ``_build``'s."""
+
+    native_chunk: int | None
+    spec: Mapping[str, adapt.Input] | None
+    name: str | None
+    device: Any
+    batched: bool
+    stochastic: bool
+    postprocess: Callable[[Any], Any] | None
+
+
+def _check_options(caller: str, options: FlaxOptions) -> None:
+    """Refuses a keyword ``caller`` does not take, in Python's own words."""
+    for key in options:
+        if key not in FlaxOptions.__annotations__:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {key!r}")
+
+
 def _build(
-    forward: Forward,
-    params: Any,
-    *,
-    batched: bool,
-    stochastic: bool,
-    native_chunk: int | None,
-    spec: Mapping[str, adapt.Input] | None,
-    name: str,
-    device: Any,
-    postprocess: Callable[[Any], Any] | None,
+    forward: Forward, params: Any, module: Any, options: FlaxOptions
 ) -> FlaxModel:
+    """The model of ``forward`` and ``params`` with ``options`` (checked by
+    ``_check_options``), named after ``module``'s class unless ``name`` is
+    given."""
+    native_chunk = options.get("native_chunk")
     corner = "predict_chunk" if native_chunk is not None else "predict"
-    if batched:
+    if options.get("batched", True):
         corner += "_batch"
-    cls = _model_class(corner, stochastic)
+    cls = _model_class(corner, options.get("stochastic", False))
     return cls(
         forward,
         params,
-        postprocess=postprocess,
+        postprocess=options.get("postprocess"),
         native_chunk=native_chunk,
-        spec=spec,
-        name=name,
-        device=device,
+        spec=options.get("spec"),
+        name=options.get("name") or type(module).__name__,
+        device=options.get("device"),
     )
 
 
@@ -161,14 +176,8 @@ def from_nnx(
     module: Any,
     *,
     params: Any = None,
-    native_chunk: int | None = None,
-    spec: Mapping[str, adapt.Input] | None = None,
-    name: str | None = None,
-    device: Any = None,
-    batched: bool = True,
-    stochastic: bool = False,
-    postprocess: Callable[[Any], Any] | None = None,
     trainable: Any = None,
+    **options: Unpack[FlaxOptions],
 ) -> FlaxModel:
     """A model from a flax NNX module.
 
@@ -199,6 +208,7 @@ def from_nnx(
     Returns:
       A ``jaxmesh.Model``.
     """
+    _check_options("from_nnx", options)
     from flax import nnx
 
     if not isinstance(module, nnx.Module):
@@ -219,31 +229,15 @@ def from_nnx(
         net = nnx.merge(graphdef, params, rest)
         return net(obs) if key is None else net(obs, key)
 
-    return _build(
-        forward,
-        params,
-        batched=batched,
-        stochastic=stochastic,
-        native_chunk=native_chunk,
-        spec=spec,
-        name=name or type(module).__name__,
-        device=device,
-        postprocess=postprocess,
-    )
+    return _build(forward, params, module, options)
 
 
 def from_linen(
     module: Any,
     params: Any,
     *,
-    native_chunk: int | None = None,
-    spec: Mapping[str, adapt.Input] | None = None,
-    name: str | None = None,
-    device: Any = None,
-    batched: bool = True,
-    stochastic: bool = False,
-    postprocess: Callable[[Any], Any] | None = None,
     method: str | Callable | None = None,
+    **options: Unpack[FlaxOptions],
 ) -> FlaxModel:
     """A model from a flax linen module and its params.
 
@@ -261,6 +255,7 @@ def from_linen(
     Returns:
       A ``jaxmesh.Model``.
     """
+    _check_options("from_linen", options)
     if params is None:
         raise ValueError(
             f"from_linen({type(module).__name__}): params is None; pass the "
@@ -271,17 +266,7 @@ def from_linen(
         args = (obs,) if key is None else (obs, key)
         return module.apply(params, *args, method=method)
 
-    return _build(
-        forward,
-        params,
-        batched=batched,
-        stochastic=stochastic,
-        native_chunk=native_chunk,
-        spec=spec,
-        name=name or type(module).__name__,
-        device=device,
-        postprocess=postprocess,
-    )
+    return _build(forward, params, module, options)
 
 
 __all__ = ["from_nnx", "from_linen", "FlaxModel"]

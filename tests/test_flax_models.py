@@ -185,3 +185,31 @@ def test_bad_modules():
         from_nnx(None)
     with pytest.raises(ValueError, match="params is None"):
         from_linen(LinenChunker(), None)
+
+
+def test_both_builders_share_their_options_and_defaults():
+    net = NnxMLP(nnx.Rngs(0))
+    linen = LinenChunker()
+    params = linen.init(jax.random.PRNGKey(0), jnp.zeros(4))
+    # Defaults: batched, deterministic, named after the module's class.
+    nnx_model = from_nnx(net)
+    assert nnx_model.corners() == ("predict_batch",)
+    assert (nnx_model.describe()["name"], nnx_model.stochastic) == ("NnxMLP", False)
+    chunker = from_linen(linen, params, native_chunk=4, batched=False)
+    assert chunker.corners() == ("predict_chunk",)
+    assert chunker.describe()["name"] == "LinenChunker"
+    # A keyword neither takes is refused in Python's words, naming the builder.
+    with pytest.raises(
+        TypeError, match=r"^from_nnx\(\) got an unexpected keyword argument 'chunk'$"
+    ):
+        from_nnx(net, chunk=4)
+    with pytest.raises(
+        TypeError,
+        match=r"^from_linen\(\) got an unexpected keyword argument 'trainable'$",
+    ):
+        from_linen(linen, params, trainable=nnx.Param)
+    # As Python checks keywords first, a bad keyword is named before bad values.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk'"):
+        from_nnx(None, chunk=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk'"):
+        from_linen(linen, None, chunk=4)
