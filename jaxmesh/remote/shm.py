@@ -168,14 +168,7 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
         rest = _recv_exact(sock, _HEADER.size - 1)
         if rest is None:
             raise ConnectionResetError("the peer closed the socket mid-frame")
-        size, kind, slot = _HEADER.unpack(msg + rest)
-        if size > _CONTROL_BYTES:
-            raise codec.ProtocolError(
-                f"a frame of {size} bytes is over the {_CONTROL_BYTES} byte limit"
-            )
-        payload = _recv_exact(sock, size) if size else b""
-        if payload is None:
-            raise ConnectionResetError("the peer closed the socket mid-frame")
+        kind, slot, payload = _recv_payload(sock, msg + rest, _CONTROL_BYTES)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -210,6 +203,19 @@ def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None
     head = _recv_exact(sock, _HEADER.size)
     if head is None:
         return None
+    return _recv_payload(sock, head, limit)
+
+
+def _recv_payload(
+    sock: socket.socket, head: bytes, limit: int
+) -> tuple[int, int, bytes]:
+    """The frame ``(kind, slot, payload)`` whose header is ``head``: reads its
+    payload of at most ``limit`` bytes.
+
+    Raises:
+      OSError: the socket failed or the peer ended mid-frame;
+      codec.ProtocolError: a frame over ``limit``.
+    """
     size, kind, slot = _HEADER.unpack(head)
     if size > limit:
         raise codec.ProtocolError(
