@@ -174,6 +174,25 @@ def test_reset_fn_with_trial_index_base(reset_fn, fn_refs, num_envs):
     assert len({r.length for r in fn_refs}) > 4  # the trial index matters
 
 
+def test_an_evaluator_runs_from_its_configs_trial_index_base(reset_fn, fn_refs):
+    """``Evaluator.run`` without ``trial_index_base=`` takes the evaluator's
+    config's (``Starts(trial_index_base=)``), as ``success_mode`` and
+    ``initial_states`` do; one given to ``run`` overrides it."""
+    ev = jaxmesh.Evaluator(
+        policy,
+        "gymnax:CartPole-v1",
+        num_envs=3,
+        max_episode_steps=CAP,
+        starts=jaxmesh.Starts(reset_fn=reset_fn, trial_index_base=BASE),
+        layout=jaxmesh.Layout(segment_steps=SEGMENT),
+    )
+    result = ev.run(seeds=SEEDS)
+    assert_matches(result, fn_refs)
+    assert result.trial_index_base == BASE
+    shifted = ev.run(seeds=SEEDS[1:], trial_index_base=BASE + 1)
+    assert_matches(shifted, fn_refs[1:])
+
+
 # A hand-written env: dict observations, continuous actions, noisy steps -----
 
 

@@ -82,6 +82,27 @@ def test_gymnax_run_instruction_matches_plain_loop_and_does_not_recompile():
     assert enc.calls == [A, B]
 
 
+def test_an_evaluator_runs_with_its_configs_instruction():
+    """``Evaluator.run`` without ``instruction=`` plays the evaluator's
+    config's (``Starts(instruction=)``); one given to ``run`` overrides it."""
+    m = model(Text(codes))
+    env, params = gymnax.make("CartPole-v1")
+    reset, step = gymnax_fns(env, params)
+    ev = jaxmesh.Evaluator(
+        m, "gymnax:CartPole-v1", num_envs=3, starts=jaxmesh.Starts(instruction=A)
+    )
+    got = ev.run(seeds=SEEDS)
+    assert got.instruction == A
+    assert_matches(
+        got, [run_episode(reset, step, reference_policy(A), s) for s in SEEDS]
+    )
+    other = ev.run(seeds=SEEDS, instruction=B)
+    assert other.instruction == B
+    assert_matches(
+        other, [run_episode(reset, step, reference_policy(B), s) for s in SEEDS]
+    )
+
+
 def test_a_jax_env_needs_a_run_instruction(no_compile):
     m = model(Text(codes, info_key="instruction"))
     with pytest.raises(ValueError, match="JAX env.*instruction="):

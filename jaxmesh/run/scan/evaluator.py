@@ -268,12 +268,15 @@ class Evaluator:
         params: Any = None,
         hooks: Any = None,
         record: Any = None,
-        trial_index_base: int = 0,
+        trial_index_base: int | None = None,
         initial_states: Any = None,
         success_mode: str | None = None,
         instruction: str | None = None,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
+
+        ``trial_index_base`` and ``instruction`` (None: the evaluator's own,
+        its config's ``Starts``) are data: the same program runs.
 
         ``record`` (None: the evaluator's own) names other episodes to record,
         as many as the evaluator's ``Record`` with its ``max_steps`` and
@@ -291,6 +294,11 @@ class Evaluator:
         t_start = time.perf_counter()
         if success_mode is None:
             success_mode = self.success_mode
+        starts = self.config.starts
+        if trial_index_base is None:
+            trial_index_base = starts.trial_index_base
+        if instruction is None:
+            instruction = starts.instruction
         return self._run(
             t_start,
             episodes=episodes,
