@@ -44,8 +44,6 @@ TRACE_NAMES = {
 }
 
 
-#: Series that are not times (seconds): ``"bytes"``, ``"flag"`` (0 or 1 per
-#: sample) or ``"count"`` (one sample per event). ``unit`` reads it.
 class Telemetry:
     """Samples per series, in the order they were recorded."""
 
