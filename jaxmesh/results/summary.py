@@ -461,11 +461,10 @@ def short_env(env: str) -> str:
     return rest if rest != env and rest.startswith(_GYMNASIUM_FAMILIES) else env
 
 
-#: The telemetry series that are not times (``jaxmesh.run.telemetry``): a
-#: flag prints as the share of samples that were 1, an event as its count.
+#: The telemetry series that are neither times nor sizes (a ``_bytes``
+#: suffix, ``unit``) (``jaxmesh.run.telemetry``): a flag prints as the share
+#: of samples that were 1, an event as its count.
 UNITS = {
-    "request_bytes": "bytes",
-    "reply_bytes": "bytes",
     "transport_shm": "flag",
     "worker_lost": "count",
     "server_lost": "count",
