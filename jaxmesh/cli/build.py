@@ -90,26 +90,36 @@ def load_policy(target: str) -> Any:
         cannot be imported or built.
     """
     if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
-        config = load_config(target)
-        policy = config.get("policy")
-        if not isinstance(policy, str):
-            raise ConfigError(
-                f"config file {target!r} names no policy (policy: module:Name); "
-                "serve-policy serves the policy a run config names"
-            )
-        policy_config = config.get("policy_config") or {}
-        if not isinstance(policy_config, dict):
-            raise ConfigError(
-                f"config file {target!r}: policy_config is a "
-                f"{type(policy_config).__name__}; expected a mapping"
-            )
-        return build_policy(policy, policy_config)
+        return config_policy(load_config(target), target)
     if ":" not in target:
         raise ConfigError(
             f"{target!r} is neither a run config (.yaml) nor module:attr (e.g. "
             "my_policies:MyModel); give one of them"
         )
     return build_policy(target, {})
+
+
+def config_policy(config: dict[str, Any], target: str) -> Any:
+    """The policy run ``config`` (read from the file ``target``) names: its
+    ``policy`` and ``policy_config``.
+
+    Raises:
+      ConfigError: a config without ``policy``, or a policy that cannot be
+        imported or built.
+    """
+    policy = config.get("policy")
+    if not isinstance(policy, str):
+        raise ConfigError(
+            f"config file {target!r} names no policy (policy: module:Name); "
+            "serve-policy serves the policy a run config names"
+        )
+    policy_config = config.get("policy_config") or {}
+    if not isinstance(policy_config, dict):
+        raise ConfigError(
+            f"config file {target!r}: policy_config is a "
+            f"{type(policy_config).__name__}; expected a mapping"
+        )
+    return build_policy(policy, policy_config)
 
 
 def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:

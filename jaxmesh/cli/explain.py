@@ -13,8 +13,8 @@ import jaxmesh
 from jaxmesh.cli.build import (
     CONFIG_SUFFIXES,
     build_run,
+    config_policy,
     import_target,
-    load_policy,
     run_config,
 )
 from jaxmesh.cli.checks import is_jax_id, is_served, read_config
@@ -134,7 +134,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     config = None
     if args.target.endswith(CONFIG_SUFFIXES):
         config = load_config(args.target)
-        obj = load_policy(args.target)
+        obj = config_policy(config, args.target)
     else:
         obj = import_target(args.target)
     if inspect.isclass(obj):
