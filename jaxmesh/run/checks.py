@@ -234,7 +234,7 @@ def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
 
 
 def check_chunking(
-    prefetch_lead: Any, delay: Any = 0, execution: Any = None, delay_ms: Any = None
+    prefetch_lead: Any, delay: Any, execution: Any, delay_ms: Any
 ) -> tuple:
     """``Chunking``'s fields and how they exclude each other: ``(lead, delay,
     execution, delay_ms)``."""
@@ -262,7 +262,7 @@ def check_chunking(
     return lead, delay, execution, delay_ms
 
 
-def check_layout(plan_tile: Any, segment_steps: Any = DEFAULT_SEGMENT_STEPS) -> tuple:
+def check_layout(plan_tile: Any, segment_steps: Any) -> tuple:
     """``Layout``'s ``(plan_tile, segment_steps)``."""
     tile = None
     if plan_tile is not None:
@@ -305,9 +305,9 @@ def settings_of(
     cap: int,
     tile: int | None,
     segment_steps: int,
-    delay: int = 0,
-    execution: Any = None,
-    delay_ms: float | None = None,
+    delay: int,
+    execution: Any,
+    delay_ms: float | None,
 ) -> Settings:
     """The ``Settings`` of values each checked on its own (``check_flat``,
     ``check_chunking``, ``check_layout``): what they say together (an
