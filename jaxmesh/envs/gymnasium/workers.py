@@ -631,25 +631,22 @@ class WorkerPool:
         else:
             env_action = (action_shape, self.action_space.dtype)
         del action_dtype
-        self.fields = slot_fields(layout, *env_action)
-        size = Slots.size(self.num_lanes, self.fields)
-        self.shm = Segment(f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}", size)
-        self.slots = Slots(self.shm, self.num_lanes, self.fields)
         self.obs_names = list(layout.names)
-        for k in range(self.workers):
-            self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
-        for k in range(self.workers):
-            self._recv(k, START_SECONDS, "attaching")
+        self._share(slot_fields(layout, *env_action))
 
     def attach_flags(self) -> None:
         """A segment of ``busy`` flags alone (``ProcessStepper``: the data come
         back over the pipes): each worker marks the lane whose op it runs."""
-        self.fields = {"busy": ((), bool)}
-        size = Slots.size(self.num_lanes, self.fields)
+        self._share({"busy": ((), bool)})
+
+    def _share(self, fields: dict) -> None:
+        """Makes the shared segment of ``fields`` and hands it to the workers."""
+        self.fields = fields
+        size = Slots.size(self.num_lanes, fields)
         self.shm = Segment(f"jaxmesh_{os.getpid()}_{secrets.token_hex(4)}", size)
-        self.slots = Slots(self.shm, self.num_lanes, self.fields)
+        self.slots = Slots(self.shm, self.num_lanes, fields)
         for k in range(self.workers):
-            self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
+            self.conns[k].send(("attach", self.shm.name, self.num_lanes, fields))
         for k in range(self.workers):
             self._recv(k, START_SECONDS, "attaching")
 
