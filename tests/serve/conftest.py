@@ -67,3 +67,13 @@ def serve_policy_child(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def memory_bytes(pid: int, field: str = "VmRSS") -> int:
+    """A process's memory as ``/proc/PID/status`` reports it, bytes:
+    ``VmRSS`` (resident now) or ``VmHWM`` (its peak)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/PID/status")

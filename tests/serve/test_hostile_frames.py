@@ -18,7 +18,7 @@ from serve_models import linear_reference
 
 from jaxmesh.serve.grpc_service import METHOD
 
-from .conftest import serve_policy_child
+from .conftest import memory_bytes, serve_policy_child
 
 #: 4 MB: an array of four million empty maps (one byte each).
 EMPTY_MAPS = b"\xdd" + (4_000_000).to_bytes(4, "big") + b"\x80" * 4_000_000
@@ -27,15 +27,6 @@ NESTED = msgpack.packb([[{}] * 2000] * 2000)
 #: The most the server's peak memory may grow for one such frame (it was
 #: about 300 MB before decoding was bounded).
 GROWTH_BYTES = 64 << 20
-
-
-def _peak(pid: int) -> int:
-    """The process's peak resident set (VmHWM), bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/PID/status")
 
 
 def test_openpi_refuses_a_frame_of_millions_of_containers_in_bounded_memory():
@@ -47,14 +38,14 @@ def test_openpi_refuses_a_frame_of_millions_of_containers_in_bounded_memory():
             ws.send(msgpack_numpy.packb({"observation/state": state}))
             reply = msgpack_numpy.unpackb(ws.recv(timeout=60))  # warm
             np.testing.assert_allclose(reply["actions"], linear_reference(state))
-        before = _peak(proc.pid)
+        before = memory_bytes(proc.pid, "VmHWM")
         for frame, why in ((EMPTY_MAPS, "max_array_len"), (NESTED, "65536")):
             with websockets.sync.client.connect(url, max_size=None) as ws:
                 ws.recv(timeout=10)
                 ws.send(frame)
                 text = ws.recv(timeout=60)
                 assert isinstance(text, str) and "CodecError" in text and why in text
-        assert _peak(proc.pid) - before < GROWTH_BYTES
+        assert memory_bytes(proc.pid, "VmHWM") - before < GROWTH_BYTES
         with websockets.sync.client.connect(url) as ws:  # served on
             ws.recv(timeout=10)
             ws.send(msgpack_numpy.packb({"observation/state": state}))
@@ -67,7 +58,7 @@ def test_grpc_refuses_a_message_of_millions_of_containers_in_bounded_memory():
         address,
         proc,
     ):
-        before = _peak(proc.pid)
+        before = memory_bytes(proc.pid, "VmHWM")
         with grpc.insecure_channel(address) as channel:
             call = channel.stream_stream(METHOD)
             for frame, why in ((EMPTY_MAPS, "max_array_len"), (NESTED, "65536")):
@@ -75,7 +66,7 @@ def test_grpc_refuses_a_message_of_millions_of_containers_in_bounded_memory():
                     next(call(iter([frame]), timeout=60))
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert why in refused.value.details()
-            assert _peak(proc.pid) - before < GROWTH_BYTES
+            assert memory_bytes(proc.pid, "VmHWM") - before < GROWTH_BYTES
             # A message of the protocol is still read (and this one refused
             # for what it says, not for its bytes).
             with pytest.raises(grpc.RpcError) as refused:
@@ -94,14 +85,6 @@ def _frame(payload: bytes) -> bytes:
     else:
         size = b"\xff" + struct.pack(">Q", n)
     return b"\x82" + size + b"\0\0\0\0" + payload
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/PID/status")
 
 
 def test_a_client_that_never_reads_its_replies_is_held_back_not_buffered():
@@ -124,7 +107,7 @@ def test_a_client_that_never_reads_its_replies_is_held_back_not_buffered():
                 b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
             )
-            before = _rss(proc.pid)
+            before = memory_bytes(proc.pid)
             sock.settimeout(5)  # sendall stalls once the server stops reading
             sent = 0
             with pytest.raises(TimeoutError):
@@ -132,4 +115,4 @@ def test_a_client_that_never_reads_its_replies_is_held_back_not_buffered():
                     sock.sendall(_frame(request))
                     sent += 1
             assert sent < 40
-            assert _rss(proc.pid) - before < GROWTH_BYTES
+            assert memory_bytes(proc.pid) - before < GROWTH_BYTES

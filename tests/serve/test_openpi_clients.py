@@ -26,7 +26,7 @@ from jaxmesh.cli.serve_policy import declared_inputs
 from jaxmesh.serve.forward import MAX_LAYOUTS, MAX_REFUSED, STATE_KEYS, batch_sizes
 from jaxmesh.zoo import cartpole, libero
 
-from .conftest import serve_policy_child, serve_policy_process
+from .conftest import memory_bytes, serve_policy_child, serve_policy_process
 
 
 def _libero_state(i: int) -> dict:
@@ -260,14 +260,6 @@ def test_the_command_line_declares_the_layout_and_other_layouts_compile_nothing(
         )
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/PID/status")
-
-
 @pytest.mark.slow  # 120 layouts, each compiled
 def test_a_stream_of_new_layouts_keeps_the_servers_memory_bounded():
     # Each state length is a layout the model runs; past the 8 kept, each
@@ -282,11 +274,11 @@ def test_a_stream_of_new_layouts_keeps_the_servers_memory_bounded():
         try:
             for n in range(1, 121):
                 if n == 21:
-                    before = _rss(proc.pid)
+                    before = memory_bytes(proc.pid)
                 state = np.arange(n, dtype=np.float32)
                 reply = client.infer({"observation/state": state})
                 want = [state.sum(), -state.sum()]
                 np.testing.assert_allclose(reply["actions"], [want], rtol=1e-6)
         finally:
             client._ws.close()
-        assert _rss(proc.pid) - before < 16 << 20
+        assert memory_bytes(proc.pid) - before < 16 << 20
