@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -839,8 +840,6 @@ def _as_pairs(s: SuiteResult) -> Any:
     """The (task, seed) pairs of a suite as one run (what ``compare`` reads):
     indices, seeds, returns, the policy, and each setting that every task
     shares (``jaxmesh.results.stats.LABEL_SETTINGS``, for the labels)."""
-    import types
-
     rs = list(s.tasks.values())
     returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
     seeds = np.concatenate([np.asarray(r.seeds, np.int64) for r in rs])

@@ -38,6 +38,7 @@ import base64
 import html
 import io
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -183,8 +184,6 @@ def wrap(text: str, width: int) -> str:
     """``text`` in lines of at most ``width`` characters, broken at spaces and
     after ``_``, ``/`` or ``:`` (a task name such as ``pick_up_the_black_bowl_...``
     has no space); a piece longer than ``width`` is cut."""
-    import re
-
     lines = [""]
     for piece in re.split(r"(?<=[_/:])|(?= )", str(text)):
         while len(piece.lstrip()) > width:
@@ -311,8 +310,6 @@ def breakable(name: str) -> str:
     """``name`` escaped, with a line-break opportunity (``<wbr>``) after each
     ``_``, ``/`` and ``:``: a long task name wraps in its cell instead of
     widening the table past the page."""
-    import re
-
     return "<wbr>".join(esc(part) for part in re.split(r"(?<=[_/:])", str(name)))
 
 
