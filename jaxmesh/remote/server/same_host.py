@@ -162,12 +162,15 @@ class _SameHostPath:
             selector.unregister(conn)
             del pending[conn]
 
+        def drop(conn: socket.socket) -> None:
+            forget(conn)
+            conn.close()
+
         try:
             while not self._stopping:
                 now = time.monotonic()
                 for conn in [c for c, p in pending.items() if p.deadline <= now]:
-                    forget(conn)  # no whole HELLO in time
-                    conn.close()
+                    drop(conn)  # no whole HELLO in time
                 first = min((p.deadline for p in pending.values()), default=None)
                 events = selector.select(None if first is None else first - now)
                 for key, _ in events:
@@ -179,17 +182,13 @@ class _SameHostPath:
                             taken = self._shm_take(listener)
                         except OSError:  # out of descriptors: free one
                             if pending:
-                                oldest = next(iter(pending))
-                                forget(oldest)
-                                oldest.close()
+                                drop(next(iter(pending)))
                             else:
                                 time.sleep(0.1)  # no busy loop meanwhile
                             continue
                         for conn in taken:
                             if len(pending) >= MAX_PENDING:
-                                oldest = next(iter(pending))
-                                forget(oldest)
-                                oldest.close()
+                                drop(next(iter(pending)))  # the oldest
                             deadline = time.monotonic() + self._shm_hello_seconds
                             pending[conn] = _Pending(deadline)
                             selector.register(conn, selectors.EVENT_READ)
