@@ -704,7 +704,6 @@ def run(
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
     trials = initial.resolve(starts.initial_states, starts.reset_fn)
-    states = None if trials is None else trials.states
     # The recorded episodes and the initial states' values are data: runs that
     # record as many, from states of the same shapes, share a program.
     key += (mesh, None if record is None else record_shape(record), starts.randomize)
@@ -725,7 +724,8 @@ def run(
         hooks=hooks,
         record=record,
         trial_index_base=starts.trial_index_base,
-        initial_states=None if states is None else trials,
+        # Given states go as resolved: a kept evaluator may hold other values.
+        initial_states=None if trials is None or trials.states is None else trials,
         success_mode=scoring.success_mode,
         instruction=starts.instruction,
     )
