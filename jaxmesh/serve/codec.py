@@ -30,6 +30,11 @@ REFUSED_KINDS = ("O", "V", "c")
 MAX_CONTAINER = 4096
 #: The most entries of every list and map of a message together.
 MAX_ITEMS = 65536
+#: The least of the request bytes a server's connections together may hold
+#: at once (from a message's arrival to its reply), by default; a message
+#: past it is refused. Both protocols' servers hold at least one message of
+#: their ``max_message_bytes``.
+MAX_INFLIGHT_BYTES = 1 << 30
 
 
 class CodecError(ValueError):
@@ -181,6 +186,7 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
 __all__ = [
     "CodecError",
     "MAX_CONTAINER",
+    "MAX_INFLIGHT_BYTES",
     "MAX_ITEMS",
     "REFUSED_KINDS",
     "packb",

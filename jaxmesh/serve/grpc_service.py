@@ -156,7 +156,7 @@ class GrpcService:
     ):
         self.pools, self.batcher = pools, batcher
         if max_inflight_bytes is None:
-            max_inflight_bytes = max(1 << 30, max_message_bytes)
+            max_inflight_bytes = max(codec.MAX_INFLIGHT_BYTES, max_message_bytes)
         self.max_inflight_bytes = max_inflight_bytes
         self._inflight = 0
         self._inflight_lock = threading.Lock()

@@ -35,12 +35,10 @@ from websockets.frames import CloseCode
 
 from jaxmesh.serve import codec
 from jaxmesh.serve.batcher import Batcher, ServerClosed
+from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
 from jaxmesh.serve.forward import RequestError
 
 HEALTH_PATH = "/healthz"
-#: The least of the request bytes every connection together may hold at once
-#: (from a frame's arrival to its reply); a frame past it is refused.
-MAX_INFLIGHT_BYTES = 1 << 30
 #: Frames a connection's reader buffers beyond the one being answered: a
 #: client that sends faster than it reads its replies is held back by TCP,
 #: not buffered on the server.
