@@ -146,12 +146,12 @@ class _ShmSession:
         def run() -> None:
             while not self.done:
                 if poller.poll(self.POLL_SECONDS * 1000):  # the client hung up
-                    with self.cond:
-                        if not self.done:
-                            give_up()
+                    self.abandon(give_up)
                     return
 
         threading.Thread(target=run, name="jaxmesh-shm-hangup", daemon=True).start()
+
+    abandon = _Session.abandon  # give_up() under the lock, if still open
 
     def stop(self) -> None:
         with self.cond:
