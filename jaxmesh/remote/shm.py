@@ -5,7 +5,7 @@ A server declares the capability ``shared_memory`` and, in the handshake's
 client on the same host attaches there instead of opening the gRPC Step
 stream; gRPC stays the control plane (handshake, health, shutdown, auth) and
 the path across hosts. Over the socket every message is a frame: a header
-(``_HEADER``: payload bytes, kind, ring slot) and a payload.
+(``HEADER``: payload bytes, kind, ring slot) and a payload.
 
 1. The client sends ``HELLO`` (JSON: its token and the observation leaves it
    reads). The server checks that the peer runs as its own user
@@ -83,7 +83,7 @@ _RESULT_HEAD = struct.Struct("<QdII")
 _U32 = np.dtype("<u4")
 _F64 = np.dtype("<f8")
 #: A frame's header: payload bytes, kind, ring slot (``NO_SLOT``: inline).
-_HEADER = HEADER = struct.Struct("<IBBxx")
+HEADER = struct.Struct("<IBBxx")
 NO_SLOT = 255
 #: The largest control frame (ATTACH, REFUSE, ERROR) a client reads.
 _CONTROL_BYTES = 1 << 20
@@ -137,12 +137,12 @@ def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dic
 
 
 def send_frame(sock: socket.socket, kind: int, payload: bytes, slot=NO_SLOT):
-    sock.sendall(_HEADER.pack(len(payload), kind, slot) + payload)
+    sock.sendall(HEADER.pack(len(payload), kind, slot) + payload)
 
 
 def send_attach(sock: socket.socket, payload: bytes, fd: int) -> None:
     """An ATTACH frame with the ring's descriptor ``fd`` on its first byte."""
-    data = _HEADER.pack(len(payload), ATTACH, NO_SLOT) + payload
+    data = HEADER.pack(len(payload), ATTACH, NO_SLOT) + payload
     sent = sock.sendmsg(
         [data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
     )
@@ -165,7 +165,7 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
     try:
         if not msg:
             return None, -1
-        rest = _recv_exact(sock, _HEADER.size - 1)
+        rest = _recv_exact(sock, HEADER.size - 1)
         if rest is None:
             raise ConnectionResetError("the peer closed the socket mid-frame")
         kind, slot, payload = _recv_payload(sock, msg + rest, _CONTROL_BYTES)
@@ -200,7 +200,7 @@ def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None
     Raises:
       OSError: the socket failed; codec.ProtocolError: a frame over ``limit``.
     """
-    head = _recv_exact(sock, _HEADER.size)
+    head = _recv_exact(sock, HEADER.size)
     if head is None:
         return None
     return _recv_payload(sock, head, limit)
@@ -216,7 +216,7 @@ def _recv_payload(
       OSError: the socket failed or the peer ended mid-frame;
       codec.ProtocolError: a frame over ``limit``.
     """
-    size, kind, slot = _HEADER.unpack(head)
+    size, kind, slot = HEADER.unpack(head)
     if size > limit:
         raise codec.ProtocolError(
             f"a frame of {size} bytes is over the {limit} byte limit"
