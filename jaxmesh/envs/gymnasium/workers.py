@@ -901,18 +901,13 @@ class ProcessStepper(shared.GymStepper):
     def workers(self) -> int:
         return self.pool.workers
 
-    def _each(
-        self,
-        per_worker: dict[int, tuple],
-        doing: str,
-        ops: dict[int, list] | None = None,
-    ) -> dict[int, tuple]:
+    def _each(self, per_worker: dict[int, tuple], doing: str) -> dict[int, tuple]:
         """Sends each worker its message and returns their replies.
 
         Raises:
           LaneError: a worker died (a segfault, the OOM killer), at the lane
-            whose env call was under way (else the lowest lane of ``ops``,
-            each worker's ops with global lanes, else its first lane): a
+            whose env call was under way (else the lowest lane of the ops
+            its ``run`` message held, else its first lane): a
             ``WorkerCrashed`` naming the worker, its lanes and that lane. It
             was replaced (fresh envs): its lanes' episodes are lost, their
             next op must be a reset.
@@ -925,7 +920,9 @@ class ProcessStepper(shared.GymStepper):
             dead = pool.deaths[0]
             killed = dead.worker in pool.killed
             pool.killed.clear()
-            mine = {op.lane: op for op in (ops or {}).get(dead.worker, [])}
+            msg = per_worker[dead.worker]  # a run's ops have local lanes
+            ran = msg[1] if msg[0] == "run" else []
+            mine = {dead.lanes[0] + op.lane: op for op in ran}
             culprits = [j for j in pool.culprits if j in dead.lanes]
             lane = (culprits or sorted(mine) or dead.lanes)[0]
             phase = doing
@@ -977,9 +974,7 @@ class ProcessStepper(shared.GymStepper):
             keep_all_info=keep_all_info,
         )
         replies = self._each(
-            {k: ("run", mine, kw) for k, mine in by_worker.items()},
-            "stepping",
-            {k: [op for op in ops if owner[op.lane] == k] for k in by_worker},
+            {k: ("run", mine, kw) for k, mine in by_worker.items()}, "stepping"
         )
         out: list[shared.LaneResult] = []
         for k in sorted(replies):
