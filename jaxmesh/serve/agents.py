@@ -40,10 +40,14 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from gymnasium import spaces
 
 from jaxmesh import adapt
 from jaxmesh.core import agent
 from jaxmesh.core.policy import resolve_policy
+from jaxmesh.envs.gymnasium.spec import spec_for
+from jaxmesh.run import build, checks
+from jaxmesh.run.host.agent_step import agent_functions
 from jaxmesh.serve.forward import Forward, Prepared, RequestError
 
 #: Settings a session may give, with their defaults.
@@ -81,8 +85,6 @@ def spec_to_wire(spec: Any) -> dict:
 
 
 def _space(skeleton: Any, leaves: dict) -> Any:
-    from gymnasium import spaces
-
     if not isinstance(skeleton, dict) or len(skeleton) != 1:
         raise RequestError(f"a malformed observation layout: {skeleton!r}")
     ((kind, value),) = skeleton.items()
@@ -109,10 +111,6 @@ def spec_from_wire(desc: Any) -> Any:
     Raises:
       RequestError: a malformed map, or one the rebuilt spec disagrees with.
     """
-    from gymnasium import spaces
-
-    from jaxmesh.envs.gymnasium.spec import spec_for
-
     try:
         leaves = {
             str(n): (tuple(int(d) for d in shape), np.dtype(dtype))
@@ -144,8 +142,6 @@ def spec_from_wire(desc: Any) -> Any:
 
 
 def _settings(given: Any) -> tuple[Any, int | None]:
-    from jaxmesh.run import checks
-
     if not isinstance(given, dict) or set(given) - set(SETTINGS):
         raise RequestError(
             f"settings {given!r}: expected a map with keys among {sorted(SETTINGS)}"
@@ -218,8 +214,6 @@ class Pool:
         return sum(s.slots.size for s in self.sessions)
 
     def _program(self, size: int) -> tuple:
-        from jaxmesh.run.host.agent_step import agent_functions
-
         program = self._programs.get(size)
         if program is None:
             settings = self.settings._replace(num_envs=size)
@@ -445,10 +439,6 @@ class Pools:
           RequestError: a malformed description, or a policy that does not fit
             the env or the settings (the probe's message).
         """
-        from jaxmesh.adapt import read_keys
-        from jaxmesh.run import build
-        from jaxmesh.run.host.agent_step import agent_functions
-
         if not isinstance(desc, dict) or "env" not in desc:
             raise RequestError("an open request needs 'env' and 'settings'")
         spec = spec_from_wire(desc["env"])
@@ -461,7 +451,7 @@ class Pools:
                 "(serve-policy --max-lanes N)"
             )
         pol = self.policy
-        spec = spec.reading(read_keys(pol.spec))
+        spec = spec.reading(adapt.read_keys(pol.spec))
         # The probe traces the model: once per env layout and settings.
         planned = (spec.signature, settings, tile_lanes)
         known = self._plans.get(planned)

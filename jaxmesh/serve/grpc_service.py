@@ -136,8 +136,7 @@ class GrpcService:
         (``math.inf``: never).
       max_inflight_bytes: the bytes of the messages every stream together
         holds (each its latest, until the next); a message past it ends its
-        stream ``RESOURCE_EXHAUSTED`` (None: the larger of 1 GiB and
-        ``max_message_bytes``).
+        stream ``RESOURCE_EXHAUSTED``.
     """
 
     def __init__(
@@ -151,12 +150,10 @@ class GrpcService:
         credentials: Any,
         max_message_bytes: int,
         max_connections: int,
+        max_inflight_bytes: int,
         idle_timeout: float = IDLE_TIMEOUT,
-        max_inflight_bytes: int | None = None,
     ):
         self.pools, self.batcher = pools, batcher
-        if max_inflight_bytes is None:
-            max_inflight_bytes = max(codec.MAX_INFLIGHT_BYTES, max_message_bytes)
         self.max_inflight_bytes = max_inflight_bytes
         self._inflight = 0
         self._inflight_lock = threading.Lock()
@@ -317,35 +314,4 @@ def _heard(requests: Any, idle: _IdleWatch, stream: int, context: Any) -> Any:
         yield data
 
 
-def server_credentials(tls: Any) -> Any:
-    """``tls`` (None, or ``(cert PEM, key PEM)`` paths) as gRPC server
-    credentials.
-
-    Raises:
-      TypeError: an ``ssl.SSLContext`` (gRPC takes the PEM files) or another
-        type.
-      ValueError: the files cannot be read.
-    """
-    if tls is None:
-        return None
-    if isinstance(tls, grpc.ServerCredentials):
-        return tls
-    if isinstance(tls, tuple | list) and len(tls) == 2:
-        try:
-            with open(tls[0], "rb") as f:
-                cert = f.read()
-            with open(tls[1], "rb") as f:
-                key = f.read()
-        except OSError as e:
-            raise ValueError(
-                f"tls={tuple(tls)!r}: cannot read the certificate and key ({e}); "
-                "expected two PEM files"
-            ) from e
-        return grpc.ssl_server_credentials([(key, cert)])
-    raise TypeError(
-        f"tls={tls!r}: protocol='grpc' takes (cert PEM path, key PEM path) or "
-        "grpc.ServerCredentials (an ssl.SSLContext is for protocol='openpi')"
-    )
-
-
-__all__ = ["GrpcService", "METHOD", "SERVICE", "server_credentials"]
+__all__ = ["GrpcService", "METHOD", "SERVICE"]

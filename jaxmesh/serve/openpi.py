@@ -35,7 +35,6 @@ from websockets.frames import CloseCode
 
 from jaxmesh.serve import codec
 from jaxmesh.serve.batcher import Batcher, ServerClosed
-from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
 from jaxmesh.serve.forward import RequestError
 
 HEALTH_PATH = "/healthz"
@@ -60,8 +59,7 @@ class OpenpiService:
       max_connections: connections served at once; more are refused (503).
       max_inflight_bytes: the request bytes all connections together may
         hold at once (from a frame's arrival to its reply); a frame past it
-        is refused, its connection closed (default: the larger of
-        ``MAX_INFLIGHT_BYTES`` and ``max_message_bytes``).
+        is refused, its connection closed.
     """
 
     def __init__(
@@ -75,7 +73,7 @@ class OpenpiService:
         ssl_context: Any,
         max_message_bytes: int,
         max_connections: int,
-        max_inflight_bytes: int | None = None,
+        max_inflight_bytes: int,
     ):
         self.batcher = batcher
         self.host, self.port = host, port
@@ -85,8 +83,6 @@ class OpenpiService:
         self.max_message_bytes = max_message_bytes
         self.max_connections = max_connections
         self._connections = 0
-        if max_inflight_bytes is None:
-            max_inflight_bytes = max(MAX_INFLIGHT_BYTES, max_message_bytes)
         self.max_inflight_bytes = max_inflight_bytes
         #: Request bytes held now, every connection together (the loop's).
         self._inflight = 0

@@ -20,12 +20,18 @@ import queue
 import threading
 from typing import Any, NamedTuple
 
+import grpc
 import jax
 import numpy as np
 
 from jaxmesh.core import agent
 from jaxmesh.errors import RemoteConnectionError
+from jaxmesh.remote.address import parse_address, uses_tls
+from jaxmesh.remote.client import channel_options
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
+from jaxmesh.serve import codec
+from jaxmesh.serve.agents import spec_to_wire
+from jaxmesh.serve.grpc_service import METHOD
 from jaxmesh.types import Policy
 
 #: Seconds ``RemotePolicy`` waits for the server to answer its connection.
@@ -72,8 +78,6 @@ class RemotePolicy:
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ):
-        from jaxmesh.remote.address import parse_address, uses_tls
-
         self.address = parse_address(address)
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
@@ -94,8 +98,6 @@ class RemotePolicy:
         self.name = f"remote:{self.address}"
 
     def _credentials(self) -> Any:
-        import grpc
-
         tls = self.tls
         if tls is None or tls is False:
             return None
@@ -151,11 +153,6 @@ class _Stream:
     """One ``Session`` stream: ``call(message) -> reply`` in turn."""
 
     def __init__(self, remote: RemotePolicy):
-        import grpc
-
-        from jaxmesh.remote.client import channel_options
-        from jaxmesh.serve.grpc_service import METHOD
-
         self.address = remote.address
         options = channel_options(remote.max_message_bytes)
         creds = remote._credentials()
@@ -190,10 +187,6 @@ class _Stream:
         self.opened = False
 
     def call(self, message: dict) -> Any:
-        import grpc
-
-        from jaxmesh.serve import codec
-
         self._queue.put(codec.packb(message))
         try:
             data = next(self._replies)
@@ -208,8 +201,6 @@ class _Stream:
         return codec.unpackb(data)
 
     def _error(self, e: Any) -> Exception:
-        import grpc
-
         code, details = e.code(), e.details() or ""
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ValueError(f"the policy server at {self.address} refused: {details}")
@@ -369,8 +360,6 @@ class RemoteAgent:
     def program(self, params: Any) -> RemoteProgram:
         if self._program is not None:
             return self._program
-        from jaxmesh.serve.agents import spec_to_wire
-
         s = self.settings
         settings = {
             "num_envs": s.num_envs,

@@ -16,37 +16,64 @@ from __future__ import annotations
 
 import ssl
 import threading
+from pathlib import Path
 from typing import Any
+
+import grpc
 
 from jaxmesh._version import __version__
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
 from jaxmesh.remote.server.options import _is_loopback, _split_address
+from jaxmesh.serve.agents import Pools
 from jaxmesh.serve.batcher import Batcher, BatchStats
+from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
 from jaxmesh.serve.forward import ServedModel
+from jaxmesh.serve.grpc_service import GrpcService
+from jaxmesh.serve.openpi import OpenpiService
 
 #: The protocols a ``PolicyServer`` speaks.
 PROTOCOLS = ("openpi", "grpc")
 
 
-def _tls_context(tls: Any) -> ssl.SSLContext | None:
-    """``tls`` (None, an ``ssl.SSLContext``, or ``(cert PEM, key PEM)`` paths)
-    as a server context."""
-    if tls is None or isinstance(tls, ssl.SSLContext):
+def _credentials(tls: Any, protocol: str) -> Any:
+    """``tls`` as the server's TLS: None; for ``"openpi"`` an ``ssl.SSLContext``,
+    for ``"grpc"`` ``grpc.ServerCredentials``; ``(cert PEM, key PEM)`` paths
+    for either.
+
+    Raises:
+      TypeError: another type (an ``ssl.SSLContext`` over ``"grpc"``: gRPC
+        takes the PEM files).
+      ValueError: the files cannot be read.
+    """
+    grpc_ = protocol == "grpc"
+    if tls is None or isinstance(
+        tls, grpc.ServerCredentials if grpc_ else ssl.SSLContext
+    ):
         return tls
-    if isinstance(tls, tuple | list) and len(tls) == 2:
+    if not (isinstance(tls, tuple | list) and len(tls) == 2):
+        raise TypeError(
+            f"tls={tls!r}: protocol='grpc' takes (cert PEM path, key PEM path) or "
+            "grpc.ServerCredentials (an ssl.SSLContext is for protocol='openpi')"
+            if grpc_
+            else f"tls={tls!r}: expected None, an ssl.SSLContext, or (cert PEM "
+            "path, key PEM path)"
+        )
+    try:
+        if grpc_:
+            cert, key = (Path(f).read_bytes() for f in tls)
+            return grpc.ssl_server_credentials([(key, cert)])
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            context.load_cert_chain(str(tls[0]), str(tls[1]))
-        except (OSError, ssl.SSLError) as e:
-            raise ValueError(
-                f"tls={tuple(tls)!r}: cannot load the certificate chain and its "
-                f"key ({e}); expected two PEM files"
-            ) from e
+        context.load_cert_chain(str(tls[0]), str(tls[1]))
         return context
-    raise TypeError(
-        f"tls={tls!r}: expected None, an ssl.SSLContext, or (cert PEM path, key "
-        "PEM path)"
-    )
+    except (OSError, ssl.SSLError) as e:
+        what = (
+            "read the certificate and key"
+            if grpc_
+            else ("load the certificate chain and its key")
+        )
+        raise ValueError(
+            f"tls={tuple(tls)!r}: cannot {what} ({e}); expected two PEM files"
+        ) from e
 
 
 def _check_token(token: Any) -> str | None:
@@ -160,12 +187,7 @@ class PolicyServer:
             )
         host, port = _split_address(address)
         token = _check_token(token)
-        if protocol == "grpc":
-            from jaxmesh.serve.grpc_service import server_credentials
-
-            context = server_credentials(tls)
-        else:
-            context = _tls_context(tls)
+        context = _credentials(tls, protocol)
         if not (_is_loopback(host) or token or context is not None or insecure):
             raise ValueError(
                 f"refusing to serve on {address!r} with no token and no TLS: anyone "
@@ -190,8 +212,6 @@ class PolicyServer:
         self._host, self._port = host, port
         self._requested = address
         if protocol == "grpc":
-            from jaxmesh.serve.agents import Pools
-
             if example is not None:
                 raise ValueError(
                     "example=...: protocol='grpc' compiles for each client's env "
@@ -224,7 +244,9 @@ class PolicyServer:
         self._token = token
         self._max_message_bytes = max_message_bytes
         self._max_connections = max_connections
-        self._max_inflight_bytes = max_inflight_bytes
+        self._max_inflight_bytes = max_inflight_bytes or max(
+            MAX_INFLIGHT_BYTES, max_message_bytes
+        )
         if not (
             isinstance(idle_timeout, int | float)
             and not isinstance(idle_timeout, bool)
@@ -291,10 +313,29 @@ class PolicyServer:
             example = self._served.example()  # the declared inputs, if any
         if example is not None:
             self._served.warm_up(self._served.prepare(example))
+        where = (self._batcher, self._host, self._port)
+        limits = {
+            "token": self._token,
+            "max_message_bytes": self._max_message_bytes,
+            "max_inflight_bytes": self._max_inflight_bytes,
+        }
         if self.protocol == "grpc":
-            self._service = self._grpc_service()
+            self._service = GrpcService(
+                self._served,
+                *where,
+                credentials=self._context,
+                max_connections=min(self._max_connections, 256),
+                idle_timeout=self._idle_timeout,
+                **limits,
+            )
         else:
-            self._service = self._openpi_service()
+            self._service = OpenpiService(
+                *where,
+                metadata=self._metadata,
+                ssl_context=self._context,
+                max_connections=self._max_connections,
+                **limits,
+            )
         self._batcher.start()
         try:
             port = self._service.start()
@@ -303,37 +344,6 @@ class PolicyServer:
             raise
         self._address = f"{self._host}:{port}"
         return self
-
-    def _grpc_service(self) -> Any:
-        from jaxmesh.serve.grpc_service import GrpcService
-
-        return GrpcService(
-            self._served,
-            self._batcher,
-            self._host,
-            self._port,
-            token=self._token,
-            credentials=self._context,
-            max_message_bytes=self._max_message_bytes,
-            max_connections=min(self._max_connections, 256),
-            idle_timeout=self._idle_timeout,
-            max_inflight_bytes=self._max_inflight_bytes,
-        )
-
-    def _openpi_service(self) -> Any:
-        from jaxmesh.serve.openpi import OpenpiService  # the [serve] extra
-
-        return OpenpiService(
-            self._batcher,
-            self._host,
-            self._port,
-            metadata=self._metadata,
-            token=self._token,
-            ssl_context=self._context,
-            max_message_bytes=self._max_message_bytes,
-            max_connections=self._max_connections,
-            max_inflight_bytes=self._max_inflight_bytes,
-        )
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Closes every connection, fails what waits, joins every thread.
