@@ -247,7 +247,8 @@ _END = object()
 
 class Connection:
     """One client of one env server: the handshake at construction, then
-    ``open`` / ``send`` / ``receive`` on one Step stream (the session).
+    ``open`` / ``send`` / ``receive`` on one Step stream (the session): the
+    gRPC ``session.Transport``.
 
     Args:
       address: ``"grpc://host:port"`` or ``"host:port"``.
@@ -280,6 +281,7 @@ class Connection:
         credentials: grpc.ChannelCredentials | None = None,
     ):
         self.address = parse_address(address)
+        self.kind = "grpc"
         credentials = channel_credentials(address, credentials)
         where = "token=" if token is not None else TOKEN_ENV
         token = os.environ.get(TOKEN_ENV) if token is None else token
@@ -365,7 +367,8 @@ class Connection:
     # The session ---------------------------------------------------------------
     def open(
         self,
-        decode: Callable[[pb.StepReply], Any] | None = None,
+        encode: Callable[[Any], pb.StepRequest],
+        decode: Callable[[pb.StepReply, bool], Any],
         *,
         replies: queue.SimpleQueue | None = None,
         tag: Any = None,
@@ -374,8 +377,9 @@ class Connection:
         """Opens the session (the Step stream), with a reader thread or not.
 
         Args:
-          decode: called on each reply (by the reader thread); ``receive``
-            returns its result with the reply (None: no decoding).
+          encode: builds the ``StepRequest`` of a call ``send`` takes.
+          decode: ``decode(reply, False)`` is called on each reply (by the
+            reader thread); ``receive`` returns its result with the reply.
           replies: a queue shared with other connections: the reader puts
             ``(tag, item)`` there (item: what ``receive`` returns, or the
             exception it raises), and ``receive`` is not used.
@@ -398,7 +402,7 @@ class Connection:
         self._stream = self._stub.Step(outgoing(), metadata=self._metadata)
         self._progress = time.monotonic()
         self._replies_in = iter(self._stream)
-        self._decode = decode
+        self._encode, self._decode = encode, decode
         if not reader:
             self._reader = None
             return
@@ -436,13 +440,13 @@ class Connection:
             self._owed.popleft()
         arrived = time.perf_counter()
         try:
-            decoded = self._decode(reply) if self._decode is not None else None
+            decoded = self._decode(reply, False)
         except BaseException as exc:  # handed to the caller in order
             return exc
         return reply, decoded, arrived, time.perf_counter()
 
-    def send(self, request: pb.StepRequest) -> int:
-        """Queues a request on the stream (never waits for the server).
+    def send(self, call: Any) -> int:
+        """Queues a call's request on the stream (never waits for the server).
 
         Returns:
           The request's size in bytes.
@@ -450,6 +454,8 @@ class Connection:
         Raises:
           jaxmesh.remote.codec.ProtocolError: larger than the message cap.
         """
+        # The request belongs to gRPC once queued: nothing may change it after.
+        request = self._encode(call)
         size = request.ByteSize()
         codec.check_size(size, self.max_message_bytes, "step request")
         self.sent_at = time.perf_counter()  # the server can start from here on

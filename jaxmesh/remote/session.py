@@ -9,6 +9,10 @@ a ``codec.ResultBatch`` and checks that the reply answers the call it should
 message themselves; the host loop owns the episodes' accounting, the session
 knows nothing of episodes.
 
+The calls travel over a ``Transport``: the gRPC Step stream
+(``client.Connection``) or the same-host path (``shm.ShmStream``), chosen once
+when the session opens (``Session._transport``).
+
 Lanes here are the server's own lane indices (0 .. ``num_lanes - 1``).
 """
 
@@ -17,8 +21,8 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,6 +40,60 @@ from jaxmesh.remote.protocol import (
 )
 
 _log = logging.getLogger(__name__)
+
+
+class Call(NamedTuple):
+    """One call as ``Session.send`` takes it, numbered (see ``send``)."""
+
+    call_id: int
+    reset_lanes: Sequence[int] | np.ndarray
+    seeds: Sequence[int] | np.ndarray
+    trials: Sequence[int] | np.ndarray | None
+    options: Mapping[str, pb.Value] | None
+    max_episode_seconds: float | None
+    lanes: np.ndarray | None
+    counts: np.ndarray | None
+    actions: np.ndarray | None
+    release: Sequence[int] | np.ndarray
+    all_observations: bool
+    info_keys: Sequence[str]
+    info_every_step: bool
+
+
+class Transport(Protocol):
+    """How a session's calls and replies travel: ``client.Connection`` (the
+    gRPC Step stream) or ``shm.ShmStream`` (the same-host path)."""
+
+    #: ``"grpc"`` or ``"shm"``.
+    kind: str
+    #: ``time.perf_counter()`` when the last call's bytes began to go out.
+    sent_at: float
+
+    def open(
+        self,
+        encode: Callable[[Call], pb.StepRequest],
+        decode: Callable[[pb.StepReply, bool], codec.ResultBatch],
+        *,
+        replies: queue.SimpleQueue | None,
+        tag: Any,
+        reader: bool,
+    ) -> None:
+        """Starts the stream: ``encode`` builds a call's message, ``decode(reply,
+        in_ring)`` its reply's batch (``in_ring``: the observation rows travel
+        apart); a reader thread puts ``(tag, item)`` in ``replies``."""
+
+    def send(self, call: Call) -> int:
+        """Queues a call; its size in bytes."""
+
+    def receive(self) -> tuple[Any, codec.ResultBatch, float, float]:
+        """The next reply ``(message, batch, arrived, decoded_at)``, within
+        the reply timeout."""
+
+    def owed_since(self) -> float | None:
+        """Since when the server has sent nothing while owing a reply."""
+
+    def close(self) -> None:
+        """Ends the stream and the channel (idempotent)."""
 
 
 class Reply(NamedTuple):
@@ -81,8 +139,6 @@ class Session:
         transport: str = "auto",
     ):
         self.asked_transport = check_transport(transport)
-        #: How the calls travel once open: "grpc" or "shm".
-        self.transport = "grpc"
         self._connect_timeout = connect_timeout
         self.conn = Connection(
             address,
@@ -129,15 +185,13 @@ class Session:
         self.closed = False
         self._call_id = 0
         self._pending: collections.deque[int] = collections.deque()
-        # What send / receive / close use: the gRPC Connection, or a
-        # jaxmesh.remote.shm.ShmStream once open attaches one.
-        self.stream: Any = self.conn
-        # Calls that only step lanes go as same-host STEP frames (``open``).
-        self._binary = False
-        self._act_spec: codec.LeafSpec | None = None
-        self._act_dtype: np.dtype | None = None
-        self._info_keys: tuple[str, ...] = ()
-        self._info: bytes | None = b""
+        #: What carries the calls: the gRPC connection until ``open`` chooses.
+        self.stream: Transport = self.conn
+
+    @property
+    def transport(self) -> str:
+        """How the calls travel once open: ``"grpc"`` or ``"shm"``."""
+        return self.stream.kind
 
     # The stream ---------------------------------------------------------------
     def open(
@@ -177,46 +231,21 @@ class Session:
             self.observation_keys = tuple(k for k in self.obs_specs if k in asked)
         spec = {k: self.obs_specs[k] for k in self.observation_keys}
         n = self.num_lanes
-        stream = self._attach()
-        if stream is not None and stream.binary:
-            try:
-                self._act_spec = codec.leaf_spec_from_proto(self.info.action)
-                self._act_dtype = codec.DTYPES[self._act_spec.dtype]
-            except (codec.ProtocolError, KeyError):
-                stream.binary = False
-        if stream is None:
-            self.conn.open(
-                lambda r: codec.decode_result_batch(r.batch, spec, None, num_lanes=n),
-                replies=replies,
-                tag=tag,
-                reader=reader,
-            )
-            return
-        keys = self.observation_keys
 
-        def decode(r: pb.StepReply, obs: dict | None) -> codec.ResultBatch:
-            if obs is None:
-                return codec.decode_result_batch(r.batch, spec, None, num_lanes=n)
-            b = codec.decode_result_batch(r.batch, {}, None, num_lanes=n)
-            rows = int(b.rows.sum())
-            if rows > n:
-                raise codec.ProtocolError(
-                    f"a reply puts {rows} observation rows in shared memory, "
-                    f"which holds {n}"
-                )
-            return b._replace(observation={k: obs[k][:rows].copy() for k in keys})
+        def decode(r: pb.StepReply, in_ring: bool) -> codec.ResultBatch:
+            obs = {} if in_ring else spec
+            return codec.decode_result_batch(r.batch, obs, None, num_lanes=n)
 
-        self.stream = stream
-        self.transport = "shm"
-        self._binary = stream.binary
-        stream.open(decode, replies=replies, tag=tag, reader=reader)
+        self.stream = self._transport()
+        self.stream.open(self._request, decode, replies=replies, tag=tag, reader=reader)
 
-    def _attach(self) -> Any:
-        """The same-host stream when ``transport`` allows it and it attaches;
-        None: gRPC (logged at debug level, or an error for ``"shm"``)."""
+    def _transport(self) -> Transport:
+        """The same-host stream when ``transport`` allows it and it attaches,
+        else the gRPC connection (why logged at debug level, or an error for
+        ``"shm"``)."""
         asked = self.asked_transport
         if asked == "grpc":
-            return None
+            return self.conn
         name = self.info.shared_memory
         if SHARED_MEMORY not in self.info.capabilities or not name:
             why = "the server does not offer it (an older server, or one started "
@@ -224,15 +253,11 @@ class Session:
         else:
             try:
                 return shm.ShmStream(
-                    self.address,
+                    self.conn,
                     name,
-                    self.conn.token,
                     self.obs_specs,
                     self.observation_keys,
-                    self.num_lanes,
                     connect_timeout=self._connect_timeout,
-                    reply_timeout=self.reply_timeout,
-                    max_message_bytes=self.conn.max_message_bytes,
                 )
             except Exception as exc:  # noqa: BLE001 - any failure falls back
                 if asked == "shm" and isinstance(exc, RemoteError):
@@ -247,7 +272,7 @@ class Session:
                 address=self.address,
             )
         _log.debug("session with %s uses gRPC: same-host path: %s", self.address, why)
-        return None
+        return self.conn
 
     def send(
         self,
@@ -294,64 +319,57 @@ class Session:
                 address=self.address,
             )
         self._call_id += 1
-        info = self._info_bytes(info_keys) if self._binary else None
-        if info is not None and self._steps_only(reset_lanes, lanes, actions, release):
-            flags = (shm.ALL_OBSERVATIONS if all_observations else 0) | (
-                shm.INFO_EVERY_STEP if info_every_step else 0
+        size = self.stream.send(
+            Call(
+                self._call_id,
+                reset_lanes,
+                seeds,
+                trials,
+                options,
+                max_episode_seconds,
+                lanes,
+                counts,
+                actions,
+                release,
+                all_observations,
+                info_keys,
+                info_every_step,
             )
-            size = self.stream.send_step(
-                self._call_id, lanes, counts, actions, flags, info
-            )
-            self._pending.append(self._call_id)
-            return size
-        req = pb.StepRequest(
-            observation_keys=self.observation_keys,
-            all_observations=all_observations,
-            call_id=self._call_id,
-            info_keys=list(info_keys),
-            info_every_step=info_every_step,
         )
-        mask = np.zeros(self.num_lanes, bool)
-        for q, (lane, seed) in enumerate(zip(reset_lanes, seeds, strict=True)):
-            lr = req.resets.add(lane=int(lane), seed=int(seed), options=options)
-            if trials is not None:
-                lr.options[TRIAL_INDEX].int_value = int(trials[q])
-            if max_episode_seconds is not None:
-                lr.max_episode_seconds = max_episode_seconds
-            mask[int(lane)] = True
-        if lanes is not None and len(lanes):
-            req.batch.CopyFrom(
-                codec.encode_action_batch(lanes, counts, {OBS_KEY: actions})
-            )
-            mask[lanes] = True
-        if len(release):
-            req.release.extend(int(j) for j in release)
-            mask[np.asarray(release, np.int64)] = True
-        req.lane_mask.extend(mask.tolist())
-        # The request belongs to gRPC once sent: nothing may change it after.
-        size = self.stream.send(req)
         self._pending.append(self._call_id)
         return size
 
-    def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
-        """``info_keys`` as a STEP frame carries them (the last ones kept)."""
-        keys = tuple(info_keys)
-        if keys != self._info_keys:
-            self._info_keys, self._info = keys, shm.info_key_bytes(keys)
-        return self._info
-
-    def _steps_only(self, reset_lanes, lanes, actions, release) -> bool:
-        """Whether a call only steps lanes, with actions in the declared dtype
-        and shape: it then travels as a same-host STEP frame."""
-        return (
-            not len(reset_lanes)
-            and not len(release)
-            and lanes is not None
-            and len(lanes) > 0
-            and isinstance(actions, np.ndarray)
-            and actions.dtype == self._act_dtype
-            and actions.shape[1:] == self._act_spec.shape
+    def _request(self, call: Call) -> pb.StepRequest:
+        """``call`` as the ``StepRequest`` message that carries it."""
+        req = pb.StepRequest(
+            observation_keys=self.observation_keys,
+            all_observations=call.all_observations,
+            call_id=call.call_id,
+            info_keys=list(call.info_keys),
+            info_every_step=call.info_every_step,
         )
+        mask = np.zeros(self.num_lanes, bool)
+        for q, (lane, seed) in enumerate(
+            zip(call.reset_lanes, call.seeds, strict=True)
+        ):
+            lr = req.resets.add(lane=int(lane), seed=int(seed), options=call.options)
+            if call.trials is not None:
+                lr.options[TRIAL_INDEX].int_value = int(call.trials[q])
+            if call.max_episode_seconds is not None:
+                lr.max_episode_seconds = call.max_episode_seconds
+            mask[int(lane)] = True
+        if call.lanes is not None and len(call.lanes):
+            req.batch.CopyFrom(
+                codec.encode_action_batch(
+                    call.lanes, call.counts, {OBS_KEY: call.actions}
+                )
+            )
+            mask[call.lanes] = True
+        if len(call.release):
+            req.release.extend(int(j) for j in call.release)
+            mask[np.asarray(call.release, np.int64)] = True
+        req.lane_mask.extend(mask.tolist())
+        return req
 
     def receive(self) -> Reply:
         """The next reply of this session, in order (see ``reply``).
@@ -405,11 +423,7 @@ class Session:
         """Ends the session and closes the channel (idempotent)."""
         if not self.closed:
             self.closed = True
-            try:
-                if self.stream is not self.conn:
-                    self.stream.close()
-            finally:
-                self.conn.close()
+            self.stream.close()
 
     def __enter__(self) -> Session:
         return self
@@ -418,4 +432,4 @@ class Session:
         self.close()
 
 
-__all__ = ["Reply", "Session"]
+__all__ = ["Call", "Reply", "Session", "Transport"]

@@ -55,12 +55,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import grpc
 import numpy as np
 
 from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
-from jaxmesh.remote.client import next_reply, pump
+from jaxmesh.remote.client import next_reply, pump, remote_error
 
 #: Ring slots of observation rows: calls a client may have in flight before it
 #: waits for the oldest reply to be read.
@@ -387,8 +388,6 @@ class _Status:
 
     def __init__(self, payload: bytes):
         msg = json.loads(payload.decode("utf-8"))
-        import grpc
-
         self._code = getattr(grpc.StatusCode, str(msg.get("code")), None)
         self._details = str(msg.get("details", ""))
         meta = []
@@ -417,8 +416,6 @@ def status_payload(code: str, details: str, metadata: Sequence = ()) -> bytes:
 
 
 def _status_error(payload: bytes, address: str) -> RemoteError:
-    from jaxmesh.remote.client import remote_error
-
     try:
         return remote_error(_Status(payload), address)
     except (ValueError, TypeError, AttributeError):
@@ -430,43 +427,40 @@ def _status_error(payload: bytes, address: str) -> RemoteError:
 
 
 class ShmStream:
-    """The client's same-host session: attaches at construction, then
-    ``open`` / ``send`` / ``receive`` / ``owed_since`` / ``close`` as
-    ``client.Connection`` has them, so ``Session`` drives either alike.
+    """The client's same-host session, the shared-memory ``session.Transport``:
+    attaches at construction, then ``open`` / ``send`` / ``receive`` /
+    ``owed_since`` / ``close`` as ``client.Connection`` has them.
 
     Args:
-      address: the server's address (for messages).
+      conn: the session's gRPC connection (its handshake done): its address,
+        token, reply timeout and message cap apply here, and ``close``
+        closes it too.
       name: the abstract socket name from the handshake.
-      token: the session token (already resolved from ``JAXMESH_TOKEN``).
       specs: every observation leaf's spec; keys: the leaves read.
-      num_lanes: the server's lanes (rows per ring slot).
       connect_timeout: seconds attaching may take.
-      reply_timeout: seconds ``receive`` waits for a reply (None: no limit).
-      max_message_bytes: the per-frame cap.
 
     Raises:
       OSError, ValueError, RemoteError: attaching failed (the caller falls
       back to gRPC, or says why when shared memory was asked for).
     """
 
+    kind = "shm"
+
     def __init__(
         self,
-        address: str,
+        conn: Any,
         name: str,
-        token: str | None,
         specs: Mapping[str, codec.LeafSpec],
         keys: Sequence[str],
-        num_lanes: int,
         *,
         connect_timeout: float,
-        reply_timeout: float | None,
-        max_message_bytes: int,
     ):
-        self.address = address
-        self.reply_timeout = reply_timeout
-        self.max_message_bytes = max_message_bytes
+        self.conn = conn
+        self.address = address = conn.address
+        self.reply_timeout = conn.reply_timeout
+        self.max_message_bytes = conn.max_message_bytes
         self.keys = tuple(keys)
-        self.num_lanes = num_lanes
+        self.num_lanes = num_lanes = conn.info.num_lanes
         self.binary = False
         self.slots: Slots | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -474,7 +468,7 @@ class ShmStream:
         try:
             sock.settimeout(connect_timeout)
             sock.connect("\0" + name)
-            hello = {"token": token or "", "keys": list(self.keys)}
+            hello = {"token": conn.token or "", "keys": list(self.keys)}
             hello["frames"] = [BINARY]
             send_frame(sock, HELLO, json.dumps(hello).encode())
             frame, fd = recv_attach(sock)
@@ -506,9 +500,17 @@ class ShmStream:
         except BaseException:
             self._release()
             raise
+        try:  # STEP frames carry actions in the declared dtype and shape
+            self._act_spec = codec.leaf_spec_from_proto(conn.info.action)
+            self._act_dtype = codec.DTYPES[self._act_spec.dtype]
+        except (codec.ProtocolError, KeyError):
+            self.binary = False
+        self._info_keys: tuple[str, ...] = ()
+        self._info: bytes | None = b""
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._early: collections.deque = collections.deque()
         self._reader: threading.Thread | None = None
+        self._encode: Callable | None = None
         self._decode: Callable | None = None
         self._cond = threading.Condition()
         self._sent = self._read = 0
@@ -533,15 +535,16 @@ class ShmStream:
     # The session, as Connection's --------------------------------------------
     def open(
         self,
-        decode: Callable[[Any, dict | None], Any],
+        encode: Callable[[Any], Any],
+        decode: Callable[[Any, bool], Any],
         *,
         replies: queue.SimpleQueue | None = None,
         tag: Any = None,
         reader: bool = True,
     ) -> None:
         """Starts taking replies (see ``Connection.open``); ``decode(reply,
-        observation)`` decodes one, ``observation`` being the rows read from
-        the ring (None: they are inline)."""
+        True)`` decodes one whose observation rows are in the ring."""
+        self._encode = encode
         self._decode = decode
         self._stream = True
         if not reader:
@@ -589,17 +592,12 @@ class ShmStream:
             self._owed.popleft()
         arrived = time.perf_counter()
         try:
-            obs = None
-            if slot != NO_SLOT:
-                if slot >= RING:
-                    raise codec.ProtocolError(f"a reply names ring slot {slot}")
-                obs = {k: self.slots[f"{slot}:{k}"] for k in self.keys}
             if kind == RESULT:
                 reply, decoded = unpack_result(payload, num_lanes=self.num_lanes)
-                decoded = self._ring_rows(decoded, obs)
             else:
                 reply = codec.parse_step_reply(payload, self.max_message_bytes)
-                decoded = self._decode(reply, obs)
+                decoded = self._decode(reply, slot != NO_SLOT)
+            decoded = self._ring_rows(decoded, slot, kind)
         except BaseException as exc:  # handed to the caller in order
             decoded = exc
         finally:
@@ -610,53 +608,70 @@ class ShmStream:
             return decoded
         return reply, decoded, arrived, time.perf_counter()
 
-    def _ring_rows(self, batch: Any, obs: dict | None) -> Any:
-        """A RESULT's batch with its observation rows copied out of the ring
-        (none asked: as it is)."""
-        if obs is None:
-            if self.keys:
+    def _ring_rows(self, batch: Any, slot: int, kind: int) -> Any:
+        """A reply's batch with its observation rows copied out of ring slot
+        ``slot`` (``NO_SLOT``: they came inline, or none were asked)."""
+        if slot == NO_SLOT:
+            if kind == RESULT and self.keys:
                 raise codec.ProtocolError("a result frame names no ring slot")
             return batch
+        if slot >= RING:
+            raise codec.ProtocolError(f"a reply names ring slot {slot}")
         rows = int(batch.rows.sum())
         if rows > self.num_lanes:
             raise codec.ProtocolError(
                 f"a reply puts {rows} observation rows in shared memory, which "
                 f"holds {self.num_lanes}"
             )
-        return batch._replace(observation={k: obs[k][:rows].copy() for k in obs})
+        obs = {k: self.slots[f"{slot}:{k}"][:rows].copy() for k in self.keys}
+        return batch._replace(observation=obs)
 
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
 
-    def send(self, request: Any) -> int:
-        """Sends a request (waits only while ``RING`` replies are unread).
+    def send(self, call: Any) -> int:
+        """Sends a call (waits only while ``RING`` replies are unread): one
+        that only steps lanes as a STEP frame where the server takes them
+        (``binary``), else its ``StepRequest``.
 
         Raises:
           jaxmesh.remote.codec.ProtocolError: larger than the message cap.
         """
-        data = request.SerializeToString()
+        info = self._info_bytes(call.info_keys) if self.binary else None
+        if info is not None and self._steps_only(call):
+            flags = (ALL_OBSERVATIONS if call.all_observations else 0) | (
+                INFO_EVERY_STEP if call.info_every_step else 0
+            )
+            kind = STEP
+            data = pack_step(
+                call.call_id, call.lanes, call.counts, call.actions, flags, info
+            )
+        else:
+            kind, data = REQUEST, self._encode(call).SerializeToString()
         codec.check_size(len(data), self.max_message_bytes, "step request")
-        return self._send(REQUEST, data)
+        return self._send(kind, data)
 
-    def send_step(
-        self,
-        call_id: int,
-        lanes: np.ndarray,
-        counts: np.ndarray,
-        actions: np.ndarray,
-        flags: int = 0,
-        info: bytes = b"",
-    ) -> int:
-        """Sends a call that only steps lanes as a STEP frame (``binary``:
-        the server takes them); see ``pack_step``.
+    def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
+        """``info_keys`` as a STEP frame carries them (the last ones kept)."""
+        keys = tuple(info_keys)
+        if keys != self._info_keys:
+            self._info_keys, self._info = keys, info_key_bytes(keys)
+        return self._info
 
-        Raises:
-          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
-        """
-        data = pack_step(call_id, lanes, counts, actions, flags, info)
-        codec.check_size(len(data), self.max_message_bytes, "step request")
-        return self._send(STEP, data)
+    def _steps_only(self, call: Any) -> bool:
+        """Whether a call only steps lanes, with actions in the declared dtype
+        and shape."""
+        actions = call.actions
+        return (
+            not len(call.reset_lanes)
+            and not len(call.release)
+            and call.lanes is not None
+            and len(call.lanes) > 0
+            and isinstance(actions, np.ndarray)
+            and actions.dtype == self._act_dtype
+            and actions.shape[1:] == self._act_spec.shape
+        )
 
     def _send(self, kind: int, data: bytes) -> int:
         if self._reader is None:  # the caller reads: take replies off early
@@ -732,7 +747,10 @@ class ShmStream:
             pass
         if self._reader is not None:
             self._reader.join(1.0)
-        self._release()
+        try:
+            self._release()
+        finally:
+            self.conn.close()
 
     def _drain(self) -> None:
         while True:
