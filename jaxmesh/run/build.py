@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from jaxmesh import adapt
 from jaxmesh.core import agent
-from jaxmesh.core.engine import Engine, EngineConfig, TrialReset
+from jaxmesh.core.carry import EngineConfig, TrialReset
+from jaxmesh.core.engine import Engine
 from jaxmesh.core.policy import EXECUTION_HORIZON, Policy, output_chunk
 from jaxmesh.core.tally import info_leaves
 from jaxmesh.results.record import observation_leaves, records_states

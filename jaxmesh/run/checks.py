@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxmesh.core.engine import DEFAULT_MAX_STEPS
+from jaxmesh.core.carry import DEFAULT_MAX_STEPS
 from jaxmesh.core.tally import BYTES_PER_EPISODE, capacity_for
 from jaxmesh.execution import check_execution
 

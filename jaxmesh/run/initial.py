@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmesh.core.engine import TrialReset
+from jaxmesh.core.carry import TrialReset
 from jaxmesh.run import identity
 
 #: The largest trial index (trial indices are int32 in the compiled program).

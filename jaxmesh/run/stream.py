@@ -11,6 +11,7 @@ Each hands its ``Results``, read to the host after each segment, to an
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -239,6 +240,31 @@ class StepStream:
         if self.error is not None:
             exc, self.error = self.error, None
             raise exc
+
+
+class StepSink:
+    """Where a compiled program's step events go (``Engine``'s ``on_step``):
+    the program is bound to one sink when it is built, and the run that
+    listens points it at its ``StepStream`` (``listen``) while it runs, so
+    every run of the program hands its events to its own hooks."""
+
+    def __init__(self):
+        self.stream: StepStream | None = None
+
+    def __call__(self, stepped: np.ndarray, *values: np.ndarray) -> bool:
+        stream = self.stream
+        if stream is None:  # no run listens (never the case under Evaluator)
+            return True
+        return stream.emit_masked(stepped, *values)
+
+    @contextlib.contextmanager
+    def listen(self, stream: StepStream | None):
+        """Sends the events to ``stream`` (None or empty: to nobody) inside."""
+        self.stream = stream if stream else None
+        try:
+            yield
+        finally:
+            self.stream = None
 
 
 class EpisodeStream:

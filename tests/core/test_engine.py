@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from reference_loop import schedule
 
-from jaxmesh.core import agent, engine, policy, tally
+from jaxmesh.core import agent, carry, engine, policy, tally
 
 XPS = [np, jnp]
 
@@ -68,7 +68,7 @@ def zero_action(obs):
 
 def make_engine(n, capacity, trials=None):
     pol = policy.resolve_policy(zero_action, with_params=False)
-    cfg = engine.EngineConfig(
+    cfg = carry.EngineConfig(
         capacity=capacity,
         max_steps=100,
         agent=agent.make_config(
@@ -87,9 +87,9 @@ def count_engine():
 
 # The window --------------------------------------------------------------------
 def test_window_size_is_four_logs_and_the_lanes():
-    assert engine.WINDOW_LOGS == 4
-    assert engine.window_size(make_engine(3, 8).config) == 4 * 8 + 3
-    assert engine.window_size(make_engine(1, 1024).config) == 4097
+    assert carry.WINDOW_LOGS == 4
+    assert carry.window_size(make_engine(3, 8).config) == 4 * 8 + 3
+    assert carry.window_size(make_engine(1, 1024).config) == 4097
 
 
 @pytest.mark.parametrize(
@@ -104,20 +104,21 @@ def test_window_size_is_four_logs_and_the_lanes():
 )
 def test_a_window_starts_n_before_the_next_episode(next_episode, base, seeds):
     eng = make_engine(3, 2)  # window: 4 * 2 + 3 = 11 seeds
-    window = eng.window(np.arange(100, 110), next_episode)
+    window = carry.window(eng.config, np.arange(100, 110), next_episode)
     assert int(window["base"]) == base
     assert window["seeds"].tolist() == seeds
     assert window["seeds"].dtype == np.int32 and "trial_of" not in window
 
 
 def test_a_window_cuts_the_trial_indices_as_the_seeds():
-    trials = engine.TrialReset(reset=None)
+    trials = carry.TrialReset(reset=None)
     eng = make_engine(3, 2, trials=trials)
-    window = eng.window(np.arange(100, 110), 5, trial_of=np.arange(20, 30))
+    trial_of = np.arange(20, 30)
+    window = carry.window(eng.config, np.arange(100, 110), 5, trial_of=trial_of)
     assert window["trial_of"].tolist() == [22, 23, 24, 25, 26, 27, 28, 29, 0, 0, 0]
     lanes = count_engine().first_carry(np.arange(3, dtype=np.int32)).lanes
     lanes = lanes.replace(trials=(None, "data"))
-    lanes = eng.with_window(lanes, window)
+    lanes = carry.with_window(lanes, window)
     assert lanes.trials[0] is window["trial_of"] and lanes.trials[1] == "data"
     assert lanes.seeds is window["seeds"] and int(lanes.base) == 2
 
@@ -137,7 +138,7 @@ def test_a_window_cuts_the_trial_indices_as_the_seeds():
     ],
 )
 def test_whether_a_window_serves_a_segment(base, next_episode, fits):
-    assert make_engine(3, 2).window_fits(base, next_episode) is fits
+    assert carry.window_fits(make_engine(3, 2).config, base, next_episode) is fits
 
 
 def test_a_window_that_fits_holds_every_episode_a_segment_may_begin():
@@ -152,10 +153,10 @@ def test_a_window_that_fits_holds_every_episode_a_segment_may_begin():
     eng = make_engine(n, cap)
     seeds = np.arange(1000, 1060)
     for made in range(60):
-        window = eng.window(seeds, made)
+        window = carry.window(eng.config, seeds, made)
         base = int(window["base"])
-        assert eng.window_fits(base, made)
-        served = [nxt for nxt in range(70) if eng.window_fits(base, nxt)]
+        assert carry.window_fits(eng.config, base, made)
+        served = [nxt for nxt in range(70) if carry.window_fits(eng.config, base, nxt)]
         # base + N = made (base 0: from 0) to base + 3 capacity + N
         first = 0 if base == 0 else base + n
         assert served == list(range(first, base + 3 * cap + n + 1)), (made, served)
@@ -168,16 +169,16 @@ def test_a_window_that_fits_holds_every_episode_a_segment_may_begin():
 @pytest.mark.parametrize(
     ("budget", "episodes", "next_episode"),
     [
-        (2, [0, 1, engine.NO_EPISODE, engine.NO_EPISODE], 2),
+        (2, [0, 1, carry.NO_EPISODE, carry.NO_EPISODE], 2),
         (4, [0, 1, 2, 3], 4),
         (6, [0, 1, 2, 3], 4),
-        (0, [engine.NO_EPISODE] * 4, 0),
+        (0, [carry.NO_EPISODE] * 4, 0),
     ],
 )
 def test_the_first_lanes(xp, budget, episodes, next_episode):
     """Lane j begins episode j (CONTRACT 3); every lane is reset on the first
     step, a lane past the budget holding no episode."""
-    first = engine._first_lanes(xp, 4, xp.int32(budget))
+    first = carry.first_lanes(xp, 4, xp.int32(budget))
     assert np.asarray(first["episode"]).tolist() == episodes
     assert np.asarray(first["start"]).tolist() == [True] * 4
     assert int(first["next_episode"]) == next_episode
@@ -224,8 +225,8 @@ def test_segment_1_stops_when_the_log_could_not_hold_another_step():
     """The module docstring's hand-worked segment 1, and segment 2 after it
     (steps 4-6: episodes 2, 4 and 6 end; the log is full again)."""
     eng = count_engine()
-    carry = eng.first_carry(np.arange(8, dtype=np.int32))
-    state, log, rows = segment(eng, (carry.lanes, carry.agent), carry.results)
+    first = eng.first_carry(np.arange(8, dtype=np.int32))
+    state, log, rows = segment(eng, (first.lanes, first.agent), first.results)
     assert rows == {"index": [0, 1, 3], "lengths": [1, 2, 1], "lanes": [0, 1, 1]}
     lanes = jax.device_get(state[0])
     assert int(lanes.n_done) == 3 and int(lanes.next_episode) == 5
@@ -246,8 +247,8 @@ def test_segment_1_stops_when_the_log_could_not_hold_another_step():
 def test_a_segment_of_max_steps():
     """One step: only episode 0 (length 1) ends, and lane 0 takes episode 2."""
     eng = make_engine(2, 4)
-    carry = eng.first_carry(np.arange(8, dtype=np.int32))
-    state, log, rows = segment(eng, (carry.lanes, carry.agent), carry.results, 1)
+    first = eng.first_carry(np.arange(8, dtype=np.int32))
+    state, log, rows = segment(eng, (first.lanes, first.agent), first.results, 1)
     assert rows == {"index": [0], "lengths": [1], "lanes": [0]}
     assert int(jax.device_get(state[0]).next_episode) == 3
 
@@ -261,8 +262,8 @@ def test_a_budget_past_the_window_segment_by_segment():
     seeds = np.random.default_rng(0).permutation(200)[:60].astype(np.int32)
     lengths = [int(s) % 3 + 1 for s in seeds]
     lanes_want, _ = schedule(lengths, 2)
-    carry = eng.first_carry(seeds)
-    state, res = (carry.lanes, carry.agent), carry.results
+    first = eng.first_carry(seeds)
+    state, res = (first.lanes, first.agent), first.results
     base, book, windows = 0, None, 1
     for _ in range(200):
         state, log = eng.run_segment(None, state, res, 1000)
@@ -273,9 +274,9 @@ def test_a_budget_past_the_window_segment_by_segment():
         book = tally.write(tally.book(log, seeds.size) if book is None else book, log)
         if n_done == seeds.size:
             break
-        if not eng.window_fits(base, int(next_episode)):
-            window = eng.window(seeds, int(next_episode))
-            state = (eng.with_window(state[0], window), state[1])
+        if not carry.window_fits(eng.config, base, int(next_episode)):
+            window = carry.window(eng.config, seeds, int(next_episode))
+            state = (carry.with_window(state[0], window), state[1])
             base, windows = int(window["base"]), windows + 1
     assert book.lengths.tolist() == lengths
     assert book.returns.tolist() == [float(x) for x in lengths]

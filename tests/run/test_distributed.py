@@ -134,7 +134,7 @@ ev = jaxmesh.Evaluator(
     takes_params=True,
     layout=jaxmesh.Layout(devices="all"),
 )
-mesh = ev.mesh
+mesh = ev.placement.mesh
 report["mesh_processes"] = [d.process_index for d in mesh.devices.flat]
 for name, (policy, params, kw) in CASES.items():
     # With a hook the host reads every segment; without, only at the end.

@@ -149,7 +149,7 @@ np.testing.assert_array_equal(again.lengths, one.lengths)
 ev = jaxmesh.Evaluator(
     policy, env, num_envs=16, takes_params=True, layout=jaxmesh.Layout(devices=2)
 )
-assert type(ev).__name__ == "ShardedEvaluator" and ev.lanes_per_device == 8
+assert type(ev) is jaxmesh.Evaluator and ev.placement.lanes_per_device == 8
 
 # CartPole's run on 8 devices against the plain loop (independent of the
 # engine): a window of 2 frames, the previous executed action, h = 4, lead 2.

@@ -9,10 +9,9 @@ engine as a pure function of params.
 
 from jaxmesh.run.scan.evaluator import (
     Evaluator,
-    ShardedEvaluator,
     cache_info,
     clear_cache,
     run,
 )
 
-__all__ = ["Evaluator", "ShardedEvaluator", "cache_info", "clear_cache", "run"]
+__all__ = ["Evaluator", "cache_info", "clear_cache", "run"]

@@ -79,8 +79,8 @@ class Evaluator:
       policy: as for ``jaxmesh.evaluate``.
       env: as for ``jaxmesh.evaluate``.
       config: a ``jaxmesh.RunConfig`` (None: the defaults); with
-        ``Layout(devices=...)`` the evaluator is a ``ShardedEvaluator`` (the
-        same evaluator on a ``placement.DeviceMesh``). ``run`` may pass its own
+        ``Layout(devices=...)`` the lanes are split over a mesh
+        (``placement.DeviceMesh``). ``run`` may pass its own
         ``trial_index_base``, ``instruction``, ``success_mode`` and
         ``initial_states`` of the same shapes (their values are data).
       takes_params: a plain function policy is ``fn(params, obs[, key])``
@@ -100,14 +100,6 @@ class Evaluator:
       a = ev.run(episodes=100)
       b = ev.run(episodes=300)  # same program: no compile
     """
-
-    def __new__(cls, policy: Any, env: Any, config: Any = None, **kwargs: Any):
-        # The type names where the lanes run; the placement does the work.
-        layout = kwargs.get("layout") or getattr(config, "layout", None)
-        devices = getattr(layout, "devices", None)
-        if devices is not None and cls is Evaluator:
-            cls = ShardedEvaluator
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -164,6 +156,8 @@ class Evaluator:
         self.placement = placement.placement_for(
             devices, self.settings.num_envs, self.policy, self.record
         )
+        #: Where the programs with step events send them (``_program``).
+        self._sink = stream.StepSink()
         self._chunks: dict = {}  # params signature -> chunk length K
         self._programs: dict = {}  # (params signature, capacity) -> _Program
         #: An env built per run from its seeds (an EnvPool pool, ``env.bind``):
@@ -242,7 +236,7 @@ class Evaluator:
                 self._trial_reset,
             )
             if steps:
-                engine = with_step_events(engine)
+                engine = with_step_events(engine, self._sink)
             self._programs[key] = _Program(engine, None, plan)
         return self._programs[key]
 
@@ -378,7 +372,7 @@ class Evaluator:
         self._run_steps = steps
         if steps and not self.supports_step_hooks:
             raise ValueError(
-                f"hooks: an on_step hook with devices= ({type(self).__name__}): "
+                "hooks: an on_step hook with devices= (lanes split over a mesh): "
                 "step events are sent from one device's program; drop devices= "
                 "for a run with on_step hooks, or keep on_episode_end only"
             )
@@ -403,12 +397,8 @@ class Evaluator:
             if e == 0:
                 named, key = self.metrics
                 return empty(0, 0, np, metrics=named, success=key is not None)
-            engine = compiled[0].engine
-            engine.step_sink = steps.emit_masked if steps else None
-            try:
+            with self._sink.listen(steps):
                 return self._loop(compiled[0], params, seeds_arr, episodes_out)
-            finally:
-                engine.step_sink = None
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
@@ -473,14 +463,13 @@ class Evaluator:
         place.check_same_everywhere(seeds_arr, params)
         e = seeds_arr.size
         book = None
-        sink = program.engine.step_sink
+        steps = program.engine.config.step_events
         pieces = self._pieces(e)
         recorded = None  # the recorded episodes of the pieces run so far
         for a, b in pieces:
             if a:  # the next piece's pool, and the program that calls it
                 self._bind(seeds_arr[a:b], plan.lanes)
-                program = self._compiled(params, plan, sink is not None)[0]
-                program.engine.step_sink = sink
+                program = self._compiled(params, plan, steps)[0]
             state, book = self._run_piece(
                 program, params, seeds_arr[a:b], a, e, book, episodes_out
             )
@@ -605,43 +594,6 @@ def _shifted(log: Any, offset: int, before: tuple) -> Any:
         fault=fault,
         recording=rec,
     )
-
-
-class ShardedEvaluator(Evaluator):
-    """An ``Evaluator`` whose lanes are split over the devices of a mesh.
-
-    What ``jaxmesh.Evaluator(..., layout=Layout(devices=...))`` (and
-    ``evaluate``) builds: the same evaluator and loop on a
-    ``placement.DeviceMesh``; this type only names it and shows the split.
-    ``num_envs`` must be a multiple of the number of devices D; each device
-    runs ``num_envs / D`` lanes and every D-th episode.
-    Results equal a one-device run's episode for episode (the ``lanes`` field
-    aside); ``plan_tile`` defaults to the one-device run's.
-
-    Under ``jax.distributed`` every process builds the same evaluator and
-    makes the same calls; each drives its own devices of the mesh and returns
-    the whole result (docs/scale.md, "Many hosts").
-
-    Raises:
-      ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
-        device (``jaxmesh.Model(device=...)``), or a mesh with no device of this
-        process.
-    """
-
-    @property
-    def mesh(self) -> Any:
-        """The one-axis ``jax.sharding.Mesh`` the lanes are split over."""
-        return self.placement.mesh
-
-    @property
-    def num_devices(self) -> int:
-        """D, the devices of the mesh."""
-        return self.placement.num_devices
-
-    @property
-    def lanes_per_device(self) -> int:
-        """N / D."""
-        return self.placement.lanes_per_device
 
 
 _EVALUATORS = Kept()

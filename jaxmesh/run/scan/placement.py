@@ -20,12 +20,15 @@ the loop never asks which it has.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxmesh.core.carry import refill, window, window_fits, with_window
 from jaxmesh.core.tally import Results, log_capacity
 from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
 from jaxmesh.run import build
@@ -62,6 +65,11 @@ class SingleDevice:
 
     def __init__(self, device: Any = None):
         self.device = device
+        #: Per engine: the ``(lanes, agent)`` its last finished run kept
+        #: (``keep``; None once a run took them) and the device zero results
+        #: of its first run (never donated, so still zero), for the next run.
+        self._spares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
 
     def lanes(self, num_envs: int) -> int:
         """Lanes one program steps."""
@@ -98,16 +106,26 @@ class SingleDevice:
         """``((lanes, agent), results)``: the carry a run starts from, on the
         device (``record``: the recorded episode indices, or None; ``trials``:
         ``(trial_of, data)`` of an engine with initial states, or None;
-        ``texts``: the Text inputs' per-lane encodings, ``Engine.first_carry``)."""
-        carry = engine.start(
-            seeds, self.device, record=record, trials=trials, texts=texts
-        )
+        ``texts``: the Text inputs' per-lane encodings, ``Engine.first_carry``).
+        On the buffers the engine's last finished run kept (``keep``), only
+        the run's own values travel (``jaxmesh.core.carry.refill``)."""
+        run = {"record": record, "trials": trials, "texts": texts}
+        with self._lock:
+            spare, results0 = self._spares.get(engine, (None, None))
+            self._spares[engine] = (None, results0)
+        if spare is not None and self.device in (None, *spare[0].seeds.devices()):
+            carry = refill(engine.config, spare, results0, seeds, self.device, **run)
+        else:
+            carry = engine.first_carry(seeds, self.device, **run)
+            with self._lock:
+                self._spares[engine] = (None, carry.results)
         return (carry.lanes, carry.agent), carry.results
 
     def keep(self, engine: Any, state: Any) -> None:
         """Keeps a finished run's ``(lanes, agent)`` buffers: the engine's next
-        run starts on them (``Engine.start``)."""
-        engine.keep(state)
+        run starts on them (``first_carry``)."""
+        with self._lock:
+            self._spares[engine] = (state, self._spares[engine][1])
 
     def put_params(self, params: Any) -> Any:
         """The params where the program reads them (the policy placed them)."""
@@ -134,16 +152,16 @@ class SingleDevice:
         trials,
     ) -> tuple:
         """``(state, base)`` for the next segment: the same when the window at
-        ``base`` serves it (``Engine.window_fits``), else with a new window
-        (``Engine.window``) on the device and its base. ``trials``: the run's
-        ``(trial_of, data)``, or None."""
-        if engine.window_fits(int(base), next_episode):
+        ``base`` serves it (``window_fits``), else with a new window
+        (``jaxmesh.core.carry.window``) on the device and its base.
+        ``trials``: the run's ``(trial_of, data)``, or None."""
+        if window_fits(engine.config, int(base), next_episode):
             return state, base
         lanes, ag = state
         trial_of = None if trials is None else trials[0]
-        window = engine.window(seeds, int(next_episode), trial_of)
-        lanes = engine.with_window(lanes, jax.device_put(window, self.device))
-        return (lanes, ag), int(window["base"])
+        new = window(engine.config, seeds, int(next_episode), trial_of)
+        lanes = with_window(lanes, jax.device_put(new, self.device))
+        return (lanes, ag), int(new["base"])
 
 
 class DeviceMesh:
@@ -305,12 +323,12 @@ class DeviceMesh:
     ) -> tuple:
         """``(state, base)`` for the next segment: the same when every
         device's window serves it, else with each device's new window
-        (``Engine.window`` of its share of the budget), stacked along the mesh
+        (``window`` of its share of the budget), stacked along the mesh
         axis, and their bases ([D])."""
         d_count = self.num_devices
         base = np.broadcast_to(np.asarray(base), (d_count,))
         pairs = zip(base, next_episode, strict=True)
-        if all(engine.window_fits(int(b), ne) for b, ne in pairs):
+        if all(window_fits(engine.config, int(b), ne) for b, ne in pairs):
             return state, base
         lanes, ag = state
         shares = sharded.device_seeds(seeds, d_count)
@@ -318,11 +336,11 @@ class DeviceMesh:
         if trials is not None:
             trial_shares = sharded.device_seeds(trials[0], d_count)
         windows = [
-            engine.window(shares[d], int(next_episode[d]), trial_shares[d])
+            window(engine.config, shares[d], int(next_episode[d]), trial_shares[d])
             for d in range(d_count)
         ]
-        window = self._stack(lambda d: windows[d])
-        return engine.with_window(lanes, window), np.array([w["base"] for w in windows])
+        lanes = with_window(lanes, self._stack(lambda d: windows[d]))
+        return (lanes, ag), np.array([w["base"] for w in windows])
 
 
 def placement_for(

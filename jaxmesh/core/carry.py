@@ -1,0 +1,321 @@
+"""What the scan engine carries, and the host arithmetic of a run's first carry.
+
+The static configuration (``EngineConfig``), the lane state (``LaneState``),
+the loop's carries (``Carry``, ``Inner``), and the pure functions the host
+uses to start a run on them: the first lanes (CONTRACT 3), a run's own values
+put into a carry (``given``, ``refill``) and the seed window a segment reads
+(``window``, ``window_fits``, ``with_window``). Nothing here compiles.
+
+A segment reads the seeds from a *window* of ``window_size`` of them starting
+at ``LaneState.base``, which the host puts anew when a segment could need a
+seed past it, so what a segment carries never depends on the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from flax import struct
+
+from jaxmesh.core import agent, rules, tally
+
+#: Built-in bound on an episode's length when no cap is given (CONTRACT 7).
+DEFAULT_MAX_STEPS = 100_000
+
+#: The episode index a lane without an episode holds: above every budget.
+NO_EPISODE = np.iinfo(np.int32).max
+
+#: A segment's seed window spans this many logs' worth of episodes (plus N),
+#: so the host puts a new one only every few segments (``window_fits``).
+WINDOW_LOGS = 4
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrialReset:
+    """Episodes that start from a trial index (``Starts(initial_states=...)``
+    or ``reset_fn=``, ``jaxmesh.run.initial``) instead of ``env.reset(key)``.
+
+    Attributes:
+      reset: one lane's ``reset(key, trial, data) -> (obs, state)``, with the
+        output structure, shapes and dtypes of ``env.reset``'s.
+      data: the shapes (``jax.ShapeDtypeStruct`` leaves) of the data ``reset``
+        reads (``()`` for none). The data rides in the lanes
+        (``LaneState.trials``): new values of the same shapes run on the same
+        program.
+    """
+
+    reset: Any
+    data: Any = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static configuration: what the compiled program depends on.
+
+    ``capacity``: the rows of a segment's log (its seed window:
+    ``window_size``), or the budget of ``Engine.run``.
+    """
+
+    capacity: int
+    max_steps: int
+    agent: agent.AgentConfig
+    #: ``(info key, reduction)`` pairs kept per episode (``tally.REDUCTIONS``).
+    metrics: tuple[tuple[str, str], ...] = ()
+    #: The info key that is an episode's success signal (None: none): its last
+    #: value and whether any step had it non-zero are kept per episode.
+    success: str | None = None
+    #: The reset's info (``env.reset_with_info``) holds the success key: each
+    #: episode also keeps whether it was successful at reset.
+    success_at_reset: bool = False
+    #: Recorded episodes (``jaxmesh.Record``): how many (0: no recording), the
+    #: steps kept per episode, and the observation leaves kept (None: all).
+    #: Which episodes they are is data (``Recording.episodes``).
+    record_slots: int = 0
+    record_steps: int = 0
+    record_keys: tuple[str, ...] | None = None
+    #: The recording keeps the env's render state per step
+    #: (``env.render_state(state)``; ``Record.states``).
+    record_states: bool = False
+    #: Step events for ``on_step`` hooks: each step sends its per-lane arrays
+    #: to the host through an ordered ``io_callback`` (``Engine``'s
+    #: ``on_step``), and a segment stops after a step the host refused. False:
+    #: no callback is compiled in.
+    step_events: bool = False
+    #: Episodes start from a trial index (``TrialReset``); None: from
+    #: ``env.reset(PRNGKey(seed))``, and the lanes carry nothing for it.
+    trials: TrialReset | None = None
+
+    @property
+    def accumulators(self) -> tuple[tuple[str, str], ...]:
+        """Every per-lane accumulator: the metrics, then the success key's last
+        value and whether any step had it."""
+        if self.success is None:
+            return self.metrics
+        return self.metrics + ((self.success, "last"), (self.success, "any"))
+
+    @property
+    def reads_info(self) -> bool:
+        """Whether the step needs the env's info (``step_with_info``)."""
+        return bool(self.accumulators)
+
+
+@struct.dataclass
+class LaneState:
+    episode: jax.Array  # [N] episode index run (or about to start) by each lane
+    active: jax.Array  # [N] lane runs an episode
+    start: jax.Array  # [N] lane begins `episode` at the next step
+    t: jax.Array  # [N] steps done in the current episode
+    ret: jax.Array  # [N] return so far
+    key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode (at hand-over)
+    env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
+    env_state: Any
+    #: [window_size] under ``run_segment``: the seeds of episodes ``base,
+    #: base + 1, ...`` (the segment's window); [capacity] under ``run``.
+    seeds: jax.Array
+    budget: jax.Array  # () episodes to score
+    base: jax.Array  # () the episode of ``seeds[0]`` (and of the trial indices')
+    next_episode: jax.Array  # () next unstarted episode index
+    n_done: jax.Array  # () episodes ended
+    #: [N] per accumulator of ``EngineConfig.accumulators``: the reduction so
+    #: far of the current episode's info values (empty without metrics).
+    acc: tuple = ()
+    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the int32 trial
+    #: index of each episode of the window (as ``seeds``) and the data the
+    #: reset reads (empty without).
+    trials: tuple = ()
+    #: [N] bool: the current episode's reset info had a non-zero success key
+    #: (None unless ``EngineConfig.success_at_reset``).
+    reset_success: Any = None
+
+
+#: The lane fields a run brings (its budget, first lanes and trials) and the
+#: counters it reads before it writes them; with ``AGENT_GIVEN``, all that a
+#: run on a finished run's buffers puts anew (``refill``). Every other field is
+#: written when a lane begins an episode, and a lane that begins none stays
+#: masked, as the zero lanes of a first carry are.
+GIVEN = (
+    "seeds",
+    "base",
+    "budget",
+    "episode",
+    "start",
+    "next_episode",
+    "trials",
+    "active",
+    "n_done",
+)
+#: The agent's: which lanes must plan (none), the policy rows (zero) and the
+#: instructions' encodings.
+AGENT_GIVEN = ("fresh", "rows", "texts")
+
+
+@struct.dataclass
+class Carry:
+    lanes: LaneState
+    agent: agent.AgentState
+    results: tally.Results
+
+
+@struct.dataclass
+class Inner:
+    """The inner loop's state (``Engine``): per-lane arrays and a few
+    counters, never the result buffers."""
+
+    lanes: LaneState
+    agent: agent.AgentState
+    recording: Any  # the recording buffers (None without ``record_slots``)
+    #: [R] bool: each recorded episode was done when the loop began (None
+    #: without ``record_slots``); none ends before the loop's last step.
+    record_done: Any
+    fault: tally.Fault
+    env_steps: jax.Array  # () executed env steps of active lanes
+    steps: jax.Array  # () steps of the segment so far
+    go_on: jax.Array  # () no step event was refused
+    #: [N] bool, of the last step: the lane's episode ended, terminated,
+    #: truncated, and ended with no bad value (scored).
+    ended: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    scored: jax.Array
+
+
+def window_size(config: EngineConfig) -> int:
+    """The seeds a segment's window holds: ``WINDOW_LOGS * capacity + N``. A
+    segment hands over at most ``capacity`` episodes (its log's rows), and the
+    lanes that begin one on its first step took it at most N episodes before,
+    so a window serves every segment that starts with its next unstarted
+    episode in ``[base + N, base + (WINDOW_LOGS - 1) * capacity + N]``."""
+    return WINDOW_LOGS * config.capacity + config.agent.num_envs
+
+
+def first_lanes(xp, n: int, budget: Any) -> dict:
+    """Lane bookkeeping at the start of a run: lane j starts episode j (CONTRACT 3).
+
+    Every lane is reset on the first step, so that a masked lane (j >= budget)
+    steps a valid env state (seed 0) that is never scored. Written for numpy
+    (the host's first carry) and jax.numpy (``Engine.run``, under trace).
+    """
+    start, episode, next_episode = rules.next_episodes(
+        xp, xp.ones((n,), bool), 0, budget
+    )
+    return {
+        "episode": xp.where(start, episode, NO_EPISODE).astype(xp.int32),
+        "start": xp.ones((n,), bool),
+        "next_episode": xp.asarray(next_episode).astype(xp.int32),
+    }
+
+
+def window(
+    config: EngineConfig, seeds: np.ndarray, next_episode: int, trial_of: Any = None
+) -> dict:
+    """The window of a segment that starts with ``next_episode`` as the next
+    unstarted episode (host arrays): ``base = max(0, next_episode - N)``, and
+    the seeds (with ``config.trials``, also the trial indices ``trial_of``) of
+    episodes ``base, base + 1, ...``, zero past the budget. Host work and
+    transfer proportional to the lanes, never to the budget."""
+    size = window_size(config)
+    base = max(0, int(next_episode) - config.agent.num_envs)
+
+    def cut(values):  # masked lanes read seed 0 (trial 0) past the budget
+        out = np.zeros((size,), np.int32)
+        part = np.asarray(values)[base : base + size]
+        out[: part.size] = part
+        return out
+
+    out = {"seeds": cut(seeds), "base": np.int32(base)}
+    if config.trials is not None:
+        out["trial_of"] = cut(trial_of)
+    return out
+
+
+def window_fits(config: EngineConfig, base: int, next_episode: int) -> bool:
+    """Whether the window at ``base`` holds every episode a segment that
+    starts with ``next_episode`` may begin (see ``window_size``)."""
+    first = max(0, int(next_episode) - config.agent.num_envs)
+    end = int(next_episode) + config.capacity
+    return base <= first and end <= base + window_size(config)
+
+
+def with_window(lanes: LaneState, window: dict) -> LaneState:
+    """``lanes`` with a ``window`` (host or placed arrays) in them."""
+    lanes = lanes.replace(seeds=window["seeds"], base=window["base"])
+    if "trial_of" in window:
+        lanes = lanes.replace(trials=(window["trial_of"], lanes.trials[1]))
+    return lanes
+
+
+def given(
+    config: EngineConfig, carry: Carry, seeds, record=None, trials=None, texts=None
+) -> Carry:
+    """``carry`` with a run's own values (host arrays) in ``GIVEN`` and
+    ``AGENT_GIVEN`` and the recorded episodes (``Engine.first_carry``).
+
+    Raises:
+      ValueError: ``record`` does not name ``config.record_slots`` episodes.
+    """
+    n = config.agent.num_envs
+    budget = np.int32(seeds.size)
+    trial_of = None if trials is None else trials[0]
+    lanes = carry.lanes.replace(
+        budget=budget,
+        active=np.zeros((n,), bool),
+        n_done=np.int32(0),
+        **first_lanes(np, n, budget),
+    )
+    if config.trials is not None:
+        lanes = lanes.replace(trials=(None, trials[1]))
+    lanes = with_window(lanes, window(config, seeds, 0, trial_of))
+    ag = carry.agent.replace(fresh=np.zeros((n,), bool), rows=np.int32(0))
+    if config.agent.texts:
+        ag = ag.replace(texts=texts)
+    carry = carry.replace(lanes=lanes, agent=ag)
+    if config.record_slots:
+        episodes = np.asarray(record, np.int32)
+        if episodes.shape != (config.record_slots,):
+            raise ValueError(
+                f"record={record!r}: this engine records "
+                f"{config.record_slots} episodes; pass that many indices"
+            )
+        rec = carry.results.recording.replace(episodes=episodes)
+        carry = carry.replace(results=carry.results.replace(recording=rec))
+    return carry
+
+
+def refill(
+    config: EngineConfig,
+    spare: tuple,
+    results0: tally.Results,
+    seeds: np.ndarray,
+    device: Any = None,
+    **run: Any,
+) -> Carry:
+    """``Engine.first_carry`` on the buffers of a finished run: only the run's
+    own fields and the counters it reads first (``GIVEN``, ``AGENT_GIVEN``)
+    travel to the device, in one transfer. Putting a whole first carry there
+    costs about 0.1 ms per array on a CPU (an MJX state has over a hundred):
+    most of a short run's time.
+
+    Args:
+      config: the engine's.
+      spare: ``(lanes, agent)`` a run of this engine ended with (donated to
+        this run's first segment).
+      results0: device results of a first carry (never donated, so still
+        zero; only the recorded episodes are this run's).
+      seeds, device: as for ``Engine.first_carry``; ``run``: its ``record``,
+        ``trials`` and ``texts``.
+    """
+    lanes, ag = spare
+    put = given(config, Carry(lanes, ag, results0), seeds, **run)
+    host = (
+        {f: getattr(put.lanes, f) for f in GIVEN},
+        {f: getattr(put.agent, f) for f in AGENT_GIVEN},
+        put.results.recording.episodes if config.record_slots else None,
+    )
+    lane_fields, agent_fields, episodes = jax.device_put(host, device)
+    res = results0
+    if config.record_slots:
+        res = res.replace(recording=res.recording.replace(episodes=episodes))
+    return Carry(lanes.replace(**lane_fields), ag.replace(**agent_fields), res)
