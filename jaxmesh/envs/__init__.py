@@ -16,16 +16,90 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from jaxmesh.envs import brax, envpool, gymnax, playground
 from jaxmesh.envs.brax import BraxEnv
 from jaxmesh.envs.gymnax import GymnaxEnv
-from jaxmesh.envs.names import ENV_PREFIXES, did_you_mean, no_prefix
+from jaxmesh.envs.names import did_you_mean
 from jaxmesh.envs.playground import PlaygroundEnv, is_playground
 
-PREFIXES = ("gymnax", "brax", "playground", "libero", "envpool")
+
+def _make_playground(name: str, **kwargs: Any) -> PlaygroundEnv:
+    try:
+        return playground.make(name, **kwargs)
+    except TypeError as e:
+        if "unexpected keyword" not in str(e):
+            raise
+        raise TypeError(
+            f"Playground env {name!r} does not take {sorted(kwargs)}: pass "
+            "config_overrides={...} (Playground config keys), config, "
+            "episode_length, randomize or menagerie (a MuJoCo Menagerie checkout)"
+        ) from e
+
+
+def _make_libero(name: str, **kwargs: Any) -> Any:
+    from jaxmesh.envs import libero  # defines a gymnasium.Env: imports gymnasium
+
+    return libero.make(name, **kwargs)
+
+
+class Family(NamedTuple):
+    """One env id prefix: ``make(name, **kwargs)`` builds its ids in
+    ``make_env`` (None: stepped on the host, not a ``make_env`` family), the
+    pip extra it needs ('' for none) and the hint that lists it."""
+
+    make: Callable[..., Any] | None
+    extra: str
+    hint: str
+
+
+#: Every env id prefix jaxmesh knows: the one table ``make_env`` builds ids
+#: from and an unknown id's hint lists.
+FAMILIES: dict[str, Family] = {
+    "gymnax": Family(
+        gymnax.make,
+        "gymnax",
+        "gymnax:<id>, a gymnax env run in JAX (gymnax:CartPole-v1)",
+    ),
+    "brax": Family(brax.make, "brax", "brax:<name>, a brax env run in JAX (brax:ant)"),
+    "playground": Family(
+        _make_playground,
+        "playground",
+        "playground:<name>, a MuJoCo Playground env run in JAX "
+        "(playground:CartpoleBalance)",
+    ),
+    "libero": Family(
+        _make_libero,
+        "libero",
+        "libero:<suite>/<i>, a LIBERO task (libero:libero_spatial/0)",
+    ),
+    "envpool": Family(
+        envpool.make,
+        "envpool",
+        "envpool:<id>, an EnvPool task stepped inside the jitted loop "
+        "(envpool:HalfCheetah-v5)",
+    ),
+    "gymnasium": Family(
+        None,
+        "",
+        "gymnasium:<id>, a gymnasium env stepped in this process "
+        "(gymnasium:CartPole-v1)",
+    ),
+    "grpc": Family(
+        None,
+        "remote",
+        "grpc://host:port, an env served by jaxmesh serve-env "
+        "(grpcs://host:port over TLS)",
+    ),
+}
+
+#: The prefixes ``make_env`` builds (gymnasium ids and served addresses run on
+#: the host).
+PREFIXES = tuple(p for p, f in FAMILIES.items() if f.make is not None)
 
 #: What jaxmesh needs from an env of its own protocol (``jaxmesh.types.Env``).
 PROTOCOL = {
@@ -102,12 +176,8 @@ def make_env(env: Any, **kwargs: Any) -> Any:
     if _is_gymnax(env):
         return GymnaxEnv(env)
     if _is_brax(env):
-        from jaxmesh.envs import brax
-
         return brax.from_env(env)
     if is_playground(env):
-        from jaxmesh.envs import playground
-
         return playground.from_env(env)
     return _check_protocol(env)
 
@@ -115,67 +185,39 @@ def make_env(env: Any, **kwargs: Any) -> Any:
 def _from_id(env_id: str, kwargs: dict) -> Any:
     prefix, sep, name = env_id.partition(":")
     if sep and prefix in PREFIXES and name:
-        if prefix == "gymnax":
-            from jaxmesh.envs import gymnax
-
-            return gymnax.make(name, **kwargs)
-        if prefix == "playground":
-            from jaxmesh.envs import playground
-
-            return _make_playground(playground, name, kwargs)
-        if prefix == "libero":
-            from jaxmesh.envs import libero
-
-            return libero.make(name, **kwargs)
-        if prefix == "envpool":
-            from jaxmesh.envs import envpool
-
-            return envpool.make(name, **kwargs)
-        from jaxmesh.envs import brax
-
-        return brax.make(name, **kwargs)
+        return FAMILIES[prefix].make(name, **kwargs)
     expected = (
         f"expected 'PREFIX:NAME' with PREFIX one of {list(PREFIXES)}, "
         "e.g. 'gymnax:CartPole-v1' or 'brax:ant'"
     )
+    hints = [f.hint for f in FAMILIES.values()]
     if not sep:
         # The user may have left the prefix out: compare with the names.
         hint = did_you_mean(env_id, _all_ids(), key=lambda i: i.partition(":")[2])
-        raise ValueError(no_prefix(env_id, hint))
-    if prefix not in PREFIXES:
-        hint = did_you_mean(prefix, ENV_PREFIXES) or "known: " + "; ".join(
-            ENV_PREFIXES.values()
+        hint = f" {hint}" if hint else ""
+        raise ValueError(
+            f"env id {env_id!r} has no prefix;{hint} an env id names its kind "
+            f"first: {'; '.join(hints)}"
         )
+    if prefix not in PREFIXES:
+        hint = did_you_mean(prefix, FAMILIES) or "known: " + "; ".join(hints)
         raise ValueError(f"unknown env prefix {prefix!r} in {env_id!r}; {hint}")
     raise ValueError(f"env id {env_id!r} names no env after {prefix!r} ({expected})")
-
-
-def _make_playground(playground: Any, name: str, kwargs: dict) -> Any:
-    try:
-        return playground.make(name, **kwargs)
-    except TypeError as e:
-        if "unexpected keyword" not in str(e):
-            raise
-        raise TypeError(
-            f"Playground env {name!r} does not take {sorted(kwargs)}: pass "
-            "config_overrides={...} (Playground config keys), config, "
-            "episode_length, randomize or menagerie (a MuJoCo Menagerie checkout)"
-        ) from e
 
 
 def _all_ids() -> list[str]:
     """Every 'PREFIX:NAME' of the installed libraries (for hints only)."""
     ids = []
     try:
-        import gymnax
+        import gymnax as gymnax_lib
 
-        ids += [f"gymnax:{n}" for n in gymnax.registered_envs]
+        ids += [f"gymnax:{n}" for n in gymnax_lib.registered_envs]
     except ImportError:
         pass
     try:
-        from brax import envs
+        from brax import envs as brax_envs
 
-        ids += [f"brax:{n}" for n in envs._envs]
+        ids += [f"brax:{n}" for n in brax_envs._envs]
     except ImportError:
         pass
     if "mujoco_playground" in sys.modules:  # importing it takes seconds
@@ -251,6 +293,9 @@ def _short_repr(env: Any) -> str:
 
 __all__ = [
     "make_env",
+    "FAMILIES",
+    "Family",
+    "PREFIXES",
     "GymnaxEnv",
     "BraxEnv",
     "PlaygroundEnv",

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxmesh.envs.names import unknown_id
 from jaxmesh.envs.timing import step_seconds
 
 #: brax's own convention (``brax.envs.create(episode_length=1000)``).
@@ -138,8 +139,6 @@ def make(env_id: str, **kwargs: Any) -> BraxEnv:
     if episode_length is not None:
         episode_length = _check_episode_length(episode_length)
     if env_id not in envs._envs:
-        from jaxmesh.envs.names import unknown_id
-
         raise ValueError(
             unknown_id(
                 "brax env",

@@ -35,6 +35,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import ffi
+
+from jaxmesh.envs.names import unknown_id
 
 #: What jaxmesh passes to every Atari task unless the user passes otherwise:
 #: the episode is a whole game (no life loss ends it) and rewards are the
@@ -79,8 +82,6 @@ def make(task_id: str, pool_episodes: int = POOL_EPISODES, **kwargs: Any) -> Env
         ) from e
     known = envpool.list_all_envs()
     if task_id not in known:
-        from jaxmesh.envs.names import unknown_id
-
         raise ValueError(
             unknown_id(
                 "EnvPool task", task_id, known, "envpool.list_all_envs() lists them"
@@ -363,8 +364,6 @@ def _zeros(s: jax.ShapeDtypeStruct) -> jax.Array:
 def _ffi(pool: Any, name: str, handle: bytes, specs: tuple, capsules: tuple):
     """EnvPool's XLA call ``name`` with 64-bit buffers declared as uint32 pairs
     (their bytes), so that no 64-bit type enters the program."""
-    from jax import ffi
-
     _, outs = specs
     # The handler is one function per pool class (the pool is the call's
     # handle): a name reused after a pool is freed then names the same one.

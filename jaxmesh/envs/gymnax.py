@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.envs import timing
+from jaxmesh.envs.names import unknown_id
 from jaxmesh.envs.timing import step_seconds
 
 
@@ -99,8 +100,6 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
             f"env {env_id!r} needs gymnax: pip install 'jaxmesh[gymnax]'"
         ) from e
     if env_id not in gymnax.registered_envs:
-        from jaxmesh.envs.names import unknown_id
-
         raise ValueError(
             unknown_id(
                 "gymnax env",

@@ -44,7 +44,10 @@ import os
 import sys
 from typing import Any
 
+import gymnasium
 import numpy as np
+
+from jaxmesh.envs.names import did_you_mean
 
 PREFIX = "libero"
 
@@ -86,7 +89,7 @@ def _gl_backend() -> str:
         package and the variable).
     """
     if "OpenGL" not in sys.modules and "robosuite" not in sys.modules:
-        # Both read their variable when first imported.
+        # Only while unset: PyOpenGL and robosuite read these when first imported.
         os.environ.setdefault("MUJOCO_GL", "osmesa")
         os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     backend = os.environ.get("MUJOCO_GL", "").strip().lower()
@@ -171,8 +174,6 @@ def check_suite(suite: Any) -> str:
       ValueError: not one of ``SUITES`` (naming them).
     """
     if not isinstance(suite, str) or suite not in SUITES:
-        from jaxmesh.envs.names import did_you_mean
-
         hint = did_you_mean(str(suite), SUITES) if isinstance(suite, str) else ""
         hint = f" {hint}" if hint else ""
         raise ValueError(
@@ -338,18 +339,12 @@ def video_frame(obs: Any, state: Any = None) -> np.ndarray:
     return np.ascontiguousarray(np.clip(img, 0, 255).astype(np.uint8)[::-1, ::-1])
 
 
-def _gym() -> Any:
-    import gymnasium
-
-    return gymnasium
-
-
 def _space(obs: dict) -> Any:
     """A Dict space of LIBERO's observation: images (``<camera>_image``)
     ``[0, 255]`` uint8 as the renderer returns them (before the first reset
     robosuite holds them as floats), the rest unbounded, each leaf with its
     own shape and dtype."""
-    spaces = _gym().spaces
+    spaces = gymnasium.spaces
     leaves = {}
     for k, v in obs.items():
         v = np.asarray(v)
@@ -360,11 +355,7 @@ def _space(obs: dict) -> Any:
     return spaces.Dict(leaves)
 
 
-def _base_env() -> type:
-    return _gym().Env
-
-
-class LiberoEnv(_base_env()):
+class LiberoEnv(gymnasium.Env):
     """One LIBERO task as a gymnasium env that runs the papers' protocol.
 
     Args:
@@ -439,12 +430,12 @@ class LiberoEnv(_base_env()):
         # identity wherever it runs (a resume with others is refused).
         settle = self.settle_steps
         tag = "" if settle == DEFAULT_SETTLE_STEPS else f"-settle{settle}"
-        self.spec = _gym().envs.registration.EnvSpec(
+        self.spec = gymnasium.envs.registration.EnvSpec(
             id=f"{PREFIX}:{suite}/{self.task_index}{tag}",
             max_episode_steps=self.max_episode_steps,
         )
         low, high = self._env.env.action_spec
-        spaces = _gym().spaces
+        spaces = gymnasium.spaces
         self.action_space = spaces.Box(
             np.asarray(low, np.float32), np.asarray(high, np.float32), dtype=np.float32
         )

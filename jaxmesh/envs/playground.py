@@ -26,12 +26,14 @@ import math
 import operator
 import os
 import pathlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jaxmesh.envs.names import did_you_mean, unknown_id
 from jaxmesh.envs.timing import step_seconds
 
 #: Playground's own default (``wrap_for_brax_training(episode_length=1000)``),
@@ -372,8 +374,6 @@ def _fn_name(fn: Any) -> str:
 def is_playground(env: Any) -> bool:
     """Whether ``env`` is a Playground ``MjxEnv`` (False when Playground is
     not loaded: then nothing is one)."""
-    import sys
-
     mod = sys.modules.get("mujoco_playground._src.mjx_env")
     return mod is not None and isinstance(env, mod.MjxEnv)
 
@@ -419,8 +419,6 @@ def make(
             f"env {env_id!r} needs MuJoCo Playground: pip install 'jaxmesh[playground]'"
         ) from e
     if env_id not in registry.ALL_ENVS:
-        from jaxmesh.envs.names import unknown_id
-
         raise ValueError(
             unknown_id(
                 "Playground env",
@@ -441,8 +439,6 @@ def make(
     overrides = {**defaults, **dict(config_overrides or {})}
     unknown = sorted(k for k in overrides if k not in known)
     if unknown:
-        from jaxmesh.envs.names import did_you_mean
-
         hint = did_you_mean(unknown[0], known)
         raise ValueError(
             f"config_overrides {unknown} for Playground env {env_id!r}: not keys "

@@ -39,6 +39,7 @@ from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
 from jaxmesh.envs.gymnasium.lanes import env_actions, import_gymnasium, info_value
 from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
+from jaxmesh.envs.gymnasium.workers import WorkerLost, WorkerPool, build_envs
 
 __all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
 
@@ -396,8 +397,6 @@ class WorkerEnvLanes:
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int):
-        from jaxmesh.envs.gymnasium.workers import WorkerPool
-
         self.pool = WorkerPool(source, num_lanes, workers)
         try:
             pool = self.pool
@@ -470,8 +469,6 @@ class WorkerEnvLanes:
           workers.WorkerLost: the worker died again (marked with the lane it
             was resetting: the run names its episode).
         """
-        from jaxmesh.envs.gymnasium.workers import WorkerLost
-
         self.carry()  # every leaf, unless the run named the ones it reads
         asc = _ascending(
             lanes, seeds, trials, self.pool.declares_trial_index, max_episode_seconds
@@ -581,8 +578,6 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:
         or shared.is_factory(env)
         or (isinstance(env, list) and env and all(map(shared.is_factory, env)))
     ):
-        from jaxmesh.envs.gymnasium.workers import build_envs
-
         envs = build_envs(env, range(max(1, min(num_envs, episodes))))
         try:
             return EnvLanes(envs, owned=True)
