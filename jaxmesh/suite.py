@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxmesh import text
 from jaxmesh.results import stats as _stats
-from jaxmesh.results.result import RunResult, flag_rate
+from jaxmesh.results.result import RunResult, flag_rate, frozen
 from jaxmesh.run import checks, stream
 from jaxmesh.run.config import RunConfig
 
@@ -534,7 +534,7 @@ def _task_row(name: str, env: str, stats: dict) -> dict[str, Any]:
     }
 
 
-@dataclasses.dataclass(slots=True)
+@frozen
 class SuiteResult:
     """The result of ``jaxmesh.evaluate(policy, suite)``.
 

@@ -8,6 +8,7 @@ the per-episode values here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from html.parser import HTMLParser
@@ -137,8 +138,8 @@ def test_round_trip_and_compare(mixed):
         np.testing.assert_array_equal(back.tasks[name].returns, r.returns)
     # B = A with each return shifted by a known amount per task.
     shifted = SuiteResult.from_dict(result.to_dict())
-    for k, r in enumerate(shifted.tasks.values()):
-        r.returns = r.returns + (k + 1.0)
+    for k, (name, r) in enumerate(shifted.tasks.items()):
+        shifted.tasks[name] = dataclasses.replace(r, returns=r.returns + (k + 1.0))
     cmp = jaxmesh.compare(result, shifted, resamples=200)
     assert [c.difference for c in cmp.tasks.values()] == pytest.approx([1.0, 2.0, 3.0])
     assert cmp.pooled.difference == pytest.approx((5 * 1 + 3 * 2 + 5 * 3) / 13)
@@ -447,8 +448,7 @@ def test_suite_success_rate_is_pooled_and_the_mean_over_tasks_is_its_own():
     back = SuiteResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert back.success_rate == pytest.approx(4 / 6)
     # A task without the signal, or an episode without it: no made-up rate.
-    no_signal = flagged_run([True, False])
-    no_signal.success = None
+    no_signal = dataclasses.replace(flagged_run([True, False]), success=None)
     for missing in (no_signal, flagged_run([True, None])):
         part = SuiteResult({"a": flagged_run([True, False]), "b": missing})
         assert part.success_rate is None and part.task_mean_success_rate is None

@@ -73,7 +73,7 @@ def write_videos(
             raise VideoError(f"episode {tr.episode}: {type(e).__name__}: {e}") from e
         print(f"wrote {target}")
     if base is not None:
-        result.videos = [
+        result.videos[:] = [
             os.path.relpath(Path(v).absolute(), base.absolute()) for v in result.videos
         ]
 

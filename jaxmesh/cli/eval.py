@@ -8,6 +8,7 @@ episodes and the report are written before the videos (``_write_outputs``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -131,7 +132,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if suite:
         return _finish_suite(result, config, report, video)
     # What a later --resume of this result checks: the step cap, the params.
-    result.fingerprint = {**(result.fingerprint or {}), **fp}
+    result = dataclasses.replace(
+        result, fingerprint={**(result.fingerprint or {}), **fp}
+    )
     print(result.summary())
     if args.telemetry:
         print(result.format_telemetry())

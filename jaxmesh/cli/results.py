@@ -37,7 +37,7 @@ def load_result(path: str | Path) -> Any:
         result = RunResult.from_dict(data)
         npz = p.with_suffix(".npz")  # what eval wrote for a run with record:
         if data.get("recorded") and npz.is_file():
-            result.load_trajectories(npz, data["recorded"])
+            result = result.load_trajectories(npz, data["recorded"])
         return result
     except (ValueError, OSError) as e:
         raise ConfigError(f"result file {str(path)!r}: {e}") from e

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -342,6 +343,61 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
             )
         )
     return out
+
+
+def save_trajectories(trajectories: list | None, path: str | Path) -> Path:
+    """Writes ``trajectories`` to one ``.npz`` file, each array as
+    ``ep<episode>/<name>`` (``RunResult.save_trajectories``).
+
+    Raises:
+      ValueError: there are none.
+    """
+    if not trajectories:
+        raise ValueError(
+            "this result holds no trajectories; run with "
+            "record=jaxmesh.Record(episodes=[...])"
+        )
+    arrays = {
+        f"ep{tr.episode}/{name}": value
+        for tr in trajectories
+        for name, value in tr.arrays().items()
+    }
+    path = Path(path)
+    with open(path, "wb") as f:  # np.savez would append .npz to other names
+        np.savez_compressed(f, **arrays)
+    return path
+
+
+def load_trajectories(path: str | Path, recorded: list | None) -> list[Trajectory]:
+    """The trajectories ``save_trajectories`` wrote to ``path``, one per entry
+    of ``recorded`` (a result's ``to_dict()["recorded"]``).
+
+    Raises:
+      ValueError: the file lacks an episode ``recorded`` lists.
+    """
+    out = []
+    with np.load(path) as z:
+        for r in recorded or []:
+            p = f"ep{r['episode']}/"
+            arrays = {k[len(p) :]: z[k] for k in z.files if k.startswith(p)}
+            if not arrays:
+                raise ValueError(
+                    f"{path} holds no arrays of episode {r['episode']} "
+                    f"(it has {sorted(z.files)[:6]}...); pass the .npz file "
+                    "that save_trajectories wrote for this result"
+                )
+            out.append(
+                Trajectory.from_arrays(
+                    arrays, r["episode"], r["seed"], r["length"], r["cut"]
+                )
+            )
+    return out
+
+
+def recorded_index(trajectories: list) -> list[dict]:
+    """What ``to_dict()["recorded"]`` lists of each trajectory."""
+    keys = ("episode", "seed", "length", "steps", "cut")
+    return [{k: getattr(tr, k) for k in keys} for tr in trajectories]
 
 
 __all__ = ["Record", "Trajectory", "DEFAULT_RECORD_STEPS", "check_record"]

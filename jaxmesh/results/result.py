@@ -24,9 +24,8 @@ import numpy as np
 
 from jaxmesh._version import __version__
 from jaxmesh.core.tally import EPISODE_FIELDS
-from jaxmesh.results import checksum
+from jaxmesh.results import checksum, record
 from jaxmesh.results import stats as _stats
-from jaxmesh.results.record import Trajectory, trajectories_from
 
 
 class EpisodeResult(NamedTuple):
@@ -250,6 +249,19 @@ def made_with() -> dict:
     }
 
 
+def _refuse(self: Any, name: str, value: Any) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def frozen(cls: type) -> type:
+    """``dataclasses.dataclass(frozen=True, slots=True)``, whose assignment
+    of an undeclared name raises ``FrozenInstanceError`` too (Python 3.11's
+    raises a TypeError: it calls ``super()`` on the class slots replaced)."""
+    cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    cls.__setattr__ = _refuse
+    return cls
+
+
 #: ``RunResult`` array -> the episode key ``to_dict`` writes it under.
 _EPISODE_KEYS = {
     "indices": "index",
@@ -272,7 +284,7 @@ _ARRAYS = {
 }
 
 
-@dataclasses.dataclass(slots=True)
+@frozen
 class RunResult:
     """A run's results, arrays ordered by episode index.
 
@@ -441,7 +453,7 @@ class RunResult:
         trajectories = None
         recording = getattr(res, "recording", None)
         if recording is not None:
-            trajectories = trajectories_from(
+            trajectories = record.trajectories_from(
                 recording,
                 idx,
                 np.asarray(seeds)[idx],
@@ -562,27 +574,9 @@ class RunResult:
           ``success_at_end_rate`` and ``successes_at_reset``.
           What too few episodes cannot give is None.
         """
-        out = _stats.describe(
-            self.returns,
-            self.lengths,
-            self.success,
-            confidence=confidence,
-            resamples=resamples,
-            seed=seed,
+        return _stats.run_stats(
+            self, confidence=confidence, resamples=resamples, seed=seed
         )
-        out["success_key"] = self.success_key
-        out["success_mode"] = self.success_mode
-        out["success_once_rate"] = self.success_once_rate
-        out["success_at_end_rate"] = self.success_at_end_rate
-        out["successes_at_reset"] = self.successes_at_reset
-        out["metrics"] = {
-            name: {
-                "reduction": self.metric_reductions.get(name, "last"),
-                "mean": _stats.metric_mean(values),
-            }
-            for name, values in self.metrics.items()
-        }
-        return out
 
     def plot(self) -> Any:
         """The run's plots as a matplotlib ``Figure``
@@ -624,23 +618,13 @@ class RunResult:
         Raises:
           ValueError: the run recorded nothing.
         """
-        if not self.trajectories:
-            raise ValueError(
-                "this result holds no trajectories; run with "
-                "record=jaxmesh.Record(episodes=[...])"
-            )
-        arrays = {
-            f"ep{tr.episode}/{name}": value
-            for tr in self.trajectories
-            for name, value in tr.arrays().items()
-        }
-        path = Path(path)
-        with open(path, "wb") as f:  # np.savez would append .npz to other names
-            np.savez_compressed(f, **arrays)
-        return path
+        return record.save_trajectories(self.trajectories, path)
 
-    def load_trajectories(self, path: str | Path, recorded: list | None = None) -> None:
-        """Reads trajectories ``save_trajectories`` wrote into ``trajectories``.
+    def load_trajectories(
+        self, path: str | Path, recorded: list | None = None
+    ) -> RunResult:
+        """This result with the trajectories ``save_trajectories`` wrote
+        (``result = result.load_trajectories("run.npz")``).
 
         Args:
           path: the ``.npz`` file.
@@ -651,38 +635,14 @@ class RunResult:
           ValueError: the file lacks an episode the record lists.
         """
         recorded = recorded if recorded is not None else self._recorded
-        with np.load(path) as z:
-            out = []
-            for r in recorded or []:
-                p = f"ep{r['episode']}/"
-                arrays = {k[len(p) :]: z[k] for k in z.files if k.startswith(p)}
-                if not arrays:
-                    raise ValueError(
-                        f"{path} holds no arrays of episode {r['episode']} "
-                        f"(it has {sorted(z.files)[:6]}...); pass the .npz file "
-                        "that save_trajectories wrote for this result"
-                    )
-                out.append(
-                    Trajectory.from_arrays(
-                        arrays, r["episode"], r["seed"], r["length"], r["cut"]
-                    )
-                )
-        self.trajectories = out
+        loaded = record.load_trajectories(path, recorded)
+        return dataclasses.replace(self, trajectories=loaded)
 
     @property
     def _recorded(self) -> list | None:
         if self.trajectories is None:
             return self._recorded_meta
-        return [
-            {
-                "episode": tr.episode,
-                "seed": tr.seed,
-                "length": tr.length,
-                "steps": tr.steps,
-                "cut": tr.cut,
-            }
-            for tr in self.trajectories
-        ]
+        return record.recorded_index(self.trajectories)
 
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
@@ -774,99 +734,101 @@ class RunResult:
           ValueError: a key or an episode field is missing or has the wrong
             type, naming it.
         """
-        if not isinstance(d, dict):
-            raise ValueError(
-                f"a result dict was expected (RunResult.to_dict(), the JSON of "
-                f"jaxmesh eval); got a {type(d).__name__}"
-            )
-        missing = [k for k in ("settings", "totals", "episodes") if k not in d]
-        if missing:
-            raise ValueError(
-                f"the result dict lacks {missing} (it has {sorted(d)}); expected "
-                "what RunResult.to_dict() writes (the JSON of jaxmesh eval)"
-            )
-        settings, totals, episodes = d["settings"], d["totals"], d["episodes"]
-        try:
-            columns = {
-                key: [ep[key] for ep in episodes] for key in _EPISODE_KEYS.values()
-            }
-            steps, sps = int(totals["env_steps"]), float(totals["steps_per_second"])
-            run_time = totals.get("run_time", steps / sps if sps > 0 else 0.0)
-            arrays = {
-                field: np.asarray(columns[key], dtype)
-                for field, (key, dtype) in _ARRAYS.items()
-            }
-            # The engine's returns are float32; keep them so (the mean, and so
-            # ``to_dict``, depends on the dtype) unless a value needs more.
-            single = arrays["returns"].astype(np.float32)
-            if np.array_equal(single, arrays["returns"]):
-                arrays["returns"] = single
-            reductions = dict(settings.get("metrics") or {})
-            success_key = settings.get("success_key")
-            # A file written before both were kept holds the flag at the end
-            # as ``success``, under the rule of the time: "end".
-            mode = settings.get("success_mode", "end")
-            kinds: dict = dict.fromkeys(SUCCESS_KINDS)
-            if success_key is not None:
-                for kind in SUCCESS_KINDS:
-                    kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
-                if "success_mode" not in settings:
-                    kinds["success_at_end"] = flags_array(
-                        ep.get("success") for ep in episodes
-                    )
-            metrics = {}
-            for name, red in reductions.items():
-                values = [ep["metrics"][name] for ep in episodes]
-                metrics[name] = (
-                    np.asarray(values, bool)
-                    if red == "any"
-                    else np.asarray(
-                        [np.nan if v is None else v for v in values], np.float32
-                    )
+        return _from_dict(cls, d)
+
+
+def _from_dict(cls: type, d: dict) -> RunResult:
+    """``RunResult.from_dict`` (its docstring says what it reads)."""
+    if not isinstance(d, dict):
+        raise ValueError(
+            f"a result dict was expected (RunResult.to_dict(), the JSON of "
+            f"jaxmesh eval); got a {type(d).__name__}"
+        )
+    missing = [k for k in ("settings", "totals", "episodes") if k not in d]
+    if missing:
+        raise ValueError(
+            f"the result dict lacks {missing} (it has {sorted(d)}); expected "
+            "what RunResult.to_dict() writes (the JSON of jaxmesh eval)"
+        )
+    settings, totals, episodes = d["settings"], d["totals"], d["episodes"]
+    try:
+        columns = {key: [ep[key] for ep in episodes] for key in _EPISODE_KEYS.values()}
+        steps, sps = int(totals["env_steps"]), float(totals["steps_per_second"])
+        run_time = totals.get("run_time", steps / sps if sps > 0 else 0.0)
+        arrays = {
+            field: np.asarray(columns[key], dtype)
+            for field, (key, dtype) in _ARRAYS.items()
+        }
+        # The engine's returns are float32; keep them so (the mean, and so
+        # ``to_dict``, depends on the dtype) unless a value needs more.
+        single = arrays["returns"].astype(np.float32)
+        if np.array_equal(single, arrays["returns"]):
+            arrays["returns"] = single
+        reductions = dict(settings.get("metrics") or {})
+        success_key = settings.get("success_key")
+        # A file written before both were kept holds the flag at the end
+        # as ``success``, under the rule of the time: "end".
+        mode = settings.get("success_mode", "end")
+        kinds: dict = dict.fromkeys(SUCCESS_KINDS)
+        if success_key is not None:
+            for kind in SUCCESS_KINDS:
+                kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
+            if "success_mode" not in settings:
+                kinds["success_at_end"] = flags_array(
+                    ep.get("success") for ep in episodes
                 )
-            result = cls(
-                **arrays,
-                env_steps=steps,
-                policy_rows=int(totals["policy_rows"]),
-                wall_time=float(totals["wall_time"]),
-                compile_time=float(totals["compile_time"]),
-                run_time=float(run_time),
-                num_envs=int(settings["num_envs"]),
-                horizon=int(settings["horizon"]),
-                effective_horizon=int(settings["effective_horizon"]),
-                prefetch_lead=int(settings["prefetch_lead"]),
-                delay=int(settings.get("delay", 0)),
-                delay_ms=settings.get("delay_ms"),
-                execution=settings.get("execution"),
-                policy=str(d.get("policy", "")),
-                env=str(d.get("env", "")),
-                chunk=settings.get("chunk"),
-                plan_tile=int(settings.get("plan_tile", 0)),
-                max_episode_seconds=settings.get("max_episode_seconds"),
-                trial_index_base=int(settings.get("trial_index_base", 0)),
-                instruction=settings.get("instruction"),
-                telemetry=d.get("telemetry"),
-                success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
-                **kinds,
-                success_mode=mode,
-                metrics=metrics,
-                metric_reductions=reductions,
-                success_key=success_key,
-                videos=[str(v) for v in d.get("videos", [])],
-                server_losses=[dict(x) for x in d.get("server_losses", [])],
-                fingerprint=d.get("fingerprint"),
-                provenance=d.get("provenance"),
-                resumed_part=totals.get("resumed_part"),
-                # The arrays live in an .npz file (load_trajectories); their
-                # index is kept so that to_dict() writes it back.
-                _recorded_meta=d.get("recorded"),
-                _record_issues=_record_issues(episodes, d.get("fingerprint")),
+        metrics = {}
+        for name, red in reductions.items():
+            values = [ep["metrics"][name] for ep in episodes]
+            metrics[name] = (
+                np.asarray(values, bool)
+                if red == "any"
+                else np.asarray(
+                    [np.nan if v is None else v for v in values], np.float32
+                )
             )
-            return result
-        except (KeyError, TypeError, ValueError) as e:
-            what = f"key {e}" if isinstance(e, KeyError) else str(e)
-            raise ValueError(
-                f"the result dict is malformed ({type(e).__name__}: {what}); "
-                "expected what RunResult.to_dict() writes: settings, totals and "
-                f"episodes with fields {sorted(_EPISODE_KEYS.values())}"
-            ) from e
+        return cls(
+            **arrays,
+            env_steps=steps,
+            policy_rows=int(totals["policy_rows"]),
+            wall_time=float(totals["wall_time"]),
+            compile_time=float(totals["compile_time"]),
+            run_time=float(run_time),
+            num_envs=int(settings["num_envs"]),
+            horizon=int(settings["horizon"]),
+            effective_horizon=int(settings["effective_horizon"]),
+            prefetch_lead=int(settings["prefetch_lead"]),
+            delay=int(settings.get("delay", 0)),
+            delay_ms=settings.get("delay_ms"),
+            execution=settings.get("execution"),
+            policy=str(d.get("policy", "")),
+            env=str(d.get("env", "")),
+            chunk=settings.get("chunk"),
+            plan_tile=int(settings.get("plan_tile", 0)),
+            max_episode_seconds=settings.get("max_episode_seconds"),
+            trial_index_base=int(settings.get("trial_index_base", 0)),
+            instruction=settings.get("instruction"),
+            telemetry=d.get("telemetry"),
+            success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
+            **kinds,
+            success_mode=mode,
+            metrics=metrics,
+            metric_reductions=reductions,
+            success_key=success_key,
+            videos=[str(v) for v in d.get("videos", [])],
+            server_losses=[dict(x) for x in d.get("server_losses", [])],
+            fingerprint=d.get("fingerprint"),
+            provenance=d.get("provenance"),
+            resumed_part=totals.get("resumed_part"),
+            # The arrays live in an .npz file (load_trajectories); their
+            # index is kept so that to_dict() writes it back.
+            _recorded_meta=d.get("recorded"),
+            _record_issues=_record_issues(episodes, d.get("fingerprint")),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"key {e}" if isinstance(e, KeyError) else str(e)
+        raise ValueError(
+            f"the result dict is malformed ({type(e).__name__}: {what}); "
+            "expected what RunResult.to_dict() writes: settings, totals and "
+            f"episodes with fields {sorted(_EPISODE_KEYS.values())}"
+        ) from e

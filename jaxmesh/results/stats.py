@@ -425,6 +425,39 @@ def describe(
     }
 
 
+def run_stats(
+    result: Any,
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> dict[str, Any]:
+    """``RunResult.stats()``: ``describe`` of its returns, lengths and
+    headline success, with its success key and mode, the other success
+    figures and each metric's reduction and mean."""
+    out = describe(
+        result.returns,
+        result.lengths,
+        result.success,
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+    )
+    out["success_key"] = result.success_key
+    out["success_mode"] = result.success_mode
+    out["success_once_rate"] = result.success_once_rate
+    out["success_at_end_rate"] = result.success_at_end_rate
+    out["successes_at_reset"] = result.successes_at_reset
+    out["metrics"] = {
+        name: {
+            "reduction": result.metric_reductions.get(name, "last"),
+            "mean": metric_mean(values),
+        }
+        for name, values in result.metrics.items()
+    }
+    return out
+
+
 # Paired comparison ------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Comparison:

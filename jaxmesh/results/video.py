@@ -298,7 +298,7 @@ def episode_frames(
         raise ValueError(
             "this result holds no trajectories: run with record=jaxmesh.Record("
             "episodes=[...]), or, for a result read with RunResult.from_dict, "
-            "load them first (result.load_trajectories(npz_path))"
+            "load them first (result = result.load_trajectories(npz_path))"
         )
     tr = result.trajectory(episode)
     if frames is None and tr.frames is None and tr.states is not None:

@@ -364,8 +364,9 @@ def fingerprinting(
     fields = fingerprint(config.max_episode_steps, params, digest=True)
 
     def stamp(result: RunResult) -> RunResult:
-        result.fingerprint = {**fields, **(result.fingerprint or {})}
-        return result
+        return dataclasses.replace(
+            result, fingerprint={**fields, **(result.fingerprint or {})}
+        )
 
     try:
         with identity.evaluating(fields):
@@ -373,7 +374,7 @@ def fingerprinting(
     except BaseException as exc:
         partial = getattr(exc, "partial_result", None)
         if isinstance(partial, RunResult):
-            stamp(partial)
+            exc.partial_result = partial = stamp(partial)
             _flush_logs(call.get("hooks"), partial, partial.episodes)
         raise
 
@@ -865,8 +866,7 @@ def load_episode_log(path: Any) -> RunResult:
         "fingerprint": runs[0].get("fingerprint"),
     }
     result = RunResult.from_dict({**d, "fingerprint": None})
-    result.fingerprint = d["fingerprint"]
-    return result
+    return dataclasses.replace(result, fingerprint=d["fingerprint"])
 
 
 def _identity_of(fp: Any) -> tuple:

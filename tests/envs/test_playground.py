@@ -432,8 +432,7 @@ def draw(tr, t):
 def load(stem):
     with open(stem + ".json") as f:
         r = jaxmesh.RunResult.from_dict(json.load(f))
-    r.load_trajectories(stem + ".npz")
-    return r
+    return r.load_trajectories(stem + ".npz")
 
 
 # The 1000-step episode: states at its end (drawing all 1001 frames with a
@@ -469,7 +468,7 @@ def test_set_and_recorded_states_are_drawn(shipped, randomized, tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps(r.to_dict()))
         r.save_trajectories(tmp_path / f"{name}.npz")
         back = jaxmesh.RunResult.from_dict(r.to_dict())
-        back.load_trajectories(tmp_path / f"{name}.npz")
+        back = back.load_trajectories(tmp_path / f"{name}.npz")
         for a, b in zip(r.trajectories, back.trajectories, strict=True):
             assert sorted(b.states) == sorted(playground.RENDER_FIELDS)
             for k, v in a.states.items():

@@ -287,7 +287,7 @@ def test_to_dict_and_npz_round_trip(tmp_path):
     back = RunResult.from_dict(json.loads(json.dumps(d)))
     assert back.to_dict() == d and back.trajectories is None
     path = r.save_trajectories(tmp_path / "traj.npz")
-    back.load_trajectories(path)
+    back = back.load_trajectories(path)
     for a, b in zip(r.trajectories, back.trajectories, strict=True):
         for field in ("episode", "seed", "length", "cut"):
             assert getattr(a, field) == getattr(b, field)

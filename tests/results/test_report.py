@@ -10,6 +10,7 @@ a plain gymnasium loop for a real ``jaxmesh eval`` run in a subprocess.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import subprocess
@@ -233,7 +234,9 @@ def test_histogram_of_hand_worked_returns():
 
 def test_success_panel_shows_the_running_rate():
     result = make_result([1.0, 0.0, 1.0, 1.0, 0.0])
-    result.success = np.array([True, False, True, True, False])
+    result = dataclasses.replace(
+        result, success=np.array([True, False, True, True, False])
+    )
     ax = axes_by_title(result.plot())
     assert list(ax) == [
         "Returns",
@@ -249,8 +252,7 @@ def test_success_panel_shows_the_running_rate():
 
 @pytest.mark.parametrize("success", [None, np.array([True, None, False], object)])
 def test_no_success_panel_without_a_signal(success):
-    result = make_result([1.0, 2.0, 3.0])
-    result.success = success
+    result = dataclasses.replace(make_result([1.0, 2.0, 3.0]), success=success)
     assert len(result.plot().axes) == 3
 
 
@@ -315,7 +317,7 @@ def test_report_page_holds_the_stats_settings_telemetry_and_episodes(tmp_path):
         max_episode_seconds=2.5,
         telemetry=TELEMETRY,
     )
-    result.success = flags
+    result = dataclasses.replace(result, success=flags)
     path = result.report(tmp_path / "sub" / "report.html")
     text = path.read_text(encoding="utf-8")
     page = Page(text)

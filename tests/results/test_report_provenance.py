@@ -4,6 +4,7 @@ and videos, and the lines that replace plots of one value: checked in the HTML
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -104,7 +105,7 @@ def test_suite_report_lists_each_tasks_episodes_videos_and_provenance(tmp_path):
     video = tmp_path / "ep0.gif"
     video.write_bytes(b"GIF89a" + bytes(20))  # embedded as it is, never decoded
     a = make_result([1.0, 2.0, 3.0], fingerprint=FINGERPRINT, provenance=PROVENANCE)
-    a.videos = [video.name]
+    a = dataclasses.replace(a, videos=[video.name])
     b = make_result([4.0, 6.0])
     suite = SuiteResult(tasks={"reach": a, "push": b}, wall_time=2.0)
     path = suite.report(tmp_path / "suite.html")

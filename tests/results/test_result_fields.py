@@ -9,6 +9,7 @@ checked here are written out by hand or come from the plain gymnasium loop of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gymnasium as gym
@@ -56,8 +57,10 @@ def test_setting_an_undeclared_attribute_raises():
     with pytest.raises(AttributeError):
         r._made_up = 1
     assert not hasattr(r, "__dict__")
-    # Declared fields are set as before.
-    r.fingerprint = {"env": "x"}
+    # Declared fields are frozen: a changed result is a new one.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.fingerprint = {"env": "x"}
+    r = dataclasses.replace(r, fingerprint={"env": "x"})
     assert r.fingerprint == {"env": "x"}
     suite = SuiteResult(tasks={"a": r})
     with pytest.raises(AttributeError):

@@ -4,6 +4,7 @@ definition rliable's IQM uses)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -323,12 +324,12 @@ def test_run_result_stats_summary_and_round_trip():
 
 def test_success_flags_give_a_wilson_interval_and_missing_ones_none():
     result = synthetic(np.arange(10.0))
-    result.success = np.array([True] * 8 + [False] * 2)
+    result = dataclasses.replace(result, success=np.array([True] * 8 + [False] * 2))
     s = result.stats()
     assert s["success_rate"] == 0.8
     assert s["success_interval"] == pytest.approx([0.4902, 0.9433], abs=5e-5)
     assert "success rate" in result.summary()
-    result.success = None
+    result = dataclasses.replace(result, success=None)
     assert result.stats()["success_rate"] is None
     assert "success rate" not in result.summary()
 
