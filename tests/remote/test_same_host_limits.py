@@ -40,7 +40,7 @@ options = ServeOptions(handshake_timeout_seconds=float(sys.argv[1]))
 server = EnvServer([gym.make("CartPole-v1")], "127.0.0.1:0", options=options)
 server.start()
 if sys.argv[2] == "other-user":  # as if this server ran as another user
-    server._shm_uid = server._shm_uid + 1
+    server._same_host.uid += 1
 print(server.address, flush=True)
 server.serve()
 """

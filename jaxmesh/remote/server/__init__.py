@@ -32,7 +32,7 @@ the request limit, address checks), ``lanes.py`` (the served lanes, their
 worker pool, a checked request), ``requests.py`` (parsing and checking a
 call), ``sessions.py`` (a session's watchdog, and how shutdown ends one),
 ``service.py`` (``EnvServer``: lifecycle and the gRPC service) and
-``same_host.py`` (the same-host data path, a mixin of ``EnvServer``).
+``same_host.py`` (the same-host data path an ``EnvServer`` holds).
 
 Example:
     >>> server = EnvServer("gymnasium:CartPole-v1", lanes=4).start()

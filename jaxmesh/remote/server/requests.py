@@ -81,13 +81,7 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
         if not ops and not msg.release and np.all(batch.counts == 1):
             single = (stepped, arr)  # one action per lane, nothing else
         else:
-            for lane, start, count in zip(
-                stepped.tolist(),
-                batch.offsets.tolist(),
-                batch.counts.tolist(),
-                strict=True,
-            ):
-                replays[lane] = shared.Replay(lane, arr[start : start + count])
+            replays = {op.lane: op for op in _replays(batch, arr)}
     keys = set(msg.observation_keys)
     names = lanes.obs_names
     if not keys <= set(names):
@@ -119,10 +113,7 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
         release=release,
         single=single,
         info_every_step=bool(msg.info_every_step),
-        # Only the leaves asked for are converted and sent (in declared order).
-        obs_keys=None
-        if len(keys) == len(names)
-        else tuple(n for n in names if n in keys),
+        obs_keys=_obs_keys(names, keys),
     )
     lanes.check(request)
     return request
@@ -178,35 +169,38 @@ def _parse_step(
         pass  # every lane named is in range and in the mask
 
     arr, stepped = _check_actions(batch, lanes, mask, {}, check_lane)
-    single = None
-    ops = None
-    if np.all(batch.counts == 1):
-        single = (stepped, arr)
-    else:
-        ops = [
-            shared.Replay(lane, arr[start : start + count])
-            for lane, start, count in zip(
-                stepped.tolist(),
-                batch.offsets.tolist(),
-                batch.counts.tolist(),
-                strict=True,
-            )
-        ]
-    names = lanes.obs_names
+    single = (stepped, arr) if np.all(batch.counts == 1) else None
     request = _Request(
-        ops=ops,
+        ops=None if single is not None else _replays(batch, arr),
         want_obs=bool(keys),
         info_keys=_info_keys(info),
         all_observations=bool(flags & same_host.ALL_OBSERVATIONS),
         call_id=call_id,
         single=single,
         info_every_step=bool(flags & same_host.INFO_EVERY_STEP),
-        obs_keys=None
-        if len(keys) == len(names)
-        else tuple(n for n in names if n in keys),
+        obs_keys=_obs_keys(lanes.obs_names, keys),
     )
     lanes.check(request)
     return request
+
+
+def _replays(batch: codec.ActionBatch, arr: np.ndarray) -> list[shared.Replay]:
+    """Each lane's run of ``arr`` (the batch's checked actions), in lane order."""
+    return [
+        shared.Replay(lane, arr[start : start + count])
+        for lane, start, count in zip(
+            batch.lanes.tolist(),
+            batch.offsets.tolist(),
+            batch.counts.tolist(),
+            strict=True,
+        )
+    ]
+
+
+def _obs_keys(names: tuple[str, ...], keys: Any) -> tuple[str, ...] | None:
+    """The observation leaves to convert and send, in declared order (None:
+    every one)."""
+    return None if len(keys) == len(names) else tuple(n for n in names if n in keys)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,14 +1,7 @@
 """The same-host data path (``jaxmesh.remote.shm``) of an ``EnvServer``: a
 Unix socket whose clients, on this host and running as this user, get their
 replies' observation rows through a shared-memory ring instead of the gRPC
-stream.
-
-``_SameHostPath`` is a mixin of ``EnvServer`` (``service.py``), not a
-collaborator: its sessions share the server's one-session lock, its
-``_session``, ``_stopping``, ``_lanes``, options and token check with the gRPC
-path, so it keeps them as the server's own attributes (set in
-``EnvServer.__init__``) rather than copies. Its calls are answered as the
-gRPC path answers them (``requests.py`` parses, ``lanes.py`` executes).
+stream. The server holds one ``SameHostPath`` when it offers the path.
 """
 
 from __future__ import annotations
@@ -31,10 +24,9 @@ from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
 from jaxmesh.remote.server.lanes import ServerStepper
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
-from jaxmesh.remote.server.sessions import _ascii, _ShmSession
+from jaxmesh.remote.server.sessions import _ShmSession, env_error, idle_message
 
 _log = logging.getLogger(__name__)
 
@@ -101,9 +93,12 @@ def parse_hello(payload: bytes) -> tuple[str, list, bool]:
     return token, keys, same_host.BINARY in frames
 
 
-class _SameHostPath:
-    """The same-host data path's listener, its connections and their calls
-    (a mixin of ``EnvServer``: see the module docstring).
+class SameHostPath:
+    """An ``EnvServer``'s same-host data path: its listener, its connections
+    and their calls. It shares the server's one-session lock, open session,
+    lanes, options and token check with the gRPC path (``server``), and
+    answers calls as that path does (``requests.py`` parses, ``lanes.py``
+    executes).
 
     One thread (``jaxmesh-shm-accept``) accepts and reads every HELLO: a
     peer running as another user is refused before a byte of it is read; a
@@ -112,8 +107,22 @@ class _SameHostPath:
     for theirs. A session, one at a time, gets a thread of its own.
     """
 
-    def _start_shm(self) -> None:
-        """Listens on a fresh abstract Unix socket; a thread accepts on it."""
+    def __init__(self, server: Any, listener: socket.socket, name: str):
+        self.server = server
+        self.options = server.options
+        self.listener = listener
+        #: The abstract socket name the handshake declares.
+        self.name = name
+        self.wake = socket.socketpair()
+        #: The user id a client must run as (the server's).
+        self.uid = os.getuid()
+        self.hello_seconds = self.options.handshake_timeout_seconds
+        self.threads: list[threading.Thread] = []
+
+    @classmethod
+    def start(cls, server: Any) -> SameHostPath | None:
+        """Listens on a fresh abstract Unix socket, a thread accepting on it;
+        None when it cannot bind (clients then use gRPC)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         name = same_host.socket_name()
         try:
@@ -122,37 +131,32 @@ class _SameHostPath:
             listener.setblocking(False)
         except OSError:
             listener.close()
-            return  # no same-host path: clients use gRPC
-        self._shm_listener = listener
-        self._shm_name = name
-        self._shm_wake = socket.socketpair()
-        self._shm_uid = os.getuid()
-        self._shm_hello_seconds = self.options.handshake_timeout_seconds
+            return None
+        path = cls(server, listener, name)
         thread = threading.Thread(
-            target=self._shm_accept, name="jaxmesh-shm-accept", daemon=True
+            target=path._accept, name="jaxmesh-shm-accept", daemon=True
         )
         thread.start()
-        self._shm_threads.append(thread)
+        path.threads.append(thread)
+        return path
 
-    def _stop_shm(self) -> None:
-        listener = self._shm_listener
-        if listener is None:
-            return
+    def stop(self) -> None:
+        """Ends the accepting thread and waits for the session's."""
         try:
-            self._shm_wake[1].send(b"x")  # wakes the accepting thread
+            self.wake[1].send(b"x")  # wakes the accepting thread
         except OSError:
             pass
         wait = self.options.drain_timeout_seconds + self.options.close_timeout_seconds
-        for thread in list(self._shm_threads):
+        for thread in list(self.threads):
             thread.join(wait)
-        listener.close()
-        for end in self._shm_wake:
+        self.listener.close()
+        for end in self.wake:
             end.close()
 
-    def _shm_accept(self) -> None:
+    def _accept(self) -> None:
         """Accepts connections and reads their HELLOs (see the class)."""
-        listener = self._shm_listener
-        wake = self._shm_wake[0]
+        listener = self.listener
+        wake = self.wake[0]
         selector = selectors.DefaultSelector()
         selector.register(listener, selectors.EVENT_READ)
         selector.register(wake, selectors.EVENT_READ)
@@ -167,7 +171,7 @@ class _SameHostPath:
             conn.close()
 
         try:
-            while not self._stopping:
+            while not self.server._stopping:
                 now = time.monotonic()
                 for conn in [c for c, p in pending.items() if p.deadline <= now]:
                     drop(conn)  # no whole HELLO in time
@@ -179,7 +183,7 @@ class _SameHostPath:
                         return
                     if sock is listener:
                         try:
-                            taken = self._shm_take(listener)
+                            taken = self._take(listener)
                         except OSError:  # out of descriptors: free one
                             if pending:
                                 drop(next(iter(pending)))
@@ -189,15 +193,15 @@ class _SameHostPath:
                         for conn in taken:
                             if len(pending) >= MAX_PENDING:
                                 drop(next(iter(pending)))  # the oldest
-                            deadline = time.monotonic() + self._shm_hello_seconds
+                            deadline = time.monotonic() + self.hello_seconds
                             pending[conn] = _Pending(deadline)
                             selector.register(conn, selectors.EVENT_READ)
                     elif sock in pending:
-                        hello = self._shm_read(sock, pending[sock])
+                        hello = self._read(sock, pending[sock])
                         if hello is not None:
                             forget(sock)
                             try:
-                                self._shm_answer(sock, hello)
+                                self._answer(sock, hello)
                             except Exception as exc:  # noqa: BLE001 - serve on
                                 _log.warning("refused a same-host client: %r", exc)
                                 sock.close()
@@ -206,7 +210,7 @@ class _SameHostPath:
                 conn.close()
             selector.close()
 
-    def _shm_take(self, listener: socket.socket) -> list[socket.socket]:
+    def _take(self, listener: socket.socket) -> list[socket.socket]:
         """The connections waiting at ``listener``, each of this server's user
         (another user's is refused before a byte of it is read)."""
         taken = []
@@ -220,17 +224,17 @@ class _SameHostPath:
                     raise
                 return taken
             try:
-                why = peer_refusal(same_host.peer_uid(conn), self._shm_uid)
+                why = peer_refusal(same_host.peer_uid(conn), self.uid)
             except OSError:
                 conn.close()
                 continue
             if why is not None:
-                self._shm_refuse(conn, grpc.StatusCode.PERMISSION_DENIED, why)
+                self._refuse(conn, grpc.StatusCode.PERMISSION_DENIED, why)
                 continue
             conn.setblocking(False)
             taken.append(conn)
 
-    def _shm_read(self, conn: socket.socket, state: _Pending) -> Any:
+    def _read(self, conn: socket.socket, state: _Pending) -> Any:
         """Reads what ``conn`` sent of its HELLO: None while it is not whole,
         else its payload (bytes), or an ``OSError`` / ``ValueError`` saying
         why it is refused."""
@@ -250,7 +254,7 @@ class _SameHostPath:
         if len(state.data) < head:
             return None
         size, kind, _ = same_host.HEADER.unpack_from(state.data)
-        limit = hello_limit(self.options.token, self._lanes.obs_names)
+        limit = hello_limit(self.options.token, self.server._lanes.obs_names)
         if kind != same_host.HELLO:
             return ValueError(f"the first frame is of kind {kind}, not HELLO")
         if size > limit:
@@ -260,7 +264,7 @@ class _SameHostPath:
             )
         return bytes(state.data[head:]) if len(state.data) == head + size else None
 
-    def _shm_refuse(self, conn: socket.socket, code: grpc.StatusCode, why: str):
+    def _refuse(self, conn: socket.socket, code: grpc.StatusCode, why: str):
         """Answers REFUSE (if the client takes it at once) and closes."""
         try:
             conn.setblocking(False)
@@ -272,81 +276,69 @@ class _SameHostPath:
         finally:
             conn.close()
 
-    def _shm_answer(self, conn: socket.socket, hello: Any) -> None:
+    def _answer(self, conn: socket.socket, hello: Any) -> None:
         """A whole HELLO's answer: a refusal, or a session in a thread of its
         own (one at a time)."""
         if isinstance(hello, OSError):
             conn.close()
             return
         if isinstance(hello, ValueError):
-            return self._shm_refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(hello))
-        lanes = self._lanes
+            return self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(hello))
+        server, lanes = self.server, self.server._lanes
         try:
             token, keys, binary = parse_hello(hello)
         except ValueError as exc:
-            return self._shm_refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        why = self._token_error(
+            return self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        why = server._token_error(
             (("authorization", f"Bearer {token}"),) if token else ()
         )
         if why is not None:
-            return self._shm_refuse(conn, grpc.StatusCode.UNAUTHENTICATED, why)
+            return self._refuse(conn, grpc.StatusCode.UNAUTHENTICATED, why)
         if not (
             all(k in lanes.obs_names for k in keys) and len(set(keys)) == len(keys)
         ):
-            return self._shm_refuse(
+            return self._refuse(
                 conn,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"observation leaves {codec.short(keys)} are not leaves the "
                 f"server declares ({codec.few(list(lanes.obs_names))})",
             )
-        if self._stopping:
-            return self._shm_refuse(
-                conn,
-                grpc.StatusCode.UNAVAILABLE,
-                f"the server at {self.address} is shutting down",
-            )
-        if not self._session_lock.acquire(blocking=False):
-            return self._shm_refuse(
-                conn,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the server at {self.address} is busy with another client's "
-                "session (one session at a time); wait for it to end, or start "
-                "another server for this client",
-            )
-        self._shm_threads = [t for t in self._shm_threads if t.is_alive()]
+        refused = server._admit()
+        if refused is not None:
+            return self._refuse(conn, *refused)
+        self.threads = [t for t in self.threads if t.is_alive()]
         thread = threading.Thread(
-            target=self._shm_connection,
+            target=self._connection,
             args=(conn, tuple(keys), binary),
             name="jaxmesh-shm-session",
             daemon=True,
         )
-        self._shm_threads.append(thread)
+        self.threads.append(thread)
         thread.start()
 
-    def _shm_connection(
+    def _connection(
         self, conn: socket.socket, keys: tuple[str, ...], binary: bool
     ) -> None:
         """One admitted client's session (the session lock is held for it)."""
-        lanes = self._lanes
+        server = self.server
+        lanes = server._lanes
         try:
             conn.setblocking(True)
-            conn.settimeout(self._shm_hello_seconds)  # to its ATTACHED
+            conn.settimeout(self.hello_seconds)  # to its ATTACHED
             session = _ShmSession(conn)
-            self._session = session
-            session.watch(lambda: lanes.abandon(respawn=not self._stopping))
+            server._session = session
+            session.watch(lambda: lanes.abandon(respawn=not server._stopping))
             try:
-                self._shm_session(conn, session, lanes, keys, binary)
+                self._attach(conn, session, lanes, keys, binary)
             finally:
-                session.stop()
-                lanes.end_session()
-                self._session = None
+                server._end_session(session, lanes)
         except (OSError, ValueError, codec.ProtocolError):
             pass  # the client went away or broke the protocol: it is gone
         finally:
-            self._session_lock.release()
+            server._session_lock.release()
             conn.close()
 
-    def _shm_session(
+    def _attach(
         self,
         conn: socket.socket,
         session: _ShmSession,
@@ -374,11 +366,11 @@ class _SameHostPath:
                 os.close(fd)
             frame = same_host.recv_frame(conn, 1 << 10)
             if frame is not None and frame[0] == same_host.ATTACHED:
-                self._shm_calls(conn, session, lanes, keys, slots, binary)
+                self._calls(conn, session, lanes, keys, slots, binary)
         finally:
             slots.release()
 
-    def _shm_calls(
+    def _calls(
         self,
         conn: socket.socket,
         session: _ShmSession,
@@ -411,9 +403,7 @@ class _SameHostPath:
             except TimeoutError:
                 return fail(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"the session on the server at {self.address} had no request "
-                    f"for {idle:g} s (idle_timeout_seconds) and was ended; open a "
-                    "new session, or start the server with a longer idle timeout",
+                    idle_message(self.server.address, "had no request", idle),
                 )
             except codec.ProtocolError as exc:
                 return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -448,15 +438,7 @@ class _SameHostPath:
             try:
                 batch = lanes.execute_batch(request)
             except shared.LaneError as exc:
-                return fail(
-                    grpc.StatusCode.INTERNAL,
-                    exc.details(),
-                    (
-                        (ENV_ERROR_KEY, _ascii(exc.summary())),
-                        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
-                        (TRACEBACK_KEY, exc.text),
-                    ),
-                )
+                return fail(grpc.StatusCode.INTERNAL, exc.details(), env_error(exc))
             finally:
                 core.obs_into = None
             seconds = time.perf_counter() - start

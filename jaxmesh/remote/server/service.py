@@ -3,8 +3,8 @@ service (``Handshake``, ``Step``, ``Shutdown``, the token check and the
 interceptor that applies it before a request is read).
 
 It builds its lanes with ``lanes.py``, parses calls with ``requests.py``,
-watches a Step stream with ``sessions.py``, and takes the same-host data path
-from its mixin ``same_host._SameHostPath``.
+watches a Step stream with ``sessions.py``, and holds the same-host data path
+(``same_host.SameHostPath``) when it offers one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import concurrent.futures
 import functools
 import hmac
 import math
-import socket
 import sys
 import threading
 import time
@@ -25,18 +24,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxmesh._version import __version__
-from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.envs.gymnasium.lanes import LaneError
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
     CAPABILITIES,
-    ENV_ERROR_KEY,
-    ENV_LANE_KEY,
     LOCKSTEP,
     PROTOCOL_VERSIONS,
     SHARED_MEMORY,
     TOKEN_ENV,
-    TRACEBACK_KEY,
 )
 from jaxmesh.remote.server.lanes import ServerStepper, _is_env, _make_lanes
 from jaxmesh.remote.server.options import (
@@ -47,8 +43,8 @@ from jaxmesh.remote.server.options import (
     request_limit,
 )
 from jaxmesh.remote.server.requests import _parse_request
-from jaxmesh.remote.server.same_host import _SameHostPath
-from jaxmesh.remote.server.sessions import _ascii, _Session
+from jaxmesh.remote.server.same_host import SameHostPath
+from jaxmesh.remote.server.sessions import _Session, env_error
 
 
 class _EnvTokenInterceptor(grpc.ServerInterceptor):
@@ -79,7 +75,7 @@ class _EnvTokenInterceptor(grpc.ServerInterceptor):
         return grpc.stream_unary_rpc_method_handler(refuse)
 
 
-class EnvServer(_SameHostPath):
+class EnvServer:
     """Serves a gymnasium env's lanes over gRPC (the ``jaxmesh.env.v1`` protocol).
 
     Args:
@@ -168,11 +164,7 @@ class EnvServer(_SameHostPath):
         self._stopping = False
         self._stopped = threading.Event()
         self._handshake: pb.HandshakeReply | None = None
-        # The same-host data path (``_start_shm``): its socket, the thread
-        # accepting on it and the threads serving its connections.
-        self._shm_name = ""
-        self._shm_listener: socket.socket | None = None
-        self._shm_threads: list[threading.Thread] = []
+        self._same_host: SameHostPath | None = None
 
     # Lifecycle -----------------------------------------------------------------
     @property
@@ -287,7 +279,7 @@ class EnvServer(_SameHostPath):
             )
         self._address = f"{self._host}:{port}"
         if self.options.shared_memory and sys.platform.startswith("linux"):
-            self._start_shm()
+            self._same_host = SameHostPath.start(self)
         self._handshake = self._handshake_reply(lanes)
         server.start()
         self._server = server
@@ -338,7 +330,8 @@ class EnvServer(_SameHostPath):
         else:  # the call outlived its grace: a hung env's worker is killed
             self._lanes.abandon(respawn=False)
         done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
-        self._stop_shm()
+        if self._same_host is not None:
+            self._same_host.stop()
         if self._session_lock.acquire(timeout=opts.close_timeout_seconds):
             try:
                 self._close_lanes()
@@ -426,6 +419,7 @@ class EnvServer(_SameHostPath):
         return None
 
     def _handshake_reply(self, lanes: ServerStepper) -> pb.HandshakeReply:
+        shm_name = self._same_host.name if self._same_host is not None else ""
         return pb.HandshakeReply(
             server_protocol_versions=PROTOCOL_VERSIONS,
             server_version=f"jaxmesh {__version__}",
@@ -438,10 +432,10 @@ class EnvServer(_SameHostPath):
             ],
             capabilities=CAPABILITIES
             + ((LOCKSTEP,) if lanes.lockstep else ())
-            + ((SHARED_MEMORY,) if self._shm_name else ()),
+            + ((SHARED_MEMORY,) if shm_name else ()),
             env_name=lanes.name,
             dt=lanes.lanes.dt or 0.0,
-            shared_memory=self._shm_name,
+            shared_memory=shm_name,
         )
 
     def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
@@ -484,18 +478,9 @@ class EnvServer(_SameHostPath):
         why = self._token_error(context.invocation_metadata())
         if why is not None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-        if self._stopping:
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"the server at {self.address} is shutting down",
-            )
-        if not self._session_lock.acquire(blocking=False):
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the server at {self.address} is busy with another client's "
-                "session (one session at a time); wait for it to end, or start "
-                "another server for this client",
-            )
+        refused = self._admit()
+        if refused is not None:
+            context.abort(*refused)
         lanes = self._lanes
         session = _Session(context, self.options.idle_timeout_seconds, self.address)
         self._session = session
@@ -511,10 +496,31 @@ class EnvServer(_SameHostPath):
         try:
             yield from self._serve_session(requests, context, session, lanes)
         finally:
-            session.stop()
-            lanes.end_session()
-            self._session = None
+            self._end_session(session, lanes)
             self._session_lock.release()
+
+    def _admit(self) -> tuple[grpc.StatusCode, str] | None:
+        """Takes the one-session lock for a new session (either transport's);
+        else the status that refuses it."""
+        if self._stopping:
+            return (
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server at {self.address} is shutting down",
+            )
+        if not self._session_lock.acquire(blocking=False):
+            return (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server at {self.address} is busy with another client's "
+                "session (one session at a time); wait for it to end, or start "
+                "another server for this client",
+            )
+        return None
+
+    def _end_session(self, session: Any, lanes: ServerStepper) -> None:
+        """Frees the lanes of a session that ended (the lock is the caller's)."""
+        session.stop()
+        lanes.end_session()
+        self._session = None
 
     def _serve_session(
         self,
@@ -539,14 +545,8 @@ class EnvServer(_SameHostPath):
             start = time.perf_counter()
             try:
                 batch = lanes.execute(request)
-            except shared.LaneError as exc:
-                context.set_trailing_metadata(
-                    (
-                        (ENV_ERROR_KEY, _ascii(exc.summary())),
-                        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
-                        (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
-                    )
-                )
+            except LaneError as exc:
+                context.set_trailing_metadata(env_error(exc))
                 abort(grpc.StatusCode.INTERNAL, exc.details())
             seconds = time.perf_counter() - start
             reply = pb.StepReply(

@@ -17,9 +17,30 @@ import time
 
 import grpc
 
+from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
+
 
 def _ascii(text: str) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
+
+
+def env_error(exc: shared.LaneError) -> tuple:
+    """The trailing metadata that tells a client which env raised what."""
+    return (
+        (ENV_ERROR_KEY, _ascii(exc.summary())),
+        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
+        (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
+    )
+
+
+def idle_message(address: str, what: str, idle: float) -> str:
+    """Why a session that ``what`` for ``idle`` seconds was ended."""
+    return (
+        f"the session on the server at {address} {what} for {idle:g} s "
+        "(idle_timeout_seconds) and was ended; open a new session, or start the "
+        "server with a longer idle timeout"
+    )
 
 
 def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
@@ -78,10 +99,7 @@ class _Session:
                 _cancel(
                     self.context,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"the session on the server at {self.address} {what} for "
-                    f"{self.idle:g} s (idle_timeout_seconds) and was ended; "
-                    "open a new session, or start the server with a longer "
-                    "idle timeout",
+                    idle_message(self.address, what, self.idle),
                 )
                 self.done = True
 
