@@ -21,15 +21,9 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from jaxmesh.devices import resolve_device
-
-
-def _ocp():
-    # Imported on first use: orbax adds about half a second to `import jaxmesh`.
-    import orbax.checkpoint as ocp
-
-    return ocp
 
 
 def _abs_path(path: str | os.PathLike) -> Path:
@@ -66,7 +60,7 @@ def save_params(
             f"save_params: {str(target)!r} already exists; pass overwrite=True to "
             "replace it, or choose another path"
         )
-    _ocp().v1.save(target, params, overwrite=overwrite)
+    ocp.v1.save(target, params, overwrite=overwrite)
     return target
 
 
@@ -112,7 +106,6 @@ def load_params(
             "pass the directory written by jaxmesh.save_params(path, params), or "
             "create one there first"
         )
-    ocp = _ocp()
     not_checkpoint = (
         f"load_params: {str(source)!r} exists but is not an orbax checkpoint "
         "directory; pass the directory written by jaxmesh.save_params"

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, Unpack
 
 import jax
+from flax import nnx
 
 from jaxmesh import adapt
 from jaxmesh.model import Model
@@ -209,7 +210,6 @@ def from_nnx(
       A ``jaxmesh.Model``.
     """
     _check_options("from_nnx", options)
-    from flax import nnx
 
     if not isinstance(module, nnx.Module):
         raise TypeError(

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -618,8 +619,6 @@ def resolve_class(target: str) -> Any:
     Raises:
       ValueError: the string names no importable attribute.
     """
-    import importlib
-
     if not isinstance(target, str) or not target:
         raise TypeError(f"expected 'package.module:Class', got {target!r}")
     module_name, sep, attr = target.partition(":")

@@ -34,11 +34,14 @@ import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.envs import make_env
+from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import backend, build, checks
+from jaxmesh.run import backend, build, checks, host
 from jaxmesh.run.config import RunConfig, from_keywords
+from jaxmesh.run.host.served import ServedLanes
 from jaxmesh.run.plan import (
     UnfitDelay,
     check_execution,
@@ -101,40 +104,29 @@ def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
     return config
 
 
+def _axis(name: str, values: Any, check: Any, scalar: Any, kind: str) -> tuple:
+    """A sweep axis: one ``scalar`` or a sequence of distinct values, each
+    ``check``-ed; ``kind``: what they are, in words."""
+    if isinstance(values, scalar) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
+        example = "[0, 50, 100, 200]" if name == "delay_ms" else "[0, 1, 2, 4]"
+        raise TypeError(
+            f"{name}={values!r}: expected a list of {kind.split()[-1]}, e.g. "
+            f"{name}={example}"
+        )
+    out = tuple(check(v) for v in values)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(
+            f"{name}={list(values)!r}: expected a non-empty list of distinct {kind}"
+        )
+    return out
+
+
 def _values(name: str, values: Any, low: int) -> tuple[int, ...]:
-    """A sweep axis: one int or a sequence of distinct ints >= ``low``."""
-    if isinstance(values, int) and not isinstance(values, bool):
-        values = [values]
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
-        raise TypeError(
-            f"{name}={values!r}: expected a list of ints, e.g. {name}=[0, 1, 2, 4]"
-        )
-    out = tuple(
-        checks.check_int(name, v, low, f"each {name} of the sweep") for v in values
-    )
-    if not out or len(set(out)) != len(out):
-        raise ValueError(
-            f"{name}={list(values)!r}: expected a non-empty list of distinct ints"
-        )
-    return out
-
-
-def _milliseconds(values: Any) -> tuple[float, ...]:
-    """The ``delay_ms`` axis: one number or a sequence of distinct numbers >= 0."""
-    if isinstance(values, int | float) and not isinstance(values, bool):
-        values = [values]
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
-        raise TypeError(
-            f"delay_ms={values!r}: expected a list of milliseconds, e.g. "
-            "delay_ms=[0, 50, 100, 200]"
-        )
-    out = tuple(checks.check_delay_ms(v) for v in values)
-    if not out or len(set(out)) != len(out):
-        raise ValueError(
-            f"delay_ms={list(values)!r}: expected a non-empty list of distinct "
-            "numbers of milliseconds"
-        )
-    return out
+    """A sweep axis of ints >= ``low``."""
+    check = lambda v: checks.check_int(name, v, low, f"each {name} of the sweep")
+    return _axis(name, values, check, int, "ints")
 
 
 def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
@@ -142,9 +134,6 @@ def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
     env's lane made and closed, or a served env's handshake)."""
     kind = backend.backend_of(env)
     if kind == backend.SCAN:
-        from jaxmesh.envs import make_env
-        from jaxmesh.envs.timing import step_seconds
-
         made = make_env(env)
         return step_seconds(made), getattr(made, "name", type(made).__name__)
     spec = _host_spec(env, config.for_backend(backend.Target(env, kind)))
@@ -349,7 +338,10 @@ def sweep(
     t0 = time.perf_counter()
     delays = _values("delay", delay, 0)
     horizons = _values("horizon", horizon, 1)
-    times = None if delay_ms is None else _milliseconds(delay_ms)
+    times = None
+    if delay_ms is not None:
+        kind = "numbers of milliseconds"
+        times = _axis("delay_ms", delay_ms, checks.check_delay_ms, int | float, kind)
     if times is not None and delays != (0,):
         raise ValueError(
             f"sweep(delay={list(delays)}, delay_ms={list(times)}): give the "
@@ -368,9 +360,7 @@ def sweep(
         dt, name = _step_time(env, config)
         steps_of = {ms: checks.delay_steps(ms, dt, name) for ms in times}
         delays = tuple(dict.fromkeys(steps_of.values()))
-    run = _one_program if backend.backend_of(env) == backend.SCAN else _on_host
-    extra = {k: v for k, v in dict(done=done, on_cell=on_cell).items() if v}
-    cells, skipped, programs, compile_time = run(
+    cells, skipped, programs, compile_time = _run_cells(
         policy,
         env,
         delays,
@@ -378,7 +368,8 @@ def sweep(
         seeds_arr,
         params,
         config.replace(plan_tile=plan_tile),
-        **extra,
+        done,
+        on_cell,
     )
     return Sweep(
         delays=delays,
@@ -392,49 +383,60 @@ def sweep(
     )
 
 
-def _one_program(
-    policy,
-    env,
-    delays,
-    horizons,
-    seeds_arr,
-    params,
-    config,
-    done=None,
-    on_cell=None,
-):
-    """The cells of a JAX env: one program (or one per told ``h + d``); the
-    cells in ``done`` (resumed) run nothing."""
-    config.for_backend(backend.Target(env, backend.SCAN))
+def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, on_cell):
+    """Every cell not in ``done`` (resumed: they run nothing), one program per
+    group of ``_programs_of``. A JAX env's program is the scan; a host-stepped
+    or served env's is one host run over the tiled seeds, each lane taking its
+    episode's cell in the agent step and in the host loop's pacing
+    (``HostLoop.lane_setting``: its replays without an agent step, a served
+    env's segments)."""
+    scan = backend.backend_of(env) == backend.SCAN
     takes = params is not None
-    probe = Evaluator(
-        policy, env, config.replace(horizon=max(horizons)), takes_params=takes
-    )
-    pol = probe.policy
+    if scan:
+        config.for_backend(backend.Target(env, backend.SCAN))
+        probe = Evaluator(
+            policy, env, config.replace(horizon=max(horizons)), takes_params=takes
+        )
+        pol, spec = probe.policy, probe.env
+    else:
+        served = config.for_backend(backend.target(env))
+        pol = resolve_policy(policy, with_params=takes)
+        spec = _host_spec(env, served)
     p = pol.default_params() if params is None else pol.place(params)
     told = _probe_told(pol, delays, horizons)
-    chunk = build.probe_chunk(pol, probe.env, p, max(horizons), told)
+    chunk = build.probe_chunk(pol, spec, p, max(horizons), told)
     cells, skipped = _fit_cells(delays, horizons, chunk)
-    tile = config.layout.plan_tile or default_plan_tile(
-        min(h for _, _, h in cells), probe.settings.num_envs
-    )
+    if scan:
+        tile = config.layout.plan_tile or default_plan_tile(
+            min(h for _, _, h in cells), probe.settings.num_envs
+        )
+        config = config.replace(plan_tile=tile)
     e = int(seeds_arr.size)
     out, programs, compile_time = _kept(done, cells), 0, 0.0
     for group in _programs_of(_todo(cells, done), pol):
-        ev = _GridEvaluator(
-            policy,
-            env,
-            config.replace(horizon=max(big_h for _, big_h, _ in group), plan_tile=tile),
-            grid=tuple((h, d) for d, _, h in group),
-            cell_episodes=max(e, 1),
-            takes_params=takes,
-        )
-        whole = ev.run(
-            seeds=np.tile(seeds_arr, len(group)),
-            params=params,
-            hooks=_cell_hooks(group, e, on_cell),
-        )
-        programs += len(ev.programs())
+        cfg = config.replace(horizon=max(big_h for _, big_h, _ in group))
+        grid = tuple((h, d) for d, _, h in group)
+        seeds = np.tile(seeds_arr, len(group))
+        hooks = _cell_hooks(group, e, on_cell)
+        if scan:
+            ev = _GridEvaluator(
+                policy, env, cfg, grid=grid, cell_episodes=max(e, 1), takes_params=takes
+            )
+            whole = ev.run(seeds=seeds, params=params, hooks=hooks)
+            programs += len(ev.programs())
+        else:
+            whole = host.evaluate(
+                policy,
+                env,
+                cfg,
+                episodes=None,
+                seeds=seeds,
+                hooks=hooks,
+                params=params,
+                served=served,
+                grid=(grid, max(e, 1)),
+            )
+            programs += 1  # one agent step (HostAgent) per grid
         compile_time += whole.compile_time
         for c, (d, big_h, h) in enumerate(group):
             out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
@@ -511,60 +513,12 @@ def _cell_hooks(group: list, e: int, on_cell: Any) -> list | None:
     return None if on_cell is None or e == 0 else [_CellStream(group, e, on_cell)]
 
 
-def _on_host(
-    policy,
-    env,
-    delays,
-    horizons,
-    seeds_arr,
-    params,
-    config,
-    done=None,
-    on_cell=None,
-):
-    """The cells of a host-stepped or served env: one run over the tiled
-    seeds per program (``_programs_of``), each lane taking its episode's cell
-    in the agent step and in the host loop's pacing (``HostLoop.lane_setting``:
-    its replays without an agent step, a served env's segments)."""
-    from jaxmesh.run import host
-
-    served = config.for_backend(backend.target(env))
-    pol = resolve_policy(policy, with_params=params is not None)
-    p = pol.default_params() if params is None else pol.place(params)
-    spec = _host_spec(env, served)
-    chunk = build.probe_chunk(
-        pol, spec, p, max(horizons), _probe_told(pol, delays, horizons)
-    )
-    cells, skipped = _fit_cells(delays, horizons, chunk)
-    e = int(seeds_arr.size)
-    out, programs, compile_time = _kept(done, cells), 0, 0.0
-    for group in _programs_of(_todo(cells, done), pol):
-        whole = host.evaluate(
-            policy,
-            env,
-            config.replace(horizon=max(big_h for _, big_h, _ in group)),
-            episodes=None,
-            seeds=np.tile(seeds_arr, len(group)),
-            hooks=_cell_hooks(group, e, on_cell),
-            params=params,
-            served=served,
-            grid=(tuple((h, d) for d, _, h in group), max(e, 1)),
-        )
-        programs += 1  # one agent step (HostAgent) per grid
-        compile_time += whole.compile_time
-        for c, (d, big_h, h) in enumerate(group):
-            out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
-    return _ordered(out, delays, horizons), skipped, programs, compile_time
-
-
 def _host_spec(env: Any, served: Any) -> Any:
     """The ``HostEnvSpec`` of a host-stepped env (one lane made and closed,
     never the caller's own) or of served envs (their handshake)."""
     if served is None:
         lanes = gym_lanes.make_lanes(env, 1, 1)
     else:
-        from jaxmesh.run.host.served import ServedLanes
-
         lanes = ServedLanes(
             [env] if isinstance(env, str) else list(env),
             1,

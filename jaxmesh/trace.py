@@ -127,7 +127,11 @@ class Trace:
     def _us(self, t: float) -> float:
         return round((t - self.start) * 1e6, 3)
 
-    def _add(self, event: dict) -> None:
+    def _add(self, name: str, ph: str, row: str, args: dict | None, **at: Any):
+        event = {"name": name, "cat": row.split(" ")[0], "ph": ph, **at}
+        event.update(pid=self.pid, tid=self.tid(row))
+        if args:
+            event["args"] = args
         with self._lock:
             if len(self.events) < self.max_events:
                 self.events.append(event)
@@ -143,33 +147,12 @@ class Trace:
         args: dict | None = None,
     ) -> None:
         """A span from ``begin`` to ``end`` (``time.perf_counter`` seconds)."""
-        event = {
-            "name": name,
-            "cat": row.split(" ")[0],
-            "ph": "X",
-            "ts": self._us(begin),
-            "dur": max(0.0, round((end - begin) * 1e6, 3)),
-            "pid": self.pid,
-            "tid": self.tid(row),
-        }
-        if args:
-            event["args"] = args
-        self._add(event)
+        dur = max(0.0, round((end - begin) * 1e6, 3))
+        self._add(name, "X", row, args, ts=self._us(begin), dur=dur)
 
     def instant(self, name: str, t: float, row: str = "run", args=None) -> None:
         """A moment (``"ph": "i"``, thread scope) at ``t``."""
-        event = {
-            "name": name,
-            "cat": row.split(" ")[0],
-            "ph": "i",
-            "s": "t",
-            "ts": self._us(t),
-            "pid": self.pid,
-            "tid": self.tid(row),
-        }
-        if args:
-            event["args"] = args
-        self._add(event)
+        self._add(name, "i", row, args, s="t", ts=self._us(t))
 
     @contextlib.contextmanager
     def span(self, name: str, row: str = "run", **args: Any) -> Iterator[None]:
@@ -186,34 +169,14 @@ class Trace:
         ``settings`` go to ``otherData`` with their secrets redacted
         (``redact_settings``); no event's text holds one either.
         """
-        meta = [
-            {
-                "name": "process_name",
-                "ph": "M",
-                "pid": self.pid,
-                "tid": 0,
-                "args": {"name": "jaxmesh evaluate"},
-            }
-        ]
+
+        def meta(what: str, tid: int, **args: Any) -> dict:
+            return {"name": what, "ph": "M", "pid": self.pid, "tid": tid, "args": args}
+
+        head = [meta("process_name", 0, name="jaxmesh evaluate")]
         for row, tid in self._threads.items():
-            meta.append(
-                {
-                    "name": "thread_name",
-                    "ph": "M",
-                    "pid": self.pid,
-                    "tid": tid,
-                    "args": {"name": row},
-                }
-            )
-            meta.append(
-                {
-                    "name": "thread_sort_index",
-                    "ph": "M",
-                    "pid": self.pid,
-                    "tid": tid,
-                    "args": {"sort_index": tid},
-                }
-            )
+            head.append(meta("thread_name", tid, name=row))
+            head.append(meta("thread_sort_index", tid, sort_index=tid))
         events = sorted(self.events, key=lambda e: (e["ts"], -e.get("dur", 0)))
         secrets = secret_values(settings)
         if secrets:  # a secret never reaches a shared file, whatever row it is in
@@ -222,7 +185,7 @@ class Trace:
         if settings:
             other["settings"] = redact_settings(settings)
         return {
-            "traceEvents": meta + events,
+            "traceEvents": head + events,
             "displayTimeUnit": "ms",
             "otherData": other,
         }

@@ -298,20 +298,25 @@ class Pool:
         """Compiles the step (every lane masked: nothing is planned)."""
         off = np.zeros(self.size, bool)
         skip = np.zeros(self.size, np.int32) if self.skipping else None
+        self._step(off, off, off, skip)
+        self.rows = int(self.state.rows)
+
+    def _step(self, started: Any, active: Any, moved: Any, skip: Any) -> Any:
+        """The agent step over every lane; its actions, read back."""
         self.state, actions = self.step(
             self.params,
             self.state,
             self.obs,
-            off,
-            off,
+            started,
+            active,
             self.keys,
             self.t,
-            off,
+            moved,
             skip,
             {},
         )
-        self.state.read_back(actions)
-        self.rows = int(self.state.rows)
+        (actions,) = self.state.read_back(actions)
+        return actions
 
     def run(self, requests: list[Step]) -> list[dict]:
         """One pool step for the sessions' ``requests``; each one's reply."""
@@ -331,19 +336,7 @@ class Pool:
             self.keys[sl], self.t[sl] = r.keys, r.t
             if skip is not None and r.skip is not None:
                 skip[sl] = r.skip
-        self.state, actions = self.step(
-            self.params,
-            self.state,
-            self.obs,
-            started,
-            active,
-            self.keys,
-            self.t,
-            moved,
-            skip,
-            {},
-        )
-        (actions,) = self.state.read_back(actions)
+        actions = self._step(started, active, moved, skip)
         st = self.state
         rows = int(st.rows)
         delta, self.rows = rows - self.rows, rows

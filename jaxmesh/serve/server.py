@@ -1,15 +1,7 @@
-"""``jaxmesh.PolicyServer``: one jitted model behind many clients, batched.
-
-Requests from every connection go to one queue; a forward takes up to
-``max_batch`` of them, waiting at most ``max_wait_ms`` for more, through a
-program compiled for a few fixed batch sizes (``jaxmesh.serve.forward``), so
-nothing recompiles once warm. The model's spec is applied on the server
-(images resized, instructions encoded, states read by key): clients send raw
-observations.
-
-Security as for ``jaxmesh.EnvServer``: loopback by default; any other address
-needs a token or TLS (or ``insecure=True``); frames are capped; nothing is
-unpickled.
+"""``jaxmesh.PolicyServer``: one jitted model behind many clients, batched
+(the package's docstring says how). Security as for ``jaxmesh.EnvServer``:
+loopback by default; any other address needs a token or TLS (or
+``insecure=True``); frames are capped; nothing is unpickled.
 """
 
 from __future__ import annotations
