@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxmesh import text
 from jaxmesh.results import stats as _stats
+from jaxmesh.results import summary as _summary
 from jaxmesh.results.result import RunResult, flag_rate, frozen
 from jaxmesh.run import checks, stream
 from jaxmesh.run.config import RunConfig
@@ -501,18 +501,6 @@ def _split(
     return out
 
 
-def _text_table(rows: list[list[str]], rule_before_last: int = 0) -> list[str]:
-    """Rows of text cells as aligned lines (the first column left, the rest
-    right), a rule under the header and, with ``rule_before_last``, one above
-    that many last rows."""
-    lines = text.aligned(rows)
-    rule = "  ".join("-" * w for w in text.widths(rows))
-    lines.insert(1, rule)
-    if rule_before_last:
-        lines.insert(len(lines) - rule_before_last, rule)
-    return lines
-
-
 def _rate(flags: np.ndarray | None) -> float | None:
     return None if flags is None or not flags.size else float(flags.mean())
 
@@ -665,62 +653,10 @@ class SuiteResult:
         }
 
     def table(self, stats: dict | None = None) -> list[list[str]]:
-        """The per-task table as text cells: a header row, one row per task,
-        then the mean over tasks and the pooled row (the success columns only
-        when a task has a success signal)."""
+        """The per-task table as text cells
+        (``jaxmesh.results.summary.suite_table``)."""
         s = self.stats(resamples=self._resamples()) if stats is None else stats
-
-        def pct(v: float | None) -> str:
-            return "n/a" if v is None else f"{v:.1%}"
-
-        def span(pair: Any, fmt: str) -> str:
-            return "" if pair is None else f"[{pair[0]:{fmt}}, {pair[1]:{fmt}}]"
-
-        def num(v: float | None) -> str:
-            return "n/a" if v is None else f"{v:.3f}"
-
-        mode = s.get("success_mode")
-        other = {"once": "success_at_end_rate", "end": "success_once_rate"}.get(mode)
-        other_name = {"once": "at end", "end": "once"}.get(mode, "")
-        head = ["task", "episodes", f"success ({mode or 'n/a'})", "interval"]
-        head += [other_name, "at reset", "mean return", "interval"]
-
-        def row_of(name: str, row: dict, interval: bool = True) -> list[str]:
-            at_reset = row.get("successes_at_reset")
-            return [
-                name,
-                str(row["episodes"]),
-                pct(row["success_rate"]),
-                span(row["success_interval"], ".1%") if interval else "",
-                pct(row.get(other)) if other else "n/a",
-                "n/a" if at_reset is None else str(at_reset),
-                num(row["mean_return"]),
-                span(row["return_interval"], ".3f") if interval else "",
-            ]
-
-        out = [head] + [row_of(row["task"], row) for row in s["tasks"]]
-        over, pooled = s["mean_over_tasks"], s["pooled"]
-        rates = [row.get(other) for row in s["tasks"]] if other else [None]
-        mean_other = None if any(v is None for v in rates) else float(np.mean(rates))
-        out.append(
-            row_of(
-                "mean over tasks",
-                {
-                    "episodes": sum(row["episodes"] for row in s["tasks"]),
-                    "success_rate": over["success_rate"],
-                    "success_interval": None,
-                    other or "": mean_other,
-                    "successes_at_reset": pooled.get("successes_at_reset"),
-                    "mean_return": over["mean_return"],
-                    "return_interval": None,
-                },
-                interval=False,
-            )
-        )
-        out.append(row_of("pooled", pooled))
-        if all(row["success_rate"] is None for row in s["tasks"]):
-            out = [row[:2] + row[6:] for row in out]  # no task has a signal
-        return out
+        return _summary.suite_table(s)
 
     def _resamples(self) -> int:
         return _stats.summary_resamples(max(self.num_episodes, 1))
@@ -728,24 +664,8 @@ class SuiteResult:
     def summary(self) -> str:
         """The per-task table (success rate with its Wilson interval, mean
         return with its bootstrap interval), the mean over tasks and the
-        pooled figures."""
-        lines = _text_table(self.table(), rule_before_last=2)
-        level = f"{_stats.CONFIDENCE:.0%}"
-        mode = self.success_mode
-        if mode is not None:
-            lines.append(
-                f"(success {mode}: the headline, success_mode={mode!r}; "
-                + (
-                    "once: the success signal was true at some step; at end: at "
-                    "the last step; at reset: episodes already successful at reset)"
-                )
-            )
-        lines.append(
-            f"({level} intervals: Wilson for success rates, percentile bootstrap "
-            f"with {self._resamples():,} resamples for mean returns; {len(self.tasks)}"
-            f" tasks in {self.wall_time:.2f} s)"
-        )
-        return "\n".join(lines)
+        pooled figures (``jaxmesh.results.summary.suite_text``)."""
+        return _summary.suite_text(self)
 
     def __str__(self) -> str:
         return self.summary()
@@ -831,7 +751,7 @@ class SuiteComparison:
             lines.append(
                 "(UNPAIRED: not the same episodes; each run resampled on its own)"
             )
-        lines += _text_table(rows)
+        lines += _summary.text_table(rows)
         lines.append(f"pooled verdict: {p.verdict}")
         return "\n".join(lines)
 

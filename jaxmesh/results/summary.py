@@ -95,15 +95,50 @@ def loss_text(loss: dict) -> str:
 
 def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
     """The statistics (``table="summary"``)."""
-    r, n = stats["returns"], stats["episodes"]
+    n = stats["episodes"]
     out = [Row("episodes", "episodes", n, f"{n:,}")]
     if not n:
         return out
+    out += _return_rows(stats) + _success_rows(stats)
+    for name, m in (stats.get("metrics") or {}).items():
+        out.append(
+            Row(
+                f"metrics.{name}.mean",
+                f"metric {name} ({m['reduction']}), mean",
+                m["mean"],
+                "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}",
+                "over the episodes that have a value",
+            )
+        )
+    terminated = int(np.sum(result.terminated))
+    truncated = int(np.sum(result.truncated))
+    out += [
+        Row(
+            "terminated",
+            "terminated",
+            terminated,
+            f"{terminated:,}",
+            "episodes the env ended (a failure or a goal)",
+        ),
+        Row(
+            "truncated",
+            "truncated",
+            truncated,
+            f"{truncated:,}",
+            "episodes cut by a step or time limit",
+        ),
+    ]
+    return out
+
+
+def _return_rows(stats: dict[str, Any]) -> list[Row]:
+    """The statistics of the returns and the mean length."""
+    r = stats["returns"]
     level = f"{stats['confidence']:.0%}"
     how = (
         f"percentile bootstrap, {stats['resamples']:,} resamples, seed {stats['seed']}"
     )
-    out += [
+    return [
         Row("returns.mean", "mean return", r["mean"], _num(r["mean"])),
         Row(
             "returns.std",
@@ -167,6 +202,12 @@ def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
             "env steps per episode",
         ),
     ]
+
+
+def _success_rows(stats: dict[str, Any]) -> list[Row]:
+    """The success rates (none without a success key)."""
+    out: list[Row] = []
+    n, level = stats["episodes"], f"{stats['confidence']:.0%}"
     mode = stats.get("success_mode")
     named = {"once": "success once", "end": "success at end"}.get(mode)
     headline = f" ({named}, the headline)" if named else ""
@@ -225,34 +266,6 @@ def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
                 else "the env's reset gives no success signal",
             ),
         ]
-    for name, m in (stats.get("metrics") or {}).items():
-        out.append(
-            Row(
-                f"metrics.{name}.mean",
-                f"metric {name} ({m['reduction']}), mean",
-                m["mean"],
-                "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}",
-                "over the episodes that have a value",
-            )
-        )
-    terminated = int(np.sum(result.terminated))
-    truncated = int(np.sum(result.truncated))
-    out += [
-        Row(
-            "terminated",
-            "terminated",
-            terminated,
-            f"{terminated:,}",
-            "episodes the env ended (a failure or a goal)",
-        ),
-        Row(
-            "truncated",
-            "truncated",
-            truncated,
-            f"{truncated:,}",
-            "episodes cut by a step or time limit",
-        ),
-    ]
     return out
 
 
@@ -507,6 +520,85 @@ def telemetry_text(telemetry: dict[str, dict[str, float]] | None) -> str:
     return "\n".join(line.rstrip() for line in _text.aligned(table))
 
 
+def text_table(rows: list[list[str]], rule_before_last: int = 0) -> list[str]:
+    """Rows of text cells as aligned lines (the first column left, the rest
+    right), a rule under the header and, with ``rule_before_last``, one above
+    that many last rows."""
+    lines = _text.aligned(rows)
+    rule = "  ".join("-" * w for w in _text.widths(rows))
+    lines.insert(1, rule)
+    if rule_before_last:
+        lines.insert(len(lines) - rule_before_last, rule)
+    return lines
+
+
+def _span(pair: Any, fmt: str) -> str:
+    return "" if pair is None else f"[{pair[0]:{fmt}}, {pair[1]:{fmt}}]"
+
+
+def suite_table(s: dict[str, Any]) -> list[list[str]]:
+    """A suite's per-task table as text cells (``s``: ``SuiteResult.stats()``):
+    a header row, one row per task, then the mean over tasks and the pooled
+    row (the success columns only when a task has a success signal)."""
+    mode = s.get("success_mode")
+    other = {"once": "success_at_end_rate", "end": "success_once_rate"}.get(mode)
+    other_name = {"once": "at end", "end": "once"}.get(mode, "")
+    head = ["task", "episodes", f"success ({mode or 'n/a'})", "interval"]
+    head += [other_name, "at reset", "mean return", "interval"]
+
+    def row_of(name: str, row: dict, interval: bool = True) -> list[str]:
+        at_reset = row.get("successes_at_reset")
+        return [
+            name,
+            str(row["episodes"]),
+            _pct(row["success_rate"]),
+            _span(row["success_interval"], ".1%") if interval else "",
+            _pct(row.get(other)) if other else "n/a",
+            "n/a" if at_reset is None else str(at_reset),
+            "n/a" if row["mean_return"] is None else f"{row['mean_return']:.3f}",
+            _span(row["return_interval"], ".3f") if interval else "",
+        ]
+
+    out = [head] + [row_of(row["task"], row) for row in s["tasks"]]
+    over, pooled = s["mean_over_tasks"], s["pooled"]
+    rates = [row.get(other) for row in s["tasks"]] if other else [None]
+    mean_other = None if any(v is None for v in rates) else float(np.mean(rates))
+    mean_row = {
+        "episodes": sum(row["episodes"] for row in s["tasks"]),
+        "success_rate": over["success_rate"],
+        "success_interval": None,
+        other or "": mean_other,
+        "successes_at_reset": pooled.get("successes_at_reset"),
+        "mean_return": over["mean_return"],
+        "return_interval": None,
+    }
+    out.append(row_of("mean over tasks", mean_row, interval=False))
+    out.append(row_of("pooled", pooled))
+    if all(row["success_rate"] is None for row in s["tasks"]):
+        out = [row[:2] + row[6:] for row in out]  # no task has a signal
+    return out
+
+
+def suite_text(suite: Any) -> str:
+    """``SuiteResult.summary()``: its table (``suite_table``), the mean over
+    tasks and the pooled row, and how the intervals were computed."""
+    resamples = _stats.summary_resamples(max(suite.num_episodes, 1))
+    lines = text_table(suite.table(), rule_before_last=2)
+    mode = suite.success_mode
+    if mode is not None:
+        lines.append(
+            f"(success {mode}: the headline, success_mode={mode!r}; once: the "
+            "success signal was true at some step; at end: at the last step; at "
+            "reset: episodes already successful at reset)"
+        )
+    lines.append(
+        f"({_stats.CONFIDENCE:.0%} intervals: Wilson for success rates, "
+        f"percentile bootstrap with {resamples:,} resamples for mean returns; "
+        f"{len(suite.tasks)} tasks in {suite.wall_time:.2f} s)"
+    )
+    return "\n".join(lines)
+
+
 __all__ = [
     "Row",
     "rows",
@@ -514,6 +606,9 @@ __all__ = [
     "provenance_rows",
     "text",
     "telemetry_text",
+    "suite_table",
+    "suite_text",
+    "text_table",
     "telemetry_cells",
     "short_env",
     "mode_text",

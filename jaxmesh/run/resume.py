@@ -743,6 +743,68 @@ def load_episode_log(path: Any) -> RunResult:
         episode that disagree (naming the file line and the episode).
     """
     path = os.fspath(path)
+    runs, episodes, faults, totals, after = _read_log(path)
+    if not runs:
+        raise ValueError(
+            f"{path} has no run line; expected an episode log written by "
+            "jaxmesh.EpisodeLog (jaxmesh eval --episode-log)"
+        )
+    first = runs[0]["run"]
+    for other in runs[1:]:
+        keys = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
+        for key in (*keys, "plan_tile"):
+            if other["run"].get(key) != first.get(key):
+                raise ValueError(
+                    f"{path} holds runs with {key} {first.get(key)!r} and "
+                    f"{other['run'].get(key)!r}; one log holds one run (and its "
+                    "resumptions)"
+                )
+    eps = [episodes[i][1] for i in sorted(episodes)]
+    base = totals or {}
+    d = {
+        "policy": first.get("policy") or "",
+        "env": first.get("env") or "",
+        "settings": {
+            "num_envs": first.get("num_envs") or 0,
+            "horizon": first.get("horizon") or 1,
+            "effective_horizon": first.get("effective_horizon") or 1,
+            "prefetch_lead": first.get("prefetch_lead") or 0,
+            "delay": first.get("delay") or 0,
+            "delay_ms": first.get("delay_ms"),
+            "execution": first.get("execution"),
+            "chunk": first.get("chunk"),
+            "plan_tile": first.get("plan_tile") or 0,
+            "max_episode_seconds": first.get("max_episode_seconds"),
+            "trial_index_base": first.get("trial_index_base") or 0,
+            "instruction": first.get("instruction"),
+            "metrics": first.get("metric_reductions") or {},
+            "success_key": first.get("success_key"),
+            # A log written before the mode was recorded: the rule of the time.
+            "success_mode": first.get("success_mode") or "end",
+        },
+        "totals": {
+            "env_steps": int(base.get("env_steps", 0))
+            + sum(int(e["length"]) for e in after),
+            "policy_rows": int(base.get("policy_rows", 0))
+            + sum(int(e["predict_calls"]) for e in after),
+            "steps_per_second": 0.0,
+            "wall_time": float(base.get("wall_time", 0.0)),
+            "compile_time": float(base.get("compile_time", 0.0)),
+            "run_time": float(base.get("run_time", 0.0)),
+        },
+        # Checked above, line by line: from_dict checks nothing again.
+        "episodes": [{k: v for k, v in e.items() if k != "check"} for e in eps],
+        "server_losses": faults,
+        "fingerprint": runs[0].get("fingerprint"),
+    }
+    result = RunResult.from_dict({**d, "fingerprint": None})
+    return dataclasses.replace(result, fingerprint=d["fingerprint"])
+
+
+def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
+    """An episode log's run lines, episodes by index (with their line),
+    faults, last totals and the episodes after those totals, each line
+    checked as ``load_episode_log`` says."""
     runs: list[dict] = []
     episodes: dict[int, tuple[int, dict]] = {}
     faults: list[dict] = []
@@ -812,61 +874,7 @@ def load_episode_log(path: Any) -> RunResult:
             faults.append(rec["fault"])
         elif "totals" in rec:
             totals, after = rec["totals"], []
-    if not runs:
-        raise ValueError(
-            f"{path} has no run line; expected an episode log written by "
-            "jaxmesh.EpisodeLog (jaxmesh eval --episode-log)"
-        )
-    first = runs[0]["run"]
-    for other in runs[1:]:
-        keys = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
-        for key in (*keys, "plan_tile"):
-            if other["run"].get(key) != first.get(key):
-                raise ValueError(
-                    f"{path} holds runs with {key} {first.get(key)!r} and "
-                    f"{other['run'].get(key)!r}; one log holds one run (and its "
-                    "resumptions)"
-                )
-    eps = [episodes[i][1] for i in sorted(episodes)]
-    base = totals or {}
-    d = {
-        "policy": first.get("policy") or "",
-        "env": first.get("env") or "",
-        "settings": {
-            "num_envs": first.get("num_envs") or 0,
-            "horizon": first.get("horizon") or 1,
-            "effective_horizon": first.get("effective_horizon") or 1,
-            "prefetch_lead": first.get("prefetch_lead") or 0,
-            "delay": first.get("delay") or 0,
-            "delay_ms": first.get("delay_ms"),
-            "execution": first.get("execution"),
-            "chunk": first.get("chunk"),
-            "plan_tile": first.get("plan_tile") or 0,
-            "max_episode_seconds": first.get("max_episode_seconds"),
-            "trial_index_base": first.get("trial_index_base") or 0,
-            "instruction": first.get("instruction"),
-            "metrics": first.get("metric_reductions") or {},
-            "success_key": first.get("success_key"),
-            # A log written before the mode was recorded: the rule of the time.
-            "success_mode": first.get("success_mode") or "end",
-        },
-        "totals": {
-            "env_steps": int(base.get("env_steps", 0))
-            + sum(int(e["length"]) for e in after),
-            "policy_rows": int(base.get("policy_rows", 0))
-            + sum(int(e["predict_calls"]) for e in after),
-            "steps_per_second": 0.0,
-            "wall_time": float(base.get("wall_time", 0.0)),
-            "compile_time": float(base.get("compile_time", 0.0)),
-            "run_time": float(base.get("run_time", 0.0)),
-        },
-        # Checked above, line by line: from_dict checks nothing again.
-        "episodes": [{k: v for k, v in e.items() if k != "check"} for e in eps],
-        "server_losses": faults,
-        "fingerprint": runs[0].get("fingerprint"),
-    }
-    result = RunResult.from_dict({**d, "fingerprint": None})
-    return dataclasses.replace(result, fingerprint=d["fingerprint"])
+    return runs, episodes, faults, totals, after
 
 
 def _identity_of(fp: Any) -> tuple:
