@@ -3,29 +3,20 @@
 applies the model's spec and calls its batched corner (``ServedModel.run``).
 
 The forward is compiled once per observation layout for each of a few fixed
-batch sizes (``batch_sizes``: powers of two up to ``max_batch``, and
-``max_batch`` itself); a batch is padded up to the next size with copies of its
-first row, whose outputs are dropped. So after the first request of a layout
-(or ``warm_up``) nothing compiles again, whatever the batch.
+batch sizes (``batch_sizes``); a batch is padded up to the next size with
+copies of its first row, whose outputs are dropped, so after the first request
+of a layout (or ``warm_up``) nothing compiles again, whatever the batch.
 
 What the spec reads, per request: ``State`` and ``Image`` read ``obs[key]``
-(the key as it is: openpi's flat names with slashes, ``observation/image``,
-are plain keys), or the whole observation for ``key=None``; an Image is
-cropped, rotated, converted and resized inside the forward, on the device.
-``Text`` encodes ``obs[info_key]`` (``obs["prompt"]``, openpi's name, when it
-has no ``info_key``) on the host, once per distinct string. A model without a
+(openpi's flat names with slashes, ``observation/image``, are plain keys), or
+the whole observation for ``key=None``; an Image is preprocessed inside the
+forward, on the device. ``Text`` encodes ``obs[info_key]`` (``obs["prompt"]``,
+openpi's name, when it has no ``info_key``) on the host. A model without a
 spec sees the observation's arrays (its strings left out).
 
-Declared inputs (``inputs=``: observation key -> shape and dtype) are checked
-per request, naming the key, before anything compiles; there is then one
-layout, compiled by ``warm_up``. A model without a spec whose inputs are one
-array under a ``STATE_KEYS`` key reads it from a dict under any of them. With
-nothing declared, the ``MAX_LAYOUTS`` most recently used layouts stay compiled
-and the last ``MAX_REFUSED`` refused ones are remembered.
-
-A served request carries no episode, so what the engine keeps per episode has
-no place here: frame windows (``stack > 1``), ``Previous``, ``PendingChunk``
-and recurrent state are refused when the server is built.
+A served request carries no episode, so what the engine keeps per episode
+(frame windows, ``Previous``, ``PendingChunk``, recurrent state) is refused
+when the server is built.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ evaluation end to end (``configs/fetch_suite.yaml``).
 
 from __future__ import annotations
 
+import gymnasium as gym
 import jax.numpy as jnp
 
 __all__ = ["TASKS", "register", "scripted"]
@@ -41,8 +42,7 @@ GAIN = 10.0
 
 def make_flat(task: str, **kwargs):
     """``gymnasium.make(task)`` with its dict observation flattened."""
-    import gymnasium as gym
-    import gymnasium_robotics
+    import gymnasium_robotics  # the [robot] extra
 
     gym.register_envs(gymnasium_robotics)
     return gym.wrappers.FlattenObservation(gym.make(task, **kwargs))
@@ -50,8 +50,6 @@ def make_flat(task: str, **kwargs):
 
 def register() -> None:
     """Registers the flat ids of ``TASKS`` (idempotent)."""
-    import gymnasium as gym
-
     for name, task in TASKS.items():
         if name not in gym.registry:
             gym.register(name, entry_point=make_flat, kwargs={"task": task})

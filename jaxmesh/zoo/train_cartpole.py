@@ -1,18 +1,12 @@
 """Trains the CartPole MLP with evolution strategies and saves its checkpoint.
 
-OpenAI-ES (Salimans et al., 2017) on the flattened params: each generation
-draws ``population / 2`` Gaussian directions and their negatives (antithetic
-sampling), scores every perturbed policy with ``jaxmesh.make_evaluator`` vmapped
-over the population (all inside one ``jax.jit``), turns the fitnesses into
-centered ranks and takes an Adam step along the rank-weighted directions.
-Fitness episodes use fresh seeds each generation, drawn from a range far from
-``0..999`` (the seeds ``jaxmesh eval configs/cartpole.yaml`` scores), so the
-shipped score is measured on episodes never used in training.
-
-The run is deterministic: everything derives from ``--seed``. It stops after
-``--generations``, or earlier once the centre policy scores the maximum (500) on
-a held-out validation batch ``--patience`` times in a row, and keeps the centre
-params with the best validation score.
+OpenAI-ES as ``jaxmesh.zoo.es`` runs it. Fitness episodes use fresh seeds each
+generation, far from ``0..999`` (the seeds ``jaxmesh eval
+configs/cartpole.yaml`` scores), so the shipped score is measured on episodes
+never used in training. Deterministic from ``--seed``; it stops after
+``--generations``, or once the centre scores the maximum (500) on a held-out
+validation batch ``--patience`` times in a row, keeping the centre params with
+the best validation score.
 
 Usage (needs the ``[train]`` extra, for optax)::
 

@@ -1,19 +1,12 @@
 """Trains the ``CartpoleBalance`` MLP with evolution strategies and saves its
 checkpoint.
 
-OpenAI-ES (Salimans et al., 2017) on the flattened params of
-``jaxmesh.zoo.playground_cartpole.CartpoleBalanceNet``, as
-``jaxmesh.zoo.train_cartpole`` does for gymnax CartPole: each generation draws
-``population / 2`` Gaussian directions and their negatives, scores the centre
-and every perturbed policy
-with ``jaxmesh.make_evaluator`` vmapped over them (one ``jax.jit``, the MJX
-physics inside it), turns the perturbed fitnesses into centered ranks and takes
-an Adam step along the rank-weighted directions. Fitness episodes use fresh
-seeds each generation, far from ``0..999`` (the seeds
-``jaxmesh eval configs/playground_cartpole.yaml`` scores), and the centre's
-score on them is its validation: the best centre is kept.
-
-The run is deterministic: everything derives from ``--seed``.
+OpenAI-ES as ``jaxmesh.zoo.es`` runs it, on
+``jaxmesh.zoo.playground_cartpole.CartpoleBalanceNet`` (the MJX physics inside
+the one ``jax.jit``). Fitness episodes use fresh seeds each generation, far
+from ``0..999`` (the seeds ``jaxmesh eval configs/playground_cartpole.yaml``
+scores); the centre is scored with the members, and that score is its
+validation: the best centre is kept. Deterministic from ``--seed``.
 
 Usage (needs the ``[train]`` and ``[playground]`` extras)::
 
