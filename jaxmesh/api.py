@@ -26,7 +26,7 @@ from typing import Any
 
 from jaxmesh import suite
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import backend, host, scan
+from jaxmesh.run import backend
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.trace import check_trace_path, tracing
@@ -128,22 +128,19 @@ def evaluate(
 
       result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
     """
-    given = {
-        name: value
-        for name, value in (
-            ("num_envs", num_envs),
-            ("horizon", horizon),
-            ("max_episode_steps", max_episode_steps),
-            ("max_episode_seconds", max_episode_seconds),
-            ("workers", workers),
-            ("chunking", chunking),
-            ("starts", starts),
-            ("scoring", scoring),
-            ("served", served),
-            ("layout", layout),
-        )
-        if value is not _UNSET
-    }
+    flat = dict(
+        num_envs=num_envs,
+        horizon=horizon,
+        max_episode_steps=max_episode_steps,
+        max_episode_seconds=max_episode_seconds,
+        workers=workers,
+        chunking=chunking,
+        starts=starts,
+        scoring=scoring,
+        served=served,
+        layout=layout,
+    )
+    given = {name: value for name, value in flat.items() if value is not _UNSET}
     config = from_keywords(config, {**given, **unknown})
     call = {
         "episodes": episodes,
@@ -155,21 +152,29 @@ def evaluate(
         "resume": resume,
     }
     if isinstance(env, suite.Suite):
-        if env_config:
-            raise TypeError(
-                "env_config= with a Suite: give each task's env its options "
-                "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
-            )
-        return run_suite(policy, env, config, **call)
+        return run_suite(policy, env, config, env_config, **call)
     return run_one(policy, backend.target(env, env_config), config, **call)
 
 
 def run_suite(
-    policy: Any, the_suite: suite.Suite, config: RunConfig, **call: Any
+    policy: Any,
+    the_suite: suite.Suite,
+    config: RunConfig,
+    env_config: Mapping | None = None,
+    **call: Any,
 ) -> suite.SuiteResult:
     """Every task of a suite (step 2): the suite's plan groups its tasks into
     runs, each made by ``run_one``; a failure's ``partial_result`` keeps the
-    tasks finished before it (``jaxmesh.suite.SuitePlan``)."""
+    tasks finished before it (``jaxmesh.suite.SuitePlan``).
+
+    Raises:
+      TypeError: ``env_config`` given (a suite's tasks carry their options).
+    """
+    if env_config:
+        raise TypeError(
+            "env_config= with a Suite: give each task's env its options "
+            "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
+        )
     plan = suite.SuitePlan(the_suite, config, call)
     for run in plan.runs:
         try:
@@ -227,10 +232,9 @@ def run_backend(
     Raises:
       ValueError, TypeError: a setting the env's backend does not take.
     """
-    served = config.for_backend(target)
-    if target.kind == backend.SCAN:
-        return scan.run(policy, target.env, config, **call)
-    return host.evaluate(policy, target.env, config, served=served, **call)
+    served = config.for_backend(target)  # a served env's options, else None
+    given = call if served is None else {**call, "served": served}
+    return backend.route(target).evaluate(policy, target.env, config, **given)
 
 
 def _trace_settings(

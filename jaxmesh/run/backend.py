@@ -1,30 +1,31 @@
-"""Which backend runs an env, told once, and the options only served envs take.
+"""Which backend runs an env, told once; the backend table; the options only
+served envs take.
 
-Three backends run ``jaxmesh.evaluate``: the scan over a JAX env
-(``jaxmesh.run.scan``), the host loop over gymnasium envs stepped in this
-process, and the same loop over served envs (``"grpc://host:port"``,
+Three kinds of env run ``jaxmesh.evaluate``: a JAX env (the scan,
+``jaxmesh.run.scan``), gymnasium envs stepped by the host loop in this
+process or in worker processes, and served envs (``"grpc://host:port"``,
 ``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``target``
 makes an env id with its options and records the answer beside the env
-(``Target``), so a run asks once and every later step reads ``target.kind``.
-``jaxmesh.evaluate``, sweeps and the command line ask here, and nothing else
-tests an env's kind. The checks of the options only served envs take
-(``reply_timeout``, ``lane_groups``, ``on_server_loss``) live here too;
-``jaxmesh.Served`` runs them when it is built.
+(``Target``). ``route`` is the backend table: the one place that says what
+runs a target, down to the lanes and the loop class. The checks of the options
+only served envs take (``reply_timeout``, ``lane_groups``, ``on_server_loss``)
+live here too; ``jaxmesh.Served`` runs them when it is built.
 
-This module imports neither backend (and no gymnasium or gRPC), so any module
-may use it.
+The backends import this module (through ``jaxmesh.run.config``), so ``route``
+imports them when it is called; gymnasium and gRPC are imported on use.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from jaxmesh import envs
+from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium import is_host_stepped
-from jaxmesh.remote.address import is_address
+from jaxmesh.remote.address import is_address, require_grpc
 
 #: A JAX env, run by the scan engine.
 SCAN = "scan"
@@ -101,6 +102,121 @@ def target(env: Any, env_config: Any = None) -> Target:
     if is_id and (env_config or env.startswith("libero:")):
         env = envs.make_env(env, **dict(env_config or {}))
     return Target(env, HOST if is_host_stepped(env) else SCAN)
+
+
+# The backend table ---------------------------------------------------------------
+#: The host rows besides ``SERVED``: gymnasium envs in worker processes, made
+#: in this process to render a recording's frames, and in this process.
+WORKERS = "workers"
+RECORDING = "recording"
+LOCAL = "local"
+
+
+class Route(NamedTuple):
+    """A row of the backend table (``route``).
+
+    Attributes:
+      name: ``SCAN``, ``SERVED``, ``WORKERS``, ``RECORDING`` or ``LOCAL``.
+      evaluate: what ``jaxmesh.evaluate`` calls: the scan's ``run`` or the
+        host driver's ``evaluate`` (``jaxmesh.run.host.driver``).
+      lanes: a host row's lanes, ``lanes(env, num_envs, episodes, workers,
+        served)`` (None for ``SCAN``).
+      loop: a host row's loop class, ``loop(HostRun, res, episodes_out, tel)``.
+      fast: a faster loop class, taken instead when its ``applies(program,
+        lanes, recorder)`` holds (None: none).
+    """
+
+    name: str
+    evaluate: Callable[..., Any]
+    lanes: Callable[..., Any] | None = None
+    loop: Any = None
+    fast: Any = None
+
+    def loop_for(self, program: Any, lanes: Any, recorder: Any) -> Any:
+        """The loop class for these lanes and the run's agent program."""
+        if self.fast is not None and self.fast.applies(program, lanes, recorder):
+            return self.fast
+        return self.loop
+
+
+def route(target: Target, *, workers: int = 0, frames: bool = False) -> Route:
+    """The backend table: the row that runs ``target``, the first that applies.
+
+    ===========  ====================  ====================  ======================
+    row          when                  lanes                 loop
+    ===========  ====================  ====================  ======================
+    ``SCAN``     a JAX env (EnvPool's  (the env itself)      ``scan.run``: one
+                 too)                                        device or a mesh,
+                                                             ``placement_for`` in
+                                                             run/scan/placement.py
+    ``SERVED``   addresses             ``ServedLanes``       ``ServedStepRun`` when
+                                                             it applies (h = 1, no
+                                                             lead, no recording,
+                                                             no lockstep server),
+                                                             else ``ServedRun``
+    ``WORKERS``  ``workers`` > 0       ``WorkerEnvLanes``    ``GroupedRun`` when it
+                 (``driver.worker_     (worker processes)    applies (h = 1, no
+                 count``)                                    lead, no sweep, no
+                                                             recording, a core to
+                                                             spare), else
+                                                             ``LocalRun``
+    ``RECORDING``  ``frames``: a       ``recording_lanes``   ``LocalRun``
+                 ``"gymnasium:<id>"``  (``render_mode=
+                 recorded with frames  "rgb_array"``)
+    ``LOCAL``    gymnasium in this     ``make_lanes``        ``LocalRun``
+                 process               (``EnvLanes``,
+                                       ``VectorEnvLanes``)
+    ===========  ====================  ====================  ======================
+
+    ``jaxmesh.evaluate`` calls a row's ``evaluate``; the host driver asks again
+    with the run's ``workers`` and ``frames`` for the lanes and the loop.
+    """
+    from jaxmesh.run import host, scan
+    from jaxmesh.run.host.loop import GroupedRun, LocalRun
+
+    if target.kind == SCAN:
+        return Route(SCAN, scan.run)
+    if target.kind == SERVED:
+        require_grpc()
+        from jaxmesh.run.host.served import (  # the [remote] extra: gRPC
+            ServedLanes,
+            ServedRun,
+            ServedStepRun,
+        )
+
+        return Route(SERVED, host.evaluate, ServedLanes.of, ServedRun, ServedStepRun)
+    if workers:
+        lanes = lambda env, n, e, w, served: gym_lanes.WorkerEnvLanes(
+            env, max(1, min(n, e)), w
+        )
+        return Route(WORKERS, host.evaluate, lanes, LocalRun, GroupedRun)
+    if frames:
+        return Route(RECORDING, host.evaluate, recording_lanes, LocalRun)
+    lanes = lambda env, n, e, w, served: gym_lanes.make_lanes(env, n, e)
+    return Route(LOCAL, host.evaluate, lanes, LocalRun)
+
+
+def records_frames(env: Any, record: Any) -> bool:
+    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs this
+    process makes (an unknown id is left to ``make_lanes``, which names it)."""
+    if record is None or record.frames is False or not isinstance(env, str):
+        return False
+    name = env.partition(":")[2]
+    return ":" in name or name in gym_lanes.import_gymnasium().registry
+
+
+def recording_lanes(env: str, num_envs: int, episodes: int, *_: Any) -> Any:
+    """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"``."""
+    gym = gym_lanes.import_gymnasium()
+    made: list = []
+    try:
+        for _ in range(max(1, min(num_envs, episodes))):
+            made.append(gym.make(env.partition(":")[2], render_mode="rgb_array"))
+        return gym_lanes.EnvLanes(made, owned=True)
+    except BaseException:
+        for e in made:
+            e.close()
+        raise
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
@@ -191,6 +307,13 @@ __all__ = [
     "backend_of",
     "Target",
     "target",
+    "Route",
+    "route",
+    "WORKERS",
+    "RECORDING",
+    "LOCAL",
+    "records_frames",
+    "recording_lanes",
     "check_reply_timeout",
     "AUTO",
     "check_lane_groups",

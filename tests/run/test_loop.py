@@ -134,18 +134,9 @@ def local_run(seeds, n, cap=100, nan=None, choose=None, hooks=()):
     out = stream.EpisodeStream(list(hooks), seeds, None, {})
     out.steps = stream.StepStream(list(hooks), 1, 0)
     program = Program(n) if choose is None else Program(n, choose)
-    run = loop.LocalRun(
-        program,
-        None,
-        Lanes(n, nan),
-        SimpleNamespace(num_envs=n, max_steps=cap),
-        None,
-        seeds,
-        res,
-        out,
-        Telemetry(),
-        NoMetrics(),
-    )
+    settings = SimpleNamespace(num_envs=n, max_steps=cap)
+    given = loop.HostRun(program, None, Lanes(n, nan), settings, seeds, NoMetrics())
+    run = loop.LocalRun(given, res, out, Telemetry())
     return run, res
 
 

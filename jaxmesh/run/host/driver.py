@@ -37,7 +37,7 @@ from jaxmesh.adapt import read_keys
 from jaxmesh.core import agent, rules
 from jaxmesh.core import tally as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
-from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.envs.gymnasium import workers as pool
 from jaxmesh.results.record import (
     check_record,
     check_record_budget,
@@ -45,11 +45,12 @@ from jaxmesh.results.record import (
     records_states,
 )
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import build, checks, identity, instructions, stream
+from jaxmesh.run import backend, build, checks, identity, instructions, stream
 from jaxmesh.run.config import RunConfig, Served
 from jaxmesh.run.host import agent_step as run_agent
-from jaxmesh.run.host.loop import GroupedRun, LocalRun
+from jaxmesh.run.host.loop import HostRun
 from jaxmesh.run.kept import Kept
+from jaxmesh.run.seed_check import require_reproducible
 from jaxmesh.run.telemetry import Telemetry
 
 # Episode metrics from gymnasium infos ----------------------------------------------
@@ -345,24 +346,7 @@ def _env_render(lanes: Any, frames: bool | None) -> Any:
     return None
 
 
-def check_workers(value: Any) -> int | None:
-    """``workers`` as an int >= 0, or None (the default: ``_workers``' rule).
-
-    Raises:
-      TypeError, ValueError: not an int >= 0.
-    """
-    if value is None:
-        return None
-    return checks.check_int(
-        "workers",
-        value,
-        0,
-        "worker processes that step a host-stepped env's lanes (0: in this "
-        "process; None: chosen for the machine and the env)",
-    )
-
-
-def _workers(
+def worker_count(
     workers: int | None, env: Any, lanes: int, record: Any, check_seeds: bool
 ) -> int:
     """The worker processes of a run in this process's lanes (0: none).
@@ -375,8 +359,6 @@ def _workers(
       TypeError, ValueError: ``workers >= 1`` with env objects or a factory
         that cannot be pickled, or with frames recorded or ``check_seeds``.
     """
-    from jaxmesh.envs.gymnasium import workers as pool
-
     frames = record is not None and record.frames is not False
     if workers is None:
         if frames or check_seeds or not pool.is_source(env):
@@ -407,26 +389,6 @@ def _recorded_leaves(spec: Any, record: Any) -> tuple[str, ...]:
         for n in spec.layout.names
         if n.split("/")[0] in record.keys or n in record.keys
     )
-
-
-def _recording_lanes(env: Any, record: Any, num_envs: int, episodes: int) -> Any:
-    """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"`` when a
-    recording wants frames; None otherwise (``make_lanes`` makes them)."""
-    if record is None or record.frames is False or not isinstance(env, str):
-        return None
-    gym = gym_lanes.import_gymnasium()
-    name = env.partition(":")[2]
-    if ":" not in name and name not in gym.registry:
-        return None  # make_lanes names the unknown id
-    envs: list = []
-    try:
-        for _ in range(max(1, min(num_envs, episodes))):
-            envs.append(gym.make(name, render_mode="rgb_array"))
-        return gym_lanes.EnvLanes(envs, owned=True)
-    except BaseException:
-        for e in envs:
-            e.close()
-        raise
 
 
 # The jitted agent, built once per (policy, lanes, settings) ------------------------
@@ -567,9 +529,8 @@ def evaluate(
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
-    ``jaxmesh.evaluate`` chooses the backend (``backend.backend_of``), checks
-    the settings and the served options, and calls this for a host-stepped or
-    served ``env``; the arguments and the contract are the same
+    ``jaxmesh.evaluate`` calls this for a host-stepped or served ``env``
+    (``backend.route``); the arguments and the contract are the same
     (docs/evaluation.md, "Host-stepped envs").
 
     Args:
@@ -579,177 +540,137 @@ def evaluate(
         closed at the end); or served envs: ``"grpc://host:port"`` or a list of
         such addresses (``jaxmesh.run.host.served``).
       config: the checked ``RunConfig``. ``num_envs`` is at most this many
-        lanes: a list or VectorEnv gives at most its own count (so the default
-        64 means all of them); ``max_episode_steps`` caps an episode's length
-        (an env's own ``TimeLimit`` truncates it too);
-        ``max_episode_seconds`` is a wall-clock cap measured from just before
-        an episode's reset (it ends ``truncated`` after the first step that
-        ends past it, CONTRACT 18); ``Layout.segment_steps`` is unused (the
-        host sees every step). Metrics and success are read from each step's
-        gymnasium ``info`` (``HostMetrics``); a served env sends only those
-        keys. ``Starts.check_seeds`` runs ``jaxmesh.check_seeds`` on the first
-        lane's env before the run (a served env refuses it). Without
-        ``Starts.instruction`` a ``Text(info_key=...)`` input reads each
-        episode's instruction from its reset info.
-      served: for served envs, their ``jaxmesh.Served`` options (lane
-        groups in ``jaxmesh.run.host.served``); None for envs stepped in this
-        process.
-      record: a ``jaxmesh.Record``: its episodes are recorded on the host
-        (``HostRecorder``); in process, with ``env.render()`` frames when the
-        envs have ``render_mode="rgb_array"`` (``Record.frames``). A served
-        env sends every step's observation for it and gives no frames.
+        lanes (a list or VectorEnv gives at most its own count);
+        ``max_episode_seconds`` is measured from just before an episode's
+        reset (CONTRACT 18). Metrics and success are read from each step's
+        ``info`` (``HostMetrics``).
+      served: a served env's ``jaxmesh.Served`` options (None: in process).
+      record: a ``jaxmesh.Record``, kept on the host (``HostRecorder``).
       grid: a sweep's ``(cells, cell_episodes)`` (``checks.Settings.grid``),
         or None for one setting.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
-    Returns:
-      A ``RunResult`` (``max_episode_seconds`` set).
-
     Raises:
-      ValueError, TypeError: bad input, before any env is reset (with
-        ``check_seeds``, an env that is not reproducible from its seed).
+      ValueError, TypeError: bad input, before any env is reset.
       jaxmesh.BadValueError: a discrete action out of range, a NaN action or a
         NaN reward, at the step that met it.
       Any exception from an env or a hook, with the finished episodes on
       ``exc.partial_result``.
     """
     t_start = time.perf_counter()
-    settings, starts, scoring = config.settings, config.starts, config.scoring
+    settings, starts, with_params = config.settings, config.starts, params is not None
     if grid is not None:
         settings = settings._replace(grid=grid[0], cell_episodes=grid[1])
-    check_seeds, workers = starts.check_seeds, config.workers
-    trial_index_base, instruction = starts.trial_index_base, starts.instruction
-    success_mode = scoring.success_mode
-    if check_seeds and served is not None:
+    if starts.check_seeds and served is not None:
         raise ValueError(
             "check_seeds=True is for envs in this process; a served env's server "
             "holds one session at a time, so check it before the run: "
             f"`jaxmesh check-env {env if isinstance(env, str) else env[0]}` (or "
             "jaxmesh.check_seeds(address))"
         )
-    with_params = params is not None
-    seconds = config.max_episode_seconds
-    asked = scoring.asked  # checked when the config was built
     record = check_record(record)
     pol = resolve_policy(policy, with_params=with_params)
     seeds_arr = checks.resolve_budget(episodes, seeds, pol.device)
-    check_record_budget(record, int(seeds_arr.size))
+    e = int(seeds_arr.size)
+    check_record_budget(record, e)
     records_states(record, None, "a host-stepped env")
     hook_list = stream.hooks_list(hooks)
+    row, w = _route(env, config, settings.num_envs, e, record, served)
+    lanes = row.lanes(env, settings.num_envs, e, w, served)
     remote_agent = None
-    if served is not None:
-        from jaxmesh.remote.address import require_grpc
-
-        require_grpc()
-        from jaxmesh.run.host.served import ServedLanes
-
-        addresses = [env] if isinstance(env, str) else list(env)
-        lanes = ServedLanes(
-            addresses,
-            settings.num_envs,
-            token=served.token,
-            credentials=served.credentials,
-            reply_timeout=served.reply_timeout,
-            on_server_loss=served.on_server_loss or "rerun",
-            transport=served.transport or "auto",
-        )
-        # A group plans alone: the default tile is sized for its lanes.
-        tile_lanes = lanes.group(settings, served.lane_groups)
-    else:
-        e = int(seeds_arr.size)
-        count = max(1, min(settings.num_envs, e))
-        w = _workers(workers, env, count, record, check_seeds)
-        if w:
-            lanes = gym_lanes.WorkerEnvLanes(env, count, w)
-        else:
-            lanes = _recording_lanes(env, record, settings.num_envs, e)
-        if lanes is None:
-            lanes = gym_lanes.make_lanes(env, settings.num_envs, e)
-        tile_lanes = None
     try:
-        if check_seeds:
-            from jaxmesh.run.seed_check import require_reproducible
-
+        if starts.check_seeds:
             first = lanes.envs[0] if hasattr(lanes, "envs") else lanes.vec
             require_reproducible(first, "check_seeds=True")
+        # A served group plans alone: the default tile is sized for its lanes.
+        tile = None
+        if served is not None:
+            tile = lanes.group(settings, served.lane_groups)
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         settings = checks.resolve_delay_ms(settings, lanes.spec.dt, lanes.spec.name)
+        n, name = settings.num_envs, lanes.spec.name
         # Served lanes read info as in process: a server sends a key only for
         # the rows that have it (ResultBatch.info_present).
-        host_metrics = HostMetrics(asked, settings.num_envs, lanes.spec.name)
-        recorder = None
-        if record is not None:
-            where = f"env {lanes.spec.name!r}"
-            observation_leaves(lanes.spec.zeros(), record.keys, where)
-            render = None
-            if served is None:
-                render = _env_render(lanes, record.frames)
-            elif record.frames:
-                raise ValueError(
-                    "Record(frames=True): a served env sends observations, not "
-                    "frames; record without frames and render with "
-                    "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
-                )
-            recorder = HostRecorder(record, settings.num_envs, lanes.spec, render)
-        if isinstance(lanes, gym_lanes.WorkerEnvLanes):
-            # Only the leaves the policy reads (and a recording keeps) cross
-            # from the workers.
-            read = lanes.spec.reading(read_keys(pol.spec)).layout.names
-            kept = () if recorder is None else _recorded_leaves(lanes.spec, record)
-            lanes.carry([*read, *kept])
-        texts = _lane_texts(
-            pol,
-            instruction,
-            lanes,
-            settings.num_envs,
-            served,
-            seeds_arr,
-            trial_index_base,
-        )
-        params = pol.default_params() if params is None else pol.place(params)
+        metrics = HostMetrics(config.scoring.asked, n, name)
+        recorder = _recorder(record, lanes, n, served is not None)
         # The policy's view: only the observation leaves it reads.
-        agent_spec = lanes.spec.reading(read_keys(pol.spec))
+        spec = lanes.spec.reading(read_keys(pol.spec))
+        if row.name == backend.WORKERS:  # only those leaves (and a recording's) cross
+            kept = () if recorder is None else _recorded_leaves(lanes.spec, record)
+            lanes.carry([*spec.layout.names, *kept])
+        texts = _lane_texts(pol, starts, lanes, n, served, seeds_arr)
+        params = pol.default_params() if params is None else pol.place(params)
         # A served policy (jaxmesh.RemotePolicy) runs the agent step on its
         # server: its agent side stands in for HostAgent.
         remote = getattr(policy, "remote_agent", None)
         if remote is not None:
-            host_agent = remote_agent = remote(pol, agent_spec, settings, tile_lanes)
+            agent_side = remote_agent = remote(pol, spec, settings, tile)
         else:
-            host_agent = _host_agent(
-                policy, pol, agent_spec, settings, with_params, tile_lanes
-            )
-        host_agent.program(params)  # every check runs before a hook hears of the run
-        return _run(
-            host_agent,
-            pol,
+            agent_side = _host_agent(policy, pol, spec, settings, with_params, tile)
+        program = agent_side.program(params)  # every check runs before a hook hears
+        run = HostRun(
+            program,
             params,
             lanes,
             settings,
-            seconds,
             seeds_arr,
-            hook_list,
-            t_start,
-            host_metrics,
+            metrics,
+            config.max_episode_seconds,
             recorder,
-            trial_index_base,
-            success_mode,
+            starts.trial_index_base,
             texts,
-            instruction,
+            loop=row.loop_for(program, lanes, recorder),
+            agent=agent_side,
+            policy=pol,
+            hooks=hook_list,
+            t_start=t_start,
+            success_mode=config.scoring.success_mode,
+            instruction=starts.instruction,
         )
+        return _run(run)
     finally:
         if remote_agent is not None:
             remote_agent.close()
         lanes.close()
 
 
+def _route(
+    env: Any, config: RunConfig, num_envs: int, e: int, record: Any, served: Any
+) -> tuple[backend.Route, int]:
+    """The backend table's row for the run (``backend.route``) and its worker
+    processes (``worker_count``; 0 for a served env)."""
+    if served is not None:
+        return backend.route(backend.Target(env, backend.SERVED)), 0
+    check_seeds = config.starts.check_seeds
+    w = worker_count(config.workers, env, max(1, min(num_envs, e)), record, check_seeds)
+    frames = not w and backend.records_frames(env, record)
+    target = backend.Target(env, backend.HOST)
+    return backend.route(target, workers=w, frames=frames), w
+
+
+def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:
+    """The run's ``HostRecorder`` (None without a record), with frames when the
+    lanes in this process render them.
+
+    Raises:
+      ValueError: a record key the observation lacks, or frames asked of a
+        served env.
+    """
+    if record is None:
+        return None
+    observation_leaves(lanes.spec.zeros(), record.keys, f"env {lanes.spec.name!r}")
+    if served and record.frames:
+        raise ValueError(
+            "Record(frames=True): a served env sends observations, not "
+            "frames; record without frames and render with "
+            "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
+        )
+    render = None if served else _env_render(lanes, record.frames)
+    return HostRecorder(record, n, lanes.spec, render)
+
+
 def _lane_texts(
-    pol: Policy,
-    instruction: str | None,
-    lanes: Any,
-    n: int,
-    served: Any,
-    seeds: np.ndarray,
-    trial_base: int,
+    pol: Policy, starts: Any, lanes: Any, n: int, served: Any, seeds: np.ndarray
 ) -> instructions.LaneTexts | None:
     """The Text inputs' per-lane encodings of a host-stepped run (None: the
     policy reads none).
@@ -763,7 +684,7 @@ def _lane_texts(
         from a served env's reset info.
     """
     name = lanes.spec.name
-    encoded = instructions.check_sources(pol.spec, instruction, name, host=True)
+    encoded = instructions.check_sources(pol.spec, starts.instruction, name, host=True)
     if not encoded:
         return None
     texts = instructions.LaneTexts(pol.spec, encoded, n, pol.device, name)
@@ -775,61 +696,53 @@ def _lane_texts(
             "instruction: in the YAML)"
         )
     if texts.missing and seeds.size:
-        lanes.reset([0], [int(seeds[0])], [trial_base], text_keys=texts.keys)
+        base = [starts.trial_index_base]
+        lanes.reset([0], [int(seeds[0])], base, text_keys=texts.keys)
         texts.begin([0], lanes.reset_text, [0])
     return texts
 
 
-def _run(
-    host_agent: HostAgent,
-    pol: Policy,
-    params: Any,
-    lanes: Any,
-    settings: Any,
-    seconds: float | None,
-    seeds_arr: np.ndarray,
-    hook_list: list,
-    t_start: float,
-    metrics: HostMetrics,
-    recorder: HostRecorder | None = None,
-    trial_base: int = 0,
-    success_mode: str = checks.DEFAULT_SUCCESS_MODE,
-    texts: instructions.LaneTexts | None = None,
-    instruction: str | None = None,
-) -> RunResult:
-    program = host_agent.program(params)
-    cfg = program.config
-    n, e = settings.num_envs, int(seeds_arr.size)
+def _run(run: HostRun) -> RunResult:
+    """Runs the budget of ``run`` in its loop class; the ``RunResult``."""
+    host_agent, program, lanes, settings = (
+        run.agent,
+        run.program,
+        run.lanes,
+        run.settings,
+    )
+    cfg, metrics = program.config, run.metrics
+    n, e = settings.num_envs, int(run.seeds.size)
     # What resume= compares: digests of the env, the policy's program (kept
     # by the probe of host_agent.program) and the params.
-    told = build.told_horizon(host_agent.policy, settings)
+    if hasattr(host_agent, "digest"):  # a served policy: its server's
+        policy_digest = host_agent.digest()
+    else:
+        told = build.told_horizon(host_agent.policy, settings)
+        policy_digest = build.policy_digest(
+            host_agent.policy, host_agent.spec, run.params, settings.horizon, told
+        )
     run_fields = stream.run_fields(
         settings,
         num_envs=n,
         effective_horizon=cfg.horizon,
         chunk=program.chunk,
         plan_tile=cfg.tile,
-        policy=pol.name,
+        policy=run.policy.name,
         env=lanes.spec.name,
         metrics=metrics.run_fields(),
-        trial_index_base=trial_base,
-        instruction=instruction,
-        success_mode=success_mode,
+        trial_index_base=run.trial_base,
+        instruction=run.instruction,
+        success_mode=run.success_mode,
         fingerprint=identity.run_identity(
-            identity.host_env_digest(lanes),
-            host_agent.digest()
-            if hasattr(host_agent, "digest")  # a served policy: its server's
-            else build.policy_digest(
-                host_agent.policy, host_agent.spec, params, settings.horizon, told
-            ),
+            identity.host_env_digest(lanes), policy_digest
         ),
-        max_episode_seconds=seconds,
+        max_episode_seconds=run.seconds,
     )
-    stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
+    stream.call(run.hooks, "on_run_start", {"episodes": e, **run_fields})
     episodes_out = stream.EpisodeStream(
-        hook_list, seeds_arr, pol.on_episode_end, run_fields
+        run.hooks, run.seeds, run.policy.on_episode_end, run_fields
     )
-    episodes_out.steps = stream.StepStream(hook_list, cfg.horizon, cfg.lead)
+    episodes_out.steps = stream.StepStream(run.hooks, cfg.horizon, cfg.lead)
     res = core_results.empty(
         e,
         n,
@@ -838,42 +751,18 @@ def _run(
         success=metrics.tracks_success,
         at_reset=metrics.tracks_success,
     )
-    if recorder is not None:  # filled in place by the loop
-        res = res.replace(recording=recorder.recording)
+    if run.recorder is not None:  # filled in place by the loop
+        res = res.replace(recording=run.recorder.recording)
     episodes_out.latest = res
-
     tel = Telemetry()
 
     def loop() -> Any:
         if e:
-            if isinstance(lanes, gym_lanes.WorkerEnvLanes):
-                grouped = GroupedRun.applies(program, lanes, recorder)
-                run_cls = GroupedRun if grouped else LocalRun
-            elif isinstance(lanes, gym_lanes.LocalAdapter):
-                run_cls = LocalRun
-            else:
-                from jaxmesh.run.host.served import run_class
-
-                run_cls = run_class(program, lanes, recorder)
-            run = run_cls(
-                program,
-                params,
-                lanes,
-                settings,
-                seconds,
-                seeds_arr,
-                res,
-                episodes_out,
-                tel,
-                metrics,
-                recorder,
-                trial_base,
-                texts,
-            )
+            host_loop = run.loop(run, res, episodes_out, tel)
             try:
-                run.run()
+                host_loop.run()
             except Exception as exc:
-                named = run.env_error(exc)  # an env's error names its episode
+                named = host_loop.env_error(exc)  # an env's error names its episode
                 if named is exc:
                     raise
                 raise named from exc
@@ -887,8 +776,8 @@ def _run(
 
     return stream.drive(
         episodes_out,
-        t_start,
-        lambda: host_agent.compile(params) if e else 0.0,
+        run.t_start,
+        lambda: host_agent.compile(run.params) if e else 0.0,
         loop,
     )
 

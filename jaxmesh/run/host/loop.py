@@ -24,6 +24,7 @@ episode and step rule.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from typing import Any
@@ -33,6 +34,7 @@ import numpy as np
 
 from jaxmesh.core import agent, replay, rules
 from jaxmesh.core import tally as core_results
+from jaxmesh.envs.gymnasium import workers as pool
 from jaxmesh.envs.gymnasium.lanes import where_raised
 from jaxmesh.errors import EnvError, RemoteEnvError, WorkerError, describe_env_error
 from jaxmesh.run import identity, stream
@@ -41,56 +43,78 @@ from jaxmesh.run import identity, stream
 MAX_SEEDS_CHECKED = 1_000_000
 
 
-class HostLoop:
-    """Per-lane episode state and the step rules of a host-stepped run.
+@dataclasses.dataclass(frozen=True)
+class HostRun:
+    """What one host-stepped run is given, built once (``driver.evaluate``).
 
-    Args:
-      program: the run's ``host._Program`` (config, jitted init and step).
+    The loop reads the first ten fields; the driver the rest.
+
+    Attributes:
+      program: the run's ``driver._HostProgram`` (config, jitted init and step).
       params: the policy params.
-      lanes: the run's lanes (their ``spec`` is read here).
+      lanes: the run's lanes (in process, in workers or served).
       settings: the checked settings (``num_envs`` lanes, ``max_steps``).
+      seeds: the budget's seeds.
+      metrics: the run's ``driver.HostMetrics``.
       seconds: ``max_episode_seconds`` or None.
-      seeds_arr: the budget's seeds.
-      res: the numpy ``core.tally.Results`` filled in place.
-      episodes_out: the run's ``stream.EpisodeStream`` (``.steps``: hooks).
-      tel: the run's ``Telemetry``.
-      metrics: the run's ``host.HostMetrics``.
-      recorder: a ``host.HostRecorder`` or None.
+      recorder: a ``driver.HostRecorder`` or None.
       trial_base: ``trial_index_base``: episode i's trial index is this + i.
       texts: the Text inputs' encodings per lane
         (``jaxmesh.run.instructions.LaneTexts``; None: the policy reads none).
+      loop: the loop class that paces the lanes (``backend.Route.loop``).
+      agent: the ``driver.HostAgent`` (or a served policy's agent side).
+      policy: the resolved ``Policy``.
+      hooks: the hooks' list.
+      t_start: when the run began (``time.perf_counter``).
+      success_mode: ``Scoring.success_mode``.
+      instruction: ``Starts.instruction``.
+    """
+
+    program: Any
+    params: Any
+    lanes: Any
+    settings: Any
+    seeds: np.ndarray
+    metrics: Any
+    seconds: float | None = None
+    recorder: Any = None
+    trial_base: int = 0
+    texts: Any = None
+    loop: Any = None
+    agent: Any = None
+    policy: Any = None
+    hooks: list = dataclasses.field(default_factory=list)
+    t_start: float = 0.0
+    success_mode: str | None = None
+    instruction: str | None = None
+
+
+class HostLoop:
+    """Per-lane episode state and the step rules of a host-stepped run; the
+    class that paces the lanes defines ``reset_lanes(js, eps)`` and ``run()``.
+
+    Args:
+      run: the run's ``HostRun``.
+      res: the numpy ``core.tally.Results`` filled in place.
+      episodes_out: the run's ``stream.EpisodeStream`` (``.steps``: hooks).
+      tel: the run's ``Telemetry``.
     """
 
     def __init__(
-        self,
-        program: Any,
-        params: Any,
-        lanes: Any,
-        settings: Any,
-        seconds: float | None,
-        seeds_arr: np.ndarray,
-        res: core_results.Results,
-        episodes_out: Any,
-        tel: Any,
-        metrics: Any,
-        recorder: Any = None,
-        trial_base: int = 0,
-        texts: Any = None,
+        self, run: HostRun, res: core_results.Results, episodes_out: Any, tel: Any
     ):
         # Params on the device once, not copied at every agent step.
-        self.program, self.lanes = program, lanes
-        self.params = jax.device_put(params)
-        self.texts = texts
+        self.program, self.lanes = program, lanes = run.program, run.lanes
+        self.params = jax.device_put(run.params)
+        self.texts, self.seconds, self.seeds = run.texts, run.seconds, run.seeds
         self.cfg = program.config
         self.spec = lanes.spec
-        self.seconds = seconds
-        self.seeds = seeds_arr
         self.res, self.episodes_out, self.tel = res, episodes_out, tel
-        self.metrics, self.recorder = metrics, recorder
+        self.metrics, self.recorder = run.metrics, run.recorder
         #: ``on_step`` hooks (falsy when there are none).
         self.steps = episodes_out.steps
-        self.n, self.e = settings.num_envs, int(seeds_arr.size)
-        self.max_steps = settings.max_steps
+        self.n, self.e = run.settings.num_envs, int(run.seeds.size)
+        self.max_steps = run.settings.max_steps
         n, spec = self.n, self.spec
         k = jax.eval_shape(jax.random.PRNGKey, 0)
         self.episode = np.full(n, -1, np.int64)
@@ -117,7 +141,7 @@ class HostLoop:
         self.next_episode = 0
         #: Each episode's index in the budget (a resumed run runs a part of it):
         #: an env that declares ``trial_index`` gets it (CONTRACT 6).
-        self.trial_of = trial_base + identity.episode_indices(self.e)
+        self.trial_of = run.trial_base + identity.episode_indices(self.e)
         #: Episode -> times a worker process died while running it.
         self.losses: dict[int, int] = {}
         #: Lanes gone for good (their server was lost): never given an episode.
@@ -161,25 +185,21 @@ class HostLoop:
             self.recorder.begin(js, eps)
         self.reset_lanes(js, eps)
 
-    def reset_lanes(self, js: list[int], eps: list[int]) -> None:
-        """Resets lanes ``js`` for episodes ``eps`` (the transport's part)."""
-        raise NotImplementedError
-
-    def take_next(self, free: np.ndarray) -> None:
+    def take_next(self, free: np.ndarray) -> np.ndarray:
         """The ``free`` lanes ([N] bool) take the next unstarted episodes
-        (CONTRACT 3); those left without one are masked. Episodes to run again
-        (``rerun``) go first, to the lowest free lanes; a dead lane takes none."""
+        (CONTRACT 3); those left without one are masked (returned, ascending).
+        Episodes to run again (``rerun``) go first, to the lowest free lanes; a
+        dead lane takes none."""
         free = self.start_reruns(free & ~self.dead)
         starts, eps, self.next_episode = rules.next_episodes(
             np, free, self.next_episode, self.e
         )
         masked = free & ~starts
-        if masked.any():
-            self.active[masked] = False
-            self.episode[masked] = -1
-            self.masked(np.flatnonzero(masked))
+        self.active[masked] = False
+        self.episode[masked] = -1
         if starts.any():
             self.start(np.flatnonzero(starts).tolist(), eps[starts].tolist())
+        return np.flatnonzero(masked)
 
     def start_reruns(self, free: np.ndarray) -> np.ndarray:
         """The lowest ``free`` lanes start the episodes to run again; returns
@@ -194,9 +214,6 @@ class HostLoop:
         free[js] = False
         self.start(js.tolist(), again)
         return free
-
-    def masked(self, js: np.ndarray) -> None:
-        """Lanes ``js`` (ascending) have no episode left to run."""
 
     def seen_resets(self, js: Any) -> None:
         """Lanes ``js`` have their reset observations in ``obs``: a seed reset
@@ -360,7 +377,6 @@ class HostLoop:
         self.t[j] = step_index + 1
         self.env_steps += int(j.size)
         self.ret[j] += r
-        self.stepped(j, te, tr)
         tr = tr | rules.at_cap(np, step_index + 1, self.max_steps)
         if self.t0 is not None:
             tr = tr | (time.perf_counter() - self.t0[j] >= self.seconds)
@@ -397,10 +413,6 @@ class HostLoop:
             res.lanes[i] = ended
         self.close_episodes(ended, faults)
         self.steps.raise_error()  # a hook raised on a step that ended nothing
-
-    def stepped(self, j: np.ndarray, te: np.ndarray, tr: np.ndarray) -> None:
-        """Lanes ``j`` executed a step that the env ended with ``te | tr``
-        (before the run's own caps)."""
 
     def _with(self, faults: tuple | None, js, kinds, values, steps) -> tuple:
         """``faults`` (``(kinds, values, steps)`` [N], or None) with lanes
@@ -451,13 +463,9 @@ class HostLoop:
         self.steps.raise_error()
         self.episodes_out.update(res)
         self.episodes_out.check_fault(res)
-        self.free(ended)
         free = np.zeros(self.n, bool)
         free[ended] = True
         self.take_next(free)
-
-    def free(self, ended: np.ndarray) -> None:
-        """Lanes ``ended`` finished their episodes (before they take the next)."""
 
     def env_error(self, exc: Exception) -> Exception:
         """``exc`` as an ``EnvError`` naming the episode, its seed, the lane and
@@ -507,8 +515,8 @@ class LocalRun(HostLoop):
     is measured here, from just before an episode's reset.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any):
+        super().__init__(*args)
         if self.seconds is not None:
             self.t0 = np.zeros(self.n, np.float64)
         self.lanes.info_keys = self.metrics.keys
@@ -634,13 +642,11 @@ class GroupedRun(LocalRun):
         """The per-step case with a core to spare for this process's agent
         step (more cores than workers); else ``LocalRun``'s lockstep, where
         the workers have the cores while this process waits."""
-        from jaxmesh.envs.gymnasium.workers import cores
-
         cfg = program.config
         groups = getattr(lanes, "groups", None)
         return (
             groups is not None
-            and 1 < len(groups) < cores()
+            and 1 < len(groups) < pool.cores()
             and cfg.horizon == 1
             and cfg.lead == 0
             and cfg.grid is None
@@ -700,4 +706,4 @@ class GroupedRun(LocalRun):
         self.restart_lost(lost)
 
 
-__all__ = ["GroupedRun", "HostLoop", "LocalRun"]
+__all__ = ["GroupedRun", "HostLoop", "HostRun", "LocalRun"]

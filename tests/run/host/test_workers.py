@@ -442,9 +442,13 @@ def test_a_worker_killed_at_a_reset_or_a_step_is_replaced_and_its_episodes_rerun
     if grouped:  # each worker's lanes paced as a group (GroupedRun), as on 3+ cores
         monkeypatch.setattr(workers_mod, "cores", lambda: 8)
     ran = []
-    monkeypatch.setattr(
-        loop.HostLoop, "masked", lambda self, js: ran.append(type(self).__name__)
-    )
+    take_next = loop.HostLoop.take_next
+
+    def spied(self, free):
+        ran.append(type(self).__name__)
+        return take_next(self, free)
+
+    monkeypatch.setattr(loop.HostLoop, "take_next", spied)
     once = str(tmp_path / "killed")
     env = functools.partial(KillsItself, seed=9, at=at, once=once)
     result = jaxmesh.evaluate(lean, env, num_envs=4, seeds=range(12), workers=2)

@@ -47,13 +47,18 @@ releases a lane it abandons at ``max_episode_steps`` with nothing left to run.
 
 Its modules, each named by what it holds: ``pool.py`` (``ServedLanes``: the
 servers, their sessions, lane groups, reconnects), ``pace.py`` (the run:
-``_Run`` and its loop, ``_StepRun``, ``run_class``), and the run's parts,
-mixins of ``_Run`` over its one state: ``calls.py`` (the outgoing queue and
-calls), ``replies.py`` (taking and filing replies), ``segments.py`` (segment
-planning) and ``loss.py`` (losing and rejoining servers).
+``ServedRun`` and its loop, ``ServedStepRun``), and the parts the run holds:
+``calls.py`` (``Outbox``: the outgoing queue and calls), ``replies.py``
+(``Inbox``: taking and filing replies), ``loss.py`` (``ServerLoss``: losing
+and rejoining servers) and ``segments.py`` (segment planning).
 """
 
-from jaxmesh.run.host.served.pace import needs_every_observation, run_class, wire_leaves
+from jaxmesh.run.host.served.pace import (
+    ServedRun,
+    ServedStepRun,
+    needs_every_observation,
+    wire_leaves,
+)
 from jaxmesh.run.host.served.pool import (
     GROUPS_FROM_LANES,
     ServedLanes,
@@ -63,7 +68,8 @@ from jaxmesh.run.host.served.pool import (
 __all__ = [
     "ServedLanes",
     "wire_leaves",
-    "run_class",
+    "ServedRun",
+    "ServedStepRun",
     "needs_every_observation",
     "default_lane_groups",
     "GROUPS_FROM_LANES",

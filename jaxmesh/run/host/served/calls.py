@@ -1,37 +1,54 @@
-"""Where a lane's actions and resets are sent from: the outgoing queue of
-segments (``queue_segments``), its flush into one call per rank per server
-(``flush``; one call at a time to a lockstep server) and the call itself
-(``_call``: encode, send, keep its tag in flight for the reply).
-
-It is a mixin of ``pace._Run``, not a collaborator: its methods read and
-write the run's one per-lane state (epochs, ring buffers, queues, calls in
-flight), which ``_Run.__init__`` sets and the other mixins share; a
-collaborator would need that state handed over or split apart, changing the
-code that reads it rather than moving it.
+"""The outgoing side of a served run: ``Outbox`` holds the queue of resets
+and segments, flushes it into one call per rank per server (one call at a
+time to a lockstep server) and keeps each call's tag in flight for its reply.
 """
 
 from __future__ import annotations
 
+import collections
 import time
+from typing import Any
 
 import numpy as np
 
 from jaxmesh.envs import gymnasium as gym_lanes
 
 
-class _Calls:
-    """The run's outgoing queue and calls (see the module docstring)."""
+class Outbox:
+    """A served run's queued resets and segments and its calls in flight.
 
-    def queue_segments(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
+    Args:
+      run: the ``pace.ServedRun`` (its lanes, epochs, servers and wire options
+        are read here).
+    """
+
+    def __init__(self, run: Any):
+        self.run = run
+        n = run.n
+        #: Queued, not sent: resets (lane -> episode) and segments.
+        self.resets: dict[int, int] = {}
+        self.seg_lanes: list[np.ndarray] = []
+        self.seg_epochs: list[np.ndarray] = []
+        self.seg_ranks: list[np.ndarray] = []
+        self.seg_counts: list[np.ndarray] = []
+        self.seg_actions: list[np.ndarray] = []
+        self.queued = np.zeros(n, np.int64)  # segments queued per lane
+        self.released: list[int] = []  # lanes to release (lockstep servers)
+        #: Per server, the calls awaiting replies: ``(tag, sent_at)``, oldest first.
+        self.inflight = [collections.deque() for _ in run.lanes.sessions]
+
+    def queue(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
         """Queues one segment per lane (``counts[i]`` rows of ``acts`` each)."""
         if not lanes_.size:
             return
         self.seg_lanes.append(lanes_)
-        self.seg_epochs.append(self.epoch[lanes_])
+        self.seg_epochs.append(self.run.epoch[lanes_])
         self.seg_ranks.append(self.queued[lanes_].copy())
         self.seg_counts.append(counts)
         # The env's own action values (Discrete: plus ``start``).
-        self.seg_actions.append(gym_lanes.env_actions(self.lanes.action_space, acts))
+        self.seg_actions.append(
+            gym_lanes.env_actions(self.run.lanes.action_space, acts)
+        )
         self.queued[lanes_] += 1
 
     def flush(self, which: np.ndarray | None = None) -> None:
@@ -43,6 +60,7 @@ class _Calls:
         """
         if not self.resets and not self.seg_lanes and not self.released:
             return
+        run = self.run
         if self.seg_lanes:
             lanes_ = np.concatenate(self.seg_lanes)
             epochs = np.concatenate(self.seg_epochs)
@@ -50,7 +68,7 @@ class _Calls:
             counts = np.concatenate(self.seg_counts)
             acts = np.concatenate(self.seg_actions)
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            live = epochs == self.epoch[lanes_]
+            live = epochs == run.epoch[lanes_]
         else:
             lanes_ = np.zeros(0, np.int64)
             ranks = counts = starts = lanes_
@@ -67,10 +85,10 @@ class _Calls:
             for g in [g for g in resets if not which[g]]:
                 self.resets[g] = resets.pop(g)
         top = int(ranks[live].max()) + 1 if live.any() else 1
-        for s in range(len(self.lanes.sessions)):
-            on_s = live & (self.server[lanes_] == s)
-            rs = [g for g in resets if self.server[g] == s]
-            if self.lockstep[s]:
+        for s in range(len(run.lanes.sessions)):
+            on_s = live & (run.server[lanes_] == s)
+            rs = [g for g in resets if run.server[g] == s]
+            if run.lockstep[s]:
                 self._flush_lockstep(s, on_s, lanes_, counts, starts, acts, rs, resets)
                 continue
             for r in range(top):
@@ -115,7 +133,7 @@ class _Calls:
             # _send reads each queued lane's rows through (lanes, counts, starts)
             all_q = np.arange(gs.size)
             self._send(s, all_q, gs, cnt, st, rows, rs, resets)
-        elif rs or any(self.server[g] == s for g in self.released):
+        elif rs or any(self.run.server[g] == s for g in self.released):
             self._send(
                 s, np.zeros(0, np.int64), lanes_, counts, starts, acts, rs, resets
             )
@@ -124,50 +142,46 @@ class _Calls:
         """Queues wire actions again (already converted) for lane ``g``."""
         g = int(g)
         self.seg_lanes.append(np.asarray([g], np.int64))
-        self.seg_epochs.append(self.epoch[[g]])
+        self.seg_epochs.append(self.run.epoch[[g]])
         self.seg_ranks.append(self.queued[[g]].copy())
         self.seg_counts.append(np.asarray([len(rows)], np.int64))
         self.seg_actions.append(rows)
         self.queued[g] += 1
 
-    def _call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
+    def call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
         """One call to server ``s``: the resets of lanes ``rs`` (``resets``:
         lane -> episode), a run of ``counts[i]`` wire actions (``rows``) for
         each lane of ``act_g`` (global lanes, ascending in local order), and
         the lanes released there. ``tag`` (reset lanes, their epochs, action
         lanes, their epochs or group) waits in flight for the reply."""
         t0 = time.perf_counter()
-        session = self.lanes.sessions[s]
+        run = self.run
+        session = run.lanes.sessions[s]
         reset_g = tag[0]
         eps = [resets[g] for g in reset_g]
-        release = [g for g in self.released if self.server[g] == s]
+        release = [g for g in self.released if run.server[g] == s]
         if release:
-            self.released = [g for g in self.released if self.server[g] != s]
+            self.released = [g for g in self.released if run.server[g] != s]
         size = session.send(
-            reset_lanes=self.local[reset_g],
-            seeds=self.seeds[eps],
-            trials=self.trial_of[eps] if session.trial_index else None,
-            max_episode_seconds=self.seconds,
-            lanes=self.local[act_g] if act_g.size else None,
+            reset_lanes=run.local[reset_g],
+            seeds=run.seeds[eps],
+            trials=run.trial_of[eps] if session.trial_index else None,
+            max_episode_seconds=run.seconds,
+            lanes=run.local[act_g] if act_g.size else None,
             counts=counts,
             actions=rows,
-            release=self.local[release] if release else (),
-            all_observations=self.every_obs,
-            info_keys=self.info_keys,
-            info_every_step=self.info_every_step,
+            release=run.local[release] if release else (),
+            all_observations=run.every_obs,
+            info_keys=run.info_keys,
+            info_every_step=run.info_every_step,
         )
         # The call starts when its bytes go out (the server may start at once,
         # before send returns): its span holds the server's step.
         now = session.sent_at
-        self.tel.span(
-            "encode",
-            t0,
-            now,
-            self.server_rows[s],
-            resets=len(reset_g),
-            lanes=len(act_g),
+        run.tel.span(
+            "encode", t0, now, run.server_rows[s], resets=len(reset_g), lanes=len(act_g)
         )
-        self.tel.add("request_bytes", size)
+        run.tel.add("request_bytes", size)
         self.inflight[s].append((tag, now))
 
     def _send(self, s, pick, lanes_, counts, starts, acts, rs, resets) -> None:
@@ -175,7 +189,7 @@ class _Calls:
         act_g = np.zeros(0, np.int64)
         c = rows = None
         if pick.size:
-            order = pick[np.argsort(self.local[lanes_[pick]], kind="stable")]
+            order = pick[np.argsort(self.run.local[lanes_[pick]], kind="stable")]
             act_g = lanes_[order]
             c = counts[order]
             if np.all(c == 1):
@@ -185,5 +199,14 @@ class _Calls:
                     int(c.sum())
                 )
             rows = acts[at]
-        tag = (reset_g, self.epoch[reset_g], act_g, self.epoch[act_g])
-        self._call(s, rs, resets, act_g, c, rows, tag)
+        tag = (reset_g, self.run.epoch[reset_g], act_g, self.run.epoch[act_g])
+        self.call(s, rs, resets, act_g, c, rows, tag)
+
+    def drop(self, s: int) -> None:
+        """Server ``s`` is gone: its lanes' queued resets and releases and its
+        calls in flight are dropped."""
+        server = self.run.server
+        for j in np.flatnonzero(server == s).tolist():
+            self.resets.pop(j, None)
+        self.released = [j for j in self.released if server[j] != s]
+        self.inflight[s].clear()

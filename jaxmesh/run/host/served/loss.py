@@ -1,13 +1,8 @@
-"""Losing and rejoining a server: ``drop_hung`` (a server that owes a reply
-past the automatic limit), ``lose_server`` (its lanes' unfinished episodes run
-again on the other servers' lanes), the background reconnect with backoff
-(``REJOIN_DELAYS``) and ``take_rejoins`` (a server back takes lanes again).
-
-It is a mixin of ``pace._Run``, not a collaborator: its methods read and
-write the run's one per-lane state (epochs, ring buffers, queues, calls in
-flight), which ``_Run.__init__`` sets and the other mixins share; a
-collaborator would need that state handed over or split apart, changing the
-code that reads it rather than moving it.
+"""Losing and rejoining a server: ``ServerLoss`` drops a server that owes a
+reply past the automatic limit (``drop_hung``) or failed (``lose``: its lanes'
+unfinished episodes run again on the other servers' lanes), tries it again in
+the background with backoff (``REJOIN_DELAYS``) and gives a server that came
+back its lanes again (``take_rejoins``).
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -29,24 +25,40 @@ REJOIN_SECONDS = 60.0
 REJOIN_CONNECT_SECONDS = 2.0
 
 
-class _Loss:
-    """The run's server losses and rejoins (see the module docstring)."""
+class ServerLoss:
+    """A served run's lost servers and their rejoins.
+
+    Args:
+      run: the ``pace.ServedRun``.
+    """
+
+    def __init__(self, run: Any):
+        self.run = run
+        #: Servers dropped (``lose``), and when the run began.
+        self.lost: set[int] = set()
+        self.t_start = time.perf_counter()
+        # A lost server is tried again in the background (``_reconnect``); a
+        # new session waits in ``rejoins`` until the loop takes it.
+        self.rejoins: queue.SimpleQueue = queue.SimpleQueue()
+        self.stop_rejoining = threading.Event()
+        self.rejoin_threads: list[threading.Thread] = []
 
     def hung_limit(self) -> float | None:
         """Seconds a server may owe a reply and send nothing before
         ``drop_hung`` drops it: ``AUTO_FACTOR`` times the slowest reply of the
         run, at least ``AUTO_FLOOR_SECONDS``; None before any reply."""
-        if not self.slowest:
+        slowest = self.run.inbox.slowest
+        if not slowest:
             return None
-        return max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * self.slowest)
+        return max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * slowest)
 
-    def _hung_wait(self) -> float | None:
+    def hung_wait(self) -> float | None:
         """How long the next wait for a reply may last before a server would
         be past ``hung_limit`` (None: no limit yet)."""
         limit = self.hung_limit()
         if limit is None:
             return None
-        sessions = self.lanes.sessions
+        sessions = self.run.lanes.sessions
         times = [
             since
             for s in range(len(sessions))
@@ -58,12 +70,12 @@ class _Loss:
 
     def drop_hung(self) -> None:
         """Drops a server that owes a reply and has sent nothing for longer
-        than ``hung_limit`` (``lose_server``), while another one is left: its
+        than ``hung_limit`` (``lose``), while another one is left: its
         episodes run again on the others."""
         limit = self.hung_limit()
         if limit is None:
             return
-        sessions = self.lanes.sessions
+        sessions = self.run.lanes.sessions
         now = time.monotonic()
         for s, session in enumerate(sessions):
             since = None if s in self.lost else session.owed_since()
@@ -73,40 +85,37 @@ class _Loss:
                 f"the jaxmesh env server at {session.address} sent nothing for "
                 f"{now - since:.1f} s while owing a reply: past the default reply "
                 f"timeout of {limit:.1f} s ({backend.AUTO_FACTOR:g}x the slowest "
-                f"reply of this run, {self.slowest:.3f} s, and at least "
+                f"reply of this run, {self.run.inbox.slowest:.3f} s, and at least "
                 f"{backend.AUTO_FLOOR_SECONDS:g} s); pass served=jaxmesh.Served("
                 "reply_timeout=...) to set it, or reply_timeout=None to wait",
                 address=session.address,
                 code="DEADLINE_EXCEEDED",
             )
-            self.lose_server(s, error)  # False: the last server; it may answer
+            self.lose(s, error)  # False: the last server; it may answer
 
-    def _oldest_in_flight(self) -> int:
+    def oldest_in_flight(self) -> int:
         """The server whose oldest call in flight was sent first."""
-        waiting = [(q[0][1], s) for s, q in enumerate(self.inflight) if q]
+        waiting = [(q[0][1], s) for s, q in enumerate(self.run.outbox.inflight) if q]
         return min(waiting)[1]
 
-    def lose_server(self, s: int, exc: BaseException) -> bool:
+    def lose(self, s: int, exc: BaseException) -> bool:
         """Drops server ``s`` after ``exc`` when the run may go on: its lanes
         are gone and the episodes they had not finished run again, from their
         seeds, on the lanes that remain (``HostLoop.lose_lanes``). False (the
         caller raises) under ``on_server_loss="raise"`` or with no other server
         left."""
-        sessions = self.lanes.sessions
+        run = self.run
+        sessions = run.lanes.sessions
         left = [t for t in range(len(sessions)) if t != s and t not in self.lost]
-        if self.lanes.on_server_loss != "rerun" or not left:
+        if run.lanes.on_server_loss != "rerun" or not left:
             return False
         self.lost.add(s)
-        js = np.flatnonzero(self.server == s)
-        self.epoch[js] += 1  # whatever is queued or in flight for them is void
-        self.ready[js] = self.waiting[js] = False
-        for j in js.tolist():
-            self.resets.pop(j, None)
-        self.released = [j for j in self.released if self.server[j] != s]
-        self.dropped(list(self.inflight[s]))
-        self.inflight[s].clear()
+        js = np.flatnonzero(run.server == s)
+        run.epoch[js] += 1  # whatever is queued or in flight for them is void
+        run.ready[js] = run.waiting[js] = False
+        run.outbox.drop(s)
         sessions[s].close()
-        episodes = self.lose_lanes(js)
+        episodes = run.lose_lanes(js)
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         loss = {
             "event": "lost",
@@ -117,9 +126,9 @@ class _Loss:
             "episodes_rerun": len(episodes),
             "rejoined_at_seconds": None,
         }
-        self.episodes_out.run_fields.setdefault("server_losses", []).append(loss)
-        self.tel.add("server_lost", 1)
-        stream.call(self.episodes_out.hooks, "on_fault", dict(loss))
+        run.episodes_out.run_fields.setdefault("server_losses", []).append(loss)
+        run.tel.add("server_lost", 1)
+        stream.call(run.episodes_out.hooks, "on_fault", dict(loss))
         thread = threading.Thread(target=self._reconnect, args=(s,), daemon=True)
         self.rejoin_threads.append(thread)
         thread.start()
@@ -136,7 +145,7 @@ class _Loss:
             if self.stop_rejoining.wait(delay) or time.monotonic() > end:
                 return
             try:
-                session = self.lanes.reconnect(s, REJOIN_CONNECT_SECONDS)
+                session = self.run.lanes.reconnect(s, REJOIN_CONNECT_SECONDS)
             except Exception:  # not back yet, or something else now
                 continue
             if self.stop_rejoining.is_set():
@@ -148,38 +157,39 @@ class _Loss:
     def take_rejoins(self) -> None:
         """Servers that came back take their lanes again: those lanes start the
         episodes to run again, else the next unstarted ones."""
+        run = self.run
         while True:
             try:
                 s, session = self.rejoins.get_nowait()
             except queue.Empty:
                 return
-            self.lanes.sessions[s] = session
+            run.lanes.sessions[s] = session
             session.open(
-                replies=self.replies,
+                replies=run.inbox.replies,
                 tag=s,
                 reader=True,
-                observation_keys=self.obs_keys,
+                observation_keys=run.obs_keys,
             )
-            self.lockstep[s] = session.lockstep
-            self.tel.add("transport_shm", session.transport == "shm")
+            run.lockstep[s] = session.lockstep
+            run.tel.add("transport_shm", session.transport == "shm")
             self.lost.discard(s)
-            js = np.flatnonzero(self.server == s)
-            self.dead[js] = False
-            self.capped[js] = False
-            self.epoch[js] += 1
+            js = np.flatnonzero(run.server == s)
+            run.dead[js] = False
+            run.capped[js] = False
+            run.epoch[js] += 1
             at = self._now()
-            for loss in reversed(self.episodes_out.run_fields["server_losses"]):
+            for loss in reversed(run.episodes_out.run_fields["server_losses"]):
                 if loss["server"] == session.address:
                     loss["rejoined_at_seconds"] = at
                     break
-            self.tel.add("server_rejoined", 1)
+            run.tel.add("server_rejoined", 1)
             event = {"event": "rejoined", "server": session.address, "at_seconds": at}
-            stream.call(self.episodes_out.hooks, "on_fault", event)
-            free = np.zeros(self.n, bool)
+            stream.call(run.episodes_out.hooks, "on_fault", event)
+            free = np.zeros(run.n, bool)
             free[js] = True
-            self.take_next(free)
+            run.take_next(free)
 
-    def stop_rejoins(self) -> None:
+    def stop(self) -> None:
         """Ends the reconnect attempts; closes sessions never taken."""
         self.stop_rejoining.set()
         for thread in self.rejoin_threads:
@@ -190,7 +200,3 @@ class _Loss:
             except queue.Empty:
                 return
             session.close()
-
-    def dropped(self, calls: list) -> None:
-        """Calls in flight to a lost server (``(tag, sent_at)``), never to be
-        answered."""

@@ -1,19 +1,17 @@
-"""The pacing of a served run: ``_Run`` (its per-lane state and the loop,
+"""The pacing of a served run: ``ServedRun`` (its per-lane state and the loop,
 ``pace``: agent steps for the lanes whose results are in, flushes when none
-can move, lane groups in turn), ``_StepRun`` (the per-step case, h = 1, one
-pass over numpy arrays per call) and ``run_class``, which picks one.
+can move, lane groups in turn) and ``ServedStepRun`` (the per-step case, h = 1,
+one pass over numpy arrays per call); ``backend.route`` picks one.
 
-``_Run`` is ``HostLoop`` (the episode and step rules) plus four mixins that
-share its state: ``calls._Calls`` (what is sent), ``replies._Replies`` (what
-comes back), ``segments._Segments`` (how actions are cut into segments) and
-``loss._Loss`` (servers lost and rejoined). Its lanes are ``pool.ServedLanes``.
+``ServedRun`` is ``HostLoop`` (the episode and step rules) holding three parts
+that read its per-lane state: ``outbox`` (``calls.Outbox``: what is sent),
+``inbox`` (``replies.Inbox``: what comes back) and ``loss``
+(``loss.ServerLoss``: servers lost and rejoined); ``segments.plan_segments``
+cuts the actions into segments. Its lanes are ``pool.ServedLanes``.
 """
 
 from __future__ import annotations
 
-import collections
-import queue
-import threading
 import time
 from typing import Any
 
@@ -22,11 +20,11 @@ import numpy as np
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.remote import codec
 from jaxmesh.run.host.loop import HostLoop
-from jaxmesh.run.host.served.calls import _Calls
-from jaxmesh.run.host.served.loss import _Loss
+from jaxmesh.run.host.served.calls import Outbox
+from jaxmesh.run.host.served.loss import ServerLoss
 from jaxmesh.run.host.served.pool import ServedLanes
-from jaxmesh.run.host.served.replies import _present, _Replies
-from jaxmesh.run.host.served.segments import _Segments
+from jaxmesh.run.host.served.replies import Inbox, _present
+from jaxmesh.run.host.served.segments import plan_segments
 
 
 def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
@@ -52,15 +50,15 @@ def needs_every_observation(cfg: Any) -> bool:
     return any(d.stack > 1 and not d.reads_action for _, d in cfg.spec)
 
 
-class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
+class ServedRun(HostLoop):
     """One run's pacing over served lanes (see the module docstring); the
     episode and step rules are ``HostLoop``'s.
 
     Per lane besides: its epoch (bumped whenever the lane's episode changes, so
     that replies for an ended episode are dropped), whether its current
-    observation is in (``ready``: it may take an agent step), the actions sent
-    for its episode (``sent``) and a ring buffer of step results that came in
-    but were not taken yet (``head`` .. ``tail``).
+    observation is in (``ready``: it may take an agent step) and the actions
+    sent for its episode (``sent``); the step results in, not taken yet, are
+    the ``inbox``'s.
     """
 
     #: Whether the loop waits for replies only in the order the calls went
@@ -68,13 +66,12 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
     #: the stream itself, whatever the lane groups.
     takes_in_order = False
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        """``HostLoop``'s arguments; ``lanes`` are ``ServedLanes``."""
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any):
+        """``HostLoop``'s arguments; the lanes are ``ServedLanes``."""
+        super().__init__(*args)
         lanes, metrics, recorder = self.lanes, self.metrics, self.recorder
         # The server measures max_episode_seconds (HostLoop.t0 stays None).
         self.info_keys = list(metrics.keys)
-        self.info_seen: set = set()
         # A reduction other than ``last``, and success once (any step's success
         # key), read every step's info: a server that declares it sends them
         # with the last observation only (``info_every_step``), an older one
@@ -89,42 +86,15 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
             or (every_info and not all(c.info_every_step for c in lanes.sessions))
         )
         self.info_every_step = every_info and not self.every_obs
-        n, h = self.n, self.cfg.horizon
+        n = self.n
         self.epoch = np.zeros(n, np.int64)
         self.ready = np.zeros(n, bool)  # its current observation is in: may act
         self.waiting = np.zeros(n, bool)  # acted; that action's result not in yet
         self.sent = np.zeros(n, np.int64)  # actions of the episode sent
-        # Step results in, not taken yet: a ring buffer per lane. At most two
-        # chunks are ever sent ahead of the step a lane is at.
-        cap = self.cap = 2 * h + 2
-        self.rb_reward = np.zeros((n, cap), np.float32)
-        self.rb_term = np.zeros((n, cap), bool)
-        self.rb_trunc = np.zeros((n, cap), bool)
-        self.rb_has_obs = np.zeros((n, cap), bool)
+        self.capped = np.zeros(n, bool)  # the last result ended at the cap only
         #: The observation leaves asked for (``wire_leaves``); the others stay
         #: zeros in ``obs_leaves``. One array: the one leaf ``""``.
         self.obs_keys = wire_leaves(self.spec, self.program, recorder)
-        layout = self.spec.layout
-        self.rb_obs = {
-            k: np.zeros((n, cap) + layout.shapes[k], layout.dtypes[k])
-            for k in self.obs_keys
-        }
-        self.rb_info = {k: np.zeros((n, cap), np.float64) for k in self.info_keys}
-        self.rb_info_has = {k: np.zeros((n, cap), bool) for k in self.info_keys}
-        self.capped = np.zeros(n, bool)  # the last result ended at the cap only
-        self.released: list[int] = []  # lanes to release (lockstep servers)
-        self.head = np.zeros(n, np.int64)
-        self.tail = np.zeros(n, np.int64)
-        # Queued, not sent: resets (lane -> episode) and segments.
-        self.resets: dict[int, int] = {}
-        self.seg_lanes: list[np.ndarray] = []
-        self.seg_epochs: list[np.ndarray] = []
-        self.seg_ranks: list[np.ndarray] = []
-        self.seg_counts: list[np.ndarray] = []
-        self.seg_actions: list[np.ndarray] = []
-        self.queued = np.zeros(n, np.int64)  # segments queued per lane
-        self.inflight = [collections.deque() for _ in lanes.sessions]
-        self.replies: queue.SimpleQueue = queue.SimpleQueue()
         self.server = np.asarray(lanes.server, np.int64)
         self.local = np.asarray(lanes.local, np.int64)
         self.to_global = []
@@ -134,17 +104,10 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
             m[self.local[mine]] = mine
             self.to_global.append(m)
         self.lockstep = [c.lockstep for c in lanes.sessions]
-        #: The slowest reply of the run so far, in seconds from its call
-        #: (``drop_hung``).
-        self.slowest = 0.0
-        #: Servers dropped (``lose_server``), and when the run began.
-        self.lost: set[int] = set()
-        self.t_start = time.perf_counter()
-        # A lost server is tried again in the background (``_reconnect``); a
-        # new session waits in ``rejoins`` until the loop takes it.
-        self.rejoins: queue.SimpleQueue = queue.SimpleQueue()
-        self.stop_rejoining = threading.Event()
-        self.rejoin_threads: list[threading.Thread] = []
+        self.server_rows = [f"server {s}" for s in range(len(lanes.sessions))]
+        self.outbox = Outbox(self)
+        self.inbox = Inbox(self)
+        self.loss = ServerLoss(self)
         self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
@@ -154,57 +117,35 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
         self.group_masks = [group_of == g for g in range(groups)]
         # Timeline rows (jaxmesh.trace), named once rather than on every call.
         self.group_rows = [f"group {g}" for g in range(groups)]
-        self.server_rows = [f"server {s}" for s in range(len(lanes.sessions))]
 
     # Episodes (HostLoop's rules; the wire's part here) -----------------------------
     def reset_lanes(self, js: list[int], eps: list[int]) -> None:
         """Queues the resets; a lane is ready when its reset observation is in."""
         for j, i in zip(js, eps, strict=True):
             self.epoch[j] += 1
-            self.resets[j] = i
+            self.outbox.resets[j] = i
         self.sent[js] = 0
         self.ready[js] = self.waiting[js] = self.started[js] = False
-        self.head[js] = self.tail[js] = 0
+        self.inbox.head[js] = self.inbox.tail[js] = 0
 
-    def stepped(self, j: np.ndarray, te: np.ndarray, tr: np.ndarray) -> None:
+    def account(self, j, r, te, tr, faults=None) -> None:
         # A lockstep server's lane that ends at the cap is still mid-episode
         # there: it must be reset even when it takes no next episode.
         self.capped[j] = ~(te | tr)
+        super().account(j, r, te, tr, faults)
 
-    def masked(self, js: np.ndarray) -> None:
-        for j in js.tolist():
+    def take_next(self, free: np.ndarray) -> np.ndarray:
+        self.epoch[free] += 1  # what is still in flight for a free lane is void
+        self.ready[free] = self.waiting[free] = False
+        masked = super().take_next(free)
+        for j in masked.tolist():
             if self.capped[j] and self.lockstep[self.server[j]]:
-                self.released.append(j)  # the server stops expecting it
+                self.outbox.released.append(j)  # the server stops expecting it
+        return masked
 
-    def free(self, ended: np.ndarray) -> None:
-        self.epoch[ended] += 1  # what is still in flight for it is void
-        self.ready[ended] = self.waiting[ended] = False
-
-    def take_results(self) -> None:
-        """Lanes waiting for a result that is in take it (one step each)."""
-        j = np.flatnonzero(self.waiting & (self.tail > self.head))
-        if not j.size:
-            return
-        pos = self.head[j] % self.cap
-        r = self.rb_reward[j, pos]
-        te = self.rb_term[j, pos]
-        tr = self.rb_trunc[j, pos]
-        has = self.rb_has_obs[j, pos]
-        jh, ph = j[has], pos[has]
-        for key, rb in self.rb_obs.items():
-            self.obs_leaves[key][jh] = rb[jh, ph]
-        if self.info_keys:
-            self.metrics.step(
-                j,
-                {
-                    k: (self.rb_info[k][j, pos], self.rb_info_has[k][j, pos])
-                    for k in self.info_keys
-                },
-            )
-        self.head[j] += 1
-        self.waiting[j] = False
-        self.ready[j] = True
-        self.account(j, r, te, tr)
+    def file_reply(self, s: int, reply: Any) -> None:
+        """Files one server's reply (``Inbox.file_reply``)."""
+        self.inbox.file_reply(s, reply)
 
     # The loop ----------------------------------------------------------------------
     def open_sessions(self) -> None:
@@ -216,16 +157,16 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
         loop plans.
         """
         sessions = self.lanes.sessions
-        self.direct = (
+        self.inbox.direct = (
             len(sessions) == 1
             and (self.num_groups == 1 or self.takes_in_order)
             and sessions[0].reply_timeout is None
         )
         for s, c in enumerate(sessions):
             c.open(
-                replies=self.replies,
+                replies=self.inbox.replies,
                 tag=s,
-                reader=not self.direct,
+                reader=not self.inbox.direct,
                 observation_keys=self.obs_keys,
             )
             # Sessions on the same-host data path: 1 each, 0 each on gRPC.
@@ -238,22 +179,22 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
         try:
             self.pace()
         finally:
-            self.stop_rejoins()
+            self.loss.stop()
 
     def pace(self) -> None:
         self.open_sessions()
-        self.flush()
+        self.outbox.flush()
         turn = 0
         while self.active.any():
-            while self.take_reply(block=False):  # file what came in meanwhile
+            while self.inbox.take_reply(block=False):  # file what came in meanwhile
                 pass
-            self.take_results()
+            self.inbox.take_results()
             if not self.active.any():
                 break
             ready = self.ready & self.active
             if not ready.any():
-                self.flush()
-                if not self.take_reply():
+                self.outbox.flush()
+                if not self.inbox.take_reply():
                     raise RuntimeError(
                         "jaxmesh internal error: lanes wait for results, but no "
                         "call is in flight; please report it "
@@ -262,9 +203,9 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
                         f"{self.t[self.active].tolist()}, sent "
                         f"{self.sent[self.active].tolist()}, waiting "
                         f"{self.waiting[self.active].tolist()}, in "
-                        f"{(self.tail - self.head)[self.active].tolist()})"
+                        f"{(self.inbox.tail - self.inbox.head)[self.active].tolist()})"
                     )
-                self.take_results()
+                self.inbox.take_results()
                 continue
             # One group at a time, in turn: the others' calls are in flight.
             for k in range(self.num_groups):
@@ -295,11 +236,11 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
             self.started[go] = False
             self.ready[go] = False
             self.check_actions(go, actions)
-            self.plan_segments(go, actions, cursor)
+            plan_segments(self, go, actions, cursor)
             self.waiting[go] = True
-            self.take_results()
+            self.inbox.take_results()
             if not (self.ready & group).any():
-                self.flush(group if self.num_groups > 1 else None)
+                self.outbox.flush(group if self.num_groups > 1 else None)
         self.finish()
 
     def replay(self, lanes_: np.ndarray) -> None:
@@ -314,7 +255,7 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
         self.ready[js] = False
         self.check_actions(lanes_, actions)
         self.waiting[js] = True
-        self.take_results()
+        self.inbox.take_results()
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
         """Raises BadValueError for an action out of range or not finite (the
@@ -324,9 +265,9 @@ class _Run(_Calls, _Replies, _Segments, _Loss, HostLoop):
             self.close_episodes(np.zeros(0, np.int64), faults)
 
 
-class _StepRun(_Run):
+class ServedStepRun(ServedRun):
     """The per-step case (h = 1, no lead, no recording, no lockstep server),
-    without ``_Run``'s ring buffers and segments: one pass over numpy arrays
+    without ``ServedRun``'s ring buffers and segments: one pass over numpy arrays
     per call.
 
     The lane groups take turns. At its turn, a group takes in the replies to
@@ -336,7 +277,7 @@ class _StepRun(_Run):
     for one group while the servers step the others. The lanes that end in
     one reply take the next episodes in ascending lane order (CONTRACT 3); a
     lane that starts an episode waits one call for its reset observation. The
-    same episodes, seeds and results as ``_Run``.
+    same episodes, seeds and results as ``ServedRun``.
     """
 
     takes_in_order = True
@@ -351,13 +292,16 @@ class _StepRun(_Run):
             and not any(c.lockstep for c in lanes.sessions)
         )
 
+    def pending(self, g: int) -> int:
+        """Lane group ``g``'s calls in flight (a call's tag names its group)."""
+        return sum(tag[1] == g for q in self.outbox.inflight for tag, _ in q)
+
     def pace(self) -> None:
-        self.pending = [0] * self.num_groups  # calls in flight per group
         self.open_sessions()
         while self.active.any():
             for g, group in enumerate(self.group_masks):
-                while self.pending[g]:
-                    self.take_reply()
+                while self.pending(g):
+                    self.inbox.take_reply()
                 if (self.active & group).any():
                     self._turn(g, group)
         self.finish()
@@ -377,9 +321,10 @@ class _StepRun(_Run):
             self.check_actions(go, acts)
             wire = gym_lanes.env_actions(self.lanes.action_space, acts)
         stepped = np.flatnonzero(go)
-        resets = {j: i for j, i in self.resets.items() if group[j]}
+        queued = self.outbox.resets
+        resets = {j: i for j, i in queued.items() if group[j]}
         for j in resets:
-            del self.resets[j]
+            del queued[j]
         many = len(self.lanes.sessions) > 1
         for s in range(len(self.lanes.sessions)):
             on_s = stepped[self.server[stepped] == s] if many else stepped
@@ -387,16 +332,12 @@ class _StepRun(_Run):
             if on_s.size or rs:
                 self._send_step(s, rs, resets, on_s, wire, g)
         self.ready[go] = False
-        if not self.pending[g]:
+        if not self.pending(g):
             raise RuntimeError(
                 "jaxmesh internal error: a lane group has active lanes but "
                 "nothing to send; please report it (active "
                 f"{np.flatnonzero(self.active & group).tolist()})"
             )
-
-    def dropped(self, calls: list) -> None:
-        for (_, group, _, _), _ in calls:
-            self.pending[group] -= 1
 
     def _send_step(self, s, rs, resets, act_g, wire, group) -> None:
         """One call of lane group ``group`` to server ``s``: the resets ``rs``
@@ -407,15 +348,15 @@ class _StepRun(_Run):
             act_g = act_g[np.argsort(self.local[act_g], kind="stable")]
             rows = wire[act_g]
         ones = np.ones(act_g.size, np.int64)
-        self._call(s, rs, resets, act_g, ones, rows, (reset_g, group, act_g, None))
-        self.pending[group] += 1
+        self.outbox.call(
+            s, rs, resets, act_g, ones, rows, (reset_g, group, act_g, None)
+        )
 
-    def _file_reply(self, s: int, reply: Any) -> bool:
+    def file_reply(self, s: int, reply: Any) -> None:
         """Files one server's reply to ``_send_step`` and accounts its steps."""
         b = reply.batch
-        (reset_g, group, act_g, _), sent_at = self.inflight[s].popleft()
-        self.pending[group] -= 1
-        self._tel_reply(s, sent_at, reply)
+        (reset_g, _, act_g, _), sent_at = self.outbox.inflight[s].popleft()
+        self.inbox.tel_reply(s, sent_at, reply)
         g = self.to_global[s][b.lanes]
         if reset_g.size:
             asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
@@ -436,7 +377,7 @@ class _StepRun(_Run):
             rl = g[is_reset]
             for key, x in obs_rows.items():
                 leaves[key][rl] = x[is_reset]
-            self.reset_infos(b, rl, np.flatnonzero(is_reset))
+            self.inbox.reset_infos(b, rl, np.flatnonzero(is_reset))
             self.seen_resets(rl)
             self.ready[rl] = self.started[rl] = True
             step_rows = np.flatnonzero(~is_reset)
@@ -445,7 +386,7 @@ class _StepRun(_Run):
             step_rows = None
             j = g
         if not j.size:
-            return True
+            return
         # One step per stepped lane (rewards, ends), one row per lane
         # (observations, infos: resets have rows too).
         pick = (lambda x: x) if step_rows is None else (lambda x: x[step_rows])
@@ -454,7 +395,7 @@ class _StepRun(_Run):
         for key, x in obs_rows.items():
             leaves[key][j] = pick(x)
         if self.info_keys:
-            info = self.info_rows(b)
+            info = self.inbox.info_rows(b)
             self.metrics.step(
                 j,
                 {
@@ -468,10 +409,3 @@ class _StepRun(_Run):
             )
         self.ready[j] = True
         self.account(j, r, te, tr)
-        return True
-
-
-def run_class(program: Any, lanes: ServedLanes, recorder: Any) -> type[_Run]:
-    """The pacing of a served run: ``_StepRun`` in the per-step case, else
-    ``_Run``; both take ``HostLoop``'s arguments."""
-    return _StepRun if _StepRun.applies(program, lanes, recorder) else _Run

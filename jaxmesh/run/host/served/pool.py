@@ -2,7 +2,7 @@
 run's lanes dealt over them, their lane groups, a reconnect to a lost server)
 and ``default_lane_groups``.
 
-The run (``pace._Run``) reads it as ``self.lanes``; it imports no other
+The run (``pace.ServedRun``) reads it as ``self.lanes``; it imports no other
 module of this package.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from jaxmesh.envs.gymnasium.spec import spec_for
 from jaxmesh.errors import RemoteError
-from jaxmesh.remote import codec
+from jaxmesh.remote import codec, spaces
 from jaxmesh.remote.session import Session
 from jaxmesh.run import backend
 
@@ -48,7 +48,7 @@ class ServedLanes:
         ``"auto"``: over several servers with ``on_server_loss="rerun"``, a
         server that owes a reply and sends nothing for ``AUTO_FACTOR`` times
         the slowest reply of the run, at least ``AUTO_FLOOR_SECONDS``, is
-        dropped (``_Run.drop_hung``); with one server, no limit.
+        dropped (``ServerLoss.drop_hung``); with one server, no limit.
       on_server_loss: ``"rerun"``: a server that dies or stops answering is
         dropped and its unfinished episodes run again on the other servers'
         lanes (the run raises when none is left); ``"raise"``: the run raises.
@@ -72,9 +72,7 @@ class ServedLanes:
         on_server_loss: str = "rerun",
         transport: str = "auto",
     ):
-        from jaxmesh.remote import spaces
-
-        #: What a run does when a server dies or stops answering (``_Run``).
+        #: What a run does when a server dies or stops answering (``ServerLoss.lose``).
         self.on_server_loss = on_server_loss
 
         self.addresses = list(addresses)
@@ -146,6 +144,20 @@ class ServedLanes:
         self.num_lanes = len(self.server)
         #: Lane groups for the run (set by ``group``).
         self.lane_groups = 1
+
+    @classmethod
+    def of(cls, env: Any, num_envs: int, _episodes: int, _workers: int, served: Any):
+        """The lanes of a served run (``backend.Route.lanes``): the addresses
+        ``env`` (one or a list) with the ``jaxmesh.Served`` options."""
+        return cls(
+            [env] if isinstance(env, str) else list(env),
+            num_envs,
+            token=served.token,
+            credentials=served.credentials,
+            reply_timeout=served.reply_timeout,
+            on_server_loss=served.on_server_loss or "rerun",
+            transport=served.transport or "auto",
+        )
 
     def group(self, settings: Any, lane_groups: int | None) -> int | None:
         """Sets the run's lane groups; the lanes the default plan tile is sized
