@@ -114,11 +114,19 @@ def _env_lane(value: Any) -> tuple[int | None, str | None, int]:
 def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     """A gRPC failure as the ``RemoteError`` that says what happened and what to do."""
     code = exc.code() if hasattr(exc, "code") else None
-    name = code.name if code is not None else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     trailing = {}
     if hasattr(exc, "trailing_metadata"):
         trailing = dict(exc.trailing_metadata() or ())
+    return status_error(code, details, trailing, address)
+
+
+def status_error(
+    code: grpc.StatusCode | None, details: str, trailing: dict, address: str
+) -> RemoteError:
+    """A call's end status (its trailing metadata too) as the ``RemoteError``
+    that says what happened and what to do (see ``remote_error``)."""
+    name = code.name if code is not None else None
     env_error = trailing.get(ENV_ERROR_KEY)
     if env_error is not None:
         tb = trailing.get(TRACEBACK_KEY, b"")
@@ -172,17 +180,39 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     )
 
 
-def pump(take: Callable[[], Any], put: Callable[[Any], None]) -> None:
-    """A reader thread's loop: hands each item ``take`` returns (a reply, or
-    the exception that ends the stream) to ``put``, until None (closed) or an
-    exception."""
+def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
+    """Hands each item ``take`` returns (a reply, or the exception that ends
+    the stream) to ``put``, until None (closed) or an exception: a reader
+    thread's loop, or (``put`` None) a closing stream's replies discarded."""
     while True:
         item = take()
         if item is None:
             return
-        put(item)
+        if put is not None:
+            put(item)
         if isinstance(item, BaseException):
             return
+
+
+def start_reader(
+    take: Callable[[], Any], sink: queue.SimpleQueue, tag: Any, name: str
+) -> threading.Thread:
+    """A daemon thread that puts ``(tag, item)`` in ``sink`` for each item
+    ``take`` returns (see ``drain``)."""
+
+    def put(item: Any) -> None:
+        sink.put((tag, item))
+
+    thread = threading.Thread(target=drain, args=(take, put), name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def owed_since(owed: collections.deque, progress: float) -> float | None:
+    """Since when (``time.monotonic``) a server has sent nothing while owing a
+    reply: the later of its last reply (``progress``) and the oldest call not
+    answered (``owed``); None when it owes none."""
+    return max(progress, owed[0]) if owed else None
 
 
 def next_reply(
@@ -374,20 +404,8 @@ class Connection:
         tag: Any = None,
         reader: bool = True,
     ) -> None:
-        """Opens the session (the Step stream), with a reader thread or not.
-
-        Args:
-          encode: builds the ``StepRequest`` of a call ``send`` takes.
-          decode: ``decode(reply, False)`` is called on each reply (by the
-            reader thread); ``receive`` returns its result with the reply.
-          replies: a queue shared with other connections: the reader puts
-            ``(tag, item)`` there (item: what ``receive`` returns, or the
-            exception it raises), and ``receive`` is not used.
-          tag: names this connection in ``replies``.
-          reader: False: no reader thread; ``receive`` takes the next reply off
-            the stream itself (one thread hand-off less per call, for a caller
-            with nothing else to do while it waits; no ``reply_timeout``).
-        """
+        """Opens the Step stream (see ``session.Transport.open``); without a
+        reader thread ``receive`` waits with no ``reply_timeout``."""
         if self._stream is not None:
             raise RuntimeError(f"the session with {self.address} is already open")
         requests = self._requests
@@ -407,12 +425,7 @@ class Connection:
             self._reader = None
             return
         sink = self._replies if replies is None else replies
-        self._reader = threading.Thread(
-            target=pump,
-            args=(self._next, lambda item: sink.put((tag, item))),
-            daemon=True,
-        )
-        self._reader.start()
+        self._reader = start_reader(self._next, sink, tag, "jaxmesh-grpc-reader")
 
     def _next(self) -> Any:
         """The next reply off the stream as ``receive`` returns it, the exception
@@ -466,14 +479,8 @@ class Connection:
         return size
 
     def owed_since(self) -> float | None:
-        """Since when (``time.monotonic``) the server has sent nothing while
-        owing a reply: the later of its last reply and the oldest request not
-        answered; None when it owes none."""
-        try:
-            oldest = self._owed[0]
-        except IndexError:
-            return None
-        return max(self._progress, oldest)
+        """See ``owed_since`` (module level)."""
+        return owed_since(self._owed, self._progress)
 
     def receive(self) -> tuple[pb.StepReply, Any, float, float]:
         """The next reply, in order: ``(reply, decoded, arrived, decoded_at)``.
@@ -520,7 +527,7 @@ class Connection:
             self._requests.put(_END)
             reader = self._reader
             if reader is None and not self._broken:  # drain the stream in one
-                reader = threading.Thread(target=self._drain, daemon=True)
+                reader = threading.Thread(target=drain, args=(self._next,), daemon=True)
                 reader.start()
             self._stream = None
             start = time.monotonic()
@@ -538,13 +545,6 @@ class Connection:
             stream.cancel()
         self._channel.close()
 
-    def _drain(self) -> None:
-        """Reads replies still in flight until the server ends the session."""
-        while True:
-            item = self._next()
-            if item is None or isinstance(item, BaseException):
-                return
-
     def __enter__(self) -> Connection:
         return self
 
@@ -560,4 +560,5 @@ __all__ = [
     "is_address",
     "parse_address",
     "remote_error",
+    "status_error",
 ]

@@ -78,9 +78,20 @@ class Transport(Protocol):
         tag: Any,
         reader: bool,
     ) -> None:
-        """Starts the stream: ``encode`` builds a call's message, ``decode(reply,
-        in_ring)`` its reply's batch (``in_ring``: the observation rows travel
-        apart); a reader thread puts ``(tag, item)`` in ``replies``."""
+        """Starts the stream.
+
+        Args:
+          encode: builds the ``StepRequest`` of a call ``send`` takes.
+          decode: ``decode(reply, in_ring)`` is called on each reply (by the
+            reader thread) for its batch (``in_ring``: the observation rows
+            travel apart, the transport adds them).
+          replies: a queue shared with other sessions: the reader puts
+            ``(tag, item)`` there (item: what ``receive`` returns, or the
+            exception it raises), and ``receive`` is not used.
+          tag: names this stream in ``replies``.
+          reader: False: no reader thread; ``receive`` takes the next reply off
+            the stream itself.
+        """
 
     def send(self, call: Call) -> int:
         """Queues a call; its size in bytes."""

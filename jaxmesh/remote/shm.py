@@ -61,7 +61,13 @@ import numpy as np
 from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
-from jaxmesh.remote.client import next_reply, pump, remote_error
+from jaxmesh.remote.client import (
+    drain,
+    next_reply,
+    owed_since,
+    start_reader,
+    status_error,
+)
 
 #: Ring slots of observation rows: calls a client may have in flight before it
 #: waits for the oldest reply to be read.
@@ -382,29 +388,6 @@ def peer_uid(sock: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-class _Status:
-    """What ``client.remote_error`` reads of a failed gRPC call, from an
-    ``ERROR`` or ``REFUSE`` frame."""
-
-    def __init__(self, payload: bytes):
-        msg = json.loads(payload.decode("utf-8"))
-        self._code = getattr(grpc.StatusCode, str(msg.get("code")), None)
-        self._details = str(msg.get("details", ""))
-        meta = []
-        for key, value in msg.get("metadata", []):
-            meta.append((key, value.encode("utf-8") if key.endswith("-bin") else value))
-        self._meta = tuple(meta)
-
-    def code(self):
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self):
-        return self._meta
-
-
 def status_payload(code: str, details: str, metadata: Sequence = ()) -> bytes:
     """An ``ERROR`` / ``REFUSE`` payload: a gRPC status name, its details and
     the trailing metadata (binary values as UTF-8 text)."""
@@ -416,8 +399,15 @@ def status_payload(code: str, details: str, metadata: Sequence = ()) -> bytes:
 
 
 def _status_error(payload: bytes, address: str) -> RemoteError:
+    """An ``ERROR`` or ``REFUSE`` frame as the error its gRPC status would be."""
     try:
-        return remote_error(_Status(payload), address)
+        msg = json.loads(payload.decode("utf-8"))
+        code = getattr(grpc.StatusCode, str(msg.get("code")), None)
+        trailing = {
+            k: v.encode("utf-8") if k.endswith("-bin") else v
+            for k, v in msg.get("metadata", [])
+        }
+        return status_error(code, str(msg.get("details", "")), trailing, address)
     except (ValueError, TypeError, AttributeError):
         return RemoteError(
             f"the jaxmesh env server at {address} ended the session with an "
@@ -542,21 +532,14 @@ class ShmStream:
         tag: Any = None,
         reader: bool = True,
     ) -> None:
-        """Starts taking replies (see ``Connection.open``); ``decode(reply,
-        True)`` decodes one whose observation rows are in the ring."""
+        """Starts taking replies (see ``session.Transport.open``)."""
         self._encode = encode
         self._decode = decode
         self._stream = True
         if not reader:
             return
         sink = self._replies if replies is None else replies
-        self._reader = threading.Thread(
-            target=pump,
-            args=(self._next, lambda item: sink.put((tag, item))),
-            name="jaxmesh-shm-reader",
-            daemon=True,
-        )
-        self._reader.start()
+        self._reader = start_reader(self._next, sink, tag, "jaxmesh-shm-reader")
 
     def _next(self) -> Any:
         """The next reply as ``receive`` returns it, the exception it raises
@@ -693,11 +676,7 @@ class ShmStream:
         return len(data)
 
     def owed_since(self) -> float | None:
-        try:
-            oldest = self._owed[0]
-        except IndexError:
-            return None
-        return max(self._progress, oldest)
+        return owed_since(self._owed, self._progress)
 
     def receive(self) -> Any:
         """The next reply (see ``Connection.receive``)."""
@@ -731,7 +710,7 @@ class ShmStream:
                 pass
             reader = self._reader
             if reader is None:
-                reader = threading.Thread(target=self._drain, daemon=True)
+                reader = threading.Thread(target=drain, args=(self._next,), daemon=True)
                 reader.start()
             deadline = time.monotonic() + timeout
             while reader.is_alive() and not self._broken:
@@ -751,12 +730,6 @@ class ShmStream:
             self._release()
         finally:
             self.conn.close()
-
-    def _drain(self) -> None:
-        while True:
-            item = self._next()
-            if item is None or isinstance(item, BaseException):
-                return
 
 
 __all__ = [
