@@ -23,14 +23,8 @@ _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
 
 def check_device(value: Any, who: str) -> Any:
-    """Checks the type of a ``device`` value without looking for the device.
-
-    Args:
-      value: None, a ``jax.Device``, or a string such as ``'cpu'`` or ``'gpu:1'``.
-      who: what took the value, for the message (e.g. a model's name).
-
-    Returns:
-      ``value`` as it is.
+    """``value`` as it is when it is None, a ``jax.Device`` or a string such as
+    ``'gpu:1'`` (the device is not looked for); ``who`` took it (a model's name).
 
     Raises:
       TypeError: any other type.
@@ -163,18 +157,9 @@ def mesh_size(mesh: Mesh) -> int:
 
 
 def check_local_share(mesh: Mesh, who: str = "devices") -> Mesh:
-    """Checks that this process holds a device of ``mesh``.
-
-    Under ``jax.distributed`` each process drives its own devices of the mesh;
-    a process with none of them cannot take part (in one process every device
-    is its own, so this always passes).
-
-    Args:
-      mesh: the mesh a run is split over.
-      who: what took the mesh, for the message.
-
-    Returns:
-      ``mesh`` as it is.
+    """``mesh`` as it is when this process holds one of its devices: under
+    ``jax.distributed`` each process drives its own devices of the mesh, and a
+    process with none cannot take part (in one process this always passes).
 
     Raises:
       ValueError: no device of ``mesh`` belongs to this process.
