@@ -178,7 +178,7 @@ def make_env(env: Any, **kwargs: Any) -> Any:
     if _is_brax(env):
         return brax.from_env(env)
     if is_playground(env):
-        return playground.from_env(env)
+        return PlaygroundEnv(env)  # its config's episode_length, action_repeat
     return _check_protocol(env)
 
 

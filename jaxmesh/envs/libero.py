@@ -47,6 +47,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from jaxmesh.envs.gymnasium.workers import build_envs
 from jaxmesh.envs.names import did_you_mean
 
 PREFIX = "libero"
@@ -312,16 +313,7 @@ def make_envs(name: str, count: int, **options: Any) -> list:
     """``count`` envs of ``"libero:<name>"`` (what a server serves as lanes:
     ``jaxmesh.EnvServer(functools.partial(make_envs, name, 8))``, or
     ``jaxmesh serve-env libero:<name> --lanes 8``)."""
-    factory = make(name, **options)
-    envs: list = []
-    try:
-        for _ in range(count):
-            envs.append(factory())
-    except BaseException:
-        for e in envs:
-            e.close()
-        raise
-    return envs
+    return build_envs(make(name, **options), range(count))
 
 
 def video_frame(obs: Any, state: Any = None) -> np.ndarray:

@@ -291,17 +291,6 @@ def _changed_leaves(env: Any, fn: Callable, name: str) -> tuple[bool, ...]:
     return tuple(changed)
 
 
-def check_randomizer(fn: Any) -> Callable:
-    """``fn`` if it can be a randomizer, else a TypeError naming it."""
-    if not callable(fn):
-        raise TypeError(
-            f"randomize={fn!r}: expected a function fn(mjx_model, key) -> "
-            "mjx_model (e.g. lambda m, k: m.replace(body_mass=m.body_mass * "
-            "jax.random.uniform(k, (), minval=0.8, maxval=1.2)))"
-        )
-    return fn
-
-
 def randomized(env: Any, fn: Any) -> PlaygroundEnv:
     """A Playground env whose model ``fn`` draws per episode.
 
@@ -314,7 +303,12 @@ def randomized(env: Any, fn: Any) -> PlaygroundEnv:
       TypeError: ``env`` is not a Playground env, or ``fn`` is not a
         randomizer of its model.
     """
-    fn = check_randomizer(fn)
+    if not callable(fn):
+        raise TypeError(
+            f"randomize={fn!r}: expected a function fn(mjx_model, key) -> "
+            "mjx_model (e.g. lambda m, k: m.replace(body_mass=m.body_mass * "
+            "jax.random.uniform(k, (), minval=0.8, maxval=1.2)))"
+        )
     if not isinstance(env, PlaygroundEnv):
         raise TypeError(not_playground(getattr(env, "name", type(env).__name__)))
     if env.randomize is not None:
@@ -376,12 +370,6 @@ def is_playground(env: Any) -> bool:
     not loaded: then nothing is one)."""
     mod = sys.modules.get("mujoco_playground._src.mjx_env")
     return mod is not None and isinstance(env, mod.MjxEnv)
-
-
-def from_env(env: Any) -> PlaygroundEnv:
-    """A Playground env object as a ``PlaygroundEnv`` (its config's
-    ``episode_length`` and ``action_repeat``)."""
-    return PlaygroundEnv(env)
 
 
 def make(

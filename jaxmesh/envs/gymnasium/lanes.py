@@ -1,33 +1,18 @@
 """Gymnasium envs as lanes, without JAX: every gymnasium call jaxmesh makes.
 
-One implementation serves both users of host-stepped envs: the in-process host
-loop (``jaxmesh.run.host``, through the adapters of
-``jaxmesh.envs.gymnasium.local``) and the env server
-(``jaxmesh.remote.server``, which adds its deadlines, worker pool, protobuf
-encoding and session handling around it). This module imports numpy, and
-gymnasium on first use; never JAX, never gRPC or protobuf.
+One implementation serves the in-process host loop (through
+``jaxmesh.envs.gymnasium.local``) and the env server (``jaxmesh.remote.server``,
+which adds deadlines, worker processes, encoding and sessions around it). This
+module imports numpy, and gymnasium on first use; never JAX, gRPC or protobuf.
 
-Two kinds of lanes:
-
-- :class:`EnvListStepper`: one gymnasium ``Env`` per lane (distinct objects, equal
-  spaces); only the lanes named are stepped.
-- :class:`VectorEnvStepper`: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``,
-  stepped as a whole (lockstep): lanes not named play a fixed idle action, and
-  an env that ended is reset with ``seed=None`` before the next step.
-
-Both offer the same operations, each answered with a :class:`ResultBatch`
-(numpy arrays in the layout of the wire's ``ResultBatch``, so a server encodes
-it as it is and the in-process loop reads it as it is):
-
-- :meth:`GymStepper.reset`: start episodes (a seed each, reset options such as
-  ``trial_index``, an optional wall-clock cap per episode);
-- :meth:`GymStepper.step`: one action per lane (the per-step fast path);
-- :meth:`GymStepper.replay`: a known run of actions per lane, stopping a lane at its
-  episode's end; every observation comes back, or only the last.
-
-An env that raises (or returns an observation that does not fit) surfaces as a
-:class:`LaneError` naming the lane and what it was doing; the env's own
-exception is its ``exc`` (and ``__cause__``).
+:class:`EnvListStepper` holds one gymnasium ``Env`` per lane (only the lanes
+named step); :class:`VectorEnvStepper` a ``VectorEnv`` in
+``AutoresetMode.DISABLED``, stepped in lockstep (lanes not named play a fixed
+idle action). Both ``reset``, ``step`` and ``replay`` (a known run of actions
+per lane, stopping at its episode's end) and answer with a
+:class:`ResultBatch`, in the wire's layout. An env that raises (or returns an
+observation that does not fit) surfaces as a :class:`LaneError` naming the
+lane and what it was doing.
 
 Example:
     >>> import gymnasium, numpy as np
@@ -1006,52 +991,26 @@ class EnvListStepper(GymStepper):
         out = LaneResult(j)
         if self.ended[j]:
             return out
-        if not keep_all:
-            return self._replay_keep_last(
-                op, out, want_obs, bool(info_keys), keep_all_info
-            )
         step = self.envs[j].step
+        rewards, terms, truncs, infos = (
+            out.rewards,
+            out.terminated,
+            out.truncated,
+            out.infos,
+        )
         want_info = bool(info_keys)
-        for action in op.actions.tolist() if self.discrete else op.actions:
-            try:
-                obs, reward, term, trunc, info = step(action)
-                arr = self.observation(obs, j) if want_obs else None
-            except Exception as exc:
-                raise LaneError(j, "stepping", exc, len(out.rewards)) from exc
-            term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
-            out.record(reward, term, trunc, arr, info if want_info else None, True)
-            if term or trunc:
-                self.ended[j] = True
-                break
-        return out
-
-    def _replay_keep_last(
-        self,
-        op: Replay,
-        out: LaneResult,
-        want_obs: bool,
-        want_info: bool,
-        every_info: bool = False,
-    ) -> LaneResult:
-        """``_replay`` when only the last step's observation (and info, unless
-        ``every_info``) goes back (the usual chunk): only that observation is
-        converted and checked."""
-        j = op.lane
-        step = self.envs[j].step
-        rewards, terms, truncs = out.rewards, out.terminated, out.truncated
-        every_info = every_info and want_info
-        infos = out.infos
+        every_info = want_info and (keep_all or keep_all_info)
+        every_obs = want_obs and keep_all
         obs = info = None
-        deadline = self.deadline[j]
-        clock = time.perf_counter
         done = 0  # steps taken before the one that raised
         try:
             for action in op.actions.tolist() if self.discrete else op.actions:
                 obs, reward, term, trunc, info = step(action)
+                if every_obs:
+                    out.obs.append(self.observation(obs, j))
                 done += 1
                 rewards.append(float(reward))
-                term = bool(term)
-                trunc = bool(trunc) or (deadline is not None and clock() > deadline)
+                term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
                 terms.append(term)
                 truncs.append(trunc)
                 if every_info:
@@ -1059,8 +1018,9 @@ class EnvListStepper(GymStepper):
                 if term or trunc:
                     self.ended[j] = True
                     break
-            if rewards:
-                done -= 1  # the last step's observation is checked here
+            if rewards and not keep_all:
+                # Only the last step's observation is converted and checked.
+                done -= 1
                 if want_obs:
                     out.obs.append(self.observation(obs, j))
                 if want_info and not every_info:

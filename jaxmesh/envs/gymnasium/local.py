@@ -1,30 +1,16 @@
-"""The in-process host loop's lanes: thin adapters over ``lanes.EnvListStepper`` /
-``lanes.VectorEnvStepper``.
+"""The host loop's lanes: thin adapters over the shared steppers of ``lanes``.
 
 ``jaxmesh.run.host``'s loop reads lanes through the interface here:
-``reset(lanes, seeds, trials)`` (a list of observations), ``step(actions, go,
-obs)`` (one env step of the lanes in ``go``, observations written into ``obs``),
-``.info`` / ``.info_seen`` after each step, ``.spec``, ``.num_lanes`` and
-``close()``. The gymnasium calls, observation checks and lane state are the
-shared implementation's (``self.lanes``); these adapters only turn the agent's
-arrays into its calls and back. ``replay`` passes straight through: a loop may
-run a known chunk on a lane in one call (see ``lanes.GymStepper.replay``).
-
-A run sees one of two classes:
-
-- ``EnvLanes``: one gymnasium ``Env`` per lane (a single Env, a list of Envs,
-  or ``"gymnasium:<id>"``, whose envs jaxmesh makes and closes). Only lanes
-  that run an episode are stepped.
-- ``VectorEnvLanes``: a gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``
-  (gymnasium 1.x). Every lane is stepped on every call, so lanes with no
-  episode left play a fixed idle action, and are reset with ``seed=None`` when
-  their env ends.
-
-Episode i with seed s starts with ``reset(seed=s)``, plus ``options={"trial_index":
-i}`` exactly when the env lists ``"trial_index"`` in ``metadata["reset_options"]``
-(CONTRACT 6, with ``trial_index_base = 0``). An env's exception reaches the
-caller as the env raised it (not wrapped in ``lanes.LaneError``), marked with
-its lane (``lanes.mark_where``), from which the run names the episode.
+``reset(lanes, seeds, trials)`` (observations), ``step(actions, go, obs)`` (one
+env step of the lanes in ``go``, observations written into ``obs``), ``.info``
+/ ``.info_seen`` after each step, ``.spec``, ``.num_lanes`` and ``close()``.
+``EnvLanes`` holds one gymnasium ``Env`` per lane (only lanes with an episode
+step), ``VectorEnvLanes`` a ``VectorEnv`` in ``AutoresetMode.DISABLED`` (every
+lane steps; idle ones play a fixed action), ``WorkerEnvLanes`` lanes in worker
+processes. Episode i with seed s starts with ``reset(seed=s)``, plus
+``options={"trial_index": i}`` when the env declares it (CONTRACT 6). An env's
+exception reaches the caller as the env raised it, marked with its lane
+(``lanes.mark_where``).
 """
 
 from __future__ import annotations
@@ -39,7 +25,12 @@ from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
 from jaxmesh.envs.gymnasium.lanes import env_actions, import_gymnasium, info_value
 from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
-from jaxmesh.envs.gymnasium.workers import WorkerLost, WorkerPool, build_envs
+from jaxmesh.envs.gymnasium.workers import (
+    WorkerLost,
+    WorkerPool,
+    build_envs,
+    is_source,
+)
 
 __all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
 
@@ -94,11 +85,6 @@ def _ascending(
     return _Ascending(args, back)
 
 
-def _in_order(texts: dict, back: np.ndarray) -> dict:
-    """Reset-info texts (one per ascending lane) in the order given."""
-    return {key: [values[b] for b in back] for key, values in texts.items()}
-
-
 def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dict:
     """Reset-info values (rows by ascending lane) as ``(float64 [m], present
     bool [m])`` in the order given; a key with no ``present`` is in every row."""
@@ -113,30 +99,49 @@ def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dic
     return out
 
 
-class LocalAdapter:
-    """Common parts of the adapters: the spec, info keys and pass-throughs.
+class _LaneView:
+    """What every adapter keeps for the host loop.
 
-    Info keys: the host loop sets ``info_keys`` (the keys its metrics read);
-    after each ``step``, ``info[key]`` is ``(values float64 [n], present bool
-    [n])`` for the lanes stepped, and ``info_seen`` the keys their infos had.
-
-    Attributes:
-      lanes: the shared implementation (``lanes.EnvListStepper`` or
-        ``lanes.VectorEnvStepper``), observations in the spec's dtype.
+    The loop sets ``info_keys`` (the keys its metrics read). After each
+    ``step``, ``info[key]`` is ``(values float64 [n], present bool [n])`` for
+    the lanes stepped and ``info_seen`` the keys their infos had; after each
+    ``reset``, ``reset_info`` holds the same pairs of the reset infos and
+    ``reset_text[key]`` the ``text_keys`` values (None where an info lacks
+    one), rows in the order given.
     """
+
+    def _view(self, spec: HostEnvSpec, num_lanes: int, action_space: Any) -> None:
+        self.spec = spec
+        self.num_lanes = num_lanes
+        self.action_space = action_space
+        self.info_keys: tuple[str, ...] = ()
+        self.info: dict = {}
+        self.info_seen: set = set()
+        self.reset_info: dict = {}
+        self.reset_text: dict = {}
+
+    def _new_info(self, n: int) -> None:
+        self.info = {
+            k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
+        }
+        self.info_seen = set()
+
+    def _got_reset(self, info: dict, present: dict, texts: dict, back: np.ndarray):
+        self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
+        self.reset_info = _reset_infos(info, present, back, f"{self.spec.name} reset")
+
+
+class LocalAdapter(_LaneView):
+    """The in-process adapters' common part over ``lanes``, the shared stepper
+    (``lanes.EnvListStepper`` or ``lanes.VectorEnvStepper``, observations in
+    the spec's dtype)."""
 
     def __init__(self, lanes: shared.GymStepper, where: str):
         self.lanes = lanes
-        self.spec: HostEnvSpec = spec_for(
+        spec = spec_for(
             lanes.name, lanes.observation_space, lanes.action_space, where, lanes.dt
         )
-        self.num_lanes = lanes.num_lanes
-        self.action_space = lanes.action_space
-        self.info_keys: tuple[str, ...] = ()
-        self.info: dict = {}
-        #: The last ``reset``'s info values (``reset``).
-        self.reset_info: dict = {}
-        self.info_seen: set = set()
+        self._view(spec, lanes.num_lanes, lanes.action_space)
 
     @property
     def owned(self) -> bool:
@@ -145,12 +150,6 @@ class LocalAdapter:
     @owned.setter
     def owned(self, value: bool) -> None:
         self.lanes.owned = value
-
-    def _new_info(self, n: int) -> None:
-        self.info = {
-            k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
-        }
-        self.info_seen = set()
 
     @_env_errors
     def reset(
@@ -164,19 +163,12 @@ class LocalAdapter:
         """Starts an episode on each of ``lanes`` (in any order); their
         observations as named leaves ``[m, ...]``, rows in the order given.
 
-        ``text_keys``: reset-info keys read as they are (strings): afterwards
-        ``self.reset_text[key]`` holds one value per lane, in the order given
-        (None where an info lacks the key).
-
         Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
         the env declares it (a VectorEnv then resets one lane per call, since
         gymnasium passes one ``options`` dict to every lane).
         ``max_episode_seconds`` caps each episode by wall clock in ``replay``
         (its step past the cap reads ``truncated``); ``step`` leaves that cap to
-        its caller.
-
-        With ``info_keys`` set, ``reset_info[key]`` is then ``(values float64
-        [m], present bool [m])`` of the reset infos, in the order given.
+        its caller. ``text_keys``: reset-info keys read as they are (strings).
         """
         asc = _ascending(
             lanes, seeds, trials, self.lanes.declares_trial_index, max_episode_seconds
@@ -184,12 +176,8 @@ class LocalAdapter:
         batch = self.lanes.reset(
             *asc.args, info_keys=self.info_keys, text_keys=text_keys
         )
-        back = asc.back
-        self.reset_text = _in_order(self.lanes.reset_text, back)
-        self.reset_info = _reset_infos(
-            batch.info, batch.info_present, back, f"{self.spec.name} reset"
-        )
-        return {name: rows[back] for name, rows in batch.observation.items()}
+        self._got_reset(batch.info, batch.info_present, self.lanes.reset_text, asc.back)
+        return {name: rows[asc.back] for name, rows in batch.observation.items()}
 
     @_env_errors
     def replay(
@@ -202,28 +190,10 @@ class LocalAdapter:
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
     ) -> shared.ResultBatch:
-        """Replays a known run of actions per lane: ``lanes.GymStepper.replay`` of
-        the shared lanes, observations in the spec's dtype.
-
-        Args:
-          lanes: int ``[m]``, ascending, each reset before.
-          counts: int ``[m]``, each >= 1.
-          actions: ``[sum(counts), *A]``, the env's own values
-            (``env_actions(self.action_space, agent_actions)``).
-          keep_all_obs: every executed step's observation (and info row), or
-            each lane's last.
-          want_obs: return observations at all.
-          info_keys: info keys to return per row, with presence.
-
-        Returns:
-          A ``ResultBatch`` (``jaxmesh.envs.gymnasium.lanes``): per lane its
-          steps' rewards, terminated, truncated, and its observation and info
-          rows, as a served env's decoded reply holds them.
-
-        Raises:
-          ValueError: bad lanes, counts or actions.
-          Exception: what an env raised, as it raised it.
-        """
+        """``lanes.GymStepper.replay`` of the shared lanes: ``counts[i]`` known
+        actions (the env's own values, ``env_actions``) on lane ``lanes[i]``,
+        each lane stopping at its episode's end; an env's error raised as it
+        raised it."""
         return self.lanes.replay(
             lanes,
             counts,
@@ -252,17 +222,6 @@ class EnvLanes(LocalAdapter):
         )
         super().__init__(lanes, "env")
         self.envs = lanes.envs
-
-    def _read_info(self, info: Any, j: int) -> None:
-        """Lane ``j``'s values of the info keys (gymnasium's own info dict)."""
-        if not info:  # most steps of most envs: nothing to read
-            return
-        self.info_seen.update(info)
-        for k in self.info_keys:
-            if k in info:
-                v = info_value(info, k, f"{self.spec.name} lane {j}")
-                vals, present = self.info[k]
-                vals[j], present[j] = v, True
 
     @_env_errors
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
@@ -304,7 +263,14 @@ class EnvLanes(LocalAdapter):
         if keys and any(infos):  # most steps of most envs: every info empty
             where = range(n) if isinstance(lanes, slice) else lanes
             for j, info in zip(where, infos, strict=True):
-                self._read_info(info, j)
+                if not info:
+                    continue
+                self.info_seen.update(info)
+                for k in self.info_keys:
+                    if k in info:
+                        vals, present = self.info[k]
+                        vals[j] = info_value(info, k, f"{self.spec.name} lane {j}")
+                        present[j] = True
         return reward, term, trunc
 
 
@@ -324,13 +290,8 @@ class VectorEnvLanes(LocalAdapter):
         self.vec = vec
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
-        """Steps every vector lane; lanes not in ``go`` play the idle action;
-        writes their observations into ``obs`` (named leaves ``[n, ...]``).
-
-        Returns:
-          (reward float32 [n], terminated [n], truncated [n]) for the first n
-          lanes; lanes not in ``go`` read 0 / False.
-        """
+        """Steps every vector lane, those not in ``go`` with the idle action;
+        as :meth:`EnvLanes.step` for the first n lanes."""
         n = go.shape[0]
         shared = self.lanes
         batch = shared.idle_batch()
@@ -338,7 +299,18 @@ class VectorEnvLanes(LocalAdapter):
         batch[:n][go] = values[go]
         o, r, te, tr, info = shared.step_vector(batch)
         if self.info_keys:
-            self._read_vector_info(info, go)
+            # gymnasium's vector info: an array per key, and a ``_key`` mask
+            # of the lanes that had it.
+            self._new_info(n)
+            self.info_seen = {k for k in info if not k.startswith("_")}
+            for k in self.info_keys:
+                if k not in info:
+                    continue
+                mask = np.asarray(info.get("_" + k, np.ones(self.num_lanes, bool)))
+                vals, present = self.info[k]
+                for j in np.flatnonzero(go & mask[:n].astype(bool)):
+                    v = info_value({k: np.asarray(info[k])[j]}, k, f"lane {j}")
+                    vals[j], present[j] = v, True
         for j in np.flatnonzero(go):
             one = shared.observation(shared.layout.row(o, int(j)), int(j))
             for name, leaf in one.items():
@@ -346,21 +318,6 @@ class VectorEnvLanes(LocalAdapter):
         shared.ended[:n] |= (te | tr)[:n] & go  # the shared lanes' state
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
         return reward, te[:n] & go, tr[:n] & go
-
-    def _read_vector_info(self, info: dict, go: np.ndarray) -> None:
-        """The info keys of the lanes in ``go`` (gymnasium's vector info: an
-        array per key, and a ``_key`` mask of the lanes that had it)."""
-        n = go.shape[0]
-        self._new_info(n)
-        self.info_seen = {k for k in info if not k.startswith("_")}
-        for k in self.info_keys:
-            if k not in info:
-                continue
-            mask = np.asarray(info.get("_" + k, np.ones(self.num_lanes, bool)), bool)
-            vals, present = self.info[k]
-            for j in np.flatnonzero(go & mask[:n]):
-                v = info_value({k: np.asarray(info[k])[j]}, k, f"lane {j}")
-                vals[j], present[j] = v, True
 
 
 class _Leaves(NamedTuple):
@@ -372,22 +329,22 @@ class _Leaves(NamedTuple):
 
 
 class _Sent(list):
-    """The workers a ``send`` asked (as ``WorkerPool.send`` returns them),
-    and the lanes it held back because their worker died in a reset (``lost``,
-    and of those the ``culprits`` it was resetting): its ``take`` reports
-    them."""
+    """The workers a ``send`` asked, and the lanes it held back because their
+    worker died in a reset (``lost``, and of those the ``culprits`` it was
+    resetting): its ``take`` reports them."""
 
     lost: list[int]
     culprits: list[int]
 
 
-class WorkerEnvLanes:
+class WorkerEnvLanes(_LaneView):
     """Lanes stepped by worker processes (``workers.WorkerPool``) over shared
     memory, behind the same interface as :class:`EnvLanes`.
 
     After a ``step``, ``lost`` lists the lanes of a worker that died in it: a
     new worker rebuilt their envs, and the host loop runs their episodes again
-    from their seeds (they did not step).
+    from their seeds (they did not step); ``culprits`` those of them whose env
+    step was under way.
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a
@@ -397,32 +354,20 @@ class WorkerEnvLanes:
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int):
-        self.pool = WorkerPool(source, num_lanes, workers)
+        self.pool = pool = WorkerPool(source, num_lanes, workers)
         try:
-            pool = self.pool
-            self.spec: HostEnvSpec = spec_for(
+            spec = spec_for(
                 pool.name, pool.observation_space, pool.action_space, "env", pool.dt
             )
         except BaseException:
-            self.pool.close()
+            pool.close()
             raise
-        self.num_lanes = num_lanes
-        self.action_space = pool.action_space
-        self.info_keys: tuple[str, ...] = ()
-        self.info: dict = {}
-        self.reset_info: dict = {}
-        self.reset_text: dict = {}
-        self.info_seen: set = set()
+        self._view(spec, num_lanes, pool.action_space)
         self.lost: list[int] = []
-        #: Of ``lost``, the lane whose env step was under way (none: the
-        #: worker died between steps).
         self.culprits: list[int] = []
-        #: The lanes of a worker that died in a ``reset`` (and their culprits,
-        #: the lanes it was resetting): the new worker's envs were never reset
-        #: for the episodes the other lanes were running, so none of them
-        #: steps again; the next ``send`` holds them back and its ``take``
-        #: reports them ``lost``, and the host loop runs their episodes again
-        #: from their seeds.
+        #: The lanes of a worker that died in a ``reset`` (and the lanes it was
+        #: resetting): its new envs hold none of their episodes, so the next
+        #: ``send`` holds them back and its ``take`` reports them ``lost``.
         self.lost_in_reset: set[int] = set()
         self.culprits_in_reset: list[int] = []
         self.owned = True
@@ -435,9 +380,8 @@ class WorkerEnvLanes:
 
     def carry(self, names: Sequence[str] | None = None) -> None:
         """Makes the shared segment, with slots for the observation leaves
-        ``names`` only (None: every leaf): the leaves the policy reads and a
-        recording keeps; the others never leave the workers (and read as
-        zeros here). Called once, before the first reset."""
+        ``names`` only (None: every leaf); the others never leave the workers
+        (and read as zeros here). Called once, before the first reset."""
         if self.carried is not None:
             return
         layout = self.spec.layout
@@ -459,11 +403,8 @@ class WorkerEnvLanes:
         text_keys: Sequence[str] = (),
     ) -> dict[str, np.ndarray]:
         """As :meth:`EnvLanes.reset`; a worker that dies while resetting is
-        replaced and the reset tried once more (so the observations returned
-        are those of the episodes' seeds). Every lane of that worker is then
-        reported ``lost`` by the next ``take`` without stepping: the new
-        worker's envs hold none of the episodes its lanes were running, which
-        the host loop runs again from their seeds, each reset first.
+        replaced and the reset tried once more. Every lane of that worker is
+        then reported ``lost`` by the next ``take``.
 
         Raises:
           workers.WorkerLost: the worker died again (marked with the lane it
@@ -484,10 +425,7 @@ class WorkerEnvLanes:
             except WorkerLost as again:  # the run names the episode reset
                 culprits = self.pool.culprits or again.lanes
                 raise shared.mark_where(again, culprits[0], "resetting") from None
-        self.reset_text = _in_order(texts, asc.back)
-        self.reset_info = _reset_infos(
-            info, present, asc.back, f"{self.spec.name} reset"
-        )
+        self._got_reset(info, present, texts, asc.back)
         return self._rows([int(j) for j in lanes])
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
@@ -508,8 +446,6 @@ class WorkerEnvLanes:
         act[:n][go] = env_actions(self.action_space, actions[go])
         if not self.lost_in_reset:
             return self.pool.send(go, self.info_keys)
-        # Their envs are not at their episodes' steps: they do not step, and
-        # this send's ``take`` reports them lost.
         go = go.copy()
         go[[j for j in self.lost_in_reset if j < n]] = False
         sent = _Sent(self.pool.send(go, self.info_keys))
@@ -518,9 +454,8 @@ class WorkerEnvLanes:
         return sent
 
     def take(self, sent: list[int], go: np.ndarray, obs: dict):
-        """The results of ``send(actions, go)`` (``sent``: its return): as
-        :meth:`EnvLanes.step` returns them, observations written into ``obs``;
-        ``info`` / ``info_seen`` for the lanes in ``go``."""
+        """The results of ``send(actions, go)`` (``sent``: its return), as
+        :meth:`EnvLanes.step` returns them."""
         n = go.shape[0]
         pool = self.pool
         info, seen, lost = pool.take(sent)
@@ -539,9 +474,7 @@ class WorkerEnvLanes:
         term = slots["terminated"][:n] & go
         trunc = slots["truncated"][:n] & go
         if self.info_keys:
-            self.info = {
-                k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
-            }
+            self._new_info(n)
             self.info_seen = seen
             for key, pairs in info.items():
                 vals, present = self.info[key]
@@ -573,11 +506,7 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:
         spaces, a space jaxmesh does not support yet.
     """
     gym = import_gymnasium()
-    if (
-        isinstance(env, str)
-        or shared.is_factory(env)
-        or (isinstance(env, list) and env and all(map(shared.is_factory, env)))
-    ):
+    if isinstance(env, str) or is_source(env):
         envs = build_envs(env, range(max(1, min(num_envs, episodes))))
         try:
             return EnvLanes(envs, owned=True)

@@ -1,26 +1,22 @@
 """Gymnasium lanes stepped by worker processes, one core each, over shared memory.
 
-A Python simulator's step holds the GIL, so one process steps on one shared.
+A Python simulator's step holds the GIL, so one process steps on one core.
 :class:`WorkerPool` splits a run's lanes into W contiguous blocks, each owned
 by a worker process that builds its own envs (from ``"gymnasium:<id>"`` or a
-picklable zero-argument factory) and steps them with the same
+picklable zero-argument factory) and steps them with the
 :class:`jaxmesh.envs.gymnasium.lanes.EnvListStepper` the in-process loop uses.
+One shared segment holds each lane's action, ``go`` flag, reward, ends and
+observation leaves; a step sends each worker with a lane to step a short
+command over its pipe, and the reply carries the info values asked for and any
+env error. Workers never see JAX; the evaluating process owns every episode's
+accounting.
 
-The data path is shared memory: one segment per run holds, per lane, its
-action, whether it steps (``go``), its reward and ends, and its observation
-leaves (each in the agent's dtype). A step writes the actions, sends each
-worker with a lane to step a one-byte command over its pipe, and waits for the
-replies (the reward, ends and observations are in the segment; the info values
-asked for and any env error come back in the reply). Workers never see JAX;
-the evaluating process owns every episode's accounting.
-
-A worker that dies (a simulator crash, the OOM killer) raises
-:class:`WorkerLost` from the call it died in: its lanes' envs are rebuilt by a
-new worker and the caller runs their unfinished episodes again from their own
-seeds. Nothing outlives :meth:`WorkerPool.close`: workers are joined (killed
-if they do not exit) and the segment is unlinked. Nor the evaluating process:
-a worker exits once its parent is gone, even while its env hangs. Workers are
-named ``jaxmesh-worker`` in ``ps``.
+A worker that dies raises :class:`WorkerLost` from the call it died in: a new
+worker rebuilds its lanes' envs and the caller runs their unfinished episodes
+again from their seeds. :meth:`WorkerPool.close` joins the workers (killing
+those that do not exit) and unlinks the segment; a worker also exits once its
+parent is gone, even while its env hangs. Workers are named ``jaxmesh-worker``
+in ``ps``.
 """
 
 from __future__ import annotations
@@ -101,11 +97,7 @@ def is_source(env: Any) -> bool:
     if isinstance(env, str):
         return env.startswith(shared.PREFIX + ":")
     if isinstance(env, list):
-        return bool(env) and all(_is_factory(e) for e in env)
-    return _is_factory(env)
-
-
-def _is_factory(env: Any) -> bool:
+        return bool(env) and all(shared.is_factory(e) for e in env)
     return shared.is_factory(env)
 
 
@@ -119,7 +111,7 @@ def check_source(env: Any, num_lanes: int) -> None:
     """
     gym = shared.import_gymnasium()
     if isinstance(env, gym.Env | gym.vector.VectorEnv) or (
-        isinstance(env, list) and env and not all(_is_factory(e) for e in env)
+        isinstance(env, list) and env and not all(shared.is_factory(e) for e in env)
     ):
         raise TypeError(
             f"workers=: env {type(env).__name__} holds env objects built in this "
@@ -514,8 +506,8 @@ os._exit(code)
 class WorkerPool:
     """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
     blocks of lanes), and the messages to them: ``attach`` / ``reset`` /
-    ``step`` over the shared segment (the in-process host loop's data path,
-    ``local.WorkerEnvLanes``), or ``ask`` any op (``ProcessStepper``).
+    ``send`` / ``take`` over the shared segment (the in-process host loop's
+    data path, ``local.WorkerEnvLanes``), or any op (``ProcessStepper``).
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
@@ -611,15 +603,6 @@ class WorkerPool:
         if self.slots is not None:
             self.conns[k].send(("attach", self.shm.name, self.num_lanes, self.fields))
             self._recv(k, START_SECONDS, "attaching", starting=True)
-        return reply
-
-    def ask(self, k: int, msg: tuple, doing: str) -> tuple:
-        """Sends worker k a message and returns its reply (an env error
-        raised; a worker that died: ``WorkerLost``)."""
-        self.conns[k].send(msg)
-        reply = self._recv(k, None, doing)
-        if reply[0] == "error":
-            self._raise(reply, k)
         return reply
 
     def attach(self, layout: ObsLayout, action_shape: tuple, action_dtype: Any):
@@ -792,17 +775,6 @@ class WorkerPool:
                     texts[key][i] = text[key][q]
         return info, present, texts
 
-    def step(self, go: np.ndarray, info_keys: tuple) -> tuple[dict, set, list]:
-        """Steps the lanes in ``go`` ([N] bool; actions already in the
-        segment): ``send`` then ``take`` of every worker with a lane in it.
-
-        Returns:
-          info values ``{key: [(lane, value)]}``, the keys the infos had, and
-          the lanes of workers that died in the step (their envs are rebuilt
-          and must be reset; their step's results are not in the segment).
-        """
-        return self.take(self.send(go, info_keys))
-
     def send(self, go: np.ndarray, info_keys: tuple) -> list[int]:
         """Starts the step of the lanes in ``go`` ([N] bool, actions in the
         segment) without waiting; the workers asked (``take`` their replies).
@@ -820,7 +792,10 @@ class WorkerPool:
         return ks
 
     def take(self, ks: list[int]) -> tuple[dict, set, list]:
-        """The replies of workers ``ks`` to ``send`` (see ``step``)."""
+        """The replies of workers ``ks`` to ``send``: info values ``{key:
+        [(lane, value)]}``, the keys the infos had, and the lanes of workers
+        that died in the step (their envs are rebuilt and must be reset; their
+        results are not in the segment)."""
         replies, lost = self._gather(ks, "stepping")
         info: dict = {}
         seen: set = set()
