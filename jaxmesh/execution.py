@@ -162,9 +162,4 @@ def check_execution(execution: Any) -> Ensemble | None:
     )
 
 
-def describe(execution: Ensemble | None) -> str | None:
-    """The label a result records (None: chunks replayed as they are)."""
-    return None if execution is None else execution.describe()
-
-
 __all__ = ["Ensemble", "AGGREGATIONS", "lane_weights", "check_execution"]
