@@ -266,23 +266,32 @@ def policy_inputs(
     return out[WHOLE_OBS] if cfg.raw else out
 
 
-def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentState:
-    """Agent state for N lanes; lanes in ``lanes`` begin an episode at ``obs``."""
-    n, h = cfg.num_envs, cfg.horizon
-    zeros_a = jnp.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
-    prev = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
+def _reset_windows(cfg: AgentConfig, obs: Any, prev: jax.Array) -> dict:
+    """Every lane's windows filled with copies of its reset frame."""
     first = jax.vmap(lambda o, a: frames(cfg, o, a))(obs, prev)
-    windows = {
+    return {
         name: jax.tree.map(
             lambda f, s=decl.stack: jnp.repeat(f[:, None], s, axis=1), first[name]
         )
         for name, decl in windowed(cfg)
     }
-    rstate = None
-    if policy.initial_state is not None:
-        one = policy.initial_state()
-        rstate = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), one)
-        rstate = jax.tree.map(jnp.asarray, rstate)
+
+
+def _initial_rstate(policy: Policy, n: int) -> Any:
+    """The policy's initial recurrent state for ``n`` lanes (None: none)."""
+    if policy.initial_state is None:
+        return None
+    one = policy.initial_state()
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), one)
+
+
+def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentState:
+    """Agent state for N lanes; lanes in ``lanes`` begin an episode at ``obs``."""
+    n, h = cfg.num_envs, cfg.horizon
+    zeros_a = jnp.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
+    prev = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
+    windows = _reset_windows(cfg, obs, prev)
+    rstate = _initial_rstate(policy, n)
     state = AgentState(
         chunk=zeros_a,
         pending=zeros_a,
@@ -339,18 +348,11 @@ def begin(
     """
     n, h = cfg.num_envs, cfg.horizon
     prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
-    first = jax.vmap(lambda o, a: frames(cfg, o, a))(obs, prev0)
-    windows = {}
-    for name, decl in windowed(cfg):
-        full = jax.tree.map(
-            lambda f, s=decl.stack: jnp.repeat(f[:, None], s, axis=1), first[name]
-        )
-        windows[name] = _where(mask, full, state.windows[name])
+    full = _reset_windows(cfg, obs, prev0)
+    windows = {k: _where(mask, w, state.windows[k]) for k, w in full.items()}
     rstate = state.rstate
     if policy.initial_state is not None:
-        one = policy.initial_state()
-        init_r = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), one)
-        rstate = _where(mask, init_r, rstate)
+        rstate = _where(mask, _initial_rstate(policy, n), rstate)
     setting = state.setting
     if cfg.grid is not None and episodes is not None:
         setting = jnp.where(mask[:, None], cell_setting(cfg, episodes), setting)
@@ -556,14 +558,10 @@ def _executed(
     """The state after the active lanes execute ``action``: the cursor moves,
     the previous action and the windows that read it follow."""
     prev = _where(active, action, state.prev)
-    windows = dict(state.windows)
-    for name, decl in cfg.spec:
-        if decl.reads_action:
-            windows[name] = _push(windows[name], prev, active)
     return state.replace(
         cursor=state.cursor + active,
         fresh=state.fresh & ~active,
-        windows=windows,
+        windows=_push_action(cfg, state.windows, prev, active),
         prev=prev,
     )
 
@@ -635,6 +633,15 @@ def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
     return jax.tree.map(push, window, frame)
 
 
+def _push_action(cfg: AgentConfig, windows: dict, prev: Any, mask: Any) -> dict:
+    """``windows`` with ``prev`` pushed into those that read the action."""
+    windows = dict(windows)
+    for name, decl in cfg.spec:
+        if decl.reads_action:
+            windows[name] = _push(windows[name], prev, mask)
+    return windows
+
+
 def observe(
     cfg: AgentConfig, state: AgentState, obs: Any, mask: jax.Array | None = None
 ) -> AgentState:
@@ -692,10 +699,7 @@ def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> Agent
     last = jnp.take_along_axis(state.chunk, at, 1)[:, 0]
     moved = skip > 0
     prev = _where(moved, last, state.prev)
-    windows = dict(state.windows)
-    for name, decl in cfg.spec:
-        if decl.reads_action:
-            windows[name] = _push(windows[name], prev, moved)
+    windows = _push_action(cfg, state.windows, prev, moved)
     return state.replace(cursor=cursor, prev=prev, windows=windows)
 
 

@@ -13,12 +13,6 @@ both without a host round trip. Only ``EngineConfig.step_events`` (an
 ``on_step`` hook) adds one: an ordered ``io_callback`` per step that hands the
 per-lane values to the host function the engine was built with.
 
-The loop has two levels (``Engine._advance``): an inner loop of env steps
-(resets of starting lanes included) that runs until an episode ends, holding
-per-lane state only, and an outer loop that writes the ended episodes'
-results and hands the next episodes over. Step by step the order is CONTRACT
-3's; the split keeps the result buffers out of the step every step runs.
-
 The segment program never depends on the budget: ``Engine.run_segment``
 advances up to S steps, writes the episodes that end into a *log* of
 ``capacity`` rows (each row names its episode, ``Results.index``) and reads
@@ -264,12 +258,10 @@ class Engine:
     def _begin(self, lanes: LaneState, ag: agent.AgentState):
         """Resets the lanes in ``lanes.start``; those with an episode begin it.
 
-        The reset runs only as many tiles as lanes start, in a ``cond`` that
-        skips it on a step where none does (most steps); the agent's
-        ``begin``, which touches every lane's windows, sits in one too.
-
-        Returns the lanes, the agent state, the reset observations ([N]; zeros
-        for lanes that do not start) and the lanes that begin an episode.
+        The reset runs only as many tiles as lanes start, and it and the
+        agent's ``begin`` sit in ``cond``s that most steps skip. Returns the
+        lanes, the agent state, the reset observations ([N]; zeros for lanes
+        that do not start) and the lanes that begin an episode.
         """
         cfg = self.config
         start = lanes.start
@@ -389,20 +381,16 @@ class Engine:
     # A run is an outer loop over the steps on which episodes end. Its inner
     # loop runs env steps until a lane's episode ends (or the segment's steps
     # are done, a bad value or a refused step event is met): each starts the
-    # lanes that take an episode (``_begin``, in a ``cond`` that most steps
-    # skip), then steps them (``_core``). The outer loop then writes the ended
-    # episodes' results and hands the next ones over (``_finish``). Step by
-    # step this is the order of CONTRACT 3; the inner loop, where every step
-    # runs, holds per-lane state only, never the result buffers, so XLA:CPU
-    # runs a few-lane step as one sequence of kernels instead of scheduling
-    # them over its thread pool (it does so for any computation that touches
-    # a buffer over 512 bytes).
+    # lanes that take an episode (``_begin``), then steps them (``_core``).
+    # The outer loop writes the ended episodes' results and hands the next
+    # ones over (``_finish``): CONTRACT 3's order. The inner loop holds
+    # per-lane state only, never the result buffers, so XLA:CPU runs a
+    # few-lane step as one sequence of kernels instead of spreading it over
+    # its thread pool (as it does for any buffer over 512 bytes).
 
     def _inner(self, carry: Carry) -> Inner:
         """The inner loop's state at the start of an outer iteration: the
-        lanes handed an episode get its key, and the seeds stay out (a
-        [capacity] buffer in the loop would have XLA:CPU spread every step's
-        kernels over its thread pool)."""
+        lanes handed an episode get its key, and the seeds stay out."""
         cfg = self.config
         n = cfg.agent.num_envs
         no = jnp.zeros((n,), bool)

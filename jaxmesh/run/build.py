@@ -107,6 +107,17 @@ def asks_chunks(settings: Any) -> bool:
     )
 
 
+def run_chunk(policy: Policy, env: Any, params: Any, settings: Any) -> int | None:
+    """``probe_chunk`` as a run with these ``settings`` (``checks.Settings``)
+    calls it: its horizon, the horizon it tells the policy, whether it asks
+    for chunks."""
+    told = told_horizon(policy, settings)
+    chunks_asked = asks_chunks(settings)
+    return probe_chunk(
+        policy, env, params, settings.horizon, told, chunks_asked=chunks_asked
+    )
+
+
 def probe_chunk(
     policy: Policy,
     env: Any,

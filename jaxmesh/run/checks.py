@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from jaxmesh.core.carry import DEFAULT_MAX_STEPS
-from jaxmesh.core.tally import BYTES_PER_EPISODE, capacity_for
+from jaxmesh.core.tally import BYTES_PER_EPISODE, REDUCTIONS, capacity_for
+from jaxmesh.envs.names import did_you_mean
 from jaxmesh.execution import check_execution
 
 MAX_SEED = 2**31 - 1
@@ -370,16 +371,6 @@ def resolve_delay_ms(settings: Settings, dt: float | None, env: str) -> Settings
     return settings._replace(delay=delay_steps(settings.delay_ms, dt, env))
 
 
-def execution_fields(settings: Settings) -> dict:
-    """How a run's chunks were executed, as ``RunResult`` fields."""
-    e = settings.execution
-    return {
-        "delay": settings.delay,
-        "delay_ms": settings.delay_ms,
-        "execution": None if e is None else e.describe(),
-    }
-
-
 #: Info keys read as an episode's success without being asked, in this order.
 SUCCESS_KEYS = ("success", "is_success")
 
@@ -433,8 +424,6 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
       TypeError: a value of the wrong type, naming it.
       ValueError: an unknown reduction or an empty or repeated key.
     """
-    from jaxmesh.core.tally import REDUCTIONS
-
     how = (
         "pass an info key, a list of keys, or a dict key -> reduction, e.g. "
         "metrics={'success': 'any', 'x_velocity': 'mean'}"
@@ -491,8 +480,6 @@ def resolve_metrics(
       ValueError: a key the env's info lacks, naming the closest ones and
         every key the env has.
     """
-    from jaxmesh.envs.names import did_you_mean
-
     available = list(available)
     wanted = [n for n, _ in asked.named]
     if isinstance(asked.success, str):

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jaxmesh import adapt
 from jaxmesh.adapt import WHOLE_OBS
 from jaxmesh.envs import make_env
+from jaxmesh.run.instructions import source
 from jaxmesh.types import PolicyLike
 
 #: Environment variable holding the frame-window limit in bytes.
@@ -244,8 +245,6 @@ def _steps(decl: Any, obs: Any) -> list[str]:
 def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
     """A Text input's row: its encoding's shapes (encoding the instruction
     given, once per string) and where each run's or task's instruction is from."""
-    from jaxmesh.run.instructions import source
-
     given = instruction if isinstance(instruction, Mapping) else {"": instruction}
     where = {}
     for task, text in given.items():

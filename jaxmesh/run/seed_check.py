@@ -22,7 +22,21 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from jaxmesh.envs import make_env
+from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
+from jaxmesh.envs.gymnasium.lanes import (
+    declares_trial_index,
+    env_name,
+    idle_action,
+    import_gymnasium,
+    make_envs,
+)
+from jaxmesh.remote.address import require_grpc
+from jaxmesh.run.backend import HOST, SERVED, backend_of
 
 #: Env steps compared after each reset.
 DEFAULT_STEPS = 5
@@ -122,9 +136,6 @@ def _gym_trace(env: Any, seed: int, steps: int, action: Any, options: Any) -> _T
 
 
 def _gym_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
-    from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
-    from jaxmesh.envs.gymnasium.lanes import declares_trial_index, idle_action
-
     action = idle_action(env.action_space)
     metadata = getattr(env, "metadata", None)
     options = {TRIAL_INDEX: 0} if declares_trial_index(metadata) else None
@@ -139,9 +150,6 @@ def _action_text(action: Any) -> str:
 
 # JAX envs -----------------------------------------------------------------------
 def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
-    import jax
-    import jax.numpy as jnp
-
     action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
     reset, step = jax.jit(env.reset), jax.jit(env.step)
 
@@ -167,8 +175,6 @@ def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
 def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, bool]:
     """(the env to check, its name, what to close after, whether it is a JAX
     env)."""
-    from jaxmesh.run.backend import HOST, SERVED, backend_of
-
     kind = backend_of(env)
     if kind == SERVED:
         if not isinstance(env, str):
@@ -176,10 +182,8 @@ def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, boo
                 f"env={env!r}: check one server at a time, e.g. "
                 "check_seeds('grpc://host:port')"
             )
-        from jaxmesh.remote.address import require_grpc
-
         require_grpc()
-        from jaxmesh.remote.envs import RemoteEnv
+        from jaxmesh.remote.envs import RemoteEnv  # the [remote] extra
 
         remote = RemoteEnv(env, token=token, credentials=credentials)
         return remote, f"{remote.env_name} at {env}", remote, False
@@ -189,8 +193,6 @@ def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, boo
             f"('grpc://host:port'); env {env!r} runs in this process"
         )
     if kind == HOST:
-        from jaxmesh.envs.gymnasium.lanes import env_name, import_gymnasium, make_envs
-
         gym = import_gymnasium()
         if isinstance(env, str):
             (made,) = make_envs(env, 1)
@@ -209,8 +211,6 @@ def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, boo
                 )
             env = inner[0]
         return env, env_name(env), None, False
-    from jaxmesh.envs import make_env
-
     made = make_env(env)
     return made, getattr(made, "name", type(made).__name__), None, True
 

@@ -1,14 +1,12 @@
 """JAX envs' backend: the budget runs in scan segments driven by one host loop.
 
-``jaxmesh.evaluate`` (``jaxmesh.api``) picks this backend for a JAX env and
-calls ``run``. An ``Evaluator`` owns one (policy, env, ``RunConfig``), a
-placement (one device or a mesh of devices, ``jaxmesh.run.scan.placement``) and the
-programs compiled for it, keyed on everything that changes the program: the
-params' shapes (and the rows of a segment's episode log, set by the lanes:
-never the budget). Each run's sizes are planned once (``jaxmesh.run.plan``).
-``run`` keeps a few evaluators (``cache_info()``, ``clear_cache()``) so that
-calling ``jaxmesh.evaluate`` again with the same policy object, env and
-settings compiles nothing.
+``jaxmesh.evaluate`` calls ``run`` for a JAX env. An ``Evaluator`` owns one
+(policy, env, ``RunConfig``), a placement (one device or a mesh,
+``jaxmesh.run.scan.placement``) and the programs compiled for it, keyed on the
+params' shapes and the rows of a segment's log (set by the lanes, never the
+budget). ``run`` keeps a few evaluators (``cache_info()``, ``clear_cache()``),
+so calling ``evaluate`` again with the same policy object, env and settings
+compiles nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from jaxmesh.results.result import RunResult
 from jaxmesh.run import (
     build,
     checks,
+    host,
     identity,
     initial,
     instructions,
@@ -69,11 +68,9 @@ class Evaluator:
     """A policy, an env and settings, with the programs compiled for them.
 
     Hold one to run several budgets or params without compiling again: every
-    budget, and new params of the same shapes, reuse the program.
-
-    Where the lanes run is the evaluator's placement (``self.placement``,
-    ``jaxmesh.run.scan.placement``): one device, or with ``devices=`` a mesh of
-    devices; the loop is the same for both.
+    budget, and new params of the same shapes, reuse the program. Where the
+    lanes run is its ``placement`` (``placement_for``): one device, or with
+    ``Layout(devices=...)`` a mesh; the loop is the same for both.
 
     Args:
       policy: as for ``jaxmesh.evaluate``.
@@ -181,23 +178,17 @@ class Evaluator:
 
     def _chunk(self, params: Any, sig: tuple) -> int | None:
         if sig not in self._chunks:
-            self._chunks[sig] = build.probe_chunk(
-                self.policy,
-                self.env,
-                params,
-                self.settings.horizon,
-                build.told_horizon(self.policy, self.settings),
-                chunks_asked=build.asks_chunks(self.settings),
+            self._chunks[sig] = build.run_chunk(
+                self.policy, self.env, params, self.settings
             )
         return self._chunks[sig]
 
     def plan(self, params: Any, episodes: int) -> RunPlan:
-        """The sizes a run of ``episodes`` with these params is built with.
-
-        The chunk length comes from a shape-only probe of the policy (once per
-        params signature); the lanes and the capacity from the placement; the
-        default tile is sized for all N lanes, also when they are split over
-        devices (so that a sharded run's episodes match the one-device run's).
+        """The sizes a run of ``episodes`` with these params is built with:
+        the chunk length from a shape-only probe of the policy (once per
+        params signature), the lanes and capacity from the placement, the
+        default tile sized for all N lanes (also split over devices, so a
+        sharded run's episodes match the one-device run's).
 
         Raises:
           ValueError, TypeError: the policy's output does not fit the env.
@@ -219,11 +210,9 @@ class Evaluator:
 
     def _program(self, params: Any, plan: RunPlan, steps: bool = False) -> _Program:
         """The program for these params' shapes and this plan, built (every
-        check: probe, frame limit) but not necessarily compiled.
-
-        ``steps``: the program with step events (``on_step`` hooks), a program
-        of its own (keyed with ``"on_step"``); without, no callback is in it.
-        """
+        check: probe, frame limit) but not necessarily compiled. ``steps``:
+        with step events (``on_step`` hooks) sent to the evaluator's sink, a
+        program of its own (keyed with ``"on_step"``)."""
         key = self._key(params, plan, steps)
         if key not in self._programs:
             engine = build.build_engine(
@@ -269,15 +258,10 @@ class Evaluator:
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
-        ``trial_index_base`` and ``instruction`` (None: the evaluator's own,
-        its config's ``Starts``) are data: the same program runs.
-
-        ``record`` (None: the evaluator's own) names other episodes to record,
-        as many as the evaluator's ``Record`` with its ``max_steps`` and
-        ``keys``: the same program runs. ``initial_states`` (None: the
-        evaluator's own) of the evaluator's shapes run on the same program.
-        ``success_mode`` (None: the evaluator's own) names the result's
-        headline success; the program does not depend on it.
+        ``trial_index_base``, ``instruction``, ``initial_states`` (of the
+        evaluator's shapes), ``success_mode`` and ``record`` (other episodes,
+        as many, with the same ``max_steps`` and ``keys``) are data, None
+        meaning the evaluator's own: the same program runs.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -452,12 +436,10 @@ class Evaluator:
     def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``.
 
-        The placement puts the carry, each segment's seed window and the params
-        where the program reads them and reads each segment's log back; the
-        host copies the log's rows into its own arrays, indexed by episode
-        (``core.tally.write``). What a segment carries and the host reads is
-        sized by the lanes, never by the budget. The loop is the same on one
-        device and on a mesh.
+        The placement puts the carry, each segment's seed window and the
+        params where the program reads them and reads each segment's log back;
+        the host copies the log's rows into its own arrays, indexed by episode
+        (``core.tally.write``).
         """
         place, plan = self.placement, program.plan
         place.check_same_everywhere(seeds_arr, params)
@@ -624,8 +606,6 @@ def cache_info() -> list[dict]:
 def clear_cache() -> None:
     """Drops every evaluator and host agent (and compiled program) ``evaluate``
     keeps."""
-    from jaxmesh.run import host
-
     _EVALUATORS.clear()
     host.clear_cache()
 

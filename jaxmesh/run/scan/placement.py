@@ -1,18 +1,15 @@
 """Where an ``Evaluator``'s lanes run: one device, or a mesh of devices.
 
-The evaluator has one loop (``jaxmesh.run.scan``); a placement is what differs
-between one device and several: how many lanes one program steps and how many
-rows its log holds, how the segment program is compiled, where the first
-carry, each segment's seed window and the params go, and how a segment's log
-comes back to the host (``drain``: one read per segment, of a size set by the
-lanes, never by the budget).
+A placement is what differs between one device and several under the
+evaluator's one loop: the lanes one program steps and the rows of its log,
+how the segment is compiled, where the first carry, each segment's seed window
+and the params go, and how a segment's log comes back (``drain``: one read per
+segment, sized by the lanes, never by the budget).
 
 - ``SingleDevice``: the engine's own ``run_segment`` on the policy's device (or
-  JAX's default).
+  JAX's default); it keeps each engine's last buffers for its next run.
 - ``DeviceMesh``: the same engine on every device of a one-axis mesh
-  (``jaxmesh.run.scan.sharded``: a static split, each device runs every D-th
-  episode on N / D lanes of its own, with the N-lane plan tile), also over
-  several processes under ``jax.distributed``.
+  (``jaxmesh.run.scan.sharded``), also over processes under ``jax.distributed``.
 
 ``placement_for(devices, ...)`` picks one; both answer the same questions, so
 the loop never asks which it has.
@@ -35,12 +32,10 @@ from jaxmesh.run import build
 from jaxmesh.run.scan import sharded
 
 #: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
-#: 2 compiles the segment about a fifth faster (most of it is the unrolled
-#: threefry hashes of the PRNG) and ran as fast (benchmarks/compile.py,
-#: benchmarks/overhead.py). Other backends get XLA's defaults. Turning XLA:CPU's
-#: fusion emitters off (``xla_cpu_use_fusion_emitters``) compiles the segment
-#: another 15-35% faster with the same values, but the compiled segment ran 1.3-1.7x
-#: slower on CartPole and Acrobot, so it is left on.
+#: 2 compiles the segment about a fifth faster (mostly the PRNG's unrolled
+#: threefry hashes) and ran as fast (benchmarks/compile.py, overhead.py). Turning
+#: the fusion emitters off (``xla_cpu_use_fusion_emitters``) compiles another
+#: 15-35% faster but ran 1.3-1.7x slower on CartPole and Acrobot, so it stays on.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
@@ -51,12 +46,7 @@ def compiler_options(device: Any = None) -> dict | None:
 
 
 class SingleDevice:
-    """Every lane on one device: the policy's (``Model(device=...)``) or JAX's
-    default.
-
-    Args:
-      device: the device (None: JAX's default).
-    """
+    """Every lane on one device (None: JAX's default)."""
 
     #: ``on_step`` hooks can run: one program sends the step events in order.
     supports_step_hooks = True
@@ -104,11 +94,9 @@ class SingleDevice:
         texts: Any = None,
     ) -> tuple:
         """``((lanes, agent), results)``: the carry a run starts from, on the
-        device (``record``: the recorded episode indices, or None; ``trials``:
-        ``(trial_of, data)`` of an engine with initial states, or None;
-        ``texts``: the Text inputs' per-lane encodings, ``Engine.first_carry``).
-        On the buffers the engine's last finished run kept (``keep``), only
-        the run's own values travel (``jaxmesh.core.carry.refill``)."""
+        device (the arguments as for ``Engine.first_carry``). On the buffers
+        the engine's last run kept (``keep``), only the run's own values
+        travel (``jaxmesh.core.carry.refill``)."""
         run = {"record": record, "trials": trials, "texts": texts}
         with self._lock:
             spare, results0 = self._spares.get(engine, (None, None))
@@ -133,8 +121,7 @@ class SingleDevice:
 
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
         """After a segment, one read: ``(log, episodes finished, next
-        unstarted episode)``, the log a host ``Results`` whose recording
-        stays on the device (read at the run's end)."""
+        unstarted episode)``; the log's recording stays on the device."""
         del plan
         lanes = state[0]
         log, n_done, next_episode = jax.device_get(
@@ -165,11 +152,8 @@ class SingleDevice:
 
 
 class DeviceMesh:
-    """Lanes split over the devices of a one-axis mesh (``jaxmesh.run.scan.sharded``).
-
-    Device d of D runs episodes d, d + D, ... on ``num_envs / D`` lanes of its
-    own; every device's program is the one-device engine with the N-lane plan
-    tile, so each episode's result is bit for bit the one-device run's.
+    """Lanes split over the devices of a one-axis mesh: device d of D runs
+    episodes d, d + D, ... on N / D lanes of its own (``jaxmesh.run.scan.sharded``).
 
     Args:
       mesh: a one-axis ``jax.sharding.Mesh`` (``devices.resolve_mesh``).
@@ -248,21 +232,16 @@ class DeviceMesh:
         trials: Any = None,
         texts: Any = None,
     ) -> tuple:
-        """Every device's first carry, stacked along the mesh axis.
-
-        Each process builds (on its host) and places only its own devices'
-        carries: device d gets the carry of its share of the budget
-        (``sharded.device_seeds``; with ``trials``, the same share of the trial
-        indices, and all of the data); nothing compiles. ``record`` is None (a
-        mesh refuses recording, ``placement_for``).
+        """Every device's first carry, stacked along the mesh axis: device d
+        gets the carry of its share of the budget (``sharded.device_seeds``,
+        and the same share of the trial indices); each process builds and
+        places only its own devices'. ``record`` is None (refused on a mesh).
         """
         del record
-        d_count = self.num_devices
-        shares = sharded.device_seeds(seeds, d_count)
-        trial_shares = [None] * d_count
+        shares = sharded.device_seeds(seeds, self.num_devices)
+        trial_shares = self._trial_shares(trials)
         if trials is not None:
-            trial_of, data = trials
-            trial_shares = [(t, data) for t in sharded.device_seeds(trial_of, d_count)]
+            trial_shares = [(t, trials[1]) for t in trial_shares]
         host = host_device()
         carry = self._stack(
             lambda d: jax.device_get(
@@ -270,6 +249,12 @@ class DeviceMesh:
             )
         )
         return (carry.lanes, carry.agent), carry.results
+
+    def _trial_shares(self, trials: Any) -> list:
+        """Each device's share of the trial indices (None without trials)."""
+        if trials is None:
+            return [None] * self.num_devices
+        return sharded.device_seeds(trials[0], self.num_devices)
 
     def _stack(self, build: Any) -> Any:
         """Host pytrees ``build(d)`` of this process's devices, placed on them
@@ -322,9 +307,8 @@ class DeviceMesh:
         trials,
     ) -> tuple:
         """``(state, base)`` for the next segment: the same when every
-        device's window serves it, else with each device's new window
-        (``window`` of its share of the budget), stacked along the mesh
-        axis, and their bases ([D])."""
+        device's window serves it, else with each device's new window (of its
+        share of the budget) stacked along the mesh axis, and their bases."""
         d_count = self.num_devices
         base = np.broadcast_to(np.asarray(base), (d_count,))
         pairs = zip(base, next_episode, strict=True)
@@ -332,9 +316,7 @@ class DeviceMesh:
             return state, base
         lanes, ag = state
         shares = sharded.device_seeds(seeds, d_count)
-        trial_shares = [None] * d_count
-        if trials is not None:
-            trial_shares = sharded.device_seeds(trials[0], d_count)
+        trial_shares = self._trial_shares(trials)
         windows = [
             window(engine.config, shares[d], int(next_episode[d]), trial_shares[d])
             for d in range(d_count)

@@ -81,15 +81,7 @@ def make_evaluator(
             return empty(0, 0, metrics=kept[0], success=kept[1] is not None)
         sig = build.signature(params)
         if sig not in engines:
-            told = build.told_horizon(pol, settings)
-            chunk = build.probe_chunk(
-                pol,
-                env_obj,
-                params,
-                settings.horizon,
-                told,
-                chunks_asked=build.asks_chunks(settings),
-            )
+            chunk = build.run_chunk(pol, env_obj, params, settings)
             # One program holds the whole budget: its buffers are e entries.
             run_plan = plan.plan_run(settings, chunk, capacity=e)
             engines[sig] = build.build_engine(

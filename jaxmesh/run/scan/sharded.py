@@ -1,26 +1,18 @@
 """Lanes sharded over devices: ``Layout(devices=...)`` and populations.
 
 A static split, with no collective inside the loop (docs/scale.md says why):
-device d of D runs every D-th episode of the budget (episodes d, d + D, ...)
-on N / D lanes of its own, with the same engine, the same plan tile (the one a
-one-device run with N lanes uses) and a slot counter of its own. Each episode
-is reset with its own seed and planned in tiles of the same size, so its result
-is bit for bit the one it has on one device (CONTRACT 3-4); only the lane that
-ran it differs.
+device d of D runs episodes d, d + D, ... on N / D lanes of its own, with the
+same engine and the plan tile of a one-device run with N lanes, so each
+episode's result is bit for bit the one-device one (CONTRACT 3-4); only the
+lane that ran it differs.
 
-The D engines are one program: ``jax.shard_map`` over a one-axis mesh runs the
-engine's own ``run_segment`` on each device's slice of a carry stacked along a
-leading device axis. The carry is handled as a pytree (``jax.tree.map``), never
-field by field, so lane state added to the engine needs nothing here. After a
-segment the host merges the devices' logs into one (``merge_logs``). These are
-the mesh's mechanics; the evaluator's one loop (``jaxmesh.run.scan``) drives
-them through ``placement.DeviceMesh``.
-
-Under ``jax.distributed`` the mesh may span several processes (docs/scale.md,
-"Many hosts"): every process runs the same calls, builds the first carry of its
-own devices only, places it (``jax.make_array_from_single_device_arrays``) and
-reads every device's log back with one all-gather per segment (``to_host``),
-so every process returns the same ``RunResult``.
+``jax.shard_map`` runs the engine's own ``run_segment`` on each device's slice
+of a carry stacked along a leading device axis, handled as a pytree (lane state
+added to the engine needs nothing here); the host merges the devices' logs
+(``merge_logs``). The evaluator's loop drives this through
+``placement.DeviceMesh``. Under ``jax.distributed`` every process makes the
+same calls, places its own devices' carries and reads every log back with one
+all-gather per segment (``to_host``), so all return the same ``RunResult``.
 """
 
 from __future__ import annotations
@@ -62,15 +54,9 @@ def device_seeds(seeds: np.ndarray, devices: int) -> list[np.ndarray]:
 
 
 def put(tree: Any, sharding: NamedSharding) -> Any:
-    """A host (or device) pytree as global arrays with ``sharding``.
-
-    In one process ``jax.device_put`` does it; under ``jax.distributed`` every
-    process holds the same host values and places only its own devices' slices.
-
-    Args:
-      tree: host or local device arrays, the same values in every process.
-      sharding: where the global arrays live.
-    """
+    """A pytree (the same values in every process) as global arrays with
+    ``sharding``; under ``jax.distributed`` each process places its own
+    devices' slices."""
     if not sharding.mesh.is_multi_process:
         return jax.device_put(tree, sharding)
 
@@ -92,19 +78,11 @@ def _gather(mesh: Mesh) -> Any:
 
 
 def to_host(tree: Any, mesh: Mesh) -> Any:
-    """Arrays sharded over ``mesh``, read back whole as numpy.
+    """A pytree of arrays sharded over ``mesh``, read back whole as numpy.
 
-    Over several processes one program gathers every leaf (an all-gather over
-    the processes' collectives: gloo on CPUs, NCCL on GPUs, ICI on TPUs) and each
-    process reads its own copy, so every process gets all of it. Every process
-    of the mesh must make the same call.
-
-    Args:
-      tree: a pytree of ``jax.Array`` laid out over ``mesh``.
-      mesh: the run's mesh.
-
-    Returns:
-      The same pytree of numpy arrays, whole.
+    Over several processes one program all-gathers every leaf (gloo on CPUs,
+    NCCL on GPUs, ICI on TPUs) and each reads its own copy; every process of
+    the mesh must make the same call.
     """
     if not mesh.is_multi_process:
         return jax.device_get(tree)
@@ -126,16 +104,12 @@ def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
 
 
 def merge_logs(stacked: Results, lanes: int) -> Results:
-    """Every device's segment log (leading axis D, host arrays) as one log.
+    """Every device's segment log (host ``Results`` with a leading device
+    axis D; ``lanes`` per device) as one log.
 
     Device d's rows come after device d - 1's; its local episode k is episode
-    ``k * D + d`` (``index``), its lane j is lane ``d * lanes + j`` (``lanes``
-    and per-lane leaves, concatenated), and ``fault.episode`` is renumbered
-    the same way; run totals and ``rows`` are summed.
-
-    Args:
-      stacked: host ``Results`` logs whose leaves carry a leading device axis.
-      lanes: lanes per device.
+    ``k * D + d`` (``index``, ``fault.episode``), its lane j is lane
+    ``d * lanes + j``; run totals and ``rows`` are summed.
     """
     rows = np.asarray(stacked.rows)
     d = rows.shape[0]
@@ -183,11 +157,9 @@ def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
 
 def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
     """Under ``jax.distributed``: checks that every process of the mesh was
-    given the same budget and params (one small all-gather).
-
-    Each process places only its own devices' share, so a process with other
-    seeds or params would silently mix two runs into one result. In one
-    process there is nothing to check.
+    given the same budget and params (one small all-gather); each places only
+    its own devices' share, so a process with others would silently mix two
+    runs into one result.
 
     Raises:
       ValueError: in every process, naming the processes that differ from
