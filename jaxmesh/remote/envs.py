@@ -202,11 +202,12 @@ class _Client:
             },
         )
 
-    def check_open(self) -> None:
+    def check_open(self) -> _Client:
         if self.closed:
             raise gymnasium.error.ClosedEnvironmentError(
                 f"the env served at {self.address} was closed; make a new one"
             )
+        return self
 
     def call(self, named: np.ndarray, **request: Any) -> codec.ResultBatch:
         """Sends one call (``Session.send``'s arguments), waits for its reply;
@@ -254,23 +255,9 @@ class _Client:
             self.closed = True
             self.session.close()
 
-
-class _Served:
-    """What both clients do with their session: use it, end it, end it at exit."""
-
-    _client: _Client | None = None
-
-    def _open(self) -> _Client:
-        self._client.check_open()
-        return self._client
-
-    def _end_session(self) -> None:
-        if self._client is not None:
-            self._client.close()
-
-    def __del__(self):
+    def __del__(self):  # an env dropped without close() frees the server
         try:
-            self._end_session()
+            self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit anything goes
             pass
 
@@ -282,7 +269,7 @@ def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
     return np.array(row)
 
 
-class RemoteEnv(_Served, gymnasium.Env):
+class RemoteEnv(gymnasium.Env):
     """One lane of a jaxmesh env server as a ``gymnasium.Env``.
 
     The spaces are rebuilt exactly from the handshake; ``metadata`` has
@@ -365,7 +352,7 @@ class RemoteEnv(_Served, gymnasium.Env):
                 ``trial_index``.
             jaxmesh.RemoteError: the server or the env failed.
         """
-        client = self._open()
+        client = self._client.check_open()
         seed = _seed(seed)
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(
@@ -393,7 +380,7 @@ class RemoteEnv(_Served, gymnasium.Env):
                 Discrete space, outside it).
             jaxmesh.RemoteError: the server or the env failed.
         """
-        client = self._open()
+        client = self._client.check_open()
         if self._state != "running":
             why = (
                 "was never reset"
@@ -418,7 +405,8 @@ class RemoteEnv(_Served, gymnasium.Env):
 
     def close(self) -> None:
         """Ends the session (the server is free for the next client). Idempotent."""
-        self._end_session()
+        if self._client is not None:
+            self._client.close()
 
     def __str__(self) -> str:
         return f"RemoteEnv({self.env_name} at {self.address}, lane {self.lane})"
@@ -427,7 +415,7 @@ class RemoteEnv(_Served, gymnasium.Env):
         return str(self)
 
 
-class RemoteVectorEnv(_Served, VectorEnv):
+class RemoteVectorEnv(VectorEnv):
     """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv``.
 
     It follows ``AutoresetMode.DISABLED`` (``metadata["autoreset_mode"]``), as
@@ -439,15 +427,8 @@ class RemoteVectorEnv(_Served, VectorEnv):
     ``step`` is one round trip.
 
     Args:
-        address: ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
-            ``"host:port"``.
-        token: the server's token, when it asks for one (default: the
-            ``JAXMESH_TOKEN`` environment variable).
-        connect_timeout: seconds the handshake may take.
-        reply_timeout: seconds a reply may take (None: as long as the env
-            takes).
-        credentials: ``grpc.ChannelCredentials`` for a TLS server
-            (``"grpcs://host:port"``); None: gRPC's default roots there.
+        address, token, connect_timeout, reply_timeout, credentials: as for
+            :class:`RemoteEnv`.
 
     Raises:
         ValueError: a malformed address.
@@ -512,7 +493,7 @@ class RemoteVectorEnv(_Served, VectorEnv):
             ValueError, TypeError: bad seeds, mask or options.
             jaxmesh.RemoteError: the server or the env failed.
         """
-        client = self._open()
+        client = self._client.check_open()
         n = self.num_envs
         if seed is None or _is_int(seed):
             first = _seed(seed)
@@ -582,7 +563,7 @@ class RemoteVectorEnv(_Served, VectorEnv):
             ValueError: actions of the wrong shape (or outside a Discrete space).
             jaxmesh.RemoteError: the server or the env failed.
         """
-        client = self._open()
+        client = self._client.check_open()
         if not self._was_reset.all():
             lanes = np.flatnonzero(~self._was_reset).tolist()
             raise ResetNeeded(
@@ -616,7 +597,8 @@ class RemoteVectorEnv(_Served, VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ends the session (the server is free for the next client)."""
-        self._end_session()
+        if self._client is not None:
+            self._client.close()
 
     def __repr__(self) -> str:
         return (

@@ -48,12 +48,10 @@ __all__ = [
     "DISCRETE",
     "TUPLE",
     "build",
-    "leaf_spec",
     "leaf_space",
     "observation_space",
     "space_leaf",
     "space_leaves",
-    "wire_value",
 ]
 
 BOX = "box"
@@ -125,16 +123,6 @@ def _bound(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def leaf_spec(space: Any, key: str = "", *, where: str = "space") -> codec.LeafSpec:
-    """The :class:`codec.LeafSpec` (key, wire dtype, shape) of one value of ``space``.
-
-    Raises:
-        TypeError: as :func:`space_leaf`.
-    """
-    msg = space_leaf(space, key, where=where)
-    return codec.LeafSpec(key, msg.dtype, tuple(msg.shape))
-
-
 def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
     """The gymnasium space a ``LeafSpec`` message declares (inverse of space_leaf).
 
@@ -186,28 +174,6 @@ def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
         "'discrete' (a server of a newer jaxmesh may declare more: upgrade this "
         "side)"
     )
-
-
-def wire_value(space: Any, value: Any) -> np.ndarray:
-    """One env value (an observation) as the array that travels for ``space``.
-
-    A Discrete value becomes an ``int64`` scalar; a Box value an array of the
-    space's dtype.
-
-    Raises:
-        ValueError: the value's shape is not the space's.
-    """
-    if isinstance(space, gymnasium.spaces.Discrete):
-        arr = np.asarray(value, np.int64)
-    else:
-        arr = np.asarray(value, space.dtype)
-    if arr.shape != space.shape:
-        raise ValueError(
-            f"the env returned a value of shape {arr.shape} for {space}, whose "
-            f"shape is {space.shape}; make the env return values of its declared "
-            "shape"
-        )
-    return arr
 
 
 # Observation spaces of named leaves (Dict and Tuple) -------------------------------

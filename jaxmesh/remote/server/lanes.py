@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX, ResultBatch
+from jaxmesh.envs.gymnasium.workers import ProcessStepper
 from jaxmesh.remote import codec
 from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
@@ -323,8 +324,6 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
         count = 1 if lanes is None else lanes
         if workers > 1 and count > 1:
             # A Python sim's step holds the GIL: the lanes step in processes.
-            from jaxmesh.envs.gymnasium.workers import ProcessStepper
-
             where = f"{env} observation_space"
             procs = ProcessStepper(env, count, workers, layout=_wire_layout(where))
             try:

@@ -6,6 +6,7 @@ stream. The server holds one ``SameHostPath`` when it offers the path.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -26,7 +27,12 @@ from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.server.lanes import ServerStepper
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
-from jaxmesh.remote.server.sessions import _ShmSession, env_error, idle_message
+from jaxmesh.remote.server.sessions import (
+    _Session,
+    _shut_read,
+    env_error,
+    idle_message,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -325,9 +331,11 @@ class SameHostPath:
         try:
             conn.setblocking(True)
             conn.settimeout(self.hello_seconds)  # to its ATTACHED
-            session = _ShmSession(conn)
+            session = _Session(functools.partial(_shut_read, conn))
             server._session = session
-            session.watch(lambda: lanes.abandon(respawn=not server._stopping))
+            session.watch_hangup(
+                conn, lambda: lanes.abandon(respawn=not server._stopping)
+            )
             try:
                 self._attach(conn, session, lanes, keys, binary)
             finally:
@@ -341,7 +349,7 @@ class SameHostPath:
     def _attach(
         self,
         conn: socket.socket,
-        session: _ShmSession,
+        session: _Session,
         lanes: ServerStepper,
         keys: tuple[str, ...],
         binary: bool = False,
@@ -373,7 +381,7 @@ class SameHostPath:
     def _calls(
         self,
         conn: socket.socket,
-        session: _ShmSession,
+        session: _Session,
         lanes: ServerStepper,
         keys: tuple[str, ...],
         slots: Slots,
@@ -395,9 +403,9 @@ class SameHostPath:
 
         call = 0
         while True:
-            session.receiving = True
-            if session.pending is not None:
-                return fail(*session.pending)
+            pending = session.waiting()
+            if pending is not None:
+                return fail(*pending)
             try:
                 frame = same_host.recv_frame(conn, limit)
             except TimeoutError:
@@ -407,7 +415,7 @@ class SameHostPath:
                 )
             except codec.ProtocolError as exc:
                 return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            session.receiving = False
+            session.working()
             if frame is None:
                 if session.pending is not None:
                     fail(*session.pending)

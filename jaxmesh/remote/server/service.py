@@ -44,7 +44,7 @@ from jaxmesh.remote.server.options import (
 )
 from jaxmesh.remote.server.requests import _parse_request
 from jaxmesh.remote.server.same_host import SameHostPath
-from jaxmesh.remote.server.sessions import _Session, env_error
+from jaxmesh.remote.server.sessions import _cancel, _Session, env_error
 
 
 class _EnvTokenInterceptor(grpc.ServerInterceptor):
@@ -482,7 +482,8 @@ class EnvServer:
         if refused is not None:
             context.abort(*refused)
         lanes = self._lanes
-        session = _Session(context, self.options.idle_timeout_seconds, self.address)
+        session = _Session(functools.partial(_cancel, context))
+        session.watch_idle(self.options.idle_timeout_seconds, self.address)
         self._session = session
         # The stream ends while a call runs (its client gave up after its
         # reply timeout, or went away; or shutdown's grace ran out): a hung
@@ -532,7 +533,9 @@ class EnvServer:
         limit = self.options.max_message_bytes
         abort = context.abort
         while True:
-            session.waiting()
+            pending = session.waiting()
+            if pending is not None:
+                abort(*pending)
             try:
                 data = next(requests)
             except StopIteration:

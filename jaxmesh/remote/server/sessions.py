@@ -1,10 +1,7 @@
-"""The open session as shutdown and the idle timeout see it: ``_Session``
-(the gRPC Step stream's watchdog thread), ``_ShmSession`` (a same-host
-session: ``end`` wakes its waiting read) and ``_cancel``, which ends a gRPC
-call from another thread with a status.
-
-``service.py`` opens a ``_Session`` per Step stream, ``same_host.py`` a
-``_ShmSession`` per same-host client; ``EnvServer.shutdown`` ends either.
+"""The open session as shutdown and the idle timeout see it (``_Session``,
+one per Step stream in ``service.py`` and per same-host client in
+``same_host.py``; ``EnvServer.shutdown`` ends either), and what both
+transports send when an env raises or a session idles.
 """
 
 from __future__ import annotations
@@ -14,6 +11,8 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -56,38 +55,56 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
         context.cancel()
 
 
-class _Session:
-    """The open Step stream's watchdog: idle timeout and shutdown.
+def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
+    """Ends a same-host session from another thread: wakes its waiting read
+    (the serving thread then answers ``pending``)."""
+    try:
+        conn.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
 
-    The serving thread marks when it waits for a request, when it works and
-    when it hands a reply to gRPC (which blocks while the client reads no
-    replies); a thread ends the stream once it has waited, for a request or
-    for the client to take a reply, ``idle`` seconds. ``end`` ends it now when
-    it waits for a request, else after the reply in progress.
+
+class _Session:
+    """An open session, either transport's, as the idle timeout and shutdown
+    see it: ``cancel(code, details)`` ends it from another thread (``_cancel``
+    for a Step stream, ``_shut_read`` for a same-host connection).
+
+    The serving thread marks when it waits for a request (``waiting``, which
+    returns the status to end with if ``end`` came first), when it works and
+    when it hands a reply over (which blocks while the client reads no
+    replies). ``end`` ends it now when it waits for a request, else after the
+    reply in progress.
     """
 
-    def __init__(self, context: grpc.ServicerContext, idle: float, address: str):
-        self.context = context
-        self.idle = idle
-        self.address = address
+    #: Seconds between the hang-up watcher's checks that the session is open.
+    POLL_SECONDS = 0.5
+
+    def __init__(self, cancel: Callable[[grpc.StatusCode, str], None]):
+        self.cancel = cancel
         self.waiting_since: float | None = None
         self.receiving = False  # waiting for a request (not sending a reply)
         self.pending: tuple[grpc.StatusCode, str] | None = None
         self.cond = threading.Condition()
         self.done = False
-        self.thread = threading.Thread(
-            target=self._watch, name="jaxmesh-session-watchdog", daemon=True
-        )
-        self.thread.start()
 
-    def _watch(self) -> None:
+    def watch_idle(self, idle: float, address: str) -> None:
+        """Starts a thread that ends the session once it has waited, for a
+        request or for the client to take a reply, ``idle`` seconds."""
+        threading.Thread(
+            target=self._watch_idle,
+            args=(idle, address),
+            name="jaxmesh-session-watchdog",
+            daemon=True,
+        ).start()
+
+    def _watch_idle(self, idle: float, address: str) -> None:
         with self.cond:
             while not self.done:
                 since = self.waiting_since
-                if since is None or math.isinf(self.idle):
-                    self.cond.wait(None if math.isinf(self.idle) else self.idle)
+                if since is None or math.isinf(idle):
+                    self.cond.wait(None if math.isinf(idle) else idle)
                     continue
-                left = since + self.idle - time.monotonic()
+                left = since + idle - time.monotonic()
                 if left > 0:
                     self.cond.wait(left)
                     continue
@@ -96,19 +113,33 @@ class _Session:
                     if self.receiving
                     else "took no reply (the client read none)"
                 )
-                _cancel(
-                    self.context,
+                self.cancel(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    idle_message(self.address, what, self.idle),
+                    idle_message(address, what, idle),
                 )
                 self.done = True
 
-    def waiting(self) -> None:
+    def watch_hangup(self, conn: socket.socket, give_up: Callable[[], Any]) -> None:
+        """Starts a thread that calls ``give_up()`` if the client hangs up
+        while the session is open (a client that gave up on a call that hangs:
+        the serving thread, in the call, reads nothing)."""
+        if not hasattr(select, "POLLRDHUP"):  # not Linux: no watcher
+            return
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLRDHUP | select.POLLHUP)
+
+        def run() -> None:
+            while not self.done:
+                if poller.poll(self.POLL_SECONDS * 1000):  # the client hung up
+                    self.abandon(give_up)
+                    return
+
+        threading.Thread(target=run, name="jaxmesh-shm-hangup", daemon=True).start()
+
+    def waiting(self) -> tuple[grpc.StatusCode, str] | None:
         self.receiving = True
         self.waiting_since = time.monotonic()
-        pending = self.pending
-        if pending is not None:
-            self.context.abort(*pending)
+        return self.pending
 
     def working(self) -> None:
         self.waiting_since = None
@@ -119,10 +150,10 @@ class _Session:
 
     def end(self, code: grpc.StatusCode, details: str) -> None:
         self.pending = (code, details)
-        if self.receiving and self.waiting_since is not None:
-            _cancel(self.context, code, details)
+        if self.receiving:
+            self.cancel(code, details)
 
-    def abandon(self, give_up) -> None:
+    def abandon(self, give_up: Callable[[], Any]) -> None:
         """Calls ``give_up()`` if the session is still open (the call ended
         under it: its client went away while the server worked). Under the
         lock ``stop`` takes, so a next session's call is never given up."""
@@ -134,51 +165,3 @@ class _Session:
         with self.cond:
             self.done = True
             self.cond.notify_all()
-
-
-class _ShmSession:
-    """A same-host session as ``shutdown`` ends it (``_Session``'s ``end``):
-    now when it waits for a request, else after the reply in progress.
-
-    ``watch(give_up)`` starts a thread that calls ``give_up()`` if the client
-    hangs up while the session is open (a client that gave up on a call that
-    hangs: the serving thread, in the call, reads nothing); ``stop`` ends it.
-    """
-
-    #: Seconds between the watcher's checks that the session is still open.
-    POLL_SECONDS = 0.5
-
-    def __init__(self, conn: socket.socket):
-        self.conn = conn
-        self.receiving = False
-        self.pending: tuple[grpc.StatusCode, str] | None = None
-        self.cond = threading.Condition()
-        self.done = False
-
-    def watch(self, give_up) -> None:
-        if not hasattr(select, "POLLRDHUP"):  # not Linux: no watcher
-            return
-        poller = select.poll()
-        poller.register(self.conn.fileno(), select.POLLRDHUP | select.POLLHUP)
-
-        def run() -> None:
-            while not self.done:
-                if poller.poll(self.POLL_SECONDS * 1000):  # the client hung up
-                    self.abandon(give_up)
-                    return
-
-        threading.Thread(target=run, name="jaxmesh-shm-hangup", daemon=True).start()
-
-    abandon = _Session.abandon  # give_up() under the lock, if still open
-
-    def stop(self) -> None:
-        with self.cond:
-            self.done = True
-
-    def end(self, code: grpc.StatusCode, details: str) -> None:
-        self.pending = (code, details)
-        if self.receiving:
-            try:
-                self.conn.shutdown(socket.SHUT_RD)  # wakes the waiting recv
-            except OSError:
-                pass
