@@ -18,7 +18,7 @@ from jaxmesh.envs import PREFIXES, make_env
 from jaxmesh.envs.gymnasium.lanes import is_factory
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
-from jaxmesh.run.config import FLAT, GROUP_OF, RunConfig
+from jaxmesh.run.config import FLAT, GROUP_OF, GROUPS, RunConfig
 from jaxmesh.suite import Suite, Task
 
 
@@ -231,12 +231,16 @@ def _reply_timeout(value: Any) -> Any:
 
 
 def run_config(config: dict[str, Any]) -> RunConfig:
-    """A config's ``jaxmesh.RunConfig``.
+    """A config's ``jaxmesh.RunConfig``, built (and so checked) once.
 
     A config's run keys are the ``RunConfig``'s field names, flat (each names
-    one field: ``prefetch_lead`` is ``Chunking.prefetch_lead``), filed by
-    ``RunConfig.replace``; the TLS file ``tls_ca`` becomes ``Served``'s
-    credentials, ``reply_timeout: .inf`` no limit."""
+    one field: ``prefetch_lead`` is ``Chunking.prefetch_lead``); a group none
+    of whose fields the config sets keeps its default. The TLS file ``tls_ca``
+    becomes ``Served``'s credentials, ``reply_timeout: .inf`` no limit.
+
+    Raises:
+      ConfigError: ``RunConfig`` or a group refuses a value (its message).
+    """
     fields = set(FLAT) | set(GROUP_OF)
     settings = {k: v for k, v in config.items() if k in fields and v is not None}
     if not settings.get("check_seeds"):
@@ -247,8 +251,12 @@ def run_config(config: dict[str, Any]) -> RunConfig:
         settings["reply_timeout"] = _reply_timeout(settings["reply_timeout"])
     if config.get("tls_ca") is not None:
         settings["credentials"] = channel_credentials(config["tls_ca"])
+    groups: dict[str, dict[str, Any]] = {}
+    for name in [k for k in settings if k in GROUP_OF]:
+        groups.setdefault(GROUP_OF[name], {})[name] = settings.pop(name)
     try:
-        return RunConfig().replace(**settings)
+        built = {group: GROUPS[group](**kw) for group, kw in groups.items()}
+        return RunConfig(**settings, **built)
     except (ValueError, TypeError) as e:  # a refusal, before anything is built
         raise ConfigError(refused(config, e)) from e
 
@@ -256,6 +264,7 @@ def run_config(config: dict[str, Any]) -> RunConfig:
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, Any]]:
     """The policy, the env, the ``jaxmesh.RunConfig`` (``run_config``) and the
     call's own arguments (the budget, the episodes to record) of a config."""
+    run = run_config(config)  # refused before a policy or an env is built
     policy = build_policy(config["policy"], config["policy_config"])
     if config.get("tasks") is not None:
         env = build_suite(config["tasks"])
@@ -263,4 +272,4 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, An
         env = build_env(config["env"], config["env_config"])
     call = {k: config.get(k) for k in ("episodes", "seeds", "record")}
     call = {k: v for k, v in call.items() if v is not None}
-    return policy, env, run_config(config), call
+    return policy, env, run, call

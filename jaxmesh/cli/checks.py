@@ -44,18 +44,7 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
     Raises:
       ConfigError: an unknown or missing key, or a value of the wrong type.
     """
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
-    if unknown:
-        close = [difflib.get_close_matches(k, list(CONFIG_KEYS), n=1) for k in unknown]
-        hint = "".join(
-            f" (did you mean {c[0]!r} for {k!r}?)"
-            for k, c in zip(unknown, close, strict=True)
-            if c
-        )
-        raise ConfigError(
-            f"unknown config key(s) {unknown}{hint}; allowed keys: "
-            f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
-        )
+    _check_keys(config)
     if config.get("suite") is not None:
         config = expand_suite(config)
     suite = config.get("tasks") is not None
@@ -104,6 +93,58 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             checks.check_delay_ms(delay_ms, config.get("delay") or 0)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{e} ({CONFIG_KEYS['delay_ms']})") from e
+    _check_served_keys(config)
+    if suite and out["env_config"]:
+        raise ConfigError(
+            f"env_config={out['env_config']!r} with tasks: give each task its own "
+            "env_config (tasks: {name: {env: ..., env_config: {...}}})"
+        )
+    if not suite and out["env_config"] and not is_jax_id(config["env"]):
+        raise ConfigError(
+            f"env_config={out['env_config']!r} with env={config['env']!r}: "
+            "env_config only applies to gymnax: and brax: ids (and playground:, "
+            "libero:, envpool:); a served env is "
+            "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
+            "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
+            "as registered: remove env_config"
+        )
+    text = config.get("instruction")
+    if text is not None and not isinstance(text, str):
+        raise ConfigError(
+            f"instruction={text!r}: expected a string (quote it in YAML) or null "
+            f"({CONFIG_KEYS['instruction']})"
+        )
+    seeds = config.get("seeds")
+    if seeds is not None and not (
+        isinstance(seeds, list)
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        raise ConfigError(f"seeds={seeds!r}: expected a list of ints")
+    if out.get("record") is not None:
+        out["record"] = check_record_config(out["record"])
+    if out.get("output") is not None:
+        out["output"] = str(out["output"])
+    return out
+
+
+def _check_keys(config: dict[str, Any]) -> None:
+    """Refuses a key no config holds, with the closest one it may mean."""
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        close = [difflib.get_close_matches(k, list(CONFIG_KEYS), n=1) for k in unknown]
+        hint = "".join(
+            f" (did you mean {c[0]!r} for {k!r}?)"
+            for k, c in zip(unknown, close, strict=True)
+            if c
+        )
+        raise ConfigError(
+            f"unknown config key(s) {unknown}{hint}; allowed keys: "
+            f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
+        )
+
+
+def _check_served_keys(config: dict[str, Any]) -> None:
+    """The form of the time limits and of the served envs' keys."""
     for key in ("max_episode_seconds", "reply_timeout"):
         value = config.get(key)
         if key == "reply_timeout" and value == math.inf:
@@ -146,47 +187,6 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"token: expected a non-empty string, got {given} (quote it in YAML, "
             "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
         )
-    if suite and out["env_config"]:
-        raise ConfigError(
-            f"env_config={out['env_config']!r} with tasks: give each task its own "
-            "env_config (tasks: {name: {env: ..., env_config: {...}}})"
-        )
-    if not suite and out["env_config"] and not is_jax_id(config["env"]):
-        raise ConfigError(
-            f"env_config={out['env_config']!r} with env={config['env']!r}: "
-            "env_config only applies to gymnax: and brax: ids (and playground:, "
-            "libero:, envpool:); a served env is "
-            "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
-            "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
-            "as registered: remove env_config"
-        )
-    text = config.get("instruction")
-    if text is not None and not isinstance(text, str):
-        raise ConfigError(
-            f"instruction={text!r}: expected a string (quote it in YAML) or null "
-            f"({CONFIG_KEYS['instruction']})"
-        )
-    seeds = config.get("seeds")
-    if seeds is not None and not (
-        isinstance(seeds, list)
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
-        raise ConfigError(f"seeds={seeds!r}: expected a list of ints")
-    if config.get("metrics") is not None or config.get("success") is not None:
-        try:
-            checks.check_metrics(config.get("metrics"), config.get("success"))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{e} ({CONFIG_KEYS['metrics']})") from e
-    if config.get("success_mode") is not None:
-        try:
-            checks.check_success_mode(config["success_mode"])
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-    if out.get("record") is not None:
-        out["record"] = check_record_config(out["record"])
-    if out.get("output") is not None:
-        out["output"] = str(out["output"])
-    return out
 
 
 def check_record_config(value: Any) -> Any:

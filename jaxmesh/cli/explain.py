@@ -9,19 +9,25 @@ import json
 import sys
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 import jaxmesh
+from jaxmesh import adapt
 from jaxmesh.cli.build import (
     CONFIG_SUFFIXES,
+    build_env,
     build_run,
     config_policy,
     import_target,
-    run_config,
 )
 from jaxmesh.cli.checks import is_jax_id, is_served, read_config
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
+from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs.gymnasium import make_lanes
 from jaxmesh.run.config import Served
+from jaxmesh.serve.forward import STATE_KEYS
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -29,7 +35,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     policy, env, run, _ = build_run(config)
     num_envs = run.num_envs
     if not is_jax_id(env):
-        env, lanes = host_env_spec(env, config)
+        env, lanes = host_env_spec(env, run.served)
         num_envs = min(num_envs, lanes)
     try:
         explanation = jaxmesh.explain(policy, env, num_envs=num_envs)
@@ -39,7 +45,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, int]:
+def host_env_spec(
+    env: str | list[str], served: Served | None = None
+) -> tuple[Any, int]:
     """The spaces of host-stepped envs as an env ``jaxmesh.explain`` reads.
 
     A ``gymnasium:<id>`` makes one env (then closes it); served envs are asked
@@ -59,7 +67,7 @@ def host_env_spec(env: str | list[str], config: dict[str, Any]) -> tuple[Any, in
             from jaxmesh.run.host.served import ServedLanes  # the [remote] extra: gRPC
 
             addresses = [env] if isinstance(env, str) else list(env)
-            served = run_config(config).served or Served()
+            served = served or Served()
             lanes = ServedLanes(
                 addresses,
                 sys.maxsize,
@@ -90,14 +98,6 @@ def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | Non
       served env, an env that cannot be made here, or an observation the
       spec does not read by top-level keys).
     """
-    import jax
-    import jax.numpy as jnp
-
-    from jaxmesh import adapt
-    from jaxmesh.cli.build import build_env
-    from jaxmesh.core.policy import resolve_policy
-    from jaxmesh.serve.forward import STATE_KEYS
-
     env = config.get("env")
     if not isinstance(env, str) or is_served(env):
         return None
@@ -107,7 +107,7 @@ def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | Non
             key = jax.ShapeDtypeStruct((2,), jnp.uint32)
             obs = jax.eval_shape(lambda k: made.reset(k)[0], key)
         else:
-            spec, _ = host_env_spec(env, config)
+            spec, _ = host_env_spec(env)
             lay = spec.layout
 
             def leaf(name: str) -> Any:

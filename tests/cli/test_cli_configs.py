@@ -4,14 +4,17 @@ built or run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
 
 import pytest
 
+from jaxmesh.cli.build import run_config
 from jaxmesh.cli.checks import check_run_config
-from jaxmesh.cli.config import load_config, yaml_load
+from jaxmesh.cli.config import SCHEMA, load_config, yaml_load
+from jaxmesh.run.config import GROUPS, RunConfig
 from jaxmesh.suite import make_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +59,20 @@ def check(config: dict) -> None:
             make_suite("libero:libero_spatial", tasks=[0], episodes=None)
         except (ImportError, RuntimeError) as e:
             pytest.skip(f"a LIBERO suite cannot be made here: {e}")
-    check_run_config(config)
+    run_config(check_run_config(config))  # RunConfig checks metrics, modes...
+
+
+def test_each_run_key_says_its_fields_default():
+    """A key that names a ``RunConfig`` field (flat or in a group) has that
+    field's default, or null where the help describes it in words (the help
+    is printed without importing ``jaxmesh.run.config``)."""
+    fields = [*dataclasses.fields(RunConfig)]
+    for cls in GROUPS.values():
+        fields += dataclasses.fields(cls)
+    named = {f.name: f.default for f in fields if f.name in SCHEMA}
+    assert len(named) > 15
+    for name, default in named.items():
+        assert SCHEMA[name].default in (None, default), name
 
 
 def test_there_is_something_to_check():

@@ -156,11 +156,6 @@ def test_make_evaluator_checked_once(calls):
     assert calls["check_settings"] == 0, dict(calls)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jaxmesh eval checks metrics= and success_mode= for form "
-    "(cli/checks.py) before RunConfig's Scoring checks them again",
-)
 def test_cli_eval_checked_once(calls, tmp_path):
     from jaxmesh.cli import main
 
@@ -172,5 +167,12 @@ def test_cli_eval_checked_once(calls, tmp_path):
         "success: false\nsuccess_mode: end\n"
     )
     assert main(["eval", str(config), "--no-progress"]) == 0
-    # No Starts key: the config keeps the default Starts, checked at import.
-    _once(calls, check_instruction=0, trial_index_base=0, check_layout=0)
+    # No Starts, Layout or Chunking key: the config keeps those groups'
+    # defaults, checked at import.
+    _once(
+        calls,
+        check_instruction=0,
+        trial_index_base=0,
+        check_layout=0,
+        check_chunking=0,
+    )
