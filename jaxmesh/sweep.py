@@ -403,7 +403,9 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
         pol = resolve_policy(policy, with_params=takes)
         spec = _host_spec(env, served)
     p = pol.default_params() if params is None else pol.place(params)
-    told = _probe_told(pol, delays, horizons)
+    # A policy that declares ``execution_horizon`` is told the grid's largest
+    # h + d, so its chunk fits every cell (each program is then told its own).
+    told = max(horizons) + max(delays) if pol.takes_execution_horizon else None
     chunk = build.probe_chunk(pol, spec, p, max(horizons), told)
     cells, skipped = _fit_cells(delays, horizons, chunk)
     if scan:
@@ -412,12 +414,15 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
         )
         config = config.replace(plan_tile=tile)
     e = int(seeds_arr.size)
-    out, programs, compile_time = _kept(done, cells), 0, 0.0
-    for group in _programs_of(_todo(cells, done), pol):
+    # The resumed cells of this grid (others in ``done`` are not swept).
+    out = {(d, big_h): done[d, big_h] for d, big_h, _ in cells if (d, big_h) in done}
+    programs, compile_time = 0, 0.0
+    todo = [c for c in cells if (c[0], c[1]) not in done]
+    for group in _programs_of(todo, pol):
         cfg = config.replace(horizon=max(big_h for _, big_h, _ in group))
         grid = tuple((h, d) for d, _, h in group)
         seeds = np.tile(seeds_arr, len(group))
-        hooks = _cell_hooks(group, e, on_cell)
+        hooks = None if on_cell is None or e == 0 else [_CellStream(group, e, on_cell)]
         if scan:
             ev = _GridEvaluator(
                 policy, env, cfg, grid=grid, cell_episodes=max(e, 1), takes_params=takes
@@ -440,7 +445,8 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
         compile_time += whole.compile_time
         for c, (d, big_h, h) in enumerate(group):
             out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
-    return _ordered(out, delays, horizons), skipped, programs, compile_time
+    ordered = {(d, h): out[d, h] for d in delays for h in horizons if (d, h) in out}
+    return ordered, skipped, programs, compile_time
 
 
 def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
@@ -479,15 +485,6 @@ def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
     return cells, skipped
 
 
-def _probe_told(pol: Any, delays: Sequence[int], horizons: Sequence[int]) -> Any:
-    """What the probe tells a policy that declares ``execution_horizon``: the
-    grid's largest h + d, so its chunk fits every cell (each program is then
-    told its own h + d). None for a policy that does not declare it."""
-    if not pol.takes_execution_horizon:
-        return None
-    return max(horizons) + max(delays)
-
-
 def _programs_of(cells: list, pol: Any) -> list[list]:
     """The cells in groups of one program each: all of them, or for a policy
     told ``execution_horizon`` (a static int) one group per ``h + d``."""
@@ -496,21 +493,6 @@ def _programs_of(cells: list, pol: Any) -> list[list]:
         told = cell[0] + cell[2] if pol.takes_execution_horizon else None
         groups.setdefault(told, []).append(cell)
     return list(groups.values())
-
-
-def _kept(done: dict | None, cells: list) -> dict:
-    """The resumed cells of this grid (others in ``done`` are not swept)."""
-    done = done or {}
-    return {(d, big_h): done[(d, big_h)] for d, big_h, _ in cells if (d, big_h) in done}
-
-
-def _todo(cells: list, done: dict | None) -> list:
-    """The cells still to run."""
-    return [c for c in cells if (c[0], c[1]) not in (done or {})]
-
-
-def _cell_hooks(group: list, e: int, on_cell: Any) -> list | None:
-    return None if on_cell is None or e == 0 else [_CellStream(group, e, on_cell)]
 
 
 def _host_spec(env: Any, served: Any) -> Any:
@@ -530,10 +512,6 @@ def _host_spec(env: Any, served: Any) -> Any:
         return lanes.spec
     finally:
         lanes.close()
-
-
-def _ordered(cells: dict, delays: tuple, horizons: tuple) -> dict:
-    return {(d, h): cells[(d, h)] for d in delays for h in horizons if (d, h) in cells}
 
 
 def _interval(pair: Any) -> str:

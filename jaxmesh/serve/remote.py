@@ -30,7 +30,7 @@ from jaxmesh.remote.address import parse_address, uses_tls
 from jaxmesh.remote.client import channel_options
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
 from jaxmesh.serve import codec
-from jaxmesh.serve.agents import spec_to_wire
+from jaxmesh.serve.agents import SETTINGS, spec_to_wire
 from jaxmesh.serve.grpc_service import METHOD
 from jaxmesh.types import Policy
 
@@ -361,14 +361,8 @@ class RemoteAgent:
         if self._program is not None:
             return self._program
         s = self.settings
-        settings = {
-            "num_envs": s.num_envs,
-            "horizon": s.horizon,
-            "prefetch_lead": s.prefetch_lead,
-            "delay": s.delay,
-            "plan_tile": s.plan_tile,
-            "tile_lanes": self.tile_lanes,
-        }
+        settings = {k: getattr(s, k) for k in SETTINGS if k != "tile_lanes"}
+        settings["tile_lanes"] = self.tile_lanes
         stream = _Stream(self.remote)
         try:
             msg = {"open": {"env": spec_to_wire(self.spec), "settings": settings}}
