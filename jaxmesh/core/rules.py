@@ -9,8 +9,7 @@ same functions, so the two paths cannot drift apart.
 Every function is pure and takes the array namespace first (``xp``: numpy or
 jax.numpy); none branches on an array's value, except where a numpy caller
 gets a shortcut for the usual step (said at the function). Dtypes come from
-the arguments: the host keeps float64 metric accumulators, the engine float32,
-and each keeps its own.
+the arguments: the host keeps float64 metric accumulators, the engine float32.
 
 Example:
   >>> import numpy as np
@@ -43,7 +42,6 @@ def next_episodes(xp: Any, ended: Any, next_episode: Any, budget: Any) -> tuple:
     is 0: lane j starts episode j.
 
     Args:
-      xp: numpy or jax.numpy.
       ended: [N] bool, the lanes whose episode ended (or that are free).
       next_episode: the next unstarted episode index (a scalar).
       budget: the number of episodes of the run (a scalar).
@@ -77,7 +75,6 @@ def bad_components(xp: Any, actions: Any, num_actions: int | None) -> tuple[Any,
     """Which components of ``[k, *A]`` actions fail the run's checks.
 
     Args:
-      xp: numpy or jax.numpy.
       actions: [k, *A] actions.
       num_actions: the discrete action count, or None for continuous actions.
 
@@ -102,10 +99,10 @@ def failing_actions(xp: Any, actions: Any, num_actions: int | None) -> Any:
 def action_faults(
     xp: Any, actions: Any, active: Any, num_actions: int | None
 ) -> tuple[Any, Any]:
-    """Per lane, the fault of the action it is about to execute.
+    """Per lane, the fault of the action it is about to execute; with numpy,
+    a step without a bad component (the usual case) returns at once.
 
     Args:
-      xp: numpy or jax.numpy.
       actions: [N, *A] this step's actions.
       active: [N] bool, the lanes that run an episode (others never fault).
       num_actions: as for ``bad_components``.
@@ -114,9 +111,6 @@ def action_faults(
       ``(kinds, values)``: [N] int32 fault kind (``NO_FAULT``: none) and [N]
       float32 value, the first bad component of the lane's action (0 where
       there is no fault).
-
-    With numpy, a step without a bad component (the usual case, once per host
-    step) returns at once, without per-lane work.
     """
     n = actions.shape[0]
     flat = xp.reshape(actions, (n, -1))
@@ -139,7 +133,6 @@ def reward_faults(
     went wrong first.
 
     Args:
-      xp: numpy or jax.numpy.
       rewards: [N] this step's rewards.
       active: [N] bool, the lanes that executed the step.
       kinds, values: the step's faults so far (None: none).
@@ -175,7 +168,6 @@ def begin_metric(
     """The accumulator and count where the ``starting`` lanes begin an episode.
 
     Args:
-      xp: numpy or jax.numpy.
       reduction: one of ``tally.REDUCTIONS``.
       acc: [N] accumulators.
       count: [N] steps that had the key, or None.
@@ -197,7 +189,6 @@ def accumulate_metric(
     """The accumulator and count after one step's info values.
 
     Args:
-      xp: numpy or jax.numpy.
       reduction: one of ``tally.REDUCTIONS``.
       acc: [N] accumulators.
       count: [N] steps that had the key, or None.
@@ -229,7 +220,6 @@ def finalize_metric(xp: Any, reduction: str, acc: Any, count: Any) -> Any:
     it gives NaN (``any``: False, its accumulator's start).
 
     Args:
-      xp: numpy or jax.numpy.
       reduction: one of ``tally.REDUCTIONS``.
       acc: [N] accumulators.
       count: [N] steps that had the key (for a JAX env: the episode's length).

@@ -69,7 +69,7 @@ def evaluator():
 
 
 def test_many_segments_match_the_closed_form(evaluator):
-    # Past one seed window (engine.window_size: 4 * 1024 + 4 here): the host
+    # Past one seed window (carry.window_size: 4 * 1024 + 4 here): the host
     # puts new windows as the lanes move on.
     seeds = (np.arange(10_000) * 7919 + 13) % 100_003
     r = evaluator.run(seeds=seeds)
@@ -189,3 +189,22 @@ def test_the_largest_segment_steps_runs():
         layout=jaxmesh.Layout(segment_steps=2**31 - 1),
     )
     np.testing.assert_array_equal(r.lengths, expected(np.arange(5))[0])
+
+
+def test_a_mesh_puts_new_windows_too():
+    # The same budget past one seed window on a one-device mesh
+    # (placement.DeviceMesh): its windows are put per device, and the lanes
+    # and agent state go on into the next segment.
+    ev = jaxmesh.Evaluator(
+        policy,
+        Countdown(),
+        num_envs=LANES,
+        layout=jaxmesh.Layout(segment_steps=2048, devices=1),
+    )
+    assert isinstance(ev.placement, placement.DeviceMesh)
+    seeds = (np.arange(10_000) * 7919 + 13) % 100_003
+    r = ev.run(seeds=seeds)
+    lengths, returns, lanes = expected(seeds)
+    np.testing.assert_array_equal(r.lengths, lengths)
+    np.testing.assert_array_equal(r.returns, returns)
+    np.testing.assert_array_equal(r.lanes, lanes)
