@@ -66,18 +66,20 @@ class GymnaxEnv:
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """``step`` and the env's ``info`` dict (``step_env``'s own), the source
         of episode metrics (``Scoring(metrics=...)``)."""
-        obs, state, reward, terminated, info = self.env.step_env(
-            key, state, action, self.params
-        )
-        truncated = self.env.is_truncated(state, self.params)
-        return (
-            obs,
-            state,
-            jnp.asarray(reward, jnp.float32),
-            jnp.asarray(terminated, bool),
-            jnp.asarray(truncated, bool),
-            info,
-        )
+        return _step(self.env, key, state, action, self.params)
+
+
+def _step(env: Any, key: jax.Array, state: Any, action: jax.Array, params: Any):
+    """``step_env`` of ``params``, with ``is_truncated`` after it."""
+    obs, state, reward, terminated, info = env.step_env(key, state, action, params)
+    return (
+        obs,
+        state,
+        jnp.asarray(reward, jnp.float32),
+        jnp.asarray(terminated, bool),
+        jnp.asarray(env.is_truncated(state, params), bool),
+        info,
+    )
 
 
 def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
@@ -173,18 +175,8 @@ class GymnaxTasks:
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         inner, params = state
-        obs, inner, reward, terminated, info = self.env.step_env(
-            key, inner, action, params
-        )
-        truncated = self.env.is_truncated(inner, params)
-        return (
-            obs,
-            (inner, params),
-            jnp.asarray(reward, jnp.float32),
-            jnp.asarray(terminated, bool),
-            jnp.asarray(truncated, bool),
-            info,
-        )
+        obs, inner, *rest = _step(self.env, key, inner, action, params)
+        return (obs, (inner, params), *rest)
 
 
 def _signature(params: Any) -> tuple:

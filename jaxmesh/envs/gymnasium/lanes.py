@@ -32,7 +32,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,6 +64,7 @@ __all__ = [
     "info_leaves",
     "info_value",
     "is_host_stepped",
+    "build_all",
     "make_envs",
     "native_layout",
     "parse_id",
@@ -286,10 +287,15 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
                 "that registers yours first",
             )
         )
+    return build_all(functools.partial(gym.make, name, **kwargs) for _ in range(count))
+
+
+def build_all(makers: Iterable[Callable[[], Any]]) -> list:
+    """``[make() for make in makers]``; the envs made are closed if one fails."""
     envs: list = []
     try:
-        for _ in range(count):
-            envs.append(gym.make(name, **kwargs))
+        for make in makers:
+            envs.append(make())
     except BaseException:
         for e in envs:
             e.close()

@@ -21,6 +21,7 @@ in ``ps``.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import secrets
@@ -199,22 +200,19 @@ def build_envs(source: Any, lanes: Sequence[int]) -> list:
     """The envs of ``lanes`` from a source (see :func:`is_source`)."""
     if isinstance(source, str):
         return shared.make_envs(source, len(lanes))
-    envs: list = []
-    try:
-        for j in lanes:
-            make = source[j] if isinstance(source, list) else source
-            env = make()
-            if not isinstance(env, shared.import_gymnasium().Env):
-                raise TypeError(
-                    f"env factory {getattr(make, '__qualname__', make)!r} returned "
-                    f"a {type(env).__name__}; it must return a gymnasium.Env"
-                )
-            envs.append(env)
-    except BaseException:
-        for e in envs:
-            e.close()
-        raise
-    return envs
+    gym = shared.import_gymnasium()
+
+    def made(make: Any) -> Any:
+        env = make()
+        if not isinstance(env, gym.Env):
+            raise TypeError(
+                f"env factory {getattr(make, '__qualname__', make)!r} returned "
+                f"a {type(env).__name__}; it must return a gymnasium.Env"
+            )
+        return env
+
+    makers = [source[j] if isinstance(source, list) else source for j in lanes]
+    return shared.build_all(functools.partial(made, m) for m in makers)
 
 
 # The shared segment ----------------------------------------------------------------
