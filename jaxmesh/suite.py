@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import time
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
+from jaxmesh.envs import make_env
+from jaxmesh.envs.gymnax import GymnaxEnv, task_batch
+from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
 from jaxmesh.results import summary as _summary
 from jaxmesh.results.result import RunResult, flag_rate, frozen
@@ -218,9 +223,7 @@ def make_suite(
             f"make_suite({name!r}): expected 'PREFIX:SUITE' with PREFIX one of "
             f"{list(_SUITE_PREFIXES)}, e.g. 'libero:libero_spatial'"
         )
-    from importlib import import_module
-
-    module = import_module(_SUITE_PREFIXES[prefix])
+    module = importlib.import_module(_SUITE_PREFIXES[prefix])
     members = module.suite_members(rest, tasks=tasks, **options)
     return Suite(
         {name: Task(env, instruction=text) for name, env, text in members},
@@ -370,14 +373,10 @@ _ALONE_STARTS = ("initial_states", "reset_fn", "trial_index_base")
 def _gymnax_env(task: Task) -> Any:
     """The task's env as a ``GymnaxEnv`` when it is a gymnax one, else None
     (nothing is built for any other kind)."""
-    from jaxmesh.envs.gymnax import GymnaxEnv
-
     env = task.env
     is_id = isinstance(env, str) and env.startswith("gymnax:")
     if not (is_id or isinstance(env, tuple | GymnaxEnv)):
         return None
-    from jaxmesh.envs import make_env
-
     try:
         made = make_env(env)
     except (TypeError, ValueError, ImportError):
@@ -392,8 +391,6 @@ def _groups(
     first task: same-shaped gymnax tasks with the same instruction run
     together (``jaxmesh.envs.gymnax.task_batch``), every other task alone;
     ``envs`` gets the ``GymnaxEnv`` of each task that may run with others."""
-    from jaxmesh.envs.gymnax import task_batch
-
     runs: list[list[str]] = []
     together: dict[Any, list[str]] = {}
     for name, task in suite.tasks.items():
@@ -427,10 +424,6 @@ def _together(
     ``envs``) as one run: their episodes one after another in one budget,
     each reset with its task's params by a ``reset_fn`` that maps the episode
     (its trial index) to its task."""
-    import jax.numpy as jnp
-
-    from jaxmesh.envs.gymnax import task_batch
-
     members = [envs[n] for n in group]
     batch = task_batch(members)
     seeds = [_seeds(plans[n]) for n in group]
@@ -673,16 +666,14 @@ class SuiteResult:
     def plot(self) -> Any:
         """The per-task figure as a matplotlib ``Figure``
         (``jaxmesh.results.report``)."""
-        from jaxmesh.results import report
 
-        return report.suite_plot(self)
+        return _report.suite_plot(self)
 
     def report(self, path: str | Path) -> Path:
         """Writes the suite's HTML report
         (``jaxmesh.results.report.write_suite_report``)."""
-        from jaxmesh.results import report
 
-        return report.write_suite_report(self, path)
+        return _report.write_suite_report(self, path)
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict: every task's ``RunResult.to_dict()``."""

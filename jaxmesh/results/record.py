@@ -17,7 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+
+from jaxmesh.core.tally import info_leaves
 
 #: The default cap on the steps kept per recorded episode.
 DEFAULT_RECORD_STEPS = 1000
@@ -188,8 +191,6 @@ def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
     """
     if keys is None:
         return obs
-    from jaxmesh.core.tally import info_leaves
-
     leaves = info_leaves(obs)
     if not leaves:
         raise ValueError(
@@ -304,8 +305,6 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
       episodes: the finished episodes' indices (a result's ``indices``).
       seeds, lengths: theirs, aligned with ``episodes``.
     """
-    import jax
-
     at = {int(e): k for k, e in enumerate(np.asarray(episodes))}
     cap = int(np.shape(recording.rewards)[1])
     frames = recording.frames

@@ -2,12 +2,10 @@
 
 ``RunResult``, ``EpisodeResult`` and ``StepEvent`` are fields, properties,
 ``to_dict`` / ``from_dict`` and the recorded trajectories' ``.npz`` files. This
-module imports nothing of presentation: text tables live in
-``jaxmesh.results.summary``, plots and HTML in ``jaxmesh.results.report``.
-``RunResult.summary()`` (and ``str()``), ``format_telemetry()``, ``plot()`` and
-``report(path)`` are one-line delegates to those modules that import them
-inside the method: the one exception to imports at the top, so that reading
-or building a result never loads the presentation (nor matplotlib).
+module holds no presentation: text tables live in ``jaxmesh.results.summary``,
+plots and HTML in ``jaxmesh.results.report`` (which loads matplotlib when it
+draws); ``RunResult.summary()`` (and ``str()``), ``format_telemetry()``,
+``plot()`` and ``report(path)`` are one-line delegates to them.
 """
 
 from __future__ import annotations
@@ -25,7 +23,9 @@ import numpy as np
 from jaxmesh._version import __version__
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.results import checksum, record
+from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
+from jaxmesh.results import summary as _summary
 
 
 class EpisodeResult(NamedTuple):
@@ -539,9 +539,8 @@ class RunResult:
         the success rate with its Wilson interval when the env gives a success
         signal) and the totals: the rows the HTML report shows too.
         """
-        from jaxmesh.results import summary  # presentation (see the module doc)
 
-        return summary.text(self)
+        return _summary.text(self)
 
     def __str__(self) -> str:
         return self.summary()
@@ -581,16 +580,14 @@ class RunResult:
     def plot(self) -> Any:
         """The run's plots as a matplotlib ``Figure``
         (``jaxmesh.results.report.plot``)."""
-        from jaxmesh.results import report  # presentation (see the module doc)
 
-        return report.plot(self)
+        return _report.plot(self)
 
     def report(self, path: str | Path) -> Path:
         """Writes the run's HTML report
         (``jaxmesh.results.report.write_report``)."""
-        from jaxmesh.results import report  # presentation (see the module doc)
 
-        return report.write_report(self, path)
+        return _report.write_report(self, path)
 
     def trajectory(self, episode: int) -> Any:
         """The recorded ``Trajectory`` of episode ``episode`` (its index).
@@ -646,9 +643,8 @@ class RunResult:
 
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
-        from jaxmesh.results import summary  # presentation (see the module doc)
 
-        return summary.telemetry_text(self.telemetry)
+        return _summary.telemetry_text(self.telemetry)
 
     def episode_records(self) -> list[dict]:
         """Every episode's ``EpisodeResult.to_dict()`` with its ``check``: a
@@ -668,19 +664,7 @@ class RunResult:
             "policy": self.policy,
             "env": self.env,
             "settings": {
-                "num_envs": self.num_envs,
-                "horizon": self.horizon,
-                "effective_horizon": self.effective_horizon,
-                "prefetch_lead": self.prefetch_lead,
-                "delay": self.delay,
-                "delay_ms": self.delay_ms,
-                "execution": self.execution,
-                "asynchronous": self.asynchronous,
-                "chunk": self.chunk,
-                "plan_tile": self.plan_tile,
-                "max_episode_seconds": self.max_episode_seconds,
-                "trial_index_base": self.trial_index_base,
-                "instruction": self.instruction,
+                **{name: getattr(self, name) for name in _SETTINGS},
                 "metrics": dict(self.metric_reductions),
                 "success_key": self.success_key,
                 "success_mode": self.success_mode,
@@ -735,6 +719,36 @@ class RunResult:
             type, naming it.
         """
         return _from_dict(cls, d)
+
+
+#: The settings ``to_dict`` writes as they are, in order (``asynchronous``,
+#: a property, is not read back); the first four are required.
+_SETTINGS = (
+    "num_envs",
+    "horizon",
+    "effective_horizon",
+    "prefetch_lead",
+    "delay",
+    "delay_ms",
+    "execution",
+    "asynchronous",
+    "chunk",
+    "plan_tile",
+    "max_episode_seconds",
+    "trial_index_base",
+    "instruction",
+)
+
+
+def _settings_of(cls: type, settings: dict) -> dict:
+    """``_SETTINGS``' fields read from ``settings``: the first four required,
+    the others their field's default when absent; an int field's as an int."""
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    out = {}
+    for k, name in enumerate(n for n in _SETTINGS if n in fields):
+        value = settings[name] if k < 4 else settings.get(name, fields[name])
+        out[name] = int(value) if k < 4 or isinstance(fields[name], int) else value
+    return out
 
 
 def _from_dict(cls: type, d: dict) -> RunResult:
@@ -794,20 +808,9 @@ def _from_dict(cls: type, d: dict) -> RunResult:
             wall_time=float(totals["wall_time"]),
             compile_time=float(totals["compile_time"]),
             run_time=float(run_time),
-            num_envs=int(settings["num_envs"]),
-            horizon=int(settings["horizon"]),
-            effective_horizon=int(settings["effective_horizon"]),
-            prefetch_lead=int(settings["prefetch_lead"]),
-            delay=int(settings.get("delay", 0)),
-            delay_ms=settings.get("delay_ms"),
-            execution=settings.get("execution"),
+            **_settings_of(cls, settings),
             policy=str(d.get("policy", "")),
             env=str(d.get("env", "")),
-            chunk=settings.get("chunk"),
-            plan_tile=int(settings.get("plan_tile", 0)),
-            max_episode_seconds=settings.get("max_episode_seconds"),
-            trial_index_base=int(settings.get("trial_index_base", 0)),
-            instruction=settings.get("instruction"),
             telemetry=d.get("telemetry"),
             success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
             **kinds,

@@ -39,9 +39,13 @@ import tempfile
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import jax
 import numpy as np
+
+from jaxmesh.envs import make_env
 
 #: Frames per second when neither ``fps=`` nor the env says.
 DEFAULT_FPS = 30
@@ -68,8 +72,6 @@ def replay_states(env: Any, trajectory: Any) -> list:
       ValueError: the replayed observations differ from the recorded ones
         (another env, or other env params, than the run's).
     """
-    import jax
-
     key = jax.random.PRNGKey(trajectory.seed)
     env_key = jax.random.fold_in(key, 0)
     obs, state = jax.jit(env.reset)(key)
@@ -104,10 +106,6 @@ def recorded_states(env: Any, trajectory: Any) -> list:
       ValueError: the states do not fit the env's (another env than the
         run's), or the env has no renderer that draws them.
     """
-    from types import SimpleNamespace
-
-    import jax
-
     states = trajectory.states
     name = str(getattr(env, "name", ""))
     key = jax.ShapeDtypeStruct((2,), np.uint32)
@@ -255,8 +253,6 @@ def playground_frames(env: Any, states: list) -> list[np.ndarray]:
 def _env_for(result: Any, env: Any, replay: bool = True) -> Any:
     """The JAX env to replay on (or, ``replay=False``, whose renderer draws
     recorded states): ``env`` given, or made from ``result.env``."""
-    from jaxmesh.envs import make_env
-
     if env is not None:
         return make_env(env)
     name = str(result.env)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.execution import Ensemble
 from jaxmesh.results.checksum import identity_text, record_check
@@ -80,20 +81,8 @@ def _differs(what: str, before: Any, now: Any) -> ValueError:
 def _compare(done: RunResult, now: dict) -> None:
     """Raises, naming the first difference, when a field of this run (``now``:
     any of the keys below) differs from the earlier run's."""
-    before = {
-        "policy": done.policy,
-        "env": done.env,
-        "horizon": done.horizon,
-        "prefetch_lead": done.prefetch_lead,
-        "delay": done.delay,
-        "delay_ms": done.delay_ms,
-        "execution": done.execution,
-        "max_episode_seconds": done.max_episode_seconds,
-        "metrics": dict(done.metric_reductions),
-        "trial_index_base": done.trial_index_base,
-        "success_mode": done.success_mode,
-        "instruction": done.instruction,
-    }
+    before = {k: getattr(done, k, None) for k in now}
+    before["metrics"] = dict(done.metric_reductions)
     for what, value in now.items():
         if what == "success_mode" and done.success_key is None:
             continue  # without a success signal the headline is moot
@@ -401,8 +390,6 @@ def _check_complete(
     Raises:
       ValueError: naming what differs.
     """
-    from jaxmesh.core.policy import resolve_policy
-
     chunking, starts = config.chunking, config.starts
     execution = chunking.execution
     now: dict = {
