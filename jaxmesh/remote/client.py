@@ -208,6 +208,25 @@ def start_reader(
     return thread
 
 
+def await_end(
+    reader: threading.Thread,
+    quiet_since: Callable[[], float],
+    broken: Callable[[], bool],
+    timeout: float,
+    grace: float,
+) -> None:
+    """Waits for ``reader`` (the thread taking a closing stream's last replies)
+    only while the server answers: until it ends, the stream breaks, nothing
+    has come for ``grace`` seconds after ``quiet_since()``, or ``timeout``
+    seconds in all."""
+    deadline = time.monotonic() + timeout
+    while reader.is_alive() and not broken():
+        left = min(deadline, quiet_since() + grace) - time.monotonic()
+        if left <= 0:
+            return
+        reader.join(left)
+
+
 def owed_since(owed: collections.deque, progress: float) -> float | None:
     """Since when (``time.monotonic``) a server has sent nothing while owing a
     reply: the later of its last reply (``progress``) and the oldest call not
@@ -530,18 +549,18 @@ class Connection:
                 reader = threading.Thread(target=drain, args=(self._next,), daemon=True)
                 reader.start()
             self._stream = None
-            start = time.monotonic()
-            deadline = start + timeout
             # The server owes replies that a reader thread would have read as
             # they came: it has been quiet since the last reply or request.
             owed = self._reader is not None and self._sent > self._received
-            since = max(self._progress, self._last_send) if owed else start
-            while reader is not None and not self._broken:
-                quiet = max(self._progress, since) + grace
-                left = min(deadline, quiet) - time.monotonic()
-                if left <= 0 or not reader.is_alive():
-                    break
-                reader.join(left)
+            since = max(self._progress, self._last_send) if owed else time.monotonic()
+            if reader is not None:
+                await_end(
+                    reader,
+                    lambda: max(self._progress, since),
+                    lambda: self._broken,
+                    timeout,
+                    grace,
+                )
             stream.cancel()
         self._channel.close()
 

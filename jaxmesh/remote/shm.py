@@ -62,6 +62,9 @@ from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import (
+    CLOSE_GRACE_SECONDS,
+    CLOSE_TIMEOUT_SECONDS,
+    await_end,
     drain,
     next_reply,
     owed_since,
@@ -696,7 +699,11 @@ class ShmStream:
         """No reply came in time: the server hangs, so close() will not wait."""
         self._broken = True
 
-    def close(self, timeout: float = 5.0, grace: float = 0.5) -> None:
+    def close(
+        self,
+        timeout: float = CLOSE_TIMEOUT_SECONDS,
+        grace: float = CLOSE_GRACE_SECONDS,
+    ) -> None:
         """Ends the session (idempotent): the server answers what is in flight
         while it keeps answering (``grace`` seconds per reply, ``timeout`` in
         all), frees the session, and closes its side."""
@@ -712,13 +719,13 @@ class ShmStream:
             if reader is None:
                 reader = threading.Thread(target=drain, args=(self._next,), daemon=True)
                 reader.start()
-            deadline = time.monotonic() + timeout
-            while reader.is_alive() and not self._broken:
-                quiet = max(self._progress, self._last_send) + grace
-                left = min(deadline, quiet) - time.monotonic()
-                if left <= 0:
-                    break
-                reader.join(left)
+            await_end(
+                reader,
+                lambda: max(self._progress, self._last_send),
+                lambda: self._broken,
+                timeout,
+                grace,
+            )
         self._closing = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
