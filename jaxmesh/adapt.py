@@ -520,16 +520,12 @@ Input = State | Image | Previous | Text | PendingChunk
 
 def pending_inputs(spec: Mapping[str, Any] | None) -> dict[str, PendingChunk]:
     """The spec's PendingChunk inputs, name -> declaration, in spec order."""
-    if spec is None:
-        return {}
-    return {name: d for name, d in spec.items() if isinstance(d, PendingChunk)}
+    return {n: d for n, d in (spec or {}).items() if isinstance(d, PendingChunk)}
 
 
 def text_inputs(spec: Mapping[str, Any] | None) -> dict[str, Text]:
     """The spec's Text inputs, name -> declaration, in spec order."""
-    if spec is None:
-        return {}
-    return {name: d for name, d in spec.items() if isinstance(d, Text)}
+    return {n: d for n, d in (spec or {}).items() if isinstance(d, Text)}
 
 
 def check_spec(spec: Any) -> dict[str, Input] | None:
@@ -545,7 +541,7 @@ def check_spec(spec: Any) -> dict[str, Input] | None:
     for name, decl in spec.items():
         if not isinstance(name, str):
             raise TypeError(f"spec keys must be strings, got {name!r}")
-        if not isinstance(decl, State | Image | Previous | Text | PendingChunk):
+        if not isinstance(decl, Input):
             raise TypeError(
                 f"spec[{name!r}] = {decl!r}: expected jaxmesh.adapt.State, Image, "
                 "Previous, Text or PendingChunk"

@@ -384,8 +384,7 @@ class Step(NamedTuple):
 def _refused(pol: Any) -> list[str]:
     return [
         f"input {name!r} is a Text (the instruction is not sent yet)"
-        for name, decl in (pol.spec or {}).items()
-        if isinstance(decl, adapt.Text)
+        for name in adapt.text_inputs(pol.spec)
     ]
 
 

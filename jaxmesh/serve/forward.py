@@ -299,8 +299,7 @@ class ServedModel:
         spec = self.policy.spec
         texts = [
             f"{decl.info_key or PROMPT_KEY!r} (a string)"
-            for decl in (spec or {}).values()
-            if isinstance(decl, adapt.Text)
+            for decl in adapt.text_inputs(spec).values()
         ]
         if self.inputs is None:
             shapes = "shapes not declared"
@@ -322,9 +321,8 @@ class ServedModel:
         obs: dict[str, Any] = {
             k: np.zeros(leaf.shape, leaf.dtype) for k, leaf in self.inputs.items()
         }
-        for decl in (self.policy.spec or {}).values():
-            if isinstance(decl, adapt.Text):
-                obs[decl.info_key or PROMPT_KEY] = "warm up"
+        for decl in adapt.text_inputs(self.policy.spec).values():
+            obs[decl.info_key or PROMPT_KEY] = "warm up"
         return obs
 
     # The host side: one request -------------------------------------------
