@@ -13,10 +13,10 @@ Every run starts here, in four steps a reader can follow in this file:
    the run's timeline, and every result records its fingerprint
    (``run_one``);
 4. the settings only one backend takes are checked against it
-   (``RunConfig.for_backend``) and the backend runs the budget: the jitted
-   scan for a JAX env (``jaxmesh.run.scan``), the host loop for gymnasium
-   envs in this process, in worker processes or served over gRPC
-   (``jaxmesh.run.host``).
+   (``RunConfig.for_backend``) and the backend the table names
+   (``jaxmesh.run.backend.route``) runs the budget: the jitted scan for a JAX
+   env, the host loop for gymnasium envs in this process, in worker processes
+   or served over gRPC.
 """
 
 from __future__ import annotations

@@ -142,35 +142,30 @@ class Route(NamedTuple):
 def route(target: Target, *, workers: int = 0, frames: bool = False) -> Route:
     """The backend table: the row that runs ``target``, the first that applies.
 
-    ===========  ====================  ====================  ======================
-    row          when                  lanes                 loop
-    ===========  ====================  ====================  ======================
-    ``SCAN``     a JAX env (EnvPool's  (the env itself)      ``scan.run``: one
-                 too)                                        device or a mesh,
-                                                             ``placement_for`` in
-                                                             run/scan/placement.py
-    ``SERVED``   addresses             ``ServedLanes``       ``ServedStepRun`` when
-                                                             it applies (h = 1, no
-                                                             lead, no recording,
-                                                             no lockstep server),
-                                                             else ``ServedRun``
-    ``WORKERS``  ``workers`` > 0       ``WorkerEnvLanes``    ``GroupedRun`` when it
-                 (``driver.worker_     (worker processes)    applies (h = 1, no
-                 count``)                                    lead, no sweep, no
-                                                             recording, a core to
-                                                             spare), else
-                                                             ``LocalRun``
-    ``RECORDING``  ``frames``: a       ``recording_lanes``   ``LocalRun``
-                 ``"gymnasium:<id>"``  (``render_mode=
-                 recorded with frames  "rgb_array"``)
-    ``LOCAL``    gymnasium in this     ``make_lanes``        ``LocalRun``
-                 process               (``EnvLanes``,
-                                       ``VectorEnvLanes``)
-    ===========  ====================  ====================  ======================
+    ============  ===========================  =========================================
+    row           when                         lanes -> loop class
+    ============  ===========================  =========================================
+    ``SCAN``      a JAX env (EnvPool's too)    the env itself -> ``scan.run`` (one
+                                               device or a mesh: ``placement_for`` in
+                                               run/scan/placement.py)
+    ``SERVED``    served addresses             ``ServedLanes`` -> ``ServedStepRun`` when
+                                               its ``applies`` holds (h = 1, no lead, no
+                                               recording, no lockstep server), else
+                                               ``ServedRun`` (segments)
+    ``WORKERS``   ``workers`` > 0 (the host    ``WorkerEnvLanes`` -> ``GroupedRun`` when
+                  driver's ``worker_count``)   its ``applies`` holds (h = 1, no lead, no
+                                               sweep, no recording, a core to spare),
+                                               else ``LocalRun``
+    ``RECORDING`` ``frames``: a recording of   ``recording_lanes`` -> ``LocalRun``
+                  ``"gymnasium:<id>"`` frames
+                  (``records_frames``)
+    ``LOCAL``     gymnasium in this process    ``make_lanes`` -> ``LocalRun``
+    ============  ===========================  =========================================
 
     ``jaxmesh.evaluate`` calls a row's ``evaluate``; the host driver asks again
-    with the run's ``workers`` and ``frames`` for the lanes and the loop.
+    with the run's ``workers`` and ``frames`` for the lanes and the loop class.
     """
+    # The backends import this module (through run.config): imported on use.
     from jaxmesh.run import host, scan
     from jaxmesh.run.host.loop import GroupedRun, LocalRun
 

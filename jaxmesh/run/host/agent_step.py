@@ -13,6 +13,7 @@ exactly what ``host_step`` computes on the pytree.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -111,38 +112,8 @@ def agent_functions(
     )
     cfg = build.agent_config(pol, env, run_plan)
 
-    def init(obs, lanes):
-        return agent.init(cfg, pol, obs, lanes)
-
-    def step(
-        params,
-        state,
-        obs,
-        started,
-        active,
-        ep_keys,
-        t,
-        moved=None,
-        skip=None,
-        texts=None,
-        episodes=None,
-    ):
-        return agent.host_step(
-            cfg,
-            pol,
-            params,
-            state,
-            obs,
-            started,
-            active,
-            ep_keys,
-            t,
-            moved,
-            skip,
-            texts,
-            episodes,
-        )
-
+    init = functools.partial(agent.init, cfg, pol)  # (obs, lanes)
+    step = functools.partial(agent.host_step, cfg, pol)
     if packed:
         init_p, step_p = packed_functions(cfg, pol, init, step)
         return cfg, chunk, init_p, step_p, run_plan

@@ -1,26 +1,14 @@
-"""``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process.
+"""``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process, in worker
+processes or served: ``evaluate`` builds the run (its lanes and loop class from
+``backend.route``, ``HostMetrics``, ``HostRecorder``, the jitted ``HostAgent``)
+as one ``loop.HostRun`` and returns the ``RunResult``.
 
-The agent side is the scan engine's own jitted code (``agent.host_step``:
-observe, begin, plan, replay, windows, masking; CONTRACT 17); only the env step
-moves to the host, where ``jaxmesh.envs.gymnasium`` makes the gymnasium calls.
-One loop iteration is one env step of every running lane, in the scan engine's
-order:
-
-1. the agent step: push each lane's last observation, begin the episodes that
-   start now from their reset observation, plan where needed, pick actions;
-2. check the actions (a discrete action out of range, a NaN action), step the
-   lanes that run an episode, check the rewards;
-3. account: return, length, the caps (``max_episode_steps``,
-   ``max_episode_seconds``); an episode that ended is written at its own index;
-4. finished lanes take the next unstarted episodes in ascending lane order and
-   are reset with their seeds (CONTRACT 3, 6); lanes with nothing left are
-   masked.
-
-Episode keys are ``PRNGKey(seed)`` and policy keys are folded from them as in
-the scan (streams 1 and 2 with the episode step), so a stochastic policy draws
-the same actions from the same observations on a JAX env and here. Episodes
-reach hooks and ``exc.partial_result`` through ``stream.EpisodeStream``
-(CONTRACT 20).
+The agent side is the scan engine's own jitted code (``agent.host_step``,
+CONTRACT 17); only the env step moves to the host. Episode keys are
+``PRNGKey(seed)`` and policy keys are folded from them as in the scan, so a
+stochastic policy draws the same actions from the same observations on a JAX
+env and here. Episodes reach hooks and ``exc.partial_result`` through
+``stream.EpisodeStream`` (CONTRACT 20).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The host loop: a budget of episodes on gymnasium lanes, in process or served.
 
-``HostLoop`` holds what an evaluation over host-stepped lanes keeps per lane and
-does per step, written once for both kinds of lanes:
+``HostLoop`` holds what a host-stepped run keeps per lane and does per step,
+written once for every kind of lanes:
 
 - the episodes: the next one to the lowest free lane (CONTRACT 3), its seed and
   key, masking the lanes left without one (``start``, ``take_next``);
@@ -15,11 +15,9 @@ does per step, written once for both kinds of lanes:
   finished episodes written at their own index and handed to the stream, and
   the fault that stops the run (``close_episodes``).
 
-How lanes are paced is the transport's: ``LocalRun`` (below) steps every lane
-of this process once per iteration, in the scan engine's order; served lanes
-(``jaxmesh.run.host.served``) move at their own pace over the wire, with chunks sent
-ahead as segments that the server replays. Both call the methods here for every
-episode and step rule.
+How lanes are paced is the loop class's: ``LocalRun`` steps every lane once
+per iteration, in the scan engine's order; ``GroupedRun`` a worker's lanes at
+a time; served lanes (``jaxmesh.run.host.served``) move at their own pace.
 """
 
 from __future__ import annotations
@@ -45,46 +43,24 @@ MAX_SEEDS_CHECKED = 1_000_000
 
 @dataclasses.dataclass(frozen=True)
 class HostRun:
-    """What one host-stepped run is given, built once (``driver.evaluate``).
+    """What one host-stepped run is given, built once (``driver.evaluate``):
+    the loop reads the first ten fields, the driver the rest."""
 
-    The loop reads the first ten fields; the driver the rest.
-
-    Attributes:
-      program: the run's ``driver._HostProgram`` (config, jitted init and step).
-      params: the policy params.
-      lanes: the run's lanes (in process, in workers or served).
-      settings: the checked settings (``num_envs`` lanes, ``max_steps``).
-      seeds: the budget's seeds.
-      metrics: the run's ``driver.HostMetrics``.
-      seconds: ``max_episode_seconds`` or None.
-      recorder: a ``driver.HostRecorder`` or None.
-      trial_base: ``trial_index_base``: episode i's trial index is this + i.
-      texts: the Text inputs' encodings per lane
-        (``jaxmesh.run.instructions.LaneTexts``; None: the policy reads none).
-      loop: the loop class that paces the lanes (``backend.Route.loop``).
-      agent: the ``driver.HostAgent`` (or a served policy's agent side).
-      policy: the resolved ``Policy``.
-      hooks: the hooks' list.
-      t_start: when the run began (``time.perf_counter``).
-      success_mode: ``Scoring.success_mode``.
-      instruction: ``Starts.instruction``.
-    """
-
-    program: Any
+    program: Any  # the agent program (``driver.HostAgent.program``)
     params: Any
-    lanes: Any
-    settings: Any
-    seeds: np.ndarray
-    metrics: Any
-    seconds: float | None = None
-    recorder: Any = None
-    trial_base: int = 0
-    texts: Any = None
-    loop: Any = None
-    agent: Any = None
-    policy: Any = None
+    lanes: Any  # in process, in worker processes or served
+    settings: Any  # checked: ``num_envs`` lanes, ``max_steps``
+    seeds: np.ndarray  # the budget's
+    metrics: Any  # ``driver.HostMetrics``
+    seconds: float | None = None  # ``max_episode_seconds``
+    recorder: Any = None  # ``driver.HostRecorder``
+    trial_base: int = 0  # episode i's trial index is this + i
+    texts: Any = None  # Text inputs per lane (``instructions.LaneTexts``)
+    loop: Any = None  # the loop class (``backend.Route.loop_for``)
+    agent: Any = None  # ``driver.HostAgent``, or a served policy's agent side
+    policy: Any = None  # the resolved ``Policy``
     hooks: list = dataclasses.field(default_factory=list)
-    t_start: float = 0.0
+    t_start: float = 0.0  # ``time.perf_counter`` when the run began
     success_mode: str | None = None
     instruction: str | None = None
 
@@ -248,13 +224,19 @@ class HostLoop:
         """Lanes ``js`` are gone for good: their unfinished episodes go back to
         be run again from their seeds by the lanes that remain (none of their
         results was written). Returns those episodes."""
-        lost = sorted(int(i) for i in self.episode[js][self.active[js]])
         self.dead[js] = True
+        lost = self.give_back(js)
+        # Lanes that had nothing left take the re-runs now.
+        self.start_reruns(~self.active & ~self.dead)
+        return lost
+
+    def give_back(self, js: np.ndarray) -> list[int]:
+        """Lanes ``js`` drop their unfinished episodes, which go to ``rerun``
+        (to run again from their seeds); returns them."""
+        lost = sorted(int(i) for i in self.episode[js][self.active[js]])
         self.active[js] = self.started[js] = False
         self.episode[js] = -1
         self.rerun = sorted(self.rerun + lost)
-        # Lanes that had nothing left take the re-runs now.
-        self.start_reruns(~self.active & ~self.dead)
         return lost
 
     # The agent --------------------------------------------------------------------
@@ -284,9 +266,7 @@ class HostLoop:
                     episode=i,
                     seed=int(self.seeds[i]),
                 )
-        self.active[js] = self.started[js] = False
-        self.episode[js] = -1
-        self.rerun = sorted(self.rerun + lost)
+        self.give_back(js)
         self.tel.add("worker_lost", 1)
         event = {"event": "worker lost", "lanes": js.tolist(), "episodes_rerun": lost}
         stream.call(self.episodes_out.hooks, "on_fault", event)
@@ -569,20 +549,23 @@ class LocalRun(HostLoop):
             self.step_lanes(self.active, actions, t_env, "lanes")
 
     def step_lanes(
-        self,
-        mask: np.ndarray,
-        actions: np.ndarray,
-        t_env: float,
-        row: str,
+        self, mask: np.ndarray, actions: np.ndarray, t_env: float, row: str
     ) -> None:
         """The lanes in ``mask`` execute ``actions`` (by lane): the checks, the
-        env step of those whose action passed, the metrics, the recording and
-        ``account``."""
+        env step of those whose action passed and ``stepped``."""
         faults = self.action_faults(mask, actions)
-        go = mask
-        if faults is not None:
-            go = go & (faults[0] == core_results.NO_FAULT)
+        go = self.passed(mask, faults)
         reward, term, trunc = self.lanes.step(actions, go, self.obs_leaves)
+        self.stepped(go, reward, term, trunc, actions, faults, t_env, row)
+
+    def passed(self, go: np.ndarray, faults: tuple | None) -> np.ndarray:
+        """The lanes of ``go`` whose action passed the checks."""
+        return go if faults is None else go & (faults[0] == core_results.NO_FAULT)
+
+    def stepped(self, go, reward, term, trunc, actions, faults, t_env, row) -> None:
+        """The lanes in ``go`` executed ``actions`` (by lane): the metrics, the
+        recording and ``account``; a lost worker's lanes run their episodes
+        again."""
         self.tel.span("env_step", t_env, time.perf_counter(), row)
         go, lost = self.drop_lost(go)
         j = np.flatnonzero(go)
@@ -590,7 +573,9 @@ class LocalRun(HostLoop):
             self.step_metrics(go, j)
         if self.recorder is not None:
             self.recorder.actions(j, self.t[j], actions)
-        self.step_action = actions
+        self.step_action = np.where(
+            go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
+        )
         self.account(j, reward[j], term[j], trunc[j], faults)
         self.restart_lost(lost)
 
@@ -686,24 +671,13 @@ class GroupedRun(LocalRun):
         self.tel.span("predict", t0, t1, "group")
         self.started[go] = False
         faults = self.action_faults(go, actions)
-        step = go
-        if faults is not None:
-            step = go & (faults[0] == core_results.NO_FAULT)
+        step = self.passed(go, faults)
         return self.lanes.send(actions, step), step, actions, faults, t1
 
     def take_group(self, sent, step, actions, faults, t_env) -> None:
-        """The results of a group's step: the metrics and ``account``."""
+        """The results of a group's step (``stepped``)."""
         reward, term, trunc = self.lanes.take(sent, step, self.obs_leaves)
-        self.tel.span("env_step", t_env, time.perf_counter(), "group")
-        go, lost = self.drop_lost(step)
-        j = np.flatnonzero(go)
-        if self.metrics.active:
-            self.step_metrics(go, j)
-        self.step_action = np.where(
-            go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
-        )
-        self.account(j, reward[j], term[j], trunc[j], faults)
-        self.restart_lost(lost)
+        self.stepped(step, reward, term, trunc, actions, faults, t_env, "group")
 
 
 __all__ = ["GroupedRun", "HostLoop", "HostRun", "LocalRun"]

@@ -222,22 +222,11 @@ class ServedRun(HostLoop):
             device = self.agent_step(self.started & go, go, go)
             # h = 1 without a lead: the action is the segment, no cursor read.
             actions, cursor = self.read_actions(device, cursor=not self.per_step)
-            self.tel.span(
-                "predict",
-                t0,
-                time.perf_counter(),
-                self.group_rows[(turn - 1) % self.num_groups],
-            )
-            if self.recorder is not None:
-                moved = np.flatnonzero(go)
-                self.recorder.actions(moved, self.t[moved], actions)
-            if self.steps:
-                self.step_action[go] = actions[go]
+            row = self.group_rows[(turn - 1) % self.num_groups]
+            self.tel.span("predict", t0, time.perf_counter(), row)
             self.started[go] = False
-            self.ready[go] = False
-            self.check_actions(go, actions)
+            self.acted(go, actions)
             plan_segments(self, go, actions, cursor)
-            self.waiting[go] = True
             self.inbox.take_results()
             if not (self.ready & group).any():
                 self.outbox.flush(group if self.num_groups > 1 else None)
@@ -246,16 +235,20 @@ class ServedRun(HostLoop):
     def replay(self, lanes_: np.ndarray) -> None:
         """The lanes in ``lanes_`` execute their next chunk action without an
         agent step: it was sent with their segment (``HostLoop.replayed``)."""
-        js = np.flatnonzero(lanes_)
-        actions = self.replayed(js)
+        self.acted(lanes_, self.replayed(np.flatnonzero(lanes_)))
+        self.inbox.take_results()
+
+    def acted(self, go: np.ndarray, actions: np.ndarray) -> None:
+        """The lanes in ``go`` execute ``actions`` (by lane): recorded, shown
+        to the hooks and checked; they wait for the results."""
+        js = np.flatnonzero(go)
         if self.recorder is not None:
             self.recorder.actions(js, self.t[js], actions)
         if self.steps:
-            self.step_action[js] = actions[js]
-        self.ready[js] = False
-        self.check_actions(lanes_, actions)
-        self.waiting[js] = True
-        self.inbox.take_results()
+            self.step_action[go] = actions[go]
+        self.ready[go] = False
+        self.check_actions(go, actions)
+        self.waiting[go] = True
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
         """Raises BadValueError for an action out of range or not finite (the

@@ -127,20 +127,13 @@ class ServedLanes:
             where,
             first.dt,
         )
-        # Lanes dealt round-robin over the servers.
-        self.server: list[int] = []
-        self.local: list[int] = []
-        taken = [0] * len(self.sessions)
-        while len(self.server) < num_envs:
-            grew = False
-            for s, c in enumerate(self.sessions):
-                if taken[s] < c.info.num_lanes and len(self.server) < num_envs:
-                    self.server.append(s)
-                    self.local.append(taken[s])
-                    taken[s] += 1
-                    grew = True
-            if not grew:
-                break
+        # Lanes dealt round-robin over the servers: lane k of every server, k
+        # ascending.
+        dealt = sorted(
+            (k, s) for s, c in enumerate(self.sessions) for k in range(c.info.num_lanes)
+        )[:num_envs]
+        self.local = [k for k, _ in dealt]
+        self.server = [s for _, s in dealt]
         self.num_lanes = len(self.server)
         #: Lane groups for the run (set by ``group``).
         self.lane_groups = 1
