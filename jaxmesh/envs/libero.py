@@ -229,6 +229,27 @@ def parse_id(env_id: str) -> tuple[str, int]:
     return suite, check_task(suite, int(index))
 
 
+#: Each option of a LIBERO env: its least value, whether None is allowed, and
+#: what it is.
+_OPTIONS = {
+    "camera_size": (
+        1,
+        True,
+        "the side of both cameras' square images, or None for no camera",
+    ),
+    "settle_steps": (
+        0,
+        False,
+        "dummy-action steps after the initial state while objects settle",
+    ),
+    "max_episode_steps": (
+        1,
+        True,
+        "policy steps before an episode is truncated; None: the suite's cap",
+    ),
+}
+
+
 def check_options(
     camera_size: Any = DEFAULT_CAMERA_SIZE,
     settle_steps: Any = DEFAULT_SETTLE_STEPS,
@@ -239,43 +260,22 @@ def check_options(
     Raises:
       TypeError, ValueError: naming the option, what was given and expected.
     """
-
-    def count(name: str, value: Any, low: int, what: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(
-                f"LIBERO {name}={value!r}: expected an int >= {low} ({what})"
-            )
-        if value < low:
-            raise ValueError(
-                f"LIBERO {name}={value!r}: expected an int >= {low} ({what})"
-            )
-        return int(value)
-
-    if camera_size is not None:
-        camera_size = count(
-            "camera_size",
-            camera_size,
-            1,
-            "the side of both cameras' square images, or None for no camera",
-        )
-    settle_steps = count(
-        "settle_steps",
-        settle_steps,
-        0,
-        "dummy-action steps after the initial state while objects settle",
-    )
-    if max_episode_steps is not None:
-        max_episode_steps = count(
-            "max_episode_steps",
-            max_episode_steps,
-            1,
-            "policy steps before an episode is truncated; None: the suite's cap",
-        )
-    return {
+    given = {
         "camera_size": camera_size,
         "settle_steps": settle_steps,
         "max_episode_steps": max_episode_steps,
     }
+    for name, value in given.items():
+        low, optional, what = _OPTIONS[name]
+        if value is None and optional:
+            continue
+        expected = f"LIBERO {name}={value!r}: expected an int >= {low} ({what})"
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(expected)
+        if value < low:
+            raise ValueError(expected)
+        given[name] = int(value)
+    return given
 
 
 def make(name: str, **options: Any) -> functools.partial:
@@ -297,9 +297,7 @@ def make(name: str, **options: Any) -> functools.partial:
       ImportError: LIBERO is not installed; RuntimeError: no OpenGL library.
     """
     suite, index = parse_id(f"{PREFIX}:{name}")
-    unknown = sorted(
-        set(options) - {"camera_size", "settle_steps", "max_episode_steps"}
-    )
+    unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(
             f"LIBERO env {name!r} does not take {unknown}; its options are "

@@ -388,7 +388,7 @@ class WorkerEnvLanes(_LaneView):
         keep = layout.names if names is None else set(names)
         self.carried = tuple(n for n in layout.names if n in keep)
         view = _Leaves(self.carried, layout.shapes, layout.dtypes)
-        self.pool.attach(view, self.spec.action_shape, None)
+        self.pool.attach(view, self.spec.action_shape)
 
     def _rows(self, lanes: Any) -> dict[str, np.ndarray]:
         slots = self.pool.slots

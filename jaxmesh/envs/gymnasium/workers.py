@@ -603,17 +603,14 @@ class WorkerPool:
             self._recv(k, START_SECONDS, "attaching", starting=True)
         return reply
 
-    def attach(self, layout: ObsLayout, action_shape: tuple, action_dtype: Any):
-        """Makes the shared segment for these layouts and hands it to the
-        workers."""
-        gym = shared.import_gymnasium()
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            env_action = ((), np.int64)
+    def attach(self, layout: ObsLayout, action_shape: tuple) -> None:
+        """Makes the shared segment of ``slot_fields`` (the env's own action
+        values) and hands it to the workers."""
+        space = self.action_space
+        if isinstance(space, shared.import_gymnasium().spaces.Discrete):
+            self._share(slot_fields(layout, (), np.int64))
         else:
-            env_action = (action_shape, self.action_space.dtype)
-        del action_dtype
-        self.obs_names = list(layout.names)
-        self._share(slot_fields(layout, *env_action))
+            self._share(slot_fields(layout, action_shape, space.dtype))
 
     def attach_flags(self) -> None:
         """A segment of ``busy`` flags alone (``ProcessStepper``: the data come
