@@ -144,14 +144,6 @@ class ServerStepper:
         # Lane j belongs to group j * workers // num_lanes (contiguous groups).
         self.group_of = [j * self.workers // n for j in range(n)]
 
-    @property
-    def owned(self) -> bool:
-        return self.lanes.owned
-
-    @owned.setter
-    def owned(self, value: bool) -> None:
-        self.lanes.owned = value
-
     def abandon(self, respawn: bool = True) -> None:
         """The call under way is given up (its client is gone, or the server
         stops): lanes in worker processes kill the workers it waits on, so it

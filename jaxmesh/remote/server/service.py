@@ -199,7 +199,8 @@ class EnvServer:
                     "EnvServer to serve again"
                 )
             env = self._env
-            if callable(env) and not _is_env(env):
+            factory = callable(env) and not _is_env(env)
+            if factory:
                 env = env()
                 if not _is_env(env):
                     raise TypeError(
@@ -207,12 +208,9 @@ class EnvServer:
                         "a gymnasium Env, a list of them, a VectorEnv or "
                         "'gymnasium:<id>'"
                     )
-                owned_by_factory = True
-            else:
-                owned_by_factory = False
             lanes = _make_lanes(env, self._lanes_wanted, self.options.workers or 1)
-            if owned_by_factory:
-                lanes.owned = True
+            if factory:  # what the factory made is closed at shutdown
+                lanes.lanes.owned = True
             try:
                 self._start_server(lanes)
             except BaseException:
