@@ -53,7 +53,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -330,16 +330,13 @@ def pack_result(call_id: int, seconds: float, batch: Any) -> bytes:
     )
 
 
-class Result:
+class Result(NamedTuple):
     """A RESULT frame's message fields, as ``Session.reply`` reads a
     ``StepReply``'s (``call_id``, ``server_step_seconds``, ``ByteSize()``)."""
 
-    __slots__ = ("call_id", "server_step_seconds", "nbytes")
-
-    def __init__(self, call_id: int, seconds: float, nbytes: int):
-        self.call_id = call_id
-        self.server_step_seconds = seconds
-        self.nbytes = nbytes
+    call_id: int
+    server_step_seconds: float
+    nbytes: int
 
     def ByteSize(self) -> int:  # noqa: N802 - protobuf's name
         return self.nbytes
