@@ -61,7 +61,6 @@ def resumed_indices(indices: np.ndarray) -> Iterator[None]:
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 # SGR escape sequences (colours), should a JAX version print them regardless.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CACHE_SIZE = 64
 
 
 def _hasher() -> Any:

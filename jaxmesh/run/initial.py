@@ -220,25 +220,19 @@ def _stack(states: list) -> Any:
 
 
 def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
-    """Checks ``evaluate``'s ``initial_states`` / ``reset_fn`` on their own
-    (the env's shapes are checked by ``Trials.engine_reset``).
+    """Checks ``Starts``' ``initial_states`` / ``reset_fn`` (at most one is
+    given: ``Starts`` refuses both) on their own; the env's shapes are checked
+    by ``Trials.engine_reset``.
 
     Returns:
       A ``Trials``, or None when neither is given.
 
     Raises:
-      ValueError, TypeError: both given, an empty or ragged list, leaves with
-        different leading axes, or a ``reset_fn`` that is not a function of two
-        arguments.
+      ValueError, TypeError: an empty or ragged list, leaves with different
+        leading axes, or a ``reset_fn`` that is not a function of two arguments.
     """
     if initial_states is None and reset_fn is None:
         return None
-    if initial_states is not None and reset_fn is not None:
-        raise ValueError(
-            "initial_states= and reset_fn= both given: episode i starts either "
-            "from initial_states entry trial_index_base + i or from reset_fn(key, "
-            "trial_index_base + i); pass one of them"
-        )
     if reset_fn is not None:
         _check_reset_fn(reset_fn)
         return Trials(reset_fn=reset_fn)

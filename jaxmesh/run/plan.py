@@ -80,16 +80,6 @@ class RunPlan(NamedTuple):
     grid: tuple[tuple[int, int], ...] | None = None
     cell_episodes: int = 0
 
-    @property
-    def execution_horizon(self) -> int:
-        """Actions executed from one plan (CONTRACT 24): h; h + d under a
-        delay (its first d are skipped); K under ensembling."""
-        if self.ensemble is not None:
-            return self.chunk
-        if self.grid is not None:
-            return max(h + d for h, d in self.grid)
-        return self.h + self.delay
-
 
 def plan_run(
     settings: Any,

@@ -58,6 +58,16 @@ class _Checked(NamedTuple):
     devices: Any  # the mesh (``resolve_mesh``), None: one device
 
 
+class _RunData(NamedTuple):
+    """One run's own values, checked, that its segments read."""
+
+    record: Any  # the run's ``Record`` (None: none)
+    trials: Any  # ``(trial_of, data)`` (``initial.run_trials``), or None
+    texts: Any  # the Text inputs' per-lane encodings
+    steps: stream.StepStream  # its ``on_step`` deliveries
+    episodes: stream.EpisodeStream  # its finished episodes, in order
+
+
 class _Program(NamedTuple):
     engine: Any
     segment: Any  # the compiled segment executable
@@ -312,8 +322,8 @@ class Evaluator:
         pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         hook_list = stream.hooks_list(hooks)
-        self._run_record = self._check_run_record(record, int(seeds_arr.size))
-        self._run_trials = initial.run_trials(
+        record = self._check_run_record(record, int(seeds_arr.size))
+        trials = initial.run_trials(
             self.trials, initial_states, trial_index_base, int(seeds_arr.size)
         )
         if self.takes_params and params is None:
@@ -326,7 +336,7 @@ class Evaluator:
         encoded = instructions.check_sources(pol.spec, instruction, env_name, False)
         e = int(seeds_arr.size)
         plan = self.plan(params, e)
-        self._run_texts = instructions.run_level(pol.spec, encoded, plan.lanes)
+        texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         if e and callable(getattr(self.env, "bind", None)):
             self._bind(seeds_arr[: self.env.pool_episodes], plan.lanes)
         # What resume= compares: digests of the env, the policy's program
@@ -353,7 +363,6 @@ class Evaluator:
             ),
         )
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
-        self._run_steps = steps
         if steps and not self.supports_step_hooks:
             raise ValueError(
                 "hooks: an on_step hook with devices= (lanes split over a mesh): "
@@ -367,6 +376,7 @@ class Evaluator:
         episodes_out = stream.EpisodeStream(
             hook_list, seeds_arr, pol.on_episode_end, run_fields
         )
+        run = _RunData(record, trials, texts, steps, episodes_out)
         compiled: list = []
 
         def compile_program() -> float:
@@ -382,7 +392,7 @@ class Evaluator:
                 named, key = self.metrics
                 return empty(0, 0, np, metrics=named, success=key is not None)
             with self._sink.listen(steps):
-                return self._loop(compiled[0], params, seeds_arr, episodes_out)
+                return self._loop(compiled[0], params, seeds_arr, run)
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
@@ -433,7 +443,7 @@ class Evaluator:
         check_record_budget(record, episodes)
         return record
 
-    def _loop(self, program: _Program, params, seeds_arr, episodes_out) -> Any:
+    def _loop(self, program: _Program, params, seeds_arr, run: _RunData) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``.
 
         The placement puts the carry, each segment's seed window and the
@@ -453,11 +463,11 @@ class Evaluator:
                 self._bind(seeds_arr[a:b], plan.lanes)
                 program = self._compiled(params, plan, steps)[0]
             state, book = self._run_piece(
-                program, params, seeds_arr[a:b], a, e, book, episodes_out
+                program, params, seeds_arr[a:b], a, e, book, run
             )
-            if self._run_record is not None and len(pieces) > 1:
+            if run.record is not None and len(pieces) > 1:
                 recorded = _merge_recording(
-                    recorded, book.recording, self._run_record.episodes, a, b
+                    recorded, book.recording, run.record.episodes, a, b
                 )
                 book = book.replace(recording=recorded)
         book = jax.device_get(book)
@@ -483,20 +493,20 @@ class Evaluator:
         offset: int,
         e: int,
         book,
-        episodes_out,
+        run: _RunData,
     ) -> tuple:
         """Runs segments until the episodes of ``seeds`` (the budget's
         episodes ``offset, offset + 1, ...``) are done; writes them into the
         host ``book`` of all ``e`` episodes. Returns the last state and the
         book."""
-        place, plan, rec = self.placement, program.plan, self._run_record
+        place, plan, rec = self.placement, program.plan, run.record
         with span("init", "run"):  # a piece's first carry, and the params
             state, res = place.first_carry(
                 program.engine,
                 seeds,
                 None if rec is None else _piece_episodes(rec.episodes, offset, seeds),
-                self._run_trials,
-                self._run_texts,
+                run.trials,
+                run.texts,
             )
             params = place.put_params(params)
         before = (0, 0) if book is None else (book.env_steps, book.policy_rows)
@@ -516,18 +526,18 @@ class Evaluator:
                 )
             # What a failure from here on keeps (the recording still on the
             # device: the results passed to a segment are not donated).
-            episodes_out.latest = book
-            self._run_steps.raise_error()  # an on_step hook raised: it ends
+            run.episodes.latest = book
+            run.steps.raise_error()  # an on_step hook raised: it ends
             k += 1
             finished = n_done >= seeds.size
-            if episodes_out.wants_episodes or finished or np.any(book.fault.kind):
+            if run.episodes.wants_episodes or finished or np.any(book.fault.kind):
                 with span("hooks", "run"):
-                    episodes_out.update(book)
-                episodes_out.check_fault(book)
+                    run.episodes.update(book)
+                run.episodes.check_fault(book)
                 if finished:
                     return state, book
             state, base = place.put_window(
-                program.engine, state, base, seeds, next_episode, self._run_trials
+                program.engine, state, base, seeds, next_episode, run.trials
             )
 
 
