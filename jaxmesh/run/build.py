@@ -287,11 +287,12 @@ def success_at_reset(env: Any, key: str | None) -> bool:
         return False
     abstract = jax.ShapeDtypeStruct((2,), jnp.uint32)
     leaf = info_leaves(jax.eval_shape(lambda k: reset(k)[2], abstract)).get(key)
-    return (
-        leaf is not None
-        and tuple(leaf.shape) in ((), (1,))
-        and jnp.dtype(leaf.dtype).kind in "biuf"
-    )
+    return leaf is not None and _one_number(leaf)
+
+
+def _one_number(leaf: Any) -> bool:
+    """Whether an info leaf is one number (or bool) per step."""
+    return tuple(leaf.shape) in ((), (1,)) and jnp.dtype(leaf.dtype).kind in "biuf"
 
 
 def engine_metrics(
@@ -324,9 +325,7 @@ def engine_metrics(
     keys = [n for n, _ in named] + ([success] if success else [])
     for key in keys:
         leaf = info[key]
-        if tuple(leaf.shape) not in ((), (1,)) or jnp.dtype(leaf.dtype).kind not in (
-            "biuf"
-        ):
+        if not _one_number(leaf):
             raise ValueError(
                 f"metric {key!r} of env {name!r} is {jnp.dtype(leaf.dtype)}"
                 f"{list(leaf.shape)} per step; a metric is one number (or bool) per "
