@@ -2,10 +2,12 @@
 
 ``RunResult``, ``EpisodeResult`` and ``StepEvent`` are fields, properties,
 ``to_dict`` / ``from_dict`` and the recorded trajectories' ``.npz`` files. This
-module holds no presentation: text tables live in ``jaxmesh.results.summary``,
-plots and HTML in ``jaxmesh.results.report`` (which loads matplotlib when it
-draws); ``RunResult.summary()`` (and ``str()``), ``format_telemetry()``,
-``plot()`` and ``report(path)`` are one-line delegates to them.
+module imports nothing of presentation: text tables live in
+``jaxmesh.results.summary``, plots and HTML in ``jaxmesh.results.report``.
+``RunResult.summary()`` (and ``str()``), ``format_telemetry()``, ``plot()`` and
+``report(path)`` are one-line delegates to those modules that import them
+inside the method: the one exception to imports at the top, so that reading
+or building a result never loads the presentation (nor matplotlib).
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ import numpy as np
 from jaxmesh._version import __version__
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.results import checksum, record
-from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
-from jaxmesh.results import summary as _summary
 
 
 class EpisodeResult(NamedTuple):
@@ -540,7 +540,9 @@ class RunResult:
         signal) and the totals: the rows the HTML report shows too.
         """
 
-        return _summary.text(self)
+        from jaxmesh.results import summary  # presentation (see the module doc)
+
+        return summary.text(self)
 
     def __str__(self) -> str:
         return self.summary()
@@ -581,13 +583,17 @@ class RunResult:
         """The run's plots as a matplotlib ``Figure``
         (``jaxmesh.results.report.plot``)."""
 
-        return _report.plot(self)
+        from jaxmesh.results import report  # presentation (see the module doc)
+
+        return report.plot(self)
 
     def report(self, path: str | Path) -> Path:
         """Writes the run's HTML report
         (``jaxmesh.results.report.write_report``)."""
 
-        return _report.write_report(self, path)
+        from jaxmesh.results import report  # presentation (see the module doc)
+
+        return report.write_report(self, path)
 
     def trajectory(self, episode: int) -> Any:
         """The recorded ``Trajectory`` of episode ``episode`` (its index).
@@ -644,7 +650,9 @@ class RunResult:
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
 
-        return _summary.telemetry_text(self.telemetry)
+        from jaxmesh.results import summary  # presentation (see the module doc)
+
+        return summary.telemetry_text(self.telemetry)
 
     def episode_records(self) -> list[dict]:
         """Every episode's ``EpisodeResult.to_dict()`` with its ``check``: a

@@ -679,11 +679,8 @@ class EpisodeLog:
         self._write({"fault": info})
 
     def _totals(self, result: Any) -> None:
-        totals = {
-            k: getattr(result, k)
-            for k in ("env_steps", "policy_rows", "wall_time", "compile_time")
-        }
-        self._write({"totals": {**totals, "run_time": result.run_time}})
+        keys = ("env_steps", "policy_rows", "wall_time", "compile_time", "run_time")
+        self._write({"totals": {k: getattr(result, k) for k in keys}})
 
     def on_run_end(self, result: Any) -> None:
         self._totals(result)
