@@ -30,6 +30,7 @@ from jaxmesh.envs.gymnasium.workers import (
     WorkerPool,
     build_envs,
     is_source,
+    read_infos,
 )
 
 __all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
@@ -120,11 +121,16 @@ class _LaneView:
         self.reset_info: dict = {}
         self.reset_text: dict = {}
 
-    def _new_info(self, n: int) -> None:
+    def _new_info(self, n: int, pairs: dict | None = None, seen: set | None = None):
+        """``info`` of n lanes from ``{key: [(lane, value)]}`` (``read_infos``)."""
         self.info = {
             k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
         }
-        self.info_seen = set()
+        self.info_seen = set() if seen is None else seen
+        for key, got in (pairs or {}).items():
+            vals, present = self.info[key]
+            for j, v in got:
+                vals[j], present[j] = v, True
 
     def _got_reset(self, info: dict, present: dict, texts: dict, back: np.ndarray):
         self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
@@ -246,7 +252,7 @@ class EnvLanes(LocalAdapter):
         else:
             lanes = np.flatnonzero(go).tolist()
             out = shared.step_envs(lanes, [acts[j] for j in lanes])
-        if keys := bool(self.info_keys):
+        if self.info_keys:
             self._new_info(n)
         if not out:
             return reward, term, trunc
@@ -260,17 +266,10 @@ class EnvLanes(LocalAdapter):
         reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         if any(te) or any(tr):  # the shared lanes' state: these episodes ended
             shared.ended[:n] |= term | trunc
-        if keys and any(infos):  # most steps of most envs: every info empty
+        if self.info_keys and any(infos):  # most steps: every info empty
             where = range(n) if isinstance(lanes, slice) else lanes
-            for j, info in zip(where, infos, strict=True):
-                if not info:
-                    continue
-                self.info_seen.update(info)
-                for k in self.info_keys:
-                    if k in info:
-                        vals, present = self.info[k]
-                        vals[j] = info_value(info, k, f"{self.spec.name} lane {j}")
-                        present[j] = True
+            keys, name = self.info_keys, self.spec.name
+            self._new_info(n, *read_infos(infos, keys, where, name))
         return reward, term, trunc
 
 
@@ -474,12 +473,7 @@ class WorkerEnvLanes(_LaneView):
         term = slots["terminated"][:n] & go
         trunc = slots["truncated"][:n] & go
         if self.info_keys:
-            self._new_info(n)
-            self.info_seen = seen
-            for key, pairs in info.items():
-                vals, present = self.info[key]
-                for j, v in pairs:
-                    vals[j], present[j] = v, True
+            self._new_info(n, info, seen)
         return reward, term, trunc
 
     def close(self) -> None:

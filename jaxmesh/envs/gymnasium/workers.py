@@ -270,11 +270,8 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                     conn.send(_reset(lanes, slots, block, obs_names, *msg[1:]))
                 elif op == "run":
                     conn.send(("ran", _run(lanes, slots, block, msg[1], msg[2])))
-                elif op == "release":
-                    lanes.release(msg[1])
-                    conn.send(("ok",))
-                elif op == "forget":
-                    lanes.forget()
+                elif op in ("release", "forget"):
+                    getattr(lanes, op)(*msg[1:])
                     conn.send(("ok",))
                 else:
                     conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
@@ -344,8 +341,8 @@ def _write_obs(slots: Slots, names: list[str], rows: Any, leaves: dict) -> None:
         slots["obs:" + name][rows] = leaves[name]
 
 
-def _read_infos(infos: Sequence, keys: tuple, lanes: Sequence[int], where: str):
-    """Info values per key as (lane, float) pairs, and the keys seen."""
+def read_infos(infos: Sequence, keys: tuple, lanes: Sequence[int], where: str):
+    """Info values per key as (lane, float) pairs, and the keys the infos had."""
     seen: set = set()
     values: dict = {k: [] for k in keys}
     for j, info in zip(lanes, infos, strict=True):
@@ -390,7 +387,7 @@ def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, k
     slots["reward"][rows] = r
     slots["terminated"][rows] = te
     slots["truncated"][rows] = tr
-    info, seen = _read_infos(infos, keys, rows, lanes.name) if keys else ({}, set())
+    info, seen = read_infos(infos, keys, rows, lanes.name) if keys else ({}, set())
     return ("stepped", info, seen)
 
 
