@@ -8,19 +8,19 @@ its messages are msgpack maps (``jaxmesh.serve.codec``: arrays as openpi's
 - the client's first message ``{"open": {"env": ..., "settings": ...}}``
   (``agents.spec_to_wire`` and the run's settings), answered
   ``{"opened": {"session", "policy", "chunk", "horizon", "lead", "tile",
-  "digest", "can_skip", "stochastic"}}``;
+  "digest", "can_skip", "leaves", "stochastic"}}``;
 - then one ``{"step": {...}}`` per agent step (lane masks, step indices,
   episode keys, the moved lanes' observation leaves), answered ``{"step":
-  {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``.
+  {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``
+  (and ``"pending"`` in ``"step"`` with a lead).
 
 The session's slots are freed when its stream ends: the client closes it, the
 client vanishes (gRPC cancels the stream), the stream sends nothing for
 ``idle_timeout`` seconds (``DEADLINE_EXCEEDED``: a stream that holds one of the
 ``max_connections`` and sends nothing is ended), or the server shuts down. A
-request
-the server cannot run ends that stream only, ``INVALID_ARGUMENT`` with the
-reason; a missing or wrong token is ``UNAUTHENTICATED`` before any message is
-read (``Authorization: Bearer <token>``, as served envs take it).
+request the server cannot run ends that stream only, ``INVALID_ARGUMENT`` with
+the reason; a missing or wrong token is ``UNAUTHENTICATED`` before any message
+is read (``Authorization: Bearer <token>``, as served envs take it).
 """
 
 from __future__ import annotations
