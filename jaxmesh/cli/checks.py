@@ -25,7 +25,7 @@ from jaxmesh.cli.errors import ConfigError
 from jaxmesh.execution import Ensemble
 from jaxmesh.remote.address import SCHEMES, parse_address
 from jaxmesh.results.record import Record
-from jaxmesh.run import backend, checks
+from jaxmesh.run import backend
 from jaxmesh.suite import make_suite
 
 
@@ -87,12 +87,6 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"({CONFIG_KEYS[key]})"
             )
         out[key] = dict(value or {})
-    delay_ms = config.get("delay_ms")
-    if delay_ms is not None and not isinstance(delay_ms, list):
-        try:
-            checks.check_delay_ms(delay_ms, config.get("delay") or 0)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{e} ({CONFIG_KEYS['delay_ms']})") from e
     _check_served_keys(config)
     if suite and out["env_config"]:
         raise ConfigError(

@@ -29,7 +29,8 @@ class Key(NamedTuple):
       default: the value when the key is absent (None: null, the default
         described in ``help``).
       help: what the key means, one line.
-      low: for an int key, its least value (None: not an int).
+      low: for an int key that is no ``RunConfig`` field, its least value
+        (None: not such a key; ``RunConfig`` checks its own fields).
     """
 
     type: str
@@ -83,17 +84,14 @@ SCHEMA: dict[str, Key] = {
     "seeds": Key(
         "list of int", None, "the seeds, one episode each (not with episodes)"
     ),
-    "num_envs": Key("int", 64, "parallel lanes", low=1),
-    "horizon": Key("int", 1, "actions of a chunk executed before the next plan", low=1),
-    "prefetch_lead": Key(
-        "int", 0, "plan L steps before a chunk runs out (0: in step)", low=0
-    ),
+    "num_envs": Key("int", 64, "parallel lanes"),
+    "horizon": Key("int", 1, "actions of a chunk executed before the next plan"),
+    "prefetch_lead": Key("int", 0, "plan L steps before a chunk runs out (0: in step)"),
     "delay": Key(
         "int",
         0,
         "inference delay d in steps: a chunk planned d steps before it plays, its "
         "first d actions skipped (0 < d < horizon)",
-        low=0,
     ),
     "delay_ms": Key(
         "number",
@@ -108,14 +106,10 @@ SCHEMA: dict[str, Key] = {
         "ensembling, jaxmesh.Ensemble)",
     ),
     "max_episode_steps": Key(
-        "int", None, "cap on an episode's length (null: the env's own limit)", low=1
+        "int", None, "cap on an episode's length (null: the env's own limit)"
     ),
-    "plan_tile": Key(
-        "int", None, "rows per policy call (null: chosen by the engine)", low=1
-    ),
-    "segment_steps": Key(
-        "int", 256, "env steps per scan segment between host visits", low=1
-    ),
+    "plan_tile": Key("int", None, "rows per policy call (null: chosen by the engine)"),
+    "segment_steps": Key("int", 256, "env steps per scan segment between host visits"),
     "max_episode_seconds": Key(
         "number",
         None,
@@ -149,7 +143,6 @@ SCHEMA: dict[str, Key] = {
         0,
         "episode i gets reset option trial_index = trial_index_base + i "
         "(gymnasium:, grpc:// envs that take one)",
-        low=0,
     ),
     "instruction": Key(
         "str",
@@ -162,7 +155,6 @@ SCHEMA: dict[str, Key] = {
         None,
         "gymnasium: envs: worker processes stepping the lanes (0: this process; "
         "null: chosen for the machine)",
-        low=0,
     ),
     "check_seeds": Key(
         "bool",
