@@ -155,12 +155,6 @@ def _check_served_keys(config: dict[str, Any]) -> None:
                 f"{MAX_SECONDS:.0f} ({CONFIG_KEYS[key]}), or null for "
                 + ("the default" if key == "reply_timeout" else "no limit")
             )
-    loss = config.get("on_server_loss")
-    if loss is not None:
-        try:
-            backend.check_server_loss(loss)
-        except ValueError as e:
-            raise ConfigError(f"{e} ({CONFIG_KEYS['on_server_loss']})") from e
     check = config.get("check_seeds")
     if check is not None and not isinstance(check, bool):
         raise ConfigError(
