@@ -1,7 +1,7 @@
 """The notebooks run top to bottom (their cells assert what they show).
 
 ``quickstart.ipynb``: JAX envs. ``tpu.ipynb``: lanes over 8 forced CPU devices
-(run by tests/run/test_sharded.py). ``remote.ipynb``: a ``jaxmesh serve-env`` child
+(run by tests/run/scan/test_sharded.py). ``remote.ipynb``: a ``jaxmesh serve-env`` child
 serving HalfCheetah-v5 (started and stopped by the notebook itself).
 ``robot.ipynb``: a suite of Fetch tasks, one of them also served.
 
@@ -25,7 +25,7 @@ from conftest import jupyter_kernel
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["quickstart.ipynb", "remote.ipynb", "robot.ipynb"]
 #: Executed elsewhere: ``tpu.ipynb`` needs 8 forced CPU devices, set before JAX
-#: starts (tests/run/test_sharded.py runs it in such a kernel).
+#: starts (tests/run/scan/test_sharded.py runs it in such a kernel).
 ELSEWHERE = ["tpu.ipynb"]
 #: A kernel name of our own, so no kernelspec installed elsewhere can shadow it.
 KERNEL = "jaxmesh-tests"

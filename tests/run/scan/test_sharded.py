@@ -25,7 +25,7 @@ from jaxmesh.core.tally import Fault, Results
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.run.scan import sharded
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import jax

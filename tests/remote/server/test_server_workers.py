@@ -22,7 +22,7 @@ from reference_loop import assert_matches
 
 import jaxmesh
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def gone(pid: int) -> bool:

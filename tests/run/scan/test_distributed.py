@@ -30,7 +30,7 @@ import reference_loop as ref
 
 import jaxmesh
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 #: Seconds the two processes may take together, compiles included.
 DEADLINE_S = 240
