@@ -35,7 +35,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import ffi
 
 from jaxmesh.envs.names import unknown_id
 
@@ -368,9 +367,9 @@ def _ffi(pool: Any, name: str, handle: bytes, specs: tuple, capsules: tuple):
     # The handler is one function per pool class (the pool is the call's
     # handle): a name reused after a pool is freed then names the same one.
     target = f"jaxmesh_envpool_{type(pool).__name__}_{id(pool)}_{name}"
-    ffi.register_ffi_target(target, capsules[0], platform="cpu", api_version=1)
+    jax.ffi.register_ffi_target(target, capsules[0], platform="cpu", api_version=1)
     results = tuple(_buffer(np.dtype(d), tuple(s)) for d, s in outs)
-    call = ffi.ffi_call(
+    call = jax.ffi.ffi_call(
         target, results, has_side_effect=True, input_output_aliases={0: 0}
     )
     value = int.from_bytes(handle, byteorder=sys.byteorder, signed=False)

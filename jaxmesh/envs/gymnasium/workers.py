@@ -914,10 +914,7 @@ class ProcessStepper(shared.GymStepper):
         return replies
 
     def abandon(self, respawn: bool = True) -> None:
-        """Kills the workers the call under way (on another thread) waits for:
-        its client gave up (a hung env), or the server stops (``respawn``
-        False). The call ends with a ``LaneError``; new workers take the
-        lanes unless the server stops."""
+        """``WorkerPool.abandon``: the call under way ends with a ``LaneError``."""
         self.pool.abandon(respawn)
 
     def run(
