@@ -157,12 +157,10 @@ class ServedLanes:
         for (None: all of the run's lanes).
 
         None: ``default_lane_groups``. A lockstep server steps every lane in
-        every call, so its lanes form one group. Without a ``plan_tile``, the
-        tile of asked-for groups is the default for one group's lanes (a group
-        plans alone, and a tile sized for all N lanes would compute rows for
-        nothing); default groups keep the tile of all N lanes; the run's
-        plan (``jaxmesh.run.plan.plan_run``) sizes it for the effective
-        horizon, once the policy's chunk length is known.
+        every call, so its lanes form one group. Without a ``plan_tile``, asked-
+        for groups plan alone, in the default tile for one group's lanes (one
+        sized for all N would compute rows for nothing); the run's plan
+        (``jaxmesh.run.plan.plan_run``) sizes it once the chunk is known.
         """
         n = min(settings.num_envs, self.num_lanes)
         asked = lane_groups is not None
