@@ -77,7 +77,6 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"{key}={v!r}: expected an int >= {low} ({CONFIG_KEYS[key]})"
             )
-    execution_of(config.get("execution"))
     out = dict(config)
     for key in ("policy_config", "env_config"):
         value = config.get(key)
