@@ -151,7 +151,7 @@ def lane_weights(ensemble: Ensemble, age: Any, valid: Any, chunk: int) -> Any:
     return jnp.where(valid, table[i], 0.0)
 
 
-def check_execution(execution: Any) -> Ensemble | None:
+def checked_execution(execution: Any) -> Ensemble | None:
     """``evaluate``'s ``execution=``: None (chunks replayed as they are) or an
     ``Ensemble``."""
     if execution is None or isinstance(execution, Ensemble):
@@ -162,4 +162,4 @@ def check_execution(execution: Any) -> Ensemble | None:
     )
 
 
-__all__ = ["Ensemble", "AGGREGATIONS", "lane_weights", "check_execution"]
+__all__ = ["Ensemble", "AGGREGATIONS", "lane_weights", "checked_execution"]

@@ -74,7 +74,7 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list:
     ]
 
 
-def channel_credentials(
+def channel_tls(
     address: str, credentials: grpc.ChannelCredentials | None
 ) -> grpc.ChannelCredentials | None:
     """The TLS credentials a channel to ``address`` uses (None: a plain channel).
@@ -331,7 +331,7 @@ class Connection:
     ):
         self.address = parse_address(address)
         self.kind = "grpc"
-        credentials = channel_credentials(address, credentials)
+        credentials = channel_tls(address, credentials)
         where = "token=" if token is not None else TOKEN_ENV
         token = os.environ.get(TOKEN_ENV) if token is None else token
         if token and token.strip() != token:
@@ -574,7 +574,7 @@ class Connection:
 __all__ = [
     "Connection",
     "ServerInfo",
-    "channel_credentials",
+    "channel_tls",
     "channel_options",
     "is_address",
     "parse_address",

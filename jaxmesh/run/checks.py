@@ -18,7 +18,7 @@ import numpy as np
 from jaxmesh.core.carry import DEFAULT_MAX_STEPS
 from jaxmesh.core.tally import BYTES_PER_EPISODE, REDUCTIONS, capacity_for
 from jaxmesh.envs.names import did_you_mean
-from jaxmesh.execution import check_execution
+from jaxmesh.execution import checked_execution
 
 MAX_SEED = 2**31 - 1
 #: Env steps per scan segment between two host visits.
@@ -245,7 +245,7 @@ def check_chunking(
     delay = check_int(
         "delay", delay, 0, "steps between a plan's observation and its chunk's start"
     )
-    execution = check_execution(execution)
+    execution = checked_execution(execution)
     delay_ms = check_delay_ms(delay_ms, delay)
     if delay_ms is not None and (lead or execution is not None):
         raise ValueError(
