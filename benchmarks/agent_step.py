@@ -55,7 +55,7 @@ from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.run import checks
 from jaxmesh.run.host import agent_step as run_agent
 from jaxmesh.run.host import driver as run_host
-from jaxmesh.run.host.loop import HostLoop
+from jaxmesh.run.host.loop import HostLoop, HostRun
 
 
 def init_params(seed: int) -> dict[str, np.ndarray]:
@@ -76,9 +76,8 @@ def _host_loop(policy: Any, envs: list, n: int) -> tuple[HostLoop, Any]:
     seeds = np.arange(n, dtype=np.int64)
     res = core_results.empty(n, n, np)
     stub = types.SimpleNamespace(steps=None)
-    loop = HostLoop(
-        program, params, lanes, settings, None, seeds, res, stub, None, stub
-    )
+    run = HostRun(program, params, lanes, settings, seeds, stub)
+    loop = HostLoop(run, res, stub, None)
     for j, env in enumerate(envs[:n]):
         loop.obs[j] = env.reset(seed=j)[0]
     loop.active[:] = True

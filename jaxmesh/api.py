@@ -14,7 +14,7 @@ Every run starts here, in four steps a reader can follow in this file:
    (``run_one``);
 4. the settings only one backend takes are checked against it
    (``RunConfig.for_backend``) and the backend the table names
-   (``jaxmesh.run.backend.route``) runs the budget: the jitted scan for a JAX
+   (``jaxmesh.run.dispatch.route``) runs the budget: the jitted scan for a JAX
    env, the host loop for gymnasium envs in this process, in worker processes
    or served over gRPC.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 from jaxmesh import suite
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import backend
+from jaxmesh.run import backend, dispatch
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.trace import check_trace_path, tracing
@@ -234,7 +234,7 @@ def run_backend(
     """
     served = config.for_backend(target)  # a served env's options, else None
     given = call if served is None else {**call, "served": served}
-    return backend.route(target).evaluate(policy, target.env, config, **given)
+    return dispatch.route(target).evaluate(policy, target.env, config, **given)
 
 
 def _trace_settings(

@@ -39,9 +39,8 @@ from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import backend, build, checks, host
+from jaxmesh.run import backend, build, checks, dispatch
 from jaxmesh.run.config import RunConfig, from_keywords
-from jaxmesh.run.host.served import ServedLanes
 from jaxmesh.run.plan import (
     UnfitDelay,
     check_execution,
@@ -430,7 +429,7 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
             whole = ev.run(seeds=seeds, params=params, hooks=hooks)
             programs += len(ev.programs())
         else:
-            whole = host.evaluate(
+            whole = dispatch.evaluate_host(
                 policy,
                 env,
                 cfg,
@@ -501,6 +500,8 @@ def _host_spec(env: Any, served: Any) -> Any:
     if served is None:
         lanes = gym_lanes.make_lanes(env, 1, 1)
     else:
+        from jaxmesh.run.host.served import ServedLanes  # [remote]: gRPC
+
         lanes = ServedLanes(
             [env] if isinstance(env, str) else list(env),
             1,

@@ -1,31 +1,26 @@
-"""Which backend runs an env, told once; the backend table; the options only
-served envs take.
+"""Which backend runs an env, told once; the options only served envs take.
 
 Three kinds of env run ``jaxmesh.evaluate``: a JAX env (the scan,
 ``jaxmesh.run.scan``), gymnasium envs stepped by the host loop in this
 process or in worker processes, and served envs (``"grpc://host:port"``,
 ``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``target``
 makes an env id with its options and records the answer beside the env
-(``Target``). ``route`` is the backend table: the one place that says what
-runs a target, down to the lanes and the loop class. The checks of the options
+(``Target``); ``jaxmesh.run.dispatch.route`` is the table of what runs each
+kind, down to the lanes and the loop class. The checks of the options
 only served envs take (``reply_timeout``, ``lane_groups``, ``on_server_loss``)
 live here too; ``jaxmesh.Served`` runs them when it is built.
-
-The backends import this module (through ``jaxmesh.run.config``), so ``route``
-imports them when it is called; gymnasium and gRPC are imported on use.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from jaxmesh import envs
-from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium import is_host_stepped
-from jaxmesh.remote.address import is_address, require_grpc
+from jaxmesh.remote.address import is_address
 
 #: A JAX env, run by the scan engine.
 SCAN = "scan"
@@ -33,6 +28,12 @@ SCAN = "scan"
 HOST = "host"
 #: Served envs: the host loop, its env steps sent to env servers.
 SERVED = "served"
+#: The host rows of the backend table (``jaxmesh.run.dispatch.route``) besides
+#: ``SERVED``: gymnasium envs in worker processes, made in this process to
+#: render a recording's frames, and in this process.
+WORKERS = "workers"
+RECORDING = "recording"
+LOCAL = "local"
 
 
 def backend_of(env: Any) -> str:
@@ -102,116 +103,6 @@ def target(env: Any, env_config: Any = None) -> Target:
     if is_id and (env_config or env.startswith("libero:")):
         env = envs.make_env(env, **dict(env_config or {}))
     return Target(env, HOST if is_host_stepped(env) else SCAN)
-
-
-# The backend table ---------------------------------------------------------------
-#: The host rows besides ``SERVED``: gymnasium envs in worker processes, made
-#: in this process to render a recording's frames, and in this process.
-WORKERS = "workers"
-RECORDING = "recording"
-LOCAL = "local"
-
-
-class Route(NamedTuple):
-    """A row of the backend table (``route``).
-
-    Attributes:
-      name: ``SCAN``, ``SERVED``, ``WORKERS``, ``RECORDING`` or ``LOCAL``.
-      evaluate: what ``jaxmesh.evaluate`` calls: the scan's ``run`` or the
-        host driver's ``evaluate`` (``jaxmesh.run.host.driver``).
-      lanes: a host row's lanes, ``lanes(env, num_envs, episodes, workers,
-        served)`` (None for ``SCAN``).
-      loop: a host row's loop class, ``loop(HostRun, res, episodes_out, tel)``.
-      fast: a faster loop class, taken instead when its ``applies(program,
-        lanes, recorder)`` holds (None: none).
-    """
-
-    name: str
-    evaluate: Callable[..., Any]
-    lanes: Callable[..., Any] | None = None
-    loop: Any = None
-    fast: Any = None
-
-    def loop_for(self, program: Any, lanes: Any, recorder: Any) -> Any:
-        """The loop class for these lanes and the run's agent program."""
-        if self.fast is not None and self.fast.applies(program, lanes, recorder):
-            return self.fast
-        return self.loop
-
-
-def route(target: Target, *, workers: int = 0, frames: bool = False) -> Route:
-    """The backend table: the row that runs ``target``, the first that applies.
-
-    ============  ===========================  =========================================
-    row           when                         lanes -> loop class
-    ============  ===========================  =========================================
-    ``SCAN``      a JAX env (EnvPool's too)    the env itself -> ``scan.run`` (one
-                                               device or a mesh: ``placement_for`` in
-                                               run/scan/placement.py)
-    ``SERVED``    served addresses             ``ServedLanes`` -> ``ServedStepRun`` when
-                                               its ``applies`` holds (h = 1, no lead, no
-                                               recording, no lockstep server), else
-                                               ``ServedRun`` (segments)
-    ``WORKERS``   ``workers`` > 0 (the host    ``WorkerEnvLanes`` -> ``GroupedRun`` when
-                  driver's ``worker_count``)   its ``applies`` holds (h = 1, no lead, no
-                                               sweep, no recording, a core to spare),
-                                               else ``LocalRun``
-    ``RECORDING`` ``frames``: a recording of   ``recording_lanes`` -> ``LocalRun``
-                  ``"gymnasium:<id>"`` frames
-                  (``records_frames``)
-    ``LOCAL``     gymnasium in this process    ``make_lanes`` -> ``LocalRun``
-    ============  ===========================  =========================================
-
-    ``jaxmesh.evaluate`` calls a row's ``evaluate``; the host driver asks again
-    with the run's ``workers`` and ``frames`` for the lanes and the loop class.
-    """
-    # The backends import this module (through run.config): imported on use.
-    from jaxmesh.run import host, scan
-    from jaxmesh.run.host.loop import GroupedRun, LocalRun
-
-    if target.kind == SCAN:
-        return Route(SCAN, scan.run)
-    if target.kind == SERVED:
-        require_grpc()
-        from jaxmesh.run.host.served import (  # the [remote] extra: gRPC
-            ServedLanes,
-            ServedRun,
-            ServedStepRun,
-        )
-
-        return Route(SERVED, host.evaluate, ServedLanes.of, ServedRun, ServedStepRun)
-    if workers:
-        lanes = lambda env, n, e, w, served: gym_lanes.WorkerEnvLanes(
-            env, max(1, min(n, e)), w
-        )
-        return Route(WORKERS, host.evaluate, lanes, LocalRun, GroupedRun)
-    if frames:
-        return Route(RECORDING, host.evaluate, recording_lanes, LocalRun)
-    lanes = lambda env, n, e, w, served: gym_lanes.make_lanes(env, n, e)
-    return Route(LOCAL, host.evaluate, lanes, LocalRun)
-
-
-def records_frames(env: Any, record: Any) -> bool:
-    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs this
-    process makes (an unknown id is left to ``make_lanes``, which names it)."""
-    if record is None or record.frames is False or not isinstance(env, str):
-        return False
-    name = env.partition(":")[2]
-    return ":" in name or name in gym_lanes.import_gymnasium().registry
-
-
-def recording_lanes(env: str, num_envs: int, episodes: int, *_: Any) -> Any:
-    """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"``."""
-    gym = gym_lanes.import_gymnasium()
-    made: list = []
-    try:
-        for _ in range(max(1, min(num_envs, episodes))):
-            made.append(gym.make(env.partition(":")[2], render_mode="rgb_array"))
-        return gym_lanes.EnvLanes(made, owned=True)
-    except BaseException:
-        for e in made:
-            e.close()
-        raise
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
@@ -302,13 +193,9 @@ __all__ = [
     "backend_of",
     "Target",
     "target",
-    "Route",
-    "route",
     "WORKERS",
     "RECORDING",
     "LOCAL",
-    "records_frames",
-    "recording_lanes",
     "check_reply_timeout",
     "AUTO",
     "check_lane_groups",

@@ -1,7 +1,8 @@
 """``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process, in worker
 processes or served: ``evaluate`` builds the run (its lanes and loop class from
-``backend.route``, ``HostMetrics``, ``HostRecorder``, the jitted ``HostAgent``)
-as one ``loop.HostRun`` and returns the ``RunResult``.
+the backend table, ``jaxmesh.run.dispatch.route``; ``HostMetrics``,
+``HostRecorder``, the jitted ``HostAgent``) as one ``loop.HostRun`` and returns
+the ``RunResult``.
 
 The agent side is the scan engine's own jitted code (``agent.host_step``,
 CONTRACT 17); only the env step moves to the host. Episode keys are
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -514,12 +515,13 @@ def evaluate(
     served: Served | None = None,
     record: Any = None,
     grid: tuple | None = None,
+    route: Callable[..., Any],
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served.
 
     ``jaxmesh.evaluate`` calls this for a host-stepped or served ``env``
-    (``backend.route``); the arguments and the contract are the same
-    (docs/evaluation.md, "Host-stepped envs").
+    (``jaxmesh.run.dispatch.evaluate_host``); the arguments and the contract
+    are the same (docs/evaluation.md, "Host-stepped envs").
 
     Args:
       env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each), a
@@ -536,6 +538,8 @@ def evaluate(
       record: a ``jaxmesh.Record``, kept on the host (``HostRecorder``).
       grid: a sweep's ``(cells, cell_episodes)`` (``checks.Settings.grid``),
         or None for one setting.
+      route: the backend table (``jaxmesh.run.dispatch.route``), asked for
+        the run's lanes and loop class.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Raises:
@@ -563,7 +567,7 @@ def evaluate(
     check_record_budget(record, e)
     records_states(record, None, "a host-stepped env")
     hook_list = stream.hooks_list(hooks)
-    row, w = _route(env, config, settings.num_envs, e, record, served)
+    row, w = _route(route, env, config, settings.num_envs, e, record, served)
     lanes = row.lanes(env, settings.num_envs, e, w, served)
     remote_agent = None
     try:
@@ -623,17 +627,21 @@ def evaluate(
 
 
 def _route(
-    env: Any, config: RunConfig, num_envs: int, e: int, record: Any, served: Any
-) -> tuple[backend.Route, int]:
-    """The backend table's row for the run (``backend.route``) and its worker
+    route: Callable[..., Any],
+    env: Any,
+    config: RunConfig,
+    num_envs: int,
+    e: int,
+    record: Any,
+    served: Any,
+) -> tuple[Any, int]:
+    """The backend table's row for the run (``route``) and its worker
     processes (``worker_count``; 0 for a served env)."""
     if served is not None:
-        return backend.route(backend.Target(env, backend.SERVED)), 0
+        return route(backend.Target(env, backend.SERVED)), 0
     check_seeds = config.starts.check_seeds
     w = worker_count(config.workers, env, max(1, min(num_envs, e)), record, check_seeds)
-    frames = not w and backend.records_frames(env, record)
-    target = backend.Target(env, backend.HOST)
-    return backend.route(target, workers=w, frames=frames), w
+    return route(backend.Target(env, backend.HOST), workers=w, record=record), w
 
 
 def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:

@@ -56,7 +56,7 @@ class HostRun:
     recorder: Any = None  # ``driver.HostRecorder``
     trial_base: int = 0  # episode i's trial index is this + i
     texts: Any = None  # Text inputs per lane (``instructions.LaneTexts``)
-    loop: Any = None  # the loop class (``backend.Route.loop_for``)
+    loop: Any = None  # the loop class (``dispatch.Route.loop_for``)
     agent: Any = None  # ``driver.HostAgent``, or a served policy's agent side
     policy: Any = None  # the resolved ``Policy``
     hooks: list = dataclasses.field(default_factory=list)

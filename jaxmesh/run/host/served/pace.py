@@ -1,7 +1,7 @@
 """The pacing of a served run: ``ServedRun`` (its per-lane state and the loop,
 ``pace``: agent steps for the lanes whose results are in, flushes when none
 can move, lane groups in turn) and ``ServedStepRun`` (the per-step case, h = 1,
-one pass over numpy arrays per call); ``backend.route`` picks one.
+one pass over numpy arrays per call); ``jaxmesh.run.dispatch.route`` picks one.
 
 ``ServedRun`` is ``HostLoop`` (the episode and step rules) holding three parts
 that read its per-lane state: ``outbox`` (``calls.Outbox``: what is sent),

@@ -140,7 +140,7 @@ class ServedLanes:
 
     @classmethod
     def of(cls, env: Any, num_envs: int, _episodes: int, _workers: int, served: Any):
-        """The lanes of a served run (``backend.Route.lanes``): the addresses
+        """The lanes of a served run (``dispatch.Route.lanes``): the addresses
         ``env`` (one or a list) with the ``jaxmesh.Served`` options."""
         return cls(
             [env] if isinstance(env, str) else list(env),

@@ -1,0 +1,127 @@
+"""The backend table: the one place that says what runs an env.
+
+``jaxmesh.run.backend.target`` tells an env's kind once (``SCAN``, ``HOST`` or
+``SERVED``); ``route`` maps it, with the run's worker processes and recording,
+to the row that runs it: the entry function, the lanes and the loop class. It
+sits above both backends and imports them; neither imports it (the host
+driver is handed ``route``), so the table adds no import circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from jaxmesh.envs import gymnasium as gym_lanes
+from jaxmesh.remote.address import require_grpc
+from jaxmesh.run import host, scan
+from jaxmesh.run.backend import LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
+from jaxmesh.run.host.loop import GroupedRun, LocalRun
+
+
+class Route(NamedTuple):
+    """A row of the backend table (``route``).
+
+    Attributes:
+      name: ``SCAN``, ``SERVED``, ``WORKERS``, ``RECORDING`` or ``LOCAL``.
+      evaluate: what ``jaxmesh.evaluate`` calls: the scan's ``run`` or the
+        host driver's ``evaluate`` (``jaxmesh.run.host.driver``).
+      lanes: a host row's lanes, ``lanes(env, num_envs, episodes, workers,
+        served)`` (None for ``SCAN``).
+      loop: a host row's loop class, ``loop(HostRun, res, episodes_out, tel)``.
+      fast: a faster loop class, taken instead when its ``applies(program,
+        lanes, recorder)`` holds (None: none).
+    """
+
+    name: str
+    evaluate: Callable[..., Any]
+    lanes: Callable[..., Any] | None = None
+    loop: Any = None
+    fast: Any = None
+
+    def loop_for(self, program: Any, lanes: Any, recorder: Any) -> Any:
+        """The loop class for these lanes and the run's agent program."""
+        if self.fast is not None and self.fast.applies(program, lanes, recorder):
+            return self.fast
+        return self.loop
+
+
+def route(target: Target, *, workers: int = 0, record: Any = None) -> Route:
+    """The backend table: the row that runs ``target``, the first that applies.
+
+    ============  ===========================  =========================================
+    row           when                         lanes -> loop class
+    ============  ===========================  =========================================
+    ``SCAN``      a JAX env (EnvPool's too)    the env itself -> ``scan.run`` (one
+                                               device or a mesh: ``placement_for`` in
+                                               run/scan/placement.py)
+    ``SERVED``    served addresses             ``ServedLanes`` -> ``ServedStepRun`` when
+                                               its ``applies`` holds (h = 1, no lead, no
+                                               recording, no lockstep server), else
+                                               ``ServedRun`` (segments)
+    ``WORKERS``   ``workers`` > 0 (the host    ``WorkerEnvLanes`` -> ``GroupedRun`` when
+                  driver's ``worker_count``)   its ``applies`` holds (h = 1, no lead, no
+                                               sweep, no recording, a core to spare),
+                                               else ``LocalRun``
+    ``RECORDING`` ``record``: a recording of   ``recording_lanes`` -> ``LocalRun``
+                  ``"gymnasium:<id>"`` frames
+                  (``records_frames``)
+    ``LOCAL``     gymnasium in this process    ``make_lanes`` -> ``LocalRun``
+    ============  ===========================  =========================================
+
+    ``jaxmesh.evaluate`` calls a row's ``evaluate``; the host driver is handed
+    this table (``route=``) and asks it again with the run's ``workers`` and
+    ``record`` for the lanes and the loop class.
+    """
+    if target.kind == SCAN:
+        return Route(SCAN, scan.run)
+    if target.kind == SERVED:
+        require_grpc()
+        from jaxmesh.run.host.served import (  # the [remote] extra: gRPC
+            ServedLanes,
+            ServedRun,
+            ServedStepRun,
+        )
+
+        return Route(SERVED, evaluate_host, ServedLanes.of, ServedRun, ServedStepRun)
+    if workers:
+        lanes = lambda env, n, e, w, served: gym_lanes.WorkerEnvLanes(
+            env, max(1, min(n, e)), w
+        )
+        return Route(WORKERS, evaluate_host, lanes, LocalRun, GroupedRun)
+    if records_frames(target.env, record):
+        return Route(RECORDING, evaluate_host, recording_lanes, LocalRun)
+    lanes = lambda env, n, e, w, served: gym_lanes.make_lanes(env, n, e)
+    return Route(LOCAL, evaluate_host, lanes, LocalRun)
+
+
+def records_frames(env: Any, record: Any) -> bool:
+    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs this
+    process makes (an unknown id is left to ``make_lanes``, which names it)."""
+    if record is None or record.frames is False or not isinstance(env, str):
+        return False
+    name = env.partition(":")[2]
+    return ":" in name or name in gym_lanes.import_gymnasium().registry
+
+
+def recording_lanes(env: str, num_envs: int, episodes: int, *_: Any) -> Any:
+    """``"gymnasium:<id>"`` lanes made with ``render_mode="rgb_array"``."""
+    gym = gym_lanes.import_gymnasium()
+    made: list = []
+    try:
+        for _ in range(max(1, min(num_envs, episodes))):
+            made.append(gym.make(env.partition(":")[2], render_mode="rgb_array"))
+        return gym_lanes.EnvLanes(made, owned=True)
+    except BaseException:
+        for e in made:
+            e.close()
+        raise
+
+
+def evaluate_host(policy: Any, env: Any, config: Any, **given: Any) -> Any:
+    """The host rows' entry: the host driver (``jaxmesh.run.host.evaluate``)
+    with this table to pick its lanes and loop class."""
+    return host.evaluate(policy, env, config, route=route, **given)
+
+
+__all__ = ["Route", "evaluate_host", "records_frames", "recording_lanes", "route"]
