@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import graphlib
 import tomllib
 from pathlib import Path
 
@@ -77,6 +78,21 @@ def test_no_two_modules_import_each_other():
         {"jaxmesh.run.config", "jaxmesh.run.resume"},
     ):
         assert frozenset(pair) not in circles
+
+
+def test_no_circle_of_any_length():
+    # Longer circles too (a -> b -> c -> a), lazy imports included: a table
+    # that imports the backends on use while they import it back is one.
+    graph = {
+        m: {i for i in jaxmesh_imports(m) if i not in (m, "jaxmesh")} for m in modules()
+    }
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        raise AssertionError(
+            f"an import circle: {' -> '.join(exc.args[1])}; move what the modules "
+            "share into one that they all import one way"
+        ) from None
 
 
 def _closure(name: str) -> set[str]:
@@ -160,3 +176,31 @@ def test_one_version_string():
     # The client (and the JAX-free server) never load the package root for it.
     for name in ("jaxmesh.remote.client", "jaxmesh.remote.server"):
         assert "jaxmesh" not in imported(name), name
+
+
+def test_the_core_imports_without_the_remote_extra():
+    # gRPC is the [remote] extra: evaluate, sweeps, suites and the CLI import
+    # without it (a served env then asks for the extra by name).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('grpc', 'grpc_health'):\n"
+        "            raise ImportError('no ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import jaxmesh.api, jaxmesh.sweep, jaxmesh.suite, jaxmesh.run.dispatch\n"
+        "import jaxmesh.cli.eval\n"
+        "from jaxmesh.run import backend, dispatch\n"
+        "try:\n"
+        "    dispatch.route(backend.Target('grpc://127.0.0.1:1', backend.SERVED))\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "served envs need gRPC" in out.stdout, out.stdout
