@@ -64,7 +64,7 @@ def init_params(seed: int) -> dict[str, np.ndarray]:
 
 
 def _host_loop(policy: Any, envs: list, n: int) -> tuple[HostLoop, Any]:
-    """A ``HostLoop`` over ``envs`` with the program ``host.evaluate`` builds;
+    """A ``HostLoop`` over ``envs`` with the program ``host.run_host`` builds;
     every lane active at its reset observation, the state initialised."""
     lanes = gym_lanes.make_lanes(envs, n, n)
     settings = checks.check_settings(n, 1, 0, None, None)

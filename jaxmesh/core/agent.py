@@ -668,7 +668,7 @@ def can_skip(cfg: AgentConfig) -> bool:
     return cfg.horizon > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 
-def due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
+def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
     """[N] lanes whose next action needs an agent step: their chunk is
     exhausted (a plan, or the prefetched chunk taking over) or, under a lead,
     the prefetch plan is due. ``cursor`` is the next chunk index per lane

@@ -119,9 +119,9 @@ def recording_lanes(env: str, num_envs: int, episodes: int, *_: Any) -> Any:
 
 
 def evaluate_host(policy: Any, env: Any, config: Any, **given: Any) -> Any:
-    """The host rows' entry: the host driver (``jaxmesh.run.host.evaluate``)
+    """The host rows' entry: the host driver (``jaxmesh.run.host.run_host``)
     with this table to pick its lanes and loop class."""
-    return host.evaluate(policy, env, config, route=route, **given)
+    return host.run_host(policy, env, config, route=route, **given)
 
 
 __all__ = ["Route", "evaluate_host", "records_frames", "recording_lanes", "route"]

@@ -244,11 +244,11 @@ def test_due_and_can_skip():
     policy = chunk_policy(4)
     plain, led = config(policy), config(policy, lead=1)
     cursor = np.array([0, 1, 2, 3, 4])
-    assert agent.due(plain, cursor).tolist() == [False] * 4 + [True]
-    assert agent.due(led, cursor).tolist() == [False] * 3 + [True, True]
+    assert agent.plans_due(plain, cursor).tolist() == [False] * 4 + [True]
+    assert agent.plans_due(led, cursor).tolist() == [False] * 3 + [True, True]
     # per lane (a sweep's cells): h = 2 with no lead, h = 4 with a lead of 1
     h, lead = np.array([2, 2, 4, 4, 4]), np.array([0, 0, 1, 1, 1])
-    assert agent.due(led, np.array([1, 2, 2, 3, 4]), h, lead).tolist() == [
+    assert agent.plans_due(led, np.array([1, 2, 2, 3, 4]), h, lead).tolist() == [
         False,
         True,
         False,

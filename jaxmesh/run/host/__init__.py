@@ -8,6 +8,6 @@ served), its agent step and its metrics, and returns the ``RunResult``;
 loop over env servers (``"grpc://host:port"``).
 """
 
-from jaxmesh.run.host.driver import clear_cache, evaluate
+from jaxmesh.run.host.driver import clear_agents, run_host
 
-__all__ = ["clear_cache", "evaluate"]
+__all__ = ["clear_agents", "run_host"]

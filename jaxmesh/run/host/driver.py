@@ -1,5 +1,5 @@
 """``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process, in worker
-processes or served: ``evaluate`` builds the run (its lanes and loop class from
+processes or served: ``run_host`` builds the run (its lanes and loop class from
 the backend table, ``jaxmesh.run.dispatch.route``; ``HostMetrics``,
 ``HostRecorder``, the jitted ``HostAgent``) as one ``loop.HostRun`` and returns
 the ``RunResult``.
@@ -396,7 +396,7 @@ class HostAgent:
     """The agent side for one policy, lane layout and settings.
 
     Probes the policy against the lanes' spaces and builds the jitted
-    ``init`` / ``host_step`` once per params signature; ``evaluate`` keeps a few
+    ``init`` / ``host_step`` once per params signature; ``run_host`` keeps a few
     (``kept.SIZE``) so that calling it again compiles nothing.
     """
 
@@ -497,13 +497,13 @@ def _host_agent(
     return _AGENTS.get(key, lambda: HostAgent(policy, pol, spec, settings, tile_lanes))
 
 
-def clear_cache() -> None:
-    """Drops every host agent (and compiled program) ``evaluate`` keeps."""
+def clear_agents() -> None:
+    """Drops every host agent (and compiled program) ``run_host`` keeps."""
     _AGENTS.clear()
 
 
 # The run ---------------------------------------------------------------------------
-def evaluate(
+def run_host(
     policy: Any,
     env: Any,
     config: RunConfig,
@@ -784,4 +784,4 @@ def episode_keys(seeds: Any) -> np.ndarray:
     return rules.episode_keys(np, seeds)
 
 
-__all__ = ["evaluate", "HostAgent", "clear_cache"]
+__all__ = ["run_host", "HostAgent", "clear_agents"]

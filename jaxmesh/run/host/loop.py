@@ -43,7 +43,7 @@ MAX_SEEDS_CHECKED = 1_000_000
 
 @dataclasses.dataclass(frozen=True)
 class HostRun:
-    """What one host-stepped run is given, built once (``driver.evaluate``):
+    """What one host-stepped run is given, built once (``driver.run_host``):
     the loop reads the first ten fields, the driver the rest."""
 
     program: Any  # the agent program (``driver.HostAgent.program``)
@@ -319,7 +319,7 @@ class HostLoop:
         prefetch and no episode start (False everywhere unless skipping)."""
         if not self.skipping:
             return np.zeros(self.n, bool)
-        return ~self.started & ~agent.due(
+        return ~self.started & ~agent.plans_due(
             self.cfg, self.cursor, self.lane_h, self.lane_lead
         )
 

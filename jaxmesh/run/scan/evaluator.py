@@ -617,7 +617,7 @@ def clear_cache() -> None:
     """Drops every evaluator and host agent (and compiled program) ``evaluate``
     keeps."""
     _EVALUATORS.clear()
-    host.clear_cache()
+    host.clear_agents()
 
 
 def run(

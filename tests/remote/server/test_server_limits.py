@@ -2,7 +2,8 @@
 make it allocate from an unbounded request, or make the client hang on close.
 
 Real servers on 127.0.0.1 (port 0), driven by the raw stub client of
-tests/remote/server/test_server.py or by jaxmesh's own clients, and stopped by each test.
+tests/remote/server/test_server.py or by jaxmesh's own clients, and stopped by
+each test.
 Times are checked against generous bounds only.
 """
 
