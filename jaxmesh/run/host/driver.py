@@ -536,10 +536,8 @@ def run_host(
         ``info`` (``HostMetrics``).
       served: a served env's ``jaxmesh.Served`` options (None: in process).
       record: a ``jaxmesh.Record``, kept on the host (``HostRecorder``).
-      grid: a sweep's ``(cells, cell_episodes)`` (``checks.Settings.grid``),
-        or None for one setting.
-      route: the backend table (``jaxmesh.run.dispatch.route``), asked for
-        the run's lanes and loop class.
+      grid: a sweep's ``(cells, cell_episodes)``, or None for one setting.
+      route: the backend table (``dispatch.route``): lanes and loop class.
       policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
 
     Raises:
