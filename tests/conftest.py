@@ -230,3 +230,12 @@ def jupyter_kernel(root: Path, name: str, env: dict | None = None):
         yield km
     finally:
         km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def no_compile_cache(monkeypatch):
+    """In-process CLI runs must not turn on the persistent compilation cache
+    for the rest of the test session."""
+    from jaxmesh.cli.cache import CACHE_SWITCH_ENV
+
+    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")

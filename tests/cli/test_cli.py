@@ -45,12 +45,6 @@ EPISODE_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    """In-process runs must not turn on the persistent cache for the session."""
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
-
-
 def reference_returns(params, seeds):
     """Returns and lengths of the MLP with ``params``, one episode at a time."""
     return reference_episodes(lambda obs: cartpole.apply(params, obs), seeds)

@@ -14,7 +14,6 @@ import yaml
 from gym_reference import tilt_episodes
 
 from jaxmesh.cli import main
-from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.cli.config import apply_overrides
 
 ROOT_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "cartpole.yaml")
@@ -35,11 +34,6 @@ FACTORIES = textwrap.dedent(
     NOT_A_FACTORY = 3
     """
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 @pytest.fixture

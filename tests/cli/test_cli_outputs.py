@@ -31,11 +31,6 @@ from jaxmesh.cli.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
-
-
 def write_config(tmp_path, name="run.yaml", **keys):
     config = {
         "env": "gymnasium:CartPole-v1",

@@ -30,11 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = "gymnasium:CartPole-v1"
 
 
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
-
-
 def _config(folder: Path, **keys) -> Path:
     config = {
         "env": ENV,

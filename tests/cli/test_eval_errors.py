@@ -21,11 +21,6 @@ from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
-
-
 def _config(tmp_path: Path, **keys) -> Path:
     config = {
         "env": "gymnax:CartPole-v1",

@@ -16,15 +16,9 @@ from cli_policies import tilt
 
 import jaxmesh
 from jaxmesh.cli import main
-from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 
 ENV = "gymnasium:CartPole-v1"
 EPISODES = 24
-
-
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 class _CtrlC:

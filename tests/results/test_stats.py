@@ -17,18 +17,13 @@ import scipy.stats
 
 import jaxmesh
 from jaxmesh.cli import main
-from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.results import stats
 from jaxmesh.results.result import RunResult
 from jaxmesh.zoo import cartpole
 
+pytestmark = pytest.mark.usefixtures("no_compile_cache")
+
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cartpole.yaml"
-
-
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    """In-process runs must not turn on the persistent cache for the session."""
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 def synthetic(returns, seeds=None, indices=None, policy="p", env="e") -> RunResult:

@@ -27,6 +27,8 @@ from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 
 from .test_resume import Stop, StopAt
 
+pytestmark = pytest.mark.usefixtures("no_compile_cache")
+
 ENV = "gymnax:CartPole-v1"
 POL_A = """import jax.numpy as jnp
 
@@ -35,11 +37,6 @@ def act(obs):
     return (obs[2] > {t}).astype(jnp.int32)
 """
 POL_B = "import jax.numpy as jnp\n\n\ndef act(obs):\n    return jnp.int32(0)\n"
-
-
-@pytest.fixture(autouse=True)
-def _no_compile_cache(monkeypatch):
-    monkeypatch.setenv(CACHE_SWITCH_ENV, "0")
 
 
 def single_error_line(err: str) -> str:
