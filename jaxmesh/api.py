@@ -5,7 +5,7 @@ Every run starts here, in four steps a reader can follow in this file:
 1. the configuration is built and checked once (``jaxmesh.RunConfig``; a
    grouped field given as a flat keyword is refused, naming its group);
 2. the env is made with its options and told its backend once
-   (``jaxmesh.run.backend.target``); a ``jaxmesh.Suite`` is planned as runs
+   (``jaxmesh.run.dispatch.target``); a ``jaxmesh.Suite`` is planned as runs
    (``jaxmesh.suite.SuitePlan``), each task's env told the same way
    (``run_suite``);
 3. ``resume=`` works out the episodes an earlier result lacks, runs them and
@@ -153,7 +153,7 @@ def evaluate(
     }
     if isinstance(env, suite.Suite):
         return run_suite(policy, env, config, env_config, **call)
-    return run_one(policy, backend.target(env, env_config), config, **call)
+    return run_one(policy, dispatch.target(env, env_config), config, **call)
 
 
 def run_suite(
@@ -178,7 +178,7 @@ def run_suite(
     plan = suite.SuitePlan(the_suite, config, call)
     for run in plan.runs:
         try:
-            result = run_one(policy, backend.target(run.env()), run.config, **run.call)
+            result = run_one(policy, dispatch.target(run.env()), run.config, **run.call)
         except BaseException as exc:
             plan.failed(run, exc)
             raise
@@ -197,7 +197,7 @@ def run_one(
 ) -> RunResult:
     """One run of one env: resumed, traced and fingerprinted (step 3).
 
-    ``target``: the env and its backend (``backend.target``); ``call``: the
+    ``target``: the env and its backend (``dispatch.target``); ``call``: the
     budget (``episodes``, ``seeds``), ``params``, ``hooks`` and ``record``,
     as ``evaluate`` takes them."""
     if isinstance(resume, suite.SuiteResult):

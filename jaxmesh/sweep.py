@@ -398,7 +398,7 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
         )
         pol, spec = probe.policy, probe.env
     else:
-        served = config.for_backend(backend.target(env))
+        served = config.for_backend(dispatch.target(env))
         pol = resolve_policy(policy, with_params=takes)
         spec = _host_spec(env, served)
     p = pol.default_params() if params is None else pol.place(params)

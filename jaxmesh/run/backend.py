@@ -5,8 +5,8 @@ Three kinds of env run ``jaxmesh.evaluate``: a JAX env (the scan,
 process or in worker processes, and served envs (``"grpc://host:port"``,
 ``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``target``
 makes an env id with its options and records the answer beside the env
-(``Target``); ``jaxmesh.run.dispatch.route`` is the table of what runs each
-kind, down to the lanes and the loop class. The checks of the options
+(``Target``; ``jaxmesh.run.dispatch.target`` makes an id and tells its kind,
+``dispatch.route`` is the table of what runs each kind). The checks of the options
 only served envs take (``reply_timeout``, ``lane_groups``, ``on_server_loss``)
 live here too; ``jaxmesh.Served`` runs them when it is built.
 """
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from jaxmesh import envs
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address
 
@@ -49,7 +47,7 @@ def backend_of(env: Any) -> str:
 
 class Target(NamedTuple):
     """An env and the backend that runs it (``SCAN``, ``HOST`` or ``SERVED``),
-    told once by ``target``."""
+    told once by ``jaxmesh.run.dispatch.target``."""
 
     env: Any
     kind: str
@@ -73,36 +71,6 @@ class Target(NamedTuple):
         if isinstance(self.env, str):
             return self.env
         return getattr(self.env, "name", None)
-
-
-def target(env: Any, env_config: Any = None) -> Target:
-    """``env`` (an id made with ``env_config``'s options) and its backend.
-
-    ``jaxmesh.evaluate(env=id, env_config={...})`` runs
-    ``jaxmesh.make_env(id, **env_config)``; a ``libero:`` id is made even
-    without options, since it names a factory of host-stepped envs.
-
-    Raises:
-      TypeError: ``env_config`` not a mapping, or given with an env that is
-        not an id.
-    """
-    if env_config is not None and not isinstance(env_config, Mapping):
-        raise TypeError(
-            f"env_config={env_config!r}: expected a mapping of the env's options "
-            "(passed as jaxmesh.make_env(env, **env_config))"
-        )
-    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
-    if env_config and not is_id:
-        raise TypeError(
-            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
-            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
-            "env with its options yourself, or give an id"
-        )
-    if is_address(env):
-        return Target(env, SERVED)
-    if is_id and (env_config or env.startswith("libero:")):
-        env = envs.make_env(env, **dict(env_config or {}))
-    return Target(env, HOST if is_host_stepped(env) else SCAN)
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
@@ -192,7 +160,6 @@ __all__ = [
     "SERVED",
     "backend_of",
     "Target",
-    "target",
     "WORKERS",
     "RECORDING",
     "LOCAL",

@@ -411,7 +411,7 @@ class RunConfig:
 
     def for_backend(self, target: backend.Target) -> Served | None:
         """Checks the settings only one backend takes against the backend
-        that runs the env (``backend.target``).
+        that runs the env (``dispatch.target``).
 
         Returns:
           The ``Served`` options for a served env (``Served()`` when none were

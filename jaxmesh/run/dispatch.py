@@ -1,22 +1,55 @@
 """The backend table: the one place that says what runs an env.
 
-``jaxmesh.run.backend.target`` tells an env's kind once (``SCAN``, ``HOST`` or
-``SERVED``); ``route`` maps it, with the run's worker processes and recording,
-to the row that runs it: the entry function, the lanes and the loop class. It
-sits above both backends and imports them; neither imports it (the host
-driver is handed ``route``), so the table adds no import circle.
+``target`` makes an env id with its options and tells its kind once (``SCAN``,
+``HOST`` or ``SERVED``, ``jaxmesh.run.backend``); ``route`` maps it, with the
+run's worker processes and recording, to the row that runs it: the entry
+function, the lanes and the loop class. It sits above both backends and imports
+them; neither imports it (the host driver is handed ``route``), so the table
+adds no import circle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from jaxmesh import envs
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.remote.address import require_grpc
+from jaxmesh.envs.gymnasium import is_host_stepped
+from jaxmesh.remote.address import is_address, require_grpc
 from jaxmesh.run import host, scan
-from jaxmesh.run.backend import LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
+from jaxmesh.run.backend import HOST, LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
 from jaxmesh.run.host.loop import GroupedRun, LocalRun
+
+
+def target(env: Any, env_config: Any = None) -> Target:
+    """``env`` (an id made with ``env_config``'s options) and its backend.
+
+    ``jaxmesh.evaluate(env=id, env_config={...})`` runs
+    ``jaxmesh.make_env(id, **env_config)``; a ``libero:`` id is made even
+    without options, since it names a factory of host-stepped envs.
+
+    Raises:
+      TypeError: ``env_config`` not a mapping, or given with an env that is
+        not an id.
+    """
+    if env_config is not None and not isinstance(env_config, Mapping):
+        raise TypeError(
+            f"env_config={env_config!r}: expected a mapping of the env's options "
+            "(passed as jaxmesh.make_env(env, **env_config))"
+        )
+    is_id = isinstance(env, str) and env.partition(":")[0] in envs.PREFIXES
+    if env_config and not is_id:
+        raise TypeError(
+            f"env_config={dict(env_config)!r} with env {env!r}: env_config only "
+            f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
+            "env with its options yourself, or give an id"
+        )
+    if is_address(env):
+        return Target(env, SERVED)
+    if is_id and (env_config or env.startswith("libero:")):
+        env = envs.make_env(env, **dict(env_config or {}))
+    return Target(env, HOST if is_host_stepped(env) else SCAN)
 
 
 class Route(NamedTuple):
@@ -124,4 +157,11 @@ def evaluate_host(policy: Any, env: Any, config: Any, **given: Any) -> Any:
     return host.run_host(policy, env, config, route=route, **given)
 
 
-__all__ = ["Route", "evaluate_host", "records_frames", "recording_lanes", "route"]
+__all__ = [
+    "Route",
+    "evaluate_host",
+    "records_frames",
+    "recording_lanes",
+    "route",
+    "target",
+]

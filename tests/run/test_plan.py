@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import jaxmesh
-from jaxmesh.run import backend, checks
+from jaxmesh.run import backend, checks, dispatch
 from jaxmesh.run.host import served
 from jaxmesh.run.plan import default_plan_tile, effective_horizon, plan_run
 
@@ -100,7 +100,7 @@ def test_backend_of(env, kind):
 def test_served_options_are_refused_by_name_for_other_envs(env, name, value, message):
     config = jaxmesh.RunConfig(served=jaxmesh.Served(**{name: value}))
     with pytest.raises(ValueError, match=message) as e:
-        config.for_backend(backend.target(env))
+        config.for_backend(dispatch.target(env))
     assert f"drop {name}=" in str(e.value) and repr(env) in str(e.value)
 
 
@@ -112,9 +112,9 @@ def test_the_served_options_are_one_checked_served():
     given = jaxmesh.Served(token="t", reply_timeout=2, lane_groups=3)
     assert (given.reply_timeout, given.lane_groups) == (2.0, 3)
     assert isinstance(given.reply_timeout, float)
-    got = jaxmesh.RunConfig(served=given).for_backend(backend.target(address))
+    got = jaxmesh.RunConfig(served=given).for_backend(dispatch.target(address))
     assert got is given
-    default = jaxmesh.RunConfig().for_backend(backend.target(address))
+    default = jaxmesh.RunConfig().for_backend(dispatch.target(address))
     assert default == jaxmesh.Served()
     assert (default.reply_timeout, default.transport) == ("auto", "auto")
     assert (default.token, default.lane_groups, default.on_server_loss) == (
@@ -122,7 +122,9 @@ def test_the_served_options_are_one_checked_served():
         None,
         None,
     )
-    assert jaxmesh.RunConfig().for_backend(backend.target("gymnax:CartPole-v1")) is None
+    assert (
+        jaxmesh.RunConfig().for_backend(dispatch.target("gymnax:CartPole-v1")) is None
+    )
     with pytest.raises(ValueError, match="lane_groups=0"):
         jaxmesh.Served(lane_groups=0)
     assert not hasattr(backend, "ServedOptions")  # one class holds the six fields
