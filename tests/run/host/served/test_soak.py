@@ -4,8 +4,8 @@ Real ``jaxmesh serve-env`` child processes on 127.0.0.1. Mid-run one server is
 killed (SIGKILL) and started again at the same address (the run rejoins it),
 and another one stops answering (SIGSTOP, caught by ``reply_timeout``).
 The unfaulted run is the same budget stepped in this process (its episodes
-equal a plain gymnasium loop's: tests/run/host/test_gymnasium.py): every episode must
-equal it bit for bit, and the run must leave no thread or socket behind.
+equal a plain gymnasium loop's: tests/envs/gymnasium/test_gymnasium.py): every
+episode must equal it bit for bit, and the run must leave no thread or socket behind.
 """
 
 from __future__ import annotations

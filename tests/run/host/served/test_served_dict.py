@@ -73,7 +73,7 @@ def reference(horizon: int, lead: int):
 
 
 #: The leaves that cross are counted on the gRPC wire (``sent``): these
-#: servers offer no same-host transport (tests/run/host/test_shm_transport.py has it).
+#: servers offer no same-host transport (test_shm_transport.py has it).
 GRPC_ONLY = ServeOptions(shared_memory=False)
 
 
