@@ -47,7 +47,7 @@ class AgentConfig:
     """Static configuration of the agent side (hashable, never traced)."""
 
     num_envs: int
-    horizon: int  # effective h = min(H, K)
+    h: int  # actions played per plan: min(H, K) (RunConfig's horizon is H)
     lead: int  # effective l = min(L, h)
     tile: int
     action_shape: tuple[int, ...]
@@ -66,7 +66,7 @@ class AgentConfig:
     #: A sweep's settings (``jaxmesh.sweep``): each cell's ``(h, d)``, cell c
     #: running episodes ``c * cell_episodes .. (c + 1) * cell_episodes - 1``.
     #: A lane takes its episode's (h, d) when it begins it (``AgentState.
-    #: setting``: data, not program); ``horizon`` and ``lead`` are then the
+    #: setting``: data, not program); ``h`` and ``lead`` are then the
     #: largest h and d (the buffers' sizes). None: one setting, static.
     grid: tuple[tuple[int, int], ...] | None = None
     cell_episodes: int = 0
@@ -80,7 +80,7 @@ class AgentConfig:
             return self.chunk_len
         if self.grid is not None:
             return max(h + d for h, d in self.grid)
-        return self.horizon + self.delay
+        return self.h + self.delay
 
     # ((name, treedef, ((shape, dtype), ...)), ...): each Text input's encoding
     texts: tuple = ()
@@ -150,7 +150,7 @@ def make_config(
             )
     return AgentConfig(
         num_envs=num_envs,
-        horizon=h,
+        h=h,
         lead=min(lead, h),
         tile=tile,
         action_shape=tuple(env.action_shape),
@@ -287,7 +287,7 @@ def _initial_rstate(policy: Policy, n: int) -> Any:
 
 def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentState:
     """Agent state for N lanes; lanes in ``lanes`` begin an episode at ``obs``."""
-    n, h = cfg.num_envs, cfg.horizon
+    n, h = cfg.num_envs, cfg.h
     zeros_a = jnp.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
     prev = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
     windows = _reset_windows(cfg, obs, prev)
@@ -346,7 +346,7 @@ def begin(
     Under a sweep (``cfg.grid``) a lane takes the (h, d) of its episode
     (``episodes``: [N] the episode index each lane begins).
     """
-    n, h = cfg.num_envs, cfg.horizon
+    n, h = cfg.num_envs, cfg.h
     prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
     full = _reset_windows(cfg, obs, prev0)
     windows = {k: _where(mask, w, state.windows[k]) for k, w in full.items()}
@@ -399,7 +399,7 @@ def _plan(
     Returns the updated buffer, the state with the planned lanes' recurrent
     state (and tail), and the rows computed.
     """
-    h = cfg.horizon
+    h = cfg.h
     pending = None
     if cfg.pending_names:
         _, delay, _ = _replay_setting(cfg, state)
@@ -468,7 +468,7 @@ def act(
     if cfg.ensemble is not None:
         state, action = _ensemble(cfg, policy, params, state, active, ep_keys, t)
         return _executed(cfg, state, active, action), action
-    h, lead = cfg.horizon, cfg.lead
+    h, lead = cfg.h, cfg.lead
     hl, dl, lead_l = _replay_setting(cfg, state)
     exhausted = active & replay.exhausted(state.cursor, hl)
     if lead == 0:
@@ -535,7 +535,7 @@ def _replay_setting(cfg: AgentConfig, state: AgentState) -> tuple[Any, Any, Any]
     """Each lane's (h, d, lead): static ints, or [N] arrays under a sweep
     (``cfg.grid``: its episode's h and d, a delay planned as a lead of d)."""
     if cfg.grid is None:
-        return cfg.horizon, cfg.delay, cfg.lead
+        return cfg.h, cfg.delay, cfg.lead
     hl, dl = state.setting[:, 0], state.setting[:, 1]
     return hl, dl, dl
 
@@ -665,7 +665,7 @@ def can_skip(cfg: AgentConfig) -> bool:
     """Whether a host loop may execute replayed chunk actions without an agent
     step (``skip_replayed``): chunks of more than one action, and every window
     one frame deep (a deeper window would need every skipped frame)."""
-    return cfg.horizon > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
+    return cfg.h > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 
 def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
@@ -676,7 +676,7 @@ def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) ->
     ``h`` and ``lead``: each lane's ([N], a sweep's ``cell_setting``); None:
     the config's."""
     if h is None:
-        h, lead = cfg.horizon, cfg.lead
+        h, lead = cfg.h, cfg.lead
     if not cfg.lead:
         return replay.exhausted(cursor, h)
     return replay.due(cursor, h, lead)
@@ -691,7 +691,7 @@ def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> Agent
     step that follows overwrites the observation frames. So the cursor moves
     by ``skip`` and the previous action becomes the last skipped one.
     """
-    h = cfg.horizon
+    h = cfg.h
     cursor = state.cursor + skip
     at = jnp.reshape(
         jnp.clip(cursor - 1, 0, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)

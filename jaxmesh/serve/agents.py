@@ -497,7 +497,7 @@ class Pools:
             "session": session.id,
             "policy": self.name,
             "chunk": chunk,
-            "horizon": cfg.horizon,
+            "horizon": cfg.h,
             "lead": cfg.lead,
             "tile": cfg.tile,
             "digest": digest,

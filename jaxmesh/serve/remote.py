@@ -376,7 +376,7 @@ class RemoteAgent:
         chunk = info["chunk"]
         cfg = agent.AgentConfig(
             num_envs=n,
-            horizon=h,
+            h=h,
             lead=int(info["lead"]),
             tile=int(info["tile"]),
             action_shape=tuple(spec.action_shape),

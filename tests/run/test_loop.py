@@ -101,7 +101,7 @@ class Step:
 
 class Program:
     def __init__(self, n, choose=lambda seed, t: t % 2):
-        self.config = SimpleNamespace(horizon=1, lead=0, grid=None, spec=())
+        self.config = SimpleNamespace(h=1, lead=0, grid=None, spec=())
         self.layout = Layout()
         self.step = Step(choose)
         self.n = n

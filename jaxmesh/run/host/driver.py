@@ -718,7 +718,7 @@ def _run(run: HostRun) -> RunResult:
     run_fields = stream.run_fields(
         settings,
         num_envs=n,
-        effective_horizon=cfg.horizon,
+        effective_horizon=cfg.h,
         chunk=program.chunk,
         plan_tile=cfg.tile,
         policy=run.policy.name,
@@ -736,7 +736,7 @@ def _run(run: HostRun) -> RunResult:
     episodes_out = stream.EpisodeStream(
         run.hooks, run.seeds, run.policy.on_episode_end, run_fields
     )
-    episodes_out.steps = stream.StepStream(run.hooks, cfg.horizon, cfg.lead)
+    episodes_out.steps = stream.StepStream(run.hooks, cfg.h, cfg.lead)
     res = core_results.empty(
         e,
         n,

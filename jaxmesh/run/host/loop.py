@@ -141,7 +141,7 @@ class HostLoop:
         #: which pace its replays and segments (``lane_setting``); None: the config's.
         self.lane_h = self.lane_lead = None
         if self.cfg.grid is not None:
-            self.lane_h = np.full(n, self.cfg.horizon, np.int64)
+            self.lane_h = np.full(n, self.cfg.h, np.int64)
             self.lane_lead = np.zeros(n, np.int64)
 
     # Episodes ---------------------------------------------------------------------
@@ -276,7 +276,7 @@ class HostLoop:
         lanes ``js``: [m] ints, each lane's cell under a sweep."""
         if self.lane_h is None:
             m = np.shape(js)[0]
-            return np.full(m, self.cfg.horizon), np.full(m, self.cfg.lead)
+            return np.full(m, self.cfg.h), np.full(m, self.cfg.lead)
         return self.lane_h[js], self.lane_lead[js]
 
     def agent_step(self, started: Any, active: Any, moved: Any) -> Any:
@@ -328,7 +328,7 @@ class HostLoop:
         (the next agent step skips it); returns the actions by lane (zeros for
         the other lanes)."""
         actions = np.zeros_like(self.step_action)
-        h = self.cfg.horizon
+        h = self.cfg.h
         actions[js] = self.chunk[js, replay.play_index(self.cursor[js], h, np)]
         self.cursor[js] += 1
         self.skip[js] += 1
@@ -632,7 +632,7 @@ class GroupedRun(LocalRun):
         return (
             groups is not None
             and 1 < len(groups) < pool.cores()
-            and cfg.horizon == 1
+            and cfg.h == 1
             and cfg.lead == 0
             and cfg.grid is None
             and recorder is None

@@ -108,7 +108,7 @@ class ServedRun(HostLoop):
         self.outbox = Outbox(self)
         self.inbox = Inbox(self)
         self.loss = ServerLoss(self)
-        self.per_step = self.cfg.horizon == 1 and self.cfg.lead == 0
+        self.per_step = self.cfg.h == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
         groups = max(1, min(lanes.lane_groups, n))
@@ -279,7 +279,7 @@ class ServedStepRun(ServedRun):
     def applies(program: Any, lanes: ServedLanes, recorder: Any) -> bool:
         cfg = program.config
         return (
-            cfg.horizon == 1
+            cfg.h == 1
             and cfg.lead == 0
             and recorder is None
             and not any(c.lockstep for c in lanes.sessions)

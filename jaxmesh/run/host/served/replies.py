@@ -36,7 +36,7 @@ class Inbox:
     def __init__(self, run: Any):
         self.run = run
         n, layout = run.n, run.spec.layout
-        cap = self.cap = 2 * run.cfg.horizon + 2
+        cap = self.cap = 2 * run.cfg.h + 2
         self.rb_reward = np.zeros((n, cap), np.float32)
         self.rb_term = np.zeros((n, cap), bool)
         self.rb_trunc = np.zeros((n, cap), bool)

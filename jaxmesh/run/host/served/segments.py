@@ -25,7 +25,7 @@ def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None
     each lane's (``HostLoop.lane_setting``: its cell under a sweep).
     """
     lanes_ = np.flatnonzero(go)
-    if run.cfg.horizon == 1 and run.cfg.lead == 0:  # the action, per lane
+    if run.cfg.h == 1 and run.cfg.lead == 0:  # the action, per lane
         j = lanes_[run.sent[lanes_] <= run.t[lanes_]]
         ok = ~rules.failing_actions(np, actions[j], run.spec.num_actions)
         run.outbox.queue(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
