@@ -46,6 +46,7 @@ _NAMES = {
     "make_agent": "jaxmesh.run.host.agent_step",
     "Agent": "jaxmesh.run.host.agent_step",
     "Model": "jaxmesh.model",
+    "HostPolicy": "jaxmesh.host_policy",
     "EpisodeResult": "jaxmesh.results.result",
     "EpisodeLog": "jaxmesh.run.resume",
     "load_episode_log": "jaxmesh.run.resume",
@@ -95,6 +96,7 @@ if TYPE_CHECKING:
     )
     from jaxmesh.execution import Ensemble
     from jaxmesh.explain import check_frame_limit, explain
+    from jaxmesh.host_policy import HostPolicy
     from jaxmesh.model import Model, build_model
     from jaxmesh.params import Param, ParamError
     from jaxmesh.remote.envs import RemoteEnv, RemoteVectorEnv
@@ -186,6 +188,7 @@ __all__ = [
     "make_agent",
     "Agent",
     "Model",
+    "HostPolicy",
     "EpisodeResult",
     "EpisodeLog",
     "load_episode_log",

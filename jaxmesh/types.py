@@ -80,6 +80,9 @@ class Policy:
       declares_chunk: the author says the policy returns chunks (a
         ``jaxmesh.Model``'s ``predict_chunk`` corner), so a chunk played at
         horizon 1 is meant (CONTRACT 11).
+      takes_rows: ``apply`` is called with ``rows=``, each row's lane ([tile]
+        int32, -1 for a padding row), so a host policy computes only the
+        lanes that plan (``jaxmesh.HostPolicy``).
     """
 
     name: str
@@ -94,6 +97,7 @@ class Policy:
     on_episode_end: Callable[[int], None] | None
     takes_execution_horizon: bool = False
     declares_chunk: bool = False
+    takes_rows: bool = False
 
 
 @runtime_checkable

@@ -414,12 +414,15 @@ def _plan(
     def body(idx, carry):
         buf, rstate, tail = carry
         rows = lambda x: tiles.take(x, idx)
+        kw = dict(told)
+        if policy.takes_rows:  # each row's lane, -1 for padding
+            kw["rows"] = jnp.where(idx < need.shape[0], idx, -1)
         out, new_r = policy.apply(
             params,
             jax.tree.map(rows, inputs),
             rows(keys),
             jax.tree.map(rows, rstate),
-            **told,
+            **kw,
         )
         out = jnp.asarray(out)
         if not cfg.chunked:

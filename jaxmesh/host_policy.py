@@ -1,0 +1,181 @@
+"""A policy that runs on the host with numpy values (PyTorch, numpy, anything).
+
+``HostPolicy(fn)`` is a ``jaxmesh.types.PolicyLike``: its ``apply`` runs ``fn``
+through ``jax.pure_callback``, so it plans wherever a JAX policy does (inside
+the jitted scan for JAX envs, in the host loop's jitted agent step for
+gymnasium and served envs). The engine tells it which rows of a tile are real
+lanes (``Policy.takes_rows``): ``fn`` sees only those, never padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmesh import adapt
+from jaxmesh.types import Policy
+
+
+class HostPolicyError(RuntimeError):
+    """A ``HostPolicy``'s ``fn`` raised, or returned the wrong shape; the
+    function's own exception is ``__cause__``. ``lanes`` are the lanes of the
+    call."""
+
+    def __init__(self, message: str, *, policy: str, lanes: list[int]):
+        super().__init__(message)
+        self.policy = policy
+        self.lanes = lanes
+
+
+def _tree_rows(tree: Any, sel: Any) -> Any:
+    return jax.tree.map(lambda x: np.asarray(x)[sel], tree)
+
+
+class HostPolicy:
+    """A policy whose forward pass runs on the host: ``fn`` gets numpy values.
+
+    Args:
+      fn: with ``batched=True``, ``fn(obs)`` gets the observations of the lanes
+        that plan, each leaf with a leading axis B (those rows only), and
+        returns ``[B, *action_shape]`` (or ``[B, K, *action_shape]`` with
+        ``native_chunk=K``); with ``batched=False`` it gets one lane's leaves
+        and returns one action (or chunk). A ``stochastic`` ``fn(obs, seeds)``
+        also gets one ``uint32`` seed per row (``[B]``, or a scalar).
+      batched: whether ``fn`` takes a batch of rows or one lane per call.
+      native_chunk: the chunk length K ``fn`` returns, or None for single
+        actions.
+      stochastic: pass ``fn`` seeds derived from each episode's key and plan
+        step (the same at any lane count, tile, worker count or backend).
+      spec: input name -> ``jaxmesh.adapt`` declaration (``State(stack=)``,
+        ``Previous()``, ``Image(...)``, ``Text``): ``fn`` gets the processed
+        inputs as a dict, as a ``jaxmesh.Model``'s corner does.
+      name: a display name (defaults to ``fn``'s name).
+
+    The output's shape and dtype are found once per input shape, when the run
+    traces: ``fn`` is called on one row of zeros. ``fn`` holds its own weights:
+    params a run passes are ignored.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        batched: bool = True,
+        native_chunk: int | None = None,
+        stochastic: bool = False,
+        spec: dict | None = None,
+        name: str | None = None,
+    ):
+        if not callable(fn):
+            raise TypeError(f"HostPolicy: fn must be callable, got {fn!r}")
+        if native_chunk is not None and (
+            isinstance(native_chunk, bool)
+            or not isinstance(native_chunk, int)
+            or native_chunk < 1
+        ):
+            raise ValueError(
+                f"HostPolicy: native_chunk must be a positive int, got {native_chunk!r}"
+            )
+        self.fn = fn
+        self.batched = batched
+        self.native_chunk = native_chunk
+        self.stochastic = stochastic
+        self.spec = adapt.check_spec(spec)
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self._outputs: dict = {}  # input shapes -> one row's output struct
+
+    def __repr__(self) -> str:
+        return f"HostPolicy({self.name!r}, batched={self.batched})"
+
+    def _forward(self, obs: Any, seeds: np.ndarray) -> np.ndarray:
+        """``fn`` over B rows (numpy leaves with a leading axis B)."""
+        extra = (seeds,) if self.stochastic else ()
+        if self.batched:
+            return np.asarray(self.fn(obs, *extra))
+        b = seeds.shape[0]
+        lane = lambda i: (_tree_rows(obs, i),) + ((seeds[i],) if extra else ())
+        return np.stack([np.asarray(self.fn(*lane(i))) for i in range(b)])
+
+    def _output(self, inputs: Any) -> jax.ShapeDtypeStruct:
+        """One row's output shape and dtype: ``fn`` on one row of zeros, once
+        per input shape."""
+        leaves, tree = jax.tree.flatten(inputs)
+        key = (tree, tuple((x.shape[1:], jnp.dtype(x.dtype)) for x in leaves))
+        if key not in self._outputs:
+            zeros = [np.zeros((1,) + s, d) for s, d in key[1]]
+            out = self._forward(tree.unflatten(zeros), np.zeros(1, np.uint32))
+            dtype = jax.dtypes.canonicalize_dtype(out.dtype)
+            self._outputs[key] = jax.ShapeDtypeStruct(out.shape[1:], dtype)
+        return self._outputs[key]
+
+    def _host(self, inputs: Any, seeds: Any, rows: Any, row: Any) -> np.ndarray:
+        """The callback: ``fn`` on the real rows (``rows >= 0``), zeros in the
+        padding rows."""
+        rows = np.asarray(rows)
+        sel = np.flatnonzero(rows >= 0)
+        out = np.zeros((rows.shape[0],) + row.shape, row.dtype)
+        if sel.size == 0:
+            return out
+        lanes = rows[sel].tolist()
+        try:
+            got = self._forward(_tree_rows(inputs, sel), np.asarray(seeds)[sel])
+        except Exception as exc:
+            raise HostPolicyError(
+                f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
+                f"(planning lanes {lanes}); the run stopped there",
+                policy=self.name,
+                lanes=lanes,
+            ) from exc
+        if got.shape != (sel.size,) + row.shape:
+            raise HostPolicyError(
+                f"host policy {self.name!r} returned shape {got.shape} for "
+                f"{sel.size} rows (lanes {lanes}); expected "
+                f"{(sel.size,) + tuple(row.shape)}, as it returned for a row of zeros",
+                policy=self.name,
+                lanes=lanes,
+            )
+        out[sel] = got
+        return out
+
+    def apply(
+        self, params: Any, inputs: Any, keys: jax.Array, rstate: Any, rows: Any = None
+    ) -> tuple[jax.Array, Any]:
+        """``Policy.apply`` over a tile: ``rows`` ([tile] int32) is each row's
+        lane, -1 for padding (None: every row is real)."""
+        del params
+        b = keys.shape[0]
+        if rows is None:
+            rows = jnp.arange(b, dtype=jnp.int32)
+        if self.stochastic:
+            seeds = jax.vmap(lambda k: jax.random.bits(k, dtype=jnp.uint32))(keys)
+        else:
+            seeds = jnp.zeros((b,), jnp.uint32)
+        row = self._output(inputs)
+        result = jax.ShapeDtypeStruct((b,) + row.shape, row.dtype)
+        host = lambda i, s, r: self._host(i, s, r, row)
+        out = jax.pure_callback(
+            host, result, inputs, seeds, rows, vmap_method="sequential"
+        )
+        return out, rstate
+
+    def as_policy(self, *, with_params: bool = False) -> Policy:
+        """The engine's view of this policy (``jaxmesh.types.PolicyLike``)."""
+        del with_params  # fn holds its own weights
+        return Policy(
+            name=self.name,
+            apply=self.apply,
+            stochastic=self.stochastic,
+            initial_state=None,
+            native_chunk=self.native_chunk,
+            spec=self.spec,
+            default_params=lambda: None,
+            place=lambda tree: tree,
+            device=None,
+            on_episode_end=None,
+            declares_chunk=self.native_chunk is not None,
+            takes_rows=True,
+        )
