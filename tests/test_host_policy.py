@@ -179,6 +179,12 @@ def test_a_raising_fn_names_the_policy_and_keeps_finished_episodes():
     assert partial is not None and partial.num_episodes >= 1
     refs = reference(mlp, SEEDS)
     assert_matches(partial, [refs[i] for i in partial.indices])
+    planned.clear()
+    planned.append(-(10**6))  # the same policy, now far from its failure
+    rest = jaxmesh.evaluate(
+        HostPolicy(breaks), CARTPOLE, num_envs=2, seeds=SEEDS, resume=partial
+    )
+    assert_matches(rest, refs)
 
 
 def test_a_wrong_shape_names_the_policy():
