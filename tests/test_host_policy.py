@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gym_reference import plain_loop
+from gym_reference import plain_loop, start_serve_env
 from reference_loop import assert_matches, gymnax_fns, run_episode, schedule
 
 import jaxmesh
@@ -156,6 +156,19 @@ def test_gymnasium_in_process_and_in_workers():
             workers=workers,
         )
         assert_matches(result, refs)
+
+
+def test_a_served_env():
+    proc, address = start_serve_env("gymnasium:CartPole-v1", "--lanes", "3")
+    try:
+        result = jaxmesh.evaluate(
+            HostPolicy(mlp), f"grpc://{address}", num_envs=3, seeds=SEEDS
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    refs = plain_loop(gym.make("CartPole-v1"), lambda obs, key: mlp(obs[None]), SEEDS)
+    assert_matches(result, refs)
 
 
 def test_a_raising_fn_names_the_policy_and_keeps_finished_episodes():
