@@ -32,6 +32,7 @@ class HostPolicyError(RuntimeError):
 
 
 def _tree_rows(tree: Any, sel: Any) -> Any:
+    """``tree``'s leaves as numpy arrays, rows ``sel`` of each."""
     return jax.tree.map(lambda x: np.asarray(x)[sel], tree)
 
 
@@ -91,13 +92,13 @@ class HostPolicy:
     def __repr__(self) -> str:
         return f"HostPolicy({self.name!r}, batched={self.batched})"
 
-    def _forward(self, obs: Any, seeds: np.ndarray) -> np.ndarray:
-        """``fn`` over B rows (numpy leaves with a leading axis B)."""
-        extra = (seeds,) if self.stochastic else ()
+    def _forward(self, obs: Any, seeds: np.ndarray | None) -> np.ndarray:
+        """``fn`` over B rows (numpy leaves with a leading axis B; ``seeds``:
+        [B] uint32, or None when not stochastic)."""
         if self.batched:
-            return np.asarray(self.fn(obs, *extra))
-        b = seeds.shape[0]
-        lane = lambda i: (_tree_rows(obs, i),) + ((seeds[i],) if extra else ())
+            return np.asarray(self.fn(obs, *(() if seeds is None else (seeds,))))
+        b = jax.tree.leaves(obs)[0].shape[0]
+        lane = lambda i: (_tree_rows(obs, i),) + (() if seeds is None else (seeds[i],))
         return np.stack([np.asarray(self.fn(*lane(i))) for i in range(b)])
 
     def _output(self, inputs: Any) -> jax.ShapeDtypeStruct:
@@ -107,37 +108,49 @@ class HostPolicy:
         key = (tree, tuple((x.shape[1:], jnp.dtype(x.dtype)) for x in leaves))
         if key not in self._outputs:
             zeros = [np.zeros((1,) + s, d) for s, d in key[1]]
-            out = self._forward(tree.unflatten(zeros), np.zeros(1, np.uint32))
+            seeds = np.zeros(1, np.uint32) if self.stochastic else None
+            out = self._forward(tree.unflatten(zeros), seeds)
             dtype = jax.dtypes.canonicalize_dtype(out.dtype)
             self._outputs[key] = jax.ShapeDtypeStruct(out.shape[1:], dtype)
         return self._outputs[key]
 
-    def _host(self, inputs: Any, seeds: Any, rows: Any, row: Any) -> np.ndarray:
-        """The callback: ``fn`` on the real rows (``rows >= 0``), zeros in the
-        padding rows."""
-        rows = np.asarray(rows)
-        sel = np.flatnonzero(rows >= 0)
-        out = np.zeros((rows.shape[0],) + row.shape, row.dtype)
-        if sel.size == 0:
-            return out
-        lanes = rows[sel].tolist()
+    def _host(self, inputs: Any, meta: Any, row: Any) -> np.ndarray:
+        """The callback: ``fn`` on the real rows, zeros in the padding rows.
+
+        ``meta`` is each row's lane (-1 for padding), with a stochastic
+        policy's seeds (bitcast to int32) as a second row: one array, as each
+        argument of a callback costs a copy.
+        """
+        meta = np.asarray(meta)
+        rows = meta if meta.ndim == 1 else meta[0]
+        real = rows >= 0
+        whole = bool(real.all())
+        sel = slice(None) if whole else np.flatnonzero(real)
+        b = rows.shape[0] if whole else sel.size
+        if b == 0:
+            return np.zeros((rows.shape[0],) + row.shape, row.dtype)
+        seeds = None if meta.ndim == 1 else meta[1].view(np.uint32)[sel]
+        lanes = lambda: rows[sel].tolist()
         try:
-            got = self._forward(_tree_rows(inputs, sel), np.asarray(seeds)[sel])
+            got = self._forward(_tree_rows(inputs, sel), seeds)
         except Exception as exc:
             raise HostPolicyError(
                 f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
-                f"(planning lanes {lanes}); the run stopped there",
+                f"(planning lanes {lanes()}); the run stopped there",
                 policy=self.name,
-                lanes=lanes,
+                lanes=lanes(),
             ) from exc
-        if got.shape != (sel.size,) + row.shape:
+        if got.shape != (b,) + row.shape:
             raise HostPolicyError(
                 f"host policy {self.name!r} returned shape {got.shape} for "
-                f"{sel.size} rows (lanes {lanes}); expected "
-                f"{(sel.size,) + tuple(row.shape)}, as it returned for a row of zeros",
+                f"{b} rows (lanes {lanes()}); expected "
+                f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
                 policy=self.name,
-                lanes=lanes,
+                lanes=lanes(),
             )
+        if whole:
+            return got.astype(row.dtype, copy=False)
+        out = np.zeros((rows.shape[0],) + row.shape, row.dtype)
         out[sel] = got
         return out
 
@@ -148,18 +161,14 @@ class HostPolicy:
         lane, -1 for padding (None: every row is real)."""
         del params
         b = keys.shape[0]
-        if rows is None:
-            rows = jnp.arange(b, dtype=jnp.int32)
+        meta = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
         if self.stochastic:
             seeds = jax.vmap(lambda k: jax.random.bits(k, dtype=jnp.uint32))(keys)
-        else:
-            seeds = jnp.zeros((b,), jnp.uint32)
+            meta = jnp.stack([meta, jax.lax.bitcast_convert_type(seeds, jnp.int32)])
         row = self._output(inputs)
         result = jax.ShapeDtypeStruct((b,) + row.shape, row.dtype)
-        host = lambda i, s, r: self._host(i, s, r, row)
-        out = jax.pure_callback(
-            host, result, inputs, seeds, rows, vmap_method="sequential"
-        )
+        host = lambda i, m: self._host(i, m, row)
+        out = jax.pure_callback(host, result, inputs, meta, vmap_method="sequential")
         return out, rstate
 
     def as_policy(self, *, with_params: bool = False) -> Policy:
