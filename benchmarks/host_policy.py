@@ -1,6 +1,8 @@
-"""A HostPolicy against the same MLP written in jnp, on gymnax CartPole.
+# ruff: noqa: E402 - OPENBLAS_NUM_THREADS must be set before numpy loads
+"""A HostPolicy against the same MLP in jnp, and against a hand loop.
 
-Contenders, interleaved, same budget and seeds (returns checked equal):
+A. gymnax CartPole; contenders, interleaved, same budget and seeds (returns
+checked equal):
 
 (a) ``jax``: a 2x256 tanh MLP in ``jnp`` as a plain JAX policy, planned inside
     the jitted scan;
@@ -8,22 +10,36 @@ Contenders, interleaved, same budget and seeds (returns checked equal):
     (one tile of the lanes that plan) leaves the compiled loop through
     ``jax.pure_callback``, runs the numpy forward and comes back.
 
-Prints env steps/s of each, the ratio host/jax, and the cost of one plan call:
-(b)'s run time less (a)'s, over the number of callback calls (the forward's
-own numpy time, and the rest, the callback's, are reported apart).
+Prints env steps/s of each, the ratio host/jax, what (b) adds per plan call
+((b)'s run time less (a)'s, over its calls) and (b)'s numpy forward per call.
 
-    .venv/bin/python benchmarks/host_policy.py [--lanes 16 256] [--repeats 5]
+B. 16 gymnasium ``HalfCheetah-v5`` lanes, 200-step episodes, the 2x256 tanh MLP
+of ``mlp.py`` in numpy: ``evaluate`` with it as a HostPolicy against
+``realistic.host_loop`` calling the same numpy function on the [16, 17]
+observations (returns checked close: jaxmesh sums rewards in float32), and
+``evaluate`` with the same MLP in jnp (``mlp.act``) as a JAX policy: what the
+host loop's jitted agent step costs without the callback.
+
+    cd benchmarks && ../.venv/bin/python host_policy.py [--lanes 16 256] [--repeats 5]
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as realistic.py, for its loop
 
 import argparse
 import time
 
 import gymnax
+import jax
 import jax.numpy as jnp
 import numpy as np
-from common import header, interleave, machine, table
+from common import goal, header, interleave, machine, table
+from mlp import act, init_params
+from realistic import host_loop
+from remote_common import make_envs
 
 import jaxmesh
 
@@ -41,6 +57,7 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, nargs="+", default=[16, 256])
     ap.add_argument("--episodes-per-lane", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cheetah-episodes", type=int, default=32)
     args = ap.parse_args()
     w1, w2, w3 = weights()
     env = gymnax.make("CartPole-v1")
@@ -59,7 +76,12 @@ def main() -> None:
         return jnp.argmax(x, -1).astype(jnp.int32)
 
     host = jaxmesh.HostPolicy(numpy_mlp)
-    print(header("HostPolicy vs a JAX policy", {"hidden": f"2x{HIDDEN}", **machine()}))
+    print(
+        header(
+            "A: HostPolicy vs a JAX policy, gymnax CartPole",
+            {"hidden": f"2x{HIDDEN}", **machine()},
+        )
+    )
     rows = []
     for n in args.lanes:
         seeds = list(range(n * args.episodes_per_lane))
@@ -92,7 +114,6 @@ def main() -> None:
                 int(hp["calls"]),
                 f"{1e6 * per_call:.0f}",
                 f"{1e6 * hp['fwd'] / max(hp['calls'], 1):.0f}",
-                f"{1e6 * (per_call - hp['fwd'] / max(hp['calls'], 1)):.0f}",
             ]
         )
     print(
@@ -105,11 +126,66 @@ def main() -> None:
                 "plan calls",
                 "us added per call",
                 "us numpy forward per call",
-                "us callback per call",
             ],
             rows,
         )
     )
+    cheetah(args.repeats, args.cheetah_episodes)
+
+
+def numpy_cheetah(p: dict) -> callable:
+    """``mlp.act`` in numpy: obs [B, 17] -> actions [B, 6]."""
+
+    def forward(obs: np.ndarray) -> np.ndarray:
+        h = np.tanh(np.tanh(obs @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"])
+        return np.tanh(h @ p["w3"] + p["b3"])
+
+    return forward
+
+
+def cheetah(repeats: int, episodes: int, lanes: int = 16, cap: int = 200) -> None:
+    params = init_params(0)
+    forward = numpy_cheetah(params)
+    envs = make_envs("halfcheetah", lanes)
+    seeds = list(range(episodes))
+    as_jax = jaxmesh.Model(act, params=jax.device_put(params), name="jnp MLP")
+    host = jaxmesh.HostPolicy(forward)  # one object: its program compiles once
+    returns = {}
+
+    def hand():
+        figures, returns["hand"] = host_loop(envs, seeds, cap, forward)
+        return figures
+
+    def run(policy, name):
+        t0 = time.perf_counter()
+        r = jaxmesh.evaluate(
+            policy, envs, num_envs=lanes, seeds=seeds, max_episode_steps=cap
+        )
+        wall = time.perf_counter() - t0
+        returns[name] = np.asarray(r.returns, np.float64)
+        return {"sps": r.env_steps / wall, "wall": wall, "steps": float(r.env_steps)}
+
+    contenders = {
+        "hand loop, numpy MLP": hand,
+        "evaluate, HostPolicy (numpy MLP)": lambda: run(host, "host"),
+        "evaluate, the MLP in jnp": lambda: run(as_jax, "jax"),
+    }
+    med = interleave(contenders, repeats)
+    np.testing.assert_allclose(returns["host"], returns["hand"], rtol=1e-4, atol=1e-3)
+    base = med["hand loop, numpy MLP"]["sps"]
+    print(f"\n### B: {lanes} HalfCheetah-v5 lanes, {episodes} x {cap}-step episodes\n")
+    rows = [
+        [
+            name,
+            f"{m['sps']:,.0f}",
+            f"{m['sps'] / base:.2f}x",
+            f"{1e6 * lanes / m['sps']:.0f}",
+        ]
+        for name, m in med.items()
+    ]
+    print(table(["contender", "env steps/s", "ratio", "us per agent step"], rows))
+    ratio = med["evaluate, HostPolicy (numpy MLP)"]["sps"] / base
+    print(goal("HostPolicy >= 0.9x the hand loop (HalfCheetah)", ratio, ratio >= 0.9))
 
 
 if __name__ == "__main__":
