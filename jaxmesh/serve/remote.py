@@ -32,6 +32,8 @@ from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
 from jaxmesh.serve import codec
 from jaxmesh.serve.agents import SETTINGS, spec_to_wire
 from jaxmesh.serve.grpc_service import METHOD
+from jaxmesh.serve.ws_client import SCHEMES as WS_SCHEMES
+from jaxmesh.serve.ws_client import WebsocketPolicy
 from jaxmesh.types import Policy
 
 #: Seconds ``RemotePolicy`` waits for the server to answer its connection.
@@ -50,7 +52,10 @@ def _refuse_apply(*args: Any, **kwargs: Any) -> Any:
 
 
 class RemotePolicy:
-    """A policy a ``jaxmesh.PolicyServer(protocol="grpc")`` serves.
+    """A policy a ``jaxmesh.PolicyServer(protocol="grpc")`` serves, or, for a
+    ``ws://`` / ``wss://`` address, one served over openpi's websocket
+    protocol (``ws_client.WebsocketPolicy``: a ``jaxmesh.HostPolicy`` whose
+    lanes each send one request per plan; docs/serving.md).
 
     Args:
       address: ``"host:port"``, ``"grpc://host:port"`` or
@@ -68,6 +73,11 @@ class RemotePolicy:
         policy = jaxmesh.RemotePolicy("grpc://127.0.0.1:8000")
         result = jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=16)
     """
+
+    def __new__(cls, address: str, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(address, str) and address.startswith(WS_SCHEMES):
+            return WebsocketPolicy(address, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

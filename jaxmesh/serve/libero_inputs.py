@@ -1,0 +1,118 @@
+"""openpi's LIBERO request, built from one lane of a jaxmesh LIBERO env.
+
+openpi's LIBERO client (examples/libero/main.py) sends, per plan: both
+cameras turned upright (rotated 180 degrees) and resized with zero padding to
+224x224 as ``openpi_client.image_tools.resize_with_pad`` does (PIL's bilinear
+filter), the state ``[end-effector position (3), axis-angle (3), gripper
+joints (2)]``, and the task's instruction as ``prompt``. ``libero_inputs`` is
+that, as ``jaxmesh.RemotePolicy(address, inputs=libero_inputs)`` takes it.
+Numpy only: the resize follows Pillow's resampling step by step (fixed-point
+weights, a horizontal pass then a vertical one), so its pixels equal openpi's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+#: The side of the images openpi's LIBERO models take.
+SIZE = 224
+#: Pillow's fixed-point weights: 32 - 8 - 2 fraction bits.
+_BITS = 22
+
+
+def quat_to_axis_angle(quat: Any) -> np.ndarray:
+    """A quaternion ``(x, y, z, w)`` (robosuite's order) as an axis-angle vector
+    (the axis times the angle, radians); ``w`` is clipped to [-1, 1]."""
+    q = np.asarray(quat, np.float64)
+    w = min(max(float(q[3]), -1.0), 1.0)
+    den = math.sqrt(1.0 - w * w)
+    if math.isclose(den, 0.0):  # (close to) no rotation
+        return np.zeros(3)
+    return q[:3] * 2.0 * math.acos(w) / den
+
+
+def _weights(size_in: int, size_out: int) -> np.ndarray:
+    """Pillow's bilinear resampling of one axis as ``[size_out, size_in]``
+    integer weights of ``_BITS`` fraction bits."""
+    scale = size_in / size_out
+    filterscale = max(scale, 1.0)
+    support = filterscale  # the triangle filter's support is 1
+    out = np.zeros((size_out, size_in), np.int64)
+    for i in range(size_out):
+        center = (i + 0.5) * scale
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), size_in)
+        x = (np.arange(lo, hi) - center + 0.5) * (1.0 / filterscale)
+        w = np.maximum(1.0 - np.abs(x), 0.0)
+        total = w.sum()
+        if total != 0.0:
+            w = w / total
+        out[i, lo:hi] = (0.5 + w * (1 << _BITS)).astype(np.int64)
+    return out
+
+
+def _resample(image: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
+    """One pass of Pillow's 8-bit resampling along ``axis`` (0: rows, 1: columns)."""
+    moved = np.moveaxis(image.astype(np.int64), axis, -1)  # [..., size_in]
+    acc = moved @ weights.T + (1 << (_BITS - 1))
+    out = np.clip(acc >> _BITS, 0, 255).astype(np.uint8)
+    return np.moveaxis(out, -1, axis)
+
+
+def resize_with_pad(image: np.ndarray, size: int = SIZE) -> np.ndarray:
+    """``image`` ([H, W, C] uint8) scaled to fit ``size x size`` (bilinear, as
+    PIL resizes) and centred on zeros: ``[size, size, C]``."""
+    h, w = image.shape[:2]
+    if (h, w) == (size, size):
+        return image
+    ratio = max(w / size, h / size)
+    rh, rw = int(h / ratio), int(w / ratio)
+    resized = image
+    if rw != w:
+        resized = _resample(resized, _weights(w, rw), axis=1)
+    if rh != h:
+        resized = _resample(resized, _weights(h, rh), axis=0)
+    out = np.zeros((size, size, *image.shape[2:]), np.uint8)
+    top, left = max(0, int((size - rh) / 2)), max(0, int((size - rw) / 2))
+    out[top : top + rh, left : left + rw] = resized
+    return out
+
+
+def _camera(image: Any, size: int) -> np.ndarray:
+    upright = np.ascontiguousarray(np.asarray(image)[::-1, ::-1])
+    if np.issubdtype(upright.dtype, np.floating):
+        upright = (255 * upright).astype(np.uint8)
+    return resize_with_pad(upright, size)
+
+
+def libero_inputs(obs: dict, instruction: str | None, *, size: int = SIZE) -> dict:
+    """openpi's LIBERO request for one lane's observation (a jaxmesh LIBERO
+    env's dict, numpy leaves) and its task's instruction.
+
+    Returns:
+      ``{"observation/image", "observation/wrist_image"}`` (uint8 ``[size,
+      size, 3]``: ``agentview_image`` and ``robot0_eye_in_hand_image``
+      rotated 180 degrees and resized with padding), ``"observation/state"``
+      (``robot0_eef_pos``, the axis-angle of ``robot0_eef_quat``,
+      ``robot0_gripper_qpos``) and ``"prompt"`` (when there is an instruction).
+    """
+    request = {
+        "observation/image": _camera(obs["agentview_image"], size),
+        "observation/wrist_image": _camera(obs["robot0_eye_in_hand_image"], size),
+        "observation/state": np.concatenate(
+            [
+                np.asarray(obs["robot0_eef_pos"]),
+                quat_to_axis_angle(obs["robot0_eef_quat"]),
+                np.asarray(obs["robot0_gripper_qpos"]),
+            ]
+        ),
+    }
+    if instruction is not None:
+        request["prompt"] = instruction
+    return request
+
+
+__all__ = ["SIZE", "libero_inputs", "quat_to_axis_angle", "resize_with_pad"]
