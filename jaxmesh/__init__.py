@@ -43,6 +43,7 @@ _NAMES = {
     "EnvError": "jaxmesh.errors",
     "RemoteEnvError": "jaxmesh.errors",
     "RemoteConnectionError": "jaxmesh.errors",
+    "HostPolicyError": "jaxmesh.errors",
     "make_agent": "jaxmesh.run.host.agent_step",
     "Agent": "jaxmesh.run.host.agent_step",
     "Model": "jaxmesh.model",
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
     from jaxmesh.errors import (
         BadValueError,
         EnvError,
+        HostPolicyError,
         RemoteConnectionError,
         RemoteEnvError,
         RemoteError,
@@ -181,6 +183,7 @@ __all__ = [
     "EnvError",
     "RemoteEnvError",
     "RemoteConnectionError",
+    "HostPolicyError",
     "EnvServer",
     "ServeOptions",
     "RemoteEnv",

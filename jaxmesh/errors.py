@@ -3,6 +3,8 @@ TypeError before anything compiles)."""
 
 from __future__ import annotations
 
+import threading
+
 
 class BadValueError(ValueError):
     """A bad value met while running: a discrete action out of range, a NaN action,
@@ -125,3 +127,42 @@ class WorkerError(RuntimeError):
         self.episode = episode
         self.seed = seed
         self.partial_result = None
+
+
+class HostPolicyError(RuntimeError):
+    """A ``jaxmesh.HostPolicy``'s ``fn`` raised, or returned the wrong shape;
+    the function's own exception is ``__cause__``. ``lanes`` are the lanes of
+    the call; ``partial_result`` the episodes finished before it."""
+
+    def __init__(self, message: str, *, policy: str, lanes: list[int]):
+        super().__init__(message)
+        self.policy = policy
+        self.lanes = lanes
+        self.partial_result = None
+
+
+#: Errors raised inside host callbacks, kept until the run that met them
+#: takes them: JAX reports such an error as its own runtime error carrying
+#: only the text.
+_CALLBACK_ERRORS: list[BaseException] = []
+_CALLBACK_LOCK = threading.Lock()
+
+
+def keep_callback_error(exc: BaseException) -> BaseException:
+    """Keeps ``exc``, raised in a host callback, for ``callback_error``."""
+    with _CALLBACK_LOCK:
+        _CALLBACK_ERRORS.append(exc)
+        del _CALLBACK_ERRORS[:-8]
+    return exc
+
+
+def callback_error(exc: BaseException) -> BaseException:
+    """The kept callback error whose text ``exc`` carries (taken), else
+    ``exc`` itself."""
+    text = str(exc)
+    with _CALLBACK_LOCK:
+        for i, kept in enumerate(_CALLBACK_ERRORS):
+            if kept is not exc and str(kept) in text:
+                del _CALLBACK_ERRORS[i]
+                return kept
+    return exc

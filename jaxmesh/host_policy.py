@@ -17,18 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh import adapt
+from jaxmesh.errors import HostPolicyError, keep_callback_error
 from jaxmesh.types import Policy
-
-
-class HostPolicyError(RuntimeError):
-    """A ``HostPolicy``'s ``fn`` raised, or returned the wrong shape; the
-    function's own exception is ``__cause__``. ``lanes`` are the lanes of the
-    call."""
-
-    def __init__(self, message: str, *, policy: str, lanes: list[int]):
-        super().__init__(message)
-        self.policy = policy
-        self.lanes = lanes
 
 
 def _tree_rows(tree: Any, sel: Any) -> Any:
@@ -109,7 +99,17 @@ class HostPolicy:
         if key not in self._outputs:
             zeros = [np.zeros((1,) + s, d) for s, d in key[1]]
             seeds = np.zeros(1, np.uint32) if self.stochastic else None
-            out = self._forward(tree.unflatten(zeros), seeds)
+            try:
+                out = self._forward(tree.unflatten(zeros), seeds)
+            except Exception as exc:
+                raise HostPolicyError(
+                    f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
+                    "on one row of zeros, which it is called with first to learn "
+                    "the shape and dtype of what it returns; make fn accept any "
+                    "observation of the env's shape",
+                    policy=self.name,
+                    lanes=[],
+                ) from exc
             dtype = jax.dtypes.canonicalize_dtype(out.dtype)
             self._outputs[key] = jax.ShapeDtypeStruct(out.shape[1:], dtype)
         return self._outputs[key]
@@ -134,19 +134,23 @@ class HostPolicy:
         try:
             got = self._forward(_tree_rows(inputs, sel), seeds)
         except Exception as exc:
-            raise HostPolicyError(
-                f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
-                f"(planning lanes {lanes()}); the run stopped there",
-                policy=self.name,
-                lanes=lanes(),
+            raise keep_callback_error(
+                HostPolicyError(
+                    f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
+                    f"(planning lanes {lanes()}); the run stopped there",
+                    policy=self.name,
+                    lanes=lanes(),
+                )
             ) from exc
         if got.shape != (b,) + row.shape:
-            raise HostPolicyError(
-                f"host policy {self.name!r} returned shape {got.shape} for "
-                f"{b} rows (lanes {lanes()}); expected "
-                f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
-                policy=self.name,
-                lanes=lanes(),
+            raise keep_callback_error(
+                HostPolicyError(
+                    f"host policy {self.name!r} returned shape {got.shape} for "
+                    f"{b} rows (lanes {lanes()}); expected "
+                    f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
+                    policy=self.name,
+                    lanes=lanes(),
+                )
             )
         if whole:
             return got.astype(row.dtype, copy=False)

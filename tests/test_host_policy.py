@@ -181,13 +181,15 @@ def test_a_raising_fn_names_the_policy_and_keeps_finished_episodes():
         return mlp(obs)
 
     layout = jaxmesh.Layout(segment_steps=8)
-    with pytest.raises(Exception) as e:
+    with pytest.raises(jaxmesh.HostPolicyError) as e:
         jaxmesh.evaluate(
             HostPolicy(breaks), CARTPOLE, num_envs=2, seeds=SEEDS, layout=layout
         )
     text = str(e.value)
     assert "host policy 'breaks' raised ValueError: the model fell over" in text
     assert "planning lanes" in text
+    assert e.value.policy == "breaks" and set(e.value.lanes) <= {0, 1}
+    assert isinstance(e.value.__cause__, ValueError)
     partial = e.value.partial_result
     assert partial is not None and partial.num_episodes >= 1
     refs = reference(mlp, SEEDS)
@@ -203,9 +205,31 @@ def test_a_raising_fn_names_the_policy_and_keeps_finished_episodes():
 def test_a_wrong_shape_names_the_policy():
     # Right for the probe's one row of zeros, wrong for two lanes.
     pol = HostPolicy(lambda obs: np.zeros((1,), np.int32), name="one_row")
-    with pytest.raises(Exception) as e:
+    with pytest.raises(HostPolicyError) as e:
         jaxmesh.evaluate(pol, CARTPOLE, num_envs=2, seeds=SEEDS[:2])
     assert "host policy 'one_row' returned shape (1,) for 2 rows" in str(e.value)
     with pytest.raises(ValueError, match="native_chunk"):
         HostPolicy(mlp, native_chunk=0)
     assert issubclass(HostPolicyError, RuntimeError)
+
+
+def test_a_raising_fn_on_a_gymnasium_env_is_a_host_policy_error_too():
+    def breaks(obs):  # fine on the row of zeros it is probed with first
+        if np.any(obs != 0):
+            raise KeyError("no such joint")
+        return np.zeros(len(obs), np.int64)
+
+    with pytest.raises(HostPolicyError, match="raised KeyError") as e:
+        jaxmesh.evaluate(
+            HostPolicy(breaks), "gymnasium:CartPole-v1", num_envs=2, seeds=SEEDS[:2]
+        )
+    assert isinstance(e.value.__cause__, KeyError)
+    assert e.value.partial_result is not None
+    assert e.value.partial_result.num_episodes == 0
+
+    def never(obs):
+        raise KeyError("no such joint")
+
+    with pytest.raises(HostPolicyError, match="on one row of zeros") as e:
+        jaxmesh.evaluate(HostPolicy(never), "gymnasium:CartPole-v1", episodes=1)
+    assert isinstance(e.value.__cause__, KeyError)

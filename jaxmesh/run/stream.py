@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core import tally as core_results
-from jaxmesh.errors import BadValueError
+from jaxmesh.errors import BadValueError, callback_error
 from jaxmesh.results.result import RunResult, StepEvent, episode_at
 from jaxmesh.trace import span
 
@@ -49,7 +49,9 @@ def drive(
         compiling (0.0 when nothing was compiled).
       loop: runs the budget; returns the host ``Results``.
 
-    On any exception the finished episodes ride on it (``EpisodeStream.fail``).
+    On any exception the finished episodes ride on it (``EpisodeStream.fail``);
+    an error a host callback raised (a ``jaxmesh.HostPolicy``'s) is raised as
+    itself instead of JAX's runtime error that carried its text.
     """
     timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
     try:
@@ -63,8 +65,11 @@ def drive(
         call(episodes_out.hooks, "on_run_end", result)
     except BaseException as exc:
         timing["wall_time"] = time.perf_counter() - t_start
-        episodes_out.fail(exc, timing)
-        raise
+        own = callback_error(exc)
+        episodes_out.fail(own, timing)
+        if own is exc:
+            raise
+        raise own from own.__cause__  # the callback's own error, not JAX's
     return result
 
 
