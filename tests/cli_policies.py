@@ -7,6 +7,7 @@ Importable because pytest puts ``tests/`` on ``sys.path``; a subprocess needs
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 import jaxmesh
 from jaxmesh.adapt import State
@@ -72,3 +73,12 @@ class RemovesFolder(jaxmesh.Model):
             shutil.rmtree(folder)
             with open(folder, "w") as f:
                 f.write("not a folder any more\n")
+
+
+def tilt_np(obs):
+    """``tilt_fn`` in numpy over a batch of rows, for ``host: true``."""
+    return (np.asarray(obs)[:, 2] > 0).astype(np.int64)
+
+
+#: The same as a ``jaxmesh.HostPolicy`` instance (no ``host:`` key needed).
+tilt_host = jaxmesh.HostPolicy(tilt_np, name="tilt_host")

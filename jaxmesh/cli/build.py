@@ -16,10 +16,12 @@ from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.cli.tls import channel_credentials
 from jaxmesh.envs import PREFIXES, make_env
 from jaxmesh.envs.gymnasium.lanes import is_factory
+from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
 from jaxmesh.run.config import FLAT, GROUP_OF, GROUPS, RunConfig
 from jaxmesh.suite import Suite, Task
+from jaxmesh.types import PolicyLike
 
 
 def import_target(target: str) -> Any:
@@ -34,18 +36,26 @@ def import_target(target: str) -> Any:
         raise ConfigError(str(e)) from e
 
 
-def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
+def build_policy(target: str, policy_config: dict[str, Any], host: bool = False) -> Any:
     """Builds the policy named by ``module:Name``.
 
     A class is built with ``Class.from_config(**policy_config)`` if it has
     ``from_config``, else ``Class(**policy_config)``. A ``jaxmesh.Model``
-    instance or a function is used as it is, with no ``policy_config``. A Model's
-    ``load`` runs here, so that a bad checkpoint is a config error.
+    instance, another policy object (a ``jaxmesh.HostPolicy``) or a function is
+    used as it is, with no ``policy_config``; with ``host``, a function runs on
+    the host as ``jaxmesh.HostPolicy(fn)``. A Model's ``load`` runs here, so
+    that a bad checkpoint is a config error.
 
     Raises:
       ConfigError: the target cannot be imported or built from the config.
     """
     obj = import_target(target)
+    if host and (inspect.isclass(obj) or isinstance(obj, PolicyLike)):
+        raise ConfigError(
+            f"policy {target!r} is a {type(obj).__name__}; host: true wraps a "
+            "function obs -> action in jaxmesh.HostPolicy. Drop host:, or point "
+            "policy at a function"
+        )
     if inspect.isclass(obj):
         how = "from_config" if hasattr(obj, "from_config") else "constructor"
         build = obj.from_config if how == "from_config" else obj
@@ -59,10 +69,10 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
                 f"cannot build policy {target!r} ({how}) from policy_config "
                 f"{policy_config!r}: {e}"
             ) from e
-    if not (isinstance(obj, Model) or callable(obj)):
+    if not (isinstance(obj, PolicyLike) or callable(obj)):
         raise ConfigError(
             f"policy {target!r} is a {type(obj).__name__}; expected a class, a "
-            "jaxmesh.Model instance or a function obs -> action"
+            "jaxmesh.Model or jaxmesh.HostPolicy instance, or a function obs -> action"
         )
     if policy_config:
         raise ConfigError(
@@ -74,6 +84,8 @@ def build_policy(target: str, policy_config: dict[str, Any]) -> Any:
             obj._ensure_loaded()
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise ConfigError(f"cannot load policy {target!r}: {e}") from e
+    if host:
+        return HostPolicy(obj, name=target.rpartition(":")[2])
     return obj
 
 
@@ -119,7 +131,7 @@ def config_policy(config: dict[str, Any], target: str) -> Any:
             f"config file {target!r}: policy_config is a "
             f"{type(policy_config).__name__}; expected a mapping"
         )
-    return build_policy(policy, policy_config)
+    return build_policy(policy, policy_config, bool(config.get("host")))
 
 
 def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
@@ -265,7 +277,9 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, An
     """The policy, the env, the ``jaxmesh.RunConfig`` (``run_config``) and the
     call's own arguments (the budget, the episodes to record) of a config."""
     run = run_config(config)  # refused before a policy or an env is built
-    policy = build_policy(config["policy"], config["policy_config"])
+    policy = build_policy(
+        config["policy"], config["policy_config"], bool(config.get("host"))
+    )
     if config.get("tasks") is not None:
         env = build_suite(config["tasks"])
     else:

@@ -154,12 +154,12 @@ def _check_served_keys(config: dict[str, Any]) -> None:
                 f"{MAX_SECONDS:.0f} ({CONFIG_KEYS[key]}), or null for "
                 + ("the default" if key == "reply_timeout" else "no limit")
             )
-    check = config.get("check_seeds")
-    if check is not None and not isinstance(check, bool):
-        raise ConfigError(
-            f"check_seeds={check!r}: expected true or false "
-            f"({CONFIG_KEYS['check_seeds']})"
-        )
+    for key in ("check_seeds", "host"):
+        flag = config.get(key)
+        if flag is not None and not isinstance(flag, bool):
+            raise ConfigError(
+                f"{key}={flag!r}: expected true or false ({CONFIG_KEYS[key]})"
+            )
     ca = config.get("tls_ca")
     if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
         raise ConfigError(

@@ -75,6 +75,12 @@ SCHEMA: dict[str, Key] = {
     "policy_config": Key(
         "mapping", None, "keyword arguments of Class.from_config(...) or Class(...)"
     ),
+    "host": Key(
+        "bool",
+        False,
+        "the policy function runs on the host with numpy values, "
+        "jaxmesh.HostPolicy(fn) (a function only; a HostPolicy instance needs no key)",
+    ),
     "episodes": Key(
         "int",
         None,
