@@ -6,19 +6,23 @@ openpi's own ``WebsocketClientPolicy``'s."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import tqdm
 from openpi_client import image_tools, msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_models import linear_model, linear_reference
 from websockets.asyncio.server import serve
 
 import jaxmesh
+from jaxmesh.cli import main
 from jaxmesh.errors import HostPolicyError
+from jaxmesh.serve import remote
 from jaxmesh.serve.libero_inputs import (
     libero_inputs,
     quat_to_axis_angle,
@@ -306,6 +310,75 @@ def test_a_server_error_mid_run_keeps_the_finished_episodes():
     partial = info.value.partial_result
     assert 0 < len(partial.returns) < len(seeds)
     np.testing.assert_array_equal(partial.returns, want[: len(partial.returns)])
+
+
+class TaskEnv(gym.Env):
+    """Six steps of a state that counts them; reset's info names the task."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-9, 9, (3,))})
+    action_space = gym.spaces.Box(-99, 99, (2,))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {"language": f"task {seed}"}
+
+    def _obs(self):
+        return {"pos": np.full(3, self.t, np.float32)}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(np.sum(action)), self.t >= 6, False, {}
+
+
+def test_each_lane_sends_its_episodes_instruction_as_the_prompt():
+    def inputs(obs, instruction):
+        return {"observation/state": obs["pos"], "prompt": instruction}
+
+    run = dict(seeds=[1, 2], num_envs=2, horizon=K)
+    with Server() as server:
+        with jaxmesh.RemotePolicy(
+            server.address, inputs, instructions="language"
+        ) as policy:
+            probes = count_probes(policy)
+            jaxmesh.evaluate(policy, TaskEnv(), **run)
+            prompts = [r["prompt"] for r in server.requests[probes[0] :]]
+            assert sorted(prompts) == ["task 1"] * 2 + ["task 2"] * 2
+            server.requests.clear()
+            starts = jaxmesh.Starts(instruction="stack the cups")
+            jaxmesh.evaluate(policy, TaskEnv(), starts=starts, **run)
+            assert {r["prompt"] for r in server.requests} == {"stack the cups"}
+
+
+def test_the_cli_evaluates_a_served_policy_from_a_config(tmp_path, monkeypatch):
+    built = []
+
+    class Recorded(WebsocketPolicy):  # closed at the end (the CLI keeps it open)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(remote, "WebsocketPolicy", Recorded)
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)  # no monitor thread
+    seeds = [3, 1, 4]
+    want, _ = plain_loop(seeds, horizon=K)
+    with Server(policy=cartpole_chunk) as server:
+        config = tmp_path / "served.yaml"
+        config.write_text(
+            "policy: jaxmesh.serve.remote:RemotePolicy\n"
+            "policy_config:\n  address: ws://127.0.0.1:1\n"
+            f"env: gymnasium:CartPole-v1\nseeds: {seeds}\nhorizon: {K}\n"
+            f"output: {tmp_path / 'out.json'}\n"
+        )
+        address = f"policy_config.address={server.address}"
+        try:
+            assert main(["eval", str(config), "--set", address]) == 0
+        finally:
+            for policy in built:
+                policy.close()
+        assert len(built) == 1
+    episodes = json.loads((tmp_path / "out.json").read_text())["episodes"]
+    assert [e["return"] for e in episodes] == want
 
 
 def count_probes(policy: WebsocketPolicy) -> list[int]:
