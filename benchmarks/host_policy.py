@@ -58,7 +58,11 @@ def main() -> None:
     ap.add_argument("--episodes-per-lane", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cheetah-episodes", type=int, default=32)
+    ap.add_argument("--quick", action="store_true", help="small sizes")
     args = ap.parse_args()
+    if args.quick:
+        args.lanes, args.episodes_per_lane, args.repeats = [16], 4, 1
+        args.cheetah_episodes = 16  # one per lane: the hand loop's least
     w1, w2, w3 = weights()
     env = gymnax.make("CartPole-v1")
     calls = {"n": 0, "s": 0.0}

@@ -38,6 +38,7 @@ SCRIPTS = (
     "sweep",
     "libero_speed",
     "serve_policy",
+    "host_policy",
 )
 
 
