@@ -6,8 +6,10 @@ openpi's own ``WebsocketClientPolicy``'s."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
+import os
 import threading
 
 import gymnasium as gym
@@ -36,6 +38,7 @@ from jaxmesh.serve.ws_client import (
 )
 
 K = 4
+STATE = "observation/state"
 
 
 def chunk_of(state: np.ndarray) -> np.ndarray:
@@ -54,8 +57,8 @@ class Server:
     """openpi's protocol on 127.0.0.1 (a free port), in a thread: replies with
     ``policy(obs["observation/state"])``; ``mode`` makes it misbehave."""
 
-    def __init__(self, policy=chunk_of, metadata=None, token=None):
-        self.policy = policy
+    def __init__(self, policy=chunk_of, metadata=None, token=None, reads=STATE):
+        self.policy, self.reads = policy, reads
         self.metadata = {"action_horizon": K} if metadata is None else metadata
         self.token = token
         self.mode = "ok"  # or: close, error, no_actions, wrong_shape, hang
@@ -117,7 +120,8 @@ class Server:
                 if self.mode == "hang":  # until the client gives up
                     await ws.wait_closed()
                     return
-                reply = {"actions": self.policy(obs["observation/state"])}
+                x = obs if self.reads is None else obs[self.reads]
+                reply = {"actions": self.policy(x)}
                 if self.mode == "no_actions":
                     reply = {"server_timing": {"infer_ms": 1.0}}
                 if self.mode == "wrong_shape":
@@ -273,8 +277,8 @@ def plain_loop(seeds, horizon):
     return returns, plans
 
 
-@pytest.mark.parametrize("num_envs", [1, 3])
-def test_evaluate_equals_a_plain_loop_with_one_request_per_plan(num_envs):
+@pytest.mark.parametrize("num_envs, workers", [(1, None), (3, None), (4, 2)])
+def test_evaluate_equals_a_plain_loop_with_one_request_per_plan(num_envs, workers):
     seeds = [3, 1, 4, 15, 9]
     want, plans = plain_loop(seeds, horizon=K)
     with Server(policy=cartpole_chunk) as server:
@@ -287,6 +291,7 @@ def test_evaluate_equals_a_plain_loop_with_one_request_per_plan(num_envs):
                 seeds=seeds,
                 num_envs=num_envs,
                 horizon=K,
+                workers=workers,
             )
     np.testing.assert_array_equal(result.returns, want)
     # One request per plan (none for replayed steps), besides the one row of
@@ -439,3 +444,78 @@ def test_resize_with_pad_equals_openpis(shape):
     got = resize_with_pad(image, 224)
     assert got.shape == want.shape == (224, 224, 3)
     np.testing.assert_array_equal(got, want)
+
+
+def libero_chunk(request: dict) -> np.ndarray:
+    """A chunk of 5 LIBERO actions from openpi's request, of exact values (so
+    float32 and float64 states choose the same ones)."""
+    side = 0.25 if request[STATE][0] > 0 else -0.25
+    bright = 0.25 if request["observation/image"].mean() > 60 else -0.25
+    return np.array(
+        [[side, bright, 0, 0, 0, 0.5 * (k % 2), -1] for k in range(5)], np.float32
+    )
+
+
+def libero_loop(task: int, seed: int, trial: int, steps: int, settle: int, size: int):
+    """openpi's LIBERO client loop (examples/libero/main.py) over LIBERO's own
+    env, calling ``libero_chunk`` directly: the end-effector positions."""
+    from libero.libero import benchmark, get_libero_path
+    from libero.libero.envs import OffScreenRenderEnv
+
+    suite = benchmark.get_benchmark_dict()["libero_spatial"]()
+    t = suite.get_task(task)
+    bddl = os.path.join(get_libero_path("bddl_files"), t.problem_folder, t.bddl_file)
+    env = OffScreenRenderEnv(
+        bddl_file_name=bddl, camera_heights=size, camera_widths=size
+    )
+    try:
+        env.seed(seed)
+        env.reset()
+        obs = env.set_init_state(suite.get_task_init_states(task)[trial])
+        for _ in range(settle):
+            obs, *_ = env.step([0.0] * 6 + [-1.0])
+        seen, plan = [obs["robot0_eef_pos"].copy()], collections.deque()
+        for _ in range(steps):
+            if not plan:
+                plan.extend(libero_chunk(libero_inputs(obs, t.language))[:5])
+            obs, _, done, _ = env.step(plan.popleft().tolist())
+            seen.append(obs["robot0_eef_pos"].copy())
+            if done:
+                break
+        return np.stack(seen), t.language
+    finally:
+        env.close()
+
+
+def test_a_libero_episode_equals_openpis_client_loop(monkeypatch):
+    pytest.importorskip("libero.libero", reason="pip install 'jaxmesh[libero]'")
+    # jaxmesh picks a headless OpenGL for this process (first, for both
+    # sides); it stays this test's.
+    for name in ("MUJOCO_GL", "PYOPENGL_PLATFORM"):
+        was = os.environ.get(name)
+        monkeypatch.setenv(name, "" if was is None else was)
+        if was is None:
+            monkeypatch.delenv(name)
+    with Server(policy=libero_chunk, metadata={"action_horizon": 5}, reads=None) as srv:
+        with jaxmesh.RemotePolicy(
+            srv.address, inputs=libero_inputs, instructions="language"
+        ) as policy:
+            probes = count_probes(policy)
+            result = jaxmesh.evaluate(
+                policy,
+                "libero:libero_spatial/1",
+                env_config={"camera_size": 32, "settle_steps": 2},
+                seeds=[5],
+                starts=jaxmesh.Starts(trial_index_base=2),
+                num_envs=1,
+                horizon=5,
+                max_episode_steps=7,
+                record=jaxmesh.Record(episodes=[0], keys=["robot0_eef_pos"]),
+            )
+    want, language = libero_loop(task=1, seed=5, trial=2, steps=7, settle=2, size=32)
+    seen = np.asarray(result.trajectories[0].observations["robot0_eef_pos"])
+    np.testing.assert_allclose(seen, want, rtol=0, atol=1e-6)
+    requests = srv.requests[probes[0] :]
+    assert len(requests) == 2  # steps 0 and 5 plan
+    assert {r["prompt"] for r in requests} == {language}
+    assert requests[0]["observation/image"].shape == (224, 224, 3)
