@@ -176,6 +176,11 @@ def test_inputs_build_each_request_from_a_row_and_its_instruction():
             np.testing.assert_allclose(got[1], chunk_of(pos[1] * 2), rtol=1e-6)
             assert seen == ["go", "go"]
             assert [r["prompt"] for r in server.requests] == ["go", "go"]
+        named = "jaxmesh.serve.libero_inputs:libero_inputs"  # as a config names it
+        with WebsocketPolicy(server.address, named) as policy:
+            assert policy.inputs is libero_inputs
+    with pytest.raises(TypeError, match="inputs=3"):
+        WebsocketPolicy(server.address, 3)
     assert decode_prompt(encode_prompt("put the bowl on the plate")) == (
         "put the bowl on the plate"
     )
