@@ -243,7 +243,10 @@ def test_a_server_fault_is_a_typed_error_naming_the_address(mode, match):
 def test_replies_equal_openpis_own_client_against_serve_policy():
     obs = states(5)
     with jaxmesh.PolicyServer(
-        linear_model(), max_batch=4, example={"observation/state": obs[0]}
+        linear_model(),
+        max_batch=4,
+        max_wait_ms=500,  # a forward waits for the rows sent with its first
+        example={"observation/state": obs[0]},
     ) as server:
         host, port = server.address.rsplit(":", 1)
         reference = WebsocketClientPolicy(host, int(port))
@@ -259,6 +262,7 @@ def test_replies_equal_openpis_own_client_against_serve_policy():
             np.testing.assert_array_equal(policy._plan(obs[:1]), want[:1])
             # Five rows, batched by the server: equal to float rounding.
             np.testing.assert_allclose(policy._plan(obs), want, rtol=1e-6, atol=1e-6)
+            assert max(server.stats.batch_sizes) == 4  # the server batched them
     for x, chunk in zip(obs, want, strict=True):
         np.testing.assert_allclose(chunk, linear_reference(x), rtol=1e-5, atol=1e-6)
 
