@@ -44,6 +44,7 @@ _NAMES = {
     "RemoteEnvError": "jaxmesh.errors",
     "RemoteConnectionError": "jaxmesh.errors",
     "HostPolicyError": "jaxmesh.errors",
+    "RemotePolicyError": "jaxmesh.serve.ws_client",
     "make_agent": "jaxmesh.run.host.agent_step",
     "Agent": "jaxmesh.run.host.agent_step",
     "Model": "jaxmesh.model",
@@ -116,6 +117,7 @@ if TYPE_CHECKING:
     from jaxmesh.run.seed_check import SeedReport, check_seeds
     from jaxmesh.serve import PolicyServer
     from jaxmesh.serve.remote import RemotePolicy
+    from jaxmesh.serve.ws_client import RemotePolicyError
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep
 
@@ -184,6 +186,7 @@ __all__ = [
     "RemoteEnvError",
     "RemoteConnectionError",
     "HostPolicyError",
+    "RemotePolicyError",
     "EnvServer",
     "ServeOptions",
     "RemoteEnv",

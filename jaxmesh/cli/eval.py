@@ -129,6 +129,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         elif done:
             line += f" (the tasks finished before it, {done}, are not saved: no output)"
         raise ConfigError(line) from e
+    finally:  # a served policy's connections end with the command
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
     if suite:
         return _finish_suite(result, config, report, video)
     # What a later --resume of this result checks: the step cap, the params.
