@@ -316,7 +316,7 @@ def test_the_command_lines_run_keys_are_the_run_configs_fields():
     from jaxmesh.cli.config import SCHEMA
 
     fields = set(config_mod.FLAT) | set(config_mod.GROUP_OF)
-    call = {"env", "env_config", "tasks", "suite", "policy", "policy_config"}
+    call = {"env", "env_config", "tasks", "suite", "policy", "policy_config", "host"}
     call |= {"episodes", "seeds", "record", "output", "tls_ca"}
     assert set(SCHEMA) - call == fields - NOT_IN_YAML
     assert NOT_IN_YAML <= fields
