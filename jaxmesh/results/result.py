@@ -672,7 +672,7 @@ class RunResult:
             "policy": self.policy,
             "env": self.env,
             "settings": {
-                **{name: getattr(self, name) for name in _SETTINGS},
+                **{name: getattr(self, name) for name in SETTINGS},
                 "metrics": dict(self.metric_reductions),
                 "success_key": self.success_key,
                 "success_mode": self.success_mode,
@@ -731,7 +731,7 @@ class RunResult:
 
 #: The settings ``to_dict`` writes as they are, in order (``asynchronous``,
 #: a property, is not read back); the first four are required.
-_SETTINGS = (
+SETTINGS = (
     "num_envs",
     "horizon",
     "effective_horizon",
@@ -749,11 +749,11 @@ _SETTINGS = (
 
 
 def _settings_of(cls: type, settings: dict) -> dict:
-    """``_SETTINGS``' fields read from ``settings``: the first four required,
+    """``SETTINGS``' fields read from ``settings``: the first four required,
     the others their field's default when absent; an int field's as an int."""
     fields = {f.name: f.default for f in dataclasses.fields(cls)}
     out = {}
-    for k, name in enumerate(n for n in _SETTINGS if n in fields):
+    for k, name in enumerate(n for n in SETTINGS if n in fields):
         value = settings[name] if k < 4 else settings.get(name, fields[name])
         out[name] = int(value) if k < 4 or isinstance(fields[name], int) else value
     return out

@@ -46,7 +46,13 @@ from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.execution import Ensemble
 from jaxmesh.results.checksum import identity_text, record_check
-from jaxmesh.results.result import SUCCESS_KINDS, RunResult, flags_array, headline
+from jaxmesh.results.result import (
+    SETTINGS,
+    SUCCESS_KINDS,
+    RunResult,
+    flags_array,
+    headline,
+)
 from jaxmesh.run import checks, identity
 from jaxmesh.run.backend import SERVED, Target
 
@@ -530,19 +536,13 @@ class Resumption:
 # The episode log ---------------------------------------------------------------------
 #: The first key of a log's run line (and its format's version).
 LOG_KEY = "jaxmesh_episode_log"
+#: What a log's run line holds: the run's settings as a result writes them
+#: (``SETTINGS``; the starts after the scoring, ``asynchronous`` not at all).
+_LATER = ("asynchronous", "trial_index_base", "instruction")
 _RUN_KEYS = (
     "policy",
     "env",
-    "num_envs",
-    "horizon",
-    "effective_horizon",
-    "prefetch_lead",
-    "delay",
-    "delay_ms",
-    "execution",
-    "chunk",
-    "plan_tile",
-    "max_episode_seconds",
+    *(k for k in SETTINGS if k not in _LATER),
     "metric_reductions",
     "success_key",
     "success_mode",
