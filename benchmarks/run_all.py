@@ -39,6 +39,7 @@ SCRIPTS = (
     "libero_speed",
     "serve_policy",
     "host_policy",
+    "ws_policy",
 )
 
 
