@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gym_reference import plain_loop
+from gym_reference import plain_loop, start_serve_env
 from reference_loop import assert_matches, fold, gymnax_fns, run_episode
 
 import jaxmesh
@@ -172,15 +172,22 @@ def test_ensemble(env, aggregation):
         assert not np.allclose(plain_h1.returns, host.returns)  # it averaged
 
 
-def test_sweep_over_horizons():
-    kw = dict(horizon=[1, 2, 4], num_envs=3, seeds=SEEDS)
-    host = jaxmesh.sweep(HostPolicy(chunk4, native_chunk=4), CARTPOLE, **kw)
-    as_jax = jaxmesh.sweep(jnp_chunk4, CARTPOLE, **kw)
-    assert sorted(host.cells) == sorted(as_jax.cells) == [(0, 1), (0, 2), (0, 4)]
+@pytest.mark.parametrize("kind", ENVS)
+def test_sweep_over_horizons_and_delays(kind):
+    kw = dict(horizon=[1, 2, 4], delay=[0, 1], num_envs=3, seeds=SEEDS)
+    host = jaxmesh.sweep(HostPolicy(chunk4, native_chunk=4), ENVS[kind], **kw)
+    as_jax = jaxmesh.sweep(jnp_chunk4, ENVS[kind], **kw)
+    cells = [(0, 1), (0, 2), (0, 4), (1, 2)]  # d >= h or h + d > K: skipped
+    assert sorted(host.cells) == sorted(as_jax.cells) == cells
     assert host.programs == 1
     for (d, h), cell in host.cells.items():
         assert_same(cell, as_jax.cells[(d, h)])
-        assert_matches(cell, plain(chunk4, SEEDS, horizon=h))
+        if d == 0:
+            assert_matches(cell, plain(chunk4, SEEDS, kind, horizon=h))
+        elif kind == "gymnax":
+            refs = [delay_loop(s, h, d) for s in SEEDS]
+            np.testing.assert_array_equal(cell.lengths, [r[1] for r in refs])
+            np.testing.assert_array_equal(cell.predict_calls, [r[2] for r in refs])
 
 
 @pytest.mark.parametrize("kind", ENVS)
@@ -274,3 +281,59 @@ def test_envpool():
     as_jax = jaxmesh.evaluate(jnp_chunk4, "envpool:CartPole-v1", **kw)
     assert_same(host, as_jax)
     assert len(set(host.lengths.tolist())) > 1
+
+
+def test_workers_with_a_prefetch_lead():
+    kw = dict(
+        num_envs=3,
+        seeds=SEEDS,
+        horizon=4,
+        workers=2,
+        chunking=jaxmesh.Chunking(prefetch_lead=1),
+    )
+    host = jaxmesh.evaluate(
+        HostPolicy(chunk4, native_chunk=4), "gymnasium:CartPole-v1", **kw
+    )
+    assert_matches(host, plain(chunk4, SEEDS, "gymnasium", horizon=4, lead=1))
+
+
+def test_a_served_env_with_a_delay():
+    kw = dict(num_envs=3, seeds=SEEDS, horizon=3, chunking=jaxmesh.Chunking(delay=1))
+    proc, address = start_serve_env("gymnasium:CartPole-v1", "--lanes", "3")
+    try:
+        host = jaxmesh.evaluate(
+            HostPolicy(chunk4, native_chunk=4), f"grpc://{address}", **kw
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_same(host, jaxmesh.evaluate(jnp_chunk4, "gymnasium:CartPole-v1", **kw))
+
+
+@pytest.mark.parametrize("kind", ENVS)
+def test_resume_a_chunked_run_with_a_delay(kind):
+    planned = []
+
+    def breaks(obs):
+        planned.append(obs.shape[0])
+        if sum(planned) > 120:
+            raise ValueError("out of memory")
+        return chunk4(obs)
+
+    kw = dict(
+        num_envs=2,
+        seeds=SEEDS,
+        horizon=3,
+        chunking=jaxmesh.Chunking(delay=1),
+        layout=jaxmesh.Layout(segment_steps=8),
+    )
+    with pytest.raises(jaxmesh.HostPolicyError, match="out of memory") as e:
+        jaxmesh.evaluate(HostPolicy(breaks, native_chunk=4), ENVS[kind], **kw)
+    partial = e.value.partial_result
+    assert partial is not None and 1 <= partial.num_episodes < len(SEEDS)
+    whole = jaxmesh.evaluate(jnp_chunk4, ENVS[kind], **kw)
+    planned.append(-(10**6))  # the same policy, now far from its failure
+    rest = jaxmesh.evaluate(
+        HostPolicy(breaks, native_chunk=4), ENVS[kind], resume=partial, **kw
+    )
+    assert_same(rest, whole)
