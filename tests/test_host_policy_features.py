@@ -337,3 +337,40 @@ def test_resume_a_chunked_run_with_a_delay(kind):
         HostPolicy(breaks, native_chunk=4), ENVS[kind], resume=partial, **kw
     )
     assert_same(rest, whole)
+
+
+def coin(obs, seeds):
+    """Stochastic chunks: the lean action, flipped on the chunk's odd seeds."""
+    a = lean(obs) ^ (seeds & 1).astype(np.int32)
+    return np.stack([a, a, 1 - a, a], axis=1)
+
+
+def jnp_coin(obs, key):
+    a = jnp_lean(obs) ^ (jax.random.bits(key, dtype=jnp.uint32) & 1).astype(jnp.int32)
+    return jnp.stack([a, a, 1 - a, a])
+
+
+@pytest.mark.parametrize("kind", ENVS)
+def test_stochastic_seeds_with_a_prefetch_lead(kind):
+    kw = dict(
+        num_envs=3, seeds=SEEDS, horizon=4, chunking=jaxmesh.Chunking(prefetch_lead=2)
+    )
+    pol = HostPolicy(coin, native_chunk=4, stochastic=True)
+    host = jaxmesh.evaluate(pol, ENVS[kind], **kw)
+    assert_same(host, jaxmesh.evaluate(jnp_coin, ENVS[kind], **kw))
+    if kind == "gymnax":
+        bits = lambda key: np.asarray(jax.random.bits(key, dtype=jnp.uint32))[None]
+        one = lambda obs, key: coin(np.asarray(obs)[None], bits(key))[0]
+        refs = [run_episode(*REF, one, s, horizon=4, lead=2) for s in SEEDS]
+        assert_matches(host, refs)
+        deterministic = jaxmesh.evaluate(
+            HostPolicy(chunk4, native_chunk=4), CARTPOLE, **kw
+        )
+        assert not np.array_equal(deterministic.lengths, host.lengths)
+
+
+def test_make_evaluator_vmapped_over_a_population():
+    run = jaxmesh.make_evaluator(HostPolicy(lean), CARTPOLE, num_envs=3, seeds=SEEDS)
+    got = jax.jit(jax.vmap(run))(jnp.zeros(2))
+    lengths = [r.length for r in plain(lean, SEEDS)]
+    np.testing.assert_array_equal(got.lengths, [lengths, lengths])
