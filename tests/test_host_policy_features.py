@@ -207,7 +207,7 @@ def test_record(kind):
         np.testing.assert_array_equal(tr.observations, np.stack(ref.observations))
 
 
-def test_suite_of_two_gymnax_tasks():
+def test_suite_of_two_gymnax_tasks_and_a_gymnasium_one():
     env, params = CARTPOLE
     suite = jaxmesh.Suite(
         {
@@ -215,12 +215,13 @@ def test_suite_of_two_gymnax_tasks():
             "long": jaxmesh.Task(
                 (env, params.replace(max_steps_in_episode=40)), seeds=[7, 8]
             ),
+            "host": jaxmesh.Task("gymnasium:CartPole-v1", seeds=[3, 1, 4]),
         },
         seeds=SEEDS[:4],
     )
     host = jaxmesh.evaluate(HostPolicy(lean), suite, num_envs=2)
     as_jax = jaxmesh.evaluate(jnp_lean, suite, num_envs=2)
-    assert list(host.tasks) == ["short", "long"]
+    assert list(host.tasks) == ["short", "long", "host"]
     for name, r in host.tasks.items():
         assert_same(r, as_jax.tasks[name])
     for name, seeds in (("short", SEEDS[:4]), ("long", [7, 8])):
@@ -236,6 +237,7 @@ def test_suite_of_two_gymnax_tasks():
         assert_matches(
             host.tasks[name], [run_episode(reset, step, one, s) for s in seeds]
         )
+    assert_matches(host.tasks["host"], plain(lean, [3, 1, 4], "gymnasium"))
 
 
 def test_evaluator_runs_twice_on_one_compile():
