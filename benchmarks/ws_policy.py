@@ -7,9 +7,10 @@ ReLU MLP on gymnasium CartPole's 4 observations (argmax of 2 logits, fixed
 random weights). Against it, side by side, repeats interleaved, the same
 seeds 0..E-1:
 
-- ``openpi loop``: openpi's way, one gymnasium CartPole env and
-  ``openpi_client.WebsocketClientPolicy``, one ``infer`` per step (horizon 1),
-  episodes one after another;
+- ``openpi client loop``: openpi's way, one gymnasium CartPole env and a
+  client doing what ``openpi_client.WebsocketClientPolicy`` does
+  (``OpenpiClient``), one ``infer`` per step (horizon 1), episodes one after
+  another;
 - ``RemotePolicy, 16 lanes``: ``jaxmesh.evaluate(jaxmesh.RemotePolicy(
   "ws://..."), "gymnasium:CartPole-v1", num_envs=16, seeds=range(E))``, its
   defaults otherwise: the lanes that plan at a step send their requests at
@@ -17,10 +18,10 @@ seeds 0..E-1:
 - ``RemotePolicy, 1 lane``: the same at ``num_envs=1``, for context.
 
 Figures: observations/s (env steps over the wall clock of the loop or of the
-``evaluate`` call, and for jaxmesh also over its ``run_time``), and the
-per-episode returns of both RemotePolicy runs checked equal to the openpi
-loop's. Goal: RemotePolicy on 16 lanes >= 3x the openpi loop's
-observations/s.
+``evaluate`` call, and for jaxmesh also over its ``run_time``), the CPU
+time this process and the server spent per observation, and the per-episode
+returns of both RemotePolicy runs checked equal to the openpi client loop's.
+Goal: RemotePolicy on 16 lanes >= 3x the openpi client loop's observations/s.
 
 Run: ``cd benchmarks && ../.venv/bin/python ws_policy.py [--quick]
 [--episodes E] [--repeats R]``
@@ -39,9 +40,11 @@ import time
 
 import gymnasium
 import jax.numpy as jnp
+import msgpack
 import numpy as np
 from common import goal, header, interleave, machine, table
-from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from serve_client import pack, unpack
+from websockets.sync.client import connect
 
 import jaxmesh
 from jaxmesh.adapt import State
@@ -105,25 +108,70 @@ def serve() -> tuple[subprocess.Popen, str]:
     return proc, line.removeprefix("ws://")
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux's /proc; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(run, server: int) -> dict:
+    """``run()``'s figures, and the CPU microseconds per observation that this
+    process and the server spent during it."""
+    mine, theirs = time.process_time(), cpu_seconds(server)
+    figures = run()
+    mine, theirs = time.process_time() - mine, cpu_seconds(server) - theirs
+    steps = figures["steps"]
+    return {
+        **figures,
+        "cpu_here": 1e6 * mine / steps,
+        "cpu_server": 1e6 * theirs / steps,
+    }
+
+
+class OpenpiClient:
+    """What ``openpi_client.WebsocketClientPolicy`` does, line for line, on
+    a websockets sync connection (no compression): the server's metadata read
+    on connect, and per ``infer`` one msgpack frame out (arrays as openpi's
+    ``msgpack_numpy`` writes them, ``serve_client.pack``) and one in.
+    (openpi-client pins numpy<2, so the benchmarks' extras cannot install it.)
+    """
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.metadata = msgpack.unpackb(ws.recv(), object_hook=unpack)
+        self.packer = msgpack.Packer(default=pack)
+
+    def infer(self, obs: dict) -> dict:
+        self.ws.send(self.packer.pack(obs))
+        reply = self.ws.recv()
+        if isinstance(reply, str):
+            raise RuntimeError(f"Error in inference server:\n{reply}")
+        return msgpack.unpackb(reply, object_hook=unpack)
+
+
 def openpi_loop(address: str, seeds: range) -> tuple[dict, list]:
     """openpi's client loop: one env, one ``infer`` per step; its connection
     opens before the clock starts and closes after."""
-    host, port = address.rsplit(":", 1)
-    client = WebsocketClientPolicy(host, int(port))
     env = gymnasium.make("CartPole-v1")
     returns, steps = [], 0
-    t0 = time.perf_counter()
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        while not done:
-            reply = client.infer({KEY: obs})
-            action = int(np.asarray(reply["actions"]).reshape(-1)[0])
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, done, steps = total + reward, terminated or truncated, steps + 1
-        returns.append(total)
-    wall = time.perf_counter() - t0
-    client._ws.close()  # openpi's client has no close()
+    with connect(f"ws://{address}", compression=None, max_size=None) as ws:
+        client = OpenpiClient(ws)
+        t0 = time.perf_counter()
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            total, done = 0.0, False
+            while not done:
+                reply = client.infer({KEY: obs})
+                action = int(np.asarray(reply["actions"]).reshape(-1)[0])
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total, done = total + reward, terminated or truncated
+                steps += 1
+            returns.append(total)
+        wall = time.perf_counter() - t0
     env.close()
     return {"obs_wall": steps / wall, "obs_run": steps / wall, "steps": steps}, returns
 
@@ -183,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
         many, one = f"RemotePolicy, {args.lanes} lanes", "RemotePolicy, 1 lane"
         contenders = {
-            OPENPI: loop,
-            many: lambda: lanes(many, args.lanes),
-            one: lambda: lanes(one, 1),
+            OPENPI: lambda: with_cpu(loop, proc.pid),
+            many: lambda: with_cpu(lambda: lanes(many, args.lanes), proc.pid),
+            one: lambda: with_cpu(lambda: lanes(one, 1), proc.pid),
         }
         med = interleave(contenders, repeats)
     finally:
@@ -195,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in (many, one):
         np.testing.assert_array_equal(returns[name], want, err_msg=name)
     print(
-        f"per-episode returns of both RemotePolicy runs equal the openpi loop's "
+        f"per-episode returns of both RemotePolicy runs equal the openpi client loop's "
         f"for seeds 0..{episodes - 1} (mean {want.mean():.1f}); requests sent "
         f"per run: {requests[many]:,} at {args.lanes} lanes, {requests[one]:,} "
         "at 1 (one per env step, and one of zeros when the run traces)\n"
@@ -208,12 +256,22 @@ def main(argv: list[str] | None = None) -> int:
             m["obs_wall"],
             m["obs_run"] if name != OPENPI else "",
             f"{m['obs_wall'] / base:.2f}x",
+            m["cpu_here"],
+            m["cpu_server"],
         ]
         for name, m in med.items()
     ]
     print(
         table(
-            ["contender", "env steps", "obs/s (wall)", "obs/s (run_time)", "ratio"],
+            [
+                "contender",
+                "env steps",
+                "obs/s (wall)",
+                "obs/s (run_time)",
+                "ratio (wall)",
+                "client CPU us/obs",
+                "server CPU us/obs",
+            ],
             rows,
         )
     )
