@@ -14,6 +14,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -265,3 +266,31 @@ def envpool_xla_loop(
         lambda h, o: jax.lax.fori_loop(0, iters, body, (h, o, jnp.float64(0.0)))
     )
     return env, loop, handle, obs
+
+
+def serve_policy_process(*args: str) -> tuple[subprocess.Popen, str]:
+    """``jaxmesh serve-policy *args`` in its own process, as a user starts it
+    (``benchmarks/`` on its path); the process and the address it printed once
+    serving (``--ready-fd``).
+
+    Raises:
+      RuntimeError: the server did not start (the process is reaped).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    read, write = os.pipe()
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmesh.cli", "serve-policy", *args]
+        + ["--ready-fd", str(write)],
+        pass_fds=(write,),
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    os.close(write)
+    with os.fdopen(read, "rb") as ready:
+        line = ready.readline().decode().strip()
+    if not line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"jaxmesh serve-policy {' '.join(args)} did not start")
+    return proc, line

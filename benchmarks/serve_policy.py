@@ -52,7 +52,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import goal, header, table
+from common import goal, header, serve_policy_process, table
 
 import jaxmesh
 from jaxmesh.adapt import Image, State
@@ -368,23 +368,9 @@ class CameraCartPolePolicy(jaxmesh.Model):
 def _served_process() -> tuple[subprocess.Popen, str]:
     """``jaxmesh serve-policy serve_policy:CameraCartPolePolicy --protocol
     grpc`` in its own process; its address once serving."""
-    read, write = os.pipe()
-    path = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", "serve-policy"]
-        + ["serve_policy:CameraCartPolePolicy", "--protocol", "grpc"]
-        + ["--max-batch", "16", "--ready-fd", str(write)],
-        pass_fds=(write,),
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": path},
+    return serve_policy_process(
+        "serve_policy:CameraCartPolePolicy", "--protocol", "grpc", "--max-batch", "16"
     )
-    os.close(write)
-    with os.fdopen(read, "rb") as ready:
-        line = ready.readline().decode().strip()
-    if not line:
-        proc.kill()
-        raise RuntimeError("jaxmesh serve-policy --protocol grpc did not start")
-    return proc, line
 
 
 def measure_remote(batches: list[int], seconds: float, repeats: int) -> None:

@@ -42,7 +42,7 @@ import gymnasium
 import jax.numpy as jnp
 import msgpack
 import numpy as np
-from common import goal, header, interleave, machine, table
+from common import goal, header, interleave, machine, serve_policy_process, table
 from serve_client import pack, unpack
 from websockets.sync.client import connect
 
@@ -89,22 +89,9 @@ POLICY = jaxmesh.Model(act, spec={"state": State(key=KEY)}, name="cartpole-mlp")
 def serve() -> tuple[subprocess.Popen, str]:
     """``jaxmesh serve-policy ws_policy:POLICY`` in its own process, as a
     user starts it; the process and its address once serving."""
-    read, write = os.pipe()
-    path = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmesh.cli", "serve-policy", "ws_policy:POLICY"]
-        + ["--input", f"{KEY}=float32[4]", "--ready-fd", str(write)],
-        pass_fds=(write,),
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": path},
+    proc, line = serve_policy_process(
+        "ws_policy:POLICY", "--input", f"{KEY}=float32[4]"
     )
-    os.close(write)
-    with os.fdopen(read, "rb") as ready:
-        line = ready.readline().decode().strip()
-    if not line:
-        proc.kill()
-        proc.wait()
-        raise RuntimeError("jaxmesh serve-policy did not start")
     return proc, line.removeprefix("ws://")
 
 
