@@ -234,6 +234,16 @@ def owed_since(owed: collections.deque, progress: float) -> float | None:
     return max(progress, owed[0]) if owed else None
 
 
+def or_closed(item: Any, address: str) -> Any:
+    """A reply read in the caller's thread, or the closed-session error for
+    the end of the stream (None)."""
+    if item is None:
+        return RemoteConnectionError(
+            f"the session with {address} is closed", address=address
+        )
+    return item
+
+
 def next_reply(
     replies: queue.Queue,
     reply_timeout: float | None,
@@ -511,12 +521,7 @@ class Connection:
             no reply came within ``reply_timeout``.
         """
         if self._reader is None and self._stream is not None:  # no reader thread
-            item = self._next()
-            if item is None:
-                item = RemoteConnectionError(
-                    f"the session with {self.address} is closed",
-                    address=self.address,
-                )
+            item = or_closed(self._next(), self.address)
             if isinstance(item, BaseException):
                 raise item
             return item
@@ -575,6 +580,7 @@ __all__ = [
     "Connection",
     "ServerInfo",
     "channel_tls",
+    "or_closed",
     "channel_options",
     "is_address",
     "parse_address",

@@ -67,6 +67,7 @@ from jaxmesh.remote.client import (
     await_end,
     drain,
     next_reply,
+    or_closed,
     owed_since,
     start_reader,
     status_error,
@@ -682,10 +683,7 @@ class ShmStream:
         """The next reply (see ``Connection.receive``)."""
         if self._reader is None:
             item = self._early.popleft() if self._early else self._next()
-            if item is None:
-                item = RemoteConnectionError(
-                    f"the session with {self.address} is closed", address=self.address
-                )
+            item = or_closed(item, self.address)
             if isinstance(item, BaseException):
                 self._early.appendleft(item)
                 raise item
