@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - OPENBLAS_NUM_THREADS must be set before numpy loads
 """RemotePolicy("ws://") on 16 lanes against openpi's own client loop.
 
 One ``jaxmesh serve-policy`` process (openpi's websocket protocol, batching
@@ -29,11 +28,8 @@ Run: ``cd benchmarks && ../.venv/bin/python ws_policy.py [--quick]
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import argparse
+import os
 import subprocess
 import sys
 import time

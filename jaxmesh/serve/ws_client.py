@@ -11,21 +11,30 @@ A token travels as the header ``Authorization: Api-Key <token>``.
 
 ``WebsocketClient.infer`` sends a plan's B requests at once over a pool of at
 most ``connections`` connections, one request per row, so a batching server
-batches them; the connections and their asyncio loop live in one thread.
+batches them: the calling thread writes every request, then reads the
+replies (websockets' Sans-I/O protocol over plain sockets, no event loop: a
+plan costs its syscalls and framing, not a coroutine per row).
 """
 
 from __future__ import annotations
 
-import asyncio
+import collections
 import os
+import socket
+import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidStatus, InvalidURI
+from websockets.frames import CloseCode, Opcode
+from websockets.http11 import USER_AGENT
+from websockets.protocol import State as ProtocolState
+from websockets.uri import parse_uri
 
 from jaxmesh.adapt import State, Text
 from jaxmesh.host_policy import HostPolicy
@@ -47,6 +56,14 @@ PROMPT_BYTES = 1024
 #: The request key of the observation when it is an array, not a dict.
 STATE_KEY = "observation/state"
 SCHEMES = ("ws://", "wss://")
+#: Seconds between the keepalive thread's reads of the idle connections
+#: (websockets' servers ping every 20 s and wait 20 s for the pong).
+KEEPALIVE_S = 5.0
+#: Seconds ``close`` waits, all connections together, for the server to end
+#: the close handshake.
+CLOSE_TIMEOUT = 1.0
+#: The most bytes one read takes from a socket.
+RECV_BYTES = 1 << 18
 
 
 class RemotePolicyError(RuntimeError):
@@ -92,6 +109,137 @@ def decode_prompt(codes: np.ndarray) -> str:
     return np.asarray(codes, np.uint8).tobytes().rstrip(b"\0").decode()
 
 
+class _Closed(Exception):
+    """A connection ended (``code``: the server's close code, or None)."""
+
+    def __init__(self, code: int | None, reason: str = ""):
+        super().__init__(code, reason)
+        self.code, self.reason = code, reason
+
+
+class _Connection:
+    """One websocket connection, driven by the thread that holds it:
+    websockets' Sans-I/O protocol (``ClientProtocol``: framing, masking, pongs,
+    the close handshake) over a blocking socket. ``WebsocketClient``'s pool
+    hands each connection to one thread at a time."""
+
+    __slots__ = ("sock", "protocol", "parts", "kind", "pending")
+
+    def __init__(self, sock: socket.socket, protocol: ClientProtocol):
+        self.sock, self.protocol = sock, protocol
+        #: A fragmented message's frames so far, and its opcode.
+        self.parts: list[bytes] = []
+        self.kind = Opcode.BINARY
+        #: Frames parsed, not yet read.
+        self.pending: collections.deque = collections.deque()
+
+    def flush(self) -> None:
+        """Writes what the protocol has to send (frames, pongs, a close)."""
+        for data in self.protocol.data_to_send():
+            if data:
+                self.sock.sendall(data)
+            else:  # the protocol's end of stream
+                try:
+                    self.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+    def send(self, frame: bytes) -> None:
+        self.protocol.send_binary(frame)
+        self.flush()
+
+    def feed(self, timeout: float) -> None:
+        """Reads what arrives within ``timeout`` seconds (0: what has
+        arrived) into the protocol.
+
+        Raises:
+          TimeoutError: nothing came in time.
+        """
+        sock = self.sock
+        sock.settimeout(timeout)
+        try:
+            data = sock.recv(RECV_BYTES)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            raise TimeoutError from None
+        except TimeoutError:
+            raise
+        except OSError:  # reset: the connection is over
+            data = b""
+        if data:
+            self.protocol.receive_data(data)
+            while isinstance(sock, ssl.SSLSocket) and sock.pending():
+                self.protocol.receive_data(sock.recv(RECV_BYTES))
+        else:
+            self.protocol.receive_eof()
+        self.pending.extend(self.protocol.events_received())
+        self.flush()
+
+    def message(self) -> bytes | str | None:
+        """The next whole message parsed (bytes, or a text frame's text),
+        None when there is none yet (pings are answered by the protocol).
+
+        Raises:
+          _Closed: the server closed the connection (or it broke).
+        """
+        pending = self.pending
+        while pending:
+            frame = pending.popleft()
+            opcode = frame.opcode
+            if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
+                self.kind = opcode
+            elif opcode is Opcode.CLOSE:
+                raise self.closed()
+            elif opcode is not Opcode.CONT:
+                continue  # a ping (answered) or a pong
+            self.parts.append(frame.data)
+            if not frame.fin:
+                continue
+            parts, self.parts = self.parts, []
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            return data.decode(errors="replace") if self.kind is Opcode.TEXT else data
+        if self.protocol.state is not ProtocolState.OPEN:
+            raise self.closed()
+        return None
+
+    def receive(self, deadline: float) -> bytes | str:
+        """The next message: bytes, or the text of a text frame.
+
+        Raises:
+          TimeoutError: none by ``deadline`` (``time.monotonic``).
+          _Closed: the connection closed first.
+        """
+        while True:
+            message = self.message()
+            if message is not None:
+                return message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.feed(left)
+
+    def closed(self) -> _Closed:
+        rcvd = self.protocol.close_rcvd
+        return _Closed(rcvd.code, rcvd.reason) if rcvd else _Closed(None)
+
+    def close(self, wait: float = 0.0) -> None:
+        """Sends a close frame (once) and closes the socket, after waiting
+        at most ``wait`` seconds for the server's end of stream."""
+        try:
+            if self.protocol.state is ProtocolState.OPEN:
+                self.protocol.send_close(CloseCode.NORMAL_CLOSURE)
+                self.flush()
+            deadline = time.monotonic() + wait
+            while self.protocol.state is not ProtocolState.CLOSED:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.feed(left)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            self.sock.close()
+
+
 class WebsocketClient:
     """Connections to one server of openpi's protocol.
 
@@ -106,6 +254,10 @@ class WebsocketClient:
       connect_timeout: seconds to wait for a connection and its metadata.
 
     The first connection opens here: an unreachable server fails at once.
+    The connections are driven by the thread that calls ``infer`` (no event
+    loop): it writes every request of a plan, then reads the replies. While
+    no plan runs, a thread answers the server's keepalive pings on the idle
+    connections every ``KEEPALIVE_S`` seconds.
 
     Raises:
       RemotePolicyError: the server cannot be reached, refused the
@@ -140,27 +292,30 @@ class WebsocketClient:
             token = os.environ.get(TOKEN_ENV) or None
         if token is not None and not isinstance(token, str):
             raise TypeError(f"token is a {type(token).__name__}; expected a string")
+        try:
+            self._uri = parse_uri(address)
+        except InvalidURI as e:
+            raise ValueError(f"address={address!r}: {e}") from None
         self.address, self.token = address, token
         self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
         self.connections = connections
         #: Requests sent (one per row planned).
         self.requests = 0
-        self._idle: list[ClientConnection] = []
-        self._slots: asyncio.Semaphore | None = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="jaxmesh-ws-policy", daemon=True
+        #: Idle connections, and how many are open (idle or in use).
+        self._idle: list[_Connection] = []
+        self._open = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        ws, metadata = self._connect()
+        #: The server's metadata map (its first frame).
+        self.metadata: dict = metadata
+        self._idle.append(ws)
+        self._open = 1
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, name="jaxmesh-ws-keepalive", daemon=True
         )
-        self._thread.start()
-        try:
-            #: The server's metadata map (its first frame).
-            self.metadata: dict = self._run(self._start())
-        except BaseException:
-            self.close()
-            raise
-
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        self._keepalive.start()
 
     def _error(self, what: str) -> RemotePolicyError:
         return RemotePolicyError(
@@ -168,25 +323,41 @@ class WebsocketClient:
         )
 
     # Connections -------------------------------------------------------------
-    async def _start(self) -> dict:
-        self._slots = asyncio.Semaphore(self.connections)
-        ws, metadata = await self._connect()
-        self._idle.append(ws)
-        return metadata
-
-    async def _connect(self) -> tuple[ClientConnection, dict]:
+    def _connect(self) -> tuple[_Connection, dict]:
         """A new connection and its metadata."""
-        headers = {"Authorization": f"Api-Key {self.token}"} if self.token else None
+        uri = self._uri
+        deadline = time.monotonic() + self.connect_timeout
         try:
-            ws = await connect(
-                self.address,
-                additional_headers=headers,
-                compression=None,
-                max_size=MAX_MESSAGE_BYTES,
-                open_timeout=self.connect_timeout,
-                close_timeout=1.0,
+            sock = socket.create_connection(
+                (uri.host, uri.port), timeout=self.connect_timeout
             )
+        except OSError as e:
+            raise self._unreachable(e) from None
+        ws = None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if uri.secure:
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=uri.host
+                )
+            protocol = ClientProtocol(uri, max_size=MAX_MESSAGE_BYTES)
+            ws = _Connection(sock, protocol)
+            request = protocol.connect()
+            if self.token:
+                request.headers["Authorization"] = f"Api-Key {self.token}"
+            request.headers.setdefault("User-Agent", USER_AGENT)
+            protocol.send_request(request)
+            ws.flush()
+            while not ws.pending and protocol.handshake_exc is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("timed out while waiting for the handshake")
+                ws.feed(left)
+            if protocol.handshake_exc is not None:
+                raise protocol.handshake_exc
+            ws.pending.popleft()  # the handshake's response
         except InvalidStatus as e:
+            ws.close() if ws is not None else sock.close()
             status = e.response.status_code
             body = (e.response.body or b"").decode(errors="replace").strip()
             fix = (
@@ -198,17 +369,11 @@ class WebsocketClient:
             raise self._error(
                 f"refused the connection (HTTP {status}: {body}){fix}"
             ) from None
-        except InvalidURI as e:
-            raise ValueError(f"address={self.address!r}: {e}") from None
         except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
-            raise self._error(
-                f"cannot be reached ({type(e).__name__}: {e}): start one there "
-                "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
-                "scripts/serve_policy.py), or check the address"
-            ) from None
+            ws.close() if ws is not None else sock.close()
+            raise self._unreachable(e) from None
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                first = await ws.recv()
+            first = ws.receive(deadline)
             if isinstance(first, str):
                 raise self._error(f"sent a text frame instead of its metadata: {first}")
             metadata = codec.unpackb(first)
@@ -218,16 +383,84 @@ class WebsocketClient:
                     "protocol begins with a map: is it an openpi policy server?"
                 )
         except BaseException as e:
-            await ws.close()
+            ws.close()
             if isinstance(e, RemotePolicyError):
                 raise
-            if isinstance(e, codec.CodecError | TimeoutError | ConnectionClosed):
+            if isinstance(e, codec.CodecError | TimeoutError | _Closed | OSError):
+                what = (
+                    "ConnectionClosed" if isinstance(e, _Closed) else type(e).__name__
+                )
                 raise self._error(
-                    f"sent no metadata map on connect ({type(e).__name__}: {e}): "
+                    f"sent no metadata map on connect ({what}: {e}): "
                     "is it an openpi policy server?"
                 ) from None
             raise
         return ws, metadata
+
+    def _unreachable(self, e: BaseException) -> RemotePolicyError:
+        return self._error(
+            f"cannot be reached ({type(e).__name__}: {e}): start one there "
+            "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
+            "scripts/serve_policy.py), or check the address"
+        )
+
+    def _take(self, want: int) -> list[_Connection]:
+        """Up to ``want`` connections for one thread (at least one), opening
+        new ones while fewer than ``connections`` are open."""
+        with self._cond:
+            while (
+                not self._idle and self._open >= self.connections and not self._closed
+            ):
+                self._cond.wait()
+            if self._closed:
+                raise self._error("is no longer connected: the policy was closed")
+            took = [self._idle.pop() for _ in range(min(want, len(self._idle)))]
+            new = min(want - len(took), self.connections - self._open)
+            self._open += new
+        try:
+            for _ in range(new):
+                took.append(self._connect()[0])
+                new -= 1
+        except BaseException:
+            self._give(took, [])
+            with self._cond:
+                self._open -= new
+                self._cond.notify_all()
+            raise
+        return took
+
+    def _give(self, healthy: list[_Connection], broken: list[_Connection]) -> None:
+        """Returns a thread's connections: the healthy to the pool, the
+        broken (and all, once the client is closed) closed."""
+        with self._cond:
+            if self._closed:
+                healthy, broken = [], healthy + broken
+            self._idle.extend(healthy)
+            self._open -= len(broken)
+            self._cond.notify_all()
+        for ws in broken:
+            ws.close()
+
+    def _keep_alive(self) -> None:
+        """Reads the idle connections now and then: the protocol answers the
+        server's pings, and a connection the server closed is dropped."""
+        while not self._stop.wait(KEEPALIVE_S):
+            with self._cond:
+                idle, self._idle = self._idle, []
+            live, dead = [], []
+            for ws in idle:
+                try:
+                    try:
+                        while True:
+                            ws.feed(0.0)
+                    except TimeoutError:
+                        pass
+                    if ws.message() is not None:  # a reply to nothing asked
+                        raise _Closed(None)
+                    live.append(ws)
+                except (OSError, TimeoutError, _Closed):
+                    dead.append(ws)
+            self._give(live, dead)
 
     # Requests ----------------------------------------------------------------
     def infer(self, frames: list[bytes]) -> list[Any]:
@@ -237,69 +470,79 @@ class WebsocketClient:
         Raises:
           RemotePolicyError: a request failed (the first failed row's error).
         """
-        self.requests += len(frames)
-        replies = self._run(self._all(frames))
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-        return replies
-
-    async def _all(self, frames: list[bytes]) -> list[Any]:
-        jobs = [self._one(frame) for frame in frames]
-        return await asyncio.gather(*jobs, return_exceptions=True)
-
-    async def _one(self, frame: bytes) -> Any:
-        assert self._slots is not None
-        async with self._slots:
-            ws = self._idle.pop() if self._idle else (await self._connect())[0]
-            healthy = False
-            try:
-                async with asyncio.timeout(self.timeout):
-                    await ws.send(frame)
-                    reply = await ws.recv()
-                healthy = not isinstance(reply, str)
-            except TimeoutError:
-                raise self._error(
-                    f"did not answer a request within {self.timeout:g} s: check "
-                    "that it is running and not overloaded, or pass a larger "
-                    "timeout= to RemotePolicy"
-                ) from None
-            except ConnectionClosed as e:
-                raise self._error(
-                    f"closed the connection (code {e.rcvd.code if e.rcvd else None}"
-                    f"{': ' + e.rcvd.reason if e.rcvd and e.rcvd.reason else ''}): "
-                    "check the server's log and start it again; the episodes "
-                    "finished so far are on exc.partial_result"
-                ) from None
-            finally:
-                if healthy:
-                    self._idle.append(ws)
-                else:
-                    await ws.close()
-        if isinstance(reply, str):
-            raise self._error(f"failed the request:\n{reply}")
+        n = len(frames)
+        if not n:
+            return []
+        with self._cond:
+            self.requests += n
+        pool = self._take(min(n, self.connections))
+        c = len(pool)
+        sent = [0.0] * c
+        busy = [False] * c
+        raw: list[Any] = [None] * n
+        now = time.monotonic
+        row = 0
         try:
-            return codec.unpackb(reply)
-        except codec.CodecError as e:
+            for j in range(c):
+                busy[j] = True
+                pool[j].send(frames[j])
+                sent[j] = now()
+            for row in range(n):
+                j = row % c
+                ws = pool[j]
+                reply = ws.receive(sent[j] + self.timeout)
+                busy[j] = False
+                if isinstance(reply, str):
+                    busy[j] = True  # the server closes it after its error
+                    raise self._error(f"failed the request:\n{reply}")
+                raw[row] = reply
+                if row + c < n:
+                    busy[j] = True
+                    ws.send(frames[row + c])
+                    sent[j] = now()
+        except TimeoutError:
             raise self._error(
-                f"sent a reply that is not openpi's msgpack: {e}"
+                f"did not answer a request within {self.timeout:g} s: check "
+                "that it is running and not overloaded, or pass a larger "
+                "timeout= to RemotePolicy"
             ) from None
+        except (_Closed, OSError) as e:
+            code, reason = (e.code, e.reason) if isinstance(e, _Closed) else (None, "")
+            raise self._error(
+                f"closed the connection (code {code}"
+                f"{': ' + reason if reason else ''}): "
+                "check the server's log and start it again; the episodes "
+                "finished so far are on exc.partial_result"
+            ) from None
+        finally:
+            self._give(
+                [ws for ws, b in zip(pool, busy, strict=True) if not b],
+                [ws for ws, b in zip(pool, busy, strict=True) if b],
+            )
+        out = []
+        for data in raw:
+            try:
+                out.append(codec.unpackb(data))
+            except codec.CodecError as e:
+                raise self._error(
+                    f"sent a reply that is not openpi's msgpack: {e}"
+                ) from None
+        return out
 
     def close(self) -> None:
-        """Closes every connection and ends the client's thread."""
-        if not self._thread.is_alive():
-            return
-
-        async def close_all() -> None:
+        """Closes every connection and ends the client's keepalive thread."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
             idle, self._idle = self._idle, []
-            await asyncio.gather(*(ws.close() for ws in idle), return_exceptions=True)
-
-        try:
-            self._run(close_all())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._open -= len(idle)
+            self._cond.notify_all()
+        self._stop.set()
+        self._keepalive.join()
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        for ws in idle:
+            ws.close(max(0.0, deadline - time.monotonic()))
 
 
 class WebsocketPolicy(HostPolicy):
