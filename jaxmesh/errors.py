@@ -132,12 +132,24 @@ class WorkerError(RuntimeError):
 class HostPolicyError(RuntimeError):
     """A ``jaxmesh.HostPolicy``'s ``fn`` raised, or returned the wrong shape;
     the function's own exception is ``__cause__``. ``lanes`` are the lanes of
-    the call; ``partial_result`` the episodes finished before it."""
+    the call; ``episodes`` and ``seeds`` the episodes they were running (on
+    host-stepped envs; None where unknown: inside the jitted scan);
+    ``partial_result`` the episodes finished before it."""
 
-    def __init__(self, message: str, *, policy: str, lanes: list[int]):
+    def __init__(
+        self,
+        message: str,
+        *,
+        policy: str,
+        lanes: list[int],
+        episodes: list[int] | None = None,
+        seeds: list[int] | None = None,
+    ):
         super().__init__(message)
         self.policy = policy
         self.lanes = lanes
+        self.episodes = episodes
+        self.seeds = seeds
         self.partial_result = None
 
 

@@ -26,6 +26,11 @@ def _tree_rows(tree: Any, sel: Any) -> Any:
     return jax.tree.map(lambda x: np.asarray(x)[sel], tree)
 
 
+def row_seeds(keys: jax.Array) -> jax.Array:
+    """[B] uint32: the seed a stochastic ``fn`` gets for each row's plan key."""
+    return jax.vmap(lambda k: jax.random.bits(k, dtype=jnp.uint32))(keys)
+
+
 class HostPolicy:
     """A policy whose forward pass runs on the host: ``fn`` gets numpy values.
 
@@ -114,6 +119,41 @@ class HostPolicy:
             self._outputs[key] = jax.ShapeDtypeStruct(out.shape[1:], dtype)
         return self._outputs[key]
 
+    def plan(
+        self, obs: Any, seeds: np.ndarray | None, lanes: Any, row: Any
+    ) -> np.ndarray:
+        """``fn`` on B rows, checked: ``[B, *row.shape]`` of ``row.dtype``.
+
+        Args:
+          obs: the rows' inputs (numpy leaves with a leading axis B).
+          seeds: [B] uint32 (a stochastic policy's), or None.
+          lanes: each row's lane (named by an error).
+          row: one row's output struct (``_output``).
+
+        Raises:
+          HostPolicyError: ``fn`` raised, or returned another shape.
+        """
+        b = np.shape(lanes)[0]
+        try:
+            got = self._forward(obs, seeds)
+        except Exception as exc:
+            raise HostPolicyError(
+                f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
+                f"(planning lanes {np.asarray(lanes).tolist()}); the run stopped "
+                "there",
+                policy=self.name,
+                lanes=np.asarray(lanes).tolist(),
+            ) from exc
+        if got.shape != (b,) + tuple(row.shape):
+            raise HostPolicyError(
+                f"host policy {self.name!r} returned shape {got.shape} for "
+                f"{b} rows (lanes {np.asarray(lanes).tolist()}); expected "
+                f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
+                policy=self.name,
+                lanes=np.asarray(lanes).tolist(),
+            )
+        return got.astype(row.dtype, copy=False)
+
     def _host(self, inputs: Any, meta: Any, row: Any) -> np.ndarray:
         """The callback: ``fn`` on the real rows, zeros in the padding rows.
 
@@ -126,34 +166,15 @@ class HostPolicy:
         real = rows >= 0
         whole = bool(real.all())
         sel = slice(None) if whole else np.flatnonzero(real)
-        b = rows.shape[0] if whole else sel.size
-        if b == 0:
+        if not whole and sel.size == 0:
             return np.zeros((rows.shape[0],) + row.shape, row.dtype)
         seeds = None if meta.ndim == 1 else meta[1].view(np.uint32)[sel]
-        lanes = lambda: rows[sel].tolist()
         try:
-            got = self._forward(_tree_rows(inputs, sel), seeds)
-        except Exception as exc:
-            raise keep_callback_error(
-                HostPolicyError(
-                    f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
-                    f"(planning lanes {lanes()}); the run stopped there",
-                    policy=self.name,
-                    lanes=lanes(),
-                )
-            ) from exc
-        if got.shape != (b,) + row.shape:
-            raise keep_callback_error(
-                HostPolicyError(
-                    f"host policy {self.name!r} returned shape {got.shape} for "
-                    f"{b} rows (lanes {lanes()}); expected "
-                    f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
-                    policy=self.name,
-                    lanes=lanes(),
-                )
-            )
+            got = self.plan(_tree_rows(inputs, sel), seeds, rows[sel], row)
+        except HostPolicyError as exc:
+            raise keep_callback_error(exc) from exc.__cause__
         if whole:
-            return got.astype(row.dtype, copy=False)
+            return got
         out = np.zeros((rows.shape[0],) + row.shape, row.dtype)
         out[sel] = got
         return out
@@ -167,7 +188,7 @@ class HostPolicy:
         b = keys.shape[0]
         meta = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
         if self.stochastic:
-            seeds = jax.vmap(lambda k: jax.random.bits(k, dtype=jnp.uint32))(keys)
+            seeds = row_seeds(keys)
             meta = jnp.stack([meta, jax.lax.bitcast_convert_type(seeds, jnp.int32)])
         row = self._output(inputs)
         result = jax.ShapeDtypeStruct((b,) + row.shape, row.dtype)
@@ -191,4 +212,5 @@ class HostPolicy:
             on_episode_end=None,
             declares_chunk=self.native_chunk is not None,
             takes_rows=True,
+            host=self,
         )

@@ -83,6 +83,9 @@ class Policy:
       takes_rows: ``apply`` is called with ``rows=``, each row's lane ([tile]
         int32, -1 for a padding row), so a host policy computes only the
         lanes that plan (``jaxmesh.HostPolicy``).
+      host: the ``jaxmesh.HostPolicy`` behind ``apply``, or None: a host
+        loop whose agent step needs no device work calls it directly
+        (``jaxmesh.run.host.direct``), without a callback.
     """
 
     name: str
@@ -98,6 +101,7 @@ class Policy:
     takes_execution_horizon: bool = False
     declares_chunk: bool = False
     takes_rows: bool = False
+    host: Any = None
 
 
 @runtime_checkable

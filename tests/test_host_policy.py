@@ -95,13 +95,16 @@ def test_fn_sees_only_the_lanes_that_plan():
         expect += [2] * (active // 2) + [1] * (active % 2)
     assert calls == expect
     assert sum(calls) == 1 + sum(lengths)
+    assert result.policy_rows == sum(lengths)  # real rows, no tile padding
+
+
+def chunk4(obs):
+    """[B, 4] -> [B, 4] chunks: the MLP's action, then a wobble."""
+    a = mlp(obs)
+    return np.stack([a, a, 1 - a, a], axis=1)
 
 
 def test_native_chunk_with_horizon_replay():
-    def chunk4(obs):  # [B, 4]: the MLP's action then a wobble
-        a = mlp(obs)
-        return np.stack([a, a, 1 - a, a], axis=1)
-
     pol = HostPolicy(chunk4, native_chunk=4)
     result = jaxmesh.evaluate(pol, CARTPOLE, num_envs=3, seeds=SEEDS, horizon=4)
     assert_matches(result, reference(chunk4, SEEDS, horizon=4))
@@ -158,6 +161,33 @@ def test_gymnasium_in_process_and_in_workers():
         assert_matches(result, refs)
 
 
+def test_gymnasium_stochastic_and_chunked_equal_the_plain_loop():
+    def seeded(obs, key):
+        return noisy(
+            obs[None], np.asarray(jax.random.bits(key, dtype=jnp.uint32))[None]
+        )
+
+    env = gym.make("CartPole-v1")
+    for pol, ref, kw in (
+        (HostPolicy(noisy, stochastic=True), seeded, {}),
+        (
+            HostPolicy(chunk4, native_chunk=4),
+            lambda o, k: chunk4(o[None])[0],
+            {"horizon": 4},
+        ),
+    ):
+        refs = plain_loop(env, ref, SEEDS, **kw)
+        for n in (1, 3):
+            result = jaxmesh.evaluate(
+                pol, "gymnasium:CartPole-v1", num_envs=n, seeds=SEEDS, **kw
+            )
+            assert_matches(result, refs)
+            # One row per plan: the plans counted by hand from the lengths.
+            h = kw.get("horizon", 1)
+            plans = sum(-(-r.length // h) for r in refs)
+            assert result.policy_rows == result.predict_calls.sum() == plans
+
+
 def test_a_served_env():
     proc, address = start_serve_env("gymnasium:CartPole-v1", "--lanes", "3")
     try:
@@ -189,6 +219,7 @@ def test_a_raising_fn_names_the_policy_and_keeps_finished_episodes():
     assert "host policy 'breaks' raised ValueError: the model fell over" in text
     assert "planning lanes" in text
     assert e.value.policy == "breaks" and set(e.value.lanes) <= {0, 1}
+    assert e.value.episodes is None  # inside the jitted scan: lanes only
     assert isinstance(e.value.__cause__, ValueError)
     partial = e.value.partial_result
     assert partial is not None and partial.num_episodes >= 1
@@ -226,6 +257,10 @@ def test_a_raising_fn_on_a_gymnasium_env_is_a_host_policy_error_too():
     assert isinstance(e.value.__cause__, KeyError)
     assert e.value.partial_result is not None
     assert e.value.partial_result.num_episodes == 0
+    # Episode i runs on lane i at the first step; the error names both.
+    assert e.value.lanes == [0, 1] and e.value.episodes == [0, 1]
+    assert e.value.seeds == SEEDS[:2]
+    assert f"lane 1: episode 1, seed {SEEDS[1]}" in str(e.value)
 
     def never(obs):
         raise KeyError("no such joint")

@@ -333,6 +333,9 @@ def test_resume_a_chunked_run_with_a_delay(kind):
         jaxmesh.evaluate(HostPolicy(breaks, native_chunk=4), ENVS[kind], **kw)
     partial = e.value.partial_result
     assert partial is not None and 1 <= partial.num_episodes < len(SEEDS)
+    if kind == "gymnasium":  # the host loop names the episodes that planned
+        assert e.value.seeds == [SEEDS[i] for i in e.value.episodes]
+        assert e.value.episodes and not set(e.value.episodes) & set(partial.indices)
     whole = jaxmesh.evaluate(jnp_chunk4, ENVS[kind], **kw)
     planned.append(-(10**6))  # the same policy, now far from its failure
     rest = jaxmesh.evaluate(

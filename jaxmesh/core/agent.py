@@ -372,7 +372,9 @@ def begin(
     )
 
 
-def _plan_keys(ep_keys: jax.Array, t: jax.Array, stream: int) -> jax.Array:
+def plan_keys(ep_keys: jax.Array, t: jax.Array, stream: int) -> jax.Array:
+    """[N] the keys a stochastic policy plans with at each lane's step ``t``
+    (``stream``: ``STREAM_PLAN`` or ``STREAM_PREFETCH``)."""
     return jax.vmap(lambda k, s: jax.random.fold_in(jax.random.fold_in(k, stream), s))(
         ep_keys, t
     )
@@ -397,7 +399,8 @@ def _plan(
     ``tail_start``) becomes the planned lanes' tail.
 
     Returns the updated buffer, the state with the planned lanes' recurrent
-    state (and tail), and the rows computed.
+    state (and tail), and the rows computed (whole tiles; a policy that
+    ``takes_rows`` computes only the lanes in ``need``).
     """
     h = cfg.h
     pending = None
@@ -449,7 +452,9 @@ def _plan(
     state = state.replace(rstate=rstate)
     if tail is not None:
         state = state.replace(tail=tail[0], tail_len=tail[1])
-    return buf, state, n_tiles * cfg.tile
+    # A policy told its rows (a HostPolicy) computes the real ones only.
+    computed = jnp.sum(need, dtype=jnp.int32) if policy.takes_rows else None
+    return buf, state, n_tiles * cfg.tile if computed is None else computed
 
 
 def act(
@@ -482,7 +487,7 @@ def act(
         sync = exhausted & ~takes
         chunk = _where(takes, state.pending, state.chunk)
     cursor = jnp.where(exhausted, 0, state.cursor)
-    keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
+    keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
     chunk, state, rows = _plan(
         cfg,
         policy,
@@ -501,7 +506,7 @@ def act(
         # first action; a delay d plans it at cursor h - d and plays actions
         # d .. d+h-1 (the first d were meant for steps already executed).
         pre = active & replay.prefetch_due(cursor, hl, lead_l)
-        keys = _plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
+        keys = plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
 
         def late(buf, idx, out):
             start = dl if isinstance(dl, int) else tiles.take(dl, idx)
@@ -602,7 +607,7 @@ def _ensemble(
     slot ``t % K`` of its ring, and the action is ``ensemble_action``."""
     k = cfg.chunk_len
     slot = t % k
-    keys = _plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
+    keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
 
     def write(ring, idx, out):
         at = tiles.take(slot, idx)

@@ -295,7 +295,8 @@ class RunResult:
         episode (``EPISODE_FIELDS`` and the seeds).
       env_steps: executed env steps of active lanes (masked lanes never count).
       policy_rows: rows the policy actually computed (whole tiles of
-        ``plan_tile`` rows, padding included).
+        ``plan_tile`` rows, padding included; a ``HostPolicy`` computes
+        only the lanes that plan).
       wall_time: seconds for the whole call; ``compile_time`` of it compiling;
         ``run_time`` running the segments.
       steps_per_second: ``env_steps`` over ``run_time``; of a resumed run,

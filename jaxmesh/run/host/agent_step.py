@@ -24,6 +24,7 @@ from jaxmesh.core import agent
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs import make_env
 from jaxmesh.run import build, checks, plan
+from jaxmesh.run.host import direct
 
 
 class Agent(NamedTuple):
@@ -83,8 +84,9 @@ def agent_functions(
       tile_lanes: the lanes the default plan tile is sized for (None: all of
         them; served lane groups plan one group at a time).
       packed: the host loop's program: its state is a ``HostState`` and its
-        step takes its host inputs as numpy arrays (``packed_step``); else the
-        state is the ``AgentState`` pytree (``make_agent``).
+        step takes its host inputs as numpy arrays (``packed_step``), or, for
+        a ``HostPolicy`` that needs no device work, ``direct.DirectStep``;
+        else the state is the ``AgentState`` pytree (``make_agent``).
 
     Returns ``(config, chunk, init, step, plan)``: ``init(obs, lanes)`` and
     ``step(params, state, obs, started, active, ep_keys, t, ..., episodes=)``
@@ -114,6 +116,9 @@ def agent_functions(
 
     init = functools.partial(agent.init, cfg, pol)  # (obs, lanes)
     step = functools.partial(agent.host_step, cfg, pol)
+    if packed and direct.applies(cfg, pol):  # a HostPolicy: numpy, no callback
+        step_d = direct.DirectStep(cfg, pol)
+        return cfg, chunk, step_d.init, step_d, run_plan
     if packed:
         init_p, step_p = packed_functions(cfg, pol, init, step)
         return cfg, chunk, init_p, step_p, run_plan

@@ -27,6 +27,7 @@ from jaxmesh.core import agent, rules
 from jaxmesh.core import tally as core_results
 from jaxmesh.core.policy import Policy, resolve_policy
 from jaxmesh.envs.gymnasium import workers as pool
+from jaxmesh.errors import HostPolicyError, callback_error
 from jaxmesh.results.record import (
     check_record,
     check_record_budget,
@@ -756,6 +757,9 @@ def _run(run: HostRun) -> RunResult:
             try:
                 host_loop.run()
             except Exception as exc:
+                own = callback_error(exc)  # a HostPolicy's own error, not JAX's
+                if isinstance(own, HostPolicyError):  # it names its episodes
+                    raise host_loop.policy_error(own) from own.__cause__
                 named = host_loop.env_error(exc)  # an env's error names its episode
                 if named is exc:
                     raise

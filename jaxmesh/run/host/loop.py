@@ -34,7 +34,13 @@ from jaxmesh.core import agent, replay, rules
 from jaxmesh.core import tally as core_results
 from jaxmesh.envs.gymnasium import workers as pool
 from jaxmesh.envs.gymnasium.lanes import where_raised
-from jaxmesh.errors import EnvError, RemoteEnvError, WorkerError, describe_env_error
+from jaxmesh.errors import (
+    EnvError,
+    HostPolicyError,
+    RemoteEnvError,
+    WorkerError,
+    describe_env_error,
+)
 from jaxmesh.run import identity, stream
 
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
@@ -476,6 +482,25 @@ class HostLoop:
             )
         what = f"{type(exc).__name__}: {exc}"
         return EnvError(describe_env_error(what, **at), **at)
+
+    def policy_error(self, exc: HostPolicyError) -> HostPolicyError:
+        """``exc`` naming the episode and seed each of its lanes was running."""
+        lanes = [j for j in exc.lanes if 0 <= j < self.n and self.episode[j] >= 0]
+        if not lanes:
+            return exc
+        episodes = [int(self.episode[j]) for j in lanes]
+        seeds = [int(self.seeds[i]) for i in episodes]
+        where = ", ".join(
+            f"lane {j}: episode {i}, seed {s}"
+            for j, i, s in zip(lanes, episodes, seeds, strict=True)
+        )
+        return HostPolicyError(
+            f"{exc} ({where})",
+            policy=exc.policy,
+            lanes=lanes,
+            episodes=episodes,
+            seeds=seeds,
+        )
 
     def finish(self) -> None:
         """The run's totals, once every episode has ended."""

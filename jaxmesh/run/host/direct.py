@@ -1,0 +1,172 @@
+"""A host loop's agent step for a ``jaxmesh.HostPolicy``, in numpy.
+
+When the policy runs on the host anyway and the agent has nothing to do on
+the device (the policy reads the whole observation; single actions or
+chunks replayed as they are: no lead, delay, ensembling, sweep or recurrent
+state), the jitted step would only copy each observation into its one-frame
+window, call back into Python for ``fn`` and index the chunk. ``DirectStep``
+does that here, in the order of ``jaxmesh.core.agent.host_step`` (skipped
+replays, observe, begin, plan, execute) with the replay rules of
+``jaxmesh.core.replay``, and calls ``HostPolicy.plan`` on the lanes that plan:
+no callback (about 60 us a call on a CPU) and no jitted call per step. The
+actions are the jitted step's, lane by lane; the seeds of a stochastic policy
+are the same bits of the same keys (one small jitted call per step).
+
+``DirectState`` has the ``AgentState`` fields a host loop reads (``cursor``,
+``chunk``, ``pending``, ``predict_calls``, ``rows``) as numpy arrays; a step
+updates it in place, as the jitted step donates its state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmesh.core import agent, replay
+from jaxmesh.host_policy import row_seeds
+
+
+def applies(cfg: agent.AgentConfig, pol: Any) -> bool:
+    """Whether a host loop's agent step for ``pol`` under ``cfg`` is
+    ``DirectStep``: a ``HostPolicy`` reading the whole observation, chunks
+    replayed as they are."""
+    return (
+        pol.host is not None
+        and cfg.raw
+        and cfg.lead == 0
+        and cfg.delay == 0
+        and cfg.ensemble is None
+        and cfg.grid is None
+        and not cfg.pending_names
+        and not cfg.texts
+        and pol.initial_state is None
+    )
+
+
+def _host_obs(obs: Any) -> Any:
+    """``obs`` as the jitted step sees it: numpy leaves of JAX's dtypes
+    (float64 as float32 where 64-bit values are off)."""
+    return jax.tree.map(
+        lambda x: np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)),
+        obs,
+    )
+
+
+@dataclasses.dataclass(eq=False)
+class DirectState:
+    """The agent state of ``DirectStep`` (numpy; ``AgentState``'s fields)."""
+
+    window: Any  # each lane's observation it plans from: leaves [N, ...]
+    chunk: np.ndarray  # [N, h, *A] the chunk being replayed
+    pending: np.ndarray  # [N, h, *A] zeros (no lead)
+    cursor: np.ndarray  # int32 [N], h = exhausted
+    fresh: np.ndarray  # bool [N] the episode has not planned yet
+    prev: np.ndarray  # [N, *A] the previous executed action
+    predict_calls: np.ndarray  # int32 [N] plans of each lane's episode
+    rows: np.ndarray  # int32 () rows the policy computed
+
+    def read_back(self, *arrays: Any) -> tuple:
+        """``arrays`` on the host (``HostState.read_back``'s signature)."""
+        return tuple(np.asarray(a) for a in arrays)
+
+
+class DirectStep:
+    """``init(obs, lanes) -> DirectState`` and ``step(...)`` with
+    ``PackedStep``'s signature: ``jaxmesh.core.agent.host_step`` in numpy
+    for a ``HostPolicy`` (``applies``)."""
+
+    def __init__(self, cfg: agent.AgentConfig, pol: Any):
+        self.cfg, self.host, self.pol = cfg, pol.host, pol
+        self._row: Any = None  # one row's output struct (HostPolicy._output)
+        self._seeds = jax.jit(
+            lambda keys, t: row_seeds(agent.plan_keys(keys, t, agent.STREAM_PLAN))
+        )
+
+    def init(self, obs: Any, lanes: Any) -> DirectState:
+        cfg = self.cfg
+        n, h = cfg.num_envs, cfg.h
+        obs = _host_obs(obs)
+        self._row = self.host._output(obs)
+        chunk = np.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
+        state = DirectState(
+            window=jax.tree.map(np.array, obs),
+            chunk=chunk,
+            pending=np.zeros_like(chunk),
+            cursor=np.full(n, h, np.int32),
+            fresh=np.ones(n, bool),
+            prev=np.zeros((n,) + cfg.action_shape, cfg.action_dtype),
+            predict_calls=np.zeros(n, np.int32),
+            rows=np.zeros((), np.int32),
+        )
+        self._begin(state, np.asarray(lanes, bool))
+        return state
+
+    def _begin(self, state: DirectState, mask: np.ndarray) -> None:
+        state.cursor[mask] = self.cfg.h
+        state.fresh |= mask
+        state.prev[mask] = 0
+        state.predict_calls[mask] = 0
+
+    def keys_on_device(self, ep_keys: np.ndarray) -> np.ndarray:
+        """The episode keys as the step takes them: a copy, on the host."""
+        return np.array(ep_keys)
+
+    def __call__(
+        self,
+        params,
+        state,
+        obs,
+        started,
+        active,
+        ep_keys,
+        t,
+        moved=None,
+        skip=None,
+        texts=None,
+        episodes=None,
+    ) -> tuple[DirectState, np.ndarray]:
+        del params, texts, episodes  # fn holds its weights; no text, no sweep
+        cfg, h = self.cfg, self.cfg.h
+        started, active = np.asarray(started, bool), np.asarray(active, bool)
+        moved = None if moved is None else np.asarray(moved, bool)
+        if skip is not None:  # agent.skip_replayed
+            skip = np.asarray(skip, np.int32)
+            state.cursor += skip
+            went = skip > 0
+            last = np.clip(state.cursor[went] - 1, 0, h - 1)
+            state.prev[went] = state.chunk[went, last]
+        # agent.observe, then agent.begin: a one-frame window is the observation.
+        new = np.ones_like(started) if moved is None else moved | started
+        obs = _host_obs(obs)
+        for w, o in zip(
+            jax.tree.leaves(state.window), jax.tree.leaves(obs), strict=True
+        ):
+            w[new] = o[new]
+        self._begin(state, started)
+        # agent.act without a lead: the lanes whose chunk is exhausted plan.
+        due = active & replay.exhausted(state.cursor, h)
+        state.cursor[due] = 0
+        if due.any():
+            lanes = np.flatnonzero(due)
+            whole = due.all()
+            sel = slice(None) if whole else lanes
+            seeds = None
+            if self.pol.stochastic:
+                seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
+            rows = jax.tree.map(lambda x: x[sel], state.window)
+            out = self.host.plan(rows, seeds, lanes, self._row)
+            state.chunk[sel] = out[:, :h] if cfg.chunked else out[:, None]
+            state.predict_calls[sel] += 1
+            state.rows += lanes.size
+        at = replay.play_index(state.cursor, h, np)
+        action = np.take_along_axis(
+            state.chunk, at.reshape((-1, 1) + (1,) * len(cfg.action_shape)), 1
+        )[:, 0]
+        # agent._executed
+        state.prev[active] = action[active]
+        state.cursor += active
+        state.fresh &= ~active
+        return state, action
