@@ -160,6 +160,25 @@ class Batcher:
             return self._groups[signature]
         return self._clients - sum(self._groups.values())
 
+    def _complete(self, signature: Any) -> bool:
+        """Whether a forward of ``signature`` has all it may wait for: a full
+        batch queued, or a request from every connected client that could
+        join it (the lock held)."""
+        same = 0
+        other = 0  # requests of a signature no group has
+        for item in self._queue:
+            sig = item.prepared.signature
+            if sig == signature:
+                same += 1
+            elif sig not in self._groups:
+                other += 1
+        if same >= self.max_batch:
+            return True
+        # Every client of no group may join a forward of a signature no
+        # group has: its requests of other such signatures count as sent.
+        queued = same if signature in self._groups else same + other
+        return queued >= self._could_join(signature)
+
     def submit(self, prepared: Prepared) -> concurrent.futures.Future:
         """Queues a request; its future's result is a ``BatchReply``.
 
@@ -176,7 +195,13 @@ class Batcher:
                     f"the server has {self.max_queue} requests waiting; retry later"
                 )
             self._queue.append(_Item(prepared, future, time.perf_counter()))
-            self._cond.notify()
+            # The forward thread wakes only when it has something to do: a
+            # first request to wait on, or a batch now complete (not once per
+            # request while it waits for the rest).
+            if len(self._queue) == 1 or self._complete(
+                self._queue[0].prepared.signature
+            ):
+                self._cond.notify()
         return future
 
     def run_alone(self, prepared: Prepared) -> BatchReply | None:
@@ -232,25 +257,15 @@ class Batcher:
                     return None
                 head = self._queue[0]
                 deadline = head.arrived + self.max_wait
-                while not self._closed:
-                    sig = head.prepared.signature
-                    same = [i for i in self._queue if i.prepared.signature == sig]
-                    full = len(same) >= self.max_batch
-                    if sig in self._groups:
-                        queued = len(same)
-                    else:  # every client of no group may join it
-                        queued = sum(
-                            i.prepared.signature not in self._groups
-                            for i in self._queue
-                        )
-                    if full or queued >= self._could_join(sig):
-                        break
+                sig = head.prepared.signature
+                while not self._closed and not self._complete(sig):
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
                     self._cond.wait(left)
                 if self._closed:
                     return None
+                same = [i for i in self._queue if i.prepared.signature == sig]
                 batch = same[: self.max_batch]
                 taken = set(map(id, batch))
                 self._queue = [i for i in self._queue if id(i) not in taken]

@@ -91,6 +91,11 @@ class OpenpiService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        #: Replies the batcher finished, for the loop to hand over: (the
+        #: waiting loop future, the batcher's future). One wake-up of the
+        #: loop per batch, not one per reply.
+        self._done: list[tuple[asyncio.Future, Any]] = []
+        self._done_lock = threading.Lock()
 
     # Lifecycle ---------------------------------------------------------------
     def start(self) -> int:
@@ -182,16 +187,18 @@ class OpenpiService:
     async def _handle(self, ws: ServerConnection) -> None:
         self._connections += 1
         self.batcher.connect()
+        closed = asyncio.ensure_future(ws.wait_closed())
         try:
             await ws.send(self.metadata)
-            await self._serve(ws)
+            await self._serve(ws, closed)
         except ConnectionClosed:
             pass
         finally:
+            closed.cancel()
             self.batcher.disconnect()
             self._connections -= 1
 
-    async def _serve(self, ws: ServerConnection) -> None:
+    async def _serve(self, ws: ServerConnection, closed: asyncio.Future) -> None:
         prev_total: float | None = None
         while True:
             message = await ws.recv()
@@ -207,7 +214,7 @@ class OpenpiService:
                 return
             self._inflight += size
             try:
-                out = await self._answer(ws, message, start, prev_total)
+                out = await self._answer(ws, closed, message, start, prev_total)
             finally:
                 self._inflight -= size
                 del message
@@ -217,7 +224,12 @@ class OpenpiService:
             prev_total = time.perf_counter() - start
 
     async def _answer(
-        self, ws: ServerConnection, message: Any, start: float, prev: float | None
+        self,
+        ws: ServerConnection,
+        closed: asyncio.Future,
+        message: Any,
+        start: float,
+        prev: float | None,
     ) -> bytes | None:
         """The reply frame to ``message``; None when the connection is over
         (its client went, or it was failed with the reason)."""
@@ -228,7 +240,7 @@ class OpenpiService:
             # connection waits on it): no hand-off to the forward thread.
             reply = self.batcher.run_alone(prepared)
             if reply is None:
-                reply = await self._reply(ws, self.batcher.submit(prepared))
+                reply = await self._reply(closed, self.batcher.submit(prepared))
             if reply is None:  # the client went while its request waited
                 return None
             timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
@@ -242,19 +254,48 @@ class OpenpiService:
             await self._fail(ws, traceback.format_exc())
         return None
 
-    async def _reply(self, ws: ServerConnection, future: Any) -> Any:
-        """The request's ``BatchReply``, or None when the connection closes first
-        (the request is then dropped, unless its forward has begun)."""
-        waiting = asyncio.wrap_future(future)
-        closed = asyncio.ensure_future(ws.wait_closed())
+    async def _reply(self, closed: asyncio.Future, future: Any) -> Any:
+        """The request's ``BatchReply``, or None when the connection
+        (``closed``: done once it is) closes first (the request is then
+        dropped, unless its forward has begun)."""
+        assert self._loop is not None
+        waiting = self._loop.create_future()
+
+        def gone(_: Any) -> None:
+            if not waiting.done():
+                waiting.set_result(None)
+
+        closed.add_done_callback(gone)
+        future.add_done_callback(lambda f: self._finished(waiting, f))
         try:
-            await asyncio.wait({waiting, closed}, return_when=asyncio.FIRST_COMPLETED)
+            reply = await waiting
         finally:
-            closed.cancel()
-        if not waiting.done():
-            waiting.cancel()
+            closed.remove_done_callback(gone)
+        if reply is None:
+            future.cancel()
             return None
-        return waiting.result()
+        return reply.result()
+
+    def _finished(self, waiting: asyncio.Future, future: Any) -> None:
+        """The batcher's ``future`` is done (in whichever thread finished
+        it): queues it for the loop, waking the loop for the first only."""
+        with self._done_lock:
+            self._done.append((waiting, future))
+            first = len(self._done) == 1
+        if first:
+            assert self._loop is not None
+            try:
+                self._loop.call_soon_threadsafe(self._hand_over)
+            except RuntimeError:  # the loop has ended: nobody waits
+                pass
+
+    def _hand_over(self) -> None:
+        """On the loop: resolves the waiting requests of finished futures."""
+        with self._done_lock:
+            done, self._done = self._done, []
+        for waiting, future in done:
+            if not waiting.done():
+                waiting.set_result(future)
 
     async def _fail(self, ws: ServerConnection, text: str) -> None:
         await ws.send(f"jaxmesh policy server: {text}")
