@@ -254,9 +254,14 @@ class WebsocketClient:
       connect_timeout: seconds to wait for a connection and its metadata.
 
     The first connection opens here: an unreachable server fails at once.
-    The connections are driven by the thread that calls ``infer`` (no event
-    loop): it writes every request of a plan, then reads the replies. While
-    no plan runs, a thread answers the server's keepalive pings on the idle
+    When the server batches across connections (``batching``: its metadata's
+    ``max_batch`` is over 1, as jaxmesh's ``serve-policy`` sends), a plan of
+    B rows leaves no other connection idle: the surplus ones close before
+    its requests go, since such a server waits (up to its ``max_wait_ms``)
+    for a request from every connected client. The connections are driven
+    by the thread that calls ``infer`` (no event loop): it writes every
+    request of a plan, then reads the replies. While no plan runs, a thread
+    answers the server's keepalive pings on the idle
     connections every ``KEEPALIVE_S`` seconds.
 
     Raises:
@@ -310,6 +315,11 @@ class WebsocketClient:
         ws, metadata = self._connect()
         #: The server's metadata map (its first frame).
         self.metadata: dict = metadata
+        batch = metadata.get("max_batch")
+        #: The server batches requests across connections (jaxmesh's
+        #: ``serve-policy`` says so in its metadata): it waits for every
+        #: connected client, so no connection is left idle through a plan.
+        self.batching = isinstance(batch, int) and batch > 1
         self._idle.append(ws)
         self._open = 1
         self._keepalive = threading.Thread(
@@ -417,6 +427,12 @@ class WebsocketClient:
             took = [self._idle.pop() for _ in range(min(want, len(self._idle)))]
             new = min(want - len(took), self.connections - self._open)
             self._open += new
+            surplus: list[_Connection] = []
+            if self.batching:  # closed, so that the server does not wait for them
+                surplus, self._idle = self._idle, []
+                self._open -= len(surplus)
+        for ws in surplus:
+            ws.close()
         try:
             for _ in range(new):
                 took.append(self._connect()[0])

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -265,6 +266,30 @@ def test_replies_equal_openpis_own_client_against_serve_policy():
             assert max(server.stats.batch_sizes) == 4  # the server batched them
     for x, chunk in zip(obs, want, strict=True):
         np.testing.assert_allclose(chunk, linear_reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_plan_of_fewer_rows_never_waits_for_an_idle_connection():
+    # serve-policy's batcher waits, up to max_wait_ms, for a request from every
+    # connected client: the client leaves none idle through a plan.
+    obs = states(4)
+    with jaxmesh.PolicyServer(
+        linear_model(),
+        max_batch=4,
+        max_wait_ms=30_000,
+        example={"observation/state": obs[0]},
+    ) as server:
+        with WebsocketPolicy(f"ws://{server.address}", timeout=20) as policy:
+            assert policy.client.batching  # serve-policy's metadata: max_batch 4
+            policy._plan(obs)  # four connections
+            for rows in (3, 1, 2):
+                t0 = time.monotonic()
+                got = policy._plan(obs[:rows])
+                assert time.monotonic() - t0 < 10  # not the server's 30 s wait
+                np.testing.assert_allclose(
+                    got, [linear_reference(x) for x in obs[:rows]], rtol=1e-5, atol=1e-6
+                )
+            assert policy.client.requests == 4 + 3 + 1 + 2
+        assert server.stats.batch_sizes == {4: 1, 3: 1, 1: 1, 2: 1}
 
 
 # End to end ---------------------------------------------------------------------------
