@@ -19,6 +19,7 @@ Pure functions of bytes: no sockets, no JAX.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -74,7 +75,23 @@ def _pack_default(obj: Any) -> Any:
     )
 
 
+#: dtype strings read so far -> their dtype (a message's dtype is parsed
+#: once per process, not once per array).
+_DTYPES: dict[Any, np.dtype] = {}
+
+
 def _dtype(raw: Any) -> np.dtype:
+    if type(raw) is str or type(raw) is bytes:
+        known = _DTYPES.get(raw)
+        if known is not None:
+            return known
+    dtype = _parse_dtype(raw)
+    if len(_DTYPES) < 256:
+        _DTYPES[raw] = dtype
+    return dtype
+
+
+def _parse_dtype(raw: Any) -> np.dtype:
     if isinstance(raw, bytes):
         raw = raw.decode("ascii", "replace")
     try:
@@ -103,7 +120,7 @@ def _unpack_hook(obj: dict) -> Any:
                 "an __ndarray__ map needs b'shape' (a list of ints >= 0) and "
                 "b'data' (bytes)"
             )
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if count * dtype.itemsize != len(data):
             raise CodecError(
                 f"an array of shape {list(shape)} and dtype {dtype.str} is "
@@ -139,6 +156,11 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
         )
     if max_bytes is not None and len(data) > max_bytes:
         raise CodecError(f"a message of {len(data)} bytes is over {max_bytes}")
+    if len(data) <= MAX_ITEMS // 2:
+        # Each entry takes a byte at least, and a list or map counts twice
+        # (itself, and an entry of its parent): a message this short cannot
+        # count over MAX_ITEMS, so it is read without the count.
+        return _unpack(data, _unpack_hook, None)
     items = 0
 
     def count(container: Any) -> None:
@@ -159,6 +181,10 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
         count(obj)
         return obj
 
+    return _unpack(data, on_map, on_list)
+
+
+def _unpack(data: Any, on_map: Any, on_list: Any) -> Any:
     try:
         return msgpack.unpackb(
             data,
