@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - OPENBLAS_NUM_THREADS must be set before numpy loads
 """A HostPolicy against the same MLP in jnp, and against a hand loop.
 
 A. gymnax CartPole; contenders, interleaved, same budget and seeds (returns
@@ -15,19 +14,20 @@ Prints env steps/s of each, the ratio host/jax, what (b) adds per plan call
 
 B. 16 gymnasium ``HalfCheetah-v5`` lanes, 200-step episodes, the 2x256 tanh MLP
 of ``mlp.py`` in numpy: ``evaluate`` with it as a HostPolicy against
-``realistic.host_loop`` calling the same numpy function on the [16, 17]
+``hostsim.host_loop`` calling the same numpy function on the [16, 17]
 observations (returns checked close: jaxmesh sums rewards in float32), and
-``evaluate`` with the same MLP in jnp (``mlp.act``) as a JAX policy: what the
-host loop's jitted agent step costs without the callback.
+``evaluate`` with the same MLP in jnp (``mlp.act``) as a JAX policy (its
+jitted agent step). A HostPolicy that reads the whole observation and replays
+its chunks plainly runs its numpy agent step here (``run.host.direct``): no
+callback, ``fn`` called from the host loop.
+
+Thread settings stay as the user has them (nothing sets
+``OPENBLAS_NUM_THREADS``): the figures are what a user gets.
 
     cd benchmarks && ../.venv/bin/python host_policy.py [--lanes 16 256] [--repeats 5]
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as realistic.py, for its loop
 
 import argparse
 import time
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from common import goal, header, interleave, machine, table
 from mlp import act, init_params
-from realistic import host_loop
+from hostsim import host_loop
 from remote_common import make_envs
 
 import jaxmesh

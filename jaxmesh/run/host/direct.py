@@ -14,7 +14,9 @@ are the same bits of the same keys (one small jitted call per step).
 
 ``DirectState`` has the ``AgentState`` fields a host loop reads (``cursor``,
 ``chunk``, ``pending``, ``predict_calls``, ``rows``) as numpy arrays; a step
-updates it in place, as the jitted step donates its state.
+updates it in place, as the jitted step donates its state. (No input reads
+the previous action, and without a lead nothing reads ``fresh``: neither is
+kept.)
 """
 
 from __future__ import annotations
@@ -63,8 +65,6 @@ class DirectState:
     chunk: np.ndarray  # [N, h, *A] the chunk being replayed
     pending: np.ndarray  # [N, h, *A] zeros (no lead)
     cursor: np.ndarray  # int32 [N], h = exhausted
-    fresh: np.ndarray  # bool [N] the episode has not planned yet
-    prev: np.ndarray  # [N, *A] the previous executed action
     predict_calls: np.ndarray  # int32 [N] plans of each lane's episode
     rows: np.ndarray  # int32 () rows the policy computed
 
@@ -81,6 +81,9 @@ class DirectStep:
     def __init__(self, cfg: agent.AgentConfig, pol: Any):
         self.cfg, self.host, self.pol = cfg, pol.host, pol
         self._row: Any = None  # one row's output struct (HostPolicy._output)
+        self._lanes = np.arange(cfg.num_envs)
+        self._window: Any = None  # the state whose window leaves are cached
+        self._window_leaves: list = []
         self._seeds = jax.jit(
             lambda keys, t: row_seeds(agent.plan_keys(keys, t, agent.STREAM_PLAN))
         )
@@ -96,19 +99,10 @@ class DirectStep:
             chunk=chunk,
             pending=np.zeros_like(chunk),
             cursor=np.full(n, h, np.int32),
-            fresh=np.ones(n, bool),
-            prev=np.zeros((n,) + cfg.action_shape, cfg.action_dtype),
             predict_calls=np.zeros(n, np.int32),
             rows=np.zeros((), np.int32),
         )
-        self._begin(state, np.asarray(lanes, bool))
         return state
-
-    def _begin(self, state: DirectState, mask: np.ndarray) -> None:
-        state.cursor[mask] = self.cfg.h
-        state.fresh |= mask
-        state.prev[mask] = 0
-        state.predict_calls[mask] = 0
 
     def keys_on_device(self, ep_keys: np.ndarray) -> np.ndarray:
         """The episode keys as the step takes them: a copy, on the host."""
@@ -129,44 +123,46 @@ class DirectStep:
         episodes=None,
     ) -> tuple[DirectState, np.ndarray]:
         del params, texts, episodes  # fn holds its weights; no text, no sweep
-        cfg, h = self.cfg, self.cfg.h
-        started, active = np.asarray(started, bool), np.asarray(active, bool)
-        moved = None if moved is None else np.asarray(moved, bool)
-        if skip is not None:  # agent.skip_replayed
-            skip = np.asarray(skip, np.int32)
-            state.cursor += skip
-            went = skip > 0
-            last = np.clip(state.cursor[went] - 1, 0, h - 1)
-            state.prev[went] = state.chunk[went, last]
+        h = self.cfg.h
+        cursor = state.cursor
+        if skip is not None:  # agent.skip_replayed (no input reads the action)
+            cursor += skip
         # agent.observe, then agent.begin: a one-frame window is the observation.
-        new = np.ones_like(started) if moved is None else moved | started
-        obs = _host_obs(obs)
-        for w, o in zip(
-            jax.tree.leaves(state.window), jax.tree.leaves(obs), strict=True
-        ):
-            w[new] = o[new]
-        self._begin(state, started)
+        new = None if moved is None or moved.all() else moved | started
+        for w, o in zip(self._leaves(state), jax.tree.leaves(obs), strict=True):
+            if new is None:
+                np.copyto(w, o, casting="unsafe")  # as JAX's dtype: float32
+            else:
+                w[new] = o[new]
+        if started.any():
+            cursor[started] = h
+            state.predict_calls[started] = 0
         # agent.act without a lead: the lanes whose chunk is exhausted plan.
-        due = active & replay.exhausted(state.cursor, h)
-        state.cursor[due] = 0
-        if due.any():
-            lanes = np.flatnonzero(due)
-            whole = due.all()
-            sel = slice(None) if whole else lanes
-            seeds = None
-            if self.pol.stochastic:
-                seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
-            rows = jax.tree.map(lambda x: x[sel], state.window)
-            out = self.host.plan(rows, seeds, lanes, self._row)
-            state.chunk[sel] = out[:, :h] if cfg.chunked else out[:, None]
-            state.predict_calls[sel] += 1
-            state.rows += lanes.size
-        at = replay.play_index(state.cursor, h, np)
-        action = np.take_along_axis(
-            state.chunk, at.reshape((-1, 1) + (1,) * len(cfg.action_shape)), 1
-        )[:, 0]
-        # agent._executed
-        state.prev[active] = action[active]
-        state.cursor += active
-        state.fresh &= ~active
+        due = active & replay.exhausted(cursor, h)
+        lanes = np.flatnonzero(due)
+        if lanes.size:
+            self._plan(state, lanes, ep_keys, t)
+        action = state.chunk[self._lanes, replay.play_index(cursor, h, np)]
+        cursor += active  # agent._executed
         return state, action
+
+    def _leaves(self, state: DirectState) -> list:
+        if self._window is not state.window:
+            self._window = state.window
+            self._window_leaves = jax.tree.leaves(state.window)
+        return self._window_leaves
+
+    def _plan(self, state: DirectState, lanes: np.ndarray, ep_keys, t) -> None:
+        """``fn`` on the rows of ``lanes``; their chunks start over."""
+        h = self.cfg.h
+        sel = slice(None) if lanes.size == self.cfg.num_envs else lanes
+        seeds = None
+        if self.pol.stochastic:
+            seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
+        # Copies: fn may keep what it is given.
+        rows = jax.tree.map(lambda x: np.array(x[sel]), state.window)
+        out = self.host.plan(rows, seeds, lanes, self._row)
+        state.chunk[sel] = out[:, :h] if self.cfg.chunked else out[:, None]
+        state.cursor[sel] = 0
+        state.predict_calls[sel] += 1
+        state.rows += lanes.size
