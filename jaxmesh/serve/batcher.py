@@ -15,7 +15,9 @@ server serves on.
 
 A lone client's request, with nothing queued or running, runs at once in
 the thread that received it (``run_alone``): no hand-off to the forward
-thread and back, the latency of two thread switches.
+thread and back, the latency of two thread switches. So does a batch that
+a request completes, every connected client's request queued, with no
+forward running (``run_ready``, in the thread that received the last).
 
 Each reply carries its telemetry (``BatchReply``): the batch it ran in, its
 padded size, the wait in the queue and the forward's time.
@@ -128,7 +130,8 @@ class Batcher:
         #: group (a request signature) -> its connected clients.
         self._groups: dict[Any, int] = {}
         self._closed = False
-        #: A forward is running (in the forward thread, or ``run_alone``'s).
+        #: A forward is running (in the forward thread, ``run_alone``'s or
+        #: ``run_ready``'s).
         self._busy = False
         self._thread: threading.Thread | None = None
 
@@ -225,6 +228,55 @@ class Batcher:
                 self._cond.notify_all()
         return item.future.result()
 
+    def run_ready(self, prepared: Prepared) -> concurrent.futures.Future:
+        """``submit``, and when this request completes its batch (a request
+        from every connected client that could join it is queued) while no
+        forward runs, that batch runs here, in the calling thread, before
+        this returns: no hand-off to the forward thread and back (two thread
+        switches a batch). Otherwise the forward thread runs it, as for
+        ``submit``.
+
+        Raises:
+          ServerClosed: the batcher is closed.
+          RequestError: the queue is full.
+        """
+        future = self.submit(prepared)
+        with self._cond:
+            if self._busy or self._closed or not self._queue:
+                return future
+            sig = self._queue[0].prepared.signature
+            if sig != prepared.signature or not self._everyone(sig):
+                return future
+            batch = self._pop(sig)
+            if not batch:
+                return future
+            self._busy = True
+        try:
+            self._run(batch)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        return future
+
+    def _everyone(self, signature: Any) -> bool:
+        """Whether every connected client that could join a forward of
+        ``signature`` has a request of it queued (the lock held)."""
+        queued = sum(i.prepared.signature == signature for i in self._queue)
+        return queued >= self._could_join(signature)
+
+    def _pop(self, signature: Any) -> list[_Item]:
+        """Takes the next batch of ``signature`` (at most ``max_batch`` of its
+        oldest requests) from the queue: those whose client is still there,
+        their futures running (the lock held)."""
+        same = [i for i in self._queue if i.prepared.signature == signature]
+        batch = same[: self.max_batch]
+        taken = set(map(id, batch))
+        self._queue = [i for i in self._queue if id(i) not in taken]
+        live = [i for i in batch if i.future.set_running_or_notify_cancel()]
+        self.stats.dropped += len(batch) - len(live)
+        return live
+
     # The forward thread ------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
@@ -263,14 +315,13 @@ class Batcher:
                     if left <= 0:
                         break
                     self._cond.wait(left)
+                    if self._busy or not self._queue or self._queue[0] is not head:
+                        break  # run_ready ran it (or runs)
                 if self._closed:
                     return None
-                same = [i for i in self._queue if i.prepared.signature == sig]
-                batch = same[: self.max_batch]
-                taken = set(map(id, batch))
-                self._queue = [i for i in self._queue if id(i) not in taken]
-                live = [i for i in batch if i.future.set_running_or_notify_cancel()]
-                self.stats.dropped += len(batch) - len(live)
+                if self._busy or not self._queue or self._queue[0] is not head:
+                    continue
+                live = self._pop(sig)
                 if live:
                     self._busy = True
                     return live

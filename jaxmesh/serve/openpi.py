@@ -237,10 +237,12 @@ class OpenpiService:
             obs = codec.unpackb(message)
             prepared = self.batcher.model.prepare(obs)
             # A lone client's forward runs here, on the loop (no other
-            # connection waits on it): no hand-off to the forward thread.
+            # connection waits on it): no hand-off to the forward thread. So
+            # does a batch this request completes (every connection's
+            # request is in it: none waits on the loop meanwhile).
             reply = self.batcher.run_alone(prepared)
             if reply is None:
-                reply = await self._reply(closed, self.batcher.submit(prepared))
+                reply = await self._reply(closed, self.batcher.run_ready(prepared))
             if reply is None:  # the client went while its request waited
                 return None
             timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
