@@ -37,6 +37,7 @@ SCRIPTS = (
     "suite",
     "sweep",
     "libero_speed",
+    "libero_served",
     "serve_policy",
     "host_policy",
     "ws_policy",
