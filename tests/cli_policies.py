@@ -22,6 +22,17 @@ def tilt_fn(obs):
 tilt = jaxmesh.Model(tilt_fn, name="tilt")
 
 
+def make_lean(index: int, name: str = "lean"):
+    """A policy factory (``policy_config`` its arguments): push the way
+    ``obs[index]`` leans (index 2, the pole's angle, is ``tilt_fn``)."""
+    return jaxmesh.Model(lambda obs: (obs[index] > 0).astype(jnp.int32), name=name)
+
+
+def make_nothing(index: int):
+    """A function given policy_config that returns no policy."""
+    return index
+
+
 def three_args(obs, key, extra):
     """A policy function of the wrong arity (obs or obs, key are allowed)."""
     del key, extra

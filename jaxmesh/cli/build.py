@@ -40,11 +40,13 @@ def build_policy(target: str, policy_config: dict[str, Any], host: bool = False)
     """Builds the policy named by ``module:Name``.
 
     A class is built with ``Class.from_config(**policy_config)`` if it has
-    ``from_config``, else ``Class(**policy_config)``. A ``jaxmesh.Model``
-    instance, another policy object (a ``jaxmesh.HostPolicy``) or a function is
-    used as it is, with no ``policy_config``; with ``host``, a function runs on
-    the host as ``jaxmesh.HostPolicy(fn)``. A Model's ``load`` runs here, so
-    that a bad checkpoint is a config error.
+    ``from_config``, else ``Class(**policy_config)``; a function given a
+    ``policy_config`` builds the policy (``make_policy(**policy_config)``, as
+    ``jaxmesh.RemotePolicy`` does). A ``jaxmesh.Model`` instance, another
+    policy object (a ``jaxmesh.HostPolicy``) or a function without
+    ``policy_config`` is used as it is; with ``host``, a function runs on the
+    host as ``jaxmesh.HostPolicy(fn)``. A Model's ``load`` runs here, so that a
+    bad checkpoint is a config error.
 
     Raises:
       ConfigError: the target cannot be imported or built from the config.
@@ -56,28 +58,42 @@ def build_policy(target: str, policy_config: dict[str, Any], host: bool = False)
             "function obs -> action in jaxmesh.HostPolicy. Drop host:, or point "
             "policy at a function"
         )
-    if inspect.isclass(obj):
+    factory = policy_config and inspect.isfunction(obj) and not host
+    if inspect.isclass(obj) or factory:
         how = "from_config" if hasattr(obj, "from_config") else "constructor"
         build = obj.from_config if how == "from_config" else obj
         try:
             policy = build(**policy_config)
             if isinstance(policy, Model):
                 policy._ensure_loaded()
-            return policy
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise ConfigError(
                 f"cannot build policy {target!r} ({how}) from policy_config "
                 f"{policy_config!r}: {e}"
             ) from e
+        if factory and not isinstance(policy, PolicyLike):
+            raise ConfigError(
+                f"policy {target!r} with policy_config {policy_config!r} returned "
+                f"a {type(policy).__name__}, not a policy: a function given "
+                "policy_config builds one (a jaxmesh.Model, a HostPolicy, ...); "
+                "drop policy_config to use the function itself as the policy"
+            )
+        return policy
     if not (isinstance(obj, PolicyLike) or callable(obj)):
         raise ConfigError(
             f"policy {target!r} is a {type(obj).__name__}; expected a class, a "
             "jaxmesh.Model or jaxmesh.HostPolicy instance, or a function obs -> action"
         )
     if policy_config:
+        what = (
+            "a function host: true wraps as it is"
+            if host
+            else f"a {type(obj).__name__} instance"
+        )
         raise ConfigError(
-            f"policy {target!r} is not a class, so it takes no policy_config; got "
-            f"{policy_config!r}. Remove policy_config or point policy at a class"
+            f"policy {target!r} is {what}, so it takes no policy_config; got "
+            f"{policy_config!r}. Remove policy_config, or point policy at a class "
+            "or a function that builds the policy from it"
         )
     if isinstance(obj, Model):
         try:

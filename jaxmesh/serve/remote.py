@@ -36,7 +36,7 @@ from jaxmesh.serve.ws_client import SCHEMES as WS_SCHEMES
 from jaxmesh.serve.ws_client import WebsocketPolicy
 from jaxmesh.types import Policy
 
-#: Seconds ``RemotePolicy`` waits for the server to answer its connection.
+#: Seconds ``GrpcPolicy`` waits for the server to answer its connection.
 CONNECT_TIMEOUT_SECONDS = 10.0
 _END = object()
 
@@ -51,11 +51,32 @@ def _refuse_apply(*args: Any, **kwargs: Any) -> Any:
     )
 
 
-class RemotePolicy:
-    """A policy a ``jaxmesh.PolicyServer(protocol="grpc")`` serves, or, for a
-    ``ws://`` / ``wss://`` address, one served over openpi's websocket
-    protocol (``ws_client.WebsocketPolicy``: a ``jaxmesh.HostPolicy`` whose
-    lanes each send one request per plan; docs/serving.md).
+def RemotePolicy(address: str, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+    """A policy served by another process, by its address's protocol.
+
+    ``ws://host:port`` / ``wss://host:port``: openpi's websocket protocol
+    (openpi's own server, ``jaxmesh serve-policy``, or any server speaking
+    it): a ``ws_client.WebsocketPolicy``, a ``jaxmesh.HostPolicy`` whose lanes
+    each send one request per plan (its arguments: ``inputs=``, ``token=``,
+    ``timeout=``, ...; docs/policies.md). Any other address
+    (``host:port``, ``grpc://``, ``grpcs://``): ``jaxmesh serve-policy
+    --protocol grpc``, a ``GrpcPolicy`` (the server runs the whole agent step;
+    docs/serving.md).
+
+    Example::
+
+        policy = jaxmesh.RemotePolicy("ws://127.0.0.1:8000")
+        result = jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=16)
+    """
+    if isinstance(address, str) and address.startswith(WS_SCHEMES):
+        return WebsocketPolicy(address, *args, **kwargs)
+    return GrpcPolicy(address, *args, **kwargs)
+
+
+class GrpcPolicy:
+    """A policy a ``jaxmesh.PolicyServer(protocol="grpc")`` serves
+    (``jaxmesh.RemotePolicy`` of a ``host:port`` or ``grpc://`` address):
+    the server runs the agent step, the host loop everything else.
 
     Args:
       address: ``"host:port"``, ``"grpc://host:port"`` or
@@ -73,11 +94,6 @@ class RemotePolicy:
         policy = jaxmesh.RemotePolicy("grpc://127.0.0.1:8000")
         result = jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=16)
     """
-
-    def __new__(cls, address: str, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(address, str) and address.startswith(WS_SCHEMES):
-            return WebsocketPolicy(address, *args, **kwargs)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -155,14 +171,14 @@ class RemotePolicy:
         return RemoteAgent(self, pol, spec, settings, tile_lanes)
 
     def __repr__(self) -> str:
-        return f"RemotePolicy({self.address!r})"
+        return f"GrpcPolicy({self.address!r})"
 
 
 # The wire ------------------------------------------------------------------------
 class _Stream:
     """One ``Session`` stream: ``call(message) -> reply`` in turn."""
 
-    def __init__(self, remote: RemotePolicy):
+    def __init__(self, remote: GrpcPolicy):
         self.address = remote.address
         options = channel_options(remote.max_message_bytes)
         creds = remote._credentials()
@@ -344,13 +360,13 @@ class RemoteProgram(NamedTuple):
 
 
 class RemoteAgent:
-    """``driver.HostAgent`` for a ``RemotePolicy``: the session is opened on
+    """``driver.HostAgent`` for a ``GrpcPolicy``: the session is opened on
     the first ``program`` (before the run's hooks hear of it) and closed by
     ``close``."""
 
     def __init__(
         self,
-        remote: RemotePolicy,
+        remote: GrpcPolicy,
         pol: Policy,
         spec: Any,
         settings: Any,
@@ -428,4 +444,4 @@ class RemoteAgent:
             self._stream = None
 
 
-__all__ = ["RemoteAgent", "RemotePolicy", "RemoteState"]
+__all__ = ["GrpcPolicy", "RemoteAgent", "RemotePolicy", "RemoteState"]

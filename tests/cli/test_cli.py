@@ -235,6 +235,25 @@ def test_model_instance_takes_no_policy_config(tmp_path, capsys):
     assert "cli_policies:tilt" in line and "takes no policy_config" in line
 
 
+def test_a_function_given_policy_config_builds_the_policy(tmp_path, capsys):
+    config = write_config(
+        tmp_path, policy="cli_policies:make_lean", policy_config={"index": 2}
+    )
+    assert main(["eval", str(config), "--no-progress"]) == 0
+    episodes = json.loads((tmp_path / "r.json").read_text())["episodes"]
+    got = [(ep["return"], ep["length"]) for ep in episodes]
+    np.testing.assert_array_equal(got, reference_episodes(tilt_fn, range(6)))
+    capsys.readouterr()
+    for target, cfg, words in (
+        ("cli_policies:make_nothing", {"index": 2}, "returned a int, not a policy"),
+        ("cli_policies:tilt_fn", {"index": 2}, "cannot build policy"),
+    ):
+        config = write_config(tmp_path, policy=target, policy_config=cfg)
+        assert main(["eval", str(config)]) == 2
+        line = single_error_line(capsys.readouterr().err)
+        assert target in line and words in line
+
+
 # Bad input: one line, status 2, nothing compiled --------------------------------
 @pytest.mark.parametrize(
     "base, overrides, env, message",
