@@ -89,6 +89,7 @@ class OpenpiService:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         #: Replies the batcher finished, for the loop to hand over: (the
@@ -130,6 +131,7 @@ class OpenpiService:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._stop = asyncio.Event()
         try:
             server: Server = await serve(
@@ -260,6 +262,8 @@ class OpenpiService:
         """The request's ``BatchReply``, or None when the connection
         (``closed``: done once it is) closes first (the request is then
         dropped, unless its forward has begun)."""
+        if future.done():  # its batch ran in run_ready, on this loop
+            return future.result()
         assert self._loop is not None
         waiting = self._loop.create_future()
 
@@ -286,6 +290,9 @@ class OpenpiService:
             first = len(self._done) == 1
         if first:
             assert self._loop is not None
+            if threading.get_ident() == self._loop_thread:  # run_ready's batch
+                self._loop.call_soon(self._hand_over)
+                return
             try:
                 self._loop.call_soon_threadsafe(self._hand_over)
             except RuntimeError:  # the loop has ended: nobody waits
