@@ -7,11 +7,13 @@ filter), the state ``[end-effector position (3), axis-angle (3), gripper
 joints (2)]``, and the task's instruction as ``prompt``. ``libero_inputs`` is
 that, as ``jaxmesh.RemotePolicy(address, inputs=libero_inputs)`` takes it.
 Numpy only: the resize follows Pillow's resampling step by step (fixed-point
-weights, a horizontal pass then a vertical one), so its pixels equal openpi's.
+weights, a horizontal pass then a vertical one, each output pixel the sum of
+a few taps), so its pixels equal openpi's.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -34,13 +36,15 @@ def quat_to_axis_angle(quat: Any) -> np.ndarray:
     return q[:3] * 2.0 * math.acos(w) / den
 
 
-def _weights(size_in: int, size_out: int) -> np.ndarray:
-    """Pillow's bilinear resampling of one axis as ``[size_out, size_in]``
-    integer weights of ``_BITS`` fraction bits."""
+@functools.lru_cache(maxsize=16)
+def _taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow's bilinear resampling of one axis: output ``i`` is the sum over
+    taps ``t`` of ``weights[t, i] * input[index[t, i]]``, integer weights of
+    ``_BITS`` fraction bits (``[taps, size_out]`` each; unused taps weigh 0)."""
     scale = size_in / size_out
     filterscale = max(scale, 1.0)
     support = filterscale  # the triangle filter's support is 1
-    out = np.zeros((size_out, size_in), np.int64)
+    rows = []
     for i in range(size_out):
         center = (i + 0.5) * scale
         lo = max(int(center - support + 0.5), 0)
@@ -50,16 +54,27 @@ def _weights(size_in: int, size_out: int) -> np.ndarray:
         total = w.sum()
         if total != 0.0:
             w = w / total
-        out[i, lo:hi] = (0.5 + w * (1 << _BITS)).astype(np.int64)
-    return out
+        rows.append((lo, (0.5 + w * (1 << _BITS)).astype(np.int32)))
+    taps = max(len(w) for _, w in rows)
+    index = np.zeros((taps, size_out), np.intp)
+    weights = np.zeros((taps, size_out), np.int32)
+    for i, (lo, w) in enumerate(rows):
+        index[:, i] = np.minimum(lo + np.arange(taps), size_in - 1)
+        weights[: len(w), i] = w
+    index.flags.writeable = weights.flags.writeable = False  # cached, shared
+    return index, weights
 
 
-def _resample(image: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
-    """One pass of Pillow's 8-bit resampling along ``axis`` (0: rows, 1: columns)."""
-    moved = np.moveaxis(image.astype(np.int64), axis, -1)  # [..., size_in]
-    acc = moved @ weights.T + (1 << (_BITS - 1))
-    out = np.clip(acc >> _BITS, 0, 255).astype(np.uint8)
-    return np.moveaxis(out, -1, axis)
+def _resample(image: np.ndarray, size_out: int, axis: int) -> np.ndarray:
+    """One pass of Pillow's 8-bit resampling along ``axis`` (0: rows, 1:
+    columns) to ``size_out``: a few taps per output, in exact integers."""
+    index, weights = _taps(image.shape[axis], size_out)
+    shape = [1] * image.ndim
+    shape[axis] = size_out
+    acc = np.full(1, 1 << (_BITS - 1), np.int32)  # sums stay below 2**31
+    for idx, w in zip(index, weights, strict=True):
+        acc = acc + np.take(image, idx, axis=axis) * w.reshape(shape)
+    return np.clip(acc >> _BITS, 0, 255).astype(np.uint8)
 
 
 def resize_with_pad(image: np.ndarray, size: int = SIZE) -> np.ndarray:
@@ -72,9 +87,9 @@ def resize_with_pad(image: np.ndarray, size: int = SIZE) -> np.ndarray:
     rh, rw = int(h / ratio), int(w / ratio)
     resized = image
     if rw != w:
-        resized = _resample(resized, _weights(w, rw), axis=1)
+        resized = _resample(resized, rw, axis=1)
     if rh != h:
-        resized = _resample(resized, _weights(h, rh), axis=0)
+        resized = _resample(resized, rh, axis=0)
     out = np.zeros((size, size, *image.shape[2:]), np.uint8)
     top, left = max(0, int((size - rh) / 2)), max(0, int((size - rw) / 2))
     out[top : top + rh, left : left + rw] = resized
