@@ -19,7 +19,9 @@ plan costs its syscalls and framing, not a coroutine per row).
 from __future__ import annotations
 
 import collections
+import math
 import os
+import select
 import socket
 import ssl
 import threading
@@ -117,16 +119,39 @@ class _Closed(Exception):
         self.code, self.reason = code, reason
 
 
+def _wait(sock: socket.socket, events: int, deadline: float) -> bool:
+    """Whether ``sock`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``)
+    by ``deadline`` (``time.monotonic``)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(math.ceil(left * 1000)))
+
+
 class _Connection:
     """One websocket connection, driven by the thread that holds it:
     websockets' Sans-I/O protocol (``ClientProtocol``: framing, masking, pongs,
-    the close handshake) over a blocking socket. ``WebsocketClient``'s pool
-    hands each connection to one thread at a time."""
+    the close handshake) over a non-blocking socket, read and written first
+    and polled only when it is not ready (one syscall per frame each way
+    when the data is there). ``WebsocketClient``'s pool hands each
+    connection to one thread at a time.
 
-    __slots__ = ("sock", "protocol", "parts", "kind", "pending")
+    Args:
+      sock: the connected socket (TLS already set up).
+      protocol: its websockets ``ClientProtocol``.
+      write_timeout: seconds a write may wait for the socket.
+    """
 
-    def __init__(self, sock: socket.socket, protocol: ClientProtocol):
+    __slots__ = ("sock", "protocol", "parts", "kind", "pending", "write_timeout")
+
+    def __init__(
+        self, sock: socket.socket, protocol: ClientProtocol, write_timeout: float
+    ):
+        sock.settimeout(0.0)
         self.sock, self.protocol = sock, protocol
+        self.write_timeout = write_timeout
         #: A fragmented message's frames so far, and its opcode.
         self.parts: list[bytes] = []
         self.kind = Opcode.BINARY
@@ -134,41 +159,58 @@ class _Connection:
         self.pending: collections.deque = collections.deque()
 
     def flush(self) -> None:
-        """Writes what the protocol has to send (frames, pongs, a close)."""
+        """Writes what the protocol has to send (frames, pongs, a close).
+
+        Raises:
+          TimeoutError: the socket took no data for ``write_timeout`` s.
+          OSError: the connection broke.
+        """
         for data in self.protocol.data_to_send():
             if data:
-                self.sock.sendall(data)
+                self._write(data)
             else:  # the protocol's end of stream
                 try:
                     self.sock.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass
 
+    def _write(self, data: bytes) -> None:
+        sock, deadline = self.sock, None
+        while data:
+            try:
+                sent = sock.send(data)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                if deadline is None:
+                    deadline = time.monotonic() + self.write_timeout
+                if not _wait(sock, select.POLLOUT, deadline):
+                    raise TimeoutError from None
+                continue
+            data = data[sent:]
+
     def send(self, frame: bytes) -> None:
         self.protocol.send_binary(frame)
         self.flush()
 
-    def feed(self, timeout: float) -> None:
-        """Reads what arrives within ``timeout`` seconds (0: what has
-        arrived) into the protocol.
+    def feed(self, deadline: float | None) -> None:
+        """Reads what arrives by ``deadline`` (``time.monotonic``; None: only
+        what has arrived) into the protocol.
 
         Raises:
           TimeoutError: nothing came in time.
         """
         sock = self.sock
-        sock.settimeout(timeout)
-        try:
-            data = sock.recv(RECV_BYTES)
-        except (BlockingIOError, ssl.SSLWantReadError):
-            raise TimeoutError from None
-        except TimeoutError:
-            raise
-        except OSError:  # reset: the connection is over
-            data = b""
+        while True:
+            try:
+                data = sock.recv(RECV_BYTES)
+                break
+            except (BlockingIOError, ssl.SSLWantReadError):
+                if deadline is None or not _wait(sock, select.POLLIN, deadline):
+                    raise TimeoutError from None
+            except OSError:  # reset: the connection is over
+                data = b""
+                break
         if data:
             self.protocol.receive_data(data)
-            while isinstance(sock, ssl.SSLSocket) and sock.pending():
-                self.protocol.receive_data(sock.recv(RECV_BYTES))
         else:
             self.protocol.receive_eof()
         self.pending.extend(self.protocol.events_received())
@@ -212,10 +254,9 @@ class _Connection:
             message = self.message()
             if message is not None:
                 return message
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline <= time.monotonic():
                 raise TimeoutError
-            self.feed(left)
+            self.feed(deadline)
 
     def closed(self) -> _Closed:
         rcvd = self.protocol.close_rcvd
@@ -230,10 +271,7 @@ class _Connection:
                 self.flush()
             deadline = time.monotonic() + wait
             while self.protocol.state is not ProtocolState.CLOSED:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self.feed(left)
+                self.feed(deadline)
         except (OSError, TimeoutError):
             pass
         finally:
@@ -351,7 +389,7 @@ class WebsocketClient:
                     sock, server_hostname=uri.host
                 )
             protocol = ClientProtocol(uri, max_size=MAX_MESSAGE_BYTES)
-            ws = _Connection(sock, protocol)
+            ws = _Connection(sock, protocol, self.timeout)
             request = protocol.connect()
             if self.token:
                 request.headers["Authorization"] = f"Api-Key {self.token}"
@@ -359,10 +397,12 @@ class WebsocketClient:
             protocol.send_request(request)
             ws.flush()
             while not ws.pending and protocol.handshake_exc is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("timed out while waiting for the handshake")
-                ws.feed(left)
+                try:
+                    ws.feed(deadline)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"no handshake response within {self.connect_timeout:g} s"
+                    ) from None
             if protocol.handshake_exc is not None:
                 raise protocol.handshake_exc
             ws.pending.popleft()  # the handshake's response
@@ -468,7 +508,7 @@ class WebsocketClient:
                 try:
                     try:
                         while True:
-                            ws.feed(0.0)
+                            ws.feed(None)
                     except TimeoutError:
                         pass
                     if ws.message() is not None:  # a reply to nothing asked
