@@ -688,10 +688,11 @@ class WebsocketPolicy(HostPolicy):
         codes = None
         if self._prompts:
             obs, codes = obs["obs"], obs["prompt"]
-        rows = jax.tree.leaves(obs)[0].shape[0]
+        leaves, tree = jax.tree.flatten(obs)
+        rows = leaves[0].shape[0]
         frames = []
         for i in range(rows):
-            row = jax.tree.map(lambda x, i=i: x[i], obs)
+            row = tree.unflatten([x[i] for x in leaves])
             said = None if codes is None else decode_prompt(codes[i])
             frames.append(codec.packb(self.inputs(row, said)))
         return self._actions(self.client.infer(frames))
