@@ -125,6 +125,8 @@ class Batcher:
         self.max_queue = max_queue
         self.stats = BatchStats()
         self._queue: list[_Item] = []
+        #: signature -> its requests in the queue.
+        self._counts: dict[Any, int] = {}
         self._cond = threading.Condition()
         self._clients = 0
         #: group (a request signature) -> its connected clients.
@@ -167,20 +169,41 @@ class Batcher:
         """Whether a forward of ``signature`` has all it may wait for: a full
         batch queued, or a request from every connected client that could
         join it (the lock held)."""
-        same = 0
-        other = 0  # requests of a signature no group has
-        for item in self._queue:
-            sig = item.prepared.signature
-            if sig == signature:
-                same += 1
-            elif sig not in self._groups:
-                other += 1
+        counts = self._counts
+        same = counts.get(signature, 0)
         if same >= self.max_batch:
             return True
-        # Every client of no group may join a forward of a signature no
-        # group has: its requests of other such signatures count as sent.
-        queued = same if signature in self._groups else same + other
+        if signature in self._groups:
+            queued = same
+        else:  # every client of no group may join it: its requests count
+            queued = sum(n for sig, n in counts.items() if sig not in self._groups)
         return queued >= self._could_join(signature)
+
+    def _queue_item(self, prepared: Prepared) -> _Item:
+        """Queues a request (the lock held).
+
+        Raises:
+          ServerClosed: the batcher is closed.
+          RequestError: the queue is full.
+        """
+        if self._closed:
+            raise ServerClosed("the policy server is shutting down")
+        if len(self._queue) >= self.max_queue:
+            raise RequestError(
+                f"the server has {self.max_queue} requests waiting; retry later"
+            )
+        item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
+        self._queue.append(item)
+        sig = prepared.signature
+        self._counts[sig] = self._counts.get(sig, 0) + 1
+        return item
+
+    def _wake(self) -> None:
+        """Wakes the forward thread when it has something to do: a first
+        request to wait on, or a batch now complete; not once per request
+        while it waits for the rest (the lock held)."""
+        if len(self._queue) == 1 or self._complete(self._queue[0].prepared.signature):
+            self._cond.notify()
 
     def submit(self, prepared: Prepared) -> concurrent.futures.Future:
         """Queues a request; its future's result is a ``BatchReply``.
@@ -189,23 +212,10 @@ class Batcher:
           ServerClosed: the batcher is closed.
           RequestError: the queue is full.
         """
-        future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            if self._closed:
-                raise ServerClosed("the policy server is shutting down")
-            if len(self._queue) >= self.max_queue:
-                raise RequestError(
-                    f"the server has {self.max_queue} requests waiting; retry later"
-                )
-            self._queue.append(_Item(prepared, future, time.perf_counter()))
-            # The forward thread wakes only when it has something to do: a
-            # first request to wait on, or a batch now complete (not once per
-            # request while it waits for the rest).
-            if len(self._queue) == 1 or self._complete(
-                self._queue[0].prepared.signature
-            ):
-                self._cond.notify()
-        return future
+            item = self._queue_item(prepared)
+            self._wake()
+        return item.future
 
     def run_alone(self, prepared: Prepared) -> BatchReply | None:
         """Runs the request in the calling thread when its client is the only
@@ -230,49 +240,55 @@ class Batcher:
 
     def run_ready(self, prepared: Prepared) -> concurrent.futures.Future:
         """``submit``, and when this request completes its batch (a request
-        from every connected client that could join it is queued) while no
-        forward runs, that batch runs here, in the calling thread, before
-        this returns: no hand-off to the forward thread and back (two thread
-        switches a batch). Otherwise the forward thread runs it, as for
-        ``submit``.
+        of its signature from every connected client that could join it is
+        queued, itself included) while no forward runs, that batch runs
+        here, in the calling thread, before this returns: no hand-off to the
+        forward thread and back (two thread switches a batch; a lone
+        client's request runs at once, as in ``run_alone``). Otherwise the
+        forward thread runs it, as for ``submit``.
 
         Raises:
           ServerClosed: the batcher is closed.
           RequestError: the queue is full.
         """
-        future = self.submit(prepared)
         with self._cond:
-            if self._busy or self._closed or not self._queue:
-                return future
-            sig = self._queue[0].prepared.signature
-            if sig != prepared.signature or not self._everyone(sig):
-                return future
-            batch = self._pop(sig)
+            item = self._queue_item(prepared)
+            sig = prepared.signature
+            batch = None
+            if (
+                not self._busy
+                and self._queue[0].prepared.signature == sig
+                and self._counts[sig] >= self._could_join(sig)
+            ):
+                batch = self._pop(sig)
+                self._busy = bool(batch)
             if not batch:
-                return future
-            self._busy = True
+                self._wake()
+                return item.future
         try:
             self._run(batch)
         finally:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-        return future
-
-    def _everyone(self, signature: Any) -> bool:
-        """Whether every connected client that could join a forward of
-        ``signature`` has a request of it queued (the lock held)."""
-        queued = sum(i.prepared.signature == signature for i in self._queue)
-        return queued >= self._could_join(signature)
+        return item.future
 
     def _pop(self, signature: Any) -> list[_Item]:
         """Takes the next batch of ``signature`` (at most ``max_batch`` of its
         oldest requests) from the queue: those whose client is still there,
         their futures running (the lock held)."""
-        same = [i for i in self._queue if i.prepared.signature == signature]
-        batch = same[: self.max_batch]
-        taken = set(map(id, batch))
-        self._queue = [i for i in self._queue if id(i) not in taken]
+        if self._counts.get(signature, 0) == len(self._queue) <= self.max_batch:
+            batch, self._queue = self._queue, []
+        else:
+            same = [i for i in self._queue if i.prepared.signature == signature]
+            batch = same[: self.max_batch]
+            taken = set(map(id, batch))
+            self._queue = [i for i in self._queue if id(i) not in taken]
+        left = self._counts[signature] - len(batch)
+        if left:
+            self._counts[signature] = left
+        else:
+            del self._counts[signature]
         live = [i for i in batch if i.future.set_running_or_notify_cancel()]
         self.stats.dropped += len(batch) - len(live)
         return live
@@ -292,6 +308,7 @@ class Batcher:
         with self._cond:
             self._closed = True
             waiting, self._queue = self._queue, []
+            self._counts.clear()
             self._cond.notify_all()
         for item in waiting:
             if item.future.set_running_or_notify_cancel():

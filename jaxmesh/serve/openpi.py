@@ -238,13 +238,11 @@ class OpenpiService:
         try:
             obs = codec.unpackb(message)
             prepared = self.batcher.model.prepare(obs)
-            # A lone client's forward runs here, on the loop (no other
-            # connection waits on it): no hand-off to the forward thread. So
-            # does a batch this request completes (every connection's
-            # request is in it: none waits on the loop meanwhile).
-            reply = self.batcher.run_alone(prepared)
-            if reply is None:
-                reply = await self._reply(closed, self.batcher.run_ready(prepared))
+            # A batch this request completes runs here, on the loop (every
+            # connection's request is in it: none waits on the loop
+            # meanwhile), a lone client's included: no hand-off to the
+            # forward thread.
+            reply = await self._reply(closed, self.batcher.run_ready(prepared))
             if reply is None:  # the client went while its request waited
                 return None
             timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
