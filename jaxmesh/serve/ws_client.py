@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -519,29 +519,39 @@ class WebsocketClient:
             self._give(live, dead)
 
     # Requests ----------------------------------------------------------------
-    def infer(self, frames: list[bytes]) -> list[Any]:
+    def infer(self, frames: Sequence[bytes]) -> list[Any]:
         """The replies to ``frames`` (packed requests), in order; all are sent
         at once, over at most ``connections`` connections.
 
         Raises:
           RemotePolicyError: a request failed (the first failed row's error).
         """
-        n = len(frames)
+        return self.infer_rows(len(frames), frames.__getitem__)
+
+    def infer_rows(self, n: int, frame: Callable[[int], bytes]) -> list[Any]:
+        """``infer`` of the ``n`` requests ``frame(i)`` packs: each is packed
+        as it goes out (the server starts on the first while the rest are
+        packed), each reply read as it comes in.
+
+        Raises:
+          RemotePolicyError: a request failed (the first failed row's error).
+          what ``frame`` raises (its row's request is not sent).
+        """
         if not n:
             return []
-        with self._cond:
-            self.requests += n
         pool = self._take(min(n, self.connections))
         c = len(pool)
         sent = [0.0] * c
         busy = [False] * c
-        raw: list[Any] = [None] * n
+        out: list[Any] = [None] * n
         now = time.monotonic
-        row = 0
+        requests = 0
         try:
             for j in range(c):
+                data = frame(j)
                 busy[j] = True
-                pool[j].send(frames[j])
+                requests += 1
+                pool[j].send(data)
                 sent[j] = now()
             for row in range(n):
                 j = row % c
@@ -551,11 +561,18 @@ class WebsocketClient:
                 if isinstance(reply, str):
                     busy[j] = True  # the server closes it after its error
                     raise self._error(f"failed the request:\n{reply}")
-                raw[row] = reply
                 if row + c < n:
+                    data = frame(row + c)
                     busy[j] = True
-                    ws.send(frames[row + c])
+                    requests += 1
+                    ws.send(data)
                     sent[j] = now()
+                try:
+                    out[row] = codec.unpackb(reply)
+                except codec.CodecError as e:
+                    raise self._error(
+                        f"sent a reply that is not openpi's msgpack: {e}"
+                    ) from None
         except TimeoutError:
             raise self._error(
                 f"did not answer a request within {self.timeout:g} s: check "
@@ -571,18 +588,12 @@ class WebsocketClient:
                 "finished so far are on exc.partial_result"
             ) from None
         finally:
+            with self._cond:
+                self.requests += requests
             self._give(
                 [ws for ws, b in zip(pool, busy, strict=True) if not b],
                 [ws for ws, b in zip(pool, busy, strict=True) if b],
             )
-        out = []
-        for data in raw:
-            try:
-                out.append(codec.unpackb(data))
-            except codec.CodecError as e:
-                raise self._error(
-                    f"sent a reply that is not openpi's msgpack: {e}"
-                ) from None
         return out
 
     def close(self) -> None:
@@ -689,13 +700,13 @@ class WebsocketPolicy(HostPolicy):
         if self._prompts:
             obs, codes = obs["obs"], obs["prompt"]
         leaves, tree = jax.tree.flatten(obs)
-        rows = leaves[0].shape[0]
-        frames = []
-        for i in range(rows):
+
+        def frame(i: int) -> bytes:
             row = tree.unflatten([x[i] for x in leaves])
             said = None if codes is None else decode_prompt(codes[i])
-            frames.append(codec.packb(self.inputs(row, said)))
-        return self._actions(self.client.infer(frames))
+            return codec.packb(self.inputs(row, said))
+
+        return self._actions(self.client.infer_rows(leaves[0].shape[0], frame))
 
     def _actions(self, replies: list[Any]) -> np.ndarray:
         """The replies' ``actions``, stacked: ``[B, K, *A]`` or ``[B, *A]``."""
