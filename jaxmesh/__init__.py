@@ -58,6 +58,8 @@ _NAMES = {
     "Trajectory": "jaxmesh.results.record",
     "render": "jaxmesh.results.video",
     "compare": "jaxmesh.suite",
+    "decide": "jaxmesh.decide",
+    "Decision": "jaxmesh.decide",
     "Suite": "jaxmesh.suite",
     "SuiteResult": "jaxmesh.suite",
     "Task": "jaxmesh.suite",
@@ -88,6 +90,7 @@ if TYPE_CHECKING:
     from jaxmesh.cache import enable_compile_cache
     from jaxmesh.checkpoint import load_params, save_params
     from jaxmesh.core.tally import Results
+    from jaxmesh.decide import Decision, decide
     from jaxmesh.envs import make_env
     from jaxmesh.errors import (
         BadValueError,
@@ -204,6 +207,8 @@ __all__ = [
     "Trajectory",
     "render",
     "compare",
+    "decide",
+    "Decision",
     "Suite",
     "SuiteResult",
     "Task",

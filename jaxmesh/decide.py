@@ -1,0 +1,438 @@
+"""``jaxmesh.decide``: which of two policies is better, with as few episodes as
+the gap allows.
+
+Both policies run the same seeds (episode i of each with seed
+``first_seed + i``), batch by batch, and the paired differences ``b - a`` of
+the metric feed an anytime-valid confidence sequence
+(``jaxmesh.results.sequential.BettingSequence``: Waudby-Smith and Ramdas'
+hedged capital process). The run stops at the first batch after which the
+interval of the mean difference leaves 0, or when ``max_episodes`` pairs
+have run. The probability of naming a winner when the two policies have equal
+means is at most ``alpha``, whatever the batch sizes and wherever it stops
+(docs/statistics.md, "Deciding between two policies").
+
+Batches: the first is ``batch`` episodes per arm (default ``num_envs``), then
+each doubles, up to ``max_batch`` (default 16 times the first); a clear gap
+stops after a batch or two, a small one does not pay a call per few episodes.
+Each arm's program is compiled once (``jaxmesh.evaluate`` keeps it: a new
+budget compiles nothing), and the batches' results are joined into one
+``RunResult`` per arm, as ``evaluate`` on the seeds ``first_seed ..`` gives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxmesh import suite
+from jaxmesh.results.result import RunResult
+from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
+from jaxmesh.run import resume as resume_mod
+from jaxmesh.run.config import RunConfig, from_keywords
+
+#: What decide reads from an episode.
+METRICS = ("return", "success")
+#: ``evaluate`` keywords decide sets itself (or does not take).
+_OWN = ("episodes", "seeds", "resume", "record")
+#: ``evaluate`` keywords that are not settings of the run's config.
+_CALL = ("params", "hooks", "trace", "env_config")
+#: The default cap on a batch, as a multiple of the first.
+BATCH_GROWTH_CAP = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What ``jaxmesh.decide`` found.
+
+    Attributes:
+      winner: ``"a"`` or ``"b"``: the one with the larger mean metric, at
+        level ``alpha``; None: ``max_episodes`` ran out undecided (the
+        interval still holds 0).
+      episodes: paired episodes run per arm (whole batches: the decision may
+        have been reached earlier, at ``decided_at``).
+      difference: the mean over those episodes of ``b - a`` (the metric).
+      interval: ``(low, high)``, the anytime-valid interval of the mean
+        difference at the stop (open: the ends are excluded values).
+      a, b: each policy's ``RunResult`` over every episode run, episode i
+        with seed ``first_seed + i``.
+      path: per batch, ``(episodes, low, high)``: the interval after it.
+      alpha: the level.
+      metric: ``"return"`` or ``"success"``.
+      bounds: the metric's bounds ``(lo, hi)`` (``(0, 1)`` for success).
+      decided_at: the number of pairs at which the test first rejected
+        "equal means" (None: never).
+      capital: the test's capital against "equal means" at the stop (an
+        e-value: it rejects at ``1 / alpha``).
+      first_seed: the seed of episode 0.
+    """
+
+    winner: str | None
+    episodes: int
+    difference: float
+    interval: tuple[float, float]
+    a: RunResult
+    b: RunResult
+    path: tuple[tuple[int, float, float], ...]
+    alpha: float
+    metric: str
+    bounds: tuple[float, float]
+    decided_at: int | None
+    capital: float
+    first_seed: int = 0
+
+    @property
+    def batches(self) -> int:
+        """Batches run (pairs of calls, one per arm)."""
+        return len(self.path)
+
+    @property
+    def verdict(self) -> str:
+        """One line: who won, or that no difference was shown."""
+        level = f"alpha = {self.alpha:g}"
+        if self.winner is None:
+            return (
+                f"no decision after {self.episodes} episodes per arm (the interval "
+                f"holds 0 at {level})"
+            )
+        return (
+            f"{self.winner.upper()} scores more ({level}; decided at "
+            f"{self.decided_at} episodes per arm)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the decision (the two runs as their
+        ``to_dict``)."""
+        return {
+            "winner": self.winner,
+            "episodes": self.episodes,
+            "difference": self.difference,
+            "interval": list(self.interval),
+            "path": [list(p) for p in self.path],
+            "alpha": self.alpha,
+            "metric": self.metric,
+            "bounds": list(self.bounds),
+            "decided_at": self.decided_at,
+            "capital": self.capital,
+            "first_seed": self.first_seed,
+            "a": self.a.to_dict(),
+            "b": self.b.to_dict(),
+        }
+
+    def __str__(self) -> str:
+        low, high = self.interval
+        what = "mean return" if self.metric == "return" else "success rate"
+        ma, mb = (
+            _values(self.a, self.metric).mean(),
+            _values(self.b, self.metric).mean(),
+        )
+        seeds = f"{self.first_seed}..{self.first_seed + self.episodes - 1}"
+        rows = [
+            ("A", self.a.policy or "A"),
+            ("B", self.b.policy or "B"),
+            ("env", self.a.env or "?"),
+            (
+                "episodes per arm",
+                f"{self.episodes} (same seeds {seeds}), {self.batches} batches",
+            ),
+            (f"{what} A / B", f"{ma:.3f} / {mb:.3f}"),
+            ("difference (B - A)", f"{self.difference:.3f}"),
+            (
+                "anytime-valid interval",
+                f"({low:.3f}, {high:.3f}) at alpha {self.alpha:g} (betting "
+                f"confidence sequence, bounds {self.bounds[0]:g}..{self.bounds[1]:g})",
+            ),
+            ("verdict", self.verdict),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _values(result: RunResult, metric: str) -> np.ndarray:
+    """Per episode of ``result`` the metric, as floats (success: 0 or 1)."""
+    if metric == "return":
+        return np.asarray(result.returns, np.float64)
+    flags = result.success
+    if flags is None or any(f is None for f in np.asarray(flags, object)):
+        raise ValueError(
+            f"metric='success', but the run of {result.policy or 'a policy'} on "
+            f"{result.env or 'this env'} has no success signal for every episode "
+            "(the env's info has no 'success' or 'is_success'); name the info key "
+            "with scoring=jaxmesh.Scoring(success='KEY'), or decide on "
+            "metric='return' with bounds=(lo, hi)"
+        )
+    return np.asarray(flags, bool).astype(np.float64)
+
+
+def _check_int(name: str, value: Any, low: int, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name}={value!r}: expected an int, e.g. {example}")
+    if value < low:
+        raise ValueError(f"{name}={value}: expected at least {low}, e.g. {example}")
+    return int(value)
+
+
+def _check_bounds(metric: str, bounds: Any) -> tuple[float, float]:
+    if metric not in METRICS:
+        raise ValueError(f"metric={metric!r}: expected 'return' or 'success'")
+    if metric == "success":
+        if bounds is not None and tuple(bounds) != (0, 1):
+            raise ValueError(
+                f"bounds={bounds!r} with metric='success': a success is 0 or 1; "
+                "leave bounds out (they are for metric='return')"
+            )
+        return 0.0, 1.0
+    if bounds is None:
+        raise ValueError(
+            "metric='return' needs bounds=(lo, hi): the smallest and largest return "
+            "an episode can score (e.g. bounds=(0, 500) for CartPole-v1 capped at "
+            "500 steps), since the test's guarantee rests on them; or decide on "
+            "metric='success'"
+        )
+    try:
+        lo, hi = (float(v) for v in bounds)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"bounds={bounds!r}: expected two numbers (lo, hi), e.g. (0, 500)"
+        ) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"bounds={bounds!r}: expected finite lo < hi, e.g. (0, 500)")
+    return lo, hi
+
+
+def _check_inside(
+    result: RunResult, name: str, values: np.ndarray, bounds, start: int
+) -> None:
+    lo, hi = bounds
+    v = values[start:]
+    out = start + np.flatnonzero((v < lo) | (v > hi) | ~np.isfinite(v))
+    if out.size:
+        k = int(out[0])
+        raise ValueError(
+            f"policy {name}'s episode {int(result.indices[k])} (seed "
+            f"{int(result.seeds[k])}) returned {values[k]!r}, outside bounds=({lo:g}, "
+            f"{hi:g}) ({out.size} episodes out of them); the test's guarantee needs "
+            "every return within the bounds: pass bounds that hold every return the "
+            "env can give"
+        )
+
+
+def _paired(done: Any, first_seed: int) -> tuple[RunResult, RunResult]:
+    """The two runs of an earlier decision (``Decision`` or ``(a, b)``),
+    checked to be the paired episodes ``0..n-1`` of ``first_seed``."""
+    if isinstance(done, Decision):
+        done = (done.a, done.b)
+    if not (
+        isinstance(done, tuple | list)
+        and len(done) == 2
+        and all(isinstance(r, RunResult) for r in done)
+    ):
+        raise TypeError(
+            f"resume={type(done).__name__}: expected a jaxmesh.Decision or a pair "
+            "(a, b) of RunResults of an earlier decide"
+        )
+    a, b = done
+    for name, r in (("a", a), ("b", b)):
+        n = r.num_episodes
+        want = first_seed + np.arange(n)
+        if not (
+            np.array_equal(r.indices, np.arange(n)) and np.array_equal(r.seeds, want)
+        ):
+            raise ValueError(
+                f"resume=: run {name} does not hold episodes 0..{n - 1} with seeds "
+                f"{first_seed}..{first_seed + n - 1} (first_seed={first_seed}); "
+                "resume with the first_seed the earlier decide used"
+            )
+    if a.num_episodes != b.num_episodes:
+        raise ValueError(
+            f"resume=: a holds {a.num_episodes} episodes and b {b.num_episodes}; "
+            "a decide's two runs hold the same episodes"
+        )
+    return a, b
+
+
+def _joined(done: RunResult | None, new: RunResult, start: int) -> RunResult:
+    """``done``'s episodes ``0..start-1`` and ``new``'s (its episode k is
+    episode ``start + k``), as one result."""
+    if done is None:
+        return new
+    indices = start + np.arange(new.num_episodes, dtype=np.int64)
+    return dataclasses.replace(resume_mod.merge(done, new, indices), resumed_part=None)
+
+
+def decide(
+    policy_a: Any,
+    policy_b: Any,
+    env: Any,
+    config: RunConfig | None = None,
+    *,
+    alpha: float = 0.05,
+    metric: str = "return",
+    bounds: tuple[float, float] | None = None,
+    max_episodes: int = 10_000,
+    first_seed: int = 0,
+    batch: int | None = None,
+    max_batch: int | None = None,
+    on_batch: Callable[[Decision], None] | None = None,
+    resume: Any = None,
+    grid: int = GRID,
+    **kwargs: Any,
+) -> Decision:
+    """Runs two policies on the same seeds until an anytime-valid test says
+    which scores more, or ``max_episodes`` pairs have run.
+
+    Args:
+      policy_a, policy_b: the two policies (anything ``jaxmesh.evaluate``
+        takes).
+      env: the env both run (an id, an env object, ...; not a Suite).
+      config: a ``jaxmesh.RunConfig`` for both runs (the keywords below
+        override its fields, as in ``evaluate``).
+      alpha: the level: with equal means, the probability of naming a winner
+        is at most ``alpha``.
+      metric: ``"return"`` (needs ``bounds``) or ``"success"`` (the env's
+        success signal, ``jaxmesh.Scoring(success=)``; the run's
+        ``success_mode``).
+      bounds: ``(lo, hi)``, the smallest and largest return an episode can
+        score (``metric="return"``); a return outside them is an error.
+      max_episodes: the most episodes per arm.
+      first_seed: episode i of both arms runs seed ``first_seed + i``.
+      batch: episodes per arm in the first batch (default ``num_envs``);
+        each next batch doubles, up to ``max_batch`` (default 16 times
+        ``batch``).
+      on_batch: called after each batch with the ``Decision`` so far (for
+        progress; its ``winner`` is set once decided).
+      resume: an earlier ``Decision`` (or its ``(a, b)``) of these policies,
+        env and ``first_seed``: its episodes are counted, not run again,
+        and the test goes on from them (``evaluate``'s ``resume=`` checks
+        they come from these policies and env).
+      grid: candidate means of the interval (``BettingSequence``).
+      **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
+        ``horizon``, ``max_episode_steps``, ``scoring``, ``params``, ...).
+
+    Returns:
+      A ``jaxmesh.Decision``.
+
+    Raises:
+      TypeError, ValueError: bad input, before anything compiles (a return
+        outside ``bounds``, or a missing success signal, once seen).
+
+    Example::
+
+      d = jaxmesh.decide(weak, strong, "gymnax:CartPole-v1", bounds=(0, 500))
+      d.winner, d.episodes, d.interval
+    """
+    alpha = _check_alpha(alpha)
+    bounds = _check_bounds(metric, bounds)
+    max_episodes = _check_int("max_episodes", max_episodes, 1, "2000")
+    first_seed = _check_int("first_seed", first_seed, 0, "0")
+    own = sorted(k for k in kwargs if k in _OWN)
+    if own:
+        raise TypeError(
+            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
+            "both arms with seed first_seed + i, up to max_episodes); pass "
+            "first_seed= and max_episodes="
+        )
+    if isinstance(env, suite.Suite):
+        raise TypeError(
+            "decide runs one env, not a Suite: decide task by task (and split alpha "
+            "between the tasks, docs/statistics.md)"
+        )
+    call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
+    config = from_keywords(config, kwargs, caller="jaxmesh.decide")
+    first = _check_int(
+        "batch", config.num_envs if batch is None else batch, 1, "num_envs"
+    )
+    cap = _check_int(
+        "max_batch",
+        BATCH_GROWTH_CAP * first if max_batch is None else max_batch,
+        first,
+        f"{BATCH_GROWTH_CAP * first}",
+    )
+    if on_batch is not None and not callable(on_batch):
+        raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
+    lo, hi = bounds
+    width = hi - lo
+    seq = BettingSequence(-width, width, alpha=alpha, null=0.0, grid=grid)
+    runs: dict[str, RunResult | None] = {"a": None, "b": None}
+    policies = {"a": policy_a, "b": policy_b}
+    path: list[tuple[int, float, float]] = []
+    if resume is not None:
+        runs = _resumed(
+            _paired(resume, first_seed), policies, env, config, call, first_seed
+        )
+        if runs["a"].num_episodes > max_episodes:
+            raise ValueError(
+                f"resume= holds {runs['a'].num_episodes} episodes per arm, more than "
+                f"max_episodes={max_episodes}; pass a larger max_episodes"
+            )
+        if runs["a"].num_episodes:
+            seq.update(_differences(runs, bounds, metric, 0))
+            path.append((seq.n, *seq.interval))
+    size = first
+    while seq.n < max_episodes and not seq.rejects:
+        start = seq.n
+        count = min(size, max_episodes - start)
+        seeds = list(range(first_seed + start, first_seed + start + count))
+        for name in ("a", "b"):
+            new = _evaluate(policies[name], env, config, call, seeds)
+            runs[name] = _joined(runs[name], new, start)
+        seq.update(_differences(runs, bounds, metric, start))
+        path.append((seq.n, *seq.interval))
+        size = min(2 * size, cap)
+        if on_batch is not None:
+            on_batch(_decision(seq, runs, path, alpha, metric, bounds, first_seed))
+    return _decision(seq, runs, path, alpha, metric, bounds, first_seed)
+
+
+def _evaluate(policy: Any, env: Any, config: RunConfig, call: dict, seeds, **more):
+    from jaxmesh.api import evaluate
+
+    return evaluate(policy, env, config, seeds=seeds, **call, **more)
+
+
+def _resumed(done, policies, env, config, call, first_seed) -> dict:
+    """The earlier runs, each checked by ``evaluate(..., resume=)`` to come
+    from its policy, env and settings (a run that holds its whole budget
+    runs nothing)."""
+    out = {}
+    for name, r in zip(("a", "b"), done, strict=True):
+        seeds = list(range(first_seed, first_seed + r.num_episodes))
+        if not seeds:
+            out[name] = None
+            continue
+        out[name] = _evaluate(policies[name], env, config, call, seeds, resume=r)
+    return out
+
+
+def _differences(runs: dict, bounds, metric: str, start: int) -> np.ndarray:
+    """The differences ``b - a`` of episodes ``start..`` (every value checked
+    to lie within ``bounds``)."""
+    values = {}
+    for name in ("a", "b"):
+        v = _values(runs[name], metric)
+        if metric == "return":
+            _check_inside(runs[name], name, v, bounds, start)
+        values[name] = v[start:]
+    return values["b"] - values["a"]
+
+
+def _decision(seq, runs, path, alpha, metric, bounds, first_seed) -> Decision:
+    winner = {1: "b", -1: "a", 0: None}[seq.direction]
+    return Decision(
+        winner=winner,
+        episodes=seq.n,
+        difference=seq.mean,
+        interval=seq.interval,
+        a=runs["a"],
+        b=runs["b"],
+        path=tuple(path),
+        alpha=alpha,
+        metric=metric,
+        bounds=bounds,
+        decided_at=seq.decided_at,
+        capital=seq.capital,
+        first_seed=first_seed,
+    )

@@ -1,0 +1,187 @@
+"""``jaxmesh.decide`` on gymnax CartPole: a weak and a strong policy, paired
+seeds equal to ``evaluate`` on the same seeds, no compile after the first
+batch, no decision between equal policies, resume, and bad input."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmesh
+from jaxmesh.results.sequential import BettingSequence
+from tests.conftest import compiles
+
+CARTPOLE = "gymnax:CartPole-v1"
+N = 8
+
+
+def push_left(obs):
+    return jnp.int32(0)
+
+
+def lean(obs):  # push towards the side the pole leans
+    return (obs[2] > 0).astype(jnp.int32)
+
+
+def balance(obs):  # angle and angular velocity: keeps the pole up
+    return (obs[2] + obs[3] > 0).astype(jnp.int32)
+
+
+def test_a_clear_gap_decides_b_in_a_few_batches_on_paired_seeds():
+    seen_at: list[int] = []
+    with compiles() as seen:
+
+        def later(decision):
+            seen_at.append(len(seen))
+
+        d = jaxmesh.decide(
+            push_left,
+            lean,
+            CARTPOLE,
+            bounds=(0, 500),
+            num_envs=N,
+            first_seed=100,
+            on_batch=later,
+        )
+    assert d.winner == "b"
+    assert d.batches <= 5 and d.batches == len(seen_at)
+    # every batch after the first compiled nothing
+    assert seen_at[-1] == seen_at[0]
+    # batches double: 8, 16, 32, ...
+    assert [p[0] for p in d.path] == [N * (2 ** (k + 1) - 1) for k in range(d.batches)]
+    n = d.episodes
+    assert n == d.path[-1][0] and d.decided_at <= n
+    seeds = list(range(100, 100 + n))
+    for policy, run in ((push_left, d.a), (lean, d.b)):
+        assert run.indices.tolist() == list(range(n))
+        assert run.seeds.tolist() == seeds
+        ref = jaxmesh.evaluate(policy, CARTPOLE, num_envs=N, seeds=seeds)
+        np.testing.assert_array_equal(run.returns, ref.returns)
+        np.testing.assert_array_equal(run.lengths, ref.lengths)
+        assert run.env_steps == int(ref.lengths.sum())
+    diff = d.b.returns.astype(np.float64) - d.a.returns
+    assert d.difference == pytest.approx(diff.mean())
+    low, high = d.interval
+    assert 0 <= low < diff.mean() < high
+    # the decision is the betting test's on those differences, fed one by one
+    seq = BettingSequence(-500.0, 500.0)
+    for v in diff:
+        seq.update([v])
+        if seq.rejects:
+            break
+    assert (seq.n, seq.direction) == (d.decided_at, 1)
+    assert "B scores more" in str(d)
+
+
+def test_equal_policies_do_not_decide():
+    d = jaxmesh.decide(
+        lean, lean, CARTPOLE, bounds=(0, 500), num_envs=N, max_episodes=40
+    )
+    assert d.winner is None and d.decided_at is None
+    assert d.episodes == 40 and d.difference == 0.0
+    low, high = d.interval
+    assert low < 0 < high
+    assert [p[0] for p in d.path] == [8, 24, 40]  # the last batch cut to the budget
+    assert "no decision after 40 episodes" in str(d)
+    assert d.to_dict()["winner"] is None
+
+
+def test_success_metric_and_the_winner_a():
+    # Success: surviving to the cap (the discount is still 1 at the last step).
+    scoring = jaxmesh.Scoring(success="discount", success_mode="end")
+    d = jaxmesh.decide(
+        balance,
+        push_left,
+        CARTPOLE,
+        metric="success",
+        num_envs=N,
+        max_episode_steps=100,
+        scoring=scoring,
+    )
+    ref_a = jaxmesh.evaluate(
+        balance,
+        CARTPOLE,
+        num_envs=N,
+        max_episode_steps=100,
+        scoring=scoring,
+        seeds=range(d.episodes),
+    )
+    assert d.a.success.tolist() == ref_a.success.tolist()
+    assert d.a.success.all() and not d.b.success.any()
+    # every difference is -1: x = 0 against m = 1/2, bets capped at 1, so
+    # K- = 1.5^t and 0.5 * 1.5^t reaches 20 at t = 10 (by hand)
+    assert d.winner == "a" and d.decided_at == 10
+    assert d.difference == -1.0 and d.bounds == (0.0, 1.0)
+
+
+def test_resume_goes_on_from_an_undecided_run():
+    first = jaxmesh.decide(
+        push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N, max_episodes=24
+    )
+    assert first.winner is None and first.episodes == 24
+    whole = jaxmesh.decide(push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N)
+    again = jaxmesh.decide(
+        push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N, resume=first
+    )
+    # the test runs over the same episodes: it stops at the same pair
+    assert again.winner == whole.winner == "b"
+    assert again.decided_at == whole.decided_at
+    k = min(again.episodes, whole.episodes)
+    np.testing.assert_array_equal(again.b.returns[:k], whole.b.returns[:k])
+    np.testing.assert_array_equal(again.a.returns[:24], first.a.returns)
+    assert again.path[0] == first.path[-1]
+    # another policy's episodes are refused
+    with pytest.raises(ValueError, match="resume"):
+        jaxmesh.decide(
+            push_left, balance, CARTPOLE, bounds=(0, 500), num_envs=N, resume=first
+        )
+    with pytest.raises(ValueError, match="first_seed"):
+        jaxmesh.decide(
+            push_left,
+            lean,
+            CARTPOLE,
+            bounds=(0, 500),
+            num_envs=N,
+            resume=first,
+            first_seed=5,
+        )
+
+
+def test_returns_outside_the_bounds_are_refused():
+    with pytest.raises(ValueError, match=r"policy b's episode \d+ \(seed \d+\)"):
+        jaxmesh.decide(push_left, lean, CARTPOLE, bounds=(0, 20), num_envs=N)
+
+
+def test_no_success_signal_is_refused():
+    with pytest.raises(ValueError, match="no success signal"):
+        jaxmesh.decide(push_left, lean, CARTPOLE, metric="success", num_envs=N)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({}, ValueError, r"needs bounds=\(lo, hi\)"),
+        ({"bounds": (5, 5)}, ValueError, "lo < hi"),
+        ({"bounds": "wide"}, TypeError, "two numbers"),
+        ({"metric": "length", "bounds": (0, 1)}, ValueError, "metric="),
+        ({"metric": "success", "bounds": (0, 500)}, ValueError, "leave bounds out"),
+        ({"alpha": 0.0, "bounds": (0, 500)}, ValueError, "alpha"),
+        ({"max_episodes": 0, "bounds": (0, 500)}, ValueError, "max_episodes"),
+        ({"first_seed": -1, "bounds": (0, 500)}, ValueError, "first_seed"),
+        ({"batch": 0, "bounds": (0, 500)}, ValueError, "batch"),
+        ({"episodes": 10, "bounds": (0, 500)}, TypeError, "first_seed="),
+        ({"seeds": [1], "bounds": (0, 500)}, TypeError, "max_episodes="),
+        ({"prefetch_lead": 2, "bounds": (0, 500)}, TypeError, "Chunking"),
+        ({"resume": 3, "bounds": (0, 500)}, TypeError, "Decision"),
+    ],
+)
+def test_bad_input_is_refused_before_compiling(no_compile, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        jaxmesh.decide(push_left, lean, CARTPOLE, num_envs=N, **kwargs)
+
+
+def test_a_suite_is_refused(no_compile):
+    suite = jaxmesh.Suite({"cartpole": jaxmesh.Task(CARTPOLE)})
+    with pytest.raises(TypeError, match="not a Suite"):
+        jaxmesh.decide(push_left, lean, suite, bounds=(0, 500))
