@@ -198,12 +198,21 @@ class Batcher:
         self._counts[sig] = self._counts.get(sig, 0) + 1
         return item
 
-    def _wake(self) -> None:
+    def _wake(self, lazy: bool = False) -> None:
         """Wakes the forward thread when it has something to do: a first
-        request to wait on, or a batch now complete; not once per request
+        request to wait on (unless ``lazy``: the caller ``poke``s it by the
+        request's deadline), or a batch now complete; not once per request
         while it waits for the rest (the lock held)."""
-        if len(self._queue) == 1 or self._complete(self._queue[0].prepared.signature):
+        first = len(self._queue) == 1 and not lazy
+        if first or self._complete(self._queue[0].prepared.signature):
             self._cond.notify()
+
+    def poke(self) -> None:
+        """Wakes the forward thread if requests wait (``run_ready(lazy=True)``'s
+        caller calls this at most ``max_wait_ms`` after such a request)."""
+        with self._cond:
+            if self._queue and not self._busy:
+                self._cond.notify()
 
     def submit(self, prepared: Prepared) -> concurrent.futures.Future:
         """Queues a request; its future's result is a ``BatchReply``.
@@ -233,19 +242,22 @@ class Batcher:
         try:
             self._run([item])
         finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+            self._done_here()
         return item.future.result()
 
-    def run_ready(self, prepared: Prepared) -> concurrent.futures.Future:
+    def run_ready(
+        self, prepared: Prepared, *, lazy: bool = False
+    ) -> concurrent.futures.Future:
         """``submit``, and when this request completes its batch (a request
         of its signature from every connected client that could join it is
         queued, itself included) while no forward runs, that batch runs
         here, in the calling thread, before this returns: no hand-off to the
         forward thread and back (two thread switches a batch; a lone
         client's request runs at once, as in ``run_alone``). Otherwise the
-        forward thread runs it, as for ``submit``.
+        forward thread runs it, as for ``submit``. ``lazy``: a first request
+        does not wake the forward thread; the caller calls ``poke`` within
+        ``max_wait_ms`` (a batch that completes here meanwhile costs the
+        forward thread no wake-up).
 
         Raises:
           ServerClosed: the batcher is closed.
@@ -263,15 +275,21 @@ class Batcher:
                 batch = self._pop(sig)
                 self._busy = bool(batch)
             if not batch:
-                self._wake()
+                self._wake(lazy)
                 return item.future
         try:
             self._run(batch)
         finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+            self._done_here()
         return item.future
+
+    def _done_here(self) -> None:
+        """A forward in a caller's thread ended: the forward thread wakes if
+        requests wait for it (else it sleeps on)."""
+        with self._cond:
+            self._busy = False
+            if self._queue or self._closed:
+                self._cond.notify_all()
 
     def _pop(self, signature: Any) -> list[_Item]:
         """Takes the next batch of ``signature`` (at most ``max_batch`` of its

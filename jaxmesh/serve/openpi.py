@@ -90,6 +90,8 @@ class OpenpiService:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
+        #: A ``Batcher.poke`` is scheduled on the loop.
+        self._poke_pending = False
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         #: Replies the batcher finished, for the loop to hand over: (the
@@ -242,7 +244,14 @@ class OpenpiService:
             # connection's request is in it: none waits on the loop
             # meanwhile), a lone client's included: no hand-off to the
             # forward thread.
-            reply = await self._reply(closed, self.batcher.run_ready(prepared))
+            future = self.batcher.run_ready(prepared, lazy=True)
+            if not future.done() and not self._poke_pending:
+                # The forward thread wakes at the first waiting request's
+                # deadline, if its batch has not run here by then.
+                assert self._loop is not None
+                self._poke_pending = True
+                self._loop.call_later(self.batcher.max_wait, self._poke)
+            reply = await self._reply(closed, future)
             if reply is None:  # the client went while its request waited
                 return None
             timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
@@ -279,6 +288,10 @@ class OpenpiService:
             future.cancel()
             return None
         return reply.result()
+
+    def _poke(self) -> None:
+        self._poke_pending = False
+        self.batcher.poke()
 
     def _finished(self, waiting: asyncio.Future, future: Any) -> None:
         """The batcher's ``future`` is done (in whichever thread finished

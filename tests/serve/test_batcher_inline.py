@@ -1,10 +1,14 @@
 """``Batcher.run_ready``: the request that completes a batch (every connected
 client's request queued) runs it in its own thread, and the replies equal
-the policy called directly."""
+the policy called directly; a lazy request wakes the forward thread only
+when poked."""
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import numpy as np
+import pytest
 from serve_models import linear_model, linear_reference
 
 from jaxmesh.serve.batcher import Batcher
@@ -36,5 +40,26 @@ def test_the_request_that_completes_a_batch_runs_it_in_its_own_thread():
         batcher.disconnect()
         pair = [batcher.run_ready(served.prepare(state_obs(i))) for i in (4, 5)]
         assert [f.result(timeout=0).batch_size for f in pair] == [2, 2]
+    finally:
+        batcher.close()
+
+
+def test_a_lazy_request_waits_for_a_poke_to_wake_the_forward_thread():
+    served = ServedModel(linear_model(), max_batch=4)
+    served.warm_up(served.prepare(state_obs(0)))
+    batcher = Batcher(served, max_wait_ms=0)
+    batcher.connect()
+    batcher.connect()  # a second client that never sends
+    batcher.start()
+    try:
+        eager = batcher.run_ready(served.prepare(state_obs(1)))
+        assert eager.result(timeout=30).batch_size == 1  # its deadline: now
+        lazy = batcher.run_ready(served.prepare(state_obs(2)), lazy=True)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            lazy.result(timeout=0.3)  # the forward thread sleeps on
+        batcher.poke()
+        reply = lazy.result(timeout=30)
+        ref = linear_reference(state_obs(2)["observation/state"])
+        np.testing.assert_allclose(reply.output, ref, rtol=1e-6, atol=1e-6)
     finally:
         batcher.close()
