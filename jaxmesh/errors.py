@@ -4,6 +4,7 @@ TypeError before anything compiles)."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 
 class BadValueError(ValueError):
@@ -132,9 +133,8 @@ class WorkerError(RuntimeError):
 class HostPolicyError(RuntimeError):
     """A ``jaxmesh.HostPolicy``'s ``fn`` raised, or returned the wrong shape;
     the function's own exception is ``__cause__``. ``lanes`` are the lanes of
-    the call; ``episodes`` and ``seeds`` the episodes they were running (on
-    host-stepped envs; None where unknown: inside the jitted scan);
-    ``partial_result`` the episodes finished before it."""
+    the call; ``episodes`` and ``seeds`` the episodes they were running and
+    their seeds; ``partial_result`` the episodes finished before it."""
 
     def __init__(
         self,
@@ -151,6 +151,26 @@ class HostPolicyError(RuntimeError):
         self.episodes = episodes
         self.seeds = seeds
         self.partial_result = None
+
+    def named(self, seeds: Any) -> HostPolicyError:
+        """This error naming each lane's episode and its seed (``seeds``: the
+        run's, by episode), when its episodes are known; else itself."""
+        if self.episodes is None or self.seeds is not None:
+            return self
+        got = [int(seeds[i]) for i in self.episodes]
+        where = ", ".join(
+            f"lane {j}: episode {i}, seed {s}"
+            for j, i, s in zip(self.lanes, self.episodes, got, strict=True)
+        )
+        named = HostPolicyError(
+            f"{self} ({where})",
+            policy=self.policy,
+            lanes=self.lanes,
+            episodes=self.episodes,
+            seeds=got,
+        )
+        named.__cause__ = self.__cause__
+        return named
 
 
 #: Errors raised inside host callbacks, kept until the run that met them

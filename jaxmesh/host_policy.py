@@ -120,57 +120,67 @@ class HostPolicy:
         return self._outputs[key]
 
     def plan(
-        self, obs: Any, seeds: np.ndarray | None, lanes: Any, row: Any
+        self,
+        obs: Any,
+        seeds: np.ndarray | None,
+        lanes: Any,
+        row: Any,
+        episodes: Any = None,
     ) -> np.ndarray:
         """``fn`` on B rows, checked: ``[B, *row.shape]`` of ``row.dtype``.
 
         Args:
           obs: the rows' inputs (numpy leaves with a leading axis B).
           seeds: [B] uint32 (a stochastic policy's), or None.
-          lanes: each row's lane (named by an error).
+          lanes: each row's lane, and ``episodes`` its episode (or None), for
+            an error to name.
           row: one row's output struct (``_output``).
 
         Raises:
           HostPolicyError: ``fn`` raised, or returned another shape.
         """
         b = np.shape(lanes)[0]
+        where = dict(
+            policy=self.name,
+            lanes=np.asarray(lanes).tolist(),
+            episodes=None if episodes is None else np.asarray(episodes).tolist(),
+        )
         try:
             got = self._forward(obs, seeds)
         except Exception as exc:
             raise HostPolicyError(
                 f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
-                f"(planning lanes {np.asarray(lanes).tolist()}); the run stopped "
-                "there",
-                policy=self.name,
-                lanes=np.asarray(lanes).tolist(),
+                f"(planning lanes {where['lanes']}); the run stopped there",
+                **where,
             ) from exc
         if got.shape != (b,) + tuple(row.shape):
             raise HostPolicyError(
                 f"host policy {self.name!r} returned shape {got.shape} for "
-                f"{b} rows (lanes {np.asarray(lanes).tolist()}); expected "
+                f"{b} rows (lanes {where['lanes']}); expected "
                 f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
-                policy=self.name,
-                lanes=np.asarray(lanes).tolist(),
+                **where,
             )
         return got.astype(row.dtype, copy=False)
 
     def _host(self, inputs: Any, meta: Any, row: Any) -> np.ndarray:
         """The callback: ``fn`` on the real rows, zeros in the padding rows.
 
-        ``meta`` is each row's lane (-1 for padding), with a stochastic
-        policy's seeds (bitcast to int32) as a second row: one array, as each
-        argument of a callback costs a copy.
+        ``meta`` ([3, tile] int32: one array, as each argument of a callback
+        costs a copy) holds each row's lane (-1 for padding), its episode (-1:
+        not told) and a stochastic policy's seed (bitcast; else zeros).
         """
         meta = np.asarray(meta)
-        rows = meta if meta.ndim == 1 else meta[0]
+        rows = meta[0]
         real = rows >= 0
         whole = bool(real.all())
         sel = slice(None) if whole else np.flatnonzero(real)
         if not whole and sel.size == 0:
             return np.zeros((rows.shape[0],) + row.shape, row.dtype)
-        seeds = None if meta.ndim == 1 else meta[1].view(np.uint32)[sel]
+        seeds = meta[2].view(np.uint32)[sel] if self.stochastic else None
+        told = meta[1][sel]
+        episodes = told if (told >= 0).all() else None
         try:
-            got = self.plan(_tree_rows(inputs, sel), seeds, rows[sel], row)
+            got = self.plan(_tree_rows(inputs, sel), seeds, rows[sel], row, episodes)
         except HostPolicyError as exc:
             raise keep_callback_error(exc) from exc.__cause__
         if whole:
@@ -180,16 +190,27 @@ class HostPolicy:
         return out
 
     def apply(
-        self, params: Any, inputs: Any, keys: jax.Array, rstate: Any, rows: Any = None
+        self,
+        params: Any,
+        inputs: Any,
+        keys: jax.Array,
+        rstate: Any,
+        rows: Any = None,
+        episodes: Any = None,
     ) -> tuple[jax.Array, Any]:
         """``Policy.apply`` over a tile: ``rows`` ([tile] int32) is each row's
-        lane, -1 for padding (None: every row is real)."""
+        lane, -1 for padding (None: every row is real); ``episodes`` each
+        row's episode (None: not told)."""
         del params
         b = keys.shape[0]
-        meta = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
-        if self.stochastic:
-            seeds = row_seeds(keys)
-            meta = jnp.stack([meta, jax.lax.bitcast_convert_type(seeds, jnp.int32)])
+        lanes = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
+        told = jnp.full((b,), -1, jnp.int32) if episodes is None else episodes
+        seeds = (
+            jax.lax.bitcast_convert_type(row_seeds(keys), jnp.int32)
+            if self.stochastic
+            else jnp.zeros((b,), jnp.int32)
+        )
+        meta = jnp.stack([lanes, jnp.where(lanes >= 0, told, -1), seeds])
         row = self._output(inputs)
         result = jax.ShapeDtypeStruct((b,) + row.shape, row.dtype)
         host = lambda i, m: self._host(i, m, row)

@@ -219,7 +219,13 @@ def test_a_raising_fn_names_the_policy_and_keeps_finished_episodes():
     assert "host policy 'breaks' raised ValueError: the model fell over" in text
     assert "planning lanes" in text
     assert e.value.policy == "breaks" and set(e.value.lanes) <= {0, 1}
-    assert e.value.episodes is None  # inside the jitted scan: lanes only
+    # The scan tells the callback each row's episode; the run adds its seed.
+    partial = e.value.partial_result
+    assert e.value.episodes and len(e.value.episodes) == len(e.value.lanes)
+    assert e.value.seeds == [SEEDS[i] for i in e.value.episodes]
+    assert not set(e.value.episodes) & set(partial.indices)
+    lane, episode = e.value.lanes[0], e.value.episodes[0]
+    assert f"lane {lane}: episode {episode}, seed {SEEDS[episode]}" in text
     assert isinstance(e.value.__cause__, ValueError)
     partial = e.value.partial_result
     assert partial is not None and partial.num_episodes >= 1

@@ -390,13 +390,16 @@ def _plan(
     keys: jax.Array,
     write: Any = None,
     start: Any = 0,
+    episodes: Any = None,
 ) -> tuple[Any, AgentState, jax.Array]:
     """Plans the lanes in ``need`` in fixed tiles; writes chunks into ``buf``.
 
     ``write(buf, idx, out) -> buf`` puts a tile's chunks ``out`` ([tile, K,
     *A]) into the rows ``idx`` of ``buf``; by default their first h actions.
     With a PendingChunk input, ``out[start:]`` (``start``: an int or [N] ints,
-    ``tail_start``) becomes the planned lanes' tail.
+    ``tail_start``) becomes the planned lanes' tail. A policy that
+    ``takes_rows`` is told each row's lane and, given ``episodes`` ([N]), its
+    episode (for the errors of a host policy).
 
     Returns the updated buffer, the state with the planned lanes' recurrent
     state (and tail), and the rows computed (whole tiles; a policy that
@@ -420,6 +423,8 @@ def _plan(
         kw = dict(told)
         if policy.takes_rows:  # each row's lane, -1 for padding
             kw["rows"] = jnp.where(idx < need.shape[0], idx, -1)
+            if episodes is not None:
+                kw["episodes"] = rows(episodes)
         out, new_r = policy.apply(
             params,
             jax.tree.map(rows, inputs),
@@ -465,6 +470,7 @@ def act(
     active: jax.Array,
     ep_keys: jax.Array,
     t: jax.Array,
+    episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
     """Plans where needed and returns the action each lane executes now.
 
@@ -472,9 +478,13 @@ def act(
       active: [N] lanes running an episode (masked lanes plan nothing).
       ep_keys: [N] episode keys (``PRNGKey(seed)``).
       t: [N] step index within each lane's episode.
+      episodes: [N] each lane's episode, told to a policy that ``takes_rows``
+        (None: not told).
     """
     if cfg.ensemble is not None:
-        state, action = _ensemble(cfg, policy, params, state, active, ep_keys, t)
+        state, action = _ensemble(
+            cfg, policy, params, state, active, ep_keys, t, episodes
+        )
         return _executed(cfg, state, active, action), action
     h, lead = cfg.h, cfg.lead
     hl, dl, lead_l = _replay_setting(cfg, state)
@@ -498,6 +508,7 @@ def act(
         keys,
         None,
         tail_start(hl, dl, False),
+        episodes,
     )
     calls = state.predict_calls + sync
     pending = state.pending
@@ -522,6 +533,7 @@ def act(
             keys,
             late,
             tail_start(hl, dl, True),
+            episodes,
         )
         rows = rows + pre_rows
         calls = calls + pre
@@ -602,6 +614,7 @@ def _ensemble(
     active: jax.Array,
     ep_keys: jax.Array,
     t: jax.Array,
+    episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
     """Temporal ensembling: every active lane plans; its whole chunk goes into
     slot ``t % K`` of its ring, and the action is ``ensemble_action``."""
@@ -614,7 +627,7 @@ def _ensemble(
         return ring.at[idx, at].set(out[:, :k].astype(ring.dtype), mode="drop")
 
     ring, state, rows = _plan(
-        cfg, policy, params, state, active, state.ring, keys, write
+        cfg, policy, params, state, active, state.ring, keys, write, 0, episodes
     )
     action = ensemble_action(cfg, ring, t)
     state = state.replace(

@@ -427,7 +427,14 @@ class Engine:
         lanes, ag = c.lanes, c.agent
         active = lanes.active
         ag, action = agent.act(
-            cfg.agent, self.policy, params, ag, active, lanes.key, lanes.t
+            cfg.agent,
+            self.policy,
+            params,
+            ag,
+            active,
+            lanes.key,
+            lanes.t,
+            lanes.episode if self.policy.takes_rows else None,
         )
         env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
         if batched(self.env):  # one call steps every lane (spares for masked)

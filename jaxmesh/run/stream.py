@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxmesh.core import tally as core_results
-from jaxmesh.errors import BadValueError, callback_error
+from jaxmesh.errors import BadValueError, HostPolicyError, callback_error
 from jaxmesh.results.result import RunResult, StepEvent, episode_at
 from jaxmesh.trace import span
 
@@ -66,6 +66,8 @@ def drive(
     except BaseException as exc:
         timing["wall_time"] = time.perf_counter() - t_start
         own = callback_error(exc)
+        if isinstance(own, HostPolicyError):  # it names its episodes' seeds
+            own = own.named(episodes_out.seeds)
         episodes_out.fail(own, timing)
         if own is exc:
             raise

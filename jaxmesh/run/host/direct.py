@@ -122,7 +122,7 @@ class DirectStep:
         texts=None,
         episodes=None,
     ) -> tuple[DirectState, np.ndarray]:
-        del params, texts, episodes  # fn holds its weights; no text, no sweep
+        del params, texts  # fn holds its weights; no text input
         h = self.cfg.h
         cursor = state.cursor
         if skip is not None:  # agent.skip_replayed (no input reads the action)
@@ -141,7 +141,7 @@ class DirectStep:
         due = active & replay.exhausted(cursor, h)
         lanes = np.flatnonzero(due)
         if lanes.size:
-            self._plan(state, lanes, ep_keys, t)
+            self._plan(state, lanes, ep_keys, t, episodes)
         action = state.chunk[self._lanes, replay.play_index(cursor, h, np)]
         cursor += active  # agent._executed
         return state, action
@@ -152,8 +152,11 @@ class DirectStep:
             self._window_leaves = jax.tree.leaves(state.window)
         return self._window_leaves
 
-    def _plan(self, state: DirectState, lanes: np.ndarray, ep_keys, t) -> None:
-        """``fn`` on the rows of ``lanes``; their chunks start over."""
+    def _plan(
+        self, state: DirectState, lanes: np.ndarray, ep_keys, t, episodes
+    ) -> None:
+        """``fn`` on the rows of ``lanes`` (running ``episodes``, by lane, for
+        an error to name; or None); their chunks start over."""
         h = self.cfg.h
         sel = slice(None) if lanes.size == self.cfg.num_envs else lanes
         seeds = None
@@ -161,7 +164,8 @@ class DirectStep:
             seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
         # Copies: fn may keep what it is given.
         rows = jax.tree.map(lambda x: np.array(x[sel]), state.window)
-        out = self.host.plan(rows, seeds, lanes, self._row)
+        told = None if episodes is None else np.asarray(episodes)[lanes]
+        out = self.host.plan(rows, seeds, lanes, self._row, told)
         state.chunk[sel] = out[:, :h] if self.cfg.chunked else out[:, None]
         state.cursor[sel] = 0
         state.predict_calls[sel] += 1

@@ -484,22 +484,18 @@ class HostLoop:
         return EnvError(describe_env_error(what, **at), **at)
 
     def policy_error(self, exc: HostPolicyError) -> HostPolicyError:
-        """``exc`` naming the episode and seed each of its lanes was running."""
+        """``exc`` with the episode each of its lanes was running (the run
+        adds their seeds: ``HostPolicyError.named``)."""
+        if exc.episodes is not None:
+            return exc
         lanes = [j for j in exc.lanes if 0 <= j < self.n and self.episode[j] >= 0]
         if not lanes:
             return exc
-        episodes = [int(self.episode[j]) for j in lanes]
-        seeds = [int(self.seeds[i]) for i in episodes]
-        where = ", ".join(
-            f"lane {j}: episode {i}, seed {s}"
-            for j, i, s in zip(lanes, episodes, seeds, strict=True)
-        )
         return HostPolicyError(
-            f"{exc} ({where})",
+            str(exc),
             policy=exc.policy,
             lanes=lanes,
-            episodes=episodes,
-            seeds=seeds,
+            episodes=[int(self.episode[j]) for j in lanes],
         )
 
     def finish(self) -> None:
