@@ -220,6 +220,27 @@ def _check_inside(
         )
 
 
+def check_settings(
+    alpha: Any, metric: Any, bounds: Any, max_episodes: Any, first_seed: Any
+) -> tuple[float, tuple[float, float], int, int]:
+    """``decide``'s own settings, checked (the command line checks them before
+    it builds the policies).
+
+    Returns:
+      ``(alpha, bounds, max_episodes, first_seed)``, bounds ``(0, 1)`` for
+      ``metric="success"``.
+
+    Raises:
+      TypeError, ValueError: naming the setting and what to pass.
+    """
+    return (
+        _check_alpha(alpha),
+        _check_bounds(metric, bounds),
+        _check_int("max_episodes", max_episodes, 1, "2000"),
+        _check_int("first_seed", first_seed, 0, "0"),
+    )
+
+
 def _paired(done: Any, first_seed: int) -> tuple[RunResult, RunResult]:
     """The two runs of an earlier decision (``Decision`` or ``(a, b)``),
     checked to be the paired episodes ``0..n-1`` of ``first_seed``."""
@@ -324,10 +345,9 @@ def decide(
       d = jaxmesh.decide(weak, strong, "gymnax:CartPole-v1", bounds=(0, 500))
       d.winner, d.episodes, d.interval
     """
-    alpha = _check_alpha(alpha)
-    bounds = _check_bounds(metric, bounds)
-    max_episodes = _check_int("max_episodes", max_episodes, 1, "2000")
-    first_seed = _check_int("first_seed", first_seed, 0, "0")
+    alpha, bounds, max_episodes, first_seed = check_settings(
+        alpha, metric, bounds, max_episodes, first_seed
+    )
     own = sorted(k for k in kwargs if k in _OWN)
     if own:
         raise TypeError(

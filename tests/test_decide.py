@@ -7,10 +7,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import compiles
 
 import jaxmesh
 from jaxmesh.results.sequential import BettingSequence
-from tests.conftest import compiles
 
 CARTPOLE = "gymnax:CartPole-v1"
 N = 8

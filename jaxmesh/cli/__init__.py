@@ -11,6 +11,10 @@ Commands::
     jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
     jaxmesh describe MODULE:CLASS
     jaxmesh compare A.json B.json [--resamples N] [--seed S]
+    jaxmesh decide A.yaml B.yaml [--alpha A] [--max-episodes N]
+                          [--metric return|success] [--bounds LO HI]
+                          [--first-seed S] [--batch N] [--output PATH]
+                          [--resume PATH] [--set KEY=VALUE ...]
     jaxmesh report RESULTS.json [-o REPORT.html]
     jaxmesh check-env ENV [--seed S] [--other S] [--steps N] [--token T]
                           [--tls-ca PEM]
@@ -30,8 +34,8 @@ arguments it names), ``outputs`` (where each file goes, checked before a
 run), ``artifacts`` (videos and the HTML report), ``hooks`` (the progress bar
 and the episode log's start), ``tls``, ``cache`` (the compilation cache's
 switch), and one module per command family: ``eval``, ``sweep``, ``explain``
-(explain, describe), ``results`` (compare, report), ``serve`` (check-env,
-serve-env), ``serve_policy`` (serve-policy). A command's module is imported
+(explain, describe), ``results`` (compare, report), ``decide``, ``serve``
+(check-env, serve-env), ``serve_policy`` (serve-policy). A command's module is imported
 only when it runs: ``--help`` and ``--version`` import no JAX.
 
 Exit status: 0 on success; 2 for bad input (the command line, the config, or

@@ -191,6 +191,7 @@ def make_parser() -> argparse.ArgumentParser:
         "envs, seeds or budgets; each run resampled on its own)",
     )
     co.set_defaults(run="results:cmd_compare")
+    add_decide_parser(sub)
     rp = sub.add_parser(
         "report",
         help="write the HTML report of a result eval wrote",
@@ -421,6 +422,92 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(run="serve_policy:cmd_serve_policy")
     return parser
+
+
+def add_decide_parser(sub: Any) -> None:
+    """``jaxmesh decide A.yaml B.yaml``: two policies on paired seeds until an
+    anytime-valid test names the better one."""
+    dc = sub.add_parser(
+        "decide",
+        help="run two policies on the same seeds until a test says which is better",
+        description="Run A's and B's policies on A's env, episode i of both with "
+        "seed first-seed + i, in growing batches, until the anytime-valid "
+        "(betting) confidence sequence of the mean difference B - A leaves 0 "
+        "(jaxmesh.decide). B's config may differ from A's only in policy, "
+        "policy_config, host and output; the budget keys are ignored. Exit "
+        "status: 0 decided, 1 undecided after --max-episodes, 2 bad input.",
+    )
+    dc.add_argument("a", metavar="A.yaml", help="run config of policy A (and the env)")
+    dc.add_argument("b", metavar="B.yaml", help="run config of policy B")
+    dc.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of both configs (as eval's --set); repeatable",
+    )
+    dc.add_argument(
+        "--alpha", type=float, default=0.05, help="the test's level (default 0.05)"
+    )
+    dc.add_argument(
+        "--max-episodes",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="the most episodes per policy (default 10000)",
+    )
+    dc.add_argument(
+        "--metric",
+        choices=("return", "success"),
+        default="return",
+        help="what is compared: the return (needs --bounds) or the success signal",
+    )
+    dc.add_argument(
+        "--bounds",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="the smallest and largest return an episode can score (--metric "
+        "return), e.g. --bounds 0 500",
+    )
+    dc.add_argument(
+        "--first-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="the seed of episode 0 (default 0, or the resumed decision's)",
+    )
+    dc.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="episodes per policy in the first batch (default: num_envs); "
+        "each next batch doubles",
+    )
+    dc.add_argument(
+        "--output",
+        default=None,
+        metavar="PATH",
+        help="write the decision (the interval's path and both runs) as JSON",
+    )
+    dc.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help="go on from the decision JSON an earlier decide wrote (--output): "
+        "its episodes count and do not run again",
+    )
+    dc.add_argument(
+        "--no-progress", action="store_true", help="no progress line per batch"
+    )
+    dc.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not use the persistent compilation cache",
+    )
+    dc.set_defaults(run="decide:cmd_decide")
 
 
 def resume_command(args: argparse.Namespace, config: dict, path: Any) -> str:

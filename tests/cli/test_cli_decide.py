@@ -1,0 +1,151 @@
+"""``jaxmesh decide A.yaml B.yaml``: exit status, progress lines, outputs
+against ``jaxmesh.evaluate`` on the same seeds, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from cli_policies import tilt_fn
+
+import jaxmesh
+from jaxmesh.cli import main
+
+CARTPOLE = "gymnax:CartPole-v1"
+
+
+def write(tmp_path, name, **keys):
+    config = {
+        "env": CARTPOLE,
+        "policy": "cli_policies:tilt",
+        "num_envs": 8,
+        "output": str(tmp_path / f"{name}.json"),
+        **keys,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def configs(tmp_path, b_policy="cli_policies:make_lean", b_config=None, **keys):
+    """A: push the way the cart stands (a weak rule, ``obs[0] > 0``); B: push
+    the way the pole leans (``tilt_fn``)."""
+    a = write(
+        tmp_path,
+        "a",
+        policy="cli_policies:make_lean",
+        policy_config={"index": 0, "name": "cart"},
+        **keys,
+    )
+    b = write(
+        tmp_path,
+        "b",
+        policy=b_policy,
+        policy_config={"index": 2} if b_config is None else b_config,
+        **keys,
+    )
+    return a, b
+
+
+def test_decides_b_writes_both_results_and_the_decision(tmp_path, capsys):
+    a, b = configs(tmp_path)
+    out = tmp_path / "decision.json"
+    code = main(["decide", a, b, "--bounds", "0", "500", "--output", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0
+    progress = [
+        line for line in captured.err.splitlines() if line.startswith("jaxmesh decide:")
+    ]
+    assert progress and "decided: B" in progress[-1]
+    assert "episodes per arm" in progress[0] and "interval (" in progress[0]
+    assert "B scores more" in captured.out
+    decision = json.loads(out.read_text())
+    assert decision["winner"] == "b"
+    n = decision["episodes"]
+    assert len(decision["path"]) == len(progress)
+    # B's result file: what evaluate gives on seeds 0..n-1
+    result_b = jaxmesh.RunResult.from_dict(
+        json.loads((tmp_path / "b.json").read_text())
+    )
+    ref = jaxmesh.evaluate(tilt_fn, CARTPOLE, num_envs=8, seeds=range(n))
+    np.testing.assert_array_equal(result_b.returns, ref.returns)
+    assert result_b.seeds.tolist() == list(range(n))
+    result_a = jaxmesh.RunResult.from_dict(decision["a"])
+    assert result_a.num_episodes == n
+    assert json.loads((tmp_path / "a.json").read_text())["totals"]["episodes"] == n
+
+
+def test_undecided_exits_1_and_resume_goes_on(tmp_path, capsys):
+    a, b = configs(tmp_path)
+    out = tmp_path / "decision.json"
+    argv = ["decide", a, b, "--bounds", "0", "500", "--output", str(out)]
+    assert main([*argv, "--max-episodes", "16", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "no decision after 16 episodes" in captured.out
+    first = json.loads(out.read_text())
+    assert first["winner"] is None and first["episodes"] == 16
+    out2 = tmp_path / "decision2.json"
+    code = main(
+        [
+            "decide",
+            a,
+            b,
+            "--bounds",
+            "0",
+            "500",
+            "--output",
+            str(out2),
+            "--resume",
+            str(out),
+        ]
+    )
+    assert code == 0
+    again = json.loads(out2.read_text())
+    whole = jaxmesh.decide(
+        jaxmesh.Model(lambda o: (o[0] > 0).astype(jnp.int32)),
+        tilt_fn,
+        CARTPOLE,
+        bounds=(0, 500),
+        num_envs=8,
+    )
+    assert again["winner"] == "b" and again["decided_at"] == whole.decided_at
+    assert again["a"]["episodes"][:16] == first["a"]["episodes"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "keys", "message"),
+    [
+        ([], {}, "--metric return needs --bounds LO HI"),
+        (["--metric", "success", "--bounds", "0", "1"], {}, "--bounds is for"),
+        (["--bounds", "0", "500", "--alpha", "2"], {}, "alpha=2.0"),
+        (["--bounds", "0", "500", "--max-episodes", "0"], {}, "max_episodes=0"),
+        (["--bounds", "0", "500", "--resume", "missing.json"], {}, "missing.json"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    no_compile, tmp_path, capsys, extra, keys, message
+):
+    a, b = configs(tmp_path, **keys)
+    assert main(["decide", a, b, "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("jaxmesh decide: error: ")
+    assert message in lines[0]
+
+
+def test_another_env_or_settings_in_b_is_refused(no_compile, tmp_path, capsys):
+    a, _ = configs(tmp_path)
+    b = write(tmp_path, "b", env="gymnax:Acrobot-v1")
+    assert main(["decide", a, b, "--bounds", "0", "500"]) == 2
+    err = capsys.readouterr().err
+    assert "differ in ['env']" in err and "B's config may differ only in" in err
+    b = write(tmp_path, "b", horizon=2)
+    assert main(["decide", a, b, "--bounds", "0", "500"]) == 2
+    assert "differ in ['horizon']" in capsys.readouterr().err
+    b = write(tmp_path, "b", output=str(tmp_path / "a.json"))
+    assert main(["decide", a, b, "--bounds", "0", "500"]) == 2
+    assert "both write" in capsys.readouterr().err
