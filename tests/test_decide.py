@@ -185,3 +185,13 @@ def test_a_suite_is_refused(no_compile):
     suite = jaxmesh.Suite({"cartpole": jaxmesh.Task(CARTPOLE)})
     with pytest.raises(TypeError, match="not a Suite"):
         jaxmesh.decide(push_left, lean, suite, bounds=(0, 500))
+
+
+def test_compare_says_it_is_a_fixed_sample_test():
+    a = jaxmesh.evaluate(push_left, CARTPOLE, num_envs=N, seeds=range(8))
+    b = jaxmesh.evaluate(lean, CARTPOLE, num_envs=N, seeds=range(8))
+    cmp = jaxmesh.compare(a, b)
+    assert cmp.test.startswith("fixed-sample paired percentile bootstrap")
+    assert "jaxmesh.decide" in cmp.test
+    assert cmp.to_dict()["test"] == cmp.test
+    assert jaxmesh.compare(a, b, unpaired=True).test.startswith("fixed-sample unpaired")

@@ -32,6 +32,10 @@ imports JAX. Conventions, so that a figure printed here can be checked by hand:
   bootstraps each run's mean on its own (seeds ``seed`` and ``seed + 1``) and
   reports the interval of the difference of the two means, and ``wins`` is the
   share of all (a, b) episode pairs where b's return is greater (ties half).
+- Every interval here is a fixed-sample interval: its 95% holds for a number of
+  episodes chosen before the runs. Adding episodes until it leaves 0 and
+  stopping then makes a false "B scores more" far likelier than 5%; the
+  anytime-valid test for that is ``jaxmesh.decide`` (``results.sequential``).
 """
 
 from __future__ import annotations
@@ -505,10 +509,23 @@ class Comparison:
             return f"A scores more (the {level} interval is below 0)"
         return f"no difference shown (the {level} interval holds 0)"
 
+    @property
+    def test(self) -> str:
+        """Which test the interval is: a fixed-sample percentile bootstrap,
+        valid for a budget chosen before the runs; not for adding episodes
+        until it leaves 0 (``jaxmesh.decide`` is the test for that)."""
+        how = "paired" if self.paired else "unpaired"
+        return (
+            f"fixed-sample {how} percentile bootstrap (valid for a budget fixed in "
+            "advance, not when adding episodes until it excludes 0: jaxmesh.decide)"
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field (the interval as a list)."""
+        """A JSON-serialisable dict of every field (the interval as a list)
+        and ``test``."""
         d = dataclasses.asdict(self)
         d["interval"] = list(self.interval)
+        d["test"] = self.test
         return d
 
     def __str__(self) -> str:
