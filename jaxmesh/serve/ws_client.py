@@ -130,6 +130,23 @@ def _wait(sock: socket.socket, events: int, deadline: float) -> bool:
     return bool(poller.poll(math.ceil(left * 1000)))
 
 
+def _alive(ws: _Connection) -> bool:
+    """Reads what an idle connection holds, without waiting: whether it is
+    still open (pings are answered; a close, or a message nobody asked for,
+    ends it)."""
+    try:
+        while ws.protocol.state is ProtocolState.OPEN:
+            ws.feed(None)
+    except TimeoutError:  # nothing more has arrived
+        pass
+    except OSError:
+        return False
+    try:
+        return ws.message() is None and ws.protocol.state is ProtocolState.OPEN
+    except _Closed:
+        return False
+
+
 class _Connection:
     """One websocket connection, driven by the thread that holds it:
     websockets' Sans-I/O protocol (``ClientProtocol``: framing, masking, pongs,
@@ -265,6 +282,7 @@ class _Connection:
     def close(self, wait: float = 0.0) -> None:
         """Sends a close frame (once) and closes the socket, after waiting
         at most ``wait`` seconds for the server's end of stream."""
+        self.write_timeout = min(self.write_timeout, CLOSE_TIMEOUT)
         try:
             if self.protocol.state is ProtocolState.OPEN:
                 self.protocol.send_close(CloseCode.NORMAL_CLOSURE)
@@ -465,13 +483,19 @@ class WebsocketClient:
             if self._closed:
                 raise self._error("is no longer connected: the policy was closed")
             took = [self._idle.pop() for _ in range(min(want, len(self._idle)))]
+            # One read that does not wait each: one the server closed since
+            # (a restart, its idle timeout) is replaced, not used.
+            dead = [ws for ws in took if not _alive(ws)]
+            if dead:
+                took = [ws for ws in took if ws not in dead]
+                self._open -= len(dead)
             new = min(want - len(took), self.connections - self._open)
             self._open += new
-            surplus: list[_Connection] = []
             if self.batching:  # closed, so that the server does not wait for them
-                surplus, self._idle = self._idle, []
-                self._open -= len(surplus)
-        for ws in surplus:
+                dead += self._idle
+                self._open -= len(self._idle)
+                self._idle = []
+        for ws in dead:
             ws.close()
         try:
             for _ in range(new):
@@ -498,25 +522,16 @@ class WebsocketClient:
             ws.close()
 
     def _keep_alive(self) -> None:
-        """Reads the idle connections now and then: the protocol answers the
-        server's pings, and a connection the server closed is dropped."""
+        """Reads the idle connections now and then (each read does not wait,
+        under the pool's lock: a plan never finds the pool short): the
+        protocol answers the server's pings, and a connection the server
+        closed is dropped."""
         while not self._stop.wait(KEEPALIVE_S):
             with self._cond:
-                idle, self._idle = self._idle, []
-            live, dead = [], []
-            for ws in idle:
-                try:
-                    try:
-                        while True:
-                            ws.feed(None)
-                    except TimeoutError:
-                        pass
-                    if ws.message() is not None:  # a reply to nothing asked
-                        raise _Closed(None)
-                    live.append(ws)
-                except (OSError, TimeoutError, _Closed):
-                    dead.append(ws)
-            self._give(live, dead)
+                idle = self._idle
+                self._idle = [ws for ws in idle if _alive(ws)]
+                dead = [ws for ws in idle if ws not in self._idle]
+            self._give([], dead)
 
     # Requests ----------------------------------------------------------------
     def infer(self, frames: Sequence[bytes]) -> list[Any]:
