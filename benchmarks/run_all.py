@@ -41,6 +41,7 @@ SCRIPTS = (
     "serve_policy",
     "host_policy",
     "ws_policy",
+    "decide",
 )
 
 

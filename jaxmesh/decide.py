@@ -11,9 +11,12 @@ have run. The probability of naming a winner when the two policies have equal
 means is at most ``alpha``, whatever the batch sizes and wherever it stops
 (docs/statistics.md, "Deciding between two policies").
 
-Batches: the first is ``batch`` episodes per arm (default ``num_envs``), then
-each doubles, up to ``max_batch`` (default 16 times the first); a clear gap
-stops after a batch or two, a small one does not pay a call per few episodes.
+Batches: the first is ``batch`` episodes per arm (default ``num_envs``); each
+next one is a quarter of the episodes run so far, rounded up to a multiple of
+the first (``next_batch``), up to ``max_batch`` (default 16 times the first).
+So a clear gap stops after a batch or two, the episodes run past the point
+where the test decided are at most a quarter (or one first batch), and a
+small gap does not pay a call per few episodes.
 Each arm's program is compiled once (``jaxmesh.evaluate`` keeps it: a new
 budget compiles nothing), and the batches' results are joined into one
 ``RunResult`` per arm, as ``evaluate`` on the seeds ``first_seed ..`` gives it.
@@ -42,6 +45,16 @@ _OWN = ("episodes", "seeds", "resume", "record")
 _CALL = ("params", "hooks", "trace", "env_config")
 #: The default cap on a batch, as a multiple of the first.
 BATCH_GROWTH_CAP = 16
+#: Each batch after the first: this share of the episodes run so far.
+GROWTH = 0.25
+
+
+def next_batch(done: int, first: int, cap: int) -> int:
+    """Episodes per arm of the batch after ``done`` episodes: ``GROWTH *
+    done`` rounded up to a multiple of ``first``, at least ``first`` and at
+    most ``cap`` (8 lanes: 8, 8, 8, 8, 16, 16, 24, ...)."""
+    want = max(first, math.ceil(GROWTH * done / first) * first)
+    return min(want, cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +334,8 @@ def decide(
       max_episodes: the most episodes per arm.
       first_seed: episode i of both arms runs seed ``first_seed + i``.
       batch: episodes per arm in the first batch (default ``num_envs``);
-        each next batch doubles, up to ``max_batch`` (default 16 times
+        each next batch is a quarter of the episodes so far, a multiple of
+        ``batch`` (``next_batch``), up to ``max_batch`` (default 16 times
         ``batch``).
       on_batch: called after each batch with the ``Decision`` so far (for
         progress; its ``winner`` is set once decided).
@@ -391,17 +405,15 @@ def decide(
         if runs["a"].num_episodes:
             seq.update(_differences(runs, bounds, metric, 0))
             path.append((seq.n, *seq.interval))
-    size = first
     while seq.n < max_episodes and not seq.rejects:
         start = seq.n
-        count = min(size, max_episodes - start)
+        count = min(next_batch(start, first, cap), max_episodes - start)
         seeds = list(range(first_seed + start, first_seed + start + count))
         for name in ("a", "b"):
             new = _evaluate(policies[name], env, config, call, seeds)
             runs[name] = _joined(runs[name], new, start)
         seq.update(_differences(runs, bounds, metric, start))
         path.append((seq.n, *seq.interval))
-        size = min(2 * size, cap)
         if on_batch is not None:
             on_batch(_decision(seq, runs, path, alpha, metric, bounds, first_seed))
     return _decision(seq, runs, path, alpha, metric, bounds, first_seed)
