@@ -11,9 +11,12 @@ A token travels as the header ``Authorization: Api-Key <token>``.
 
 ``WebsocketClient.infer`` sends a plan's B requests at once over a pool of at
 most ``connections`` connections, one request per row, so a batching server
-batches them: the calling thread writes every request, then reads the
-replies (websockets' Sans-I/O protocol over plain sockets, no event loop: a
-plan costs its syscalls and framing, not a coroutine per row).
+batches them: the calling thread packs and writes a request on each
+connection, then reads the replies in row order, a connection's next row
+going out as its reply comes in (websockets' Sans-I/O protocol over plain
+non-blocking sockets, no event loop: a plan costs its syscalls and framing,
+not a coroutine per row). Connections go straight to the server's address
+(no HTTP proxy).
 """
 
 from __future__ import annotations
@@ -315,10 +318,10 @@ class WebsocketClient:
     B rows leaves no other connection idle: the surplus ones close before
     its requests go, since such a server waits (up to its ``max_wait_ms``)
     for a request from every connected client. The connections are driven
-    by the thread that calls ``infer`` (no event loop): it writes every
-    request of a plan, then reads the replies. While no plan runs, a thread
-    answers the server's keepalive pings on the idle
-    connections every ``KEEPALIVE_S`` seconds.
+    by the thread that calls ``infer`` (no event loop): it writes a plan's
+    requests, then reads their replies. While no plan runs, a thread
+    answers the server's keepalive pings on the idle connections every
+    ``KEEPALIVE_S`` seconds.
 
     Raises:
       RemotePolicyError: the server cannot be reached, refused the
