@@ -198,3 +198,14 @@ def test_compare_says_it_is_a_fixed_sample_test():
     assert "jaxmesh.decide" in cmp.test
     assert cmp.to_dict()["test"] == cmp.test
     assert jaxmesh.compare(a, b, unpaired=True).test.startswith("fixed-sample unpaired")
+
+
+def test_the_docs_example_prints_what_the_docs_show(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "statistics.md").read_text()
+    section = text.split("## Deciding between two policies", 1)[1]
+    code, shown = re.findall(r"```(?:python)?\n(.*?)```", section, re.S)[:2]
+    exec(compile(code, "docs/statistics.md", "exec"), {})
+    assert capsys.readouterr().out == shown
