@@ -34,6 +34,7 @@ import numpy as np
 from jaxmesh import suite
 from jaxmesh.results.result import RunResult
 from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
+from jaxmesh.run import identity
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.config import RunConfig, from_keywords
 
@@ -345,7 +346,9 @@ def decide(
         they come from these policies and env).
       grid: candidate means of the interval (``BettingSequence``).
       **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
-        ``horizon``, ``max_episode_steps``, ``scoring``, ``params``, ...).
+        ``horizon``, ``max_episode_steps``, ``scoring``, ``starts``,
+        ``params``, ...). ``hooks`` hear each batch of each policy as a run
+        of its own (``on_run_start`` per batch, episode indices within it).
 
     Returns:
       A ``jaxmesh.Decision``.
@@ -409,9 +412,13 @@ def decide(
         start = seq.n
         count = min(next_batch(start, first, cap), max_episodes - start)
         seeds = list(range(first_seed + start, first_seed + start + count))
-        for name in ("a", "b"):
-            new = _evaluate(policies[name], env, config, call, seeds)
-            runs[name] = _joined(runs[name], new, start)
+        # The batch's episodes keep their index in the whole run: an env's
+        # trial index (initial states, reset_fn, a trial_index reset option)
+        # is trial_index_base + that index, as in one evaluate of them all.
+        with identity.resumed_indices(np.arange(start, start + count)):
+            for name in ("a", "b"):
+                new = _evaluate(policies[name], env, config, call, seeds)
+                runs[name] = _joined(runs[name], new, start)
         seq.update(_differences(runs, bounds, metric, start))
         path.append((seq.n, *seq.interval))
         if on_batch is not None:

@@ -209,3 +209,36 @@ def test_the_docs_example_prints_what_the_docs_show(capsys):
     code, shown = re.findall(r"```(?:python)?\n(.*?)```", section, re.S)[:2]
     exec(compile(code, "docs/statistics.md", "exec"), {})
     assert capsys.readouterr().out == shown
+
+
+def test_episodes_of_later_batches_get_their_own_trial_index():
+    # Episode i starts from reset_fn(PRNGKey(seed_i), i): the pole leans by an
+    # amount that follows i. A later batch's episodes keep their index in the
+    # whole run, as in one evaluate of every episode.
+    import gymnax
+
+    env, params = gymnax.make("CartPole-v1")
+
+    def reset_fn(key, trial):
+        _, state = env.reset_env(key, params)
+        t = jnp.asarray(trial, jnp.float32)
+        state = state.replace(theta=0.02 * (jnp.mod(t, 9.0) - 4.0))
+        return env.get_obs(state), state
+
+    starts = jaxmesh.Starts(reset_fn=reset_fn)
+    d = jaxmesh.decide(
+        push_left,
+        lean,
+        (env, params),
+        bounds=(0, 500),
+        num_envs=N,
+        max_episodes=24,
+        starts=starts,
+    )
+    assert d.batches == 3
+    for policy, run in ((push_left, d.a), (lean, d.b)):
+        ref = jaxmesh.evaluate(
+            policy, (env, params), num_envs=N, seeds=range(24), starts=starts
+        )
+        np.testing.assert_array_equal(run.returns, ref.returns)
+        np.testing.assert_array_equal(run.lengths, ref.lengths)
