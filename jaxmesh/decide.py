@@ -20,6 +20,10 @@ small gap does not pay a call per few episodes.
 Each arm's program is compiled once (``jaxmesh.evaluate`` keeps it: a new
 budget compiles nothing), and the batches' results are joined into one
 ``RunResult`` per arm, as ``evaluate`` on the seeds ``first_seed ..`` gives it.
+
+A ``jaxmesh.Suite`` is decided over its tasks interleaved: each batch runs
+every task on the batch's seeds, and the test takes, per episode index, the
+mean over tasks of the differences (stratified by task).
 """
 
 from __future__ import annotations
@@ -66,13 +70,16 @@ class Decision:
       winner: ``"a"`` or ``"b"``: the one with the larger mean metric, at
         level ``alpha``; None: ``max_episodes`` ran out undecided (the
         interval still holds 0).
-      episodes: paired episodes run per arm (whole batches: the decision may
-        have been reached earlier, at ``decided_at``).
-      difference: the mean over those episodes of ``b - a`` (the metric).
+      episodes: paired episodes run per arm (of a suite: per task and arm);
+        whole batches: the decision may have been reached earlier, at
+        ``decided_at``.
+      difference: the mean over those episodes of ``b - a`` (the metric; of
+        a suite, also over its tasks, each weighing the same).
       interval: ``(low, high)``, the anytime-valid interval of the mean
         difference at the stop (open: the ends are excluded values).
       a, b: each policy's ``RunResult`` over every episode run, episode i
-        with seed ``first_seed + i``.
+        with seed ``first_seed + i`` (of a suite: a ``SuiteResult``, every
+        task on those seeds).
       path: per batch, ``(episodes, low, high)``: the interval after it.
       alpha: the level.
       metric: ``"return"`` or ``"success"``.
@@ -140,18 +147,22 @@ class Decision:
         low, high = self.interval
         what = "mean return" if self.metric == "return" else "success rate"
         ma, mb = (
-            _values(self.a, self.metric).mean(),
-            _values(self.b, self.metric).mean(),
+            _stratified(self.a, self.metric).mean(),
+            _stratified(self.b, self.metric).mean(),
         )
         seeds = f"{self.first_seed}..{self.first_seed + self.episodes - 1}"
+        first_a, first_b = _first_run(self.a), _first_run(self.b)
+        if isinstance(self.a, suite.SuiteResult):
+            env = f"a suite of {len(self.a.tasks)} tasks ({', '.join(self.a.tasks)})"
+            per = "episodes per task and arm"
+            what += " (mean over tasks)"
+        else:
+            env, per = self.a.env or "?", "episodes per arm"
         rows = [
-            ("A", self.a.policy or "A"),
-            ("B", self.b.policy or "B"),
-            ("env", self.a.env or "?"),
-            (
-                "episodes per arm",
-                f"{self.episodes} (same seeds {seeds}), {self.batches} batches",
-            ),
+            ("A", first_a.policy or "A"),
+            ("B", first_b.policy or "B"),
+            ("env", env),
+            (per, f"{self.episodes} (same seeds {seeds}), {self.batches} batches"),
             (f"{what} A / B", f"{ma:.3f} / {mb:.3f}"),
             ("difference (B - A)", f"{self.difference:.3f}"),
             (
@@ -163,6 +174,28 @@ class Decision:
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _first_run(result: Any) -> RunResult:
+    """A run result, or a suite result's first task's."""
+    if isinstance(result, suite.SuiteResult):
+        return next(iter(result.tasks.values()))
+    return result
+
+
+def _runs_of(result: Any) -> dict[str, RunResult]:
+    """Task name -> run (``{"": result}`` for a single run)."""
+    if isinstance(result, suite.SuiteResult):
+        return dict(result.tasks)
+    return {"": result}
+
+
+def _stratified(result: Any, metric: str) -> np.ndarray:
+    """Per episode index the metric: a run's episode's, or the mean over a
+    suite's tasks of their episode with that index (every task runs the same
+    seeds, so a suite is stratified by task: each index weighs every task
+    once)."""
+    return np.mean([_values(r, metric) for r in _runs_of(result).values()], axis=0)
 
 
 def _values(result: RunResult, metric: str) -> np.ndarray:
@@ -289,11 +322,20 @@ def _paired(done: Any, first_seed: int) -> tuple[RunResult, RunResult]:
     return a, b
 
 
-def _joined(done: RunResult | None, new: RunResult, start: int) -> RunResult:
+def _joined(done: Any, new: Any, start: int) -> Any:
     """``done``'s episodes ``0..start-1`` and ``new``'s (its episode k is
-    episode ``start + k``), as one result."""
+    episode ``start + k``), as one result (of a suite: task by task)."""
     if done is None:
         return new
+    if isinstance(new, suite.SuiteResult):
+        return suite.SuiteResult(
+            {
+                name: _joined(done.tasks[name], r, start)
+                for name, r in new.tasks.items()
+            },
+            instructions=dict(new.instructions),
+            wall_time=done.wall_time + new.wall_time,
+        )
     indices = start + np.arange(new.num_episodes, dtype=np.int64)
     return dataclasses.replace(resume_mod.merge(done, new, indices), resumed_part=None)
 
@@ -322,7 +364,11 @@ def decide(
     Args:
       policy_a, policy_b: the two policies (anything ``jaxmesh.evaluate``
         takes).
-      env: the env both run (an id, an env object, ...; not a Suite).
+      env: the env both run (an id, an env object, ...), or a
+        ``jaxmesh.Suite``: every batch runs every task on the same seeds,
+        and the test is on the mean over tasks of the differences of episode
+        i (stratified by task: each task weighs the same). The suite and its
+        tasks set no budget; ``resume=`` is not taken.
       config: a ``jaxmesh.RunConfig`` for both runs (the keywords below
         override its fields, as in ``evaluate``).
       alpha: the level: with equal means, the probability of naming a winner
@@ -373,10 +419,7 @@ def decide(
             "first_seed= and max_episodes="
         )
     if isinstance(env, suite.Suite):
-        raise TypeError(
-            "decide runs one env, not a Suite: decide task by task (and split alpha "
-            "between the tasks, docs/statistics.md)"
-        )
+        _check_suite(env, resume)
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
     first = _check_int(
@@ -446,15 +489,38 @@ def _resumed(done, policies, env, config, call, first_seed) -> dict:
     return out
 
 
+def _check_suite(the_suite: suite.Suite, resume: Any) -> None:
+    """A suite decide can run: no budget of its own, nor of a task (decide
+    gives every task the seeds ``first_seed + i``); no ``resume=``."""
+    own = [
+        name
+        for name, task in the_suite.tasks.items()
+        if task.episodes is not None or task.seeds is not None
+    ]
+    if the_suite.episodes is not None or the_suite.seeds is not None or own:
+        where = f"tasks {own}" if own else "the Suite"
+        raise ValueError(
+            f"{where} set a budget (episodes= or seeds=); decide gives every task "
+            "the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
+        )
+    if resume is not None:
+        raise TypeError(
+            "resume= with a Suite: resuming a suite's decision is not supported; "
+            "run decide again (its episodes are the same, from the same seeds)"
+        )
+
+
 def _differences(runs: dict, bounds, metric: str, start: int) -> np.ndarray:
-    """The differences ``b - a`` of episodes ``start..`` (every value checked
-    to lie within ``bounds``)."""
+    """The differences ``b - a`` of episode indices ``start..`` (a suite's:
+    of the means over its tasks), every value checked to lie within
+    ``bounds``."""
     values = {}
     for name in ("a", "b"):
-        v = _values(runs[name], metric)
         if metric == "return":
-            _check_inside(runs[name], name, v, bounds, start)
-        values[name] = v[start:]
+            for task, r in _runs_of(runs[name]).items():
+                label = f"{name} (task {task!r})" if task else name
+                _check_inside(r, label, _values(r, metric), bounds, start)
+        values[name] = _stratified(runs[name], metric)[start:]
     return values["b"] - values["a"]
 
 

@@ -1,6 +1,7 @@
 """``jaxmesh.decide`` on gymnax CartPole: a weak and a strong policy, paired
 seeds equal to ``evaluate`` on the same seeds, no compile after the first
-batch, no decision between equal policies, resume, and bad input."""
+batch, no decision between equal policies, trial indices across batches, a
+suite stratified by task, resume, and bad input."""
 
 from __future__ import annotations
 
@@ -184,10 +185,76 @@ def test_bad_input_is_refused_before_compiling(no_compile, kwargs, error, match)
         jaxmesh.decide(push_left, lean, CARTPOLE, num_envs=N, **kwargs)
 
 
-def test_a_suite_is_refused(no_compile):
-    suite = jaxmesh.Suite({"cartpole": jaxmesh.Task(CARTPOLE)})
-    with pytest.raises(TypeError, match="not a Suite"):
-        jaxmesh.decide(push_left, lean, suite, bounds=(0, 500))
+def short_cartpole():
+    import gymnax
+
+    env, params = gymnax.make("CartPole-v1")
+    return env, params.replace(max_steps_in_episode=30)
+
+
+def test_a_suite_is_decided_over_its_tasks_stratified():
+    # Two tasks: CartPole capped at 30 steps, and CartPole-v1. Every batch runs
+    # both tasks on its seeds; the test is on the per-index mean over tasks.
+    short = short_cartpole()
+    tasks = {"short": jaxmesh.Task(short), "long": CARTPOLE}
+    the_suite = jaxmesh.Suite(tasks, together=False)
+    seen_at: list[int] = []
+    with compiles() as seen:
+        d = jaxmesh.decide(
+            push_left,
+            lean,
+            the_suite,
+            bounds=(0, 500),
+            num_envs=N,
+            on_batch=lambda _: seen_at.append(len(seen)),
+        )
+    assert d.winner == "b" and seen_at[0] and seen_at[-1] == seen_at[0]
+    n = d.episodes
+    assert isinstance(d.a, jaxmesh.SuiteResult) and list(d.a.tasks) == ["short", "long"]
+    diffs = []
+    for env, task in ((short, "short"), (CARTPOLE, "long")):
+        for policy, run in ((push_left, d.a), (lean, d.b)):
+            ref = jaxmesh.evaluate(policy, env, num_envs=N, seeds=range(n))
+            np.testing.assert_array_equal(run.tasks[task].returns, ref.returns)
+            assert run.tasks[task].seeds.tolist() == list(range(n))
+        diffs.append(
+            d.b.tasks[task].returns.astype(np.float64) - d.a.tasks[task].returns
+        )
+    rounds = (diffs[0] + diffs[1]) / 2  # each task weighs the same
+    assert d.difference == pytest.approx(rounds.mean())
+    seq = BettingSequence(-500.0, 500.0)
+    for v in rounds:
+        seq.update([v])
+        if seq.rejects:
+            break
+    assert (seq.n, seq.direction) == (d.decided_at, 1)
+    assert "a suite of 2 tasks (short, long)" in str(d)
+    assert "episodes per task and arm" in str(d)
+
+
+def test_a_suite_with_a_budget_or_resume_is_refused(no_compile):
+    with pytest.raises(ValueError, match="the Suite set a budget"):
+        jaxmesh.decide(
+            push_left,
+            lean,
+            jaxmesh.Suite({"long": CARTPOLE}, episodes=5),
+            bounds=(0, 500),
+        )
+    with pytest.raises(ValueError, match=r"tasks \['long'\] set a budget"):
+        jaxmesh.decide(
+            push_left,
+            lean,
+            jaxmesh.Suite({"long": jaxmesh.Task(CARTPOLE, episodes=3)}),
+            bounds=(0, 500),
+        )
+    with pytest.raises(TypeError, match="resume= with a Suite"):
+        jaxmesh.decide(
+            push_left,
+            lean,
+            jaxmesh.Suite({"long": CARTPOLE}),
+            bounds=(0, 500),
+            resume=(None, None),
+        )
 
 
 def test_compare_says_it_is_a_fixed_sample_test():
