@@ -124,6 +124,46 @@ class Decision:
             f"{self.decided_at} episodes per arm)"
         )
 
+    def plot(self) -> Any:
+        """The interval narrowing over the episodes, as a matplotlib ``Figure``
+        (on an Agg canvas, not registered with pyplot: ``fig.savefig(path)``).
+
+        The band is the anytime-valid interval after each batch, the line the
+        mean difference so far, the dotted vertical line the pair at which the
+        test decided; 0 is marked. Needs matplotlib (``jaxmesh[report]``).
+        """
+        from jaxmesh.results.report import _matplotlib
+
+        figure_cls, canvas_cls = _matplotlib()
+        fig = figure_cls(figsize=(7.0, 3.6))
+        canvas_cls(fig)
+        ax = fig.add_subplot()
+        n = np.array([p[0] for p in self.path], np.float64)
+        low = np.array([p[1] for p in self.path])
+        high = np.array([p[2] for p in self.path])
+        d = _stratified(self.b, self.metric) - _stratified(self.a, self.metric)
+        running = np.cumsum(d) / np.arange(1, d.size + 1)
+        # Each batch's band spans the episodes that narrowed it to that.
+        edges = np.concatenate([[0.0], n])
+        ax.fill_between(
+            edges,
+            np.concatenate([low[:1], low]),
+            np.concatenate([high[:1], high]),
+            step="pre",
+            alpha=0.3,
+            label="interval",
+        )
+        ax.plot(n, running[n.astype(int) - 1], marker="o", label="difference B - A")
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        if self.decided_at is not None:
+            ax.axvline(self.decided_at, linestyle=":", color="gray", label="decided")
+        ax.set_xlabel("episodes per arm")
+        ax.set_ylabel(f"{self.metric} difference (B - A)")
+        ax.set_title(self.verdict, fontsize=9, wrap=True)
+        ax.legend(loc="best", fontsize=8)
+        fig.tight_layout()
+        return fig
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the decision (the two runs as their
         ``to_dict``)."""

@@ -309,3 +309,21 @@ def test_episodes_of_later_batches_get_their_own_trial_index():
         )
         np.testing.assert_array_equal(run.returns, ref.returns)
         np.testing.assert_array_equal(run.lengths, ref.lengths)
+
+
+def test_plot_draws_the_interval_narrowing():
+    pytest.importorskip("matplotlib")
+    d = jaxmesh.decide(push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N)
+    fig = d.plot()
+    (ax,) = fig.axes
+    assert ax.get_title() == d.verdict
+    assert ax.get_xlabel() == "episodes per arm"
+    # the mean difference after each batch, one point per batch
+    (line,) = [x for x in ax.get_lines() if x.get_label() == "difference B - A"]
+    xs, ys = line.get_data()
+    assert list(xs) == [p[0] for p in d.path]
+    diff = d.b.returns.astype(np.float64) - d.a.returns
+    assert ys[-1] == pytest.approx(diff.mean())
+    assert [x.get_xdata()[0] for x in ax.get_lines() if x.get_label() == "decided"] == [
+        d.decided_at
+    ]

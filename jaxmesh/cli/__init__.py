@@ -14,7 +14,7 @@ Commands::
     jaxmesh decide A.yaml B.yaml [--alpha A] [--max-episodes N]
                           [--metric return|success] [--bounds LO HI]
                           [--first-seed S] [--batch N] [--output PATH]
-                          [--resume PATH] [--set KEY=VALUE ...]
+                          [--plot PATH] [--resume PATH] [--set KEY=VALUE ...]
     jaxmesh report RESULTS.json [-o REPORT.html]
     jaxmesh check-env ENV [--seed S] [--other S] [--steps N] [--token T]
                           [--tls-ca PEM]

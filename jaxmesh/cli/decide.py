@@ -7,7 +7,8 @@ policy and must name the same env and settings (only ``policy``,
 ignored: decide runs episode i of both with seed ``--first-seed + i``). Each
 batch prints a progress line on stderr; the summary goes to stdout; the
 decision (both runs included) is written to ``--output`` and each run's result
-JSON to its config's ``output``, as ``jaxmesh eval`` writes it.
+JSON to its config's ``output``, as ``jaxmesh eval`` writes it; ``--plot``
+draws the interval narrowing over the episodes (``Decision.plot``).
 
 Exit status: 0 decided, 1 undecided after ``--max-episodes``, 2 bad input.
 """
@@ -27,7 +28,7 @@ from jaxmesh.cli.cache import compile_cache_wanted
 from jaxmesh.cli.checks import read_config
 from jaxmesh.cli.config import existing_file
 from jaxmesh.cli.errors import ConfigError
-from jaxmesh.cli.outputs import check_writable, write_json
+from jaxmesh.cli.outputs import check_writable, need_matplotlib, write_json
 from jaxmesh.decide import check_settings
 from jaxmesh.results.result import RunResult
 
@@ -132,7 +133,15 @@ def cmd_decide(args: argparse.Namespace) -> int:
             "output (or --set output=... applies to both: set it in the files)"
         )
     output = Path(args.output) if args.output else None
-    check_writable(("output of A", out_a), ("output of B", out_b), ("--output", output))
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        need_matplotlib("jaxmesh decide --plot")
+    check_writable(
+        ("output of A", out_a),
+        ("output of B", out_b),
+        ("--output", output),
+        ("--plot", plot),
+    )
     earlier = load_decision(args.resume) if args.resume else None
     if compile_cache_wanted(args.no_compile_cache):
         try:
@@ -180,4 +189,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
             print(f"wrote {write_json(path, result.to_dict(), 'decide')}")
     if output is not None:
         print(f"wrote {write_json(output, decision.to_dict(), 'decide')}")
+    if plot is not None:
+        decision.plot().savefig(plot, dpi=100)
+        print(f"wrote {plot}")
     return 0 if decision.winner is not None else 1

@@ -493,6 +493,14 @@ def add_decide_parser(sub: Any) -> None:
         help="write the decision (the interval's path and both runs) as JSON",
     )
     dc.add_argument(
+        "--plot",
+        default=None,
+        metavar="PATH",
+        help="draw the interval narrowing over the episodes, and where it "
+        "stopped, to PATH (.png, .svg, .pdf). Needs matplotlib (pip install "
+        "'jaxmesh[report]')",
+    )
+    dc.add_argument(
         "--resume",
         default=None,
         metavar="PATH",

@@ -53,9 +53,13 @@ def configs(tmp_path, b_policy="cli_policies:make_lean", b_config=None, **keys):
 def test_decides_b_writes_both_results_and_the_decision(tmp_path, capsys):
     a, b = configs(tmp_path)
     out = tmp_path / "decision.json"
-    code = main(["decide", a, b, "--bounds", "0", "500", "--output", str(out)])
+    png = tmp_path / "interval.png"
+    argv = ["decide", a, b, "--bounds", "0", "500", "--output", str(out)]
+    code = main([*argv, "--plot", str(png)])
     captured = capsys.readouterr()
     assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {png}" in captured.out
     progress = [
         line for line in captured.err.splitlines() if line.startswith("jaxmesh decide:")
     ]
