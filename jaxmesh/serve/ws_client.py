@@ -150,6 +150,28 @@ def _alive(ws: _Connection) -> bool:
         return False
 
 
+def _closed_since(idle: list[_Connection]) -> list[_Connection]:
+    """Those of ``idle`` connections that are no longer open: one poll that
+    does not wait for them all, and a read of those with data or frames
+    unread (TLS ones are read each: their data may wait in the TLS layer)."""
+    poller = select.poll()
+    for ws in idle:
+        if not isinstance(ws.sock, ssl.SSLSocket):
+            poller.register(ws.sock, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(0)} if idle else set()
+    return [
+        ws
+        for ws in idle
+        if (
+            ws.sock.fileno() in ready
+            or ws.pending
+            or isinstance(ws.sock, ssl.SSLSocket)
+            or ws.protocol.state is not ProtocolState.OPEN
+        )
+        and not _alive(ws)
+    ]
+
+
 class _Connection:
     """One websocket connection, driven by the thread that holds it:
     websockets' Sans-I/O protocol (``ClientProtocol``: framing, masking, pongs,
@@ -486,9 +508,9 @@ class WebsocketClient:
             if self._closed:
                 raise self._error("is no longer connected: the policy was closed")
             took = [self._idle.pop() for _ in range(min(want, len(self._idle)))]
-            # One read that does not wait each: one the server closed since
-            # (a restart, its idle timeout) is replaced, not used.
-            dead = [ws for ws in took if not _alive(ws)]
+            # One the server closed since (a restart, its idle timeout) is
+            # replaced, not used.
+            dead = _closed_since(took)
             if dead:
                 took = [ws for ws in took if ws not in dead]
                 self._open -= len(dead)
