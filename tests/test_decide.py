@@ -5,10 +5,15 @@ suite stratified by task, resume, and bad input."""
 
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import compiles
+from flax import struct
+from gymnax.environments import environment, spaces
 
 import jaxmesh
 from jaxmesh.results.sequential import BettingSequence
@@ -327,3 +332,87 @@ def test_plot_draws_the_interval_narrowing():
     assert [x.get_xdata()[0] for x in ax.get_lines() if x.get_label() == "decided"] == [
         d.decided_at
     ]
+
+
+# One-step Bernoulli episodes, as a JAX env ------------------------------------
+@struct.dataclass
+class CoinState(environment.EnvState):
+    time: int
+
+
+@struct.dataclass
+class CoinParams(environment.EnvParams):
+    p_heads: tuple = (0.5, 0.5)  # success chance of action 0 and of action 1
+    max_steps_in_episode: int = 1
+
+
+class Coin(environment.Environment):
+    """One step: the reward is 1 with chance ``p_heads[action]``, drawn from the
+    step's key folded with the action (so the two actions' outcomes on one
+    seed are independent), else 0."""
+
+    @property
+    def default_params(self) -> CoinParams:
+        return CoinParams()
+
+    def reset_env(self, key, params):
+        state = CoinState(time=0)
+        return self.get_obs(state), state
+
+    def step_env(self, key, state, action, params):
+        p = jnp.asarray(params.p_heads)[action]
+        heads = jax.random.bernoulli(jax.random.fold_in(key, action), p)
+        state = CoinState(time=state.time + 1)
+        return self.get_obs(state), state, heads.astype(float), True, {}
+
+    def get_obs(self, state, params=None, key=None):
+        return jnp.zeros((1,), jnp.float32)
+
+    def action_space(self, params=None):
+        return spaces.Discrete(2)
+
+    @property
+    def name(self) -> str:
+        return "Coin-test"
+
+
+def heads_0(obs):
+    return jnp.int32(0)
+
+
+def heads_1(obs):
+    return jnp.int32(1)
+
+
+def test_equal_arms_are_rarely_called_different_however_decide_stops():
+    # CONTRACT 36 end to end: independent one-step Bernoulli episodes of equal
+    # mean (0.3), each decide on its own seeds, looking after every batch.
+    runs = 200
+    env = (Coin(), CoinParams(p_heads=(0.3, 0.3)))
+    wrong = 0
+    for r in range(runs):
+        d = jaxmesh.decide(
+            heads_0,
+            heads_1,
+            env,
+            bounds=(0, 1),
+            num_envs=N,
+            max_episodes=160,
+            first_seed=1000 * r,
+        )
+        wrong += d.winner is not None
+    print(f"decide, equal arms: {wrong} false decisions in {runs} runs")
+    # the 99.9% quantile of Binomial(200, 0.05), summed exactly
+    total, upper = 0.0, 0
+    while total < 0.999:
+        total += math.comb(runs, upper) * 0.05**upper * 0.95 ** (runs - upper)
+        upper += 1
+    assert wrong <= upper - 1, (wrong, upper - 1)
+
+
+def test_coin_arms_of_045_and_070_are_told_apart():
+    env = (Coin(), CoinParams(p_heads=(0.45, 0.70)))
+    d = jaxmesh.decide(heads_0, heads_1, env, bounds=(0, 1), num_envs=N)
+    assert d.winner == "b"
+    assert set(np.unique(d.a.returns)) <= {0.0, 1.0}
+    assert abs(d.a.returns.mean() - 0.45) < 0.2 and abs(d.b.returns.mean() - 0.7) < 0.2
