@@ -441,7 +441,10 @@ def decide(
 
     Raises:
       TypeError, ValueError: bad input, before anything compiles (a return
-        outside ``bounds``, or a missing success signal, once seen).
+        outside ``bounds``, or a missing success signal, once seen). An
+        exception while the batches run (Ctrl-C included) carries the
+        ``Decision`` of the batches finished before it on
+        ``exc.partial_decision`` (when one finished): ``resume=`` it.
 
     Example::
 
@@ -483,30 +486,40 @@ def decide(
         runs = _resumed(
             _paired(resume, first_seed), policies, env, config, call, first_seed
         )
-        if runs["a"].num_episodes > max_episodes:
+        held = 0 if runs["a"] is None else runs["a"].num_episodes
+        if held > max_episodes:
             raise ValueError(
-                f"resume= holds {runs['a'].num_episodes} episodes per arm, more than "
+                f"resume= holds {held} episodes per arm, more than "
                 f"max_episodes={max_episodes}; pass a larger max_episodes"
             )
-        if runs["a"].num_episodes:
+        if held:
             seq.update(_differences(runs, bounds, metric, 0))
             path.append((seq.n, *seq.interval))
-    while seq.n < max_episodes and not seq.rejects:
-        start = seq.n
-        count = min(next_batch(start, first, cap), max_episodes - start)
-        seeds = list(range(first_seed + start, first_seed + start + count))
-        # The batch's episodes keep their index in the whole run: an env's
-        # trial index (initial states, reset_fn, a trial_index reset option)
-        # is trial_index_base + that index, as in one evaluate of them all.
-        with identity.resumed_indices(np.arange(start, start + count)):
-            for name in ("a", "b"):
-                new = _evaluate(policies[name], env, config, call, seeds)
-                runs[name] = _joined(runs[name], new, start)
-        seq.update(_differences(runs, bounds, metric, start))
-        path.append((seq.n, *seq.interval))
-        if on_batch is not None:
-            on_batch(_decision(seq, runs, path, alpha, metric, bounds, first_seed))
-    return _decision(seq, runs, path, alpha, metric, bounds, first_seed)
+    settings = (alpha, metric, bounds, first_seed)
+    kept = dict(runs)  # both arms after the last whole batch
+    try:
+        while seq.n < max_episodes and not seq.rejects:
+            start = seq.n
+            count = min(next_batch(start, first, cap), max_episodes - start)
+            seeds = list(range(first_seed + start, first_seed + start + count))
+            # The batch's episodes keep their index in the whole run: an env's
+            # trial index (initial states, reset_fn, a trial_index reset
+            # option) is trial_index_base + that index, as in one evaluate.
+            with identity.resumed_indices(np.arange(start, start + count)):
+                for name in ("a", "b"):
+                    new = _evaluate(policies[name], env, config, call, seeds)
+                    runs[name] = _joined(runs[name], new, start)
+            seq.update(_differences(runs, bounds, metric, start))
+            path.append((seq.n, *seq.interval))
+            kept = dict(runs)
+            if on_batch is not None:
+                on_batch(_decision(seq, kept, path, *settings))
+    except BaseException as exc:
+        # What the batches finished before it hold (resume= goes on from it).
+        if seq.n and kept["a"] is not None:
+            exc.partial_decision = _decision(seq, kept, path, *settings)
+        raise
+    return _decision(seq, runs, path, *settings)
 
 
 def _evaluate(policy: Any, env: Any, config: RunConfig, call: dict, seeds, **more):
@@ -564,7 +577,9 @@ def _differences(runs: dict, bounds, metric: str, start: int) -> np.ndarray:
     return values["b"] - values["a"]
 
 
-def _decision(seq, runs, path, alpha, metric, bounds, first_seed) -> Decision:
+def _decision(
+    seq: BettingSequence, runs: dict, path: list, alpha, metric, bounds, first_seed
+) -> Decision:
     winner = {1: "b", -1: "a", 0: None}[seq.direction]
     return Decision(
         winner=winner,

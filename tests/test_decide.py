@@ -416,3 +416,27 @@ def test_coin_arms_of_045_and_070_are_told_apart():
     assert d.winner == "b"
     assert set(np.unique(d.a.returns)) <= {0.0, 1.0}
     assert abs(d.a.returns.mean() - 0.45) < 0.2 and abs(d.b.returns.mean() - 0.7) < 0.2
+
+
+def test_an_interrupted_decide_keeps_its_finished_batches():
+    def stop_after_two(d):
+        if d.batches == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        jaxmesh.decide(
+            push_left,
+            lean,
+            CARTPOLE,
+            bounds=(0, 500),
+            num_envs=N,
+            on_batch=stop_after_two,
+        )
+    partial = info.value.partial_decision
+    assert partial.episodes == 16 and partial.batches == 2
+    assert partial.a.num_episodes == partial.b.num_episodes == 16
+    whole = jaxmesh.decide(push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N)
+    again = jaxmesh.decide(
+        push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N, resume=partial
+    )
+    assert (again.winner, again.decided_at) == (whole.winner, whole.decided_at)

@@ -27,7 +27,7 @@ from jaxmesh.cli.build import build_policy, build_run
 from jaxmesh.cli.cache import compile_cache_wanted
 from jaxmesh.cli.checks import read_config
 from jaxmesh.cli.config import existing_file
-from jaxmesh.cli.errors import ConfigError
+from jaxmesh.cli.errors import ConfigError, Interrupted, Terminated, terminating
 from jaxmesh.cli.outputs import check_writable, need_matplotlib, write_json
 from jaxmesh.decide import check_settings
 from jaxmesh.results.result import RunResult
@@ -102,6 +102,23 @@ def _progress(enabled: bool):
     return line
 
 
+def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> str:
+    """Where an interrupted decide's finished batches went, and how to go on."""
+    partial = getattr(exc, "partial_decision", None)
+    if partial is None:
+        return "No batch had finished: nothing to resume from."
+    if output is None:
+        return (
+            f"{partial.episodes} episodes per arm had run; they are not saved (no "
+            "--output)."
+        )
+    where = write_json(output, partial.to_dict(), "decide")
+    return (
+        f"{partial.episodes} episodes per arm are in {where}; to go on from them, "
+        f"run the same command with --resume {where}"
+    )
+
+
 def cmd_decide(args: argparse.Namespace) -> int:
     config_a = _config(args.a, args.set)
     config_b = _config(args.b, args.set)
@@ -172,7 +189,12 @@ def cmd_decide(args: argparse.Namespace) -> int:
         resume=resume,
     )
     try:
-        decision = jaxmesh.decide(policy_a, policy_b, env, run, **kwargs)
+        with terminating():  # SIGTERM stops it as Ctrl-C does
+            decision = jaxmesh.decide(policy_a, policy_b, env, run, **kwargs)
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"jaxmesh decide: {how}. {_kept(args, e, output)}", file=sys.stderr)
+        raise Interrupted(143 if isinstance(e, Terminated) else 130) from None
     except (ValueError, TypeError) as e:
         text = str(e)
         if resume is not None and text.startswith("resume="):

@@ -153,3 +153,29 @@ def test_another_env_or_settings_in_b_is_refused(no_compile, tmp_path, capsys):
     b = write(tmp_path, "b", output=str(tmp_path / "a.json"))
     assert main(["decide", a, b, "--bounds", "0", "500"]) == 2
     assert "both write" in capsys.readouterr().err
+
+
+def test_ctrl_c_writes_the_finished_batches_and_exits_130(
+    tmp_path, capsys, monkeypatch
+):
+    import jaxmesh.cli.decide as command
+
+    def interrupt_after_two(enabled):
+        def line(d):
+            if d.batches == 2:
+                raise KeyboardInterrupt
+
+        return line
+
+    monkeypatch.setattr(command, "_progress", interrupt_after_two)
+    a, b = configs(tmp_path)
+    out = tmp_path / "decision.json"
+    argv = ["decide", a, b, "--bounds", "0", "500", "--output", str(out)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and f"--resume {out}" in err
+    partial = json.loads(out.read_text())
+    assert partial["episodes"] == 16 and partial["winner"] is None
+    monkeypatch.undo()
+    assert main([*argv, "--resume", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["winner"] == "b"
