@@ -463,6 +463,10 @@ def decide(
         )
     if isinstance(env, suite.Suite):
         _check_suite(env, resume)
+        # Each task in a run of its own: a batch's episodes keep their index
+        # in the whole run (``resumed_indices`` below), which a run of several
+        # gymnax tasks together reads as the task of each episode.
+        env = suite.Suite(env.tasks, together=False)
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
     first = _check_int(

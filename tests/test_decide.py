@@ -190,19 +190,13 @@ def test_bad_input_is_refused_before_compiling(no_compile, kwargs, error, match)
         jaxmesh.decide(push_left, lean, CARTPOLE, num_envs=N, **kwargs)
 
 
-def short_cartpole():
-    import gymnax
-
-    env, params = gymnax.make("CartPole-v1")
-    return env, params.replace(max_steps_in_episode=30)
-
-
 def test_a_suite_is_decided_over_its_tasks_stratified():
     # Two tasks: CartPole capped at 30 steps, and CartPole-v1. Every batch runs
     # both tasks on its seeds; the test is on the per-index mean over tasks.
-    short = short_cartpole()
-    tasks = {"short": jaxmesh.Task(short), "long": CARTPOLE}
-    the_suite = jaxmesh.Suite(tasks, together=False)
+    # Two gymnax tasks of one shape, which evaluate would run in one program.
+    short = jaxmesh.make_env(CARTPOLE, max_steps_in_episode=30)
+    tasks = {"short": jaxmesh.Task(short), "long": jaxmesh.make_env(CARTPOLE)}
+    the_suite = jaxmesh.Suite(tasks)
     seen_at: list[int] = []
     with compiles() as seen:
         d = jaxmesh.decide(

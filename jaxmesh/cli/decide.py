@@ -1,7 +1,8 @@
 """``jaxmesh decide A.yaml B.yaml``: which of two policies scores more, with as
 few episodes as the gap allows (``jaxmesh.decide``).
 
-A's config names the env and the run's settings; B's config names the other
+A's config names the env (or a suite's ``tasks:``, decided over its tasks,
+stratified) and the run's settings; B's config names the other
 policy and must name the same env and settings (only ``policy``,
 ``policy_config``, ``host`` and ``output`` may differ; the budget keys are
 ignored: decide runs episode i of both with seed ``--first-seed + i``). Each
@@ -54,11 +55,6 @@ def _check_same_run(a: dict, b: dict, path_a: str, path_b: str) -> None:
             "policies on A's env and settings: B's config may differ only in "
             f"{', '.join(POLICY_KEYS)}"
         )
-    if a.get("tasks") is not None:
-        raise ConfigError(
-            f"{path_a} is a suite (tasks:); decide runs one env: decide task by "
-            "task (docs/statistics.md says how to split alpha)"
-        )
 
 
 def load_decision(path: str) -> dict[str, Any]:
@@ -73,6 +69,11 @@ def load_decision(path: str) -> dict[str, Any]:
     )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
+        if isinstance(data["a"], dict) and data["a"].get("suite"):
+            raise ConfigError(
+                f"--resume {path!r} is the decision of a suite; resuming a suite's "
+                "decision is not supported: run decide again without --resume"
+            )
         return {
             **data,
             "a": RunResult.from_dict(data["a"]),

@@ -19,7 +19,7 @@ CARTPOLE = "gymnax:CartPole-v1"
 
 def write(tmp_path, name, **keys):
     config = {
-        "env": CARTPOLE,
+        **({} if "tasks" in keys else {"env": CARTPOLE}),
         "policy": "cli_policies:tilt",
         "num_envs": 8,
         "output": str(tmp_path / f"{name}.json"),
@@ -179,3 +179,30 @@ def test_ctrl_c_writes_the_finished_batches_and_exits_130(
     monkeypatch.undo()
     assert main([*argv, "--resume", str(out), "--no-progress"]) == 0
     assert json.loads(out.read_text())["winner"] == "b"
+
+
+def test_a_suite_config_is_decided_over_its_tasks(tmp_path, capsys):
+    tasks = {
+        "short": {"env": CARTPOLE, "env_config": {"max_steps_in_episode": 30}},
+        "long": CARTPOLE,
+    }
+    a, b = configs(tmp_path, tasks=tasks)
+    out = tmp_path / "decision.json"
+    argv = ["decide", a, b, "--bounds", "0", "500", "--no-progress"]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert "a suite of 2 tasks (long, short)" in capsys.readouterr().out  # sorted
+    decision = json.loads(out.read_text())
+    assert decision["winner"] == "b"
+    suite_b = jaxmesh.SuiteResult.from_dict(
+        json.loads((tmp_path / "b.json").read_text())
+    )
+    n = decision["episodes"]
+    ref = jaxmesh.evaluate(tilt_fn, CARTPOLE, num_envs=8, seeds=range(n))
+    np.testing.assert_array_equal(suite_b.tasks["long"].returns, ref.returns)
+    assert main([*argv, "--resume", str(out)]) == 2
+    assert "decision of a suite" in capsys.readouterr().err
+    # a task with its own budget is refused
+    tasks["long"] = {"env": CARTPOLE, "episodes": 4}
+    a, b = configs(tmp_path, tasks=tasks)
+    assert main(argv) == 2
+    assert "set a budget" in capsys.readouterr().err
