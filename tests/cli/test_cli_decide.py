@@ -1,5 +1,6 @@
 """``jaxmesh decide A.yaml B.yaml``: exit status, progress lines, outputs
-against ``jaxmesh.evaluate`` on the same seeds, resume, bad input."""
+against ``jaxmesh.evaluate`` on the same seeds, the plot, resume, Ctrl-C, a
+suite config, bad input."""
 
 from __future__ import annotations
 
