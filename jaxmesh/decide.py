@@ -87,7 +87,8 @@ class Decision:
       decided_at: the number of pairs at which the test first rejected
         "equal means" (None: never).
       capital: the test's capital against "equal means" at the stop (an
-        e-value: it rejects at ``1 / alpha``).
+        e-value: it rejects at ``1 / alpha``; ``inf`` past the largest float).
+      log_capital: its natural log.
       first_seed: the seed of episode 0.
     """
 
@@ -103,6 +104,7 @@ class Decision:
     bounds: tuple[float, float]
     decided_at: int | None
     capital: float
+    log_capital: float
     first_seed: int = 0
 
     @property
@@ -177,7 +179,8 @@ class Decision:
             "metric": self.metric,
             "bounds": list(self.bounds),
             "decided_at": self.decided_at,
-            "capital": self.capital,
+            "capital": self.capital if math.isfinite(self.capital) else None,
+            "log_capital": self.log_capital,
             "first_seed": self.first_seed,
             "a": self.a.to_dict(),
             "b": self.b.to_dict(),
@@ -598,5 +601,6 @@ def _decision(
         bounds=bounds,
         decided_at=seq.decided_at,
         capital=seq.capital,
+        log_capital=seq.log_capital,
         first_seed=first_seed,
     )

@@ -189,3 +189,14 @@ def test_power_045_against_070():
     )
     assert right == runs  # every run decided, for B
     assert mean < 1.6 * fixed
+
+
+def test_a_capital_past_the_largest_float_is_inf_not_an_error():
+    seq = BettingSequence(-1.0, 1.0)
+    # Every value 1 (x = 1 against m = 1/2): sigma2_{t-1} stays near 0.4 / t,
+    # so the plug-in bet sqrt(2 ln 40 / (sigma2 t ln(1 + t))) stays above its
+    # cap 1 and each factor is 1.5: log K+ = 3000 ln 1.5, far past a float.
+    seq.update(np.ones(3000))
+    assert seq.log_capital == pytest.approx(math.log(0.5) + 3000 * math.log(1.5))
+    assert seq.capital == math.inf and seq.capitals[0] == math.inf
+    assert seq.rejects and seq.direction == 1 and seq.decided_at == 10

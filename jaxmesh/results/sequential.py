@@ -70,6 +70,11 @@ THETA = 0.5
 _ROWS = 256
 
 
+def _exp(x: float) -> float:
+    """``exp(x)``, ``inf`` past the largest float (no OverflowError)."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 def _check_alpha(alpha: Any) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
         raise TypeError(f"alpha={alpha!r}: expected a float in (0, 1), e.g. 0.05")
@@ -208,16 +213,22 @@ class BettingSequence:
         )
 
     @property
+    def log_capital(self) -> float:
+        """The natural log of ``capital``."""
+        return float(self._hedged()[self._null_at])
+
+    @property
     def capital(self) -> float:
         """The null's hedged capital now, ``max(theta K+, (1 - theta) K-)``
-        (the test rejects once it reaches ``1 / alpha``)."""
-        return float(math.exp(self._hedged()[self._null_at]))
+        (the test rejects once it reaches ``1 / alpha``); ``inf`` past the
+        largest float (``log_capital`` keeps its size)."""
+        return _exp(self.log_capital)
 
     @property
     def capitals(self) -> tuple[float, float]:
         """The null's two gamblers' capitals now, ``(K+, K-)``."""
         k = self._null_at
-        return float(math.exp(self._log_plus[k])), float(math.exp(self._log_minus[k]))
+        return _exp(self._log_plus[k]), _exp(self._log_minus[k])
 
     # Feeding ------------------------------------------------------------------
     def _plug_in(self, x: np.ndarray) -> tuple[np.ndarray, float]:
