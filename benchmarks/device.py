@@ -184,8 +184,9 @@ def jaxmesh_kernels() -> dict:
 
 
 def device_info() -> dict:
+    from importlib.metadata import version
+
     import jax
-    import jaxlib
 
     d = jax.devices()
     return {
@@ -194,7 +195,7 @@ def device_info() -> dict:
         "device kind": d[0].device_kind,
         "device count": len(d),
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
+        "jaxlib": version("jaxlib"),
     }
 
 
