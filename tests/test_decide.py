@@ -381,7 +381,7 @@ def heads_1(obs):
 def test_equal_arms_are_rarely_called_different_however_decide_stops():
     # CONTRACT 36 end to end: independent one-step Bernoulli episodes of equal
     # mean (0.3), each decide on its own seeds, looking after every batch.
-    runs = 200
+    runs = 150
     env = (Coin(), CoinParams(p_heads=(0.3, 0.3)))
     wrong = 0
     for r in range(runs):
@@ -396,7 +396,7 @@ def test_equal_arms_are_rarely_called_different_however_decide_stops():
         )
         wrong += d.winner is not None
     print(f"decide, equal arms: {wrong} false decisions in {runs} runs")
-    # the 99.9% quantile of Binomial(200, 0.05), summed exactly
+    # the 99.9% quantile of Binomial(150, 0.05), summed exactly
     total, upper = 0.0, 0
     while total < 0.999:
         total += math.comb(runs, upper) * 0.05**upper * 0.95 ** (runs - upper)
