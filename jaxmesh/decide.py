@@ -457,34 +457,14 @@ def decide(
     alpha, bounds, max_episodes, first_seed = check_settings(
         alpha, metric, bounds, max_episodes, first_seed
     )
-    own = sorted(k for k in kwargs if k in _OWN)
-    if own:
-        raise TypeError(
-            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
-            "both arms with seed first_seed + i, up to max_episodes); pass "
-            "first_seed= and max_episodes="
-        )
-    if isinstance(env, suite.Suite):
-        _check_suite(env, resume)
-        # Each task in a run of its own: a batch's episodes keep their index
-        # in the whole run (``resumed_indices`` below), which a run of several
-        # gymnax tasks together reads as the task of each episode.
-        env = suite.Suite(env.tasks, together=False)
+    _check_own(kwargs)
+    env = _suite(env, resume) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
-    first = _check_int(
-        "batch", config.num_envs if batch is None else batch, 1, "num_envs"
-    )
-    cap = _check_int(
-        "max_batch",
-        BATCH_GROWTH_CAP * first if max_batch is None else max_batch,
-        first,
-        f"{BATCH_GROWTH_CAP * first}",
-    )
+    first, cap = _batch_sizes(config, batch, max_batch)
     if on_batch is not None and not callable(on_batch):
         raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
-    lo, hi = bounds
-    width = hi - lo
+    width = bounds[1] - bounds[0]  # differences lie in [-width, width]
     seq = BettingSequence(-width, width, alpha=alpha, null=0.0, grid=grid)
     runs: dict[str, RunResult | None] = {"a": None, "b": None}
     policies = {"a": policy_a, "b": policy_b}
@@ -493,13 +473,8 @@ def decide(
         runs = _resumed(
             _paired(resume, first_seed), policies, env, config, call, first_seed
         )
-        held = 0 if runs["a"] is None else runs["a"].num_episodes
-        if held > max_episodes:
-            raise ValueError(
-                f"resume= holds {held} episodes per arm, more than "
-                f"max_episodes={max_episodes}; pass a larger max_episodes"
-            )
-        if held:
+        _check_held(runs, max_episodes)
+        if runs["a"] is not None and runs["a"].num_episodes:
             seq.update(_differences(runs, bounds, metric, 0))
             path.append((seq.n, *seq.interval))
     settings = (alpha, metric, bounds, first_seed)
@@ -529,6 +504,39 @@ def decide(
     return _decision(seq, runs, path, *settings)
 
 
+def _check_own(kwargs: dict) -> None:
+    own = sorted(k for k in kwargs if k in _OWN)
+    if own:
+        raise TypeError(
+            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
+            "both arms with seed first_seed + i, up to max_episodes); pass "
+            "first_seed= and max_episodes="
+        )
+
+
+def _batch_sizes(config: RunConfig, batch: Any, max_batch: Any) -> tuple[int, int]:
+    """The first batch's episodes per arm and the largest batch's."""
+    first = _check_int(
+        "batch", config.num_envs if batch is None else batch, 1, "num_envs"
+    )
+    cap = _check_int(
+        "max_batch",
+        BATCH_GROWTH_CAP * first if max_batch is None else max_batch,
+        first,
+        f"{BATCH_GROWTH_CAP * first}",
+    )
+    return first, cap
+
+
+def _check_held(runs: dict, max_episodes: int) -> None:
+    held = 0 if runs["a"] is None else runs["a"].num_episodes
+    if held > max_episodes:
+        raise ValueError(
+            f"resume= holds {held} episodes per arm, more than "
+            f"max_episodes={max_episodes}; pass a larger max_episodes"
+        )
+
+
 def _evaluate(policy: Any, env: Any, config: RunConfig, call: dict, seeds, **more):
     from jaxmesh.api import evaluate
 
@@ -549,9 +557,15 @@ def _resumed(done, policies, env, config, call, first_seed) -> dict:
     return out
 
 
-def _check_suite(the_suite: suite.Suite, resume: Any) -> None:
-    """A suite decide can run: no budget of its own, nor of a task (decide
-    gives every task the seeds ``first_seed + i``); no ``resume=``."""
+def _suite(the_suite: suite.Suite, resume: Any) -> suite.Suite:
+    """The suite decide runs: each task in a run of its own (a batch's
+    episodes keep their index in the whole run, ``resumed_indices``, which a
+    run of several gymnax tasks together reads as each episode's task).
+
+    Raises:
+      ValueError, TypeError: a budget of the suite's or a task's own (decide
+        gives every task the seeds ``first_seed + i``), or ``resume=``.
+    """
     own = [
         name
         for name, task in the_suite.tasks.items()
@@ -568,6 +582,7 @@ def _check_suite(the_suite: suite.Suite, resume: Any) -> None:
             "resume= with a Suite: resuming a suite's decision is not supported; "
             "run decide again (its episodes are the same, from the same seeds)"
         )
+    return suite.Suite(the_suite.tasks, together=False)
 
 
 def _differences(runs: dict, bounds, metric: str, start: int) -> np.ndarray:
