@@ -55,7 +55,11 @@ plans, while the workers wait).
 
 Goal: jaxmesh with 2 workers >= 1.8x the openpi example loop's episodes per
 hour. LIBERO's own cost (construction, a reset with its settle steps, a step)
-at the camera size is printed first.
+at the camera size is printed first, and the cores one env's steps keep busy
+(its process CPU time over the wall clock): OSMesa's software renderer
+(llvmpipe) draws on threads, so at 256x256 one env already uses more than one
+core, and 2 workers can give at most ``cores / that`` the openpi loop's rate
+(the bound printed).
 
 Run: ``cd benchmarks && ../.venv/bin/python libero_served.py [--quick]
 [--episodes E] [--cap STEPS] [--camera-size PX] [--pil-inputs]`` (the full
@@ -287,6 +291,25 @@ def with_jaxmesh(
     }
 
 
+def env_cores(camera_size: int, steps: int = 20) -> float:
+    """The cores one LIBERO env's steps keep busy: this process's CPU time
+    over the wall clock while it steps (above 1: the renderer's threads)."""
+    from libero_speed import _init_states, _libero_env
+
+    libero._gl_backend()
+    env = _libero_env(camera_size)
+    env.seed(0)
+    env.reset()
+    env.set_init_state(_init_states()[0])
+    env.step([0.1, 0, 0, 0, 0, 0, -1])  # warm
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        env.step([0.1, 0, 0, 0, 0, 0, -1])
+    busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    env.close()
+    return busy
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's user + system CPU seconds (Linux's /proc; NaN elsewhere)."""
     try:
@@ -332,13 +355,19 @@ def main(argv: list[str] | None = None) -> int:
     from libero_speed import costs
 
     make, reset, step = costs(size, resets=1 if args.quick else 2)
+    busy = env_cores(size)
     print(
         table(
-            ["LIBERO env", "make (s)", "reset + settle (s)", "step (ms)"],
-            [[f"{size}x{size} cameras", make, reset, step]],
+            ["LIBERO env", "make (s)", "reset + settle (s)", "step (ms)", "cores"],
+            [[f"{size}x{size} cameras", make, reset, step, busy]],
         )
     )
-    print()
+    cores = os.cpu_count() or 1
+    print(
+        f"\none env's steps keep {busy:.2f} cores busy: {WORKERS} workers on "
+        f"{cores} cores can give at most {min(WORKERS, cores / busy):.2f}x the "
+        "openpi loop's rate\n"
+    )
     proc, address = serve()
     runs: dict[str, dict] = {}
     try:
