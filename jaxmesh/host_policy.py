@@ -140,7 +140,7 @@ class HostPolicy:
           HostPolicyError: ``fn`` raised, or returned another shape.
         """
         b = np.shape(lanes)[0]
-        where = dict(
+        where = lambda: dict(  # built on an error only
             policy=self.name,
             lanes=np.asarray(lanes).tolist(),
             episodes=None if episodes is None else np.asarray(episodes).tolist(),
@@ -150,15 +150,15 @@ class HostPolicy:
         except Exception as exc:
             raise HostPolicyError(
                 f"host policy {self.name!r} raised {type(exc).__name__}: {exc} "
-                f"(planning lanes {where['lanes']}); the run stopped there",
-                **where,
+                f"(planning lanes {where()['lanes']}); the run stopped there",
+                **where(),
             ) from exc
-        if got.shape != (b,) + tuple(row.shape):
+        if got.shape != (b, *row.shape):
             raise HostPolicyError(
                 f"host policy {self.name!r} returned shape {got.shape} for "
-                f"{b} rows (lanes {where['lanes']}); expected "
-                f"{(b,) + tuple(row.shape)}, as it returned for a row of zeros",
-                **where,
+                f"{b} rows (lanes {where()['lanes']}); expected "
+                f"{(b, *row.shape)}, as it returned for a row of zeros",
+                **where(),
             )
         return got.astype(row.dtype, copy=False)
 
