@@ -82,8 +82,11 @@ class DirectStep:
         self.cfg, self.host, self.pol = cfg, pol.host, pol
         self._row: Any = None  # one row's output struct (HostPolicy._output)
         self._lanes = np.arange(cfg.num_envs)
-        self._window: Any = None  # the state whose window leaves are cached
+        self._window: Any = None  # the window whose leaves are cached
         self._window_leaves: list = []
+        self._window_tree: Any = None
+        self._obs: Any = None  # the observation whose leaves are cached
+        self._obs_list: list = []
         self._seeds = jax.jit(
             lambda keys, t: row_seeds(agent.plan_keys(keys, t, agent.STREAM_PLAN))
         )
@@ -129,7 +132,7 @@ class DirectStep:
             cursor += skip
         # agent.observe, then agent.begin: a one-frame window is the observation.
         new = None if moved is None or moved.all() else moved | started
-        for w, o in zip(self._leaves(state), jax.tree.leaves(obs), strict=True):
+        for w, o in zip(self._leaves(state), self._obs_leaves(obs), strict=True):
             if new is None:
                 np.copyto(w, o, casting="unsafe")  # as JAX's dtype: float32
             else:
@@ -147,10 +150,17 @@ class DirectStep:
         return state, action
 
     def _leaves(self, state: DirectState) -> list:
+        """The window's leaves (a loop hands the same state back each step)."""
         if self._window is not state.window:
             self._window = state.window
-            self._window_leaves = jax.tree.leaves(state.window)
+            self._window_leaves, self._window_tree = jax.tree.flatten(state.window)
         return self._window_leaves
+
+    def _obs_leaves(self, obs: Any) -> list:
+        """The observation's leaves (a loop passes the same buffers each step)."""
+        if self._obs is not obs:
+            self._obs, self._obs_list = obs, jax.tree.leaves(obs)
+        return self._obs_list
 
     def _plan(
         self, state: DirectState, lanes: np.ndarray, ep_keys, t, episodes
@@ -163,8 +173,9 @@ class DirectStep:
         if self.pol.stochastic:
             seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
         # Copies: fn may keep what it is given.
-        rows = jax.tree.map(lambda x: np.array(x[sel]), state.window)
-        told = None if episodes is None else np.asarray(episodes)[lanes]
+        leaves = [np.array(x[sel]) for x in self._leaves(state)]
+        rows = jax.tree.unflatten(self._window_tree, leaves)
+        told = None if episodes is None else np.asarray(episodes)[sel]
         out = self.host.plan(rows, seeds, lanes, self._row, told)
         state.chunk[sel] = out[:, :h] if self.cfg.chunked else out[:, None]
         state.cursor[sel] = 0
