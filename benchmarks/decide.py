@@ -9,14 +9,17 @@
    mean at the crossing itself (``decided_at``: what a batch of 1 would give),
    the share decided for B within 10,000, and the fixed-size two-proportion
    test's n for 80% power at the same alpha. Goal: the mean at the stop is at
-   most 1.0x the fixed n for 0.45 vs 0.70 (61).
+   most 1.0x the fixed n for 0.45 vs 0.70 (61). Each kind of bets
+   (``--bets``: online Newton step, the default, and plug-in) runs on the same
+   simulated streams; a null row (0.5 / 0.5) gives the false-decision rate.
 2. **CartPole**: ``jaxmesh.decide`` of "push left" against "push the way the
    pole leans" on gymnax CartPole-v1 (bounds 0..500): batches and episodes to
    stop, then, warm (programs compiled by a first call), decide's wall time
    against one ``evaluate`` per policy of the same total episodes; the
    difference over the batches is the overhead a batch costs.
 
-Run: ``python benchmarks/decide.py [--quick] [--runs R] [--lanes N]``
+Run: ``python benchmarks/decide.py [--quick] [--runs R] [--lanes N]
+[--bets ons,plugin] [--no-cartpole]``
 """
 
 from __future__ import annotations
@@ -29,23 +32,33 @@ import numpy as np
 ALPHA = 0.05
 RATES = ((0.45, 0.70), (0.5, 0.6), (0.8, 0.9))
 FIRST, CAP, MAX = 8, 128, 10_000
+#: Episodes per arm of each null run (equal rates: the false-decision rate).
+NULL_MAX = 2_000
 
 
-def episodes_to_decide(p_a: float, p_b: float, runs: int, seed: int = 0) -> dict:
+def episodes_to_decide(
+    p_a: float,
+    p_b: float,
+    runs: int,
+    seed: int = 0,
+    bets: str = "ons",
+    most: int = MAX,
+) -> dict:
     from jaxmesh.decide import next_batch
     from jaxmesh.results.sequential import BettingSequence
 
     rng = np.random.default_rng(seed)
-    stops, crossings, right = [], [], 0
+    stops, crossings, right, decided = [], [], 0, []
     for _ in range(runs):
-        seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, grid=3)
-        while seq.n < MAX and not seq.rejects:
-            k = min(next_batch(seq.n, FIRST, CAP), MAX - seq.n)
+        seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, grid=3, bets=bets)
+        while seq.n < most and not seq.rejects:
+            k = min(next_batch(seq.n, FIRST, CAP), most - seq.n)
             a = rng.random(k) < p_a
             b = rng.random(k) < p_b
             seq.update(b.astype(np.int64) - a.astype(np.int64))
         stops.append(seq.n)
-        crossings.append(seq.decided_at or MAX)
+        crossings.append(seq.decided_at or most)
+        decided.append(seq.decided_at)
         right += seq.direction == 1
     return {
         "mean": float(np.mean(stops)),
@@ -53,33 +66,41 @@ def episodes_to_decide(p_a: float, p_b: float, runs: int, seed: int = 0) -> dict
         "p80": float(np.percentile(stops, 80)),
         "crossing": float(np.mean(crossings)),
         "right": right / runs,
+        "decided": float(np.mean([s is not None for s in decided])),
     }
 
 
-def table(runs: int) -> None:
+def table(runs: int, kinds: list[str]) -> None:
     from jaxmesh.results.sequential import fixed_sample_size
 
     print(f"## Episodes per arm to a decision (alpha {ALPHA}, {runs} runs each)\n")
     print(
-        "| p_a / p_b | fixed n (80% power) | decide: mean (median) at the stop | "
-        "ratio | 80% of runs decided by | mean at the crossing | ratio | "
+        "| p_a / p_b | bets | fixed n (80% power) | decide: mean (median) at the "
+        "stop | ratio | 80% of runs decided by | mean at the crossing | ratio | "
         "decided for B |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for p_a, p_b in RATES:
-        n = fixed_sample_size(p_a, p_b, alpha=ALPHA, power=0.8)
-        r = episodes_to_decide(p_a, p_b, runs)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for bets in kinds:
+        null = episodes_to_decide(0.5, 0.5, runs, seed=1, bets=bets, most=NULL_MAX)
         print(
-            f"| {p_a} / {p_b} | {n} | {r['mean']:.0f} ({r['median']:.0f}) | "
+            f"| 0.5 / 0.5 | {bets} | - | false decisions within {NULL_MAX:,}: "
+            f"{null['decided']:.1%} | | | | | |"
+        )
+    for (p_a, p_b), bets in ((r, b) for r in RATES for b in kinds):
+        n = fixed_sample_size(p_a, p_b, alpha=ALPHA, power=0.8)
+        r = episodes_to_decide(p_a, p_b, runs, bets=bets)
+        print(
+            f"| {p_a} / {p_b} | {bets} | {n} | {r['mean']:.0f} ({r['median']:.0f}) | "
             f"{r['mean'] / n:.2f}x | {r['p80']:.0f} | {r['crossing']:.0f} | "
             f"{r['crossing'] / n:.2f}x | "
             f"{r['right']:.1%} |"
         )
-        if (p_a, p_b) == RATES[0]:
+        if (p_a, p_b) == RATES[0] and bets == kinds[0]:
             goal = "met" if r["mean"] <= n else "MISSED"
             first = (
-                f"result: 0.45 vs 0.70: decide stops after {r['mean']:.0f} episodes "
-                f"per arm on average ({r['mean'] / n:.2f}x the fixed test's {n}; "
+                f"result: 0.45 vs 0.70 ({bets} bets): decide stops after "
+                f"{r['mean']:.0f} episodes per arm on average "
+                f"({r['mean'] / n:.2f}x the fixed test's {n}; "
                 f"median {r['median']:.0f})"
             )
             line = f"goal: mean episodes per arm <= 1.0x the fixed n -> {goal}"
@@ -137,10 +158,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer simulated runs")
     ap.add_argument("--runs", type=int, default=None, help="simulated runs per pair")
     ap.add_argument("--lanes", type=int, default=8, help="num_envs on CartPole")
+    ap.add_argument(
+        "--bets", default="ons,plugin", help="kinds of bets, comma-separated"
+    )
+    ap.add_argument("--no-cartpole", action="store_true", help="the table only")
     args = ap.parse_args()
     runs = args.runs or (200 if args.quick else 1000)
-    table(runs)
-    cartpole(args.lanes)
+    table(runs, args.bets.split(","))
+    if not args.no_cartpole:
+        cartpole(args.lanes)
 
 
 if __name__ == "__main__":

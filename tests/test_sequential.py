@@ -1,6 +1,7 @@
 """The anytime-valid betting test (jaxmesh.results.sequential): values worked
-out by hand, a plain-loop reference of the capital, validity under peeking by
-simulation (with a peeked z-test as the control that fails), and power."""
+out by hand, plain-loop references of the capital (online Newton step and
+plug-in bets), validity under peeking by simulation (with a peeked z-test as
+the control that fails), and power."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import statistics
 import numpy as np
 import pytest
 
-from jaxmesh.results.sequential import BettingSequence, fixed_sample_size
+from jaxmesh.results.sequential import ONS_PRIOR, BettingSequence, fixed_sample_size
 
 ALPHA = 0.05
 BATCH = 8
@@ -44,12 +45,76 @@ def reference_capitals(x, m, alpha=ALPHA, c=0.5):
     return k_plus, k_minus
 
 
+def reference_ons(x, m, c=0.5, prior=ONS_PRIOR):
+    """K at candidate m of values x on [0, 1], one plain loop over the online
+    Newton step bets (Cutkosky and Orabona 2018; Shekhar and Ramdas 2024)."""
+    capital, lam, a = 1.0, 0.0, prior
+    step = 2 / (2 - math.log(3))
+    for xt in x:
+        y = xt - m
+        capital *= 1 + lam * y
+        z = y / (1 + lam * y)
+        a += z * z
+        low = -c / (1 - m) if m < 1 else -math.inf
+        high = c / m if m > 0 else math.inf
+        lam = min(max(lam + step * z / a, low), high)
+    return capital
+
+
+def test_ons_capital_after_three_values_by_hand():
+    # Differences 1, -1, 1 on [-1, 1]: x = 1, 0, 1 around m = 1/2, so
+    # y = x - m = 1/2, -1/2, 1/2; step k = 2 / (2 - ln 3) = 2.21880, A_0 = 4.
+    # t=1: lambda_1 = 0, factor 1; z = 1/2, A = 4.25,
+    #      lambda_2 = k * 0.5 / 4.25 = 0.261035.
+    # t=2: factor 1 - lambda_2 / 2 = 0.869482; z = -0.5 / 0.869482 = -0.575055,
+    #      A = 4.25 + 0.330688 = 4.580688, lambda_3 = 0.261035 - k * 0.575055
+    #      / 4.580688 = -0.017511.
+    # t=3: factor 1 + lambda_3 / 2 = 0.991244: K = 0.869482 * 0.991244 = 0.861869.
+    k = 2 / (2 - math.log(3))
+    lam2 = k * 0.5 / 4.25
+    f2 = 1 - lam2 / 2
+    lam3 = lam2 + k * (-0.5 / f2) / (4.25 + (0.5 / f2) ** 2)
+    assert (lam2, lam3) == pytest.approx((0.261035, -0.017511), abs=1e-6)
+    seq = BettingSequence(-1.0, 1.0, alpha=ALPHA)
+    seq.update([1, -1, 1])
+    assert seq.capital == pytest.approx(f2 * (1 + lam3 / 2), rel=1e-12)
+    assert seq.capital == pytest.approx(0.861869, abs=1e-6)
+    assert seq.capitals == (seq.capital, seq.capital)  # one gambler
+    assert not seq.rejects and seq.direction == 0
+    # The cap: values on [0, 1], null 0.1, values 1 then 1: lambda_2 = k * 0.9
+    # / (4 + 0.81) = 0.415 is within [-0.5 / 0.9, 0.5 / 0.1] = [-0.556, 5].
+    seq = BettingSequence(0.0, 1.0, null=0.1)
+    seq.update([1.0, 1.0])
+    assert seq.capital == pytest.approx(1 + k * 0.9 / 4.81 * 0.9, rel=1e-12)
+
+
+def test_ons_capital_equals_a_plain_loop_and_batches_do_not_matter():
+    rng = np.random.default_rng(3)
+    x = rng.beta(2.0, 3.0, size=300)  # mean 0.4
+    ref = reference_ons(x, 0.3)
+    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    whole.update(x)
+    assert whole.capital == pytest.approx(ref, rel=1e-9)
+    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    for part in np.split(x, [1, 2, 10, 45, 200]):
+        pieces.update(part)
+    assert pieces.capital == pytest.approx(ref, rel=1e-9)
+    first = next(t for t in range(1, 301) if reference_ons(x[:t], 0.3) >= 1 / ALPHA)
+    assert whole.decided_at == pieces.decided_at == first
+    assert whole.direction == 1
+    # on the full grid, each candidate's capital is the same loop's
+    full = BettingSequence(0.0, 1.0, null=0.3, grid=11)
+    full.update(x)
+    for m, log_k in zip(full.grid, full._hedged(), strict=True):
+        assert math.exp(log_k) == pytest.approx(reference_ons(x, m), rel=1e-9)
+
+
 def test_capital_after_three_values_by_hand():
     # Differences 1, -1, 1 on [-1, 1]: x = 1, 0, 1 around m = 1/2. The
     # plug-in bets are 6.53, 4.63, 3.08 (sqrt(2 ln 40 / (sigma2 t ln(1+t))),
     # sigma2 = 1/4, 5/32, 3/16), all capped at c / m = 0.5 / 0.5 = 1:
     # K+ = 1.5 * 0.5 * 1.5 = 1.125, K- = 0.5 * 1.5 * 0.5 = 0.375.
-    seq = BettingSequence(-1.0, 1.0, alpha=ALPHA)
+    seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, bets="plugin")
     seq.update([1, -1, 1])
     assert seq.capitals == pytest.approx((1.125, 0.375), rel=1e-12)
     assert seq.capital == pytest.approx(0.5 * 1.125, rel=1e-12)
@@ -58,7 +123,7 @@ def test_capital_after_three_values_by_hand():
     # An uncapped side: values on [0, 1], null 0.1, one value 0.2. The bet
     # 6.53 is capped at 0.5 / 0.1 = 5 upwards and 0.5 / 0.9 downwards:
     # K+ = 1 + 5 * 0.1 = 1.5, K- = 1 - (5 / 9) * 0.1.
-    seq = BettingSequence(0.0, 1.0, null=0.1)
+    seq = BettingSequence(0.0, 1.0, null=0.1, bets="plugin")
     seq.update([0.2])
     assert seq.capitals == pytest.approx((1.5, 1 - 0.5 / 0.9 * 0.1), rel=1e-12)
 
@@ -67,10 +132,10 @@ def test_capital_equals_a_plain_loop_and_batches_do_not_matter():
     rng = np.random.default_rng(3)
     x = rng.beta(2.0, 3.0, size=300)  # mean 0.4
     ref = reference_capitals(x, 0.3)
-    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets="plugin")
     whole.update(x)
     assert whole.capitals == pytest.approx(ref, rel=1e-9)
-    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets="plugin")
     for part in np.split(x, [1, 2, 10, 45, 200]):
         pieces.update(part)
     assert pieces.capitals == pytest.approx(ref, rel=1e-9)
@@ -100,12 +165,15 @@ def test_bad_values_and_settings_are_refused():
         BettingSequence(0.0, 1.0, null=1.0)
     with pytest.raises(ValueError, match="grid"):
         BettingSequence(0.0, 1.0, null=0.5, grid=10)
+    with pytest.raises(ValueError, match="bets"):
+        BettingSequence(0.0, 1.0, null=0.5, bets="kelly")
 
 
-def test_interval_excludes_the_null_exactly_when_it_is_rejected():
+@pytest.mark.parametrize("bets", ["ons", "plugin"])
+def test_interval_excludes_the_null_exactly_when_it_is_rejected(bets):
     rng = np.random.default_rng(5)
     for gap in (0.0, 0.1, 0.3):
-        seq = BettingSequence(-1.0, 1.0)
+        seq = BettingSequence(-1.0, 1.0, bets=bets)
         assert seq.interval == (-1.0, 1.0)
         lows = []
         for _ in range(60):
@@ -133,7 +201,12 @@ def peeked_z_test(d: np.ndarray, batch: int, alpha: float) -> bool:
     return False
 
 
-def test_false_decisions_under_the_null_stay_within_alpha_and_a_peeked_z_test_fails():
+@pytest.mark.parametrize(
+    "bets", ["ons", pytest.param("plugin", marks=pytest.mark.slow)]
+)
+def test_false_decisions_under_the_null_stay_within_alpha_and_a_peeked_z_test_fails(
+    bets,
+):
     # Equal success rates, independent arms, one-step Bernoulli episodes:
     # differences in {-1, 0, 1}, looked at after every batch of 8 pairs.
     runs, batches = 400, 100
@@ -145,14 +218,17 @@ def test_false_decisions_under_the_null_stay_within_alpha_and_a_peeked_z_test_fa
         d = (rng.random(BATCH * batches) < p).astype(int) - (
             rng.random(BATCH * batches) < p
         ).astype(int)
-        seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, grid=3)
+        seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, grid=3, bets=bets)
         for k in range(batches):
             seq.update(d[k * BATCH : (k + 1) * BATCH])
             if seq.rejects:
                 break
         wrong += seq.rejects
         z_wrong += peeked_z_test(d, BATCH, ALPHA)
-    print(f"false decisions: betting {wrong}/{runs}, peeked z-test {z_wrong}/{runs}")
+    print(
+        f"false decisions: betting ({bets}) {wrong}/{runs}, peeked z-test "
+        f"{z_wrong}/{runs}"
+    )
     assert wrong <= upper
     # the control: peeking at a fixed-sample test breaks its level
     assert z_wrong > upper
@@ -191,8 +267,30 @@ def test_power_045_against_070():
     assert mean < 1.6 * fixed
 
 
+def test_ons_decides_045_against_070_sooner_than_plug_in_bets():
+    # The same simulated streams, fed in batches of 8 pairs to both kinds.
+    runs = 200
+    rng = np.random.default_rng(13)
+    mean = {}
+    streams = [
+        (rng.random(800) < 0.70).astype(int) - (rng.random(800) < 0.45).astype(int)
+        for _ in range(runs)
+    ]
+    for bets in ("ons", "plugin"):
+        episodes = []
+        for d in streams:
+            seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, grid=3, bets=bets)
+            while not seq.rejects and seq.n < d.size:
+                seq.update(d[seq.n : seq.n + BATCH])
+            assert seq.rejects and seq.direction == 1
+            episodes.append(seq.n)
+        mean[bets] = float(np.mean(episodes))
+    print(f"0.45 vs 0.70, mean episodes per arm: {mean}")
+    assert mean["ons"] < mean["plugin"]
+
+
 def test_a_capital_past_the_largest_float_is_inf_not_an_error():
-    seq = BettingSequence(-1.0, 1.0)
+    seq = BettingSequence(-1.0, 1.0, bets="plugin")
     # Every value 1 (x = 1 against m = 1/2): sigma2_{t-1} stays near 0.4 / t,
     # so the plug-in bet sqrt(2 ln 40 / (sigma2 t ln(1 + t))) stays above its
     # cap 1 and each factor is 1.5: log K+ = 3000 ln 1.5, far past a float.
@@ -200,3 +298,8 @@ def test_a_capital_past_the_largest_float_is_inf_not_an_error():
     assert seq.log_capital == pytest.approx(math.log(0.5) + 3000 * math.log(1.5))
     assert seq.capital == math.inf and seq.capitals[0] == math.inf
     assert seq.rejects and seq.direction == 1 and seq.decided_at == 10
+    # ONS bets: the bet climbs to its cap 1 (factor 1.5) and stays there
+    seq = BettingSequence(-1.0, 1.0)
+    seq.update(np.ones(3000))
+    assert seq.capital == math.inf and seq.log_capital > 2900 * math.log(1.5)
+    assert seq.rejects and seq.direction == 1

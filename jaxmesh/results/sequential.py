@@ -4,10 +4,33 @@ Plain numpy; nothing here imports JAX. ``jaxmesh.decide`` feeds it the paired
 differences ``b - a`` of two policies' episodes, batch by batch, and stops when
 the interval leaves 0.
 
-The method is the hedged capital process of Waudby-Smith and Ramdas,
-"Estimating means of bounded random variables by betting", Journal of the
-Royal Statistical Society, Series B 86(1), 2024 (arXiv:2010.09686), section
-4.2, with their predictable plug-in bets (``lambda^PrPl+-``):
+The method is the capital process of Waudby-Smith and Ramdas, "Estimating
+means of bounded random variables by betting", Journal of the Royal
+Statistical Society, Series B 86(1), 2024 (arXiv:2010.09686), with one of two
+kinds of predictable bets:
+
+- ``bets="ons"`` (the default): one gambler per candidate mean m with a
+  signed bet chosen by online Newton steps, as in Cutkosky and Orabona,
+  "Black-box reductions for parameter-free online learning in Banach
+  spaces", COLT 2018, and Shekhar and Ramdas, "Nonparametric two-sample
+  testing by betting", IEEE Transactions on Information Theory 70(2), 2024
+  (arXiv:2112.09162)::
+
+      K_t(m)       = prod_{i<=t} (1 + lambda_i(m) (x_i - m))
+      z_t          = (x_t - m) / (1 + lambda_t(m) (x_t - m))
+      A_t          = A_0 + sum_{i<=t} z_i^2
+      lambda_1(m)  = 0
+      lambda_t+1(m) = clip(lambda_t(m) + 2 / (2 - log 3) z_t / A_t,
+                           -c / (1 - m), c / m)
+
+  with ``A_0 = 4`` (``ONS_PRIOR``; chosen by simulation: a smaller prior
+  lets the first few values swing the bet to its cap) and ``c = 1/2``, so
+  every factor stays at least ``1 - c > 0``. If m is the true mean,
+  ``K_t(m)`` is a nonnegative martingale with initial value 1.
+- ``bets="plugin"``: the hedged capital of their section 4.2 with the
+  predictable plug-in bets (``lambda^PrPl+-``), described below.
+
+Both kinds share the rest:
 
 - Values in ``[lo, hi]`` are mapped to ``x = (v - lo) / (hi - lo)`` in [0, 1].
 - For a candidate mean m, two gamblers start with capital 1 and bet on each
@@ -19,13 +42,14 @@ Royal Statistical Society, Series B 86(1), 2024 (arXiv:2010.09686), section
 
   If m is the true mean (and the values are independent with that mean, or
   merely have conditional mean m given the past), ``theta K+ + (1 - theta) K-``
-  is a nonnegative martingale with initial value 1, so by Ville's inequality
+  (with ONS bets: ``K_t(m)`` itself) is a nonnegative martingale with initial
+  value 1, so by Ville's inequality
   the probability that ``K_t(m)`` *ever* reaches ``1 / alpha`` is at most
   ``alpha``. The confidence sequence is ``{m : K_t(m) < 1 / alpha}``: it holds
   the true mean at every t at once with probability at least ``1 - alpha``,
   so it may be looked at after every value and a run may stop whenever it
   likes (an adaptive batch size included).
-- The bets are predictable (they use ``x_1..x_{t-1}`` only)::
+- The plug-in bets are predictable (they use ``x_1..x_{t-1}`` only)::
 
       mu_t      = (1/2 + sum_{i<=t} x_i) / (t + 1)
       sigma2_t  = (1/4 + sum_{i<=t} (x_i - mu_i)^2) / (t + 1)
@@ -66,6 +90,12 @@ GRID = 2001
 TRUNCATION = 0.5
 #: The hedge between the two gamblers (``theta``).
 THETA = 0.5
+#: The online Newton step bets' prior ``A_0`` (``bets="ons"``).
+ONS_PRIOR = 4.0
+#: The online Newton step's step size, ``2 / (2 - log 3)``.
+_ONS_STEP = 2.0 / (2.0 - math.log(3.0))
+#: The kinds of bets.
+BETS = ("ons", "plugin")
 #: Rows of (values x grid) worked on at once.
 _ROWS = 256
 
@@ -103,6 +133,9 @@ class BettingSequence:
         one of them. More points: a tighter reported interval, more work
         (each value costs O(grid)).
       truncation: the bets' cap ``c`` in (0, 1).
+      bets: ``"ons"`` (online Newton step bets, one signed gambler per
+        candidate; the default) or ``"plugin"`` (the hedged plug-in bets of
+        Waudby-Smith and Ramdas): module docstring.
 
     Raises:
       ValueError, TypeError: bad bounds, level, null, grid or cap.
@@ -122,6 +155,7 @@ class BettingSequence:
         null: float = 0.0,
         grid: int = GRID,
         truncation: float = TRUNCATION,
+        bets: str = "ons",
     ):
         lo, hi = float(lo), float(hi)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -143,6 +177,9 @@ class BettingSequence:
             raise ValueError(f"grid={grid!r}: expected an odd int >= 3, e.g. {GRID}")
         if not 0.0 < truncation < 1.0:
             raise ValueError(f"truncation={truncation!r}: expected a cap in (0, 1)")
+        if bets not in BETS:
+            raise ValueError(f"bets={bets!r}: expected one of {BETS}")
+        self.bets = bets
         self.lo, self.hi, self.null = lo, hi, float(null)
         self.truncation = float(truncation)
         m0 = (self.null - lo) / (hi - lo)
@@ -150,9 +187,12 @@ class BettingSequence:
         points = np.union1d(points, [m0])
         self.grid = points
         self._null_at = int(np.searchsorted(points, m0))
-        #: log K+ and log K- per grid point.
+        #: log K+ and log K- per grid point (ONS: log K in both).
         self._log_plus = np.zeros(points.size)
         self._log_minus = np.zeros(points.size)
+        #: ONS: each grid point's next bet and ``A_t``.
+        self._lam = np.zeros(points.size)
+        self._ons_a = np.full(points.size, ONS_PRIOR)
         self._excluded = np.zeros(points.size, bool)
         self._n = 0
         self._sum = 0.0  # sum of x
@@ -208,6 +248,8 @@ class BettingSequence:
         return self._to_value(float(low)), self._to_value(float(high))
 
     def _hedged(self) -> np.ndarray:
+        if self.bets == "ons":
+            return self._log_plus
         return np.maximum(
             math.log(THETA) + self._log_plus, math.log(1.0 - THETA) + self._log_minus
         )
@@ -219,14 +261,16 @@ class BettingSequence:
 
     @property
     def capital(self) -> float:
-        """The null's hedged capital now, ``max(theta K+, (1 - theta) K-)``
-        (the test rejects once it reaches ``1 / alpha``); ``inf`` past the
+        """The null's capital now: ``K`` with ONS bets, the hedged
+        ``max(theta K+, (1 - theta) K-)`` with plug-in bets (the test rejects
+        once it reaches ``1 / alpha``); ``inf`` past the
         largest float (``log_capital`` keeps its size)."""
         return _exp(self.log_capital)
 
     @property
     def capitals(self) -> tuple[float, float]:
-        """The null's two gamblers' capitals now, ``(K+, K-)``."""
+        """The null's two gamblers' capitals now, ``(K+, K-)`` (ONS bets:
+        one gambler, ``(K, K)``)."""
         k = self._null_at
         return _exp(self._log_plus[k]), _exp(self._log_minus[k])
 
@@ -262,6 +306,44 @@ class BettingSequence:
         if not v.size:
             return
         x = np.clip((v - self.lo) / (self.hi - self.lo), 0.0, 1.0)
+        if self.bets == "ons":
+            self._update_ons(x)
+        else:
+            self._update_plugin(x)
+        self._n += int(x.size)
+        self._sum += float(x.sum())
+        self._total += float(v.sum())
+
+    def _update_ons(self, x: np.ndarray) -> None:
+        """Online Newton step bets on ``x`` (on [0, 1]), one value at a time,
+        vectorized over the grid."""
+        m = self.grid
+        c = self.truncation
+        with np.errstate(divide="ignore"):
+            high = np.where(m > 0, c / np.where(m > 0, m, 1.0), np.inf)
+            low = np.where(m < 1, -c / np.where(m < 1, 1.0 - m, 1.0), -np.inf)
+        threshold = math.log(1.0 / self.alpha)
+        k = self._null_at
+        log_k, lam, a = self._log_plus.copy(), self._lam.copy(), self._ons_a.copy()
+        total = self._sum - self._n * float(m[k])  # sum of x_i - m at the null
+        for t, xt in enumerate(x):
+            y = xt - m
+            factor = 1.0 + lam * y
+            log_k += np.log(factor)
+            z = y / factor
+            a += z * z
+            lam = np.clip(lam + _ONS_STEP * z / a, low, high)
+            self._excluded |= log_k >= threshold
+            total += xt - float(m[k])
+            if self._decided_at is None and log_k[k] >= threshold:
+                self._decided_at = self._n + t + 1
+                # the side of the mean so far (the bets followed it)
+                self._direction = 1 if total > 0 or (total == 0 and lam[k] > 0) else -1
+        self._log_plus = self._log_minus = log_k
+        self._lam, self._ons_a = lam, a
+
+    def _update_plugin(self, x: np.ndarray) -> None:
+        """The hedged plug-in bets on ``x`` (on [0, 1])."""
         lam, squares = self._plug_in(x)
         m = self.grid
         c = self.truncation
@@ -287,10 +369,7 @@ class BettingSequence:
                 self._decided_at = self._n + start + row + 1
                 self._direction = 1 if up_wins else -1
             self._log_plus, self._log_minus = plus[-1], minus[-1]
-        self._n += int(x.size)
         self._squares = squares
-        self._sum += float(x.sum())
-        self._total += float(v.sum())
 
 
 def fixed_sample_size(
