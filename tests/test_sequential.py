@@ -47,7 +47,7 @@ def reference_capitals(x, m, alpha=ALPHA, c=0.5):
 
 def reference_ons(x, m, c=0.5, prior=ONS_PRIOR):
     """K at candidate m of values x on [0, 1], one plain loop over the online
-    Newton step bets (Cutkosky and Orabona 2018; Shekhar and Ramdas 2024)."""
+    Newton step bets (Cutkosky and Orabona 2018; Shekhar and Ramdas)."""
     capital, lam, a = 1.0, 0.0, prior
     step = 2 / (2 - math.log(3))
     for xt in x:

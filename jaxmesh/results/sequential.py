@@ -13,7 +13,7 @@ kinds of predictable bets:
   signed bet chosen by online Newton steps, as in Cutkosky and Orabona,
   "Black-box reductions for parameter-free online learning in Banach
   spaces", COLT 2018, and Shekhar and Ramdas, "Nonparametric two-sample
-  testing by betting", IEEE Transactions on Information Theory 70(2), 2024
+  testing by betting", IEEE Transactions on Information Theory
   (arXiv:2112.09162)::
 
       K_t(m)       = prod_{i<=t} (1 + lambda_i(m) (x_i - m))
@@ -33,8 +33,9 @@ kinds of predictable bets:
 Both kinds share the rest:
 
 - Values in ``[lo, hi]`` are mapped to ``x = (v - lo) / (hi - lo)`` in [0, 1].
-- For a candidate mean m, two gamblers start with capital 1 and bet on each
-  new value, one that the mean is above m, one that it is below::
+- With plug-in bets, for a candidate mean m, two gamblers start with
+  capital 1 and bet on each new value, one that the mean is above m, one
+  that it is below::
 
       K+_t(m) = prod_{i<=t} (1 + lambda+_i(m) (x_i - m))
       K-_t(m) = prod_{i<=t} (1 - lambda-_i(m) (x_i - m))
@@ -225,8 +226,9 @@ class BettingSequence:
 
     @property
     def direction(self) -> int:
-        """+1: rejected with the mean above the null (the gambler betting
-        upwards won), -1: below, 0: not rejected."""
+        """+1: rejected with the mean above the null (plug-in bets: the
+        gambler betting upwards won; ONS bets: the mean of the values up to
+        the rejection is above the null), -1: below, 0: not rejected."""
         return self._direction
 
     def _to_value(self, m: float) -> float:
