@@ -4,12 +4,12 @@ the gap allows.
 Both policies run the same seeds (episode i of each with seed
 ``first_seed + i``), batch by batch, and the paired differences ``b - a`` of
 the metric feed an anytime-valid confidence sequence
-(``jaxmesh.results.sequential.BettingSequence``: Waudby-Smith and Ramdas'
-hedged capital process). The run stops at the first batch after which the
-interval of the mean difference leaves 0, or when ``max_episodes`` pairs
-have run. The probability of naming a winner when the two policies have equal
-means is at most ``alpha``, whatever the batch sizes and wherever it stops
-(docs/statistics.md, "Deciding between two policies").
+(``jaxmesh.results.sequential.BettingSequence``: a capital process by betting,
+Waudby-Smith and Ramdas', with online-Newton-step bets). The run stops at the
+first batch after which the interval of the mean difference leaves 0, or when
+``max_episodes`` pairs have run. The probability of naming a winner when the
+two policies have equal means is at most ``alpha``, whatever the batch sizes
+and wherever it stops (docs/statistics.md, "Deciding between two policies").
 
 Batches: the first is ``batch`` episodes per arm (default ``num_envs``); each
 next one is a quarter of the episodes run so far, rounded up to a multiple of
