@@ -6,37 +6,27 @@ server here is websockets' own, pinging every 0.2 s."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import numpy as np
 from openpi_client import msgpack_numpy
 from websockets.asyncio.server import serve
+from ws_servers import ThreadedServer
 
 from jaxmesh.serve import ws_client
 from jaxmesh.serve.ws_client import WebsocketPolicy
 
 
-class PingingServer:
+class PingingServer(ThreadedServer):
     """openpi's protocol: ``{"actions": 2 * state}`` per request; pings
     every 0.2 s, closing a connection whose pong is 0.3 s late;
     ``close_idle()`` closes every open connection."""
 
     def __init__(self):
+        super().__init__()
         self.connections: list = []
         self.opened = 0
         self._closing: set = set()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()))
-
-    def __enter__(self) -> PingingServer:
-        self._thread.start()
-        self._ready.wait()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
 
     def close_idle(self) -> None:
         """Sends each open connection a close frame (its handshake then ends

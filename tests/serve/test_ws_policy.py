@@ -10,7 +10,6 @@ import collections
 import json
 import math
 import os
-import threading
 import time
 
 import gymnasium as gym
@@ -21,6 +20,7 @@ from openpi_client import image_tools, msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from serve_models import linear_model, linear_reference
 from websockets.asyncio.server import serve
+from ws_servers import ThreadedServer
 
 import jaxmesh
 from jaxmesh.cli import main
@@ -54,11 +54,12 @@ def cartpole_chunk(obs: np.ndarray) -> np.ndarray:
     return np.array([a, a, 1 - a, a], np.int32)
 
 
-class Server:
+class Server(ThreadedServer):
     """openpi's protocol on 127.0.0.1 (a free port), in a thread: replies with
     ``policy(obs["observation/state"])``; ``mode`` makes it misbehave."""
 
     def __init__(self, policy=chunk_of, metadata=None, token=None, reads=STATE):
+        super().__init__()
         self.policy, self.reads = policy, reads
         self.metadata = {"action_horizon": K} if metadata is None else metadata
         self.token = token
@@ -67,17 +68,6 @@ class Server:
         self.requests: list[dict] = []
         self.inflight = self.most_inflight = 0
         self.delay = 0.0
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()))
-
-    def __enter__(self) -> Server:
-        self._thread.start()
-        self._ready.wait()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
 
     @property
     def address(self) -> str:
