@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import goal, header, interleave, machine, table
-from mlp import act, init_params
 from hostsim import host_loop
+from mlp import act, init_params
 from remote_common import make_envs
 
 import jaxmesh
