@@ -36,6 +36,17 @@ from jaxmesh.envs.gymnasium.workers import (
 __all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
 
 
+class _InfoKeys:
+    """The keys a step's infos had, gathered only when read (the message of a
+    metric no info has reads them, once)."""
+
+    def __init__(self, infos: Sequence):
+        self.infos = infos
+
+    def __iter__(self):
+        return iter({k for info in self.infos if info for k in info})
+
+
 def _env_errors(method):
     """The env's own exception instead of the ``LaneError`` wrapping it (the
     host loop reports an env failure as the env raised it)."""
@@ -252,9 +263,9 @@ class EnvLanes(LocalAdapter):
         else:
             lanes = np.flatnonzero(go).tolist()
             out = shared.step_envs(lanes, [acts[j] for j in lanes])
-        if self.info_keys:
-            self._new_info(n)
         if not out:
+            if self.info_keys:
+                self._new_info(n)
             return reward, term, trunc
         o, r, te, tr, infos = zip(*out, strict=True)
         if isinstance(lanes, slice):  # rows 0 .. m-1: stacked in place, one copy
@@ -266,10 +277,13 @@ class EnvLanes(LocalAdapter):
         reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         if any(te) or any(tr):  # the shared lanes' state: these episodes ended
             shared.ended[:n] |= term | trunc
-        if self.info_keys and any(infos):  # most steps: every info empty
+        if self.info_keys and any(infos):  # most steps of many envs: every info empty
             where = range(n) if isinstance(lanes, slice) else lanes
             keys, name = self.info_keys, self.spec.name
-            self._new_info(n, *read_infos(infos, keys, where, name))
+            values, _ = read_infos(infos, keys, where, name, seen=False)
+            self._new_info(n, values, _InfoKeys(infos))
+        elif self.info_keys:
+            self._new_info(n)
         return reward, term, trunc
 
 

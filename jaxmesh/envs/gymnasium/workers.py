@@ -341,18 +341,25 @@ def _write_obs(slots: Slots, names: list[str], rows: Any, leaves: dict) -> None:
         slots["obs:" + name][rows] = leaves[name]
 
 
-def read_infos(infos: Sequence, keys: tuple, lanes: Sequence[int], where: str):
-    """Info values per key as (lane, float) pairs, and the keys the infos had."""
-    seen: set = set()
+def read_infos(
+    infos: Sequence, keys: tuple, lanes: Sequence[int], where: str, seen: bool = True
+):
+    """Info values per key as (lane, float) pairs, and the keys the infos had
+    (an empty set unless ``seen``)."""
+    had: set = set()
     values: dict = {k: [] for k in keys}
+    wanted = frozenset(keys)
     for j, info in zip(lanes, infos, strict=True):
         if not info:
             continue
-        seen.update(info)
+        if seen:
+            had.update(info)
+        if wanted.isdisjoint(info):  # most steps of most envs: none of the keys
+            continue
         for k in keys:
             if k in info:
                 values[k].append((j, shared.info_value(info, k, f"{where} lane {j}")))
-    return values, seen
+    return values, had
 
 
 def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, keys):
