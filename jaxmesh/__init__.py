@@ -44,7 +44,7 @@ _NAMES = {
     "RemoteEnvError": "jaxmesh.errors",
     "RemoteConnectionError": "jaxmesh.errors",
     "HostPolicyError": "jaxmesh.errors",
-    "RemotePolicyError": "jaxmesh.serve.ws_client",
+    "RemotePolicyError": "jaxmesh.errors",
     "make_agent": "jaxmesh.run.host.agent_step",
     "Agent": "jaxmesh.run.host.agent_step",
     "Model": "jaxmesh.model",
@@ -99,6 +99,7 @@ if TYPE_CHECKING:
         RemoteConnectionError,
         RemoteEnvError,
         RemoteError,
+        RemotePolicyError,
     )
     from jaxmesh.execution import Ensemble
     from jaxmesh.explain import check_frame_limit, explain
@@ -120,7 +121,6 @@ if TYPE_CHECKING:
     from jaxmesh.run.seed_check import SeedReport, check_seeds
     from jaxmesh.serve import PolicyServer
     from jaxmesh.serve.remote import RemotePolicy
-    from jaxmesh.serve.ws_client import RemotePolicyError
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep
 

@@ -130,6 +130,22 @@ class WorkerError(RuntimeError):
         self.partial_result = None
 
 
+class RemotePolicyError(RuntimeError):
+    """A policy served over openpi's protocol failed: unreachable, refused,
+    closed, a server error, a timeout, or a reply without usable ``actions``.
+
+    Attributes:
+      address: the server's ``ws://`` address.
+      partial_result: every episode finished before the run stopped (set by
+        ``jaxmesh.evaluate``), or None.
+    """
+
+    def __init__(self, message: str, *, address: str):
+        super().__init__(message)
+        self.address = address
+        self.partial_result = None
+
+
 class HostPolicyError(RuntimeError):
     """A ``jaxmesh.HostPolicy``'s ``fn`` raised, or returned the wrong shape;
     the function's own exception is ``__cause__``. ``lanes`` are the lanes of

@@ -16,6 +16,7 @@ from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.cli.tls import channel_credentials
 from jaxmesh.envs import PREFIXES, make_env
 from jaxmesh.envs.gymnasium.lanes import is_factory
+from jaxmesh.errors import RemoteConnectionError, RemotePolicyError
 from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
@@ -66,7 +67,13 @@ def build_policy(target: str, policy_config: dict[str, Any], host: bool = False)
             policy = build(**policy_config)
             if isinstance(policy, Model):
                 policy._ensure_loaded()
-        except (TypeError, ValueError, FileNotFoundError) as e:
+        except (
+            TypeError,
+            ValueError,
+            FileNotFoundError,
+            RemotePolicyError,  # a served policy's server: not there, or refused
+            RemoteConnectionError,
+        ) as e:
             raise ConfigError(
                 f"cannot build policy {target!r} ({how}) from policy_config "
                 f"{policy_config!r}: {e}"

@@ -42,6 +42,7 @@ from websockets.protocol import State as ProtocolState
 from websockets.uri import parse_uri
 
 from jaxmesh.adapt import State, Text
+from jaxmesh.errors import RemotePolicyError
 from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import resolve_class
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
@@ -69,22 +70,6 @@ KEEPALIVE_S = 5.0
 CLOSE_TIMEOUT = 1.0
 #: The most bytes one read takes from a socket.
 RECV_BYTES = 1 << 18
-
-
-class RemotePolicyError(RuntimeError):
-    """A policy served over openpi's protocol failed: unreachable, refused,
-    closed, a server error, a timeout, or a reply without usable ``actions``.
-
-    Attributes:
-      address: the server's ``ws://`` address.
-      partial_result: every episode finished before the run stopped (set by
-        ``jaxmesh.evaluate``), or None.
-    """
-
-    def __init__(self, message: str, *, address: str):
-        super().__init__(message)
-        self.address = address
-        self.partial_result = None
 
 
 def default_inputs(obs: Any, instruction: str | None) -> dict:

@@ -254,6 +254,22 @@ def test_a_function_given_policy_config_builds_the_policy(tmp_path, capsys):
         assert target in line and words in line
 
 
+def test_a_served_policy_that_cannot_be_reached_is_one_line(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = write_config(
+        tmp_path,
+        policy="jaxmesh:RemotePolicy",
+        policy_config={"address": f"ws://127.0.0.1:{port}", "connect_timeout": 2},
+    )
+    assert main(["eval", str(config)]) == 2
+    line = single_error_line(capsys.readouterr().err)
+    assert f"ws://127.0.0.1:{port} cannot be reached" in line
+
+
 # Bad input: one line, status 2, nothing compiled --------------------------------
 @pytest.mark.parametrize(
     "base, overrides, env, message",
