@@ -399,6 +399,7 @@ def decide(
     on_batch: Callable[[Decision], None] | None = None,
     resume: Any = None,
     grid: int = GRID,
+    arm_hooks: Any = None,
     **kwargs: Any,
 ) -> Decision:
     """Runs two policies on the same seeds until an anytime-valid test says
@@ -434,6 +435,12 @@ def decide(
         and the test goes on from them (``evaluate``'s ``resume=`` checks
         they come from these policies and env).
       grid: candidate means of the interval (``BettingSequence``).
+      arm_hooks: ``(hooks_a, hooks_b)``: hooks heard by one arm's batches
+        only, each episode with its index in the whole decide (episode i:
+        seed ``first_seed + i``), and ``on_run_end`` after each batch with
+        the arm's ``RunResult`` so far: e.g. a ``jaxmesh.EpisodeLog`` per
+        arm keeps every finished episode of both (``jaxmesh decide`` writes
+        them). Not with a Suite.
       **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
         ``horizon``, ``max_episode_steps``, ``scoring``, ``starts``,
         ``params``, ...). ``hooks`` hear each batch of each policy as a run
@@ -458,6 +465,7 @@ def decide(
         alpha, metric, bounds, max_episodes, first_seed
     )
     _check_own(kwargs)
+    arms = _check_arm_hooks(arm_hooks, env)
     env = _suite(env, resume) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
@@ -483,14 +491,8 @@ def decide(
         while seq.n < max_episodes and not seq.rejects:
             start = seq.n
             count = min(next_batch(start, first, cap), max_episodes - start)
-            seeds = list(range(first_seed + start, first_seed + start + count))
-            # The batch's episodes keep their index in the whole run: an env's
-            # trial index (initial states, reset_fn, a trial_index reset
-            # option) is trial_index_base + that index, as in one evaluate.
-            with identity.resumed_indices(np.arange(start, start + count)):
-                for name in ("a", "b"):
-                    new = _evaluate(policies[name], env, config, call, seeds)
-                    runs[name] = _joined(runs[name], new, start)
+            seeds = range(first_seed + start, first_seed + start + count)
+            _batch(policies, env, config, call, arms, runs, seeds, start)
             seq.update(_differences(runs, bounds, metric, start))
             path.append((seq.n, *seq.interval))
             kept = dict(runs)
@@ -502,6 +504,65 @@ def decide(
             exc.partial_decision = _decision(seq, kept, path, *settings)
         raise
     return _decision(seq, runs, path, *settings)
+
+
+def _batch(policies, env, config, call, arms, runs, seeds, start: int) -> None:
+    """Runs both arms on ``seeds`` (episodes ``start..``), joining each
+    arm's episodes onto ``runs[name]``; its arm hooks hear them."""
+    count = len(seeds)
+    # The batch's episodes keep their index in the whole run: an env's trial
+    # index (initial states, reset_fn, a trial_index reset option) is
+    # trial_index_base + that index, as in one evaluate.
+    with identity.resumed_indices(np.arange(start, start + count)):
+        for name in ("a", "b"):
+            heard = _with_hooks(call, arms[name], start, count)
+            new = _evaluate(policies[name], env, config, heard, list(seeds))
+            runs[name] = _joined(runs[name], new, start)
+            _batch_end(arms[name], runs[name])
+
+
+class _Shifted(resume_mod._Renumbered):
+    """An arm hook seen through one batch: episode k of the batch is episode
+    ``start + k`` of the decide (``on_run_end`` is ``decide``'s own call)."""
+
+    def __init__(self, hook: Any, start: int, count: int):
+        super().__init__(hook, np.arange(start, start + count), start + count)
+
+
+def _as_list(hooks: Any) -> list:
+    if hooks is None:
+        return []
+    return list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+
+
+def _check_arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
+    """``arm_hooks`` as ``{"a": [...], "b": [...]}``."""
+    if arm_hooks is None:
+        return {"a": [], "b": []}
+    if not (isinstance(arm_hooks, list | tuple) and len(arm_hooks) == 2):
+        raise TypeError(
+            f"arm_hooks={arm_hooks!r}: expected a pair (hooks_a, hooks_b), each a "
+            "hook, a list of hooks or None"
+        )
+    arms = {"a": _as_list(arm_hooks[0]), "b": _as_list(arm_hooks[1])}
+    if isinstance(env, suite.Suite) and (arms["a"] or arms["b"]):
+        raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
+    return arms
+
+
+def _with_hooks(call: dict, hooks: list, start: int, count: int) -> dict:
+    """``call`` with one arm's hooks added, renumbered for the batch."""
+    if not hooks:
+        return call
+    shifted = [_Shifted(h, start, count) for h in hooks]
+    return {**call, "hooks": [*_as_list(call.get("hooks")), *shifted]}
+
+
+def _batch_end(hooks: list, result: Any) -> None:
+    for h in hooks:
+        end = getattr(h, "on_run_end", None)
+        if callable(end):
+            end(result)
 
 
 def _check_own(kwargs: dict) -> None:

@@ -183,6 +183,7 @@ def test_no_success_signal_is_refused():
         ({"seeds": [1], "bounds": (0, 500)}, TypeError, "max_episodes="),
         ({"prefetch_lead": 2, "bounds": (0, 500)}, TypeError, "Chunking"),
         ({"resume": 3, "bounds": (0, 500)}, TypeError, "Decision"),
+        ({"arm_hooks": [1], "bounds": (0, 500)}, TypeError, "hooks_a, hooks_b"),
     ],
 )
 def test_bad_input_is_refused_before_compiling(no_compile, kwargs, error, match):
@@ -246,6 +247,14 @@ def test_a_suite_with_a_budget_or_resume_is_refused(no_compile):
             jaxmesh.Suite({"long": jaxmesh.Task(CARTPOLE, episodes=3)}),
             bounds=(0, 500),
         )
+    with pytest.raises(TypeError, match="arm_hooks= with a Suite"):
+        jaxmesh.decide(
+            push_left,
+            lean,
+            jaxmesh.Suite({"long": CARTPOLE}),
+            bounds=(0, 500),
+            arm_hooks=([], [object()]),
+        )
     with pytest.raises(TypeError, match="resume= with a Suite"):
         jaxmesh.decide(
             push_left,
@@ -308,6 +317,48 @@ def test_episodes_of_later_batches_get_their_own_trial_index():
         )
         np.testing.assert_array_equal(run.returns, ref.returns)
         np.testing.assert_array_equal(run.lengths, ref.lengths)
+
+
+class Heard:
+    """Records what an arm hook hears."""
+
+    def __init__(self):
+        self.starts, self.episodes, self.ends = 0, [], []
+
+    def on_run_start(self, info):
+        self.starts += 1
+
+    def on_episode_end(self, ep):
+        self.episodes.append((ep.index, ep.seed, ep.return_))
+
+    def on_run_end(self, result):
+        self.ends.append(result.num_episodes)
+
+
+def test_arm_hooks_hear_their_arm_with_indices_in_the_whole_decide(tmp_path):
+    heard = {"a": Heard(), "b": Heard()}
+    logs = [jaxmesh.EpisodeLog(tmp_path / f"{x}.jsonl") for x in "ab"]
+    d = jaxmesh.decide(
+        push_left,
+        lean,
+        CARTPOLE,
+        bounds=(0, 500),
+        num_envs=N,
+        first_seed=3,
+        arm_hooks=([heard["a"], logs[0]], (heard["b"], logs[1])),
+    )
+    assert d.batches > 1
+    for name, result in (("a", d.a), ("b", d.b)):
+        h = heard[name]
+        assert h.starts == d.batches
+        assert h.ends == [p[0] for p in d.path]  # the arm so far, per batch
+        assert sorted(h.episodes) == [
+            (i, 3 + i, r) for i, r in enumerate(result.returns.tolist())
+        ]
+        loaded = jaxmesh.load_episode_log(tmp_path / f"{name}.jsonl")
+        np.testing.assert_array_equal(loaded.returns, result.returns)
+        np.testing.assert_array_equal(loaded.seeds, result.seeds)
+        assert loaded.env_steps == result.env_steps
 
 
 def test_plot_draws_the_interval_narrowing():

@@ -8,7 +8,10 @@ policy and must name the same env and settings (only ``policy``,
 ignored: decide runs episode i of both with seed ``--first-seed + i``). Each
 batch prints a progress line on stderr; the summary goes to stdout; the
 decision (both runs included) is written to ``--output`` and each run's result
-JSON to its config's ``output``, as ``jaxmesh eval`` writes it; ``--plot``
+JSON to its config's ``output``, as ``jaxmesh eval`` writes it, and each
+run's episodes, as they finish, to its episode log next to it
+(``NAME.episodes.jsonl``, ``jaxmesh.EpisodeLog``, batch by batch: a killed
+decide keeps every finished episode of both; not for a suite); ``--plot``
 draws the interval narrowing over the episodes (``Decision.plot``).
 
 Exit status: 0 decided, 1 undecided after ``--max-episodes``, 2 bad input.
@@ -29,9 +32,15 @@ from jaxmesh.cli.cache import compile_cache_wanted
 from jaxmesh.cli.checks import read_config
 from jaxmesh.cli.config import existing_file
 from jaxmesh.cli.errors import ConfigError, Interrupted, Terminated, terminating
-from jaxmesh.cli.outputs import check_writable, need_matplotlib, write_json
+from jaxmesh.cli.outputs import (
+    check_writable,
+    episode_log_path,
+    need_matplotlib,
+    write_json,
+)
 from jaxmesh.decide import check_settings
 from jaxmesh.results.result import RunResult
+from jaxmesh.run.resume import EpisodeLog
 
 #: Keys of B's config that may differ from A's: the policy's own, and where
 #: its result goes. The budget keys are not read at all.
@@ -120,6 +129,54 @@ def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> 
     )
 
 
+class _LogStart:
+    """Before an arm's ``EpisodeLog``: at the arm's first batch it makes the
+    log's folder and, for a new decide (``fresh``), empties the file (a
+    resumed decide appends to it, as ``eval --resume`` does)."""
+
+    def __init__(self, path: Path, fresh: bool):
+        self.path, self.fresh = path, fresh
+
+    def on_run_start(self, info: dict) -> None:
+        del info
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.fresh:
+            self.path.write_text("", encoding="utf-8")
+            self.fresh = False
+
+
+def _warn(text: str) -> None:
+    print(f"jaxmesh decide: warning: {text}", file=sys.stderr)
+
+
+def _log_paths(args, config_a, config_b) -> tuple[Path | None, Path | None]:
+    """Each arm's episode log: next to its output as ``NAME.episodes.jsonl``
+    (None: no output, or a suite, whose results are written whole)."""
+    if config_a.get("tasks") is not None:
+        return None, None
+    return tuple(
+        episode_log_path(argparse.Namespace(config=path), config)
+        for path, config in ((args.a, config_a), (args.b, config_b))
+    )
+
+
+def _arm_hooks(paths, configs, policies, fresh: bool) -> tuple[list, list]:
+    """Per arm: the hooks that write its episode log (none without one)."""
+    hooks = []
+    for path, config, policy in zip(paths, configs, policies, strict=True):
+        if path is None:
+            hooks.append([])
+            continue
+        log = EpisodeLog(
+            path,
+            params=getattr(policy, "params", None),
+            max_episode_steps=config.get("max_episode_steps"),
+            on_error=_warn,
+        )
+        hooks.append([_LogStart(path, fresh), log])
+    return hooks[0], hooks[1]
+
+
 def cmd_decide(args: argparse.Namespace) -> int:
     config_a = _config(args.a, args.set)
     config_b = _config(args.b, args.set)
@@ -154,9 +211,12 @@ def cmd_decide(args: argparse.Namespace) -> int:
     plot = Path(args.plot) if args.plot else None
     if plot is not None:
         need_matplotlib("jaxmesh decide --plot")
+    logs = _log_paths(args, config_a, config_b)
     check_writable(
         ("output of A", out_a),
         ("output of B", out_b),
+        ("episode log of A", logs[0]),
+        ("episode log of B", logs[1]),
         ("--output", output),
         ("--plot", plot),
     )
@@ -188,6 +248,9 @@ def cmd_decide(args: argparse.Namespace) -> int:
         batch=args.batch,
         on_batch=_progress(not args.no_progress),
         resume=resume,
+        arm_hooks=_arm_hooks(
+            logs, (config_a, config_b), (policy_a, policy_b), resume is None
+        ),
     )
     try:
         with terminating():  # SIGTERM stops it as Ctrl-C does

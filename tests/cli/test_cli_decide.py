@@ -51,6 +51,17 @@ def configs(tmp_path, b_policy="cli_policies:make_lean", b_config=None, **keys):
     return a, b
 
 
+def log_episodes(path):
+    """An episode log's episode lines, read as plain JSON lines: index ->
+    return (a line of one episode twice counts once)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if "episode" in rec:
+            out[rec["episode"]["index"]] = rec["episode"]["return"]
+    return out
+
+
 def test_decides_b_writes_both_results_and_the_decision(tmp_path, capsys):
     a, b = configs(tmp_path)
     out = tmp_path / "decision.json"
@@ -81,6 +92,17 @@ def test_decides_b_writes_both_results_and_the_decision(tmp_path, capsys):
     result_a = jaxmesh.RunResult.from_dict(decision["a"])
     assert result_a.num_episodes == n
     assert json.loads((tmp_path / "a.json").read_text())["totals"]["episodes"] == n
+    # each arm's episode log: one episode line per episode, the result's returns
+    for name in ("a", "b"):
+        log = tmp_path / f"{name}.episodes.jsonl"
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert sum("episode" in x for x in lines) == n
+        episodes = [e["episode"] for e in lines if "episode" in e]
+        assert [e["seed"] for e in episodes] == list(range(n))
+        result = decision[name]["episodes"]
+        assert log_episodes(log) == {e["index"]: e["return"] for e in result}
+        loaded = jaxmesh.load_episode_log(log)
+        assert loaded.returns.tolist() == [e["return"] for e in result]
 
 
 def test_undecided_exits_1_and_resume_goes_on(tmp_path, capsys):
@@ -177,9 +199,17 @@ def test_ctrl_c_writes_the_finished_batches_and_exits_130(
     assert "interrupted" in err and f"--resume {out}" in err
     partial = json.loads(out.read_text())
     assert partial["episodes"] == 16 and partial["winner"] is None
+    for name in ("a", "b"):  # the finished batches' episodes are in the logs
+        held = log_episodes(tmp_path / f"{name}.episodes.jsonl")
+        assert sorted(held) == list(range(16))
+        assert held == {e["index"]: e["return"] for e in partial[name]["episodes"]}
     monkeypatch.undo()
     assert main([*argv, "--resume", str(out), "--no-progress"]) == 0
-    assert json.loads(out.read_text())["winner"] == "b"
+    whole = json.loads(out.read_text())
+    assert whole["winner"] == "b"
+    for name in ("a", "b"):  # the resumed decide appended the rest
+        held = log_episodes(tmp_path / f"{name}.episodes.jsonl")
+        assert held == {e["index"]: e["return"] for e in whole[name]["episodes"]}
 
 
 def test_a_suite_config_is_decided_over_its_tasks(tmp_path, capsys):
