@@ -29,6 +29,7 @@ mean over tasks of the differences (stratified by task).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -186,12 +187,14 @@ class Decision:
             "b": self.b.to_dict(),
         }
 
-    def __str__(self) -> str:
+    def rows(self) -> list[tuple[str, str, Any, str]]:
+        """The summary, as ``(key, label, value, text)`` rows: what ``str(d)``
+        prints (label and text) and ``report`` shows (the value as JSON)."""
         low, high = self.interval
         what = "mean return" if self.metric == "return" else "success rate"
         ma, mb = (
-            _stratified(self.a, self.metric).mean(),
-            _stratified(self.b, self.metric).mean(),
+            float(_stratified(self.a, self.metric).mean()),
+            float(_stratified(self.b, self.metric).mean()),
         )
         seeds = f"{self.first_seed}..{self.first_seed + self.episodes - 1}"
         first_a, first_b = _first_run(self.a), _first_run(self.b)
@@ -201,22 +204,121 @@ class Decision:
             what += " (mean over tasks)"
         else:
             env, per = self.a.env or "?", "episodes per arm"
-        rows = [
-            ("A", first_a.policy or "A"),
-            ("B", first_b.policy or "B"),
-            ("env", env),
-            (per, f"{self.episodes} (same seeds {seeds}), {self.batches} batches"),
-            (f"{what} A / B", f"{ma:.3f} / {mb:.3f}"),
-            ("difference (B - A)", f"{self.difference:.3f}"),
+        lo, hi = self.bounds
+        return [
+            ("policy_a", "A", first_a.policy, first_a.policy or "A"),
+            ("policy_b", "B", first_b.policy, first_b.policy or "B"),
+            ("env", "env", env, env),
             (
-                "anytime-valid interval",
-                f"({low:.3f}, {high:.3f}) at alpha {self.alpha:g} (betting "
-                f"confidence sequence, bounds {self.bounds[0]:g}..{self.bounds[1]:g})",
+                "episodes",
+                per,
+                self.episodes,
+                f"{self.episodes} (same seeds {seeds}), {self.batches} batches",
             ),
-            ("verdict", self.verdict),
+            ("means", f"{what} A / B", [ma, mb], f"{ma:.3f} / {mb:.3f}"),
+            (
+                "difference",
+                "difference (B - A)",
+                self.difference,
+                f"{self.difference:.3f}",
+            ),
+            (
+                "interval",
+                "anytime-valid interval",
+                [low, high],
+                f"({low:.3f}, {high:.3f}) at alpha {self.alpha:g} (betting "
+                f"confidence sequence, bounds {lo:g}..{hi:g})",
+            ),
+            ("verdict", "verdict", self.winner, self.verdict),
         ]
+
+    def __str__(self) -> str:
+        rows = [(label, text) for _, label, _, text in self.rows()]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def report(self, path: Any) -> Any:
+        """Writes the decision as one self-contained HTML page
+        (``decision_html``); missing folders are made.
+
+        Returns:
+          The path written (a ``pathlib.Path``).
+
+        Raises:
+          ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
+          OSError: the file cannot be written.
+        """
+        from pathlib import Path
+
+        page = decision_html(self)
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+        return out
+
+
+#: The test, and where it is from, as the report page names them.
+TEST_NAME = (
+    "two-sided anytime-valid test of equal means: a betting confidence "
+    "sequence of the mean paired difference B - A, bets by online Newton steps"
+)
+CITATION = (
+    'Waudby-Smith and Ramdas, "Estimating means of bounded random variables by '
+    'betting", Journal of the Royal Statistical Society, Series B 86(1), 2024 '
+    '(arXiv:2010.09686); bets: Shekhar and Ramdas, "Nonparametric two-sample '
+    'testing by betting", IEEE Transactions on Information Theory '
+    "(arXiv:2112.09162)"
+)
+
+
+_CAPTION = (
+    "Band: the anytime-valid interval after each batch; line: the mean "
+    "difference B - A so far; dotted: the pair at which the test decided."
+)
+
+
+def decision_html(d: Decision) -> str:
+    """A decision's report page: the summary (``Decision.rows``, then the
+    test's level, bounds, capital, name and citation), the interval
+    narrowing over the episodes (``Decision.plot``, embedded as a PNG) and
+    the interval after each batch; one HTML document that loads nothing
+    from outside itself (``jaxmesh.results.report``'s page)."""
+    from jaxmesh.results import report as rp
+
+    capital = d.capital if math.isfinite(d.capital) else None
+    rows = [rp._row(k, label, v, text) for k, label, v, text in d.rows()] + [
+        rp._row("alpha", "alpha", d.alpha, f"{d.alpha:g}"),
+        rp._row("metric", "metric", d.metric, d.metric),
+        rp._row(
+            "bounds", "bounds", list(d.bounds), f"{d.bounds[0]:g}..{d.bounds[1]:g}"
+        ),
+        rp._row("decided_at", "decided at", d.decided_at, f"{d.decided_at or 'never'}"),
+        rp._row("capital", "capital (e-value)", capital, f"{d.capital:.4g}"),
+        rp._row("test", "test", TEST_NAME, TEST_NAME),
+        rp._row("citation", "citation", CITATION, CITATION),
+    ]
+    summary = rp._table(rows, "summary-table", ("what", "value", "note"))
+    fig = d.plot()
+    plot = (
+        f"<figure><img src='{rp.esc(rp.png_data_uri(rp.png_bytes(fig)))}' "
+        f"alt='{rp.esc('The interval narrowing over the episodes')}'><figcaption>"
+        f"{rp.esc(_CAPTION)}"
+        "</figcaption></figure>"
+    )
+    path = [
+        f"<tr data-value='{rp.esc(json.dumps(list(p)))}'><td>{k + 1}</td>"
+        f"<td>{p[0]}</td><td>{p[1]:.4g}</td><td>{p[2]:.4g}</td></tr>"
+        for k, p in enumerate(d.path)
+    ]
+    head = ("batch", "episodes per arm", "low", "high")
+    parts = [
+        rp.Section("summary", "Summary", summary),
+        rp.Section("interval", "Interval", plot + rp._table(path, "path-table", head)),
+    ]
+    facts = {key: text for key, _, _, text in d.rows()}
+    name = f"{facts['policy_a']} vs {facts['policy_b']} on {facts['env']}"
+    lede = f"jaxmesh decide: {d.verdict}"
+    return rp._document(name, lede, [], parts)
 
 
 def _first_run(result: Any) -> RunResult:
@@ -435,12 +537,10 @@ def decide(
         and the test goes on from them (``evaluate``'s ``resume=`` checks
         they come from these policies and env).
       grid: candidate means of the interval (``BettingSequence``).
-      arm_hooks: ``(hooks_a, hooks_b)``: hooks heard by one arm's batches
-        only, each episode with its index in the whole decide (episode i:
-        seed ``first_seed + i``), and ``on_run_end`` after each batch with
-        the arm's ``RunResult`` so far: e.g. a ``jaxmesh.EpisodeLog`` per
-        arm keeps every finished episode of both (``jaxmesh decide`` writes
-        them). Not with a Suite.
+      arm_hooks: ``(hooks_a, hooks_b)``: hooks of one arm's batches, each
+        episode with its index in the whole decide, ``on_run_end`` after each
+        batch with the arm's result so far (e.g. a ``jaxmesh.EpisodeLog`` per
+        arm; not with a Suite).
       **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
         ``horizon``, ``max_episode_steps``, ``scoring``, ``starts``,
         ``params``, ...). ``hooks`` hear each batch of each policy as a run

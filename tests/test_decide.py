@@ -5,7 +5,10 @@ suite stratified by task, resume, and bad input."""
 
 from __future__ import annotations
 
+import html
+import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -377,6 +380,60 @@ def test_plot_draws_the_interval_narrowing():
     assert [x.get_xdata()[0] for x in ax.get_lines() if x.get_label() == "decided"] == [
         d.decided_at
     ]
+
+
+@pytest.fixture(scope="module")
+def decided_page(tmp_path_factory):
+    pytest.importorskip("matplotlib")
+    d = jaxmesh.decide(push_left, lean, CARTPOLE, bounds=(0, 500), num_envs=N)
+    path = d.report(tmp_path_factory.mktemp("decide") / "page" / "decision.html")
+    return d, path
+
+
+def row_value(text, key):
+    """The JSON value of the page's row ``data-key=key``."""
+    found = re.search(rf"data-key='{key}' data-value='([^']*)'", text)
+    return json.loads(html.unescape(found.group(1)))
+
+
+def test_the_report_page_shows_the_decision(decided_page):
+    from browser import data_uri_bytes, outside_references
+
+    d, path = decided_page
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    assert outside_references(text) == [] and "http" not in text
+    assert d.verdict in text and "B scores more" in text
+    assert row_value(text, "interval") == list(d.interval)
+    low, high = d.interval
+    assert f"({low:.3f}, {high:.3f})" in text
+    assert row_value(text, "difference") == d.difference
+    assert row_value(text, "means") == pytest.approx(
+        [d.a.returns.mean(), d.b.returns.mean()]
+    )
+    assert row_value(text, "episodes") == d.episodes
+    assert row_value(text, "decided_at") == d.decided_at
+    assert row_value(text, "verdict") == "b" == d.winner
+    assert row_value(text, "policy_a") == "push_left"
+    assert "Waudby-Smith and Ramdas" in text and "arXiv:2010.09686" in text
+    # the interval after each batch, and the plot of it
+    path_rows = re.findall(r"<tr data-value='([^']*)'><td>", text)
+    assert [tuple(json.loads(html.unescape(r))) for r in path_rows] == list(d.path)
+    (src,) = re.findall(r"<img src='([^']*)'", text)
+    kind, png = data_uri_bytes(html.unescape(src))
+    assert kind == "image/png" and png.startswith(b"\x89PNG")
+
+
+def test_the_report_page_renders_in_a_browser(decided_page):
+    from browser import render, require_chromium
+
+    require_chromium()
+    _, path = decided_page
+    rendered = render(path)
+    assert rendered.outside == []
+    (image,) = rendered.images
+    assert image["complete"] and image["width"] == 700  # 7 inches at 100 dpi
+    assert "anytime-valid interval" in rendered.dom
 
 
 # One-step Bernoulli episodes, as a JAX env ------------------------------------

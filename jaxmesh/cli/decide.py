@@ -12,7 +12,8 @@ JSON to its config's ``output``, as ``jaxmesh eval`` writes it, and each
 run's episodes, as they finish, to its episode log next to it
 (``NAME.episodes.jsonl``, ``jaxmesh.EpisodeLog``, batch by batch: a killed
 decide keeps every finished episode of both; not for a suite); ``--plot``
-draws the interval narrowing over the episodes (``Decision.plot``).
+draws the interval narrowing over the episodes (``Decision.plot``); ``--report``
+writes the decision's HTML page (``Decision.report``).
 
 Exit status: 0 decided, 1 undecided after ``--max-episodes``, 2 bad input.
 """
@@ -209,8 +210,10 @@ def cmd_decide(args: argparse.Namespace) -> int:
         )
     output = Path(args.output) if args.output else None
     plot = Path(args.plot) if args.plot else None
-    if plot is not None:
-        need_matplotlib("jaxmesh decide --plot")
+    report = Path(args.report) if args.report else None
+    for flag, path in (("--plot", plot), ("--report", report)):
+        if path is not None:
+            need_matplotlib(f"jaxmesh decide {flag}")
     logs = _log_paths(args, config_a, config_b)
     check_writable(
         ("output of A", out_a),
@@ -219,6 +222,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         ("episode log of B", logs[1]),
         ("--output", output),
         ("--plot", plot),
+        ("--report", report),
     )
     earlier = load_decision(args.resume) if args.resume else None
     if compile_cache_wanted(args.no_compile_cache):
@@ -278,4 +282,6 @@ def cmd_decide(args: argparse.Namespace) -> int:
     if plot is not None:
         decision.plot().savefig(plot, dpi=100)
         print(f"wrote {plot}")
+    if report is not None:
+        print(f"wrote {decision.report(report)}")
     return 0 if decision.winner is not None else 1

@@ -502,6 +502,15 @@ def add_decide_parser(sub: Any) -> None:
         "'jaxmesh[report]')",
     )
     dc.add_argument(
+        "--report",
+        default=None,
+        metavar="PATH",
+        help="write the decision as one self-contained HTML page to PATH: the "
+        "summary, the test and its citation, the interval narrowing over the "
+        "episodes and where it stopped (Decision.report). Needs matplotlib "
+        "(pip install 'jaxmesh[report]')",
+    )
+    dc.add_argument(
         "--resume",
         default=None,
         metavar="PATH",

@@ -67,11 +67,12 @@ def test_decides_b_writes_both_results_and_the_decision(tmp_path, capsys):
     out = tmp_path / "decision.json"
     png = tmp_path / "interval.png"
     argv = ["decide", a, b, "--bounds", "0", "500", "--output", str(out)]
-    code = main([*argv, "--plot", str(png)])
+    page = tmp_path / "report" / "decision.html"
+    code = main([*argv, "--plot", str(png), "--report", str(page)])
     captured = capsys.readouterr()
     assert code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"wrote {png}" in captured.out
+    assert f"wrote {png}" in captured.out and f"wrote {page}" in captured.out
     progress = [
         line for line in captured.err.splitlines() if line.startswith("jaxmesh decide:")
     ]
@@ -82,6 +83,11 @@ def test_decides_b_writes_both_results_and_the_decision(tmp_path, capsys):
     assert decision["winner"] == "b"
     n = decision["episodes"]
     assert len(decision["path"]) == len(progress)
+    # the report page: the verdict and the interval of the decision JSON
+    text = page.read_text()
+    assert "B scores more" in text and "Waudby-Smith" in text
+    shown = f"data-key='interval' data-value='{json.dumps(decision['interval'])}'"
+    assert shown in text
     # B's result file: what evaluate gives on seeds 0..n-1
     result_b = jaxmesh.RunResult.from_dict(
         json.loads((tmp_path / "b.json").read_text())
@@ -109,10 +115,15 @@ def test_undecided_exits_1_and_resume_goes_on(tmp_path, capsys):
     a, b = configs(tmp_path)
     out = tmp_path / "decision.json"
     argv = ["decide", a, b, "--bounds", "0", "500", "--output", str(out)]
-    assert main([*argv, "--max-episodes", "16", "--no-progress"]) == 1
+    page = tmp_path / "undecided.html"
+    more = ["--max-episodes", "16", "--no-progress", "--report", str(page)]
+    assert main([*argv, *more]) == 1
     captured = capsys.readouterr()
     assert captured.err == ""
     assert "no decision after 16 episodes" in captured.out
+    text = page.read_text()
+    assert "no decision after 16 episodes" in text
+    assert "data-key='decided_at' data-value='null'" in text
     first = json.loads(out.read_text())
     assert first["winner"] is None and first["episodes"] == 16
     out2 = tmp_path / "decision2.json"
