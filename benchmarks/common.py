@@ -294,3 +294,13 @@ def serve_policy_process(*args: str) -> tuple[subprocess.Popen, str]:
         proc.wait()
         raise RuntimeError(f"jaxmesh serve-policy {' '.join(args)} did not start")
     return proc, line
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux's /proc; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

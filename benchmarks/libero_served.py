@@ -78,7 +78,7 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
-from common import goal, header, machine, serve_policy_process, table
+from common import cpu_seconds, goal, header, machine, serve_policy_process, table
 
 import jaxmesh
 from jaxmesh.adapt import State, Text
@@ -308,16 +308,6 @@ def env_cores(camera_size: int, steps: int = 20) -> float:
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
     env.close()
     return busy
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU seconds (Linux's /proc; NaN elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,15 @@ import gymnasium
 import jax.numpy as jnp
 import msgpack
 import numpy as np
-from common import goal, header, interleave, machine, serve_policy_process, table
+from common import (
+    cpu_seconds,
+    goal,
+    header,
+    interleave,
+    machine,
+    serve_policy_process,
+    table,
+)
 from serve_client import pack, unpack
 from websockets.sync.client import connect
 
@@ -89,16 +97,6 @@ def serve() -> tuple[subprocess.Popen, str]:
         "ws_policy:POLICY", "--input", f"{KEY}=float32[4]"
     )
     return proc, line.removeprefix("ws://")
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU seconds (Linux's /proc; NaN elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def with_cpu(run, server: int) -> dict:
