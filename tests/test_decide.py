@@ -37,6 +37,18 @@ def balance(obs):  # angle and angular velocity: keeps the pole up
     return (obs[2] + obs[3] > 0).astype(jnp.int32)
 
 
+def first_rejection(values) -> tuple[int, int]:
+    """The betting test fed ``values`` (returns' differences, bounds
+    -500..500) one by one: the count at which it first rejects, and its
+    direction."""
+    seq = BettingSequence(-500.0, 500.0)
+    for v in values:
+        seq.update([v])
+        if seq.rejects:
+            break
+    return seq.n, seq.direction
+
+
 def test_a_clear_gap_decides_b_in_a_few_batches_on_paired_seeds():
     seen_at: list[int] = []
     with compiles() as seen:
@@ -77,12 +89,7 @@ def test_a_clear_gap_decides_b_in_a_few_batches_on_paired_seeds():
     low, high = d.interval
     assert 0 <= low < diff.mean() < high
     # the decision is the betting test's on those differences, fed one by one
-    seq = BettingSequence(-500.0, 500.0)
-    for v in diff:
-        seq.update([v])
-        if seq.rejects:
-            break
-    assert (seq.n, seq.direction) == (d.decided_at, 1)
+    assert first_rejection(diff) == (d.decided_at, 1)
     assert "B scores more" in str(d)
 
 
@@ -225,12 +232,7 @@ def test_a_suite_is_decided_over_its_tasks_stratified():
         )
     rounds = (diffs[0] + diffs[1]) / 2  # each task weighs the same
     assert d.difference == pytest.approx(rounds.mean())
-    seq = BettingSequence(-500.0, 500.0)
-    for v in rounds:
-        seq.update([v])
-        if seq.rejects:
-            break
-    assert (seq.n, seq.direction) == (d.decided_at, 1)
+    assert first_rejection(rounds) == (d.decided_at, 1)
     assert "a suite of 2 tasks (short, long)" in str(d)
     assert "episodes per task and arm" in str(d)
 
