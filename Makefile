@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PEER_STAMP := $(VENV)/.installed-peer
 
-.PHONY: run test test-slow lint bench train proto clean
+.PHONY: run test test-slow test-torch lint bench train proto clean
 
 # The floor declared in pyproject.toml (requires-python); checked before the venv
 # is built, so an older interpreter fails with this message instead of pip's.
@@ -34,7 +34,7 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -rs -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -rs -m "not slow and not torch"
 
 # The tests marked slow, left out of make test and run by CI after it: those
 # that start Jupyter kernels (the notebooks, 8 forced CPU devices), several
@@ -47,6 +47,12 @@ test: $(STAMP)
 # envs (the Menagerie robot only on its error cases).
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 -m slow
+
+# A PyTorch module as a HostPolicy against plain loops: installs torch (PyPI's
+# wheel, with its CUDA libraries: gigabytes), which CI's install leaves out.
+test-torch: $(STAMP)
+	$(BIN)/pip install -e '.[torch]'
+	$(BIN)/python -m pytest --durations=20 -m torch tests/test_host_policy_torch.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check jaxmesh tests benchmarks

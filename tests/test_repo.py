@@ -29,7 +29,9 @@ PYPROJECT = ROOT / "pyproject.toml"
 #: checks that pyproject, ruff and the Makefile agree on it.
 FLOOR = (3, 11)
 #: Extras for code outside the package; ``jaxmesh/`` may not rely on them.
-NOT_FOR_THE_PACKAGE = {"test", "dev", "bench", "peer"}
+NOT_FOR_THE_PACKAGE = {"test", "dev", "bench", "peer", "torch"}
+#: Extras that tests/ imports, beside [test] (make test-torch installs [torch]).
+FOR_THE_TESTS = {"torch"}
 #: Declared but never imported by name, and why.
 NOT_IMPORTED = {
     "six": "gymnax 1.0.1 imports it without declaring it",
@@ -170,7 +172,9 @@ def installed_without_deps() -> set[str]:
 
 
 def test_tests_and_benchmarks_import_only_their_extras():
-    bad = undeclared("tests", declared("test") | installed_without_deps())
+    bad = undeclared(
+        "tests", declared("test", *FOR_THE_TESTS) | installed_without_deps()
+    )
     bad += undeclared("benchmarks", declared("peer"))
     assert not bad, (
         f"tests/ or benchmarks/ import modules that [test] (tests) or [peer] "
@@ -185,7 +189,7 @@ def test_every_declared_distribution_is_imported():
     optional = project.get("optional-dependencies", {})
     used = {
         folder: {d for m in imports(ROOT / folder) for d in distributions(m, {m})}
-        for folder in ("jaxmesh", "benchmarks")
+        for folder in ("jaxmesh", "benchmarks", "tests")
     }
     # Each group's own entries (its jaxmesh[...] parts are checked under their
     # own names), against the code that group serves. [test] and [dev] hold
@@ -193,6 +197,7 @@ def test_every_declared_distribution_is_imported():
     groups = {"dependencies": (project["dependencies"], "jaxmesh")}
     for extra in sorted(set(optional) - {"test", "dev"}):
         folder = "benchmarks" if extra in NOT_FOR_THE_PACKAGE else "jaxmesh"
+        folder = "tests" if extra in FOR_THE_TESTS else folder
         groups[f"[{extra}]"] = (optional[extra], folder)
     unused = {}
     for group, (requirements, folder) in groups.items():
