@@ -93,6 +93,13 @@ def loss_text(loss: dict) -> str:
     return text + ("" if back is None else f"; rejoined at {back:.1f} s")
 
 
+def _at(stats: dict[str, Any], key: str) -> Any:
+    """The value at dotted path ``key`` of ``stats``."""
+    for part in key.split("."):
+        stats = stats[part]
+    return stats
+
+
 def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
     """The statistics (``table="summary"``)."""
     n = stats["episodes"]
@@ -101,106 +108,63 @@ def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
         return out
     out += _return_rows(stats) + _success_rows(stats)
     for name, m in (stats.get("metrics") or {}).items():
-        out.append(
-            Row(
-                f"metrics.{name}.mean",
-                f"metric {name} ({m['reduction']}), mean",
-                m["mean"],
-                "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}",
-                "over the episodes that have a value",
-            )
-        )
-    terminated = int(np.sum(result.terminated))
-    truncated = int(np.sum(result.truncated))
-    out += [
-        Row(
-            "terminated",
-            "terminated",
-            terminated,
-            f"{terminated:,}",
-            "episodes the env ended (a failure or a goal)",
-        ),
-        Row(
-            "truncated",
-            "truncated",
-            truncated,
-            f"{truncated:,}",
-            "episodes cut by a step or time limit",
-        ),
-    ]
+        text = "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}"
+        label = f"metric {name} ({m['reduction']}), mean"
+        note = "over the episodes that have a value"
+        out.append(Row(f"metrics.{name}.mean", label, m["mean"], text, note))
+    for key, note in (
+        ("terminated", "episodes the env ended (a failure or a goal)"),
+        ("truncated", "episodes cut by a step or time limit"),
+    ):
+        count = int(np.sum(getattr(result, key)))
+        out.append(Row(key, key, count, f"{count:,}", note))
     return out
 
 
 def _return_rows(stats: dict[str, Any]) -> list[Row]:
     """The statistics of the returns and the mean length."""
-    r = stats["returns"]
-    level = f"{stats['confidence']:.0%}"
-    how = (
-        f"percentile bootstrap, {stats['resamples']:,} resamples, seed {stats['seed']}"
-    )
+    level, n, seed = f"{stats['confidence']:.0%}", stats["resamples"], stats["seed"]
+    how = f"percentile bootstrap, {n:,} resamples, seed {seed}"
+
+    def num(key: str, label: str, note: str = "", digits: int = 3) -> Row:
+        return Row(key, label, _at(stats, key), _num(_at(stats, key), digits), note)
+
+    def span(key: str, label: str) -> Row:
+        value = _at(stats, key)
+        return Row(key, f"{label}, {level} interval", value, _interval(value), how)
+
+    middle = "interquartile mean: the mean of the middle half of the returns"
     return [
-        Row("returns.mean", "mean return", r["mean"], _num(r["mean"])),
-        Row(
-            "returns.std",
-            "std of the returns",
-            r["std"],
-            _num(r["std"]),
-            "sample standard deviation (ddof = 1)",
+        num("returns.mean", "mean return"),
+        num(
+            "returns.std", "std of the returns", "sample standard deviation (ddof = 1)"
         ),
-        Row(
+        num(
             "returns.standard_error",
             "standard error of the mean",
-            r["standard_error"],
-            _num(r["standard_error"]),
             "std / sqrt(episodes)",
         ),
-        Row(
-            "returns.mean_interval",
-            f"mean return, {level} interval",
-            r["mean_interval"],
-            _interval(r["mean_interval"]),
-            how,
-        ),
-        Row(
-            "returns.iqm",
-            "IQM return",
-            r["iqm"],
-            _num(r["iqm"]),
-            "interquartile mean: the mean of the middle half of the returns",
-        ),
-        Row(
-            "returns.iqm_interval",
-            f"IQM return, {level} interval",
-            r["iqm_interval"],
-            _interval(r["iqm_interval"]),
-            how,
-        ),
+        span("returns.mean_interval", "mean return"),
+        num("returns.iqm", "IQM return", middle),
+        span("returns.iqm_interval", "IQM return"),
         Row(
             "resamples",
             "bootstrap resamples",
-            stats["resamples"],
-            f"{stats['resamples']:,} (percentile bootstrap, seed {stats['seed']})",
+            n,
+            f"{n:,} (percentile bootstrap, seed {seed})",
             "fewer for a very large run, so that the summary takes seconds",
         ),
         *(
-            Row(
+            num(
                 f"returns.quantiles.{k}",
                 f"return {k}",
-                v,
-                _num(v),
                 f"{k[1:]}% of the episodes return at most this",
             )
-            for k, v in r["quantiles"].items()
+            for k in stats["returns"]["quantiles"]
         ),
-        Row("returns.min", "min return", r["min"], _num(r["min"])),
-        Row("returns.max", "max return", r["max"], _num(r["max"])),
-        Row(
-            "lengths.mean",
-            "mean length",
-            stats["lengths"]["mean"],
-            _num(stats["lengths"]["mean"], 1),
-            "env steps per episode",
-        ),
+        num("returns.min", "min return"),
+        num("returns.max", "max return"),
+        num("lengths.mean", "mean length", "env steps per episode", 1),
     ]
 
 
@@ -208,125 +172,95 @@ def _success_rows(stats: dict[str, Any]) -> list[Row]:
     """The success rates (none without a success key)."""
     out: list[Row] = []
     n, level = stats["episodes"], f"{stats['confidence']:.0%}"
-    mode = stats.get("success_mode")
+    mode, key = stats.get("success_mode"), stats.get("success_key")
     named = {"once": "success once", "end": "success at end"}.get(mode)
-    headline = f" ({named}, the headline)" if named else ""
-    key = stats.get("success_key")
-    if stats["success_rate"] is not None:
-        low, high = stats["success_interval"]
+    label = "success rate" + (f" ({named}, the headline)" if named else "")
+    rate = stats["success_rate"]
+    if rate is not None:
+        low, high = pair = stats["success_interval"]
         out += [
-            Row(
-                "success_rate",
-                f"success rate{headline}",
-                stats["success_rate"],
-                f"{stats['success_rate']:.1%}",
-                f"success_mode={mode!r}",
-            ),
+            Row("success_rate", label, rate, f"{rate:.1%}", f"success_mode={mode!r}"),
             Row(
                 "success_interval",
                 f"success rate, {level} Wilson interval",
-                stats["success_interval"],
+                pair,
                 f"[{low:.1%}, {high:.1%}]",
                 "Wilson score interval",
             ),
         ]
     elif key is not None:
-        out.append(
-            Row(
-                "success_rate",
-                f"success rate{headline}",
-                None,
-                f"n/a (some episodes had no {key!r} in their info)",
-            )
+        why = f"n/a (some episodes had no {key!r} in their info)"
+        out.append(Row("success_rate", label, None, why))
+    if key is None:
+        return out
+    for name, label, note in (
+        ("success_once_rate", "success once", "any step of the episode"),
+        ("success_at_end_rate", "success at end", "the episode's last step"),
+    ):
+        value = stats.get(name)
+        note = f"the success signal was true at {note}"
+        out.append(Row(name, label, value, _pct(value), note))
+    at_reset = stats.get("successes_at_reset")
+    out.append(
+        Row(
+            "successes_at_reset",
+            "successful at reset",
+            at_reset,
+            "unknown" if at_reset is None else f"{at_reset:,} of {n:,} episodes",
+            "episodes whose success signal was already true at reset"
+            if at_reset is not None
+            else "the env's reset gives no success signal",
         )
-    if key is not None:
-        at_reset = stats.get("successes_at_reset")
-        out += [
-            Row(
-                "success_once_rate",
-                "success once",
-                stats.get("success_once_rate"),
-                _pct(stats.get("success_once_rate")),
-                "the success signal was true at any step of the episode",
-            ),
-            Row(
-                "success_at_end_rate",
-                "success at end",
-                stats.get("success_at_end_rate"),
-                _pct(stats.get("success_at_end_rate")),
-                "the success signal was true at the episode's last step",
-            ),
-            Row(
-                "successes_at_reset",
-                "successful at reset",
-                at_reset,
-                "unknown" if at_reset is None else f"{at_reset:,} of {n:,} episodes",
-                "episodes whose success signal was already true at reset"
-                if at_reset is not None
-                else "the env's reset gives no success signal",
-            ),
-        ]
+    )
     return out
 
 
 def setting_rows(result: Any) -> list[Row]:
     """What ran (``table="settings"``)."""
-    cap = result.max_episode_seconds
-    chunk = result.chunk
+    cap, chunk = result.max_episode_seconds, result.chunk
+
+    def field(key: str, label: str, text: str, note: str = "") -> Row:
+        return Row(key, label, getattr(result, key), text, note)
+
     rows = [
-        Row("policy", "policy", result.policy, result.policy or "n/a"),
-        Row("env", "env", result.env, short_env(result.env) or "n/a"),
+        field("policy", "policy", result.policy or "n/a"),
+        field("env", "env", short_env(result.env) or "n/a"),
     ]
     if result.instruction is not None:
-        rows.append(
-            Row("instruction", "instruction", result.instruction, result.instruction)
-        )
+        rows.append(field("instruction", "instruction", result.instruction))
+    capped = "s (wall clock: results depend on timing and may differ between runs)"
     rows += [
-        Row("num_envs", "lanes (num_envs)", result.num_envs, f"{result.num_envs:,}"),
-        Row(
+        field("num_envs", "lanes (num_envs)", f"{result.num_envs:,}"),
+        field(
             "horizon",
             "horizon",
-            result.horizon,
             f"{result.horizon}",
             "actions of a chunk executed before the next plan",
         ),
-        Row(
+        field(
             "effective_horizon",
             "effective horizon",
-            result.effective_horizon,
             f"{result.effective_horizon}",
             "min(horizon, chunk length)",
         ),
-        Row(
+        field(
             "chunk",
             "chunk length",
-            chunk,
             "one action per plan" if chunk is None else f"chunks of {chunk} actions",
             "actions a plan returns",
         ),
-        Row(
+        field(
             "prefetch_lead",
             "prefetch lead",
-            result.prefetch_lead,
             f"{result.prefetch_lead}",
             "steps a chunk is planned before it plays",
         ),
         Row("mode", "mode", mode_text(result), mode_text(result)),
-        Row(
-            "plan_tile",
-            "plan tile",
-            result.plan_tile,
-            f"{result.plan_tile}",
-            "rows per policy call",
-        ),
-        Row(
+        field("plan_tile", "plan tile", f"{result.plan_tile}", "rows per policy call"),
+        field(
             "max_episode_seconds",
             "max episode seconds",
-            cap,
-            "none"
-            if cap is None
-            else f"{cap:g} s (wall clock: results depend on timing and may differ "
-            "between runs)",
+            "none" if cap is None else f"{cap:g} {capped}",
         ),
     ]
     rows += [
@@ -351,47 +285,37 @@ def setting_rows(result: Any) -> list[Row]:
 
 def _total_rows(result: Any) -> list[Row]:
     """What it cost (``table="totals"``)."""
-    rows = [
-        Row("env_steps", "env steps", result.env_steps, f"{result.env_steps:,}"),
-        Row(
+    r = result
+    resumed = getattr(r, "resumed_part", None)
+    rate = "the resumed part's env steps / its run time" if resumed else ""
+    rows = [  # (field, label, text, note)
+        ("env_steps", "env steps", f"{r.env_steps:,}", ""),
+        (
             "policy_rows",
             "policy rows",
-            result.policy_rows,
-            f"{result.policy_rows:,}",
+            f"{r.policy_rows:,}",
             "rows the policy computed, padding included",
         ),
-        Row(
+        (
             "rows_per_step",
             "policy rows per env step",
-            result.rows_per_step,
-            f"{result.rows_per_step:.3f} ({result.plan_tile} rows per call)",
+            f"{r.rows_per_step:.3f} ({r.plan_tile} rows per call)",
             "ideal: 1 / horizon",
         ),
-        Row(
+        (
             "steps_per_second",
             "env steps / s",
-            result.steps_per_second,
-            f"{result.steps_per_second:,.0f}",
-            "env steps / run time"
-            if not getattr(result, "resumed_part", None)
-            else "the resumed part's env steps / its run time",
+            f"{r.steps_per_second:,.0f}",
+            rate or "env steps / run time",
         ),
-        Row(
-            "wall_time",
-            "wall time",
-            result.wall_time,
-            f"{result.wall_time:.2f} s",
-            "the whole call",
-        ),
-        Row(
-            "compile_time",
-            "compile time",
-            result.compile_time,
-            f"{result.compile_time:.2f} s",
-        ),
-        Row("run_time", "run time", result.run_time, f"{result.run_time:.2f} s"),
+        ("wall_time", "wall time", f"{r.wall_time:.2f} s", "the whole call"),
+        ("compile_time", "compile time", f"{r.compile_time:.2f} s", ""),
+        ("run_time", "run time", f"{r.run_time:.2f} s", ""),
     ]
-    return [row._replace(table="totals") for row in rows]
+    return [
+        Row(k, label, getattr(r, k), text, note, "totals")
+        for k, label, text, note in rows
+    ]
 
 
 def seeds_text(seeds: Any) -> str:
