@@ -34,7 +34,7 @@ from jaxmesh.envs.gymnax import GymnaxEnv, task_batch
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
 from jaxmesh.results import summary as _summary
-from jaxmesh.results.result import RunResult, flag_rate, frozen
+from jaxmesh.results.result import RunResult, flag_rate, frozen, select
 from jaxmesh.run import checks, stream
 from jaxmesh.run.config import RunConfig
 
@@ -458,39 +458,23 @@ def _split(
     sizes = [_seeds(plans[n]).size for n in group]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     idx = np.asarray(result.indices)
-    n = idx.size
     total = max(int(np.sum(result.lengths)), 1)
     out = {}
     for k, name in enumerate(group):
         keep = (idx >= offsets[k]) & (idx < offsets[k + 1])
-        fields = {}
-        for f in dataclasses.fields(RunResult):
-            v = getattr(result, f.name)
-            if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == n:
-                v = v[keep]
-            elif (
-                isinstance(v, dict)
-                and all(
-                    isinstance(x, np.ndarray) and x.shape[:1] == (n,)
-                    for x in v.values()
-                )
-                and v
-            ):
-                v = {key: x[keep] for key, x in v.items()}
-            fields[f.name] = v
-        steps = int(np.sum(fields["lengths"]))
+        steps = int(np.sum(np.asarray(result.lengths)[keep]))
         share = steps / total
-        fields.update(
-            indices=fields["indices"] - offsets[k],
+        out[name] = select(
+            result,
+            keep,
+            indices=idx[keep] - offsets[k],
             env_steps=steps,
             policy_rows=round(result.policy_rows * share),
             wall_time=result.wall_time * share,
             compile_time=result.compile_time * share,
             run_time=result.run_time * share,
+            **({} if envs is None else {"env": envs[k].name}),
         )
-        if envs is not None:
-            fields["env"] = envs[k].name
-        out[name] = RunResult(**fields)
     return out
 
 

@@ -38,7 +38,7 @@ from jaxmesh.envs import make_env
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
-from jaxmesh.results.result import RunResult
+from jaxmesh.results.result import RunResult, select
 from jaxmesh.run import backend, build, checks, dispatch
 from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.run.plan import (
@@ -254,25 +254,12 @@ def _resumed(resume: Any, seeds: np.ndarray) -> dict:
 def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> RunResult:
     """Cell c's result: episodes ``c * e .. (c + 1) * e - 1`` of ``whole``."""
     at = slice(c * e, (c + 1) * e)
-    cut = lambda x: None if x is None else np.asarray(x)[at]
-    lengths, calls = cut(whole.lengths), cut(whole.predict_calls)
-    return dataclasses.replace(
+    return select(
         whole,
+        at,
         indices=np.arange(e),
-        seeds=cut(whole.seeds),
-        returns=cut(whole.returns),
-        lengths=lengths,
-        terminated=cut(whole.terminated),
-        truncated=cut(whole.truncated),
-        predict_calls=calls,
-        lanes=cut(whole.lanes),
-        success=cut(whole.success),
-        success_once=cut(whole.success_once),
-        success_at_end=cut(whole.success_at_end),
-        success_at_reset=cut(whole.success_at_reset),
-        metrics={k: cut(v) for k, v in whole.metrics.items()},
-        env_steps=int(np.sum(lengths)),
-        policy_rows=int(np.sum(calls)),
+        env_steps=int(np.sum(whole.lengths[at])),
+        policy_rows=int(np.sum(whole.predict_calls[at])),
         horizon=horizon,
         effective_horizon=h,
         delay=d,
@@ -682,13 +669,8 @@ class Sweep:
                 continue
             x = [r.get("delay_ms", r["delay"]) for r in line]
             y = [r[value] for r in line]
-            lo = [
-                y_ - (r[interval] or [y_, y_])[0] for r, y_ in zip(line, y, strict=True)
-            ]
-            hi = [
-                (r[interval] or [y_, y_])[1] - y_ for r, y_ in zip(line, y, strict=True)
-            ]
-            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"H={h}")
+            yerr = _report._errorbars(y, [r[interval] for r in line])
+            ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=f"H={h}")
         ms = self.delay_steps is not None
         ax.set_xlabel(f"inference delay ({'ms' if ms else 'steps'})")
         ax.set_ylabel("success rate" if success else "mean return")

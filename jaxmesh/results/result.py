@@ -730,6 +730,26 @@ class RunResult:
         return _from_dict(cls, d)
 
 
+def select(result: RunResult, keep: Any, **changes: Any) -> RunResult:
+    """``result`` cut to the episodes ``keep`` (a mask, indices or a slice)
+    picks: every per-episode array, and dict of them, cut; ``changes`` replace
+    fields (the totals are the caller's)."""
+    n = len(result.returns)
+
+    def per_episode(v: Any) -> bool:
+        return isinstance(v, np.ndarray) and v.shape[:1] == (n,)
+
+    def cut(v: Any) -> Any:
+        if per_episode(v):
+            return v[keep]
+        if isinstance(v, dict) and v and all(map(per_episode, v.values())):
+            return {key: x[keep] for key, x in v.items()}
+        return v
+
+    fields = {f.name: cut(getattr(result, f.name)) for f in dataclasses.fields(result)}
+    return RunResult(**{**fields, **changes})
+
+
 #: The settings ``to_dict`` writes as they are, in order (``asynchronous``,
 #: a property, is not read back); the first four are required.
 SETTINGS = (
