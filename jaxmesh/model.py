@@ -1,16 +1,12 @@
 """``jaxmesh.Model``: a policy with up to four predict corners.
 
-The four corners are ``predict`` (one lane, one action), ``predict_chunk`` (one
-lane, a chunk of K actions), ``predict_batch`` and ``predict_chunk_batch`` (a
-batch of lanes). An author implements any of them; the engine derives the rest
-and always calls a batched corner (``vmap`` lifts a single-lane corner).
-
-Corners read weights from ``self.params``. A corner that has a ``key`` argument
-is stochastic and receives a PRNG key (one per lane). A model that defines
-``initial_state()`` is recurrent: its corners take ``state=`` and return
-``(output, new_state)``; the engine carries the state per lane and resets it at
-each episode start. The engine sees a model through ``Model.as_policy`` (the
-``jaxmesh.types.PolicyLike`` protocol) and nothing else.
+``predict`` (one lane, one action), ``predict_chunk`` (one lane, a chunk of K
+actions), ``predict_batch`` and ``predict_chunk_batch`` (a batch of lanes): an
+author implements any of them and the engine derives the rest, always calling
+a batched corner (``vmap`` lifts a single-lane one). Corners read weights from
+``self.params``; a ``key`` argument makes a corner stochastic; a model with
+``initial_state()`` is recurrent. The engine sees a model only through
+``Model.as_policy``. The rules: docs/models.md.
 
 Example::
 

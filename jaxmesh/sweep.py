@@ -1,24 +1,12 @@
 """``jaxmesh.sweep``: a grid of inference delays and horizons in one program.
 
-``sweep(policy, env, delay=[0, 1, 2, 4], horizon=[4, 8], episodes=100)``
-scores every (delay, horizon) cell on the same seeds and returns a ``Sweep``:
-one ``RunResult`` per cell (``sweep.get(delay=1, horizon=4)``), a table of
-success rate and mean return with their intervals, and a plot of them against
-the delay, a line per horizon.
-
-The cells are data of one compiled program: cell c runs the budget's episodes
-``c * E .. (c + 1) * E - 1`` (E episodes per cell, the same seeds in each), and
-a lane takes its episode's (h, d) when it begins it (``jaxmesh.core.agent``:
-the cursor, the delayed plan and the actions it plays read the lane's h and d;
-the buffers are sized for the largest). On a JAX env that program is the scan;
-on a host-stepped or served env it is the host loop's agent step, one run over
-the cells' episodes, the loop pacing each lane by its cell
-(``jaxmesh.run.host.loop.HostLoop.lane_setting``: the replays it takes without an
-agent step, a served env's segments). Each cell's episodes are bit for bit
-those of ``jaxmesh.evaluate`` with that horizon and delay and the same
-``plan_tile`` (``cell.plan_tile``: one tile serves every cell). A policy that
-declares ``execution_horizon`` is told one static value per program, so its
-cells compile one program per distinct ``h + d``.
+Every (delay, horizon) cell runs the same seeds; the cells are data of one
+compiled program (cell c runs the budget's episodes ``c * E .. (c + 1) * E -
+1``, and a lane takes its episode's (h, d) when it begins it): the scan on a
+JAX env, the host loop's agent step on a host-stepped or served env
+(``HostLoop.lane_setting`` paces each lane by its cell). Each cell's episodes
+are bit for bit those of ``jaxmesh.evaluate`` with its horizon, delay and
+``plan_tile``. The user's view: docs/evaluation.md, "Sweeps".
 """
 
 from __future__ import annotations

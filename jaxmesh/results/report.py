@@ -1,35 +1,16 @@
 """A run's plots, and one self-contained HTML page that a person can read.
 
-``plot(result)`` draws a matplotlib ``Figure``: the returns as a histogram and as
-an empirical CDF, the episode lengths, and the running success rate when the
-result holds a success signal; a value every episode shares is one line
-(``constant_lines``), not a plot. ``write_report(result, path)`` writes one HTML
-file: the summary table (``result.stats()``), those plots, the videos of
-recorded episodes, the run's settings and totals, its provenance (seeds, the
-run's identity, the date and the versions that made it), the telemetry of a
-host-stepped run and the per-episode table. The summary, settings, totals and
-provenance tables print the rows of ``jaxmesh.results.summary.rows``: the same
-rows as ``result.summary()``, never a second copy.
+``plot(result)`` draws a matplotlib ``Figure``; ``write_report(result, path)``
+writes the page (what each section holds, and why the page stands alone:
+docs/evaluation.md, "Plots and the HTML report"). Its summary, settings,
+totals and provenance tables print the rows of ``jaxmesh.results.summary.rows``,
+the same rows as ``result.summary()``. matplotlib (the ``[report]`` extra) is
+imported on the first call that draws; figures are Agg ``Figure`` objects made
+without ``matplotlib.pyplot`` (no global figure list, the user's backend left
+alone). Every string from a result is escaped with ``html.escape``.
 
-The page stands alone: its CSS is inline, its plots are PNG images inside
-``data:`` URIs (base64 is how HTML embeds an image; nothing of a run's data
-travels this way), and it refers to nothing on the network, so it opens offline
-and can be mailed or attached as it is. Every string that comes from a result
-(policy and env names, settings, telemetry series) is escaped with
-``html.escape``. The same result gives the same bytes (the only date written is
-the run's own, from the result).
-
-matplotlib is an optional extra (``pip install 'jaxmesh[report]'``), imported on
-the first call that draws, never when this module is imported. Figures are
-``matplotlib.figure.Figure`` objects on an Agg canvas, made without
-``matplotlib.pyplot``: nothing is registered in pyplot's global figure list (a
-loop of reports leaks no figures), and the user's own backend is left as it is.
-
-The page is a list of sections (``SECTIONS``), each a function of a ``Page``
-(the result, its statistics, the page's options) that returns a ``Section`` or
-None; a section with nothing to show returns None and is left out, with its
-entry in the contents. A later section (a link to a timeline, say) is one more
-such function, placed in ``SECTIONS`` where it should appear.
+The page is ``SECTIONS``: functions of a ``Page`` that each return a
+``Section``, or None (left out, with its contents entry).
 """
 
 from __future__ import annotations

@@ -1,41 +1,13 @@
-"""Statistics of a run's returns, and a paired comparison of two runs.
+"""Statistics of a run's returns, and a comparison of two runs.
 
-Plain numpy (and the standard library's ``statistics.NormalDist``); nothing here
-imports JAX. Conventions, so that a figure printed here can be checked by hand:
-
-- ``std`` is the sample standard deviation (``ddof=1``); ``standard_error`` is
-  ``std / sqrt(n)``. Both are undefined (None in ``describe``) for fewer than two
-  values.
-- Quantiles are numpy's default (linear interpolation between order
-  statistics, Hyndman and Fan type 7), at 5, 25, 50, 75 and 95 percent.
-- The IQM (interquartile mean) is rliable's ``metrics.aggregate_iqm``, that is
-  ``scipy.stats.trim_mean(x, proportiontocut=0.25)``: sort, drop the
-  ``floor(n / 4)`` lowest and the ``floor(n / 4)`` highest values, and take the
-  plain mean of the rest (no fractional weights at the cut). For n < 4 nothing
-  is dropped and the IQM is the mean.
-- Intervals of the mean and of the IQM are 95% **percentile bootstrap**
-  intervals: ``RESAMPLES`` (10,000) resamples of n values drawn with
-  replacement, from ``numpy.random.default_rng(seed)`` with ``SEED`` (0) by
-  default, so a result prints the same interval every time. The interval is the
-  2.5th and 97.5th percentiles of the resampled statistic. Identical values give
-  the degenerate interval ``(v, v)``; fewer than two values give no interval.
-  The cost is O(resamples * n) time (about 0.3 s at n = 1000 on one core) in
-  memory bounded by ``_CHUNK_ELEMENTS``.
-- A success rate's interval is the Wilson score interval.
-- ``compare`` pairs two runs episode by episode (same episode indices, same
-  seeds) and bootstraps the mean of the per-episode differences ``b - a``
-  (resampling episodes, so the pairing is kept). Pairing removes what the two
-  runs share (how hard each seed is), so it can see an improvement that two
-  separate intervals, each as wide as the seed-to-seed spread, cannot. Runs of
-  different envs are not paired episodes (seed s of one env is not seed s of
-  another), so ``compare`` refuses them unless asked ``unpaired=True``: then it
-  bootstraps each run's mean on its own (seeds ``seed`` and ``seed + 1``) and
-  reports the interval of the difference of the two means, and ``wins`` is the
-  share of all (a, b) episode pairs where b's return is greater (ties half).
-- Every interval here is a fixed-sample interval: its 95% holds for a number of
-  episodes chosen before the runs. Adding episodes until it leaves 0 and
-  stopping then makes a false "B scores more" far likelier than 5%; the
-  anytime-valid test for that is ``jaxmesh.decide`` (``results.sequential``).
+Plain numpy (and ``statistics.NormalDist``); nothing here imports JAX. Each
+function's docstring states its convention so that a figure can be checked by
+hand; docs/evaluation.md, "Statistics and paired comparison", lists them
+(sample std, rliable's IQM, 95% percentile bootstrap with ``RESAMPLES`` draws
+from ``numpy.random.default_rng(SEED)``, Wilson interval, pairing by seed).
+The bootstrap costs O(resamples * n) time in memory bounded by
+``_CHUNK_ELEMENTS``. Every interval here is fixed-sample; the anytime-valid
+test for adding episodes until it is clear is ``jaxmesh.decide``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """Videos of recorded episodes: ``jaxmesh.render(result, episode=0, path=...)``.
 
-Frames come from, in this order:
-
-1. ``frames=fn``: ``fn(obs, state) -> rgb [H, W, 3] uint8``, for every
-   observation of the episode (reset first). For a JAX env, ``state`` is the
-   env's state at that observation, rebuilt by replaying the recorded actions
-   from the episode's key (CONTRACT 5: reset with ``PRNGKey(seed)``, step t
-   with ``fold_in(fold_in(key, 0), t)``); for a host-stepped env it is None.
-2. The frames a host-stepped gymnasium run captured (envs with
-   ``render_mode="rgb_array"``; ``Trajectory.frames``).
-3. The env's own renderer on the render states the run recorded
-   (``Record.states``; MuJoCo Playground and brax envs record them by
-   default): Playground's (``env.render(trajectory)``) and brax's
-   (``brax.io.image``), both MuJoCo's OpenGL renderer, headless through
-   ``MUJOCO_GL=egl``. Nothing is replayed: the video is the run's own
-   episode, however long.
-4. For an EnvPool env (``envpool:<id>``, which has no renderer), the frames
-   the policy saw: each recorded observation that is an image (Atari's
-   ``[stack, H, W]`` uint8 frames: the newest of the stack, in gray).
-5. The env's own renderer, on the replayed states: gymnax's
-   (``gymnax.visualize``: gymnasium's pygame drawing for classic control,
-   matplotlib for the others), brax's and Playground's (when their states
-   were not recorded). The replay is open loop: in an unstable system its
-   float rounding drifts from the run's over a long episode, and such an
-   episode is refused (its observations differ from the recorded ones).
-
-The video is written with imageio: ``.gif`` through Pillow, ``.mp4`` (and
-other ffmpeg formats) through the ffmpeg that imageio-ffmpeg ships
-(``pip install 'jaxmesh[video]'``).
+Frames come from, in this order: a ``frames=fn(obs, state)`` function; the
+frames a host-stepped run captured; the env's renderer on the recorded render
+states (Playground, brax); an EnvPool env's image observations; the env's
+renderer on states replayed from the episode's key (CONTRACT 5). Each source's
+limits are in docs/evaluation.md, "Recording episodes and videos". The video
+is written with imageio (``.gif`` through Pillow, else the ffmpeg of
+imageio-ffmpeg: ``pip install 'jaxmesh[video]'``).
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """The server side of the native protocol: each client's lanes as slots of a
-pool that runs the host loop's own jitted agent step.
+pool that runs the host loop's own jitted agent step (docs/serving.md,
+"jaxmesh's own protocol: RemotePolicy").
 
-A client (``jaxmesh.RemotePolicy`` inside ``jaxmesh.evaluate``) opens a session
-with its env's observation layout, action space and run settings. The server
-plans the run as the client's own process would (``agent_step.agent_functions``:
-the probe, the effective horizon and lead, the plan tile) and gives the
-session's lanes slots of a pool: one ``AgentState`` of ``size`` lanes and one
-jitted step (``PackedStep``) shared by every session whose plan is the same but
-for its lane count. A step request carries the session's lane masks, step
-indices, episode keys and the new observations; the pool's step runs with the
+A session opens with its env's layout and run settings; the server plans it as
+the client's process would (``agent_step.agent_functions``) and gives its lanes
+slots of a ``Pool``: one ``AgentState`` and one jitted step shared by the
+sessions whose plan is the same but for their lane count. A step runs with the
 requesting slots moved and active and every other slot masked, which keeps a
-slot's state whole (``agent.host_step``: a lane neither moved nor active keeps
-its state). So frame windows, ``Previous``, recurrent state and the chunk being
-replayed live in the slots, and each episode's start (``started``) clears them,
-as in process.
-
-Exactness: a pool plans with the session's own tile (``AgentConfig.tile``), so
-every forward has the shape it has in the client's own process; a row's result
-never depends on the other rows of its tile (the contract that makes results
-independent of the lane count), so rows of several clients in one forward give
-what each would alone.
-
-Several sessions' steps run as one pool step (``Pools.run``, fed by the
-server's ``Batcher``). A pool holds exactly its sessions' lanes, so a lone
-client's step costs what its own process's would: sessions join a pool while
-their lanes together stay within ``max_batch`` (a session of more lanes gets
-a pool of its own), and the pool is resized (its lanes' states moved) when one
-joins or leaves; each size compiles once.
+slot's state whole (``agent.host_step``). A pool plans with the session's own
+tile, and a row's result never depends on the other rows of its tile, so rows
+of several clients in one forward give what each would alone.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """One queue for the requests of every connection, and the thread that runs
-them in batches.
+them in batches (the rules a client sees: docs/serving.md, "Batching").
 
 A forward takes the oldest request and up to ``max_batch - 1`` more of the
-same observation layout, waiting at most ``max_wait_ms`` after the oldest
-arrived for them to come; it does not wait when every connected client
-that could join it already has a request in the queue (none could add
-another), so a lone client pays no wait. A client may connect to a group
-(``connect(group)``, the ``signature`` of its requests): a forward then
-waits only for its own group's clients, never for one whose requests can
-never join it. A request whose client has gone is dropped before it
-runs. A request the model cannot run fails alone (its own ``RequestError``);
-an error of the forward itself fails the requests of that batch only; the
-server serves on.
-
-A lone client's request, with nothing queued or running, runs at once in
-the thread that received it (``run_alone``): no hand-off to the forward
-thread and back, the latency of two thread switches. So does a batch that
-a request completes, every connected client's request queued, with no
-forward running (``run_ready``, in the thread that received the last).
-
-Each reply carries its telemetry (``BatchReply``): the batch it ran in, its
-padded size, the wait in the queue and the forward's time.
+same group (``connect(group)``, the ``signature`` of its requests), waiting at
+most ``max_wait_ms``, and not at all when every connected client of the group
+already has a request queued. A lone client's request, or a batch that a
+request completes with no forward running, runs in the thread that received
+it (``run_alone``, ``run_ready``). A request that fails fails alone; a failed
+forward fails its batch only; the server serves on.
 """
 
 from __future__ import annotations

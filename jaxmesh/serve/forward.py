@@ -2,21 +2,10 @@
 (``ServedModel.prepare``), and a batch of them through one jitted forward that
 applies the model's spec and calls its batched corner (``ServedModel.run``).
 
-The forward is compiled once per observation layout for each of a few fixed
-batch sizes (``batch_sizes``); a batch is padded up to the next size with
-copies of its first row, whose outputs are dropped, so after the first request
-of a layout (or ``warm_up``) nothing compiles again, whatever the batch.
-
-What the spec reads, per request: ``State`` and ``Image`` read ``obs[key]``
-(openpi's flat names with slashes, ``observation/image``, are plain keys), or
-the whole observation for ``key=None``; an Image is preprocessed inside the
-forward, on the device. ``Text`` encodes ``obs[info_key]`` (``obs["prompt"]``,
-openpi's name, when it has no ``info_key``) on the host. A model without a
-spec sees the observation's arrays (its strings left out).
-
-A served request carries no episode, so what the engine keeps per episode
-(frame windows, ``Previous``, ``PendingChunk``, recurrent state) is refused
-when the server is built.
+The forward is compiled per observation layout for a few fixed batch sizes
+(``batch_sizes``), a batch padded with copies of its first row; what the spec
+reads of a request, and the per-episode state refused when the server is
+built: docs/serving.md, "What the server does with an observation".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""``jaxmesh.RemotePolicy``: a policy served by ``jaxmesh serve-policy
---protocol grpc``, as the policy of ``jaxmesh.evaluate`` on host-stepped envs.
+"""``jaxmesh.RemotePolicy``: a policy served by ``jaxmesh serve-policy``, as the
+policy of ``jaxmesh.evaluate`` on host-stepped envs (docs/serving.md).
 
-The run is the host loop's own (``jaxmesh.run.host.loop``): episodes, seeds,
-env steps, caps and results are this process's. Only the agent step moves to
-the server (``RemoteAgent``, in place of ``driver.HostAgent``): each step sends
-the lanes' masks, step indices, episode keys and new observations, and the
-server runs the jitted agent step the host loop would run (``agents.Pool``)
-over the run's slots, which keep every lane's episode state. The reply holds
-the actions and what the loop reads of the agent state (the chunk cursors,
-the chunk, the plans per episode). So a run with ``RemotePolicy(address)``
-gives the results of the same run with the served model in process.
+Over gRPC only the agent step moves to the server (``RemoteAgent`` in place of
+``driver.HostAgent``, ``agents.Pool`` on the server); the episodes, seeds and
+results stay the host loop's, so a run gives the results of the same run with
+the model in process.
 """
 
 from __future__ import annotations
