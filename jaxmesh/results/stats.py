@@ -352,17 +352,8 @@ def describe(
     """
     r = _values(returns, "returns")
     n = int(r.size)
-    ret: dict[str, Any] = {
-        "mean": None,
-        "std": None,
-        "standard_error": None,
-        "mean_interval": None,
-        "iqm": None,
-        "iqm_interval": None,
-        "quantiles": None,
-        "min": None,
-        "max": None,
-    }
+    keys = ("mean", "std", "standard_error", "mean_interval", "iqm", "iqm_interval")
+    ret: dict[str, Any] = dict.fromkeys((*keys, "quantiles", "min", "max"))
     if n:
         ret.update(
             mean=mean(r),
@@ -676,24 +667,39 @@ def compare(
     if not isinstance(unpaired, bool):
         raise TypeError(f"unpaired={unpaired!r}: expected True or False")
     label_a, label_b = labels(a, b)
-    if unpaired:
-        return _compare_unpaired(a, b, (label_a, label_b), resamples, seed, confidence)
-    problem = _env_error(a, b) or _pairing_error(a, b)
-    if problem:
-        raise ValueError(f"cannot compare these runs: {problem}")
+    if not unpaired:
+        problem = _env_error(a, b) or _pairing_error(a, b)
+        if problem:
+            raise ValueError(f"cannot compare these runs: {problem}")
     ra, rb = _values(a.returns, "a.returns"), _values(b.returns, "b.returns")
-    d = rb - ra
-    if d.min() == d.max():
-        interval = (float(d[0]), float(d[0]))
+    if unpaired and (ra.size < 2 or rb.size < 2):
+        raise ValueError(
+            f"cannot compare these runs: a holds {ra.size} episodes and b "
+            f"{rb.size}; an unpaired comparison needs at least two episodes in each"
+        )
+
+    def means(x: np.ndarray, s: int) -> np.ndarray:
+        if x.min() == x.max():  # every resample's mean: x[0]
+            return np.full(resamples, float(x[0]))
+        return bootstrap_distribution(x, resamples=resamples, seed=s)["mean"]
+
+    if unpaired:
+        # Each run bootstrapped on its own (A with ``seed``, B with ``seed +
+        # 1``); wins: P(B > A) + P(B == A) / 2 over every pair, from ranks.
+        dist, difference = means(rb, seed + 1) - means(ra, seed), rb.mean() - ra.mean()
+        sa = np.sort(ra)
+        below = np.searchsorted(sa, rb, side="left")
+        ties = np.searchsorted(sa, rb, side="right") - below
+        wins = (below.sum() + 0.5 * ties.sum()) / (ra.size * rb.size)
     else:
-        dist = bootstrap_distribution(d, resamples=resamples, seed=seed)["mean"]
-        interval = percentile_interval(dist, confidence)
-    wins = float(np.mean((rb > ra) + 0.5 * (rb == ra)))
+        d = rb - ra
+        dist, difference = means(d, seed), np.mean(d)
+        wins = np.mean((rb > ra) + 0.5 * (rb == ra))
     return Comparison(
-        difference=float(np.mean(d)),
-        interval=interval,
-        wins=wins,
-        episodes=int(d.size),
+        difference=float(difference),
+        interval=percentile_interval(dist, confidence),
+        wins=float(wins),
+        episodes=int(ra.size),
         mean_a=float(np.mean(ra)),
         mean_b=float(np.mean(rb)),
         label_a=label_a,
@@ -701,53 +707,6 @@ def compare(
         confidence=confidence,
         resamples=resamples,
         seed=seed,
-    )
-
-
-def _compare_unpaired(
-    a: Any,
-    b: Any,
-    label: tuple[str, str],
-    resamples: int,
-    seed: int,
-    confidence: float,
-) -> Comparison:
-    """``compare(..., unpaired=True)``: the difference of two means, each
-    run bootstrapped on its own (A with ``seed``, B with ``seed + 1``)."""
-    ra, rb = _values(a.returns, "a.returns"), _values(b.returns, "b.returns")
-    if ra.size < 2 or rb.size < 2:
-        raise ValueError(
-            f"cannot compare these runs: a holds {ra.size} episodes and b "
-            f"{rb.size}; an unpaired comparison needs at least two episodes in each"
-        )
-
-    def means(x: np.ndarray, s: int) -> np.ndarray:
-        if x.min() == x.max():
-            return np.full(resamples, float(x[0]))
-        return bootstrap_distribution(x, resamples=resamples, seed=s)["mean"]
-
-    dist = means(rb, seed + 1) - means(ra, seed)
-    if dist.min() == dist.max():
-        interval = (float(dist[0]), float(dist[0]))
-    else:
-        interval = percentile_interval(dist, confidence)
-    # P(B > A) + P(B == A) / 2 over every pair: from ranks, O((na + nb) log n).
-    sa = np.sort(ra)
-    below = np.searchsorted(sa, rb, side="left")
-    ties = np.searchsorted(sa, rb, side="right") - below
-    wins = float((below.sum() + 0.5 * ties.sum()) / (ra.size * rb.size))
-    return Comparison(
-        difference=float(np.mean(rb) - np.mean(ra)),
-        interval=interval,
-        wins=wins,
-        episodes=int(ra.size),
-        mean_a=float(np.mean(ra)),
-        mean_b=float(np.mean(rb)),
-        label_a=label[0],
-        label_b=label[1],
-        confidence=confidence,
-        resamples=resamples,
-        seed=seed,
-        paired=False,
-        episodes_b=int(rb.size),
+        paired=not unpaired,
+        episodes_b=int(rb.size) if unpaired else None,
     )
