@@ -691,6 +691,11 @@ def write_report(
     page = report_html(
         result, resamples=resamples, episode_rows=episode_rows, base=base
     )
+    return _write(path, page)
+
+
+def _write(path: str | Path, page: str) -> Path:
+    """Writes ``page`` to ``path`` (UTF-8), creating missing parent folders."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -727,31 +732,23 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
     axes = fig.subplots(1, 2 if rated else 1, squeeze=False, sharey=True)[0]
     y = np.arange(len(names))
 
-    def bars(ax: Any, key: str, interval: str, color: str, title: str, label: str):
+    panels = [  # (axes, key, interval, color, title, label)
+        (axes[-1], "mean_return", "return_interval", "#4c72b0")
+        + ("Mean return per task", "mean return (whiskers: interval)"),
+    ]
+    if rated:
+        panels.append(
+            (axes[0], "success_rate", "success_interval", "#55a868")
+            + ("Success rate per task", "success rate (whiskers: Wilson interval)")
+        )
+    for ax, key, interval, color, title, label in panels:
         values = [row[key] or 0.0 for row in rows]
         ax.barh(y, values, color=color)
         xerr = _errorbars(values, [row[interval] for row in rows])
         ax.errorbar(values, y, xerr=xerr, fmt="none", ecolor="#1f2328", capsize=4)
         ax.set_title(title)
         ax.set_xlabel(label)
-
-    bars(
-        axes[-1],
-        "mean_return",
-        "return_interval",
-        "#4c72b0",
-        "Mean return per task",
-        "mean return (whiskers: interval)",
-    )
     if rated:
-        bars(
-            axes[0],
-            "success_rate",
-            "success_interval",
-            "#55a868",
-            "Success rate per task",
-            "success rate (whiskers: Wilson interval)",
-        )
         axes[0].set_xlim(0.0, 1.05)
     axes[0].set_yticks(y, names, fontsize=8)
     axes[0].invert_yaxis()  # the first task on top, as in the table
@@ -886,11 +883,7 @@ def write_suite_report(
 ) -> Path:
     """Writes a ``SuiteResult``'s report as one self-contained HTML file (see
     ``suite_report_html``)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    page = suite_report_html(suite, resamples=resamples, base=base)
-    out.write_text(page, encoding="utf-8")
-    return out
+    return _write(path, suite_report_html(suite, resamples=resamples, base=base))
 
 
 __all__ = [
