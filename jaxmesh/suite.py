@@ -539,10 +539,7 @@ class SuiteResult:
     def task_mean_success_rate(self) -> float | None:
         """The unweighted mean of the tasks' success rates (every task counts
         once); None unless every task has a success signal."""
-        rates = [r.success_rate for r in self.tasks.values()]
-        if not rates or any(v is None for v in rates):
-            return None
-        return float(np.mean(rates))
+        return _stats.mean_if_all([r.success_rate for r in self.tasks.values()])
 
     @property
     def mean_return(self) -> float | None:
@@ -599,17 +596,9 @@ class SuiteResult:
         rows = [
             _task_row(name, r.env, r.stats(**opts)) for name, r in self.tasks.items()
         ]
-        rates = [row["success_rate"] for row in rows]
-        returns = [row["mean_return"] for row in rows]
-        over = {
-            "tasks": len(rows),
-            "success_rate": None
-            if any(v is None for v in rates)
-            else float(np.mean(rates)),
-            "mean_return": None
-            if any(v is None for v in returns)
-            else float(np.mean(returns)),
-        }
+        over = {"tasks": len(rows)}
+        for key in ("success_rate", "mean_return"):
+            over[key] = _stats.mean_if_all([row[key] for row in rows])
         r, lengths, success = self._pooled()
         pooled = _task_row("pooled", "", _stats.describe(r, lengths, success, **opts))
         for kind in ("success_once", "success_at_end"):

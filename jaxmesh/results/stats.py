@@ -325,6 +325,13 @@ def metric_mean(values: Any) -> float | None:
     return float(v.mean()) if v.size else None
 
 
+def mean_if_all(values: Sequence[float | None]) -> float | None:
+    """The mean of ``values``; None when there are none or any is None."""
+    if not len(values) or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
+
+
 def describe(
     returns: Any,
     lengths: Any = None,

@@ -486,7 +486,7 @@ def suite_table(s: dict[str, Any]) -> list[list[str]]:
     out = [head] + [row_of(row["task"], row) for row in s["tasks"]]
     over, pooled = s["mean_over_tasks"], s["pooled"]
     rates = [row.get(other) for row in s["tasks"]] if other else [None]
-    mean_other = None if any(v is None for v in rates) else float(np.mean(rates))
+    mean_other = _stats.mean_if_all(rates)
     mean_row = {
         "episodes": sum(row["episodes"] for row in s["tasks"]),
         "success_rate": over["success_rate"],
