@@ -262,26 +262,19 @@ def frozen(cls: type) -> type:
     return cls
 
 
-#: ``RunResult`` array -> the episode key ``to_dict`` writes it under.
-_EPISODE_KEYS = {
-    "indices": "index",
-    "seeds": "seed",
-    "returns": "return",
-    "lengths": "length",
-    "terminated": "terminated",
-    "truncated": "truncated",
-    "predict_calls": "predict_calls",
-    "lanes": "lane",
-}
-#: ``RunResult`` array -> (episode key, dtype) for ``from_dict``.
+#: ``RunResult`` array -> (the episode key ``to_dict`` writes it under, its
+#: dtype for ``from_dict``).
 _ARRAYS = {
-    field: (key, dtype)
-    for (field, key), dtype in zip(
-        _EPISODE_KEYS.items(),
-        (np.int64, np.int64, np.float64, np.int64, bool, bool, np.int64, np.int64),
-        strict=True,
-    )
+    "indices": ("index", np.int64),
+    "seeds": ("seed", np.int64),
+    "returns": ("return", np.float64),
+    "lengths": ("length", np.int64),
+    "terminated": ("terminated", bool),
+    "truncated": ("truncated", bool),
+    "predict_calls": ("predict_calls", np.int64),
+    "lanes": ("lane", np.int64),
 }
+_EPISODE_KEYS = {field: key for field, (key, _) in _ARRAYS.items()}
 
 
 @frozen
@@ -660,12 +653,8 @@ class RunResult:
         checksum over its fields and the run's ``fingerprint``
         (``jaxmesh.results.checksum.record_check``), which ``resume=`` verifies."""
         run = checksum.identity_text(self.fingerprint)
-        out = []
-        for e in self.episodes:
-            d = e.to_dict()
-            d["check"] = checksum.record_check(d, run)
-            out.append(d)
-        return out
+        records = (e.to_dict() for e in self.episodes)
+        return [{**d, "check": checksum.record_check(d, run)} for d in records]
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict (settings, totals and every episode)."""
@@ -727,7 +716,90 @@ class RunResult:
           ValueError: a key or an episode field is missing or has the wrong
             type, naming it.
         """
-        return _from_dict(cls, d)
+        if not isinstance(d, dict):
+            raise ValueError(
+                f"a result dict was expected (RunResult.to_dict(), the JSON of "
+                f"jaxmesh eval); got a {type(d).__name__}"
+            )
+        missing = [k for k in ("settings", "totals", "episodes") if k not in d]
+        if missing:
+            raise ValueError(
+                f"the result dict lacks {missing} (it has {sorted(d)}); expected "
+                "what RunResult.to_dict() writes (the JSON of jaxmesh eval)"
+            )
+        settings, totals, episodes = d["settings"], d["totals"], d["episodes"]
+        try:
+            columns = {
+                key: [ep[key] for ep in episodes] for key in _EPISODE_KEYS.values()
+            }
+            steps, sps = int(totals["env_steps"]), float(totals["steps_per_second"])
+            run_time = totals.get("run_time", steps / sps if sps > 0 else 0.0)
+            arrays = {
+                field: np.asarray(columns[key], dtype)
+                for field, (key, dtype) in _ARRAYS.items()
+            }
+            # The engine's returns are float32; keep them so (the mean, and so
+            # ``to_dict``, depends on the dtype) unless a value needs more.
+            single = arrays["returns"].astype(np.float32)
+            if np.array_equal(single, arrays["returns"]):
+                arrays["returns"] = single
+            reductions = dict(settings.get("metrics") or {})
+            success_key = settings.get("success_key")
+            # A file written before both were kept holds the flag at the end
+            # as ``success``, under the rule of the time: "end".
+            mode = settings.get("success_mode", "end")
+            kinds: dict = dict.fromkeys(SUCCESS_KINDS)
+            if success_key is not None:
+                for kind in SUCCESS_KINDS:
+                    kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
+                if "success_mode" not in settings:
+                    kinds["success_at_end"] = flags_array(
+                        ep.get("success") for ep in episodes
+                    )
+            metrics = {}
+            for name, red in reductions.items():
+                values = [ep["metrics"][name] for ep in episodes]
+                metrics[name] = (
+                    np.asarray(values, bool)
+                    if red == "any"
+                    else np.asarray(
+                        [np.nan if v is None else v for v in values], np.float32
+                    )
+                )
+            return cls(
+                **arrays,
+                env_steps=steps,
+                policy_rows=int(totals["policy_rows"]),
+                wall_time=float(totals["wall_time"]),
+                compile_time=float(totals["compile_time"]),
+                run_time=float(run_time),
+                **_settings_of(cls, settings),
+                policy=str(d.get("policy", "")),
+                env=str(d.get("env", "")),
+                telemetry=d.get("telemetry"),
+                success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
+                **kinds,
+                success_mode=mode,
+                metrics=metrics,
+                metric_reductions=reductions,
+                success_key=success_key,
+                videos=[str(v) for v in d.get("videos", [])],
+                server_losses=[dict(x) for x in d.get("server_losses", [])],
+                fingerprint=d.get("fingerprint"),
+                provenance=d.get("provenance"),
+                resumed_part=totals.get("resumed_part"),
+                # The arrays live in an .npz file (load_trajectories); their
+                # index is kept so that to_dict() writes it back.
+                _recorded_meta=d.get("recorded"),
+                _record_issues=_record_issues(episodes, d.get("fingerprint")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            what = f"key {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(
+                f"the result dict is malformed ({type(e).__name__}: {what}); "
+                "expected what RunResult.to_dict() writes: settings, totals and "
+                f"episodes with fields {sorted(_EPISODE_KEYS.values())}"
+            ) from e
 
 
 def select(result: RunResult, keep: Any, **changes: Any) -> RunResult:
@@ -778,89 +850,3 @@ def _settings_of(cls: type, settings: dict) -> dict:
         value = settings[name] if k < 4 else settings.get(name, fields[name])
         out[name] = int(value) if k < 4 or isinstance(fields[name], int) else value
     return out
-
-
-def _from_dict(cls: type, d: dict) -> RunResult:
-    """``RunResult.from_dict`` (its docstring says what it reads)."""
-    if not isinstance(d, dict):
-        raise ValueError(
-            f"a result dict was expected (RunResult.to_dict(), the JSON of "
-            f"jaxmesh eval); got a {type(d).__name__}"
-        )
-    missing = [k for k in ("settings", "totals", "episodes") if k not in d]
-    if missing:
-        raise ValueError(
-            f"the result dict lacks {missing} (it has {sorted(d)}); expected "
-            "what RunResult.to_dict() writes (the JSON of jaxmesh eval)"
-        )
-    settings, totals, episodes = d["settings"], d["totals"], d["episodes"]
-    try:
-        columns = {key: [ep[key] for ep in episodes] for key in _EPISODE_KEYS.values()}
-        steps, sps = int(totals["env_steps"]), float(totals["steps_per_second"])
-        run_time = totals.get("run_time", steps / sps if sps > 0 else 0.0)
-        arrays = {
-            field: np.asarray(columns[key], dtype)
-            for field, (key, dtype) in _ARRAYS.items()
-        }
-        # The engine's returns are float32; keep them so (the mean, and so
-        # ``to_dict``, depends on the dtype) unless a value needs more.
-        single = arrays["returns"].astype(np.float32)
-        if np.array_equal(single, arrays["returns"]):
-            arrays["returns"] = single
-        reductions = dict(settings.get("metrics") or {})
-        success_key = settings.get("success_key")
-        # A file written before both were kept holds the flag at the end
-        # as ``success``, under the rule of the time: "end".
-        mode = settings.get("success_mode", "end")
-        kinds: dict = dict.fromkeys(SUCCESS_KINDS)
-        if success_key is not None:
-            for kind in SUCCESS_KINDS:
-                kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
-            if "success_mode" not in settings:
-                kinds["success_at_end"] = flags_array(
-                    ep.get("success") for ep in episodes
-                )
-        metrics = {}
-        for name, red in reductions.items():
-            values = [ep["metrics"][name] for ep in episodes]
-            metrics[name] = (
-                np.asarray(values, bool)
-                if red == "any"
-                else np.asarray(
-                    [np.nan if v is None else v for v in values], np.float32
-                )
-            )
-        return cls(
-            **arrays,
-            env_steps=steps,
-            policy_rows=int(totals["policy_rows"]),
-            wall_time=float(totals["wall_time"]),
-            compile_time=float(totals["compile_time"]),
-            run_time=float(run_time),
-            **_settings_of(cls, settings),
-            policy=str(d.get("policy", "")),
-            env=str(d.get("env", "")),
-            telemetry=d.get("telemetry"),
-            success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
-            **kinds,
-            success_mode=mode,
-            metrics=metrics,
-            metric_reductions=reductions,
-            success_key=success_key,
-            videos=[str(v) for v in d.get("videos", [])],
-            server_losses=[dict(x) for x in d.get("server_losses", [])],
-            fingerprint=d.get("fingerprint"),
-            provenance=d.get("provenance"),
-            resumed_part=totals.get("resumed_part"),
-            # The arrays live in an .npz file (load_trajectories); their
-            # index is kept so that to_dict() writes it back.
-            _recorded_meta=d.get("recorded"),
-            _record_issues=_record_issues(episodes, d.get("fingerprint")),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        what = f"key {e}" if isinstance(e, KeyError) else str(e)
-        raise ValueError(
-            f"the result dict is malformed ({type(e).__name__}: {what}); "
-            "expected what RunResult.to_dict() writes: settings, totals and "
-            f"episodes with fields {sorted(_EPISODE_KEYS.values())}"
-        ) from e
