@@ -137,36 +137,16 @@ def _fit(hw: tuple[int, int], size: tuple[int, int], cover: bool) -> tuple[int, 
 class Image:
     """An image leaf (H, W) or (H, W, C), preprocessed on the device.
 
-    The steps run in this order, inside the jitted frame function:
-
-    1. ``crop``: a centre crop as a fraction ``f`` (0 < f <= 1: ``f * H`` rows and
-       ``f * W`` columns are kept, rounded to the nearest pixel, halves up; the
-       leftover is split with the smaller half before), or ``(top, left, height,
-       width)`` in pixels. It comes first because a crop is stated in the
-       camera's own pixels.
-    2. ``rotate``: ``k`` degrees counter-clockwise (``jnp.rot90`` on the H, W
-       axes: row 0 becomes column 0 read bottom up); 0, 90, 180 or 270. Before
-       the resize because letterbox padding is not symmetric (the odd pixel goes
-       after), so rotating a padded image would move it.
-    3. dtype: a uint8 image (8-bit pixels) becomes ``dtype`` in [0, 1] (divided
-       by 255); any other dtype is converted to ``dtype`` with its values kept
-       (an int16 depth map in millimetres stays in millimetres). The resize
-       interpolates in ``dtype``.
-    4. ``size=(h, w)`` with ``resize``:
-
-       - ``"stretch"`` (the default): bilinear to (h, w), the aspect ratio not
-         kept (``jax.image.resize``; antialiased when shrinking, as PIL's
-         bilinear is).
-       - ``"pad"``: the aspect ratio kept, resized to fit inside (h, w) and
-         padded with zeros, centred (the odd pixel after): openpi's
-         ``resize_with_pad``.
-       - ``"crop"``: the aspect ratio kept, resized to cover (h, w), then the
-         centre (h, w) kept (the odd pixel cut after).
-
-       A leaf already of size (h, w) is not resized.
-
-    ``steps(shape, dtype)`` lists what ``frame`` does to a leaf of that shape and
-    dtype, in order; ``jaxmesh.explain`` prints it.
+    Inside the jitted frame function, in this order: ``crop`` (a centre
+    fraction in (0, 1], or ``(top, left, height, width)`` pixels), ``rotate``
+    (0, 90, 180 or 270 degrees counter-clockwise, ``jnp.rot90``), the dtype
+    (uint8 divided by 255, anything else converted with its values kept), then
+    ``size=(h, w)`` by ``resize``: ``"stretch"`` (bilinear, the default),
+    ``"pad"`` (openpi's ``resize_with_pad``) or ``"crop"`` (cover, then the
+    centre); a leaf already (h, w) is not resized. Each step's exact rule and
+    why the order: docs/models.md, "Image preprocessing". ``steps(shape,
+    dtype)`` lists what ``frame`` does to such a leaf (``jaxmesh.explain``
+    prints it).
     """
 
     key: str | None = None
@@ -324,23 +304,13 @@ class Previous:
 class Text:
     """A language instruction, encoded on the host into fixed-shape arrays.
 
-    ``encode(instruction: str)`` is the user's tokenizer or embedding: it
-    returns an array, or a pytree of arrays, of the same shapes and dtypes for
-    every string. It runs on the host, never inside jit, once per distinct
-    string (the encodings are kept by string on this declaration); the jitted
-    policy sees the encoded arrays under the input's name, per lane.
-
-    Where a run's instruction comes from, first match wins:
-
-    1. ``jaxmesh.Starts(instruction="...")``: one string for the whole
-       run, on every kind of env (its encoding is data: another string of the
-       same shapes compiles nothing).
-    2. ``info_key``: host-stepped envs (gymnasium in process, or served): each
-       episode's instruction is ``info[info_key]`` of its ``env.reset`` (a
-       string), so it may differ per episode. A JAX env has no reset info:
-       give it ``Starts(instruction=...)``.
-
-    A Text input with neither is refused before anything compiles.
+    ``encode(instruction: str)`` (the user's tokenizer or embedding) runs on
+    the host, once per distinct string, and returns arrays of the same shapes
+    and dtypes for every string; the jitted policy sees them under the input's
+    name, per lane. The instruction is ``Starts(instruction=...)``'s, else (on
+    host-stepped envs) ``info[info_key]`` of each episode's reset; a Text with
+    neither is refused before anything compiles (docs/models.md, "Language
+    instructions").
 
     Args:
       encode: ``str -> array or pytree of arrays`` (numbers or bools).
@@ -436,28 +406,15 @@ class Text:
 class PendingChunk:
     """The unexecuted tail of the policy's previous chunk, and the delay.
 
-    For policies that make their new chunk agree with the old one (real-time
-    chunking: guided inpainting of the chunk being planned). At every plan the
-    policy sees, under this input's name, a dict:
-
-    - ``"actions"``: ``(K,) + action shape``, K the policy's chunk length.
-      ``actions[j]`` is the previous chunk's action for the env step at which
-      the new chunk's action j is meant to run (the two are aligned entry by
-      entry). Under ``delay=d`` its first d entries are exactly the actions
-      that the runtime executes while the new chunk is being computed (the new
-      chunk's own first d are stale and skipped): a hard prefix. The entries
-      after them are the rest of the previous chunk, which will not run: a
-      soft prefix. Without a delay nothing of the previous chunk runs after a
-      plan, and the tail is its not-executed remainder ``prev[h:K]``.
-    - ``"mask"``: ``(K,)`` bool, the entries the previous chunk has (the others
-      are zeros).
-    - ``"delay"``: int32, d (0 without a delay; a sweep's lane gets its cell's).
-
-    At an episode's start (its first plan) the actions are zeros and the mask
-    is all False. The rule in steps is in docs/contract.md ("How a chunk is
-    executed"). Not for ``execution=jaxmesh.Ensemble(...)`` (a plan every step,
-    whose executed action is an average, is no chunk to continue) nor for a
-    policy of single actions.
+    For real-time chunking: at every plan the policy sees, under this input's
+    name, ``{"actions": (K,) + action shape, "mask": (K,) bool, "delay":
+    int32}``, the previous chunk aligned step by step with the one being
+    planned (under ``delay=d`` its first d entries are what runs while the new
+    chunk is computed); zeros and an all-False mask at an episode's first
+    plan. The rule in steps: docs/contract.md ("How a chunk is executed");
+    its use: docs/evaluation.md ("Real-time chunking: the pending chunk").
+    Not with ``execution=jaxmesh.Ensemble(...)`` nor a policy of single
+    actions.
 
     Args:
       length: the policy's chunk length K, when it must be known before the
