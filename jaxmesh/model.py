@@ -166,16 +166,9 @@ class Model:
 
     A subclass with its own ``__init__`` may call ``super().__init__()`` with no
     arguments, or not at all: every attribute has a class-level default.
-
-    How ``self.params`` reaches a corner: the engine passes params as a jit
-    argument (so new weights never recompile) and calls the corner inside its
-    trace. For the length of that one call, and only there (the ``apply`` of
-    ``as_policy``), ``self.params`` reads the traced params; the concrete
-    params are restored as soon as the corner returns or raises. So outside a
-    corner ``model.params`` is always the concrete weights, even after a run
-    that failed. Inside a corner, do not store ``self.params`` (or anything
-    computed from it) on ``self``: it is a tracer that dies with the trace. One
-    model instance is not traced by two threads at once.
+    ``self.params`` reads the traced params for the length of one corner call
+    and the concrete weights everywhere else (``_bound``; docs/models.md says
+    what a corner may not do with them).
     """
 
     native_chunk: int | None = None

@@ -185,24 +185,10 @@ def _title_chars(fig: Any, size: float = 12.0) -> int:
 def plot(result: Result, title: str | None = None) -> Figure:
     """The run's plots as one matplotlib figure.
 
-    Panels, in this order (axes titles in quotes):
-
-    - "Returns": a histogram of the returns (numpy's ``bins="auto"``), the mean
-      as a dashed line;
-    - "Returns CDF": the empirical CDF of the returns (``Axes.ecdf``);
-    - "Episode lengths": a histogram of the lengths (``bins="auto"``);
-    - "Success over episodes", only when the result has a success signal for
-      every episode (``result.success``): the running success rate in episode
-      order, and each episode as a tick at 0 or 1.
-
-    Returns whose every value is the same get no "Returns" nor "Returns CDF"
-    panel, lengths likewise no "Episode lengths" panel: one bar says less than
-    the line ``constant_lines`` gives (the report prints it); when nothing is
-    left to draw, the figure holds those lines as text. An empty result draws
-    each panel with the words "no episodes".
-
-    The figure's title (``policy on env: N episodes``, or ``title``) is
-    wrapped to the figure's width, never cut.
+    Panels "Returns", "Returns CDF", "Episode lengths" and, when every episode
+    has a success signal, "Success over episodes"; a value every episode
+    shares gets no panel but a line of ``constant_lines`` (docs/evaluation.md,
+    "Plots and the HTML report"). The title is wrapped, never cut.
 
     Args:
       result: a ``RunResult`` (``jaxmesh.evaluate``'s, or
@@ -661,12 +647,8 @@ def write_report(
     episode_rows: int = EPISODE_ROWS,
     base: str | Path | None = None,
 ) -> Path:
-    """Writes ``result``'s report as one self-contained HTML file.
-
-    The page holds the summary table (``result.stats()``), the plots of
-    ``plot(result)`` as embedded PNG images, the run's settings and totals, the
-    telemetry table of a host-stepped run, and the first 1,000 episodes (it
-    says so when there are more). It opens offline in any browser.
+    """Writes ``result``'s report as one self-contained HTML file
+    (``report_html``; its sections: docs/evaluation.md).
 
     Args:
       result: the run's ``RunResult``.

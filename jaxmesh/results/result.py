@@ -74,14 +74,10 @@ class StepEvent(NamedTuple):
     the step's ends, ``truncated`` including jaxmesh's caps
     (``max_episode_steps``, ``max_episode_seconds``).
 
-    ``planned`` is True when the action is the first one of a chunk (a plan
-    made for this step, synchronously or under a lead ahead of time), False
-    when it is replayed from a chunk planned earlier (CONTRACT 10). ``stale``
-    is how many steps before the chunk started playing it was planned: 0 for
-    a synchronous plan (every plan without a lead, and an episode's first
-    chunk), ``min(L, h)`` for a prefetched chunk (CONTRACT 12); every action of
-    a chunk carries its chunk's value, so an action at position ``c`` of its
-    chunk was chosen from an observation ``stale + c`` steps old.
+    ``planned``: the action is the first of a chunk (CONTRACT 10), else
+    replayed; ``stale``: how many steps before its chunk started playing it
+    was planned (0, or ``min(L, h)`` under a lead: CONTRACT 12; docs/
+    evaluation.md, "Step hooks").
 
     The observation is not part of the event (it would cross from the device,
     or the wire, on every step); record episodes with ``jaxmesh.Record``.
