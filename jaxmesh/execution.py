@@ -30,12 +30,9 @@ AGGREGATIONS = ("weighted_average", "average", "latest_only")
 class Ensemble:
     """Temporal ensembling of chunks (ACT): plan every step, average the overlap.
 
-    At step t of an episode the chunks planned at steps ``t_i <= t`` of the
-    same episode that still cover t (``t - t_i < K``) are ordered oldest first
-    (i = 0 the oldest) and the executed action is
-    ``sum_i w_i c_i[t - t_i] / sum_i w_i``. An episode's end clears them: its
-    first step executes ``c_0[0]`` of the chunk planned from the reset
-    observation. Continuous actions only.
+    The executed action at step t is ``sum_i w_i c_i[t - t_i] / sum_i w_i``
+    over the episode's chunks that still cover t, oldest first (CONTRACT 22,
+    docs/contract.md). Continuous actions only.
 
     Args:
       m: the decay of ``weighted_average``: ``w_i = exp(-m * i)`` (ACT uses

@@ -47,13 +47,10 @@ class Record:
         True: required (a ValueError otherwise); False: never.
       states: JAX envs whose adapter declares ``render_state`` (MuJoCo
         Playground, brax): keep, per step, the physics state the env's
-        renderer draws (Playground: the mjx Data's ``qpos``, ``qvel``,
-        ``mocap_pos``, ``mocap_quat``, ``xfrc_applied``; brax: the pipeline
-        state's ``q``, ``qd``), written inside the run, so that
-        ``jaxmesh.render`` draws the run's own states, however long the
-        episode (``Trajectory.states``). None: when the env declares it;
-        True: required (a ValueError otherwise, and on host-stepped envs);
-        False: never (videos then replay the recorded actions).
+        renderer draws (``Trajectory.states``; which fields:
+        docs/evaluation.md). None: when the env declares it; True: required
+        (a ValueError otherwise, and on host-stepped envs); False: never
+        (videos then replay the recorded actions).
 
     Raises:
       TypeError, ValueError: a bad field, naming it.
@@ -226,9 +223,8 @@ class Trajectory:
         during the run (host-stepped gymnasium envs with
         ``render_mode="rgb_array"``), else None.
       states: ``{name: [T + 1, ...]}``: the env's render state (``Record.
-        states``) at the reset and after each step, as the run computed it
-        (Playground: ``qpos``, ``qvel``, ``mocap_pos``, ``mocap_quat``,
-        ``xfrc_applied``), else None.
+        states``) at the reset and after each step, as the run computed it,
+        else None.
     """
 
     episode: int

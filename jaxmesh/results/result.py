@@ -555,15 +555,10 @@ class RunResult:
           seed: the bootstrap's seed (the same result gives the same intervals).
 
         Returns:
-          A JSON-serialisable dict: ``episodes``, ``confidence``, ``resamples``,
-          ``seed``; ``returns``: ``mean``, ``std``, ``standard_error``,
-          ``mean_interval`` ([low, high]), ``iqm``, ``iqm_interval``,
-          ``quantiles`` (``p5``, ``p25``, ``p50``, ``p75``, ``p95``), ``min``,
-          ``max``; ``lengths``: ``mean``; ``success_rate`` and
-          ``success_interval`` of the headline (None when the result has no
-          success signal), ``success_mode``, ``success_once_rate``,
-          ``success_at_end_rate`` and ``successes_at_reset``.
-          What too few episodes cannot give is None.
+          A JSON-serialisable dict: ``jaxmesh.results.stats.describe``'s keys
+          of the returns, lengths and headline success, with ``success_key``,
+          ``success_mode``, the other success figures and ``metrics``
+          (``run_stats``). What too few episodes cannot give is None.
         """
         return _stats.run_stats(
             self, confidence=confidence, resamples=resamples, seed=seed

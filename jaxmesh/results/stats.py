@@ -630,11 +630,9 @@ def compare(
     confidence: float = CONFIDENCE,
     unpaired: bool = False,
 ) -> Comparison:
-    """Compares run B with run A, paired by seed.
-
-    Episode i of A and episode i of B ran the same seed, so their difference
-    is free of how hard that seed is; the interval is a percentile bootstrap of
-    the mean difference that resamples episodes (pairs kept together).
+    """Compares run B with run A, paired by seed: a percentile bootstrap of
+    the mean of ``b - a`` over episodes (docs/evaluation.md, "Statistics and
+    paired comparison").
 
     Args:
       a: the baseline ``RunResult``.
