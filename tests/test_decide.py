@@ -66,13 +66,13 @@ def test_a_clear_gap_decides_b_in_a_few_batches_on_paired_seeds():
             on_batch=later,
         )
     assert d.winner == "b"
-    assert d.batches <= 10 and d.batches == len(seen_at)
+    assert d.batches <= 14 and d.batches == len(seen_at)
     # every batch after the first compiled nothing
     assert seen_at[0] and seen_at[-1] == seen_at[0]
-    # batches of 8 lanes: 8 until a quarter of the episodes run is more, then
-    # that rounded up to a multiple of 8 (by hand: 40 / 4 = 10 -> 16, 56 / 4
-    # = 14 -> 16, 72 / 4 = 18 -> 24, 96 / 4 = 24, 120 / 4 = 30 -> 32, ...)
-    schedule = [8, 16, 24, 32, 40, 56, 72, 96, 120, 152]
+    # batches of 8 lanes: 8 until an eighth of the episodes run is more, then
+    # that rounded up to a multiple of 8 (by hand: 72 / 8 = 9 -> 16, 88 / 8
+    # = 11 -> 16, 104 -> 16, 120 -> 16, 136 / 8 = 17 -> 24, 160 / 8 = 20 -> 24)
+    schedule = [8 * k for k in range(1, 10)] + [88, 104, 120, 136, 160, 184]
     assert [p[0] for p in d.path] == schedule[: d.batches]
     n = d.episodes
     assert n == d.path[-1][0] and d.decided_at <= n

@@ -1,7 +1,7 @@
 """The anytime-valid betting test (jaxmesh.results.sequential): values worked
-out by hand, plain-loop references of the capital (online Newton step and
-plug-in bets), validity under peeking by simulation (with a peeked z-test as
-the control that fails), and power."""
+out by hand, plain-loop references of the capital (mixture of constant bets,
+online Newton step and plug-in bets), validity under peeking by simulation
+(with a peeked z-test as the control that fails), and power."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ import statistics
 import numpy as np
 import pytest
 
-from jaxmesh.results.sequential import ONS_PRIOR, BettingSequence, fixed_sample_size
+from jaxmesh.results.sequential import (
+    MIXTURE_BETS,
+    ONS_PRIOR,
+    BettingSequence,
+    fixed_sample_size,
+)
 
 ALPHA = 0.05
 BATCH = 8
@@ -61,6 +66,67 @@ def reference_ons(x, m, c=0.5, prior=ONS_PRIOR):
     return capital
 
 
+def reference_mixture(x, m, c=0.7, bets=MIXTURE_BETS):
+    """K at candidate m of values x on [0, 1]: the mean over the constant bets
+    s c / m (s > 0) and s c / (1 - m) (s < 0), s the midpoints of ``bets``
+    equal parts of [-1, 1], of each bet's capital, one plain loop each."""
+    total = 0.0
+    for j in range(bets):
+        s = -1 + (2 * j + 1) / bets
+        lam = s * c / m if s > 0 else s * c / (1 - m)
+        capital = 1.0
+        for xt in x:
+            capital *= 1 + lam * (xt - m)
+        total += capital
+    return total / bets
+
+
+def test_mixture_capital_after_three_values_by_hand():
+    # Differences 1, -1, 1 on [-1, 1]: x - m = 1/2, -1/2, 1/2 at m = 1/2. A
+    # constant bet lambda = 1.4 s (c / m = 0.7 / 0.5) multiplies the capital by
+    # (1 + u)^2 (1 - u) = 1 + u - u^2 - u^3, u = 0.7 s. Over the 64 midpoints
+    # s_j the odd powers cancel and the mean of s^2 is 1/3 - 1/(3 * 64^2):
+    # K = 1 - 0.49 (1/3 - 1/12288) = 0.836706543.
+    seq = BettingSequence(-1.0, 1.0, alpha=ALPHA)
+    assert seq.bets == "mixture"
+    seq.update([1, -1, 1])
+    assert seq.capital == pytest.approx(1 - 0.49 * (1 / 3 - 1 / 12288), rel=1e-12)
+    assert seq.capital == pytest.approx(0.836706543, abs=1e-9)
+    # the upward half (s > 0) and the downward half: the means over s of
+    # 1 + u - u^2 - u^3 with u > 0 and u < 0; they average to K
+    up, down = seq.capitals
+    assert (up + down) / 2 == pytest.approx(seq.capital, rel=1e-12)
+    assert up > 1 > down
+    assert not seq.rejects and seq.direction == 0
+    # A pair that agrees (difference 0, x = m) changes no capital.
+    seq.update([0, 0, 0])
+    assert seq.capital == pytest.approx(0.836706543, abs=1e-9) and seq.n == 6
+
+
+def test_mixture_capital_equals_a_plain_loop_and_batches_do_not_matter():
+    rng = np.random.default_rng(3)
+    x = rng.beta(2.0, 3.0, size=120)  # mean 0.4
+    ref = reference_mixture(x, 0.3)
+    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    whole.update(x)
+    assert whole.capital == pytest.approx(ref, rel=1e-9)
+    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    for part in np.split(x, [1, 2, 10, 45, 100]):
+        pieces.update(part)
+    assert pieces.capital == pytest.approx(ref, rel=1e-9)
+    first = next(t for t in range(1, 121) if reference_mixture(x[:t], 0.3) >= 1 / ALPHA)
+    assert whole.decided_at == pieces.decided_at == first
+    assert whole.direction == 1
+    # on a grid, each kept candidate's capital is the same loop's
+    full = BettingSequence(0.0, 1.0, null=0.3, grid=11)
+    full.update(x[:20])
+    for m, log_k, out in zip(full.grid, full._hedged(), full._excluded, strict=True):
+        if not out and 0 < m < 1:
+            assert math.exp(log_k) == pytest.approx(
+                reference_mixture(x[:20], m), rel=1e-9
+            )
+
+
 def test_ons_capital_after_three_values_by_hand():
     # Differences 1, -1, 1 on [-1, 1]: x = 1, 0, 1 around m = 1/2, so
     # y = x - m = 1/2, -1/2, 1/2; step k = 2 / (2 - ln 3) = 2.21880, A_0 = 4.
@@ -75,7 +141,7 @@ def test_ons_capital_after_three_values_by_hand():
     f2 = 1 - lam2 / 2
     lam3 = lam2 + k * (-0.5 / f2) / (4.25 + (0.5 / f2) ** 2)
     assert (lam2, lam3) == pytest.approx((0.261035, -0.017511), abs=1e-6)
-    seq = BettingSequence(-1.0, 1.0, alpha=ALPHA)
+    seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, bets="ons")
     seq.update([1, -1, 1])
     assert seq.capital == pytest.approx(f2 * (1 + lam3 / 2), rel=1e-12)
     assert seq.capital == pytest.approx(0.861869, abs=1e-6)
@@ -83,7 +149,7 @@ def test_ons_capital_after_three_values_by_hand():
     assert not seq.rejects and seq.direction == 0
     # The cap: values on [0, 1], null 0.1, values 1 then 1: lambda_2 = k * 0.9
     # / (4 + 0.81) = 0.415 is within [-0.5 / 0.9, 0.5 / 0.1] = [-0.556, 5].
-    seq = BettingSequence(0.0, 1.0, null=0.1)
+    seq = BettingSequence(0.0, 1.0, null=0.1, bets="ons")
     seq.update([1.0, 1.0])
     assert seq.capital == pytest.approx(1 + k * 0.9 / 4.81 * 0.9, rel=1e-12)
 
@@ -92,10 +158,10 @@ def test_ons_capital_equals_a_plain_loop_and_batches_do_not_matter():
     rng = np.random.default_rng(3)
     x = rng.beta(2.0, 3.0, size=300)  # mean 0.4
     ref = reference_ons(x, 0.3)
-    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets="ons")
     whole.update(x)
     assert whole.capital == pytest.approx(ref, rel=1e-9)
-    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3)
+    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets="ons")
     for part in np.split(x, [1, 2, 10, 45, 200]):
         pieces.update(part)
     assert pieces.capital == pytest.approx(ref, rel=1e-9)
@@ -103,7 +169,7 @@ def test_ons_capital_equals_a_plain_loop_and_batches_do_not_matter():
     assert whole.decided_at == pieces.decided_at == first
     assert whole.direction == 1
     # on the full grid, each candidate's capital is the same loop's
-    full = BettingSequence(0.0, 1.0, null=0.3, grid=11)
+    full = BettingSequence(0.0, 1.0, null=0.3, grid=11, bets="ons")
     full.update(x)
     for m, log_k in zip(full.grid, full._hedged(), strict=True):
         assert math.exp(log_k) == pytest.approx(reference_ons(x, m), rel=1e-9)
@@ -169,7 +235,7 @@ def test_bad_values_and_settings_are_refused():
         BettingSequence(0.0, 1.0, null=0.5, bets="kelly")
 
 
-@pytest.mark.parametrize("bets", ["ons", "plugin"])
+@pytest.mark.parametrize("bets", ["mixture", "ons", "plugin"])
 def test_interval_excludes_the_null_exactly_when_it_is_rejected(bets):
     rng = np.random.default_rng(5)
     for gap in (0.0, 0.1, 0.3):
@@ -202,7 +268,8 @@ def peeked_z_test(d: np.ndarray, batch: int, alpha: float) -> bool:
 
 
 @pytest.mark.parametrize(
-    "bets", ["ons", pytest.param("plugin", marks=pytest.mark.slow)]
+    "bets",
+    ["mixture", "ons", pytest.param("plugin", marks=pytest.mark.slow)],
 )
 def test_false_decisions_under_the_null_stay_within_alpha_and_a_peeked_z_test_fails(
     bets,
@@ -267,8 +334,8 @@ def test_power_045_against_070():
     assert mean < 1.6 * fixed
 
 
-def test_ons_decides_045_against_070_sooner_than_plug_in_bets():
-    # The same simulated streams, fed in batches of 8 pairs to both kinds.
+def test_mixture_and_ons_decide_045_against_070_sooner_than_plug_in_bets():
+    # The same simulated streams, fed in batches of 8 pairs to each kind.
     runs = 200
     rng = np.random.default_rng(13)
     mean = {}
@@ -276,7 +343,7 @@ def test_ons_decides_045_against_070_sooner_than_plug_in_bets():
         (rng.random(800) < 0.70).astype(int) - (rng.random(800) < 0.45).astype(int)
         for _ in range(runs)
     ]
-    for bets in ("ons", "plugin"):
+    for bets in ("mixture", "ons", "plugin"):
         episodes = []
         for d in streams:
             seq = BettingSequence(-1.0, 1.0, alpha=ALPHA, grid=3, bets=bets)
@@ -286,7 +353,7 @@ def test_ons_decides_045_against_070_sooner_than_plug_in_bets():
             episodes.append(seq.n)
         mean[bets] = float(np.mean(episodes))
     print(f"0.45 vs 0.70, mean episodes per arm: {mean}")
-    assert mean["ons"] < mean["plugin"]
+    assert mean["ons"] < mean["plugin"] and mean["mixture"] < mean["plugin"]
 
 
 def test_a_capital_past_the_largest_float_is_inf_not_an_error():
@@ -299,7 +366,19 @@ def test_a_capital_past_the_largest_float_is_inf_not_an_error():
     assert seq.capital == math.inf and seq.capitals[0] == math.inf
     assert seq.rejects and seq.direction == 1 and seq.decided_at == 10
     # ONS bets: the bet climbs to its cap 1 (factor 1.5) and stays there
-    seq = BettingSequence(-1.0, 1.0)
+    seq = BettingSequence(-1.0, 1.0, bets="ons")
     seq.update(np.ones(3000))
     assert seq.capital == math.inf and seq.log_capital > 2900 * math.log(1.5)
     assert seq.rejects and seq.direction == 1
+    # The mixture: after t values 1, K is the mean over s of (1 + 0.7 s)^t,
+    # close to the integral (1.7^(t+1) - 0.3^(t+1)) / (1.4 (t + 1)): 14.4 at
+    # t = 9, 22.2 at t = 10, so it reaches 1 / 0.05 = 20 at the tenth value.
+    # After 3000, its largest bet (s = 63/64) holds all but e^-39 of it:
+    # log K = 3000 log(1 + 0.7 * 63/64) - log 64.
+    seq = BettingSequence(-1.0, 1.0)
+    seq.update(np.ones(3000))
+    assert seq.capital == math.inf
+    assert seq.log_capital == pytest.approx(
+        3000 * math.log(1 + 0.7 * 63 / 64) - math.log(64), rel=1e-12
+    )
+    assert seq.rejects and seq.direction == 1 and seq.decided_at == 10
