@@ -189,15 +189,21 @@ def brax_frames(env: Any, states: list) -> list[np.ndarray]:
             f"brax renders with brax.io.image, which failed to import ({e}); "
             "or pass jaxmesh.render(..., frames=fn)"
         ) from e
-    inner = env.env
     pipeline = [s[0].pipeline_state for s in states]
+    with _needs_gl("brax's renderer"):
+        return list(image.render_array(env.env.sys, pipeline, height=240, width=320))
+
+
+@contextlib.contextmanager
+def _needs_gl(who: str):
+    """Turns MuJoCo's missing-OpenGL failure into a RuntimeError saying what to do."""
     try:
-        return list(image.render_array(inner.sys, pipeline, height=240, width=320))
+        yield
     except Exception as e:
-        if "OpenGL" not in str(e):
+        if "OpenGL" not in str(e) and "EGL" not in type(e).__name__:
             raise
         raise RuntimeError(
-            f"brax's renderer found no OpenGL context ({e}); start Python with "
+            f"{who} found no OpenGL context ({e}); start Python with "
             "MUJOCO_GL=egl (headless) in its environment, or pass "
             "jaxmesh.render(..., frames=fn)"
         ) from e
@@ -217,16 +223,8 @@ def playground_frames(env: Any, states: list) -> list[np.ndarray]:
       RuntimeError: MuJoCo has no OpenGL context (saying to set MUJOCO_GL).
     """
     trajectory = [s[0] for s in states]  # the adapter's (state, t, drawn)
-    try:
+    with _needs_gl("Playground's renderer"):
         return [np.asarray(f) for f in env.env.render(trajectory, 240, 320)]
-    except Exception as e:
-        if "OpenGL" not in str(e) and "EGL" not in type(e).__name__:
-            raise
-        raise RuntimeError(
-            f"Playground's renderer found no OpenGL context ({e}); start Python "
-            "with MUJOCO_GL=egl (headless) in its environment, or pass "
-            "jaxmesh.render(..., frames=fn)"
-        ) from e
 
 
 def _env_for(result: Any, env: Any, replay: bool = True) -> Any:
