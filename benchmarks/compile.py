@@ -19,7 +19,10 @@ is noisier for a long run, as it subtracts two run times). Where the latency
 goes is read from JAX's own compile events (``jax.monitoring``): tracing to a
 jaxpr, lowering to StableHLO, XLA's compile, for the first call and for the
 bare scan alike; "host" is what is left of the latency (checks, shape probes,
-the first carry, the result), and "programs" counts XLA compiles. Goal: <= 3 s and
+the first carry, the result), and "programs" counts XLA compiles. The kernels
+of the compiled segment and of the bare scan (their optimized HLO, counted as
+``benchmarks/device.py`` does; fusions apart) are what XLA compiles: on a CPU
+each fusion is an LLVM module of its own, most of XLA's time. Goal: <= 3 s and
 not growing with the budget (the largest budget's latency within 0.5 s of the
 smallest's). One discarded subprocess first warms the OS file cache; then budgets
 are interleaved (10, 1000, 100000, 10, ...) and each figure is a median over
@@ -93,6 +96,13 @@ def child(episodes: int, num_envs: int, cache: str | None = None) -> dict:
     first_phases, first_programs = dict(phases), programs[0]
     second = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", **kwargs)
     t4 = time.perf_counter()
+    # The kernels each compiled program runs (after the timings: counting the
+    # bare scan's compiles it once more).
+    from device import count_kernels, jaxmesh_kernels
+
+    bare = make_bare(mlp_argmax, params, num_envs).lower(jax.random.PRNGKey(0))
+    kernels = jaxmesh_kernels()
+    bare_kernels = count_kernels(bare.compile().as_text())
     return {
         "episodes": episodes,
         "import_s": ta - t0,
@@ -109,6 +119,10 @@ def child(episodes: int, num_envs: int, cache: str | None = None) -> dict:
         **{f"bare_{k}_s": bare_phases.get(k, 0.0) for k in PHASES.values()},
         "programs": first_programs,
         "bare_programs": bare_programs,
+        "kernels": kernels.get("kernels", -1),
+        "fusions": kernels.get("fusion", -1),
+        "bare_kernels": bare_kernels["kernels"],
+        "bare_fusions": bare_kernels["fusion"],
     }
 
 
@@ -124,6 +138,13 @@ def bare_scan(policy, params, n: int, steps: int = 500):
     """The loop people write by hand, called once (compile + run): a jitted
     ``lax.scan`` over the vmapped gymnax CartPole and the same policy, resetting
     finished lanes with ``jnp.where`` each step."""
+    import jax
+
+    return make_bare(policy, params, n, steps)(jax.random.PRNGKey(0))
+
+
+def make_bare(policy, params, n: int, steps: int = 500):
+    """``bare_scan``'s jitted program (a function of the key)."""
     import gymnax
     import jax
     import jax.numpy as jnp
@@ -154,7 +175,7 @@ def bare_scan(policy, params, n: int, steps: int = 500):
         carry = (obs, state, key, jnp.zeros(n))
         return jax.lax.scan(body, carry, None, steps)[0][3]
 
-    return run(jax.random.PRNGKey(0))
+    return run
 
 
 def spawn(episodes: int, num_envs: int, cache: str | None = None) -> dict:
@@ -241,6 +262,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "bare_xla_s",
         "programs",
         "bare_programs",
+        "kernels",
+        "fusions",
+        "bare_kernels",
+        "bare_fusions",
     ]
     rows = []
     for e in budgets:
@@ -335,6 +360,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     r["bare_lower_s"],
                     r["bare_xla_s"],
                     int(r["bare_programs"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print("\nKernels of the compiled programs (optimized HLO, benchmarks/device.py):\n")
+    print(
+        table(
+            [
+                "episodes",
+                "segment kernels",
+                "segment fusions",
+                "bare kernels",
+                "bare fusions",
+            ],
+            [
+                [
+                    r["episodes"],
+                    int(r["kernels"]),
+                    int(r["fusions"]),
+                    int(r["bare_kernels"]),
+                    int(r["bare_fusions"]),
                 ]
                 for r in rows
             ],

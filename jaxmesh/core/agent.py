@@ -36,6 +36,7 @@ from flax import struct
 
 from jaxmesh.adapt import WHOLE_OBS, PendingChunk, State, Text
 from jaxmesh.core import replay, tiles
+from jaxmesh.core.keys import fold_in
 from jaxmesh.core.policy import Policy
 from jaxmesh.execution import lane_weights
 
@@ -375,9 +376,7 @@ def begin(
 def plan_keys(ep_keys: jax.Array, t: jax.Array, stream: int) -> jax.Array:
     """[N] the keys a stochastic policy plans with at each lane's step ``t``
     (``stream``: ``STREAM_PLAN`` or ``STREAM_PREFETCH``)."""
-    return jax.vmap(lambda k, s: jax.random.fold_in(jax.random.fold_in(k, stream), s))(
-        ep_keys, t
-    )
+    return fold_in(fold_in(ep_keys, stream), t)
 
 
 def _plan(

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from jaxmesh.core import agent, convs, recording, rules, tally, tiles
+from jaxmesh.core import agent, convs, keys, recording, rules, tally, tiles
 from jaxmesh.core.carry import (
     Carry,
     EngineConfig,
@@ -58,6 +58,15 @@ from jaxmesh.core.policy import Policy
 #: step runs all N lanes in one batch anyway.
 RESET_TILE = 32
 
+#: A reset of at most this many JAX equations (``env.reset``'s, counted through
+#: its nested programs; gymnax's have 20-40, an MJX one thousands) is cheap:
+#: when any lane starts an episode, every lane's reset is computed and the
+#: starting lanes keep theirs (one ``jnp.where`` per state leaf), instead of
+#: gathering the starting lanes into tiles and scattering each leaf back.
+#: That compiles a few dozen fewer kernels; a lane's reset values are the same
+#: either way.
+CHEAP_RESET_EQUATIONS = 256
+
 
 def batched(env: Any) -> bool:
     """Whether ``env`` steps all lanes in one call (an EnvPool pool,
@@ -69,9 +78,22 @@ def batched(env: Any) -> bool:
     return callable(getattr(env, "step_lanes", None))
 
 
-def env_stream(keys: jax.Array) -> jax.Array:
+def env_stream(ep_keys: jax.Array) -> jax.Array:
     """The per-episode base of env-step keys: ``fold_in(key, STREAM_ENV)``."""
-    return jax.vmap(lambda k: jax.random.fold_in(k, agent.STREAM_ENV))(keys)
+    return keys.fold_in(ep_keys, agent.STREAM_ENV)
+
+
+def equations(jaxpr: Any) -> int:
+    """The equations of a jaxpr, those of the programs it calls included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's
+                if hasattr(sub, "eqns"):
+                    count += equations(sub)
+    return count
 
 
 def with_step_events(engine: Engine, on_step: Callable) -> Engine:
@@ -223,6 +245,15 @@ class Engine:
             functools.partial(zero_carry, self.policy, self.env, self.config)
         )
 
+    @functools.cached_property
+    def _cheap_reset(self) -> bool:
+        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``): its
+        lanes then reset under one ``jnp.where`` instead of tiles. Traces the
+        reset once (a jitted one's trace is JAX's to reuse)."""
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        jaxpr = jax.make_jaxpr(self.env.reset)(key).jaxpr
+        return equations(jaxpr) <= CHEAP_RESET_EQUATIONS
+
     def carry_shape(self) -> Carry:
         """Shapes and dtypes of the carry (traces the env's reset once, compiles
         nothing)."""
@@ -261,7 +292,8 @@ class Engine:
         The reset runs only as many tiles as lanes start, and it and the
         agent's ``begin`` sit in ``cond``s that most steps skip. Returns the
         lanes, the agent state, the reset observations ([N]; zeros for lanes
-        that do not start) and the lanes that begin an episode.
+        that do not start), the lanes that begin an episode and how many lanes
+        run one now (the active ones, which the next step steps).
         """
         cfg = self.config
         start = lanes.start
@@ -273,7 +305,7 @@ class Engine:
         )
 
         def body(rows, c):
-            env_key, env_state, obs, at_reset = c
+            env_state, obs, at_reset = c
             episode = rows.take(lanes.episode)
             k = rows.take(lanes.key)  # set at the hand-over (_inner)
             at = rows.put
@@ -284,26 +316,33 @@ class Engine:
             else:
                 obs0, state0 = self._reset(lanes, k, episode)
             return (
-                at(env_key, env_stream(k)),
                 jax.tree.map(at, env_state, state0),
                 jax.tree.map(at, obs, obs0),
                 at_reset,
             )
 
-        first = (lanes.env_key, lanes.env_state, obs, lanes.reset_success)
+        active = lanes.active | begins
+        # One reduction for the step's three counts (XLA:CPU compiles each
+        # reduction over the lanes to two kernels).
+        starting, beginning, stepping = jnp.sum(
+            jnp.stack([start, begins, active]), axis=1, dtype=jnp.int32
+        )
+        first = (lanes.env_state, obs, lanes.reset_success)
         if batched(self.env):  # one call starts every lane that begins
-            env_key, env_state, obs, reset_success = jax.lax.cond(
-                jnp.any(start),
+            env_state, obs, reset_success = jax.lax.cond(
+                starting > 0,
                 lambda c: self._reset_lanes(lanes, begins, c),
                 lambda c: c,
                 first,
             )
         else:
-            env_key, env_state, obs, reset_success = tiles.rarely(
-                start, min(RESET_TILE, cfg.agent.num_envs), body, first
+            n = cfg.agent.num_envs
+            tile = n if self._cheap_reset else min(RESET_TILE, n)
+            env_state, obs, reset_success = tiles.rarely(
+                start, tile, body, first, starting > 0
             )
         ag = jax.lax.cond(
-            jnp.any(begins),
+            beginning > 0,
             lambda ag: agent.begin(
                 cfg.agent, self.policy, ag, begins, obs, lanes.episode
             ),
@@ -311,9 +350,8 @@ class Engine:
             ag,
         )
         lanes = lanes.replace(
-            env_key=env_key,
             env_state=env_state,
-            active=lanes.active | begins,
+            active=active,
             start=jnp.zeros_like(start),
             t=jnp.where(begins, 0, lanes.t),
             ret=jnp.where(begins, 0.0, lanes.ret),
@@ -323,28 +361,27 @@ class Engine:
             ),
             reset_success=reset_success,
         )
-        return lanes, ag, obs, begins
+        return lanes, ag, obs, begins, stepping
 
     def _reset_lanes(self, lanes: LaneState, begins: jax.Array, c: tuple) -> tuple:
         """``_begin``'s reset for a batched env (``batched``): one
         ``env.reset_lanes`` call for all lanes, kept for the lanes that
         begin."""
-        env_key, env_state, _, reset_success = c
+        env_state, _, reset_success = c
         obs, env_state = self.env.reset_lanes(begins, lanes.episode, env_state)
-        env_key = jnp.where(lanes.start[:, None], env_stream(lanes.key), env_key)
-        return env_key, env_state, obs, reset_success
+        return env_state, obs, reset_success
 
-    def _reset(self, lanes: LaneState, keys: jax.Array, episodes: jax.Array):
+    def _reset(self, lanes: LaneState, ep_keys: jax.Array, episodes: jax.Array):
         """The reset of a tile of lanes starting ``episodes`` with these keys:
         ``env.reset(key)``, or with ``config.trials`` its reset from each
         episode's trial index (read from the window at ``lanes.base``)."""
         trials = self.config.trials
         if trials is None:
-            return jax.vmap(self.env.reset)(keys)
+            return jax.vmap(self.env.reset)(ep_keys)
         trial_of, data = lanes.trials
         at = jnp.clip(episodes - lanes.base, 0, trial_of.shape[0] - 1)
         reset = jax.vmap(trials.reset, in_axes=(0, 0, None))
-        return reset(keys, trial_of[at], data)
+        return reset(ep_keys, trial_of[at], data)
 
     def _faults(self, lanes: LaneState, action: jax.Array, reward: jax.Array):
         """Per-lane fault kind and value: a bad action, or a non-finite reward."""
@@ -397,9 +434,12 @@ class Engine:
         res = carry.results
         lanes = carry.lanes
         at = jnp.clip(lanes.episode - lanes.base, 0, lanes.seeds.shape[0] - 1)
-        keys = rules.episode_keys(jnp, lanes.seeds[at])
+        ep_keys = rules.episode_keys(jnp, lanes.seeds[at])
+        start = lanes.start[:, None]
         lanes = lanes.replace(
-            key=jnp.where(lanes.start[:, None], keys, lanes.key), seeds=None
+            key=jnp.where(start, ep_keys, lanes.key),
+            env_key=jnp.where(start, env_stream(ep_keys), lanes.env_key),
+            seeds=None,
         )
         return Inner(
             lanes=lanes,
@@ -418,11 +458,12 @@ class Engine:
             scored=no,
         )
 
-    def _core(self, params: Any, c: Inner) -> Inner:
-        """One env step of every active lane: plan and replay, the env step,
-        frame windows, episode accounting and bad values; an episode's end is
-        left to ``_finish``. With ``config.step_events`` the step's values go
-        to the host through an ordered ``io_callback`` (``_step_events``)."""
+    def _core(self, params: Any, c: Inner, stepping: jax.Array) -> Inner:
+        """One env step of every active lane (``stepping`` of them): plan and
+        replay, the env step, frame windows, episode accounting and bad
+        values; an episode's end is left to ``_finish``. With
+        ``config.step_events`` the step's values go to the host through an
+        ordered ``io_callback`` (``_step_events``)."""
         cfg = self.config
         lanes, ag = c.lanes, c.agent
         active = lanes.active
@@ -436,7 +477,7 @@ class Engine:
             lanes.t,
             lanes.episode if self.policy.takes_rows else None,
         )
-        env_keys = jax.vmap(jax.random.fold_in)(lanes.env_key, lanes.t)
+        env_keys = keys.fold_in(lanes.env_key, lanes.t)
         if batched(self.env):  # one call steps every lane (spares for masked)
             obs, env_state, reward, term, trunc, info = self.env.step_lanes(
                 active, lanes.env_state, action
@@ -488,7 +529,7 @@ class Engine:
             agent=ag,
             recording=rec,
             fault=c.fault.update(kinds, values, lanes.episode, lanes.t),
-            env_steps=c.env_steps + jnp.sum(active, dtype=jnp.int32),
+            env_steps=c.env_steps + stepping,
             steps=c.steps + 1,
             go_on=go_on,
             ended=ended,
@@ -511,11 +552,13 @@ class Engine:
                 extra["metrics"], success = _episode_metrics(cfg, lanes, lanes.t)
                 extra.update(success)
             at = jnp.where(c.scored, lanes.episode, cfg.capacity)
+            # One prefix count for both: the ended lanes' and the scored ones'.
+            ranks = tiles.prefix_count(jnp.stack([ended, c.scored]))
             if res.rows is not None:  # a segment's log: the next free rows
-                rank = jnp.cumsum(c.scored, dtype=jnp.int32) - 1
+                rank = ranks[1] - 1
                 at = jnp.where(c.scored, res.rows + rank, cfg.capacity)
                 extra["index"] = lanes.episode
-                res = res.replace(rows=res.rows + jnp.sum(c.scored, dtype=jnp.int32))
+                res = res.replace(rows=res.rows + ranks[1, -1])
             res = tally.record(
                 res,
                 at,
@@ -529,13 +572,13 @@ class Engine:
                 **extra,
             )
             start, new_ep, next_episode = rules.next_episodes(
-                jnp, ended, lanes.next_episode, lanes.budget
+                jnp, ended, lanes.next_episode, lanes.budget, ranks[0]
             )
             lanes = lanes.replace(
                 episode=jnp.where(start, new_ep, lanes.episode),
                 start=start,
                 next_episode=next_episode,
-                n_done=lanes.n_done + jnp.sum(ended, dtype=jnp.int32),
+                n_done=lanes.n_done + ranks[0, -1],
             )
             return lanes, res
 
@@ -600,18 +643,19 @@ class Engine:
         # member whose budget is done runs the loops along with the others
         # and must not step forever.
         def inner_cond(c):
-            return (
-                steps_left(c.steps)
-                & c.go_on
-                & ~jnp.any(c.ended)
-                & jnp.any(c.lanes.active | c.lanes.start)
-                & no_fault(c.fault)
-            )
+            flags = [c.ended, c.lanes.active | c.lanes.start]
+            if stop_at_fault:
+                flags.append(c.fault.kind != tally.NO_FAULT)
+            # One reduction over the lanes for all the flags.
+            ended, running, *faulty = jnp.any(jnp.stack(flags), axis=1)
+            go_on = steps_left(c.steps) & c.go_on & ~ended & running
+            return go_on & ~faulty[0] if faulty else go_on
 
         def inner_body(c):
-            lanes, ag, obs0, begins = self._begin(c.lanes, c.agent)
+            lanes, ag, obs0, begins, stepping = self._begin(c.lanes, c.agent)
             rec = self._begin_recorded(c.recording, c.record_done, lanes, begins, obs0)
-            return self._core(params, c.replace(lanes=lanes, agent=ag, recording=rec))
+            c = c.replace(lanes=lanes, agent=ag, recording=rec)
+            return self._core(params, c, stepping)
 
         def outer_body(o):
             steps, _, carry = o

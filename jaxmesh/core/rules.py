@@ -32,7 +32,9 @@ from jaxmesh.core import tally
 # Lanes ------------------------------------------------------------------------------
 
 
-def next_episodes(xp: Any, ended: Any, next_episode: Any, budget: Any) -> tuple:
+def next_episodes(
+    xp: Any, ended: Any, next_episode: Any, budget: Any, rank: Any = None
+) -> tuple:
     """Hands the next unstarted episodes to the lanes that ended (CONTRACT 3).
 
     Ties on the same step go in ascending lane order: the k-th ended lane (by
@@ -45,6 +47,7 @@ def next_episodes(xp: Any, ended: Any, next_episode: Any, budget: Any) -> tuple:
       ended: [N] bool, the lanes whose episode ended (or that are free).
       next_episode: the next unstarted episode index (a scalar).
       budget: the number of episodes of the run (a scalar).
+      rank: ``cumsum(ended)`` when the caller has it (None: computed here).
 
     Returns:
       ``(start, episode, next_episode)``: [N] bool, the lanes that start an
@@ -52,10 +55,11 @@ def next_episodes(xp: Any, ended: Any, next_episode: Any, budget: Any) -> tuple:
       ``start`` is False); the new next unstarted episode index.
     """
     ended = xp.asarray(ended, bool)
-    rank = xp.cumsum(ended, dtype=xp.int32)  # 1 for the first ended lane
+    if rank is None:
+        rank = xp.cumsum(ended, dtype=xp.int32)  # 1 for the first ended lane
     episode = next_episode + rank - 1
     start = ended & (episode < budget)
-    taken = xp.sum(ended, dtype=xp.int32)
+    taken = rank[-1] if ended.shape[0] else 0  # how many lanes ended
     return start, episode, xp.minimum(next_episode + taken, budget)
 
 

@@ -80,11 +80,16 @@ class Rows:
 
 
 def rarely(
-    need: jax.Array, tile: int, body: Callable[[Rows, Any], Any], carry: Any
+    need: jax.Array,
+    tile: int,
+    body: Callable[[Rows, Any], Any],
+    carry: Any,
+    any_need: Any = None,
 ) -> Any:
     """``carry = body(rows, carry)`` over the lanes in ``need``, for work most
     steps skip (a reset): all of it sits in a ``cond`` on whether any lane is
-    flagged, so such a step pays one reduction.
+    flagged, so such a step pays one reduction (``any_need``: that flag,
+    when the caller has it; None: computed here).
 
     When every lane fits in one tile (N <= tile), the body runs once on all
     lanes in order, and only the flagged lanes keep its values (``Rows.put``
@@ -100,7 +105,26 @@ def rarely(
     else:
         tiled = lambda idx, c: body(Rows(idx=idx), c)
         one = lambda c: for_each_tile(need, tile, tiled, c)[0]
-    return jax.lax.cond(jnp.any(need), one, lambda c: c, carry)
+    if any_need is None:
+        any_need = jnp.any(need)
+    return jax.lax.cond(any_need, one, lambda c: c, carry)
+
+
+#: Lanes up to which ``prefix_count`` is one fused compare-and-sum over an
+#: [N, N] mask; past them, a cumsum (which XLA:CPU compiles to about five
+#: kernels, and which costs O(N) instead of O(N^2)).
+SMALL_PREFIX = 128
+
+
+def prefix_count(mask: jax.Array) -> jax.Array:
+    """``jnp.cumsum(mask, axis=-1)`` of a bool ``mask`` ([..., N]), as int32:
+    how many flagged lanes there are up to and including each lane."""
+    n = mask.shape[-1]
+    if n > SMALL_PREFIX:
+        return jnp.cumsum(mask, axis=-1, dtype=jnp.int32)
+    lane = jnp.arange(n, dtype=jnp.int32)
+    upto = lane[None, :] <= lane[:, None]  # [lane, lanes up to it]
+    return jnp.sum(upto & mask[..., None, :], axis=-1, dtype=jnp.int32)
 
 
 def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
@@ -108,12 +132,12 @@ def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
     them; and how many lanes ``need`` has.
 
     What ``jnp.nonzero(need, size=size, fill_value=N)`` gives, written as one
-    cumsum and one scatter, which XLA compiles about a third faster. The lanes
+    prefix count and one scatter, which XLA compiles about a third faster. The lanes
     fill the first rows, in order: a policy's row can round differently at
     another place in a batch.
     """
     n = need.shape[0]
-    pos = jnp.cumsum(need, dtype=jnp.int32) - 1
+    pos = prefix_count(need) - 1
     order = (
         jnp.full((size,), n, jnp.int32)
         .at[jnp.where(need, pos, size)]

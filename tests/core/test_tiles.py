@@ -103,3 +103,24 @@ def test_rows_without_a_tile_select_the_kept_lanes():
     got = rows.put(x, jnp.full((3, 2), 9.0))
     assert got.dtype == jnp.int32
     assert np.asarray(got).tolist() == [[9, 9], [2, 2], [9, 9]]
+
+
+@pytest.mark.parametrize("n", [1, 5, tiles.SMALL_PREFIX, tiles.SMALL_PREFIX + 3])
+def test_prefix_count_counts_the_flagged_lanes_up_to_each(n):
+    """Both ways (one fused sum up to ``SMALL_PREFIX`` lanes, a cumsum past
+    it) against a plain loop, on one mask and on two stacked."""
+    rng = np.random.default_rng(n)
+    masks = rng.random((2, n)) < 0.4
+
+    def loop(mask):
+        out, seen = [], 0
+        for flag in mask:
+            seen += int(flag)
+            out.append(seen)
+        return out
+
+    got = jax.jit(tiles.prefix_count)(jnp.asarray(masks))
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), [loop(m) for m in masks])
+    one = tiles.prefix_count(jnp.asarray(masks[0]))
+    np.testing.assert_array_equal(np.asarray(one), loop(masks[0]))
