@@ -29,6 +29,7 @@ _NAMES = {
     "Scoring": "jaxmesh.run.config",
     "Served": "jaxmesh.run.config",
     "Layout": "jaxmesh.run.config",
+    "Ray": "jaxmesh.run.cluster",  # the [ray] extra, imported when a run uses it
     "Ensemble": "jaxmesh.execution",
     "sweep": "jaxmesh.sweep",
     "Sweep": "jaxmesh.sweep",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
     from jaxmesh.results.result import EpisodeResult, RunResult, StepEvent
     from jaxmesh.results.stats import Comparison
     from jaxmesh.results.video import render
+    from jaxmesh.run.cluster import Ray
     from jaxmesh.run.config import Chunking, Layout, RunConfig, Scoring, Served, Starts
     from jaxmesh.run.host.agent_step import Agent, make_agent
     from jaxmesh.run.resume import EpisodeLog, load_episode_log
@@ -174,6 +176,7 @@ __all__ = [
     "Scoring",
     "Served",
     "Layout",
+    "Ray",
     "Ensemble",
     "sweep",
     "Sweep",

@@ -8,6 +8,7 @@ and ``--version`` import neither JAX nor the envs.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from typing import Any
 
@@ -38,6 +39,46 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: ``--set`` item that ``--ray-address`` adds (``workers: {ray: {address:}}``).
+RAY_ADDRESS_KEY = "workers.ray.address="
+
+
+class WorkersFlag(argparse.Action):
+    """``--workers W``: ``--set workers=W`` for an int, ``ray:N`` (or ``ray``)
+    for N Ray actors (``workers: {ray: {num_workers: N}}``); kept before a
+    ``--ray-address``, whichever came first."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        kind, sep, count = value.strip().partition(":")
+        if kind == "ray" and (not sep or count.isdigit()):
+            item = (
+                f"workers={{ray: {{num_workers: {count}}}}}"
+                if sep
+                else ("workers={ray: null}")
+            )
+        elif value.strip().isdigit() and not sep:
+            item = f"workers={value.strip()}"
+        else:
+            parser.error(
+                f"--workers {value!r}: expected N (worker processes on this "
+                "machine, 0: in this process) or ray:N (N Ray actors; ray: one "
+                "per CPU of the cluster)"
+            )
+        items = list(getattr(namespace, "set", None) or [])
+        address = [i for i in items if i.startswith(RAY_ADDRESS_KEY)]
+        items = [i for i in items if not i.startswith(RAY_ADDRESS_KEY)]
+        namespace.set = [*items, item, *address]
+
+
+class RayAddressFlag(argparse.Action):
+    """``--ray-address A``: ``--set workers.ray.address=A`` (the lanes on the
+    Ray cluster at A)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        items = list(getattr(namespace, "set", None) or [])
+        namespace.set = [*items, RAY_ADDRESS_KEY + json.dumps(value)]
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The parser of every command; ``args.run`` names the function to call."""
     parser = argparse.ArgumentParser(
@@ -58,6 +99,21 @@ def make_parser() -> argparse.ArgumentParser:
     add_config_args(ev)
     ev.add_argument(
         "--no-progress", action="store_true", help="no progress bar on stderr"
+    )
+    ev.add_argument(
+        "--workers",
+        action=WorkersFlag,
+        metavar="W",
+        help="what steps a gymnasium:, libero: or factory env's lanes: N worker "
+        "processes here (0: this process), or ray:N for N Ray actors "
+        "(--set workers=...; needs pip install 'jaxmesh[ray]')",
+    )
+    ev.add_argument(
+        "--ray-address",
+        action=RayAddressFlag,
+        metavar="ADDRESS",
+        help="the Ray cluster the actors run on (ray.init's address: auto, "
+        "host:6379, ray://host:10001); --set workers.ray.address=ADDRESS",
     )
     ev.add_argument(
         "--no-compile-cache",

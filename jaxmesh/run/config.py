@@ -32,7 +32,7 @@ from typing import Any
 
 from jaxmesh.envs import playground
 from jaxmesh.remote.protocol import check_transport
-from jaxmesh.run import backend, checks, initial, instructions
+from jaxmesh.run import backend, checks, cluster, initial, instructions
 
 #: Steps a scan segment runs before the host looks at the episode log.
 DEFAULT_SEGMENT_STEPS = checks.DEFAULT_SEGMENT_STEPS
@@ -333,7 +333,8 @@ class RunConfig:
       max_episode_seconds: host-stepped envs: a wall-clock cap on an episode.
       workers: host-stepped envs made from an id or factory: worker
         processes that step the lanes (0: this process; None: chosen for the
-        machine and the env).
+        machine and the env), or ``jaxmesh.Ray(num_workers=N)``: N Ray actors
+        (a config file's ``{ray: {num_workers: N}}`` is made one).
       chunking, starts, scoring, layout: the groups (``Chunking``,
         ``Starts``, ``Scoring``, ``Layout``).
       served: ``Served`` options for ``"grpc://host:port"`` envs, or None.
@@ -354,7 +355,7 @@ class RunConfig:
     horizon: int = 1
     max_episode_steps: int | None = None
     max_episode_seconds: float | None = None
-    workers: int | None = None
+    workers: int | cluster.Ray | None = None
     chunking: Chunking = Chunking()
     starts: Starts = Starts()
     scoring: Scoring = Scoring()
@@ -393,13 +394,16 @@ class RunConfig:
             "seconds of wall clock an episode may run, or None for no limit",
         )
         object.__setattr__(self, "max_episode_seconds", seconds)
-        if self.workers is not None:
+        workers = cluster.workers_of(self.workers)  # a config's {ray: {...}}
+        object.__setattr__(self, "workers", workers)
+        if workers is not None and not isinstance(workers, cluster.Ray):
             workers = checks.check_int(
                 "workers",
                 self.workers,
                 0,
                 "worker processes that step a host-stepped env's lanes (0: in "
-                "this process; None: chosen for the machine and the env)",
+                "this process; None: chosen for the machine and the env), or "
+                "jaxmesh.Ray(num_workers=N) for Ray actors",
             )
             object.__setattr__(self, "workers", workers)
 

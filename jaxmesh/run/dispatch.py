@@ -19,6 +19,7 @@ from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address, require_grpc
 from jaxmesh.run import host, scan
 from jaxmesh.run.backend import HOST, LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
+from jaxmesh.run.cluster import RAY, Ray
 from jaxmesh.run.host.loop import GroupedRun, LocalRun
 
 
@@ -56,7 +57,8 @@ class Route(NamedTuple):
     """A row of the backend table (``route``).
 
     Attributes:
-      name: ``SCAN``, ``SERVED``, ``WORKERS``, ``RECORDING`` or ``LOCAL``.
+      name: ``SCAN``, ``SERVED``, ``RAY``, ``WORKERS``, ``RECORDING`` or
+        ``LOCAL``.
       evaluate: what ``jaxmesh.evaluate`` calls: the scan's ``run`` or the
         host driver's ``evaluate`` (``jaxmesh.run.host.driver``).
       lanes: a host row's lanes, ``lanes(env, num_envs, episodes, workers,
@@ -79,7 +81,7 @@ class Route(NamedTuple):
         return self.loop
 
 
-def route(target: Target, *, workers: int = 0, record: Any = None) -> Route:
+def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Route:
     """The backend table: the row that runs ``target``, the first that applies.
 
     ============  ===========================  =========================================
@@ -92,6 +94,9 @@ def route(target: Target, *, workers: int = 0, record: Any = None) -> Route:
                                                its ``applies`` holds (h = 1, no lead, no
                                                recording, no lockstep server), else
                                                ``ServedRun`` (segments)
+    ``RAY``       ``workers``: a               ``RayServers`` (env servers in Ray
+                  ``jaxmesh.Ray``              actors, run/host/ray_actors.py) ->
+                                               the ``SERVED`` loops
     ``WORKERS``   ``workers`` > 0 (the host    ``WorkerEnvLanes`` -> ``GroupedRun`` when
                   driver's ``worker_count``)   its ``applies`` holds (h = 1, no lead, no
                                                sweep, no recording, a core to spare),
@@ -117,6 +122,12 @@ def route(target: Target, *, workers: int = 0, record: Any = None) -> Route:
         )
 
         return Route(SERVED, evaluate_host, ServedLanes.of, ServedRun, ServedStepRun)
+    if isinstance(workers, Ray):
+        require_grpc()
+        from jaxmesh.run.host.ray_actors import RayServers  # the [ray] extra
+        from jaxmesh.run.host.served import ServedRun, ServedStepRun
+
+        return Route(RAY, evaluate_host, RayServers.of, ServedRun, ServedStepRun)
     if workers:
         lanes = lambda env, n, e, w, served: gym_lanes.WorkerEnvLanes(
             env, max(1, min(n, e)), w

@@ -35,7 +35,8 @@ from jaxmesh.results.record import (
     records_states,
 )
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import backend, build, checks, identity, instructions, stream
+from jaxmesh.run import backend, build, checks, cluster, identity, instructions, stream
+from jaxmesh.run.cluster import RAY, Ray
 from jaxmesh.run.config import RunConfig, Served
 from jaxmesh.run.host import agent_step as run_agent
 from jaxmesh.run.host.loop import HostRun
@@ -567,6 +568,8 @@ def run_host(
     records_states(record, None, "a host-stepped env")
     hook_list = stream.hooks_list(hooks)
     row, w = _route(route, env, config, settings.num_envs, e, record, served)
+    if row.name == RAY:  # the actors serve the envs: a served run from here on
+        served = Served()
     lanes = row.lanes(env, settings.num_envs, e, w, served)
     remote_agent = None
     try:
@@ -633,12 +636,17 @@ def _route(
     e: int,
     record: Any,
     served: Any,
-) -> tuple[Any, int]:
+) -> tuple[Any, int | Ray]:
     """The backend table's row for the run (``route``) and its worker
-    processes (``worker_count``; 0 for a served env)."""
+    processes (``worker_count``; 0 for a served env), or its ``jaxmesh.Ray``."""
     if served is not None:
         return route(backend.Target(env, backend.SERVED)), 0
     check_seeds = config.starts.check_seeds
+    if isinstance(config.workers, Ray):
+        lanes = max(1, min(num_envs, e))
+        cluster.check_source(env, lanes, record, check_seeds)
+        target = backend.Target(env, backend.HOST)
+        return route(target, workers=config.workers, record=record), config.workers
     w = worker_count(config.workers, env, max(1, min(num_envs, e)), record, check_seeds)
     return route(backend.Target(env, backend.HOST), workers=w, record=record), w
 

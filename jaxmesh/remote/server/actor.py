@@ -1,0 +1,82 @@
+"""``EnvActor``: what one Ray actor of ``workers=jaxmesh.Ray(...)`` runs.
+
+The actor builds its share of a run's lanes from the env's source (an id, a
+zero-argument factory or a list of them: ``jaxmesh.envs.gymnasium.workers``'
+``build_envs``, as a worker process does) and serves them with an
+``EnvServer`` bound to its node's address on a free port, behind the run's
+token; the evaluating process steps them as served envs (gRPC, or shared
+memory when it runs on the same node). The class is plain Python: the driver
+side (``jaxmesh.run.host.ray_actors``) makes it a Ray actor with
+``ray.remote``. Like the rest of the server, it imports no JAX, so an actor
+starts without loading it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jaxmesh.envs.gymnasium.workers import build_envs
+from jaxmesh.remote.server.options import ServeOptions
+from jaxmesh.remote.server.service import EnvServer
+
+
+def _envs(source: Any, lanes: Sequence[int]) -> list:
+    return build_envs(source, list(lanes))
+
+
+class EnvActor:
+    """A Ray actor's envs, served (``serve``) until ``stop`` or its end.
+
+    Args:
+      source: ``"gymnasium:<id>"``, a zero-argument factory of a gymnasium
+        ``Env``, or a list of them (one per lane of the run).
+      lanes: the run's lanes this actor steps (their indices pick a list's
+        factories).
+      token: the run's session token: the server refuses any other client.
+      options: more ``ServeOptions`` fields (e.g. ``shared_memory=False``).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        lanes: Sequence[int],
+        token: str,
+        options: Mapping[str, Any] | None = None,
+    ):
+        self.source = source
+        self.lanes = list(lanes)
+        self.token = token
+        self.options = dict(options or {})
+        self.server: EnvServer | None = None
+
+    def serve(self, host: str | None = None) -> str:
+        """Builds the envs and starts their server; its ``"grpc://host:port"``.
+
+        ``host``: the address to bind (None: this node's, as Ray knows it).
+        An env that cannot be built raises here, and the caller sees its
+        exception.
+        """
+        if self.server is None:
+            if host is None:
+                import ray  # in an actor: Ray is there
+
+                host = ray.util.get_node_ip_address()
+            options = ServeOptions(token=self.token, **self.options)
+            bind = f"[{host}]:0" if ":" in host else f"{host}:0"  # IPv6
+            server = EnvServer(
+                functools.partial(_envs, self.source, self.lanes),
+                bind,
+                options=options,
+            )
+            self.server = server.start()
+        return "grpc://" + self.server.address
+
+    def stop(self) -> None:
+        """Ends the server: its session, then its envs (closed)."""
+        if self.server is not None:
+            self.server.shutdown()
+
+
+__all__ = ["EnvActor"]

@@ -1,0 +1,207 @@
+"""``jaxmesh.Ray``: a host-stepped env's lanes stepped by Ray actors.
+
+``workers=jaxmesh.Ray(num_workers=N)`` asks for N Ray actors, each building its
+own envs and serving them with jaxmesh's env server; the run steps them as
+served envs (``jaxmesh.run.host.ray_actors`` starts and ends the actors,
+``jaxmesh.remote.server.actor`` is what runs in each). This module holds the
+settings only and imports no Ray: ``RunConfig`` checks them when it is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from jaxmesh.envs.gymnasium import workers as pool
+
+#: The backend table's row for lanes stepped by Ray actors
+#: (``jaxmesh.run.dispatch.route``).
+RAY = "ray"
+#: A config file's key for ``Ray``'s arguments: ``workers: {ray: {...}}``.
+CONFIG_KEY = "ray"
+
+
+def _positive(name: str, value: Any, hint: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"Ray({name}={value!r}): expected a number > 0 ({hint})")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"Ray({name}={value!r}): expected a number > 0 ({hint})")
+    return float(value) if not isinstance(value, int) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Ray:
+    """Steps a host-stepped env's lanes in Ray actors (``jaxmesh.evaluate(...,
+    workers=jaxmesh.Ray(num_workers=64))``; the ``[ray]`` extra).
+
+    Each actor builds its share of the lanes' envs from the env's id or
+    factory (``"gymnasium:<id>"``, a zero-argument factory, a list of them, a
+    ``libero:`` task) and serves them to this process with jaxmesh's env
+    server (gRPC; shared memory when the actor runs on this node). The run
+    keeps every episode's accounting here, as for served envs: an actor or a
+    node that dies mid-run has its unfinished episodes run again from their
+    seeds on the other actors. Every actor is killed at the end of the run
+    (success, error or Ctrl-C); a Ray this run started is shut down, a
+    connection this process already had (``ray.is_initialized()``) is left up.
+
+    Attributes:
+      num_workers: actors (at most one per lane); None: one per
+        ``num_cpus_per_worker`` CPUs the cluster has.
+      address: the cluster to join (``ray.init(address=...)``): None joins the
+        one ``ray.init()`` finds (``RAY_ADDRESS``, a running local one) or
+        starts a local one; ``"auto"``, ``"ray://host:10001"``, ... Unused
+        when this process is already connected.
+      num_cpus_per_worker: CPUs Ray reserves for each actor.
+      resources: more for each actor, e.g. ``{"GPU": 1}`` for a GPU renderer
+        or a custom resource ``{"sim_node": 1}``.
+
+    Raises:
+      TypeError, ValueError: a bad value, naming it.
+    """
+
+    num_workers: int | None = None
+    address: str | None = None
+    num_cpus_per_worker: float = 1
+    resources: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        n = self.num_workers
+        if n is not None and (
+            isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1
+        ):
+            raise (ValueError if isinstance(n, numbers.Integral) else TypeError)(
+                f"Ray(num_workers={n!r}): expected an int >= 1 (the actors that step "
+                "the lanes) or None (one per num_cpus_per_worker CPUs of the cluster)"
+            )
+        if n is not None:
+            object.__setattr__(self, "num_workers", int(n))
+        if self.address is not None and (
+            not isinstance(self.address, str) or not self.address.strip()
+        ):
+            raise TypeError(
+                f"Ray(address={self.address!r}): expected the cluster's address as "
+                "a string (ray.init's: 'auto', 'host:6379', 'ray://host:10001') or "
+                "None (the cluster ray.init() finds, or a local one)"
+            )
+        cpus = _positive(
+            "num_cpus_per_worker",
+            self.num_cpus_per_worker,
+            "the CPUs Ray reserves for each actor",
+        )
+        object.__setattr__(self, "num_cpus_per_worker", cpus)
+        res = self.resources
+        if res is not None:
+            if not isinstance(res, Mapping):
+                raise TypeError(
+                    f"Ray(resources={res!r}): expected a mapping of resource name "
+                    "to amount per actor, e.g. {'GPU': 1} or {'sim_node': 1}"
+                )
+            checked = {}
+            for name, amount in res.items():
+                if not isinstance(name, str) or not name:
+                    raise TypeError(
+                        f"Ray(resources={dict(res)!r}): resource names are strings, "
+                        f"got {name!r}"
+                    )
+                if name == "CPU":
+                    raise ValueError(
+                        f"Ray(resources={dict(res)!r}): CPUs per actor are "
+                        "num_cpus_per_worker=, not a resource"
+                    )
+                checked[name] = _positive(
+                    f"resources[{name!r}]", amount, "the amount each actor reserves"
+                )
+            object.__setattr__(self, "resources", checked)
+
+    def __hash__(self) -> int:
+        res = None if self.resources is None else tuple(sorted(self.resources.items()))
+        return hash((self.num_workers, self.address, self.num_cpus_per_worker, res))
+
+    def __bool__(self) -> bool:  # workers= given: not in this process
+        return True
+
+    def describe(self) -> str:
+        """``Ray(num_workers=..., ...)`` with the fields that differ from
+        their defaults, for messages."""
+        given = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        ]
+        return f"Ray({', '.join(given)})"
+
+    __str__ = describe
+
+
+def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
+    """Refuses what Ray actors cannot step (before Ray starts).
+
+    Raises:
+      TypeError: env objects built in this process (a gymnasium ``Env``, a
+        list of them, a ``VectorEnv``).
+      ValueError: a list of factories shorter than the lanes; frames
+        recorded or ``check_seeds`` (both need the envs in this process).
+    """
+    if not pool.is_source(env):
+        raise TypeError(
+            f"workers=jaxmesh.Ray(...): env {type(env).__name__} holds env objects "
+            "built in this process, which Ray actors cannot share; pass "
+            "'gymnasium:<id>', a libero: id, or a zero-argument factory (each "
+            "actor calls it), or drop workers="
+        )
+    if isinstance(env, list) and len(env) < lanes:
+        raise ValueError(
+            f"workers=jaxmesh.Ray(...): {len(env)} env factories for {lanes} lanes; "
+            f"pass one factory per lane (or one for all), or num_envs={len(env)}"
+        )
+    if record is not None and record.frames:
+        raise ValueError(
+            "workers=jaxmesh.Ray(...): Record(frames=True) renders the envs, which "
+            "live in the Ray actors; record without frames, or drop workers="
+        )
+    if check_seeds:
+        raise ValueError(
+            "workers=jaxmesh.Ray(...): check_seeds=True checks an env in this "
+            "process; check it first with jaxmesh.check_seeds, or drop workers="
+        )
+
+
+def workers_of(value: Any) -> Any:
+    """``RunConfig(workers=)`` as given, a ``Ray`` for a config file's
+    ``{ray: {...}}`` (or ``{ray: null}``), the value itself otherwise.
+
+    Raises:
+      TypeError, ValueError: a mapping that is not ``{ray: {...}}``, or
+        ``Ray``'s own refusals.
+    """
+    if not isinstance(value, Mapping):
+        return value
+    if set(value) != {CONFIG_KEY}:
+        raise ValueError(
+            f"workers={dict(value)!r}: a mapping names Ray actors as "
+            "{ray: {num_workers: N, address: ..., num_cpus_per_worker: ..., "
+            "resources: {...}}}; for worker processes on this machine give an int"
+        )
+    args = value[CONFIG_KEY]
+    if args is None:
+        return Ray()
+    if not isinstance(args, Mapping):
+        if isinstance(args, numbers.Integral) and not isinstance(args, bool):
+            return Ray(num_workers=args)
+        raise TypeError(
+            f"workers={dict(value)!r}: expected ray's arguments as a mapping, e.g. "
+            "{ray: {num_workers: 64}}"
+        )
+    fields = {f.name for f in dataclasses.fields(Ray)}
+    unknown = sorted(set(args) - fields)
+    if unknown:
+        raise ValueError(
+            f"workers: ray: unknown key(s) {unknown}; Ray takes {sorted(fields)}"
+        )
+    return Ray(**args)
+
+
+__all__ = ["RAY", "Ray", "check_source", "workers_of"]

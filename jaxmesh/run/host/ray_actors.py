@@ -1,0 +1,260 @@
+"""The lanes of ``workers=jaxmesh.Ray(...)``: env servers in Ray actors.
+
+``RayServers`` connects to Ray (or uses this process's connection), starts
+the run's actors (``jaxmesh.remote.server.actor.EnvActor``, one share of the
+lanes each, placed by Ray), and steps them as served envs: it is the served
+lanes (``served.pool.ServedLanes``) over the actors' addresses, so the run is
+the served loop with its accounting, its re-run of a lost server's episodes
+and its env errors. ``close`` ends every actor and a Ray the run started.
+
+Ray is the ``[ray]`` extra, imported here only, on use.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import warnings
+from typing import Any
+
+from jaxmesh.remote.server.actor import EnvActor
+from jaxmesh.run.cluster import Ray
+from jaxmesh.run.host.served.pool import ServedLanes
+
+#: Seconds the actors have to be placed, build their envs and serve.
+START_SECONDS = 600.0
+#: Seconds a graceful stop (server shut down, envs closed) may take at the end
+#: before the actors are killed.
+STOP_SECONDS = 5.0
+#: Actors' names start with this (``ray list actors``, ``ray.util.list_named_actors``).
+NAME_PREFIX = "jaxmesh-env"
+#: Ray restarts an actor that died other than by ``ray.kill`` this many times;
+#: its lanes rejoin the run at the new address (``RayServers.reconnect``).
+MAX_RESTARTS = 1
+
+
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+      ImportError: Ray is not installed, naming the extra.
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "workers=jaxmesh.Ray(...) needs Ray: pip install 'jaxmesh[ray]' (or "
+            f"pip install 'ray>=2.40') ({exc})"
+        ) from exc
+    return ray
+
+
+def actor_count(ray: Any, cfg: Ray, lanes: int) -> int:
+    """The actors of a run: ``num_workers`` (None: the cluster's CPUs over
+    ``num_cpus_per_worker``), at most one per lane."""
+    n = cfg.num_workers
+    if n is None:
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        n = max(1, int(cpus // cfg.num_cpus_per_worker))
+    return max(1, min(n, lanes))
+
+
+def actor_options(cfg: Ray, name: str) -> dict:
+    """``ray.remote(...).options`` of one actor: its CPUs, ``resources``
+    (``GPU`` as Ray's ``num_gpus``), its name and restarts."""
+    res = dict(cfg.resources or {})
+    options: dict = {
+        "num_cpus": cfg.num_cpus_per_worker,
+        "name": name,
+        "max_restarts": MAX_RESTARTS,
+    }
+    if "GPU" in res:
+        options["num_gpus"] = res.pop("GPU")
+    if res:
+        options["resources"] = res
+    return options
+
+
+def _check_local(ray: Any, cfg: Ray, count: int) -> None:
+    """Refuses actors a local Ray this run started can never place (a
+    cluster may add nodes; this one will not).
+
+    Raises:
+      ValueError: more CPUs or resources asked for than it has.
+    """
+    have = ray.cluster_resources()
+    asked = {"CPU": cfg.num_cpus_per_worker * count}
+    for name, amount in (cfg.resources or {}).items():
+        asked[name] = amount * count
+    short = {k: v for k, v in asked.items() if v > have.get(k, 0) + 1e-9}
+    if short:
+        name = next(iter(short))
+        raise ValueError(
+            f"{cfg.describe()}: {count} actors need {short[name]:g} {name} in all; "
+            f"the local Ray started for this run has {have.get(name, 0):g}: pass "
+            "fewer num_workers=, a smaller num_cpus_per_worker= (e.g. 0.5), or "
+            "join a cluster (Ray(address=...), RAY_ADDRESS, or ray.init(...) "
+            "before the run)"
+        )
+
+
+class RayServers(ServedLanes):
+    """Served lanes over env servers in Ray actors started for one run.
+
+    Lane j is stepped by actor ``j % A`` (``ServedLanes`` deals lanes round
+    robin), so actor s builds the envs of lanes s, s + A, ... (a list of
+    factories gives each lane its own).
+
+    Args:
+      env: ``"gymnasium:<id>"``, a zero-argument factory, or a list of them.
+      num_lanes: the run's lanes.
+      cfg: the ``jaxmesh.Ray`` settings.
+      served: the run's ``jaxmesh.Served`` (its reply timeout).
+
+    Raises:
+      ImportError: no Ray.
+      TimeoutError: the actors were not all serving within ``START_SECONDS``
+        (the cluster lacks the CPUs or resources asked for).
+      Any exception an actor met building its envs.
+    """
+
+    def __init__(self, env: Any, num_lanes: int, cfg: Ray, served: Any):
+        ray = self.ray = import_ray()
+        self.actors: list = []
+        self.started_ray = False
+        try:
+            if not ray.is_initialized():
+                with warnings.catch_warnings():
+                    # Ray starts its processes with fork + exec, which JAX's
+                    # fork warning cannot tell from a bare fork.
+                    warnings.filterwarnings(
+                        "ignore", "os.fork", RuntimeWarning, "subprocess"
+                    )
+                    ray.init(address=cfg.address, logging_level="WARNING")
+                self.started_ray = True
+            count = actor_count(ray, cfg, num_lanes)
+            if self.started_ray and cfg.address is None:
+                _check_local(ray, cfg, count)
+            token = secrets.token_urlsafe(24)
+            remote = ray.remote(EnvActor)
+            run = secrets.token_hex(4)
+            for s in range(count):
+                options = actor_options(cfg, f"{NAME_PREFIX}-{run}-{s}")
+                mine = list(range(s, num_lanes, count))
+                self.actors.append(remote.options(**options).remote(env, mine, token))
+            addresses = self._serving(cfg)
+            super().__init__(
+                addresses,
+                num_lanes,
+                token=token,
+                reply_timeout=served.reply_timeout,
+                on_server_loss="rerun",
+                transport=served.transport or "auto",
+            )
+        except BaseException:
+            self._end()
+            raise
+        #: Where the lanes run, for messages: the actors' addresses.
+        self.where = f"{count} Ray actor{'s' * (count > 1)}"
+
+    @classmethod
+    def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
+        """The lanes of a Ray run (``dispatch.Route.lanes``)."""
+        return cls(env, max(1, min(num_envs, episodes)), cfg, served)
+
+    def _serving(self, cfg: Ray) -> list[str]:
+        """Each actor's address once it serves.
+
+        Raises:
+          TimeoutError: not all within ``START_SECONDS``; an actor's own
+            error building its envs.
+        """
+        ray = self.ray
+        refs = [a.serve.remote() for a in self.actors]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
+        if pending:
+            have = ray.available_resources()
+            raise TimeoutError(
+                f"{len(pending)} of {len(refs)} Ray actors were not serving after "
+                f"{START_SECONDS:g} s; each asks for {cfg.num_cpus_per_worker} CPU"
+                + (f" and {cfg.resources}" if cfg.resources else "")
+                + f", and the cluster has {have} free: ask for fewer "
+                "(num_workers=, num_cpus_per_worker=, resources=) or add nodes"
+            )
+        addresses = []
+        for s, ref in enumerate(refs):
+            try:
+                addresses.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as exc:  # the env's own error
+                cause = exc.cause
+                if cause is None:
+                    raise
+                cause.add_note(f"(in Ray actor {s}, building its envs)")
+                raise cause from None
+            except ray.exceptions.RayActorError as exc:
+                exc.add_note(
+                    f"Ray actor {s} died before serving its envs: is jaxmesh (with "
+                    "the env's packages) installed on every node of the cluster?"
+                )
+                raise
+        return addresses
+
+    def reconnect(self, s: int, connect_timeout: float) -> Any:
+        """A session with actor ``s`` again, once Ray restarted it (it serves at
+        a new address).
+
+        Raises:
+          Any error: the actor is gone for good, or not serving yet (the
+          caller tries again later).
+        """
+        address = self.ray.get(self.actors[s].serve.remote(), timeout=connect_timeout)
+        self.addresses[s] = address
+        return super().reconnect(s, connect_timeout)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        """Ends every actor (a graceful stop, then killed) and a Ray this run
+        started; idempotent."""
+        actors, self.actors = self.actors, []
+        ray = self.ray
+        if actors:
+            stops = []
+            for a in actors:
+                try:
+                    stops.append(a.stop.remote())
+                except Exception:  # noqa: BLE001 - dead already
+                    pass
+            try:
+                ray.wait(stops, num_returns=len(stops), timeout=STOP_SECONDS)
+            except Exception:  # noqa: BLE001 - the kill below ends them
+                pass
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # noqa: BLE001 - dead already
+                    pass
+            self._wait_dead(actors)
+        if self.started_ray:
+            self.started_ray = False
+            ray.shutdown()
+
+    def _wait_dead(self, actors: list) -> None:
+        """Returns once Ray says every actor is dead (at most ``STOP_SECONDS``):
+        a call on a killed actor fails once its death is known."""
+        ray = self.ray
+        end = time.monotonic() + STOP_SECONDS
+        for a in actors:
+            try:
+                ray.get(
+                    a.__ray_ready__.remote(), timeout=max(end - time.monotonic(), 0)
+                )
+            except Exception:  # noqa: BLE001 - dead, as asked
+                continue
+
+
+__all__ = ["RayServers", "import_ray", "NAME_PREFIX"]
