@@ -110,32 +110,22 @@ class PolicyServer:
       tls: serve over TLS (``wss://``, ``grpcs://``): ``(cert PEM, key PEM)``
         paths, or an ``ssl.SSLContext`` (``"openpi"`` only).
       insecure: allow a non-loopback address with no token and no TLS.
-      example: an observation to compile for in ``start`` (every batch size),
-        so that the first requests do not wait for XLA (``"openpi"`` only:
-        over ``"grpc"`` a run's session compiles for its env when it opens).
-      inputs: the observation a request holds (``"openpi"`` only): a dict
-        from observation key to ``(shape, dtype)`` (or ``"float32[8]"``), for
-        the keys the model's spec reads; a model without a spec that takes
-        one array declares it under ``"observation/state"``, and clients may
-        then send it under ``"observation/state"``, ``"state"`` or ``"obs"``.
-        A request of another shape or dtype is refused naming the key, the
-        shape given and the one expected, before anything compiles; the
-        forward compiles for it in ``start``. None: any layout the model can
-        run (the 8 most recently used kept compiled).
+      example: an observation to compile for in ``start`` (every batch size;
+        ``"openpi"`` only).
+      inputs: ``"openpi"`` only: observation key -> ``(shape, dtype)`` (or
+        ``"float32[8]"``) of each key the spec reads (a model without a spec
+        that takes one array: ``"observation/state"``); other requests are
+        refused before anything compiles (docs/serving.md, "Declared
+        inputs"). None: any layout the model can run.
       metadata: more entries for the map a client receives first.
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
       max_inflight_bytes: the request bytes every connection together may
-        hold at once (default: the larger of 1 GiB and
-        ``max_message_bytes``); a request past it is refused.
-      seed: a stochastic policy's keys over ``"openpi"``: request i gets
-        ``fold_in(PRNGKey(seed), i)`` (over ``"grpc"`` the keys are the
-        client run's episode keys, as in process).
-      idle_timeout: over ``"grpc"``, seconds a session's stream may send
-        nothing before it is ended (``DEADLINE_EXCEEDED``); ``math.inf``:
-        never.
-      max_lanes: over ``"grpc"``, the most lanes (``num_envs``) one session
-        may open; more is refused (``INVALID_ARGUMENT``).
+        hold at once (default: the larger of 1 GiB and ``max_message_bytes``).
+      seed: ``"openpi"``: request i draws with ``fold_in(PRNGKey(seed), i)``.
+      idle_timeout: ``"grpc"``: seconds a session may send nothing before it
+        is ended (``math.inf``: never).
+      max_lanes: ``"grpc"``: the most lanes one session may open.
 
     Raises:
       ValueError: a bad address, protocol, batch size, wait or token; a
