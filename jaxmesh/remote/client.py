@@ -100,8 +100,7 @@ def channel_tls(
 
 
 def _env_lane(value: Any) -> tuple[int | None, str | None, int]:
-    """The server's ``ENV_LANE_KEY``: (lane, phase, steps); unknown parts None
-    (0 steps) when it sent none or something else."""
+    """The server's ``ENV_LANE_KEY``: (lane, phase, steps), else (None, None, 0)."""
     try:
         lane, phase, steps = str(value).split(" ")
         if phase not in ("resetting", "stepping"):
@@ -124,8 +123,7 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
 def status_error(
     code: grpc.StatusCode | None, details: str, trailing: dict, address: str
 ) -> RemoteError:
-    """A call's end status (its trailing metadata too) as the ``RemoteError``
-    that says what happened and what to do (see ``remote_error``)."""
+    """A call's end status and trailing metadata as ``remote_error`` says it."""
     name = code.name if code is not None else None
     env_error = trailing.get(ENV_ERROR_KEY)
     if env_error is not None:
@@ -181,9 +179,8 @@ def status_error(
 
 
 def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
-    """Hands each item ``take`` returns (a reply, or the exception that ends
-    the stream) to ``put``, until None (closed) or an exception: a reader
-    thread's loop, or (``put`` None) a closing stream's replies discarded."""
+    """Hands each item ``take`` returns to ``put`` (None: discards it), until
+    None (closed) or an exception: a reader thread's loop."""
     while True:
         item = take()
         if item is None:
@@ -192,20 +189,6 @@ def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
             put(item)
         if isinstance(item, BaseException):
             return
-
-
-def start_reader(
-    take: Callable[[], Any], sink: queue.SimpleQueue, tag: Any, name: str
-) -> threading.Thread:
-    """A daemon thread that puts ``(tag, item)`` in ``sink`` for each item
-    ``take`` returns (see ``drain``)."""
-
-    def put(item: Any) -> None:
-        sink.put((tag, item))
-
-    thread = threading.Thread(target=drain, args=(take, put), name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 def await_end(
@@ -227,16 +210,8 @@ def await_end(
         reader.join(left)
 
 
-def owed_since(owed: collections.deque, progress: float) -> float | None:
-    """Since when (``time.monotonic``) a server has sent nothing while owing a
-    reply: the later of its last reply (``progress``) and the oldest call not
-    answered (``owed``); None when it owes none."""
-    return max(progress, owed[0]) if owed else None
-
-
 def or_closed(item: Any, address: str) -> Any:
-    """A reply read in the caller's thread, or the closed-session error for
-    the end of the stream (None)."""
+    """A reply read in the caller's thread; the stream's end (None) as an error."""
     if item is None:
         return RemoteConnectionError(
             f"the session with {address} is closed", address=address
@@ -250,13 +225,9 @@ def next_reply(
     address: str,
     on_timeout: Callable[[], None],
 ) -> Any:
-    """The next reply a reader thread handed to ``replies`` (as ``(_, item)``),
-    for both transports' ``receive``.
-
-    Calls ``on_timeout`` (the caller marks its session broken, so that
-    ``close`` does not wait) and raises when none comes within
-    ``reply_timeout`` seconds (None: no limit). An exception the reader handed
-    over is raised and put back, so every later call fails the same way.
+    """The next reply a reader thread handed to ``replies`` (as ``(_, item)``):
+    ``on_timeout()`` and an error when none comes within ``reply_timeout``
+    seconds (None: no limit); an exception handed over is raised and put back.
 
     Raises:
       jaxmesh.RemoteConnectionError: no reply within ``reply_timeout``
@@ -279,6 +250,70 @@ def next_reply(
     return item
 
 
+class Stream:
+    """What both transports (``Connection``, ``shm.ShmStream``) keep of a
+    session's calls; a subclass sets ``address``, ``reply_timeout`` and
+    defines ``_next`` (a reply, the exception met, or None at the end)."""
+
+    address: str
+    reply_timeout: float | None
+    _next: Callable[[], Any]
+    close: Callable[[], None]
+
+    def _start_stream(self) -> None:
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        # When a reply (or the stream's end) last came in, and the last request
+        # went out: close() waits for a server only while it answers.
+        self._progress = self._last_send = time.monotonic()
+        #: ``time.perf_counter()`` when the last request was handed over.
+        self.sent_at = 0.0
+        self._sent = 0
+        self._owed: collections.deque = collections.deque()  # each unanswered send
+        self._broken = False  # a reply timed out or the stream failed
+
+    def _sending(self) -> None:
+        self.sent_at = time.perf_counter()  # the server can start from here on
+        self._sent += 1
+        self._last_send = time.monotonic()
+        self._owed.append(self._last_send)
+
+    def owed_since(self) -> float | None:
+        """Since when (``time.monotonic``) the server has sent nothing while
+        owing a reply: the later of its last reply and the oldest call not
+        answered; None when it owes none."""
+        return max(self._progress, self._owed[0]) if self._owed else None
+
+    def _read_replies(self, replies: queue.SimpleQueue | None, tag: Any, name: str):
+        """A reader thread: ``(tag, item)`` in ``replies`` (None: our own)."""
+        sink = self._replies if replies is None else replies
+        self._reader = threading.Thread(
+            target=drain,
+            args=(self._next, lambda item: sink.put((tag, item))),
+            name=name,
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _reply_in_time(self) -> Any:
+        return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
+
+    def _hangs(self) -> None:
+        """No reply came in time: the server hangs, so close() will not wait."""
+        self._broken = True
+
+    def _drain_thread(self) -> threading.Thread:  # discards the last replies
+        thread = threading.Thread(target=drain, args=(self._next,), daemon=True)
+        thread.start()
+        return thread
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class ServerInfo(NamedTuple):
     """What the handshake told: the env's spaces, lanes and options."""
 
@@ -286,25 +321,20 @@ class ServerInfo(NamedTuple):
     protocol_version: int
     server_version: str
     env_name: str
-    #: One message per observation leaf, in the declared order: the one leaf
-    #: ``""`` of a single-array space, else a Dict or Tuple space's leaves
-    #: (``jaxmesh.remote.spaces.observation_space`` rebuilds the space).
-    observation: tuple[pb.LeafSpec, ...]
+    observation: tuple[pb.LeafSpec, ...]  # one per leaf, in the declared order
     action: pb.LeafSpec
     num_lanes: int
     reset_options: dict[str, pb.Value]
     capabilities: tuple[str, ...]
     info_keys: tuple[str, ...]
-    #: Simulated seconds per env step; None where the env has none.
-    dt: float | None = None
-    #: The abstract Unix socket of the same-host data path ("": none offered).
-    shared_memory: str = ""
+    dt: float | None = None  # simulated seconds per env step
+    shared_memory: str = ""  # the same-host path's socket ("": none offered)
 
 
 _END = object()
 
 
-class Connection:
+class Connection(Stream):
     """One client of one env server: the handshake at construction, then
     ``open`` / ``send`` / ``receive`` on one Step stream (the session): the
     gRPC ``session.Transport``.
@@ -364,18 +394,8 @@ class Connection:
         self._stub = pb_grpc.EnvServiceStub(self._channel)
         self._stream: Any = None
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._reader: threading.Thread | None = None
-        # When a reply (or the stream's end) last came in, or the session
-        # opened: close() waits for a server only while it answers.
-        self._progress = self._last_send = time.monotonic()
-        #: ``time.perf_counter()`` when the last request was handed to gRPC.
-        self.sent_at = 0.0
-        self._sent = self._received = 0  # requests queued, replies read
-        # When each request not answered yet was queued (``owed_since``).
-        self._owed: collections.deque = collections.deque()
-        # A reply timed out or the stream failed: close() waits for nothing.
-        self._broken = False
+        self._start_stream()
+        self._received = 0  # replies read
         request = pb.HandshakeRequest(
             protocol_versions=PROTOCOL_VERSIONS,
             client_version=f"jaxmesh {__version__}",
@@ -433,8 +453,7 @@ class Connection:
         tag: Any = None,
         reader: bool = True,
     ) -> None:
-        """Opens the Step stream (see ``session.Transport.open``); without a
-        reader thread ``receive`` waits with no ``reply_timeout``."""
+        """Opens the Step stream (``session.Transport.open``)."""
         if self._stream is not None:
             raise RuntimeError(f"the session with {self.address} is already open")
         requests = self._requests
@@ -450,15 +469,12 @@ class Connection:
         self._progress = time.monotonic()
         self._replies_in = iter(self._stream)
         self._encode, self._decode = encode, decode
-        if not reader:
-            self._reader = None
-            return
-        sink = self._replies if replies is None else replies
-        self._reader = start_reader(self._next, sink, tag, "jaxmesh-grpc-reader")
+        self._reader = None
+        if reader:
+            self._read_replies(replies, tag, "jaxmesh-grpc-reader")
 
     def _next(self) -> Any:
-        """The next reply off the stream as ``receive`` returns it, the exception
-        ``receive`` raises (returned, not raised), or None after ``close()``."""
+        """The next reply off the stream, the exception met, or None after close."""
         try:
             reply = next(self._replies_in)
         except StopIteration:
@@ -500,21 +516,13 @@ class Connection:
         request = self._encode(call)
         size = request.ByteSize()
         codec.check_size(size, self.max_message_bytes, "step request")
-        self.sent_at = time.perf_counter()  # the server can start from here on
+        self._sending()
         self._requests.put(request)
-        self._sent += 1
-        self._last_send = time.monotonic()
-        self._owed.append(self._last_send)
         return size
 
-    def owed_since(self) -> float | None:
-        """See ``owed_since`` (module level)."""
-        return owed_since(self._owed, self._progress)
-
     def receive(self) -> tuple[pb.StepReply, Any, float, float]:
-        """The next reply, in order: ``(reply, decoded, arrived, decoded_at)``.
-
-        ``arrived`` and ``decoded_at`` are ``time.perf_counter()`` values.
+        """The next reply ``(reply, decoded, arrived, decoded_at)`` (times from
+        ``time.perf_counter()``).
 
         Raises:
           jaxmesh.RemoteError: the call failed (see the module docstring), or
@@ -525,34 +533,23 @@ class Connection:
             if isinstance(item, BaseException):
                 raise item
             return item
-        return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
-
-    def _hangs(self) -> None:
-        """No reply came in time: the server hangs, so close() will not wait."""
-        self._broken = True
+        return self._reply_in_time()
 
     def close(
         self,
         timeout: float = CLOSE_TIMEOUT_SECONDS,
         grace: float = CLOSE_GRACE_SECONDS,
     ) -> None:
-        """Ends the session and closes the channel (idempotent).
-
-        The request stream is closed first and the server's end of the session
-        awaited, so that a client that opens the next session at once does not
-        find it "busy"; but only while the server answers: the call is
-        cancelled once no reply (nor the end) has come for ``grace`` seconds
-        (counted from the last reply or request when replies are owed), after
-        ``timeout`` seconds in all, and at once after a reply timeout or a
-        failure. A hung server holds ``close`` at most ``grace`` seconds.
-        """
+        """Ends the session and closes the channel (idempotent): the server's
+        end of the session is awaited (so that the next session does not find
+        it "busy") only while it answers, ``grace`` seconds per reply and
+        ``timeout`` in all; at once after a reply timeout or a failure."""
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
             reader = self._reader
             if reader is None and not self._broken:  # drain the stream in one
-                reader = threading.Thread(target=drain, args=(self._next,), daemon=True)
-                reader.start()
+                reader = self._drain_thread()
             self._stream = None
             # The server owes replies that a reader thread would have read as
             # they came: it has been quiet since the last reply or request.
@@ -569,16 +566,11 @@ class Connection:
             stream.cancel()
         self._channel.close()
 
-    def __enter__(self) -> Connection:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 __all__ = [
     "Connection",
     "ServerInfo",
+    "Stream",
     "channel_tls",
     "or_closed",
     "channel_options",

@@ -10,18 +10,12 @@ the path across hosts. Over the socket every message is a frame: a header
 1. The client sends ``HELLO`` (JSON: its token and the observation leaves it
    reads). The server checks that the peer runs as its own user
    (``SO_PEERCRED``), the token (as gRPC's), and that no session is open, else
-   it answers ``REFUSE`` (JSON: a gRPC status name and details).
-   The server reads nothing from a peer running as another user, and gives
-   a connection ``ServeOptions.handshake_timeout_seconds`` in all to deliver
-   a complete HELLO of at most the bytes the protocol needs
-   (``server/same_host.py``).
-2. The server creates an anonymous shared-memory file (``memfd_create``: it
-   has no name, so nothing is ever in ``/dev/shm``) of ``RING`` slots, each
-   holding every leaf asked for on every lane (in the leaf's own dtype), and
-   answers ``ATTACH`` with the file's descriptor attached (``SCM_RIGHTS``).
-   The client maps it and answers ``ATTACHED``. The memory is freed when both
-   sides have unmapped it, whatever happens to either side (``SIGKILL``
-   included).
+   it answers ``REFUSE`` (JSON: a gRPC status name and details); limits on
+   the HELLO are ``server/same_host.py``'s.
+2. The server creates an anonymous shared-memory file (``memfd_create``) of
+   ``RING`` slots, each holding every leaf asked for on every lane (in the
+   leaf's own dtype), and answers ``ATTACH`` with the file's descriptor
+   attached (``SCM_RIGHTS``). The client maps it and answers ``ATTACHED``.
 3. Each call is a ``REQUEST`` frame holding the serialized ``StepRequest``,
    exactly as on the gRPC stream, answered in order by a ``REPLY`` frame: the
    serialized ``StepReply`` with the observation rows taken out and written to
@@ -64,12 +58,9 @@ from jaxmesh.remote import codec
 from jaxmesh.remote.client import (
     CLOSE_GRACE_SECONDS,
     CLOSE_TIMEOUT_SECONDS,
+    Stream,
     await_end,
-    drain,
-    next_reply,
     or_closed,
-    owed_since,
-    start_reader,
     status_error,
 )
 
@@ -101,13 +92,9 @@ _CONTROL_BYTES = 1 << 20
 
 
 class Ring:
-    """An anonymous shared-memory file mapped into this process (``buf``).
-
-    ``Ring.create(size)`` makes one (``memfd_create``: no name, so no
-    ``/dev/shm`` entry to leave behind); ``Ring(fd)`` maps one whose
-    descriptor came over the socket. Its memory is freed when every process
-    has closed its mapping, however they end.
-    """
+    """An anonymous shared-memory file mapped into this process (``buf``):
+    ``Ring.create(size)`` makes one, ``Ring(fd)`` maps one whose descriptor
+    came over the socket."""
 
     def __init__(self, fd: int):
         try:
@@ -162,11 +149,7 @@ def send_attach(sock: socket.socket, payload: bytes, fd: int) -> None:
 
 def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int]:
     """The server's answer to HELLO, ``(frame, fd)``: the descriptor an
-    ATTACH frame carries, else -1 (any other descriptor is closed).
-
-    Raises:
-      OSError: the socket failed; codec.ProtocolError: a frame over the cap.
-    """
+    ATTACH frame carries, else -1 (any other descriptor is closed)."""
     fds: list[int] = []
     msg, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(4 * 4))
     for level, kind, data in anc:
@@ -206,11 +189,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None:
-    """The next frame ``(kind, slot, payload)``; None at the peer's end.
-
-    Raises:
-      OSError: the socket failed; codec.ProtocolError: a frame over ``limit``.
-    """
+    """The next frame ``(kind, slot, payload)``; None at the peer's end
+    (OSError: the socket failed; codec.ProtocolError: over ``limit``)."""
     head = _recv_exact(sock, HEADER.size)
     if head is None:
         return None
@@ -220,13 +200,7 @@ def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None
 def _recv_payload(
     sock: socket.socket, head: bytes, limit: int
 ) -> tuple[int, int, bytes]:
-    """The frame ``(kind, slot, payload)`` whose header is ``head``: reads its
-    payload of at most ``limit`` bytes.
-
-    Raises:
-      OSError: the socket failed or the peer ended mid-frame;
-      codec.ProtocolError: a frame over ``limit``.
-    """
+    """The frame whose header is ``head``, its payload read (``recv_frame``)."""
     size, kind, slot = HEADER.unpack(head)
     if size > limit:
         raise codec.ProtocolError(
@@ -273,11 +247,7 @@ def unpack_step(
     payload: bytes, spec: codec.LeafSpec, *, num_lanes: int, max_count: int
 ) -> tuple[int, int, bytes, codec.ActionBatch]:
     """A STEP payload as ``(call_id, flags, info key bytes, ActionBatch)``,
-    checked as ``codec.decode_action_batch`` checks an ``ActionBatch``.
-
-    Raises:
-      codec.ProtocolError: a malformed frame or batch.
-    """
+    checked as ``codec.decode_action_batch`` checks one (ProtocolError)."""
     size = len(payload)
     if size < _STEP_HEAD.size:
         raise codec.ProtocolError(f"a step frame of {size} bytes is too short")
@@ -346,11 +316,7 @@ class Result(NamedTuple):
 def unpack_result(payload: bytes, *, num_lanes: int) -> tuple[Result, Any]:
     """A RESULT payload as ``(Result, codec.ResultBatch)`` without
     observation (the caller adds the ring's rows), checked as
-    ``codec.decode_result_batch`` checks a ``ResultBatch``.
-
-    Raises:
-      codec.ProtocolError: a malformed frame or batch.
-    """
+    ``codec.decode_result_batch`` checks one (ProtocolError)."""
     size = len(payload)
     if size < _RESULT_HEAD.size:
         raise codec.ProtocolError(f"a result frame of {size} bytes is too short")
@@ -417,23 +383,13 @@ def _status_error(payload: bytes, address: str) -> RemoteError:
         )
 
 
-class ShmStream:
+class ShmStream(Stream):
     """The client's same-host session, the shared-memory ``session.Transport``:
-    attaches at construction, then ``open`` / ``send`` / ``receive`` /
-    ``owed_since`` / ``close`` as ``client.Connection`` has them.
-
-    Args:
-      conn: the session's gRPC connection (its handshake done): its address,
-        token, reply timeout and message cap apply here, and ``close``
-        closes it too.
-      name: the abstract socket name from the handshake.
-      specs: every observation leaf's spec; keys: the leaves read.
-      connect_timeout: seconds attaching may take.
-
-    Raises:
-      OSError, ValueError, RemoteError: attaching failed (the caller falls
-      back to gRPC, or says why when shared memory was asked for).
-    """
+    attaches at construction, then as ``client.Connection``. ``conn``: the
+    session's gRPC connection (its address, token, reply timeout and message
+    cap apply; ``close`` closes it too); ``name``: the socket from the
+    handshake; ``specs``: every observation leaf's; ``keys``: those read.
+    Attaching fails with OSError, ValueError or RemoteError."""
 
     kind = "shm"
 
@@ -476,8 +432,6 @@ class ShmStream:
             shm = Ring(fd)
             try:
                 attach = json.loads(payload.decode())
-                #: Whether calls and replies travel as STEP / RESULT frames
-                #: where they can (the server offers them).
                 self.binary = BINARY in (attach.get("frames") or ())
                 fields = ring_fields(specs, self.keys)
                 if len(shm.buf) < Slots.size(num_lanes, fields):
@@ -498,20 +452,14 @@ class ShmStream:
             self.binary = False
         self._info_keys: tuple[str, ...] = ()
         self._info: bytes | None = b""
-        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._start_stream()
         self._early: collections.deque = collections.deque()
-        self._reader: threading.Thread | None = None
         self._encode: Callable | None = None
         self._decode: Callable | None = None
         self._cond = threading.Condition()
-        self._sent = self._read = 0
-        self._owed: collections.deque = collections.deque()
-        self._progress = self._last_send = time.monotonic()
-        #: ``time.perf_counter()`` when the last request began to go out.
-        self.sent_at = 0.0
+        self._read = 0
         self._ending = False  # close() shut our side: the server's end is due
         self._closing = False
-        self._broken = False
         self._stream = False
 
     def _release(self) -> None:
@@ -537,14 +485,10 @@ class ShmStream:
         self._encode = encode
         self._decode = decode
         self._stream = True
-        if not reader:
-            return
-        sink = self._replies if replies is None else replies
-        self._reader = start_reader(self._next, sink, tag, "jaxmesh-shm-reader")
+        if reader:
+            self._read_replies(replies, tag, "jaxmesh-shm-reader")
 
     def _next(self) -> Any:
-        """The next reply as ``receive`` returns it, the exception it raises
-        (returned), or None after ``close``."""
         try:
             frame = recv_frame(self.sock, self.max_message_bytes)
         except (OSError, codec.ProtocolError) as exc:
@@ -637,15 +581,12 @@ class ShmStream:
         return self._send(kind, data)
 
     def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
-        """``info_keys`` as a STEP frame carries them (the last ones kept)."""
         keys = tuple(info_keys)
         if keys != self._info_keys:
             self._info_keys, self._info = keys, info_key_bytes(keys)
         return self._info
 
-    def _steps_only(self, call: Any) -> bool:
-        """Whether a call only steps lanes, with actions in the declared dtype
-        and shape."""
+    def _steps_only(self, call: Any) -> bool:  # with actions as declared
         actions = call.actions
         return (
             not len(call.reset_lanes)
@@ -665,19 +606,13 @@ class ShmStream:
             with self._cond:
                 while self._sent - self._read >= RING and not self._broken:
                     self._cond.wait()
-        self._sent += 1
-        self._last_send = time.monotonic()
-        self._owed.append(self._last_send)
-        self.sent_at = time.perf_counter()  # the server can start from here on
+        self._sending()
         if not self._broken:
             try:
                 send_frame(self.sock, kind, data)
             except OSError:
                 pass  # the server is gone: the reply side says so
         return len(data)
-
-    def owed_since(self) -> float | None:
-        return owed_since(self._owed, self._progress)
 
     def receive(self) -> Any:
         """The next reply (see ``Connection.receive``)."""
@@ -688,11 +623,7 @@ class ShmStream:
                 self._early.appendleft(item)
                 raise item
             return item
-        return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
-
-    def _hangs(self) -> None:
-        """No reply came in time: the server hangs, so close() will not wait."""
-        self._broken = True
+        return self._reply_in_time()
 
     def close(
         self,
@@ -710,10 +641,7 @@ class ShmStream:
                 self.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-            reader = self._reader
-            if reader is None:
-                reader = threading.Thread(target=drain, args=(self._next,), daemon=True)
-                reader.start()
+            reader = self._reader or self._drain_thread()
             await_end(
                 reader,
                 lambda: max(self._progress, self._last_send),
