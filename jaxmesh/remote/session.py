@@ -1,19 +1,12 @@
 """The client side of the wire: one session with one env server, in numpy.
 
-``Session`` owns everything protobuf on the client: it builds a ``StepRequest``
-from numpy arrays (lane resets with their seeds and options, one run of known
-actions per lane, lanes to release), numbers the calls, decodes each reply into
-a ``codec.ResultBatch`` and checks that the reply answers the call it should
-(the server answers in order). The host loop (``jaxmesh.run.host.served``) and
-``RemoteEnv`` / ``RemoteVectorEnv`` drive servers through it and never build a
-message themselves; the host loop owns the episodes' accounting, the session
-knows nothing of episodes.
-
-The calls travel over a ``Transport``: the gRPC Step stream
-(``client.Connection``) or the same-host path (``shm.ShmStream``), chosen once
-when the session opens (``Session._transport``).
-
-Lanes here are the server's own lane indices (0 .. ``num_lanes - 1``).
+``Session`` owns everything protobuf on the client: it builds each
+``StepRequest`` from numpy arrays, numbers the calls, decodes each reply into a
+``codec.ResultBatch`` and checks it answers the call it should. The host loop
+(``jaxmesh.run.host.served``) and ``RemoteEnv`` / ``RemoteVectorEnv`` drive
+servers through it; it knows nothing of episodes. The calls travel over a
+``Transport`` (``client.Connection`` or ``shm.ShmStream``), chosen once when
+the session opens. Lanes are the server's own indices.
 """
 
 from __future__ import annotations
@@ -64,10 +57,8 @@ class Transport(Protocol):
     """How a session's calls and replies travel: ``client.Connection`` (the
     gRPC Step stream) or ``shm.ShmStream`` (the same-host path)."""
 
-    #: ``"grpc"`` or ``"shm"``.
-    kind: str
-    #: ``time.perf_counter()`` when the last call's bytes began to go out.
-    sent_at: float
+    kind: str  # "grpc" or "shm"
+    sent_at: float  # perf_counter() when the last call's bytes began to go out
 
     def open(
         self,
@@ -78,41 +69,23 @@ class Transport(Protocol):
         tag: Any,
         reader: bool,
     ) -> None:
-        """Starts the stream.
+        """Starts the stream: ``encode`` builds a call's ``StepRequest``,
+        ``decode(reply, in_ring)`` its batch (``in_ring``: the transport adds
+        the observation rows); ``replies``, ``tag``, ``reader`` as for
+        ``Session.open`` (items are what ``receive`` returns or raises)."""
 
-        Args:
-          encode: builds the ``StepRequest`` of a call ``send`` takes.
-          decode: ``decode(reply, in_ring)`` is called on each reply (by the
-            reader thread) for its batch (``in_ring``: the observation rows
-            travel apart, the transport adds them).
-          replies: a queue shared with other sessions: the reader puts
-            ``(tag, item)`` there (item: what ``receive`` returns, or the
-            exception it raises), and ``receive`` is not used.
-          tag: names this stream in ``replies``.
-          reader: False: no reader thread; ``receive`` takes the next reply off
-            the stream itself.
-        """
+    def send(self, call: Call) -> int: ...  # queues a call; its size in bytes
 
-    def send(self, call: Call) -> int:
-        """Queues a call; its size in bytes."""
+    def receive(self) -> tuple[Any, codec.ResultBatch, float, float]: ...
 
-    def receive(self) -> tuple[Any, codec.ResultBatch, float, float]:
-        """The next reply ``(message, batch, arrived, decoded_at)``, within
-        the reply timeout."""
+    def owed_since(self) -> float | None: ...
 
-    def owed_since(self) -> float | None:
-        """Since when the server has sent nothing while owing a reply."""
-
-    def close(self) -> None:
-        """Ends the stream and the channel (idempotent)."""
+    def close(self) -> None: ...
 
 
 class Reply(NamedTuple):
-    """One decoded reply and what the telemetry reads of it.
-
-    ``arrived`` and ``decoded_at`` are ``time.perf_counter()`` values; the
-    server's env time and the reply's size are as the server sent them.
-    """
+    """One decoded reply and what the telemetry reads of it (times are
+    ``time.perf_counter()`` values; env time and size as the server sent)."""
 
     batch: codec.ResultBatch
     arrived: float
@@ -167,8 +140,7 @@ class Session:
                 raise codec.ProtocolError(
                     f"the handshake declares {info.num_lanes} lanes, expected >= 1"
                 )
-            #: Every observation leaf's spec (key, wire dtype, shape), in the
-            #: declared order: ``{"": spec}`` for a single-array observation.
+            #: Each observation leaf's spec, in the declared order.
             self.obs_specs = {}
             for msg in info.observation:
                 if msg.key in self.obs_specs:
@@ -183,21 +155,15 @@ class Session:
                 f"client cannot rebuild: {exc}; upgrade the older side",
                 address=self.address,
             ) from None
-        #: Whether the env takes the ``trial_index`` reset option (CONTRACT 6).
-        self.trial_index = TRIAL_INDEX in info.reset_options
-        #: Whether the server steps every lane in every call (a VectorEnv).
-        self.lockstep = LOCKSTEP in info.capabilities
-        #: Whether the server sends every step's info with the last observation
-        #: only (``send(info_every_step=True)``).
+        self.trial_index = TRIAL_INDEX in info.reset_options  # CONTRACT 6
+        self.lockstep = LOCKSTEP in info.capabilities  # a VectorEnv
         self.info_every_step = INFO_EVERY_STEP in info.capabilities
-        #: The observation leaves every call asks for (``open``; only these
-        #: cross the wire): every one until told otherwise.
+        #: The observation leaves every call asks for (``open``).
         self.observation_keys: tuple[str, ...] = tuple(self.obs_specs)
         self.closed = False
         self._call_id = 0
         self._pending: collections.deque[int] = collections.deque()
-        #: What carries the calls: the gRPC connection until ``open`` chooses.
-        self.stream: Transport = self.conn
+        self.stream: Transport = self.conn  # until ``open`` chooses
 
     @property
     def transport(self) -> str:
@@ -251,9 +217,7 @@ class Session:
         self.stream.open(self._request, decode, replies=replies, tag=tag, reader=reader)
 
     def _transport(self) -> Transport:
-        """The same-host stream when ``transport`` allows it and it attaches,
-        else the gRPC connection (why logged at debug level, or an error for
-        ``"shm"``)."""
+        """The same-host stream when allowed and it attaches, else gRPC."""
         asked = self.asked_transport
         if asked == "grpc":
             return self.conn
@@ -351,7 +315,6 @@ class Session:
         return size
 
     def _request(self, call: Call) -> pb.StepRequest:
-        """``call`` as the ``StepRequest`` message that carries it."""
         req = pb.StepRequest(
             observation_keys=self.observation_keys,
             all_observations=call.all_observations,
@@ -416,19 +379,12 @@ class Session:
 
     @property
     def sent_at(self) -> float:
-        """``time.perf_counter()`` when the last call's bytes began to go out:
-        the server cannot have started on it before."""
+        """``perf_counter()`` when the last call's bytes began to go out."""
         return self.stream.sent_at
 
     def owed_since(self) -> float | None:
-        """Since when the server has sent nothing while owing a reply
-        (``time.monotonic``; None: it owes none)."""
+        """Since when (monotonic) the server owes a reply; None: it owes none."""
         return self.stream.owed_since()
-
-    @property
-    def in_flight(self) -> int:
-        """Calls sent whose reply was not taken yet."""
-        return len(self._pending)
 
     def close(self) -> None:
         """Ends the session and closes the channel (idempotent)."""
