@@ -98,11 +98,8 @@ def short(text: object, limit: int = 64) -> str:
 
 
 class ProtocolError(ValueError):
-    """A message that does not follow the ``jaxmesh.env.v1`` protocol.
-
-    A server answers it with gRPC's INVALID_ARGUMENT and serves on; a client
-    ends the run with it.
-    """
+    """A message that does not follow the ``jaxmesh.env.v1`` protocol (a server
+    answers INVALID_ARGUMENT and serves on; a client ends the run with it)."""
 
 
 class LeafSpec(NamedTuple):
@@ -138,17 +135,8 @@ def _wire_dtype(dtype: np.dtype, key: str | None) -> str:
 
 
 def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
-    """A numpy array as a ``Tensor``: dtype name, shape, raw little-endian bytes.
-
-    Big-endian input is converted to little-endian; a non-contiguous array is
-    copied into C order.
-
-    Args:
-        x: an array (or anything ``np.asarray`` takes) of an allowed dtype.
-        key: the leaf's name, for error messages.
-
-    Returns:
-        The ``jaxmesh.env.v1.Tensor`` message.
+    """A numpy array as a ``Tensor``: dtype name, shape, raw little-endian bytes
+    in C order (``key`` names the leaf in errors).
 
     Raises:
         ProtocolError: the dtype is not in the allow-list (bool, int8..int64,
@@ -164,16 +152,8 @@ def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
 def decode_array(
     tensor: pb.Tensor, expected: LeafSpec | None = None, *, key: str | None = None
 ) -> np.ndarray:
-    """A ``Tensor`` as a numpy array, after checking it.
-
-    Args:
-        tensor: the message.
-        expected: when given, the dtype and shape the array must have; its key
-            names the leaf in errors.
-        key: the leaf's name for errors when ``expected`` is not given.
-
-    Returns:
-        A read-only little-endian array viewing the message's bytes.
+    """A ``Tensor`` as a read-only array viewing its bytes, after checking it
+    (against ``expected``'s dtype and shape when given; ``key`` names the leaf).
 
     Raises:
         ProtocolError: an unknown dtype, more than 32 dimensions, a negative or
@@ -251,11 +231,7 @@ def _decode(
 
 
 def encode_leaves(leaves: Mapping[str, npt.ArrayLike]) -> dict[str, pb.Tensor]:
-    """A dict of arrays as a dict of ``Tensor`` messages (see :func:`encode_array`).
-
-    Use it to fill a message's map field: ``msg.observation.update(...)`` does
-    not take messages, so copy each: ``msg.observation[k].CopyFrom(t)``.
-    """
+    """A dict of arrays as a dict of ``Tensor`` messages (see :func:`encode_array`)."""
     return {key: encode_array(x, key) for key, x in leaves.items()}
 
 
@@ -265,17 +241,9 @@ def decode_leaves(
     *,
     lead: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """A map of ``Tensor`` messages as a dict of checked arrays.
-
-    Args:
-        tensors: key -> message (a protobuf map field or a dict).
-        expected: when given, the exact keys that must be present, and each
-            leaf's dtype and shape.
-        lead: when given with ``expected``, each array carries this many rows
-            on a new leading axis: its shape is ``(lead,) + spec.shape``.
-
-    Returns:
-        key -> array, in ``expected``'s order when given.
+    """A map of ``Tensor`` messages as a dict of checked arrays: when
+    ``expected`` is given, exactly its keys, in its order, each of its dtype and
+    shape (``(lead,) + spec.shape`` with ``lead``).
 
     Raises:
         ProtocolError: a missing or unexpected key, or a bad leaf (see
@@ -310,11 +278,7 @@ def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:
 
 
 def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
-    """A ``LeafSpec`` message as a checked :class:`LeafSpec`.
-
-    Raises:
-        ProtocolError: an unknown dtype or a negative or huge dimension.
-    """
+    """A ``LeafSpec`` message as a checked :class:`LeafSpec` (ProtocolError)."""
     what = _name(msg.key)
     if len(msg.shape) > MAX_NDIM:
         raise ProtocolError(
@@ -335,12 +299,11 @@ def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
     return LeafSpec(msg.key, msg.dtype, shape)
 
 
-def _vector(
-    tensor: pb.Tensor, present: bool, steps: int, kind: str, key: str
-) -> np.ndarray:
+def _vector(msg: pb.ResultBatch, key: str, steps: int, kind: str) -> np.ndarray:
     """A per-step vector of a ``ResultBatch`` (rewards, terminated, truncated)."""
-    if not present and steps == 0:
+    if steps == 0 and not msg.HasField(key):
         return np.zeros(0, dtype=np.float64 if kind == "f" else bool)
+    tensor = getattr(msg, key)
     x = _decode(tensor, key, None, None)
     if x.shape != (steps,) or x.dtype.kind != kind:
         want = "a float dtype" if kind == "f" else "bool"
@@ -352,14 +315,8 @@ def _vector(
 
 
 class ActionBatch(NamedTuple):
-    """A decoded ``ActionBatch``: lane i replays ``counts[i]`` actions.
-
-    Attributes:
-        lanes: int64 ``[m]``, ascending.
-        counts: int64 ``[m]``, each >= 1.
-        actions: leaf key -> array of shape ``(sum(counts),) + leaf shape``; lane
-            i's chunk is rows ``offsets[i] : offsets[i] + counts[i]``.
-    """
+    """A decoded ``ActionBatch``: lane ``lanes[i]`` (ascending) replays rows
+    ``offsets[i] : offsets[i] + counts[i]`` of each ``actions`` leaf."""
 
     lanes: np.ndarray
     counts: np.ndarray
@@ -375,10 +332,11 @@ class ActionBatch(NamedTuple):
 _UINT32 = np.dtype(np.uint32)
 
 
-def _index_vector(tensor: pb.Tensor, present: bool, key: str) -> np.ndarray:
+def _index_vector(msg: Message, field: str, key: str) -> np.ndarray:
     """A uint32 vector field as int64, or ProtocolError."""
-    if not present:
+    if not msg.HasField(field):
         return np.zeros(0, np.int64)
+    tensor = getattr(msg, field)
     x = _decode(tensor, key, None, None)
     if x.ndim != 1 or x.dtype != _UINT32:
         raise ProtocolError(
@@ -457,8 +415,8 @@ def decode_action_batch(
                     f"the action batch names {size} lanes ({key}), but the "
                     f"session has {num_lanes} lanes; each lane appears once"
                 )
-    lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "batch lanes")
-    counts = _index_vector(msg.counts, msg.HasField("counts"), "batch counts")
+    lanes = _index_vector(msg, "lanes", "batch lanes")
+    counts = _index_vector(msg, "counts", "batch counts")
     check_action_vectors(lanes, counts, num_lanes=num_lanes, max_count=max_count)
     actions = _rows_of(msg.actions, specs, int(counts.sum()), "the action batch")
     return ActionBatch(lanes, counts, actions)
@@ -472,11 +430,7 @@ def check_action_vectors(
     max_count: int = 1_000_000,
 ) -> None:
     """An action batch's lanes and counts (int64 vectors) as
-    ``decode_action_batch`` checks them (also for the same-host frames).
-
-    Raises:
-        ProtocolError: see ``decode_action_batch``.
-    """
+    ``decode_action_batch`` checks them (also for the same-host frames)."""
     if lanes.shape != counts.shape:
         raise ProtocolError(
             f"the action batch has {lanes.size} lanes and {counts.size} counts; "
@@ -530,13 +484,9 @@ def decode_result_batch(
     *,
     num_lanes: int | None = None,
 ) -> ResultBatch:
-    """A ``ResultBatch``, checked: lanes, per-step vectors and leaves agree.
-
-    Args:
-        msg: the message.
-        observation: the observation leaves asked for (None: as sent).
-        info: the info leaves, when their specs are known (None: as sent).
-        num_lanes: when given, every lane must be below it.
+    """A ``ResultBatch``, checked: lanes (below ``num_lanes``), per-step
+    vectors and leaves (``observation``, ``info``: their specs, None: as sent)
+    agree.
 
     Raises:
         ProtocolError: any inconsistency (lanes not ascending or unknown,
@@ -544,23 +494,17 @@ def decode_result_batch(
             are not in ``min(steps, 1) .. max(steps, 1)``, per-step vectors or
             leaves whose length does not match, a malformed leaf).
     """
-    lanes = _index_vector(msg.lanes, msg.HasField("lanes"), "result lanes")
-    steps = _index_vector(msg.steps, msg.HasField("steps"), "result steps")
-    rows = _index_vector(msg.rows, msg.HasField("rows"), "result rows")
-    info_rows = (
-        _index_vector(msg.info_rows, True, "result info rows")
-        if msg.HasField("info_rows")
-        else None
-    )
+    lanes = _index_vector(msg, "lanes", "result lanes")
+    steps = _index_vector(msg, "steps", "result steps")
+    rows = _index_vector(msg, "rows", "result rows")
+    info_rows = None
+    if msg.HasField("info_rows"):
+        info_rows = _index_vector(msg, "info_rows", "result info rows")
     check_result_vectors(lanes, steps, rows, info_rows, num_lanes=num_lanes)
     total = int(steps.sum())
-    rewards = _vector(msg.rewards, msg.HasField("rewards"), total, "f", "rewards")
-    terminated = _vector(
-        msg.terminated, msg.HasField("terminated"), total, "b", "terminated"
-    )
-    truncated = _vector(
-        msg.truncated, msg.HasField("truncated"), total, "b", "truncated"
-    )
+    rewards = _vector(msg, "rewards", total, "f")
+    terminated = _vector(msg, "terminated", total, "b")
+    truncated = _vector(msg, "truncated", total, "b")
     n_rows = int(rows.sum())
     n_info = n_rows if info_rows is None else int(info_rows.sum())
     obs = _rows_of(msg.observation, observation, n_rows, "the result batch")
@@ -593,11 +537,7 @@ def check_result_vectors(
     num_lanes: int | None = None,
 ) -> None:
     """A result batch's per-lane vectors (int64) as ``decode_result_batch``
-    checks them (also for the same-host frames).
-
-    Raises:
-        ProtocolError: see ``decode_result_batch``.
-    """
+    checks them (also for the same-host frames)."""
     if not lanes.shape == steps.shape == rows.shape or (
         info_rows is not None and info_rows.shape != lanes.shape
     ):
@@ -618,11 +558,7 @@ def check_result_vectors(
 
 
 def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message"):
-    """Refuse a message larger than ``limit`` bytes.
-
-    Raises:
-        ProtocolError: naming the size, the limit and the fix.
-    """
+    """Refuses a message larger than ``limit`` bytes (ProtocolError)."""
     if nbytes > limit:
         mib = 1024 * 1024
         raise ProtocolError(
@@ -668,12 +604,8 @@ def parse_step_reply(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.StepRepl
 def parse_handshake_request(
     data: bytes, limit: int = MAX_MESSAGE_BYTES
 ) -> pb.HandshakeRequest:
-    """Serialized bytes -> ``HandshakeRequest``; ProtocolError when not one.
-
-    A handshake is small: at most ``MAX_HANDSHAKE_BYTES`` (whatever ``limit``
-    allows) and ``MAX_PROTOCOL_VERSIONS`` versions, checked before anything
-    is made of them.
-    """
+    """Serialized bytes -> ``HandshakeRequest``; ProtocolError when not one,
+    or over ``MAX_HANDSHAKE_BYTES`` or ``MAX_PROTOCOL_VERSIONS``."""
     if len(data) > min(limit, MAX_HANDSHAKE_BYTES):
         raise ProtocolError(
             f"a handshake request of {len(data)} bytes is over the "
@@ -702,11 +634,7 @@ def parse_handshake_reply(
 def choose_version(
     client_versions: Iterable[int], server_versions: Iterable[int] = PROTOCOL_VERSIONS
 ) -> int:
-    """The newest protocol version both sides speak.
-
-    Raises:
-        ProtocolError: there is none in common; the message names both lists.
-    """
+    """The newest protocol version both sides speak (ProtocolError: none)."""
     client, server = sorted(set(client_versions)), sorted(set(server_versions))
     common = set(client) & set(server)
     if not common:
@@ -719,8 +647,7 @@ def choose_version(
 
 
 def _versions(versions: list[int]) -> str:
-    """A sorted version list for a message: whole when short, else its count
-    and the first few."""
+    """A sorted version list for a message (its count and first few when long)."""
     if len(versions) <= FEW:
         return str(versions)
     return f"{len(versions)} versions, {few(versions)}"
