@@ -17,8 +17,7 @@ An observation space may nest those leaves in ``Dict`` and ``Tuple`` spaces
 path, Dict keys and Tuple indices joined with ``/`` (``"image"``,
 ``"pair/0"``; the names of ``jaxmesh.envs.gymnasium.leaves``), with ``nest``
 saying what each part is (``"d"`` a Dict key, ``"t"`` a Tuple index), in the
-space's order. A single-array space is the one leaf ``""`` with no ``nest``,
-as before, so older clients read it.
+space's order. A single-array space is the one leaf ``""`` with no ``nest``.
 
 Values on the wire are the env's own: an observation is ``np.asarray(obs,
 space.dtype)`` (``int64`` for a Discrete space), an action is what the env's
@@ -73,16 +72,8 @@ def _unsupported(space: Any, where: str) -> TypeError:
 
 
 def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpec:
-    """A gymnasium ``Box`` or ``Discrete`` space as a ``LeafSpec`` message.
-
-    Args:
-        space: the space (one lane's, no lane axis).
-        key: the leaf's key (``""`` for a space that is a single array).
-        where: what the space is, for errors (e.g. ``"observation_space"``).
-
-    Returns:
-        The ``jaxmesh.env.v1.LeafSpec``: a Box keeps its dtype, shape, low and
-        high; a Discrete is an ``int64`` scalar with ``n`` and ``start``.
+    """A gymnasium ``Box`` or ``Discrete`` space (one lane's) as a ``LeafSpec``
+    message under ``key``; ``where`` names the space in errors.
 
     Raises:
         TypeError: any other space, or a Box whose dtype cannot travel.
@@ -116,8 +107,7 @@ def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpe
 
 
 def _bound(x: np.ndarray) -> np.ndarray:
-    """A Box bound as sent: one scalar when every entry is the same (an image's
-    0..255), so that a large observation's handshake stays small."""
+    """A Box bound as sent: one scalar when every entry is the same."""
     if x.size > 1 and np.all(x == x.flat[0]):
         return x.reshape(-1)[:1].reshape(())
     return x
@@ -125,12 +115,6 @@ def _bound(x: np.ndarray) -> np.ndarray:
 
 def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
     """The gymnasium space a ``LeafSpec`` message declares (inverse of space_leaf).
-
-    Args:
-        msg: a ``LeafSpec`` with ``space`` ``"box"`` or ``"discrete"``.
-
-    Returns:
-        A ``gymnasium.spaces.Box`` or ``Discrete`` equal to the one declared.
 
     Raises:
         codec.ProtocolError: an unknown ``space`` kind, a Discrete with ``n <
@@ -224,15 +208,8 @@ def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.Lea
 
 
 def observation_space(msgs: Any) -> gymnasium.Space:
-    """The observation space the handshake's leaves declare (inverse of
-    :func:`space_leaves`).
-
-    Args:
-        msgs: the ``LeafSpec`` messages, in the declared order.
-
-    Returns:
-        The Box or Discrete of a single leaf ``""``; else the nested ``Dict``
-        and ``Tuple`` spaces, Dict keys in the declared order.
+    """The observation space the handshake's leaves declare, in their order
+    (inverse of :func:`space_leaves`).
 
     Raises:
         codec.ProtocolError: no leaf, a leaf ``""`` beside others, a key whose
@@ -299,13 +276,12 @@ def observation_space(msgs: Any) -> gymnasium.Space:
             else:
                 node = node.setdefault(part, {})
 
-    def make(node: dict, path: tuple) -> gymnasium.Space:
+    def make(node: Any, path: tuple) -> gymnasium.Space:
+        if not isinstance(node, dict):  # a leaf's space
+            return node
         if kinds[path] == DICT:
             return gymnasium.spaces.Dict(
-                [
-                    (k, make(v, path + (k,)) if isinstance(v, dict) else v)
-                    for k, v in node.items()
-                ]
+                [(k, make(v, path + (k,))) for k, v in node.items()]
             )
         if sorted(int(k) for k in node) != list(range(len(node))):
             raise codec.ProtocolError(
@@ -314,12 +290,7 @@ def observation_space(msgs: Any) -> gymnasium.Space:
                 "expected 0 .. n - 1"
             )
         return gymnasium.spaces.Tuple(
-            [
-                make(node[str(i)], path + (str(i),))
-                if isinstance(node[str(i)], dict)
-                else node[str(i)]
-                for i in range(len(node))
-            ]
+            [make(node[str(i)], path + (str(i),)) for i in range(len(node))]
         )
 
     return make(root, ())
