@@ -34,12 +34,7 @@ def _canonical(dtype: Any) -> np.dtype:
 
 def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) of one observation leaf (a space that is one array) in the
-    dtypes JAX computes in; ``Dict`` and ``Tuple`` spaces are walked leaf by
-    leaf (``leaves.ObsLayout``).
-
-    Raises:
-      TypeError: a space jaxmesh does not read (Text, Graph, Sequence, ...).
-    """
+    dtypes JAX computes in (TypeError for a space jaxmesh does not read)."""
     spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int32)
@@ -58,13 +53,8 @@ def obs_layout(space: Any, where: str) -> ObsLayout:
 
 
 def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | None]:
-    """(action_shape, action_dtype, num_actions) the agent uses for a space.
-
-    Discrete(n) -> ((), int32, n); Box -> (shape, float32, None).
-
-    Raises:
-      TypeError: any other action space (not supported yet).
-    """
+    """(action_shape, action_dtype, num_actions) the agent uses for a space:
+    Discrete(n) -> ((), int32, n); Box -> (shape, float32, None); else TypeError."""
     spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), jnp.int32, int(space.n)
@@ -80,16 +70,9 @@ def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | N
 
 @dataclasses.dataclass(eq=False)
 class HostEnvSpec:
-    """What the agent builder needs of host-stepped lanes (jaxmesh's env protocol).
-
-    ``reset`` gives a zero observation of the right structure, shapes and
-    dtypes; it is only ever traced for shapes (``jax.eval_shape``). ``step`` is
-    never called: the host loop steps the gymnasium envs itself.
-
-    Attributes:
-      layout: the observation's named leaves (one array, or a nest of Dicts
-        and Tuples), in JAX's dtypes.
-    """
+    """What the agent builder needs of host-stepped lanes (jaxmesh's env protocol):
+    ``reset`` is only traced for shapes, ``step`` never called; ``layout``: the
+    observation's named leaves in JAX's dtypes."""
 
     name: str
     layout: ObsLayout
@@ -99,24 +82,6 @@ class HostEnvSpec:
     #: Simulated seconds per step; None where the env has none (not part of
     #: ``signature``: no compiled code depends on it).
     dt: float | None = None
-
-    @property
-    def obs_shape(self) -> tuple[int, ...]:
-        """The shape of a one-array observation (TypeError for a nest)."""
-        return self.layout.shapes[self._whole()]
-
-    @property
-    def obs_dtype(self) -> np.dtype:
-        """The dtype of a one-array observation (TypeError for a nest)."""
-        return self.layout.dtypes[self._whole()]
-
-    def _whole(self) -> str:
-        if not self.layout.whole:
-            raise TypeError(
-                f"{self.name}: the observation has leaves "
-                f"{list(self.layout.names)}, not one array"
-            )
-        return ""
 
     def zeros(self, lead: tuple[int, ...] = ()) -> Any:
         """A zero observation (numpy) with leading axes ``lead``, in its own

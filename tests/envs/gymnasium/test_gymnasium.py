@@ -493,7 +493,10 @@ def test_reset_options_and_wall_clock_cap():
 def test_host_adapter_replays_in_the_agent_dtype():
     lanes = jaxmesh.envs.gymnasium.make_lanes(f"gymnasium:{ID}", 2, 2)
     try:
-        assert lanes.reset([1, 0], [8, 7], [0, 1])[""].dtype == lanes.spec.obs_dtype
+        assert (
+            lanes.reset([1, 0], [8, 7], [0, 1])[""].dtype
+            == lanes.spec.layout.dtypes[""]
+        )
         got = lanes.replay([0, 1], [3, 3], np.ones(6, np.int64))
         env = gym.make(ID)
         env.reset(seed=7)
