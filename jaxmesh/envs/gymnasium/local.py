@@ -4,13 +4,9 @@
 ``reset(lanes, seeds, trials)`` (observations), ``step(actions, go, obs)`` (one
 env step of the lanes in ``go``, observations written into ``obs``), ``.info``
 / ``.info_seen`` after each step, ``.spec``, ``.num_lanes`` and ``close()``.
-``EnvLanes`` holds one gymnasium ``Env`` per lane (only lanes with an episode
-step), ``VectorEnvLanes`` a ``VectorEnv`` in ``AutoresetMode.DISABLED`` (every
-lane steps; idle ones play a fixed action), ``WorkerEnvLanes`` lanes in worker
-processes. Episode i with seed s starts with ``reset(seed=s)``, plus
-``options={"trial_index": i}`` when the env declares it (CONTRACT 6). An env's
-exception reaches the caller as the env raised it, marked with its lane
-(``lanes.mark_where``).
+``EnvLanes`` holds one ``Env`` per lane, ``VectorEnvLanes`` a ``VectorEnv``,
+``WorkerEnvLanes`` lanes in worker processes. An env's exception reaches the
+caller as the env raised it, marked with its lane (``lanes.mark_where``).
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ __all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make
 
 
 class _InfoKeys:
-    """The keys a step's infos had, gathered only when read (the message of a
-    metric no info has reads them, once)."""
+    """The keys a step's infos had, gathered only when an error reads them."""
 
     def __init__(self, infos: Sequence):
         self.infos = infos
@@ -48,8 +43,7 @@ class _InfoKeys:
 
 
 def _env_errors(method):
-    """The env's own exception instead of the ``LaneError`` wrapping it (the
-    host loop reports an env failure as the env raised it)."""
+    """The env's own exception instead of the ``LaneError`` wrapping it."""
 
     @functools.wraps(method)
     def unwrapped(*args, **kwargs):
@@ -65,8 +59,7 @@ def _env_errors(method):
 
 
 class _Ascending(NamedTuple):
-    """A reset's lanes in ascending order (how the lanes take them) and the way
-    back to the order given."""
+    """A reset's arguments by ascending lane and the way back to the order given."""
 
     args: tuple  # (lanes, seeds, options, max_episode_seconds), ascending
     back: np.ndarray  # row of the ascending batch for each lane as given
@@ -79,8 +72,8 @@ def _ascending(
     declares_trial_index: bool,
     max_episode_seconds: float | None,
 ) -> _Ascending:
-    """The reset arguments by ascending lane: ``{"trial_index": trials[i]}``
-    only for an env that declares it (CONTRACT 6)."""
+    """The reset arguments by ascending lane (``trial_index`` only for an env
+    that declares it, CONTRACT 6)."""
     lanes = [int(j) for j in lanes]
     order = sorted(range(len(lanes)), key=lanes.__getitem__)
     options = None
@@ -98,8 +91,7 @@ def _ascending(
 
 
 def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dict:
-    """Reset-info values (rows by ascending lane) as ``(float64 [m], present
-    bool [m])`` in the order given; a key with no ``present`` is in every row."""
+    """Reset-info values as ``(float64 [m], present bool [m])`` in the order given."""
     out = {}
     for key, values in info.items():
         given = np.asarray(
@@ -149,9 +141,7 @@ class _LaneView:
 
 
 class LocalAdapter(_LaneView):
-    """The in-process adapters' common part over ``lanes``, the shared stepper
-    (``lanes.EnvListStepper`` or ``lanes.VectorEnvStepper``, observations in
-    the spec's dtype)."""
+    """The in-process adapters' common part over a shared stepper."""
 
     def __init__(self, lanes: shared.GymStepper, where: str):
         self.lanes = lanes
@@ -159,14 +149,6 @@ class LocalAdapter(_LaneView):
             lanes.name, lanes.observation_space, lanes.action_space, where, lanes.dt
         )
         self._view(spec, lanes.num_lanes, lanes.action_space)
-
-    @property
-    def owned(self) -> bool:
-        return self.lanes.owned
-
-    @owned.setter
-    def owned(self, value: bool) -> None:
-        self.lanes.owned = value
 
     @_env_errors
     def reset(
@@ -181,11 +163,9 @@ class LocalAdapter(_LaneView):
         observations as named leaves ``[m, ...]``, rows in the order given.
 
         Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
-        the env declares it (a VectorEnv then resets one lane per call, since
-        gymnasium passes one ``options`` dict to every lane).
-        ``max_episode_seconds`` caps each episode by wall clock in ``replay``
-        (its step past the cap reads ``truncated``); ``step`` leaves that cap to
-        its caller. ``text_keys``: reset-info keys read as they are (strings).
+        the env declares it. ``max_episode_seconds`` caps each episode by wall
+        clock in ``replay`` (``step`` leaves that cap to its caller).
+        ``text_keys``: reset-info keys read as they are (strings).
         """
         asc = _ascending(
             lanes, seeds, trials, self.lanes.declares_trial_index, max_episode_seconds
@@ -207,10 +187,7 @@ class LocalAdapter(_LaneView):
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
     ) -> shared.ResultBatch:
-        """``lanes.GymStepper.replay`` of the shared lanes: ``counts[i]`` known
-        actions (the env's own values, ``env_actions``) on lane ``lanes[i]``,
-        each lane stopping at its episode's end; an env's error raised as it
-        raised it."""
+        """``GymStepper.replay`` of the shared lanes, an env's error as raised."""
         return self.lanes.replay(
             lanes,
             counts,
@@ -221,7 +198,6 @@ class LocalAdapter(_LaneView):
         )
 
     def close(self) -> None:
-        """Closes the envs jaxmesh made (never the caller's own)."""
         self.lanes.close()
 
 
@@ -288,11 +264,8 @@ class EnvLanes(LocalAdapter):
 
 
 class VectorEnvLanes(LocalAdapter):
-    """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``.
-
-    Raises:
-      ValueError: any other autoreset mode (saying how to build a DISABLED one).
-    """
+    """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED`` (ValueError
+    for another mode, saying how to build one)."""
 
     def __init__(self, vec: Any):
         where = f"VectorEnv {type(vec).__name__}"
@@ -333,9 +306,7 @@ class VectorEnvLanes(LocalAdapter):
         return reward, te[:n] & go, tr[:n] & go
 
 
-class _Leaves(NamedTuple):
-    """Some of a layout's leaves (what ``workers.slot_fields`` reads)."""
-
+class _Leaves(NamedTuple):  # some of a layout's leaves (``workers.slot_fields``)
     names: tuple[str, ...]
     shapes: dict
     dtypes: dict
@@ -383,8 +354,6 @@ class WorkerEnvLanes(_LaneView):
         #: ``send`` holds them back and its ``take`` reports them ``lost``.
         self.lost_in_reset: set[int] = set()
         self.culprits_in_reset: list[int] = []
-        self.owned = True
-        #: The observation leaves that cross from the workers (``carry``).
         self.carried: tuple[str, ...] | None = None
 
     @property
@@ -491,7 +460,6 @@ class WorkerEnvLanes(_LaneView):
         return reward, term, trunc
 
     def close(self) -> None:
-        """Stops the workers and frees the shared memory."""
         self.pool.close()
 
 
@@ -526,9 +494,7 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:
         return VectorEnvLanes(env)
     if isinstance(env, gym.Env):
         return EnvLanes([env])
-    if isinstance(env, list):
-        if not env:
-            raise ValueError("env=[]: pass at least one gymnasium Env")
+    if isinstance(env, list):  # EnvListStepper refuses an empty one
         return EnvLanes(env[:num_envs])
     raise TypeError(
         f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
