@@ -1,28 +1,13 @@
 """EnvPool envs (C++ simulators on a thread pool) stepped inside the jitted loop.
 
-``"envpool:<id>"`` (``make_env("envpool:HalfCheetah-v5")``) names a task of
-EnvPool (Atari, MuJoCo, DeepMind Control, ...). EnvPool seeds an env once, when
-it is created, and a pool steps any subset of its envs by id. So a run builds
-one pool for its budget (``EnvPoolEnv.bind``): env ``i`` is created with
-``env_seed = seeds[i]`` and runs episode ``i`` only, whichever lane holds it,
-and its results equal those of a one-env pool made with ``seed=seeds[i]`` and
-stepped with the same actions. The pool also holds one spare env per lane,
-seeded 0: a lane that steps no episode (it waits for its first one, or has
-nothing left to start) steps its spare one, so a batch always has one env per
-lane and no episode's env is ever stepped by anyone else.
-
-The jitted step calls the pool through EnvPool's XLA interface (one send and
-one receive of all N lanes per step, ``batch_size = N``): the engine checks
-``step_lanes`` once and, for such an env, steps all lanes in one call instead
-of vmapping a one-lane step (``jaxmesh.core.engine``). EnvPool resets an env
-on its first send (its action is ignored), which is how an episode starts.
-Rows come back in the order envs finish and are put back in lane order by env
-id. Float64 values (MuJoCo observations, info) reach the program as float32,
-rounded to nearest as numpy's ``astype`` does, and float actions are widened
-to float64 exactly: the program needs no ``jax_enable_x64``.
-
-The pool's handle is part of the compiled program, so every run compiles its
-own program for its own pool.
+``"envpool:<id>"`` names an EnvPool task. EnvPool seeds an env once, when it is
+created, so a run builds one pool for its budget (``EnvPoolEnv.bind``): env
+``i`` is created with ``env_seed = seeds[i]`` and runs episode ``i`` only,
+whichever lane holds it; a spare env per lane (seeded 0) is stepped by a lane
+with no episode. The jitted step calls the pool through EnvPool's XLA
+interface, all N lanes in one call (``step_lanes``), 64-bit values carried as
+uint32 pairs so the program needs no ``jax_enable_x64``. The pool's handle is
+part of the compiled program: every run compiles its own (docs/envpool.md).
 """
 
 from __future__ import annotations
@@ -165,16 +150,12 @@ class _Specs:
         return (*keys, "elapsed_step")
 
 
+_NARROW = {np.dtype(f"{k}64"): np.dtype(f"{k}32") for k in ("float", "int", "uint")}
+
+
 def _narrow(dtype: Any) -> np.dtype:
     """The dtype the program holds for an EnvPool dtype (no 64-bit types)."""
-    dtype = np.dtype(dtype)
-    if dtype == np.float64:
-        return np.dtype(np.float32)
-    if dtype == np.int64:
-        return np.dtype(np.int32)
-    if dtype == np.uint64:
-        return np.dtype(np.uint32)
-    return dtype
+    return _NARROW.get(np.dtype(dtype), np.dtype(dtype))
 
 
 @dataclasses.dataclass(eq=False)
@@ -220,11 +201,8 @@ class EnvPoolEnv:
         return info
 
     def reset(self, key: jax.Array):
-        """Shapes only: one lane's observation and state (its env's id).
-
-        The state's value is a digest of the task and its EnvPool options:
-        nothing reads it, but jaxmesh's env digest (what ``resume=`` compares)
-        traces this function, so two option sets make two digests."""
+        """Shapes only: one lane's observation and state, a digest of the task
+        and its options (the env digest ``resume=`` compares traces it)."""
         return self._obs(), jnp.int32(self._options_digest())
 
     def _options_digest(self) -> int:
@@ -256,11 +234,7 @@ class EnvPoolEnv:
 
     def bind(self, seeds: Any, num_envs: int) -> BoundPool:
         """The pool of one run: env ``i`` seeded with ``seeds[i]``, then one
-        spare env per lane (``SPARE_SEED``); batches of ``num_envs``.
-
-        Memory: one EnvPool env per episode of the budget, alive for the run
-        (``docs/envpool.md`` gives figures per task).
-        """
+        spare env per lane (``SPARE_SEED``); batches of ``num_envs``."""
         import envpool
 
         seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
