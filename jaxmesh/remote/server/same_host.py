@@ -56,9 +56,8 @@ class _Pending:
 
 
 def hello_limit(token: str | None, obs_names: tuple[str, ...]) -> int:
-    """The largest HELLO a client needs: its token, each observation leaf's
-    name once (JSON escapes at most 6 bytes a character) and 4 KiB of the
-    rest."""
+    """The largest HELLO a client needs: its token and each leaf's name (6
+    bytes a character, JSON-escaped), and 4 KiB of the rest."""
     names = len(token or "") + sum(len(k) + 4 for k in obs_names)
     return 4096 + 6 * names
 
@@ -76,12 +75,7 @@ def peer_refusal(peer: int, own: int) -> str | None:
 
 
 def parse_hello(payload: bytes) -> tuple[str, list, bool]:
-    """A HELLO's ``(token, keys, binary)``.
-
-    Raises:
-      ValueError: not a JSON map whose token is a string, whose keys are a
-        list of strings and whose frames are a list.
-    """
+    """A HELLO's ``(token, keys, binary)`` (ValueError: malformed)."""
     try:
         hello = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -101,17 +95,11 @@ def parse_hello(payload: bytes) -> tuple[str, list, bool]:
 
 class SameHostPath:
     """An ``EnvServer``'s same-host data path: its listener, its connections
-    and their calls. It shares the server's one-session lock, open session,
-    lanes, options and token check with the gRPC path (``server``), and
-    answers calls as that path does (``requests.py`` parses, ``lanes.py``
-    executes).
-
-    One thread (``jaxmesh-shm-accept``) accepts and reads every HELLO: a
-    peer running as another user is refused before a byte of it is read; a
-    HELLO must be whole within ``handshake_timeout_seconds`` of the accept and
-    at most ``hello_limit`` bytes; at most ``MAX_PENDING`` connections wait
-    for theirs. A session, one at a time, gets a thread of its own.
-    """
+    and their calls, sharing the server's session lock, lanes, options and
+    token check with the gRPC path. One thread accepts and reads every HELLO
+    (another user's peer refused unread; whole within
+    ``handshake_timeout_seconds``, at most ``hello_limit`` bytes, at most
+    ``MAX_PENDING`` waiting); a session gets a thread of its own."""
 
     def __init__(self, server: Any, listener: socket.socket, name: str):
         self.server = server
@@ -127,8 +115,7 @@ class SameHostPath:
 
     @classmethod
     def start(cls, server: Any) -> SameHostPath | None:
-        """Listens on a fresh abstract Unix socket, a thread accepting on it;
-        None when it cannot bind (clients then use gRPC)."""
+        """Listens on a fresh abstract Unix socket; None when it cannot bind."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         name = same_host.socket_name()
         try:
@@ -217,8 +204,7 @@ class SameHostPath:
             selector.close()
 
     def _take(self, listener: socket.socket) -> list[socket.socket]:
-        """The connections waiting at ``listener``, each of this server's user
-        (another user's is refused before a byte of it is read)."""
+        """The connections waiting at ``listener`` of this server's user."""
         taken = []
         while True:
             try:
@@ -241,9 +227,8 @@ class SameHostPath:
             taken.append(conn)
 
     def _read(self, conn: socket.socket, state: _Pending) -> Any:
-        """Reads what ``conn`` sent of its HELLO: None while it is not whole,
-        else its payload (bytes), or an ``OSError`` / ``ValueError`` saying
-        why it is refused."""
+        """Reads ``conn``'s HELLO: None while not whole, else its payload, or
+        the ``OSError`` / ``ValueError`` that refuses it."""
         head = same_host.HEADER.size
         want = head
         if len(state.data) >= head:
@@ -283,8 +268,7 @@ class SameHostPath:
             conn.close()
 
     def _answer(self, conn: socket.socket, hello: Any) -> None:
-        """A whole HELLO's answer: a refusal, or a session in a thread of its
-        own (one at a time)."""
+        """A whole HELLO's answer: a refusal, or a session in a thread."""
         if isinstance(hello, OSError):
             conn.close()
             return
@@ -363,12 +347,7 @@ class SameHostPath:
         slots = Slots(ring, n, fields)
         try:
             try:
-                # "segment": None makes a client from before descriptors were
-                # passed refuse the ring and fall back to gRPC.
-                attach = {
-                    "segment": None,
-                    "frames": [same_host.BINARY] if binary else [],
-                }
+                attach = {"frames": [same_host.BINARY] if binary else []}
                 same_host.send_attach(conn, json.dumps(attach).encode(), fd)
             finally:
                 os.close(fd)
@@ -483,8 +462,7 @@ class SameHostPath:
 
 
 def _plain(batch: Any, keys: tuple, slot: int) -> bool:
-    """Whether a reply goes as a RESULT frame: no info, and its observation
-    rows in the ring (or none asked)."""
+    """Whether a reply goes as a RESULT frame: no info, rows in the ring."""
     if batch.info or batch.info_present or batch.info_rows is not None:
         return False
     return slot != same_host.NO_SLOT if keys else not batch.observation
@@ -500,8 +478,7 @@ def _same(x: np.ndarray, dst: np.ndarray) -> bool:
 
 
 def _fits(obs: dict, keys: tuple, slots: Slots, slot: int, n: int) -> bool:
-    """Whether a reply's observation rows go in ring slot ``slot``: every leaf
-    asked for, at most one row per lane, each in its slot's dtype and shape."""
+    """Whether a reply's observation rows fit ring slot ``slot``."""
     if not keys or obs.keys() != set(keys):
         return False
     for key in keys:
