@@ -1,12 +1,7 @@
-"""The served lanes: ``ServerStepper`` (the shared JAX-free lanes of
-``jaxmesh.envs.gymnasium.lanes`` plus what serving adds: the wire's leaves,
-the lockstep check of a VectorEnv, a thread pool stepping groups of lanes),
-``_make_lanes`` (lanes for whatever the caller passed: an id, an Env, a list,
-a VectorEnv; worker processes for an id with ``workers``), and ``_Request``,
-a checked call as the lanes execute it.
-
-``requests.py`` builds ``_Request`` from the wire; ``service.py`` and
-``same_host.py`` execute them here.
+"""The served lanes: ``ServerStepper`` (the shared lanes of
+``jaxmesh.envs.gymnasium.lanes`` plus what serving adds), ``_make_lanes`` (lanes
+for whatever the caller passed) and ``_Request``, a checked call as the lanes
+execute it (``requests.py`` builds it from the wire).
 """
 
 from __future__ import annotations
@@ -28,12 +23,8 @@ from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
 class _Request:
     """A checked call: its ops (``Reset`` | ``Replay``, ascending lane) and
-    what the reply carries.
-
-    A call that steps lanes by one action each and does nothing else (h = 1,
-    most calls) keeps its lanes and actions as two arrays (``single``); its
-    ops are built only if something asks for them.
-    """
+    what the reply carries; a call that only steps lanes by one action each
+    keeps them as two arrays (``single``), its ops built only when asked for."""
 
     __slots__ = (
         "_ops",
@@ -96,14 +87,9 @@ def _wire_layout(where: str):
 
 
 class ServerStepper:
-    """The shared lanes (``jaxmesh.envs.gymnasium.lanes``) and what serving adds:
-    the wire's leaves, the lockstep check of a VectorEnv, and a worker pool
-    that steps contiguous groups of a list of envs' lanes at once.
-
-    Args:
-        lanes: the shared lanes, observations in the wire leaf's layout.
-        workers: threads for a list of envs (1: the serving thread).
-    """
+    """The shared lanes (observations in the wire leaf's layout) and what
+    serving adds: the wire's leaves, the lockstep check of a VectorEnv, and
+    ``workers`` threads stepping contiguous groups of a list of envs' lanes."""
 
     def __init__(self, lanes: shared.GymStepper, workers: int):
         self.lanes = lanes
@@ -145,10 +131,8 @@ class ServerStepper:
         self.group_of = [j * self.workers // n for j in range(n)]
 
     def abandon(self, respawn: bool = True) -> None:
-        """The call under way is given up (its client is gone, or the server
-        stops): lanes in worker processes kill the workers it waits on, so it
-        ends and frees the session (``respawn``: new workers take the lanes).
-        Envs in this process cannot be stopped: a hung one keeps the call."""
+        """The call under way is given up (``GymStepper.abandon``; ``respawn``:
+        new workers take the lanes)."""
         self.lanes.abandon(respawn)
 
     def end_session(self) -> None:
@@ -156,10 +140,8 @@ class ServerStepper:
         self.lanes.layout = self.full_layout
 
     def layout_for(self, keys: tuple[str, ...] | None) -> Any:
-        """The lanes' observation layout of the leaves ``keys`` (None: every
-        leaf): the layout pruned to them when they are whole top-level Dict
-        entries (what a policy reads), else every leaf's (the reply then
-        leaves the others out)."""
+        """The lanes' layout pruned to the leaves ``keys`` when they are whole
+        top-level Dict entries, else every leaf's (None: every leaf)."""
         full = self.full_layout
         if not keys:  # every leaf, or none asked (every leaf is still checked)
             return full
@@ -173,15 +155,9 @@ class ServerStepper:
         return layout
 
     def check(self, request: _Request) -> None:
-        """Refuses (ProtocolError) a request these lanes cannot serve exactly.
-
-        Lockstep: a VectorEnv steps every lane at once, so every lane in the
-        middle of an episode is stepped in every call, all by the same count (a
-        lane left out would be stepped with the idle action, silently). A lane
-        reset in this call is not left out: it may be stepped with the idle
-        action before its reset (resets run last), which its reset discards; a
-        client abandons an episode that way (e.g. at max_episode_steps), or by
-        naming the lane in ``release`` when it starts no other."""
+        """Refuses (ProtocolError) a request these lanes cannot serve exactly:
+        in lockstep every lane mid-episode is stepped, reset (resets run last)
+        or released in every call, all stepped by the same count."""
         if not self.lockstep:
             return
         if not any(isinstance(op, shared.Replay) for op in request.ops):
@@ -216,11 +192,7 @@ class ServerStepper:
             )
 
     def execute(self, request: _Request) -> pb.ResultBatch:
-        """Runs a checked request; its reply's batch.
-
-        Raises:
-            LaneError: an env raised (the session ends with INTERNAL).
-        """
+        """Runs a checked request; its reply's batch (LaneError: an env raised)."""
         return codec.encode_result_batch(*self.execute_batch(request))
 
     def execute_batch(self, request: _Request) -> ResultBatch:
@@ -287,8 +259,7 @@ class ServerStepper:
 
 
 def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
-    """A lanes' ``ResultBatch`` with only the observation leaves ``keys``
-    (None: as it is)."""
+    """A ``ResultBatch`` with only the observation leaves ``keys`` (None: all)."""
     if keys is None or batch.observation.keys() == set(keys):
         return batch
     obs = batch.observation
@@ -296,10 +267,7 @@ def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
 
 
 def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
-    """Server lanes for what the caller passed (an id, an Env, a list, a vector).
-
-    The checks and their wording are those of ``jaxmesh.envs.gymnasium.lanes``.
-    """
+    """Server lanes for what the caller passed (an id, an Env, a list, a vector)."""
     if lanes is not None and not isinstance(env, str):
         raise ValueError(
             f"lanes={lanes} is only for an env id ('gymnasium:<id>'); a "

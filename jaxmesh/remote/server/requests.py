@@ -1,10 +1,6 @@
 """Parsing and checking a call before anything is stepped: ``_parse_request``
-(a gRPC ``StepRequest``), ``_parse_step`` (a same-host binary STEP frame) and
-the bounds both keep (lanes, keys, actions); a request that fails is refused
-with a ``codec.ProtocolError`` naming what is wrong.
-
-The result is a ``lanes._Request``, which ``lanes.ServerStepper.check`` checks
-against what the lanes can serve exactly.
+(a gRPC ``StepRequest``) and ``_parse_step`` (a same-host STEP frame) give a
+``lanes._Request`` or a ``codec.ProtocolError`` naming what is wrong.
 """
 
 from __future__ import annotations
@@ -122,9 +118,8 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
 def _check_actions(
     batch: codec.ActionBatch, lanes: ServerStepper, mask, ops, check_lane
 ):
-    """A decoded action batch's actions (a writable copy) and lanes, after the
-    checks nothing stepped may fail: discrete actions in range, each lane set
-    in ``mask``, reset before and not also reset in this call (``ops``)."""
+    """A decoded batch's actions (a writable copy) and lanes, checked: discrete
+    actions in range, each lane in ``mask``, reset before and not in ``ops``."""
     arr = np.array(batch.actions[""])
     if lanes.discrete and arr.size:
         low = lanes.act_leaf.start
@@ -156,8 +151,7 @@ def _check_actions(
 def _parse_step(
     payload: bytes, lanes: ServerStepper, keys: tuple[str, ...]
 ) -> _Request:
-    """A checked same-host STEP frame (only steps, the session's observation
-    leaves ``keys``, no info) as ``_parse_request`` checks a ``StepRequest``."""
+    """A same-host STEP frame checked as ``_parse_request`` checks a request."""
     n = lanes.num_lanes
     call_id, flags, info, batch = same_host.unpack_step(
         payload, lanes.act_spec, num_lanes=n, max_count=MAX_COUNT
@@ -198,15 +192,13 @@ def _replays(batch: codec.ActionBatch, arr: np.ndarray) -> list[shared.Replay]:
 
 
 def _obs_keys(names: tuple[str, ...], keys: Any) -> tuple[str, ...] | None:
-    """The observation leaves to convert and send, in declared order (None:
-    every one)."""
+    """The observation leaves to send, in declared order (None: every one)."""
     return None if len(keys) == len(names) else tuple(n for n in names if n in keys)
 
 
 @functools.lru_cache(maxsize=64)
 def _info_keys(data: bytes) -> tuple[str, ...]:
-    """A STEP frame's info keys, checked as ``_check_bounds`` checks a
-    ``StepRequest``'s (the same few bytes come in every call: cached)."""
+    """A STEP frame's info keys, checked (cached: the same bytes every call)."""
     try:
         keys = data.decode("utf-8").split("\0") if data else []
     except UnicodeDecodeError:
@@ -231,8 +223,7 @@ def _check_keys(what: str, field: Any) -> None:
 
 
 def _check_bounds(msg: pb.StepRequest, n: int) -> None:
-    """Refuses repeated fields longer than any request needs, before anything
-    is made of them (their lengths only are read)."""
+    """Refuses repeated fields longer than any request needs (lengths only)."""
     for what, field in (
         ("observation keys", msg.observation_keys),
         ("info keys", msg.info_keys),

@@ -43,11 +43,8 @@ def idle_message(address: str, what: str, idle: float) -> str:
 
 
 def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
-    """Ends an RPC from another thread with ``code`` and ``details``.
-
-    ``ServicerContext.cancel()`` can only say CANCELLED; the call object under
-    it takes a status, so the client learns why. Falls back to ``cancel()``.
-    """
+    """Ends an RPC from another thread with ``code`` and ``details`` (the call
+    under ``ServicerContext``, whose ``cancel()`` only says CANCELLED)."""
     call = getattr(getattr(context, "_rpc_event", None), "call", None)
     try:
         call.cancel(code.value[0], details)
@@ -66,14 +63,10 @@ def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None
 
 class _Session:
     """An open session, either transport's, as the idle timeout and shutdown
-    see it: ``cancel(code, details)`` ends it from another thread (``_cancel``
-    for a Step stream, ``_shut_read`` for a same-host connection).
-
-    The serving thread marks when it waits for a request (``waiting``, which
-    returns the status to end with if ``end`` came first), when it works and
-    when it hands a reply over (which blocks while the client reads no
-    replies). ``end`` ends it now when it waits for a request, else after the
-    reply in progress.
+    see it: ``cancel(code, details)`` ends it from another thread. The serving
+    thread marks when it waits (``waiting``: the status to end with if ``end``
+    came first), works and sends; ``end`` ends it now when it waits for a
+    request, else after the reply in progress.
     """
 
     #: Seconds between the hang-up watcher's checks that the session is open.
@@ -121,8 +114,7 @@ class _Session:
 
     def watch_hangup(self, conn: socket.socket, give_up: Callable[[], Any]) -> None:
         """Starts a thread that calls ``give_up()`` if the client hangs up
-        while the session is open (a client that gave up on a call that hangs:
-        the serving thread, in the call, reads nothing)."""
+        while the session is open (the serving thread, in a call, reads nothing)."""
         if not hasattr(select, "POLLRDHUP"):  # not Linux: no watcher
             return
         poller = select.poll()
@@ -154,9 +146,8 @@ class _Session:
             self.cancel(code, details)
 
     def abandon(self, give_up: Callable[[], Any]) -> None:
-        """Calls ``give_up()`` if the session is still open (the call ended
-        under it: its client went away while the server worked). Under the
-        lock ``stop`` takes, so a next session's call is never given up."""
+        """Calls ``give_up()`` if the session is still open (under the lock
+        ``stop`` takes: a next session's call is never given up)."""
         with self.cond:
             if not self.done:
                 give_up()
