@@ -1,9 +1,5 @@
-"""Messages for a name that is not there: the closest ones, else every one.
-
-Kept apart from ``jaxmesh.envs`` so that its env families (``gymnax.py``,
-``brax.py``, ``gymnasium/``) and ``jaxmesh.run.checks`` can name an unknown id
-without importing the family table (``jaxmesh.envs.FAMILIES``) that imports
-them.
+"""Messages for a name that is not there: the closest ones, else every one
+(apart from ``jaxmesh.envs``, whose family table imports the families using it).
 """
 
 from __future__ import annotations
@@ -18,16 +14,8 @@ def did_you_mean(
     n: int = 3,
     key: Callable[[str], str] = lambda c: c,
 ) -> str:
-    """A hint naming the choices closest to ``given`` ('' when none is close).
-
-    Args:
-      given: what the user typed.
-      choices: what exists.
-      n: at most this many suggestions.
-      key: the part of a choice that ``given`` is compared with.
-
-    Matching ignores case, so ``'cartpole-v1'`` suggests ``'CartPole-v1'``.
-    """
+    """A hint naming at most ``n`` choices closest to ``given`` ('' when none
+    is close), compared by ``key(choice)`` ignoring case."""
     by_lower: dict[str, str] = {}
     for c in choices:
         by_lower.setdefault(key(c).lower(), c)
@@ -39,14 +27,8 @@ def did_you_mean(
 
 
 def unknown_id(kind: str, given: str, registered: Iterable[str], how: str) -> str:
-    """One paragraph for an unknown id: the closest ones, else every id.
-
-    Args:
-      kind: what was looked up, e.g. ``'gymnax env'``.
-      given: the id the user gave.
-      registered: the ids that exist.
-      how: how the user lists or registers ids, for the message's end.
-    """
+    """One paragraph for an unknown ``kind`` id: the closest ones, else every
+    registered id; ``how`` (how to list or register ids) ends it."""
     registered = sorted(registered)
     hint = did_you_mean(given, registered)
     if not hint:

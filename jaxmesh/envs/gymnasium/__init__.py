@@ -1,19 +1,9 @@
 """Gymnasium envs as host-stepped lanes: an ``Env``, a list of them, a ``VectorEnv``.
 
-jaxmesh's host loops own episode accounting; this package owns every gymnasium
-call. Three modules:
-
-- ``lanes``: the lanes themselves, JAX-free (numpy and gymnasium only), shared
-  by the in-process host loop and the env server (``jaxmesh.remote.server``):
-  reset, step, replay a known run of actions, info rows, observation checks,
-  ``VectorEnv`` lanes in lockstep (see its docstring).
-- ``spec``: the agent side's view: ``HostEnvSpec`` (jaxmesh's env protocol,
-  shapes only) and the observation and action layouts in JAX's dtypes.
-- ``local``: the in-process host loop's adapters over the shared lanes:
-  ``EnvLanes`` and ``VectorEnvLanes`` (both ``LocalAdapter``), ``WorkerEnvLanes``
-  (lanes in worker processes) and ``make_lanes``.
-
-gymnasium is imported on first use, so importing this package costs nothing.
+This package owns every gymnasium call: ``lanes`` (the JAX-free lanes shared by
+the in-process host loop and the env server), ``spec`` (the agent side's view,
+``HostEnvSpec``), ``local`` (the host loop's adapters, ``make_lanes``) and
+``workers`` (lanes in worker processes). gymnasium is imported on first use.
 """
 
 from jaxmesh.envs.gymnasium.lanes import (

@@ -1,11 +1,5 @@
-"""What gymnasium lanes hand back from one call, and the names they share with the wire.
-
-The lanes (``jaxmesh.envs.gymnasium.lanes``) return a ``ResultBatch``; the env
-server sends it as it is (``jaxmesh.remote.codec`` encodes it, and decodes a
-reply into it), so the host loop reads lanes in this process and served lanes
-alike. ``DTYPE_NAMES`` are the dtypes a lane's arrays may have (on the wire
-too), ``TRIAL_INDEX`` the reset option a local or a served env takes. JAX-free:
-numpy only, for the server.
+"""What gymnasium lanes hand back from one call (``ResultBatch``), and the names
+they share with the wire (``DTYPE_NAMES``, ``TRIAL_INDEX``). JAX-free.
 """
 
 from __future__ import annotations
@@ -16,19 +10,8 @@ import numpy as np
 
 #: The dtype names a lane's arrays may have (little-endian on the wire;
 #: ``jaxmesh.remote.codec.DTYPES`` maps them to numpy dtypes).
-DTYPE_NAMES: tuple[str, ...] = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
+DTYPE_NAMES: tuple[str, ...] = ("bool", "float16", "float32", "float64") + tuple(
+    f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)
 )
 
 #: The reset option that carries an episode's trial index to an env that takes
@@ -37,11 +20,8 @@ TRIAL_INDEX = "trial_index"
 
 
 class ResultBatch(NamedTuple):
-    """What lanes did in one call, as numpy: the wire's ``ResultBatch`` too.
-
-    The gymnasium lanes (``jaxmesh.envs.gymnasium.lanes``) return it, the
-    codec encodes it (``codec.encode_result_batch(*batch)``) and decodes a
-    reply into it, and the host loop reads it the same way from either.
+    """What lanes did in one call, as numpy: the wire's ``ResultBatch`` too (the
+    codec encodes and decodes it), read alike from local and served lanes.
 
     Attributes:
       lanes: int64 ``[m]``, ascending: every lane reset or stepped.

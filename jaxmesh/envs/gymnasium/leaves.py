@@ -1,17 +1,11 @@
 """One lane's observation as named leaves: Box, Dict and Tuple spaces alike.
 
-A gymnasium observation is one array (``Box``, ``Discrete``, ...) or a nest of
-them (``Dict`` and ``Tuple`` spaces: camera images in uint8 beside float states,
-as robot simulators return them). Host-stepped lanes, worker processes and the
-wire carry it as flat named leaves, each in its own dtype and shape:
-
-- one array is one leaf named ``""`` (the wire's ``OBS_KEY``);
-- a ``Dict``'s leaves are named by their keys, nested keys joined with ``/``
-  (``{"cam": {"rgb": ...}}`` -> ``"cam/rgb"``); a ``Tuple``'s by their index.
-
-:class:`ObsLayout` turns an env's observation into those leaves (converted and
-checked against the space) and the leaves back into the nest the policy sees
-(``build``). JAX-free: numpy and gymnasium only.
+Host-stepped lanes, worker processes and the wire carry an observation as flat
+named leaves, each in its own dtype and shape: one array is the leaf ``""``; a
+``Dict``'s and ``Tuple``'s leaves are named by their keys and indices joined
+with ``/`` (``{"cam": {"rgb": ...}}`` -> ``"cam/rgb"``). :class:`ObsLayout`
+turns an observation into those leaves (checked against the space) and back
+(``build``). JAX-free.
 """
 
 from __future__ import annotations
@@ -35,16 +29,10 @@ def leaf_name(path: tuple) -> str:
 class ObsLayout:
     """The named leaves of one lane's observation, for a gymnasium space.
 
-    Args:
-      space: the lane's observation space.
-      leaf: ``space -> (shape, dtype)`` for a space that is one array (Box,
-        Discrete, MultiBinary, MultiDiscrete); raises TypeError for others.
-      where: names the env in messages.
-
-    Attributes:
-      names: the leaf names, in the space's order.
-      shapes, dtypes: per name, one lane's leaf shape and dtype.
-      whole: the observation is one array (one leaf, named ``""``).
+    ``leaf``: ``space -> (shape, dtype)`` for a space that is one array
+    (TypeError for others); ``where`` names the env in messages. ``names``: the
+    leaves in the space's order; ``shapes``, ``dtypes``: one lane's, per name;
+    ``whole``: the observation is one array.
 
     Raises:
       TypeError: a leaf space ``leaf`` refuses, an empty Dict or Tuple, or a
@@ -134,12 +122,8 @@ class ObsLayout:
             )
 
     def leaves(self, value: Any, lane: int) -> dict[str, np.ndarray]:
-        """One observation as ``{name: array}`` in the layout's dtypes.
-
-        Raises:
-          ValueError: a missing leaf or a shape other than the space's (naming
-            the lane).
-        """
+        """One observation as ``{name: array}`` in the layout's dtypes
+        (ValueError naming the lane: a missing leaf, another shape)."""
         out = {}
         for name in self.names:
             arr = np.asarray(self._raw(value, name, lane), self.dtypes[name])
@@ -153,14 +137,9 @@ class ObsLayout:
         lanes: list[int] | range,
         out: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Several lanes' observations as ``{name: array [m, ...]}``.
-
-        ``out``: for some names, an array ``[m, ...]`` of the layout's dtype
-        (a view of a larger buffer) to stack the rows into, so that they are
-        copied once (the rows given are converted as ``np.asarray`` converts
-        them); the other names get new arrays. A bad observation may leave
-        ``out`` part written before the error.
-        """
+        """Several lanes' observations as ``{name: array [m, ...]}``, stacked
+        into ``out[name]`` where given (copied once; a bad observation may
+        leave it part written)."""
         got = {}
         for name in self.names:
             dtype = self.dtypes[name]
@@ -218,12 +197,8 @@ ALIGN = 64
 
 
 def aligned_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """``np.zeros(shape, dtype)`` starting on an ``ALIGN``-byte boundary.
-
-    numpy's own large arrays start 16 bytes past a page, so on a CPU device
-    every jitted call that takes one copies it first (2.4 MB of camera images
-    per step: a third of a millisecond); an aligned batch goes in without it.
-    """
+    """``np.zeros(shape, dtype)`` starting on an ``ALIGN``-byte boundary (numpy's
+    large arrays start 16 bytes past a page, which a CPU jit call copies)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.zeros(nbytes + ALIGN, np.uint8)

@@ -18,13 +18,9 @@ __all__ = ["Segment", "Slots"]
 
 
 class Segment:
-    """A POSIX shared-memory segment mapped into this process.
-
-    The evaluating process creates it (``size`` given) and unlinks it at the
-    run's end; workers map it by name. No resource-tracker process is started
-    for it (that helper would outlive the run); if the evaluating process is
-    killed, its workers see their pipe close and unlink the segment themselves.
-    """
+    """A POSIX shared-memory segment mapped into this process, created with
+    ``size`` or mapped by name, without a resource-tracker process (which
+    would outlive the run)."""
 
     def __init__(self, name: str, size: int | None = None):
         import _posixshmem
