@@ -1,15 +1,10 @@
 """Environment adapters: anything the user passes becomes one small ``Env``.
 
 Episode ends follow one rule in every adapter, gymnasium's (``TimeLimit``):
-
-- ``terminated`` is the env's own terminal state (the pole fell, the robot
-  reached the goal), and nothing else: a time limit never sets it.
-- ``truncated`` is a time limit: the env's own (gymnax ``is_truncated``, brax
-  ``episode_length`` or a brax ``EpisodeWrapper``'s limit, a Playground
-  config's ``episode_length``) or the run's
-  ``max_episode_steps``.
-- Both are True when the env terminates on the capped step. The episode ends
-  when either is True, and the last step's reward counts.
+``terminated`` is the env's own terminal state and nothing else; ``truncated``
+is a time limit, the env's own or the run's ``max_episode_steps``; both are
+True when the env terminates on the capped step. The episode ends when either
+is True, and the last step's reward counts.
 """
 
 from __future__ import annotations
@@ -129,27 +124,15 @@ def make_env(env: Any, **kwargs: Any) -> Any:
         own subclass included), an ``(env, env_params)`` tuple, a
         ``brax.envs.Env``, a MuJoCo Playground env (``MjxEnv``), or an object
         that follows ``jaxmesh.types.Env`` (every attribute in ``PROTOCOL``).
-      **kwargs: for id strings only, the env's construction arguments. gymnax:
-        fields of the env's params (``max_steps_in_episode=50``) replace the
-        defaults, the rest go to ``gymnax.make``. brax: ``episode_length``
-        (default 1000, None for no limit) and the rest go to
-        ``brax.envs.get_environment``. playground: ``config_overrides``
-        (Playground config keys; ``impl`` is ``"jax"`` unless given),
-        ``config``, ``episode_length`` and ``randomize``
-        (``jaxmesh.envs.playground.make``). libero
-        (``"libero:libero_spatial/0"``): ``camera_size`` (256; None: state
-        only), ``settle_steps`` (10), ``max_episode_steps`` (the suite's cap)
-        (``jaxmesh.envs.libero.make``). envpool (``"envpool:Pong-v5"``):
-        EnvPool's own ``make`` arguments (``max_episode_steps``,
-        ``num_threads``, ``noop_max``, ...; ``jaxmesh.envs.envpool.make``).
+      **kwargs: for id strings only, the env's construction arguments, as
+        its family's ``make`` takes them (``jaxmesh.envs.gymnax.make``:
+        ``max_steps_in_episode=50``; ``brax``, ``playground``, ``libero``,
+        ``envpool``).
 
     Returns:
-      A ``GymnaxEnv``, a ``BraxEnv``, a ``PlaygroundEnv``, or ``env`` itself
-      when it already follows the protocol; for a ``libero:`` id, a picklable
-      factory of a gymnasium env (``jaxmesh.envs.libero.LiberoEnv``) that
-      ``jaxmesh.evaluate`` calls once per lane; for an ``envpool:`` id, an
-      ``jaxmesh.envs.envpool.EnvPoolEnv``, whose pool each run builds from its
-      seeds.
+      A ``GymnaxEnv``, ``BraxEnv``, ``PlaygroundEnv`` or ``EnvPoolEnv``, or
+      ``env`` itself when it already follows the protocol; for a ``libero:``
+      id, a picklable factory of a gymnasium env (``LiberoEnv``).
 
     Raises:
       ValueError: for an unknown id or prefix (naming the closest ones).

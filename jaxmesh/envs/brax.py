@@ -89,22 +89,15 @@ class BraxEnv:
         )
 
     def render_state(self, state: Any) -> dict:
-        """What brax's renderer (``brax.io.image.render_array``) reads of a
-        lane's pipeline state: ``q``, ``qd`` and, where the pipeline has them,
-        ``mocap_pos`` and ``mocap_quat`` (``Record.states`` keeps them per
-        step, so a video draws the run's own states)."""
+        """The ``RENDER_FIELDS`` a lane's pipeline state has (``Record.states``
+        keeps them per step, so a video draws the run's own states)."""
         ps = state[0].pipeline_state
         return {k: getattr(ps, k) for k in RENDER_FIELDS if hasattr(ps, k)}
 
 
 def from_env(env: Any) -> BraxEnv:
-    """A brax ``Env`` object as a ``BraxEnv``.
-
-    An ``EpisodeWrapper`` anywhere in ``env``'s wrappers sets the adapter's
-    ``episode_length`` (in adapter steps), so that a termination on its last
-    step is reported as both terminated and truncated; otherwise brax's
-    default of 1000 steps applies.
-    """
+    """A brax ``Env`` object as a ``BraxEnv``: an ``EpisodeWrapper`` among its
+    wrappers sets ``episode_length`` (in adapter steps), else brax's 1000."""
     from brax.envs.wrappers import training
 
     inner = env

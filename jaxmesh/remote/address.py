@@ -50,12 +50,7 @@ def host_port(target: Any, *, bind: bool = False) -> tuple[str, int] | None:
 
 def parse_address(address: Any) -> str:
     """``"grpc://host:port"``, ``"grpcs://host:port"`` or ``"host:port"`` as
-    gRPC's ``"host:port"``.
-
-    Raises:
-      TypeError: not a string.
-      ValueError: no host, no port, or a port that is not a number in 1..65535.
-    """
+    gRPC's ``"host:port"`` (TypeError: not a string; ValueError: malformed)."""
     if not isinstance(address, str):
         raise TypeError(f"address {address!r}: expected a string 'grpc://host:port'")
     target = address

@@ -1,16 +1,8 @@
-"""The wire protocol's names and limits, written once.
+"""The wire protocol's names and limits, written once for both ends.
 
-Both ends of the gRPC boundary import them from here: the server, the client
-session, ``RemoteEnv`` / ``RemoteVectorEnv``, the served host loop, and the
-in-process host loop.
-The messages themselves are ``proto/jaxmesh_env.proto``; ``codec`` encodes them.
-
-This module imports nothing (the standard library aside), so the JAX-free
-server, the codec and a plain install without the ``[remote]`` extra can all
-read it. What the lanes themselves define and the wire carries as it is (the
-dtype names an array may have, the ``trial_index`` reset option, the
-``ResultBatch`` of one call) lives with the lanes, one layer down:
-``jaxmesh.envs.gymnasium.batch``.
+It imports nothing, so an install without the ``[remote]`` extra reads it too.
+The messages are ``proto/jaxmesh_env.proto``; what the lanes define and the
+wire carries as it is lives one layer down, in ``jaxmesh.envs.gymnasium.batch``.
 """
 
 from __future__ import annotations
@@ -55,11 +47,7 @@ TRANSPORTS = ("auto", "grpc", "shm")
 
 
 def check_transport(value: object) -> str:
-    """``transport`` as one of ``TRANSPORTS``.
-
-    Raises:
-      ValueError: any other value.
-    """
+    """``transport`` as one of ``TRANSPORTS`` (ValueError)."""
     if not isinstance(value, str) or value not in TRANSPORTS:
         raise ValueError(
             f"transport={value!r}: expected 'auto' (shared memory with a server on "
