@@ -69,25 +69,6 @@ CORNERS = ("predict", "predict_chunk", "predict_batch", "predict_chunk_batch")
 DESCRIBE_SCHEMA_VERSION = 1
 
 
-def _check_native_chunk(value: Any, who: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"{who}: native_chunk={value!r} must be a positive int (the chunk length "
-            "K the model emits) or None"
-        )
-    return value
-
-
-def _under_trace() -> bool:
-    """Whether we are inside a jit trace (there, every new array is a tracer)."""
-    return isinstance(jnp.zeros(()), jax.core.Tracer)
-
-
-_nothing = contextlib.nullcontext
-
-
 def _loads_first(fn: Callable) -> Callable:
     """Wraps a corner so that the model's ``load`` has run before it."""
 
@@ -316,8 +297,9 @@ class Model:
             # Weights made in load must be concrete arrays even when the first
             # call comes from inside a trace (a corner called under jit). Only
             # then: eager evaluation of this kind skips the op cache (slow).
-            eager = jax.ensure_compile_time_eval() if _under_trace() else _nothing()
-            with eager:
+            # Under a trace every new array is a tracer.
+            traced = isinstance(jnp.zeros(()), jax.core.Tracer)
+            with jax.ensure_compile_time_eval() if traced else contextlib.nullcontext():
                 self.load(**config)
         finally:
             self._loading = False
@@ -326,9 +308,13 @@ class Model:
 
     def _check(self) -> None:
         """Validates the model's declared attributes (called before running)."""
-        who = self.name
+        who, k = self.name, self.native_chunk
         adapt.check_spec(self.spec)
-        _check_native_chunk(self.native_chunk, who)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(
+                f"{who}: native_chunk={k!r} must be a positive int (the chunk length "
+                "K the model emits) or None"
+            )
         check_device(self.device, who)
         if self._fn is None and not self.corners():
             raise TypeError(
