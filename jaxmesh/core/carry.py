@@ -110,7 +110,6 @@ class LaneState:
     t: jax.Array  # [N] steps done in the current episode
     ret: jax.Array  # [N] return so far
     key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode (at hand-over)
-    env_key: jax.Array  # [N, 2] fold_in(key, STREAM_ENV), cached per episode
     env_state: Any
     #: [window_size] under ``run_segment``: the seeds of episodes ``base,
     #: base + 1, ...`` (the segment's window); [capacity] under ``run``.

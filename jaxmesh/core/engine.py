@@ -127,7 +127,6 @@ def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) ->
         t=jnp.zeros((n,), jnp.int32),
         ret=jnp.zeros((n,), jnp.float32),
         key=lanes_of(key0),
-        env_key=lanes_of(key0),
         env_state=lanes_of(env_state),
         seeds=jnp.zeros((seeds,), jnp.int32),
         budget=jnp.int32(0),
@@ -321,44 +320,50 @@ class Engine:
                 at_reset,
             )
 
+        n = cfg.agent.num_envs
+        tile = n if self._cheap_reset else min(RESET_TILE, n)
+
+        def start_lanes(c):
+            # Every piece of an episode's start, in the one branch that runs
+            # on the steps where a lane starts (a lane that starts none: no
+            # change but its reset).
+            resets, ag, t, ret, acc = c
+            if batched(self.env):  # one call starts every lane that begins
+                resets = self._reset_lanes(lanes, begins, resets)
+            else:
+                resets = tiles.each(start, tile, body, resets)
+            obs = resets[1]
+            ag = agent.begin(cfg.agent, self.policy, ag, begins, obs, lanes.episode)
+            acc = tuple(
+                rules.begin_metric(jnp, red, a, None, begins)[0]
+                for a, (_, red) in zip(acc, cfg.accumulators, strict=True)
+            )
+            return resets, ag, jnp.where(begins, 0, t), jnp.where(begins, 0.0, ret), acc
+
         active = lanes.active | begins
-        # One reduction for the step's three counts (XLA:CPU compiles each
+        # One reduction for the step's two counts (XLA:CPU compiles each
         # reduction over the lanes to two kernels).
-        starting, beginning, stepping = jnp.sum(
-            jnp.stack([start, begins, active]), axis=1, dtype=jnp.int32
+        starting, stepping = jnp.sum(
+            jnp.stack([start, active]), axis=1, dtype=jnp.int32
         )
-        first = (lanes.env_state, obs, lanes.reset_success)
-        if batched(self.env):  # one call starts every lane that begins
-            env_state, obs, reset_success = jax.lax.cond(
-                starting > 0,
-                lambda c: self._reset_lanes(lanes, begins, c),
-                lambda c: c,
-                first,
-            )
-        else:
-            n = cfg.agent.num_envs
-            tile = n if self._cheap_reset else min(RESET_TILE, n)
-            env_state, obs, reset_success = tiles.rarely(
-                start, tile, body, first, starting > 0
-            )
-        ag = jax.lax.cond(
-            beginning > 0,
-            lambda ag: agent.begin(
-                cfg.agent, self.policy, ag, begins, obs, lanes.episode
-            ),
-            lambda ag: ag,
+        first = (
+            (lanes.env_state, obs, lanes.reset_success),
             ag,
+            lanes.t,
+            lanes.ret,
+            lanes.acc,
         )
+        resets, ag, t, ret, acc = jax.lax.cond(
+            starting > 0, start_lanes, lambda c: c, first
+        )
+        env_state, obs, reset_success = resets
         lanes = lanes.replace(
             env_state=env_state,
             active=active,
             start=jnp.zeros_like(start),
-            t=jnp.where(begins, 0, lanes.t),
-            ret=jnp.where(begins, 0.0, lanes.ret),
-            acc=tuple(
-                rules.begin_metric(jnp, red, a, None, begins)[0]
-                for a, (_, red) in zip(lanes.acc, cfg.accumulators, strict=True)
-            ),
+            t=t,
+            ret=ret,
+            acc=acc,
             reset_success=reset_success,
         )
         return lanes, ag, obs, begins, stepping
@@ -435,11 +440,8 @@ class Engine:
         lanes = carry.lanes
         at = jnp.clip(lanes.episode - lanes.base, 0, lanes.seeds.shape[0] - 1)
         ep_keys = rules.episode_keys(jnp, lanes.seeds[at])
-        start = lanes.start[:, None]
         lanes = lanes.replace(
-            key=jnp.where(start, ep_keys, lanes.key),
-            env_key=jnp.where(start, env_stream(ep_keys), lanes.env_key),
-            seeds=None,
+            key=jnp.where(lanes.start[:, None], ep_keys, lanes.key), seeds=None
         )
         return Inner(
             lanes=lanes,
@@ -477,7 +479,9 @@ class Engine:
             lanes.t,
             lanes.episode if self.policy.takes_rows else None,
         )
-        env_keys = keys.fold_in(lanes.env_key, lanes.t)
+        # Derived anew each step, not kept per episode: an env that reads no
+        # key (most) then compiles no hash at all.
+        env_keys = keys.fold_in(env_stream(lanes.key), lanes.t)
         if batched(self.env):  # one call steps every lane (spares for masked)
             obs, env_state, reward, term, trunc, info = self.env.step_lanes(
                 active, lanes.env_state, action

@@ -99,15 +99,22 @@ def rarely(
     differently from one in the loop (seen on Acrobot at one lane), which
     would break results' equality across lane counts.
     """
-    n = need.shape[0]
-    if n <= tile:
-        one = lambda c: body(Rows(keep=need), c)
-    else:
-        tiled = lambda idx, c: body(Rows(idx=idx), c)
-        one = lambda c: for_each_tile(need, tile, tiled, c)[0]
     if any_need is None:
         any_need = jnp.any(need)
+    one = lambda c: each(need, tile, body, c)
     return jax.lax.cond(any_need, one, lambda c: c, carry)
+
+
+def each(
+    need: jax.Array, tile: int, body: Callable[[Rows, Any], Any], carry: Any
+) -> Any:
+    """``rarely``'s work without its ``cond``, for a caller that puts it in
+    a ``cond`` of its own: all lanes in one call when they fit in a tile,
+    else the flagged lanes tile by tile."""
+    if need.shape[0] <= tile:
+        return body(Rows(keep=need), carry)
+    tiled = lambda idx, c: body(Rows(idx=idx), c)
+    return for_each_tile(need, tile, tiled, carry)[0]
 
 
 #: Lanes up to which ``prefix_count`` is one fused compare-and-sum over an

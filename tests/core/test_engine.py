@@ -203,7 +203,7 @@ def test_a_batched_env_is_one_with_step_lanes():
 
 def test_env_stream_is_the_episode_keys_stream_0():
     """Docs, "Keys": env step t uses ``fold_in(fold_in(k, 0), t)``; the
-    engine caches the inner ``fold_in`` per episode."""
+    inner ``fold_in`` is ``env_stream``."""
     keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray([3, 5]))
     want = [jax.random.fold_in(jax.random.PRNGKey(s), 0) for s in (3, 5)]
     np.testing.assert_array_equal(engine.env_stream(keys), np.stack(want))
