@@ -134,14 +134,9 @@ def env_name(env: Any) -> str:
 
 
 def env_dt(env: Any) -> float | None:
-    """Simulated seconds per step of a gymnasium env or VectorEnv: its
-    unwrapped env's ``dt`` (MuJoCo, classic control) or ``tau`` (CartPole);
-    None without one.
-
-    A VectorEnv's is its first env's when it holds them (``SyncVectorEnv``);
-    an ``AsyncVectorEnv``'s is not read (None): asking its workers for an
-    attribute their env lacks shuts them down.
-    """
+    """Simulated seconds per step of a gymnasium env (``step_seconds``) or
+    VectorEnv (its first env's; None for an ``AsyncVectorEnv``, whose workers
+    shut down when asked for an attribute their env lacks)."""
     if isinstance(env, import_gymnasium().vector.VectorEnv):
         envs = getattr(env, "envs", None)
         return env_dt(envs[0]) if envs else None
@@ -155,9 +150,7 @@ def declares_trial_index(metadata: Any) -> bool:
 
 
 def same_space(a: Any, b: Any) -> bool:
-    """``a == b`` for two spaces; two Boxes with the same shape, dtype and
-    bounds compare without gymnasium's ``allclose`` (the usual case, per lane
-    of every run)."""
+    """``a == b`` for two spaces; equal Boxes without gymnasium's ``allclose``."""
     if a is b:
         return True
     box = import_gymnasium().spaces.Box
@@ -305,9 +298,9 @@ def build_all(makers: Iterable[Callable[[], Any]]) -> list:
 
 # What one call returns ------------------------------------------------------------
 class LaneError(Exception):
-    """An env raised (or returned an observation that does not fit) while lane
-    ``lane`` was ``phase`` ("resetting" or "stepping"), after ``steps`` steps of
-    the call that failed; ``exc`` is its error."""
+    """An env raised ``exc`` (or returned an observation that does not fit)
+    while lane ``lane`` was ``phase`` ("resetting" or "stepping"), after
+    ``steps`` steps of the call that failed."""
 
     def __init__(self, lane: int, phase: str, exc: BaseException, steps: int = 0):
         super().__init__(lane, phase, exc)
@@ -325,16 +318,13 @@ class LaneError(Exception):
     def details(self) -> str:
         return f"env lane {self.lane} raised {self.summary()} (while {self.phase})"
 
-    def __str__(self) -> str:
-        return self.details()
+    __str__ = details
 
 
 def mark_where(exc: BaseException, lane: int, phase: str | None, steps: int = 0):
-    """Marks an env's own exception, raised on as it is, with where it was
-    raised: lane ``lane`` while ``phase`` (``"resetting"``, ``"stepping"`` or
-    None: unknown), after ``steps`` steps of the failed call. The run turns a
-    marked exception into a ``jaxmesh.errors.EnvError`` naming the episode
-    (``where_raised``)."""
+    """Marks an env's own exception with where it was raised (as
+    ``LaneError``; ``phase`` None: unknown); the run turns it into a
+    ``jaxmesh.errors.EnvError`` naming the episode (``where_raised``)."""
     try:
         exc._jaxmesh_where = (int(lane), phase, int(steps))
     except (AttributeError, TypeError):  # an exception that takes no attribute
@@ -476,23 +466,20 @@ class GymStepper:
     """What every gymnasium-side stepper shares (``EnvListStepper``,
     ``VectorEnvStepper``, ``workers.ProcessStepper``; the env server and the
     host loop both step through them): layout, lane state and the operations.
+    A subclass defines ``run(ops, *, want_obs, info_keys, keep_all_obs,
+    keep_all_info=False)`` (checked ops, at most one per lane, ascending ->
+    their ``LaneResult``s; ``keep_all_info``: every step's info, whatever
+    ``keep_all_obs``) and ``close()`` (the envs, when ``owned``).
 
     Attributes:
-      num_lanes: the lanes.
-      name: ``"gymnasium:<id>"``, for messages and results.
-      observation_space, action_space: one lane's spaces.
-      metadata: the env's metadata.
-      dt: simulated seconds per step (``env_dt``), None where the env has none.
-      owned: close the envs in :meth:`close` (jaxmesh made them).
-      layout: the observation's named leaves (``leaves.ObsLayout``), each
-        converted to and checked against the ``layout`` of the constructor
-        (the space's own by default).
-      declares_trial_index: the env lists ``"trial_index"`` in
-        ``metadata["reset_options"]`` (only such an env gets it, CONTRACT 6).
-      started: bool ``[num_lanes]``: reset since the lanes were made or
-        :meth:`forget` was called.
-      ended: bool ``[num_lanes]``: the lane's episode ended (or was released)
-        and the lane was not reset since; replaying it executes nothing.
+      name: ``"gymnasium:<id>"``; ``dt``: ``env_dt``; ``owned``: :meth:`close`
+        closes the envs (jaxmesh made them).
+      layout: the observation's named leaves (``leaves.ObsLayout``) in the
+        constructor's ``layout`` (the space's own by default).
+      declares_trial_index: only such an env gets ``trial_index`` (CONTRACT 6).
+      started: bool ``[num_lanes]``: reset since made or :meth:`forget`.
+      ended: bool ``[num_lanes]``: the episode ended (or was released) and the
+        lane was not reset since; replaying it executes nothing.
     """
 
     num_lanes: int
@@ -514,21 +501,16 @@ class GymStepper:
         n = self.num_lanes
         self.started = np.zeros(n, bool)
         self.ended = np.zeros(n, bool)
-        # perf_counter() past which an episode is truncated; None: no cap. A
-        # list, not an array: the replay loop reads it once per step.
+        # perf_counter() past which an episode is truncated; None: no cap.
         self.deadline: list[float | None] = [None] * n
-        #: Buffers ``{leaf: [>= m, ...]}`` that ``step_each`` stacks its
-        #: observation rows into (rows 0 .. m-1, its batch's leaves then views
-        #: of them), where a leaf's dtype and row shape match; None: new arrays.
-        #: A same-host server points it at the ring slot of the reply.
+        #: Buffers ``{leaf: [>= m, ...]}`` that ``step_each`` stacks its rows
+        #: into where they fit (a same-host server's ring slot); None: new ones.
         self.obs_into: dict[str, np.ndarray] | None = None
 
     # Lane state -------------------------------------------------------------------
     def abandon(self, respawn: bool = True) -> None:
-        """The call under way (on another thread) is given up: its client is
-        gone. Envs in this process cannot be stopped, so nothing happens here;
-        lanes in worker processes kill the workers it waits on
-        (``workers.ProcessStepper``)."""
+        """The call under way is given up; envs in this process cannot be
+        stopped (``workers.ProcessStepper`` kills its workers)."""
         del respawn
 
     def forget(self) -> None:
@@ -545,20 +527,14 @@ class GymStepper:
 
     # Observations -------------------------------------------------------------------
     def observation(self, value: Any, lane: int) -> dict[str, np.ndarray]:
-        """One lane's observation as named leaves (``ObsLayout.leaves``).
-
-        Raises:
-          ValueError: a missing leaf or a shape other than the
-            observation_space's (naming the lane).
-        """
+        """One lane's observation as named leaves, checked (``ObsLayout.leaves``)."""
         return self.layout.leaves(value, lane)
 
     def observations(
         self, values: Sequence, lanes: Any, out: dict | None = None
     ) -> dict[str, np.ndarray]:
         """The observations of ``lanes`` (a list, or a slice from 0) stacked per
-        leaf, checked as :meth:`observation` checks one (one numpy call per leaf
-        in the usual case); into ``out`` (``ObsLayout.stack``) where given."""
+        leaf, checked; into ``out`` where given (``ObsLayout.stack``)."""
         where = range(len(values)) if isinstance(lanes, slice) else lanes
         return self.layout.stack(values, where, out)
 
@@ -638,21 +614,10 @@ class GymStepper:
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
     ) -> ResultBatch:
-        """One action on each of ``lanes`` (the per-step case, h = 1).
-
+        """One action (``[m, *A]``, the env's own values) on each of ``lanes``:
         ``replay(lanes, ones, actions, keep_all_obs=True)``, built without
-        per-lane objects when every lane is mid-episode with no wall-clock cap.
-
-        Args:
-          lanes: int ``[m]``, ascending, each reset before.
-          actions: ``[m, *A]``, the env's own values (``env_actions``).
-
-        Returns:
-          A :class:`ResultBatch` with ``steps`` and ``rows`` 1 per live lane.
-
-        Raises:
-          LaneError: an env raised, or returned an observation that does not fit.
-        """
+        per-lane objects when every lane is mid-episode with no wall-clock cap
+        (``step_each``). Raises as :meth:`replay`."""
         js = _lane_list(lanes, self.num_lanes, "step")
         self._check_started(js, "step")
         keys = tuple(info_keys)
@@ -718,14 +683,6 @@ class GymStepper:
           ValueError: lanes not ascending or never reset, counts below 1, or
             actions that do not match the counts.
           LaneError: an env raised, or returned an observation that does not fit.
-
-        Example:
-          >>> import gymnasium, numpy as np
-          >>> lanes = EnvListStepper([gymnasium.make("CartPole-v1")])
-          >>> _ = lanes.reset([0], seeds=[0])
-          >>> out = lanes.replay([0], [500], np.zeros(500, np.int64))
-          >>> bool(out.terminated[-1]), int(out.steps[0]) < 500
-          (True, True)
         """
         js = _lane_list(lanes, self.num_lanes, "replay")
         self._check_started(js, "replay")
@@ -766,21 +723,6 @@ class GymStepper:
                 f"{what}: lane {lane} was never reset; reset it (reset([{lane}], "
                 "seeds=[...])) before stepping it"
             )
-
-    def run(
-        self,
-        ops: Sequence[Reset | Replay],
-        *,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        keep_all_obs: bool,
-        keep_all_info: bool = False,
-    ) -> list[LaneResult]:
-        """Runs checked ops (at most one per lane, ascending lanes); their
-        results in ascending lane order. (:meth:`collect` makes the batch.)
-        ``keep_all_info``: every executed step's info is kept, whatever
-        ``keep_all_obs`` says of the observations."""
-        raise NotImplementedError
 
     def collect(
         self,
@@ -842,10 +784,6 @@ class GymStepper:
             None if info_rows is None else np.asarray(info_rows, np.int64),
         )
 
-    def close(self) -> None:
-        """Closes the envs when ``owned`` (never the caller's own)."""
-        raise NotImplementedError
-
 
 class EnvListStepper(GymStepper):
     """One gymnasium ``Env`` per lane; only the lanes named are stepped.
@@ -886,16 +824,8 @@ class EnvListStepper(GymStepper):
 
     # The raw step ------------------------------------------------------------------
     def step_envs(self, lanes: Sequence[int] | None, actions: Sequence) -> list:
-        """``env.step(a)`` of each lane: their 5-tuples, unconverted.
-
-        Args:
-          lanes: the lanes, or None for lanes ``0 .. len(actions) - 1``.
-          actions: one per lane, as its ``step`` takes it (a Python int for a
-            Discrete space).
-
-        Raises:
-          LaneError: an env raised.
-        """
+        """``env.step(a)`` of each of ``lanes`` (None: ``0 .. len(actions) - 1``;
+        a Python int for a Discrete space): their 5-tuples; LaneError."""
         envs = self.envs
         out: list = []
         try:
@@ -949,8 +879,7 @@ class EnvListStepper(GymStepper):
         )
 
     def _into(self, m: int) -> dict[str, np.ndarray] | None:
-        """The first ``m`` rows of the ``obs_into`` buffers that fit the
-        layout's leaves (None: none)."""
+        """The first ``m`` rows of the ``obs_into`` buffers that fit (or None)."""
         if not self.obs_into:
             return None
         layout, out = self.layout, {}
@@ -1103,15 +1032,7 @@ class VectorEnvStepper(GymStepper):
 
     Every call steps every lane (lockstep): lanes not named play
     :func:`idle_action`; a lane whose env ended is reset with ``seed=None``
-    before the next step (stepping it is not allowed in DISABLED mode). A caller
-    that must not step a lane mid-episode with the idle action names every
-    live lane in each call, all with the same count (the server refuses other
-    calls).
-
-    Args:
-      vec: the VectorEnv.
-      owned: jaxmesh made it (and closes it in :meth:`close`).
-      layout: as for :class:`EnvListStepper`.
+    before the next step. ``owned``, ``layout``: as for :class:`EnvListStepper`.
 
     Raises:
       ValueError: any other autoreset mode (saying how to build a DISABLED one).
@@ -1171,8 +1092,7 @@ class VectorEnvStepper(GymStepper):
         return np.broadcast_to(self.idle, (self.num_lanes,) + self.idle.shape).copy()
 
     def step_vector(self, batch: np.ndarray) -> tuple:
-        """``vec.step(batch)`` after resetting lanes whose env ended; its
-        (obs, reward, terminated bool, truncated bool, info)."""
+        """``vec.step(batch)`` after resetting lanes whose env ended."""
         if self.env_ended.any():
             idle = [int(j) for j in np.flatnonzero(self.env_ended)]
             self.reset_vector(idle, [None] * len(idle), None)
@@ -1206,28 +1126,21 @@ class VectorEnvStepper(GymStepper):
             groups.setdefault(key, []).append(op)
         results: dict[int, LaneResult] = {}
         first = resets[0].lane
+        calls: list = []
+        if not self.ready:
+            # gymnasium's vector envs hold nothing for a lane never reset,
+            # so the first reset covers every lane (seed None where unnamed).
+            calls = [(None, groups.pop((), []) if len(groups) == 1 else [])]
         try:
-            if not self.ready:
-                # gymnasium's vector envs hold nothing for a lane never reset,
-                # so the first reset covers every lane (seed None where unnamed).
-                plain = groups.pop((), []) if len(groups) == 1 else []
-                every = list(range(self.num_lanes))
-                seeds: list = [None] * self.num_lanes
-                for op in plain:
-                    seeds[op.lane] = op.seed
-                    self._start_clock(op)
-                obs, info = self.reset_vector(every, seeds, None)
-                self.ready = True
-                for op in plain:
-                    results[op.lane] = self._reset_result(
-                        op, obs, info, want_obs, info_keys
-                    )
-            for key, ops in groups.items():
+            for key, ops in calls + list(groups.items()):
+                seeds = {op.lane: op.seed for op in ops}
+                lanes = list(range(self.num_lanes) if key is None else seeds)
                 for op in ops:
                     self._start_clock(op)
                 obs, info = self.reset_vector(
-                    [op.lane for op in ops], [op.seed for op in ops], dict(key)
+                    lanes, [seeds.get(j) for j in lanes], dict(key or ())
                 )
+                self.ready = True
                 for op in ops:
                     results[op.lane] = self._reset_result(
                         op, obs, info, want_obs, info_keys
