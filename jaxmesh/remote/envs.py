@@ -1,31 +1,11 @@
 """Served envs as gymnasium envs: ``RemoteEnv`` (one lane) and ``RemoteVectorEnv``.
 
 Both talk to a ``jaxmesh.EnvServer`` (or ``jaxmesh serve-env``) over one
-``jaxmesh.remote.client.Connection``: the handshake at construction rebuilds the
-env's spaces exactly (``jaxmesh.remote.spaces.observation_space``: a Box or
-Discrete, or the Dict and Tuple spaces that nest them), and each ``reset``
-or ``step`` is one request and one reply on the session's Step stream. Values
-are the env's own: observations in the observation space's dtypes (a Dict
-observation is a dict of every leaf, as the env returns it), actions as
-the env's ``step`` takes them (a Discrete action is an int including
-``start``; a Box action travels in the space's dtype).
-
-Seeds: the protocol always resets a lane with an explicit seed, so ``reset()``
-without one draws a seed from the client env's own ``np_random`` (seeded by the
-last ``reset(seed=...)``). The episodes after ``reset(seed=s)`` are therefore
-reproducible, but they are not the episodes a local env would play by
-continuing its own generator.
-
-Every gRPC failure is a ``jaxmesh.RemoteError`` (``RemoteEnvError`` when the
-env raised on the server, ``RemoteConnectionError`` when the server cannot be
-reached, is busy, went away or ended the session). After one, the env is
-broken: every later call raises the same error; make a new one.
-
-Example:
-    >>> server = jaxmesh.EnvServer("gymnasium:CartPole-v1", lanes=4).start()
-    >>> env = jaxmesh.RemoteEnv(server.address)  # doctest: +SKIP
-    >>> obs, info = env.reset(seed=0)  # doctest: +SKIP
-    >>> obs, reward, terminated, truncated, info = env.step(1)  # doctest: +SKIP
+``Session``: the handshake rebuilds the env's spaces exactly
+(``jaxmesh.remote.spaces``), and each ``reset`` or ``step`` is one round trip.
+Values are the env's own; ``reset()`` without a seed draws one from the env's
+``np_random``. Every gRPC failure is a ``jaxmesh.RemoteError``, and every later
+call raises it again. docs/remote.md gives seeds, options and episode ends.
 """
 
 from __future__ import annotations
@@ -61,13 +41,9 @@ _MAX_SEED = 2**63 - 1
 
 
 class ResetNeeded(gymnasium.error.ResetNeeded, AssertionError):
-    """A step of a lane that was never reset, or whose episode ended.
-
-    A ``gymnasium.error.ResetNeeded`` (gymnasium's own error for a step before
-    ``reset``), and an ``AssertionError``, the type gymnasium's ``SyncVectorEnv``
-    raises when a lane is stepped after its episode ended in
-    ``AutoresetMode.DISABLED``; so code written for either catches it.
-    """
+    """A step of a lane that was never reset, or whose episode ended: both
+    gymnasium's ``ResetNeeded`` and the ``AssertionError`` its
+    ``SyncVectorEnv`` raises there in ``AutoresetMode.DISABLED``."""
 
 
 def _is_int(x: Any) -> bool:
@@ -144,7 +120,7 @@ class _Client:
         return meta
 
     def options(self, options: Mapping[str, Any], what: str) -> dict[str, pb.Value]:
-        """Reset options as wire values: only ``trial_index``, when declared."""
+        """Reset options as wire values: only a declared ``trial_index``."""
         unknown = sorted(str(k) for k in options if k != TRIAL_INDEX)
         declared = [TRIAL_INDEX] if self.trial_index else []
         if unknown:
@@ -192,8 +168,7 @@ class _Client:
         return arr.astype(space.dtype)
 
     def observation(self, batch: codec.ResultBatch, row: int) -> Any:
-        """Row ``row``'s observation of a reply, as a gymnasium env returns it
-        (writable arrays; a Dict or Tuple space's nest of them)."""
+        """Row ``row``'s observation of a reply, as a gymnasium env returns it."""
         return build(
             self.obs_space,
             {
@@ -210,8 +185,8 @@ class _Client:
         return self
 
     def call(self, named: np.ndarray, **request: Any) -> codec.ResultBatch:
-        """Sends one call (``Session.send``'s arguments), waits for its reply;
-        ``named``: the lanes it must name."""
+        """One call (``Session.send``'s arguments) and its reply, which must
+        name the lanes ``named``."""
         self.check_open()
         self.session.send(**request)
         try:
@@ -245,11 +220,6 @@ class _Client:
             )
         return batch
 
-    def reset_lanes(
-        self, lanes: np.ndarray, seeds: Sequence[int], options: dict[str, pb.Value]
-    ) -> codec.ResultBatch:
-        return self.call(lanes, reset_lanes=lanes, seeds=seeds, options=options)
-
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -272,10 +242,9 @@ def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
 class RemoteEnv(gymnasium.Env):
     """One lane of a jaxmesh env server as a ``gymnasium.Env``.
 
-    The spaces are rebuilt exactly from the handshake; ``metadata`` has
-    ``"reset_options": ("trial_index",)`` when the served env declares it.
-    Each ``reset`` and ``step`` is one round trip. The session (the server
-    serves one at a time) is held from construction until :meth:`close`.
+    ``metadata`` has ``"reset_options": ("trial_index",)`` when the served env
+    declares it. The session (the server serves one at a time) is held from
+    construction until :meth:`close`.
 
     Args:
         address: ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
@@ -364,7 +333,9 @@ class RemoteEnv(gymnasium.Env):
         if seed is None:
             seed = int(self.np_random.integers(SEED_BOUND))
         self._state = "new"
-        batch = client.reset_lanes(self._lanes, [seed], wire)
+        batch = client.call(
+            self._lanes, reset_lanes=self._lanes, seeds=[seed], options=wire
+        )
         self._state = "running"
         return client.observation(batch, 0), {}
 
@@ -418,13 +389,11 @@ class RemoteEnv(gymnasium.Env):
 class RemoteVectorEnv(VectorEnv):
     """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv``.
 
-    It follows ``AutoresetMode.DISABLED`` (``metadata["autoreset_mode"]``), as
-    gymnasium's ``SyncVectorEnv(..., autoreset_mode=AutoresetMode.DISABLED)``
+    It follows ``AutoresetMode.DISABLED`` as gymnasium's ``SyncVectorEnv``
     does: ``step`` steps every lane, and a lane whose episode ended must be
     reset (``reset(options={"reset_mask": mask})``) before the next ``step``,
     else :class:`ResetNeeded`. A partial reset returns the whole batch, the
-    lanes not reset keeping their last observation. Each ``reset`` and
-    ``step`` is one round trip.
+    lanes not reset keeping their last observation.
 
     Args:
         address, token, connect_timeout, reply_timeout, credentials: as for
@@ -538,7 +507,7 @@ class RemoteVectorEnv(VectorEnv):
             for j in lanes
         ]
         self._was_reset[lanes] = False
-        batch = client.reset_lanes(lanes, drawn, wire)
+        batch = client.call(lanes, reset_lanes=lanes, seeds=drawn, options=wire)
         for k, x in self._obs.items():
             x[lanes] = batch.observation[k]
         self._was_reset[lanes] = True
@@ -588,9 +557,7 @@ class RemoteVectorEnv(VectorEnv):
         rewards = np.array(batch.rewards, np.float64)
         return self._observations(), rewards, terminated, truncated, {}
 
-    def _observations(self) -> Any:
-        """Every lane's observation (copies), in the observation's structure:
-        ``(num_envs,) + shape`` per leaf."""
+    def _observations(self) -> Any:  # copies, in the observation's structure
         return build(
             self.single_observation_space, {k: x.copy() for k, x in self._obs.items()}
         )
