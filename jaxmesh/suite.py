@@ -621,11 +621,10 @@ class SuiteResult:
     def table(self, stats: dict | None = None) -> list[list[str]]:
         """The per-task table as text cells
         (``jaxmesh.results.summary.suite_table``)."""
-        s = self.stats(resamples=self._resamples()) if stats is None else stats
-        return _summary.suite_table(s)
-
-    def _resamples(self) -> int:
-        return _stats.summary_resamples(max(self.num_episodes, 1))
+        if stats is None:
+            n = max(self.num_episodes, 1)
+            stats = self.stats(resamples=_stats.summary_resamples(n))
+        return _summary.suite_table(stats)
 
     def summary(self) -> str:
         """The per-task table (success rate with its Wilson interval, mean

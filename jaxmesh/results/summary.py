@@ -370,15 +370,12 @@ def rows(result: Any, stats: dict[str, Any]) -> list[Row]:
     )
 
 
-def summary_stats(result: Any) -> dict[str, Any]:
-    """``result.stats()`` as the summary uses it: a large run's with fewer
-    resamples (its ``resamples`` row says how many)."""
-    return result.stats(resamples=_stats.summary_resamples(len(result.returns)))
-
-
 def text(result: Any, stats: dict[str, Any] | None = None) -> str:
-    """``result``'s summary as text: one line per row, label and value."""
-    table = rows(result, summary_stats(result) if stats is None else stats)
+    """``result``'s summary as text: one line per row, label and value
+    (``stats`` None: a large run's with fewer resamples, as its row says)."""
+    if stats is None:
+        stats = result.stats(resamples=_stats.summary_resamples(len(result.returns)))
+    table = rows(result, stats)
     table = [row for row in table if row.table in TABLES]
     width = max(len(row.label) for row in table)
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)

@@ -439,9 +439,6 @@ class ServedModel:
         out = jnp.asarray(out)
         return out if self.chunked else out[:, None]
 
-    def _size(self, n: int) -> int:
-        return next(s for s in self.sizes if s >= n)
-
     def _program(self, sig: tuple, size: int, batch: dict, counters: Any) -> Any:
         programs = self._programs.get(sig)
         if programs is not None:
@@ -474,7 +471,7 @@ class ServedModel:
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"a batch of {n} rows; expected 1..{self.max_batch}")
         sig = rows[0].signature
-        size = self._size(n)
+        size = next(s for s in self.sizes if s >= n)  # the padded batch
         picked = [r.inputs for r in rows] + [rows[0].inputs] * (size - n)
         batch = jax.tree.map(lambda *xs: np.stack(xs), *picked)
         counters = np.arange(self._count, self._count + size, dtype=np.uint32)
