@@ -72,22 +72,6 @@ def _matplotlib() -> tuple[type, type]:
     return Figure, FigureCanvasAgg
 
 
-def success_flags(result: Any) -> np.ndarray | None:
-    """The result's per-episode success as bools, or None without a signal.
-
-    None when the result has no ``success`` attribute, when it is None, or when
-    any episode lacks the signal (a rate over some episodes would mislead, as
-    ``jaxmesh.results.stats.describe`` decides too).
-    """
-    success = getattr(result, "success", None)
-    if success is None:
-        return None
-    flags = np.asarray(success, dtype=object).reshape(-1)
-    if flags.size != len(result.returns) or any(f is None for f in flags):
-        return None
-    return flags.astype(bool)
-
-
 def _constant(values: np.ndarray) -> bool:
     """Whether every episode has the same value (a plot of it would be one bar
     or one step: a line of text says it better)."""
@@ -207,7 +191,7 @@ def plot(result: Result, title: str | None = None) -> Figure:
     returns = np.asarray(result.returns, np.float64)
     # Integers stay integers: numpy's "auto" bins of integers are at least 1 wide.
     lengths = np.asarray(result.lengths, np.int64)
-    flags = success_flags(result)
+    flags = _stats.success_flags(result.success, len(result.returns))
     panels: list[Callable[[Any], None]] = []
     if not _constant(returns):
         panels.append(
@@ -429,7 +413,7 @@ def episodes_table(result: Result, episode_rows: int, table_id: str) -> str:
     (ids ``<table_id>-note`` and ``<table_id>-table``)."""
     n = len(result.returns)
     shown = min(n, episode_rows)
-    flags = success_flags(result)
+    flags = _stats.success_flags(result.success, len(result.returns))
     head = ["episode", "seed", "return", "length", "terminated", "truncated"]
     head += ["plans", "lane"] + ([] if flags is None else ["success"])
     rows = []

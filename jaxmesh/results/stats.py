@@ -300,8 +300,9 @@ def _none_if_nan(v: float) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _success_flags(success: Any, n: int) -> np.ndarray | None:
-    """Per-episode success as bools, or None where the signal is missing."""
+def success_flags(success: Any, n: int) -> np.ndarray | None:
+    """Per-episode success as bools; None without a signal, or when any
+    episode lacks it (a rate over some episodes would mislead)."""
     if success is None:
         return None
     flags = np.asarray(success, dtype=object)
@@ -382,7 +383,7 @@ def describe(
     mean_length = None
     if lengths is not None and n:
         mean_length = mean(_values(lengths, "lengths"))
-    flags = _success_flags(success, n)
+    flags = success_flags(success, n)
     rate = interval = None
     if flags is not None and n:
         rate = float(flags.mean())
