@@ -478,10 +478,6 @@ def _split(
     return out
 
 
-def _rate(flags: np.ndarray | None) -> float | None:
-    return None if flags is None or not flags.size else float(flags.mean())
-
-
 def _task_row(name: str, env: str, stats: dict) -> dict[str, Any]:
     ret = stats["returns"]
     return {
@@ -603,7 +599,7 @@ class SuiteResult:
         pooled = _task_row("pooled", "", _stats.describe(r, lengths, success, **opts))
         for kind in ("success_once", "success_at_end"):
             flags = self._pooled_flags(kind)
-            pooled[f"{kind}_rate"] = _rate(flags)
+            pooled[f"{kind}_rate"] = flag_rate(flags)
         at_reset = [row["successes_at_reset"] for row in rows]
         pooled["successes_at_reset"] = (
             None if any(v is None for v in at_reset) else int(sum(at_reset))
@@ -762,7 +758,9 @@ def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison
             raise ValueError(f"task {name!r}: {e}") from None
         fa = None if ra.success is None else np.asarray(ra.success, bool)
         fb = None if rb.success is None else np.asarray(rb.success, bool)
-        success[name] = None if fa is None or fb is None else (_rate(fa), _rate(fb))
+        success[name] = (
+            None if fa is None or fb is None else (flag_rate(fa), flag_rate(fb))
+        )
     pooled = _stats.compare(_as_pairs(a), _as_pairs(b), **kw)
     return SuiteComparison(per, pooled, success)
 
