@@ -1,18 +1,11 @@
 """Task suites: one policy scored on several tasks, with a per-task table.
 
-A ``Suite`` names its tasks (``Task``: an env, an optional language instruction,
-episodes or seeds of its own); ``jaxmesh.evaluate(policy, suite, ...)`` runs
-every task under the same contract as a single run and returns a
-``SuiteResult``: one ``RunResult`` per task (``result.tasks["push"]``) and the
-suite's own figures, per task, averaged over tasks and pooled.
-
-What a task's episodes score depends only on (task, seed): each task runs as
-its own ``evaluate`` call, so neither the lanes nor the order the tasks run in
-change a result. Tasks run one after another, and a host-stepped task's envs
-are made when the task starts and closed when it ends, so a suite of 40 tasks
-never holds more than one task's envs. Tasks that are the same JAX env with
-other parameters (gymnax env params) run in one compiled program with the task
-as data (``jaxmesh.envs.gymnax.task_batch``) when the run allows it.
+A ``Suite`` names its tasks (``Task``); ``jaxmesh.evaluate(policy, suite)``
+runs each as its own ``evaluate`` call (same-shaped gymnax tasks together, the
+task as data: ``jaxmesh.envs.gymnax.task_batch``) and returns a
+``SuiteResult``: one ``RunResult`` per task and the suite's figures, per task,
+averaged over tasks and pooled. How tasks run, fail and resume:
+docs/suites.md.
 """
 
 from __future__ import annotations
@@ -261,17 +254,11 @@ class SuitePlan:
     """``evaluate(policy, suite, ...)`` as runs the caller makes one by one.
 
     The constructor checks every task's budget before any task runs and
-    groups the tasks into ``runs`` (``TaskRun``). The config's
-    ``Starts.instruction`` and ``Starts.trial_index_base`` apply to the tasks
-    that do not set their own; ``trace=`` writes one file per task
-    (``run.json`` -> ``run.<task>.json``); ``resume=`` takes an earlier
-    ``SuiteResult`` of this suite (a failure's ``partial_result``): finished
-    tasks run nothing, the others run only the episodes they lack. Hooks get
-    every task's ``on_run_start`` ... ``on_run_end``, then
-    ``on_task_end(name, RunResult)`` once the task is done.
-
-    ``jaxmesh.api.run_suite`` makes each run of ``runs`` and tells the plan
-    how it went (``finished`` or ``failed``); ``result()`` is the suite's.
+    groups the tasks into ``runs`` (``TaskRun``); a task's own instruction,
+    trial index base, trace file (``run.<task>.json``) and ``resume=`` entry
+    go into its run (docs/suites.md). ``jaxmesh.api.run_suite`` makes each
+    run and tells the plan how it went (``finished`` or ``failed``);
+    ``result()`` is the suite's.
 
     Raises:
       ValueError, TypeError: a bad ``resume=`` or a task's bad budget.
@@ -524,11 +511,8 @@ class SuiteResult:
     @property
     def success_rate(self) -> float | None:
         """The **pooled** success rate: successes over every episode of every
-        task (each episode counts once; a task with more episodes weighs more).
-        None unless every task has a success signal. The mean of the tasks'
-        own rates, as LIBERO and MetaWorld report a suite, is
-        ``task_mean_success_rate``; with the same budget per task both are
-        equal."""
+        task (None unless every task has a success signal); the mean of the
+        tasks' own rates is ``task_mean_success_rate``."""
         return flag_rate(self._pooled()[2])
 
     @property
