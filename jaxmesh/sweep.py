@@ -278,21 +278,16 @@ def sweep(
       horizon: the horizons H to sweep.
       delay_ms: instead of ``delay``, the inference times to sweep in
         milliseconds, each ``ceil(ms / (1000 * dt))`` steps by the env's dt
-        (as ``Chunking(delay_ms=)``). Times of the same steps share a
-        cell; ``get(delay_ms=..., horizon=...)``, the table and the plot
-        are in milliseconds.
+        (times of the same steps share a cell).
       config: a ``jaxmesh.RunConfig`` for every cell (None: the defaults);
-        ``Layout.plan_tile`` is one for every cell (default: the default tile
-        of the smallest effective horizon), and a cell equals
-        ``jaxmesh.evaluate`` with the same tile bit for bit.
-      on_cell: a function ``(delay, horizon, RunResult)`` called with each
-        cell as soon as its episodes have all ended, while later cells still
-        run (to keep finished cells when a long sweep is stopped). Its times
-        are 0: the cells of a program share them.
+        its ``Layout.plan_tile`` serves every cell (default: the default
+        tile of the smallest effective horizon).
+      on_cell: ``f(delay, horizon, RunResult)``, called with each cell as
+        soon as its episodes have all ended (its times 0).
       resume: the ``Sweep`` of an earlier, stopped sweep of the same policy,
         env and seeds (or a dict ``(delay, horizon) -> RunResult`` of the
-        cells ``on_cell`` was given): those cells run nothing again and are
-        part of the result as they are.
+        cells ``on_cell`` got): those cells run nothing again. The rules of
+        each: docs/evaluation.md, "Sweeps".
       **settings: ``RunConfig``'s flat knobs and groups, overriding
         ``config``'s (``num_envs=``, ``scoring=jaxmesh.Scoring(...)``); see
         ``REFUSED`` for those a sweep does not take.
@@ -502,10 +497,8 @@ class Sweep:
 
     Attributes:
       delays, horizons: the swept values, in the order given.
-      cells: ``(delay, horizon) -> RunResult`` of every cell that ran. A cell's
-        ``wall_time``, ``compile_time`` and ``run_time`` are the whole call's
-        (its cells ran together); its ``env_steps`` are its own episodes'
-        lengths and its ``policy_rows`` its plans (tile padding not counted).
+      cells: ``(delay, horizon) -> RunResult`` of every cell that ran (its
+        times the whole call's; its env steps and policy rows its own).
       skipped: ``(delay, horizon) -> why`` of every cell that could not run
         (a delay of ``d >= h``, or chunks shorter than ``h + d``).
       programs: how many programs compiled for the sweep.
