@@ -4,17 +4,10 @@ An array travels as ``{b"__ndarray__": True, b"data": <bytes>, b"dtype":
 <numpy dtype string>, b"shape": [...]}`` and a numpy scalar as
 ``{b"__npgeneric__": True, b"data": <value>, b"dtype": ...}``, as
 ``openpi_client.msgpack_numpy`` writes them. Object, void and complex dtypes
-are refused both ways (they are how pickle-based formats smuggle code), so
-decoding untrusted bytes runs no code and makes nothing but numbers, strings,
-lists and dicts.
-
-Decoding is bounded: a message holds at most ``MAX_ITEMS`` entries in all
-its lists and maps together (and ``MAX_CONTAINER`` in any one), and no
-extension types, so a small frame cannot unpack into a huge tree of Python
-objects (a frame of a million empty maps). The protocols send arrays as
-arrays, so their messages hold a few dozen entries.
-
-Pure functions of bytes: no sockets, no JAX.
+are refused both ways, and decoding is bounded (``MAX_ITEMS`` entries in all,
+``MAX_CONTAINER`` in one list or map, no extension types), so untrusted bytes
+run no code and cannot unpack into a huge tree (docs/serving.md, "Security
+and limits"). Pure functions of bytes: no sockets, no JAX.
 """
 
 from __future__ import annotations

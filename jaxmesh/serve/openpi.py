@@ -1,22 +1,12 @@
 """openpi's websocket policy protocol, as ``openpi-client`` speaks it.
 
-- A client connects (``ws://host:port``, or ``wss://`` with TLS), sending
-  ``Authorization: Api-Key <token>`` when the server has a token; a
-  connection without it is refused with HTTP 401 before the websocket opens.
-- The server sends its metadata first (a msgpack map).
-- Then each binary frame the client sends is one observation (a msgpack map,
-  arrays as ``jaxmesh.serve.codec`` reads them); the server answers each with
-  ``{"actions": [K, *A], "server_timing": {...}}``. ``server_timing`` holds
-  openpi's ``infer_ms`` (from the request's arrival to its reply) and
-  ``prev_total_ms`` (the previous request's whole turn), and the batching
-  telemetry: ``batch_size``, ``padded_batch``, ``queue_ms``, ``forward_ms``.
-- A request the server cannot answer (not msgpack, a key missing, the model
-  refused it) gets a text frame saying why, then the connection is closed
-  with code 1011, as openpi's server does; other clients are not affected.
-- ``GET /healthz`` answers 200 ``OK`` (no token needed).
-
-The websocket side runs on one asyncio loop in its own thread; the forward
-runs in the batcher's thread (``jaxmesh.serve.batcher``).
+The server sends its metadata first, then answers each binary frame (one
+observation, msgpack as ``jaxmesh.serve.codec`` reads it) with ``{"actions":
+[K, *A], "server_timing": {...}}``; a request it cannot answer gets a text
+frame saying why and the connection closed with code 1011; ``GET /healthz``
+answers 200. Tokens (``Authorization: Api-Key``, else HTTP 401), caps and
+timing fields: docs/serving.md. The websocket side runs on one asyncio loop
+in its own thread; the forward in the batcher's (``jaxmesh.serve.batcher``).
 """
 
 from __future__ import annotations
