@@ -14,13 +14,10 @@ its messages are msgpack maps (``jaxmesh.serve.codec``: arrays as openpi's
   {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``
   (and ``"pending"`` in ``"step"`` with a lead).
 
-The session's slots are freed when its stream ends: the client closes it, the
-client vanishes (gRPC cancels the stream), the stream sends nothing for
-``idle_timeout`` seconds (``DEADLINE_EXCEEDED``: a stream that holds one of the
-``max_connections`` and sends nothing is ended), or the server shuts down. A
-request the server cannot run ends that stream only, ``INVALID_ARGUMENT`` with
-the reason; a missing or wrong token is ``UNAUTHENTICATED`` before any message
-is read (``Authorization: Bearer <token>``, as served envs take it).
+The session's slots are freed when its stream ends (the client closes it or
+vanishes, ``idle_timeout``, shutdown); a request the server cannot run ends
+that stream only (``INVALID_ARGUMENT``); tokens, caps and limits:
+docs/serving.md, "jaxmesh's own protocol: RemotePolicy".
 """
 
 from __future__ import annotations
