@@ -17,8 +17,8 @@ kinds of bets:
 
       K_t(m) = (1 / J) sum_j prod_{i<=t} (1 + lambda_j(m) (x_i - m))
 
-  This is an average of constant-bet capitals over a grid of bets (their
-  "diversified Kelly" capital; a discretized uniform prior over the bet), and,
+  This is an average of constant-bet capitals over a grid of bets (a
+  mixture over a discretized uniform prior on the bet), and,
   on differences in {-1, 0, 1} (``metric="success"``),
   exactly a mixture coin-betting test on the discordant pairs (a pair that
   agrees multiplies every capital by 1). Each constant-bet capital is a
