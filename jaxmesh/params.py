@@ -1,18 +1,9 @@
 """Declared model configuration: ``jaxmesh.Param`` and ``jaxmesh.ParamError``.
 
-A model declares its configuration as class attributes; ``Model.from_config``
-validates what a user (or a YAML file) gives against them and passes the values
-to the model's ``load`` hook. Inside the model, ``self.<name>`` reads the value
-the instance was configured with (the default when none was given). Example::
-
-    class Policy(jaxmesh.Model):
-        hidden = jaxmesh.Param(64, doc="width of the MLP", low=1)
-        act = jaxmesh.Param("relu", choices=("relu", "tanh"))
-        checkpoint = jaxmesh.Param(doc="orbax directory of the weights")  # required
-
-        def load(self, hidden, act, checkpoint): ...
-
-    Policy.from_config(hidden=128, checkpoint="ckpt/mlp")
+A model declares its configuration as ``Param`` class attributes;
+``Model.from_config`` validates what a user (or a YAML file) gives against
+them and passes the values to ``load``; ``self.<name>`` reads the configured
+value (docs/models.md has an example).
 """
 
 from __future__ import annotations
