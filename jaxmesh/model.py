@@ -230,10 +230,6 @@ class Model:
           ParamError: an unknown name, a missing required param, or a value
             outside its param's domain (the message names the param, the value
             and what is allowed).
-
-        Example::
-
-          model = MyModel.from_config(yaml.safe_load(open("model.yaml")))
         """
         if cls is Model:
             raise TypeError(
@@ -518,14 +514,8 @@ class Model:
         """A JSON-serialisable description of the model (does not run ``load``).
 
         Returns:
-          A dict with ``schema_version`` (1), ``name``, ``class``, ``doc``,
-          ``wraps`` (the wrapped function's name, or None), ``corners``
-          (implemented, not derived), ``native_chunk``, ``stochastic``,
-          ``recurrent``, ``spec`` (input name -> declaration fields, or None),
-          ``reads`` (observation keys the spec reads; None is the whole
-          observation), ``params`` (name -> default, doc, choices/low/high),
-          ``config`` (the values this instance was built with), ``device``,
-          and every field of the ``metadata`` class attribute.
+          The dict built below, and every field of the ``metadata`` class
+          attribute (the keys, one by one: docs/models.md, "describe()").
 
         Raises:
           ValueError: a ``metadata`` field reuses a name above.
@@ -636,11 +626,6 @@ def build_model(
 
     Raises:
       ParamError: a bad config (see ``Model.from_config``).
-
-    Example::
-
-      cfg = yaml.safe_load(open("act.yaml"))["model"]
-      model = jaxmesh.build_model(cfg["class"], cfg.get("config"))
     """
     obj = resolve_class(target) if isinstance(target, str) else target
     if isinstance(obj, type) and issubclass(obj, Model):
