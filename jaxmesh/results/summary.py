@@ -219,44 +219,38 @@ def setting_rows(result: Any) -> list[Row]:
     """What ran (``table="settings"``)."""
     cap, chunk = result.max_episode_seconds, result.chunk
 
-    def field(key: str, label: str, text: str, note: str = "") -> Row:
-        return Row(key, label, getattr(result, key), text, note)
+    def field(key: str, label: str, text: str | None = None, note: str = "") -> Row:
+        value = getattr(result, key)
+        return Row(key, label, value, str(value) if text is None else text, note)
 
     rows = [
         field("policy", "policy", result.policy or "n/a"),
         field("env", "env", short_env(result.env) or "n/a"),
     ]
     if result.instruction is not None:
-        rows.append(field("instruction", "instruction", result.instruction))
+        rows.append(field("instruction", "instruction"))
     capped = "s (wall clock: results depend on timing and may differ between runs)"
+    chunks = "one action per plan" if chunk is None else f"chunks of {chunk} actions"
     rows += [
         field("num_envs", "lanes (num_envs)", f"{result.num_envs:,}"),
         field(
             "horizon",
             "horizon",
-            f"{result.horizon}",
+            None,
             "actions of a chunk executed before the next plan",
         ),
         field(
-            "effective_horizon",
-            "effective horizon",
-            f"{result.effective_horizon}",
-            "min(horizon, chunk length)",
+            "effective_horizon", "effective horizon", None, "min(horizon, chunk length)"
         ),
-        field(
-            "chunk",
-            "chunk length",
-            "one action per plan" if chunk is None else f"chunks of {chunk} actions",
-            "actions a plan returns",
-        ),
+        field("chunk", "chunk length", chunks, "actions a plan returns"),
         field(
             "prefetch_lead",
             "prefetch lead",
-            f"{result.prefetch_lead}",
+            None,
             "steps a chunk is planned before it plays",
         ),
         Row("mode", "mode", mode_text(result), mode_text(result)),
-        field("plan_tile", "plan tile", f"{result.plan_tile}", "rows per policy call"),
+        field("plan_tile", "plan tile", None, "rows per policy call"),
         field(
             "max_episode_seconds",
             "max episode seconds",
