@@ -635,13 +635,8 @@ def write_report(
     (``report_html``; its sections: docs/evaluation.md).
 
     Args:
-      result: the run's ``RunResult``.
       path: the HTML file to write; missing parent folders are created.
-      resamples: bootstrap resamples of the intervals (None: as
-        ``result.summary()``; see ``report_html``).
-      episode_rows: episodes shown in the per-episode table.
-      base: the folder relative ``result.videos`` paths are read from (None:
-        the working directory).
+      result, resamples, episode_rows, base: as for ``report_html``.
 
     Returns:
       The path written.

@@ -252,16 +252,8 @@ def episode_frames(
     frames: Callable[[Any, Any], Any] | None = None,
     env: Any = None,
 ) -> list[np.ndarray]:
-    """The RGB frames of a recorded episode (see the module docstring).
-
-    Args:
-      result: a ``RunResult`` of a run with ``record=``.
-      episode: the episode index.
-      frames: ``fn(obs, state) -> rgb``; None: captured frames, else the env's
-        own renderer (on the recorded states when the run kept them, else on
-        replayed ones).
-      env: the JAX env to replay on, or whose renderer draws the recorded
-        states (default: ``result.env`` by id).
+    """The RGB frames of a recorded episode (arguments as for ``render``;
+    where the frames come from: the module docstring).
 
     Raises:
       ValueError: the episode was not recorded, or no frames can be made
