@@ -1,19 +1,10 @@
 """Serving a policy: one jitted model behind many clients, batched.
 
-``PolicyServer`` (``server.py``) runs a model for clients that step their own
-simulators or robots elsewhere, speaking openpi's websocket protocol
-(``openpi.py``; ``openpi-client``'s ``WebsocketClientPolicy`` works against it
-unchanged). Requests from all connections share one queue (``batcher.py``);
-a forward runs up to ``max_batch`` of them through a program compiled for a
-few fixed batch sizes (``forward.py``, which also applies the model's spec to
-raw observations). ``codec.py`` is openpi's msgpack format, without pickle.
-
-jaxmesh's own protocol (``protocol="grpc"``, ``grpc_service.py``) serves
-``RemotePolicy`` (``remote.py``), the policy of ``jaxmesh.evaluate`` on
-host-stepped envs: the server keeps each client lane's episode state in slots
-of pools that run the host loop's own agent step (``agents.py``).
-
-Needs the ``[serve]`` extra (websockets, msgpack, gRPC).
+``PolicyServer`` (``server.py``) speaks openpi's websocket protocol
+(``openpi.py``, ``codec.py``; requests batched by ``batcher.py`` through
+``forward.py``) or jaxmesh's own over gRPC (``grpc_service.py``, whose
+sessions' lanes live in ``agents.py``; ``remote.py`` is its client,
+``RemotePolicy``). Needs the ``[serve]`` extra; docs/serving.md.
 """
 
 try:
