@@ -98,11 +98,7 @@ def _leaf(shape: Any, dtype: Any, where: Any) -> Leaf:
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
     """The batch sizes the forward is compiled for: 1, 2, 4, ... below
     ``max_batch``, and ``max_batch``."""
-    sizes, n = [], 1
-    while n < max_batch:
-        sizes.append(n)
-        n *= 2
-    return (*sizes, max_batch)
+    return (*(1 << k for k in range((max_batch - 1).bit_length())), max_batch)
 
 
 class Prepared(NamedTuple):
