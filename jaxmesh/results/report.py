@@ -418,16 +418,9 @@ def episodes_table(result: Result, episode_rows: int, table_id: str) -> str:
     head += ["plans", "lane"] + ([] if flags is None else ["success"])
     rows = []
     for i in range(shown):
-        cells = [
-            int(result.indices[i]),
-            int(result.seeds[i]),
-            float(result.returns[i]),
-            int(result.lengths[i]),
-            bool(result.terminated[i]),
-            bool(result.truncated[i]),
-            int(result.predict_calls[i]),
-            int(result.lanes[i]),
-        ] + ([] if flags is None else [bool(flags[i])])
+        # EpisodeResult's first eight fields: index, seed, return_, length,
+        # terminated, truncated, predict_calls, lane.
+        cells = [*result.episode(i)[:8], *([] if flags is None else [bool(flags[i])])]
         rows.append(
             f"<tr data-value='{esc(json.dumps(cells))}'>"
             + "".join(f"<td>{esc(_cell(c))}</td>" for c in cells)
