@@ -157,10 +157,11 @@ SCHEMA: dict[str, Key] = {
         "jaxmesh.adapt.Text input",
     ),
     "workers": Key(
-        "int",
+        "int | mapping",
         None,
-        "gymnasium: envs: worker processes stepping the lanes (0: this process; "
-        "null: chosen for the machine)",
+        "gymnasium:, libero: and factory envs: worker processes stepping the lanes "
+        "(0: this process; null: chosen for the machine), or Ray actors: {ray: "
+        "{num_workers: N, address: ..., num_cpus_per_worker: 1, resources: {...}}}",
     ),
     "check_seeds": Key(
         "bool",

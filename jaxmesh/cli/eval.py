@@ -8,6 +8,7 @@ episodes and the report are written before the videos (``_write_outputs``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -45,6 +46,7 @@ from jaxmesh.cli.outputs import (
     write_json,
 )
 from jaxmesh.cli.parser import resume_command
+from jaxmesh.run.cluster import Ray
 from jaxmesh.run.resume import (
     LOG_KEY,
     EpisodeLog,
@@ -91,7 +93,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         kwargs["trace"] = args.trace
     started = Started()
     done = 0 if earlier is None or suite else earlier.num_episodes
-    hooks: list = [started, Progress(enabled=not args.no_progress, initial=done)]
+    progress = Progress(enabled=not args.no_progress, initial=done)
+    hooks: list = [started, progress]
     if suite and config.get("output"):
         hooks.append(SuiteSaver(Path(config["output"]), earlier))
     params = getattr(policy, "params", None)  # a Model's; a function has none
@@ -140,6 +143,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result, fingerprint={**(result.fingerprint or {}), **fp}
     )
     print(result.summary())
+    if progress.where and progress.where != "this process":
+        print(f"{'lanes stepped by':<28}{progress.where}")
     if args.telemetry:
         print(result.format_telemetry())
     whole = log is None or log.error is None
@@ -160,6 +165,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return max(status, 1)
+
+
+def _ray_connection(workers: Any) -> Any:
+    """``workers: {ray: ...}``: one Ray connection for the command (a
+    suite's tasks are runs of their own: they share it), else nothing."""
+    if not isinstance(workers, Ray):
+        return contextlib.nullcontext()
+    from jaxmesh.run.host.ray_actors import connection  # the [ray] extra
+
+    return connection(workers)
 
 
 def _warn(text: str) -> None:
@@ -256,7 +271,9 @@ def _run_eval(
     log = next((h for h in hooks if isinstance(h, EpisodeLog)), None)
     started = lambda: any(getattr(h, "started", False) for h in hooks)
     try:
-        with terminating():  # SIGTERM stops the run as Ctrl-C does
+        # SIGTERM stops the run as Ctrl-C does; a suite's runs on Ray share
+        # one connection.
+        with terminating(), _ray_connection(kwargs["config"].workers):
             return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
     except (ConfigError, ValueError, TypeError) as e:
         if not started():

@@ -32,12 +32,19 @@ class Progress:
         self.steps = 0
         self.t_first: float | None = None
         self.steps_first = 0
+        #: Where the run's lanes are stepped (a host-stepped run's
+        #: ``lanes_where``: Ray actors, worker processes, ...), else None.
+        self.where: str | None = None
 
     def on_run_start(self, info: dict) -> None:
+        desc = f"{info.get('policy', '')} on {short_env(info.get('env', ''))}"
+        self.where = info.get("lanes_where")
+        if self.where and self.where != "this process":
+            desc += f" ({self.where})"
         self.bar = tqdm(
             total=info.get("episodes"),
             initial=self.initial,
-            desc=f"{info.get('policy', '')} on {short_env(info.get('env', ''))}",
+            desc=desc,
             unit="ep",
             file=self.stream if self.stream is not None else sys.stderr,
             disable=not self.enabled,

@@ -371,6 +371,22 @@ def worker_count(
     return min(workers, lanes)
 
 
+def lanes_where(lanes: Any) -> str:
+    """Where a run's lanes are stepped, in words, for the progress bar and
+    the CLI's summary (``on_run_start``'s ``lanes_where``): Ray actors, worker
+    processes, env servers or this process."""
+    where = getattr(lanes, "where", None)  # Ray actors say where they run
+    if where:
+        return where
+    workers = getattr(lanes, "workers", None)
+    if isinstance(workers, int) and workers:
+        return f"{workers} worker process{'es' * (workers > 1)}"
+    servers = getattr(lanes, "addresses", None)
+    if servers:
+        return f"{len(servers)} env server{'s' * (len(servers) > 1)}"
+    return "this process"
+
+
 def _recorded_leaves(spec: Any, record: Any) -> tuple[str, ...]:
     """The observation leaves a recording keeps (every one for ``keys=None``)."""
     if record.keys is None:
@@ -741,7 +757,8 @@ def _run(run: HostRun) -> RunResult:
         ),
         max_episode_seconds=run.seconds,
     )
-    stream.call(run.hooks, "on_run_start", {"episodes": e, **run_fields})
+    start = {"episodes": e, **run_fields, "lanes_where": lanes_where(lanes)}
+    stream.call(run.hooks, "on_run_start", start)
     episodes_out = stream.EpisodeStream(
         run.hooks, run.seeds, run.policy.on_episode_end, run_fields
     )

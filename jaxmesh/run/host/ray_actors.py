@@ -12,9 +12,11 @@ Ray is the ``[ray]`` extra, imported here only, on use.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from jaxmesh.remote.server.actor import EnvActor
@@ -47,6 +49,40 @@ def import_ray() -> Any:
             f"pip install 'ray>=2.40') ({exc})"
         ) from exc
     return ray
+
+
+def connect(ray: Any, cfg: Ray) -> bool:
+    """Connects this process to Ray (``ray.init(address=cfg.address)``) unless
+    it is connected; whether it did (then the caller shuts it down)."""
+    if ray.is_initialized():
+        return False
+    with warnings.catch_warnings():
+        # Ray starts its processes with fork + exec, which JAX's fork warning
+        # cannot tell from a bare fork.
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning, "subprocess")
+        ray.init(address=cfg.address, logging_level="WARNING")
+    return True
+
+
+@contextlib.contextmanager
+def connection(workers: Any) -> Iterator[None]:
+    """For ``workers=jaxmesh.Ray(...)``: one Ray connection held for the
+    block (made, and shut down after, unless this process had one), so that
+    the runs of a suite share it; anything else: nothing.
+
+    Raises:
+      ImportError: Ray is not installed.
+    """
+    if not isinstance(workers, Ray):
+        yield
+        return
+    ray = import_ray()
+    started = connect(ray, workers)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def actor_count(ray: Any, cfg: Ray, lanes: int) -> int:
@@ -123,15 +159,7 @@ class RayServers(ServedLanes):
         self.actors: list = []
         self.started_ray = False
         try:
-            if not ray.is_initialized():
-                with warnings.catch_warnings():
-                    # Ray starts its processes with fork + exec, which JAX's
-                    # fork warning cannot tell from a bare fork.
-                    warnings.filterwarnings(
-                        "ignore", "os.fork", RuntimeWarning, "subprocess"
-                    )
-                    ray.init(address=cfg.address, logging_level="WARNING")
-                self.started_ray = True
+            self.started_ray = connect(ray, cfg)
             count = actor_count(ray, cfg, num_lanes)
             if self.started_ray and cfg.address is None:
                 _check_local(ray, cfg, count)
@@ -154,8 +182,12 @@ class RayServers(ServedLanes):
         except BaseException:
             self._end()
             raise
-        #: Where the lanes run, for messages: the actors' addresses.
-        self.where = f"{count} Ray actor{'s' * (count > 1)}"
+        #: Where the lanes run, in words (the progress bar, the CLI's summary).
+        nodes = {a.rpartition(":")[0] for a in addresses}
+        self.where = (
+            f"{count} Ray actor{'s' * (count > 1)} on {len(nodes)} "
+            f"node{'s' * (len(nodes) > 1)}"
+        )
 
     @classmethod
     def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
@@ -257,4 +289,4 @@ class RayServers(ServedLanes):
                 continue
 
 
-__all__ = ["RayServers", "import_ray", "NAME_PREFIX"]
+__all__ = ["RayServers", "connect", "connection", "import_ray", "NAME_PREFIX"]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -40,12 +41,14 @@ TWO = functools.partial(Ray, num_cpus_per_worker=0.5)
 def cluster():
     """One local Ray for the file (2 CPUs); the actors import the tests'
     env modules (``worker_envs``, ``gym_reference``) from ``tests/``."""
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="ERROR",
-        runtime_env={"env_vars": {"PYTHONPATH": TESTS}},
-    )
+    with warnings.catch_warnings():  # Ray's fork + exec, which JAX warns of
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            logging_level="ERROR",
+            runtime_env={"env_vars": {"PYTHONPATH": TESTS}},
+        )
     yield
     ray.shutdown()
 
@@ -297,6 +300,9 @@ def test_the_cli_runs_a_config_on_ray(tmp_path, capsys, no_compile_cache):
     assert main(["eval", str(path), "--no-progress"]) == 0
     eps = json.loads((tmp_path / "r.json").read_text())["episodes"]
     assert [(ep["return"], ep["length"]) for ep in eps] == tilt_episodes(range(5))
+    assert (
+        "lanes stepped by            2 Ray actors on 1 node" in capsys.readouterr().out
+    )
     del config["workers"]
     path.write_text(yaml.safe_dump(config))
     args = ["eval", str(path), "--no-progress", "--workers", "ray:1"]
@@ -375,3 +381,29 @@ def test_a_run_that_started_ray_shuts_it_down_and_ctrl_c_leaves_no_actor(tmp_pat
     while _actor_processes() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _actor_processes() == []
+
+
+@pytest.mark.slow
+def test_libero_over_ray_equals_libero_in_process():
+    """A LIBERO task (state only, 15-step cap) over 2 actors: each episode's
+    length, return, success and recorded observations are the in-process
+    run's (tests/envs/test_libero.py checks that one against openpi's loop)."""
+    from jaxmesh.zoo.libero import KEYS, scripted
+
+    kw = dict(
+        env_config={"camera_size": None, "max_episode_steps": 15},
+        num_envs=2,
+        seeds=[7, 3, 11],
+        horizon=5,
+        starts=jaxmesh.Starts(trial_index_base=48),
+        record=jaxmesh.Record(episodes=[0, 1, 2], keys=list(KEYS)),
+    )
+    env = "libero:libero_spatial/0"
+    here = jaxmesh.evaluate(scripted, env, workers=0, **kw)
+    there = jaxmesh.evaluate(scripted, env, workers=TWO(num_workers=2), **kw)
+    np.testing.assert_array_equal(there.lengths, here.lengths)
+    np.testing.assert_array_equal(there.returns, here.returns)
+    np.testing.assert_array_equal(there.success, here.success)
+    for a, b in zip(there.trajectories, here.trajectories, strict=True):
+        for k in KEYS:
+            np.testing.assert_array_equal(a.observations[k], b.observations[k])
