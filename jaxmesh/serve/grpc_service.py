@@ -119,22 +119,10 @@ class _PolicyTokenInterceptor(grpc.ServerInterceptor):
 
 
 class GrpcService:
-    """The gRPC server of a ``PolicyServer(protocol="grpc")``.
-
-    Args:
-      pools: the sessions' slots (``agents.Pools``).
-      batcher: the queue every session's steps go to.
-      host, port: where to bind (port 0: a free one).
-      token: the token clients must send, or None.
-      credentials: ``grpc.ServerCredentials`` for TLS, or None.
-      max_message_bytes: the largest message either way.
-      max_connections: streams served at once.
-      idle_timeout: seconds a stream may send nothing before it is ended
-        (``math.inf``: never).
-      max_inflight_bytes: the bytes of the messages every stream together
-        holds (each its latest, until the next); a message past it ends its
-        stream ``RESOURCE_EXHAUSTED``.
-    """
+    """The gRPC server of a ``PolicyServer(protocol="grpc")``: ``pools`` (the
+    sessions' slots, ``agents.Pools``) stepped through ``batcher``; the other
+    arguments are ``PolicyServer``'s (a stream holds its latest message's
+    bytes against ``max_inflight_bytes``)."""
 
     def __init__(
         self,

@@ -37,20 +37,9 @@ ERROR_REASON = "Internal server error. Traceback included in previous frame."
 
 
 class OpenpiService:
-    """The websocket server of ``PolicyServer(protocol="openpi")``.
-
-    Args:
-      batcher: where requests go.
-      host, port: where to listen (port 0: a free one).
-      metadata: the map sent to each client first.
-      token: the ``Api-Key`` every connection must carry, or None.
-      ssl_context: serve ``wss://`` with it, or None.
-      max_message_bytes: the largest frame either way.
-      max_connections: connections served at once; more are refused (503).
-      max_inflight_bytes: the request bytes all connections together may
-        hold at once (from a frame's arrival to its reply); a frame past it
-        is refused, its connection closed.
-    """
+    """The websocket server of ``PolicyServer(protocol="openpi")``: requests
+    go to ``batcher``; the other arguments are ``PolicyServer``'s
+    (``ssl_context``: its ``tls``)."""
 
     def __init__(
         self,
