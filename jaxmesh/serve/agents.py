@@ -372,18 +372,9 @@ def _refused(pol: Any) -> list[str]:
 
 
 class Pools:
-    """Every session's slots, in pools of one agent program each.
-
-    Args:
-      model: the served policy (a ``jaxmesh.Model`` or a single-lane function);
-        it may keep state per episode (windows, ``Previous``, recurrent state).
-      max_batch: the most lanes of several sessions one pool holds (a
-        session of more lanes gets a pool of its own).
-      max_lanes: the most lanes (``num_envs``) one session may open.
-
-    ``max_batch`` (here: the most sessions one pool step takes) and ``run``
-    are what the server's ``Batcher`` drives.
-    """
+    """Every session's slots, in pools of one agent program each (arguments
+    as ``PolicyServer``'s). ``max_batch`` (here: the most sessions one pool
+    step takes) and ``run`` are what the server's ``Batcher`` drives."""
 
     def __init__(self, model: Any, *, max_batch: int, max_lanes: int = MAX_LANES):
         self.policy = resolve_policy(model, with_params=False)

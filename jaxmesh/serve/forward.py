@@ -179,13 +179,8 @@ def _signature(inputs: dict) -> tuple:
 
 
 class ServedModel:
-    """A model (a ``jaxmesh.Model`` or a single-lane function) ready to serve.
-
-    Args:
-      model: the policy; its ``load`` runs here.
-      max_batch: the most requests one forward takes.
-      seed: the base of a stochastic policy's keys (request i gets
-        ``fold_in(PRNGKey(seed), i)``).
+    """A model (a ``jaxmesh.Model`` or a single-lane function) ready to serve;
+    its ``load`` runs here (arguments as ``PolicyServer``'s).
 
     Raises:
       ValueError: the model keeps state per episode (see the module), or a
