@@ -770,14 +770,8 @@ def suite_report_html(
 ) -> str:
     """A suite's report page: the per-task table, the per-task figure, and for
     each task its plots (``plot``), its videos and its episodes, then the
-    provenance, as one self-contained HTML document.
-
-    Args:
-      suite: a ``SuiteResult``.
-      resamples: bootstrap resamples of the intervals (None: as its summary).
-      episode_rows: episodes shown in each task's table.
-      base: the folder relative video paths are read from (None: the working
-        directory).
+    provenance, as one self-contained HTML document (``suite``: a
+    ``SuiteResult``; the other arguments as ``report_html``'s, per task).
     """
     n = max(suite.num_episodes, 1)
     resamples = _stats.summary_resamples(n) if resamples is None else resamples
