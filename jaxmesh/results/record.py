@@ -341,12 +341,7 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
 
 
 def save_trajectories(trajectories: list | None, path: str | Path) -> Path:
-    """Writes ``trajectories`` to one ``.npz`` file, each array as
-    ``ep<episode>/<name>`` (``RunResult.save_trajectories``).
-
-    Raises:
-      ValueError: there are none.
-    """
+    """``RunResult.save_trajectories`` (its docstring says what it writes)."""
     if not trajectories:
         raise ValueError(
             "this result holds no trajectories; run with "
@@ -364,12 +359,8 @@ def save_trajectories(trajectories: list | None, path: str | Path) -> Path:
 
 
 def load_trajectories(path: str | Path, recorded: list | None) -> list[Trajectory]:
-    """The trajectories ``save_trajectories`` wrote to ``path``, one per entry
-    of ``recorded`` (a result's ``to_dict()["recorded"]``).
-
-    Raises:
-      ValueError: the file lacks an episode ``recorded`` lists.
-    """
+    """``RunResult.load_trajectories``'s trajectories, one per entry of
+    ``recorded`` (a result's ``to_dict()["recorded"]``)."""
     out = []
     with np.load(path) as z:
         for r in recorded or []:
