@@ -71,13 +71,13 @@ def nothing_left():
     assert ray.is_initialized()
 
 
+def make_cartpole():
+    return gym.make("CartPole-v1")
+
+
 @functools.cache
 def lean_refs():
     return plain_loop(gym.make("CartPole-v1"), per_step(lean), SEEDS)
-
-
-def make_cartpole():
-    return gym.make("CartPole-v1")
 
 
 def brightness(obs):
@@ -98,14 +98,17 @@ def camera_refs(seeds: tuple):
     return plain_loop(CameraEnv(), policy, list(seeds), horizon=3, lead=1)
 
 
-@pytest.mark.parametrize("actors", [1, 2])
-def test_an_id_and_a_factory_give_the_plain_loops_episodes(actors):
-    for env in ("gymnasium:CartPole-v1", make_cartpole):
-        result = jaxmesh.evaluate(
-            lean, env, num_envs=3, seeds=SEEDS, workers=TWO(num_workers=actors)
-        )
-        assert_matches(result, lean_refs())
-        assert result.env_steps == sum(r.length for r in lean_refs())
+@pytest.mark.parametrize(
+    "actors, env",
+    [(1, "gymnasium:CartPole-v1"), (2, make_cartpole)],
+    ids=["an id on 1 actor", "a factory on 2 actors"],
+)
+def test_an_id_and_a_factory_give_the_plain_loops_episodes(actors, env):
+    result = jaxmesh.evaluate(
+        lean, env, num_envs=3, seeds=SEEDS, workers=TWO(num_workers=actors)
+    )
+    assert_matches(result, lean_refs())
+    assert result.env_steps == sum(r.length for r in lean_refs())
 
 
 def test_dict_observations_and_chunks_match_the_plain_loop():
