@@ -245,13 +245,13 @@ class Engine:
         )
 
     @functools.cached_property
-    def _cheap_reset(self) -> bool:
-        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``): its
-        lanes then reset under one ``jnp.where`` instead of tiles. Traces the
-        reset once (a jitted one's trace is JAX's to reuse)."""
+    def _reset_probe(self) -> tuple[bool, Any]:
+        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``: its
+        lanes then reset under one ``jnp.where`` instead of tiles), and the
+        shapes of one lane's reset ``(obs, state)``. Traces the reset once."""
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-        jaxpr = jax.make_jaxpr(self.env.reset)(key).jaxpr
-        return equations(jaxpr) <= CHEAP_RESET_EQUATIONS
+        jaxpr, shapes = jax.make_jaxpr(self.env.reset, return_shape=True)(key)
+        return equations(jaxpr.jaxpr) <= CHEAP_RESET_EQUATIONS, shapes
 
     def carry_shape(self) -> Carry:
         """Shapes and dtypes of the carry (traces the env's reset once, compiles
@@ -297,10 +297,9 @@ class Engine:
         cfg = self.config
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
-        abstract_key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        cheap, (obs_shape, _) = self._reset_probe
         obs = jax.tree.map(
-            lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype),
-            jax.eval_shape(self.env.reset, abstract_key)[0],
+            lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype), obs_shape
         )
 
         def body(rows, c):
@@ -321,7 +320,7 @@ class Engine:
             )
 
         n = cfg.agent.num_envs
-        tile = n if self._cheap_reset else min(RESET_TILE, n)
+        tile = n if cheap else min(RESET_TILE, n)
 
         def start_lanes(c):
             # Every piece of an episode's start, in the one branch that runs
