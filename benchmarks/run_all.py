@@ -32,6 +32,7 @@ SCRIPTS = (
     "remote",
     "realistic",
     "hostsim",
+    "ray_workers",
     "envpool_xla",
     "scale",
     "suite",
