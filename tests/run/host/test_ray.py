@@ -410,3 +410,19 @@ def test_libero_over_ray_equals_libero_in_process():
     for a, b in zip(there.trajectories, here.trajectories, strict=True):
         for k in KEYS:
             np.testing.assert_array_equal(a.observations[k], b.observations[k])
+
+
+def test_the_workers_flags_are_overrides_in_either_order():
+    from jaxmesh.cli.config import apply_overrides
+    from jaxmesh.cli.parser import make_parser
+
+    parse = lambda *flags: make_parser().parse_args(["eval", "c.yaml", *flags]).set
+    both = ["workers={ray: {num_workers: 64}}", 'workers.ray.address="head:6379"']
+    assert parse("--workers", "ray:64", "--ray-address", "head:6379") == both
+    assert parse("--ray-address", "head:6379", "--workers", "ray:64") == both
+    config = apply_overrides({"workers": 2}, both)
+    assert workers_of(config["workers"]) == Ray(num_workers=64, address="head:6379")
+    assert parse("--workers", "3") == ["workers=3"]
+    assert parse("--workers", "ray") == ["workers={ray: null}"]
+    with pytest.raises(SystemExit):
+        parse("--workers", "dask:3")
