@@ -83,16 +83,17 @@ def child(episodes: int, num_envs: int, cache: str | None = None) -> dict:
     jax.jit(lambda x: x + 1)(1.0).block_until_ready()  # warm-up jit
     phases.clear()
     programs[0] = 0
-    t_bare = time.perf_counter()
+    t_bare, c_bare = time.perf_counter(), time.process_time()
     jax.block_until_ready(bare_scan(mlp_argmax, params, num_envs))
     bare_s = time.perf_counter() - t_bare
+    bare_cpu = time.process_time() - c_bare
     bare_phases, bare_programs = dict(phases), programs[0]
     phases.clear()
     programs[0] = 0
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     kwargs = dict(episodes=episodes, num_envs=num_envs)
     first = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", **kwargs)
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     first_phases, first_programs = dict(phases), programs[0]
     second = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", **kwargs)
     t4 = time.perf_counter()
@@ -115,6 +116,8 @@ def child(episodes: int, num_envs: int, cache: str | None = None) -> dict:
         "second_compile_time": second.compile_time,
         "env_steps": first.env_steps,
         "bare_first_s": bare_s,
+        "first_cpu_s": c3 - c2,
+        "bare_cpu_s": bare_cpu,
         **{f"{k}_s": first_phases.get(k, 0.0) for k in PHASES.values()},
         **{f"bare_{k}_s": bare_phases.get(k, 0.0) for k in PHASES.values()},
         "programs": first_programs,
@@ -278,9 +281,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         med["latency_max"] = max(lat)
         # The first call's latency (its run time taken out: the budgets differ
         # from the bare scan's 500 steps) over the bare scan's first call.
-        med["ratio"] = statistics.median(
+        ratios = [
             (r["first_s"] - r["first_run_time"]) / r["bare_first_s"] for r in runs[e]
-        )
+        ]
+        med["ratio"] = statistics.median(ratios)
+        med["ratio_range"] = f"{min(ratios):.2f}-{max(ratios):.2f}"
+        # The same in CPU seconds of the process (XLA's compile threads
+        # included): less moved by other jobs on the machine than the wall clock.
+        cpu = [
+            (r["first_cpu_s"] - r["first_run_time"]) / r["bare_cpu_s"] for r in runs[e]
+        ]
+        med["cpu_ratio"] = statistics.median(cpu)
+        med["cpu_range"] = f"{min(cpu):.2f}-{max(cpu):.2f}"
         med["episodes"] = e
         med["recompiled_on_second"] = any(r["second_compile_time"] > 0 for r in runs[e])
         rows.append(med)
@@ -365,11 +377,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ],
         )
     )
-    print("\nKernels of the compiled programs (optimized HLO, benchmarks/device.py):\n")
+    print(
+        "\nThe first call against the bare scan's (ratios: median and range over "
+        "repeats; CPU: the process's CPU seconds, XLA's threads included), and the "
+        "kernels of the compiled programs (optimized HLO, as benchmarks/device.py "
+        "counts them):\n"
+    )
     print(
         table(
             [
                 "episodes",
+                "latency / bare",
+                "range",
+                "CPU / bare CPU",
+                "range",
                 "segment kernels",
                 "segment fusions",
                 "bare kernels",
@@ -378,6 +399,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             [
                 [
                     r["episodes"],
+                    r["ratio"],
+                    r["ratio_range"],
+                    r["cpu_ratio"],
+                    r["cpu_range"],
                     int(r["kernels"]),
                     int(r["fusions"]),
                     int(r["bare_kernels"]),
