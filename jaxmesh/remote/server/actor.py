@@ -51,12 +51,14 @@ class EnvActor:
         self.options = dict(options or {})
         self.server: EnvServer | None = None
 
-    def serve(self, host: str | None = None) -> str:
+    def serve(self, host: str | None = None, port: int = 0) -> str:
         """Builds the envs and starts their server; its ``"grpc://host:port"``.
 
-        ``host``: the address to bind (None: this node's, as Ray knows it).
-        An env that cannot be built raises here, and the caller sees its
-        exception.
+        ``host``: the address to bind (None: this node's, as Ray knows it);
+        ``port``: the port to bind, else a free one (0, or that port is
+        taken). An actor Ray restarted is asked for its old port, so that it
+        comes back at its old address on the same node. An env that cannot be
+        built raises here, and the caller sees its exception.
         """
         if self.server is None:
             if host is None:
@@ -64,13 +66,15 @@ class EnvActor:
 
                 host = ray.util.get_node_ip_address()
             options = ServeOptions(token=self.token, **self.options)
-            bind = f"[{host}]:0" if ":" in host else f"{host}:0"  # IPv6
-            server = EnvServer(
-                functools.partial(_envs, self.source, self.lanes),
-                bind,
-                options=options,
-            )
-            self.server = server.start()
+            bound = f"[{host}]" if ":" in host else host  # IPv6
+            make = functools.partial(_envs, self.source, self.lanes)
+            try:
+                server = EnvServer(make, f"{bound}:{port}", options=options).start()
+            except OSError:  # the port is taken: any free one
+                if not port:
+                    raise
+                server = EnvServer(make, f"{bound}:0", options=options).start()
+            self.server = server
         return "grpc://" + self.server.address
 
     def stop(self) -> None:

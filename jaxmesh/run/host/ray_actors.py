@@ -232,15 +232,17 @@ class RayServers(ServedLanes):
         return addresses
 
     def reconnect(self, s: int, connect_timeout: float) -> Any:
-        """A session with actor ``s`` again, once Ray restarted it (it serves at
-        a new address).
+        """A session with actor ``s`` again, once Ray restarted it (asked to
+        serve at its old port: on another node, or with the port taken, it
+        serves at a new address).
 
         Raises:
           Any error: the actor is gone for good, or not serving yet (the
           caller tries again later).
         """
-        address = self.ray.get(self.actors[s].serve.remote(), timeout=connect_timeout)
-        self.addresses[s] = address
+        port = int(self.addresses[s].rpartition(":")[2])
+        serving = self.actors[s].serve.remote(port=port)
+        self.addresses[s] = self.ray.get(serving, timeout=connect_timeout)
         return super().reconnect(s, connect_timeout)
 
     def close(self) -> None:

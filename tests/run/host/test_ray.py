@@ -25,7 +25,7 @@ import ray
 import yaml
 from gym_reference import BreaksOnSeed, lean, per_step, plain_loop, tilt_episodes
 from reference_loop import assert_matches
-from worker_envs import CameraEnv
+from worker_envs import CameraEnv, KillsItself
 
 import jaxmesh
 from jaxmesh.run.cluster import Ray, workers_of
@@ -426,3 +426,46 @@ def test_the_workers_flags_are_overrides_in_either_order():
     assert parse("--workers", "ray") == ["workers={ray: null}"]
     with pytest.raises(SystemExit):
         parse("--workers", "dask:3")
+
+
+@pytest.mark.slow
+def test_an_actor_ray_restarts_rejoins_at_its_old_address(tmp_path):
+    """Seed 4's episode SIGKILLs its actor's process (a crash, not
+    ``ray.kill``): Ray starts it again, it serves at its old address and its
+    lanes rejoin the run; every episode is the plain loop's."""
+    seeds = list(range(120))
+    back = []
+
+    class WaitForRestart:
+        def on_fault(self, event):
+            if event["event"] == "rejoined":
+                back.append(event)
+            if event["event"] != "lost":
+                return
+            handles = [
+                ray.get_actor(name, namespace=_namespace(name)) for name in our_actors()
+            ]
+            deadline = time.monotonic() + 60
+            while True:  # until the restarted actor answers again
+                try:
+                    ray.get([h.__ray_ready__.remote() for h in handles], timeout=5)
+                    break
+                except ray.exceptions.RayError:
+                    assert time.monotonic() < deadline, "the actor was not restarted"
+                    time.sleep(0.2)
+            time.sleep(5)  # the run's next try to rejoin it finds it
+
+    env = functools.partial(KillsItself, 4, "step", str(tmp_path / "killed"))
+    result = jaxmesh.evaluate(
+        lean,
+        env,
+        num_envs=4,
+        seeds=seeds,
+        workers=TWO(num_workers=2),
+        hooks=[WaitForRestart()],
+    )
+    refs = plain_loop(gym.make("CartPole-v1"), per_step(lean), seeds)
+    assert_matches(result, refs)
+    (loss,) = result.server_losses
+    assert back and back[0]["server"] == loss["server"]
+    assert loss["rejoined_at_seconds"] is not None
