@@ -143,10 +143,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result, fingerprint={**(result.fingerprint or {}), **fp}
     )
     print(result.summary())
-    if progress.where and progress.where != "this process":
-        print(f"{'lanes stepped by':<28}{progress.where}")
     if args.telemetry:
         print(result.format_telemetry())
+    if isinstance(run.workers, Ray) and progress.where:  # where the actors ran
+        print(f"{'lanes stepped by':<28}{progress.where}")
     whole = log is None or log.error is None
     try:
         # A log that stopped does not hold the episodes: write_json says so.
