@@ -127,6 +127,12 @@ def first_at(log_wealth: np.ndarray, most: int) -> int:
     return int(hit[0]) + 1 if hit.size else most + 1
 
 
+def betaln(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """log B(a, b), elementwise (``math.lgamma``: no SciPy)."""
+    lgamma = np.vectorize(math.lgamma, otypes=[float])
+    return lgamma(a) + lgamma(b) - lgamma(np.add(a, b))
+
+
 def other_bets(d: np.ndarray, most: int) -> dict[str, int]:
     """The pair at which other e-processes on the same differences (in
     {-1, 0, 1}) decide: a Krichevsky-Trofimov mixture (Beta(1/2, 1/2) prior
@@ -135,8 +141,6 @@ def other_bets(d: np.ndarray, most: int) -> dict[str, int]:
     second moment of the earlier differences, each shrunk by one prior
     value), and the one-sided test "B is better": the default mixture's
     upward half alone (its 32 bets ``0.7 s_j``, ``s_j > 0``)."""
-    from scipy.special import betaln
-
     from jaxmesh.results.sequential import MIXTURE_BETS, MIXTURE_TRUNCATION
 
     heads = np.cumsum(d == 1)
