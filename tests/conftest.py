@@ -24,6 +24,7 @@ import pytest
 #: left to run.
 LONG_FILES = (
     "test_libero.py",
+    "test_ray.py",
     "test_notebook.py",
     "test_sharded.py",
     "test_playground_menagerie.py",

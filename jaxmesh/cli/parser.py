@@ -540,7 +540,7 @@ def add_decide_parser(sub: Any) -> None:
         default=None,
         metavar="N",
         help="episodes per policy in the first batch (default: num_envs); "
-        "each next one is a quarter of the episodes run so far, in whole "
+        "each next one is an eighth of the episodes run so far, in whole "
         "first batches (at most 16 of them)",
     )
     dc.add_argument(
