@@ -58,22 +58,16 @@ def _env_errors(method):
     return unwrapped
 
 
-class _Ascending(NamedTuple):
-    """A reset's arguments by ascending lane and the way back to the order given."""
-
-    args: tuple  # (lanes, seeds, options, max_episode_seconds), ascending
-    back: np.ndarray  # row of the ascending batch for each lane as given
-
-
 def _ascending(
     lanes: Sequence[int],
     seeds: Sequence[int],
     trials: Sequence[int],
     declares_trial_index: bool,
     max_episode_seconds: float | None,
-) -> _Ascending:
-    """The reset arguments by ascending lane (``trial_index`` only for an env
-    that declares it, CONTRACT 6)."""
+) -> tuple[tuple, np.ndarray]:
+    """The reset arguments ``(lanes, seeds, options, max_episode_seconds)`` by
+    ascending lane (``trial_index`` only for an env that declares it, CONTRACT
+    6), and the row of that batch for each lane as given."""
     lanes = [int(j) for j in lanes]
     order = sorted(range(len(lanes)), key=lanes.__getitem__)
     options = None
@@ -87,7 +81,7 @@ def _ascending(
         options,
         [max_episode_seconds or 0.0] * len(order),
     )
-    return _Ascending(args, back)
+    return args, back
 
 
 def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dict:
@@ -167,14 +161,12 @@ class LocalAdapter(_LaneView):
         clock in ``replay`` (``step`` leaves that cap to its caller).
         ``text_keys``: reset-info keys read as they are (strings).
         """
-        asc = _ascending(
+        args, back = _ascending(
             lanes, seeds, trials, self.lanes.declares_trial_index, max_episode_seconds
         )
-        batch = self.lanes.reset(
-            *asc.args, info_keys=self.info_keys, text_keys=text_keys
-        )
-        self._got_reset(batch.info, batch.info_present, self.lanes.reset_text, asc.back)
-        return {name: rows[asc.back] for name, rows in batch.observation.items()}
+        batch = self.lanes.reset(*args, info_keys=self.info_keys, text_keys=text_keys)
+        self._got_reset(batch.info, batch.info_present, self.lanes.reset_text, back)
+        return {name: rows[back] for name, rows in batch.observation.items()}
 
     @_env_errors
     def replay(
@@ -393,10 +385,10 @@ class WorkerEnvLanes(_LaneView):
             was resetting: the run names its episode).
         """
         self.carry()  # every leaf, unless the run named the ones it reads
-        asc = _ascending(
+        args, back = _ascending(
             lanes, seeds, trials, self.pool.declares_trial_index, max_episode_seconds
         )
-        args = (*asc.args, self.info_keys, tuple(text_keys))
+        args = (*args, self.info_keys, tuple(text_keys))
         try:
             info, present, texts = self.pool.reset(*args)
         except WorkerLost as lost:
@@ -407,7 +399,7 @@ class WorkerEnvLanes(_LaneView):
             except WorkerLost as again:  # the run names the episode reset
                 culprits = self.pool.culprits or again.lanes
                 raise shared.mark_where(again, culprits[0], "resetting") from None
-        self._got_reset(info, present, texts, asc.back)
+        self._got_reset(info, present, texts, back)
         return self._rows([int(j) for j in lanes])
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
