@@ -76,14 +76,10 @@ def _bad(message: str) -> codec.ProtocolError:
 
 
 def _wire_leaf(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The lanes' observation layout: the wire leaf's (the space's own dtype);
+    a module function, so that its partial pickles for worker processes."""
     leaf = wire_spaces.space_leaf(space, where=where)
     return tuple(leaf.shape), np.dtype(leaf.dtype)
-
-
-def _wire_layout(where: str):
-    """The lanes' observation layout: the wire leaf's (the space's own dtype);
-    picklable, for lanes in worker processes."""
-    return functools.partial(_wire_leaf, where=where)
 
 
 class ServerStepper:
@@ -284,8 +280,8 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
         count = 1 if lanes is None else lanes
         if workers > 1 and count > 1:
             # A Python sim's step holds the GIL: the lanes step in processes.
-            where = f"{env} observation_space"
-            procs = ProcessStepper(env, count, workers, layout=_wire_layout(where))
+            layout = functools.partial(_wire_leaf, where=f"{env} observation_space")
+            procs = ProcessStepper(env, count, workers, layout=layout)
             try:
                 return ServerStepper(procs, 1)
             except BaseException:
@@ -315,7 +311,8 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
 def _served(kind: type, env: Any, workers: int, owned: bool = False) -> ServerStepper:
     first = env[0] if isinstance(env, list) and env else env
     where = f"{shared.env_name(first)} observation_space"
-    return ServerStepper(kind(env, owned=owned, layout=_wire_layout(where)), workers)
+    layout = functools.partial(_wire_leaf, where=where)
+    return ServerStepper(kind(env, owned=owned, layout=layout), workers)
 
 
 def _is_env(env: Any) -> bool:
