@@ -60,17 +60,6 @@ DICT = "d"
 TUPLE = "t"
 
 
-def _unsupported(space: Any, where: str) -> TypeError:
-    return TypeError(
-        f"{where} {space} is a {type(space).__name__}; jaxmesh serves gymnasium "
-        "spaces that are Box or Discrete, and observation spaces that nest them "
-        "in Dict and Tuple spaces (MultiDiscrete, MultiBinary, and Dict or Tuple "
-        "actions, are not supported yet). Wrap the env in a gymnasium "
-        "ObservationWrapper or ActionWrapper that maps it to a Box or Discrete "
-        "(e.g. gymnasium.wrappers.FlattenObservation(env))"
-    )
-
-
 def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpec:
     """A gymnasium ``Box`` or ``Discrete`` space (one lane's) as a ``LeafSpec``
     message under ``key``; ``where`` names the space in errors.
@@ -103,7 +92,14 @@ def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpe
             low=low,
             high=high,
         )
-    raise _unsupported(space, where)
+    raise TypeError(
+        f"{where} {space} is a {type(space).__name__}; jaxmesh serves gymnasium "
+        "spaces that are Box or Discrete, and observation spaces that nest them "
+        "in Dict and Tuple spaces (MultiDiscrete, MultiBinary, and Dict or Tuple "
+        "actions, are not supported yet). Wrap the env in a gymnasium "
+        "ObservationWrapper or ActionWrapper that maps it to a Box or Discrete "
+        "(e.g. gymnasium.wrappers.FlattenObservation(env))"
+    )
 
 
 def _bound(x: np.ndarray) -> np.ndarray:
