@@ -1,27 +1,12 @@
 """A client session with a jaxmesh env server: a handshake, then one Step stream.
 
 ``Connection`` is the only place the client side touches gRPC. Requests go out
-through a queue that feeds the stream, and a reader thread takes replies off the
-stream and decodes them (a function the caller gives), so that decoding never
-sits on the caller's critical path and several requests can be in flight.
-
-Every gRPC failure becomes a ``jaxmesh.RemoteError`` that names the address:
-``RemoteEnvError`` when the env raised (with its traceback text),
-``RemoteConnectionError`` when the server cannot be reached, went away, is busy
-or closed the session. How long a failure can take to surface:
-
-- a bad or unreachable address: the handshake fails at once when nothing
-  listens there (connection refused), else after ``connect_timeout`` seconds;
-- a server killed mid-run: at once when its host closes the connection (the
-  process died), else within ``KEEPALIVE_SECONDS + KEEPALIVE_TIMEOUT_SECONDS``
-  (keepalive pings go unanswered: the host or the network died);
-- a server whose env hangs without dying: ``reply_timeout`` seconds (None: wait
-  as long as the env takes).
-
-``close`` never waits for a hung server: it lets the server finish the replies
-still in flight only while they keep coming (each within
-``CLOSE_GRACE_SECONDS``, ``CLOSE_TIMEOUT_SECONDS`` in all), and cancels the
-stream at once after a reply timeout or a failure.
+through a queue that feeds the stream, and a reader thread takes replies off it
+and decodes them, so that decoding never sits on the caller's critical path and
+several requests can be in flight. Every gRPC failure becomes a
+``jaxmesh.RemoteError`` naming the address (``RemoteEnvError``: the env raised;
+``RemoteConnectionError``: unreachable, gone, busy or closed); docs/remote.md
+says how long each takes to surface. ``close`` never waits for a hung server.
 """
 
 from __future__ import annotations
