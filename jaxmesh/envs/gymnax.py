@@ -16,14 +16,9 @@ from jaxmesh.envs.timing import step_seconds
 
 @dataclasses.dataclass(eq=False)
 class GymnaxEnv:
-    """A gymnax ``Environment`` with its params, as a jaxmesh single-lane env.
-
-    Uses ``reset_env`` / ``step_env`` / ``is_truncated`` directly, never gymnax's
-    auto-resetting ``step``: the engine decides when an episode starts.
-    ``terminated`` is ``step_env``'s own (gymnax 1.x keeps time limits out of
-    it) and ``truncated`` is ``is_truncated``; both can be True on one step
-    (see ``jaxmesh.envs``).
-    """
+    """A gymnax ``Environment`` with its params, as a jaxmesh single-lane env:
+    ``reset_env`` / ``step_env`` (``terminated``) / ``is_truncated``, never
+    gymnax's auto-resetting ``step`` (the engine starts episodes)."""
 
     env: Any
     params: Any = None
@@ -53,8 +48,7 @@ class GymnaxEnv:
 
     @property
     def dt(self) -> float | None:
-        """Seconds of simulated time per step: the params' ``dt`` (``tau`` for
-        CartPole); None where the env has neither."""
+        """Simulated seconds per step (``timing.step_seconds`` of the params)."""
         return step_seconds(self.params)
 
     def reset(self, key: jax.Array):
@@ -64,8 +58,7 @@ class GymnaxEnv:
         return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
-        """``step`` and the env's ``info`` dict (``step_env``'s own), the source
-        of episode metrics (``Scoring(metrics=...)``)."""
+        """``step`` and ``step_env``'s ``info`` (``Scoring(metrics=...)`` reads it)."""
         return _step(self.env, key, state, action, self.params)
 
 
@@ -134,14 +127,10 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
 
 @dataclasses.dataclass(eq=False)
 class GymnaxTasks:
-    """Several param sets of one gymnax env as one jaxmesh env, the task as data.
-
-    The state carries its episode's params, so the lanes of one program step
-    different tasks side by side; ``reset_task(key, task)`` starts an episode
-    of task ``task`` (an int, traced or not), ``reset(key)`` one of task 0.
-    Built by ``task_batch``; ``jaxmesh.Suite`` runs same-shaped gymnax tasks on
-    one with a ``reset_fn`` that maps each episode to its task.
-    """
+    """Several param sets of one gymnax env as one jaxmesh env, the task as data:
+    the state carries its episode's params, so lanes step different tasks side
+    by side; ``reset_task(key, task)`` starts one of task ``task`` (traced or
+    not), ``reset(key)`` one of task 0. Built by ``task_batch``."""
 
     env: Any
     params: Any  # every leaf stacked on a leading task axis
