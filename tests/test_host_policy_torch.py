@@ -3,8 +3,8 @@ same module on the env's own functions.
 
 Marked ``torch``: ``make test`` and ``make test-slow`` leave these out (PyPI's
 torch wheel brings gigabytes of CUDA libraries), ``make test-torch`` installs
-torch and runs them. torch is imported inside the tests, so collecting this
-file without torch skips nothing.
+torch and runs them. torch is imported by the tests' fixture, so collecting
+this file without torch skips nothing (a plain ``pytest`` run skips them).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ LEAN = np.float32([0.0, 0.0, 1.0, 0.0])
 
 @pytest.fixture(scope="module")
 def torch():
-    import torch
-
+    torch = pytest.importorskip("torch")  # a plain pytest run without it
     torch.set_num_threads(1)
     return torch
 
