@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference_loop import schedule
+from reference_loop import assert_matches, gymnax_fns, run_episode, schedule, single
 
+import jaxmesh
 from jaxmesh.core import agent, carry, engine, policy, tally
 
 XPS = [np, jnp]
@@ -283,3 +284,34 @@ def test_a_budget_past_the_window_segment_by_segment():
     assert book.lanes.tolist() == lanes_want
     assert book.done.all() and int(book.env_steps) == sum(lengths)
     assert windows > 1  # the run needed more than its first window
+
+
+# A cheap reset: on every lane, or in tiles --------------------------------------
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-MinAtar"])
+@pytest.mark.parametrize("where_lanes", [engine.WHERE_RESET_LANES, 0])
+def test_a_cheap_reset_gives_the_reference_episodes_either_way(
+    env_id, where_lanes, monkeypatch
+):
+    """gymnax's reset is cheap: on up to ``WHERE_RESET_LANES`` lanes every lane
+    resets in one batch when any starts an episode, past them the starting
+    lanes reset in tiles (forced here with 0). Both give each episode of a plain
+    loop over gymnax's own functions, on CartPole (whose step reads no key) and
+    Breakout-MinAtar (whose sticky actions read the step's key)."""
+    import gymnax
+
+    monkeypatch.setattr(engine, "WHERE_RESET_LANES", where_lanes)
+    env_obj, env_params = gymnax.make(env_id)
+    ref = gymnax_fns(env_obj, env_params)
+    act = jax.jit(lambda o: (jnp.sum(o) > 2).astype(jnp.int32))
+    result = jaxmesh.evaluate(
+        jaxmesh.Model(lambda p, o: act(o), params={}, name=f"cheap{where_lanes}"),
+        f"gymnax:{env_id}",
+        episodes=50,
+        num_envs=40,
+        max_episode_steps=300,
+    )
+    refs = [
+        run_episode(*ref, single(lambda o, key: act(o)), int(s), cap=300)
+        for s in result.seeds
+    ]
+    assert_matches(result, refs)
