@@ -145,7 +145,10 @@ class DirectStep:
         lanes = np.flatnonzero(due)
         if lanes.size:
             self._plan(state, lanes, ep_keys, t, episodes)
-        action = state.chunk[self._lanes, replay.play_index(cursor, h, np)]
+        if h == 1:  # every chunk is one action: no index to play
+            action = state.chunk[:, 0].copy()
+        else:
+            action = state.chunk[self._lanes, replay.play_index(cursor, h, np)]
         cursor += active  # agent._executed
         return state, action
 

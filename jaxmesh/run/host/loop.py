@@ -43,6 +43,10 @@ from jaxmesh.errors import (
 )
 from jaxmesh.run import identity, stream
 
+#: No lane lost in a step (``LocalRun.drop_lost``).
+NONE_LOST = np.zeros(0, np.int64)
+NONE_LOST.flags.writeable = False
+
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
 MAX_SEEDS_CHECKED = 1_000_000
 
@@ -368,9 +372,9 @@ class HostLoop:
             tr = tr | (time.perf_counter() - self.t0[j] >= self.seconds)
         if self.recorder is not None:
             self.recorder.step(j, step_index, self.obs, r, te, tr)
-        kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
-        bad_r = kinds != core_results.NO_FAULT
+        bad_r = ~np.isfinite(r)  # rules.reward_faults, for these lanes alone
         if bad_r.any():
+            kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
             faults = self._with(
                 faults, j[bad_r], kinds[bad_r], values[bad_r], step_index[bad_r]
             )
@@ -415,7 +419,10 @@ class HostLoop:
         """The bad actions (out of range, not finite) of the lanes in ``go``,
         about to be executed at each lane's step ``t``: ``(kinds, values,
         steps)`` [N], or None."""
-        kinds, values = rules.action_faults(np, actions, go, self.spec.num_actions)
+        num_actions = self.spec.num_actions
+        if not rules.bad_components(np, actions, num_actions)[0].any():
+            return None  # the usual step
+        kinds, values = rules.action_faults(np, actions, go, num_actions)
         return (kinds, values, self.t.copy()) if kinds.any() else None
 
     def close_episodes(self, ended: np.ndarray, faults: tuple | None) -> None:
@@ -604,7 +611,10 @@ class LocalRun(HostLoop):
         """``go`` without the lanes whose worker died in the step just taken
         (``lanes.lost``: they did not step), whose episodes are queued to run
         again (``requeue``); and those lanes."""
-        lost = np.asarray(getattr(self.lanes, "lost", ()), np.int64)
+        lost = getattr(self.lanes, "lost", ())
+        if not len(lost):
+            return go, NONE_LOST
+        lost = np.asarray(lost, np.int64)
         lost = lost[lost < self.n]
         if lost.size:
             go = go.copy()
