@@ -283,7 +283,11 @@ def run_gl_script(script, *args):
     import subprocess
     import sys
 
-    env = dict(os.environ, MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
+    # PyOpenGL's platform too: a LIBERO import earlier in this process set
+    # both to osmesa (jaxmesh.envs.libero), and MuJoCo's EGL fails under it.
+    env = dict(
+        os.environ, MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl", PYTHONPATH=str(ROOT)
+    )
     run = subprocess.run(
         [sys.executable, "-c", script, *args],
         env=env,
