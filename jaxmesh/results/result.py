@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import importlib.metadata
 import math
 import platform
@@ -225,6 +226,7 @@ def flag_rate(flags: Any) -> float | None:
     return float(np.mean(flags.astype(bool)))
 
 
+@functools.cache  # read once: importlib.metadata takes about a ms a package
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)

@@ -85,6 +85,7 @@ class DirectStep:
         self._window: Any = None  # the window whose leaves are cached
         self._window_leaves: list = []
         self._window_tree: Any = None
+        self._whole = False  # the window is one array, not a nest
         self._obs: Any = None  # the observation whose leaves are cached
         self._obs_list: list = []
         self._seeds = jax.jit(
@@ -157,6 +158,7 @@ class DirectStep:
         if self._window is not state.window:
             self._window = state.window
             self._window_leaves, self._window_tree = jax.tree.flatten(state.window)
+            self._whole = jax.tree_util.treedef_is_leaf(self._window_tree)
         return self._window_leaves
 
     def _obs_leaves(self, obs: Any) -> list:
@@ -177,7 +179,9 @@ class DirectStep:
             seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
         # Copies: fn may keep what it is given.
         leaves = [np.array(x[sel]) for x in self._leaves(state)]
-        rows = jax.tree.unflatten(self._window_tree, leaves)
+        rows = (
+            leaves[0] if self._whole else jax.tree.unflatten(self._window_tree, leaves)
+        )
         told = None if episodes is None else np.asarray(episodes)[sel]
         out = self.host.plan(rows, seeds, lanes, self._row, told)
         state.chunk[sel] = out[:, :h] if self.cfg.chunked else out[:, None]
