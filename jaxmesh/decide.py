@@ -33,11 +33,13 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxmesh import suite
+from jaxmesh.api import evaluate
 from jaxmesh.results.result import RunResult
 from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
 from jaxmesh.run import identity
@@ -251,8 +253,6 @@ class Decision:
           ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
           OSError: the file cannot be written.
         """
-        from pathlib import Path
-
         page = decision_html(self)
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -701,8 +701,6 @@ def _check_held(runs: dict, max_episodes: int) -> None:
 
 
 def _evaluate(policy: Any, env: Any, config: RunConfig, call: dict, seeds, **more):
-    from jaxmesh.api import evaluate
-
     return evaluate(policy, env, config, seeds=seeds, **call, **more)
 
 

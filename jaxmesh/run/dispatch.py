@@ -125,9 +125,10 @@ def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Rout
     if isinstance(workers, Ray):
         require_grpc()
         from jaxmesh.run.host.ray_actors import RayServers  # the [ray] extra
-        from jaxmesh.run.host.served import ServedRun, ServedStepRun
 
-        return Route(RAY, evaluate_host, RayServers.of, ServedRun, ServedStepRun)
+        return Route(
+            RAY, evaluate_host, RayServers.of, RayServers.loop, RayServers.fast
+        )
     if workers:
         lanes = lambda env, n, e, w, served: gym_lanes.WorkerEnvLanes(
             env, max(1, min(n, e)), w

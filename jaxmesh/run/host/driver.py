@@ -593,9 +593,7 @@ def run_host(
             first = lanes.envs[0] if hasattr(lanes, "envs") else lanes.vec
             require_reproducible(first, "check_seeds=True")
         # A served group plans alone: the default tile is sized for its lanes.
-        tile = None
-        if served is not None:
-            tile = lanes.group(settings, served.lane_groups)
+        tile = None if served is None else lanes.group(settings, served.lane_groups)
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         settings = checks.resolve_delay_ms(settings, lanes.spec.dt, lanes.spec.name)
         n, name = settings.num_envs, lanes.spec.name

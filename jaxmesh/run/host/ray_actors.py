@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxmesh.remote.server.actor import EnvActor
 from jaxmesh.run.cluster import Ray
+from jaxmesh.run.host.served import ServedRun, ServedStepRun
 from jaxmesh.run.host.served.pool import ServedLanes
 
 #: Seconds the actors have to be placed, build their envs and serve.
@@ -153,6 +154,9 @@ class RayServers(ServedLanes):
         (the cluster lacks the CPUs or resources asked for).
       Any exception an actor met building its envs.
     """
+
+    #: The loop classes that run these lanes: the served ones.
+    loop, fast = ServedRun, ServedStepRun
 
     def __init__(self, env: Any, num_lanes: int, cfg: Ray, served: Any):
         ray = self.ray = import_ray()
