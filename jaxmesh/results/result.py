@@ -738,27 +738,9 @@ class RunResult:
                 arrays["returns"] = single
             reductions = dict(settings.get("metrics") or {})
             success_key = settings.get("success_key")
-            # A file written before both were kept holds the flag at the end
-            # as ``success``, under the rule of the time: "end".
-            mode = settings.get("success_mode", "end")
-            kinds: dict = dict.fromkeys(SUCCESS_KINDS)
-            if success_key is not None:
-                for kind in SUCCESS_KINDS:
-                    kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
-                if "success_mode" not in settings:
-                    kinds["success_at_end"] = flags_array(
-                        ep.get("success") for ep in episodes
-                    )
-            metrics = {}
-            for name, red in reductions.items():
-                values = [ep["metrics"][name] for ep in episodes]
-                metrics[name] = (
-                    np.asarray(values, bool)
-                    if red == "any"
-                    else np.asarray(
-                        [np.nan if v is None else v for v in values], np.float32
-                    )
-                )
+            mode = settings.get("success_mode", "end")  # an older file's: "end"
+            kinds = _success_kinds(settings, episodes)
+            metrics = _episode_metrics(episodes, reductions)
             return cls(
                 **arrays,
                 env_steps=steps,
@@ -793,6 +775,33 @@ class RunResult:
                 "expected what RunResult.to_dict() writes: settings, totals and "
                 f"episodes with fields {sorted(_EPISODE_KEYS.values())}"
             ) from e
+
+
+def _success_kinds(settings: dict, episodes: list) -> dict:
+    """Each success kind's flags per episode of a results dict (None: none
+    kept); a file written before ``success_mode`` holds the flag at the end
+    as ``success``."""
+    kinds: dict = dict.fromkeys(SUCCESS_KINDS)
+    if settings.get("success_key") is not None:
+        for kind in SUCCESS_KINDS:
+            kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
+        if "success_mode" not in settings:
+            kinds["success_at_end"] = flags_array(ep.get("success") for ep in episodes)
+    return kinds
+
+
+def _episode_metrics(episodes: list, reductions: dict) -> dict:
+    """Each metric's values per episode of a results dict: bool for ``any``,
+    else float32 with NaN for a metric an episode never had."""
+    metrics = {}
+    for name, red in reductions.items():
+        values = [ep["metrics"][name] for ep in episodes]
+        if red == "any":
+            metrics[name] = np.asarray(values, bool)
+        else:
+            none_nan = [np.nan if v is None else v for v in values]
+            metrics[name] = np.asarray(none_nan, np.float32)
+    return metrics
 
 
 def select(result: RunResult, keep: Any, **changes: Any) -> RunResult:
