@@ -103,20 +103,28 @@ def test_mixture_capital_after_three_values_by_hand():
     assert seq.capital == pytest.approx(0.836706543, abs=1e-9) and seq.n == 6
 
 
+def whole_and_pieces(x, reference, splits, bets):
+    """``bets``' capital on ``x`` (values on [0, 1], null 0.3) fed at once and
+    in pieces: both ``reference``'s plain loop, both deciding at its first
+    crossing of 1 / alpha, with the mean above the null."""
+    ref = reference(x, 0.3)
+    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets=bets)
+    whole.update(x)
+    assert whole.capital == pytest.approx(ref, rel=1e-9)
+    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets=bets)
+    for part in np.split(x, splits):
+        pieces.update(part)
+    assert pieces.capital == pytest.approx(ref, rel=1e-9)
+    n = len(x)
+    first = next(t for t in range(1, n + 1) if reference(x[:t], 0.3) >= 1 / ALPHA)
+    assert whole.decided_at == pieces.decided_at == first
+    assert whole.direction == 1
+
+
 def test_mixture_capital_equals_a_plain_loop_and_batches_do_not_matter():
     rng = np.random.default_rng(3)
     x = rng.beta(2.0, 3.0, size=120)  # mean 0.4
-    ref = reference_mixture(x, 0.3)
-    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3)
-    whole.update(x)
-    assert whole.capital == pytest.approx(ref, rel=1e-9)
-    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3)
-    for part in np.split(x, [1, 2, 10, 45, 100]):
-        pieces.update(part)
-    assert pieces.capital == pytest.approx(ref, rel=1e-9)
-    first = next(t for t in range(1, 121) if reference_mixture(x[:t], 0.3) >= 1 / ALPHA)
-    assert whole.decided_at == pieces.decided_at == first
-    assert whole.direction == 1
+    whole_and_pieces(x, reference_mixture, [1, 2, 10, 45, 100], "mixture")
     # on a grid, each kept candidate's capital is the same loop's
     full = BettingSequence(0.0, 1.0, null=0.3, grid=11)
     full.update(x[:20])
@@ -157,17 +165,7 @@ def test_ons_capital_after_three_values_by_hand():
 def test_ons_capital_equals_a_plain_loop_and_batches_do_not_matter():
     rng = np.random.default_rng(3)
     x = rng.beta(2.0, 3.0, size=300)  # mean 0.4
-    ref = reference_ons(x, 0.3)
-    whole = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets="ons")
-    whole.update(x)
-    assert whole.capital == pytest.approx(ref, rel=1e-9)
-    pieces = BettingSequence(0.0, 1.0, null=0.3, grid=3, bets="ons")
-    for part in np.split(x, [1, 2, 10, 45, 200]):
-        pieces.update(part)
-    assert pieces.capital == pytest.approx(ref, rel=1e-9)
-    first = next(t for t in range(1, 301) if reference_ons(x[:t], 0.3) >= 1 / ALPHA)
-    assert whole.decided_at == pieces.decided_at == first
-    assert whole.direction == 1
+    whole_and_pieces(x, reference_ons, [1, 2, 10, 45, 200], "ons")
     # on the full grid, each candidate's capital is the same loop's
     full = BettingSequence(0.0, 1.0, null=0.3, grid=11, bets="ons")
     full.update(x)

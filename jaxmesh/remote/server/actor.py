@@ -22,10 +22,6 @@ from jaxmesh.remote.server.options import ServeOptions
 from jaxmesh.remote.server.service import EnvServer
 
 
-def _envs(source: Any, lanes: Sequence[int]) -> list:
-    return build_envs(source, list(lanes))
-
-
 class EnvActor:
     """A Ray actor's envs, served (``serve``) until ``stop`` or its end.
 
@@ -67,7 +63,7 @@ class EnvActor:
                 host = ray.util.get_node_ip_address()
             options = ServeOptions(token=self.token, **self.options)
             bound = f"[{host}]" if ":" in host else host  # IPv6
-            make = functools.partial(_envs, self.source, self.lanes)
+            make = functools.partial(build_envs, self.source, self.lanes)
             try:
                 server = EnvServer(make, f"{bound}:{port}", options=options).start()
             except OSError:  # the port is taken: any free one

@@ -111,20 +111,28 @@ def test_an_id_and_a_factory_give_the_plain_loops_episodes(actors, env):
     assert result.env_steps == sum(r.length for r in lean_refs())
 
 
-def test_dict_observations_and_chunks_match_the_plain_loop():
-    """A nested Dict observation (uint8 image, float64 state, a Tuple), chunks
-    of 3 with a prefetch lead, over 2 actors: the plain loop's episodes."""
-    seeds = (5, 0, 7, 3, 11, 2, 8)
-    result = jaxmesh.evaluate(
+CAMERA_SEEDS = (5, 0, 7, 3, 11, 2, 8)
+
+
+def camera_run(env):
+    """``env`` (a CameraEnv factory) on 3 lanes over 2 actors: chunks of 3
+    with a prefetch lead, seeds ``CAMERA_SEEDS``."""
+    return jaxmesh.evaluate(
         brightness,
-        CameraEnv,
+        env,
         num_envs=3,
-        seeds=list(seeds),
+        seeds=list(CAMERA_SEEDS),
         horizon=3,
         chunking=jaxmesh.Chunking(prefetch_lead=1),
         workers=TWO(num_workers=2),
     )
-    assert_matches(result, camera_refs(seeds), rtol=1e-5)
+
+
+def test_dict_observations_and_chunks_match_the_plain_loop():
+    """A nested Dict observation (uint8 image, float64 state, a Tuple), chunks
+    of 3 with a prefetch lead, over 2 actors: the plain loop's episodes."""
+    result = camera_run(CameraEnv)
+    assert_matches(result, camera_refs(CAMERA_SEEDS), rtol=1e-5)
 
 
 def test_a_killed_actor_has_its_episodes_run_again_on_the_other():
@@ -168,19 +176,9 @@ def test_an_actor_whose_env_crashes_is_replaced_and_its_episodes_rerun(tmp_path)
     episodes run again on the other actor, and the result is the plain
     loop's."""
     once = str(tmp_path / "crashed")
-    seeds = (5, 0, 7, 3, 11, 2, 8)
-    env = functools.partial(CameraEnv, crash_seed=7, once=once)
-    result = jaxmesh.evaluate(
-        brightness,
-        env,
-        num_envs=3,
-        seeds=list(seeds),
-        horizon=3,
-        chunking=jaxmesh.Chunking(prefetch_lead=1),
-        workers=TWO(num_workers=2),
-    )
+    result = camera_run(functools.partial(CameraEnv, crash_seed=7, once=once))
     assert os.path.exists(once)
-    assert_matches(result, camera_refs(seeds), rtol=1e-5)
+    assert_matches(result, camera_refs(CAMERA_SEEDS), rtol=1e-5)
     assert len(result.server_losses) == 1
 
 
