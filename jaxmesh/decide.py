@@ -435,38 +435,60 @@ def check_settings(
     )
 
 
-def _paired(done: Any, first_seed: int) -> tuple[RunResult, RunResult]:
-    """The two runs of an earlier decision (``Decision`` or ``(a, b)``),
-    checked to be the paired episodes ``0..n-1`` of ``first_seed``."""
+def _paired(done: Any, first_seed: int) -> tuple[Any, Any]:
+    """The two results of an earlier decision (``Decision`` or ``(a, b)``:
+    ``RunResult``s, or ``SuiteResult``s of the same tasks), checked to be the
+    paired episodes ``0..n-1`` of ``first_seed`` (in every task)."""
     if isinstance(done, Decision):
         done = (done.a, done.b)
+    kinds = (RunResult, suite.SuiteResult)
     if not (
         isinstance(done, tuple | list)
         and len(done) == 2
-        and all(isinstance(r, RunResult) for r in done)
+        and all(isinstance(r, kinds) for r in done)
+        and isinstance(done[0], RunResult) == isinstance(done[1], RunResult)
     ):
         raise TypeError(
             f"resume={type(done).__name__}: expected a jaxmesh.Decision or a pair "
-            "(a, b) of RunResults of an earlier decide"
+            "(a, b) of RunResults (or SuiteResults) of an earlier decide"
         )
     a, b = done
-    for name, r in (("a", a), ("b", b)):
-        n = r.num_episodes
-        want = first_seed + np.arange(n)
-        if not (
-            np.array_equal(r.indices, np.arange(n)) and np.array_equal(r.seeds, want)
-        ):
-            raise ValueError(
-                f"resume=: run {name} does not hold episodes 0..{n - 1} with seeds "
-                f"{first_seed}..{first_seed + n - 1} (first_seed={first_seed}); "
-                "resume with the first_seed the earlier decide used"
-            )
-    if a.num_episodes != b.num_episodes:
+    if list(_runs_of(a)) != list(_runs_of(b)):
         raise ValueError(
-            f"resume=: a holds {a.num_episodes} episodes and b {b.num_episodes}; "
-            "a decide's two runs hold the same episodes"
+            f"resume=: a holds tasks {list(_runs_of(a))} and b "
+            f"{list(_runs_of(b))}; a decide's two runs hold the same tasks"
+        )
+    held = {}
+    for name, result in (("a", a), ("b", b)):
+        for task, r in _runs_of(result).items():
+            n = r.num_episodes
+            want = first_seed + np.arange(n)
+            if not (
+                np.array_equal(r.indices, np.arange(n))
+                and np.array_equal(r.seeds, want)
+            ):
+                where = f"run {name}" + (f" (task {task!r})" if task else "")
+                raise ValueError(
+                    f"resume=: {where} does not hold episodes 0..{n - 1} with seeds "
+                    f"{first_seed}..{first_seed + n - 1} (first_seed={first_seed}); "
+                    "resume with the first_seed the earlier decide used"
+                )
+            held[(name, task)] = n
+    if len(set(held.values())) > 1:
+        counts = ", ".join(
+            f"{name}{f' {task!r}' if task else ''}: {n}"
+            for (name, task), n in held.items()
+        )
+        raise ValueError(
+            f"resume=: the runs hold different numbers of episodes ({counts}); a "
+            "decide's runs hold the same episodes"
         )
     return a, b
+
+
+def _held(result: Any) -> int:
+    """The paired episodes per arm a run (or each task of a suite's) holds."""
+    return 0 if result is None else _first_run(result).num_episodes
 
 
 def _joined(done: Any, new: Any, start: int) -> Any:
@@ -516,7 +538,7 @@ def decide(
         ``jaxmesh.Suite``: every batch runs every task on the same seeds,
         and the test is on the mean over tasks of the differences of episode
         i (stratified by task: each task weighs the same). The suite and its
-        tasks set no budget; ``resume=`` is not taken.
+        tasks set no budget.
       config: a ``jaxmesh.RunConfig`` for both runs (the keywords below
         override its fields, as in ``evaluate``).
       alpha: the level: with equal means, the probability of naming a winner
@@ -535,7 +557,7 @@ def decide(
       on_batch: called after each batch with the ``Decision`` so far (for
         progress; its ``winner`` is set once decided).
       resume: an earlier ``Decision`` (or its ``(a, b)``) of these policies,
-        env and ``first_seed``: its episodes are counted, not run again,
+        env (or suite) and ``first_seed``: its episodes are counted, not run again,
         and the test goes on from them (``evaluate``'s ``resume=`` checks
         they come from these policies and env).
       grid: candidate means of the interval (``BettingSequence``).
@@ -568,7 +590,7 @@ def decide(
     )
     _check_own(kwargs)
     arms = _check_arm_hooks(arm_hooks, env)
-    env = _suite(env, resume) if isinstance(env, suite.Suite) else env
+    env = _suite(env) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
     first, cap = _batch_sizes(config, batch, max_batch)
@@ -584,7 +606,7 @@ def decide(
             _paired(resume, first_seed), policies, env, config, call, first_seed
         )
         _check_held(runs, max_episodes)
-        if runs["a"] is not None and runs["a"].num_episodes:
+        if _held(runs["a"]):
             seq.update(_differences(runs, bounds, metric, 0))
             path.append((seq.n, *seq.interval))
     settings = (alpha, metric, bounds, first_seed)
@@ -692,7 +714,7 @@ def _batch_sizes(config: RunConfig, batch: Any, max_batch: Any) -> tuple[int, in
 
 
 def _check_held(runs: dict, max_episodes: int) -> None:
-    held = 0 if runs["a"] is None else runs["a"].num_episodes
+    held = _held(runs["a"])
     if held > max_episodes:
         raise ValueError(
             f"resume= holds {held} episodes per arm, more than "
@@ -710,7 +732,7 @@ def _resumed(done, policies, env, config, call, first_seed) -> dict:
     runs nothing)."""
     out = {}
     for name, r in zip(("a", "b"), done, strict=True):
-        seeds = list(range(first_seed, first_seed + r.num_episodes))
+        seeds = list(range(first_seed, first_seed + _held(r)))
         if not seeds:
             out[name] = None
             continue
@@ -718,14 +740,14 @@ def _resumed(done, policies, env, config, call, first_seed) -> dict:
     return out
 
 
-def _suite(the_suite: suite.Suite, resume: Any) -> suite.Suite:
+def _suite(the_suite: suite.Suite) -> suite.Suite:
     """The suite decide runs: each task in a run of its own (a batch's
     episodes keep their index in the whole run, ``resumed_indices``, which a
     run of several gymnax tasks together reads as each episode's task).
 
     Raises:
-      ValueError, TypeError: a budget of the suite's or a task's own (decide
-        gives every task the seeds ``first_seed + i``), or ``resume=``.
+      ValueError: a budget of the suite's or a task's own (decide gives
+        every task the seeds ``first_seed + i``).
     """
     own = [
         name
@@ -737,11 +759,6 @@ def _suite(the_suite: suite.Suite, resume: Any) -> suite.Suite:
         raise ValueError(
             f"{where} set a budget (episodes= or seeds=); decide gives every task "
             "the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
-        )
-    if resume is not None:
-        raise TypeError(
-            "resume= with a Suite: resuming a suite's decision is not supported; "
-            "run decide again (its episodes are the same, from the same seeds)"
         )
     return suite.Suite(the_suite.tasks, together=False)
 

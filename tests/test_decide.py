@@ -1,7 +1,7 @@
 """``jaxmesh.decide`` on gymnax CartPole: a weak and a strong policy, paired
 seeds equal to ``evaluate`` on the same seeds, no compile after the first
 batch, no decision between equal policies, trial indices across batches, a
-suite stratified by task, resume, and bad input."""
+suite stratified by task (resumed too), resume, and bad input."""
 
 from __future__ import annotations
 
@@ -235,9 +235,35 @@ def test_a_suite_is_decided_over_its_tasks_stratified():
     assert first_rejection(rounds) == (d.decided_at, 1)
     assert "a suite of 2 tasks (short, long)" in str(d)
     assert "episodes per task and arm" in str(d)
+    # An undecided suite decision goes on, task by task, from its episodes.
+    first = jaxmesh.decide(
+        push_left, lean, the_suite, bounds=(0, 500), num_envs=N, max_episodes=N
+    )
+    assert first.winner is None and first.a.tasks["long"].num_episodes == N
+    again = jaxmesh.decide(
+        push_left, lean, the_suite, bounds=(0, 500), num_envs=N, resume=first
+    )
+    assert (again.winner, again.decided_at, again.episodes) == ("b", d.decided_at, n)
+    assert again.path[0] == first.path[-1]
+    for task in ("short", "long"):
+        for run, before in ((again.a, first.a), (again.b, first.b)):
+            np.testing.assert_array_equal(
+                run.tasks[task].returns[:N], before.tasks[task].returns
+            )
+        np.testing.assert_array_equal(
+            again.b.tasks[task].returns, d.b.tasks[task].returns
+        )
+    with pytest.raises(ValueError, match=r"a holds tasks \['short'\] and b"):
+        jaxmesh.decide(
+            push_left,
+            lean,
+            the_suite,
+            bounds=(0, 500),
+            resume=(jaxmesh.SuiteResult({"short": first.a.tasks["short"]}), first.b),
+        )
 
 
-def test_a_suite_with_a_budget_or_resume_is_refused(no_compile):
+def test_a_suite_with_a_budget_or_arm_hooks_is_refused(no_compile):
     with pytest.raises(ValueError, match="the Suite set a budget"):
         jaxmesh.decide(
             push_left,
@@ -259,14 +285,6 @@ def test_a_suite_with_a_budget_or_resume_is_refused(no_compile):
             jaxmesh.Suite({"long": CARTPOLE}),
             bounds=(0, 500),
             arm_hooks=([], [object()]),
-        )
-    with pytest.raises(TypeError, match="resume= with a Suite"):
-        jaxmesh.decide(
-            push_left,
-            lean,
-            jaxmesh.Suite({"long": CARTPOLE}),
-            bounds=(0, 500),
-            resume=(None, None),
         )
 
 

@@ -42,6 +42,7 @@ from jaxmesh.cli.outputs import (
 from jaxmesh.decide import check_settings
 from jaxmesh.results.result import RunResult
 from jaxmesh.run.resume import EpisodeLog
+from jaxmesh.suite import SuiteResult
 
 #: Keys of B's config that may differ from A's: the policy's own, and where
 #: its result goes. The budget keys are not read at all.
@@ -69,7 +70,7 @@ def _check_same_run(a: dict, b: dict, path_a: str, path_b: str) -> None:
 
 def load_decision(path: str) -> dict[str, Any]:
     """The decision JSON an earlier ``decide --output`` wrote, with its runs
-    read back (``a``, ``b``: ``RunResult``).
+    read back (``a``, ``b``: ``RunResult``, or ``SuiteResult`` for a suite).
 
     Raises:
       ConfigError: the file is missing or is not a decision.
@@ -79,16 +80,8 @@ def load_decision(path: str) -> dict[str, Any]:
     )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-        if isinstance(data["a"], dict) and data["a"].get("suite"):
-            raise ConfigError(
-                f"--resume {path!r} is the decision of a suite; resuming a suite's "
-                "decision is not supported: run decide again without --resume"
-            )
-        return {
-            **data,
-            "a": RunResult.from_dict(data["a"]),
-            "b": RunResult.from_dict(data["b"]),
-        }
+        kind = SuiteResult if data["a"].get("suite") else RunResult
+        return {**data, "a": kind.from_dict(data["a"]), "b": kind.from_dict(data["b"])}
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise ConfigError(
             f"--resume {path!r}: not a decision JSON of jaxmesh decide ({e})"

@@ -241,8 +241,18 @@ def test_a_suite_config_is_decided_over_its_tasks(tmp_path, capsys):
     n = decision["episodes"]
     ref = jaxmesh.evaluate(tilt_fn, CARTPOLE, num_envs=8, seeds=range(n))
     np.testing.assert_array_equal(suite_b.tasks["long"].returns, ref.returns)
-    assert main([*argv, "--resume", str(out)]) == 2
-    assert "decision of a suite" in capsys.readouterr().err
+    # an undecided suite decision goes on from its file
+    part, again = tmp_path / "part.json", tmp_path / "again.json"
+    assert main([*argv, "--max-episodes", "8", "--output", str(part)]) == 1
+    assert main([*argv, "--resume", str(part), "--output", str(again)]) == 0
+    capsys.readouterr()
+    first, resumed = (json.loads(p.read_text()) for p in (part, again))
+    assert (resumed["winner"], resumed["episodes"]) == ("b", n)
+    assert resumed["decided_at"] == decision["decided_at"]
+    for arm in ("a", "b"):
+        for task in ("short", "long"):
+            before = first[arm]["tasks"][task]["episodes"]
+            assert resumed[arm]["tasks"][task]["episodes"][:8] == before
     # a task with its own budget is refused
     tasks["long"] = {"env": CARTPOLE, "episodes": 4}
     a, b = configs(tmp_path, tasks=tasks)
