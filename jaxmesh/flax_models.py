@@ -3,27 +3,13 @@
 Both return a ``jaxmesh.Model`` whose ``params`` is a plain pytree of arrays (a
 nested dict), so it saves with ``jaxmesh.save_params``, restores with
 ``jaxmesh.load_params``, and is passed to the engine as a jit argument (new
-weights never recompile). Example::
-
-    net = MyNet(rngs=nnx.Rngs(0))                  # an nnx.Module
-    model = from_nnx(net, native_chunk=8, spec={"image": Image(size=(16, 16))},
-                     postprocess=lambda logits: jnp.argmax(logits, -1))
-    jaxmesh.save_params("ckpt/act", model.params)
-    model.params = jaxmesh.load_params("ckpt/act")
-
-By default the module is called on a batch of lanes (``batched=True``: the
-``predict_batch`` / ``predict_chunk_batch`` corners); ``batched=False`` calls it
-on one lane at a time (``predict`` / ``predict_chunk``, vmapped by the engine).
-A module that emits chunks declares ``native_chunk``.
+weights never recompile); docs/models.md has examples.
 
 With ``stochastic=True`` the module is called as ``module(obs, key)`` with one
-PRNG key, and every lane samples with its own key (the engine's per-episode,
-per-step key, so a lane's actions never depend on which other lanes share the
-call): a batched module is vmapped over the rows of its batch, each row called
-as a batch of one (``module(obs[i:i + 1], keys[i])``, one row of output); a
-single-lane module gets its lane's key. So the batched stochastic corners take
-one key per row: ``model.predict_batch(obs, keys)`` with ``keys`` of shape
-``(B, 2)`` (or ``(B,)`` typed keys).
+PRNG key, and every lane samples with its own key: a batched module is vmapped
+over the rows of its batch, each row called as a batch of one, so the batched
+stochastic corners take one key per row (``model.predict_batch(obs, keys)``
+with ``keys`` of shape ``(B, 2)``, or ``(B,)`` typed keys).
 """
 
 from __future__ import annotations
@@ -76,24 +62,17 @@ class FlaxModel(Model):
             device=device,
         )
 
-    def _run(self, obs: Any, key: Any) -> Any:
-        out = self._forward(self.params, obs, key)
-        return out if self._postprocess is None else self._postprocess(out)
-
-    def _run_rows(self, obs: Any, keys: Any) -> Any:
-        """A batched stochastic forward: row i is sampled with ``keys[i]``.
-
-        The module takes one key for its whole batch, so it is called once per
-        row (vmapped), on a batch of one row; the postprocess then sees the
-        whole batch, as it does without keys.
-        """
+    def _run(self, obs: Any, key: Any, rows: bool = False) -> Any:
+        """The forward and postprocess; ``rows``: a batched stochastic forward,
+        row i sampled with ``key[i]`` (the module takes one key per call, so it
+        is called per row, vmapped, on a batch of one)."""
         params = self.params
 
-        def row(o: Any, key: Any) -> Any:
+        def row(o: Any, k: Any) -> Any:
             one = jax.tree.map(lambda x: x[None], o)
-            return jax.tree.map(lambda x: x[0], self._forward(params, one, key))
+            return jax.tree.map(lambda x: x[0], self._forward(params, one, k))
 
-        out = jax.vmap(row)(obs, keys)
+        out = jax.vmap(row)(obs, key) if rows else self._forward(params, obs, key)
         return out if self._postprocess is None else self._postprocess(out)
 
 
@@ -105,14 +84,11 @@ def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
     cls = _CLASSES.get((corner, stochastic))
     if cls is not None:
         return cls
-    if stochastic and corner.endswith("_batch"):
+    if stochastic:
+        rows = corner.endswith("_batch")
 
         def method(self, obs, key):
-            return self._run_rows(obs, key)
-    elif stochastic:
-
-        def method(self, obs, key):
-            return self._run(obs, key)
+            return self._run(obs, key, rows)
     else:
 
         def method(self, obs):
