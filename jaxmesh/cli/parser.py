@@ -79,6 +79,33 @@ class RayAddressFlag(argparse.Action):
         namespace.set = [*items, RAY_ADDRESS_KEY + json.dumps(value)]
 
 
+#: ``--address`` and ``--ready-fd`` of both server commands.
+_ADDRESS = dict(
+    default="127.0.0.1:0",
+    help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
+)
+_READY_FD = dict(
+    type=int,
+    metavar="FD",
+    help="write the address and a newline to this fd once serving, then close it",
+)
+
+
+def add_tls_args(parser: argparse.ArgumentParser, clients: str) -> None:
+    """A server command's ``--insecure``, ``--tls-cert`` and ``--tls-key``."""
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address with no token and no TLS",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help=f"serve over TLS with this certificate chain (clients: {clients})",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the --tls-cert private key")
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The parser of every command; ``args.run`` names the function to call."""
     parser = argparse.ArgumentParser(
@@ -132,7 +159,6 @@ def make_parser() -> argparse.ArgumentParser:
         "--report",
         nargs="?",
         const=REPORT_NEXT_TO_OUTPUT,
-        default=None,
         metavar="PATH",
         help="after the run, write its HTML report (summary, plots, settings, "
         "telemetry, episodes) to PATH; without PATH, next to the output JSON "
@@ -143,7 +169,6 @@ def make_parser() -> argparse.ArgumentParser:
         "--video",
         nargs="?",
         const=VIDEO_NEXT_TO_OUTPUT,
-        default=None,
         metavar="PATH",
         help="record episode 0 (or the config's record: episodes) and render "
         "each to a video (jaxmesh.render): PATH (.mp4, .gif), or without PATH "
@@ -152,7 +177,6 @@ def make_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--trace",
-        default=None,
         metavar="PATH",
         help="write the run's timeline to PATH as Chrome-trace / Perfetto JSON "
         "(open it at https://ui.perfetto.dev)",
@@ -160,7 +184,6 @@ def make_parser() -> argparse.ArgumentParser:
     logs = ev.add_mutually_exclusive_group()
     logs.add_argument(
         "--episode-log",
-        default=None,
         metavar="PATH",
         help="stream each finished episode to this JSON-lines file (default: next "
         f"to the output JSON as NAME{EPISODE_LOG_SUFFIX}; none without output); a "
@@ -171,7 +194,6 @@ def make_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--resume",
-        default=None,
         metavar="PATH",
         help="continue an earlier run of this config: PATH is its episode log or "
         "its result JSON; only the episodes it lacks run, and the output holds "
@@ -193,7 +215,6 @@ def make_parser() -> argparse.ArgumentParser:
     add_config_args(sw)
     sw.add_argument(
         "--resume",
-        default=None,
         metavar="PATH",
         help=f"continue a stopped sweep of this config: PATH is its NAME"
         f"{SWEEP_CELLS_SUFFIX} (each finished cell, written next to the "
@@ -260,7 +281,6 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "-o",
         "--output",
-        default=None,
         metavar="REPORT.html",
         help="the HTML file to write (default: RESULTS with the suffix .html)",
     )
@@ -292,12 +312,10 @@ def make_parser() -> argparse.ArgumentParser:
     )
     ce.add_argument(
         "--token",
-        default=None,
         help="a served env's session token (default: $JAXMESH_TOKEN)",
     )
     ce.add_argument(
         "--tls-ca",
-        default=None,
         metavar="PEM",
         help="grpcs:// servers: the CA the server's certificate is checked against",
     )
@@ -315,24 +333,11 @@ def make_parser() -> argparse.ArgumentParser:
         "(gymnasium:<module>:<id> imports <module> first), or a LIBERO task "
         "libero:<suite>/<i> (options: --env-config)",
     )
-    se.add_argument(
-        "--lanes", type=int, default=None, help="envs to make (lanes; default 1)"
-    )
-    se.add_argument(
-        "--address",
-        default="127.0.0.1:0",
-        help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
-    )
-    se.add_argument(
-        "--ready-fd",
-        type=int,
-        default=None,
-        metavar="FD",
-        help="write the address and a newline to this fd once serving, then close it",
-    )
+    se.add_argument("--lanes", type=int, help="envs to make (lanes; default 1)")
+    se.add_argument("--address", **_ADDRESS)
+    se.add_argument("--ready-fd", **_READY_FD)
     se.add_argument(
         "--token",
-        default=None,
         help="session token every call must carry (default: $JAXMESH_TOKEN, "
         "which is better: a command line is visible to other users in ps)",
     )
@@ -343,20 +348,7 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="end a session after S seconds without a request (default 300)",
     )
-    se.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow a non-loopback address with no token and no TLS",
-    )
-    se.add_argument(
-        "--tls-cert",
-        default=None,
-        metavar="PEM",
-        help="serve over TLS with this certificate chain (clients: grpcs://)",
-    )
-    se.add_argument(
-        "--tls-key", default=None, metavar="PEM", help="the --tls-cert private key"
-    )
+    add_tls_args(se, "grpcs://")
     se.add_argument(
         "--allow-remote-shutdown",
         action="store_true",
@@ -365,14 +357,12 @@ def make_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "--workers",
         type=int,
-        default=None,
         metavar="W",
         help="worker processes stepping groups of a gymnasium:<id> env's lanes "
         "(threads for envs built by a factory; default 1)",
     )
     se.add_argument(
         "--env-config",
-        default=None,
         metavar="JSON",
         help="libero:<suite>/<i> envs: their options as a JSON object, e.g. "
         "'{\"camera_size\": 128}' (jaxmesh.make_env(env, **options))",
@@ -394,11 +384,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="a run config (its policy and policy_config), or module:attr (a "
         "jaxmesh.Model class or instance, or a policy function)",
     )
-    sp.add_argument(
-        "--address",
-        default="127.0.0.1:0",
-        help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
-    )
+    sp.add_argument("--address", **_ADDRESS)
     sp.add_argument(
         "--protocol",
         default="openpi",
@@ -439,29 +425,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--token",
-        default=None,
         help="the key clients send as 'Authorization: Api-Key <token>' "
         "(default: $JAXMESH_TOKEN, which is better: a command line is visible "
         "to other users in ps)",
     )
-    sp.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow a non-loopback address with no token and no TLS",
-    )
-    sp.add_argument(
-        "--tls-cert",
-        default=None,
-        metavar="PEM",
-        help="serve over TLS with this certificate chain (clients: wss://)",
-    )
-    sp.add_argument(
-        "--tls-key", default=None, metavar="PEM", help="the --tls-cert private key"
-    )
+    add_tls_args(sp, "wss://")
     sp.add_argument(
         "--input",
         action="append",
-        default=None,
         metavar="KEY=DTYPE[SHAPE]",
         help="openpi: an observation key a request holds, its dtype and shape "
         "(e.g. observation/state=float32[8], observation/image=uint8[224,224,3]; "
@@ -469,13 +440,7 @@ def make_parser() -> argparse.ArgumentParser:
         "naming the key; the forward compiles for it at start. Default: from a "
         "run config's env, else any layout the model runs",
     )
-    sp.add_argument(
-        "--ready-fd",
-        type=int,
-        default=None,
-        metavar="FD",
-        help="write the address and a newline to this fd once serving, then close it",
-    )
+    sp.add_argument("--ready-fd", **_READY_FD)
     sp.set_defaults(run="serve_policy:cmd_serve_policy")
     return parser
 
@@ -522,7 +487,6 @@ def add_decide_parser(sub: Any) -> None:
         "--bounds",
         type=float,
         nargs=2,
-        default=None,
         metavar=("LO", "HI"),
         help="the smallest and largest return an episode can score (--metric "
         "return), e.g. --bounds 0 500",
@@ -530,14 +494,12 @@ def add_decide_parser(sub: Any) -> None:
     dc.add_argument(
         "--first-seed",
         type=int,
-        default=None,
         metavar="S",
         help="the seed of episode 0 (default 0, or the resumed decision's)",
     )
     dc.add_argument(
         "--batch",
         type=int,
-        default=None,
         metavar="N",
         help="episodes per policy in the first batch (default: num_envs); "
         "each next one is an eighth of the episodes run so far, in whole "
@@ -545,13 +507,11 @@ def add_decide_parser(sub: Any) -> None:
     )
     dc.add_argument(
         "--output",
-        default=None,
         metavar="PATH",
         help="write the decision (the interval's path and both runs) as JSON",
     )
     dc.add_argument(
         "--plot",
-        default=None,
         metavar="PATH",
         help="draw the interval narrowing over the episodes, and where it "
         "stopped, to PATH (.png, .svg, .pdf). Needs matplotlib (pip install "
@@ -559,7 +519,6 @@ def add_decide_parser(sub: Any) -> None:
     )
     dc.add_argument(
         "--report",
-        default=None,
         metavar="PATH",
         help="write the decision as one self-contained HTML page to PATH: the "
         "summary, the test and its citation, the interval narrowing over the "
@@ -568,7 +527,6 @@ def add_decide_parser(sub: Any) -> None:
     )
     dc.add_argument(
         "--resume",
-        default=None,
         metavar="PATH",
         help="go on from the decision JSON an earlier decide wrote (--output): "
         "its episodes count and do not run again",
