@@ -57,6 +57,38 @@ def flat_policy(init: Callable, apply: Callable, cfg: Any):
     return flat0, unravel, policy
 
 
+def seeded_evaluator(policy: Callable, env: Any, first_seed: int, episodes: int):
+    """``make_evaluator`` of ``episodes`` episodes on seeds ``first_seed, ...``:
+    one lane and one plan row per episode, so every call is a single tile."""
+    return jaxmesh.make_evaluator(
+        policy,
+        env,
+        num_envs=episodes,
+        episodes=episodes,
+        seeds=range(first_seed, first_seed + episodes),
+        layout=jaxmesh.Layout(plan_tile=episodes),
+    )
+
+
+def make_trainer(
+    init: Callable,
+    apply: Callable,
+    env: Any,
+    cfg: Any,
+    train_seeds: int,
+    *,
+    score_centre: bool,
+):
+    """The pieces of a trainer: ((flat0, its optimizer state), jitted
+    generation (``make_generation``), unravel, ``policy(flat, obs)``)."""
+    flat0, unravel, policy = flat_policy(init, apply, cfg)
+    fitness = seeded_evaluator(policy, env, train_seeds, cfg.episodes)
+    init_state, generation = make_generation(
+        fitness, cfg, train_seeds, score_centre=score_centre
+    )
+    return (flat0, init_state(flat0)), generation, unravel, policy
+
+
 def make_generation(
     fitness: Callable, cfg: Any, train_seeds: int, *, score_centre: bool
 ):

@@ -21,9 +21,8 @@ from typing import Any
 
 import jax
 
-import jaxmesh
+import jaxmesh.zoo.es as es
 from jaxmesh.zoo import cartpole
-from jaxmesh.zoo.es import flat_policy, make_generation, run_cli, run_generations
 
 ENV = "gymnax:CartPole-v1"
 MAX_RETURN = 500.0
@@ -49,37 +48,23 @@ class CartPoleESConfig:
 
 
 def make_trainer(cfg: CartPoleESConfig):
-    """Builds (initial state, jitted generation step, validation function)."""
-    flat0, unravel, policy = flat_policy(cartpole.init, cartpole.apply, cfg)
-
-    def evaluator(first_seed: int, episodes: int):
-        # One lane and one plan row per episode: every call is a single tile.
-        return jaxmesh.make_evaluator(
-            policy,
-            ENV,
-            num_envs=episodes,
-            episodes=episodes,
-            seeds=range(first_seed, first_seed + episodes),
-            layout=jaxmesh.Layout(plan_tile=episodes),
-        )
-
-    fitness = evaluator(TRAIN_SEEDS, cfg.episodes)
-    validate = evaluator(VALID_SEEDS, cfg.valid_episodes)
-    init_state, generation = make_generation(
-        fitness, cfg, TRAIN_SEEDS, score_centre=False
+    """Builds (initial state, jitted generation step, validation score, unravel)."""
+    state, generation, unravel, policy = es.make_trainer(
+        cartpole.init, cartpole.apply, ENV, cfg, TRAIN_SEEDS, score_centre=False
     )
+    validate = es.seeded_evaluator(policy, ENV, VALID_SEEDS, cfg.valid_episodes)
 
     @jax.jit
     def valid_score(flat):
         return validate(flat).returns.mean()
 
-    return (flat0, init_state(flat0)), generation, valid_score, unravel
+    return state, generation, valid_score, unravel
 
 
 def train(cfg: CartPoleESConfig, log=print) -> tuple[Any, dict]:
     """Runs ES and returns the best centre params (a flax params dict) and stats."""
     (flat, opt_state), generation, valid_score, unravel = make_trainer(cfg)
-    best_flat, stats = run_generations(
+    best_flat, stats = es.run_generations(
         generation,
         flat,
         opt_state,
@@ -95,7 +80,7 @@ def train(cfg: CartPoleESConfig, log=print) -> tuple[Any, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(
+    return es.run_cli(
         argv,
         prog="python -m jaxmesh.zoo.train_cartpole",
         doc=__doc__,

@@ -19,10 +19,9 @@ import dataclasses
 import sys
 from typing import Any
 
-import jaxmesh
+import jaxmesh.zoo.es as es
 from jaxmesh.envs import make_env
 from jaxmesh.zoo import playground_cartpole
-from jaxmesh.zoo.es import flat_policy, make_generation, run_cli, run_generations
 
 ENV = "playground:CartpoleBalance"
 #: Fitness seeds are TRAIN_SEEDS + generation * episodes + i: disjoint from
@@ -44,36 +43,22 @@ class CartpoleBalanceESConfig:
     weight_decay: float = 0.005
 
 
-def make_trainer(cfg: CartpoleBalanceESConfig):
-    """Builds (initial state, jitted generation step, unravel)."""
-    flat0, unravel, policy = flat_policy(
-        playground_cartpole.init, playground_cartpole.apply, cfg
-    )
-
-    env = make_env(ENV, config_overrides={"episode_length": cfg.episode_length})
-    # One lane and one plan row per episode: every call is a single tile.
-    fitness = jaxmesh.make_evaluator(
-        policy,
-        env,
-        num_envs=cfg.episodes,
-        episodes=cfg.episodes,
-        seeds=range(TRAIN_SEEDS, TRAIN_SEEDS + cfg.episodes),
-        layout=jaxmesh.Layout(plan_tile=cfg.episodes),
-    )
-    init_state, generation = make_generation(
-        fitness, cfg, TRAIN_SEEDS, score_centre=True
-    )
-    return (flat0, init_state(flat0)), generation, unravel
-
-
 def train(cfg: CartpoleBalanceESConfig, log=print) -> tuple[Any, dict]:
     """Runs ES and returns the best centre params (a flax params dict) and stats.
 
     The centre scored in generation g is the one before g's update, so the
     best is kept from the scores as they come.
     """
-    (flat, opt_state), generation, unravel = make_trainer(cfg)
-    best_flat, stats = run_generations(
+    env = make_env(ENV, config_overrides={"episode_length": cfg.episode_length})
+    (flat, opt_state), generation, unravel, _ = es.make_trainer(
+        playground_cartpole.init,
+        playground_cartpole.apply,
+        env,
+        cfg,
+        TRAIN_SEEDS,
+        score_centre=True,
+    )
+    best_flat, stats = es.run_generations(
         generation,
         flat,
         opt_state,
@@ -87,7 +72,7 @@ def train(cfg: CartpoleBalanceESConfig, log=print) -> tuple[Any, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(
+    return es.run_cli(
         argv,
         prog="python -m jaxmesh.zoo.train_playground_cartpole",
         doc=__doc__,
