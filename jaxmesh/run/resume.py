@@ -1,32 +1,12 @@
 """Resuming a run: ``evaluate(..., resume=result)`` runs only the episodes that
-``result`` lacks and returns the whole budget.
+``result`` lacks and returns the whole budget (docs/cli.md, "Episode logs and
+``--resume``").
 
-Every episode's result depends only on the policy, the env, its seed and the
-settings (CONTRACT 4), so the episodes a failed or interrupted run finished
-need not run again. ``resume`` takes the earlier ``RunResult`` (an exception's
-``partial_result``, ``RunResult.from_dict`` of a results file, or
-``load_episode_log`` of a run's episode log), checks that it comes from the
-same run, and runs the missing episodes with the earlier run's plan tile (the
-rows a policy call sees, so that each episode rounds as it did). Inside that
-run, episode ``k`` is budget episode ``missing[k]``: hooks see the budget's
-indices, an env that declares ``trial_index`` gets the budget's index
-(``episode_indices``), and the result and a failure's ``partial_result`` hold
-the earlier episodes and the new ones, by index.
-
-What must match, each refused with a ``ValueError`` naming it: the seeds of the
-episodes done (and a budget that holds them); ``max_episode_steps``; the params'
-digest; and, once the run has built its env and policy and before any episode
-starts, the policy's and the env's names and identities (``RunResult.fingerprint``,
-``jaxmesh.run.identity``: digests of the policy's traced program and of the
-env), ``horizon``, ``prefetch_lead``, ``max_episode_seconds``, the metrics and
-``success_mode``. A result that records no identity (written before runs had
-one) is refused: nothing shows its episodes came from this policy and env.
-
-Every episode record read from a file carries a checksum over its fields and
-the run's fingerprint (``results.checksum.record_check``): a record that fails it, or
-two records of one episode that disagree, is refused naming the file line and
-the episode; two records that are the same count once. This catches accidents
-and edits by hand, not a forger (who can recompute the checksum).
+``resume`` checks that the earlier ``RunResult`` comes from the same run (its
+seeds, settings and identity: ``jaxmesh.run.identity``) and that its episode
+records pass their checksums (``results.checksum.record_check``), then runs the
+missing episodes with the earlier run's plan tile; inside that run episode
+``k`` is budget episode ``missing[k]`` for hooks and ``trial_index``.
 """
 
 from __future__ import annotations
@@ -60,16 +40,13 @@ if TYPE_CHECKING:
     from jaxmesh.run.config import RunConfig
 
 
-def params_digest(params: Any) -> str | None:
-    """A digest of params' structure, dtypes, shapes and values (None: no
-    params): ``jaxmesh.run.identity.params_digest``."""
-    return identity.params_digest(params)
+#: A digest of params' structure, dtypes, shapes and values (None: no params).
+params_digest = identity.params_digest
 
 
 def fingerprint(max_episode_steps: Any, params: Any = None, digest: bool = False):
-    """What ``resume`` compares beyond a result's own fields that only the
-    caller knows: the step cap and, with ``digest``, the params' digest. A run
-    adds its env's and policy's digests (``identity.run_identity``)."""
+    """The fingerprint fields only the caller knows: the step cap and, with
+    ``digest``, the params' digest (a run adds ``identity.run_identity``'s)."""
     out: dict = {"max_episode_steps": max_episode_steps}
     if digest:
         out["params"] = params_digest(params)
@@ -85,8 +62,7 @@ def _differs(what: str, before: Any, now: Any) -> ValueError:
 
 
 def _compare(done: RunResult, now: dict) -> None:
-    """Raises, naming the first difference, when a field of this run (``now``:
-    any of the keys below) differs from the earlier run's."""
+    """Raises, naming the first field of ``now`` that differs from ``done``'s."""
     before = {k: getattr(done, k, None) for k in now}
     before["metrics"] = dict(done.metric_reductions)
     for what, value in now.items():
@@ -105,8 +81,7 @@ _WHAT_CHANGED = {
 
 
 def _compare_identity(done: RunResult, now: dict) -> None:
-    """Raises when this run's env or policy (``now``: its fingerprint) is not
-    the one the earlier run evaluated, though their names are alike."""
+    """Raises when this run's env or policy digest (``now``) is not ``done``'s."""
     before = done.fingerprint or {}
     for key in ("env", "policy"):
         if before.get(key) == now.get(key):
@@ -149,8 +124,8 @@ class _Check:
 
 
 class _Renumbered:
-    """A user hook seen through a resumed run: the budget's episode indices;
-    ``on_run_end`` is called by ``run`` with the whole result."""
+    """A user hook seen through a resumed run: the budget's episode indices
+    (its ``on_run_end`` gets the merged result from ``Resumption.merged``)."""
 
     def __init__(self, hook: Any, indices: np.ndarray, budget: int):
         self.hook, self.indices, self.budget = hook, indices, budget
@@ -178,6 +153,7 @@ def missing_episodes(
     this budget and these settings.
 
     Raises:
+      TypeError: ``done`` is not a ``RunResult``.
       ValueError: naming what differs.
     """
     if not isinstance(done, RunResult):
@@ -216,8 +192,7 @@ def missing_episodes(
 
 
 def _where(done: RunResult, position: int) -> str:
-    """Where entry ``position`` of a result read from a file was: its file and
-    line when known, else its place in the result's episodes."""
+    """Entry ``position``'s file and line when known, else its place."""
     lines, source = done._record_lines, done._source
     if source is not None and lines is not None and position < len(lines):
         return f"{source}:{lines[position]}"
@@ -267,8 +242,7 @@ def _select(r: RunResult, keep: np.ndarray) -> RunResult:
         **per,
         **kinds,
         metrics={k: np.asarray(v)[keep] for k, v in r.metrics.items()},
-        # Its file and ``recorded`` index stay; the issues and lines were of
-        # the entries before the selection.
+        # The issues and lines were of the entries before the selection.
         _record_issues=[],
         _record_lines=None,
     )
@@ -278,12 +252,9 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     """``done``'s episodes and ``new``'s (whose episode k is budget episode
     ``indices[k]``), by index.
 
-    Totals: ``env_steps`` counts ``done``'s episodes by their lengths (the
-    steps it spent on episodes it never finished are not this result's: they
-    ran again in ``new``) plus ``new``'s steps, so a resumed run counts what
-    an uninterrupted one does; policy rows and times are both parts' added
-    up; ``resumed_part`` holds ``new``'s episodes, steps and run time, the
-    rate ``steps_per_second`` gives.
+    ``env_steps`` counts ``done``'s episodes by their lengths (its unfinished
+    episodes ran again in ``new``) plus ``new``'s steps; policy rows and times
+    are added up; ``resumed_part`` holds ``new``'s episodes, steps and run time.
     """
     at = np.concatenate([np.asarray(done.indices, np.int64), indices[new.indices]])
     order = np.argsort(at, kind="stable")
@@ -349,11 +320,6 @@ def fingerprinting(
     ``stamp``, which records them on the run's result; a failure's
     ``partial_result`` is stamped too, and its episode logs get the episodes
     they had not heard of.
-
-    Example::
-
-      with fingerprinting(policy, config, call) as stamp:
-          result = stamp(backend(policy, env, config, **call))
     """
     params = _params_of(policy, call.get("params"))
     fields = fingerprint(config.max_episode_steps, params, digest=True)
@@ -375,10 +341,8 @@ def fingerprinting(
 
 
 def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
-    """A failed run's episode logs get the finished ``episodes`` that its
-    hooks had not heard of yet (an episode finished in the segment that
-    failed waits for the earlier ones), and ``result``'s totals: a log then
-    holds every episode the exception's ``partial_result`` holds."""
+    """A failed run's episode logs get the finished ``episodes`` they had not
+    heard of yet, and ``result``'s totals."""
     hooks = [] if hooks is None else hooks
     for log in hooks if isinstance(hooks, list | tuple) else [hooks]:
         if isinstance(log, EpisodeLog):
@@ -389,9 +353,9 @@ def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
 def _check_complete(
     done: RunResult, policy: Any, target: Target, config: RunConfig, call: dict
 ) -> None:
-    """A result that holds the whole budget runs nothing, so the run is never
-    built: its settings and the names known without building (the policy's,
-    and the env's unless served) are compared here instead.
+    """Compares what is known without building the run (settings, the
+    policy's name, the env's unless served) for a result that holds the whole
+    budget.
 
     Raises:
       ValueError: naming what differs.
@@ -426,13 +390,9 @@ class Resumption:
     """``evaluate(..., resume=done)`` as three steps around the run it makes
     (``done=None``, no resume: the run as asked, and its result as it is).
 
-    The constructor checks ``done`` against this budget and settings and works
-    out the run to make: the episodes ``done`` lacks (``missing``), with the
-    earlier run's plan tile (``config``) and the budget's indices in hooks
-    (``call``). A result that holds the whole budget makes an empty run, which
-    builds the env and probes the policy to compare their identities.
-    ``running()`` is the context that run is made in, and ``merged(new)``
-    gives the whole budget.
+    The constructor checks ``done`` and works out the run of the episodes it
+    lacks (``missing``, ``config``, ``call``); a result that holds the whole
+    budget makes an empty run, which still compares the identities.
 
     Example::
 
@@ -497,9 +457,8 @@ class Resumption:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """Within: the run of the missing episodes, whose episode ``k`` is
-        budget episode ``missing[k]``. A failure's ``partial_result`` holds
-        ``done``'s episodes and those finished now (its episode logs too)."""
+        """Within: the run of the missing episodes (episode ``k`` is budget
+        episode ``missing[k]``); a failure's ``partial_result`` is merged."""
         if self.done is None or not self.missing.size:
             yield
             return
@@ -518,9 +477,7 @@ class Resumption:
             raise
 
     def merged(self, new: RunResult) -> RunResult:
-        """The whole budget: ``done``'s episodes and ``new``'s (the run made in
-        ``running()``), each by its index; the user's ``on_run_end`` hooks
-        get it."""
+        """The whole budget, by index; the user's ``on_run_end`` hooks get it."""
         if self.done is None:
             return new
         if self.missing.size:
@@ -557,25 +514,9 @@ _LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 class EpisodeLog:
     """A hook that appends every finished episode to a JSON-lines file as it
-    finishes, flushed line by line: the file is safe to read while the run
-    goes on, and what a run finished survives whatever ends it.
-
-    Each run start writes a ``run`` line (``{"jaxmesh_episode_log": 1, "run":
-    {...}, "fingerprint": {...}}``: the run's policy, env and settings, and its
-    identity: digests of the env, the policy's program and the params, and
-    ``max_episode_steps``); each episode an ``{"episode": {...}}`` line
-    (``EpisodeResult.to_dict()`` and ``check``, a checksum over its fields and
-    the run's fingerprint); a lost server a ``{"fault": ...}`` line; the end of
-    a run, or its failure, a ``{"totals": ...}`` line (the run's env steps,
-    policy rows and times, an earlier run's it resumed included). A failed
-    run's log holds every episode its exception's ``partial_result`` holds. A
-    resumed run appends to the same file. ``load_episode_log`` reads it back
-    as a ``RunResult`` for ``resume=``.
-
-    A log that cannot be written (its disk full, its folder gone) does not
-    stop the run: the line that failed is taken back (the file keeps whole
-    lines only), ``error`` keeps the error, ``on_error`` is told once, and
-    nothing more is written; ``written`` says which episodes the file holds.
+    finishes, one flushed line each (docs/evaluation.md, "Episode logs": its
+    ``run``, ``episode``, ``fault`` and ``totals`` lines, and what happens when
+    it cannot be written). ``load_episode_log`` reads it back for ``resume=``.
 
     Args:
       path: the file (created, or appended to).
@@ -711,15 +652,9 @@ def _log_error(path: str, n: int, text: str) -> ValueError:
 def load_episode_log(path: Any) -> RunResult:
     """The episodes of an episode log (``EpisodeLog``) as a ``RunResult``, by
     index, for ``evaluate(..., resume=)``; its settings and identity are the
-    first run line's. A line cut short (a run killed while writing it: the
-    file's last, or the last before a resumed run's) is skipped. Every episode
-    line is checked against its checksum and its run's identity; two lines of
-    one episode that are equal count once.
-
-    Totals: the last ``totals`` line's, plus, for episodes after it (a run
-    killed before it wrote one), their lengths as env steps and their plans
-    (``predict_calls``) as policy rows (a lower bound: the padding of plan
-    tiles and the unfinished episodes' work are not known).
+    first run line's. A line cut short by a killed run is skipped; two equal
+    lines of one episode count once. Totals: the last ``totals`` line's, plus
+    the episodes after it (their lengths and ``predict_calls``: a lower bound).
 
     Raises:
       ValueError: not an episode log; runs of other settings or identities in
@@ -787,8 +722,7 @@ def load_episode_log(path: Any) -> RunResult:
 
 def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
     """An episode log's run lines, episodes by index (with their line),
-    faults, last totals and the episodes after those totals, each line
-    checked as ``load_episode_log`` says."""
+    faults, last totals and the episodes after them, each line checked."""
     runs: list[dict] = []
     episodes: dict[int, tuple[int, dict]] = {}
     faults: list[dict] = []
