@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxmesh import suite
 from jaxmesh.api import evaluate
+from jaxmesh.envs.gymnasium import kept_workers
 from jaxmesh.results.result import RunResult
 from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
 from jaxmesh.run import identity
@@ -567,8 +568,9 @@ def decide(
         arm; not with a Suite).
       **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
         ``horizon``, ``max_episode_steps``, ``scoring``, ``starts``,
-        ``params``, ...). ``hooks`` hear each batch of each policy as a run
-        of its own (``on_run_start`` per batch, episode indices within it).
+        ``params``, ``workers``: started once for every batch, ...).
+        ``hooks`` hear each batch of each policy as a run of its own
+        (``on_run_start`` per batch, episode indices within it).
 
     Returns:
       A ``jaxmesh.Decision``.
@@ -601,23 +603,36 @@ def decide(
     runs: dict[str, RunResult | None] = {"a": None, "b": None}
     policies = {"a": policy_a, "b": policy_b}
     path: list[tuple[int, float, float]] = []
-    if resume is not None:
-        runs = _resumed(
-            _paired(resume, first_seed), policies, env, config, call, first_seed
-        )
-        _check_held(runs, max_episodes)
-        if _held(runs["a"]):
-            seq.update(_differences(runs, bounds, metric, 0))
-            path.append((seq.n, *seq.interval))
-    settings = (alpha, metric, bounds, first_seed)
-    kept = dict(runs)  # both arms after the last whole batch
-    try:
-        while seq.n < max_episodes and not seq.rejects:
-            start = seq.n
+    with kept_workers():  # one set of worker processes for every batch
+        if resume is not None:
+            runs = _resumed(
+                _paired(resume, first_seed), policies, env, config, call, first_seed
+            )
+            _check_held(runs, max_episodes)
+            if _held(runs["a"]):
+                seq.update(_differences(runs, bounds, metric, 0))
+                path.append((seq.n, *seq.interval))
+
+        def run_batch(start: int) -> None:
             count = min(next_batch(start, first, cap), max_episodes - start)
             seeds = range(first_seed + start, first_seed + start + count)
             _batch(policies, env, config, call, arms, runs, seeds, start)
             seq.update(_differences(runs, bounds, metric, start))
+
+        settings = (alpha, metric, bounds, first_seed)
+        return _until_decided(
+            seq, runs, path, settings, max_episodes, run_batch, on_batch
+        )
+
+
+def _until_decided(seq, runs, path, settings, max_episodes, run_batch, on_batch):
+    """Runs batches (``run_batch(start)``) until the test rejects or
+    ``max_episodes`` pairs have run; the ``Decision``. An exception carries
+    the decision of the batches finished before it."""
+    kept = dict(runs)  # both arms after the last whole batch
+    try:
+        while seq.n < max_episodes and not seq.rejects:
+            run_batch(seq.n)
             path.append((seq.n, *seq.interval))
             kept = dict(runs)
             if on_batch is not None:

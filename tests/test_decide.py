@@ -288,6 +288,35 @@ def test_a_suite_with_a_budget_or_arm_hooks_is_refused(no_compile):
         )
 
 
+def test_worker_processes_serve_every_batch_of_both_arms(tmp_path):
+    # Each env the workers build appends its process id to a file: four
+    # batches of two arms on 4 lanes in 2 worker processes build 4 envs.
+    import functools
+
+    import gymnasium as gym
+    from worker_envs import counted_cartpole
+
+    made = tmp_path / "made"
+    source = functools.partial(counted_cartpole, str(made))
+    d = jaxmesh.decide(
+        push_left, lean, source, bounds=(0, 500), num_envs=4, workers=2, max_episodes=16
+    )
+    assert (d.winner, d.episodes, d.batches) == (None, 16, 4)
+    pids = made.read_text().split()
+    assert len(pids) == 4 and len(set(pids)) == 2
+    env = gym.make("CartPole-v1")  # the plain loop, episode i with seed i
+    for act, run in ((lambda o: 0, d.a), (lambda o: int(o[2] > 0), d.b)):
+        returns = []
+        for seed in range(16):
+            obs, _ = env.reset(seed=seed)
+            total, done = 0.0, False
+            while not done:
+                obs, reward, term, trunc, _ = env.step(act(obs))
+                total, done = total + reward, term or trunc
+            returns.append(total)
+        np.testing.assert_array_equal(run.returns, returns)
+
+
 def test_compare_says_it_is_a_fixed_sample_test():
     a = jaxmesh.evaluate(push_left, CARTPOLE, num_envs=N, seeds=range(8))
     b = jaxmesh.evaluate(lean, CARTPOLE, num_envs=N, seeds=range(8))

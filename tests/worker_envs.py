@@ -70,6 +70,22 @@ class CameraEnv(gym.Env):
         return obs, reward, self.t >= self.length, False, {"bright": reward}
 
 
+class CountedCameraEnv(CameraEnv):
+    """CameraEnv that appends its process id to the file ``made`` when built."""
+
+    def __init__(self, made: str):
+        super().__init__()
+        with open(made, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def counted_cartpole(made: str) -> gym.Env:
+    """gymnasium's CartPole-v1, its process id appended to the file ``made``."""
+    with open(made, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return gym.make("CartPole-v1")
+
+
 class RaisesOnSeed(CameraEnv):
     """Raises (a Python error, the process lives) at step 2 of seed ``bad``."""
 

@@ -130,7 +130,7 @@ def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Rout
             RAY, evaluate_host, RayServers.of, RayServers.loop, RayServers.fast
         )
     if workers:
-        lanes = lambda env, n, e, w, served: gym_lanes.WorkerEnvLanes(
+        lanes = lambda env, n, e, w, served: gym_lanes.worker_lanes(
             env, max(1, min(n, e)), w
         )
         return Route(WORKERS, evaluate_host, lanes, LocalRun, GroupedRun)

@@ -23,7 +23,9 @@ from jaxmesh.envs.gymnasium.local import (
     LocalAdapter,
     VectorEnvLanes,
     WorkerEnvLanes,
+    kept_workers,
     make_lanes,
+    worker_lanes,
 )
 from jaxmesh.envs.gymnasium.spec import (
     HostEnvSpec,
@@ -40,6 +42,8 @@ __all__ = [
     "LocalAdapter",
     "VectorEnvLanes",
     "WorkerEnvLanes",
+    "kept_workers",
+    "worker_lanes",
     "HostEnvSpec",
     "LaneError",
     "ResultBatch",

@@ -11,8 +11,10 @@ caller as the env raised it, marked with its lane (``lanes.mark_where``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+import pickle
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,7 +31,15 @@ from jaxmesh.envs.gymnasium.workers import (
     read_infos,
 )
 
-__all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
+__all__ = [
+    "LocalAdapter",
+    "EnvLanes",
+    "VectorEnvLanes",
+    "WorkerEnvLanes",
+    "kept_workers",
+    "make_lanes",
+    "worker_lanes",
+]
 
 
 class _InfoKeys:
@@ -347,6 +357,7 @@ class WorkerEnvLanes(_LaneView):
         self.lost_in_reset: set[int] = set()
         self.culprits_in_reset: list[int] = []
         self.carried: tuple[str, ...] | None = None
+        self.kept = False  # kept by ``kept_workers``: its ``close`` waits for it
 
     @property
     def workers(self) -> int:
@@ -356,12 +367,15 @@ class WorkerEnvLanes(_LaneView):
         """Makes the shared segment, with slots for the observation leaves
         ``names`` only (None: every leaf); the others never leave the workers
         (and read as zeros here). Called once, before the first reset."""
-        if self.carried is not None:
-            return
         layout = self.spec.layout
         keep = layout.names if names is None else set(names)
-        self.carried = tuple(n for n in layout.names if n in keep)
-        view = _Leaves(self.carried, layout.shapes, layout.dtypes)
+        carried = tuple(n for n in layout.names if n in keep)
+        if self.carried is not None and (names is None or carried == self.carried):
+            return
+        if self.carried is not None:  # kept lanes, another run's leaves
+            self.pool.detach()
+        self.carried = carried
+        view = _Leaves(carried, layout.shapes, layout.dtypes)
         self.pool.attach(view, self.spec.action_shape)
 
     def _rows(self, lanes: Any) -> dict[str, np.ndarray]:
@@ -452,7 +466,51 @@ class WorkerEnvLanes(_LaneView):
         return reward, term, trunc
 
     def close(self) -> None:
-        self.pool.close()
+        if not self.kept:
+            self.pool.close()
+
+
+#: ``kept_workers``'s lanes while it runs: (pickled source, lanes, workers) ->
+#: ``WorkerEnvLanes``. None outside it.
+_kept: dict[tuple, WorkerEnvLanes] | None = None
+
+
+@contextlib.contextmanager
+def kept_workers() -> Iterator[None]:
+    """Within it, runs with worker processes keep them: a run of the same env
+    source (equal when pickled), lane count and workers as an earlier one
+    takes that run's processes and envs instead of starting new ones. Every
+    episode resets its env with its own seed, so results are unchanged. The
+    processes stop when it exits (on an exception too). ``jaxmesh.decide``
+    runs its batches inside it."""
+    global _kept
+    if _kept is not None:  # an outer one keeps them
+        yield
+        return
+    _kept = {}
+    try:
+        yield
+    finally:
+        kept, _kept = _kept, None
+        for lanes in kept.values():
+            lanes.pool.close()
+
+
+def worker_lanes(source: Any, num_lanes: int, workers: int) -> WorkerEnvLanes:
+    """``WorkerEnvLanes(source, num_lanes, workers)``, or, inside
+    ``kept_workers``, the lanes an earlier run of the same ones used."""
+    if _kept is None:
+        return WorkerEnvLanes(source, num_lanes, workers)
+    try:
+        key = (pickle.dumps(source), num_lanes, workers)
+    except Exception:  # the workers pickle it otherwise and say what fails
+        return WorkerEnvLanes(source, num_lanes, workers)
+    lanes = _kept.get(key)
+    if lanes is None:
+        lanes = _kept[key] = WorkerEnvLanes(source, num_lanes, workers)
+        lanes.kept = True
+    lanes.lost, lanes.culprits = [], []
+    return lanes
 
 
 def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:

@@ -616,6 +616,12 @@ class WorkerPool:
         else:
             self._share(slot_fields(layout, action_shape, space.dtype))
 
+    def detach(self) -> None:
+        """Unlinks the shared segment (``attach`` makes another)."""
+        self.slots.release()
+        self.shm.unlink()
+        self.slots = self.shm = None
+
     def attach_flags(self) -> None:
         """A segment of ``busy`` flags alone (``ProcessStepper``: the data come
         back over the pipes): each worker marks the lane whose op it runs."""

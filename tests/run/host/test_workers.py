@@ -417,6 +417,41 @@ def test_only_the_leaves_the_policy_reads_leave_the_workers():
     no_leftovers()
 
 
+def test_kept_workers_serve_later_runs_with_the_leaves_each_reads(tmp_path):
+    """Inside kept_workers (decide's batches), runs of one source, lane count
+    and workers take the first run's processes and envs: each env is built
+    once. A run that reads other leaves gets them (a new shared segment), each
+    run equals the plain loop, and nothing is left once it exits."""
+    from worker_envs import CountedCameraEnv
+
+    from jaxmesh.adapt import State
+    from jaxmesh.envs.gymnasium import kept_workers
+
+    made = tmp_path / "made"
+    source = functools.partial(CountedCameraEnv, str(made))
+
+    def bright(inputs):
+        return jnp.stack([inputs["img"].astype(jnp.float32).mean() / 255 - 0.5, 0.0])
+
+    image_only = jaxmesh.Model(bright, spec={"img": State(key="image")})
+    fn = jax.jit(lambda img: bright({"img": img}))
+    image_refs = plain_loop(CameraEnv(), lambda o, k: fn(o["image"])[None], SEEDS)
+    with kept_workers():
+        for policy, horizon, refs in (
+            (image_only, 1, image_refs),
+            (brightness, 3, reference(3, 0)),
+            (image_only, 1, image_refs),
+        ):
+            result = jaxmesh.evaluate(
+                policy, source, num_envs=2, seeds=SEEDS, workers=2, horizon=horizon
+            )
+            assert_matches(result, refs, rtol=1e-5)
+        pids = made.read_text().split()
+        assert len(pids) == len(set(pids)) == 2  # a lane per worker, built once
+    assert all(_gone(pid) for pid in pids)
+    no_leftovers()
+
+
 @functools.cache
 def cartpole_reference():
     """The plain loop on gymnasium's own CartPole, no kill."""
