@@ -1,31 +1,6 @@
 """The ``jaxmesh`` command line.
 
-Commands::
-
-    jaxmesh eval CONFIG.yaml [--set KEY=VALUE ...] [--no-progress]
-                             [--no-compile-cache] [--telemetry] [--report [PATH]]
-                             [--video [PATH]] [--trace PATH]
-                             [--episode-log PATH | --no-episode-log]
-                             [--resume PATH]
-    jaxmesh sweep CONFIG.yaml [--set KEY=VALUE ...] [--resume CELLS.jsonl]
-    jaxmesh explain CONFIG.yaml [--set KEY=VALUE ...]
-    jaxmesh describe MODULE:CLASS
-    jaxmesh compare A.json B.json [--resamples N] [--seed S]
-    jaxmesh decide A.yaml B.yaml [--alpha A] [--max-episodes N]
-                          [--metric return|success] [--bounds LO HI]
-                          [--first-seed S] [--batch N] [--output PATH]
-                          [--plot PATH] [--resume PATH] [--set KEY=VALUE ...]
-    jaxmesh report RESULTS.json [-o REPORT.html]
-    jaxmesh check-env ENV [--seed S] [--other S] [--steps N] [--token T]
-                          [--tls-ca PEM]
-    jaxmesh serve-env ENV [--lanes N] [--address HOST:PORT] [--ready-fd FD]
-                          [--token T] [--idle-timeout S] [--insecure]
-                          [--tls-cert PEM --tls-key PEM]
-                          [--allow-remote-shutdown] [--workers W]
-    jaxmesh serve-policy CONFIG.yaml|MODULE:ATTR [--address HOST:PORT]
-                          [--max-batch N] [--max-wait-ms MS] [--token T]
-                          [--insecure] [--tls-cert PEM --tls-key PEM]
-                          [--ready-fd FD]
+The commands and their flags: ``jaxmesh --help`` and docs/cli.md.
 
 The package, one file per job: ``parser`` (the commands and their flags),
 ``config`` (a run config's keys, one table, and reading it from YAML),

@@ -270,6 +270,7 @@ def _run_eval(
     earlier = kwargs.get("resume")
     log = next((h for h in hooks if isinstance(h, EpisodeLog)), None)
     started = lambda: any(getattr(h, "started", False) for h in hooks)
+    kept = lambda e: _kept(args, config, log_path, e, earlier, log)
     try:
         # SIGTERM stops the run as Ctrl-C does; a suite's runs on Ray share
         # one connection.
@@ -278,19 +279,17 @@ def _run_eval(
     except (ConfigError, ValueError, TypeError) as e:
         if not started():
             raise  # a refusal: nothing ran
-        hint = _kept(args, config, log_path, e, earlier, log)
-        e.add_note(hint)
+        e.add_note(kept(e))
         raise
     except KeyboardInterrupt as e:
-        kept = _kept(args, config, log_path, e, earlier, log)
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"jaxmesh {args.command}: {how}. {kept}", file=sys.stderr)
+        print(f"jaxmesh {args.command}: {how}. {kept(e)}", file=sys.stderr)
         raise Interrupted(143 if isinstance(e, Terminated) else 130) from None
     except Exception as e:
         why = None if started() else bad_input(e)
         if why is not None:  # refused as cmd_eval refuses a ValueError
             raise ValueError(why) from e
-        e.add_note(_kept(args, config, log_path, e, earlier, log))
+        e.add_note(kept(e))
         raise
 
 
@@ -299,72 +298,63 @@ def _kept(
     config: dict,
     log_path: Path | None,
     exc: Any,
-    earlier: Any = None,
-    log: EpisodeLog | None = None,
+    earlier: Any,
+    log: EpisodeLog | None,
 ) -> str:
     """Where a stopped run's finished episodes are, and how to continue it
     (never raises: the run's own error comes first). ``earlier``: the result
     this run resumes; ``log``: the run's episode log (at ``log_path``)."""
     try:
-        return _keep(args, config, log_path, exc, earlier, log)
+        partial = getattr(exc, "partial_result", None)
+        output = Path(config["output"]) if config.get("output") else None
+        if isinstance(partial, SuiteResult):
+            if output is None:
+                return "The finished tasks are not saved (the config has no output)."
+            where = write_json(output, partial.to_dict(), args.command)
+            return (
+                f"The finished tasks and episodes are in {where}; to run only the "
+                f"rest: {resume_command(args, config, where)}"
+            )
+        if partial is not None:
+            n = partial.num_episodes
+        else:  # stopped before the run made one: the resumed run's episodes
+            n = 0 if earlier is None else earlier.num_episodes
+        if not n:
+            return "No episode had finished: nothing to resume from."
+        resumed = getattr(args, "resume", None)
+        if (
+            log is not None
+            and log.error is None
+            and (resumed is None or Path(resumed).resolve() == Path(log_path).resolve())
+        ):
+            # Every line was written, and a failed run's episodes were flushed to
+            # it: the log holds them all (and the earlier ones it was resumed from).
+            held = n
+        else:  # read back: the log stopped, or holds another file's earlier run
+            held = _held(log_path)
+        also = ""
+        if log_path is not None and held >= n:
+            where = log_path
+        elif partial is not None:
+            # No log, or one that holds less (it could not be written, or the run
+            # resumed a result JSON): the finished episodes go to a file of their
+            # own (on a full disk, write_json's fallback in the working directory).
+            stem = (
+                output.with_suffix(".partial.json") if output else Path("partial.json")
+            )
+            where = write_json(stem, partial.to_dict(), args.command)
+            if log_path is not None:
+                also = f" (the episode log {log_path} holds {held})"
+        elif earlier is not None:  # stopped before it ran: as the resumed file was
+            where = Path(args.resume)
+        else:
+            return f"{n} episodes had finished; they are not saved (no output)."
+        return (
+            f"{n} finished episodes are in {where}{also}; to run only the rest: "
+            f"{resume_command(args, config, where)}"
+        )
     except Exception as e:  # e.g. the partial result cannot be written either
         return f"jaxmesh: the finished episodes could not be saved ({e})."
-
-
-def _keep(
-    args: argparse.Namespace,
-    config: dict,
-    log_path: Any,
-    exc: Any,
-    earlier: Any,
-    log: EpisodeLog | None,
-) -> str:
-    partial = getattr(exc, "partial_result", None)
-    output = Path(config["output"]) if config.get("output") else None
-    if isinstance(partial, SuiteResult):
-        if output is None:
-            return "The finished tasks are not saved (the config has no output)."
-        where = write_json(output, partial.to_dict(), args.command)
-        return (
-            f"The finished tasks and episodes are in {where}; to run only the "
-            f"rest: {resume_command(args, config, where)}"
-        )
-    if partial is not None:
-        n = partial.num_episodes
-    else:  # stopped before the run made one: the resumed run's episodes
-        n = 0 if earlier is None else earlier.num_episodes
-    if not n:
-        return "No episode had finished: nothing to resume from."
-    resumed = getattr(args, "resume", None)
-    if (
-        log is not None
-        and log.error is None
-        and (resumed is None or Path(resumed).resolve() == Path(log_path).resolve())
-    ):
-        # Every line was written, and a failed run's episodes were flushed to
-        # it: the log holds them all (and the earlier ones it was resumed from).
-        held = n
-    else:  # read back: the log stopped, or holds another file's earlier run
-        held = _held(log_path)
-    also = ""
-    if log_path is not None and held >= n:
-        where = log_path
-    elif partial is not None:
-        # No log, or one that holds less (it could not be written, or the run
-        # resumed a result JSON): the finished episodes go to a file of their
-        # own (on a full disk, write_json's fallback in the working directory).
-        stem = output.with_suffix(".partial.json") if output else Path("partial.json")
-        where = write_json(stem, partial.to_dict(), args.command)
-        if log_path is not None:
-            also = f" (the episode log {log_path} holds {held})"
-    elif earlier is not None:  # stopped before it ran: as the resumed file was
-        where = Path(args.resume)
-    else:
-        return f"{n} episodes had finished; they are not saved (no output)."
-    return (
-        f"{n} finished episodes are in {where}{also}; to run only the rest: "
-        f"{resume_command(args, config, where)}"
-    )
 
 
 def _held(log_path: Path | None) -> int:
