@@ -1,28 +1,11 @@
 """A run's timeline as Chrome-trace / Perfetto JSON (``evaluate(..., trace=path)``).
 
-The file is the Trace Event Format's JSON object form: ``{"traceEvents": [...],
-"displayTimeUnit": "ms", "otherData": {...}}``. Every span is a complete event
-(``"ph": "X"``) with ``ts`` and ``dur`` in microseconds from the run's start;
-threads (``tid``) are named with metadata events (``"ph": "M"``,
-``"thread_name"``), so a viewer shows one row per part of the run:
-
-- ``run``: compile, init, each scan segment and its host sync, hooks;
-- ``group G`` (host-stepped envs, one row per lane group): each call's plan,
-  encode, wire, server step and decode.
-
-Open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load).
-To see XLA's device ops beside it, run the same evaluation under
-``jax.profiler.trace(log_dir)`` and open that profile in Perfetto or TensorBoard:
-the two timelines share the host's wall clock, not one file (see
-docs/evaluation.md, "Timeline").
-
-A trace keeps at most ``max_events`` events; past that it counts what it drops
-and says so in ``otherData`` (a long host-stepped run makes a few events per call).
+The Trace Event Format's object form, one named row (``tid``) per part of the
+run; docs/evaluation.md ("Timeline") lists the rows and their spans.
 
 Trace files are meant to be shared, so a trace never holds a secret: a setting
-named like one (``token``, ``credentials``, ...: ``is_secret_key``) is written
-as ``"***"`` when it was given, and its value is taken out of every other string
-of the file (``redact_settings``, ``redact_text``).
+named like one (``is_secret_key``) is written as ``"***"`` when it was given,
+and its value is taken out of every other string of the file.
 """
 
 from __future__ import annotations
