@@ -1,28 +1,10 @@
-"""A run's configuration, checked once when it is built.
+"""A run's configuration, checked once when it is built: the flat knobs on
+``RunConfig`` and the groups ``Chunking``, ``Starts``, ``Scoring``, ``Served``
+and ``Layout``, each checked in its constructor (docs/evaluation.md, "What
+``evaluate`` takes").
 
-The knobs most runs set stay flat on ``RunConfig`` (``num_envs``,
-``horizon``, ``max_episode_steps``, ``max_episode_seconds``, ``workers``); the
-rest live in small groups a reader can name, each checked in its constructor:
-
-- ``Chunking``: how a chunk is executed (a prefetch lead, an inference delay,
-  an ensemble);
-- ``Starts``: how episodes start (trial indices, initial states, a reset
-  function, domain randomization, the instruction, a seed check);
-- ``Scoring``: what is scored (metrics, the success key and its mode);
-- ``Served``: the connection to env servers (token, TLS, timeouts, lane
-  groups, what a lost server does, the transport);
-- ``Layout``: how the lanes' work is laid out (the plan tile, scan segments,
-  devices).
-
-One ``RunConfig`` flows from ``jaxmesh.evaluate`` (and ``Evaluator``,
-``make_evaluator``, ``sweep``, suites, resume and the command line) down to
-the backend that runs it; nothing below re-checks it. What a single call
-evaluates (the budget, params, hooks, a recording) is not configuration and
-stays an argument of the call.
-
-A grouped field given as a flat keyword (``evaluate(prefetch_lead=2)``) is
-refused by ``from_keywords`` with a ``TypeError`` naming its group and the
-spelling to use (``chunking=jaxmesh.Chunking(prefetch_lead=2)``).
+One ``RunConfig`` flows from ``jaxmesh.evaluate`` (and the other entry points)
+down to the backend that runs it; nothing below re-checks it.
 """
 
 from __future__ import annotations
@@ -52,19 +34,13 @@ class Chunking:
     Attributes:
       prefetch_lead: L; the chunk that starts at step t was planned at
         ``t - min(L, h)`` (simulated asynchronous inference; 0: synchronous).
-      delay: d steps of inference delay (0 < d < h, chunks of K >= h + d):
-        the next chunk is planned when the playing one has d actions left and
-        plays its actions ``d .. d+h-1`` once the playing one is exhausted
-        (docs/contract.md, "How a chunk is executed"); not with a lead.
+      delay: d steps of inference delay (0 < d < h, chunks of K >= h + d;
+        docs/contract.md, "How a chunk is executed"); not with a lead.
       delay_ms: the delay as an inference time in milliseconds instead:
-        ``d = ceil(delay_ms / (1000 * dt))`` steps, ``dt`` the env's seconds
-        per step (its ``dt``, or ``tau`` for CartPole; a served env's server
-        sends it). An env without a step time refuses it; ``result.delay``
-        holds the steps, ``result.delay_ms`` the milliseconds.
+        ``d = ceil(delay_ms / (1000 * dt))`` steps by the env's ``dt``.
       execution: None (each plan's chunk replays its first h actions) or a
-        ``jaxmesh.Ensemble``: a chunk planned every step and the chunks that
-        cover a step averaged (temporal ensembling; continuous actions; not
-        with a horizon, delay or lead).
+        ``jaxmesh.Ensemble`` (temporal ensembling; not with a horizon, delay
+        or lead).
 
     Raises:
       TypeError, ValueError: a bad value, or two that exclude each other
@@ -77,8 +53,7 @@ class Chunking:
     execution: Any = None
 
     def __post_init__(self) -> None:
-        # The horizon's own checks (an ensemble with horizon > 1) are
-        # RunConfig's.
+        # An ensemble with horizon > 1 is RunConfig's check.
         checked = checks.check_chunking(
             self.prefetch_lead, self.delay, self.execution, self.delay_ms
         )
@@ -90,42 +65,27 @@ class Chunking:
 
 @dataclasses.dataclass(frozen=True)
 class Starts:
-    """How episodes start.
+    """How episodes start (docs/evaluation.md, "Initial states").
 
     Attributes:
-      trial_index_base: host-stepped and served envs that list
-        ``"trial_index"`` in ``metadata["reset_options"]``: episode i is reset
-        with ``options={"trial_index": trial_index_base + i}`` (CONTRACT 6),
-        whatever lane runs it. A JAX env: episode i starts from trial
-        ``trial_index_base + i`` of ``initial_states`` or ``reset_fn``;
-        without them a base other than 0 is refused.
-      initial_states: JAX envs: T initial states in the form the env's reset
-        returns them, ``(obs, state)`` with a leading axis T on every leaf
-        (what ``jax.vmap(env.reset)(keys)`` returns for ``env =
-        jaxmesh.make_env(...)``), or a list of T such pairs. Episode i starts
-        from entry ``trial_index_base + i``; a budget that needs an entry past
-        T is refused (never wrapped). The values are data: other states of
-        the same shapes compile nothing (docs/evaluation.md, "Initial
-        states").
-      reset_fn: JAX envs, instead of ``initial_states``: ``reset_fn(key,
-        trial) -> (obs, state)`` of one lane, traced in the program; episode
-        i's reset is ``reset_fn(PRNGKey(seeds[i]), trial_index_base + i)``.
-        Its output must have the env reset's structure, shapes and dtypes.
+      trial_index_base: episode i is trial ``trial_index_base + i``: a
+        host-stepped or served env that lists ``"trial_index"`` in
+        ``metadata["reset_options"]`` gets it as a reset option (CONTRACT 6);
+        a JAX env starts from that entry of ``initial_states`` or
+        ``reset_fn`` (without them a base other than 0 is refused).
+      initial_states: JAX envs: T states as the env's reset returns them,
+        ``(obs, state)`` with a leading axis T on every leaf, or a list of T
+        such pairs; a budget that needs an entry past T is refused.
+      reset_fn: JAX envs, instead: ``reset_fn(key, trial) -> (obs, state)``
+        of one lane, traced in the program.
       randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
-        domain randomization drawn at every reset from the episode's own key
-        (``fold_in(PRNGKey(seed), jaxmesh.envs.playground.RANDOMIZE_STREAM)``)
-        inside the program, so episode i's physics depends on its seed only;
-        the drawn values are info keys ``"model/<field>/<index>"``.
+        domain randomization drawn at every reset from the episode's own key.
       instruction: the language instruction of every episode, for a policy
-        with a ``jaxmesh.adapt.Text`` input, encoded once on the host. Without
-        it, on a gymnasium or served env, a ``Text(info_key=...)`` reads each
-        episode's instruction from its reset info; a JAX env needs it.
-      check_seeds: host-stepped envs in this process: before the run,
-        ``jaxmesh.check_seeds`` on the first lane's env (two resets with seed
-        0, one with seed 1, a few steps each): a ``ValueError`` when it is not
-        reproducible from its seed. A served env refuses it (check a server
-        with ``jaxmesh check-env grpc://host:port``); a JAX env is
-        reproducible by construction.
+        with a ``jaxmesh.adapt.Text`` input (None: a ``Text(info_key=...)``
+        reads it from a host-stepped env's reset info).
+      check_seeds: host-stepped envs in this process: ``jaxmesh.check_seeds``
+        on the first lane's env before the run (a ``ValueError`` when it is
+        not reproducible from its seed).
     """
 
     trial_index_base: int = 0
@@ -164,17 +124,12 @@ class Scoring:
       metrics: env info keys kept per episode (``result.metrics``): a key, a
         list of keys (each its last value), or a dict key -> reduction over
         the episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``.
-        Sources: gymnax's ``info``, brax's ``state.metrics``, gymnasium's
-        ``info``.
       success: the info key that is an episode's success signal; None:
         ``success`` or ``is_success`` when the env's info has one; False:
-        none. Per episode the result keeps ``success_once`` (true at any
-        executed step), ``success_at_end`` (true at its last step) and
-        ``success_at_reset`` (true in the reset's info).
-      success_mode: which of them is the headline (``result.success_rate``,
-        the summary and report): ``"once"`` (the default, as LIBERO,
-        MetaWorld and ManiSkill count a task achieved) or ``"end"``
-        (stricter); docs/evaluation.md, "Success".
+        none.
+      success_mode: the headline success: ``"once"`` (true at any executed
+        step, the default) or ``"end"`` (true at the last step);
+        docs/evaluation.md, "Success".
     """
 
     metrics: Any = None
@@ -182,7 +137,6 @@ class Scoring:
     success_mode: str = DEFAULT_SUCCESS_MODE
 
     def __post_init__(self) -> None:
-        # Kept, so that the backends read the checked form (``asked``).
         object.__setattr__(
             self, "_asked", checks.check_metrics(self.metrics, self.success)
         )
@@ -197,33 +151,25 @@ class Scoring:
 
 @dataclasses.dataclass(frozen=True)
 class Served:
-    """The connection to env servers (``"grpc://host:port"`` envs).
+    """The connection to env servers (``"grpc://host:port"`` envs; docs/remote.md).
 
     Attributes:
       token: the servers' token (None: the ``JAXMESH_TOKEN`` environment
         variable).
       credentials: for ``"grpcs://host:port"``: the
-        ``grpc.ChannelCredentials`` that check the servers' certificates
-        (e.g. ``grpc.ssl_channel_credentials(root_certificates=pem)``); None:
-        gRPC's default roots.
+        ``grpc.ChannelCredentials`` that check the servers' certificates;
+        None: gRPC's default roots.
       reply_timeout: seconds a reply may take before the server is dropped
-        (``on_server_loss``) or the run fails with
-        ``jaxmesh.RemoteConnectionError``. ``"auto"`` (the default): over
-        several servers, one that owes a reply and answers nothing for 10
-        times the slowest reply of the run (at least 10 s) is dropped; with
-        one server, no limit. None: as long as the env takes.
+        or the run fails; ``"auto"`` (the default): over several servers, one
+        silent for 10 times the slowest reply (at least 10 s) is dropped;
+        None: no limit.
       lane_groups: lanes in this many groups, so that the device plans for
-        one group while the servers step another; None: the default
-        (``jaxmesh.run.host.served.default_lane_groups``).
-      on_server_loss: over several servers: ``"rerun"`` (None, the default):
-        a server that dies or stops answering is dropped and the episodes it
-        had not finished run again, from their seeds, on the other servers'
-        lanes, so the result is that of a run without the loss
-        (``result.server_losses``, ``on_fault`` hooks); ``"raise"``: the first
-        loss ends the run with ``jaxmesh.RemoteConnectionError``.
-      transport: ``"auto"`` (the default: shared memory with a server on this
-        host run by this user, else gRPC), ``"grpc"`` or ``"shm"`` (shared
-        memory or an error); docs/remote.md.
+        one group while the servers step another; None: the default.
+      on_server_loss: ``"rerun"`` (None, the default): a lost server's
+        unfinished episodes run again on the other servers' lanes;
+        ``"raise"``: the first loss ends the run.
+      transport: ``"auto"`` (shared memory with a server on this host run by
+        this user, else gRPC), ``"grpc"`` or ``"shm"``.
 
     Raises:
       TypeError, ValueError: a bad value, naming it.
@@ -251,12 +197,8 @@ class Served:
 
 
 def _refuse_served(served: Served, label: str) -> None:
-    """Raises for ``Served`` options given with an env that is not served: the
-    first option set, naming it (the env has no server to talk to).
-
-    Raises:
-      ValueError: an option other than its default.
-    """
+    """Raises a ValueError naming the first ``Served`` option set for an env
+    that is not served."""
     for f in dataclasses.fields(served):
         value = getattr(served, f.name)
         if value is None or (
@@ -281,17 +223,12 @@ class Layout:
     """How the lanes' work is laid out: where they run and in what pieces.
 
     Attributes:
-      plan_tile: rows per policy call; None: ``build.default_plan_tile``
-        (128 // h rows, fewer for fewer lanes; docs/evaluation.md says what it
-        promises about invariance).
+      plan_tile: rows per policy call; None: ``build.default_plan_tile``.
       segment_steps: JAX envs: env steps per scan segment, between which the
         host reads the episode log, calls hooks and checks for faults.
-      devices: JAX envs: split the lanes over devices
-        (``placement.DeviceMesh``, docs/scale.md). None: one device;
-        ``"all"``: every device; an int D: the first D; a list of devices; or
-        a one-axis ``jax.sharding.Mesh``. ``num_envs`` must be a multiple of
-        the device count; results equal the one-device run's episode for
-        episode. Not with a ``Record`` or ``on_step`` hooks.
+      devices: JAX envs: split the lanes over devices (docs/scale.md). None:
+        one device; ``"all"``: every device; an int D: the first D; a list of
+        devices; or a one-axis ``jax.sharding.Mesh``.
     """
 
     plan_tile: int | None = None
@@ -333,8 +270,7 @@ class RunConfig:
       max_episode_seconds: host-stepped envs: a wall-clock cap on an episode.
       workers: host-stepped envs made from an id or factory: worker
         processes that step the lanes (0: this process; None: chosen for the
-        machine and the env), or ``jaxmesh.Ray(num_workers=N)``: N Ray actors
-        (a config file's ``{ray: {num_workers: N}}`` is made one).
+        machine and the env), or ``jaxmesh.Ray(num_workers=N)``.
       chunking, starts, scoring, layout: the groups (``Chunking``,
         ``Starts``, ``Scoring``, ``Layout``).
       served: ``Served`` options for ``"grpc://host:port"`` envs, or None.
@@ -375,8 +311,6 @@ class RunConfig:
                     f"{name}={value!r}: expected a jaxmesh.{cls.__name__} "
                     f"(e.g. {name}=jaxmesh.{cls.__name__}(...))"
                 )
-        # The flat knobs' checks and what they say with the groups' (checked
-        # in their constructors), once.
         c, lay = self.chunking, self.layout
         n, h, cap = checks.check_flat(
             self.num_envs, self.horizon, self.max_episode_steps
@@ -395,22 +329,20 @@ class RunConfig:
         )
         object.__setattr__(self, "max_episode_seconds", seconds)
         workers = cluster.workers_of(self.workers)  # a config's {ray: {...}}
-        object.__setattr__(self, "workers", workers)
         if workers is not None and not isinstance(workers, cluster.Ray):
             workers = checks.check_int(
                 "workers",
-                self.workers,
+                workers,
                 0,
                 "worker processes that step a host-stepped env's lanes (0: in "
                 "this process; None: chosen for the machine and the env), or "
                 "jaxmesh.Ray(num_workers=N) for Ray actors",
             )
-            object.__setattr__(self, "workers", workers)
+        object.__setattr__(self, "workers", workers)
 
     @property
     def settings(self) -> checks.Settings:
-        """The engine's view: ``checks.Settings`` (a record, checked when the
-        config was built)."""
+        """The engine's view: ``checks.Settings``."""
         return self._settings
 
     def for_backend(self, target: backend.Target) -> Served | None:
@@ -546,8 +478,7 @@ def from_keywords(
 
 
 def _grouped_given_flat(caller: str, flat: dict, given: dict) -> str:
-    """The message for grouped fields given as flat keywords: each one's
-    group, and the call spelled with the groups."""
+    """The message for grouped fields given as flat keywords."""
     by_group: dict[str, list[str]] = {}
     for name, value in flat.items():
         by_group.setdefault(GROUP_OF[name], []).append(f"{name}={_short(value)}")
