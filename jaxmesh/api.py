@@ -1,22 +1,12 @@
 """``jaxmesh.evaluate``: the one way in.
 
-Every run starts here, in four steps a reader can follow in this file:
-
-1. the configuration is built and checked once (``jaxmesh.RunConfig``; a
-   grouped field given as a flat keyword is refused, naming its group);
-2. the env is made with its options and told its backend once
-   (``jaxmesh.run.dispatch.target``); a ``jaxmesh.Suite`` is planned as runs
-   (``jaxmesh.suite.SuitePlan``), each task's env told the same way
-   (``run_suite``);
-3. ``resume=`` works out the episodes an earlier result lacks, runs them and
-   merges them in (``jaxmesh.run.resume.Resumption``), a ``trace=`` writes
-   the run's timeline, and every result records its fingerprint
-   (``run_one``);
-4. the settings only one backend takes are checked against it
-   (``RunConfig.for_backend``) and the backend the table names
-   (``jaxmesh.run.dispatch.route``) runs the budget: the jitted scan for a JAX
-   env, the host loop for gymnasium envs in this process, in worker processes
-   or served over gRPC.
+Every run starts here, in four steps: (1) the configuration is built and
+checked once (``jaxmesh.RunConfig``); (2) the env is made and told its backend
+once (``jaxmesh.run.dispatch.target``), a ``jaxmesh.Suite`` planned as runs
+(``run_suite``); (3) ``resume=`` runs only the episodes an earlier result
+lacks, ``trace=`` writes the timeline, every result records its fingerprint
+(``run_one``); (4) the backend the table names (``jaxmesh.run.dispatch.route``)
+runs the budget, after the settings only it takes are checked against it.
 """
 
 from __future__ import annotations
@@ -64,56 +54,42 @@ def evaluate(
 
     Episode i of the budget runs with seed ``seeds[i]`` (``episodes=E``: seeds
     0..E-1), is scored once, and comes out the same whatever the lane count,
-    tile or backend (docs/contract.md).
+    tile or backend (docs/contract.md). docs/evaluation.md ("What evaluate
+    takes") says what each argument accepts.
 
     Args:
       policy: a single-lane callable ``obs -> action`` or ``obs -> chunk``
         (``(obs, key)`` for a stochastic one), or a ``jaxmesh.Model``.
-      env: an id (``"gymnax:CartPole-v1"``, ``"brax:fast"``,
-        ``"playground:CartpoleBalance"``, ``"gymnasium:Hopper-v5"``,
-        ``"libero:libero_spatial/0"``), a served env (``"grpc://host:port"``
-        or a list of addresses), a JAX env object, a gymnasium ``Env``, a list
-        of them or a ``VectorEnv``, or a ``jaxmesh.Suite`` (then a
-        ``jaxmesh.SuiteResult`` is returned).
+      env: an env id (``"gymnax:CartPole-v1"``, ``"gymnasium:Hopper-v5"``,
+        ...), a served env (``"grpc://host:port"`` or a list of addresses), a
+        JAX env object, a gymnasium ``Env``, a list of them or a ``VectorEnv``,
+        or a ``jaxmesh.Suite`` (then a ``jaxmesh.SuiteResult`` is returned).
       config: a ``jaxmesh.RunConfig`` (None: the defaults). The keywords
         below override its fields.
       episodes, seeds: the budget: E episodes with seeds 0..E-1, or these
         seeds (one episode each).
       num_envs, horizon, max_episode_steps, max_episode_seconds, workers: the
-        flat knobs (``RunConfig``: 64 lanes, horizon 1, the env's step cap,
-        no wall-clock cap, workers chosen for the machine).
+        flat knobs of ``RunConfig``.
       chunking, starts, scoring, served, layout: the groups
         (``jaxmesh.Chunking``, ``Starts``, ``Scoring``, ``Served``,
-        ``Layout``; docs/evaluation.md lists their fields).
+        ``Layout``).
       params: policy params passed as a jit argument (new values never
-        recompile). With ``params``, a plain function is ``fn(params, obs)``
-        or ``fn(params, obs, key)``; for a Model they replace
-        ``model.params`` for this run.
+        recompile): a plain function is then ``fn(params, obs)``; a Model's
+        ``model.params`` are replaced for this run.
       hooks: an object (or list) with any of ``on_run_start(info)``,
-        ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``, called
-        on the host between segments, episodes in episode order;
-        ``on_step(jaxmesh.StepEvent)``, every executed step in step order (on
-        a JAX env a program of its own with a host callback per step: much
-        slower; docs/evaluation.md, "Step hooks"); ``on_fault(info)``: a
-        served env's server lost and its unfinished episodes run again.
-      record: a ``jaxmesh.Record(episodes=[...], keys=None, max_steps=1000)``:
-        keep those episodes' observations, actions, rewards and ends step by
-        step (``result.trajectories``; ``jaxmesh.render`` makes a video).
+        ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``,
+        ``on_step(jaxmesh.StepEvent)`` and ``on_fault(info)``.
+      record: a ``jaxmesh.Record``: those episodes step by step
+        (``result.trajectories``).
       trace: a file path: the run's timeline as Chrome-trace / Perfetto JSON
-        (compile, init, segments, host syncs, hooks; per call on host-stepped
-        envs: plan, encode, the call and the server's step, decode), written
-        when the run ends, also when it fails (``jaxmesh.trace``).
+        (``jaxmesh.trace``), written also when the run fails.
       resume: an earlier ``RunResult`` of this run (an exception's
         ``partial_result``, ``RunResult.from_dict`` of its JSON, or
-        ``jaxmesh.load_episode_log(path)``): only the episodes it lacks run,
-        in its plan tile, and the result holds the whole budget, each episode
-        as an uninterrupted run gives it. A result of another budget, policy,
-        params, env or settings is refused, naming what differs; a
-        ``SuiteResult`` for a suite.
+        ``jaxmesh.load_episode_log(path)``): only the episodes it lacks run;
+        a result of another run is refused, naming what differs.
       env_config: an id's options, ``jaxmesh.make_env(env, **env_config)``.
       **unknown: refused with a ``TypeError``: a grouped field given flat
-        (``prefetch_lead=2``) names its group and the spelling to use
-        (``chunking=jaxmesh.Chunking(prefetch_lead=2)``).
+        (``prefetch_lead=2``) names its group and the spelling to use.
 
     Returns:
       A ``jaxmesh.RunResult`` (a ``jaxmesh.SuiteResult`` for a suite).
