@@ -56,11 +56,8 @@ def check_at_most(name: str, value: int, high: int, hint: str) -> int:
 
 
 def free_memory(device: Any = None) -> tuple[int | None, int | None]:
-    """(device bytes free, host bytes free); None where it cannot be known.
-
-    The device figure comes from ``device.memory_stats()`` (GPU, TPU); a CPU
-    device reports none and lives in host memory.
-    """
+    """(device bytes free, host bytes free); None where it cannot be known (a
+    CPU device reports no ``memory_stats`` and lives in host memory)."""
     host = None
     try:
         host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -122,10 +119,11 @@ def resolve_budget(
 ) -> np.ndarray:
     """The run's seeds (CONTRACT 1): one per budgeted episode, int32.
 
-    A budget too large for memory is refused before its seeds are made: the
-    host's per-episode results, and with ``device_buffers`` (``Engine.run``,
-    behind ``make_evaluator``) the device's budget-sized buffers too; an
-    ``evaluate`` run's device buffers are sized by its lanes.
+    A budget too large for memory is refused before its seeds are made (with
+    ``device_buffers``, ``Engine.run``'s budget-sized device buffers too).
+
+    Raises:
+      TypeError, ValueError: a bad budget or seeds, naming them.
     """
     if episodes is not None:
         episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
@@ -169,15 +167,11 @@ class Settings(NamedTuple):
     max_steps: int
     plan_tile: int | None
     segment_steps: int
-    #: Inference delay d in steps (0: none); CONTRACT 23.
     delay: int = 0
-    #: How a chunk is executed: None (replayed) or a ``jaxmesh.Ensemble``.
     execution: Any = None
-    #: The delay as given in milliseconds (None: given in steps, ``delay``);
-    #: ``resolve_delay_ms`` turns it into ``delay`` steps by the env's dt.
+    #: None: the delay was given in steps (``resolve_delay_ms`` sets ``delay``).
     delay_ms: float | None = None
-    #: A sweep's cells (``jaxmesh.sweep``), each ``(h, d)``: episode i runs
-    #: cell ``i // cell_episodes`` (``plan.RunPlan.grid``). None: one setting.
+    #: A sweep's cells, each ``(h, d)`` (``plan.RunPlan.grid``). None: one setting.
     grid: tuple[tuple[int, int], ...] | None = None
     cell_episodes: int = 0
 
@@ -193,15 +187,10 @@ def check_settings(
     execution: Any = None,
     delay_ms: Any = None,
 ) -> Settings:
-    """Checks every setting; a TypeError / ValueError naming the bad one.
+    """Checks every setting (``RunConfig`` runs the same checks in parts).
 
-    ``delay_ms`` is checked here and turned into steps once the env is known
-    (``resolve_delay_ms``). ``RunConfig`` runs the same checks in parts, each
-    once: ``check_chunking`` in ``Chunking``, ``check_layout`` in ``Layout``,
-    ``check_flat`` and ``settings_of`` in ``RunConfig``.
-
-    The checks that need the policy's chunk length (``delay < h``,
-    ``K >= h + delay``, an ensemble's weights) run in ``plan.plan_run``.
+    Raises:
+      TypeError, ValueError: naming the bad setting.
     """
     num_envs, horizon, cap = check_flat(num_envs, horizon, max_episode_steps)
     lead, delay, execution, delay_ms = check_chunking(
@@ -310,9 +299,8 @@ def settings_of(
     execution: Any,
     delay_ms: float | None,
 ) -> Settings:
-    """The ``Settings`` of values each checked on its own (``check_flat``,
-    ``check_chunking``, ``check_layout``): what they say together (an
-    ensemble with a horizon) is checked here."""
+    """The ``Settings`` of values each checked on its own, checking what they
+    say together (an ensemble with a horizon)."""
     _check_ensemble(execution, horizon, delay, lead)
     return Settings(
         num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
@@ -346,8 +334,7 @@ def check_delay_ms(delay_ms: Any, delay: int = 0) -> float | None:
 
 def delay_steps(delay_ms: float, dt: float | None, env: str) -> int:
     """The steps of a ``delay_ms`` inference time on an env of ``dt``
-    seconds a step: ``ceil(delay_ms / (1000 * dt))``, the first step at or
-    after the chunk's arrival being the first that can play it.
+    seconds a step: ``ceil(delay_ms / (1000 * dt))``.
 
     Raises:
       ValueError: the env has no step time (``dt``).
@@ -374,16 +361,14 @@ def resolve_delay_ms(settings: Settings, dt: float | None, env: str) -> Settings
 #: Info keys read as an episode's success without being asked, in this order.
 SUCCESS_KEYS = ("success", "is_success")
 
-#: What ``success_mode=`` may name as the headline success of an episode:
-#: ``once``, the success signal was true at any executed step; ``end``, it was
-#: true at the episode's last step.
+#: What ``success_mode=`` may name: true at any executed step, or at the last.
 SUCCESS_MODES = ("once", "end")
 #: The default headline (docs/evaluation.md, "Success", says why).
 DEFAULT_SUCCESS_MODE = "once"
 
 
 def check_success_mode(mode: Any) -> str:
-    """Checks ``evaluate``'s ``success_mode=`` (nothing compiles).
+    """Checks ``evaluate``'s ``success_mode=``.
 
     Raises:
       ValueError: anything but one of ``SUCCESS_MODES``.
@@ -412,13 +397,7 @@ class Metrics(NamedTuple):
 
 
 def check_metrics(metrics: Any, success: Any = None) -> Metrics:
-    """Checks ``evaluate``'s ``metrics=`` and ``success=`` (nothing compiles).
-
-    Args:
-      metrics: None; an info key; a list of keys (each reduced with ``last``);
-        or a dict key -> reduction, one of ``core.tally.REDUCTIONS``.
-      success: None (auto: ``success`` or ``is_success`` when the info has
-        one), an info key whose last value is the episode's success, or False.
+    """Checks ``evaluate``'s ``metrics=`` and ``success=`` (``Scoring``'s).
 
     Raises:
       TypeError: a value of the wrong type, naming it.
@@ -466,15 +445,8 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
 def resolve_metrics(
     asked: Metrics, available: Any, env_name: str
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """The metrics and success key of a run, against the env's info keys.
-
-    Args:
-      asked: ``check_metrics``'s result.
-      available: the env's info keys (flat names, ``core.tally.info_leaves``).
-      env_name: the env, for messages.
-
-    Returns:
-      ``(named, success key or None)``.
+    """``(named, success key or None)`` of ``asked`` (``check_metrics``'s)
+    against the env's info keys ``available``.
 
     Raises:
       ValueError: a key the env's info lacks, naming the closest ones and
