@@ -38,16 +38,10 @@ def import_target(target: str) -> Any:
 
 
 def build_policy(target: str, policy_config: dict[str, Any], host: bool = False) -> Any:
-    """Builds the policy named by ``module:Name``.
-
-    A class is built with ``Class.from_config(**policy_config)`` if it has
-    ``from_config``, else ``Class(**policy_config)``; a function given a
-    ``policy_config`` builds the policy (``make_policy(**policy_config)``, as
-    ``jaxmesh.RemotePolicy`` does). A ``jaxmesh.Model`` instance, another
-    policy object (a ``jaxmesh.HostPolicy``) or a function without
-    ``policy_config`` is used as it is; with ``host``, a function runs on the
-    host as ``jaxmesh.HostPolicy(fn)``. A Model's ``load`` runs here, so that a
-    bad checkpoint is a config error.
+    """Builds the policy named by ``module:Name``: a class or a function with
+    ``policy_config`` from it, anything else as it is (with ``host``, a
+    function as ``jaxmesh.HostPolicy(fn)``). A Model's ``load`` runs here, so
+    that a bad checkpoint is a config error.
 
     Raises:
       ConfigError: the target cannot be imported or built from the config.
@@ -117,8 +111,7 @@ CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
 def load_policy(target: str) -> Any:
-    """The policy a run config names (its ``policy`` and ``policy_config``),
-    or the one ``module:attr`` names.
+    """The policy a run config file or ``module:attr`` names.
 
     Raises:
       ConfigError: no such file, a config without ``policy``, or a policy that
@@ -135,8 +128,7 @@ def load_policy(target: str) -> Any:
 
 
 def config_policy(config: dict[str, Any], target: str) -> Any:
-    """The policy run ``config`` (read from the file ``target``) names: its
-    ``policy`` and ``policy_config``.
+    """The ``policy`` and ``policy_config`` of ``config``, read from ``target``.
 
     Raises:
       ConfigError: a config without ``policy``, or a policy that cannot be
@@ -177,12 +169,9 @@ def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
 
 
 def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
-    """The env to evaluate on, its refusals as ConfigError.
-
-    A ``gymnax:`` or ``brax:`` id is ``make_env(env_id, **env_config)``.
-    A ``gymnasium:<id>`` and served addresses are passed on as they are
-    (``jaxmesh.evaluate`` makes the envs, or connects when the run starts);
-    here only the packages they need are looked for.
+    """The env to evaluate on: ``make_env(env_id, **env_config)``, or an env
+    factory; a ``gymnasium:<id>`` and served addresses as they are (only the
+    packages they need are looked for here).
 
     Raises:
       ConfigError: an unknown env id, keyword arguments the env refuses, or a
@@ -222,10 +211,6 @@ _OWN_ENV = (
 )
 
 
-def _a(noun: str) -> str:
-    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
-
-
 def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
     """The env factory a config's ``env: module:function`` names, as
     ``jaxmesh.evaluate`` takes one (a function, or a ``gymnasium.Env`` class,
@@ -250,28 +235,19 @@ def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
     except ConfigError as e:
         raise ConfigError(f"env {env_id!r}: {e}; {_OWN_ENV}") from e
     if not is_factory(obj):
+        noun = type(obj).__name__
+        a = "an" if noun[:1].lower() in "aeiou" else "a"
         raise ConfigError(
-            f"env {env_id!r} is {_a(type(obj).__name__)}, not an env factory; "
-            + _OWN_ENV
+            f"env {env_id!r} is {a} {noun}, not an env factory; {_OWN_ENV}"
         )
     return functools.partial(obj, **env_config) if env_config else obj
-
-
-def _reply_timeout(value: Any) -> Any:
-    """A config's ``reply_timeout``: null is the default (``"auto"``), ``.inf``
-    no limit, a number the seconds."""
-    if value is None:
-        return "auto"
-    return None if value == math.inf else value
 
 
 def run_config(config: dict[str, Any]) -> RunConfig:
     """A config's ``jaxmesh.RunConfig``, built (and so checked) once.
 
     A config's run keys are the ``RunConfig``'s field names, flat (each names
-    one field: ``prefetch_lead`` is ``Chunking.prefetch_lead``); a group none
-    of whose fields the config sets keeps its default. The TLS file ``tls_ca``
-    becomes ``Served``'s credentials, ``reply_timeout: .inf`` no limit.
+    one field: ``prefetch_lead`` is ``Chunking.prefetch_lead``).
 
     Raises:
       ConfigError: ``RunConfig`` or a group refuses a value (its message).
@@ -282,8 +258,8 @@ def run_config(config: dict[str, Any]) -> RunConfig:
         settings.pop("check_seeds", None)
     if "execution" in settings:
         settings["execution"] = execution_of(settings["execution"])
-    if "reply_timeout" in settings:  # else Served's default, auto
-        settings["reply_timeout"] = _reply_timeout(settings["reply_timeout"])
+    if settings.get("reply_timeout") == math.inf:  # else seconds, or the default
+        settings["reply_timeout"] = None  # no limit
     if config.get("tls_ca") is not None:
         settings["credentials"] = channel_credentials(config["tls_ca"])
     groups: dict[str, dict[str, Any]] = {}
