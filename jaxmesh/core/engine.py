@@ -1,30 +1,13 @@
 """The scan engine: lane bookkeeping around the agent step and a JAX env.
 
-For all N lanes at once, the engine resets the lanes that start an episode
-(compacted tiles), plans (compacted tiles) and replays chunks
-(``agent.act``), steps the env, pushes frame windows (``agent.observe``),
-accounts episodes (returns, lengths, ends, results written at the episode's
-index), hands the next unstarted episode to lanes that finished (ascending
-lane order), masks lanes with nothing left to start, and checks for bad
-values on the device (``tally.Fault``). Episode metrics
-(``EngineConfig.metrics``) are reduced in the lane state on every step, and
-recorded episodes (``jaxmesh.core.recording``) are written into fixed buffers,
-both without a host round trip. Only ``EngineConfig.step_events`` (an
-``on_step`` hook) adds one: an ordered ``io_callback`` per step that hands the
-per-lane values to the host function the engine was built with.
-
-The segment program never depends on the budget: ``Engine.run_segment``
-advances up to S steps, writes the episodes that end into a *log* of
-``capacity`` rows (each row names its episode, ``Results.index``) and reads
-the seeds from a window of them (``jaxmesh.core.carry.window``). It stops as
-soon as the budget is done, a fault is seen, or the log could not hold
-another step's ends; the host then copies the rows written into its own
-arrays, indexed by episode (``tally.write``). ``Engine.run`` runs a whole
-budget of ``capacity`` seeds in one call, with result buffers indexed by
-episode, and is the pure function behind ``make_evaluator``.
-
-The engine holds no host state: it is its (policy, env, config) and the host
-function its step events go to, fixed when it is built.
+``Engine.run_segment`` advances up to S steps, writing the episodes that end
+into a log of ``capacity`` rows (``Results.index``) and reading the seeds from
+a window (``jaxmesh.core.carry.window``); the host copies the rows into its
+own arrays (``tally.write``). ``Engine.run`` runs a whole budget in one call:
+the pure function behind ``make_evaluator``. Only ``EngineConfig.step_events``
+adds a host round trip (an ordered ``io_callback`` per step). The two loops
+and what the program depends on: docs/evaluation.md ("The engine", "Compiling
+once").
 """
 
 from __future__ import annotations
@@ -51,33 +34,26 @@ from jaxmesh.core.carry import (
 )
 from jaxmesh.core.policy import Policy
 
-#: Lanes reset per call of the env's reset, at most: only lanes that start an
-#: episode are reset, gathered in tiles of ``min(RESET_TILE, N)``. Fewer lanes
-#: get a smaller tile: a one-lane step then touches no buffer over 512 bytes,
-#: which XLA:CPU needs to run a step's kernels in one sequence, and the env's
-#: step runs all N lanes in one batch anyway.
+#: Lanes reset per call of the env's reset, at most (tiles of
+#: ``min(RESET_TILE, N)``): a one-lane step then touches no buffer over 512
+#: bytes, which XLA:CPU needs to run a step's kernels in one sequence.
 RESET_TILE = 32
 
-#: A reset of at most this many JAX equations (``env.reset``'s, counted through
-#: its nested programs; gymnax's have 20-40, an MJX one thousands) is cheap:
-#: when any lane starts an episode, every lane's reset is computed and the
-#: starting lanes keep theirs (one ``jnp.where`` per state leaf), instead of
-#: gathering the starting lanes into tiles and scattering each leaf back.
-#: That compiles a few dozen fewer kernels; a lane's reset values are the same
-#: either way. Only up to ``WHERE_RESET_LANES`` lanes: past them, short episodes
-#: (some lane starts one on most steps) ran slower resetting every lane than
-#: the starting ones in tiles (0.9x the env steps/s at 1,024 and 4,096 lanes).
+#: A reset of at most this many JAX equations (counted through its nested
+#: programs; gymnax's have 20-40, an MJX one thousands) is cheap: every lane's
+#: reset is computed and the starting lanes keep theirs (one ``jnp.where`` per
+#: leaf), which compiles a few dozen fewer kernels than tiles, with the same
+#: values. Only up to ``WHERE_RESET_LANES`` lanes: past them, short episodes ran
+#: slower (0.9x the env steps/s at 1,024 and 4,096 lanes).
 CHEAP_RESET_EQUATIONS = 256
 WHERE_RESET_LANES = 256
 
 
 def batched(env: Any) -> bool:
-    """Whether ``env`` steps all lanes in one call (an EnvPool pool,
-    ``jaxmesh.envs.envpool``) instead of a one-lane step that the engine
-    vmaps: it then has ``reset_lanes(begins, episode, state) -> (obs,
+    """Whether ``env`` steps all N lanes in one call (an EnvPool pool,
+    ``jaxmesh.envs.envpool``): ``reset_lanes(begins, episode, state) -> (obs,
     state)`` and ``step_lanes(active, state, action) -> (obs, state, reward,
-    terminated, truncated, info)``, over all N lanes. A lane outside
-    ``begins`` (or ``active``) must leave every episode's env alone."""
+    terminated, truncated, info)``, leaving lanes outside the mask alone."""
     return callable(getattr(env, "step_lanes", None))
 
 
@@ -100,22 +76,14 @@ def equations(jaxpr: Any) -> int:
 
 
 def with_step_events(engine: Engine, on_step: Callable) -> Engine:
-    """The same engine with step events compiled in (``EngineConfig.step_events``),
-    sent to ``on_step`` (see ``Engine``)."""
+    """The same engine with step events compiled in, sent to ``on_step``."""
     config = dataclasses.replace(engine.config, step_events=True)
     return Engine(engine.policy, engine.env, config, on_step)
 
 
-def _on_cpu(policy: Policy) -> bool:
-    """Whether the policy runs on a CPU (its device, or JAX's default)."""
-    return (policy.device or jax.devices()[0]).platform == "cpu"
-
-
 def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) -> Carry:
-    """A carry of the right shapes; ``begin`` fills what a lane reads.
-
-    ``log``: a segment's (a seed window and a log); else ``run``'s
-    (seeds and results indexed by episode)."""
+    """A carry of the right shapes: a segment's (``log``: a seed window and a
+    log) or ``run``'s (seeds and results indexed by episode)."""
     n = cfg.agent.num_envs
     seeds = window_size(cfg) if log else cfg.capacity
     key0 = jax.random.PRNGKey(0)  # under eval_shape: traced, never run
@@ -172,11 +140,8 @@ def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) ->
 
 
 def _accumulate(config: EngineConfig, lanes: LaneState, info: Any) -> tuple:
-    """Every accumulator after this step's info values (active lanes only).
-
-    A JAX env's info has a fixed structure: every step has every key, so
-    no count is kept (an episode's count is its length).
-    """
+    """Every accumulator after this step's info (active lanes only; no count:
+    a JAX env's info has every key on every step)."""
     active = lanes.active
     leaves = tally.info_leaves(info)
     return tuple(
@@ -190,9 +155,8 @@ def _accumulate(config: EngineConfig, lanes: LaneState, info: Any) -> tuple:
 def _episode_metrics(
     cfg: EngineConfig, lanes: LaneState, t: jax.Array
 ) -> tuple[dict, dict]:
-    """The per-lane metric values of an episode ending now (after ``t``
-    steps), and its success fields (``Results``' names; {} without a
-    success key)."""
+    """The per-lane metrics of an episode ending after ``t`` steps, and its
+    success fields (``Results``' names)."""
     acc = lanes.acc
     values = {
         name: rules.finalize_metric(jnp, red, a, t)
@@ -214,11 +178,9 @@ class Engine:
       policy: the resolved policy.
       env: a jaxmesh single-lane env.
       config: static configuration.
-      on_step: with ``config.step_events``, the host function each step's
-        arrays go to: ``on_step(stepped, episode, t, action, reward,
-        terminated, truncated) -> bool`` (all [N] numpy; False stops the
-        segment). The compiled program calls it, so a run that listens holds
-        what it reads.
+      on_step: with ``config.step_events``, ``on_step(stepped, episode, t,
+        action, reward, terminated, truncated) -> bool`` (all [N] numpy;
+        False stops the segment), called from the compiled program.
     """
 
     def __init__(
@@ -230,13 +192,13 @@ class Engine:
     ):
         # On a CPU the policy runs inside the loops' bodies, where XLA runs a
         # non-NHWC convolution on a naive loop (``jaxmesh.core.convs``).
-        self.policy = convs.canonical_convs(policy) if _on_cpu(policy) else policy
+        on_cpu = (policy.device or jax.devices()[0]).platform == "cpu"
+        self.policy = convs.canonical_convs(policy) if on_cpu else policy
         self.env = env
         self.config = config
         self.on_step = on_step
-        # The lanes and agent state are donated (updated in place); the results
-        # are not, so the host keeps the last segment's results alive until the
-        # next segment returns: a failure inside a segment loses nothing finished.
+        # The results are not donated: a failure inside a segment loses
+        # nothing the last one finished.
         self.run_segment = jax.jit(
             self._run_segment, static_argnums=(3,), donate_argnums=(1,)
         )
@@ -249,16 +211,14 @@ class Engine:
 
     @functools.cached_property
     def _reset_probe(self) -> tuple[bool, Any]:
-        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``: its
-        lanes then reset under one ``jnp.where`` instead of tiles), and the
-        shapes of one lane's reset ``(obs, state)``. Traces the reset once."""
+        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``), and
+        the shapes of one lane's reset ``(obs, state)``."""
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         jaxpr, shapes = jax.make_jaxpr(self.env.reset, return_shape=True)(key)
         return equations(jaxpr.jaxpr) <= CHEAP_RESET_EQUATIONS, shapes
 
     def carry_shape(self) -> Carry:
-        """Shapes and dtypes of the carry (traces the env's reset once, compiles
-        nothing)."""
+        """Shapes and dtypes of the carry (compiles nothing)."""
         return self._carry_shape
 
     def first_carry(
@@ -278,10 +238,10 @@ class Engine:
             them); required when the engine records.
           trials: ``(trial_of, data)``: each episode's trial index (int32, as
             many as ``seeds``) and the data of ``config.trials``; required
-            when the engine has ``config.trials``.
+            with ``config.trials``.
           texts: each ``jaxmesh.adapt.Text`` input's encoded instruction per
             lane (name -> pytree of ``[num_envs, ...]``); required when the
-            policy reads one. Data, not part of the program.
+            policy reads one.
         """
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self.carry_shape())
         carry = given(self.config, zeros, seeds, record, trials, texts)
@@ -289,13 +249,9 @@ class Engine:
 
     # The step -----------------------------------------------------------------
     def _begin(self, lanes: LaneState, ag: agent.AgentState):
-        """Resets the lanes in ``lanes.start``; those with an episode begin it.
-
-        The reset runs only as many tiles as lanes start, and it and the
-        agent's ``begin`` sit in ``cond``s that most steps skip. Returns the
-        lanes, the agent state, the reset observations ([N]; zeros for lanes
-        that do not start), the lanes that begin an episode and how many lanes
-        run one now (the active ones, which the next step steps).
+        """Resets the lanes in ``lanes.start`` (in a ``cond`` most steps skip);
+        those with an episode begin it. Returns the lanes, the agent state, the
+        reset observations ([N]), the lanes that begin and how many are active.
         """
         cfg = self.config
         start = lanes.start
@@ -326,9 +282,6 @@ class Engine:
         tile = n if cheap and n <= WHERE_RESET_LANES else min(RESET_TILE, n)
 
         def start_lanes(c):
-            # Every piece of an episode's start, in the one branch that runs
-            # on the steps where a lane starts (a lane that starts none: no
-            # change but its reset).
             resets, ag, t, ret, acc = c
             if batched(self.env):  # one call starts every lane that begins
                 resets = self._reset_lanes(lanes, begins, resets)
@@ -371,17 +324,14 @@ class Engine:
         return lanes, ag, obs, begins, stepping
 
     def _reset_lanes(self, lanes: LaneState, begins: jax.Array, c: tuple) -> tuple:
-        """``_begin``'s reset for a batched env (``batched``): one
-        ``env.reset_lanes`` call for all lanes, kept for the lanes that
-        begin."""
+        """``_begin``'s reset for a batched env: one ``env.reset_lanes`` call."""
         env_state, _, reset_success = c
         obs, env_state = self.env.reset_lanes(begins, lanes.episode, env_state)
         return env_state, obs, reset_success
 
     def _reset(self, lanes: LaneState, ep_keys: jax.Array, episodes: jax.Array):
-        """The reset of a tile of lanes starting ``episodes`` with these keys:
-        ``env.reset(key)``, or with ``config.trials`` its reset from each
-        episode's trial index (read from the window at ``lanes.base``)."""
+        """The reset of a tile of lanes starting ``episodes``: ``env.reset(key)``,
+        or with ``config.trials`` the reset from each episode's trial index."""
         trials = self.config.trials
         if trials is None:
             return jax.vmap(self.env.reset)(ep_keys)
@@ -397,10 +347,8 @@ class Engine:
         return rules.reward_faults(jnp, reward, lanes.active, kinds, values)
 
     def _step_events(self, lanes: LaneState, kinds, action, reward, term, trunc):
-        """Sends this step's per-lane values to ``on_step`` (ordered); whether
-        the segment goes on. ``lanes`` is the lane state the step ran with
-        (episode, t before the step); only lanes that executed the step
-        without a bad value are marked as stepped."""
+        """Sends this step's per-lane values to ``on_step`` (ordered; episode
+        and t before the step, stepped: no bad value); whether to go on."""
         on_step = self.on_step
 
         def emit(*arrays: Any) -> np.bool_:
@@ -420,21 +368,13 @@ class Engine:
             ordered=True,
         )
 
-    # The loop ----------------------------------------------------------------
-    #
-    # A run is an outer loop over the steps on which episodes end. Its inner
-    # loop runs env steps until a lane's episode ends (or the segment's steps
-    # are done, a bad value or a refused step event is met): each starts the
-    # lanes that take an episode (``_begin``), then steps them (``_core``).
-    # The outer loop writes the ended episodes' results and hands the next
-    # ones over (``_finish``): CONTRACT 3's order. The inner loop holds
-    # per-lane state only, never the result buffers, so XLA:CPU runs a
-    # few-lane step as one sequence of kernels instead of spreading it over
-    # its thread pool (as it does for any buffer over 512 bytes).
+    # The loop: an inner loop of env steps (``_begin``, ``_core``) until a
+    # lane's episode ends, inside an outer one that writes the results and
+    # hands the next episodes over (``_finish``). The inner loop holds no
+    # result buffer, so XLA:CPU runs a few-lane step as one kernel sequence.
 
     def _inner(self, carry: Carry) -> Inner:
-        """The inner loop's state at the start of an outer iteration: the
-        lanes handed an episode get its key, and the seeds stay out."""
+        """The inner loop's state: handed-over lanes get their episode's key."""
         cfg = self.config
         n = cfg.agent.num_envs
         no = jnp.zeros((n,), bool)
@@ -464,10 +404,7 @@ class Engine:
 
     def _core(self, params: Any, c: Inner, stepping: jax.Array) -> Inner:
         """One env step of every active lane (``stepping`` of them): plan and
-        replay, the env step, frame windows, episode accounting and bad
-        values; an episode's end is left to ``_finish``. With
-        ``config.step_events`` the step's values go to the host through an
-        ordered ``io_callback`` (``_step_events``)."""
+        replay, the env step, windows, accounting and bad values."""
         cfg = self.config
         lanes, ag = c.lanes, c.agent
         active = lanes.active
@@ -546,9 +483,8 @@ class Engine:
         )
 
     def _finish(self, c: Inner, res: tally.Results) -> tuple[LaneState, Any]:
-        """Writes the results of the episodes that ended on the inner loop's
-        last step, at their own index (others drop), and hands the next
-        unstarted episodes to their lanes in ascending lane order."""
+        """Writes the results of the episodes that ended on the last step and
+        hands the next episodes to their lanes in ascending lane order."""
         cfg = self.config
         lanes, ended = c.lanes, c.ended
 
@@ -598,9 +534,8 @@ class Engine:
         return jax.lax.cond(jnp.any(ended), finish, lambda *a: a, lanes, res)
 
     def _begin_recorded(self, rec: Any, done, lanes: LaneState, begins, obs0) -> Any:
-        """The recording after ``_begin``: the reset observations (and render
-        states) of recorded episodes that began (``done``: [R] bool, each
-        recorded episode was done when the inner loop began)."""
+        """The recording after ``_begin``: the reset observations of recorded
+        episodes that began (``done``: [R], done when the inner loop began)."""
         cfg = self.config
         if not cfg.record_slots:
             return rec
@@ -614,13 +549,9 @@ class Engine:
     def _advance(
         self, params: Any, carry: Carry, max_steps: Any, stop_at_fault: bool
     ) -> tuple[Carry, Any]:
-        """Runs up to ``max_steps`` env steps (None: until the budget is done);
-        stops once the budget is done, after a step that met a bad value
-        (``stop_at_fault``) and after a step whose events a hook refused.
-
-        Returns the carry and whether the run may go on (False after a
-        refused step event).
-        """
+        """Runs up to ``max_steps`` env steps (None: no limit) until the budget
+        is done, a bad value (``stop_at_fault``) or a refused step event.
+        Returns the carry and whether the run may go on."""
 
         def no_fault(fault):
             if not stop_at_fault:
@@ -645,9 +576,8 @@ class Engine:
                 & room(carry.results)
             )
 
-        # A lane running or starting an episode: under vmap (a population), a
-        # member whose budget is done runs the loops along with the others
-        # and must not step forever.
+        # Under vmap (a population) a member whose budget is done runs the
+        # loops with the others: it must see no lane running.
         def inner_cond(c):
             flags = [c.ended, c.lanes.active | c.lanes.start]
             if stop_at_fault:
@@ -679,21 +609,16 @@ class Engine:
         self, params: Any, state: tuple, res: tally.Results, max_steps: int
     ) -> tuple[tuple, tally.Results]:
         """Up to ``max_steps`` steps from ``state = (lanes, agent)`` (its seed
-        window put, ``jaxmesh.core.carry.with_window``); stops at a bad value
-        (the host reports it), a step event a hook refused (the host raises
-        the hook's exception after it), or when the log is full. The log's
-        rows start at 0: ``res`` carries the run totals, the fault and the
-        recording over."""
+        window put, ``jaxmesh.core.carry.with_window``); stops at a bad value,
+        a refused step event or a full log. ``res`` carries the run totals,
+        fault and recording over; the log's rows start at 0."""
         carry = Carry(*state, res.replace(rows=jnp.zeros_like(res.rows)))
         carry, _ = self._advance(params, carry, max_steps, stop_at_fault=True)
         return (carry.lanes, carry.agent), carry.results
 
     def run(self, params: Any, seeds: jax.Array) -> tally.Results:
-        """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it).
-
-        It does not stop at a bad value: with no host to report to, it scores
-        the whole budget and returns the fault in ``Results.fault``.
-        """
+        """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it),
+        through bad values (returned in ``Results.fault``)."""
         carry = zero_carry(self.policy, self.env, self.config, log=False)
         budget = jnp.int32(self.config.capacity)
         first = first_lanes(jnp, self.config.agent.num_envs, budget)
