@@ -1,24 +1,14 @@
 """The agent side of a step: plan, chunk replay, prefetch, frame windows, masking.
 
-Everything here is a pure function of an ``AgentState`` pytree that holds, for
-every lane, the chunk being replayed and its cursor, the prefetched chunk, the
-frame windows of the spec's inputs, the previous action and the recurrent state.
-``act`` takes lane masks and returns one action per lane; ``observe`` pushes the
-next observation into the windows; ``begin`` starts fresh episodes. The scan
-engine (``engine.py``) and a host loop over remote simulators drive the same
-three functions.
+Pure functions of an ``AgentState`` pytree (docs/evaluation.md, "The engine"):
+``act`` plans where needed and returns one action per lane, ``observe`` pushes
+the next observation into the windows, ``begin`` starts episodes. The scan
+engine and the host loops drive the same functions. Plans are compacted into
+tiles of ``tile`` rows, so a row's result never depends on N.
 
-Planning is compacted: only lanes that need a plan on this step are gathered,
-in tiles of ``tile`` rows (a size independent of the lane count, so that a row's
-floating-point result never depends on N), and a while loop runs only as many
-tiles as are needed.
-
-A ``jaxmesh.adapt.Text`` input is no window: its encoded instruction is per-lane
-data (``AgentState.texts``), set by whoever starts the lanes' episodes (the
-scan's first carry, or the host loop's ``texts`` argument of ``host_step``).
-A ``jaxmesh.adapt.PendingChunk`` input is none either: each plan writes the
-tail of its chunk that the lane's next plan will see (``AgentState.tail``,
-``tail_start``), so JAX envs and host-stepped envs get it from this code alone.
+A ``jaxmesh.adapt.Text`` input is per-lane data (``AgentState.texts``), and a
+``jaxmesh.adapt.PendingChunk`` input the tail of the lane's last chunk
+(``AgentState.tail``, ``tail_start``): neither is a window.
 
 Policy keys (CONTRACT 5): the plan of episode key ``k`` at episode step ``t`` uses
 ``fold_in(fold_in(k, 1), t)`` for a synchronous plan and
@@ -65,18 +55,16 @@ class AgentConfig:
     ensemble: Any = None
     chunk_len: int = 1  # K, the policy's chunk length (1 for single actions)
     #: A sweep's settings (``jaxmesh.sweep``): each cell's ``(h, d)``, cell c
-    #: running episodes ``c * cell_episodes .. (c + 1) * cell_episodes - 1``.
-    #: A lane takes its episode's (h, d) when it begins it (``AgentState.
-    #: setting``: data, not program); ``h`` and ``lead`` are then the
-    #: largest h and d (the buffers' sizes). None: one setting, static.
+    #: running episodes ``c * cell_episodes ..``; a lane takes its episode's
+    #: (h, d) as data (``AgentState.setting``), ``h`` and ``lead`` being the
+    #: largest h and d. None: one setting, static.
     grid: tuple[tuple[int, int], ...] | None = None
     cell_episodes: int = 0
 
     @property
     def execution_horizon(self) -> int:
         """Actions executed from one plan (CONTRACT 24): h, h + d under a
-        delay (its first d skipped), K under ensembling; a sweep's largest
-        h + d (a sweep tells a policy that asks one value per program)."""
+        delay, K under ensembling, a sweep's largest h + d."""
         if self.ensemble is not None:
             return self.chunk_len
         if self.grid is not None:
@@ -129,7 +117,7 @@ def make_config(
     cell_episodes=0,
 ) -> AgentConfig:
     """The static agent configuration (``horizon`` and ``lead`` as the run's
-    plan has them: under ensembling h = 1, under a delay the lead is d)."""
+    plan has them)."""
     spec = policy.spec
     raw = spec is None
     items = ((WHOLE_OBS, State()),) if raw else tuple(spec.items())
@@ -170,8 +158,7 @@ def make_config(
 
 
 def windowed(cfg: AgentConfig) -> tuple[tuple[str, Any], ...]:
-    """The inputs kept as frame windows (those that read the observation or
-    the action; not Text nor PendingChunk)."""
+    """The inputs kept as frame windows (those that read the obs or action)."""
     return tuple((n, d) for n, d in cfg.spec if d.reads_obs or d.reads_action)
 
 
@@ -185,8 +172,7 @@ def pending_value(tail: jax.Array, tail_len: jax.Array, delay: Any) -> dict:
 
 
 def pending_zeros(cfg: AgentConfig, n: int, length: int) -> dict:
-    """A PendingChunk input's value at an episode's start, for ``n`` rows of
-    chunks of ``length`` actions (zeros, nothing valid)."""
+    """A PendingChunk input's value at an episode's start (nothing valid)."""
     tail = jnp.zeros((n, length) + cfg.action_shape, cfg.action_dtype)
     return pending_value(tail, jnp.zeros((n,), jnp.int32), cfg.delay)
 
@@ -194,14 +180,8 @@ def pending_zeros(cfg: AgentConfig, n: int, length: int) -> dict:
 def tail_start(h: Any, d: Any, planned_late: bool) -> Any:
     """The index of a new chunk's entry for the step of the next plan's first
     entry (CONTRACT 29): the next plan's PendingChunk shows ``chunk[start:]``.
-
-    A chunk played from its entry 0 at the step it was planned (synchronous)
-    is followed by a plan at its cursor h - d (d = 0: when exhausted) whose
-    chunk is aligned with the step of that plan: start h - d. A chunk planned
-    ahead (a delay d: played from entry d, d steps after its plan; a prefetch
-    lead: from entry 0, the lead's steps after its plan) has its next plan
-    aligned with its entry h: start h.
-    """
+    A synchronous plan's next plan comes at cursor h - d (start h - d); a
+    chunk planned ahead (a delay or a lead) is followed at its entry h."""
     return h if planned_late else h - d
 
 
@@ -229,13 +209,9 @@ def text_zeros(cfg: AgentConfig, n: int, xp: Any = jnp) -> dict:
     }
 
 
-def _frame(decl, obs, action):
-    return decl.frame(obs, action)
-
-
 def frames(cfg: AgentConfig, obs: Any, action: jax.Array) -> dict:
     """Single-lane processed frames of every windowed input."""
-    return {name: _frame(decl, obs, action) for name, decl in windowed(cfg)}
+    return {name: decl.frame(obs, action) for name, decl in windowed(cfg)}
 
 
 def _where(mask, a, b):
@@ -251,9 +227,8 @@ def _where(mask, a, b):
 def policy_inputs(
     cfg: AgentConfig, windows: dict, texts: dict, pending: dict | None = None
 ) -> Any:
-    """What the policy sees per lane: frames, or a stacked window for stack > 1,
-    each Text input's encoded instruction and each PendingChunk input's
-    ``pending`` (``pending_value``)."""
+    """What the policy sees per lane: frames (a stacked window for stack > 1),
+    Text encodings and ``pending`` for PendingChunk inputs."""
     out = {}
     for name, decl in cfg.spec:
         if isinstance(decl, Text):
@@ -339,13 +314,9 @@ def begin(
     obs: Any,
     episodes: jax.Array | None = None,
 ) -> AgentState:
-    """Starts episodes on the lanes in ``mask`` from their reset observation.
-
-    Windows are filled with copies of the reset frame (zeros for Previous), the
-    cursor marks the chunk exhausted, ``fresh`` forces a synchronous plan and
-    a PendingChunk's tail is cleared.
-    Under a sweep (``cfg.grid``) a lane takes the (h, d) of its episode
-    (``episodes``: [N] the episode index each lane begins).
+    """Starts episodes on the lanes in ``mask`` from their reset observation:
+    windows of the reset frame, the chunk exhausted, a synchronous plan due.
+    Under a sweep a lane takes the (h, d) of its episode (``episodes``: [N]).
     """
     n, h = cfg.num_envs, cfg.h
     prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
@@ -393,16 +364,11 @@ def _plan(
 ) -> tuple[Any, AgentState, jax.Array]:
     """Plans the lanes in ``need`` in fixed tiles; writes chunks into ``buf``.
 
-    ``write(buf, idx, out) -> buf`` puts a tile's chunks ``out`` ([tile, K,
-    *A]) into the rows ``idx`` of ``buf``; by default their first h actions.
-    With a PendingChunk input, ``out[start:]`` (``start``: an int or [N] ints,
-    ``tail_start``) becomes the planned lanes' tail. A policy that
-    ``takes_rows`` is told each row's lane and, given ``episodes`` ([N]), its
-    episode (for the errors of a host policy).
-
-    Returns the updated buffer, the state with the planned lanes' recurrent
-    state (and tail), and the rows computed (whole tiles; a policy that
-    ``takes_rows`` computes only the lanes in ``need``).
+    ``write(buf, idx, out) -> buf`` puts a tile's chunks ([tile, K, *A]) into
+    rows ``idx`` (default: their first h actions); with a PendingChunk input
+    ``out[start:]`` becomes the tail. A policy that ``takes_rows`` is told
+    each row's lane and its episode. Returns the buffer, the state and the
+    rows computed.
     """
     h = cfg.h
     pending = None
@@ -496,45 +462,25 @@ def act(
         sync = exhausted & ~takes
         chunk = _where(takes, state.pending, state.chunk)
     cursor = jnp.where(exhausted, 0, state.cursor)
-    keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
-    chunk, state, rows = _plan(
-        cfg,
-        policy,
-        params,
-        state,
-        sync,
-        chunk,
-        keys,
-        None,
-        tail_start(hl, dl, False),
-        episodes,
-    )
+
+    def plan(s, need, buf, stream, write, ahead):
+        keys = plan_keys(ep_keys, t, stream) if policy.stochastic else ep_keys
+        start = tail_start(hl, dl, ahead)
+        return _plan(cfg, policy, params, s, need, buf, keys, write, start, episodes)
+
+    chunk, state, rows = plan(state, sync, chunk, STREAM_PLAN, None, False)
     calls = state.predict_calls + sync
     pending = state.pending
     if lead > 0:
-        # A lead plans the next chunk at cursor h - lead and plays it from its
-        # first action; a delay d plans it at cursor h - d and plays actions
-        # d .. d+h-1 (the first d were meant for steps already executed).
+        # A delay d plans at cursor h - d and plays actions d .. d+h-1.
         pre = active & replay.prefetch_due(cursor, hl, lead_l)
-        keys = plan_keys(ep_keys, t, STREAM_PREFETCH) if policy.stochastic else ep_keys
 
         def late(buf, idx, out):
             start = dl if isinstance(dl, int) else tiles.take(dl, idx)
             return tiles.put(buf, idx, _actions_from(out, start, h))
 
-        pending, state, pre_rows = _plan(
-            cfg,
-            policy,
-            params,
-            state,
-            pre,
-            pending,
-            keys,
-            late,
-            tail_start(hl, dl, True),
-            episodes,
-        )
-        rows = rows + pre_rows
+        pending, state, more = plan(state, pre, pending, STREAM_PREFETCH, late, True)
+        rows = rows + more
         calls = calls + pre
     at = replay.play_index(cursor, hl, jnp)
     action = jnp.take_along_axis(
@@ -551,8 +497,7 @@ def act(
 
 
 def _replay_setting(cfg: AgentConfig, state: AgentState) -> tuple[Any, Any, Any]:
-    """Each lane's (h, d, lead): static ints, or [N] arrays under a sweep
-    (``cfg.grid``: its episode's h and d, a delay planned as a lead of d)."""
+    """Each lane's (h, d, lead): static ints, or [N] arrays under a sweep."""
     if cfg.grid is None:
         return cfg.h, cfg.delay, cfg.lead
     hl, dl = state.setting[:, 0], state.setting[:, 1]
@@ -561,8 +506,7 @@ def _replay_setting(cfg: AgentConfig, state: AgentState) -> tuple[Any, Any, Any]
 
 def _actions_from(out: jax.Array, start: Any, h: int) -> jax.Array:
     """[tile, h, *A] actions ``start .. start + h - 1`` of each chunk of ``out``
-    ([tile, K, *A]); ``start`` an int or [tile] ints (past K: the last action,
-    which a lane of a shorter horizon never plays)."""
+    ([tile, K, *A]); ``start`` an int or [tile] ints (past K: the last one)."""
     if isinstance(start, int):
         return out[:, start : start + h]
     at = jnp.clip(start[:, None] + jnp.arange(h), 0, out.shape[1] - 1)
@@ -574,8 +518,7 @@ def _actions_from(out: jax.Array, start: Any, h: int) -> jax.Array:
 def _executed(
     cfg: AgentConfig, state: AgentState, active: jax.Array, action: jax.Array
 ) -> AgentState:
-    """The state after the active lanes execute ``action``: the cursor moves,
-    the previous action and the windows that read it follow."""
+    """The state after the active lanes execute ``action``."""
     prev = _where(active, action, state.prev)
     return state.replace(
         cursor=state.cursor + active,
@@ -586,12 +529,9 @@ def _executed(
 
 
 def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Array:
-    """[N] the ensembled action at episode step ``t`` from each lane's ring.
-
-    Slot s holds the chunk planned at the latest step ``t_s <= t`` with
-    ``t_s % K == s``; its age is ``(t - s) % K`` and it covers t when planned in
-    this episode (``age <= t``). Its entry for step t is ``chunk[age]``.
-    """
+    """[N] the ensembled action at episode step ``t`` from each lane's ring:
+    slot s holds the chunk planned ``(t - s) % K`` steps ago (valid when that
+    age is at most t), whose entry for step t is ``chunk[age]``."""
     k = cfg.chunk_len
     age = (t[:, None] - jnp.arange(k, dtype=t.dtype)[None, :]) % k  # [N, K]
     valid = age <= t[:, None]
@@ -615,8 +555,8 @@ def _ensemble(
     t: jax.Array,
     episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
-    """Temporal ensembling: every active lane plans; its whole chunk goes into
-    slot ``t % K`` of its ring, and the action is ``ensemble_action``."""
+    """Temporal ensembling: every active lane plans into slot ``t % K`` of its
+    ring; the action is ``ensemble_action``."""
     k = cfg.chunk_len
     slot = t % k
     keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
@@ -665,12 +605,8 @@ def _push_action(cfg: AgentConfig, windows: dict, prev: Any, mask: Any) -> dict:
 def observe(
     cfg: AgentConfig, state: AgentState, obs: Any, mask: jax.Array | None = None
 ) -> AgentState:
-    """Pushes the observation after an executed step into the obs windows.
-
-    Without ``mask`` every lane advances: a lane whose episode just ended is
-    re-filled by ``begin`` and a masked lane's windows are never read. With a
-    ``mask``, only those lanes advance (a host loop whose lanes move at their own
-    pace: a lane still waiting for its env keeps its windows).
+    """Pushes the observation after an executed step into the obs windows of
+    every lane, or of the lanes in ``mask`` (a host loop's lanes that moved).
     """
     windows = dict(state.windows)
     for name, decl in cfg.spec:
@@ -683,18 +619,13 @@ def observe(
 
 def can_skip(cfg: AgentConfig) -> bool:
     """Whether a host loop may execute replayed chunk actions without an agent
-    step (``skip_replayed``): chunks of more than one action, and every window
-    one frame deep (a deeper window would need every skipped frame)."""
+    step (``skip_replayed``): h > 1 and every window one frame deep."""
     return cfg.h > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 
 def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
-    """[N] lanes whose next action needs an agent step: their chunk is
-    exhausted (a plan, or the prefetched chunk taking over) or, under a lead,
-    the prefetch plan is due. ``cursor`` is the next chunk index per lane
-    (numpy on the host; the other lanes' next action is a known replay).
-    ``h`` and ``lead``: each lane's ([N], a sweep's ``cell_setting``); None:
-    the config's."""
+    """[N] lanes whose next action needs an agent step (``replay.due``);
+    ``h`` and ``lead``: each lane's under a sweep (None: the config's)."""
     if h is None:
         h, lead = cfg.h, cfg.lead
     if not cfg.lead:
@@ -704,13 +635,9 @@ def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) ->
 
 def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:
     """Advances each lane past ``skip`` actions of its chunk that the host
-    executed without an agent step (``can_skip`` configs only).
-
-    Those steps planned nothing; on them the scan would only move the cursor,
-    set the previous action and push frames into one-frame windows, and the
-    step that follows overwrites the observation frames. So the cursor moves
-    by ``skip`` and the previous action becomes the last skipped one.
-    """
+    executed without an agent step (``can_skip`` configs only): the cursor
+    moves and the previous action becomes the last skipped one (the next step
+    overwrites the one-frame observation windows)."""
     h = cfg.h
     cursor = state.cursor + skip
     at = jnp.reshape(
@@ -738,11 +665,8 @@ def host_step(
     texts: dict | None = None,
     episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
-    """One agent step for a host loop that steps its envs itself (remote sims).
-
-    The same order as the scan engine: push the observation each lane got from
-    its last step, start the episodes in ``started`` from their reset
-    observation, then plan and pick this step's actions.
+    """One agent step for a host loop, in the scan engine's order: observe,
+    begin the episodes in ``started``, then plan and act.
 
     Args:
       obs: [N] the current observation of every lane (the reset observation for
