@@ -1,12 +1,5 @@
-"""The persistent compilation cache: compile a program once per machine.
-
-``enable_compile_cache()`` turns on JAX's own persistent cache for the process;
-a second process that compiles the same program (the same policy, env,
-settings and params shapes) then loads it from disk instead of compiling. The
-CLI turns it on by default (``jaxmesh eval``; ``--no-compile-cache`` or
-``JAXMESH_COMPILE_CACHE=0`` to turn it off); from Python it is opt-in, because
-it changes a process-wide JAX setting.
-"""
+"""The persistent compilation cache: compile a program once per machine
+(docs/cli.md, "The persistent compilation cache")."""
 
 from __future__ import annotations
 
@@ -18,10 +11,8 @@ CACHE_DIR_ENV = "JAXMESH_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    """``$JAXMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmesh/xla``.
-
-    ``XDG_CACHE_HOME`` defaults to ``~/.cache``.
-    """
+    """``$JAXMESH_CACHE_DIR``, else ``jaxmesh/xla`` in ``$XDG_CACHE_HOME``
+    (default ``~/.cache``)."""
     explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
     if explicit:
         return Path(explicit).expanduser()
@@ -33,16 +24,12 @@ def enable_compile_cache(path: str | Path | None = None) -> Path:
     """Turns on JAX's persistent compilation cache for this process.
 
     Every executable compiled from then on is written to ``path`` (whatever
-    its compile time or size), and a later process that compiles the same
-    program loads it from there instead of compiling. Calling it after
-    something was compiled works too: the cache is re-initialised.
-
-    The cache is trusted code: do not point it at a directory others may write.
+    its compile time or size). The cache is trusted code: do not point it at a
+    directory others may write.
 
     Args:
-      path: the cache directory (created if missing); None: ``default_cache_dir()``
-        (``$JAXMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmesh/xla``, else
-        ``~/.cache/jaxmesh/xla``).
+      path: the cache directory (created if missing); None:
+        ``default_cache_dir()``.
 
     Returns:
       The directory in use.

@@ -1,16 +1,7 @@
 """Saving and loading policy params with orbax-checkpoint (its ``v1`` API).
 
-A checkpoint is a directory written by ``orbax.checkpoint.v1.save``. Loading
-reads the saved tree's metadata first and restores into that abstract tree, so
-the caller needs no template: the result has the saved tree, dtypes and shapes
-(orbax stores sequences as lists, so a tuple in the tree comes back as a list).
-Saving over an existing path is an error unless ``overwrite=True``.
-
-Example::
-
-    params = model.init(jax.random.PRNGKey(0), obs)
-    jaxmesh.save_params("ckpt/mlp", params)
-    params = jaxmesh.load_params("ckpt/mlp", device=jax.devices("cpu")[0])
+Loading reads the saved tree's metadata first and restores into that abstract
+tree, so the caller needs no template (docs/cli.md, "Checkpoints from Python").
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Device values: ``None``, a ``jax.Device``, or a string such as ``'gpu:1'``;
-and the ``devices=`` of a sharded run (``resolve_mesh``).
+"""Device values: ``None``, a ``jax.Device``, or a string such as ``'gpu:1'``
+(``resolve_device``); and the ``devices=`` of a sharded run (``resolve_mesh``).
 
-One resolver for every place that takes a ``device=`` (``jaxmesh.Model``,
-``jaxmesh.load_params``), so that they accept and refuse the same values with
-the same messages, and one for every place that takes ``devices=``
-(``jaxmesh.evaluate``, ``jaxmesh.Evaluator``, ``jaxmesh.shard_population``). It
-imports nothing from jaxmesh, so any module can use it.
+One resolver for every place that takes each, so that they accept and refuse
+the same values with the same messages. It imports nothing from jaxmesh.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """How a chunk is executed: temporal ensembling (``Ensemble``) and its checks.
 
-``Chunking(execution=jaxmesh.Ensemble(m=0.01))`` plans a chunk of K
-actions every step and executes, at step t, a weighted average of every chunk
-that still covers t (ACT's temporal ensembling). The engine keeps each lane's
-last K chunks in a ring buffer on the device (``jaxmesh.core.agent``); the
-weight rule is written once here (``Ensemble.weights``) and runs inside the
-jitted agent step, for JAX envs and host-stepped envs alike.
-
-The other way a chunk's execution changes, an inference delay, is a plain
-``Chunking(delay=d)`` setting (docs/contract.md, "How a chunk is
-executed").
+The weight rule is written once here (``Ensemble.weights_table``) and runs
+inside the jitted agent step (``jaxmesh.core.agent``), for JAX envs and
+host-stepped envs alike (docs/contract.md, items 22-23).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``jaxmesh.explain``: what a spec reads from an env, and the memory it holds.
 
 Nothing compiles: the env's reset and each declaration's ``frame`` run under
-``jax.eval_shape``. The figure that matters for memory is the frame windows the
-engine keeps per lane (``stack`` processed frames of every input); a run whose
-windows over N lanes exceed ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default
-2 GiB) is refused by ``check_frame_limit`` before compiling
-(``jaxmesh.run.footprint``). Example::
+``jax.eval_shape`` (``jaxmesh.run.footprint``). Example::
 
     print(jaxmesh.explain(model, "gymnax:Breakout-MinAtar", num_envs=256))
 """

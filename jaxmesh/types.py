@@ -1,9 +1,6 @@
-"""Interfaces shared across jaxmesh (brax ``training/types.py`` style).
-
-The protocols (``Env``, ``PolicyLike``, ``InputDecl``) and ``Policy``, the record
-``PolicyLike.as_policy`` returns: the engine's view of a policy, which
-``jaxmesh.core.policy.resolve_policy`` also builds from a plain function. This
-module imports nothing of jaxmesh, so every other module can import it.
+"""Interfaces shared across jaxmesh (brax ``training/types.py`` style): the
+protocols and ``Policy``, the engine's view of a policy. This module imports
+nothing of jaxmesh, so every other module can import it.
 """
 
 from __future__ import annotations

@@ -32,9 +32,6 @@ from jaxmesh.suite import make_suite
 def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
     """Checks a run config's keys and value types; fills the defaults.
 
-    Only the form is checked here; ``jaxmesh.evaluate`` checks how the values
-    fit together (budget against seeds, horizon against the model, ...).
-
     Args:
       config: the mapping read from YAML, overrides applied.
 
@@ -253,8 +250,7 @@ def _check_address(address: str) -> None:
 
 
 def is_served(env: Any) -> bool:
-    """Whether ``jaxmesh.evaluate`` runs ``env`` as served envs (the same test,
-    ``run.backend``, so the command line never disagrees with it)."""
+    """Whether ``jaxmesh.evaluate`` runs ``env`` as served envs."""
     return backend.backend_of(env) == backend.SERVED
 
 
