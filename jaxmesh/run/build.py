@@ -1,9 +1,5 @@
-"""Probe a policy against an env (shapes only) and build the engine for it.
-
-The sizes the engine is built with (effective horizon, lead, plan tile,
-capacity) come from a ``jaxmesh.run.plan.RunPlan``; ``default_plan_tile`` is
-re-exported from there.
-"""
+"""Probe a policy against an env (shapes only) and build the engine for a
+``jaxmesh.run.plan.RunPlan`` (``default_plan_tile`` is re-exported from there)."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ def _program_key(policy: Any, env: Any, params: Any) -> tuple:
 
 
 def _note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
-    """Keeps the digest of ``policy``'s probe program on ``env``'s
-    observations with ``params``' shapes; ``policy_digest`` reads it."""
+    """Keeps the digest of a probe program for ``policy_digest``."""
     key = _program_key(policy, env, params)
     # What the key names is kept alive with the digest: no id is reused.
     _PROGRAMS[key] = (policy.apply, env, identity.program_digest(closed))
@@ -75,8 +70,7 @@ def policy_digest(
     policy: Policy, env: Any, params: Any, horizon: int, told: int | None = None
 ) -> str:
     """The digest of ``policy``'s program on ``env``'s observations with
-    ``params``' shapes (``identity.program_digest``): the probe's, probing
-    again when it is not kept."""
+    ``params``' shapes: the probe's, probing again when it is not kept."""
     key = _program_key(policy, env, params)
     if key not in _PROGRAMS:
         # The run's own probe has warned of what this one would find.
@@ -87,19 +81,18 @@ def policy_digest(
 
 
 def told_horizon(policy: Policy, settings: Any) -> int | None:
-    """The ``execution_horizon`` a chunk corner that declares it is told, from
-    the probe on: the actions the run executes of each plan, h + d (CONTRACT
-    24). None for a policy that does not declare it, and under ensembling,
-    where every action of the chunk is executed: the corner is called with its
-    own default, and that length is K."""
+    """The ``execution_horizon`` a policy that declares it is told: the
+    actions the run executes of each plan, h + d (CONTRACT 24). None for a
+    policy that does not declare it, and under ensembling (every action of
+    the chunk is executed)."""
     if not policy.takes_execution_horizon or settings.execution is not None:
         return None
     return settings.horizon + settings.delay
 
 
 def asks_chunks(settings: Any) -> bool:
-    """Whether a run's settings execute chunks whatever the horizon: an
-    ensemble (``execution=``) or a delay, so a chunk at horizon 1 is meant."""
+    """Whether a run executes chunks whatever the horizon (an ensemble or a
+    delay), so a chunk at horizon 1 is meant."""
     return (
         settings.execution is not None
         or bool(settings.delay)
@@ -108,14 +101,10 @@ def asks_chunks(settings: Any) -> bool:
 
 
 def run_chunk(policy: Policy, env: Any, params: Any, settings: Any) -> int | None:
-    """``probe_chunk`` as a run with these ``settings`` (``checks.Settings``)
-    calls it: its horizon, the horizon it tells the policy, whether it asks
-    for chunks."""
+    """``probe_chunk`` as a run with these ``settings`` calls it."""
     told = told_horizon(policy, settings)
-    chunks_asked = asks_chunks(settings)
-    return probe_chunk(
-        policy, env, params, settings.horizon, told, chunks_asked=chunks_asked
-    )
+    asked = asks_chunks(settings)
+    return probe_chunk(policy, env, params, settings.horizon, told, chunks_asked=asked)
 
 
 def probe_chunk(
@@ -129,13 +118,9 @@ def probe_chunk(
 ) -> int | None:
     """Checks the policy's output against the env, by shape only (nothing compiles).
 
-    ``told``: the ``execution_horizon`` the run tells the policy
-    (``told_horizon``); the probe tells it the same, so a head whose length
-    follows its argument is probed at the length the run will see.
-
-    ``chunks_asked``: the run executes chunks whatever the horizon
-    (``asks_chunks``). Otherwise a chunk at horizon 1 from a policy that
-    declares none warns once (``output_chunk``, CONTRACT 11).
+    ``told``: the ``execution_horizon`` the run tells the policy (the probe
+    tells it the same). Without ``chunks_asked`` (``asks_chunks``), a chunk at
+    horizon 1 from a policy that declares none warns once (CONTRACT 11).
 
     Returns the chunk length K (None for single actions).
 
@@ -177,8 +162,7 @@ def probe_chunk(
         return out
 
     def shape_of(length: int) -> Any:
-        # Traced once, for the output's shape and for the run's identity (the
-        # program's digest, ``policy_digest``): nothing runs eagerly.
+        # Traced once, for the output's shape and the run's identity.
         fn = lambda p, o, a: probe_out(p, o, a, length)
         closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
         _note_program(policy, env, params, closed)
@@ -209,9 +193,8 @@ def probe_args(env: Any, params: Any) -> tuple:
 
 
 def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> Any:
-    """The output of a policy with PendingChunk inputs, whose tail is as long
-    as the chunk it returns: probed with the declared length (or
-    ``native_chunk``, or 1), then again with the length it returned.
+    """The output of a policy with PendingChunk inputs: probed with the
+    declared length (or ``native_chunk``, or 1), then with the length it returned.
 
     Raises:
       ValueError: a declared length other than the chunk's, or a chunk length
@@ -257,10 +240,7 @@ def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> An
 
 
 def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
-    """A JAX env's info leaves (shapes only: ``eval_shape`` of its step).
-
-    None when the env has no ``step_with_info`` (it reports no info).
-    """
+    """A JAX env's info leaves (shapes only); None without ``step_with_info``."""
     step = getattr(env, "step_with_info", None)
     if step is None:
         return None
@@ -275,13 +255,8 @@ def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
 
 
 def success_at_reset(env: Any, key: str | None) -> bool:
-    """Whether a JAX env's reset gives the success key ``key`` in its info
-    (shapes only: ``eval_shape`` of ``env.reset_with_info``), one number per
-    reset: each episode then keeps whether it was successful at reset.
-
-    False without a key, or for an env without ``reset_with_info`` (gymnax
-    resets give no info; brax's ``state.metrics`` do).
-    """
+    """Whether a JAX env's ``reset_with_info`` gives the success key ``key``
+    as one number (shapes only); False without a key or that method."""
     reset = getattr(env, "reset_with_info", None)
     if key is None or reset is None:
         return False
@@ -305,22 +280,20 @@ def engine_metrics(
         whose value is not one number per step.
     """
     name = getattr(env, "name", type(env).__name__)
-    if not asked.named and not isinstance(asked.success, str):
-        if asked.success is False:
+    auto = not asked.named and not isinstance(asked.success, str)
+    if auto and asked.success is False:
+        return (), None
+    info = env_info(env)
+    if info is None:
+        if auto:  # auto success: only when the info has the key
             return (), None
-        info = env_info(env)  # auto success: only when the info has the key
-        if info is None:
-            return (), None
-    else:
-        info = env_info(env)
-        if info is None:
-            raise ValueError(
-                f"metrics={dict(asked.named)!r} / success={asked.success!r}: env "
-                f"{name!r} reports no info (it has no step_with_info(key, state, "
-                "action) -> (obs, state, reward, terminated, truncated, info)); "
-                "gymnax and brax envs have one: add it to your env, or drop "
-                "metrics="
-            )
+        raise ValueError(
+            f"metrics={dict(asked.named)!r} / success={asked.success!r}: env "
+            f"{name!r} reports no info (it has no step_with_info(key, state, "
+            "action) -> (obs, state, reward, terminated, truncated, info)); "
+            "gymnax and brax envs have one: add it to your env, or drop "
+            "metrics="
+        )
     named, success = resolve_metrics(asked, info, name)
     keys = [n for n, _ in named] + ([success] if success else [])
     for key in keys:
@@ -335,9 +308,8 @@ def engine_metrics(
 
 
 def check_record_keys(env: Any, record: Any) -> None:
-    """Checks a ``jaxmesh.Record``'s observation keys against a JAX env's
-    observation, by shape (nothing compiles), and its ``states=True`` against
-    the env's ``render_state``.
+    """Checks a ``jaxmesh.Record``'s observation keys and ``states=True``
+    against a JAX env, by shape (nothing compiles).
 
     Raises:
       ValueError: a key the observation lacks, keys for a one-array
@@ -409,13 +381,10 @@ def build_engine(
 ) -> Engine:
     """The engine for a probed policy (``probe_chunk``), env and run plan.
 
-    ``plan`` (``jaxmesh.run.plan.plan_run``) sizes the engine: lanes, tile,
-    effective horizon, lead and result capacity. ``max_steps`` is the checked
-    ``max_episode_steps``. ``metrics`` is ``engine_metrics``'s result: the info
-    keys kept per episode and the success key. ``record`` (a
-    ``jaxmesh.Record`` or None) sizes the recording buffers; which episodes
-    fill them is data (``Engine.first_carry``). ``trials``: episodes start
-    from a trial index (``jaxmesh.run.initial``); None: from ``env.reset``.
+    ``max_steps`` is the checked ``max_episode_steps``; ``metrics`` is
+    ``engine_metrics``'s result; ``record`` (a ``jaxmesh.Record`` or None)
+    sizes the recording buffers; ``trials``: episodes start from a trial
+    index (``jaxmesh.run.initial``), None: from ``env.reset``.
 
     Raises:
       ValueError: the frame windows of the run's lanes exceed the limit, or a
