@@ -1,11 +1,7 @@
-"""What a spec reads from an env, and the frame windows it holds per lane.
-
-Nothing compiles: the env's reset and each declaration's ``frame`` run under
-``jax.eval_shape``. The figure that matters for memory is the frame windows the
-engine keeps per lane (``stack`` processed frames of every input); a run whose
-windows over N lanes exceed ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default
-2 GiB) is refused by ``check_frame_limit`` before compiling. Users call it as
-``jaxmesh.explain`` (which also takes a ``jaxmesh.Suite``).
+"""What a spec reads from an env, and the frame windows it holds per lane
+(``jaxmesh.explain``), by shape only: nothing compiles. A run whose windows over
+N lanes exceed ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB) is refused
+by ``check_frame_limit`` before compiling.
 """
 
 from __future__ import annotations
@@ -40,20 +36,16 @@ class InputInfo:
         ``"PendingChunk"``.
       key: the observation key read (None: the whole observation, or none for
         ``Previous``).
-      shape: the processed frame's shape (a pytree of shapes when the frame is a
-        pytree, e.g. ``State()`` of a dict observation).
+      shape: the processed frame's shape (a pytree of shapes for a pytree).
       dtype: the frame's dtype name (a pytree of names likewise).
       stack: frames in the window.
       window_shape: ``(stack,) + shape``, what the policy sees when stack > 1.
       bytes_per_lane: bytes of the window for one lane.
       steps: for an ``Image``, what its frame function does to the leaf, in
-        order (``Image.steps``: crop, rotate, dtype, resize; steps that change
-        nothing are left out); empty for the other kinds.
+        order (``Image.steps``); empty for the other kinds.
       instruction: for a ``Text``, where its instruction comes from, per run
-        or task: ``{"": "instruction 'pick up the cup'"}``, ``{"push":
-        ...}`` for tasks, or ``{"": "from reset info key 'instruction'"}``;
-        None for the other kinds. Its ``shape`` and ``dtype`` are the
-        encoding's (None until a string is encoded).
+        (key ``""``) or task; None for the other kinds. Its ``shape`` and
+        ``dtype`` are the encoding's (None until a string is encoded).
     """
 
     name: str
@@ -111,19 +103,18 @@ class Explanation:
             "the whole observation" if k is None else repr(k) for k in self.leaves
         )
         head = ("input", "kind", "key", "frame", "dtype", "stack", "bytes/lane")
-        rows = [head]
-        for info in self.inputs.values():
-            rows.append(
-                (
-                    "(observation, no spec)" if info.name == WHOLE_OBS else info.name,
-                    info.kind,
-                    "-" if info.key is None else str(info.key),
-                    _short(info.shape),
-                    _short(info.dtype),
-                    str(info.stack),
-                    f"{info.bytes_per_lane:,}",
-                )
+        rows = [head] + [
+            (
+                "(observation, no spec)" if info.name == WHOLE_OBS else info.name,
+                info.kind,
+                "-" if info.key is None else str(info.key),
+                _short(info.shape),
+                _short(info.dtype),
+                str(info.stack),
+                f"{info.bytes_per_lane:,}",
             )
+            for info in self.inputs.values()
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         table = [
             (
@@ -209,8 +200,7 @@ def frame_limit_bytes() -> int:
 
 def _spec_of(spec_or_model: Any) -> tuple[Mapping[str, adapt.Input] | None, Any]:
     if isinstance(spec_or_model, PolicyLike):
-        # A model as the engine sees it: its load has run, so a spec set by
-        # load is the one read here.
+        # A model as the engine sees it: a spec set by its load is read.
         policy = spec_or_model.as_policy(with_params=False)
         return policy.spec, policy.name
     if spec_or_model is None or isinstance(spec_or_model, Mapping):
@@ -243,8 +233,8 @@ def _steps(decl: Any, obs: Any) -> list[str]:
 
 
 def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
-    """A Text input's row: its encoding's shapes (encoding the instruction
-    given, once per string) and where each run's or task's instruction is from."""
+    """A Text input's row: its encoding's shapes and where each run's or
+    task's instruction is from."""
     given = instruction if isinstance(instruction, Mapping) else {"": instruction}
     where = {}
     for task, text in given.items():
@@ -270,8 +260,8 @@ def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
 
 
 def _pending_info(name: str, decl: adapt.PendingChunk, action: Any) -> InputInfo:
-    """A PendingChunk input's row: the tail's shapes (K the chunk length, as
-    declared, else ``"K"``); the agent keeps the tail, not a frame window."""
+    """A PendingChunk input's row: the tail's shapes (``"K"`` when its length
+    is not declared); the agent keeps the tail, not a frame window."""
     k = "K" if decl.length is None else decl.length
     shape = {"actions": (k, *action.shape), "mask": (k,), "delay": ()}
     dtype = {"actions": jnp.dtype(action.dtype).name, "mask": "bool", "delay": "int32"}
@@ -290,9 +280,8 @@ def _pending_info(name: str, decl: adapt.PendingChunk, action: Any) -> InputInfo
 def footprint(
     spec_or_model: Any, env: Any, num_envs: int = 1, instruction: Any = None
 ) -> Explanation:
-    """What the evaluator will read from ``env`` and hold per lane
-    (``jaxmesh.explain`` documents the arguments; ``env`` here is anything
-    ``jaxmesh.make_env`` accepts).
+    """What the evaluator will read from ``env`` (anything ``jaxmesh.make_env``
+    accepts) and hold per lane; ``jaxmesh.explain`` documents the arguments.
 
     Raises:
       ValueError: the spec names an observation key the env does not have (the
@@ -345,10 +334,8 @@ def footprint(
 
 
 def check_frame_limit(spec_or_model: Any, env: Any, num_envs: int) -> Explanation:
-    """Refuses a run whose frame windows would exceed the limit.
-
-    Call it before compiling. The limit is ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES``
-    (bytes; default 2 GiB).
+    """Refuses a run whose frame windows would exceed the limit (call it
+    before compiling).
 
     Args:
       spec_or_model: as for ``jaxmesh.explain``.
