@@ -1,13 +1,6 @@
 """One queue for the requests of every connection, and the thread that runs
-them in batches (the rules a client sees: docs/serving.md, "Batching").
-
-A forward takes the oldest request and up to ``max_batch - 1`` more of the
-same group (``connect(group)``, the ``signature`` of its requests), waiting at
-most ``max_wait_ms``, and not at all when every connected client of the group
-already has a request queued. A lone client's request, or a batch that a
-request completes with no forward running, runs in the thread that received
-it (``run_alone``, ``run_ready``). A request that fails fails alone; a failed
-forward fails its batch only; the server serves on.
+them in batches (the rules: docs/serving.md, "Batching"). A request that fails
+fails alone; a failed forward fails its batch only.
 """
 
 from __future__ import annotations
@@ -119,8 +112,7 @@ class Batcher:
         #: group (a request signature) -> its connected clients.
         self._groups: dict[Any, int] = {}
         self._closed = False
-        #: A forward is running (in the forward thread, ``run_alone``'s or
-        #: ``run_ready``'s).
+        #: A forward is running (in the forward thread or a caller's).
         self._busy = False
         self._thread: threading.Thread | None = None
 
@@ -145,17 +137,14 @@ class Batcher:
             self._cond.notify()
 
     def _could_join(self, signature: Any) -> int:
-        """How many connected clients could send a request of ``signature``:
-        its group's, or (a signature no group has) every client of no
-        group."""
+        """How many connected clients could send a request of ``signature``."""
         if signature in self._groups:
             return self._groups[signature]
         return self._clients - sum(self._groups.values())
 
     def _complete(self, signature: Any) -> bool:
-        """Whether a forward of ``signature`` has all it may wait for: a full
-        batch queued, or a request from every connected client that could
-        join it (the lock held)."""
+        """Whether a forward of ``signature`` has a full batch, or a request
+        from every client that could join it (the lock held)."""
         counts = self._counts
         same = counts.get(signature, 0)
         if same >= self.max_batch:
@@ -167,12 +156,7 @@ class Batcher:
         return queued >= self._could_join(signature)
 
     def _queue_item(self, prepared: Prepared) -> _Item:
-        """Queues a request (the lock held).
-
-        Raises:
-          ServerClosed: the batcher is closed.
-          RequestError: the queue is full.
-        """
+        """Queues a request (the lock held); raises as ``submit``."""
         if self._closed:
             raise ServerClosed("the policy server is shutting down")
         if len(self._queue) >= self.max_queue:
@@ -186,10 +170,8 @@ class Batcher:
         return item
 
     def _wake(self, lazy: bool = False) -> None:
-        """Wakes the forward thread when it has something to do: a first
-        request to wait on (unless ``lazy``: the caller ``poke``s it by the
-        request's deadline), or a batch now complete; not once per request
-        while it waits for the rest (the lock held)."""
+        """Wakes the forward thread for a first request (unless ``lazy``: the
+        caller ``poke``s it) or a batch now complete (the lock held)."""
         first = len(self._queue) == 1 and not lazy
         if first or self._complete(self._queue[0].prepared.signature):
             self._cond.notify()
@@ -215,10 +197,9 @@ class Batcher:
 
     def run_alone(self, prepared: Prepared) -> BatchReply | None:
         """Runs the request in the calling thread when its client is the only
-        one connected that could join its forward and no forward runs or
-        waits; its ``BatchReply`` (or the
-        forward's exception). None otherwise: ``submit`` it.
-        """
+        one that could join its forward and no forward runs or waits; its
+        ``BatchReply`` (or the forward's exception). None otherwise: ``submit``
+        it."""
         with self._cond:
             alone = self._could_join(prepared.signature) <= 1
             if self._closed or not alone or self._queue or self._busy:
@@ -226,25 +207,17 @@ class Batcher:
             self._busy = True
         item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
         item.future.set_running_or_notify_cancel()
-        try:
-            self._run([item])
-        finally:
-            self._done_here()
+        self._run([item])
         return item.future.result()
 
     def run_ready(
         self, prepared: Prepared, *, lazy: bool = False
     ) -> concurrent.futures.Future:
-        """``submit``, and when this request completes its batch (a request
-        of its signature from every connected client that could join it is
-        queued, itself included) while no forward runs, that batch runs
-        here, in the calling thread, before this returns: no hand-off to the
-        forward thread and back (two thread switches a batch; a lone
-        client's request runs at once, as in ``run_alone``). Otherwise the
-        forward thread runs it, as for ``submit``. ``lazy``: a first request
-        does not wake the forward thread; the caller calls ``poke`` within
-        ``max_wait_ms`` (a batch that completes here meanwhile costs the
-        forward thread no wake-up).
+        """``submit``, and when this request completes its batch while no
+        forward runs, that batch runs here, in the calling thread, before this
+        returns (no hand-off to the forward thread and back). ``lazy``: a
+        first request does not wake the forward thread; the caller calls
+        ``poke`` within ``max_wait_ms``.
 
         Raises:
           ServerClosed: the batcher is closed.
@@ -264,24 +237,12 @@ class Batcher:
             if not batch:
                 self._wake(lazy)
                 return item.future
-        try:
-            self._run(batch)
-        finally:
-            self._done_here()
+        self._run(batch)
         return item.future
 
-    def _done_here(self) -> None:
-        """A forward in a caller's thread ended: the forward thread wakes if
-        requests wait for it (else it sleeps on)."""
-        with self._cond:
-            self._busy = False
-            if self._queue or self._closed:
-                self._cond.notify_all()
-
     def _pop(self, signature: Any) -> list[_Item]:
-        """Takes the next batch of ``signature`` (at most ``max_batch`` of its
-        oldest requests) from the queue: those whose client is still there,
-        their futures running (the lock held)."""
+        """Takes the next batch of ``signature`` from the queue: those of its
+        oldest requests whose client is still there (the lock held)."""
         if self._counts.get(signature, 0) == len(self._queue) <= self.max_batch:
             batch, self._queue = self._queue, []
         else:
@@ -349,18 +310,11 @@ class Batcher:
                     return live
 
     def _loop(self) -> None:
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            try:
-                self._run(batch)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+        while (batch := self._take()) is not None:
+            self._run(batch)
 
     def _run(self, batch: list[_Item]) -> None:
+        """Runs a batch (``_busy`` set by the caller, cleared here)."""
         start = time.perf_counter()
         try:
             done = self.model.run([i.prepared for i in batch])
@@ -368,22 +322,20 @@ class Batcher:
             self.stats.failed += len(batch)
             for item in batch:
                 item.future.set_exception(e)
-            return
-        stats = self.stats
-        stats.forwards += 1
-        stats.requests += len(batch)
-        stats.batch_sizes[len(batch)] = stats.batch_sizes.get(len(batch), 0) + 1
-        forward_ms = done.seconds * 1000.0
-        for item, out in zip(batch, done.outputs, strict=True):
-            item.future.set_result(
-                BatchReply(
-                    out,
-                    len(batch),
-                    done.padded,
-                    (start - item.arrived) * 1000.0,
-                    forward_ms,
-                )
-            )
+        else:
+            stats, n = self.stats, len(batch)
+            stats.forwards += 1
+            stats.requests += n
+            stats.batch_sizes[n] = stats.batch_sizes.get(n, 0) + 1
+            ms = done.seconds * 1000.0
+            for item, out in zip(batch, done.outputs, strict=True):
+                queued = (start - item.arrived) * 1000.0
+                item.future.set_result(BatchReply(out, n, done.padded, queued, ms))
+        finally:
+            with self._cond:
+                self._busy = False
+                if self._queue or self._closed:
+                    self._cond.notify_all()
 
 
 __all__ = ["BatchStats", "Batcher", "BatchReply", "ServerClosed"]
