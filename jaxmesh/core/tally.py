@@ -1,11 +1,8 @@
 """The engine's results: one pytree from the device to ``RunResult``.
 
-``Results`` holds, indexed by episode, everything CONTRACT 8 asks of an episode
-(``EPISODE_FIELDS``), a ``done`` mask, the run totals, the first bad value
-the run met (``Fault``), and the episode metrics and success flag asked for
-(``metrics=``, ``success=``; ``REDUCTIONS``). The scan engine writes it inside
-jit, ``make_evaluator`` returns it as it is, and the host builds ``RunResult`` /
-``EpisodeResult`` from it (``jaxmesh/results/result.py``).
+``Results`` holds, indexed by episode, what CONTRACT 8 asks of an episode
+(``EPISODE_FIELDS``), the run totals, the first bad value (``Fault``) and the
+metrics and success flags asked for; docs/evaluation.md ("The engine").
 """
 
 from __future__ import annotations
@@ -40,21 +37,12 @@ def metric_dtype(reduction: str) -> Any:
 
 def metric_start(reduction: str) -> Any:
     """The accumulator's value before an episode's first step."""
-    if reduction == "any":
-        return False
-    if reduction == "max":
-        return -np.inf
-    if reduction == "last":
-        return np.nan
-    return 0.0
+    return {"any": False, "max": -np.inf, "last": np.nan}.get(reduction, 0.0)
 
 
 def info_leaves(info: Any, prefix: str = "") -> dict[str, Any]:
-    """An env's info as flat ``name -> leaf``: nested mappings join with ``/``.
-
-    gymnax's ``info`` dict, brax's ``state.metrics`` and gymnasium's ``info``
-    are mappings; anything else (None, a struct) has no named leaves.
-    """
+    """An env's info as flat ``name -> leaf``: nested mappings join with ``/``;
+    anything but a mapping (None, a struct) has no named leaves."""
     if not hasattr(info, "items"):
         return {}
     out: dict[str, Any] = {}
@@ -78,12 +66,9 @@ FAULT_NAMES = {
 
 @struct.dataclass
 class Fault:
-    """Per lane, the first bad value it met (``kind == NO_FAULT``: none).
-
-    ``episode`` and ``step`` locate it (step = 0-based env step of the episode);
-    ``value`` is the offending action component or reward. Kept per lane with
-    element-wise selects (cheap to compile); ``first`` picks the run's first.
-    """
+    """Per lane, the first bad value it met (``kind == NO_FAULT``: none), at
+    0-based ``step`` of ``episode``; ``value`` is the action component or
+    reward."""
 
     kind: jax.Array  # [N]
     episode: jax.Array  # [N]
@@ -102,12 +87,8 @@ class Fault:
         )
 
     def first(self) -> dict | None:
-        """On the host: the fault of the lowest episode index, or None.
-
-        ``evaluate`` stops at the first step with a fault, so every fault it
-        reports happened on that step; the lowest episode among them is the
-        same whatever the lane count.
-        """
+        """On the host: the fault of the lowest episode index (the same
+        whatever the lane count), or None."""
         kind = np.asarray(self.kind)
         lanes = np.flatnonzero(kind != NO_FAULT)
         if lanes.size == 0:
@@ -126,10 +107,9 @@ class Fault:
 class Recording:
     """Step-by-step buffers of the recorded episodes (``jaxmesh.Record``).
 
-    Slot r holds episode ``episodes[r]``; ``T`` is the record's ``max_steps``.
-    Step t of an episode is written at ``[r, t]`` (its observation after the
-    step at ``[r, t + 1]``, the reset observation at ``[r, 0]``); steps past
-    ``T`` are dropped. How many steps an episode has is its ``Results.lengths``.
+    Slot r holds episode ``episodes[r]``: step t at ``[r, t]``, the observation
+    after it at ``[r, t + 1]`` (the reset's at ``[r, 0]``); steps past ``T``
+    (the record's ``max_steps``) are dropped.
     """
 
     episodes: Any  # [R] int32 episode index of each slot
@@ -155,15 +135,9 @@ def empty_recording(
     xp=jnp,
     states: Any = None,
 ) -> Recording:
-    """Zeroed recording buffers (``xp``: jax.numpy or numpy).
-
-    Args:
-      episodes: the recorded episode indices ([R]).
-      max_steps: T, the steps kept per episode.
-      obs: one observation's leaves (arrays or shape-dtype structs).
-      action_shape, action_dtype: one action's.
-      states: one render state's leaves (None: no states are recorded).
-    """
+    """Zeroed recording buffers (``xp``: jax.numpy or numpy) for ``episodes``
+    ([R]), ``max_steps`` steps each, shaped after one observation's (and
+    render state's: None, none recorded) leaves and one action's."""
     r = len(episodes)
     z = lambda shape, dtype: xp.zeros((r,) + tuple(shape), dtype)
     steps = lambda x: z((max_steps + 1,) + tuple(x.shape), x.dtype)
@@ -194,29 +168,21 @@ class Results:
     fault: Fault
     #: name -> [capacity] per-episode metric (``metrics=``; {} when none).
     metrics: dict = struct.field(default_factory=dict)
-    #: [capacity] bool: the success key's last value was non-zero, success at
-    #: the episode's end (None: no success key is tracked).
+    #: [capacity] bool each (None: no success key is tracked): the success
+    #: key's last value was non-zero; the episode had the signal (None with
+    #: ``success`` set: every episode has it, as in a JAX env); the key was
+    #: non-zero at any step; the key was non-zero in the reset's info (None:
+    #: not measured); the reset's info had the key (None: every reset has it).
     success: Any = None
-    #: [capacity] bool: the episode had the success signal (host-stepped envs
-    #: may lack it on some episodes). None with ``success`` set: every episode
-    #: has it (a JAX env's info has a fixed structure; the engine keeps none).
     has_success: Any = None
-    #: [capacity] bool: the success key was non-zero at any executed step of
-    #: the episode (None: no success key is tracked). Its presence is
-    #: ``has_success``'s.
     success_once: Any = None
-    #: [capacity] bool: the success key was non-zero in the reset's info (None:
-    #: not measured: no success key, or an env whose reset gives no info).
     success_at_reset: Any = None
-    #: [capacity] bool: the reset's info had the success key (host-stepped
-    #: envs); None with ``success_at_reset`` set: every reset has it.
     has_success_at_reset: Any = None
     #: The recorded episodes' steps (``jaxmesh.Record``; None: none recorded).
     recording: Any = None
     #: A segment's log (``Engine.run_segment``): [capacity] int32, the episode
-    #: index each row holds, and () int32, the rows written (the episodes
-    #: that ended in the segment). None: entry i is episode i (``Engine.run``,
-    #: the host's results).
+    #: each row holds, and () int32, the rows written. None: entry i is
+    #: episode i.
     index: Any = None
     rows: Any = None
 
@@ -241,11 +207,8 @@ def pow2_at_least(n: int) -> int:
 
 
 def capacity_for(episodes: int) -> int:
-    """Result-buffer capacity for a budget: ``max(4096, next power of two)``.
-
-    Budgets in the same bucket run on the same compiled program (the budget is
-    data); 4096 episodes of buffers cost about 100 KB.
-    """
+    """Result-buffer capacity for a budget: ``max(4096, next power of two)``
+    (4096 episodes of buffers cost about 100 KB)."""
     return max(MIN_CAPACITY, pow2_at_least(episodes))
 
 
@@ -257,9 +220,7 @@ MIN_LOG_ROWS = 1024
 
 
 def log_capacity(lanes: int) -> int:
-    """Rows of a segment's log for a program of ``lanes`` lanes: sized by the
-    lanes, never by the budget (one program and the same host reads per
-    segment for every budget)."""
+    """Rows of a segment's log for ``lanes`` lanes (never sized by the budget)."""
     return max(MIN_LOG_ROWS, pow2_at_least(LOG_ROWS_PER_LANE * lanes))
 
 
@@ -279,9 +240,7 @@ def empty(
 ) -> Results:
     """Zeroed results for ``capacity`` episodes and ``num_envs`` lanes
     (``xp``: jax.numpy or numpy), with a buffer per ``(name, reduction)`` of
-    ``metrics`` and the success buffers when ``success`` (``has_success``:
-    with per-episode presence masks; ``at_reset``: with the at-reset flags).
-    ``log``: a segment's log of ``capacity`` rows (``Results.index``)."""
+    ``metrics``, the success buffers asked for, and as a segment's ``log``."""
     f = lambda dtype: xp.zeros((capacity,), dtype)
     i32 = lambda v: xp.asarray(v, xp.int32)
     return Results(
@@ -312,11 +271,8 @@ def empty(
 
 
 def record(results: Results, at: jax.Array, **values: jax.Array) -> Results:
-    """Writes per-lane ``values`` at entry ``at`` (out of range: dropped).
-
-    A ``metrics`` value is a dict name -> per-lane values, written into the
-    metric buffers of those names.
-    """
+    """Writes per-lane ``values`` at entry ``at`` (out of range: dropped); a
+    ``metrics`` value is a dict name -> per-lane values."""
     put = lambda arr, v: arr.at[at].set(v.astype(arr.dtype), mode="drop")
     updates = {}
     for name, v in values.items():
@@ -329,7 +285,7 @@ def record(results: Results, at: jax.Array, **values: jax.Array) -> Results:
 
 def per_episode(res: Results) -> dict[str, Any]:
     """The per-episode buffers of ``res`` by name (a metric as
-    ``metrics/<name>``): every leaf that a segment's log holds per row."""
+    ``metrics/<name>``)."""
     out = {f: getattr(res, f) for f in EPISODE_FIELDS + ("done",)}
     out.update({f"metrics/{k}": v for k, v in res.metrics.items()})
     out.update({f: getattr(res, f) for f in SUCCESS_FIELDS})
@@ -337,9 +293,8 @@ def per_episode(res: Results) -> dict[str, Any]:
 
 
 def book(log: Results, episodes: int) -> Results:
-    """Host results for a budget of ``episodes``, indexed by episode, shaped
-    after a segment's host ``log`` (its per-episode fields, zero; its run
-    totals, fault and recording as they are). ``write`` fills it in place."""
+    """Host results for ``episodes``, indexed by episode, shaped after a
+    segment's host ``log`` (per-episode fields zero); ``write`` fills it."""
     zero = {
         k: np.zeros((episodes,), np.asarray(v).dtype)
         for k, v in per_episode(log).items()
@@ -356,8 +311,7 @@ def replace_per_episode(res: Results, fields: dict[str, Any]) -> Results:
 
 def write(host: Results, log: Results) -> Results:
     """Copies the rows of a segment's host ``log`` into ``host`` (``book``)
-    at their episodes, in place, and takes the log's run totals, fault and
-    recording. Host work proportional to the rows written."""
+    in place, and takes the log's run totals, fault and recording."""
     n = int(log.rows)
     at = np.asarray(log.index)[:n]
     into = per_episode(host)
