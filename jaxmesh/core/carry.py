@@ -1,14 +1,9 @@
 """What the scan engine carries, and the host arithmetic of a run's first carry.
 
-The static configuration (``EngineConfig``), the lane state (``LaneState``),
-the loop's carries (``Carry``, ``Inner``), and the pure functions the host
-uses to start a run on them: the first lanes (CONTRACT 3), a run's own values
-put into a carry (``given``, ``refill``) and the seed window a segment reads
-(``window``, ``window_fits``, ``with_window``). Nothing here compiles.
-
-A segment reads the seeds from a *window* of ``window_size`` of them starting
-at ``LaneState.base``, which the host puts anew when a segment could need a
-seed past it, so what a segment carries never depends on the budget.
+The static configuration, the lane state, the loops' carries, and the pure
+host functions that start a run: the first lanes (CONTRACT 3), a run's own
+values (``given``, ``refill``) and the seed window a segment reads
+(``window``; docs/evaluation.md, "Compiling once"). Nothing here compiles.
 """
 
 from __future__ import annotations
@@ -35,16 +30,14 @@ WINDOW_LOGS = 4
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrialReset:
-    """Episodes that start from a trial index (``Starts(initial_states=...)``
-    or ``reset_fn=``, ``jaxmesh.run.initial``) instead of ``env.reset(key)``.
+    """Episodes that start from a trial index (``jaxmesh.run.initial``)
+    instead of ``env.reset(key)``.
 
     Attributes:
-      reset: one lane's ``reset(key, trial, data) -> (obs, state)``, with the
-        output structure, shapes and dtypes of ``env.reset``'s.
+      reset: one lane's ``reset(key, trial, data) -> (obs, state)``, shaped as
+        ``env.reset``'s.
       data: the shapes (``jax.ShapeDtypeStruct`` leaves) of the data ``reset``
-        reads (``()`` for none). The data rides in the lanes
-        (``LaneState.trials``): new values of the same shapes run on the same
-        program.
+        reads (``()`` for none), which rides in ``LaneState.trials``.
     """
 
     reset: Any
@@ -55,8 +48,7 @@ class TrialReset:
 class EngineConfig:
     """Static configuration: what the compiled program depends on.
 
-    ``capacity``: the rows of a segment's log (its seed window:
-    ``window_size``), or the budget of ``Engine.run``.
+    ``capacity``: the rows of a segment's log, or the budget of ``Engine.run``.
     """
 
     capacity: int
@@ -72,20 +64,17 @@ class EngineConfig:
     success_at_reset: bool = False
     #: Recorded episodes (``jaxmesh.Record``): how many (0: no recording), the
     #: steps kept per episode, and the observation leaves kept (None: all).
-    #: Which episodes they are is data (``Recording.episodes``).
     record_slots: int = 0
     record_steps: int = 0
     record_keys: tuple[str, ...] | None = None
     #: The recording keeps the env's render state per step
     #: (``env.render_state(state)``; ``Record.states``).
     record_states: bool = False
-    #: Step events for ``on_step`` hooks: each step sends its per-lane arrays
-    #: to the host through an ordered ``io_callback`` (``Engine``'s
-    #: ``on_step``), and a segment stops after a step the host refused. False:
-    #: no callback is compiled in.
+    #: Step events: each step sends its per-lane arrays to ``Engine``'s
+    #: ``on_step`` (an ordered ``io_callback``). False: none compiled in.
     step_events: bool = False
     #: Episodes start from a trial index (``TrialReset``); None: from
-    #: ``env.reset(PRNGKey(seed))``, and the lanes carry nothing for it.
+    #: ``env.reset(PRNGKey(seed))``.
     trials: TrialReset | None = None
 
     @property
@@ -121,20 +110,17 @@ class LaneState:
     #: [N] per accumulator of ``EngineConfig.accumulators``: the reduction so
     #: far of the current episode's info values (empty without metrics).
     acc: tuple = ()
-    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the int32 trial
-    #: index of each episode of the window (as ``seeds``) and the data the
-    #: reset reads (empty without).
+    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the trial index of
+    #: each episode of the window and the data the reset reads.
     trials: tuple = ()
     #: [N] bool: the current episode's reset info had a non-zero success key
     #: (None unless ``EngineConfig.success_at_reset``).
     reset_success: Any = None
 
 
-#: The lane fields a run brings (its budget, first lanes and trials) and the
-#: counters it reads before it writes them; with ``AGENT_GIVEN``, all that a
-#: run on a finished run's buffers puts anew (``refill``). Every other field is
-#: written when a lane begins an episode, and a lane that begins none stays
-#: masked, as the zero lanes of a first carry are.
+#: The lane fields a run brings and the counters it reads before it writes
+#: them; with ``AGENT_GIVEN``, all that ``refill`` puts anew (every other
+#: field is written when a lane begins an episode).
 GIVEN = (
     "seeds",
     "base",
@@ -182,11 +168,9 @@ class Inner:
 
 
 def window_size(config: EngineConfig) -> int:
-    """The seeds a segment's window holds: ``WINDOW_LOGS * capacity + N``. A
-    segment hands over at most ``capacity`` episodes (its log's rows), and the
-    lanes that begin one on its first step took it at most N episodes before,
-    so a window serves every segment that starts with its next unstarted
-    episode in ``[base + N, base + (WINDOW_LOGS - 1) * capacity + N]``."""
+    """The seeds a segment's window holds: ``WINDOW_LOGS * capacity + N`` (a
+    segment hands over at most ``capacity`` episodes, and its first step's
+    lanes took theirs at most N episodes before)."""
     return WINDOW_LOGS * config.capacity + config.agent.num_envs
 
 
@@ -194,8 +178,7 @@ def first_lanes(xp, n: int, budget: Any) -> dict:
     """Lane bookkeeping at the start of a run: lane j starts episode j (CONTRACT 3).
 
     Every lane is reset on the first step, so that a masked lane (j >= budget)
-    steps a valid env state (seed 0) that is never scored. Written for numpy
-    (the host's first carry) and jax.numpy (``Engine.run``, under trace).
+    steps a valid env state that is never scored (``xp``: numpy or jax.numpy).
     """
     start, episode, next_episode = rules.next_episodes(
         xp, xp.ones((n,), bool), 0, budget
@@ -210,11 +193,10 @@ def first_lanes(xp, n: int, budget: Any) -> dict:
 def window(
     config: EngineConfig, seeds: np.ndarray, next_episode: int, trial_of: Any = None
 ) -> dict:
-    """The window of a segment that starts with ``next_episode`` as the next
-    unstarted episode (host arrays): ``base = max(0, next_episode - N)``, and
-    the seeds (with ``config.trials``, also the trial indices ``trial_of``) of
-    episodes ``base, base + 1, ...``, zero past the budget. Host work and
-    transfer proportional to the lanes, never to the budget."""
+    """The window of a segment whose next unstarted episode is
+    ``next_episode`` (host arrays): ``base = max(0, next_episode - N)`` and the
+    seeds (and trial indices) of episodes ``base, ...``, zero past the budget.
+    """
     size = window_size(config)
     base = max(0, int(next_episode) - config.agent.num_envs)
 
@@ -291,18 +273,16 @@ def refill(
     device: Any = None,
     **run: Any,
 ) -> Carry:
-    """``Engine.first_carry`` on the buffers of a finished run: only the run's
-    own fields and the counters it reads first (``GIVEN``, ``AGENT_GIVEN``)
-    travel to the device, in one transfer. Putting a whole first carry there
-    costs about 0.1 ms per array on a CPU (an MJX state has over a hundred):
-    most of a short run's time.
+    """``Engine.first_carry`` on the buffers of a finished run: only
+    ``GIVEN`` and ``AGENT_GIVEN`` travel to the device, in one transfer
+    (docs/evaluation.md, "Compiling once").
 
     Args:
       config: the engine's.
       spare: ``(lanes, agent)`` a run of this engine ended with (donated to
         this run's first segment).
       results0: device results of a first carry (never donated, so still
-        zero; only the recorded episodes are this run's).
+        zero).
       seeds, device: as for ``Engine.first_carry``; ``run``: its ``record``,
         ``trials`` and ``texts``.
     """
