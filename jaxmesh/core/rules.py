@@ -1,15 +1,9 @@
-"""The rules of an episode, written once for the scan engine and the host loops.
-
-Which lane takes the next episode, the step cap, the bad values that stop a
-run, how an info key is reduced over an episode, and the key an episode starts
-from: the scan engine (``jaxmesh.core.engine``, jax.numpy under jit) and the
-host loops (``jaxmesh.run.host`` and ``jaxmesh.run.host.served``, numpy) call the
-same functions, so the two paths cannot drift apart.
+"""The rules of an episode, written once for the scan engine and the host loops
+(docs/evaluation.md, "The engine").
 
 Every function is pure and takes the array namespace first (``xp``: numpy or
-jax.numpy); none branches on an array's value, except where a numpy caller
-gets a shortcut for the usual step (said at the function). Dtypes come from
-the arguments: the host keeps float64 metric accumulators, the engine float32.
+jax.numpy); none branches on an array's value, except a numpy shortcut for the
+usual step (said at the function). Dtypes come from the arguments.
 
 Example:
   >>> import numpy as np
@@ -37,11 +31,8 @@ def next_episodes(
 ) -> tuple:
     """Hands the next unstarted episodes to the lanes that ended (CONTRACT 3).
 
-    Ties on the same step go in ascending lane order: the k-th ended lane (by
-    index) takes episode ``next_episode + k``, as long as it is below
-    ``budget``; an ended lane left without one is masked by the caller. The
-    start of a run is the case where every lane "ended" and ``next_episode``
-    is 0: lane j starts episode j.
+    The k-th ended lane (by index) takes episode ``next_episode + k`` if it is
+    below ``budget``; at a run's start every lane "ended" and lane j starts j.
 
     Args:
       ended: [N] bool, the lanes whose episode ended (or that are free).
@@ -160,10 +151,8 @@ def reward_faults(
 
 # Episode metrics --------------------------------------------------------------------
 #
-# Per lane and info key: an accumulator (its dtype is the caller's) and, where
-# an info may lack the key on some steps (gymnasium), the number of steps that
-# had it. ``count=None`` says every step has the key (a JAX env's info has a
-# fixed structure): the count is then the episode's length.
+# Per lane and info key: an accumulator and the steps that had the key
+# (``count=None``: every step has it, as in a JAX env).
 
 
 def begin_metric(
@@ -218,10 +207,8 @@ def accumulate_metric(
 
 
 def finalize_metric(xp: Any, reduction: str, acc: Any, count: Any) -> Any:
-    """An episode's metric at its end.
-
-    ``mean`` is over the steps that had the key; an episode where no step had
-    it gives NaN (``any``: False, its accumulator's start).
+    """An episode's metric at its end (NaN where no step had the key; ``any``:
+    False).
 
     Args:
       reduction: one of ``tally.REDUCTIONS``.
@@ -252,9 +239,8 @@ _PROBE_SEEDS = (0, 1, 65_539, 2**31 - 1)
 
 @functools.cache
 def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
-    """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` for a seed in
-    ``[0, 2**31 - 1]`` under this PRNG implementation (threefry2x32 seeding
-    does that), checked against jax itself on a few seeds."""
+    """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` under this PRNG
+    setting, checked against jax on a few seeds."""
     del impl, x64  # the cache key: a run under another setting checks again
     for s in _PROBE_SEEDS:
         k = np.asarray(jax.random.PRNGKey(s))
@@ -271,13 +257,9 @@ def episode_keys(xp: Any, seeds: Any) -> Any:
       seeds: [k] seeds in ``[0, 2**31 - 1]``.
 
     Returns:
-      [k, 2] keys, as jax arrays or numpy arrays.
-
-    A host loop starts every episode with its key; one jax call per episode
-    costs about 0.2 ms, more than a CartPole step of 64 lanes. So with numpy,
-    where jax's own keys are the ``[0, seed]`` pairs (checked once per PRNG
-    setting on a few seeds, against ``jax.random.PRNGKey``), they are built in
-    numpy.
+      [k, 2] keys, as jax arrays or numpy arrays. With numpy, where jax's keys
+      are the ``[0, seed]`` pairs, they are built in numpy (a jax call per
+      episode costs about 0.2 ms, more than a CartPole step of 64 lanes).
     """
     if xp is not np:
         return jax.vmap(jax.random.PRNGKey)(seeds)
