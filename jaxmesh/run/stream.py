@@ -1,11 +1,6 @@
-"""Host-loop pieces any driver reuses: hooks, episodes streamed in order, and
-what a failure keeps (CONTRACT 16, 20).
-
-Both drivers use them: the scan loop over JAX envs (``jaxmesh.run.scan``) and
-the host loop over gymnasium envs, in process or served (``jaxmesh.run.host``).
-Each hands its ``Results``, read to the host after each segment, to an
-``EpisodeStream`` and runs inside ``drive``, which on any exception calls
-``EpisodeStream.fail``: every finished episode rides on the exception as
+"""Host-loop pieces both drivers (``jaxmesh.run.scan``, ``jaxmesh.run.host``)
+reuse: hooks, episodes streamed in order, and what a failure keeps (CONTRACT
+16, 20): inside ``drive``, every finished episode rides on an exception as
 ``exc.partial_result``.
 """
 
@@ -49,9 +44,9 @@ def drive(
         compiling (0.0 when nothing was compiled).
       loop: runs the budget; returns the host ``Results``.
 
-    On any exception the finished episodes ride on it (``EpisodeStream.fail``);
-    an error a host callback raised (a ``jaxmesh.HostPolicy``'s) is raised as
-    itself instead of JAX's runtime error that carried its text.
+    Raises:
+      BaseException: what the run raised, with the finished episodes on it; an
+        error a host callback raised is raised as itself, not as JAX's.
     """
     timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
     try:
@@ -92,10 +87,7 @@ def run_fields(
     **more: Any,
 ) -> dict:
     """A run's ``RunResult`` fields beside its episodes and totals, the same
-    for both backends: its settings (``checks.Settings``), what the plan made
-    of them, the names, ``metrics`` (``metric_reductions``, ``success_key``),
-    how episodes start, the headline success mode, the fingerprint, and
-    ``more`` of the backend's own (a wall-clock cap)."""
+    for both backends; ``more``: a backend's own (a wall-clock cap)."""
     return {
         "num_envs": num_envs,
         "horizon": settings.horizon,
@@ -148,13 +140,9 @@ def call(hooks: list, name: str, *args: Any) -> None:
 def chunk_position(
     t: np.ndarray, horizon: int, lead: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per executed step: whether its action starts a chunk, and the chunk's lag.
-
-    An episode plans at its step 0 and then every ``h`` steps (CONTRACT 10: a
-    chunk plays out until the episode ends), so the action of step ``t`` starts
-    a chunk when ``t % h == 0``. With a lead ``l = min(L, h) > 0`` every chunk
-    but the episode's first (``t < h``) was planned ``l`` steps before it
-    started (CONTRACT 12); without one, every plan is synchronous.
+    """Per executed step: whether its action starts a chunk (``t % h == 0``,
+    CONTRACT 10), and the chunk's lag (the lead, but 0 for an episode's first
+    chunk; CONTRACT 12).
 
     Args:
       t: [m] step indices within their episodes (0-based).
@@ -171,12 +159,9 @@ def chunk_position(
 
 
 class StepStream:
-    """Hands executed steps to the ``on_step`` hooks as ``StepEvent``s.
-
-    A driver calls ``emit`` once per step (per lane and step on a loop whose
-    lanes move at their own pace), with the lanes in ascending order. The
-    first exception a hook raises is kept in ``error`` and no event is
-    delivered after it; the driver stops and raises it (``raise_error``).
+    """Hands executed steps to the ``on_step`` hooks as ``StepEvent``s, lanes
+    in ascending order. The first exception a hook raises is kept in ``error``
+    (no event is delivered after it) for the driver to raise (``raise_error``).
 
     Args:
       hooks: the hook objects (those without ``on_step`` are ignored).
@@ -251,9 +236,7 @@ class StepStream:
 
 class StepSink:
     """Where a compiled program's step events go (``Engine``'s ``on_step``):
-    the program is bound to one sink when it is built, and the run that
-    listens points it at its ``StepStream`` (``listen``) while it runs, so
-    every run of the program hands its events to its own hooks."""
+    the run that ``listen``s points it at its ``StepStream`` while it runs."""
 
     def __init__(self):
         self.stream: StepStream | None = None
@@ -275,10 +258,8 @@ class StepSink:
 
 
 class EpisodeStream:
-    """Hands finished episodes to ``on_episode_end`` hooks in episode order.
-
-    Episode i is reported once every episode before it has been: an episode
-    that ends early waits for the earlier ones.
+    """Hands finished episodes to ``on_episode_end`` hooks in episode order (an
+    episode that ends early waits for the earlier ones).
 
     Args:
       hooks: the hook objects.
@@ -299,14 +280,12 @@ class EpisodeStream:
         self.policy_hook = on_episode_end
         self.run_fields = run_fields
         self.cursor = 0
-        #: The newest ``Results`` (on the device or the host); on a failure the
-        #: finished episodes are read from it.
+        #: The newest ``Results``; on a failure the finished episodes are read from it.
         self.latest: Any = None
         self.wants_episodes = on_episode_end is not None or any(
             hasattr(h, "on_episode_end") for h in hooks
         )
-        #: The run's ``on_step`` deliveries; a host loop sets it with the run's
-        #: effective horizon and lead (empty: no hook has ``on_step``).
+        #: The run's ``on_step`` deliveries (a host loop sets it).
         self.steps = StepStream([], 1, 0)
 
     def update(self, res: Any) -> None:
@@ -334,11 +313,7 @@ class EpisodeStream:
             return None
         res = jax.device_get(self.latest)
         return RunResult.from_results(
-            res,
-            self.seeds,
-            keep=np.asarray(res.done),
-            **self.run_fields,
-            **timing,
+            res, self.seeds, keep=np.asarray(res.done), **self.run_fields, **timing
         )
 
     def fail(self, exc: BaseException, timing: dict) -> None:
