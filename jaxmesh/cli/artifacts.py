@@ -46,10 +46,8 @@ def write_videos(
     result: Any, path: Path, base: Path | None, explicit: bool = True
 ) -> None:
     """Renders every recorded episode (``jaxmesh.render``): episode i to
-    ``<path stem>.ep<i><suffix>``, or to ``path`` itself when it was given
-    (``explicit``) and one episode was recorded. Video names in the result
-    become relative to ``base`` (the output JSON's folder), where ``jaxmesh
-    report`` reads them.
+    ``<path stem>.ep<i><suffix>`` (or to an ``explicit`` path, one episode),
+    its name in the result relative to ``base`` (the output JSON's folder).
 
     Raises:
       VideoError: an episode's video could not be rendered (the result lists
@@ -81,10 +79,8 @@ def write_videos(
 def write_report_file(
     result: Any, path: Path, base: Path | None = None, announce: bool = True
 ) -> None:
-    """Writes ``result``'s HTML report to ``path`` and says so on stdout.
-
-    ``base``: the folder relative video paths of the result are read from;
-    ``announce``: say so (False when a report is written again with videos).
+    """Writes ``result``'s HTML report to ``path`` (``announce``: say so);
+    ``base``: the folder the result's relative video paths are read from.
 
     Raises:
       ConfigError: the file cannot be written.

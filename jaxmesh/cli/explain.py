@@ -48,10 +48,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def host_env_spec(
     env: str | list[str], served: Served | None = None
 ) -> tuple[Any, int]:
-    """The spaces of host-stepped envs as an env ``jaxmesh.explain`` reads.
-
-    A ``gymnasium:<id>`` makes one env (then closes it); served envs are asked
-    by handshake only (no session is opened, nothing is stepped).
+    """The spaces of host-stepped envs as an env ``jaxmesh.explain`` reads (a
+    ``gymnasium:<id>`` made once, served envs asked by handshake only).
 
     Returns:
       The spec (``jaxmesh.envs.gymnasium.HostEnvSpec``: shapes only) and how
@@ -87,17 +85,9 @@ def host_env_spec(
 
 
 def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | None:
-    """What a policy served for the env of run ``config`` reads, from the
-    env's observation (shapes only; nothing is stepped): observation key ->
-    ``(shape, dtype)``, as ``PolicyServer(inputs=...)`` takes it. A model
-    without a spec on an env of one array reads it as
-    ``"observation/state"``.
-
-    Returns:
-      The inputs, or None when they cannot be told (no single ``env`` id, a
-      served env, an env that cannot be made here, or an observation the
-      spec does not read by top-level keys).
-    """
+    """What a policy served for the env of run ``config`` reads (shapes only):
+    observation key -> ``(shape, dtype)``, as ``PolicyServer(inputs=...)``
+    takes it; None when that cannot be told here."""
     env = config.get("env")
     if not isinstance(env, str) or is_served(env):
         return None
@@ -160,8 +150,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _inputs(model: Any, described: dict, config: dict | None) -> Any:
-    """What the model reads, with shapes where a run config's env tells
-    them (``{key: {"shape", "dtype"}}``), else in words."""
+    """What the model reads, with shapes where a run config's env tells them."""
     inputs = None if config is None else served_inputs(model, config)
     if inputs is not None:
         return {

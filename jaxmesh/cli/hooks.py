@@ -16,12 +16,8 @@ from jaxmesh.suite import SuiteResult
 
 
 class Progress:
-    """A tqdm bar on stderr: episodes done of the budget, and env steps/s.
-
-    The rate while running counts the steps of finished episodes since the
-    first one ended (so compile time is excluded); at the end it shows the run's
-    exact ``steps_per_second``.
-    """
+    """A tqdm bar on stderr: episodes done of the budget, and env steps/s
+    (counted from the first finished episode, so compile time is left out)."""
 
     def __init__(self, enabled: bool = True, stream: Any = None, initial: int = 0):
         self.enabled = enabled
@@ -62,8 +58,7 @@ class Progress:
         self.bar.update(1)
 
     def on_fault(self, info: dict) -> None:
-        """A lost or rejoined server, or a lost worker process: one line on
-        stderr above the bar (printed even with the bar off)."""
+        """A lost or rejoined server, or a lost worker: a line on stderr."""
         event = info.get("event")
         if event == "lost":
             line = (
@@ -96,16 +91,9 @@ class Progress:
 
 
 class Started:
-    """A hook that marks the end of ``evaluate``'s checks.
-
-    ``evaluate`` calls ``on_run_start`` once its input is checked and the policy
-    probed, before anything compiles: a ValueError/TypeError raised before then
-    is bad input, one raised after is a failure of the run.
-
-    In a suite each task's run starts anew: ``finished`` names the tasks done,
-    and ``started`` is reset after each, so that a later task's refusal is bad
-    input too (the tasks before it are kept in the output JSON).
-    """
+    """A hook that marks the end of ``evaluate``'s checks: an error before
+    ``on_run_start`` is bad input, one after a failure of the run. In a suite,
+    ``finished`` names the tasks done and each task's run starts anew."""
 
     def __init__(self) -> None:
         self.started = False
@@ -122,10 +110,8 @@ class Started:
 
 
 class LogStart:
-    """The hook before ``eval``'s ``jaxmesh.EpisodeLog``: once the run starts
-    (so that a refused run leaves an earlier log as it was), it makes the log's
-    folder and, for a new run (``fresh``), empties the file: a log holds one
-    run and its resumptions."""
+    """The hook before ``eval``'s ``jaxmesh.EpisodeLog``: once the run starts,
+    it makes the log's folder and, for a new run (``fresh``), empties it."""
 
     def __init__(self, path: Path, fresh: bool):
         self.path, self.fresh = path, fresh

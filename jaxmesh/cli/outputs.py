@@ -35,8 +35,7 @@ REPORT_NEXT_TO_OUTPUT = object()
 
 def check_writable(*paths: tuple[str, Any]) -> None:
     """Refuses, before the run, every ``(what, path)`` where a file cannot be
-    written: a directory, a folder that cannot be made, one that is not
-    writable, a read-only file. The folders are made here (None: skipped).
+    written; the folders are made here (a None path is skipped).
 
     Raises:
       ConfigError: naming the flag or key, the path and what to do.
@@ -71,8 +70,7 @@ def check_writable(*paths: tuple[str, Any]) -> None:
 
 
 def _write_new(fd: int, name: str, data: bytes) -> None:
-    """Writes ``data`` to the new file ``name`` open as ``fd``; on failure
-    removes the file (nothing half-written, or empty, is left) and raises."""
+    """Writes ``data`` to the new file ``name`` open as ``fd``, or removes it."""
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -83,10 +81,8 @@ def _write_new(fd: int, name: str, data: bytes) -> None:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` whole or not at all: into a new file beside
-    it, then renamed over it, so that a full disk leaves neither an empty nor a
-    cut file (and an earlier file at ``path`` as it was). A path that is a
-    link or not a regular file is written in place.
+    """Writes ``data`` to ``path`` whole or not at all (a new file beside it,
+    renamed over it); a link or a path that is no regular file in place.
 
     Raises:
       OSError: the file cannot be written.
@@ -107,13 +103,9 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> Path:
-    """Writes ``data`` as JSON to ``path``, whole or not at all (``write_file``);
-    returns where it went.
-
-    Should that fail (the folder removed or the disk full during the run), the
-    result is written to a file in the working directory (else in the
-    temporary directory) instead, and a line on stderr says where.
-    """
+    """Writes ``data`` as JSON to ``path`` (``write_file``), else to a file in
+    the working (or the temporary) directory, saying so on stderr; returns
+    where it went."""
     text = json.dumps(data, indent=2) + "\n"
     try:
         write_file(path, text.encode())
@@ -140,8 +132,7 @@ def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> 
 
 def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path | None:
     """Where ``eval`` streams its episodes: ``--episode-log PATH``, else next to
-    the output JSON as ``NAME.episodes.jsonl``; None with ``--no-episode-log``
-    or when the config writes no JSON.
+    the output JSON (None: ``--no-episode-log``, or no output).
 
     Raises:
       ConfigError: the path is the output JSON or the config itself.
@@ -167,11 +158,8 @@ def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path |
 
 
 def video_path(given: Any, config: dict[str, Any]) -> Path | None:
-    """Where ``eval --video`` writes the first recorded episode's video,
-    checked before the run (imageio is needed).
-
-    Without a path: next to the output JSON as ``<name>.ep<i>.mp4``, or
-    ``video.ep<i>.mp4`` without one.
+    """Where ``eval --video`` writes the videos (without a path: next to the
+    output JSON, else ``video.mp4``), checked before the run.
 
     Raises:
       ConfigError: imageio (or imageio-ffmpeg for a non-GIF) is missing.
@@ -194,10 +182,8 @@ def video_path(given: Any, config: dict[str, Any]) -> Path | None:
 
 
 def report_path(given: Any, config: dict[str, Any], config_path: str) -> Path | None:
-    """Where ``eval --report`` writes the report, checked before the run.
-
-    ``--report`` alone puts it next to the result JSON (``output`` with the
-    suffix ``.html``), or in ``report.html`` when the config writes no JSON.
+    """Where ``eval --report`` writes the report (alone: next to the output
+    JSON, else ``report.html``), checked before the run.
 
     Raises:
       ConfigError: matplotlib is missing, or the path is the config's or the

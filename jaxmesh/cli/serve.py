@@ -71,11 +71,9 @@ SERVE_ENV_FORMS = (
 
 
 def serve_env_id(env: str) -> str:
-    """``serve-env``'s env argument as ``"gymnasium:<id>"``.
-
-    ``gymnasium:<id>`` is kept, a bare ``<id>`` gets the prefix. Anything else
-    with a colon is refused: gymnasium would read ``gymnax:CartPole-v1`` as
-    "import gymnax, then make CartPole-v1" and quietly serve its own env.
+    """``serve-env``'s env argument as ``"gymnasium:<id>"`` (a bare ``<id>``
+    gets the prefix; another prefix is refused: gymnasium would import it as a
+    module and quietly serve its own env).
 
     Raises:
       ConfigError: another prefix, or an id ``lanes.parse_id`` refuses.
@@ -107,8 +105,8 @@ def serve_env_id(env: str) -> str:
 
 
 def _libero_lanes(env_id: str, env_config: str | None, lanes: int | None) -> Any:
-    """``serve-env libero:<suite>/<i>``: a factory of its ``lanes`` envs (built
-    when the server starts), the id and ``--env-config`` checked now.
+    """``serve-env libero:<suite>/<i>``: a factory of its ``lanes`` envs, the
+    id and ``--env-config`` checked now.
 
     Raises:
       ConfigError: bad JSON, an unknown suite, task or option, LIBERO or its
@@ -138,13 +136,8 @@ def _libero_lanes(env_id: str, env_config: str | None, lanes: int | None) -> Any
 
 @contextlib.contextmanager
 def _native_stderr_held() -> Any:
-    """Holds back what is written to file descriptor 2 inside the block (gRPC's
-    C core logs there, e.g. its own line for a port in use).
-
-    On success it is written out after the block; when the block raises it is
-    dropped: the error is reported as jaxmesh's one line. Where fd 2 cannot be
-    redirected, the block runs as it is.
-    """
+    """Holds back what gRPC's C core writes to fd 2 inside the block: written
+    out after it, dropped when it raises (the error is jaxmesh's one line)."""
     sys.stderr.flush()
     try:
         saved = os.dup(2)

@@ -14,6 +14,7 @@ from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.explain import served_inputs
 from jaxmesh.cli.serve import check_ready_fd, serve_until_stopped
+from jaxmesh.cli.tls import tls_files
 from jaxmesh.remote.protocol import TOKEN_ENV
 
 
@@ -22,8 +23,7 @@ def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
     ``--input`` options, else what a run config's env gives (openpi only).
 
     Raises:
-      ConfigError: an ``--input`` not of the form ``KEY=DTYPE[SHAPE]``, a key
-        given twice, or ``--input`` with ``--protocol grpc``.
+      ConfigError: a malformed or repeated ``--input``, or one with grpc.
     """
     from jaxmesh.serve.forward import parse_input
 
@@ -60,16 +60,10 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from e
 
     check_ready_fd(args.ready_fd)
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ConfigError(
-            f"--tls-cert {args.tls_cert!r} and --tls-key {args.tls_key!r}: TLS "
-            "needs both the certificate chain and its private key (PEM files); "
-            "give both, or neither for a plain server"
-        )
+    tls = tls_files(args.tls_cert, args.tls_key)
     policy = load_policy(args.policy)
     inputs = declared_inputs(args, policy)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
-    tls = None if args.tls_cert is None else (args.tls_cert, args.tls_key)
     try:
         server = PolicyServer(
             policy,

@@ -36,8 +36,7 @@ SWEEP_CELLS_KEY = "jaxmesh_sweep_cells"
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Runs the sweep of a config's ``--set`` axes; writes ``NAME.sweep.json``
-    next to the config's output (never the output itself: that is ``jaxmesh
-    eval``'s result, which ``jaxmesh report`` reads)."""
+    next to the config's output (never the output itself: eval's result)."""
     raw = apply_overrides(load_config(args.config), args.set)
     axes = {}
     for key in SWEEP_AXES:
@@ -53,8 +52,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "jaxmesh sweep with tasks: a sweep runs one env; pick a task with "
             "--set env=..."
         )
-    # The config's output is its eval's result: the sweep writes its own file
-    # next to it (NAME.sweep.json), and its cells beside that.
     given = Path(config["output"]) if config.get("output") else None
     output = None if given is None else given.with_suffix(SWEEP_SUFFIX)
     cells_path = None if given is None else given.with_suffix(SWEEP_CELLS_SUFFIX)
@@ -128,12 +125,9 @@ def _jsonable(value: Any) -> Any:
 
 
 class SweepCells:
-    """``jaxmesh sweep``'s cells file, ``NAME.sweep.cells.jsonl``: a first line with
-    the sweep's config (``{"jaxmesh_sweep_cells": 1, "config": {...}}``), then
-    one flushed line per finished cell (``{"cell": {"delay", "horizon",
-    "result"}}``), written as each cell ends: a stopped sweep keeps them, and
-    ``--resume`` runs only the others. A new sweep starts the file afresh; a
-    resumed one rewrites the cells it continues from, then appends."""
+    """``jaxmesh sweep``'s cells file: a first line with the sweep's config
+    (``{"jaxmesh_sweep_cells": 1, "config": {...}}``), then one flushed line
+    per finished cell (``{"cell": {"delay", "horizon", "result"}}``)."""
 
     def __init__(self, path: Path, identity: dict, done: dict):
         self.path, self.identity, self.done = path, identity, dict(done)
@@ -158,17 +152,14 @@ class SweepCells:
         os.replace(fresh, self.path)
         self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
 
-    def _line(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
     def write(self, delay: int, horizon: int, result: Any) -> None:
         """``jaxmesh.sweep``'s ``on_cell``: one finished cell."""
         self.started = True
         if self.file is None:
             self._open()
         record = {"delay": delay, "horizon": horizon, "result": result.to_dict()}
-        self._line({"cell": record})
+        self.file.write(json.dumps({"cell": record}) + "\n")
+        self.file.flush()
         self.count += 1
 
     def close(self) -> None:
@@ -188,12 +179,8 @@ def _sweep_kept(args: argparse.Namespace, config: dict, cells: SweepCells) -> st
 
 
 def load_sweep_cells(path: Path, identity: dict) -> dict:
-    """The finished cells of a sweep cells file (``SweepCells``), checked to be
-    of the sweep ``identity`` describes.
-
-    Returns:
-      ``(delay, horizon) -> RunResult``; a line cut short (a sweep killed while
-      writing it) is skipped.
+    """The finished cells, ``(delay, horizon) -> RunResult``, of a sweep cells
+    file of the sweep ``identity`` describes (a last line cut short skipped).
 
     Raises:
       ConfigError: not a cells file, or a sweep of another config (naming the

@@ -18,8 +18,12 @@ def channel_credentials(ca: str | None) -> Any:
     return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
 
 
-def server_credentials(cert: str | None, key: str | None) -> Any:
-    """``grpc.ssl_server_credentials`` from PEM files (None: no TLS)."""
+def tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
+    """``--tls-cert`` and ``--tls-key``: both, or neither (None: no TLS).
+
+    Raises:
+      ConfigError: only one of them.
+    """
     if cert is None and key is None:
         return None
     if cert is None or key is None:
@@ -28,6 +32,13 @@ def server_credentials(cert: str | None, key: str | None) -> Any:
             "certificate chain and its private key (PEM files); give both, or "
             "neither for a plain server"
         )
+    return cert, key
+
+
+def server_credentials(cert: str | None, key: str | None) -> Any:
+    """``grpc.ssl_server_credentials`` from PEM files (None: no TLS)."""
+    if tls_files(cert, key) is None:
+        return None
     import grpc
 
     pems = []
