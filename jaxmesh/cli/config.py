@@ -1,9 +1,7 @@
 """A run config: its keys (one table), reading it from YAML, ``--set`` overrides.
 
-``SCHEMA`` is every key a config may hold, with its type, its default and what
-it means; ``jaxmesh eval --help`` prints it, and ``jaxmesh.cli.checks``
-checks a config against it. This module imports nothing heavy (no JAX), so
-that ``--help`` is fast.
+``jaxmesh eval --help`` prints ``SCHEMA``; this module imports no JAX, so that
+``--help`` is fast.
 """
 
 from __future__ import annotations
@@ -22,15 +20,8 @@ from jaxmesh.trace import REDACTED, is_secret_key
 
 
 class Key(NamedTuple):
-    """One config key.
-
-    Attributes:
-      type: what the YAML holds, as the help prints it.
-      default: the value when the key is absent (None: null, the default
-        described in ``help``).
-      help: what the key means, one line.
-      low: for an int key that is no ``RunConfig`` field, its least value
-        (None: not such a key; ``RunConfig`` checks its own fields).
+    """One config key: the YAML type and the default as the help prints them,
+    its meaning, and the least value of an int key ``RunConfig`` does not check.
     """
 
     type: str
@@ -215,8 +206,7 @@ MAX_SECONDS = 1e9
 
 
 def keys_help(width: int | None = None) -> str:
-    """``SCHEMA`` as the help prints it: a key a line, its type, its meaning and
-    its default when it has one, wrapped to ``width`` columns (None: the
+    """``SCHEMA`` as the help prints it, wrapped to ``width`` columns (None: the
     terminal's, as argparse does)."""
     if width is None:
         width = shutil.get_terminal_size().columns - 2
@@ -246,8 +236,7 @@ def _yaml(value: Any) -> str:
 
 
 class _DuplicateKey(yaml.YAMLError):
-    """A mapping of a YAML document names one key twice (YAML itself keeps the
-    last one silently)."""
+    """A mapping names one key twice (YAML itself keeps the last silently)."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -330,7 +319,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def _swaps_policy(config: dict[str, Any], overrides: Sequence[str]) -> bool:
     """Whether the overrides' last ``policy=`` names another policy than the
-    file's (a value that does not parse is left to ``apply_overrides``)."""
+    file's."""
     last = None
     for item in overrides:
         key, _, raw = item.partition("=")
@@ -346,14 +335,9 @@ def _swaps_policy(config: dict[str, Any], overrides: Sequence[str]) -> bool:
 
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
-    """Applies ``KEY=VALUE`` overrides; dotted keys reach into mappings.
-
-    Values are parsed as YAML (``8`` is an int, ``null`` is None, ``true`` a
-    bool, ``[1, 2]`` a list, anything else a string). Returns a new dict.
-
-    ``--set policy=...`` naming another policy than the file's drops the file's
-    ``policy_config`` (its keyword arguments were for the file's policy); the
-    ``policy_config`` overrides given on the command line still apply.
+    """Applies ``KEY=VALUE`` overrides (values parsed as YAML; dotted keys
+    reach into mappings) to a copy of ``config``. Another ``policy`` drops the
+    file's ``policy_config`` (the command line's ``policy_config`` still applies).
 
     Raises:
       ConfigError: an override without ``=``, or a dotted key through a value

@@ -17,9 +17,8 @@ class ConfigError(Exception):
 
 
 class Interrupted(Exception):
-    """A run stopped by Ctrl-C (SIGINT), its message already printed; exit
-    status 130 (128 + SIGINT), as a shell reports it; ``status`` 143 (128 +
-    SIGTERM) for a run stopped by SIGTERM."""
+    """A run stopped by Ctrl-C, its message already printed: exit ``status``
+    130 (128 + SIGINT), as a shell reports it, or 143 after SIGTERM."""
 
     def __init__(self, status: int = 130):
         super().__init__(status)
@@ -27,9 +26,8 @@ class Interrupted(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the run is as Ctrl-C's ``KeyboardInterrupt`` is,
-    so that the run stops the same way (its finished episodes kept, its
-    workers ended) and says how to continue it (``terminating``)."""
+    """SIGTERM, raised as Ctrl-C's ``KeyboardInterrupt`` is, so that the run
+    stops the same way (``terminating``)."""
 
 
 @contextlib.contextmanager
@@ -56,11 +54,9 @@ def _raised_by(exc: BaseException, module: str) -> bool:
 
 
 def bad_input(exc: BaseException) -> str | None:
-    """What to say of an error raised before a run started when it is bad
-    input, not a failure of the run: a policy whose params do not fit the env
-    (flax's shape errors at the probe) or an env gymnasium cannot make (an
-    unknown id, a missing dependency). None for any other error.
-    """
+    """What to say of an error raised before a run started that is bad input
+    (flax's shape errors at the probe, gymnasium's errors making the env);
+    None for any other error."""
     what = f"{type(exc).__name__}: {exc}"
     if _raised_by(exc, "flax.errors"):
         return (

@@ -1,9 +1,4 @@
-"""``jaxmesh eval``: run a config, print the summary, write the results.
-
-The episodes stream to an episode log as they finish, so that a stopped run
-keeps them and ``--resume`` runs only the rest; the result JSON, the recorded
-episodes and the report are written before the videos (``_write_outputs``).
-"""
+"""``jaxmesh eval``: run a config, print the summary, write the results."""
 
 from __future__ import annotations
 
@@ -182,8 +177,7 @@ def _warn(text: str) -> None:
 
 
 class _Unwritten(Exception):
-    """The result JSON could be written nowhere (its path, the working and
-    the temporary folders: a disk full everywhere)."""
+    """The result JSON could be written nowhere (a disk full everywhere)."""
 
     def __init__(self, path: Path, error: OSError, result: Any):
         super().__init__(str(error))
@@ -213,14 +207,9 @@ def _write_outputs(
     report: Path | None,
     video: Path | None,
 ) -> int:
-    """Writes a finished run's files: the results first (the JSON, the recorded
-    episodes' .npz, the report), then the videos, so that a video that cannot
-    be rendered (no OpenGL on a headless machine) never costs the results.
-
-    Returns:
-      0; 1 when the JSON went elsewhere than ``output`` or a video failed (its
-      error printed, naming what to set).
-    """
+    """Writes a finished run's files, the results before the videos (a video
+    that cannot be rendered never costs them); returns 0, or 1 when the JSON
+    went elsewhere than ``output`` or a video failed."""
     base = output.parent if output is not None else None
     written: list[Path] = []
     saved = None
@@ -264,9 +253,7 @@ def _run_eval(
     kwargs: dict,
 ) -> Any:
     """``jaxmesh.evaluate`` for ``eval``: an interrupted or failed run says
-    where its finished episodes are and the command that continues it
-    (Ctrl-C: one message, exit status 130, and SIGTERM the same with status
-    143; a failure: a note under its traceback)."""
+    where its finished episodes are and the command that continues it."""
     earlier = kwargs.get("resume")
     log = next((h for h in hooks if isinstance(h, EpisodeLog)), None)
     started = lambda: any(getattr(h, "started", False) for h in hooks)
@@ -358,8 +345,7 @@ def _kept(
 
 
 def _held(log_path: Path | None) -> int:
-    """How many episodes the episode log holds, read back as ``--resume`` would
-    read it (0: no log, or none that can be read)."""
+    """How many episodes the episode log holds, read back (0: none readable)."""
     if log_path is None or not Path(log_path).is_file():
         return 0  # not a regular file (/dev/full reads zeros without end)
     try:
@@ -372,8 +358,7 @@ def _finish_suite(
     result: Any, config: dict[str, Any], report: Path | None, video: Path | None
 ) -> int:
     """``eval``'s output of a suite: the per-task table, the JSON, the report,
-    then the videos (each task's recorded episodes, ``<video stem>.<task>.
-    ep<i><suffix>``)."""
+    then the videos (``<video stem>.<task>.ep<i><suffix>``)."""
     print(result.summary())
     written = []
     if config.get("output"):
@@ -406,9 +391,8 @@ def _write_suite_json(result: Any, out: Path, announce: bool = True) -> Path:
 
 
 def load_resume(path: str | Path) -> Any:
-    """The earlier run ``eval --resume PATH`` continues, as a ``RunResult``: an
-    episode log (its first line is a ``jaxmesh_episode_log`` run line:
-    ``jaxmesh.load_episode_log``) or a result JSON (``RunResult.from_dict``).
+    """The earlier run ``eval --resume PATH`` continues: an episode log or a
+    result JSON, read as a ``RunResult`` (a ``SuiteResult`` for a suite).
 
     Raises:
       ConfigError: the file is missing, or is neither.
