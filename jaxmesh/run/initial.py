@@ -1,24 +1,7 @@
-"""Initial states of JAX envs: episode i starts from trial ``trial_index_base + i``.
-
-A JAX env's episode normally starts from ``env.reset(PRNGKey(seed))``. Two
-arguments of ``jaxmesh.evaluate`` replace that reset (docs/evaluation.md,
-"Initial states"):
-
-- ``initial_states``: T states given up front, in the form ``env.reset``
-  returns them, ``(obs, state)``, stacked so that every leaf has a leading axis
-  T (what ``jax.vmap(env.reset)(keys)`` returns), or a Python ``list`` of T
-  such pairs. Episode i starts from entry ``trial_index_base + i``; a budget
-  that needs an entry past T is refused (never wrapped around).
-- ``reset_fn(key, trial) -> (obs, state)``: episode i's reset is
-  ``reset_fn(PRNGKey(seeds[i]), trial_index_base + i)``, traced inside the
-  compiled program (one lane: ``key`` is a ``uint32[2]`` key, ``trial`` an
-  ``int32`` scalar).
-
-The episode's key is still ``PRNGKey(seeds[i])``: env-step and policy keys
-derive from it as without initial states (CONTRACT 5). Inside a resumed run
-the trial index follows the episode's index in the budget
-(``identity.episode_indices``). Everything here checks by shape only: nothing
-compiles.
+"""Initial states of JAX envs: episode i starts from trial ``trial_index_base + i``
+of ``Starts(initial_states=)`` or ``Starts(reset_fn=)`` (docs/evaluation.md,
+"Initial states (JAX envs)"). Inside a resumed run the trial index follows the
+episode's index in the budget. Everything here checks by shape only.
 """
 
 from __future__ import annotations
@@ -69,8 +52,7 @@ class Trials:
         return ("initial_states", jax.tree.structure(self.states), leaves)
 
     def engine_reset(self, env: Any) -> TrialReset:
-        """The engine's reset from a trial index, checked against ``env.reset``
-        by shape (nothing compiles).
+        """The engine's reset from a trial index, checked against ``env.reset``.
 
         Raises:
           TypeError, ValueError: a reset whose output is not ``env.reset``'s
@@ -92,9 +74,8 @@ class Trials:
         return TrialReset(_take_state, data)
 
     def for_run(self, states: Any) -> Any:
-        """The data a run's reset reads: these ``states`` (None: the
-        evaluator's own; a ``Trials``: resolved already), which must have the
-        evaluator's shapes.
+        """The data a run's reset reads: ``states`` (None: the evaluator's
+        own), which must have the evaluator's shapes.
 
         Raises:
           ValueError: a reset function's run given states, or states of other
@@ -187,8 +168,7 @@ def _check_reset_fn(fn: Any) -> None:
 
 
 def _host(x: Any) -> np.ndarray:
-    """A leaf as numpy, in the dtype JAX would give it (float64 -> float32 and
-    int64 -> int32 unless 64-bit types are enabled), as ``jnp.asarray`` does."""
+    """A leaf as numpy, in the dtype ``jnp.asarray`` would give it."""
     x = np.asarray(x)
     return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
 
@@ -220,9 +200,8 @@ def _stack(states: list) -> Any:
 
 
 def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
-    """Checks ``Starts``' ``initial_states`` / ``reset_fn`` (at most one is
-    given: ``Starts`` refuses both) on their own; the env's shapes are checked
-    by ``Trials.engine_reset``.
+    """Checks ``Starts``' ``initial_states`` or ``reset_fn`` on their own (the
+    env's shapes: ``Trials.engine_reset``).
 
     Returns:
       A ``Trials``, or None when neither is given.
@@ -302,13 +281,9 @@ def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray
 def run_trials(
     trials: Trials | None, states: Any, base: int, episodes: int
 ) -> tuple | None:
-    """A run's ``(trial_of, data)`` for ``Engine.first_carry``, or None.
-
-    Args:
-      trials: the evaluator's initial states (None: none).
-      states: the run's own ``initial_states`` (None: the evaluator's).
-      base: ``trial_index_base``.
-      episodes: the run's episode count.
+    """A run's ``(trial_of, data)`` for ``Engine.first_carry``, or None;
+    ``states``: the run's own ``initial_states`` (None: the evaluator's
+    ``trials``).
 
     Raises:
       ValueError: as ``trial_indices`` and ``Trials.for_run``, or states given
@@ -332,19 +307,15 @@ def refuse_host(initial_states: Any, reset_fn: Any, label: str) -> None:
     Raises:
       ValueError: one of them given.
     """
-    given = [
-        n
-        for n, v in (("initial_states", initial_states), ("reset_fn", reset_fn))
-        if v is not None
-    ]
-    if given:
-        raise ValueError(
-            f"{given[0]}= with env {label!r}: initial states are given this way to "
-            "JAX envs only; a host-stepped or served env picks its initial state "
-            'from the trial index itself: list "trial_index" in '
-            "env.metadata['reset_options'] and read options['trial_index'] in "
-            f"reset (episode i gets trial_index_base + i), and drop {given[0]}="
-        )
+    for given, value in (("initial_states", initial_states), ("reset_fn", reset_fn)):
+        if value is not None:
+            raise ValueError(
+                f"{given}= with env {label!r}: initial states are given this way to "
+                "JAX envs only; a host-stepped or served env picks its initial "
+                'state from the trial index itself: list "trial_index" in '
+                "env.metadata['reset_options'] and read options['trial_index'] in "
+                f"reset (episode i gets trial_index_base + i), and drop {given}="
+            )
 
 
 __all__ = [
