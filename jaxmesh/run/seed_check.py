@@ -1,25 +1,10 @@
-"""Does an env honour its seed? ``check_seeds`` finds out before a run.
-
-jaxmesh's results are reproducible only if the env is: episode i starts with
-``env.reset(seed=seeds[i])``, so an env that ignores its seed (resets from the
-global ``np.random`` state, or picks its task some other way, as MetaWorld
-does) gives other episodes on every run, and a resumed run would not equal an
-uninterrupted one. ``check_seeds`` resets one env twice with the same seed and
-once with another, steps each a few times with one fixed action (the idle
-action: a Discrete space's first action, a Box's zeros clipped to its
-bounds), and compares the observations, rewards and episode ends.
-
-An env that lists ``"trial_index"`` in ``metadata["reset_options"]`` gets
-``options={"trial_index": 0}`` on every reset, as a run's episode 0 would, so
-only the seed changes between them.
-
-A JAX env (``gymnax:``, ``brax:`` or an object of ``jaxmesh.types.Env``) is
-checked the same way through its ``reset(key)`` and ``step(key, state,
-action)``, with ``jax.random.PRNGKey(seed)``.
+"""Does an env honour its seed? ``check_seeds`` finds out before a run
+(docs/evaluation.md, "Envs that ignore their seed").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -121,25 +106,28 @@ def _first_difference(a: _Trace, b: _Trace) -> str | None:
     return None
 
 
-# Gymnasium envs (in this process or served) ---------------------------------
-def _gym_trace(env: Any, seed: int, steps: int, action: Any, options: Any) -> _Trace:
-    obs, _ = env.reset(seed=seed, options=options)
+def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> _Trace:
+    """A reset's observation and up to ``steps`` of ``step(t) -> (obs, reward,
+    terminated, truncated)``, stopping where the episode ends."""
     out = _Trace(obs, [], [], [])
-    for _ in range(steps):
-        obs, reward, terminated, truncated, _ = env.step(action)
+    for t in range(steps):
+        obs, reward, terminated, truncated = step(t)
         out.observations.append(obs)
         out.rewards.append(float(reward))
         out.ends.append((bool(terminated), bool(truncated)))
-        if terminated or truncated:
+        if out.ends[-1] != (False, False):
             break
     return out
 
 
+# Gymnasium envs (in this process or served) ---------------------------------
 def _gym_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
     action = idle_action(env.action_space)
     metadata = getattr(env, "metadata", None)
     options = {TRIAL_INDEX: 0} if declares_trial_index(metadata) else None
-    traces = tuple(_gym_trace(env, s, steps, action, options) for s in seeds)
+    reset = lambda seed: env.reset(seed=seed, options=options)[0]
+    step = lambda t: env.step(action)[:4]
+    traces = tuple(_trace(reset(seed), step, steps) for seed in seeds)
     return traces, _action_text(action)
 
 
@@ -156,25 +144,20 @@ def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
     def trace(seed: int) -> _Trace:
         key = jax.random.PRNGKey(seed)
         obs, state = reset(key)
-        out = _Trace(jax.device_get(obs), [], [], [])
-        for t in range(steps):
-            obs, state, reward, terminated, truncated = step(
-                jax.random.fold_in(key, t), state, action
-            )
-            out.observations.append(jax.device_get(obs))
-            out.rewards.append(float(reward))
-            out.ends.append((bool(terminated), bool(truncated)))
-            if out.ends[-1] != (False, False):
-                break
-        return out
+        held = [state]
+
+        def one(t: int) -> tuple:
+            obs, held[0], *ends = step(jax.random.fold_in(key, t), held[0], action)
+            return (jax.device_get(obs), *ends)
+
+        return _trace(jax.device_get(obs), one, steps)
 
     return tuple(trace(s) for s in seeds), _action_text(jax.device_get(action))
 
 
 # The check ----------------------------------------------------------------------
 def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, bool]:
-    """(the env to check, its name, what to close after, whether it is a JAX
-    env)."""
+    """(the env to check, its name, what to close after, whether it is JAX)."""
     kind = backend_of(env)
     if kind == SERVED:
         if not isinstance(env, str):
@@ -224,12 +207,9 @@ def check_seeds(
     token: str | None = None,
     credentials: Any = None,
 ) -> SeedReport:
-    """Checks that ``env`` is reproducible from its seed, and depends on it.
-
-    Resets the env with ``seed``, steps it ``steps`` times with one fixed action
-    (fewer if the episode ends), does the same again with ``seed`` and once with
-    ``other``, and compares what came back: observations, rewards, and
-    terminated / truncated.
+    """Checks that ``env`` is reproducible from its seed, and depends on it:
+    resets it twice with ``seed`` and once with ``other``, steps each ``steps``
+    times with one fixed action, and compares what came back.
 
     Args:
       env: a gymnasium ``Env`` (a list of them: the first; a ``SyncVectorEnv``:
