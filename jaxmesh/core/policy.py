@@ -1,11 +1,8 @@
 """Turns what a user passes as a policy into one batched apply function.
 
-The engine sees a ``Policy`` (``jaxmesh.types.Policy``): ``apply(params, inputs,
-keys, rstate) -> (outputs, rstate)`` over a batch of rows, plus what it needs to
-know: whether the policy is stochastic or recurrent, its declared chunk length,
-its spec, its params and device. A plain single-lane function is wrapped here;
-anything else provides ``as_policy`` (the ``jaxmesh.types.PolicyLike`` protocol,
-which ``jaxmesh.Model`` implements). This module knows nothing of the authoring layer.
+The engine sees a ``jaxmesh.types.Policy``; a plain single-lane function is
+wrapped here, anything else provides ``as_policy`` (the
+``jaxmesh.types.PolicyLike`` protocol, which ``jaxmesh.Model`` implements).
 """
 
 from __future__ import annotations
@@ -30,10 +27,8 @@ EXECUTION_HORIZON = "execution_horizon"
 
 
 def positional_arity(fn: Callable) -> int | None:
-    """Number of required positional parameters ``fn`` takes (None: unknowable).
-
-    Parameters with defaults do not count, so ``lambda obs, w=w: ...`` takes one.
-    """
+    """Required positional parameters ``fn`` takes, those with defaults not
+    counted (None: unknowable)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -58,21 +53,9 @@ def takes_param(fn: Callable, name: str) -> bool:
 
 
 def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable, bool]:
-    """A single-lane function as a batched ``apply`` (params, obs, keys, rstate).
-
-    Args:
-      fn: ``fn(obs)`` / ``fn(obs, key)``, or with ``with_params``
-        ``fn(params, obs)`` / ``fn(params, obs, key)``; a key may also be an
-        optional ``key=`` parameter.
-      name: the policy's name, for messages.
-      with_params: whether ``fn`` takes the params first.
-
-    Returns:
-      ``(apply, stochastic)``.
-
-    Raises:
-      TypeError: ``fn`` takes another number of required positional arguments.
-    """
+    """``fn(obs[, key])`` (``with_params``: ``fn(params, obs[, key])``; or an
+    optional ``key=``) as a batched ``apply``: returns ``(apply, stochastic)``.
+    Raises TypeError for another number of required positional arguments."""
     arity = positional_arity(fn)
     base = 1 + int(with_params)
     if arity is None:
@@ -113,15 +96,9 @@ def _as_is(tree: Any) -> Any:
 
 
 def _numpy_on_device(tree: Any) -> Any:
-    """``tree`` with its numpy array leaves put on jax's default device (the
-    other leaves as they are).
-
-    A run passes its params to a jitted step at every step (a host-stepped
-    run, once per agent step): numpy leaves would be copied to the device at
-    each call (measured: about a third of an agent step of a 2x256 MLP over 16
-    lanes). ``jax.device_put`` makes the copy jit would make, once: the same
-    values, dtypes and program, so the same results.
-    """
+    """``tree`` with its numpy array leaves put on jax's default device: the
+    copy jit would make at each call (about a third of an agent step of a
+    2x256 MLP over 16 lanes), made once, with the same values."""
     if tree is None:
         return None
     return jax.tree.map(
@@ -197,8 +174,7 @@ def action_space(env: Any) -> str:
 
 
 def undeclared_chunk_message(policy: Policy, shape: tuple, env: Any, k: int) -> str:
-    """The warning for a chunk nobody declared, played at horizon 1
-    (CONTRACT 11): the output may be a single action that forgot to index."""
+    """The warning for a chunk nobody declared, played at horizon 1 (CONTRACT 11)."""
     a = tuple(env.action_shape)
     name = getattr(env, "name", type(env).__name__)
     return (
@@ -225,9 +201,8 @@ def output_chunk(
     """Tells a chunk (returns K) from a single action (returns None) by shape.
 
     ``chunk_meant``: the run or the policy's inputs ask for chunks (an
-    ensemble, a ``PendingChunk`` input), beside what the policy declares
-    (``declares_chunk``). A chunk that nobody asked for, played at horizon 1,
-    warns once (CONTRACT 11): it may be one action that forgot to index.
+    ensemble, a ``PendingChunk`` input). A chunk nobody asked for, played at
+    horizon 1, warns once (CONTRACT 11).
 
     Raises:
       TypeError: the output is neither ``action_shape`` nor ``(K,) + action_shape``,
