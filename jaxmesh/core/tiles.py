@@ -1,16 +1,10 @@
 """Compaction: run work only for the lanes that need it, in fixed-size tiles.
 
-The lanes flagged in a mask are gathered (a cumsum and a scatter: ``jnp.nonzero``
-with a static size)
-and handed to a body ``tile`` indices at a time, inside a ``while_loop`` that
-runs only as many tiles as are needed. The body always sees exactly ``tile``
-indices, however many lanes are flagged, so what it computes for a lane does not
-depend on how many others share its step; padding indices equal N (out of
-range): read them with ``mode="clip"`` and write with ``mode="drop"``.
-
-For work most steps skip (a reset), ``rarely`` puts all of it in a ``cond``
-on whether any lane is flagged; when every lane fits in one tile it runs on all
-lanes in place instead and keeps the flagged lanes' values.
+The flagged lanes are gathered and handed to a body ``tile`` indices at a time,
+inside a ``while_loop`` that runs only as many tiles as are needed. The body
+always sees exactly ``tile`` indices, so what it computes for a lane does not
+depend on how many others share its step; padding indices equal N: read them
+with ``mode="clip"`` and write with ``mode="drop"``.
 """
 
 from __future__ import annotations
@@ -59,9 +53,8 @@ def for_each_tile(
 
 @dataclasses.dataclass(frozen=True)
 class Rows:
-    """The lanes one call of a ``rarely`` body works on: a tile of lane
-    indices (``idx``, padding N), or all lanes in order, of which those in
-    ``keep`` take the new values."""
+    """The lanes one call of an ``each`` body works on: a tile of lane
+    indices (``idx``, padding N), or all lanes, those in ``keep`` updated."""
 
     idx: Any = None
     keep: Any = None
@@ -71,46 +64,22 @@ class Rows:
         return x if self.idx is None else take(x, self.idx)
 
     def put(self, x: jax.Array, v: jax.Array) -> jax.Array:
-        """``x`` with the call's rows set to ``v`` (its kept rows, without a
-        tile)."""
+        """``x`` with the call's (kept) rows set to ``v``."""
         if self.idx is not None:
             return put(x, self.idx, v)
         keep = jnp.reshape(self.keep, self.keep.shape + (1,) * (jnp.ndim(x) - 1))
         return jnp.where(keep, v.astype(x.dtype), x)
 
 
-def rarely(
-    need: jax.Array,
-    tile: int,
-    body: Callable[[Rows, Any], Any],
-    carry: Any,
-    any_need: Any = None,
-) -> Any:
-    """``carry = body(rows, carry)`` over the lanes in ``need``, for work most
-    steps skip (a reset): all of it sits in a ``cond`` on whether any lane is
-    flagged, so such a step pays one reduction (``any_need``: that flag,
-    when the caller has it; None: computed here).
-
-    When every lane fits in one tile (N <= tile), the body runs once on all
-    lanes in order, and only the flagged lanes keep its values (``Rows.put``
-    selects): the same rows a tile would compute, without the gather and
-    scatter. Otherwise the flagged lanes are visited tile by tile. Not for a
-    policy's plan: XLA:CPU can round a policy compiled inside a ``cond``
-    differently from one in the loop (seen on Acrobot at one lane), which
-    would break results' equality across lane counts.
-    """
-    if any_need is None:
-        any_need = jnp.any(need)
-    one = lambda c: each(need, tile, body, c)
-    return jax.lax.cond(any_need, one, lambda c: c, carry)
-
-
 def each(
     need: jax.Array, tile: int, body: Callable[[Rows, Any], Any], carry: Any
 ) -> Any:
-    """``rarely``'s work without its ``cond``, for a caller that puts it in
-    a ``cond`` of its own: all lanes in one call when they fit in a tile,
-    else the flagged lanes tile by tile."""
+    """``carry = body(rows, carry)`` over the lanes in ``need``, for work most
+    steps skip (a reset; the caller puts it in a ``cond``): when N <= tile,
+    one call on all lanes whose flagged ones keep its values (no gather or
+    scatter), else the flagged lanes tile by tile. Not for a policy's plan:
+    XLA:CPU can round a policy inside a ``cond`` differently (seen on Acrobot
+    at one lane), which would break equality across lane counts."""
     if need.shape[0] <= tile:
         return body(Rows(keep=need), carry)
     tiled = lambda idx, c: body(Rows(idx=idx), c)
@@ -135,14 +104,9 @@ def prefix_count(mask: jax.Array) -> jax.Array:
 
 
 def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
-    """The lanes in ``need`` in ascending order, then padding (N), ``size`` of
-    them; and how many lanes ``need`` has.
-
-    What ``jnp.nonzero(need, size=size, fill_value=N)`` gives, written as one
-    prefix count and one scatter, which XLA compiles about a third faster. The lanes
-    fill the first rows, in order: a policy's row can round differently at
-    another place in a batch.
-    """
+    """``jnp.nonzero(need, size=size, fill_value=N)`` and the count, as one
+    prefix count and one scatter (XLA compiles it about a third faster). The
+    lanes keep their order: a policy's row can round differently elsewhere."""
     n = need.shape[0]
     pos = prefix_count(need) - 1
     order = (

@@ -78,17 +78,17 @@ def test_take_reads_padding_as_the_last_row_and_put_drops_it():
 
 
 def add_lane_numbers(rows, x):
-    """A ``rarely`` body: each lane it works on adds its lane number + 1."""
+    """An ``each`` body: each lane it works on adds its lane number + 1."""
     lanes = jnp.arange(x.shape[0], dtype=x.dtype)
     return rows.put(x, rows.take(x) + rows.take(lanes) + 1)
 
 
 @pytest.mark.parametrize("tile", [8, 2], ids=["one-tile", "tiled"])
-def test_rarely_changes_only_the_flagged_lanes(tile):
+def test_each_changes_only_the_flagged_lanes(tile):
     """N <= tile: the body runs once on every lane and the flagged lanes keep
     its values; N > tile: the flagged lanes are visited tile by tile. The
     same values either way."""
-    run = jax.jit(lambda need, x: tiles.rarely(need, tile, add_lane_numbers, x))
+    run = jax.jit(lambda need, x: tiles.each(need, tile, add_lane_numbers, x))
     x = jnp.asarray([100.0, 200.0, 300.0, 400.0, 500.0])
     got = run(jnp.asarray([0, 1, 0, 1, 1], bool), x)
     assert np.asarray(got).tolist() == [100.0, 202.0, 300.0, 404.0, 505.0]
