@@ -1,21 +1,16 @@
 """A policy's 2-D convolutions in the layout XLA:CPU runs fast inside loops.
 
 XLA:CPU runs a convolution with Eigen's fast kernel only when its input is
-NHWC and its kernel HWIO. It rewrites other layouts (NCHW, OIHW: PyTorch's,
-Equinox's, a hand-written ``lax.conv_general_dilated``) into that one, but
-only for the convolutions of the program's top level: one inside a
-``while_loop`` body, where the engine calls the policy, runs on a naive loop
-instead, about ten times slower (a small Atari net on 8 rows: 12 ms instead
-of 1.4 ms). Flax's and Haiku's ``Conv`` are NHWC/HWIO already.
+NHWC and its kernel HWIO; it rewrites other layouts (PyTorch's, Equinox's)
+only at a program's top level. Inside a ``while_loop`` body, where the engine
+calls the policy, one runs on a naive loop, about ten times slower (a small
+Atari net on 8 rows: 12 ms instead of 1.4 ms).
 
-``canonical_convs(policy)`` gives the engine a policy whose ``apply`` has each
-such convolution written as transpose -> NHWC/HWIO convolution -> transpose
-(the transposes are cheap, and fold into constants for constant kernels), as
-XLA does at the top level. Every other operation is bound as it was. The
-policy is traced once (its jaxpr read, then bound eqn by eqn); a policy with
-no such convolution gets its own values. Convolutions inside the policy's own
-``jit``-ed functions and custom derivative rules are rewritten too (those
-calls are inlined); ones inside its own loops or ``cond`` are left as they are.
+``canonical_convs(policy)`` writes each such convolution as transpose ->
+NHWC/HWIO convolution -> transpose, as XLA does at the top level, binding every
+other operation as it was. Convolutions inside the policy's own ``jit``-ed
+functions and custom derivative rules are rewritten too (inlined); ones inside
+its own loops or ``cond`` are left as they are.
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ _CALLS += ("custom_vjp_call", "custom_vjp_call_jaxpr", "checkpoint", "remat")
 
 
 def canonical_convs(policy: Any) -> Any:
-    """``policy`` (a ``jaxmesh.types.Policy``) with its ``apply`` rewritten by
-    ``rewrite``: the same values, its 2-D convolutions in Eigen's layout."""
+    """``policy`` (a ``jaxmesh.types.Policy``) with its ``apply`` rewritten."""
     if getattr(policy.apply, "_canonical_convs", False):
         return policy
     return dataclasses.replace(policy, apply=rewrite(policy.apply))
@@ -53,8 +47,6 @@ def rewrite(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         f = functools.partial(fn, **kwargs)
-        # The policy is traced once: its jaxpr is bound as it is, but for the
-        # convolutions to rewrite (none: every eqn as the policy bound it).
         closed, shape = jax.make_jaxpr(f, return_shape=True)(*args)
         out = _eval(closed.jaxpr, closed.consts, jax.tree.leaves(args))
         return jax.tree.unflatten(jax.tree.structure(shape), out)

@@ -1,12 +1,9 @@
 """``jax.random.fold_in`` for the engine's per-lane keys, as one fused kernel.
 
-On a CPU, JAX lowers its Threefry-2x32 hash to a five-iteration loop (smaller
-programs for big PRNG draws); a loop of a few lanes' hashes then compiles
-to a while loop of about sixteen kernels, in the loops that run every step.
-``fold_in`` here is the same hash written out: XLA fuses it into one
-elementwise kernel, and its keys are bit for bit ``jax.random.fold_in``'s
-(checked in tests/core/test_keys.py). A process whose default PRNG is not
-Threefry gets ``jax.random.fold_in`` itself.
+On a CPU, JAX lowers Threefry-2x32 to a five-iteration loop, which compiles to
+about sixteen kernels in loops that run every step. ``fold_in`` here is the
+same hash written out (one elementwise kernel), bit for bit
+``jax.random.fold_in``'s; under another default PRNG it is that function.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The engine's recording steps: recorded episodes (``EngineConfig.record_slots``)
-written step by step into the fixed buffers of ``tally.Recording``, on the
-device, without a host round trip.
-
-Each write touches the R recorded slots, never the N lanes: a slot finds the
-lane that runs its episode by an [R, N] comparison (``lanes_of``).
+"""The engine's recording steps: recorded episodes written step by step into
+the buffers of ``tally.Recording`` on the device. Each write touches the R
+slots, never the N lanes (``lanes_of``: an [R, N] comparison).
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ def kept_obs(config: EngineConfig, obs: Any) -> Any:
 
 
 def done(rec: Any, lanes: LaneState) -> jax.Array:
-    """[R] bool: each recorded episode has ended (it was handed over and no
-    lane runs it or is about to begin it), so no step writes to it."""
+    """[R] bool: each recorded episode has ended (no step writes to it)."""
     held = (lanes.active | lanes.start)[None, :]
     running = jnp.any((rec.episodes[:, None] == lanes.episode[None, :]) & held, 1)
     return (rec.episodes < lanes.next_episode) & ~running
@@ -40,22 +36,21 @@ def lanes_of(rec: Any, mask: jax.Array, episode: jax.Array) -> tuple:
 
 
 def render_states(env: Any, rec: Any, env_state: Any) -> Any:
-    """The lanes' render states (``env.render_state``), or None when the
-    recording keeps none. Field reads only: no physics runs here."""
+    """The lanes' render states, or None when the recording keeps none."""
     if rec.states is None:
         return None
     return jax.vmap(env.render_state)(env_state)
 
 
 def _put(slots: jax.Array, at: jax.Array, lane: jax.Array):
-    """Writes lane ``lane``'s value at step ``at`` of each slot (an ``at``
-    past the buffer drops the write)."""
+    """Writes lane ``lane``'s value at step ``at`` of each slot (past the
+    buffer: dropped)."""
     return lambda b, x: b.at[slots, at].set(x[lane].astype(b.dtype), mode="drop")
 
 
 def reset(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, begins, obs):
-    """Writes the reset observation (and the reset state's render state,
-    ``lanes.env_state``) of recorded episodes that begin now."""
+    """Writes the reset observation (and render state) of recorded episodes
+    that begin now."""
     has, lane = lanes_of(rec, begins, lanes.episode)
     slots = jnp.arange(has.shape[0])
     put = _put(slots, jnp.where(has, 0, config.record_steps + 1), lane)
@@ -66,12 +61,9 @@ def reset(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, begins, ob
 
 
 def step(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, **values):
-    """Writes step ``lanes.t`` of the recorded episodes running now.
-
-    ``values``: per lane ``obs`` and ``states`` (the env states, after the
-    step), ``actions``, ``rewards``, ``terminated``, ``truncated``. Steps past
-    ``record_steps`` are dropped (the episode is cut).
-    """
+    """Writes step ``lanes.t`` of the recorded episodes running now
+    (``values``: per lane ``obs`` and ``states`` after the step, ``actions``,
+    ``rewards``, ``terminated``, ``truncated``; past ``record_steps``: cut)."""
     has, lane = lanes_of(rec, lanes.active, lanes.episode)
     slots = jnp.arange(has.shape[0])
     at = jnp.where(has, lanes.t[lane], config.record_steps + 1)

@@ -1,18 +1,12 @@
 """The chunk replay rules, written once (CONTRACT 10-12, 23).
 
 A lane replays a chunk of h actions; its cursor c is the index of the next
-action to play (c = h: the chunk is exhausted). A plan is due when the chunk
-is exhausted; under a prefetch lead L (a delay d is planned as a lead of d)
-the next chunk is also planned when c = h - L, and takes over once the
-playing one is exhausted. The jitted agent step (``jaxmesh.core.agent``), the
-host loop's replays without an agent step (``jaxmesh.run.host.loop``) and a served
-env's segments of known actions (``jaxmesh.run.host.served``) all ask these
-functions, so the three cannot drift apart.
+action to play (c = h: exhausted, a plan is due). Under a prefetch lead L (a
+delay d is planned as a lead of d) the next chunk is also planned at c = h - L.
+The jitted agent step, the host loop and served segments all ask these.
 
-Each function takes numpy or ``jax.numpy`` arrays (or ints) and builds its
-result with the operators of its arguments, as ``jaxmesh.core.rules`` does:
-``xp`` is passed where a function must build an array of its own. ``h`` and
-``lead`` are ints, or [N] arrays (each lane's setting under a sweep).
+Each function takes numpy or ``jax.numpy`` arrays (or ints; ``xp`` where it
+must build an array); ``h`` and ``lead`` are ints, or [N] arrays under a sweep.
 """
 
 from __future__ import annotations
@@ -41,9 +35,8 @@ def prefetch_due(cursor: Any, h: Any, lead: Any) -> Any:
 
 
 def due(cursor: Any, h: Any, lead: Any) -> Any:
-    """[N] lanes whose next action needs a plan: the chunk is exhausted (a
-    plan, or the prefetched chunk taking over) or the prefetch is due. The
-    other lanes' next action is a replay of the chunk they hold."""
+    """[N] lanes whose next action needs a plan: the chunk is exhausted or
+    the prefetch is due (the others replay the chunk they hold)."""
     if isinstance(lead, int) and lead == 0:
         return exhausted(cursor, h)
     return exhausted(cursor, h) | prefetch_due(cursor, h, lead)
@@ -57,23 +50,18 @@ def play_index(cursor: Any, h: Any, xp: Any) -> Any:
 
 def known_until(played: Any, t: Any, h: Any, lead: Any, xp: Any) -> Any:
     """[N] the step before which every action of each lane is known, once the
-    action at chunk index ``played`` has been played at episode step ``t``.
-
-    The chunk that index ``played`` belongs to started at step ``t - played``:
-    when it starts (``played == 0``) its h actions are known; under a lead the
-    prefetched chunk is known once it is planned (``played == h - lead``), so
-    the next h actions are known too. Other indices add nothing: -1.
-    """
+    action at chunk index ``played`` has been played at episode step ``t``: a
+    chunk's start makes its h actions known, a prefetch the next h too; other
+    indices add nothing (-1)."""
     start = t - played
     out = xp.where(played == 0, start + h, -1)
     return xp.where((lead > 0) & (played == h - lead), start + 2 * h, out)
 
 
 def segment_offsets(h: int, lead: int) -> list[int]:
-    """The offsets from a chunk's first step at which a run of its known
-    actions (and its prefetched successor's) is cut into segments: each
-    chunk's end, and under a lead each prefetch point, where the agent must
-    see the observation before the actions that follow."""
+    """The offsets from a chunk's first step at which its known actions (and
+    its prefetched successor's) are cut into segments: each chunk's end and
+    each prefetch point."""
     cuts = [h, 2 * h]
     if 0 < h - lead < h:
         cuts += [h - lead, 2 * h - lead]
