@@ -1,18 +1,11 @@
 """Gymnasium envs as lanes, without JAX: every gymnasium call jaxmesh makes.
 
-One implementation serves the in-process host loop (through
-``jaxmesh.envs.gymnasium.local``) and the env server (``jaxmesh.remote.server``,
-which adds deadlines, worker processes, encoding and sessions around it). This
-module imports numpy, and gymnasium on first use; never JAX, gRPC or protobuf.
-
-:class:`EnvListStepper` holds one gymnasium ``Env`` per lane (only the lanes
-named step); :class:`VectorEnvStepper` a ``VectorEnv`` in
-``AutoresetMode.DISABLED``, stepped in lockstep (lanes not named play a fixed
-idle action). Both ``reset``, ``step`` and ``replay`` (a known run of actions
-per lane, stopping at its episode's end) and answer with a
-:class:`ResultBatch`, in the wire's layout. An env that raises (or returns an
-observation that does not fit) surfaces as a :class:`LaneError` naming the
-lane and what it was doing.
+One implementation serves the in-process host loop
+(``jaxmesh.envs.gymnasium.local``) and the env server (``jaxmesh.remote.server``).
+It imports numpy, and gymnasium on first use; never JAX, gRPC or protobuf.
+:class:`EnvListStepper` (one ``Env`` per lane) and :class:`VectorEnvStepper` (a
+``VectorEnv`` in lockstep) answer ``reset``, ``step`` and ``replay`` with a
+:class:`ResultBatch`; an env error surfaces as a :class:`LaneError`.
 
 Example:
     >>> import gymnasium, numpy as np
@@ -40,6 +33,7 @@ import numpy.typing as npt
 
 from jaxmesh.envs.gymnasium.batch import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
+from jaxmesh.envs.names import unknown_id
 from jaxmesh.envs.timing import step_seconds
 
 __all__ = [
@@ -92,15 +86,10 @@ def import_gymnasium():
     return gymnasium
 
 
-# Small pieces shared with the agent side ---------------------------------------
 def is_host_stepped(env: Any) -> bool:
-    """Whether ``env`` is a gymnasium env jaxmesh steps on the host.
-
-    True for ``"gymnasium:<id>"``, a ``gymnasium.Env`` (wrappers included), a
-    ``gymnasium.vector.VectorEnv``, an env factory (``is_factory``) and a list
-    holding a ``gymnasium.Env`` or a factory. Never
-    imports gymnasium: an object can only be a gymnasium env once it is loaded.
-    """
+    """Whether ``env`` is a gymnasium env jaxmesh steps on the host: an id, an
+    ``Env``, a ``VectorEnv``, a factory (``is_factory``) or a list holding an
+    ``Env`` or a factory. Never imports gymnasium (nothing is its env before)."""
     if isinstance(env, str):
         return env.startswith(PREFIX + ":")
     gym = sys.modules.get("gymnasium")
@@ -115,8 +104,7 @@ def is_host_stepped(env: Any) -> bool:
 
 def is_factory(env: Any) -> bool:
     """A zero-argument env factory: a function, a ``functools.partial`` or a
-    ``gymnasium.Env`` subclass (that worker processes call to build their
-    envs)."""
+    ``gymnasium.Env`` subclass."""
     if isinstance(env, types.FunctionType | functools.partial):
         return True
     gym = sys.modules.get("gymnasium")
@@ -154,13 +142,8 @@ def same_space(a: Any, b: Any) -> bool:
     if a is b:
         return True
     box = import_gymnasium().spaces.Box
-    if type(a) is box and type(b) is box:
-        if (
-            a.shape == b.shape
-            and a.dtype == b.dtype
-            and np.array_equal(a.low, b.low)
-            and np.array_equal(a.high, b.high)
-        ):
+    if type(a) is box and type(b) is box and (a.shape, a.dtype) == (b.shape, b.dtype):
+        if np.array_equal(a.low, b.low) and np.array_equal(a.high, b.high):
             return True
     return a == b
 
@@ -269,8 +252,6 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
     gym = import_gymnasium()
     # "module:Id" makes gymnasium import the module that registers Id.
     if ":" not in name and name not in gym.registry:
-        from jaxmesh.envs.names import unknown_id  # the error path only
-
         raise ValueError(
             unknown_id(
                 "gymnasium env",
@@ -296,11 +277,9 @@ def build_all(makers: Iterable[Callable[[], Any]]) -> list:
     return envs
 
 
-# What one call returns ------------------------------------------------------------
 class LaneError(Exception):
     """An env raised ``exc`` (or returned an observation that does not fit)
-    while lane ``lane`` was ``phase`` ("resetting" or "stepping"), after
-    ``steps`` steps of the call that failed."""
+    while lane ``lane`` was ``phase``, after ``steps`` steps of the call."""
 
     def __init__(self, lane: int, phase: str, exc: BaseException, steps: int = 0):
         super().__init__(lane, phase, exc)
@@ -369,73 +348,44 @@ class LaneResult:
         self.truncated: list[bool] = []
         self.infos: list[dict] = []
 
-    def record(
-        self,
-        reward: float,
-        term: bool,
-        trunc: bool,
-        obs: np.ndarray | None,
-        info: dict | None,
-        keep_all: bool,
-        keep_all_info: bool = False,
-    ) -> None:
+    def record(self, reward, term, trunc, obs, info, every_obs, every_info) -> None:
         """One executed step; ``obs`` / ``info`` (None: not asked for) kept for
-        every step when ``keep_all`` (``info`` also when ``keep_all_info``),
-        else only the last."""
+        every step when ``every_obs`` / ``every_info``, else only the last."""
         self.rewards.append(float(reward))
         self.terminated.append(term)
         self.truncated.append(trunc)
         for rows, row, every in (
-            (self.obs, obs, keep_all),
-            (self.infos, info, keep_all or keep_all_info),
+            (self.obs, obs, every_obs),
+            (self.infos, info, every_info),
         ):
-            if row is None:
-                continue
-            if every or not rows:
+            if row is not None and (every or not rows):
                 rows.append(row)
-            else:
+            elif row is not None:
                 rows[0] = row
-
-
-def _info_rows(
-    rows: Sequence[dict], key: str
-) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The rows' values of info ``key`` stacked, and which rows have it (None:
-    every row), or None to leave the key out: no row has it, or its values are
-    not numbers of one shape. A row without the key holds zeros."""
-    values = [row.get(key) for row in rows]
-    have = [v is not None for v in values]
-    if not any(have):
-        return None
-    arrays = [np.asarray(v) for v in values if v is not None]
-    first = arrays[0]
-    if any(
-        a.dtype.kind not in "biuf"
-        or a.dtype.name not in NUMBER_DTYPES
-        or a.shape != first.shape
-        for a in arrays
-    ):
-        return None
-    dtype = np.result_type(*arrays)
-    if dtype.name not in NUMBER_DTYPES:
-        return None
-    out = np.zeros((len(rows),) + first.shape, dtype)
-    out[np.asarray(have)] = arrays
-    return out, (None if all(have) else np.asarray(have))
 
 
 def info_leaves(
     rows: Sequence[dict], keys: Sequence[str]
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``(info, info_present)`` of a :class:`ResultBatch` for these info rows
-    (gymnasium info dicts, one per row)."""
+    (gymnasium info dicts, one per row). A key no row has, or whose values are
+    not numbers of one shape, is left out; a row without the key holds zeros."""
     info, present = {}, {}
     for key in keys:
-        got = _info_rows(rows, key)
-        if got is not None:
-            info[key] = got[0]
-            if got[1] is not None:
-                present[key] = got[1]
+        values = [row.get(key) for row in rows]
+        have = np.asarray([v is not None for v in values])
+        arrays = [np.asarray(v) for v in values if v is not None]
+        if not arrays or any(
+            a.dtype.name not in NUMBER_DTYPES or a.shape != arrays[0].shape
+            for a in arrays
+        ):
+            continue
+        dtype = np.result_type(*arrays)
+        if dtype.name in NUMBER_DTYPES:
+            info[key] = np.zeros((len(rows),) + arrays[0].shape, dtype)
+            info[key][have] = arrays
+            if not have.all():
+                present[key] = have
     return info, present
 
 
@@ -461,22 +411,15 @@ def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
     return out
 
 
-# Lanes ----------------------------------------------------------------------------
 class GymStepper:
-    """What every gymnasium-side stepper shares (``EnvListStepper``,
-    ``VectorEnvStepper``, ``workers.ProcessStepper``; the env server and the
-    host loop both step through them): layout, lane state and the operations.
-    A subclass defines ``run(ops, *, want_obs, info_keys, keep_all_obs,
-    keep_all_info=False)`` (checked ops, at most one per lane, ascending ->
-    their ``LaneResult``s; ``keep_all_info``: every step's info, whatever
-    ``keep_all_obs``) and ``close()`` (the envs, when ``owned``).
+    """What every stepper shares (``EnvListStepper``, ``VectorEnvStepper``,
+    ``workers.ProcessStepper``): layout, lane state and the operations. A
+    subclass defines ``run(ops, *, want_obs, info_keys, keep_all_obs,
+    keep_all_info=False)`` (checked ops, ascending lanes -> their
+    ``LaneResult``s) and ``close()`` (the envs, when ``owned``).
 
     Attributes:
-      name: ``"gymnasium:<id>"``; ``dt``: ``env_dt``; ``owned``: :meth:`close`
-        closes the envs (jaxmesh made them).
-      layout: the observation's named leaves (``leaves.ObsLayout``) in the
-        constructor's ``layout`` (the space's own by default).
-      declares_trial_index: only such an env gets ``trial_index`` (CONTRACT 6).
+      layout: the observation's named leaves (``leaves.ObsLayout``).
       started: bool ``[num_lanes]``: reset since made or :meth:`forget`.
       ended: bool ``[num_lanes]``: the episode ended (or was released) and the
         lane was not reset since; replaying it executes nothing.
@@ -507,10 +450,8 @@ class GymStepper:
         #: into where they fit (a same-host server's ring slot); None: new ones.
         self.obs_into: dict[str, np.ndarray] | None = None
 
-    # Lane state -------------------------------------------------------------------
     def abandon(self, respawn: bool = True) -> None:
-        """The call under way is given up; envs in this process cannot be
-        stopped (``workers.ProcessStepper`` kills its workers)."""
+        """The call under way is given up (only ``ProcessStepper`` can stop it)."""
         del respawn
 
     def forget(self) -> None:
@@ -525,7 +466,6 @@ class GymStepper:
         if len(lanes):
             self.ended[list(lanes)] = True
 
-    # Observations -------------------------------------------------------------------
     def observation(self, value: Any, lane: int) -> dict[str, np.ndarray]:
         """One lane's observation as named leaves, checked (``ObsLayout.leaves``)."""
         return self.layout.leaves(value, lane)
@@ -550,7 +490,22 @@ class GymStepper:
         self.ended[lane] = False
         self.started[lane] = True
 
-    # The operations -----------------------------------------------------------------
+    def _reset_result(
+        self, j: int, obs: Any, info: Any, want_obs: bool, keys: tuple, batched=False
+    ) -> LaneResult:
+        """Lane ``j``'s reset, its observation checked (``batched``: a vector's)."""
+        try:
+            arr = self.observation(self.layout.row(obs, j) if batched else obs, j)
+        except Exception as exc:
+            raise LaneError(j, "resetting", exc) from exc
+        self._started(j)
+        out = LaneResult(j, reset=True)
+        if want_obs:
+            out.obs.append(arr)
+        if keys:
+            out.infos.append(info)
+        return out
+
     def reset(
         self,
         lanes: npt.ArrayLike,
@@ -630,12 +585,8 @@ class GymStepper:
         out = self.step_each(np.asarray(js, np.int64), actions, want_obs, keys)
         if out is not None:
             return out
-        return self._replay_ops(
-            [Replay(j, actions[i : i + 1]) for i, j in enumerate(js)],
-            want_obs,
-            keys,
-            True,
-        )
+        ops = [Replay(j, actions[i : i + 1]) for i, j in enumerate(js)]
+        return self._replay_ops(ops, want_obs, keys, True)
 
     def step_each(
         self,
@@ -737,15 +688,11 @@ class GymStepper:
         (``keep_all_info``: as :meth:`run` was called)."""
         steps = [len(r.rewards) for r in results]
         # The wire's rule: 1 for a reset; a replay's steps when every
-        # observation is kept, else min(steps, 1); with or without observations
-        # (the info rows follow it too).
-        if want_obs:
-            rows = [len(r.obs) for r in results]
-        else:
-            rows = [
-                1 if r.reset else (k if keep_all_obs else min(k, 1))
-                for r, k in zip(results, steps, strict=True)
-            ]
+        # observation is kept, else min(steps, 1) (the info rows follow it too).
+        rows = [len(r.obs) for r in results]
+        if not want_obs:
+            per = zip(results, steps, strict=True)
+            rows = [1 if r.reset else k if keep_all_obs else min(k, 1) for r, k in per]
         observation = {}
         if want_obs:
             frames = [o for r in results for o in r.obs]
@@ -812,17 +759,16 @@ class EnvListStepper(GymStepper):
         envs = list(envs)
         _check_envs(envs)
         first = envs[0]
-        self.envs = envs
-        self.owned = owned
-        self.num_lanes = len(envs)
-        self.name = env_name(first)
+        self.envs, self.owned, self.num_lanes = envs, owned, len(envs)
+        self.name, self.metadata, self.dt = (
+            env_name(first),
+            first.metadata,
+            env_dt(first),
+        )
         self.observation_space = first.observation_space
         self.action_space = first.action_space
-        self.metadata = first.metadata
-        self.dt = env_dt(first)
         self._setup(layout)
 
-    # The raw step ------------------------------------------------------------------
     def step_envs(self, lanes: Sequence[int] | None, actions: Sequence) -> list:
         """``env.step(a)`` of each of ``lanes`` (None: ``0 .. len(actions) - 1``;
         a Python int for a Discrete space): their 5-tuples; LaneError."""
@@ -893,26 +839,14 @@ class EnvListStepper(GymStepper):
                 out[name] = buf[:m]
         return out or None
 
-    # Ops -----------------------------------------------------------------------
     def _reset(self, op: Reset, want_obs: bool, info_keys: tuple) -> LaneResult:
-        j = op.lane
-        env = self.envs[j]
         self._start_clock(op)
+        options = {"options": op.options} if op.options else {}
         try:
-            if op.options:
-                obs, info = env.reset(seed=op.seed, options=op.options)
-            else:
-                obs, info = env.reset(seed=op.seed)
-            arr = self.observation(obs, j)
+            obs, info = self.envs[op.lane].reset(seed=op.seed, **options)
         except Exception as exc:
-            raise LaneError(j, "resetting", exc) from exc
-        self._started(j)
-        out = LaneResult(j, reset=True)
-        if want_obs:
-            out.obs.append(arr)
-        if info_keys:
-            out.infos.append(info)
-        return out
+            raise LaneError(op.lane, "resetting", exc) from exc
+        return self._reset_result(op.lane, obs, info, want_obs, info_keys)
 
     def _replay(
         self,
@@ -927,12 +861,6 @@ class EnvListStepper(GymStepper):
         if self.ended[j]:
             return out
         step = self.envs[j].step
-        rewards, terms, truncs, infos = (
-            out.rewards,
-            out.terminated,
-            out.truncated,
-            out.infos,
-        )
         want_info = bool(info_keys)
         every_info = want_info and (keep_all or keep_all_info)
         every_obs = want_obs and keep_all
@@ -944,22 +872,22 @@ class EnvListStepper(GymStepper):
                 if every_obs:
                     out.obs.append(self.observation(obs, j))
                 done += 1
-                rewards.append(float(reward))
+                out.rewards.append(float(reward))
                 term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
-                terms.append(term)
-                truncs.append(trunc)
+                out.terminated.append(term)
+                out.truncated.append(trunc)
                 if every_info:
-                    infos.append(info)
+                    out.infos.append(info)
                 if term or trunc:
                     self.ended[j] = True
                     break
-            if rewards and not keep_all:
+            if out.rewards and not keep_all:
                 # Only the last step's observation is converted and checked.
                 done -= 1
                 if want_obs:
                     out.obs.append(self.observation(obs, j))
                 if want_info and not every_info:
-                    infos.append(info)
+                    out.infos.append(info)
         except Exception as exc:
             raise LaneError(j, "stepping", exc, done) from exc
         return out
@@ -1058,14 +986,10 @@ class VectorEnvStepper(GymStepper):
                 "so it serves a VectorEnv only in AutoresetMode.DISABLED: "
                 + DISABLED_HOW
             )
-        self.vec = vec
-        self.owned = owned
-        self.num_lanes = int(vec.num_envs)
-        self.name = env_name(vec)
+        self.vec, self.owned, self.num_lanes = vec, owned, int(vec.num_envs)
+        self.name, self.metadata, self.dt = env_name(vec), vec.metadata, env_dt(vec)
         self.observation_space = vec.single_observation_space
         self.action_space = vec.single_action_space
-        self.metadata = vec.metadata
-        self.dt = env_dt(vec)
         self._setup(layout)
         self.idle = idle_action(self.action_space)
         # The env's own state (kept by forget()): reset once at all, and the
@@ -1073,7 +997,6 @@ class VectorEnvStepper(GymStepper):
         self.ready = False
         self.env_ended = np.zeros(self.num_lanes, bool)
 
-    # The raw calls -------------------------------------------------------------------
     def reset_vector(self, lanes: list[int], seeds: list, options: dict | None):
         """``vec.reset`` of ``lanes`` (``reset_mask``): its (obs, info)."""
         mask = np.zeros(self.num_lanes, bool)
@@ -1116,7 +1039,6 @@ class VectorEnvStepper(GymStepper):
                         continue
         return out
 
-    # Ops ----------------------------------------------------------------------------
     def _resets(self, resets: list[Reset], want_obs: bool, info_keys: tuple) -> list:
         # One reset call per distinct options (gymnasium passes one options
         # dict to every lane), so each trial_index is a call of its own.
@@ -1142,8 +1064,10 @@ class VectorEnvStepper(GymStepper):
                 )
                 self.ready = True
                 for op in ops:
-                    results[op.lane] = self._reset_result(
-                        op, obs, info, want_obs, info_keys
+                    j = op.lane
+                    got = self.lane_info(info, j, info_keys)
+                    results[j] = self._reset_result(
+                        j, obs, got, want_obs, info_keys, batched=True
                     )
         except LaneError:
             raise
@@ -1151,29 +1075,13 @@ class VectorEnvStepper(GymStepper):
             raise LaneError(first, "resetting", exc) from exc
         return [results[op.lane] for op in resets]
 
-    def _reset_result(
-        self, op: Reset, obs, info, want_obs: bool, info_keys: tuple
-    ) -> LaneResult:
-        j = op.lane
-        out = LaneResult(j, reset=True)
-        try:
-            arr = self.observation(self.layout.row(obs, j), j)
-        except Exception as exc:
-            raise LaneError(j, "resetting", exc) from exc
-        if want_obs:
-            out.obs.append(arr)
-        if info_keys:
-            out.infos.append(self.lane_info(info, j, info_keys))
-        self._started(j)
-        return out
-
     def _replays(
         self,
-        replays: list[Replay],
+        replays: list,
         want_obs: bool,
         info_keys: tuple,
         keep_all: bool,
-        keep_all_info: bool = False,
+        every_info,
     ) -> list[LaneResult]:
         results = {op.lane: LaneResult(op.lane) for op in replays}
         active = [op for op in replays if not self.ended[op.lane]]
@@ -1193,20 +1101,19 @@ class VectorEnvStepper(GymStepper):
                     lane = op.lane
                     te = bool(term[lane])
                     tr = bool(trunc[lane]) or self._past_deadline(lane)
-                    arr = (
-                        self.observation(self.layout.row(obs, lane), lane)
-                        if want_obs
-                        else None
-                    )
-                    row = self.lane_info(info, lane, info_keys) if info_keys else None
+                    arr = row = None
+                    if want_obs:
+                        arr = self.observation(self.layout.row(obs, lane), lane)
+                    if info_keys:
+                        row = self.lane_info(info, lane, info_keys)
                     results[lane].record(
-                        reward[lane], te, tr, arr, row, keep_all, keep_all_info
+                        reward[lane], te, tr, arr, row, keep_all, every_info
                     )
                     if te or tr:
                         self.ended[lane] = True
                 active = [op for op in active if not self.ended[op.lane]]
             except Exception as exc:
-                done = len(results[lane].rewards) if lane in results else 0
+                done = len(results[lane].rewards)
                 raise LaneError(lane, "stepping", exc, done) from exc
         return [results[op.lane] for op in replays]
 
@@ -1223,11 +1130,8 @@ class VectorEnvStepper(GymStepper):
         # (it may play the idle action before its reset, which discards it).
         resets = [op for op in ops if isinstance(op, Reset)]
         replays = [op for op in ops if isinstance(op, Replay)]
-        out = (
-            self._replays(replays, want_obs, info_keys, keep_all_obs, keep_all_info)
-            if replays
-            else []
-        )
+        every_info = keep_all_obs or keep_all_info
+        out = self._replays(replays, want_obs, info_keys, keep_all_obs, every_info)
         if resets:
             out += self._resets(resets, want_obs, info_keys)
         return sorted(out, key=lambda r: r.lane)
