@@ -1,24 +1,6 @@
-"""A run's identity: digests of the policy, its params and the env, and the
-checksum that binds each episode record to them.
-
-``resume=`` merges an earlier run's episodes only when they were scored by the
-same policy on the same env. Names do not prove that (two functions called
-``act``), so a run records digests of what it evaluates:
-
-- ``policy``: the policy's traced program (its jaxpr on the inputs it is
-  called with, constants closed over included), so that editing its code or a
-  constant it closes over changes it. Traced once per policy and input shapes,
-  at the shape probe every run makes anyway (``build.probe_chunk``).
-- ``params``: the params' structure, dtypes, shapes and values.
-- ``env``: a JAX env's name and the traced programs of its ``reset`` and
-  ``step`` (its params and config are constants of them) and of a Playground
-  env's randomizer; a host-stepped env's name, observation leaves and action
-  space (what every kind of lanes sees alike; not its constructor arguments).
-
-An episode record's checksum over its fields and this identity
-(``jaxmesh.results.checksum.record_check``): a record edited by hand, or moved
-to another run's file, fails it. It protects against accidents, not against a
-forger (who can recompute it).
+"""A run's identity: digests of the policy's traced program, its params and the
+env, which ``resume=`` compares (docs/evaluation.md, "A run's identity"), and the
+budget index of each episode of a resumed run.
 """
 
 from __future__ import annotations
@@ -78,10 +60,9 @@ def _leaf_bytes(h: Any, leaf: Any) -> None:
         return
     # A value jax would convert (float64 numpy under 32-bit jax) digests as
     # the value the run evaluates.
-    canonical = jax.dtypes.canonicalize_dtype(a.dtype)
-    if canonical != a.dtype:
-        a = a.astype(canonical)
-    a = np.ascontiguousarray(a)
+    a = np.ascontiguousarray(
+        a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False)
+    )
     h.update(f"{a.dtype}|{a.shape}|".encode())
     h.update(a.tobytes())
 
@@ -99,21 +80,14 @@ def tree_digest(tree: Any) -> str | None:
 
 
 def program_text(jaxpr: Any) -> str:
-    """A jaxpr's text as every process prints it: without colour and object
-    addresses.
-
-    ``str(jaxpr)`` is not that: JAX colours it with ANSI escape codes when the
-    process's stdout is a terminal, so a run started in a terminal and resumed
-    through a pipe (``tee``, ``nohup``, a batch job) would digest another text.
-    """
+    """A jaxpr's text as every process prints it: without colour (``str``
+    colours it on a terminal) and object addresses."""
     text = jaxpr.pretty_print(use_color=False)
     return _ADDRESS.sub("", _ANSI.sub("", text))
 
 
 def program_digest(closed: Any) -> str:
-    """A digest of a traced program (``jax.make_jaxpr``'s ``ClosedJaxpr``):
-    its text (``program_text``: no colour, no object addresses) and the values
-    of its constants."""
+    """A digest of a ``ClosedJaxpr``: its ``program_text`` and its constants."""
     h = _hasher()
     h.update(program_text(closed.jaxpr).encode())
     for c in closed.consts:
@@ -175,11 +149,8 @@ _LAST: list = []  # (leaves, digest) of the last jax.Array params digested
 
 
 def params_digest(params: Any) -> str | None:
-    """``tree_digest`` of the params a run evaluates, as given (None: none).
-
-    Params whose leaves are all ``jax.Array`` (immutable) and the very objects
-    digested last time are not read again.
-    """
+    """``tree_digest`` of the params a run evaluates (None: none); the very
+    ``jax.Array`` leaves digested last time are not read again."""
     if params is None:
         return None
     leaves = jax.tree.leaves(params)
@@ -195,9 +166,7 @@ def params_digest(params: Any) -> str | None:
 
 @contextlib.contextmanager
 def evaluating(fields: dict) -> Iterator[None]:
-    """Within: the fingerprint fields of the run being made that only the
-    caller knows (``max_episode_steps`` as given, the params' digest), for
-    ``run_identity``."""
+    """Within: the fingerprint fields only the caller knows, for ``run_identity``."""
     token = _PARAMS.set(dict(fields))
     try:
         yield
@@ -207,8 +176,7 @@ def evaluating(fields: dict) -> Iterator[None]:
 
 def run_identity(env: str, policy: str) -> dict:
     """The fingerprint a run records (``RunResult.fingerprint``): the fields
-    given to ``evaluating``, the env's and the policy's digests, and the JAX
-    version the programs were traced with."""
+    given to ``evaluating``, the env's and policy's digests, the JAX version."""
     out = dict(_PARAMS.get() or {})
     out.update(env=env, policy=policy, jax=jax.__version__)
     return out
