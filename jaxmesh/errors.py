@@ -8,12 +8,9 @@ from typing import Any
 
 
 class BadValueError(ValueError):
-    """A bad value met while running: a discrete action out of range, a NaN action,
-    a NaN reward from the env.
-
-    Detected on the device (a flag in the scan's carry) and raised after the
-    segment it happened in. Attributes name where: ``episode`` (its index),
-    ``seed``, ``step`` (0-based env step of the episode), ``lane`` and ``value``;
+    """A bad value met while running (a discrete action out of range, a NaN
+    action or reward), raised after the segment it happened in. Attributes name
+    where: ``episode``, ``seed``, ``step`` (0-based), ``lane`` and ``value``;
     ``partial_result`` holds every episode finished before the run stopped.
     """
 
@@ -29,14 +26,10 @@ class BadValueError(ValueError):
 
 
 class EnvError(RuntimeError):
-    """An env raised while a run reset or stepped it; the env's own exception
-    is ``__cause__`` (its traceback is printed above this one).
-
-    Attributes name where: ``episode`` (its index in the budget), ``seed``,
-    ``lane``, ``step`` (the 0-based env step of the episode being taken, None
-    while resetting), ``server`` (the address of the env server, None in
-    process); ``partial_result`` holds every episode finished before the run
-    stopped. A served env's is a ``RemoteEnvError``, an ``EnvError`` too.
+    """An env raised while a run reset or stepped it (its exception is
+    ``__cause__``). Attributes name where: ``episode``, ``seed``, ``lane``,
+    ``step`` (None while resetting), ``server`` (None in process);
+    ``partial_result`` holds every episode finished before the run stopped.
     """
 
     def __init__(self, message: str, **where):
@@ -50,8 +43,7 @@ class EnvError(RuntimeError):
 
 
 def describe_env_error(what: str, episode, seed, lane, step, server=None) -> str:
-    """The message of an ``EnvError`` naming where the env raised ``what``
-    (its exception's type and message)."""
+    """The message of an ``EnvError`` naming where the env raised ``what``."""
     doing = (
         f"while resetting episode {episode} (seed {seed})"
         if step is None
@@ -82,13 +74,9 @@ class RemoteError(RuntimeError):
 
 
 class RemoteEnvError(RemoteError, EnvError):
-    """The env behind a server raised; ``remote_traceback`` is its traceback text.
-
-    The server ends the session and serves the next one. In a run,
-    ``episode``, ``seed``, ``lane``, ``step`` and ``server`` name where (as an
-    ``EnvError``'s); from a ``RemoteEnv`` alone they are None but ``lane`` and
-    ``phase`` (``"resetting"`` or ``"stepping"``), the server's lane, when the
-    server says.
+    """The env behind a server raised; ``remote_traceback`` is its traceback
+    text. Where is named as an ``EnvError``'s; from a ``RemoteEnv`` alone only
+    the server's ``lane`` and ``phase`` (``"resetting"`` or ``"stepping"``).
     """
 
     def __init__(

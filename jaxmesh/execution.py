@@ -119,20 +119,9 @@ class Ensemble:
 
 
 def lane_weights(ensemble: Ensemble, age: Any, valid: Any, chunk: int) -> Any:
-    """The unnormalised weight of each buffered chunk of each lane (jnp).
-
-    Args:
-      ensemble: the rule.
-      age: [N, K] int, steps since each buffered chunk was planned.
-      valid: [N, K] bool, the chunk covers this step (planned in this episode,
-        age < K).
-      chunk: K.
-
-    Returns:
-      [N, K] float32 weights, 0 where not ``valid``; the newest chunk (age 0)
-      always has a positive one under ``latest_only``, the oldest under the
-      others.
-    """
+    """The unnormalised [N, K] float32 weight of each buffered chunk of each
+    lane, 0 where not ``valid`` ([N, K] bool: the chunk covers this step);
+    ``age``: [N, K] steps since each chunk was planned; ``chunk``: K."""
     if ensemble.aggregation == "latest_only":
         return jnp.where(valid & (age == 0), 1.0, 0.0).astype(jnp.float32)
     n = jnp.sum(valid, axis=-1, keepdims=True)

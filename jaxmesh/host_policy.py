@@ -88,8 +88,7 @@ class HostPolicy:
         return f"HostPolicy({self.name!r}, batched={self.batched})"
 
     def _forward(self, obs: Any, seeds: np.ndarray | None) -> np.ndarray:
-        """``fn`` over B rows (numpy leaves with a leading axis B; ``seeds``:
-        [B] uint32, or None when not stochastic)."""
+        """``fn`` over B rows (``seeds``: [B] uint32, or None)."""
         if self.batched:
             return np.asarray(self.fn(obs, *(() if seeds is None else (seeds,))))
         b = jax.tree.leaves(obs)[0].shape[0]
@@ -97,8 +96,7 @@ class HostPolicy:
         return np.stack([np.asarray(self.fn(*lane(i))) for i in range(b)])
 
     def _output(self, inputs: Any) -> jax.ShapeDtypeStruct:
-        """One row's output shape and dtype: ``fn`` on one row of zeros, once
-        per input shape."""
+        """One row's output struct: ``fn`` on a row of zeros, once per shape."""
         leaves, tree = jax.tree.flatten(inputs)
         key = (tree, tuple((x.shape[1:], jnp.dtype(x.dtype)) for x in leaves))
         if key not in self._outputs:
@@ -127,14 +125,9 @@ class HostPolicy:
         row: Any,
         episodes: Any = None,
     ) -> np.ndarray:
-        """``fn`` on B rows, checked: ``[B, *row.shape]`` of ``row.dtype``.
-
-        Args:
-          obs: the rows' inputs (numpy leaves with a leading axis B).
-          seeds: [B] uint32 (a stochastic policy's), or None.
-          lanes: each row's lane, and ``episodes`` its episode (or None), for
-            an error to name.
-          row: one row's output struct (``_output``).
+        """``fn`` on B rows (``obs``: numpy leaves with a leading axis B;
+        ``seeds``: [B] uint32 or None), checked to be ``[B, *row.shape]``;
+        ``lanes`` and ``episodes`` (or None) for an error to name.
 
         Raises:
           HostPolicyError: ``fn`` raised, or returned another shape.
@@ -163,12 +156,9 @@ class HostPolicy:
         return got.astype(row.dtype, copy=False)
 
     def _host(self, inputs: Any, meta: Any, row: Any) -> np.ndarray:
-        """The callback: ``fn`` on the real rows, zeros in the padding rows.
-
-        ``meta`` ([3, tile] int32: one array, as each argument of a callback
-        costs a copy) holds each row's lane (-1 for padding), its episode (-1:
-        not told) and a stochastic policy's seed (bitcast; else zeros).
-        """
+        """The callback: ``fn`` on the real rows, zeros in the padding rows;
+        ``meta`` ([3, tile] int32, one array: each argument costs a copy) holds
+        each row's lane (-1: padding), episode (-1: not told) and seed."""
         meta = np.asarray(meta)
         rows = meta[0]
         real = rows >= 0

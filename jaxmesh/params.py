@@ -128,7 +128,7 @@ class Param:
             return config[self.name]
         if self.default is REQUIRED:
             raise ParamError(
-                f"{self._where()}: param {self.name!r} is required and this "
+                f"{self.owner or 'Param'}: param {self.name!r} is required and this "
                 f"instance was not configured with it; build the model with "
                 f"{self.owner}.from_config({self.name}=...)",
                 param=self.name or "?",
@@ -157,9 +157,6 @@ class Param:
             parts.append(f"<= {self.high!r}")
         return " ".join(parts) if parts else "any value"
 
-    def _where(self) -> str:
-        return self.owner or "Param"
-
     def check(self, value: Any, who: str = "value") -> Any:
         """Returns ``value`` if the param allows it.
 
@@ -170,8 +167,8 @@ class Param:
 
         def fail(why: str) -> ParamError:
             return ParamError(
-                f"{self._where()}: param {name!r} {who} {value!r} {why}; allowed: "
-                f"{self.allowed()}",
+                f"{self.owner or 'Param'}: param {name!r} {who} {value!r} {why}; "
+                f"allowed: {self.allowed()}",
                 param=name,
                 value=value,
                 allowed=self.allowed(),
@@ -285,12 +282,8 @@ def _load_signature(load: Callable) -> tuple[dict[str, Param], bool]:
 
 
 def params_schema(cls: type) -> dict[str, Param]:
-    """The params a model class accepts, by name, in declaration order.
-
-    Declared ``Param`` class attributes (the most derived declaration wins),
-    then the keyword parameters of ``load`` that are not declared (implicit
-    params with load's own defaults and no domain).
-    """
+    """The params a model class accepts, by name, in declaration order: the
+    declared ``Param`` attributes, then ``load``'s other keyword parameters."""
     declared: dict[str, Param] = {}
     for klass in reversed(cls.__mro__):
         for name, v in vars(klass).items():
@@ -309,10 +302,8 @@ def params_schema(cls: type) -> dict[str, Param]:
 
 
 def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
-    """Checks ``config`` against ``cls``'s params; returns the values for load.
-
-    The result holds every given value and the default of every declared param
-    that was not given (load's own defaults apply to undeclared ones).
+    """Checks ``config`` against ``cls``'s params; returns the values for load
+    (the given ones and the defaults of the declared params not given).
 
     Raises:
       ParamError: an unknown name, a missing required param, or a value outside
