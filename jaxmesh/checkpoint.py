@@ -27,17 +27,13 @@ def save_params(
 ) -> Path:
     """Saves a params pytree as an orbax checkpoint directory.
 
-    Leaves may be ``jax.Array``, ``np.ndarray``, Python ints/floats and strings
-    (orbax's standard leaves). The write is atomic: orbax writes to a temporary
-    directory and renames it once complete.
+    Leaves may be ``jax.Array``, ``np.ndarray``, Python ints/floats and strings;
+    the write is atomic (a temporary directory renamed once complete).
 
     Args:
-      path: the checkpoint directory to create (relative paths are taken from
-        the working directory; missing parent directories are created).
+      path: the checkpoint directory to create (parents are created).
       params: the pytree to save, e.g. the output of a flax ``Module.init``.
       overwrite: replace a checkpoint (or any directory) already at ``path``.
-        Default False: an existing ``path`` is an error, so that a checkpoint is
-        never replaced by accident.
 
     Returns:
       The absolute path written.
@@ -72,13 +68,9 @@ def load_params(
 
     Args:
       path: the checkpoint directory.
-      device: the jax device to place the leaves on (a ``jax.Device`` or a
-        string such as ``'cpu'`` or ``'gpu:1'``). ``None``: saved
-        ``jax.Array`` leaves go to the default device (``jax.devices()[0]``) and
-        saved ``np.ndarray`` leaves stay host numpy arrays. Given a device, every
-        array leaf (numpy ones included) is a ``jax.Array`` on that device
-        (under jax's dtype rules: without ``jax_enable_x64`` a 64-bit numpy leaf
-        becomes 32-bit).
+      device: the device every array leaf is placed on, as a ``jax.Array``
+        (a ``jax.Device`` or a string such as ``'gpu:1'``). None: saved
+        ``jax.Array`` leaves go to the default device, numpy leaves stay numpy.
 
     Returns:
       The pytree as saved: same structure, dtypes and shapes.

@@ -20,8 +20,8 @@ _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
 
 def check_device(value: Any, who: str) -> Any:
-    """``value`` as it is when it is None, a ``jax.Device`` or a string such as
-    ``'gpu:1'`` (the device is not looked for); ``who`` took it (a model's name).
+    """``value`` as it is when it is None, a ``jax.Device`` or a string (not
+    looked for); ``who`` took it (a model's name).
 
     Raises:
       TypeError: any other type.
@@ -88,12 +88,10 @@ def resolve_mesh(devices: Any, who: str = "devices") -> Mesh | None:
     """A ``devices=`` value as a one-axis ``jax.sharding.Mesh`` (None stays None).
 
     Args:
-      devices: None (one device: no sharding); ``"all"`` (every device JAX sees:
-        every local device in one process, every device of every process under
-        ``jax.distributed``, process 0's first); an int D (the first D of them,
-        which under ``jax.distributed`` may all belong to other processes: see
-        ``check_local_share``); a sequence of ``jax.Device``; or a
-        ``jax.sharding.Mesh`` with exactly one axis.
+      devices: None (one device: no sharding); ``"all"`` (every device JAX
+        sees, of every process under ``jax.distributed``); an int D (the first
+        D of them); a sequence of ``jax.Device``; or a one-axis
+        ``jax.sharding.Mesh``.
       who: what took the value, for the message.
 
     Returns:
@@ -154,9 +152,8 @@ def mesh_size(mesh: Mesh) -> int:
 
 
 def check_local_share(mesh: Mesh, who: str = "devices") -> Mesh:
-    """``mesh`` as it is when this process holds one of its devices: under
-    ``jax.distributed`` each process drives its own devices of the mesh, and a
-    process with none cannot take part (in one process this always passes).
+    """``mesh`` as it is when this process holds one of its devices (under
+    ``jax.distributed`` each process drives its own devices of the mesh).
 
     Raises:
       ValueError: no device of ``mesh`` belongs to this process.

@@ -20,20 +20,9 @@ class Env(Protocol):
     """One environment lane, pure and single-lane; the engine vmaps it.
 
     The engine owns resets and episode accounting: ``step`` never auto-resets.
-
-    Optional: ``step_with_info(key, state, action) -> (observation, state,
-    reward, terminated, truncated, info)``, the same step with the env's info
-    pytree; ``Scoring(metrics=..., success=...)`` reads its leaves (gymnax's
-    ``info``, brax's ``state.metrics``). An env without it has no metrics.
-
-    Optional: ``reset_with_info(key) -> (observation, state, info)``, the same
-    reset with the info of the reset state; when it holds the success key,
-    each episode also keeps whether it was successful at reset
-    (``result.success_at_reset``; brax's adapter has it, gymnax resets give
-    no info).
-
-    Optional: ``dt``, simulated seconds per step, for ``Chunking(
-    delay_ms=)`` (an env without it refuses a delay in milliseconds).
+    Optional: ``step_with_info`` and ``reset_with_info``, the same with the
+    env's info pytree (docs/evaluation.md, "Episode metrics and success"), and
+    ``dt``, simulated seconds per step, for ``Chunking(delay_ms=)``.
     """
 
     name: str
@@ -71,18 +60,13 @@ class Policy:
       device: the resolved ``jax.Device``, or None for jax's default.
       on_episode_end: a host hook called with each ended episode's index, in
         episode order; None when the policy has none.
-      takes_execution_horizon: the policy declares ``execution_horizon``:
-        ``apply`` is then called with ``execution_horizon=E``, the static
-        number of actions the run executes from one plan (CONTRACT 24).
-      declares_chunk: the author says the policy returns chunks (a
-        ``jaxmesh.Model``'s ``predict_chunk`` corner), so a chunk played at
-        horizon 1 is meant (CONTRACT 11).
+      takes_execution_horizon: ``apply`` is called with
+        ``execution_horizon=E``, the actions executed from one plan (CONTRACT 24).
+      declares_chunk: the policy says it returns chunks (CONTRACT 11).
       takes_rows: ``apply`` is called with ``rows=``, each row's lane ([tile]
-        int32, -1 for a padding row), so a host policy computes only the
-        lanes that plan (``jaxmesh.HostPolicy``).
-      host: the ``jaxmesh.HostPolicy`` behind ``apply``, or None: a host
-        loop whose agent step needs no device work calls it directly
-        (``jaxmesh.run.host.direct``), without a callback.
+        int32, -1 for a padding row).
+      host: the ``jaxmesh.HostPolicy`` behind ``apply`` (called directly by a
+        host loop with no device work: ``jaxmesh.run.host.direct``), or None.
     """
 
     name: str
