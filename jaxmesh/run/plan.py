@@ -1,12 +1,7 @@
-"""A run's plan: the sizes its program is built with, computed once.
-
-The effective horizon ``h = min(H, K)`` (CONTRACT 10), the prefetch lead the
-engine uses (``min(L, h)``, CONTRACT 12), the plan tile (rows per policy call)
-and the result buffers' capacity all follow from the settings, the policy's
-chunk length K (``build.probe_chunk``) and where the lanes run. ``plan_run``
-computes them in one place; the scan (one device or a mesh), the host loop
-(in process or served) and ``make_evaluator`` / ``make_agent`` read them from
-the ``RunPlan`` it returns, so no two of them can disagree on a size.
+"""A run's plan: the sizes its program is built with (effective horizon, lead,
+plan tile, capacity), computed once by ``plan_run`` from the settings, the
+policy's chunk length K and where the lanes run; every backend reads them from
+the ``RunPlan``, so no two can disagree on a size.
 """
 
 from __future__ import annotations
@@ -22,19 +17,12 @@ MIN_TILE_ROWS = 8
 
 
 def default_plan_tile(h: int, num_envs: int) -> int:
-    """The default tile: ``128 // h`` rows, shrunk to fit few lanes.
-
-    ``min(128 // h, next power of two >= num_envs)``, kept within [8, 128]. Many
-    lanes (N >= 128 // h) all get the same tile, so their results are
-    bit-identical whatever N is. Fewer lanes get a smaller tile, so a heavy
-    policy on 4 lanes computes 8 rows a plan, not 128; their rows match the
-    large tile's only where the backend rounds a row the same at both batch
-    sizes (docs/evaluation.md has the measurements). Pass ``plan_tile`` to pin
-    the tile when runs at different N must agree bit for bit.
+    """The default tile: ``min(128 // h, next power of two >= num_envs)``, kept
+    within [8, 128] (docs/evaluation.md, "The default tile", says what it
+    promises about invariance).
 
     Args:
-      h: the effective horizon (``RunPlan.h``), not the asked H: a chunk of K
-        actions replays ``min(H, K)`` of them per plan.
+      h: the effective horizon (``RunPlan.h``), not the asked H.
       num_envs: the lanes that plan together (all N lanes, also when they are
         split over devices; one group's lanes for served lane groups).
     """
@@ -59,13 +47,10 @@ class RunPlan(NamedTuple):
       lanes: lanes one program steps (per device when split over devices; at
         most ``capacity``: a lane never waits for an episode that cannot exist).
       capacity: result-buffer entries of one program (per device).
-      delay: the inference delay d (0: none). A delayed chunk is planned as a
-        lead of d would plan it (so ``lead`` is d) and plays from its action d.
-      ensemble: a ``jaxmesh.Ensemble`` (h is then 1: a plan every step), or
-        None.
-      grid: a sweep's cells, each ``(h, d)`` (``jaxmesh.sweep``): a lane
-        takes its episode's cell, ``cell_episodes`` episodes to a cell; ``h``
-        and ``lead`` are then the largest of them. None: one setting.
+      delay: the inference delay d (0: none; ``lead`` is then d).
+      ensemble: a ``jaxmesh.Ensemble`` (h is then 1), or None.
+      grid: a sweep's cells, each ``(h, d)``, ``cell_episodes`` episodes to a
+        cell; ``h`` and ``lead`` are then the largest of them. None: one setting.
     """
 
     horizon: int
@@ -92,22 +77,16 @@ def plan_run(
     """The plan of a run with checked ``settings`` and a probed ``chunk``.
 
     Args:
-      settings: ``checks.Settings`` (``num_envs``, ``horizon``,
-        ``prefetch_lead``, ``plan_tile``).
+      settings: ``checks.Settings``.
       chunk: the policy's chunk length K (``build.probe_chunk``), None for
         single actions.
-      capacity: result-buffer entries of one program (a placement's
-        ``capacity``).
+      capacity: result-buffer entries of one program.
       lanes: lanes one program steps; None: ``settings.num_envs``.
       tile_lanes: the lanes the default tile is sized for; None:
-        ``settings.num_envs`` (a sharded run sizes it for all N lanes, so that
-        its episodes match the one-device run's; served lane groups for one
-        group).
+        ``settings.num_envs``.
 
-    Under a sweep's ``settings.grid`` (its cells' effective ``(h, d)``, each
-    checked by the sweep), ``h`` and ``lead`` are the largest of them (the
-    buffers' sizes) and the default tile is that of the smallest h (one tile
-    serves every cell).
+    Under a sweep's ``settings.grid`` the default tile is that of the
+    smallest h (one tile serves every cell).
 
     Returns:
       The ``RunPlan``.
@@ -152,12 +131,8 @@ class UnfitDelay(ValueError):
 
 
 def check_execution(settings: Any, chunk: int | None, h: int) -> None:
-    """Refuses a delay or an ensemble that the policy's chunks cannot serve.
-
-    Args:
-      settings: the checked settings (``delay``, ``execution``).
-      chunk: the policy's chunk length K (None: single actions).
-      h: the effective horizon ``min(H, K)``.
+    """Refuses a delay or an ensemble that the policy's chunks (K: ``chunk``,
+    None for single actions; h: the effective horizon) cannot serve.
 
     Raises:
       ValueError: a delay d without ``0 < d < h`` or ``K >= h + d``; an
