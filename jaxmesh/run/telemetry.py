@@ -1,30 +1,8 @@
-"""Per-call timings of a host-stepped run (``result.telemetry``).
-
-A host loop records one sample per call in named series; ``stats`` reduces each
-to count, mean, p50, p95 and p99 (``jaxmesh.results.summary.telemetry_text``
-prints them). Series a served run records (seconds unless the name says bytes):
-
-- ``predict``: one jitted agent step (plan where needed, replay, windows),
-  including the device sync that reads its actions;
-- ``env_step``: the server's own time stepping the env for one call;
-- ``encode``: building and sizing one request; ``decode``: checking and
-  decoding one reply (on the reader thread, off the critical path);
-- ``wire``: a call's round trip less the server's env time (network, gRPC,
-  serialisation and the server's queueing);
-- ``queue``: how long a decoded reply waited before the loop took it;
-- ``request_bytes`` / ``reply_bytes``: message sizes;
-- ``transport_shm``: a flag, one sample per served session (1 on the
-  same-host shared-memory path, 0 on gRPC);
-- ``worker_lost``, ``server_lost``, ``server_rejoined``: events, one sample
-  of 1 each.
-
-Not every series is a time: ``jaxmesh.results.summary.UNITS`` says which are
-sizes, flags or event counts, and how a table prints them.
-
-An in-process run records ``predict`` and ``env_step`` (the gymnasium calls).
-
-Under ``evaluate(..., trace=path)`` the timed series are also spans of the run's
-timeline (``jaxmesh.trace``), named as ``TRACE_NAMES`` says.
+"""Per-call timings of a host-stepped run (``result.telemetry``): one sample per
+call in named series (docs/remote.md, "Telemetry"; ``jaxmesh.results.summary.UNITS``
+says which are sizes, flags or event counts), reduced by ``stats``. Under
+``evaluate(..., trace=path)`` the timed series are also spans of the run's
+timeline, named as ``TRACE_NAMES`` says.
 """
 
 from __future__ import annotations
@@ -65,9 +43,8 @@ class Telemetry:
             self.trace.add(TRACE_NAMES.get(name, name), begin, end, row, args or None)
 
     def call(self, row: str, sent: float, arrived: float, server: float) -> None:
-        """A served call's round trip on the timeline: the call from send to
-        reply, and inside it the server's env time (its position within the
-        call is not sent, so it is drawn centred: an estimate)."""
+        """A served call's round trip, and inside it the server's env time
+        (drawn centred on the timeline: its position is not sent)."""
         self.series["env_step"].append(server)
         self.series["wire"].append(max(0.0, arrived - sent - server))
         if self.trace is not None:
