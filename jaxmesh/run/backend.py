@@ -1,14 +1,6 @@
-"""Which backend runs an env, told once; the options only served envs take.
-
-Three kinds of env run ``jaxmesh.evaluate``: a JAX env (the scan,
-``jaxmesh.run.scan``), gymnasium envs stepped by the host loop in this
-process or in worker processes, and served envs (``"grpc://host:port"``,
-``jaxmesh.run.host.served``). ``backend_of`` tells them apart; ``target``
-makes an env id with its options and records the answer beside the env
-(``Target``; ``jaxmesh.run.dispatch.target`` makes an id and tells its kind,
-``dispatch.route`` is the table of what runs each kind). The checks of the options
-only served envs take (``reply_timeout``, ``lane_groups``, ``on_server_loss``)
-live here too; ``jaxmesh.Served`` runs them when it is built.
+"""Which backend runs an env (``SCAN``, ``HOST`` or ``SERVED``: ``backend_of``,
+``Target``), and the checks of the options only served envs take, which
+``jaxmesh.Served`` runs when it is built.
 """
 
 from __future__ import annotations
@@ -26,9 +18,7 @@ SCAN = "scan"
 HOST = "host"
 #: Served envs: the host loop, its env steps sent to env servers.
 SERVED = "served"
-#: The host rows of the backend table (``jaxmesh.run.dispatch.route``) besides
-#: ``SERVED``: gymnasium envs in worker processes, made in this process to
-#: render a recording's frames, and in this process.
+#: The backend table's other host rows (``jaxmesh.run.dispatch.route``).
 WORKERS = "workers"
 RECORDING = "recording"
 LOCAL = "local"
@@ -74,7 +64,7 @@ class Target(NamedTuple):
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
-    """``value`` as a float > 0, or None; the errors name ``name`` and ``hint``.
+    """``value`` as a float > 0, or None.
 
     Raises:
       TypeError: not a number; ValueError: not finite and above 0.
@@ -88,10 +78,9 @@ def positive_seconds(value: Any, name: str, hint: str) -> float | None:
     return float(value)
 
 
-#: ``reply_timeout``'s default: over several servers, a server that owes a
-#: reply and sends none for ``AUTO_FACTOR`` times the slowest reply of the run
-#: (at least ``AUTO_FLOOR_SECONDS``) is dropped (``jaxmesh.run.host.served``); with
-#: one server, no limit.
+#: ``reply_timeout``'s default: over several servers, one silent for
+#: ``AUTO_FACTOR`` times the slowest reply (at least ``AUTO_FLOOR_SECONDS``) is
+#: dropped; with one server, no limit.
 AUTO = "auto"
 AUTO_FACTOR = 10.0
 AUTO_FLOOR_SECONDS = 10.0
