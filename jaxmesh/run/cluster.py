@@ -1,10 +1,5 @@
-"""``jaxmesh.Ray``: a host-stepped env's lanes stepped by Ray actors.
-
-``workers=jaxmesh.Ray(num_workers=N)`` asks for N Ray actors, each building its
-own envs and serving them with jaxmesh's env server; the run steps them as
-served envs (``jaxmesh.run.host.ray_actors`` starts and ends the actors,
-``jaxmesh.remote.server.actor`` is what runs in each). This module holds the
-settings only and imports no Ray: ``RunConfig`` checks them when it is built.
+"""``jaxmesh.Ray``: the settings of a host-stepped env's lanes stepped by Ray
+actors (``jaxmesh.run.host.ray_actors`` runs them); no Ray is imported here.
 """
 
 from __future__ import annotations
@@ -35,28 +30,15 @@ def _positive(name: str, value: Any, hint: str) -> float:
 @dataclasses.dataclass(frozen=True)
 class Ray:
     """Steps a host-stepped env's lanes in Ray actors (``jaxmesh.evaluate(...,
-    workers=jaxmesh.Ray(num_workers=64))``; the ``[ray]`` extra).
-
-    Each actor builds its share of the lanes' envs from the env's id or
-    factory (``"gymnasium:<id>"``, a zero-argument factory, a list of them, a
-    ``libero:`` task) and serves them to this process with jaxmesh's env
-    server (gRPC; shared memory when the actor runs on this node). The run
-    keeps every episode's accounting here, as for served envs: an actor or a
-    node that dies mid-run has its unfinished episodes run again from their
-    seeds on the other actors. Every actor is killed at the end of the run
-    (success, error or Ctrl-C); a Ray this run started is shut down, a
-    connection this process already had (``ray.is_initialized()``) is left up.
+    workers=jaxmesh.Ray(num_workers=64))``; the ``[ray]`` extra; docs/scale.md).
 
     Attributes:
       num_workers: actors (at most one per lane); None: one per
         ``num_cpus_per_worker`` CPUs the cluster has.
-      address: the cluster to join (``ray.init(address=...)``): None joins the
-        one ``ray.init()`` finds (``RAY_ADDRESS``, a running local one) or
-        starts a local one; ``"auto"``, ``"ray://host:10001"``, ... Unused
-        when this process is already connected.
+      address: the cluster to join (``ray.init(address=...)``); None: the
+        one ``ray.init()`` finds, or a local one.
       num_cpus_per_worker: CPUs Ray reserves for each actor.
-      resources: more for each actor, e.g. ``{"GPU": 1}`` for a GPU renderer
-        or a custom resource ``{"sim_node": 1}``.
+      resources: more for each actor, e.g. ``{"GPU": 1}``.
 
     Raises:
       TypeError, ValueError: a bad value, naming it.
@@ -124,8 +106,7 @@ class Ray:
         return True
 
     def describe(self) -> str:
-        """``Ray(num_workers=..., ...)`` with the fields that differ from
-        their defaults, for messages."""
+        """``Ray(...)`` with the fields that differ from their defaults."""
         given = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in dataclasses.fields(self)
@@ -170,8 +151,8 @@ def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
 
 
 def workers_of(value: Any) -> Any:
-    """``RunConfig(workers=)`` as given, a ``Ray`` for a config file's
-    ``{ray: {...}}`` (or ``{ray: null}``), the value itself otherwise.
+    """``RunConfig(workers=)``: a ``Ray`` for a config file's ``{ray: {...}}``
+    (or ``{ray: null}``), the value itself otherwise.
 
     Raises:
       TypeError, ValueError: a mapping that is not ``{ray: {...}}``, or
