@@ -1,15 +1,8 @@
-"""Where each run's language instruction comes from, and its encoding per lane.
-
-The rules for ``jaxmesh.adapt.Text`` inputs, written once for every path (JAX
-envs, gymnasium envs in process, served envs):
-
-1. ``Starts(instruction="...")``: one string for the run, encoded once
-   on the host (``Text.encoded``); every lane sees it. The encoding is data
-   (the scan's first carry, the host loop's per-lane arrays), so another
-   string of the same shapes compiles nothing.
-2. Otherwise, on a host-stepped env, a Text with ``info_key``: each episode's
-   instruction is that key of its reset info (``LaneTexts``).
-3. Otherwise the run is refused before anything compiles (``check_sources``).
+"""Where each run's language instruction comes from, and its encoding per lane,
+for every path: ``Starts(instruction=)``, encoded once on the host (data: another
+string of the same shapes compiles nothing); else, on a host-stepped env, a
+``Text(info_key=)`` read from each episode's reset info (``LaneTexts``); else
+the run is refused before anything compiles (``check_sources``).
 """
 
 from __future__ import annotations
@@ -102,12 +95,9 @@ def run_level(spec: Mapping[str, Any] | None, encoded: dict, n: int) -> dict:
 
 
 class LaneTexts:
-    """The Text inputs' encodings per lane of a host-stepped run.
-
-    Run-level instructions fill every lane once; an input read from the reset
-    info changes on a lane when it starts an episode (``begin``). The arrays
-    the jitted agent step reads stay on the device between episode starts
-    (``device``): only a lane's new episode moves them again.
+    """The Text inputs' encodings per lane of a host-stepped run: run-level
+    ones fill every lane once; one read from the reset info changes on a lane
+    when it starts an episode (``begin``), and only then moves to the device.
 
     Args:
       spec: the policy's spec.
@@ -140,8 +130,7 @@ class LaneTexts:
 
     @property
     def missing(self) -> bool:
-        """Some per-episode input has no encoding yet, so its shapes are
-        unknown: a reset must come first (``begin``), before compiling."""
+        """Some per-episode input has no encoding yet (a reset must come first)."""
         return any(name not in self.host for name in self.decls)
 
     def begin(self, js: list[int], texts: dict, episodes: list[int]) -> None:
@@ -180,8 +169,7 @@ class LaneTexts:
         self._device = None
 
     def device(self) -> dict:
-        """The per-lane encodings on the device (moved again only after a
-        lane began an episode)."""
+        """The per-lane encodings on the device."""
         if self._device is None:
             self._device = self.place(self.host)
         return self._device

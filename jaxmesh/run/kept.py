@@ -1,6 +1,5 @@
-"""The built objects ``jaxmesh.evaluate`` keeps between calls, so that a
-second call with the same policy object, env and settings compiles nothing:
-the scan's ``Evaluator``s and the host loop's agents, each the last few used."""
+"""The built objects ``jaxmesh.evaluate`` keeps between calls, so that a second
+call with the same policy object, env and settings compiles nothing."""
 
 from __future__ import annotations
 
