@@ -422,20 +422,15 @@ class Engine:
         # key (most) then compiles no hash at all.
         env_keys = keys.fold_in(env_stream(lanes.key), lanes.t)
         if batched(self.env):  # one call steps every lane (spares for masked)
-            obs, env_state, reward, term, trunc, info = self.env.step_lanes(
-                active, lanes.env_state, action
-            )
-            if cfg.reads_info:
-                lanes = lanes.replace(acc=_accumulate(cfg, lanes, info))
+            out = self.env.step_lanes(active, lanes.env_state, action)
         elif cfg.reads_info:
-            obs, env_state, reward, term, trunc, info = jax.vmap(
-                self.env.step_with_info
-            )(env_keys, lanes.env_state, action)
-            lanes = lanes.replace(acc=_accumulate(cfg, lanes, info))
+            step = jax.vmap(self.env.step_with_info)
+            out = step(env_keys, lanes.env_state, action)
         else:
-            obs, env_state, reward, term, trunc = jax.vmap(self.env.step)(
-                env_keys, lanes.env_state, action
-            )
+            out = (*jax.vmap(self.env.step)(env_keys, lanes.env_state, action), None)
+        obs, env_state, reward, term, trunc, info = out
+        if cfg.reads_info:
+            lanes = lanes.replace(acc=_accumulate(cfg, lanes, info))
         reward = jnp.asarray(reward, jnp.float32)
         kinds, values = self._faults(lanes, action, reward)
         ag = agent.observe(cfg.agent, ag, obs)
