@@ -46,12 +46,10 @@ class AgentConfig:
     spec: tuple[tuple[str, Any], ...]  # ((name, declaration), ...)
     raw: bool  # no user spec: the policy sees the observation as it is
     chunked: bool  # the policy emits chunks (else one action per plan)
-    #: Inference delay d: a plan made at cursor h - d (as a lead of d) plays
-    #: its actions d .. d+h-1 (CONTRACT 23); 0: none.
+    #: Inference delay d (CONTRACT 23): a plan plays actions d .. d+h-1; 0: none.
     delay: int = 0
-    #: A ``jaxmesh.Ensemble``: a plan every step (h = 1) into a ring buffer of
-    #: each lane's last K chunks, executing their weighted average (CONTRACT
-    #: 22); None: chunks replayed as they are.
+    #: A ``jaxmesh.Ensemble`` (CONTRACT 22): a plan every step into a ring of
+    #: each lane's last K chunks; None: chunks replayed as they are.
     ensemble: Any = None
     chunk_len: int = 1  # K, the policy's chunk length (1 for single actions)
     #: A sweep's settings (``jaxmesh.sweep``): each cell's ``(h, d)``, cell c
@@ -89,12 +87,8 @@ class AgentState:
     rstate: Any  # [N, ...] recurrent policy state
     predict_calls: jax.Array  # [N] plans issued for the lane's current episode
     rows: jax.Array  # () policy rows computed (tiles x tile)
-    #: [N, K, K, *A] under ensembling: the chunk planned at episode step s in
-    #: slot s % K (None otherwise).
-    ring: Any = None
-    #: [N, 2] int32 under a sweep (``AgentConfig.grid``): the (h, d) of each
-    #: lane's episode (None otherwise).
-    setting: Any = None
+    ring: Any = None  # [N, K, K, *A] ensembling: step s's chunk in slot s % K
+    setting: Any = None  # [N, 2] int32 under a sweep: each lane's (h, d)
     #: [N, K, *A] with a PendingChunk input: the tail of each lane's latest
     #: chunk, aligned with the next plan's chunk (``tail_start``), zeros past
     #: its ``tail_len`` ([N] int32) valid entries (None otherwise).
@@ -263,11 +257,13 @@ def _initial_rstate(policy: Policy, n: int) -> Any:
 
 def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentState:
     """Agent state for N lanes; lanes in ``lanes`` begin an episode at ``obs``."""
-    n, h = cfg.num_envs, cfg.h
-    zeros_a = jnp.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
-    prev = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
+    n, h, k = cfg.num_envs, cfg.h, cfg.chunk_len
+    zeros = lambda *shape: jnp.zeros(shape + cfg.action_shape, cfg.action_dtype)
+    zeros_a = zeros(n, h)
+    prev = zeros(n)
     windows = _reset_windows(cfg, obs, prev)
     rstate = _initial_rstate(policy, n)
+    pending = bool(cfg.pending_names)
     state = AgentState(
         chunk=zeros_a,
         pending=zeros_a,
@@ -279,21 +275,13 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
         rstate=rstate,
         predict_calls=jnp.zeros((n,), jnp.int32),
         rows=jnp.zeros((), jnp.int32),
-        ring=None,
+        ring=zeros(n, k, k) if cfg.ensemble is not None else None,
+        setting=None
+        if cfg.grid is None
+        else jnp.broadcast_to(jnp.asarray(cfg.grid[0], jnp.int32), (n, 2)),
+        tail=zeros(n, k) if pending else None,
+        tail_len=jnp.zeros((n,), jnp.int32) if pending else None,
     )
-    if cfg.ensemble is not None:
-        k = cfg.chunk_len
-        state = state.replace(
-            ring=jnp.zeros((n, k, k) + cfg.action_shape, cfg.action_dtype)
-        )
-    if cfg.grid is not None:
-        first_cell = jnp.asarray(cfg.grid[0], jnp.int32)
-        state = state.replace(setting=jnp.broadcast_to(first_cell, (n, 2)))
-    if cfg.pending_names:
-        state = state.replace(
-            tail=jnp.zeros((n, cfg.chunk_len) + cfg.action_shape, cfg.action_dtype),
-            tail_len=jnp.zeros((n,), jnp.int32),
-        )
     return begin(cfg, policy, state, lanes, obs)
 
 
