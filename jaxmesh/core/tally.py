@@ -255,12 +255,7 @@ def empty(
         done=f(bool),
         env_steps=i32(0),
         policy_rows=i32(0),
-        fault=Fault(
-            xp.zeros((num_envs,), xp.int32),
-            xp.zeros((num_envs,), xp.int32),
-            xp.zeros((num_envs,), xp.int32),
-            xp.zeros((num_envs,), xp.float32),
-        ),
+        fault=Fault(*(xp.zeros((num_envs,), d) for d in [xp.int32] * 3 + [xp.float32])),
         metrics={name: f(metric_dtype(red)) for name, red in metrics},
         success=f(bool) if success else None,
         has_success=f(bool) if success and has_success else None,
