@@ -74,10 +74,8 @@ def bad_components(xp: Any, actions: Any, num_actions: int | None) -> tuple[Any,
       num_actions: the discrete action count, or None for continuous actions.
 
     Returns:
-      ``(bad, kind)``: [k, prod(A)] bool, flattened; the fault kind they would
-      be: a discrete action out of ``[0, num_actions)``
-      (``ACTION_OUT_OF_RANGE``), or a continuous one not finite
-      (``ACTION_NOT_FINITE``).
+      ``(bad, kind)``: [k, prod(A)] bool; ``ACTION_OUT_OF_RANGE`` (outside
+      ``[0, num_actions)``) or ``ACTION_NOT_FINITE``.
     """
     flat = xp.reshape(actions, (actions.shape[0], -1))
     if num_actions is not None:
@@ -94,8 +92,7 @@ def failing_actions(xp: Any, actions: Any, num_actions: int | None) -> Any:
 def action_faults(
     xp: Any, actions: Any, active: Any, num_actions: int | None
 ) -> tuple[Any, Any]:
-    """Per lane, the fault of the action it is about to execute; with numpy,
-    a step without a bad component (the usual case) returns at once.
+    """Per lane, the fault of the action it is about to execute.
 
     Args:
       actions: [N, *A] this step's actions.
@@ -104,8 +101,7 @@ def action_faults(
 
     Returns:
       ``(kinds, values)``: [N] int32 fault kind (``NO_FAULT``: none) and [N]
-      float32 value, the first bad component of the lane's action (0 where
-      there is no fault).
+      float32 first bad component (0: none).
     """
     n = actions.shape[0]
     flat = xp.reshape(actions, (n, -1))
@@ -122,10 +118,8 @@ def action_faults(
 def reward_faults(
     xp: Any, rewards: Any, active: Any, kinds: Any = None, values: Any = None
 ) -> tuple[Any, Any]:
-    """Adds a non-finite reward to the step's faults (``action_faults``').
-
-    A lane whose action already faulted keeps that fault: the action is what
-    went wrong first.
+    """Adds a non-finite reward to the step's faults (a lane whose action
+    faulted keeps that fault).
 
     Args:
       rewards: [N] this step's rewards.
@@ -134,8 +128,7 @@ def reward_faults(
 
     Returns:
       ``(kinds, values)`` as for ``action_faults``; a bad reward's value is
-      the reward. With numpy, a step whose rewards are all finite returns the
-      faults as they were.
+      the reward.
     """
     n = rewards.shape[0]
     if kinds is None:
@@ -151,24 +144,16 @@ def reward_faults(
 
 # Episode metrics --------------------------------------------------------------------
 #
-# Per lane and info key: an accumulator and the steps that had the key
-# (``count=None``: every step has it, as in a JAX env).
+# Per lane and info key: ``acc`` ([N] accumulators of a ``reduction`` of
+# ``tally.REDUCTIONS``) and ``count`` ([N] steps that had the key; None: every
+# step has it, as in a JAX env, and the count is the episode's length).
 
 
 def begin_metric(
     xp: Any, reduction: str, acc: Any, count: Any, starting: Any
 ) -> tuple[Any, Any]:
-    """The accumulator and count where the ``starting`` lanes begin an episode.
-
-    Args:
-      reduction: one of ``tally.REDUCTIONS``.
-      acc: [N] accumulators.
-      count: [N] steps that had the key, or None.
-      starting: [N] bool, or True for every lane given.
-
-    Returns:
-      ``(acc, count)``; ``count`` stays None when given None.
-    """
+    """``(acc, count)`` where the ``starting`` lanes ([N] bool, or True)
+    begin an episode."""
     start = xp.asarray(tally.metric_start(reduction), acc.dtype)
     acc = xp.where(starting, start, acc)
     if count is not None:
@@ -179,18 +164,9 @@ def begin_metric(
 def accumulate_metric(
     xp: Any, reduction: str, acc: Any, count: Any, value: Any, present: Any
 ) -> tuple[Any, Any]:
-    """The accumulator and count after one step's info values.
-
-    Args:
-      reduction: one of ``tally.REDUCTIONS``.
-      acc: [N] accumulators.
-      count: [N] steps that had the key, or None.
-      value: [N] this step's values (any real dtype; cast to ``acc``'s).
-      present: [N] bool, the lanes whose step had the key (and that ran it).
-
-    Returns:
-      ``(acc, count)``: unchanged where ``present`` is False.
-    """
+    """``(acc, count)`` after one step's ``value`` ([N], cast to ``acc``'s
+    dtype), unchanged where ``present`` ([N] bool: had the key, ran it) is
+    False."""
     value = xp.asarray(value)
     if reduction == "any":
         new = acc | (value != 0)
@@ -207,17 +183,8 @@ def accumulate_metric(
 
 
 def finalize_metric(xp: Any, reduction: str, acc: Any, count: Any) -> Any:
-    """An episode's metric at its end (NaN where no step had the key; ``any``:
-    False).
-
-    Args:
-      reduction: one of ``tally.REDUCTIONS``.
-      acc: [N] accumulators.
-      count: [N] steps that had the key (for a JAX env: the episode's length).
-
-    Returns:
-      [N] values, of ``acc``'s dtype.
-    """
+    """[N] an episode's metric at its end, of ``acc``'s dtype (NaN where no
+    step had the key; ``any``: False)."""
     if reduction == "any":
         return acc
     count = xp.asarray(count)
