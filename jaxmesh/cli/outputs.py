@@ -69,11 +69,14 @@ def check_writable(*paths: tuple[str, Any]) -> None:
             ) from None
 
 
-def _write_new(fd: int, name: str, data: bytes) -> None:
-    """Writes ``data`` to the new file ``name`` open as ``fd``, or removes it."""
+def _write_new(fd: int, name: str, data: bytes, path: Path | None = None) -> None:
+    """Writes ``data`` to the new file ``name`` open as ``fd`` (then renamed to
+    ``path``), or removes it."""
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        if path is not None:
+            os.replace(name, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(name)
@@ -93,13 +96,8 @@ def write_file(path: Path, data: bytes) -> None:
         return
     name = str(path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"))
     # os.open applies the umask, as a plain open() would for ``path``.
-    _write_new(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name, data)
-    try:
-        os.replace(name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    _write_new(fd, name, data, path)
 
 
 def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> Path:
