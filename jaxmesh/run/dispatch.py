@@ -1,11 +1,6 @@
-"""The backend table: the one place that says what runs an env.
-
-``target`` makes an env id with its options and tells its kind once (``SCAN``,
-``HOST`` or ``SERVED``, ``jaxmesh.run.backend``); ``route`` maps it, with the
-run's worker processes and recording, to the row that runs it: the entry
-function, the lanes and the loop class. It sits above both backends and imports
-them; neither imports it (the host driver is handed ``route``), so the table
-adds no import circle.
+"""The backend table: the one place that says what runs an env. ``target``
+tells an env's kind once; ``route`` maps it to the row that runs it. Neither
+backend imports this module (the host driver is handed ``route``).
 """
 
 from __future__ import annotations
@@ -24,11 +19,8 @@ from jaxmesh.run.host.loop import GroupedRun, LocalRun
 
 
 def target(env: Any, env_config: Any = None) -> Target:
-    """``env`` (an id made with ``env_config``'s options) and its backend.
-
-    ``jaxmesh.evaluate(env=id, env_config={...})`` runs
-    ``jaxmesh.make_env(id, **env_config)``; a ``libero:`` id is made even
-    without options, since it names a factory of host-stepped envs.
+    """``env`` (an id made with ``env_config``'s options; a ``libero:`` id is
+    made even without) and its backend.
 
     Raises:
       TypeError: ``env_config`` not a mapping, or given with an env that is
@@ -59,8 +51,7 @@ class Route(NamedTuple):
     Attributes:
       name: ``SCAN``, ``SERVED``, ``RAY``, ``WORKERS``, ``RECORDING`` or
         ``LOCAL``.
-      evaluate: what ``jaxmesh.evaluate`` calls: the scan's ``run`` or the
-        host driver's ``evaluate`` (``jaxmesh.run.host.driver``).
+      evaluate: what ``jaxmesh.evaluate`` calls.
       lanes: a host row's lanes, ``lanes(env, num_envs, episodes, workers,
         served)`` (None for ``SCAN``).
       loop: a host row's loop class, ``loop(HostRun, res, episodes_out, tel)``.
@@ -82,34 +73,9 @@ class Route(NamedTuple):
 
 
 def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Route:
-    """The backend table: the row that runs ``target``, the first that applies.
-
-    ============  ===========================  =========================================
-    row           when                         lanes -> loop class
-    ============  ===========================  =========================================
-    ``SCAN``      a JAX env (EnvPool's too)    the env itself -> ``scan.run`` (one
-                                               device or a mesh: ``placement_for`` in
-                                               run/scan/placement.py)
-    ``SERVED``    served addresses             ``ServedLanes`` -> ``ServedStepRun`` when
-                                               its ``applies`` holds (h = 1, no lead, no
-                                               recording, no lockstep server), else
-                                               ``ServedRun`` (segments)
-    ``RAY``       ``workers``: a               ``RayServers`` (env servers in Ray
-                  ``jaxmesh.Ray``              actors, run/host/ray_actors.py) ->
-                                               the ``SERVED`` loops
-    ``WORKERS``   ``workers`` > 0 (the host    ``WorkerEnvLanes`` -> ``GroupedRun`` when
-                  driver's ``worker_count``)   its ``applies`` holds (h = 1, no lead, no
-                                               sweep, no recording, a core to spare),
-                                               else ``LocalRun``
-    ``RECORDING`` ``record``: a recording of   ``recording_lanes`` -> ``LocalRun``
-                  ``"gymnasium:<id>"`` frames
-                  (``records_frames``)
-    ``LOCAL``     gymnasium in this process    ``make_lanes`` -> ``LocalRun``
-    ============  ===========================  =========================================
-
-    ``jaxmesh.evaluate`` calls a row's ``evaluate``; the host driver is handed
-    this table (``route=``) and asks it again with the run's ``workers`` and
-    ``record`` for the lanes and the loop class.
+    """The backend table: the row that runs ``target``, the first that applies
+    (docs/architecture.md has the table). The host driver is handed it and asks
+    again with the run's ``workers`` and ``record`` for the lanes and loop class.
     """
     if target.kind == SCAN:
         return Route(SCAN, scan.run)
