@@ -478,6 +478,15 @@ class GymStepper:
         where = range(len(values)) if isinstance(lanes, slice) else lanes
         return self.layout.stack(values, where, out)
 
+    def stepped_obs(
+        self, values: Sequence, lanes: list[int], out: dict | None = None
+    ) -> dict[str, np.ndarray]:
+        """:meth:`observations` of a step: a bad one raises its lane's LaneError."""
+        try:
+            return self.observations(values, lanes, out)
+        except Exception as exc:
+            raise LaneError(_first_bad(self, values, lanes), "stepping", exc) from exc
+
     def _past_deadline(self, lane: int) -> bool:
         deadline = self.deadline[lane]
         return deadline is not None and time.perf_counter() > deadline
@@ -769,9 +778,12 @@ class EnvListStepper(GymStepper):
         self.action_space = first.action_space
         self._setup(layout)
 
-    def step_envs(self, lanes: Sequence[int] | None, actions: Sequence) -> list:
+    def step_envs(
+        self, lanes: Sequence[int] | None, actions: Sequence, busy: Any = None
+    ) -> list:
         """``env.step(a)`` of each of ``lanes`` (None: ``0 .. len(actions) - 1``;
-        a Python int for a Discrete space): their 5-tuples; LaneError."""
+        a Python int for a Discrete space): their 5-tuples; LaneError. ``busy``
+        (``workers``): flags set for a lane while its env steps."""
         envs = self.envs
         out: list = []
         try:
@@ -780,9 +792,15 @@ class EnvListStepper(GymStepper):
                     out.append(e.step(a))
             else:
                 for j, a in zip(lanes, actions, strict=True):
+                    if busy is not None:
+                        busy[j] = True
                     out.append(envs[j].step(a))
+                    if busy is not None:
+                        busy[j] = False
         except Exception as exc:
             lane = len(out) if lanes is None else lanes[len(out)]
+            if busy is not None:
+                busy[lane] = False
             raise LaneError(lane, "stepping", exc) from exc
         return out
 
@@ -803,11 +821,7 @@ class EnvListStepper(GymStepper):
             return None
         out = self.step_envs(lane_list, actions.tolist() if self.discrete else actions)
         o, r, te, tr, infos = zip(*out, strict=True)
-        try:
-            obs = self.observations(o, lane_list, self._into(len(lane_list)))
-        except Exception as exc:
-            lane = _first_bad(self, o, lane_list)
-            raise LaneError(lane, "stepping", exc) from exc
+        obs = self.stepped_obs(o, lane_list, self._into(len(lane_list)))
         term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
         self.ended[lanes] = term | trunc
         ones = np.ones(len(lane_list), np.int64)

@@ -2,21 +2,13 @@
 
 A Python simulator's step holds the GIL, so one process steps on one core.
 :class:`WorkerPool` splits a run's lanes into W contiguous blocks, each owned
-by a worker process that builds its own envs (from ``"gymnasium:<id>"`` or a
-picklable zero-argument factory) and steps them with the
+by a worker process that builds its own envs and steps them with the
 :class:`jaxmesh.envs.gymnasium.lanes.EnvListStepper` the in-process loop uses.
 One shared segment holds each lane's action, ``go`` flag, reward, ends and
-observation leaves; a step sends each worker with a lane to step a short
-command over its pipe, and the reply carries the info values asked for and any
-env error. Workers never see JAX; the evaluating process owns every episode's
-accounting.
-
-A worker that dies raises :class:`WorkerLost` from the call it died in: a new
-worker rebuilds its lanes' envs and the caller runs their unfinished episodes
-again from their seeds. :meth:`WorkerPool.close` joins the workers (killing
-those that do not exit) and unlinks the segment; a worker also exits once its
-parent is gone, even while its env hangs. Workers are named ``jaxmesh-worker``
-in ``ps``.
+observation leaves; the pipes carry short commands, info values and env errors.
+Workers never see JAX; the evaluating process owns every episode's accounting.
+A worker that dies raises :class:`WorkerLost` from the call it died in, once a
+new worker has rebuilt its lanes' envs. Workers are named ``jaxmesh-worker``.
 """
 
 from __future__ import annotations
@@ -162,10 +154,8 @@ def cores() -> int:
 
 
 def default_workers(source: Any, num_lanes: int) -> int:
-    """The worker processes ``workers=None`` gives (``workers_for`` of the
-    step cost measured on one env built here from ``source``: a reset with
-    seed 0, then up to ``PROBE_STEPS`` steps of a fixed action, the fastest
-    step counted; the env is closed after)."""
+    """The worker processes ``workers=None`` gives: ``workers_for`` of the
+    fastest of up to ``PROBE_STEPS`` steps of one env built here (seed 0)."""
     c = cores()
     if c < 2 or num_lanes < 2:
         return 0
@@ -189,8 +179,7 @@ def default_workers(source: Any, num_lanes: int) -> int:
 
 def workers_for(step_seconds: float, num_lanes: int, cores: int) -> int:
     """One worker per core (at most one per lane) when the lanes' env steps
-    together cost at least ``WORTH_SECONDS`` (``num_lanes * step_seconds``),
-    else 0 (in process); 0 on one core or one lane."""
+    together cost at least ``WORTH_SECONDS``, else 0 (in process)."""
     if cores < 2 or num_lanes < 2 or step_seconds * num_lanes < WORTH_SECONDS:
         return 0
     return min(cores, num_lanes)
@@ -215,7 +204,6 @@ def build_envs(source: Any, lanes: Sequence[int]) -> list:
     return shared.build_all(functools.partial(made, m) for m in makers)
 
 
-# The shared segment ----------------------------------------------------------------
 def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> dict:
     """The segment's fields: actions, flags, rewards, ends, observation leaves."""
     fields: dict = {
@@ -231,7 +219,6 @@ def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> di
     return fields
 
 
-# The worker process ----------------------------------------------------------------
 def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     """A worker: builds its lanes' envs, then answers commands until ``close``
     (Ctrl-C is the parent's to handle: it closes the workers)."""
@@ -240,17 +227,9 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     try:
         envs = build_envs(source, block)
         lanes = shared.EnvListStepper(envs, owned=True, layout=layout)
-        conn.send(
-            (
-                "ready",
-                lanes.observation_space,
-                lanes.action_space,
-                os.getpid(),
-                lanes.name,
-                lanes.declares_trial_index,
-                lanes.dt,
-            )
-        )
+        spaces = lanes.observation_space, lanes.action_space
+        about = lanes.name, lanes.declares_trial_index, lanes.dt
+        conn.send(("ready", *spaces, os.getpid(), *about))
         while True:
             msg = conn.recv()
             op = msg[0]
@@ -310,13 +289,10 @@ _attached: list = []
 
 
 def _watch_parent(parent: int) -> None:
-    """Ends this worker process (unlinking its segment) once its parent
-    ``parent`` is gone: a worker whose env hangs never reads the pipe whose
-    close would end it, and ignores SIGTERM, so a parent killed by SIGTERM (or
-    SIGKILL) would leave it running with parent 1. A daemon thread checks the
-    parent every ``PARENT_POLL_SECONDS``; an env that holds the GIL forever
-    in C code keeps it from running (the parent's ``close`` kills such a
-    worker, when the parent lives to call it)."""
+    """Ends this worker process (unlinking its segment) once its parent is
+    gone: a worker whose env hangs never reads the pipe whose close would end
+    it, and ignores SIGTERM. A daemon thread polls the parent (an env holding
+    the GIL forever in C code keeps it from running)."""
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -372,23 +348,9 @@ def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, k
     values = shared.env_actions(lanes.action_space, acts[local])
     values = values.tolist() if lanes.discrete else values
     # ``busy`` names the lane whose env step kills the process, if one does.
-    busy, envs = slots["busy"], lanes.envs
-    out = []
-    for q, j in enumerate(local):
-        busy[lo + j] = True
-        try:
-            out.append(envs[j].step(values[q]))
-        except Exception as exc:
-            busy[lo + j] = False
-            raise shared.LaneError(j, "stepping", exc) from exc
-        busy[lo + j] = False
-    o, r, te, tr, infos = zip(*out, strict=True)
-    try:
-        leaves = lanes.observations(o, local)
-    except Exception as exc:
-        raise shared.LaneError(
-            shared._first_bad(lanes, o, local), "stepping", exc
-        ) from exc
+    busy = slots["busy"][lo : lo + len(block)]
+    o, r, te, tr, infos = zip(*lanes.step_envs(local, values, busy), strict=True)
+    leaves = lanes.stepped_obs(o, local)
     rows = [lo + j for j in local]
     _write_obs(slots, names, rows, leaves)
     slots["reward"][rows] = r
@@ -504,7 +466,6 @@ os._exit(code)
 """
 
 
-# The parent's side -----------------------------------------------------------------
 class WorkerPool:
     """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
     blocks of lanes), and the messages to them: ``attach`` / ``reset`` /
@@ -555,10 +516,7 @@ class WorkerPool:
         try:
             for k in range(w):
                 self._spawn(k)
-            first = None
-            for k in range(w):
-                reply = self._ready(k)
-                first = first or reply
+            first = [self._ready(k) for k in range(w)][0]
             (self.observation_space, self.action_space, _, self.name) = first[1:5]
             self.declares_trial_index, self.dt = first[5], first[6]
         except BaseException:
@@ -638,7 +596,6 @@ class WorkerPool:
         for k in range(self.workers):
             self._recv(k, START_SECONDS, "attaching")
 
-    # Messages -------------------------------------------------------------------
     def _recv(
         self, k: int, timeout: float | None, doing: str, starting: bool = False
     ) -> tuple:
@@ -730,7 +687,6 @@ class WorkerPool:
                 self._raise(reply, k)
         return replies, lost
 
-    # Lanes ----------------------------------------------------------------------
     def reset(
         self,
         lanes: list[int],
@@ -842,34 +798,25 @@ class WorkerPool:
 
 class ProcessStepper(shared.GymStepper):
     """:class:`jaxmesh.envs.gymnasium.lanes.GymStepper` whose envs live in worker
-    processes: each call's ops go to the workers that own their lanes, which
-    run them with their own ``EnvListStepper`` at once, and the lane results come
-    back over the pipes (``jaxmesh serve-env --workers``: the server's replies
-    carry them to the client anyway). A worker that dies ends the call with a
-    ``LaneError`` of the lane whose op it was running (each worker marks it in
-    a segment of ``busy`` flags), its exception a ``WorkerCrashed`` naming the
-    worker, its pid, lanes and how it died (the session ends; the worker was
-    replaced, and the next session's resets rebuild its lanes). ``abandon``
-    kills the workers a call waits on (its client gave up on a hung env).
+    processes (``jaxmesh serve-env --workers``): each call's ops go to the
+    workers that own their lanes, and the lane results come back over the
+    pipes. A worker that dies ends the call with a ``LaneError`` of the lane
+    whose op it was running, its exception a ``WorkerCrashed``; the worker is
+    replaced. ``abandon`` kills the workers a call waits on.
 
     Args:
       source, num_lanes, workers, layout: as for :class:`WorkerPool`.
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
-        self.pool = WorkerPool(source, num_lanes, workers, layout)
-        pool = self.pool
-        self.owned = True
-        self.num_lanes = num_lanes
-        self.name = pool.name
+        self.pool = pool = WorkerPool(source, num_lanes, workers, layout)
+        self.owned, self.num_lanes, self.name = True, num_lanes, pool.name
+        self.dt = pool.dt
         self.observation_space = pool.observation_space
         self.action_space = pool.action_space
-        self.metadata = (
-            {"reset_options": (shared.TRIAL_INDEX,)}
-            if pool.declares_trial_index
-            else {}
-        )
-        self.dt = pool.dt
+        self.metadata = {}
+        if pool.declares_trial_index:
+            self.metadata = {"reset_options": (shared.TRIAL_INDEX,)}
         try:
             pool.attach_flags()
             self._setup(layout)
@@ -885,12 +832,9 @@ class ProcessStepper(shared.GymStepper):
         """Sends each worker its message and returns their replies.
 
         Raises:
-          LaneError: a worker died (a segfault, the OOM killer), at the lane
-            whose env call was under way (else the lowest lane of the ops
-            its ``run`` message held, else its first lane): a
-            ``WorkerCrashed`` naming the worker, its lanes and that lane. It
-            was replaced (fresh envs): its lanes' episodes are lost, their
-            next op must be a reset.
+          LaneError: a worker died, at the lane whose env call was under way
+            (else the lowest lane of its ops, else its first lane): a
+            ``WorkerCrashed``. Its lanes' next op must be a reset.
         """
         pool = self.pool
         for k, msg in per_worker.items():
@@ -905,10 +849,8 @@ class ProcessStepper(shared.GymStepper):
             mine = {dead.lanes[0] + op.lane: op for op in ran}
             culprits = [j for j in pool.culprits if j in dead.lanes]
             lane = (culprits or sorted(mine) or dead.lanes)[0]
-            phase = doing
-            if lane in mine and doing == "stepping":
-                reset = isinstance(mine[lane], shared.Reset)
-                phase = "resetting" if reset else doing
+            reset = doing == "stepping" and isinstance(mine.get(lane), shared.Reset)
+            phase = "resetting" if reset else doing
             where = f" in lane {lane}'s env call" if culprits else ""
             if killed:
                 exc = WorkerCrashed(
