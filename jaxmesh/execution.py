@@ -24,8 +24,8 @@ class Ensemble:
     """Temporal ensembling of chunks (ACT): plan every step, average the overlap.
 
     The executed action at step t is ``sum_i w_i c_i[t - t_i] / sum_i w_i``
-    over the episode's chunks that still cover t, oldest first (CONTRACT 22,
-    docs/contract.md). Continuous actions only.
+    over the chunks that still cover t, oldest first (CONTRACT 22).
+    Continuous actions only.
 
     Args:
       m: the decay of ``weighted_average``: ``w_i = exp(-m * i)`` (ACT uses

@@ -49,9 +49,8 @@ def current() -> Trace | None:
 
 @contextlib.contextmanager
 def tracing(path: Path | None, settings: dict | None = None) -> Iterator[None]:
-    """Makes a trace current for the block, and writes it to ``path`` at the
-    end, also when the block raises (a failed run's timeline is kept).
-    ``path`` None: nothing is traced."""
+    """Makes a trace current for the block and writes it to ``path`` at the
+    end, also when the block raises (None: nothing is traced)."""
     if path is None:
         yield
         return
@@ -80,13 +79,6 @@ class Trace:
 
     Args:
       max_events: events kept; later ones are counted and dropped.
-
-    Example::
-
-      trace = Trace()
-      with trace.span("compile", "run"):
-          ...
-      trace.write("run.trace.json")
     """
 
     def __init__(self, max_events: int = MAX_EVENTS):
@@ -147,11 +139,8 @@ class Trace:
             self.add(name, begin, time.perf_counter(), row, args or None)
 
     def to_json(self, settings: dict | None = None) -> dict:
-        """The Trace Event Format object (events sorted by time).
-
-        ``settings`` go to ``otherData`` with their secrets redacted
-        (``redact_settings``); no event's text holds one either.
-        """
+        """The Trace Event Format object (events sorted by time), ``settings``
+        in ``otherData``, secrets redacted everywhere."""
 
         def meta(what: str, tid: int, **args: Any) -> dict:
             return {"name": what, "ph": "M", "pid": self.pid, "tid": tid, "args": args}
@@ -191,12 +180,9 @@ def is_secret_key(name: Any) -> bool:
 
 
 def secret_values(settings: dict | None = None) -> list[str]:
-    """The secret strings a run knows: those of ``settings``' secret keys and
-    the ``JAXMESH_TOKEN`` environment variable (longest first).
-
-    Strings under 4 characters are left out: taking them out of free text would
-    garble it (their setting is still redacted by name).
-    """
+    """The secret strings of ``settings``' secret keys and ``$JAXMESH_TOKEN``,
+    longest first; those under 4 characters are left out (taking them out of
+    free text would garble it; their setting is still redacted by name)."""
     found = {
         v
         for k, v in (settings or {}).items()
@@ -226,9 +212,8 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
 
 
 def redact_settings(settings: dict | None) -> dict:
-    """``settings`` as an artifact may show them: a secret setting that was
-    given reads ``"***"`` (None stays None: no secret was given), and no other
-    value holds a secret's text."""
+    """``settings`` as an artifact may show them: a given secret setting reads
+    ``"***"``, and no other value holds a secret's text."""
     settings = dict(settings or {})
     secrets = secret_values(settings)
     out = {

@@ -79,9 +79,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         }
     )
     done = {} if earlier is None else load_sweep_cells(earlier, identity)
-    cells = None
-    if cells_path is not None:
-        cells = SweepCells(cells_path, identity, done)
+    cells = None if cells_path is None else SweepCells(cells_path, identity, done)
     try:
         result = jaxmesh.sweep(
             policy,
@@ -100,8 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(refused(config, e)) from e
     except KeyboardInterrupt:
         kept = "No cell was kept (no output)."
-        if cells is not None:
-            kept = _sweep_kept(args, config, cells)
+        kept = kept if cells is None else _sweep_kept(args, config, cells)
         print(f"jaxmesh sweep: interrupted. {kept}", file=sys.stderr)
         raise Interrupted() from None
     except Exception as e:
