@@ -92,13 +92,10 @@ def make_trainer(
 def make_generation(
     fitness: Callable, cfg: Any, train_seeds: int, *, score_centre: bool
 ):
-    """Builds (initial optimizer state of ``flat0``'s shape, jitted generation).
-
-    ``generation(flat, opt_state, gen)`` returns (updated flat, opt_state,
-    the centre's score or None, the members' scores); fitness episodes are
-    ``train_seeds + gen * cfg.episodes + i``. With ``score_centre`` the
-    centre (before the update) is scored in the same vmapped call.
-    """
+    """Builds (the optimizer's init, jitted generation): ``generation(flat,
+    opt_state, gen)`` returns (updated flat, opt_state, the centre's score
+    before the update or None without ``score_centre``, the members' scores);
+    fitness episodes are ``train_seeds + gen * cfg.episodes + i``."""
     optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
     key0 = jax.random.PRNGKey(cfg.seed)
 
@@ -138,12 +135,10 @@ def run_generations(
     target: float = np.inf,
     patience: int | None = None,
 ) -> tuple[jax.Array, dict]:
-    """Runs ``generations`` ES generations and keeps the best centre.
-
-    ``judge(before, after, centre)`` says which flat params a generation
-    offers and their score (logged as ``label``, kept as ``stats[stat]``); with
-    ``patience``, the run stops once that many scores in a row reach
-    ``target``. Returns (the best flat params, stats).
+    """Runs ``generations`` ES generations; returns (the best flat params,
+    stats). ``judge(before, after, centre)`` gives the params a generation
+    offers and their score (logged as ``label``, kept as ``stats[stat]``);
+    with ``patience``, it stops after that many scores in a row at ``target``.
     """
     best_flat, best, best_gen, streak = flat, -np.inf, -1, 0
     t0 = time.perf_counter()

@@ -1,5 +1,4 @@
-"""What every policy shipped in ``jaxmesh.zoo`` shares: weights in an orbax
-checkpoint inside the package, read once by ``load``."""
+"""What every policy shipped in ``jaxmesh.zoo`` shares."""
 
 from __future__ import annotations
 
@@ -13,11 +12,9 @@ from jaxmesh.params import Param
 
 
 class ShippedWeights(Model):
-    """A ``jaxmesh.Model`` whose weights ship with jaxmesh (``DEFAULT_PATH``).
-
-    ``Cls()`` uses the shipped weights; ``Cls.from_config(checkpoint=...)``
-    (the CLI's ``policy_config``) others. The checkpoint is read once, by
-    ``load``, before the first prediction.
+    """A ``jaxmesh.Model`` whose weights ship with jaxmesh (``DEFAULT_PATH``):
+    ``Cls()`` uses them, ``Cls.from_config(checkpoint=...)`` others; ``load``
+    reads the orbax checkpoint once, before the first prediction.
 
     Raises:
       FileNotFoundError: nothing exists at ``checkpoint`` (when loading).
