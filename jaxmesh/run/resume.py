@@ -580,10 +580,7 @@ class EpisodeLog:
                     os.ftruncate(self._fd, start)
                     # Nothing written at all: no empty file is left behind.
                     there = os.lstat(self.path)
-                    if not start and (there.st_dev, there.st_ino) == (
-                        held.st_dev,
-                        held.st_ino,
-                    ):
+                    if not start and os.path.samestat(there, held):
                         os.unlink(self.path)
                         removed = True
             with contextlib.suppress(OSError):
@@ -643,10 +640,6 @@ class EpisodeLog:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
-
-
-def _log_error(path: str, n: int, text: str) -> ValueError:
-    return ValueError(f"{path}:{n}: {text}")
 
 
 def load_episode_log(path: Any) -> RunResult:
@@ -746,18 +739,16 @@ def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
                 "jaxmesh eval --episode-log) holds one JSON object per line"
             ) from None
         if not isinstance(rec, dict):
-            raise _log_error(
-                path, n, "not a JSON object; an episode log holds one per line"
+            raise ValueError(
+                f"{path}:{n}: not a JSON object; an episode log holds one per line"
             )
         if LOG_KEY in rec:
             fp = rec.get("fingerprint") or {}
             if runs and _identity_of(fp) != _identity_of(runs[0].get("fingerprint")):
-                raise _log_error(
-                    path,
-                    n,
-                    "this run line's identity (env, policy, params, "
+                raise ValueError(
+                    f"{path}:{n}: this run line's identity (env, policy, params, "
                     "max_episode_steps) is not the first run line's; one log "
-                    "holds one run and its resumptions: split the file",
+                    "holds one run and its resumptions: split the file"
                 )
             runs.append(rec)
             run_identity = identity_text(fp)
@@ -767,23 +758,19 @@ def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
             index = int(ep["index"])
             if checked and ep.get("check") != record_check(ep, run_identity):
                 what = "has no checksum" if "check" not in ep else "fails its checksum"
-                raise _log_error(
-                    path,
-                    n,
-                    f"the record of episode {index} {what} (its fields or its "
-                    "run's identity were changed); a record edited by hand, or "
-                    "copied from another run, is not resumed from: restore the "
-                    "run's own line, or remove it (its episode then runs again)",
+                raise ValueError(
+                    f"{path}:{n}: the record of episode {index} {what} (its fields "
+                    "or its run's identity were changed); a record edited by hand, "
+                    "or copied from another run, is not resumed from: restore the "
+                    "run's own line, or remove it (its episode then runs again)"
                 )
             if index in episodes:
                 first_line, first = episodes[index]
                 if first != ep:
-                    raise _log_error(
-                        path,
-                        n,
-                        f"episode {index} is also on line {first_line} with other "
-                        "fields; two records of one episode disagree: remove "
-                        "the wrong one",
+                    raise ValueError(
+                        f"{path}:{n}: episode {index} is also on line {first_line} "
+                        "with other fields; two records of one episode disagree: "
+                        "remove the wrong one"
                     )
                 continue  # the same record twice: once
             episodes[index] = (n, ep)
