@@ -65,11 +65,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
     report = report_path(args.report, config, args.config)
     suite = config.get("tasks") is not None
-    video = video_path(getattr(args, "video", None), config)
+    video = video_path(args.video, config)
     if video is not None and config.get("record") is None:
         config["record"] = check_record_config([0])
-    resume_from = getattr(args, "resume", None)
-    earlier = load_resume(resume_from) if resume_from is not None else None
+    earlier = load_resume(args.resume) if args.resume is not None else None
     # A suite keeps no episode log: its output JSON is written after every task.
     log_path = None if suite else episode_log_path(args, config)
     output = Path(config["output"]) if config.get("output") else None
@@ -78,14 +77,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ("output", output),
         ("--episode-log", log_path),
         ("--report", report),
-        ("--trace", getattr(args, "trace", None)),
+        ("--trace", args.trace),
         ("--video", video),
         ("the recorded episodes' file", npz),
     )
     policy, env, run, kwargs = build_run(config)
-    kwargs["config"] = run
-    if getattr(args, "trace", None) is not None:
-        kwargs["trace"] = args.trace
+    kwargs.update(config=run, trace=args.trace, resume=earlier)
     started = Started()
     done = 0 if earlier is None or suite else earlier.num_episodes
     progress = Progress(enabled=not args.no_progress, initial=done)
@@ -104,8 +101,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         fp = dict(log.fp)
     else:
         fp = fingerprint(steps, params, digest=params is not None)
-    if earlier is not None:
-        kwargs["resume"] = earlier
     try:
         result = _run_eval(args, config, log_path, policy, env, hooks, kwargs)
     except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
@@ -113,7 +108,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise
         text: Any = e
         if earlier is not None and str(e).startswith("resume="):
-            text = f"--resume {resume_from}: {str(e).removeprefix('resume=: ')}"
+            text = f"--resume {args.resume}: {str(e).removeprefix('resume=: ')}"
         if not suite:
             raise ConfigError(refused(config, text)) from e
         done = started.finished
@@ -302,13 +297,12 @@ def _kept(
                 f"The finished tasks and episodes are in {where}; to run only the "
                 f"rest: {resume_command(args, config, where)}"
             )
-        if partial is not None:
-            n = partial.num_episodes
-        else:  # stopped before the run made one: the resumed run's episodes
-            n = 0 if earlier is None else earlier.num_episodes
+        # Stopped before the run made a result: the resumed run's episodes.
+        made = partial if partial is not None else earlier
+        n = 0 if made is None else made.num_episodes
         if not n:
             return "No episode had finished: nothing to resume from."
-        resumed = getattr(args, "resume", None)
+        resumed = args.resume
         if (
             log is not None
             and log.error is None
