@@ -144,23 +144,19 @@ def _native_stderr_held() -> Any:
     except OSError:
         yield
         return
-    held = tempfile.TemporaryFile()
-    ok = False
-    try:
-        os.dup2(held.fileno(), 2)
-        yield
-        ok = True
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        if ok:
-            held.seek(0)
-            text = held.read().decode("utf-8", "replace")
-            if text:
-                sys.stderr.write(text)
-                sys.stderr.flush()
-        held.close()
+    with tempfile.TemporaryFile() as held:
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        text = held.read().decode("utf-8", "replace")
+        if text:
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
 
 def cmd_serve_env(args: argparse.Namespace) -> int:
