@@ -171,8 +171,9 @@ def missing_episodes(
     wrong = np.flatnonzero(np.asarray(done.seeds, np.int64) != seeds[idx])
     if wrong.size:
         i = int(idx[wrong[0]])
-        before_seed = int(done.seeds[wrong[0]])
-        raise _differs(f"seed for episode {i}", before_seed, int(seeds[i]))
+        raise _differs(
+            f"seed for episode {i}", int(done.seeds[wrong[0]]), int(seeds[i])
+        )
     before = done.fingerprint or {}
     if "policy" not in before or "env" not in before:
         raise ValueError(
@@ -271,9 +272,7 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     }
     success = headline(new.success_mode, kinds["success_once"], kinds["success_at_end"])
     metrics = {
-        k: cat(done.metrics[k], new.metrics[k])
-        for k in new.metrics
-        if k in done.metrics
+        k: cat(done.metrics[k], v) for k, v in new.metrics.items() if k in done.metrics
     }
     return dataclasses.replace(
         new,
@@ -391,15 +390,9 @@ class Resumption:
     (``done=None``, no resume: the run as asked, and its result as it is).
 
     The constructor checks ``done`` and works out the run of the episodes it
-    lacks (``missing``, ``config``, ``call``); a result that holds the whole
-    budget makes an empty run, which still compares the identities.
-
-    Example::
-
-      todo = Resumption(done, policy, target, config, call)
-      with todo.running():
-          new = run_backend(policy, target, todo.config, **todo.call)
-      result = todo.merged(new)
+    lacks (``missing``, ``config``, ``call``: ``api.run_one`` makes it inside
+    ``running()``); a result that holds the whole budget makes an empty run,
+    which still compares the identities.
 
     Raises:
       ValueError: ``done`` is from another budget or run (before anything
