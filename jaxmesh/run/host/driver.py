@@ -1,15 +1,10 @@
 """``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process, in worker
-processes or served: ``run_host`` builds the run (its lanes and loop class from
-the backend table, ``jaxmesh.run.dispatch.route``; ``HostMetrics``,
-``HostRecorder``, the jitted ``HostAgent``) as one ``loop.HostRun`` and returns
-the ``RunResult``.
+processes or served: ``run_host`` builds the run (lanes and loop class from
+``jaxmesh.run.dispatch.route``; ``HostMetrics``, ``HostRecorder``, the jitted
+``HostAgent``) as one ``loop.HostRun`` and returns the ``RunResult``.
 
 The agent side is the scan engine's own jitted code (``agent.host_step``,
-CONTRACT 17); only the env step moves to the host. Episode keys are
-``PRNGKey(seed)`` and policy keys are folded from them as in the scan, so a
-stochastic policy draws the same actions from the same observations on a JAX
-env and here. Episodes reach hooks and ``exc.partial_result`` through
-``stream.EpisodeStream`` (CONTRACT 20).
+CONTRACT 17); only the env step moves to the host.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from jaxmesh.run import backend, build, checks, cluster, identity, instructions,
 from jaxmesh.run.cluster import RAY, Ray
 from jaxmesh.run.config import RunConfig, Served
 from jaxmesh.run.host import agent_step as run_agent
-from jaxmesh.run.host.loop import HostRun
+from jaxmesh.run.host.loop import HostRun, wire_leaves
 from jaxmesh.run.kept import Kept
 from jaxmesh.run.seed_check import require_reproducible
 from jaxmesh.run.telemetry import Telemetry
@@ -48,18 +43,10 @@ from jaxmesh.run.telemetry import Telemetry
 
 
 class HostMetrics:
-    """Episode metrics and success of host-stepped lanes, reduced in numpy.
-
-    Per lane and key, an accumulator (float64) and the number of steps whose
-    info had the key (gymnasium infos may lack a key on some steps): ``mean``
-    is over those steps, and a key absent for a whole episode gives NaN
-    (``any``: False); the arithmetic is ``jaxmesh.core.rules``', the scan
-    engine's own. Success at the end is the last value seen of the success key,
-    success once whether any step's value was non-zero, success at reset the
-    reset info's value (``reset``); in auto mode (``success=None``) the key is
-    the first of ``checks.SUCCESS_KEYS`` that an episode's info had. A key named
-    in ``metrics=`` or ``success=`` must be in the info of the run's first step
-    (of at least one lane), else ValueError.
+    """Episode metrics and success of host-stepped lanes, reduced in numpy with
+    the scan engine's arithmetic (``jaxmesh.core.rules``); in auto mode
+    (``success=None``) the success key is the first of ``checks.SUCCESS_KEYS``
+    that an episode's info had.
 
     Args:
       asked: ``checks.check_metrics``'s result.
@@ -70,30 +57,25 @@ class HostMetrics:
     def __init__(self, asked: checks.Metrics, num_lanes: int, env_name: str):
         self.named = asked.named
         self.env_name = env_name
-        if isinstance(asked.success, str):
-            self.success_keys: tuple[str, ...] = (asked.success,)
-        elif asked.success is None:
-            self.success_keys = checks.SUCCESS_KEYS
-        else:
-            self.success_keys = ()
-        self.required = tuple(n for n, _ in self.named) + (
-            (asked.success,) if isinstance(asked.success, str) else ()
-        )
+        named = (asked.success,) if isinstance(asked.success, str) else ()
+        auto = asked.success is None
+        self.success_keys: tuple[str, ...] = checks.SUCCESS_KEYS if auto else named
+        names = [n for n, _ in self.named]
+        self.required = (*names, *named)
         #: Every info key read each step (only these cross a wire).
-        self.keys = tuple(
-            dict.fromkeys([n for n, _ in self.named] + list(self.success_keys))
-        )
+        self.keys = tuple(dict.fromkeys(names + list(self.success_keys)))
         n = num_lanes
+        #: ``(slot, info key, reduction)`` of each accumulator: a metric's slot
+        #: is its name; a success key has a ``last`` (its count says whether an
+        #: episode had the key) and an ``any`` (success once).
+        self.slots = [(name, name, red) for name, red in self.named] + [
+            ((red, k), k, red) for k in self.success_keys for red in ("last", "any")
+        ]
         self.acc = {
-            name: np.zeros(n, bool if red == "any" else np.float64)
-            for name, red in self.named
+            slot: np.zeros(n, bool if red == "any" else np.float64)
+            for slot, _, red in self.slots
         }
-        self.count = {name: np.zeros(n, np.int64) for name, _ in self.named}
-        # A success key is a ``last`` reduction; its count says whether an
-        # episode had the key at all.
-        self.last = {k: np.zeros(n, np.float64) for k in self.success_keys}
-        self.seen = {k: np.zeros(n, np.int64) for k in self.success_keys}
-        self.once = {k: np.zeros(n, bool) for k in self.success_keys}
+        self.count = {slot: np.zeros(n, np.int64) for slot, _, _ in self.slots}
         # The reset info's value of each success key, and whether it had it.
         self.at_reset = {k: np.zeros(n, bool) for k in self.success_keys}
         self.reset_has = {k: np.zeros(n, bool) for k in self.success_keys}
@@ -111,13 +93,10 @@ class HostMetrics:
 
     def begin(self, js: Any) -> None:
         """Lanes ``js`` start an episode: their accumulators start over."""
-        for name, red in self.named:
-            a, c = self.acc[name], self.count[name]
+        for slot, _, red in self.slots:
+            a, c = self.acc[slot], self.count[slot]
             a[js], c[js] = rules.begin_metric(np, red, a[js], c[js], True)
         for k in self.success_keys:
-            a, c = self.last[k], self.seen[k]
-            a[js], c[js] = rules.begin_metric(np, "last", a[js], c[js], True)
-            self.once[k][js] = False  # "any"'s start
             self.at_reset[k][js] = self.reset_has[k][js] = False
 
     def reset(self, js: Any, values: dict) -> None:
@@ -130,12 +109,8 @@ class HostMetrics:
                 self.reset_has[k][js] = ok
 
     def check(self, present: Any, seen_keys: Any = ()) -> None:
-        """Once, at the run's first step: every required key is ``present``.
-
-        Raises:
-          ValueError: a required key no lane's info had (``seen_keys``: the
-            keys the infos had, for the message).
-        """
+        """Once, at the run's first step: ValueError for a required key not
+        ``present`` (``seen_keys``: the keys the infos had, for the message)."""
         if self.checked:
             return
         self.checked = True
@@ -151,20 +126,12 @@ class HostMetrics:
 
     def step(self, lanes: np.ndarray, values: dict) -> None:
         """One step of ``lanes``: ``values[key] = (floats [m], present [m])``."""
-        for name, red in self.named:
-            v, ok = values[name]
-            a, c = self.acc[name], self.count[name]
+        for slot, key, red in self.slots:
+            v, ok = values[key]
+            a, c = self.acc[slot], self.count[slot]
             a[lanes], c[lanes] = rules.accumulate_metric(
                 np, red, a[lanes], c[lanes], v, ok
             )
-        for k in self.success_keys:
-            v, ok = values[k]
-            a, c = self.last[k], self.seen[k]
-            a[lanes], c[lanes] = rules.accumulate_metric(
-                np, "last", a[lanes], c[lanes], v, ok
-            )
-            o = self.once[k]
-            o[lanes] = rules.accumulate_metric(np, "any", o[lanes], None, v, ok)[0]
 
     def write(self, res: Any, lanes: np.ndarray, episodes: np.ndarray) -> None:
         """Writes the episodes that ``lanes`` just ended into ``res``."""
@@ -177,16 +144,17 @@ class HostMetrics:
         # Each episode's key: the first one its steps had, else (no step had
         # one) the first one its reset had; -1: none.
         key_of = np.full(lanes.size, -1)
-        for had in (self.seen, self.reset_has):
+        seen = {k: self.count["last", k] for k in keys}
+        for had in (seen, self.reset_has):
             for i, k in enumerate(keys):
                 key_of[(key_of < 0) & (had[k][lanes] > 0)] = i
         flag, once, at_reset = (np.zeros(lanes.size, bool) for _ in range(3))
         has, reset_has = np.zeros(lanes.size, bool), np.zeros(lanes.size, bool)
         for i, k in enumerate(keys):
             mine = key_of == i
-            flag[mine] = rules.success(np, self.last[k][lanes][mine])
-            once[mine] = self.once[k][lanes][mine]
-            has[mine] = self.seen[k][lanes][mine] > 0
+            flag[mine] = rules.success(np, self.acc["last", k][lanes][mine])
+            once[mine] = self.acc["any", k][lanes][mine]
+            has[mine] = seen[k][lanes][mine] > 0
             at_reset[mine] = self.at_reset[k][lanes][mine]
             reset_has[mine] = self.reset_has[k][lanes][mine]
             if self.found is None and has[mine].any():
@@ -206,11 +174,9 @@ class HostMetrics:
 # Recording episodes on the host ------------------------------------------------------
 class HostRecorder:
     """The recorded episodes of a host-stepped run (``jaxmesh.Record``), in
-    numpy buffers of the scan's shapes (``core.tally.Recording``).
-
-    Per lane, the slot of the recorded episode it runs (-1: none); steps past
-    ``max_steps`` are not kept. With ``render``, ``render(j)`` is called after
-    each reset and step of a recorded episode on lane j and its frame kept.
+    numpy buffers of the scan's shapes (``core.tally.Recording``); with
+    ``render``, each reset and step of a recorded episode on lane j keeps the
+    frame ``render(j)``.
 
     Args:
       record: the ``jaxmesh.Record``.
@@ -220,17 +186,10 @@ class HostRecorder:
     """
 
     def __init__(self, record: Any, num_lanes: int, spec: Any, render: Any = None):
-        self.record = record
-        self.max_steps = record.max_steps
-        self.keys = record.keys
-        obs = observation_leaves(spec.zeros(), self.keys, "")
+        self.record, self.max_steps, self.keys = record, record.max_steps, record.keys
+        obs, eps = observation_leaves(spec.zeros(), self.keys, ""), record.episodes
         self.recording = core_results.empty_recording(
-            record.episodes,
-            record.max_steps,
-            obs,
-            spec.action_shape,
-            spec.action_dtype,
-            xp=np,
+            eps, record.max_steps, obs, spec.action_shape, spec.action_dtype, xp=np
         )
         self.slot_of = {int(e): r for r, e in enumerate(record.episodes)}
         self.slot = np.full(num_lanes, -1, np.int64)
@@ -265,23 +224,22 @@ class HostRecorder:
         if frame is not None:
             self.recording.frames[slot].append(np.asarray(frame, np.uint8))
 
-    def _put(self, r: int, k: int, obs: Any, row: int) -> None:
-        """Row ``row`` of ``obs`` (leaves by lane) as slot r's observation k."""
+    def _put(self, r: int, k: int, obs: Any, j: int) -> None:
+        """Lane j's row of ``obs`` as slot r's observation k, and its frame."""
         picked = observation_leaves(obs, self.keys, "")
         jax.tree.map(
-            lambda buf, x: buf.__setitem__((r, k), x[row]),
+            lambda buf, x: buf.__setitem__((r, k), x[j]),
             self.recording.observations,
             picked,
         )
+        if self.render is not None:
+            self._frame(int(j), int(r))
 
     def reset(self, js: Any, obs: Any) -> None:
         """The reset observations of lanes ``js`` (rows of ``obs`` by lane)."""
         for j in js:
-            r = self.slot[j]
-            if r >= 0:
-                self._put(r, 0, obs, j)
-                if self.render is not None:
-                    self._frame(int(j), int(r))
+            if self.slot[j] >= 0:
+                self._put(self.slot[j], 0, obs, j)
 
     def actions(self, js: np.ndarray, t: np.ndarray, actions: np.ndarray) -> None:
         """The actions lanes ``js`` execute at their steps ``t`` (both [m];
@@ -300,20 +258,15 @@ class HostRecorder:
             r = self.slot[j]
             if k >= self.max_steps:
                 continue
-            self._put(r, k + 1, obs, j)
             rec.rewards[r, k] = reward[q]
             rec.terminated[r, k] = term[q]
             rec.truncated[r, k] = trunc[q]
-            if self.render is not None:
-                self._frame(int(j), int(r))
+            self._put(r, k + 1, obs, j)
 
 
 def _env_render(lanes: Any, frames: bool | None) -> Any:
-    """``lane -> frame`` for in-process lanes whose envs render ``rgb_array``.
-
-    Raises:
-      ValueError: ``frames=True`` and the lanes cannot give frames.
-    """
+    """``lane -> frame`` for in-process lanes whose envs render ``rgb_array``
+    (ValueError for ``frames=True`` when they cannot)."""
     if frames is False:
         return None
     envs = getattr(lanes, "envs", None)
@@ -340,11 +293,9 @@ def _env_render(lanes: Any, frames: bool | None) -> Any:
 def worker_count(
     workers: int | None, env: Any, lanes: int, record: Any, check_seeds: bool
 ) -> int:
-    """The worker processes of a run in this process's lanes (0: none).
-
+    """The worker processes of a run in this process's lanes (0: none);
     ``workers=None`` picks them (``workers.default_workers``) for an env given
-    as an id or factory, when nothing needs the envs in this process (frames
-    recorded, ``check_seeds``); envs built by the caller stay here.
+    as an id or factory when nothing needs the envs in this process.
 
     Raises:
       TypeError, ValueError: ``workers >= 1`` with env objects or a factory
@@ -372,9 +323,8 @@ def worker_count(
 
 
 def lanes_where(lanes: Any) -> str:
-    """Where a run's lanes are stepped, in words, for the progress bar and
-    the CLI's summary (``on_run_start``'s ``lanes_where``): Ray actors, worker
-    processes, env servers or this process."""
+    """Where a run's lanes are stepped, in words (``on_run_start``'s
+    ``lanes_where``)."""
     where = getattr(lanes, "where", None)  # Ray actors say where they run
     if where:
         return where
@@ -385,17 +335,6 @@ def lanes_where(lanes: Any) -> str:
     if servers:
         return f"{len(servers)} env server{'s' * (len(servers) > 1)}"
     return "this process"
-
-
-def _recorded_leaves(spec: Any, record: Any) -> tuple[str, ...]:
-    """The observation leaves a recording keeps (every one for ``keys=None``)."""
-    if record.keys is None:
-        return spec.layout.names
-    return tuple(
-        n
-        for n in spec.layout.names
-        if n.split("/")[0] in record.keys or n in record.keys
-    )
 
 
 # The jitted agent, built once per (policy, lanes, settings) ------------------------
@@ -411,21 +350,10 @@ class _HostProgram(NamedTuple):
 
 
 class HostAgent:
-    """The agent side for one policy, lane layout and settings.
+    """The agent side for one policy, lane layout and settings: the jitted
+    ``init`` / ``host_step``, built once per params signature."""
 
-    Probes the policy against the lanes' spaces and builds the jitted
-    ``init`` / ``host_step`` once per params signature; ``run_host`` keeps a few
-    (``kept.SIZE``) so that calling it again compiles nothing.
-    """
-
-    def __init__(
-        self,
-        source: Any,
-        policy: Policy,
-        spec: Any,
-        settings: Any,
-        tile_lanes: int | None = None,
-    ):
+    def __init__(self, source, policy: Policy, spec, settings, tile_lanes=None):
         self._source = source  # keeps the keyed object alive
         self.policy = policy
         self.spec = spec
@@ -436,35 +364,19 @@ class HostAgent:
         self._compiled: set = set()
 
     def program(self, params: Any) -> _HostProgram:
-        """The program for these params' shapes (built, not compiled, once).
-
-        Raises:
-          ValueError, TypeError: the policy's output does not fit the env's
-            action space, or the frame windows exceed the limit.
-        """
+        """The program for these params' shapes (built, not compiled, once;
+        ``agent_step.agent_functions``' errors)."""
         sig = build.signature(params)
-        if sig in self._programs:
-            return self._programs[sig]
-        program = _HostProgram(
-            *run_agent.agent_functions(
-                self.policy,
-                self.spec,
-                self.settings,
-                params,
-                self.tile_lanes,
-                packed=True,
-            ),
-            self.spec.layout,
-        )
-        self._programs[sig] = program
-        return program
+        if sig not in self._programs:
+            made = run_agent.agent_functions(
+                self.policy, self.spec, self.settings, params, self.tile_lanes, True
+            )
+            self._programs[sig] = _HostProgram(*made, self.spec.layout)
+        return self._programs[sig]
 
     def compile(self, params: Any) -> float:
-        """Compiles the program for these params once; the seconds it took.
-
-        ``init`` and the step run once on zero observations with every lane
-        masked (nothing is planned), before any env is reset.
-        """
+        """Compiles the program for these params once (on zero observations,
+        every lane masked); the seconds it took."""
         sig = build.signature(params)
         if sig in self._compiled:
             return 0.0
@@ -489,14 +401,7 @@ class HostAgent:
 _AGENTS = Kept()
 
 
-def _host_agent(
-    policy: Any,
-    pol: Policy,
-    spec: Any,
-    settings: Any,
-    with_params: bool,
-    tile_lanes: int | None = None,
-):
+def _host_agent(policy, pol: Policy, spec, settings, with_params, tile_lanes=None):
     key = (
         id(policy),
         with_params,
@@ -535,23 +440,15 @@ def run_host(
     grid: tuple | None = None,
     route: Callable[..., Any],
 ) -> RunResult:
-    """Evaluates a policy on gymnasium envs stepped in this process or served.
-
-    ``jaxmesh.evaluate`` calls this for a host-stepped or served ``env``
-    (``jaxmesh.run.dispatch.evaluate_host``); the arguments and the contract
-    are the same (docs/evaluation.md, "Host-stepped envs").
+    """Evaluates a policy on gymnasium envs stepped in this process or served
+    (``jaxmesh.run.dispatch.evaluate_host``; docs/evaluation.md, "Host-stepped
+    envs").
 
     Args:
-      env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each), a
-        ``VectorEnv`` in ``AutoresetMode.DISABLED``, or ``"gymnasium:<id>"``
-        (``min(num_envs, episodes)`` envs made with ``gymnasium.make`` and
-        closed at the end); or served envs: ``"grpc://host:port"`` or a list of
-        such addresses (``jaxmesh.run.host.served``).
-      config: the checked ``RunConfig``. ``num_envs`` is at most this many
-        lanes (a list or VectorEnv gives at most its own count);
-        ``max_episode_seconds`` is measured from just before an episode's
-        reset (CONTRACT 18). Metrics and success are read from each step's
-        ``info`` (``HostMetrics``).
+      env: a gymnasium ``Env``, a list of Envs, a ``VectorEnv`` in
+        ``AutoresetMode.DISABLED`` or ``"gymnasium:<id>"``; or served envs:
+        ``"grpc://host:port"`` or a list of such addresses.
+      config: the checked ``RunConfig``.
       served: a served env's ``jaxmesh.Served`` options (None: in process).
       record: a ``jaxmesh.Record``, kept on the host (``HostRecorder``).
       grid: a sweep's ``(cells, cell_episodes)``, or None for one setting.
@@ -596,16 +493,13 @@ def run_host(
         tile = None if served is None else lanes.group(settings, served.lane_groups)
         settings = settings._replace(num_envs=min(settings.num_envs, lanes.num_lanes))
         settings = checks.resolve_delay_ms(settings, lanes.spec.dt, lanes.spec.name)
-        n, name = settings.num_envs, lanes.spec.name
-        # Served lanes read info as in process: a server sends a key only for
-        # the rows that have it (ResultBatch.info_present).
-        metrics = HostMetrics(config.scoring.asked, n, name)
+        n = settings.num_envs
+        metrics = HostMetrics(config.scoring.asked, n, lanes.spec.name)
         recorder = _recorder(record, lanes, n, served is not None)
         # The policy's view: only the observation leaves it reads.
         spec = lanes.spec.reading(read_keys(pol.spec))
         if row.name == backend.WORKERS:  # only those leaves (and a recording's) cross
-            kept = () if recorder is None else _recorded_leaves(lanes.spec, record)
-            lanes.carry([*spec.layout.names, *kept])
+            lanes.carry(wire_leaves(lanes.spec, spec, recorder))
         texts = _lane_texts(pol, starts, lanes, n, served, seeds_arr)
         params = pol.default_params() if params is None else pol.place(params)
         # A served policy (jaxmesh.RemotePolicy) runs the agent step on its
@@ -642,37 +536,23 @@ def run_host(
         lanes.close()
 
 
-def _route(
-    route: Callable[..., Any],
-    env: Any,
-    config: RunConfig,
-    num_envs: int,
-    e: int,
-    record: Any,
-    served: Any,
-) -> tuple[Any, int | Ray]:
+def _route(route, env, config: RunConfig, num_envs, e, record, served) -> tuple:
     """The backend table's row for the run (``route``) and its worker
     processes (``worker_count``; 0 for a served env), or its ``jaxmesh.Ray``."""
     if served is not None:
         return route(backend.Target(env, backend.SERVED)), 0
-    check_seeds = config.starts.check_seeds
+    lanes, check_seeds = max(1, min(num_envs, e)), config.starts.check_seeds
     if isinstance(config.workers, Ray):
-        lanes = max(1, min(num_envs, e))
         cluster.check_source(env, lanes, record, check_seeds)
-        target = backend.Target(env, backend.HOST)
-        return route(target, workers=config.workers, record=record), config.workers
-    w = worker_count(config.workers, env, max(1, min(num_envs, e)), record, check_seeds)
+        w: int | Ray = config.workers
+    else:
+        w = worker_count(config.workers, env, lanes, record, check_seeds)
     return route(backend.Target(env, backend.HOST), workers=w, record=record), w
 
 
 def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:
-    """The run's ``HostRecorder`` (None without a record), with frames when the
-    lanes in this process render them.
-
-    Raises:
-      ValueError: a record key the observation lacks, or frames asked of a
-        served env.
-    """
+    """The run's ``HostRecorder`` (None without a record); ValueError for a
+    record key the observation lacks, or frames asked of a served env."""
     if record is None:
         return None
     observation_leaves(lanes.spec.zeros(), record.keys, f"env {lanes.spec.name!r}")
@@ -689,17 +569,8 @@ def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | N
 def _lane_texts(
     pol: Policy, starts: Any, lanes: Any, n: int, served: Any, seeds: np.ndarray
 ) -> instructions.LaneTexts | None:
-    """The Text inputs' per-lane encodings of a host-stepped run (None: the
-    policy reads none).
-
-    An input read from the reset info whose shapes are not known yet (nothing
-    was encoded for it) learns them from a reset of lane 0 with episode 0's
-    seed, before compiling; the run resets that lane again for episode 0.
-
-    Raises:
-      ValueError: a Text input with no instruction, or one read per episode
-        from a served env's reset info.
-    """
+    """The Text inputs' per-lane encodings (None: the policy reads none); an
+    input read from the reset info learns its shapes from a reset of lane 0."""
     name = lanes.spec.name
     encoded = instructions.check_sources(pol.spec, starts.instruction, name, host=True)
     if not encoded:
@@ -721,13 +592,8 @@ def _lane_texts(
 
 def _run(run: HostRun) -> RunResult:
     """Runs the budget of ``run`` in its loop class; the ``RunResult``."""
-    host_agent, program, lanes, settings = (
-        run.agent,
-        run.program,
-        run.lanes,
-        run.settings,
-    )
-    cfg, metrics = program.config, run.metrics
+    host_agent, program, lanes = run.agent, run.program, run.lanes
+    settings, cfg, metrics = run.settings, program.config, run.metrics
     n, e = settings.num_envs, int(run.seeds.size)
     # What resume= compares: digests of the env, the policy's program (kept
     # by the probe of host_agent.program) and the params.
@@ -804,8 +670,7 @@ def _run(run: HostRun) -> RunResult:
 
 
 def episode_keys(seeds: Any) -> np.ndarray:
-    """``jax.random.PRNGKey(seed)`` of each seed (in ``[0, MAX_SEED]``), as numpy,
-    without a jax call per episode (``rules.episode_keys``)."""
+    """``jax.random.PRNGKey(seed)`` of each seed, as numpy (``rules.episode_keys``)."""
     return rules.episode_keys(np, seeds)
 
 

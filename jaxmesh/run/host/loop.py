@@ -1,19 +1,11 @@
 """The host loop: a budget of episodes on gymnasium lanes, in process or served.
 
 ``HostLoop`` holds what a host-stepped run keeps per lane and does per step,
-written once for every kind of lanes:
-
-- the episodes: the next one to the lowest free lane (CONTRACT 3), its seed and
-  key, masking the lanes left without one (``start``, ``take_next``);
-- the agent: the jitted ``agent.host_step`` (plan, replay, windows, ``Previous``,
-  the lead; CONTRACT 17) and, on steps where a lane's action is a known chunk
-  replay, that action taken on the host without an agent step
-  (``agent.can_skip``; the next agent step is told, ``agent.skip_replayed``);
-- each step result (``account``): return, length, the caps
-  (``max_episode_steps``; ``max_episode_seconds`` where this process measures
-  it), bad actions and rewards, the recording, the ``on_step`` hooks, the
-  finished episodes written at their own index and handed to the stream, and
-  the fault that stops the run (``close_episodes``).
+written once for every kind of lanes: the episodes (the next one to the lowest
+free lane, CONTRACT 3: ``take_next``), the jitted agent step (``agent.host_step``,
+CONTRACT 17; a known chunk replay taken on the host without one,
+``agent.can_skip``) and each step result (``account``: caps, faults, recording,
+hooks, finished episodes).
 
 How lanes are paced is the loop class's: ``LocalRun`` steps every lane once
 per iteration, in the scan engine's order; ``GroupedRun`` a worker's lanes at
@@ -49,6 +41,24 @@ NONE_LOST.flags.writeable = False
 
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
 MAX_SEEDS_CHECKED = 1_000_000
+
+
+def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
+    """The observation leaves that cross from the lanes (worker processes,
+    servers): those the policy reads (``program.layout``) and those an episode
+    recording keeps (``Record.keys``; None: every leaf), in the declared order."""
+    names = spec.layout.names
+    if recorder is None:
+        return tuple(program.layout.names)
+    if recorder.keys is None:
+        return tuple(names)
+    read = set(program.layout.names)
+    keep = tuple(recorder.keys)
+    return tuple(
+        n
+        for n in names
+        if n in read or any(n == k or n.startswith(k + "/") for k in keep)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +99,6 @@ class HostLoop:
     def __init__(
         self, run: HostRun, res: core_results.Results, episodes_out: Any, tel: Any
     ):
-        # Params on the device once, not copied at every agent step.
         self.program, self.lanes = program, lanes = run.program, run.lanes
         self.params = jax.device_put(run.params)
         self.texts, self.seconds, self.seeds = run.texts, run.seconds, run.seeds
@@ -111,10 +120,9 @@ class HostLoop:
         self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
         #: ``ep_keys`` on the device, put there again after episodes start.
         self.keys_device: Any = None
-        #: Each lane's last observation as named leaves ``[N, ...]``; ``obs``
-        #: holds the same arrays in the observation's own structure, and
-        #: ``agent_obs`` those the policy reads (what the agent step is given;
-        #: aligned, so a CPU device reads them in place instead of copying).
+        #: Each lane's last observation as named leaves ``[N, ...]`` (aligned, so
+        #: a CPU device reads them in place); ``obs`` the same arrays in the
+        #: observation's structure, ``agent_obs`` those the policy reads.
         self.obs_leaves = spec.layout.empty((n,), aligned=True)
         self.obs = spec.layout.build(self.obs_leaves)
         self.agent_obs = program.layout.build(self.obs_leaves)
@@ -139,10 +147,8 @@ class HostLoop:
         self.reset_digest: dict[int, tuple[int, int]] = {}
         self.warned_seeds = False
         self.state: Any = None
-        # Chunk replay without the device: a lane whose next action is a known
-        # replay takes it on the host; the next agent step is told how many it
-        # took (``skip``). ``chunk`` and ``cursor`` are read back at each agent
-        # step.
+        # A lane whose next action is a known replay takes it on the host; the
+        # next agent step is told how many it took (``skip``).
         self.skipping = agent.can_skip(self.cfg)
         self.skip = np.zeros(n, np.int32) if self.skipping else None
         self.cursor = np.zeros(n, np.int64)  # the next chunk index per lane
@@ -172,10 +178,9 @@ class HostLoop:
         self.reset_lanes(js, eps)
 
     def take_next(self, free: np.ndarray) -> np.ndarray:
-        """The ``free`` lanes ([N] bool) take the next unstarted episodes
-        (CONTRACT 3); those left without one are masked (returned, ascending).
-        Episodes to run again (``rerun``) go first, to the lowest free lanes; a
-        dead lane takes none."""
+        """The ``free`` lanes ([N] bool) take the episodes to run again, then the
+        next unstarted ones (CONTRACT 3); returns those left without one
+        (masked, ascending). A dead lane takes none."""
         free = self.start_reruns(free & ~self.dead)
         starts, eps, self.next_episode = rules.next_episodes(
             np, free, self.next_episode, self.e
@@ -202,10 +207,8 @@ class HostLoop:
         return free
 
     def seen_resets(self, js: Any) -> None:
-        """Lanes ``js`` have their reset observations in ``obs``: a seed reset
-        twice in a run (a budget that repeats it, an episode run again) must
-        give the same observation, else the run warns once (the env ignores
-        its seed, and its results depend on what it ran before)."""
+        """Lanes ``js`` have their reset observations in ``obs``: warns once when
+        a seed reset twice in a run gives another observation."""
         if self.warned_seeds:
             return
         for j in np.asarray(js).tolist():
@@ -231,9 +234,8 @@ class HostLoop:
                 return
 
     def lose_lanes(self, js: np.ndarray) -> list[int]:
-        """Lanes ``js`` are gone for good: their unfinished episodes go back to
-        be run again from their seeds by the lanes that remain (none of their
-        results was written). Returns those episodes."""
+        """Lanes ``js`` are gone for good: their unfinished episodes run again
+        from their seeds on the lanes that remain. Returns those episodes."""
         self.dead[js] = True
         lost = self.give_back(js)
         # Lanes that had nothing left take the re-runs now.
@@ -251,9 +253,8 @@ class HostLoop:
 
     # The agent --------------------------------------------------------------------
     def requeue(self, js: np.ndarray) -> None:
-        """Lanes ``js`` lost their envs (their worker died; a new one rebuilt
-        them): their unfinished episodes run again from their seeds, on any
-        free lane, before the unstarted ones (CONTRACT 30).
+        """Lanes ``js`` lost their envs (their worker died): their unfinished
+        episodes run again from their seeds (CONTRACT 30).
 
         Raises:
           WorkerError: an episode was lost this way a second time (naming it;
@@ -309,10 +310,20 @@ class HostLoop:
         )
         return actions
 
+    def predict(self, go: np.ndarray, row: str, cursor: bool = False) -> tuple:
+        """The agent step of lanes ``go``, timed on the timeline's ``row``:
+        ``(actions, cursors or None, when it ended)`` (``read_actions``)."""
+        t0 = time.perf_counter()
+        device = self.agent_step(self.started & go, go, go)
+        actions, cursors = self.read_actions(device, cursor)
+        t1 = time.perf_counter()
+        self.tel.span("predict", t0, t1, row)
+        self.started[go] = False
+        return actions, cursors, t1
+
     def read_actions(self, actions: Any, cursor: bool = False) -> tuple:
         """The actions of an agent step on the host, and the chunk cursors when
-        skipping replays or when ``cursor`` (else None). While skipping, the
-        chunk is read too and the skip counts start over."""
+        skipping replays (then the chunk too) or when ``cursor`` (else None)."""
         if self.skipping:
             (actions,) = self.state.read_back(actions)  # with the state's words
             cur, self.chunk = jax.device_get((self.state.cursor, self.state.chunk))
@@ -334,9 +345,8 @@ class HostLoop:
         )
 
     def replayed(self, js: np.ndarray) -> np.ndarray:
-        """Lanes ``js`` execute their next chunk action without an agent step
-        (the next agent step skips it); returns the actions by lane (zeros for
-        the other lanes)."""
+        """Lanes ``js`` execute their next chunk action without an agent step;
+        returns the actions by lane (zeros for the other lanes)."""
         actions = np.zeros_like(self.step_action)
         h = self.cfg.h
         actions[js] = self.chunk[js, replay.play_index(self.cursor[js], h, np)]
@@ -345,16 +355,8 @@ class HostLoop:
         return actions
 
     # Step results -----------------------------------------------------------------
-    def account(
-        self,
-        j: np.ndarray,
-        r: np.ndarray,
-        te: np.ndarray,
-        tr: np.ndarray,
-        faults: tuple | None = None,
-    ) -> None:
-        """One step result per lane of ``j`` (ascending): returns, lengths, the
-        caps, faults, recording, hooks, and the episodes that ended.
+    def account(self, j, r, te, tr, faults: tuple | None = None) -> None:
+        """One step result per lane of ``j`` (ascending).
 
         Args:
           j: int [m], the lanes that executed a step; their observations after
@@ -416,9 +418,8 @@ class HostLoop:
         return faults
 
     def action_faults(self, go: np.ndarray, actions: np.ndarray) -> tuple | None:
-        """The bad actions (out of range, not finite) of the lanes in ``go``,
-        about to be executed at each lane's step ``t``: ``(kinds, values,
-        steps)`` [N], or None."""
+        """The bad actions (out of range, not finite) of the lanes in ``go``:
+        ``(kinds, values, steps)`` [N], or None."""
         num_actions = self.spec.num_actions
         if not rules.bad_components(np, actions, num_actions)[0].any():
             return None  # the usual step
@@ -461,9 +462,8 @@ class HostLoop:
         self.take_next(free)
 
     def env_error(self, exc: Exception) -> Exception:
-        """``exc`` as an ``EnvError`` naming the episode, its seed, the lane and
-        the step, when an env raised it on a lane of this run
-        (``lanes.mark_where``); else ``exc`` itself."""
+        """``exc`` as an ``EnvError`` naming the episode, seed, lane and step
+        when an env raised it on a lane of this run; else ``exc`` itself."""
         where = where_raised(exc)
         if where is None or not 0 <= where[0] < self.n:
             return exc
@@ -512,15 +512,10 @@ class HostLoop:
 
 
 class LocalRun(HostLoop):
-    """Lanes stepped in this process (``jaxmesh.envs.gymnasium.local``).
-
-    One iteration is one env step of every running lane, in the scan engine's
-    order: the agent step (or, when no lane plans, prefetches or starts, each
-    lane's known chunk action); the actions' checks; the env step of the lanes
-    whose action passed; ``account``; the lanes that ended take the next
-    episodes in ascending lane order and are reset at once, so they step with
-    the others at the next iteration (CONTRACT 3, 6). ``max_episode_seconds``
-    is measured here, from just before an episode's reset.
+    """Lanes stepped in this process (``jaxmesh.envs.gymnasium.local``): one
+    iteration is one env step of every running lane, in the scan engine's
+    order (CONTRACT 3, 6); ``max_episode_seconds`` is measured here, from just
+    before an episode's reset.
     """
 
     def __init__(self, *args: Any):
@@ -552,29 +547,23 @@ class LocalRun(HostLoop):
     def run(self) -> None:
         self.take_next(np.ones(self.n, bool))
         self.state = self.program.init(self.agent_obs, self.active.copy())
-        self.lockstep()
-        self.finish()
-
-    def lockstep(self) -> None:
-        """Every running lane steps once per iteration."""
         tel = self.tel
-        while self.active.any():
+        while self.active.any():  # every running lane steps once
             t_predict = time.perf_counter()
             if self.skipping and not np.any(self.active & ~self.replays_next()):
                 actions = self.replayed(np.flatnonzero(self.active))
                 t_env = t_predict
             else:
-                # moved = active, not None (every lane): the same actions (a
-                # lane not active plans nothing, and begin re-fills its windows
-                # when it starts), and XLA on a CPU pushes the frame into the
-                # windows in one fused pass where it copies an unmasked one
-                # (a third less time per step with 2.4 MB of images).
+                # moved = active, not None: the same actions, and XLA on a CPU
+                # pushes the frame into the windows in one fused pass where it
+                # copies an unmasked one (a third less time with large images).
                 device = self.agent_step(self.started, self.active, self.active)
                 actions, _ = self.read_actions(device)
                 t_env = time.perf_counter()
                 tel.span("predict", t_predict, t_env, "lanes")
             self.started[:] = False
             self.step_lanes(self.active, actions, t_env, "lanes")
+        self.finish()
 
     def step_lanes(
         self, mask: np.ndarray, actions: np.ndarray, t_env: float, row: str
@@ -592,8 +581,7 @@ class LocalRun(HostLoop):
 
     def stepped(self, go, reward, term, trunc, actions, faults, t_env, row) -> None:
         """The lanes in ``go`` executed ``actions`` (by lane): the metrics, the
-        recording and ``account``; a lost worker's lanes run their episodes
-        again."""
+        recording and ``account``."""
         self.tel.span("env_step", t_env, time.perf_counter(), row)
         go, lost = self.drop_lost(go)
         j = np.flatnonzero(go)
@@ -609,8 +597,7 @@ class LocalRun(HostLoop):
 
     def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``go`` without the lanes whose worker died in the step just taken
-        (``lanes.lost``: they did not step), whose episodes are queued to run
-        again (``requeue``); and those lanes."""
+        (their episodes ``requeue``d), and those lanes."""
         lost = getattr(self.lanes, "lost", ())
         if not len(lost):
             return go, NONE_LOST
@@ -642,22 +629,16 @@ class LocalRun(HostLoop):
 
 class GroupedRun(LocalRun):
     """Lanes in worker processes, paced one worker's lanes (a group) at a time:
-    while a worker steps its group, this process plans the next group's.
-
-    Each turn of group g: take the results of its last step (``account``; the
-    lanes that ended take the next episodes and are reset, in that worker, at
-    once), then the agent step for its running lanes and the send of its
-    actions, which its worker steps while the other groups take their turns.
-    The per-step case only (h = 1, no lead, no recording: ``applies``); the
-    same episodes, seeds and results as ``LocalRun``, though which lane runs an
-    episode then depends on the workers' timing (as for served lane groups).
+    while a worker steps its group, this process plans the next group's. The
+    per-step case only (``applies``); the same episodes, seeds and results as
+    ``LocalRun``, though which lane runs an episode depends on the workers'
+    timing.
     """
 
     @staticmethod
     def applies(program: Any, lanes: Any, recorder: Any) -> bool:
-        """The per-step case with a core to spare for this process's agent
-        step (more cores than workers); else ``LocalRun``'s lockstep, where
-        the workers have the cores while this process waits."""
+        """The per-step case (h = 1, no lead, sweep or recording) with a core
+        to spare for this process's agent step (more cores than workers)."""
         cfg = program.config
         groups = getattr(lanes, "groups", None)
         return (
@@ -695,12 +676,7 @@ class GroupedRun(LocalRun):
 
     def send_group(self, go: np.ndarray) -> tuple:
         """The agent step of lanes ``go`` and the send of their actions."""
-        t0 = time.perf_counter()
-        device = self.agent_step(self.started & go, go, go)
-        actions, _ = self.read_actions(device)
-        t1 = time.perf_counter()
-        self.tel.span("predict", t0, t1, "group")
-        self.started[go] = False
+        actions, _, t1 = self.predict(go, "group")
         faults = self.action_faults(go, actions)
         step = self.passed(go, faults)
         return self.lanes.send(actions, step), step, actions, faults, t1

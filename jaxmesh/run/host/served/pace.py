@@ -1,48 +1,26 @@
-"""The pacing of a served run: ``ServedRun`` (its per-lane state and the loop,
-``pace``: agent steps for the lanes whose results are in, flushes when none
-can move, lane groups in turn) and ``ServedStepRun`` (the per-step case, h = 1,
-one pass over numpy arrays per call); ``jaxmesh.run.dispatch.route`` picks one.
+"""The pacing of a served run: ``ServedRun`` (agent steps for the lanes whose
+results are in, flushes when none can move, lane groups in turn) and
+``ServedStepRun`` (the per-step case, one pass over numpy arrays per call).
 
-``ServedRun`` is ``HostLoop`` (the episode and step rules) holding three parts
-that read its per-lane state: ``outbox`` (``calls.Outbox``: what is sent),
-``inbox`` (``replies.Inbox``: what comes back) and ``loss``
-(``loss.ServerLoss``: servers lost and rejoined); ``segments.plan_segments``
-cuts the actions into segments. Its lanes are ``pool.ServedLanes``.
+``ServedRun`` is ``HostLoop`` holding three parts that read its per-lane state:
+``outbox`` (``calls.Outbox``), ``inbox`` (``replies.Inbox``) and ``loss``
+(``loss.ServerLoss``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.remote import codec
-from jaxmesh.run.host.loop import HostLoop
+from jaxmesh.run.host.loop import HostLoop, wire_leaves
 from jaxmesh.run.host.served.calls import Outbox
 from jaxmesh.run.host.served.loss import ServerLoss
 from jaxmesh.run.host.served.pool import ServedLanes
 from jaxmesh.run.host.served.replies import Inbox, _present
 from jaxmesh.run.host.served.segments import plan_segments
-
-
-def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
-    """The observation leaves a run asks its servers for: those the policy
-    reads (``program.layout``) and those an episode recording keeps
-    (``Record.keys``; None: every leaf), in the declared order."""
-    names = spec.layout.names
-    if recorder is None:
-        return tuple(program.layout.names)
-    if recorder.keys is None:
-        return tuple(names)
-    read = set(program.layout.names)
-    keep = tuple(recorder.keys)
-    return tuple(
-        n
-        for n in names
-        if n in read or any(n == k or n.startswith(k + "/") for k in keep)
-    )
 
 
 def needs_every_observation(cfg: Any) -> bool:
@@ -51,19 +29,14 @@ def needs_every_observation(cfg: Any) -> bool:
 
 
 class ServedRun(HostLoop):
-    """One run's pacing over served lanes (see the module docstring); the
-    episode and step rules are ``HostLoop``'s.
-
-    Per lane besides: its epoch (bumped whenever the lane's episode changes, so
-    that replies for an ended episode are dropped), whether its current
-    observation is in (``ready``: it may take an agent step) and the actions
-    sent for its episode (``sent``); the step results in, not taken yet, are
-    the ``inbox``'s.
+    """One run's pacing over served lanes; the episode and step rules are
+    ``HostLoop``'s. Per lane besides: its epoch (bumped whenever its episode
+    changes, so that replies for an ended episode are dropped), ``ready`` (its
+    observation is in) and ``sent`` (the actions sent for its episode).
     """
 
-    #: Whether the loop waits for replies only in the order the calls went
-    #: (blocking, oldest first): with one server it may then take them off
-    #: the stream itself, whatever the lane groups.
+    #: Whether the loop waits for replies only in the order the calls went: with
+    #: one server it may then take them off the stream itself.
     takes_in_order = False
 
     def __init__(self, *args: Any):
@@ -72,11 +45,9 @@ class ServedRun(HostLoop):
         lanes, metrics, recorder = self.lanes, self.metrics, self.recorder
         # The server measures max_episode_seconds (HostLoop.t0 stays None).
         self.info_keys = list(metrics.keys)
-        # A reduction other than ``last``, and success once (any step's success
-        # key), read every step's info: a server that declares it sends them
-        # with the last observation only (``info_every_step``), an older one
-        # with every observation. Windows of several frames and recorded
-        # episodes read every step's observation.
+        # A reduction other than ``last`` and success once read every step's
+        # info: a server that declares ``info_every_step`` sends them with the
+        # last observation only, an older one with every observation.
         every_info = any(red != "last" for _, red in metrics.named) or (
             metrics.tracks_success
         )
@@ -149,13 +120,8 @@ class ServedRun(HostLoop):
 
     # The loop ----------------------------------------------------------------------
     def open_sessions(self) -> None:
-        """Opens a session on every server and starts the first episodes.
-
-        One server and one group: nothing to do while a reply is out, so the
-        loop takes it off the stream itself (a thread hand-off less per call);
-        else (or with a reply timeout) reader threads decode replies while the
-        loop plans.
-        """
+        """Opens a session on every server and starts the first episodes (one
+        server and one group: no reader thread, a hand-off less per call)."""
         sessions = self.lanes.sessions
         self.inbox.direct = (
             len(sessions) == 1
@@ -214,29 +180,20 @@ class ServedRun(HostLoop):
                     turn = (turn + k + 1) % self.num_groups
                     break
             replay = ready & self.replays_next()
-            if replay.any():
-                self.replay(replay)
+            if replay.any():  # sent with their segments: no agent step
+                self.acted(replay, self.replayed(np.flatnonzero(replay)))
+                self.inbox.take_results()
                 continue
             go = ready & group
-            t0 = time.perf_counter()
-            device = self.agent_step(self.started & go, go, go)
-            # h = 1 without a lead: the action is the segment, no cursor read.
-            actions, cursor = self.read_actions(device, cursor=not self.per_step)
             row = self.group_rows[(turn - 1) % self.num_groups]
-            self.tel.span("predict", t0, time.perf_counter(), row)
-            self.started[go] = False
+            # h = 1 without a lead: the action is the segment, no cursor read.
+            actions, cursor, _ = self.predict(go, row, cursor=not self.per_step)
             self.acted(go, actions)
             plan_segments(self, go, actions, cursor)
             self.inbox.take_results()
             if not (self.ready & group).any():
                 self.outbox.flush(group if self.num_groups > 1 else None)
         self.finish()
-
-    def replay(self, lanes_: np.ndarray) -> None:
-        """The lanes in ``lanes_`` execute their next chunk action without an
-        agent step: it was sent with their segment (``HostLoop.replayed``)."""
-        self.acted(lanes_, self.replayed(np.flatnonzero(lanes_)))
-        self.inbox.take_results()
 
     def acted(self, go: np.ndarray, actions: np.ndarray) -> None:
         """The lanes in ``go`` execute ``actions`` (by lane): recorded, shown
@@ -260,17 +217,10 @@ class ServedRun(HostLoop):
 
 class ServedStepRun(ServedRun):
     """The per-step case (h = 1, no lead, no recording, no lockstep server),
-    without ``ServedRun``'s ring buffers and segments: one pass over numpy arrays
-    per call.
-
-    The lane groups take turns. At its turn, a group takes in the replies to
-    its last calls, its lanes that have their observation act, and its
-    actions and resets go to the servers, one call per server; the group's
-    replies are awaited only at its next turn, so with G > 1 the device plans
-    for one group while the servers step the others. The lanes that end in
-    one reply take the next episodes in ascending lane order (CONTRACT 3); a
-    lane that starts an episode waits one call for its reset observation. The
-    same episodes, seeds and results as ``ServedRun``.
+    without ``ServedRun``'s ring buffers and segments: one pass over numpy
+    arrays per call. The lane groups take turns; a group's replies are awaited
+    only at its next turn. The same episodes, seeds and results as
+    ``ServedRun``.
     """
 
     takes_in_order = True
@@ -304,13 +254,9 @@ class ServedStepRun(ServedRun):
         go = self.ready & self.active & group
         wire = None
         if go.any():
-            t0 = time.perf_counter()
-            device = self.agent_step(self.started & go, go, go)
-            acts, _ = self.read_actions(device)
-            self.tel.span("predict", t0, time.perf_counter(), self.group_rows[g])
+            acts, _, _ = self.predict(go, self.group_rows[g])
             if self.steps:
                 self.step_action[go] = acts[go]
-            self.started[go] = False
             self.check_actions(go, acts)
             wire = gym_lanes.env_actions(self.lanes.action_space, acts)
         stepped = np.flatnonzero(go)
@@ -363,8 +309,8 @@ class ServedStepRun(ServedRun):
                 f"asked for {asked[:16].tolist()} (resets "
                 f"{self.local[reset_g][:16].tolist()})"
             )
-        obs_rows = b.observation
-        leaves = self.obs_leaves
+        obs_rows, leaves = b.observation, self.obs_leaves
+        step_rows: Any = slice(None)
         if reset_g.size:
             is_reset = b.steps == 0
             rl = g[is_reset]
@@ -374,31 +320,22 @@ class ServedStepRun(ServedRun):
             self.seen_resets(rl)
             self.ready[rl] = self.started[rl] = True
             step_rows = np.flatnonzero(~is_reset)
-            j = g[step_rows]
-        else:
-            step_rows = None
-            j = g
+        j = g[step_rows]
         if not j.size:
             return
         # One step per stepped lane (rewards, ends), one row per lane
         # (observations, infos: resets have rows too).
-        pick = (lambda x: x) if step_rows is None else (lambda x: x[step_rows])
-        r = b.rewards.astype(np.float32)
-        te, tr = b.terminated, b.truncated
         for key, x in obs_rows.items():
-            leaves[key][j] = pick(x)
+            leaves[key][j] = x[step_rows]
         if self.info_keys:
             info = self.inbox.info_rows(b)
-            self.metrics.step(
-                j,
-                {
-                    k: (
-                        (pick(info[k]), pick(_present(b, k)))
-                        if k in info
-                        else (np.zeros(j.size), np.zeros(j.size, bool))
-                    )
-                    for k in self.info_keys
-                },
-            )
+            none = (np.zeros(j.size), np.zeros(j.size, bool))  # no row had k
+            values = {
+                k: (info[k][step_rows], _present(b, k)[step_rows])
+                if k in info
+                else none
+                for k in self.info_keys
+            }
+            self.metrics.step(j, values)
         self.ready[j] = True
-        self.account(j, r, te, tr)
+        self.account(j, b.rewards.astype(np.float32), b.terminated, b.truncated)
