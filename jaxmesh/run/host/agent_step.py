@@ -2,13 +2,11 @@
 their own simulators (the scan engine drives the same functions).
 
 A host loop's own program (``agent_functions(..., packed=True)``) calls the
-same ``agent.host_step`` through fewer buffers, which is what a step of a few
-lanes costs on a CPU (each buffer in or out of a jitted call costs about a
-microsecond, more than the agent's own work on a few KB): the state's small
-leaves travel as one buffer of 32-bit words (``HostState``), the lane masks as
-one array, the counts as another (``PackedStep``); the loop keeps the episode
-keys on the device between episode starts. Bitcasts only: the step computes
-exactly what ``host_step`` computes on the pytree.
+same ``agent.host_step`` through fewer buffers (each one in or out of a jitted
+call costs about a microsecond on a CPU): the state's small leaves travel as
+one buffer of 32-bit words (``HostState``), the lane masks as one array, the
+counts as another (``PackedStep``). Bitcasts only: the step computes exactly
+what ``host_step`` computes on the pytree.
 """
 
 from __future__ import annotations
@@ -54,10 +52,8 @@ def make_agent(
     prefetch_lead: int = 0,
     plan_tile: int | None = None,
 ) -> Agent:
-    """Plan + replay + windows + previous action + masking as jitted functions.
-
-    The scan engine and a host loop over remote simulators drive the same
-    functions, so both give the same per-episode results.
+    """Plan + replay + windows + previous action + masking as jitted functions
+    (those the scan engine drives, so both give the same per-episode results).
     """
     settings = checks.check_settings(num_envs, horizon, prefetch_lead, None, plan_tile)
     env_obj = make_env(env)
@@ -83,17 +79,13 @@ def agent_functions(
       settings: the checked settings (``settings.num_envs`` lanes).
       tile_lanes: the lanes the default plan tile is sized for (None: all of
         them; served lane groups plan one group at a time).
-      packed: the host loop's program: its state is a ``HostState`` and its
-        step takes its host inputs as numpy arrays (``packed_step``), or, for
-        a ``HostPolicy`` that needs no device work, ``direct.DirectStep``;
+      packed: the host loop's program (``PackedStep`` over a ``HostState``, or
+        ``direct.DirectStep`` for a ``HostPolicy`` that needs no device work);
         else the state is the ``AgentState`` pytree (``make_agent``).
 
-    Returns ``(config, chunk, init, step, plan)``: ``init(obs, lanes)`` and
+    Returns ``(config, chunk, init, step, plan)``: ``init(obs, lanes)``,
     ``step(params, state, obs, started, active, ep_keys, t, ..., episodes=)``
-    (``agent.host_step``; the state is donated; observations are put on the
-    policy's device first; ``episodes``, [N] each lane's budget episode, is
-    read under a sweep's grid only), and the run's
-    ``jaxmesh.run.plan.RunPlan``.
+    (``agent.host_step``; the state is donated) and the run's ``RunPlan``.
 
     Raises:
       ValueError, TypeError: the policy's output does not fit the env, or the
@@ -117,12 +109,10 @@ def agent_functions(
     init = functools.partial(agent.init, cfg, pol)  # (obs, lanes)
     step = functools.partial(agent.host_step, cfg, pol)
     if packed and direct.applies(cfg, pol):  # a HostPolicy: numpy, no callback
-        step_d = direct.DirectStep(cfg, pol)
-        return cfg, chunk, step_d.init, step_d, run_plan
+        step = direct.DirectStep(cfg, pol)
+        return cfg, chunk, step.init, step, run_plan
     if packed:
-        init_p, step_p = packed_functions(cfg, pol, init, step)
-        return cfg, chunk, init_p, step_p, run_plan
-
+        return cfg, chunk, *packed_functions(cfg, pol, init, step), run_plan
     init_jit = jax.jit(init)
     step_jit = jax.jit(step, donate_argnums=(1,))
 
@@ -131,19 +121,13 @@ def agent_functions(
         episodes = None if cfg.grid is None else np.asarray(episodes, np.int32)
         return step_jit(params, state, pol.place(obs), *rest, episodes=episodes)
 
-    return (
-        cfg,
-        chunk,
-        lambda obs, lanes: init_jit(pol.place(obs), lanes),
-        step_placed,
-        run_plan,
-    )
+    init_placed = lambda obs, lanes: init_jit(pol.place(obs), lanes)
+    return cfg, chunk, init_placed, step_placed, run_plan
 
 
 # The host loop's program: the same step through fewer buffers --------------------
 #: State leaves up to this size travel in one buffer of 32-bit words; larger
-#: ones (image windows, long chunks) stay buffers of their own (copying them
-#: would cost more than a buffer).
+#: ones (image windows, long chunks) stay buffers of their own.
 FLAT_MAX_BYTES = 16 * 1024
 
 
@@ -155,15 +139,14 @@ class _Leaf(NamedTuple):
 
     @property
     def words(self) -> int:
-        """32-bit words the leaf takes: one per element (a value of 8 bytes:
-        two; of 1 or 2 bytes: zero-extended to one)."""
+        """32-bit words the leaf takes: one per element (two of 8 bytes)."""
         size = int(np.prod(self.shape, dtype=np.int64))
         return size * max(1, self.dtype.itemsize // 4)
 
 
 def _as_words(dtype: np.dtype) -> bool:
-    """Whether values of ``dtype`` go into 32-bit words exactly: bool, ints
-    and floats of whole bytes (not keys, not 4-bit types)."""
+    """Whether values of ``dtype`` go into 32-bit words exactly (bool, ints
+    and floats of whole bytes)."""
     if dtype == np.bool_:
         return True
     if jnp.issubdtype(dtype, jnp.integer):
@@ -190,18 +173,13 @@ def _to_words(x: jax.Array) -> jax.Array:
 def _from_words(w: Any, leaf: _Leaf, xp: Any) -> Any:
     """The leaf's value from its words (``xp``: jnp under jit, or np)."""
     size = leaf.dtype.itemsize
-    if xp is np:
-        if leaf.dtype == np.bool_:
-            return (w != 0).reshape(leaf.shape)
-        if size < 4:
-            w = w.astype(f"uint{8 * size}")
-        return w.view(leaf.dtype).reshape(leaf.shape)
     if leaf.dtype == np.bool_:
-        return jnp.reshape(w, leaf.shape) != 0
-    if size < 4:
-        w = w.astype(jnp.dtype(f"uint{8 * size}"))
-        return jax.lax.bitcast_convert_type(jnp.reshape(w, leaf.shape), leaf.dtype)
-    extra = () if size == 4 else (size // 4,)
+        return xp.reshape(w, leaf.shape) != 0
+    if size < 4:  # the low bits of each word
+        w = w.astype(np.dtype(f"uint{8 * size}"))
+    if xp is np:
+        return w.view(leaf.dtype).reshape(leaf.shape)
+    extra = (2,) if size == 8 else ()
     return jax.lax.bitcast_convert_type(jnp.reshape(w, leaf.shape + extra), leaf.dtype)
 
 
@@ -256,12 +234,9 @@ class StateLayout(NamedTuple):
 
 class HostState:
     """The agent state of a host loop's program: the small leaves in one
-    buffer of 32-bit words on the device, the large ones as they are.
-
-    Reading a field (``state.cursor``, ``state.predict_calls``, ...) gives its
-    value on the host (numpy; a large leaf: its device array), read back once
-    per state (``read_back``); the next step donates the buffers.
-    """
+    buffer of 32-bit words on the device, the large ones as they are. Reading
+    a field (``state.cursor``, ...) gives its value on the host, read back
+    once per state (``read_back``)."""
 
     def __init__(self, layout: StateLayout, flat: jax.Array, big: tuple):
         self.layout, self.flat, self.big = layout, flat, big
@@ -285,9 +260,8 @@ class HostState:
 
 
 def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
-    """``init`` and ``step`` (the pytree functions of ``agent_functions``) as
-    a host loop's program: ``init(obs, lanes) -> HostState`` and a
-    ``PackedStep``."""
+    """``init`` and ``step`` as a host loop's program: ``init(obs, lanes) ->
+    HostState`` and a ``PackedStep``."""
     jitted: list = []
 
     def init_placed(obs, lanes):
@@ -304,14 +278,9 @@ def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
 class PackedStep:
     """``step(params, state, obs, started, active, ep_keys, t, moved=None,
     skip=None, texts=None, episodes=None) -> (HostState, actions)``: the
-    pytree step over a ``HostState``, its host inputs in two arrays.
-
-    The lane masks go to the device as one bool array, the counts (step
-    indices, skips, a sweep's episodes) as one int32 array (``host_inputs``);
-    keys as they are given (a loop keeps them on the device between episode
-    starts: ``keys_on_device``). One jitted program per pattern of inputs
-    given (``program``).
-    """
+    pytree step over a ``HostState``, the lane masks as one bool array and the
+    counts as one int32 array (``host_inputs``); one jitted program per
+    pattern of inputs given."""
 
     def __init__(self, cfg: agent.AgentConfig, pol: Policy, step: Any):
         self.cfg, self.pol, self.step = cfg, pol, step
@@ -352,9 +321,8 @@ class PackedStep:
         self, started, active, t, moved=None, skip=None, episodes=None
     ) -> tuple:
         """``(signature, masks, counts)``: the masks as one bool array, the
-        counts as one int32 array (None: no count is read). The step indices
-        are left out where nothing reads them (a policy without a key, no
-        ensembling)."""
+        counts as one int32 array (None: no count is read; the step indices
+        only where something reads them)."""
         masks = (started, active) if moved is None else (started, active, moved)
         counts = []
         if self.reads_t:
@@ -376,12 +344,10 @@ class PackedStep:
 
     def program(self, sig: tuple, layout: StateLayout) -> Any:
         """The jitted ``(params, flat, big, obs, masks, counts, keys, texts)
-        -> (flat, big, actions)`` for inputs of signature ``sig`` (the flat
-        state and its large leaves donated)."""
-        fn = self._programs.get(sig)
-        if fn is None:
-            fn = self._programs[sig] = self._build(*sig, layout)
-        return fn
+        -> (flat, big, actions)`` for inputs of signature ``sig``."""
+        if sig not in self._programs:
+            self._programs[sig] = self._build(*sig, layout)
+        return self._programs[sig]
 
     def _build(self, moved: bool, reads_t: bool, skip: bool, layout: StateLayout):
         n, grid = self.cfg.num_envs, self.cfg.grid is not None

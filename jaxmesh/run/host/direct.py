@@ -1,22 +1,11 @@
 """A host loop's agent step for a ``jaxmesh.HostPolicy``, in numpy.
 
-When the policy runs on the host anyway and the agent has nothing to do on
-the device (the policy reads the whole observation; single actions or
-chunks replayed as they are: no lead, delay, ensembling, sweep or recurrent
-state), the jitted step would only copy each observation into its one-frame
-window, call back into Python for ``fn`` and index the chunk. ``DirectStep``
-does that here, in the order of ``jaxmesh.core.agent.host_step`` (skipped
-replays, observe, begin, plan, execute) with the replay rules of
-``jaxmesh.core.replay``, and calls ``HostPolicy.plan`` on the lanes that plan:
-no callback (about 60 us a call on a CPU) and no jitted call per step. The
-actions are the jitted step's, lane by lane; the seeds of a stochastic policy
-are the same bits of the same keys (one small jitted call per step).
-
-``DirectState`` has the ``AgentState`` fields a host loop reads (``cursor``,
-``chunk``, ``pending``, ``predict_calls``, ``rows``) as numpy arrays; a step
-updates it in place, as the jitted step donates its state. (No input reads
-the previous action, and without a lead nothing reads ``fresh``: neither is
-kept.)
+When the policy runs on the host anyway and the agent has nothing to do on the
+device (``applies``), the jitted step would only copy each observation into its
+one-frame window, call back into Python and index the chunk. ``DirectStep``
+does that here, in the order of ``jaxmesh.core.agent.host_step`` with the
+replay rules of ``jaxmesh.core.replay``: no callback (about 60 us a call on a
+CPU) and no jitted call per step, the same actions lane by lane.
 """
 
 from __future__ import annotations
@@ -59,7 +48,8 @@ def _host_obs(obs: Any) -> Any:
 
 @dataclasses.dataclass(eq=False)
 class DirectState:
-    """The agent state of ``DirectStep`` (numpy; ``AgentState``'s fields)."""
+    """The agent state of ``DirectStep``: the ``AgentState`` fields a host loop
+    reads, as numpy arrays updated in place."""
 
     window: Any  # each lane's observation it plans from: leaves [N, ...]
     chunk: np.ndarray  # [N, h, *A] the chunk being replayed
@@ -98,7 +88,7 @@ class DirectStep:
         obs = _host_obs(obs)
         self._row = self.host._output(obs)
         chunk = np.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
-        state = DirectState(
+        return DirectState(
             window=jax.tree.map(np.array, obs),
             chunk=chunk,
             pending=np.zeros_like(chunk),
@@ -106,7 +96,6 @@ class DirectStep:
             predict_calls=np.zeros(n, np.int32),
             rows=np.zeros((), np.int32),
         )
-        return state
 
     def keys_on_device(self, ep_keys: np.ndarray) -> np.ndarray:
         """The episode keys as the step takes them: a copy, on the host."""
