@@ -1,13 +1,9 @@
 """The lanes of ``workers=jaxmesh.Ray(...)``: env servers in Ray actors.
 
-``RayServers`` connects to Ray (or uses this process's connection), starts
-the run's actors (``jaxmesh.remote.server.actor.EnvActor``, one share of the
-lanes each, placed by Ray), and steps them as served envs: it is the served
-lanes (``served.pool.ServedLanes``) over the actors' addresses, so the run is
-the served loop with its accounting, its re-run of a lost server's episodes
-and its env errors. ``close`` ends every actor and a Ray the run started.
-
-Ray is the ``[ray]`` extra, imported here only, on use.
+``RayServers`` starts the run's actors (``jaxmesh.remote.server.actor.EnvActor``,
+one share of the lanes each, placed by Ray) and is the served lanes
+(``served.pool.ServedLanes``) over their addresses, so the run is the served
+loop. Ray is the ``[ray]`` extra, imported here only, on use.
 """
 
 from __future__ import annotations
@@ -37,11 +33,7 @@ MAX_RESTARTS = 1
 
 
 def import_ray() -> Any:
-    """The ``ray`` module.
-
-    Raises:
-      ImportError: Ray is not installed, naming the extra.
-    """
+    """The ``ray`` module; ImportError naming the extra without it."""
     try:
         import ray
     except ImportError as exc:
@@ -68,12 +60,8 @@ def connect(ray: Any, cfg: Ray) -> bool:
 @contextlib.contextmanager
 def connection(workers: Any) -> Iterator[None]:
     """For ``workers=jaxmesh.Ray(...)``: one Ray connection held for the
-    block (made, and shut down after, unless this process had one), so that
-    the runs of a suite share it; anything else: nothing.
-
-    Raises:
-      ImportError: Ray is not installed.
-    """
+    block (made and shut down after, unless this process had one), shared by
+    the runs of a suite; anything else: nothing."""
     if not isinstance(workers, Ray):
         yield
         return
@@ -113,12 +101,8 @@ def actor_options(cfg: Ray, name: str) -> dict:
 
 
 def _check_local(ray: Any, cfg: Ray, count: int) -> None:
-    """Refuses actors a local Ray this run started can never place (a
-    cluster may add nodes; this one will not).
-
-    Raises:
-      ValueError: more CPUs or resources asked for than it has.
-    """
+    """Raises ValueError for actors a local Ray this run started can never
+    place (more CPUs or resources than it has)."""
     have = ray.cluster_resources()
     asked = {"CPU": cfg.num_cpus_per_worker * count}
     for name, amount in (cfg.resources or {}).items():
@@ -136,11 +120,8 @@ def _check_local(ray: Any, cfg: Ray, count: int) -> None:
 
 
 class RayServers(ServedLanes):
-    """Served lanes over env servers in Ray actors started for one run.
-
-    Lane j is stepped by actor ``j % A`` (``ServedLanes`` deals lanes round
-    robin), so actor s builds the envs of lanes s, s + A, ... (a list of
-    factories gives each lane its own).
+    """Served lanes over env servers in Ray actors started for one run: lane j
+    is stepped by actor ``j % A`` (``ServedLanes`` deals lanes round robin).
 
     Args:
       env: ``"gymnasium:<id>"``, a zero-argument factory, or a list of them.
@@ -199,12 +180,8 @@ class RayServers(ServedLanes):
         return cls(env, max(1, min(num_envs, episodes)), cfg, served)
 
     def _serving(self, cfg: Ray) -> list[str]:
-        """Each actor's address once it serves.
-
-        Raises:
-          TimeoutError: not all within ``START_SECONDS``; an actor's own
-            error building its envs.
-        """
+        """Each actor's address once it serves (TimeoutError: not all within
+        ``START_SECONDS``; else an actor's own error building its envs)."""
         ray = self.ray
         refs = [a.serve.remote() for a in self.actors]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
@@ -236,14 +213,8 @@ class RayServers(ServedLanes):
         return addresses
 
     def reconnect(self, s: int, connect_timeout: float) -> Any:
-        """A session with actor ``s`` again, once Ray restarted it (asked to
-        serve at its old port: on another node, or with the port taken, it
-        serves at a new address).
-
-        Raises:
-          Any error: the actor is gone for good, or not serving yet (the
-          caller tries again later).
-        """
+        """A session with actor ``s`` again, once Ray restarted it (at its old
+        port where it can); any error: gone for good, or not serving yet."""
         port = int(self.addresses[s].rpartition(":")[2])
         serving = self.actors[s].serve.remote(port=port)
         self.addresses[s] = self.ray.get(serving, timeout=connect_timeout)
@@ -263,19 +234,13 @@ class RayServers(ServedLanes):
         if actors:
             stops = []
             for a in actors:
-                try:
+                with contextlib.suppress(Exception):  # dead already
                     stops.append(a.stop.remote())
-                except Exception:  # noqa: BLE001 - dead already
-                    pass
-            try:
+            with contextlib.suppress(Exception):  # the kill below ends them
                 ray.wait(stops, num_returns=len(stops), timeout=STOP_SECONDS)
-            except Exception:  # noqa: BLE001 - the kill below ends them
-                pass
             for a in actors:
-                try:
+                with contextlib.suppress(Exception):  # dead already
                     ray.kill(a, no_restart=True)
-                except Exception:  # noqa: BLE001 - dead already
-                    pass
             self._wait_dead(actors)
         if self.started_ray:
             self.started_ray = False
@@ -287,12 +252,10 @@ class RayServers(ServedLanes):
         ray = self.ray
         end = time.monotonic() + STOP_SECONDS
         for a in actors:
-            try:
+            with contextlib.suppress(Exception):  # dead, as asked
                 ray.get(
                     a.__ray_ready__.remote(), timeout=max(end - time.monotonic(), 0)
                 )
-            except Exception:  # noqa: BLE001 - dead, as asked
-                continue
 
 
 __all__ = ["RayServers", "connect", "connection", "import_ray", "NAME_PREFIX"]
