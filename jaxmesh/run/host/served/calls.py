@@ -15,23 +15,16 @@ from jaxmesh.envs import gymnasium as gym_lanes
 
 
 class Outbox:
-    """A served run's queued resets and segments and its calls in flight.
-
-    Args:
-      run: the ``pace.ServedRun`` (its lanes, epochs, servers and wire options
-        are read here).
-    """
+    """A served run's queued resets and segments and its calls in flight
+    (``run``: the ``pace.ServedRun``)."""
 
     def __init__(self, run: Any):
         self.run = run
         n = run.n
-        #: Queued, not sent: resets (lane -> episode) and segments.
+        #: Queued, not sent: resets (lane -> episode) and segments, each
+        #: ``(lanes, epochs, ranks, counts, wire actions)``.
         self.resets: dict[int, int] = {}
-        self.seg_lanes: list[np.ndarray] = []
-        self.seg_epochs: list[np.ndarray] = []
-        self.seg_ranks: list[np.ndarray] = []
-        self.seg_counts: list[np.ndarray] = []
-        self.seg_actions: list[np.ndarray] = []
+        self.segments: list[tuple] = []
         self.queued = np.zeros(n, np.int64)  # segments queued per lane
         self.released: list[int] = []  # lanes to release (lockstep servers)
         #: Per server, the calls awaiting replies: ``(tag, sent_at)``, oldest first.
@@ -39,34 +32,25 @@ class Outbox:
 
     def queue(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
         """Queues one segment per lane (``counts[i]`` rows of ``acts`` each)."""
-        if not lanes_.size:
-            return
-        self.seg_lanes.append(lanes_)
-        self.seg_epochs.append(self.run.epoch[lanes_])
-        self.seg_ranks.append(self.queued[lanes_].copy())
-        self.seg_counts.append(counts)
-        # The env's own action values (Discrete: plus ``start``).
-        self.seg_actions.append(
-            gym_lanes.env_actions(self.run.lanes.action_space, acts)
-        )
+        if lanes_.size:  # as the env's own action values (Discrete: plus start)
+            wire = gym_lanes.env_actions(self.run.lanes.action_space, acts)
+            self._append(lanes_, counts, wire)
+
+    def _append(self, lanes_: np.ndarray, counts: np.ndarray, wire) -> None:
+        run = self.run
+        ranks = self.queued[lanes_].copy()
+        self.segments.append((lanes_, run.epoch[lanes_], ranks, counts, wire))
         self.queued[lanes_] += 1
 
     def flush(self, which: np.ndarray | None = None) -> None:
-        """Sends queued resets and segments: one message per rank per server.
-
-        Args:
-          which: [N] the lanes (a lane group) whose queued items go now; the
-            others stay queued (default: every lane).
-        """
-        if not self.resets and not self.seg_lanes and not self.released:
+        """Sends queued resets and segments, one message per rank per server:
+        those of the lanes in ``which`` ([N] bool; None: every lane)."""
+        if not self.resets and not self.segments and not self.released:
             return
         run = self.run
-        if self.seg_lanes:
-            lanes_ = np.concatenate(self.seg_lanes)
-            epochs = np.concatenate(self.seg_epochs)
-            ranks = np.concatenate(self.seg_ranks)
-            counts = np.concatenate(self.seg_counts)
-            acts = np.concatenate(self.seg_actions)
+        if self.segments:
+            queued = (np.concatenate(x) for x in zip(*self.segments, strict=True))
+            lanes_, epochs, ranks, counts, acts = queued
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
             live = epochs == run.epoch[lanes_]
         else:
@@ -74,8 +58,7 @@ class Outbox:
             ranks = counts = starts = lanes_
             live = np.zeros(0, bool)
             acts = None
-        self.seg_lanes, self.seg_epochs, self.seg_ranks = [], [], []
-        self.seg_counts, self.seg_actions = [], []
+        self.segments = []
         self.queued[:] = 0
         resets, self.resets = self.resets, {}
         if which is not None:  # the other lanes' items wait, in order
@@ -98,12 +81,8 @@ class Outbox:
                     self._send(s, pick, lanes_, counts, starts, acts, rr, resets)
 
     def _flush_lockstep(self, s, on_s, lanes_, counts, starts, acts, rs, resets):
-        """One call at a time: each lane's next segment, all cut to one count.
-
-        A VectorEnv server steps every lane at once, so each lane mid-episode
-        is in every call with the same count; what is cut off waits for the
-        next call (see the server's ``lockstep`` capability).
-        """
+        """One call at a time: each lane's next segment, all cut to one count
+        (a VectorEnv server steps every lane at once); the rest waits."""
         pick = np.flatnonzero(on_s)
         if self.inflight[s]:  # wait for the call in flight: queue it all again
             for g in rs:
@@ -140,13 +119,7 @@ class Outbox:
 
     def _requeue(self, g: int, rows: np.ndarray) -> None:
         """Queues wire actions again (already converted) for lane ``g``."""
-        g = int(g)
-        self.seg_lanes.append(np.asarray([g], np.int64))
-        self.seg_epochs.append(self.run.epoch[[g]])
-        self.seg_ranks.append(self.queued[[g]].copy())
-        self.seg_counts.append(np.asarray([len(rows)], np.int64))
-        self.seg_actions.append(rows)
-        self.queued[g] += 1
+        self._append(np.asarray([g], np.int64), np.asarray([len(rows)], np.int64), rows)
 
     def call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
         """One call to server ``s``: the resets of lanes ``rs`` (``resets``:

@@ -26,11 +26,8 @@ REJOIN_CONNECT_SECONDS = 2.0
 
 
 class ServerLoss:
-    """A served run's lost servers and their rejoins.
-
-    Args:
-      run: the ``pace.ServedRun``.
-    """
+    """A served run's lost servers and their rejoins (``run``: the
+    ``pace.ServedRun``)."""
 
     def __init__(self, run: Any):
         self.run = run
@@ -99,11 +96,9 @@ class ServerLoss:
         return min(waiting)[1]
 
     def lose(self, s: int, exc: BaseException) -> bool:
-        """Drops server ``s`` after ``exc`` when the run may go on: its lanes
-        are gone and the episodes they had not finished run again, from their
-        seeds, on the lanes that remain (``HostLoop.lose_lanes``). False (the
-        caller raises) under ``on_server_loss="raise"`` or with no other server
-        left."""
+        """Drops server ``s`` after ``exc`` when the run may go on (its
+        unfinished episodes run again on the lanes that remain); False (the
+        caller raises) under ``on_server_loss="raise"`` or with none left."""
         run = self.run
         sessions = run.lanes.sessions
         left = [t for t in range(len(sessions)) if t != s and t not in self.lost]

@@ -1,9 +1,6 @@
 """The served lanes: ``ServedLanes`` (one session on each env server, the
 run's lanes dealt over them, their lane groups, a reconnect to a lost server)
 and ``default_lane_groups``.
-
-The run (``pace.ServedRun``) reads it as ``self.lanes``; it imports no other
-module of this package.
 """
 
 from __future__ import annotations
@@ -18,42 +15,30 @@ from jaxmesh.run import backend
 
 #: Lanes from which a served run splits its lanes in two groups by default.
 GROUPS_FROM_LANES = 8
+#: Seconds a session waits for its server at the run's start.
+CONNECT_SECONDS = 10.0
 
 
 def default_lane_groups(num_lanes: int) -> int:
     """Lane groups when the caller gives none: 2 from ``GROUPS_FROM_LANES``
-    lanes on, else 1.
-
-    Served, measured on a 2-core machine with the client and the server on it,
-    in paired runs (docs/remote.md, "Lane groups"): on 16 HalfCheetah lanes two
-    groups beat one in every pair, 1.07-1.38x at h = 1 and 1.09-1.24x at h = 8
-    (the device plans for one group while the server steps the other); on 64
-    CartPole lanes 1.07-1.16x in four pairs of five, 0.90x in one. Four groups
-    were slower. Few lanes gain nothing, and one lane cannot be split.
-    """
+    lanes on, else 1 (measured: docs/remote.md, "Lane groups")."""
     return 2 if num_lanes >= GROUPS_FROM_LANES else 1
 
 
 class ServedLanes:
-    """Lanes spread over one or more env servers, one session on each.
-
-    Global lane j is lane ``local[j]`` of server ``server[j]``; lanes are dealt
-    round-robin over the servers (so N lanes load S servers evenly).
+    """Lanes spread over one or more env servers, one session on each: global
+    lane j is lane ``local[j]`` of server ``server[j]``, dealt round-robin.
 
     Args:
       addresses: the servers (``"grpc://host:port"``).
       num_envs: lanes asked for; the run uses at most the servers' lanes.
-      token, connect_timeout: see ``Connection``.
-      reply_timeout: seconds a reply may take (see ``Connection``), or
-        ``"auto"``: over several servers with ``on_server_loss="rerun"``, a
-        server that owes a reply and sends nothing for ``AUTO_FACTOR`` times
-        the slowest reply of the run, at least ``AUTO_FLOOR_SECONDS``, is
-        dropped (``ServerLoss.drop_hung``); with one server, no limit.
+      token, credentials, transport: see ``Session``.
+      reply_timeout: seconds a reply may take, or ``"auto"``: over several
+        servers with ``on_server_loss="rerun"``, a hung server is dropped
+        (``ServerLoss.drop_hung``); with one server, no limit.
       on_server_loss: ``"rerun"``: a server that dies or stops answering is
         dropped and its unfinished episodes run again on the other servers'
-        lanes (the run raises when none is left); ``"raise"``: the run raises.
-      transport: ``"auto"``, ``"grpc"`` or ``"shm"``: how each session's calls
-        travel (``jaxmesh.remote.protocol.TRANSPORTS``).
+        lanes; ``"raise"``: the run raises.
 
     Raises:
       jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
@@ -66,7 +51,6 @@ class ServedLanes:
         num_envs: int,
         *,
         token: str | None = None,
-        connect_timeout: float = 10.0,
         reply_timeout: float | str | None = None,
         credentials: Any = None,
         on_server_loss: str = "rerun",
@@ -74,7 +58,6 @@ class ServedLanes:
     ):
         #: What a run does when a server dies or stops answering (``ServerLoss.lose``).
         self.on_server_loss = on_server_loss
-
         self.addresses = list(addresses)
         #: Whether a hung server is dropped by the default rule (``"auto"``).
         self.auto_timeout = (
@@ -86,7 +69,7 @@ class ServedLanes:
             reply_timeout = None
         self._connect = {
             "token": token,
-            "connect_timeout": connect_timeout,
+            "connect_timeout": CONNECT_SECONDS,
             "reply_timeout": reply_timeout,
             "credentials": credentials,
             "transport": transport,
@@ -121,11 +104,7 @@ class ServedLanes:
             ) from None
         where = f"served env at {first.address}"
         self.spec = spec_for(
-            first.env_name,
-            self.observation_space,
-            self.action_space,
-            where,
-            first.dt,
+            first.env_name, self.observation_space, self.action_space, where, first.dt
         )
         # Lanes dealt round-robin over the servers: lane k of every server, k
         # ascending.
@@ -153,15 +132,9 @@ class ServedLanes:
         )
 
     def group(self, settings: Any, lane_groups: int | None) -> int | None:
-        """Sets the run's lane groups; the lanes the default plan tile is sized
-        for (None: all of the run's lanes).
-
-        None: ``default_lane_groups``. A lockstep server steps every lane in
-        every call, so its lanes form one group. Without a ``plan_tile``, asked-
-        for groups plan alone, in the default tile for one group's lanes (one
-        sized for all N would compute rows for nothing); the run's plan
-        (``jaxmesh.run.plan.plan_run``) sizes it once the chunk is known.
-        """
+        """Sets the run's lane groups (None: ``default_lane_groups``; one for a
+        lockstep server); returns the lanes the default plan tile is sized for
+        (None: all of the run's lanes)."""
         n = min(settings.num_envs, self.num_lanes)
         asked = lane_groups is not None
         if not asked:
@@ -177,14 +150,8 @@ class ServedLanes:
         return None
 
     def reconnect(self, s: int, connect_timeout: float) -> Session:
-        """A new session with server ``s`` (at its first address), checked to
-        serve the same spaces, at least the lanes the run gave it, and every
-        step's info when the lost one did (``Session.info_every_step``).
-
-        Raises:
-          jaxmesh.RemoteError: it cannot be reached; ValueError: it serves
-            something else now.
-        """
+        """A new session with server ``s``, checked to serve what the lost one
+        did (ValueError if not; ``jaxmesh.RemoteError``: not reachable)."""
         kw = {**self._connect, "connect_timeout": connect_timeout}
         session = Session(self.addresses[s], **kw)
         old, new = self.sessions[s].info, session.info

@@ -27,11 +27,7 @@ def _present(b: codec.ResultBatch, key: str) -> np.ndarray:
 class Inbox:
     """A served run's replies and the step results in, not taken yet: a ring
     buffer per lane (``head`` .. ``tail``; at most two chunks are ever sent
-    ahead of the step a lane is at).
-
-    Args:
-      run: the ``pace.ServedRun``.
-    """
+    ahead). ``run``: the ``pace.ServedRun``."""
 
     def __init__(self, run: Any):
         self.run = run
@@ -126,9 +122,7 @@ class Inbox:
 
     def _mark_env_error(self, s: int | None, exc: RemoteEnvError) -> None:
         """Marks the env error server ``s`` sent with the run's lane and the
-        step of its episode (``HostLoop.env_error`` names them): the call that
-        failed is the oldest in flight, so every earlier step of the lane is
-        in (``head`` .. ``tail``)."""
+        step of its episode (every earlier step of the lane is in)."""
         to_global = self.run.to_global
         if s is None or exc.lane is None or not 0 <= exc.lane < len(to_global[s]):
             return
@@ -203,15 +197,11 @@ class Inbox:
         row0 = np.concatenate([[0], np.cumsum(b.rows)[:-1]]).astype(np.int64)
         step0 = np.concatenate([[0], np.cumsum(b.steps)[:-1]]).astype(np.int64)
         # Info rows: the observation rows, or a reset's and every step's.
-        info0 = row0
-        if b.info:
-            info0 = self._info_starts(s, b)
+        info0 = self._info_starts(s, b) if b.info else row0
         is_reset = np.isin(g, reset_g)
         ep_sent = np.zeros(g.size, np.int64)
         ep_sent[is_reset] = reset_ep[np.searchsorted(reset_g, g[is_reset])]
-        # act_g is in ascending local order, as the reply
-        act_pos = np.flatnonzero(~is_reset)
-        ep_sent[act_pos] = act_ep
+        ep_sent[~is_reset] = act_ep  # act_g is in ascending local order, as b
         live = ep_sent == run.epoch[g]
         # Resets: the reset observation.
         rl = np.flatnonzero(live & is_reset)
@@ -297,11 +287,8 @@ class Inbox:
             )
 
     def info_rows(self, b: codec.ResultBatch) -> dict[str, np.ndarray]:
-        """The reply's info leaves asked for, one float per row.
-
-        Raises:
-          ValueError: a leaf that is not one number per row.
-        """
+        """The reply's info leaves asked for, one float per row (ValueError
+        for a leaf that is not one number per row)."""
         out = {}
         for k in self.run.info_keys:
             if k not in b.info:

@@ -15,14 +15,10 @@ from jaxmesh.core import replay, rules
 
 
 def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None:
-    """Queues every action of the lanes in ``go`` known now and not sent yet.
-
-    What is known after the step that played index c of a chunk
-    (``replay.known_until``: at c = 0 the chunk, at c = h - L under a lead
-    the prefetched one too) is cut where the agent must see an observation
-    first (``replay.segment_offsets``); no segment passes
-    ``max_episode_steps`` or an action that fails the checks. h and L are
-    each lane's (``HostLoop.lane_setting``: its cell under a sweep).
+    """Queues every action of the lanes in ``go`` known now
+    (``replay.known_until``) and not sent yet, cut where the agent must see an
+    observation first (``replay.segment_offsets``); no segment passes
+    ``max_episode_steps`` or an action that fails the checks.
     """
     lanes_ = np.flatnonzero(go)
     if run.cfg.h == 1 and run.cfg.lead == 0:  # the action, per lane
@@ -83,10 +79,9 @@ def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None
 
 
 def _one_segment_each(run: Any, js, cs, target, chunk) -> bool:
-    """Without a lead, each lane's known actions are one segment, the rest
-    of its chunk: queued for every lane at once (no per-lane work). False
-    (nothing queued) when an action fails the checks: the caller then cuts
-    each lane's segment before its first bad action."""
+    """Without a lead, each lane's known actions (the rest of its chunk) are
+    one segment, queued for every lane at once; False (nothing queued) when an
+    action fails the checks."""
     first = run.sent[js]
     counts = target - first
     offset = first - cs  # where the unsent actions start in the chunk
