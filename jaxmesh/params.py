@@ -45,9 +45,7 @@ class ParamError(ValueError):
 
 
 def _type_name(t: type | tuple[type, ...]) -> str:
-    if isinstance(t, tuple):
-        return " or ".join(x.__name__ for x in t)
-    return t.__name__
+    return " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
 
 
 class Param:
@@ -218,17 +216,10 @@ def _is_number(v: Any) -> bool:
 
 
 def _infer_type(default: Any) -> type | tuple[type, ...] | None:
-    if isinstance(default, bool):
-        return bool
-    if isinstance(default, numbers.Integral):
-        return int
-    if isinstance(default, numbers.Real):
-        return float
-    if isinstance(default, str):
-        return str
     if isinstance(default, list | tuple):
         return (list, tuple)  # YAML gives lists where Python code wrote tuples
-    return None
+    kinds = ((bool, bool), (numbers.Integral, int), (numbers.Real, float), (str, str))
+    return next((t for kind, t in kinds if isinstance(default, kind)), None)
 
 
 def _is_instance(value: Any, t: type | tuple[type, ...]) -> bool:
