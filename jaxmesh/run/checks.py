@@ -6,6 +6,7 @@ per-episode buffers fit in memory.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -58,19 +59,13 @@ def check_at_most(name: str, value: int, high: int, hint: str) -> int:
 def free_memory(device: Any = None) -> tuple[int | None, int | None]:
     """(device bytes free, host bytes free); None where it cannot be known (a
     CPU device reports no ``memory_stats`` and lives in host memory)."""
-    host = None
-    try:
+    dev = host = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # not POSIX
         host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not POSIX
-        pass
-    dev = None
-    try:
-        d = device or jax.local_devices()[0]
-        stats = d.memory_stats() or {}
+    with contextlib.suppress(Exception):  # a backend without memory stats
+        stats = (device or jax.local_devices()[0]).memory_stats() or {}
         if "bytes_limit" in stats:
             dev = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    except Exception:  # a backend without memory stats
-        pass
     return dev, host
 
 

@@ -318,7 +318,7 @@ class EpisodeStream:
 
     def fail(self, exc: BaseException, timing: dict) -> None:
         """Puts the finished episodes on ``exc.partial_result`` with a note."""
-        try:
+        with contextlib.suppress(Exception):  # the results may be unusable
             partial = self.partial(timing)
             exc.partial_result = partial  # type: ignore[attr-defined]
             n = 0 if partial is None else partial.num_episodes
@@ -327,8 +327,6 @@ class EpisodeStream:
                 "on this exception's .partial_result (a RunResult; .indices names "
                 "them)"
             )
-        except Exception:  # the results themselves may be unusable
-            pass
 
     def check_fault(self, res: Any) -> None:
         """Raises ``BadValueError`` if the device flagged a bad value."""
