@@ -64,15 +64,12 @@ def _leaves(x: Any) -> list:
 
 def _same(a: Any, b: Any) -> bool:
     la, lb = _leaves(a), _leaves(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb, strict=True):
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        nan = x.dtype.kind in "fc"
-        if not np.array_equal(x, y, equal_nan=nan):
-            return False
-    return True
+    return len(la) == len(lb) and all(
+        x.shape == y.shape
+        and x.dtype == y.dtype
+        and np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
+        for x, y in zip(la, lb, strict=True)
+    )
 
 
 def _gap(a: Any, b: Any) -> str:
