@@ -31,11 +31,6 @@ from jaxmesh.cli.parser import make_parser
 from jaxmesh.trace import redact_text, secret_values
 
 
-def one_line(text: str) -> str:
-    """``text`` on one line, its lines' white space collapsed."""
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``jaxmesh`` command line; returns the exit status.
 
@@ -50,9 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # in the working directory (the console script leaves it off sys.path).
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    parser = make_parser()
     try:
-        args = parser.parse_args(argv)
+        args = make_parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed the message
         return int(e.code or 0)
     module, _, name = args.run.partition(":")
@@ -65,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No secret is echoed: the token given on the command line or in
         # $JAXMESH_TOKEN (a config's token is taken out where it is read).
         given = {"token": getattr(args, "token", None)}
-        line = redact_text(one_line(str(e)), secret_values(given))
+        line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+        line = redact_text(line, secret_values(given))
         print(f"jaxmesh {args.command}: error: {line}", file=sys.stderr)
         return 2
 
