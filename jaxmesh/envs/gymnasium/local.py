@@ -1,12 +1,10 @@
 """The host loop's lanes: thin adapters over the shared steppers of ``lanes``.
 
-``jaxmesh.run.host``'s loop reads lanes through the interface here:
-``reset(lanes, seeds, trials)`` (observations), ``step(actions, go, obs)`` (one
-env step of the lanes in ``go``, observations written into ``obs``), ``.info``
-/ ``.info_seen`` after each step, ``.spec``, ``.num_lanes`` and ``close()``.
-``EnvLanes`` holds one ``Env`` per lane, ``VectorEnvLanes`` a ``VectorEnv``,
-``WorkerEnvLanes`` lanes in worker processes. An env's exception reaches the
-caller as the env raised it, marked with its lane (``lanes.mark_where``).
+``jaxmesh.run.host``'s loop reads lanes through ``reset``, ``step``, ``.info``,
+``.spec`` and ``close()`` (``_LaneView``): ``EnvLanes`` holds one ``Env`` per
+lane, ``VectorEnvLanes`` a ``VectorEnv``, ``WorkerEnvLanes`` lanes in worker
+processes. An env's exception reaches the caller as the env raised it, marked
+with its lane (``lanes.mark_where``).
 """
 
 from __future__ import annotations
@@ -15,14 +13,14 @@ import contextlib
 import functools
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
 from jaxmesh.envs.gymnasium.lanes import env_actions, import_gymnasium, info_value
-from jaxmesh.envs.gymnasium.spec import HostEnvSpec, observation_layout, spec_for
+from jaxmesh.envs.gymnasium.spec import observation_layout, spec_for
 from jaxmesh.envs.gymnasium.workers import (
     WorkerLost,
     WorkerPool,
@@ -68,32 +66,6 @@ def _env_errors(method):
     return unwrapped
 
 
-def _ascending(
-    lanes: Sequence[int],
-    seeds: Sequence[int],
-    trials: Sequence[int],
-    declares_trial_index: bool,
-    max_episode_seconds: float | None,
-) -> tuple[tuple, np.ndarray]:
-    """The reset arguments ``(lanes, seeds, options, max_episode_seconds)`` by
-    ascending lane (``trial_index`` only for an env that declares it, CONTRACT
-    6), and the row of that batch for each lane as given."""
-    lanes = [int(j) for j in lanes]
-    order = sorted(range(len(lanes)), key=lanes.__getitem__)
-    options = None
-    if declares_trial_index:
-        options = [{TRIAL_INDEX: int(trials[i])} for i in order]
-    back = np.empty(len(order), np.int64)
-    back[order] = np.arange(len(order))
-    args = (
-        [lanes[i] for i in order],
-        [int(seeds[i]) for i in order],
-        options,
-        [max_episode_seconds or 0.0] * len(order),
-    )
-    return args, back
-
-
 def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dict:
     """Reset-info values as ``(float64 [m], present bool [m])`` in the order given."""
     out = {}
@@ -118,10 +90,12 @@ class _LaneView:
     one), rows in the order given.
     """
 
-    def _view(self, spec: HostEnvSpec, num_lanes: int, action_space: Any) -> None:
-        self.spec = spec
-        self.num_lanes = num_lanes
-        self.action_space = action_space
+    def _view(self, src: Any, where: str) -> None:
+        """The view of ``src``'s lanes (a stepper or a ``WorkerPool``)."""
+        space = src.action_space
+        self.spec = spec_for(src.name, src.observation_space, space, where, src.dt)
+        self.num_lanes, self.action_space = src.num_lanes, space
+        self.declares_trial_index = src.declares_trial_index
         self.info_keys: tuple[str, ...] = ()
         self.info: dict = {}
         self.info_seen: set = set()
@@ -139,22 +113,6 @@ class _LaneView:
             for j, v in got:
                 vals[j], present[j] = v, True
 
-    def _got_reset(self, info: dict, present: dict, texts: dict, back: np.ndarray):
-        self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
-        self.reset_info = _reset_infos(info, present, back, f"{self.spec.name} reset")
-
-
-class LocalAdapter(_LaneView):
-    """The in-process adapters' common part over a shared stepper."""
-
-    def __init__(self, lanes: shared.GymStepper, where: str):
-        self.lanes = lanes
-        spec = spec_for(
-            lanes.name, lanes.observation_space, lanes.action_space, where, lanes.dt
-        )
-        self._view(spec, lanes.num_lanes, lanes.action_space)
-
-    @_env_errors
     def reset(
         self,
         lanes: list[int],
@@ -171,12 +129,35 @@ class LocalAdapter(_LaneView):
         clock in ``replay`` (``step`` leaves that cap to its caller).
         ``text_keys``: reset-info keys read as they are (strings).
         """
-        args, back = _ascending(
-            lanes, seeds, trials, self.lanes.declares_trial_index, max_episode_seconds
-        )
+        # The stepper resets by ascending lane; ``back`` orders its rows as given.
+        lanes = [int(j) for j in lanes]
+        order = sorted(range(len(lanes)), key=lanes.__getitem__)
+        back = np.empty(len(order), np.int64)
+        back[order] = np.arange(len(order))
+        options = None
+        if self.declares_trial_index:  # only then (CONTRACT 6)
+            options = [{TRIAL_INDEX: int(trials[i])} for i in order]
+        seconds = [max_episode_seconds or 0.0] * len(order)
+        ascending, seeds = [lanes[i] for i in order], [int(seeds[i]) for i in order]
+        args = (ascending, seeds, options, seconds)
+        info, present, texts, obs = self._reset(args, tuple(text_keys), back, lanes)
+        self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
+        self.reset_info = _reset_infos(info, present, back, f"{self.spec.name} reset")
+        return obs
+
+
+class LocalAdapter(_LaneView):
+    """The in-process adapters' common part over a shared stepper."""
+
+    def __init__(self, lanes: shared.GymStepper, where: str):
+        self.lanes = lanes
+        self._view(lanes, where)
+
+    @_env_errors
+    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray, lanes) -> tuple:
         batch = self.lanes.reset(*args, info_keys=self.info_keys, text_keys=text_keys)
-        self._got_reset(batch.info, batch.info_present, self.lanes.reset_text, back)
-        return {name: rows[back] for name, rows in batch.observation.items()}
+        obs = {name: rows[back] for name, rows in batch.observation.items()}
+        return batch.info, batch.info_present, self.lanes.reset_text, obs
 
     @_env_errors
     def replay(
@@ -229,33 +210,30 @@ class EnvLanes(LocalAdapter):
         """
         n = go.shape[0]
         reward = np.zeros(n, np.float32)
-        term = np.zeros(n, bool)
-        trunc = np.zeros(n, bool)
+        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
         values = env_actions(self.action_space, actions)
         # Python ints for a Discrete space (what its step expects).
         acts = values.tolist() if values.ndim == 1 else values
-        shared = self.lanes
+        stepper = self.lanes
         if go.all():  # the usual step: every lane, no index lists
             lanes: Any = slice(None)
-            out = shared.step_envs(None, acts)
+            out = stepper.step_envs(None, acts)
         else:
             lanes = np.flatnonzero(go).tolist()
-            out = shared.step_envs(lanes, [acts[j] for j in lanes])
-        if not out:
-            if self.info_keys:
-                self._new_info(n)
-            return reward, term, trunc
-        o, r, te, tr, infos = zip(*out, strict=True)
-        if isinstance(lanes, slice):  # rows 0 .. m-1: stacked in place, one copy
-            m = len(o)
-            shared.observations(o, lanes, {k: obs[k][:m] for k in shared.layout.names})
-        else:
-            for name, rows in shared.observations(o, lanes).items():
-                obs[name][lanes] = rows
-        reward[lanes], term[lanes], trunc[lanes] = r, te, tr
-        if any(te) or any(tr):  # the shared lanes' state: these episodes ended
-            shared.ended[:n] |= term | trunc
-        if self.info_keys and any(infos):  # most steps of many envs: every info empty
+            out = stepper.step_envs(lanes, [acts[j] for j in lanes])
+        infos: tuple = ()
+        if out:
+            o, r, te, tr, infos = zip(*out, strict=True)
+            if isinstance(lanes, slice):  # rows 0 .. m-1: stacked in place
+                into = {k: obs[k][: len(o)] for k in stepper.layout.names}
+                stepper.observations(o, lanes, into)
+            else:
+                for name, rows in stepper.observations(o, lanes).items():
+                    obs[name][lanes] = rows
+            reward[lanes], term[lanes], trunc[lanes] = r, te, tr
+            if any(te) or any(tr):  # the stepper's state: these episodes ended
+                stepper.ended[:n] |= term | trunc
+        if self.info_keys and any(infos):  # most steps of many envs: infos empty
             where = range(n) if isinstance(lanes, slice) else lanes
             keys, name = self.info_keys, self.spec.name
             values, _ = read_infos(infos, keys, where, name, seen=False)
@@ -281,11 +259,11 @@ class VectorEnvLanes(LocalAdapter):
         """Steps every vector lane, those not in ``go`` with the idle action;
         as :meth:`EnvLanes.step` for the first n lanes."""
         n = go.shape[0]
-        shared = self.lanes
-        batch = shared.idle_batch()
+        stepper = self.lanes
+        batch = stepper.idle_batch()
         values = env_actions(self.action_space, actions)
         batch[:n][go] = values[go]
-        o, r, te, tr, info = shared.step_vector(batch)
+        o, r, te, tr, info = stepper.step_vector(batch)
         if self.info_keys:
             # gymnasium's vector info: an array per key, and a ``_key`` mask
             # of the lanes that had it.
@@ -300,18 +278,12 @@ class VectorEnvLanes(LocalAdapter):
                     v = info_value({k: np.asarray(info[k])[j]}, k, f"lane {j}")
                     vals[j], present[j] = v, True
         for j in np.flatnonzero(go):
-            one = shared.observation(shared.layout.row(o, int(j)), int(j))
+            one = stepper.observation(stepper.layout.row(o, int(j)), int(j))
             for name, leaf in one.items():
                 obs[name][j] = leaf
-        shared.ended[:n] |= (te | tr)[:n] & go  # the shared lanes' state
+        stepper.ended[:n] |= (te | tr)[:n] & go  # the stepper's state
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
         return reward, te[:n] & go, tr[:n] & go
-
-
-class _Leaves(NamedTuple):  # some of a layout's leaves (``workers.slot_fields``)
-    names: tuple[str, ...]
-    shapes: dict
-    dtypes: dict
 
 
 class _Sent(list):
@@ -342,13 +314,10 @@ class WorkerEnvLanes(_LaneView):
     def __init__(self, source: Any, num_lanes: int, workers: int):
         self.pool = pool = WorkerPool(source, num_lanes, workers)
         try:
-            spec = spec_for(
-                pool.name, pool.observation_space, pool.action_space, "env", pool.dt
-            )
+            self._view(pool, "env")
         except BaseException:
             pool.close()
             raise
-        self._view(spec, num_lanes, pool.action_space)
         self.lost: list[int] = []
         self.culprits: list[int] = []
         #: The lanes of a worker that died in a ``reset`` (and the lanes it was
@@ -375,34 +344,19 @@ class WorkerEnvLanes(_LaneView):
         if self.carried is not None:  # kept lanes, another run's leaves
             self.pool.detach()
         self.carried = carried
-        view = _Leaves(carried, layout.shapes, layout.dtypes)
-        self.pool.attach(view, self.spec.action_shape)
+        self.pool.attach(layout, self.spec.action_shape, carried)
 
     def _rows(self, lanes: Any) -> dict[str, np.ndarray]:
         slots = self.pool.slots
         return {n: slots["obs:" + n][lanes] for n in self.carried}
 
-    def reset(
-        self,
-        lanes: list[int],
-        seeds: list[int],
-        trials: list[int],
-        max_episode_seconds: float | None = None,
-        text_keys: Sequence[str] = (),
-    ) -> dict[str, np.ndarray]:
-        """As :meth:`EnvLanes.reset`; a worker that dies while resetting is
-        replaced and the reset tried once more. Every lane of that worker is
-        then reported ``lost`` by the next ``take``.
-
-        Raises:
-          workers.WorkerLost: the worker died again (marked with the lane it
-            was resetting: the run names its episode).
-        """
+    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray, lanes) -> tuple:
+        """A worker that dies while resetting is replaced and the reset tried
+        once more; every lane of that worker is then reported ``lost`` by the
+        next ``take``. ``workers.WorkerLost``: it died again (marked with the
+        lane it was resetting: the run names its episode)."""
         self.carry()  # every leaf, unless the run named the ones it reads
-        args, back = _ascending(
-            lanes, seeds, trials, self.pool.declares_trial_index, max_episode_seconds
-        )
-        args = (*args, self.info_keys, tuple(text_keys))
+        args = (*args, self.info_keys, text_keys)
         try:
             info, present, texts = self.pool.reset(*args)
         except WorkerLost as lost:
@@ -413,8 +367,7 @@ class WorkerEnvLanes(_LaneView):
             except WorkerLost as again:  # the run names the episode reset
                 culprits = self.pool.culprits or again.lanes
                 raise shared.mark_where(again, culprits[0], "resetting") from None
-        self._got_reset(info, present, texts, back)
-        return self._rows([int(j) for j in lanes])
+        return info, present, texts, self._rows(lanes)
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
         """As :meth:`EnvLanes.step`, the lanes stepped in their workers; lanes

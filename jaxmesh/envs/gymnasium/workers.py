@@ -204,8 +204,11 @@ def build_envs(source: Any, lanes: Sequence[int]) -> list:
     return shared.build_all(functools.partial(made, m) for m in makers)
 
 
-def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> dict:
-    """The segment's fields: actions, flags, rewards, ends, observation leaves."""
+def slot_fields(
+    layout: ObsLayout, action_shape: tuple, action_dtype: Any, names: Any = None
+) -> dict:
+    """The segment's fields: actions, flags, rewards, ends, observation leaves
+    (``names``; None: every leaf)."""
     fields: dict = {
         "action": (action_shape, action_dtype),
         "go": ((), bool),
@@ -214,7 +217,7 @@ def slot_fields(layout: ObsLayout, action_shape: tuple, action_dtype: Any) -> di
         "terminated": ((), bool),
         "truncated": ((), bool),
     }
-    for name in layout.names:
+    for name in layout.names if names is None else names:
         fields["obs:" + name] = (layout.shapes[name], layout.dtypes[name])
     return fields
 
@@ -565,14 +568,14 @@ class WorkerPool:
             self._recv(k, START_SECONDS, "attaching", starting=True)
         return reply
 
-    def attach(self, layout: ObsLayout, action_shape: tuple) -> None:
+    def attach(self, layout: ObsLayout, action_shape: tuple, names: Any = None) -> None:
         """Makes the shared segment of ``slot_fields`` (the env's own action
         values) and hands it to the workers."""
         space = self.action_space
         if isinstance(space, shared.import_gymnasium().spaces.Discrete):
-            self._share(slot_fields(layout, (), np.int64))
+            self._share(slot_fields(layout, (), np.int64, names))
         else:
-            self._share(slot_fields(layout, action_shape, space.dtype))
+            self._share(slot_fields(layout, action_shape, space.dtype, names))
 
     def detach(self) -> None:
         """Unlinks the shared segment (``attach`` makes another)."""
