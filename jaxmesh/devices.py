@@ -48,12 +48,7 @@ def resolve_device(device: Any, who: str = "device") -> jax.Device | None:
 
     Raises:
       TypeError: ``device`` is none of the types above.
-      ValueError: a malformed string, or this machine has no such device (the
-        message lists the devices there are).
-
-    Example::
-
-      resolve_device("cpu:0")  # CpuDevice(id=0)
+      ValueError: a malformed string, or this machine has no such device.
     """
     if device is None or isinstance(device, jax.Device):
         return device
@@ -101,11 +96,7 @@ def resolve_mesh(devices: Any, who: str = "devices") -> Mesh | None:
     Raises:
       TypeError: any other type.
       ValueError: a mesh with several axes, an empty list, a repeated device,
-        or more devices than there are (the message lists them).
-
-    Example::
-
-      resolve_mesh("all")  # Mesh('lanes': 8) on a host with 8 devices
+        or more devices than there are.
     """
     if devices is None or isinstance(devices, Mesh):
         if devices is not None and len(devices.axis_names) != 1:

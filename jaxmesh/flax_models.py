@@ -27,10 +27,8 @@ Forward = Callable[[Any, Any, Any], Any]  # (params, obs, key) -> output
 
 
 class FlaxModel(Model):
-    """A ``jaxmesh.Model`` around a pure ``forward(params, obs, key)``.
-
-    Built by ``from_nnx`` and ``from_linen``; one concrete subclass per corner
-    (see ``_model_class``) so that the engine sees which corner it implements.
+    """A ``jaxmesh.Model`` around a pure ``forward(params, obs, key)``, built by
+    ``from_nnx`` and ``from_linen`` (one subclass per corner: ``_model_class``).
 
     Args:
       forward: ``(params, obs, key) -> output``; key is None when the model is
@@ -124,9 +122,8 @@ def _check_options(caller: str, options: FlaxOptions) -> None:
 def _build(
     forward: Forward, params: Any, module: Any, options: FlaxOptions
 ) -> FlaxModel:
-    """The model of ``forward`` and ``params`` with ``options`` (checked by
-    ``_check_options``), named after ``module``'s class unless ``name`` is
-    given."""
+    """The model of ``forward`` and ``params`` with ``options``, named after
+    ``module``'s class unless ``name`` is given."""
     native_chunk = options.get("native_chunk")
     corner = "predict_chunk" if native_chunk is not None else "predict"
     if options.get("batched", True):
@@ -158,11 +155,10 @@ def from_nnx(
 ) -> FlaxModel:
     """A model from a flax NNX module.
 
-    The module is split into its graph definition, its trainable state (the
-    model's ``params``, as a plain nested dict) and everything else (kept
-    fixed, e.g. RNG state or batch statistics). Each predict merges them back
-    and calls the module. Put the module in eval mode first (``module.eval()``)
-    if it has dropout or batch norm.
+    The module's trainable state becomes the model's ``params`` (a plain
+    nested dict); everything else (RNG state, batch statistics) is kept fixed.
+    Put the module in eval mode first (``module.eval()``) if it has dropout or
+    batch norm.
 
     Args:
       module: an ``nnx.Module``; ``module(obs)`` (or ``module(obs, key)`` when
@@ -176,8 +172,7 @@ def from_nnx(
       device: where params are placed (see ``jaxmesh.Model``).
       batched: the module takes a batch of lanes (default) or one lane.
       stochastic: call ``module(obs, key)`` with a per-lane PRNG key (a batched
-        module is called row by row, each row with its own key; see the module
-        docstring).
+        module row by row, each row with its own key).
       postprocess: ``output -> action or chunk``, e.g.
         ``lambda logits: jnp.argmax(logits, -1)``.
       trainable: the nnx filter selecting the params (default ``nnx.Param``).

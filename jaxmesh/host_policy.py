@@ -1,11 +1,6 @@
-"""A policy that runs on the host with numpy values (PyTorch, numpy, anything).
-
-``HostPolicy(fn)`` is a ``jaxmesh.types.PolicyLike``: its ``apply`` runs ``fn``
-through ``jax.pure_callback``, so it plans wherever a JAX policy does (inside
-the jitted scan for JAX envs, in the host loop's jitted agent step for
-gymnasium and served envs). The engine tells it which rows of a tile are real
-lanes (``Policy.takes_rows``): ``fn`` sees only those, never padding.
-"""
+"""A policy that runs on the host with numpy values (PyTorch, numpy, anything):
+its ``apply`` runs ``fn`` through ``jax.pure_callback``, on the real rows of a
+tile only (CONTRACT 34)."""
 
 from __future__ import annotations
 
@@ -45,10 +40,9 @@ class HostPolicy:
       native_chunk: the chunk length K ``fn`` returns, or None for single
         actions.
       stochastic: pass ``fn`` seeds derived from each episode's key and plan
-        step (the same at any lane count, tile, worker count or backend).
-      spec: input name -> ``jaxmesh.adapt`` declaration (``State(stack=)``,
-        ``Previous()``, ``Image(...)``, ``Text``): ``fn`` gets the processed
-        inputs as a dict, as a ``jaxmesh.Model``'s corner does.
+        step.
+      spec: input name -> ``jaxmesh.adapt`` declaration: ``fn`` gets the
+        processed inputs as a dict, as a ``jaxmesh.Model``'s corner does.
       name: a display name (defaults to ``fn``'s name).
 
     The output's shape and dtype are found once per input shape, when the run

@@ -1,10 +1,5 @@
-"""Declared model configuration: ``jaxmesh.Param`` and ``jaxmesh.ParamError``.
-
-A model declares its configuration as ``Param`` class attributes;
-``Model.from_config`` validates what a user (or a YAML file) gives against
-them and passes the values to ``load``; ``self.<name>`` reads the configured
-value (docs/models.md has an example).
-"""
+"""Declared model configuration: ``jaxmesh.Param`` and ``jaxmesh.ParamError``
+(``Model.from_config`` checks a config against them; docs/models.md)."""
 
 from __future__ import annotations
 
@@ -51,9 +46,8 @@ def _type_name(t: type | tuple[type, ...]) -> str:
 class Param:
     """One declared configuration value of a ``jaxmesh.Model``.
 
-    Declare it as a class attribute; read the configured value as
-    ``self.<name>`` in ``load`` or a corner (the class attribute itself stays the
-    declaration, e.g. ``MyModel.hidden.default``).
+    Declare it as a class attribute; ``self.<name>`` reads the configured
+    value (``MyModel.<name>`` stays the declaration).
 
     Args:
       default: the value used when none is given; omit it for a required param.
