@@ -169,10 +169,7 @@ def probe_chunk(
         return out
 
     pending = adapt.pending_inputs(policy.spec)
-    if not pending:
-        out = shape_of(1)
-    else:
-        out = _probe_pending(policy, env, pending, shape_of)
+    out = _probe_pending(policy, env, pending, shape_of) if pending else shape_of(1)
     meant = chunks_asked or bool(pending)
     k = output_chunk(policy, out, env, horizon, PROBE_ROWS, chunk_meant=meant)
     if told is not None and k is not None and k < told:
