@@ -67,10 +67,7 @@ def tracing(path: Path | None, settings: dict | None = None) -> Iterator[None]:
 def span(name: str, row: str = "run", **args: Any) -> Iterator[None]:
     """A span on the current trace (nothing when there is none)."""
     trace = _CURRENT.get()
-    if trace is None:
-        yield
-        return
-    with trace.span(name, row, **args):
+    with contextlib.nullcontext() if trace is None else trace.span(name, row, **args):
         yield
 
 
@@ -95,9 +92,7 @@ class Trace:
     def tid(self, row: str) -> int:
         """The thread id of the row named ``row`` (made on first use)."""
         with self._lock:
-            if row not in self._threads:
-                self._threads[row] = len(self._threads) + 1
-            return self._threads[row]
+            return self._threads.setdefault(row, len(self._threads) + 1)
 
     def _us(self, t: float) -> float:
         return round((t - self.start) * 1e6, 3)
