@@ -34,8 +34,5 @@ class Kept:
     def __iter__(self) -> Iterator[Any]:
         return iter(list(self._items.values()))
 
-    def __len__(self) -> int:
-        return len(self._items)
-
 
 __all__ = ["Kept", "SIZE"]
