@@ -125,8 +125,6 @@ class LaneTexts:
                 self.host[name] = lanes_of(enc, n)
         self.place = lambda tree: jax.device_put(tree, device)
         self._device: Any = None
-        #: Per lane, the instruction of its current episode (per-episode inputs).
-        self.current: list[str | None] = [None] * n
 
     @property
     def missing(self) -> bool:
@@ -165,7 +163,6 @@ class LaneTexts:
                     jax.tree.leaves(self.host[name]), jax.tree.leaves(enc), strict=True
                 ):
                     dst[j] = src
-                self.current[j] = str(value)
         self._device = None
 
     def device(self) -> dict:
