@@ -14,10 +14,8 @@ its messages are msgpack maps (``jaxmesh.serve.codec``: arrays as openpi's
   {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``
   (and ``"pending"`` in ``"step"`` with a lead).
 
-The session's slots are freed when its stream ends (the client closes it or
-vanishes, ``idle_timeout``, shutdown); a request the server cannot run ends
-that stream only (``INVALID_ARGUMENT``); tokens, caps and limits:
-docs/serving.md, "jaxmesh's own protocol: RemotePolicy".
+A request the server cannot run ends that stream only (``INVALID_ARGUMENT``);
+tokens, caps and limits: docs/serving.md.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from jaxmesh.remote.server.options import bind
 from jaxmesh.remote.server.sessions import _cancel
 from jaxmesh.serve import codec
 from jaxmesh.serve.batcher import Batcher, ServerClosed
@@ -178,22 +177,11 @@ class GrpcService:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),)
         )
-        where = f"{self.host}:{self.port}"
         try:
-            if self.credentials is not None:
-                port = server.add_secure_port(where, self.credentials)
-            else:
-                port = server.add_insecure_port(where)
-        except RuntimeError as e:
-            port, why = 0, str(e)
-        else:
-            why = ""
-        if not port:
+            port = bind(server, f"{self.host}:{self.port}", self.credentials)
+        except OSError:
             self._executor.shutdown(wait=False)
-            raise OSError(
-                f"cannot bind {where!r}{f' ({why})' if why else ''}; is the port in "
-                "use? Pick another port, or port 0 for a free one"
-            )
+            raise
         server.start()
         self._server = server
         self._idle = _IdleWatch(self.idle_timeout, f"{self.host}:{port}")

@@ -15,7 +15,11 @@ import grpc
 
 from jaxmesh._version import __version__
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
-from jaxmesh.remote.server.options import _is_loopback, _split_address
+from jaxmesh.remote.server.options import (
+    _split_address,
+    check_exposure,
+    header_token,
+)
 from jaxmesh.serve.agents import Pools
 from jaxmesh.serve.batcher import Batcher, BatchStats
 from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
@@ -28,15 +32,8 @@ PROTOCOLS = ("openpi", "grpc")
 
 
 def _credentials(tls: Any, protocol: str) -> Any:
-    """``tls`` as the server's TLS: None; for ``"openpi"`` an ``ssl.SSLContext``,
-    for ``"grpc"`` ``grpc.ServerCredentials``; ``(cert PEM, key PEM)`` paths
-    for either.
-
-    Raises:
-      TypeError: another type (an ``ssl.SSLContext`` over ``"grpc"``: gRPC
-        takes the PEM files).
-      ValueError: the files cannot be read.
-    """
+    """``tls`` (``PolicyServer``'s argument) as ``protocol``'s server TLS:
+    an ``ssl.SSLContext`` (openpi) or ``grpc.ServerCredentials``, or None."""
     grpc_ = protocol == "grpc"
     if tls is None or isinstance(
         tls, grpc.ServerCredentials if grpc_ else ssl.SSLContext
@@ -58,26 +55,16 @@ def _credentials(tls: Any, protocol: str) -> Any:
         context.load_cert_chain(str(tls[0]), str(tls[1]))
         return context
     except (OSError, ssl.SSLError) as e:
-        what = (
-            "read the certificate and key"
-            if grpc_
-            else ("load the certificate chain and its key")
-        )
+        what = "read the certificate and key"
+        if not grpc_:
+            what = "load the certificate chain and its key"
         raise ValueError(
             f"tls={tuple(tls)!r}: cannot {what} ({e}); expected two PEM files"
         ) from e
 
 
 def _check_token(token: Any) -> str | None:
-    if token is None:
-        return None
-    if not (
-        isinstance(token, str)
-        and token
-        and token.isascii()
-        and token.isprintable()
-        and token.strip() == token
-    ):
+    if token is not None and not header_token(token):
         raise ValueError(
             "token=...: expected None or a non-empty string of printable ASCII "
             "without surrounding spaces (it travels in an HTTP header); e.g. "
@@ -87,36 +74,27 @@ def _check_token(token: Any) -> str | None:
 
 
 class PolicyServer:
-    """Serves a model to many clients at once, batching their requests.
+    """Serves a model to many clients at once, batching their requests
+    (docs/serving.md says what each argument does).
 
     Args:
-      model: a ``jaxmesh.Model`` or a single-lane policy function. Over
-        ``"openpi"`` its inputs must be the current observation (``State``,
-        ``Image`` with ``stack=1``, ``Text``): a request carries no episode.
-        Over ``"grpc"`` the server keeps each client lane's episode state
-        (frame windows, ``Previous``, recurrent state, the chunk replayed).
+      model: a ``jaxmesh.Model`` or a single-lane policy function (over
+        ``"openpi"``, one whose inputs are the current observation).
       address: ``"host:port"`` to bind; port 0 picks a free one. A host other
         than loopback needs ``token``, ``tls`` or ``insecure=True``.
-      protocol: ``"openpi"``: openpi's websocket protocol, which
-        ``openpi-client``'s ``WebsocketClientPolicy`` speaks; ``"grpc"``:
-        jaxmesh's own, which ``jaxmesh.RemotePolicy`` speaks (the policy of
-        ``jaxmesh.evaluate`` on host-stepped envs).
+      protocol: ``"openpi"`` (openpi's websocket protocol) or ``"grpc"``
+        (jaxmesh's own, for ``jaxmesh.RemotePolicy``).
       max_batch: the most requests one forward takes (``"grpc"``: the client
         lanes one agent step holds).
       max_wait_ms: how long a forward waits, after its oldest request
-        arrived, for more to fill the batch (never when every connected client
-        already has a request waiting).
+        arrived, for more to fill the batch.
       token: the key clients must send (``Authorization: Api-Key <token>``).
-      tls: serve over TLS (``wss://``, ``grpcs://``): ``(cert PEM, key PEM)``
-        paths, or an ``ssl.SSLContext`` (``"openpi"`` only).
+      tls: ``(cert PEM, key PEM)`` paths, or an ``ssl.SSLContext``
+        (``"openpi"`` only).
       insecure: allow a non-loopback address with no token and no TLS.
-      example: an observation to compile for in ``start`` (every batch size;
-        ``"openpi"`` only).
-      inputs: ``"openpi"`` only: observation key -> ``(shape, dtype)`` (or
-        ``"float32[8]"``) of each key the spec reads (a model without a spec
-        that takes one array: ``"observation/state"``); other requests are
-        refused before anything compiles (docs/serving.md, "Declared
-        inputs"). None: any layout the model can run.
+      example: ``"openpi"``: an observation to compile for in ``start``.
+      inputs: ``"openpi"``: observation key -> ``(shape, dtype)`` (or
+        ``"float32[8]"``) of each key the spec reads; None: any layout.
       metadata: more entries for the map a client receives first.
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
@@ -170,14 +148,8 @@ class PolicyServer:
         host, port = _split_address(address)
         token = _check_token(token)
         context = _credentials(tls, protocol)
-        if not (_is_loopback(host) or token or context is not None or insecure):
-            raise ValueError(
-                f"refusing to serve on {address!r} with no token and no TLS: anyone "
-                "who reaches it could run the policy. Bind a loopback address "
-                "(127.0.0.1:PORT), set a token (token=..., --token or "
-                "JAXMESH_TOKEN), pass tls=, or say insecure=True (--insecure) if "
-                "the network is trusted"
-            )
+        secured = bool(token) or context is not None or insecure
+        check_exposure(address, host, secured, "run the policy", "token=...", "tls=")
         for name, value, low in (
             ("max_message_bytes", max_message_bytes, 1024),
             ("max_connections", max_connections, 1),
@@ -254,9 +226,8 @@ class PolicyServer:
         """``ws://host:port`` (``wss://`` with TLS; ``grpc://``, ``grpcs://``
         for protocol ``"grpc"``): what clients dial."""
         scheme = "grpc" if self.protocol == "grpc" else "ws"
-        if self._context is not None:
-            scheme = "grpcs" if self.protocol == "grpc" else "wss"
-        return f"{scheme}://{self.address}"
+        tls = "s" if self._context is not None else ""
+        return f"{scheme}{tls}://{self.address}"
 
     @property
     def expects(self) -> str:

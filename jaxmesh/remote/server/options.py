@@ -1,8 +1,5 @@
-"""What a server is told and where it listens: the service's name,
-``ServeOptions`` (checked in its constructor), the request size limit
-(``request_limit``) and the checks of a bind address.
-
-Imports no other module of this package; the others import it.
+"""What a server is told and where it listens: ``ServeOptions``, the request
+size limit and the bind address (imports no other module of this package).
 """
 
 from __future__ import annotations
@@ -30,10 +27,8 @@ class ServeOptions:
 
     Attributes:
         idle_timeout_seconds: a session with no request for this long, or
-            whose client takes no reply for this long (it sends but does not
-            read), is ended (DEADLINE_EXCEEDED) and the server is free for the
-            next client; it also bounds how long a vanished client holds the
-            session.
+            whose client takes no reply for this long, is ended
+            (DEADLINE_EXCEEDED) and the server is free for the next client.
         drain_timeout_seconds: at shutdown, how long the call in progress may
             take to finish and reply before its stream is cancelled.
         close_timeout_seconds: at shutdown, how long to wait for the session to
@@ -43,25 +38,20 @@ class ServeOptions:
         token: when set, every call must carry the metadata ``authorization:
             Bearer <token>`` (clients: ``token=`` or ``JAXMESH_TOKEN``).
         workers: for ``"gymnasium:<id>"``, worker processes that build and
-            step the lanes, each a contiguous group (a Python sim's step holds
-            the GIL, so threads would share one core); for envs given as
-            objects, threads (None: 1, i.e. in the serving thread; see
-            docs/remote.md).
+            step the lanes, each a contiguous group; for envs given as
+            objects, threads (None: 1, the serving thread; docs/remote.md).
         max_message_bytes: the largest message either way; a reply over it is
             refused with RESOURCE_EXHAUSTED naming its size.
         max_request_bytes: the largest request the server receives (gRPC's
             receive limit, for every call, authenticated or not); None: a
             step request replaying ``REQUEST_STEPS`` actions on every lane, at
             least ``codec.MAX_HANDSHAKE_BYTES``, at most ``max_message_bytes``
-            (``request_limit``). Requests carry actions, replies observations,
-            so this stays small while replies of images are large.
+            (``request_limit``).
         shared_memory: offer clients on this host, running as this user, the
-            same-host data path (capability ``shared_memory``: a Unix socket
-            and shared memory instead of the gRPC stream; docs/remote.md).
+            same-host data path (docs/remote.md).
         handshake_timeout_seconds: a same-host client has this long from
-            connecting to a whole HELLO, and then to its ATTACHED (a deadline
-            over the whole frame, however it trickles in); else its connection
-            is closed.
+            connecting to a whole HELLO, and then to its ATTACHED; else its
+            connection is closed.
     """
 
     idle_timeout_seconds: float = 300.0
@@ -95,23 +85,13 @@ class ServeOptions:
                     f"ServeOptions({name}={value!r}): expected a number of seconds "
                     f"{bound} (math.inf for no limit)"
                 )
-        if not isinstance(self.shared_memory, bool):
-            raise TypeError(
-                f"ServeOptions(shared_memory={self.shared_memory!r}): expected True "
-                "or False"
-            )
-        if not isinstance(self.allow_remote_shutdown, bool):
-            raise TypeError(
-                f"ServeOptions(allow_remote_shutdown={self.allow_remote_shutdown!r}):"
-                " expected True or False"
-            )
-        if self.token is not None and not (
-            isinstance(self.token, str)
-            and self.token
-            and self.token.isascii()
-            and self.token.isprintable()
-            and self.token.strip() == self.token
-        ):
+        for name in ("shared_memory", "allow_remote_shutdown"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"ServeOptions({name}={value!r}): expected True or False"
+                )
+        if self.token is not None and not header_token(self.token):
             raise ValueError(
                 "ServeOptions(token=...): expected None or a non-empty string of "
                 "printable ASCII without surrounding spaces (it travels as gRPC "
@@ -161,7 +141,42 @@ def request_limit(options: ServeOptions, num_lanes: int, action_size: int) -> in
     return min(wanted, options.max_message_bytes)
 
 
+def header_token(token: Any) -> bool:
+    """Whether ``token`` can travel in a header: a non-empty string of
+    printable ASCII without surrounding spaces."""
+    return (
+        isinstance(token, str)
+        and token.isascii()
+        and token.isprintable()
+        and token.strip() == token != ""
+    )
+
+
 # Addresses ----------------------------------------------------------------------
+def bind(server: Any, where: str, credentials: Any) -> int:
+    """Binds a ``grpc.Server`` to ``where`` (TLS with ``credentials``, else
+    plain); the port bound.
+
+    Raises:
+      OSError: the address cannot be bound.
+    """
+    failed = None
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(where, credentials)
+        else:
+            port = server.add_insecure_port(where)
+    except RuntimeError as exc:
+        port, failed = 0, exc
+    if not port:
+        why = f" ({failed})" if failed else ""
+        raise OSError(
+            f"cannot bind {where!r}{why}; is the port in use? Pick another port, "
+            "or port 0 for a free one"
+        ) from failed
+    return port
+
+
 def _split_address(address: Any) -> tuple[str, int]:
     """(host, port) of ``"host:port"`` / ``"[v6]:port"`` to listen on (port 0
     picks a free one, ``address.host_port``); ValueError otherwise."""
@@ -172,6 +187,22 @@ def _split_address(address: Any) -> tuple[str, int]:
         f"address {address!r} is not HOST:PORT; expected e.g. '127.0.0.1:5555', "
         "'[::1]:5555' or '0.0.0.0:0' (port 0 picks a free port)"
     )
+
+
+def check_exposure(
+    address: str, host: str, secured: bool, does: str, token: str, tls: str
+) -> None:
+    """Refuses (ValueError) a non-loopback ``address`` not ``secured`` by a
+    token, TLS or ``insecure=True``; ``does``, ``token``, ``tls``: what anyone
+    could do there, and how the caller's API sets a token and TLS."""
+    if not (secured or _is_loopback(host)):
+        raise ValueError(
+            f"refusing to serve on {address!r} with no token and no TLS: anyone "
+            f"who reaches it could {does}. Bind a loopback address "
+            f"(127.0.0.1:PORT), set a token ({token}, --token or JAXMESH_TOKEN), "
+            f"pass {tls}, or say insecure=True (--insecure) if the network is "
+            "trusted"
+        )
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,10 +1,5 @@
 """``EnvServer``: the server's lifecycle (start, serve, shutdown) and its gRPC
-service (``Handshake``, ``Step``, ``Shutdown``, the token check and the
-interceptor that applies it before a request is read).
-
-It builds its lanes with ``lanes.py``, parses calls with ``requests.py``,
-watches a Step stream with ``sessions.py``, and holds the same-host data path
-(``same_host.SameHostPath``) when it offers one.
+service (``Handshake``, ``Step``, ``Shutdown`` and the token check).
 """
 
 from __future__ import annotations
@@ -38,8 +33,9 @@ from jaxmesh.remote.server.lanes import ServerStepper, _is_env, _make_lanes
 from jaxmesh.remote.server.options import (
     SERVICE_NAME,
     ServeOptions,
-    _is_loopback,
     _split_address,
+    bind,
+    check_exposure,
     request_limit,
 )
 from jaxmesh.remote.server.requests import _parse_request
@@ -48,11 +44,9 @@ from jaxmesh.remote.server.sessions import _cancel, _Session, env_error
 
 
 class _EnvTokenInterceptor(grpc.ServerInterceptor):
-    """Refuses an EnvService call whose metadata carries no token or another
-    one before any byte of its message is read: the refusal is a handler that
-    never asks for the request, so an unauthenticated client holds no more of
-    the server's memory than gRPC's flow-control window. The health service
-    needs no token."""
+    """Refuses an EnvService call without the token before any byte of its
+    message is read (a handler that never asks for the request), so such a
+    client holds no more than gRPC's flow-control window. Health needs none."""
 
     def __init__(self, server: EnvServer):
         self.server = server
@@ -134,19 +128,9 @@ class EnvServer:
                 "None"
             )
         host, port = _split_address(address)
-        if not (
-            _is_loopback(host)
-            or options.token is not None
-            or credentials is not None
-            or insecure
-        ):
-            raise ValueError(
-                f"refusing to serve on {address!r} with no token and no TLS: anyone "
-                "who reaches it could drive the env. Bind a loopback address "
-                "(127.0.0.1:PORT), set a token (ServeOptions(token=...), "
-                "--token or JAXMESH_TOKEN), pass TLS credentials=, or say "
-                "insecure=True (--insecure) if the network is trusted"
-            )
+        secured = options.token is not None or credentials is not None or insecure
+        token_arg, tls_arg = "ServeOptions(token=...)", "TLS credentials="
+        check_exposure(address, host, secured, "drive the env", token_arg, tls_arg)
         self._env = env
         self._host, self._port = host, port
         self._requested = address
@@ -170,9 +154,7 @@ class EnvServer:
     @property
     def address(self) -> str:
         """The bound ``"host:port"`` (the actual port once started)."""
-        if self._address is None:
-            return self._requested
-        return self._address
+        return self._address or self._requested
 
     @property
     def num_lanes(self) -> int:
@@ -259,22 +241,7 @@ class EnvServer:
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        where = f"{self._host}:{self._port}"
-        try:
-            if self._credentials is not None:
-                port = server.add_secure_port(where, self._credentials)
-            else:
-                port = server.add_insecure_port(where)
-        except RuntimeError as exc:
-            raise OSError(
-                f"cannot bind {where!r} ({exc}); is the port in use? Pick another "
-                "port, or port 0 for a free one"
-            ) from exc
-        if not port:
-            raise OSError(
-                f"cannot bind {where!r}; is the port in use? Pick another port, or "
-                "port 0 for a free one"
-            )
+        port = bind(server, f"{self._host}:{self._port}", self._credentials)
         self._address = f"{self._host}:{port}"
         if self.options.shared_memory and sys.platform.startswith("linux"):
             self._same_host = SameHostPath.start(self)
@@ -298,14 +265,9 @@ class EnvServer:
             self.shutdown()
 
     def shutdown(self) -> None:
-        """Stops serving: health NOT_SERVING, the session drained, envs closed.
-
-        The call in progress may finish and reply within
-        ``drain_timeout_seconds``; an open session is then ended (UNAVAILABLE),
-        and a call still running then, in worker processes
-        (``ServeOptions(workers=)`` on an id), ends with its workers killed.
-        Envs the server made are closed once the session lets go of them
-        (at most ``close_timeout_seconds``). Idempotent.
+        """Stops serving: health NOT_SERVING, the session drained (its call
+        has ``drain_timeout_seconds``, then a worker's is killed), the envs the
+        server made closed (``close_timeout_seconds``). Idempotent.
         """
         with self._state_lock:
             if self._stopping or self._server is None:
@@ -377,20 +339,14 @@ class EnvServer:
         self.shutdown()
 
     def __repr__(self) -> str:
-        state = (
-            "stopped"
-            if self._stopped.is_set()
-            else "serving"
-            if self._server is not None
-            else "not started"
-        )
+        state = "serving" if self._server is not None else "not started"
+        state = "stopped" if self._stopped.is_set() else state
         return f"EnvServer({self.address}, {state})"
 
     # RPCs ----------------------------------------------------------------------
     def _token_error(self, metadata: Any, given: str | None = None) -> str | None:
         """Why a call with this metadata (and, for a handshake, this token in
-        its message) may not proceed (None: it may). The token travels as the
-        metadata ``authorization: Bearer <token>`` and is compared exactly."""
+        its message) may not proceed (None: it may)."""
         token = self.options.token
         if token is None:
             return None
@@ -415,6 +371,11 @@ class EnvServer:
                     f"{TOKEN_ENV}"
                 )
         return None
+
+    def _authorize(self, context: grpc.ServicerContext, given: str | None = None):
+        why = self._token_error(context.invocation_metadata(), given)
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
     def _handshake_reply(self, lanes: ServerStepper) -> pb.HandshakeReply:
         shm_name = self._same_host.name if self._same_host is not None else ""
@@ -442,9 +403,7 @@ class EnvServer:
             request = codec.parse_handshake_request(data, limit)
         except codec.ProtocolError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        why = self._token_error(context.invocation_metadata(), request.token)
-        if why is not None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        self._authorize(context, request.token)
         try:
             version = codec.choose_version(request.protocol_versions)
         except codec.ProtocolError as exc:
@@ -455,9 +414,7 @@ class EnvServer:
         return reply.SerializeToString()
 
     def _shutdown_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
-        why = self._token_error(context.invocation_metadata())
-        if why is not None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        self._authorize(context)
         if not self.options.allow_remote_shutdown:
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -473,9 +430,7 @@ class EnvServer:
     def _step_rpc(
         self, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        why = self._token_error(context.invocation_metadata())
-        if why is not None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        self._authorize(context)
         refused = self._admit()
         if refused is not None:
             context.abort(*refused)
@@ -483,10 +438,8 @@ class EnvServer:
         session = _Session(functools.partial(_cancel, context))
         session.watch_idle(self.options.idle_timeout_seconds, self.address)
         self._session = session
-        # The stream ends while a call runs (its client gave up after its
-        # reply timeout, or went away; or shutdown's grace ran out): a hung
-        # env in a worker process is killed, so the call ends and the session
-        # is freed for the next client.
+        # The stream ends while a call runs (its client gave up or went away,
+        # or shutdown's grace ran out): a hung env's worker is killed.
         context.add_callback(
             lambda: session.abandon(
                 functools.partial(lanes.abandon, respawn=not self._stopping)
