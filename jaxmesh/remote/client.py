@@ -1,12 +1,6 @@
-"""A client session with a jaxmesh env server: a handshake, then one Step stream.
-
-``Connection`` is the only place the client side touches gRPC. Requests go out
-through a queue that feeds the stream, and a reader thread takes replies off it
-and decodes them, so that decoding never sits on the caller's critical path and
-several requests can be in flight. Every gRPC failure becomes a
-``jaxmesh.RemoteError`` naming the address (``RemoteEnvError``: the env raised;
-``RemoteConnectionError``: unreachable, gone, busy or closed); docs/remote.md
-says how long each takes to surface. ``close`` never waits for a hung server.
+"""A client session with a jaxmesh env server: a handshake, then one Step
+stream (the only place the client side touches gRPC). Every gRPC failure
+becomes a ``jaxmesh.RemoteError`` naming the address (docs/remote.md).
 """
 
 from __future__ import annotations
@@ -59,15 +53,21 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list:
     ]
 
 
+def open_channel(
+    address: str, credentials: grpc.ChannelCredentials | None, max_message_bytes: int
+) -> grpc.Channel:
+    """A channel to ``address`` (TLS with ``credentials``, else plain)."""
+    options = channel_options(max_message_bytes)
+    if credentials is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, credentials, options=options)
+
+
 def channel_tls(
     address: str, credentials: grpc.ChannelCredentials | None
 ) -> grpc.ChannelCredentials | None:
-    """The TLS credentials a channel to ``address`` uses (None: a plain channel).
-
-    ``"grpcs://"`` means TLS: ``credentials`` or, when None, gRPC's default
-    roots. Credentials with a plain ``"grpc://"`` address are refused rather
-    than silently ignored or silently used.
-    """
+    """The TLS credentials a channel to ``address`` uses (None: a plain
+    channel); credentials with a plain ``"grpc://"`` address are refused."""
     if credentials is not None and not isinstance(credentials, grpc.ChannelCredentials):
         raise TypeError(
             f"credentials is a {type(credentials).__name__}; expected "
@@ -210,15 +210,9 @@ def next_reply(
     address: str,
     on_timeout: Callable[[], None],
 ) -> Any:
-    """The next reply a reader thread handed to ``replies`` (as ``(_, item)``):
-    ``on_timeout()`` and an error when none comes within ``reply_timeout``
-    seconds (None: no limit); an exception handed over is raised and put back.
-
-    Raises:
-      jaxmesh.RemoteConnectionError: no reply within ``reply_timeout``
-        (code ``DEADLINE_EXCEEDED``).
-      BaseException: the one the reader handed over.
-    """
+    """The next reply a reader thread handed to ``replies`` (as ``(_, item)``);
+    an exception handed over is raised and put back; none within
+    ``reply_timeout``: ``on_timeout()`` and RemoteConnectionError."""
     try:
         _, item = replies.get(timeout=reply_timeout)
     except queue.Empty:
@@ -248,8 +242,7 @@ class Stream:
     def _start_stream(self) -> None:
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
-        # When a reply (or the stream's end) last came in, and the last request
-        # went out: close() waits for a server only while it answers.
+        # close() waits for a server only while it answers.
         self._progress = self._last_send = time.monotonic()
         #: ``time.perf_counter()`` when the last request was handed over.
         self.sent_at = 0.0
@@ -320,9 +313,8 @@ _END = object()
 
 
 class Connection(Stream):
-    """One client of one env server: the handshake at construction, then
-    ``open`` / ``send`` / ``receive`` on one Step stream (the session): the
-    gRPC ``session.Transport``.
+    """One client of one env server, the gRPC ``session.Transport``: the
+    handshake at construction, then ``open`` / ``send`` / ``receive``.
 
     Args:
       address: ``"grpc://host:port"`` or ``"host:port"``.
@@ -331,10 +323,8 @@ class Connection(Stream):
       connect_timeout: seconds the handshake may take.
       reply_timeout: seconds ``receive`` waits for a reply (None: no limit).
       max_message_bytes: the per-message cap (both ways).
-      credentials: ``grpc.ChannelCredentials`` for a TLS server (e.g.
-        ``grpc.ssl_channel_credentials(root_certificates=pem)`` for a private
-        CA); with a ``"grpcs://"`` address and none given, gRPC's default
-        roots check the server's certificate.
+      credentials: ``grpc.ChannelCredentials`` for a ``"grpcs://"`` server
+        (None: gRPC's default roots).
 
     Raises:
       ValueError: a malformed address, or credentials with a plain
@@ -370,12 +360,7 @@ class Connection(Stream):
         self.token = token or None
         self.reply_timeout = reply_timeout
         self.max_message_bytes = max_message_bytes
-        options = channel_options(max_message_bytes)
-        self._channel = (
-            grpc.insecure_channel(self.address, options=options)
-            if credentials is None
-            else grpc.secure_channel(self.address, credentials, options=options)
-        )
+        self._channel = open_channel(self.address, credentials, max_message_bytes)
         self._stub = pb_grpc.EnvServiceStub(self._channel)
         self._stream: Any = None
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -462,21 +447,17 @@ class Connection(Stream):
         """The next reply off the stream, the exception met, or None after close."""
         try:
             reply = next(self._replies_in)
-        except StopIteration:
+        except (StopIteration, grpc.RpcError) as exc:
             self._progress = time.monotonic()
             if self._stream is None:  # our own close(): the server ended it
                 return None
             self._broken = True
+            if isinstance(exc, grpc.RpcError):
+                return remote_error(exc, self.address)
             return RemoteConnectionError(
                 f"the jaxmesh env server at {self.address} closed the session",
                 address=self.address,
             )
-        except grpc.RpcError as exc:
-            self._progress = time.monotonic()
-            if self._stream is None:
-                return None
-            self._broken = True
-            return remote_error(exc, self.address)
         self._progress = time.monotonic()
         self._received += 1
         if self._owed:
@@ -525,10 +506,9 @@ class Connection(Stream):
         timeout: float = CLOSE_TIMEOUT_SECONDS,
         grace: float = CLOSE_GRACE_SECONDS,
     ) -> None:
-        """Ends the session and closes the channel (idempotent): the server's
-        end of the session is awaited (so that the next session does not find
-        it "busy") only while it answers, ``grace`` seconds per reply and
-        ``timeout`` in all; at once after a reply timeout or a failure."""
+        """Ends the session and closes the channel (idempotent), awaiting the
+        server's end only while it answers (``grace`` seconds per reply,
+        ``timeout`` in all)."""
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
@@ -536,8 +516,7 @@ class Connection(Stream):
             if reader is None and not self._broken:  # drain the stream in one
                 reader = self._drain_thread()
             self._stream = None
-            # The server owes replies that a reader thread would have read as
-            # they came: it has been quiet since the last reply or request.
+            # A reader thread read replies as they came: quiet since the last.
             owed = self._reader is not None and self._sent > self._received
             since = max(self._progress, self._last_send) if owed else time.monotonic()
             if reader is not None:

@@ -1,10 +1,6 @@
 """``jaxmesh.RemotePolicy``: a policy served by ``jaxmesh serve-policy``, as the
-policy of ``jaxmesh.evaluate`` on host-stepped envs (docs/serving.md).
-
-Over gRPC only the agent step moves to the server (``RemoteAgent`` in place of
-``driver.HostAgent``, ``agents.Pool`` on the server); the episodes, seeds and
-results stay the host loop's, so a run gives the results of the same run with
-the model in process.
+policy of ``jaxmesh.evaluate`` on host-stepped envs (docs/serving.md). Over
+gRPC only the agent step moves to the server (``RemoteAgent``).
 """
 
 from __future__ import annotations
@@ -22,13 +18,13 @@ import numpy as np
 from jaxmesh.core import agent
 from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote.address import parse_address, uses_tls
-from jaxmesh.remote.client import channel_options
-from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
+from jaxmesh.remote.client import open_channel
+from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
 from jaxmesh.serve import codec
 from jaxmesh.serve.agents import SETTINGS, spec_to_wire
 from jaxmesh.serve.grpc_service import METHOD
 from jaxmesh.serve.ws_client import SCHEMES as WS_SCHEMES
-from jaxmesh.serve.ws_client import WebsocketPolicy
+from jaxmesh.serve.ws_client import WebsocketPolicy, env_token
 from jaxmesh.types import Policy
 
 #: Seconds ``GrpcPolicy`` waits for the server to answer its connection.
@@ -47,16 +43,10 @@ def _refuse_apply(*args: Any, **kwargs: Any) -> Any:
 
 
 def RemotePolicy(address: str, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
-    """A policy served by another process, by its address's protocol.
-
-    ``ws://host:port`` / ``wss://host:port``: openpi's websocket protocol
-    (openpi's own server, ``jaxmesh serve-policy``, or any server speaking
-    it): a ``ws_client.WebsocketPolicy``, a ``jaxmesh.HostPolicy`` whose lanes
-    each send one request per plan (its arguments: ``inputs=``, ``token=``,
-    ``timeout=``, ...; docs/policies.md). Any other address
-    (``host:port``, ``grpc://``, ``grpcs://``): ``jaxmesh serve-policy
-    --protocol grpc``, a ``GrpcPolicy`` (the server runs the whole agent step;
-    docs/serving.md).
+    """A policy served by another process, by its address's protocol:
+    ``ws://`` / ``wss://`` (openpi's websocket protocol): a
+    ``ws_client.WebsocketPolicy`` (its arguments: docs/policies.md); any other
+    address (``host:port``, ``grpc://``, ``grpcs://``): a ``GrpcPolicy``.
 
     Example::
 
@@ -100,11 +90,7 @@ class GrpcPolicy:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ):
         self.address = parse_address(address)
-        if token is None:
-            token = os.environ.get(TOKEN_ENV) or None
-        if token is not None and not isinstance(token, str):
-            raise TypeError(f"token is a {type(token).__name__}; expected a string")
-        self.token = token
+        self.token = env_token(token)
         if tls is None and uses_tls(address):
             tls = True
         self.tls = tls
@@ -175,13 +161,8 @@ class _Stream:
 
     def __init__(self, remote: GrpcPolicy):
         self.address = remote.address
-        options = channel_options(remote.max_message_bytes)
         creds = remote._credentials()
-        self.channel = (
-            grpc.insecure_channel(self.address, options=options)
-            if creds is None
-            else grpc.secure_channel(self.address, creds, options=options)
-        )
+        self.channel = open_channel(self.address, creds, remote.max_message_bytes)
         try:
             grpc.channel_ready_future(self.channel).result(
                 timeout=remote.connect_timeout
@@ -317,11 +298,8 @@ class RemoteStep:
         episodes=None,
     ):
         moved = np.ones(self.n, bool) if moved is None else np.asarray(moved, bool)
-        every = jax.tree.leaves(obs)
-        if moved.all():  # every row goes: the lanes' buffers as they are
-            leaves = [np.asarray(every[i]) for i in self.picked]
-        else:
-            leaves = [np.asarray(every[i])[moved] for i in self.picked]
+        every, rows = jax.tree.leaves(obs), slice(None) if moved.all() else moved
+        leaves = [np.asarray(every[i])[rows] for i in self.picked]
         body = {
             "obs": leaves,
             "started": np.asarray(started, bool),

@@ -1,22 +1,10 @@
 """The client side of openpi's websocket policy protocol, for
-``jaxmesh.RemotePolicy("ws://host:port")``.
+``jaxmesh.RemotePolicy("ws://host:port")`` (docs/serving.md).
 
-The protocol, as ``openpi-client``'s ``WebsocketClientPolicy`` speaks it (and
-jaxmesh's ``serve-policy`` and openpi's own server serve it): on connect the
-server sends a metadata map; then each binary frame the client sends is one
-observation (msgpack, arrays as ``jaxmesh.serve.codec`` writes them) and is
-answered by one frame ``{"actions": [K, *A] or [*A], ...}``. A request the
-server cannot answer gets a text frame saying why, and its connection closes.
-A token travels as the header ``Authorization: Api-Key <token>``.
-
-``WebsocketClient.infer`` sends a plan's B requests at once over a pool of at
-most ``connections`` connections, one request per row, so a batching server
-batches them: the calling thread packs and writes a request on each
-connection, then reads the replies in row order, a connection's next row
-going out as its reply comes in (websockets' Sans-I/O protocol over plain
-non-blocking sockets, no event loop: a plan costs its syscalls and framing,
-not a coroutine per row). Connections go straight to the server's address
-(no HTTP proxy).
+On connect the server sends a metadata map; then each binary frame the client
+sends is one observation (msgpack, ``jaxmesh.serve.codec``), answered by one
+frame ``{"actions": [K, *A] or [*A], ...}``, or by a text frame saying why
+before the connection closes. A token travels as ``Authorization: Api-Key``.
 """
 
 from __future__ import annotations
@@ -82,6 +70,15 @@ def default_inputs(obs: Any, instruction: str | None) -> dict:
     return request
 
 
+def env_token(token: str | None) -> str | None:
+    """``token``, or ``$JAXMESH_TOKEN`` when None (TypeError: not a string)."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"token is a {type(token).__name__}; expected a string")
+    return token
+
+
 def encode_prompt(instruction: str) -> np.ndarray:
     """``instruction`` as ``PROMPT_BYTES`` UTF-8 bytes, zero-padded (the
     ``Text`` encoding that carries it to the host callback)."""
@@ -120,8 +117,7 @@ def _wait(sock: socket.socket, events: int, deadline: float) -> bool:
 
 def _alive(ws: _Connection) -> bool:
     """Reads what an idle connection holds, without waiting: whether it is
-    still open (pings are answered; a close, or a message nobody asked for,
-    ends it)."""
+    still open (a close, or a message nobody asked for, ends it)."""
     try:
         while ws.protocol.state is ProtocolState.OPEN:
             ws.feed(None)
@@ -159,16 +155,9 @@ def _closed_since(idle: list[_Connection]) -> list[_Connection]:
 
 class _Connection:
     """One websocket connection, driven by the thread that holds it:
-    websockets' Sans-I/O protocol (``ClientProtocol``: framing, masking, pongs,
-    the close handshake) over a non-blocking socket, read and written first
-    and polled only when it is not ready (one syscall per frame each way
-    when the data is there). ``WebsocketClient``'s pool hands each
-    connection to one thread at a time.
-
-    Args:
-      sock: the connected socket (TLS already set up).
-      protocol: its websockets ``ClientProtocol``.
-      write_timeout: seconds a write may wait for the socket.
+    websockets' Sans-I/O ``ClientProtocol`` over a non-blocking socket, read
+    and written first and polled only when it is not ready. ``write_timeout``:
+    seconds a write may wait for the socket.
     """
 
     __slots__ = ("sock", "protocol", "parts", "kind", "pending", "write_timeout")
@@ -186,12 +175,8 @@ class _Connection:
         self.pending: collections.deque = collections.deque()
 
     def flush(self) -> None:
-        """Writes what the protocol has to send (frames, pongs, a close).
-
-        Raises:
-          TimeoutError: the socket took no data for ``write_timeout`` s.
-          OSError: the connection broke.
-        """
+        """Writes what the protocol has to send (TimeoutError: the socket took
+        no data for ``write_timeout`` s; OSError: the connection broke)."""
         for data in self.protocol.data_to_send():
             if data:
                 self._write(data)
@@ -220,11 +205,7 @@ class _Connection:
 
     def feed(self, deadline: float | None) -> None:
         """Reads what arrives by ``deadline`` (``time.monotonic``; None: only
-        what has arrived) into the protocol.
-
-        Raises:
-          TimeoutError: nothing came in time.
-        """
+        what has arrived) into the protocol (TimeoutError: nothing came)."""
         sock = self.sock
         while True:
             try:
@@ -245,11 +226,7 @@ class _Connection:
 
     def message(self) -> bytes | str | None:
         """The next whole message parsed (bytes, or a text frame's text),
-        None when there is none yet (pings are answered by the protocol).
-
-        Raises:
-          _Closed: the server closed the connection (or it broke).
-        """
+        None when there is none yet (_Closed: the connection is over)."""
         pending = self.pending
         while pending:
             frame = pending.popleft()
@@ -271,12 +248,7 @@ class _Connection:
         return None
 
     def receive(self, deadline: float) -> bytes | str:
-        """The next message: bytes, or the text of a text frame.
-
-        Raises:
-          TimeoutError: none by ``deadline`` (``time.monotonic``).
-          _Closed: the connection closed first.
-        """
+        """The next message by ``deadline`` (TimeoutError), as ``message``."""
         while True:
             message = self.message()
             if message is not None:
@@ -320,15 +292,9 @@ class WebsocketClient:
       connect_timeout: seconds to wait for a connection and its metadata.
 
     The first connection opens here: an unreachable server fails at once.
-    When the server batches across connections (``batching``: its metadata's
-    ``max_batch`` is over 1, as jaxmesh's ``serve-policy`` sends), a plan of
-    B rows leaves no other connection idle: the surplus ones close before
-    its requests go, since such a server waits (up to its ``max_wait_ms``)
-    for a request from every connected client. The connections are driven
-    by the thread that calls ``infer`` (no event loop): it writes a plan's
-    requests, then reads their replies. While no plan runs, a thread
-    answers the server's keepalive pings on the idle connections every
-    ``KEEPALIVE_S`` seconds.
+    Against a server that batches (``batching``), a plan closes the idle
+    connections first; while no plan runs, a thread answers the server's
+    pings on the idle connections every ``KEEPALIVE_S`` seconds.
 
     Raises:
       RemotePolicyError: the server cannot be reached, refused the
@@ -359,10 +325,7 @@ class WebsocketClient:
             raise TypeError(f"connections={connections!r}: expected an int >= 1")
         if connections < 1:
             raise ValueError(f"connections={connections!r}: expected an int >= 1")
-        if token is None:
-            token = os.environ.get(TOKEN_ENV) or None
-        if token is not None and not isinstance(token, str):
-            raise TypeError(f"token is a {type(token).__name__}; expected a string")
+        token = env_token(token)
         try:
             self._uri = parse_uri(address)
         except InvalidURI as e:
@@ -382,9 +345,7 @@ class WebsocketClient:
         #: The server's metadata map (its first frame).
         self.metadata: dict = metadata
         batch = metadata.get("max_batch")
-        #: The server batches requests across connections (jaxmesh's
-        #: ``serve-policy`` says so in its metadata): it waits for every
-        #: connected client, so no connection is left idle through a plan.
+        #: The server batches across connections (metadata ``max_batch`` > 1).
         self.batching = isinstance(batch, int) and batch > 1
         self._idle.append(ws)
         self._open = 1
@@ -398,9 +359,7 @@ class WebsocketClient:
             f"the policy server at {self.address} {what}", address=self.address
         )
 
-    # Connections -------------------------------------------------------------
     def _connect(self) -> tuple[_Connection, dict]:
-        """A new connection and its metadata."""
         uri = self._uri
         deadline = time.monotonic() + self.connect_timeout
         try:
@@ -460,18 +419,15 @@ class WebsocketClient:
                     f"sent a {type(metadata).__name__} as its metadata; openpi's "
                     "protocol begins with a map: is it an openpi policy server?"
                 )
-        except BaseException as e:
+        except (codec.CodecError, TimeoutError, _Closed, OSError) as e:
             ws.close()
-            if isinstance(e, RemotePolicyError):
-                raise
-            if isinstance(e, codec.CodecError | TimeoutError | _Closed | OSError):
-                what = (
-                    "ConnectionClosed" if isinstance(e, _Closed) else type(e).__name__
-                )
-                raise self._error(
-                    f"sent no metadata map on connect ({what}: {e}): "
-                    "is it an openpi policy server?"
-                ) from None
+            what = "ConnectionClosed" if isinstance(e, _Closed) else type(e).__name__
+            raise self._error(
+                f"sent no metadata map on connect ({what}: {e}): "
+                "is it an openpi policy server?"
+            ) from None
+        except BaseException:
+            ws.close()
             raise
         return ws, metadata
 
@@ -483,8 +439,7 @@ class WebsocketClient:
         )
 
     def _take(self, want: int) -> list[_Connection]:
-        """Up to ``want`` connections for one thread (at least one), opening
-        new ones while fewer than ``connections`` are open."""
+        """Up to ``want`` connections for one thread (at least one)."""
         with self._cond:
             while (
                 not self._idle and self._open >= self.connections and not self._closed
@@ -532,10 +487,8 @@ class WebsocketClient:
             ws.close()
 
     def _keep_alive(self) -> None:
-        """Reads the idle connections now and then (each read does not wait,
-        under the pool's lock: a plan never finds the pool short): the
-        protocol answers the server's pings, and a connection the server
-        closed is dropped."""
+        """Reads the idle connections now and then (under the pool's lock):
+        pings are answered, a connection the server closed is dropped."""
         while not self._stop.wait(KEEPALIVE_S):
             with self._cond:
                 idle = self._idle
@@ -543,7 +496,6 @@ class WebsocketClient:
                 dead = [ws for ws in idle if ws not in self._idle]
             self._give([], dead)
 
-    # Requests ----------------------------------------------------------------
     def infer(self, frames: Sequence[bytes]) -> list[Any]:
         """The replies to ``frames`` (packed requests), in order; all are sent
         at once, over at most ``connections`` connections.
@@ -554,9 +506,8 @@ class WebsocketClient:
         return self.infer_rows(len(frames), frames.__getitem__)
 
     def infer_rows(self, n: int, frame: Callable[[int], bytes]) -> list[Any]:
-        """``infer`` of the ``n`` requests ``frame(i)`` packs: each is packed
-        as it goes out (the server starts on the first while the rest are
-        packed), each reply read as it comes in.
+        """``infer`` of the ``n`` requests ``frame(i)`` packs, each packed as
+        it goes out.
 
         Raises:
           RemotePolicyError: a request failed (the first failed row's error).
@@ -638,8 +589,7 @@ class WebsocketClient:
 
 
 class WebsocketPolicy(HostPolicy):
-    """A policy served over openpi's websocket protocol, as
-    ``jaxmesh.RemotePolicy("ws://host:port", ...)`` builds it: a
+    """A policy served over openpi's websocket protocol: a
     ``jaxmesh.HostPolicy`` whose lanes that plan each send one request, at
     once, and take their reply's ``actions`` as their chunk (or action).
 
@@ -662,9 +612,8 @@ class WebsocketPolicy(HostPolicy):
         episode's reset-info key, e.g. LIBERO's ``"language"``).
       connect_timeout: seconds to wait for a connection (default 10).
 
-    The server is reached here (``RemotePolicyError`` if it cannot be). When
-    a run traces, one row of zeros is sent to learn the actions' shape (as
-    for any HostPolicy). ``close()`` (or ``with``) closes the connections.
+    Raises:
+      RemotePolicyError: the server cannot be reached.
     """
 
     def __init__(
