@@ -1,35 +1,16 @@
-"""The same-host data path of a session: a Unix socket and shared memory.
-
-A server declares the capability ``shared_memory`` and, in the handshake's
-``shared_memory`` field, the name of an abstract Unix socket it listens on. A
-client on the same host attaches there instead of opening the gRPC Step
-stream; gRPC stays the control plane (handshake, health, shutdown, auth) and
-the path across hosts. Over the socket every message is a frame: a header
+"""The same-host data path of a session: a Unix socket and shared memory
+(docs/remote.md, "Same-host transport"). Every message is a frame: a header
 (``HEADER``: payload bytes, kind, ring slot) and a payload.
 
-1. The client sends ``HELLO`` (JSON: its token and the observation leaves it
-   reads). The server checks that the peer runs as its own user
-   (``SO_PEERCRED``), the token (as gRPC's), and that no session is open, else
-   it answers ``REFUSE`` (JSON: a gRPC status name and details); limits on
-   the HELLO are ``server/same_host.py``'s.
-2. The server creates an anonymous shared-memory file (``memfd_create``) of
-   ``RING`` slots, each holding every leaf asked for on every lane (in the
-   leaf's own dtype), and answers ``ATTACH`` with the file's descriptor
-   attached (``SCM_RIGHTS``). The client maps it and answers ``ATTACHED``.
-3. Each call is a ``REQUEST`` frame holding the serialized ``StepRequest``,
-   exactly as on the gRPC stream, answered in order by a ``REPLY`` frame: the
-   serialized ``StepReply`` with the observation rows taken out and written to
-   the ring slot the frame names (call ``i`` uses slot ``i % RING``; the client
-   copies them out before it sends call ``i + RING``); a reply whose rows do
-   not fit (every observation of a recorded chunk) carries them inline. An
-   env error, a refused request, an idle timeout or the server's shutdown is
-   an ``ERROR`` frame (JSON: the gRPC status and trailing metadata the gRPC
-   stream would have ended with), and the session ends.
-   Where both sides list ``BINARY`` in HELLO / ATTACH (``"frames"``), a call
-   that only steps lanes is a ``STEP`` frame (``pack_step``: fixed header and
-   raw arrays, no protobuf) and a reply without info a ``RESULT`` frame
-   (``pack_result``), each checked as its protobuf message is.
-4. The client ends the session by shutting down its side of the socket; the
+1. The client sends ``HELLO`` (JSON: its token, the observation leaves it
+   reads, the ``"frames"`` it takes); the server answers ``REFUSE`` (JSON: a
+   gRPC status name and details) or ``ATTACH`` with a ``memfd`` of ``RING``
+   slots attached (``SCM_RIGHTS``); the client maps it and sends ``ATTACHED``.
+2. Each call is a ``REQUEST`` (a serialized ``StepRequest``) or ``STEP``
+   frame, answered in order by a ``REPLY`` (``StepReply``) or ``RESULT``
+   frame whose observation rows are in ring slot ``i % RING`` (or inline);
+   an ``ERROR`` frame (JSON: the gRPC status and trailing metadata) ends it.
+3. The client ends the session by shutting down its side of the socket; the
    server answers what is in flight, frees the session, then closes.
 """
 
@@ -159,9 +140,7 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
     try:
         if not msg:
             return None, -1
-        rest = _recv_exact(sock, HEADER.size - 1)
-        if rest is None:
-            raise ConnectionResetError("the peer closed the socket mid-frame")
+        rest = _recv_exact(sock, HEADER.size - 1, mid_frame=True)
         kind, slot, payload = _recv_payload(sock, msg + rest, _CONTROL_BYTES)
     except BaseException:
         for fd in fds:
@@ -173,15 +152,16 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
     return (kind, slot, payload), keep
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    """``n`` bytes, or None at the peer's end before the first byte."""
+def _recv_exact(sock: socket.socket, n: int, mid_frame: bool = False) -> Any:
+    """``n`` bytes, or None at the peer's end before the first byte (unless
+    ``mid_frame``)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
-            if got == 0:
+            if got == 0 and not mid_frame:
                 return None
             raise ConnectionResetError("the peer closed the socket mid-frame")
         got += k
@@ -206,9 +186,7 @@ def _recv_payload(
         raise codec.ProtocolError(
             f"a frame of {size} bytes is over the {limit} byte limit"
         )
-    payload = _recv_exact(sock, size) if size else b""
-    if payload is None:
-        raise ConnectionResetError("the peer closed the socket mid-frame")
+    payload = _recv_exact(sock, size, mid_frame=True) if size else b""
     return kind, slot, payload
 
 
@@ -385,11 +363,9 @@ def _status_error(payload: bytes, address: str) -> RemoteError:
 
 class ShmStream(Stream):
     """The client's same-host session, the shared-memory ``session.Transport``:
-    attaches at construction, then as ``client.Connection``. ``conn``: the
-    session's gRPC connection (its address, token, reply timeout and message
-    cap apply; ``close`` closes it too); ``name``: the socket from the
-    handshake; ``specs``: every observation leaf's; ``keys``: those read.
-    Attaching fails with OSError, ValueError or RemoteError."""
+    attaches at construction (OSError, ValueError or RemoteError), then as
+    ``client.Connection``. ``conn``: the session's gRPC connection (closed
+    with it); ``name``: the socket; ``keys``: the observation leaves read."""
 
     kind = "shm"
 
@@ -499,22 +475,20 @@ class ShmStream(Stream):
         ):
             return None
         if frame is None or isinstance(frame, BaseException):
-            self._broken = True
-            self._wake()
-            return RemoteConnectionError(
-                f"the jaxmesh env server at {self.address} closed the session",
-                address=self.address,
+            return self._fail(
+                RemoteConnectionError(
+                    f"the jaxmesh env server at {self.address} closed the session",
+                    address=self.address,
+                )
             )
         kind, slot, payload = frame
         if kind == ERROR:
-            self._broken = True
-            self._wake()
-            return _status_error(payload, self.address)
+            return self._fail(_status_error(payload, self.address))
         if kind not in (REPLY, RESULT):
-            self._broken = True
-            self._wake()
-            return codec.ProtocolError(
-                f"the jaxmesh env server at {self.address} sent frame kind {kind}"
+            return self._fail(
+                codec.ProtocolError(
+                    f"the jaxmesh env server at {self.address} sent frame kind {kind}"
+                )
             )
         if self._owed:
             self._owed.popleft()
@@ -554,14 +528,16 @@ class ShmStream(Stream):
         obs = {k: self.slots[f"{slot}:{k}"][:rows].copy() for k in self.keys}
         return batch._replace(observation=obs)
 
-    def _wake(self) -> None:
+    def _fail(self, exc: BaseException) -> BaseException:
+        """The session is over: a sender waiting for ring room wakes."""
+        self._broken = True
         with self._cond:
             self._cond.notify_all()
+        return exc
 
     def send(self, call: Any) -> int:
-        """Sends a call (waits only while ``RING`` replies are unread): one
-        that only steps lanes as a STEP frame where the server takes them
-        (``binary``), else its ``StepRequest``.
+        """Sends a call (waits only while ``RING`` replies are unread), as a
+        STEP frame where it can be one, else its ``StepRequest``.
 
         Raises:
           jaxmesh.remote.codec.ProtocolError: larger than the message cap.
