@@ -7,6 +7,7 @@ execute it (``requests.py`` builds it from the wire).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 from typing import Any
 
@@ -21,54 +22,41 @@ from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
 
+@dataclasses.dataclass(slots=True)
 class _Request:
     """A checked call: its ops (``Reset`` | ``Replay``, ascending lane) and
     what the reply carries; a call that only steps lanes by one action each
-    keeps them as two arrays (``single``), its ops built only when asked for."""
+    keeps them as two arrays (``single``), its ops (``built``: None) built
+    only when asked for."""
 
-    __slots__ = (
-        "_ops",
-        "want_obs",
-        "obs_keys",
-        "info_keys",
-        "all_observations",
-        "info_every_step",
-        "call_id",
-        "release",
-        "single",
-    )
-
-    def __init__(
-        self,
-        ops: list | None,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        all_observations: bool,
-        call_id: int,
-        release: tuple[int, ...] = (),  # lanes whose episode the client abandons
-        single: tuple[np.ndarray, np.ndarray] | None = None,
-        info_every_step: bool = False,  # every step's info, the last observation
-        obs_keys: tuple[str, ...] | None = None,  # leaves asked (None: every one)
-    ):
-        self._ops = ops
-        self.want_obs = want_obs
-        self.obs_keys = obs_keys
-        self.info_keys = info_keys
-        self.all_observations = all_observations
-        self.info_every_step = info_every_step
-        self.call_id = call_id
-        self.release = release
-        self.single = single
+    built: list | None
+    want_obs: bool
+    info_keys: tuple[str, ...]
+    all_observations: bool
+    call_id: int
+    release: tuple[int, ...] = ()  # lanes whose episode the client abandons
+    single: tuple[np.ndarray, np.ndarray] | None = None
+    info_every_step: bool = False  # every step's info, the last observation
+    obs_keys: tuple[str, ...] | None = None  # leaves asked (None: every one)
 
     @property
     def ops(self) -> list:
-        if self._ops is None:
+        if self.built is None:
             lanes, actions = self.single
-            self._ops = [
+            self.built = [
                 shared.Replay(j, actions[i : i + 1])
                 for i, j in enumerate(lanes.tolist())
             ]
-        return self._ops
+        return self.built
+
+    def reply_options(self) -> dict[str, Any]:
+        """What the lanes' ``run`` and ``collect`` are told of the reply."""
+        return {
+            "want_obs": self.want_obs,
+            "info_keys": self.info_keys,
+            "keep_all_obs": self.all_observations,
+            "keep_all_info": self.info_every_step,
+        }
 
 
 def _bad(message: str) -> codec.ProtocolError:
@@ -206,24 +194,11 @@ class ServerStepper:
             )
             if batch is not None:
                 return _only(batch, keys)
-        results = self._run(request)
-        batch = lanes.collect(
-            results,
-            want_obs=request.want_obs,
-            info_keys=request.info_keys,
-            keep_all_obs=request.all_observations,
-            keep_all_info=request.info_every_step,
-        )
+        batch = lanes.collect(self._run(request), **request.reply_options())
         return _only(batch, keys)
 
     def _run_ops(self, ops: list, request: _Request) -> list[shared.LaneResult]:
-        return self.lanes.run(
-            ops,
-            want_obs=request.want_obs,
-            info_keys=request.info_keys,
-            keep_all_obs=request.all_observations,
-            keep_all_info=request.info_every_step,
-        )
+        return self.lanes.run(ops, **request.reply_options())
 
     def _run(self, request: _Request) -> list[shared.LaneResult]:
         ops = request.ops

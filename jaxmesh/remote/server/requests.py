@@ -101,7 +101,7 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
                 "release a lane only when it takes no other part in the call"
             )
     request = _Request(
-        ops=None if single is not None else [ops[j] for j in sorted(ops)],
+        built=None if single is not None else [ops[j] for j in sorted(ops)],
         want_obs=bool(keys),
         info_keys=tuple(dict.fromkeys(msg.info_keys)),
         all_observations=bool(msg.all_observations),
@@ -165,7 +165,7 @@ def _parse_step(
     arr, stepped = _check_actions(batch, lanes, mask, {}, check_lane)
     single = (stepped, arr) if np.all(batch.counts == 1) else None
     request = _Request(
-        ops=None if single is not None else _replays(batch, arr),
+        built=None if single is not None else _replays(batch, arr),
         want_obs=bool(keys),
         info_keys=_info_keys(info),
         all_observations=bool(flags & same_host.ALL_OBSERVATIONS),
