@@ -1,15 +1,6 @@
 """The server side of the native protocol: each client's lanes as slots of a
-pool that runs the host loop's own jitted agent step (docs/serving.md,
-"jaxmesh's own protocol: RemotePolicy").
-
-A session opens with its env's layout and run settings; the server plans it as
-the client's process would (``agent_step.agent_functions``) and gives its lanes
-slots of a ``Pool``: one ``AgentState`` and one jitted step shared by the
-sessions whose plan is the same but for their lane count. A step runs with the
-requesting slots moved and active and every other slot masked, which keeps a
-slot's state whole (``agent.host_step``). A pool plans with the session's own
-tile, and a row's result never depends on the other rows of its tile, so rows
-of several clients in one forward give what each would alone.
+pool that runs the host loop's own jitted agent step, planned as the client's
+process would plan it (docs/serving.md, "jaxmesh's own protocol: RemotePolicy").
 """
 
 from __future__ import annotations
@@ -151,8 +142,7 @@ def _settings(given: Any) -> tuple[Any, int | None]:
 #: The plans (probes) a server keeps, oldest dropped first.
 MAX_PLANS = 64
 #: The compiled steps a pool keeps (one per lane count it has had), least
-#: recently used dropped first: sessions of ever new lane counts cannot grow
-#: the server's memory without bound.
+#: recently used dropped first.
 MAX_PROGRAMS = 4
 #: Pools with no session kept (their programs, for the next run of the same
 #: plan), least recently emptied dropped first.
@@ -163,12 +153,8 @@ MAX_LANES = 4096
 
 class Pool:
     """The lanes of the sessions that share one agent program: exactly as many
-    as they hold (a step's work over every lane, frame conversion and window
-    pushes, costs what their own runs would), resized when a session joins or
-    leaves (``add``, ``remove``), its lanes' states moved along.
-
-    ``lock`` is held by a step and by a resize: the batcher's thread runs the
-    steps, sessions open and close in their own threads.
+    as they hold, resized (their states moved along) when a session joins or
+    leaves. ``lock`` is held by a step and by a resize.
     """
 
     def __init__(self, pol: Any, params: Any, spec: Any, settings: Any):
@@ -224,14 +210,14 @@ class Pool:
         t = np.zeros(size, np.int32)
         obs = self.layout.build(leaves)
         state = init(obs, np.zeros(size, bool))
-        start, src, dst = 0, [], []
+        start, src, slots = 0, [], []
         for session in keep:
             n = session.slots.size
             src.append(session.slots)
-            dst.append(np.arange(start, start + n))
+            slots.append(np.arange(start, start + n))
             start += n
         if src and self.state is not None:
-            src, dst = np.concatenate(src), np.concatenate(dst)
+            src, dst = np.concatenate(src), np.concatenate(slots)
             for name in leaves:
                 leaves[name][dst] = self.leaves[name][src]
             keys[dst], t[dst] = self.keys[src], self.t[src]
@@ -246,11 +232,8 @@ class Pool:
 
             moved = jax.tree.map(move, old, new)
             state = type(state)(state.layout, *state.layout.pack(moved))
-        at = 0
-        for session in keep:
-            n = session.slots.size
-            session.slots = np.arange(at, at + n)
-            at += n
+        for session, new in zip(keep, slots, strict=True):
+            session.slots = new
         self.size, self.state = size, state
         self.leaves, self.obs, self.keys, self.t = leaves, obs, keys, t
         self.warm_up()
@@ -304,28 +287,25 @@ class Pool:
     def run(self, requests: list[Step]) -> list[dict]:
         """One pool step for the sessions' ``requests``; each one's reply."""
         with self.lock:
-            return self._run(requests)
-
-    def _run(self, requests: list[Step]) -> list[dict]:
-        size = self.size
-        started, active, moved = (np.zeros(size, bool) for _ in range(3))
-        skip = np.zeros(size, np.int32) if self.skipping else None
-        for r in requests:
-            sl = r.session.slots
-            at = sl[r.moved]
-            for name, x in zip(self.order, r.obs, strict=True):
-                self.leaves[name][at] = x
-            started[sl], active[sl], moved[sl] = r.started, r.active, r.moved
-            self.keys[sl], self.t[sl] = r.keys, r.t
-            if skip is not None and r.skip is not None:
-                skip[sl] = r.skip
-        actions = self._step(started, active, moved, skip)
-        st = self.state
-        rows = int(st.rows)
-        delta, self.rows = rows - self.rows, rows
-        cursor, calls = np.asarray(st.cursor), np.asarray(st.predict_calls)
-        chunk = np.asarray(jax.device_get(st.chunk))
-        pending = np.asarray(jax.device_get(st.pending)) if self.cfg.lead else None
+            size = self.size
+            started, active, moved = (np.zeros(size, bool) for _ in range(3))
+            skip = np.zeros(size, np.int32) if self.skipping else None
+            for r in requests:
+                sl = r.session.slots
+                at = sl[r.moved]
+                for name, x in zip(self.order, r.obs, strict=True):
+                    self.leaves[name][at] = x
+                started[sl], active[sl], moved[sl] = r.started, r.active, r.moved
+                self.keys[sl], self.t[sl] = r.keys, r.t
+                if skip is not None and r.skip is not None:
+                    skip[sl] = r.skip
+            actions = self._step(started, active, moved, skip)
+            st = self.state
+            rows = int(st.rows)
+            delta, self.rows = rows - self.rows, rows
+            cursor, calls = np.asarray(st.cursor), np.asarray(st.predict_calls)
+            chunk = np.asarray(jax.device_get(st.chunk))
+            pending = np.asarray(jax.device_get(st.pending)) if self.cfg.lead else None
         out = []
         for r in requests:
             sl = r.session.slots
@@ -364,13 +344,6 @@ class Step(NamedTuple):
     skip: np.ndarray | None
 
 
-def _refused(pol: Any) -> list[str]:
-    return [
-        f"input {name!r} is a Text (the instruction is not sent yet)"
-        for name in adapt.text_inputs(pol.spec)
-    ]
-
-
 class Pools:
     """Every session's slots, in pools of one agent program each (arguments
     as ``PolicyServer``'s). ``max_batch`` (here: the most sessions one pool
@@ -379,7 +352,10 @@ class Pools:
     def __init__(self, model: Any, *, max_batch: int, max_lanes: int = MAX_LANES):
         self.policy = resolve_policy(model, with_params=False)
         self.name = self.policy.name
-        why = _refused(self.policy)
+        why = [
+            f"input {name!r} is a Text (the instruction is not sent yet)"
+            for name in adapt.text_inputs(self.policy.spec)
+        ]
         if why:
             raise ValueError(
                 f"cannot serve policy {self.name!r} over gRPC: {'; '.join(why)}"
@@ -484,10 +460,8 @@ class Pools:
         return session, info
 
     def close(self, session: PolicySession) -> None:
-        """Frees the session's slots (their state is cleared when a next
-        session's episodes start on them); a pool left without sessions
-        frees its lanes, and past ``MAX_IDLE_POOLS`` such pools the one
-        emptied longest ago is dropped with its programs."""
+        """Frees the session's slots; past ``MAX_IDLE_POOLS`` pools without a
+        session, the one emptied longest ago is dropped with its programs."""
         with self._lock:
             if self._sessions.pop(session.id, None) is None:
                 return
