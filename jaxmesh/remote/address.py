@@ -1,9 +1,5 @@
-"""Served-env addresses (``"grpc://host:port"``): recognised without importing gRPC,
-so that ``jaxmesh.evaluate`` can tell a served env from the others for free.
-
-``grpc://`` is a plain connection; ``grpcs://`` is TLS (the server's certificate
-is checked against gRPC's default roots, or the roots of the credentials the
-client is given)."""
+"""Served-env addresses (``"grpc://host:port"``, ``"grpcs://"`` for TLS),
+recognised without importing gRPC."""
 
 from __future__ import annotations
 

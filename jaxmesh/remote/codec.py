@@ -1,14 +1,9 @@
 """Arrays and leaves <-> wire messages of the ``jaxmesh.env.v1`` protocol.
 
-Pure functions over numpy and the generated protobuf classes: no JAX, no gRPC,
-no I/O, so a fuzzer can hammer them. Every way a message can be wrong (an
-unknown dtype, a negative dimension, bytes that do not match the shape, a leaf
-that does not match its declared spec, an oversize message, bytes protobuf
-cannot parse) raises one exception type, :class:`ProtocolError`, whose message
-names the leaf, what was given, what was expected and what to do.
-
-Arrays travel as a ``Tensor``: a numpy little-endian dtype name, a shape and the
-raw little-endian bytes in C order (never pickle, JSON or base64).
+Pure functions over numpy and the generated protobuf classes (no JAX, gRPC or
+I/O); every way a message can be wrong raises :class:`ProtocolError`. Arrays
+travel as a ``Tensor``: a dtype name, a shape and the raw little-endian bytes
+in C order.
 
 Example:
     >>> import numpy as np

@@ -1,11 +1,5 @@
-"""Served envs as gymnasium envs: ``RemoteEnv`` (one lane) and ``RemoteVectorEnv``.
-
-Both talk to a ``jaxmesh.EnvServer`` (or ``jaxmesh serve-env``) over one
-``Session``: the handshake rebuilds the env's spaces exactly
-(``jaxmesh.remote.spaces``), and each ``reset`` or ``step`` is one round trip.
-Values are the env's own; ``reset()`` without a seed draws one from the env's
-``np_random``. Every gRPC failure is a ``jaxmesh.RemoteError``, and every later
-call raises it again. docs/remote.md gives seeds, options and episode ends.
+"""Served envs as gymnasium envs: ``RemoteEnv`` (one lane) and ``RemoteVectorEnv``,
+each ``reset`` or ``step`` one round trip of a ``Session`` (docs/remote.md).
 """
 
 from __future__ import annotations
@@ -61,6 +55,16 @@ def _seed(seed: Any, what: str = "seed") -> int | None:
             "int)"
         )
     return int(seed)
+
+
+def _options(options: Any, e_g: str) -> dict[str, Any]:
+    """A reset's ``options`` (None or a dict; ``e_g``: one, for the error)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(
+            f"options is a {type(options).__name__}; expected None or a dict "
+            f"such as {e_g}"
+        )
+    return dict(options or {})
 
 
 class _Client:
@@ -323,12 +327,8 @@ class RemoteEnv(gymnasium.Env):
         """
         client = self._client.check_open()
         seed = _seed(seed)
-        if options is not None and not isinstance(options, Mapping):
-            raise TypeError(
-                f"options is a {type(options).__name__}; expected None or a dict "
-                "such as {'trial_index': 0}"
-            )
-        wire = client.options(options or {}, "RemoteEnv.reset")
+        options = _options(options, "{'trial_index': 0}")
+        wire = client.options(options, "RemoteEnv.reset")
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(SEED_BOUND))
@@ -481,12 +481,7 @@ class RemoteVectorEnv(VectorEnv):
                 f"seed is a {type(seed).__name__}; expected None, an int or a list "
                 f"of {n} ints or Nones"
             )
-        if options is not None and not isinstance(options, Mapping):
-            raise TypeError(
-                f"options is a {type(options).__name__}; expected None or a dict "
-                "such as {'reset_mask': mask}"
-            )
-        options = dict(options or {})
+        options = _options(options, "{'reset_mask': mask}")
         mask = options.pop(RESET_MASK, None)
         if mask is None:
             lanes = self._all

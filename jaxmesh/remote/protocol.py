@@ -1,8 +1,5 @@
-"""The wire protocol's names and limits, written once for both ends.
-
-It imports nothing, so an install without the ``[remote]`` extra reads it too.
-The messages are ``proto/jaxmesh_env.proto``; what the lanes define and the
-wire carries as it is lives one layer down, in ``jaxmesh.envs.gymnasium.batch``.
+"""The wire protocol's names and limits, written once for both ends (it
+imports nothing, so an install without the ``[remote]`` extra reads it too).
 """
 
 from __future__ import annotations

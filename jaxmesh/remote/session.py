@@ -1,12 +1,6 @@
-"""The client side of the wire: one session with one env server, in numpy.
-
-``Session`` owns everything protobuf on the client: it builds each
-``StepRequest`` from numpy arrays, numbers the calls, decodes each reply into a
-``codec.ResultBatch`` and checks it answers the call it should. The host loop
-(``jaxmesh.run.host.served``) and ``RemoteEnv`` / ``RemoteVectorEnv`` drive
-servers through it; it knows nothing of episodes. The calls travel over a
-``Transport`` (``client.Connection`` or ``shm.ShmStream``), chosen once when
-the session opens. Lanes are the server's own indices.
+"""The client side of the wire: one session with one env server, in numpy
+(requests built, calls numbered, replies decoded and checked), over a
+``Transport`` chosen when the session opens. It knows nothing of episodes.
 """
 
 from __future__ import annotations
@@ -70,9 +64,7 @@ class Transport(Protocol):
         reader: bool,
     ) -> None:
         """Starts the stream: ``encode`` builds a call's ``StepRequest``,
-        ``decode(reply, in_ring)`` its batch (``in_ring``: the transport adds
-        the observation rows); ``replies``, ``tag``, ``reader`` as for
-        ``Session.open`` (items are what ``receive`` returns or raises)."""
+        ``decode(reply, in_ring)`` its batch; the rest as ``Session.open``'s."""
 
     def send(self, call: Call) -> int: ...  # queues a call; its size in bytes
 
@@ -95,11 +87,8 @@ class Reply(NamedTuple):
 
 
 class Session:
-    """One session with one env server: requests from numpy, replies decoded.
-
-    The handshake happens at construction (``info``: the spaces, lanes and
-    capabilities); ``open`` starts the session's stream, ``send`` queues a call
-    without waiting, ``receive`` returns the next reply in order.
+    """One session with one env server: the handshake at construction
+    (``info``), then ``open``, ``send`` and ``receive`` (in order).
 
     Args:
       address, token, connect_timeout, reply_timeout, credentials: as for
@@ -187,11 +176,9 @@ class Session:
             ``reply(item)``; None: ``receive`` reads this session's own.
           tag: names this session in ``replies``.
           reader: False: no reader thread; ``receive`` takes the next reply
-            off the stream itself (a thread hand-off less per call, for a
-            caller with nothing else to do while it waits).
-          observation_keys: the observation leaves every call of the session
-            asks for (declared keys; only these cross the wire); None: every
-            leaf.
+            off the stream itself.
+          observation_keys: the declared observation leaves every call asks
+            for; None: every leaf.
 
         Raises:
           ValueError: a key the server did not declare.
@@ -268,21 +255,17 @@ class Session:
         """Queues one call (never waits for the server); its size in bytes.
 
         Args:
-          reset_lanes: lanes to reset, ascending, each with its ``seeds`` entry
-            and, when given, its ``trials`` entry (the ``trial_index`` reset
-            option; only for an env that declares it) and the same
-            ``options`` (wire values) for every one.
+          reset_lanes: lanes to reset, ascending, each with its ``seeds`` and
+            (when given) ``trials`` entry, and the same ``options`` for all.
           max_episode_seconds: the wall-clock cap of the episodes reset here.
-          lanes, counts, actions: one run of known actions per lane (lanes
-            ascending, ``counts[i]`` rows of ``actions`` each, in the env's
-            own action values); the server stops a run at its episode's end.
+          lanes, counts, actions: one run of actions per lane (lanes
+            ascending, ``counts[i]`` rows of ``actions`` each).
           release: lanes a lockstep server stops expecting.
           all_observations: send every replayed step's observation (else only
             each run's last).
           info_keys: the info keys to send, for the rows that have them.
-          info_every_step: send the info of every replayed step even when only
-            the last observation is sent (the reply's ``info_rows``); only
-            for a server that declares it (``self.info_every_step``).
+          info_every_step: send the info of every replayed step (only for a
+            server that declares it, ``self.info_every_step``).
 
         Raises:
           jaxmesh.remote.codec.ProtocolError: larger than the message cap.
@@ -356,13 +339,8 @@ class Session:
         return self.reply(self.stream.receive())
 
     def reply(self, item: Any) -> Reply:
-        """A reply as a reader thread queued it (or the exception it met),
-        checked against the next call in flight.
-
-        Raises:
-          The queued exception; jaxmesh.remote.codec.ProtocolError: a reply
-          that answers another call than the next one sent.
-        """
+        """A reply as a reader thread queued it (or the exception it met,
+        raised), checked against the next call in flight (ProtocolError)."""
         if isinstance(item, BaseException):
             raise item
         reply, batch, arrived, decoded_at = item

@@ -1,27 +1,10 @@
 """Gymnasium spaces <-> ``LeafSpec`` messages of the ``jaxmesh.env.v1`` protocol.
 
-Used by both ends: the server declares its env's spaces in the handshake with
-:func:`space_leaf` (an action space, a single-array observation space, under
-the key ``""``) and :func:`space_leaves` (an observation space, one message per
-leaf); a client rebuilds them with :func:`leaf_space` and
-:func:`observation_space`. Each leaf is one of:
-
-- ``Box``: ``space="box"``, the space's own dtype and shape, ``low`` and
-  ``high`` as Tensors of that dtype and shape, or as a scalar of that dtype
-  when every entry is the same (so a large observation's handshake stays small).
-- ``Discrete(n, start)``: ``space="discrete"``, dtype ``int64``, shape ``[]``,
-  ``n`` and ``start``.
-
-An observation space may nest those leaves in ``Dict`` and ``Tuple`` spaces
-(camera images in uint8 beside float states): each leaf is declared under its
-path, Dict keys and Tuple indices joined with ``/`` (``"image"``,
-``"pair/0"``; the names of ``jaxmesh.envs.gymnasium.leaves``), with ``nest``
-saying what each part is (``"d"`` a Dict key, ``"t"`` a Tuple index), in the
-space's order. A single-array space is the one leaf ``""`` with no ``nest``.
-
-Values on the wire are the env's own: an observation is ``np.asarray(obs,
-space.dtype)`` (``int64`` for a Discrete space), an action is what the env's
-``step`` takes (a Discrete action includes ``start``). No JAX here.
+The server declares its env's spaces with :func:`space_leaf` and
+:func:`space_leaves`; a client rebuilds them with :func:`leaf_space` and
+:func:`observation_space` (the fields: ``LeafSpec`` in
+``proto/jaxmesh_env.proto``). A Box bound whose entries are all the same
+travels as one scalar, so a large observation's handshake stays small.
 
 Example:
     >>> import gymnasium
@@ -158,12 +141,8 @@ def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
 
 # Observation spaces of named leaves (Dict and Tuple) -------------------------------
 def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.LeafSpec]:
-    """An observation space as one ``LeafSpec`` message per leaf, in its order.
-
-    A single-array space is the one leaf ``""`` (exactly :func:`space_leaf`'s
-    message); a ``Dict`` or ``Tuple`` space is walked as
-    ``jaxmesh.envs.gymnasium.leaves.ObsLayout`` walks it: each leaf under its
-    path joined with ``/``, ``nest`` one letter per part (``DICT``, ``TUPLE``).
+    """An observation space as one ``LeafSpec`` message per leaf, in its order
+    (a single-array space: the one leaf ``""``).
 
     Raises:
         TypeError: a leaf that is not a Box or Discrete, an empty Dict or

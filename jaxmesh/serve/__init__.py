@@ -1,10 +1,6 @@
-"""Serving a policy: one jitted model behind many clients, batched.
-
-``PolicyServer`` (``server.py``) speaks openpi's websocket protocol
-(``openpi.py``, ``codec.py``; requests batched by ``batcher.py`` through
-``forward.py``) or jaxmesh's own over gRPC (``grpc_service.py``, whose
-sessions' lanes live in ``agents.py``; ``remote.py`` is its client,
-``RemotePolicy``). Needs the ``[serve]`` extra; docs/serving.md.
+"""Serving a policy: one jitted model behind many clients, batched, over
+openpi's websocket protocol or jaxmesh's own over gRPC (``PolicyServer``).
+Needs the ``[serve]`` extra; docs/serving.md.
 """
 
 try:

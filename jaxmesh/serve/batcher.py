@@ -217,11 +217,7 @@ class Batcher:
         forward runs, that batch runs here, in the calling thread, before this
         returns (no hand-off to the forward thread and back). ``lazy``: a
         first request does not wake the forward thread; the caller calls
-        ``poke`` within ``max_wait_ms``.
-
-        Raises:
-          ServerClosed: the batcher is closed.
-          RequestError: the queue is full.
+        ``poke`` within ``max_wait_ms``. Raises as ``submit``.
         """
         with self._cond:
             item = self._queue_item(prepared)

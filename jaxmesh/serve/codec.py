@@ -3,11 +3,8 @@
 An array travels as ``{b"__ndarray__": True, b"data": <bytes>, b"dtype":
 <numpy dtype string>, b"shape": [...]}`` and a numpy scalar as
 ``{b"__npgeneric__": True, b"data": <value>, b"dtype": ...}``, as
-``openpi_client.msgpack_numpy`` writes them. Object, void and complex dtypes
-are refused both ways, and decoding is bounded (``MAX_ITEMS`` entries in all,
-``MAX_CONTAINER`` in one list or map, no extension types), so untrusted bytes
-run no code and cannot unpack into a huge tree (docs/serving.md, "Security
-and limits"). Pure functions of bytes: no sockets, no JAX.
+``openpi_client.msgpack_numpy`` writes them. Decoding is bounded
+(docs/serving.md, "Security and limits"). Pure functions of bytes.
 """
 
 from __future__ import annotations
@@ -24,10 +21,8 @@ REFUSED_KINDS = ("O", "V", "c")
 MAX_CONTAINER = 4096
 #: The most entries of every list and map of a message together.
 MAX_ITEMS = 65536
-#: The least of the request bytes a server's connections together may hold
-#: at once (from a message's arrival to its reply), by default; a message
-#: past it is refused. Both protocols' servers hold at least one message of
-#: their ``max_message_bytes``.
+#: The request bytes a server's connections together may hold at once (from a
+#: message's arrival to its reply) by default; a message past it is refused.
 MAX_INFLIGHT_BYTES = 1 << 30
 
 
@@ -68,8 +63,7 @@ def _pack_default(obj: Any) -> Any:
     )
 
 
-#: dtype strings read so far -> their dtype (a message's dtype is parsed
-#: once per process, not once per array).
+#: dtype strings read so far -> their dtype (parsed once per process).
 _DTYPES: dict[Any, np.dtype] = {}
 
 
@@ -78,24 +72,18 @@ def _dtype(raw: Any) -> np.dtype:
         known = _DTYPES.get(raw)
         if known is not None:
             return known
-    dtype = _parse_dtype(raw)
-    if len(_DTYPES) < 256:
-        _DTYPES[raw] = dtype
-    return dtype
-
-
-def _parse_dtype(raw: Any) -> np.dtype:
-    if isinstance(raw, bytes):
-        raw = raw.decode("ascii", "replace")
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
     try:
-        dtype = np.dtype(raw) if isinstance(raw, str) else None
+        dtype = np.dtype(text) if isinstance(text, str) else None
     except TypeError:
         dtype = None
     if dtype is None or dtype.kind in REFUSED_KINDS or dtype.hasobject:
         raise CodecError(
-            f"an array of dtype {raw!r}: expected a numpy dtype string of numbers "
+            f"an array of dtype {text!r}: expected a numpy dtype string of numbers "
             "or bools, e.g. '<f4' or '|u1'"
         )
+    if len(_DTYPES) < 256:
+        _DTYPES[raw] = dtype
     return dtype
 
 
@@ -150,9 +138,7 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
     if max_bytes is not None and len(data) > max_bytes:
         raise CodecError(f"a message of {len(data)} bytes is over {max_bytes}")
     if len(data) <= MAX_ITEMS // 2:
-        # Each entry takes a byte at least, and a list or map counts twice
-        # (itself, and an entry of its parent): a message this short cannot
-        # count over MAX_ITEMS, so it is read without the count.
+        # A byte at least per entry, counted twice at most: cannot pass MAX_ITEMS.
         return _unpack(data, _unpack_hook, None)
     items = 0
 

@@ -1,11 +1,7 @@
 """A model as a server runs it: one request's raw observation read on the host
-(``ServedModel.prepare``), and a batch of them through one jitted forward that
-applies the model's spec and calls its batched corner (``ServedModel.run``).
-
-The forward is compiled per observation layout for a few fixed batch sizes
-(``batch_sizes``), a batch padded with copies of its first row; what the spec
-reads of a request, and the per-episode state refused when the server is
-built: docs/serving.md, "What the server does with an observation".
+(``ServedModel.prepare``), and a batch of them through one jitted forward
+(``ServedModel.run``). docs/serving.md, "What the server does with an
+observation", says what a request must hold.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ import numpy as np
 from jaxmesh import adapt
 from jaxmesh.core.policy import declares_chunk, resolve_policy
 
-#: The observation key a ``Text`` input reads when it names no ``info_key``
-#: (openpi clients send the instruction as ``prompt``).
+#: The observation key a ``Text`` input reads when it names no ``info_key``.
 PROMPT_KEY = "prompt"
 #: The input name of the whole observation of a model without a spec.
 WHOLE = adapt.WHOLE_OBS
@@ -34,15 +29,13 @@ WHOLE = adapt.WHOLE_OBS
 MAX_LAYOUTS = 8
 #: How many layouts the model refused a server remembers (refused up front).
 MAX_REFUSED = 64
-#: The keys a model without a spec (one array in, e.g. a CartPole MLP) reads
-#: its array from when the observation is a dict, as openpi's clients send
-#: it: the first of them the dict holds.
+#: The keys a model without a spec (one array in) reads its array from when
+#: the observation is a dict.
 STATE_KEYS = ("observation/state", "state", "obs")
 
 
 class RequestError(ValueError):
-    """A request the server cannot run: its own fault, reported to its client
-    only."""
+    """A request the server cannot run, reported to its client only."""
 
 
 class Leaf(NamedTuple):
@@ -59,9 +52,8 @@ _INPUT = re.compile(r"^(?P<key>[^=]+)=(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]$")
 
 
 def parse_input(text: str) -> tuple[str, Leaf]:
-    """``"KEY=DTYPE[D0,D1,...]"`` (``"observation/state=float32[8]"``,
-    ``"observation/image=uint8[224,224,3]"``, ``"x=float32[]"`` for a scalar)
-    as ``(key, Leaf)``.
+    """``"KEY=DTYPE[D0,D1,...]"`` (``"x=float32[]"`` for a scalar) as
+    ``(key, Leaf)``.
 
     Raises:
       ValueError: another form, or a dtype that is not numbers or bools.
@@ -224,8 +216,8 @@ class ServedModel:
         self._count = 0
         #: The declared inputs (observation key -> Leaf), or None.
         self.inputs = self._declared(inputs)
-        #: The key a model without a spec reads its one array from, when its
-        #: inputs declare one array (``STATE_KEYS``), else None.
+        #: The ``STATE_KEYS`` key a model without a spec reads its one array
+        #: from, when declared, else None.
         self.array_key = None
         if pol.spec is None and self.inputs is not None and len(self.inputs) == 1:
             (key,) = self.inputs
@@ -441,10 +433,7 @@ class ServedModel:
         program = lowered.compile()
         if programs is None:
             while len(self._programs) >= MAX_LAYOUTS:
-                # The least recently used layout goes (it compiles again if
-                # it comes back). JAX's own caches keep every layout's trace
-                # and lowering (~300 kB each) with no bound: clear them, or a
-                # stream of new layouts would grow the process without end.
+                # JAX's own caches keep every layout's trace with no bound.
                 self._programs.popitem(last=False)
                 jax.clear_caches()
             programs = self._programs[sig] = {}

@@ -5,10 +5,8 @@ cameras turned upright (rotated 180 degrees) and resized with zero padding to
 224x224 as ``openpi_client.image_tools.resize_with_pad`` does (PIL's bilinear
 filter), the state ``[end-effector position (3), axis-angle (3), gripper
 joints (2)]``, and the task's instruction as ``prompt``. ``libero_inputs`` is
-that, as ``jaxmesh.RemotePolicy(address, inputs=libero_inputs)`` takes it.
-Numpy only: the resize follows Pillow's resampling step by step (fixed-point
-weights, a horizontal pass then a vertical one, each output pixel the sum of
-a few taps), so its pixels equal openpi's.
+that, in numpy: the resize follows Pillow's fixed-point resampling step by
+step, so its pixels equal openpi's.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""openpi's websocket policy protocol, as ``openpi-client`` speaks it.
-
-The server sends its metadata first, then answers each binary frame (one
-observation, msgpack as ``jaxmesh.serve.codec`` reads it) with ``{"actions":
-[K, *A], "server_timing": {...}}``; a request it cannot answer gets a text
-frame saying why and the connection closed with code 1011; ``GET /healthz``
-answers 200. Tokens (``Authorization: Api-Key``, else HTTP 401), caps and
-timing fields: docs/serving.md. The websocket side runs on one asyncio loop
-in its own thread; the forward in the batcher's (``jaxmesh.serve.batcher``).
+"""openpi's websocket policy protocol, as ``openpi-client`` speaks it (the
+client side, and the protocol: ``jaxmesh.serve.ws_client``; tokens, caps and
+timing fields: docs/serving.md). One asyncio loop in its own thread serves it.
 """
 
 from __future__ import annotations
@@ -28,9 +22,8 @@ from jaxmesh.serve.batcher import Batcher, ServerClosed
 from jaxmesh.serve.forward import RequestError
 
 HEALTH_PATH = "/healthz"
-#: Frames a connection's reader buffers beyond the one being answered: a
-#: client that sends faster than it reads its replies is held back by TCP,
-#: not buffered on the server.
+#: Frames a connection's reader buffers beyond the one being answered (a
+#: faster client is held back by TCP).
 MAX_QUEUED_FRAMES = 1
 #: The close reason after an error's text frame (openpi's own words).
 ERROR_REASON = "Internal server error. Traceback included in previous frame."
@@ -73,9 +66,8 @@ class OpenpiService:
         self._poke_pending = False
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        #: Replies the batcher finished, for the loop to hand over: (the
-        #: waiting loop future, the batcher's future). One wake-up of the
-        #: loop per batch, not one per reply.
+        #: (waiting loop future, batcher future) pairs finished, for the loop
+        #: to hand over: one wake-up of the loop per batch.
         self._done: list[tuple[asyncio.Future, Any]] = []
         self._done_lock = threading.Lock()
 
@@ -219,14 +211,10 @@ class OpenpiService:
         try:
             obs = codec.unpackb(message)
             prepared = self.batcher.model.prepare(obs)
-            # A batch this request completes runs here, on the loop (every
-            # connection's request is in it: none waits on the loop
-            # meanwhile), a lone client's included: no hand-off to the
-            # forward thread.
+            # A batch this request completes runs here, on the loop (no
+            # other connection's request waits on it meanwhile).
             future = self.batcher.run_ready(prepared, lazy=True)
             if not future.done() and not self._poke_pending:
-                # The forward thread wakes at the first waiting request's
-                # deadline, if its batch has not run here by then.
                 assert self._loop is not None
                 self._poke_pending = True
                 self._loop.call_later(self.batcher.max_wait, self._poke)
@@ -245,9 +233,8 @@ class OpenpiService:
         return None
 
     async def _reply(self, closed: asyncio.Future, future: Any) -> Any:
-        """The request's ``BatchReply``, or None when the connection
-        (``closed``: done once it is) closes first (the request is then
-        dropped, unless its forward has begun)."""
+        """The request's ``BatchReply``, or None when the connection closes
+        first (``closed``; the request is dropped unless its forward began)."""
         if future.done():  # its batch ran in run_ready, on this loop
             return future.result()
         assert self._loop is not None

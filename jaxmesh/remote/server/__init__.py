@@ -7,12 +7,6 @@ The server speaks the ``jaxmesh.env.v1`` protocol (``proto/jaxmesh_env.proto``):
 and their gRPC status codes. The envs are stepped by the JAX-free lanes the
 in-process host loop uses too (``jaxmesh.envs.gymnasium.lanes``); no JAX here.
 
-Its modules: ``options.py`` (``ServeOptions``, the request limit, address
-checks), ``lanes.py`` (the served lanes, their worker pool, a checked request),
-``requests.py`` (parsing and checking a call), ``sessions.py`` (a session's
-watchdog, and how shutdown ends one), ``service.py`` (``EnvServer``: lifecycle
-and the gRPC service) and ``same_host.py`` (the same-host data path).
-
 Example:
     >>> server = EnvServer("gymnasium:CartPole-v1", lanes=4).start()
     >>> server.shutdown()

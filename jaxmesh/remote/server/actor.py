@@ -1,14 +1,7 @@
-"""``EnvActor``: what one Ray actor of ``workers=jaxmesh.Ray(...)`` runs.
-
-The actor builds its share of a run's lanes from the env's source (an id, a
-zero-argument factory or a list of them: ``jaxmesh.envs.gymnasium.workers``'
-``build_envs``, as a worker process does) and serves them with an
-``EnvServer`` bound to its node's address on a free port, behind the run's
-token; the evaluating process steps them as served envs (gRPC, or shared
-memory when it runs on the same node). The class is plain Python: the driver
-side (``jaxmesh.run.host.ray_actors``) makes it a Ray actor with
-``ray.remote``. Like the rest of the server, it imports no JAX, so an actor
-starts without loading it.
+"""``EnvActor``: what one Ray actor of ``workers=jaxmesh.Ray(...)`` runs: its
+share of a run's lanes, served by an ``EnvServer`` on its node behind the
+run's token. Plain Python (``jaxmesh.run.host.ray_actors`` makes it a Ray
+actor), importing no JAX.
 """
 
 from __future__ import annotations
@@ -51,10 +44,8 @@ class EnvActor:
         """Builds the envs and starts their server; its ``"grpc://host:port"``.
 
         ``host``: the address to bind (None: this node's, as Ray knows it);
-        ``port``: the port to bind, else a free one (0, or that port is
-        taken). An actor Ray restarted is asked for its old port, so that it
-        comes back at its old address on the same node. An env that cannot be
-        built raises here, and the caller sees its exception.
+        ``port``: the port to bind (a restarted actor's old one), else a free
+        one (0, or that port is taken).
         """
         if self.server is None:
             if host is None:

@@ -1,7 +1,5 @@
-"""The same-host data path (``jaxmesh.remote.shm``) of an ``EnvServer``: a
-Unix socket whose clients, on this host and running as this user, get their
-replies' observation rows through a shared-memory ring instead of the gRPC
-stream. The server holds one ``SameHostPath`` when it offers the path.
+"""The server side of the same-host data path (``jaxmesh.remote.shm``): an
+``EnvServer`` holds one ``SameHostPath`` when it offers the path.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ from jaxmesh.remote.server.sessions import (
 _log = logging.getLogger(__name__)
 
 #: Connections still sending their HELLO, at most: a new one past this closes
-#: the oldest, so idle connections cannot keep a client who sends its HELLO at
-#: once from being heard.
+#: the oldest.
 MAX_PENDING = 64
 #: Bytes read per ``recv`` of a HELLO (what is held grows with what arrived,
 #: never with what a header declares).
@@ -336,7 +333,7 @@ class SameHostPath:
         session: _Session,
         lanes: ServerStepper,
         keys: tuple[str, ...],
-        binary: bool = False,
+        binary: bool,
     ) -> None:
         n = lanes.num_lanes
         specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
@@ -364,7 +361,7 @@ class SameHostPath:
         lanes: ServerStepper,
         keys: tuple[str, ...],
         slots: Slots,
-        binary: bool = False,
+        binary: bool,
     ) -> None:
         """Answers the session's calls as ``_serve_session`` does on gRPC
         (``binary``: the client takes RESULT frames and may send STEP ones)."""
@@ -414,12 +411,8 @@ class SameHostPath:
                 return fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             start = time.perf_counter()
             slot = call % same_host.RING
-            # A per-step batch's rows are stacked straight into this reply's
-            # ring slot (``obs_into``), not copied there after. The client
-            # reads the slot until it has read this reply, and sends the
-            # request that reuses the slot only after that (``ShmStream``
-            # holds at most RING requests unread), so the env writes here no
-            # earlier than the copy below did.
+            # Rows are stacked straight into this reply's slot: the client
+            # sends the call that reuses it only once it has read this reply.
             core = lanes.lanes
             core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
             try:

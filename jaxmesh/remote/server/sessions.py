@@ -1,7 +1,5 @@
-"""The open session as shutdown and the idle timeout see it (``_Session``,
-one per Step stream in ``service.py`` and per same-host client in
-``same_host.py``; ``EnvServer.shutdown`` ends either), and what both
-transports send when an env raises or a session idles.
+"""The open session (either transport's) as shutdown and the idle timeout
+see it, and what both transports send when an env raises or a session idles.
 """
 
 from __future__ import annotations
@@ -62,11 +60,9 @@ def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None
 
 
 class _Session:
-    """An open session, either transport's, as the idle timeout and shutdown
-    see it: ``cancel(code, details)`` ends it from another thread. The serving
-    thread marks when it waits (``waiting``: the status to end with if ``end``
-    came first), works and sends; ``end`` ends it now when it waits for a
-    request, else after the reply in progress.
+    """An open session: ``cancel(code, details)`` ends it from another
+    thread. The serving thread marks when it waits, works and sends; ``end``
+    ends it now when it waits for a request, else after the reply in progress.
     """
 
     #: Seconds between the hang-up watcher's checks that the session is open.
