@@ -7,11 +7,6 @@ for a JAX env; ``placement`` is where the lanes run (one device or a mesh,
 engine as a pure function of params.
 """
 
-from jaxmesh.run.scan.evaluator import (
-    Evaluator,
-    cache_info,
-    clear_cache,
-    run,
-)
+from jaxmesh.run.scan.evaluator import Evaluator, cache_info, clear_cache, run
 
 __all__ = ["Evaluator", "cache_info", "clear_cache", "run"]

@@ -1,12 +1,11 @@
 """JAX envs' backend: the budget runs in scan segments driven by one host loop.
 
 ``jaxmesh.evaluate`` calls ``run`` for a JAX env. An ``Evaluator`` owns one
-(policy, env, ``RunConfig``), a placement (one device or a mesh,
-``jaxmesh.run.scan.placement``) and the programs compiled for it, keyed on the
-params' shapes and the rows of a segment's log (set by the lanes, never the
-budget). ``run`` keeps a few evaluators (``cache_info()``, ``clear_cache()``),
-so calling ``evaluate`` again with the same policy object, env and settings
-compiles nothing.
+(policy, env, ``RunConfig``), a placement (``jaxmesh.run.scan.placement``) and
+the programs compiled for it, keyed on the params' shapes and the rows of a
+segment's log. ``run`` keeps a few evaluators (``cache_info()``), so calling
+``evaluate`` again with the same policy object, env and settings compiles
+nothing.
 """
 
 from __future__ import annotations
@@ -27,15 +26,7 @@ from jaxmesh.envs import make_env, playground
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results.record import check_record, check_record_budget
 from jaxmesh.results.result import RunResult
-from jaxmesh.run import (
-    build,
-    checks,
-    host,
-    identity,
-    initial,
-    instructions,
-    stream,
-)
+from jaxmesh.run import build, checks, host, identity, initial, instructions, stream
 from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.run.kept import Kept
 from jaxmesh.run.plan import RunPlan, plan_run
@@ -78,23 +69,15 @@ class Evaluator:
     """A policy, an env and settings, with the programs compiled for them.
 
     Hold one to run several budgets or params without compiling again: every
-    budget, and new params of the same shapes, reuse the program. Where the
-    lanes run is its ``placement`` (``placement_for``): one device, or with
-    ``Layout(devices=...)`` a mesh; the loop is the same for both.
+    budget, and new params of the same shapes, reuse the program.
 
     Args:
-      policy: as for ``jaxmesh.evaluate``.
-      env: as for ``jaxmesh.evaluate``.
-      config: a ``jaxmesh.RunConfig`` (None: the defaults); with
-        ``Layout(devices=...)`` the lanes are split over a mesh
-        (``placement.DeviceMesh``). ``run`` may pass its own
-        ``trial_index_base``, ``instruction``, ``success_mode`` and
-        ``initial_states`` of the same shapes (their values are data).
+      policy, env: as for ``jaxmesh.evaluate``.
+      config: a ``jaxmesh.RunConfig`` (None: the defaults).
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
       record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
-        may name other episodes, as many of them (the buffers' size is part
-        of the program; which episodes fill them is data).
+        may name other episodes, as many of them.
       **settings: ``RunConfig``'s flat knobs and groups, overriding
         ``config``'s (``num_envs=64``, ``chunking=jaxmesh.Chunking(...)``).
 
@@ -119,49 +102,38 @@ class Evaluator:
         _checked: _Checked | None = None,
         **settings: Any,
     ):
-        # settings: RunConfig's flat knobs and groups (a grouped field given
-        # flat is refused, naming its group). _checked: what ``run`` checked.
+        # _checked: what ``run`` checked (the policy is resolved after the env).
         config = from_keywords(config, settings, "jaxmesh.Evaluator")
-        self.config = config
         starts, scoring = config.starts, config.scoring
-        asked = scoring.asked
-        self.success_mode = scoring.success_mode
         if _checked is None:
-            trials = initial.resolve(starts.initial_states, starts.reset_fn)
-            self.record = check_record(record)
-            devices = config.layout.devices
-        else:
-            trials, self.record, devices = (
-                _checked.trials,
-                _checked.record,
-                _checked.devices,
+            _checked = _Checked(
+                policy=None,
+                trials=initial.resolve(starts.initial_states, starts.reset_fn),
+                record=check_record(record),
+                devices=config.layout.devices,
             )
-        self.settings = config.settings
+        self.config, self.success_mode = config, scoring.success_mode
+        self.trials = trials = _checked.trials
+        self.record = _checked.record
         randomize = starts.randomize
         self.env = make_env(env)
         if randomize is not None:
             self.env = playground.randomized(self.env, randomize)
+        self.env_name = getattr(self.env, "name", type(self.env).__name__)
         self.settings = checks.resolve_delay_ms(
-            self.settings,
-            step_seconds(self.env),
-            getattr(self.env, "name", type(self.env).__name__),
+            config.settings, step_seconds(self.env), self.env_name
         )
-        self.policy = (
-            resolve_policy(policy, with_params=takes_params)
-            if _checked is None
-            else _checked.policy
-        )
+        self.policy = _checked.policy
+        if self.policy is None:
+            self.policy = resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
         self._source = (policy, env, randomize)  # keeps the keyed objects alive
-        # (info keys, reductions) and the success key, checked against the
-        # env's info by shape (nothing compiles).
-        self.metrics = build.engine_metrics(self.env, asked)
+        # (info keys, reductions) and the success key, checked by shape.
+        self.metrics = build.engine_metrics(self.env, scoring.asked)
         build.check_record_keys(self.env, self.record)
-        # Episodes from a trial index: checked against the env's reset by shape.
-        self.trials = trials
         self._trial_reset = None if trials is None else trials.engine_reset(self.env)
         self.placement = placement.placement_for(
-            devices, self.settings.num_envs, self.policy, self.record
+            _checked.devices, self.settings.num_envs, self.policy, self.record
         )
         #: Where the programs with step events send them (``_program``).
         self._sink = stream.StepSink()
@@ -186,28 +158,16 @@ class Evaluator:
         a program with step events (an ``on_step`` hook) adds ``"on_step"``."""
         return [k for k, p in self._programs.items() if p.segment is not None]
 
-    def _chunk(self, params: Any, sig: tuple) -> int | None:
-        if sig not in self._chunks:
-            self._chunks[sig] = build.run_chunk(
-                self.policy, self.env, params, self.settings
-            )
-        return self._chunks[sig]
-
     def plan(self, params: Any, episodes: int) -> RunPlan:
-        """The sizes a run of ``episodes`` with these params is built with:
-        the chunk length from a shape-only probe of the policy (once per
-        params signature), the lanes and capacity from the placement, the
-        default tile sized for all N lanes (also split over devices, so a
-        sharded run's episodes match the one-device run's).
-
-        Raises:
-          ValueError, TypeError: the policy's output does not fit the env.
-        """
-        s = self.settings
-        chunk = self._chunk(params, build.signature(params))
+        """The sizes a run of ``episodes`` with these params is built with (the
+        default tile sized for all N lanes, also split over devices); the
+        probe's ValueError, TypeError when the policy's output does not fit."""
+        s, sig = self.settings, build.signature(params)
+        if sig not in self._chunks:  # the probe runs once per params signature
+            self._chunks[sig] = build.run_chunk(self.policy, self.env, params, s)
         return plan_run(
             s,
-            chunk,
+            self._chunks[sig],
             capacity=self.placement.capacity(episodes, s.num_envs),
             lanes=self.placement.lanes(s.num_envs),
         )
@@ -220,9 +180,8 @@ class Evaluator:
 
     def _program(self, params: Any, plan: RunPlan, steps: bool = False) -> _Program:
         """The program for these params' shapes and this plan, built (every
-        check: probe, frame limit) but not necessarily compiled. ``steps``:
-        with step events (``on_step`` hooks) sent to the evaluator's sink, a
-        program of its own (keyed with ``"on_step"``)."""
+        check) but not necessarily compiled; ``steps``: with step events sent
+        to the evaluator's sink (a program of its own)."""
         key = self._key(params, plan, steps)
         if key not in self._programs:
             engine = build.build_engine(
@@ -269,9 +228,9 @@ class Evaluator:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
 
         ``trial_index_base``, ``instruction``, ``initial_states`` (of the
-        evaluator's shapes), ``success_mode`` and ``record`` (other episodes,
-        as many, with the same ``max_steps`` and ``keys``) are data, None
-        meaning the evaluator's own: the same program runs.
+        evaluator's shapes), ``success_mode`` and ``record`` (as many episodes,
+        the same ``max_steps`` and ``keys``) are data, None meaning the
+        evaluator's own: the same program runs.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -279,12 +238,11 @@ class Evaluator:
           Any exception from a hook, with the finished episodes on
           ``exc.partial_result``.
         """
-        t_start = time.perf_counter()
-        if success_mode is None:
-            success_mode = self.success_mode
-        starts = self.config.starts
+        t_start, starts = time.perf_counter(), self.config.starts
         if trial_index_base is None:
             trial_index_base = starts.trial_index_base
+        if success_mode is None:
+            success_mode = self.success_mode
         if instruction is None:
             instruction = starts.instruction
         return self._run(
@@ -316,25 +274,22 @@ class Evaluator:
         success_mode: str,
         instruction: str | None,
     ) -> RunResult:
-        """``run`` with its run-level values checked (a ``RunConfig``'s, from
-        ``jaxmesh.evaluate``, or ``run``'s arguments): nothing re-checks them.
+        """``run`` with its run-level values checked (nothing re-checks them);
         ``initial_states`` may be a resolved ``initial.Trials``."""
         pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
+        e = int(seeds_arr.size)
         hook_list = stream.hooks_list(hooks)
-        record = self._check_run_record(record, int(seeds_arr.size))
-        trials = initial.run_trials(
-            self.trials, initial_states, trial_index_base, int(seeds_arr.size)
-        )
+        record = self._check_run_record(record, e)
+        trials = initial.run_trials(self.trials, initial_states, trial_index_base, e)
         if self.takes_params and params is None:
             raise TypeError(
                 "this Evaluator was built with takes_params=True: pass params="
             )
         params = pol.default_params() if params is None else pol.place(params)
-        env_name = getattr(self.env, "name", type(self.env).__name__)
+        env_name = self.env_name
         # Encoded before the probe: the program is built for their shapes.
         encoded = instructions.check_sources(pol.spec, instruction, env_name, False)
-        e = int(seeds_arr.size)
         plan = self.plan(params, e)
         texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         if e and callable(getattr(self.env, "bind", None)):
@@ -371,8 +326,7 @@ class Evaluator:
             )
         if e:  # every check runs before a hook hears of the run
             self._program(params, plan, bool(steps))
-        info = {"episodes": e, **run_fields}
-        stream.call(hook_list, "on_run_start", info)
+        stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
         episodes_out = stream.EpisodeStream(
             hook_list, seeds_arr, pol.on_episode_end, run_fields
         )
@@ -397,9 +351,9 @@ class Evaluator:
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
     def _bind(self, seeds: np.ndarray, lanes: int) -> None:
-        """Builds the run's env from its seeds (an EnvPool pool: env i seeded
-        with ``seeds[i]``, ``jaxmesh.envs.envpool``); the program calls that
-        pool by its address, so the run compiles its own."""
+        """Builds the run's env from its seeds (an EnvPool pool,
+        ``jaxmesh.envs.envpool``); the program calls that pool by its address,
+        so the run compiles its own."""
         if isinstance(self.placement, placement.DeviceMesh):
             raise ValueError(
                 f"{self.env.name} with devices=: its pool runs on the host's CPU "
@@ -422,14 +376,8 @@ class Evaluator:
         self._bound = self.env.bind(seeds, lanes)
 
     def _check_run_record(self, record: Any, episodes: int) -> Any:
-        """The ``Record`` of a run (``check_record``'s): the evaluator's, or
-        one of the same shape.
-
-        Raises:
-          ValueError: another number of episodes, ``max_steps``, ``keys`` or
-            ``states`` than the evaluator was built with, or episodes outside
-            the budget.
-        """
+        """The ``Record`` of a run: the evaluator's, or one of the same shape
+        (else ValueError, as for episodes outside the budget)."""
         own = self.record
         if record is None:
             record = own
@@ -444,13 +392,8 @@ class Evaluator:
         return record
 
     def _loop(self, program: _Program, params, seeds_arr, run: _RunData) -> Any:
-        """Runs segments until the budget is done; returns the host ``Results``.
-
-        The placement puts the carry, each segment's seed window and the
-        params where the program reads them and reads each segment's log back;
-        the host copies the log's rows into its own arrays, indexed by episode
-        (``core.tally.write``).
-        """
+        """Runs segments until the budget is done; returns the host ``Results``
+        (each segment's log copied in by episode, ``core.tally.write``)."""
         place, plan = self.placement, program.plan
         place.check_same_everywhere(seeds_arr, params)
         e = seeds_arr.size
@@ -480,25 +423,14 @@ class Evaluator:
 
     def _pieces(self, e: int) -> list[tuple[int, int]]:
         """The budget's episodes as ``[a, b)`` pieces run one after another:
-        one piece, except for an env bound per run (an EnvPool pool holds one
-        env per episode) whose ``pool_episodes`` bounds each pool."""
+        one, except for an env bound per run (``pool_episodes`` each)."""
         size = e if self._bound is None else max(1, self.env.pool_episodes)
         return [(a, min(a + size, e)) for a in range(0, max(e, 1), size)]
 
-    def _run_piece(
-        self,
-        program: _Program,
-        params,
-        seeds,
-        offset: int,
-        e: int,
-        book,
-        run: _RunData,
-    ) -> tuple:
-        """Runs segments until the episodes of ``seeds`` (the budget's
-        episodes ``offset, offset + 1, ...``) are done; writes them into the
-        host ``book`` of all ``e`` episodes. Returns the last state and the
-        book."""
+    def _run_piece(self, program, params, seeds, offset, e, book, run) -> tuple:
+        """Runs segments until the episodes of ``seeds`` (the budget's from
+        ``offset``) are done, written into the host ``book`` of all ``e``
+        episodes. Returns the last state and the book."""
         place, plan, rec = self.placement, program.plan, run.record
         with span("init", "run"):  # a piece's first carry, and the params
             state, res = place.first_carry(
@@ -542,18 +474,16 @@ class Evaluator:
 
 
 def _piece_episodes(episodes: Any, offset: int, seeds: np.ndarray) -> np.ndarray:
-    """A piece's recorded episodes in its own indices (the budget's episodes
-    ``offset, offset + 1, ...``); -1 for those of other pieces, which no lane
-    ever runs (their slots stay as they are)."""
+    """A piece's recorded episodes in its own indices; -1 for those of other
+    pieces (no lane runs them)."""
     local = np.asarray(episodes, np.int32) - offset
     return np.where((local >= 0) & (local < seeds.size), local, -1).astype(np.int32)
 
 
 def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> Any:
-    """The recording of the pieces run so far, on the host, with the budget's
-    episode indices ``episodes``: ``kept`` (None before the first piece) with
-    the slots of piece ``[a, b)``'s episodes taken from its recording
-    ``piece`` (whose other slots no lane wrote)."""
+    """The recording of the pieces run so far, on the host: ``kept`` (None
+    before the first piece) with the slots of piece ``[a, b)``'s episodes taken
+    from its recording ``piece``."""
     piece = jax.device_get(piece)
     if kept is None:
         kept = jax.tree.map(np.array, piece)
@@ -568,11 +498,9 @@ def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> An
 
 
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
-    """A later piece's host log as the budget's: episode indices shifted by
-    ``offset``, run totals added to the earlier pieces' (``before``). Its
-    recording's slots name the budget's episodes too (-1, the slots of other
-    pieces' episodes, names none): a partial result has this piece's
-    recorded episodes (the run's end merges every piece's)."""
+    """A later piece's host log as the budget's: episode indices (its
+    recording's too) shifted by ``offset``, run totals added to the earlier
+    pieces' (``before``)."""
     steps, rows = before
     fault = log.fault.replace(episode=np.asarray(log.fault.episode) + offset)
     rec = log.recording
@@ -631,9 +559,8 @@ def run(
     hooks: Any,
     record: Any,
 ) -> RunResult:
-    """A JAX env's run (``jaxmesh.evaluate`` picked this backend): on a kept
-    ``Evaluator`` when the same policy object, env and settings ran before
-    (nothing compiles again), else on a new one."""
+    """A JAX env's run, on a kept ``Evaluator`` when the same policy object,
+    env and settings ran before (nothing compiles again), else on a new one."""
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
     scoring, starts = config.scoring, config.starts
