@@ -1,18 +1,11 @@
-"""Where an ``Evaluator``'s lanes run: one device, or a mesh of devices.
+"""Where an ``Evaluator``'s lanes run: ``SingleDevice`` (the policy's device, or
+JAX's default) or ``DeviceMesh`` (every device of a one-axis mesh, also over
+processes under ``jax.distributed``; ``jaxmesh.run.scan.sharded``).
 
-A placement is what differs between one device and several under the
-evaluator's one loop: the lanes one program steps and the rows of its log,
-how the segment is compiled, where the first carry, each segment's seed window
-and the params go, and how a segment's log comes back (``drain``: one read per
-segment, sized by the lanes, never by the budget).
-
-- ``SingleDevice``: the engine's own ``run_segment`` on the policy's device (or
-  JAX's default); it keeps each engine's last buffers for its next run.
-- ``DeviceMesh``: the same engine on every device of a one-axis mesh
-  (``jaxmesh.run.scan.sharded``), also over processes under ``jax.distributed``.
-
-``placement_for(devices, ...)`` picks one; both answer the same questions, so
-the loop never asks which it has.
+A placement is what differs between them under the evaluator's one loop: the
+lanes one program steps and the rows of its log, how the segment is compiled,
+where the carry, seed windows and params go, and how a segment's log comes
+back (``drain``: one read per segment). ``placement_for`` picks one.
 """
 
 from __future__ import annotations
@@ -50,8 +43,6 @@ class SingleDevice:
 
     #: ``on_step`` hooks can run: one program sends the step events in order.
     supports_step_hooks = True
-    #: How many devices the lanes are split over.
-    num_devices = 1
 
     def __init__(self, device: Any = None):
         self.device = device
@@ -85,18 +76,10 @@ class SingleDevice:
         """Nothing to check: one process runs the whole budget."""
         del seeds, params
 
-    def first_carry(
-        self,
-        engine: Any,
-        seeds: np.ndarray,
-        record: Any,
-        trials: Any = None,
-        texts: Any = None,
-    ) -> tuple:
+    def first_carry(self, engine, seeds, record, trials=None, texts=None) -> tuple:
         """``((lanes, agent), results)``: the carry a run starts from, on the
-        device (the arguments as for ``Engine.first_carry``). On the buffers
-        the engine's last run kept (``keep``), only the run's own values
-        travel (``jaxmesh.core.carry.refill``)."""
+        device (``Engine.first_carry``), or on the buffers the engine's last run
+        kept with only the run's own values sent (``core.carry.refill``)."""
         run = {"record": record, "trials": trials, "texts": texts}
         with self._lock:
             spare, results0 = self._spares.get(engine, (None, None))
@@ -129,18 +112,9 @@ class SingleDevice:
         )
         return log.replace(recording=res.recording), int(n_done), next_episode
 
-    def put_window(
-        self,
-        engine: Any,
-        state: Any,
-        base: Any,
-        seeds: np.ndarray,
-        next_episode,
-        trials,
-    ) -> tuple:
+    def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
         """``(state, base)`` for the next segment: the same when the window at
-        ``base`` serves it (``window_fits``), else with a new window
-        (``jaxmesh.core.carry.window``) on the device and its base.
+        ``base`` serves it, else with a new window on the device and its base.
         ``trials``: the run's ``(trial_of, data)``, or None."""
         if window_fits(engine.config, int(base), next_episode):
             return state, base
@@ -152,25 +126,16 @@ class SingleDevice:
 
 
 class DeviceMesh:
-    """Lanes split over the devices of a one-axis mesh: device d of D runs
-    episodes d, d + D, ... on N / D lanes of its own (``jaxmesh.run.scan.sharded``).
-
-    Args:
-      mesh: a one-axis ``jax.sharding.Mesh`` (``devices.resolve_mesh``).
-      num_envs: N, all lanes of the run.
-      policy: the resolved policy (it must not be pinned to one device).
+    """Lanes split over the devices of a one-axis mesh ``mesh``: device d of D
+    runs episodes d, d + D, ... on N / D lanes of its own (``sharded``).
 
     Raises:
       ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
-        device (``jaxmesh.Model(device=...)``), or a mesh with no device of this
-        process.
+        device, or a mesh with no device of this process.
     """
 
-    #: ``on_step`` hooks are refused: the step events would come from D
-    #: programs at once, with no order between the devices' steps
-    #: (docs/evaluation.md, "Step hooks").
+    #: ``on_step`` hooks are refused: D programs' step events have no order.
     supports_step_hooks = False
-    device = None
 
     def __init__(self, mesh: Any, num_envs: int, policy: Any):
         self.mesh = mesh
@@ -219,24 +184,14 @@ class DeviceMesh:
 
     def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
         """Under ``jax.distributed``: every process was given the same budget
-        and params (``sharded.check_same_everywhere``; the run's first
-        collective: nothing before it depends on values the processes might
-        disagree on)."""
+        and params (``sharded.check_same_everywhere``)."""
         sharded.check_same_everywhere(self.mesh, seeds, params)
 
-    def first_carry(
-        self,
-        engine: Any,
-        seeds: np.ndarray,
-        record: Any,
-        trials: Any = None,
-        texts: Any = None,
-    ) -> tuple:
+    def first_carry(self, engine, seeds, record, trials=None, texts=None) -> tuple:
         """Every device's first carry, stacked along the mesh axis: device d
-        gets the carry of its share of the budget (``sharded.device_seeds``,
-        and the same share of the trial indices); each process builds and
-        places only its own devices'. ``record`` is None (refused on a mesh).
-        """
+        gets the carry of its share of the budget (``sharded.device_seeds``);
+        each process builds and places only its own devices'. ``record`` is
+        None (refused on a mesh)."""
         del record
         shares = sharded.device_seeds(seeds, self.num_devices)
         trial_shares = self._trial_shares(trials)
@@ -286,29 +241,18 @@ class DeviceMesh:
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
         """After a segment, one read of every device's log, merged into one
         (``sharded.merge_logs``): ``(log, episodes finished on all devices,
-        each device's next unstarted episode)``.
-
-        Every process reads the same values, so all take the same branch of
-        the loop (and make the same collectives).
-        """
+        each device's next unstarted episode)``; every process reads the same
+        values, so all make the same collectives."""
         lanes = state[0]
         log, n_done, next_episode = sharded.to_host(
             (res, lanes.n_done, lanes.next_episode), self.mesh
         )
         return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
 
-    def put_window(
-        self,
-        engine: Any,
-        state: Any,
-        base: Any,
-        seeds: np.ndarray,
-        next_episode,
-        trials,
-    ) -> tuple:
+    def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
         """``(state, base)`` for the next segment: the same when every
-        device's window serves it, else with each device's new window (of its
-        share of the budget) stacked along the mesh axis, and their bases."""
+        device's window serves it, else with each device's new window stacked
+        along the mesh axis, and their bases."""
         d_count = self.num_devices
         base = np.broadcast_to(np.asarray(base), (d_count,))
         pairs = zip(base, next_episode, strict=True)
@@ -328,13 +272,8 @@ class DeviceMesh:
 def placement_for(
     devices: Any, num_envs: int, policy: Any, record: Any = None
 ) -> SingleDevice | DeviceMesh:
-    """The placement of a run: ``devices=`` resolved, checked against the rest.
-
-    Args:
-      devices: as for ``jaxmesh.evaluate`` (None: one device).
-      num_envs: N, all lanes.
-      policy: the resolved policy (its ``device``: where one device runs).
-      record: the run's ``jaxmesh.Record`` (None: none).
+    """The placement of a run: ``devices=`` resolved (None: one device, the
+    policy's), checked against the rest.
 
     Raises:
       TypeError, ValueError: a bad ``devices=`` value, ``record=`` with a mesh,
@@ -348,11 +287,7 @@ def placement_for(
 
 
 def refuse_mesh_record(devices: Any, record: Any) -> None:
-    """Recording is one device's: refuses ``record=`` with ``devices=``.
-
-    Raises:
-      ValueError: both given.
-    """
+    """Recording is one device's: ValueError for ``record=`` with ``devices=``."""
     if record is None:
         return
     raise ValueError(

@@ -34,21 +34,14 @@ def make_evaluator(
     (int32, one per episode) defaults to the seeds given here.
 
     ``Results`` is the engine's own results pytree (``jaxmesh.core.tally``):
-    per episode ``returns``, ``lengths``, ``terminated``, ``truncated``,
-    ``predict_calls``, ``lanes``, ``done``; totals ``env_steps`` and
-    ``policy_rows``; and ``fault``, each lane's first bad value (``fault.kind``
-    is 0 where none; ``fault.first()`` on a host copy picks the earliest).
-    Unlike ``evaluate``, it cannot raise at a bad value: it scores the whole
-    budget and reports the fault.
+    unlike ``evaluate``, it cannot raise at a bad value, so it scores the whole
+    budget and reports the first one in ``fault`` (``fault.kind`` 0: none).
 
     ``config`` (or ``RunConfig``'s knobs and groups as keywords) is
-    ``evaluate``'s: ``num_envs``, ``horizon``, ``max_episode_steps``,
-    ``Chunking`` (how each plan's chunk is executed, docs/contract.md, "How a
-    chunk is executed"), ``Layout.plan_tile`` and ``Scoring``'s ``metrics``
-    and ``success``: the per-episode values land in ``Results.metrics`` (name
-    -> [episodes]) and ``Results.success`` (None when no success key is
-    kept), reduced on the device. What needs the host between segments
-    (``Starts``, ``Served``, workers, devices, a wall-clock cap) is refused.
+    ``evaluate``'s; ``Scoring``'s ``metrics`` and ``success`` land in
+    ``Results.metrics`` and ``Results.success``. What needs the host between
+    segments (``Starts``, ``Served``, workers, devices, a wall-clock cap) is
+    refused.
 
     Example::
 
@@ -93,11 +86,8 @@ def make_evaluator(
 
 
 def _refuse_host_settings(config: RunConfig) -> None:
-    """The settings ``make_evaluator``'s one pure program cannot honour.
-
-    Raises:
-      ValueError: naming the setting and what to use instead.
-    """
+    """ValueError for the settings ``make_evaluator``'s one pure program cannot
+    honour, naming the setting and what to use instead."""
     given = changed(config.starts) + [
         name
         for name, value in (

@@ -1,18 +1,13 @@
 """Lanes sharded over devices: ``Layout(devices=...)`` and populations.
 
-A static split, with no collective inside the loop (docs/scale.md says why):
-device d of D runs episodes d, d + D, ... on N / D lanes of its own, with the
-same engine and the plan tile of a one-device run with N lanes, so each
-episode's result is bit for bit the one-device one (CONTRACT 3-4); only the
-lane that ran it differs.
-
-``jax.shard_map`` runs the engine's own ``run_segment`` on each device's slice
-of a carry stacked along a leading device axis, handled as a pytree (lane state
-added to the engine needs nothing here); the host merges the devices' logs
-(``merge_logs``). The evaluator's loop drives this through
-``placement.DeviceMesh``. Under ``jax.distributed`` every process makes the
-same calls, places its own devices' carries and reads every log back with one
-all-gather per segment (``to_host``), so all return the same ``RunResult``.
+A static split, with no collective inside the loop (docs/scale.md): device d of
+D runs episodes d, d + D, ... on N / D lanes of its own, with the plan tile of
+a one-device run with N lanes, so each episode's result is bit for bit the
+one-device one (CONTRACT 3-4). ``jax.shard_map`` runs the engine's own
+``run_segment`` on each device's slice of a carry stacked along a leading
+device axis; the host merges the devices' logs (``merge_logs``). Under
+``jax.distributed`` every process makes the same calls and reads every log
+back with one all-gather per segment (``to_host``).
 """
 
 from __future__ import annotations
@@ -31,12 +26,8 @@ from jaxmesh.devices import mesh_size, resolve_mesh
 
 
 def split_lanes(num_envs: int, devices: int) -> int:
-    """Lanes per device: ``num_envs / devices``.
-
-    Raises:
-      ValueError: ``num_envs`` is not a multiple of ``devices`` (every device
-        runs the same program, so each holds the same number of lanes).
-    """
+    """Lanes per device: ``num_envs / devices`` (ValueError when not whole:
+    every device runs the same program)."""
     if num_envs % devices:
         below = max(devices, num_envs // devices * devices)
         above = -(-num_envs // devices) * devices
@@ -67,23 +58,15 @@ def put(tree: Any, sharding: NamedSharding) -> Any:
     return jax.tree.map(one, tree)
 
 
-def _identity(tree: Any) -> Any:
-    return tree
-
-
 @functools.lru_cache(maxsize=8)
 def _gather(mesh: Mesh) -> Any:
     """A jitted identity whose outputs are whole on every device of ``mesh``."""
-    return jax.jit(_identity, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def to_host(tree: Any, mesh: Mesh) -> Any:
-    """A pytree of arrays sharded over ``mesh``, read back whole as numpy.
-
-    Over several processes one program all-gathers every leaf (gloo on CPUs,
-    NCCL on GPUs, ICI on TPUs) and each reads its own copy; every process of
-    the mesh must make the same call.
-    """
+    """A pytree of arrays sharded over ``mesh``, read back whole as numpy (over
+    several processes, one all-gather that every process must make)."""
     if not mesh.is_multi_process:
         return jax.device_get(tree)
     whole = _gather(mesh)(tree)
@@ -91,11 +74,8 @@ def to_host(tree: Any, mesh: Mesh) -> Any:
 
 
 def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
-    """``[episodes, crc32 of the seeds, crc32 of the params' values]`` (uint32).
-
-    What every process of a run must agree on; reading the params to the host
-    costs one copy of them per run.
-    """
+    """``[episodes, crc32 of the seeds, crc32 of the params' values]`` (uint32):
+    what every process of a run must agree on."""
     p = 0
     for leaf in jax.tree.leaves(params):
         p = zlib.crc32(np.ascontiguousarray(np.asarray(leaf)).tobytes(), p)
@@ -105,12 +85,8 @@ def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
 
 def merge_logs(stacked: Results, lanes: int) -> Results:
     """Every device's segment log (host ``Results`` with a leading device
-    axis D; ``lanes`` per device) as one log.
-
-    Device d's rows come after device d - 1's; its local episode k is episode
-    ``k * D + d`` (``index``, ``fault.episode``), its lane j is lane
-    ``d * lanes + j``; run totals and ``rows`` are summed.
-    """
+    axis D; ``lanes`` per device) as one log: device d's local episode k is
+    episode ``k * D + d``, its lane j is lane ``d * lanes + j``."""
     rows = np.asarray(stacked.rows)
     d = rows.shape[0]
     col = np.arange(d)[:, None]
@@ -157,9 +133,7 @@ def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
 
 def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
     """Under ``jax.distributed``: checks that every process of the mesh was
-    given the same budget and params (one small all-gather); each places only
-    its own devices' share, so a process with others would silently mix two
-    runs into one result.
+    given the same budget and params (else two runs would mix into one).
 
     Raises:
       ValueError: in every process, naming the processes that differ from
