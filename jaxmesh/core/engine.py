@@ -528,25 +528,13 @@ class Engine:
         # Only a segment's last outer iteration can end with no episode ended.
         return jax.lax.cond(jnp.any(ended), finish, lambda *a: a, lanes, res)
 
-    def _begin_recorded(self, rec: Any, done, lanes: LaneState, begins, obs0) -> Any:
-        """The recording after ``_begin``: the reset observations of recorded
-        episodes that began (``done``: [R], done when the inner loop began)."""
-        cfg = self.config
-        if not cfg.record_slots:
-            return rec
-        return jax.lax.cond(
-            ~jnp.all(done),
-            lambda rec: recording.reset(self.env, cfg, rec, lanes, begins, obs0),
-            lambda rec: rec,
-            rec,
-        )
-
     def _advance(
         self, params: Any, carry: Carry, max_steps: Any, stop_at_fault: bool
     ) -> tuple[Carry, Any]:
         """Runs up to ``max_steps`` env steps (None: no limit) until the budget
         is done, a bad value (``stop_at_fault``) or a refused step event.
         Returns the carry and whether the run may go on."""
+        cfg = self.config
 
         def no_fault(fault):
             if not stop_at_fault:
@@ -559,7 +547,7 @@ class Engine:
         def room(res):  # a segment's log holds another step's ends
             if res.rows is None:
                 return jnp.bool_(True)
-            return res.rows + self.config.agent.num_envs <= self.config.capacity
+            return res.rows + cfg.agent.num_envs <= cfg.capacity
 
         def outer_cond(o):
             steps, go_on, carry = o
@@ -584,7 +572,10 @@ class Engine:
 
         def inner_body(c):
             lanes, ag, obs0, begins, stepping = self._begin(c.lanes, c.agent)
-            rec = self._begin_recorded(c.recording, c.record_done, lanes, begins, obs0)
+            rec = c.recording
+            if cfg.record_slots:  # skipped once every recorded one is done
+                reset = lambda r: recording.reset(self.env, cfg, r, lanes, begins, obs0)
+                rec = jax.lax.cond(~jnp.all(c.record_done), reset, lambda r: r, rec)
             c = c.replace(lanes=lanes, agent=ag, recording=rec)
             return self._core(params, c, stepping)
 
