@@ -284,7 +284,9 @@ class Engine:
         def start_lanes(c):
             resets, ag, t, ret, acc = c
             if batched(self.env):  # one call starts every lane that begins
-                resets = self._reset_lanes(lanes, begins, resets)
+                env_state, _, at_reset = resets
+                obs, env_state = self.env.reset_lanes(begins, lanes.episode, env_state)
+                resets = env_state, obs, at_reset
             else:
                 resets = tiles.each(start, tile, body, resets)
             obs = resets[1]
@@ -323,12 +325,6 @@ class Engine:
         )
         return lanes, ag, obs, begins, stepping
 
-    def _reset_lanes(self, lanes: LaneState, begins: jax.Array, c: tuple) -> tuple:
-        """``_begin``'s reset for a batched env: one ``env.reset_lanes`` call."""
-        env_state, _, reset_success = c
-        obs, env_state = self.env.reset_lanes(begins, lanes.episode, env_state)
-        return env_state, obs, reset_success
-
     def _reset(self, lanes: LaneState, ep_keys: jax.Array, episodes: jax.Array):
         """The reset of a tile of lanes starting ``episodes``: ``env.reset(key)``,
         or with ``config.trials`` the reset from each episode's trial index."""
@@ -339,12 +335,6 @@ class Engine:
         at = jnp.clip(episodes - lanes.base, 0, trial_of.shape[0] - 1)
         reset = jax.vmap(trials.reset, in_axes=(0, 0, None))
         return reset(ep_keys, trial_of[at], data)
-
-    def _faults(self, lanes: LaneState, action: jax.Array, reward: jax.Array):
-        """Per-lane fault kind and value: a bad action, or a non-finite reward."""
-        num_actions = self.env.num_actions
-        kinds, values = rules.action_faults(jnp, action, lanes.active, num_actions)
-        return rules.reward_faults(jnp, reward, lanes.active, kinds, values)
 
     def _step_events(self, lanes: LaneState, kinds, action, reward, term, trunc):
         """Sends this step's per-lane values to ``on_step`` (ordered; episode
@@ -432,7 +422,9 @@ class Engine:
         if cfg.reads_info:
             lanes = lanes.replace(acc=_accumulate(cfg, lanes, info))
         reward = jnp.asarray(reward, jnp.float32)
-        kinds, values = self._faults(lanes, action, reward)
+        # A bad action, or a non-finite reward (the action's fault first).
+        kinds, values = rules.action_faults(jnp, action, active, self.env.num_actions)
+        kinds, values = rules.reward_faults(jnp, reward, active, kinds, values)
         ag = agent.observe(cfg.agent, ag, obs)
         t = lanes.t + 1
         trunc = trunc | rules.at_cap(jnp, t, cfg.max_steps)
