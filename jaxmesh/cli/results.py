@@ -45,10 +45,9 @@ def load_result(path: str | Path) -> Any:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     a, b = load_result(args.a), load_result(args.b)
-    unpaired = bool(getattr(args, "unpaired", False))
     try:
         comparison = compare(
-            a, b, resamples=args.resamples, seed=args.seed, unpaired=unpaired
+            a, b, resamples=args.resamples, seed=args.seed, unpaired=args.unpaired
         )
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{args.a} and {args.b}: {e}") from e

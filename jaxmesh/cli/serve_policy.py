@@ -27,7 +27,7 @@ def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
     """
     from jaxmesh.serve.forward import parse_input
 
-    given = getattr(args, "input", None)
+    given = args.input
     if args.protocol != "openpi":
         if given:
             raise ConfigError(

@@ -55,11 +55,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     given = Path(config["output"]) if config.get("output") else None
     output = None if given is None else given.with_suffix(SWEEP_SUFFIX)
     cells_path = None if given is None else given.with_suffix(SWEEP_CELLS_SUFFIX)
-    resume_from = getattr(args, "resume", None)
     earlier = None
-    if resume_from is not None:
+    if args.resume is not None:
         earlier = existing_file(
-            resume_from,
+            args.resume,
             "--resume file",
             f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
             "next to its output)",
