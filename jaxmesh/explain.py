@@ -35,17 +35,15 @@ def explain(
         (its first task's env; each task's instruction, unless given).
       num_envs: lanes to total the memory for.
       instruction: for ``jaxmesh.adapt.Text`` inputs, the run's instruction
-        (a string, as ``Starts(instruction=)``), or a dict of task name to
-        instruction (one line per task); encoded here (once per string) to
-        show its shapes. None: a Text reads from its ``info_key`` (or has
-        nothing, which is shown too).
+        (as ``Starts(instruction=)``), or a dict of task name to instruction
+        (one line per task). None: a Text reads from its ``info_key``.
 
     Returns:
       An ``Explanation``; ``print`` it for a table.
 
     Raises:
-      ValueError: the spec names an observation key the env does not have (the
-        message lists the env's keys), or ``num_envs < 1``.
+      ValueError: the spec names an observation key the env does not have, or
+        ``num_envs < 1``.
     """
     if isinstance(env, Suite):  # its tasks' instructions, its first task's env
         if instruction is None:

@@ -212,10 +212,8 @@ _OWN_ENV = (
 
 
 def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
-    """The env factory a config's ``env: module:function`` names, as
-    ``jaxmesh.evaluate`` takes one (a function, or a ``gymnasium.Env`` class,
-    with ``env_config`` as its keyword arguments); None when ``env_id`` is
-    another kind of id (its prefix a family's, or no module of that name).
+    """The env factory a config's ``env: module:function`` names, with
+    ``env_config`` as its keyword arguments; None for another kind of id.
 
     Raises:
       ConfigError: the module imports but its attribute is missing or is not
