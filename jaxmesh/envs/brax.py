@@ -150,14 +150,17 @@ def make(env_id: str, **kwargs: Any) -> BraxEnv:
     return BraxEnv(env, episode_length=episode_length, name=f"brax:{env_id}")
 
 
-def _check_episode_length(value: Any) -> int:
+def positive_int(name: str, value: Any, hint: str = "") -> int:
+    """``value`` as an int >= 1 (ValueError naming ``name``, then ``hint``)."""
     try:
         n = operator.index(value)
     except TypeError:
         n = 0
     if isinstance(value, bool) or n < 1:
-        raise ValueError(
-            f"episode_length={value!r}: expected an int >= 1 (steps before "
-            "truncated), or None for no limit"
-        )
+        raise ValueError(f"{name}={value!r}: expected an int >= 1{hint}")
     return n
+
+
+def _check_episode_length(value: Any) -> int:
+    hint = " (steps before truncated), or None for no limit"
+    return positive_int("episode_length", value, hint)

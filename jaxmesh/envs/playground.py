@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import itertools
 import math
-import operator
 import os
 import pathlib
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxmesh.envs.brax import positive_int
 from jaxmesh.envs.names import did_you_mean, unknown_id
 from jaxmesh.envs.timing import step_seconds
 
@@ -80,10 +80,10 @@ class PlaygroundEnv:
                 cfg, "episode_length", DEFAULT_EPISODE_LENGTH
             )
         if self.episode_length is not None:
-            self.episode_length = _check_int("episode_length", self.episode_length)
+            self.episode_length = positive_int("episode_length", self.episode_length)
         if self.action_repeat is None:
             self.action_repeat = _config_get(cfg, "action_repeat", 1)
-        self.action_repeat = _check_int("action_repeat", self.action_repeat)
+        self.action_repeat = positive_int("action_repeat", self.action_repeat)
         if not self.name:
             self.name = f"playground:{type(self.env.unwrapped).__name__}"
         self.num_actions = None
@@ -151,11 +151,8 @@ class PlaygroundEnv:
         return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
-        """``step`` and an info dict: Playground's ``state.metrics`` at the top
-        (``"reward/upright"``), its ``state.info`` under ``"info/"``, the drawn
-        model values under ``"model/"`` and ``"success"`` from
-        ``"reward/success"`` (the sources of ``Scoring(metrics=...,
-        success=...)``)."""
+        """``step`` and an info dict: ``state.metrics``, ``"info/"``, ``"model/"``
+        and ``"success"`` (docs/playground.md lists them)."""
         del key
         return self._jitted[1](state, action)
 
@@ -437,16 +434,6 @@ def _config_get(cfg: Any, key: str, default: Any) -> Any:
         return default
 
 
-def _check_int(name: str, value: Any) -> int:
-    try:
-        n = operator.index(value)
-    except TypeError:
-        n = 0
-    if isinstance(value, bool) or n < 1:
-        raise ValueError(f"{name}={value!r}: expected an int >= 1")
-    return n
-
-
 # MuJoCo Menagerie (the robots of the locomotion and manipulation envs) ------
 
 #: The variable naming a Menagerie checkout (the folder of ``unitree_go1/``,
@@ -465,19 +452,22 @@ def needs_menagerie(env_id: str) -> bool:
     )
 
 
+def _mjx_env() -> Any:
+    """Playground's ``mjx_env`` module (where its Menagerie path lives)."""
+    from mujoco_playground._src import mjx_env
+
+    return mjx_env
+
+
 def menagerie_folder() -> pathlib.Path:
     """Where Playground reads Menagerie from unless told otherwise (inside
     its install: ``mujoco_playground/external_deps/mujoco_menagerie``)."""
-    from mujoco_playground._src import mjx_env
-
-    return pathlib.Path(mjx_env.MENAGERIE_PATH)
+    return pathlib.Path(_mjx_env().MENAGERIE_PATH)
 
 
 def menagerie_commit() -> str:
     """The Menagerie commit the installed Playground is written against."""
-    from mujoco_playground._src import mjx_env
-
-    return mjx_env.MENAGERIE_COMMIT_SHA
+    return _mjx_env().MENAGERIE_COMMIT_SHA
 
 
 @contextlib.contextmanager
@@ -493,8 +483,7 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
     if not needs_menagerie(env_id):
         yield None
         return
-    from mujoco_playground._src import mjx_env
-
+    mjx_env = _mjx_env()
     source = "menagerie="
     if path is None and os.environ.get(MENAGERIE_ENV):
         path, source = os.environ[MENAGERIE_ENV], f"${MENAGERIE_ENV}="
@@ -520,13 +509,11 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
 
 def _clone_menagerie(env_id: str) -> None:
     """Playground's own copy, cloned when absent (FileNotFoundError)."""
-    from mujoco_playground._src import mjx_env
-
     folder = menagerie_folder()
     if folder.exists():
         return
     try:
-        mjx_env.ensure_menagerie_exists()
+        _mjx_env().ensure_menagerie_exists()
     except Exception as e:  # git missing or failing, a read-only install, ...
         raise FileNotFoundError(
             f"Playground env {env_id!r} needs MuJoCo Menagerie's robot files: "
