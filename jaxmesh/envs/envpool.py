@@ -194,20 +194,15 @@ class EnvPoolEnv:
         return _zeros(self.specs.leaf("obs"))
 
     def _info(self) -> dict:
-        info = {}
-        for k in self.specs.info_keys:
-            name = k.removeprefix("info:")
-            info[name] = _zeros(self.specs.leaf(k))
-        return info
+        leaf = self.specs.leaf
+        return {k.removeprefix("info:"): _zeros(leaf(k)) for k in self.specs.info_keys}
 
     def reset(self, key: jax.Array):
         """Shapes only: one lane's observation and state, a digest of the task
         and its options (the env digest ``resume=`` compares traces it)."""
-        return self._obs(), jnp.int32(self._options_digest())
-
-    def _options_digest(self) -> int:
         text = repr((self.task_id, sorted(self.kwargs.items())))
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4]) >> 1
+        digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4]) >> 1
+        return self._obs(), jnp.int32(digest)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
         return self.step_with_info(key, state, action)[:5]
@@ -273,7 +268,7 @@ class BoundPool(EnvPoolEnv):
 
     def __post_init__(self):
         super().__post_init__()
-        fns = dict((name, value) for name, value in self.pool._xla())
+        fns = dict(self.pool._xla())
         self._handle = np.frombuffer(fns["recv"][0], np.uint8).copy()
         self._send = _ffi(self.pool, "send", *fns["send"])
         self._recv = _ffi(self.pool, "recv", *fns["recv"])

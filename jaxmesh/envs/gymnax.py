@@ -37,14 +37,11 @@ class GymnaxEnv:
                 "action_space(params): jaxmesh needs it for the action shape and "
                 "dtype; return a gymnax spaces.Discrete or spaces.Box"
             ) from e
-        if hasattr(space, "n") and not hasattr(space, "low"):
-            self.num_actions = int(space.n)
-            self.action_shape = ()
-            self.action_dtype = jnp.dtype(getattr(space, "dtype", jnp.int32))
-        else:
-            self.num_actions = None
-            self.action_shape = tuple(space.shape)
-            self.action_dtype = jnp.dtype(getattr(space, "dtype", jnp.float32))
+        discrete = hasattr(space, "n") and not hasattr(space, "low")
+        self.num_actions = int(space.n) if discrete else None
+        self.action_shape = () if discrete else tuple(space.shape)
+        default = jnp.int32 if discrete else jnp.float32
+        self.action_dtype = jnp.dtype(getattr(space, "dtype", default))
 
     @property
     def dt(self) -> float | None:
@@ -104,11 +101,9 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
             )
         )
     env, params = gymnax.make(env_id)
-    fields = (
-        {f.name for f in dataclasses.fields(params)}
-        if dataclasses.is_dataclass(params)
-        else set()
-    )
+    fields = set()
+    if dataclasses.is_dataclass(params):
+        fields = {f.name for f in dataclasses.fields(params)}
     ctor = {k: v for k, v in kwargs.items() if k not in fields}
     if ctor:
         try:

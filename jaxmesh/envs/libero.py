@@ -205,11 +205,8 @@ def check_options(
     max_episode_steps: Any = None,
 ) -> dict[str, Any]:
     """A LIBERO env's options, checked (TypeError, ValueError)."""
-    given = {
-        "camera_size": camera_size,
-        "settle_steps": settle_steps,
-        "max_episode_steps": max_episode_steps,
-    }
+    values = (camera_size, settle_steps, max_episode_steps)
+    given = dict(zip(_OPTIONS, values, strict=True))
     for name, value in given.items():
         low, optional, what = _OPTIONS[name]
         if value is None and optional:
@@ -304,12 +301,9 @@ class LiberoEnv(gymnasium.Env):
         is the last agentview image turned upright (rotated 180 degrees),
         for videos; None without cameras.
 
-    ``reset(seed=s, options={"trial_index": k})`` seeds LIBERO's env with
-    ``s``, resets it, sets init state ``k % 50`` (k = 0 without options) and
-    settles. ``info["success"]`` is LIBERO's success check and
-    ``info["init_state"]`` the init state the episode started from
-    (``Scoring(metrics="init_state")`` keeps it per episode); the
-    reset's info also holds ``"language"``, the task's instruction.
+    ``reset(seed=s, options={"trial_index": k})`` runs docs/libero.md's
+    protocol (init state ``k % 50``); ``info`` holds ``"success"`` and
+    ``"init_state"``, the reset's also ``"language"``.
     """
 
     metadata = {"render_modes": ["rgb_array"], "reset_options": (_TRIAL_INDEX,)}
