@@ -66,19 +66,6 @@ def _env_errors(method):
     return unwrapped
 
 
-def _reset_infos(info: dict, present: dict, back: np.ndarray, where: str) -> dict:
-    """Reset-info values as ``(float64 [m], present bool [m])`` in the order given."""
-    out = {}
-    for key, values in info.items():
-        given = np.asarray(
-            [info_value({key: v}, key, where) for v in values], np.float64
-        )
-        has = present.get(key)
-        has = np.ones(len(values), bool) if has is None else np.asarray(has, bool)
-        out[key] = (given[back], has[back])
-    return out
-
-
 class _LaneView:
     """What every adapter keeps for the host loop.
 
@@ -142,7 +129,12 @@ class _LaneView:
         args = (ascending, seeds, options, seconds)
         info, present, texts, obs = self._reset(args, tuple(text_keys), back, lanes)
         self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
-        self.reset_info = _reset_infos(info, present, back, f"{self.spec.name} reset")
+        self.reset_info, where = {}, f"{self.spec.name} reset"
+        for key, values in info.items():
+            got = [info_value({key: v}, key, where) for v in values]
+            has = present.get(key)
+            has = np.ones(len(values), bool) if has is None else np.asarray(has, bool)
+            self.reset_info[key] = (np.asarray(got, np.float64)[back], has[back])
         return obs
 
 

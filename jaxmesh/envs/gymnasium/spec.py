@@ -1,9 +1,7 @@
 """The agent side's view of gymnasium lanes: layouts in JAX's dtypes, ``HostEnvSpec``.
 
-``HostEnvSpec`` describes host-stepped lanes to the agent builder in jaxmesh's
-own env protocol (shapes only: it is never stepped). Observations are converted
-to the dtype JAX computes in (float64 -> float32 unless x64 is on; a Discrete
-observation -> int32).
+Observations are converted to the dtype JAX computes in (float64 -> float32
+unless x64 is on; a Discrete observation -> int32).
 """
 
 from __future__ import annotations
@@ -27,11 +25,6 @@ __all__ = [
 ]
 
 
-def _canonical(dtype: Any) -> np.dtype:
-    """The dtype JAX computes in (float64 -> float32 unless x64 is on)."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
-
-
 def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) of one observation leaf (a space that is one array) in the
     dtypes JAX computes in (TypeError for a space jaxmesh does not read)."""
@@ -39,7 +32,8 @@ def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtyp
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int32)
     if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
-        return tuple(int(d) for d in space.shape), _canonical(space.dtype)
+        dtype = jax.dtypes.canonicalize_dtype(np.dtype(space.dtype))  # JAX's
+        return tuple(int(d) for d in space.shape), np.dtype(dtype)
     raise TypeError(
         f"{where}: observation_space {space} ({type(space).__name__}) is not one "
         "jaxmesh reads; expected Box, Discrete, MultiBinary or MultiDiscrete "

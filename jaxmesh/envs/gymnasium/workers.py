@@ -399,16 +399,12 @@ def _main_path(source: Any, layout: Any) -> str | None:
     return None
 
 
-#: A worker's first lines: Ctrl-C and SIGTERM are the parent's to handle (a
-#: worker ends when the parent closes it or its pipe closes, and then unlinks
-#: the segment if the parent could not; one whose env hangs ends when its
-#: parent is gone, ``_watch_parent``); its name, ``jaxmesh-worker``; the
-#: parent's sys.path; jaxmesh's packages as stubs whose own ``__init__`` (and JAX) load
-#: only if something asks for a name they define (the lanes' modules import
-#: numpy and gymnasium only); the main script when the envs' factory lives
-#: there; then the worker loop, and an exit without the interpreter's teardown
-#: (the envs are closed by then; unloading a factory module's imports, JAX or
-#: MuJoCo, took 0.05-0.2 s of every run's close).
+#: A worker's first lines: Ctrl-C and SIGTERM are the parent's to handle; its
+#: name; the parent's sys.path; jaxmesh's packages as stubs whose own
+#: ``__init__`` (and JAX) load only if something asks for a name they define;
+#: the main script when the envs' factory lives there; the worker loop, and an
+#: exit without the interpreter's teardown (the envs are closed by then;
+#: unloading a factory module's imports, JAX or MuJoCo, took 0.05-0.2 s).
 _BOOT = r"""
 import os, signal, sys, types
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -471,9 +467,9 @@ os._exit(code)
 
 class WorkerPool:
     """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
-    blocks of lanes), and the messages to them: ``attach`` / ``reset`` /
-    ``send`` / ``take`` over the shared segment (the in-process host loop's
-    data path, ``local.WorkerEnvLanes``), or any op (``ProcessStepper``).
+    blocks of lanes), and the messages to them: ``reset`` / ``send`` / ``take``
+    over the shared segment (``local.WorkerEnvLanes``), or any op
+    (``ProcessStepper``).
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
@@ -583,11 +579,6 @@ class WorkerPool:
         self.shm.unlink()
         self.slots = self.shm = None
 
-    def attach_flags(self) -> None:
-        """A segment of ``busy`` flags alone (``ProcessStepper``: the data come
-        back over the pipes): each worker marks the lane whose op it runs."""
-        self._share({"busy": ((), bool)})
-
     def _share(self, fields: dict) -> None:
         """Makes the shared segment of ``fields`` and hands it to the workers."""
         self.fields = fields
@@ -649,10 +640,9 @@ class WorkerPool:
         raise WorkerLost(k, self.blocks[k], code, pid)
 
     def abandon(self, respawn: bool = True) -> None:
-        """Kills the workers whose reply another thread is waiting for (their
-        env hangs and the call's client gave up): that thread's call ends
-        with ``WorkerLost`` and, with ``respawn``, new workers take their
-        lanes; without it (the server is stopping) they are not replaced."""
+        """Kills the workers whose reply another thread is waiting for (a
+        client gave up on a hung env): that call ends with ``WorkerLost``;
+        new workers take their lanes unless ``respawn`` is False."""
         self.closing = self.closing or not respawn
         for k in list(self.waiting):
             proc = self.procs[k]
@@ -707,17 +697,11 @@ class WorkerPool:
         for i, j in enumerate(lanes):
             by_worker.setdefault(int(self.owner[j]), []).append(i)
         for k, idx in by_worker.items():
-            self.conns[k].send(
-                (
-                    "reset",
-                    [lanes[i] for i in idx],
-                    [seeds[i] for i in idx],
-                    None if options is None else [options[i] for i in idx],
-                    [seconds[i] for i in idx],
-                    tuple(info_keys),
-                    tuple(text_keys),
-                )
-            )
+            mine = [
+                None if xs is None else [xs[i] for i in idx]
+                for xs in (lanes, seeds, options, seconds)
+            ]
+            self.conns[k].send(("reset", *mine, tuple(info_keys), tuple(text_keys)))
         replies, lost = self._gather(list(by_worker), "resetting")
         if lost:
             dead = self.deaths[0]
@@ -821,7 +805,9 @@ class ProcessStepper(shared.GymStepper):
         if pool.declares_trial_index:
             self.metadata = {"reset_options": (shared.TRIAL_INDEX,)}
         try:
-            pool.attach_flags()
+            # ``busy`` flags alone (the data come back over the pipes): each
+            # worker marks the lane whose op it runs.
+            pool._share({"busy": ((), bool)})
             self._setup(layout)
         except BaseException:
             pool.close()
