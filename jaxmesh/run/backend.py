@@ -28,11 +28,7 @@ def backend_of(env: Any) -> str:
     """``SERVED`` for ``"grpc://host:port"`` (or a list of addresses), ``HOST``
     for a gymnasium env (``"gymnasium:<id>"``, an ``Env``, a list of them, a
     ``VectorEnv``), else ``SCAN`` (``jaxmesh.make_env`` says whether it is one)."""
-    if is_address(env):
-        return SERVED
-    if is_host_stepped(env):
-        return HOST
-    return SCAN
+    return SERVED if is_address(env) else HOST if is_host_stepped(env) else SCAN
 
 
 class Target(NamedTuple):
@@ -58,9 +54,8 @@ class Target(NamedTuple):
     def name(self) -> str | None:
         """The env's name as results record it: an id or address as given, an
         object's ``name`` (None when it has none)."""
-        if isinstance(self.env, str):
-            return self.env
-        return getattr(self.env, "name", None)
+        env = self.env
+        return env if isinstance(env, str) else getattr(env, "name", None)
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
