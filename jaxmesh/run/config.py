@@ -29,7 +29,7 @@ _TRIAL_HINT = (
 
 @dataclasses.dataclass(frozen=True)
 class Chunking:
-    """How a chunk is executed (docs/evaluation.md, "Execution modes").
+    """How a chunk is executed (docs/evaluation.md, "How a chunk is executed").
 
     Attributes:
       prefetch_lead: L; the chunk that starts at step t was planned at
