@@ -91,14 +91,9 @@ def agent_functions(
       ValueError, TypeError: the policy's output does not fit the env, or the
         frame windows exceed the limit (nothing compiles).
     """
-    told = build.told_horizon(pol, settings)
+    told, asked = build.told_horizon(pol, settings), build.asks_chunks(settings)
     chunk = build.probe_chunk(
-        pol,
-        env,
-        params,
-        settings.horizon,
-        told,
-        chunks_asked=build.asks_chunks(settings),
+        pol, env, params, settings.horizon, told, chunks_asked=asked
     )
     # The host keeps no per-episode buffers on the device: capacity is the lanes.
     run_plan = plan.plan_run(
@@ -304,16 +299,9 @@ class PackedStep:
         episodes=None,
     ):
         sig, masks, counts = self.host_inputs(started, active, t, moved, skip, episodes)
-        fn = self.program(sig, state.layout)
+        fn, obs = self.program(sig, state.layout), self.pol.place(obs)
         flat, big, actions = fn(
-            params,
-            state.flat,
-            state.big,
-            self.pol.place(obs),
-            masks,
-            counts,
-            ep_keys,
-            texts,
+            params, state.flat, state.big, obs, masks, counts, ep_keys, texts
         )
         return HostState(state.layout, flat, big), actions
 

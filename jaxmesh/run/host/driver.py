@@ -64,6 +64,7 @@ class HostMetrics:
         self.required = (*names, *named)
         #: Every info key read each step (only these cross a wire).
         self.keys = tuple(dict.fromkeys(names + list(self.success_keys)))
+        self.active, self.tracks_success = bool(self.keys), bool(self.success_keys)
         n = num_lanes
         #: ``(slot, info key, reduction)`` of each accumulator: a metric's slot
         #: is its name; a success key has a ``last`` (its count says whether an
@@ -82,14 +83,6 @@ class HostMetrics:
         self.checked = False
         #: The success key found (auto mode: the first one an episode had).
         self.found: str | None = None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.keys)
-
-    @property
-    def tracks_success(self) -> bool:
-        return bool(self.success_keys)
 
     def begin(self, js: Any) -> None:
         """Lanes ``js`` start an episode: their accumulators start over."""

@@ -55,11 +55,10 @@ class ServerLoss:
         limit = self.hung_limit()
         if limit is None:
             return None
-        sessions = self.run.lanes.sessions
         times = [
             since
-            for s in range(len(sessions))
-            if s not in self.lost and (since := sessions[s].owed_since()) is not None
+            for s, c in enumerate(self.run.lanes.sessions)
+            if s not in self.lost and (since := c.owed_since()) is not None
         ]
         if not times:
             return limit

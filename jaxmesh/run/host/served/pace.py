@@ -76,14 +76,11 @@ class ServedRun(HostLoop):
             self.to_global.append(m)
         self.lockstep = [c.lockstep for c in lanes.sessions]
         self.server_rows = [f"server {s}" for s in range(len(lanes.sessions))]
-        self.outbox = Outbox(self)
-        self.inbox = Inbox(self)
-        self.loss = ServerLoss(self)
+        self.outbox, self.inbox, self.loss = Outbox(self), Inbox(self), ServerLoss(self)
         self.per_step = self.cfg.h == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
-        groups = max(1, min(lanes.lane_groups, n))
-        self.num_groups = groups
+        self.num_groups = groups = max(1, min(lanes.lane_groups, n))
         group_of = np.arange(n) * groups // n
         self.group_masks = [group_of == g for g in range(groups)]
         # Timeline rows (jaxmesh.trace), named once rather than on every call.

@@ -72,9 +72,7 @@ def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None
     for rank in sorted(by_rank):
         js, cnt, parts = by_rank[rank]
         run.outbox.queue(
-            np.asarray(js, np.int64),
-            np.asarray(cnt, np.int64),
-            np.concatenate(parts),
+            np.asarray(js, np.int64), np.asarray(cnt, np.int64), np.concatenate(parts)
         )
 
 
