@@ -65,11 +65,9 @@ class SingleDevice:
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
         """The engine's segment, compiled for these params' shapes."""
         shape = engine.carry_shape()
+        carry = (shape.lanes, shape.agent)
         return engine.run_segment.lower(
-            build.abstract(params),
-            (shape.lanes, shape.agent),
-            shape.results,
-            segment_steps,
+            build.abstract(params), carry, shape.results, segment_steps
         ).compile(compiler_options(self.device))
 
     def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
