@@ -237,7 +237,6 @@ class Stream:
     address: str
     reply_timeout: float | None
     _next: Callable[[], Any]
-    close: Callable[[], None]
 
     def _start_stream(self) -> None:
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
@@ -284,12 +283,6 @@ class Stream:
         thread = threading.Thread(target=drain, args=(self._next,), daemon=True)
         thread.start()
         return thread
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class ServerInfo(NamedTuple):
@@ -413,7 +406,6 @@ class Connection(Stream):
             shared_memory=reply.shared_memory,
         )
 
-    # The session ---------------------------------------------------------------
     def open(
         self,
         encode: Callable[[Any], pb.StepRequest],

@@ -17,16 +17,12 @@ MAX_COUNT = 1_000_000
 #: (client and server; named in their errors).
 TOKEN_ENV = "JAXMESH_TOKEN"
 
-#: The key of the one observation leaf of a single-array observation (a Dict or
-#: Tuple one has a leaf per entry, named by its path joined with "/"), and of the
-#: one action leaf, in a batch.
+#: The key of the one observation leaf of a single-array observation, and of
+#: the one action leaf, in a batch.
 OBS_KEY = ""
-#: Capabilities a server declares in the handshake. Every server declares
-#: ``CAPABILITIES``; a server over a ``VectorEnv`` adds ``LOCKSTEP``: it steps
-#: every lane at once, so the client sends one call at a time with every lane's
-#: segment cut to the same length. ``INFO_EVERY_STEP``: the server honours a
-#: request's ``info_every_step`` (every executed step's info, only the last
-#: observation); a client asks an older server for every observation instead.
+#: Capabilities a server declares in the handshake: every server
+#: ``CAPABILITIES``; one over a ``VectorEnv`` adds ``LOCKSTEP`` (it steps every
+#: lane at once: one call at a time, every lane's segment of the same length).
 CHUNK_REPLAY = "chunk_replay"
 INFO_KEYS = "info_keys"
 INFO_EVERY_STEP = "info_every_step"
@@ -37,9 +33,7 @@ LOCKSTEP = "lockstep"
 SHARED_MEMORY = "shared_memory"
 CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, INFO_EVERY_STEP, MAX_EPISODE_SECONDS)
 
-#: How a session's calls travel: ``"auto"`` (the same-host data path when the
-#: server offers it and it attaches, else gRPC), ``"grpc"`` or ``"shm"`` (the
-#: same-host data path or an error).
+#: How a session's calls travel (``check_transport`` says what each means).
 TRANSPORTS = ("auto", "grpc", "shm")
 
 

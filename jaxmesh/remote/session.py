@@ -159,7 +159,6 @@ class Session:
         """How the calls travel once open: ``"grpc"`` or ``"shm"``."""
         return self.stream.kind
 
-    # The stream ---------------------------------------------------------------
     def open(
         self,
         *,

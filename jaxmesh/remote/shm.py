@@ -447,7 +447,6 @@ class ShmStream(Stream):
                 pass
         self.sock.close()
 
-    # The session, as Connection's --------------------------------------------
     def open(
         self,
         encode: Callable[[Any], Any],

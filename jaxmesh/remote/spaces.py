@@ -139,7 +139,6 @@ def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
     )
 
 
-# Observation spaces of named leaves (Dict and Tuple) -------------------------------
 def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.LeafSpec]:
     """An observation space as one ``LeafSpec`` message per leaf, in its order
     (a single-array space: the one leaf ``""``).

@@ -35,7 +35,6 @@ SETTINGS = {
 }
 
 
-# The env's layout on the wire --------------------------------------------------------
 def skeleton_to_wire(skeleton: Any) -> Any:
     """An ``ObsLayout.skeleton`` (names in nested dicts and tuples) as plain
     msgpack values: ``{"l": name}``, ``{"t": [...]}``, ``{"d": [[key, sub]]}``."""
@@ -138,7 +137,6 @@ def _settings(given: Any) -> tuple[Any, int | None]:
     return settings, tile_lanes
 
 
-# Pools and sessions ---------------------------------------------------------------
 #: The plans (probes) a server keeps, oldest dropped first.
 MAX_PLANS = 64
 #: The compiled steps a pool keeps (one per lane count it has had), least

@@ -116,7 +116,6 @@ class Batcher:
         self._busy = False
         self._thread: threading.Thread | None = None
 
-    # Clients ---------------------------------------------------------------
     def connect(self, group: Any = None) -> None:
         """A client connected: one more that may send a request; ``group``:
         the ``signature`` every request of it has, when known (a forward of
@@ -255,7 +254,6 @@ class Batcher:
         self.stats.dropped += len(batch) - len(live)
         return live
 
-    # The forward thread ------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("the batcher has already started")

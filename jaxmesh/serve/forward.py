@@ -297,7 +297,6 @@ class ServedModel:
             obs[decl.info_key or PROMPT_KEY] = "warm up"
         return obs
 
-    # The host side: one request -------------------------------------------
     def _checked(self, key: str, value: Any) -> np.ndarray:
         """``obs[key]`` as its declared leaf, or the reason it is not."""
         leaf = self.inputs[key]
@@ -399,8 +398,6 @@ class ServedModel:
             return decl.encoded(text)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: {e}") from None
-
-    # The device side: a batch ---------------------------------------------
 
     def _forward(self, params: Any, batch: dict, counters: jax.Array) -> jax.Array:
         pol = self.policy

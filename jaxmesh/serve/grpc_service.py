@@ -199,7 +199,6 @@ class GrpcService:
             self._idle.stop()
             self._idle = None
 
-    # One client's run ----------------------------------------------------------
     def _session(self, requests: Any, context: grpc.ServicerContext) -> Any:
         session = None
         idle, stream = self._idle, next(self._streams)

@@ -71,7 +71,6 @@ class OpenpiService:
         self._done: list[tuple[asyncio.Future, Any]] = []
         self._done_lock = threading.Lock()
 
-    # Lifecycle ---------------------------------------------------------------
     def start(self) -> int:
         """Binds and serves in a thread; returns the bound port.
 
@@ -130,7 +129,6 @@ class OpenpiService:
         except TimeoutError:
             pass
 
-    # HTTP before the websocket -----------------------------------------------
     def _process_request(self, connection: ServerConnection, request: Any) -> Any:
         if request.path == HEALTH_PATH:
             return connection.respond(http.HTTPStatus.OK, "OK\n")
@@ -158,7 +156,6 @@ class OpenpiService:
             )
         return None
 
-    # A connection ------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
         self._connections += 1
         self.batcher.connect()

@@ -155,7 +155,6 @@ class GrpcPolicy:
         return f"GrpcPolicy({self.address!r})"
 
 
-# The wire ------------------------------------------------------------------------
 class _Stream:
     """One ``Session`` stream: ``call(message) -> reply`` in turn."""
 
@@ -207,24 +206,21 @@ class _Stream:
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ValueError(f"the policy server at {self.address} refused: {details}")
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            return RemoteConnectionError(
-                f"the policy server at {self.address} refused the session: {details}",
-                address=self.address,
-                code=code.name,
+            why = f"refused the session: {details}"
+        elif not self.opened:
+            why = (
+                f"failed to open the session ({code.name}: {details}); nothing has "
+                "run: check the server's log, and that its model fits this env"
             )
-        if not self.opened:
-            return RemoteConnectionError(
-                f"the policy server at {self.address} failed to open the session "
-                f"({code.name}: {details}); nothing has run: check the server's "
-                "log, and that its model fits this env",
-                address=self.address,
-                code=code.name,
+        else:
+            why = (
+                f"went away mid-run ({code.name}: {details}); every finished "
+                "episode is on exc.partial_result: start the server again and "
+                "pass jaxmesh.evaluate(..., resume=exc.partial_result) to run the "
+                "rest"
             )
         return RemoteConnectionError(
-            f"the policy server at {self.address} went away mid-run "
-            f"({code.name}: {details}); every finished episode is on "
-            "exc.partial_result: start the server again and pass "
-            "jaxmesh.evaluate(..., resume=exc.partial_result) to run the rest",
+            f"the policy server at {self.address} {why}",
             address=self.address,
             code=code.name,
         )
@@ -239,7 +235,6 @@ class _Stream:
         self.channel.close()
 
 
-# The agent side of a run ------------------------------------------------------------
 class _Window(NamedTuple):
     """A stand-in declaration: whether the served spec keeps deeper windows
     (what ``agent.can_skip`` reads of a config's spec)."""

@@ -20,7 +20,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 _LOOPBACK_NAMES = ("localhost",)
 
 
-# Options ------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
     """How an :class:`EnvServer` serves.
@@ -152,7 +151,6 @@ def header_token(token: Any) -> bool:
     )
 
 
-# Addresses ----------------------------------------------------------------------
 def bind(server: Any, where: str, credentials: Any) -> int:
     """Binds a ``grpc.Server`` to ``where`` (TLS with ``credentials``, else
     plain); the port bound.

@@ -150,7 +150,6 @@ class EnvServer:
         self._handshake: pb.HandshakeReply | None = None
         self._same_host: SameHostPath | None = None
 
-    # Lifecycle -----------------------------------------------------------------
     @property
     def address(self) -> str:
         """The bound ``"host:port"`` (the actual port once started)."""
@@ -343,7 +342,6 @@ class EnvServer:
         state = "stopped" if self._stopped.is_set() else state
         return f"EnvServer({self.address}, {state})"
 
-    # RPCs ----------------------------------------------------------------------
     def _token_error(self, metadata: Any, given: str | None = None) -> str | None:
         """Why a call with this metadata (and, for a handshake, this token in
         its message) may not proceed (None: it may)."""
