@@ -244,11 +244,8 @@ def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
 
 
 class RemoteEnv(gymnasium.Env):
-    """One lane of a jaxmesh env server as a ``gymnasium.Env``.
-
-    ``metadata`` has ``"reset_options": ("trial_index",)`` when the served env
-    declares it. The session (the server serves one at a time) is held from
-    construction until :meth:`close`.
+    """One lane of a jaxmesh env server as a ``gymnasium.Env``; the session
+    (the server serves one at a time) is held until :meth:`close`.
 
     Args:
         address: ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
@@ -389,11 +386,9 @@ class RemoteEnv(gymnasium.Env):
 class RemoteVectorEnv(VectorEnv):
     """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv``.
 
-    It follows ``AutoresetMode.DISABLED`` as gymnasium's ``SyncVectorEnv``
-    does: ``step`` steps every lane, and a lane whose episode ended must be
-    reset (``reset(options={"reset_mask": mask})``) before the next ``step``,
-    else :class:`ResetNeeded`. A partial reset returns the whole batch, the
-    lanes not reset keeping their last observation.
+    It follows ``AutoresetMode.DISABLED``: a lane whose episode ended must be
+    reset (``reset(options={"reset_mask": mask})``) before the next ``step``;
+    a partial reset returns every lane's last observation.
 
     Args:
         address, token, connect_timeout, reply_timeout, credentials: as for
@@ -446,17 +441,14 @@ class RemoteVectorEnv(VectorEnv):
 
         Args:
             seed: None (a seed drawn from ``np_random`` per lane), an int
-                (lane i gets ``seed + i``, as ``SyncVectorEnv``), or a list of
-                ``num_envs`` ints or Nones (None: drawn).
+                (lane i gets ``seed + i``), or a list of ``num_envs`` ints or
+                Nones (None: drawn).
             options: None, or a dict with ``"reset_mask"`` (a bool array of
-                shape ``(num_envs,)`` with at least one True: only those lanes
-                are reset) and ``"trial_index"`` (when the served env declares
-                it; every lane reset gets the same value, as ``SyncVectorEnv``).
+                shape ``(num_envs,)``, at least one True: the lanes to reset)
+                and ``"trial_index"`` (when the served env declares it).
 
         Returns:
-            ``(observations, {})``: every lane's observation, ``(num_envs,) +
-            single observation shape`` (per leaf, in the observation's
-            structure, for a Dict or Tuple space).
+            ``(observations, {})``: every lane's observation.
 
         Raises:
             ValueError, TypeError: bad seeds, mask or options.
