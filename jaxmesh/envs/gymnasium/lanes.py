@@ -413,10 +413,8 @@ def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
 
 class GymStepper:
     """What every stepper shares (``EnvListStepper``, ``VectorEnvStepper``,
-    ``workers.ProcessStepper``): layout, lane state and the operations. A
-    subclass defines ``run(ops, *, want_obs, info_keys, keep_all_obs,
-    keep_all_info=False)`` (checked ops, ascending lanes -> their
-    ``LaneResult``s) and ``close()`` (the envs, when ``owned``).
+    ``workers.ProcessStepper``): layout, lane state and the operations over a
+    subclass's ``run`` and ``close``.
 
     Attributes:
       layout: the observation's named leaves (``leaves.ObsLayout``).
@@ -449,6 +447,23 @@ class GymStepper:
         #: Buffers ``{leaf: [>= m, ...]}`` that ``step_each`` stacks its rows
         #: into where they fit (a same-host server's ring slot); None: new ones.
         self.obs_into: dict[str, np.ndarray] | None = None
+
+    def run(
+        self,
+        ops: Sequence[Reset | Replay],
+        *,
+        want_obs: bool,
+        info_keys: tuple[str, ...],
+        keep_all_obs: bool,
+        keep_all_info: bool = False,
+    ) -> list[LaneResult]:
+        """Checked ops (ascending lanes, at most one each) -> their results
+        (``keep_all_info``: every step's info, whatever ``keep_all_obs``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Closes the envs when ``owned`` (jaxmesh made them)."""
+        raise NotImplementedError
 
     def abandon(self, respawn: bool = True) -> None:
         """The call under way is given up (only ``ProcessStepper`` can stop it)."""
@@ -906,15 +921,7 @@ class EnvListStepper(GymStepper):
             raise LaneError(j, "stepping", exc, done) from exc
         return out
 
-    def run(
-        self,
-        ops: Sequence[Reset | Replay],
-        *,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        keep_all_obs: bool,
-        keep_all_info: bool = False,
-    ) -> list[LaneResult]:
+    def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
         return [
             self._reset(op, want_obs, info_keys)
             if isinstance(op, Reset)
@@ -1131,15 +1138,7 @@ class VectorEnvStepper(GymStepper):
                 raise LaneError(lane, "stepping", exc, done) from exc
         return [results[op.lane] for op in replays]
 
-    def run(
-        self,
-        ops: Sequence[Reset | Replay],
-        *,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        keep_all_obs: bool,
-        keep_all_info: bool = False,
-    ) -> list[LaneResult]:
+    def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
         # Steps first, then resets: a lane reset in this call is not stepped
         # (it may play the idle action before its reset, which discards it).
         resets = [op for op in ops if isinstance(op, Reset)]

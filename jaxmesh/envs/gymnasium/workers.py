@@ -861,15 +861,7 @@ class ProcessStepper(shared.GymStepper):
         """``WorkerPool.abandon``: the call under way ends with a ``LaneError``."""
         self.pool.abandon(respawn)
 
-    def run(
-        self,
-        ops: Sequence[shared.Reset | shared.Replay],
-        *,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        keep_all_obs: bool,
-        keep_all_info: bool = False,
-    ) -> list[shared.LaneResult]:
+    def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
         owner, blocks = self.pool.owner, self.pool.blocks
         by_worker: dict[int, list] = {}
         for op in ops:
