@@ -22,7 +22,7 @@ from jaxmesh.remote import spaces as wire_spaces
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class _Request:
     """A checked call: its ops (``Reset`` | ``Replay``, ascending lane) and
     what the reply carries; a call that only steps lanes by one action each
