@@ -4,6 +4,7 @@ each ``reset`` or ``step`` one round trip of a ``Session`` (docs/remote.md).
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -230,10 +231,8 @@ class _Client:
             self.session.close()
 
     def __del__(self):  # an env dropped without close() frees the server
-        try:
+        with contextlib.suppress(Exception):  # at interpreter exit anything goes
             self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit anything goes
-            pass
 
 
 def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:

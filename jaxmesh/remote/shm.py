@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import mmap
@@ -441,10 +442,8 @@ class ShmStream(Stream):
     def _release(self) -> None:
         slots, self.slots = self.slots, None
         if slots is not None:
-            try:
+            with contextlib.suppress(BufferError):  # a view held: unmapped later
                 slots.release()
-            except BufferError:  # a view still held: unmapped when collected
-                pass
         self.sock.close()
 
     def open(
@@ -612,10 +611,8 @@ class ShmStream(Stream):
             return
         if self._stream and not self._broken:
             self._ending = True
-            try:
+            with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
             reader = self._reader or self._drain_thread()
             await_end(
                 reader,
@@ -625,10 +622,8 @@ class ShmStream(Stream):
                 grace,
             )
         self._closing = True
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         if self._reader is not None:
             self._reader.join(1.0)
         try:

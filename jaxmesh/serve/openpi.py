@@ -6,6 +6,7 @@ timing fields: docs/serving.md). One asyncio loop in its own thread serves it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import http
 import threading
@@ -94,10 +95,8 @@ class OpenpiService:
         """Closes every connection and the listening socket; joins the thread."""
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop has already ended
                 loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:  # the loop has already ended
-                pass
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -124,10 +123,8 @@ class OpenpiService:
         self._ready.set()
         await self._stop.wait()
         server.close()  # closes the connections too (1001, going away)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 10.0)
-        except TimeoutError:
-            pass
 
     def _process_request(self, connection: ServerConnection, request: Any) -> Any:
         if request.path == HEALTH_PATH:
@@ -267,10 +264,8 @@ class OpenpiService:
             if threading.get_ident() == self._loop_thread:  # run_ready's batch
                 self._loop.call_soon(self._hand_over)
                 return
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits
                 self._loop.call_soon_threadsafe(self._hand_over)
-            except RuntimeError:  # the loop has ended: nobody waits
-                pass
 
     def _hand_over(self) -> None:
         """On the loop: resolves the waiting requests of finished futures."""

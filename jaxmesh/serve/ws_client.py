@@ -10,6 +10,7 @@ before the connection closes. A token travels as ``Authorization: Api-Key``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import select
@@ -181,10 +182,8 @@ class _Connection:
             if data:
                 self._write(data)
             else:  # the protocol's end of stream
-                try:
+                with contextlib.suppress(OSError):
                     self.sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
 
     def _write(self, data: bytes) -> None:
         sock, deadline = self.sock, None

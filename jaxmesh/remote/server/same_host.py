@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -132,10 +133,8 @@ class SameHostPath:
 
     def stop(self) -> None:
         """Ends the accepting thread and waits for the session's."""
-        try:
+        with contextlib.suppress(OSError):
             self.wake[1].send(b"x")  # wakes the accepting thread
-        except OSError:
-            pass
         wait = self.options.drain_timeout_seconds + self.options.close_timeout_seconds
         for thread in list(self.threads):
             thread.join(wait)
@@ -372,10 +371,8 @@ class SameHostPath:
 
         def fail(code: grpc.StatusCode, details: str, metadata=()) -> None:
             payload = same_host.status_payload(code.name, details, metadata)
-            try:
+            with contextlib.suppress(OSError):
                 same_host.send_frame(conn, same_host.ERROR, payload)
-            except OSError:
-                pass
 
         call = 0
         while True:

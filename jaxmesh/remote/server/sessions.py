@@ -4,6 +4,7 @@ see it, and what both transports send when an env raises or a session idles.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import select
 import socket
@@ -53,10 +54,8 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
 def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
     """Ends a same-host session from another thread: wakes its waiting read
     (the serving thread then answers ``pending``)."""
-    try:
+    with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RD)
-    except OSError:
-        pass
 
 
 class _Session:
