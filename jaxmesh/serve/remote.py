@@ -5,6 +5,7 @@ gRPC only the agent step moves to the server (``RemoteAgent``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -227,11 +228,9 @@ class _Stream:
 
     def close(self) -> None:
         self._queue.put(_END)
-        try:
+        with contextlib.suppress(Exception):  # the session is over either way
             for _ in self._replies:
                 pass
-        except Exception:  # noqa: BLE001 - the session is over either way
-            pass
         self.channel.close()
 
 
