@@ -363,12 +363,9 @@ def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, k
     return ("stepped", info, seen)
 
 
-def _run(lanes: shared.EnvListStepper, slots: Slots | None, block, ops, kw) -> list:
+def _run(lanes: shared.EnvListStepper, slots: Slots, block, ops, kw) -> list:
     """``lanes.run`` of ``ops`` (local lanes), one op at a time with its lane
-    marked ``busy`` when the parent gave a segment (``ProcessStepper``): a
-    process that dies in an env call is known to have died in that lane's."""
-    if slots is None:
-        return lanes.run(ops, **kw)
+    marked ``busy``: a process that dies in an env call died in that lane's."""
     busy, lo, out = slots["busy"], block[0], []
     for op in ops:
         busy[lo + op.lane] = True
@@ -671,7 +668,7 @@ class WorkerPool:
             except WorkerLost as dead:
                 lost += self.blocks[k]
                 self.deaths.append(dead)
-                if self.slots is not None:  # ProcessStepper have no segment
+                if self.slots is not None:  # its busy flags name the culprits
                     busy = self.slots["busy"]
                     self.culprits += [j for j in self.blocks[k] if busy[j]]
                     busy[self.blocks[k]] = False
