@@ -21,6 +21,7 @@ tokens, caps and limits: docs/serving.md.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hmac
 import itertools
 import math
@@ -203,46 +204,38 @@ class GrpcService:
         session = None
         idle, stream = self._idle, next(self._streams)
         held = 0  # the bytes of this stream's latest message
+        refuse = functools.partial(context.abort, grpc.StatusCode.INVALID_ARGUMENT)
         try:
             for data in _heard(requests, idle, stream, context):
                 held = self._hold(held, len(data), context)
                 try:
                     msg = codec.unpackb(data, max_bytes=self.max_bytes)
                 except codec.CodecError as e:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                    refuse(str(e))
                 if not isinstance(msg, dict) or len(msg) != 1:
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "a message is a map with one key, 'open' or 'step'",
-                    )
+                    refuse("a message is a map with one key, 'open' or 'step'")
                 ((kind, body),) = msg.items()
                 if session is None:
                     if kind != "open":
-                        context.abort(
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            f"the first message is 'open', not {kind!r}",
-                        )
+                        refuse(f"the first message is 'open', not {kind!r}")
                     try:
                         session, info = self.pools.open(body)
                     except RequestError as e:
-                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                        refuse(str(e))
                     group = id(session.pool)  # its steps' signature
                     self.batcher.connect(group)
                     idle.waits(stream, context)  # a reply it does not take, too
                     yield codec.packb({"opened": info})
                     continue
                 if kind != "step":
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"expected a 'step' message, not {kind!r}",
-                    )
+                    refuse(f"expected a 'step' message, not {kind!r}")
                 try:
                     prepared = self.pools.check(session, body)
                     reply = self.batcher.run_alone(prepared)
                     if reply is None:
                         reply = self.batcher.submit(prepared).result()
                 except RequestError as e:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                    refuse(str(e))
                 except ServerClosed as e:
                     context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
                 idle.waits(stream, context)
