@@ -1018,13 +1018,12 @@ class VectorEnvStepper(GymStepper):
         self.ready = False
         self.env_ended = np.zeros(self.num_lanes, bool)
 
-    def reset_vector(self, lanes: list[int], seeds: list, options: dict | None):
-        """``vec.reset`` of ``lanes`` (``reset_mask``): its (obs, info)."""
+    def reset_vector(self, seeds: dict, options: dict | None):
+        """``vec.reset`` of the lanes ``seeds`` maps to their seeds
+        (``reset_mask``): its (obs, info)."""
         mask = np.zeros(self.num_lanes, bool)
-        mask[lanes] = True
-        seed_list: list = [None] * self.num_lanes
-        for j, s in zip(lanes, seeds, strict=True):
-            seed_list[j] = s
+        mask[list(seeds)] = True
+        seed_list = [seeds.get(j) for j in range(self.num_lanes)]
         obs, info = self.vec.reset(
             seed=seed_list, options={"reset_mask": mask, **(options or {})}
         )
@@ -1038,8 +1037,9 @@ class VectorEnvStepper(GymStepper):
     def step_vector(self, batch: np.ndarray) -> tuple:
         """``vec.step(batch)`` after resetting lanes whose env ended."""
         if self.env_ended.any():
-            idle = [int(j) for j in np.flatnonzero(self.env_ended)]
-            self.reset_vector(idle, [None] * len(idle), None)
+            self.reset_vector(
+                dict.fromkeys(np.flatnonzero(self.env_ended).tolist()), None
+            )
         obs, reward, term, trunc, info = self.vec.step(batch)
         term, trunc = np.asarray(term, bool), np.asarray(trunc, bool)
         self.env_ended = term | trunc
@@ -1077,12 +1077,11 @@ class VectorEnvStepper(GymStepper):
         try:
             for key, ops in calls + list(groups.items()):
                 seeds = {op.lane: op.seed for op in ops}
-                lanes = list(range(self.num_lanes) if key is None else seeds)
+                if key is None:  # every lane
+                    seeds = {j: seeds.get(j) for j in range(self.num_lanes)}
                 for op in ops:
                     self._start_clock(op)
-                obs, info = self.reset_vector(
-                    lanes, [seeds.get(j) for j in lanes], dict(key or ())
-                )
+                obs, info = self.reset_vector(seeds, dict(key or ()))
                 self.ready = True
                 for op in ops:
                     j = op.lane
