@@ -1,13 +1,10 @@
 """EnvPool envs (C++ simulators on a thread pool) stepped inside the jitted loop.
 
-``"envpool:<id>"`` names an EnvPool task. EnvPool seeds an env once, when it is
-created, so a run builds one pool for its budget (``EnvPoolEnv.bind``): env
-``i`` is created with ``env_seed = seeds[i]`` and runs episode ``i`` only,
-whichever lane holds it; a spare env per lane (seeded 0) is stepped by a lane
-with no episode. The jitted step calls the pool through EnvPool's XLA
-interface, all N lanes in one call (``step_lanes``), 64-bit values carried as
-uint32 pairs so the program needs no ``jax_enable_x64``. The pool's handle is
-part of the compiled program: every run compiles its own (docs/envpool.md).
+EnvPool seeds an env once, when it is created, so a run builds one pool for
+its budget (``EnvPoolEnv.bind``): env ``i`` (``env_seed = seeds[i]``) runs
+episode ``i`` only, and a spare env per lane steps a lane with no episode. The
+jitted step calls the pool through EnvPool's XLA interface, 64-bit values as
+uint32 pairs; every run compiles its own program (docs/envpool.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """LIBERO's tasks as host-stepped gymnasium envs, run as robot-learning papers run them.
 
 ``jaxmesh.make_env("libero:libero_spatial/3")`` returns a picklable factory of
-``LiberoEnv`` (a ``functools.partial``), which every host-stepped path takes;
-``make_suite("libero:libero_spatial")`` builds a ``jaxmesh.Suite`` of a
-suite's tasks. An episode follows openpi's LIBERO client (seed, reset, init
-state ``trial_index % 50``, settle steps, the suite's step cap): docs/libero.md
-gives the protocol, the observation and the OpenGL backends.
+``LiberoEnv``; ``make_suite("libero:libero_spatial")`` a ``jaxmesh.Suite``. An
+episode follows openpi's LIBERO client: docs/libero.md gives the protocol, the
+observation and the OpenGL backends.
 """
 
 from __future__ import annotations
@@ -78,7 +76,9 @@ def _gl_backend() -> str:
 def _libero() -> Any:
     """``libero.libero`` (its ``benchmark`` loaded), GL checked first."""
     _gl_backend()
-    _quiet_robosuite()
+    logger = logging.getLogger("robosuite_logs")  # robosuite's import-time advice
+    if _drop_advice not in logger.filters:
+        logger.addFilter(_drop_advice)
     try:
         import libero.libero as lib
         from libero.libero import benchmark  # noqa: F401 - loads the suites
@@ -100,18 +100,9 @@ _ROBOSUITE_ADVICE = (
 )
 
 
-class _DropAdvice(logging.Filter):
+def _drop_advice(record: logging.LogRecord) -> bool:
     """Drops robosuite's macro-file advice; its other records pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_ROBOSUITE_ADVICE)
-
-
-def _quiet_robosuite() -> None:
-    """Filters robosuite's import-time advice out of its logger."""
-    logger = logging.getLogger("robosuite_logs")
-    if not any(isinstance(f, _DropAdvice) for f in logger.filters):
-        logger.addFilter(_DropAdvice())
+    return not str(record.msg).startswith(_ROBOSUITE_ADVICE)
 
 
 @functools.cache
