@@ -238,9 +238,7 @@ def observation_space(msgs: Any) -> gymnasium.Space:
                 )
             last = i == len(parts) - 1
             sub = node.get(part)
-            if (last and sub is not None) or (
-                not last and sub is not None and not isinstance(sub, dict)
-            ):
+            if sub is not None and (last or not isinstance(sub, dict)):
                 raise codec.ProtocolError(
                     f"{what} is declared twice, or as a leaf and as a nest; the "
                     "server broke its own declaration"
