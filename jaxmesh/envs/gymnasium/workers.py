@@ -63,13 +63,11 @@ class WorkerLost(RuntimeError):
             f"worker process {worker} ({at}lanes {lanes[0]}..{lanes[-1]}) died "
             f"({exit_text(exitcode)})"
         )
-        self.worker, self.lanes, self.exitcode = worker, lanes, exitcode
-        self.pid = pid
+        self.worker, self.lanes, self.exitcode, self.pid = worker, lanes, exitcode, pid
 
 
 def exit_text(code: int | None) -> str:
-    """A process's exit status in words: ``killed by SIGSEGV``, ``exit code
-    3``."""
+    """A process's exit status in words (``killed by SIGSEGV``, ``exit code 3``)."""
     if code is None:
         return "exit code unknown"
     if code < 0:
