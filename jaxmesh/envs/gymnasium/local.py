@@ -125,8 +125,8 @@ class _LaneView:
         if self.declares_trial_index:  # only then (CONTRACT 6)
             options = [{TRIAL_INDEX: int(trials[i])} for i in order]
         seconds = [max_episode_seconds or 0.0] * len(order)
-        ascending, seeds = [lanes[i] for i in order], [int(seeds[i]) for i in order]
-        args = (ascending, seeds, options, seconds)
+        ascending = [lanes[i] for i in order]
+        args = (ascending, [int(seeds[i]) for i in order], options, seconds)
         info, present, texts, obs = self._reset(args, tuple(text_keys), back, lanes)
         self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
         self.reset_info, where = {}, f"{self.spec.name} reset"
