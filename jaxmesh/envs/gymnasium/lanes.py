@@ -784,11 +784,8 @@ class EnvListStepper(GymStepper):
         _check_envs(envs)
         first = envs[0]
         self.envs, self.owned, self.num_lanes = envs, owned, len(envs)
-        self.name, self.metadata, self.dt = (
-            env_name(first),
-            first.metadata,
-            env_dt(first),
-        )
+        self.name, self.dt = env_name(first), env_dt(first)
+        self.metadata = first.metadata
         self.observation_space = first.observation_space
         self.action_space = first.action_space
         self._setup(layout)
