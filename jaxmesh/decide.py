@@ -40,12 +40,12 @@ import numpy as np
 
 from jaxmesh import suite
 from jaxmesh.api import evaluate
-from jaxmesh.envs.gymnasium import kept_workers
 from jaxmesh.results.result import RunResult
 from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
 from jaxmesh.run import identity
 from jaxmesh.run import resume as resume_mod
 from jaxmesh.run.config import RunConfig, from_keywords
+from jaxmesh.run.kept import kept_processes
 
 #: What decide reads from an episode.
 METRICS = ("return", "success")
@@ -603,7 +603,7 @@ def decide(
     runs: dict[str, RunResult | None] = {"a": None, "b": None}
     policies = {"a": policy_a, "b": policy_b}
     path: list[tuple[int, float, float]] = []
-    with kept_workers():  # one set of worker processes for every batch
+    with kept_processes():  # one set of worker processes for every batch
         if resume is not None:
             runs = _resumed(
                 _paired(resume, first_seed), policies, env, config, call, first_seed

@@ -12,7 +12,7 @@ from jaxmesh import envs
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address, require_grpc
-from jaxmesh.run import host, scan
+from jaxmesh.run import host, kept, scan
 from jaxmesh.run.backend import HOST, LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
 from jaxmesh.run.cluster import RAY, Ray
 from jaxmesh.run.host.loop import GroupedRun, LocalRun
@@ -96,14 +96,24 @@ def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Rout
             RAY, evaluate_host, RayServers.of, RayServers.loop, RayServers.fast
         )
     if workers:
-        lanes = lambda env, n, e, w, served: gym_lanes.worker_lanes(
-            env, max(1, min(n, e)), w
-        )
-        return Route(WORKERS, evaluate_host, lanes, LocalRun, GroupedRun)
+        return Route(WORKERS, evaluate_host, worker_lanes, LocalRun, GroupedRun)
     if records_frames(target.env, record):
         return Route(RECORDING, evaluate_host, recording_lanes, LocalRun)
     lanes = lambda env, n, e, w, served: gym_lanes.make_lanes(env, n, e)
     return Route(LOCAL, evaluate_host, lanes, LocalRun)
+
+
+def worker_lanes(env: Any, num_envs: int, episodes: int, workers: int, *_: Any):
+    """Lanes in ``workers`` worker processes (kept between the runs of a
+    ``kept.kept_processes`` block)."""
+    n = max(1, min(num_envs, episodes))
+    lanes, is_kept = kept.started(
+        ("workers", env, n, workers),
+        lambda: gym_lanes.WorkerEnvLanes(env, n, workers),
+        lambda lanes: lanes.pool.close(),
+    )
+    lanes.kept, lanes.lost, lanes.culprits = is_kept, [], []
+    return lanes
 
 
 def records_frames(env: Any, record: Any) -> bool:
@@ -142,4 +152,5 @@ __all__ = [
     "recording_lanes",
     "route",
     "target",
+    "worker_lanes",
 ]

@@ -1,9 +1,12 @@
 """The built objects ``jaxmesh.evaluate`` keeps between calls, so that a second
-call with the same policy object, env and settings compiles nothing."""
+call with the same policy object, env and settings compiles nothing; and,
+inside ``kept_processes``, the worker processes and Ray actors of its runs."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import pickle
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -35,4 +38,55 @@ class Kept:
         return iter(list(self._items.values()))
 
 
-__all__ = ["Kept", "SIZE"]
+#: ``kept_processes``'s started objects while it runs: pickled key ->
+#: ``(object, stop)``. None outside it.
+_processes: dict[bytes, tuple[Any, Callable[[Any], None]]] | None = None
+
+
+@contextlib.contextmanager
+def kept_processes() -> Iterator[None]:
+    """Within it, runs keep the worker processes or Ray actors they start: a
+    run whose env source (equal when pickled), lanes and workers are an
+    earlier run's takes that run's processes and envs instead of starting new
+    ones (``started``). Every episode resets its env with its own seed, so
+    results are unchanged. They stop when it exits, on an exception too.
+    ``jaxmesh.decide`` runs its batches inside it."""
+    global _processes
+    if _processes is not None:  # an outer one keeps them
+        yield
+        return
+    _processes = {}
+    try:
+        yield
+    finally:
+        kept, _processes = _processes, None
+        with contextlib.ExitStack() as stops:  # every one, whatever one raises
+            for obj, stop in kept.values():
+                stops.callback(stop, obj)
+
+
+def started(key: tuple, start: Callable[[], Any], stop: Callable[[Any], None]):
+    """``(start(), False)``; inside ``kept_processes``, ``(object, True)``: the
+    object kept under ``key`` (started the first time), which the run leaves
+    running. A key that does not pickle is never kept."""
+    if _processes is None:
+        return start(), False
+    try:
+        k = pickle.dumps(key)
+    except Exception:  # the workers pickle the env and say what fails
+        return start(), False
+    if k not in _processes:
+        _processes[k] = (start(), stop)
+    return _processes[k][0], True
+
+
+def forget(obj: Any) -> None:
+    """Stops ``obj`` and drops it from ``kept_processes`` (a kept object that
+    can no longer serve, e.g. an actor died)."""
+    for k, (kept, stop) in list((_processes or {}).items()):
+        if kept is obj:
+            del _processes[k]
+            stop(kept)
+
+
+__all__ = ["Kept", "SIZE", "forget", "kept_processes", "started"]

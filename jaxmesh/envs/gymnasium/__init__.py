@@ -23,9 +23,7 @@ from jaxmesh.envs.gymnasium.local import (
     LocalAdapter,
     VectorEnvLanes,
     WorkerEnvLanes,
-    kept_workers,
     make_lanes,
-    worker_lanes,
 )
 from jaxmesh.envs.gymnasium.spec import (
     HostEnvSpec,
@@ -42,8 +40,6 @@ __all__ = [
     "LocalAdapter",
     "VectorEnvLanes",
     "WorkerEnvLanes",
-    "kept_workers",
-    "worker_lanes",
     "HostEnvSpec",
     "LaneError",
     "ResultBatch",

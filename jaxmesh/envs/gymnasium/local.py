@@ -9,10 +9,8 @@ with its lane (``lanes.mark_where``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,15 +27,7 @@ from jaxmesh.envs.gymnasium.workers import (
     read_infos,
 )
 
-__all__ = [
-    "LocalAdapter",
-    "EnvLanes",
-    "VectorEnvLanes",
-    "WorkerEnvLanes",
-    "kept_workers",
-    "make_lanes",
-    "worker_lanes",
-]
+__all__ = ["LocalAdapter", "EnvLanes", "VectorEnvLanes", "WorkerEnvLanes", "make_lanes"]
 
 
 class _InfoKeys:
@@ -318,7 +308,7 @@ class WorkerEnvLanes(_LaneView):
         self.lost_in_reset: set[int] = set()
         self.culprits_in_reset: list[int] = []
         self.carried: tuple[str, ...] | None = None
-        self.kept = False  # kept by ``kept_workers``: its ``close`` waits for it
+        self.kept = False  # kept between runs (``run.kept``): ``close`` leaves it
 
     @property
     def workers(self) -> int:
@@ -413,49 +403,6 @@ class WorkerEnvLanes(_LaneView):
     def close(self) -> None:
         if not self.kept:
             self.pool.close()
-
-
-#: ``kept_workers``'s lanes while it runs: (pickled source, lanes, workers) ->
-#: ``WorkerEnvLanes``. None outside it.
-_kept: dict[tuple, WorkerEnvLanes] | None = None
-
-
-@contextlib.contextmanager
-def kept_workers() -> Iterator[None]:
-    """Within it, runs with worker processes keep them: a run of the same env
-    source (equal when pickled), lane count and workers as an earlier one
-    takes that run's processes and envs instead of starting new ones. Every
-    episode resets its env with its own seed, so results are unchanged. The
-    processes stop when it exits (on an exception too). ``jaxmesh.decide``
-    runs its batches inside it."""
-    global _kept
-    if _kept is not None:  # an outer one keeps them
-        yield
-        return
-    _kept = {}
-    try:
-        yield
-    finally:
-        kept, _kept = _kept, None
-        for lanes in kept.values():
-            lanes.pool.close()
-
-
-def worker_lanes(source: Any, num_lanes: int, workers: int) -> WorkerEnvLanes:
-    """``WorkerEnvLanes(source, num_lanes, workers)``, or, inside
-    ``kept_workers``, the lanes an earlier run of the same ones used."""
-    if _kept is None:
-        return WorkerEnvLanes(source, num_lanes, workers)
-    try:
-        key = (pickle.dumps(source), num_lanes, workers)
-    except Exception:  # the workers pickle it otherwise and say what fails
-        return WorkerEnvLanes(source, num_lanes, workers)
-    lanes = _kept.get(key)
-    if lanes is None:
-        lanes = _kept[key] = WorkerEnvLanes(source, num_lanes, workers)
-        lanes.kept = True
-    lanes.lost, lanes.culprits = [], []
-    return lanes
 
 
 def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from jaxmesh.remote.server.actor import EnvActor
+from jaxmesh.run import kept
 from jaxmesh.run.cluster import Ray
 from jaxmesh.run.host.served import ServedRun, ServedStepRun
 from jaxmesh.run.host.served.pool import ServedLanes
@@ -119,15 +120,9 @@ def _check_local(ray: Any, cfg: Ray, count: int) -> None:
         )
 
 
-class RayServers(ServedLanes):
-    """Served lanes over env servers in Ray actors started for one run: lane j
-    is stepped by actor ``j % A`` (``ServedLanes`` deals lanes round robin).
-
-    Args:
-      env: ``"gymnasium:<id>"``, a zero-argument factory, or a list of them.
-      num_lanes: the run's lanes.
-      cfg: the ``jaxmesh.Ray`` settings.
-      served: the run's ``jaxmesh.Served`` (its reply timeout).
+class RayFleet:
+    """The env servers of one run, or of a ``kept.kept_processes`` block's
+    runs, in Ray actors: actor ``s`` serves lanes ``s, s + A, ...``.
 
     Raises:
       ImportError: no Ray.
@@ -136,48 +131,34 @@ class RayServers(ServedLanes):
       Any exception an actor met building its envs.
     """
 
-    #: The loop classes that run these lanes: the served ones.
-    loop, fast = ServedRun, ServedStepRun
-
-    def __init__(self, env: Any, num_lanes: int, cfg: Ray, served: Any):
+    def __init__(self, env: Any, num_lanes: int, cfg: Ray):
         ray = self.ray = import_ray()
         self.actors: list = []
         self.started_ray = False
+        self.runs = 0  # the runs served (``RayServers.of``)
         try:
             self.started_ray = connect(ray, cfg)
             count = actor_count(ray, cfg, num_lanes)
             if self.started_ray and cfg.address is None:
                 _check_local(ray, cfg, count)
-            token = secrets.token_urlsafe(24)
+            self.token = secrets.token_urlsafe(24)
             remote = ray.remote(EnvActor)
             run = secrets.token_hex(4)
             for s in range(count):
                 options = actor_options(cfg, f"{NAME_PREFIX}-{run}-{s}")
                 mine = list(range(s, num_lanes, count))
-                self.actors.append(remote.options(**options).remote(env, mine, token))
-            addresses = self._serving(cfg)
-            super().__init__(
-                addresses,
-                num_lanes,
-                token=token,
-                reply_timeout=served.reply_timeout,
-                on_server_loss="rerun",
-                transport=served.transport or "auto",
-            )
+                actor = remote.options(**options).remote(env, mine, self.token)
+                self.actors.append(actor)
+            self.addresses = self._serving(cfg)
         except BaseException:
-            self._end()
+            self.end()
             raise
         #: Where the lanes run, in words (the progress bar, the CLI's summary).
-        nodes = {a.rpartition(":")[0] for a in addresses}
+        nodes = {a.rpartition(":")[0] for a in self.addresses}
         self.where = (
             f"{count} Ray actor{'s' * (count > 1)} on {len(nodes)} "
             f"node{'s' * (len(nodes) > 1)}"
         )
-
-    @classmethod
-    def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
-        """The lanes of a Ray run (``dispatch.Route.lanes``)."""
-        return cls(env, max(1, min(num_envs, episodes)), cfg, served)
 
     def _serving(self, cfg: Ray) -> list[str]:
         """Each actor's address once it serves (TimeoutError: not all within
@@ -212,22 +193,25 @@ class RayServers(ServedLanes):
                 raise
         return addresses
 
-    def reconnect(self, s: int, connect_timeout: float) -> Any:
-        """A session with actor ``s`` again, once Ray restarted it (at its old
-        port where it can); any error: gone for good, or not serving yet."""
+    def serve_again(self, s: int, timeout: float) -> str:
+        """Actor ``s``'s address once Ray restarted it (its old port where it
+        can); any error: gone for good, or not serving yet."""
         port = int(self.addresses[s].rpartition(":")[2])
         serving = self.actors[s].serve.remote(port=port)
-        self.addresses[s] = self.ray.get(serving, timeout=connect_timeout)
-        return super().reconnect(s, connect_timeout)
+        self.addresses[s] = self.ray.get(serving, timeout=timeout)
+        return self.addresses[s]
 
-    def close(self) -> None:
+    def alive(self) -> bool:
+        """Whether every actor still answers (within ``STOP_SECONDS``)."""
+        refs = [a.__ray_ready__.remote() for a in self.actors]
         try:
-            super().close()
-        finally:
-            self._end()
+            self.ray.get(refs, timeout=STOP_SECONDS)
+        except Exception:  # an actor died (or does not answer)
+            return False
+        return True
 
-    def _end(self) -> None:
-        """Ends every actor (a graceful stop, then killed) and a Ray this run
+    def end(self) -> None:
+        """Ends every actor (a graceful stop, then killed) and a Ray this fleet
         started; idempotent."""
         actors, self.actors = self.actors, []
         ray = self.ray
@@ -258,4 +242,70 @@ class RayServers(ServedLanes):
                 )
 
 
-__all__ = ["RayServers", "connect", "connection", "import_ray", "NAME_PREFIX"]
+class RayServers(ServedLanes):
+    """Served lanes over a ``RayFleet``'s env servers: lane j is stepped by
+    actor ``j % A`` (``ServedLanes`` deals lanes round robin).
+
+    Args:
+      fleet: the actors.
+      num_lanes: the run's lanes.
+      served: the run's ``jaxmesh.Served`` (its reply timeout).
+      kept: the fleet serves later runs too (``kept.kept_processes``): ``close``
+        leaves it running.
+    """
+
+    #: The loop classes that run these lanes: the served ones.
+    loop, fast = ServedRun, ServedStepRun
+
+    def __init__(self, fleet: RayFleet, num_lanes: int, served: Any, kept: bool):
+        self.fleet, self.kept, self.where = fleet, kept, fleet.where
+        super().__init__(
+            fleet.addresses,
+            num_lanes,
+            token=fleet.token,
+            reply_timeout=served.reply_timeout,
+            on_server_loss="rerun",
+            transport=served.transport or "auto",
+        )
+
+    @classmethod
+    def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
+        """The lanes of a Ray run (``dispatch.Route.lanes``). A kept fleet
+        with an actor that died is ended and started anew."""
+        n = max(1, min(num_envs, episodes))
+        key, start = ("ray", env, n, cfg), lambda: RayFleet(env, n, cfg)
+        fleet, is_kept = kept.started(key, start, RayFleet.end)
+        if fleet.runs and not fleet.alive():
+            kept.forget(fleet)
+            fleet, is_kept = kept.started(key, start, RayFleet.end)
+        fleet.runs += 1
+        try:
+            return cls(fleet, n, served, is_kept)
+        except BaseException:
+            if is_kept:
+                kept.forget(fleet)
+            else:
+                fleet.end()
+            raise
+
+    def reconnect(self, s: int, connect_timeout: float) -> Any:
+        """A session with actor ``s`` again, once Ray restarted it."""
+        self.addresses[s] = self.fleet.serve_again(s, connect_timeout)
+        return super().reconnect(s, connect_timeout)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if not self.kept:
+                self.fleet.end()
+
+
+__all__ = [
+    "RayFleet",
+    "RayServers",
+    "connect",
+    "connection",
+    "import_ray",
+    "NAME_PREFIX",
+]

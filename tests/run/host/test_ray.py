@@ -162,6 +162,36 @@ def test_a_killed_actor_has_its_episodes_run_again_on_the_other():
     assert result.server_losses[0]["episodes_rerun"] >= 1
 
 
+def test_kept_actors_serve_later_runs_and_a_lost_one_starts_anew(tmp_path):
+    """Inside kept_processes (decide's batches), runs of one source, lanes and
+    Ray settings share their actors: each lane's env is built once. A kept
+    actor killed between runs is not reused: the next run starts new actors.
+    The block's end ends them (``nothing_left``)."""
+    from worker_envs import counted_cartpole
+
+    from jaxmesh.run.kept import kept_processes
+
+    made = tmp_path / "made"
+    source = functools.partial(counted_cartpole, str(made))
+    workers = TWO(num_workers=2)
+
+    def run():
+        result = jaxmesh.evaluate(
+            lean, source, num_envs=3, seeds=SEEDS, workers=workers
+        )
+        assert_matches(result, lean_refs())
+
+    with kept_processes():
+        run()
+        run()
+        names = our_actors()
+        assert len(names) == 2 and len(made.read_text().split()) == 3
+        ray.kill(ray.get_actor(names[0], namespace=_namespace(names[0])))
+        run()
+        assert len(our_actors()) == 2 and set(our_actors()).isdisjoint(names)
+        assert len(made.read_text().split()) == 6
+
+
 def _namespace(name: str) -> str:
     return next(
         a["namespace"]

@@ -417,15 +417,15 @@ def test_only_the_leaves_the_policy_reads_leave_the_workers():
     no_leftovers()
 
 
-def test_kept_workers_serve_later_runs_with_the_leaves_each_reads(tmp_path):
-    """Inside kept_workers (decide's batches), runs of one source, lane count
+def test_kept_processes_serve_later_runs_with_the_leaves_each_reads(tmp_path):
+    """Inside kept_processes (decide's batches), runs of one source, lane count
     and workers take the first run's processes and envs: each env is built
     once. A run that reads other leaves gets them (a new shared segment), each
     run equals the plain loop, and nothing is left once it exits."""
     from worker_envs import CountedCameraEnv
 
     from jaxmesh.adapt import State
-    from jaxmesh.envs.gymnasium import kept_workers
+    from jaxmesh.run.kept import kept_processes
 
     made = tmp_path / "made"
     source = functools.partial(CountedCameraEnv, str(made))
@@ -436,7 +436,7 @@ def test_kept_workers_serve_later_runs_with_the_leaves_each_reads(tmp_path):
     image_only = jaxmesh.Model(bright, spec={"img": State(key="image")})
     fn = jax.jit(lambda img: bright({"img": img}))
     image_refs = plain_loop(CameraEnv(), lambda o, k: fn(o["image"])[None], SEEDS)
-    with kept_workers():
+    with kept_processes():
         for policy, horizon, refs in (
             (image_only, 1, image_refs),
             (brightness, 3, reference(3, 0)),
