@@ -153,6 +153,11 @@ class ObsLayout:
                 into = None if out is None else out.get(name)
                 if into is None:
                     arr = np.asarray(rows, dtype)
+                elif into.nbytes <= SMALL_STACK:  # no call per row
+                    stacked, arr = np.asarray(rows), None
+                    if stacked.shape == into.shape:
+                        np.copyto(into, stacked, casting="unsafe")
+                        arr = into
                 else:
                     arr = np.stack(rows, out=into, casting="unsafe")
             except (TypeError, ValueError):  # ragged or not numbers: name the lane
@@ -190,6 +195,10 @@ class ObsLayout:
             for n in self.names
         )
 
+
+#: Stacked leaves up to this size (bytes) are gathered in one ``np.asarray``
+#: and cast into place; larger ones (images) are stacked in a single pass.
+SMALL_STACK = 1 << 16
 
 #: The alignment of ``aligned_zeros``: XLA's CPU client reads a jit argument
 #: that starts on such a boundary in place, and copies one that does not.

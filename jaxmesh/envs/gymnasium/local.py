@@ -40,6 +40,16 @@ class _InfoKeys:
         return iter({k for info in self.infos if info for k in info})
 
 
+def _none_of(keys: tuple, infos: Sequence) -> bool:
+    """Whether no info of ``infos`` has a key of ``keys``, from the union of
+    their keys (one call); False where that union fails (an info of None), so
+    ``read_infos`` reads them one by one."""
+    try:
+        return frozenset(keys).isdisjoint(set().union(*infos))
+    except TypeError:
+        return False
+
+
 def _env_errors(method):
     """The env's own exception instead of the ``LaneError`` wrapping it."""
 
@@ -75,7 +85,11 @@ class _LaneView:
         self.declares_trial_index = src.declares_trial_index
         self.info_keys: tuple[str, ...] = ()
         self.info: dict = {}
+        #: No lane's info had an ``info_keys`` key at the last ``step`` (where
+        #: the adapter says so: then every ``present`` reads False).
+        self.info_empty = False
         self.info_seen: set = set()
+        self._absent: tuple = ((), 0, {})  # (keys, n, info): ``_no_info``'s
         self.reset_info: dict = {}
         self.reset_text: dict = {}
 
@@ -85,10 +99,25 @@ class _LaneView:
             k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
         }
         self.info_seen = set() if seen is None else seen
+        self.info_empty = False
         for key, got in (pairs or {}).items():
             vals, present = self.info[key]
             for j, v in got:
                 vals[j], present[j] = v, True
+
+    def _no_info(self, n: int, seen: Any) -> None:
+        """``info`` of n lanes none of whose infos had a key: the same
+        read-only arrays each step (made again when the keys change)."""
+        keys, m, info = self._absent
+        if keys != self.info_keys or m != n:
+            info = {}
+            for k in self.info_keys:
+                pair = (np.zeros(n, np.float64), np.zeros(n, bool))
+                for x in pair:
+                    x.flags.writeable = False
+                info[k] = pair
+            self._absent = (self.info_keys, n, info)
+        self.info, self.info_seen, self.info_empty = info, seen, True
 
     def reset(
         self,
@@ -215,13 +244,13 @@ class EnvLanes(LocalAdapter):
             reward[lanes], term[lanes], trunc[lanes] = r, te, tr
             if any(te) or any(tr):  # the stepper's state: these episodes ended
                 stepper.ended[:n] |= term | trunc
-        if self.info_keys and any(infos):  # most steps of many envs: infos empty
+        keys = self.info_keys
+        if keys and any(infos) and not _none_of(keys, infos):
             where = range(n) if isinstance(lanes, slice) else lanes
-            keys, name = self.info_keys, self.spec.name
-            values, _ = read_infos(infos, keys, where, name, seen=False)
+            values, _ = read_infos(infos, keys, where, self.spec.name, seen=False)
             self._new_info(n, values, _InfoKeys(infos))
-        elif self.info_keys:
-            self._new_info(n)
+        elif keys:  # most steps of many envs: no info has a key asked for
+            self._no_info(n, _InfoKeys(infos))
         return reward, term, trunc
 
 

@@ -43,6 +43,17 @@ NONE_LOST.flags.writeable = False
 MAX_SEEDS_CHECKED = 1_000_000
 
 
+def _all_pass(actions: np.ndarray, num_actions: int | None) -> bool:
+    """True only where no component of ``actions`` fails ``rules.bad_components``
+    (finite; in ``[0, num_actions)`` when discrete), in one or two reductions;
+    False leaves the verdict to ``rules.action_faults``."""
+    if not actions.size:
+        return True
+    if num_actions is None:
+        return bool(np.isfinite(actions).all())
+    return bool(actions.min() >= 0 and actions.max() < num_actions)
+
+
 def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
     """The observation leaves that cross from the lanes (worker processes,
     servers): those the policy reads (``program.layout``) and those an episode
@@ -421,7 +432,7 @@ class HostLoop:
         """The bad actions (out of range, not finite) of the lanes in ``go``:
         ``(kinds, values, steps)`` [N], or None."""
         num_actions = self.spec.num_actions
-        if not rules.bad_components(np, actions, num_actions)[0].any():
+        if _all_pass(actions, num_actions):
             return None  # the usual step
         kinds, values = rules.action_faults(np, actions, go, num_actions)
         return (kinds, values, self.t.copy()) if kinds.any() else None
@@ -589,9 +600,10 @@ class LocalRun(HostLoop):
             self.step_metrics(go, j)
         if self.recorder is not None:
             self.recorder.actions(j, self.t[j], actions)
-        self.step_action = np.where(
-            go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
-        )
+        if self.steps:  # only the hooks read it (``account``)
+            self.step_action = np.where(
+                go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
+            )
         self.account(j, reward[j], term[j], trunc[j], faults)
         self.restart_lost(lost)
 
@@ -620,7 +632,10 @@ class LocalRun(HostLoop):
     def step_metrics(self, go: np.ndarray, j: np.ndarray) -> None:
         """The info values of the step just taken (``lanes.info``)."""
         metrics, lanes = self.metrics, self.lanes
-        present = {k for k, (_, p) in lanes.info.items() if p.any()}
+        if getattr(lanes, "info_empty", False):  # no info had a key asked for
+            present: set = set()
+        else:
+            present = {k for k, (_, p) in lanes.info.items() if p.any()}
         if not metrics.checked and go.any():
             metrics.check(present, lanes.info_seen)
         if present:  # else no lane's info had a key: nothing to add
