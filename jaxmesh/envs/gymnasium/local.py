@@ -226,7 +226,7 @@ class EnvLanes(LocalAdapter):
         # Python ints for a Discrete space (what its step expects).
         acts = values.tolist() if values.ndim == 1 else values
         stepper = self.lanes
-        if go.all():  # the usual step: every lane, no index lists
+        if np.count_nonzero(go) == n:  # the usual step: every lane, no index lists
             lanes: Any = slice(None)
             out = stepper.step_envs(None, acts)
         else:

@@ -376,17 +376,22 @@ class HostLoop:
           faults: ``(kinds, values, steps)`` [N], the step's bad actions
             (``action_faults``: lanes that did not step), or None.
         """
-        step_index = self.t[j].copy()  # the 0-based step just executed
-        self.t[j] = step_index + 1
+        if j.size == self.n:  # every lane (j ascending: 0 .. n-1), no index
+            step_index = self.t.copy()  # the 0-based step just executed
+            self.t += 1
+            self.ret += r
+        else:
+            step_index = self.t[j]  # a copy
+            self.t[j] = step_index + 1
+            self.ret[j] += r
         self.env_steps += int(j.size)
-        self.ret[j] += r
         tr = tr | rules.at_cap(np, step_index + 1, self.max_steps)
         if self.t0 is not None:
             tr = tr | (time.perf_counter() - self.t0[j] >= self.seconds)
         if self.recorder is not None:
             self.recorder.step(j, step_index, self.obs, r, te, tr)
         bad_r = ~np.isfinite(r)  # rules.reward_faults, for these lanes alone
-        if bad_r.any():
+        if np.count_nonzero(bad_r):  # (``.any()``'s answer, in a fifth the time)
             kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
             faults = self._with(
                 faults, j[bad_r], kinds[bad_r], values[bad_r], step_index[bad_r]
@@ -559,7 +564,7 @@ class LocalRun(HostLoop):
         self.take_next(np.ones(self.n, bool))
         self.state = self.program.init(self.agent_obs, self.active.copy())
         tel = self.tel
-        while self.active.any():  # every running lane steps once
+        while np.count_nonzero(self.active):  # every running lane steps once
             t_predict = time.perf_counter()
             if self.skipping and not np.any(self.active & ~self.replays_next()):
                 actions = self.replayed(np.flatnonzero(self.active))
@@ -595,7 +600,7 @@ class LocalRun(HostLoop):
         recording and ``account``."""
         self.tel.span("env_step", t_env, time.perf_counter(), row)
         go, lost = self.drop_lost(go)
-        j = np.flatnonzero(go)
+        j = go.nonzero()[0]  # (``np.flatnonzero`` of [N] bool, without its ravel)
         if self.metrics.active:
             self.step_metrics(go, j)
         if self.recorder is not None:
@@ -604,7 +609,10 @@ class LocalRun(HostLoop):
             self.step_action = np.where(
                 go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
             )
-        self.account(j, reward[j], term[j], trunc[j], faults)
+        if j.size == self.n:  # every lane: the arrays as they are (fresh ones)
+            self.account(j, reward, term, trunc, faults)
+        else:
+            self.account(j, reward[j], term[j], trunc[j], faults)
         self.restart_lost(lost)
 
     def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
