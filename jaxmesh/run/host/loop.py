@@ -390,14 +390,15 @@ class HostLoop:
             tr = tr | (time.perf_counter() - self.t0[j] >= self.seconds)
         if self.recorder is not None:
             self.recorder.step(j, step_index, self.obs, r, te, tr)
-        bad_r = ~np.isfinite(r)  # rules.reward_faults, for these lanes alone
-        if np.count_nonzero(bad_r):  # (``.any()``'s answer, in a fifth the time)
+        ok = np.isfinite(r)  # rules.reward_faults, for these lanes alone
+        clean = np.count_nonzero(ok) == ok.size  # the usual step: all finite
+        if not clean:
+            bad_r = ~ok
             kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
             faults = self._with(
                 faults, j[bad_r], kinds[bad_r], values[bad_r], step_index[bad_r]
             )
         if self.steps:  # lanes ascending; a step that met a bad value is not one
-            ok = ~bad_r
             js = j[ok]
             self.steps.emit(
                 js,
@@ -408,7 +409,7 @@ class HostLoop:
                 te[ok],
                 tr[ok],
             )
-        end = (te | tr) & ~bad_r
+        end = te | tr if clean else (te | tr) & ok
         ended = j[end]
         if ended.size:
             res, i = self.res, self.episode[ended]
