@@ -211,21 +211,11 @@ class Engine:
 
     @functools.cached_property
     def _reset_probe(self) -> tuple[bool, Any]:
-        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``), the
-        shapes of one lane's reset ``(obs, state)`` and its traced program."""
+        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``), and
+        the shapes of one lane's reset ``(obs, state)``."""
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         jaxpr, shapes = jax.make_jaxpr(self.env.reset, return_shape=True)(key)
-        return equations(jaxpr.jaxpr) <= CHEAP_RESET_EQUATIONS, shapes, jaxpr
-
-    def _env_reset(self, key: jax.Array) -> tuple[Any, Any]:
-        """``env.reset(key)`` for one lane; one whose key draws hash Threefry
-        keys (gymnax's) runs from its traced program with the hashes unrolled
-        (``keys.eval_unrolled``: the same values, a dozen fewer kernels)."""
-        _, shapes, jaxpr = self._reset_probe
-        if not (keys.threefry_default() and keys.uses_threefry(jaxpr.jaxpr)):
-            return self.env.reset(key)
-        outs = keys.eval_unrolled(jaxpr, key)
-        return jax.tree.unflatten(jax.tree.structure(shapes), outs)
+        return equations(jaxpr.jaxpr) <= CHEAP_RESET_EQUATIONS, shapes
 
     def carry_shape(self) -> Carry:
         """Shapes and dtypes of the carry (compiles nothing)."""
@@ -266,7 +256,7 @@ class Engine:
         cfg = self.config
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
-        cheap, (obs_shape, _), _ = self._reset_probe
+        cheap, (obs_shape, _) = self._reset_probe
         obs = jax.tree.map(
             lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype), obs_shape
         )
@@ -340,7 +330,7 @@ class Engine:
         or with ``config.trials`` the reset from each episode's trial index."""
         trials = self.config.trials
         if trials is None:
-            return jax.vmap(self._env_reset)(ep_keys)
+            return jax.vmap(self.env.reset)(ep_keys)
         trial_of, data = lanes.trials
         at = jnp.clip(episodes - lanes.base, 0, trial_of.shape[0] - 1)
         reset = jax.vmap(trials.reset, in_axes=(0, 0, None))

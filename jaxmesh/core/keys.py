@@ -8,10 +8,7 @@ same hash written out (one elementwise kernel), bit for bit
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
@@ -52,95 +49,3 @@ def fold_in(keys: jax.Array, data) -> jax.Array:
     zero = jnp.zeros(jnp.broadcast_shapes(keys.shape[:1], jnp.shape(d)), jnp.uint32)
     y0, y1 = threefry2x32(keys[:, 0], keys[:, 1], zero, zero + d)
     return jnp.stack([y0, y1], axis=1)
-
-
-def _threefry_key(x) -> bool:
-    """Whether ``x`` (an array or its shape) holds typed Threefry-2x32 keys."""
-    tag = jax.extend.random.threefry_prng_impl.tag
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) and (
-        str(x.dtype) == f"key<{tag}>"
-    )
-
-
-def _key_op(name: str, params: dict, key: jax.Array, *rest):
-    """A typed-key primitive (``random_bits``, ``random_split``,
-    ``random_fold_in``) on Threefry keys, computed from the keys' data by
-    JAX's own Threefry implementation with the hash unrolled."""
-    impl = jax.extend.random.threefry_prng_impl
-    if name == "random_bits":
-        fn = lambda k: impl.random_bits(k, params["bit_width"], params["shape"])
-    elif name == "random_split":
-        fn = lambda k: impl.split(k, params["shape"])
-    else:
-        fn = lambda k, m: impl.fold_in(k, m)
-    for _ in range(key.ndim):  # per key of a key array, as JAX's rule does
-        fn = jax.vmap(fn)
-    data = jax.random.key_data(key)
-    out = _unrolled_fn(fn)(data, *rest)
-    if name == "random_bits":
-        return out
-    return jax.random.wrap_key_data(out, impl=jax.random.key_impl(key))
-
-
-def _unrolled_fn(fn):
-    def call(*args):
-        closed = jax.make_jaxpr(fn)(*args)
-        return jax.tree.unflatten(
-            jax.tree.structure(jax.eval_shape(fn, *args)),
-            eval_unrolled(closed, *jax.tree.leaves(args)),
-        )
-
-    return call
-
-
-_KEY_OPS = ("random_bits", "random_split", "random_fold_in")
-
-
-def uses_threefry(jaxpr: Any) -> bool:
-    """Whether a jaxpr (or the jitted programs it calls) hashes Threefry keys
-    outside loops and branches (what ``eval_unrolled`` replaces)."""
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "threefry2x32" or (
-            name in _KEY_OPS and _threefry_key(eqn.invars[0].aval)
-        ):
-            return True
-        if name in ("jit", "pjit") and uses_threefry(eqn.params["jaxpr"].jaxpr):
-            return True
-    return False
-
-
-def eval_unrolled(closed: Any, *args) -> list:
-    """``closed``'s outputs for ``args`` (flat), its Threefry hashes (and the
-    typed-key draws, splits and fold-ins made of them) computed by
-    ``threefry2x32`` in one elementwise kernel rather than JAX's CPU lowering,
-    a five-iteration loop of about a dozen kernels; bit for bit the same.
-    Hashes inside loops, branches or custom-derivative rules are left as
-    they are."""
-    jaxpr = closed.jaxpr
-    env: dict = {}
-
-    def read(v):
-        return v.val if isinstance(v, jax.extend.core.Literal) else env[v]
-
-    for v, x in zip(jaxpr.constvars, closed.consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        if name == "threefry2x32":
-            outs = list(threefry2x32(*ins))
-        elif name in _KEY_OPS and _threefry_key(eqn.invars[0].aval):
-            outs = [_key_op(name, eqn.params, *ins)]
-        elif name in ("jit", "pjit"):
-            outs = eval_unrolled(eqn.params["jaxpr"], *ins)
-        else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*ins, **params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        for v, x in zip(eqn.outvars, outs, strict=True):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars]
