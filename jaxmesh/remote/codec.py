@@ -1,21 +1,12 @@
-"""Arrays and leaves <-> wire messages of the ``jaxmesh.env.v1`` protocol.
-
-Pure functions over numpy and the generated protobuf classes (no JAX, gRPC or
-I/O); every way a message can be wrong raises :class:`ProtocolError`. Arrays
-travel as a ``Tensor``: a dtype name, a shape and the raw little-endian bytes
-in C order.
-
-Example:
-    >>> import numpy as np
-    >>> t = encode_array(np.arange(6, dtype=">i4").reshape(2, 3))
-    >>> t.dtype, list(t.shape)
-    ('int32', [2, 3])
-    >>> decode_array(t).tolist()
-    [[0, 1, 2], [3, 4, 5]]
+"""Arrays and leaves <-> ``jaxmesh.env.v1`` messages (docs/remote.md, "The
+protocol"): pure functions over numpy and the generated classes; every way a
+message can be wrong raises :class:`ProtocolError`. An array travels as a
+``Tensor``: dtype name, shape, raw little-endian bytes in C order.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple, TypeVar
@@ -28,56 +19,24 @@ from jaxmesh.envs.gymnasium.batch import DTYPE_NAMES, ResultBatch
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS
 
-__all__ = [
-    "ActionBatch",
-    "ResultBatch",
-    "decode_action_batch",
-    "decode_result_batch",
-    "encode_action_batch",
-    "encode_result_batch",
-    "MAX_MESSAGE_BYTES",
-    "PROTOCOL_VERSIONS",
-    "LeafSpec",
-    "ProtocolError",
-    "check_size",
-    "choose_version",
-    "decode_array",
-    "decode_leaves",
-    "encode_array",
-    "encode_leaves",
-    "leaf_spec_from_proto",
-    "leaf_spec_to_proto",
-    "parse_handshake_reply",
-    "parse_handshake_request",
-    "parse_step_reply",
-    "parse_step_request",
-    "parse_tensor",
-]
-
 #: dtype names allowed on the wire -> their little-endian numpy dtype.
-DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES
-}
+DTYPES = {name: np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES}
 
-#: The most dimensions a wire array may have (numpy's own limit is 64).
+# Bounds on what a peer may send (numpy's own limit is 64 dimensions).
 MAX_NDIM = 32
-#: The largest single dimension accepted (no env leaf comes near it).
 MAX_DIM = 2**40
-#: The most protocol versions a handshake may list (a client speaks a few).
 MAX_PROTOCOL_VERSIONS = 64
-#: The largest handshake request accepted (versions, a version string, a token).
 MAX_HANDSHAKE_BYTES = 1024 * 1024
-#: The most observation keys, and info keys, one step request may ask for.
+#: The most observation (and info) keys a step request may name, and their length.
 MAX_KEYS = 256
-#: The longest key (a leaf's or an info key's) a request may name.
 MAX_KEY_CHARS = 256
 #: How many entries of a peer's list an error message names.
 FEW = 8
 
 
 def few(values: Iterable, count: int | None = None) -> str:
-    """The first ``FEW`` of ``values`` for an error message, never the whole list
-    (``count``: how many there are, when ``values`` is a prefix)."""
+    """The first ``FEW`` of ``values`` for an error message (``count``: how many
+    there are, when ``values`` is a prefix)."""
     head = [v if isinstance(v, int) else short(v) for v in list(values)[: FEW + 1]]
     if len(head) <= FEW and (count is None or count <= FEW):
         return "[" + ", ".join(str(v) for v in head) + "]"
@@ -93,12 +52,11 @@ def short(text: object, limit: int = 64) -> str:
 
 
 class ProtocolError(ValueError):
-    """A message that does not follow the ``jaxmesh.env.v1`` protocol (a server
-    answers INVALID_ARGUMENT and serves on; a client ends the run with it)."""
+    """A message that breaks the protocol (a server answers INVALID_ARGUMENT)."""
 
 
 class LeafSpec(NamedTuple):
-    """One declared leaf of a space: its key, numpy dtype name and shape."""
+    """One declared leaf: its key, numpy dtype name and shape."""
 
     key: str
     dtype: str
@@ -109,34 +67,25 @@ def _name(key: str | None) -> str:
     return "array" if key is None else f"leaf {short(key)}"
 
 
-#: numpy dtype -> wire name, for the dtypes met so far (a hot path).
-_WIRE_NAMES: dict[np.dtype, str] = {}
+_WIRE_NAMES: dict[np.dtype, str] = {}  # cache of _wire_dtype (a hot path)
 
 
 def _wire_dtype(dtype: np.dtype, key: str | None) -> str:
-    """The wire name of a numpy dtype, or ProtocolError for one not allowed."""
     name = _WIRE_NAMES.get(dtype)
-    if name is not None:
-        return name
-    name = dtype.newbyteorder("=").name if dtype.byteorder != "|" else dtype.name
-    if name in DTYPES and dtype.kind in "biuf":
+    if name is None:
+        name = dtype.newbyteorder("=").name if dtype.byteorder != "|" else dtype.name
+        if name not in DTYPES or dtype.kind not in "biuf":
+            raise ProtocolError(
+                f"{_name(key)} has dtype {dtype.str!r}, which cannot be sent; "
+                f"expected one of {sorted(DTYPES)}: cast it (e.g. with .astype) first"
+            )
         _WIRE_NAMES[dtype] = name
-    else:
-        raise ProtocolError(
-            f"{_name(key)} has dtype {dtype.str!r}, which cannot be sent; "
-            f"expected one of {sorted(DTYPES)}: cast it (e.g. with .astype) first"
-        )
     return name
 
 
 def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
-    """A numpy array as a ``Tensor``: dtype name, shape, raw little-endian bytes
-    in C order (``key`` names the leaf in errors).
-
-    Raises:
-        ProtocolError: the dtype is not in the allow-list (bool, int8..int64,
-            uint8..uint64, float16/32/64).
-    """
+    """A numpy array as a ``Tensor`` (``key`` names the leaf in errors);
+    ProtocolError: a dtype not in ``DTYPES``."""
     x = np.asarray(x)
     name = _wire_dtype(x.dtype, key)
     # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
@@ -147,15 +96,9 @@ def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
 def decode_array(
     tensor: pb.Tensor, expected: LeafSpec | None = None, *, key: str | None = None
 ) -> np.ndarray:
-    """A ``Tensor`` as a read-only array viewing its bytes, after checking it
-    (against ``expected``'s dtype and shape when given; ``key`` names the leaf).
-
-    Raises:
-        ProtocolError: an unknown dtype, more than 32 dimensions, a negative or
-            huge dimension, a byte count that differs from prod(shape) *
-            itemsize, bool bytes other than 0 and 1, or a dtype or shape that
-            differs from ``expected``.
-    """
+    """A ``Tensor`` as a read-only array viewing its bytes, checked (against
+    ``expected``'s dtype and shape when given; ``key`` names the leaf);
+    ProtocolError: a bad dtype, shape, byte count or bool byte, or a mismatch."""
     if expected is None:
         return _decode(tensor, key, None, None)
     return _decode(
@@ -169,7 +112,7 @@ def _decode(
     want_dtype: str | None,
     want_shape: tuple[int, ...] | None,
 ) -> np.ndarray:
-    """``decode_array``'s work: each message field read once (the hot path)."""
+    # Each message field is read once (the hot path).
     if type(tensor) is not pb.Tensor and not isinstance(tensor, pb.Tensor):
         raise ProtocolError(
             f"{_name(key)}: expected a jaxmesh.env.v1.Tensor message, got "
@@ -236,14 +179,9 @@ def decode_leaves(
     *,
     lead: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """A map of ``Tensor`` messages as a dict of checked arrays: when
-    ``expected`` is given, exactly its keys, in its order, each of its dtype and
-    shape (``(lead,) + spec.shape`` with ``lead``).
-
-    Raises:
-        ProtocolError: a missing or unexpected key, or a bad leaf (see
-            :func:`decode_array`).
-    """
+    """``Tensor`` messages as checked arrays: with ``expected``, exactly its
+    keys, in its order, each of its dtype and shape (``(lead, *shape)`` with
+    ``lead``); ProtocolError otherwise."""
     if expected is None:
         return {str(k): decode_array(t, key=str(k)) for k, t in tensors.items()}
     _check_keys(tensors, expected)
@@ -267,13 +205,12 @@ def _check_keys(tensors: Mapping[str, pb.Tensor], expected: Mapping[str, LeafSpe
 
 
 def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:
-    """A :class:`LeafSpec` as its message (its dtype must be in the allow-list)."""
     name = _wire_dtype(np.dtype(spec.dtype), spec.key)
     return pb.LeafSpec(key=spec.key, dtype=name, shape=tuple(spec.shape))
 
 
 def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
-    """A ``LeafSpec`` message as a checked :class:`LeafSpec` (ProtocolError)."""
+    """A ``LeafSpec`` message, checked (ProtocolError)."""
     what = _name(msg.key)
     if len(msg.shape) > MAX_NDIM:
         raise ProtocolError(
@@ -286,7 +223,7 @@ def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
             f"{what} is declared with dtype {msg.dtype[:64]!r}, expected one of "
             f"{sorted(DTYPES)}"
         )
-    if len(shape) > MAX_NDIM or any(d < 0 or d > MAX_DIM for d in shape):
+    if any(d < 0 or d > MAX_DIM for d in shape):
         raise ProtocolError(
             f"{what} is declared with shape {list(shape[: MAX_NDIM + 1])}, expected "
             f"at most {MAX_NDIM} dimensions, each in [0, {MAX_DIM}]"
@@ -295,7 +232,6 @@ def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
 
 
 def _vector(msg: pb.ResultBatch, key: str, steps: int, kind: str) -> np.ndarray:
-    """A per-step vector of a ``ResultBatch`` (rewards, terminated, truncated)."""
     if steps == 0 and not msg.HasField(key):
         return np.zeros(0, dtype=np.float64 if kind == "f" else bool)
     tensor = getattr(msg, key)
@@ -310,7 +246,7 @@ def _vector(msg: pb.ResultBatch, key: str, steps: int, kind: str) -> np.ndarray:
 
 
 class ActionBatch(NamedTuple):
-    """A decoded ``ActionBatch``: lane ``lanes[i]`` (ascending) replays rows
+    """A decoded ``ActionBatch``: ``lanes[i]`` (ascending) replays rows
     ``offsets[i] : offsets[i] + counts[i]`` of each ``actions`` leaf."""
 
     lanes: np.ndarray
@@ -319,21 +255,16 @@ class ActionBatch(NamedTuple):
 
     @property
     def offsets(self) -> np.ndarray:
-        """int64 ``[m]``: where each lane's chunk starts in ``actions``."""
         # Not concatenate([[0], cumsum[:-1]]): that gives [0] for no lanes.
         return (np.cumsum(self.counts) - self.counts).astype(np.int64)
 
 
-_UINT32 = np.dtype(np.uint32)
-
-
 def _index_vector(msg: Message, field: str, key: str) -> np.ndarray:
-    """A uint32 vector field as int64, or ProtocolError."""
     if not msg.HasField(field):
         return np.zeros(0, np.int64)
     tensor = getattr(msg, field)
     x = _decode(tensor, key, None, None)
-    if x.ndim != 1 or x.dtype != _UINT32:
+    if x.ndim != 1 or x.dtype != np.uint32:
         raise ProtocolError(
             f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected a uint32 "
             "vector (one entry per lane of the batch)"
@@ -360,7 +291,6 @@ def _rows_of(
     total: int,
     what: str,
 ) -> dict[str, np.ndarray]:
-    """Leaves with ``total`` rows on a leading axis, checked against ``specs``."""
     if specs is None:
         out = decode_leaves(tensors)
         for key, x in out.items():
@@ -376,7 +306,6 @@ def _rows_of(
 def encode_action_batch(
     lanes: npt.ArrayLike, counts: npt.ArrayLike, actions: Mapping[str, npt.ArrayLike]
 ) -> pb.ActionBatch:
-    """Lanes, their chunk lengths and their chunks (concatenated) as a message."""
     msg = pb.ActionBatch(
         lanes=encode_array(np.asarray(lanes, np.uint32)),
         counts=encode_array(np.asarray(counts, np.uint32)),
@@ -393,15 +322,9 @@ def decode_action_batch(
     num_lanes: int | None = None,
     max_count: int = 1_000_000,
 ) -> ActionBatch:
-    """An ``ActionBatch``, checked against the declared action leaves.
-
-    Raises:
-        ProtocolError: lanes not ascending or past ``num_lanes``, counts outside
-            ``1..max_count``, vectors of different lengths, or action leaves
-            whose keys, dtype or shape do not match ``specs`` and the counts.
-    """
-    if num_lanes is not None:
-        # Before anything is made of them: each lane appears at most once.
+    """An ``ActionBatch`` checked against the declared action leaves
+    (ProtocolError)."""
+    if num_lanes is not None:  # before anything is made of them
         for key, field in (("batch lanes", msg.lanes), ("batch counts", msg.counts)):
             ndim = len(field.shape)
             size = math.prod(field.shape) if ndim <= MAX_NDIM else None
@@ -424,8 +347,8 @@ def check_action_vectors(
     num_lanes: int | None = None,
     max_count: int = 1_000_000,
 ) -> None:
-    """An action batch's lanes and counts (int64 vectors) as
-    ``decode_action_batch`` checks them (also for the same-host frames)."""
+    """Lanes and counts as ``decode_action_batch`` checks them (also for the
+    same-host frames)."""
     if lanes.shape != counts.shape:
         raise ProtocolError(
             f"the action batch has {lanes.size} lanes and {counts.size} counts; "
@@ -451,8 +374,6 @@ def encode_result_batch(
     info_present: Mapping[str, npt.ArrayLike] | None = None,
     info_rows: npt.ArrayLike | None = None,
 ) -> pb.ResultBatch:
-    """The results of one call as a ``ResultBatch`` (see the proto);
-    ``info_rows`` None: the info rows are ``rows``."""
     msg = pb.ResultBatch(
         lanes=encode_array(np.asarray(lanes, np.uint32)),
         steps=encode_array(np.asarray(steps, np.uint32)),
@@ -479,16 +400,8 @@ def decode_result_batch(
     *,
     num_lanes: int | None = None,
 ) -> ResultBatch:
-    """A ``ResultBatch``, checked: lanes (below ``num_lanes``), per-step
-    vectors and leaves (``observation``, ``info``: their specs, None: as sent)
-    agree.
-
-    Raises:
-        ProtocolError: any inconsistency (lanes not ascending or unknown,
-            vectors of different lengths, a lane whose observation or info rows
-            are not in ``min(steps, 1) .. max(steps, 1)``, per-step vectors or
-            leaves whose length does not match, a malformed leaf).
-    """
+    """A ``ResultBatch`` checked against ``observation`` and ``info`` (their
+    specs; None: as sent) and ``num_lanes`` (ProtocolError)."""
     lanes = _index_vector(msg, "lanes", "result lanes")
     steps = _index_vector(msg, "steps", "result steps")
     rows = _index_vector(msg, "rows", "result rows")
@@ -531,8 +444,8 @@ def check_result_vectors(
     *,
     num_lanes: int | None = None,
 ) -> None:
-    """A result batch's per-lane vectors (int64) as ``decode_result_batch``
-    checks them (also for the same-host frames)."""
+    """Per-lane vectors as ``decode_result_batch`` checks them (also for the
+    same-host frames)."""
     if not lanes.shape == steps.shape == rows.shape or (
         info_rows is not None and info_rows.shape != lanes.shape
     ):
@@ -553,7 +466,6 @@ def check_result_vectors(
 
 
 def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message"):
-    """Refuses a message larger than ``limit`` bytes (ProtocolError)."""
     if nbytes > limit:
         mib = 1024 * 1024
         raise ProtocolError(
@@ -567,7 +479,7 @@ def check_size(nbytes: int, limit: int = MAX_MESSAGE_BYTES, what: str = "message
 M = TypeVar("M", bound=Message)
 
 
-def _parse(cls: type[M], data: bytes, limit: int) -> M:
+def _parse(cls: type[M], data: bytes, limit: int = MAX_MESSAGE_BYTES) -> M:
     check_size(len(data), limit, f"{cls.DESCRIPTOR.full_name} message")
     msg = cls()
     try:
@@ -581,26 +493,17 @@ def _parse(cls: type[M], data: bytes, limit: int) -> M:
     return msg
 
 
-def parse_tensor(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.Tensor:
-    """Serialized bytes -> ``Tensor``; ProtocolError when they are not one."""
-    return _parse(pb.Tensor, data, limit)
-
-
-def parse_step_request(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.StepRequest:
-    """Serialized bytes -> ``StepRequest``; ProtocolError when they are not one."""
-    return _parse(pb.StepRequest, data, limit)
-
-
-def parse_step_reply(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> pb.StepReply:
-    """Serialized bytes -> ``StepReply``; ProtocolError when they are not one."""
-    return _parse(pb.StepReply, data, limit)
+# Serialized bytes -> a message (ProtocolError: not one, or over ``limit``).
+parse_tensor = functools.partial(_parse, pb.Tensor)
+parse_step_request = functools.partial(_parse, pb.StepRequest)
+parse_step_reply = functools.partial(_parse, pb.StepReply)
+parse_handshake_reply = functools.partial(_parse, pb.HandshakeReply)
 
 
 def parse_handshake_request(
     data: bytes, limit: int = MAX_MESSAGE_BYTES
 ) -> pb.HandshakeRequest:
-    """Serialized bytes -> ``HandshakeRequest``; ProtocolError when not one,
-    or over ``MAX_HANDSHAKE_BYTES`` or ``MAX_PROTOCOL_VERSIONS``."""
+    """``_parse`` within ``MAX_HANDSHAKE_BYTES`` and ``MAX_PROTOCOL_VERSIONS``."""
     if len(data) > min(limit, MAX_HANDSHAKE_BYTES):
         raise ProtocolError(
             f"a handshake request of {len(data)} bytes is over the "
@@ -619,13 +522,6 @@ def parse_handshake_request(
     return msg
 
 
-def parse_handshake_reply(
-    data: bytes, limit: int = MAX_MESSAGE_BYTES
-) -> pb.HandshakeReply:
-    """Serialized bytes -> ``HandshakeReply``; ProtocolError when not one."""
-    return _parse(pb.HandshakeReply, data, limit)
-
-
 def choose_version(
     client_versions: Iterable[int], server_versions: Iterable[int] = PROTOCOL_VERSIONS
 ) -> int:
@@ -633,16 +529,12 @@ def choose_version(
     client, server = sorted(set(client_versions)), sorted(set(server_versions))
     common = set(client) & set(server)
     if not common:
+
+        def say(v: list[int]) -> str:
+            return str(v) if len(v) <= FEW else f"{len(v)} versions, {few(v)}"
+
         raise ProtocolError(
-            f"no protocol version in common: the client speaks {_versions(client)}, "
-            f"the server speaks {_versions(server)}; upgrade the older side of "
-            "jaxmesh"
+            f"no protocol version in common: the client speaks {say(client)}, "
+            f"the server speaks {say(server)}; upgrade the older side of jaxmesh"
         )
     return max(common)
-
-
-def _versions(versions: list[int]) -> str:
-    """A sorted version list for a message (its count and first few when long)."""
-    if len(versions) <= FEW:
-        return str(versions)
-    return f"{len(versions)} versions, {few(versions)}"
