@@ -1,13 +1,9 @@
 """The scan engine: lane bookkeeping around the agent step and a JAX env.
 
-``Engine.run_segment`` advances up to S steps, writing the episodes that end
-into a log of ``capacity`` rows (``Results.index``) and reading the seeds from
-a window (``jaxmesh.core.carry.window``); the host copies the rows into its
-own arrays (``tally.write``). ``Engine.run`` runs a whole budget in one call:
-the pure function behind ``make_evaluator``. Only ``EngineConfig.step_events``
-adds a host round trip (an ordered ``io_callback`` per step). The two loops
-and what the program depends on: docs/evaluation.md ("The engine", "Compiling
-once").
+``Engine.run_segment`` advances up to S steps, logging the episodes that end
+(``Results.index``) for the host to copy (``tally.write``); ``Engine.run`` runs
+a whole budget in one call (``make_evaluator``). docs/evaluation.md, "The
+engine" and "Compiling once".
 """
 
 from __future__ import annotations
@@ -34,31 +30,27 @@ from jaxmesh.core.carry import (
 )
 from jaxmesh.core.policy import Policy
 
-#: Lanes reset per call of the env's reset, at most (tiles of
-#: ``min(RESET_TILE, N)``): a one-lane step then touches no buffer over 512
-#: bytes, which XLA:CPU needs to run a step's kernels in one sequence.
+#: Lanes reset per call of the env's reset, at most: a one-lane step then
+#: touches no buffer over 512 bytes, which XLA:CPU needs to run a step's
+#: kernels in one sequence.
 RESET_TILE = 32
 
-#: A reset of at most this many JAX equations (counted through its nested
-#: programs; gymnax's have 20-40, an MJX one thousands) is cheap: every lane's
-#: reset is computed and the starting lanes keep theirs (one ``jnp.where`` per
-#: leaf), which compiles a few dozen fewer kernels than tiles, with the same
-#: values. Only up to ``WHERE_RESET_LANES`` lanes: past them, short episodes ran
-#: slower (0.9x the env steps/s at 1,024 and 4,096 lanes).
+#: A reset of at most this many JAX equations (gymnax's have 20-40, an MJX one
+#: thousands) runs on every lane and the starting lanes keep theirs: fewer
+#: kernels than tiles, the same values. Only up to ``WHERE_RESET_LANES`` lanes:
+#: past them short episodes ran slower (0.9x at 1,024 and 4,096 lanes).
 CHEAP_RESET_EQUATIONS = 256
 WHERE_RESET_LANES = 256
 
 
 def batched(env: Any) -> bool:
-    """Whether ``env`` steps all N lanes in one call (an EnvPool pool,
-    ``jaxmesh.envs.envpool``): ``reset_lanes(begins, episode, state) -> (obs,
-    state)`` and ``step_lanes(active, state, action) -> (obs, state, reward,
-    terminated, truncated, info)``, leaving lanes outside the mask alone."""
+    """Whether ``env`` steps all N lanes in one call (``reset_lanes`` and
+    ``step_lanes``: an EnvPool pool, ``jaxmesh.envs.envpool``)."""
     return callable(getattr(env, "step_lanes", None))
 
 
 def env_stream(ep_keys: jax.Array) -> jax.Array:
-    """The per-episode base of env-step keys: ``fold_in(key, STREAM_ENV)``."""
+    """The per-episode base of env-step keys."""
     return keys.fold_in(ep_keys, agent.STREAM_ENV)
 
 
@@ -139,24 +131,11 @@ def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) ->
     return Carry(lanes, ag, res)
 
 
-def _accumulate(config: EngineConfig, lanes: LaneState, info: Any) -> tuple:
-    """Every accumulator after this step's info (active lanes only; no count:
-    a JAX env's info has every key on every step)."""
-    active = lanes.active
-    leaves = tally.info_leaves(info)
-    return tuple(
-        rules.accumulate_metric(
-            jnp, red, a, None, jnp.reshape(leaves[name], active.shape), active
-        )[0]
-        for a, (name, red) in zip(lanes.acc, config.accumulators, strict=True)
-    )
-
-
 def _episode_metrics(
     cfg: EngineConfig, lanes: LaneState, t: jax.Array
 ) -> tuple[dict, dict]:
-    """The per-lane metrics of an episode ending after ``t`` steps, and its
-    success fields (``Results``' names)."""
+    """The per-lane metrics of episodes ending after ``t`` steps, and their
+    success fields."""
     acc = lanes.acc
     values = {
         name: rules.finalize_metric(jnp, red, a, t)
@@ -174,13 +153,9 @@ def _episode_metrics(
 class Engine:
     """The jitted engine for one (policy, env, configuration).
 
-    Args:
-      policy: the resolved policy.
-      env: a jaxmesh single-lane env.
-      config: static configuration.
-      on_step: with ``config.step_events``, ``on_step(stepped, episode, t,
-        action, reward, terminated, truncated) -> bool`` (all [N] numpy;
-        False stops the segment), called from the compiled program.
+    ``on_step``: with ``config.step_events``, ``on_step(stepped, episode, t,
+    action, reward, terminated, truncated) -> bool`` (all [N] numpy; False
+    stops the segment), called from the compiled program.
     """
 
     def __init__(
@@ -190,8 +165,7 @@ class Engine:
         config: EngineConfig,
         on_step: Callable | None = None,
     ):
-        # On a CPU the policy runs inside the loops' bodies, where XLA runs a
-        # non-NHWC convolution on a naive loop (``jaxmesh.core.convs``).
+        # In a loop body XLA:CPU runs a non-NHWC convolution on a naive loop.
         on_cpu = (policy.device or jax.devices()[0]).platform == "cpu"
         self.policy = convs.canonical_convs(policy) if on_cpu else policy
         self.env = env
@@ -211,8 +185,7 @@ class Engine:
 
     @functools.cached_property
     def _reset_probe(self) -> tuple[bool, Any]:
-        """Whether the env's reset is cheap (``CHEAP_RESET_EQUATIONS``), and
-        the shapes of one lane's reset ``(obs, state)``."""
+        """Whether the env's reset is cheap, and one lane's reset shapes."""
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         jaxpr, shapes = jax.make_jaxpr(self.env.reset, return_shape=True)(key)
         return equations(jaxpr.jaxpr) <= CHEAP_RESET_EQUATIONS, shapes
@@ -234,25 +207,19 @@ class Engine:
         Args:
           seeds: the budget's seeds (int32, at most ``capacity``).
           device: where to put it (None: JAX's default device).
-          record: the recorded episode indices (``config.record_slots`` of
-            them); required when the engine records.
-          trials: ``(trial_of, data)``: each episode's trial index (int32, as
-            many as ``seeds``) and the data of ``config.trials``; required
-            with ``config.trials``.
-          texts: each ``jaxmesh.adapt.Text`` input's encoded instruction per
-            lane (name -> pytree of ``[num_envs, ...]``); required when the
-            policy reads one.
+          record: the ``config.record_slots`` recorded episode indices.
+          trials: ``(trial_of, data)``: each episode's trial index and the
+            data of ``config.trials``.
+          texts: each ``jaxmesh.adapt.Text`` input's encoding per lane.
         """
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self.carry_shape())
         carry = given(self.config, zeros, seeds, record, trials, texts)
         return jax.device_put(carry, device)
 
-    # The step -----------------------------------------------------------------
     def _begin(self, lanes: LaneState, ag: agent.AgentState):
-        """Resets the lanes in ``lanes.start`` (in a ``cond`` most steps skip);
-        those with an episode begin it. Returns the lanes, the agent state, the
-        reset observations ([N]), the lanes that begin and how many are active.
-        """
+        """Resets the lanes in ``lanes.start`` (in a ``cond`` most steps skip).
+        Returns the lanes, the agent state, the reset observations, the lanes
+        that begin an episode and how many lanes are active."""
         cfg = self.config
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
@@ -298,8 +265,7 @@ class Engine:
             return resets, ag, jnp.where(begins, 0, t), jnp.where(begins, 0.0, ret), acc
 
         active = lanes.active | begins
-        # One reduction for the step's two counts (XLA:CPU compiles each
-        # reduction over the lanes to two kernels).
+        # One reduction for both counts (XLA:CPU compiles each to two kernels).
         starting, stepping = jnp.sum(
             jnp.stack([start, active]), axis=1, dtype=jnp.int32
         )
@@ -326,8 +292,7 @@ class Engine:
         return lanes, ag, obs, begins, stepping
 
     def _reset(self, lanes: LaneState, ep_keys: jax.Array, episodes: jax.Array):
-        """The reset of a tile of lanes starting ``episodes``: ``env.reset(key)``,
-        or with ``config.trials`` the reset from each episode's trial index."""
+        """A tile's reset: ``env.reset(key)``, or from each episode's trial."""
         trials = self.config.trials
         if trials is None:
             return jax.vmap(self.env.reset)(ep_keys)
@@ -338,7 +303,7 @@ class Engine:
 
     def _step_events(self, lanes: LaneState, kinds, action, reward, term, trunc):
         """Sends this step's per-lane values to ``on_step`` (ordered; episode
-        and t before the step, stepped: no bad value); whether to go on."""
+        and t before the step); whether to go on."""
         on_step = self.on_step
 
         def emit(*arrays: Any) -> np.bool_:
@@ -358,10 +323,10 @@ class Engine:
             ordered=True,
         )
 
-    # The loop: an inner loop of env steps (``_begin``, ``_core``) until a
-    # lane's episode ends, inside an outer one that writes the results and
-    # hands the next episodes over (``_finish``). The inner loop holds no
-    # result buffer, so XLA:CPU runs a few-lane step as one kernel sequence.
+    # An inner loop of env steps (``_begin``, ``_core``) until a lane's episode
+    # ends, inside an outer one that writes the results and hands the next
+    # episodes over (``_finish``). The inner loop holds no result buffer, so
+    # XLA:CPU runs a few-lane step as one kernel sequence.
 
     def _inner(self, carry: Carry) -> Inner:
         """The inner loop's state: handed-over lanes get their episode's key."""
@@ -393,8 +358,7 @@ class Engine:
         )
 
     def _core(self, params: Any, c: Inner, stepping: jax.Array) -> Inner:
-        """One env step of every active lane (``stepping`` of them): plan and
-        replay, the env step, windows, accounting and bad values."""
+        """One env step of every active lane (``stepping`` of them)."""
         cfg = self.config
         lanes, ag = c.lanes, c.agent
         active = lanes.active
@@ -408,8 +372,7 @@ class Engine:
             lanes.t,
             lanes.episode if self.policy.takes_rows else None,
         )
-        # Derived anew each step, not kept per episode: an env that reads no
-        # key (most) then compiles no hash at all.
+        # Derived anew each step: an env that reads no key compiles no hash.
         env_keys = keys.fold_in(env_stream(lanes.key), lanes.t)
         if batched(self.env):  # one call steps every lane (spares for masked)
             out = self.env.step_lanes(active, lanes.env_state, action)
@@ -419,8 +382,15 @@ class Engine:
         else:
             out = (*jax.vmap(self.env.step)(env_keys, lanes.env_state, action), None)
         obs, env_state, reward, term, trunc, info = out
-        if cfg.reads_info:
-            lanes = lanes.replace(acc=_accumulate(cfg, lanes, info))
+        if cfg.reads_info:  # a JAX env's info has every key on every step
+            leaves = tally.info_leaves(info)
+            acc = tuple(
+                rules.accumulate_metric(
+                    jnp, red, a, None, jnp.reshape(leaves[name], active.shape), active
+                )[0]
+                for a, (name, red) in zip(lanes.acc, cfg.accumulators, strict=True)
+            )
+            lanes = lanes.replace(acc=acc)
         reward = jnp.asarray(reward, jnp.float32)
         # A bad action, or a non-finite reward (the action's fault first).
         kinds, values = rules.action_faults(jnp, action, active, self.env.num_actions)
@@ -433,8 +403,7 @@ class Engine:
         if cfg.step_events:
             go_on = self._step_events(lanes, kinds, action, reward, term, trunc)
         rec = c.recording
-        if cfg.record_slots:
-            # Skipped once every recorded episode is done (most of a run).
+        if cfg.record_slots:  # skipped once every recorded episode is done
             step_values = dict(
                 obs=obs,
                 states=env_state,
@@ -470,8 +439,8 @@ class Engine:
         )
 
     def _finish(self, c: Inner, res: tally.Results) -> tuple[LaneState, Any]:
-        """Writes the results of the episodes that ended on the last step and
-        hands the next episodes to their lanes in ascending lane order."""
+        """Writes the episodes that ended on the last step and hands the next
+        episodes to their lanes in ascending lane order."""
         cfg = self.config
         lanes, ended = c.lanes, c.ended
 
