@@ -1,17 +1,11 @@
-"""The same-host data path of a session: a Unix socket and shared memory
-(docs/remote.md, "Same-host transport"). Every message is a frame: a header
-(``HEADER``: payload bytes, kind, ring slot) and a payload.
-
-1. The client sends ``HELLO`` (JSON: its token, the observation leaves it
-   reads, the ``"frames"`` it takes); the server answers ``REFUSE`` (JSON: a
-   gRPC status name and details) or ``ATTACH`` with a ``memfd`` of ``RING``
-   slots attached (``SCM_RIGHTS``); the client maps it and sends ``ATTACHED``.
-2. Each call is a ``REQUEST`` (a serialized ``StepRequest``) or ``STEP``
-   frame, answered in order by a ``REPLY`` (``StepReply``) or ``RESULT``
-   frame whose observation rows are in ring slot ``i % RING`` (or inline);
-   an ``ERROR`` frame (JSON: the gRPC status and trailing metadata) ends it.
-3. The client ends the session by shutting down its side of the socket; the
-   server answers what is in flight, frees the session, then closes.
+"""The same-host data path: a Unix socket and shared memory (docs/remote.md,
+"Same-host transport"). Each frame is a ``HEADER`` and a payload. The client
+sends ``HELLO`` (JSON: token, observation leaves, ``"frames"``); the server
+answers ``REFUSE`` (JSON status) or ``ATTACH`` carrying a memfd of ``RING``
+slots, and the client says ``ATTACHED``. Each call is a ``REQUEST``
+(``StepRequest``) or ``STEP`` frame, answered in order by a ``REPLY`` or
+``RESULT`` frame naming the ring slot of its rows, or by an ``ERROR`` that
+ends the session; the client ends it by shutting down its side.
 """
 
 from __future__ import annotations
@@ -46,37 +40,29 @@ from jaxmesh.remote.client import (
     status_error,
 )
 
-#: Ring slots of observation rows: calls a client may have in flight before it
-#: waits for the oldest reply to be read.
+#: Ring slots: calls a client may have in flight before it awaits the oldest.
 RING = 4
-#: Frame kinds.
 HELLO, ATTACH, ATTACHED, REFUSE, REQUEST, REPLY, ERROR, STEP, RESULT = range(1, 10)
-#: The binary frames a side offers in HELLO / ATTACH (``"frames"``): ``STEP``
-#: and ``RESULT`` are used only when both sides list them.
+#: The binary frames (``STEP``, ``RESULT``), used only when both sides list them.
 BINARY = "step-v1"
 #: A STEP frame: call id, lanes m, flags, info key bytes; then the info keys
-#: (UTF-8, NUL-separated), lanes and counts (uint32 [m] each) and the actions'
-#: raw bytes (the declared action dtype, little-endian).
+#: (NUL-separated), lanes and counts (uint32 [m] each), the actions' raw bytes.
 _STEP_HEAD = struct.Struct("<QIII")
-#: STEP flags.
-ALL_OBSERVATIONS, INFO_EVERY_STEP = 1, 2
-#: A RESULT frame: call id, the server's env seconds, lanes m, steps in all;
-#: then lanes, steps, rows (uint32 [m] each), rewards (float64), terminated
-#: and truncated (bool, one byte each) per step.
+ALL_OBSERVATIONS, INFO_EVERY_STEP = 1, 2  # STEP flags
+#: A RESULT frame: call id, env seconds, lanes m, steps in all; then lanes,
+#: steps, rows (uint32 [m] each), rewards (float64), terminated, truncated.
 _RESULT_HEAD = struct.Struct("<QdII")
 _U32 = np.dtype("<u4")
 _F64 = np.dtype("<f8")
 #: A frame's header: payload bytes, kind, ring slot (``NO_SLOT``: inline).
 HEADER = struct.Struct("<IBBxx")
 NO_SLOT = 255
-#: The largest control frame (ATTACH, REFUSE, ERROR) a client reads.
-_CONTROL_BYTES = 1 << 20
+_CONTROL_BYTES = 1 << 20  # the largest ATTACH, REFUSE or ERROR a client reads
 
 
 class Ring:
-    """An anonymous shared-memory file mapped into this process (``buf``):
-    ``Ring.create(size)`` makes one, ``Ring(fd)`` maps one whose descriptor
-    came over the socket."""
+    """An anonymous shared-memory file mapped here (``buf``): ``create`` makes
+    one, ``Ring(fd)`` maps a received one."""
 
     def __init__(self, fd: int):
         try:
@@ -87,8 +73,7 @@ class Ring:
 
     @classmethod
     def create(cls, size: int) -> tuple[Ring, int]:
-        """A new ring of ``size`` bytes and a descriptor of it to send (the
-        caller closes it)."""
+        """A new ring and a descriptor of it to send (the caller closes it)."""
         fd = os.memfd_create("jaxmesh-ring", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
@@ -103,12 +88,11 @@ class Ring:
 
 
 def socket_name() -> str:
-    """A fresh abstract socket name (no file: nothing to clean up)."""
     return f"jaxmesh-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dict:
-    """The segment's arrays: ``"<slot>:<key>"`` -> (shape per lane, dtype)."""
+    """The ring's arrays: ``"<slot>:<key>"`` -> (shape per lane, dtype)."""
     return {
         f"{slot}:{key}": (tuple(specs[key].shape), np.dtype(specs[key].dtype))
         for slot in range(RING)
@@ -130,8 +114,7 @@ def send_attach(sock: socket.socket, payload: bytes, fd: int) -> None:
 
 
 def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int]:
-    """The server's answer to HELLO, ``(frame, fd)``: the descriptor an
-    ATTACH frame carries, else -1 (any other descriptor is closed)."""
+    """The answer to HELLO and the descriptor an ATTACH carries (else -1)."""
     fds: list[int] = []
     msg, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(4 * 4))
     for level, kind, data in anc:
@@ -142,7 +125,7 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
         if not msg:
             return None, -1
         rest = _recv_exact(sock, HEADER.size - 1, mid_frame=True)
-        kind, slot, payload = _recv_payload(sock, msg + rest, _CONTROL_BYTES)
+        kind, slot, payload = recv_frame(sock, _CONTROL_BYTES, msg + rest)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -154,8 +137,7 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
 
 
 def _recv_exact(sock: socket.socket, n: int, mid_frame: bool = False) -> Any:
-    """``n`` bytes, or None at the peer's end before the first byte (unless
-    ``mid_frame``)."""
+    """``n`` bytes; None at the peer's end before the first (unless ``mid_frame``)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -169,19 +151,12 @@ def _recv_exact(sock: socket.socket, n: int, mid_frame: bool = False) -> Any:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket, limit: int) -> tuple[int, int, bytes] | None:
-    """The next frame ``(kind, slot, payload)``; None at the peer's end
-    (OSError: the socket failed; codec.ProtocolError: over ``limit``)."""
-    head = _recv_exact(sock, HEADER.size)
+def recv_frame(sock: socket.socket, limit: int, head: bytes | None = None) -> Any:
+    """The next frame ``(kind, slot, payload)`` (or the one whose header is
+    ``head``); None at the peer's end; ProtocolError: over ``limit``."""
+    head = head or _recv_exact(sock, HEADER.size)
     if head is None:
         return None
-    return _recv_payload(sock, head, limit)
-
-
-def _recv_payload(
-    sock: socket.socket, head: bytes, limit: int
-) -> tuple[int, int, bytes]:
-    """The frame whose header is ``head``, its payload read (``recv_frame``)."""
     size, kind, slot = HEADER.unpack(head)
     if size > limit:
         raise codec.ProtocolError(
@@ -199,13 +174,11 @@ def pack_step(
     flags: int = 0,
     info: bytes = b"",
 ) -> bytes:
-    """A STEP payload: ``counts[i]`` rows of ``actions`` for each of ``lanes``
-    (``actions`` already in the declared action dtype and shape); ``info``:
-    the info keys asked for (``info_key_bytes``)."""
-    m = len(lanes)
+    """A STEP payload (``actions`` in the declared dtype and shape; ``info``:
+    ``info_key_bytes``)."""
     return b"".join(
         (
-            _STEP_HEAD.pack(call_id, m, flags, len(info)),
+            _STEP_HEAD.pack(call_id, len(lanes), flags, len(info)),
             info,
             np.asarray(lanes, _U32).tobytes(),
             np.asarray(counts, _U32).tobytes(),
@@ -214,19 +187,11 @@ def pack_step(
     )
 
 
-def info_key_bytes(keys: Sequence[str]) -> bytes | None:
-    """Info keys as a STEP frame carries them; None: a key holds a NUL (the
-    call goes as a ``StepRequest``)."""
-    if any("\0" in k for k in keys):
-        return None
-    return "\0".join(keys).encode("utf-8")
-
-
 def unpack_step(
     payload: bytes, spec: codec.LeafSpec, *, num_lanes: int, max_count: int
 ) -> tuple[int, int, bytes, codec.ActionBatch]:
     """A STEP payload as ``(call_id, flags, info key bytes, ActionBatch)``,
-    checked as ``codec.decode_action_batch`` checks one (ProtocolError)."""
+    checked as ``codec.decode_action_batch`` checks one."""
     size = len(payload)
     if size < _STEP_HEAD.size:
         raise codec.ProtocolError(f"a step frame of {size} bytes is too short")
@@ -264,8 +229,7 @@ def unpack_step(
 
 
 def pack_result(call_id: int, seconds: float, batch: Any) -> bytes:
-    """A RESULT payload of a batch without info (observation rows in the
-    ring, or none)."""
+    """A RESULT payload of a batch without info or inline observation."""
     total = len(batch.rewards)
     return b"".join(
         (
@@ -281,8 +245,7 @@ def pack_result(call_id: int, seconds: float, batch: Any) -> bytes:
 
 
 class Result(NamedTuple):
-    """A RESULT frame's message fields, as ``Session.reply`` reads a
-    ``StepReply``'s (``call_id``, ``server_step_seconds``, ``ByteSize()``)."""
+    """What ``Session.reply`` reads of a ``StepReply``, from a RESULT frame."""
 
     call_id: int
     server_step_seconds: float
@@ -293,9 +256,8 @@ class Result(NamedTuple):
 
 
 def unpack_result(payload: bytes, *, num_lanes: int) -> tuple[Result, Any]:
-    """A RESULT payload as ``(Result, codec.ResultBatch)`` without
-    observation (the caller adds the ring's rows), checked as
-    ``codec.decode_result_batch`` checks one (ProtocolError)."""
+    """A RESULT payload as ``(Result, ResultBatch)`` without observation,
+    checked as ``codec.decode_result_batch`` checks one."""
     size = len(payload)
     if size < _RESULT_HEAD.size:
         raise codec.ProtocolError(f"a result frame of {size} bytes is too short")
@@ -329,14 +291,12 @@ def unpack_result(payload: bytes, *, num_lanes: int) -> tuple[Result, Any]:
 
 
 def peer_uid(sock: socket.socket) -> int:
-    """The user id of the process at the other end of a Unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     return struct.unpack("3i", creds)[1]
 
 
 def status_payload(code: str, details: str, metadata: Sequence = ()) -> bytes:
-    """An ``ERROR`` / ``REFUSE`` payload: a gRPC status name, its details and
-    the trailing metadata (binary values as UTF-8 text)."""
+    """An ``ERROR`` / ``REFUSE`` payload (binary metadata values as text)."""
     meta = [
         [k, v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)]
         for k, v in metadata
@@ -345,7 +305,6 @@ def status_payload(code: str, details: str, metadata: Sequence = ()) -> bytes:
 
 
 def _status_error(payload: bytes, address: str) -> RemoteError:
-    """An ``ERROR`` or ``REFUSE`` frame as the error its gRPC status would be."""
     try:
         msg = json.loads(payload.decode("utf-8"))
         code = getattr(grpc.StatusCode, str(msg.get("code")), None)
@@ -363,10 +322,9 @@ def _status_error(payload: bytes, address: str) -> RemoteError:
 
 
 class ShmStream(Stream):
-    """The client's same-host session, the shared-memory ``session.Transport``:
-    attaches at construction (OSError, ValueError or RemoteError), then as
-    ``client.Connection``. ``conn``: the session's gRPC connection (closed
-    with it); ``name``: the socket; ``keys``: the observation leaves read."""
+    """The shared-memory ``session.Transport``: attaches at construction
+    (OSError, ValueError or RemoteError), then works as ``client.Connection``
+    (``conn``, the session's gRPC connection, is closed with it)."""
 
     kind = "shm"
 
@@ -392,8 +350,7 @@ class ShmStream(Stream):
         try:
             sock.settimeout(connect_timeout)
             sock.connect("\0" + name)
-            hello = {"token": conn.token or "", "keys": list(self.keys)}
-            hello["frames"] = [BINARY]
+            hello = {"token": conn.token or "", "keys": self.keys, "frames": [BINARY]}
             send_frame(sock, HELLO, json.dumps(hello).encode())
             frame, fd = recv_attach(sock)
             if frame is None:
@@ -455,7 +412,6 @@ class ShmStream(Stream):
         tag: Any = None,
         reader: bool = True,
     ) -> None:
-        """Starts taking replies (see ``session.Transport.open``)."""
         self._encode = encode
         self._decode = decode
         self._stream = True
@@ -509,8 +465,7 @@ class ShmStream(Stream):
         return reply, decoded, arrived, time.perf_counter()
 
     def _ring_rows(self, batch: Any, slot: int, kind: int) -> Any:
-        """A reply's batch with its observation rows copied out of ring slot
-        ``slot`` (``NO_SLOT``: they came inline, or none were asked)."""
+        """The batch with its observation rows copied out of ring ``slot``."""
         if slot == NO_SLOT:
             if kind == RESULT and self.keys:
                 raise codec.ProtocolError("a result frame names no ring slot")
@@ -534,12 +489,8 @@ class ShmStream(Stream):
         return exc
 
     def send(self, call: Any) -> int:
-        """Sends a call (waits only while ``RING`` replies are unread), as a
-        STEP frame where it can be one, else its ``StepRequest``.
-
-        Raises:
-          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
-        """
+        """Sends a call as a STEP frame where it can be one, else a
+        ``StepRequest`` (waits while ``RING`` replies are unread)."""
         info = self._info_bytes(call.info_keys) if self.binary else None
         if info is not None and self._steps_only(call):
             flags = (ALL_OBSERVATIONS if call.all_observations else 0) | (
@@ -555,9 +506,12 @@ class ShmStream(Stream):
         return self._send(kind, data)
 
     def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
+        """The info keys as a STEP frame carries them; None: a key holds a NUL."""
         keys = tuple(info_keys)
         if keys != self._info_keys:
-            self._info_keys, self._info = keys, info_key_bytes(keys)
+            nul = any("\0" in k for k in keys)
+            self._info = None if nul else "\0".join(keys).encode("utf-8")
+            self._info_keys = keys
         return self._info
 
     def _steps_only(self, call: Any) -> bool:  # with actions as declared
@@ -589,7 +543,6 @@ class ShmStream(Stream):
         return len(data)
 
     def receive(self) -> Any:
-        """The next reply (see ``Connection.receive``)."""
         if self._reader is None:
             item = self._early.popleft() if self._early else self._next()
             item = or_closed(item, self.address)
@@ -604,9 +557,7 @@ class ShmStream(Stream):
         timeout: float = CLOSE_TIMEOUT_SECONDS,
         grace: float = CLOSE_GRACE_SECONDS,
     ) -> None:
-        """Ends the session (idempotent): the server answers what is in flight
-        while it keeps answering (``grace`` seconds per reply, ``timeout`` in
-        all), frees the session, and closes its side."""
+        """Ends the session as ``Connection.close`` does (idempotent)."""
         if self.slots is None:
             return
         if self._stream and not self._broken:
@@ -630,26 +581,3 @@ class ShmStream(Stream):
             self._release()
         finally:
             self.conn.close()
-
-
-__all__ = [
-    "BINARY",
-    "HEADER",
-    "Ring",
-    "RING",
-    "Result",
-    "ShmStream",
-    "pack_result",
-    "info_key_bytes",
-    "pack_step",
-    "peer_uid",
-    "recv_attach",
-    "recv_frame",
-    "ring_fields",
-    "send_attach",
-    "send_frame",
-    "socket_name",
-    "status_payload",
-    "unpack_result",
-    "unpack_step",
-]
