@@ -1,10 +1,6 @@
 """The client side of openpi's websocket policy protocol, for
-``jaxmesh.RemotePolicy("ws://host:port")`` (docs/serving.md).
-
-On connect the server sends a metadata map; then each binary frame the client
-sends is one observation (msgpack, ``jaxmesh.serve.codec``), answered by one
-frame ``{"actions": [K, *A] or [*A], ...}``, or by a text frame saying why
-before the connection closes. A token travels as ``Authorization: Api-Key``.
+``jaxmesh.RemotePolicy("ws://host:port")``. The protocol: docs/serving.md,
+"Served over openpi's protocol: a policy for jaxmesh.evaluate".
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -37,16 +33,14 @@ from jaxmesh.model import resolve_class
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
 from jaxmesh.serve import codec
 
-#: Seconds a request waits for its reply by default: long enough for a large
-#: model's first (compiling) forward behind a queue of other requests, short
-#: enough that a hung server stops the run.
+#: Seconds a request waits for its reply: a large model's first (compiling)
+#: forward behind a queue, yet a hung server stops the run.
 DEFAULT_TIMEOUT = 120.0
 #: Seconds to wait for the server's handshake and metadata.
 CONNECT_TIMEOUT = 10.0
 #: Connections a policy opens at most (as many as the rows of a plan need).
 DEFAULT_CONNECTIONS = 16
-#: The most UTF-8 bytes of an instruction (it reaches the host callback as a
-#: fixed-shape array).
+#: The most UTF-8 bytes of an instruction (a fixed-shape array to the host).
 PROMPT_BYTES = 1024
 #: The request key of the observation when it is an array, not a dict.
 STATE_KEY = "observation/state"
@@ -54,17 +48,15 @@ SCHEMES = ("ws://", "wss://")
 #: Seconds between the keepalive thread's reads of the idle connections
 #: (websockets' servers ping every 20 s and wait 20 s for the pong).
 KEEPALIVE_S = 5.0
-#: Seconds ``close`` waits, all connections together, for the server to end
-#: the close handshake.
+#: Seconds ``close`` waits, all connections together, for the server's close.
 CLOSE_TIMEOUT = 1.0
 #: The most bytes one read takes from a socket.
 RECV_BYTES = 1 << 18
 
 
 def default_inputs(obs: Any, instruction: str | None) -> dict:
-    """The request for one lane: a dict observation's entries under their own
-    keys (an array under ``"observation/state"``), and ``"prompt"`` when there
-    is an instruction."""
+    """The request for one lane: a dict observation's entries (an array under
+    ``"observation/state"``), and ``"prompt"`` when there is an instruction."""
     request = dict(obs) if isinstance(obs, Mapping) else {STATE_KEY: obs}
     if instruction is not None:
         request["prompt"] = instruction
@@ -81,8 +73,7 @@ def env_token(token: str | None) -> str | None:
 
 
 def encode_prompt(instruction: str) -> np.ndarray:
-    """``instruction`` as ``PROMPT_BYTES`` UTF-8 bytes, zero-padded (the
-    ``Text`` encoding that carries it to the host callback)."""
+    """``instruction`` as ``PROMPT_BYTES`` UTF-8 bytes, zero-padded."""
     data = instruction.encode()
     if len(data) > PROMPT_BYTES:
         raise ValueError(
@@ -106,8 +97,7 @@ class _Closed(Exception):
 
 
 def _wait(sock: socket.socket, events: int, deadline: float) -> bool:
-    """Whether ``sock`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``)
-    by ``deadline`` (``time.monotonic``)."""
+    """Whether ``sock`` is ready for ``events`` by ``deadline`` (monotonic)."""
     left = deadline - time.monotonic()
     if left <= 0:
         return False
@@ -133,9 +123,8 @@ def _alive(ws: _Connection) -> bool:
 
 
 def _closed_since(idle: list[_Connection]) -> list[_Connection]:
-    """Those of ``idle`` connections that are no longer open: one poll that
-    does not wait for them all, and a read of those with data or frames
-    unread (TLS ones are read each: their data may wait in the TLS layer)."""
+    """Those of ``idle`` no longer open: one poll, then a read of those with
+    data or frames unread (TLS ones each: data may wait in the TLS layer)."""
     poller = select.poll()
     for ws in idle:
         if not isinstance(ws.sock, ssl.SSLSocket):
@@ -156,10 +145,8 @@ def _closed_since(idle: list[_Connection]) -> list[_Connection]:
 
 class _Connection:
     """One websocket connection, driven by the thread that holds it:
-    websockets' Sans-I/O ``ClientProtocol`` over a non-blocking socket, read
-    and written first and polled only when it is not ready. ``write_timeout``:
-    seconds a write may wait for the socket.
-    """
+    websockets' Sans-I/O ``ClientProtocol`` over a non-blocking socket, polled
+    only when it is not ready (a write waits ``write_timeout`` s at most)."""
 
     __slots__ = ("sock", "protocol", "parts", "kind", "pending", "write_timeout")
 
@@ -177,41 +164,34 @@ class _Connection:
 
     def flush(self) -> None:
         """Writes what the protocol has to send (TimeoutError: the socket took
-        no data for ``write_timeout`` s; OSError: the connection broke)."""
+        nothing for ``write_timeout`` s; OSError: the connection broke)."""
         for data in self.protocol.data_to_send():
-            if data:
-                self._write(data)
-            else:  # the protocol's end of stream
+            if not data:  # the protocol's end of stream
                 with contextlib.suppress(OSError):
                     self.sock.shutdown(socket.SHUT_WR)
-
-    def _write(self, data: bytes) -> None:
-        sock, deadline = self.sock, None
-        while data:
-            try:
-                sent = sock.send(data)
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                if deadline is None:
-                    deadline = time.monotonic() + self.write_timeout
-                if not _wait(sock, select.POLLOUT, deadline):
-                    raise TimeoutError from None
-                continue
-            data = data[sent:]
+            deadline = None
+            while data:
+                try:
+                    data = data[self.sock.send(data) :]
+                except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    if deadline is None:
+                        deadline = time.monotonic() + self.write_timeout
+                    if not _wait(self.sock, select.POLLOUT, deadline):
+                        raise TimeoutError from None
 
     def send(self, frame: bytes) -> None:
         self.protocol.send_binary(frame)
         self.flush()
 
     def feed(self, deadline: float | None) -> None:
-        """Reads what arrives by ``deadline`` (``time.monotonic``; None: only
-        what has arrived) into the protocol (TimeoutError: nothing came)."""
-        sock = self.sock
+        """Reads what arrives by ``deadline`` (None: only what has arrived)
+        into the protocol (TimeoutError: nothing came)."""
         while True:
             try:
-                data = sock.recv(RECV_BYTES)
+                data = self.sock.recv(RECV_BYTES)
                 break
             except (BlockingIOError, ssl.SSLWantReadError):
-                if deadline is None or not _wait(sock, select.POLLIN, deadline):
+                if deadline is None or not _wait(self.sock, select.POLLIN, deadline):
                     raise TimeoutError from None
             except OSError:  # reset: the connection is over
                 data = b""
@@ -224,11 +204,10 @@ class _Connection:
         self.flush()
 
     def message(self) -> bytes | str | None:
-        """The next whole message parsed (bytes, or a text frame's text),
-        None when there is none yet (_Closed: the connection is over)."""
-        pending = self.pending
-        while pending:
-            frame = pending.popleft()
+        """The next whole message parsed (bytes, or a text frame's text), or
+        None (_Closed: the connection is over)."""
+        while self.pending:
+            frame = self.pending.popleft()
             opcode = frame.opcode
             if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
                 self.kind = opcode
@@ -239,8 +218,7 @@ class _Connection:
             self.parts.append(frame.data)
             if not frame.fin:
                 continue
-            parts, self.parts = self.parts, []
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            data, self.parts = b"".join(self.parts), []
             return data.decode(errors="replace") if self.kind is Opcode.TEXT else data
         if self.protocol.state is not ProtocolState.OPEN:
             raise self.closed()
@@ -248,13 +226,11 @@ class _Connection:
 
     def receive(self, deadline: float) -> bytes | str:
         """The next message by ``deadline`` (TimeoutError), as ``message``."""
-        while True:
-            message = self.message()
-            if message is not None:
-                return message
+        while (message := self.message()) is None:
             if deadline <= time.monotonic():
                 raise TimeoutError
             self.feed(deadline)
+        return message
 
     def closed(self) -> _Closed:
         rcvd = self.protocol.close_rcvd
@@ -277,15 +253,21 @@ class _Connection:
             self.sock.close()
 
 
+def check_seconds(name: str, value: Any) -> float:
+    """``value`` as seconds (ValueError: not a number > 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name}={value!r}: expected seconds > 0")
+    return float(value)
+
+
 class WebsocketClient:
     """Connections to one server of openpi's protocol.
 
     Args:
       address: ``ws://host:port`` (or ``wss://`` for TLS).
-      token: sent as ``Authorization: Api-Key <token>`` (default: the
-        ``JAXMESH_TOKEN`` environment variable, if set).
-      timeout: seconds each request may take, from its send to its reply
-        (default ``DEFAULT_TIMEOUT``, 120).
+      token: sent as ``Authorization: Api-Key <token>`` (default:
+        ``$JAXMESH_TOKEN``, if set).
+      timeout: seconds each request may take, from its send to its reply.
       connections: the most connections open at once (and so requests in
         flight); more are opened as a plan's rows need them.
       connect_timeout: seconds to wait for a connection and its metadata.
@@ -313,25 +295,18 @@ class WebsocketClient:
             raise ValueError(
                 f"address={address!r}: expected 'ws://host:port' or 'wss://host:port'"
             )
-        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or value <= 0
-            ):
-                raise ValueError(f"{name}={value!r}: expected seconds > 0")
+        self.timeout = check_seconds("timeout", timeout)
+        self.connect_timeout = check_seconds("connect_timeout", connect_timeout)
         if isinstance(connections, bool) or not isinstance(connections, int):
             raise TypeError(f"connections={connections!r}: expected an int >= 1")
         if connections < 1:
             raise ValueError(f"connections={connections!r}: expected an int >= 1")
-        token = env_token(token)
+        self.token = env_token(token)
         try:
             self._uri = parse_uri(address)
         except InvalidURI as e:
             raise ValueError(f"address={address!r}: {e}") from None
-        self.address, self.token = address, token
-        self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
-        self.connections = connections
+        self.address, self.connections = address, connections
         #: Requests sent (one per row planned).
         self.requests = 0
         #: Idle connections, and how many are open (idle or in use).
@@ -392,8 +367,10 @@ class WebsocketClient:
             if protocol.handshake_exc is not None:
                 raise protocol.handshake_exc
             ws.pending.popleft()  # the handshake's response
-        except InvalidStatus as e:
-            ws.close() if ws is not None else sock.close()
+        except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
+            (ws or sock).close()
+            if not isinstance(e, InvalidStatus):
+                raise self._unreachable(e) from None
             status = e.response.status_code
             body = (e.response.body or b"").decode(errors="replace").strip()
             fix = (
@@ -405,9 +382,6 @@ class WebsocketClient:
             raise self._error(
                 f"refused the connection (HTTP {status}: {body}){fix}"
             ) from None
-        except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
-            ws.close() if ws is not None else sock.close()
-            raise self._unreachable(e) from None
         try:
             first = ws.receive(deadline)
             if isinstance(first, str):
@@ -495,18 +469,9 @@ class WebsocketClient:
                 dead = [ws for ws in idle if ws not in self._idle]
             self._give([], dead)
 
-    def infer(self, frames: Sequence[bytes]) -> list[Any]:
-        """The replies to ``frames`` (packed requests), in order; all are sent
-        at once, over at most ``connections`` connections.
-
-        Raises:
-          RemotePolicyError: a request failed (the first failed row's error).
-        """
-        return self.infer_rows(len(frames), frames.__getitem__)
-
     def infer_rows(self, n: int, frame: Callable[[int], bytes]) -> list[Any]:
-        """``infer`` of the ``n`` requests ``frame(i)`` packs, each packed as
-        it goes out.
+        """The replies to the ``n`` requests ``frame(i)`` packs (each as it
+        goes out), in order, over at most ``connections`` connections.
 
         Raises:
           RemotePolicyError: a request failed (the first failed row's error).
@@ -519,29 +484,27 @@ class WebsocketClient:
         sent = [0.0] * c
         busy = [False] * c
         out: list[Any] = [None] * n
-        now = time.monotonic
         requests = 0
+
+        def send(j: int, row: int) -> None:
+            nonlocal requests
+            data = frame(row)
+            busy[j] = True
+            requests += 1
+            pool[j].send(data)
+            sent[j] = time.monotonic()
+
         try:
             for j in range(c):
-                data = frame(j)
-                busy[j] = True
-                requests += 1
-                pool[j].send(data)
-                sent[j] = now()
+                send(j, j)
             for row in range(n):
                 j = row % c
-                ws = pool[j]
-                reply = ws.receive(sent[j] + self.timeout)
-                busy[j] = False
-                if isinstance(reply, str):
-                    busy[j] = True  # the server closes it after its error
+                reply = pool[j].receive(sent[j] + self.timeout)
+                busy[j] = isinstance(reply, str)  # the server closes it after
+                if busy[j]:
                     raise self._error(f"failed the request:\n{reply}")
                 if row + c < n:
-                    data = frame(row + c)
-                    busy[j] = True
-                    requests += 1
-                    ws.send(data)
-                    sent[j] = now()
+                    send(j, row + c)
                 try:
                     out[row] = codec.unpackb(reply)
                 except codec.CodecError as e:
@@ -588,28 +551,24 @@ class WebsocketClient:
 
 
 class WebsocketPolicy(HostPolicy):
-    """A policy served over openpi's websocket protocol: a
-    ``jaxmesh.HostPolicy`` whose lanes that plan each send one request, at
-    once, and take their reply's ``actions`` as their chunk (or action).
+    """A policy served over openpi's websocket protocol: a ``HostPolicy``
+    whose planning lanes each send one request, at once, and take their
+    reply's ``actions`` as their chunk (or action). docs/serving.md, "Served
+    over openpi's protocol: a policy for jaxmesh.evaluate".
 
     Args:
       address: ``ws://host:port`` (``wss://`` for TLS).
       inputs: ``inputs(obs, instruction) -> dict``, the request for one lane
-        (numpy leaves, no lane axis; the instruction or None), or
-        ``"module:function"``; default ``default_inputs``. openpi's LIBERO
-        client's: ``jaxmesh.serve.libero_inputs.libero_inputs``.
+        (numpy leaves; the instruction or None), or ``"module:function"``;
+        default ``default_inputs`` (LIBERO's: ``libero_inputs``).
       token: the server's ``Api-Key`` (default: ``$JAXMESH_TOKEN``, if set).
-      timeout: seconds a request may take (default 120).
-      connections: the most connections (and requests in flight) at once
-        (default 16).
-      native_chunk: the length K of the replies' chunks (default: the
-        metadata's ``action_horizon``, which jaxmesh's ``serve-policy``
-        sends; openpi's own server needs it given); None there too: one
-        action per reply.
-      instructions: give ``inputs`` each lane's instruction (True: the run's
-        ``Starts(instruction=)`` or a suite task's; a string: also the
-        episode's reset-info key, e.g. LIBERO's ``"language"``).
-      connect_timeout: seconds to wait for a connection (default 10).
+      timeout: seconds a request may take.
+      connections: the most connections (and requests in flight) at once.
+      native_chunk: the replies' chunk length K (default: the metadata's
+        ``action_horizon``; None there too: one action per reply).
+      instructions: give ``inputs`` each lane's instruction (a string: also
+        the episode's reset-info key of it, e.g. LIBERO's ``"language"``).
+      connect_timeout: seconds to wait for a connection.
 
     Raises:
       RemotePolicyError: the server cannot be reached.
@@ -647,9 +606,8 @@ class WebsocketPolicy(HostPolicy):
             connect_timeout=connect_timeout,
         )
         self.address = address
-        meta = self.client.metadata
         if native_chunk is None:
-            chunk = meta.get("action_horizon")
+            chunk = self.client.metadata.get("action_horizon")
             native_chunk = int(chunk) if isinstance(chunk, int | np.integer) else None
         self._prompts = instructions is not False
         spec = None
