@@ -1,21 +1,10 @@
 """Gymnasium envs as lanes, without JAX: every gymnasium call jaxmesh makes.
 
-One implementation serves the in-process host loop
-(``jaxmesh.envs.gymnasium.local``) and the env server (``jaxmesh.remote.server``).
-It imports numpy, and gymnasium on first use; never JAX, gRPC or protobuf.
+Shared by the host loop (``jaxmesh.envs.gymnasium.local``) and the env server
+(``jaxmesh.remote.server``); imports numpy, and gymnasium on first use.
 :class:`EnvListStepper` (one ``Env`` per lane) and :class:`VectorEnvStepper` (a
 ``VectorEnv`` in lockstep) answer ``reset``, ``step`` and ``replay`` with a
 :class:`ResultBatch`; an env error surfaces as a :class:`LaneError`.
-
-Example:
-    >>> import gymnasium, numpy as np
-    >>> lanes = EnvListStepper([gymnasium.make("CartPole-v1") for _ in range(2)])
-    >>> first = lanes.reset([0, 1], seeds=[3, 4])
-    >>> first.observation[""].shape
-    (2, 4)
-    >>> out = lanes.replay([0, 1], counts=[5, 2], actions=np.ones(7, np.int64))
-    >>> out.steps.tolist(), out.rows.tolist()  # keep-last: one row per lane
-    ([5, 2], [1, 1])
 """
 
 from __future__ import annotations
@@ -36,48 +25,10 @@ from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.envs.names import unknown_id
 from jaxmesh.envs.timing import step_seconds
 
-__all__ = [
-    "PREFIX",
-    "TRIAL_INDEX",
-    "NUMBER_DTYPES",
-    "GymStepper",
-    "EnvListStepper",
-    "VectorEnvStepper",
-    "import_gymnasium",
-    "LaneError",
-    "mark_where",
-    "where_raised",
-    "LaneResult",
-    "Reset",
-    "Replay",
-    "ResultBatch",
-    "declares_trial_index",
-    "env_actions",
-    "env_name",
-    "idle_action",
-    "info_leaves",
-    "info_value",
-    "is_host_stepped",
-    "build_all",
-    "make_envs",
-    "native_layout",
-    "parse_id",
-    "same_space",
-]
-
 PREFIX = "gymnasium"
 
-#: dtype names an info value may have to come back in a ``ResultBatch``: the
-#: wire's own (``jaxmesh.envs.gymnasium.batch.DTYPE_NAMES``).
+#: dtype names an info value may have to come back in a ``ResultBatch``.
 NUMBER_DTYPES = frozenset(DTYPE_NAMES)
-
-DISABLED_HOW = (
-    "build one with gymnasium.make_vec(env_id, num_envs=N, vectorization_mode="
-    "'sync', vector_kwargs={'autoreset_mode': "
-    "gymnasium.vector.AutoresetMode.DISABLED}) (or pass autoreset_mode="
-    "AutoresetMode.DISABLED to SyncVectorEnv / AsyncVectorEnv), or pass a list of "
-    "gymnasium Envs"
-)
 
 
 def import_gymnasium():
@@ -87,9 +38,8 @@ def import_gymnasium():
 
 
 def is_host_stepped(env: Any) -> bool:
-    """Whether ``env`` is a gymnasium env jaxmesh steps on the host: an id, an
-    ``Env``, a ``VectorEnv``, a factory (``is_factory``) or a list holding an
-    ``Env`` or a factory. Never imports gymnasium (nothing is its env before)."""
+    """Whether ``env`` is a gymnasium id, ``Env``, ``VectorEnv``, factory or a
+    list holding an ``Env`` or factory (never imports gymnasium)."""
     if isinstance(env, str):
         return env.startswith(PREFIX + ":")
     gym = sys.modules.get("gymnasium")
@@ -103,8 +53,7 @@ def is_host_stepped(env: Any) -> bool:
 
 
 def is_factory(env: Any) -> bool:
-    """A zero-argument env factory: a function, a ``functools.partial`` or a
-    ``gymnasium.Env`` subclass."""
+    """A function, a ``functools.partial`` or a ``gymnasium.Env`` subclass."""
     if isinstance(env, types.FunctionType | functools.partial):
         return True
     gym = sys.modules.get("gymnasium")
@@ -113,18 +62,15 @@ def is_factory(env: Any) -> bool:
 
 def env_name(env: Any) -> str:
     """``"gymnasium:<id>"`` of an env (its class name when it has no id)."""
-    spec = getattr(env, "spec", None)
-    env_id = getattr(spec, "id", None)
+    env_id = getattr(getattr(env, "spec", None), "id", None)
     if env_id:
         return f"{PREFIX}:{env_id}"
-    inner = getattr(env, "unwrapped", env)
-    return f"{PREFIX}:{type(inner).__name__}"
+    return f"{PREFIX}:{type(getattr(env, 'unwrapped', env)).__name__}"
 
 
 def env_dt(env: Any) -> float | None:
-    """Simulated seconds per step of a gymnasium env (``step_seconds``) or
-    VectorEnv (its first env's; None for an ``AsyncVectorEnv``, whose workers
-    shut down when asked for an attribute their env lacks)."""
+    """``step_seconds`` of an env, or of a VectorEnv's first env (None for an
+    ``AsyncVectorEnv``: its workers shut down on a missing attribute)."""
     if isinstance(env, import_gymnasium().vector.VectorEnv):
         envs = getattr(env, "envs", None)
         return env_dt(envs[0]) if envs else None
@@ -133,8 +79,7 @@ def env_dt(env: Any) -> float | None:
 
 def declares_trial_index(metadata: Any) -> bool:
     """Whether an env lists ``"trial_index"`` in ``metadata["reset_options"]``."""
-    options = (metadata or {}).get("reset_options", ()) or ()
-    return TRIAL_INDEX in options
+    return TRIAL_INDEX in ((metadata or {}).get("reset_options", ()) or ())
 
 
 def same_space(a: Any, b: Any) -> bool:
@@ -150,29 +95,23 @@ def same_space(a: Any, b: Any) -> bool:
 
 def idle_action(space: Any) -> np.ndarray:
     """An action valid in ``space``, played by vector lanes with no episode."""
-    spaces = import_gymnasium().spaces
-    if isinstance(space, spaces.Discrete):
+    if isinstance(space, import_gymnasium().spaces.Discrete):
         return np.asarray(space.start, np.int64)
     zero = np.zeros(space.shape, space.dtype)
     return np.clip(zero, space.low, space.high).astype(space.dtype)
 
 
 def env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
-    """The agent's actions (``[n, *A]``; Discrete from 0) as the env's own values
-    (Discrete from ``space.start``, int64; Box in the space's dtype)."""
-    spaces = import_gymnasium().spaces
-    if isinstance(space, spaces.Discrete):
+    """The agent's actions (Discrete from 0) as the env's own values (Discrete
+    from ``space.start``, int64; Box in the space's dtype)."""
+    if isinstance(space, import_gymnasium().spaces.Discrete):
         return actions.astype(np.int64) + int(space.start)
     return actions.astype(space.dtype)
 
 
 def native_layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of an observation in a space's own terms: a Box (and
-    MultiBinary, MultiDiscrete) keeps its dtype, a Discrete is int64.
-
-    Raises:
-      TypeError: a space that is not one array (Dict, Tuple, ...).
-    """
+    """(shape, dtype) of an observation in a space's own dtype (Discrete:
+    int64); TypeError for a space that is not one array."""
     spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int64)
@@ -186,11 +125,8 @@ def native_layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def info_value(info: Any, key: str, where: str) -> float | None:
-    """One lane's value of info ``key`` as a float (None: not in the info).
-
-    Raises:
-      ValueError: a value that is not one number (or bool).
-    """
+    """One lane's info ``key`` as a float (None: absent); ValueError for a
+    value that is not one number (or bool)."""
     if key not in info:
         return None
     arr = np.asarray(info[key])
@@ -202,9 +138,8 @@ def info_value(info: Any, key: str, where: str) -> float | None:
     return float(arr.reshape(()))
 
 
-#: Prefixes that name jaxmesh's other envs, never a module that registers
-#: gymnasium envs: in ``"gymnasium:gymnax:CartPole-v1"`` gymnasium would import
-#: gymnax (which registers nothing with it) and make its own CartPole-v1.
+#: jaxmesh's own prefixes, never a module that registers gymnasium envs: in
+#: ``"gymnasium:gymnax:CartPole-v1"`` gymnasium would make its own CartPole-v1.
 NOT_MODULES = {
     "gymnax": "jaxmesh's prefix for gymnax's JAX envs",
     "brax": "jaxmesh's prefix for brax's JAX envs",
@@ -220,20 +155,15 @@ ID_FORMS = (
 
 
 def parse_id(env_id: str) -> str:
-    """The id ``gymnasium.make`` takes for ``"gymnasium:<id>"`` (``"<id>"``, or
-    gymnasium's own ``"<module>:<id>"``, which imports ``<module>`` first).
-
-    Raises:
-      ValueError: not ``"gymnasium:..."``, no id, or a ``<module>`` that is one
-        of jaxmesh's prefixes (``gymnax:``, ``brax:``, ``grpc:``, ...): gymnasium
-        would quietly make an env of its own registry instead.
-    """
+    """The id ``gymnasium.make`` takes for ``"gymnasium:<id>"`` (``"<id>"`` or
+    ``"<module>:<id>"``); ValueError for another form or a ``<module>`` in
+    ``NOT_MODULES``."""
     prefix, sep, name = env_id.partition(":")
     module, inner, rest = name.rpartition(":")
     if prefix != PREFIX or not sep or not rest.strip() or (inner and not module):
         raise ValueError(f"env {env_id!r}: {ID_FORMS}")
-    if inner and module.split(":")[0].lower() in NOT_MODULES:
-        first = module.split(":")[0]
+    first = module.split(":")[0]
+    if inner and first.lower() in NOT_MODULES:
         raise ValueError(
             f"env {env_id!r}: {first!r} is not a module that registers gymnasium "
             f"envs ({first}: is {NOT_MODULES[first.lower()]}); {ID_FORMS}"
@@ -242,25 +172,17 @@ def parse_id(env_id: str) -> str:
 
 
 def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
-    """``count`` envs of ``"gymnasium:<id>"`` (``gymnasium.make(id, **kwargs)``).
-
-    Raises:
-      ValueError: an id gymnasium does not know (naming the closest ones), or
-        one ``parse_id`` refuses.
-    """
+    """``count`` envs of ``"gymnasium:<id>"`` (``gymnasium.make(id, **kwargs)``);
+    ValueError for an id gymnasium does not know or ``parse_id`` refuses."""
     name = parse_id(env_id)
     gym = import_gymnasium()
     # "module:Id" makes gymnasium import the module that registers Id.
     if ":" not in name and name not in gym.registry:
-        raise ValueError(
-            unknown_id(
-                "gymnasium env",
-                name,
-                gym.registry,
-                "gymnasium.pprint_registry() lists them; import the package "
-                "that registers yours first",
-            )
+        how = (
+            "gymnasium.pprint_registry() lists them; import the package that "
+            "registers yours first"
         )
+        raise ValueError(unknown_id("gymnasium env", name, gym.registry, how))
     return build_all(functools.partial(gym.make, name, **kwargs) for _ in range(count))
 
 
@@ -301,9 +223,8 @@ class LaneError(Exception):
 
 
 def mark_where(exc: BaseException, lane: int, phase: str | None, steps: int = 0):
-    """Marks an env's own exception with where it was raised (as
-    ``LaneError``; ``phase`` None: unknown); the run turns it into a
-    ``jaxmesh.errors.EnvError`` naming the episode (``where_raised``)."""
+    """Marks an env's exception with where it was raised (``phase`` None:
+    unknown), which the run's ``jaxmesh.errors.EnvError`` names."""
     try:
         exc._jaxmesh_where = (int(lane), phase, int(steps))
     except (AttributeError, TypeError):  # an exception that takes no attribute
@@ -317,8 +238,8 @@ def where_raised(exc: BaseException) -> tuple[int, str | None, int] | None:
 
 
 class Reset(NamedTuple):
-    """Start an episode on ``lane``: ``env.reset(seed=seed, options=options)``;
-    a ``max_episode_seconds`` > 0 truncates it by wall clock (0: no cap)."""
+    """``env.reset(seed=seed, options=options)`` on ``lane``; a
+    ``max_episode_seconds`` > 0 truncates the episode by wall clock."""
 
     lane: int
     seed: int | None
@@ -349,8 +270,8 @@ class LaneResult:
         self.infos: list[dict] = []
 
     def record(self, reward, term, trunc, obs, info, every_obs, every_info) -> None:
-        """One executed step; ``obs`` / ``info`` (None: not asked for) kept for
-        every step when ``every_obs`` / ``every_info``, else only the last."""
+        """One step; ``obs`` / ``info`` (None: not asked for) kept for every
+        step when ``every_obs`` / ``every_info``, else only the last."""
         self.rewards.append(float(reward))
         self.terminated.append(term)
         self.truncated.append(trunc)
@@ -367,9 +288,9 @@ class LaneResult:
 def info_leaves(
     rows: Sequence[dict], keys: Sequence[str]
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """``(info, info_present)`` of a :class:`ResultBatch` for these info rows
-    (gymnasium info dicts, one per row). A key no row has, or whose values are
-    not numbers of one shape, is left out; a row without the key holds zeros."""
+    """``(info, info_present)`` of a :class:`ResultBatch` for these info rows.
+    A key no row has, or whose values are not numbers of one shape, is left
+    out; a row without the key holds zeros."""
     info, present = {}, {}
     for key in keys:
         values = [row.get(key) for row in rows]
@@ -470,8 +391,7 @@ class GymStepper:
         del respawn
 
     def forget(self) -> None:
-        """Every lane "not reset" again (a server's session ended); the envs'
-        own state is kept."""
+        """Every lane "not reset" again; the envs' own state is kept."""
         self.started[:] = False
         self.ended[:] = False
         self.deadline = [None] * self.num_lanes
@@ -488,8 +408,7 @@ class GymStepper:
     def observations(
         self, values: Sequence, lanes: Any, out: dict | None = None
     ) -> dict[str, np.ndarray]:
-        """The observations of ``lanes`` (a list, or a slice from 0) stacked per
-        leaf, checked; into ``out`` where given (``ObsLayout.stack``)."""
+        """``ObsLayout.stack`` of ``lanes`` (a list, or a slice from 0)."""
         where = range(len(values)) if isinstance(lanes, slice) else lanes
         return self.layout.stack(values, where, out)
 
@@ -500,7 +419,14 @@ class GymStepper:
         try:
             return self.observations(values, lanes, out)
         except Exception as exc:
-            raise LaneError(_first_bad(self, values, lanes), "stepping", exc) from exc
+            bad = lanes[0]
+            for j, v in zip(lanes, values, strict=True):
+                try:
+                    self.observation(v, j)
+                except Exception:  # noqa: BLE001 - any failure names this lane
+                    bad = j
+                    break
+            raise LaneError(bad, "stepping", exc) from exc
 
     def _past_deadline(self, lane: int) -> bool:
         deadline = self.deadline[lane]
@@ -541,23 +467,15 @@ class GymStepper:
         info_keys: Sequence[str] = (),
         text_keys: Sequence[str] = (),
     ) -> ResultBatch:
-        """Starts an episode on each of ``lanes`` (ascending).
+        """Starts an episode on each of ``lanes`` (ascending): ``steps`` 0 and
+        ``rows`` 1 per lane.
 
         Args:
-          lanes: int ``[m]``, ascending.
           seeds: ``env.reset(seed=...)`` per lane (None: gymnasium's own).
-          options: per lane, the reset ``options`` dict or None (e.g.
-            ``{"trial_index": i}`` for an env that declares it).
-          max_episode_seconds: per lane, a wall-clock cap on the episode
-            (> 0), or 0 for none; a step past it reads ``truncated``.
-          want_obs: return the reset observations (``observation[""]``).
-          info_keys: the reset infos' keys to return.
-          text_keys: reset-info keys whose values (strings, such as a language
-            instruction) are kept as they are: ``self.reset_text[key]`` is
-            then one value per lane (None where the info lacks it).
-
-        Returns:
-          A :class:`ResultBatch`: ``steps`` 0 and ``rows`` 1 per lane.
+          options: per lane, the reset ``options`` dict or None.
+          max_episode_seconds: per lane, a wall-clock cap (> 0) or 0 for none.
+          text_keys: reset-info keys kept as they are (strings):
+            ``self.reset_text[key]`` holds one value per lane (None: absent).
 
         Raises:
           LaneError: an env raised, or returned an observation that does not fit.
@@ -594,9 +512,8 @@ class GymStepper:
         info_keys: Sequence[str] = (),
     ) -> ResultBatch:
         """One action (``[m, *A]``, the env's own values) on each of ``lanes``:
-        ``replay(lanes, ones, actions, keep_all_obs=True)``, built without
-        per-lane objects when every lane is mid-episode with no wall-clock cap
-        (``step_each``). Raises as :meth:`replay`."""
+        ``replay`` with counts of 1 and ``keep_all_obs``, by ``step_each``
+        where it serves."""
         js = _lane_list(lanes, self.num_lanes, "step")
         self._check_started(js, "step")
         keys = tuple(info_keys)
@@ -632,27 +549,12 @@ class GymStepper:
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
     ) -> ResultBatch:
-        """Replays a known run of actions on each of ``lanes``.
-
-        Lane ``lanes[i]`` executes ``actions[offsets[i] : offsets[i] +
-        counts[i]]`` (``offsets`` the running sum of ``counts``) one per env step,
-        and stops at its episode's end (terminated, truncated, or past its
-        wall-clock cap): the rest of its actions are not executed. A lane whose
-        episode had already ended executes nothing (``steps`` 0).
-
-        Args:
-          lanes: int ``[m]``, ascending, each reset before.
-          counts: int ``[m]``, each >= 1.
-          actions: ``[sum(counts), *A]``, the env's own values (Discrete from
-            ``space.start``: ``env_actions`` converts the agent's).
-          keep_all_obs: return every executed step's observation (and info
-            row), else only each lane's last.
-          want_obs: return observations at all.
-          info_keys: info keys to return, per row (see :class:`ResultBatch`).
-
-        Returns:
-          A :class:`ResultBatch`: per lane its executed steps' rewards,
-          terminated and truncated, and its rows.
+        """Lane ``lanes[i]`` (ascending, reset before) executes its ``counts[i]``
+        (>= 1) actions of ``actions`` (``[sum(counts), *A]``, the env's own
+        values, lane after lane) until its episode ends (terminated, truncated,
+        or past its wall-clock cap); a lane whose episode had ended executes
+        nothing. ``keep_all_obs``: every step's observation and info row, else
+        each lane's last.
 
         Raises:
           ValueError: lanes not ascending or never reset, counts below 1, or
@@ -684,12 +586,8 @@ class GymStepper:
     def _replay_ops(
         self, ops: list, want_obs: bool, keys: tuple[str, ...], keep_all: bool
     ) -> ResultBatch:
-        results = self.run(
-            ops, want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all
-        )
-        return self.collect(
-            results, want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all
-        )
+        kw = dict(want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all)
+        return self.collect(self.run(ops, **kw), **kw)
 
     def _check_started(self, js: list[int], what: str) -> None:
         if js and not self.started[js].all():
@@ -760,12 +658,10 @@ class EnvListStepper(GymStepper):
     """One gymnasium ``Env`` per lane; only the lanes named are stepped.
 
     Args:
-      envs: the lanes' envs: distinct ``gymnasium.Env`` objects with equal
-        observation and action spaces.
+      envs: distinct ``gymnasium.Env`` objects with equal spaces.
       owned: jaxmesh made them (and closes them in :meth:`close`).
       layout: ``space -> (shape, dtype)`` of the observations (default
-        :func:`native_layout`); the agent side converts to the dtypes JAX
-        computes in, a server keeps the space's own.
+        :func:`native_layout`; the agent side converts to JAX's dtypes).
 
     Raises:
       ValueError: no envs, or one Env object in two lanes.
@@ -781,8 +677,33 @@ class EnvListStepper(GymStepper):
         layout: Callable[[Any], tuple] | None = None,
     ):
         envs = list(envs)
-        _check_envs(envs)
+        if not envs:
+            raise ValueError("env=[]: pass at least one gymnasium Env")
+        gym = import_gymnasium()
+        seen: dict[int, int] = {}
+        for j, e in enumerate(envs):
+            if not isinstance(e, gym.Env):
+                raise TypeError(
+                    f"env list entry {j} is a {type(e).__name__}, not a "
+                    "gymnasium.Env; pass a list of gymnasium Envs, one per lane"
+                )
+        for j, e in enumerate(envs):
+            k = seen.setdefault(id(e), j)
+            if k != j:
+                raise ValueError(
+                    f"env list entries {k} and {j} are the same Env object; each "
+                    "lane needs its own env (e.g. [gymnasium.make(id) for _ in "
+                    "range(n)])"
+                )
         first = envs[0]
+        for j, e in enumerate(envs[1:], start=1):
+            for attr in ("observation_space", "action_space"):
+                if not same_space(getattr(e, attr), getattr(first, attr)):
+                    raise TypeError(
+                        f"env list entry {j} has {attr} {getattr(e, attr)}, entry "
+                        f"0 has {getattr(first, attr)}; every lane must have the "
+                        "same spaces"
+                    )
         self.envs, self.owned, self.num_lanes = envs, owned, len(envs)
         self.name, self.dt = env_name(first), env_dt(first)
         self.metadata = first.metadata
@@ -793,9 +714,9 @@ class EnvListStepper(GymStepper):
     def step_envs(
         self, lanes: Sequence[int] | None, actions: Sequence, busy: Any = None
     ) -> list:
-        """``env.step(a)`` of each of ``lanes`` (None: ``0 .. len(actions) - 1``;
-        a Python int for a Discrete space): their 5-tuples; LaneError. ``busy``
-        (``workers``): flags set for a lane while its env steps."""
+        """``env.step(a)`` of each of ``lanes`` (None: ``0 .. len(actions) - 1``):
+        their 5-tuples, or LaneError. ``busy`` (``workers``): flags set for a
+        lane while its env steps."""
         envs = self.envs
         out: list = []
         try:
@@ -875,12 +796,7 @@ class EnvListStepper(GymStepper):
         return self._reset_result(op.lane, obs, info, want_obs, info_keys)
 
     def _replay(
-        self,
-        op: Replay,
-        want_obs: bool,
-        info_keys: tuple,
-        keep_all: bool,
-        keep_all_info: bool = False,
+        self, op: Replay, want_obs: bool, info_keys: tuple, keep_all: bool, all_info
     ) -> LaneResult:
         j = op.lane
         out = LaneResult(j)
@@ -888,7 +804,7 @@ class EnvListStepper(GymStepper):
             return out
         step = self.envs[j].step
         want_info = bool(info_keys)
-        every_info = want_info and (keep_all or keep_all_info)
+        every_info = want_info and (keep_all or all_info)
         every_obs = want_obs and keep_all
         obs = info = None
         done = 0  # steps taken before the one that raised
@@ -932,56 +848,13 @@ class EnvListStepper(GymStepper):
                 env.close()
 
 
-def _first_bad(lanes: GymStepper, values: Sequence, lane_list: list[int]) -> int:
-    """The first of ``lane_list`` whose observation does not fit."""
-    for j, v in zip(lane_list, values, strict=True):
-        try:
-            lanes.observation(v, j)
-        except Exception:  # noqa: BLE001 - any failure names this lane
-            return j
-    return lane_list[0]
-
-
-def _check_envs(envs: list) -> None:
-    """Refuses a list of lanes' envs that cannot run as lanes."""
-    if not envs:
-        raise ValueError("env=[]: pass at least one gymnasium Env")
-    gym = import_gymnasium()
-    for j, e in enumerate(envs):
-        if not isinstance(e, gym.Env):
-            raise TypeError(
-                f"env list entry {j} is a {type(e).__name__}, not a "
-                "gymnasium.Env; pass a list of gymnasium Envs, one per lane"
-            )
-    seen: dict[int, int] = {}
-    for j, e in enumerate(envs):
-        k = seen.setdefault(id(e), j)
-        if k != j:
-            raise ValueError(
-                f"env list entries {k} and {j} are the same Env object; each "
-                "lane needs its own env (e.g. [gymnasium.make(id) for _ in "
-                "range(n)])"
-            )
-    first = envs[0]
-    for j, e in enumerate(envs[1:], start=1):
-        for attr in ("observation_space", "action_space"):
-            if not same_space(getattr(e, attr), getattr(first, attr)):
-                raise TypeError(
-                    f"env list entry {j} has {attr} {getattr(e, attr)}, entry "
-                    f"0 has {getattr(first, attr)}; every lane must have the "
-                    "same spaces"
-                )
-
-
 class VectorEnvStepper(GymStepper):
     """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``, stepped as a whole.
 
     Every call steps every lane (lockstep): lanes not named play
     :func:`idle_action`; a lane whose env ended is reset with ``seed=None``
     before the next step. ``owned``, ``layout``: as for :class:`EnvListStepper`.
-
-    Raises:
-      ValueError: any other autoreset mode (saying how to build a DISABLED one).
+    ValueError for any other autoreset mode (saying how to build a DISABLED one).
     """
 
     def __init__(
@@ -1001,8 +874,12 @@ class VectorEnvStepper(GymStepper):
             raise ValueError(
                 f"{type(vec).__name__} has metadata['autoreset_mode']={mode!r}; "
                 "jaxmesh starts every episode itself (its own seed, CONTRACT 6), "
-                "so it serves a VectorEnv only in AutoresetMode.DISABLED: "
-                + DISABLED_HOW
+                "so it serves a VectorEnv only in AutoresetMode.DISABLED: build "
+                "one with gymnasium.make_vec(env_id, num_envs=N, "
+                "vectorization_mode='sync', vector_kwargs={'autoreset_mode': "
+                "gymnasium.vector.AutoresetMode.DISABLED}) (or pass autoreset_mode="
+                "AutoresetMode.DISABLED to SyncVectorEnv / AsyncVectorEnv), or "
+                "pass a list of gymnasium Envs"
             )
         self.vec, self.owned, self.num_lanes = vec, owned, int(vec.num_envs)
         self.name, self.metadata, self.dt = env_name(vec), vec.metadata, env_dt(vec)
@@ -1065,7 +942,6 @@ class VectorEnvStepper(GymStepper):
             key = tuple(sorted((op.options or {}).items()))
             groups.setdefault(key, []).append(op)
         results: dict[int, LaneResult] = {}
-        first = resets[0].lane
         calls: list = []
         if not self.ready:
             # gymnasium's vector envs hold nothing for a lane never reset,
@@ -1081,24 +957,18 @@ class VectorEnvStepper(GymStepper):
                 obs, info = self.reset_vector(seeds, dict(key or ()))
                 self.ready = True
                 for op in ops:
-                    j = op.lane
-                    got = self.lane_info(info, j, info_keys)
-                    results[j] = self._reset_result(
-                        j, obs, got, want_obs, info_keys, batched=True
+                    got = self.lane_info(info, op.lane, info_keys)
+                    results[op.lane] = self._reset_result(
+                        op.lane, obs, got, want_obs, info_keys, batched=True
                     )
         except LaneError:
             raise
         except Exception as exc:
-            raise LaneError(first, "resetting", exc) from exc
+            raise LaneError(resets[0].lane, "resetting", exc) from exc
         return [results[op.lane] for op in resets]
 
     def _replays(
-        self,
-        replays: list,
-        want_obs: bool,
-        info_keys: tuple,
-        keep_all: bool,
-        every_info,
+        self, replays: list, want_obs: bool, info_keys: tuple, keep_all: bool, every
     ) -> list[LaneResult]:
         results = {op.lane: LaneResult(op.lane) for op in replays}
         active = [op for op in replays if not self.ended[op.lane]]
@@ -1124,7 +994,7 @@ class VectorEnvStepper(GymStepper):
                     if info_keys:
                         row = self.lane_info(info, lane, info_keys)
                     results[lane].record(
-                        reward[lane], te, tr, arr, row, keep_all, every_info
+                        reward[lane], te, tr, arr, row, keep_all, every
                     )
                     if te or tr:
                         self.ended[lane] = True
