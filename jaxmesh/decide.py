@@ -1,30 +1,8 @@
 """``jaxmesh.decide``: which of two policies is better, with as few episodes as
-the gap allows.
-
-Both policies run the same seeds (episode i of each with seed
-``first_seed + i``), batch by batch, and the paired differences ``b - a`` of
-the metric feed an anytime-valid confidence sequence
-(``jaxmesh.results.sequential.BettingSequence``: a capital process by betting,
-Waudby-Smith and Ramdas', the average capital of a grid of constant bets). The
-test is evaluated pair by pair (``decided_at``); the run stops at the
-first batch after which the interval of the mean difference leaves 0, or when
-``max_episodes`` pairs have run. The probability of naming a winner when the
-two policies have equal means is at most ``alpha``, whatever the batch sizes
-and wherever it stops (docs/statistics.md, "Deciding between two policies").
-
-Batches: the first is ``batch`` episodes per arm (default ``num_envs``); each
-next one is an eighth of the episodes run so far, rounded up to a multiple of
-the first (``next_batch``), up to ``max_batch`` (default 16 times the first).
-So a clear gap stops after a batch or two, the episodes run past the point
-where the test decided are at most an eighth (or one first batch), and a
-small gap does not pay a call per few episodes.
-Each arm's program is compiled once (``jaxmesh.evaluate`` keeps it: a new
-budget compiles nothing), and the batches' results are joined into one
-``RunResult`` per arm, as ``evaluate`` on the seeds ``first_seed ..`` gives it.
-
-A ``jaxmesh.Suite`` is decided over its tasks interleaved: each batch runs
-every task on the batch's seeds, and the test takes, per episode index, the
-mean over tasks of the differences (stratified by task).
+the gap allows: both run the same seeds batch by batch, and the paired
+differences ``b - a`` feed an anytime-valid confidence sequence
+(``jaxmesh.results.sequential.BettingSequence``) until its interval leaves 0
+(docs/statistics.md, "Deciding between two policies").
 """
 
 from __future__ import annotations
@@ -65,8 +43,7 @@ def next_batch(done: int, first: int, cap: int) -> int:
     """Episodes per arm of the batch after ``done`` episodes: ``GROWTH *
     done`` rounded up to a multiple of ``first``, at least ``first`` and at
     most ``cap`` (8 lanes: nine batches of 8, then 16, 16, 16, 16, 24, ...)."""
-    want = max(first, math.ceil(GROWTH * done / first) * first)
-    return min(want, cap)
+    return min(max(first, math.ceil(GROWTH * done / first) * first), cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,27 +51,24 @@ class Decision:
     """What ``jaxmesh.decide`` found.
 
     Attributes:
-      winner: ``"a"`` or ``"b"``: the one with the larger mean metric, at
-        level ``alpha``; None: ``max_episodes`` ran out undecided (the
-        interval still holds 0).
-      episodes: paired episodes run per arm (of a suite: per task and arm);
-        whole batches: the decision may have been reached earlier, at
-        ``decided_at``.
-      difference: the mean over those episodes of ``b - a`` (the metric; of
-        a suite, also over its tasks, each weighing the same).
-      interval: ``(low, high)``, the anytime-valid interval of the mean
-        difference at the stop (open: the ends are excluded values).
-      a, b: each policy's ``RunResult`` over every episode run, episode i
-        with seed ``first_seed + i`` (of a suite: a ``SuiteResult``, every
-        task on those seeds).
+      winner: ``"a"`` or ``"b"`` (the larger mean metric, at level ``alpha``);
+        None: ``max_episodes`` ran out with the interval holding 0.
+      episodes: paired episodes run per arm (of a suite: per task and arm), in
+        whole batches (the test may have decided earlier: ``decided_at``).
+      difference: the mean of ``b - a`` over them (of a suite, also over its
+        tasks, each weighing the same).
+      interval: ``(low, high)``, the open anytime-valid interval of the mean
+        difference at the stop.
+      a, b: each policy's ``RunResult`` (of a suite: ``SuiteResult``), episode
+        i with seed ``first_seed + i``.
       path: per batch, ``(episodes, low, high)``: the interval after it.
       alpha: the level.
       metric: ``"return"`` or ``"success"``.
       bounds: the metric's bounds ``(lo, hi)`` (``(0, 1)`` for success).
-      decided_at: the number of pairs at which the test first rejected
-        "equal means" (None: never).
+      decided_at: the pairs at which the test first rejected "equal means"
+        (None: never).
       capital: the test's capital against "equal means" at the stop (an
-        e-value: it rejects at ``1 / alpha``; ``inf`` past the largest float).
+        e-value, rejecting at ``1 / alpha``; ``inf`` past the largest float).
       log_capital: its natural log.
       first_seed: the seed of episode 0.
     """
@@ -134,12 +108,9 @@ class Decision:
         )
 
     def plot(self) -> Any:
-        """The interval narrowing over the episodes, as a matplotlib ``Figure``
-        (on an Agg canvas, not registered with pyplot: ``fig.savefig(path)``).
-
-        The band is the anytime-valid interval after each batch, the line the
-        mean difference so far, the dotted vertical line the pair at which the
-        test decided; 0 is marked. Needs matplotlib (``jaxmesh[report]``).
+        """The interval narrowing over the episodes (``_CAPTION``), as a
+        matplotlib ``Figure`` on an Agg canvas, not registered with pyplot
+        (``fig.savefig(path)``). Needs matplotlib (``jaxmesh[report]``).
         """
         from jaxmesh.results.report import _matplotlib
 
@@ -147,15 +118,12 @@ class Decision:
         fig = figure_cls(figsize=(7.0, 3.6))
         canvas_cls(fig)
         ax = fig.add_subplot()
-        n = np.array([p[0] for p in self.path], np.float64)
-        low = np.array([p[1] for p in self.path])
-        high = np.array([p[2] for p in self.path])
+        n, low, high = (np.array(x, np.float64) for x in zip(*self.path, strict=True))
         d = _stratified(self.b, self.metric) - _stratified(self.a, self.metric)
         running = np.cumsum(d) / np.arange(1, d.size + 1)
         # Each batch's band spans the episodes that narrowed it to that.
-        edges = np.concatenate([[0.0], n])
         ax.fill_between(
-            edges,
+            np.concatenate([[0.0], n]),
             np.concatenate([low[:1], low]),
             np.concatenate([high[:1], high]),
             step="pre",
@@ -176,32 +144,24 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the decision (the two runs as their
         ``to_dict``)."""
-        return {
-            "winner": self.winner,
-            "episodes": self.episodes,
-            "difference": self.difference,
-            "interval": list(self.interval),
-            "path": [list(p) for p in self.path],
-            "alpha": self.alpha,
-            "metric": self.metric,
-            "bounds": list(self.bounds),
-            "decided_at": self.decided_at,
-            "capital": self.capital if math.isfinite(self.capital) else None,
-            "log_capital": self.log_capital,
-            "first_seed": self.first_seed,
-            "a": self.a.to_dict(),
-            "b": self.b.to_dict(),
-        }
+        names = [f.name for f in dataclasses.fields(self)]
+        out = {k: getattr(self, k) for k in names if k not in ("a", "b")}
+        out.update(
+            interval=list(self.interval),
+            path=[list(p) for p in self.path],
+            bounds=list(self.bounds),
+            capital=self.capital if math.isfinite(self.capital) else None,
+            a=self.a.to_dict(),
+            b=self.b.to_dict(),
+        )
+        return out
 
     def rows(self) -> list[tuple[str, str, Any, str]]:
-        """The summary, as ``(key, label, value, text)`` rows: what ``str(d)``
+        """The summary as ``(key, label, value, text)`` rows: what ``str(d)``
         prints (label and text) and ``report`` shows (the value as JSON)."""
         low, high = self.interval
         what = "mean return" if self.metric == "return" else "success rate"
-        ma, mb = (
-            float(_stratified(self.a, self.metric).mean()),
-            float(_stratified(self.b, self.metric).mean()),
-        )
+        ma, mb = (float(_stratified(r, self.metric).mean()) for r in (self.a, self.b))
         seeds = f"{self.first_seed}..{self.first_seed + self.episodes - 1}"
         first_a, first_b = _first_run(self.a), _first_run(self.b)
         if isinstance(self.a, suite.SuiteResult):
@@ -211,30 +171,20 @@ class Decision:
         else:
             env, per = self.a.env or "?", "episodes per arm"
         lo, hi = self.bounds
+        batches = f"{self.episodes} (same seeds {seeds}), {self.batches} batches"
+        interval = (
+            f"({low:.3f}, {high:.3f}) at alpha {self.alpha:g} (betting confidence "
+            f"sequence, bounds {lo:g}..{hi:g})"
+        )
+        diff = self.difference
         return [
             ("policy_a", "A", first_a.policy, first_a.policy or "A"),
             ("policy_b", "B", first_b.policy, first_b.policy or "B"),
             ("env", "env", env, env),
-            (
-                "episodes",
-                per,
-                self.episodes,
-                f"{self.episodes} (same seeds {seeds}), {self.batches} batches",
-            ),
+            ("episodes", per, self.episodes, batches),
             ("means", f"{what} A / B", [ma, mb], f"{ma:.3f} / {mb:.3f}"),
-            (
-                "difference",
-                "difference (B - A)",
-                self.difference,
-                f"{self.difference:.3f}",
-            ),
-            (
-                "interval",
-                "anytime-valid interval",
-                [low, high],
-                f"({low:.3f}, {high:.3f}) at alpha {self.alpha:g} (betting "
-                f"confidence sequence, bounds {lo:g}..{hi:g})",
-            ),
+            ("difference", "difference (B - A)", diff, f"{diff:.3f}"),
+            ("interval", "anytime-valid interval", [low, high], interval),
             ("verdict", "verdict", self.winner, self.verdict),
         ]
 
@@ -245,7 +195,7 @@ class Decision:
 
     def report(self, path: Any) -> Any:
         """Writes the decision as one self-contained HTML page
-        (``decision_html``); missing folders are made.
+        (``decision_html``), making missing folders.
 
         Returns:
           The path written (a ``pathlib.Path``).
@@ -254,10 +204,9 @@ class Decision:
           ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
           OSError: the file cannot be written.
         """
-        page = decision_html(self)
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(page, encoding="utf-8")
+        out.write_text(decision_html(self), encoding="utf-8")
         return out
 
 
@@ -272,8 +221,6 @@ CITATION = (
     'betting", Journal of the Royal Statistical Society, Series B 86(1), 2024 '
     "(arXiv:2010.09686)"
 )
-
-
 _CAPTION = (
     "Band: the anytime-valid interval after each batch; line: the mean "
     "difference B - A so far; dotted: the pair at which the test decided."
@@ -281,32 +228,26 @@ _CAPTION = (
 
 
 def decision_html(d: Decision) -> str:
-    """A decision's report page: the summary (``Decision.rows``, then the
-    test's level, bounds, capital, name and citation), the interval
-    narrowing over the episodes (``Decision.plot``, embedded as a PNG) and
-    the interval after each batch; one HTML document that loads nothing
-    from outside itself (``jaxmesh.results.report``'s page)."""
+    """A decision's report page (``jaxmesh.results.report``'s, loading nothing
+    from outside itself): the summary, the plot and the interval per batch."""
     from jaxmesh.results import report as rp
 
     capital = d.capital if math.isfinite(d.capital) else None
+    lo, hi = d.bounds
     rows = [rp._row(k, label, v, text) for k, label, v, text in d.rows()] + [
         rp._row("alpha", "alpha", d.alpha, f"{d.alpha:g}"),
         rp._row("metric", "metric", d.metric, d.metric),
-        rp._row(
-            "bounds", "bounds", list(d.bounds), f"{d.bounds[0]:g}..{d.bounds[1]:g}"
-        ),
+        rp._row("bounds", "bounds", list(d.bounds), f"{lo:g}..{hi:g}"),
         rp._row("decided_at", "decided at", d.decided_at, f"{d.decided_at or 'never'}"),
         rp._row("capital", "capital (e-value)", capital, f"{d.capital:.4g}"),
         rp._row("test", "test", TEST_NAME, TEST_NAME),
         rp._row("citation", "citation", CITATION, CITATION),
     ]
     summary = rp._table(rows, "summary-table", ("what", "value", "note"))
-    fig = d.plot()
     plot = (
-        f"<figure><img src='{rp.esc(rp.png_data_uri(rp.png_bytes(fig)))}' "
+        f"<figure><img src='{rp.esc(rp.png_data_uri(rp.png_bytes(d.plot())))}' "
         f"alt='{rp.esc('The interval narrowing over the episodes')}'><figcaption>"
-        f"{rp.esc(_CAPTION)}"
-        "</figcaption></figure>"
+        f"{rp.esc(_CAPTION)}</figcaption></figure>"
     )
     path = [
         f"<tr data-value='{rp.esc(json.dumps(list(p)))}'><td>{k + 1}</td>"
@@ -320,15 +261,7 @@ def decision_html(d: Decision) -> str:
     ]
     facts = {key: text for key, _, _, text in d.rows()}
     name = f"{facts['policy_a']} vs {facts['policy_b']} on {facts['env']}"
-    lede = f"jaxmesh decide: {d.verdict}"
-    return rp._document(name, lede, [], parts)
-
-
-def _first_run(result: Any) -> RunResult:
-    """A run result, or a suite result's first task's."""
-    if isinstance(result, suite.SuiteResult):
-        return next(iter(result.tasks.values()))
-    return result
+    return rp._document(name, f"jaxmesh decide: {d.verdict}", [], parts)
 
 
 def _runs_of(result: Any) -> dict[str, RunResult]:
@@ -338,11 +271,13 @@ def _runs_of(result: Any) -> dict[str, RunResult]:
     return {"": result}
 
 
+def _first_run(result: Any) -> RunResult:
+    return next(iter(_runs_of(result).values()))
+
+
 def _stratified(result: Any, metric: str) -> np.ndarray:
-    """Per episode index the metric: a run's episode's, or the mean over a
-    suite's tasks of their episode with that index (every task runs the same
-    seeds, so a suite is stratified by task: each index weighs every task
-    once)."""
+    """Per episode index the metric, of a suite the mean over its tasks (each
+    runs the same seeds: stratified by task)."""
     return np.mean([_values(r, metric) for r in _runs_of(result).values()], axis=0)
 
 
@@ -398,6 +333,21 @@ def _check_bounds(metric: str, bounds: Any) -> tuple[float, float]:
     return lo, hi
 
 
+def check_settings(
+    alpha: Any, metric: Any, bounds: Any, max_episodes: Any, first_seed: Any
+) -> tuple[float, tuple[float, float], int, int]:
+    """``decide``'s own settings, checked (the command line checks them before
+    it builds the policies): ``(alpha, bounds, max_episodes, first_seed)``,
+    bounds ``(0, 1)`` for ``metric="success"``; TypeError or ValueError naming
+    the setting and what to pass."""
+    return (
+        _check_alpha(alpha),
+        _check_bounds(metric, bounds),
+        _check_int("max_episodes", max_episodes, 1, "2000"),
+        _check_int("first_seed", first_seed, 0, "0"),
+    )
+
+
 def _check_inside(
     result: RunResult, name: str, values: np.ndarray, bounds, start: int
 ) -> None:
@@ -415,31 +365,10 @@ def _check_inside(
         )
 
 
-def check_settings(
-    alpha: Any, metric: Any, bounds: Any, max_episodes: Any, first_seed: Any
-) -> tuple[float, tuple[float, float], int, int]:
-    """``decide``'s own settings, checked (the command line checks them before
-    it builds the policies).
-
-    Returns:
-      ``(alpha, bounds, max_episodes, first_seed)``, bounds ``(0, 1)`` for
-      ``metric="success"``.
-
-    Raises:
-      TypeError, ValueError: naming the setting and what to pass.
-    """
-    return (
-        _check_alpha(alpha),
-        _check_bounds(metric, bounds),
-        _check_int("max_episodes", max_episodes, 1, "2000"),
-        _check_int("first_seed", first_seed, 0, "0"),
-    )
-
-
 def _paired(done: Any, first_seed: int) -> tuple[Any, Any]:
-    """The two results of an earlier decision (``Decision`` or ``(a, b)``:
-    ``RunResult``s, or ``SuiteResult``s of the same tasks), checked to be the
-    paired episodes ``0..n-1`` of ``first_seed`` (in every task)."""
+    """The two results of an earlier decision (``Decision`` or ``(a, b)``),
+    checked to be the paired episodes ``0..n-1`` of ``first_seed`` (in every
+    task)."""
     if isinstance(done, Decision):
         done = (done.a, done.b)
     kinds = (RunResult, suite.SuiteResult)
@@ -463,10 +392,9 @@ def _paired(done: Any, first_seed: int) -> tuple[Any, Any]:
     for name, result in (("a", a), ("b", b)):
         for task, r in _runs_of(result).items():
             n = r.num_episodes
-            want = first_seed + np.arange(n)
             if not (
                 np.array_equal(r.indices, np.arange(n))
-                and np.array_equal(r.seeds, want)
+                and np.array_equal(r.seeds, first_seed + np.arange(n))
             ):
                 where = f"run {name}" + (f" (task {task!r})" if task else "")
                 raise ValueError(
@@ -510,6 +438,12 @@ def _joined(done: Any, new: Any, start: int) -> Any:
     return dataclasses.replace(resume_mod.merge(done, new, indices), resumed_part=None)
 
 
+def _as_list(hooks: Any) -> list:
+    if hooks is None:
+        return []
+    return list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+
+
 def decide(
     policy_a: Any,
     policy_b: Any,
@@ -535,11 +469,9 @@ def decide(
     Args:
       policy_a, policy_b: the two policies (anything ``jaxmesh.evaluate``
         takes).
-      env: the env both run (an id, an env object, ...), or a
-        ``jaxmesh.Suite``: every batch runs every task on the same seeds,
-        and the test is on the mean over tasks of the differences of episode
-        i (stratified by task: each task weighs the same). The suite and its
-        tasks set no budget.
+      env: the env both run, or a ``jaxmesh.Suite`` (setting no budget): every
+        batch runs every task on the same seeds, and the test is on the mean
+        over tasks of the differences of episode i (each task weighs the same).
       config: a ``jaxmesh.RunConfig`` for both runs (the keywords below
         override its fields, as in ``evaluate``).
       alpha: the level: with equal means, the probability of naming a winner
@@ -551,26 +483,21 @@ def decide(
         score (``metric="return"``); a return outside them is an error.
       max_episodes: the most episodes per arm.
       first_seed: episode i of both arms runs seed ``first_seed + i``.
-      batch: episodes per arm in the first batch (default ``num_envs``);
-        each next batch is an eighth of the episodes so far, a multiple of
-        ``batch`` (``next_batch``), up to ``max_batch`` (default 16 times
-        ``batch``).
-      on_batch: called after each batch with the ``Decision`` so far (for
-        progress; its ``winner`` is set once decided).
+      batch: episodes per arm in the first batch (default ``num_envs``); each
+        next one is an eighth of the episodes so far, a multiple of ``batch``
+        (``next_batch``), up to ``max_batch`` (default 16 times ``batch``).
+      on_batch: called after each batch with the ``Decision`` so far.
       resume: an earlier ``Decision`` (or its ``(a, b)``) of these policies,
-        env (or suite) and ``first_seed``: its episodes are counted, not run again,
-        and the test goes on from them (``evaluate``'s ``resume=`` checks
-        they come from these policies and env).
+        env and ``first_seed``: its episodes are counted, not run again
+        (``evaluate``'s ``resume=`` checks they come from these policies and
+        env).
       grid: candidate means of the interval (``BettingSequence``).
       arm_hooks: ``(hooks_a, hooks_b)``: hooks of one arm's batches, each
         episode with its index in the whole decide, ``on_run_end`` after each
-        batch with the arm's result so far (e.g. a ``jaxmesh.EpisodeLog`` per
-        arm; not with a Suite).
+        batch with the arm's result so far (not with a Suite).
       **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
-        ``horizon``, ``max_episode_steps``, ``scoring``, ``starts``,
-        ``params``, ``workers``: started once for every batch, ...).
-        ``hooks`` hear each batch of each policy as a run of its own
-        (``on_run_start`` per batch, episode indices within it).
+        ``scoring``, ``params``, ``workers``: started once for every batch,
+        ...); ``hooks`` hear each batch of each policy as a run of its own.
 
     Returns:
       A ``jaxmesh.Decision``.
@@ -590,88 +517,111 @@ def decide(
     alpha, bounds, max_episodes, first_seed = check_settings(
         alpha, metric, bounds, max_episodes, first_seed
     )
-    _check_own(kwargs)
+    own = sorted(k for k in kwargs if k in _OWN)
+    if own:
+        raise TypeError(
+            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
+            "both arms with seed first_seed + i, up to max_episodes); pass "
+            "first_seed= and max_episodes="
+        )
     arms = _check_arm_hooks(arm_hooks, env)
     env = _suite(env) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
-    first, cap = _batch_sizes(config, batch, max_batch)
+    first = _check_int(
+        "batch", config.num_envs if batch is None else batch, 1, "num_envs"
+    )
+    cap_default = BATCH_GROWTH_CAP * first
+    cap = max_batch if max_batch is not None else cap_default
+    cap = _check_int("max_batch", cap, first, f"{cap_default}")
     if on_batch is not None and not callable(on_batch):
         raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
     width = bounds[1] - bounds[0]  # differences lie in [-width, width]
     seq = BettingSequence(-width, width, alpha=alpha, null=0.0, grid=grid)
-    runs: dict[str, RunResult | None] = {"a": None, "b": None}
+    runs: dict[str, Any] = {"a": None, "b": None}
     policies = {"a": policy_a, "b": policy_b}
     path: list[tuple[int, float, float]] = []
-    with kept_processes():  # one set of worker processes for every batch
-        if resume is not None:
-            runs = _resumed(
-                _paired(resume, first_seed), policies, env, config, call, first_seed
-            )
-            _check_held(runs, max_episodes)
-            if _held(runs["a"]):
-                seq.update(_differences(runs, bounds, metric, 0))
-                path.append((seq.n, *seq.interval))
 
-        def run_batch(start: int) -> None:
-            count = min(next_batch(start, first, cap), max_episodes - start)
-            seeds = range(first_seed + start, first_seed + start + count)
-            _batch(policies, env, config, call, arms, runs, seeds, start)
-            seq.update(_differences(runs, bounds, metric, start))
-
-        settings = (alpha, metric, bounds, first_seed)
-        return _until_decided(
-            seq, runs, path, settings, max_episodes, run_batch, on_batch
+    def decision(runs: dict) -> Decision:
+        return Decision(
+            winner={1: "b", -1: "a", 0: None}[seq.direction],
+            episodes=seq.n,
+            difference=seq.mean,
+            interval=seq.interval,
+            a=runs["a"],
+            b=runs["b"],
+            path=tuple(path),
+            alpha=alpha,
+            metric=metric,
+            bounds=bounds,
+            decided_at=seq.decided_at,
+            capital=seq.capital,
+            log_capital=seq.log_capital,
+            first_seed=first_seed,
         )
 
-
-def _until_decided(seq, runs, path, settings, max_episodes, run_batch, on_batch):
-    """Runs batches (``run_batch(start)``) until the test rejects or
-    ``max_episodes`` pairs have run; the ``Decision``. An exception carries
-    the decision of the batches finished before it."""
-    kept = dict(runs)  # both arms after the last whole batch
-    try:
-        while seq.n < max_episodes and not seq.rejects:
-            run_batch(seq.n)
-            path.append((seq.n, *seq.interval))
-            kept = dict(runs)
-            if on_batch is not None:
-                on_batch(_decision(seq, kept, path, *settings))
-    except BaseException as exc:
-        # What the batches finished before it hold (resume= goes on from it).
-        if seq.n and kept["a"] is not None:
-            exc.partial_decision = _decision(seq, kept, path, *settings)
-        raise
-    return _decision(seq, runs, path, *settings)
-
-
-def _batch(policies, env, config, call, arms, runs, seeds, start: int) -> None:
-    """Runs both arms on ``seeds`` (episodes ``start..``), joining each
-    arm's episodes onto ``runs[name]``; its arm hooks hear them."""
-    count = len(seeds)
-    # The batch's episodes keep their index in the whole run: an env's trial
-    # index (initial states, reset_fn, a trial_index reset option) is
-    # trial_index_base + that index, as in one evaluate.
-    with identity.resumed_indices(np.arange(start, start + count)):
+    def update(start: int) -> None:
+        """The differences ``b - a`` of episodes ``start..`` into the test,
+        every return checked to lie within ``bounds``."""
+        values = {}
         for name in ("a", "b"):
-            heard = _with_hooks(call, arms[name], start, count)
-            new = _evaluate(policies[name], env, config, heard, list(seeds))
-            runs[name] = _joined(runs[name], new, start)
-            _batch_end(arms[name], runs[name])
+            if metric == "return":
+                for task, r in _runs_of(runs[name]).items():
+                    label = f"{name} (task {task!r})" if task else name
+                    _check_inside(r, label, _values(r, metric), bounds, start)
+            values[name] = _stratified(runs[name], metric)[start:]
+        seq.update(values["b"] - values["a"])
+        path.append((seq.n, *seq.interval))
 
-
-class _Shifted(resume_mod._Renumbered):
-    """An arm hook seen through one batch: episode k of the batch is episode
-    ``start + k`` of the decide (``on_run_end`` is ``decide``'s own call)."""
-
-    def __init__(self, hook: Any, start: int, count: int):
-        super().__init__(hook, np.arange(start, start + count), start + count)
-
-
-def _as_list(hooks: Any) -> list:
-    if hooks is None:
-        return []
-    return list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+    with kept_processes():  # one set of worker processes for every batch
+        if resume is not None:
+            # Each earlier run checked by evaluate(..., resume=) to come from
+            # its policy, env and settings (a whole budget runs nothing).
+            done = _paired(resume, first_seed)
+            for name, r in zip(("a", "b"), done, strict=True):
+                if _held(r):
+                    seeds = list(range(first_seed, first_seed + _held(r)))
+                    runs[name] = evaluate(
+                        policies[name], env, config, seeds=seeds, resume=r, **call
+                    )
+            held = _held(runs["a"])
+            if held > max_episodes:
+                raise ValueError(
+                    f"resume= holds {held} episodes per arm, more than "
+                    f"max_episodes={max_episodes}; pass a larger max_episodes"
+                )
+            if held:
+                update(0)
+        kept = dict(runs)  # both arms after the last whole batch
+        try:
+            while seq.n < max_episodes and not seq.rejects:
+                start = seq.n
+                count = min(next_batch(start, first, cap), max_episodes - start)
+                seeds = list(range(first_seed + start, first_seed + start + count))
+                # The batch's episodes keep their index in the whole run: an
+                # env's trial index is trial_index_base + that index, as in one
+                # evaluate.
+                with identity.resumed_indices(np.arange(start, start + count)):
+                    for name in ("a", "b"):
+                        heard = _with_hooks(call, arms[name], start, count)
+                        new = evaluate(
+                            policies[name], env, config, seeds=seeds, **heard
+                        )
+                        runs[name] = _joined(runs[name], new, start)
+                        for h in arms[name]:
+                            end = getattr(h, "on_run_end", None)
+                            if callable(end):
+                                end(runs[name])
+                update(start)
+                kept = dict(runs)
+                if on_batch is not None:
+                    on_batch(decision(kept))
+        except BaseException as exc:
+            # What the batches finished before it hold (resume= goes on from it).
+            if seq.n and kept["a"] is not None:
+                exc.partial_decision = decision(kept)
+            raise
+        return decision(runs)
 
 
 def _check_arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
@@ -690,80 +640,19 @@ def _check_arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
 
 
 def _with_hooks(call: dict, hooks: list, start: int, count: int) -> dict:
-    """``call`` with one arm's hooks added, renumbered for the batch."""
+    """``call`` with one arm's hooks added, seeing episode k of the batch as
+    episode ``start + k`` (``on_run_end`` is ``decide``'s own call)."""
     if not hooks:
         return call
-    shifted = [_Shifted(h, start, count) for h in hooks]
+    indices = np.arange(start, start + count)
+    shifted = [resume_mod._Renumbered(h, indices, start + count) for h in hooks]
     return {**call, "hooks": [*_as_list(call.get("hooks")), *shifted]}
 
 
-def _batch_end(hooks: list, result: Any) -> None:
-    for h in hooks:
-        end = getattr(h, "on_run_end", None)
-        if callable(end):
-            end(result)
-
-
-def _check_own(kwargs: dict) -> None:
-    own = sorted(k for k in kwargs if k in _OWN)
-    if own:
-        raise TypeError(
-            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
-            "both arms with seed first_seed + i, up to max_episodes); pass "
-            "first_seed= and max_episodes="
-        )
-
-
-def _batch_sizes(config: RunConfig, batch: Any, max_batch: Any) -> tuple[int, int]:
-    """The first batch's episodes per arm and the largest batch's."""
-    first = _check_int(
-        "batch", config.num_envs if batch is None else batch, 1, "num_envs"
-    )
-    cap = _check_int(
-        "max_batch",
-        BATCH_GROWTH_CAP * first if max_batch is None else max_batch,
-        first,
-        f"{BATCH_GROWTH_CAP * first}",
-    )
-    return first, cap
-
-
-def _check_held(runs: dict, max_episodes: int) -> None:
-    held = _held(runs["a"])
-    if held > max_episodes:
-        raise ValueError(
-            f"resume= holds {held} episodes per arm, more than "
-            f"max_episodes={max_episodes}; pass a larger max_episodes"
-        )
-
-
-def _evaluate(policy: Any, env: Any, config: RunConfig, call: dict, seeds, **more):
-    return evaluate(policy, env, config, seeds=seeds, **call, **more)
-
-
-def _resumed(done, policies, env, config, call, first_seed) -> dict:
-    """The earlier runs, each checked by ``evaluate(..., resume=)`` to come
-    from its policy, env and settings (a run that holds its whole budget
-    runs nothing)."""
-    out = {}
-    for name, r in zip(("a", "b"), done, strict=True):
-        seeds = list(range(first_seed, first_seed + _held(r)))
-        if not seeds:
-            out[name] = None
-            continue
-        out[name] = _evaluate(policies[name], env, config, call, seeds, resume=r)
-    return out
-
-
 def _suite(the_suite: suite.Suite) -> suite.Suite:
-    """The suite decide runs: each task in a run of its own (a batch's
-    episodes keep their index in the whole run, ``resumed_indices``, which a
-    run of several gymnax tasks together reads as each episode's task).
-
-    Raises:
-      ValueError: a budget of the suite's or a task's own (decide gives
-        every task the seeds ``first_seed + i``).
-    """
+    """The suite decide runs: each task in a run of its own (a run of several
+    gymnax tasks together reads a batch's ``resumed_indices`` as each
+    episode's task); ValueError for a budget of the suite's or a task's own."""
     own = [
         name
         for name, task in the_suite.tasks.items()
@@ -776,39 +665,3 @@ def _suite(the_suite: suite.Suite) -> suite.Suite:
             "the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
         )
     return suite.Suite(the_suite.tasks, together=False)
-
-
-def _differences(runs: dict, bounds, metric: str, start: int) -> np.ndarray:
-    """The differences ``b - a`` of episode indices ``start..`` (a suite's:
-    of the means over its tasks), every value checked to lie within
-    ``bounds``."""
-    values = {}
-    for name in ("a", "b"):
-        if metric == "return":
-            for task, r in _runs_of(runs[name]).items():
-                label = f"{name} (task {task!r})" if task else name
-                _check_inside(r, label, _values(r, metric), bounds, start)
-        values[name] = _stratified(runs[name], metric)[start:]
-    return values["b"] - values["a"]
-
-
-def _decision(
-    seq: BettingSequence, runs: dict, path: list, alpha, metric, bounds, first_seed
-) -> Decision:
-    winner = {1: "b", -1: "a", 0: None}[seq.direction]
-    return Decision(
-        winner=winner,
-        episodes=seq.n,
-        difference=seq.mean,
-        interval=seq.interval,
-        a=runs["a"],
-        b=runs["b"],
-        path=tuple(path),
-        alpha=alpha,
-        metric=metric,
-        bounds=bounds,
-        decided_at=seq.decided_at,
-        capital=seq.capital,
-        log_capital=seq.log_capital,
-        first_seed=first_seed,
-    )
