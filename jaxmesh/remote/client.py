@@ -19,7 +19,7 @@ from jaxmesh._version import __version__
 from jaxmesh.envs import timing
 from jaxmesh.errors import RemoteConnectionError, RemoteEnvError, RemoteError
 from jaxmesh.remote import codec
-from jaxmesh.remote.address import is_address, parse_address, uses_tls
+from jaxmesh.remote.address import parse_address, uses_tls
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.proto import jaxmesh_env_pb2_grpc as pb_grpc
 from jaxmesh.remote.protocol import (
@@ -32,32 +32,26 @@ from jaxmesh.remote.protocol import (
 )
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
+#: Seconds between keepalive pings (a dead server is found without a call).
 KEEPALIVE_SECONDS = 10.0
-KEEPALIVE_TIMEOUT_SECONDS = 5.0
-#: How long ``Connection.close`` waits in all for the server to end the session.
+#: ``Connection.close`` waits this long in all for the server to end the
+#: session, and this long for each reply before it takes the server for hung.
 CLOSE_TIMEOUT_SECONDS = 5.0
-#: How long ``Connection.close`` waits for the next reply (or the session's
-#: end) before it takes the server for hung and cancels the stream.
 CLOSE_GRACE_SECONDS = 0.5
-
-
-def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list:
-    """The channel options both ends use: the message cap and keepalive pings."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
-        ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
 
 
 def open_channel(
     address: str, credentials: grpc.ChannelCredentials | None, max_message_bytes: int
 ) -> grpc.Channel:
     """A channel to ``address`` (TLS with ``credentials``, else plain)."""
-    options = channel_options(max_message_bytes)
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
+        ("grpc.keepalive_timeout_ms", 5000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
     if credentials is None:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, credentials, options=options)
@@ -66,8 +60,7 @@ def open_channel(
 def channel_tls(
     address: str, credentials: grpc.ChannelCredentials | None
 ) -> grpc.ChannelCredentials | None:
-    """The TLS credentials a channel to ``address`` uses (None: a plain
-    channel); credentials with a plain ``"grpc://"`` address are refused."""
+    """The TLS credentials a channel to ``address`` uses (None: plain)."""
     if credentials is not None and not isinstance(credentials, grpc.ChannelCredentials):
         raise TypeError(
             f"credentials is a {type(credentials).__name__}; expected "
@@ -96,7 +89,6 @@ def _env_lane(value: Any) -> tuple[int | None, str | None, int]:
 
 
 def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
-    """A gRPC failure as the ``RemoteError`` that says what happened and what to do."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     trailing = {}
@@ -108,7 +100,8 @@ def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
 def status_error(
     code: grpc.StatusCode | None, details: str, trailing: dict, address: str
 ) -> RemoteError:
-    """A call's end status and trailing metadata as ``remote_error`` says it."""
+    """A call's end status and trailing metadata as the ``RemoteError`` that
+    says what happened and what to do."""
     name = code.name if code is not None else None
     env_error = trailing.get(ENV_ERROR_KEY)
     if env_error is not None:
@@ -164,8 +157,7 @@ def status_error(
 
 
 def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
-    """Hands each item ``take`` returns to ``put`` (None: discards it), until
-    None (closed) or an exception: a reader thread's loop."""
+    """A reader thread's loop: ``put(take())`` until None or an exception."""
     while True:
         item = take()
         if item is None:
@@ -183,10 +175,9 @@ def await_end(
     timeout: float,
     grace: float,
 ) -> None:
-    """Waits for ``reader`` (the thread taking a closing stream's last replies)
-    only while the server answers: until it ends, the stream breaks, nothing
-    has come for ``grace`` seconds after ``quiet_since()``, or ``timeout``
-    seconds in all."""
+    """Waits for ``reader`` (taking a closing stream's last replies) while the
+    server answers: until nothing came for ``grace`` s after ``quiet_since()``,
+    the stream breaks, or ``timeout`` s in all."""
     deadline = time.monotonic() + timeout
     while reader.is_alive() and not broken():
         left = min(deadline, quiet_since() + grace) - time.monotonic()
@@ -196,7 +187,6 @@ def await_end(
 
 
 def or_closed(item: Any, address: str) -> Any:
-    """A reply read in the caller's thread; the stream's end (None) as an error."""
     if item is None:
         return RemoteConnectionError(
             f"the session with {address} is closed", address=address
@@ -210,9 +200,8 @@ def next_reply(
     address: str,
     on_timeout: Callable[[], None],
 ) -> Any:
-    """The next reply a reader thread handed to ``replies`` (as ``(_, item)``);
-    an exception handed over is raised and put back; none within
-    ``reply_timeout``: ``on_timeout()`` and RemoteConnectionError."""
+    """The next ``(_, item)`` in ``replies``; an exception is raised and put
+    back; none in ``reply_timeout``: ``on_timeout()`` and RemoteConnectionError."""
     try:
         _, item = replies.get(timeout=reply_timeout)
     except queue.Empty:
@@ -230,9 +219,9 @@ def next_reply(
 
 
 class Stream:
-    """What both transports (``Connection``, ``shm.ShmStream``) keep of a
-    session's calls; a subclass sets ``address``, ``reply_timeout`` and
-    defines ``_next`` (a reply, the exception met, or None at the end)."""
+    """What both transports keep of a session's calls; a subclass sets
+    ``address``, ``reply_timeout`` and ``_next`` (a reply, the exception met,
+    or None at the end)."""
 
     address: str
     reply_timeout: float | None
@@ -241,10 +230,8 @@ class Stream:
     def _start_stream(self) -> None:
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
-        # close() waits for a server only while it answers.
         self._progress = self._last_send = time.monotonic()
-        #: ``time.perf_counter()`` when the last request was handed over.
-        self.sent_at = 0.0
+        self.sent_at = 0.0  # perf_counter() when the last request was handed over
         self._sent = 0
         self._owed: collections.deque = collections.deque()  # each unanswered send
         self._broken = False  # a reply timed out or the stream failed
@@ -256,13 +243,11 @@ class Stream:
         self._owed.append(self._last_send)
 
     def owed_since(self) -> float | None:
-        """Since when (``time.monotonic``) the server has sent nothing while
-        owing a reply: the later of its last reply and the oldest call not
-        answered; None when it owes none."""
+        """Since when (monotonic) the server owes a reply and sent nothing;
+        None: it owes none."""
         return max(self._progress, self._owed[0]) if self._owed else None
 
     def _read_replies(self, replies: queue.SimpleQueue | None, tag: Any, name: str):
-        """A reader thread: ``(tag, item)`` in ``replies`` (None: our own)."""
         sink = self._replies if replies is None else replies
         self._reader = threading.Thread(
             target=drain,
@@ -275,8 +260,7 @@ class Stream:
     def _reply_in_time(self) -> Any:
         return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
 
-    def _hangs(self) -> None:
-        """No reply came in time: the server hangs, so close() will not wait."""
+    def _hangs(self) -> None:  # no reply in time: close() will not wait
         self._broken = True
 
     def _drain_thread(self) -> threading.Thread:  # discards the last replies
@@ -286,13 +270,11 @@ class Stream:
 
 
 class ServerInfo(NamedTuple):
-    """What the handshake told: the env's spaces, lanes and options."""
-
     address: str
     protocol_version: int
     server_version: str
     env_name: str
-    observation: tuple[pb.LeafSpec, ...]  # one per leaf, in the declared order
+    observation: tuple[pb.LeafSpec, ...]  # in the declared order
     action: pb.LeafSpec
     num_lanes: int
     reset_options: dict[str, pb.Value]
@@ -306,25 +288,10 @@ _END = object()
 
 
 class Connection(Stream):
-    """One client of one env server, the gRPC ``session.Transport``: the
-    handshake at construction, then ``open`` / ``send`` / ``receive``.
-
-    Args:
-      address: ``"grpc://host:port"`` or ``"host:port"``.
-      token: the server's token, when it asks for one; default: the
-        ``JAXMESH_TOKEN`` environment variable.
-      connect_timeout: seconds the handshake may take.
-      reply_timeout: seconds ``receive`` waits for a reply (None: no limit).
-      max_message_bytes: the per-message cap (both ways).
-      credentials: ``grpc.ChannelCredentials`` for a ``"grpcs://"`` server
-        (None: gRPC's default roots).
-
-    Raises:
-      ValueError: a malformed address, or credentials with a plain
-        ``"grpc://"`` address.
-      TypeError: credentials that are not ``grpc.ChannelCredentials``.
-      jaxmesh.RemoteConnectionError: nothing answers there, the token is
-        refused, or no protocol version is spoken by both sides.
+    """The gRPC ``session.Transport``: the handshake at construction (``info``;
+    the arguments as ``jaxmesh.RemoteEnv``'s), then ``open``, ``send``,
+    ``receive``. Raises ValueError or TypeError (bad arguments) and
+    ``jaxmesh.RemoteConnectionError`` (unreachable, refused, no common version).
     """
 
     def __init__(
@@ -349,8 +316,7 @@ class Connection(Stream):
                 "token read from a file keeps its newline)"
             )
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        #: The session token (None: none), for the same-host data path.
-        self.token = token or None
+        self.token = token or None  # for the same-host data path
         self.reply_timeout = reply_timeout
         self.max_message_bytes = max_message_bytes
         self._channel = open_channel(self.address, credentials, max_message_bytes)
@@ -374,22 +340,24 @@ class Connection(Stream):
         except grpc.RpcError as exc:
             self._channel.close()
             raise remote_error(exc, self.address) from None
+        why = None
         if reply.protocol_version not in PROTOCOL_VERSIONS:
-            self._channel.close()
-            raise RemoteConnectionError(
-                f"the server at {self.address} chose protocol version "
-                f"{reply.protocol_version}; this client speaks "
-                f"{list(PROTOCOL_VERSIONS)}: upgrade the older side",
-                address=self.address,
+            why = (
+                f"chose protocol version {reply.protocol_version}; this client "
+                f"speaks {list(PROTOCOL_VERSIONS)}: upgrade the older side"
             )
-        if not 1 <= len(reply.observation) <= codec.MAX_KEYS or len(reply.action) != 1:
+        elif (
+            not 1 <= len(reply.observation) <= codec.MAX_KEYS or len(reply.action) != 1
+        ):
+            why = (
+                f"declares {len(reply.observation)} observation and "
+                f"{len(reply.action)} action leaves; this client reads 1 to "
+                f"{codec.MAX_KEYS} observation leaves and exactly one action leaf"
+            )
+        if why is not None:
             self._channel.close()
             raise RemoteConnectionError(
-                f"the server at {self.address} declares {len(reply.observation)} "
-                f"observation and {len(reply.action)} action leaves; this client "
-                f"reads 1 to {codec.MAX_KEYS} observation leaves and exactly one "
-                "action leaf",
-                address=self.address,
+                f"the server at {self.address} {why}", address=self.address
             )
         self.info = ServerInfo(
             address=self.address,
@@ -415,7 +383,6 @@ class Connection(Stream):
         tag: Any = None,
         reader: bool = True,
     ) -> None:
-        """Opens the Step stream (``session.Transport.open``)."""
         if self._stream is not None:
             raise RuntimeError(f"the session with {self.address} is already open")
         requests = self._requests
@@ -436,7 +403,6 @@ class Connection(Stream):
             self._read_replies(replies, tag, "jaxmesh-grpc-reader")
 
     def _next(self) -> Any:
-        """The next reply off the stream, the exception met, or None after close."""
         try:
             reply = next(self._replies_in)
         except (StopIteration, grpc.RpcError) as exc:
@@ -462,14 +428,8 @@ class Connection(Stream):
         return reply, decoded, arrived, time.perf_counter()
 
     def send(self, call: Any) -> int:
-        """Queues a call's request on the stream (never waits for the server).
-
-        Returns:
-          The request's size in bytes.
-
-        Raises:
-          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
-        """
+        """Queues a call's request (never waits); its size in bytes
+        (ProtocolError: over the message cap)."""
         # The request belongs to gRPC once queued: nothing may change it after.
         request = self._encode(call)
         size = request.ByteSize()
@@ -479,13 +439,8 @@ class Connection(Stream):
         return size
 
     def receive(self) -> tuple[pb.StepReply, Any, float, float]:
-        """The next reply ``(reply, decoded, arrived, decoded_at)`` (times from
-        ``time.perf_counter()``).
-
-        Raises:
-          jaxmesh.RemoteError: the call failed (see the module docstring), or
-            no reply came within ``reply_timeout``.
-        """
+        """The next ``(reply, decoded, arrived, decoded_at)`` (perf_counter
+        times); RemoteError: the call failed, or no reply in ``reply_timeout``."""
         if self._reader is None and self._stream is not None:  # no reader thread
             item = or_closed(self._next(), self.address)
             if isinstance(item, BaseException):
@@ -499,8 +454,7 @@ class Connection(Stream):
         grace: float = CLOSE_GRACE_SECONDS,
     ) -> None:
         """Ends the session and closes the channel (idempotent), awaiting the
-        server's end only while it answers (``grace`` seconds per reply,
-        ``timeout`` in all)."""
+        server's end while it answers (``await_end``)."""
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
@@ -521,17 +475,3 @@ class Connection(Stream):
                 )
             stream.cancel()
         self._channel.close()
-
-
-__all__ = [
-    "Connection",
-    "ServerInfo",
-    "Stream",
-    "channel_tls",
-    "or_closed",
-    "channel_options",
-    "is_address",
-    "parse_address",
-    "remote_error",
-    "status_error",
-]
