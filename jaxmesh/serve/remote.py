@@ -1,6 +1,6 @@
-"""``jaxmesh.RemotePolicy``: a policy served by ``jaxmesh serve-policy``, as the
-policy of ``jaxmesh.evaluate`` on host-stepped envs (docs/serving.md). Over
-gRPC only the agent step moves to the server (``RemoteAgent``).
+"""``jaxmesh.RemotePolicy``: a served policy as the policy of ``jaxmesh.evaluate``
+on host-stepped envs; over gRPC only the agent step moves to the server
+(docs/serving.md, "jaxmesh's own protocol: RemotePolicy").
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote.address import parse_address, uses_tls
 from jaxmesh.remote.client import open_channel
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
+from jaxmesh.run.host.driver import _HostProgram
 from jaxmesh.serve import codec
 from jaxmesh.serve.agents import SETTINGS, spec_to_wire
 from jaxmesh.serve.grpc_service import METHOD
 from jaxmesh.serve.ws_client import SCHEMES as WS_SCHEMES
-from jaxmesh.serve.ws_client import WebsocketPolicy, env_token
+from jaxmesh.serve.ws_client import WebsocketPolicy, check_seconds, env_token
 from jaxmesh.types import Policy
 
 #: Seconds ``GrpcPolicy`` waits for the server to answer its connection.
@@ -44,10 +45,9 @@ def _refuse_apply(*args: Any, **kwargs: Any) -> Any:
 
 
 def RemotePolicy(address: str, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
-    """A policy served by another process, by its address's protocol:
-    ``ws://`` / ``wss://`` (openpi's websocket protocol): a
-    ``ws_client.WebsocketPolicy`` (its arguments: docs/policies.md); any other
-    address (``host:port``, ``grpc://``, ``grpcs://``): a ``GrpcPolicy``.
+    """A policy served by another process: a ``ws_client.WebsocketPolicy``
+    for a ``ws://`` or ``wss://`` address (openpi's protocol), else (``host:port``,
+    ``grpc://``, ``grpcs://``) a ``GrpcPolicy``; arguments: docs/policies.md.
 
     Example::
 
@@ -60,9 +60,8 @@ def RemotePolicy(address: str, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
 
 
 class GrpcPolicy:
-    """A policy a ``jaxmesh.PolicyServer(protocol="grpc")`` serves
-    (``jaxmesh.RemotePolicy`` of a ``host:port`` or ``grpc://`` address):
-    the server runs the agent step, the host loop everything else.
+    """A policy a ``PolicyServer(protocol="grpc")`` serves: the server runs
+    the agent step, the host loop everything else.
 
     Args:
       address: ``"host:port"``, ``"grpc://host:port"`` or
@@ -74,11 +73,6 @@ class GrpcPolicy:
         ``grpc.ChannelCredentials``.
       connect_timeout: seconds to wait for the server at the run's start.
       max_message_bytes: the largest message either way.
-
-    Example::
-
-        policy = jaxmesh.RemotePolicy("grpc://127.0.0.1:8000")
-        result = jaxmesh.evaluate(policy, "gymnasium:CartPole-v1", episodes=16)
     """
 
     def __init__(
@@ -96,12 +90,7 @@ class GrpcPolicy:
             tls = True
         self.tls = tls
         self._credentials()  # a bad tls= fails here, not in the run
-        ok = isinstance(connect_timeout, int | float) and connect_timeout > 0
-        if isinstance(connect_timeout, bool) or not ok:
-            raise ValueError(
-                f"connect_timeout={connect_timeout!r}: expected seconds > 0"
-            )
-        self.connect_timeout = float(connect_timeout)
+        self.connect_timeout = check_seconds("connect_timeout", connect_timeout)
         self.max_message_bytes = max_message_bytes
         self.name = f"remote:{self.address}"
 
@@ -128,8 +117,7 @@ class GrpcPolicy:
         )
 
     def as_policy(self, *, with_params: bool) -> Policy:
-        """The engine's view: a policy whose every step runs on the server
-        (``jaxmesh.run.host.driver`` asks ``remote_agent`` for it)."""
+        """The engine's view; the host loop asks ``remote_agent`` for steps."""
         if with_params:
             raise TypeError(
                 f"evaluate(params=...) with {self.name}: the params live on the "
@@ -179,9 +167,8 @@ class _Stream:
                 code="UNAVAILABLE",
             ) from None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        metadata = (
-            (("authorization", f"Bearer {remote.token}"),) if remote.token else ()
-        )
+        token = remote.token
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
         call = self.channel.stream_stream(METHOD)
         self._replies = call(iter(self._queue.get, _END), metadata=metadata)
         self.lock = threading.Lock()
@@ -235,8 +222,7 @@ class _Stream:
 
 
 class _Window(NamedTuple):
-    """A stand-in declaration: whether the served spec keeps deeper windows
-    (what ``agent.can_skip`` reads of a config's spec)."""
+    """A stand-in declaration, for ``agent.can_skip``."""
 
     stack: int
 
@@ -256,14 +242,11 @@ class RemoteState:
 
 
 class RemoteStep:
-    """``step(params, state, obs, started, active, ep_keys, t, moved=None,
-    skip=None, texts=None, episodes=None) -> (state, actions)`` on the server
-    (``PackedStep``'s signature)."""
+    """``PackedStep``'s call, run on the server."""
 
     def __init__(self, stream: _Stream, n: int, layout: Any, reads: list[str]):
         self.stream, self.n = stream, n
-        # The observation's leaves in tree order, and which of them (in the
-        # server's order) the served policy reads: only those are sent.
+        # Only the leaves the served policy reads are sent, in its order.
         names = jax.tree.leaves(layout.build({k: k for k in layout.names}))
         missing = sorted(set(reads) - set(names))
         if missing:
@@ -315,30 +298,11 @@ class RemoteStep:
         return new, np.asarray(reply["actions"])
 
 
-class RemoteProgram(NamedTuple):
-    """``driver._HostProgram``'s fields, for a served agent step."""
-
-    config: agent.AgentConfig
-    chunk: int | None
-    init: Any
-    step: RemoteStep
-    plan: Any
-    layout: Any
-
-
 class RemoteAgent:
-    """``driver.HostAgent`` for a ``GrpcPolicy``: the session is opened on
-    the first ``program`` (before the run's hooks hear of it) and closed by
-    ``close``."""
+    """``driver.HostAgent`` for a ``GrpcPolicy``: the session opens on the
+    first ``program`` (before the run's hooks hear of it)."""
 
-    def __init__(
-        self,
-        remote: GrpcPolicy,
-        pol: Policy,
-        spec: Any,
-        settings: Any,
-        tile_lanes: Any,
-    ):
+    def __init__(self, remote: GrpcPolicy, pol: Policy, spec, settings, tile_lanes):
         if settings.grid is not None or settings.execution is not None:
             what = "a sweep" if settings.grid is not None else "execution="
             raise ValueError(
@@ -347,10 +311,10 @@ class RemoteAgent:
         self.remote, self.policy, self.spec = remote, pol, spec
         self.settings, self.tile_lanes = settings, tile_lanes
         self._stream: _Stream | None = None
-        self._program: RemoteProgram | None = None
+        self._program: _HostProgram | None = None
         self.info: dict = {}
 
-    def program(self, params: Any) -> RemoteProgram:
+    def program(self, params: Any) -> _HostProgram:
         if self._program is not None:
             return self._program
         s = self.settings
@@ -387,7 +351,7 @@ class RemoteAgent:
             zeros = np.zeros(n, np.int32)
             return RemoteState(zeros.copy(), chunks, chunks.copy(), zeros.copy(), 0)
 
-        self._program = RemoteProgram(
+        self._program = _HostProgram(
             cfg,
             chunk,
             init,
