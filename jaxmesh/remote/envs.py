@@ -29,16 +29,14 @@ from jaxmesh.remote.spaces import build, leaf_space, observation_space  # noqa: 
 __all__ = ["RemoteEnv", "RemoteVectorEnv", "ResetNeeded"]
 
 RESET_MASK = "reset_mask"
-#: ``reset()`` without a seed resets the served lane with a seed drawn in
-#: ``[0, SEED_BOUND)`` from the client env's ``np_random``.
+#: ``reset()`` without a seed draws one in ``[0, SEED_BOUND)`` from ``np_random``.
 SEED_BOUND = 2**31
 _MAX_SEED = 2**63 - 1
 
 
 class ResetNeeded(gymnasium.error.ResetNeeded, AssertionError):
-    """A step of a lane that was never reset, or whose episode ended: both
-    gymnasium's ``ResetNeeded`` and the ``AssertionError`` its
-    ``SyncVectorEnv`` raises there in ``AutoresetMode.DISABLED``."""
+    """A step of a lane never reset or whose episode ended (also the
+    ``AssertionError`` gymnasium's ``SyncVectorEnv`` raises there)."""
 
 
 def _is_int(x: Any) -> bool:
@@ -46,7 +44,6 @@ def _is_int(x: Any) -> bool:
 
 
 def _seed(seed: Any, what: str = "seed") -> int | None:
-    """A checked seed: None or an int in ``[0, 2**63)``."""
     if seed is None:
         return None
     if not _is_int(seed) or not 0 <= int(seed) <= _MAX_SEED:
@@ -59,7 +56,6 @@ def _seed(seed: Any, what: str = "seed") -> int | None:
 
 
 def _options(options: Any, e_g: str) -> dict[str, Any]:
-    """A reset's ``options`` (None or a dict; ``e_g``: one, for the error)."""
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(
             f"options is a {type(options).__name__}; expected None or a dict "
@@ -69,23 +65,16 @@ def _options(options: Any, e_g: str) -> dict[str, Any]:
 
 
 class _Client:
-    """One session with a server (``Session``) and what a gymnasium env needs
-    of it: the spaces, checked actions and options, one call at a time."""
+    """A ``Session`` and what a gymnasium env needs of it: the spaces, checked
+    actions and options, one call at a time."""
 
-    def __init__(
-        self,
-        address: str,
-        token: str | None,
-        connect_timeout: float,
-        reply_timeout: float | None,
-        credentials: Any = None,
-    ):
+    def __init__(self, address: str, token, connect_timeout, reply_timeout, tls):
         self.session = Session(
             address,
             token=token,
             connect_timeout=connect_timeout,
             reply_timeout=reply_timeout,
-            credentials=credentials,
+            credentials=tls,
         )
         info = self.session.info
         self.address = info.address
@@ -94,7 +83,6 @@ class _Client:
         try:
             self.obs_space = observation_space(info.observation)
             self.act_space = leaf_space(info.action)
-            #: Each observation leaf's own space (``""``: the whole one).
             self.leaf_spaces = {m.key: leaf_space(m) for m in info.observation}
         except codec.ProtocolError as exc:
             self.session.close()
@@ -108,10 +96,16 @@ class _Client:
         self.trial_index = self.session.trial_index
         self.closed = False
 
-    def start(self) -> None:
-        """Opens the session and makes sure it is ours: a call that touches no
-        lane, so that a busy server fails here, not at the first reset."""
+    def start(self, lane: Any = 0) -> None:
+        """Checks ``lane`` and opens the session with a call of no lane: a busy
+        server fails here."""
         try:
+            if not _is_int(lane) or not 0 <= int(lane) < self.num_lanes:
+                raise ValueError(
+                    f"lane={lane!r}, but the server at {self.address} serves "
+                    f"{self.num_lanes} lanes; expected an int in "
+                    f"[0, {self.num_lanes - 1}]"
+                )
             self.session.open()
             self.call(np.zeros(0, np.int64))
         except BaseException:
@@ -125,7 +119,6 @@ class _Client:
         return meta
 
     def options(self, options: Mapping[str, Any], what: str) -> dict[str, pb.Value]:
-        """Reset options as wire values: only a declared ``trial_index``."""
         unknown = sorted(str(k) for k in options if k != TRIAL_INDEX)
         declared = [TRIAL_INDEX] if self.trial_index else []
         if unknown:
@@ -150,7 +143,6 @@ class _Client:
         return {TRIAL_INDEX: pb.Value(int_value=int(value))}
 
     def actions(self, actions: Any, lead: tuple[int, ...], what: str) -> np.ndarray:
-        """Actions of shape ``lead + action shape`` as the wire array, checked."""
         space = self.act_space
         arr = np.asarray(actions)
         want = lead + space.shape
@@ -173,7 +165,6 @@ class _Client:
         return arr.astype(space.dtype)
 
     def observation(self, batch: codec.ResultBatch, row: int) -> Any:
-        """Row ``row``'s observation of a reply, as a gymnasium env returns it."""
         return build(
             self.obs_space,
             {
@@ -190,8 +181,7 @@ class _Client:
         return self
 
     def call(self, named: np.ndarray, **request: Any) -> codec.ResultBatch:
-        """One call (``Session.send``'s arguments) and its reply, which must
-        name the lanes ``named``."""
+        """One call and its reply, which must name the lanes ``named``."""
         self.check_open()
         self.session.send(**request)
         try:
@@ -212,7 +202,6 @@ class _Client:
         return batch
 
     def step_lanes(self, lanes: np.ndarray, actions: np.ndarray) -> codec.ResultBatch:
-        """One action for each of ``lanes``; every lane must step once."""
         ones = np.ones(lanes.size, np.int64)
         batch = self.call(lanes, lanes=lanes, counts=ones, actions=actions)
         if not np.all(batch.steps == 1):
@@ -236,33 +225,30 @@ class _Client:
 
 
 def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
-    """One lane's observation as a gymnasium env returns it (writable)."""
     if isinstance(space, gymnasium.spaces.Discrete):
         return np.int64(row)
     return np.array(row)
 
 
 class RemoteEnv(gymnasium.Env):
-    """One lane of a jaxmesh env server as a ``gymnasium.Env``; the session
-    (the server serves one at a time) is held until :meth:`close`.
+    """One lane of a jaxmesh env server as a ``gymnasium.Env``, holding the
+    server's one session until :meth:`close`.
 
     Args:
         address: ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
             ``"host:port"``.
-        lane: the server lane this env drives (``0 .. num_lanes - 1``).
-        token: the server's token, when it asks for one (default: the
-            ``JAXMESH_TOKEN`` environment variable).
+        lane: the server lane this env drives.
+        token: the server's token (default: ``JAXMESH_TOKEN``).
         connect_timeout: seconds the handshake may take.
-        reply_timeout: seconds a reply may take (None: as long as the env
-            takes; a dead server is still detected, see
-            ``jaxmesh.remote.client``).
-        credentials: ``grpc.ChannelCredentials`` for a TLS server
-            (``"grpcs://host:port"``); None: gRPC's default roots there.
+        reply_timeout: seconds a reply may take (None: no limit; keepalive
+            pings still find a dead server).
+        credentials: ``grpc.ChannelCredentials`` for a ``"grpcs://"`` server
+            (None: gRPC's default roots).
 
     Raises:
         ValueError: a malformed address, or a lane the server does not have.
-        jaxmesh.RemoteConnectionError: nothing answers at ``address``, the
-            token is refused, or the server is busy with another client.
+        jaxmesh.RemoteConnectionError: nothing answers, the token is refused,
+            or the server is busy with another client.
 
     Example:
         >>> env = jaxmesh.RemoteEnv("grpc://127.0.0.1:5555")  # doctest: +SKIP
@@ -281,14 +267,7 @@ class RemoteEnv(gymnasium.Env):
     ):
         self._client: _Client | None = None
         client = _Client(address, token, connect_timeout, reply_timeout, credentials)
-        if not _is_int(lane) or not 0 <= int(lane) < client.num_lanes:
-            client.close()
-            raise ValueError(
-                f"lane={lane!r}, but the server at {client.address} serves "
-                f"{client.num_lanes} lanes; expected an int in "
-                f"[0, {client.num_lanes - 1}]"
-            )
-        client.start()
+        client.start(lane)
         self._client = client
         self.lane = int(lane)
         self.address = client.address
@@ -298,8 +277,7 @@ class RemoteEnv(gymnasium.Env):
         self.metadata = client.metadata()
         self.render_mode = None
         self._lanes = np.array([self.lane], np.int64)
-        # "new" (never reset), "running", or "ended" (terminated or truncated).
-        self._state = "new"
+        self._state = "new"  # or "running", or "ended" (terminated or truncated)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -307,18 +285,14 @@ class RemoteEnv(gymnasium.Env):
         """Resets the served lane: the env's ``reset(seed=..., options=...)``.
 
         Args:
-            seed: the episode's seed; None: one drawn from this env's
-                ``np_random`` (so a seeded reset makes the following unseeded
-                ones reproducible).
-            options: None, ``{}`` or ``{"trial_index": i}`` when the served env
-                declares that option.
+            seed: the episode's seed; None: one drawn from ``np_random``.
+            options: None, or ``{"trial_index": i}`` when the env declares it.
 
         Returns:
             ``(observation, {})``.
 
         Raises:
-            ValueError: a bad seed, or options other than a declared
-                ``trial_index``.
+            ValueError: a bad seed or option.
             jaxmesh.RemoteError: the server or the env failed.
         """
         client = self._client.check_open()
@@ -343,8 +317,8 @@ class RemoteEnv(gymnasium.Env):
 
         Raises:
             ResetNeeded: the env was never reset, or its episode ended.
-            ValueError: an action not of the action space's shape (or, for a
-                Discrete space, outside it).
+            ValueError: an action not of the space's shape (or outside a
+                Discrete space).
             jaxmesh.RemoteError: the server or the env failed.
         """
         client = self._client.check_open()
@@ -368,7 +342,6 @@ class RemoteEnv(gymnasium.Env):
 
     def render(self) -> None:
         """Nothing is rendered: a served env has ``render_mode`` None."""
-        return None
 
     def close(self) -> None:
         """Ends the session (the server is free for the next client). Idempotent."""
@@ -383,11 +356,9 @@ class RemoteEnv(gymnasium.Env):
 
 
 class RemoteVectorEnv(VectorEnv):
-    """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv``.
-
-    It follows ``AutoresetMode.DISABLED``: a lane whose episode ended must be
-    reset (``reset(options={"reset_mask": mask})``) before the next ``step``;
-    a partial reset returns every lane's last observation.
+    """Every lane of a jaxmesh env server as a gymnasium ``VectorEnv`` in
+    ``AutoresetMode.DISABLED``: a lane whose episode ended is reset
+    (``options={"reset_mask": mask}``) before the next ``step``.
 
     Args:
         address, token, connect_timeout, reply_timeout, credentials: as for
@@ -395,8 +366,7 @@ class RemoteVectorEnv(VectorEnv):
 
     Raises:
         ValueError: a malformed address.
-        jaxmesh.RemoteConnectionError: nothing answers at ``address``, the
-            token is refused, or the server is busy with another client.
+        jaxmesh.RemoteConnectionError: as for :class:`RemoteEnv`.
     """
 
     def __init__(
@@ -421,7 +391,7 @@ class RemoteVectorEnv(VectorEnv):
         self.action_space = batch_space(client.act_space, self.num_envs)
         self.metadata = {**client.metadata(), "autoreset_mode": AutoresetMode.DISABLED}
         self.render_mode = None
-        # Every lane's last observation, per leaf (one leaf "" for one array).
+        # Every lane's last observation, per leaf.
         self._obs = {
             k: np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
             for k, spec in client.obs_specs.items()
@@ -439,12 +409,10 @@ class RemoteVectorEnv(VectorEnv):
         """Resets every lane, or the lanes of ``options["reset_mask"]``.
 
         Args:
-            seed: None (a seed drawn from ``np_random`` per lane), an int
-                (lane i gets ``seed + i``), or a list of ``num_envs`` ints or
-                Nones (None: drawn).
-            options: None, or a dict with ``"reset_mask"`` (a bool array of
-                shape ``(num_envs,)``, at least one True: the lanes to reset)
-                and ``"trial_index"`` (when the served env declares it).
+            seed: None (drawn per lane), an int (lane i gets ``seed + i``), or
+                one int or None per lane.
+            options: None, or a dict with ``"reset_mask"`` (bool
+                ``(num_envs,)``, at least one True) and ``"trial_index"``.
 
         Returns:
             ``(observations, {})``: every lane's observation.
@@ -506,15 +474,13 @@ class RemoteVectorEnv(VectorEnv):
         """Steps every lane with its action.
 
         Args:
-            actions: ``(num_envs,) + single action shape`` (ints including
-                ``start`` for a Discrete space).
+            actions: ``(num_envs,) + single action shape``.
 
         Returns:
             ``(observations, rewards float64, terminated, truncated, {})``.
 
         Raises:
-            ResetNeeded: a lane was never reset, or its episode ended and it was
-                not reset since (``AutoresetMode.DISABLED``).
+            ResetNeeded: a lane was never reset, or ended and was not reset.
             ValueError: actions of the wrong shape (or outside a Discrete space).
             jaxmesh.RemoteError: the server or the env failed.
         """
@@ -543,7 +509,7 @@ class RemoteVectorEnv(VectorEnv):
         rewards = np.array(batch.rewards, np.float64)
         return self._observations(), rewards, terminated, truncated, {}
 
-    def _observations(self) -> Any:  # copies, in the observation's structure
+    def _observations(self) -> Any:
         return build(
             self.single_observation_space, {k: x.copy() for k, x in self._obs.items()}
         )
