@@ -1,11 +1,6 @@
-"""Task suites: one policy scored on several tasks, with a per-task table.
-
-A ``Suite`` names its tasks (``Task``); ``jaxmesh.evaluate(policy, suite)``
-runs each as its own ``evaluate`` call (same-shaped gymnax tasks together, the
-task as data: ``jaxmesh.envs.gymnax.task_batch``) and returns a
-``SuiteResult``: one ``RunResult`` per task and the suite's figures, per task,
-averaged over tasks and pooled. How tasks run, fail and resume:
-docs/suites.md.
+"""Task suites: ``jaxmesh.evaluate(policy, suite)`` runs each ``Task`` as its
+own run (same-shaped gymnax tasks together) and returns a ``SuiteResult``
+(docs/suites.md).
 """
 
 from __future__ import annotations
@@ -49,18 +44,13 @@ class Task:
     """One task of a suite.
 
     Attributes:
-      env: what ``jaxmesh.evaluate`` takes as ``env`` (an id such as
-        ``"gymnasium:FetchReach-v4"`` or ``"grpc://host:port"``, a gymnax
-        ``(env, params)`` pair, an env object), or a function of no arguments
-        that returns one, called when the task starts (so that building a
-        task's envs waits for its turn).
+      env: what ``jaxmesh.evaluate`` takes as ``env``, or a function of no
+        arguments returning one, called when the task starts.
       instruction: the language instruction the policy is given for this task
-        (``Starts(instruction=...)``; a ``jaxmesh.adapt.Text`` input
-        reads it); None: none, or the env's own.
+        (``Starts(instruction=...)``); None: none, or the env's own.
       episodes: this task's budget (seeds ``0..episodes-1``); None: the suite's.
       seeds: this task's seeds, one per episode; overrides ``episodes``.
-      trial_index_base: this task's ``trial_index_base`` (CONTRACT 6); None:
-        the run's.
+      trial_index_base: this task's ``trial_index_base``; None: the run's.
     """
 
     env: Any
@@ -96,7 +86,8 @@ class Task:
 
 
 class Suite:
-    """Named tasks scored together (``jaxmesh.evaluate(policy, suite)``).
+    """Named tasks scored together (``jaxmesh.evaluate(policy, suite)``;
+    docs/suites.md).
 
     Args:
       tasks: task name -> ``Task`` (or just an env, a task without an
@@ -104,27 +95,14 @@ class Suite:
       episodes: the budget of every task that does not set its own (seeds
         ``0..episodes-1``); None: ``evaluate``'s ``episodes=`` / ``seeds=``.
       seeds: the seeds of every task that does not set its own.
-      together: run tasks that are one gymnax env with other params (same
-        structure, shapes and dtypes) in one compiled program, the task as
-        data (``jaxmesh.envs.gymnax.GymnaxTasks``); each task's episodes
-        score as its own run would. False: every task compiles its own.
+      together: run tasks that are one gymnax env with other params of the
+        same shapes in one compiled program, the task as data
+        (``jaxmesh.envs.gymnax.GymnaxTasks``), each task scoring as its own run
+        would. False: every task compiles its own.
 
     Raises:
       ValueError, TypeError: no tasks, a name that is not a non-empty string,
         or a bad budget.
-
-    Example::
-
-      suite = jaxmesh.Suite(
-          {
-              "reach": jaxmesh.Task("gymnasium:FetchReach-v4", "reach the goal"),
-              "push": jaxmesh.Task("gymnasium:FetchPush-v4", "push the block"),
-          },
-          episodes=50,
-      )
-      result = jaxmesh.evaluate(policy, suite, num_envs=8)
-      print(result.summary())          # the per-task table
-      result.tasks["push"].success_rate
     """
 
     def __init__(
@@ -160,8 +138,8 @@ class Suite:
         return f"Suite({list(self.tasks)}, episodes={self.episodes!r})"
 
     def budget(self, name: str, episodes: Any, seeds: Any) -> dict[str, Any]:
-        """``evaluate``'s ``episodes`` / ``seeds`` for task ``name``: the task's
-        own, else the suite's, else the run's."""
+        """Task ``name``'s ``episodes`` / ``seeds``: its own, the suite's or
+        the run's."""
         task = self.tasks[name]
         for s, e in ((task.seeds, task.episodes), (self.seeds, self.episodes)):
             if s is not None:
@@ -172,9 +150,8 @@ class Suite:
 
 
 def _env_of(task: Task) -> Any:
-    """The task's env, made now when it is a factory (a ``functools.partial``
-    of an env class, as ``jaxmesh.make_env("libero:...")`` returns, is an env
-    source that ``evaluate`` calls per lane, so it is passed as it is)."""
+    """The task's env, made now when it is a factory (not a ``partial`` of an
+    env class, as ``make_env("libero:...")`` returns: a per-lane source)."""
     env = task.env
     if isinstance(env, functools.partial) and isinstance(env.func, type):
         return env
@@ -193,18 +170,15 @@ def make_suite(
     """A benchmark's suite by id: ``make_suite("libero:libero_spatial")``.
 
     Args:
-      name: ``"libero:<suite>"`` with a suite of ``jaxmesh.envs.libero.SUITES``
-        (``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``,
-        ``libero_90``).
+      name: ``"libero:<suite>"`` with a suite of ``jaxmesh.envs.libero.SUITES``.
       tasks: the task indices to run (the benchmark's order); None: all.
       episodes: every task's budget (seeds and trials ``0..episodes-1``);
         None: ``evaluate``'s ``episodes=`` / ``seeds=``.
-      **options: every task's env options, as ``jaxmesh.make_env`` takes them
-        (LIBERO: ``camera_size``, ``settle_steps``, ``max_episode_steps``).
+      **options: every task's env options, as ``jaxmesh.make_env`` takes them.
 
     Returns:
-      A ``Suite`` whose tasks carry the benchmark's task names and language
-      instructions (docs/libero.md).
+      A ``Suite`` with the benchmark's task names and instructions
+      (docs/libero.md).
 
     Raises:
       ValueError: an unknown prefix, suite or task index (naming the valid
@@ -224,20 +198,11 @@ def make_suite(
     )
 
 
-def _trace_path(trace: Any, name: str) -> Any:
-    """A task's own trace file: ``run.json`` -> ``run.<task>.json``."""
-    if trace is None:
-        return None
-    path = Path(trace)
-    return path.with_name(f"{path.stem}.{name}{path.suffix}")
-
-
 @dataclasses.dataclass
 class TaskRun:
     """One run of a suite's plan: one task, or several same-shaped gymnax
-    tasks in one program (``names``), with the config and ``evaluate``
-    arguments (``call``) it runs under. ``env()`` gives its env, made when
-    the run starts."""
+    tasks in one program (``names``), with its config and ``evaluate``
+    arguments (``call``); ``env()`` makes its env."""
 
     names: list[str]
     config: RunConfig
@@ -251,17 +216,11 @@ class TaskRun:
 
 
 class SuitePlan:
-    """``evaluate(policy, suite, ...)`` as runs the caller makes one by one.
-
-    The constructor checks every task's budget before any task runs and
-    groups the tasks into ``runs`` (``TaskRun``); a task's own instruction,
-    trial index base, trace file (``run.<task>.json``) and ``resume=`` entry
-    go into its run (docs/suites.md). ``jaxmesh.api.run_suite`` makes each
-    run and tells the plan how it went (``finished`` or ``failed``);
-    ``result()`` is the suite's.
-
-    Raises:
-      ValueError, TypeError: a bad ``resume=`` or a task's bad budget.
+    """``evaluate(policy, suite, ...)`` as ``runs`` (``TaskRun``) that
+    ``jaxmesh.api.run_suite`` makes one by one, telling the plan how each went
+    (``finished`` or ``failed``). Every task's budget is checked first (a bad
+    one or a bad ``resume=``: ValueError or TypeError); a task's trace file is
+    ``run.<task>.json`` (docs/suites.md).
     """
 
     def __init__(self, suite: Suite, config: RunConfig, call: dict[str, Any]):
@@ -303,8 +262,10 @@ class SuitePlan:
             tib = config.starts.trial_index_base if tib is None else tib
             self.instructions[name] = said
             args["config"] = config.replace(instruction=said, trial_index_base=tib)
-            args["trace"] = _trace_path(trace, name)
-            args["resume"] = None
+            args["trace"] = args["resume"] = None
+            if trace is not None:  # run.json -> run.<task>.json
+                path = Path(trace)
+                args["trace"] = path.with_name(f"{path.stem}.{name}{path.suffix}")
             if resume is not None and name in resume.tasks:
                 args["resume"] = resume.tasks[name]
             plans[name] = args
@@ -320,30 +281,24 @@ class SuitePlan:
                 self.runs.append(TaskRun(group, args.pop("config"), args, task=task))
 
     def finished(self, run: TaskRun, result: RunResult) -> None:
-        """``run`` made ``result``: each of its tasks is done (its hooks'
-        ``on_task_end``)."""
-        got = self._per_task(run, result)
-        for name, one in got.items():
+        """``run`` made ``result``: its tasks are done (``on_task_end``)."""
+        for name, one in self._per_task(run, result).items():
             self.done[name] = one
             stream.call(self.hooks, "on_task_end", name, one)
 
     def failed(self, run: TaskRun, exc: BaseException) -> None:
-        """``run`` raised ``exc``: its ``partial_result`` becomes a
-        ``SuiteResult`` of the tasks finished so far plus that run's partial
-        result, so nothing finished is lost."""
+        """``run`` raised ``exc``: its ``partial_result`` becomes the
+        ``SuiteResult`` of the tasks finished so far and that run's part."""
         partial = getattr(exc, "partial_result", None)
         kept = dict(self.done)
         if isinstance(partial, RunResult):
             kept.update(self._per_task(run, partial))
-        exc.partial_result = SuiteResult(
-            kept, self.instructions, time.perf_counter() - self.start
-        )
+        exc.partial_result = self.result(kept)
 
-    def result(self) -> SuiteResult:
+    def result(self, done: dict | None = None) -> SuiteResult:
         """The suite's result once every run has finished."""
-        return SuiteResult(
-            self.done, self.instructions, time.perf_counter() - self.start
-        )
+        done = self.done if done is None else done
+        return SuiteResult(done, self.instructions, time.perf_counter() - self.start)
 
     def _per_task(self, run: TaskRun, result: RunResult) -> dict[str, RunResult]:
         if len(run.names) == 1:
@@ -358,8 +313,7 @@ _ALONE_STARTS = ("initial_states", "reset_fn", "trial_index_base")
 
 
 def _gymnax_env(task: Task) -> Any:
-    """The task's env as a ``GymnaxEnv`` when it is a gymnax one, else None
-    (nothing is built for any other kind)."""
+    """The task's env as a ``GymnaxEnv`` when it is a gymnax one, else None."""
     env = task.env
     is_id = isinstance(env, str) and env.startswith("gymnax:")
     if not (is_id or isinstance(env, tuple | GymnaxEnv)):
@@ -374,10 +328,9 @@ def _gymnax_env(task: Task) -> Any:
 def _groups(
     suite: Suite, plans: dict[str, dict], envs: dict[str, Any]
 ) -> list[list[str]]:
-    """The suite's tasks as runs (lists of task names), in order of their
-    first task: same-shaped gymnax tasks with the same instruction run
-    together (``jaxmesh.envs.gymnax.task_batch``), every other task alone;
-    ``envs`` gets the ``GymnaxEnv`` of each task that may run with others."""
+    """The suite's tasks as runs (lists of names) in order: same-shaped gymnax
+    tasks with the same instruction together, every other task alone; ``envs``
+    gets the ``GymnaxEnv`` of each task that may run with others."""
     runs: list[list[str]] = []
     together: dict[Any, list[str]] = {}
     for name, task in suite.tasks.items():
@@ -407,10 +360,8 @@ def _groups(
 def _together(
     group: list[str], plans: dict[str, dict], envs: dict[str, Any]
 ) -> TaskRun:
-    """Same-shaped gymnax tasks (``group``, each with its ``GymnaxEnv`` in
-    ``envs``) as one run: their episodes one after another in one budget,
-    each reset with its task's params by a ``reset_fn`` that maps the episode
-    (its trial index) to its task."""
+    """Same-shaped gymnax tasks as one run: their episodes one after another,
+    each reset with its task's params (``reset_fn`` of its trial index)."""
     members = [envs[n] for n in group]
     batch = task_batch(members)
     seeds = [_seeds(plans[n]) for n in group]
@@ -437,11 +388,9 @@ def _split(
     plans: dict[str, dict],
     envs: list | None = None,
 ) -> dict[str, RunResult]:
-    """A run of several tasks (``_together``) as one result per task.
-
-    Per-episode arrays are sliced by each task's episodes, renumbered from 0;
-    env steps are the task's own; policy rows and times, shared by the
-    program, are split in proportion to the task's env steps."""
+    """A run of several tasks (``_together``) as one result per task, its
+    episodes renumbered from 0; policy rows and times, shared by the program,
+    split in proportion to the task's env steps."""
     sizes = [_seeds(plans[n]).size for n in group]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     idx = np.asarray(result.indices)
@@ -510,15 +459,14 @@ class SuiteResult:
 
     @property
     def success_rate(self) -> float | None:
-        """The **pooled** success rate: successes over every episode of every
-        task (None unless every task has a success signal); the mean of the
-        tasks' own rates is ``task_mean_success_rate``."""
+        """The **pooled** success rate over every episode of every task (None
+        unless every task has a success signal)."""
         return flag_rate(self._pooled()[2])
 
     @property
     def task_mean_success_rate(self) -> float | None:
-        """The unweighted mean of the tasks' success rates (every task counts
-        once); None unless every task has a success signal."""
+        """The unweighted mean of the tasks' success rates (None unless every
+        task has a success signal)."""
         return _stats.mean_if_all([r.success_rate for r in self.tasks.values()])
 
     @property
@@ -529,22 +477,19 @@ class SuiteResult:
         return float(returns.mean()) if returns.size else None
 
     def _pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Every task's returns, lengths and success flags, concatenated (the
-        flags None unless every task has a success signal)."""
+        """Every task's returns, lengths and success flags, concatenated."""
         rs = list(self.tasks.values())
         returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
         lengths = np.concatenate([np.asarray(r.lengths) for r in rs])
-        flags = [None if r.success is None else np.asarray(r.success) for r in rs]
-        success = None if any(f is None for f in flags) else np.concatenate(flags)
-        return returns, lengths, success
+        return returns, lengths, self._pooled_flags("success", None)
 
-    def _pooled_flags(self, kind: str) -> np.ndarray | None:
-        """Every task's ``kind`` flags (``success_once``, ...) concatenated, or
-        None unless every task has them."""
+    def _pooled_flags(self, kind: str, dtype: Any = bool) -> np.ndarray | None:
+        """Every task's ``kind`` flags concatenated (None unless every task
+        has them)."""
         flags = [getattr(r, kind, None) for r in self.tasks.values()]
         if not flags or any(f is None for f in flags):
             return None
-        return np.concatenate([np.asarray(f, bool) for f in flags])
+        return np.concatenate([np.asarray(f, dtype) for f in flags])
 
     @property
     def success_mode(self) -> str | None:
@@ -560,30 +505,28 @@ class SuiteResult:
         resamples: int = _stats.RESAMPLES,
         seed: int = _stats.SEED,
     ) -> dict[str, Any]:
-        """The suite's figures as plain data (``jaxmesh.results.stats`` conventions).
+        """The suite's figures as plain data (``jaxmesh.results.stats``
+        conventions; docs/suites.md, "The result").
 
         Returns:
-          ``{"tasks": [row, ...], "mean_over_tasks": {...}, "pooled": {...}}``.
-          A row: ``task``, ``episodes``, ``success_rate`` with its Wilson
-          ``success_interval``, ``mean_return`` with its bootstrap
-          ``return_interval``, ``mean_length``, ``env``. ``mean_over_tasks``:
-          the unweighted mean of the tasks' success rates and mean returns
-          (every task counts once, as LIBERO and MetaWorld report a suite).
-          ``pooled``: the same figures over every episode of every task.
+          ``{"tasks": [row, ...], "mean_over_tasks": {...}, "pooled": {...},
+          ...}``: a row per task (success rate and mean return with their
+          intervals, mean length, env), the unweighted mean of the tasks'
+          success rates and mean returns, and the figures over every episode.
           A success figure is None unless every task has a success signal.
         """
         opts = {"confidence": confidence, "resamples": resamples, "seed": seed}
         rows = [
             _task_row(name, r.env, r.stats(**opts)) for name, r in self.tasks.items()
         ]
-        over = {"tasks": len(rows)}
-        for key in ("success_rate", "mean_return"):
-            over[key] = _stats.mean_if_all([row[key] for row in rows])
+        over = {"tasks": len(rows)} | {
+            key: _stats.mean_if_all([row[key] for row in rows])
+            for key in ("success_rate", "mean_return")
+        }
         r, lengths, success = self._pooled()
         pooled = _task_row("pooled", "", _stats.describe(r, lengths, success, **opts))
         for kind in ("success_once", "success_at_end"):
-            flags = self._pooled_flags(kind)
-            pooled[f"{kind}_rate"] = flag_rate(flags)
+            pooled[f"{kind}_rate"] = flag_rate(self._pooled_flags(kind))
         at_reset = [row["successes_at_reset"] for row in rows]
         pooled["successes_at_reset"] = (
             None if any(v is None for v in at_reset) else int(sum(at_reset))
@@ -607,9 +550,8 @@ class SuiteResult:
         return _summary.suite_table(stats)
 
     def summary(self) -> str:
-        """The per-task table (success rate with its Wilson interval, mean
-        return with its bootstrap interval), the mean over tasks and the
-        pooled figures (``jaxmesh.results.summary.suite_text``)."""
+        """The per-task table, the mean over tasks and the pooled figures
+        (``jaxmesh.results.summary.suite_text``)."""
         return _summary.suite_text(self)
 
     def __str__(self) -> str:
@@ -618,13 +560,11 @@ class SuiteResult:
     def plot(self) -> Any:
         """The per-task figure as a matplotlib ``Figure``
         (``jaxmesh.results.report``)."""
-
         return _report.suite_plot(self)
 
     def report(self, path: str | Path) -> Path:
         """Writes the suite's HTML report
         (``jaxmesh.results.report.write_suite_report``)."""
-
         return _report.write_suite_report(self, path)
 
     def to_dict(self) -> dict:
@@ -668,41 +608,29 @@ class SuiteComparison:
 
     def __str__(self) -> str:
         p = self.pooled
-        head = ["task", "A return", "B return", "B - A", "interval", "B wins"]
-        head += ["A success", "B success"]
-        rows = [head]
-        items = [*self.tasks.items(), ("pooled", self.pooled)]
-        for name, c in items:
+        rows = [["task", "A return", "B return", "B - A", "interval", "B wins"]]
+        rows[0] += ["A success", "B success"]
+        for name, c in [*self.tasks.items(), ("pooled", self.pooled)]:
             low, high = c.interval
-            pair = self.success.get(name)
-            rows.append(
-                [
-                    name,
-                    f"{c.mean_a:.3f}",
-                    f"{c.mean_b:.3f}",
-                    f"{c.difference:+.3f}",
-                    f"[{low:+.3f}, {high:+.3f}]",
-                    f"{c.wins:.1%}",
-                    "n/a" if pair is None else f"{pair[0]:.1%}",
-                    "n/a" if pair is None else f"{pair[1]:.1%}",
-                ]
-            )
-        lines = [f"A: {p.label_a}", f"B: {p.label_b}"]
-        if p.paired:
-            lines.append("(paired by task and seed)")
-        else:
-            lines.append(
-                "(UNPAIRED: not the same episodes; each run resampled on its own)"
-            )
+            pair = self.success.get(name) or ()
+            rates = [f"{x:.1%}" for x in pair] or ["n/a", "n/a"]
+            means = [f"{c.mean_a:.3f}", f"{c.mean_b:.3f}", f"{c.difference:+.3f}"]
+            interval = f"[{low:+.3f}, {high:+.3f}]"
+            rows.append([name, *means, interval, f"{c.wins:.1%}", *rates])
+        pairing = (
+            "(paired by task and seed)"
+            if p.paired
+            else "(UNPAIRED: not the same episodes; each run resampled on its own)"
+        )
+        lines = [f"A: {p.label_a}", f"B: {p.label_b}", pairing]
         lines += _summary.text_table(rows)
         lines.append(f"pooled verdict: {p.verdict}")
         return "\n".join(lines)
 
 
 def _as_pairs(s: SuiteResult) -> Any:
-    """The (task, seed) pairs of a suite as one run (what ``compare`` reads):
-    indices, seeds, returns, the policy, and each setting that every task
-    shares (``jaxmesh.results.stats.LABEL_SETTINGS``, for the labels)."""
+    """The (task, seed) pairs of a suite as one run for ``compare``, with each
+    label setting every task shares (``jaxmesh.results.stats.LABEL_SETTINGS``)."""
     rs = list(s.tasks.values())
     returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
     seeds = np.concatenate([np.asarray(r.seeds, np.int64) for r in rs])
@@ -740,19 +668,17 @@ def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison
             per[name] = _stats.compare(ra, rb, **kw)
         except ValueError as e:
             raise ValueError(f"task {name!r}: {e}") from None
-        fa = None if ra.success is None else np.asarray(ra.success, bool)
-        fb = None if rb.success is None else np.asarray(rb.success, bool)
-        success[name] = (
-            None if fa is None or fb is None else (flag_rate(fa), flag_rate(fb))
-        )
+        flags = [r.success for r in (ra, rb)]
+        success[name] = None
+        if all(f is not None for f in flags):
+            success[name] = tuple(flag_rate(np.asarray(f, bool)) for f in flags)
     pooled = _stats.compare(_as_pairs(a), _as_pairs(b), **kw)
     return SuiteComparison(per, pooled, success)
 
 
 def compare(a: Any, b: Any, **kw: Any) -> _stats.Comparison | SuiteComparison:
-    """``jaxmesh.compare``: two ``RunResult`` paired by seed
-    (``jaxmesh.results.stats.compare``), or two ``SuiteResult`` task by task and pooled
-    over every (task, seed) pair (``compare_suites``); keywords as
+    """``jaxmesh.compare``: two ``RunResult`` paired by seed, or two
+    ``SuiteResult`` task by task and pooled (``compare_suites``); keywords as
     ``jaxmesh.results.stats.compare`` (``resamples``, ``seed``, ``confidence``).
 
     Raises:
