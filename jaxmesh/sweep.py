@@ -1,12 +1,8 @@
 """``jaxmesh.sweep``: a grid of inference delays and horizons in one program.
 
-Every (delay, horizon) cell runs the same seeds; the cells are data of one
-compiled program (cell c runs the budget's episodes ``c * E .. (c + 1) * E -
-1``, and a lane takes its episode's (h, d) when it begins it): the scan on a
-JAX env, the host loop's agent step on a host-stepped or served env
-(``HostLoop.lane_setting`` paces each lane by its cell). Each cell's episodes
-are bit for bit those of ``jaxmesh.evaluate`` with its horizon, delay and
-``plan_tile``. The user's view: docs/evaluation.md, "Sweeps".
+The cells are data of one compiled program: cell c runs the budget's episodes
+``c * E .. (c + 1) * E - 1``, each lane taking its episode's (h, d) as it
+begins it. The user's view: docs/evaluation.md, "Sweeps".
 """
 
 from __future__ import annotations
@@ -53,35 +49,31 @@ REFUSED = {
 }
 
 
-def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
-    """The sweep's ``RunConfig``, without what a sweep does not take.
+def _refused(name: str) -> ValueError:
+    return ValueError(
+        f"sweep(..., {name}=...): a sweep does not take {name} "
+        f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
+    )
 
-    Raises:
-      ValueError: a ``REFUSED`` setting, or a delay or horizon given in the
-        config (a sweep's own axes).
-    """
+
+def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
+    """The sweep's ``RunConfig`` (ValueError: a ``REFUSED`` setting, or a
+    delay or horizon in ``config``: a sweep's own axes)."""
     for name in ("hooks", "record", "trace"):
         if settings.pop(name, None) is not None:
-            raise ValueError(
-                f"sweep(..., {name}=...): a sweep does not take {name} "
-                f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
-            )
+            raise _refused(name)
     config = from_keywords(config, settings, "jaxmesh.sweep")
-    c, s, lay = config.chunking, config.starts, config.layout
-    given = {
-        "prefetch_lead": c.prefetch_lead,
-        "execution": c.execution,
-        "devices": lay.devices,
-        "initial_states": s.initial_states,
-        "reset_fn": s.reset_fn,
-        "trial_index_base": s.trial_index_base,
-    }
-    for name, value in given.items():
+    c, s = config.chunking, config.starts
+    for name, value in (
+        ("prefetch_lead", c.prefetch_lead),
+        ("execution", c.execution),
+        ("devices", config.layout.devices),
+        ("initial_states", s.initial_states),
+        ("reset_fn", s.reset_fn),
+        ("trial_index_base", s.trial_index_base),
+    ):
         if value is not None and value != 0:
-            raise ValueError(
-                f"sweep(..., {name}=...): a sweep does not take {name} "
-                f"({REFUSED[name]}); drop it, or use jaxmesh.evaluate"
-            )
+            raise _refused(name)
     if c.delay or c.delay_ms is not None or config.horizon != 1:
         raise ValueError(
             f"sweep(config with horizon={config.horizon}, delay={c.delay}, "
@@ -92,8 +84,7 @@ def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
 
 
 def _axis(name: str, values: Any, check: Any, scalar: Any, kind: str) -> tuple:
-    """A sweep axis: one ``scalar`` or a sequence of distinct values, each
-    ``check``-ed; ``kind``: what they are, in words."""
+    """A sweep axis: one ``scalar`` or distinct ``kind``, each ``check``-ed."""
     if isinstance(values, scalar) and not isinstance(values, bool):
         values = [values]
     if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
@@ -111,14 +102,12 @@ def _axis(name: str, values: Any, check: Any, scalar: Any, kind: str) -> tuple:
 
 
 def _values(name: str, values: Any, low: int) -> tuple[int, ...]:
-    """A sweep axis of ints >= ``low``."""
     check = lambda v: checks.check_int(name, v, low, f"each {name} of the sweep")
     return _axis(name, values, check, int, "ints")
 
 
 def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
-    """The env's seconds per step and its name (a JAX env made, a gymnasium
-    env's lane made and closed, or a served env's handshake)."""
+    """The env's seconds per step and its name."""
     kind = backend.backend_of(env)
     if kind == backend.SCAN:
         made = make_env(env)
@@ -137,12 +126,7 @@ class _GridEvaluator(Evaluator):
 
 class _CellStream:
     """The hook that hands each cell of one program to ``on_cell`` as soon as
-    its last episode has ended, while the other cells still run.
-
-    Episodes are kept by their index in the program's budget (cell c holds
-    ``c * e .. (c + 1) * e - 1``); a finished cell is built from its episodes'
-    records as ``RunResult.from_dict`` reads a result (its times, which the
-    cells share, are 0 until the sweep ends)."""
+    its last episode has ended (its times 0: the cells share them)."""
 
     def __init__(self, group: list, e: int, on_cell: Any):
         self.group, self.e, self.on_cell = group, e, on_cell
@@ -169,8 +153,8 @@ class _CellStream:
 def _cell_of_records(
     info: dict, eps: list[dict], first: int, horizon: int, h: int, d: int
 ) -> RunResult:
-    """A cell's ``RunResult`` from its episodes' records (``EpisodeResult.to_dict``)
-    and the program's ``on_run_start`` info; indices from 0."""
+    """A cell's ``RunResult`` from its episodes' records and the program's
+    ``on_run_start`` info; indices from 0."""
     eps = [dict(ep, index=int(ep["index"]) - first) for ep in eps]
     return RunResult.from_dict(
         {
@@ -182,12 +166,9 @@ def _cell_of_records(
                 "effective_horizon": h,
                 "prefetch_lead": 0,
                 "delay": d,
-                "delay_ms": None,
-                "execution": None,
                 "chunk": info.get("chunk"),
                 "plan_tile": info.get("plan_tile") or 0,
                 "max_episode_seconds": info.get("max_episode_seconds"),
-                "trial_index_base": 0,
                 "instruction": info.get("instruction"),
                 "metrics": info.get("metric_reductions") or {},
                 "success_key": info.get("success_key"),
@@ -207,13 +188,8 @@ def _cell_of_records(
 
 
 def _resumed(resume: Any, seeds: np.ndarray) -> dict:
-    """``sweep(resume=)``'s cells, ``(delay, horizon) -> RunResult``, each
-    checked to have run this sweep's seeds.
-
-    Raises:
-      TypeError: not a ``Sweep`` nor a mapping of cells.
-      ValueError: a cell of other seeds.
-    """
+    """``sweep(resume=)``'s cells, ``(delay, horizon) -> RunResult``
+    (TypeError: not a ``Sweep`` nor such a dict; ValueError: other seeds)."""
     if resume is None:
         return {}
     cells = resume.cells if isinstance(resume, Sweep) else resume
@@ -240,7 +216,6 @@ def _resumed(resume: Any, seeds: np.ndarray) -> dict:
 
 
 def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> RunResult:
-    """Cell c's result: episodes ``c * e .. (c + 1) * e - 1`` of ``whole``."""
     at = slice(c * e, (c + 1) * e)
     return select(
         whole,
@@ -353,12 +328,8 @@ def sweep(
 
 
 def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, on_cell):
-    """Every cell not in ``done`` (resumed: they run nothing), one program per
-    group of ``_programs_of``. A JAX env's program is the scan; a host-stepped
-    or served env's is one host run over the tiled seeds, each lane taking its
-    episode's cell in the agent step and in the host loop's pacing
-    (``HostLoop.lane_setting``: its replays without an agent step, a served
-    env's segments)."""
+    """Every cell not in ``done``, one program per group of ``_programs_of``:
+    the scan, or one host run over the tiled seeds."""
     scan = backend.backend_of(env) == backend.SCAN
     takes = params is not None
     if scan:
@@ -420,13 +391,8 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
 
 def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
     """The cells ``(d, H, h)`` that chunks of K = ``chunk`` serve, and the
-    skipped ones (``(d, H) -> why``).
-
-    Raises:
-      ValueError: no cell can run, or a policy of single actions (``chunk``
-        None) with a horizon or delay to sweep: its every cell would run
-        horizon 1 with no delay, under another label.
-    """
+    skipped ones (``(d, H) -> why``); ValueError: none can run, or single
+    actions with a horizon or delay to sweep."""
     if chunk is None and (horizons != (1,) or delays != (0,)):
         raise ValueError(
             f"sweep(delay={list(delays)}, horizon={list(horizons)}): the policy "
@@ -455,8 +421,8 @@ def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
 
 
 def _programs_of(cells: list, pol: Any) -> list[list]:
-    """The cells in groups of one program each: all of them, or for a policy
-    told ``execution_horizon`` (a static int) one group per ``h + d``."""
+    """The cells in groups of one program each: one group per ``h + d`` for
+    a policy told ``execution_horizon`` (a static int), else one."""
     groups: dict = {}
     for cell in cells:
         told = cell[0] + cell[2] if pol.takes_execution_horizon else None
@@ -465,8 +431,8 @@ def _programs_of(cells: list, pol: Any) -> list[list]:
 
 
 def _host_spec(env: Any, served: Any) -> Any:
-    """The ``HostEnvSpec`` of a host-stepped env (one lane made and closed,
-    never the caller's own) or of served envs (their handshake)."""
+    """The ``HostEnvSpec`` of a host-stepped env (one lane made and closed)
+    or of served envs (their handshake)."""
     if served is None:
         lanes = gym_lanes.make_lanes(env, 1, 1)
     else:
