@@ -1,14 +1,10 @@
-"""Gymnasium lanes stepped by worker processes, one core each, over shared memory.
+"""Gymnasium lanes stepped by worker processes (``jaxmesh-worker``), one core each.
 
-A Python simulator's step holds the GIL, so one process steps on one core.
-:class:`WorkerPool` splits a run's lanes into W contiguous blocks, each owned
-by a worker process that builds its own envs and steps them with the
-:class:`jaxmesh.envs.gymnasium.lanes.EnvListStepper` the in-process loop uses.
-One shared segment holds each lane's action, ``go`` flag, reward, ends and
-observation leaves; the pipes carry short commands, info values and env errors.
-Workers never see JAX; the evaluating process owns every episode's accounting.
-A worker that dies raises :class:`WorkerLost` from the call it died in, once a
-new worker has rebuilt its lanes' envs. Workers are named ``jaxmesh-worker``.
+A Python simulator's step holds the GIL, so :class:`WorkerPool` splits the lanes
+into contiguous blocks, each stepped by a process's ``lanes.EnvListStepper``.
+A shared segment holds each lane's action, flags, reward, ends and observation;
+the pipes carry commands, info values and env errors. A worker that dies raises
+:class:`WorkerLost` once a new one has rebuilt its lanes' envs.
 """
 
 from __future__ import annotations
@@ -33,18 +29,6 @@ import numpy as np
 from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.envs.gymnasium.shm import Segment, Slots
-
-__all__ = [
-    "ProcessStepper",
-    "WorkerPool",
-    "WorkerCrashed",
-    "WorkerLost",
-    "build_envs",
-    "check_source",
-    "default_workers",
-    "workers_for",
-    "is_source",
-]
 
 #: Seconds a worker may take to build its envs and say so.
 START_SECONDS = 300.0
@@ -83,8 +67,7 @@ class WorkerCrashed(RuntimeError):
 
 
 def is_source(env: Any) -> bool:
-    """``env`` is something a worker can build envs from: ``"gymnasium:<id>"``,
-    a zero-argument callable, or a non-empty list of callables."""
+    """``"gymnasium:<id>"``, a factory or a non-empty list of factories."""
     if isinstance(env, str):
         return env.startswith(shared.PREFIX + ":")
     if isinstance(env, list):
@@ -93,13 +76,8 @@ def is_source(env: Any) -> bool:
 
 
 def check_source(env: Any, num_lanes: int) -> None:
-    """Refuses a source that worker processes cannot use (before any starts).
-
-    Raises:
-      TypeError: env objects (they live in this process), or a factory that
-        cannot be pickled (a lambda, a closure, a local function).
-      ValueError: a list of factories shorter than the lanes.
-    """
+    """Refuses env objects or unpicklable factories (TypeError), or fewer
+    factories than lanes (ValueError), before any worker starts."""
     gym = shared.import_gymnasium()
     if isinstance(env, gym.Env | gym.vector.VectorEnv) or (
         isinstance(env, list) and env and not all(shared.is_factory(e) for e in env)
@@ -133,18 +111,14 @@ def check_source(env: Any, num_lanes: int) -> None:
             ) from None
 
 
-#: The lanes' env work per step (summed over the lanes) from which the default
-#: uses workers. Measured on 2 cores: 16 HalfCheetah lanes (1.2 ms a step)
-#: ran at 0.4-0.6x in process with 2 workers (each step pays a wake-up of each
-#: worker and of this process, and the agent step does not overlap), 8 lanes of
-#: a 3 ms Python sim at 1.96x; robot sims with cameras take 10-250 ms a step.
+#: The lanes' env work per step from which the default uses workers (2 cores:
+#: 16 lanes of 1.2 ms ran at 0.4-0.6x in workers, 8 lanes of 3 ms at 1.96x).
 WORTH_SECONDS = 5e-3
 #: Env steps timed by ``default_workers``.
 PROBE_STEPS = 16
 
 
 def cores() -> int:
-    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -152,8 +126,7 @@ def cores() -> int:
 
 
 def default_workers(source: Any, num_lanes: int) -> int:
-    """The worker processes ``workers=None`` gives: ``workers_for`` of the
-    fastest of up to ``PROBE_STEPS`` steps of one env built here (seed 0)."""
+    """``workers=None``: ``workers_for`` the fastest of ``PROBE_STEPS`` steps."""
     c = cores()
     if c < 2 or num_lanes < 2:
         return 0
@@ -184,7 +157,7 @@ def workers_for(step_seconds: float, num_lanes: int, cores: int) -> int:
 
 
 def build_envs(source: Any, lanes: Sequence[int]) -> list:
-    """The envs of ``lanes`` from a source (see :func:`is_source`)."""
+    """The envs of ``lanes`` from a source (:func:`is_source`)."""
     if isinstance(source, str):
         return shared.make_envs(source, len(lanes))
     gym = shared.import_gymnasium()
@@ -202,27 +175,8 @@ def build_envs(source: Any, lanes: Sequence[int]) -> list:
     return shared.build_all(functools.partial(made, m) for m in makers)
 
 
-def slot_fields(
-    layout: ObsLayout, action_shape: tuple, action_dtype: Any, names: Any = None
-) -> dict:
-    """The segment's fields: actions, flags, rewards, ends, observation leaves
-    (``names``; None: every leaf)."""
-    fields: dict = {
-        "action": (action_shape, action_dtype),
-        "go": ((), bool),
-        "busy": ((), bool),
-        "reward": ((), np.float32),
-        "terminated": ((), bool),
-        "truncated": ((), bool),
-    }
-    for name in layout.names if names is None else names:
-        fields["obs:" + name] = (layout.shapes[name], layout.dtypes[name])
-    return fields
-
-
 def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
-    """A worker: builds its lanes' envs, then answers commands until ``close``
-    (Ctrl-C is the parent's to handle: it closes the workers)."""
+    """A worker: builds its lanes' envs, then answers commands until ``close``."""
     envs = None
     slots = None
     try:
@@ -259,9 +213,8 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                 error = _picklable(err.exc)
                 conn.send(("error", block[err.lane], error, err.text, err.phase))
     except (EOFError, ConnectionError, KeyboardInterrupt):
-        # The evaluating process died without closing us (its end of the pipe
-        # closed, with or without our reply unread): its segment would be left
-        # behind, so the workers unlink it.
+        # The evaluating process died without closing us: its segment would
+        # be left behind, so the workers unlink it.
         if slots is not None:
             slots.shm.unlink()
         elif envs is None:
@@ -283,17 +236,14 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
                     pass
 
 
-#: Seconds between a worker's checks that its parent process still lives.
 PARENT_POLL_SECONDS = 0.2
 #: The segment this worker process has attached (``_watch_parent`` unlinks it).
 _attached: list = []
 
 
 def _watch_parent(parent: int) -> None:
-    """Ends this worker process (unlinking its segment) once its parent is
-    gone: a worker whose env hangs never reads the pipe whose close would end
-    it, and ignores SIGTERM. A daemon thread polls the parent (an env holding
-    the GIL forever in C code keeps it from running)."""
+    """Ends this worker (unlinking its segment) once its parent is gone: one
+    whose env hangs never reads the pipe, and it ignores SIGTERM."""
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -362,8 +312,7 @@ def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, k
 
 
 def _run(lanes: shared.EnvListStepper, slots: Slots, block, ops, kw) -> list:
-    """``lanes.run`` of ``ops`` (local lanes), one op at a time with its lane
-    marked ``busy``: a process that dies in an env call died in that lane's."""
+    """``lanes.run`` of ``ops`` (local lanes), one at a time marked ``busy``."""
     busy, lo, out = slots["busy"], block[0], []
     for op in ops:
         busy[lo + op.lane] = True
@@ -383,8 +332,8 @@ def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, text
 
 
 def _main_path(source: Any, layout: Any) -> str | None:
-    """The main script's path when the source (or layout) is defined in it: a
-    worker must run it (as ``multiprocessing`` does) to unpickle them."""
+    """The main script's path when the source (or layout) is defined in it (a
+    worker runs it to unpickle them, as ``multiprocessing`` does)."""
     items = source if isinstance(source, list) else [source]
     for obj in [*items, layout]:
         obj = getattr(obj, "func", obj)  # a functools.partial's function
@@ -394,12 +343,9 @@ def _main_path(source: Any, layout: Any) -> str | None:
     return None
 
 
-#: A worker's first lines: Ctrl-C and SIGTERM are the parent's to handle; its
-#: name; the parent's sys.path; jaxmesh's packages as stubs whose own
-#: ``__init__`` (and JAX) load only if something asks for a name they define;
-#: the main script when the envs' factory lives there; the worker loop, and an
-#: exit without the interpreter's teardown (the envs are closed by then;
-#: unloading a factory module's imports, JAX or MuJoCo, took 0.05-0.2 s).
+#: A worker's first lines. jaxmesh's packages are stubs whose ``__init__`` (and
+#: JAX) load only if a name they define is asked for; the exit skips the
+#: interpreter's teardown (unloading JAX or MuJoCo took 0.05-0.2 s).
 _BOOT = r"""
 import os, signal, sys, types
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -461,25 +407,17 @@ os._exit(code)
 
 
 class WorkerPool:
-    """``num_lanes`` gymnasium lanes' envs in ``workers`` processes (contiguous
-    blocks of lanes), and the messages to them: ``reset`` / ``send`` / ``take``
-    over the shared segment (``local.WorkerEnvLanes``), or any op
-    (``ProcessStepper``).
+    """``num_lanes`` lanes' envs in ``workers`` processes (contiguous blocks),
+    and the messages to them: ``reset`` / ``send`` / ``take`` over the shared
+    segment (``local.WorkerEnvLanes``), or any op (``ProcessStepper``).
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
         of them (one per lane).
-      num_lanes: the lanes.
-      workers: W processes (at most ``num_lanes``).
       layout: the workers' ``EnvListStepper`` layout (picklable; None: the space's
         own dtypes).
 
-    Attributes:
-      observation_space, action_space, name, declares_trial_index, dt: the
-        lanes' (from the first worker's envs).
-
-    Raises:
-      Exception: what a worker met building its envs (with its traceback).
+    Raises what a worker met building its envs (with its traceback).
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
@@ -496,17 +434,14 @@ class WorkerPool:
         self.slots: Slots | None = None
         self.fields: dict | None = None
         self.owner = np.repeat(np.arange(w), [len(b) for b in self.blocks])
-        #: The lanes whose env call was under way when a worker died (the
-        #: last ``step`` or ``reset``).
+        #: Of the last call: the lanes whose env call was under way when a
+        #: worker died, and the workers that died.
         self.culprits: list[int] = []
-        #: The workers that died in the last call (``WorkerLost`` each).
         self.deaths: list[WorkerLost] = []
-        #: The workers whose reply this process is waiting for, and those
-        #: ``abandon`` killed.
+        #: Workers whose reply this process awaits, and those ``abandon`` killed.
         self.waiting: set[int] = set()
         self.killed: set[int] = set()
-        #: Workers that die are not replaced (``abandon(respawn=False)``).
-        self.closing = False
+        self.closing = False  # dead workers are not replaced
         try:
             for k in range(w):
                 self._spawn(k)
@@ -524,8 +459,8 @@ class WorkerPool:
     def _spawn(self, k: int) -> None:
         ours, theirs = socket.socketpair()
         try:
-            # The boot code comes in the environment, so that ps shows what
-            # the process is rather than the code (``_BOOT``).
+            # The boot code comes in the environment: ps shows the process's
+            # name, not the code.
             block = self.blocks[k]
             proc = subprocess.Popen(
                 [
@@ -560,13 +495,18 @@ class WorkerPool:
         return reply
 
     def attach(self, layout: ObsLayout, action_shape: tuple, names: Any = None) -> None:
-        """Makes the shared segment of ``slot_fields`` (the env's own action
-        values) and hands it to the workers."""
+        """Makes the shared segment (the env's own action values; observation
+        leaves ``names``, None: every leaf) and hands it to the workers."""
         space = self.action_space
+        action = (action_shape, space.dtype)
         if isinstance(space, shared.import_gymnasium().spaces.Discrete):
-            self._share(slot_fields(layout, (), np.int64, names))
-        else:
-            self._share(slot_fields(layout, action_shape, space.dtype, names))
+            action = ((), np.int64)
+        fields: dict = {"action": action, "reward": ((), np.float32)}
+        for flag in ("go", "busy", "terminated", "truncated"):
+            fields[flag] = ((), bool)
+        for name in layout.names if names is None else names:
+            fields["obs:" + name] = (layout.shapes[name], layout.dtypes[name])
+        self._share(fields)
 
     def detach(self) -> None:
         """Unlinks the shared segment (``attach`` makes another)."""
@@ -588,9 +528,8 @@ class WorkerPool:
     def _recv(
         self, k: int, timeout: float | None, doing: str, starting: bool = False
     ) -> tuple:
-        """Worker k's next message. A worker that died while starting is an
-        error (its traceback is on stderr); later, ``WorkerLost`` once a new
-        one has taken its lanes."""
+        """Worker k's next message; one that died while starting is an error,
+        later a ``WorkerLost`` once a new one has taken its lanes."""
         conn = self.conns[k]
         # A worker that dies closes its end: the connection reads EOF.
         self.waiting.add(k)
@@ -635,9 +574,9 @@ class WorkerPool:
         raise WorkerLost(k, self.blocks[k], code, pid)
 
     def abandon(self, respawn: bool = True) -> None:
-        """Kills the workers whose reply another thread is waiting for (a
-        client gave up on a hung env): that call ends with ``WorkerLost``;
-        new workers take their lanes unless ``respawn`` is False."""
+        """Kills the workers another thread awaits (a client gave up on a hung
+        env): that call ends with ``WorkerLost``; new workers take their lanes
+        unless ``respawn`` is False."""
         self.closing = self.closing or not respawn
         for k in list(self.waiting):
             proc = self.procs[k]
@@ -655,8 +594,7 @@ class WorkerPool:
 
     def _gather(self, ks: list[int], doing: str) -> tuple[dict, list[int]]:
         """Each worker's reply, and the lanes of those that died (replaced by
-        now); raises the first env error once every reply is in (so none is
-        left unread)."""
+        now); the first env error is raised once every reply is in."""
         replies: dict[int, tuple] = {}
         lost: list[int] = []
         self.culprits, self.deaths = [], []
@@ -675,19 +613,9 @@ class WorkerPool:
                 self._raise(reply, k)
         return replies, lost
 
-    def reset(
-        self,
-        lanes: list[int],
-        seeds: list[int],
-        options: list | None,
-        seconds: list[float],
-        info_keys: tuple,
-        text_keys: tuple,
-    ) -> tuple[dict, dict, dict]:
-        """Resets ``lanes`` (ascending); their observations are in the segment.
-
-        Returns (info, info_present, reset_text) of the resets, rows in the
-        order given (as ``EnvListStepper.reset`` gives them)."""
+    def reset(self, lanes, seeds, options, seconds, info_keys, text_keys) -> tuple:
+        """``EnvListStepper.reset`` of ``lanes`` (ascending) in the workers, the
+        observations into the segment: (info, info_present, reset_text)."""
         by_worker: dict[int, list[int]] = {}
         for i, j in enumerate(lanes):
             by_worker.setdefault(int(self.owner[j]), []).append(i)
@@ -719,10 +647,9 @@ class WorkerPool:
         return info, present, texts
 
     def send(self, go: np.ndarray, info_keys: tuple) -> list[int]:
-        """Starts the step of the lanes in ``go`` ([N] bool, actions in the
-        segment) without waiting; the workers asked (``take`` their replies).
-        Only the ``go`` flags of those workers' lanes are written, so other
-        workers may be stepping meanwhile."""
+        """Starts the step of the lanes in ``go`` (actions in the segment); the
+        workers asked (``take`` their replies). Only their lanes' ``go`` flags
+        are written: other workers may be stepping meanwhile."""
         n = go.shape[0]
         flags = self.slots["go"]
         ks = sorted({int(k) for k in self.owner[:n][go]})
@@ -737,8 +664,7 @@ class WorkerPool:
     def take(self, ks: list[int]) -> tuple[dict, set, list]:
         """The replies of workers ``ks`` to ``send``: info values ``{key:
         [(lane, value)]}``, the keys the infos had, and the lanes of workers
-        that died in the step (their envs are rebuilt and must be reset; their
-        results are not in the segment)."""
+        that died in the step (rebuilt, to be reset; no results)."""
         replies, lost = self._gather(ks, "stepping")
         info: dict = {}
         seen: set = set()
@@ -749,8 +675,7 @@ class WorkerPool:
         return info, seen, lost
 
     def close(self) -> None:
-        """Stops every worker (killed after ``EXIT_SECONDS``) and unlinks the
-        segment."""
+        """Stops every worker (killed after ``EXIT_SECONDS``), unlinks the segment."""
         for conn in self.conns:
             if conn is None:
                 continue
@@ -779,16 +704,10 @@ class WorkerPool:
 
 
 class ProcessStepper(shared.GymStepper):
-    """:class:`jaxmesh.envs.gymnasium.lanes.GymStepper` whose envs live in worker
-    processes (``jaxmesh serve-env --workers``): each call's ops go to the
-    workers that own their lanes, and the lane results come back over the
-    pipes. A worker that dies ends the call with a ``LaneError`` of the lane
-    whose op it was running, its exception a ``WorkerCrashed``; the worker is
-    replaced. ``abandon`` kills the workers a call waits on.
-
-    Args:
-      source, num_lanes, workers, layout: as for :class:`WorkerPool`.
-    """
+    """A ``lanes.GymStepper`` over a :class:`WorkerPool` (``jaxmesh serve-env
+    --workers``): ops go to the workers owning their lanes, results come back
+    over the pipes. A worker that dies ends the call with a ``LaneError`` (a
+    ``WorkerCrashed``) of the lane whose op it ran, and is replaced."""
 
     def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
         self.pool = pool = WorkerPool(source, num_lanes, workers, layout)
@@ -800,8 +719,7 @@ class ProcessStepper(shared.GymStepper):
         if pool.declares_trial_index:
             self.metadata = {"reset_options": (shared.TRIAL_INDEX,)}
         try:
-            # ``busy`` flags alone (the data come back over the pipes): each
-            # worker marks the lane whose op it runs.
+            # ``busy`` flags alone: the data come back over the pipes.
             pool._share({"busy": ((), bool)})
             self._setup(layout)
         except BaseException:
@@ -813,13 +731,9 @@ class ProcessStepper(shared.GymStepper):
         return self.pool.workers
 
     def _each(self, per_worker: dict[int, tuple], doing: str) -> dict[int, tuple]:
-        """Sends each worker its message and returns their replies.
-
-        Raises:
-          LaneError: a worker died, at the lane whose env call was under way
-            (else the lowest lane of its ops, else its first lane): a
-            ``WorkerCrashed``. Its lanes' next op must be a reset.
-        """
+        """Sends each worker its message, returns their replies; LaneError (a
+        ``WorkerCrashed``) where a worker died, at the lane whose env call was
+        under way (else its ops' lowest lane, else its first)."""
         pool = self.pool
         for k, msg in per_worker.items():
             pool.conns[k].send(msg)
@@ -868,9 +782,8 @@ class ProcessStepper(shared.GymStepper):
             keep_all_obs=keep_all_obs,
             keep_all_info=keep_all_info,
         )
-        replies = self._each(
-            {k: ("run", mine, kw) for k, mine in by_worker.items()}, "stepping"
-        )
+        msgs = {k: ("run", mine, kw) for k, mine in by_worker.items()}
+        replies = self._each(msgs, "stepping")
         out: list[shared.LaneResult] = []
         for k in sorted(replies):
             for r in replies[k][1]:
