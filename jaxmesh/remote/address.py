@@ -1,19 +1,16 @@
-"""Served-env addresses (``"grpc://host:port"``, ``"grpcs://"`` for TLS),
-recognised without importing gRPC."""
+"""Served-env addresses (``"grpc://host:port"``, ``"grpcs://"``), without gRPC."""
 
 from __future__ import annotations
 
 from typing import Any
 
-SCHEME = "grpc://"
 TLS_SCHEME = "grpcs://"
-SCHEMES = (SCHEME, TLS_SCHEME)
+SCHEMES = ("grpc://", TLS_SCHEME)
 INSTALL = "pip install 'jaxmesh[remote]'"
 
 
 def is_address(env: Any) -> bool:
-    """Whether ``env`` names served envs: ``"grpc://host:port"`` (or
-    ``"grpcs://host:port"``) or a list of them."""
+    """Whether ``env`` is a served env's address or a list of them."""
     if isinstance(env, str):
         return env.startswith(SCHEMES)
     return (
@@ -24,14 +21,12 @@ def is_address(env: Any) -> bool:
 
 
 def uses_tls(address: str) -> bool:
-    """Whether ``address`` asks for TLS (``"grpcs://host:port"``)."""
     return isinstance(address, str) and address.startswith(TLS_SCHEME)
 
 
 def host_port(target: Any, *, bind: bool = False) -> tuple[str, int] | None:
-    """``(host, port)`` of ``"host:port"`` or ``"[v6]:port"``; None when
-    ``target`` is not one. The port is in 1..65535, or 0..65535 with ``bind``
-    (port 0: the server picks a free one)."""
+    """``(host, port)`` of ``"host:port"`` or ``"[v6]:port"`` (None: not one);
+    port 0 (a free one) only with ``bind``."""
     if not isinstance(target, str):
         return None
     host, sep, port = target.rpartition(":")
@@ -45,8 +40,7 @@ def host_port(target: Any, *, bind: bool = False) -> tuple[str, int] | None:
 
 
 def parse_address(address: Any) -> str:
-    """``"grpc://host:port"``, ``"grpcs://host:port"`` or ``"host:port"`` as
-    gRPC's ``"host:port"`` (TypeError: not a string; ValueError: malformed)."""
+    """An address as gRPC's ``"host:port"`` (TypeError, ValueError)."""
     if not isinstance(address, str):
         raise TypeError(f"address {address!r}: expected a string 'grpc://host:port'")
     target = address
@@ -63,23 +57,10 @@ def parse_address(address: Any) -> str:
 
 
 def require_grpc() -> None:
-    """Raises ImportError with the install line when the [remote] extra is missing."""
+    """ImportError with the install line when the [remote] extra is missing."""
     try:
         import grpc  # noqa: F401
     except ImportError as exc:
         raise ImportError(
             f"served envs need gRPC, which is not installed; run: {INSTALL}"
         ) from exc
-
-
-__all__ = [
-    "host_port",
-    "INSTALL",
-    "SCHEME",
-    "SCHEMES",
-    "TLS_SCHEME",
-    "is_address",
-    "parse_address",
-    "require_grpc",
-    "uses_tls",
-]

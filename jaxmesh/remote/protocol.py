@@ -1,35 +1,25 @@
-"""The wire protocol's names and limits, written once for both ends (it
-imports nothing, so an install without the ``[remote]`` extra reads it too).
-"""
+"""The wire protocol's names and limits for both ends (importable without the
+``[remote]`` extra)."""
 
 from __future__ import annotations
 
-#: Protocol versions this side speaks, newest last (the handshake picks the
-#: newest both sides speak).
+#: Protocol versions this side speaks (the handshake picks the newest shared).
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
 
-#: The default cap on one message, at both ends (256 MiB).
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-#: The most actions one lane may replay in one call.
-MAX_COUNT = 1_000_000
-
-#: The environment variable the session token is read from when none is given
-#: (client and server; named in their errors).
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # at both ends
+MAX_COUNT = 1_000_000  # actions one lane may replay in one call
+#: Where the session token is read from when none is given (both ends).
 TOKEN_ENV = "JAXMESH_TOKEN"
-
-#: The key of the one observation leaf of a single-array observation, and of
-#: the one action leaf, in a batch.
+#: The key of a single-array observation's one leaf, and of the action leaf.
 OBS_KEY = ""
-#: Capabilities a server declares in the handshake: every server
-#: ``CAPABILITIES``; one over a ``VectorEnv`` adds ``LOCKSTEP`` (it steps every
-#: lane at once: one call at a time, every lane's segment of the same length).
+#: Capabilities: every server declares ``CAPABILITIES``; one over a
+#: ``VectorEnv`` adds ``LOCKSTEP`` (every lane stepped at once, by one count).
 CHUNK_REPLAY = "chunk_replay"
 INFO_KEYS = "info_keys"
 INFO_EVERY_STEP = "info_every_step"
 MAX_EPISODE_SECONDS = "max_episode_seconds"
 LOCKSTEP = "lockstep"
-#: The server offers the same-host data path (``jaxmesh.remote.shm``): the
-#: handshake's ``shared_memory`` names its abstract Unix socket.
+#: The same-host data path is offered at the handshake's ``shared_memory`` socket.
 SHARED_MEMORY = "shared_memory"
 CAPABILITIES = (CHUNK_REPLAY, INFO_KEYS, INFO_EVERY_STEP, MAX_EPISODE_SECONDS)
 
@@ -48,12 +38,10 @@ def check_transport(value: object) -> str:
     return value
 
 
-#: Trailing metadata keys of an env error: its one-line summary, and the
-#: server-side traceback (binary metadata, hence the ``-bin`` suffix).
+#: Trailing metadata of an env error: its summary, the server's traceback
+#: (binary: ``-bin``) and "<lane> <resetting|stepping> <steps done before>".
 ENV_ERROR_KEY = "jaxmesh-env-error"
 TRACEBACK_KEY = "jaxmesh-traceback-bin"
-#: Beside them, where: "<lane> <resetting|stepping> <steps>", the server's lane
-#: and the steps it took in the failed call before the one that raised.
 ENV_LANE_KEY = "jaxmesh-env-lane"
 
 

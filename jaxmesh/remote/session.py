@@ -1,6 +1,5 @@
-"""The client side of the wire: one session with one env server, in numpy
-(requests built, calls numbered, replies decoded and checked), over a
-``Transport`` chosen when the session opens. It knows nothing of episodes.
+"""One session with one env server in numpy (requests built, calls numbered,
+replies decoded and checked) over the ``Transport`` chosen at ``open``.
 """
 
 from __future__ import annotations
@@ -30,21 +29,35 @@ _log = logging.getLogger(__name__)
 
 
 class Call(NamedTuple):
-    """One call as ``Session.send`` takes it, numbered (see ``send``)."""
+    """One call, numbered: the keyword arguments of ``Session.send``.
+
+    Attributes:
+      reset_lanes: lanes to reset, ascending, each with its ``seeds`` and
+        (when given) ``trials`` entry, and the same ``options`` for all.
+      max_episode_seconds: the wall-clock cap of the episodes reset here.
+      lanes, counts, actions: one run of actions per lane (lanes ascending,
+        ``counts[i]`` rows of ``actions`` each).
+      release: lanes a lockstep server stops expecting.
+      all_observations: send every replayed step's observation (else only
+        each run's last).
+      info_keys: the info keys to send, for the rows that have them.
+      info_every_step: send the info of every replayed step (only for a
+        server that declares it, ``Session.info_every_step``).
+    """
 
     call_id: int
-    reset_lanes: Sequence[int] | np.ndarray
-    seeds: Sequence[int] | np.ndarray
-    trials: Sequence[int] | np.ndarray | None
-    options: Mapping[str, pb.Value] | None
-    max_episode_seconds: float | None
-    lanes: np.ndarray | None
-    counts: np.ndarray | None
-    actions: np.ndarray | None
-    release: Sequence[int] | np.ndarray
-    all_observations: bool
-    info_keys: Sequence[str]
-    info_every_step: bool
+    reset_lanes: Sequence[int] | np.ndarray = ()
+    seeds: Sequence[int] | np.ndarray = ()
+    trials: Sequence[int] | np.ndarray | None = None
+    options: Mapping[str, pb.Value] | None = None
+    max_episode_seconds: float | None = None
+    lanes: np.ndarray | None = None
+    counts: np.ndarray | None = None
+    actions: np.ndarray | None = None
+    release: Sequence[int] | np.ndarray = ()
+    all_observations: bool = False
+    info_keys: Sequence[str] = ()
+    info_every_step: bool = False
 
 
 class Transport(Protocol):
@@ -63,8 +76,8 @@ class Transport(Protocol):
         tag: Any,
         reader: bool,
     ) -> None:
-        """Starts the stream: ``encode`` builds a call's ``StepRequest``,
-        ``decode(reply, in_ring)`` its batch; the rest as ``Session.open``'s."""
+        """Starts the stream (``encode``: a call's ``StepRequest``;
+        ``decode(reply, in_ring)``: its batch; the rest as ``Session.open``'s)."""
 
     def send(self, call: Call) -> int: ...  # queues a call; its size in bytes
 
@@ -76,8 +89,7 @@ class Transport(Protocol):
 
 
 class Reply(NamedTuple):
-    """One decoded reply and what the telemetry reads of it (times are
-    ``time.perf_counter()`` values; env time and size as the server sent)."""
+    """A decoded reply and what the telemetry reads (perf_counter times)."""
 
     batch: codec.ResultBatch
     arrived: float
@@ -129,8 +141,7 @@ class Session:
                 raise codec.ProtocolError(
                     f"the handshake declares {info.num_lanes} lanes, expected >= 1"
                 )
-            #: Each observation leaf's spec, in the declared order.
-            self.obs_specs = {}
+            self.obs_specs = {}  # in the declared order
             for msg in info.observation:
                 if msg.key in self.obs_specs:
                     raise codec.ProtocolError(
@@ -147,7 +158,6 @@ class Session:
         self.trial_index = TRIAL_INDEX in info.reset_options  # CONTRACT 6
         self.lockstep = LOCKSTEP in info.capabilities  # a VectorEnv
         self.info_every_step = INFO_EVERY_STEP in info.capabilities
-        #: The observation leaves every call asks for (``open``).
         self.observation_keys: tuple[str, ...] = tuple(self.obs_specs)
         self.closed = False
         self._call_id = 0
@@ -170,17 +180,13 @@ class Session:
         """Opens the session; replies are decoded as they arrive.
 
         Args:
-          replies: a queue shared with other sessions: a reader thread puts
-            ``(tag, item)`` there, and the caller hands each item to
-            ``reply(item)``; None: ``receive`` reads this session's own.
+          replies: a queue shared with other sessions, where a reader thread
+            puts ``(tag, item)`` for the caller's ``reply(item)``; None:
+            ``receive`` reads this session's own.
           tag: names this session in ``replies``.
-          reader: False: no reader thread; ``receive`` takes the next reply
-            off the stream itself.
-          observation_keys: the declared observation leaves every call asks
-            for; None: every leaf.
-
-        Raises:
-          ValueError: a key the server did not declare.
+          reader: False: no reader thread; ``receive`` reads the stream.
+          observation_keys: the observation leaves every call asks for (None:
+            every leaf); ValueError: one the server did not declare.
         """
         if observation_keys is not None:
             unknown = [k for k in observation_keys if k not in self.obs_specs]
@@ -235,36 +241,11 @@ class Session:
         _log.debug("session with %s uses gRPC: same-host path: %s", self.address, why)
         return self.conn
 
-    def send(
-        self,
-        *,
-        reset_lanes: Sequence[int] | np.ndarray = (),
-        seeds: Sequence[int] | np.ndarray = (),
-        trials: Sequence[int] | np.ndarray | None = None,
-        options: Mapping[str, pb.Value] | None = None,
-        max_episode_seconds: float | None = None,
-        lanes: np.ndarray | None = None,
-        counts: np.ndarray | None = None,
-        actions: np.ndarray | None = None,
-        release: Sequence[int] | np.ndarray = (),
-        all_observations: bool = False,
-        info_keys: Sequence[str] = (),
-        info_every_step: bool = False,
-    ) -> int:
+    def send(self, **call: Any) -> int:
         """Queues one call (never waits for the server); its size in bytes.
 
         Args:
-          reset_lanes: lanes to reset, ascending, each with its ``seeds`` and
-            (when given) ``trials`` entry, and the same ``options`` for all.
-          max_episode_seconds: the wall-clock cap of the episodes reset here.
-          lanes, counts, actions: one run of actions per lane (lanes
-            ascending, ``counts[i]`` rows of ``actions`` each).
-          release: lanes a lockstep server stops expecting.
-          all_observations: send every replayed step's observation (else only
-            each run's last).
-          info_keys: the info keys to send, for the rows that have them.
-          info_every_step: send the info of every replayed step (only for a
-            server that declares it, ``self.info_every_step``).
+          **call: the fields of :class:`Call` but ``call_id``.
 
         Raises:
           jaxmesh.remote.codec.ProtocolError: larger than the message cap.
@@ -276,23 +257,7 @@ class Session:
                 address=self.address,
             )
         self._call_id += 1
-        size = self.stream.send(
-            Call(
-                self._call_id,
-                reset_lanes,
-                seeds,
-                trials,
-                options,
-                max_episode_seconds,
-                lanes,
-                counts,
-                actions,
-                release,
-                all_observations,
-                info_keys,
-                info_every_step,
-            )
-        )
+        size = self.stream.send(Call(self._call_id, **call))
         self._pending.append(self._call_id)
         return size
 
@@ -328,13 +293,8 @@ class Session:
         return req
 
     def receive(self) -> Reply:
-        """The next reply of this session, in order (see ``reply``).
-
-        Raises:
-          jaxmesh.RemoteError: the call failed, or no reply came within
-            ``reply_timeout``; jaxmesh.remote.codec.ProtocolError: a reply
-            that does not answer the next call.
-        """
+        """The next reply of this session, in order (see ``reply``);
+        RemoteError: the call failed, or no reply within ``reply_timeout``."""
         return self.reply(self.stream.receive())
 
     def reply(self, item: Any) -> Reply:
@@ -356,15 +316,12 @@ class Session:
 
     @property
     def sent_at(self) -> float:
-        """``perf_counter()`` when the last call's bytes began to go out."""
         return self.stream.sent_at
 
     def owed_since(self) -> float | None:
-        """Since when (monotonic) the server owes a reply; None: it owes none."""
         return self.stream.owed_since()
 
     def close(self) -> None:
-        """Ends the session and closes the channel (idempotent)."""
         if not self.closed:
             self.closed = True
             self.stream.close()
@@ -374,6 +331,3 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-__all__ = ["Call", "Reply", "Session", "Transport"]

@@ -1,16 +1,7 @@
-"""Gymnasium spaces <-> ``LeafSpec`` messages of the ``jaxmesh.env.v1`` protocol.
-
-The server declares its env's spaces with :func:`space_leaf` and
-:func:`space_leaves`; a client rebuilds them with :func:`leaf_space` and
-:func:`observation_space` (the fields: ``LeafSpec`` in
-``proto/jaxmesh_env.proto``). A Box bound whose entries are all the same
-travels as one scalar, so a large observation's handshake stays small.
-
-Example:
-    >>> import gymnasium
-    >>> box = gymnasium.spaces.Box(-1.0, 1.0, (3,))
-    >>> leaf_space(space_leaf(box)) == box
-    True
+"""Gymnasium spaces <-> ``LeafSpec`` messages: the server declares them with
+``space_leaf`` / ``space_leaves``, a client rebuilds them with ``leaf_space`` /
+``observation_space``. A Box bound whose entries are all equal travels as one
+scalar, so a large observation's handshake stays small.
 """
 
 from __future__ import annotations
@@ -24,18 +15,6 @@ import numpy as np
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
-__all__ = [
-    "BOX",
-    "DICT",
-    "DISCRETE",
-    "TUPLE",
-    "build",
-    "leaf_space",
-    "observation_space",
-    "space_leaf",
-    "space_leaves",
-]
-
 BOX = "box"
 DISCRETE = "discrete"
 #: ``LeafSpec.nest`` letters: the part of a leaf's key is a Dict key, a Tuple index.
@@ -44,12 +23,9 @@ TUPLE = "t"
 
 
 def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpec:
-    """A gymnasium ``Box`` or ``Discrete`` space (one lane's) as a ``LeafSpec``
-    message under ``key``; ``where`` names the space in errors.
-
-    Raises:
-        TypeError: any other space, or a Box whose dtype cannot travel.
-    """
+    """A ``Box`` or ``Discrete`` space (one lane's) as a ``LeafSpec`` under
+    ``key`` (``where`` names it in errors); TypeError: any other space, or a
+    Box whose dtype cannot travel."""
     spaces = gymnasium.spaces
     if isinstance(space, spaces.Discrete):
         return pb.LeafSpec(
@@ -86,20 +62,14 @@ def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpe
 
 
 def _bound(x: np.ndarray) -> np.ndarray:
-    """A Box bound as sent: one scalar when every entry is the same."""
     if x.size > 1 and np.all(x == x.flat[0]):
         return x.reshape(-1)[:1].reshape(())
     return x
 
 
 def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
-    """The gymnasium space a ``LeafSpec`` message declares (inverse of space_leaf).
-
-    Raises:
-        codec.ProtocolError: an unknown ``space`` kind, a Discrete with ``n <
-            1`` or not an ``int64`` scalar, a Box whose low or high do not
-            match its dtype and shape.
-    """
+    """The space a ``LeafSpec`` declares (inverse of ``space_leaf``;
+    ProtocolError: an unknown or malformed one)."""
     spec = codec.leaf_spec_from_proto(msg)
     what = f"leaf {msg.key!r}"
     if msg.space == DISCRETE:
@@ -140,13 +110,8 @@ def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
 
 
 def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.LeafSpec]:
-    """An observation space as one ``LeafSpec`` message per leaf, in its order
-    (a single-array space: the one leaf ``""``).
-
-    Raises:
-        TypeError: a leaf that is not a Box or Discrete, an empty Dict or
-            Tuple, or a Dict key that is not a non-empty string without ``/``.
-    """
+    """An observation space as one ``LeafSpec`` per leaf, in its order (a
+    single array: the leaf ``""``); TypeError: one that cannot travel."""
     out: list[pb.LeafSpec] = []
 
     def walk(sub: Any, path: tuple, nest: str) -> None:
@@ -182,15 +147,8 @@ def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.Lea
 
 
 def observation_space(msgs: Any) -> gymnasium.Space:
-    """The observation space the handshake's leaves declare, in their order
-    (inverse of :func:`space_leaves`).
-
-    Raises:
-        codec.ProtocolError: no leaf, a leaf ``""`` beside others, a key whose
-            parts do not match its ``nest``, a Tuple index that is not a
-            number or leaves a gap, a path declared twice or as both a leaf
-            and a nest, or a leaf :func:`leaf_space` refuses.
-    """
+    """The observation space the handshake's leaves declare (inverse of
+    ``space_leaves``; ProtocolError: leaves that build no space)."""
     msgs = list(msgs)
     if not msgs:
         raise codec.ProtocolError(
@@ -269,9 +227,7 @@ def observation_space(msgs: Any) -> gymnasium.Space:
 
 
 def build(space: Any, leaves: Mapping[str, Any], path: tuple = ()) -> Any:
-    """An observation in ``space``'s own structure (an array, or nested dicts
-    and tuples) holding ``leaves[name]`` at each leaf (``name`` as in
-    :func:`space_leaves`)."""
+    """``leaves`` (named as by ``space_leaves``) in ``space``'s structure."""
     spaces = gymnasium.spaces
     if isinstance(space, spaces.Dict):
         return {k: build(s, leaves, path + (k,)) for k, s in space.spaces.items()}
