@@ -13,21 +13,17 @@ from typing import Any, NamedTuple
 
 from jaxmesh.serve.forward import Prepared, RequestError, ServedModel
 
+#: The most requests waiting at once; more are refused.
+MAX_QUEUE = 4096
+
 
 class ServerClosed(RuntimeError):
     """The server shut down before the request ran."""
 
 
 class BatchReply(NamedTuple):
-    """A request's output and how it was computed.
-
-    Attributes:
-      output: the model's output for this request (``[K, *A]``).
-      batch_size: the requests the forward ran together.
-      padded: the batch size it was compiled for (``batch_size`` padded).
-      queue_ms: from the request's arrival in the queue to its forward.
-      forward_ms: the forward (stacking, device, compute, read back).
-    """
+    """A request's output (``[K, *A]``) and its forward's batch size, padded
+    size, wait in the queue and time (docs/serving.md, "Batching")."""
 
     output: Any
     batch_size: int
@@ -71,21 +67,11 @@ class BatchStats:
 
 
 class Batcher:
-    """Runs the requests of every connection through ``model`` in batches.
+    """Runs the requests of every connection through ``model`` in batches;
+    ``max_wait_ms``: how long a forward may wait, after its oldest request
+    arrived, for more (ValueError: negative or not finite)."""
 
-    Args:
-      model: the served model.
-      max_wait_ms: how long a forward may wait, after its oldest request
-        arrived, for more requests to fill the batch.
-      max_queue: the most requests waiting at once; more are refused.
-
-    Raises:
-      ValueError: a negative or non-finite ``max_wait_ms``, a bad ``max_queue``.
-    """
-
-    def __init__(
-        self, model: ServedModel, *, max_wait_ms: float, max_queue: int = 4096
-    ):
+    def __init__(self, model: ServedModel, *, max_wait_ms: float):
         ok = (
             isinstance(max_wait_ms, int | float)
             and not isinstance(max_wait_ms, bool)
@@ -96,13 +82,9 @@ class Batcher:
                 f"max_wait_ms={max_wait_ms!r}: expected milliseconds >= 0 (how "
                 "long a forward waits for more requests; 0: never)"
             )
-        good = isinstance(max_queue, int) and not isinstance(max_queue, bool)
-        if not (good and max_queue >= 1):
-            raise ValueError(f"max_queue={max_queue!r}: expected an int >= 1")
         self.model = model
         self.max_batch = model.max_batch
         self.max_wait = max_wait_ms / 1000.0
-        self.max_queue = max_queue
         self.stats = BatchStats()
         self._queue: list[_Item] = []
         #: signature -> its requests in the queue.
@@ -117,9 +99,8 @@ class Batcher:
         self._thread: threading.Thread | None = None
 
     def connect(self, group: Any = None) -> None:
-        """A client connected: one more that may send a request; ``group``:
-        the ``signature`` every request of it has, when known (a forward of
-        another signature then never waits for it)."""
+        """A client connected; ``group``: the ``signature`` of all its
+        requests, when known (a forward of another never waits for it)."""
         with self._cond:
             self._clients += 1
             if group is not None:
@@ -143,7 +124,7 @@ class Batcher:
 
     def _complete(self, signature: Any) -> bool:
         """Whether a forward of ``signature`` has a full batch, or a request
-        from every client that could join it (the lock held)."""
+        from every client that could join it."""
         counts = self._counts
         same = counts.get(signature, 0)
         if same >= self.max_batch:
@@ -155,12 +136,12 @@ class Batcher:
         return queued >= self._could_join(signature)
 
     def _queue_item(self, prepared: Prepared) -> _Item:
-        """Queues a request (the lock held); raises as ``submit``."""
+        """Queues a request; raises as ``submit``."""
         if self._closed:
             raise ServerClosed("the policy server is shutting down")
-        if len(self._queue) >= self.max_queue:
+        if len(self._queue) >= MAX_QUEUE:
             raise RequestError(
-                f"the server has {self.max_queue} requests waiting; retry later"
+                f"the server has {MAX_QUEUE} requests waiting; retry later"
             )
         item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
         self._queue.append(item)
@@ -170,14 +151,13 @@ class Batcher:
 
     def _wake(self, lazy: bool = False) -> None:
         """Wakes the forward thread for a first request (unless ``lazy``: the
-        caller ``poke``s it) or a batch now complete (the lock held)."""
+        caller ``poke``s it) or a batch now complete."""
         first = len(self._queue) == 1 and not lazy
         if first or self._complete(self._queue[0].prepared.signature):
             self._cond.notify()
 
     def poke(self) -> None:
-        """Wakes the forward thread if requests wait (``run_ready(lazy=True)``'s
-        caller calls this at most ``max_wait_ms`` after such a request)."""
+        """Wakes the forward thread if requests wait (for ``run_ready(lazy=)``)."""
         with self._cond:
             if self._queue and not self._busy:
                 self._cond.notify()
@@ -195,10 +175,8 @@ class Batcher:
         return item.future
 
     def run_alone(self, prepared: Prepared) -> BatchReply | None:
-        """Runs the request in the calling thread when its client is the only
-        one that could join its forward and no forward runs or waits; its
-        ``BatchReply`` (or the forward's exception). None otherwise: ``submit``
-        it."""
+        """The request's ``BatchReply``, run in the calling thread when no other
+        client could join its forward and none runs or waits; else None."""
         with self._cond:
             alone = self._could_join(prepared.signature) <= 1
             if self._closed or not alone or self._queue or self._busy:
@@ -212,11 +190,9 @@ class Batcher:
     def run_ready(
         self, prepared: Prepared, *, lazy: bool = False
     ) -> concurrent.futures.Future:
-        """``submit``, and when this request completes its batch while no
-        forward runs, that batch runs here, in the calling thread, before this
-        returns (no hand-off to the forward thread and back). ``lazy``: a
-        first request does not wake the forward thread; the caller calls
-        ``poke`` within ``max_wait_ms``. Raises as ``submit``.
+        """``submit``; a batch this request completes while no forward runs
+        runs here, in the calling thread. ``lazy``: a first request does not
+        wake the forward thread (the caller ``poke``s it within ``max_wait_ms``).
         """
         with self._cond:
             item = self._queue_item(prepared)
@@ -236,8 +212,8 @@ class Batcher:
         return item.future
 
     def _pop(self, signature: Any) -> list[_Item]:
-        """Takes the next batch of ``signature`` from the queue: those of its
-        oldest requests whose client is still there (the lock held)."""
+        """Takes the next batch of ``signature``: those of its oldest requests
+        whose client is still there."""
         if self._counts.get(signature, 0) == len(self._queue) <= self.max_batch:
             batch, self._queue = self._queue, []
         else:
@@ -263,8 +239,7 @@ class Batcher:
         self._thread.start()
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Fails the waiting requests (``ServerClosed``), lets the forward in
-        progress finish, and joins the thread."""
+        """Fails the waiting requests, lets a running forward end, joins."""
         with self._cond:
             self._closed = True
             waiting, self._queue = self._queue, []

@@ -1,7 +1,5 @@
-"""``jaxmesh.PolicyServer``: one jitted model behind many clients, batched
-(the package's docstring says how). Security as for ``jaxmesh.EnvServer``:
-loopback by default; any other address needs a token or TLS (or
-``insecure=True``); frames are capped; nothing is unpickled.
+"""``jaxmesh.PolicyServer``: one jitted model behind many clients, batched.
+Security as for ``jaxmesh.EnvServer``: docs/serving.md, "Security and limits".
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ PROTOCOLS = ("openpi", "grpc")
 
 
 def _credentials(tls: Any, protocol: str) -> Any:
-    """``tls`` (``PolicyServer``'s argument) as ``protocol``'s server TLS:
-    an ``ssl.SSLContext`` (openpi) or ``grpc.ServerCredentials``, or None."""
+    """``tls`` as an ``ssl.SSLContext`` (openpi) or ``grpc.ServerCredentials``."""
     grpc_ = protocol == "grpc"
     if tls is None or isinstance(
         tls, grpc.ServerCredentials if grpc_ else ssl.SSLContext
@@ -55,27 +52,15 @@ def _credentials(tls: Any, protocol: str) -> Any:
         context.load_cert_chain(str(tls[0]), str(tls[1]))
         return context
     except (OSError, ssl.SSLError) as e:
-        what = "read the certificate and key"
-        if not grpc_:
-            what = "load the certificate chain and its key"
         raise ValueError(
-            f"tls={tuple(tls)!r}: cannot {what} ({e}); expected two PEM files"
+            f"tls={tuple(tls)!r}: cannot {'read' if grpc_ else 'load'} the "
+            f"certificate and its key ({e}); expected two PEM files"
         ) from e
-
-
-def _check_token(token: Any) -> str | None:
-    if token is not None and not header_token(token):
-        raise ValueError(
-            "token=...: expected None or a non-empty string of printable ASCII "
-            "without surrounding spaces (it travels in an HTTP header); e.g. "
-            "secrets.token_urlsafe(32)"
-        )
-    return token
 
 
 class PolicyServer:
     """Serves a model to many clients at once, batching their requests
-    (docs/serving.md says what each argument does).
+    (docs/serving.md).
 
     Args:
       model: a ``jaxmesh.Model`` or a single-lane policy function (over
@@ -86,8 +71,8 @@ class PolicyServer:
         (jaxmesh's own, for ``jaxmesh.RemotePolicy``).
       max_batch: the most requests one forward takes (``"grpc"``: the client
         lanes one agent step holds).
-      max_wait_ms: how long a forward waits, after its oldest request
-        arrived, for more to fill the batch.
+      max_wait_ms: how long a forward waits for more requests after its
+        oldest arrived.
       token: the key clients must send (``Authorization: Api-Key <token>``).
       tls: ``(cert PEM, key PEM)`` paths, or an ``ssl.SSLContext``
         (``"openpi"`` only).
@@ -98,17 +83,16 @@ class PolicyServer:
       metadata: more entries for the map a client receives first.
       max_message_bytes: the largest frame either way.
       max_connections: clients served at once; more are refused.
-      max_inflight_bytes: the request bytes every connection together may
-        hold at once (default: the larger of 1 GiB and ``max_message_bytes``).
+      max_inflight_bytes: the request bytes all connections may hold at once
+        (default: the larger of 1 GiB and ``max_message_bytes``).
       seed: ``"openpi"``: request i draws with ``fold_in(PRNGKey(seed), i)``.
       idle_timeout: ``"grpc"``: seconds a session may send nothing before it
         is ended (``math.inf``: never).
       max_lanes: ``"grpc"``: the most lanes one session may open.
 
     Raises:
-      ValueError: a bad address, protocol, batch size, wait or token; a
-        non-loopback address with no token, TLS or ``insecure``; a model that
-        keeps state per episode.
+      ValueError: a bad argument; a non-loopback address with no token, TLS
+        or ``insecure``; a model that keeps state per episode.
       TypeError: a bad ``tls``.
 
     Example::
@@ -146,7 +130,12 @@ class PolicyServer:
                 "own, for jaxmesh.RemotePolicy)"
             )
         host, port = _split_address(address)
-        token = _check_token(token)
+        if token is not None and not header_token(token):
+            raise ValueError(
+                "token=...: expected None or a non-empty string of printable ASCII "
+                "without surrounding spaces (it travels in an HTTP header); e.g. "
+                "secrets.token_urlsafe(32)"
+            )
         context = _credentials(tls, protocol)
         secured = bool(token) or context is not None or insecure
         check_exposure(address, host, secured, "run the policy", "token=...", "tls=")
@@ -166,16 +155,15 @@ class PolicyServer:
         self._host, self._port = host, port
         self._requested = address
         if protocol == "grpc":
-            if example is not None:
-                raise ValueError(
-                    "example=...: protocol='grpc' compiles for each client's env "
-                    "when the client opens its session; drop example="
-                )
-            if inputs is not None:
-                raise ValueError(
-                    "inputs=...: protocol='grpc' reads each client's observation "
-                    "layout from its session; drop inputs="
-                )
+            for name, value, why in (
+                ("example", example, "compiles for each client's env when"),
+                ("inputs", inputs, "reads each client's observation layout when"),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        f"{name}=...: protocol='grpc' {why} the client opens its "
+                        f"session; drop {name}="
+                    )
             self._served: Any = Pools(model, max_batch=max_batch, max_lanes=max_lanes)
         else:
             self._served = ServedModel(
@@ -195,12 +183,13 @@ class PolicyServer:
             **(metadata or {}),
         }
         self._context = context
-        self._token = token
-        self._max_message_bytes = max_message_bytes
         self._max_connections = max_connections
-        self._max_inflight_bytes = max_inflight_bytes or max(
-            MAX_INFLIGHT_BYTES, max_message_bytes
-        )
+        self._limits = {
+            "token": token,
+            "max_message_bytes": max_message_bytes,
+            "max_inflight_bytes": max_inflight_bytes
+            or max(MAX_INFLIGHT_BYTES, max_message_bytes),
+        }
         if not (
             isinstance(idle_timeout, int | float)
             and not isinstance(idle_timeout, bool)
@@ -231,8 +220,7 @@ class PolicyServer:
 
     @property
     def expects(self) -> str:
-        """What a request holds, in words (``"openpi"``: the declared inputs'
-        keys, shapes and dtypes, or the keys the spec reads)."""
+        """What a request holds, in words."""
         if self.protocol == "grpc":
             return "a RemotePolicy session (the layout of the client's env)"
         return self._served.expects()
@@ -256,7 +244,7 @@ class PolicyServer:
         Raises:
           RuntimeError: started twice.
           OSError: the address cannot be bound.
-          ValueError: ``example`` is an observation the model cannot run.
+          ValueError: the model cannot run ``example``.
         """
         if self._started:
             raise RuntimeError("this PolicyServer has already started")
@@ -267,11 +255,6 @@ class PolicyServer:
         if example is not None:
             self._served.warm_up(self._served.prepare(example))
         where = (self._batcher, self._host, self._port)
-        limits = {
-            "token": self._token,
-            "max_message_bytes": self._max_message_bytes,
-            "max_inflight_bytes": self._max_inflight_bytes,
-        }
         if self.protocol == "grpc":
             self._service = GrpcService(
                 self._served,
@@ -279,7 +262,7 @@ class PolicyServer:
                 credentials=self._context,
                 max_connections=min(self._max_connections, 256),
                 idle_timeout=self._idle_timeout,
-                **limits,
+                **self._limits,
             )
         else:
             self._service = OpenpiService(
@@ -287,7 +270,7 @@ class PolicyServer:
                 metadata=self._metadata,
                 ssl_context=self._context,
                 max_connections=self._max_connections,
-                **limits,
+                **self._limits,
             )
         self._batcher.start()
         try:
