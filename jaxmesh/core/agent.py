@@ -1,18 +1,9 @@
-"""The agent side of a step: plan, chunk replay, prefetch, frame windows, masking.
-
-Pure functions of an ``AgentState`` pytree (docs/evaluation.md, "The engine"):
-``act`` plans where needed and returns one action per lane, ``observe`` pushes
-the next observation into the windows, ``begin`` starts episodes. The scan
-engine and the host loops drive the same functions. Plans are compacted into
-tiles of ``tile`` rows, so a row's result never depends on N.
-
-A ``jaxmesh.adapt.Text`` input is per-lane data (``AgentState.texts``), and a
-``jaxmesh.adapt.PendingChunk`` input the tail of the lane's last chunk
-(``AgentState.tail``, ``tail_start``): neither is a window.
-
-Policy keys (CONTRACT 5): the plan of episode key ``k`` at episode step ``t`` uses
-``fold_in(fold_in(k, 1), t)`` for a synchronous plan and
-``fold_in(fold_in(k, 2), t)`` for a prefetch plan. Env-step keys use stream 0.
+"""The agent side of a step, pure functions of an ``AgentState`` that the scan
+engine and the host loops share: ``act`` plans where needed (in tiles of
+``tile`` rows, so a row's result never depends on N) and returns one action
+per lane, ``observe`` pushes the next observation into the windows, ``begin``
+starts episodes (docs/evaluation.md, "The engine"). Plan keys (CONTRACT 5):
+``fold_in(fold_in(k, stream), t)``, stream 1 synchronous, 2 prefetch.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ STREAM_ENV, STREAM_PLAN, STREAM_PREFETCH = 0, 1, 2
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
-    """Static configuration of the agent side (hashable, never traced)."""
+    """Static configuration of the agent side."""
 
     num_envs: int
     h: int  # actions played per plan: min(H, K) (RunConfig's horizon is H)
@@ -46,23 +37,20 @@ class AgentConfig:
     spec: tuple[tuple[str, Any], ...]  # ((name, declaration), ...)
     raw: bool  # no user spec: the policy sees the observation as it is
     chunked: bool  # the policy emits chunks (else one action per plan)
-    #: Inference delay d (CONTRACT 23): a plan plays actions d .. d+h-1; 0: none.
+    #: Inference delay d (CONTRACT 23): a plan plays actions d .. d+h-1.
     delay: int = 0
     #: A ``jaxmesh.Ensemble`` (CONTRACT 22): a plan every step into a ring of
-    #: each lane's last K chunks; None: chunks replayed as they are.
+    #: each lane's last K chunks.
     ensemble: Any = None
     chunk_len: int = 1  # K, the policy's chunk length (1 for single actions)
-    #: A sweep's settings (``jaxmesh.sweep``): each cell's ``(h, d)``, cell c
-    #: running episodes ``c * cell_episodes ..``; a lane takes its episode's
-    #: (h, d) as data (``AgentState.setting``), ``h`` and ``lead`` being the
-    #: largest h and d. None: one setting, static.
+    #: A sweep's (``jaxmesh.sweep``) ``(h, d)`` per cell of ``cell_episodes``
+    #: episodes, taken per lane as data; ``h`` and ``lead`` are the largest.
     grid: tuple[tuple[int, int], ...] | None = None
     cell_episodes: int = 0
 
     @property
     def execution_horizon(self) -> int:
-        """Actions executed from one plan (CONTRACT 24): h, h + d under a
-        delay, K under ensembling, a sweep's largest h + d."""
+        """Actions executed from one plan (CONTRACT 24)."""
         if self.ensemble is not None:
             return self.chunk_len
         if self.grid is not None:
@@ -71,7 +59,7 @@ class AgentConfig:
 
     # ((name, treedef, ((shape, dtype), ...)), ...): each Text input's encoding
     texts: tuple = ()
-    #: The names of the spec's PendingChunk inputs (all see the same tail).
+    #: The spec's PendingChunk inputs (all see the same tail).
     pending_names: tuple[str, ...] = ()
 
 
@@ -90,8 +78,7 @@ class AgentState:
     ring: Any = None  # [N, K, K, *A] ensembling: step s's chunk in slot s % K
     setting: Any = None  # [N, 2] int32 under a sweep: each lane's (h, d)
     #: [N, K, *A] with a PendingChunk input: the tail of each lane's latest
-    #: chunk, aligned with the next plan's chunk (``tail_start``), zeros past
-    #: its ``tail_len`` ([N] int32) valid entries (None otherwise).
+    #: chunk (``tail_start``), zeros past its ``tail_len`` ([N]) entries.
     tail: Any = None
     tail_len: Any = None
 
@@ -110,8 +97,7 @@ def make_config(
     grid=None,
     cell_episodes=0,
 ) -> AgentConfig:
-    """The static agent configuration (``horizon`` and ``lead`` as the run's
-    plan has them)."""
+    """The static agent configuration."""
     spec = policy.spec
     raw = spec is None
     items = ((WHOLE_OBS, State()),) if raw else tuple(spec.items())
@@ -152,13 +138,12 @@ def make_config(
 
 
 def windowed(cfg: AgentConfig) -> tuple[tuple[str, Any], ...]:
-    """The inputs kept as frame windows (those that read the obs or action)."""
+    """The inputs kept as frame windows."""
     return tuple((n, d) for n, d in cfg.spec if d.reads_obs or d.reads_action)
 
 
 def pending_value(tail: jax.Array, tail_len: jax.Array, delay: Any) -> dict:
-    """What a PendingChunk input shows, per row: the tail ``[R, K, *A]``, its
-    mask (the first ``tail_len`` entries) and the delay ``d`` (an int or [R])."""
+    """What a PendingChunk input shows per row: the tail, its mask and ``d``."""
     k = tail.shape[1]
     mask = jnp.arange(k, dtype=jnp.int32)[None, :] < tail_len[:, None]
     delay = jnp.broadcast_to(jnp.asarray(delay, jnp.int32), tail_len.shape)
@@ -172,16 +157,13 @@ def pending_zeros(cfg: AgentConfig, n: int, length: int) -> dict:
 
 
 def tail_start(h: Any, d: Any, planned_late: bool) -> Any:
-    """The index of a new chunk's entry for the step of the next plan's first
-    entry (CONTRACT 29): the next plan's PendingChunk shows ``chunk[start:]``.
-    A synchronous plan's next plan comes at cursor h - d (start h - d); a
-    chunk planned ahead (a delay or a lead) is followed at its entry h."""
+    """The entry of a new chunk from which the next plan's PendingChunk shows
+    it (CONTRACT 29): h - d for a synchronous plan, h for one planned ahead."""
     return h if planned_late else h - d
 
 
 def _shifted(out: jax.Array, start: Any, k: int) -> tuple[jax.Array, jax.Array]:
-    """``out[:, start:]`` padded with zeros to K entries ([tile, K, *A]) and
-    the number of valid entries ([tile]); ``start`` an int or [tile] ints."""
+    """``out[:, start:]`` zero-padded to K entries, and the valid entries."""
     start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), out.shape[:1])
     at = start[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
     valid = at < out.shape[1]
@@ -194,7 +176,7 @@ def _shifted(out: jax.Array, start: Any, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def text_zeros(cfg: AgentConfig, n: int, xp: Any = jnp) -> dict:
-    """Zeros of the Text inputs' encodings for ``n`` lanes (``xp``: jnp or np)."""
+    """Zeros of the Text inputs' encodings for ``n`` lanes."""
     return {
         name: jax.tree.unflatten(
             treedef, [xp.zeros((n,) + tuple(s), d) for s, d in leaves]
@@ -221,8 +203,8 @@ def _where(mask, a, b):
 def policy_inputs(
     cfg: AgentConfig, windows: dict, texts: dict, pending: dict | None = None
 ) -> Any:
-    """What the policy sees per lane: frames (a stacked window for stack > 1),
-    Text encodings and ``pending`` for PendingChunk inputs."""
+    """What the policy sees per lane: frames (or stacked windows), Text
+    encodings and ``pending`` for PendingChunk inputs."""
     out = {}
     for name, decl in cfg.spec:
         if isinstance(decl, Text):
@@ -248,7 +230,7 @@ def _reset_windows(cfg: AgentConfig, obs: Any, prev: jax.Array) -> dict:
 
 
 def _initial_rstate(policy: Policy, n: int) -> Any:
-    """The policy's initial recurrent state for ``n`` lanes (None: none)."""
+    """The policy's initial recurrent state for ``n`` lanes."""
     if policy.initial_state is None:
         return None
     one = policy.initial_state()
@@ -286,9 +268,7 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
 
 
 def cell_setting(cfg: AgentConfig, episodes: Any, xp: Any = jnp) -> Any:
-    """[N, 2] the ``(h, d)`` of each lane's episode under a sweep
-    (``cfg.grid``): episode i runs cell ``i // cfg.cell_episodes``. ``xp`` is
-    jnp in the jitted step, np where a host loop paces its lanes by them."""
+    """[N, 2] the ``(h, d)`` of each lane's episode under a sweep."""
     table = xp.asarray(cfg.grid, xp.int32)
     cell = xp.clip(xp.asarray(episodes) // cfg.cell_episodes, 0, len(cfg.grid) - 1)
     return table[cell]
@@ -302,10 +282,8 @@ def begin(
     obs: Any,
     episodes: jax.Array | None = None,
 ) -> AgentState:
-    """Starts episodes on the lanes in ``mask`` from their reset observation:
-    windows of the reset frame, the chunk exhausted, a synchronous plan due.
-    Under a sweep a lane takes the (h, d) of its episode (``episodes``: [N]).
-    """
+    """Starts episodes on the lanes in ``mask`` from their reset observation
+    (under a sweep with the (h, d) of their ``episodes``)."""
     n, h = cfg.num_envs, cfg.h
     prev0 = jnp.zeros((n,) + cfg.action_shape, cfg.action_dtype)
     full = _reset_windows(cfg, obs, prev0)
@@ -333,8 +311,7 @@ def begin(
 
 
 def plan_keys(ep_keys: jax.Array, t: jax.Array, stream: int) -> jax.Array:
-    """[N] the keys a stochastic policy plans with at each lane's step ``t``
-    (``stream``: ``STREAM_PLAN`` or ``STREAM_PREFETCH``)."""
+    """[N] the keys a stochastic policy plans with at each lane's step ``t``."""
     return fold_in(fold_in(ep_keys, stream), t)
 
 
@@ -350,14 +327,10 @@ def _plan(
     start: Any = 0,
     episodes: Any = None,
 ) -> tuple[Any, AgentState, jax.Array]:
-    """Plans the lanes in ``need`` in fixed tiles; writes chunks into ``buf``.
-
-    ``write(buf, idx, out) -> buf`` puts a tile's chunks ([tile, K, *A]) into
-    rows ``idx`` (default: their first h actions); with a PendingChunk input
-    ``out[start:]`` becomes the tail. A policy that ``takes_rows`` is told
-    each row's lane and its episode. Returns the buffer, the state and the
-    rows computed.
-    """
+    """Plans the lanes in ``need`` in fixed tiles, ``write(buf, idx, out)``
+    putting a tile's chunks into ``buf`` (default: their first h actions);
+    with a PendingChunk input ``out[start:]`` becomes the tail. Returns the
+    buffer, the state and the rows computed."""
     h = cfg.h
     pending = None
     if cfg.pending_names:
@@ -425,15 +398,9 @@ def act(
     t: jax.Array,
     episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
-    """Plans where needed and returns the action each lane executes now.
-
-    Args:
-      active: [N] lanes running an episode (masked lanes plan nothing).
-      ep_keys: [N] episode keys (``PRNGKey(seed)``).
-      t: [N] step index within each lane's episode.
-      episodes: [N] each lane's episode, told to a policy that ``takes_rows``
-        (None: not told).
-    """
+    """Plans where needed and returns the action each ``active`` lane
+    executes now at step ``t``; ``episodes`` is told to a policy that
+    ``takes_rows``."""
     if cfg.ensemble is not None:
         state, action = _ensemble(
             cfg, policy, params, state, active, ep_keys, t, episodes
@@ -493,8 +460,7 @@ def _replay_setting(cfg: AgentConfig, state: AgentState) -> tuple[Any, Any, Any]
 
 
 def _actions_from(out: jax.Array, start: Any, h: int) -> jax.Array:
-    """[tile, h, *A] actions ``start .. start + h - 1`` of each chunk of ``out``
-    ([tile, K, *A]); ``start`` an int or [tile] ints (past K: the last one)."""
+    """Actions ``start .. start + h - 1`` of each chunk (past K: the last)."""
     if isinstance(start, int):
         return out[:, start : start + h]
     at = jnp.clip(start[:, None] + jnp.arange(h), 0, out.shape[1] - 1)
@@ -517,9 +483,8 @@ def _executed(
 
 
 def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Array:
-    """[N] the ensembled action at episode step ``t`` from each lane's ring:
-    slot s holds the chunk planned ``(t - s) % K`` steps ago (valid when that
-    age is at most t), whose entry for step t is ``chunk[age]``."""
+    """[N] the ensembled action at step ``t``: ring slot s holds the chunk
+    planned ``(t - s) % K`` steps ago, its entry for step t at that age."""
     k = cfg.chunk_len
     age = (t[:, None] - jnp.arange(k, dtype=t.dtype)[None, :]) % k  # [N, K]
     valid = age <= t[:, None]
@@ -543,8 +508,7 @@ def _ensemble(
     t: jax.Array,
     episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
-    """Temporal ensembling: every active lane plans into slot ``t % K`` of its
-    ring; the action is ``ensemble_action``."""
+    """Temporal ensembling: every active lane plans into ring slot ``t % K``."""
     k = cfg.chunk_len
     slot = t % k
     keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
@@ -568,7 +532,7 @@ def _ensemble(
 
 
 def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
-    """Appends a frame to each lane's window (oldest first) where ``mask``."""
+    """Appends a frame to each lane's window where ``mask``."""
 
     def push(w, f):
         f = f[:, None].astype(w.dtype)
@@ -593,9 +557,7 @@ def _push_action(cfg: AgentConfig, windows: dict, prev: Any, mask: Any) -> dict:
 def observe(
     cfg: AgentConfig, state: AgentState, obs: Any, mask: jax.Array | None = None
 ) -> AgentState:
-    """Pushes the observation after an executed step into the obs windows of
-    every lane, or of the lanes in ``mask`` (a host loop's lanes that moved).
-    """
+    """Pushes the observation into the obs windows (of the lanes in ``mask``)."""
     windows = dict(state.windows)
     for name, decl in cfg.spec:
         if not decl.reads_obs:
@@ -607,13 +569,12 @@ def observe(
 
 def can_skip(cfg: AgentConfig) -> bool:
     """Whether a host loop may execute replayed chunk actions without an agent
-    step (``skip_replayed``): h > 1 and every window one frame deep."""
+    step (``skip_replayed``)."""
     return cfg.h > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 
 def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) -> Any:
-    """[N] lanes whose next action needs an agent step (``replay.due``);
-    ``h`` and ``lead``: each lane's under a sweep (None: the config's)."""
+    """[N] lanes whose next action needs an agent step (``replay.due``)."""
     if h is None:
         h, lead = cfg.h, cfg.lead
     if not cfg.lead:
@@ -622,10 +583,8 @@ def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) ->
 
 
 def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:
-    """Advances each lane past ``skip`` actions of its chunk that the host
-    executed without an agent step (``can_skip`` configs only): the cursor
-    moves and the previous action becomes the last skipped one (the next step
-    overwrites the one-frame observation windows)."""
+    """Advances each lane past ``skip`` chunk actions the host executed
+    without an agent step (``can_skip`` configs only)."""
     h = cfg.h
     cursor = state.cursor + skip
     at = jnp.reshape(
@@ -657,20 +616,12 @@ def host_step(
     begin the episodes in ``started``, then plan and act.
 
     Args:
-      obs: [N] the current observation of every lane (the reset observation for
-        lanes in ``started``).
-      started: [N] lanes whose episode starts at this step.
-      active: [N] lanes running an episode; the others plan nothing.
-      ep_keys: [N] episode keys; t: [N] step index within each episode.
-      moved: [N] lanes whose ``obs`` is new (default: every lane). A lane not in
-        ``moved`` nor ``active`` keeps its whole state: a host loop may step
-        only the lanes whose env has answered.
-      skip: [N] replayed actions each lane executed on the host since its last
-        agent step (``skip_replayed``; None: none).
-      texts: each Text input's encoded instruction per lane ([N, ...]); None:
-        those the state holds.
-      episodes: [N] the budget episode each lane runs, under a sweep
-        (``cfg.grid``): a lane in ``started`` takes its episode's (h, d).
+      moved: [N] lanes whose ``obs`` is new (default: all); a lane neither
+        moved nor ``active`` keeps its whole state.
+      skip: replayed actions each lane executed on the host since its last
+        agent step (``skip_replayed``).
+      texts: each Text input's encoding per lane (None: the state's).
+      episodes: each lane's budget episode, under a sweep.
 
     Returns:
       The new agent state and [N] actions (meaningless for inactive lanes).

@@ -1,9 +1,6 @@
-"""What the scan engine carries, and the host arithmetic of a run's first carry.
-
-The static configuration, the lane state, the loops' carries, and the pure
-host functions that start a run: the first lanes (CONTRACT 3), a run's own
-values (``given``, ``refill``) and the seed window a segment reads
-(``window``; docs/evaluation.md, "Compiling once"). Nothing here compiles.
+"""What the scan engine carries, and the host arithmetic of a run's first carry:
+the first lanes (CONTRACT 3), a run's own values (``given``, ``refill``) and
+the seed window a segment reads (docs/evaluation.md, "Compiling once").
 """
 
 from __future__ import annotations
@@ -24,20 +21,18 @@ DEFAULT_MAX_STEPS = 100_000
 NO_EPISODE = np.iinfo(np.int32).max
 
 #: A segment's seed window spans this many logs' worth of episodes (plus N),
-#: so the host puts a new one only every few segments (``window_fits``).
+#: so the host puts a new one only every few segments.
 WINDOW_LOGS = 4
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrialReset:
-    """Episodes that start from a trial index (``jaxmesh.run.initial``)
-    instead of ``env.reset(key)``.
+    """Episodes that start from a trial index (``jaxmesh.run.initial``).
 
     Attributes:
-      reset: one lane's ``reset(key, trial, data) -> (obs, state)``, shaped as
-        ``env.reset``'s.
+      reset: one lane's ``reset(key, trial, data) -> (obs, state)``.
       data: the shapes (``jax.ShapeDtypeStruct`` leaves) of the data ``reset``
-        reads (``()`` for none), which rides in ``LaneState.trials``.
+        reads (``()`` for none), carried in ``LaneState.trials``.
     """
 
     reset: Any
@@ -56,31 +51,26 @@ class EngineConfig:
     agent: agent.AgentConfig
     #: ``(info key, reduction)`` pairs kept per episode (``tally.REDUCTIONS``).
     metrics: tuple[tuple[str, str], ...] = ()
-    #: The info key that is an episode's success signal (None: none): its last
-    #: value and whether any step had it non-zero are kept per episode.
+    #: The info key of the success signal (None: none).
     success: str | None = None
-    #: The reset's info (``env.reset_with_info``) holds the success key: each
-    #: episode also keeps whether it was successful at reset.
+    #: The reset's info (``env.reset_with_info``) holds the success key.
     success_at_reset: bool = False
-    #: Recorded episodes (``jaxmesh.Record``): how many (0: no recording), the
-    #: steps kept per episode, and the observation leaves kept (None: all).
+    #: Recorded episodes (``jaxmesh.Record``): how many (0: none), the steps
+    #: kept per episode, the observation leaves kept (None: all), and whether
+    #: the env's render state is kept.
     record_slots: int = 0
     record_steps: int = 0
     record_keys: tuple[str, ...] | None = None
-    #: The recording keeps the env's render state per step
-    #: (``env.render_state(state)``; ``Record.states``).
     record_states: bool = False
-    #: Step events: each step sends its per-lane arrays to ``Engine``'s
-    #: ``on_step`` (an ordered ``io_callback``). False: none compiled in.
+    #: Each step sends its per-lane arrays to ``Engine``'s ``on_step``.
     step_events: bool = False
-    #: Episodes start from a trial index (``TrialReset``); None: from
-    #: ``env.reset(PRNGKey(seed))``.
+    #: Episodes start from a trial index; None: from ``env.reset(PRNGKey(seed))``.
     trials: TrialReset | None = None
 
     @property
     def accumulators(self) -> tuple[tuple[str, str], ...]:
-        """Every per-lane accumulator: the metrics, then the success key's last
-        value and whether any step had it."""
+        """The metrics, then the success key's last value and whether any
+        step had it."""
         if self.success is None:
             return self.metrics
         return self.metrics + ((self.success, "last"), (self.success, "any"))
@@ -100,27 +90,24 @@ class LaneState:
     ret: jax.Array  # [N] return so far
     key: jax.Array  # [N, 2] PRNGKey(seed) of the current episode (at hand-over)
     env_state: Any
-    #: [window_size] under ``run_segment``: the seeds of episodes ``base,
-    #: base + 1, ...`` (the segment's window); [capacity] under ``run``.
+    #: The seeds of episodes ``base, base + 1, ...`` (a segment's window), or
+    #: [capacity] under ``run``.
     seeds: jax.Array
     budget: jax.Array  # () episodes to score
     base: jax.Array  # () the episode of ``seeds[0]`` (and of the trial indices')
     next_episode: jax.Array  # () next unstarted episode index
     n_done: jax.Array  # () episodes ended
-    #: [N] per accumulator of ``EngineConfig.accumulators``: the reduction so
-    #: far of the current episode's info values (empty without metrics).
+    #: [N] per ``EngineConfig.accumulators``: the current episode's reduction.
     acc: tuple = ()
-    #: With ``EngineConfig.trials``: ``(trial_of, data)``, the trial index of
-    #: each episode of the window and the data the reset reads.
+    #: With ``EngineConfig.trials``: ``(trial_of, data)`` for the window.
     trials: tuple = ()
-    #: [N] bool: the current episode's reset info had a non-zero success key
-    #: (None unless ``EngineConfig.success_at_reset``).
+    #: [N] the current episode's reset info had a non-zero success key (None
+    #: unless ``EngineConfig.success_at_reset``).
     reset_success: Any = None
 
 
-#: The lane fields a run brings and the counters it reads before it writes
-#: them; with ``AGENT_GIVEN``, all that ``refill`` puts anew (every other
-#: field is written when a lane begins an episode).
+#: The lane and agent fields a run brings, and the counters it reads before it
+#: writes them: all that ``refill`` puts anew.
 GIVEN = (
     "seeds",
     "base",
@@ -132,8 +119,6 @@ GIVEN = (
     "active",
     "n_done",
 )
-#: The agent's: which lanes must plan (none), the policy rows (zero) and the
-#: instructions' encodings.
 AGENT_GIVEN = ("fresh", "rows", "texts")
 
 
@@ -146,21 +131,20 @@ class Carry:
 
 @struct.dataclass
 class Inner:
-    """The inner loop's state (``Engine``): per-lane arrays and a few
-    counters, never the result buffers."""
+    """The inner loop's state: per-lane arrays and counters, no result buffer."""
 
     lanes: LaneState
     agent: agent.AgentState
     recording: Any  # the recording buffers (None without ``record_slots``)
-    #: [R] bool: each recorded episode was done when the loop began (None
-    #: without ``record_slots``); none ends before the loop's last step.
+    #: [R] each recorded episode was done when the loop began (None without
+    #: ``record_slots``).
     record_done: Any
     fault: tally.Fault
     env_steps: jax.Array  # () executed env steps of active lanes
     steps: jax.Array  # () steps of the segment so far
     go_on: jax.Array  # () no step event was refused
-    #: [N] bool, of the last step: the lane's episode ended, terminated,
-    #: truncated, and ended with no bad value (scored).
+    #: [N] of the last step: the lane's episode ended, terminated, truncated,
+    #: and ended with no bad value (scored).
     ended: jax.Array
     terminated: jax.Array
     truncated: jax.Array
@@ -168,18 +152,14 @@ class Inner:
 
 
 def window_size(config: EngineConfig) -> int:
-    """The seeds a segment's window holds: ``WINDOW_LOGS * capacity + N`` (a
-    segment hands over at most ``capacity`` episodes, and its first step's
-    lanes took theirs at most N episodes before)."""
+    """The seeds a segment's window holds: a segment hands over at most
+    ``capacity`` episodes, and its first lanes took theirs at most N before."""
     return WINDOW_LOGS * config.capacity + config.agent.num_envs
 
 
 def first_lanes(xp, n: int, budget: Any) -> dict:
-    """Lane bookkeeping at the start of a run: lane j starts episode j (CONTRACT 3).
-
-    Every lane is reset on the first step, so that a masked lane (j >= budget)
-    steps a valid env state that is never scored (``xp``: numpy or jax.numpy).
-    """
+    """Lane j starts episode j (CONTRACT 3); every lane is reset on the first
+    step, so that a masked lane steps a valid env state never scored."""
     start, episode, next_episode = rules.next_episodes(
         xp, xp.ones((n,), bool), 0, budget
     )
@@ -194,13 +174,12 @@ def window(
     config: EngineConfig, seeds: np.ndarray, next_episode: int, trial_of: Any = None
 ) -> dict:
     """The window of a segment whose next unstarted episode is
-    ``next_episode`` (host arrays): ``base = max(0, next_episode - N)`` and the
-    seeds (and trial indices) of episodes ``base, ...``, zero past the budget.
-    """
+    ``next_episode``: ``base = max(0, next_episode - N)`` and the seeds (and
+    trial indices) of episodes ``base, ...``, zero past the budget."""
     size = window_size(config)
     base = max(0, int(next_episode) - config.agent.num_envs)
 
-    def cut(values):  # masked lanes read seed 0 (trial 0) past the budget
+    def cut(values):
         out = np.zeros((size,), np.int32)
         part = np.asarray(values)[base : base + size]
         out[: part.size] = part
@@ -214,7 +193,7 @@ def window(
 
 def window_fits(config: EngineConfig, base: int, next_episode: int) -> bool:
     """Whether the window at ``base`` holds every episode a segment that
-    starts with ``next_episode`` may begin (see ``window_size``)."""
+    starts with ``next_episode`` may begin."""
     first = max(0, int(next_episode) - config.agent.num_envs)
     end = int(next_episode) + config.capacity
     return base <= first and end <= base + window_size(config)
@@ -273,19 +252,10 @@ def refill(
     device: Any = None,
     **run: Any,
 ) -> Carry:
-    """``Engine.first_carry`` on the buffers of a finished run: only
-    ``GIVEN`` and ``AGENT_GIVEN`` travel to the device, in one transfer
-    (docs/evaluation.md, "Compiling once").
-
-    Args:
-      config: the engine's.
-      spare: ``(lanes, agent)`` a run of this engine ended with (donated to
-        this run's first segment).
-      results0: device results of a first carry (never donated, so still
-        zero).
-      seeds, device: as for ``Engine.first_carry``; ``run``: its ``record``,
-        ``trials`` and ``texts``.
-    """
+    """``Engine.first_carry`` on the ``spare`` ``(lanes, agent)`` of a finished
+    run and the zero ``results0`` of a first carry: only ``GIVEN`` and
+    ``AGENT_GIVEN`` travel to the device, in one transfer. ``run``: the
+    run's ``record``, ``trials`` and ``texts``."""
     lanes, ag = spare
     put = given(config, Carry(lanes, ag, results0), seeds, **run)
     host = (

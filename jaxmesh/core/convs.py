@@ -1,16 +1,10 @@
 """A policy's 2-D convolutions in the layout XLA:CPU runs fast inside loops.
 
-XLA:CPU runs a convolution with Eigen's fast kernel only when its input is
-NHWC and its kernel HWIO; it rewrites other layouts (PyTorch's, Equinox's)
-only at a program's top level. Inside a ``while_loop`` body, where the engine
-calls the policy, one runs on a naive loop, about ten times slower (a small
-Atari net on 8 rows: 12 ms instead of 1.4 ms).
-
-``canonical_convs(policy)`` writes each such convolution as transpose ->
-NHWC/HWIO convolution -> transpose, as XLA does at the top level, binding every
-other operation as it was. Convolutions inside the policy's own ``jit``-ed
-functions and custom derivative rules are rewritten too (inlined); ones inside
-its own loops or ``cond`` are left as they are.
+XLA:CPU rewrites a non-NHWC/HWIO convolution to its fast kernel only at a
+program's top level; in the engine's loop body it runs on a naive loop, ten
+times slower. ``canonical_convs`` writes each as transpose -> NHWC/HWIO
+convolution -> transpose, inlining the policy's ``jit``-ed functions and
+custom derivative rules (not its own loops or ``cond``).
 """
 
 from __future__ import annotations
@@ -23,12 +17,10 @@ import jax
 from jax import lax
 from jax.extend import core as jcore
 
-#: The dimension numbers XLA:CPU's fast path takes (NHWC, HWIO, NHWC), as
-#: ``ConvDimensionNumbers`` holds them: (batch, feature, *spatial) positions.
+#: NHWC, HWIO, NHWC as ``ConvDimensionNumbers`` holds them.
 _LHS, _RHS, _OUT = (0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)
 
-#: Primitives whose inner jaxpr is inlined when it holds a convolution to
-#: rewrite (calls: inlining changes no value).
+#: Calls whose inner jaxpr is inlined when it holds a convolution to rewrite.
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call")
 _CALLS += ("custom_vjp_call", "custom_vjp_call_jaxpr", "checkpoint", "remat")
 
@@ -41,8 +33,7 @@ def canonical_convs(policy: Any) -> Any:
 
 
 def rewrite(fn: Any) -> Any:
-    """``fn`` with its non-NHWC 2-D convolutions written as NHWC ones between
-    transposes (module docstring); the same values when it has none."""
+    """``fn`` with its non-NHWC 2-D convolutions written as NHWC ones."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -72,7 +63,7 @@ def _slow(eqn: Any) -> bool:
 
 
 def _inner(eqn: Any) -> Any:
-    """The inlinable jaxpr of a call eqn (``_CALLS``), as (jaxpr, consts)."""
+    """The inlinable (jaxpr, consts) of a call eqn, or None."""
     if eqn.primitive.name not in _CALLS:
         return None
     for name in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
@@ -96,8 +87,7 @@ def _needs(jaxpr: Any) -> bool:
 
 
 def _eval(jaxpr: Any, consts: Any, args: Any) -> list:
-    """``jaxpr``'s values, binding every eqn as it is except the convolutions
-    to rewrite (``_conv``) and calls that hold one (inlined)."""
+    """``jaxpr``'s values, with the convolutions to rewrite rewritten."""
     env: dict = {}
 
     def read(v):

@@ -1,9 +1,6 @@
-"""``jax.random.fold_in`` for the engine's per-lane keys, as one fused kernel.
-
-On a CPU, JAX lowers Threefry-2x32 to a five-iteration loop, which compiles to
-about sixteen kernels in loops that run every step. ``fold_in`` here is the
-same hash written out (one elementwise kernel), bit for bit
-``jax.random.fold_in``'s; under another default PRNG it is that function.
+"""``jax.random.fold_in`` for the engine's per-lane keys, as one fused kernel:
+on a CPU JAX lowers Threefry-2x32 to a loop of about sixteen kernels; written
+out it is one elementwise kernel, bit for bit the same.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ _PARITY = np.uint32(0x1BD11BDA)
 
 
 def threefry2x32(k0, k1, x0, x1):
-    """Threefry-2x32 with 20 rounds (Salmon et al., SC'11) of the word pairs
-    ``(x0, x1)`` under the key ``(k0, k1)``; uint32 arrays that broadcast."""
+    """Threefry-2x32, 20 rounds (Salmon et al., SC'11), of uint32 arrays."""
     ks = (k0, k1, k0 ^ k1 ^ _PARITY)
     x0, x1 = x0 + ks[0], x1 + ks[1]
     for i in range(5):  # five groups of four rounds, a key injection after each
@@ -39,8 +35,7 @@ def threefry_default() -> bool:
 
 
 def fold_in(keys: jax.Array, data) -> jax.Array:
-    """``jax.vmap(jax.random.fold_in)(keys, data)``: [n, 2] uint32 raw keys and
-    [n] (or scalar) non-negative int32 data."""
+    """``jax.vmap(jax.random.fold_in)(keys, data)`` for [n, 2] raw keys."""
     if not threefry_default():
         data = jnp.broadcast_to(jnp.asarray(data), keys.shape[:1])
         return jax.vmap(jax.random.fold_in)(keys, data)

@@ -1,8 +1,6 @@
-"""Turns what a user passes as a policy into one batched apply function.
-
-The engine sees a ``jaxmesh.types.Policy``; a plain single-lane function is
-wrapped here, anything else provides ``as_policy`` (the
-``jaxmesh.types.PolicyLike`` protocol, which ``jaxmesh.Model`` implements).
+"""Turns what a user passes as a policy into the engine's
+``jaxmesh.types.Policy``: a plain single-lane function is wrapped here; anything
+else provides ``as_policy`` (``jaxmesh.types.PolicyLike``, e.g. a Model).
 """
 
 from __future__ import annotations
@@ -17,18 +15,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Policy lives in types, beside the PolicyLike whose as_policy returns one, so
-# that types needs nothing from here; the engine may import it from either.
 from jaxmesh.types import Policy, PolicyLike
 
-#: The optional parameter through which a chunk corner learns how many of its
-#: actions the run executes from one plan (CONTRACT 24).
+#: The optional parameter telling a chunk corner how many of its actions the
+#: run executes from one plan (CONTRACT 24).
 EXECUTION_HORIZON = "execution_horizon"
 
 
 def positional_arity(fn: Callable) -> int | None:
-    """Required positional parameters ``fn`` takes, those with defaults not
-    counted (None: unknowable)."""
+    """Required positional parameters of ``fn`` (None: unknowable)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -54,8 +49,8 @@ def takes_param(fn: Callable, name: str) -> bool:
 
 def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable, bool]:
     """``fn(obs[, key])`` (``with_params``: ``fn(params, obs[, key])``; or an
-    optional ``key=``) as a batched ``apply``: returns ``(apply, stochastic)``.
-    Raises TypeError for another number of required positional arguments."""
+    optional ``key=``) as a batched ``apply``: returns ``(apply, stochastic)``;
+    TypeError for another arity."""
     arity = positional_arity(fn)
     base = 1 + int(with_params)
     if arity is None:
@@ -96,9 +91,8 @@ def _as_is(tree: Any) -> Any:
 
 
 def _numpy_on_device(tree: Any) -> Any:
-    """``tree`` with its numpy array leaves put on jax's default device: the
-    copy jit would make at each call (about a third of an agent step of a
-    2x256 MLP over 16 lanes), made once, with the same values."""
+    """``tree`` with its numpy leaves on jax's default device: the copy jit
+    would make at each call (a third of a 2x256 MLP's step), made once."""
     if tree is None:
         return None
     return jax.tree.map(
@@ -107,18 +101,12 @@ def _numpy_on_device(tree: Any) -> Any:
 
 
 def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
-    """Resolves a user policy into the engine's ``Policy``.
-
-    Args:
-      policy: an object with ``as_policy`` (``jaxmesh.types.PolicyLike``, e.g.
-        a ``jaxmesh.Model``), or a single-lane function.
-      with_params: True for ``make_evaluator`` and ``evaluate(params=...)``,
-        where a plain function takes the params first (``fn(params, obs[,
-        key])``).
+    """Resolves a ``PolicyLike`` or a single-lane function (with
+    ``with_params``: ``fn(params, obs[, key])``) into the engine's ``Policy``.
 
     Raises:
-      TypeError: ``policy`` is neither, or a function of the wrong arity, or
-        ``as_policy`` returned something else than a ``Policy``.
+      TypeError: neither, a function of the wrong arity, or ``as_policy``
+        returned no ``Policy``.
     """
     if isinstance(policy, PolicyLike):
         pol = policy.as_policy(with_params=with_params)
@@ -156,8 +144,8 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
 
 
 def declares_chunk(policy: Policy) -> bool:
-    """Whether the policy says it returns chunks: a declared ``native_chunk``,
-    a ``predict_chunk`` corner, or an ``execution_horizon`` parameter."""
+    """Whether the policy declares chunks (``native_chunk``, a chunk corner or
+    an ``execution_horizon`` parameter)."""
     return (
         policy.native_chunk is not None
         or policy.declares_chunk
@@ -198,15 +186,12 @@ def output_chunk(
     *,
     chunk_meant: bool = False,
 ) -> int | None:
-    """Tells a chunk (returns K) from a single action (returns None) by shape.
-
-    ``chunk_meant``: the run or the policy's inputs ask for chunks (an
-    ensemble, a ``PendingChunk`` input). A chunk nobody asked for, played at
-    horizon 1, warns once (CONTRACT 11).
+    """Tells a chunk (returns K) from a single action (None) by shape; a chunk
+    nobody asked for (``chunk_meant``: the run or inputs do) played at horizon
+    1 warns (CONTRACT 11).
 
     Raises:
-      TypeError: the output is neither ``action_shape`` nor ``(K,) + action_shape``,
-        or a float output for a discrete env.
+      TypeError: neither shape, or a float output for a discrete env.
       ValueError: the chunk length differs from the declared ``native_chunk``.
     """
     if not isinstance(out, jax.ShapeDtypeStruct):

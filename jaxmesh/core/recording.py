@@ -1,7 +1,5 @@
-"""The engine's recording steps: recorded episodes written step by step into
-the buffers of ``tally.Recording`` on the device. Each write touches the R
-slots, never the N lanes (``lanes_of``: an [R, N] comparison).
-"""
+"""The engine's recording steps into ``tally.Recording``'s buffers; each write
+touches the R slots, never the N lanes."""
 
 from __future__ import annotations
 
@@ -30,27 +28,25 @@ def done(rec: Any, lanes: LaneState) -> jax.Array:
 
 
 def lanes_of(rec: Any, mask: jax.Array, episode: jax.Array) -> tuple:
-    """Per slot: whether a lane in ``mask`` runs its episode, and which lane."""
+    """Per slot: whether a lane in ``mask`` runs its episode, and which."""
     match = (rec.episodes[:, None] == episode[None, :]) & mask[None, :]
     return jnp.any(match, axis=1), jnp.argmax(match, axis=1)
 
 
 def render_states(env: Any, rec: Any, env_state: Any) -> Any:
-    """The lanes' render states, or None when the recording keeps none."""
+    """The lanes' render states (None: not recorded)."""
     if rec.states is None:
         return None
     return jax.vmap(env.render_state)(env_state)
 
 
 def _put(slots: jax.Array, at: jax.Array, lane: jax.Array):
-    """Writes lane ``lane``'s value at step ``at`` of each slot (past the
-    buffer: dropped)."""
+    """Writes lane ``lane``'s value at step ``at`` of each slot."""
     return lambda b, x: b.at[slots, at].set(x[lane].astype(b.dtype), mode="drop")
 
 
 def reset(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, begins, obs):
-    """Writes the reset observation (and render state) of recorded episodes
-    that begin now."""
+    """Writes the reset of recorded episodes that begin now."""
     has, lane = lanes_of(rec, begins, lanes.episode)
     slots = jnp.arange(has.shape[0])
     put = _put(slots, jnp.where(has, 0, config.record_steps + 1), lane)
@@ -62,8 +58,8 @@ def reset(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, begins, ob
 
 def step(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, **values):
     """Writes step ``lanes.t`` of the recorded episodes running now
-    (``values``: per lane ``obs`` and ``states`` after the step, ``actions``,
-    ``rewards``, ``terminated``, ``truncated``; past ``record_steps``: cut)."""
+    (``values``: per lane ``obs``, ``states``, ``actions``, ``rewards``,
+    ``terminated``, ``truncated``)."""
     has, lane = lanes_of(rec, lanes.active, lanes.episode)
     slots = jnp.arange(has.shape[0])
     at = jnp.where(has, lanes.t[lane], config.record_steps + 1)

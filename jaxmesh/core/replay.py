@@ -1,26 +1,14 @@
 """The chunk replay rules, written once (CONTRACT 10-12, 23).
 
-A lane replays a chunk of h actions; its cursor c is the index of the next
-action to play (c = h: exhausted, a plan is due). Under a prefetch lead L (a
-delay d is planned as a lead of d) the next chunk is also planned at c = h - L.
-The jitted agent step, the host loop and served segments all ask these.
-
-Each function takes numpy or ``jax.numpy`` arrays (or ints; ``xp`` where it
-must build an array); ``h`` and ``lead`` are ints, or [N] arrays under a sweep.
+A lane's cursor c is the index of the next action of its h-action chunk to
+play (c = h: exhausted, a plan is due); under a prefetch lead L (a delay d is a
+lead of d) the next chunk is planned at c = h - L. Arguments are numpy or
+``jax.numpy`` arrays or ints; ``h`` and ``lead`` [N] arrays under a sweep.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-__all__ = [
-    "due",
-    "exhausted",
-    "known_until",
-    "play_index",
-    "prefetch_due",
-    "segment_offsets",
-]
 
 
 def exhausted(cursor: Any, h: Any) -> Any:
@@ -29,30 +17,27 @@ def exhausted(cursor: Any, h: Any) -> Any:
 
 
 def prefetch_due(cursor: Any, h: Any, lead: Any) -> Any:
-    """[N] lanes whose next chunk is planned now, ahead of time: the playing
-    chunk has ``lead`` actions left (lanes with ``lead = 0`` never)."""
+    """[N] lanes whose playing chunk has ``lead`` (> 0) actions left."""
     return (lead > 0) & (cursor == h - lead)
 
 
 def due(cursor: Any, h: Any, lead: Any) -> Any:
-    """[N] lanes whose next action needs a plan: the chunk is exhausted or
-    the prefetch is due (the others replay the chunk they hold)."""
+    """[N] lanes whose next action needs a plan (exhausted or prefetch due)."""
     if isinstance(lead, int) and lead == 0:
         return exhausted(cursor, h)
     return exhausted(cursor, h) | prefetch_due(cursor, h, lead)
 
 
 def play_index(cursor: Any, h: Any, xp: Any) -> Any:
-    """[N] the chunk index each lane plays now (an exhausted lane's last,
-    which a lane plays only if it is masked and so executes nothing)."""
+    """[N] the chunk index each lane plays now (exhausted: the last, played
+    only by a masked lane, which executes nothing)."""
     return xp.minimum(cursor, h - 1)
 
 
 def known_until(played: Any, t: Any, h: Any, lead: Any, xp: Any) -> Any:
-    """[N] the step before which every action of each lane is known, once the
-    action at chunk index ``played`` has been played at episode step ``t``: a
-    chunk's start makes its h actions known, a prefetch the next h too; other
-    indices add nothing (-1)."""
+    """[N] the step before which each lane's actions are known after playing
+    chunk index ``played`` at step ``t``: a chunk's start makes its h actions
+    known, a prefetch the next h too; other indices add nothing (-1)."""
     start = t - played
     out = xp.where(played == 0, start + h, -1)
     return xp.where((lead > 0) & (played == h - lead), start + 2 * h, out)
@@ -60,8 +45,7 @@ def known_until(played: Any, t: Any, h: Any, lead: Any, xp: Any) -> Any:
 
 def segment_offsets(h: int, lead: int) -> list[int]:
     """The offsets from a chunk's first step at which its known actions (and
-    its prefetched successor's) are cut into segments: each chunk's end and
-    each prefetch point."""
+    its prefetched successor's) are cut into segments."""
     cuts = [h, 2 * h]
     if 0 < h - lead < h:
         cuts += [h - lead, 2 * h - lead]

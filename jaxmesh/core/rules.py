@@ -1,16 +1,8 @@
 """The rules of an episode, written once for the scan engine and the host loops
-(docs/evaluation.md, "The engine").
-
-Every function is pure and takes the array namespace first (``xp``: numpy or
-jax.numpy); none branches on an array's value, except a numpy shortcut for the
-usual step (said at the function). Dtypes come from the arguments.
-
-Example:
-  >>> import numpy as np
-  >>> ended = np.array([False, True, True])
-  >>> start, episode, next_episode = next_episodes(np, ended, 5, 6)
-  >>> start.tolist(), int(episode[1]), int(next_episode)
-  ([False, True, False], 5, 6)
+(docs/evaluation.md, "The engine"). Every function is pure and takes the array
+namespace first (``xp``: numpy or jax.numpy); none branches on an array's
+value but for a numpy shortcut for the usual step. Dtypes come from the
+arguments.
 """
 
 from __future__ import annotations
@@ -23,27 +15,16 @@ import numpy as np
 
 from jaxmesh.core import tally
 
-# Lanes ------------------------------------------------------------------------------
-
 
 def next_episodes(
     xp: Any, ended: Any, next_episode: Any, budget: Any, rank: Any = None
 ) -> tuple:
-    """Hands the next unstarted episodes to the lanes that ended (CONTRACT 3).
+    """Hands the next unstarted episodes to the lanes that ended (CONTRACT 3):
+    the k-th ended lane takes episode ``next_episode + k`` if below ``budget``.
 
-    The k-th ended lane (by index) takes episode ``next_episode + k`` if it is
-    below ``budget``; at a run's start every lane "ended" and lane j starts j.
-
-    Args:
-      ended: [N] bool, the lanes whose episode ended (or that are free).
-      next_episode: the next unstarted episode index (a scalar).
-      budget: the number of episodes of the run (a scalar).
-      rank: ``cumsum(ended)`` when the caller has it (None: computed here).
-
-    Returns:
-      ``(start, episode, next_episode)``: [N] bool, the lanes that start an
-      episode; [N] int32, the episode each of them starts (meaningless where
-      ``start`` is False); the new next unstarted episode index.
+    ``rank``: ``cumsum(ended)`` when the caller has it. Returns ``(start,
+    episode, next_episode)``: the lanes that start, the episode each starts,
+    the new next unstarted episode index.
     """
     ended = xp.asarray(ended, bool)
     if rank is None:
@@ -54,29 +35,15 @@ def next_episodes(
     return start, episode, xp.minimum(next_episode + taken, budget)
 
 
-# The step cap -----------------------------------------------------------------------
-
-
 def at_cap(xp: Any, length: Any, max_steps: int) -> Any:
-    """Whether an episode of ``length`` steps (this one included) has reached
-    ``max_steps``: it then ends truncated (CONTRACT 7)."""
+    """Whether an episode of ``length`` steps ends truncated (CONTRACT 7)."""
     return xp.asarray(length) >= max_steps
 
 
-# Bad values -------------------------------------------------------------------------
-
-
 def bad_components(xp: Any, actions: Any, num_actions: int | None) -> tuple[Any, int]:
-    """Which components of ``[k, *A]`` actions fail the run's checks.
-
-    Args:
-      actions: [k, *A] actions.
-      num_actions: the discrete action count, or None for continuous actions.
-
-    Returns:
-      ``(bad, kind)``: [k, prod(A)] bool; ``ACTION_OUT_OF_RANGE`` (outside
-      ``[0, num_actions)``) or ``ACTION_NOT_FINITE``.
-    """
+    """``(bad, kind)``: which components of ``[k, *A]`` actions fail the
+    run's checks ([k, prod(A)]), and the fault kind (``num_actions``: the
+    discrete action count, None for continuous actions)."""
     flat = xp.reshape(actions, (actions.shape[0], -1))
     if num_actions is not None:
         return (flat < 0) | (flat >= num_actions), tally.ACTION_OUT_OF_RANGE
@@ -84,25 +51,15 @@ def bad_components(xp: Any, actions: Any, num_actions: int | None) -> tuple[Any,
 
 
 def failing_actions(xp: Any, actions: Any, num_actions: int | None) -> Any:
-    """[k] bool: whether each of ``[k, *A]`` actions fails the run's checks
-    (a served lane's segment is cut before the first one)."""
+    """[k] whether each of ``[k, *A]`` actions fails the run's checks."""
     return xp.any(bad_components(xp, actions, num_actions)[0], axis=1)
 
 
 def action_faults(
     xp: Any, actions: Any, active: Any, num_actions: int | None
 ) -> tuple[Any, Any]:
-    """Per lane, the fault of the action it is about to execute.
-
-    Args:
-      actions: [N, *A] this step's actions.
-      active: [N] bool, the lanes that run an episode (others never fault).
-      num_actions: as for ``bad_components``.
-
-    Returns:
-      ``(kinds, values)``: [N] int32 fault kind (``NO_FAULT``: none) and [N]
-      float32 first bad component (0: none).
-    """
+    """Per active lane, the fault of its ``[N, *A]`` action: ``(kinds,
+    values)``, the fault kind and the first bad component (0: none)."""
     n = actions.shape[0]
     flat = xp.reshape(actions, (n, -1))
     bad, kind = bad_components(xp, flat, num_actions)
@@ -118,18 +75,8 @@ def action_faults(
 def reward_faults(
     xp: Any, rewards: Any, active: Any, kinds: Any = None, values: Any = None
 ) -> tuple[Any, Any]:
-    """Adds a non-finite reward to the step's faults (a lane whose action
-    faulted keeps that fault).
-
-    Args:
-      rewards: [N] this step's rewards.
-      active: [N] bool, the lanes that executed the step.
-      kinds, values: the step's faults so far (None: none).
-
-    Returns:
-      ``(kinds, values)`` as for ``action_faults``; a bad reward's value is
-      the reward.
-    """
+    """Adds the active lanes' non-finite rewards to the step's faults so far
+    (``kinds, values``; None: none), a lane's action fault first."""
     n = rewards.shape[0]
     if kinds is None:
         kinds, values = xp.zeros(n, xp.int32), xp.zeros(n, xp.float32)
@@ -142,18 +89,14 @@ def reward_faults(
     return kinds, values
 
 
-# Episode metrics --------------------------------------------------------------------
-#
-# Per lane and info key: ``acc`` ([N] accumulators of a ``reduction`` of
-# ``tally.REDUCTIONS``) and ``count`` ([N] steps that had the key; None: every
-# step has it, as in a JAX env, and the count is the episode's length).
+# Episode metrics, per lane and info key: ``acc`` (a ``tally.REDUCTIONS``
+# accumulator) and ``count`` (steps that had the key; None: every step has it).
 
 
 def begin_metric(
     xp: Any, reduction: str, acc: Any, count: Any, starting: Any
 ) -> tuple[Any, Any]:
-    """``(acc, count)`` where the ``starting`` lanes ([N] bool, or True)
-    begin an episode."""
+    """``(acc, count)`` where the ``starting`` lanes begin an episode."""
     start = xp.asarray(tally.metric_start(reduction), acc.dtype)
     acc = xp.where(starting, start, acc)
     if count is not None:
@@ -164,9 +107,7 @@ def begin_metric(
 def accumulate_metric(
     xp: Any, reduction: str, acc: Any, count: Any, value: Any, present: Any
 ) -> tuple[Any, Any]:
-    """``(acc, count)`` after one step's ``value`` ([N], cast to ``acc``'s
-    dtype), unchanged where ``present`` ([N] bool: had the key, ran it) is
-    False."""
+    """``(acc, count)`` after one step's ``value``, where ``present``."""
     value = xp.asarray(value)
     if reduction == "any":
         new = acc | (value != 0)
@@ -183,8 +124,7 @@ def accumulate_metric(
 
 
 def finalize_metric(xp: Any, reduction: str, acc: Any, count: Any) -> Any:
-    """[N] an episode's metric at its end, of ``acc``'s dtype (NaN where no
-    step had the key; ``any``: False)."""
+    """[N] an episode's metric at its end (NaN where no step had the key)."""
     if reduction == "any":
         return acc
     count = xp.asarray(count)
@@ -198,8 +138,6 @@ def success(xp: Any, last: Any) -> Any:
     return xp.asarray(last) != 0
 
 
-# Episode keys -----------------------------------------------------------------------
-
 #: Seeds on which jax's own keys are checked (``checks.MAX_SEED`` last).
 _PROBE_SEEDS = (0, 1, 65_539, 2**31 - 1)
 
@@ -207,7 +145,7 @@ _PROBE_SEEDS = (0, 1, 65_539, 2**31 - 1)
 @functools.cache
 def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
     """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` under this PRNG
-    setting, checked against jax on a few seeds."""
+    setting."""
     del impl, x64  # the cache key: a run under another setting checks again
     for s in _PROBE_SEEDS:
         k = np.asarray(jax.random.PRNGKey(s))
@@ -217,17 +155,9 @@ def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
 
 
 def episode_keys(xp: Any, seeds: Any) -> Any:
-    """``jax.random.PRNGKey(seed)`` for each seed (CONTRACT 5).
-
-    Args:
-      xp: jax.numpy (the engine, under jit) or numpy (the host loops).
-      seeds: [k] seeds in ``[0, 2**31 - 1]``.
-
-    Returns:
-      [k, 2] keys, as jax arrays or numpy arrays. With numpy, where jax's keys
-      are the ``[0, seed]`` pairs, they are built in numpy (a jax call per
-      episode costs about 0.2 ms, more than a CartPole step of 64 lanes).
-    """
+    """[k, 2] ``jax.random.PRNGKey(seed)`` for each seed (CONTRACT 5). With
+    numpy, built in numpy where they are ``[0, seed]`` pairs (a jax call per
+    episode costs about 0.2 ms, more than a CartPole step of 64 lanes)."""
     if xp is not np:
         return jax.vmap(jax.random.PRNGKey)(seeds)
     seeds = np.asarray(seeds, np.int64).reshape(-1)
@@ -237,18 +167,3 @@ def episode_keys(xp: Any, seeds: Any) -> Any:
         out[:, 1] = seeds
         return out
     return np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
-
-
-__all__ = [
-    "next_episodes",
-    "at_cap",
-    "bad_components",
-    "failing_actions",
-    "action_faults",
-    "reward_faults",
-    "begin_metric",
-    "accumulate_metric",
-    "finalize_metric",
-    "success",
-    "episode_keys",
-]

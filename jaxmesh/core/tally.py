@@ -1,8 +1,6 @@
-"""The engine's results: one pytree from the device to ``RunResult``.
-
-``Results`` holds, indexed by episode, what CONTRACT 8 asks of an episode
-(``EPISODE_FIELDS``), the run totals, the first bad value (``Fault``) and the
-metrics and success flags asked for; docs/evaluation.md ("The engine").
+"""The engine's results (``Results``): per episode what CONTRACT 8 asks, the
+run totals, the first bad value (``Fault``), metrics and success flags;
+docs/evaluation.md ("The engine").
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ EPISODE_FIELDS = (
     "lanes",
 )
 
-#: How an info leaf is reduced over an episode's steps, with the accumulator's
-#: start value: ``last`` (the last step's value), ``sum``, ``max``, ``mean``
-#: (``sum / steps``), ``any`` (a step with a non-zero value; a bool).
+#: How an info leaf is reduced over an episode's steps (``mean``: sum / steps;
+#: ``any``: a step had a non-zero value).
 REDUCTIONS = ("last", "sum", "max", "mean", "any")
 
 
@@ -41,8 +38,8 @@ def metric_start(reduction: str) -> Any:
 
 
 def info_leaves(info: Any, prefix: str = "") -> dict[str, Any]:
-    """An env's info as flat ``name -> leaf``: nested mappings join with ``/``;
-    anything but a mapping (None, a struct) has no named leaves."""
+    """An env's info as flat ``name -> leaf`` (nested mappings joined with
+    ``/``; anything but a mapping has none)."""
     if not hasattr(info, "items"):
         return {}
     out: dict[str, Any] = {}
@@ -66,9 +63,8 @@ FAULT_NAMES = {
 
 @struct.dataclass
 class Fault:
-    """Per lane, the first bad value it met (``kind == NO_FAULT``: none), at
-    0-based ``step`` of ``episode``; ``value`` is the action component or
-    reward."""
+    """Per lane, the first bad value (an action component or reward) met, at
+    ``step`` of ``episode`` (``kind == NO_FAULT``: none)."""
 
     kind: jax.Array  # [N]
     episode: jax.Array  # [N]
@@ -76,7 +72,7 @@ class Fault:
     value: jax.Array  # [N]
 
     def update(self, kinds, values, episode, t) -> Fault:
-        """Keeps each lane's first fault; takes the new ones where there is none."""
+        """Keeps each lane's first fault."""
         new = (self.kind == NO_FAULT) & (kinds != NO_FAULT)
         pick = lambda old, v: jnp.where(new, v.astype(old.dtype), old)
         return Fault(
@@ -87,8 +83,7 @@ class Fault:
         )
 
     def first(self) -> dict | None:
-        """On the host: the fault of the lowest episode index (the same
-        whatever the lane count), or None."""
+        """On the host: the fault of the lowest episode index, or None."""
         kind = np.asarray(self.kind)
         lanes = np.flatnonzero(kind != NO_FAULT)
         if lanes.size == 0:
@@ -105,11 +100,9 @@ class Fault:
 
 @struct.dataclass
 class Recording:
-    """Step-by-step buffers of the recorded episodes (``jaxmesh.Record``).
-
-    Slot r holds episode ``episodes[r]``: step t at ``[r, t]``, the observation
-    after it at ``[r, t + 1]`` (the reset's at ``[r, 0]``); steps past ``T``
-    (the record's ``max_steps``) are dropped.
+    """Step-by-step buffers of the recorded episodes (``jaxmesh.Record``):
+    slot r holds episode ``episodes[r]``, step t at ``[r, t]``, the observation
+    after it at ``[r, t + 1]``; steps past ``T`` (``max_steps``) are dropped.
     """
 
     episodes: Any  # [R] int32 episode index of each slot
@@ -118,11 +111,9 @@ class Recording:
     rewards: Any  # [R, T] float32
     terminated: Any  # [R, T] bool
     truncated: Any  # [R, T] bool
-    #: Host-stepped gymnasium runs: per slot, a list of ``env.render()``
-    #: frames (reset first); None elsewhere. Never on a device.
+    #: Host-stepped gymnasium runs: per slot, ``env.render()`` frames.
     frames: Any = None
-    #: The env's render state (``Record.states``): name -> [R, T + 1, ...],
-    #: written like the observations; None when not recorded.
+    #: The env's render state (``Record.states``), kept as the observations.
     states: Any = None
 
 
@@ -135,9 +126,8 @@ def empty_recording(
     xp=jnp,
     states: Any = None,
 ) -> Recording:
-    """Zeroed recording buffers (``xp``: jax.numpy or numpy) for ``episodes``
-    ([R]), ``max_steps`` steps each, shaped after one observation's (and
-    render state's: None, none recorded) leaves and one action's."""
+    """Zeroed recording buffers for ``episodes`` ([R]), ``max_steps`` steps
+    each, shaped after one observation, render state (None: none) and action."""
     r = len(episodes)
     z = lambda shape, dtype: xp.zeros((r,) + tuple(shape), dtype)
     steps = lambda x: z((max_steps + 1,) + tuple(x.shape), x.dtype)
@@ -166,13 +156,11 @@ class Results:
     env_steps: jax.Array  # () executed env steps of active lanes
     policy_rows: jax.Array  # () rows the policy computed, padding included
     fault: Fault
-    #: name -> [capacity] per-episode metric (``metrics=``; {} when none).
+    #: name -> [capacity] per-episode metric.
     metrics: dict = struct.field(default_factory=dict)
-    #: [capacity] bool each (None: no success key is tracked): the success
-    #: key's last value was non-zero; the episode had the signal (None with
-    #: ``success`` set: every episode has it, as in a JAX env); the key was
-    #: non-zero at any step; the key was non-zero in the reset's info (None:
-    #: not measured); the reset's info had the key (None: every reset has it).
+    #: [capacity] bool each (None: not tracked): the success key's last value
+    #: was non-zero; the episode had the signal (None: every episode has it);
+    #: it was non-zero at any step; in the reset's info; the reset had it.
     success: Any = None
     has_success: Any = None
     success_once: Any = None
@@ -180,9 +168,8 @@ class Results:
     has_success_at_reset: Any = None
     #: The recorded episodes' steps (``jaxmesh.Record``; None: none recorded).
     recording: Any = None
-    #: A segment's log (``Engine.run_segment``): [capacity] int32, the episode
-    #: each row holds, and () int32, the rows written. None: entry i is
-    #: episode i.
+    #: A segment's log: the episode each row holds, and the rows written.
+    #: None: entry i is episode i.
     index: Any = None
     rows: Any = None
 
@@ -207,20 +194,19 @@ def pow2_at_least(n: int) -> int:
 
 
 def capacity_for(episodes: int) -> int:
-    """Result-buffer capacity for a budget: ``max(4096, next power of two)``
-    (4096 episodes of buffers cost about 100 KB)."""
+    """Result-buffer capacity for a budget (4096 episodes cost about 100 KB)."""
     return max(MIN_CAPACITY, pow2_at_least(episodes))
 
 
-#: A segment's log (``Engine.run_segment``) holds this many rows per lane, and
-#: at least ``MIN_LOG_ROWS``: a segment stops early only when its lanes end
-#: episodes of under ``segment_steps / 32`` steps on average.
+#: A segment's log holds this many rows per lane, and at least
+#: ``MIN_LOG_ROWS``: a segment stops early only when its lanes end episodes of
+#: under ``segment_steps / 32`` steps on average.
 LOG_ROWS_PER_LANE = 32
 MIN_LOG_ROWS = 1024
 
 
 def log_capacity(lanes: int) -> int:
-    """Rows of a segment's log for ``lanes`` lanes (never sized by the budget)."""
+    """Rows of a segment's log (never sized by the budget)."""
     return max(MIN_LOG_ROWS, pow2_at_least(LOG_ROWS_PER_LANE * lanes))
 
 
@@ -238,9 +224,8 @@ def empty(
     at_reset: bool = False,
     log: bool = False,
 ) -> Results:
-    """Zeroed results for ``capacity`` episodes and ``num_envs`` lanes
-    (``xp``: jax.numpy or numpy), with a buffer per ``(name, reduction)`` of
-    ``metrics``, the success buffers asked for, and as a segment's ``log``."""
+    """Zeroed results for ``capacity`` episodes and ``num_envs`` lanes, with
+    the metric and success buffers asked for, or as a segment's ``log``."""
     f = lambda dtype: xp.zeros((capacity,), dtype)
     i32 = lambda v: xp.asarray(v, xp.int32)
     return Results(
@@ -266,8 +251,7 @@ def empty(
 
 
 def record(results: Results, at: jax.Array, **values: jax.Array) -> Results:
-    """Writes per-lane ``values`` at entry ``at`` (out of range: dropped); a
-    ``metrics`` value is a dict name -> per-lane values."""
+    """Writes per-lane ``values`` at entry ``at`` (out of range: dropped)."""
     put = lambda arr, v: arr.at[at].set(v.astype(arr.dtype), mode="drop")
     updates = {}
     for name, v in values.items():
@@ -279,8 +263,7 @@ def record(results: Results, at: jax.Array, **values: jax.Array) -> Results:
 
 
 def per_episode(res: Results) -> dict[str, Any]:
-    """The per-episode buffers of ``res`` by name (a metric as
-    ``metrics/<name>``)."""
+    """The per-episode buffers by name (a metric as ``metrics/<name>``)."""
     out = {f: getattr(res, f) for f in EPISODE_FIELDS + ("done",)}
     out.update({f"metrics/{k}": v for k, v in res.metrics.items()})
     out.update({f: getattr(res, f) for f in SUCCESS_FIELDS})
@@ -288,8 +271,7 @@ def per_episode(res: Results) -> dict[str, Any]:
 
 
 def book(log: Results, episodes: int) -> Results:
-    """Host results for ``episodes``, indexed by episode, shaped after a
-    segment's host ``log`` (per-episode fields zero); ``write`` fills it."""
+    """Zero host results for ``episodes``, shaped after a segment's ``log``."""
     zero = {
         k: np.zeros((episodes,), np.asarray(v).dtype)
         for k, v in per_episode(log).items()
@@ -305,8 +287,8 @@ def replace_per_episode(res: Results, fields: dict[str, Any]) -> Results:
 
 
 def write(host: Results, log: Results) -> Results:
-    """Copies the rows of a segment's host ``log`` into ``host`` (``book``)
-    in place, and takes the log's run totals, fault and recording."""
+    """Copies a segment's host ``log`` into ``host`` (``book``) in place, with
+    the log's run totals, fault and recording."""
     n = int(log.rows)
     at = np.asarray(log.index)[:n]
     into = per_episode(host)
@@ -318,22 +300,3 @@ def write(host: Results, log: Results) -> Results:
         fault=log.fault,
         recording=log.recording,
     )
-
-
-__all__ = [
-    "EPISODE_FIELDS",
-    "REDUCTIONS",
-    "Fault",
-    "Recording",
-    "Results",
-    "empty_recording",
-    "empty",
-    "capacity_for",
-    "log_capacity",
-    "record",
-    "per_episode",
-    "book",
-    "replace_per_episode",
-    "write",
-    "FAULT_NAMES",
-]

@@ -1,10 +1,7 @@
-"""Compaction: run work only for the lanes that need it, in fixed-size tiles.
-
-The flagged lanes are gathered and handed to a body ``tile`` indices at a time,
-inside a ``while_loop`` that runs only as many tiles as are needed. The body
-always sees exactly ``tile`` indices, so what it computes for a lane does not
-depend on how many others share its step; padding indices equal N: read them
-with ``mode="clip"`` and write with ``mode="drop"``.
+"""Compaction: work only for the lanes that need it, ``tile`` indices at a
+time in a ``while_loop``, so a lane's result never depends on how many share
+its step. Padding indices equal N (read with ``mode="clip"``, write with
+``mode="drop"``).
 """
 
 from __future__ import annotations
@@ -23,22 +20,12 @@ def for_each_tile(
     body: Callable[[jax.Array, Any], Any],
     carry: Any,
 ) -> tuple[Any, jax.Array]:
-    """Runs ``carry = body(idx, carry)`` over the lanes in ``need``, tile by tile.
-
-    Args:
-      need: [N] bool, the lanes to visit.
-      tile: indices per body call.
-      body: ``(idx[tile] int32, carry) -> carry``.
-      carry: any pytree.
-
-    Returns:
-      The final carry and the number of tiles run.
-    """
+    """Runs ``carry = body(idx, carry)`` over the lanes in ``need``, tile by
+    tile; returns the final carry and the number of tiles run."""
     n = need.shape[0]
-    # One tile more than the lanes fill: the slice of tile i then moves with i
-    # even when every lane fits in one tile. Were it the whole buffer, XLA
-    # would see a loop-invariant body and hoist it out of the loop, running
-    # the body (a whole reset) on every step, whether or not a lane needs it.
+    # One tile more than the lanes fill: else, with every lane in one tile,
+    # XLA would hoist the loop-invariant body (a whole reset) out of the loop
+    # and run it on every step.
     order, count = _order(need, (-(-n // tile) + 1) * tile)
     n_tiles = (count + tile - 1) // tile
 
@@ -53,8 +40,8 @@ def for_each_tile(
 
 @dataclasses.dataclass(frozen=True)
 class Rows:
-    """The lanes one call of an ``each`` body works on: a tile of lane
-    indices (``idx``, padding N), or all lanes, those in ``keep`` updated."""
+    """The lanes an ``each`` body works on: a tile of lane indices (``idx``),
+    or all lanes, those in ``keep`` updated."""
 
     idx: Any = None
     keep: Any = None
@@ -74,12 +61,11 @@ class Rows:
 def each(
     need: jax.Array, tile: int, body: Callable[[Rows, Any], Any], carry: Any
 ) -> Any:
-    """``carry = body(rows, carry)`` over the lanes in ``need``, for work most
-    steps skip (a reset; the caller puts it in a ``cond``): when N <= tile,
-    one call on all lanes whose flagged ones keep its values (no gather or
-    scatter), else the flagged lanes tile by tile. Not for a policy's plan:
-    XLA:CPU can round a policy inside a ``cond`` differently (seen on Acrobot
-    at one lane), which would break equality across lane counts."""
+    """``carry = body(rows, carry)`` over the lanes in ``need`` for work most
+    steps skip (a reset): when N <= tile one call on all lanes, the flagged
+    ones keeping its values, else tile by tile. Not for a policy's plan:
+    XLA:CPU can round a policy inside a ``cond`` differently (Acrobot, one
+    lane), breaking equality across lane counts."""
     if need.shape[0] <= tile:
         return body(Rows(keep=need), carry)
     tiled = lambda idx, c: body(Rows(idx=idx), c)
@@ -87,14 +73,12 @@ def each(
 
 
 #: Lanes up to which ``prefix_count`` is one fused compare-and-sum over an
-#: [N, N] mask; past them, a cumsum (which XLA:CPU compiles to about five
-#: kernels, and which costs O(N) instead of O(N^2)).
+#: [N, N] mask; past them, a cumsum (about five kernels on XLA:CPU, but O(N)).
 SMALL_PREFIX = 128
 
 
 def prefix_count(mask: jax.Array) -> jax.Array:
-    """``jnp.cumsum(mask, axis=-1)`` of a bool ``mask`` ([..., N]), as int32:
-    how many flagged lanes there are up to and including each lane."""
+    """``jnp.cumsum(mask, axis=-1)`` of a bool ``mask``, as int32."""
     n = mask.shape[-1]
     if n > SMALL_PREFIX:
         return jnp.cumsum(mask, axis=-1, dtype=jnp.int32)
@@ -105,8 +89,7 @@ def prefix_count(mask: jax.Array) -> jax.Array:
 
 def _order(need: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
     """``jnp.nonzero(need, size=size, fill_value=N)`` and the count, as one
-    prefix count and one scatter (XLA compiles it about a third faster). The
-    lanes keep their order: a policy's row can round differently elsewhere."""
+    prefix count and one scatter (compiles about a third faster), in order."""
     n = need.shape[0]
     pos = prefix_count(need) - 1
     order = (
