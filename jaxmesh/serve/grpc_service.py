@@ -1,21 +1,7 @@
-"""jaxmesh's native policy protocol over gRPC: one bidirectional stream per
-client run (``jaxmesh.RemotePolicy`` inside ``jaxmesh.evaluate``).
-
-The service ``jaxmesh.policy.v1.PolicyService`` has one method, ``Session``;
-its messages are msgpack maps (``jaxmesh.serve.codec``: arrays as openpi's
-``__ndarray__`` maps, never pickle):
-
-- the client's first message ``{"open": {"env": ..., "settings": ...}}``
-  (``agents.spec_to_wire`` and the run's settings), answered
-  ``{"opened": {"session", "policy", "chunk", "horizon", "lead", "tile",
-  "digest", "can_skip", "leaves", "stochastic"}}``;
-- then one ``{"step": {...}}`` per agent step (lane masks, step indices,
-  episode keys, the moved lanes' observation leaves), answered ``{"step":
-  {"actions", "cursor", "chunk", "predict_calls", "rows"}, "timing": {...}}``
-  (and ``"pending"`` in ``"step"`` with a lead).
-
-A request the server cannot run ends that stream only (``INVALID_ARGUMENT``);
-tokens, caps and limits: docs/serving.md.
+"""jaxmesh's native policy protocol over gRPC: one bidirectional ``Session``
+stream per client run. The wire, tokens and limits: docs/serving.md, "jaxmesh's
+own protocol: RemotePolicy". A request the server cannot run ends that stream
+only (``INVALID_ARGUMENT``).
 """
 
 from __future__ import annotations
@@ -39,8 +25,7 @@ from jaxmesh.serve.forward import RequestError
 
 SERVICE = "jaxmesh.policy.v1.PolicyService"
 METHOD = f"/{SERVICE}/Session"
-#: Seconds a stream may send nothing (before its first message, or after a
-#: reply) before it is ended: ``PolicyServer(idle_timeout=)``'s default.
+#: ``PolicyServer(idle_timeout=)``'s default, in seconds.
 IDLE_TIMEOUT = 300.0
 
 
@@ -60,7 +45,7 @@ class _IdleWatch:
             self.thread.start()
 
     def waits(self, stream: int, context: Any) -> None:
-        """``stream`` waits for its client from now (or from earlier)."""
+        """``stream`` waits for its client from now (or earlier)."""
         with self.cond:
             self.waiting.setdefault(stream, (time.monotonic(), context))
             self.cond.notify()
@@ -119,10 +104,9 @@ class _PolicyTokenInterceptor(grpc.ServerInterceptor):
 
 
 class GrpcService:
-    """The gRPC server of a ``PolicyServer(protocol="grpc")``: ``pools`` (the
-    sessions' slots, ``agents.Pools``) stepped through ``batcher``; the other
-    arguments are ``PolicyServer``'s (a stream holds its latest message's
-    bytes against ``max_inflight_bytes``)."""
+    """The gRPC server of a ``PolicyServer(protocol="grpc")``: ``pools``
+    (``agents.Pools``) stepped through ``batcher``; the other arguments are
+    ``PolicyServer``'s."""
 
     def __init__(
         self,
@@ -138,26 +122,18 @@ class GrpcService:
         max_inflight_bytes: int,
         idle_timeout: float = IDLE_TIMEOUT,
     ):
-        self.pools, self.batcher = pools, batcher
-        self.max_inflight_bytes = max_inflight_bytes
-        self._inflight = 0
-        self._inflight_lock = threading.Lock()
-        self.idle_timeout = idle_timeout
+        self.pools, self.batcher, self.host, self.port = pools, batcher, host, port
+        self.token, self.credentials = token, credentials
+        self.max_bytes, self.max_connections = max_message_bytes, max_connections
+        self.max_inflight_bytes, self.idle_timeout = max_inflight_bytes, idle_timeout
+        self._inflight, self._inflight_lock = 0, threading.Lock()
         self._idle: _IdleWatch | None = None
         self._streams = itertools.count()
-        self.host, self.port = host, port
-        self.token, self.credentials = token, credentials
-        self.max_bytes = max_message_bytes
-        self.max_connections = max_connections
         self._server: grpc.Server | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def start(self) -> int:
-        """Binds and serves; returns the bound port.
-
-        Raises:
-          OSError: the address cannot be bound.
-        """
+        """Binds and serves; returns the bound port (OSError: cannot bind)."""
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.max_connections, thread_name_prefix="jaxmesh-policy-grpc"
         )
@@ -249,7 +225,7 @@ class GrpcService:
 
     def _hold(self, held: int, size: int, context: Any) -> int:
         """A stream's held bytes go from ``held`` to ``size`` (its new
-        message); ends the stream when every stream's would pass the cap."""
+        message); ends the stream when all streams' would pass the cap."""
         with self._inflight_lock:
             total = self._inflight - held
             over = size > 0 and total + size > self.max_inflight_bytes
@@ -267,8 +243,7 @@ class GrpcService:
 
 def _heard(requests: Any, idle: _IdleWatch, stream: int, context: Any) -> Any:
     """The stream's messages, ``idle`` watching each wait for the next (from
-    the previous reply's hand-over to gRPC, so a client that takes no reply
-    counts as idle too); the stream's end when ``idle`` ended it."""
+    the previous reply's hand-over: a client that takes no reply is idle)."""
     while True:
         idle.waits(stream, context)
         try:

@@ -1,6 +1,5 @@
-"""openpi's websocket policy protocol, as ``openpi-client`` speaks it (the
-client side, and the protocol: ``jaxmesh.serve.ws_client``; tokens, caps and
-timing fields: docs/serving.md). One asyncio loop in its own thread serves it.
+"""openpi's websocket policy protocol, as ``openpi-client`` speaks it, served
+by one asyncio loop in its own thread (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from jaxmesh.serve.batcher import Batcher, ServerClosed
 from jaxmesh.serve.forward import RequestError
 
 HEALTH_PATH = "/healthz"
-#: Frames a connection's reader buffers beyond the one being answered (a
-#: faster client is held back by TCP).
+#: Frames a connection's reader buffers beyond the one being answered.
 MAX_QUEUED_FRAMES = 1
 #: The close reason after an error's text frame (openpi's own words).
 ERROR_REASON = "Internal server error. Traceback included in previous frame."
@@ -48,17 +46,15 @@ class OpenpiService:
         max_connections: int,
         max_inflight_bytes: int,
     ):
-        self.batcher = batcher
-        self.host, self.port = host, port
+        self.batcher, self.host, self.port = batcher, host, port
         self.metadata = codec.packb(metadata)
         self._auth = None if token is None else f"Api-Key {token}".encode()
         self._ssl = ssl_context
         self.max_message_bytes = max_message_bytes
         self.max_connections = max_connections
-        self._connections = 0
         self.max_inflight_bytes = max_inflight_bytes
-        #: Request bytes held now, every connection together (the loop's).
-        self._inflight = 0
+        #: Open connections, and the request bytes they hold now.
+        self._connections = self._inflight = 0
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,12 +69,8 @@ class OpenpiService:
         self._done_lock = threading.Lock()
 
     def start(self) -> int:
-        """Binds and serves in a thread; returns the bound port.
-
-        Raises:
-          OSError: the address cannot be bound (or what else kept the server
-            from listening).
-        """
+        """Binds and serves in a thread; returns the bound port (OSError:
+        cannot bind, or what else kept the server from listening)."""
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self._main()),
             name="jaxmesh-policy-websocket",
@@ -228,7 +220,7 @@ class OpenpiService:
 
     async def _reply(self, closed: asyncio.Future, future: Any) -> Any:
         """The request's ``BatchReply``, or None when the connection closes
-        first (``closed``; the request is dropped unless its forward began)."""
+        first (the request is dropped unless its forward began)."""
         if future.done():  # its batch ran in run_ready, on this loop
             return future.result()
         assert self._loop is not None
@@ -254,8 +246,8 @@ class OpenpiService:
         self.batcher.poke()
 
     def _finished(self, waiting: asyncio.Future, future: Any) -> None:
-        """The batcher's ``future`` is done (in whichever thread finished
-        it): queues it for the loop, waking the loop for the first only."""
+        """Queues the batcher's done ``future`` for the loop (from whichever
+        thread), waking the loop for the first only."""
         with self._done_lock:
             self._done.append((waiting, future))
             first = len(self._done) == 1
