@@ -1,22 +1,7 @@
-"""The ``jaxmesh`` command line.
-
-The commands and their flags: ``jaxmesh --help`` and docs/cli.md.
-
-The package, one file per job: ``parser`` (the commands and their flags),
-``config`` (a run config's keys, one table, and reading it from YAML),
-``checks`` (checking a config), ``build`` (the policy, env and ``evaluate``
-arguments it names), ``outputs`` (where each file goes, checked before a
-run), ``artifacts`` (videos and the HTML report), ``hooks`` (the progress bar
-and the episode log's start), ``tls``, ``cache`` (the compilation cache's
-switch), and one module per command family: ``eval``, ``sweep``, ``explain``
-(explain, describe), ``results`` (compare, report), ``decide``, ``serve``
-(check-env, serve-env), ``serve_policy`` (serve-policy). A command's module is imported
-only when it runs: ``--help`` and ``--version`` import no JAX.
-
-Exit status: 0 on success; 2 for bad input (the command line, the config, or
-anything ``jaxmesh.evaluate`` refuses before the run starts), reported as one
-line on stderr; an error raised while the run is going keeps its traceback
-(status 1); 130 after Ctrl-C, 143 after SIGTERM (eval).
+"""The ``jaxmesh`` command line: its commands, flags and exit statuses are in
+docs/cli.md ("Exit status"; also 143 after SIGTERM). ``parser`` names each
+command's function as ``"module:function"``, imported only when it runs:
+``--help`` and ``--version`` import no JAX.
 """
 
 from __future__ import annotations
@@ -32,15 +17,9 @@ from jaxmesh.trace import redact_text, secret_values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the ``jaxmesh`` command line; returns the exit status.
-
-    Args:
-      argv: the arguments (default: ``sys.argv[1:]``).
-
-    Returns:
-      0 on success, 2 for bad input (one line on stderr). An error raised while
-      a run is going propagates with its traceback.
-    """
+    """Runs the command line on ``argv`` (default: ``sys.argv[1:]``); returns the
+    exit status (bad input: 2, one line on stderr; an error while a run goes
+    propagates with its traceback)."""
     # As ``python -m`` does: a config's ``policy: mymodule:fn`` names a module
     # in the working directory (the console script leaves it off sys.path).
     if os.getcwd() not in sys.path and "" not in sys.path:

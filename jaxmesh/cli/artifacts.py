@@ -1,8 +1,5 @@
-"""The optional files of a finished run: its videos and its HTML report.
-
-Their libraries are the ``[video]`` (imageio) and ``[report]`` (matplotlib)
-extras, which ``jaxmesh.results`` imports when a file is made.
-"""
+"""A finished run's optional files: its videos and its HTML report (the
+``[video]`` and ``[report]`` extras, imported when a file is made)."""
 
 from __future__ import annotations
 
@@ -22,8 +19,8 @@ class VideoError(Exception):
 
 
 def video_failed(error: VideoError, written: list[Path]) -> str:
-    """The error line of a failed video: the results are kept, and what to set
-    for headless rendering (a MuJoCo or brax renderer needs OpenGL)."""
+    """The error line of a failed video: the results kept, and what to set for
+    headless OpenGL."""
     kept = ", ".join(str(p) for p in written) if written else "nothing (no output)"
     gl = os.environ.get("MUJOCO_GL")
     if gl:
@@ -45,14 +42,19 @@ def video_failed(error: VideoError, written: list[Path]) -> str:
 def write_videos(
     result: Any, path: Path, base: Path | None, explicit: bool = True
 ) -> None:
-    """Renders every recorded episode (``jaxmesh.render``): episode i to
-    ``<path stem>.ep<i><suffix>`` (or to an ``explicit`` path, one episode),
-    its name in the result relative to ``base`` (the output JSON's folder).
+    """Renders every recorded episode (``jaxmesh.render``) to
+    ``<path stem>[.<task>].ep<i><suffix>`` (an ``explicit`` path: one episode's
+    own), listed in the result relative to ``base`` (the output's folder).
 
     Raises:
       VideoError: an episode's video could not be rendered (the result lists
         the videos written before it).
     """
+    if isinstance(result, SuiteResult):
+        for name, task in result.tasks.items():
+            target = path.with_name(f"{path.stem}.{name}{path.suffix}")
+            write_videos(task, target, None, explicit=False)
+        return
     trajectories = result.trajectories or []
     for tr in trajectories:
         if explicit and len(trajectories) == 1:
@@ -80,11 +82,8 @@ def write_report_file(
     result: Any, path: Path, base: Path | None = None, announce: bool = True
 ) -> None:
     """Writes ``result``'s HTML report to ``path`` (``announce``: say so);
-    ``base``: the folder the result's relative video paths are read from.
-
-    Raises:
-      ConfigError: the file cannot be written.
-    """
+    ``base``: the folder of the result's relative video paths (ConfigError: the
+    file cannot be written)."""
     try:
         if isinstance(result, SuiteResult):
             write_suite_report(result, path)

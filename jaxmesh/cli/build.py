@@ -1,5 +1,5 @@
-"""Builds what a checked run config names: the policy, the env (or a suite of
-tasks) and ``jaxmesh.evaluate``'s keyword arguments."""
+"""Builds what a checked run config names: the policy, the env (or a suite) and
+``jaxmesh.evaluate``'s arguments."""
 
 from __future__ import annotations
 
@@ -26,11 +26,7 @@ from jaxmesh.types import PolicyLike
 
 
 def import_target(target: str) -> Any:
-    """Imports ``module:Name`` (``Name`` may be dotted).
-
-    Raises:
-      ConfigError: bad form, or the module or name cannot be found.
-    """
+    """Imports ``module:Name`` (``Name`` may be dotted); ConfigError if it cannot."""
     try:
         return resolve_class(target)
     except (ValueError, TypeError) as e:
@@ -38,14 +34,10 @@ def import_target(target: str) -> Any:
 
 
 def build_policy(target: str, policy_config: dict[str, Any], host: bool = False) -> Any:
-    """Builds the policy named by ``module:Name``: a class or a function with
-    ``policy_config`` from it, anything else as it is (with ``host``, a
-    function as ``jaxmesh.HostPolicy(fn)``). A Model's ``load`` runs here, so
-    that a bad checkpoint is a config error.
-
-    Raises:
-      ConfigError: the target cannot be imported or built from the config.
-    """
+    """The policy ``module:Name`` names: a class, or a function given
+    ``policy_config``, built from it; anything else as it is (``host``: a
+    function as ``jaxmesh.HostPolicy(fn)``). A Model loads here, so that a bad
+    checkpoint is a ConfigError, as is any target that cannot be built."""
     obj = import_target(target)
     if host and (inspect.isclass(obj) or isinstance(obj, PolicyLike)):
         raise ConfigError(
@@ -110,14 +102,21 @@ def build_policy(target: str, policy_config: dict[str, Any], host: bool = False)
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
-def load_policy(target: str) -> Any:
-    """The policy a run config file or ``module:attr`` names.
+def is_config_file(target: str) -> bool:
+    return target.endswith(CONFIG_SUFFIXES) or Path(target).is_file()
 
-    Raises:
-      ConfigError: no such file, a config without ``policy``, or a policy that
-        cannot be imported or built.
-    """
-    if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
+
+def close(*policies: Any) -> None:
+    """Ends served policies' connections (a policy without ``close`` has none)."""
+    for policy in policies:
+        if callable(getattr(policy, "close", None)):
+            policy.close()
+
+
+def load_policy(target: str) -> Any:
+    """The policy a run config file or ``module:attr`` names (ConfigError: it
+    cannot be read, imported or built)."""
+    if is_config_file(target):
         return config_policy(load_config(target), target)
     if ":" not in target:
         raise ConfigError(
@@ -127,13 +126,9 @@ def load_policy(target: str) -> Any:
     return build_policy(target, {})
 
 
-def config_policy(config: dict[str, Any], target: str) -> Any:
-    """The ``policy`` and ``policy_config`` of ``config``, read from ``target``.
-
-    Raises:
-      ConfigError: a config without ``policy``, or a policy that cannot be
-        imported or built.
-    """
+def config_policy(config: dict[str, Any], target: str = "") -> Any:
+    """The policy of ``config`` (read from ``target``) built from its
+    ``policy_config``; ConfigError if it cannot be."""
     policy = config.get("policy")
     if not isinstance(policy, str):
         raise ConfigError(
@@ -150,8 +145,7 @@ def config_policy(config: dict[str, Any], target: str) -> Any:
 
 
 def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
-    """A checked ``tasks:`` mapping as a ``jaxmesh.Suite`` (each env as
-    ``build_env`` makes it; a gymnasium: id is made when its task runs)."""
+    """A checked ``tasks:`` mapping as a ``jaxmesh.Suite``."""
     built = {}
     for name, t in tasks.items():
         env = build_env(t["env"], t["env_config"])
@@ -169,26 +163,15 @@ def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
 
 
 def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
-    """The env to evaluate on: ``make_env(env_id, **env_config)``, or an env
-    factory; a ``gymnasium:<id>`` and served addresses as they are (only the
-    packages they need are looked for here).
+    """The env to evaluate on: ``make_env(env_id, **env_config)``, an env
+    factory, or a ``gymnasium:<id>`` or served addresses as they are.
 
     Raises:
       ConfigError: an unknown env id, keyword arguments the env refuses, or a
-        missing package (gymnasium; gRPC for served envs).
+        missing package (``need_packages``).
     """
-    if is_served(env_id):
-        try:
-            require_grpc()
-        except ImportError as e:
-            raise ConfigError(f"env={env_id!r}: {e}") from e
-        return env_id
-    if is_gymnasium_id(env_id):
-        if importlib.util.find_spec("gymnasium") is None:
-            raise ConfigError(
-                f"env={env_id!r}: gymnasium is not installed; run: pip install "
-                "gymnasium (gymnasium[mujoco] for the MuJoCo envs)"
-            )
+    if is_served(env_id) or is_gymnasium_id(env_id):
+        need_packages(env_id)
         return env_id
     factory = env_factory(env_id, env_config)
     if factory is not None:
@@ -203,6 +186,20 @@ def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
         raise ConfigError(text) from e
 
 
+def need_packages(env_id: Any) -> None:
+    """Refuses a served env without gRPC, a gymnasium: id without gymnasium."""
+    if is_served(env_id):
+        try:
+            require_grpc()
+        except ImportError as e:
+            raise ConfigError(f"env={env_id!r}: {e}") from e
+    elif is_gymnasium_id(env_id) and importlib.util.find_spec("gymnasium") is None:
+        raise ConfigError(
+            f"env={env_id!r}: gymnasium is not installed; run: pip install "
+            "gymnasium (gymnasium[mujoco] for the MuJoCo envs)"
+        )
+
+
 #: How a config names an env of the user's own.
 _OWN_ENV = (
     "an env of your own is gymnasium:<module>:<Id> (importing <module> registers "
@@ -212,13 +209,9 @@ _OWN_ENV = (
 
 
 def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
-    """The env factory a config's ``env: module:function`` names, with
-    ``env_config`` as its keyword arguments; None for another kind of id.
-
-    Raises:
-      ConfigError: the module imports but its attribute is missing or is not
-        an env factory.
-    """
+    """The env factory ``env: module:function`` names, with ``env_config`` as
+    its keyword arguments; None for another kind of id (ConfigError: the
+    module imports but holds no such factory)."""
     module, sep, _ = env_id.partition(":")
     if not sep or module in PREFIXES or not module.replace(".", "").isidentifier():
         return None
@@ -242,14 +235,9 @@ def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
 
 
 def run_config(config: dict[str, Any]) -> RunConfig:
-    """A config's ``jaxmesh.RunConfig``, built (and so checked) once.
-
-    A config's run keys are the ``RunConfig``'s field names, flat (each names
-    one field: ``prefetch_lead`` is ``Chunking.prefetch_lead``).
-
-    Raises:
-      ConfigError: ``RunConfig`` or a group refuses a value (its message).
-    """
+    """A config's ``jaxmesh.RunConfig``, built (and so checked) once, from its
+    flat keys (``prefetch_lead`` is ``Chunking.prefetch_lead``); ConfigError
+    with the refusal's message."""
     fields = set(FLAT) | set(GROUP_OF)
     settings = {k: v for k, v in config.items() if k in fields and v is not None}
     if not settings.get("check_seeds"):
@@ -271,12 +259,10 @@ def run_config(config: dict[str, Any]) -> RunConfig:
 
 
 def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, Any]]:
-    """The policy, the env, the ``jaxmesh.RunConfig`` (``run_config``) and the
-    call's own arguments (the budget, the episodes to record) of a config."""
+    """A config's policy, env, ``RunConfig`` and the call's own arguments (the
+    budget, the episodes to record)."""
     run = run_config(config)  # refused before a policy or an env is built
-    policy = build_policy(
-        config["policy"], config["policy_config"], bool(config.get("host"))
-    )
+    policy = config_policy(config)
     if config.get("tasks") is not None:
         env = build_suite(config["tasks"])
     else:

@@ -1,21 +1,6 @@
 """``jaxmesh decide A.yaml B.yaml``: which of two policies scores more, with as
-few episodes as the gap allows (``jaxmesh.decide``).
-
-A's config names the env (or a suite's ``tasks:``, decided over its tasks,
-stratified) and the run's settings; B's config names the other
-policy and must name the same env and settings (only ``policy``,
-``policy_config``, ``host`` and ``output`` may differ; the budget keys are
-ignored: decide runs episode i of both with seed ``--first-seed + i``). Each
-batch prints a progress line on stderr; the summary goes to stdout; the
-decision (both runs included) is written to ``--output`` and each run's result
-JSON to its config's ``output``, as ``jaxmesh eval`` writes it, and each
-run's episodes, as they finish, to its episode log next to it
-(``NAME.episodes.jsonl``, ``jaxmesh.EpisodeLog``, batch by batch: a killed
-decide keeps every finished episode of both; not for a suite); ``--plot``
-draws the interval narrowing over the episodes (``Decision.plot``); ``--report``
-writes the decision's HTML page (``Decision.report``).
-
-Exit status: 0 decided, 1 undecided after ``--max-episodes``, 2 bad input.
+few episodes as the gap allows (``jaxmesh.decide``; docs/cli.md, "jaxmesh
+decide": what it reads, prints and writes, and its exit statuses).
 """
 
 from __future__ import annotations
@@ -27,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import jaxmesh
-from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
-from jaxmesh.cli.build import build_policy, build_run
-from jaxmesh.cli.cache import compile_cache_wanted
+from jaxmesh.cli.build import build_run, close, config_policy
+from jaxmesh.cli.cache import use_compile_cache
 from jaxmesh.cli.checks import read_config
 from jaxmesh.cli.config import existing_file
-from jaxmesh.cli.errors import ConfigError, Interrupted, Terminated, terminating
+from jaxmesh.cli.errors import ConfigError, resume_refused, stopped, terminating
+from jaxmesh.cli.hooks import log_hooks
 from jaxmesh.cli.outputs import (
     check_writable,
     episode_log_path,
@@ -41,7 +26,6 @@ from jaxmesh.cli.outputs import (
 )
 from jaxmesh.decide import check_settings
 from jaxmesh.results.result import RunResult
-from jaxmesh.run.resume import EpisodeLog
 from jaxmesh.suite import SuiteResult
 
 #: Keys of B's config that may differ from A's: the policy's own, and where
@@ -69,12 +53,8 @@ def _check_same_run(a: dict, b: dict, path_a: str, path_b: str) -> None:
 
 
 def load_decision(path: str) -> dict[str, Any]:
-    """The decision JSON an earlier ``decide --output`` wrote, with its runs
-    read back (``a``, ``b``: ``RunResult``, or ``SuiteResult`` for a suite).
-
-    Raises:
-      ConfigError: the file is missing or is not a decision.
-    """
+    """The decision JSON an earlier ``decide --output`` wrote, its runs ``a``
+    and ``b`` read back (ConfigError: missing, or not a decision)."""
     p = existing_file(
         path, "--resume file", "pass the decision JSON an earlier decide wrote"
     )
@@ -123,54 +103,6 @@ def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> 
     )
 
 
-class _LogStart:
-    """Before an arm's ``EpisodeLog``: at the arm's first batch it makes the
-    log's folder and, for a new decide (``fresh``), empties the file (a
-    resumed decide appends to it, as ``eval --resume`` does)."""
-
-    def __init__(self, path: Path, fresh: bool):
-        self.path, self.fresh = path, fresh
-
-    def on_run_start(self, info: dict) -> None:
-        del info
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.fresh:
-            self.path.write_text("", encoding="utf-8")
-            self.fresh = False
-
-
-def _warn(text: str) -> None:
-    print(f"jaxmesh decide: warning: {text}", file=sys.stderr)
-
-
-def _log_paths(args, config_a, config_b) -> tuple[Path | None, Path | None]:
-    """Each arm's episode log: next to its output as ``NAME.episodes.jsonl``
-    (None: no output, or a suite, whose results are written whole)."""
-    if config_a.get("tasks") is not None:
-        return None, None
-    return tuple(
-        episode_log_path(argparse.Namespace(config=path), config)
-        for path, config in ((args.a, config_a), (args.b, config_b))
-    )
-
-
-def _arm_hooks(paths, configs, policies, fresh: bool) -> tuple[list, list]:
-    """Per arm: the hooks that write its episode log (none without one)."""
-    hooks = []
-    for path, config, policy in zip(paths, configs, policies, strict=True):
-        if path is None:
-            hooks.append([])
-            continue
-        log = EpisodeLog(
-            path,
-            params=getattr(policy, "params", None),
-            max_episode_steps=config.get("max_episode_steps"),
-            on_error=_warn,
-        )
-        hooks.append([_LogStart(path, fresh), log])
-    return hooks[0], hooks[1]
-
-
 def cmd_decide(args: argparse.Namespace) -> int:
     config_a = _config(args.a, args.set)
     config_b = _config(args.b, args.set)
@@ -207,7 +139,12 @@ def cmd_decide(args: argparse.Namespace) -> int:
     for flag, path in (("--plot", plot), ("--report", report)):
         if path is not None:
             need_matplotlib(f"jaxmesh decide {flag}")
-    logs = _log_paths(args, config_a, config_b)
+    logs = (None, None)
+    if config_a.get("tasks") is None:  # a suite's results are written whole
+        logs = tuple(
+            episode_log_path(argparse.Namespace(config=path), config)
+            for path, config in ((args.a, config_a), (args.b, config_b))
+        )
     check_writable(
         ("output of A", out_a),
         ("output of B", out_b),
@@ -218,54 +155,37 @@ def cmd_decide(args: argparse.Namespace) -> int:
         ("--report", report),
     )
     earlier = load_decision(args.resume) if args.resume else None
-    if compile_cache_wanted(args.no_compile_cache):
-        try:
-            enable_compile_cache()
-        except OSError as e:
-            print(
-                f"jaxmesh decide: warning: compilation cache off ({e}); set "
-                f"{CACHE_DIR_ENV} to a writable directory",
-                file=sys.stderr,
-            )
+    use_compile_cache(args.no_compile_cache, "decide")
     policy_a, env, run, _ = build_run(config_a)
-    policy_b = build_policy(
-        config_b["policy"], config_b["policy_config"], bool(config_b.get("host"))
-    )
-    resume = None
-    if earlier is not None:
-        resume = (earlier["a"], earlier["b"])
-        if first_seed is None:
-            first_seed = int(earlier.get("first_seed", 0))
+    policy_b = config_policy(config_b, args.b)
+    if first_seed is None:
+        first_seed = 0 if earlier is None else int(earlier.get("first_seed", 0))
+    resume = None if earlier is None else (earlier["a"], earlier["b"])
     kwargs = dict(
         alpha=args.alpha,
         metric=args.metric,
         bounds=None if args.bounds is None else tuple(args.bounds),
         max_episodes=args.max_episodes,
-        first_seed=0 if first_seed is None else first_seed,
+        first_seed=first_seed,
         batch=args.batch,
         on_batch=_progress(not args.no_progress),
         resume=resume,
-        arm_hooks=_arm_hooks(
-            logs, (config_a, config_b), (policy_a, policy_b), resume is None
+        arm_hooks=tuple(
+            [] if path is None else log_hooks(path, p, c, resume is None, "decide")
+            for path, c, p in zip(
+                logs, (config_a, config_b), (policy_a, policy_b), strict=True
+            )
         ),
     )
     try:
         with terminating():  # SIGTERM stops it as Ctrl-C does
             decision = jaxmesh.decide(policy_a, policy_b, env, run, **kwargs)
     except KeyboardInterrupt as e:
-        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"jaxmesh decide: {how}. {_kept(args, e, output)}", file=sys.stderr)
-        raise Interrupted(143 if isinstance(e, Terminated) else 130) from None
+        raise stopped("decide", e, _kept(args, e, output)) from None
     except (ValueError, TypeError) as e:
-        text = str(e)
-        if resume is not None and text.startswith("resume="):
-            text = f"--resume {args.resume}: {text.removeprefix('resume=: ')}"
-        raise ConfigError(text) from e
+        raise ConfigError(resume_refused(e, args.resume)) from e
     finally:
-        for policy in (policy_a, policy_b):
-            close = getattr(policy, "close", None)
-            if callable(close):
-                close()
+        close(policy_a, policy_b)
     print(decision)
     for path, result in ((out_a, decision.a), (out_b, decision.b)):
         if path is not None:

@@ -1,10 +1,11 @@
-"""The command line's two errors: bad input (exit 2) and Ctrl-C (exit 130;
-SIGTERM 143)."""
+"""The command line's errors: bad input (exit 2), a stopped run (130; 143 after
+SIGTERM)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,12 +14,12 @@ from jaxmesh.trace import redact_text, secret_values
 
 
 class ConfigError(Exception):
-    """A run config (or a command's argument) is wrong; exit status 2."""
+    """Bad input (a run config or a command's argument): exit status 2."""
 
 
 class Interrupted(Exception):
-    """A run stopped by Ctrl-C, its message already printed: exit ``status``
-    130 (128 + SIGINT), as a shell reports it, or 143 after SIGTERM."""
+    """A run stopped by Ctrl-C (``status`` 130) or SIGTERM (143), its message
+    already printed."""
 
     def __init__(self, status: int = 130):
         super().__init__(status)
@@ -26,14 +27,12 @@ class Interrupted(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as Ctrl-C's ``KeyboardInterrupt`` is, so that the run
-    stops the same way (``terminating``)."""
+    """SIGTERM, raised as Ctrl-C is so that the run stops the same way."""
 
 
 @contextlib.contextmanager
 def terminating() -> Iterator[None]:
-    """Within (in the main thread): SIGTERM raises ``Terminated``. The
-    handler before is restored after."""
+    """Within (in the main thread), SIGTERM raises ``Terminated``."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -48,15 +47,30 @@ def terminating() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
+def stopped(command: str, exc: BaseException, kept: str) -> Interrupted:
+    """Says on stderr that Ctrl-C or SIGTERM (``exc``) stopped ``command`` and
+    what it ``kept``; returns the ``Interrupted`` to raise."""
+    term = isinstance(exc, Terminated)
+    how = "terminated (SIGTERM)" if term else "interrupted"
+    print(f"jaxmesh {command}: {how}. {kept}", file=sys.stderr)
+    return Interrupted(143 if term else 130)
+
+
+def resume_refused(error: Exception, flag: str | None) -> str:
+    """``error``'s text, a refusal of ``resume=`` named as ``--resume flag``."""
+    text = str(error)
+    if flag and text.startswith("resume="):
+        return f"--resume {flag}: {text.removeprefix('resume=: ')}"
+    return text
+
+
 def _raised_by(exc: BaseException, module: str) -> bool:
-    """Whether ``exc`` is one of ``module``'s exceptions (nothing imported)."""
     return any(cls.__module__.startswith(module) for cls in type(exc).__mro__)
 
 
 def bad_input(exc: BaseException) -> str | None:
-    """What to say of an error raised before a run started that is bad input
-    (flax's shape errors at the probe, gymnasium's errors making the env);
-    None for any other error."""
+    """What to say of an error before a run started that is bad input (flax's
+    shape errors at the probe, gymnasium's making the env); else None."""
     what = f"{type(exc).__name__}: {exc}"
     if _raised_by(exc, "flax.errors"):
         return (
@@ -74,9 +88,8 @@ def bad_input(exc: BaseException) -> str | None:
 
 
 def refused(config: dict[str, Any], error: Any, task: str | None = None) -> str:
-    """``evaluate``'s refusal of a config, with no secret of it in the text.
-
-    A suite's refusal names its task (``task``), else all of its tasks."""
+    """``evaluate``'s refusal of a config, secrets out, naming the suite's
+    ``task`` (else all its tasks)."""
     tasks = config.get("tasks")
     if tasks is None:
         where = f"env {config['env']!r}"

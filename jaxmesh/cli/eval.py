@@ -11,33 +11,31 @@ from pathlib import Path
 from typing import Any
 
 import jaxmesh
-from jaxmesh.cache import CACHE_DIR_ENV, enable_compile_cache
 from jaxmesh.cli.artifacts import (
     VideoError,
     video_failed,
     write_report_file,
     write_videos,
 )
-from jaxmesh.cli.build import build_run
-from jaxmesh.cli.cache import compile_cache_wanted
+from jaxmesh.cli.build import build_run, close
+from jaxmesh.cli.cache import use_compile_cache
 from jaxmesh.cli.checks import check_record_config, read_config
 from jaxmesh.cli.config import existing_file
 from jaxmesh.cli.errors import (
     ConfigError,
-    Interrupted,
-    Terminated,
     bad_input,
     refused,
+    resume_refused,
+    stopped,
     terminating,
 )
-from jaxmesh.cli.hooks import LogStart, Progress, Started, SuiteSaver
+from jaxmesh.cli.hooks import Progress, Started, SuiteSaver, log_hooks
 from jaxmesh.cli.outputs import (
     VIDEO_NEXT_TO_OUTPUT,
     check_writable,
     episode_log_path,
     report_path,
     video_path,
-    write_file,
     write_json,
 )
 from jaxmesh.cli.parser import resume_command
@@ -54,15 +52,7 @@ from jaxmesh.suite import SuiteResult
 
 def cmd_eval(args: argparse.Namespace) -> int:
     config = read_config(args)
-    if compile_cache_wanted(args.no_compile_cache):
-        try:
-            enable_compile_cache()
-        except OSError as e:  # a cache we cannot write only costs compile time
-            print(
-                f"jaxmesh eval: warning: compilation cache off ({e}); set "
-                f"{CACHE_DIR_ENV} to a writable directory",
-                file=sys.stderr,
-            )
+    use_compile_cache(args.no_compile_cache, "eval")
     report = report_path(args.report, config, args.config)
     suite = config.get("tasks") is not None
     video = video_path(args.video, config)
@@ -87,34 +77,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     done = 0 if earlier is None or suite else earlier.num_episodes
     progress = Progress(enabled=not args.no_progress, initial=done)
     hooks: list = [started, progress]
-    if suite and config.get("output"):
-        hooks.append(SuiteSaver(Path(config["output"]), earlier))
-    params = getattr(policy, "params", None)  # a Model's; a function has none
-    steps = config.get("max_episode_steps")
+    if suite and output:
+        hooks.append(SuiteSaver(output, earlier))
     log = None
     if log_path is not None:
-        # A resumed run appends to its log; a new run starts it afresh.
-        log = EpisodeLog(
-            log_path, params=params, max_episode_steps=steps, on_error=_warn
-        )
-        hooks += [LogStart(log_path, fresh=earlier is None), log]
+        hooks += log_hooks(log_path, policy, config, earlier is None, "eval")
+        log = hooks[-1]
         fp = dict(log.fp)
     else:
+        params = getattr(policy, "params", None)  # a Model's; a function has none
+        steps = config.get("max_episode_steps")
         fp = fingerprint(steps, params, digest=params is not None)
     try:
         result = _run_eval(args, config, log_path, policy, env, hooks, kwargs)
     except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
         if started.started:
             raise
-        text: Any = e
-        if earlier is not None and str(e).startswith("resume="):
-            text = f"--resume {args.resume}: {str(e).removeprefix('resume=: ')}"
+        text = resume_refused(e, args.resume)
         if not suite:
             raise ConfigError(refused(config, text)) from e
         done = started.finished
         task = next((n for n in config["tasks"] if n not in done), None)
         line = refused(config, text, task if done or earlier is not None else None)
-        if done and config.get("output"):
+        if done and output:
             line += (
                 f" (the tasks finished before it, {done}, are in {config['output']}: "
                 f"fix this one, then --resume {config['output']} runs only the rest)"
@@ -123,19 +108,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
             line += f" (the tasks finished before it, {done}, are not saved: no output)"
         raise ConfigError(line) from e
     finally:  # a served policy's connections end with the command
-        close = getattr(policy, "close", None)
-        if callable(close):
-            close()
-    if suite:
-        return _finish_suite(result, config, report, video)
-    # What a later --resume of this result checks: the step cap, the params.
-    result = dataclasses.replace(
-        result, fingerprint={**(result.fingerprint or {}), **fp}
-    )
+        close(policy)
+    if not suite:
+        # What a later --resume of this result checks: the step cap, the params.
+        result = dataclasses.replace(
+            result, fingerprint={**(result.fingerprint or {}), **fp}
+        )
     print(result.summary())
-    if args.telemetry:
+    if args.telemetry and not suite:
         print(result.format_telemetry())
-    if isinstance(run.workers, Ray) and progress.where:  # where the actors ran
+    if isinstance(run.workers, Ray) and progress.where and not suite:
         print(f"{'lanes stepped by':<28}{progress.where}")
     whole = log is None or log.error is None
     try:
@@ -158,17 +140,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _ray_connection(workers: Any) -> Any:
-    """``workers: {ray: ...}``: one Ray connection for the command (a
-    suite's tasks are runs of their own: they share it), else nothing."""
+    """One Ray connection for the command (a suite's tasks share it), else none."""
     if not isinstance(workers, Ray):
         return contextlib.nullcontext()
     from jaxmesh.run.host.ray_actors import connection  # the [ray] extra
 
     return connection(workers)
-
-
-def _warn(text: str) -> None:
-    print(f"jaxmesh eval: warning: {text}", file=sys.stderr)
 
 
 class _Unwritten(Exception):
@@ -202,10 +179,11 @@ def _write_outputs(
     report: Path | None,
     video: Path | None,
 ) -> int:
-    """Writes a finished run's files, the results before the videos (a video
-    that cannot be rendered never costs them); returns 0, or 1 when the JSON
-    went elsewhere than ``output`` or a video failed."""
-    base = output.parent if output is not None else None
+    """Writes a finished run's (or suite's) files, the results before the videos
+    (a video that cannot be rendered never costs them); returns 0, or 1 when
+    the JSON went elsewhere than ``output`` or a video failed."""
+    suite = isinstance(result, SuiteResult)
+    base = output.parent if output is not None and not suite else None
     written: list[Path] = []
     saved = None
     if output is not None:
@@ -215,7 +193,7 @@ def _write_outputs(
             raise _Unwritten(output, e, result) from e
         written.append(saved)
         print(f"wrote {saved}")
-        if result.trajectories:
+        if getattr(result, "trajectories", None):
             npz = Path(result.save_trajectories(saved.with_suffix(".npz")))
             written.append(npz)
             print(f"wrote {npz}")
@@ -247,8 +225,8 @@ def _run_eval(
     hooks: list,
     kwargs: dict,
 ) -> Any:
-    """``jaxmesh.evaluate`` for ``eval``: an interrupted or failed run says
-    where its finished episodes are and the command that continues it."""
+    """``jaxmesh.evaluate``; a stopped or failed run says where its finished
+    episodes are and the command that continues it."""
     earlier = kwargs.get("resume")
     log = next((h for h in hooks if isinstance(h, EpisodeLog)), None)
     started = lambda: any(getattr(h, "started", False) for h in hooks)
@@ -264,9 +242,7 @@ def _run_eval(
         e.add_note(kept(e))
         raise
     except KeyboardInterrupt as e:
-        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"jaxmesh {args.command}: {how}. {kept(e)}", file=sys.stderr)
-        raise Interrupted(143 if isinstance(e, Terminated) else 130) from None
+        raise stopped(args.command, e, kept(e)) from None
     except Exception as e:
         why = None if started() else bad_input(e)
         if why is not None:  # refused as cmd_eval refuses a ValueError
@@ -283,9 +259,9 @@ def _kept(
     earlier: Any,
     log: EpisodeLog | None,
 ) -> str:
-    """Where a stopped run's finished episodes are, and how to continue it
-    (never raises: the run's own error comes first). ``earlier``: the result
-    this run resumes; ``log``: the run's episode log (at ``log_path``)."""
+    """Where a stopped run's finished episodes are and how to continue it
+    (never raises: the run's own error comes first); ``earlier``: the result
+    it resumes."""
     try:
         partial = getattr(exc, "partial_result", None)
         output = Path(config["output"]) if config.get("output") else None
@@ -348,49 +324,9 @@ def _held(log_path: Path | None) -> int:
         return 0
 
 
-def _finish_suite(
-    result: Any, config: dict[str, Any], report: Path | None, video: Path | None
-) -> int:
-    """``eval``'s output of a suite: the per-task table, the JSON, the report,
-    then the videos (``<video stem>.<task>.ep<i><suffix>``)."""
-    print(result.summary())
-    written = []
-    if config.get("output"):
-        written.append(_write_suite_json(result, Path(config["output"])))
-    if report is not None:
-        write_report_file(result, report)
-        written.append(report)
-    if video is None:
-        return 0
-    try:
-        for name, task in result.tasks.items():
-            target = video.with_name(f"{video.stem}.{name}{video.suffix}")
-            write_videos(task, target, None, explicit=False)
-    except VideoError as e:
-        print(f"jaxmesh eval: error: {video_failed(e, written)}", file=sys.stderr)
-        return 1
-    # The result and its report list the videos.
-    if config.get("output"):
-        _write_suite_json(result, Path(config["output"]), announce=False)
-    if report is not None:
-        write_report_file(result, report, announce=False)
-    return 0
-
-
-def _write_suite_json(result: Any, out: Path, announce: bool = True) -> Path:
-    write_file(out, (json.dumps(result.to_dict(), indent=2) + "\n").encode())
-    if announce:
-        print(f"wrote {out}")
-    return out
-
-
 def load_resume(path: str | Path) -> Any:
-    """The earlier run ``eval --resume PATH`` continues: an episode log or a
-    result JSON, read as a ``RunResult`` (a ``SuiteResult`` for a suite).
-
-    Raises:
-      ConfigError: the file is missing, or is neither.
-    """
+    """The earlier run ``eval --resume PATH`` continues, from an episode log or
+    a result JSON (ConfigError: neither)."""
     p = existing_file(
         path,
         "--resume file",

@@ -1,5 +1,4 @@
-"""``jaxmesh explain`` and ``jaxmesh describe``: what a run would read and
-hold, and what a model says of itself, with nothing compiled."""
+"""``jaxmesh explain`` and ``jaxmesh describe``, nothing compiled."""
 
 from __future__ import annotations
 
@@ -48,18 +47,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def host_env_spec(
     env: str | list[str], served: Served | None = None
 ) -> tuple[Any, int]:
-    """The spaces of host-stepped envs as an env ``jaxmesh.explain`` reads (a
-    ``gymnasium:<id>`` made once, served envs asked by handshake only).
-
-    Returns:
-      The spec (``jaxmesh.envs.gymnasium.HostEnvSpec``: shapes only) and how
-      many lanes the env offers (a server's lanes; no limit for an id).
-
-    Raises:
-      ConfigError: an unknown gymnasium id, or a space jaxmesh does not read.
-      jaxmesh.RemoteConnectionError: a server cannot be reached (status 1, as
-        for a failed run).
-    """
+    """The spaces of host-stepped envs (a ``gymnasium:<id>`` made once, served
+    envs asked by handshake) as ``jaxmesh.envs.gymnasium.HostEnvSpec``, and
+    the lanes the env offers (a server's; no limit for an id). ConfigError: an
+    unknown id or a space jaxmesh does not read; an unreachable server raises
+    ``RemoteConnectionError`` (status 1, as a failed run)."""
     try:
         if is_served(env):
             from jaxmesh.run.host.served import ServedLanes  # the [remote] extra: gRPC
@@ -85,9 +77,9 @@ def host_env_spec(
 
 
 def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | None:
-    """What a policy served for the env of run ``config`` reads (shapes only):
-    observation key -> ``(shape, dtype)``, as ``PolicyServer(inputs=...)``
-    takes it; None when that cannot be told here."""
+    """What ``policy`` served for ``config``'s env reads, as
+    ``PolicyServer(inputs=)`` takes it (key -> ``(shape, dtype)``); None when
+    that cannot be told here."""
     env = config.get("env")
     if not isinstance(env, str) or is_served(env):
         return None

@@ -1,5 +1,5 @@
-"""The hooks ``jaxmesh eval`` runs with: the progress bar, the mark of a
-started run, the episode log's start, a suite's saver."""
+"""The hooks the commands run with: the progress bar, the mark of a started
+run, the episode log and its start, a suite's saver."""
 
 from __future__ import annotations
 
@@ -12,24 +12,21 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from jaxmesh.results.summary import short_env
+from jaxmesh.run.resume import EpisodeLog
 from jaxmesh.suite import SuiteResult
 
 
 class Progress:
-    """A tqdm bar on stderr: episodes done of the budget, and env steps/s
-    (counted from the first finished episode, so compile time is left out)."""
+    """A tqdm bar on stderr: episodes done of the budget (from ``initial``, a
+    resumed run's), and env steps/s from the first finished episode (compile
+    time left out). ``where``: the run's ``lanes_where``, once started."""
 
     def __init__(self, enabled: bool = True, stream: Any = None, initial: int = 0):
-        self.enabled = enabled
-        self.stream = stream
-        #: Episodes done before the run starts (a resumed run's earlier ones).
-        self.initial = initial
+        self.enabled, self.stream, self.initial = enabled, stream, initial
         self.bar = None
         self.steps = 0
         self.t_first: float | None = None
         self.steps_first = 0
-        #: Where the run's lanes are stepped (a host-stepped run's
-        #: ``lanes_where``: Ray actors, worker processes, ...), else None.
         self.where: str | None = None
 
     def on_run_start(self, info: dict) -> None:
@@ -91,37 +88,36 @@ class Progress:
 
 
 class Started:
-    """A hook that marks the end of ``evaluate``'s checks: an error before
-    ``on_run_start`` is bad input, one after a failure of the run. In a suite,
-    ``finished`` names the tasks done and each task's run starts anew."""
+    """Marks the end of ``evaluate``'s checks: an error before ``on_run_start``
+    is bad input, one after a failure of the run. In a suite, ``finished``
+    names the tasks done, and each task's run starts anew."""
 
     def __init__(self) -> None:
         self.started = False
         self.finished: list[str] = []
 
     def on_run_start(self, info: dict) -> None:
-        del info
         self.started = True
 
     def on_task_end(self, name: str, result: Any) -> None:
-        del result
         self.finished.append(name)
         self.started = False
 
 
 class LogStart:
-    """The hook before ``eval``'s ``jaxmesh.EpisodeLog``: once the run starts,
-    it makes the log's folder and, for a new run (``fresh``), empties it."""
+    """The hook before an ``EpisodeLog``: at the first run start it makes the
+    log's folder and, for a new run (``fresh``), empties it (``note``: saying
+    so on stderr when it held episodes)."""
 
-    def __init__(self, path: Path, fresh: bool):
-        self.path, self.fresh = path, fresh
+    def __init__(self, path: Path, fresh: bool, note: bool = True):
+        self.path, self.fresh, self.note = path, fresh, note
 
     def on_run_start(self, info: dict) -> None:
-        del info
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.fresh:
             return
-        if self.path.is_file() and self.path.stat().st_size:
+        self.fresh = False
+        if self.note and self.path.is_file() and self.path.stat().st_size:
             print(
                 f"jaxmesh eval: note: starting the episode log {self.path} afresh "
                 f"(--resume {self.path} continues the run it holds)",
@@ -130,9 +126,23 @@ class LogStart:
         self.path.write_text("", encoding="utf-8")
 
 
+def log_hooks(path: Path, policy: Any, config: dict, fresh: bool, command: str) -> list:
+    """``LogStart`` and the ``EpisodeLog`` at ``path`` of a run of ``policy``
+    (a resumed one, not ``fresh``, appends to it)."""
+    log = EpisodeLog(
+        path,
+        params=getattr(policy, "params", None),
+        max_episode_steps=config.get("max_episode_steps"),
+        on_error=lambda text: print(
+            f"jaxmesh {command}: warning: {text}", file=sys.stderr
+        ),
+    )
+    return [LogStart(path, fresh, note=command == "eval"), log]
+
+
 class SuiteSaver:
-    """The hook that writes a suite's output JSON after every task, so a run
-    that fails keeps the tasks it finished (``--resume`` continues it)."""
+    """Writes a suite's output JSON after every task, so that a failed run
+    keeps the tasks it finished (``--resume`` continues it)."""
 
     def __init__(self, path: Path, earlier: Any):
         self.path = path

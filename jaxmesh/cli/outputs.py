@@ -1,8 +1,5 @@
-"""Where a command's files go, checked before the run so that no result is lost:
-the result JSON, the episode log, a sweep's files, the report, the videos.
-
-Nothing here imports JAX: the parser reads these names for its help.
-"""
+"""Where a command's files go, checked before the run so that no result is lost
+(nothing here imports JAX: the parser reads these names for its help)."""
 
 from __future__ import annotations
 
@@ -21,25 +18,18 @@ from jaxmesh.cli.errors import ConfigError
 
 #: The suffix of the episode log next to the output JSON.
 EPISODE_LOG_SUFFIX = ".episodes.jsonl"
-#: The suffix of a sweep's result JSON, next to the config's output (the
-#: output itself is the eval's result: a sweep never writes it).
+#: A sweep's result JSON and the file of its cells, each written as it
+#: finishes, next to the config's output (a sweep never writes the output).
 SWEEP_SUFFIX = ".sweep.json"
-#: The suffix of the file next to it where each finished cell of a sweep is
-#: written as it finishes.
 SWEEP_CELLS_SUFFIX = ".sweep.cells.jsonl"
-#: ``--video`` given without a path.
+#: ``--video`` and ``--report`` given without a path.
 VIDEO_NEXT_TO_OUTPUT = object()
-#: ``--report`` given without a path.
 REPORT_NEXT_TO_OUTPUT = object()
 
 
 def check_writable(*paths: tuple[str, Any]) -> None:
-    """Refuses, before the run, every ``(what, path)`` where a file cannot be
-    written; the folders are made here (a None path is skipped).
-
-    Raises:
-      ConfigError: naming the flag or key, the path and what to do.
-    """
+    """Refuses, before the run, each ``(what, path)`` (None: skipped) where a
+    file cannot be written; makes the folders."""
     for what, path in paths:
         if path is None:
             continue
@@ -70,7 +60,7 @@ def check_writable(*paths: tuple[str, Any]) -> None:
 
 
 def _write_new(fd: int, name: str, data: bytes, path: Path | None = None) -> None:
-    """Writes ``data`` to the new file ``name`` open as ``fd`` (then renamed to
+    """Writes ``data`` to the new file ``name`` open as ``fd`` (renamed to
     ``path``), or removes it."""
     try:
         with os.fdopen(fd, "wb") as f:
@@ -84,12 +74,8 @@ def _write_new(fd: int, name: str, data: bytes, path: Path | None = None) -> Non
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` whole or not at all (a new file beside it,
-    renamed over it); a link or a path that is no regular file in place.
-
-    Raises:
-      OSError: the file cannot be written.
-    """
+    """Writes ``data`` to ``path`` whole or not at all (a new file renamed over
+    it); a link or a path that is no regular file in place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         path.write_bytes(data)
@@ -128,6 +114,24 @@ def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> 
     raise error
 
 
+def _beside(config: dict[str, Any], suffix: str, default: str) -> Path:
+    output = config.get("output")
+    return Path(output).with_suffix(suffix) if output else Path(default)
+
+
+def _not_over(
+    flag: str, path: Path, config_path: Any, output: Any, what: str, example: str
+) -> Path:
+    """``path``, refused when it is the config's or the output's file."""
+    for name, other in (("the config", config_path), ("output", output)):
+        if other and path.resolve() == Path(other).resolve():
+            raise ConfigError(
+                f"{flag} {str(path)!r} is {name} file {str(other)!r}; the {what} "
+                f"would overwrite it: pass another path, e.g. {flag} {example}"
+            )
+    return path
+
+
 def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path | None:
     """Where ``eval`` streams its episodes: ``--episode-log PATH``, else next to
     the output JSON (None: ``--no-episode-log``, or no output).
@@ -135,29 +139,21 @@ def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path |
     Raises:
       ConfigError: the path is the output JSON or the config itself.
     """
-    if getattr(args, "no_episode_log", False):
-        return None
     given = getattr(args, "episode_log", None)
     output = config.get("output")
-    if given is not None:
-        path = Path(given)
-    elif output:
-        path = Path(output).with_suffix(EPISODE_LOG_SUFFIX)
-    else:
+    if getattr(args, "no_episode_log", False) or (given is None and not output):
         return None
-    for name, other in (("the config", args.config), ("output", output)):
-        if other and path.resolve() == Path(other).resolve():
-            raise ConfigError(
-                f"--episode-log {str(path)!r} is {name} file {str(other)!r}; the "
-                "log would overwrite it: pass another path, e.g. --episode-log "
-                "run.episodes.jsonl"
-            )
-    return path
+    path = Path(given if given is not None else output)
+    if given is None:
+        path = path.with_suffix(EPISODE_LOG_SUFFIX)
+    return _not_over(
+        "--episode-log", path, args.config, output, "log", "run.episodes.jsonl"
+    )
 
 
 def video_path(given: Any, config: dict[str, Any]) -> Path | None:
     """Where ``eval --video`` writes the videos (without a path: next to the
-    output JSON, else ``video.mp4``), checked before the run.
+    output JSON, else ``video.mp4``).
 
     Raises:
       ConfigError: imageio (or imageio-ffmpeg for a non-GIF) is missing.
@@ -165,8 +161,7 @@ def video_path(given: Any, config: dict[str, Any]) -> Path | None:
     if given is None:
         return None
     if given is VIDEO_NEXT_TO_OUTPUT:
-        output = config.get("output")
-        path = Path(output).with_suffix(".mp4") if output else Path("video.mp4")
+        path = _beside(config, ".mp4", "video.mp4")
     else:
         path = Path(given)
     need = ["imageio"] + ([] if path.suffix.lower() == ".gif" else ["imageio_ffmpeg"])
@@ -180,28 +175,22 @@ def video_path(given: Any, config: dict[str, Any]) -> Path | None:
 
 
 def report_path(given: Any, config: dict[str, Any], config_path: str) -> Path | None:
-    """Where ``eval --report`` writes the report (alone: next to the output
-    JSON, else ``report.html``), checked before the run.
+    """Where ``eval --report`` writes the report (without a path: next to the
+    output JSON, else ``report.html``).
 
     Raises:
       ConfigError: matplotlib is missing, or the path is the config's or the
-        JSON's own (the report would overwrite it).
+        JSON's own.
     """
     if given is None:
         return None
     need_matplotlib("--report")
     if given is REPORT_NEXT_TO_OUTPUT:
-        output = config.get("output")
-        path = Path(output).with_suffix(".html") if output else Path("report.html")
+        path = _beside(config, ".html", "report.html")
     else:
         path = Path(given)
-    for name, other in (("the config", config_path), ("output", config.get("output"))):
-        if other and path.resolve() == Path(other).resolve():
-            raise ConfigError(
-                f"--report {str(path)!r} is {name} file {str(other)!r}; the report "
-                "would overwrite it: pass another path, e.g. --report report.html"
-            )
-    return path
+    output = config.get("output")
+    return _not_over("--report", path, config_path, output, "report", "report.html")
 
 
 def need_matplotlib(what: str) -> None:

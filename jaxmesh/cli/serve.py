@@ -1,13 +1,11 @@
-"""``jaxmesh check-env`` and ``jaxmesh serve-env``: an env's seeds checked, an
-env served over gRPC (the server is the ``[remote]`` extra, imported when
-``serve-env`` runs)."""
+"""``jaxmesh check-env`` and ``jaxmesh serve-env`` (its server, the ``[remote]``
+extra, is imported when it runs); ``serve_until_stopped`` for both servers."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import functools
-import importlib.util
 import json
 import os
 import signal
@@ -17,13 +15,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from jaxmesh.cli.checks import check_env, is_gymnasium_id, is_served
+from jaxmesh.cli.build import need_packages
+from jaxmesh.cli.checks import check_env, is_served
 from jaxmesh.cli.errors import ConfigError
-from jaxmesh.cli.tls import channel_credentials, server_credentials
+from jaxmesh.cli.tls import channel_credentials, server_credentials, token_of
 from jaxmesh.envs import libero
 from jaxmesh.envs.gymnasium.lanes import PREFIX, parse_id
-from jaxmesh.remote.address import require_grpc
-from jaxmesh.remote.protocol import TOKEN_ENV
 from jaxmesh.run.seed_check import check_seeds
 
 
@@ -39,19 +36,11 @@ def cmd_check_env(args: argparse.Namespace) -> int:
         )
     if args.tls_ca is not None and not Path(args.tls_ca).is_file():
         raise ConfigError(f"--tls-ca {args.tls_ca!r}: no such PEM file")
-    if is_gymnasium_id(env) and importlib.util.find_spec("gymnasium") is None:
-        raise ConfigError(
-            f"env={env!r}: gymnasium is not installed; run: pip install gymnasium"
-        )
+    need_packages(env)
     extra = {}
     if served:
-        try:
-            require_grpc()
-        except ImportError as e:
-            raise ConfigError(f"env={env!r}: {e}") from e
-        token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
         extra = {
-            "token": token or None,
+            "token": token_of(args.token),
             "credentials": channel_credentials(args.tls_ca),
         }
     try:
@@ -71,13 +60,9 @@ SERVE_ENV_FORMS = (
 
 
 def serve_env_id(env: str) -> str:
-    """``serve-env``'s env argument as ``"gymnasium:<id>"`` (a bare ``<id>``
-    gets the prefix; another prefix is refused: gymnasium would import it as a
-    module and quietly serve its own env).
-
-    Raises:
-      ConfigError: another prefix, or an id ``lanes.parse_id`` refuses.
-    """
+    """``serve-env``'s env as ``"gymnasium:<id>"``: a bare ``<id>`` gets the
+    prefix, another prefix is a ConfigError (gymnasium would import it as a
+    module and quietly serve its own env), as is an id ``parse_id`` refuses."""
     if env.startswith(PREFIX + ":"):
         full = env
     elif ":" not in env:
@@ -106,12 +91,8 @@ def serve_env_id(env: str) -> str:
 
 def _libero_lanes(env_id: str, env_config: str | None, lanes: int | None) -> Any:
     """``serve-env libero:<suite>/<i>``: a factory of its ``lanes`` envs, the
-    id and ``--env-config`` checked now.
-
-    Raises:
-      ConfigError: bad JSON, an unknown suite, task or option, LIBERO or its
-        OpenGL library missing.
-    """
+    id and ``--env-config`` checked now (ConfigError: a bad one, or LIBERO or
+    its OpenGL library missing)."""
     try:
         options = json.loads(env_config) if env_config is not None else {}
     except json.JSONDecodeError as e:
@@ -136,8 +117,8 @@ def _libero_lanes(env_id: str, env_config: str | None, lanes: int | None) -> Any
 
 @contextlib.contextmanager
 def _native_stderr_held() -> Any:
-    """Holds back what gRPC's C core writes to fd 2 inside the block: written
-    out after it, dropped when it raises (the error is jaxmesh's one line)."""
+    """Holds back what gRPC's C core writes to fd 2 within: written out after,
+    dropped when it raises (the error is jaxmesh's one line)."""
     sys.stderr.flush()
     try:
         saved = os.dup(2)
@@ -174,13 +155,12 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     else:
         env = serve_env_id(args.env)
     check_ready_fd(args.ready_fd)
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     credentials = server_credentials(args.tls_cert, args.tls_key)
     try:
         options = ServeOptions(
             idle_timeout_seconds=args.idle_timeout,
             allow_remote_shutdown=args.allow_remote_shutdown,
-            token=token or None,
+            token=token_of(args.token),
             workers=args.workers,
         )
         # A failed bind is reported as one line of ours, not after gRPC's log.
@@ -206,11 +186,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def check_ready_fd(ready_fd: int | None) -> None:
-    """``--ready-fd``: a file descriptor the parent keeps open, or None.
-
-    Raises:
-      ConfigError: it is not an open file descriptor.
-    """
+    """Refuses a ``--ready-fd`` that is not an open file descriptor."""
     if ready_fd is None:
         return
     try:
@@ -224,8 +200,8 @@ def check_ready_fd(ready_fd: int | None) -> None:
 
 def serve_until_stopped(server: Any, what: str, ready_fd: int | None) -> None:
     """Prints the started ``server``'s address (stdout) and ``what`` it serves
-    (stderr), tells a parent waiting on ``--ready-fd``, and returns once
-    SIGTERM or Ctrl-C has shut the server down."""
+    (stderr), tells a parent on ``--ready-fd``, and returns once SIGTERM or
+    Ctrl-C has shut it down."""
 
     def stop(signum: int, frame: Any) -> None:
         del signum, frame

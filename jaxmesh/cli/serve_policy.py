@@ -5,26 +5,20 @@ their requests batched (``jaxmesh.PolicyServer``; the server is the
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import Any
 
-from jaxmesh.cli.build import CONFIG_SUFFIXES, load_policy
+from jaxmesh.cli.build import is_config_file, load_policy
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.explain import served_inputs
 from jaxmesh.cli.serve import check_ready_fd, serve_until_stopped
-from jaxmesh.cli.tls import tls_files
-from jaxmesh.remote.protocol import TOKEN_ENV
+from jaxmesh.cli.tls import tls_files, token_of
 
 
 def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
-    """The observation a request holds (``PolicyServer(inputs=)``): the
-    ``--input`` options, else what a run config's env gives (openpi only).
-
-    Raises:
-      ConfigError: a malformed or repeated ``--input``, or one with grpc.
-    """
+    """The observation a request holds (``PolicyServer(inputs=)``, openpi
+    only): the ``--input`` options, else what a run config's env gives
+    (ConfigError: a malformed or repeated ``--input``, or one with grpc)."""
     from jaxmesh.serve.forward import parse_input
 
     given = args.input
@@ -36,9 +30,8 @@ def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
             )
         return None
     if not given:
-        target = args.policy
-        if target.endswith(CONFIG_SUFFIXES) or Path(target).is_file():
-            return served_inputs(policy, load_config(target))
+        if is_config_file(args.policy):
+            return served_inputs(policy, load_config(args.policy))
         return None
     inputs: dict = {}
     for text in given:
@@ -63,7 +56,6 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     tls = tls_files(args.tls_cert, args.tls_key)
     policy = load_policy(args.policy)
     inputs = declared_inputs(args, policy)
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     try:
         server = PolicyServer(
             policy,
@@ -73,7 +65,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
             max_wait_ms=args.max_wait_ms,
             idle_timeout=args.idle_timeout,
             max_lanes=args.max_lanes,
-            token=token or None,
+            token=token_of(args.token),
             tls=tls,
             insecure=args.insecure,
             inputs=inputs,

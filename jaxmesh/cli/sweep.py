@@ -17,7 +17,7 @@ import jaxmesh
 from jaxmesh.cli.build import build_run
 from jaxmesh.cli.checks import check_run_config
 from jaxmesh.cli.config import apply_overrides, existing_file, load_config
-from jaxmesh.cli.errors import ConfigError, Interrupted, refused
+from jaxmesh.cli.errors import ConfigError, refused, stopped
 from jaxmesh.cli.outputs import (
     SWEEP_CELLS_SUFFIX,
     SWEEP_SUFFIX,
@@ -28,15 +28,13 @@ from jaxmesh.cli.parser import resume_command
 from jaxmesh.results.result import RunResult
 from jaxmesh.run.resume import params_digest
 
-#: ``jaxmesh sweep``: the config keys that may hold a list of values to sweep.
+#: The config keys that may hold a list of values to sweep.
 SWEEP_AXES = ("delay", "horizon", "delay_ms")
 #: The key of a sweep cells file's first line.
 SWEEP_CELLS_KEY = "jaxmesh_sweep_cells"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Runs the sweep of a config's ``--set`` axes; writes ``NAME.sweep.json``
-    next to the config's output (never the output itself: eval's result)."""
     raw = apply_overrides(load_config(args.config), args.set)
     axes = {}
     for key in SWEEP_AXES:
@@ -70,13 +68,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         ("the sweep's cells file", cells_path),
     )
     policy, env, run, kwargs = build_run(config)
-    identity = _jsonable(
-        {
-            **{k: v for k, v in config.items() if k != "output" and v is not None},
-            **axes,
-            "params": params_digest(getattr(policy, "params", None)),
-        }
-    )
+    identity = {
+        **{k: v for k, v in config.items() if k != "output" and v is not None},
+        **axes,
+        "params": params_digest(getattr(policy, "params", None)),
+    }
+    # As the cells file gives it back: tuples as lists, objects as text.
+    identity = json.loads(json.dumps(identity, default=str))
     done = {} if earlier is None else load_sweep_cells(earlier, identity)
     cells = None if cells_path is None else SweepCells(cells_path, identity, done)
     try:
@@ -89,18 +87,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             on_cell=None if cells is None else cells.write,
             resume=done or None,
         )
-    except (ValueError, TypeError) as e:
-        if cells is not None and cells.started:
-            if cells.count:
-                e.add_note(_sweep_kept(args, config, cells))
-            raise
-        raise ConfigError(refused(config, e)) from e
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         kept = "No cell was kept (no output)."
         kept = kept if cells is None else _sweep_kept(args, config, cells)
-        print(f"jaxmesh sweep: interrupted. {kept}", file=sys.stderr)
-        raise Interrupted() from None
+        raise stopped("sweep", e, kept) from None
     except Exception as e:
+        ran = cells is not None and cells.started
+        if isinstance(e, ValueError | TypeError) and not ran:  # a refusal
+            raise ConfigError(refused(config, e)) from e
         if cells is not None and cells.count:
             e.add_note(_sweep_kept(args, config, cells))
         raise
@@ -115,13 +109,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jsonable(value: Any) -> Any:
-    """``value`` as JSON would give it back (tuples as lists, objects as text)."""
-    return json.loads(json.dumps(value, default=str))
-
-
 class SweepCells:
-    """``jaxmesh sweep``'s cells file: a first line with the sweep's config
+    """The cells file: a first line with the sweep's config
     (``{"jaxmesh_sweep_cells": 1, "config": {...}}``), then one flushed line
     per finished cell (``{"cell": {"delay", "horizon", "result"}}``)."""
 
@@ -175,13 +164,9 @@ def _sweep_kept(args: argparse.Namespace, config: dict, cells: SweepCells) -> st
 
 
 def load_sweep_cells(path: Path, identity: dict) -> dict:
-    """The finished cells, ``(delay, horizon) -> RunResult``, of a sweep cells
-    file of the sweep ``identity`` describes (a last line cut short skipped).
-
-    Raises:
-      ConfigError: not a cells file, or a sweep of another config (naming the
-        key that differs).
-    """
+    """The finished cells, ``(delay, horizon) -> RunResult``, of a cells file
+    of the sweep ``identity`` describes (a last line cut short skipped);
+    ConfigError: not a cells file, or of another config (the key named)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:

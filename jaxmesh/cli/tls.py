@@ -1,12 +1,19 @@
-"""TLS credentials for served envs, from PEM files (gRPC is imported only here,
-when TLS is asked for: it is the ``[remote]`` extra)."""
+"""Served envs' and policies' credentials: the session token and TLS from PEM
+files (gRPC, the ``[remote]`` extra, is imported only when TLS is asked for)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.errors import ConfigError
+from jaxmesh.remote.protocol import TOKEN_ENV
+
+
+def token_of(given: str | None) -> str | None:
+    """``--token``, else ``$JAXMESH_TOKEN`` (None: neither, or empty)."""
+    return (given if given is not None else os.environ.get(TOKEN_ENV)) or None
 
 
 def channel_credentials(ca: str | None) -> Any:
