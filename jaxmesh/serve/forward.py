@@ -1,7 +1,6 @@
-"""A model as a server runs it: one request's raw observation read on the host
-(``ServedModel.prepare``), and a batch of them through one jitted forward
-(``ServedModel.run``). docs/serving.md, "What the server does with an
-observation", says what a request must hold.
+"""A model as a server runs it: a request's observation read on the host, and
+a batch of them through one jitted forward (docs/serving.md, "What the server
+does with an observation").
 """
 
 from __future__ import annotations
@@ -24,13 +23,11 @@ from jaxmesh.core.policy import declares_chunk, resolve_policy
 PROMPT_KEY = "prompt"
 #: The input name of the whole observation of a model without a spec.
 WHOLE = adapt.WHOLE_OBS
-#: How many observation layouts (shapes and dtypes) a server with no declared
-#: inputs keeps compiled; a new one past this evicts the least recently used.
+#: Observation layouts kept compiled (least recently used evicted first).
 MAX_LAYOUTS = 8
-#: How many layouts the model refused a server remembers (refused up front).
+#: Layouts the model refused that are remembered (then refused up front).
 MAX_REFUSED = 64
-#: The keys a model without a spec (one array in) reads its array from when
-#: the observation is a dict.
+#: The keys a model without a spec reads its one array from in a dict.
 STATE_KEYS = ("observation/state", "state", "obs")
 
 
@@ -52,12 +49,8 @@ _INPUT = re.compile(r"^(?P<key>[^=]+)=(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]$")
 
 
 def parse_input(text: str) -> tuple[str, Leaf]:
-    """``"KEY=DTYPE[D0,D1,...]"`` (``"x=float32[]"`` for a scalar) as
-    ``(key, Leaf)``.
-
-    Raises:
-      ValueError: another form, or a dtype that is not numbers or bools.
-    """
+    """``"KEY=DTYPE[D0,D1,...]"`` (``"x=float32[]"``: a scalar) as ``(key,
+    Leaf)`` (ValueError: another form, or a dtype not of numbers or bools)."""
     m = _INPUT.match(text.strip()) if isinstance(text, str) else None
     form = (
         "expected KEY=DTYPE[SHAPE], e.g. observation/state=float32[8] or "
@@ -94,16 +87,14 @@ def batch_sizes(max_batch: int) -> tuple[int, ...]:
 
 
 class Prepared(NamedTuple):
-    """One request read on the host: its inputs (name -> numpy pytree) and
-    their layout (``signature``), which batches share."""
+    """One request's inputs (name -> numpy pytree) and their layout."""
 
     inputs: dict
     signature: tuple
 
 
 class Forward(NamedTuple):
-    """What ``ServedModel.run`` returns: each row's output (``[K, *A]``), the
-    padded batch size it ran at, and the forward's seconds."""
+    """Each row's output (``[K, *A]``), the padded batch size, the seconds."""
 
     outputs: list
     padded: int
@@ -125,7 +116,7 @@ def _refused(spec: Mapping[str, Any] | None, recurrent: bool) -> list[str]:
 
 
 def _array(value: Any, where: str) -> np.ndarray:
-    """``value`` as a numpy array of numbers or bools in JAX's dtype."""
+    """``value`` as an array of numbers or bools in JAX's dtype."""
     try:
         x = np.asarray(value)
     except (ValueError, TypeError) as e:
@@ -150,8 +141,8 @@ def _arrays_of(obs: Any, where: str) -> Any:
 
 
 def _layout(inputs: dict, spec: Mapping[str, Any] | None) -> str:
-    """A request's inputs in words, by the observation keys they were read
-    from: ``observation/state float32[3], observation/image uint8[8,8,3]``."""
+    """A request's inputs in words, by observation key: ``observation/state
+    float32[3], observation/image uint8[8,8,3]``."""
     keys = {n: getattr(d, "key", n) for n, d in (spec or {}).items()}
 
     def name(path: tuple) -> str:
@@ -171,13 +162,9 @@ def _signature(inputs: dict) -> tuple:
 
 
 class ServedModel:
-    """A model (a ``jaxmesh.Model`` or a single-lane function) ready to serve;
-    its ``load`` runs here (arguments as ``PolicyServer``'s).
-
-    Raises:
-      ValueError: the model keeps state per episode (see the module), or a
-        bad ``max_batch``.
-    """
+    """A model ready to serve (its ``load`` runs here; arguments as
+    ``PolicyServer``'s). ValueError: it keeps state per episode, or a bad
+    ``max_batch``."""
 
     def __init__(
         self,
@@ -187,9 +174,8 @@ class ServedModel:
         seed: int = 0,
         inputs: Mapping[str, Any] | None = None,
     ):
-        if not (isinstance(max_batch, int) and not isinstance(max_batch, bool)) or not (
-            1 <= max_batch <= 4096
-        ):
+        ok = isinstance(max_batch, int) and not isinstance(max_batch, bool)
+        if not ok or not 1 <= max_batch <= 4096:
             raise ValueError(
                 f"max_batch={max_batch!r}: expected an int in [1, 4096] (the most "
                 "requests one forward takes)"
