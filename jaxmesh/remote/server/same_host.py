@@ -1,10 +1,9 @@
-"""The server side of the same-host data path (``jaxmesh.remote.shm``): an
-``EnvServer`` holds one ``SameHostPath`` when it offers the path.
-"""
+"""The server side of the same-host data path (``jaxmesh.remote.shm``)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -35,34 +34,29 @@ from jaxmesh.remote.server.sessions import (
 
 _log = logging.getLogger(__name__)
 
-#: Connections still sending their HELLO, at most: a new one past this closes
-#: the oldest.
+#: Connections still sending their HELLO, at most (one more closes the oldest).
 MAX_PENDING = 64
-#: Bytes read per ``recv`` of a HELLO (what is held grows with what arrived,
-#: never with what a header declares).
+#: Bytes read per ``recv`` of a HELLO: what is held grows with what arrived.
 _CHUNK = 4096
 
 
+@dataclasses.dataclass(slots=True)
 class _Pending:
     """A connection still sending its HELLO: its deadline and the bytes so far."""
 
-    __slots__ = ("deadline", "data")
-
-    def __init__(self, deadline: float):
-        self.deadline = deadline
-        self.data = bytearray()
+    deadline: float
+    data: bytearray = dataclasses.field(default_factory=bytearray)
 
 
 def hello_limit(token: str | None, obs_names: tuple[str, ...]) -> int:
-    """The largest HELLO a client needs: its token and each leaf's name (6
-    bytes a character, JSON-escaped), and 4 KiB of the rest."""
+    """The largest HELLO a client needs: token and leaf names (6 bytes a
+    character, JSON-escaped), and 4 KiB of the rest."""
     names = len(token or "") + sum(len(k) + 4 for k in obs_names)
     return 4096 + 6 * names
 
 
 def peer_refusal(peer: int, own: int) -> str | None:
-    """Why a peer of user id ``peer`` may not use a server running as ``own``
-    (None: it may)."""
+    """Why a peer of user id ``peer`` may not use a server running as ``own``."""
     if peer == own:
         return None
     return (
@@ -92,22 +86,18 @@ def parse_hello(payload: bytes) -> tuple[str, list, bool]:
 
 
 class SameHostPath:
-    """An ``EnvServer``'s same-host data path: its listener, its connections
-    and their calls, sharing the server's session lock, lanes, options and
-    token check with the gRPC path. One thread accepts and reads every HELLO
-    (another user's peer refused unread; whole within
-    ``handshake_timeout_seconds``, at most ``hello_limit`` bytes, at most
-    ``MAX_PENDING`` waiting); a session gets a thread of its own."""
+    """An ``EnvServer``'s same-host path, sharing its session lock, lanes and
+    token check. One thread accepts and reads every HELLO (another user's
+    peer refused unread; whole within ``handshake_timeout_seconds``, at most
+    ``hello_limit`` bytes, ``MAX_PENDING`` waiting); a session has a thread."""
 
     def __init__(self, server: Any, listener: socket.socket, name: str):
         self.server = server
         self.options = server.options
         self.listener = listener
-        #: The abstract socket name the handshake declares.
-        self.name = name
+        self.name = name  # the abstract socket the handshake declares
         self.wake = socket.socketpair()
-        #: The user id a client must run as (the server's).
-        self.uid = os.getuid()
+        self.uid = os.getuid()  # a client must run as the server's user
         self.hello_seconds = self.options.handshake_timeout_seconds
         self.threads: list[threading.Thread] = []
 
@@ -223,8 +213,8 @@ class SameHostPath:
             taken.append(conn)
 
     def _read(self, conn: socket.socket, state: _Pending) -> Any:
-        """Reads ``conn``'s HELLO: None while not whole, else its payload, or
-        the ``OSError`` / ``ValueError`` that refuses it."""
+        """``conn``'s HELLO payload, None while not whole, or the ``OSError`` /
+        ``ValueError`` that refuses it."""
         head = same_host.HEADER.size
         want = head
         if len(state.data) >= head:
@@ -252,7 +242,6 @@ class SameHostPath:
         return bytes(state.data[head:]) if len(state.data) == head + size else None
 
     def _refuse(self, conn: socket.socket, code: grpc.StatusCode, why: str):
-        """Answers REFUSE (if the client takes it at once) and closes."""
         try:
             conn.setblocking(False)
             same_host.send_frame(
@@ -264,7 +253,6 @@ class SameHostPath:
             conn.close()
 
     def _answer(self, conn: socket.socket, hello: Any) -> None:
-        """A whole HELLO's answer: a refusal, or a session in a thread."""
         if isinstance(hello, OSError):
             conn.close()
             return
@@ -308,6 +296,7 @@ class SameHostPath:
         """One admitted client's session (the session lock is held for it)."""
         server = self.server
         lanes = server._lanes
+        n = lanes.num_lanes
         try:
             conn.setblocking(True)
             conn.settimeout(self.hello_seconds)  # to its ATTACHED
@@ -316,42 +305,31 @@ class SameHostPath:
             session.watch_hangup(
                 conn, lambda: lanes.abandon(respawn=not server._stopping)
             )
+            slots = None
             try:
-                self._attach(conn, session, lanes, keys, binary)
+                specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
+                fields = same_host.ring_fields(specs, keys)
+                # An anonymous file: nothing in /dev/shm, even if this process
+                # is killed while the client attaches.
+                ring, fd = same_host.Ring.create(Slots.size(n, fields))
+                slots = Slots(ring, n, fields)
+                try:
+                    attach = {"frames": [same_host.BINARY] if binary else []}
+                    same_host.send_attach(conn, json.dumps(attach).encode(), fd)
+                finally:
+                    os.close(fd)
+                frame = same_host.recv_frame(conn, 1 << 10)
+                if frame is not None and frame[0] == same_host.ATTACHED:
+                    self._calls(conn, session, lanes, keys, slots, binary)
             finally:
+                if slots is not None:
+                    slots.release()
                 server._end_session(session, lanes)
         except (OSError, ValueError, codec.ProtocolError):
             pass  # the client went away or broke the protocol: it is gone
         finally:
             server._session_lock.release()
             conn.close()
-
-    def _attach(
-        self,
-        conn: socket.socket,
-        session: _Session,
-        lanes: ServerStepper,
-        keys: tuple[str, ...],
-        binary: bool,
-    ) -> None:
-        n = lanes.num_lanes
-        specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
-        fields = same_host.ring_fields(specs, keys)
-        # An anonymous file: nothing in /dev/shm, even if this process is
-        # killed while the client attaches.
-        ring, fd = same_host.Ring.create(Slots.size(n, fields))
-        slots = Slots(ring, n, fields)
-        try:
-            try:
-                attach = {"frames": [same_host.BINARY] if binary else []}
-                same_host.send_attach(conn, json.dumps(attach).encode(), fd)
-            finally:
-                os.close(fd)
-            frame = same_host.recv_frame(conn, 1 << 10)
-            if frame is not None and frame[0] == same_host.ATTACHED:
-                self._calls(conn, session, lanes, keys, slots, binary)
-        finally:
-            slots.release()
 
     def _calls(
         self,
@@ -362,8 +340,8 @@ class SameHostPath:
         slots: Slots,
         binary: bool,
     ) -> None:
-        """Answers the session's calls as ``_serve_session`` does on gRPC
-        (``binary``: the client takes RESULT frames and may send STEP ones)."""
+        """Answers the calls as the gRPC ``Step`` does (``binary``: the client
+        takes RESULT frames and may send STEP ones)."""
         limit = self.options.max_message_bytes
         idle = self.options.idle_timeout_seconds
         conn.settimeout(None if math.isinf(idle) else idle)

@@ -1,6 +1,4 @@
-"""``EnvServer``: the server's lifecycle (start, serve, shutdown) and its gRPC
-service (``Handshake``, ``Step``, ``Shutdown`` and the token check).
-"""
+"""``EnvServer``: its lifecycle and its gRPC service (docs/remote.md)."""
 
 from __future__ import annotations
 
@@ -44,9 +42,8 @@ from jaxmesh.remote.server.sessions import _cancel, _Session, env_error
 
 
 class _EnvTokenInterceptor(grpc.ServerInterceptor):
-    """Refuses an EnvService call without the token before any byte of its
-    message is read (a handler that never asks for the request), so such a
-    client holds no more than gRPC's flow-control window. Health needs none."""
+    """Refuses an EnvService call without the token before its message is read,
+    so such a client holds no more than a flow-control window (not Health)."""
 
     def __init__(self, server: EnvServer):
         self.server = server
@@ -73,24 +70,19 @@ class EnvServer:
     """Serves a gymnasium env's lanes over gRPC (the ``jaxmesh.env.v1`` protocol).
 
     Args:
-        env: a gymnasium ``Env`` (one lane), a list of Envs (one lane each;
-            distinct objects with equal spaces), a ``VectorEnv`` in
-            ``AutoresetMode.DISABLED``, ``"gymnasium:<id>"`` (the server makes
-            ``lanes`` envs and closes them at shutdown), or a zero-argument
-            factory returning one of these (called in :meth:`start`; what it
-            makes is closed at shutdown).
-        address: ``"host:port"`` to bind; port 0 picks a free port. A host
-            other than loopback (127.0.0.0/8, ::1, localhost) needs a token,
-            TLS ``credentials`` or ``insecure=True``.
+        env: a gymnasium ``Env`` (one lane), a list of distinct Envs with equal
+            spaces, a ``VectorEnv`` in ``AutoresetMode.DISABLED``,
+            ``"gymnasium:<id>"``, or a zero-argument factory of one of these
+            (called in :meth:`start`). What the server makes it closes.
+        address: ``"host:port"`` to bind (port 0: a free one). A non-loopback
+            host needs a token, TLS ``credentials`` or ``insecure=True``.
         options: :class:`ServeOptions` (default: ``ServeOptions()``).
         lanes: how many envs to make for ``"gymnasium:<id>"`` (default 1).
-        insecure: allow binding a non-loopback host with no token and no TLS.
-        credentials: ``grpc.ServerCredentials`` (e.g. from
-            ``grpc.ssl_server_credentials``) to serve over TLS.
+        insecure: allow a non-loopback host with no token and no TLS.
+        credentials: ``grpc.ServerCredentials`` to serve over TLS.
 
     Raises:
-        ValueError: a bad address, a non-loopback address with no token, TLS or
-            ``insecure=True``, bad ``lanes``.
+        ValueError: a bad or unsecured address, bad ``lanes``.
         TypeError: bad ``options`` or ``credentials``.
 
     Example:
@@ -163,14 +155,14 @@ class EnvServer:
         return self._lanes.num_lanes
 
     def start(self) -> EnvServer:
-        """Builds the lanes, binds, and starts serving in background threads.
+        """Builds the lanes, binds, and serves in background threads.
 
         Returns:
-            self, serving: health SERVING, ``address`` holds the actual port.
+            self, serving (``address`` holds the actual port).
 
         Raises:
             RuntimeError: started twice.
-            OSError: the address cannot be bound (e.g. its port is in use).
+            OSError: the address cannot be bound.
             ValueError, TypeError: an env the server cannot serve.
         """
         with self._state_lock:
@@ -204,8 +196,7 @@ class EnvServer:
         limit = self.options.max_message_bytes
         action_size = math.prod(lanes.act_leaf.shape)
         receive = request_limit(self.options, lanes.num_lanes, action_size)
-        # gRPC's stop() leaves the handler pool's threads idle: shutdown()
-        # ends them.
+        # gRPC's stop() leaves the pool's threads idle: shutdown() ends them.
         executor = concurrent.futures.ThreadPoolExecutor(
             16, thread_name_prefix="jaxmesh-serve"
         )
@@ -218,13 +209,11 @@ class EnvServer:
                 ("grpc.max_receive_message_length", receive),
                 # Without this, Linux lets a second server bind a port in use.
                 ("grpc.so_reuseport", 0),
-                # Requests are small (actions): the receive windows stay at
-                # their initial 64 KiB, all a refused call's client can make
-                # the server hold (replies are paced by the client's windows).
+                # Receive windows stay at 64 KiB: all a refused client can
+                # make the server hold.
                 ("grpc.http2.bdp_probe", 0),
-                # Clients ping every KEEPALIVE_SECONDS to find a dead server
-                # (jaxmesh.remote.client); by default gRPC answers pings more
-                # often than every 5 minutes with GOAWAY "too_many_pings".
+                # Clients ping every 10 s; gRPC answers pings more often than
+                # every 5 minutes with GOAWAY "too_many_pings" by default.
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
                 ("grpc.http2.max_ping_strikes", 0),
@@ -244,17 +233,31 @@ class EnvServer:
         self._address = f"{self._host}:{port}"
         if self.options.shared_memory and sys.platform.startswith("linux"):
             self._same_host = SameHostPath.start(self)
-        self._handshake = self._handshake_reply(lanes)
+        shm_name = self._same_host.name if self._same_host is not None else ""
+        self._handshake = pb.HandshakeReply(
+            server_protocol_versions=PROTOCOL_VERSIONS,
+            server_version=f"jaxmesh {__version__}",
+            observation=lanes.obs_leaves,
+            action=[lanes.act_leaf],
+            num_lanes=lanes.num_lanes,
+            reset_options=[
+                pb.ResetOption(name=name, value=pb.Value(int_value=0))
+                for name in lanes.reset_options
+            ],
+            capabilities=CAPABILITIES
+            + ((LOCKSTEP,) if lanes.lockstep else ())
+            + ((SHARED_MEMORY,) if shm_name else ()),
+            env_name=lanes.name,
+            dt=lanes.lanes.dt or 0.0,
+            shared_memory=shm_name,
+        )
         server.start()
         self._server = server
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     def serve(self) -> None:
-        """Starts (if needed) and blocks until the server is shut down.
-
-        Ctrl-C (KeyboardInterrupt) shuts it down cleanly.
-        """
+        """Starts (if needed) and blocks until shut down (also by Ctrl-C)."""
         if self._server is None:
             self.start()
         try:
@@ -264,10 +267,9 @@ class EnvServer:
             self.shutdown()
 
     def shutdown(self) -> None:
-        """Stops serving: health NOT_SERVING, the session drained (its call
-        has ``drain_timeout_seconds``, then a worker's is killed), the envs the
-        server made closed (``close_timeout_seconds``). Idempotent.
-        """
+        """Stops serving (idempotent): health NOT_SERVING, the session drained
+        (``drain_timeout_seconds``, then a worker's call is killed), the envs
+        the server made closed (``close_timeout_seconds``)."""
         with self._state_lock:
             if self._stopping or self._server is None:
                 self._stopping = True
@@ -291,16 +293,22 @@ class EnvServer:
         done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
         if self._same_host is not None:
             self._same_host.stop()
+        late = None
         if self._session_lock.acquire(timeout=opts.close_timeout_seconds):
+            closer = threading.Thread(target=self._lanes.close, daemon=True)
             try:
-                self._close_lanes()
+                closer.start()
+                closer.join(opts.close_timeout_seconds)
             finally:
                 self._session_lock.release()
+            if closer.is_alive():
+                late = "closing the envs took more than {}; left them closing"
         else:
+            late = "the session still held the envs after {}; they were not closed"
+        if late is not None:
+            seconds = f"close_timeout_seconds={opts.close_timeout_seconds}"
             warnings.warn(
-                f"EnvServer at {self.address}: the session still held the envs "
-                f"after close_timeout_seconds={opts.close_timeout_seconds}; they "
-                "were not closed",
+                f"EnvServer at {self.address}: {late.format(seconds)}",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -308,22 +316,6 @@ class EnvServer:
             # Idle handler threads exit now (a call still running ends first).
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._stopped.set()
-
-    def _close_lanes(self) -> None:
-        lanes = self._lanes
-        if lanes is None:
-            return
-        closer = threading.Thread(target=lanes.close, daemon=True)
-        closer.start()
-        closer.join(self.options.close_timeout_seconds)
-        if closer.is_alive():
-            warnings.warn(
-                f"EnvServer at {self.address}: closing the envs took more than "
-                f"close_timeout_seconds={self.options.close_timeout_seconds}; left "
-                "them closing",
-                RuntimeWarning,
-                stacklevel=3,
-            )
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until shut down (or ``timeout``); whether it has stopped."""
@@ -343,8 +335,7 @@ class EnvServer:
         return f"EnvServer({self.address}, {state})"
 
     def _token_error(self, metadata: Any, given: str | None = None) -> str | None:
-        """Why a call with this metadata (and, for a handshake, this token in
-        its message) may not proceed (None: it may)."""
+        """Why a call with this metadata (and handshake token) is refused."""
         token = self.options.token
         if token is None:
             return None
@@ -374,26 +365,6 @@ class EnvServer:
         why = self._token_error(context.invocation_metadata(), given)
         if why is not None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-
-    def _handshake_reply(self, lanes: ServerStepper) -> pb.HandshakeReply:
-        shm_name = self._same_host.name if self._same_host is not None else ""
-        return pb.HandshakeReply(
-            server_protocol_versions=PROTOCOL_VERSIONS,
-            server_version=f"jaxmesh {__version__}",
-            observation=lanes.obs_leaves,
-            action=[lanes.act_leaf],
-            num_lanes=lanes.num_lanes,
-            reset_options=[
-                pb.ResetOption(name=name, value=pb.Value(int_value=0))
-                for name in lanes.reset_options
-            ],
-            capabilities=CAPABILITIES
-            + ((LOCKSTEP,) if lanes.lockstep else ())
-            + ((SHARED_MEMORY,) if shm_name else ()),
-            env_name=lanes.name,
-            dt=lanes.lanes.dt or 0.0,
-            shared_memory=shm_name,
-        )
 
     def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         limit = self.options.max_message_bytes
@@ -443,15 +414,45 @@ class EnvServer:
                 functools.partial(lanes.abandon, respawn=not self._stopping)
             )
         )
+        limit = self.options.max_message_bytes
+        abort = context.abort
         try:
-            yield from self._serve_session(requests, context, session, lanes)
+            while (pending := session.waiting()) is None:
+                data = next(requests, None)
+                if data is None:
+                    return
+                session.working()
+                try:
+                    msg = codec.parse_step_request(data, limit)
+                    request = _parse_request(msg, lanes)
+                except codec.ProtocolError as exc:
+                    abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                start = time.perf_counter()
+                try:
+                    batch = lanes.execute(request)
+                except LaneError as exc:
+                    context.set_trailing_metadata(env_error(exc))
+                    abort(grpc.StatusCode.INTERNAL, exc.details())
+                out = pb.StepReply(
+                    batch=batch,
+                    server_step_seconds=time.perf_counter() - start,
+                    call_id=request.call_id,
+                ).SerializeToString()
+                try:
+                    codec.check_size(len(out), limit, "StepReply")
+                except codec.ProtocolError as exc:
+                    abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                # The yield blocks while the client takes no replies (flow
+                # control): the watchdog's clock runs through it as a wait.
+                session.sending()
+                yield out
+            abort(*pending)
         finally:
             self._end_session(session, lanes)
             self._session_lock.release()
 
     def _admit(self) -> tuple[grpc.StatusCode, str] | None:
-        """Takes the one-session lock for a new session (either transport's);
-        else the status that refuses it."""
+        """Takes the one-session lock, else the status that refuses a session."""
         if self._stopping:
             return (
                 grpc.StatusCode.UNAVAILABLE,
@@ -467,51 +468,6 @@ class EnvServer:
         return None
 
     def _end_session(self, session: Any, lanes: ServerStepper) -> None:
-        """Frees the lanes of a session that ended (the lock is the caller's)."""
         session.stop()
         lanes.end_session()
         self._session = None
-
-    def _serve_session(
-        self,
-        requests: Iterator[bytes],
-        context: grpc.ServicerContext,
-        session: _Session,
-        lanes: ServerStepper,
-    ) -> Iterator[bytes]:
-        limit = self.options.max_message_bytes
-        abort = context.abort
-        while True:
-            pending = session.waiting()
-            if pending is not None:
-                abort(*pending)
-            try:
-                data = next(requests)
-            except StopIteration:
-                return
-            session.working()
-            try:
-                request = _parse_request(codec.parse_step_request(data, limit), lanes)
-            except codec.ProtocolError as exc:
-                abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            start = time.perf_counter()
-            try:
-                batch = lanes.execute(request)
-            except LaneError as exc:
-                context.set_trailing_metadata(env_error(exc))
-                abort(grpc.StatusCode.INTERNAL, exc.details())
-            seconds = time.perf_counter() - start
-            reply = pb.StepReply(
-                batch=batch,
-                server_step_seconds=seconds,
-                call_id=request.call_id,
-            )
-            out = reply.SerializeToString()
-            try:
-                codec.check_size(len(out), limit, "StepReply")
-            except codec.ProtocolError as exc:
-                abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            # The yield blocks while the client takes no replies (flow control):
-            # the watchdog's clock runs through it as through a wait.
-            session.sending()
-            yield out
