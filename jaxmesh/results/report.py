@@ -1,16 +1,6 @@
-"""A run's plots, and one self-contained HTML page that a person can read.
-
-``plot(result)`` draws a matplotlib ``Figure``; ``write_report(result, path)``
-writes the page (what each section holds, and why the page stands alone:
-docs/evaluation.md, "Plots and the HTML report"). Its summary, settings,
-totals and provenance tables print the rows of ``jaxmesh.results.summary.rows``,
-the same rows as ``result.summary()``. matplotlib (the ``[report]`` extra) is
-imported on the first call that draws; figures are Agg ``Figure`` objects made
-without ``matplotlib.pyplot`` (no global figure list, the user's backend left
-alone). Every string from a result is escaped with ``html.escape``.
-
-The page is ``SECTIONS``: functions of a ``Page`` that each return a
-``Section``, or None (left out, with its contents entry).
+"""A run's plots, and one self-contained HTML page (docs/evaluation.md,
+"Plots and the HTML report"): ``SECTIONS``, functions of a ``Page`` that each
+return a ``Section`` or None (left out). Every string from a result is escaped.
 """
 
 from __future__ import annotations
@@ -33,55 +23,40 @@ from jaxmesh.results import summary as _summary
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-#: A ``jaxmesh.RunResult``, read by attribute. This module never imports the class:
-#: ``RunResult.plot()`` and ``RunResult.report()`` call into it, so the dependency
-#: runs one way (``jaxmesh.results.result`` -> ``jaxmesh.results.report``, inside
-#: those two methods).
+#: A ``jaxmesh.RunResult``, read by attribute (never imported: the dependency
+#: runs from ``jaxmesh.results.result`` to here).
 Result = Any
 
 #: Episodes shown in the page's per-episode table (the JSON holds them all).
 EPISODE_ROWS = 1000
 #: The resolution of the embedded plots.
 DPI = 100
-#: A table value longer than this many characters may wrap.
-LONG_VALUE = 32
-#: Characters per line of a task's name beside its bars.
-SUITE_LABEL_CHARS = 34
-#: What to install when matplotlib is missing.
-INSTALL = "pip install 'jaxmesh[report]'"
 
 
 # Plots -------------------------------------------------------------------------
 def _matplotlib() -> tuple[type, type]:
-    """``(Figure, FigureCanvasAgg)``, imported on first use.
-
-    Raises:
-      ImportError: matplotlib is not installed, naming the extra to install.
-    """
+    """``(Figure, FigureCanvasAgg)``; an ImportError names the extra."""
     try:
-        # The package first: with matplotlib blocked or missing this fails even
-        # when a submodule is still in sys.modules.
+        # The package first: it fails even when a submodule is still imported.
         import matplotlib  # noqa: F401
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError(
             f"jaxmesh's plots and HTML report need matplotlib, which cannot be "
-            f"imported ({e}); install it with: {INSTALL}"
+            f"imported ({e}); install it with: pip install 'jaxmesh[report]'"
         ) from e
     return Figure, FigureCanvasAgg
 
 
 def _constant(values: np.ndarray) -> bool:
-    """Whether every episode has the same value (a plot of it would be one bar
-    or one step: a line of text says it better)."""
+    """Whether every episode has the same value (a line says it better)."""
     return values.size > 0 and bool(values.min() == values.max())
 
 
 def constant_lines(result: Any) -> list[str]:
-    """One line for each plot left out because every episode has the same
-    value (``plot`` draws no panel for it), e.g. "Every episode lasted 50 env
-    steps."."""
+    """A line for each plot left out because every episode has the same value,
+    e.g. "Every episode lasted 50 env steps."."""
     n = len(result.returns)
     every = "The one episode" if n == 1 else "Every episode"
     out = []
@@ -94,16 +69,19 @@ def constant_lines(result: Any) -> list[str]:
     return out
 
 
-def _empty(ax: Any, what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes)
+def _empty(ax: Any, title: str, values: np.ndarray) -> bool:
+    """Titles the panel; says "no episodes" in it when ``values`` is empty."""
+    ax.set_title(title)
+    if values.size:
+        return False
+    ax.text(0.5, 0.5, "no episodes", ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks([])
     ax.set_yticks([])
+    return True
 
 
 def _histogram(ax: Any, values: np.ndarray, title: str, xlabel: str) -> None:
-    ax.set_title(title)
-    if not values.size:
-        _empty(ax, "episodes")
+    if _empty(ax, title, values):
         return
     ax.hist(values, bins="auto", color="#4c72b0", edgecolor="white", linewidth=0.5)
     ax.axvline(float(values.mean()), color="#c44e52", linestyle="--", label="mean")
@@ -113,9 +91,7 @@ def _histogram(ax: Any, values: np.ndarray, title: str, xlabel: str) -> None:
 
 
 def _cdf(ax: Any, returns: np.ndarray) -> None:
-    ax.set_title("Returns CDF")
-    if not returns.size:
-        _empty(ax, "episodes")
+    if _empty(ax, "Returns CDF", returns):
         return
     ax.ecdf(returns, color="#4c72b0")
     ax.set_xlabel("return")
@@ -125,9 +101,7 @@ def _cdf(ax: Any, returns: np.ndarray) -> None:
 
 
 def _success(ax: Any, indices: np.ndarray, flags: np.ndarray) -> None:
-    ax.set_title("Success over episodes")
-    if not flags.size:
-        _empty(ax, "episodes")
+    if _empty(ax, "Success over episodes", flags):
         return
     from matplotlib.ticker import MaxNLocator
 
@@ -147,8 +121,7 @@ def _success(ax: Any, indices: np.ndarray, flags: np.ndarray) -> None:
 
 def wrap(text: str, width: int) -> str:
     """``text`` in lines of at most ``width`` characters, broken at spaces and
-    after ``_``, ``/`` or ``:`` (a task name such as ``pick_up_the_black_bowl_...``
-    has no space); a piece longer than ``width`` is cut."""
+    after ``_``, ``/`` or ``:`` (task names have no spaces); longer pieces cut."""
     lines = [""]
     for piece in re.split(r"(?<=[_/:])|(?= )", str(text)):
         while len(piece.lstrip()) > width:
@@ -160,29 +133,19 @@ def wrap(text: str, width: int) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _title_chars(fig: Any, size: float = 12.0) -> int:
-    """Characters of a ``size``-point title that fit across ``fig``."""
-    inches = fig.get_figwidth()
-    return max(20, int(inches * 72 / (0.6 * size)) - 2)
-
-
 def plot(result: Result, title: str | None = None) -> Figure:
-    """The run's plots as one matplotlib figure.
-
-    Panels "Returns", "Returns CDF", "Episode lengths" and, when every episode
-    has a success signal, "Success over episodes"; a value every episode
-    shares gets no panel but a line of ``constant_lines`` (docs/evaluation.md,
-    "Plots and the HTML report"). The title is wrapped, never cut.
+    """The run's plots as one matplotlib figure (docs/evaluation.md, "Plots
+    and the HTML report"): "Returns", "Returns CDF", "Episode lengths" and,
+    with a success signal, "Success over episodes"; a value every episode
+    shares gets a line of ``constant_lines`` instead. The title wraps.
 
     Args:
-      result: a ``RunResult`` (``jaxmesh.evaluate``'s, or
-        ``RunResult.from_dict`` of the JSON ``jaxmesh eval`` wrote).
+      result: a ``RunResult``.
       title: the figure's title; None: ``policy on env: N episodes``.
 
     Returns:
-      A ``matplotlib.figure.Figure`` on an Agg canvas, not registered with
-      pyplot: save it with ``fig.savefig("plots.png")``; a notebook shows it as
-      a cell's value once its inline backend is on (``%matplotlib inline``).
+      A ``Figure`` on an Agg canvas, not registered with pyplot (save it with
+      ``fig.savefig("plots.png")``).
 
     Raises:
       ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
@@ -218,38 +181,32 @@ def plot(result: Result, title: str | None = None) -> Figure:
     if title is None:
         name = f"{result.policy or 'policy'} on {_summary.short_env(result.env)}"
         title = f"{name}: {len(returns):,} episodes"
-    # parse_math=False: a "$" in a policy's name is text, not TeX.
-    fig.suptitle(wrap(title, _title_chars(fig)), parse_math=False)
+    # The characters of a 12-point title that fit across; a "$" is not TeX.
+    chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * 12.0)) - 2)
+    fig.suptitle(wrap(title, chars), parse_math=False)
     return fig
 
 
 def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (Agg, ``DPI`` dots per inch)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
 
 
 def png_data_uri(png: bytes) -> str:
-    """A ``data:image/png;base64,...`` URI of PNG bytes."""
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 # HTML helpers ------------------------------------------------------------------
 def esc(value: Any) -> str:
-    """``str(value)`` escaped for HTML text and quoted attributes."""
     return html.escape(str(value), quote=True)
 
 
 def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
-    """A table row whose ``data-key`` and ``data-value`` (JSON) carry the datum.
-
-    A reader sees ``text``; a program reads the exact value back with
-    ``json.loads(data-value)``.
-    """
+    """A table row showing ``text``; ``data-value`` holds the value as JSON."""
     note_cell = f"<td class='note'>{esc(note)}</td>" if note else "<td></td>"
     # A long value (an instruction, a digest, a path) wraps; a number does not.
-    kind = "value long" if len(str(text)) > LONG_VALUE else "value"
+    kind = "value long" if len(str(text)) > 32 else "value"
     return (
         f"<tr data-key='{esc(key)}' data-value='{esc(json.dumps(value))}'>"
         f"<th scope='row'>{esc(label)}</th><td class='{kind}'>{esc(text)}</td>"
@@ -258,9 +215,8 @@ def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
 
 
 def breakable(name: str) -> str:
-    """``name`` escaped, with a line-break opportunity (``<wbr>``) after each
-    ``_``, ``/`` and ``:``: a long task name wraps in its cell instead of
-    widening the table past the page."""
+    """``name`` escaped, with a ``<wbr>`` after each ``_``, ``/`` and ``:`` so
+    that a long task name wraps in its cell."""
     return "<wbr>".join(esc(part) for part in re.split(r"(?<=[_/:])", str(name)))
 
 
@@ -273,7 +229,7 @@ def _table(rows: Sequence[str], table_id: str, head: Sequence[str]) -> str:
 
 
 class Section(NamedTuple):
-    """One part of the page: ``body`` is HTML in which every string is escaped."""
+    """One part of the page (``body``: HTML, every string escaped)."""
 
     id: str
     title: str
@@ -281,41 +237,34 @@ class Section(NamedTuple):
 
 
 class Page(NamedTuple):
-    """What every section reads: the result, its statistics, the page's options."""
+    """What every section reads (``base``: the folder relative video paths
+    are read from; None: the working directory)."""
 
     result: Result
     stats: dict[str, Any]
     episode_rows: int = EPISODE_ROWS
-    #: The folder relative video paths (``result.videos``) are read from
-    #: (None: the working directory; ``jaxmesh report``: the JSON's folder).
     base: Path | None = None
 
 
-#: A section: ``Page -> Section``, or None when there is nothing to show (the
-#: section and its contents entry are then left out).
 SectionFn = Callable[[Page], Section | None]
 
 
 # Sections ----------------------------------------------------------------------
-def _rows(page: Page, table: str) -> list[str]:
-    """The rows of ``summary.rows`` in ``table``, as HTML (``data-key``: the
-    row's key; ``data-value``: its value as JSON)."""
+def _rows(page: Page, table: str, head: Sequence[str]) -> str:
+    """The table ``<table>-table`` of the ``summary.rows`` of ``table``."""
     rows = _summary.rows(page.result, page.stats)
-    return _html_rows([r for r in rows if r.table == table])
+    html_rows = _html_rows([r for r in rows if r.table == table])
+    return _table(html_rows, f"{table}-table", head)
 
 
 def summary_section(page: Page) -> Section:
-    """The statistics of ``result.stats()``, one row each (``data-key``: its path)."""
-    body = _table(
-        _rows(page, "summary"), "summary-table", ("statistic", "value", "how")
-    )
+    """The statistics of ``result.stats()`` (``data-key``: each one's path)."""
+    body = _rows(page, "summary", ("statistic", "value", "how"))
     return Section("summary", "Summary", body)
 
 
 def plots_section(page: Page, title: str | None = None) -> Section:
-    """``plot(result)`` as one embedded PNG, and a line instead of each plot
-    whose values are all the same (``constant_lines``); ``title``: the
-    figure's (None: ``plot``'s)."""
+    """``plot(result, title)`` as one embedded PNG, with ``constant_lines``."""
     result = page.result
     lines = constant_lines(result)
     body = "".join(f"<p class='constant'>{esc(line)}</p>" for line in lines)
@@ -344,27 +293,19 @@ def plots_section(page: Page, title: str | None = None) -> Section:
 
 def settings_section(page: Page) -> Section:
     """The run's settings and totals (``data-key``: the ``RunResult`` field)."""
-    body = _table(
-        _rows(page, "settings"), "settings-table", ("setting", "value", "note")
-    )
-    body += "<h3>Totals</h3>" + _table(
-        _rows(page, "totals"), "totals-table", ("total", "value", "note")
-    )
+    body = _rows(page, "settings", ("setting", "value", "note"))
+    body += "<h3>Totals</h3>" + _rows(page, "totals", ("total", "value", "note"))
     return Section("settings", "Settings", body)
 
 
 def provenance_section(page: Page) -> Section:
-    """Where the result comes from: its seeds, the run's identity (digests of
-    the policy, its params and the env, as ``resume=`` compares them) and when
-    and with which versions it was made (``data-key``: the field's path)."""
+    """The seeds, the run's identity and when and with what it was made."""
     note = (
         "What made these numbers. The settings above and these rows are in the "
         "results JSON too (RunResult.to_dict()); a rerun with the same settings, "
         "seeds and versions gives the same episodes."
     )
-    body = f"<p>{esc(note)}</p>" + _table(
-        _rows(page, "provenance"), "provenance-table", ("what", "value", "note")
-    )
+    body = f"<p>{esc(note)}</p>" + _rows(page, "provenance", ("what", "value", "note"))
     return Section("provenance", "Provenance", body)
 
 
@@ -403,7 +344,7 @@ def _cell(value: Any) -> str:
 
 
 def episodes_section(page: Page) -> Section:
-    """The first ``page.episode_rows`` episodes, one row each, in episode order."""
+    """The first ``page.episode_rows`` episodes, one row each."""
     body = episodes_table(page.result, page.episode_rows, "episodes")
     return Section("episodes", "Episodes", body)
 
@@ -418,8 +359,7 @@ def episodes_table(result: Result, episode_rows: int, table_id: str) -> str:
     head += ["plans", "lane"] + ([] if flags is None else ["success"])
     rows = []
     for i in range(shown):
-        # EpisodeResult's first eight fields: index, seed, return_, length,
-        # terminated, truncated, predict_calls, lane.
+        # EpisodeResult's first eight fields: index to lane.
         cells = [*result.episode(i)[:8], *([] if flags is None else [bool(flags[i])])]
         rows.append(
             f"<tr data-value='{esc(json.dumps(cells))}'>"
@@ -443,12 +383,8 @@ VIDEO_TYPES = {".gif": "image/gif", ".mp4": "video/mp4", ".webm": "video/webm"}
 
 
 def videos_section(page: Page) -> Section | None:
-    """The videos of recorded episodes (``result.videos``), embedded.
-
-    A GIF is an ``<img>``, an MP4 or WebM a ``<video controls>``, each from a
-    ``data:`` URI, so the page stays one file. A listed file that is missing
-    or of another type is named, not embedded. None without videos.
-    """
+    """``result.videos`` embedded from ``data:`` URIs (a GIF as an ``<img>``,
+    else a ``<video controls>``); a missing file or another type is named."""
     videos = page.result.videos
     if not videos:
         return None
@@ -485,8 +421,7 @@ def videos_section(page: Page) -> Section | None:
     return Section("videos", "Videos", f"<p>{esc(note)}</p>" + grid)
 
 
-#: The page's sections, in order. A timeline section (a trace file) belongs
-#: after "telemetry".
+#: The page's sections, in order.
 SECTIONS: tuple[SectionFn, ...] = (
     summary_section,
     plots_section,
@@ -532,7 +467,7 @@ footer { color: #59636e; margin-top: 2rem; font-size: 0.85rem; }
 
 
 def _notices(result: Result) -> list[str]:
-    """Warnings a reader must see before any figure."""
+    """Warnings a reader must see first."""
     out = []
     if result.asynchronous:
         out.append(
@@ -556,23 +491,17 @@ def report_html(
     *,
     resamples: int | None = None,
     episode_rows: int = EPISODE_ROWS,
-    sections: Sequence[SectionFn] | None = None,
     base: str | Path | None = None,
 ) -> str:
-    """The report page of ``result`` as an HTML string.
+    """The report page of ``result``: an HTML5 document that refers to nothing
+    outside itself.
 
     Args:
       result: the run's ``RunResult``.
-      resamples: bootstrap resamples of the intervals; None: as
-        ``result.summary()`` (10,000, fewer for a very large run so that the
-        page takes seconds; the page says how many).
+      resamples: bootstrap resamples; None: as ``result.summary()``.
       episode_rows: episodes shown in the per-episode table.
-      sections: the sections to render (default: ``SECTIONS``).
       base: the folder relative ``result.videos`` paths are read from (None:
         the working directory).
-
-    Returns:
-      A complete HTML5 document that refers to nothing outside itself.
     """
     if resamples is None:  # the summary's rule
         resamples = _stats.summary_resamples(len(result.returns))
@@ -582,8 +511,7 @@ def report_html(
         episode_rows,
         None if base is None else Path(base),
     )
-    made = (fn(page) for fn in (SECTIONS if sections is None else sections))
-    parts = [part for part in made if part is not None]
+    parts = [part for part in (fn(page) for fn in SECTIONS) if part is not None]
     name = f"{result.policy or 'policy'} on {_summary.short_env(result.env) or 'env'}"
     lede = (
         f"{len(result.returns):,} episodes on {result.num_envs:,} lanes, "
@@ -595,8 +523,7 @@ def report_html(
 def _document(
     name: str, lede: str, notices: Sequence[str], parts: Sequence[Section]
 ) -> str:
-    """A complete page: the title, the lede, the notices, a contents list and
-    the sections, with the CSS inline (nothing outside the page is loaded)."""
+    """A complete page, its CSS inline."""
     nav = "".join(f"<li><a href='#{esc(p.id)}'>{esc(p.title)}</a></li>" for p in parts)
     notices = "".join(f"<p class='notice'>{esc(t)}</p>" for t in notices)
     body = "".join(
@@ -624,23 +551,12 @@ def write_report(
     episode_rows: int = EPISODE_ROWS,
     base: str | Path | None = None,
 ) -> Path:
-    """Writes ``result``'s report as one self-contained HTML file
-    (``report_html``; its sections: docs/evaluation.md).
-
-    Args:
-      path: the HTML file to write; missing parent folders are created.
-      result, resamples, episode_rows, base: as for ``report_html``.
-
-    Returns:
-      The path written.
+    """Writes ``report_html(result, ...)`` to ``path`` (parents made) and
+    returns it.
 
     Raises:
       ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
       OSError: the file cannot be written.
-
-    Example:
-      >>> result = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=100)
-      >>> write_report(result, "report.html")   # or result.report("report.html")
     """
     page = report_html(
         result, resamples=resamples, episode_rows=episode_rows, base=base
@@ -649,7 +565,6 @@ def write_report(
 
 
 def _write(path: str | Path, page: str) -> Path:
-    """Writes ``page`` to ``path`` (UTF-8), creating missing parent folders."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -658,26 +573,20 @@ def _write(path: str | Path, page: str) -> Path:
 
 # Suites -------------------------------------------------------------------------
 def _errorbars(values: Sequence[float], intervals: Sequence[Any]) -> np.ndarray:
-    """matplotlib's ``yerr`` (2 x n, distances below and above) from intervals
-    (None: no bar)."""
+    """matplotlib's ``yerr`` (distances below and above) of intervals."""
     low = [v - i[0] if i else 0.0 for v, i in zip(values, intervals, strict=True)]
     high = [i[1] - v if i else 0.0 for v, i in zip(values, intervals, strict=True)]
     return np.maximum(np.array([low, high], np.float64), 0.0)
 
 
 def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
-    """A suite's per-task figure: the success rate of each task with its Wilson
-    interval ("Success rate per task", when every task has a success signal)
-    and the mean return of each task with its bootstrap interval ("Mean return
-    per task").
-
-    Bars are horizontal, one row per task in the suite's order, the task's
-    name beside it wrapped at ``_`` (LIBERO's names run to 80 characters),
-    so that no two names overlap; the figure grows with the tasks."""
+    """A suite's figure: horizontal bars per task, its name wrapped beside
+    them, of the success rate (when every task has a signal) and the mean
+    return, with their intervals as whiskers."""
     figure_cls, canvas_cls = _matplotlib()
     s = suite.stats() if stats is None else stats
     rows = s["tasks"]
-    names = [wrap(row["task"], SUITE_LABEL_CHARS) for row in rows]
+    names = [wrap(row["task"], 34) for row in rows]
     rated = all(row["success_rate"] is not None for row in rows)
     lines = sum(name.count("\n") + 1 for name in names)
     height = max(2.4, 1.2 + 0.2 * lines + 0.12 * len(names))
@@ -712,8 +621,7 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
 
 
 def tasks_section(suite: Any, stats: dict) -> Section:
-    """The per-task table (``SuiteResult.table``): one row per task, the mean
-    over tasks and the pooled figures; ``data-task`` names each row's task."""
+    """The per-task table (``SuiteResult.table``; ``data-task``: the task)."""
     cells = suite.table(stats)
     rows = []
     for row in cells[1:]:
@@ -747,8 +655,7 @@ def _html_rows(rows: Sequence[_summary.Row]) -> list[str]:
 
 
 def suite_provenance_section(suite: Any) -> Section:
-    """Each task's settings and provenance (``summary.setting_rows`` and
-    ``summary.provenance_rows``): what ran, on which seeds, with what."""
+    """Each task's setting and provenance rows."""
     body = ""
     for k, (name, result) in enumerate(suite.tasks.items()):
         body += f"<h3>{esc(f'Task {name}')}</h3>" + _table(
@@ -768,11 +675,9 @@ def suite_report_html(
     episode_rows: int = EPISODE_ROWS,
     base: str | Path | None = None,
 ) -> str:
-    """A suite's report page: the per-task table, the per-task figure, and for
-    each task its plots (``plot``), its videos and its episodes, then the
-    provenance, as one self-contained HTML document (``suite``: a
-    ``SuiteResult``; the other arguments as ``report_html``'s, per task).
-    """
+    """A ``SuiteResult``'s page: the tasks table and figure, each task's
+    plots, videos and episodes, and the provenance (arguments as
+    ``report_html``'s)."""
     n = max(suite.num_episodes, 1)
     resamples = _stats.summary_resamples(n) if resamples is None else resamples
     stats = suite.stats(resamples=resamples)
@@ -810,9 +715,8 @@ def suite_report_html(
 
 
 def suite_name(suite: Any) -> str:
-    """What the suite is, for a title: ``libero:libero_spatial (2 tasks)`` when
-    every task is one benchmark suite's (``<family>:<suite>/<i>`` ids), else
-    ``a suite of N tasks``."""
+    """``libero:libero_spatial (2 tasks)`` when every task is of one
+    benchmark suite (``<family>:<suite>/<i>`` ids), else ``a suite of N tasks``."""
     envs = [_summary.short_env(r.env) for r in suite.tasks.values()]
     heads = {env.rpartition("/")[0] for env in envs}
     n = len(envs)
@@ -829,8 +733,7 @@ def write_suite_report(
     resamples: int | None = None,
     base: str | Path | None = None,
 ) -> Path:
-    """Writes a ``SuiteResult``'s report as one self-contained HTML file (see
-    ``suite_report_html``)."""
+    """Writes ``suite_report_html(suite, ...)`` to ``path``."""
     return _write(path, suite_report_html(suite, resamples=resamples, base=base))
 
 
