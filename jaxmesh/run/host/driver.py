@@ -1,10 +1,6 @@
 """``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process, in worker
-processes or served: ``run_host`` builds the run (lanes and loop class from
-``jaxmesh.run.dispatch.route``; ``HostMetrics``, ``HostRecorder``, the jitted
-``HostAgent``) as one ``loop.HostRun`` and returns the ``RunResult``.
-
-The agent side is the scan engine's own jitted code (``agent.host_step``,
-CONTRACT 17); only the env step moves to the host.
+processes or served: ``run_host`` builds the run (its lanes, metrics, recorder
+and the scan engine's jitted agent step, CONTRACT 17) as one ``loop.HostRun``.
 """
 
 from __future__ import annotations
@@ -39,20 +35,12 @@ from jaxmesh.run.kept import Kept
 from jaxmesh.run.seed_check import require_reproducible
 from jaxmesh.run.telemetry import Telemetry
 
-# Episode metrics from gymnasium infos ----------------------------------------------
-
 
 class HostMetrics:
-    """Episode metrics and success of host-stepped lanes, reduced in numpy with
-    the scan engine's arithmetic (``jaxmesh.core.rules``); in auto mode
-    (``success=None``) the success key is the first of ``checks.SUCCESS_KEYS``
-    that an episode's info had.
-
-    Args:
-      asked: ``checks.check_metrics``'s result.
-      num_lanes: lanes of the run.
-      env_name: for messages.
-    """
+    """Episode metrics and success of host-stepped lanes from their infos,
+    reduced in numpy with the scan engine's arithmetic (``core.rules``); in
+    auto mode (``success=None``) the success key is the first of
+    ``checks.SUCCESS_KEYS`` an episode's info had."""
 
     def __init__(self, asked: checks.Metrics, num_lanes: int, env_name: str):
         self.named = asked.named
@@ -62,13 +50,13 @@ class HostMetrics:
         self.success_keys: tuple[str, ...] = checks.SUCCESS_KEYS if auto else named
         names = [n for n, _ in self.named]
         self.required = (*names, *named)
-        #: Every info key read each step (only these cross a wire).
+        # Every info key read each step (only these cross a wire).
         self.keys = tuple(dict.fromkeys(names + list(self.success_keys)))
         self.active, self.tracks_success = bool(self.keys), bool(self.success_keys)
         n = num_lanes
-        #: ``(slot, info key, reduction)`` of each accumulator: a metric's slot
-        #: is its name; a success key has a ``last`` (its count says whether an
-        #: episode had the key) and an ``any`` (success once).
+        # (slot, info key, reduction) per accumulator: a metric's slot is its
+        # name; a success key has a ``last`` (its count: whether an episode had
+        # the key) and an ``any`` (success once).
         self.slots = [(name, name, red) for name, red in self.named] + [
             ((red, k), k, red) for k in self.success_keys for red in ("last", "any")
         ]
@@ -81,11 +69,10 @@ class HostMetrics:
         self.at_reset = {k: np.zeros(n, bool) for k in self.success_keys}
         self.reset_has = {k: np.zeros(n, bool) for k in self.success_keys}
         self.checked = False
-        #: The success key found (auto mode: the first one an episode had).
         self.found: str | None = None
 
     def begin(self, js: Any) -> None:
-        """Lanes ``js`` start an episode: their accumulators start over."""
+        """Lanes ``js`` start an episode."""
         for slot, _, red in self.slots:
             a, c = self.acc[slot], self.count[slot]
             a[js], c[js] = rules.begin_metric(np, red, a[js], c[js], True)
@@ -94,7 +81,7 @@ class HostMetrics:
 
     def reset(self, js: Any, values: dict) -> None:
         """The reset infos of lanes ``js``: ``values[key] = (floats [m],
-        present [m])`` (a key no reset info had may be left out)."""
+        present [m])``, keys no info had left out."""
         for k in self.success_keys:
             if k in values:
                 v, ok = values[k]
@@ -102,8 +89,8 @@ class HostMetrics:
                 self.reset_has[k][js] = ok
 
     def check(self, present: Any, seen_keys: Any = ()) -> None:
-        """Once, at the run's first step: ValueError for a required key not
-        ``present`` (``seen_keys``: the keys the infos had, for the message)."""
+        """Once, at the first step: ValueError for a required key not
+        ``present`` (``seen_keys``: the keys the infos had)."""
         if self.checked:
             return
         self.checked = True
@@ -127,7 +114,7 @@ class HostMetrics:
             )
 
     def write(self, res: Any, lanes: np.ndarray, episodes: np.ndarray) -> None:
-        """Writes the episodes that ``lanes`` just ended into ``res``."""
+        """Writes the episodes ``lanes`` just ended into ``res``."""
         for name, red in self.named:
             a, c = self.acc[name][lanes], self.count[name][lanes]
             res.metrics[name][episodes] = rules.finalize_metric(np, red, a, c)
@@ -141,8 +128,7 @@ class HostMetrics:
         for had in (seen, self.reset_has):
             for i, k in enumerate(keys):
                 key_of[(key_of < 0) & (had[k][lanes] > 0)] = i
-        flag, once, at_reset = (np.zeros(lanes.size, bool) for _ in range(3))
-        has, reset_has = np.zeros(lanes.size, bool), np.zeros(lanes.size, bool)
+        flag, once, at_reset, has, reset_has = np.zeros((5, lanes.size), bool)
         for i, k in enumerate(keys):
             mine = key_of == i
             flag[mine] = rules.success(np, self.acc["last", k][lanes][mine])
@@ -159,24 +145,15 @@ class HostMetrics:
         res.has_success_at_reset[episodes] = reset_has
 
     def run_fields(self) -> dict:
-        """The ``RunResult`` fields naming the metrics and the success key."""
+        """The ``RunResult``'s metric reductions and success key."""
         key = self.success_keys[0] if len(self.success_keys) == 1 else self.found
         return {"metric_reductions": dict(self.named), "success_key": key}
 
 
-# Recording episodes on the host ------------------------------------------------------
 class HostRecorder:
-    """The recorded episodes of a host-stepped run (``jaxmesh.Record``), in
+    """The recorded episodes of a host-stepped run (``jaxmesh.Record``) in
     numpy buffers of the scan's shapes (``core.tally.Recording``); with
-    ``render``, each reset and step of a recorded episode on lane j keeps the
-    frame ``render(j)``.
-
-    Args:
-      record: the ``jaxmesh.Record``.
-      num_lanes: lanes of the run.
-      spec: the lanes' ``HostEnvSpec``.
-      render: ``lane -> rgb array`` (None: no frames).
-    """
+    ``render`` (``lane -> rgb array``), each reset and step keeps a frame."""
 
     def __init__(self, record: Any, num_lanes: int, spec: Any, render: Any = None):
         self.record, self.max_steps, self.keys = record, record.max_steps, record.keys
@@ -193,7 +170,7 @@ class HostRecorder:
             )
 
     def begin(self, js: Any, episodes: Any) -> None:
-        """Lanes ``js`` start ``episodes``: which of them are recorded."""
+        """Lanes ``js`` start ``episodes`` (recorded or not)."""
         for j, i in zip(js, episodes, strict=True):
             self.slot[j] = self.slot_of.get(int(i), -1)
 
@@ -229,22 +206,21 @@ class HostRecorder:
             self._frame(int(j), int(r))
 
     def reset(self, js: Any, obs: Any) -> None:
-        """The reset observations of lanes ``js`` (rows of ``obs`` by lane)."""
+        """The reset observations of lanes ``js`` (``obs`` by lane)."""
         for j in js:
             if self.slot[j] >= 0:
                 self._put(self.slot[j], 0, obs, j)
 
     def actions(self, js: np.ndarray, t: np.ndarray, actions: np.ndarray) -> None:
-        """The actions lanes ``js`` execute at their steps ``t`` (both [m];
-        ``actions`` by lane)."""
+        """The actions (by lane) lanes ``js`` execute at their steps ``t``."""
         for q in np.flatnonzero(self.slot[js] >= 0):
             j, k = js[q], int(t[q])
             if k < self.max_steps:
                 self.recording.actions[self.slot[j], k] = actions[j]
 
     def step(self, js: np.ndarray, t: np.ndarray, obs, reward, term, trunc) -> None:
-        """Step ``t`` of lanes ``js``: the observation after it (``obs``: every
-        lane's, by lane), the reward and the ends ([m], aligned with ``js``)."""
+        """Step ``t`` of lanes ``js``: the observation after it (``obs`` by
+        lane), the reward and the ends ([m], aligned with ``js``)."""
         rec = self.recording
         for q in np.flatnonzero(self.slot[js] >= 0):
             j, k = js[q], int(t[q])
@@ -257,43 +233,12 @@ class HostRecorder:
             self._put(r, k + 1, obs, j)
 
 
-def _env_render(lanes: Any, frames: bool | None) -> Any:
-    """``lane -> frame`` for in-process lanes whose envs render ``rgb_array``
-    (ValueError for ``frames=True`` when they cannot)."""
-    if frames is False:
-        return None
-    envs = getattr(lanes, "envs", None)
-    ok = envs is not None and all(
-        getattr(e, "render_mode", None) == "rgb_array" for e in envs
-    )
-    if ok:
-        return lambda j: envs[j].render()
-    if frames:
-        what = (
-            "a VectorEnv's lanes"
-            if envs is None
-            else f"render_mode={getattr(envs[0], 'render_mode', None)!r}"
-        )
-        raise ValueError(
-            f"Record(frames=True): {what} gives no rgb_array frames; pass envs made "
-            "with render_mode='rgb_array' (a list of gymnasium Envs, or "
-            "'gymnasium:<id>'), or record without frames and render with "
-            "jaxmesh.render(..., frames=fn)"
-        )
-    return None
-
-
 def worker_count(
     workers: int | None, env: Any, lanes: int, record: Any, check_seeds: bool
 ) -> int:
-    """The worker processes of a run in this process's lanes (0: none);
-    ``workers=None`` picks them (``workers.default_workers``) for an env given
-    as an id or factory when nothing needs the envs in this process.
-
-    Raises:
-      TypeError, ValueError: ``workers >= 1`` with env objects or a factory
-        that cannot be pickled, or with frames recorded or ``check_seeds``.
-    """
+    """The worker processes of a run (0: none; ``workers=None`` picks them
+    for an env id or factory when nothing needs the envs in this process);
+    TypeError or ValueError for workers the env or settings cannot have."""
     frames = record is not None and record.frames is not False
     if workers is None:
         if frames or check_seeds or not pool.is_source(env):
@@ -316,8 +261,7 @@ def worker_count(
 
 
 def lanes_where(lanes: Any) -> str:
-    """Where a run's lanes are stepped, in words (``on_run_start``'s
-    ``lanes_where``)."""
+    """Where a run's lanes are stepped, in words."""
     where = getattr(lanes, "where", None)  # Ray actors say where they run
     if where:
         return where
@@ -330,35 +274,30 @@ def lanes_where(lanes: Any) -> str:
     return "this process"
 
 
-# The jitted agent, built once per (policy, lanes, settings) ------------------------
 class _HostProgram(NamedTuple):
     config: agent.AgentConfig
     chunk: int | None
     init: Any  # (obs [N], lanes [N]) -> run.agent.HostState
     step: Any  # agent.host_step with the config and policy bound (packed)
     plan: Any  # the run's jaxmesh.run.plan.RunPlan (the config holds its sizes)
-    #: The observation leaves the policy reads (``leaves.ObsLayout``): only
-    #: these are put on the device.
-    layout: Any
+    layout: Any  # the observation leaves the policy reads (put on the device)
 
 
 class HostAgent:
-    """The agent side for one policy, lane layout and settings: the jitted
-    ``init`` / ``host_step``, built once per params signature."""
+    """The jitted agent side for one policy, lane layout and settings, built
+    once per params signature."""
 
     def __init__(self, source, policy: Policy, spec, settings, tile_lanes=None):
         self._source = source  # keeps the keyed object alive
         self.policy = policy
         self.spec = spec
         self.settings = settings
-        #: The lanes the default plan tile is sized for (None: all of them).
         self.tile_lanes = tile_lanes
         self._programs: dict = {}
         self._compiled: set = set()
 
     def program(self, params: Any) -> _HostProgram:
-        """The program for these params' shapes (built, not compiled, once;
-        ``agent_step.agent_functions``' errors)."""
+        """The program for these params' shapes (built, not compiled, once)."""
         sig = build.signature(params)
         if sig not in self._programs:
             made = run_agent.agent_functions(
@@ -368,8 +307,7 @@ class HostAgent:
         return self._programs[sig]
 
     def compile(self, params: Any) -> float:
-        """Compiles the program for these params once (on zero observations,
-        every lane masked); the seconds it took."""
+        """Compiles the program for these params once; the seconds it took."""
         sig = build.signature(params)
         if sig in self._compiled:
             return 0.0
@@ -418,7 +356,6 @@ def clear_agents() -> None:
     _AGENTS.clear()
 
 
-# The run ---------------------------------------------------------------------------
 def run_host(
     policy: Any,
     env: Any,
@@ -434,25 +371,20 @@ def run_host(
     route: Callable[..., Any],
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served
-    (``jaxmesh.run.dispatch.evaluate_host``; docs/evaluation.md, "Host-stepped
-    envs").
+    (docs/evaluation.md, "Host-stepped envs (gymnasium, in process)").
 
     Args:
-      env: a gymnasium ``Env``, a list of Envs, a ``VectorEnv`` in
-        ``AutoresetMode.DISABLED`` or ``"gymnasium:<id>"``; or served envs:
-        ``"grpc://host:port"`` or a list of such addresses.
+      env: gymnasium envs (an ``Env``, a list, a ``VectorEnv``,
+        ``"gymnasium:<id>"``) or served ones (``"grpc://host:port"`` or a list).
       config: the checked ``RunConfig``.
       served: a served env's ``jaxmesh.Served`` options (None: in process).
-      record: a ``jaxmesh.Record``, kept on the host (``HostRecorder``).
       grid: a sweep's ``(cells, cell_episodes)``, or None for one setting.
       route: the backend table (``dispatch.route``): lanes and loop class.
-      policy, episodes, seeds, hooks, params: as for ``jaxmesh.evaluate``.
+      policy, episodes, seeds, hooks, params, record: as for ``evaluate``.
 
     Raises:
-      ValueError, TypeError: bad input, before any env is reset.
-      jaxmesh.BadValueError: a discrete action out of range, a NaN action or a
-        NaN reward, at the step that met it.
-      Any exception from an env or a hook, with the finished episodes on
+      ValueError, TypeError: bad input, before any env is reset. Any exception
+      from an env or a hook, with the finished episodes on
       ``exc.partial_result``.
     """
     t_start = time.perf_counter()
@@ -530,8 +462,7 @@ def run_host(
 
 
 def _route(route, env, config: RunConfig, num_envs, e, record, served) -> tuple:
-    """The backend table's row for the run (``route``) and its worker
-    processes (``worker_count``; 0 for a served env), or its ``jaxmesh.Ray``."""
+    """The backend table's row for the run and its workers (0 when served)."""
     if served is not None:
         return route(backend.Target(env, backend.SERVED)), 0
     lanes, check_seeds = max(1, min(num_envs, e)), config.starts.check_seeds
@@ -544,8 +475,8 @@ def _route(route, env, config: RunConfig, num_envs, e, record, served) -> tuple:
 
 
 def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:
-    """The run's ``HostRecorder`` (None without a record); ValueError for a
-    record key the observation lacks, or frames asked of a served env."""
+    """The run's ``HostRecorder`` (None without a record), with the frames of
+    in-process envs that render ``rgb_array``."""
     if record is None:
         return None
     observation_leaves(lanes.spec.zeros(), record.keys, f"env {lanes.spec.name!r}")
@@ -555,15 +486,27 @@ def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | N
             "frames; record without frames and render with "
             "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
         )
-    render = None if served else _env_render(lanes, record.frames)
+    envs = None if served or record.frames is False else getattr(lanes, "envs", None)
+    modes = [getattr(e, "render_mode", None) for e in envs or ()]
+    render = None
+    if envs is not None and all(m == "rgb_array" for m in modes):
+        render = lambda j: envs[j].render()
+    elif record.frames:
+        what = "a VectorEnv's lanes" if envs is None else f"render_mode={modes[0]!r}"
+        raise ValueError(
+            f"Record(frames=True): {what} gives no rgb_array frames; pass envs made "
+            "with render_mode='rgb_array' (a list of gymnasium Envs, or "
+            "'gymnasium:<id>'), or record without frames and render with "
+            "jaxmesh.render(..., frames=fn)"
+        )
     return HostRecorder(record, n, lanes.spec, render)
 
 
 def _lane_texts(
     pol: Policy, starts: Any, lanes: Any, n: int, served: Any, seeds: np.ndarray
 ) -> instructions.LaneTexts | None:
-    """The Text inputs' per-lane encodings (None: the policy reads none); an
-    input read from the reset info learns its shapes from a reset of lane 0."""
+    """The Text inputs' per-lane encodings (None: the policy reads none); one
+    from the reset info learns its shapes from a reset of lane 0."""
     name = lanes.spec.name
     encoded = instructions.check_sources(pol.spec, starts.instruction, name, host=True)
     if not encoded:
@@ -584,7 +527,7 @@ def _lane_texts(
 
 
 def _run(run: HostRun) -> RunResult:
-    """Runs the budget of ``run`` in its loop class; the ``RunResult``."""
+    """Runs the budget of ``run`` in its loop class."""
     host_agent, program, lanes = run.agent, run.program, run.lanes
     settings, cfg, metrics = run.settings, program.config, run.metrics
     n, e = settings.num_envs, int(run.seeds.size)
@@ -663,7 +606,7 @@ def _run(run: HostRun) -> RunResult:
 
 
 def episode_keys(seeds: Any) -> np.ndarray:
-    """``jax.random.PRNGKey(seed)`` of each seed, as numpy (``rules.episode_keys``)."""
+    """``jax.random.PRNGKey(seed)`` of each seed, as numpy."""
     return rules.episode_keys(np, seeds)
 
 

@@ -1,15 +1,8 @@
-"""The host loop: a budget of episodes on gymnasium lanes, in process or served.
-
-``HostLoop`` holds what a host-stepped run keeps per lane and does per step,
-written once for every kind of lanes: the episodes (the next one to the lowest
-free lane, CONTRACT 3: ``take_next``), the jitted agent step (``agent.host_step``,
-CONTRACT 17; a known chunk replay taken on the host without one,
-``agent.can_skip``) and each step result (``account``: caps, faults, recording,
-hooks, finished episodes).
-
-How lanes are paced is the loop class's: ``LocalRun`` steps every lane once
-per iteration, in the scan engine's order; ``GroupedRun`` a worker's lanes at
-a time; served lanes (``jaxmesh.run.host.served``) move at their own pace.
+"""The host loop: ``HostLoop`` holds a host-stepped run's per-lane state and
+step rules for every kind of lanes; its subclasses pace the lanes (``LocalRun``
+every lane once per iteration, ``GroupedRun`` a worker's lanes at a time,
+``jaxmesh.run.host.served`` at their own pace). docs/evaluation.md,
+"Host-stepped envs (gymnasium, in process)".
 """
 
 from __future__ import annotations
@@ -43,21 +36,9 @@ NONE_LOST.flags.writeable = False
 MAX_SEEDS_CHECKED = 1_000_000
 
 
-def _all_pass(actions: np.ndarray, num_actions: int | None) -> bool:
-    """True only where no component of ``actions`` fails ``rules.bad_components``
-    (finite; in ``[0, num_actions)`` when discrete), in one or two reductions;
-    False leaves the verdict to ``rules.action_faults``."""
-    if not actions.size:
-        return True
-    if num_actions is None:
-        return bool(np.isfinite(actions).all())
-    return bool(actions.min() >= 0 and actions.max() < num_actions)
-
-
 def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
-    """The observation leaves that cross from the lanes (worker processes,
-    servers): those the policy reads (``program.layout``) and those an episode
-    recording keeps (``Record.keys``; None: every leaf), in the declared order."""
+    """The observation leaves that cross from worker processes or servers:
+    those the policy reads and those a recording keeps, in the declared order."""
     names = spec.layout.names
     if recorder is None:
         return tuple(program.layout.names)
@@ -74,8 +55,7 @@ def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class HostRun:
-    """What one host-stepped run is given, built once (``driver.run_host``):
-    the loop reads the first ten fields, the driver the rest."""
+    """What one host-stepped run is given (``driver.run_host``)."""
 
     program: Any  # the agent program (``driver.HostAgent.program``)
     params: Any
@@ -97,15 +77,9 @@ class HostRun:
 
 
 class HostLoop:
-    """Per-lane episode state and the step rules of a host-stepped run; the
-    class that paces the lanes defines ``reset_lanes(js, eps)`` and ``run()``.
-
-    Args:
-      run: the run's ``HostRun``.
-      res: the numpy ``core.tally.Results`` filled in place.
-      episodes_out: the run's ``stream.EpisodeStream`` (``.steps``: hooks).
-      tel: the run's ``Telemetry``.
-    """
+    """Per-lane episode state and the step rules of a host-stepped run,
+    filling ``res`` (numpy ``core.tally.Results``) in place; a subclass
+    defines ``reset_lanes(js, eps)`` and ``run()``."""
 
     def __init__(
         self, run: HostRun, res: core_results.Results, episodes_out: Any, tel: Any
@@ -117,8 +91,7 @@ class HostLoop:
         self.spec = lanes.spec
         self.res, self.episodes_out, self.tel = res, episodes_out, tel
         self.metrics, self.recorder = run.metrics, run.recorder
-        #: ``on_step`` hooks (falsy when there are none).
-        self.steps = episodes_out.steps
+        self.steps = episodes_out.steps  # on_step hooks (falsy: none)
         self.n, self.e = run.settings.num_envs, int(run.seeds.size)
         self.max_steps = run.settings.max_steps
         n, spec = self.n, self.spec
@@ -129,30 +102,25 @@ class HostLoop:
         self.t = np.zeros(n, np.int32)  # steps executed
         self.ret = np.zeros(n, np.float32)
         self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
-        #: ``ep_keys`` on the device, put there again after episodes start.
-        self.keys_device: Any = None
-        #: Each lane's last observation as named leaves ``[N, ...]`` (aligned, so
-        #: a CPU device reads them in place); ``obs`` the same arrays in the
-        #: observation's structure, ``agent_obs`` those the policy reads.
+        self.keys_device: Any = None  # ep_keys on the device (None: stale)
+        # Each lane's last observation (aligned, so a CPU device reads them in
+        # place); ``obs`` as the observation's structure, ``agent_obs`` the
+        # leaves the policy reads.
         self.obs_leaves = spec.layout.empty((n,), aligned=True)
         self.obs = spec.layout.build(self.obs_leaves)
         self.agent_obs = program.layout.build(self.obs_leaves)
-        #: The action each lane executes at its current step (the hooks read it).
+        # The action each lane executes at its current step (for the hooks).
         self.step_action = np.zeros((n,) + spec.action_shape, spec.action_dtype)
-        #: When each lane's episode began (perf_counter), where this process
-        #: measures ``max_episode_seconds``; None where the lanes measure it.
+        # Episode start times where this process measures max_episode_seconds.
         self.t0: np.ndarray | None = None
         self.env_steps = 0
         self.next_episode = 0
-        #: Each episode's index in the budget (a resumed run runs a part of it):
-        #: an env that declares ``trial_index`` gets it (CONTRACT 6).
+        # Each episode's trial index (a resumed run runs a part of the budget).
         self.trial_of = run.trial_base + identity.episode_indices(self.e)
-        #: Episode -> times a worker process died while running it.
-        self.losses: dict[int, int] = {}
-        #: Lanes gone for good (their server was lost): never given an episode.
-        self.dead = np.zeros(n, bool)
-        #: Started episodes to run again from their seeds (a lost lane's), taken
-        #: before the next unstarted ones, lowest index first.
+        self.losses: dict[int, int] = {}  # episode -> worker deaths under it
+        self.dead = np.zeros(n, bool)  # lanes of a lost server: no episodes
+        # Started episodes to run again from their seeds (a lost lane's), taken
+        # before the next unstarted ones, lowest index first.
         self.rerun: list[int] = []
         # Seed -> (first episode, digest of its reset observation).
         self.reset_digest: dict[int, tuple[int, int]] = {}
@@ -164,14 +132,12 @@ class HostLoop:
         self.skip = np.zeros(n, np.int32) if self.skipping else None
         self.cursor = np.zeros(n, np.int64)  # the next chunk index per lane
         self.chunk: np.ndarray | None = None
-        #: Under a sweep (``cfg.grid``): each lane's episode's h and d ([N]),
-        #: which pace its replays and segments (``lane_setting``); None: the config's.
+        # Under a sweep: each lane's episode's h and lead (``lane_setting``).
         self.lane_h = self.lane_lead = None
         if self.cfg.grid is not None:
             self.lane_h = np.full(n, self.cfg.h, np.int64)
             self.lane_lead = np.zeros(n, np.int64)
 
-    # Episodes ---------------------------------------------------------------------
     def start(self, js: list[int], eps: list[int]) -> None:
         """Lanes ``js`` begin episodes ``eps`` (``rules.next_episodes``)."""
         if not js:
@@ -189,9 +155,9 @@ class HostLoop:
         self.reset_lanes(js, eps)
 
     def take_next(self, free: np.ndarray) -> np.ndarray:
-        """The ``free`` lanes ([N] bool) take the episodes to run again, then the
-        next unstarted ones (CONTRACT 3); returns those left without one
-        (masked, ascending). A dead lane takes none."""
+        """The ``free`` lanes ([N] bool) but dead ones take the episodes to run
+        again, then the next unstarted ones (CONTRACT 3); returns those left
+        without one (masked, ascending)."""
         free = self.start_reruns(free & ~self.dead)
         starts, eps, self.next_episode = rules.next_episodes(
             np, free, self.next_episode, self.e
@@ -204,8 +170,7 @@ class HostLoop:
         return np.flatnonzero(masked)
 
     def start_reruns(self, free: np.ndarray) -> np.ndarray:
-        """The lowest ``free`` lanes start the episodes to run again; returns
-        the lanes still free."""
+        """The lowest ``free`` lanes start the reruns; the lanes still free."""
         if not self.rerun:
             return free
         js = np.flatnonzero(free)[: len(self.rerun)]
@@ -218,8 +183,8 @@ class HostLoop:
         return free
 
     def seen_resets(self, js: Any) -> None:
-        """Lanes ``js`` have their reset observations in ``obs``: warns once when
-        a seed reset twice in a run gives another observation."""
+        """Warns once when a seed reset twice gives another observation (lanes
+        ``js`` have their reset observations in ``obs``)."""
         if self.warned_seeds:
             return
         for j in np.asarray(js).tolist():
@@ -245,32 +210,24 @@ class HostLoop:
                 return
 
     def lose_lanes(self, js: np.ndarray) -> list[int]:
-        """Lanes ``js`` are gone for good: their unfinished episodes run again
-        from their seeds on the lanes that remain. Returns those episodes."""
+        """Lanes ``js`` are gone for good: returns their unfinished episodes,
+        which run again on the lanes that remain."""
         self.dead[js] = True
         lost = self.give_back(js)
-        # Lanes that had nothing left take the re-runs now.
-        self.start_reruns(~self.active & ~self.dead)
+        self.start_reruns(~self.active & ~self.dead)  # idle lanes take them now
         return lost
 
     def give_back(self, js: np.ndarray) -> list[int]:
-        """Lanes ``js`` drop their unfinished episodes, which go to ``rerun``
-        (to run again from their seeds); returns them."""
+        """Lanes ``js``' unfinished episodes, moved to ``rerun``."""
         lost = sorted(int(i) for i in self.episode[js][self.active[js]])
         self.active[js] = self.started[js] = False
         self.episode[js] = -1
         self.rerun = sorted(self.rerun + lost)
         return lost
 
-    # The agent --------------------------------------------------------------------
     def requeue(self, js: np.ndarray) -> None:
-        """Lanes ``js`` lost their envs (their worker died): their unfinished
-        episodes run again from their seeds (CONTRACT 30).
-
-        Raises:
-          WorkerError: an episode was lost this way a second time (naming it;
-            every finished episode is kept on ``exc.partial_result``).
-        """
+        """Lanes ``js`` lost their worker: their unfinished episodes run again
+        (CONTRACT 30); WorkerError for an episode lost this way twice."""
         js = js[self.active[js]]
         lost = sorted(int(i) for i in self.episode[js])
         # The episode whose step was under way is the one counted; every one
@@ -294,16 +251,15 @@ class HostLoop:
         stream.call(self.episodes_out.hooks, "on_fault", event)
 
     def lane_setting(self, js: np.ndarray) -> tuple[Any, Any]:
-        """The effective horizon and lead (a delay d plans as a lead of d) of
-        lanes ``js``: [m] ints, each lane's cell under a sweep."""
+        """Lanes ``js``' effective horizon and lead (a delay plans as a lead)."""
         if self.lane_h is None:
             m = np.shape(js)[0]
             return np.full(m, self.cfg.h), np.full(m, self.cfg.lead)
         return self.lane_h[js], self.lane_lead[js]
 
     def agent_step(self, started: Any, active: Any, moved: Any) -> Any:
-        """The jitted agent step (``agent.host_step``); returns the actions on
-        the device. ``moved`` None: every lane's observation is new."""
+        """The jitted agent step (``agent.host_step``): the actions on the
+        device (``moved`` None: every lane's observation is new)."""
         if self.keys_device is None:
             self.keys_device = self.program.step.keys_on_device(self.ep_keys)
         self.state, actions = self.program.step(
@@ -322,8 +278,8 @@ class HostLoop:
         return actions
 
     def predict(self, go: np.ndarray, row: str, cursor: bool = False) -> tuple:
-        """The agent step of lanes ``go``, timed on the timeline's ``row``:
-        ``(actions, cursors or None, when it ended)`` (``read_actions``)."""
+        """The agent step of lanes ``go``, timed on ``row``: ``(actions,
+        cursors or None, when it ended)``."""
         t0 = time.perf_counter()
         device = self.agent_step(self.started & go, go, go)
         actions, cursors = self.read_actions(device, cursor)
@@ -333,8 +289,8 @@ class HostLoop:
         return actions, cursors, t1
 
     def read_actions(self, actions: Any, cursor: bool = False) -> tuple:
-        """The actions of an agent step on the host, and the chunk cursors when
-        skipping replays (then the chunk too) or when ``cursor`` (else None)."""
+        """The actions on the host, and the chunk cursors when skipping
+        replays (then the chunk too) or asked (else None)."""
         if self.skipping:
             (actions,) = self.state.read_back(actions)  # with the state's words
             cur, self.chunk = jax.device_get((self.state.cursor, self.state.chunk))
@@ -347,8 +303,7 @@ class HostLoop:
         return np.asarray(actions), None
 
     def replays_next(self) -> np.ndarray:
-        """[N] lanes whose next action is a replay the host knows: no plan, no
-        prefetch and no episode start (False everywhere unless skipping)."""
+        """[N] lanes whose next action is a replay the host knows."""
         if not self.skipping:
             return np.zeros(self.n, bool)
         return ~self.started & ~agent.plans_due(
@@ -356,8 +311,8 @@ class HostLoop:
         )
 
     def replayed(self, js: np.ndarray) -> np.ndarray:
-        """Lanes ``js`` execute their next chunk action without an agent step;
-        returns the actions by lane (zeros for the other lanes)."""
+        """Lanes ``js``' next chunk actions, without an agent step (by lane,
+        zeros elsewhere)."""
         actions = np.zeros_like(self.step_action)
         h = self.cfg.h
         actions[js] = self.chunk[js, replay.play_index(self.cursor[js], h, np)]
@@ -365,17 +320,10 @@ class HostLoop:
         self.skip[js] += 1
         return actions
 
-    # Step results -----------------------------------------------------------------
     def account(self, j, r, te, tr, faults: tuple | None = None) -> None:
-        """One step result per lane of ``j`` (ascending).
-
-        Args:
-          j: int [m], the lanes that executed a step; their observations after
-            it are in ``self.obs``.
-          r, te, tr: [m] reward, terminated, truncated as the env said.
-          faults: ``(kinds, values, steps)`` [N], the step's bad actions
-            (``action_faults``: lanes that did not step), or None.
-        """
+        """The step results ``r, te, tr`` [m] of lanes ``j`` (ascending, their
+        new observations in ``obs``); ``faults``: the step's bad actions
+        (``action_faults``), or None."""
         if j.size == self.n:  # every lane (j ascending: 0 .. n-1), no index
             step_index = self.t.copy()  # the 0-based step just executed
             self.t += 1
@@ -400,15 +348,8 @@ class HostLoop:
             )
         if self.steps:  # lanes ascending; a step that met a bad value is not one
             js = j[ok]
-            self.steps.emit(
-                js,
-                self.episode[js],
-                step_index[ok],
-                self.step_action[js],
-                r[ok],
-                te[ok],
-                tr[ok],
-            )
+            rows = (step_index[ok], self.step_action[js], r[ok], te[ok], tr[ok])
+            self.steps.emit(js, self.episode[js], *rows)
         end = te | tr if clean else (te | tr) & ok
         ended = j[end]
         if ended.size:
@@ -424,8 +365,7 @@ class HostLoop:
         self.steps.raise_error()  # a hook raised on a step that ended nothing
 
     def _with(self, faults: tuple | None, js, kinds, values, steps) -> tuple:
-        """``faults`` (``(kinds, values, steps)`` [N], or None) with lanes
-        ``js``' added."""
+        """``faults`` (or None) with lanes ``js``' added."""
         if faults is None:
             n = self.n
             faults = (np.zeros(n, np.int32), np.zeros(n, np.float32), self.t.copy())
@@ -437,21 +377,20 @@ class HostLoop:
     def action_faults(self, go: np.ndarray, actions: np.ndarray) -> tuple | None:
         """The bad actions (out of range, not finite) of the lanes in ``go``:
         ``(kinds, values, steps)`` [N], or None."""
-        num_actions = self.spec.num_actions
-        if _all_pass(actions, num_actions):
-            return None  # the usual step
-        kinds, values = rules.action_faults(np, actions, go, num_actions)
+        n = self.spec.num_actions
+        if n is None:  # the usual step in one or two reductions
+            usual = np.isfinite(actions).all()
+        else:
+            usual = not actions.size or (actions.min() >= 0 and actions.max() < n)
+        if usual:
+            return None
+        kinds, values = rules.action_faults(np, actions, go, n)
         return (kinds, values, self.t.copy()) if kinds.any() else None
 
     def close_episodes(self, ended: np.ndarray, faults: tuple | None) -> None:
-        """Marks the ``ended`` lanes' episodes done, raises a fault, and hands
-        the lanes their next episodes.
-
-        Args:
-          ended: int [m], lanes whose episode just ended (scored).
-          faults: ``(kinds, values, steps)`` [N]: the bad values met now and
-            the 0-based episode step of each; or None.
-        """
+        """Marks the episodes of lanes ``ended`` (scored) done, raises a fault
+        (``faults``: ``(kinds, values, steps)`` [N] or None) and hands the
+        lanes their next episodes."""
         res = self.res
         res.env_steps[...] = self.env_steps
         if not ended.size and faults is None:
@@ -479,8 +418,8 @@ class HostLoop:
         self.take_next(free)
 
     def env_error(self, exc: Exception) -> Exception:
-        """``exc`` as an ``EnvError`` naming the episode, seed, lane and step
-        when an env raised it on a lane of this run; else ``exc`` itself."""
+        """``exc`` naming the episode, seed, lane and step when an env raised
+        it on a lane of this run; else ``exc`` itself."""
         where = where_raised(exc)
         if where is None or not 0 <= where[0] < self.n:
             return exc
@@ -508,8 +447,7 @@ class HostLoop:
         return EnvError(describe_env_error(what, **at), **at)
 
     def policy_error(self, exc: HostPolicyError) -> HostPolicyError:
-        """``exc`` with the episode each of its lanes was running (the run
-        adds their seeds: ``HostPolicyError.named``)."""
+        """``exc`` with the episode each of its lanes was running."""
         if exc.episodes is not None:
             return exc
         lanes = [j for j in exc.lanes if 0 <= j < self.n and self.episode[j] >= 0]
@@ -529,11 +467,9 @@ class HostLoop:
 
 
 class LocalRun(HostLoop):
-    """Lanes stepped in this process (``jaxmesh.envs.gymnasium.local``): one
-    iteration is one env step of every running lane, in the scan engine's
-    order (CONTRACT 3, 6); ``max_episode_seconds`` is measured here, from just
-    before an episode's reset.
-    """
+    """Lanes stepped in this process or its workers, every running lane once
+    per iteration in the scan engine's order (CONTRACT 3, 6); measures
+    ``max_episode_seconds`` from just before an episode's reset."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -585,8 +521,7 @@ class LocalRun(HostLoop):
     def step_lanes(
         self, mask: np.ndarray, actions: np.ndarray, t_env: float, row: str
     ) -> None:
-        """The lanes in ``mask`` execute ``actions`` (by lane): the checks, the
-        env step of those whose action passed and ``stepped``."""
+        """The lanes in ``mask`` execute ``actions`` (by lane)."""
         faults = self.action_faults(mask, actions)
         go = self.passed(mask, faults)
         reward, term, trunc = self.lanes.step(actions, go, self.obs_leaves)
@@ -597,8 +532,7 @@ class LocalRun(HostLoop):
         return go if faults is None else go & (faults[0] == core_results.NO_FAULT)
 
     def stepped(self, go, reward, term, trunc, actions, faults, t_env, row) -> None:
-        """The lanes in ``go`` executed ``actions`` (by lane): the metrics, the
-        recording and ``account``."""
+        """The lanes in ``go`` executed ``actions`` (by lane)."""
         self.tel.span("env_step", t_env, time.perf_counter(), row)
         go, lost = self.drop_lost(go)
         j = go.nonzero()[0]  # (``np.flatnonzero`` of [N] bool, without its ravel)
@@ -614,11 +548,14 @@ class LocalRun(HostLoop):
             self.account(j, reward, term, trunc, faults)
         else:
             self.account(j, reward[j], term[j], trunc[j], faults)
-        self.restart_lost(lost)
+        if lost.size:  # a dead worker's lanes (rebuilt) take the reruns
+            free = np.zeros(self.n, bool)
+            free[lost] = True
+            self.take_next(free & ~self.active)
 
     def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``go`` without the lanes whose worker died in the step just taken
-        (their episodes ``requeue``d), and those lanes."""
+        """``go`` without the lanes whose worker died in this step (their
+        episodes ``requeue``d), and those lanes."""
         lost = getattr(self.lanes, "lost", ())
         if not len(lost):
             return go, NONE_LOST
@@ -629,14 +566,6 @@ class LocalRun(HostLoop):
             go[lost] = False
             self.requeue(lost)
         return go, lost
-
-    def restart_lost(self, lost: np.ndarray) -> None:
-        """The lanes of a worker that died (rebuilt by a new one) take the
-        episodes to run again, after the step's accounting."""
-        if lost.size:
-            free = np.zeros(self.n, bool)
-            free[lost] = True
-            self.take_next(free & ~self.active)
 
     def step_metrics(self, go: np.ndarray, j: np.ndarray) -> None:
         """The info values of the step just taken (``lanes.info``)."""
@@ -652,17 +581,13 @@ class LocalRun(HostLoop):
 
 
 class GroupedRun(LocalRun):
-    """Lanes in worker processes, paced one worker's lanes (a group) at a time:
-    while a worker steps its group, this process plans the next group's. The
-    per-step case only (``applies``); the same episodes, seeds and results as
-    ``LocalRun``, though which lane runs an episode depends on the workers'
-    timing.
-    """
+    """Lanes in worker processes, one worker's lanes at a time: this process
+    plans the next group's while a worker steps its own. The same episodes and
+    results as ``LocalRun`` (which lane runs one depends on the timing)."""
 
     @staticmethod
     def applies(program: Any, lanes: Any, recorder: Any) -> bool:
-        """The per-step case (h = 1, no lead, sweep or recording) with a core
-        to spare for this process's agent step (more cores than workers)."""
+        """The per-step case with more cores than workers."""
         cfg = program.config
         groups = getattr(lanes, "groups", None)
         return (
