@@ -1,15 +1,10 @@
 """Models from flax modules: ``from_nnx`` (flax NNX) and ``from_linen``.
 
-Both return a ``jaxmesh.Model`` whose ``params`` is a plain pytree of arrays (a
-nested dict), so it saves with ``jaxmesh.save_params``, restores with
-``jaxmesh.load_params``, and is passed to the engine as a jit argument (new
-weights never recompile); docs/models.md has examples.
-
-With ``stochastic=True`` the module is called as ``module(obs, key)`` with one
-PRNG key, and every lane samples with its own key: a batched module is vmapped
-over the rows of its batch, each row called as a batch of one, so the batched
-stochastic corners take one key per row (``model.predict_batch(obs, keys)``
-with ``keys`` of shape ``(B, 2)``, or ``(B,)`` typed keys).
+Both return a ``jaxmesh.Model`` whose ``params`` is a plain nested dict of
+arrays (``jaxmesh.save_params`` / ``load_params``; new weights never
+recompile); docs/models.md has examples. With ``stochastic=True`` every lane
+samples with its own key: a batched module is called row by row (vmapped),
+so its batched corners take one key per row.
 """
 
 from __future__ import annotations
@@ -27,17 +22,9 @@ Forward = Callable[[Any, Any, Any], Any]  # (params, obs, key) -> output
 
 
 class FlaxModel(Model):
-    """A ``jaxmesh.Model`` around a pure ``forward(params, obs, key)``, built by
-    ``from_nnx`` and ``from_linen`` (one subclass per corner: ``_model_class``).
-
-    Args:
-      forward: ``(params, obs, key) -> output``; key is None when the model is
-        deterministic.
-      params: the weights pytree.
-      postprocess: optional ``output -> action or chunk`` (e.g. argmax of
-        logits).
-      native_chunk, spec, name, device: as for ``jaxmesh.Model``.
-    """
+    """A ``jaxmesh.Model`` around a pure ``forward(params, obs, key)`` (key
+    None when deterministic), its output through ``postprocess``; built by
+    ``from_nnx`` and ``from_linen``, one subclass per corner."""
 
     def __init__(
         self,
@@ -61,9 +48,8 @@ class FlaxModel(Model):
         )
 
     def _run(self, obs: Any, key: Any, rows: bool = False) -> Any:
-        """The forward and postprocess; ``rows``: a batched stochastic forward,
-        row i sampled with ``key[i]`` (the module takes one key per call, so it
-        is called per row, vmapped, on a batch of one)."""
+        """The forward and postprocess; ``rows``: row i (a batch of one)
+        sampled with ``key[i]``."""
         params = self.params
 
         def row(o: Any, k: Any) -> Any:
@@ -100,8 +86,7 @@ def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
 
 
 class FlaxOptions(TypedDict, total=False):
-    """The keywords ``from_nnx`` and ``from_linen`` share (see ``from_nnx``'s
-    Args); their defaults are ``_build``'s."""
+    """The keywords ``from_nnx`` and ``from_linen`` share."""
 
     native_chunk: int | None
     spec: Mapping[str, adapt.Input] | None
@@ -122,8 +107,7 @@ def _check_options(caller: str, options: FlaxOptions) -> None:
 def _build(
     forward: Forward, params: Any, module: Any, options: FlaxOptions
 ) -> FlaxModel:
-    """The model of ``forward`` and ``params`` with ``options``, named after
-    ``module``'s class unless ``name`` is given."""
+    """The model of ``forward`` and ``params`` with ``options``."""
     native_chunk = options.get("native_chunk")
     corner = "predict_chunk" if native_chunk is not None else "predict"
     if options.get("batched", True):
@@ -153,32 +137,24 @@ def from_nnx(
     trainable: Any = None,
     **options: Unpack[FlaxOptions],
 ) -> FlaxModel:
-    """A model from a flax NNX module.
-
-    The module's trainable state becomes the model's ``params`` (a plain
-    nested dict); everything else (RNG state, batch statistics) is kept fixed.
-    Put the module in eval mode first (``module.eval()``) if it has dropout or
-    batch norm.
+    """A model from a flax NNX module, its trainable state as ``params`` and
+    the rest (RNG state, batch statistics) fixed; call ``module.eval()`` first
+    if it has dropout or batch norm.
 
     Args:
-      module: an ``nnx.Module``; ``module(obs)`` (or ``module(obs, key)`` when
-        ``stochastic``) returns the action, chunk, or what ``postprocess`` turns
-        into one.
-      params: weights to use instead of the module's own: a nested dict such as
-        ``jaxmesh.load_params`` returns, or an ``nnx.State``.
+      module: an ``nnx.Module``; ``module(obs[, key])`` returns the action,
+        chunk, or what ``postprocess`` turns into one.
+      params: weights instead of the module's own (a nested dict or an
+        ``nnx.State``).
       native_chunk: K if the module emits chunks of K actions.
       spec: the input declarations (then ``obs`` is a dict of inputs).
       name: display name (default: the module's class name).
       device: where params are placed (see ``jaxmesh.Model``).
       batched: the module takes a batch of lanes (default) or one lane.
-      stochastic: call ``module(obs, key)`` with a per-lane PRNG key (a batched
-        module row by row, each row with its own key).
+      stochastic: call ``module(obs, key)`` with a per-lane PRNG key.
       postprocess: ``output -> action or chunk``, e.g.
         ``lambda logits: jnp.argmax(logits, -1)``.
       trainable: the nnx filter selecting the params (default ``nnx.Param``).
-
-    Returns:
-      A ``jaxmesh.Model``.
     """
     _check_options("from_nnx", options)
 
@@ -210,21 +186,13 @@ def from_linen(
     method: str | Callable | None = None,
     **options: Unpack[FlaxOptions],
 ) -> FlaxModel:
-    """A model from a flax linen module and its params.
-
-    Each predict calls ``module.apply(params, obs)`` (``module.apply(params,
-    obs, key)`` when ``stochastic``).
+    """A model calling ``module.apply(params, obs[, key])`` of a flax linen
+    module.
 
     Args:
-      module: a ``flax.linen.Module``.
-      params: the variables from ``module.init`` (e.g. ``{"params": ...}``) or
-        ``jaxmesh.load_params``.
-      native_chunk, spec, name, device, batched, stochastic, postprocess: as
-        for ``from_nnx``.
+      params: the variables from ``module.init`` or ``jaxmesh.load_params``.
       method: the module method to apply (default ``__call__``).
-
-    Returns:
-      A ``jaxmesh.Model``.
+      options: as for ``from_nnx``.
     """
     _check_options("from_linen", options)
     if params is None:

@@ -1,12 +1,9 @@
 """``jaxmesh.Model``: a policy with up to four predict corners.
 
-``predict`` (one lane, one action), ``predict_chunk`` (one lane, a chunk of K
-actions), ``predict_batch`` and ``predict_chunk_batch`` (a batch of lanes): an
-author implements any of them and the engine derives the rest, always calling
-a batched corner (``vmap`` lifts a single-lane one). Corners read weights from
-``self.params``; a ``key`` argument makes a corner stochastic; a model with
-``initial_state()`` is recurrent. The engine sees a model only through
-``Model.as_policy``. The rules: docs/models.md.
+``predict`` (one lane, one action), ``predict_chunk`` (one lane, K actions),
+``predict_batch`` and ``predict_chunk_batch`` (a batch of lanes): an author
+implements any and the engine derives the rest (``Model.as_policy``). The
+rules: docs/models.md.
 
 Example::
 
@@ -83,11 +80,7 @@ def _loads_first(fn: Callable) -> Callable:
 
 
 class _Params:
-    """``self.params``: the weights; the first read runs ``load`` if needed.
-
-    So whoever reads a model's params first (the host driver, a checkpoint
-    save, a test) gets the loaded weights, never the pre-load placeholder.
-    """
+    """``self.params``: the weights; the first read runs ``load`` if needed."""
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
@@ -126,37 +119,28 @@ def _put(tree: Any, device: jax.Device | None) -> Any:
 class Model:
     """Base class for authored policies, or a wrapper around a function.
 
-    Subclass and implement any of the corners ``predict(self, obs)``,
-    ``predict_chunk(self, obs)``, ``predict_batch(self, obs)`` and
-    ``predict_chunk_batch(self, obs)``; read weights from ``self.params``. Put
-    heavy work (imports, weights) in ``load(self, **config)``: it runs exactly
-    once per instance, before the first predict. Declare configuration with
-    ``jaxmesh.Param`` class attributes and build with ``MyModel.from_config``.
+    Subclass and implement any corner (``predict(self, obs)`` ...), reading
+    weights from ``self.params`` (traced within a corner call); put heavy work
+    in ``load(self, **config)``, run once before the first predict; declare
+    configuration with ``jaxmesh.Param`` and build with ``from_config``. A
+    subclass's ``__init__`` need not call ``super().__init__()``.
 
     Args:
-      fn: optional single-lane function to wrap. Without ``params`` it is
-        ``fn(obs)`` or ``fn(obs, key)``; with ``params`` it is
-        ``fn(params, obs)`` or ``fn(params, obs, key)``. It returns one action or
-        a chunk; which one is told from the output shape.
-      spec: optional dict of input name to ``jaxmesh.adapt`` declaration.
-      native_chunk: the chunk length K the model emits, if it emits chunks.
+      fn: a single-lane function to wrap: ``fn(obs[, key])``, or with
+        ``params`` ``fn(params, obs[, key])``, returning an action or a chunk.
+      spec: input name -> ``jaxmesh.adapt`` declaration.
+      native_chunk: the chunk length K, if the model emits chunks.
       params: the weights pytree corners read as ``self.params``.
-      name: a display name (defaults to the class or function name).
-      device: where params (and observations) are placed before predict: a
-        ``jax.Device``, ``'cpu'``, ``'gpu'``, ``'gpu:1'``, or None (default).
-
-    A subclass with its own ``__init__`` may call ``super().__init__()`` with no
-    arguments, or not at all: every attribute has a class-level default.
-    ``self.params`` reads the traced params for the length of one corner call
-    and the concrete weights everywhere else (``_bound``; docs/models.md says
-    what a corner may not do with them).
+      name: a display name (default: the class or function name).
+      device: where params are placed: a ``jax.Device``, ``'cpu'``, ``'gpu'``,
+        ``'gpu:1'``, or None.
     """
 
     native_chunk: int | None = None
     spec: Mapping[str, adapt.Input] | None = None
     params: Any = _Params()
     device: Any = None
-    #: Extra JSON-ready fields merged into ``describe()`` (e.g. paper, license).
+    #: Extra JSON-ready fields merged into ``describe()``.
     metadata: Mapping[str, Any] | None = None
 
     # Class-level defaults, so that a subclass whose __init__ skips ours works.
@@ -211,25 +195,15 @@ class Model:
         self._fn_takes_params = fn is not None and params is not None
         self._check()
 
-    # Configuration and loading ------------------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None = None, /, **kw: Any):
-        """Builds a model from validated configuration.
-
-        Checks the values against the class's ``jaxmesh.Param`` declarations
-        (and ``load``'s keyword parameters), then builds the model with no
-        constructor arguments; ``self.<param>`` reads the configured values from
-        ``__init__`` on, and ``load`` receives them (declared params not given
-        get their defaults) when it runs.
-
-        Args:
-          config: a dict of param values (e.g. read from YAML).
-          **kw: more param values (override ``config``).
+        """Builds a model with no constructor arguments from ``config`` and
+        ``kw`` (overriding it), checked against the ``jaxmesh.Param``
+        declarations; ``load`` receives the values.
 
         Raises:
           ParamError: an unknown name, a missing required param, or a value
-            outside its param's domain (the message names the param, the value
-            and what is allowed).
+            outside its param's domain.
         """
         if cls is Model:
             raise TypeError(
@@ -265,16 +239,12 @@ class Model:
         return dict(self._config)
 
     def load(self, **config: Any) -> None:
-        """Hook for heavy work: imports, weights. Runs once, before any predict.
-
-        Override it with the keyword parameters your model takes (or declare
-        them as ``jaxmesh.Param``); set ``self.params`` here. ``MyModel()`` calls
-        it with no arguments (load's own defaults); ``from_config`` passes the
-        validated values.
-        """
+        """Hook for heavy work (imports, weights; set ``self.params``), run once
+        before any predict with the ``from_config`` values (none for
+        ``MyModel()``)."""
 
     def _ensure_loaded(self) -> None:
-        """Runs ``load`` if it has not run yet (exactly once per instance)."""
+        """Runs ``load`` once per instance."""
         if self._loaded or self._loading:
             return
         self._check()
@@ -290,10 +260,8 @@ class Model:
             ) from None
         self._loading = True
         try:
-            # Weights made in load must be concrete arrays even when the first
-            # call comes from inside a trace (a corner called under jit). Only
-            # then: eager evaluation of this kind skips the op cache (slow).
-            # Under a trace every new array is a tracer.
+            # Weights made in load must be concrete even when the first call
+            # comes from inside a trace; only then, as this skips the op cache.
             traced = isinstance(jnp.zeros(()), jax.core.Tracer)
             with jax.ensure_compile_time_eval() if traced else contextlib.nullcontext():
                 self.load(**config)
@@ -303,7 +271,7 @@ class Model:
         self._check()
 
     def _check(self) -> None:
-        """Validates the model's declared attributes (called before running)."""
+        """Validates the model's declared attributes."""
         who, k = self.name, self.native_chunk
         adapt.check_spec(self.spec)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -319,7 +287,6 @@ class Model:
                 "with jaxmesh.Model(fn)"
             )
 
-    # What the model is --------------------------------------------------------
     def name_hint(self, name: str | None = None) -> str:
         if name:
             return name
@@ -333,7 +300,7 @@ class Model:
         return self.name_hint(self._name)
 
     def corners(self) -> tuple[str, ...]:
-        """The corners this model implements itself (not derived)."""
+        """The corners this model implements itself."""
         if self._fn is not None:
             return ()
         return tuple(
@@ -345,11 +312,8 @@ class Model:
         return type(self).initial_state is not Model.initial_state
 
     def _engine_corner(self) -> tuple[str, bool]:
-        """The corner the engine calls, and whether it is a batched one.
-
-        Chunks are preferred over single actions, then a batched corner over a
-        single-lane one (which the engine lifts with ``vmap``).
-        """
+        """The corner the engine calls (chunks first, then batched), and
+        whether it is a batched one."""
         own = self.corners()
         chunked = "predict_chunk_batch" in own or "predict_chunk" in own
         batch, single = (
@@ -379,12 +343,8 @@ class Model:
     def close(self) -> None:
         """Releases resources; ``evaluate`` never calls it."""
 
-    # Placement ----------------------------------------------------------------
     def placed_params(self) -> Any:
-        """``self.params`` on ``self.device`` (as they are when device is None).
-
-        Runs ``load`` first if it has not run.
-        """
+        """``self.params`` (loaded) on ``self.device``."""
         self._ensure_loaded()
         return self.place(self.params)
 
@@ -392,28 +352,14 @@ class Model:
         """Puts every array leaf of ``tree`` on ``self.device`` (None: as is).
 
         Raises:
-          ValueError: this machine has no such device (see
-            ``jaxmesh.devices.resolve_device``).
+          ValueError: this machine has no such device.
         """
         return _put(tree, resolve_device(self.device, self.name))
 
-    # What the engine sees -------------------------------------------------------
     def as_policy(self, *, with_params: bool = False) -> Policy:
-        """The engine's view of this model (the ``jaxmesh.types.PolicyLike`` protocol).
-
-        Runs ``load`` first (it may set the spec, ``native_chunk`` or ``device``)
-        and resolves the device, so a bad value fails here, before compiling.
-
-        Args:
-          with_params: the caller passes params as a jit argument. A wrapped
-            function then takes them first (``fn(params, obs[, key])``), as it
-            does anyway when the model was built with ``params``.
-
-        Returns:
-          A ``jaxmesh.core.policy.Policy`` whose ``apply`` calls this model's
-          corner with the params it is given bound as ``self.params`` (see the
-          class docstring), and whose ``default_params`` are ``self.params``
-          on ``device``.
+        """The engine's ``jaxmesh.types.Policy`` of this model (``PolicyLike``),
+        after ``load``; ``with_params``: params come as a jit argument (a
+        wrapped function takes them first).
 
         Raises:
           TypeError: a wrapped function of the wrong arity.
@@ -456,7 +402,7 @@ class Model:
         )
 
     def _corner_apply(self) -> tuple[Callable, bool]:
-        """The batched ``apply`` over this model's corner, derived by vmap if needed."""
+        """The batched ``apply`` over this model's corner."""
         name, batched = self._engine_corner()
         corner = getattr(self, name)
         stochastic = takes_param(corner, "key")
@@ -492,12 +438,7 @@ class Model:
 
     @contextlib.contextmanager
     def _bound(self, params: Any):
-        """Makes ``self.params`` read ``params`` (traced) while a corner is traced.
-
-        The only place where the model's params are replaced behind the
-        author's back; the previous value is restored on exit, errors
-        included.
-        """
+        """Makes ``self.params`` read ``params`` while a corner is traced."""
         missing = object()
         old = self.__dict__.get("params", missing)
         self.__dict__["params"] = params
@@ -509,16 +450,12 @@ class Model:
             else:
                 self.__dict__["params"] = old
 
-    # Introspection --------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        """A JSON-serialisable description of the model (does not run ``load``).
-
-        Returns:
-          The dict built below, and every field of the ``metadata`` class
-          attribute (the keys, one by one: docs/models.md, "describe()").
+        """A JSON-ready description of the model and its ``metadata`` (without
+        ``load``; docs/models.md, "describe()").
 
         Raises:
-          ValueError: a ``metadata`` field reuses a name above.
+          ValueError: a ``metadata`` field reuses one of the own fields.
         """
         cls = type(self)
         doc = inspect.getdoc(cls) if cls.__doc__ else None
@@ -552,10 +489,7 @@ class Model:
         return out
 
     def explain(self, env: Any, num_envs: int = 1, instruction: Any = None):
-        """What the evaluator reads from ``env`` for this model, and its memory.
-
-        Runs ``load`` first (it may set the spec). See ``jaxmesh.explain``.
-        """
+        """``jaxmesh.explain`` of this model on ``env``."""
         return explain(self, env, num_envs=num_envs, instruction=instruction)
 
     # The four corners. Authored subclasses override any of them.
@@ -579,11 +513,8 @@ _RESERVED = frozenset(n for n in dir(Model) if not n.startswith("__"))
 
 
 def resolve_class(target: str) -> Any:
-    """Imports ``'package.module:Name'`` (or ``'package.module.Name'``).
-
-    Raises:
-      ValueError: the string names no importable attribute.
-    """
+    """Imports ``'package.module:Name'`` (or ``'package.module.Name'``);
+    ValueError when it names no importable attribute."""
     if not isinstance(target, str) or not target:
         raise TypeError(f"expected 'package.module:Class', got {target!r}")
     module_name, sep, attr = target.partition(":")
@@ -616,16 +547,16 @@ def build_model(
     *,
     device: Any = None,
 ) -> Model:
-    """Builds a model the way a YAML config describes one.
+    """Builds a model as a YAML config describes one.
 
     Args:
       target: a ``Model`` subclass, ``'package.module:Class'``, a ``Model``
-        instance (returned as it is), or a plain policy function (wrapped).
-      config: the param values, validated by ``Class.from_config``.
-      device: optional device for the model (see ``Model``).
+        (returned as it is), or a policy function (wrapped).
+      config: the param values, for ``Class.from_config``.
+      device: the model's device (see ``Model``).
 
     Raises:
-      ParamError: a bad config (see ``Model.from_config``).
+      ParamError: a bad config.
     """
     obj = resolve_class(target) if isinstance(target, str) else target
     if isinstance(obj, type) and issubclass(obj, Model):
