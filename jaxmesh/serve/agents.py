@@ -36,8 +36,8 @@ SETTINGS = {
 
 
 def skeleton_to_wire(skeleton: Any) -> Any:
-    """An ``ObsLayout.skeleton`` (names in nested dicts and tuples) as plain
-    msgpack values: ``{"l": name}``, ``{"t": [...]}``, ``{"d": [[key, sub]]}``."""
+    """An ``ObsLayout.skeleton`` as msgpack values: ``{"l": name}``, ``{"t":
+    [...]}``, ``{"d": [[key, sub]]}``."""
     if isinstance(skeleton, str):
         return {"l": skeleton}
     if isinstance(skeleton, tuple):
@@ -79,11 +79,8 @@ def _space(skeleton: Any, leaves: dict) -> Any:
 
 
 def spec_from_wire(desc: Any) -> Any:
-    """The ``HostEnvSpec`` a session's ``env`` map describes.
-
-    Raises:
-      RequestError: a malformed map, or one the rebuilt spec disagrees with.
-    """
+    """The ``HostEnvSpec`` a session's ``env`` map describes (RequestError:
+    a malformed map, or one the rebuilt spec disagrees with)."""
     try:
         leaves = {
             str(n): (tuple(int(d) for d in shape), np.dtype(dtype))
@@ -137,23 +134,20 @@ def _settings(given: Any) -> tuple[Any, int | None]:
     return settings, tile_lanes
 
 
-#: The plans (probes) a server keeps, oldest dropped first.
+#: The plans (probes) kept, oldest dropped first.
 MAX_PLANS = 64
-#: The compiled steps a pool keeps (one per lane count it has had), least
-#: recently used dropped first.
+#: The compiled steps (lane counts) a pool keeps, least recently used first.
 MAX_PROGRAMS = 4
-#: Pools with no session kept (their programs, for the next run of the same
-#: plan), least recently emptied dropped first.
+#: Pools with no session kept for the next run, least recently emptied first.
 MAX_IDLE_POOLS = 16
 #: The most lanes one session may open (``PolicyServer(max_lanes=)``).
 MAX_LANES = 4096
 
 
 class Pool:
-    """The lanes of the sessions that share one agent program: exactly as many
-    as they hold, resized (their states moved along) when a session joins or
-    leaves. ``lock`` is held by a step and by a resize.
-    """
+    """The lanes of the sessions that share one agent program, resized (their
+    states moved) when a session joins or leaves; ``lock`` held by a step and
+    by a resize."""
 
     def __init__(self, pol: Any, params: Any, spec: Any, settings: Any):
         self.pol, self.params, self.spec = pol, params, spec
@@ -164,8 +158,7 @@ class Pool:
         self.size = 0
         self.state: Any = None
         self.rows = 0
-        #: size -> (config, init, step), least recently used first: each size
-        #: is planned and compiled once while it is kept (``MAX_PROGRAMS``).
+        #: size -> (config, init, step), least recently used first.
         self._programs: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         k = jax.eval_shape(jax.random.PRNGKey, 0)
         self._key = (tuple(k.shape), k.dtype)
@@ -195,12 +188,11 @@ class Pool:
 
     @property
     def programs(self) -> int:
-        """Compiled steps this pool keeps."""
         return len(self._programs)
 
     def _resize(self, size: int, keep: list[PolicySession]) -> None:
-        """``size`` lanes, the sessions ``keep`` first (in order, their lanes'
-        state, observations, keys and steps moved along); the rest free."""
+        """``size`` lanes, the sessions ``keep`` first (their lanes' state,
+        observations, keys and steps moved along); the rest free."""
         self.cfg, init, self.step = self._program(size)
         self.skipping = agent.can_skip(self.cfg)
         leaves = self.layout.empty((size,), aligned=True)
@@ -259,7 +251,7 @@ class Pool:
                 self.obs = self.keys = self.t = None
 
     def warm_up(self) -> None:
-        """Compiles the step (every lane masked: nothing is planned)."""
+        """Compiles the step (every lane masked)."""
         off = np.zeros(self.size, bool)
         skip = np.zeros(self.size, np.int32) if self.skipping else None
         self._step(off, off, off, skip)
@@ -267,18 +259,8 @@ class Pool:
 
     def _step(self, started: Any, active: Any, moved: Any, skip: Any) -> Any:
         """The agent step over every lane; its actions, read back."""
-        self.state, actions = self.step(
-            self.params,
-            self.state,
-            self.obs,
-            started,
-            active,
-            self.keys,
-            self.t,
-            moved,
-            skip,
-            {},
-        )
+        lanes = (self.obs, started, active, self.keys, self.t, moved, skip, {})
+        self.state, actions = self.step(self.params, self.state, *lanes)
         (actions,) = self.state.read_back(actions)
         return actions
 
@@ -344,8 +326,7 @@ class Step(NamedTuple):
 
 class Pools:
     """Every session's slots, in pools of one agent program each (arguments
-    as ``PolicyServer``'s). ``max_batch`` (here: the most sessions one pool
-    step takes) and ``run`` are what the server's ``Batcher`` drives."""
+    as ``PolicyServer``'s), driven by the server's ``Batcher``."""
 
     def __init__(self, model: Any, *, max_batch: int, max_lanes: int = MAX_LANES):
         self.policy = resolve_policy(model, with_params=False)
@@ -373,12 +354,8 @@ class Pools:
 
     def open(self, desc: Any) -> tuple[PolicySession, dict]:
         """A session for the client's ``desc`` (``{"env": spec_to_wire,
-        "settings": {...}}``); and what the client's loop needs of its plan.
-
-        Raises:
-          RequestError: a malformed description, or a policy that does not fit
-            the env or the settings (the probe's message).
-        """
+        "settings": {...}}``), and what the client needs of its plan
+        (RequestError: malformed, or the policy does not fit)."""
         if not isinstance(desc, dict) or "env" not in desc:
             raise RequestError("an open request needs 'env' and 'settings'")
         spec = spec_from_wire(desc["env"])
@@ -476,11 +453,7 @@ class Pools:
             self._pools = {k: v for k, v in self._pools.items() if v}
 
     def check(self, session: PolicySession, msg: Any) -> Prepared:
-        """A step request of ``session`` as the batcher's ``Prepared``.
-
-        Raises:
-          RequestError: a malformed request.
-        """
+        """A step request as the batcher's ``Prepared`` (RequestError: malformed)."""
         n = session.slots.size
         if not isinstance(msg, dict):
             raise RequestError("a step request is a map")
@@ -528,7 +501,6 @@ class Pools:
         return Forward(replies, len(rows), time.perf_counter() - t0)
 
     def compiled(self) -> int:
-        """Compiled steps the pools keep (at most ``MAX_PROGRAMS`` each)."""
         return sum(p.programs for pools in self._pools.values() for p in pools)
 
 
