@@ -1,6 +1,5 @@
-"""A policy that runs on the host with numpy values (PyTorch, numpy, anything):
-its ``apply`` runs ``fn`` through ``jax.pure_callback``, on the real rows of a
-tile only (CONTRACT 34)."""
+"""A policy that runs on the host with numpy values, through
+``jax.pure_callback`` on a tile's real rows (CONTRACT 34; docs/policies.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from jaxmesh.types import Policy
 
 
 def _tree_rows(tree: Any, sel: Any) -> Any:
-    """``tree``'s leaves as numpy arrays, rows ``sel`` of each."""
     return jax.tree.map(lambda x: np.asarray(x)[sel], tree)
 
 
@@ -27,27 +25,19 @@ def row_seeds(keys: jax.Array) -> jax.Array:
 
 
 class HostPolicy:
-    """A policy whose forward pass runs on the host: ``fn`` gets numpy values.
+    """A policy whose forward pass runs on the host: ``fn`` gets numpy values
+    (docs/policies.md, "A host policy").
 
     Args:
-      fn: with ``batched=True``, ``fn(obs)`` gets the observations of the lanes
-        that plan, each leaf with a leading axis B (those rows only), and
-        returns ``[B, *action_shape]`` (or ``[B, K, *action_shape]`` with
-        ``native_chunk=K``); with ``batched=False`` it gets one lane's leaves
-        and returns one action (or chunk). A ``stochastic`` ``fn(obs, seeds)``
-        also gets one ``uint32`` seed per row (``[B]``, or a scalar).
+      fn: ``fn(obs)`` (``fn(obs, seeds)`` when ``stochastic``) of the planning
+        lanes' rows, each leaf ``[B, ...]``, returning ``[B, *action_shape]``
+        (``[B, K, *action_shape]`` with ``native_chunk=K``); one lane's, with
+        no B axis, when not ``batched``. It holds its own weights.
       batched: whether ``fn`` takes a batch of rows or one lane per call.
-      native_chunk: the chunk length K ``fn`` returns, or None for single
-        actions.
-      stochastic: pass ``fn`` seeds derived from each episode's key and plan
-        step.
-      spec: input name -> ``jaxmesh.adapt`` declaration: ``fn`` gets the
-        processed inputs as a dict, as a ``jaxmesh.Model``'s corner does.
-      name: a display name (defaults to ``fn``'s name).
-
-    The output's shape and dtype are found once per input shape, when the run
-    traces: ``fn`` is called on one row of zeros. ``fn`` holds its own weights:
-    params a run passes are ignored.
+      native_chunk: the chunk length K ``fn`` returns (None: single actions).
+      stochastic: pass ``fn`` one ``uint32`` seed per row, from its plan key.
+      spec: input name -> ``jaxmesh.adapt`` declaration (``fn`` gets a dict).
+      name: a display name (default: ``fn``'s name).
     """
 
     def __init__(
@@ -119,13 +109,9 @@ class HostPolicy:
         row: Any,
         episodes: Any = None,
     ) -> np.ndarray:
-        """``fn`` on B rows (``obs``: numpy leaves with a leading axis B;
-        ``seeds``: [B] uint32 or None), checked to be ``[B, *row.shape]``;
-        ``lanes`` and ``episodes`` (or None) for an error to name.
-
-        Raises:
-          HostPolicyError: ``fn`` raised, or returned another shape.
-        """
+        """``fn`` on B rows (``seeds``: [B] uint32 or None), checked to be
+        ``[B, *row.shape]``; ``lanes`` and ``episodes`` (or None) for an error
+        to name (HostPolicyError: ``fn`` raised, or returned another shape)."""
         b = np.shape(lanes)[0]
         where = lambda: dict(  # built on an error only
             policy=self.name,
@@ -182,9 +168,8 @@ class HostPolicy:
         rows: Any = None,
         episodes: Any = None,
     ) -> tuple[jax.Array, Any]:
-        """``Policy.apply`` over a tile: ``rows`` ([tile] int32) is each row's
-        lane, -1 for padding (None: every row is real); ``episodes`` each
-        row's episode (None: not told)."""
+        """``Policy.apply`` over a tile: ``rows`` ([tile] int32) each row's
+        lane, -1 for padding (None: all real); ``episodes`` (None: not told)."""
         del params
         b = keys.shape[0]
         lanes = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
