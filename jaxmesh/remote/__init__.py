@@ -1,6 +1,3 @@
-"""The gRPC boundary for served environments (host side only, no JAX here).
-
-``proto/`` holds the versioned wire protocol (``jaxmesh.env.v1``) and its
-generated code; ``codec`` turns arrays and leaves into its messages and back.
-Needs the ``[remote]`` extra: ``pip install 'jaxmesh[remote]'``.
+"""The gRPC boundary for served envs (no JAX; docs/remote.md). ``proto/`` holds
+the wire protocol and its generated code. Needs the ``[remote]`` extra.
 """

@@ -1,8 +1,5 @@
-"""``EnvActor``: what one Ray actor of ``workers=jaxmesh.Ray(...)`` runs: its
-share of a run's lanes, served by an ``EnvServer`` on its node behind the
-run's token. Plain Python (``jaxmesh.run.host.ray_actors`` makes it a Ray
-actor), importing no JAX.
-"""
+"""``EnvActor``: one Ray actor of ``workers=jaxmesh.Ray(...)``, serving its share
+of a run's lanes behind the run's token (``jaxmesh.run.host.ray_actors``)."""
 
 from __future__ import annotations
 
@@ -19,12 +16,11 @@ class EnvActor:
     """A Ray actor's envs, served (``serve``) until ``stop`` or its end.
 
     Args:
-      source: ``"gymnasium:<id>"``, a zero-argument factory of a gymnasium
-        ``Env``, or a list of them (one per lane of the run).
-      lanes: the run's lanes this actor steps (their indices pick a list's
-        factories).
-      token: the run's session token: the server refuses any other client.
-      options: more ``ServeOptions`` fields (e.g. ``shared_memory=False``).
+      source: ``"gymnasium:<id>"``, a factory of a gymnasium ``Env``, or a list
+        of them (one per lane of the run).
+      lanes: the run's lanes this actor steps.
+      token: the run's session token.
+      options: more ``ServeOptions`` fields.
     """
 
     def __init__(
@@ -41,12 +37,8 @@ class EnvActor:
         self.server: EnvServer | None = None
 
     def serve(self, host: str | None = None, port: int = 0) -> str:
-        """Builds the envs and starts their server; its ``"grpc://host:port"``.
-
-        ``host``: the address to bind (None: this node's, as Ray knows it);
-        ``port``: the port to bind (a restarted actor's old one), else a free
-        one (0, or that port is taken).
-        """
+        """Builds the envs and serves them at ``host`` (None: this node's) and
+        ``port`` (a restarted actor's old one, else a free one); the address."""
         if self.server is None:
             if host is None:
                 import ray  # in an actor: Ray is there
@@ -65,9 +57,5 @@ class EnvActor:
         return "grpc://" + self.server.address
 
     def stop(self) -> None:
-        """Ends the server: its session, then its envs (closed)."""
         if self.server is not None:
             self.server.shutdown()
-
-
-__all__ = ["EnvActor"]

@@ -1,7 +1,5 @@
-"""The served lanes: ``ServerStepper`` (the shared lanes of
-``jaxmesh.envs.gymnasium.lanes`` plus what serving adds), ``_make_lanes`` (lanes
-for whatever the caller passed) and ``_Request``, a checked call as the lanes
-execute it (``requests.py`` builds it from the wire).
+"""The served lanes: ``ServerStepper`` (``jaxmesh.envs.gymnasium.lanes`` and what
+serving adds), ``_make_lanes`` and ``_Request``, a checked call (``requests.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 @dataclasses.dataclass(slots=True, eq=False)
 class _Request:
     """A checked call: its ops (``Reset`` | ``Replay``, ascending lane) and
-    what the reply carries; a call that only steps lanes by one action each
-    keeps them as two arrays (``single``), its ops (``built``: None) built
-    only when asked for."""
+    what the reply carries; a call of one action per lane keeps them as two
+    arrays (``single``), its ops built only when asked for."""
 
     built: list | None
     want_obs: bool
@@ -49,8 +46,7 @@ class _Request:
             ]
         return self.built
 
-    def reply_options(self) -> dict[str, Any]:
-        """What the lanes' ``run`` and ``collect`` are told of the reply."""
+    def reply_options(self) -> dict[str, Any]:  # for the lanes' run and collect
         return {
             "want_obs": self.want_obs,
             "info_keys": self.info_keys,
@@ -59,28 +55,22 @@ class _Request:
         }
 
 
-def _bad(message: str) -> codec.ProtocolError:
-    return codec.ProtocolError(message)
-
-
 def _wire_leaf(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
-    """The lanes' observation layout: the wire leaf's (the space's own dtype);
-    a module function, so that its partial pickles for worker processes."""
+    """The lanes' observation layout, the wire leaf's (a module function: its
+    partial pickles for worker processes)."""
     leaf = wire_spaces.space_leaf(space, where=where)
     return tuple(leaf.shape), np.dtype(leaf.dtype)
 
 
 class ServerStepper:
-    """The shared lanes (observations in the wire leaf's layout) and what
-    serving adds: the wire's leaves, the lockstep check of a VectorEnv, and
-    ``workers`` threads stepping contiguous groups of a list of envs' lanes."""
+    """The shared lanes and what serving adds: the wire's leaves, the lockstep
+    check of a VectorEnv, ``workers`` threads stepping contiguous groups."""
 
     def __init__(self, lanes: shared.GymStepper, workers: int):
         self.lanes = lanes
         self.num_lanes = n = lanes.num_lanes
         self.name = lanes.name
         self.lockstep = isinstance(lanes, shared.VectorEnvStepper)
-        # One message per observation leaf (one, "", for a single array).
         self.obs_leaves = wire_spaces.space_leaves(
             lanes.observation_space, where=f"{self.name} observation_space"
         )
@@ -91,8 +81,7 @@ class ServerStepper:
                 "some of them with a gymnasium ObservationWrapper"
             )
         self.obs_names = tuple(m.key for m in self.obs_leaves)
-        # The lanes' layout of every leaf, and of the leaves a client reads
-        # (``layout_for``): only those are converted, checked and sent.
+        # Only the leaves a client reads are converted, checked and sent.
         self.full_layout = lanes.layout
         self._layouts: dict[tuple[str, ...], Any] = {}
         self.act_leaf = wire_spaces.space_leaf(
@@ -115,8 +104,6 @@ class ServerStepper:
         self.group_of = [j * self.workers // n for j in range(n)]
 
     def abandon(self, respawn: bool = True) -> None:
-        """The call under way is given up (``GymStepper.abandon``; ``respawn``:
-        new workers take the lanes)."""
         self.lanes.abandon(respawn)
 
     def end_session(self) -> None:
@@ -124,8 +111,8 @@ class ServerStepper:
         self.lanes.layout = self.full_layout
 
     def layout_for(self, keys: tuple[str, ...] | None) -> Any:
-        """The lanes' layout pruned to the leaves ``keys`` when they are whole
-        top-level Dict entries, else every leaf's (None: every leaf)."""
+        """The layout pruned to ``keys`` when they are whole top-level Dict
+        entries, else every leaf's."""
         full = self.full_layout
         if not keys:  # every leaf, or none asked (every leaf is still checked)
             return full
@@ -139,9 +126,7 @@ class ServerStepper:
         return layout
 
     def check(self, request: _Request) -> None:
-        """Refuses (ProtocolError) a request these lanes cannot serve exactly:
-        in lockstep every lane mid-episode is stepped, reset (resets run last)
-        or released in every call, all stepped by the same count."""
+        """Refuses (ProtocolError) a request lockstep lanes cannot serve."""
         if not self.lockstep:
             return
         if not any(isinstance(op, shared.Replay) for op in request.ops):
@@ -160,7 +145,7 @@ class ServerStepper:
         live = np.flatnonzero(lanes.started & ~lanes.ended)
         missing = [int(j) for j in live if int(j) not in named]
         if missing:
-            raise _bad(
+            raise codec.ProtocolError(
                 f"lanes {missing[:16]} are in the middle of an episode but have no "
                 "actions and no reset in this call; this server steps a VectorEnv "
                 "as a whole (capability 'lockstep'), so every lane mid-episode is "
@@ -169,7 +154,7 @@ class ServerStepper:
             )
         counts = {c for j, c in replays.items() if not lanes.ended[j]}
         if len(counts) > 1:
-            raise _bad(
+            raise codec.ProtocolError(
                 f"the lanes stepped in this call have counts {sorted(counts)}; this "
                 "server steps a VectorEnv as a whole (capability 'lockstep'), so "
                 "every lane mid-episode replays the same number of actions"
@@ -180,7 +165,6 @@ class ServerStepper:
         return codec.encode_result_batch(*self.execute_batch(request))
 
     def execute_batch(self, request: _Request) -> ResultBatch:
-        """Runs a checked request; its reply's batch as numpy (``execute``)."""
         lanes = self.lanes
         lanes.release(request.release)
         keys = request.obs_keys
@@ -197,21 +181,15 @@ class ServerStepper:
         batch = lanes.collect(self._run(request), **request.reply_options())
         return _only(batch, keys)
 
-    def _run_ops(self, ops: list, request: _Request) -> list[shared.LaneResult]:
-        return self.lanes.run(ops, **request.reply_options())
-
     def _run(self, request: _Request) -> list[shared.LaneResult]:
         ops = request.ops
-        if self.pool is None or len(ops) < 2:
-            return self._run_ops(ops, request)
+        run = functools.partial(self.lanes.run, **request.reply_options())
         groups: dict[int, list] = {}
-        for op in ops:
+        for op in ops if self.pool is not None else ():
             groups.setdefault(self.group_of[op.lane], []).append(op)
-        if len(groups) == 1:
-            return self._run_ops(ops, request)
-        futures = [
-            self.pool.submit(self._run_ops, group, request) for group in groups.values()
-        ]
+        if len(groups) < 2:
+            return run(ops)
+        futures = [self.pool.submit(run, group) for group in groups.values()]
         out: list[shared.LaneResult] = []
         errors: list[shared.LaneError] = []
         for future in futures:  # in lane order: groups are contiguous
@@ -230,7 +208,6 @@ class ServerStepper:
 
 
 def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
-    """A ``ResultBatch`` with only the observation leaves ``keys`` (None: all)."""
     if keys is None or batch.observation.keys() == set(keys):
         return batch
     obs = batch.observation
@@ -238,7 +215,6 @@ def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
 
 
 def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
-    """Server lanes for what the caller passed (an id, an Env, a list, a vector)."""
     if lanes is not None and not isinstance(env, str):
         raise ValueError(
             f"lanes={lanes} is only for an env id ('gymnasium:<id>'); a "

@@ -1,12 +1,9 @@
-"""What a server is told and where it listens: ``ServeOptions``, the request
-size limit and the bind address (imports no other module of this package).
-"""
+"""``ServeOptions``, the request size limit and the bind address."""
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 from typing import Any
 
 from jaxmesh.remote import codec
@@ -17,40 +14,31 @@ from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
 #: The full name of the gRPC service (also a health-check service name).
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 
-_LOOPBACK_NAMES = ("localhost",)
-
 
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
     """How an :class:`EnvServer` serves.
 
     Attributes:
-        idle_timeout_seconds: a session with no request for this long, or
-            whose client takes no reply for this long, is ended
-            (DEADLINE_EXCEEDED) and the server is free for the next client.
+        idle_timeout_seconds: a session with no request, or whose client takes
+            no reply, for this long is ended (DEADLINE_EXCEEDED).
         drain_timeout_seconds: at shutdown, how long the call in progress may
-            take to finish and reply before its stream is cancelled.
+            take before its stream is cancelled.
         close_timeout_seconds: at shutdown, how long to wait for the session to
             let go of the envs, and then for closing the envs the server made.
         allow_remote_shutdown: whether the ``Shutdown`` RPC may stop the server
-            (else it is refused with PERMISSION_DENIED).
-        token: when set, every call must carry the metadata ``authorization:
-            Bearer <token>`` (clients: ``token=`` or ``JAXMESH_TOKEN``).
-        workers: for ``"gymnasium:<id>"``, worker processes that build and
-            step the lanes, each a contiguous group; for envs given as
-            objects, threads (None: 1, the serving thread; docs/remote.md).
-        max_message_bytes: the largest message either way; a reply over it is
-            refused with RESOURCE_EXHAUSTED naming its size.
-        max_request_bytes: the largest request the server receives (gRPC's
-            receive limit, for every call, authenticated or not); None: a
-            step request replaying ``REQUEST_STEPS`` actions on every lane, at
-            least ``codec.MAX_HANDSHAKE_BYTES``, at most ``max_message_bytes``
-            (``request_limit``).
-        shared_memory: offer clients on this host, running as this user, the
-            same-host data path (docs/remote.md).
+            (else PERMISSION_DENIED).
+        token: when set, every call must carry ``authorization: Bearer
+            <token>`` (clients: ``token=`` or ``JAXMESH_TOKEN``).
+        workers: worker processes stepping contiguous groups of the lanes of
+            ``"gymnasium:<id>"``, threads for envs given as objects (None: 1).
+        max_message_bytes: the largest message either way; a larger reply is
+            refused with RESOURCE_EXHAUSTED.
+        max_request_bytes: the largest request received, for every call
+            (None: ``request_limit``'s, from the lanes and the action).
+        shared_memory: offer the same-host data path (docs/remote.md).
         handshake_timeout_seconds: a same-host client has this long from
-            connecting to a whole HELLO, and then to its ATTACHED; else its
-            connection is closed.
+            connecting to a whole HELLO, and then to its ATTACHED.
     """
 
     idle_timeout_seconds: float = 300.0
@@ -65,20 +53,18 @@ class ServeOptions:
     handshake_timeout_seconds: float = 10.0
 
     def __post_init__(self):
-        for name, low, strict in (
-            ("idle_timeout_seconds", 0.0, True),
-            ("handshake_timeout_seconds", 0.0, True),
-            ("drain_timeout_seconds", 0.0, False),
-            ("close_timeout_seconds", 0.0, False),
+        for name, strict in (
+            ("idle_timeout_seconds", True),
+            ("handshake_timeout_seconds", True),
+            ("drain_timeout_seconds", False),
+            ("close_timeout_seconds", False),
         ):
             value = getattr(self, name)
-            ok = (
+            if not (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
-                and not math.isnan(value)
-                and (value > low if strict else value >= low)
-            )
-            if not ok:
+                and (value > 0 if strict else value >= 0)
+            ):
                 bound = "> 0" if strict else ">= 0"
                 raise ValueError(
                     f"ServeOptions({name}={value!r}): expected a number of seconds "
@@ -123,16 +109,14 @@ class ServeOptions:
                 )
 
 
-#: Actions per lane one step request may carry under the default receive limit
-#: (a chunk of up to this many steps on every lane).
+#: Actions per lane a step request may carry under the default receive limit.
 REQUEST_STEPS = 1024
 
 
 def request_limit(options: ServeOptions, num_lanes: int, action_size: int) -> int:
-    """The largest request the server accepts, in bytes: ``max_request_bytes``,
-    else room for ``REQUEST_STEPS`` actions of ``action_size`` elements (at 8
-    bytes each, with 64 bytes of framing a step) on each of ``num_lanes``
-    lanes, at least a handshake's cap, never above ``max_message_bytes``."""
+    """The largest request accepted: ``max_request_bytes``, else room for
+    ``REQUEST_STEPS`` actions (8 bytes an element, 64 of framing) on every
+    lane, at least a handshake's cap; at most ``max_message_bytes``."""
     if options.max_request_bytes is not None:
         return min(options.max_request_bytes, options.max_message_bytes)
     per_lane = REQUEST_STEPS * (8 * max(action_size, 1) + 64)
@@ -141,8 +125,7 @@ def request_limit(options: ServeOptions, num_lanes: int, action_size: int) -> in
 
 
 def header_token(token: Any) -> bool:
-    """Whether ``token`` can travel in a header: a non-empty string of
-    printable ASCII without surrounding spaces."""
+    """Whether ``token`` can travel in a header."""
     return (
         isinstance(token, str)
         and token.isascii()
@@ -152,12 +135,8 @@ def header_token(token: Any) -> bool:
 
 
 def bind(server: Any, where: str, credentials: Any) -> int:
-    """Binds a ``grpc.Server`` to ``where`` (TLS with ``credentials``, else
-    plain); the port bound.
-
-    Raises:
-      OSError: the address cannot be bound.
-    """
+    """Binds a ``grpc.Server`` to ``where`` (TLS with ``credentials``); the
+    port bound (OSError: none)."""
     failed = None
     try:
         if credentials is not None:
@@ -176,8 +155,7 @@ def bind(server: Any, where: str, credentials: Any) -> int:
 
 
 def _split_address(address: Any) -> tuple[str, int]:
-    """(host, port) of ``"host:port"`` / ``"[v6]:port"`` to listen on (port 0
-    picks a free one, ``address.host_port``); ValueError otherwise."""
+    """(host, port) to listen on (ValueError: not ``"host:port"``)."""
     pair = host_port(address, bind=True)
     if pair is not None:
         return pair
@@ -190,9 +168,8 @@ def _split_address(address: Any) -> tuple[str, int]:
 def check_exposure(
     address: str, host: str, secured: bool, does: str, token: str, tls: str
 ) -> None:
-    """Refuses (ValueError) a non-loopback ``address`` not ``secured`` by a
-    token, TLS or ``insecure=True``; ``does``, ``token``, ``tls``: what anyone
-    could do there, and how the caller's API sets a token and TLS."""
+    """Refuses (ValueError) a non-loopback ``address`` not ``secured``; ``does``,
+    ``token``, ``tls``: what anyone could do there, how to set a token and TLS."""
     if not (secured or _is_loopback(host)):
         raise ValueError(
             f"refusing to serve on {address!r} with no token and no TLS: anyone "
@@ -205,7 +182,7 @@ def check_exposure(
 
 def _is_loopback(host: str) -> bool:
     bare = host[1:-1] if host.startswith("[") else host
-    if bare.lower() in _LOOPBACK_NAMES:
+    if bare.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(bare).is_loopback

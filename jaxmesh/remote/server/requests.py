@@ -1,6 +1,5 @@
-"""Parsing and checking a call before anything is stepped: ``_parse_request``
-(a gRPC ``StepRequest``) and ``_parse_step`` (a same-host STEP frame) give a
-``lanes._Request`` or a ``codec.ProtocolError`` naming what is wrong.
+"""A call checked before anything is stepped: a ``StepRequest`` or a same-host
+STEP frame as a ``lanes._Request``, else a ``ProtocolError`` naming the fault.
 """
 
 from __future__ import annotations
@@ -16,11 +15,12 @@ from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import MAX_COUNT
-from jaxmesh.remote.server.lanes import ServerStepper, _bad, _Request
+from jaxmesh.remote.server.lanes import ServerStepper, _Request
+
+_bad = codec.ProtocolError
 
 
 def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
-    """A checked request; ProtocolError naming what is wrong (nothing stepped)."""
     n = lanes.num_lanes
     if len(msg.lane_mask) != n:
         raise _bad(
@@ -28,7 +28,19 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
             "server lane, as the handshake's num_lanes says)"
         )
     mask = msg.lane_mask
-    _check_bounds(msg, n)
+    # Lengths first: repeated fields longer than any request needs.
+    _check_keys("observation keys", msg.observation_keys)
+    _check_keys("info keys", msg.info_keys)
+    if len(msg.release) > n:
+        raise _bad(
+            f"release names {len(msg.release)} lanes, but the server has {n} lanes; "
+            "name each lane at most once"
+        )
+    if len(msg.resets) > n:
+        raise _bad(
+            f"resets has {len(msg.resets)} entries, but the server has {n} lanes; "
+            "reset each lane at most once"
+        )
 
     def check_lane(lane: int, what: str) -> None:
         if lane >= n:
@@ -118,8 +130,8 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
 def _check_actions(
     batch: codec.ActionBatch, lanes: ServerStepper, mask, ops, check_lane
 ):
-    """A decoded batch's actions (a writable copy) and lanes, checked: discrete
-    actions in range, each lane in ``mask``, reset before and not in ``ops``."""
+    """A batch's actions (a writable copy) and lanes, checked: discrete actions
+    in range, each lane in ``mask``, reset before and not in ``ops``."""
     arr = np.array(batch.actions[""])
     if lanes.discrete and arr.size:
         low = lanes.act_leaf.start
@@ -151,7 +163,6 @@ def _check_actions(
 def _parse_step(
     payload: bytes, lanes: ServerStepper, keys: tuple[str, ...]
 ) -> _Request:
-    """A same-host STEP frame checked as ``_parse_request`` checks a request."""
     n = lanes.num_lanes
     call_id, flags, info, batch = same_host.unpack_step(
         payload, lanes.act_spec, num_lanes=n, max_count=MAX_COUNT
@@ -176,7 +187,6 @@ def _parse_step(
 
 
 def _replays(batch: codec.ActionBatch, arr: np.ndarray) -> list[shared.Replay]:
-    """Each lane's run of ``arr`` (the batch's checked actions), in lane order."""
     return [
         shared.Replay(lane, arr[start : start + count])
         for lane, start, count in zip(
@@ -189,13 +199,12 @@ def _replays(batch: codec.ActionBatch, arr: np.ndarray) -> list[shared.Replay]:
 
 
 def _obs_keys(names: tuple[str, ...], keys: Any) -> tuple[str, ...] | None:
-    """The observation leaves to send, in declared order (None: every one)."""
     return None if len(keys) == len(names) else tuple(n for n in names if n in keys)
 
 
 @functools.lru_cache(maxsize=64)
 def _info_keys(data: bytes) -> tuple[str, ...]:
-    """A STEP frame's info keys, checked (cached: the same bytes every call)."""
+    """A STEP frame's info keys, checked (cached: the same bytes each call)."""
     try:
         keys = data.decode("utf-8").split("\0") if data else []
     except UnicodeDecodeError:
@@ -217,22 +226,3 @@ def _check_keys(what: str, field: Any) -> None:
                 f"the request names the {what[:-1]} {codec.short(key)}, longer "
                 f"than the {codec.MAX_KEY_CHARS} characters a key may have"
             )
-
-
-def _check_bounds(msg: pb.StepRequest, n: int) -> None:
-    """Refuses repeated fields longer than any request needs (lengths only)."""
-    for what, field in (
-        ("observation keys", msg.observation_keys),
-        ("info keys", msg.info_keys),
-    ):
-        _check_keys(what, field)
-    if len(msg.release) > n:
-        raise _bad(
-            f"release names {len(msg.release)} lanes, but the server has {n} lanes; "
-            "name each lane at most once"
-        )
-    if len(msg.resets) > n:
-        raise _bad(
-            f"resets has {len(msg.resets)} entries, but the server has {n} lanes; "
-            "reset each lane at most once"
-        )

@@ -1,6 +1,5 @@
-"""The open session (either transport's) as shutdown and the idle timeout
-see it, and what both transports send when an env raises or a session idles.
-"""
+"""The open session (either transport's) as shutdown and the idle timeout see
+it, and what both transports send when an env raises or a session idles."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ def _ascii(text: str) -> str:
 
 
 def env_error(exc: shared.LaneError) -> tuple:
-    """The trailing metadata that tells a client which env raised what."""
     return (
         (ENV_ERROR_KEY, _ascii(exc.summary())),
         (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
@@ -33,7 +31,6 @@ def env_error(exc: shared.LaneError) -> tuple:
 
 
 def idle_message(address: str, what: str, idle: float) -> str:
-    """Why a session that ``what`` for ``idle`` seconds was ended."""
     return (
         f"the session on the server at {address} {what} for {idle:g} s "
         "(idle_timeout_seconds) and was ended; open a new session, or start the "
@@ -42,8 +39,8 @@ def idle_message(address: str, what: str, idle: float) -> str:
 
 
 def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
-    """Ends an RPC from another thread with ``code`` and ``details`` (the call
-    under ``ServicerContext``, whose ``cancel()`` only says CANCELLED)."""
+    """Ends an RPC from another thread with ``code`` and ``details`` (a
+    ``ServicerContext``'s ``cancel()`` only says CANCELLED)."""
     call = getattr(getattr(context, "_rpc_event", None), "call", None)
     try:
         call.cancel(code.value[0], details)
@@ -52,20 +49,17 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
 
 
 def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
-    """Ends a same-host session from another thread: wakes its waiting read
-    (the serving thread then answers ``pending``)."""
+    """Ends a same-host session from another thread: wakes its waiting read."""
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RD)
 
 
 class _Session:
-    """An open session: ``cancel(code, details)`` ends it from another
-    thread. The serving thread marks when it waits, works and sends; ``end``
-    ends it now when it waits for a request, else after the reply in progress.
-    """
+    """An open session: ``cancel(code, details)`` ends it from another thread.
+    The serving thread marks when it waits, works and sends; ``end`` ends it
+    now when it waits for a request, else after the reply in progress."""
 
-    #: Seconds between the hang-up watcher's checks that the session is open.
-    POLL_SECONDS = 0.5
+    POLL_SECONDS = 0.5  # between the hang-up watcher's checks
 
     def __init__(self, cancel: Callable[[grpc.StatusCode, str], None]):
         self.cancel = cancel
@@ -76,8 +70,8 @@ class _Session:
         self.done = False
 
     def watch_idle(self, idle: float, address: str) -> None:
-        """Starts a thread that ends the session once it has waited, for a
-        request or for the client to take a reply, ``idle`` seconds."""
+        """Ends the session once it has waited ``idle`` seconds for a request
+        or for the client to take a reply (in a thread)."""
         threading.Thread(
             target=self._watch_idle,
             args=(idle, address),
@@ -108,8 +102,8 @@ class _Session:
                 self.done = True
 
     def watch_hangup(self, conn: socket.socket, give_up: Callable[[], Any]) -> None:
-        """Starts a thread that calls ``give_up()`` if the client hangs up
-        while the session is open (the serving thread, in a call, reads nothing)."""
+        """Calls ``give_up()`` if the client hangs up while the session is open
+        (in a thread: the serving thread, in a call, reads nothing)."""
         if not hasattr(select, "POLLRDHUP"):  # not Linux: no watcher
             return
         poller = select.poll()
@@ -141,8 +135,8 @@ class _Session:
             self.cancel(code, details)
 
     def abandon(self, give_up: Callable[[], Any]) -> None:
-        """Calls ``give_up()`` if the session is still open (under the lock
-        ``stop`` takes: a next session's call is never given up)."""
+        """Calls ``give_up()`` if the session is still open (under ``stop``'s
+        lock: a next session's call is never given up)."""
         with self.cond:
             if not self.done:
                 give_up()
