@@ -1,10 +1,6 @@
-"""openpi's wire format: msgpack, numpy arrays as tagged maps, never pickle.
-
-An array travels as ``{b"__ndarray__": True, b"data": <bytes>, b"dtype":
-<numpy dtype string>, b"shape": [...]}`` and a numpy scalar as
-``{b"__npgeneric__": True, b"data": <value>, b"dtype": ...}``, as
-``openpi_client.msgpack_numpy`` writes them. Decoding is bounded
-(docs/serving.md, "Security and limits"). Pure functions of bytes.
+"""openpi's wire format: msgpack, numpy arrays and scalars as the tagged maps
+``openpi_client.msgpack_numpy`` writes (``__ndarray__``, ``__npgeneric__``),
+never pickle. Decoding is bounded (docs/serving.md, "Security and limits").
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ REFUSED_KINDS = ("O", "V", "c")
 MAX_CONTAINER = 4096
 #: The most entries of every list and map of a message together.
 MAX_ITEMS = 65536
-#: The request bytes a server's connections together may hold at once (from a
-#: message's arrival to its reply) by default; a message past it is refused.
+#: The request bytes a server's connections may hold at once, by default.
 MAX_INFLIGHT_BYTES = 1 << 30
 
 
@@ -31,8 +26,7 @@ class CodecError(ValueError):
 
 
 def _buffer(array: np.ndarray) -> Any:
-    """``array``'s bytes, without a copy when it is contiguous (msgpack
-    writes a buffer as it writes bytes)."""
+    """``array``'s bytes, without a copy when it is contiguous."""
     array = np.ascontiguousarray(array)
     if array.size:
         try:
@@ -126,10 +120,8 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
     """The value msgpack ``data`` holds, arrays as (read-only) numpy arrays.
 
     Raises:
-      CodecError: not msgpack, an array map that is malformed or of a refused
-        dtype, ``data`` over ``max_bytes``, a list or map of more than
-        ``MAX_CONTAINER`` entries, more than ``MAX_ITEMS`` entries in all, or
-        an extension type.
+      CodecError: not msgpack, a malformed array map or a refused dtype, over
+        ``max_bytes``, ``MAX_CONTAINER`` or ``MAX_ITEMS``, or an extension type.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise CodecError(
@@ -142,7 +134,7 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
         return _unpack(data, _unpack_hook, None)
     items = 0
 
-    def count(container: Any) -> None:
+    def count(container: Any) -> Any:
         nonlocal items
         items += 1 + len(container)
         if items > MAX_ITEMS:
@@ -151,16 +143,9 @@ def unpackb(data: bytes, *, max_bytes: int | None = None) -> Any:
                 "map entries; send arrays as numpy arrays (one __ndarray__ map "
                 "each), not as lists of numbers or of containers"
             )
+        return container
 
-    def on_map(obj: dict) -> Any:
-        count(obj)
-        return _unpack_hook(obj)
-
-    def on_list(obj: list) -> list:
-        count(obj)
-        return obj
-
-    return _unpack(data, on_map, on_list)
+    return _unpack(data, lambda obj: _unpack_hook(count(obj)), count)
 
 
 def _unpack(data: Any, on_map: Any, on_list: Any) -> Any:

@@ -1,12 +1,6 @@
-"""openpi's LIBERO request, built from one lane of a jaxmesh LIBERO env.
-
-openpi's LIBERO client (examples/libero/main.py) sends, per plan: both
-cameras turned upright (rotated 180 degrees) and resized with zero padding to
-224x224 as ``openpi_client.image_tools.resize_with_pad`` does (PIL's bilinear
-filter), the state ``[end-effector position (3), axis-angle (3), gripper
-joints (2)]``, and the task's instruction as ``prompt``. ``libero_inputs`` is
-that, in numpy: the resize follows Pillow's fixed-point resampling step by
-step, so its pixels equal openpi's.
+"""openpi's LIBERO request (its examples/libero/main.py), built in numpy from one
+lane of a jaxmesh LIBERO env; the resize follows Pillow's fixed-point
+resampling step by step, so its pixels equal openpi's (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -37,8 +31,8 @@ def quat_to_axis_angle(quat: Any) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def _taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray]:
     """Pillow's bilinear resampling of one axis: output ``i`` is the sum over
-    taps ``t`` of ``weights[t, i] * input[index[t, i]]``, integer weights of
-    ``_BITS`` fraction bits (``[taps, size_out]`` each; unused taps weigh 0)."""
+    taps ``t`` of ``weights[t, i] * input[index[t, i]]`` (``_BITS`` fraction
+    bits; ``[taps, size_out]`` each; unused taps weigh 0)."""
     scale = size_in / size_out
     filterscale = max(scale, 1.0)
     support = filterscale  # the triangle filter's support is 1
@@ -64,8 +58,7 @@ def _taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _resample(image: np.ndarray, size_out: int, axis: int) -> np.ndarray:
-    """One pass of Pillow's 8-bit resampling along ``axis`` (0: rows, 1:
-    columns) to ``size_out``: a few taps per output, in exact integers."""
+    """One pass of Pillow's 8-bit resampling along ``axis`` to ``size_out``."""
     index, weights = _taps(image.shape[axis], size_out)
     shape = [1] * image.ndim
     shape[axis] = size_out
@@ -102,16 +95,10 @@ def _camera(image: Any, size: int) -> np.ndarray:
 
 
 def libero_inputs(obs: dict, instruction: str | None, *, size: int = SIZE) -> dict:
-    """openpi's LIBERO request for one lane's observation (a jaxmesh LIBERO
-    env's dict, numpy leaves) and its task's instruction.
-
-    Returns:
-      ``{"observation/image", "observation/wrist_image"}`` (uint8 ``[size,
-      size, 3]``: ``agentview_image`` and ``robot0_eye_in_hand_image``
-      rotated 180 degrees and resized with padding), ``"observation/state"``
-      (``robot0_eef_pos``, the axis-angle of ``robot0_eef_quat``,
-      ``robot0_gripper_qpos``) and ``"prompt"`` (when there is an instruction).
-    """
+    """openpi's LIBERO request for one lane's observation and instruction:
+    both cameras (uint8 ``[size, size, 3]``) rotated 180 degrees and resized
+    with padding, ``"observation/state"`` (end-effector position, axis-angle,
+    gripper joints) and ``"prompt"`` (when there is an instruction)."""
     request = {
         "observation/image": _camera(obs["agentview_image"], size),
         "observation/wrist_image": _camera(obs["robot0_eye_in_hand_image"], size),
