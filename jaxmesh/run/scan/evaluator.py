@@ -1,11 +1,9 @@
 """JAX envs' backend: the budget runs in scan segments driven by one host loop.
 
-``jaxmesh.evaluate`` calls ``run`` for a JAX env. An ``Evaluator`` owns one
-(policy, env, ``RunConfig``), a placement (``jaxmesh.run.scan.placement``) and
-the programs compiled for it, keyed on the params' shapes and the rows of a
-segment's log. ``run`` keeps a few evaluators (``cache_info()``), so calling
-``evaluate`` again with the same policy object, env and settings compiles
-nothing.
+An ``Evaluator`` owns one (policy, env, ``RunConfig``), a placement and the
+programs compiled for it; ``run`` (``jaxmesh.evaluate``'s) keeps a few
+evaluators (``cache_info()``), so the same policy object, env and settings
+compile nothing again.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ TRIAL_HINT = (
 
 
 class _Checked(NamedTuple):
-    """What ``run`` checked once for a new evaluator, passed down as it is."""
+    """What ``run`` checked once for a new evaluator."""
 
     policy: Any  # the resolved ``Policy``
     record: Any  # ``check_record``'s
@@ -50,13 +48,13 @@ class _Checked(NamedTuple):
 
 
 class _RunData(NamedTuple):
-    """One run's own values, checked, that its segments read."""
+    """One run's own checked values."""
 
-    record: Any  # the run's ``Record`` (None: none)
-    trials: Any  # ``(trial_of, data)`` (``initial.run_trials``), or None
-    texts: Any  # the Text inputs' per-lane encodings
-    steps: stream.StepStream  # its ``on_step`` deliveries
-    episodes: stream.EpisodeStream  # its finished episodes, in order
+    record: Any
+    trials: Any  # ``(trial_of, data)``, or None
+    texts: Any
+    steps: stream.StepStream
+    episodes: stream.EpisodeStream
 
 
 class _Program(NamedTuple):
@@ -66,18 +64,16 @@ class _Program(NamedTuple):
 
 
 class Evaluator:
-    """A policy, an env and settings, with the programs compiled for them.
-
-    Hold one to run several budgets or params without compiling again: every
-    budget, and new params of the same shapes, reuse the program.
+    """A policy, an env and settings, with the programs compiled for them:
+    every budget, and new params of the same shapes, reuse the program.
 
     Args:
       policy, env: as for ``jaxmesh.evaluate``.
       config: a ``jaxmesh.RunConfig`` (None: the defaults).
       takes_params: a plain function policy is ``fn(params, obs[, key])``
         (``evaluate(..., params=...)``) rather than ``fn(obs[, key])``.
-      record: as for ``jaxmesh.evaluate`` (a ``jaxmesh.Record``); ``run``
-        may name other episodes, as many of them.
+      record: as for ``jaxmesh.evaluate``; ``run`` may name other episodes,
+        as many.
       **settings: ``RunConfig``'s flat knobs and groups, overriding
         ``config``'s (``num_envs=64``, ``chunking=jaxmesh.Chunking(...)``).
 
@@ -135,12 +131,10 @@ class Evaluator:
         self.placement = placement.placement_for(
             _checked.devices, self.settings.num_envs, self.policy, self.record
         )
-        #: Where the programs with step events send them (``_program``).
-        self._sink = stream.StepSink()
+        self._sink = stream.StepSink()  # where step events go
         self._chunks: dict = {}  # params signature -> chunk length K
         self._programs: dict = {}  # (params signature, capacity) -> _Program
-        #: An env built per run from its seeds (an EnvPool pool, ``env.bind``):
-        #: the current run's; its programs are the run's own.
+        #: The current run's env built from its seeds (an EnvPool pool).
         self._bound: Any = None
 
     @property
@@ -154,14 +148,13 @@ class Evaluator:
         return self.placement.supports_step_hooks
 
     def programs(self) -> list[tuple]:
-        """The (params signature, capacity) of every program compiled so far;
-        a program with step events (an ``on_step`` hook) adds ``"on_step"``."""
+        """The (params signature, capacity[, "on_step"]) of every program
+        compiled so far."""
         return [k for k, p in self._programs.items() if p.segment is not None]
 
     def plan(self, params: Any, episodes: int) -> RunPlan:
-        """The sizes a run of ``episodes`` with these params is built with (the
-        default tile sized for all N lanes, also split over devices); the
-        probe's ValueError, TypeError when the policy's output does not fit."""
+        """The sizes a run of ``episodes`` with these params is built with;
+        ValueError, TypeError when the policy's output does not fit."""
         s, sig = self.settings, build.signature(params)
         if sig not in self._chunks:  # the probe runs once per params signature
             self._chunks[sig] = build.run_chunk(self.policy, self.env, params, s)
@@ -179,9 +172,8 @@ class Evaluator:
         )
 
     def _program(self, params: Any, plan: RunPlan, steps: bool = False) -> _Program:
-        """The program for these params' shapes and this plan, built (every
-        check) but not necessarily compiled; ``steps``: with step events sent
-        to the evaluator's sink (a program of its own)."""
+        """The program for these params' shapes and this plan, built but not
+        necessarily compiled; ``steps``: with step events."""
         key = self._key(params, plan, steps)
         if key not in self._programs:
             engine = build.build_engine(
@@ -225,12 +217,8 @@ class Evaluator:
         success_mode: str | None = None,
         instruction: str | None = None,
     ) -> RunResult:
-        """Scores a budget; see ``jaxmesh.evaluate`` for the arguments.
-
-        ``trial_index_base``, ``instruction``, ``initial_states`` (of the
-        evaluator's shapes), ``success_mode`` and ``record`` (as many episodes,
-        the same ``max_steps`` and ``keys``) are data, None meaning the
-        evaluator's own: the same program runs.
+        """Scores a budget; see ``jaxmesh.evaluate`` for the arguments. Those
+        that are data (None: the evaluator's own) run the same program.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -274,8 +262,8 @@ class Evaluator:
         success_mode: str,
         instruction: str | None,
     ) -> RunResult:
-        """``run`` with its run-level values checked (nothing re-checks them);
-        ``initial_states`` may be a resolved ``initial.Trials``."""
+        """``run`` with its values checked (``initial_states`` may be a
+        resolved ``initial.Trials``)."""
         pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         e = int(seeds_arr.size)
@@ -294,8 +282,7 @@ class Evaluator:
         texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         if e and callable(getattr(self.env, "bind", None)):
             self._bind(seeds_arr[: self.env.pool_episodes], plan.lanes)
-        # What resume= compares: digests of the env, the policy's program
-        # (kept by the probe of self.plan) and the params.
+        # What resume= compares: the env's, policy's and params' digests.
         told = build.told_horizon(pol, s)
         run_fields = stream.run_fields(
             s,
@@ -351,9 +338,8 @@ class Evaluator:
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
     def _bind(self, seeds: np.ndarray, lanes: int) -> None:
-        """Builds the run's env from its seeds (an EnvPool pool,
-        ``jaxmesh.envs.envpool``); the program calls that pool by its address,
-        so the run compiles its own."""
+        """Builds the run's env from its seeds (an EnvPool pool, called by its
+        address: the run compiles its own program)."""
         if isinstance(self.placement, placement.DeviceMesh):
             raise ValueError(
                 f"{self.env.name} with devices=: its pool runs on the host's CPU "
@@ -376,8 +362,7 @@ class Evaluator:
         self._bound = self.env.bind(seeds, lanes)
 
     def _check_run_record(self, record: Any, episodes: int) -> Any:
-        """The ``Record`` of a run: the evaluator's, or one of the same shape
-        (else ValueError, as for episodes outside the budget)."""
+        """The ``Record`` of a run: the evaluator's, or one of its shape."""
         own = self.record
         if record is None:
             record = own
@@ -392,8 +377,7 @@ class Evaluator:
         return record
 
     def _loop(self, program: _Program, params, seeds_arr, run: _RunData) -> Any:
-        """Runs segments until the budget is done; returns the host ``Results``
-        (each segment's log copied in by episode, ``core.tally.write``)."""
+        """Runs segments until the budget is done; returns the host ``Results``."""
         place, plan = self.placement, program.plan
         place.check_same_everywhere(seeds_arr, params)
         e = seeds_arr.size
@@ -422,15 +406,13 @@ class Evaluator:
         return book
 
     def _pieces(self, e: int) -> list[tuple[int, int]]:
-        """The budget's episodes as ``[a, b)`` pieces run one after another:
-        one, except for an env bound per run (``pool_episodes`` each)."""
+        """The budget as ``[a, b)`` pieces: one, but for a pool bound per run."""
         size = e if self._bound is None else max(1, self.env.pool_episodes)
         return [(a, min(a + size, e)) for a in range(0, max(e, 1), size)]
 
     def _run_piece(self, program, params, seeds, offset, e, book, run) -> tuple:
-        """Runs segments until the episodes of ``seeds`` (the budget's from
-        ``offset``) are done, written into the host ``book`` of all ``e``
-        episodes. Returns the last state and the book."""
+        """Runs the piece of ``seeds`` (from episode ``offset``) into the host
+        ``book`` of all ``e`` episodes; returns the last state and the book."""
         place, plan, rec = self.placement, program.plan, run.record
         with span("init", "run"):  # a piece's first carry, and the params
             state, res = place.first_carry(
@@ -445,8 +427,7 @@ class Evaluator:
         base = 0  # the first carry's window starts at episode 0
         k = 0
         while True:
-            # A segment's span runs from its dispatch to the sync that reads its
-            # log (the device's work lies in between).
+            # From the dispatch to the sync that reads the log.
             with span("segment", "run", index=k):
                 state, res = program.segment(params, state, res)
                 log, n_done, next_episode = place.drain(state, res, plan)
@@ -456,8 +437,7 @@ class Evaluator:
                 book = core_results.write(
                     core_results.book(log, e) if book is None else book, log
                 )
-            # What a failure from here on keeps (the recording still on the
-            # device: the results passed to a segment are not donated).
+            # What a failure from here on keeps (results are never donated).
             run.episodes.latest = book
             run.steps.raise_error()  # an on_step hook raised: it ends
             k += 1
@@ -474,16 +454,13 @@ class Evaluator:
 
 
 def _piece_episodes(episodes: Any, offset: int, seeds: np.ndarray) -> np.ndarray:
-    """A piece's recorded episodes in its own indices; -1 for those of other
-    pieces (no lane runs them)."""
+    """A piece's recorded episodes in its own indices (-1: another piece's)."""
     local = np.asarray(episodes, np.int32) - offset
     return np.where((local >= 0) & (local < seeds.size), local, -1).astype(np.int32)
 
 
 def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> Any:
-    """The recording of the pieces run so far, on the host: ``kept`` (None
-    before the first piece) with the slots of piece ``[a, b)``'s episodes taken
-    from its recording ``piece``."""
+    """The host recording ``kept`` so far with piece ``[a, b)``'s slots."""
     piece = jax.device_get(piece)
     if kept is None:
         kept = jax.tree.map(np.array, piece)
@@ -498,9 +475,8 @@ def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> An
 
 
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
-    """A later piece's host log as the budget's: episode indices (its
-    recording's too) shifted by ``offset``, run totals added to the earlier
-    pieces' (``before``)."""
+    """A later piece's host log as the budget's: episodes shifted by
+    ``offset``, totals added to the earlier pieces' (``before``)."""
     steps, rows = before
     fault = log.fault.replace(episode=np.asarray(log.fault.episode) + offset)
     rec = log.recording
@@ -542,8 +518,7 @@ def cache_info() -> list[dict]:
 
 
 def clear_cache() -> None:
-    """Drops every evaluator and host agent (and compiled program) ``evaluate``
-    keeps."""
+    """Drops every evaluator and host agent ``evaluate`` keeps."""
     _EVALUATORS.clear()
     host.clear_agents()
 
@@ -559,8 +534,8 @@ def run(
     hooks: Any,
     record: Any,
 ) -> RunResult:
-    """A JAX env's run, on a kept ``Evaluator`` when the same policy object,
-    env and settings ran before (nothing compiles again), else on a new one."""
+    """A JAX env's run, on a kept ``Evaluator`` for the same policy object,
+    env and settings, else on a new one."""
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
     scoring, starts = config.scoring, config.starts
@@ -573,11 +548,9 @@ def run(
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
     trials = initial.resolve(starts.initial_states, starts.reset_fn)
-    # The recorded episodes and the initial states' values are data: runs that
-    # record as many, from states of the same shapes, share a program.
+    # Recorded episodes and initial states are data: same shapes, one program.
     key += (mesh, None if record is None else record_shape(record), starts.randomize)
     key += (None if trials is None else trials.key,)
-    # Checked once here and in the config: the evaluator takes them as they are.
     checked = _Checked(pol, record, trials, mesh)
     ev = _EVALUATORS.get(
         key,

@@ -1,11 +1,8 @@
-"""Where an ``Evaluator``'s lanes run: ``SingleDevice`` (the policy's device, or
-JAX's default) or ``DeviceMesh`` (every device of a one-axis mesh, also over
-processes under ``jax.distributed``; ``jaxmesh.run.scan.sharded``).
-
-A placement is what differs between them under the evaluator's one loop: the
-lanes one program steps and the rows of its log, how the segment is compiled,
-where the carry, seed windows and params go, and how a segment's log comes
-back (``drain``: one read per segment). ``placement_for`` picks one.
+"""Where an ``Evaluator``'s lanes run: ``SingleDevice`` or ``DeviceMesh`` (a
+one-axis mesh, also under ``jax.distributed``; ``jaxmesh.run.scan.sharded``).
+A placement holds what differs under the evaluator's one loop: lanes per
+program, compiling, where carries, windows and params go, and reading a
+segment's log back (``drain``).
 """
 
 from __future__ import annotations
@@ -24,16 +21,15 @@ from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_m
 from jaxmesh.run import build
 from jaxmesh.run.scan import sharded
 
-#: XLA options for the segment on a CPU: LLVM's optimisation level 1 instead of
-#: 2 compiles the segment about a fifth faster (mostly the PRNG's unrolled
-#: threefry hashes) and ran as fast (benchmarks/compile.py, overhead.py). Turning
-#: the fusion emitters off (``xla_cpu_use_fusion_emitters``) compiles another
-#: 15-35% faster but ran 1.3-1.7x slower on CartPole and Acrobot, so it stays on.
+#: XLA options for the segment on a CPU: LLVM's level 1 instead of 2 compiles
+#: about a fifth faster and ran as fast (benchmarks/compile.py, overhead.py).
+#: The fusion emitters stay on: off, they compiled 15-35% faster but ran
+#: 1.3-1.7x slower on CartPole and Acrobot.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def compiler_options(device: Any = None) -> dict | None:
-    """The XLA options the segment is compiled with on ``device``."""
+    """The XLA options of the segment on ``device``."""
     platform = (device or jax.devices()[0]).platform
     return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
 
@@ -41,24 +37,21 @@ def compiler_options(device: Any = None) -> dict | None:
 class SingleDevice:
     """Every lane on one device (None: JAX's default)."""
 
-    #: ``on_step`` hooks can run: one program sends the step events in order.
+    #: One program sends the step events in order.
     supports_step_hooks = True
 
     def __init__(self, device: Any = None):
         self.device = device
-        #: Per engine: the ``(lanes, agent)`` its last finished run kept
-        #: (``keep``; None once a run took them) and the device zero results
-        #: of its first run (never donated, so still zero), for the next run.
+        #: Per engine: the ``(lanes, agent)`` its last run kept (None once a run
+        #: took them) and its first run's zero results (never donated).
         self._spares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def lanes(self, num_envs: int) -> int:
-        """Lanes one program steps."""
         return num_envs
 
     def capacity(self, episodes: int, num_envs: int) -> int:
-        """Rows of a segment's log (``core.tally.log_capacity``): set by the
-        lanes, so every budget runs on one program."""
+        """Rows of a segment's log: set by the lanes, never the budget."""
         del episodes
         return log_capacity(num_envs)
 
@@ -71,13 +64,11 @@ class SingleDevice:
         ).compile(compiler_options(self.device))
 
     def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
-        """Nothing to check: one process runs the whole budget."""
-        del seeds, params
+        del seeds, params  # one process runs the whole budget
 
     def first_carry(self, engine, seeds, record, trials=None, texts=None) -> tuple:
-        """``((lanes, agent), results)``: the carry a run starts from, on the
-        device (``Engine.first_carry``), or on the buffers the engine's last run
-        kept with only the run's own values sent (``core.carry.refill``)."""
+        """``((lanes, agent), results)`` a run starts from: new, or on the
+        buffers the engine's last run kept (``core.carry.refill``)."""
         run = {"record": record, "trials": trials, "texts": texts}
         with self._lock:
             spare, results0 = self._spares.get(engine, (None, None))
@@ -91,18 +82,16 @@ class SingleDevice:
         return (carry.lanes, carry.agent), carry.results
 
     def keep(self, engine: Any, state: Any) -> None:
-        """Keeps a finished run's ``(lanes, agent)`` buffers: the engine's next
-        run starts on them (``first_carry``)."""
+        """Keeps a finished run's ``(lanes, agent)`` for the next run."""
         with self._lock:
             self._spares[engine] = (state, self._spares[engine][1])
 
     def put_params(self, params: Any) -> Any:
-        """The params where the program reads them (the policy placed them)."""
-        return params
+        return params  # the policy placed them
 
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
         """After a segment, one read: ``(log, episodes finished, next
-        unstarted episode)``; the log's recording stays on the device."""
+        unstarted episode)``; the recording stays on the device."""
         del plan
         lanes = state[0]
         log, n_done, next_episode = jax.device_get(
@@ -111,9 +100,8 @@ class SingleDevice:
         return log.replace(recording=res.recording), int(n_done), next_episode
 
     def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
-        """``(state, base)`` for the next segment: the same when the window at
-        ``base`` serves it, else with a new window on the device and its base.
-        ``trials``: the run's ``(trial_of, data)``, or None."""
+        """``(state, base)`` for the next segment, with a new window where the
+        one at ``base`` does not serve it (``trials``: ``(trial_of, data)``)."""
         if window_fits(engine.config, int(base), next_episode):
             return state, base
         lanes, ag = state
@@ -124,15 +112,15 @@ class SingleDevice:
 
 
 class DeviceMesh:
-    """Lanes split over the devices of a one-axis mesh ``mesh``: device d of D
-    runs episodes d, d + D, ... on N / D lanes of its own (``sharded``).
+    """Lanes split over the devices of a one-axis mesh: device d of D runs
+    episodes d, d + D, ... on N / D lanes of its own (``sharded``).
 
     Raises:
       ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
         device, or a mesh with no device of this process.
     """
 
-    #: ``on_step`` hooks are refused: D programs' step events have no order.
+    #: D programs' step events have no order.
     supports_step_hooks = False
 
     def __init__(self, mesh: Any, num_envs: int, policy: Any):
@@ -150,19 +138,15 @@ class DeviceMesh:
         self._whole = NamedSharding(mesh, PartitionSpec())
 
     def lanes(self, num_envs: int) -> int:
-        """Lanes one device's program steps: N / D."""
         del num_envs
         return self.lanes_per_device
 
     def capacity(self, episodes: int, num_envs: int) -> int:
-        """Rows of each device's log (``core.tally.log_capacity`` of its
-        lanes)."""
         del episodes, num_envs
         return log_capacity(self.lanes_per_device)
 
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
-        """``shard_map`` of the engine's segment over the mesh, compiled for a
-        carry stacked along the device axis."""
+        """The engine's segment over the mesh, for carries stacked by device."""
         d = self.num_devices
         split, whole = self._split, self._whole
         stack = lambda s: jax.ShapeDtypeStruct((d,) + s.shape, s.dtype, sharding=split)
@@ -181,15 +165,11 @@ class DeviceMesh:
         )
 
     def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
-        """Under ``jax.distributed``: every process was given the same budget
-        and params (``sharded.check_same_everywhere``)."""
         sharded.check_same_everywhere(self.mesh, seeds, params)
 
     def first_carry(self, engine, seeds, record, trials=None, texts=None) -> tuple:
-        """Every device's first carry, stacked along the mesh axis: device d
-        gets the carry of its share of the budget (``sharded.device_seeds``);
-        each process builds and places only its own devices'. ``record`` is
-        None (refused on a mesh)."""
+        """Every device's first carry of its share of the budget, stacked along
+        the mesh axis (``record``: None, refused on a mesh)."""
         del record
         shares = sharded.device_seeds(seeds, self.num_devices)
         trial_shares = self._trial_shares(trials)
@@ -204,14 +184,14 @@ class DeviceMesh:
         return (carry.lanes, carry.agent), carry.results
 
     def _trial_shares(self, trials: Any) -> list:
-        """Each device's share of the trial indices (None without trials)."""
+        """Each device's share of the trial indices."""
         if trials is None:
             return [None] * self.num_devices
         return sharded.device_seeds(trials[0], self.num_devices)
 
     def _stack(self, build: Any) -> Any:
-        """Host pytrees ``build(d)`` of this process's devices, placed on them
-        and stacked along the mesh axis (each process places its own)."""
+        """Host pytrees ``build(d)`` of this process's devices, placed and
+        stacked along the mesh axis."""
         mine = [
             (dev, build(d))
             for d, dev in enumerate(self.mesh.devices.flat)
@@ -229,18 +209,14 @@ class DeviceMesh:
         return jax.tree.map(one, *(tree for _, tree in mine))
 
     def keep(self, engine: Any, state: Any) -> None:
-        """Nothing kept: every run places its devices' carries anew."""
-        del engine, state
+        del engine, state  # every run places its carries anew
 
     def put_params(self, params: Any) -> Any:
-        """The params replicated on every device of the mesh."""
         return sharded.put(params, self._whole)
 
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
-        """After a segment, one read of every device's log, merged into one
-        (``sharded.merge_logs``): ``(log, episodes finished on all devices,
-        each device's next unstarted episode)``; every process reads the same
-        values, so all make the same collectives."""
+        """After a segment, one read of every device's log, merged: ``(log,
+        episodes finished, each device's next unstarted episode)``."""
         lanes = state[0]
         log, n_done, next_episode = sharded.to_host(
             (res, lanes.n_done, lanes.next_episode), self.mesh
@@ -248,9 +224,8 @@ class DeviceMesh:
         return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
 
     def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
-        """``(state, base)`` for the next segment: the same when every
-        device's window serves it, else with each device's new window stacked
-        along the mesh axis, and their bases."""
+        """``(state, base)`` for the next segment (``SingleDevice``'s), per
+        device."""
         d_count = self.num_devices
         base = np.broadcast_to(np.asarray(base), (d_count,))
         pairs = zip(base, next_episode, strict=True)
@@ -270,12 +245,11 @@ class DeviceMesh:
 def placement_for(
     devices: Any, num_envs: int, policy: Any, record: Any = None
 ) -> SingleDevice | DeviceMesh:
-    """The placement of a run: ``devices=`` resolved (None: one device, the
-    policy's), checked against the rest.
+    """The placement of a run's ``devices=`` (None: the policy's device).
 
     Raises:
-      TypeError, ValueError: a bad ``devices=`` value, ``record=`` with a mesh,
-        or what ``DeviceMesh`` refuses.
+      TypeError, ValueError: a bad ``devices=``, ``record=`` with a mesh, or
+        what ``DeviceMesh`` refuses.
     """
     mesh = resolve_mesh(devices)
     if mesh is None:
@@ -285,7 +259,7 @@ def placement_for(
 
 
 def refuse_mesh_record(devices: Any, record: Any) -> None:
-    """Recording is one device's: ValueError for ``record=`` with ``devices=``."""
+    """ValueError for ``record=`` with ``devices=``."""
     if record is None:
         return
     raise ValueError(
@@ -294,13 +268,3 @@ def refuse_mesh_record(devices: Any, record: Any) -> None:
         "different devices. Record in a run without devices= (e.g. "
         "evaluate(..., seeds=[...], record=...) on the episodes to watch)"
     )
-
-
-__all__ = [
-    "SingleDevice",
-    "DeviceMesh",
-    "placement_for",
-    "refuse_mesh_record",
-    "compiler_options",
-    "CPU_COMPILER_OPTIONS",
-]

@@ -27,21 +27,14 @@ def make_evaluator(
 ):
     """The engine as a pure function of policy params.
 
-    ``policy`` is ``fn(params, obs)`` / ``fn(params, obs, key)`` (single lane) or
-    a ``jaxmesh.Model`` whose ``params`` the function replaces. The returned
-    ``evaluator(params, seeds=None) -> Results`` can be jitted, vmapped over a
-    population of params, or called inside a jitted training step. ``seeds``
-    (int32, one per episode) defaults to the seeds given here.
-
-    ``Results`` is the engine's own results pytree (``jaxmesh.core.tally``):
-    unlike ``evaluate``, it cannot raise at a bad value, so it scores the whole
-    budget and reports the first one in ``fault`` (``fault.kind`` 0: none).
-
-    ``config`` (or ``RunConfig``'s knobs and groups as keywords) is
-    ``evaluate``'s; ``Scoring``'s ``metrics`` and ``success`` land in
-    ``Results.metrics`` and ``Results.success``. What needs the host between
-    segments (``Starts``, ``Served``, workers, devices, a wall-clock cap) is
-    refused.
+    ``policy`` is ``fn(params, obs[, key])`` (single lane) or a
+    ``jaxmesh.Model`` whose ``params`` the function replaces. The returned
+    ``evaluator(params, seeds=None) -> Results`` (``jaxmesh.core.tally``; seeds
+    default to those given here) can be jitted, vmapped over a population or
+    called in a training step. It scores the whole budget through bad values,
+    the first one in ``fault``. ``config`` and keywords are ``evaluate``'s,
+    but for what needs the host between segments (``Starts``, ``Served``,
+    workers, devices, a wall-clock cap), refused.
 
     Example::
 
@@ -86,8 +79,7 @@ def make_evaluator(
 
 
 def _refuse_host_settings(config: RunConfig) -> None:
-    """ValueError for the settings ``make_evaluator``'s one pure program cannot
-    honour, naming the setting and what to use instead."""
+    """ValueError for a setting the one pure program cannot honour."""
     given = changed(config.starts) + [
         name
         for name, value in (

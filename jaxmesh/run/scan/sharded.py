@@ -1,13 +1,8 @@
-"""Lanes sharded over devices: ``Layout(devices=...)`` and populations.
+"""Lanes sharded over devices (``Layout(devices=...)``) and populations.
 
-A static split, with no collective inside the loop (docs/scale.md): device d of
-D runs episodes d, d + D, ... on N / D lanes of its own, with the plan tile of
-a one-device run with N lanes, so each episode's result is bit for bit the
-one-device one (CONTRACT 3-4). ``jax.shard_map`` runs the engine's own
-``run_segment`` on each device's slice of a carry stacked along a leading
-device axis; the host merges the devices' logs (``merge_logs``). Under
-``jax.distributed`` every process makes the same calls and reads every log
-back with one all-gather per segment (``to_host``).
+Device d of D runs episodes d, d + D, ... on N / D lanes with the one-device
+plan tile, no collective inside the loop, so each episode is bit for bit the
+one-device one (CONTRACT 3-4; docs/scale.md). The host merges the logs.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ from jaxmesh.devices import mesh_size, resolve_mesh
 
 
 def split_lanes(num_envs: int, devices: int) -> int:
-    """Lanes per device: ``num_envs / devices`` (ValueError when not whole:
-    every device runs the same program)."""
+    """Lanes per device (ValueError when ``devices`` does not divide them)."""
     if num_envs % devices:
         below = max(devices, num_envs // devices * devices)
         above = -(-num_envs // devices) * devices
@@ -45,9 +39,8 @@ def device_seeds(seeds: np.ndarray, devices: int) -> list[np.ndarray]:
 
 
 def put(tree: Any, sharding: NamedSharding) -> Any:
-    """A pytree (the same values in every process) as global arrays with
-    ``sharding``; under ``jax.distributed`` each process places its own
-    devices' slices."""
+    """A pytree (the same in every process) as global arrays with
+    ``sharding``."""
     if not sharding.mesh.is_multi_process:
         return jax.device_put(tree, sharding)
 
@@ -65,8 +58,8 @@ def _gather(mesh: Mesh) -> Any:
 
 
 def to_host(tree: Any, mesh: Mesh) -> Any:
-    """A pytree of arrays sharded over ``mesh``, read back whole as numpy (over
-    several processes, one all-gather that every process must make)."""
+    """A pytree sharded over ``mesh`` read back whole as numpy (over several
+    processes, one all-gather every process must make)."""
     if not mesh.is_multi_process:
         return jax.device_get(tree)
     whole = _gather(mesh)(tree)
@@ -74,8 +67,8 @@ def to_host(tree: Any, mesh: Mesh) -> Any:
 
 
 def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
-    """``[episodes, crc32 of the seeds, crc32 of the params' values]`` (uint32):
-    what every process of a run must agree on."""
+    """``[episodes, crc32 of the seeds, crc32 of the params]``: what every
+    process of a run must agree on."""
     p = 0
     for leaf in jax.tree.leaves(params):
         p = zlib.crc32(np.ascontiguousarray(np.asarray(leaf)).tobytes(), p)
@@ -84,9 +77,8 @@ def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
 
 
 def merge_logs(stacked: Results, lanes: int) -> Results:
-    """Every device's segment log (host ``Results`` with a leading device
-    axis D; ``lanes`` per device) as one log: device d's local episode k is
-    episode ``k * D + d``, its lane j is lane ``d * lanes + j``."""
+    """The devices' stacked host logs as one: device d's episode k is
+    ``k * D + d``, its lane j is ``d * lanes + j``."""
     rows = np.asarray(stacked.rows)
     d = rows.shape[0]
     col = np.arange(d)[:, None]
@@ -110,7 +102,7 @@ def merge_logs(stacked: Results, lanes: int) -> Results:
 
 def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
     """The engine's ``run_segment`` on every device's slice of a stacked carry
-    (jitted, not compiled; the lanes and agent state are donated)."""
+    (jitted, the lanes and agent state donated)."""
     spec = PartitionSpec(mesh.axis_names[0])
 
     def local(params, state, res):
@@ -132,12 +124,11 @@ def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
 
 
 def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
-    """Under ``jax.distributed``: checks that every process of the mesh was
-    given the same budget and params (else two runs would mix into one).
+    """Under ``jax.distributed``: checks that every process was given the
+    same budget and params.
 
     Raises:
-      ValueError: in every process, naming the processes that differ from
-        the first one of the mesh and what differs.
+      ValueError: in every process, naming the processes and what differ.
     """
     if not mesh.is_multi_process:
         return
@@ -166,11 +157,8 @@ def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
 
 
 def shard_population(evaluator: Any, devices: Any = "all") -> Any:
-    """A ``make_evaluator`` function run over a population sharded over devices.
-
-    Device d of D evaluates members ``d * P / D .. (d + 1) * P / D - 1`` of a
-    population of P params (a leading axis on every leaf) with ``jax.vmap``
-    over its own slice: no collective, and the same numbers as the unsharded
+    """A ``make_evaluator`` function over a population sharded over devices:
+    each device vmaps its slice of the members, with the numbers of
     ``jax.jit(jax.vmap(evaluator))``.
 
     Args:
@@ -178,9 +166,8 @@ def shard_population(evaluator: Any, devices: Any = "all") -> Any:
       devices: as for ``jaxmesh.evaluate`` (``"all"``, an int, devices, a mesh).
 
     Returns:
-      A jitted ``run(population, seeds=None) -> Results`` whose leaves have a
-      leading population axis P (P must be a multiple of D); ``seeds``, when
-      given, are shared by every member.
+      A jitted ``run(population, seeds=None) -> Results`` over a leading
+      population axis P on every leaf; ``seeds`` are shared by every member.
 
     Raises:
       ValueError: P is not a multiple of D, or the leaves disagree on P.
@@ -231,16 +218,3 @@ def shard_population(evaluator: Any, devices: Any = "all") -> Any:
         return fns[len(extra)](population, *extra)
 
     return run
-
-
-__all__ = [
-    "shard_population",
-    "segment_program",
-    "check_same_everywhere",
-    "merge_logs",
-    "split_lanes",
-    "device_seeds",
-    "fingerprint",
-    "put",
-    "to_host",
-]
