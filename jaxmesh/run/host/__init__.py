@@ -1,11 +1,7 @@
 """The gymnasium envs' backend: the host steps the envs, the agent step is
-jitted.
-
-``driver`` builds a run's lanes (in this process, in worker processes or
-served), its agent step and its metrics, and returns the ``RunResult``;
-``agent_step`` is the jitted agent step on the host (``jaxmesh.make_agent``);
-``loop`` is the one host loop over any kind of lanes; ``served`` paces the
-loop over env servers (``"grpc://host:port"``).
+jitted. ``driver`` builds a run, ``agent_step`` is the agent step
+(``jaxmesh.make_agent``), ``loop`` the host loop, ``served`` its pace over
+env servers.
 """
 
 from jaxmesh.run.host.driver import clear_agents, run_host

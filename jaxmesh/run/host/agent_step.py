@@ -1,12 +1,8 @@
 """``jaxmesh.make_agent``: the jitted agent step alone, for host loops that step
-their own simulators (the scan engine drives the same functions).
-
-A host loop's own program (``agent_functions(..., packed=True)``) calls the
-same ``agent.host_step`` through fewer buffers (each one in or out of a jitted
-call costs about a microsecond on a CPU): the state's small leaves travel as
-one buffer of 32-bit words (``HostState``), the lane masks as one array, the
-counts as another (``PackedStep``). Bitcasts only: the step computes exactly
-what ``host_step`` computes on the pytree.
+their own simulators. The host loop's own program (``PackedStep``) calls the
+same ``agent.host_step`` through fewer buffers (about a microsecond each on a
+CPU): the state's small leaves bitcast into one buffer of 32-bit words, the
+lane masks into one array, the counts into another.
 """
 
 from __future__ import annotations
@@ -52,9 +48,8 @@ def make_agent(
     prefetch_lead: int = 0,
     plan_tile: int | None = None,
 ) -> Agent:
-    """Plan + replay + windows + previous action + masking as jitted functions
-    (those the scan engine drives, so both give the same per-episode results).
-    """
+    """Plan + replay + windows + previous action + masking as the jitted
+    functions the scan engine drives (the same per-episode results)."""
     settings = checks.check_settings(num_envs, horizon, prefetch_lead, None, plan_tile)
     env_obj = make_env(env)
     pol = resolve_policy(policy, with_params=False)
@@ -71,25 +66,13 @@ def agent_functions(
     tile_lanes: int | None = None,
     packed: bool = False,
 ) -> tuple:
-    """Probes ``pol`` against ``env``, plans the run and jits its agent side.
-
-    Args:
-      pol, env, params: the resolved policy, the env (or a host env's spec) and
-        the params the policy is probed with.
-      settings: the checked settings (``settings.num_envs`` lanes).
-      tile_lanes: the lanes the default plan tile is sized for (None: all of
-        them; served lane groups plan one group at a time).
-      packed: the host loop's program (``PackedStep`` over a ``HostState``, or
-        ``direct.DirectStep`` for a ``HostPolicy`` that needs no device work);
-        else the state is the ``AgentState`` pytree (``make_agent``).
-
-    Returns ``(config, chunk, init, step, plan)``: ``init(obs, lanes)``,
-    ``step(params, state, obs, started, active, ep_keys, t, ..., episodes=)``
-    (``agent.host_step``; the state is donated) and the run's ``RunPlan``.
-
-    Raises:
-      ValueError, TypeError: the policy's output does not fit the env, or the
-        frame windows exceed the limit (nothing compiles).
+    """Probes ``pol`` (with ``params``) against ``env`` (or a host env's spec),
+    plans the run and jits its agent side: ``(config, chunk, init, step,
+    plan)``, ``step`` being ``agent.host_step`` with the state donated.
+    ``tile_lanes``: the lanes the default plan tile is sized for (None: all);
+    ``packed``: the host loop's program (``PackedStep``, or ``DirectStep`` for
+    a ``HostPolicy`` with no device work), else over the ``AgentState`` pytree.
+    ValueError or TypeError (nothing compiled) for a policy that does not fit.
     """
     told, asked = build.told_horizon(pol, settings), build.asks_chunks(settings)
     chunk = build.probe_chunk(
@@ -120,7 +103,6 @@ def agent_functions(
     return cfg, chunk, init_placed, step_placed, run_plan
 
 
-# The host loop's program: the same step through fewer buffers --------------------
 #: State leaves up to this size travel in one buffer of 32-bit words; larger
 #: ones (image windows, long chunks) stay buffers of their own.
 FLAT_MAX_BYTES = 16 * 1024
@@ -134,14 +116,13 @@ class _Leaf(NamedTuple):
 
     @property
     def words(self) -> int:
-        """32-bit words the leaf takes: one per element (two of 8 bytes)."""
+        """32-bit words the leaf takes (two per element of 8 bytes)."""
         size = int(np.prod(self.shape, dtype=np.int64))
         return size * max(1, self.dtype.itemsize // 4)
 
 
 def _as_words(dtype: np.dtype) -> bool:
-    """Whether values of ``dtype`` go into 32-bit words exactly (bool, ints
-    and floats of whole bytes)."""
+    """Whether values of ``dtype`` go into 32-bit words exactly."""
     if dtype == np.bool_:
         return True
     if jnp.issubdtype(dtype, jnp.integer):
@@ -154,7 +135,7 @@ def _as_words(dtype: np.dtype) -> bool:
 
 
 def _to_words(x: jax.Array) -> jax.Array:
-    """``x`` as a flat uint32 vector (``_Leaf.words`` long), exactly."""
+    """``x`` as a flat uint32 vector, exactly."""
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint32)
     elif x.dtype.itemsize < 4:  # the same bits, zero-extended
@@ -216,7 +197,7 @@ class StateLayout(NamedTuple):
 
     def unpack(self, flat: Any, big: tuple, xp: Any = jnp) -> Any:
         """The ``AgentState`` of a word buffer and the separate leaves (``xp``:
-        jnp under jit; np for a buffer read back on the host)."""
+        np for a buffer read back on the host)."""
         out = []
         for leaf in self.leaves:
             if leaf.index >= 0:
@@ -228,18 +209,16 @@ class StateLayout(NamedTuple):
 
 
 class HostState:
-    """The agent state of a host loop's program: the small leaves in one
-    buffer of 32-bit words on the device, the large ones as they are. Reading
-    a field (``state.cursor``, ...) gives its value on the host, read back
-    once per state (``read_back``)."""
+    """A host loop's agent state: the small leaves in one buffer of 32-bit
+    words on the device, the large ones as they are; a field (``.cursor``)
+    reads its value on the host, read back once per state."""
 
     def __init__(self, layout: StateLayout, flat: jax.Array, big: tuple):
         self.layout, self.flat, self.big = layout, flat, big
         self._host: Any = None
 
     def read_back(self, *arrays: Any) -> tuple:
-        """``arrays`` on the host, read in one transfer with the state's word
-        buffer (whose fields then read without another)."""
+        """``arrays`` on the host, in one transfer with the word buffer."""
         flat, *got = jax.device_get((self.flat, *arrays))
         # A copy: a view would hold the device buffer, which the next step
         # could then not donate.
@@ -255,8 +234,7 @@ class HostState:
 
 
 def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
-    """``init`` and ``step`` as a host loop's program: ``init(obs, lanes) ->
-    HostState`` and a ``PackedStep``."""
+    """``init`` and ``step`` as a host loop's program (``HostState``)."""
     jitted: list = []
 
     def init_placed(obs, lanes):
@@ -271,16 +249,14 @@ def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
 
 
 class PackedStep:
-    """``step(params, state, obs, started, active, ep_keys, t, moved=None,
-    skip=None, texts=None, episodes=None) -> (HostState, actions)``: the
-    pytree step over a ``HostState``, the lane masks as one bool array and the
-    counts as one int32 array (``host_inputs``); one jitted program per
-    pattern of inputs given."""
+    """``agent.host_step`` over a ``HostState``, the lane masks as one bool
+    array and the counts as one int32 array; one jitted program per pattern
+    of inputs given."""
 
     def __init__(self, cfg: agent.AgentConfig, pol: Policy, step: Any):
         self.cfg, self.pol, self.step = cfg, pol, step
-        #: Whether the step reads the step indices ``t``: a policy's key is
-        #: folded with them, ensembling picks its ring's slot by them.
+        # A policy's key is folded with the step indices, ensembling picks its
+        # ring's slot by them.
         self.reads_t = pol.stochastic or cfg.ensemble is not None
         self._programs: dict = {}
 
@@ -308,9 +284,7 @@ class PackedStep:
     def host_inputs(
         self, started, active, t, moved=None, skip=None, episodes=None
     ) -> tuple:
-        """``(signature, masks, counts)``: the masks as one bool array, the
-        counts as one int32 array (None: no count is read; the step indices
-        only where something reads them)."""
+        """``(signature, masks, counts)``; counts None when none is read."""
         masks = (started, active) if moved is None else (started, active, moved)
         counts = []
         if self.reads_t:
@@ -326,19 +300,15 @@ class PackedStep:
         return sig, np.concatenate(masks, dtype=bool), counts
 
     def keys_on_device(self, ep_keys: np.ndarray) -> jax.Array:
-        """A copy of the episode keys on the policy's device, for a loop that
-        passes them until the next episode starts (no transfer per step)."""
+        """A copy of the episode keys on the policy's device."""
         return jax.device_put(np.array(ep_keys), self.pol.device)
 
     def program(self, sig: tuple, layout: StateLayout) -> Any:
-        """The jitted ``(params, flat, big, obs, masks, counts, keys, texts)
-        -> (flat, big, actions)`` for inputs of signature ``sig``."""
-        if sig not in self._programs:
-            self._programs[sig] = self._build(*sig, layout)
-        return self._programs[sig]
-
-    def _build(self, moved: bool, reads_t: bool, skip: bool, layout: StateLayout):
-        n, grid = self.cfg.num_envs, self.cfg.grid is not None
+        """The jitted program for inputs of signature ``sig``."""
+        if sig in self._programs:
+            return self._programs[sig]
+        (moved, reads_t, skip), n = sig, self.cfg.num_envs
+        grid = self.cfg.grid is not None
 
         def run(params, flat, big, obs, masks, counts, keys, texts):
             masks = jnp.reshape(masks, (-1, n))
@@ -360,4 +330,5 @@ class PackedStep:
             )
             return (*layout.pack(state), actions)
 
-        return jax.jit(run, donate_argnums=(1, 2))
+        self._programs[sig] = jax.jit(run, donate_argnums=(1, 2))
+        return self._programs[sig]

@@ -1,11 +1,6 @@
-"""A host loop's agent step for a ``jaxmesh.HostPolicy``, in numpy.
-
-When the policy runs on the host anyway and the agent has nothing to do on the
-device (``applies``), the jitted step would only copy each observation into its
-one-frame window, call back into Python and index the chunk. ``DirectStep``
-does that here, in the order of ``jaxmesh.core.agent.host_step`` with the
-replay rules of ``jaxmesh.core.replay``: no callback (about 60 us a call on a
-CPU) and no jitted call per step, the same actions lane by lane.
+"""A host loop's agent step for a ``jaxmesh.HostPolicy`` with nothing to do on
+the device (``applies``): ``jaxmesh.core.agent.host_step`` in numpy, the same
+actions lane by lane without a jitted call and callback (about 60 us on a CPU).
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from jaxmesh.host_policy import row_seeds
 
 
 def applies(cfg: agent.AgentConfig, pol: Any) -> bool:
-    """Whether a host loop's agent step for ``pol`` under ``cfg`` is
-    ``DirectStep``: a ``HostPolicy`` reading the whole observation, chunks
-    replayed as they are."""
+    """Whether ``pol`` is a ``HostPolicy`` reading the whole observation, its
+    chunks replayed as they are (the step is then ``DirectStep``)."""
     return (
         pol.host is not None
         and cfg.raw
@@ -38,8 +32,7 @@ def applies(cfg: agent.AgentConfig, pol: Any) -> bool:
 
 
 def _host_obs(obs: Any) -> Any:
-    """``obs`` as the jitted step sees it: numpy leaves of JAX's dtypes
-    (float64 as float32 where 64-bit values are off)."""
+    """``obs`` as the jitted step sees it: numpy leaves of JAX's dtypes."""
     return jax.tree.map(
         lambda x: np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)),
         obs,
@@ -48,8 +41,7 @@ def _host_obs(obs: Any) -> Any:
 
 @dataclasses.dataclass(eq=False)
 class DirectState:
-    """The agent state of ``DirectStep``: the ``AgentState`` fields a host loop
-    reads, as numpy arrays updated in place."""
+    """The ``AgentState`` fields a host loop reads, in numpy, updated in place."""
 
     window: Any  # each lane's observation it plans from: leaves [N, ...]
     chunk: np.ndarray  # [N, h, *A] the chunk being replayed
@@ -64,9 +56,7 @@ class DirectState:
 
 
 class DirectStep:
-    """``init(obs, lanes) -> DirectState`` and ``step(...)`` with
-    ``PackedStep``'s signature: ``jaxmesh.core.agent.host_step`` in numpy
-    for a ``HostPolicy`` (``applies``)."""
+    """``init(obs, lanes) -> DirectState`` and ``PackedStep``'s call."""
 
     def __init__(self, cfg: agent.AgentConfig, pol: Any):
         self.cfg, self.host, self.pol = cfg, pol.host, pol
@@ -98,7 +88,7 @@ class DirectStep:
         )
 
     def keys_on_device(self, ep_keys: np.ndarray) -> np.ndarray:
-        """The episode keys as the step takes them: a copy, on the host."""
+        """A copy of the episode keys, on the host."""
         return np.array(ep_keys)
 
     def __call__(
@@ -161,8 +151,8 @@ class DirectStep:
     def _plan(
         self, state: DirectState, lanes: np.ndarray, ep_keys, t, episodes
     ) -> None:
-        """``fn`` on the rows of ``lanes`` (running ``episodes``, by lane, for
-        an error to name; or None); their chunks start over."""
+        """The policy on the rows of ``lanes`` (``episodes`` by lane, for an
+        error to name); their chunks start over."""
         h = self.cfg.h
         sel = slice(None) if lanes.size == self.cfg.num_envs else lanes
         seeds = None

@@ -1,9 +1,6 @@
-"""The lanes of ``workers=jaxmesh.Ray(...)``: env servers in Ray actors.
-
-``RayServers`` starts the run's actors (``jaxmesh.remote.server.actor.EnvActor``,
-one share of the lanes each, placed by Ray) and is the served lanes
-(``served.pool.ServedLanes``) over their addresses, so the run is the served
-loop. Ray is the ``[ray]`` extra, imported here only, on use.
+"""The lanes of ``workers=jaxmesh.Ray(...)``: ``RayServers``, served lanes over
+env servers in Ray actors (``jaxmesh.remote.server.actor.EnvActor``), run by the
+served loop. Ray (the ``[ray]`` extra) is imported here only, on use.
 """
 
 from __future__ import annotations
@@ -23,10 +20,9 @@ from jaxmesh.run.host.served.pool import ServedLanes
 
 #: Seconds the actors have to be placed, build their envs and serve.
 START_SECONDS = 600.0
-#: Seconds a graceful stop (server shut down, envs closed) may take at the end
-#: before the actors are killed.
+#: Seconds a graceful stop may take at the end before the actors are killed.
 STOP_SECONDS = 5.0
-#: Actors' names start with this (``ray list actors``, ``ray.util.list_named_actors``).
+#: Actors' names start with this (``ray list actors``).
 NAME_PREFIX = "jaxmesh-env"
 #: Ray restarts an actor that died other than by ``ray.kill`` this many times;
 #: its lanes rejoin the run at the new address (``RayServers.reconnect``).
@@ -46,8 +42,8 @@ def import_ray() -> Any:
 
 
 def connect(ray: Any, cfg: Ray) -> bool:
-    """Connects this process to Ray (``ray.init(address=cfg.address)``) unless
-    it is connected; whether it did (then the caller shuts it down)."""
+    """Connects this process to Ray unless it is; whether it did (then the
+    caller shuts it down)."""
     if ray.is_initialized():
         return False
     with warnings.catch_warnings():
@@ -60,9 +56,8 @@ def connect(ray: Any, cfg: Ray) -> bool:
 
 @contextlib.contextmanager
 def connection(workers: Any) -> Iterator[None]:
-    """For ``workers=jaxmesh.Ray(...)``: one Ray connection held for the
-    block (made and shut down after, unless this process had one), shared by
-    the runs of a suite; anything else: nothing."""
+    """For ``workers=jaxmesh.Ray(...)``: one Ray connection held for the block
+    (shared by a suite's runs); anything else: nothing."""
     if not isinstance(workers, Ray):
         yield
         return
@@ -75,19 +70,8 @@ def connection(workers: Any) -> Iterator[None]:
             ray.shutdown()
 
 
-def actor_count(ray: Any, cfg: Ray, lanes: int) -> int:
-    """The actors of a run: ``num_workers`` (None: the cluster's CPUs over
-    ``num_cpus_per_worker``), at most one per lane."""
-    n = cfg.num_workers
-    if n is None:
-        cpus = float(ray.cluster_resources().get("CPU", 1))
-        n = max(1, int(cpus // cfg.num_cpus_per_worker))
-    return max(1, min(n, lanes))
-
-
 def actor_options(cfg: Ray, name: str) -> dict:
-    """``ray.remote(...).options`` of one actor: its CPUs, ``resources``
-    (``GPU`` as Ray's ``num_gpus``), its name and restarts."""
+    """``ray.remote(...).options`` of one actor (``GPU`` as ``num_gpus``)."""
     res = dict(cfg.resources or {})
     options: dict = {
         "num_cpus": cfg.num_cpus_per_worker,
@@ -102,8 +86,7 @@ def actor_options(cfg: Ray, name: str) -> dict:
 
 
 def _check_local(ray: Any, cfg: Ray, count: int) -> None:
-    """Raises ValueError for actors a local Ray this run started can never
-    place (more CPUs or resources than it has)."""
+    """ValueError for actors a local Ray this run started can never place."""
     have = ray.cluster_resources()
     asked = {"CPU": cfg.num_cpus_per_worker * count}
     for name, amount in (cfg.resources or {}).items():
@@ -121,15 +104,11 @@ def _check_local(ray: Any, cfg: Ray, count: int) -> None:
 
 
 class RayFleet:
-    """The env servers of one run, or of a ``kept.kept_processes`` block's
-    runs, in Ray actors: actor ``s`` serves lanes ``s, s + A, ...``.
-
-    Raises:
-      ImportError: no Ray.
-      TimeoutError: the actors were not all serving within ``START_SECONDS``
-        (the cluster lacks the CPUs or resources asked for).
-      Any exception an actor met building its envs.
-    """
+    """The env servers of one run (or of a ``kept.kept_processes`` block's) in
+    Ray actors, actor ``s`` serving lanes ``s, s + A, ...``: ``num_workers``
+    (None: the cluster's CPUs over ``num_cpus_per_worker``), at most one per
+    lane. ImportError without Ray, TimeoutError when not all serve within
+    ``START_SECONDS``, or an actor's error building its envs."""
 
     def __init__(self, env: Any, num_lanes: int, cfg: Ray):
         ray = self.ray = import_ray()
@@ -138,7 +117,11 @@ class RayFleet:
         self.runs = 0  # the runs served (``RayServers.of``)
         try:
             self.started_ray = connect(ray, cfg)
-            count = actor_count(ray, cfg, num_lanes)
+            count = cfg.num_workers
+            if count is None:
+                cpus = float(ray.cluster_resources().get("CPU", 1))
+                count = max(1, int(cpus // cfg.num_cpus_per_worker))
+            count = max(1, min(count, num_lanes))
             if self.started_ray and cfg.address is None:
                 _check_local(ray, cfg, count)
             self.token = secrets.token_urlsafe(24)
@@ -153,7 +136,6 @@ class RayFleet:
         except BaseException:
             self.end()
             raise
-        #: Where the lanes run, in words (the progress bar, the CLI's summary).
         nodes = {a.rpartition(":")[0] for a in self.addresses}
         self.where = (
             f"{count} Ray actor{'s' * (count > 1)} on {len(nodes)} "
@@ -161,8 +143,7 @@ class RayFleet:
         )
 
     def _serving(self, cfg: Ray) -> list[str]:
-        """Each actor's address once it serves (TimeoutError: not all within
-        ``START_SECONDS``; else an actor's own error building its envs)."""
+        """Each actor's address once it serves."""
         ray = self.ray
         refs = [a.serve.remote() for a in self.actors]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
@@ -195,7 +176,7 @@ class RayFleet:
 
     def serve_again(self, s: int, timeout: float) -> str:
         """Actor ``s``'s address once Ray restarted it (its old port where it
-        can); any error: gone for good, or not serving yet."""
+        can); an error: gone for good, or not serving yet."""
         port = int(self.addresses[s].rpartition(":")[2])
         serving = self.actors[s].serve.remote(port=port)
         self.addresses[s] = self.ray.get(serving, timeout=timeout)
@@ -211,8 +192,7 @@ class RayFleet:
         return True
 
     def end(self) -> None:
-        """Ends every actor (a graceful stop, then killed) and a Ray this fleet
-        started; idempotent."""
+        """Ends every actor and a Ray this fleet started; idempotent."""
         actors, self.actors = self.actors, []
         ray = self.ray
         if actors:
@@ -231,8 +211,8 @@ class RayFleet:
             ray.shutdown()
 
     def _wait_dead(self, actors: list) -> None:
-        """Returns once Ray says every actor is dead (at most ``STOP_SECONDS``):
-        a call on a killed actor fails once its death is known."""
+        """Returns once every actor is known dead (a call on it fails), at
+        most ``STOP_SECONDS``."""
         ray = self.ray
         end = time.monotonic() + STOP_SECONDS
         for a in actors:
@@ -243,18 +223,10 @@ class RayFleet:
 
 
 class RayServers(ServedLanes):
-    """Served lanes over a ``RayFleet``'s env servers: lane j is stepped by
-    actor ``j % A`` (``ServedLanes`` deals lanes round robin).
+    """Served lanes over a ``RayFleet``'s env servers, lane j on actor
+    ``j % A``; ``kept``: the fleet serves later runs too, ``close`` leaves it
+    running."""
 
-    Args:
-      fleet: the actors.
-      num_lanes: the run's lanes.
-      served: the run's ``jaxmesh.Served`` (its reply timeout).
-      kept: the fleet serves later runs too (``kept.kept_processes``): ``close``
-        leaves it running.
-    """
-
-    #: The loop classes that run these lanes: the served ones.
     loop, fast = ServedRun, ServedStepRun
 
     def __init__(self, fleet: RayFleet, num_lanes: int, served: Any, kept: bool):
@@ -270,8 +242,8 @@ class RayServers(ServedLanes):
 
     @classmethod
     def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
-        """The lanes of a Ray run (``dispatch.Route.lanes``). A kept fleet
-        with an actor that died is ended and started anew."""
+        """The lanes of a Ray run (``dispatch.Route.lanes``); a kept fleet
+        with an actor that died is started anew."""
         n = max(1, min(num_envs, episodes))
         key, start = ("ray", env, n, cfg), lambda: RayFleet(env, n, cfg)
         fleet, is_kept = kept.started(key, start, RayFleet.end)

@@ -1,7 +1,4 @@
-"""The outgoing side of a served run: ``Outbox`` holds the queue of resets
-and segments, flushes it into one call per rank per server (one call at a
-time to a lockstep server) and keeps each call's tag in flight for its reply.
-"""
+"""The outgoing side of a served run: ``Outbox``."""
 
 from __future__ import annotations
 
@@ -15,19 +12,20 @@ from jaxmesh.envs import gymnasium as gym_lanes
 
 
 class Outbox:
-    """A served run's queued resets and segments and its calls in flight
-    (``run``: the ``pace.ServedRun``)."""
+    """A served run's queued resets and segments, flushed into one call per
+    rank per server (one at a time to a lockstep server), and its calls in
+    flight, each with its tag."""
 
     def __init__(self, run: Any):
         self.run = run
         n = run.n
-        #: Queued, not sent: resets (lane -> episode) and segments, each
-        #: ``(lanes, epochs, ranks, counts, wire actions)``.
+        # Queued: resets (lane -> episode) and segments, each ``(lanes, epochs,
+        # ranks, counts, wire actions)``.
         self.resets: dict[int, int] = {}
         self.segments: list[tuple] = []
         self.queued = np.zeros(n, np.int64)  # segments queued per lane
         self.released: list[int] = []  # lanes to release (lockstep servers)
-        #: Per server, the calls awaiting replies: ``(tag, sent_at)``, oldest first.
+        # Per server, the calls awaiting replies: ``(tag, sent_at)``.
         self.inflight = [collections.deque() for _ in run.lanes.sessions]
 
     def queue(self, lanes_: np.ndarray, counts: np.ndarray, acts) -> None:
@@ -43,8 +41,8 @@ class Outbox:
         self.queued[lanes_] += 1
 
     def flush(self, which: np.ndarray | None = None) -> None:
-        """Sends queued resets and segments, one message per rank per server:
-        those of the lanes in ``which`` ([N] bool; None: every lane)."""
+        """Sends the queued items of the lanes in ``which`` ([N] bool; None:
+        every lane)."""
         if not self.resets and not self.segments and not self.released:
             return
         run = self.run
@@ -81,8 +79,8 @@ class Outbox:
                     self._send(s, pick, lanes_, counts, starts, acts, rr, resets)
 
     def _flush_lockstep(self, s, on_s, lanes_, counts, starts, acts, rs, resets):
-        """One call at a time: each lane's next segment, all cut to one count
-        (a VectorEnv server steps every lane at once); the rest waits."""
+        """One call at a time, each lane's next segment cut to one count (a
+        VectorEnv server steps every lane at once); the rest waits."""
         pick = np.flatnonzero(on_s)
         if self.inflight[s]:  # wait for the call in flight: queue it all again
             for g in rs:
@@ -118,15 +116,13 @@ class Outbox:
             )
 
     def _requeue(self, g: int, rows: np.ndarray) -> None:
-        """Queues wire actions again (already converted) for lane ``g``."""
+        """Queues wire actions again for lane ``g``."""
         self._append(np.asarray([g], np.int64), np.asarray([len(rows)], np.int64), rows)
 
     def call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
-        """One call to server ``s``: the resets of lanes ``rs`` (``resets``:
-        lane -> episode), a run of ``counts[i]`` wire actions (``rows``) for
-        each lane of ``act_g`` (global lanes, ascending in local order), and
-        the lanes released there. ``tag`` (reset lanes, their epochs, action
-        lanes, their epochs or group) waits in flight for the reply."""
+        """One call to server ``s``: the resets of lanes ``rs``, ``counts[i]``
+        wire actions (``rows``) for each lane of ``act_g`` (ascending in local
+        order) and the lanes released there; ``tag`` waits for the reply."""
         t0 = time.perf_counter()
         run = self.run
         session = run.lanes.sessions[s]
@@ -176,8 +172,7 @@ class Outbox:
         self.call(s, rs, resets, act_g, c, rows, tag)
 
     def drop(self, s: int) -> None:
-        """Server ``s`` is gone: its lanes' queued resets and releases and its
-        calls in flight are dropped."""
+        """Drops lost server ``s``'s queued resets, releases and calls."""
         server = self.run.server
         for j in np.flatnonzero(server == s).tolist():
             self.resets.pop(j, None)

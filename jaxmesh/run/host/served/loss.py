@@ -1,9 +1,4 @@
-"""Losing and rejoining a server: ``ServerLoss`` drops a server that owes a
-reply past the automatic limit (``drop_hung``) or failed (``lose``: its lanes'
-unfinished episodes run again on the other servers' lanes), tries it again in
-the background with backoff (``REJOIN_DELAYS``) and gives a server that came
-back its lanes again (``take_rejoins``).
-"""
+"""Losing and rejoining a server of a served run: ``ServerLoss``."""
 
 from __future__ import annotations
 
@@ -26,12 +21,12 @@ REJOIN_CONNECT_SECONDS = 2.0
 
 
 class ServerLoss:
-    """A served run's lost servers and their rejoins (``run``: the
-    ``pace.ServedRun``)."""
+    """Drops a server that failed or hung past the automatic limit (its
+    episodes run again on the others), tries it again in the background and
+    gives it its lanes back when it returns."""
 
     def __init__(self, run: Any):
         self.run = run
-        #: Servers dropped (``lose``), and when the run began.
         self.lost: set[int] = set()
         self.t_start = time.perf_counter()
         # A lost server is tried again in the background (``_reconnect``); a
@@ -41,17 +36,16 @@ class ServerLoss:
         self.rejoin_threads: list[threading.Thread] = []
 
     def hung_limit(self) -> float | None:
-        """Seconds a server may owe a reply and send nothing before
-        ``drop_hung`` drops it: ``AUTO_FACTOR`` times the slowest reply of the
-        run, at least ``AUTO_FLOOR_SECONDS``; None before any reply."""
+        """Seconds a server may owe a reply and send nothing (None before any
+        reply)."""
         slowest = self.run.inbox.slowest
         if not slowest:
             return None
         return max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * slowest)
 
     def hung_wait(self) -> float | None:
-        """How long the next wait for a reply may last before a server would
-        be past ``hung_limit`` (None: no limit yet)."""
+        """How long the next wait may last before a server is past
+        ``hung_limit`` (None: no limit yet)."""
         limit = self.hung_limit()
         if limit is None:
             return None
@@ -65,9 +59,7 @@ class ServerLoss:
         return max(min(times) + limit - time.monotonic(), 0.0) + 0.01
 
     def drop_hung(self) -> None:
-        """Drops a server that owes a reply and has sent nothing for longer
-        than ``hung_limit`` (``lose``), while another one is left: its
-        episodes run again on the others."""
+        """Drops a server past ``hung_limit`` while another one is left."""
         limit = self.hung_limit()
         if limit is None:
             return
@@ -95,8 +87,7 @@ class ServerLoss:
         return min(waiting)[1]
 
     def lose(self, s: int, exc: BaseException) -> bool:
-        """Drops server ``s`` after ``exc`` when the run may go on (its
-        unfinished episodes run again on the lanes that remain); False (the
+        """Drops server ``s`` after ``exc`` when the run may go on; False (the
         caller raises) under ``on_server_loss="raise"`` or with none left."""
         run = self.run
         sessions = run.lanes.sessions
@@ -132,8 +123,8 @@ class ServerLoss:
         return round(time.perf_counter() - self.t_start, 6)
 
     def _reconnect(self, s: int) -> None:
-        """Tries server ``s`` again with backoff (``REJOIN_DELAYS``), for at
-        most ``REJOIN_SECONDS``; a session that opens goes to ``rejoins``."""
+        """Tries server ``s`` again with backoff; a session goes to
+        ``rejoins``."""
         end = time.monotonic() + REJOIN_SECONDS
         for delay in REJOIN_DELAYS:
             if self.stop_rejoining.wait(delay) or time.monotonic() > end:
@@ -149,8 +140,7 @@ class ServerLoss:
             return
 
     def take_rejoins(self) -> None:
-        """Servers that came back take their lanes again: those lanes start the
-        episodes to run again, else the next unstarted ones."""
+        """Servers that came back take their lanes again."""
         run = self.run
         while True:
             try:

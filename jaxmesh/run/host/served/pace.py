@@ -1,10 +1,5 @@
-"""The pacing of a served run: ``ServedRun`` (agent steps for the lanes whose
-results are in, flushes when none can move, lane groups in turn) and
-``ServedStepRun`` (the per-step case, one pass over numpy arrays per call).
-
-``ServedRun`` is ``HostLoop`` holding three parts that read its per-lane state:
-``outbox`` (``calls.Outbox``), ``inbox`` (``replies.Inbox``) and ``loss``
-(``loss.ServerLoss``).
+"""The pacing of a served run: ``ServedRun`` (a ``HostLoop`` with an
+``outbox``, ``inbox`` and ``loss``) and ``ServedStepRun``, the per-step case.
 """
 
 from __future__ import annotations
@@ -23,24 +18,17 @@ from jaxmesh.run.host.served.replies import Inbox, _present
 from jaxmesh.run.host.served.segments import plan_segments
 
 
-def needs_every_observation(cfg: Any) -> bool:
-    """Whether an observation window reads more than one frame."""
-    return any(d.stack > 1 and not d.reads_action for _, d in cfg.spec)
-
-
 class ServedRun(HostLoop):
-    """One run's pacing over served lanes; the episode and step rules are
-    ``HostLoop``'s. Per lane besides: its epoch (bumped whenever its episode
-    changes, so that replies for an ended episode are dropped), ``ready`` (its
-    observation is in) and ``sent`` (the actions sent for its episode).
-    """
+    """One run's pacing over ``ServedLanes``: agent steps for the lanes whose
+    results are in, flushes when none can move, lane groups in turn. Per lane
+    an epoch, bumped whenever its episode changes, voids replies for an ended
+    episode."""
 
-    #: Whether the loop waits for replies only in the order the calls went: with
-    #: one server it may then take them off the stream itself.
+    # Whether replies are awaited in the order the calls went (then one
+    # server's may be taken off its stream directly).
     takes_in_order = False
 
     def __init__(self, *args: Any):
-        """``HostLoop``'s arguments; the lanes are ``ServedLanes``."""
         super().__init__(*args)
         lanes, metrics, recorder = self.lanes, self.metrics, self.recorder
         # The server measures max_episode_seconds (HostLoop.t0 stays None).
@@ -51,8 +39,9 @@ class ServedRun(HostLoop):
         every_info = any(red != "last" for _, red in metrics.named) or (
             metrics.tracks_success
         )
+        stacks = any(d.stack > 1 and not d.reads_action for _, d in self.cfg.spec)
         self.every_obs = (
-            needs_every_observation(self.cfg)
+            stacks  # a window of more than one frame
             or recorder is not None
             or (every_info and not all(c.info_every_step for c in lanes.sessions))
         )
@@ -63,8 +52,7 @@ class ServedRun(HostLoop):
         self.waiting = np.zeros(n, bool)  # acted; that action's result not in yet
         self.sent = np.zeros(n, np.int64)  # actions of the episode sent
         self.capped = np.zeros(n, bool)  # the last result ended at the cap only
-        #: The observation leaves asked for (``wire_leaves``); the others stay
-        #: zeros in ``obs_leaves``. One array: the one leaf ``""``.
+        # The leaves asked for; the others stay zeros in ``obs_leaves``.
         self.obs_keys = wire_leaves(self.spec, self.program, recorder)
         self.server = np.asarray(lanes.server, np.int64)
         self.local = np.asarray(lanes.local, np.int64)
@@ -86,7 +74,6 @@ class ServedRun(HostLoop):
         # Timeline rows (jaxmesh.trace), named once rather than on every call.
         self.group_rows = [f"group {g}" for g in range(groups)]
 
-    # Episodes (HostLoop's rules; the wire's part here) -----------------------------
     def reset_lanes(self, js: list[int], eps: list[int]) -> None:
         """Queues the resets; a lane is ready when its reset observation is in."""
         for j, i in zip(js, eps, strict=True):
@@ -112,13 +99,11 @@ class ServedRun(HostLoop):
         return masked
 
     def file_reply(self, s: int, reply: Any) -> None:
-        """Files one server's reply (``Inbox.file_reply``)."""
         self.inbox.file_reply(s, reply)
 
-    # The loop ----------------------------------------------------------------------
     def open_sessions(self) -> None:
-        """Opens a session on every server and starts the first episodes (one
-        server and one group: no reader thread, a hand-off less per call)."""
+        """Opens a session on every server and starts the first episodes (with
+        one server and group, no reader thread: a hand-off less per call)."""
         sessions = self.lanes.sessions
         self.inbox.direct = (
             len(sessions) == 1
@@ -138,7 +123,7 @@ class ServedRun(HostLoop):
         self.take_next(np.ones(self.n, bool))
 
     def run(self) -> None:
-        """Runs the budget (``pace``); reconnect attempts end with it."""
+        """Runs the budget; reconnect attempts end with it."""
         try:
             self.pace()
         finally:
@@ -193,8 +178,7 @@ class ServedRun(HostLoop):
         self.finish()
 
     def acted(self, go: np.ndarray, actions: np.ndarray) -> None:
-        """The lanes in ``go`` execute ``actions`` (by lane): recorded, shown
-        to the hooks and checked; they wait for the results."""
+        """The lanes in ``go`` execute ``actions`` (by lane) and wait."""
         js = np.flatnonzero(go)
         if self.recorder is not None:
             self.recorder.actions(js, self.t[js], actions)
@@ -205,20 +189,16 @@ class ServedRun(HostLoop):
         self.waiting[go] = True
 
     def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
-        """Raises BadValueError for an action out of range or not finite (the
-        segments stop before it: it is never sent)."""
+        """BadValueError for a bad action (the segments stop before it)."""
         faults = self.action_faults(go, actions)
         if faults is not None:
             self.close_episodes(np.zeros(0, np.int64), faults)
 
 
 class ServedStepRun(ServedRun):
-    """The per-step case (h = 1, no lead, no recording, no lockstep server),
-    without ``ServedRun``'s ring buffers and segments: one pass over numpy
-    arrays per call. The lane groups take turns; a group's replies are awaited
-    only at its next turn. The same episodes, seeds and results as
-    ``ServedRun``.
-    """
+    """The per-step case (``applies``) without ``ServedRun``'s ring buffers
+    and segments: one pass over numpy arrays per call, the lane groups in turn,
+    each awaiting its replies at its next turn. ``ServedRun``'s results."""
 
     takes_in_order = True
 
@@ -233,7 +213,7 @@ class ServedStepRun(ServedRun):
         )
 
     def pending(self, g: int) -> int:
-        """Lane group ``g``'s calls in flight (a call's tag names its group)."""
+        """Lane group ``g``'s calls in flight."""
         return sum(tag[1] == g for q in self.outbox.inflight for tag, _ in q)
 
     def pace(self) -> None:
@@ -247,7 +227,6 @@ class ServedStepRun(ServedRun):
         self.finish()
 
     def _turn(self, g: int, group: np.ndarray) -> None:
-        """Group ``g``'s agent step and calls."""
         go = self.ready & self.active & group
         wire = None
         if go.any():
@@ -276,8 +255,8 @@ class ServedStepRun(ServedRun):
             )
 
     def _send_step(self, s, rs, resets, act_g, wire, group) -> None:
-        """One call of lane group ``group`` to server ``s``: the resets ``rs``
-        and one action per lane of ``act_g`` (global lanes)."""
+        """One call to server ``s``: resets ``rs``, an action per lane of
+        ``act_g``."""
         reset_g = np.asarray(sorted(rs), np.int64)
         rows = None
         if act_g.size:
@@ -289,7 +268,7 @@ class ServedStepRun(ServedRun):
         )
 
     def file_reply(self, s: int, reply: Any) -> None:
-        """Files one server's reply to ``_send_step`` and accounts its steps."""
+        """Files one server's reply to ``_send_step``."""
         b = reply.batch
         (reset_g, _, act_g, _), sent_at = self.outbox.inflight[s].popleft()
         self.inbox.tel_reply(s, sent_at, reply)

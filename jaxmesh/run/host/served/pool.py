@@ -1,7 +1,4 @@
-"""The served lanes: ``ServedLanes`` (one session on each env server, the
-run's lanes dealt over them, their lane groups, a reconnect to a lost server)
-and ``default_lane_groups``.
-"""
+"""The served lanes: ``ServedLanes``, one session on each env server."""
 
 from __future__ import annotations
 
@@ -20,30 +17,17 @@ CONNECT_SECONDS = 10.0
 
 
 def default_lane_groups(num_lanes: int) -> int:
-    """Lane groups when the caller gives none: 2 from ``GROUPS_FROM_LANES``
-    lanes on, else 1 (measured: docs/remote.md, "Lane groups")."""
+    """Lane groups when the caller gives none (docs/remote.md)."""
     return 2 if num_lanes >= GROUPS_FROM_LANES else 1
 
 
 class ServedLanes:
-    """Lanes spread over one or more env servers, one session on each: global
-    lane j is lane ``local[j]`` of server ``server[j]``, dealt round-robin.
-
-    Args:
-      addresses: the servers (``"grpc://host:port"``).
-      num_envs: lanes asked for; the run uses at most the servers' lanes.
-      token, credentials, transport: see ``Session``.
-      reply_timeout: seconds a reply may take, or ``"auto"``: over several
-        servers with ``on_server_loss="rerun"``, a hung server is dropped
-        (``ServerLoss.drop_hung``); with one server, no limit.
-      on_server_loss: ``"rerun"``: a server that dies or stops answering is
-        dropped and its unfinished episodes run again on the other servers'
-        lanes; ``"raise"``: the run raises.
-
-    Raises:
-      jaxmesh.RemoteConnectionError: a server cannot be reached or refuses.
-      TypeError: servers with different spaces, or a space jaxmesh does not read.
-    """
+    """Lanes dealt round-robin over env servers, one session on each: lane j
+    is lane ``local[j]`` of server ``server[j]``; at most the servers' lanes.
+    ``reply_timeout="auto"`` drops a hung server when there are others and
+    ``on_server_loss="rerun"`` (a lost server's episodes run again on the
+    others; ``"raise"``: the run raises). RemoteConnectionError for a server
+    that cannot be reached, TypeError for servers of different spaces."""
 
     def __init__(
         self,
@@ -56,10 +40,8 @@ class ServedLanes:
         on_server_loss: str = "rerun",
         transport: str = "auto",
     ):
-        #: What a run does when a server dies or stops answering (``ServerLoss.lose``).
         self.on_server_loss = on_server_loss
         self.addresses = list(addresses)
-        #: Whether a hung server is dropped by the default rule (``"auto"``).
         self.auto_timeout = (
             reply_timeout == backend.AUTO
             and len(self.addresses) > 1
@@ -106,21 +88,18 @@ class ServedLanes:
         self.spec = spec_for(
             first.env_name, self.observation_space, self.action_space, where, first.dt
         )
-        # Lanes dealt round-robin over the servers: lane k of every server, k
-        # ascending.
+        # Round-robin: lane k of every server, k ascending.
         dealt = sorted(
             (k, s) for s, c in enumerate(self.sessions) for k in range(c.info.num_lanes)
         )[:num_envs]
         self.local = [k for k, _ in dealt]
         self.server = [s for _, s in dealt]
         self.num_lanes = len(self.server)
-        #: Lane groups for the run (set by ``group``).
-        self.lane_groups = 1
+        self.lane_groups = 1  # set by ``group``
 
     @classmethod
     def of(cls, env: Any, num_envs: int, _episodes: int, _workers: int, served: Any):
-        """The lanes of a served run (``dispatch.Route.lanes``): the addresses
-        ``env`` (one or a list) with the ``jaxmesh.Served`` options."""
+        """The lanes of a served run (``dispatch.Route.lanes``)."""
         return cls(
             [env] if isinstance(env, str) else list(env),
             num_envs,
@@ -132,9 +111,8 @@ class ServedLanes:
         )
 
     def group(self, settings: Any, lane_groups: int | None) -> int | None:
-        """Sets the run's lane groups (None: ``default_lane_groups``; one for a
-        lockstep server); returns the lanes the default plan tile is sized for
-        (None: all of the run's lanes)."""
+        """Sets the run's lane groups (one for a lockstep server); returns the
+        lanes the default plan tile is sized for (None: all)."""
         n = min(settings.num_envs, self.num_lanes)
         asked = lane_groups is not None
         if not asked:
@@ -151,7 +129,7 @@ class ServedLanes:
 
     def reconnect(self, s: int, connect_timeout: float) -> Session:
         """A new session with server ``s``, checked to serve what the lost one
-        did (ValueError if not; ``jaxmesh.RemoteError``: not reachable)."""
+        did (ValueError if not)."""
         kw = {**self._connect, "connect_timeout": connect_timeout}
         session = Session(self.addresses[s], **kw)
         old, new = self.sessions[s].info, session.info

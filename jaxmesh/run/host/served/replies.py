@@ -1,9 +1,4 @@
-"""The incoming side of a served run: ``Inbox`` takes replies (off the
-stream, or from the reader threads' queue), checks each against its call's
-tag, files reset observations into the lanes and step results into each
-lane's ring buffer, and hands the lanes waiting for a result their next one.
-A server that fails while a reply is awaited is handed to ``loss.py``.
-"""
+"""The incoming side of a served run: ``Inbox``."""
 
 from __future__ import annotations
 
@@ -25,9 +20,10 @@ def _present(b: codec.ResultBatch, key: str) -> np.ndarray:
 
 
 class Inbox:
-    """A served run's replies and the step results in, not taken yet: a ring
-    buffer per lane (``head`` .. ``tail``; at most two chunks are ever sent
-    ahead). ``run``: the ``pace.ServedRun``."""
+    """A served run's replies, checked against their calls' tags: reset
+    observations filed into the lanes, step results into a ring buffer per
+    lane (``head`` .. ``tail``; at most two chunks are sent ahead) until
+    taken; a failed server goes to ``loss.ServerLoss``."""
 
     def __init__(self, run: Any):
         self.run = run
@@ -45,17 +41,14 @@ class Inbox:
         self.rb_info_has = {k: np.zeros((n, cap), bool) for k in run.info_keys}
         self.head = np.zeros(n, np.int64)
         self.tail = np.zeros(n, np.int64)
-        #: What the reader threads decoded: ``(server, item)``.
+        # What the reader threads decoded: ``(server, item)``.
         self.replies: queue.SimpleQueue = queue.SimpleQueue()
-        #: Whether the loop takes replies off the one stream itself
-        #: (``ServedRun.open_sessions``).
-        self.direct = False
+        self.direct = False  # replies taken off the one stream here
         self.info_seen: set = set()
-        #: The slowest reply of the run so far, in seconds from its call.
         self.slowest = 0.0
 
     def take_results(self) -> None:
-        """Lanes waiting for a result that is in take it (one step each)."""
+        """Lanes waiting for a result that is in take it."""
         run = self.run
         j = np.flatnonzero(run.waiting & (self.tail > self.head))
         if not j.size:
@@ -80,8 +73,8 @@ class Inbox:
 
     def take_reply(self, block: bool = True) -> bool:
         """Files the next reply of any server; False when none is in (``block``
-        False) or none is expected. A server that failed is dropped when the
-        run can go on without it (``ServerLoss.lose``)."""
+        False) or expected. A failed server is dropped where the run can go on
+        (``ServerLoss.lose``)."""
         run = self.run
         loss = run.loss
         if loss.rejoin_threads:
@@ -121,8 +114,7 @@ class Inbox:
         return True
 
     def _mark_env_error(self, s: int | None, exc: RemoteEnvError) -> None:
-        """Marks the env error server ``s`` sent with the run's lane and the
-        step of its episode (every earlier step of the lane is in)."""
+        """Marks server ``s``'s env error with the run's lane and step."""
         to_global = self.run.to_global
         if s is None or exc.lane is None or not 0 <= exc.lane < len(to_global[s]):
             return
@@ -134,9 +126,8 @@ class Inbox:
     def _queued_reply(
         self, block: bool, timeout: float | None, hung: bool = False
     ) -> tuple[int, Any]:
-        """The next reply a reader thread queued: ``(server, item)``; item None
-        when none is in and ``block`` is False, or (``hung``) when none came
-        within ``timeout``."""
+        """The next queued ``(server, item)``; item None when none is in
+        (``block`` False, or ``hung`` and none within ``timeout``)."""
         try:
             if block:
                 return self.replies.get(timeout=timeout)
@@ -153,7 +144,7 @@ class Inbox:
             ) from None
 
     def file_reply(self, s: int, reply: Any) -> None:
-        """Files one server's reply: reset observations, step results."""
+        """Files one server's reply."""
         run = self.run
         b = reply.batch
         (reset_g, reset_ep, act_g, act_ep), sent_at = run.outbox.inflight[s].popleft()
@@ -252,9 +243,7 @@ class Inbox:
             self.tail[g[al]] += k
 
     def _info_starts(self, s: int, b: codec.ResultBatch) -> np.ndarray:
-        """Where each lane's info rows start in reply ``b``, checked: with
-        ``info_every_step`` a reset's row and one per executed step, else the
-        observation rows."""
+        """Where each lane's info rows start in reply ``b``, checked."""
         counts = b.info_row_counts
         if self.run.info_every_step:
             want = np.where(b.steps > 0, b.steps, b.rows)
@@ -270,7 +259,7 @@ class Inbox:
         return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
     def tel_reply(self, s: int, sent_at: float, reply: Any) -> None:
-        """A reply's round trip, queueing and size in the telemetry."""
+        """A reply's round trip, queueing and size."""
         tel = self.run.tel
         self.slowest = max(self.slowest, reply.arrived - sent_at)
         tel.call(self.run.server_rows[s], sent_at, reply.arrived, reply.server_seconds)
@@ -278,8 +267,7 @@ class Inbox:
         tel.add("reply_bytes", reply.nbytes)
 
     def reset_infos(self, b: codec.ResultBatch, lanes_: np.ndarray, rows) -> None:
-        """The success keys of the reset infos of reply ``b`` (its rows
-        ``rows``, one per lane of ``lanes_``)."""
+        """The success keys of reply ``b``'s reset infos (``rows``)."""
         if self.run.metrics.tracks_success:
             info = self.info_rows(b)
             self.run.metrics.reset(
@@ -287,8 +275,7 @@ class Inbox:
             )
 
     def info_rows(self, b: codec.ResultBatch) -> dict[str, np.ndarray]:
-        """The reply's info leaves asked for, one float per row (ValueError
-        for a leaf that is not one number per row)."""
+        """The reply's info leaves asked for, one float per row."""
         out = {}
         for k in self.run.info_keys:
             if k not in b.info:

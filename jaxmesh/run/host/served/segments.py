@@ -1,7 +1,5 @@
 """Segment planning for a served run: which of a lane's known actions go to
-its server now and where they are cut (``plan_segments``, over the replay
-rules of ``jaxmesh.core.replay``); the cut segments go to the run's
-``calls.Outbox``.
+its server now, and where they are cut (``jaxmesh.core.replay``'s rules).
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None
 
 
 def _one_segment_each(run: Any, js, cs, target, chunk) -> bool:
-    """Without a lead, each lane's known actions (the rest of its chunk) are
-    one segment, queued for every lane at once; False (nothing queued) when an
-    action fails the checks."""
+    """Without a lead: the rest of each lane's chunk as one segment, queued
+    at once; False (nothing queued) when an action fails the checks."""
     first = run.sent[js]
     counts = target - first
     offset = first - cs  # where the unsent actions start in the chunk
