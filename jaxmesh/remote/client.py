@@ -186,14 +186,6 @@ def await_end(
         reader.join(left)
 
 
-def or_closed(item: Any, address: str) -> Any:
-    if item is None:
-        return RemoteConnectionError(
-            f"the session with {address} is closed", address=address
-        )
-    return item
-
-
 def next_reply(
     replies: queue.Queue,
     reply_timeout: float | None,
@@ -220,15 +212,19 @@ def next_reply(
 
 class Stream:
     """What both transports keep of a session's calls; a subclass sets
-    ``address``, ``reply_timeout`` and ``_next`` (a reply, the exception met,
-    or None at the end)."""
+    ``kind``, ``address``, ``reply_timeout``, ``_begin`` (opens the stream) and
+    ``_next`` (a reply, the exception met, or None at the end)."""
 
+    kind: str
     address: str
     reply_timeout: float | None
     _next: Callable[[], Any]
+    _begin: Callable[[], None]
+    _stream: Any = None  # None until open
 
     def _start_stream(self) -> None:
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._early: collections.deque = collections.deque()  # read by the caller
         self._reader: threading.Thread | None = None
         self._progress = self._last_send = time.monotonic()
         self.sent_at = 0.0  # perf_counter() when the last request was handed over
@@ -247,18 +243,44 @@ class Stream:
         None: it owes none."""
         return max(self._progress, self._owed[0]) if self._owed else None
 
-    def _read_replies(self, replies: queue.SimpleQueue | None, tag: Any, name: str):
-        sink = self._replies if replies is None else replies
-        self._reader = threading.Thread(
-            target=drain,
-            args=(self._next, lambda item: sink.put((tag, item))),
-            name=name,
-            daemon=True,
-        )
-        self._reader.start()
+    def open(
+        self,
+        encode: Callable[[Any], pb.StepRequest],
+        decode: Callable[[pb.StepReply, bool], Any],
+        *,
+        replies: queue.SimpleQueue | None = None,
+        tag: Any = None,
+        reader: bool = True,
+    ) -> None:
+        """Opens the stream (``session.Transport.open``)."""
+        self._encode, self._decode = encode, decode
+        self._begin()
+        if reader:
+            sink = self._replies if replies is None else replies
+            self._reader = threading.Thread(
+                target=drain,
+                args=(self._next, lambda item: sink.put((tag, item))),
+                name=f"jaxmesh-{self.kind}-reader",
+                daemon=True,
+            )
+            self._reader.start()
 
-    def _reply_in_time(self) -> Any:
-        return next_reply(self._replies, self.reply_timeout, self.address, self._hangs)
+    def receive(self) -> tuple[pb.StepReply, Any, float, float]:
+        """The next ``(reply, decoded, arrived, decoded_at)`` (perf_counter
+        times); RemoteError: the call failed, or no reply in ``reply_timeout``."""
+        if self._reader is not None or self._stream is None:
+            return next_reply(
+                self._replies, self.reply_timeout, self.address, self._hangs
+            )
+        item = self._early.popleft() if self._early else self._next()
+        if item is None:
+            item = RemoteConnectionError(
+                f"the session with {self.address} is closed", address=self.address
+            )
+        if isinstance(item, BaseException):
+            self._early.appendleft(item)  # every later receive raises it too
+            raise item
+        return item
 
     def _hangs(self) -> None:  # no reply in time: close() will not wait
         self._broken = True
@@ -284,7 +306,7 @@ class ServerInfo(NamedTuple):
     shared_memory: str = ""  # the same-host path's socket ("": none offered)
 
 
-_END = object()
+_END = object()  # ends the requests of a Step stream
 
 
 class Connection(Stream):
@@ -293,6 +315,8 @@ class Connection(Stream):
     ``receive``. Raises ValueError or TypeError (bad arguments) and
     ``jaxmesh.RemoteConnectionError`` (unreachable, refused, no common version).
     """
+
+    kind = "grpc"
 
     def __init__(
         self,
@@ -305,7 +329,6 @@ class Connection(Stream):
         credentials: grpc.ChannelCredentials | None = None,
     ):
         self.address = parse_address(address)
-        self.kind = "grpc"
         credentials = channel_tls(address, credentials)
         where = "token=" if token is not None else TOKEN_ENV
         token = os.environ.get(TOKEN_ENV) if token is None else token
@@ -321,7 +344,6 @@ class Connection(Stream):
         self.max_message_bytes = max_message_bytes
         self._channel = open_channel(self.address, credentials, max_message_bytes)
         self._stub = pb_grpc.EnvServiceStub(self._channel)
-        self._stream: Any = None
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._start_stream()
         self._received = 0  # replies read
@@ -374,33 +396,13 @@ class Connection(Stream):
             shared_memory=reply.shared_memory,
         )
 
-    def open(
-        self,
-        encode: Callable[[Any], pb.StepRequest],
-        decode: Callable[[pb.StepReply, bool], Any],
-        *,
-        replies: queue.SimpleQueue | None = None,
-        tag: Any = None,
-        reader: bool = True,
-    ) -> None:
+    def _begin(self) -> None:
         if self._stream is not None:
             raise RuntimeError(f"the session with {self.address} is already open")
-        requests = self._requests
-
-        def outgoing():
-            while True:
-                item = requests.get()
-                if item is _END:
-                    return
-                yield item
-
-        self._stream = self._stub.Step(outgoing(), metadata=self._metadata)
+        outgoing = iter(self._requests.get, _END)
+        self._stream = self._stub.Step(outgoing, metadata=self._metadata)
         self._progress = time.monotonic()
         self._replies_in = iter(self._stream)
-        self._encode, self._decode = encode, decode
-        self._reader = None
-        if reader:
-            self._read_replies(replies, tag, "jaxmesh-grpc-reader")
 
     def _next(self) -> Any:
         try:
@@ -437,16 +439,6 @@ class Connection(Stream):
         self._sending()
         self._requests.put(request)
         return size
-
-    def receive(self) -> tuple[pb.StepReply, Any, float, float]:
-        """The next ``(reply, decoded, arrived, decoded_at)`` (perf_counter
-        times); RemoteError: the call failed, or no reply in ``reply_timeout``."""
-        if self._reader is None and self._stream is not None:  # no reader thread
-            item = or_closed(self._next(), self.address)
-            if isinstance(item, BaseException):
-                raise item
-            return item
-        return self._reply_in_time()
 
     def close(
         self,

@@ -10,19 +10,17 @@ ends the session; the client ends it by shutting down its side.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import math
 import mmap
 import os
-import queue
 import secrets
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -36,7 +34,6 @@ from jaxmesh.remote.client import (
     CLOSE_TIMEOUT_SECONDS,
     Stream,
     await_end,
-    or_closed,
     status_error,
 )
 
@@ -387,14 +384,10 @@ class ShmStream(Stream):
         self._info_keys: tuple[str, ...] = ()
         self._info: bytes | None = b""
         self._start_stream()
-        self._early: collections.deque = collections.deque()
-        self._encode: Callable | None = None
-        self._decode: Callable | None = None
         self._cond = threading.Condition()
         self._read = 0
         self._ending = False  # close() shut our side: the server's end is due
         self._closing = False
-        self._stream = False
 
     def _release(self) -> None:
         slots, self.slots = self.slots, None
@@ -403,20 +396,8 @@ class ShmStream(Stream):
                 slots.release()
         self.sock.close()
 
-    def open(
-        self,
-        encode: Callable[[Any], Any],
-        decode: Callable[[Any, bool], Any],
-        *,
-        replies: queue.SimpleQueue | None = None,
-        tag: Any = None,
-        reader: bool = True,
-    ) -> None:
-        self._encode = encode
-        self._decode = decode
+    def _begin(self) -> None:
         self._stream = True
-        if reader:
-            self._read_replies(replies, tag, "jaxmesh-shm-reader")
 
     def _next(self) -> Any:
         try:
@@ -541,16 +522,6 @@ class ShmStream(Stream):
             except OSError:
                 pass  # the server is gone: the reply side says so
         return len(data)
-
-    def receive(self) -> Any:
-        if self._reader is None:
-            item = self._early.popleft() if self._early else self._next()
-            item = or_closed(item, self.address)
-            if isinstance(item, BaseException):
-                self._early.appendleft(item)
-                raise item
-            return item
-        return self._reply_in_time()
 
     def close(
         self,
