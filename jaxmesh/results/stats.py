@@ -1,13 +1,8 @@
-"""Statistics of a run's returns, and a comparison of two runs.
+"""Statistics of a run's returns, and a paired comparison of two runs.
 
-Plain numpy (and ``statistics.NormalDist``); nothing here imports JAX. Each
-function's docstring states its convention so that a figure can be checked by
-hand; docs/evaluation.md, "Statistics and paired comparison", lists them
-(sample std, rliable's IQM, 95% percentile bootstrap with ``RESAMPLES`` draws
-from ``numpy.random.default_rng(SEED)``, Wilson interval, pairing by seed).
-The bootstrap costs O(resamples * n) time in memory bounded by
-``_CHUNK_ELEMENTS``. Every interval here is fixed-sample; the anytime-valid
-test for adding episodes until it is clear is ``jaxmesh.decide``.
+Plain numpy; the conventions are in docs/evaluation.md, "Statistics and paired
+comparison". Every interval is fixed-sample (``jaxmesh.decide`` is the
+anytime-valid test).
 """
 
 from __future__ import annotations
@@ -33,12 +28,8 @@ _CHUNK_ELEMENTS = 1 << 20
 
 
 def summary_resamples(episodes: int) -> int:
-    """Resamples for a summary or report: ``RESAMPLES``, fewer for a large run.
-
-    The bootstrap costs resamples x episodes; a summary keeps it under about
-    10^7 draws (10,000 resamples up to 1,000 episodes, at least 200), and says
-    how many it used.
-    """
+    """Resamples for a summary or report: ``RESAMPLES``, fewer for a large run
+    (about 10^7 draws at most, at least 200 resamples)."""
     return min(RESAMPLES, max(200, 10**7 // max(episodes, 1)))
 
 
@@ -59,15 +50,12 @@ def _values(x: Any, name: str = "values") -> np.ndarray:
     return arr
 
 
-def _check_confidence(confidence: float) -> None:
+def _check(confidence: float, resamples: int = 1) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(
             f"confidence={confidence!r}: expected a level strictly between 0 and 1, "
             "e.g. 0.95"
         )
-
-
-def _check_resamples(resamples: int) -> None:
     if isinstance(resamples, bool) or not isinstance(resamples, int | np.integer):
         raise TypeError(f"resamples={resamples!r}: expected an int, e.g. 10_000")
     if resamples < 1:
@@ -92,35 +80,20 @@ def standard_error(x: Any) -> float:
     return std(arr) / math.sqrt(arr.size) if arr.size > 1 else math.nan
 
 
-def _cut(n: int) -> int:
-    """Values dropped at each end for the IQM (``int(0.25 * n)``, as scipy)."""
-    return n // 4
-
-
 def iqm(x: Any) -> float:
-    """The interquartile mean: the mean of the middle values (rliable's IQM).
-
-    Sorts ``x``, drops the ``floor(n / 4)`` lowest and highest values and
-    averages the rest (``scipy.stats.trim_mean(x, 0.25)``). With n = 10, the 3rd
-    to 8th smallest values; with n = 7, the 2nd to 6th.
-
-    Returns:
-      The IQM, or NaN for no values.
-    """
+    """rliable's interquartile mean: the mean after dropping the ``n // 4``
+    lowest and highest values (``scipy.stats.trim_mean(x, 0.25)``); NaN for
+    no values."""
     arr = np.sort(_values(x))
     if not arr.size:
         return math.nan
-    g = _cut(arr.size)
+    g = arr.size // 4
     return float(np.mean(arr[g : arr.size - g]))
 
 
 def quantiles(x: Any, percents: Sequence[float] = QUANTILES) -> dict[str, float]:
-    """Quantiles of ``x`` (numpy's linear interpolation), keyed ``"p5"``, ...
-
-    Returns:
-      ``{"p5": ..., "p25": ..., ...}``, one per entry of ``percents``; empty
-      values give NaNs.
-    """
+    """Quantiles of ``x`` (numpy's linear interpolation) keyed ``"p5"``, ...
+    (NaN for no values)."""
     arr = _values(x)
     keys = [f"p{p:g}" for p in percents]
     if not arr.size:
@@ -130,11 +103,8 @@ def quantiles(x: Any, percents: Sequence[float] = QUANTILES) -> dict[str, float]
 
 
 def _resampled_counts(n: int, resamples: int, seed: int):
-    """Yields ``(k, n)`` arrays: how often each value is drawn in k resamples.
-
-    The chunk size depends on ``n`` only, so a seed gives the same resamples
-    whatever the caller does with them.
-    """
+    """Yields ``(k, n)`` arrays: how often each value is drawn in k resamples
+    (chunks that depend on ``n`` only: a seed gives the same resamples)."""
     rng = np.random.default_rng(seed)
     rows = max(1, _CHUNK_ELEMENTS // n)
     for start in range(0, resamples, rows):
@@ -145,12 +115,9 @@ def _resampled_counts(n: int, resamples: int, seed: int):
 
 
 def _smallest_sums(counts: np.ndarray, xs: np.ndarray, ps: Sequence[int]):
-    """Per resample, the sums of its p smallest values, for each p in ``ps``.
-
-    Sorted value i fills positions ``[start_i, end_i)`` of the sorted resample
-    (``end`` the running count). The p smallest values are every value with
-    ``end_i <= p`` plus ``p - start_j`` copies of the value j that straddles p.
-    """
+    """Per resample, the sum of its p smallest values for each p in ``ps``:
+    every sorted value whose running count ``end_i <= p``, and ``p - start_j``
+    copies of the value j that straddles p."""
     k, n = counts.shape
     end = np.zeros((k, n + 1), np.int64)
     np.cumsum(counts, axis=1, out=end[:, 1:])
@@ -173,28 +140,16 @@ def _smallest_sums(counts: np.ndarray, xs: np.ndarray, ps: Sequence[int]):
 def bootstrap_distribution(
     x: Any, *, resamples: int = RESAMPLES, seed: int = SEED
 ) -> dict[str, np.ndarray]:
-    """The mean and the IQM of ``resamples`` bootstrap resamples of ``x``.
-
-    Each resample draws n values of ``x`` with replacement. Both statistics are
-    read from the same resamples, from how often each sorted value was drawn
-    (the sorted resample is each value repeated that often), so no resample is
-    sorted: the IQM is the sum of its ``n - g`` smallest values less the sum of
-    its ``g`` smallest, over ``n - 2g``.
-
-    Args:
-      x: the values (at least one).
-      resamples: how many resamples.
-      seed: seed of ``numpy.random.default_rng``.
-
-    Returns:
-      ``{"mean": (resamples,), "iqm": (resamples,)}`` float64 arrays.
+    """The mean and the IQM of ``resamples`` bootstrap resamples of ``x`` (at
+    least one value), as ``{"mean", "iqm"}`` float64 arrays. Both are read
+    from how often each sorted value was drawn, so no resample is sorted.
     """
-    _check_resamples(resamples)
+    _check(0.5, resamples)
     xs = np.sort(_values(x))
     n = xs.size
     if not n:
         raise ValueError("no values to resample; a bootstrap needs at least one")
-    g = _cut(n)
+    g = n // 4  # dropped at each end, as scipy's trim_mean
     means, iqms = [], []
     for counts in _resampled_counts(n, resamples, seed):
         low, high, everything = _smallest_sums(counts, xs, (g, n - g, n))
@@ -207,7 +162,7 @@ def percentile_interval(
     distribution: np.ndarray, confidence: float = CONFIDENCE
 ) -> tuple[float, float]:
     """The central ``confidence`` interval of a bootstrap distribution."""
-    _check_confidence(confidence)
+    _check(confidence)
     tail = 100.0 * (1.0 - confidence) / 2.0
     low, high = np.percentile(distribution, [tail, 100.0 - tail])
     return float(low), float(high)
@@ -221,31 +176,16 @@ def bootstrap_interval(
     resamples: int = RESAMPLES,
     seed: int = SEED,
 ) -> tuple[float, float] | None:
-    """A percentile bootstrap interval of the mean or the IQM of ``x``.
-
-    Args:
-      x: the values, one per episode.
-      statistic: ``"mean"`` or ``"iqm"``.
-      confidence: the level (0.95: the 2.5th and 97.5th percentiles).
-      resamples: bootstrap resamples (default 10,000).
-      seed: seed of ``numpy.random.default_rng`` (fixed: same data, same
-        interval).
-
-    Returns:
-      ``(low, high)``; ``(v, v)`` when every value is ``v``; None for fewer than
-      two values (one value says nothing about its spread).
+    """A percentile bootstrap interval of the ``"mean"`` or ``"iqm"`` of
+    ``x``: ``(low, high)``, ``(v, v)`` when every value is ``v``, None for
+    fewer than two values.
 
     Raises:
       ValueError: an unknown statistic, a bad level or non-finite values.
-
-    Example:
-      >>> bootstrap_interval([1.0, 1.0, 1.0])
-      (1.0, 1.0)
     """
     if statistic not in ("mean", "iqm"):
         raise ValueError(f"statistic={statistic!r}: expected 'mean' or 'iqm'")
-    _check_confidence(confidence)
-    _check_resamples(resamples)
+    _check(confidence, resamples)
     arr = _values(x)
     if arr.size < 2:
         return None
@@ -258,29 +198,13 @@ def bootstrap_interval(
 def wilson_interval(
     successes: int, trials: int, confidence: float = CONFIDENCE
 ) -> tuple[float, float]:
-    """The Wilson score interval of a success rate.
-
-    With ``p = successes / trials`` and z the normal quantile of the level
-    (1.96 for 0.95)::
-
-        center = (p + z^2 / 2n) / (1 + z^2 / n)
-        half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / 4n^2)
-
-    Unlike ``p +- z * sqrt(p (1 - p) / n)`` it stays inside [0, 1] and is not
-    empty at 0 or n successes (0 of 10: [0, 0.278]).
-
-    Args:
-      successes: episodes that succeeded.
-      trials: episodes (at least one).
-      confidence: the level.
-
-    Returns:
-      ``(low, high)`` within [0, 1].
+    """The Wilson score interval of ``successes`` of ``trials`` (inside [0, 1],
+    not empty at 0 or n successes: 0 of 10 gives [0, 0.278]).
 
     Raises:
       ValueError: ``trials < 1`` or ``successes`` outside ``[0, trials]``.
     """
-    _check_confidence(confidence)
+    _check(confidence)
     if trials < 1 or not 0 <= successes <= trials:
         raise ValueError(
             f"successes={successes}, trials={trials}: expected trials >= 1 and "
@@ -301,8 +225,8 @@ def _none_if_nan(v: float) -> float | None:
 
 
 def success_flags(success: Any, n: int) -> np.ndarray | None:
-    """Per-episode success as bools; None without a signal, or when any
-    episode lacks it (a rate over some episodes would mislead)."""
+    """Per-episode success as bools; None without a signal, or when an
+    episode lacks it."""
     if success is None:
         return None
     flags = np.asarray(success, dtype=object)
@@ -316,11 +240,8 @@ def success_flags(success: Any, n: int) -> np.ndarray | None:
 
 
 def metric_mean(values: Any) -> float | None:
-    """The mean of an episode metric over the episodes that have a value.
-
-    Bools (an ``any`` metric) give the share of True; NaN (no value on an
-    episode) is left out; None when no episode has a value.
-    """
+    """The mean of a metric over the episodes that have a value (not NaN);
+    None when none has."""
     v = np.asarray(values, np.float64).reshape(-1)
     v = v[~np.isnan(v)]
     return float(v.mean()) if v.size else None
@@ -342,21 +263,12 @@ def describe(
     resamples: int = RESAMPLES,
     seed: int = SEED,
 ) -> dict[str, Any]:
-    """Every statistic of a run, as a JSON-serialisable dict.
-
-    Args:
-      returns: one return per episode.
-      lengths: one length per episode (only their mean is reported), or None.
-      success: one bool per episode, or None when the env gives no success
-        signal (then ``success_rate`` is None, never 0).
-      confidence, resamples, seed: of the intervals.
-
-    Returns:
-      ``{"episodes", "confidence", "resamples", "seed", "returns": {"mean",
-      "std", "standard_error", "mean_interval", "iqm", "iqm_interval",
-      "quantiles", "min", "max"}, "lengths": {"mean"}, "success_rate",
-      "success_interval"}``. Intervals are ``[low, high]`` lists; what a too
-      small sample cannot give (a std of one value, anything of none) is None.
+    """Every statistic of a run as a JSON-serialisable dict: ``{"episodes",
+    "confidence", "resamples", "seed", "returns": {"mean", "std",
+    "standard_error", "mean_interval", "iqm", "iqm_interval", "quantiles",
+    "min", "max"}, "lengths": {"mean"}, "success_rate", "success_interval"}``;
+    intervals as lists; None for what too few values cannot give (a
+    ``success`` of None: no signal, never a rate of 0).
     """
     r = _values(returns, "returns")
     n = int(r.size)
@@ -373,7 +285,7 @@ def describe(
             max=float(r.max()),
         )
     if n > 1:
-        _check_confidence(confidence)
+        _check(confidence)
         if r.min() == r.max():
             ret["mean_interval"] = ret["iqm_interval"] = [float(r[0])] * 2
         else:
@@ -407,9 +319,8 @@ def run_stats(
     resamples: int = RESAMPLES,
     seed: int = SEED,
 ) -> dict[str, Any]:
-    """``RunResult.stats()``: ``describe`` of its returns, lengths and
-    headline success, with its success key and mode, the other success
-    figures and each metric's reduction and mean."""
+    """``RunResult.stats()``: ``describe`` with the success key, mode and
+    other figures, and each metric's reduction and mean."""
     out = describe(
         result.returns,
         result.lengths,
@@ -433,26 +344,21 @@ def run_stats(
     return out
 
 
-# Paired comparison ------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Run B against run A on the same seeds, episode by episode.
 
     Attributes:
-      difference: the mean over paired episodes of ``b.return - a.return``
-        (positive: B scores more).
-      interval: ``(low, high)``, the percentile bootstrap interval of that mean
-        at ``confidence``, resampling episodes (pairs stay together).
-      wins: the share of seeds where B's return is greater than A's; a tie
-        counts half (so two equal runs give 0.5).
-      episodes: the number of paired episodes.
-      mean_a, mean_b: each run's mean return over those episodes.
-      label_a, label_b: what ran (``policy on env``, and the settings in
-        which the two runs differ, e.g. ``prefetch_lead=2``), for the table.
+      difference: the mean of ``b.return - a.return`` (positive: B scores more).
+      interval: its percentile bootstrap interval at ``confidence`` (pairs
+        resampled together).
+      wins: the share of seeds where B returns more, a tie counting half.
+      episodes: paired episodes (unpaired: A's; ``episodes_b``: B's).
+      mean_a, mean_b: each run's mean return.
+      label_a, label_b: ``policy on env`` and the settings the runs differ in.
       confidence, resamples, seed: of the interval.
-      paired: True: episodes paired by seed; False (``unpaired=True``): each
-        run resampled on its own, ``wins`` over every (a, b) pair of episodes.
-      episodes_b: B's episodes when unpaired (``episodes`` is then A's).
+      paired: False (``unpaired=True``): each run resampled on its own,
+        ``wins`` over every (a, b) pair of episodes.
     """
 
     difference: float
@@ -482,9 +388,8 @@ class Comparison:
 
     @property
     def test(self) -> str:
-        """Which test the interval is: a fixed-sample percentile bootstrap,
-        valid for a budget chosen before the runs; not for adding episodes
-        until it leaves 0 (``jaxmesh.decide`` is the test for that)."""
+        """Which test the interval is (fixed-sample: not for adding episodes
+        until it leaves 0, which ``jaxmesh.decide`` tests)."""
         how = "paired" if self.paired else "unpaired"
         return (
             f"fixed-sample {how} percentile bootstrap (valid for a budget fixed in "
@@ -492,8 +397,7 @@ class Comparison:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field (the interval as a list)
-        and ``test``."""
+        """Every field (the interval as a list) and ``test``."""
         d = dataclasses.asdict(self)
         d["interval"] = list(self.interval)
         d["test"] = self.test
@@ -529,15 +433,8 @@ class Comparison:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _label(result: Any, default: str) -> str:
-    policy, env = getattr(result, "policy", ""), getattr(result, "env", "")
-    if policy and env:
-        return f"{policy} on {env}"
-    return policy or env or default
-
-
-#: The settings that change what an episode scores (CONTRACT 4), in the order
-#: a label names them when two runs differ in them.
+#: The settings that change what an episode scores (CONTRACT 4), in a label's
+#: order.
 LABEL_SETTINGS = (
     "horizon",
     "chunk",
@@ -553,23 +450,19 @@ LABEL_SETTINGS = (
 
 
 def labels(a: Any, b: Any) -> tuple[str, str]:
-    """Labels of two runs: ``policy on env`` and the settings they differ in.
+    """Labels of two runs: ``policy on env`` and the settings they differ in
+    (``..., prefetch_lead=0`` and ``..., prefetch_lead=2``)."""
+    differ = [n for n in LABEL_SETTINGS if getattr(a, n, None) != getattr(b, n, None)]
 
-    ``compare(sync, lagged)`` of one policy on one env labels the sides
-    ``act_head on gymnax:CartPole-v1, prefetch_lead=0`` and ``..., prefetch_lead=2``
-    rather than twice the same words. A setting neither run has (None on both,
-    e.g. a suite's pooled pairs) is left out.
-    """
-    la, lb = _label(a, "A"), _label(b, "B")
-    diff_a, diff_b = [], []
-    for name in LABEL_SETTINGS:
-        va, vb = getattr(a, name, None), getattr(b, name, None)
-        if va != vb:
-            diff_a.append(f"{name}={va!r}" if isinstance(va, str) else f"{name}={va}")
-            diff_b.append(f"{name}={vb!r}" if isinstance(vb, str) else f"{name}={vb}")
-    if diff_a:
-        la, lb = f"{la}, {', '.join(diff_a)}", f"{lb}, {', '.join(diff_b)}"
-    return la, lb
+    def label(r: Any, default: str) -> str:
+        policy, env = getattr(r, "policy", ""), getattr(r, "env", "")
+        out = f"{policy} on {env}" if policy and env else policy or env or default
+        for name in differ:
+            v = getattr(r, name, None)
+            out += f", {name}={v!r}" if isinstance(v, str) else f", {name}={v}"
+        return out
+
+    return label(a, "A"), label(b, "B")
 
 
 def _env_error(a: Any, b: Any) -> str | None:
@@ -632,36 +525,27 @@ def compare(
     unpaired: bool = False,
 ) -> Comparison:
     """Compares run B with run A, paired by seed: a percentile bootstrap of
-    the mean of ``b - a`` over episodes (docs/evaluation.md, "Statistics and
-    paired comparison").
+    the mean of ``b - a`` (docs/evaluation.md, "Statistics and paired
+    comparison").
 
     Args:
       a: the baseline ``RunResult``.
       b: the ``RunResult`` compared with it (same episode indices and seeds).
       resamples: bootstrap resamples (default 10,000).
-      seed: the bootstrap's seed (same inputs, same interval).
+      seed: the bootstrap's seed.
       confidence: the interval's level.
-      unpaired: False (default): pair episodes by seed, and refuse runs that
-        cannot be paired. True: compare the two means without pairing (each
-        run bootstrapped on its own; any budgets, seeds or envs, at least two
-        episodes each); the table says UNPAIRED.
+      unpaired: True: compare the two means without pairing (each run
+        bootstrapped on its own; at least two episodes each).
 
     Returns:
-      A ``Comparison``; ``print`` it for a table. Its labels name the settings
-      in which the runs differ (``labels``).
+      A ``Comparison``; ``print`` it for a table.
 
     Raises:
       TypeError: ``a`` or ``b`` is not a run result.
-      ValueError: the runs cannot be paired (different envs, no episodes,
-        different budgets, different episode indices, e.g. a partial result,
-        or different seeds), naming what differs.
-
-    Example:
-      >>> cmp = jaxmesh.compare(baseline, tuned)   # both with seeds=range(200)
-      >>> cmp.difference, cmp.interval, cmp.wins
+      ValueError: the runs cannot be paired (envs, budgets, episode indices
+        or seeds differ), naming what differs.
     """
-    _check_confidence(confidence)
-    _check_resamples(resamples)
+    _check(confidence, resamples)
     for name, r in (("a", a), ("b", b)):
         missing = [f for f in ("indices", "seeds", "returns") if not hasattr(r, f)]
         if missing:
