@@ -306,13 +306,11 @@ def _rows_of(
 def encode_action_batch(
     lanes: npt.ArrayLike, counts: npt.ArrayLike, actions: Mapping[str, npt.ArrayLike]
 ) -> pb.ActionBatch:
-    msg = pb.ActionBatch(
+    return pb.ActionBatch(
         lanes=encode_array(np.asarray(lanes, np.uint32)),
         counts=encode_array(np.asarray(counts, np.uint32)),
+        actions=encode_leaves(actions),
     )
-    for key, x in actions.items():
-        msg.actions[key].CopyFrom(encode_array(x, key))
-    return msg
 
 
 def decode_action_batch(
@@ -374,23 +372,19 @@ def encode_result_batch(
     info_present: Mapping[str, npt.ArrayLike] | None = None,
     info_rows: npt.ArrayLike | None = None,
 ) -> pb.ResultBatch:
-    msg = pb.ResultBatch(
+    present = (info_present or {}).items()
+    return pb.ResultBatch(
         lanes=encode_array(np.asarray(lanes, np.uint32)),
         steps=encode_array(np.asarray(steps, np.uint32)),
         rows=encode_array(np.asarray(rows, np.uint32)),
         rewards=encode_array(np.asarray(rewards, np.float64)),
         terminated=encode_array(np.asarray(terminated, bool)),
         truncated=encode_array(np.asarray(truncated, bool)),
+        observation=encode_leaves(observation),
+        info=encode_leaves(info or {}),
+        info_present={k: encode_array(np.asarray(x, bool), k) for k, x in present},
+        info_rows=None if info_rows is None else encode_array(np.uint32(info_rows)),
     )
-    for key, x in observation.items():
-        msg.observation[key].CopyFrom(encode_array(x, key))
-    for key, x in (info or {}).items():
-        msg.info[key].CopyFrom(encode_array(x, key))
-    for key, x in (info_present or {}).items():
-        msg.info_present[key].CopyFrom(encode_array(np.asarray(x, bool), key))
-    if info_rows is not None:
-        msg.info_rows.CopyFrom(encode_array(np.asarray(info_rows, np.uint32)))
-    return msg
 
 
 def decode_result_batch(
