@@ -244,40 +244,32 @@ def sweep(
     resume: Any = None,
     **settings: Any,
 ) -> Sweep:
-    """Scores a policy at every (delay, horizon) of a grid, on the same seeds.
+    """Scores a policy at every (delay, horizon) of a grid, on the same seeds
+    (docs/evaluation.md, "Sweeps").
 
     Args:
       policy, env, episodes, seeds, params: as for ``jaxmesh.evaluate``; every
         cell runs the same budget.
-      delay: the inference delays d to sweep (steps; 0 is none).
+      delay: the inference delays d to sweep (steps).
       horizon: the horizons H to sweep.
-      delay_ms: instead of ``delay``, the inference times to sweep in
-        milliseconds, each ``ceil(ms / (1000 * dt))`` steps by the env's dt
-        (times of the same steps share a cell).
-      config: a ``jaxmesh.RunConfig`` for every cell (None: the defaults);
-        its ``Layout.plan_tile`` serves every cell (default: the default
-        tile of the smallest effective horizon).
+      delay_ms: instead of ``delay``, inference times in milliseconds, each
+        ``ceil(ms / (1000 * dt))`` steps.
+      config: a ``jaxmesh.RunConfig`` for every cell; its ``plan_tile`` serves
+        every cell (default: the default tile of the smallest horizon).
       on_cell: ``f(delay, horizon, RunResult)``, called with each cell as
         soon as its episodes have all ended (its times 0).
       resume: the ``Sweep`` of an earlier, stopped sweep of the same policy,
         env and seeds (or a dict ``(delay, horizon) -> RunResult`` of the
-        cells ``on_cell`` got): those cells run nothing again. The rules of
-        each: docs/evaluation.md, "Sweeps".
+        cells ``on_cell`` got): those cells run nothing again.
       **settings: ``RunConfig``'s flat knobs and groups, overriding
-        ``config``'s (``num_envs=``, ``scoring=jaxmesh.Scoring(...)``); see
-        ``REFUSED`` for those a sweep does not take.
+        ``config``'s, except those in ``REFUSED``.
 
     Returns:
-      A ``Sweep``. A cell whose delay the horizon and chunks cannot serve
-      (``0 < d < h``, ``K >= h + d``) is not run; ``Sweep.skipped`` says why.
+      A ``Sweep``; a cell the horizon and chunks cannot serve (``0 < d < h``,
+      ``K >= h + d``) is not run (``Sweep.skipped`` says why).
 
     Raises:
       ValueError, TypeError: bad input, before anything compiles.
-
-    Example::
-
-      s = jaxmesh.sweep(policy, env, delay=[0, 1, 2], horizon=[4, 8], episodes=50)
-      print(s.summary()); s.plot()
     """
     t0 = time.perf_counter()
     delays = _values("delay", delay, 0)
@@ -463,14 +455,11 @@ class Sweep:
 
     Attributes:
       delays, horizons: the swept values, in the order given.
-      cells: ``(delay, horizon) -> RunResult`` of every cell that ran (its
-        times the whole call's; its env steps and policy rows its own).
-      skipped: ``(delay, horizon) -> why`` of every cell that could not run
-        (a delay of ``d >= h``, or chunks shorter than ``h + d``).
+      cells: ``(delay, horizon) -> RunResult`` of every cell that ran.
+      skipped: ``(delay, horizon) -> why`` of every cell that could not run.
       programs: how many programs compiled for the sweep.
       wall_time, compile_time: seconds for the whole call and of it compiling.
-      delay_steps: a ``delay_ms`` sweep's milliseconds -> steps, in the order
-        given (None: the delays were given in steps).
+      delay_steps: a ``delay_ms`` sweep's milliseconds -> steps (else None).
     """
 
     delays: tuple[int, ...]
@@ -485,12 +474,8 @@ class Sweep:
     def get(
         self, *, horizon: int, delay: int | None = None, delay_ms: float | None = None
     ) -> RunResult:
-        """The result of the cell ``(delay, horizon)``, or of the steps of
-        ``delay_ms`` in a sweep over milliseconds.
-
-        Raises:
-          KeyError: a cell that was not swept, or was skipped (saying why).
-        """
+        """The cell ``(delay, horizon)``, or ``delay_ms``'s steps' (KeyError:
+        not swept, or skipped, saying why)."""
         if (delay is None) == (delay_ms is None):
             raise TypeError("Sweep.get: give delay= (steps) or delay_ms=, not both")
         if delay_ms is not None:
@@ -523,12 +508,11 @@ class Sweep:
         )
 
     def table(self) -> list[dict]:
-        """One row per swept cell, delays outer, horizons inner: ``delay``
-        (steps; and ``delay_ms`` in a sweep over milliseconds, a row per time),
-        ``horizon``, ``effective_horizon``, ``episodes``, ``success_rate`` and
-        ``success_interval`` (None without a success signal), ``mean_return``
-        and ``mean_interval`` (95%), ``skipped`` (None, or why it did not run).
-        """
+        """One row per swept cell (a row per time with ``delay_ms``), delays
+        outer: ``delay``, ``delay_ms``, ``horizon``, ``effective_horizon``,
+        ``episodes``, ``success_rate`` and ``success_interval`` (None without
+        a success signal), ``mean_return`` and ``mean_interval`` (95%),
+        ``skipped`` (None, or why)."""
         rows = []
         axis = (
             list(self.delay_steps.items())
@@ -596,9 +580,8 @@ class Sweep:
         return self.summary()
 
     def plot(self) -> Any:
-        """Success rate (or, without a success signal, mean return) against the
-        delay, a line per horizon, with 95% intervals: a matplotlib ``Figure``
-        on an Agg canvas (as ``jaxmesh.results.report.plot``)."""
+        """Success rate (else mean return) against the delay, a line per
+        horizon, with 95% intervals: a matplotlib ``Figure`` on an Agg canvas."""
         figure_cls, canvas_cls = _report._matplotlib()
         fig = figure_cls(figsize=(6, 4))
         canvas_cls(fig)
@@ -628,8 +611,7 @@ class Sweep:
         return fig
 
     def to_dict(self) -> dict:
-        """A JSON-serialisable dict: the axes, every cell's ``RunResult.to_dict``,
-        the skipped cells and the totals."""
+        """A JSON-serialisable dict: axes, cells, skipped cells, totals."""
         return {
             "sweep": {
                 "delay": list(self.delays),
@@ -654,11 +636,7 @@ class Sweep:
 
     @classmethod
     def from_dict(cls, d: dict) -> Sweep:
-        """The sweep ``to_dict`` wrote.
-
-        Raises:
-          ValueError: a dict that is not one ``to_dict`` wrote, naming what lacks.
-        """
+        """The sweep ``to_dict`` wrote (ValueError: another dict, saying why)."""
         if not isinstance(d, dict) or "sweep" not in d or "cells" not in d:
             got = sorted(d) if isinstance(d, dict) else type(d).__name__
             raise ValueError(

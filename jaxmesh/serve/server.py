@@ -24,6 +24,7 @@ from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
 from jaxmesh.serve.forward import ServedModel
 from jaxmesh.serve.grpc_service import GrpcService
 from jaxmesh.serve.openpi import OpenpiService
+from jaxmesh.serve.ws_client import check_seconds
 
 #: The protocols a ``PolicyServer`` speaks.
 PROTOCOLS = ("openpi", "grpc")
@@ -94,12 +95,6 @@ class PolicyServer:
       ValueError: a bad argument; a non-loopback address with no token, TLS
         or ``insecure``; a model that keeps state per episode.
       TypeError: a bad ``tls``.
-
-    Example::
-
-        with jaxmesh.PolicyServer(model, max_batch=16) as server:
-            client = WebsocketClientPolicy(*server.address.split(":"))
-            actions = client.infer(obs)["actions"]  # [K, A]
     """
 
     def __init__(
@@ -190,16 +185,9 @@ class PolicyServer:
             "max_inflight_bytes": max_inflight_bytes
             or max(MAX_INFLIGHT_BYTES, max_message_bytes),
         }
-        if not (
-            isinstance(idle_timeout, int | float)
-            and not isinstance(idle_timeout, bool)
-            and idle_timeout > 0
-        ):
-            raise ValueError(
-                f"idle_timeout={idle_timeout!r}: expected seconds > 0 (math.inf: "
-                "no limit)"
-            )
-        self._idle_timeout = float(idle_timeout)
+        self._idle_timeout = check_seconds(
+            "idle_timeout", idle_timeout, " (math.inf: no limit)"
+        )
         self._service: Any = None
         self._address: str | None = None
         self._started = False

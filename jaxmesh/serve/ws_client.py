@@ -253,10 +253,10 @@ class _Connection:
             self.sock.close()
 
 
-def check_seconds(name: str, value: Any) -> float:
+def check_seconds(name: str, value: Any, hint: str = "") -> float:
     """``value`` as seconds (ValueError: not a number > 0)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{name}={value!r}: expected seconds > 0")
+        raise ValueError(f"{name}={value!r}: expected seconds > 0{hint}")
     return float(value)
 
 
