@@ -1,12 +1,7 @@
-"""``jaxmesh.evaluate``: the one way in.
-
-Every run starts here, in four steps: (1) the configuration is built and
-checked once (``jaxmesh.RunConfig``); (2) the env is made and told its backend
-once (``jaxmesh.run.dispatch.target``), a ``jaxmesh.Suite`` planned as runs
-(``run_suite``); (3) ``resume=`` runs only the episodes an earlier result
-lacks, ``trace=`` writes the timeline, every result records its fingerprint
-(``run_one``); (4) the backend the table names (``jaxmesh.run.dispatch.route``)
-runs the budget, after the settings only it takes are checked against it.
+"""``jaxmesh.evaluate``, the one way in: the config built and checked once, the
+env told its backend once (``jaxmesh.run.dispatch``), a suite planned as runs,
+each resumed, traced and fingerprinted, then run by its backend
+(docs/evaluation.md, "The engine").
 """
 
 from __future__ import annotations
@@ -23,6 +18,9 @@ from jaxmesh.trace import check_trace_path, tracing
 
 #: The flat knobs' defaults, as ``RunConfig`` holds them (shown in signatures).
 _UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from config>"})()
+_FLAT = ("num_envs", "horizon", "max_episode_steps", "max_episode_seconds")
+_FLAT += ("workers", "chunking", "starts", "scoring", "served", "layout")
+_CALL = ("episodes", "seeds", "params", "hooks", "record", "trace", "resume")
 
 
 def evaluate(
@@ -52,10 +50,10 @@ def evaluate(
 ) -> Any:
     """Evaluates a policy on an env, scoring exactly the budget.
 
-    Episode i of the budget runs with seed ``seeds[i]`` (``episodes=E``: seeds
-    0..E-1), is scored once, and comes out the same whatever the lane count,
-    tile or backend (docs/contract.md). docs/evaluation.md ("What evaluate
-    takes") says what each argument accepts.
+    Episode i runs with seed ``seeds[i]`` (``episodes=E``: seeds 0..E-1), is
+    scored once, and comes out the same whatever the lane count, tile or
+    backend (docs/contract.md). docs/evaluation.md ("What evaluate takes")
+    says what each argument accepts.
 
     Args:
       policy: a single-lane callable ``obs -> action`` or ``obs -> chunk``
@@ -63,32 +61,29 @@ def evaluate(
       env: an env id (``"gymnax:CartPole-v1"``, ``"gymnasium:Hopper-v5"``,
         ...), a served env (``"grpc://host:port"`` or a list of addresses), a
         JAX env object, a gymnasium ``Env``, a list of them or a ``VectorEnv``,
-        or a ``jaxmesh.Suite`` (then a ``jaxmesh.SuiteResult`` is returned).
-      config: a ``jaxmesh.RunConfig`` (None: the defaults). The keywords
+        or a ``jaxmesh.Suite``.
+      config: a ``jaxmesh.RunConfig`` (None: the defaults); the keywords
         below override its fields.
-      episodes, seeds: the budget: E episodes with seeds 0..E-1, or these
-        seeds (one episode each).
-      num_envs, horizon, max_episode_steps, max_episode_seconds, workers: the
-        flat knobs of ``RunConfig``.
-      chunking, starts, scoring, served, layout: the groups
-        (``jaxmesh.Chunking``, ``Starts``, ``Scoring``, ``Served``,
-        ``Layout``).
-      params: policy params passed as a jit argument (new values never
-        recompile): a plain function is then ``fn(params, obs)``; a Model's
-        ``model.params`` are replaced for this run.
+      episodes, seeds: the budget: E episodes, or one episode per seed.
+      num_envs, horizon, max_episode_steps, max_episode_seconds, workers:
+        ``RunConfig``'s flat knobs.
+      chunking, starts, scoring, served, layout: its groups
+        (``jaxmesh.Chunking``, ``Starts``, ``Scoring``, ``Served``, ``Layout``).
+      params: policy params as a jit argument (new values never recompile): a
+        plain function is then ``fn(params, obs)``; a Model's are replaced.
       hooks: an object (or list) with any of ``on_run_start(info)``,
         ``on_episode_end(EpisodeResult)``, ``on_run_end(RunResult)``,
         ``on_step(jaxmesh.StepEvent)`` and ``on_fault(info)``.
       record: a ``jaxmesh.Record``: those episodes step by step
         (``result.trajectories``).
-      trace: a file path: the run's timeline as Chrome-trace / Perfetto JSON
-        (``jaxmesh.trace``), written also when the run fails.
+      trace: a file path: the run's timeline as Chrome-trace / Perfetto JSON,
+        written also when the run fails.
       resume: an earlier ``RunResult`` of this run (an exception's
         ``partial_result``, ``RunResult.from_dict`` of its JSON, or
         ``jaxmesh.load_episode_log(path)``): only the episodes it lacks run;
-        a result of another run is refused, naming what differs.
+        another run's is refused, naming what differs.
       env_config: an id's options, ``jaxmesh.make_env(env, **env_config)``.
-      **unknown: refused with a ``TypeError``: a grouped field given flat
+      **unknown: refused with a ``TypeError``; a grouped field given flat
         (``prefetch_lead=2``) names its group and the spelling to use.
 
     Returns:
@@ -104,29 +99,10 @@ def evaluate(
 
       result = jaxmesh.evaluate(policy_fn, "gymnax:CartPole-v1", episodes=100)
     """
-    flat = dict(
-        num_envs=num_envs,
-        horizon=horizon,
-        max_episode_steps=max_episode_steps,
-        max_episode_seconds=max_episode_seconds,
-        workers=workers,
-        chunking=chunking,
-        starts=starts,
-        scoring=scoring,
-        served=served,
-        layout=layout,
-    )
-    given = {name: value for name, value in flat.items() if value is not _UNSET}
+    args = dict(locals())  # the parameters, before any other name is bound
+    given = {k: args[k] for k in _FLAT if args[k] is not _UNSET}
     config = from_keywords(config, {**given, **unknown})
-    call = {
-        "episodes": episodes,
-        "seeds": seeds,
-        "params": params,
-        "hooks": hooks,
-        "record": record,
-        "trace": trace,
-        "resume": resume,
-    }
+    call = {k: args[k] for k in _CALL}
     if isinstance(env, suite.Suite):
         return run_suite(policy, env, config, env_config, **call)
     return run_one(policy, dispatch.target(env, env_config), config, **call)
@@ -139,13 +115,9 @@ def run_suite(
     env_config: Mapping | None = None,
     **call: Any,
 ) -> suite.SuiteResult:
-    """Every task of a suite (step 2): the suite's plan groups its tasks into
-    runs, each made by ``run_one``; a failure's ``partial_result`` keeps the
-    tasks finished before it (``jaxmesh.suite.SuitePlan``).
-
-    Raises:
-      TypeError: ``env_config`` given (a suite's tasks carry their options).
-    """
+    """Every task of a suite, in the runs its plan groups them into
+    (``jaxmesh.suite.SuitePlan``): a failure's ``partial_result`` keeps the
+    tasks finished before it. TypeError: ``env_config`` given."""
     if env_config:
         raise TypeError(
             "env_config= with a Suite: give each task's env its options "
@@ -171,11 +143,8 @@ def run_one(
     resume: Any,
     **call: Any,
 ) -> RunResult:
-    """One run of one env: resumed, traced and fingerprinted (step 3).
-
-    ``target``: the env and its backend (``dispatch.target``); ``call``: the
-    budget (``episodes``, ``seeds``), ``params``, ``hooks`` and ``record``,
-    as ``evaluate`` takes them."""
+    """One run of one env (``target``: it and its backend), resumed, traced and
+    fingerprinted; ``call``: ``evaluate``'s budget, params, hooks, record."""
     if isinstance(resume, suite.SuiteResult):
         raise TypeError(
             "resume= is a SuiteResult, but env is not a Suite: resume a suite "
@@ -193,8 +162,7 @@ def run_one(
 def fingerprinted(
     policy: Any, target: backend.Target, config: RunConfig, call: dict
 ) -> RunResult:
-    """The backend's run, its result (or a failure's ``partial_result``)
-    recording its fingerprint (``jaxmesh.run.resume.fingerprinting``)."""
+    """The backend's run, its result (or ``partial_result``) fingerprinted."""
     with resume_mod.fingerprinting(policy, config, call) as stamp:
         return stamp(run_backend(policy, target, config, **call))
 
@@ -202,12 +170,8 @@ def fingerprinted(
 def run_backend(
     policy: Any, target: backend.Target, config: RunConfig, **call: Any
 ) -> RunResult:
-    """The env's backend runs the budget (step 4); ``call`` as for
-    ``run_one``.
-
-    Raises:
-      ValueError, TypeError: a setting the env's backend does not take.
-    """
+    """The env's backend runs the budget, refusing (ValueError, TypeError) a
+    setting it does not take; ``call`` as for ``run_one``."""
     served = config.for_backend(target)  # a served env's options, else None
     given = call if served is None else {**call, "served": served}
     return dispatch.route(target).evaluate(policy, target.env, config, **given)
@@ -216,8 +180,8 @@ def run_backend(
 def _trace_settings(
     policy: Any, target: backend.Target, config: RunConfig, call: dict
 ) -> dict:
-    """The settings a timeline records: the policy's and env's names, the
-    config's plain values and the budget (seeds counted, not listed)."""
+    """What a timeline records: the policy's and env's names, the config and
+    the budget (seeds counted, not listed)."""
     out = {
         k: v if isinstance(v, str) else getattr(v, "name", None) or type(v).__name__
         for k, v in (("policy", policy), ("env", target.env))

@@ -21,11 +21,10 @@ def default_cache_dir() -> Path:
 
 
 def enable_compile_cache(path: str | Path | None = None) -> Path:
-    """Turns on JAX's persistent compilation cache for this process.
-
-    Every executable compiled from then on is written to ``path`` (whatever
-    its compile time or size). The cache is trusted code: do not point it at a
-    directory others may write.
+    """Turns on JAX's persistent compilation cache for this process: every
+    executable compiled from then on is written there, whatever its compile
+    time or size. The cache is trusted code: do not point it at a directory
+    others may write.
 
     Args:
       path: the cache directory (created if missing); None:

@@ -18,21 +18,19 @@ from jaxmesh.devices import resolve_device
 
 
 def _abs_path(path: str | os.PathLike) -> Path:
-    # orbax rejects relative paths; resolve against the working directory.
+    # orbax rejects relative paths.
     return Path(os.fspath(path)).expanduser().absolute()
 
 
 def save_params(
     path: str | os.PathLike, params: Any, *, overwrite: bool = False
 ) -> Path:
-    """Saves a params pytree as an orbax checkpoint directory.
-
-    Leaves may be ``jax.Array``, ``np.ndarray``, Python ints/floats and strings;
-    the write is atomic (a temporary directory renamed once complete).
+    """Saves a params pytree (leaves: ``jax.Array``, ``np.ndarray``, Python
+    numbers, strings) as an orbax checkpoint directory, atomically.
 
     Args:
-      path: the checkpoint directory to create (parents are created).
-      params: the pytree to save, e.g. the output of a flax ``Module.init``.
+      path: the checkpoint directory to create (with its parents).
+      params: the pytree, e.g. the output of a flax ``Module.init``.
       overwrite: replace a checkpoint (or any directory) already at ``path``.
 
     Returns:
@@ -68,17 +66,16 @@ def load_params(
 
     Args:
       path: the checkpoint directory.
-      device: the device every array leaf is placed on, as a ``jax.Array``
-        (a ``jax.Device`` or a string such as ``'gpu:1'``). None: saved
-        ``jax.Array`` leaves go to the default device, numpy leaves stay numpy.
+      device: where every array leaf goes, as a ``jax.Array`` (a
+        ``jax.Device`` or a string such as ``'gpu:1'``). None: ``jax.Array``
+        leaves to the default device, numpy leaves stay numpy.
 
     Returns:
       The pytree as saved: same structure, dtypes and shapes.
 
     Raises:
       FileNotFoundError: nothing exists at ``path``.
-      ValueError: ``path`` exists but is not an orbax checkpoint, or no such
-        device.
+      ValueError: ``path`` is not an orbax checkpoint, or no such device.
       TypeError: ``device`` is not None, a ``jax.Device`` or a string.
     """
     device = resolve_device(device, "load_params")

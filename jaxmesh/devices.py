@@ -1,8 +1,6 @@
-"""Device values: ``None``, a ``jax.Device``, or a string such as ``'gpu:1'``
-(``resolve_device``); and the ``devices=`` of a sharded run (``resolve_mesh``).
-
-One resolver for every place that takes each, so that they accept and refuse
-the same values with the same messages. It imports nothing from jaxmesh.
+"""One resolver for every place that takes a ``device`` (``resolve_device``) or
+the ``devices=`` of a sharded run (``resolve_mesh``), so that all accept and
+refuse the same values alike. It imports nothing from jaxmesh.
 """
 
 from __future__ import annotations
@@ -20,12 +18,8 @@ _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
 
 def check_device(value: Any, who: str) -> Any:
-    """``value`` as it is when it is None, a ``jax.Device`` or a string (not
-    looked for); ``who`` took it (a model's name).
-
-    Raises:
-      TypeError: any other type.
-    """
+    """``value`` when it is None, a ``jax.Device`` or a string (not looked
+    for); else a TypeError naming ``who`` took it."""
     if value is None or isinstance(value, str | jax.Device):
         return value
     raise TypeError(
@@ -35,19 +29,12 @@ def check_device(value: Any, who: str) -> Any:
 
 
 def resolve_device(device: Any, who: str = "device") -> jax.Device | None:
-    """A ``device`` value as a ``jax.Device`` (None stays None: the default).
-
-    Args:
-      device: None, a ``jax.Device``, or ``'PLATFORM'`` / ``'PLATFORM:INDEX'``
-        (``'cpu'``, ``'gpu'``, ``'gpu:1'``; ``'cuda'`` and ``'rocm'`` mean
-        ``'gpu'``).
-      who: what took the value, for the message (e.g. ``'load_params'``).
-
-    Returns:
-      The device, or None for None.
+    """``device`` (None, a ``jax.Device``, or ``'PLATFORM'`` /
+    ``'PLATFORM:INDEX'``: ``'gpu:1'``; ``'cuda'`` and ``'rocm'`` are ``'gpu'``)
+    as a ``jax.Device`` (None stays None); ``who`` took it, for the message.
 
     Raises:
-      TypeError: ``device`` is none of the types above.
+      TypeError: another type.
       ValueError: a malformed string, or this machine has no such device.
     """
     if device is None or isinstance(device, jax.Device):
@@ -80,21 +67,14 @@ LANE_AXIS = "lanes"
 
 
 def resolve_mesh(devices: Any, who: str = "devices") -> Mesh | None:
-    """A ``devices=`` value as a one-axis ``jax.sharding.Mesh`` (None stays None).
-
-    Args:
-      devices: None (one device: no sharding); ``"all"`` (every device JAX
-        sees, of every process under ``jax.distributed``); an int D (the first
-        D of them); a sequence of ``jax.Device``; or a one-axis
-        ``jax.sharding.Mesh``.
-      who: what took the value, for the message.
-
-    Returns:
-      The mesh (its one axis is named ``LANE_AXIS`` unless a mesh was given),
-      or None for None.
+    """``devices`` as a one-axis ``jax.sharding.Mesh`` (its axis ``LANE_AXIS``
+    unless one was given): None (one device, no sharding) stays None;
+    ``"all"``: every device JAX sees (every process's under
+    ``jax.distributed``); an int D: the first D; a list of ``jax.Device``; a
+    one-axis mesh.
 
     Raises:
-      TypeError: any other type.
+      TypeError: another type.
       ValueError: a mesh with several axes, an empty list, a repeated device,
         or more devices than there are.
     """
@@ -143,12 +123,8 @@ def mesh_size(mesh: Mesh) -> int:
 
 
 def check_local_share(mesh: Mesh, who: str = "devices") -> Mesh:
-    """``mesh`` as it is when this process holds one of its devices (under
-    ``jax.distributed`` each process drives its own devices of the mesh).
-
-    Raises:
-      ValueError: no device of ``mesh`` belongs to this process.
-    """
+    """``mesh``, refused (ValueError) when no device of it belongs to this
+    process (under ``jax.distributed`` each drives its own)."""
     me = jax.process_index()
     if any(d.process_index == me for d in mesh.devices.flat):
         return mesh
@@ -162,8 +138,8 @@ def check_local_share(mesh: Mesh, who: str = "devices") -> Mesh:
 
 
 def host_device() -> jax.Device:
-    """This process's first CPU device (its first device where JAX has no CPU
-    backend): where host-built arrays wait before they are placed."""
+    """This process's first CPU device (else its first device): where
+    host-built arrays wait before they are placed."""
     try:
         return jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu

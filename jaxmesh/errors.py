@@ -1,5 +1,6 @@
-"""Exceptions a run raises once it is under way (bad input raises ValueError /
-TypeError before anything compiles)."""
+"""Exceptions a run raises once it is under way (bad input raises ValueError or
+TypeError before anything compiles). Each carries ``partial_result``: the
+episodes finished before the run stopped (set by ``jaxmesh.evaluate``)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,28 @@ from typing import Any
 
 class BadValueError(ValueError):
     """A bad value met while running (a discrete action out of range, a NaN
-    action or reward), raised after the segment it happened in. Attributes name
-    where: ``episode``, ``seed``, ``step`` (0-based), ``lane`` and ``value``;
-    ``partial_result`` holds every episode finished before the run stopped.
+    action or reward), raised after the segment it happened in; ``episode``,
+    ``seed``, ``step`` (0-based), ``lane`` and ``value`` name where.
     """
+
+    partial_result: Any = None
 
     def __init__(self, message: str, *, episode, seed, step, lane, value, kind):
         super().__init__(message)
-        self.episode = episode
-        self.seed = seed
-        self.step = step
-        self.lane = lane
-        self.value = value
-        self.kind = kind
-        self.partial_result = None
+        self.episode, self.seed, self.step = episode, seed, step
+        self.lane, self.value, self.kind = lane, value, kind
 
 
 class EnvError(RuntimeError):
     """An env raised while a run reset or stepped it (its exception is
-    ``__cause__``). Attributes name where: ``episode``, ``seed``, ``lane``,
-    ``step`` (None while resetting), ``server`` (None in process);
-    ``partial_result`` holds every episode finished before the run stopped.
+    ``__cause__``); ``episode``, ``seed``, ``lane``, ``step`` (None while
+    resetting) and ``server`` (None in process) name where.
     """
+
+    partial_result: Any = None
 
     def __init__(self, message: str, **where):
         super().__init__(message)
-        self.partial_result = None
         self._locate(**where)
 
     def _locate(self, episode=None, seed=None, lane=None, step=None, server=None):
@@ -57,26 +54,23 @@ def describe_env_error(what: str, episode, seed, lane, step, server=None) -> str
 
 
 class RemoteError(RuntimeError):
-    """A served env failed: the server, the connection or the env behind it.
+    """A served env failed: the server, the connection or the env behind it;
+    ``address``: the server's (``host:port``), ``code``: the gRPC status code
+    name (e.g. ``"UNAVAILABLE"``) or None."""
 
-    Attributes:
-      address: the server's address (``host:port``).
-      code: the gRPC status code name (e.g. ``"UNAVAILABLE"``), or None.
-      partial_result: every episode finished before the run stopped (set by
-        ``jaxmesh.evaluate``).
-    """
+    partial_result: Any = None
 
     def __init__(self, message: str, *, address: str, code: str | None = None):
         super().__init__(message)
-        self.address = address
-        self.code = code
-        self.partial_result = None
+        self.address, self.code = address, code
 
 
 class RemoteEnvError(RemoteError, EnvError):
-    """The env behind a server raised; ``remote_traceback`` is its traceback
-    text. Where is named as an ``EnvError``'s; from a ``RemoteEnv`` alone only
-    the server's ``lane`` and ``phase`` (``"resetting"`` or ``"stepping"``).
+    """The env behind a server raised; ``remote_traceback`` is its traceback,
+    ``summary`` its exception as the server names it ("Type: message"). Where
+    is named as an ``EnvError``'s; from a ``RemoteEnv`` alone only the server's
+    ``lane``, its ``phase`` (``"resetting"`` or ``"stepping"``) and the
+    ``steps_done`` in the failed call before the one that raised.
     """
 
     def __init__(
@@ -91,14 +85,9 @@ class RemoteEnvError(RemoteError, EnvError):
         **where,
     ):
         super().__init__(message, address=address, code="INTERNAL")
-        self.remote_traceback = remote_traceback
+        self.remote_traceback, self.summary = remote_traceback, summary
+        self.phase, self.steps_done = phase, steps_done
         self._locate(**where)
-        #: What the server's lane was doing, and the steps it had taken in the
-        #: failed call before the one that raised (from the server).
-        self.phase = phase
-        self.steps_done = steps_done
-        #: The env's exception as the server names it ("Type: message").
-        self.summary = summary
 
 
 class RemoteConnectionError(RemoteError, ConnectionError):
@@ -108,37 +97,33 @@ class RemoteConnectionError(RemoteError, ConnectionError):
 
 class WorkerError(RuntimeError):
     """A worker process stepping a host env's lanes died twice while running
-    the same episode (``episode``, ``seed``); ``partial_result`` holds every
-    episode finished before the run stopped."""
+    the same episode (``episode``, ``seed``)."""
+
+    partial_result: Any = None
 
     def __init__(self, message: str, *, episode: int, seed: int):
         super().__init__(message)
-        self.episode = episode
-        self.seed = seed
-        self.partial_result = None
+        self.episode, self.seed = episode, seed
 
 
 class RemotePolicyError(RuntimeError):
-    """A policy served over openpi's protocol failed: unreachable, refused,
-    closed, a server error, a timeout, or a reply without usable ``actions``.
+    """A policy served over openpi's protocol (at the ``ws://`` ``address``)
+    failed: unreachable, refused, closed, a server error, a timeout, or a reply
+    without usable ``actions``."""
 
-    Attributes:
-      address: the server's ``ws://`` address.
-      partial_result: every episode finished before the run stopped (set by
-        ``jaxmesh.evaluate``), or None.
-    """
+    partial_result: Any = None
 
     def __init__(self, message: str, *, address: str):
         super().__init__(message)
         self.address = address
-        self.partial_result = None
 
 
 class HostPolicyError(RuntimeError):
-    """A ``jaxmesh.HostPolicy``'s ``fn`` raised, or returned the wrong shape;
-    the function's own exception is ``__cause__``. ``lanes`` are the lanes of
-    the call; ``episodes`` and ``seeds`` the episodes they were running and
-    their seeds; ``partial_result`` the episodes finished before it."""
+    """A ``jaxmesh.HostPolicy``'s ``fn`` raised (its exception is ``__cause__``)
+    or returned the wrong shape; ``lanes``: the call's, ``episodes`` and
+    ``seeds``: theirs."""
+
+    partial_result: Any = None
 
     def __init__(
         self,
@@ -150,15 +135,12 @@ class HostPolicyError(RuntimeError):
         seeds: list[int] | None = None,
     ):
         super().__init__(message)
-        self.policy = policy
-        self.lanes = lanes
-        self.episodes = episodes
-        self.seeds = seeds
-        self.partial_result = None
+        self.policy, self.lanes = policy, lanes
+        self.episodes, self.seeds = episodes, seeds
 
     def named(self, seeds: Any) -> HostPolicyError:
-        """This error naming each lane's episode and its seed (``seeds``: the
-        run's, by episode), when its episodes are known; else itself."""
+        """This error naming each lane's episode and seed (``seeds``: the run's,
+        by episode) when its episodes are known; else itself."""
         if self.episodes is None or self.seeds is not None:
             return self
         got = [int(seeds[i]) for i in self.episodes]
@@ -178,8 +160,7 @@ class HostPolicyError(RuntimeError):
 
 
 #: Errors raised inside host callbacks, kept until the run that met them
-#: takes them: JAX reports such an error as its own runtime error carrying
-#: only the text.
+#: takes them: JAX reports such an error as its own, carrying only the text.
 _CALLBACK_ERRORS: list[BaseException] = []
 _CALLBACK_LOCK = threading.Lock()
 
@@ -194,7 +175,7 @@ def keep_callback_error(exc: BaseException) -> BaseException:
 
 def callback_error(exc: BaseException) -> BaseException:
     """The kept callback error whose text ``exc`` carries (taken), else
-    ``exc`` itself."""
+    ``exc``."""
     text = str(exc)
     with _CALLBACK_LOCK:
         for i, kept in enumerate(_CALLBACK_ERRORS):

@@ -1,6 +1,5 @@
-"""Interfaces shared across jaxmesh (brax ``training/types.py`` style): the
-protocols and ``Policy``, the engine's view of a policy. This module imports
-nothing of jaxmesh, so every other module can import it.
+"""Interfaces shared across jaxmesh: the protocols and ``Policy``, the engine's
+view of a policy. It imports nothing of jaxmesh, so every module can import it.
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ Obs = Any
 
 @runtime_checkable
 class Env(Protocol):
-    """One environment lane, pure and single-lane; the engine vmaps it.
-
-    The engine owns resets and episode accounting: ``step`` never auto-resets.
-    Optional: ``step_with_info`` and ``reset_with_info``, the same with the
-    env's info pytree (docs/evaluation.md, "Episode metrics and success"), and
-    ``dt``, simulated seconds per step, for ``Chunking(delay_ms=)``.
+    """One environment lane, pure; the engine vmaps it, and owns resets and
+    episode accounting (``step`` never auto-resets). Optional:
+    ``step_with_info`` and ``reset_with_info``, the same with the env's info
+    (docs/evaluation.md, "Episode metrics and success"), and ``dt``, simulated
+    seconds per step, for ``Chunking(delay_ms=)``.
     """
 
     name: str
@@ -44,29 +42,25 @@ class Policy:
     """A policy as the engine sees it.
 
     Attributes:
-      name: a display name for messages.
       apply: ``apply(params, inputs, keys, rstate) -> (outputs, rstate)`` over a
         batch of rows (one key per row, used only when ``stochastic``).
-      stochastic: whether ``apply`` uses the keys.
-      initial_state: one lane's recurrent state at an episode start, or None
-        for a policy without state.
+      initial_state: one lane's recurrent state at an episode start (None: no
+        state).
       native_chunk: the declared chunk length K, or None.
-      spec: input name -> declaration (``jaxmesh.adapt``), or None for the
-        whole observation.
+      spec: input name -> declaration (``jaxmesh.adapt``); None: the whole
+        observation.
       default_params: the params a run uses when none are given (loaded, on
-        ``device``); ``lambda: None`` for a plain function.
-      place: puts a pytree (params, observations) on ``device``; the identity
-        when ``device`` is None.
-      device: the resolved ``jax.Device``, or None for jax's default.
+        ``device``; ``lambda: None`` for a plain function).
+      place: puts a pytree on ``device`` (None: jax's default).
       on_episode_end: a host hook called with each ended episode's index, in
-        episode order; None when the policy has none.
-      takes_execution_horizon: ``apply`` is called with
-        ``execution_horizon=E``, the actions executed from one plan (CONTRACT 24).
+        order, or None.
+      takes_execution_horizon: ``apply`` takes ``execution_horizon=E``, the
+        actions executed from one plan (CONTRACT 24).
       declares_chunk: the policy says it returns chunks (CONTRACT 11).
-      takes_rows: ``apply`` is called with ``rows=``, each row's lane ([tile]
-        int32, -1 for a padding row).
-      host: the ``jaxmesh.HostPolicy`` behind ``apply`` (called directly by a
-        host loop with no device work: ``jaxmesh.run.host.direct``), or None.
+      takes_rows: ``apply`` takes ``rows=``, each row's lane ([tile] int32, -1
+        for padding).
+      host: the ``jaxmesh.HostPolicy`` behind ``apply`` (a host loop calls it
+        directly: ``jaxmesh.run.host.direct``), or None.
     """
 
     name: str
@@ -87,33 +81,20 @@ class Policy:
 
 @runtime_checkable
 class PolicyLike(Protocol):
-    """Anything the engine can evaluate besides a plain function.
-
-    ``jaxmesh.Model`` is one; the core knows only this method, never the
-    authoring layer behind it.
-    """
+    """Anything the engine can evaluate besides a plain function (a
+    ``jaxmesh.Model``): the core knows only this method."""
 
     def as_policy(self, *, with_params: bool) -> Policy:
-        """The engine's view of this object (a ``Policy``, above).
-
-        Args:
-          with_params: True when the caller passes params as a jit argument
-            (``make_evaluator``, ``evaluate(params=...)``).
-        """
+        """The engine's view of this object; ``with_params``: the caller passes
+        params as a jit argument (``make_evaluator``, ``evaluate(params=)``)."""
 
 
 @runtime_checkable
 class InputDecl(Protocol):
-    """One input of a spec (``jaxmesh.adapt.State``, ``Image``, ``Previous``).
-
-    Attributes:
-      stack: frames kept in the window (the policy sees a stacked window when
-        above 1).
-      reads_obs: the frame is made from the observation (pushed after every
-        executed env step).
-      reads_action: the frame is made from the executed action (pushed when
-        the action is chosen).
-    """
+    """One input of a spec (``jaxmesh.adapt.State``, ``Image``, ``Previous``):
+    ``stack`` frames kept (a stacked window above 1), each made from the
+    observation (``reads_obs``: pushed after every step) or the executed action
+    (``reads_action``: pushed when it is chosen)."""
 
     stack: int
     reads_obs: bool

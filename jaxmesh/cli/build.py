@@ -33,6 +33,12 @@ def import_target(target: str) -> Any:
         raise ConfigError(str(e)) from e
 
 
+#: What building a policy raises for bad input (a served policy's server: not
+#: there, or refusing).
+_BUILD_ERRORS = (TypeError, ValueError, FileNotFoundError, RemotePolicyError)
+_BUILD_ERRORS += (RemoteConnectionError,)
+
+
 def build_policy(target: str, policy_config: dict[str, Any], host: bool = False) -> Any:
     """The policy ``module:Name`` names: a class, or a function given
     ``policy_config``, built from it; anything else as it is (``host``: a
@@ -53,13 +59,7 @@ def build_policy(target: str, policy_config: dict[str, Any], host: bool = False)
             policy = build(**policy_config)
             if isinstance(policy, Model):
                 policy._ensure_loaded()
-        except (
-            TypeError,
-            ValueError,
-            FileNotFoundError,
-            RemotePolicyError,  # a served policy's server: not there, or refused
-            RemoteConnectionError,
-        ) as e:
+        except _BUILD_ERRORS as e:
             raise ConfigError(
                 f"cannot build policy {target!r} ({how}) from policy_config "
                 f"{policy_config!r}: {e}"
@@ -78,11 +78,9 @@ def build_policy(target: str, policy_config: dict[str, Any], host: bool = False)
             "jaxmesh.Model or jaxmesh.HostPolicy instance, or a function obs -> action"
         )
     if policy_config:
-        what = (
-            "a function host: true wraps as it is"
-            if host
-            else f"a {type(obj).__name__} instance"
-        )
+        what = f"a {type(obj).__name__} instance"
+        if host:
+            what = "a function host: true wraps as it is"
         raise ConfigError(
             f"policy {target!r} is {what}, so it takes no policy_config; got "
             f"{policy_config!r}. Remove policy_config, or point policy at a class "
@@ -164,12 +162,7 @@ def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
 
 def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
     """The env to evaluate on: ``make_env(env_id, **env_config)``, an env
-    factory, or a ``gymnasium:<id>`` or served addresses as they are.
-
-    Raises:
-      ConfigError: an unknown env id, keyword arguments the env refuses, or a
-        missing package (``need_packages``).
-    """
+    factory, or a ``gymnasium:<id>`` or served addresses as they are."""
     if is_served(env_id) or is_gymnasium_id(env_id):
         need_packages(env_id)
         return env_id

@@ -14,11 +14,7 @@ _OFF = ("0", "false", "no", "off")
 
 
 def compile_cache_wanted(flag_off: bool) -> bool:
-    """Whether the CLI should use the cache: on unless the flag or env says off.
-
-    Raises:
-      ConfigError: ``JAXMESH_COMPILE_CACHE`` holds something else than a switch.
-    """
+    """Whether to use the cache: yes unless the flag or the variable says off."""
     raw = os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
     if raw not in (*_OFF, "", "1", "true", "yes", "on"):
         raise ConfigError(

@@ -1,9 +1,6 @@
-"""Checks a run config: its keys, the form of each value, the env ids.
-
-Only the form is checked here (nothing is built, nothing compiles); the run's
-own checks (``jaxmesh.run.checks``, ``run.backend``) say the same as
-``jaxmesh.evaluate`` would, so the command line never disagrees with it.
-"""
+"""Checks the form of a run config (nothing built): its keys, values and env
+ids; the rest is left to the run's own checks (``jaxmesh.run.checks``), so that
+the command line never disagrees with ``jaxmesh.evaluate``."""
 
 from __future__ import annotations
 
@@ -30,17 +27,9 @@ from jaxmesh.suite import make_suite
 
 
 def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Checks a run config's keys and value types; fills the defaults.
-
-    Args:
-      config: the mapping read from YAML, overrides applied.
-
-    Returns:
-      A new dict with ``policy_config`` and ``env_config`` as dicts.
-
-    Raises:
-      ConfigError: an unknown or missing key, or a value of the wrong type.
-    """
+    """A run config (read, overrides applied) checked: a new dict with
+    ``policy_config`` and ``env_config`` dicts; ConfigError: an unknown or
+    missing key, or a value of the wrong type."""
     _check_keys(config)
     if config.get("suite") is not None:
         config = expand_suite(config)
@@ -70,7 +59,7 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         )
     for key, low in INT_KEYS.items():
         v = config.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+        if not _is_int(v, low):
             raise ConfigError(
                 f"{key}={v!r}: expected an int >= {low} ({CONFIG_KEYS[key]})"
             )
@@ -105,16 +94,25 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"({CONFIG_KEYS['instruction']})"
         )
     seeds = config.get("seeds")
-    if seeds is not None and not (
-        isinstance(seeds, list)
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
+    if not _is_seeds(seeds, empty=True):
         raise ConfigError(f"seeds={seeds!r}: expected a list of ints")
     if out.get("record") is not None:
         out["record"] = check_record_config(out["record"])
     if out.get("output") is not None:
         out["output"] = str(out["output"])
     return out
+
+
+def _is_int(v: Any, low: int) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= low)
+
+
+def _is_seeds(v: Any, empty: bool) -> bool:
+    """None, or a list of ints (``empty``: possibly empty)."""
+    if not isinstance(v, list):
+        return v is None
+    ints = all(isinstance(s, int) and not isinstance(s, bool) for s in v)
+    return ints and (empty or bool(v))
 
 
 def _check_keys(config: dict[str, Any]) -> None:
@@ -134,7 +132,7 @@ def _check_keys(config: dict[str, Any]) -> None:
 
 
 def _check_served_keys(config: dict[str, Any]) -> None:
-    """The form of the time limits and of the served envs' keys."""
+    """The form of the time limits, flags and served envs' keys."""
     for key in ("max_episode_seconds", "reply_timeout"):
         value = config.get(key)
         if key == "reply_timeout" and value == math.inf:
@@ -174,11 +172,8 @@ def _check_served_keys(config: dict[str, Any]) -> None:
 
 
 def check_record_config(value: Any) -> Any:
-    """A config's ``record:`` as a ``jaxmesh.Record``.
-
-    Raises:
-      ConfigError: not a list of episodes nor a mapping of ``Record``'s fields.
-    """
+    """A config's ``record:`` as a ``jaxmesh.Record`` (ConfigError: not a list
+    of episodes nor a mapping of its fields)."""
     if isinstance(value, Record):
         return value
     try:
@@ -199,15 +194,8 @@ def check_record_config(value: Any) -> Any:
 
 
 def check_env(env: Any) -> None:
-    """Checks the form of a config's ``env``; addresses are parsed, not dialled.
-
-    Args:
-      env: an env id string, ``"grpc://host:port"``, or a non-empty list of
-        distinct ``"grpc://host:port"`` addresses (lanes dealt over the servers).
-
-    Raises:
-      ConfigError: anything else, or a malformed address.
-    """
+    """Checks the form of a config's ``env``: an id, ``"grpc://host:port"`` or a
+    list of distinct such addresses (parsed, not dialled)."""
     if isinstance(env, str):
         if env.startswith("grpc:"):
             _check_address(env)
@@ -265,23 +253,14 @@ def is_jax_id(env: Any) -> bool:
 
 
 #: The keys of a task in a config's ``tasks:`` mapping.
-TASK_KEYS = (
-    "env",
-    "env_config",
-    "instruction",
-    "episodes",
-    "seeds",
-    "trial_index_base",
-)
+TASK_KEYS = ("env", "env_config", "instruction", "episodes", "seeds")
+TASK_KEYS += ("trial_index_base",)
 
 
 def expand_suite(config: dict[str, Any]) -> dict[str, Any]:
-    """A config's ``suite:`` as the ``tasks:`` it stands for (``jaxmesh.
-    make_suite``): each task's env id, instruction and env_config.
-
-    Raises:
-      ConfigError: with env or tasks, or a suite make_suite refuses.
-    """
+    """A config's ``suite:`` as the ``tasks:`` it stands for (each task's env
+    id, instruction and env_config); ConfigError: with env or tasks, or a suite
+    ``jaxmesh.make_suite`` refuses."""
     given = config["suite"]
     for other in ("env", "tasks", "env_config"):
         if config.get(other) not in (None, "", {}):
@@ -317,12 +296,8 @@ def expand_suite(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
-    """A config's ``tasks:`` as task name -> a mapping of ``TASK_KEYS``.
-
-    Raises:
-      ConfigError: not a non-empty mapping, a task without an env, an unknown
-        key, or a value of the wrong type.
-    """
+    """A config's ``tasks:`` checked, as task name -> a mapping of
+    ``TASK_KEYS``."""
     if not isinstance(tasks, dict) or not tasks:
         raise ConfigError(
             f"tasks={tasks!r}: expected a mapping of task name -> env id (or -> "
@@ -348,18 +323,14 @@ def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
         if said is not None and not isinstance(said, str):
             raise ConfigError(f"{where}.instruction={said!r}: expected a string")
         for key, low in (("episodes", 1), ("trial_index_base", 0)):
-            v = task.get(key)
-            if v is not None and (
-                isinstance(v, bool) or not isinstance(v, int) or v < low
-            ):
-                raise ConfigError(f"{where}.{key}={v!r}: expected an int >= {low}")
-        seeds = task.get("seeds")
-        if seeds is not None and not (
-            isinstance(seeds, list)
-            and seeds
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
-        ):
-            raise ConfigError(f"{where}.seeds={seeds!r}: expected a list of ints")
+            if not _is_int(task.get(key), low):
+                raise ConfigError(
+                    f"{where}.{key}={task[key]!r}: expected an int >= {low}"
+                )
+        if not _is_seeds(task.get("seeds"), empty=False):
+            raise ConfigError(
+                f"{where}.seeds={task['seeds']!r}: expected a list of ints"
+            )
         env_config = task.get("env_config") or {}
         if not isinstance(env_config, dict):
             raise ConfigError(f"{where}.env_config={env_config!r}: expected a mapping")
@@ -374,11 +345,7 @@ def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
 
 def execution_of(value: Any) -> Any:
     """A config's ``execution``: None, or ``{ensemble: {...}}`` as a
-    ``jaxmesh.Ensemble(**...)``.
-
-    Raises:
-      ConfigError: any other value, or arguments ``Ensemble`` refuses.
-    """
+    ``jaxmesh.Ensemble(**...)``."""
     if value is None:
         return None
     if not isinstance(value, dict) or set(value) != {"ensemble"}:

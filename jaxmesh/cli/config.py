@@ -1,8 +1,5 @@
-"""A run config: its keys (one table), reading it from YAML, ``--set`` overrides.
-
-``jaxmesh eval --help`` prints ``SCHEMA``; this module imports no JAX, so that
-``--help`` is fast.
-"""
+"""A run config: its keys (one table, ``SCHEMA``, which ``--help`` prints: this
+module imports no JAX), reading it from YAML, ``--set`` overrides."""
 
 from __future__ import annotations
 
@@ -20,13 +17,12 @@ from jaxmesh.trace import REDACTED, is_secret_key
 
 
 class Key(NamedTuple):
-    """One config key: the YAML type and the default as the help prints them,
-    its meaning, and the least value of an int key ``RunConfig`` does not check.
-    """
+    """One config key: its YAML type, meaning and default as the help prints
+    them, and the least value of an int key ``RunConfig`` does not check."""
 
     type: str
-    default: Any
     help: str
+    default: Any = None
     low: int | None = None
 
 
@@ -34,161 +30,137 @@ class Key(NamedTuple):
 SCHEMA: dict[str, Key] = {
     "env": Key(
         "str | list",
-        None,
         "env id: gymnax:<id>, brax:<name>, playground:<name>, libero:<suite>/<i>, "
         "gymnasium:<id> (stepped here), <module>:<function> (an env factory), "
         "grpc://host:port or a list of addresses (required unless tasks or suite)",
     ),
     "tasks": Key(
         "mapping",
-        None,
         "a suite instead of env: task name -> env id, or -> {env, env_config, "
         "instruction, episodes, seeds, trial_index_base}",
     ),
     "suite": Key(
         "str | mapping",
-        None,
         "a benchmark's suite instead of env or tasks: libero:libero_spatial, or "
         "{name: ..., tasks: [0, 1], camera_size: ...} (jaxmesh.make_suite)",
     ),
     "env_config": Key(
         "mapping",
-        None,
         "keyword arguments of jaxmesh.make_env(env, **env_config), e.g. "
         "episode_length: 50 (gymnax:, brax:, playground:, libero: ids and env "
         "factories only)",
     ),
     "policy": Key(
-        "str",
-        None,
-        "module:Class, module:function or module:model_instance (required)",
+        "str", "module:Class, module:function or module:model_instance (required)"
     ),
     "policy_config": Key(
-        "mapping", None, "keyword arguments of Class.from_config(...) or Class(...)"
+        "mapping", "keyword arguments of Class.from_config(...) or Class(...)"
     ),
     "host": Key(
         "bool",
-        False,
         "the policy function runs on the host with numpy values, "
         "jaxmesh.HostPolicy(fn) (a function only; a HostPolicy instance needs no key)",
+        False,
     ),
     "episodes": Key(
-        "int",
-        None,
-        "episode budget: seeds 0..episodes-1 (null: one per seed, else 1)",
-        low=0,
+        "int", "episode budget: seeds 0..episodes-1 (null: one per seed, else 1)", low=0
     ),
-    "seeds": Key(
-        "list of int", None, "the seeds, one episode each (not with episodes)"
-    ),
-    "num_envs": Key("int", 64, "parallel lanes"),
-    "horizon": Key("int", 1, "actions of a chunk executed before the next plan"),
-    "prefetch_lead": Key("int", 0, "plan L steps before a chunk runs out (0: in step)"),
+    "seeds": Key("list of int", "the seeds, one episode each (not with episodes)"),
+    "num_envs": Key("int", "parallel lanes", 64),
+    "horizon": Key("int", "actions of a chunk executed before the next plan", 1),
+    "prefetch_lead": Key("int", "plan L steps before a chunk runs out (0: in step)", 0),
     "delay": Key(
         "int",
-        0,
         "inference delay d in steps: a chunk planned d steps before it plays, its "
         "first d actions skipped (0 < d < horizon)",
+        0,
     ),
     "delay_ms": Key(
         "number",
-        None,
         "the inference delay in milliseconds: ceil(delay_ms / (1000 dt)) steps "
         "(not with delay)",
     ),
     "execution": Key(
         "mapping",
-        None,
         "null (each plan's first h actions) or ensemble: {m: 0.01} (temporal "
         "ensembling, jaxmesh.Ensemble)",
     ),
     "max_episode_steps": Key(
-        "int", None, "cap on an episode's length (null: the env's own limit)"
+        "int", "cap on an episode's length (null: the env's own limit)"
     ),
-    "plan_tile": Key("int", None, "rows per policy call (null: chosen by the engine)"),
-    "segment_steps": Key("int", 256, "env steps per scan segment between host visits"),
+    "plan_tile": Key("int", "rows per policy call (null: chosen by the engine)"),
+    "segment_steps": Key("int", "env steps per scan segment between host visits", 256),
     "max_episode_seconds": Key(
         "number",
-        None,
         "wall-clock cap on an episode, gymnasium: and grpc:// envs only (null: none)",
     ),
     "metrics": Key(
         "list | mapping",
-        None,
         "env info keys kept per episode: [key, ...] (last value) or {key: last | "
         "sum | max | mean | any}",
     ),
     "success": Key(
         "str | false",
-        None,
         "the info key of an episode's success (null: success or is_success when "
         "the env has one; false: none)",
     ),
     "success_mode": Key(
         "str",
-        "once",
         "the headline success: once (true at any step) or end (true at the last step)",
+        "once",
     ),
     "record": Key(
         "list | mapping",
-        None,
         "episodes to record step by step: [0, 3] or {episodes: [...], max_steps: N, "
         "keys: [...]}; saved to the output's .npz",
     ),
     "trial_index_base": Key(
         "int",
-        0,
         "episode i gets reset option trial_index = trial_index_base + i "
         "(gymnasium:, grpc:// envs that take one)",
+        0,
     ),
     "instruction": Key(
         "str",
-        None,
         "the language instruction of every episode, for a policy with a "
         "jaxmesh.adapt.Text input",
     ),
     "workers": Key(
         "int | mapping",
-        None,
         "gymnasium:, libero: and factory envs: worker processes stepping the lanes "
         "(0: this process; null: chosen for the machine), or Ray actors: {ray: "
         "{num_workers: N, address: ..., num_cpus_per_worker: 1, resources: {...}}}",
     ),
     "check_seeds": Key(
         "bool",
-        False,
         "gymnasium: envs: check that the env is reproducible from its seed before "
         "the run",
+        False,
     ),
     "token": Key(
-        "str", None, "served envs: the servers' session token (null: $JAXMESH_TOKEN)"
+        "str", "served envs: the servers' session token (null: $JAXMESH_TOKEN)"
     ),
     "tls_ca": Key(
         "path",
-        None,
         "grpcs:// servers: the PEM file of the CA that signed their certificates",
     ),
     "reply_timeout": Key(
         "number",
-        None,
         "served envs: seconds a reply may take (null: auto, a hung server among "
         "several is dropped; .inf: no limit)",
     ),
     "on_server_loss": Key(
         "str",
-        None,
         "served envs over several servers: rerun (the default: a lost server's "
         "episodes rerun on the others) or raise",
     ),
     "transport": Key(
         "str",
-        None,
         "served envs: auto (the default: shared memory for a server on this host), "
         "grpc or shm",
     ),
     "output": Key(
         "path",
-        None,
         "the JSON file of the result (null: none); the episode log goes next to it "
         "as NAME.episodes.jsonl",
     ),
@@ -206,7 +178,7 @@ MAX_SECONDS = 1e9
 
 
 def keys_help(width: int | None = None) -> str:
-    """``SCHEMA`` as the help prints it, wrapped to ``width`` columns (None: the
+    """``SCHEMA`` as the help prints it, wrapped to ``width`` (None: the
     terminal's, as argparse does)."""
     if width is None:
         width = shutil.get_terminal_size().columns - 2
@@ -240,8 +212,6 @@ class _DuplicateKey(yaml.YAMLError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
-
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, int] = {}
@@ -270,8 +240,7 @@ def yaml_load(text: str) -> Any:
 
 
 def existing_file(path: str | Path, what: str, hint: str) -> Path:
-    """``path`` as a Path; ConfigError naming ``what`` and ``hint`` when no
-    file is there."""
+    """``path`` as a Path; ConfigError (``what``, ``hint``) when no file is there."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(
@@ -281,12 +250,8 @@ def existing_file(path: str | Path, what: str, hint: str) -> Path:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Reads a YAML run config (a mapping at the top level).
-
-    Raises:
-      ConfigError: the file is missing, cannot be read, is not UTF-8, is not
-        valid YAML, or is not a mapping.
-    """
+    """Reads a YAML run config: a mapping, else a ConfigError (as for a file
+    missing, unreadable, not UTF-8 or not valid YAML)."""
     p = existing_file(
         path,
         "config file",
@@ -318,8 +283,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 
 def _swaps_policy(config: dict[str, Any], overrides: Sequence[str]) -> bool:
-    """Whether the overrides' last ``policy=`` names another policy than the
-    file's."""
+    """Whether the last ``policy=`` names another policy than the file's."""
     last = None
     for item in overrides:
         key, _, raw = item.partition("=")
@@ -335,14 +299,9 @@ def _swaps_policy(config: dict[str, Any], overrides: Sequence[str]) -> bool:
 
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
-    """Applies ``KEY=VALUE`` overrides (values parsed as YAML; dotted keys
-    reach into mappings) to a copy of ``config``. Another ``policy`` drops the
-    file's ``policy_config`` (the command line's ``policy_config`` still applies).
-
-    Raises:
-      ConfigError: an override without ``=``, or a dotted key through a value
-        that is not a mapping.
-    """
+    """``config`` with ``KEY=VALUE`` overrides (values parsed as YAML; dotted
+    keys reach into mappings); another ``policy`` drops the file's
+    ``policy_config`` (not the command line's). ConfigError: a bad override."""
     out = copy.deepcopy(config)
     if _swaps_policy(config, overrides):
         out.pop("policy_config", None)

@@ -134,11 +134,7 @@ def _not_over(
 
 def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path | None:
     """Where ``eval`` streams its episodes: ``--episode-log PATH``, else next to
-    the output JSON (None: ``--no-episode-log``, or no output).
-
-    Raises:
-      ConfigError: the path is the output JSON or the config itself.
-    """
+    the output JSON (None: ``--no-episode-log``, or no output)."""
     given = getattr(args, "episode_log", None)
     output = config.get("output")
     if getattr(args, "no_episode_log", False) or (given is None and not output):
@@ -153,11 +149,7 @@ def episode_log_path(args: argparse.Namespace, config: dict[str, Any]) -> Path |
 
 def video_path(given: Any, config: dict[str, Any]) -> Path | None:
     """Where ``eval --video`` writes the videos (without a path: next to the
-    output JSON, else ``video.mp4``).
-
-    Raises:
-      ConfigError: imageio (or imageio-ffmpeg for a non-GIF) is missing.
-    """
+    output JSON, else ``video.mp4``); ConfigError: imageio is missing."""
     if given is None:
         return None
     if given is VIDEO_NEXT_TO_OUTPUT:
@@ -176,12 +168,7 @@ def video_path(given: Any, config: dict[str, Any]) -> Path | None:
 
 def report_path(given: Any, config: dict[str, Any], config_path: str) -> Path | None:
     """Where ``eval --report`` writes the report (without a path: next to the
-    output JSON, else ``report.html``).
-
-    Raises:
-      ConfigError: matplotlib is missing, or the path is the config's or the
-        JSON's own.
-    """
+    output JSON, else ``report.html``); ConfigError: matplotlib is missing."""
     if given is None:
         return None
     need_matplotlib("--report")

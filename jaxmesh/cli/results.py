@@ -16,12 +16,8 @@ from jaxmesh.suite import SuiteResult, compare
 
 
 def load_result(path: str | Path) -> Any:
-    """The ``RunResult`` (or, of a suite, the ``SuiteResult``) in a JSON file
-    written by ``jaxmesh eval``.
-
-    Raises:
-      ConfigError: the file is missing, is not JSON, or is not a result.
-    """
+    """The ``RunResult`` (a suite's ``SuiteResult``) ``jaxmesh eval`` wrote to a
+    JSON file; ConfigError: missing, not JSON, or not a result."""
     p = existing_file(
         path,
         "result file",

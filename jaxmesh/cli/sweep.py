@@ -1,7 +1,5 @@
-"""``jaxmesh sweep``: score a config at every (delay, horizon) of a grid.
-
-Each finished cell is written to a cells file as it ends, so that a stopped
-sweep keeps them and ``--resume`` runs only the others.
+"""``jaxmesh sweep``: score a config at every (delay, horizon) of a grid, each
+finished cell written to a cells file so that ``--resume`` runs only the others.
 """
 
 from __future__ import annotations

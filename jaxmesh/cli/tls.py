@@ -26,11 +26,7 @@ def channel_credentials(ca: str | None) -> Any:
 
 
 def tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
-    """``--tls-cert`` and ``--tls-key``: both, or neither (None: no TLS).
-
-    Raises:
-      ConfigError: only one of them.
-    """
+    """``--tls-cert`` and ``--tls-key``: both, or neither (None: no TLS)."""
     if cert is None and key is None:
         return None
     if cert is None or key is None:
