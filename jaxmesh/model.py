@@ -52,13 +52,7 @@ from jaxmesh.core.policy import (
 )
 from jaxmesh.devices import check_device, resolve_device
 from jaxmesh.explain import explain
-from jaxmesh.params import (
-    Param,
-    ParamError,
-    _jsonable,
-    params_schema,
-    validate_config,
-)
+from jaxmesh.params import Param, ParamError, _jsonable, params_schema, validate_config
 
 CORNERS = ("predict", "predict_chunk", "predict_batch", "predict_chunk_batch")
 
@@ -312,16 +306,11 @@ class Model:
         return type(self).initial_state is not Model.initial_state
 
     def _engine_corner(self) -> tuple[str, bool]:
-        """The corner the engine calls (chunks first, then batched), and
-        whether it is a batched one."""
+        """The corner the engine calls, and whether it is batched."""
         own = self.corners()
-        chunked = "predict_chunk_batch" in own or "predict_chunk" in own
-        batch, single = (
-            ("predict_chunk_batch", "predict_chunk")
-            if chunked
-            else ("predict_batch", "predict")
-        )
-        return (batch, True) if batch in own else (single, False)
+        chunk = "_chunk" if any("chunk" in c for c in own) else ""
+        batch = f"predict{chunk}_batch"
+        return (batch, True) if batch in own else (f"predict{chunk}", False)
 
     @property
     def stochastic(self) -> bool:
@@ -376,13 +365,7 @@ class Model:
             apply, stochastic = self._corner_apply()
             corner = self._engine_corner()[0]
         own_hook = type(self).on_episode_end is not Model.on_episode_end
-
-        def place(tree: Any) -> Any:
-            return _put(tree, device)
-
-        def default_params() -> Any:
-            return place(self.params)
-
+        place = functools.partial(_put, device=device)
         return Policy(
             name=self.name,
             apply=apply,
@@ -390,7 +373,7 @@ class Model:
             initial_state=self.initial_state if self.recurrent else None,
             native_chunk=self.native_chunk,
             spec=adapt.check_spec(self.spec),
-            default_params=default_params,
+            default_params=lambda: place(self.params),
             place=place,
             device=device,
             on_episode_end=self.on_episode_end if own_hook else None,
@@ -513,8 +496,7 @@ _RESERVED = frozenset(n for n in dir(Model) if not n.startswith("__"))
 
 
 def resolve_class(target: str) -> Any:
-    """Imports ``'package.module:Name'`` (or ``'package.module.Name'``);
-    ValueError when it names no importable attribute."""
+    """Imports ``'package.module:Name'`` (or ``'package.module.Name'``)."""
     if not isinstance(target, str) or not target:
         raise TypeError(f"expected 'package.module:Class', got {target!r}")
     module_name, sep, attr = target.partition(":")

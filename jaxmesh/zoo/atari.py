@@ -1,11 +1,7 @@
-"""A small convolutional Atari policy with fixed random weights (untrained).
-
-It reads EnvPool's Atari observation (``[4, 84, 84]`` uint8: four grayscale
-frames, oldest first) and returns a greedy action. It scores what a random
-policy scores (Pong: about -21): it exists to show the evaluation protocol
-end to end (``configs/pong.yaml``), with the shapes and cost of a real agent's
-network. An agent you trained plugs in the same way: ``policy:
-my_module:my_fn`` with ``fn(obs) -> action``.
+"""A small convolutional Atari policy with fixed random (untrained) weights on
+EnvPool's ``[4, 84, 84]`` uint8 frames: it scores as a random policy (Pong:
+about -21) and shows the protocol end to end (``configs/pong.yaml``) with a
+real network's shapes and cost.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ import numpy as np
 
 @functools.cache
 def weights(num_actions: int = 6, seed: int = 0) -> dict:
-    """Conv 8x8/4 (16 ch), conv 4x4/2 (32 ch), dense 256, dense ``num_actions``
-    (the small Atari network of DQN's first paper), He-scaled normal draws
-    (numpy, so that the first call may come from inside a trace)."""
+    """DQN's first Atari network, He-scaled normal draws (numpy, so the first
+    call may come from inside a trace)."""
     rng = np.random.default_rng(seed)
 
     def he(shape, fan_in):
@@ -36,11 +31,8 @@ def weights(num_actions: int = 6, seed: int = 0) -> dict:
 
 
 def logits(obs: jax.Array, num_actions: int = 6) -> jax.Array:
-    """``[4, 84, 84]`` uint8 frames -> ``[num_actions]`` float32 scores.
-
-    The convolutions run channels-last (NHWC input, HWIO kernels), the layout
-    XLA:CPU's fast convolution takes anywhere in a program, loop bodies
-    included (``jaxmesh.core.convs``)."""
+    """``[4, 84, 84]`` uint8 frames -> ``[num_actions]`` scores, convolving
+    channels-last, the layout XLA:CPU runs fast in loops (``core.convs``)."""
     w = weights(num_actions)
     x = jnp.transpose(obs.astype(jnp.float32), (1, 2, 0))[None] / 255.0
     conv = functools.partial(

@@ -1,7 +1,5 @@
-"""A small MLP policy for gymnax ``CartPole-v1``, with trained weights shipped.
-
-The weights in ``checkpoints/cartpole_mlp`` were trained by evolution
-strategies with ``python -m jaxmesh.zoo.train_cartpole`` (see ``docs/cli.md``).
+"""A small MLP policy for gymnax ``CartPole-v1``, its weights trained with
+``python -m jaxmesh.zoo.train_cartpole`` shipped (``docs/cli.md``).
 
 Example::
 
@@ -29,7 +27,6 @@ import jax.numpy as jnp
 
 from jaxmesh.zoo.shipped import ShippedWeights
 
-#: The checkpoint shipped inside the package, found next to this file.
 DEFAULT_PATH = Path(__file__).resolve().parent / "checkpoints" / "cartpole_mlp"
 
 OBS_SIZE = 4
@@ -56,28 +53,18 @@ def init(key: jax.Array) -> Any:
 
 
 def apply(params: Any, obs: jax.Array) -> jax.Array:
-    """The greedy action (argmax of the logits) as int32, for one observation.
-
-    Args:
-      params: the params of ``CartPoleNet()`` (``init`` or a loaded checkpoint).
-      obs: one CartPole observation, shape (4,) (a leading batch axis also
-        works and gives one action per row).
-
-    Returns:
-      The action, int32, shape () (or (B,) for a batch).
-    """
+    """The greedy int32 action for one observation (or a batch) with
+    ``CartPoleNet()``'s params."""
     logits = CartPoleNet().apply(params, obs)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
 class CartPoleMLP(ShippedWeights):
-    """The trained CartPole MLP as a ``jaxmesh.Model`` (``CartPoleMLP()``: the
-    shipped weights; ``from_config(checkpoint=...)``: others)."""
+    """The trained CartPole MLP as a ``jaxmesh.Model``."""
 
     DEFAULT_PATH = DEFAULT_PATH
 
     def predict(self, obs: jax.Array) -> jax.Array:
-        """The greedy action for one observation (int32, shape ())."""
         return apply(self.params, obs)
 
 

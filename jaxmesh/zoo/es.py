@@ -1,12 +1,7 @@
-"""OpenAI-ES (Salimans et al., 2017) on a policy's flattened params, shared by
-the zoo's trainers (``train_cartpole``, ``train_playground_cartpole``).
-
-Each generation draws ``population / 2`` Gaussian directions and their
-negatives (antithetic sampling), scores every perturbed policy with a
-``jaxmesh.make_evaluator`` function vmapped over the members (one
-``jax.jit``), turns the fitnesses into centered ranks and takes an AdamW step
-along the rank-weighted directions. A trainer chooses its env, its seeds,
-whether the centre is scored with the members, and how it validates and stops.
+"""OpenAI-ES (Salimans et al., 2017) on a policy's flattened params, for the
+zoo's trainers: each generation scores ``population / 2`` antithetic pairs of
+Gaussian perturbations with a vmapped ``jaxmesh.make_evaluator`` (one
+``jax.jit``) and takes an AdamW step along the rank-weighted directions.
 """
 
 from __future__ import annotations
@@ -43,8 +38,8 @@ def centered_ranks(x: jax.Array) -> jax.Array:
 
 
 def flat_policy(init: Callable, apply: Callable, cfg: Any):
-    """Checks ``cfg.population`` and flattens ``init``'s params (from
-    ``cfg.seed``): returns (flat params, unravel, ``policy(flat, obs)``)."""
+    """(flat params of ``init(PRNGKey(cfg.seed))``, unravel,
+    ``policy(flat, obs)``); ValueError for an odd population."""
     if cfg.population < 2 or cfg.population % 2:
         raise ValueError(
             f"population={cfg.population}: expected an even int >= 2 (antithetic pairs)"
@@ -58,8 +53,7 @@ def flat_policy(init: Callable, apply: Callable, cfg: Any):
 
 
 def seeded_evaluator(policy: Callable, env: Any, first_seed: int, episodes: int):
-    """``make_evaluator`` of ``episodes`` episodes on seeds ``first_seed, ...``:
-    one lane and one plan row per episode, so every call is a single tile."""
+    """``make_evaluator`` of one lane per episode on seeds ``first_seed, ...``."""
     return jaxmesh.make_evaluator(
         policy,
         env,
@@ -79,8 +73,7 @@ def make_trainer(
     *,
     score_centre: bool,
 ):
-    """The pieces of a trainer: ((flat0, its optimizer state), jitted
-    generation (``make_generation``), unravel, ``policy(flat, obs)``)."""
+    """((flat0, its optimizer state), jitted generation, unravel, policy)."""
     flat0, unravel, policy = flat_policy(init, apply, cfg)
     fitness = seeded_evaluator(policy, env, train_seeds, cfg.episodes)
     init_state, generation = make_generation(
@@ -92,10 +85,9 @@ def make_trainer(
 def make_generation(
     fitness: Callable, cfg: Any, train_seeds: int, *, score_centre: bool
 ):
-    """Builds (the optimizer's init, jitted generation): ``generation(flat,
-    opt_state, gen)`` returns (updated flat, opt_state, the centre's score
-    before the update or None without ``score_centre``, the members' scores);
-    fitness episodes are ``train_seeds + gen * cfg.episodes + i``."""
+    """(the optimizer's init, jitted ``generation(flat, opt_state, gen)`` ->
+    (flat, opt_state, the centre's score before the update or None, the
+    members' scores)), on seeds ``train_seeds + gen * cfg.episodes + i``."""
     optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
     key0 = jax.random.PRNGKey(cfg.seed)
 
@@ -135,10 +127,9 @@ def run_generations(
     target: float = np.inf,
     patience: int | None = None,
 ) -> tuple[jax.Array, dict]:
-    """Runs ``generations`` ES generations; returns (the best flat params,
-    stats). ``judge(before, after, centre)`` gives the params a generation
-    offers and their score (logged as ``label``, kept as ``stats[stat]``);
-    with ``patience``, it stops after that many scores in a row at ``target``.
+    """Runs ES generations; returns (the best flat params, stats).
+    ``judge(before, after, centre)`` gives the params offered and their score
+    (``label``, ``stats[stat]``); stops after ``patience`` scores at ``target``.
     """
     best_flat, best, best_gen, streak = flat, -np.inf, -1, 0
     t0 = time.perf_counter()
@@ -179,10 +170,8 @@ def run_cli(
     eval_episodes: int,
     eval_lanes: int,
 ) -> int:
-    """The command line of a zoo trainer: ``--out`` and one flag per field of
-    the ``config`` dataclass, train, save the weights where ``model`` reads
-    them, then score the saved checkpoint on ``--eval-episodes`` seeds
-    ``0..N-1`` (unseen in training)."""
+    """A zoo trainer's command line (``--out``, a flag per ``config`` field):
+    train, save where ``model`` reads the weights, score the checkpoint."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     parser.add_argument(
         "--out",
@@ -208,9 +197,7 @@ def run_cli(
     cfg = config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
     params, stats = train(cfg)
     out = save_params(args.out, params, overwrite=True)
-    # orbax's commit marker records the absolute path written to (a machine
-    # path, in a checkpoint shipped in the repository); restoring a local
-    # checkpoint does not read it.
+    # orbax's commit marker holds a machine path; restoring never reads it.
     (Path(out) / "commit_success.txt").unlink(missing_ok=True)
     print(f"trained in {stats['train_seconds']:.1f} s: {stats}")
     print(f"saved {out}")

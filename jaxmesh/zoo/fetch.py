@@ -1,20 +1,13 @@
 """gymnasium-robotics' Fetch tasks as flat observations, and a scripted policy.
 
 Importing this module registers ``FetchReachFlat-v4``, ``FetchPushFlat-v4`` and
-``FetchPickAndPlaceFlat-v4`` with gymnasium: the Fetch task of that name
-(MuJoCo, 50 steps, ``info["is_success"]``) with its dict observation flattened
-by ``gymnasium.wrappers.FlattenObservation``, whose order is the keys sorted:
-``achieved_goal`` (3), ``desired_goal`` (3), then ``observation`` (10 for
-Reach, 25 for Push and PickAndPlace). jaxmesh names them
-``"gymnasium:jaxmesh.zoo.fetch:FetchPushFlat-v4"`` (gymnasium imports this module
-first), in process and in ``jaxmesh serve-env``. They need
-``pip install 'jaxmesh[robot]'``.
-
-``scripted`` is a hand-written controller, not a trained policy: it moves the
-gripper to the goal on Reach, and pushes the block to the goal along the table
-on Push and PickAndPlace (it never grasps, so a PickAndPlace goal in the air is
-out of its reach). It is a baseline with known behaviour for checking an
-evaluation end to end (``configs/fetch_suite.yaml``).
+``FetchPickAndPlaceFlat-v4``: the Fetch task with its dict observation
+flattened (keys sorted: ``achieved_goal`` (3), ``desired_goal`` (3),
+``observation`` (10 for Reach, else 25)), named e.g.
+``"gymnasium:jaxmesh.zoo.fetch:FetchPushFlat-v4"``; ``pip install
+'jaxmesh[robot]'``. ``scripted`` is a hand-written controller (reach the goal;
+push the block along the table, never grasping), a known baseline for
+``configs/fetch_suite.yaml``.
 """
 
 from __future__ import annotations

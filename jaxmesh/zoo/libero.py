@@ -1,13 +1,9 @@
 """A scripted LIBERO-Spatial policy: the whole flow (configs/libero_spatial.yaml).
 
-``scripted`` reads LIBERO's own observation keys (the end effector, the
-gripper, the first black bowl and the plate) and returns a chunk of
-``CHUNK`` identical 7-number actions (six end-effector deltas and the gripper,
--1 open, +1 closed), re-planned every ``horizon`` steps as VLA clients do. It
-goes above the first bowl, descends and closes the gripper on it, then tries
-to lift it and carry it over the plate. It is no learned policy: it nearly
-always fails (the bowl slips), so its scores check the pipeline (the
-per-task table, intervals, videos), not a baseline.
+``scripted`` reads four LIBERO state keys and returns ``CHUNK`` identical
+7-number actions (end-effector deltas, gripper -1 open / +1 closed): it grasps
+the first bowl and tries to carry it over the plate. It nearly always fails
+(the bowl slips): its scores check the pipeline, not a baseline.
 """
 
 from __future__ import annotations

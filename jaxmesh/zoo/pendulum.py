@@ -1,13 +1,9 @@
 """A model-based Pendulum controller that plans chunks (configs/pendulum.yaml).
 
-``planner`` reads gymnax's ``Pendulum-v1`` observation ``[cos th, sin th,
-th_dot]``, rolls the pendulum's own equations forward ``CHUNK`` steps and
-returns the torque it would apply at each predicted state: an energy-pumping
-swing-up far from upright, a PD hold near it. Its model is off (``M``), and
-its chunk is an open-loop plan, so executing more of it (a larger horizon) or
-playing it late (an inference delay) costs return: the grid ``jaxmesh sweep``
-scores. It is no learned
-policy; its scores show the flow, not a baseline.
+``planner`` rolls gymnax ``Pendulum-v1``'s equations (with a wrong mass)
+``CHUNK`` steps forward: an energy-pumping swing-up, a PD hold near upright.
+An open-loop plan, so a larger horizon or a delay costs return, the grid
+``jaxmesh sweep`` scores. No learned policy: it shows the flow.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ def _torque(th: jax.Array, th_dot: jax.Array) -> jax.Array:
 
 
 def plan(obs: jax.Array) -> jax.Array:
-    """One plan: ``CHUNK`` torques ``[CHUNK, 1]``, from the states the
-    pendulum's equations predict."""
+    """One plan: ``[CHUNK, 1]`` torques along the predicted states."""
     th0, th_dot0 = jnp.arctan2(obs[1], obs[0]), obs[2]
 
     def step(state, _):

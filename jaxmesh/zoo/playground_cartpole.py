@@ -1,31 +1,8 @@
-"""Policies for MuJoCo Playground's ``CartpoleBalance``: a trained MLP with its
-weights shipped, and a hand-made linear controller to compare it with.
-
-The env has 5 observations (cart position, cos and sin of the pole angle, cart
-velocity, pole angular velocity) and one action in [-1, 1].
-
-- ``CartpoleMLP``: a small MLP (two tanh layers of 32) whose weights in
-  ``checkpoints/playground_cartpole_mlp`` were trained by evolution strategies
-  with ``python -m jaxmesh.zoo.train_playground_cartpole``
-  (``configs/playground_cartpole.yaml`` scores it).
-- ``balance``: not trained; a linear state-feedback law squashed with ``tanh``
-  (``configs/playground_cartpole_linear.yaml`` scores it).
-
-Example::
-
-    import jaxmesh
-    from jaxmesh.zoo import playground_cartpole
-
-    result = jaxmesh.evaluate(
-        playground_cartpole.CartpoleMLP(), "playground:CartpoleBalance", episodes=100
-    )
-
-    # Or as a plain function of (params, obs), e.g. for make_evaluator:
-    params = jaxmesh.load_params(playground_cartpole.DEFAULT_PATH)
-    run = jaxmesh.make_evaluator(
-        playground_cartpole.apply, "playground:CartpoleBalance", episodes=16
-    )
-    returns = run(params).returns
+"""Policies for MuJoCo Playground's ``CartpoleBalance`` (5 observations, one
+action in [-1, 1]): ``CartpoleMLP``, its weights trained with ``python -m
+jaxmesh.zoo.train_playground_cartpole`` shipped, and ``balance``, a linear law
+squashed with ``tanh`` (``configs/playground_cartpole*.yaml`` score them;
+docs/playground.md, "A trained policy").
 """
 
 from __future__ import annotations
@@ -40,7 +17,6 @@ import jax.numpy as jnp
 
 from jaxmesh.zoo.shipped import ShippedWeights
 
-#: The checkpoint shipped inside the package, found next to this file.
 DEFAULT_PATH = (
     Path(__file__).resolve().parent / "checkpoints" / "playground_cartpole_mlp"
 )
@@ -78,27 +54,17 @@ def init(key: jax.Array) -> Any:
 
 
 def apply(params: Any, obs: jax.Array) -> jax.Array:
-    """The action for one observation.
-
-    Args:
-      params: the params of ``CartpoleBalanceNet()`` (``init`` or a loaded checkpoint).
-      obs: one observation, shape (5,) (a leading batch axis also works).
-
-    Returns:
-      The action, float32, shape (1,) (or (B, 1) for a batch), in [-1, 1].
-    """
+    """The action, shape (1,) in [-1, 1], for one observation (or a batch)
+    with ``CartpoleBalanceNet()``'s params."""
     return CartpoleBalanceNet().apply(params, obs)
 
 
 class CartpoleMLP(ShippedWeights):
-    """The trained ``CartpoleBalance`` MLP as a ``jaxmesh.Model``
-    (``CartpoleMLP()``: the shipped weights; ``from_config(checkpoint=...)``:
-    others)."""
+    """The trained ``CartpoleBalance`` MLP as a ``jaxmesh.Model``."""
 
     DEFAULT_PATH = DEFAULT_PATH
 
     def predict(self, obs: jax.Array) -> jax.Array:
-        """The action for one observation (float32, shape (1,))."""
         return apply(self.params, obs)
 
 

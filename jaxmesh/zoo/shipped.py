@@ -13,14 +13,9 @@ from jaxmesh.params import Param
 
 class ShippedWeights(Model):
     """A ``jaxmesh.Model`` whose weights ship with jaxmesh (``DEFAULT_PATH``):
-    ``Cls()`` uses them, ``Cls.from_config(checkpoint=...)`` others; ``load``
-    reads the orbax checkpoint once, before the first prediction.
+    ``Cls()`` loads them, ``Cls.from_config(checkpoint=...)`` others
+    (FileNotFoundError when missing)."""
 
-    Raises:
-      FileNotFoundError: nothing exists at ``checkpoint`` (when loading).
-    """
-
-    #: The shipped checkpoint directory (each subclass sets its own).
     DEFAULT_PATH: ClassVar[Path]
 
     checkpoint = Param(

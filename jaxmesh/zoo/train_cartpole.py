@@ -1,12 +1,8 @@
-"""Trains the CartPole MLP with evolution strategies and saves its checkpoint.
-
-OpenAI-ES as ``jaxmesh.zoo.es`` runs it. Fitness episodes use fresh seeds each
-generation, far from ``0..999`` (the seeds ``jaxmesh eval
-configs/cartpole.yaml`` scores), so the shipped score is measured on episodes
-never used in training. Deterministic from ``--seed``; it stops after
-``--generations``, or once the centre scores the maximum (500) on a held-out
-validation batch ``--patience`` times in a row, keeping the centre params with
-the best validation score.
+"""Trains the CartPole MLP with evolution strategies (``jaxmesh.zoo.es``) and
+saves its checkpoint. Training seeds are far from ``0..999``, the scored ones.
+Deterministic from ``--seed``; it stops after ``--generations``, or once the
+centre scores 500 on a validation batch ``--patience`` times in a row, keeping
+the best validated centre.
 
 Usage (needs the ``[train]`` extra, for optax)::
 
@@ -26,8 +22,8 @@ from jaxmesh.zoo import cartpole
 
 ENV = "gymnax:CartPole-v1"
 MAX_RETURN = 500.0
-#: Fitness seeds are TRAIN_SEEDS + generation * episodes + i; validation seeds
-#: VALID_SEEDS + i. Both are disjoint from 0..999, the evaluation seeds.
+#: Fitness seeds TRAIN_SEEDS + generation * episodes + i, validation seeds
+#: VALID_SEEDS + i.
 TRAIN_SEEDS = 1_000_000
 VALID_SEEDS = 2_000_000
 
@@ -48,7 +44,7 @@ class CartPoleESConfig:
 
 
 def make_trainer(cfg: CartPoleESConfig):
-    """Builds (initial state, jitted generation step, validation score, unravel)."""
+    """(initial state, jitted generation, validation score, unravel)."""
     state, generation, unravel, policy = es.make_trainer(
         cartpole.init, cartpole.apply, ENV, cfg, TRAIN_SEEDS, score_centre=False
     )
@@ -62,7 +58,7 @@ def make_trainer(cfg: CartPoleESConfig):
 
 
 def train(cfg: CartPoleESConfig, log=print) -> tuple[Any, dict]:
-    """Runs ES and returns the best centre params (a flax params dict) and stats."""
+    """The best centre params and stats."""
     (flat, opt_state), generation, valid_score, unravel = make_trainer(cfg)
     best_flat, stats = es.run_generations(
         generation,

@@ -1,12 +1,7 @@
-"""Trains the ``CartpoleBalance`` MLP with evolution strategies and saves its
-checkpoint.
-
-OpenAI-ES as ``jaxmesh.zoo.es`` runs it, on
-``jaxmesh.zoo.playground_cartpole.CartpoleBalanceNet`` (the MJX physics inside
-the one ``jax.jit``). Fitness episodes use fresh seeds each generation, far
-from ``0..999`` (the seeds ``jaxmesh eval configs/playground_cartpole.yaml``
-scores); the centre is scored with the members, and that score is its
-validation: the best centre is kept. Deterministic from ``--seed``.
+"""Trains the ``CartpoleBalance`` MLP with evolution strategies
+(``jaxmesh.zoo.es``, MJX inside the one ``jax.jit``) and saves its checkpoint.
+Training seeds are far from ``0..999``, the scored ones; the centre is scored
+with the members and the best is kept. Deterministic from ``--seed``.
 
 Usage (needs the ``[train]`` and ``[playground]`` extras)::
 
@@ -24,8 +19,7 @@ from jaxmesh.envs import make_env
 from jaxmesh.zoo import playground_cartpole
 
 ENV = "playground:CartpoleBalance"
-#: Fitness seeds are TRAIN_SEEDS + generation * episodes + i: disjoint from
-#: 0..999, the evaluation seeds.
+#: Fitness seeds are TRAIN_SEEDS + generation * episodes + i.
 TRAIN_SEEDS = 3_000_000
 
 
@@ -44,11 +38,7 @@ class CartpoleBalanceESConfig:
 
 
 def train(cfg: CartpoleBalanceESConfig, log=print) -> tuple[Any, dict]:
-    """Runs ES and returns the best centre params (a flax params dict) and stats.
-
-    The centre scored in generation g is the one before g's update, so the
-    best is kept from the scores as they come.
-    """
+    """The best centre params and stats."""
     env = make_env(ENV, config_overrides={"episode_length": cfg.episode_length})
     (flat, opt_state), generation, unravel, _ = es.make_trainer(
         playground_cartpole.init,
