@@ -310,38 +310,11 @@ def info_leaves(
     return info, present
 
 
-def _lane_list(lanes: npt.ArrayLike, num_lanes: int, what: str) -> list[int]:
-    """``lanes`` as ascending distinct ints below ``num_lanes``, or ValueError."""
-    arr = np.asarray(lanes).reshape(-1)
-    if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0):
-        raise ValueError(
-            f"{what}: lanes {arr[:16].tolist()} are not lane numbers; expected "
-            f"ints in 0..{num_lanes - 1}"
-        )
-    out = arr.astype(np.int64).tolist()
-    if out and out[-1] >= num_lanes:
-        raise ValueError(
-            f"{what}: lane {max(out)} given, but there are {num_lanes} lanes "
-            f"(0..{num_lanes - 1})"
-        )
-    if any(b <= a for a, b in zip(out, out[1:], strict=False)):
-        raise ValueError(
-            f"{what}: lanes {out[:16]} are not strictly ascending; name each lane "
-            "once, in ascending order"
-        )
-    return out
-
-
 class GymStepper:
-    """What every stepper shares (``EnvListStepper``, ``VectorEnvStepper``,
-    ``workers.ProcessStepper``): layout, lane state and the operations over a
-    subclass's ``run`` and ``close``.
-
-    Attributes:
-      layout: the observation's named leaves (``leaves.ObsLayout``).
-      started: bool ``[num_lanes]``: reset since made or :meth:`forget`.
-      ended: bool ``[num_lanes]``: the episode ended (or was released) and the
-        lane was not reset since; replaying it executes nothing.
+    """What every stepper shares: layout (``leaves.ObsLayout``), lane state and
+    the operations over a subclass's ``run`` and ``close``. ``started[j]``:
+    lane j was reset since made or :meth:`forget`; ``ended[j]``: its episode
+    ended (or was released) since, so replaying it executes nothing.
     """
 
     num_lanes: int
@@ -365,21 +338,13 @@ class GymStepper:
         self.ended = np.zeros(n, bool)
         # perf_counter() past which an episode is truncated; None: no cap.
         self.deadline: list[float | None] = [None] * n
-        #: Buffers ``{leaf: [>= m, ...]}`` that ``step_each`` stacks its rows
-        #: into where they fit (a same-host server's ring slot); None: new ones.
+        #: Buffers ``{leaf: [>= m, ...]}`` ``step_each`` stacks into where they
+        #: fit (a same-host server's ring slot).
         self.obs_into: dict[str, np.ndarray] | None = None
 
-    def run(
-        self,
-        ops: Sequence[Reset | Replay],
-        *,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        keep_all_obs: bool,
-        keep_all_info: bool = False,
-    ) -> list[LaneResult]:
-        """Checked ops (ascending lanes, at most one each) -> their results
-        (``keep_all_info``: every step's info, whatever ``keep_all_obs``)."""
+    def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
+        """Checked ops (``Reset`` | ``Replay``, ascending lanes, at most one
+        each) -> their ``LaneResult`` (``keep_all_info``: every step's info)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -405,16 +370,12 @@ class GymStepper:
         """One lane's observation as named leaves, checked (``ObsLayout.leaves``)."""
         return self.layout.leaves(value, lane)
 
-    def observations(
-        self, values: Sequence, lanes: Any, out: dict | None = None
-    ) -> dict[str, np.ndarray]:
+    def observations(self, values, lanes, out=None) -> dict[str, np.ndarray]:
         """``ObsLayout.stack`` of ``lanes`` (a list, or a slice from 0)."""
         where = range(len(values)) if isinstance(lanes, slice) else lanes
         return self.layout.stack(values, where, out)
 
-    def stepped_obs(
-        self, values: Sequence, lanes: list[int], out: dict | None = None
-    ) -> dict[str, np.ndarray]:
+    def stepped_obs(self, values, lanes, out=None) -> dict[str, np.ndarray]:
         """:meth:`observations` of a step: a bad one raises its lane's LaneError."""
         try:
             return self.observations(values, lanes, out)
@@ -440,9 +401,7 @@ class GymStepper:
         self.ended[lane] = False
         self.started[lane] = True
 
-    def _reset_result(
-        self, j: int, obs: Any, info: Any, want_obs: bool, keys: tuple, batched=False
-    ) -> LaneResult:
+    def _reset_result(self, j, obs, info, want_obs, keys, batched=False) -> LaneResult:
         """Lane ``j``'s reset, its observation checked (``batched``: a vector's)."""
         try:
             arr = self.observation(self.layout.row(obs, j) if batched else obs, j)
@@ -467,20 +426,11 @@ class GymStepper:
         info_keys: Sequence[str] = (),
         text_keys: Sequence[str] = (),
     ) -> ResultBatch:
-        """Starts an episode on each of ``lanes`` (ascending): ``steps`` 0 and
-        ``rows`` 1 per lane.
-
-        Args:
-          seeds: ``env.reset(seed=...)`` per lane (None: gymnasium's own).
-          options: per lane, the reset ``options`` dict or None.
-          max_episode_seconds: per lane, a wall-clock cap (> 0) or 0 for none.
-          text_keys: reset-info keys kept as they are (strings):
-            ``self.reset_text[key]`` holds one value per lane (None: absent).
-
-        Raises:
-          LaneError: an env raised, or returned an observation that does not fit.
-        """
-        js = _lane_list(lanes, self.num_lanes, "reset")
+        """Starts an episode on each of ``lanes`` (ascending), with per lane a
+        seed, ``options`` and wall-clock cap (0: none); ``text_keys``' values
+        go to ``self.reset_text[key]`` as they are. LaneError: an env raised,
+        or returned an observation that does not fit."""
+        js = self._lanes(lanes, "reset")
         m = len(js)
         options = [None] * m if options is None else list(options)
         seconds = [0.0] * m if max_episode_seconds is None else max_episode_seconds
@@ -514,8 +464,7 @@ class GymStepper:
         """One action (``[m, *A]``, the env's own values) on each of ``lanes``:
         ``replay`` with counts of 1 and ``keep_all_obs``, by ``step_each``
         where it serves."""
-        js = _lane_list(lanes, self.num_lanes, "step")
-        self._check_started(js, "step")
+        js = self._lanes(lanes, "step")
         keys = tuple(info_keys)
         actions = np.asarray(actions)
         if actions.shape[:1] != (len(js),):
@@ -529,13 +478,7 @@ class GymStepper:
         ops = [Replay(j, actions[i : i + 1]) for i, j in enumerate(js)]
         return self._replay_ops(ops, want_obs, keys, True)
 
-    def step_each(
-        self,
-        lanes: np.ndarray,
-        actions: np.ndarray,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-    ) -> ResultBatch | None:
+    def step_each(self, lanes, actions, want_obs, info_keys) -> ResultBatch | None:
         """:meth:`step` of checked input when the fast path serves it, else None."""
         return None
 
@@ -561,8 +504,7 @@ class GymStepper:
             actions that do not match the counts.
           LaneError: an env raised, or returned an observation that does not fit.
         """
-        js = _lane_list(lanes, self.num_lanes, "replay")
-        self._check_started(js, "replay")
+        js = self._lanes(lanes, "replay")
         counts = np.asarray(counts).reshape(-1)
         actions = np.asarray(actions)
         if counts.shape != (len(js),) or (counts.size and counts.min() < 1):
@@ -583,31 +525,43 @@ class GymStepper:
         ]
         return self._replay_ops(ops, want_obs, tuple(info_keys), keep_all_obs)
 
-    def _replay_ops(
-        self, ops: list, want_obs: bool, keys: tuple[str, ...], keep_all: bool
-    ) -> ResultBatch:
+    def _replay_ops(self, ops, want_obs, keys, keep_all) -> ResultBatch:
         kw = dict(want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all)
         return self.collect(self.run(ops, **kw), **kw)
 
-    def _check_started(self, js: list[int], what: str) -> None:
-        if js and not self.started[js].all():
-            lane = next(j for j in js if not self.started[j])
+    def _lanes(self, lanes: npt.ArrayLike, what: str) -> list[int]:
+        """``lanes`` as ascending distinct lane numbers, each reset before
+        unless ``what`` is "reset"; else ValueError."""
+        arr, num_lanes = np.asarray(lanes).reshape(-1), self.num_lanes
+        if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0):
+            raise ValueError(
+                f"{what}: lanes {arr[:16].tolist()} are not lane numbers; expected "
+                f"ints in 0..{num_lanes - 1}"
+            )
+        out = arr.astype(np.int64).tolist()
+        if out and out[-1] >= num_lanes:
+            raise ValueError(
+                f"{what}: lane {max(out)} given, but there are {num_lanes} lanes "
+                f"(0..{num_lanes - 1})"
+            )
+        if any(b <= a for a, b in zip(out, out[1:], strict=False)):
+            raise ValueError(
+                f"{what}: lanes {out[:16]} are not strictly ascending; name each lane "
+                "once, in ascending order"
+            )
+        if what != "reset" and out and not self.started[out].all():
+            lane = next(j for j in out if not self.started[j])
             raise ValueError(
                 f"{what}: lane {lane} was never reset; reset it (reset([{lane}], "
                 "seeds=[...])) before stepping it"
             )
+        return out
 
     def collect(
-        self,
-        results: Sequence[LaneResult],
-        *,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-        keep_all_obs: bool,
-        keep_all_info: bool = False,
+        self, results, *, want_obs, info_keys, keep_all_obs, keep_all_info=False
     ) -> ResultBatch:
-        """The results of one call (ascending lanes) as one :class:`ResultBatch`
-        (``keep_all_info``: as :meth:`run` was called)."""
+        """The results of one :meth:`run` (ascending lanes, its flags) as one
+        :class:`ResultBatch`."""
         steps = [len(r.rewards) for r in results]
         # The wire's rule: 1 for a reset; a replay's steps when every
         # observation is kept, else min(steps, 1) (the info rows follow it too).
@@ -657,25 +611,13 @@ class GymStepper:
 class EnvListStepper(GymStepper):
     """One gymnasium ``Env`` per lane; only the lanes named are stepped.
 
-    Args:
-      envs: distinct ``gymnasium.Env`` objects with equal spaces.
-      owned: jaxmesh made them (and closes them in :meth:`close`).
-      layout: ``space -> (shape, dtype)`` of the observations (default
-        :func:`native_layout`; the agent side converts to JAX's dtypes).
-
-    Raises:
-      ValueError: no envs, or one Env object in two lanes.
-      TypeError: an entry that is not a ``gymnasium.Env``, lanes with different
-        spaces, a layout that refuses the space.
+    ``owned``: jaxmesh made the envs (and closes them); ``layout``: ``space ->
+    (shape, dtype)`` of the observations (default :func:`native_layout`).
+    ValueError: no envs, or one Env object in two lanes; TypeError: an entry
+    that is not a ``gymnasium.Env``, unequal spaces, a layout that refuses one.
     """
 
-    def __init__(
-        self,
-        envs: Sequence,
-        *,
-        owned: bool = False,
-        layout: Callable[[Any], tuple] | None = None,
-    ):
+    def __init__(self, envs: Sequence, *, owned: bool = False, layout=None):
         envs = list(envs)
         if not envs:
             raise ValueError("env=[]: pass at least one gymnasium Env")
@@ -711,12 +653,9 @@ class EnvListStepper(GymStepper):
         self.action_space = first.action_space
         self._setup(layout)
 
-    def step_envs(
-        self, lanes: Sequence[int] | None, actions: Sequence, busy: Any = None
-    ) -> list:
-        """``env.step(a)`` of each of ``lanes`` (None: ``0 .. len(actions) - 1``):
-        their 5-tuples, or LaneError. ``busy`` (``workers``): flags set for a
-        lane while its env steps."""
+    def step_envs(self, lanes, actions, busy=None) -> list:
+        """``env.step(a)`` of each of ``lanes`` (None: the first ones): their
+        5-tuples, or LaneError; ``busy[j]`` is set while lane j steps."""
         envs = self.envs
         out: list = []
         try:
@@ -737,15 +676,9 @@ class EnvListStepper(GymStepper):
             raise LaneError(lane, "stepping", exc) from exc
         return out
 
-    def step_each(
-        self,
-        lanes: np.ndarray,
-        actions: np.ndarray,
-        want_obs: bool,
-        info_keys: tuple[str, ...],
-    ) -> ResultBatch | None:
-        # Every lane one action, live, with no deadline, the observation asked
-        # for: the batch is built from the envs' tuples in a few numpy calls.
+    def step_each(self, lanes, actions, want_obs, info_keys) -> ResultBatch | None:
+        # Live lanes with no deadline, the observation asked for: the batch in a
+        # few numpy calls.
         if not want_obs or not lanes.size:
             return None
         lane_list = lanes.tolist()
@@ -786,7 +719,7 @@ class EnvListStepper(GymStepper):
                 out[name] = buf[:m]
         return out or None
 
-    def _reset(self, op: Reset, want_obs: bool, info_keys: tuple) -> LaneResult:
+    def _reset(self, op, want_obs, info_keys) -> LaneResult:
         self._start_clock(op)
         options = {"options": op.options} if op.options else {}
         try:
@@ -795,9 +728,7 @@ class EnvListStepper(GymStepper):
             raise LaneError(op.lane, "resetting", exc) from exc
         return self._reset_result(op.lane, obs, info, want_obs, info_keys)
 
-    def _replay(
-        self, op: Replay, want_obs: bool, info_keys: tuple, keep_all: bool, all_info
-    ) -> LaneResult:
+    def _replay(self, op, want_obs, info_keys, keep_all, all_info) -> LaneResult:
         j = op.lane
         out = LaneResult(j)
         if self.ended[j]:
@@ -849,21 +780,12 @@ class EnvListStepper(GymStepper):
 
 
 class VectorEnvStepper(GymStepper):
-    """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``, stepped as a whole.
-
-    Every call steps every lane (lockstep): lanes not named play
-    :func:`idle_action`; a lane whose env ended is reset with ``seed=None``
-    before the next step. ``owned``, ``layout``: as for :class:`EnvListStepper`.
-    ValueError for any other autoreset mode (saying how to build a DISABLED one).
+    """A gymnasium ``VectorEnv`` in ``AutoresetMode.DISABLED``, in lockstep: lanes
+    not named play :func:`idle_action`; a lane whose env ended is reset with
+    ``seed=None`` before the next step. ValueError for another autoreset mode.
     """
 
-    def __init__(
-        self,
-        vec: Any,
-        *,
-        owned: bool = False,
-        layout: Callable[[Any], tuple] | None = None,
-    ):
+    def __init__(self, vec: Any, *, owned: bool = False, layout=None):
         gym = import_gymnasium()
         mode = (vec.metadata or {}).get("autoreset_mode")
         try:
@@ -887,14 +809,12 @@ class VectorEnvStepper(GymStepper):
         self.action_space = vec.single_action_space
         self._setup(layout)
         self.idle = idle_action(self.action_space)
-        # The env's own state (kept by forget()): reset once at all, and the
-        # lanes whose env ended and was not reset since.
+        # The env's own state (kept by forget()).
         self.ready = False
         self.env_ended = np.zeros(self.num_lanes, bool)
 
     def reset_vector(self, seeds: dict, options: dict | None):
-        """``vec.reset`` of the lanes ``seeds`` maps to their seeds
-        (``reset_mask``): its (obs, info)."""
+        """``vec.reset`` of the lanes ``seeds`` maps to their seeds: (obs, info)."""
         mask = np.zeros(self.num_lanes, bool)
         mask[list(seeds)] = True
         seed_list = [seeds.get(j) for j in range(self.num_lanes)]
@@ -921,8 +841,7 @@ class VectorEnvStepper(GymStepper):
 
     @staticmethod
     def lane_info(info: dict, j: int, keys: tuple[str, ...]) -> dict:
-        """Lane ``j``'s row of a vector info (an array per key, and a ``_key``
-        mask of the lanes that have it)."""
+        """Lane ``j``'s row of a vector info (arrays, ``_key`` masks)."""
         out = {}
         for key in keys:
             if key in info:
@@ -934,9 +853,8 @@ class VectorEnvStepper(GymStepper):
                         continue
         return out
 
-    def _resets(self, resets: list[Reset], want_obs: bool, info_keys: tuple) -> list:
-        # One reset call per distinct options (gymnasium passes one options
-        # dict to every lane), so each trial_index is a call of its own.
+    def _resets(self, resets, want_obs, info_keys) -> list[LaneResult]:
+        # One reset call per distinct options (one dict for every lane).
         groups: dict[tuple, list[Reset]] = {}
         for op in resets:
             key = tuple(sorted((op.options or {}).items()))
@@ -944,8 +862,7 @@ class VectorEnvStepper(GymStepper):
         results: dict[int, LaneResult] = {}
         calls: list = []
         if not self.ready:
-            # gymnasium's vector envs hold nothing for a lane never reset,
-            # so the first reset covers every lane (seed None where unnamed).
+            # The first reset covers every lane (seed None where unnamed).
             calls = [(None, groups.pop((), []) if len(groups) == 1 else [])]
         try:
             for key, ops in calls + list(groups.items()):
@@ -967,9 +884,7 @@ class VectorEnvStepper(GymStepper):
             raise LaneError(resets[0].lane, "resetting", exc) from exc
         return [results[op.lane] for op in resets]
 
-    def _replays(
-        self, replays: list, want_obs: bool, info_keys: tuple, keep_all: bool, every
-    ) -> list[LaneResult]:
+    def _replays(self, replays, want_obs, info_keys, keep_all, every) -> list:
         results = {op.lane: LaneResult(op.lane) for op in replays}
         active = [op for op in replays if not self.ended[op.lane]]
         steps = max((op.actions.shape[0] for op in active), default=0)
@@ -1005,8 +920,7 @@ class VectorEnvStepper(GymStepper):
         return [results[op.lane] for op in replays]
 
     def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
-        # Steps first, then resets: a lane reset in this call is not stepped
-        # (it may play the idle action before its reset, which discards it).
+        # Steps first, then resets: a lane reset in this call is not stepped.
         resets = [op for op in ops if isinstance(op, Reset)]
         replays = [op for op in ops if isinstance(op, Replay)]
         every_info = keep_all_obs or keep_all_info
