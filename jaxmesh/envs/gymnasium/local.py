@@ -1,10 +1,8 @@
-"""The host loop's lanes: thin adapters over the shared steppers of ``lanes``.
+"""The host loop's lanes (``jaxmesh.run.host``): adapters over ``lanes``' steppers.
 
-``jaxmesh.run.host``'s loop reads lanes through ``reset``, ``step``, ``.info``,
-``.spec`` and ``close()`` (``_LaneView``): ``EnvLanes`` holds one ``Env`` per
-lane, ``VectorEnvLanes`` a ``VectorEnv``, ``WorkerEnvLanes`` lanes in worker
-processes. An env's exception reaches the caller as the env raised it, marked
-with its lane (``lanes.mark_where``).
+``EnvLanes`` holds one ``Env`` per lane, ``VectorEnvLanes`` a ``VectorEnv``,
+``WorkerEnvLanes`` lanes in worker processes. An env's exception reaches the
+caller as the env raised it, marked with its lane (``lanes.mark_where``).
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ class _InfoKeys:
 
 
 def _none_of(keys: tuple, infos: Sequence) -> bool:
-    """Whether no info of ``infos`` has a key of ``keys``, from the union of
-    their keys (one call); False where that union fails (an info of None), so
-    ``read_infos`` reads them one by one."""
+    """Whether no info has a key of ``keys`` (False where an info is None:
+    ``read_infos`` reads them one by one)."""
     try:
         return frozenset(keys).isdisjoint(set().union(*infos))
     except TypeError:
@@ -59,34 +56,29 @@ def _env_errors(method):
             return method(*args, **kwargs)
         except shared.LaneError as err:
             exc = shared.mark_where(err.exc, err.lane, err.phase, err.steps)
-        # Raised outside the except block: the env's error keeps its own
-        # traceback and context, without the LaneError around it.
+        # Outside the except block: no LaneError in the env error's context.
         raise exc
 
     return unwrapped
 
 
 class _LaneView:
-    """What every adapter keeps for the host loop.
+    """What every adapter keeps for the host loop, which sets ``info_keys``.
 
-    The loop sets ``info_keys`` (the keys its metrics read). After each
-    ``step``, ``info[key]`` is ``(values float64 [n], present bool [n])`` for
-    the lanes stepped and ``info_seen`` the keys their infos had; after each
-    ``reset``, ``reset_info`` holds the same pairs of the reset infos and
-    ``reset_text[key]`` the ``text_keys`` values (None where an info lacks
-    one), rows in the order given.
+    After a ``step``, ``info[key]`` is ``(values float64 [n], present bool
+    [n])`` and ``info_seen`` the keys the infos had; after a ``reset``,
+    ``reset_info`` holds such pairs and ``reset_text[key]`` the ``text_keys``
+    values (None where absent), rows in the order given.
     """
 
     def _view(self, src: Any, where: str) -> None:
-        """The view of ``src``'s lanes (a stepper or a ``WorkerPool``)."""
         space = src.action_space
         self.spec = spec_for(src.name, src.observation_space, space, where, src.dt)
         self.num_lanes, self.action_space = src.num_lanes, space
         self.declares_trial_index = src.declares_trial_index
         self.info_keys: tuple[str, ...] = ()
         self.info: dict = {}
-        #: No lane's info had an ``info_keys`` key at the last ``step`` (where
-        #: the adapter says so: then every ``present`` reads False).
+        #: No info had an ``info_keys`` key at the last ``step`` (where known).
         self.info_empty = False
         self.info_seen: set = set()
         self._absent: tuple = ((), 0, {})  # (keys, n, info): ``_no_info``'s
@@ -106,35 +98,21 @@ class _LaneView:
                 vals[j], present[j] = v, True
 
     def _no_info(self, n: int, seen: Any) -> None:
-        """``info`` of n lanes none of whose infos had a key: the same
-        read-only arrays each step (made again when the keys change)."""
+        """``info`` of n lanes none of whose infos had a key: read-only arrays
+        kept while the keys stay."""
         keys, m, info = self._absent
         if keys != self.info_keys or m != n:
-            info = {}
-            for k in self.info_keys:
-                pair = (np.zeros(n, np.float64), np.zeros(n, bool))
-                for x in pair:
-                    x.flags.writeable = False
-                info[k] = pair
+            pair = (np.zeros(n, np.float64), np.zeros(n, bool))
+            for x in pair:
+                x.flags.writeable = False
+            info = dict.fromkeys(self.info_keys, pair)
             self._absent = (self.info_keys, n, info)
         self.info, self.info_seen, self.info_empty = info, seen, True
 
-    def reset(
-        self,
-        lanes: list[int],
-        seeds: list[int],
-        trials: list[int],
-        max_episode_seconds: float | None = None,
-        text_keys: Sequence[str] = (),
-    ) -> dict[str, np.ndarray]:
-        """Starts an episode on each of ``lanes`` (in any order); their
-        observations as named leaves ``[m, ...]``, rows in the order given.
-
-        Episode ``trials[i]`` gets ``options={"trial_index": trials[i]}`` when
-        the env declares it. ``max_episode_seconds`` caps each episode by wall
-        clock in ``replay`` (``step`` leaves that cap to its caller).
-        ``text_keys``: reset-info keys read as they are (strings).
-        """
+    def reset(self, lanes, seeds, trials, max_episode_seconds=None, text_keys=()):
+        """Starts an episode on each of ``lanes`` (any order, with a seed and a
+        trial index each): observations as named leaves ``[m, ...]``, rows in
+        the order given. ``max_episode_seconds`` caps episodes in ``replay``."""
         # The stepper resets by ascending lane; ``back`` orders its rows as given.
         lanes = [int(j) for j in lanes]
         order = sorted(range(len(lanes)), key=lanes.__getitem__)
@@ -171,37 +149,16 @@ class LocalAdapter(_LaneView):
         return batch.info, batch.info_present, self.lanes.reset_text, obs
 
     @_env_errors
-    def replay(
-        self,
-        lanes: Any,
-        counts: Any,
-        actions: np.ndarray,
-        *,
-        keep_all_obs: bool = False,
-        want_obs: bool = True,
-        info_keys: Sequence[str] = (),
-    ) -> shared.ResultBatch:
+    def replay(self, *args: Any, **kwargs: Any) -> shared.ResultBatch:
         """``GymStepper.replay`` of the shared lanes, an env's error as raised."""
-        return self.lanes.replay(
-            lanes,
-            counts,
-            actions,
-            keep_all_obs=keep_all_obs,
-            want_obs=want_obs,
-            info_keys=info_keys,
-        )
+        return self.lanes.replay(*args, **kwargs)
 
     def close(self) -> None:
         self.lanes.close()
 
 
 class EnvLanes(LocalAdapter):
-    """One gymnasium ``Env`` per lane; only lanes with an episode are stepped.
-
-    Args:
-      envs: the lanes' envs (all with equal observation and action spaces).
-      owned: jaxmesh made them (``"gymnasium:<id>"``) and closes them.
-    """
+    """One gymnasium ``Env`` per lane (``owned``: jaxmesh made and closes them)."""
 
     def __init__(self, envs: list, owned: bool = False):
         lanes = shared.EnvListStepper(
@@ -212,13 +169,9 @@ class EnvLanes(LocalAdapter):
 
     @_env_errors
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
-        """Steps the lanes in ``go``; writes their observations into ``obs``
-        (named leaves ``[n, ...]``).
-
-        Returns:
-          (reward float32 [n], terminated [n], truncated [n]); lanes not in
-          ``go`` read 0 / False.
-        """
+        """Steps the lanes in ``go``, their observations into ``obs`` (named
+        leaves ``[n, ...]``): (reward float32, terminated, truncated) ``[n]``,
+        0 / False for lanes not in ``go``."""
         n = go.shape[0]
         reward = np.zeros(n, np.float32)
         term, trunc = np.zeros(n, bool), np.zeros(n, bool)
@@ -298,28 +251,19 @@ class VectorEnvLanes(LocalAdapter):
 
 
 class _Sent(list):
-    """The workers a ``send`` asked, and the lanes it held back because their
-    worker died in a reset (``lost``, and of those the ``culprits`` it was
-    resetting): its ``take`` reports them."""
+    """The workers a ``send`` asked, and the lanes it held back (their worker
+    died in a reset: ``lost``, ``culprits``) for its ``take`` to report."""
 
     lost: list[int]
     culprits: list[int]
 
 
 class WorkerEnvLanes(_LaneView):
-    """Lanes stepped by worker processes (``workers.WorkerPool``) over shared
-    memory, behind the same interface as :class:`EnvLanes`.
+    """Lanes in worker processes (``workers.WorkerPool``), as :class:`EnvLanes`.
 
-    After a ``step``, ``lost`` lists the lanes of a worker that died in it: a
-    new worker rebuilt their envs, and the host loop runs their episodes again
-    from their seeds (they did not step); ``culprits`` those of them whose env
-    step was under way.
-
-    Args:
-      source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a
-        list of them (one per lane).
-      num_lanes: the lanes.
-      workers: the worker processes.
+    After a ``step``, ``lost`` lists the lanes of a worker that died in it
+    (rebuilt, not stepped: the host loop runs their episodes again) and
+    ``culprits`` those whose env step was under way.
     """
 
     def __init__(self, source: Any, num_lanes: int, workers: int):
@@ -331,9 +275,8 @@ class WorkerEnvLanes(_LaneView):
             raise
         self.lost: list[int] = []
         self.culprits: list[int] = []
-        #: The lanes of a worker that died in a ``reset`` (and the lanes it was
-        #: resetting): its new envs hold none of their episodes, so the next
-        #: ``send`` holds them back and its ``take`` reports them ``lost``.
+        #: The lanes of a worker that died in a ``reset`` (and those it was
+        #: resetting): the next ``take`` reports them ``lost``.
         self.lost_in_reset: set[int] = set()
         self.culprits_in_reset: list[int] = []
         self.carried: tuple[str, ...] | None = None
@@ -344,9 +287,8 @@ class WorkerEnvLanes(_LaneView):
         return self.pool.workers
 
     def carry(self, names: Sequence[str] | None = None) -> None:
-        """Makes the shared segment, with slots for the observation leaves
-        ``names`` only (None: every leaf); the others never leave the workers
-        (and read as zeros here). Called once, before the first reset."""
+        """Makes the shared segment with the observation leaves ``names`` only
+        (None: every leaf; the others read as zeros here)."""
         layout = self.spec.layout
         keep = layout.names if names is None else set(names)
         carried = tuple(n for n in layout.names if n in keep)
@@ -363,9 +305,8 @@ class WorkerEnvLanes(_LaneView):
 
     def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray, lanes) -> tuple:
         """A worker that dies while resetting is replaced and the reset tried
-        once more; every lane of that worker is then reported ``lost`` by the
-        next ``take``. ``workers.WorkerLost``: it died again (marked with the
-        lane it was resetting: the run names its episode)."""
+        once more (its lanes reported ``lost`` by the next ``take``); a second
+        death raises ``workers.WorkerLost``, marked with the lane."""
         self.carry()  # every leaf, unless the run named the ones it reads
         args = (*args, self.info_keys, text_keys)
         try:
@@ -381,8 +322,7 @@ class WorkerEnvLanes(_LaneView):
         return info, present, texts, self._rows(lanes)
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
-        """As :meth:`EnvLanes.step`, the lanes stepped in their workers; lanes
-        of a worker that died read as not stepped (``lost``)."""
+        """:meth:`EnvLanes.step` in the workers (``lost`` lanes: not stepped)."""
         return self.take(self.send(actions, go), go, obs)
 
     @property
@@ -391,8 +331,7 @@ class WorkerEnvLanes(_LaneView):
         return [np.asarray(b, np.int64) for b in self.pool.blocks]
 
     def send(self, actions: np.ndarray, go: np.ndarray) -> list[int]:
-        """Starts the step of the lanes in ``go`` (their workers step them
-        while this process goes on); ``take`` its results."""
+        """Starts the step of the lanes in ``go``; ``take`` its results."""
         act = self.pool.slots["action"]
         n = go.shape[0]
         act[:n][go] = env_actions(self.action_space, actions[go])
@@ -406,8 +345,7 @@ class WorkerEnvLanes(_LaneView):
         return sent
 
     def take(self, sent: list[int], go: np.ndarray, obs: dict):
-        """The results of ``send(actions, go)`` (``sent``: its return), as
-        :meth:`EnvLanes.step` returns them."""
+        """The results of ``send(actions, go)`` (``sent``), as :meth:`EnvLanes.step`."""
         n = go.shape[0]
         pool = self.pool
         info, seen, lost = pool.take(sent)
@@ -435,16 +373,9 @@ class WorkerEnvLanes(_LaneView):
 
 
 def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:
-    """The lanes for what the user passed as a host-stepped ``env``.
-
-    Args:
-      env: ``"gymnasium:<id>"``, a gymnasium ``Env``, a list of them, a
-        ``VectorEnv``, or a zero-argument factory (or a list of them, one per
-        lane) that jaxmesh calls to make envs it owns.
-      num_envs: lanes asked for; an id makes ``min(num_envs, episodes)``
-        envs (at least one), a list gives its first ``num_envs`` envs; the run
-        uses ``min(num_envs, lanes.num_lanes)`` lanes.
-      episodes: the budget (an id makes no more envs than it needs).
+    """The lanes of a host-stepped ``env``: ``"gymnasium:<id>"`` or factories
+    (``min(num_envs, episodes)`` envs, at least one, owned), an ``Env``, a list
+    of them (its first ``num_envs``) or a ``VectorEnv``.
 
     Raises:
       ValueError: an unknown id, an empty list, a VectorEnv not in
