@@ -1,9 +1,7 @@
 """Gymnasium envs as host-stepped lanes: an ``Env``, a list of them, a ``VectorEnv``.
 
-This package owns every gymnasium call: ``lanes`` (the JAX-free lanes shared by
-the in-process host loop and the env server), ``spec`` (the agent side's view,
-``HostEnvSpec``), ``local`` (the host loop's adapters, ``make_lanes``) and
-``workers`` (lanes in worker processes). gymnasium is imported on first use.
+Every gymnasium call is here: ``lanes`` (JAX-free, shared with the env server),
+``spec`` (the agent side's view), ``local`` (the host loop's) and ``workers``.
 """
 
 from jaxmesh.envs.gymnasium.lanes import (

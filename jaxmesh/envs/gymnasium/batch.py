@@ -1,6 +1,4 @@
-"""What gymnasium lanes hand back from one call (``ResultBatch``), and the names
-they share with the wire (``DTYPE_NAMES``, ``TRIAL_INDEX``). JAX-free.
-"""
+"""What gymnasium lanes hand back from one call, and names shared with the wire."""
 
 from __future__ import annotations
 
@@ -8,20 +6,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-#: The dtype names a lane's arrays may have (little-endian on the wire;
-#: ``jaxmesh.remote.codec.DTYPES`` maps them to numpy dtypes).
+#: The dtype names a lane's arrays may have (``jaxmesh.remote.codec.DTYPES``).
 DTYPE_NAMES: tuple[str, ...] = ("bool", "float16", "float32", "float64") + tuple(
     f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)
 )
 
-#: The reset option that carries an episode's trial index to an env that takes
-#: it (a server declares it in the handshake when its env does).
+#: The reset option that carries an episode's trial index to an env that takes it.
 TRIAL_INDEX = "trial_index"
 
 
 class ResultBatch(NamedTuple):
-    """What lanes did in one call, as numpy: the wire's ``ResultBatch`` too (the
-    codec encodes and decodes it), read alike from local and served lanes.
+    """What lanes did in one call, as numpy (the wire's ``ResultBatch`` too).
 
     Attributes:
       lanes: int64 ``[m]``, ascending: every lane reset or stepped.
@@ -35,14 +30,13 @@ class ResultBatch(NamedTuple):
       observation: ``{"": array [sum(rows), *obs_shape]}`` when observations
         were asked for, else ``{}``; for a Dict or Tuple observation, leaf
         name -> ``[sum(rows), *leaf_shape]`` for the leaves asked for.
-      info: info key -> ``[sum(info rows), ...]`` in the values' own dtype,
-        for the keys asked for that some row has (and whose values are numbers
-        of one shape); a row without the key holds zeros.
+      info: info key -> ``[sum(info rows), ...]`` in the values' own dtype, for
+        the keys asked for that some row has as numbers of one shape (zeros
+        where a row lacks it).
       info_present: info key -> bool ``[sum(info rows)]`` for a key that some
         rows lack (True: the row has it); a key every row has is not here.
-      info_rows: int64 ``[m]``: info rows per lane, when they differ from
-        ``rows`` (every executed step's info with only the last observation:
-        1 for a reset, ``steps`` for a replay); None: the info rows are
+      info_rows: int64 ``[m]``: info rows per lane where they differ from
+        ``rows`` (every step's info with only the last observation); None:
         ``rows``.
     """
 

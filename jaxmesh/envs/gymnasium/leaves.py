@@ -1,11 +1,6 @@
-"""One lane's observation as named leaves: Box, Dict and Tuple spaces alike.
-
-Host-stepped lanes, worker processes and the wire carry an observation as flat
-named leaves, each in its own dtype and shape: one array is the leaf ``""``; a
-``Dict``'s and ``Tuple``'s leaves are named by their keys and indices joined
-with ``/`` (``{"cam": {"rgb": ...}}`` -> ``"cam/rgb"``). :class:`ObsLayout`
-turns an observation into those leaves (checked against the space) and back
-(``build``). JAX-free.
+"""One lane's observation as flat named leaves (JAX-free): one array is the leaf
+``""``; a ``Dict``'s and ``Tuple``'s leaves are named by their keys and indices
+joined with ``/`` (``{"cam": {"rgb": ...}}`` -> ``"cam/rgb"``).
 """
 
 from __future__ import annotations
@@ -15,28 +10,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ObsLayout", "aligned_zeros", "leaf_name"]
-
 #: A single-array observation's leaf name (the wire's ``OBS_KEY``).
 WHOLE = ""
 
 
 def leaf_name(path: tuple) -> str:
-    """The flat name of the leaf at ``path`` (keys and indices)."""
     return "/".join(str(p) for p in path)
 
 
 class ObsLayout:
-    """The named leaves of one lane's observation, for a gymnasium space.
+    """The named leaves of one lane's observation of a gymnasium space.
 
-    ``leaf``: ``space -> (shape, dtype)`` for a space that is one array
-    (TypeError for others); ``where`` names the env in messages. ``names``: the
-    leaves in the space's order; ``shapes``, ``dtypes``: one lane's, per name;
-    ``whole``: the observation is one array.
-
-    Raises:
-      TypeError: a leaf space ``leaf`` refuses, an empty Dict or Tuple, or a
-        Dict key that is not a string or holds ``/``.
+    ``leaf``: ``space -> (shape, dtype)`` of a one-array space; ``where`` names
+    the env in messages. ``names`` are in the space's order; ``whole``: the
+    observation is one array. TypeError: a leaf space ``leaf`` refuses, an
+    empty Dict or Tuple, or a Dict key that is not a string or holds ``/``.
     """
 
     def __init__(self, space: Any, leaf: Callable[[Any], tuple], where: str):
@@ -81,8 +69,8 @@ class ObsLayout:
         return name
 
     def select(self, keys: list[str]) -> ObsLayout:
-        """This layout with only the top-level Dict entries ``keys`` (the
-        leaves a policy reads); itself where it is not a Dict or lacks a key."""
+        """This layout with only the top-level Dict entries ``keys`` (itself
+        where it is not a Dict or lacks a key)."""
         if not isinstance(self.skeleton, dict) or any(
             k not in self.skeleton for k in keys
         ):
@@ -98,7 +86,6 @@ class ObsLayout:
         out.whole = False
         return out
 
-    # Env values -> leaves --------------------------------------------------------
     def _raw(self, value: Any, name: str, lane: int) -> Any:
         for p in self.paths[name]:
             try:
@@ -122,8 +109,7 @@ class ObsLayout:
             )
 
     def leaves(self, value: Any, lane: int) -> dict[str, np.ndarray]:
-        """One observation as ``{name: array}`` in the layout's dtypes
-        (ValueError naming the lane: a missing leaf, another shape)."""
+        """One observation as ``{name: array}`` (ValueError naming the lane)."""
         out = {}
         for name in self.names:
             arr = np.asarray(self._raw(value, name, lane), self.dtypes[name])
@@ -137,9 +123,8 @@ class ObsLayout:
         lanes: list[int] | range,
         out: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Several lanes' observations as ``{name: array [m, ...]}``, stacked
-        into ``out[name]`` where given (copied once; a bad observation may
-        leave it part written)."""
+        """Several lanes' observations as ``{name: array [m, ...]}``, into
+        ``out[name]`` where given (a bad observation may leave it part written)."""
         got = {}
         for name in self.names:
             dtype = self.dtypes[name]
@@ -174,40 +159,33 @@ class ObsLayout:
             return batched[j]
         return self.build({n: self._raw(batched, n, j)[j] for n in self.names})
 
-    # Leaves -> the nest ----------------------------------------------------------
     def build(self, leaves: Mapping[str, Any]) -> Any:
-        """The observation's own structure (an array, or nested dicts and
-        tuples) holding ``leaves[name]`` at each leaf."""
+        """The observation's own structure holding ``leaves[name]`` at each leaf."""
         return _fill(self.skeleton, leaves)
 
     def empty(
         self, lead: tuple[int, ...] = (), aligned: bool = False
     ) -> dict[str, np.ndarray]:
-        """Zero leaves with leading axes ``lead``; ``aligned``: each starts on
-        a 64-byte boundary (``aligned_zeros``)."""
+        """Zero leaves with leading axes ``lead`` (``aligned``: ``aligned_zeros``)."""
         zeros = aligned_zeros if aligned else np.zeros
         return {n: zeros(lead + self.shapes[n], self.dtypes[n]) for n in self.names}
 
     def nbytes(self) -> int:
-        """Bytes of one lane's observation (every leaf)."""
         return sum(
             int(np.prod(self.shapes[n], dtype=np.int64)) * self.dtypes[n].itemsize
             for n in self.names
         )
 
 
-#: Stacked leaves up to this size (bytes) are gathered in one ``np.asarray``
-#: and cast into place; larger ones (images) are stacked in a single pass.
+#: Bytes up to which stacked leaves are gathered in one ``np.asarray`` and cast.
 SMALL_STACK = 1 << 16
 
-#: The alignment of ``aligned_zeros``: XLA's CPU client reads a jit argument
-#: that starts on such a boundary in place, and copies one that does not.
+#: XLA's CPU client reads a jit argument so aligned in place (else copies it).
 ALIGN = 64
 
 
 def aligned_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """``np.zeros(shape, dtype)`` starting on an ``ALIGN``-byte boundary (numpy's
-    large arrays start 16 bytes past a page, which a CPU jit call copies)."""
+    """``np.zeros(shape, dtype)`` starting on an ``ALIGN``-byte boundary."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.zeros(nbytes + ALIGN, np.uint8)

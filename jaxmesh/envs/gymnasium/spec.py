@@ -1,8 +1,4 @@
-"""The agent side's view of gymnasium lanes: layouts in JAX's dtypes, ``HostEnvSpec``.
-
-Observations are converted to the dtype JAX computes in (float64 -> float32
-unless x64 is on; a Discrete observation -> int32).
-"""
+"""The agent side's view of gymnasium lanes, in JAX's dtypes: ``HostEnvSpec``."""
 
 from __future__ import annotations
 
@@ -16,18 +12,10 @@ import numpy as np
 from jaxmesh.envs.gymnasium.lanes import import_gymnasium
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 
-__all__ = [
-    "HostEnvSpec",
-    "action_layout",
-    "obs_layout",
-    "observation_layout",
-    "spec_for",
-]
-
 
 def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of one observation leaf (a space that is one array) in the
-    dtypes JAX computes in (TypeError for a space jaxmesh does not read)."""
+    """(shape, dtype) of a one-array observation space in JAX's dtypes (float64:
+    float32 unless x64 is on; Discrete: int32); TypeError for another space."""
     spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int32)
@@ -39,11 +27,6 @@ def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtyp
         "jaxmesh reads; expected Box, Discrete, MultiBinary or MultiDiscrete "
         "leaves, alone or in Dict and Tuple spaces"
     )
-
-
-def obs_layout(space: Any, where: str) -> ObsLayout:
-    """The named leaves of an observation space, in JAX's dtypes."""
-    return ObsLayout(space, lambda leaf: observation_layout(leaf, where), where)
 
 
 def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | None]:
@@ -64,22 +47,19 @@ def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | N
 
 @dataclasses.dataclass(eq=False)
 class HostEnvSpec:
-    """What the agent builder needs of host-stepped lanes (jaxmesh's env protocol):
-    ``reset`` is only traced for shapes, ``step`` never called; ``layout``: the
-    observation's named leaves in JAX's dtypes."""
+    """What the agent builder needs of host-stepped lanes (jaxmesh's env protocol:
+    ``reset`` is only traced for shapes, ``step`` never called)."""
 
     name: str
     layout: ObsLayout
     action_shape: tuple[int, ...]
     action_dtype: Any
     num_actions: int | None
-    #: Simulated seconds per step; None where the env has none (not part of
-    #: ``signature``: no compiled code depends on it).
+    #: Simulated seconds per step (not in ``signature``: no code depends on it).
     dt: float | None = None
 
     def zeros(self, lead: tuple[int, ...] = ()) -> Any:
-        """A zero observation (numpy) with leading axes ``lead``, in its own
-        structure."""
+        """A zero observation (numpy) with leading axes ``lead``."""
         return self.layout.build(self.layout.empty(lead))
 
     def reset(self, key: jax.Array) -> tuple[Any, jax.Array]:
@@ -94,9 +74,8 @@ class HostEnvSpec:
         )
 
     def reading(self, keys: list[str | None]) -> HostEnvSpec:
-        """The spec of the observation leaves a policy reads (``keys``: the
-        top-level keys of its inputs, None for the whole observation): only
-        those move to the device."""
+        """The spec of the leaves a policy reads (``keys``: top-level keys, None
+        for the whole observation)."""
         if None in keys or not keys:
             return self
         layout = self.layout.select([k for k in keys if k is not None])
@@ -122,4 +101,5 @@ def spec_for(
 ) -> HostEnvSpec:
     """The ``HostEnvSpec`` of lanes with these spaces (TypeError: unsupported)."""
     a_shape, a_dtype, n = action_layout(act_space, where)
-    return HostEnvSpec(name, obs_layout(obs_space, where), a_shape, a_dtype, n, dt)
+    layout = ObsLayout(obs_space, lambda s: observation_layout(s, where), where)
+    return HostEnvSpec(name, layout, a_shape, a_dtype, n, dt)
