@@ -1,10 +1,8 @@
 """Environment adapters: anything the user passes becomes one small ``Env``.
 
-Episode ends follow one rule in every adapter, gymnasium's (``TimeLimit``):
-``terminated`` is the env's own terminal state and nothing else; ``truncated``
-is a time limit, the env's own or the run's ``max_episode_steps``; both are
-True when the env terminates on the capped step. The episode ends when either
-is True, and the last step's reward counts.
+Episode ends follow gymnasium's rule in every adapter: ``terminated`` is the
+env's terminal state, ``truncated`` a time limit (both on a capped terminal
+step); either ends the episode, and the last step's reward counts.
 """
 
 from __future__ import annotations
@@ -43,17 +41,15 @@ def _make_libero(name: str, **kwargs: Any) -> Any:
 
 
 class Family(NamedTuple):
-    """One env id prefix: ``make(name, **kwargs)`` builds its ids in
-    ``make_env`` (None: stepped on the host, not a ``make_env`` family), the
-    pip extra it needs ('' for none) and the hint that lists it."""
+    """One env id prefix: its ``make(name, **kwargs)`` (None: stepped on the
+    host), the pip extra it needs ('' for none) and its hint."""
 
     make: Callable[..., Any] | None
     extra: str
     hint: str
 
 
-#: Every env id prefix jaxmesh knows: the one table ``make_env`` builds ids
-#: from and an unknown id's hint lists.
+#: Every env id prefix jaxmesh knows.
 FAMILIES: dict[str, Family] = {
     "gymnax": Family(
         gymnax.make,
@@ -92,8 +88,7 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
-#: The prefixes ``make_env`` builds (gymnasium ids and served addresses run on
-#: the host).
+#: The prefixes ``make_env`` builds.
 PREFIXES = tuple(p for p, f in FAMILIES.items() if f.make is not None)
 
 #: What jaxmesh needs from an env of its own protocol (``jaxmesh.types.Env``).
@@ -119,20 +114,17 @@ def make_env(env: Any, **kwargs: Any) -> Any:
     """Resolves what a user passes as ``env`` into a jaxmesh single-lane env.
 
     Args:
-      env: an id string (``"gymnax:CartPole-v1"``, ``"brax:ant"``,
-        ``"playground:CartpoleBalance"``), a gymnax ``Environment`` (a user's
-        own subclass included), an ``(env, env_params)`` tuple, a
-        ``brax.envs.Env``, a MuJoCo Playground env (``MjxEnv``), or an object
-        that follows ``jaxmesh.types.Env`` (every attribute in ``PROTOCOL``).
-      **kwargs: for id strings only, the env's construction arguments, as
-        its family's ``make`` takes them (``jaxmesh.envs.gymnax.make``:
-        ``max_steps_in_episode=50``; ``brax``, ``playground``, ``libero``,
-        ``envpool``).
+      env: an id (``"gymnax:CartPole-v1"``, ``"brax:ant"``), a gymnax
+        ``Environment`` or ``(env, env_params)`` tuple, a ``brax.envs.Env``, a
+        MuJoCo Playground env, or an object that follows ``jaxmesh.types.Env``
+        (every attribute in ``PROTOCOL``).
+      **kwargs: for ids only, as the family's ``make`` takes them
+        (``jaxmesh.envs.gymnax.make``: ``max_steps_in_episode=50``).
 
     Returns:
       A ``GymnaxEnv``, ``BraxEnv``, ``PlaygroundEnv`` or ``EnvPoolEnv``, or
-      ``env`` itself when it already follows the protocol; for a ``libero:``
-      id, a picklable factory of a gymnasium env (``LiberoEnv``).
+      ``env`` itself when it follows the protocol; for a ``libero:`` id, a
+      picklable factory of a ``LiberoEnv``.
 
     Raises:
       ValueError: for an unknown id or prefix (naming the closest ones).
@@ -175,7 +167,6 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
     )
     hints = [f.hint for f in FAMILIES.values()]
     if not sep:
-        # The user may have left the prefix out: compare with the names.
         hint = did_you_mean(env_id, _all_ids(), key=lambda i: i.partition(":")[2])
         hint = f" {hint}" if hint else ""
         raise ValueError(
@@ -189,7 +180,7 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
 
 
 def _all_ids() -> list[str]:
-    """Every 'PREFIX:NAME' of the installed libraries (for hints only)."""
+    """Every 'PREFIX:NAME' of the installed libraries (for hints)."""
     ids = []
     try:
         import gymnax as gymnax_lib
@@ -211,8 +202,7 @@ def _all_ids() -> list[str]:
 
 
 def _is_gymnax(env: Any) -> bool:
-    # A gymnax env's class was defined by importing gymnax, so when the module
-    # is not loaded nothing is a gymnax env (and gymnax need not be installed).
+    # Nothing is a gymnax env while gymnax is not loaded.
     mod = sys.modules.get("gymnax.environments.environment")
     return mod is not None and isinstance(env, mod.Environment)
 
@@ -223,7 +213,6 @@ def _is_brax(env: Any) -> bool:
 
 
 def _check_protocol(env: Any) -> Any:
-    """Returns ``env`` if it follows ``jaxmesh.types.Env``; else a TypeError."""
     missing = [a for a in PROTOCOL if not _has(env, a)]
     if missing:
         lacks = "; ".join(f"{a} ({PROTOCOL[a]})" for a in missing)

@@ -10,29 +10,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.envs.names import unknown_id
+from jaxmesh.envs.names import need, unknown_id
 from jaxmesh.envs.timing import step_seconds
 
 #: brax's own convention (``brax.envs.create(episode_length=1000)``).
 DEFAULT_EPISODE_LENGTH = 1000
 
-
-#: The pipeline-state fields brax's renderer sets before drawing a state
-#: (``brax.io.image.render_array``; the mocap ones when present).
+#: The pipeline-state fields brax's renderer (``brax.io.image.render_array``) sets.
 RENDER_FIELDS = ("q", "qd", "mocap_pos", "mocap_quat")
 
 
 @dataclasses.dataclass(eq=False)
 class BraxEnv:
-    """A brax ``Env`` as a jaxmesh single-lane env.
-
-    brax envs have no time limit of their own; the adapter reports
-    ``truncated`` once ``episode_length`` steps are done (brax's EpisodeWrapper
-    convention, None: no limit) and ``terminated`` from ``state.done``, so
-    both are True when the env is done on the capped step (see
-    ``jaxmesh.envs``). A wrapped env's time limit (``info["truncation"]``) is
-    truncation, not termination. brax steps take no key.
-    """
+    """A brax ``Env`` as a jaxmesh single-lane env: ``truncated`` after
+    ``episode_length`` steps (None: no limit) or a wrapper's
+    ``info["truncation"]``, ``terminated`` from ``state.done`` otherwise."""
 
     env: Any
     episode_length: int | None = DEFAULT_EPISODE_LENGTH
@@ -50,15 +42,13 @@ class BraxEnv:
 
     @property
     def dt(self) -> float | None:
-        """Seconds of simulated time per step (the brax env's ``dt``)."""
         return step_seconds(self.env)
 
     def reset(self, key: jax.Array):
         return self.reset_with_info(key)[:2]
 
     def reset_with_info(self, key: jax.Array):
-        """``reset`` and brax's ``state.metrics`` of the reset state (read for
-        an episode's success at reset)."""
+        """``reset`` and brax's ``state.metrics`` of the reset state."""
         state = self.env.reset(key)
         return state.obs, (state, jnp.int32(0)), dict(state.metrics)
 
@@ -66,15 +56,13 @@ class BraxEnv:
         return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
-        """``step`` and brax's ``state.metrics`` (the source of episode metrics,
-        ``Scoring(metrics=...)``)."""
+        """``step`` and brax's ``state.metrics`` (``Scoring(metrics=...)``)."""
         del key
         bstate, t = state
         bstate = self.env.step(bstate, action)
         t = t + 1
         done = jnp.asarray(bstate.done, jnp.float32) > 0.5
-        # brax's EpisodeWrapper sets done at its limit and flags it in
-        # info["truncation"] (only when the env itself was not done).
+        # brax's EpisodeWrapper sets done at its limit, flagged in truncation.
         limit = jnp.asarray(bstate.info.get("truncation", 0.0), jnp.float32) > 0.5
         truncated = limit
         if self.episode_length is not None:
@@ -89,15 +77,14 @@ class BraxEnv:
         )
 
     def render_state(self, state: Any) -> dict:
-        """The ``RENDER_FIELDS`` a lane's pipeline state has (``Record.states``
-        keeps them per step, so a video draws the run's own states)."""
+        """The ``RENDER_FIELDS`` a lane's pipeline state has (``Record.states``)."""
         ps = state[0].pipeline_state
         return {k: getattr(ps, k) for k in RENDER_FIELDS if hasattr(ps, k)}
 
 
 def from_env(env: Any) -> BraxEnv:
-    """A brax ``Env`` object as a ``BraxEnv``: an ``EpisodeWrapper`` among its
-    wrappers sets ``episode_length`` (in adapter steps), else brax's 1000."""
+    """A brax ``Env`` as a ``BraxEnv``, ``episode_length`` from an
+    ``EpisodeWrapper`` among its wrappers, else 1000."""
     from brax.envs.wrappers import training
 
     inner = env
@@ -110,24 +97,11 @@ def from_env(env: Any) -> BraxEnv:
 
 
 def make(env_id: str, **kwargs: Any) -> BraxEnv:
-    """A registered brax env as a ``BraxEnv``.
-
-    Args:
-      env_id: a brax name, e.g. ``"ant"`` (no ``brax:`` prefix).
-      **kwargs: ``episode_length`` (default 1000; None: no limit) and the
-        rest for ``brax.envs.get_environment`` (the env's constructor).
-
-    Raises:
-      ValueError: for an unknown id (naming the closest registered ones) or a
-        bad ``episode_length``.
-      TypeError: for a keyword the env's constructor does not take.
-    """
-    try:
-        from brax import envs
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            f"env {env_id!r} needs brax: pip install 'jaxmesh[brax]'"
-        ) from e
+    """A registered brax env (``"ant"``) as a ``BraxEnv``: ``episode_length``
+    (default 1000; None: no limit), the rest for ``brax.envs.get_environment``.
+    ValueError for an unknown id (naming the closest) or a bad
+    ``episode_length``, TypeError for a keyword the env does not take."""
+    envs = need("brax.envs", env_id, "brax")
     episode_length = kwargs.pop("episode_length", DEFAULT_EPISODE_LENGTH)
     if episode_length is not None:
         episode_length = _check_episode_length(episode_length)

@@ -1,10 +1,8 @@
 """EnvPool envs (C++ simulators on a thread pool) stepped inside the jitted loop.
 
-EnvPool seeds an env once, when it is created, so a run builds one pool for
-its budget (``EnvPoolEnv.bind``): env ``i`` (``env_seed = seeds[i]``) runs
-episode ``i`` only, and a spare env per lane steps a lane with no episode. The
-jitted step calls the pool through EnvPool's XLA interface, 64-bit values as
-uint32 pairs; every run compiles its own program (docs/envpool.md).
+A run builds one pool for its budget (``EnvPoolEnv.bind``: env ``i`` is seeded
+for episode ``i``), called through EnvPool's XLA interface with 64-bit values
+as uint32 pairs (docs/envpool.md).
 """
 
 from __future__ import annotations
@@ -18,16 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmesh.envs.names import unknown_id
+from jaxmesh.envs.brax import positive_int
+from jaxmesh.envs.names import need, unknown_id
 
-#: What jaxmesh passes to every Atari task unless the user passes otherwise:
-#: the episode is a whole game (no life loss ends it) and rewards are the
-#: game's own (not clipped), as evaluation protocols score them.
+#: Atari defaults: an episode is a whole game, rewards are not clipped (as
+#: evaluation protocols score them).
 ATARI_DEFAULTS = {"episodic_life": False, "reward_clip": False}
 
-#: The episodes of one pool, at most (``make(pool_episodes=)``): about 0.7 MiB
-#: per MuJoCo env and 1 MiB per Atari env, so a pool stays near 1 GiB; a larger
-#: budget runs in pieces, each on its own pool, built when the last is done.
+#: The episodes of one pool, at most (about 1 MiB an env); a larger budget runs
+#: in pieces, one pool each.
 POOL_EPISODES = 1000
 
 #: The seed of the spare env of each lane (its episodes are never reported).
@@ -37,30 +34,19 @@ _MSB = np.uint32(0x80000000)
 
 
 def make(task_id: str, pool_episodes: int = POOL_EPISODES, **kwargs: Any) -> EnvPoolEnv:
-    """An EnvPool task as a jaxmesh env (its pools are built per run).
+    """An EnvPool task (``"HalfCheetah-v5"``) as a jaxmesh env.
 
     Args:
-      task_id: an EnvPool task id, e.g. ``"HalfCheetah-v5"`` or ``"Pong-v5"``
-        (no ``envpool:`` prefix).
-      pool_episodes: the episodes of one pool, at most: a larger budget runs
-        in pieces of that many episodes, one pool (and one compile) each.
-      **kwargs: EnvPool's own ``make`` arguments (``max_episode_steps``,
-        ``num_threads``, ``noop_max``, ``repeat_action_probability``,
-        ``stack_num``, ...). ``num_envs``, ``batch_size``, ``seed``,
-        ``env_seed`` and ``env_type`` are jaxmesh's to set. Atari tasks get
-        ``ATARI_DEFAULTS`` unless given.
+      pool_episodes: the episodes of one pool (and one compile), at most.
+      **kwargs: EnvPool's own ``make`` arguments, but ``num_envs``,
+        ``batch_size``, ``seed``, ``env_seed`` and ``env_type`` (jaxmesh's).
 
     Raises:
       ImportError: envpool is not installed.
       ValueError: an unknown task id (naming the closest ones).
       TypeError: a keyword jaxmesh sets itself, or one EnvPool does not take.
     """
-    try:
-        import envpool
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            f"env 'envpool:{task_id}' needs envpool: pip install 'jaxmesh[envpool]'"
-        ) from e
+    envpool = need("envpool", f"envpool:{task_id}", "envpool")
     known = envpool.list_all_envs()
     if task_id not in known:
         raise ValueError(
@@ -87,22 +73,14 @@ def make(task_id: str, pool_episodes: int = POOL_EPISODES, **kwargs: Any) -> Env
             f"envpool:{task_id} does not take {sorted(kwargs)} ({e}); its options "
             f"are the fields of envpool.make_spec({task_id!r}).config"
         ) from e
-    if (
-        isinstance(pool_episodes, bool)
-        or not isinstance(pool_episodes, int)
-        or (pool_episodes < 1)
-    ):
-        raise ValueError(
-            f"pool_episodes={pool_episodes!r}: expected an int >= 1, the "
-            "episodes of one pool (one EnvPool env each)"
-        )
+    hint = ", the episodes of one pool (one EnvPool env each)"
+    pool_episodes = positive_int("pool_episodes", pool_episodes, hint)
     return EnvPoolEnv(task_id, kwargs, _Specs.of(one), pool_episodes=pool_episodes)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Specs:
-    """What a pool's arrays look like: the state keys and dtypes EnvPool's XLA
-    calls use, one env's action, and the observation as the program sees it."""
+    """A pool's arrays: EnvPool's state keys and dtypes, one env's action."""
 
     state_keys: tuple[str, ...]
     action_keys: tuple[str, ...]
@@ -157,13 +135,9 @@ def _narrow(dtype: Any) -> np.dtype:
 
 @dataclasses.dataclass(eq=False)
 class EnvPoolEnv:
-    """An EnvPool task: what ``make_env("envpool:<id>")`` returns.
-
-    Its ``reset`` and ``step`` give shapes only (what jaxmesh's checks trace);
-    a run steps ``bind(seeds, num_envs)``, the pool of that run's episodes.
-    ``jaxmesh.evaluate`` and ``jaxmesh.Evaluator`` bind it; a pure evaluator
-    (``make_evaluator``) cannot, since the pool is built from the seeds.
-    """
+    """An EnvPool task: ``reset`` and ``step`` give shapes only; a run steps
+    ``bind(seeds, num_envs)`` (``jaxmesh.evaluate``, ``jaxmesh.Evaluator``;
+    not ``make_evaluator``: the pool is built from the seeds)."""
 
     task_id: str
     kwargs: dict
@@ -174,18 +148,9 @@ class EnvPoolEnv:
     def __post_init__(self):
         if not self.name:
             self.name = f"envpool:{self.task_id}"
-
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        return self.specs.action_shape
-
-    @property
-    def action_dtype(self) -> Any:
-        return self.specs.action_dtype
-
-    @property
-    def num_actions(self) -> int | None:
-        return self.specs.num_actions
+        self.action_shape = self.specs.action_shape
+        self.action_dtype = self.specs.action_dtype
+        self.num_actions = self.specs.num_actions
 
     def _obs(self) -> Any:
         return _zeros(self.specs.leaf("obs"))
@@ -195,8 +160,8 @@ class EnvPoolEnv:
         return {k.removeprefix("info:"): _zeros(leaf(k)) for k in self.specs.info_keys}
 
     def reset(self, key: jax.Array):
-        """Shapes only: one lane's observation and state, a digest of the task
-        and its options (the env digest ``resume=`` compares traces it)."""
+        """Shapes only; the state is a digest of the task and its options
+        (which ``resume=``'s env digest traces)."""
         text = repr((self.task_id, sorted(self.kwargs.items())))
         digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4]) >> 1
         return self._obs(), jnp.int32(digest)
@@ -226,7 +191,7 @@ class EnvPoolEnv:
 
     def bind(self, seeds: Any, num_envs: int) -> BoundPool:
         """The pool of one run: env ``i`` seeded with ``seeds[i]``, then one
-        spare env per lane (``SPARE_SEED``); batches of ``num_envs``."""
+        spare env per lane; batches of ``num_envs``."""
         import envpool
 
         seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
@@ -274,19 +239,16 @@ class BoundPool(EnvPoolEnv):
         return self.episodes + jnp.arange(self.lanes, dtype=jnp.int32)
 
     def reset_lanes(self, begins: jax.Array, episode: jax.Array, state: jax.Array):
-        """Starts episode ``episode[j]`` on each lane in ``begins`` (its env's
-        first send resets it); the other lanes step their spare envs and keep
-        their state. Returns the observations ([N]; only ``begins`` rows are
-        reset ones) and the new state."""
+        """Starts episode ``episode[j]`` on each lane in ``begins`` (the others
+        step their spare envs): the observations and the new state."""
         target = jnp.where(begins, episode, self._spare())
         action = jnp.zeros((self.lanes, *self.action_shape), self.action_dtype)
         out = self._round(target, action)
         return out["obs"], jnp.where(begins, episode, state)
 
     def step_lanes(self, active: jax.Array, state: jax.Array, action: jax.Array):
-        """One env step of every lane: active lanes step their episode's env,
-        the others their spare env. Returns ``(obs, state, reward, terminated,
-        truncated, info)``, each [N] in lane order."""
+        """One step of every lane (inactive ones: their spare env): ``(obs,
+        state, reward, terminated, truncated, info)``."""
         target = jnp.where(active, state, self._spare())
         out = self._round(target, action)
         trunc = out["trunc"]
@@ -302,8 +264,8 @@ class BoundPool(EnvPoolEnv):
         )
 
     def _round(self, target: jax.Array, action: jax.Array) -> dict:
-        """One send of ``action`` to envs ``target`` and its receive, the rows
-        put back in lane order, 64-bit values narrowed."""
+        """One send of ``action`` to envs ``target`` and its receive, in lane
+        order, 64-bit values narrowed."""
         sp = self.specs
         handle = jnp.asarray(self._handle)
         raw = _widen(action, sp.raw_action_dtype)
@@ -311,9 +273,8 @@ class BoundPool(EnvPoolEnv):
         handle = self._send(handle, *(args[k] for k in sp.action_keys))[0]
         values = self._recv(handle)[1:]
         out = dict(zip(sp.state_keys, values, strict=True))
-        # Row r of the receive is env out["info:env_id"][r]: lane j's row is
-        # the one whose env is target[j] (an [N, N] comparison: one fused
-        # kernel, cheaper than sorting both at the lane counts a pool serves).
+        # Lane j's row is the one whose env id is target[j] (an [N, N]
+        # comparison: one fused kernel, cheaper than sorting).
         got = out["info:env_id"]
         rows = jnp.argmax(target[:, None] == got[None, :], axis=1)
         return {
@@ -330,8 +291,8 @@ def _ffi(pool: Any, name: str, handle: bytes, specs: tuple, capsules: tuple):
     """EnvPool's XLA call ``name`` with 64-bit buffers declared as uint32 pairs
     (their bytes), so that no 64-bit type enters the program."""
     _, outs = specs
-    # The handler is one function per pool class (the pool is the call's
-    # handle): a name reused after a pool is freed then names the same one.
+    # One handler per pool class (the pool is the handle): a reused name
+    # names the same one.
     target = f"jaxmesh_envpool_{type(pool).__name__}_{id(pool)}_{name}"
     jax.ffi.register_ffi_target(target, capsules[0], platform="cpu", api_version=1)
     results = tuple(_buffer(np.dtype(d), tuple(s)) for d, s in outs)

@@ -10,15 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.envs import timing
-from jaxmesh.envs.names import unknown_id
+from jaxmesh.envs.names import need, unknown_id
 from jaxmesh.envs.timing import step_seconds
 
 
 @dataclasses.dataclass(eq=False)
 class GymnaxEnv:
-    """A gymnax ``Environment`` with its params, as a jaxmesh single-lane env:
-    ``reset_env`` / ``step_env`` (``terminated``) / ``is_truncated``, never
-    gymnax's auto-resetting ``step`` (the engine starts episodes)."""
+    """A gymnax ``Environment`` with its params as a jaxmesh single-lane env
+    (never gymnax's auto-resetting ``step``: the engine starts episodes)."""
 
     env: Any
     params: Any = None
@@ -45,7 +44,6 @@ class GymnaxEnv:
 
     @property
     def dt(self) -> float | None:
-        """Simulated seconds per step (``timing.step_seconds`` of the params)."""
         return step_seconds(self.params)
 
     def reset(self, key: jax.Array):
@@ -60,7 +58,6 @@ class GymnaxEnv:
 
 
 def _step(env: Any, key: jax.Array, state: Any, action: jax.Array, params: Any):
-    """``step_env`` of ``params``, with ``is_truncated`` after it."""
     obs, state, reward, terminated, info = env.step_env(key, state, action, params)
     return (
         obs,
@@ -73,24 +70,11 @@ def _step(env: Any, key: jax.Array, state: Any, action: jax.Array, params: Any):
 
 
 def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
-    """A registered gymnax env as a ``GymnaxEnv``.
-
-    Args:
-      env_id: a gymnax id, e.g. ``"CartPole-v1"`` (no ``gymnax:`` prefix).
-      **kwargs: fields of the env's params (``max_steps_in_episode=50``)
-        replace their defaults; the rest go to ``gymnax.make``.
-
-    Raises:
-      ValueError: for an unknown id, naming the closest registered ones.
-      TypeError: for a keyword the env takes neither as a param nor in its
-        constructor.
-    """
-    try:
-        import gymnax
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            f"env {env_id!r} needs gymnax: pip install 'jaxmesh[gymnax]'"
-        ) from e
+    """A registered gymnax env (``"CartPole-v1"``) as a ``GymnaxEnv``: kwargs
+    that are fields of its params (``max_steps_in_episode=50``) replace them,
+    the rest go to ``gymnax.make``. ValueError for an unknown id (naming the
+    closest), TypeError for a keyword neither takes."""
+    gymnax = need("gymnax", env_id, "gymnax")
     if env_id not in gymnax.registered_envs:
         raise ValueError(
             unknown_id(
@@ -122,10 +106,9 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
 
 @dataclasses.dataclass(eq=False)
 class GymnaxTasks:
-    """Several param sets of one gymnax env as one jaxmesh env, the task as data:
-    the state carries its episode's params, so lanes step different tasks side
-    by side; ``reset_task(key, task)`` starts one of task ``task`` (traced or
-    not), ``reset(key)`` one of task 0. Built by ``task_batch``."""
+    """Several param sets of one gymnax env as one env (``task_batch``): the
+    state carries its episode's params, so lanes step different tasks side by
+    side; ``reset_task(key, task)`` starts one of task ``task``."""
 
     env: Any
     params: Any  # every leaf stacked on a leading task axis
@@ -169,9 +152,8 @@ def _signature(params: Any) -> tuple:
 
 
 def task_batch(envs: list[GymnaxEnv]) -> GymnaxTasks | None:
-    """One ``GymnaxTasks`` over ``envs``, or None when they are not one gymnax
-    env class with params of one structure, shapes and dtypes (the same env
-    with other params: a task variant)."""
+    """One ``GymnaxTasks`` over ``envs``, or None unless they are one gymnax env
+    class with params of one structure, shapes and dtypes."""
     first = envs[0]
     if not all(isinstance(e, GymnaxEnv) for e in envs):
         return None

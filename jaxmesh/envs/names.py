@@ -1,11 +1,14 @@
-"""Messages for a name that is not there: the closest ones, else every one
-(apart from ``jaxmesh.envs``, whose family table imports the families using it).
+"""Messages for a name that is not there (the closest ones, else every one) or a
+package that is not installed (the pip extra), apart from ``jaxmesh.envs``,
+whose family table imports the families using them.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterable
+from typing import Any
 
 
 def did_you_mean(
@@ -36,4 +39,14 @@ def unknown_id(kind: str, given: str, registered: Iterable[str], how: str) -> st
     return f"unknown {kind} {given!r}; {hint} ({how})"
 
 
-__all__ = ["did_you_mean", "unknown_id"]
+def need(module: str, env_id: str, extra: str, what: str = "") -> Any:
+    """``module`` imported, or ImportError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(
+            f"env {env_id!r} needs {what or extra}: pip install 'jaxmesh[{extra}]'"
+        ) from e
+
+
+__all__ = ["did_you_mean", "need", "unknown_id"]

@@ -1,11 +1,7 @@
-"""Adapter for MuJoCo Playground (MJX) environments, with per-episode domain
-randomization.
-
-A Playground ``MjxEnv`` is pure JAX, so its lanes step inside the engine's
-jitted step like a brax env's; ``done`` is termination and the config's
-``episode_length`` truncation. Episode s is reset with ``PRNGKey(s)``
-(CONTRACT 5) and a randomizer drawn from ``fold_in(PRNGKey(s),
-RANDOMIZE_STREAM)``, so its physics depend on its seed only (docs/playground.md).
+"""Adapter for MuJoCo Playground (MJX) envs, stepped in the jitted loop, with
+per-episode domain randomization drawn from ``fold_in(PRNGKey(seed),
+RANDOMIZE_STREAM)``: an episode's physics depend on its seed only
+(docs/playground.md).
 """
 
 from __future__ import annotations
@@ -25,29 +21,26 @@ import jax
 import jax.numpy as jnp
 
 from jaxmesh.envs.brax import positive_int
-from jaxmesh.envs.names import did_you_mean, unknown_id
+from jaxmesh.envs.names import did_you_mean, need, unknown_id
 from jaxmesh.envs.timing import step_seconds
 
-#: Playground's own default (``wrap_for_brax_training(episode_length=1000)``),
-#: for an env whose config has no ``episode_length``.
+#: For a config without ``episode_length`` (Playground's training default).
 DEFAULT_EPISODE_LENGTH = 1000
 
-#: The randomizer's key stream, apart from the reset key and the engine's
-#: streams (``jaxmesh.core.agent.STREAM_*``).
+#: The randomizer's key stream, apart from the engine's
+#: (``jaxmesh.core.agent.STREAM_*``).
 RANDOMIZE_STREAM = 7
 
-#: What ``step_with_info`` reports besides Playground's ``state.metrics``.
 INFO_PREFIX = "info"  # Playground's ``state.info``: ``"info/<key>"``
 MODEL_PREFIX = "model"  # drawn model values: ``"model/<field>[/<index>...]"``
-#: A Playground metric that marks success (PandaPickCube, LeapCubeReorient):
-#: reported as ``"success"`` (True when above 0.5).
+#: A Playground metric reported as ``"success"`` (True when above 0.5).
 SUCCESS_METRIC = "reward/success"
 
 #: The mjx Data fields Playground's renderer (``mjx_env.render_array``) sets.
 RENDER_FIELDS = ("qpos", "qvel", "mocap_pos", "mocap_quat", "xfrc_applied")
 
-#: Config keys jaxmesh sets unless the user does: MJX's JAX implementation
-#: runs inside any jitted program on CPU, GPU and TPU.
+#: Config keys set unless the user does: MJX's JAX implementation runs in any
+#: jitted program.
 DEFAULT_OVERRIDES = {"impl": "jax"}
 
 
@@ -56,15 +49,11 @@ class PlaygroundEnv:
     """A MuJoCo Playground ``MjxEnv`` as a jaxmesh single-lane env.
 
     Attributes:
-      env: the Playground env (``registry.load(...)``).
       episode_length: env steps before ``truncated`` (None: no limit); default:
-        the env config's ``episode_length``, else 1000.
-      action_repeat: env steps per action (the env config's ``action_repeat``,
-        default 1): rewards add up, and the limit counts env steps, as in
-        Playground's training wrappers.
-      randomize: ``fn(mjx_model, key) -> mjx_model``, drawn per episode at
-        every reset (None: the env's own model).
-      name: the env's name in results.
+        the env config's, else 1000.
+      action_repeat: env steps per action (default: the config's, else 1):
+        rewards add up, as in Playground's training wrappers.
+      randomize: ``fn(mjx_model, key) -> mjx_model``, drawn at every reset.
     """
 
     env: Any
@@ -93,19 +82,16 @@ class PlaygroundEnv:
         if self.randomize is not None:
             self._changed = _changed_leaves(self.env, self.randomize, self.name)
 
-    # The model of a lane -----------------------------------------------------
     @property
     def limit(self) -> int | None:
-        """Adapter steps before ``truncated``: ``ceil(episode_length /
-        action_repeat)`` (None: no limit)."""
+        """Adapter steps before ``truncated`` (None: no limit)."""
         if self.episode_length is None:
             return None
         return math.ceil(self.episode_length / self.action_repeat)
 
     @property
     def dt(self) -> float | None:
-        """Seconds of simulated time per adapter step: the env's control
-        ``dt`` times ``action_repeat``."""
+        """Simulated seconds per adapter step (``dt`` times ``action_repeat``)."""
         dt = step_seconds(self.env)
         return None if dt is None else dt * self.action_repeat
 
@@ -130,8 +116,7 @@ class PlaygroundEnv:
 
     @contextlib.contextmanager
     def _with_model(self, drawn: tuple):
-        # Playground's own randomization wrapper swaps the env's model the same
-        # way (BraxDomainRandomizationVmapWrapper.v_env_fn), under trace.
+        # As Playground's BraxDomainRandomizationVmapWrapper swaps it.
         inner = self.env.unwrapped
         if not drawn:
             yield self.env
@@ -143,7 +128,6 @@ class PlaygroundEnv:
         finally:
             inner._mjx_model = old
 
-    # The protocol ------------------------------------------------------------
     def reset(self, key: jax.Array):
         return self._jitted[0](key)
 
@@ -158,9 +142,8 @@ class PlaygroundEnv:
 
     @functools.cached_property
     def _jitted(self) -> tuple[Callable, Callable]:
-        # MJX traces slowly (seconds per reset or step on a CPU), and a run
-        # traces them several times (shape probes, the program): under jit
-        # each is traced once per signature and the rest reuse the jaxpr.
+        # MJX traces slowly and a run traces several times (shape probes, the
+        # program): under jit each signature is traced once.
         return jax.jit(self._reset), jax.jit(self._step)
 
     def _reset(self, key: jax.Array):
@@ -198,14 +181,12 @@ class PlaygroundEnv:
         return info
 
     def render_state(self, state: Any) -> dict:
-        """The ``RENDER_FIELDS`` of a lane's state (``Record.states`` keeps
-        them per step, so a video draws the run's own states)."""
+        """The ``RENDER_FIELDS`` of a lane's state (``Record.states`` keeps them)."""
         data = state[0].data
         return {k: getattr(data, k) for k in RENDER_FIELDS}
 
     def drawn_values(self, drawn: tuple) -> dict:
-        """A lane's drawn model values as flat scalars: ``"body_mass/1"`` for
-        element 1 of ``body_mass`` (``"opt/timestep"`` for a scalar field)."""
+        """A lane's drawn model values as flat scalars (``"body_mass/1"``)."""
         paths = jax.tree_util.tree_flatten_with_path(self.env.mjx_model)[0]
         names = [
             jax.tree_util.keystr(p, simple=True, separator="/")
@@ -235,8 +216,8 @@ def _repeat(env: Any, state: Any, action: jax.Array, n: int) -> Any:
 
 
 def _changed_leaves(env: Any, fn: Callable, name: str) -> tuple[bool, ...]:
-    """Which leaves of the env's model ``fn`` replaces (a leaf passed through
-    is the same traced value); TypeError for another structure, shape or dtype."""
+    """Which model leaves ``fn`` replaces; TypeError for another structure,
+    shape or dtype."""
     model = env.mjx_model
     changed: list[bool] = []
 
@@ -267,17 +248,8 @@ def _changed_leaves(env: Any, fn: Callable, name: str) -> tuple[bool, ...]:
 
 
 def randomized(env: Any, fn: Any) -> PlaygroundEnv:
-    """A Playground env whose model ``fn`` draws per episode.
-
-    Args:
-      env: a ``PlaygroundEnv`` (``jaxmesh.make_env("playground:<name>")`` or
-        of a Playground env object).
-      fn: ``fn(mjx_model, key) -> mjx_model``.
-
-    Raises:
-      TypeError: ``env`` is not a Playground env, or ``fn`` is not a
-        randomizer of its model.
-    """
+    """``env`` (a ``PlaygroundEnv``) with its model drawn per episode by
+    ``fn(mjx_model, key) -> mjx_model``; TypeError for another env or ``fn``."""
     if not callable(fn):
         raise TypeError(
             f"randomize={fn!r}: expected a function fn(mjx_model, key) -> "
@@ -298,7 +270,6 @@ def randomized(env: Any, fn: Any) -> PlaygroundEnv:
 
 
 def not_playground(label: str) -> str:
-    """The message refusing ``randomize=`` with an env that is not Playground's."""
     return (
         f"randomize= is for MuJoCo Playground envs (it replaces fields of the "
         f"env's mjx.Model); env {label!r} is not one: pass 'playground:<name>' "
@@ -308,18 +279,8 @@ def not_playground(label: str) -> str:
 
 
 def from_registry_randomizer(fn: Callable) -> Callable:
-    """A Playground registry randomizer as a per-episode one.
-
-    Playground's randomizers (``registry.get_domain_randomizer(name)``) take a
-    batch of keys and return ``(batched_model, in_axes)``; this draws one
-    model from one key with them.
-
-    Example::
-
-      dr = registry.get_domain_randomizer("Go1JoystickFlatTerrain")
-      randomize = from_registry_randomizer(dr)
-      jaxmesh.evaluate(policy, env, starts=jaxmesh.Starts(randomize=randomize))
-    """
+    """A registry randomizer (``registry.get_domain_randomizer(name)``: keys
+    -> ``(batched_model, in_axes)``) as a per-episode one (one key, one model)."""
 
     def one(model: Any, key: jax.Array) -> Any:
         batched, in_axes = fn(model, key[None])
@@ -340,7 +301,7 @@ def _fn_name(fn: Any) -> str:
 
 
 def is_playground(env: Any) -> bool:
-    """Whether ``env`` is a Playground ``MjxEnv`` (never when not loaded)."""
+    """Whether ``env`` is a Playground ``MjxEnv`` (never when it is not loaded)."""
     mod = sys.modules.get("mujoco_playground._src.mjx_env")
     return mod is not None and isinstance(env, mod.MjxEnv)
 
@@ -354,31 +315,22 @@ def make(
     randomize: Callable | None = None,
     menagerie: str | os.PathLike | None = None,
 ) -> PlaygroundEnv:
-    """A registered Playground env as a ``PlaygroundEnv``.
+    """A registered Playground env (``"CartpoleBalance"``) as a ``PlaygroundEnv``.
 
     Args:
-      env_id: a Playground name, e.g. ``"CartpoleBalance"`` (no prefix).
-      config_overrides: Playground config keys to set (dotted for nested ones,
-        ``{"episode_length": 200}``); ``impl`` is ``"jax"`` unless given.
+      config_overrides: config keys to set (dotted for nested ones);
+        ``impl`` is ``"jax"`` unless given.
       config: a full ``ml_collections.ConfigDict`` instead of the default one.
-      episode_length: steps before ``truncated``; default: the config's.
-      randomize: ``fn(mjx_model, key) -> mjx_model`` drawn per episode.
-      menagerie: a MuJoCo Menagerie checkout (the folder holding
-        ``unitree_go1/``, ``franka_emika_panda/``, ...) for the locomotion and
-        manipulation envs; default: ``$MENAGERIE_ROOT``, else Playground's own
-        copy (``menagerie_folder()``), which it git-clones when absent.
+      menagerie: a MuJoCo Menagerie checkout for the locomotion and
+        manipulation envs (``menagerie_for``).
 
     Raises:
       ValueError: an unknown name (naming the closest ones) or config key.
       FileNotFoundError: the env needs Menagerie and no checkout is found.
       ImportError: Playground is not installed.
     """
-    try:
-        from mujoco_playground import registry
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            f"env {env_id!r} needs MuJoCo Playground: pip install 'jaxmesh[playground]'"
-        ) from e
+    playground = need("mujoco_playground", env_id, "playground", "MuJoCo Playground")
+    registry = playground.registry
     if env_id not in registry.ALL_ENVS:
         raise ValueError(
             unknown_id(
@@ -434,17 +386,14 @@ def _config_get(cfg: Any, key: str, default: Any) -> Any:
         return default
 
 
-# MuJoCo Menagerie (the robots of the locomotion and manipulation envs) ------
-
-#: The variable naming a Menagerie checkout (the folder of ``unitree_go1/``,
-#: ...); the ``mujoco-menagerie`` package reads the same one.
+#: The variable naming a Menagerie checkout (the ``mujoco-menagerie`` package's).
 MENAGERIE_ENV = "MENAGERIE_ROOT"
 MENAGERIE_REPO = "https://github.com/google-deepmind/mujoco_menagerie"
 
 
 def needs_menagerie(env_id: str) -> bool:
-    """Whether Playground env ``env_id`` loads its robot from Menagerie (every
-    locomotion and manipulation env; the Control Suite ships its models)."""
+    """Whether ``env_id`` loads its robot from Menagerie (locomotion and
+    manipulation envs)."""
     from mujoco_playground import registry
 
     return env_id in registry.locomotion.ALL_ENVS or env_id in (
@@ -453,15 +402,13 @@ def needs_menagerie(env_id: str) -> bool:
 
 
 def _mjx_env() -> Any:
-    """Playground's ``mjx_env`` module (where its Menagerie path lives)."""
     from mujoco_playground._src import mjx_env
 
     return mjx_env
 
 
 def menagerie_folder() -> pathlib.Path:
-    """Where Playground reads Menagerie from unless told otherwise (inside
-    its install: ``mujoco_playground/external_deps/mujoco_menagerie``)."""
+    """Where Playground reads Menagerie from unless told otherwise."""
     return pathlib.Path(_mjx_env().MENAGERIE_PATH)
 
 
@@ -474,12 +421,8 @@ def menagerie_commit() -> str:
 def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
     """Playground pointed at a Menagerie checkout (``path``, else
     ``$MENAGERIE_ROOT``, else its own copy, cloned when absent) while
-    ``env_id`` is built; yields the folder (None: not needed).
-
-    Raises:
-      FileNotFoundError: no such folder, or no copy and no clone (saying how
-        to get one).
-    """
+    ``env_id`` is built; yields the folder (None: not needed). FileNotFoundError
+    (saying how to get one): no such folder, or no copy and no clone."""
     if not needs_menagerie(env_id):
         yield None
         return
@@ -499,7 +442,7 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
             f"unitree_go1/, franka_emika_panda/, ...). {_menagerie_fix()}"
         )
     old = mjx_env.MENAGERIE_PATH
-    # The path class Playground uses (etils' epath.Path in 0.2.0), not imported.
+    # The path class Playground uses (etils' epath.Path), not imported.
     mjx_env.MENAGERIE_PATH = type(old)(root)
     try:
         yield root
@@ -508,7 +451,6 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
 
 
 def _clone_menagerie(env_id: str) -> None:
-    """Playground's own copy, cloned when absent (FileNotFoundError)."""
     folder = menagerie_folder()
     if folder.exists():
         return

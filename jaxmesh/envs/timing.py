@@ -1,8 +1,5 @@
-"""Simulated seconds per env step, for delays given in milliseconds.
-
-An env's step time is its ``dt`` (MuJoCo, brax, Playground, gymnax and
-gymnasium classic control) or ``tau`` (CartPole's name for it); an env with
-neither has no step time, and a delay in milliseconds is refused on it.
+"""Simulated seconds per env step (``dt``, or CartPole's ``tau``), for delays
+given in milliseconds (refused on an env with neither).
 """
 
 from __future__ import annotations
