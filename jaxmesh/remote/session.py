@@ -103,8 +103,7 @@ class Session:
     (``info``), then ``open``, ``send`` and ``receive`` (in order).
 
     Args:
-      address, token, connect_timeout, reply_timeout, credentials: as for
-        ``jaxmesh.remote.client.Connection``.
+      address, **conn: as for ``jaxmesh.remote.client.Connection``.
       transport: ``"auto"``, ``"grpc"`` or ``"shm"`` (``TRANSPORTS``): how
         ``open`` carries the calls; ``self.transport`` says which it took.
 
@@ -113,29 +112,14 @@ class Session:
       jaxmesh.RemoteError: it declares spaces this client cannot read.
     """
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        token: str | None = None,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        reply_timeout: float | None = None,
-        credentials: Any = None,
-        transport: str = "auto",
-    ):
+    def __init__(self, address: str, *, transport: str = "auto", **conn: Any):
         self.asked_transport = check_transport(transport)
-        self._connect_timeout = connect_timeout
-        self.conn = Connection(
-            address,
-            token=token,
-            connect_timeout=connect_timeout,
-            reply_timeout=reply_timeout,
-            credentials=credentials,
-        )
+        self._connect_timeout = conn.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+        self.conn = Connection(address, **conn)
         info = self.info = self.conn.info
         self.address = info.address
         self.num_lanes = info.num_lanes
-        self.reply_timeout = reply_timeout
+        self.reply_timeout = self.conn.reply_timeout
         try:
             if info.num_lanes < 1:
                 raise codec.ProtocolError(
