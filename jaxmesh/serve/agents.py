@@ -200,12 +200,9 @@ class Pool:
         t = np.zeros(size, np.int32)
         obs = self.layout.build(leaves)
         state = init(obs, np.zeros(size, bool))
-        start, src, slots = 0, [], []
-        for session in keep:
-            n = session.slots.size
-            src.append(session.slots)
-            slots.append(np.arange(start, start + n))
-            start += n
+        src = [session.slots for session in keep]
+        ends = itertools.accumulate(s.size for s in src)
+        slots = [np.arange(end - s.size, end) for s, end in zip(src, ends, strict=True)]
         if src and self.state is not None:
             src, dst = np.concatenate(src), np.concatenate(slots)
             for name in leaves:
@@ -231,9 +228,7 @@ class Pool:
     def add(self, session: PolicySession, lanes: int) -> None:
         """Gives ``session`` ``lanes`` lanes (after every other session's)."""
         with self.lock:
-            keep = list(self.sessions)
-            session.slots = np.zeros(0, np.int64)
-            self._resize(self.lanes + lanes, keep)
+            self._resize(self.lanes + lanes, list(self.sessions))
             session.slots = np.arange(self.size - lanes, self.size)
             self.sessions.append(session)
 

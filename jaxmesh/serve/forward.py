@@ -409,11 +409,9 @@ class ServedModel:
         programs = self._programs.get(sig)
         if programs is not None:
             self._programs.move_to_end(sig)
-            program = programs.get(size)
-            if program is not None:
-                return program
-        lowered = self._jit.lower(self.params, batch, counters)
-        program = lowered.compile()
+            if size in programs:
+                return programs[size]
+        program = self._jit.lower(self.params, batch, counters).compile()
         if programs is None:
             while len(self._programs) >= MAX_LAYOUTS:
                 # JAX's own caches keep every layout's trace with no bound.

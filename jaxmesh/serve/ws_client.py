@@ -122,27 +122,6 @@ def _alive(ws: _Connection) -> bool:
         return False
 
 
-def _closed_since(idle: list[_Connection]) -> list[_Connection]:
-    """Those of ``idle`` no longer open: one poll, then a read of those with
-    data or frames unread (TLS ones each: data may wait in the TLS layer)."""
-    poller = select.poll()
-    for ws in idle:
-        if not isinstance(ws.sock, ssl.SSLSocket):
-            poller.register(ws.sock, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(0)} if idle else set()
-    return [
-        ws
-        for ws in idle
-        if (
-            ws.sock.fileno() in ready
-            or ws.pending
-            or isinstance(ws.sock, ssl.SSLSocket)
-            or ws.protocol.state is not ProtocolState.OPEN
-        )
-        and not _alive(ws)
-    ]
-
-
 class _Connection:
     """One websocket connection, driven by the thread that holds it:
     websockets' Sans-I/O ``ClientProtocol`` over a non-blocking socket, polled
@@ -423,10 +402,9 @@ class WebsocketClient:
             took = [self._idle.pop() for _ in range(min(want, len(self._idle)))]
             # One the server closed since (a restart, its idle timeout) is
             # replaced, not used.
-            dead = _closed_since(took)
-            if dead:
-                took = [ws for ws in took if ws not in dead]
-                self._open -= len(dead)
+            dead = [ws for ws in took if not _alive(ws)]
+            took = [ws for ws in took if ws not in dead]
+            self._open -= len(dead)
             new = min(want - len(took), self.connections - self._open)
             self._open += new
             if self.batching:  # closed, so that the server does not wait for them
