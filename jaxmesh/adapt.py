@@ -1,19 +1,11 @@
 """Input declarations: what a policy reads from the environment (CONTRACT 13-15).
 
-A spec is a dict from a model input name to one of the declarations below. Each
-declaration turns one single-lane observation into one *frame*; ``stack=n`` keeps
-a window of the last ``n`` frames (oldest first) on the device, advanced on every
-executed env step. Example::
+A spec maps a model input name to a declaration, which turns one lane's
+observation into a *frame*; ``stack=n`` keeps the last ``n`` frames, oldest
+first. ``reads_obs`` / ``reads_action`` say what a frame is made from (``Text``
+and ``PendingChunk`` read neither). Example::
 
     spec = {"obs": jaxmesh.adapt.State(stack=4), "prev": jaxmesh.adapt.Previous()}
-
-Every declaration says what its frame is made from, so that the engine needs no
-list of declaration classes: ``reads_obs`` (its frame comes from the
-observation, pushed after every env step) and ``reads_action`` (its frame comes
-from the executed action, pushed when the action is chosen). ``Text`` and
-``PendingChunk`` read neither: a Text's encoded instruction is per-lane data the
-run gives the agent (``jaxmesh.run.instructions``); a PendingChunk is the tail
-of the lane's previous chunk, which the agent keeps itself.
 """
 
 from __future__ import annotations
@@ -84,9 +76,7 @@ def _check_crop(crop: Any) -> float | tuple[int, int, int, int] | None:
     """``crop`` as stored: None, a fraction in (0, 1], or (top, left, h, w)."""
     if crop is None:
         return None
-    if isinstance(crop, bool):
-        pass
-    elif isinstance(crop, int | float):
+    if isinstance(crop, int | float) and not isinstance(crop, bool):
         if 0 < crop <= 1:
             return float(crop)
     elif isinstance(crop, tuple | list) and len(crop) == 4:
@@ -120,11 +110,8 @@ def _crop_box(crop: Any, hw: tuple[int, int]) -> tuple[int, int, int, int]:
 
 
 def _fit(hw: tuple[int, int], size: tuple[int, int], cover: bool) -> tuple[int, int]:
-    """The aspect-kept size that fits inside (``cover=False``) or covers ``size``.
-
-    Computed as openpi's ``resize_with_pad`` does (a ratio of sides, then
-    ``int()``), so that the same images give the same sizes.
-    """
+    """The aspect-kept size that fits inside (or covers) ``size``, computed as
+    openpi's ``resize_with_pad`` does, so that sizes match."""
     (H, W), (h, w) = hw, size
     if cover:
         ratio = min(W / w, H / h)
@@ -135,18 +122,11 @@ def _fit(hw: tuple[int, int], size: tuple[int, int], cover: bool) -> tuple[int, 
 
 @dataclasses.dataclass(frozen=True)
 class Image:
-    """An image leaf (H, W) or (H, W, C), preprocessed on the device.
-
-    Inside the jitted frame function, in this order: ``crop`` (a centre
-    fraction in (0, 1], or ``(top, left, height, width)`` pixels), ``rotate``
-    (0, 90, 180 or 270 degrees counter-clockwise, ``jnp.rot90``), the dtype
-    (uint8 divided by 255, anything else converted with its values kept), then
-    ``size=(h, w)`` by ``resize``: ``"stretch"`` (bilinear, the default),
-    ``"pad"`` (openpi's ``resize_with_pad``) or ``"crop"`` (cover, then the
-    centre); a leaf already (h, w) is not resized. Each step's exact rule and
-    why the order: docs/models.md, "Image preprocessing". ``steps(shape,
-    dtype)`` lists what ``frame`` does to such a leaf (``jaxmesh.explain``
-    prints it).
+    """An image leaf (H, W) or (H, W, C), preprocessed on the device, in order:
+    ``crop`` (a centre fraction in (0, 1], or ``(top, left, height, width)``
+    pixels), ``rotate`` (degrees counter-clockwise), the dtype (uint8 / 255),
+    then ``size=(h, w)`` by ``resize`` (``"stretch"``, ``"pad"`` as openpi or
+    ``"crop"``). The rules: docs/models.md, "Image preprocessing".
     """
 
     key: str | None = None
@@ -189,11 +169,8 @@ class Image:
         object.__setattr__(self, "crop", _check_crop(self.crop))
 
     def _plan(self, shape: tuple[int, ...], dtype: Any) -> list[tuple[str, Any]]:
-        """(description, function) of each step for a leaf of shape and dtype.
-
-        Each function binds its numbers as default arguments: the names are
-        reused by later steps.
-        """
+        """(description, function) of each step for a leaf of shape and dtype
+        (numbers bound as default arguments: later steps reuse the names)."""
         if len(shape) not in (2, 3):
             raise ValueError(
                 f"Image(key={self.key!r}) expects an (H, W) or (H, W, C) leaf, "
@@ -268,11 +245,8 @@ class Image:
         return steps
 
     def steps(self, shape: tuple[int, ...], dtype: Any) -> list[str]:
-        """What ``frame`` does to a leaf of this shape and dtype, in order.
-
-        Steps that would not change the leaf (no crop, rotate 0, a dtype it
-        already has, a size it already has) are left out.
-        """
+        """What ``frame`` does to a leaf of this shape and dtype, in order
+        (steps that change nothing left out)."""
         return [what for what, _ in self._plan(tuple(shape), dtype)]
 
     def frame(self, obs: Any, action: Any = None) -> jax.Array:
@@ -302,20 +276,14 @@ class Previous:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Text:
-    """A language instruction, encoded on the host into fixed-shape arrays.
-
-    ``encode(instruction: str)`` (the user's tokenizer or embedding) runs on
-    the host, once per distinct string, and returns arrays of the same shapes
-    and dtypes for every string; the jitted policy sees them under the input's
-    name, per lane. The instruction is ``Starts(instruction=...)``'s, else (on
-    host-stepped envs) ``info[info_key]`` of each episode's reset; a Text with
-    neither is refused before anything compiles (docs/models.md, "Language
-    instructions").
+    """A language instruction, encoded on the host into fixed-shape arrays
+    (docs/models.md, "Language instructions").
 
     Args:
-      encode: ``str -> array or pytree of arrays`` (numbers or bools).
+      encode: ``str -> array or pytree of arrays`` (numbers or bools, the same
+        shapes for every string), run once per distinct string.
       info_key: the reset-info key holding each episode's instruction (host
-        envs only), or None.
+        envs), or None: ``Starts(instruction=...)``'s.
 
     Example::
 
@@ -355,10 +323,8 @@ class Text:
         """``encode(instruction)`` as numpy arrays, computed once per string.
 
         Raises:
-          TypeError: ``instruction`` is not a string, or ``encode`` returned
-            something other than arrays of numbers.
-          ValueError: its shapes or dtypes differ from the first string's
-            (naming both strings and their shapes).
+          TypeError: not a string, or ``encode`` returned no arrays of numbers.
+          ValueError: its shapes or dtypes differ from the first string's.
         """
         cache = self._cache
         if instruction in cache:
@@ -394,8 +360,7 @@ class Text:
         return out
 
     def signature(self) -> Any:
-        """Shapes and dtypes of the encodings (``jax.ShapeDtypeStruct``
-        leaves), or None before the first string is encoded."""
+        """The encodings' ``jax.ShapeDtypeStruct`` leaves (None: none yet)."""
         first = self._cache.get(_FIRST)
         if first is None:
             return None
@@ -404,22 +369,15 @@ class Text:
 
 @dataclasses.dataclass(frozen=True)
 class PendingChunk:
-    """The unexecuted tail of the policy's previous chunk, and the delay.
-
-    For real-time chunking: at every plan the policy sees, under this input's
-    name, ``{"actions": (K,) + action shape, "mask": (K,) bool, "delay":
-    int32}``, the previous chunk aligned step by step with the one being
-    planned (under ``delay=d`` its first d entries are what runs while the new
-    chunk is computed); zeros and an all-False mask at an episode's first
-    plan. The rule in steps: docs/contract.md ("How a chunk is executed");
-    its use: docs/evaluation.md ("Real-time chunking: the pending chunk").
-    Not with ``execution=jaxmesh.Ensemble(...)`` nor a policy of single
-    actions.
+    """The unexecuted tail of the policy's previous chunk, and the delay, for
+    real-time chunking: ``{"actions": (K,) + action shape, "mask": (K,) bool,
+    "delay": int32}`` aligned with the chunk being planned (docs/evaluation.md,
+    "Real-time chunking: the pending chunk"). Not with ``jaxmesh.Ensemble``
+    nor single actions.
 
     Args:
-      length: the policy's chunk length K, when it must be known before the
-        policy is first called (a policy whose output length follows its
-        inputs' shapes); None: found by calling the policy, by shape only.
+      length: the chunk length K, when needed before the policy is first
+        called; None: found by calling the policy, by shape only.
 
     Example::
 

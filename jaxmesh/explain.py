@@ -1,10 +1,5 @@
-"""``jaxmesh.explain``: what a spec reads from an env, and the memory it holds.
-
-Nothing compiles: the env's reset and each declaration's ``frame`` run under
-``jax.eval_shape`` (``jaxmesh.run.footprint``). Example::
-
-    print(jaxmesh.explain(model, "gymnax:Breakout-MinAtar", num_envs=256))
-"""
+"""``jaxmesh.explain``: what a spec reads from an env, and the memory it holds
+(nothing compiles: ``jaxmesh.run.footprint`` runs under ``jax.eval_shape``)."""
 
 from __future__ import annotations
 
@@ -28,15 +23,13 @@ def explain(
     """Explains what the evaluator will read from ``env`` and hold per lane.
 
     Args:
-      spec_or_model: a spec dict, a ``jaxmesh.Model`` (its ``load`` runs first:
-        it may set the spec), a plain policy function, or None (no spec: the
-        policy sees the whole observation).
-      env: anything ``jaxmesh.make_env`` accepts, or a ``jaxmesh.Suite``
-        (its first task's env; each task's instruction, unless given).
+      spec_or_model: a spec dict, a ``jaxmesh.Model`` (loaded first), a plain
+        policy function, or None (the whole observation).
+      env: anything ``jaxmesh.make_env`` accepts, or a ``jaxmesh.Suite`` (its
+        first task's env and, unless given, each task's instruction).
       num_envs: lanes to total the memory for.
-      instruction: for ``jaxmesh.adapt.Text`` inputs, the run's instruction
-        (as ``Starts(instruction=)``), or a dict of task name to instruction
-        (one line per task). None: a Text reads from its ``info_key``.
+      instruction: for ``jaxmesh.adapt.Text`` inputs, the run's instruction,
+        or a dict of task name to instruction. None: from the ``info_key``.
 
     Returns:
       An ``Explanation``; ``print`` it for a table.

@@ -53,11 +53,9 @@ class Param:
       default: the value used when none is given; omit it for a required param.
       doc: one line saying what the param does (shown by ``describe()``).
       choices: the only values allowed (a sequence).
-      low: the smallest allowed value (numbers only; inclusive).
-      high: the largest allowed value (numbers only; inclusive).
-      type: the allowed type(s); default: the default's type (``int`` is
-        accepted where ``float`` is expected, ``bool`` never counts as a number).
-        None for a default of None: any type.
+      low, high: the smallest and largest allowed numbers (inclusive).
+      type: the allowed type(s); default: the default's (an ``int`` passes as
+        a ``float``, a ``bool`` never as a number; a default of None: any).
 
     Raises:
       ValueError: ``choices`` together with ``low``/``high``, ``low > high``, or
@@ -150,11 +148,7 @@ class Param:
         return " ".join(parts) if parts else "any value"
 
     def check(self, value: Any, who: str = "value") -> Any:
-        """Returns ``value`` if the param allows it.
-
-        Raises:
-          ParamError: the value is outside the param's domain.
-        """
+        """Returns ``value`` if the param allows it, else raises ParamError."""
         name = self.name or "?"
 
         def fail(why: str) -> ParamError:
@@ -287,8 +281,8 @@ def params_schema(cls: type) -> dict[str, Param]:
 
 
 def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
-    """Checks ``config`` against ``cls``'s params; returns the values for load
-    (the given ones and the defaults of the declared params not given).
+    """The values for ``cls.load``: ``config`` checked against its params, and
+    the defaults of the declared ones not given.
 
     Raises:
       ParamError: an unknown name, a missing required param, or a value outside

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 
 def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Each row as a line, its first column left-aligned, the rest right,
-    two spaces between columns."""
+    """Each row as a line: the first column left-aligned, the rest right."""
     sizes = widths(rows)
     return [
         "  ".join(

@@ -1,11 +1,6 @@
-"""A run's timeline as Chrome-trace / Perfetto JSON (``evaluate(..., trace=path)``).
-
-The Trace Event Format's object form, one named row (``tid``) per part of the
-run; docs/evaluation.md ("Timeline") lists the rows and their spans.
-
-Trace files are meant to be shared, so a trace never holds a secret: a setting
-named like one (``is_secret_key``) is written as ``"***"`` when it was given,
-and its value is taken out of every other string of the file.
+"""A run's timeline as Chrome-trace / Perfetto JSON (``evaluate(..., trace=path)``):
+one named row per part of the run (docs/evaluation.md, "Timeline"). A secret
+setting (``is_secret_key``) reads ``"***"`` and its value leaves every string.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ SECRET_KEYS = frozenset(
 )
 _SECRET_WORDS = ("token", "secret", "password", "private_key", "credential")
 
-#: The environment variable a served run's token may come from (as
-#: ``jaxmesh.remote.protocol.TOKEN_ENV``; not imported: that needs gRPC).
+#: ``jaxmesh.remote.protocol.TOKEN_ENV`` (not imported: that needs gRPC).
 _TOKEN_ENV = "JAXMESH_TOKEN"
 
 #: The trace of the ``evaluate`` call in progress in this context (None: none).
@@ -49,8 +43,8 @@ def current() -> Trace | None:
 
 @contextlib.contextmanager
 def tracing(path: Path | None, settings: dict | None = None) -> Iterator[None]:
-    """Makes a trace current for the block and writes it to ``path`` at the
-    end, also when the block raises (None: nothing is traced)."""
+    """A trace current for the block, written to ``path`` at its end, also on
+    an error (None: nothing is traced)."""
     if path is None:
         yield
         return
@@ -72,11 +66,8 @@ def span(name: str, row: str = "run", **args: Any) -> Iterator[None]:
 
 
 class Trace:
-    """Spans of one run, in the host's ``time.perf_counter`` clock.
-
-    Args:
-      max_events: events kept; later ones are counted and dropped.
-    """
+    """Spans of one run in ``time.perf_counter`` time; past ``max_events``
+    events are counted and dropped."""
 
     def __init__(self, max_events: int = MAX_EVENTS):
         if not isinstance(max_events, int) or max_events < 1:
@@ -90,7 +81,7 @@ class Trace:
         self._lock = threading.Lock()
 
     def tid(self, row: str) -> int:
-        """The thread id of the row named ``row`` (made on first use)."""
+        """The thread id of row ``row`` (made on first use)."""
         with self._lock:
             return self._threads.setdefault(row, len(self._threads) + 1)
 
@@ -134,8 +125,8 @@ class Trace:
             self.add(name, begin, time.perf_counter(), row, args or None)
 
     def to_json(self, settings: dict | None = None) -> dict:
-        """The Trace Event Format object (events sorted by time), ``settings``
-        in ``otherData``, secrets redacted everywhere."""
+        """The Trace Event Format object, ``settings`` in ``otherData``,
+        secrets redacted everywhere."""
 
         def meta(what: str, tid: int, **args: Any) -> dict:
             return {"name": what, "ph": "M", "pid": self.pid, "tid": tid, "args": args}
@@ -166,8 +157,8 @@ class Trace:
 
 
 def is_secret_key(name: Any) -> bool:
-    """Whether a setting called ``name`` holds a secret (``SECRET_KEYS``, or a
-    name with token, secret, password, private_key or credential in it)."""
+    """Whether a setting called ``name`` holds a secret (``SECRET_KEYS``, or
+    a name with one of ``_SECRET_WORDS`` in it)."""
     if not isinstance(name, str):
         return False
     low = name.lower()
@@ -175,9 +166,8 @@ def is_secret_key(name: Any) -> bool:
 
 
 def secret_values(settings: dict | None = None) -> list[str]:
-    """The secret strings of ``settings``' secret keys and ``$JAXMESH_TOKEN``,
-    longest first; those under 4 characters are left out (taking them out of
-    free text would garble it; their setting is still redacted by name)."""
+    """The secret strings of ``settings`` and ``$JAXMESH_TOKEN``, longest
+    first, at least 4 characters (shorter ones would garble free text)."""
     found = {
         v
         for k, v in (settings or {}).items()
@@ -196,7 +186,7 @@ def redact_text(text: str, secrets: list[str] | tuple[str, ...]) -> str:
 
 
 def _scrub(value: Any, secrets: list[str]) -> Any:
-    """``value`` (JSON-like) with the secrets taken out of every string."""
+    """``value`` (JSON-like) with the secrets out of every string."""
     if isinstance(value, str):
         return redact_text(value, secrets)
     if isinstance(value, dict):
@@ -207,8 +197,7 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
 
 
 def redact_settings(settings: dict | None) -> dict:
-    """``settings`` as an artifact may show them: a given secret setting reads
-    ``"***"``, and no other value holds a secret's text."""
+    """``settings`` with a given secret as ``"***"``, and out of other values."""
     settings = dict(settings or {})
     secrets = secret_values(settings)
     out = {
@@ -220,9 +209,7 @@ def redact_settings(settings: dict | None) -> dict:
 
 def _plain(x: Any) -> Any:
     """numpy scalars and other strays in ``args`` as JSON values."""
-    if hasattr(x, "item"):
-        return x.item()
-    return str(x)
+    return x.item() if hasattr(x, "item") else str(x)
 
 
 def check_trace_path(trace: Any) -> Path | None:
@@ -241,16 +228,13 @@ def check_trace_path(trace: Any) -> Path | None:
         )
     path = Path(trace)
     folder = path.parent if str(path.parent) else Path(".")
+    problem = None
     if not folder.is_dir():
-        raise ValueError(
-            f"trace={str(trace)!r}: the folder {str(folder)!r} does not exist; "
-            "create it first or write the trace elsewhere"
-        )
-    if not os.access(folder, os.W_OK):
-        raise ValueError(
-            f"trace={str(trace)!r}: the folder {str(folder)!r} is not writable; "
-            "write the trace elsewhere"
-        )
+        problem = "does not exist; create it first or write the trace elsewhere"
+    elif not os.access(folder, os.W_OK):
+        problem = "is not writable; write the trace elsewhere"
+    if problem:
+        raise ValueError(f"trace={str(trace)!r}: the folder {str(folder)!r} {problem}")
     return path
 
 

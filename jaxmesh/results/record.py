@@ -1,12 +1,6 @@
-"""Recording episodes: ``evaluate(..., record=jaxmesh.Record(...))``.
-
-``Record`` says which episodes to keep, which observation leaves and how many
-steps at most; ``RunResult.trajectories`` returns them as ``Trajectory``
-records (numpy), in episode order. On the scan path the engine writes them into
-fixed device buffers of shape ``[len(episodes), max_steps (+ 1), ...]`` as the
-episodes run (``jaxmesh.core.tally.Recording``); host-stepped paths (in
-process and served) fill the same buffers on the host. ``jaxmesh.render``
-turns a recorded episode into a video.
+"""Recording episodes: ``evaluate(..., record=jaxmesh.Record(...))``, kept in
+buffers of ``[len(episodes), max_steps (+ 1), ...]``
+(``jaxmesh.core.tally.Recording``), returned as ``RunResult.trajectories``.
 """
 
 from __future__ import annotations
@@ -31,26 +25,17 @@ class Record:
     """Which episodes a run keeps step by step.
 
     Args:
-      episodes: episode indices (in the budget: 0 .. episodes - 1) to record;
-        kept in ascending order, each once. Unrecorded episodes cost nothing
-        (the buffers hold ``len(episodes)`` episodes).
-      keys: the observation leaves to keep: None for the whole observation, or
-        names of the leaves of a dict observation (nested mappings joined with
-        ``/``, as ``metrics=`` names info leaves).
-      max_steps: the most steps kept per episode (default 1000). An episode
-        longer than that keeps its first ``max_steps`` steps (and its reset
-        observation), and its ``Trajectory.cut`` is True.
-      frames: host-stepped gymnasium envs in process: capture
-        ``env.render()`` frames of the recorded episodes (the env must have
-        ``render_mode="rgb_array"``). None: when the env renders
-        ``rgb_array`` (a ``"gymnasium:<id>"`` env is then made with it);
-        True: required (a ValueError otherwise); False: never.
-      states: JAX envs whose adapter declares ``render_state`` (MuJoCo
-        Playground, brax): keep, per step, the physics state the env's
-        renderer draws (``Trajectory.states``; which fields:
-        docs/evaluation.md). None: when the env declares it; True: required
-        (a ValueError otherwise, and on host-stepped envs); False: never
-        (videos then replay the recorded actions).
+      episodes: the episode indices (of the budget) to record, kept sorted.
+      keys: the observation leaves to keep (names of a dict observation's
+        leaves, nested ones joined with ``/``), or None for all of it.
+      max_steps: the most steps kept per episode (default 1000); a longer
+        episode keeps its first ones and its ``Trajectory.cut`` is True.
+      frames: capture ``env.render()`` frames (host-stepped gymnasium envs in
+        process with ``render_mode="rgb_array"``). None: when the env renders
+        ``rgb_array``; True: required; False: never.
+      states: keep the physics state the env's renderer draws (JAX envs whose
+        adapter declares ``render_state``: Playground, brax). None: when
+        declared; True: required; False: never (videos replay the actions).
 
     Raises:
       TypeError, ValueError: a bad field, naming it.
@@ -120,11 +105,7 @@ class Record:
 
 
 def check_record(record: Any) -> Record | None:
-    """``evaluate``'s ``record=``: None or a ``Record``.
-
-    Raises:
-      TypeError: anything else.
-    """
+    """``evaluate``'s ``record=``: None or a ``Record`` (else a TypeError)."""
     if record is None or isinstance(record, Record):
         return record
     raise TypeError(
@@ -134,11 +115,7 @@ def check_record(record: Any) -> Record | None:
 
 
 def check_record_budget(record: Record | None, episodes: int) -> None:
-    """Refuses recorded episodes outside the budget (before anything runs).
-
-    Raises:
-      ValueError: naming the episodes and the budget.
-    """
+    """Refuses recorded episodes outside the budget with a ValueError."""
     if record is None:
         return
     out = [i for i in record.episodes if i >= episodes]
@@ -151,18 +128,9 @@ def check_record_budget(record: Record | None, episodes: int) -> None:
 
 
 def records_states(record: Record | None, env: Any, where: str) -> bool:
-    """Whether a run records its env's render states (``Record.states``).
-
-    Args:
-      record: the run's ``Record`` (None: nothing is recorded).
-      env: the JAX env (an adapter with ``render_state(state) -> dict``), or
-        None for a host-stepped env, which has no states to record.
-      where: the env's name, for the message.
-
-    Raises:
-      ValueError: ``Record(states=True)`` and the env declares no
-        ``render_state``.
-    """
+    """Whether a run records its JAX ``env``'s render states (None: a
+    host-stepped env); a ValueError for ``Record(states=True)`` without
+    ``render_state`` (``where``: the env's name)."""
     if record is None or record.states is False:
         return False
     has = callable(getattr(env, "render_state", None))
@@ -177,14 +145,11 @@ def records_states(record: Record | None, env: Any, where: str) -> bool:
 
 
 def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
-    """The observation leaves ``keys`` names (None: the observation as it is).
-
-    Works on one observation or on batches (any leading axes): leaves are
-    picked by name, never sliced.
+    """The observation leaves ``keys`` names (None: the observation), of one
+    observation or a batch.
 
     Raises:
-      ValueError: a key the observation lacks (naming those it has), or keys
-        for an observation that is one array.
+      ValueError: a key the observation lacks, or keys for a single array.
     """
     if keys is None:
         return obs
@@ -208,23 +173,15 @@ class Trajectory:
     """One recorded episode, as numpy arrays.
 
     Attributes:
-      episode: its index in the budget; ``seed`` its seed.
-      observations: ``[T + 1, ...]``: the reset observation, then the one
-        after each step (``observations[t]`` is what the policy saw at step
-        t). The whole observation, or a dict of the leaves ``Record.keys``
-        named.
-      actions: ``[T, ...]`` the action executed at each step.
-      rewards: ``[T]`` float32; ``terminated``, ``truncated``: ``[T]`` bool,
-        the step's end flags (the last step's are the episode's).
+      episode, seed: its index in the budget and its seed.
+      observations: ``[T + 1, ...]``: at the reset, then after each step (the
+        whole observation, or a dict of ``Record.keys``' leaves).
+      actions: ``[T, ...]``; rewards: ``[T]`` float32; terminated,
+        truncated: ``[T]`` bool, each step's ends.
       length: the episode's length; ``T = min(length, max_steps)``.
-      cut: the episode ran longer than ``Record.max_steps``: the arrays hold
-        its first ``max_steps`` steps.
-      frames: ``[T + 1, H, W, 3]`` uint8 ``env.render()`` frames captured
-        during the run (host-stepped gymnasium envs with
-        ``render_mode="rgb_array"``), else None.
-      states: ``{name: [T + 1, ...]}``: the env's render state (``Record.
-        states``) at the reset and after each step, as the run computed it,
-        else None.
+      cut: the episode ran longer than ``Record.max_steps``.
+      frames: ``[T + 1, H, W, 3]`` uint8 captured frames, or None.
+      states: ``{name: [T + 1, ...]}`` render states, or None.
     """
 
     episode: int
@@ -294,13 +251,9 @@ class Trajectory:
 
 
 def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> list:
-    """The ``Trajectory`` of every finished recorded episode, in episode order.
-
-    Args:
-      recording: a host ``jaxmesh.core.tally.Recording`` (numpy leaves).
-      episodes: the finished episodes' indices (a result's ``indices``).
-      seeds, lengths: theirs, aligned with ``episodes``.
-    """
+    """The ``Trajectory`` of every finished recorded episode, in order, of a
+    host ``jaxmesh.core.tally.Recording`` and the finished ``episodes`` with
+    their ``seeds`` and ``lengths``."""
     at = {int(e): k for k, e in enumerate(np.asarray(episodes))}
     cap = int(np.shape(recording.rewards)[1])
     frames = recording.frames
@@ -359,8 +312,7 @@ def save_trajectories(trajectories: list | None, path: str | Path) -> Path:
 
 
 def load_trajectories(path: str | Path, recorded: list | None) -> list[Trajectory]:
-    """``RunResult.load_trajectories``'s trajectories, one per entry of
-    ``recorded`` (a result's ``to_dict()["recorded"]``)."""
+    """The trajectories of ``path``, one per entry of ``recorded``."""
     out = []
     with np.load(path) as z:
         for r in recorded or []:

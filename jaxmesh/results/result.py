@@ -257,43 +257,29 @@ class RunResult:
     """A run's results, arrays ordered by episode index.
 
     Attributes:
-      indices: each entry's episode index (``0..E-1`` for a finished run; on
-        ``exc.partial_result`` only the finished episodes).
-      seeds, returns, lengths, terminated, truncated, predict_calls, lanes: per
-        episode (``EPISODE_FIELDS`` and the seeds).
-      env_steps: executed env steps of active lanes.
-      policy_rows: rows the policy computed (whole ``plan_tile`` tiles; a
-        ``HostPolicy`` only the lanes that plan).
-      wall_time, compile_time, run_time: seconds for the call, compiling, and
-        running the segments.
-      num_envs, horizon, prefetch_lead, chunk, plan_tile: the run's settings;
-        ``effective_horizon`` is ``min(horizon, K)``.
-      delay, delay_ms: the inference delay in steps (CONTRACT 23) and, when
-        given in milliseconds, as given.
-      execution: None (replayed) or an ensemble's label (CONTRACT 22).
-      max_episode_seconds: the wall-clock cap (CONTRACT 18; the episodes it
-        cut depend on timing), or None.
-      trial_index_base: episode i got ``trial_index_base + i`` (CONTRACT 6).
-      instruction: the instruction every episode got (``Starts``), or None.
-      telemetry: host-stepped runs: per series its count, mean, p50, p95 and
-        p99 (``jaxmesh.run.telemetry``); None for a JAX env.
-      success: the headline flags (``success_mode``: ``"once"`` or
-        ``"end"``); ``success_once``, ``success_at_end``, ``success_at_reset``
-        the others. Bools, or objects with None where an episode lacked the
-        signal; None without one (at reset: not measured).
-      metrics, metric_reductions: per-episode values of each metric asked for
-        (bool for ``any``, else float32, NaN for no value) and its reduction.
-      success_key: the info key read as success (None: none).
-      trajectories: the recorded episodes (``Trajectory``), or None; not in
-        ``to_dict()``, whose ``recorded`` indexes ``save_trajectories``' file.
+      indices, seeds, returns, lengths, terminated, truncated, predict_calls,
+        lanes: per episode (of ``exc.partial_result``: the finished ones).
+      env_steps, policy_rows: executed env steps of active lanes, and rows
+        the policy computed (whole ``plan_tile`` tiles).
+      wall_time, compile_time, run_time: seconds for the call, compiling and
+        running; ``steps_per_second`` of a resumed run: its ``resumed_part``.
+      num_envs, horizon, effective_horizon, prefetch_lead, chunk, plan_tile,
+        delay, delay_ms, execution, max_episode_seconds, trial_index_base,
+        instruction: the run's settings (docs/evaluation.md).
+      telemetry: host-stepped runs' series (``jaxmesh.run.telemetry``).
+      success, success_once, success_at_end, success_at_reset: per episode
+        (``success``: the ``success_mode`` one), None where an episode lacked
+        the signal; None without ``success_key``.
+      metrics, metric_reductions: each metric's values and its reduction.
+      trajectories: the recorded ``Trajectory`` records (not in ``to_dict``,
+        whose ``recorded`` indexes the ``save_trajectories`` file), or None.
       videos: video files of recorded episodes, embedded by the report.
-      server_losses: served runs: each server lost (``server``,
-        ``at_seconds``, ``error``, ``lanes``, ``episodes_rerun``).
-      fingerprint: the run's identity (``jaxmesh.run.identity``), which
-        ``resume=`` compares; None: not recorded.
-      provenance: ``made_with()`` of the run, or None.
-      resumed_part: of a resumed run, ``{"episodes", "env_steps",
-        "run_time"}`` of this call's part, whose rate ``steps_per_second`` is.
+      server_losses: served runs: each server lost, as a dict.
+      fingerprint: the run's identity that ``resume=`` compares
+        (``jaxmesh.run.identity``); provenance: ``made_with()``; None: not
+        recorded.
+      resumed_part: of a resumed run, this call's ``{"episodes",
+        "env_steps", "run_time"}``.
     """
 
     indices: np.ndarray

@@ -1,19 +1,11 @@
-"""The one table of a run's summary rows, and its text.
-
-``rows(result, stats)`` lists every figure the summary shows, once: its key
-(the path of its value in ``result.stats()``, or the ``RunResult`` field), its
-label, its value as plain data, its value as text, a note on how it was
-computed, and the table it belongs to (``summary``: the statistics,
-``settings``: what ran, ``totals``: what it cost). ``text`` prints the rows as
-``result.summary()`` does; the HTML report (``jaxmesh.results.report``) prints
-the same rows as its summary, settings and totals tables, with the notes and
-each value as ``data-value``. A figure added here shows in both.
+"""The one table of a run's summary rows (``rows``), which both ``text``
+(``result.summary()``) and the HTML report print, so that a figure added here
+shows in both (docs/evaluation.md, "Plots and the HTML report").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,17 +20,16 @@ TABLES = ("settings", "summary", "totals")
 
 
 class Row(NamedTuple):
-    """One figure of the summary."""
+    """One figure: ``key``, its dotted path in ``result.stats()`` or the
+    field; ``value``, plain data (the report's ``data-value``); ``note``, how
+    it was computed; ``table``, ``summary``, ``settings``, ``totals`` or
+    ``provenance``."""
 
-    #: The path of ``value`` in ``result.stats()`` (dotted), or the field.
     key: str
     label: str
-    #: Plain data (JSON): what the HTML report writes as ``data-value``.
     value: Any
     text: str
-    #: How it was computed or what it means (the HTML report's last column).
     note: str = ""
-    #: ``summary``, ``settings`` or ``totals``.
     table: str = "summary"
 
 
@@ -48,19 +39,12 @@ def _num(value: float | None, digits: int = 3) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _interval(pair: Sequence[float] | None, digits: int = 3) -> str:
-    if pair is None:
-        return "n/a (one episode)"
-    return f"[{pair[0]:.{digits}f}, {pair[1]:.{digits}f}]"
-
-
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
 def mode_text(result: Any) -> str:
-    """How chunks were played: synchronous, asynchronous, with a delay, or with
-    temporal ensembling."""
+    """How chunks were played (synchronous, asynchronous, delayed, ensembled)."""
     mode = (
         f"asynchronous (prefetch_lead={result.prefetch_lead}; not comparable to "
         "a synchronous score)"
@@ -94,14 +78,13 @@ def loss_text(loss: dict) -> str:
 
 
 def _at(stats: dict[str, Any], key: str) -> Any:
-    """The value at dotted path ``key`` of ``stats``."""
     for part in key.split("."):
         stats = stats[part]
     return stats
 
 
 def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
-    """The statistics (``table="summary"``)."""
+    """The statistics."""
     n = stats["episodes"]
     out = [Row("episodes", "episodes", n, f"{n:,}")]
     if not n:
@@ -130,15 +113,15 @@ def _return_rows(stats: dict[str, Any]) -> list[Row]:
         return Row(key, label, _at(stats, key), _num(_at(stats, key), digits), note)
 
     def span(key: str, label: str) -> Row:
-        value = _at(stats, key)
-        return Row(key, f"{label}, {level} interval", value, _interval(value), how)
+        v = _at(stats, key)
+        text = "n/a (one episode)" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]"
+        return Row(key, f"{label}, {level} interval", v, text, how)
 
     middle = "interquartile mean: the mean of the middle half of the returns"
+    std = "sample standard deviation (ddof = 1)"
     return [
         num("returns.mean", "mean return"),
-        num(
-            "returns.std", "std of the returns", "sample standard deviation (ddof = 1)"
-        ),
+        num("returns.std", "std of the returns", std),
         num(
             "returns.standard_error",
             "standard error of the mean",
@@ -216,7 +199,7 @@ def _success_rows(stats: dict[str, Any]) -> list[Row]:
 
 
 def setting_rows(result: Any) -> list[Row]:
-    """What ran (``table="settings"``)."""
+    """What ran."""
     cap, chunk = result.max_episode_seconds, result.chunk
 
     def field(key: str, label: str, text: str | None = None, note: str = "") -> Row:
@@ -278,10 +261,11 @@ def setting_rows(result: Any) -> list[Row]:
 
 
 def _total_rows(result: Any) -> list[Row]:
-    """What it cost (``table="totals"``)."""
+    """What it cost."""
     r = result
     resumed = getattr(r, "resumed_part", None)
     rate = "the resumed part's env steps / its run time" if resumed else ""
+    per_step = f"{r.rows_per_step:.3f} ({r.plan_tile} rows per call)"
     rows = [  # (field, label, text, note)
         ("env_steps", "env steps", f"{r.env_steps:,}", ""),
         (
@@ -290,12 +274,7 @@ def _total_rows(result: Any) -> list[Row]:
             f"{r.policy_rows:,}",
             "rows the policy computed, padding included",
         ),
-        (
-            "rows_per_step",
-            "policy rows per env step",
-            f"{r.rows_per_step:.3f} ({r.plan_tile} rows per call)",
-            "ideal: 1 / horizon",
-        ),
+        ("rows_per_step", "policy rows per env step", per_step, "ideal: 1 / horizon"),
         (
             "steps_per_second",
             "env steps / s",
@@ -325,9 +304,7 @@ def seeds_text(seeds: Any) -> str:
 
 
 def provenance_rows(result: Any) -> list[Row]:
-    """Where the result comes from (``table="provenance"``): the seeds, the
-    run's identity (digests of the policy, its params and the env) and when and
-    with what it was made."""
+    """The seeds, the run's identity and when and with what it was made."""
     seeds = np.asarray(result.seeds, np.int64).reshape(-1)
     span = None if not seeds.size else [int(seeds[0]), int(seeds[-1])]
     value = {"count": int(seeds.size), "first_last": span}
@@ -339,12 +316,8 @@ def provenance_rows(result: Any) -> list[Row]:
     made = result.provenance or {}
     date = made.get("date")
     rows.append(Row("provenance.date", "date (UTC)", date, date or "not recorded"))
-    for name, version in (made.get("versions") or {}).items():
-        rows.append(
-            Row(
-                f"provenance.versions.{name}", name, version, version or "not installed"
-            )
-        )
+    for name, v in (made.get("versions") or {}).items():
+        rows.append(Row(f"provenance.versions.{name}", name, v, v or "not installed"))
     if not made:
         rows[-1] = rows[-1]._replace(
             note="the result does not say when or with which versions it was made"
@@ -353,9 +326,8 @@ def provenance_rows(result: Any) -> list[Row]:
 
 
 def rows(result: Any, stats: dict[str, Any]) -> list[Row]:
-    """Every row of ``result``'s summary, settings first, then the statistics
-    (``stats``: ``result.stats()``), the totals and the provenance (which the
-    text leaves to the JSON and the HTML report)."""
+    """Every row: the settings, the statistics (``stats``:
+    ``result.stats()``), the totals and the provenance (not in the text)."""
     return (
         setting_rows(result)
         + _stat_rows(result, stats)
@@ -365,8 +337,8 @@ def rows(result: Any, stats: dict[str, Any]) -> list[Row]:
 
 
 def text(result: Any, stats: dict[str, Any] | None = None) -> str:
-    """``result``'s summary as text: one line per row, label and value
-    (``stats`` None: a large run's with fewer resamples, as its row says)."""
+    """``result``'s summary as text, a line per row (``stats`` None: with
+    ``summary_resamples``)."""
     if stats is None:
         stats = result.stats(resamples=_stats.summary_resamples(len(result.returns)))
     table = rows(result, stats)
@@ -375,23 +347,16 @@ def text(result: Any, stats: dict[str, Any] | None = None) -> str:
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
 
 
-#: Env families whose ids jaxmesh runs as gymnasium envs; their results name
-#: the env ``gymnasium:<family>:...``, shown as the family's own id.
-_GYMNASIUM_FAMILIES = ("libero:",)
-
-
 def short_env(env: str) -> str:
-    """The env's id as a reader knows it: ``gymnasium:libero:libero_spatial/0``
-    (how a result names a LIBERO task, run as a gymnasium env) is shown as
-    ``libero:libero_spatial/0``; every other id as it is."""
+    """The env's id as a reader knows it: ``gymnasium:libero:...`` (a LIBERO
+    task run as a gymnasium env) as ``libero:...``; other ids as they are."""
     env = str(env or "")
     rest = env.removeprefix("gymnasium:")
-    return rest if rest != env and rest.startswith(_GYMNASIUM_FAMILIES) else env
+    return rest if rest != env and rest.startswith("libero:") else env
 
 
-#: The telemetry series that are neither times nor sizes (a ``_bytes``
-#: suffix, ``unit``) (``jaxmesh.run.telemetry``): a flag prints as the share
-#: of samples that were 1, an event as its count.
+#: The telemetry series that are neither times nor sizes (``_bytes``): a flag
+#: prints as the share of samples that were 1, an event as its count.
 UNITS = {
     "transport_shm": "flag",
     "worker_lost": "count",
@@ -401,18 +366,15 @@ UNITS = {
 
 
 def unit(name: str) -> str:
-    """The unit of series ``name``: ``"s"`` (seconds) unless ``UNITS`` or a
-    ``_bytes`` suffix says ``"bytes"``, ``"flag"`` or ``"count"``."""
+    """The unit of series ``name``: ``UNITS``', ``"bytes"`` or ``"s"``."""
     if name in UNITS:
         return UNITS[name]
     return "bytes" if name.endswith("_bytes") else "s"
 
 
 def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
-    """One telemetry series' cells under ``STAT_NAMES``: times in
-    milliseconds, sizes in bytes; a flag (``transport_shm``) as the share of
-    its samples that were 1, an event series (``worker_lost``) as its count
-    alone (``UNITS``)."""
+    """One telemetry series' cells under ``STAT_NAMES`` (times in ms, sizes in
+    bytes, ``UNITS``' flags as a share and events as a count)."""
     kind = unit(str(name))
     count = f"{int(s['count']):,}"
     if kind == "flag":
@@ -425,8 +387,7 @@ def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
 
 
 def telemetry_text(telemetry: dict[str, dict[str, float]] | None) -> str:
-    """A telemetry table (``RunResult.telemetry``): times in milliseconds,
-    sizes in bytes, flags as a share, events as a count (``telemetry_cells``)."""
+    """A telemetry table of ``telemetry_cells``."""
     if not telemetry:
         return "no telemetry (recorded for host-stepped envs only)"
     table = [("series", *STAT_NAMES)]
@@ -436,9 +397,8 @@ def telemetry_text(telemetry: dict[str, dict[str, float]] | None) -> str:
 
 
 def text_table(rows: list[list[str]], rule_before_last: int = 0) -> list[str]:
-    """Rows of text cells as aligned lines (the first column left, the rest
-    right), a rule under the header and, with ``rule_before_last``, one above
-    that many last rows."""
+    """``text.aligned`` lines with a rule under the header and, with
+    ``rule_before_last``, one above that many last rows."""
     lines = _text.aligned(rows)
     rule = "  ".join("-" * w for w in _text.widths(rows))
     lines.insert(1, rule)
@@ -452,9 +412,9 @@ def _span(pair: Any, fmt: str) -> str:
 
 
 def suite_table(s: dict[str, Any]) -> list[list[str]]:
-    """A suite's per-task table as text cells (``s``: ``SuiteResult.stats()``):
-    a header row, one row per task, then the mean over tasks and the pooled
-    row (the success columns only when a task has a success signal)."""
+    """A suite's table as text cells (``s``: ``SuiteResult.stats()``): a
+    header, a row per task, the mean over tasks and the pooled row (success
+    columns only when a task has a signal)."""
     mode = s.get("success_mode")
     other = {"once": "success_at_end_rate", "end": "success_once_rate"}.get(mode)
     other_name = {"once": "at end", "end": "once"}.get(mode, "")
@@ -495,8 +455,7 @@ def suite_table(s: dict[str, Any]) -> list[list[str]]:
 
 
 def suite_text(suite: Any) -> str:
-    """``SuiteResult.summary()``: its table (``suite_table``), the mean over
-    tasks and the pooled row, and how the intervals were computed."""
+    """``SuiteResult.summary()``: ``suite_table`` and how it was computed."""
     resamples = _stats.summary_resamples(max(suite.num_episodes, 1))
     lines = text_table(suite.table(), rule_before_last=2)
     mode = suite.success_mode

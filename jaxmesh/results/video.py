@@ -1,12 +1,7 @@
 """Videos of recorded episodes: ``jaxmesh.render(result, episode=0, path=...)``.
 
-Frames come from, in this order: a ``frames=fn(obs, state)`` function; the
-frames a host-stepped run captured; the env's renderer on the recorded render
-states (Playground, brax); an EnvPool env's image observations; the env's
-renderer on states replayed from the episode's key (CONTRACT 5). Each source's
-limits are in docs/evaluation.md, "Recording episodes and videos". The video
-is written with imageio (``.gif`` through Pillow, else the ffmpeg of
-imageio-ffmpeg: ``pip install 'jaxmesh[video]'``).
+Where the frames come from, in order, and each source's limits: docs/
+evaluation.md, "Recording episodes and videos".
 """
 
 from __future__ import annotations
@@ -42,14 +37,11 @@ def _imageio() -> Any:
 
 
 def replay_states(env: Any, trajectory: Any) -> list:
-    """The env states of a recorded episode of a JAX env, replayed.
-
-    Resets with ``PRNGKey(seed)`` and steps with the recorded actions and the
-    episode's env keys (CONTRACT 5), so the states are the run's own.
+    """The env states of a recorded episode, replayed from its seed with the
+    recorded actions and the episode's env keys (CONTRACT 5).
 
     Raises:
-      ValueError: the replayed observations differ from the recorded ones
-        (another env, or other env params, than the run's).
+      ValueError: the replayed observations differ from the recorded ones.
     """
     key = jax.random.PRNGKey(trajectory.seed)
     env_key = jax.random.fold_in(key, 0)
@@ -77,13 +69,11 @@ def replay_states(env: Any, trajectory: Any) -> list:
 
 
 def recorded_states(env: Any, trajectory: Any) -> list:
-    """The recorded render states of an episode as the adapter states that
-    ``playground_frames`` / ``brax_frames`` draw (each holds only the
-    fields the renderer reads; ``Trajectory.states``).
+    """An episode's ``Trajectory.states`` as the adapter states that
+    ``playground_frames`` / ``brax_frames`` draw.
 
     Raises:
-      ValueError: the states do not fit the env's (another env than the
-        run's), or the env has no renderer that draws them.
+      ValueError: the states do not fit the env's, or it has no renderer.
     """
     states = trajectory.states
     name = str(getattr(env, "name", ""))
@@ -112,15 +102,9 @@ def recorded_states(env: Any, trajectory: Any) -> list:
 
 
 def gymnax_frames(env: Any, states: list) -> list[np.ndarray]:
-    """gymnax's own drawing of each state, as RGB arrays.
-
-    Classic-control envs (CartPole, Acrobot, Pendulum, MountainCar) go through
-    gymnax's mapping to gymnasium's ``rgb_array`` renderer
-    (``gymnax.visualize.vis_gym``), with one gymnasium env for all frames;
-    the others through gymnax's ``Visualizer`` drawn on a matplotlib Agg
-    canvas of its own (pyplot's figure list and the user's backend are left
-    alone).
-    """
+    """gymnax's own drawing of each state: classic control through
+    gymnasium's renderer (``gymnax.visualize.vis_gym``), the others through
+    gymnax's ``Visualizer`` on an Agg canvas of its own (not pyplot's)."""
     from gymnax.visualize import vis_gym
 
     name = env.env.name
@@ -172,16 +156,8 @@ def gymnax_frames(env: Any, states: list) -> list[np.ndarray]:
 
 
 def brax_frames(env: Any, states: list) -> list[np.ndarray]:
-    """brax's renderer (``brax.io.image``) over the replayed pipeline states.
-
-    brax draws with MuJoCo's OpenGL renderer; without a display it needs a
-    headless GL backend chosen before MuJoCo is imported: ``MUJOCO_GL=egl`` in
-    the environment of the process.
-
-    Raises:
-      ImportError: brax's renderer cannot load.
-      RuntimeError: MuJoCo has no OpenGL context (saying to set MUJOCO_GL).
-    """
+    """brax's renderer (``brax.io.image``) over the pipeline states (MuJoCo's
+    OpenGL: headless, ``MUJOCO_GL=egl`` before MuJoCo is imported)."""
     try:
         from brax.io import image
     except ImportError as e:
@@ -210,26 +186,17 @@ def _needs_gl(who: str):
 
 
 def playground_frames(env: Any, states: list) -> list[np.ndarray]:
-    """MuJoCo Playground's renderer (``env.render(trajectory)``) over the
-    replayed states, 240 x 320.
-
-    Playground draws with MuJoCo's OpenGL renderer (``mujoco.Renderer``) on the
-    env's ``mj_model``: without a display it needs ``MUJOCO_GL=egl`` in the
-    environment of the process before MuJoCo is imported. The drawing is of
-    the env's own model: a randomizer's drawn fields (a mass, a friction) do
-    not show, drawn geometry (``geom_size``) neither.
-
-    Raises:
-      RuntimeError: MuJoCo has no OpenGL context (saying to set MUJOCO_GL).
-    """
+    """MuJoCo Playground's renderer (``env.render``) over the states, 240 x
+    320, of the env's own model (a randomizer's fields do not show; headless:
+    ``MUJOCO_GL=egl``)."""
     trajectory = [s[0] for s in states]  # the adapter's (state, t, drawn)
     with _needs_gl("Playground's renderer"):
         return [np.asarray(f) for f in env.env.render(trajectory, 240, 320)]
 
 
 def _env_for(result: Any, env: Any, replay: bool = True) -> Any:
-    """The JAX env to replay on (or, ``replay=False``, whose renderer draws
-    recorded states): ``env`` given, or made from ``result.env``."""
+    """The JAX env to replay on (``replay=False``: whose renderer draws the
+    recorded states): ``env``, or made from ``result.env``."""
     if env is not None:
         return make_env(env)
     name = str(result.env)
@@ -252,12 +219,10 @@ def episode_frames(
     frames: Callable[[Any, Any], Any] | None = None,
     env: Any = None,
 ) -> list[np.ndarray]:
-    """The RGB frames of a recorded episode (arguments as for ``render``;
-    where the frames come from: the module docstring).
+    """The RGB frames of a recorded episode (arguments as ``render``'s).
 
     Raises:
-      ValueError: the episode was not recorded, or no frames can be made
-        (a host-stepped run without captured frames and no ``frames=``).
+      ValueError: the episode was not recorded, or no frames can be made.
     """
     if result.trajectories is None:
         raise ValueError(
@@ -298,14 +263,11 @@ def episode_frames(
 
 
 def observation_frames(name: str, observations: list) -> list[np.ndarray]:
-    """An EnvPool episode's frames: its image observations as RGB.
-
-    An observation ``[H, W, 3]`` is a frame as it is; ``[stack, H, W]`` (or
-    ``[H, W]``) uint8 is gray, and the newest frame of the stack is drawn.
+    """An EnvPool episode's image observations as RGB (``[H, W, 3]`` as it
+    is; uint8 ``[stack, H, W]`` or ``[H, W]``: the newest frame, gray).
 
     Raises:
-      ValueError: the observations are not images (MuJoCo's state vectors),
-        naming ``frames=`` as the way to draw them.
+      ValueError: the observations are not images.
     """
     out = []
     for obs in observations:
@@ -352,11 +314,11 @@ def _even(frame: np.ndarray) -> np.ndarray:
 
 
 def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
-    """Encodes frames to ``path``: GIF (Pillow) by extension, else ffmpeg.
+    """Encodes frames to ``path``: a ``.gif`` with imageio, else ffmpeg.
 
     Raises:
       ValueError: no frames, or frames of different sizes.
-      RuntimeError: ffmpeg could not write a non-GIF ``path``.
+      RuntimeError: ffmpeg could not write ``path``.
     """
     if not frames:
         raise ValueError(f"no frames to write to {path}")
@@ -377,18 +339,11 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
 
 
 def _ffmpeg_write(frames: list[np.ndarray], path: Path, fps: float) -> None:
-    """Pipes RGB frames to imageio-ffmpeg's ffmpeg, which picks the codec by
-    ``path``'s extension (H.264 for ``.mp4``).
+    """Pipes RGB frames to imageio-ffmpeg's ffmpeg (codec by extension).
 
-    ffmpeg is started without a pre-exec hook, so the JAX process is never
-    forked with its threads; its messages are kept in a file, never a pipe
-    that could fill while frames are written. A failed write raises with
-    ffmpeg's own words and leaves no partial file; an interrupted one kills
-    ffmpeg before the interruption goes on.
-
-    Raises:
-      ImportError: imageio-ffmpeg is not installed.
-      RuntimeError: ffmpeg could not write ``path``.
+    No pre-exec hook (the JAX process is never forked with its threads); its
+    messages go to a file, not a pipe that could fill. A failure leaves no
+    partial file; an interruption kills ffmpeg first.
     """
     try:
         import imageio_ffmpeg
@@ -446,34 +401,23 @@ def render(
 
     Args:
       result: a ``RunResult`` of a run with ``record=jaxmesh.Record(...)``.
-      episode: the episode's index (one that was recorded).
-      path: the file; its extension picks the format (``.gif``: GIF, else
-        ffmpeg, e.g. ``.mp4``).
-      frames: ``fn(obs, state) -> rgb [H, W, 3]`` uint8 (see the module
-        docstring); None: the frames captured during the run, else the env's
-        own renderer (gymnax, brax, MuJoCo Playground).
+      episode: a recorded episode's index.
+      path: the file; ``.gif`` is written as a GIF, other extensions by ffmpeg.
+      frames: ``fn(obs, state) -> rgb [H, W, 3]`` uint8; None: the frames
+        captured during the run, else the env's renderer (gymnax, brax,
+        MuJoCo Playground).
       fps: frames per second (default 30).
-      env: a JAX env to replay the episode on, or whose renderer draws its
-        recorded states (default: made from ``result.env``, e.g.
-        ``"gymnax:CartPole-v1"``; pass your own when it was built with other
-        params, config overrides or, for a replay, a randomizer).
+      env: the JAX env to replay on or draw with (default: made from
+        ``result.env``; pass it when built with other params or a randomizer).
 
     Returns:
-      The path written; it is also appended to ``result.videos`` (the HTML
-      report embeds those).
+      The path written, also appended to ``result.videos``.
 
     Raises:
       ValueError: the episode was not recorded, or no frames can be made.
       ImportError: imageio (or imageio-ffmpeg for ``.mp4``) is missing.
-
-    Example::
-
-      r = jaxmesh.evaluate(policy, "gymnax:CartPole-v1", episodes=10,
-                           record=jaxmesh.Record(episodes=[0]))
-      jaxmesh.render(r, episode=0, path="ep0.gif")
     """
-    if fps is None:
-        fps = DEFAULT_FPS
+    fps = DEFAULT_FPS if fps is None else fps
     if not fps > 0:
         raise ValueError(f"fps={fps!r}: expected a number > 0")
     out = write_video(episode_frames(result, episode, frames, env), path, float(fps))
