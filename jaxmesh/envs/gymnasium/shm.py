@@ -1,10 +1,7 @@
-"""POSIX shared memory shared by the worker processes and the same-host served
-transport: :class:`Segment` (a segment mapped without the resource tracker) and
-:class:`Slots` (per-lane arrays at fixed offsets in one segment).
+"""POSIX shared memory of the worker processes and the same-host transport.
 
-Cleanup rules: the process that creates a segment unlinks it when done; a
-process that maps one by name unlinks it too when its peer dies (the creator
-can no longer do it). Unlinking twice is harmless.
+The process that creates a segment unlinks it when done; one that maps it by
+name unlinks it too when its peer dies. Unlinking twice is harmless.
 """
 
 from __future__ import annotations
@@ -14,13 +11,10 @@ import os
 
 import numpy as np
 
-__all__ = ["Segment", "Slots"]
-
 
 class Segment:
-    """A POSIX shared-memory segment mapped into this process, created with
-    ``size`` or mapped by name, without a resource-tracker process (which
-    would outlive the run)."""
+    """A shared-memory segment created with ``size`` or mapped by name, without
+    a resource-tracker process (which would outlive the run)."""
 
     def __init__(self, name: str, size: int | None = None):
         import _posixshmem
@@ -59,22 +53,25 @@ class Slots:
 
     def __init__(self, shm: Segment, n: int, fields: dict):
         self.shm = shm
-        self.arrays: dict[str, np.ndarray] = {}
-        offset = 0
+        offsets, _ = Slots._offsets(n, fields)
+        self.arrays: dict[str, np.ndarray] = {
+            name: np.ndarray((n, *shape), dtype, shm.buf, offsets[name])
+            for name, (shape, dtype) in fields.items()
+        }
+
+    @staticmethod
+    def _offsets(n: int, fields: dict) -> tuple[dict[str, int], int]:
+        """Each field's offset (on its own cache line) and the end of the last."""
+        offsets, end = {}, 0
         for name, (shape, dtype) in fields.items():
-            dtype = np.dtype(dtype)
-            offset = -(-offset // 64) * 64  # each array on its own cache line
-            arr = np.ndarray((n,) + tuple(shape), dtype, shm.buf, offset)
-            self.arrays[name] = arr
-            offset += arr.nbytes
+            offsets[name] = -(-end // 64) * 64
+            nbytes = n * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            end = offsets[name] + nbytes
+        return offsets, end
 
     @staticmethod
     def size(n: int, fields: dict) -> int:
-        offset = 0
-        for shape, dtype in fields.values():
-            offset = -(-offset // 64) * 64
-            offset += n * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return max(offset, 1)
+        return max(Slots._offsets(n, fields)[1], 1)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
