@@ -1,12 +1,6 @@
 """Resuming a run: ``evaluate(..., resume=result)`` runs only the episodes that
-``result`` lacks and returns the whole budget (docs/cli.md, "Episode logs and
-``--resume``").
-
-``resume`` checks that the earlier ``RunResult`` comes from the same run (its
-seeds, settings and identity: ``jaxmesh.run.identity``) and that its episode
-records pass their checksums (``results.checksum.record_check``), then runs the
-missing episodes with the earlier run's plan tile; inside that run episode
-``k`` is budget episode ``missing[k]`` for hooks and ``trial_index``.
+``result`` lacks, after checking it is the same run, and returns the whole
+budget; and the episode log it reads (docs/cli.md, "Episode logs and ``--resume``").
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import stat
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,7 +19,6 @@ import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.tally import EPISODE_FIELDS
-from jaxmesh.execution import Ensemble
 from jaxmesh.results.checksum import identity_text, record_check
 from jaxmesh.results.result import (
     SETTINGS,
@@ -40,13 +34,11 @@ if TYPE_CHECKING:
     from jaxmesh.run.config import RunConfig
 
 
-#: A digest of params' structure, dtypes, shapes and values (None: no params).
 params_digest = identity.params_digest
 
 
 def fingerprint(max_episode_steps: Any, params: Any = None, digest: bool = False):
-    """The fingerprint fields only the caller knows: the step cap and, with
-    ``digest``, the params' digest (a run adds ``identity.run_identity``'s)."""
+    """The fingerprint fields only the caller knows: the cap and the params'."""
     out: dict = {"max_episode_steps": max_episode_steps}
     if digest:
         out["params"] = params_digest(params)
@@ -62,7 +54,6 @@ def _differs(what: str, before: Any, now: Any) -> ValueError:
 
 
 def _compare(done: RunResult, now: dict) -> None:
-    """Raises, naming the first field of ``now`` that differs from ``done``'s."""
     before = {k: getattr(done, k, None) for k in now}
     before["metrics"] = dict(done.metric_reductions)
     for what, value in now.items():
@@ -81,7 +72,6 @@ _WHAT_CHANGED = {
 
 
 def _compare_identity(done: RunResult, now: dict) -> None:
-    """Raises when this run's env or policy digest (``now``) is not ``done``'s."""
     before = done.fingerprint or {}
     for key in ("env", "policy"):
         if before.get(key) == now.get(key):
@@ -123,13 +113,16 @@ class _Check:
         _compare_identity(self.done, info.get("fingerprint") or {})
 
 
+#: The hook methods a resumed run renumbers (``on_run_end``: ``merged``'s).
+_RENUMBERED = ("on_run_start", "on_episode_end", "on_step", "on_fault")
+
+
 class _Renumbered:
-    """A user hook seen through a resumed run: the budget's episode indices
-    (its ``on_run_end`` gets the merged result from ``Resumption.merged``)."""
+    """A user hook seen through a resumed run: the budget's episode indices."""
 
     def __init__(self, hook: Any, indices: np.ndarray, budget: int):
         self.hook, self.indices, self.budget = hook, indices, budget
-        for name in ("on_run_start", "on_episode_end", "on_step", "on_fault"):
+        for name in _RENUMBERED:
             if not callable(getattr(hook, name, None)):
                 setattr(self, name, None)
 
@@ -149,13 +142,7 @@ class _Renumbered:
 def missing_episodes(
     done: RunResult, seeds: np.ndarray, max_episode_steps: Any, digest: str | None
 ) -> np.ndarray:
-    """The budget indices ``done`` lacks, after checking that it belongs to
-    this budget and these settings.
-
-    Raises:
-      TypeError: ``done`` is not a ``RunResult``.
-      ValueError: naming what differs.
-    """
+    """The budget indices ``done`` lacks, once it is shown to be of this budget."""
     if not isinstance(done, RunResult):
         raise TypeError(
             f"resume={type(done).__name__}: expected a jaxmesh.RunResult (an "
@@ -178,10 +165,9 @@ def missing_episodes(
     if "policy" not in before or "env" not in before:
         raise ValueError(
             "resume=: the earlier run records no identity of its policy and env "
-            "(a results file or episode log written by a jaxmesh older than run "
-            "identities, or a RunResult built by hand), so its episodes cannot "
-            "be shown to come from this policy and env; start a new run without "
-            "resume= (jaxmesh eval: without --resume)"
+            "(written by an older jaxmesh, or built by hand), so its episodes "
+            "cannot be shown to be theirs; start a new run without resume= "
+            "(jaxmesh eval: without --resume)"
         )
     cap = before.get("max_episode_steps", max_episode_steps)
     if cap != max_episode_steps:
@@ -192,57 +178,37 @@ def missing_episodes(
     return np.setdiff1d(np.arange(seeds.size, dtype=np.int64), idx)
 
 
-def _where(done: RunResult, position: int) -> str:
-    """Entry ``position``'s file and line when known, else its place."""
-    lines, source = done._record_lines, done._source
-    if source is not None and lines is not None and position < len(lines):
-        return f"{source}:{lines[position]}"
-    return f"episodes[{position}]"
+_DISAGREE = "two records of one episode disagree: remove the wrong one"
+_EDITED = (
+    "a record edited by hand, or copied from another run, is not resumed from: "
+    "restore the run's own record, or remove it (its episode then runs again)"
+)
 
 
 def checked_records(done: RunResult) -> RunResult:
-    """``done`` with its episode records verified (``RunResult.record_issues``):
-    an entry that repeats another exactly is dropped.
-
-    Raises:
-      ValueError: naming the first entry that fails its checksum, lacks one,
-        or repeats an episode with other fields (its file line when known).
-    """
+    """``done`` with its records verified, an exact repeat dropped; a ValueError
+    names the first bad one (its file line when known)."""
     issues = done.record_issues
     bad = [x for x in issues if x[2] != "same"]
     if bad:
         position, index, what = bad[0]
-        hint = (
-            "two records of one episode disagree: remove the wrong one"
-            if what.startswith("repeats")
-            else "a record edited by hand, or copied from another run, is not "
-            "resumed from: restore the earlier run's own record, or remove it "
-            "(its episode then runs again)"
-        )
+        lines, source = done._record_lines, done._source
+        where = f"episodes[{position}]"
+        if source is not None and lines is not None and position < len(lines):
+            where = f"{source}:{lines[position]}"
+        hint = _DISAGREE if what.startswith("repeats") else _EDITED
         raise ValueError(
-            f"resume=: {_where(done, position)}: the record of episode {index} "
-            f"{what}; {hint}"
+            f"resume=: {where}: the record of episode {index} {what}; {hint}"
         )
     if not issues:
         return done
-    drop = {position for position, _, _ in issues}
-    keep = np.array([k for k in range(done.num_episodes) if k not in drop], np.int64)
-    return _select(done, keep)
-
-
-def _select(r: RunResult, keep: np.ndarray) -> RunResult:
-    """``r`` with only its entries at positions ``keep``."""
-    per = {f: np.asarray(getattr(r, f))[keep] for f in ("seeds", *EPISODE_FIELDS)}
-    kinds = {
-        kind: None if getattr(r, kind) is None else np.asarray(getattr(r, kind))[keep]
-        for kind in (*SUCCESS_KINDS, "success")
-    }
+    keep = np.setdiff1d(np.arange(done.num_episodes), [x[0] for x in issues])
+    take = lambda v: None if v is None else np.asarray(v)[keep]
+    fields = ("indices", "seeds", *EPISODE_FIELDS, *SUCCESS_KINDS, "success")
     return dataclasses.replace(
-        r,
-        indices=np.asarray(r.indices)[keep],
-        **per,
-        **kinds,
-        metrics={k: np.asarray(v)[keep] for k, v in r.metrics.items()},
+        done,
+        **{f: take(getattr(done, f)) for f in fields},
+        metrics={k: take(v) for k, v in done.metrics.items()},
         # The issues and lines were of the entries before the selection.
         _record_issues=[],
         _record_lines=None,
@@ -250,13 +216,9 @@ def _select(r: RunResult, keep: np.ndarray) -> RunResult:
 
 
 def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
-    """``done``'s episodes and ``new``'s (whose episode k is budget episode
-    ``indices[k]``), by index.
-
-    ``env_steps`` counts ``done``'s episodes by their lengths (its unfinished
-    episodes ran again in ``new``) plus ``new``'s steps; policy rows and times
-    are added up; ``resumed_part`` holds ``new``'s episodes, steps and run time.
-    """
+    """``done``'s episodes and ``new``'s (episode k is budget episode
+    ``indices[k]``), by index; ``done``'s steps are its episodes' lengths (its
+    unfinished ones ran again), and ``resumed_part`` is ``new``'s share."""
     at = np.concatenate([np.asarray(done.indices, np.int64), indices[new.indices]])
     order = np.argsort(at, kind="stable")
 
@@ -266,8 +228,12 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     fields = {
         f: cat(getattr(done, f), getattr(new, f)) for f in ("seeds", *EPISODE_FIELDS)
     }
+    flags = lambda r, kind: np.asarray(
+        np.full(r.num_episodes, None) if getattr(r, kind) is None else getattr(r, kind),
+        object,
+    )
     kinds = {
-        kind: flags_array(cat(_flags(done, kind), _flags(new, kind)))
+        kind: flags_array(cat(flags(done, kind), flags(new, kind)))
         for kind in SUCCESS_KINDS
     }
     success = headline(new.success_mode, kinds["success_once"], kinds["success_at_end"])
@@ -297,29 +263,24 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     )
 
 
-def _flags(r: RunResult, kind: str) -> np.ndarray:
-    """Per episode its flag of ``kind`` (``SUCCESS_KINDS``) or None."""
-    flags = getattr(r, kind)
-    if flags is None:
-        return np.full(r.num_episodes, None, object)
-    return np.asarray(flags, object)
-
-
 def _params_of(policy: Any, params: Any) -> Any:
-    """The params a run evaluates: ``params=``, else a Model's own."""
+    """``params=``, else a Model's own."""
     return params if params is not None else getattr(policy, "params", None)
+
+
+def _hooks(hooks: Any) -> list:
+    if isinstance(hooks, list | tuple):
+        return list(hooks)
+    return [] if hooks is None else [hooks]
 
 
 @contextlib.contextmanager
 def fingerprinting(
     policy: Any, config: RunConfig, call: dict
 ) -> Iterator[Callable[[RunResult], RunResult]]:
-    """Within: the run being made learns the fingerprint fields only its caller
-    knows (``max_episode_steps`` as given, the params' digest). Yields
-    ``stamp``, which records them on the run's result; a failure's
-    ``partial_result`` is stamped too, and its episode logs get the episodes
-    they had not heard of.
-    """
+    """Within: the run learns the fingerprint fields only its caller knows.
+    Yields ``stamp``, which records them on a result; a failure's
+    ``partial_result`` is stamped too, and its episode logs get what they lack."""
     params = _params_of(policy, call.get("params"))
     fields = fingerprint(config.max_episode_steps, params, digest=True)
 
@@ -340,10 +301,8 @@ def fingerprinting(
 
 
 def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
-    """A failed run's episode logs get the finished ``episodes`` they had not
-    heard of yet, and ``result``'s totals."""
-    hooks = [] if hooks is None else hooks
-    for log in hooks if isinstance(hooks, list | tuple) else [hooks]:
+    """A failed run's episode logs get the ``episodes`` they lack and the totals."""
+    for log in _hooks(hooks):
         if isinstance(log, EpisodeLog):
             with contextlib.suppress(OSError):
                 log.flush(episodes, result)
@@ -352,31 +311,13 @@ def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
 def _check_complete(
     done: RunResult, policy: Any, target: Target, config: RunConfig, call: dict
 ) -> None:
-    """Compares what is known without building the run (settings, the
-    policy's name, the env's unless served) for a result that holds the whole
-    budget.
-
-    Raises:
-      ValueError: naming what differs.
-    """
-    chunking, starts = config.chunking, config.starts
-    execution = chunking.execution
-    now: dict = {
-        "trial_index_base": starts.trial_index_base,
-        "instruction": starts.instruction,
-        "horizon": config.horizon,
-        "prefetch_lead": chunking.prefetch_lead,
-        "execution": execution.describe()
-        if isinstance(execution, Ensemble)
-        else execution,
-        "max_episode_seconds": config.max_episode_seconds,
-        "success_mode": config.scoring.success_mode,
-    }
+    """For a result of the whole budget: compares what is known without
+    building the run (settings, the policy's name, the env's unless served)."""
+    d = config.to_dict()  # an ensemble by its description
     # A delay in milliseconds is compared as given (its steps need the env).
-    if chunking.delay_ms is not None:
-        now["delay_ms"] = chunking.delay_ms
-    else:
-        now["delay"] = chunking.delay
+    delay = "delay" if d["delay_ms"] is None else "delay_ms"
+    keys = ("horizon", "prefetch_lead", delay, "execution", "max_episode_seconds")
+    now = {k: d[k] for k in (*keys, "trial_index_base", "success_mode", "instruction")}
     with contextlib.suppress(TypeError, ValueError):
         with_params = call.get("params") is not None
         now["policy"] = resolve_policy(policy, with_params=with_params).name
@@ -386,18 +327,11 @@ def _check_complete(
 
 
 class Resumption:
-    """``evaluate(..., resume=done)`` as three steps around the run it makes
-    (``done=None``, no resume: the run as asked, and its result as it is).
-
-    The constructor checks ``done`` and works out the run of the episodes it
-    lacks (``missing``, ``config``, ``call``: ``api.run_one`` makes it inside
-    ``running()``); a result that holds the whole budget makes an empty run,
-    which still compares the identities.
-
-    Raises:
-      ValueError: ``done`` is from another budget or run (before anything
-        runs), or ``record=`` is given.
-    """
+    """``evaluate(..., resume=done)`` around the run it makes (``done=None``:
+    the run as asked): the constructor checks ``done`` and works out the run of
+    the episodes it lacks (``config``, ``call``; an empty run, which still
+    compares the identities, when it lacks none), made inside ``running()``;
+    ``merged`` gives the whole budget."""
 
     def __init__(
         self,
@@ -422,18 +356,14 @@ class Resumption:
         digest = params_digest(_params_of(policy, call.get("params")))
         self.missing = missing_episodes(done, seeds, config.max_episode_steps, digest)
         self.done = checked_records(done)
-        hooks = call.get("hooks")
-        hooks = [] if hooks is None else hooks
-        self.user_hooks = list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+        self.user_hooks = _hooks(call.get("hooks"))
         if not self.missing.size:
             _check_complete(self.done, policy, target, config, call)
-            self.config = config
             self.call = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
             return
         tile = config.layout.plan_tile
         if tile is not None and done.plan_tile and tile != done.plan_tile:
             raise _differs("plan_tile", done.plan_tile, tile)
-        watched = ("on_run_start", "on_episode_end", "on_step", "on_fault")
         self.call = {
             **call,
             "episodes": None,
@@ -442,7 +372,7 @@ class Resumption:
             + [
                 _Renumbered(h, self.missing, int(seeds.size))
                 for h in self.user_hooks
-                if any(callable(getattr(h, name, None)) for name in watched)
+                if any(callable(getattr(h, name, None)) for name in _RENUMBERED)
             ],
         }
         # The rows a policy call sees: each episode rounds as it did before.
@@ -450,8 +380,7 @@ class Resumption:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """Within: the run of the missing episodes (episode ``k`` is budget
-        episode ``missing[k]``); a failure's ``partial_result`` is merged."""
+        """Within: the run of the missing episodes; a failure's result is merged."""
         if self.done is None or not self.missing.size:
             yield
             return
@@ -470,7 +399,7 @@ class Resumption:
             raise
 
     def merged(self, new: RunResult) -> RunResult:
-        """The whole budget, by index; the user's ``on_run_end`` hooks get it."""
+        """The whole budget, which the user's ``on_run_end`` hooks get."""
         if self.done is None:
             return new
         if self.missing.size:
@@ -483,11 +412,9 @@ class Resumption:
         return result
 
 
-# The episode log ---------------------------------------------------------------------
 #: The first key of a log's run line (and its format's version).
 LOG_KEY = "jaxmesh_episode_log"
-#: What a log's run line holds: the run's settings as a result writes them
-#: (``SETTINGS``; the starts after the scoring, ``asynchronous`` not at all).
+#: A run line: the settings as a result writes them, the starts after the scoring.
 _LATER = ("asynchronous", "trial_index_base", "instruction")
 _RUN_KEYS = (
     "policy",
@@ -506,16 +433,15 @@ _LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
 class EpisodeLog:
-    """A hook that appends every finished episode to a JSON-lines file as it
-    finishes, one flushed line each (docs/evaluation.md, "Episode logs": its
-    ``run``, ``episode``, ``fault`` and ``totals`` lines, and what happens when
-    it cannot be written). ``load_episode_log`` reads it back for ``resume=``.
+    """A hook that appends each finished episode to a JSON-lines file, one
+    flushed line each (docs/evaluation.md, "Episode logs"), which
+    ``load_episode_log`` reads back for ``resume=``.
 
     Args:
       path: the file (created, or appended to).
-      params: the params evaluated (``evaluate`` records their digest itself;
-        this is for a log of runs made otherwise); None: not recorded here.
-      max_episode_steps: the run's cap, recorded for the same check.
+      params: the params evaluated, for a log of runs not made by ``evaluate``
+        (which records their digest itself); None: not recorded here.
+      max_episode_steps: the run's cap, recorded likewise.
       on_error: called with one line of text when the log cannot be written;
         None: a ``RuntimeWarning`` with that text.
     """
@@ -539,8 +465,7 @@ class EpisodeLog:
         self.error: OSError | None = None
 
     def _write(self, record: dict) -> bool:
-        """Appends ``record`` as one line; False when the log cannot be (or
-        could not earlier be) written."""
+        """Appends ``record`` as one line; False when the log cannot be written."""
         if self.error is not None:
             return False
         data = (json.dumps(record, allow_nan=True) + "\n").encode()
@@ -562,8 +487,7 @@ class EpisodeLog:
         return True
 
     def _stop(self, error: OSError, start: int | None) -> None:
-        """After a write failed: takes the cut line back (a regular file
-        only), closes the file and says so once."""
+        """After a failed write: takes the cut line back, closes, says so once."""
         self.error = error
         removed = False
         if self._fd is not None:
@@ -576,9 +500,7 @@ class EpisodeLog:
                     if not start and os.path.samestat(there, held):
                         os.unlink(self.path)
                         removed = True
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        self.close()
         held = (
             "nothing was written to it, so it was removed"
             if removed
@@ -618,8 +540,7 @@ class EpisodeLog:
         self.close()
 
     def flush(self, episodes: list, result: Any) -> None:
-        """After a failure: writes the ``episodes`` not written yet (their
-        budget indices), then ``result``'s totals, and closes the file."""
+        """After a failure: the ``episodes`` not written yet, the totals, closed."""
         if self._fd is None and not self.written and self.error is None:
             return  # the run never started: the log is left as it was
         for ep in episodes:
@@ -636,11 +557,10 @@ class EpisodeLog:
 
 
 def load_episode_log(path: Any) -> RunResult:
-    """The episodes of an episode log (``EpisodeLog``) as a ``RunResult``, by
-    index, for ``evaluate(..., resume=)``; its settings and identity are the
-    first run line's. A line cut short by a killed run is skipped; two equal
-    lines of one episode count once. Totals: the last ``totals`` line's, plus
-    the episodes after it (their lengths and ``predict_calls``: a lower bound).
+    """An episode log (``EpisodeLog``) as a ``RunResult`` for ``resume=``: the
+    first run line's settings and identity, the episodes by index (a line cut
+    short by a killed run skipped, an exact repeat counted once), the last
+    totals plus the episodes after them (a lower bound).
 
     Raises:
       ValueError: not an episode log; runs of other settings or identities in
@@ -693,22 +613,20 @@ def load_episode_log(path: Any) -> RunResult:
             "policy_rows": int(base.get("policy_rows", 0))
             + sum(int(e["predict_calls"]) for e in after),
             "steps_per_second": 0.0,
-            "wall_time": float(base.get("wall_time", 0.0)),
-            "compile_time": float(base.get("compile_time", 0.0)),
+            **{k: float(base.get(k, 0.0)) for k in ("wall_time", "compile_time")},
             "run_time": float(base.get("run_time", 0.0)),
         },
         # Checked above, line by line: from_dict checks nothing again.
         "episodes": [{k: v for k, v in e.items() if k != "check"} for e in eps],
         "server_losses": faults,
-        "fingerprint": runs[0].get("fingerprint"),
     }
-    result = RunResult.from_dict({**d, "fingerprint": None})
-    return dataclasses.replace(result, fingerprint=d["fingerprint"])
+    result = RunResult.from_dict(d)
+    return dataclasses.replace(result, fingerprint=runs[0].get("fingerprint"))
 
 
 def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
-    """An episode log's run lines, episodes by index (with their line),
-    faults, last totals and the episodes after them, each line checked."""
+    """Run lines, episodes by index (with their line), faults, last totals and
+    the episodes after them, each line checked."""
     runs: list[dict] = []
     episodes: dict[int, tuple[int, dict]] = {}
     faults: list[dict] = []
@@ -753,17 +671,14 @@ def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
                 what = "has no checksum" if "check" not in ep else "fails its checksum"
                 raise ValueError(
                     f"{path}:{n}: the record of episode {index} {what} (its fields "
-                    "or its run's identity were changed); a record edited by hand, "
-                    "or copied from another run, is not resumed from: restore the "
-                    "run's own line, or remove it (its episode then runs again)"
+                    f"or its run's identity were changed); {_EDITED}"
                 )
             if index in episodes:
                 first_line, first = episodes[index]
                 if first != ep:
                     raise ValueError(
                         f"{path}:{n}: episode {index} is also on line {first_line} "
-                        "with other fields; two records of one episode disagree: "
-                        "remove the wrong one"
+                        f"with other fields; {_DISAGREE}"
                     )
                 continue  # the same record twice: once
             episodes[index] = (n, ep)
@@ -781,39 +696,15 @@ def _identity_of(fp: Any) -> tuple:
 
 
 def load_results(path: Any) -> RunResult:
-    """A results JSON (``RunResult.to_dict``, the output of ``jaxmesh eval``)
-    read for ``resume=``: ``RunResult.from_dict`` with each episode entry's
-    file line, so that a refused record is named by its line.
-
-    Raises:
-      ValueError: not a result JSON (``from_dict``'s errors).
-    """
+    """A results JSON (``jaxmesh eval``'s) for ``resume=``:
+    ``RunResult.from_dict``, with each episode's file line for messages."""
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     result = RunResult.from_dict(json.loads(text))
     # Each entry's line: where its "index" key is, in order, after "episodes".
     start = text.find('"episodes"')
-    lines = []
-    if start >= 0:
-        pos = start
-        for _ in range(result.num_episodes):
-            pos = text.find('"index"', pos + 1)
-            if pos < 0:
-                break
-            lines.append(text.count("\n", 0, pos) + 1)
+    at = [m.start() for m in re.finditer('"index"', text)] if start >= 0 else []
+    at = [p for p in at if p > start][: result.num_episodes]
+    lines = [text.count("\n", 0, p) + 1 for p in at]
     return dataclasses.replace(result, _source=path, _record_lines=lines)
-
-
-__all__ = [
-    "EpisodeLog",
-    "load_episode_log",
-    "Resumption",
-    "fingerprinting",
-    "params_digest",
-    "fingerprint",
-    "checked_records",
-    "load_results",
-    "missing_episodes",
-    "merge",
-]
