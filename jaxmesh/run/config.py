@@ -1,10 +1,6 @@
-"""A run's configuration, checked once when it is built: the flat knobs on
-``RunConfig`` and the groups ``Chunking``, ``Starts``, ``Scoring``, ``Served``
-and ``Layout``, each checked in its constructor (docs/evaluation.md, "What
-``evaluate`` takes").
-
-One ``RunConfig`` flows from ``jaxmesh.evaluate`` (and the other entry points)
-down to the backend that runs it; nothing below re-checks it.
+"""A run's configuration (docs/evaluation.md, "What ``evaluate`` takes"): the
+flat knobs on ``RunConfig`` and its groups, each checked once in its
+constructor; nothing below re-checks it.
 """
 
 from __future__ import annotations
@@ -16,15 +12,11 @@ from jaxmesh.envs import playground
 from jaxmesh.remote.protocol import check_transport
 from jaxmesh.run import backend, checks, cluster, initial, instructions
 
-#: Steps a scan segment runs before the host looks at the episode log.
-DEFAULT_SEGMENT_STEPS = checks.DEFAULT_SEGMENT_STEPS
-#: ``Scoring.success_mode``'s default (docs/evaluation.md, "Success").
-DEFAULT_SUCCESS_MODE = checks.DEFAULT_SUCCESS_MODE
 
-_TRIAL_HINT = (
-    "episode i is trial trial_index_base + i (reset options, or the row of "
-    "initial_states / the trial reset_fn gets)"
-)
+def _set(obj: Any, **values: Any) -> None:
+    """Sets fields of a frozen dataclass (its checked values)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +28,13 @@ class Chunking:
         ``t - min(L, h)`` (simulated asynchronous inference; 0: synchronous).
       delay: d steps of inference delay (0 < d < h, chunks of K >= h + d;
         docs/contract.md, "How a chunk is executed"); not with a lead.
-      delay_ms: the delay as an inference time in milliseconds instead:
-        ``d = ceil(delay_ms / (1000 * dt))`` steps by the env's ``dt``.
+      delay_ms: the delay in milliseconds instead, ``ceil(delay_ms / (1000 *
+        dt))`` steps by the env's ``dt``.
       execution: None (each plan's chunk replays its first h actions) or a
-        ``jaxmesh.Ensemble`` (temporal ensembling; not with a horizon, delay
-        or lead).
+        ``jaxmesh.Ensemble`` (not with a horizon, delay or lead).
 
     Raises:
-      TypeError, ValueError: a bad value, or two that exclude each other
-        (a lead with a delay, ``delay`` with ``delay_ms``, ...).
+      TypeError, ValueError: a bad value, or two that exclude each other.
     """
 
     prefetch_lead: int = 0
@@ -52,15 +42,11 @@ class Chunking:
     delay_ms: float | None = None
     execution: Any = None
 
-    def __post_init__(self) -> None:
-        # An ensemble with horizon > 1 is RunConfig's check.
-        checked = checks.check_chunking(
+    def __post_init__(self) -> None:  # an ensemble with horizon > 1: RunConfig's
+        lead, d, ex, ms = checks.check_chunking(
             self.prefetch_lead, self.delay, self.execution, self.delay_ms
         )
-        for name, value in zip(
-            ("prefetch_lead", "delay", "execution", "delay_ms"), checked, strict=True
-        ):
-            object.__setattr__(self, name, value)
+        _set(self, prefetch_lead=lead, delay=d, execution=ex, delay_ms=ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,24 +54,20 @@ class Starts:
     """How episodes start (docs/evaluation.md, "Initial states").
 
     Attributes:
-      trial_index_base: episode i is trial ``trial_index_base + i``: a
-        host-stepped or served env that lists ``"trial_index"`` in
-        ``metadata["reset_options"]`` gets it as a reset option (CONTRACT 6);
-        a JAX env starts from that entry of ``initial_states`` or
-        ``reset_fn`` (without them a base other than 0 is refused).
-      initial_states: JAX envs: T states as the env's reset returns them,
-        ``(obs, state)`` with a leading axis T on every leaf, or a list of T
-        such pairs; a budget that needs an entry past T is refused.
+      trial_index_base: episode i is trial ``trial_index_base + i``: a reset
+        option of host-stepped and served envs that list ``"trial_index"`` in
+        ``metadata["reset_options"]`` (CONTRACT 6); a JAX env's entry of
+        ``initial_states`` or ``reset_fn`` (without them, only 0).
+      initial_states: JAX envs: T ``(obs, state)`` as the env's reset returns
+        them, stacked on a leading axis T or as a list; no entry past T.
       reset_fn: JAX envs, instead: ``reset_fn(key, trial) -> (obs, state)``
         of one lane, traced in the program.
       randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
         domain randomization drawn at every reset from the episode's own key.
-      instruction: the language instruction of every episode, for a policy
-        with a ``jaxmesh.adapt.Text`` input (None: a ``Text(info_key=...)``
-        reads it from a host-stepped env's reset info).
+      instruction: every episode's instruction, for a ``jaxmesh.adapt.Text``
+        input (None: a ``Text(info_key=...)`` reads a host env's reset info).
       check_seeds: host-stepped envs in this process: ``jaxmesh.check_seeds``
-        on the first lane's env before the run (a ``ValueError`` when it is
-        not reproducible from its seed).
+        on the first lane's env first (a ``ValueError`` if not reproducible).
     """
 
     trial_index_base: int = 0
@@ -97,9 +79,13 @@ class Starts:
 
     def __post_init__(self) -> None:
         base = checks.check_int(
-            "trial_index_base", self.trial_index_base, 0, _TRIAL_HINT
+            "trial_index_base",
+            self.trial_index_base,
+            0,
+            "episode i is trial trial_index_base + i (reset options, or the row of "
+            "initial_states / the trial reset_fn gets)",
         )
-        object.__setattr__(self, "trial_index_base", base)
+        _set(self, trial_index_base=base)
         if self.initial_states is not None and self.reset_fn is not None:
             raise ValueError(
                 "initial_states= and reset_fn= both given: episode i starts either "
@@ -124,24 +110,19 @@ class Scoring:
       metrics: env info keys kept per episode (``result.metrics``): a key, a
         list of keys (each its last value), or a dict key -> reduction over
         the episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``.
-      success: the info key that is an episode's success signal; None:
-        ``success`` or ``is_success`` when the env's info has one; False:
-        none.
-      success_mode: the headline success: ``"once"`` (true at any executed
-        step, the default) or ``"end"`` (true at the last step);
-        docs/evaluation.md, "Success".
+      success: the info key of an episode's success; None: ``success`` or
+        ``is_success`` when the env's info has one; False: none.
+      success_mode: ``"once"`` (true at any executed step, the default) or
+        ``"end"`` (true at the last step); docs/evaluation.md, "Success".
     """
 
     metrics: Any = None
     success: Any = None
-    success_mode: str = DEFAULT_SUCCESS_MODE
+    success_mode: str = checks.DEFAULT_SUCCESS_MODE
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "_asked", checks.check_metrics(self.metrics, self.success)
-        )
-        mode = checks.check_success_mode(self.success_mode)
-        object.__setattr__(self, "success_mode", mode)
+        _set(self, _asked=checks.check_metrics(self.metrics, self.success))
+        _set(self, success_mode=checks.check_success_mode(self.success_mode))
 
     @property
     def asked(self) -> checks.Metrics:
@@ -154,11 +135,9 @@ class Served:
     """The connection to env servers (``"grpc://host:port"`` envs; docs/remote.md).
 
     Attributes:
-      token: the servers' token (None: the ``JAXMESH_TOKEN`` environment
-        variable).
-      credentials: for ``"grpcs://host:port"``: the
-        ``grpc.ChannelCredentials`` that check the servers' certificates;
-        None: gRPC's default roots.
+      token: the servers' token (None: the ``JAXMESH_TOKEN`` variable).
+      credentials: ``"grpcs://"``: the ``grpc.ChannelCredentials`` that check
+        the servers' certificates; None: gRPC's default roots.
       reply_timeout: seconds a reply may take before the server is dropped
         or the run fails; ``"auto"`` (the default): over several servers, one
         silent for 10 times the slowest reply (at least 10 s) is dropped;
@@ -170,9 +149,6 @@ class Served:
         ``"raise"``: the first loss ends the run.
       transport: ``"auto"`` (shared memory with a server on this host run by
         this user, else gRPC), ``"grpc"`` or ``"shm"``.
-
-    Raises:
-      TypeError, ValueError: a bad value, naming it.
     """
 
     token: str | None = None
@@ -184,21 +160,17 @@ class Served:
 
     def __post_init__(self) -> None:
         loss, transport = self.on_server_loss, self.transport
-        checked = {
-            "reply_timeout": backend.check_reply_timeout(self.reply_timeout),
-            "lane_groups": backend.check_lane_groups(self.lane_groups),
-            "on_server_loss": None if loss is None else backend.check_server_loss(loss),
-            "transport": check_transport(
-                backend.AUTO if transport is None else transport
-            ),
-        }
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
+        _set(
+            self,
+            reply_timeout=backend.check_reply_timeout(self.reply_timeout),
+            lane_groups=backend.check_lane_groups(self.lane_groups),
+            on_server_loss=None if loss is None else backend.check_server_loss(loss),
+            transport=check_transport(backend.AUTO if transport is None else transport),
+        )
 
 
 def _refuse_served(served: Served, label: str) -> None:
-    """Raises a ValueError naming the first ``Served`` option set for an env
-    that is not served."""
+    """A ValueError naming the first ``Served`` option set for an unserved env."""
     for f in dataclasses.fields(served):
         value = getattr(served, f.name)
         if value is None or (
@@ -220,7 +192,7 @@ def _refuse_served(served: Served, label: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How the lanes' work is laid out: where they run and in what pieces.
+    """Where the lanes run and in what pieces.
 
     Attributes:
       plan_tile: rows per policy call; None: ``build.default_plan_tile``.
@@ -232,13 +204,12 @@ class Layout:
     """
 
     plan_tile: int | None = None
-    segment_steps: int = DEFAULT_SEGMENT_STEPS
+    segment_steps: int = checks.DEFAULT_SEGMENT_STEPS
     devices: Any = None
 
     def __post_init__(self) -> None:
         tile, steps = checks.check_layout(self.plan_tile, self.segment_steps)
-        object.__setattr__(self, "plan_tile", tile)
-        object.__setattr__(self, "segment_steps", steps)
+        _set(self, plan_tile=tile, segment_steps=steps)
 
 
 #: Where each group's fields live: ``RunConfig``'s attribute -> its class.
@@ -262,8 +233,8 @@ class RunConfig:
     """A run's configuration: the flat knobs and the groups, checked once.
 
     Attributes:
-      num_envs: lanes run side by side (a host-stepped env's list or
-        ``VectorEnv`` gives at most its own count).
+      num_envs: lanes run side by side (at most a host-stepped env list's or
+        ``VectorEnv``'s own count).
       horizon: H, actions of a chunk executed before the next plan.
       max_episode_steps: an episode's step cap (None: the env's own limit,
         else the engine's built-in one).
@@ -271,13 +242,11 @@ class RunConfig:
       workers: host-stepped envs made from an id or factory: worker
         processes that step the lanes (0: this process; None: chosen for the
         machine and the env), or ``jaxmesh.Ray(num_workers=N)``.
-      chunking, starts, scoring, layout: the groups (``Chunking``,
-        ``Starts``, ``Scoring``, ``Layout``).
+      chunking, starts, scoring, layout: the groups.
       served: ``Served`` options for ``"grpc://host:port"`` envs, or None.
 
     Raises:
-      TypeError, ValueError: a bad value, or settings that exclude each other
-        (an ensemble with ``horizon > 1``, ...), naming what to change.
+      TypeError, ValueError: a bad value, or settings that exclude each other.
 
     Example::
 
@@ -305,7 +274,7 @@ class RunConfig:
                 continue
             if isinstance(value, dict):  # a config file's mapping
                 value = cls(**value)
-                object.__setattr__(self, name, value)
+                _set(self, **{name: value})
             if not isinstance(value, cls):
                 raise TypeError(
                     f"{name}={value!r}: expected a jaxmesh.{cls.__name__} "
@@ -319,15 +288,13 @@ class RunConfig:
             n, h, c.prefetch_lead, cap, lay.plan_tile, lay.segment_steps,
             c.delay, c.execution, c.delay_ms,
         )  # fmt: skip
-        object.__setattr__(self, "_settings", s)
-        object.__setattr__(self, "num_envs", s.num_envs)
-        object.__setattr__(self, "horizon", s.horizon)
+        _set(self, _settings=s, num_envs=s.num_envs, horizon=s.horizon)
         seconds = backend.positive_seconds(
             self.max_episode_seconds,
             "max_episode_seconds",
             "seconds of wall clock an episode may run, or None for no limit",
         )
-        object.__setattr__(self, "max_episode_seconds", seconds)
+        _set(self, max_episode_seconds=seconds)
         workers = cluster.workers_of(self.workers)  # a config's {ray: {...}}
         if workers is not None and not isinstance(workers, cluster.Ray):
             workers = checks.check_int(
@@ -338,25 +305,16 @@ class RunConfig:
                 "this process; None: chosen for the machine and the env), or "
                 "jaxmesh.Ray(num_workers=N) for Ray actors",
             )
-        object.__setattr__(self, "workers", workers)
+        _set(self, workers=workers)
 
     @property
     def settings(self) -> checks.Settings:
-        """The engine's view: ``checks.Settings``."""
+        """The engine's view."""
         return self._settings
 
     def for_backend(self, target: backend.Target) -> Served | None:
-        """Checks the settings only one backend takes against the backend
-        that runs the env (``dispatch.target``).
-
-        Returns:
-          The ``Served`` options for a served env (``Served()`` when none were
-          given), else None.
-
-        Raises:
-          ValueError, TypeError: a setting this backend does not take, naming
-            what to change.
-        """
+        """Refuses the settings the backend that runs the env does not take;
+        returns the ``Served`` options of a served env (else None)."""
         kind, label = target.kind, target.label
         served = None
         if kind == backend.SERVED:
@@ -413,14 +371,12 @@ class RunConfig:
 
 
 def changed(group: Any) -> list[str]:
-    """The fields of a group set to something other than their defaults
-    (arrays and functions compared by identity, never element by element)."""
+    """The fields of a group not at their defaults (objects by identity)."""
     out = []
     for f in dataclasses.fields(group):
         value = getattr(group, f.name)
         plain = isinstance(value, bool | int | float | str)
-        same = value is f.default or (plain and value == f.default)
-        if not same:
+        if not (value is f.default or (plain and value == f.default)):
             out.append(f.name)
     return out
 
@@ -433,7 +389,6 @@ def _plain(name: str, value: Any) -> Any:
 
 
 def _apply(config: RunConfig, changes: dict) -> RunConfig:
-    """``config`` with ``changes`` (flat knobs and grouped fields by name)."""
     flat = {k: v for k, v in changes.items() if k in FLAT or k in GROUPS}
     by_group: dict[str, dict] = {}
     for name, value in changes.items():
@@ -458,14 +413,8 @@ def _apply(config: RunConfig, changes: dict) -> RunConfig:
 def from_keywords(
     config: RunConfig | None, given: dict, caller: str = "jaxmesh.evaluate"
 ) -> RunConfig:
-    """The ``RunConfig`` of a call: ``config`` (None: the defaults) with the
-    flat knobs and groups in ``given``.
-
-    Raises:
-      TypeError: a keyword that is no setting, or a grouped field given as a
-        flat keyword (``prefetch_lead=2``), naming its group and the spelling
-        to use (``chunking=jaxmesh.Chunking(prefetch_lead=2)``).
-    """
+    """``config`` (None: the defaults) with the flat knobs and groups in
+    ``given``; a TypeError for a grouped field given flat, naming its spelling."""
     flat = {k: v for k, v in given.items() if k in GROUP_OF}
     if flat:
         raise TypeError(_grouped_given_flat(caller, flat, given))
@@ -478,7 +427,6 @@ def from_keywords(
 
 
 def _grouped_given_flat(caller: str, flat: dict, given: dict) -> str:
-    """The message for grouped fields given as flat keywords."""
     by_group: dict[str, list[str]] = {}
     for name, value in flat.items():
         by_group.setdefault(GROUP_OF[name], []).append(f"{name}={_short(value)}")
@@ -500,15 +448,3 @@ def _grouped_given_flat(caller: str, flat: dict, given: dict) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 24 else "..."
-
-
-__all__ = [
-    "Chunking",
-    "Layout",
-    "RunConfig",
-    "Scoring",
-    "Served",
-    "Starts",
-    "changed",
-    "from_keywords",
-]
