@@ -21,11 +21,10 @@ from jaxmesh.core.tally import BYTES_PER_EPISODE, REDUCTIONS, capacity_for
 from jaxmesh.envs.names import did_you_mean
 from jaxmesh.execution import checked_execution
 
-MAX_SEED = 2**31 - 1
+#: Seeds, episode lengths, step indices and a segment's steps are int32.
+MAX_SEED = MAX_STEPS = 2**31 - 1
 #: Env steps per scan segment between two host visits.
 DEFAULT_SEGMENT_STEPS = 256
-#: The most env steps one segment may run (its step counter is int32).
-MAX_SEGMENT_STEPS = 2**31 - 1
 #: Host bytes per episode of a ``RunResult`` (returns, lengths, seeds as int64,
 #: terminated, truncated, predict_calls, lanes) plus the copy read off the device.
 HOST_BYTES_PER_EPISODE = 4 + 4 + 8 + 1 + 1 + 4 + 4 + BYTES_PER_EPISODE
@@ -42,18 +41,8 @@ def check_int(name: str, value: Any, low: int, hint: str) -> int:
     return int(value)
 
 
-#: The largest step count a run keeps (episode lengths and step indices are
-#: int32 on the device).
-MAX_STEPS = 2**31 - 1
 #: The most rows one policy call may plan (a tile beyond the lanes is padding).
 MAX_PLAN_TILE = 2**20
-
-
-def check_at_most(name: str, value: int, high: int, hint: str) -> int:
-    """``value`` if it is at most ``high``, else a ValueError naming both."""
-    if value > high:
-        raise ValueError(f"{name}={value!r}: expected at most {high:,}; {hint}")
-    return value
 
 
 def free_memory(device: Any = None) -> tuple[int | None, int | None]:
@@ -77,17 +66,8 @@ def _human(n: float) -> str:
 
 
 def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
-    """Refuses a budget whose per-episode buffers cannot fit, before allocating.
-
-    Args:
-      episodes: the budget.
-      capacity: episodes the device buffers hold (a size bucket >= episodes;
-        0: none sized by the budget).
-      device: the device the run uses (None: the default).
-
-    Raises:
-      ValueError: naming the bytes needed, the bytes free, and what to do.
-    """
+    """A ValueError, before allocating, for a budget whose buffers cannot fit
+    (``capacity``: episodes the device buffers hold; 0: none by the budget)."""
     dev_free, host_free = free_memory(device)
     dev_need = capacity * BYTES_PER_EPISODE
     host_need = episodes * HOST_BYTES_PER_EPISODE
@@ -112,14 +92,8 @@ def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
 def resolve_budget(
     episodes: Any, seeds: Any, device: Any = None, device_buffers: bool = False
 ) -> np.ndarray:
-    """The run's seeds (CONTRACT 1): one per budgeted episode, int32.
-
-    A budget too large for memory is refused before its seeds are made (with
-    ``device_buffers``, ``Engine.run``'s budget-sized device buffers too).
-
-    Raises:
-      TypeError, ValueError: a bad budget or seeds, naming them.
-    """
+    """The run's seeds (CONTRACT 1), int32, once they fit in memory (with
+    ``device_buffers``, ``Engine.run``'s budget-sized device buffers too)."""
     if episodes is not None:
         episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
     if seeds is None:
@@ -182,11 +156,7 @@ def check_settings(
     execution: Any = None,
     delay_ms: Any = None,
 ) -> Settings:
-    """Checks every setting (``RunConfig`` runs the same checks in parts).
-
-    Raises:
-      TypeError, ValueError: naming the bad setting.
-    """
+    """Checks every setting (``RunConfig`` runs the same checks in parts)."""
     num_envs, horizon, cap = check_flat(num_envs, horizon, max_episode_steps)
     lead, delay, execution, delay_ms = check_chunking(
         prefetch_lead, delay, execution, delay_ms
@@ -208,13 +178,12 @@ def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
         cap = DEFAULT_MAX_STEPS
     else:
         cap = check_int("max_episode_steps", max_episode_steps, 1, "or None")
-        cap = check_at_most(
-            "max_episode_steps",
-            cap,
-            MAX_STEPS,
-            "episode lengths are int32 on the device; or None for the built-in "
-            f"limit of {DEFAULT_MAX_STEPS:,} steps",
-        )
+        if cap > MAX_STEPS:
+            raise ValueError(
+                f"max_episode_steps={cap!r}: expected at most {MAX_STEPS:,}; episode "
+                "lengths are int32 on the device; or None for the built-in limit "
+                f"of {DEFAULT_MAX_STEPS:,} steps"
+            )
     return num_envs, horizon, cap
 
 
@@ -252,20 +221,19 @@ def check_layout(plan_tile: Any, segment_steps: Any) -> tuple:
     tile = None
     if plan_tile is not None:
         tile = check_int("plan_tile", plan_tile, 1, "rows per policy call, or None")
-        tile = check_at_most(
-            "plan_tile",
-            tile,
-            MAX_PLAN_TILE,
-            "rows per policy call (rows beyond the lanes that plan are padding), "
-            "or None for the engine's choice",
-        )
+        if tile > MAX_PLAN_TILE:
+            raise ValueError(
+                f"plan_tile={tile!r}: expected at most {MAX_PLAN_TILE:,}; rows per "
+                "policy call (rows beyond the lanes that plan are padding), or None "
+                "for the engine's choice"
+            )
     segment_steps = check_int(
         "segment_steps", segment_steps, 1, "env steps per scan segment"
     )
-    if segment_steps > MAX_SEGMENT_STEPS:  # the segment counts its steps in int32
+    if segment_steps > MAX_STEPS:
         raise ValueError(
             f"segment_steps={segment_steps!r}: expected an int in [1, "
-            f"{MAX_SEGMENT_STEPS:,}] (env steps per scan segment, counted in int32 "
+            f"{MAX_STEPS:,}] (env steps per scan segment, counted in int32 "
             f"on the device); pass a smaller value, or leave the default "
             f"{DEFAULT_SEGMENT_STEPS} (a segment also ends early when its episode "
             "log fills, so larger values gain little)"
@@ -294,8 +262,7 @@ def settings_of(
     execution: Any,
     delay_ms: float | None,
 ) -> Settings:
-    """The ``Settings`` of values each checked on its own, checking what they
-    say together (an ensemble with a horizon)."""
+    """The ``Settings`` of values each checked, checked together."""
     _check_ensemble(execution, horizon, delay, lead)
     return Settings(
         num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
@@ -303,7 +270,7 @@ def settings_of(
 
 
 def check_delay_ms(delay_ms: Any, delay: int = 0) -> float | None:
-    """``delay_ms`` as a float >= 0 (None: not given); not with ``delay``."""
+    """``delay_ms`` as a float >= 0, or None; not with ``delay``."""
     if delay_ms is None:
         return None
     if isinstance(delay_ms, bool) or not isinstance(
@@ -328,12 +295,7 @@ def check_delay_ms(delay_ms: Any, delay: int = 0) -> float | None:
 
 
 def delay_steps(delay_ms: float, dt: float | None, env: str) -> int:
-    """The steps of a ``delay_ms`` inference time on an env of ``dt``
-    seconds a step: ``ceil(delay_ms / (1000 * dt))``.
-
-    Raises:
-      ValueError: the env has no step time (``dt``).
-    """
+    """``ceil(delay_ms / (1000 * dt))``; a ValueError without a ``dt``."""
     if dt is None:
         raise ValueError(
             f"delay_ms={delay_ms:g}: env {env!r} has no step time jaxmesh can "
@@ -346,8 +308,7 @@ def delay_steps(delay_ms: float, dt: float | None, env: str) -> int:
 
 
 def resolve_delay_ms(settings: Settings, dt: float | None, env: str) -> Settings:
-    """``settings`` with a ``delay_ms`` turned into ``delay`` steps by the
-    env's ``dt`` (``delay_steps``); unchanged without ``delay_ms``."""
+    """``settings`` with a ``delay_ms`` turned into ``delay`` steps."""
     if settings.delay_ms is None:
         return settings
     return settings._replace(delay=delay_steps(settings.delay_ms, dt, env))
@@ -363,11 +324,7 @@ DEFAULT_SUCCESS_MODE = "once"
 
 
 def check_success_mode(mode: Any) -> str:
-    """Checks ``evaluate``'s ``success_mode=``.
-
-    Raises:
-      ValueError: anything but one of ``SUCCESS_MODES``.
-    """
+    """``success_mode=`` if it is one of ``SUCCESS_MODES``."""
     if not isinstance(mode, str) or mode not in SUCCESS_MODES:
         raise ValueError(
             f"success_mode={mode!r}: expected one of {list(SUCCESS_MODES)}: "
@@ -392,12 +349,7 @@ class Metrics(NamedTuple):
 
 
 def check_metrics(metrics: Any, success: Any = None) -> Metrics:
-    """Checks ``evaluate``'s ``metrics=`` and ``success=`` (``Scoring``'s).
-
-    Raises:
-      TypeError: a value of the wrong type, naming it.
-      ValueError: an unknown reduction or an empty or repeated key.
-    """
+    """Checks ``Scoring``'s ``metrics=`` and ``success=`` for form."""
     how = (
         "pass an info key, a list of keys, or a dict key -> reduction, e.g. "
         "metrics={'success': 'any', 'x_velocity': 'mean'}"
@@ -440,13 +392,8 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
 def resolve_metrics(
     asked: Metrics, available: Any, env_name: str
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """``(named, success key or None)`` of ``asked`` (``check_metrics``'s)
-    against the env's info keys ``available``.
-
-    Raises:
-      ValueError: a key the env's info lacks, naming the closest ones and
-        every key the env has.
-    """
+    """``(named, success key or None)`` of ``asked`` for an env whose info
+    keys are ``available``; a ValueError names a key it lacks."""
     available = list(available)
     wanted = [n for n, _ in asked.named]
     if isinstance(asked.success, str):
@@ -460,10 +407,7 @@ def resolve_metrics(
                 f"{'; ' + hint if hint else ''} (its info has {has}); name one "
                 "of its info keys, or drop it from metrics= / success="
             )
-    if isinstance(asked.success, str):
-        key = asked.success
-    elif asked.success is None:
+    key = asked.success if isinstance(asked.success, str) else None
+    if asked.success is None:
         key = next((k for k in SUCCESS_KEYS if k in available), None)
-    else:
-        key = None
     return asked.named, key
