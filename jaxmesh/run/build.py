@@ -26,6 +26,8 @@ from jaxmesh.run.plan import (
 )
 
 PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
+#: A PRNG key, abstract: nothing traced with it runs eagerly.
+KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:
@@ -46,8 +48,8 @@ def signature(tree: Any) -> tuple:
     return jax.tree.structure(tree), leaves
 
 
-# The policy's program, kept by the probe for the run's identity ------------------
-#: Probe programs' digests by (policy, env, params' signature), newest last.
+#: Probe programs' digests for the run's identity, by (policy, env, params'
+#: signature), newest last.
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _PROGRAMS_KEPT = 64
 
@@ -57,7 +59,6 @@ def _program_key(policy: Any, env: Any, params: Any) -> tuple:
 
 
 def _note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
-    """Keeps the digest of a probe program for ``policy_digest``."""
     key = _program_key(policy, env, params)
     # What the key names is kept alive with the digest: no id is reused.
     _PROGRAMS[key] = (policy.apply, env, identity.program_digest(closed))
@@ -69,8 +70,8 @@ def _note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
 def policy_digest(
     policy: Policy, env: Any, params: Any, horizon: int, told: int | None = None
 ) -> str:
-    """The digest of ``policy``'s program on ``env``'s observations with
-    ``params``' shapes: the probe's, probing again when it is not kept."""
+    """The digest of the probe's program of ``policy`` on ``env``, probing
+    again when it is not kept."""
     key = _program_key(policy, env, params)
     if key not in _PROGRAMS:
         # The run's own probe has warned of what this one would find.
@@ -81,18 +82,15 @@ def policy_digest(
 
 
 def told_horizon(policy: Policy, settings: Any) -> int | None:
-    """The ``execution_horizon`` a policy that declares it is told: the
-    actions the run executes of each plan, h + d (CONTRACT 24). None for a
-    policy that does not declare it, and under ensembling (every action of
-    the chunk is executed)."""
+    """The ``execution_horizon`` a policy that declares it is told, h + d
+    (CONTRACT 24); None for one that does not, and under ensembling."""
     if not policy.takes_execution_horizon or settings.execution is not None:
         return None
     return settings.horizon + settings.delay
 
 
 def asks_chunks(settings: Any) -> bool:
-    """Whether a run executes chunks whatever the horizon (an ensemble or a
-    delay), so a chunk at horizon 1 is meant."""
+    """Whether a chunk at horizon 1 is meant (an ensemble or a delay)."""
     return (
         settings.execution is not None
         or bool(settings.delay)
@@ -116,19 +114,10 @@ def probe_chunk(
     *,
     chunks_asked: bool = False,
 ) -> int | None:
-    """Checks the policy's output against the env, by shape only (nothing compiles).
-
-    ``told``: the ``execution_horizon`` the run tells the policy (the probe
-    tells it the same). Without ``chunks_asked`` (``asks_chunks``), a chunk at
-    horizon 1 from a policy that declares none warns once (CONTRACT 11).
-
-    Returns the chunk length K (None for single actions).
-
-    Raises:
-      ValueError: ``horizon`` above the declared ``native_chunk``, or a chunk
-        length other than the declared one.
-      TypeError: an output that is neither an action nor a chunk.
-    """
+    """The policy's chunk length K (None: single actions), its output checked
+    against the env by shape only. ``told``: the ``execution_horizon`` the run
+    tells it; without ``chunks_asked`` a chunk at horizon 1 from a policy that
+    declares none warns once (CONTRACT 11)."""
     if policy.native_chunk is not None and horizon > policy.native_chunk:
         raise ValueError(
             f"horizon={horizon} exceeds policy {policy.name!r}'s "
@@ -138,7 +127,9 @@ def probe_chunk(
     probe = agent.make_config(
         env, policy, num_envs=PROBE_ROWS, horizon=1, lead=0, tile=PROBE_ROWS, chunk=None
     )
-    args = probe_args(env, params)
+    obs = jax.eval_shape(lambda k: env.reset(k)[0], KEY)
+    action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
+    args = abstract(params), obs, action
 
     def probe_out(params, obs, action, length):
         frames = agent.frames(probe, obs, action)
@@ -181,22 +172,9 @@ def probe_chunk(
     return k
 
 
-def probe_args(env: Any, params: Any) -> tuple:
-    """The abstract params, observation and action the probe traces with."""
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
-    obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
-    action = jax.ShapeDtypeStruct(tuple(env.action_shape), env.action_dtype)
-    return abstract(params), obs, action
-
-
 def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> Any:
     """The output of a policy with PendingChunk inputs: probed with the
-    declared length (or ``native_chunk``, or 1), then with the length it returned.
-
-    Raises:
-      ValueError: a declared length other than the chunk's, or a chunk length
-        that follows the tail's.
-    """
+    declared length (or ``native_chunk``, or 1), then with the length it returned."""
     declared = {d.length for d in pending.values()} - {None}
     if len(declared) > 1:
         raise ValueError(
@@ -241,41 +219,33 @@ def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
     step = getattr(env, "step_with_info", None)
     if step is None:
         return None
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
     def one_step(key):
         _, state = env.reset(key)
         action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
         return step(key, state, action)[5]
 
-    return info_leaves(jax.eval_shape(one_step, key))
+    return info_leaves(jax.eval_shape(one_step, KEY))
 
 
 def success_at_reset(env: Any, key: str | None) -> bool:
-    """Whether a JAX env's ``reset_with_info`` gives the success key ``key``
-    as one number (shapes only); False without a key or that method."""
+    """Whether a JAX env's ``reset_with_info`` gives ``key`` as one number."""
     reset = getattr(env, "reset_with_info", None)
     if key is None or reset is None:
         return False
-    abstract = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    leaf = info_leaves(jax.eval_shape(lambda k: reset(k)[2], abstract)).get(key)
+    leaf = info_leaves(jax.eval_shape(lambda k: reset(k)[2], KEY)).get(key)
     return leaf is not None and _one_number(leaf)
 
 
 def _one_number(leaf: Any) -> bool:
-    """Whether an info leaf is one number (or bool) per step."""
     return tuple(leaf.shape) in ((), (1,)) and jnp.dtype(leaf.dtype).kind in "biuf"
 
 
 def engine_metrics(
     env: Any, asked: Metrics
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """The metrics and success key a JAX env's run keeps (nothing compiles).
-
-    Raises:
-      ValueError: a key the env's info lacks (naming those it has), or a key
-        whose value is not one number per step.
-    """
+    """The metrics and success key a JAX env's run keeps, each checked to be
+    in its info as one number per step (shapes only)."""
     name = getattr(env, "name", type(env).__name__)
     auto = not asked.named and not isinstance(asked.success, str)
     if auto and asked.success is False:
@@ -306,28 +276,17 @@ def engine_metrics(
 
 def check_record_keys(env: Any, record: Any) -> None:
     """Checks a ``jaxmesh.Record``'s observation keys and ``states=True``
-    against a JAX env, by shape (nothing compiles).
-
-    Raises:
-      ValueError: a key the observation lacks, keys for a one-array
-        observation, or ``states=True`` for an env without render states.
-    """
+    against a JAX env, by shape."""
     name = getattr(env, "name", type(env).__name__)
     records_states(record, env, f"env {name!r}")
     if record is None or record.keys is None:
         return
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    obs = jax.eval_shape(lambda k: env.reset(k)[0], key)
+    obs = jax.eval_shape(lambda k: env.reset(k)[0], KEY)
     observation_leaves(obs, record.keys, f"env {name!r}")
 
 
 def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
-    """The agent's static configuration for a run's plan.
-
-    Raises:
-      ValueError: the frame windows of the plan's lanes exceed the limit, or
-        an ensemble of discrete actions.
-    """
+    """The agent's static configuration for a run's plan, checked."""
     pending = adapt.pending_inputs(policy.spec)
     if pending and (plan.ensemble is not None or plan.chunk is None):
         name = next(iter(pending))
@@ -350,19 +309,9 @@ def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
             "discrete actions, and an average of discrete actions is no action; "
             "ensembling is for continuous actions: drop execution="
         )
-    cfg = agent.make_config(
-        env,
-        policy,
-        num_envs=plan.lanes,
-        horizon=plan.h,
-        lead=plan.lead,
-        tile=plan.tile,
-        chunk=plan.chunk,
-        delay=plan.delay,
-        ensemble=plan.ensemble,
-        grid=plan.grid,
-        cell_episodes=plan.cell_episodes,
-    )
+    same = ("lead", "tile", "chunk", "delay", "ensemble", "grid", "cell_episodes")
+    sizes = {k: getattr(plan, k) for k in same}
+    cfg = agent.make_config(env, policy, num_envs=plan.lanes, horizon=plan.h, **sizes)
     check_frame_limit(policy.spec, env, plan.lanes)
     return cfg
 
@@ -376,17 +325,9 @@ def build_engine(
     record: Any = None,
     trials: TrialReset | None = None,
 ) -> Engine:
-    """The engine for a probed policy (``probe_chunk``), env and run plan.
-
-    ``max_steps`` is the checked ``max_episode_steps``; ``metrics`` is
-    ``engine_metrics``'s result; ``record`` (a ``jaxmesh.Record`` or None)
-    sizes the recording buffers; ``trials``: episodes start from a trial
-    index (``jaxmesh.run.initial``), None: from ``env.reset``.
-
-    Raises:
-      ValueError: the frame windows of the run's lanes exceed the limit, or a
-        record key the observation lacks.
-    """
+    """The engine for a probed policy, env and run plan; ``metrics``:
+    ``engine_metrics``'s; ``trials``: episodes start from a trial index
+    (``jaxmesh.run.initial``), None: from ``env.reset``."""
     check_record_keys(env, record)
     name = getattr(env, "name", type(env).__name__)
     config = EngineConfig(
