@@ -1,7 +1,6 @@
-"""What a spec reads from an env, and the frame windows it holds per lane
-(``jaxmesh.explain``), by shape only: nothing compiles. A run whose windows over
-N lanes exceed ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB) is refused
-by ``check_frame_limit`` before compiling.
+"""What a spec reads from an env and the frame windows it holds per lane
+(``jaxmesh.explain``), by shape only; ``check_frame_limit`` refuses a run over
+``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` before compiling.
 """
 
 from __future__ import annotations
@@ -41,11 +40,10 @@ class InputInfo:
       stack: frames in the window.
       window_shape: ``(stack,) + shape``, what the policy sees when stack > 1.
       bytes_per_lane: bytes of the window for one lane.
-      steps: for an ``Image``, what its frame function does to the leaf, in
-        order (``Image.steps``); empty for the other kinds.
-      instruction: for a ``Text``, where its instruction comes from, per run
-        (key ``""``) or task; None for the other kinds. Its ``shape`` and
-        ``dtype`` are the encoding's (None until a string is encoded).
+      steps: an ``Image``'s transforms of the leaf, in order (``Image.steps``).
+      instruction: a ``Text``'s instruction source per run (key ``""``) or
+        task; its ``shape`` and ``dtype`` are the encoding's (None until a
+        string is encoded).
     """
 
     name: str
@@ -92,7 +90,6 @@ class Explanation:
         return self.total_bytes <= self.limit_bytes
 
     def to_dict(self) -> dict:
-        """JSON-ready data."""
         d = dataclasses.asdict(self)
         d["inputs"] = {k: v.to_dict() for k, v in self.inputs.items()}
         return _plain(d)
@@ -108,34 +105,28 @@ class Explanation:
                 "(observation, no spec)" if info.name == WHOLE_OBS else info.name,
                 info.kind,
                 "-" if info.key is None else str(info.key),
-                _short(info.shape),
-                _short(info.dtype),
+                str(info.shape),
+                str(info.dtype),
                 str(info.stack),
                 f"{info.bytes_per_lane:,}",
             )
             for info in self.inputs.values()
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        table = [
-            (
-                "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
-            ).rstrip()
-            for r in rows
-        ]
-        # Every transform each image input goes through, in the order applied.
+        cells = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+        table = [("  " + cells(r)).rstrip() for r in rows]
         prep = [
             f"  {'(observation)' if i.name == WHOLE_OBS else i.name}: "
             + (" -> ".join(i.steps) or "as read")
             for i in self.inputs.values()
             if i.kind == "Image"
         ]
-        # Each Text input: the instruction of each run or task, and its encoding.
         texts = [
             f"  {i.name}{f'[{task}]' if task else ''}: {where} -> "
             + (
                 "encoded at the first reset"
                 if i.shape is None
-                else f"encoded {_short(i.dtype)} {_short(i.shape)}"
+                else f"encoded {i.dtype} {i.shape}"
             )
             for i in self.inputs.values()
             if i.instruction is not None
@@ -164,12 +155,6 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _short(v: Any) -> str:
-    if isinstance(v, tuple):
-        return str(v) if len(v) != 1 else f"({v[0]},)"
-    return str(v)
-
-
 def _human(n: int) -> str:
     for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
@@ -178,11 +163,8 @@ def _human(n: int) -> str:
 
 
 def frame_limit_bytes() -> int:
-    """The limit from ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB).
-
-    Raises:
-      ValueError: the variable is set but is not a non-negative integer.
-    """
+    """The limit from ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB);
+    a ValueError when it is set to anything but a non-negative integer."""
     raw = os.environ.get(LIMIT_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_LIMIT_BYTES
@@ -224,6 +206,13 @@ def _is_leaf(x: Any) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct)
 
 
+def _layout(tree: Any) -> tuple[Any, Any]:
+    """The shapes and dtype names of a pytree of ``ShapeDtypeStruct``s."""
+    shape = jax.tree.map(lambda x: tuple(x.shape), tree, is_leaf=_is_leaf)
+    dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, tree, is_leaf=_is_leaf)
+    return shape, dtype
+
+
 def _steps(decl: Any, obs: Any) -> list[str]:
     """An Image's steps on its (abstract) leaf; nothing for the other kinds."""
     if not isinstance(decl, adapt.Image):
@@ -233,8 +222,7 @@ def _steps(decl: Any, obs: Any) -> list[str]:
 
 
 def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
-    """A Text input's row: its encoding's shapes and where each run's or
-    task's instruction is from."""
+    """A Text input's row: its encoding and each run's or task's source."""
     given = instruction if isinstance(instruction, Mapping) else {"": instruction}
     where = {}
     for task, text in given.items():
@@ -242,51 +230,25 @@ def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
             decl.encoded(text)
         where[str(task)] = source(decl, text)
     sig = decl.signature()
-    shape = dtype = None
-    if sig is not None:
-        shape = jax.tree.map(lambda x: tuple(x.shape), sig, is_leaf=_is_leaf)
-        dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, sig, is_leaf=_is_leaf)
-    return InputInfo(
-        name=name,
-        kind="Text",
-        key=decl.info_key,
-        shape=shape,
-        dtype=dtype,
-        stack=1,
-        window_shape=shape,
-        bytes_per_lane=0 if sig is None else _nbytes(sig),
-        instruction=where,
-    )
+    shape, dtype = (None, None) if sig is None else _layout(sig)
+    size = 0 if sig is None else _nbytes(sig)
+    # name, kind, key, shape, dtype, stack, window_shape, bytes_per_lane
+    args = (name, "Text", decl.info_key, shape, dtype, 1, shape, size)
+    return InputInfo(*args, instruction=where)
 
 
 def _pending_info(name: str, decl: adapt.PendingChunk, action: Any) -> InputInfo:
-    """A PendingChunk input's row: the tail's shapes (``"K"`` when its length
-    is not declared); the agent keeps the tail, not a frame window."""
+    """A PendingChunk input's row: the tail's shapes (``"K"``: undeclared)."""
     k = "K" if decl.length is None else decl.length
     shape = {"actions": (k, *action.shape), "mask": (k,), "delay": ()}
     dtype = {"actions": jnp.dtype(action.dtype).name, "mask": "bool", "delay": "int32"}
-    return InputInfo(
-        name=name,
-        kind="PendingChunk",
-        key=None,
-        shape=shape,
-        dtype=dtype,
-        stack=1,
-        window_shape=shape,
-        bytes_per_lane=0,
-    )
+    return InputInfo(name, "PendingChunk", None, shape, dtype, 1, shape, 0)
 
 
 def footprint(
     spec_or_model: Any, env: Any, num_envs: int = 1, instruction: Any = None
 ) -> Explanation:
-    """What the evaluator will read from ``env`` (anything ``jaxmesh.make_env``
-    accepts) and hold per lane; ``jaxmesh.explain`` documents the arguments.
-
-    Raises:
-      ValueError: the spec names an observation key the env does not have (the
-        message lists the env's keys), or ``num_envs < 1``.
-    """
+    """``jaxmesh.explain`` of a spec or model on ``env`` (not a suite)."""
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}: expected an int >= 1")
     spec, policy = _spec_of(spec_or_model)
@@ -304,8 +266,7 @@ def footprint(
             inputs[name] = _pending_info(name, decl, action)
             continue
         frame = jax.eval_shape(decl.frame, obs, action)
-        shape = jax.tree.map(lambda x: tuple(x.shape), frame, is_leaf=_is_leaf)
-        dtype = jax.tree.map(lambda x: jnp.dtype(x.dtype).name, frame, is_leaf=_is_leaf)
+        shape, dtype = _layout(frame)
         window = jax.tree.map(
             lambda x, s=decl.stack: (s, *x.shape), frame, is_leaf=_is_leaf
         )
@@ -334,8 +295,7 @@ def footprint(
 
 
 def check_frame_limit(spec_or_model: Any, env: Any, num_envs: int) -> Explanation:
-    """Refuses a run whose frame windows would exceed the limit (call it
-    before compiling).
+    """Refuses a run whose frame windows would exceed the limit.
 
     Args:
       spec_or_model: as for ``jaxmesh.explain``.
@@ -346,8 +306,8 @@ def check_frame_limit(spec_or_model: Any, env: Any, num_envs: int) -> Explanatio
       The ``Explanation`` when the run fits.
 
     Raises:
-      ValueError: the N-lane windows exceed the limit; the message gives both
-        figures, the largest input, and what to change.
+      ValueError: the windows exceed the limit (both figures, the largest
+        input, and what to change).
     """
     ex = footprint(spec_or_model, env, num_envs=num_envs)
     if ex.within_limit:
@@ -358,19 +318,8 @@ def check_frame_limit(spec_or_model: Any, env: Any, num_envs: int) -> Explanatio
         f"the frame windows of {num_envs} lanes would hold "
         f"{_human(ex.total_bytes)} ({ex.bytes_per_lane:,} B per lane), over the "
         f"limit of {_human(ex.limit_bytes)} set by {LIMIT_ENV}. The largest input "
-        f"is {big.name!r} ({big.kind}, window {_short(big.window_shape)} "
-        f"{_short(big.dtype)}, {big.bytes_per_lane:,} B per lane). Use at most "
+        f"is {big.name!r} ({big.kind}, window {big.window_shape} "
+        f"{big.dtype}, {big.bytes_per_lane:,} B per lane). Use at most "
         f"{fits} lanes (num_envs), a smaller stack or Image size, or raise "
         f"{LIMIT_ENV} if the device has the memory"
     )
-
-
-__all__ = [
-    "footprint",
-    "check_frame_limit",
-    "frame_limit_bytes",
-    "Explanation",
-    "InputInfo",
-    "LIMIT_ENV",
-    "DEFAULT_LIMIT_BYTES",
-]
