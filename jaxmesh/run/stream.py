@@ -1,7 +1,6 @@
-"""Host-loop pieces both drivers (``jaxmesh.run.scan``, ``jaxmesh.run.host``)
-reuse: hooks, episodes streamed in order, and what a failure keeps (CONTRACT
-16, 20): inside ``drive``, every finished episode rides on an exception as
-``exc.partial_result``.
+"""What both drivers (``jaxmesh.run.scan``, ``jaxmesh.run.host``) share: hooks,
+episodes streamed in order, and a failure's finished episodes on
+``exc.partial_result`` (CONTRACT 16, 20).
 """
 
 from __future__ import annotations
@@ -35,19 +34,9 @@ def drive(
     compile_program: Callable[[], float],
     loop: Callable[[], Any],
 ) -> RunResult:
-    """The frame every host loop shares: compile, run, time, report.
-
-    Args:
-      episodes_out: the run's stream (its hooks get ``on_run_end``).
-      t_start: when the call began (``time.perf_counter()``).
-      compile_program: compiles what the run needs; returns the seconds spent
-        compiling (0.0 when nothing was compiled).
-      loop: runs the budget; returns the host ``Results``.
-
-    Raises:
-      BaseException: what the run raised, with the finished episodes on it; an
-        error a host callback raised is raised as itself, not as JAX's.
-    """
+    """Compiles (``compile_program`` returns its seconds), runs ``loop`` (which
+    returns the host ``Results``) and reports; what it raises carries the
+    finished episodes, and a host callback's error is raised as itself."""
     timing = {"wall_time": 0.0, "compile_time": 0.0, "run_time": 0.0}
     try:
         with span("compile", "run"):
@@ -70,53 +59,24 @@ def drive(
     return result
 
 
-def run_fields(
-    settings: Any,
-    *,
-    num_envs: int,
-    effective_horizon: int,
-    chunk: int | None,
-    plan_tile: int,
-    policy: str,
-    env: str,
-    metrics: dict,
-    trial_index_base: int,
-    instruction: str | None,
-    success_mode: str,
-    fingerprint: dict,
-    **more: Any,
-) -> dict:
-    """A run's ``RunResult`` fields beside its episodes and totals, the same
-    for both backends; ``more``: a backend's own (a wall-clock cap)."""
+def run_fields(settings: Any, *, metrics: dict, **fields: Any) -> dict:
+    """A run's ``RunResult`` fields beside its episodes and totals: the
+    settings', the ``metrics`` fields, and ``fields`` (its sizes, names and
+    identity, and a backend's own)."""
+    execution = settings.execution
     return {
-        "num_envs": num_envs,
         "horizon": settings.horizon,
-        "effective_horizon": effective_horizon,
         "prefetch_lead": settings.prefetch_lead,
         "delay": settings.delay,
         "delay_ms": settings.delay_ms,
-        "execution": None
-        if settings.execution is None
-        else settings.execution.describe(),
-        "policy": policy,
-        "env": env,
-        "chunk": chunk,
-        "plan_tile": plan_tile,
+        "execution": None if execution is None else execution.describe(),
         **metrics,
-        "trial_index_base": trial_index_base,
-        "success_mode": success_mode,
-        "instruction": instruction,
-        **more,
-        "fingerprint": fingerprint,
+        **fields,
     }
 
 
 def hooks_list(hooks: Any) -> list:
-    """``hooks`` (None, one object, or a list) as a list, each checked.
-
-    Raises:
-      TypeError: an object with none of the hook methods.
-    """
+    """``hooks`` (None, one object, or a list) as a list, each checked."""
     if hooks is None:
         return []
     out = list(hooks) if isinstance(hooks, list | tuple) else [hooks]
@@ -130,7 +90,6 @@ def hooks_list(hooks: Any) -> list:
 
 
 def call(hooks: list, name: str, *args: Any) -> None:
-    """Calls ``name(*args)`` on every hook that defines it."""
     for h in hooks:
         fn = getattr(h, name, None)
         if fn is not None:
@@ -140,18 +99,8 @@ def call(hooks: list, name: str, *args: Any) -> None:
 def chunk_position(
     t: np.ndarray, horizon: int, lead: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per executed step: whether its action starts a chunk (``t % h == 0``,
-    CONTRACT 10), and the chunk's lag (the lead, but 0 for an episode's first
-    chunk; CONTRACT 12).
-
-    Args:
-      t: [m] step indices within their episodes (0-based).
-      horizon: the effective horizon h.
-      lead: the effective lead ``min(L, h)``.
-
-    Returns:
-      ``planned`` [m] bools and ``stale`` [m] ints.
-    """
+    """Per step index ``t`` in its episode: whether its action starts a chunk
+    (CONTRACT 10), and the chunk's lag, 0 for the first chunk (CONTRACT 12)."""
     t = np.asarray(t)
     planned = t % horizon == 0
     stale = np.where((t < horizon) | (lead == 0), 0, lead)
@@ -160,13 +109,8 @@ def chunk_position(
 
 class StepStream:
     """Hands executed steps to the ``on_step`` hooks as ``StepEvent``s, lanes
-    in ascending order. The first exception a hook raises is kept in ``error``
-    (no event is delivered after it) for the driver to raise (``raise_error``).
-
-    Args:
-      hooks: the hook objects (those without ``on_step`` are ignored).
-      horizon: the effective horizon h; lead: the effective lead.
-    """
+    in ascending order; the first exception a hook raises stops the events and
+    is kept in ``error`` for the driver to raise (``raise_error``)."""
 
     def __init__(self, hooks: list, horizon: int, lead: int):
         self.fns = [h.on_step for h in hooks if callable(getattr(h, "on_step", None))]
@@ -175,7 +119,6 @@ class StepStream:
         self.error: BaseException | None = None
 
     def __bool__(self) -> bool:
-        """Whether some hook defines ``on_step``."""
         return bool(self.fns)
 
     def emit(
@@ -188,11 +131,7 @@ class StepStream:
         terminated: Any,
         truncated: Any,
     ) -> bool:
-        """Delivers one event per lane (all arguments [m], aligned).
-
-        Returns:
-          False once a hook has raised (the exception is kept in ``error``).
-        """
+        """One event per lane (aligned arrays); False once a hook has raised."""
         if self.error is not None:
             return False
         t = np.asarray(t)
@@ -220,15 +159,13 @@ class StepStream:
         return True
 
     def emit_masked(self, stepped: np.ndarray, *values: np.ndarray) -> bool:
-        """``emit`` for the lanes in ``stepped`` ([N]) of [N] arrays (``episode,
-        t, action, reward, terminated, truncated``): the scan's sink."""
+        """``emit`` for the lanes in ``stepped`` of per-lane arrays (the scan's)."""
         js = np.flatnonzero(stepped)
         if not js.size:
             return self.error is None
         return self.emit(js, *(v[js] for v in values))
 
     def raise_error(self) -> None:
-        """Raises the exception a hook raised, if any."""
         if self.error is not None:
             exc, self.error = self.error, None
             raise exc
@@ -249,7 +186,6 @@ class StepSink:
 
     @contextlib.contextmanager
     def listen(self, stream: StepStream | None):
-        """Sends the events to ``stream`` (None or empty: to nobody) inside."""
         self.stream = stream if stream else None
         try:
             yield
@@ -258,15 +194,8 @@ class StepSink:
 
 
 class EpisodeStream:
-    """Hands finished episodes to ``on_episode_end`` hooks in episode order (an
-    episode that ends early waits for the earlier ones).
-
-    Args:
-      hooks: the hook objects.
-      seeds: the budget's seeds.
-      on_episode_end: the policy's own hook (a Model's), or None.
-      run_fields: settings and names for ``RunResult`` (all but totals).
-    """
+    """Hands finished episodes to ``on_episode_end`` hooks (and a Model's own)
+    in episode order; ``run_fields``: ``RunResult``'s fields but the totals."""
 
     def __init__(
         self,
@@ -289,7 +218,7 @@ class EpisodeStream:
         self.steps = StepStream([], 1, 0)
 
     def update(self, res: Any) -> None:
-        """Takes the newest host copy of ``Results``; reports what finished."""
+        """Takes the newest host ``Results``; reports what finished."""
         self.latest = res
         done = np.asarray(res.done)
         e = self.seeds.size
@@ -304,7 +233,6 @@ class EpisodeStream:
                 self.policy_hook(i)
 
     def result(self, res: Any, timing: dict) -> RunResult:
-        """The whole run's ``RunResult``."""
         return RunResult.from_results(res, self.seeds, **self.run_fields, **timing)
 
     def partial(self, timing: dict) -> RunResult | None:
@@ -333,10 +261,8 @@ class EpisodeStream:
         fault = res.fault.first()
         if fault is None:
             return
-        kind, episode, step = fault["kind"], fault["episode"], fault["step"]
+        kind, episode, value = fault["kind"], fault["episode"], fault["value"]
         seed = int(self.seeds[episode])
-        value, lane = fault["value"], fault["lane"]
-        what = core_results.FAULT_NAMES[kind]
         fix = {
             core_results.ACTION_OUT_OF_RANGE: "return actions in [0, num_actions)",
             core_results.ACTION_NOT_FINITE: "check the policy's output for NaN/inf",
@@ -344,12 +270,9 @@ class EpisodeStream:
             "diverged under this action)",
         }[kind]
         raise BadValueError(
-            f"{what}: {value!r} at episode {episode} (seed {seed}), step {step}, "
-            f"lane {lane}; the run stopped there. {fix}",
-            episode=episode,
+            f"{core_results.FAULT_NAMES[kind]}: {value!r} at episode {episode} "
+            f"(seed {seed}), step {fault['step']}, lane {fault['lane']}; the run "
+            f"stopped there. {fix}",
             seed=seed,
-            step=step,
-            lane=lane,
-            value=value,
-            kind=kind,
+            **{k: fault[k] for k in ("episode", "step", "lane", "value", "kind")},
         )
