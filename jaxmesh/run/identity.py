@@ -1,11 +1,10 @@
-"""A run's identity: digests of the policy's traced program, its params and the
-env, which ``resume=`` compares (docs/evaluation.md, "A run's identity"), and the
+"""A run's identity (docs/evaluation.md, "A run's identity"): digests of the
+policy's program, its params and the env, which ``resume=`` compares; and the
 budget index of each episode of a resumed run.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
 import hashlib
@@ -16,23 +15,22 @@ from typing import Any
 import jax
 import numpy as np
 
-# The budget index of each episode of a run (a resumed run runs some of them) --
+from jaxmesh.run.kept import Kept
+
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
     "jaxmesh_resume_indices", default=None
 )
 
 
 def episode_indices(count: int) -> np.ndarray:
-    """The budget index of each of a run's ``count`` episodes: ``0..count-1``,
-    or inside a resumed run the missing episodes' indices."""
+    """The budget index of each of a run's episodes (a resumed run's differ)."""
     got = _INDICES.get()
     return np.arange(count, dtype=np.int64) if got is None else got
 
 
 @contextlib.contextmanager
 def resumed_indices(indices: np.ndarray) -> Iterator[None]:
-    """Inside the block, ``episode_indices`` gives ``indices`` (a resumed
-    run's missing episodes, ``jaxmesh.run.resume``)."""
+    """Inside the block, ``episode_indices`` gives ``indices``."""
     token = _INDICES.set(indices)
     try:
         yield
@@ -67,45 +65,28 @@ def _leaf_bytes(h: Any, leaf: Any) -> None:
     h.update(a.tobytes())
 
 
-def tree_digest(tree: Any) -> str | None:
-    """A digest of a pytree's structure, dtypes, shapes and values (None for
-    None). Reads every leaf to the host."""
-    if tree is None:
-        return None
-    h = _hasher()
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        h.update(f"{jax.tree_util.keystr(path)}|".encode())
-        _leaf_bytes(h, leaf)
-    return h.hexdigest()
-
-
-def program_text(jaxpr: Any) -> str:
-    """A jaxpr's text as every process prints it: without colour (``str``
-    colours it on a terminal) and object addresses."""
-    text = jaxpr.pretty_print(use_color=False)
-    return _ADDRESS.sub("", _ANSI.sub("", text))
-
-
 def program_digest(closed: Any) -> str:
-    """A digest of a ``ClosedJaxpr``: its ``program_text`` and its constants."""
+    """A digest of a ``ClosedJaxpr``: its text as every process prints it
+    (without colour or object addresses) and its constants."""
     h = _hasher()
-    h.update(program_text(closed.jaxpr).encode())
+    text = closed.jaxpr.pretty_print(use_color=False)
+    h.update(_ADDRESS.sub("", _ANSI.sub("", text)).encode())
     for c in closed.consts:
         _leaf_bytes(h, c)
     return h.hexdigest()
 
 
-# The env ------------------------------------------------------------------------
-_ENVS: collections.OrderedDict = collections.OrderedDict()
+#: ``(env, digest)`` by the env's id: the env kept alive, so its id is not reused.
+_ENVS = Kept()
 
 
 def env_digest(env: Any) -> str:
-    """A JAX env's digest: its name and the programs of its ``reset``,
-    ``step`` and (a Playground env's randomizer) ``draw``, traced for shapes
-    once per env object."""
-    key = id(env)
-    if key in _ENVS:
-        return _ENVS[key][1]
+    """A JAX env's digest: its name and the programs of its ``reset``, ``step``
+    and (a Playground env's randomizer) ``draw``, once per env object."""
+    return _ENVS.get(id(env), lambda: (env, _env_digest(env)))[1]
+
+
+def _env_digest(env: Any) -> str:
     h = _hasher()
     h.update(f"{getattr(env, 'name', type(env).__name__)}|".encode())
     k = jax.ShapeDtypeStruct((2,), np.uint32)
@@ -123,16 +104,12 @@ def env_digest(env: Any) -> str:
     if callable(draw):
         with contextlib.suppress(Exception):
             h.update(program_digest(jax.make_jaxpr(draw)(k)).encode())
-    _ENVS[key] = (env, h.hexdigest())  # the env kept alive: its id is not reused
-    while len(_ENVS) > 16:
-        _ENVS.popitem(last=False)
-    return _ENVS[key][1]
+    return h.hexdigest()
 
 
 def host_env_digest(lanes: Any) -> str:
-    """A host-stepped env's digest: its name, observation layout (leaf names,
-    shapes, dtypes) and action shape, dtype and count, as every kind of lanes
-    (in process, workers, served) sees them alike."""
+    """A host-stepped env's digest: its name, observation layout and actions,
+    which every kind of lanes sees alike."""
     spec = lanes.spec
     layout = spec.layout
     h = _hasher()
@@ -149,8 +126,8 @@ _LAST: list = []  # (leaves, digest) of the last jax.Array params digested
 
 
 def params_digest(params: Any) -> str | None:
-    """``tree_digest`` of the params a run evaluates (None: none); the very
-    ``jax.Array`` leaves digested last time are not read again."""
+    """A digest of the params' structure, dtypes, shapes and values (None:
+    none); the very ``jax.Array`` leaves digested last time are not read again."""
     if params is None:
         return None
     leaves = jax.tree.leaves(params)
@@ -158,7 +135,11 @@ def params_digest(params: Any) -> str | None:
     if immutable and _LAST and len(_LAST[0]) == len(leaves):
         if all(a is b for a, b in zip(_LAST[0], leaves, strict=True)):
             return _LAST[1]
-    digest = tree_digest(params)
+    h = _hasher()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        h.update(f"{jax.tree_util.keystr(path)}|".encode())
+        _leaf_bytes(h, leaf)
+    digest = h.hexdigest()
     if immutable:
         _LAST[:] = [leaves, digest]
     return digest
@@ -166,7 +147,7 @@ def params_digest(params: Any) -> str | None:
 
 @contextlib.contextmanager
 def evaluating(fields: dict) -> Iterator[None]:
-    """Within: the fingerprint fields only the caller knows, for ``run_identity``."""
+    """Within: the caller's fingerprint fields, for ``run_identity``."""
     token = _PARAMS.set(dict(fields))
     try:
         yield
@@ -175,22 +156,8 @@ def evaluating(fields: dict) -> Iterator[None]:
 
 
 def run_identity(env: str, policy: str) -> dict:
-    """The fingerprint a run records (``RunResult.fingerprint``): the fields
-    given to ``evaluating``, the env's and policy's digests, the JAX version."""
+    """A run's ``RunResult.fingerprint``: ``evaluating``'s fields, the digests
+    and the JAX version."""
     out = dict(_PARAMS.get() or {})
     out.update(env=env, policy=policy, jax=jax.__version__)
     return out
-
-
-__all__ = [
-    "episode_indices",
-    "resumed_indices",
-    "tree_digest",
-    "program_text",
-    "program_digest",
-    "env_digest",
-    "host_env_digest",
-    "params_digest",
-    "evaluating",
-    "run_identity",
-]
