@@ -1,6 +1,5 @@
-"""Which backend runs an env (``SCAN``, ``HOST`` or ``SERVED``: ``backend_of``,
-``Target``), and the checks of the options only served envs take, which
-``jaxmesh.Served`` runs when it is built.
+"""Which backend runs an env (``backend_of``, ``Target``), and the checks of
+the options only served envs take (``jaxmesh.Served``'s).
 """
 
 from __future__ import annotations
@@ -25,23 +24,19 @@ LOCAL = "local"
 
 
 def backend_of(env: Any) -> str:
-    """``SERVED`` for ``"grpc://host:port"`` (or a list of addresses), ``HOST``
-    for a gymnasium env (``"gymnasium:<id>"``, an ``Env``, a list of them, a
-    ``VectorEnv``), else ``SCAN`` (``jaxmesh.make_env`` says whether it is one)."""
+    """``SERVED`` for addresses, ``HOST`` for gymnasium envs, else ``SCAN``."""
     return SERVED if is_address(env) else HOST if is_host_stepped(env) else SCAN
 
 
 class Target(NamedTuple):
-    """An env and the backend that runs it (``SCAN``, ``HOST`` or ``SERVED``),
-    told once by ``jaxmesh.run.dispatch.target``."""
+    """An env and the backend that runs it (``jaxmesh.run.dispatch.target``)."""
 
     env: Any
     kind: str
 
     @property
     def label(self) -> str:
-        """The env for a message: an id or address as given, an object's
-        ``name`` or type, a list by its first items' types."""
+        """The env for a message (a list by its first items' types)."""
         env = self.env
         if isinstance(env, str):
             return env
@@ -52,18 +47,13 @@ class Target(NamedTuple):
 
     @property
     def name(self) -> str | None:
-        """The env's name as results record it: an id or address as given, an
-        object's ``name`` (None when it has none)."""
+        """The env's name as results record it (None: an object without one)."""
         env = self.env
         return env if isinstance(env, str) else getattr(env, "name", None)
 
 
 def positive_seconds(value: Any, name: str, hint: str) -> float | None:
-    """``value`` as a float > 0, or None.
-
-    Raises:
-      TypeError: not a number; ValueError: not finite and above 0.
-    """
+    """``value`` as a float > 0, or None."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -82,8 +72,7 @@ AUTO_FLOOR_SECONDS = 10.0
 
 
 def check_reply_timeout(value: Any) -> float | str | None:
-    """``reply_timeout`` as a float > 0, ``AUTO``, or None (no limit; also for
-    ``math.inf``)."""
+    """``reply_timeout`` as a float > 0, ``AUTO``, or None (no limit, or inf)."""
     if value == AUTO and isinstance(value, str):
         return AUTO
     if isinstance(value, float) and value == math.inf:
@@ -97,22 +86,14 @@ def check_reply_timeout(value: Any) -> float | str | None:
 
 
 def check_lane_groups(value: Any) -> int | None:
-    """``lane_groups`` as an int >= 1, or None (the default).
-
-    Raises:
-      TypeError, ValueError: not an int >= 1.
-    """
+    """``lane_groups`` as an int >= 1, or None (the default)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
+    not_int = isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    if not_int or value < 1:
+        raise (TypeError if not_int else ValueError)(
             f"lane_groups={value!r}: expected an int >= 1 (groups of lanes whose "
-            "calls to the servers overlap), or None for the default"
-        )
-    if value < 1:
-        raise ValueError(
-            f"lane_groups={value!r}: expected an int >= 1 (1: no pipelining), or "
-            "None for the default"
+            "calls to the servers overlap; 1: no pipelining), or None for the default"
         )
     return int(value)
 
@@ -122,11 +103,7 @@ SERVER_LOSS = ("rerun", "raise")
 
 
 def check_server_loss(value: Any) -> str:
-    """``on_server_loss`` as ``"rerun"`` or ``"raise"`` (None: ``"rerun"``).
-
-    Raises:
-      ValueError: any other value.
-    """
+    """``on_server_loss`` as ``"rerun"`` or ``"raise"`` (None: ``"rerun"``)."""
     if value is None:
         return "rerun"
     if not isinstance(value, str) or value not in SERVER_LOSS:
@@ -136,20 +113,3 @@ def check_server_loss(value: Any) -> str:
             "run with the finished episodes kept)"
         )
     return value
-
-
-__all__ = [
-    "SCAN",
-    "HOST",
-    "SERVED",
-    "backend_of",
-    "Target",
-    "WORKERS",
-    "RECORDING",
-    "LOCAL",
-    "check_reply_timeout",
-    "AUTO",
-    "check_lane_groups",
-    "check_server_loss",
-    "positive_seconds",
-]

@@ -1,6 +1,5 @@
-"""The backend table: the one place that says what runs an env. ``target``
-tells an env's kind once; ``route`` maps it to the row that runs it. Neither
-backend imports this module (the host driver is handed ``route``).
+"""The backend table (docs/architecture.md): ``target`` tells an env's kind once,
+``route`` maps it to the row that runs it; the host driver is handed ``route``.
 """
 
 from __future__ import annotations
@@ -10,22 +9,16 @@ from typing import Any, NamedTuple
 
 from jaxmesh import envs
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.envs.gymnasium import is_host_stepped
-from jaxmesh.remote.address import is_address, require_grpc
-from jaxmesh.run import host, kept, scan
-from jaxmesh.run.backend import HOST, LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
+from jaxmesh.remote.address import require_grpc
+from jaxmesh.run import backend, host, kept, scan
+from jaxmesh.run.backend import LOCAL, RECORDING, SCAN, SERVED, WORKERS, Target
 from jaxmesh.run.cluster import RAY, Ray
 from jaxmesh.run.host.loop import GroupedRun, LocalRun
 
 
 def target(env: Any, env_config: Any = None) -> Target:
     """``env`` (an id made with ``env_config``'s options; a ``libero:`` id is
-    made even without) and its backend.
-
-    Raises:
-      TypeError: ``env_config`` not a mapping, or given with an env that is
-        not an id.
-    """
+    made even without) and its backend."""
     if env_config is not None and not isinstance(env_config, Mapping):
         raise TypeError(
             f"env_config={env_config!r}: expected a mapping of the env's options "
@@ -38,26 +31,15 @@ def target(env: Any, env_config: Any = None) -> Target:
             f"applies to env ids with a prefix of {list(envs.PREFIXES)}; build the "
             "env with its options yourself, or give an id"
         )
-    if is_address(env):
-        return Target(env, SERVED)
     if is_id and (env_config or env.startswith("libero:")):
         env = envs.make_env(env, **dict(env_config or {}))
-    return Target(env, HOST if is_host_stepped(env) else SCAN)
+    return Target(env, backend.backend_of(env))  # an address is no id
 
 
 class Route(NamedTuple):
-    """A row of the backend table (``route``).
-
-    Attributes:
-      name: ``SCAN``, ``SERVED``, ``RAY``, ``WORKERS``, ``RECORDING`` or
-        ``LOCAL``.
-      evaluate: what ``jaxmesh.evaluate`` calls.
-      lanes: a host row's lanes, ``lanes(env, num_envs, episodes, workers,
-        served)`` (None for ``SCAN``).
-      loop: a host row's loop class, ``loop(HostRun, res, episodes_out, tel)``.
-      fast: a faster loop class, taken instead when its ``applies(program,
-        lanes, recorder)`` holds (None: none).
-    """
+    """A row of the backend table: what ``jaxmesh.evaluate`` calls; a host
+    row's ``lanes(env, num_envs, episodes, workers, served)``, loop class and
+    a faster one taken when its ``applies(program, lanes, recorder)``."""
 
     name: str
     evaluate: Callable[..., Any]
@@ -66,17 +48,14 @@ class Route(NamedTuple):
     fast: Any = None
 
     def loop_for(self, program: Any, lanes: Any, recorder: Any) -> Any:
-        """The loop class for these lanes and the run's agent program."""
         if self.fast is not None and self.fast.applies(program, lanes, recorder):
             return self.fast
         return self.loop
 
 
 def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Route:
-    """The backend table: the row that runs ``target``, the first that applies
-    (docs/architecture.md has the table). The host driver is handed it and asks
-    again with the run's ``workers`` and ``record`` for the lanes and loop class.
-    """
+    """The first row of the backend table that runs ``target`` with these
+    ``workers`` and ``record``."""
     if target.kind == SCAN:
         return Route(SCAN, scan.run)
     if target.kind == SERVED:
@@ -104,8 +83,7 @@ def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Rout
 
 
 def worker_lanes(env: Any, num_envs: int, episodes: int, workers: int, *_: Any):
-    """Lanes in ``workers`` worker processes (kept between the runs of a
-    ``kept.kept_processes`` block)."""
+    """Lanes in ``workers`` worker processes (``kept.started``'s)."""
     n = max(1, min(num_envs, episodes))
     lanes, is_kept = kept.started(
         ("workers", env, n, workers),
@@ -117,8 +95,8 @@ def worker_lanes(env: Any, num_envs: int, episodes: int, workers: int, *_: Any):
 
 
 def records_frames(env: Any, record: Any) -> bool:
-    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs this
-    process makes (an unknown id is left to ``make_lanes``, which names it)."""
+    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs made here
+    (an unknown id is left to ``make_lanes``, which names it)."""
     if record is None or record.frames is False or not isinstance(env, str):
         return False
     name = env.partition(":")[2]
@@ -140,17 +118,5 @@ def recording_lanes(env: str, num_envs: int, episodes: int, *_: Any) -> Any:
 
 
 def evaluate_host(policy: Any, env: Any, config: Any, **given: Any) -> Any:
-    """The host rows' entry: the host driver (``jaxmesh.run.host.run_host``)
-    with this table to pick its lanes and loop class."""
+    """The host rows' entry: ``jaxmesh.run.host.run_host`` with this table."""
     return host.run_host(policy, env, config, route=route, **given)
-
-
-__all__ = [
-    "Route",
-    "evaluate_host",
-    "records_frames",
-    "recording_lanes",
-    "route",
-    "target",
-    "worker_lanes",
-]
