@@ -12,8 +12,7 @@ from typing import Any
 
 from jaxmesh.envs.gymnasium import workers as pool
 
-#: The backend table's row for lanes stepped by Ray actors
-#: (``jaxmesh.run.dispatch.route``).
+#: The backend table's row of Ray actors (``jaxmesh.run.dispatch.route``).
 RAY = "ray"
 #: A config file's key for ``Ray``'s arguments: ``workers: {ray: {...}}``.
 CONFIG_KEY = "ray"
@@ -118,14 +117,7 @@ class Ray:
 
 
 def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
-    """Refuses what Ray actors cannot step (before Ray starts).
-
-    Raises:
-      TypeError: env objects built in this process (a gymnasium ``Env``, a
-        list of them, a ``VectorEnv``).
-      ValueError: a list of factories shorter than the lanes; frames
-        recorded or ``check_seeds`` (both need the envs in this process).
-    """
+    """Refuses what Ray actors cannot step, before Ray starts."""
     if not pool.is_source(env):
         raise TypeError(
             f"workers=jaxmesh.Ray(...): env {type(env).__name__} holds env objects "
@@ -152,12 +144,7 @@ def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
 
 def workers_of(value: Any) -> Any:
     """``RunConfig(workers=)``: a ``Ray`` for a config file's ``{ray: {...}}``
-    (or ``{ray: null}``), the value itself otherwise.
-
-    Raises:
-      TypeError, ValueError: a mapping that is not ``{ray: {...}}``, or
-        ``Ray``'s own refusals.
-    """
+    (or ``{ray: null}``), the value itself otherwise."""
     if not isinstance(value, Mapping):
         return value
     if set(value) != {CONFIG_KEY}:
@@ -183,6 +170,3 @@ def workers_of(value: Any) -> Any:
             f"workers: ray: unknown key(s) {unknown}; Ray takes {sorted(fields)}"
         )
     return Ray(**args)
-
-
-__all__ = ["RAY", "Ray", "check_source", "workers_of"]

@@ -1,7 +1,6 @@
 """Initial states of JAX envs: episode i starts from trial ``trial_index_base + i``
 of ``Starts(initial_states=)`` or ``Starts(reset_fn=)`` (docs/evaluation.md,
-"Initial states (JAX envs)"). Inside a resumed run the trial index follows the
-episode's index in the budget. Everything here checks by shape only.
+"Initial states (JAX envs)"), checked by shape only.
 """
 
 from __future__ import annotations
@@ -25,12 +24,8 @@ MAX_TRIAL = 2**31 - 1
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trials:
-    """A checked source of initial states (``resolve``): one of the two is set.
-
-    Attributes:
-      states: ``(obs, state)`` as numpy, every leaf with leading axis ``count``.
-      reset_fn: the user's ``reset_fn(key, trial) -> (obs, state)``.
-    """
+    """A checked source of initial states (``resolve``): the stacked
+    ``(obs, state)`` as numpy, or the user's ``reset_fn``."""
 
     states: Any = None
     reset_fn: Callable | None = None
@@ -44,20 +39,14 @@ class Trials:
 
     @property
     def key(self) -> tuple:
-        """What the compiled program depends on: the states' structure and
-        shapes (not their values), or the reset function."""
+        """What the program depends on: the states' shapes, or the function."""
         if self.states is None:
             return ("reset_fn", id(self.reset_fn))
         leaves = tuple((x.shape, x.dtype) for x in jax.tree.leaves(self.states))
         return ("initial_states", jax.tree.structure(self.states), leaves)
 
     def engine_reset(self, env: Any) -> TrialReset:
-        """The engine's reset from a trial index, checked against ``env.reset``.
-
-        Raises:
-          TypeError, ValueError: a reset whose output is not ``env.reset``'s
-            structure, shapes and dtypes (naming the first leaf that differs).
-        """
+        """The engine's reset from a trial index, checked against ``env.reset``."""
         want = jax.eval_shape(env.reset, jax.ShapeDtypeStruct((2,), jnp.uint32))
         name = getattr(env, "name", type(env).__name__)
         if self.states is None:
@@ -74,13 +63,8 @@ class Trials:
         return TrialReset(_take_state, data)
 
     def for_run(self, states: Any) -> Any:
-        """The data a run's reset reads: ``states`` (None: the evaluator's
-        own), which must have the evaluator's shapes.
-
-        Raises:
-          ValueError: a reset function's run given states, or states of other
-            shapes than those the program was built for.
-        """
+        """The data a run's reset reads: ``states`` of the evaluator's shapes
+        (None: the evaluator's own)."""
         if states is None:
             return () if self.states is None else self.states
         given = states if isinstance(states, Trials) else resolve(states, None)
@@ -100,7 +84,6 @@ class Trials:
 
 
 def _take_state(key: jax.Array, trial: jax.Array, states: Any) -> Any:
-    """Entry ``trial`` of the stacked ``(obs, state)``."""
     del key
     return jax.tree.map(lambda x: x[trial], states)
 
@@ -111,7 +94,6 @@ def _call_reset_fn(fn: Callable, key: jax.Array, trial: jax.Array, data: Any) ->
 
 
 def _trace_reset_fn(fn: Callable) -> Any:
-    """``reset_fn``'s output shapes, for one lane."""
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
     trial = jax.ShapeDtypeStruct((), jnp.int32)
     try:
@@ -125,8 +107,6 @@ def _trace_reset_fn(fn: Callable) -> Any:
 
 
 def _check_like(got: Any, want: Any, what: str, env: str, verb: str) -> None:
-    """Refuses a reset output whose structure, shapes or dtypes differ from
-    ``env.reset``'s."""
     s_got, s_want = jax.tree.structure(got), jax.tree.structure(want)
     if s_got != s_want:
         raise TypeError(
@@ -168,13 +148,13 @@ def _check_reset_fn(fn: Any) -> None:
 
 
 def _host(x: Any) -> np.ndarray:
-    """A leaf as numpy, in the dtype ``jnp.asarray`` would give it."""
+    """A leaf as numpy, in ``jnp.asarray``'s dtype."""
     x = np.asarray(x)
     return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
 
 
 def _stack(states: list) -> Any:
-    """A list of T ``(obs, state)`` pairs as one pytree of numpy leaves [T, ...]."""
+    """T ``(obs, state)`` pairs as one pytree of leaves [T, ...]."""
     if not states:
         raise ValueError(
             "initial_states=[]: expected at least one (obs, state) pair, as the "
@@ -200,16 +180,8 @@ def _stack(states: list) -> Any:
 
 
 def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
-    """Checks ``Starts``' ``initial_states`` or ``reset_fn`` on their own (the
-    env's shapes: ``Trials.engine_reset``).
-
-    Returns:
-      A ``Trials``, or None when neither is given.
-
-    Raises:
-      ValueError, TypeError: an empty or ragged list, leaves with different
-        leading axes, or a ``reset_fn`` that is not a function of two arguments.
-    """
+    """``Starts``' ``initial_states`` or ``reset_fn``, checked on their own,
+    as a ``Trials`` (None: neither given)."""
     if initial_states is None and reset_fn is None:
         return None
     if reset_fn is not None:
@@ -240,15 +212,8 @@ def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
 
 
 def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray | None:
-    """Each episode's trial index, ``base`` + its index in the budget.
-
-    Returns:
-      int32 [episodes], or None without initial states (``base`` must be 0).
-
-    Raises:
-      ValueError: a base other than 0 without initial states, or a budget that
-        needs more states than were given (never wrapped around).
-    """
+    """Each episode's trial index (int32), ``base`` + its budget index; None
+    without initial states, where ``base`` must be 0."""
     if trials is None:
         if base:
             raise ValueError(
@@ -282,13 +247,7 @@ def run_trials(
     trials: Trials | None, states: Any, base: int, episodes: int
 ) -> tuple | None:
     """A run's ``(trial_of, data)`` for ``Engine.first_carry``, or None;
-    ``states``: the run's own ``initial_states`` (None: the evaluator's
-    ``trials``).
-
-    Raises:
-      ValueError: as ``trial_indices`` and ``Trials.for_run``, or states given
-        to a run of an evaluator built without initial states.
-    """
+    ``states``: the run's own ``initial_states`` (None: the evaluator's)."""
     if trials is None and states is not None:
         raise ValueError(
             "run(initial_states=...): this Evaluator was built without initial "
@@ -301,12 +260,7 @@ def run_trials(
 
 
 def refuse_host(initial_states: Any, reset_fn: Any, label: str) -> None:
-    """Host-stepped and served envs take no ``initial_states`` / ``reset_fn``
-    (``label``: the env, for the message).
-
-    Raises:
-      ValueError: one of them given.
-    """
+    """Refuses ``initial_states`` / ``reset_fn`` for host-stepped and served envs."""
     for given, value in (("initial_states", initial_states), ("reset_fn", reset_fn)):
         if value is not None:
             raise ValueError(
@@ -316,13 +270,3 @@ def refuse_host(initial_states: Any, reset_fn: Any, label: str) -> None:
                 "env.metadata['reset_options'] and read options['trial_index'] in "
                 f"reset (episode i gets trial_index_base + i), and drop {given}="
             )
-
-
-__all__ = [
-    "Trials",
-    "resolve",
-    "trial_indices",
-    "run_trials",
-    "refuse_host",
-    "MAX_TRIAL",
-]

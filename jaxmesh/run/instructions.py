@@ -1,8 +1,6 @@
-"""Where each run's language instruction comes from, and its encoding per lane,
-for every path: ``Starts(instruction=)``, encoded once on the host (data: another
-string of the same shapes compiles nothing); else, on a host-stepped env, a
-``Text(info_key=)`` read from each episode's reset info (``LaneTexts``); else
-the run is refused before anything compiles (``check_sources``).
+"""Where a run's language instruction comes from: ``Starts(instruction=)``,
+encoded once on the host; else, on a host-stepped env, a ``Text(info_key=)``
+read from each episode's reset info (``LaneTexts``); else the run is refused.
 """
 
 from __future__ import annotations
@@ -17,11 +15,7 @@ from jaxmesh import adapt
 
 
 def check_instruction(value: Any) -> str | None:
-    """``instruction=`` as given: a string or None.
-
-    Raises:
-      TypeError: anything else.
-    """
+    """``instruction=`` if it is a string or None."""
     if value is None or isinstance(value, str):
         return value
     raise TypeError(
@@ -42,22 +36,9 @@ def source(decl: adapt.Text, instruction: str | None) -> str:
 def check_sources(
     spec: Mapping[str, Any] | None, instruction: str | None, env_name: str, host: bool
 ) -> dict[str, Any]:
-    """Encodes the run's instruction for every Text input of ``spec``.
-
-    Args:
-      spec: the policy's spec (None: no inputs).
-      instruction: ``Starts(instruction=)`` (checked), or None.
-      env_name: for messages.
-      host: the env is host-stepped (reset infos exist).
-
-    Returns:
-      Text input name -> its encoded run-level instruction (numpy pytree), or
-      None for one read per episode from the reset info.
-
-    Raises:
-      ValueError: a Text input with no instruction to read (before compiling).
-      TypeError, ValueError: ``Text.encoded``'s.
-    """
+    """Each Text input of ``spec`` -> its encoded run-level instruction, or
+    None for one read from a host-stepped env's reset info; a ValueError for
+    one with no instruction to read."""
     out: dict[str, Any] = {}
     for name, decl in adapt.text_inputs(spec).items():
         if instruction is not None:
@@ -68,17 +49,15 @@ def check_sources(
             raise ValueError(
                 f"input {name!r} (Text(info_key={decl.info_key!r})) reads each "
                 f"episode's instruction from its reset info, but env {env_name!r} "
-                "is a JAX env, which has none: pass evaluate(..., "
-                "starts=jaxmesh.Starts(instruction='...')) (CLI: instruction: in "
-                "the YAML)"
+                "is a JAX env, which has none: pass evaluate(..., starts="
+                "jaxmesh.Starts(instruction='...')) (CLI: instruction: in the YAML)"
             )
         else:
             raise ValueError(
                 f"input {name!r} is a jaxmesh.adapt.Text but env {env_name!r} gets "
                 "no instruction: pass evaluate(..., starts=jaxmesh.Starts("
                 "instruction='...')) (CLI: instruction: in the YAML), or for a "
-                "gymnasium or served env "
-                "Text(encode, info_key='<reset info key>')"
+                "gymnasium or served env Text(encode, info_key='<reset info key>')"
             )
     return out
 
@@ -95,17 +74,9 @@ def run_level(spec: Mapping[str, Any] | None, encoded: dict, n: int) -> dict:
 
 
 class LaneTexts:
-    """The Text inputs' encodings per lane of a host-stepped run: run-level
-    ones fill every lane once; one read from the reset info changes on a lane
-    when it starts an episode (``begin``), and only then moves to the device.
-
-    Args:
-      spec: the policy's spec.
-      encoded: ``check_sources``'s result.
-      n: lanes.
-      device: the policy's device (None: JAX's default).
-      env_name: for messages.
-    """
+    """The Text inputs' encodings per lane of a host-stepped run (``encoded``:
+    ``check_sources``'s): one read from the reset info changes on a lane when
+    it starts an episode (``begin``), and only then moves to the device."""
 
     def __init__(
         self, spec: Any, encoded: dict, n: int, device: Any = None, env_name: str = ""
@@ -132,12 +103,7 @@ class LaneTexts:
         return any(name not in self.host for name in self.decls)
 
     def begin(self, js: list[int], texts: dict, episodes: list[int]) -> None:
-        """Lanes ``js`` started ``episodes``; ``texts[key]`` holds each one's
-        reset-info value (``lanes.reset_text``).
-
-        Raises:
-          ValueError: a reset info without the key, or not a string.
-        """
+        """Lanes ``js`` started ``episodes``; ``texts[key]``: their reset infos'."""
         if not self.per_episode:
             return
         for name, decl in self.per_episode.items():
@@ -166,10 +132,6 @@ class LaneTexts:
         self._device = None
 
     def device(self) -> dict:
-        """The per-lane encodings on the device."""
         if self._device is None:
             self._device = self.place(self.host)
         return self._device
-
-
-__all__ = ["check_instruction", "check_sources", "run_level", "source", "LaneTexts"]

@@ -87,6 +87,3 @@ def forget(obj: Any) -> None:
         if kept is obj:
             del _processes[k]
             stop(kept)
-
-
-__all__ = ["Kept", "SIZE", "forget", "kept_processes", "started"]

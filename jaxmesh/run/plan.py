@@ -1,7 +1,5 @@
-"""A run's plan: the sizes its program is built with (effective horizon, lead,
-plan tile, capacity), computed once by ``plan_run`` from the settings, the
-policy's chunk length K and where the lanes run; every backend reads them from
-the ``RunPlan``, so no two can disagree on a size.
+"""A run's plan: the sizes its program is built with, computed once by
+``plan_run``, which every backend reads, so no two can disagree on a size.
 """
 
 from __future__ import annotations
@@ -10,22 +8,14 @@ from typing import Any, NamedTuple
 
 from jaxmesh.core.tally import pow2_at_least
 
-#: Rows per policy call at h = 1 when plan_tile is left to jaxmesh.
-AUTO_TILE_ROWS = 128
-#: The smallest default tile.
+AUTO_TILE_ROWS = 128  # the default tile at h = 1
 MIN_TILE_ROWS = 8
 
 
 def default_plan_tile(h: int, num_envs: int) -> int:
-    """The default tile: ``min(128 // h, next power of two >= num_envs)``, kept
-    within [8, 128] (docs/evaluation.md, "The default tile", says what it
-    promises about invariance).
-
-    Args:
-      h: the effective horizon (``RunPlan.h``), not the asked H.
-      num_envs: the lanes that plan together (all N lanes, also when they are
-        split over devices; one group's lanes for served lane groups).
-    """
+    """``min(128 // h, next power of two >= num_envs)`` within [8, 128]
+    (docs/evaluation.md, "The default tile"); ``h``: the effective horizon,
+    ``num_envs``: the lanes that plan together (one served lane group's)."""
     auto = max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS, AUTO_TILE_ROWS // h))
     return max(MIN_TILE_ROWS, min(auto, pow2_at_least(num_envs)))
 
@@ -36,22 +26,11 @@ def effective_horizon(horizon: int, chunk: int | None) -> int:
 
 
 class RunPlan(NamedTuple):
-    """The sizes one run's program is built with (``plan_run``).
-
-    Attributes:
-      horizon: H, as asked.
-      chunk: K, the policy's chunk length (None: single actions).
-      h: the effective horizon ``min(H, K)`` (1 for single actions).
-      lead: the prefetch lead the engine uses, ``min(L, h)``.
-      tile: rows per policy call.
-      lanes: lanes one program steps (per device when split over devices; at
-        most ``capacity``: a lane never waits for an episode that cannot exist).
-      capacity: result-buffer entries of one program (per device).
-      delay: the inference delay d (0: none; ``lead`` is then d).
-      ensemble: a ``jaxmesh.Ensemble`` (h is then 1), or None.
-      grid: a sweep's cells, each ``(h, d)``, ``cell_episodes`` episodes to a
-        cell; ``h`` and ``lead`` are then the largest of them. None: one setting.
-    """
+    """The sizes one run's program is built with (``plan_run``): ``h`` is
+    ``min(H, K)`` (1 for single actions or an ensemble), ``lead`` ``min(L, h)``
+    or the delay d; ``lanes`` and ``capacity`` are one program's (per device),
+    ``lanes <= capacity``; a sweep's ``grid`` of ``(h, d)`` cells makes ``h``
+    and ``lead`` the largest of them."""
 
     horizon: int
     chunk: int | None
@@ -74,27 +53,9 @@ def plan_run(
     lanes: int | None = None,
     tile_lanes: int | None = None,
 ) -> RunPlan:
-    """The plan of a run with checked ``settings`` and a probed ``chunk``.
-
-    Args:
-      settings: ``checks.Settings``.
-      chunk: the policy's chunk length K (``build.probe_chunk``), None for
-        single actions.
-      capacity: result-buffer entries of one program.
-      lanes: lanes one program steps; None: ``settings.num_envs``.
-      tile_lanes: the lanes the default tile is sized for; None:
-        ``settings.num_envs``.
-
-    Under a sweep's ``settings.grid`` the default tile is that of the
-    smallest h (one tile serves every cell).
-
-    Returns:
-      The ``RunPlan``.
-
-    Raises:
-      ValueError, TypeError: a delay or an ensemble the policy's chunks do not
-        allow (``check_execution``).
-    """
+    """The plan of a run with checked ``settings`` and a probed ``chunk`` (K);
+    ``lanes`` (one program's) and ``tile_lanes`` (the default tile's) default
+    to ``settings.num_envs``. A sweep's grid takes the smallest h's tile."""
     h = effective_horizon(settings.horizon, chunk)
     delay, ensemble = settings.delay, settings.execution
     check_execution(settings, chunk, h)
@@ -131,13 +92,8 @@ class UnfitDelay(ValueError):
 
 
 def check_execution(settings: Any, chunk: int | None, h: int) -> None:
-    """Refuses a delay or an ensemble that the policy's chunks (K: ``chunk``,
-    None for single actions; h: the effective horizon) cannot serve.
-
-    Raises:
-      ValueError: a delay d without ``0 < d < h`` or ``K >= h + d``; an
-        ensemble of single actions or of the wrong number of weights.
-    """
+    """Refuses a delay or an ensemble the policy's chunks (``chunk``: K)
+    cannot serve at the effective horizon ``h``."""
     delay, ensemble = settings.delay, settings.execution
     if delay:
         k = 1 if chunk is None else chunk
@@ -163,13 +119,3 @@ def check_execution(settings: Any, chunk: int | None, h: int) -> None:
                 "policy (obs -> (K,) + action shape)"
             )
         ensemble.check_chunk(chunk)
-
-
-__all__ = [
-    "RunPlan",
-    "plan_run",
-    "default_plan_tile",
-    "effective_horizon",
-    "check_execution",
-    "UnfitDelay",
-]

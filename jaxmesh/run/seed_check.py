@@ -45,8 +45,6 @@ class SeedReport(NamedTuple):
 
 
 class _Trace(NamedTuple):
-    """What one reset and its steps gave."""
-
     reset: Any
     observations: list
     rewards: list
@@ -54,7 +52,7 @@ class _Trace(NamedTuple):
 
 
 def _leaves(x: Any) -> list:
-    """The arrays of an observation (a dict, tuple or list of arrays, or one)."""
+    """The arrays of an observation (a pytree of dicts, tuples and lists)."""
     if isinstance(x, dict):
         return [leaf for k in sorted(x, key=str) for leaf in _leaves(x[k])]
     if isinstance(x, tuple | list):
@@ -73,7 +71,6 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _gap(a: Any, b: Any) -> str:
-    """How two observations differ, for the message."""
     la, lb = _leaves(a), _leaves(b)
     if len(la) == len(lb):
         for x, y in zip(la, lb, strict=True):
@@ -87,7 +84,6 @@ def _gap(a: Any, b: Any) -> str:
 
 
 def _first_difference(a: _Trace, b: _Trace) -> str | None:
-    """What differs first between two traces (None: nothing)."""
     if not _same(a.reset, b.reset):
         return "the reset observation" + _gap(a.reset, b.reset)
     for t in range(max(len(a.rewards), len(b.rewards))):
@@ -104,8 +100,7 @@ def _first_difference(a: _Trace, b: _Trace) -> str | None:
 
 
 def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> _Trace:
-    """A reset's observation and up to ``steps`` of ``step(t) -> (obs, reward,
-    terminated, truncated)``, stopping where the episode ends."""
+    """A reset's observation and up to ``steps`` of ``step(t)``, to the end."""
     out = _Trace(obs, [], [], [])
     for t in range(steps):
         obs, reward, terminated, truncated = step(t)
@@ -117,7 +112,6 @@ def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> _Trace:
     return out
 
 
-# Gymnasium envs (in this process or served) ---------------------------------
 def _gym_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
     action = idle_action(env.action_space)
     metadata = getattr(env, "metadata", None)
@@ -133,7 +127,6 @@ def _action_text(action: Any) -> str:
     return f"action {a.item()!r}" if a.ndim == 0 else f"the action {a.tolist()!r}"
 
 
-# JAX envs -----------------------------------------------------------------------
 def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
     action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
     reset, step = jax.jit(env.reset), jax.jit(env.step)
@@ -152,7 +145,6 @@ def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
     return tuple(trace(s) for s in seeds), _action_text(jax.device_get(action))
 
 
-# The check ----------------------------------------------------------------------
 def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, bool]:
     """(the env to check, its name, what to close after, whether it is JAX)."""
     kind = backend_of(env)
@@ -242,11 +234,8 @@ def check_seeds(
         )
     target, name, owned, is_jax = _resolve(env, token, credentials)
     try:
-        seeds = (int(seed), int(seed), int(other))
-        if is_jax:
-            traces, action = _jax_traces(target, seeds, int(steps))
-        else:
-            traces, action = _gym_traces(target, seeds, int(steps))
+        trace = _jax_traces if is_jax else _gym_traces
+        traces, action = trace(target, (int(seed), int(seed), int(other)), int(steps))
     finally:
         if owned is not None:
             owned.close()
@@ -281,13 +270,8 @@ def check_seeds(
 
 
 def require_reproducible(env: Any, what: str = "check_seeds=True") -> SeedReport:
-    """``check_seeds(env)``, raising when the env is not reproducible (what
-    ``Starts(check_seeds=True)`` runs on the first lane's env).
-
-    Raises:
-      ValueError: naming the env and what differed (or why it cannot be
-        checked: a VectorEnv whose envs live in other processes).
-    """
+    """``check_seeds(env)`` for ``Starts(check_seeds=True)``: a ValueError when
+    the env is not reproducible or cannot be checked."""
     try:
         report = check_seeds(env)
     except TypeError as e:
@@ -298,6 +282,3 @@ def require_reproducible(env: Any, what: str = "check_seeds=True") -> SeedReport
             "without check_seeds knowing that its results will not repeat"
         )
     return report
-
-
-__all__ = ["SeedReport", "check_seeds", "require_reproducible", "DEFAULT_STEPS"]
