@@ -93,13 +93,10 @@ class ServerStepper:
         self.discrete = lanes.discrete
         self.reset_options = (TRIAL_INDEX,) if lanes.declares_trial_index else ()
         self.workers = 1 if self.lockstep else max(1, min(workers, n))
-        self.pool = (
-            concurrent.futures.ThreadPoolExecutor(
-                self.workers, thread_name_prefix="jaxmesh-lanes"
-            )
-            if self.workers > 1
-            else None
-        )
+        self.pool = None
+        if self.workers > 1:
+            pool = concurrent.futures.ThreadPoolExecutor
+            self.pool = pool(self.workers, thread_name_prefix="jaxmesh-lanes")
         # Lane j belongs to group j * workers // num_lanes (contiguous groups).
         self.group_of = [j * self.workers // n for j in range(n)]
 
@@ -169,17 +166,18 @@ class ServerStepper:
         lanes.release(request.release)
         keys = request.obs_keys
         lanes.layout = self.layout_for(keys)
+        batch = None
         if request.single is not None and self.pool is None:
             # The per-step case (h = 1), built without per-lane objects when
             # the lanes allow it (live, no wall-clock cap, observation asked).
             stepped, actions = request.single
-            batch = lanes.step_each(
-                stepped, actions, request.want_obs, request.info_keys
-            )
-            if batch is not None:
-                return _only(batch, keys)
-        batch = lanes.collect(self._run(request), **request.reply_options())
-        return _only(batch, keys)
+            want, info = request.want_obs, request.info_keys
+            batch = lanes.step_each(stepped, actions, want, info)
+        if batch is None:
+            batch = lanes.collect(self._run(request), **request.reply_options())
+        if keys is None or batch.observation.keys() == set(keys):
+            return batch
+        return batch._replace(observation={k: batch.observation[k] for k in keys})
 
     def _run(self, request: _Request) -> list[shared.LaneResult]:
         ops = request.ops
@@ -205,13 +203,6 @@ class ServerStepper:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         self.lanes.close()
-
-
-def _only(batch: Any, keys: tuple[str, ...] | None) -> Any:
-    if keys is None or batch.observation.keys() == set(keys):
-        return batch
-    obs = batch.observation
-    return batch._replace(observation={k: obs[k] for k in keys})
 
 
 def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
@@ -248,7 +239,7 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
     if isinstance(env, gymnasium.vector.VectorEnv):
         return _served(shared.VectorEnvStepper, env, workers)  # DISABLED mode only
     if isinstance(env, gymnasium.Env):
-        return _served(shared.EnvListStepper, [env], workers)
+        env = [env]
     if isinstance(env, list):
         # EnvListStepper refuses an empty list, repeated objects, unequal spaces.
         return _served(shared.EnvListStepper, env, workers)

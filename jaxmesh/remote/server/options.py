@@ -53,60 +53,55 @@ class ServeOptions:
     handshake_timeout_seconds: float = 10.0
 
     def __post_init__(self):
-        for name, strict in (
-            ("idle_timeout_seconds", True),
-            ("handshake_timeout_seconds", True),
-            ("drain_timeout_seconds", False),
-            ("close_timeout_seconds", False),
+        def check(name: str, ok: bool, expected: str, error: type = ValueError):
+            if not ok:
+                value = getattr(self, name)
+                raise error(f"ServeOptions({name}={value!r}): expected {expected}")
+
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for name in (
+            "idle_timeout_seconds",
+            "handshake_timeout_seconds",
+            "drain_timeout_seconds",
+            "close_timeout_seconds",
         ):
             value = getattr(self, name)
-            if not (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and (value > 0 if strict else value >= 0)
-            ):
-                bound = "> 0" if strict else ">= 0"
-                raise ValueError(
-                    f"ServeOptions({name}={value!r}): expected a number of seconds "
-                    f"{bound} (math.inf for no limit)"
-                )
+            strict = name in ("idle_timeout_seconds", "handshake_timeout_seconds")
+            check(
+                name,
+                (is_int(value) or isinstance(value, float))
+                and (value > 0 if strict else value >= 0),
+                f"a number of seconds {'>' if strict else '>='} 0 (math.inf for no "
+                "limit)",
+            )
         for name in ("shared_memory", "allow_remote_shutdown"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(
-                    f"ServeOptions({name}={value!r}): expected True or False"
-                )
+            check(
+                name, isinstance(getattr(self, name), bool), "True or False", TypeError
+            )
         if self.token is not None and not header_token(self.token):
-            raise ValueError(
+            raise ValueError(  # never the token itself
                 "ServeOptions(token=...): expected None or a non-empty string of "
                 "printable ASCII without surrounding spaces (it travels as gRPC "
                 "metadata); e.g. secrets.token_urlsafe(32)"
             )
-        if self.workers is not None and not (
-            isinstance(self.workers, int)
-            and not isinstance(self.workers, bool)
-            and self.workers >= 1
-        ):
-            raise ValueError(
-                f"ServeOptions(workers={self.workers!r}): expected None or an int "
-                ">= 1 (threads stepping groups of lanes)"
-            )
+        check(
+            "workers",
+            self.workers is None or (is_int(self.workers) and self.workers >= 1),
+            "None or an int >= 1 (threads stepping groups of lanes)",
+        )
         for name, default in (
             ("max_message_bytes", f"the default is {MAX_MESSAGE_BYTES}"),
             ("max_request_bytes", "None: sized from the lanes and the action"),
         ):
             value = getattr(self, name)
-            if name == "max_request_bytes" and value is None:
-                continue
-            if not (
-                isinstance(value, int)
-                and not isinstance(value, bool)
-                and 1024 <= value <= 2**31 - 1
-            ):
-                raise ValueError(
-                    f"ServeOptions({name}={value!r}): expected an int in "
-                    f"[1024, {2**31 - 1}] (gRPC's own ceiling); {default}"
-                )
+            check(
+                name,
+                (value is None and name == "max_request_bytes")
+                or (is_int(value) and 1024 <= value <= 2**31 - 1),
+                f"an int in [1024, {2**31 - 1}] (gRPC's own ceiling); {default}",
+            )
 
 
 #: Actions per lane a step request may carry under the default receive limit.

@@ -215,8 +215,7 @@ class SameHostPath:
     def _read(self, conn: socket.socket, state: _Pending) -> Any:
         """``conn``'s HELLO payload, None while not whole, or the ``OSError`` /
         ``ValueError`` that refuses it."""
-        head = same_host.HEADER.size
-        want = head
+        head = want = same_host.HEADER.size
         if len(state.data) >= head:
             want += same_host.HEADER.unpack_from(state.data)[0]
         try:
@@ -242,24 +241,19 @@ class SameHostPath:
         return bytes(state.data[head:]) if len(state.data) == head + size else None
 
     def _refuse(self, conn: socket.socket, code: grpc.StatusCode, why: str):
-        try:
+        payload = same_host.status_payload(code.name, why)
+        with contextlib.suppress(OSError):
             conn.setblocking(False)
-            same_host.send_frame(
-                conn, same_host.REFUSE, same_host.status_payload(code.name, why)
-            )
-        except OSError:
-            pass
-        finally:
-            conn.close()
+            same_host.send_frame(conn, same_host.REFUSE, payload)
+        conn.close()
 
     def _answer(self, conn: socket.socket, hello: Any) -> None:
         if isinstance(hello, OSError):
-            conn.close()
-            return
-        if isinstance(hello, ValueError):
-            return self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(hello))
+            return conn.close()
         server, lanes = self.server, self.server._lanes
         try:
+            if isinstance(hello, ValueError):
+                raise hello
             token, keys, binary = parse_hello(hello)
         except ValueError as exc:
             return self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
