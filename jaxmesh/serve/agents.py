@@ -464,11 +464,10 @@ class Pools:
                 )
             return np.asarray(x, dtype)
 
-        started = lanes("started", bool)
-        active = lanes("active", bool)
-        moved = lanes("moved", bool)
-        t = lanes("t", np.int32)
-        keys = lanes("keys", session.pool.keys.dtype)
+        started, active, moved = (
+            lanes(k, bool) for k in ("started", "active", "moved")
+        )
+        t, keys = lanes("t", np.int32), lanes("keys", session.pool.keys.dtype)
         skip = lanes("skip", np.int32, optional=True)
         obs = msg.get("obs")
         pool = session.pool

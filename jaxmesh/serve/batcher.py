@@ -32,12 +32,8 @@ class BatchReply(NamedTuple):
     forward_ms: float
 
     def timing(self) -> dict[str, float | int]:
-        return {
-            "batch_size": self.batch_size,
-            "padded_batch": self.padded,
-            "queue_ms": self.queue_ms,
-            "forward_ms": self.forward_ms,
-        }
+        keys = ("batch_size", "padded_batch", "queue_ms", "forward_ms")
+        return dict(zip(keys, self[1:], strict=True))
 
 
 @dataclasses.dataclass(eq=False)

@@ -260,12 +260,10 @@ class ServedModel:
             for decl in adapt.text_inputs(spec).values()
         ]
         if self.inputs is None:
-            shapes = "shapes not declared"
-            if spec is None:
-                what = "the observation as the model takes it"
-            else:
+            what = "the observation as the model takes it"
+            if spec is not None:
                 what = f"keys {[k for k in adapt.read_keys(spec) if k is not None]}"
-            return f"{', '.join([what, *texts])} ({shapes})"
+            return f"{', '.join([what, *texts])} (shapes not declared)"
         leaves = [f"{k!r} {leaf}" for k, leaf in self.inputs.items()]
         if self.array_key is not None:
             others = [k for k in STATE_KEYS if k != self.array_key]
