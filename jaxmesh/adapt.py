@@ -378,16 +378,6 @@ class PendingChunk:
     Args:
       length: the chunk length K, when needed before the policy is first
         called; None: found by calling the policy, by shape only.
-
-    Example::
-
-        def rtc(inp):  # blend the new plan into the actions still to run
-            own = plan(inp["obs"])  # (K, A)
-            tail = inp["pending"]
-            keep = tail["mask"][:, None]
-            return jnp.where(keep, 0.5 * own + 0.5 * tail["actions"], own)
-
-        spec = {"obs": State(), "pending": PendingChunk()}
     """
 
     length: int | None = None

@@ -272,8 +272,6 @@ def plots_section(page: Page, title: str | None = None) -> Section:
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     if not titles:  # nothing varies: the lines say it all
         return Section("plots", "Plots", body)
-    uri = png_data_uri(png_bytes(fig))
-    alt = "Plots: " + ", ".join(titles)
     captions = {
         "Returns": "Returns: how many episodes scored each return (dashed: the mean).",
         "Returns CDF": "Returns CDF: the share of episodes that scored at most a "
@@ -284,11 +282,17 @@ def plots_section(page: Page, title: str | None = None) -> Section:
         "ticks mark each episode's outcome.",
     }
     caption = " ".join(captions[t] for t in titles if t in captions)
-    body += (
-        f"<figure><img src='{esc(uri)}' alt='{esc(alt)}'>"
+    return Section("plots", "Plots", body + _figure(fig, caption))
+
+
+def _figure(fig: Figure, caption: str) -> str:
+    """``fig`` as an embedded PNG, its panels' titles as its ``alt``."""
+    titles = ", ".join(ax.get_title() for ax in fig.axes if ax.get_title())
+    uri = png_data_uri(png_bytes(fig))
+    return (
+        f"<figure><img src='{esc(uri)}' alt='{esc('Plots: ' + titles)}'>"
         f"<figcaption>{esc(caption)}</figcaption></figure>"
     )
-    return Section("plots", "Plots", body)
 
 
 def settings_section(page: Page) -> Section:
@@ -395,10 +399,10 @@ def videos_section(page: Page) -> Section | None:
             path = page.base / path
         kind = VIDEO_TYPES.get(path.suffix.lower())
         label = f"Video: {Path(name).name}"
+        why = "unreadable" if path.exists() else "not found"
+        if kind is None:
+            why = f"not embedded (a {path.suffix or 'typeless'} file)"
         if kind is None or not path.is_file():
-            why = "not found" if kind is None or not path.exists() else "unreadable"
-            if kind is None:
-                why = f"not embedded (a {path.suffix or 'typeless'} file)"
             items.append(f"<p class='notice'>{esc(f'{label}: {why}.')}</p>")
             continue
         uri = f"data:{kind};base64," + base64.b64encode(path.read_bytes()).decode()
@@ -681,14 +685,8 @@ def suite_report_html(
     n = max(suite.num_episodes, 1)
     resamples = _stats.summary_resamples(n) if resamples is None else resamples
     stats = suite.stats(resamples=resamples)
-    fig = suite_plot(suite, stats)
-    titles = ", ".join(ax.get_title() for ax in fig.axes if ax.get_title())
-    overview = (
-        f"<figure><img src='{esc(png_data_uri(png_bytes(fig)))}' "
-        f"alt='{esc('Plots: ' + titles)}'><figcaption>"
-        f"{esc('Bars: each task; whiskers: the intervals of the Tasks table.')}"
-        "</figcaption></figure>"
-    )
+    caption = "Bars: each task; whiskers: the intervals of the Tasks table."
+    overview = _figure(suite_plot(suite, stats), caption)
     parts = [tasks_section(suite, stats), Section("plots", "Plots", overview)]
     for k, (name, result) in enumerate(suite.tasks.items()):
         page = Page(result, {}, episode_rows, None if base is None else Path(base))

@@ -392,21 +392,11 @@ class RunResult:
         """Policy rows computed per executed env step (ideal: 1/h)."""
         return self.policy_rows / self.env_steps if self.env_steps else 0.0
 
-    @property
-    def success_rate(self) -> float | None:
-        """The share of episodes that succeeded (the headline); None when an
-        episode lacks the signal (or the env has none), never a silent 0."""
-        return flag_rate(self.success)
-
-    @property
-    def success_once_rate(self) -> float | None:
-        """The share of episodes whose success signal was true at some step."""
-        return flag_rate(self.success_once)
-
-    @property
-    def success_at_end_rate(self) -> float | None:
-        """The share of episodes whose success signal was true at the end."""
-        return flag_rate(self.success_at_end)
+    #: The share of episodes that succeeded (the headline, or at some step, or
+    #: at the end); None when an episode lacks the signal, never a silent 0.
+    success_rate = property(lambda self: flag_rate(self.success))
+    success_once_rate = property(lambda self: flag_rate(self.success_once))
+    success_at_end_rate = property(lambda self: flag_rate(self.success_at_end))
 
     @property
     def successes_at_reset(self) -> int | None:
@@ -448,20 +438,9 @@ class RunResult:
         resamples: int = _stats.RESAMPLES,
         seed: int = _stats.SEED,
     ) -> dict[str, Any]:
-        """The statistics of the returns, lengths, successes and metrics.
-
-        Conventions: ``jaxmesh.results.stats`` (sample std, rliable's IQM,
-        percentile bootstrap with a fixed seed, Wilson interval).
-
-        Args:
-          confidence: the level of every interval.
-          resamples: bootstrap resamples (default 10,000).
-          seed: the bootstrap's seed.
-
-        Returns:
-          A JSON-serialisable dict (``jaxmesh.results.stats.run_stats``); what
-          too few episodes cannot give is None.
-        """
+        """The statistics of the returns, lengths, successes and metrics as a
+        JSON-serialisable dict (``jaxmesh.results.stats.run_stats``), at level
+        ``confidence`` with ``resamples`` bootstrap draws from ``seed``."""
         return _stats.run_stats(
             self, confidence=confidence, resamples=resamples, seed=seed
         )
@@ -481,11 +460,8 @@ class RunResult:
         return report.write_report(self, path)
 
     def trajectory(self, episode: int) -> Any:
-        """The recorded ``Trajectory`` of episode ``episode`` (its index).
-
-        Raises:
-          ValueError: the run recorded no such episode (naming those it did).
-        """
+        """The recorded ``Trajectory`` of episode ``episode`` (else a
+        ValueError naming those recorded)."""
         for tr in self.trajectories or []:
             if tr.episode == episode:
                 return tr
@@ -497,25 +473,16 @@ class RunResult:
 
     def save_trajectories(self, path: str | Path) -> Path:
         """Writes the recorded trajectories to one ``.npz`` file, each array as
-        ``ep<episode>/<name>`` (``observations`` or ``observations/<key>``,
-        ``actions``, ``rewards``, ``terminated``, ``truncated``, ``frames``);
-        the episode, seed, length and cut are in ``to_dict()["recorded"]``.
-
-        Raises:
-          ValueError: the run recorded nothing.
-        """
+        ``ep<episode>/<name>`` (the episode, seed, length and cut are in
+        ``to_dict()["recorded"]``); a ValueError when nothing was recorded."""
         return record.save_trajectories(self.trajectories, path)
 
     def load_trajectories(
         self, path: str | Path, recorded: list | None = None
     ) -> RunResult:
         """This result with the trajectories ``save_trajectories`` wrote to
-        ``path``; ``recorded``: ``to_dict()["recorded"]`` of the run (default:
-        what ``from_dict`` kept).
-
-        Raises:
-          ValueError: the file lacks an episode the record lists.
-        """
+        ``path`` (``recorded``: ``to_dict()["recorded"]``, default: what
+        ``from_dict`` kept); a ValueError when the file lacks one."""
         recorded = recorded if recorded is not None else self._recorded
         loaded = record.load_trajectories(path, recorded)
         return dataclasses.replace(self, trajectories=loaded)

@@ -75,10 +75,6 @@ class BettingSequence:
     Raises:
       ValueError, TypeError: bad bounds, level, null, grid or cap.
 
-    Example:
-      >>> seq = BettingSequence(-1.0, 1.0, alpha=0.05)
-      >>> seq.update([1, 0, 1, 1, -1, 1])
-      >>> seq.interval, seq.rejects
     """
 
     def __init__(
