@@ -165,13 +165,11 @@ class _Client:
         return arr.astype(space.dtype)
 
     def observation(self, batch: codec.ResultBatch, row: int) -> Any:
-        return build(
-            self.obs_space,
-            {
-                k: _obs_value(self.leaf_spaces[k], x[row])
-                for k, x in batch.observation.items()
-            },
-        )
+        leaves = {}  # as a gymnasium env returns them (writable)
+        for k, x in batch.observation.items():
+            discrete = isinstance(self.leaf_spaces[k], gymnasium.spaces.Discrete)
+            leaves[k] = np.int64(x[row]) if discrete else np.array(x[row])
+        return build(self.obs_space, leaves)
 
     def check_open(self) -> _Client:
         if self.closed:
@@ -222,12 +220,6 @@ class _Client:
     def __del__(self):  # an env dropped without close() frees the server
         with contextlib.suppress(Exception):  # at interpreter exit anything goes
             self.close()
-
-
-def _obs_value(space: gymnasium.Space, row: np.ndarray) -> Any:
-    if isinstance(space, gymnasium.spaces.Discrete):
-        return np.int64(row)
-    return np.array(row)
 
 
 class RemoteEnv(gymnasium.Env):

@@ -28,14 +28,8 @@ def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpe
     Box whose dtype cannot travel."""
     spaces = gymnasium.spaces
     if isinstance(space, spaces.Discrete):
-        return pb.LeafSpec(
-            key=key,
-            dtype="int64",
-            shape=(),
-            space=DISCRETE,
-            n=int(space.n),
-            start=int(space.start),
-        )
+        n, start = int(space.n), int(space.start)
+        return pb.LeafSpec(key=key, dtype="int64", space=DISCRETE, n=n, start=start)
     if isinstance(space, spaces.Box):
         dtype = np.dtype(space.dtype)
         try:
@@ -43,13 +37,9 @@ def space_leaf(space: Any, key: str = "", *, where: str = "space") -> pb.LeafSpe
             high = codec.encode_array(_bound(np.asarray(space.high, dtype)), key)
         except codec.ProtocolError as exc:
             raise TypeError(f"{where} {space}: {exc}") from exc
+        shape = tuple(int(d) for d in space.shape)
         return pb.LeafSpec(
-            key=key,
-            dtype=low.dtype,
-            shape=tuple(int(d) for d in space.shape),
-            space=BOX,
-            low=low,
-            high=high,
+            key=key, dtype=low.dtype, shape=shape, space=BOX, low=low, high=high
         )
     raise TypeError(
         f"{where} {space} is a {type(space).__name__}; jaxmesh serves gymnasium "
