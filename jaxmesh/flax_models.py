@@ -9,6 +9,7 @@ so its batched corners take one key per row.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, Unpack
 
@@ -48,8 +49,7 @@ class FlaxModel(Model):
         )
 
     def _run(self, obs: Any, key: Any, rows: bool = False) -> Any:
-        """The forward and postprocess; ``rows``: row i (a batch of one)
-        sampled with ``key[i]``."""
+        """The forward and postprocess (``rows``: row i with ``key[i]``)."""
         params = self.params
 
         def row(o: Any, k: Any) -> Any:
@@ -60,14 +60,9 @@ class FlaxModel(Model):
         return out if self._postprocess is None else self._postprocess(out)
 
 
-_CLASSES: dict[tuple[str, bool], type[FlaxModel]] = {}
-
-
+@functools.cache
 def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
     """The ``FlaxModel`` subclass implementing exactly ``corner``."""
-    cls = _CLASSES.get((corner, stochastic))
-    if cls is not None:
-        return cls
     if stochastic:
         rows = corner.endswith("_batch")
 
@@ -80,9 +75,7 @@ def _model_class(corner: str, stochastic: bool) -> type[FlaxModel]:
 
     method.__name__ = method.__qualname__ = corner
     name = "Flax" + "".join(w.title() for w in corner.split("_"))
-    cls = type(name, (FlaxModel,), {corner: method, "__module__": __name__})
-    _CLASSES[(corner, stochastic)] = cls
-    return cls
+    return type(name, (FlaxModel,), {corner: method, "__module__": __name__})
 
 
 class FlaxOptions(TypedDict, total=False):

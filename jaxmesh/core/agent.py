@@ -203,8 +203,7 @@ def _where(mask, a, b):
 def policy_inputs(
     cfg: AgentConfig, windows: dict, texts: dict, pending: dict | None = None
 ) -> Any:
-    """What the policy sees per lane: frames (or stacked windows), Text
-    encodings and ``pending`` for PendingChunk inputs."""
+    """What the policy sees per lane."""
     out = {}
     for name, decl in cfg.spec:
         if isinstance(decl, Text):
@@ -401,9 +400,25 @@ def act(
     """Plans where needed and returns the action each ``active`` lane
     executes now at step ``t``; ``episodes`` is told to a policy that
     ``takes_rows``."""
-    if cfg.ensemble is not None:
-        state, action = _ensemble(
-            cfg, policy, params, state, active, ep_keys, t, episodes
+    if cfg.ensemble is not None:  # every active lane plans into slot t % K
+        k = cfg.chunk_len
+        slot = t % k
+        keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
+
+        def write(ring, idx, out):
+            at = tiles.take(slot, idx)
+            return ring.at[idx, at].set(out[:, :k].astype(ring.dtype), mode="drop")
+
+        ring, state, rows = _plan(
+            cfg, policy, params, state, active, state.ring, keys, write, 0, episodes
+        )
+        action = ensemble_action(cfg, ring, t)
+        state = state.replace(
+            chunk=action[:, None],
+            cursor=jnp.zeros_like(state.cursor),
+            ring=ring,
+            predict_calls=state.predict_calls + active,
+            rows=state.rows + rows,
         )
         return _executed(cfg, state, active, action), action
     h, lead = cfg.h, cfg.lead
@@ -498,39 +513,6 @@ def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Arra
     return (total / jnp.sum(w, axis=1)).astype(cfg.action_dtype)
 
 
-def _ensemble(
-    cfg: AgentConfig,
-    policy: Policy,
-    params: Any,
-    state: AgentState,
-    active: jax.Array,
-    ep_keys: jax.Array,
-    t: jax.Array,
-    episodes: jax.Array | None = None,
-) -> tuple[AgentState, jax.Array]:
-    """Temporal ensembling: every active lane plans into ring slot ``t % K``."""
-    k = cfg.chunk_len
-    slot = t % k
-    keys = plan_keys(ep_keys, t, STREAM_PLAN) if policy.stochastic else ep_keys
-
-    def write(ring, idx, out):
-        at = tiles.take(slot, idx)
-        return ring.at[idx, at].set(out[:, :k].astype(ring.dtype), mode="drop")
-
-    ring, state, rows = _plan(
-        cfg, policy, params, state, active, state.ring, keys, write, 0, episodes
-    )
-    action = ensemble_action(cfg, ring, t)
-    state = state.replace(
-        chunk=action[:, None],
-        cursor=jnp.zeros_like(state.cursor),
-        ring=ring,
-        predict_calls=state.predict_calls + active,
-        rows=state.rows + rows,
-    )
-    return state, action
-
-
 def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
     """Appends a frame to each lane's window where ``mask``."""
 
@@ -568,8 +550,7 @@ def observe(
 
 
 def can_skip(cfg: AgentConfig) -> bool:
-    """Whether a host loop may execute replayed chunk actions without an agent
-    step (``skip_replayed``)."""
+    """Whether a host loop may ``skip_replayed``."""
     return cfg.h > 1 and all(decl.stack == 1 for _, decl in cfg.spec)
 
 

@@ -69,8 +69,7 @@ class EngineConfig:
 
     @property
     def accumulators(self) -> tuple[tuple[str, str], ...]:
-        """The metrics, then the success key's last value and whether any
-        step had it."""
+        """The metrics, then the success key's ``last`` and ``any``."""
         if self.success is None:
             return self.metrics
         return self.metrics + ((self.success, "last"), (self.success, "any"))

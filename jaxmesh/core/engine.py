@@ -134,8 +134,7 @@ def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) ->
 def _episode_metrics(
     cfg: EngineConfig, lanes: LaneState, t: jax.Array
 ) -> tuple[dict, dict]:
-    """The per-lane metrics of episodes ending after ``t`` steps, and their
-    success fields."""
+    """The per-lane metrics and success fields of episodes ending now."""
     acc = lanes.acc
     values = {
         name: rules.finalize_metric(jnp, red, a, t)
@@ -168,19 +167,11 @@ class Engine:
         # In a loop body XLA:CPU runs a non-NHWC convolution on a naive loop.
         on_cpu = (policy.device or jax.devices()[0]).platform == "cpu"
         self.policy = convs.canonical_convs(policy) if on_cpu else policy
-        self.env = env
-        self.config = config
-        self.on_step = on_step
+        self.env, self.config, self.on_step = env, config, on_step
         # The results are not donated: a failure inside a segment loses
         # nothing the last one finished.
         self.run_segment = jax.jit(
             self._run_segment, static_argnums=(3,), donate_argnums=(1,)
-        )
-
-    @functools.cached_property
-    def _carry_shape(self) -> Carry:
-        return jax.eval_shape(
-            functools.partial(zero_carry, self.policy, self.env, self.config)
         )
 
     @functools.cached_property
@@ -189,6 +180,12 @@ class Engine:
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         jaxpr, shapes = jax.make_jaxpr(self.env.reset, return_shape=True)(key)
         return equations(jaxpr.jaxpr) <= CHEAP_RESET_EQUATIONS, shapes
+
+    @functools.cached_property
+    def _carry_shape(self) -> Carry:
+        return jax.eval_shape(
+            functools.partial(zero_carry, self.policy, self.env, self.config)
+        )
 
     def carry_shape(self) -> Carry:
         """Shapes and dtypes of the carry (compiles nothing)."""
@@ -202,24 +199,16 @@ class Engine:
         trials: tuple | None = None,
         texts: Any = None,
     ) -> Carry:
-        """The carry a run starts from, built on the host (nothing compiles).
-
-        Args:
-          seeds: the budget's seeds (int32, at most ``capacity``).
-          device: where to put it (None: JAX's default device).
-          record: the ``config.record_slots`` recorded episode indices.
-          trials: ``(trial_of, data)``: each episode's trial index and the
-            data of ``config.trials``.
-          texts: each ``jaxmesh.adapt.Text`` input's encoding per lane.
-        """
+        """The carry a run of ``seeds`` starts from, built on the host and put
+        on ``device``, with the recorded episodes, ``(trial_of, data)`` and
+        each ``jaxmesh.adapt.Text`` input's encoding per lane."""
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self.carry_shape())
         carry = given(self.config, zeros, seeds, record, trials, texts)
         return jax.device_put(carry, device)
 
     def _begin(self, lanes: LaneState, ag: agent.AgentState):
-        """Resets the lanes in ``lanes.start`` (in a ``cond`` most steps skip).
-        Returns the lanes, the agent state, the reset observations, the lanes
-        that begin an episode and how many lanes are active."""
+        """Resets the lanes in ``lanes.start``; also returns the reset
+        observations, the lanes that begin and how many lanes are active."""
         cfg = self.config
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
@@ -420,10 +409,7 @@ class Engine:
             )
         return c.replace(
             lanes=lanes.replace(
-                active=active & ~ended,
-                t=t,
-                ret=lanes.ret + reward,
-                env_state=env_state,
+                active=active & ~ended, t=t, ret=lanes.ret + reward, env_state=env_state
             ),
             agent=ag,
             recording=rec,
@@ -439,8 +425,7 @@ class Engine:
         )
 
     def _finish(self, c: Inner, res: tally.Results) -> tuple[LaneState, Any]:
-        """Writes the episodes that ended on the last step and hands the next
-        episodes to their lanes in ascending lane order."""
+        """Writes the episodes that ended and hands the next ones over."""
         cfg = self.config
         lanes, ended = c.lanes, c.ended
 
@@ -492,9 +477,8 @@ class Engine:
     def _advance(
         self, params: Any, carry: Carry, max_steps: Any, stop_at_fault: bool
     ) -> tuple[Carry, Any]:
-        """Runs up to ``max_steps`` env steps (None: no limit) until the budget
-        is done, a bad value (``stop_at_fault``) or a refused step event.
-        Returns the carry and whether the run may go on."""
+        """Runs up to ``max_steps`` env steps (None: no limit) while the run
+        may go on (budget, faults, step events), and whether it may."""
         cfg = self.config
 
         def no_fault(fault):
@@ -555,17 +539,15 @@ class Engine:
     def _run_segment(
         self, params: Any, state: tuple, res: tally.Results, max_steps: int
     ) -> tuple[tuple, tally.Results]:
-        """Up to ``max_steps`` steps from ``state = (lanes, agent)`` (its seed
-        window put, ``jaxmesh.core.carry.with_window``); stops at a bad value,
-        a refused step event or a full log. ``res`` carries the run totals,
-        fault and recording over; the log's rows start at 0."""
+        """Up to ``max_steps`` steps from ``state = (lanes, agent)``, stopping
+        at a bad value, a refused step event or a full log; ``res`` carries
+        the totals, fault and recording over."""
         carry = Carry(*state, res.replace(rows=jnp.zeros_like(res.rows)))
         carry, _ = self._advance(params, carry, max_steps, stop_at_fault=True)
         return (carry.lanes, carry.agent), carry.results
 
     def run(self, params: Any, seeds: jax.Array) -> tally.Results:
-        """Runs a whole budget of ``capacity`` seeds (pure; jit or vmap it),
-        through bad values (returned in ``Results.fault``)."""
+        """Runs a budget of ``capacity`` seeds, through bad values (pure)."""
         carry = zero_carry(self.policy, self.env, self.config, log=False)
         budget = jnp.int32(self.config.capacity)
         first = first_lanes(jnp, self.config.agent.num_envs, budget)

@@ -144,8 +144,7 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
 
 
 def declares_chunk(policy: Policy) -> bool:
-    """Whether the policy declares chunks (``native_chunk``, a chunk corner or
-    an ``execution_horizon`` parameter)."""
+    """Whether the policy declares chunks."""
     return (
         policy.native_chunk is not None
         or policy.declares_chunk

@@ -29,8 +29,7 @@ def due(cursor: Any, h: Any, lead: Any) -> Any:
 
 
 def play_index(cursor: Any, h: Any, xp: Any) -> Any:
-    """[N] the chunk index each lane plays now (exhausted: the last, played
-    only by a masked lane, which executes nothing)."""
+    """[N] the chunk index each lane plays now (exhausted: a masked lane's)."""
     return xp.minimum(cursor, h - 1)
 
 
@@ -44,8 +43,7 @@ def known_until(played: Any, t: Any, h: Any, lead: Any, xp: Any) -> Any:
 
 
 def segment_offsets(h: int, lead: int) -> list[int]:
-    """The offsets from a chunk's first step at which its known actions (and
-    its prefetched successor's) are cut into segments."""
+    """Offsets from a chunk's first step where its known actions are cut."""
     cuts = [h, 2 * h]
     if 0 < h - lead < h:
         cuts += [h - lead, 2 * h - lead]

@@ -144,8 +144,7 @@ _PROBE_SEEDS = (0, 1, 65_539, 2**31 - 1)
 
 @functools.cache
 def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
-    """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` under this PRNG
-    setting."""
+    """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` here."""
     del impl, x64  # the cache key: a run under another setting checks again
     for s in _PROBE_SEEDS:
         k = np.asarray(jax.random.PRNGKey(s))

@@ -38,8 +38,7 @@ def metric_start(reduction: str) -> Any:
 
 
 def info_leaves(info: Any, prefix: str = "") -> dict[str, Any]:
-    """An env's info as flat ``name -> leaf`` (nested mappings joined with
-    ``/``; anything but a mapping has none)."""
+    """An env's info as flat ``name -> leaf`` (nested names joined by ``/``)."""
     if not hasattr(info, "items"):
         return {}
     out: dict[str, Any] = {}
@@ -287,8 +286,7 @@ def replace_per_episode(res: Results, fields: dict[str, Any]) -> Results:
 
 
 def write(host: Results, log: Results) -> Results:
-    """Copies a segment's host ``log`` into ``host`` (``book``) in place, with
-    the log's run totals, fault and recording."""
+    """Copies a segment's host ``log`` and totals into ``host`` (``book``)."""
     n = int(log.rows)
     at = np.asarray(log.index)[:n]
     into = per_episode(host)

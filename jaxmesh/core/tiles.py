@@ -15,13 +15,9 @@ import jax.numpy as jnp
 
 
 def for_each_tile(
-    need: jax.Array,
-    tile: int,
-    body: Callable[[jax.Array, Any], Any],
-    carry: Any,
+    need: jax.Array, tile: int, body: Callable[[jax.Array, Any], Any], carry: Any
 ) -> tuple[Any, jax.Array]:
-    """Runs ``carry = body(idx, carry)`` over the lanes in ``need``, tile by
-    tile; returns the final carry and the number of tiles run."""
+    """``carry = body(idx, carry)`` over the lanes in ``need``; also tiles run."""
     n = need.shape[0]
     # One tile more than the lanes fill: else, with every lane in one tile,
     # XLA would hoist the loop-invariant body (a whole reset) out of the loop

@@ -383,7 +383,9 @@ class Evaluator:
         e = seeds_arr.size
         book = None
         steps = program.engine.config.step_events
-        pieces = self._pieces(e)
+        # One piece, but for a pool bound per run: ``pool_episodes`` each.
+        size = e if self._bound is None else max(1, self.env.pool_episodes)
+        pieces = [(a, min(a + size, e)) for a in range(0, max(e, 1), size)]
         recorded = None  # the recorded episodes of the pieces run so far
         for a, b in pieces:
             if a:  # the next piece's pool, and the program that calls it
@@ -404,11 +406,6 @@ class Evaluator:
             self._programs.clear()
             self._bound = None
         return book
-
-    def _pieces(self, e: int) -> list[tuple[int, int]]:
-        """The budget as ``[a, b)`` pieces: one, but for a pool bound per run."""
-        size = e if self._bound is None else max(1, self.env.pool_episodes)
-        return [(a, min(a + size, e)) for a in range(0, max(e, 1), size)]
 
     def _run_piece(self, program, params, seeds, offset, e, book, run) -> tuple:
         """Runs the piece of ``seeds`` (from episode ``offset``) into the host
