@@ -204,16 +204,8 @@ class EnvPoolEnv:
             env_seed=seeds + [SPARE_SEED] * n,
             **self.kwargs,
         )
-        return BoundPool(
-            self.task_id,
-            self.kwargs,
-            self.specs,
-            self.name,
-            self.pool_episodes,
-            pool=pool,
-            episodes=len(seeds),
-            lanes=n,
-        )
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvPoolEnv)}
+        return BoundPool(**fields, pool=pool, episodes=len(seeds), lanes=n)
 
 
 @dataclasses.dataclass(eq=False)
