@@ -117,12 +117,7 @@ class ObsLayout:
             out[name] = arr
         return out
 
-    def stack(
-        self,
-        values: list,
-        lanes: list[int] | range,
-        out: Mapping[str, np.ndarray] | None = None,
-    ) -> dict[str, np.ndarray]:
+    def stack(self, values, lanes, out=None) -> dict[str, np.ndarray]:
         """Several lanes' observations as ``{name: array [m, ...]}``, into
         ``out[name]`` where given (a bad observation may leave it part written)."""
         got = {}
@@ -163,9 +158,7 @@ class ObsLayout:
         """The observation's own structure holding ``leaves[name]`` at each leaf."""
         return _fill(self.skeleton, leaves)
 
-    def empty(
-        self, lead: tuple[int, ...] = (), aligned: bool = False
-    ) -> dict[str, np.ndarray]:
+    def empty(self, lead=(), aligned=False) -> dict[str, np.ndarray]:
         """Zero leaves with leading axes ``lead`` (``aligned``: ``aligned_zeros``)."""
         zeros = aligned_zeros if aligned else np.zeros
         return {n: zeros(lead + self.shapes[n], self.dtypes[n]) for n in self.names}

@@ -39,9 +39,7 @@ EXIT_SECONDS = 5.0
 class WorkerLost(RuntimeError):
     """Worker ``worker`` (lanes ``lanes``) died; its envs were rebuilt."""
 
-    def __init__(
-        self, worker: int, lanes: list[int], exitcode: int | None, pid: int = 0
-    ):
+    def __init__(self, worker, lanes: list[int], exitcode: int | None, pid=0):
         at = f"pid {pid}, " if pid else ""
         super().__init__(
             f"worker process {worker} ({at}lanes {lanes[0]}..{lanes[-1]}) died "
@@ -268,9 +266,7 @@ def _write_obs(slots: Slots, names: list[str], rows: Any, leaves: dict) -> None:
         slots["obs:" + name][rows] = leaves[name]
 
 
-def read_infos(
-    infos: Sequence, keys: tuple, lanes: Sequence[int], where: str, seen: bool = True
-):
+def read_infos(infos: Sequence, keys: tuple, lanes, where: str, seen: bool = True):
     """Info values per key as (lane, float) pairs, and the keys the infos had
     (an empty set unless ``seen``)."""
     had: set = set()
@@ -525,9 +521,7 @@ class WorkerPool:
         for k in range(self.workers):
             self._recv(k, START_SECONDS, "attaching")
 
-    def _recv(
-        self, k: int, timeout: float | None, doing: str, starting: bool = False
-    ) -> tuple:
+    def _recv(self, k, timeout, doing, starting=False) -> tuple:
         """Worker k's next message; one that died while starting is an error,
         later a ``WorkerLost`` once a new one has taken its lanes."""
         conn = self.conns[k]
