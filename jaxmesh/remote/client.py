@@ -293,15 +293,12 @@ class Stream:
 
 class ServerInfo(NamedTuple):
     address: str
-    protocol_version: int
-    server_version: str
     env_name: str
     observation: tuple[pb.LeafSpec, ...]  # in the declared order
     action: pb.LeafSpec
     num_lanes: int
     reset_options: dict[str, pb.Value]
     capabilities: tuple[str, ...]
-    info_keys: tuple[str, ...]
     dt: float | None = None  # simulated seconds per env step
     shared_memory: str = ""  # the same-host path's socket ("": none offered)
 
@@ -383,15 +380,12 @@ class Connection(Stream):
             )
         self.info = ServerInfo(
             address=self.address,
-            protocol_version=int(reply.protocol_version),
-            server_version=reply.server_version,
             env_name=reply.env_name or f"grpc://{self.address}",
             observation=tuple(reply.observation),
             action=reply.action[0],
             num_lanes=int(reply.num_lanes),
             reset_options={o.name: o.value for o in reply.reset_options},
             capabilities=tuple(reply.capabilities),
-            info_keys=tuple(reply.info_keys),
             dt=timing.seconds(reply.dt),
             shared_memory=reply.shared_memory,
         )

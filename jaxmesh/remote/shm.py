@@ -172,13 +172,12 @@ def pack_step(
     info: bytes = b"",
 ) -> bytes:
     """A STEP payload (``actions`` in the declared dtype and shape; ``info``:
-    ``info_key_bytes``)."""
+    the info keys, NUL-separated)."""
     return b"".join(
         (
             _STEP_HEAD.pack(call_id, len(lanes), flags, len(info)),
             info,
-            np.asarray(lanes, _U32).tobytes(),
-            np.asarray(counts, _U32).tobytes(),
+            np.asarray([lanes, counts], _U32).tobytes(),  # lanes, then counts
             np.ascontiguousarray(actions).tobytes(),
         )
     )
@@ -231,12 +230,9 @@ def pack_result(call_id: int, seconds: float, batch: Any) -> bytes:
     return b"".join(
         (
             _RESULT_HEAD.pack(call_id, seconds, len(batch.lanes), total),
-            np.asarray(batch.lanes, _U32).tobytes(),
-            np.asarray(batch.steps, _U32).tobytes(),
-            np.asarray(batch.rows, _U32).tobytes(),
+            np.asarray([batch.lanes, batch.steps, batch.rows], _U32).tobytes(),
             np.asarray(batch.rewards, _F64).tobytes(),
-            np.asarray(batch.terminated, bool).tobytes(),
-            np.asarray(batch.truncated, bool).tobytes(),
+            np.asarray([batch.terminated, batch.truncated], bool).tobytes(),
         )
     )
 
@@ -473,18 +469,39 @@ class ShmStream(Stream):
         """Sends a call as a STEP frame where it can be one, else a
         ``StepRequest`` (waits while ``RING`` replies are unread)."""
         info = self._info_bytes(call.info_keys) if self.binary else None
-        if info is not None and self._steps_only(call):
+        actions = call.actions
+        if (  # only steps, with actions as declared
+            info is not None
+            and not len(call.reset_lanes)
+            and not len(call.release)
+            and call.lanes is not None
+            and len(call.lanes) > 0
+            and isinstance(actions, np.ndarray)
+            and actions.dtype == self._act_dtype
+            and actions.shape[1:] == self._act_spec.shape
+        ):
             flags = (ALL_OBSERVATIONS if call.all_observations else 0) | (
                 INFO_EVERY_STEP if call.info_every_step else 0
             )
             kind = STEP
             data = pack_step(
-                call.call_id, call.lanes, call.counts, call.actions, flags, info
+                call.call_id, call.lanes, call.counts, actions, flags, info
             )
         else:
             kind, data = REQUEST, self._encode(call).SerializeToString()
         codec.check_size(len(data), self.max_message_bytes, "step request")
-        return self._send(kind, data)
+        if self._reader is None:  # the caller reads: take replies off early
+            while self._sent - self._read >= RING and not self._broken:
+                self._early.append(self._next())
+        else:
+            with self._cond:
+                while self._sent - self._read >= RING and not self._broken:
+                    self._cond.wait()
+        self._sending()
+        if not self._broken:  # a server gone: the reply side says so
+            with contextlib.suppress(OSError):
+                send_frame(self.sock, kind, data)
+        return len(data)
 
     def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
         """The info keys as a STEP frame carries them; None: a key holds a NUL."""
@@ -494,34 +511,6 @@ class ShmStream(Stream):
             self._info = None if nul else "\0".join(keys).encode("utf-8")
             self._info_keys = keys
         return self._info
-
-    def _steps_only(self, call: Any) -> bool:  # with actions as declared
-        actions = call.actions
-        return (
-            not len(call.reset_lanes)
-            and not len(call.release)
-            and call.lanes is not None
-            and len(call.lanes) > 0
-            and isinstance(actions, np.ndarray)
-            and actions.dtype == self._act_dtype
-            and actions.shape[1:] == self._act_spec.shape
-        )
-
-    def _send(self, kind: int, data: bytes) -> int:
-        if self._reader is None:  # the caller reads: take replies off early
-            while self._sent - self._read >= RING and not self._broken:
-                self._early.append(self._next())
-        else:
-            with self._cond:
-                while self._sent - self._read >= RING and not self._broken:
-                    self._cond.wait()
-        self._sending()
-        if not self._broken:
-            try:
-                send_frame(self.sock, kind, data)
-            except OSError:
-                pass  # the server is gone: the reply side says so
-        return len(data)
 
     def close(
         self,
