@@ -168,24 +168,6 @@ def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
             return
 
 
-def await_end(
-    reader: threading.Thread,
-    quiet_since: Callable[[], float],
-    broken: Callable[[], bool],
-    timeout: float,
-    grace: float,
-) -> None:
-    """Waits for ``reader`` (taking a closing stream's last replies) while the
-    server answers: until nothing came for ``grace`` s after ``quiet_since()``,
-    the stream breaks, or ``timeout`` s in all."""
-    deadline = time.monotonic() + timeout
-    while reader.is_alive() and not broken():
-        left = min(deadline, quiet_since() + grace) - time.monotonic()
-        if left <= 0:
-            return
-        reader.join(left)
-
-
 def next_reply(
     replies: queue.Queue,
     reply_timeout: float | None,
@@ -281,6 +263,17 @@ class Stream:
             self._early.appendleft(item)  # every later receive raises it too
             raise item
         return item
+
+    def _await_end(self, reader: threading.Thread, since: float, timeout, grace):
+        """Waits for ``reader`` (taking a closing stream's last replies) while
+        the server answers: until nothing came for ``grace`` s after ``since``
+        or the last reply, the stream breaks, or ``timeout`` s in all."""
+        deadline = time.monotonic() + timeout
+        while reader.is_alive() and not self._broken:
+            left = min(deadline, max(self._progress, since) + grace) - time.monotonic()
+            if left <= 0:
+                return
+            reader.join(left)
 
     def _hangs(self) -> None:  # no reply in time: close() will not wait
         self._broken = True
@@ -440,7 +433,7 @@ class Connection(Stream):
         grace: float = CLOSE_GRACE_SECONDS,
     ) -> None:
         """Ends the session and closes the channel (idempotent), awaiting the
-        server's end while it answers (``await_end``)."""
+        server's end while it answers (``_await_end``)."""
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
@@ -452,12 +445,6 @@ class Connection(Stream):
             owed = self._reader is not None and self._sent > self._received
             since = max(self._progress, self._last_send) if owed else time.monotonic()
             if reader is not None:
-                await_end(
-                    reader,
-                    lambda: max(self._progress, since),
-                    lambda: self._broken,
-                    timeout,
-                    grace,
-                )
+                self._await_end(reader, since, timeout, grace)
             stream.cancel()
         self._channel.close()

@@ -33,7 +33,6 @@ from jaxmesh.remote.client import (
     CLOSE_GRACE_SECONDS,
     CLOSE_TIMEOUT_SECONDS,
     Stream,
-    await_end,
     status_error,
 )
 
@@ -525,13 +524,7 @@ class ShmStream(Stream):
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
             reader = self._reader or self._drain_thread()
-            await_end(
-                reader,
-                lambda: max(self._progress, self._last_send),
-                lambda: self._broken,
-                timeout,
-                grace,
-            )
+            self._await_end(reader, self._last_send, timeout, grace)
         self._closing = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)

@@ -72,34 +72,25 @@ class _Session:
     def watch_idle(self, idle: float, address: str) -> None:
         """Ends the session once it has waited ``idle`` seconds for a request
         or for the client to take a reply (in a thread)."""
-        threading.Thread(
-            target=self._watch_idle,
-            args=(idle, address),
-            name="jaxmesh-session-watchdog",
-            daemon=True,
-        ).start()
 
-    def _watch_idle(self, idle: float, address: str) -> None:
-        with self.cond:
-            while not self.done:
-                since = self.waiting_since
-                if since is None or math.isinf(idle):
-                    self.cond.wait(None if math.isinf(idle) else idle)
-                    continue
-                left = since + idle - time.monotonic()
-                if left > 0:
-                    self.cond.wait(left)
-                    continue
-                what = (
-                    "had no request"
-                    if self.receiving
-                    else "took no reply (the client read none)"
-                )
-                self.cancel(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    idle_message(address, what, idle),
-                )
-                self.done = True
+        def run() -> None:
+            with self.cond:
+                while not self.done:
+                    since = self.waiting_since
+                    if since is None or math.isinf(idle):
+                        self.cond.wait(None if math.isinf(idle) else idle)
+                    elif (left := since + idle - time.monotonic()) > 0:
+                        self.cond.wait(left)
+                    else:
+                        what = "had no request"
+                        if not self.receiving:
+                            what = "took no reply (the client read none)"
+                        message = idle_message(address, what, idle)
+                        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+                        self.done = True
+
+        name = "jaxmesh-session-watchdog"
+        threading.Thread(target=run, name=name, daemon=True).start()
 
     def watch_hangup(self, conn: socket.socket, give_up: Callable[[], Any]) -> None:
         """Calls ``give_up()`` if the client hangs up while the session is open
