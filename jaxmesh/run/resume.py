@@ -29,6 +29,7 @@ from jaxmesh.results.result import (
 )
 from jaxmesh.run import checks, identity
 from jaxmesh.run.backend import SERVED, Target
+from jaxmesh.run.stream import hooks_list
 
 if TYPE_CHECKING:
     from jaxmesh.run.config import RunConfig
@@ -268,12 +269,6 @@ def _params_of(policy: Any, params: Any) -> Any:
     return params if params is not None else getattr(policy, "params", None)
 
 
-def _hooks(hooks: Any) -> list:
-    if isinstance(hooks, list | tuple):
-        return list(hooks)
-    return [] if hooks is None else [hooks]
-
-
 @contextlib.contextmanager
 def fingerprinting(
     policy: Any, config: RunConfig, call: dict
@@ -302,7 +297,7 @@ def fingerprinting(
 
 def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
     """A failed run's episode logs get the ``episodes`` they lack and the totals."""
-    for log in _hooks(hooks):
+    for log in hooks_list(hooks):
         if isinstance(log, EpisodeLog):
             with contextlib.suppress(OSError):
                 log.flush(episodes, result)
@@ -356,7 +351,7 @@ class Resumption:
         digest = params_digest(_params_of(policy, call.get("params")))
         self.missing = missing_episodes(done, seeds, config.max_episode_steps, digest)
         self.done = checked_records(done)
-        self.user_hooks = _hooks(call.get("hooks"))
+        self.user_hooks = hooks_list(call.get("hooks"))
         if not self.missing.size:
             _check_complete(self.done, policy, target, config, call)
             self.call = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
