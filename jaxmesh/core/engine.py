@@ -319,11 +319,8 @@ class Engine:
 
     def _inner(self, carry: Carry) -> Inner:
         """The inner loop's state: handed-over lanes get their episode's key."""
-        cfg = self.config
-        n = cfg.agent.num_envs
-        no = jnp.zeros((n,), bool)
-        res = carry.results
-        lanes = carry.lanes
+        no = jnp.zeros((self.config.agent.num_envs,), bool)
+        res, lanes = carry.results, carry.lanes
         at = jnp.clip(lanes.episode - lanes.base, 0, lanes.seeds.shape[0] - 1)
         ep_keys = rules.episode_keys(jnp, lanes.seeds[at])
         lanes = lanes.replace(

@@ -28,15 +28,14 @@ def positional_arity(fn: Callable) -> int | None:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None
-    n = 0
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_POSITIONAL:
-            return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
-            p.default is p.empty
-        ):
-            n += 1
-    return n
+    params = sig.parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    return sum(p.kind in positional and p.default is p.empty for p in params)
 
 
 def takes_param(fn: Callable, name: str) -> bool:
