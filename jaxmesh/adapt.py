@@ -284,14 +284,6 @@ class Text:
         shapes for every string), run once per distinct string.
       info_key: the reset-info key holding each episode's instruction (host
         envs), or None: ``Starts(instruction=...)``'s.
-
-    Example::
-
-        def encode(s):  # 8 character codes, zero-padded
-            codes = [ord(c) for c in s[:8]]
-            return np.array(codes + [0] * (8 - len(codes)), np.int32)
-
-        spec = {"obs": State(), "task": Text(encode, info_key="instruction")}
     """
 
     encode: Callable[[str], Any]
@@ -406,18 +398,13 @@ def _text_signature(tree: Any) -> tuple:
 
 def _described(tree: Any) -> str:
     """Shapes and dtypes of a pytree of arrays, for messages."""
-    if isinstance(tree, np.ndarray):
-        return f"{tree.dtype.name}{list(tree.shape)}"
-    return str(
-        jax.tree.map(
-            lambda x: (
-                f"{x.dtype.name}{list(x.shape)}"
-                if isinstance(x, np.ndarray)
-                else type(x).__name__
-            ),
-            tree,
-        )
-    )
+
+    def one(x: Any) -> str:
+        if isinstance(x, np.ndarray):
+            return f"{x.dtype.name}{list(x.shape)}"
+        return type(x).__name__
+
+    return str(jax.tree.map(one, tree))
 
 
 Input = State | Image | Previous | Text | PendingChunk

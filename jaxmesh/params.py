@@ -184,11 +184,8 @@ class Param:
             d["type"] = _type_name(self.type)
         if self.choices is not None:
             d["choices"] = [_jsonable(c) for c in self.choices]
-        if self.low is not None:
-            d["low"] = self.low
-        if self.high is not None:
-            d["high"] = self.high
-        return d
+        bounds = (("low", self.low), ("high", self.high))
+        return d | {k: v for k, v in bounds if v is not None}
 
     def __repr__(self) -> str:
         fields = [] if self.required else [repr(self.default)]

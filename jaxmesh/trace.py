@@ -99,14 +99,7 @@ class Trace:
             else:
                 self.dropped += 1
 
-    def add(
-        self,
-        name: str,
-        begin: float,
-        end: float,
-        row: str = "run",
-        args: dict | None = None,
-    ) -> None:
+    def add(self, name: str, begin: float, end: float, row="run", args=None) -> None:
         """A span from ``begin`` to ``end`` (``time.perf_counter`` seconds)."""
         dur = max(0.0, round((end - begin) * 1e6, 3))
         self._add(name, "X", row, args, ts=self._us(begin), dur=dur)

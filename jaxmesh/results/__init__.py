@@ -1,8 +1,3 @@
-"""What a run gives back, and how it is shown.
-
-``result`` holds the data (``RunResult``, ``EpisodeResult``, ``StepEvent``: fields,
-JSON and trajectories) and imports nothing of presentation; ``stats`` the
-statistics over it; ``summary`` the one table of summary rows that the text
-summary and the HTML report both print; ``report`` the plots and the HTML page;
-``record`` what a run records of its episodes; ``video`` their frames and files.
-"""
+"""What a run gives back (``result``: the data, which imports no presentation),
+its ``stats``, its ``summary`` rows, its ``report`` (plots, HTML), what it
+``record``s of its episodes and their ``video``s."""

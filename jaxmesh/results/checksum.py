@@ -1,10 +1,6 @@
-"""The checksum that binds each episode record to its run's identity.
-
-``record_check`` covers one episode's fields and the run's fingerprint
-(``RunResult.fingerprint``, made by ``jaxmesh.run.identity``): a record edited
-by hand, or moved to another run's file, fails it. It protects against
-accidents, not against a forger (who can recompute it).
-"""
+"""The checksum that binds each episode record to its run's fingerprint
+(``jaxmesh.run.identity``): a record edited by hand or moved to another run's
+file fails it (an accident, not a forger, who can recompute it)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ def identity_text(fingerprint: dict | None) -> str:
 
 
 def record_check(record: dict, identity: str) -> str:
-    """The checksum of one episode record (``EpisodeResult.to_dict()``, without
-    ``check``) under a run's identity (``identity_text``)."""
+    """The checksum of an ``EpisodeResult.to_dict()`` under ``identity_text``."""
     body = {k: v for k, v in record.items() if k != "check"}
     h = hashlib.blake2b(digest_size=16)
     h.update(identity.encode())

@@ -39,11 +39,6 @@ class Record:
 
     Raises:
       TypeError, ValueError: a bad field, naming it.
-
-    Example::
-
-      r = jaxmesh.evaluate(policy, env, episodes=10, record=jaxmesh.Record([0, 3]))
-      r.trajectories[1].actions   # episode 3's actions, [T, ...]
     """
 
     episodes: Sequence[int] = (0,)

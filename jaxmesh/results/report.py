@@ -134,21 +134,10 @@ def wrap(text: str, width: int) -> str:
 
 
 def plot(result: Result, title: str | None = None) -> Figure:
-    """The run's plots as one matplotlib figure (docs/evaluation.md, "Plots
-    and the HTML report"): "Returns", "Returns CDF", "Episode lengths" and,
-    with a success signal, "Success over episodes"; a value every episode
-    shares gets a line of ``constant_lines`` instead. The title wraps.
-
-    Args:
-      result: a ``RunResult``.
-      title: the figure's title; None: ``policy on env: N episodes``.
-
-    Returns:
-      A ``Figure`` on an Agg canvas, not registered with pyplot (save it with
-      ``fig.savefig("plots.png")``).
-
-    Raises:
-      ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
+    """A ``RunResult``'s plots as one matplotlib ``Figure`` on an Agg canvas,
+    not registered with pyplot (docs/evaluation.md, "Plots and the HTML
+    report"); ``title`` None: ``policy on env: N episodes``. An ImportError
+    names the extra when matplotlib is missing.
     """
     Figure, FigureCanvasAgg = _matplotlib()
     returns = np.asarray(result.returns, np.float64)
@@ -556,12 +545,7 @@ def write_report(
     base: str | Path | None = None,
 ) -> Path:
     """Writes ``report_html(result, ...)`` to ``path`` (parents made) and
-    returns it.
-
-    Raises:
-      ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
-      OSError: the file cannot be written.
-    """
+    returns it; an ImportError names the extra when matplotlib is missing."""
     page = report_html(
         result, resamples=resamples, episode_rows=episode_rows, base=base
     )
@@ -601,7 +585,7 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
 
     panels = [  # (axes, key, interval, color, title, label)
         (axes[-1], "mean_return", "return_interval", "#4c72b0")
-        + ("Mean return per task", "mean return (whiskers: interval)"),
+        + ("Mean return per task", "mean return (whiskers: interval)")
     ]
     if rated:
         panels.append(

@@ -349,14 +349,11 @@ class Comparison:
     """Run B against run A on the same seeds, episode by episode.
 
     Attributes:
-      difference: the mean of ``b.return - a.return`` (positive: B scores more).
-      interval: its percentile bootstrap interval at ``confidence`` (pairs
-        resampled together).
+      difference: the mean of ``b.return - a.return`` (positive: B scores more)
+        and ``interval`` its percentile bootstrap interval (pairs kept).
       wins: the share of seeds where B returns more, a tie counting half.
       episodes: paired episodes (unpaired: A's; ``episodes_b``: B's).
-      mean_a, mean_b: each run's mean return.
       label_a, label_b: ``policy on env`` and the settings the runs differ in.
-      confidence, resamples, seed: of the interval.
       paired: False (``unpaired=True``): each run resampled on its own,
         ``wins`` over every (a, b) pair of episodes.
     """
@@ -465,8 +462,8 @@ def labels(a: Any, b: Any) -> tuple[str, str]:
     return label(a, "A"), label(b, "B")
 
 
-def _env_error(a: Any, b: Any) -> str | None:
-    """Why ``a`` and ``b`` are not paired episodes by env, or None."""
+def _pairing_error(a: Any, b: Any) -> str | None:
+    """What keeps ``a`` and ``b`` from being paired, or None."""
     ea, eb = getattr(a, "env", ""), getattr(b, "env", "")
     if ea and eb and ea != eb:
         return (
@@ -476,11 +473,6 @@ def _env_error(a: Any, b: Any) -> str | None:
             "env, or pass unpaired=True (jaxmesh compare --unpaired) to compare "
             "the two means without pairing"
         )
-    return None
-
-
-def _pairing_error(a: Any, b: Any) -> str | None:
-    """What keeps ``a`` and ``b`` from being paired, or None."""
     fix = (
         "a paired comparison needs both runs on the same episodes: run both with "
         "the same seeds= (e.g. seeds=range(100)) and compare finished runs"
@@ -558,7 +550,7 @@ def compare(
         raise TypeError(f"unpaired={unpaired!r}: expected True or False")
     label_a, label_b = labels(a, b)
     if not unpaired:
-        problem = _env_error(a, b) or _pairing_error(a, b)
+        problem = _pairing_error(a, b)
         if problem:
             raise ValueError(f"cannot compare these runs: {problem}")
     ra, rb = _values(a.returns, "a.returns"), _values(b.returns, "b.returns")
