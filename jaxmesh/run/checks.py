@@ -1,7 +1,5 @@
-"""Input checks that run before anything is traced or compiled.
-
-Budgets and seeds (CONTRACT 1), run settings, and whether a budget's
-per-episode buffers fit in memory.
+"""Input checks that run before anything is traced: budgets and seeds (CONTRACT
+1), run settings, and whether a budget's per-episode buffers fit in memory.
 """
 
 from __future__ import annotations
@@ -251,22 +249,11 @@ def _check_ensemble(execution: Any, horizon: int, delay: int, lead: int) -> None
         )
 
 
-def settings_of(
-    num_envs: int,
-    horizon: int,
-    lead: int,
-    cap: int,
-    tile: int | None,
-    segment_steps: int,
-    delay: int,
-    execution: Any,
-    delay_ms: float | None,
-) -> Settings:
-    """The ``Settings`` of values each checked, checked together."""
-    _check_ensemble(execution, horizon, delay, lead)
-    return Settings(
-        num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
-    )
+def settings_of(*values: Any) -> Settings:
+    """``Settings(*values)`` of values each checked, checked together."""
+    s = Settings(*values)
+    _check_ensemble(s.execution, s.horizon, s.delay, s.prefetch_lead)
+    return s
 
 
 def check_delay_ms(delay_ms: Any, delay: int = 0) -> float | None:

@@ -16,8 +16,7 @@ def default_plan_tile(h: int, num_envs: int) -> int:
     """``min(128 // h, next power of two >= num_envs)`` within [8, 128]
     (docs/evaluation.md, "The default tile"); ``h``: the effective horizon,
     ``num_envs``: the lanes that plan together (one served lane group's)."""
-    auto = max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS, AUTO_TILE_ROWS // h))
-    return max(MIN_TILE_ROWS, min(auto, pow2_at_least(num_envs)))
+    return max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS // h, pow2_at_least(num_envs)))
 
 
 def effective_horizon(horizon: int, chunk: int | None) -> int:
