@@ -90,7 +90,17 @@ def agent_functions(
         step = direct.DirectStep(cfg, pol)
         return cfg, chunk, step.init, step, run_plan
     if packed:
-        return cfg, chunk, *packed_functions(cfg, pol, init, step), run_plan
+        jitted: list = []
+
+        def init_packed(obs, lanes):
+            obs = pol.place(obs)
+            if not jitted:  # the layout needs the observations' shapes
+                layout = StateLayout.of(jax.eval_shape(init, obs, lanes))
+                jitted.append((layout, jax.jit(lambda o, m: layout.pack(init(o, m)))))
+            layout, fn = jitted[0]
+            return HostState(layout, *fn(obs, lanes))
+
+        return cfg, chunk, init_packed, PackedStep(cfg, pol, step), run_plan
     init_jit = jax.jit(init)
     step_jit = jax.jit(step, donate_argnums=(1,))
 
@@ -231,21 +241,6 @@ class HostState:
         if self._host is None:
             self.read_back()
         return getattr(self._host, name)
-
-
-def packed_functions(cfg: agent.AgentConfig, pol: Policy, init: Any, step: Any):
-    """``init`` and ``step`` as a host loop's program (``HostState``)."""
-    jitted: list = []
-
-    def init_placed(obs, lanes):
-        obs = pol.place(obs)
-        if not jitted:  # the layout needs the observations' shapes
-            layout = StateLayout.of(jax.eval_shape(init, obs, lanes))
-            jitted.append((layout, jax.jit(lambda o, m: layout.pack(init(o, m)))))
-        layout, fn = jitted[0]
-        return HostState(layout, *fn(obs, lanes))
-
-    return init_placed, PackedStep(cfg, pol, step)
 
 
 class PackedStep:

@@ -333,21 +333,9 @@ _AGENTS = Kept()
 
 
 def _host_agent(policy, pol: Policy, spec, settings, with_params, tile_lanes=None):
-    key = (
-        id(policy),
-        with_params,
-        spec.signature,
-        settings.num_envs,
-        settings.horizon,
-        settings.prefetch_lead,
-        settings.delay,
-        settings.execution,
-        settings.grid,
-        settings.cell_episodes,
-        settings.plan_tile,
-        tile_lanes,
-        str(pol.device),
-    )
+    # The settings the program does not read stay out of the key.
+    same = settings._replace(max_steps=0, segment_steps=0, delay_ms=None)
+    key = (id(policy), with_params, spec.signature, same, tile_lanes, str(pol.device))
     return _AGENTS.get(key, lambda: HostAgent(policy, pol, spec, settings, tile_lanes))
 
 
@@ -371,22 +359,11 @@ def run_host(
     route: Callable[..., Any],
 ) -> RunResult:
     """Evaluates a policy on gymnasium envs stepped in this process or served
-    (docs/evaluation.md, "Host-stepped envs (gymnasium, in process)").
-
-    Args:
-      env: gymnasium envs (an ``Env``, a list, a ``VectorEnv``,
-        ``"gymnasium:<id>"``) or served ones (``"grpc://host:port"`` or a list).
-      config: the checked ``RunConfig``.
-      served: a served env's ``jaxmesh.Served`` options (None: in process).
-      grid: a sweep's ``(cells, cell_episodes)``, or None for one setting.
-      route: the backend table (``dispatch.route``): lanes and loop class.
-      policy, episodes, seeds, hooks, params, record: as for ``evaluate``.
-
-    Raises:
-      ValueError, TypeError: bad input, before any env is reset. Any exception
-      from an env or a hook, with the finished episodes on
-      ``exc.partial_result``.
-    """
+    (docs/evaluation.md, "Host-stepped envs (gymnasium, in process)"), as
+    ``evaluate`` does; ``served``: a served env's options, ``grid``: a sweep's
+    ``(cells, cell_episodes)``, ``route``: the backend table. Bad input raises
+    before any env is reset; an env's or a hook's error carries the finished
+    episodes on ``exc.partial_result``."""
     t_start = time.perf_counter()
     settings, starts, with_params = config.settings, config.starts, params is not None
     if grid is not None:
@@ -446,15 +423,9 @@ def run_host(
             recorder,
             starts.trial_index_base,
             texts,
-            loop=row.loop_for(program, lanes, recorder),
-            agent=agent_side,
-            policy=pol,
-            hooks=hook_list,
-            t_start=t_start,
-            success_mode=config.scoring.success_mode,
-            instruction=starts.instruction,
         )
-        return _run(run)
+        loop = row.loop_for(program, lanes, recorder)
+        return _run(run, config, loop, agent_side, pol, hook_list, t_start)
     finally:
         if remote_agent is not None:
             remote_agent.close()
@@ -526,9 +497,12 @@ def _lane_texts(
     return texts
 
 
-def _run(run: HostRun) -> RunResult:
-    """Runs the budget of ``run`` in its loop class."""
-    host_agent, program, lanes = run.agent, run.program, run.lanes
+def _run(
+    run: HostRun, config, loop_class, host_agent, pol, hooks, t_start
+) -> RunResult:
+    """Runs the budget of ``run`` in ``loop_class``; ``host_agent``: the
+    ``HostAgent`` or a served policy's agent side."""
+    program, lanes = run.program, run.lanes
     settings, cfg, metrics = run.settings, program.config, run.metrics
     n, e = settings.num_envs, int(run.seeds.size)
     # What resume= compares: digests of the env, the policy's program (kept
@@ -546,31 +520,25 @@ def _run(run: HostRun) -> RunResult:
         effective_horizon=cfg.h,
         chunk=program.chunk,
         plan_tile=cfg.tile,
-        policy=run.policy.name,
+        policy=pol.name,
         env=lanes.spec.name,
         metrics=metrics.run_fields(),
         trial_index_base=run.trial_base,
-        instruction=run.instruction,
-        success_mode=run.success_mode,
+        instruction=config.starts.instruction,
+        success_mode=config.scoring.success_mode,
         fingerprint=identity.run_identity(
             identity.host_env_digest(lanes), policy_digest
         ),
         max_episode_seconds=run.seconds,
     )
     start = {"episodes": e, **run_fields, "lanes_where": lanes_where(lanes)}
-    stream.call(run.hooks, "on_run_start", start)
+    stream.call(hooks, "on_run_start", start)
     episodes_out = stream.EpisodeStream(
-        run.hooks, run.seeds, run.policy.on_episode_end, run_fields
+        hooks, run.seeds, pol.on_episode_end, run_fields
     )
-    episodes_out.steps = stream.StepStream(run.hooks, cfg.h, cfg.lead)
-    res = core_results.empty(
-        e,
-        n,
-        np,
-        metrics=metrics.named,
-        success=metrics.tracks_success,
-        at_reset=metrics.tracks_success,
-    )
+    episodes_out.steps = stream.StepStream(hooks, cfg.h, cfg.lead)
+    ts = metrics.tracks_success
+    res = core_results.empty(e, n, np, metrics=metrics.named, success=ts, at_reset=ts)
     if run.recorder is not None:  # filled in place by the loop
         res = res.replace(recording=run.recorder.recording)
     episodes_out.latest = res
@@ -578,7 +546,7 @@ def _run(run: HostRun) -> RunResult:
 
     def loop() -> Any:
         if e:
-            host_loop = run.loop(run, res, episodes_out, tel)
+            host_loop = loop_class(run, res, episodes_out, tel)
             try:
                 host_loop.run()
             except Exception as exc:
@@ -599,7 +567,7 @@ def _run(run: HostRun) -> RunResult:
 
     return stream.drive(
         episodes_out,
-        run.t_start,
+        t_start,
         lambda: host_agent.compile(run.params) if e else 0.0,
         loop,
     )

@@ -39,17 +39,16 @@ MAX_SEEDS_CHECKED = 1_000_000
 def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
     """The observation leaves that cross from worker processes or servers:
     those the policy reads and those a recording keeps, in the declared order."""
-    names = spec.layout.names
+    read = tuple(program.layout.names)
     if recorder is None:
-        return tuple(program.layout.names)
-    if recorder.keys is None:
-        return tuple(names)
-    read = set(program.layout.names)
-    keep = tuple(recorder.keys)
+        return read
+    keep = recorder.keys
     return tuple(
         n
-        for n in names
-        if n in read or any(n == k or n.startswith(k + "/") for k in keep)
+        for n in spec.layout.names
+        if keep is None
+        or n in read
+        or any(n == k or n.startswith(k + "/") for k in keep)
     )
 
 
@@ -67,13 +66,6 @@ class HostRun:
     recorder: Any = None  # ``driver.HostRecorder``
     trial_base: int = 0  # episode i's trial index is this + i
     texts: Any = None  # Text inputs per lane (``instructions.LaneTexts``)
-    loop: Any = None  # the loop class (``dispatch.Route.loop_for``)
-    agent: Any = None  # ``driver.HostAgent``, or a served policy's agent side
-    policy: Any = None  # the resolved ``Policy``
-    hooks: list = dataclasses.field(default_factory=list)
-    t_start: float = 0.0  # ``time.perf_counter`` when the run began
-    success_mode: str | None = None
-    instruction: str | None = None
 
 
 class HostLoop:
@@ -340,12 +332,13 @@ class HostLoop:
             self.recorder.step(j, step_index, self.obs, r, te, tr)
         ok = np.isfinite(r)  # rules.reward_faults, for these lanes alone
         clean = np.count_nonzero(ok) == ok.size  # the usual step: all finite
-        if not clean:
-            bad_r = ~ok
+        if not clean:  # the bad rewards join the step's faults (a copy)
+            bad, n = ~ok, self.n
             kinds, values = rules.reward_faults(np, r, np.ones(j.size, bool))
-            faults = self._with(
-                faults, j[bad_r], kinds[bad_r], values[bad_r], step_index[bad_r]
-            )
+            new = (np.zeros(n, np.int32), np.zeros(n, np.float32), self.t.copy())
+            faults = new if faults is None else tuple(x.copy() for x in faults)
+            for x, v in zip(faults, (kinds, values, step_index), strict=True):
+                x[j[bad]] = v[bad]
         if self.steps:  # lanes ascending; a step that met a bad value is not one
             js = j[ok]
             rows = (step_index[ok], self.step_action[js], r[ok], te[ok], tr[ok])
@@ -363,16 +356,6 @@ class HostLoop:
             res.lanes[i] = ended
         self.close_episodes(ended, faults)
         self.steps.raise_error()  # a hook raised on a step that ended nothing
-
-    def _with(self, faults: tuple | None, js, kinds, values, steps) -> tuple:
-        """``faults`` (or None) with lanes ``js``' added."""
-        if faults is None:
-            n = self.n
-            faults = (np.zeros(n, np.int32), np.zeros(n, np.float32), self.t.copy())
-        else:
-            faults = tuple(x.copy() for x in faults)
-        faults[0][js], faults[1][js], faults[2][js] = kinds, values, steps
-        return faults
 
     def action_faults(self, go: np.ndarray, actions: np.ndarray) -> tuple | None:
         """The bad actions (out of range, not finite) of the lanes in ``go``:
@@ -515,17 +498,11 @@ class LocalRun(HostLoop):
                 t_env = time.perf_counter()
                 tel.span("predict", t_predict, t_env, "lanes")
             self.started[:] = False
-            self.step_lanes(self.active, actions, t_env, "lanes")
+            faults = self.action_faults(self.active, actions)
+            go = self.passed(self.active, faults)
+            reward, term, trunc = self.lanes.step(actions, go, self.obs_leaves)
+            self.stepped(go, reward, term, trunc, actions, faults, t_env, "lanes")
         self.finish()
-
-    def step_lanes(
-        self, mask: np.ndarray, actions: np.ndarray, t_env: float, row: str
-    ) -> None:
-        """The lanes in ``mask`` execute ``actions`` (by lane)."""
-        faults = self.action_faults(mask, actions)
-        go = self.passed(mask, faults)
-        reward, term, trunc = self.lanes.step(actions, go, self.obs_leaves)
-        self.stepped(go, reward, term, trunc, actions, faults, t_env, row)
 
     def passed(self, go: np.ndarray, faults: tuple | None) -> np.ndarray:
         """The lanes of ``go`` whose action passed the checks."""
@@ -549,9 +526,7 @@ class LocalRun(HostLoop):
         else:
             self.account(j, reward[j], term[j], trunc[j], faults)
         if lost.size:  # a dead worker's lanes (rebuilt) take the reruns
-            free = np.zeros(self.n, bool)
-            free[lost] = True
-            self.take_next(free & ~self.active)
+            self.take_next(np.isin(np.arange(self.n), lost) & ~self.active)
 
     def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``go`` without the lanes whose worker died in this step (their
@@ -602,11 +577,7 @@ class GroupedRun(LocalRun):
     def run(self) -> None:
         self.take_next(np.ones(self.n, bool))
         self.state = self.program.init(self.agent_obs, self.active.copy())
-        masks = []
-        for lanes_ in self.lanes.groups:
-            mask = np.zeros(self.n, bool)
-            mask[lanes_[lanes_ < self.n]] = True
-            masks.append(mask)
+        masks = [np.isin(np.arange(self.n), g) for g in self.lanes.groups]
         inflight: list = [None] * len(masks)
         try:
             while self.active.any() or any(inflight):

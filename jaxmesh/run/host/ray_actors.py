@@ -205,21 +205,15 @@ class RayFleet:
             for a in actors:
                 with contextlib.suppress(Exception):  # dead already
                     ray.kill(a, no_restart=True)
-            self._wait_dead(actors)
+            # Until each is known dead (a call on it fails), at most STOP_SECONDS.
+            end = time.monotonic() + STOP_SECONDS
+            for a in actors:
+                with contextlib.suppress(Exception):  # dead, as asked
+                    left = max(end - time.monotonic(), 0)
+                    ray.get(a.__ray_ready__.remote(), timeout=left)
         if self.started_ray:
             self.started_ray = False
             ray.shutdown()
-
-    def _wait_dead(self, actors: list) -> None:
-        """Returns once every actor is known dead (a call on it fails), at
-        most ``STOP_SECONDS``."""
-        ray = self.ray
-        end = time.monotonic() + STOP_SECONDS
-        for a in actors:
-            with contextlib.suppress(Exception):  # dead, as asked
-                ray.get(
-                    a.__ray_ready__.remote(), timeout=max(end - time.monotonic(), 0)
-                )
 
 
 class RayServers(ServedLanes):

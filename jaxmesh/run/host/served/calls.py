@@ -46,16 +46,13 @@ class Outbox:
         if not self.resets and not self.segments and not self.released:
             return
         run = self.run
+        lanes_ = ranks = counts = starts = np.zeros(0, np.int64)
+        live, acts = np.zeros(0, bool), None
         if self.segments:
             queued = (np.concatenate(x) for x in zip(*self.segments, strict=True))
             lanes_, epochs, ranks, counts, acts = queued
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
             live = epochs == run.epoch[lanes_]
-        else:
-            lanes_ = np.zeros(0, np.int64)
-            ranks = counts = starts = lanes_
-            live = np.zeros(0, bool)
-            acts = None
         self.segments = []
         self.queued[:] = 0
         resets, self.resets = self.resets, {}
@@ -107,9 +104,8 @@ class Outbox:
             rows = np.concatenate([chunks[g][:c] for g in gs])
             cnt = np.full(gs.size, c, np.int64)
             st = np.arange(gs.size, dtype=np.int64) * c
-            # _send reads each queued lane's rows through (lanes, counts, starts)
-            all_q = np.arange(gs.size)
-            self._send(s, all_q, gs, cnt, st, rows, rs, resets)
+            # _send reads each lane's rows through (lanes, counts, starts).
+            self._send(s, np.arange(gs.size), gs, cnt, st, rows, rs, resets)
         elif rs or any(self.run.server[g] == s for g in self.released):
             self._send(
                 s, np.zeros(0, np.int64), lanes_, counts, starts, acts, rs, resets

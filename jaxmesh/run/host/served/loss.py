@@ -142,24 +142,18 @@ class ServerLoss:
     def take_rejoins(self) -> None:
         """Servers that came back take their lanes again."""
         run = self.run
-        while True:
-            try:
-                s, session = self.rejoins.get_nowait()
-            except queue.Empty:
-                return
+        while not self.rejoins.empty():  # the loop is its one consumer
+            s, session = self.rejoins.get()
             run.lanes.sessions[s] = session
+            keys = run.obs_keys
             session.open(
-                replies=run.inbox.replies,
-                tag=s,
-                reader=True,
-                observation_keys=run.obs_keys,
+                replies=run.inbox.replies, tag=s, reader=True, observation_keys=keys
             )
             run.lockstep[s] = session.lockstep
             run.tel.add("transport_shm", session.transport == "shm")
             self.lost.discard(s)
             js = np.flatnonzero(run.server == s)
-            run.dead[js] = False
-            run.capped[js] = False
+            run.dead[js] = run.capped[js] = False
             run.epoch[js] += 1
             at = self._now()
             for loss in reversed(run.episodes_out.run_fields["server_losses"]):
@@ -169,18 +163,12 @@ class ServerLoss:
             run.tel.add("server_rejoined", 1)
             event = {"event": "rejoined", "server": session.address, "at_seconds": at}
             stream.call(run.episodes_out.hooks, "on_fault", event)
-            free = np.zeros(run.n, bool)
-            free[js] = True
-            run.take_next(free)
+            run.take_next(run.server == s)
 
     def stop(self) -> None:
         """Ends the reconnect attempts; closes sessions never taken."""
         self.stop_rejoining.set()
         for thread in self.rejoin_threads:
             thread.join(REJOIN_CONNECT_SECONDS + 1.0)
-        while True:
-            try:
-                _, session = self.rejoins.get_nowait()
-            except queue.Empty:
-                return
-            session.close()
+        while not self.rejoins.empty():
+            self.rejoins.get()[1].close()

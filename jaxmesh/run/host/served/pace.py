@@ -244,8 +244,13 @@ class ServedStepRun(ServedRun):
         for s in range(len(self.lanes.sessions)):
             on_s = stepped[self.server[stepped] == s] if many else stepped
             rs = [j for j in resets if self.server[j] == s]
-            if on_s.size or rs:
-                self._send_step(s, rs, resets, on_s, wire, g)
+            if on_s.size or rs:  # one call: the resets, an action per lane
+                reset_g = np.asarray(sorted(rs), np.int64)
+                act_g = on_s[np.argsort(self.local[on_s], kind="stable")]
+                rows = wire[act_g] if act_g.size else None
+                tag = (reset_g, g, act_g, None)
+                ones = np.ones(act_g.size, np.int64)
+                self.outbox.call(s, rs, resets, act_g, ones, rows, tag)
         self.ready[go] = False
         if not self.pending(g):
             raise RuntimeError(
@@ -254,21 +259,8 @@ class ServedStepRun(ServedRun):
                 f"{np.flatnonzero(self.active & group).tolist()})"
             )
 
-    def _send_step(self, s, rs, resets, act_g, wire, group) -> None:
-        """One call to server ``s``: resets ``rs``, an action per lane of
-        ``act_g``."""
-        reset_g = np.asarray(sorted(rs), np.int64)
-        rows = None
-        if act_g.size:
-            act_g = act_g[np.argsort(self.local[act_g], kind="stable")]
-            rows = wire[act_g]
-        ones = np.ones(act_g.size, np.int64)
-        self.outbox.call(
-            s, rs, resets, act_g, ones, rows, (reset_g, group, act_g, None)
-        )
-
     def file_reply(self, s: int, reply: Any) -> None:
-        """Files one server's reply to ``_send_step``."""
+        """Files one server's reply to a ``_turn``'s call."""
         b = reply.batch
         (reset_g, _, act_g, _), sent_at = self.outbox.inflight[s].popleft()
         self.inbox.tel_reply(s, sent_at, reply)

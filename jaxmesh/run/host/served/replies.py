@@ -30,9 +30,7 @@ class Inbox:
         n, layout = run.n, run.spec.layout
         cap = self.cap = 2 * run.cfg.h + 2
         self.rb_reward = np.zeros((n, cap), np.float32)
-        self.rb_term = np.zeros((n, cap), bool)
-        self.rb_trunc = np.zeros((n, cap), bool)
-        self.rb_has_obs = np.zeros((n, cap), bool)
+        self.rb_term, self.rb_trunc, self.rb_has_obs = np.zeros((3, n, cap), bool)
         self.rb_obs = {
             k: np.zeros((n, cap) + layout.shapes[k], layout.dtypes[k])
             for k in run.obs_keys
@@ -44,7 +42,6 @@ class Inbox:
         # What the reader threads decoded: ``(server, item)``.
         self.replies: queue.SimpleQueue = queue.SimpleQueue()
         self.direct = False  # replies taken off the one stream here
-        self.info_seen: set = set()
         self.slowest = 0.0
 
     def take_results(self) -> None:
@@ -194,7 +191,6 @@ class Inbox:
         ep_sent[is_reset] = reset_ep[np.searchsorted(reset_g, g[is_reset])]
         ep_sent[~is_reset] = act_ep  # act_g is in ascending local order, as b
         live = ep_sent == run.epoch[g]
-        # Resets: the reset observation.
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             for key, x in obs_rows.items():
@@ -204,7 +200,7 @@ class Inbox:
             if run.recorder is not None:
                 run.recorder.reset(g[rl], run.obs)
             run.ready[g[rl]] = run.started[g[rl]] = True
-        # Replays: step results into the ring buffers.
+        # Step results into the ring buffers.
         al = np.flatnonzero(live & ~is_reset & (b.steps > 0))
         if al.size:
             k = b.steps[al]
@@ -288,7 +284,6 @@ class Inbox:
                     "(or bool) per step: name a scalar info key"
                 )
             out[k] = x.reshape(x.shape[0]).astype(np.float64)
-            self.info_seen.add(k)
         if b.steps.size and b.steps.sum():  # a reply with steps: their rows
             self.run.metrics.check(set(out), set(b.info))
         return out

@@ -42,7 +42,7 @@ def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None
         run, lanes_[need], cs[need], target[need], chunk
     ):
         return
-    by_rank: dict[int, tuple[list, list, list]] = {}
+    by_rank: dict[int, list] = {}
     for j, cs_j, tgt, h_j, lead_j in zip(
         lanes_[need], cs[need], target[need], h[need], lead[need], strict=True
     ):
@@ -60,15 +60,13 @@ def plan_segments(run: Any, go: np.ndarray, actions: np.ndarray, cursor) -> None
         rank = 0
         for cut in [*cuts, int(tgt)]:
             if cut > first:
-                lst = by_rank.setdefault(rank, ([], [], []))
-                lst[0].append(j)
-                lst[1].append(cut - first)
-                lst[2].append(seq[first - run.sent[j] : cut - run.sent[j]])
+                part = seq[first - run.sent[j] : cut - run.sent[j]]
+                by_rank.setdefault(rank, []).append((j, cut - first, part))
                 rank += 1
                 first = cut
         run.sent[j] = max(int(run.sent[j]), int(tgt))
     for rank in sorted(by_rank):
-        js, cnt, parts = by_rank[rank]
+        js, cnt, parts = zip(*by_rank[rank], strict=True)
         run.outbox.queue(
             np.asarray(js, np.int64), np.asarray(cnt, np.int64), np.concatenate(parts)
         )
