@@ -53,14 +53,11 @@ class Trials:
             got = _trace_reset_fn(self.reset_fn)
             _check_like(got, want, "reset_fn(key, trial)", name, "return")
             return TrialReset(functools.partial(_call_reset_fn, self.reset_fn))
-        one = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.states
-        )
-        _check_like(one, want, "initial_states", name, "hold")
-        data = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.states
-        )
-        return TrialReset(_take_state, data)
+        spec = lambda k: jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape[k:], x.dtype), self.states
+        )  # k = 1: one state's
+        _check_like(spec(1), want, "initial_states", name, "hold")
+        return TrialReset(_take_state, spec(0))
 
     def for_run(self, states: Any) -> Any:
         """The data a run's reset reads: ``states`` of the evaluator's shapes

@@ -60,37 +60,36 @@ def _leaves(x: Any) -> list:
     return [np.asarray(x)]
 
 
-def _same(a: Any, b: Any) -> bool:
+def _gap(a: Any, b: Any) -> str | None:
+    """None for equal observations, else how they differ ("" when unsaid)."""
     la, lb = _leaves(a), _leaves(b)
-    return len(la) == len(lb) and all(
+    if len(la) != len(lb):
+        return ""
+    pairs = list(zip(la, lb, strict=True))
+    if all(
         x.shape == y.shape
         and x.dtype == y.dtype
         and np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
-        for x, y in zip(la, lb, strict=True)
-    )
-
-
-def _gap(a: Any, b: Any) -> str:
-    la, lb = _leaves(a), _leaves(b)
-    if len(la) == len(lb):
-        for x, y in zip(la, lb, strict=True):
-            if x.shape != y.shape:
-                return f" (shapes {x.shape} and {y.shape})"
-            if x.dtype.kind in "biuf" and y.dtype.kind in "biuf":
-                diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
-                if diff.size and np.nanmax(diff) > 0:
-                    return f" (largest difference {float(np.nanmax(diff)):.6g})"
+        for x, y in pairs
+    ):
+        return None
+    for x, y in pairs:
+        if x.shape != y.shape:
+            return f" (shapes {x.shape} and {y.shape})"
+        if x.dtype.kind in "biuf" and y.dtype.kind in "biuf":
+            diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            if diff.size and np.nanmax(diff) > 0:
+                return f" (largest difference {float(np.nanmax(diff)):.6g})"
     return ""
 
 
 def _first_difference(a: _Trace, b: _Trace) -> str | None:
-    if not _same(a.reset, b.reset):
-        return "the reset observation" + _gap(a.reset, b.reset)
+    if (gap := _gap(a.reset, b.reset)) is not None:
+        return "the reset observation" + gap
     for t in range(max(len(a.rewards), len(b.rewards))):
         if t >= len(a.rewards) or t >= len(b.rewards):
             return f"the episode's length (one ended after {t} steps)"
-        if not _same(a.observations[t], b.observations[t]):
-            gap = _gap(a.observations[t], b.observations[t])
+        if (gap := _gap(a.observations[t], b.observations[t])) is not None:
             return f"the observation after step {t + 1}{gap}"
         if a.rewards[t] != b.rewards[t]:
             return f"the reward of step {t + 1} ({a.rewards[t]!r} and {b.rewards[t]!r})"
