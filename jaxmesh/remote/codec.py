@@ -184,24 +184,18 @@ def decode_leaves(
     ``lead``); ProtocolError otherwise."""
     if expected is None:
         return {str(k): decode_array(t, key=str(k)) for k, t in tensors.items()}
-    _check_keys(tensors, expected)
-    out = {}
-    for key, spec in expected.items():
-        shape = tuple(spec.shape) if lead is None else (lead, *spec.shape)
-        out[key] = _decode(tensors[key], key, spec.dtype, shape)
-    return out
-
-
-def _check_keys(tensors: Mapping[str, pb.Tensor], expected: Mapping[str, LeafSpec]):
-    if len(tensors) == len(expected) and all(k in tensors for k in expected):
-        return
-    given, wanted = set(tensors.keys()), set(expected)
-    if given != wanted:
+    if len(tensors) != len(expected) or not all(k in tensors for k in expected):
+        given, wanted = set(tensors.keys()), set(expected)
         raise ProtocolError(
             f"leaves {few(sorted(given))} were sent, expected exactly "
             f"{sorted(wanted)}; missing {sorted(wanted - given)}, unexpected "
             f"{few(sorted(given - wanted))}"
         )
+    out = {}
+    for key, spec in expected.items():
+        shape = tuple(spec.shape) if lead is None else (lead, *spec.shape)
+        out[key] = _decode(tensors[key], key, spec.dtype, shape)
+    return out
 
 
 def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:

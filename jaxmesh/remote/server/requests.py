@@ -80,7 +80,6 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
                 )
             options[name] = int(value.int_value)
         ops[lane] = shared.Reset(lane, int(r.seed), options or None, float(mes))
-    replays: dict[int, shared.Replay] = {}
     if msg.HasField("batch"):
         batch = codec.decode_action_batch(
             msg.batch, {"": lanes.act_spec}, num_lanes=n, max_count=MAX_COUNT
@@ -89,7 +88,7 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
         if not ops and not msg.release and np.all(batch.counts == 1):
             single = (stepped, arr)  # one action per lane, nothing else
         else:
-            replays = {op.lane: op for op in _replays(batch, arr)}
+            ops.update((op.lane, op) for op in _replays(batch, arr))
     keys = set(msg.observation_keys)
     names = lanes.obs_names
     if not keys <= set(names):
@@ -103,7 +102,6 @@ def _parse_request(msg: pb.StepRequest, lanes: ServerStepper) -> _Request:
             f"observation_keys {codec.few(unknown)} are not all declared: {has} "
             "(see the handshake)"
         )
-    ops.update(replays)
     release = tuple(dict.fromkeys(int(j) for j in msg.release))
     for lane in release:
         check_lane(lane, "release")

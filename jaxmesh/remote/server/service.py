@@ -50,9 +50,9 @@ class _EnvTokenInterceptor(grpc.ServerInterceptor):
         self.prefix = f"/{SERVICE_NAME}/"
 
     def intercept_service(self, continuation, handler_call_details):
-        if not handler_call_details.method.startswith(self.prefix):
-            return continuation(handler_call_details)
-        why = self.server._token_error(handler_call_details.invocation_metadata)
+        why = None
+        if handler_call_details.method.startswith(self.prefix):
+            why = self.server._token_error(handler_call_details.invocation_metadata)
         if why is None:
             return continuation(handler_call_details)
 
@@ -197,12 +197,10 @@ class EnvServer:
         action_size = math.prod(lanes.act_leaf.shape)
         receive = request_limit(self.options, lanes.num_lanes, action_size)
         # gRPC's stop() leaves the pool's threads idle: shutdown() ends them.
-        executor = concurrent.futures.ThreadPoolExecutor(
-            16, thread_name_prefix="jaxmesh-serve"
-        )
-        self._executor = executor
+        pool = concurrent.futures.ThreadPoolExecutor
+        self._executor = pool(16, thread_name_prefix="jaxmesh-serve")
         server = grpc.server(
-            executor,
+            self._executor,
             interceptors=(_EnvTokenInterceptor(self),) if self.options.token else (),
             options=[
                 ("grpc.max_send_message_length", limit),
