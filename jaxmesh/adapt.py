@@ -182,22 +182,14 @@ class Image:
         if self.crop is not None:
             t, left, h, w = _crop_box(self.crop, hw)
             what = f"{self.crop:g}" if isinstance(self.crop, float) else str(self.crop)
-            steps.append(
-                (
-                    f"crop {what} (rows {t}:{t + h}, cols {left}:{left + w} "
-                    f"of {hw[0]}x{hw[1]})",
-                    lambda x, box=(slice(t, t + h), slice(left, left + w)): x[box],
-                )
-            )
+            what += f" (rows {t}:{t + h}, cols {left}:{left + w} of {hw[0]}x{hw[1]})"
+            box = (slice(t, t + h), slice(left, left + w))
+            steps.append((f"crop {what}", lambda x, box=box: x[box]))
             hw = (h, w)
         if self.rotate:
             k = self.rotate // 90
-            steps.append(
-                (
-                    f"rotate {self.rotate} ccw",
-                    lambda x, k=k: jnp.rot90(x, k, axes=(0, 1)),
-                )
-            )
+            rotate = f"rotate {self.rotate} ccw"
+            steps.append((rotate, lambda x, k=k: jnp.rot90(x, k, axes=(0, 1))))
             if k % 2:
                 hw = (hw[1], hw[0])
         name = jnp.dtype(out).name
@@ -224,24 +216,22 @@ class Image:
             rh, rw = _fit(hw, self.size, cover=False)
             top, left = int((h - rh) / 2), int((w - rw) / 2)
             pad = ((top, h - rh - top), (left, w - rw - left)) + ((0, 0),) * len(rest)
+            what = (
+                f"resize pad {self.size} (fit {rh}x{rw}, zero rows "
+                f"{pad[0][0]}+{pad[0][1]}, cols {pad[1][0]}+{pad[1][1]})"
+            )
             steps.append(
-                (
-                    f"resize pad {self.size} (fit {rh}x{rw}, zero rows "
-                    f"{pad[0][0]}+{pad[0][1]}, cols {pad[1][0]}+{pad[1][1]})",
-                    lambda x, to=(rh, rw), pad=pad: jnp.pad(bilinear(x, to), pad),
-                )
+                (what, lambda x, to=(rh, rw), pad=pad: jnp.pad(bilinear(x, to), pad))
             )
         else:
             rh, rw = _fit(hw, self.size, cover=True)
             top, left = (rh - h) // 2, (rw - w) // 2
             box = (slice(top, top + h), slice(left, left + w))
-            steps.append(
-                (
-                    f"resize crop {self.size} (cover {rh}x{rw}, keep rows "
-                    f"{top}:{top + h}, cols {left}:{left + w})",
-                    lambda x, to=(rh, rw), box=box: bilinear(x, to)[box],
-                )
+            what = (
+                f"resize crop {self.size} (cover {rh}x{rw}, keep rows "
+                f"{top}:{top + h}, cols {left}:{left + w})"
             )
+            steps.append((what, lambda x, to=(rh, rw), box=box: bilinear(x, to)[box]))
         return steps
 
     def steps(self, shape: tuple[int, ...], dtype: Any) -> list[str]:

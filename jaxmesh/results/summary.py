@@ -117,34 +117,24 @@ def _return_rows(stats: dict[str, Any]) -> list[Row]:
         text = "n/a (one episode)" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]"
         return Row(key, f"{label}, {level} interval", v, text, how)
 
+    error, at_most = "std / sqrt(episodes)", "of the episodes return at most this"
     middle = "interquartile mean: the mean of the middle half of the returns"
     std = "sample standard deviation (ddof = 1)"
+    resamples = f"{n:,} (percentile bootstrap, seed {seed})"
+    few = "fewer for a very large run, so that the summary takes seconds"
+    quantiles = [
+        num(f"returns.quantiles.{k}", f"return {k}", f"{k[1:]}% {at_most}")
+        for k in stats["returns"]["quantiles"]
+    ]
     return [
         num("returns.mean", "mean return"),
         num("returns.std", "std of the returns", std),
-        num(
-            "returns.standard_error",
-            "standard error of the mean",
-            "std / sqrt(episodes)",
-        ),
+        num("returns.standard_error", "standard error of the mean", error),
         span("returns.mean_interval", "mean return"),
         num("returns.iqm", "IQM return", middle),
         span("returns.iqm_interval", "IQM return"),
-        Row(
-            "resamples",
-            "bootstrap resamples",
-            n,
-            f"{n:,} (percentile bootstrap, seed {seed})",
-            "fewer for a very large run, so that the summary takes seconds",
-        ),
-        *(
-            num(
-                f"returns.quantiles.{k}",
-                f"return {k}",
-                f"{k[1:]}% of the episodes return at most this",
-            )
-            for k in stats["returns"]["quantiles"]
-        ),
+        Row("resamples", "bootstrap resamples", n, resamples, few),
+        *quantiles,
         num("returns.min", "min return"),
         num("returns.max", "max return"),
         num("lengths.mean", "mean length", "env steps per episode", 1),
@@ -161,15 +151,11 @@ def _success_rows(stats: dict[str, Any]) -> list[Row]:
     rate = stats["success_rate"]
     if rate is not None:
         low, high = pair = stats["success_interval"]
+        wilson = f"success rate, {level} Wilson interval"
+        text = f"[{low:.1%}, {high:.1%}]"
         out += [
             Row("success_rate", label, rate, f"{rate:.1%}", f"success_mode={mode!r}"),
-            Row(
-                "success_interval",
-                f"success rate, {level} Wilson interval",
-                pair,
-                f"[{low:.1%}, {high:.1%}]",
-                "Wilson score interval",
-            ),
+            Row("success_interval", wilson, pair, text, "Wilson score interval"),
         ]
     elif key is not None:
         why = f"n/a (some episodes had no {key!r} in their info)"
@@ -184,17 +170,12 @@ def _success_rows(stats: dict[str, Any]) -> list[Row]:
         note = f"the success signal was true at {note}"
         out.append(Row(name, label, value, _pct(value), note))
     at_reset = stats.get("successes_at_reset")
-    out.append(
-        Row(
-            "successes_at_reset",
-            "successful at reset",
-            at_reset,
-            "unknown" if at_reset is None else f"{at_reset:,} of {n:,} episodes",
-            "episodes whose success signal was already true at reset"
-            if at_reset is not None
-            else "the env's reset gives no success signal",
-        )
-    )
+    if at_reset is None:
+        text, note = "unknown", "the env's reset gives no success signal"
+    else:
+        text = f"{at_reset:,} of {n:,} episodes"
+        note = "episodes whose success signal was already true at reset"
+    out.append(Row("successes_at_reset", "successful at reset", at_reset, text, note))
     return out
 
 
@@ -213,32 +194,20 @@ def setting_rows(result: Any) -> list[Row]:
     if result.instruction is not None:
         rows.append(field("instruction", "instruction"))
     capped = "s (wall clock: results depend on timing and may differ between runs)"
+    cap = "none" if cap is None else f"{cap:g} {capped}"
     chunks = "one action per plan" if chunk is None else f"chunks of {chunk} actions"
+    horizon = "actions of a chunk executed before the next plan"
+    effective = "min(horizon, chunk length)"
+    lead = "steps a chunk is planned before it plays"
     rows += [
         field("num_envs", "lanes (num_envs)", f"{result.num_envs:,}"),
-        field(
-            "horizon",
-            "horizon",
-            None,
-            "actions of a chunk executed before the next plan",
-        ),
-        field(
-            "effective_horizon", "effective horizon", None, "min(horizon, chunk length)"
-        ),
+        field("horizon", "horizon", None, horizon),
+        field("effective_horizon", "effective horizon", None, effective),
         field("chunk", "chunk length", chunks, "actions a plan returns"),
-        field(
-            "prefetch_lead",
-            "prefetch lead",
-            None,
-            "steps a chunk is planned before it plays",
-        ),
+        field("prefetch_lead", "prefetch lead", None, lead),
         Row("mode", "mode", mode_text(result), mode_text(result)),
         field("plan_tile", "plan tile", None, "rows per policy call"),
-        field(
-            "max_episode_seconds",
-            "max episode seconds",
-            "none" if cap is None else f"{cap:g} {capped}",
-        ),
+        field("max_episode_seconds", "max episode seconds", cap),
     ]
     rows += [
         Row(f"server_losses.{i}", "server lost", loss, loss_text(loss))
@@ -247,16 +216,12 @@ def setting_rows(result: Any) -> list[Row]:
     lost = (getattr(result, "telemetry", None) or {}).get("worker_lost")
     if lost:  # a worker process died (a crash, the OOM killer) and was replaced
         n = int(lost["count"])
-        rows.append(
-            Row(
-                "telemetry.worker_lost.count",
-                "workers lost",
-                n,
-                f"{n} worker process{'es' if n > 1 else ''} lost and replaced; "
-                "the episodes they were running ran again from their seeds",
-                "worker processes that died during the run",
-            )
+        text = (
+            f"{n} worker process{'es' if n > 1 else ''} lost and replaced; "
+            "the episodes they were running ran again from their seeds"
         )
+        note = "worker processes that died during the run"
+        rows.append(Row("telemetry.worker_lost.count", "workers lost", n, text, note))
     return [row._replace(table="settings") for row in rows]
 
 
@@ -266,21 +231,13 @@ def _total_rows(result: Any) -> list[Row]:
     resumed = getattr(r, "resumed_part", None)
     rate = "the resumed part's env steps / its run time" if resumed else ""
     per_step = f"{r.rows_per_step:.3f} ({r.plan_tile} rows per call)"
+    padding = "rows the policy computed, padding included"
+    rate = rate or "env steps / run time"
     rows = [  # (field, label, text, note)
         ("env_steps", "env steps", f"{r.env_steps:,}", ""),
-        (
-            "policy_rows",
-            "policy rows",
-            f"{r.policy_rows:,}",
-            "rows the policy computed, padding included",
-        ),
+        ("policy_rows", "policy rows", f"{r.policy_rows:,}", padding),
         ("rows_per_step", "policy rows per env step", per_step, "ideal: 1 / horizon"),
-        (
-            "steps_per_second",
-            "env steps / s",
-            f"{r.steps_per_second:,.0f}",
-            rate or "env steps / run time",
-        ),
+        ("steps_per_second", "env steps / s", f"{r.steps_per_second:,.0f}", rate),
         ("wall_time", "wall time", f"{r.wall_time:.2f} s", "the whole call"),
         ("compile_time", "compile time", f"{r.compile_time:.2f} s", ""),
         ("run_time", "run time", f"{r.run_time:.2f} s", ""),
@@ -319,9 +276,8 @@ def provenance_rows(result: Any) -> list[Row]:
     for name, v in (made.get("versions") or {}).items():
         rows.append(Row(f"provenance.versions.{name}", name, v, v or "not installed"))
     if not made:
-        rows[-1] = rows[-1]._replace(
-            note="the result does not say when or with which versions it was made"
-        )
+        note = "the result does not say when or with which versions it was made"
+        rows[-1] = rows[-1]._replace(note=note)
     return [row._replace(table="provenance") for row in rows]
 
 
