@@ -1,9 +1,7 @@
 """LIBERO's tasks as host-stepped gymnasium envs, run as robot-learning papers run them.
 
-``jaxmesh.make_env("libero:libero_spatial/3")`` returns a picklable factory of
-``LiberoEnv``; ``make_suite("libero:libero_spatial")`` a ``jaxmesh.Suite``. An
-episode follows openpi's LIBERO client: docs/libero.md gives the protocol, the
-observation and the OpenGL backends.
+``make_env("libero:libero_spatial/3")`` gives a picklable factory of ``LiberoEnv``;
+docs/libero.md gives the protocol (openpi's), the observation and the OpenGL backends.
 """
 
 from __future__ import annotations
@@ -42,8 +40,7 @@ DEFAULT_CAMERA_SIZE = 256
 #: LIBERO's cameras, in the order the env returns them.
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 
-#: The OpenGL library each headless backend loads, and the Debian package
-#: that ships it.
+#: The OpenGL library each headless backend loads, and its Debian package.
 _GL_LIBRARIES = {
     "osmesa": ("OSMesa", "libosmesa6"),
     "egl": ("EGL", "libegl1 and libegl-mesa0 (or a GPU driver's EGL)"),
@@ -53,9 +50,8 @@ _TRIAL_INDEX = "trial_index"
 
 
 def _gl_backend() -> str:
-    """The headless OpenGL backend, chosen before MuJoCo is imported:
-    ``MUJOCO_GL`` as set, else ``osmesa``; RuntimeError when its library is
-    not installed."""
+    """``MUJOCO_GL`` as set, else ``osmesa`` (set before MuJoCo is imported);
+    RuntimeError when its library is not installed."""
     if "OpenGL" not in sys.modules and "robosuite" not in sys.modules:
         # Only while unset: PyOpenGL and robosuite read these when first imported.
         os.environ.setdefault("MUJOCO_GL", "osmesa")
@@ -91,8 +87,7 @@ def _libero() -> Any:
     return lib
 
 
-#: What robosuite logs on import when it has no private macro file (advice
-#: to its developers, said again in every process that imports it).
+#: robosuite's import-time advice to its developers (no private macro file).
 _ROBOSUITE_ADVICE = (
     "No private macro file found",
     "It is recommended to use a private macro file",
@@ -101,17 +96,14 @@ _ROBOSUITE_ADVICE = (
 
 
 def _drop_advice(record: logging.LogRecord) -> bool:
-    """Drops robosuite's macro-file advice; its other records pass."""
     return not str(record.msg).startswith(_ROBOSUITE_ADVICE)
 
 
 @functools.cache
 def _suite(name: str) -> Any:
     lib = _libero()
-    # LIBERO prints its task order on stdout ("[info] Applying task order index
-    # 0 ..."), once per process and suite: the papers' order is not news, so it
-    # is dropped. Anything else it prints ("[warning]", "[error]") goes to
-    # stderr: stdout belongs to the caller (serve-env prints its address there).
+    # LIBERO prints its task order on stdout, dropped; anything else it prints
+    # goes to stderr: stdout is the caller's (serve-env prints its address).
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         suite = lib.benchmark.get_benchmark_dict()[name]()
@@ -134,8 +126,7 @@ def check_suite(suite: Any) -> str:
 
 
 def suite_tasks(suite: str) -> list[tuple[str, str]]:
-    """``(name, language instruction)`` of each task of ``suite``, in LIBERO's
-    order (the task index of ``"libero:<suite>/<i>"``)."""
+    """``(name, language instruction)`` of each task of ``suite``, in order."""
     s = _suite(check_suite(suite))
     return [(t.name, t.language) for t in (s.get_task(i) for i in range(s.n_tasks))]
 
@@ -165,12 +156,10 @@ def parse_id(env_id: str) -> tuple[str, int]:
             f"with a suite of {list(SUITES)}, e.g. 'libero:libero_spatial/0' "
             "(a whole suite: jaxmesh.make_suite('libero:libero_spatial'))"
         )
-    check_suite(suite)
     return suite, check_task(suite, int(index))
 
 
-#: Each option of a LIBERO env: its least value, whether None is allowed, and
-#: what it is.
+#: Each option: its least value, whether None is allowed, and what it is.
 _OPTIONS = {
     "camera_size": (
         1,
@@ -212,18 +201,8 @@ def check_options(
 
 
 def make(name: str, **options: Any) -> functools.partial:
-    """The env factory of ``"libero:<name>"`` (``name`` = ``"<suite>/<i>"``).
-
-    Args:
-      name: ``"<suite>/<task index>"``, e.g. ``"libero_spatial/0"``.
-      **options: ``camera_size`` (default 256; None: no camera, state only),
-        ``settle_steps`` (default 10), ``max_episode_steps`` (default: the
-        suite's cap).
-
-    Returns:
-      ``functools.partial(LiberoEnv, suite, index, **options)``: a picklable
-      zero-argument factory, which ``jaxmesh.evaluate`` calls once per lane
-      (in this process or in each worker process).
+    """``functools.partial(LiberoEnv, suite, index, **options)``, the picklable
+    factory of ``"libero:<suite>/<index>"`` (``options``: ``LiberoEnv``'s).
 
     Raises:
       ValueError, TypeError: an unknown suite, task index or option.
@@ -241,16 +220,14 @@ def make(name: str, **options: Any) -> functools.partial:
 
 
 def make_envs(name: str, count: int, **options: Any) -> list:
-    """``count`` envs of ``"libero:<name>"`` (what a server serves as lanes:
-    ``jaxmesh.EnvServer(functools.partial(make_envs, name, 8))``, or
-    ``jaxmesh serve-env libero:<name> --lanes 8``)."""
+    """``count`` envs of ``"libero:<name>"`` (a server's lanes:
+    ``jaxmesh.EnvServer(functools.partial(make_envs, name, 8))``)."""
     return build_envs(make(name, **options), range(count))
 
 
 def video_frame(obs: Any, state: Any = None) -> np.ndarray:
-    """A video frame of a recorded LIBERO episode: its agentview image turned
-    upright (``jaxmesh.render(result, i, path, frames=video_frame)``; the run
-    must record ``agentview_image``, i.e. have cameras)."""
+    """A recorded step's agentview image turned upright
+    (``jaxmesh.render(result, i, path, frames=video_frame)``)."""
     del state
     if not isinstance(obs, dict) or "agentview_image" not in obs:
         raise ValueError(
@@ -263,8 +240,8 @@ def video_frame(obs: Any, state: Any = None) -> np.ndarray:
 
 
 def _space(obs: dict) -> Any:
-    """A Dict space of LIBERO's observation: images uint8 ``[0, 255]`` (before
-    the first reset robosuite holds them as floats), the rest unbounded."""
+    """A Dict space of LIBERO's observation: images uint8 (robosuite holds them
+    as floats before the first reset), the rest unbounded."""
     spaces = gymnasium.spaces
     leaves = {}
     for k, v in obs.items():
@@ -277,24 +254,16 @@ def _space(obs: dict) -> Any:
 
 
 class LiberoEnv(gymnasium.Env):
-    """One LIBERO task as a gymnasium env that runs the papers' protocol.
+    """One LIBERO task as a gymnasium env that runs docs/libero.md's protocol.
 
     Args:
-      suite: one of ``SUITES``.
-      task: the task's index in the suite (LIBERO's order).
-      camera_size: both cameras' image side (``agentview_image`` and
-        ``robot0_eye_in_hand_image``, uint8 ``[size, size, 3]``); None: no
-        camera and no renderer (state only, about 20 times faster a step).
+      task: the task's index in ``suite`` (LIBERO's order).
+      camera_size: both cameras' image side; None: no camera and no renderer
+        (state only, about 20 times faster a step).
       settle_steps: dummy-action steps after the initial state (not counted).
-      max_episode_steps: policy steps before ``truncated``; None: the suite's
-        cap (``SUITES``).
+      max_episode_steps: policy steps before ``truncated``; None: the suite's.
       render_mode: ``"rgb_array"`` (the default with cameras): ``render()``
-        is the last agentview image turned upright (rotated 180 degrees),
-        for videos; None without cameras.
-
-    ``reset(seed=s, options={"trial_index": k})`` runs docs/libero.md's
-    protocol (init state ``k % 50``); ``info`` holds ``"success"`` and
-    ``"init_state"``, the reset's also ``"language"``.
+        is the last agentview image turned upright; None without cameras.
     """
 
     metadata = {"render_modes": ["rgb_array"], "reset_options": (_TRIAL_INDEX,)}
@@ -344,8 +313,7 @@ class LiberoEnv(gymnasium.Env):
             self._env = ControlEnv(
                 bddl_file_name=bddl, use_camera_obs=False, has_offscreen_renderer=False
             )
-        # Settle steps other than the papers' are in the name: it is the env's
-        # identity wherever it runs (a resume with others is refused).
+        # Settle steps other than the papers' are in the env's identity.
         settle = self.settle_steps
         tag = "" if settle == DEFAULT_SETTLE_STEPS else f"-settle{settle}"
         self.spec = gymnasium.envs.registration.EnvSpec(
@@ -403,35 +371,12 @@ class LiberoEnv(gymnasium.Env):
             env.close()
 
 
-__all__ = [
-    "DUMMY_ACTION",
-    "LiberoEnv",
-    "PREFIX",
-    "SUITES",
-    "check_options",
-    "make",
-    "make_envs",
-    "suite_members",
-    "parse_id",
-    "suite_tasks",
-    "video_frame",
-]
-
-
 def suite_members(
     suite: str, tasks: Any = None, **options: Any
 ) -> list[tuple[str, Any, str]]:
-    """LIBERO suite ``suite``'s tasks as ``(name, env factory, instruction)``,
-    in LIBERO's order; ``jaxmesh.make_suite`` makes them a ``Suite``.
-
-    Args:
-      suite: one of ``SUITES``.
-      tasks: task indices to keep (LIBERO's order); None: every task.
-      **options: every task's env options (``make``).
-
-    Raises:
-      ValueError, TypeError: an unknown suite, task index or option.
-    """
+    """``(name, env factory, instruction)`` of a suite's ``tasks`` (indices;
+    None: all) for ``jaxmesh.make_suite``; ValueError, TypeError: an unknown
+    suite, task index or option."""
     check_suite(suite)
     names = suite_tasks(suite)
     if tasks is None:
