@@ -288,20 +288,17 @@ class WebsocketClient:
         self.address, self.connections = address, connections
         #: Requests sent (one per row planned).
         self.requests = 0
-        #: Idle connections, and how many are open (idle or in use).
-        self._idle: list[_Connection] = []
-        self._open = 0
         self._closed = False
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        ws, metadata = self._connect()
         #: The server's metadata map (its first frame).
-        self.metadata: dict = metadata
-        batch = metadata.get("max_batch")
+        ws, self.metadata = self._connect()
+        #: Idle connections, and how many are open (idle or in use).
+        self._idle: list[_Connection] = [ws]
+        self._open = 1
+        batch = self.metadata.get("max_batch")
         #: The server batches across connections (metadata ``max_batch`` > 1).
         self.batching = isinstance(batch, int) and batch > 1
-        self._idle.append(ws)
-        self._open = 1
         self._keepalive = threading.Thread(
             target=self._keep_alive, name="jaxmesh-ws-keepalive", daemon=True
         )
