@@ -1,8 +1,6 @@
-"""Per-call timings of a host-stepped run (``result.telemetry``): one sample per
-call in named series (docs/remote.md, "Telemetry"; ``jaxmesh.results.summary.UNITS``
-says which are sizes, flags or event counts), reduced by ``stats``. Under
-``evaluate(..., trace=path)`` the timed series are also spans of the run's
-timeline, named as ``TRACE_NAMES`` says.
+"""Per-call timings of a host-stepped run (``result.telemetry``; docs/cli.md,
+``--telemetry``) in named series, reduced by ``stats``; under ``trace=`` the
+timed series are also spans of the run's timeline (``TRACE_NAMES``).
 """
 
 from __future__ import annotations
