@@ -137,17 +137,9 @@ class StepStream:
         t = np.asarray(t)
         planned, stale = chunk_position(t, self.horizon, self.lead)
         actions = np.asarray(actions)
-        rows = zip(
-            np.asarray(lanes).tolist(),
-            np.asarray(episodes).tolist(),
-            t.tolist(),
-            np.asarray(rewards, np.float32).tolist(),
-            np.asarray(terminated).tolist(),
-            np.asarray(truncated).tolist(),
-            planned.tolist(),
-            stale.tolist(),
-            strict=True,
-        )
+        rewards = np.asarray(rewards, np.float32)
+        columns = (lanes, episodes, t, rewards, terminated, truncated, planned, stale)
+        rows = zip(*(np.asarray(c).tolist() for c in columns), strict=True)
         try:
             for q, (j, i, k, r, te, tr, p, st) in enumerate(rows):
                 event = StepEvent(j, i, k, actions[q], r, te, tr, p, st)
