@@ -498,12 +498,8 @@ def report_html(
     """
     if resamples is None:  # the summary's rule
         resamples = _stats.summary_resamples(len(result.returns))
-    page = Page(
-        result,
-        result.stats(resamples=resamples),
-        episode_rows,
-        None if base is None else Path(base),
-    )
+    stats = result.stats(resamples=resamples)
+    page = Page(result, stats, episode_rows, None if base is None else Path(base))
     parts = [part for part in (fn(page) for fn in SECTIONS) if part is not None]
     name = f"{result.policy or 'policy'} on {_summary.short_env(result.env) or 'env'}"
     lede = (
@@ -644,15 +640,11 @@ def _html_rows(rows: Sequence[_summary.Row]) -> list[str]:
 
 def suite_provenance_section(suite: Any) -> Section:
     """Each task's setting and provenance rows."""
-    body = ""
+    body, head = "", ("what", "value", "note")
     for k, (name, result) in enumerate(suite.tasks.items()):
-        body += f"<h3>{esc(f'Task {name}')}</h3>" + _table(
-            _html_rows(
-                _summary.setting_rows(result) + _summary.provenance_rows(result)
-            ),
-            f"task-{k}-provenance-table",
-            ("what", "value", "note"),
-        )
+        made = _summary.setting_rows(result) + _summary.provenance_rows(result)
+        table = _table(_html_rows(made), f"task-{k}-provenance-table", head)
+        body += f"<h3>{esc(f'Task {name}')}</h3>" + table
     return Section("provenance", "Provenance", body)
 
 
@@ -680,9 +672,8 @@ def suite_report_html(
         shown = videos_section(page)
         if shown is not None:  # the task's recorded episodes
             body += shown.body
-        body += "<h3>Episodes</h3>" + episodes_table(
-            result, episode_rows, f"task-{k}-episodes"
-        )
+        table = episodes_table(result, episode_rows, f"task-{k}-episodes")
+        body += "<h3>Episodes</h3>" + table
         parts.append(Section(f"task-{k}", f"Task {name}", body))
     parts.append(suite_provenance_section(suite))
     rs = list(suite.tasks.values())

@@ -93,8 +93,7 @@ def _json_value(v: Any) -> float | bool | None:
 
 
 def _record_issues(episodes: list, fingerprint: Any) -> list[tuple[int, int, str]]:
-    """``RunResult.record_issues`` of a dict's episodes (none without a run
-    identity: ``resume=`` refuses such a dict)."""
+    """``RunResult.record_issues`` of a dict's episodes (none without an identity)."""
     if not isinstance(fingerprint, dict) or "policy" not in fingerprint:
         return []
     run = checksum.identity_text(fingerprint)
@@ -337,9 +336,8 @@ class RunResult:
     def from_results(
         cls, res: Any, seeds: np.ndarray, keep: np.ndarray | None = None, **run: Any
     ) -> RunResult:
-        """A result of the engine's ``Results`` (numpy leaves); ``keep``: a
-        mask of the episodes to keep (default: all); ``run``: the totals and
-        settings fields."""
+        """A result of the engine's ``Results`` (numpy leaves), the episodes
+        ``keep`` masks (default: all); ``run``: the other fields."""
         e = seeds.size
         idx = np.arange(e) if keep is None else np.flatnonzero(keep[:e])
         per_episode = {f: np.asarray(getattr(res, f))[idx] for f in EPISODE_FIELDS}
@@ -618,8 +616,8 @@ class RunResult:
 
 
 def _success_kinds(settings: dict, episodes: list) -> dict:
-    """Each success kind's flags of a results dict (None: none kept); a file
-    written before ``success_mode`` holds the flag at the end as ``success``."""
+    """Each success kind's flags of a results dict (an older one's flag at the
+    end is its ``success``)."""
     kinds: dict = dict.fromkeys(SUCCESS_KINDS)
     if settings.get("success_key") is not None:
         for kind in SUCCESS_KINDS:
@@ -630,8 +628,7 @@ def _success_kinds(settings: dict, episodes: list) -> dict:
 
 
 def _episode_metrics(episodes: list, reductions: dict) -> dict:
-    """Each metric's values of a results dict: bool for ``any``, else float32
-    with NaN where an episode had none."""
+    """Each metric's values of a results dict (NaN: no value)."""
     metrics = {}
     for name, red in reductions.items():
         values = [ep["metrics"][name] for ep in episodes]
@@ -697,8 +694,7 @@ _TOTALS = (
 
 
 def _settings_of(cls: type, settings: dict) -> dict:
-    """``SETTINGS``' fields of ``settings``: the first four required, the
-    others their default when absent; an int field's as an int."""
+    """``SETTINGS``' fields of ``settings`` (the first four required)."""
     fields = {f.name: f.default for f in dataclasses.fields(cls)}
     out = {}
     for k, name in enumerate(n for n in SETTINGS if n in fields):
