@@ -60,7 +60,8 @@ def apply(params: Any, obs: jax.Array) -> jax.Array:
 
 
 class CartPoleMLP(ShippedWeights):
-    """The trained CartPole MLP as a ``jaxmesh.Model``."""
+    """The trained CartPole MLP as a ``jaxmesh.Model`` (``CartPoleMLP()``: the
+    shipped weights; ``from_config(checkpoint=...)``: others)."""
 
     DEFAULT_PATH = DEFAULT_PATH
 
