@@ -48,29 +48,23 @@ def next_batch(done: int, first: int, cap: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """What ``jaxmesh.decide`` found.
+    """What ``jaxmesh.decide`` found (docs/statistics.md, "Deciding between two
+    policies").
 
     Attributes:
-      winner: ``"a"`` or ``"b"`` (the larger mean metric, at level ``alpha``);
-        None: ``max_episodes`` ran out with the interval holding 0.
-      episodes: paired episodes run per arm (of a suite: per task and arm), in
-        whole batches (the test may have decided earlier: ``decided_at``).
-      difference: the mean of ``b - a`` over them (of a suite, also over its
-        tasks, each weighing the same).
-      interval: ``(low, high)``, the open anytime-valid interval of the mean
-        difference at the stop.
-      a, b: each policy's ``RunResult`` (of a suite: ``SuiteResult``), episode
-        i with seed ``first_seed + i``.
-      path: per batch, ``(episodes, low, high)``: the interval after it.
-      alpha: the level.
-      metric: ``"return"`` or ``"success"``.
-      bounds: the metric's bounds ``(lo, hi)`` (``(0, 1)`` for success).
-      decided_at: the pairs at which the test first rejected "equal means"
-        (None: never).
-      capital: the test's capital against "equal means" at the stop (an
-        e-value, rejecting at ``1 / alpha``; ``inf`` past the largest float).
-      log_capital: its natural log.
-      first_seed: the seed of episode 0.
+      winner: ``"a"`` or ``"b"`` (the larger mean metric at level ``alpha``),
+        or None: undecided after ``max_episodes``.
+      episodes: paired episodes run per arm (of a suite: per task), in whole
+        batches.
+      difference: the mean of ``b - a`` over them.
+      interval: the open anytime-valid interval of the mean difference.
+      a, b: each policy's ``RunResult`` (of a suite: ``SuiteResult``).
+      path: per batch, ``(episodes, low, high)``.
+      alpha, metric, bounds, first_seed: as decided with (``bounds`` ``(0, 1)``
+        for success).
+      decided_at: the pairs at which the test first rejected (None: never).
+      capital: the e-value against "equal means" at the stop (rejecting at
+        ``1 / alpha``; ``inf`` past the largest float); ``log_capital`` its log.
     """
 
     winner: str | None
@@ -467,37 +461,26 @@ def decide(
     which scores more, or ``max_episodes`` pairs have run.
 
     Args:
-      policy_a, policy_b: the two policies (anything ``jaxmesh.evaluate``
-        takes).
-      env: the env both run, or a ``jaxmesh.Suite`` (setting no budget): every
-        batch runs every task on the same seeds, and the test is on the mean
-        over tasks of the differences of episode i (each task weighs the same).
-      config: a ``jaxmesh.RunConfig`` for both runs (the keywords below
-        override its fields, as in ``evaluate``).
-      alpha: the level: with equal means, the probability of naming a winner
-        is at most ``alpha``.
-      metric: ``"return"`` (needs ``bounds``) or ``"success"`` (the env's
-        success signal, ``jaxmesh.Scoring(success=)``; the run's
-        ``success_mode``).
+      policy_a, policy_b: the two policies (anything ``evaluate`` takes).
+      env: the env both run, or a ``jaxmesh.Suite`` setting no budget (the
+        test is then on the mean over tasks of episode i's differences).
+      config: a ``jaxmesh.RunConfig`` for both runs (the keywords override it).
+      alpha: the level: with equal means, the probability of naming a winner.
+      metric: ``"return"`` (needs ``bounds``) or ``"success"``.
       bounds: ``(lo, hi)``, the smallest and largest return an episode can
-        score (``metric="return"``); a return outside them is an error.
+        score; a return outside them is an error.
       max_episodes: the most episodes per arm.
       first_seed: episode i of both arms runs seed ``first_seed + i``.
-      batch: episodes per arm in the first batch (default ``num_envs``); each
-        next one is an eighth of the episodes so far, a multiple of ``batch``
-        (``next_batch``), up to ``max_batch`` (default 16 times ``batch``).
+      batch: episodes per arm in the first batch (default ``num_envs``); the
+        next ones grow (``next_batch``) up to ``max_batch`` (default 16 times).
       on_batch: called after each batch with the ``Decision`` so far.
       resume: an earlier ``Decision`` (or its ``(a, b)``) of these policies,
-        env and ``first_seed``: its episodes are counted, not run again
-        (``evaluate``'s ``resume=`` checks they come from these policies and
-        env).
+        env and ``first_seed``, whose episodes are not run again.
       grid: candidate means of the interval (``BettingSequence``).
-      arm_hooks: ``(hooks_a, hooks_b)``: hooks of one arm's batches, each
-        episode with its index in the whole decide, ``on_run_end`` after each
-        batch with the arm's result so far (not with a Suite).
-      **kwargs: ``evaluate``'s keywords, for both runs (``num_envs``,
-        ``scoring``, ``params``, ``workers``: started once for every batch,
-        ...); ``hooks`` hear each batch of each policy as a run of its own.
+      arm_hooks: ``(hooks_a, hooks_b)``: each arm's hooks, episodes indexed in
+        the whole decide, ``on_run_end`` after each batch (not with a Suite).
+      **kwargs: ``evaluate``'s keywords, for both runs; ``hooks`` hear each
+        batch of each policy as a run of its own.
 
     Returns:
       A ``jaxmesh.Decision``.
@@ -505,14 +488,8 @@ def decide(
     Raises:
       TypeError, ValueError: bad input, before anything compiles (a return
         outside ``bounds``, or a missing success signal, once seen). An
-        exception while the batches run (Ctrl-C included) carries the
-        ``Decision`` of the batches finished before it on
-        ``exc.partial_decision`` (when one finished): ``resume=`` it.
-
-    Example::
-
-      d = jaxmesh.decide(weak, strong, "gymnax:CartPole-v1", bounds=(0, 500))
-      d.winner, d.episodes, d.interval
+        exception while the batches run carries the ``Decision`` so far on
+        ``exc.partial_decision`` (when a batch finished): ``resume=`` it.
     """
     alpha, bounds, max_episodes, first_seed = check_settings(
         alpha, metric, bounds, max_episodes, first_seed

@@ -90,11 +90,9 @@ class Suite:
     docs/suites.md).
 
     Args:
-      tasks: task name -> ``Task`` (or just an env, a task without an
-        instruction), in the order they run and are reported.
-      episodes: the budget of every task that does not set its own (seeds
-        ``0..episodes-1``); None: ``evaluate``'s ``episodes=`` / ``seeds=``.
-      seeds: the seeds of every task that does not set its own.
+      tasks: task name -> ``Task`` (or just an env), in the order they run.
+      episodes, seeds: the budget of every task that sets none; None:
+        ``evaluate``'s.
       together: run tasks that are one gymnax env with other params of the
         same shapes in one compiled program, the task as data
         (``jaxmesh.envs.gymnax.GymnaxTasks``), each task scoring as its own run
@@ -149,17 +147,6 @@ class Suite:
         return {"episodes": episodes, "seeds": seeds}
 
 
-def _env_of(task: Task) -> Any:
-    """The task's env, made now when it is a factory (not a ``partial`` of an
-    env class, as ``make_env("libero:...")`` returns: a per-lane source)."""
-    env = task.env
-    if isinstance(env, functools.partial) and isinstance(env.func, type):
-        return env
-    if callable(env) and not hasattr(env, "reset") and not isinstance(env, type):
-        return env()
-    return env
-
-
 #: Suite ids ``make_suite`` knows: prefix -> the module that builds them.
 _SUITE_PREFIXES = {"libero": "jaxmesh.envs.libero"}
 
@@ -172,13 +159,11 @@ def make_suite(
     Args:
       name: ``"libero:<suite>"`` with a suite of ``jaxmesh.envs.libero.SUITES``.
       tasks: the task indices to run (the benchmark's order); None: all.
-      episodes: every task's budget (seeds and trials ``0..episodes-1``);
-        None: ``evaluate``'s ``episodes=`` / ``seeds=``.
+      episodes: every task's budget; None: ``evaluate``'s.
       **options: every task's env options, as ``jaxmesh.make_env`` takes them.
 
     Returns:
-      A ``Suite`` with the benchmark's task names and instructions
-      (docs/libero.md).
+      A ``Suite`` of the benchmark's tasks and instructions (docs/libero.md).
 
     Raises:
       ValueError: an unknown prefix, suite or task index (naming the valid
@@ -212,7 +197,16 @@ class TaskRun:
     envs: list | None = None  # several tasks: each task's GymnaxEnv
 
     def env(self) -> Any:
-        return self.batch if self.task is None else _env_of(self.task)
+        """Its env; a task's factory is called now (not a ``partial`` of an env
+        class, as ``make_env("libero:...")`` returns: a per-lane source)."""
+        if self.task is None:
+            return self.batch
+        env = self.task.env
+        if isinstance(env, functools.partial) and isinstance(env.func, type):
+            return env
+        if callable(env) and not hasattr(env, "reset") and not isinstance(env, type):
+            return env()
+        return env
 
 
 class SuitePlan:
@@ -226,13 +220,13 @@ class SuitePlan:
     def __init__(self, suite: Suite, config: RunConfig, call: dict[str, Any]):
         call = dict(call)
         resume = call.pop("resume", None)
-        if resume is not None and not isinstance(resume, SuiteResult):
-            raise TypeError(
-                f"resume={type(resume).__name__}: a suite resumes from the "
-                "SuiteResult of an earlier run of the same suite (or an "
-                "exception's partial_result)"
-            )
         if resume is not None:
+            if not isinstance(resume, SuiteResult):
+                raise TypeError(
+                    f"resume={type(resume).__name__}: a suite resumes from the "
+                    "SuiteResult of an earlier run of the same suite (or an "
+                    "exception's partial_result)"
+                )
             extra = sorted(set(resume.tasks) - set(suite.tasks))
             if extra:
                 raise ValueError(
@@ -262,12 +256,11 @@ class SuitePlan:
             tib = config.starts.trial_index_base if tib is None else tib
             self.instructions[name] = said
             args["config"] = config.replace(instruction=said, trial_index_base=tib)
-            args["trace"] = args["resume"] = None
+            args["resume"] = None if resume is None else resume.tasks.get(name)
+            args["trace"] = None
             if trace is not None:  # run.json -> run.<task>.json
                 path = Path(trace)
                 args["trace"] = path.with_name(f"{path.stem}.{name}{path.suffix}")
-            if resume is not None and name in resume.tasks:
-                args["resume"] = resume.tasks[name]
             plans[name] = args
         self.plans = plans
         gymnax_envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
