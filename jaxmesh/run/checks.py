@@ -341,14 +341,11 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
         "pass an info key, a list of keys, or a dict key -> reduction, e.g. "
         "metrics={'success': 'any', 'x_velocity': 'mean'}"
     )
-    if metrics is None:
-        pairs: list = []
-    elif isinstance(metrics, str):
-        pairs = [(metrics, "last")]
-    elif isinstance(metrics, dict):
+    if isinstance(metrics, dict):
         pairs = list(metrics.items())
-    elif isinstance(metrics, list | tuple):
-        pairs = [(m, "last") for m in metrics]
+    elif metrics is None or isinstance(metrics, str | list | tuple):
+        keys = [metrics] if isinstance(metrics, str) else metrics or []
+        pairs = [(m, "last") for m in keys]
     else:
         raise TypeError(f"metrics={metrics!r}: expected None or {how}")
     seen = set()

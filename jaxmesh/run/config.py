@@ -177,16 +177,14 @@ def _refuse_served(served: Served, label: str) -> None:
             f.name in ("reply_timeout", "transport") and value == backend.AUTO
         ):
             continue
-        if f.name == "token":
-            why = "a token is for served envs ('grpc://host:port')"
-        elif f.name == "lane_groups":
-            why = "lane groups pipeline calls to env servers ('grpc://host:port')"
-        else:
-            why = f"{f.name} is for served envs ('grpc://host:port')"
+        why = {
+            "token": "a token is for served envs",
+            "lane_groups": "lane groups pipeline calls to env servers",
+        }.get(f.name, f"{f.name} is for served envs")
         shown = "***" if f.name in ("token", "credentials") else repr(value)
         raise ValueError(
-            f"{f.name}={shown}: {why}; env {label!r} runs in this process, so drop "
-            f"{f.name}="
+            f"{f.name}={shown}: {why} ('grpc://host:port'); env {label!r} runs in "
+            f"this process, so drop {f.name}="
         )
 
 
