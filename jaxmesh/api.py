@@ -190,12 +190,3 @@ def _trace_settings(
     if call["seeds"] is not None:
         out["seeds"] = f"{len(call['seeds'])} seeds"
     return out
-
-
-__all__ = [
-    "evaluate",
-    "fingerprinted",
-    "run_backend",
-    "run_one",
-    "run_suite",
-]

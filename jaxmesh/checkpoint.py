@@ -112,6 +112,3 @@ def load_params(
             params,
         )
     return params
-
-
-__all__ = ["save_params", "load_params"]

@@ -144,14 +144,3 @@ def host_device() -> jax.Device:
         return jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu
         return jax.local_devices()[0]
-
-
-__all__ = [
-    "check_device",
-    "resolve_device",
-    "resolve_mesh",
-    "mesh_size",
-    "check_local_share",
-    "host_device",
-    "LANE_AXIS",
-]

@@ -1,9 +1,6 @@
-"""How a chunk is executed: temporal ensembling (``Ensemble``) and its checks.
-
-The weight rule is written once here (``Ensemble.weights_table``) and runs
-inside the jitted agent step (``jaxmesh.core.agent``), for JAX envs and
-host-stepped envs alike (docs/contract.md, items 22-23).
-"""
+"""Temporal ensembling (``Ensemble``): its weight rule, written once here, runs
+in the jitted agent step (``jaxmesh.core.agent``) for every env
+(docs/contract.md, items 22-23)."""
 
 from __future__ import annotations
 
@@ -73,16 +70,14 @@ class Ensemble:
                 f"Ensemble(weights=..., aggregation={self.aggregation!r}): weights "
                 "are for aggregation='weighted_average'; drop one of them"
             )
-        if isinstance(w, str | bytes) or not isinstance(w, Sequence):
-            raise TypeError(
-                f"Ensemble(weights={w!r}): expected a sequence of K floats, "
-                "oldest chunk first"
-            )
         try:
+            if isinstance(w, str | bytes) or not isinstance(w, Sequence):
+                raise TypeError
             w = tuple(float(x) for x in w)
         except (TypeError, ValueError):
             raise TypeError(
-                f"Ensemble(weights={self.weights!r}): expected a sequence of floats"
+                f"Ensemble(weights={self.weights!r}): expected a sequence of K "
+                "floats, oldest chunk first"
             ) from None
         if not w or not all(math.isfinite(x) and x >= 0 for x in w) or w[0] <= 0:
             raise ValueError(
@@ -119,9 +114,8 @@ class Ensemble:
 
 
 def lane_weights(ensemble: Ensemble, age: Any, valid: Any, chunk: int) -> Any:
-    """The unnormalised [N, K] float32 weight of each buffered chunk of each
-    lane, 0 where not ``valid`` ([N, K] bool: the chunk covers this step);
-    ``age``: [N, K] steps since each chunk was planned; ``chunk``: K."""
+    """The unnormalised [N, K] float32 weight of each lane's buffered chunks, 0
+    where not ``valid`` (it covers this step); ``age``: steps since planned."""
     if ensemble.aggregation == "latest_only":
         return jnp.where(valid & (age == 0), 1.0, 0.0).astype(jnp.float32)
     n = jnp.sum(valid, axis=-1, keepdims=True)
@@ -131,14 +125,10 @@ def lane_weights(ensemble: Ensemble, age: Any, valid: Any, chunk: int) -> Any:
 
 
 def checked_execution(execution: Any) -> Ensemble | None:
-    """``evaluate``'s ``execution=``: None (chunks replayed as they are) or an
-    ``Ensemble``."""
+    """``execution=``: None (chunks replayed as they are) or an ``Ensemble``."""
     if execution is None or isinstance(execution, Ensemble):
         return execution
     raise TypeError(
         f"execution={execution!r}: expected None (replay each chunk's first h "
         "actions) or jaxmesh.Ensemble(m=0.01) (temporal ensembling)"
     )
-
-
-__all__ = ["Ensemble", "AGGREGATIONS", "lane_weights", "checked_execution"]

@@ -148,13 +148,8 @@ def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
     for name, t in tasks.items():
         env = build_env(t["env"], t["env_config"])
         try:
-            built[name] = Task(
-                env,
-                instruction=t.get("instruction"),
-                episodes=t.get("episodes"),
-                seeds=t.get("seeds"),
-                trial_index_base=t.get("trial_index_base"),
-            )
+            keys = ("instruction", "episodes", "seeds", "trial_index_base")
+            built[name] = Task(env, **{k: t.get(k) for k in keys})
         except (ValueError, TypeError) as e:
             raise ConfigError(f"tasks.{name}: {e}") from e
     return Suite(built)
@@ -209,10 +204,9 @@ def env_factory(env_id: str, env_config: dict[str, Any]) -> Any:
     if not sep or module in PREFIXES or not module.replace(".", "").isidentifier():
         return None
     try:
-        found = importlib.util.find_spec(module) is not None
+        if importlib.util.find_spec(module) is None:
+            return None
     except (ImportError, ValueError):  # a parent package that is missing
-        found = False
-    if not found:
         return None
     try:
         obj = import_target(env_id)

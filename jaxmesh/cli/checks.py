@@ -276,11 +276,8 @@ def expand_suite(config: dict[str, Any]) -> dict[str, Any]:
             "a mapping with name: <id> and make_suite's options (tasks: [0, 1], "
             "camera_size: 128, ...)"
         )
-    options = {k: v for k, v in args.items() if k not in ("name", "tasks")}
     try:
-        suite = make_suite(
-            args["name"], tasks=args.get("tasks"), episodes=None, **options
-        )
+        suite = make_suite(**args, episodes=None)
     except (ValueError, TypeError, ImportError, RuntimeError) as e:
         raise ConfigError(f"suite={given!r}: {e}") from e
     tasks = {}

@@ -1,9 +1,5 @@
-"""The ``jaxmesh`` command line's parser: its commands and their flags.
-
-Each command names the function that runs it as ``"module:function"`` of
-``jaxmesh.cli``, imported only when that command runs, so that ``--help``
-and ``--version`` import neither JAX nor the envs.
-"""
+"""The ``jaxmesh`` command line's parser: its commands and their flags, each
+command naming its function as ``"module:function"`` of ``jaxmesh.cli``."""
 
 from __future__ import annotations
 
@@ -29,14 +25,34 @@ from jaxmesh.trace import redact_text, secret_values
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """A config command's arguments: the YAML file and its ``--set``s."""
     parser.add_argument("config", help="YAML run config, e.g. configs/cartpole.yaml")
+    _set(parser, "a config key (dotted for nested: policy_config.checkpoint=X)")
+
+
+def _set(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config key (dotted for nested: policy_config.checkpoint=X); "
-        "repeatable; VALUE is parsed as YAML",
+        help=f"override {what}; repeatable; VALUE is parsed as YAML",
     )
+
+
+def _switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    parser.add_argument(flag, action="store_true", help=help)
+
+
+def _no_compile_cache(parser: argparse.ArgumentParser) -> None:
+    _switch(
+        parser,
+        "--no-compile-cache",
+        f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0;"
+        f" its directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)",
+    )
+
+
+def _int(parser: argparse.ArgumentParser, flag: str, default: int, help: str) -> None:
+    parser.add_argument(flag, type=int, default=default, metavar="N", help=help)
 
 
 #: ``--set`` item that ``--ray-address`` adds (``workers: {ray: {address:}}``).
@@ -44,18 +60,15 @@ RAY_ADDRESS_KEY = "workers.ray.address="
 
 
 class WorkersFlag(argparse.Action):
-    """``--workers W``: ``--set workers=W`` for an int, ``ray:N`` (or ``ray``)
-    for N Ray actors (``workers: {ray: {num_workers: N}}``); kept before a
-    ``--ray-address``, whichever came first."""
+    """``--workers W``: ``--set workers=W``, or for ``ray:N`` (or ``ray``)
+    ``workers: {ray: {num_workers: N}}``, kept before a ``--ray-address``."""
 
     def __call__(self, parser, namespace, value, option_string=None):
         kind, sep, count = value.strip().partition(":")
         if kind == "ray" and (not sep or count.isdigit()):
-            item = (
-                f"workers={{ray: {{num_workers: {count}}}}}"
-                if sep
-                else ("workers={ray: null}")
-            )
+            item = f"workers={{ray: {{num_workers: {count}}}}}"
+            if not sep:
+                item = "workers={ray: null}"
         elif value.strip().isdigit() and not sep:
             item = f"workers={value.strip()}"
         else:
@@ -71,32 +84,42 @@ class WorkersFlag(argparse.Action):
 
 
 class RayAddressFlag(argparse.Action):
-    """``--ray-address A``: ``--set workers.ray.address=A`` (the lanes on the
-    Ray cluster at A)."""
+    """``--ray-address A``: ``--set workers.ray.address=A``."""
 
     def __call__(self, parser, namespace, value, option_string=None):
         items = list(getattr(namespace, "set", None) or [])
         namespace.set = [*items, RAY_ADDRESS_KEY + json.dumps(value)]
 
 
-#: ``--address`` and ``--ready-fd`` of both server commands.
-_ADDRESS = dict(
-    default="127.0.0.1:0",
-    help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
-)
-_READY_FD = dict(
-    type=int,
-    metavar="FD",
-    help="write the address and a newline to this fd once serving, then close it",
-)
-
-
-def add_tls_args(parser: argparse.ArgumentParser, clients: str) -> None:
-    """A server command's ``--insecure``, ``--tls-cert`` and ``--tls-key``."""
+def add_server_args(
+    parser: argparse.ArgumentParser, clients: str, token: str, idle: str
+) -> None:
+    """A server command's address, ready fd, session token and timeout, TLS."""
     parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow a non-loopback address with no token and no TLS",
+        "--address",
+        default="127.0.0.1:0",
+        help="HOST:PORT to bind (default 127.0.0.1:0: a free loopback port)",
+    )
+    parser.add_argument(
+        "--ready-fd",
+        type=int,
+        metavar="FD",
+        help="write the address and a newline to this fd once serving, then close it",
+    )
+    parser.add_argument(
+        "--token",
+        help=f"{token} (default: $JAXMESH_TOKEN, which is better: a command line "
+        "is visible to other users in ps)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help=f"{idle} S seconds (default 300)",
+    )
+    _switch(
+        parser, "--insecure", "allow a non-loopback address with no token and no TLS"
     )
     parser.add_argument(
         "--tls-cert",
@@ -113,20 +136,19 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"jaxmesh {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    keys = keys_help()
+    keys = dict(
+        epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ev = sub.add_parser(
         "eval",
         help="evaluate a policy from a YAML run config",
         description="Evaluate a policy from a YAML run config: print the summary "
         "and write the result JSON (the config's output), its episode log and, "
         "when asked, the report and the videos.",
-        epilog=keys,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **keys,
     )
     add_config_args(ev)
-    ev.add_argument(
-        "--no-progress", action="store_true", help="no progress bar on stderr"
-    )
+    _switch(ev, "--no-progress", "no progress bar on stderr")
     ev.add_argument(
         "--workers",
         action=WorkersFlag,
@@ -142,18 +164,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="the Ray cluster the actors run on (ray.init's address: auto, "
         "host:6379, ray://host:10001); --set workers.ray.address=ADDRESS",
     )
-    ev.add_argument(
-        "--no-compile-cache",
-        action="store_true",
-        help=f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0;"
-        f" its directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)",
-    )
-    ev.add_argument(
+    _no_compile_cache(ev)
+    _switch(
+        ev,
         "--telemetry",
-        action="store_true",
-        help="after the summary, print per-call timings (predict, env step, "
-        "encode, decode, wire, queue; message bytes) of a gymnasium: or grpc:// "
-        "run: result.format_telemetry()",
+        "after the summary, print per-call timings (predict, env step, encode, "
+        "decode, wire, queue; message bytes) of a gymnasium: or grpc:// run: "
+        "result.format_telemetry()",
     )
     ev.add_argument(
         "--report",
@@ -189,9 +206,7 @@ def make_parser() -> argparse.ArgumentParser:
         f"to the output JSON as NAME{EPISODE_LOG_SUFFIX}; none without output); a "
         "new run starts it afresh, --resume appends to it",
     )
-    logs.add_argument(
-        "--no-episode-log", action="store_true", help="write no episode log"
-    )
+    _switch(logs, "--no-episode-log", "write no episode log")
     ev.add_argument(
         "--resume",
         metavar="PATH",
@@ -228,8 +243,7 @@ def make_parser() -> argparse.ArgumentParser:
         description="Print jaxmesh.explain(policy, env, num_envs) for a run "
         "config: the observation leaves read, the frame windows and their bytes "
         "per lane and for num_envs lanes. Compiles nothing.",
-        epilog=keys,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **keys,
     )
     add_config_args(ex)
     ex.set_defaults(run="explain:cmd_explain")
@@ -251,24 +265,16 @@ def make_parser() -> argparse.ArgumentParser:
     )
     co.add_argument("a", metavar="A.json", help="the baseline result")
     co.add_argument("b", metavar="B.json", help="the result compared with it")
-    co.add_argument(
-        "--resamples",
-        type=int,
-        default=10_000,
-        metavar="N",
-        help="bootstrap resamples (default 10000)",
-    )
-    co.add_argument(
-        "--seed", type=int, default=0, help="the bootstrap's seed (default 0)"
-    )
-    co.add_argument(
+    _int(co, "--resamples", 10_000, "bootstrap resamples (default 10000)")
+    co.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (0)")
+    _switch(
+        co,
         "--unpaired",
-        action="store_true",
-        help="compare the two means without pairing episodes (runs of different "
-        "envs, seeds or budgets; each run resampled on its own)",
+        "compare the two means without pairing episodes (runs of different envs, "
+        "seeds or budgets; each run resampled on its own)",
     )
     co.set_defaults(run="results:cmd_compare")
-    add_decide_parser(sub)
+    _add_decide_parser(sub)
     rp = sub.add_parser(
         "report",
         help="write the HTML report of a result eval wrote",
@@ -303,17 +309,8 @@ def make_parser() -> argparse.ArgumentParser:
     ce.add_argument(
         "--other", type=int, default=1, help="the seed compared with it (1)"
     )
-    ce.add_argument(
-        "--steps",
-        type=int,
-        default=5,
-        metavar="N",
-        help="env steps compared after each reset (default 5)",
-    )
-    ce.add_argument(
-        "--token",
-        help="a served env's session token (default: $JAXMESH_TOKEN)",
-    )
+    _int(ce, "--steps", 5, "env steps compared after each reset (default 5)")
+    ce.add_argument("--token", help="a served env's session token ($JAXMESH_TOKEN)")
     ce.add_argument(
         "--tls-ca",
         metavar="PEM",
@@ -334,26 +331,13 @@ def make_parser() -> argparse.ArgumentParser:
         "libero:<suite>/<i> (options: --env-config)",
     )
     se.add_argument("--lanes", type=int, help="envs to make (lanes; default 1)")
-    se.add_argument("--address", **_ADDRESS)
-    se.add_argument("--ready-fd", **_READY_FD)
-    se.add_argument(
-        "--token",
-        help="session token every call must carry (default: $JAXMESH_TOKEN, "
-        "which is better: a command line is visible to other users in ps)",
+    add_server_args(
+        se,
+        "grpcs://",
+        "session token every call must carry",
+        "end a session without a request for",
     )
-    se.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="end a session after S seconds without a request (default 300)",
-    )
-    add_tls_args(se, "grpcs://")
-    se.add_argument(
-        "--allow-remote-shutdown",
-        action="store_true",
-        help="let the Shutdown RPC stop the server",
-    )
+    _switch(se, "--allow-remote-shutdown", "let the Shutdown RPC stop the server")
     se.add_argument(
         "--workers",
         type=int,
@@ -384,7 +368,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="a run config (its policy and policy_config), or module:attr (a "
         "jaxmesh.Model class or instance, or a policy function)",
     )
-    sp.add_argument("--address", **_ADDRESS)
+    add_server_args(
+        sp,
+        "wss://",
+        "the key clients send as 'Authorization: Api-Key <token>'",
+        "grpc: end a session whose client sends nothing for",
+    )
     sp.add_argument(
         "--protocol",
         default="openpi",
@@ -393,13 +382,7 @@ def make_parser() -> argparse.ArgumentParser:
         "protocol) or grpc (jaxmesh's own, for jaxmesh.RemotePolicy in "
         "jaxmesh.evaluate, with per-episode state kept on the server)",
     )
-    sp.add_argument(
-        "--max-batch",
-        type=int,
-        default=16,
-        metavar="N",
-        help="the most requests one forward takes (default 16)",
-    )
+    _int(sp, "--max-batch", 16, "the most requests one forward takes (default 16)")
     sp.add_argument(
         "--max-wait-ms",
         type=float,
@@ -408,28 +391,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="how long a forward waits for more requests (default 5; never "
         "when every connected client has asked)",
     )
-    sp.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="grpc: end a session whose client sends nothing for S seconds "
-        "(default 300)",
-    )
-    sp.add_argument(
+    _int(
+        sp,
         "--max-lanes",
-        type=int,
-        default=4096,
-        metavar="N",
-        help="grpc: the most lanes (num_envs) one session may open (default 4096)",
+        4096,
+        "grpc: the most lanes (num_envs) one session may open (default 4096)",
     )
-    sp.add_argument(
-        "--token",
-        help="the key clients send as 'Authorization: Api-Key <token>' "
-        "(default: $JAXMESH_TOKEN, which is better: a command line is visible "
-        "to other users in ps)",
-    )
-    add_tls_args(sp, "wss://")
     sp.add_argument(
         "--input",
         action="append",
@@ -440,14 +407,11 @@ def make_parser() -> argparse.ArgumentParser:
         "naming the key; the forward compiles for it at start. Default: from a "
         "run config's env, else any layout the model runs",
     )
-    sp.add_argument("--ready-fd", **_READY_FD)
     sp.set_defaults(run="serve_policy:cmd_serve_policy")
     return parser
 
 
-def add_decide_parser(sub: Any) -> None:
-    """``jaxmesh decide A.yaml B.yaml``: two policies on paired seeds until an
-    anytime-valid test names the better one."""
+def _add_decide_parser(sub: Any) -> None:
     dc = sub.add_parser(
         "decide",
         help="run two policies on the same seeds until a test says which is better",
@@ -460,23 +424,11 @@ def add_decide_parser(sub: Any) -> None:
     )
     dc.add_argument("a", metavar="A.yaml", help="run config of policy A (and the env)")
     dc.add_argument("b", metavar="B.yaml", help="run config of policy B")
-    dc.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key of both configs (as eval's --set); repeatable",
-    )
+    _set(dc, "a key of both configs (as eval's --set)")
     dc.add_argument(
         "--alpha", type=float, default=0.05, help="the test's level (default 0.05)"
     )
-    dc.add_argument(
-        "--max-episodes",
-        type=int,
-        default=10_000,
-        metavar="N",
-        help="the most episodes per policy (default 10000)",
-    )
+    _int(dc, "--max-episodes", 10_000, "the most episodes per policy (default 10000)")
     dc.add_argument(
         "--metric",
         choices=("return", "success"),
@@ -531,14 +483,8 @@ def add_decide_parser(sub: Any) -> None:
         help="go on from the decision JSON an earlier decide wrote (--output): "
         "its episodes count and do not run again",
     )
-    dc.add_argument(
-        "--no-progress", action="store_true", help="no progress line per batch"
-    )
-    dc.add_argument(
-        "--no-compile-cache",
-        action="store_true",
-        help="do not use the persistent compilation cache",
-    )
+    _switch(dc, "--no-progress", "no progress line per batch")
+    _no_compile_cache(dc)
     dc.set_defaults(run="decide:cmd_decide")
 
 
