@@ -549,10 +549,9 @@ def compare(
     if not isinstance(unpaired, bool):
         raise TypeError(f"unpaired={unpaired!r}: expected True or False")
     label_a, label_b = labels(a, b)
-    if not unpaired:
-        problem = _pairing_error(a, b)
-        if problem:
-            raise ValueError(f"cannot compare these runs: {problem}")
+    problem = None if unpaired else _pairing_error(a, b)
+    if problem:
+        raise ValueError(f"cannot compare these runs: {problem}")
     ra, rb = _values(a.returns, "a.returns"), _values(b.returns, "b.returns")
     if unpaired and (ra.size < 2 or rb.size < 2):
         raise ValueError(

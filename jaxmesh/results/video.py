@@ -79,13 +79,12 @@ def recorded_states(env: Any, trajectory: Any) -> list:
     name = str(getattr(env, "name", ""))
     key = jax.ShapeDtypeStruct((2,), np.uint32)
     want = jax.eval_shape(lambda k: env.render_state(env.reset(k)[1]), key)
+    want = {k: tuple(v.shape) for k, v in want.items()}
     have = {k: tuple(np.shape(v)[1:]) for k, v in states.items()}
-    if {k: tuple(v.shape) for k, v in want.items()} != have:
+    if want != have:
         raise ValueError(
             f"the recorded states of episode {trajectory.episode} ({have}) are "
-            f"not those of env {name!r} "
-            f"({ {k: tuple(v.shape) for k, v in want.items()} }): pass env= the "
-            "env the run used"
+            f"not those of env {name!r} ({want}): pass env= the env the run used"
         )
     at = [
         SimpleNamespace(**{k: np.asarray(v[t]) for k, v in states.items()})
