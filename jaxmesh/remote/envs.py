@@ -418,8 +418,7 @@ class RemoteVectorEnv(VectorEnv):
         if seed is None or _is_int(seed):
             first = _seed(seed)
             seeds = [None if first is None else first + i for i in range(n)]
-            for s in seeds:
-                _seed(s, "seed + lane")
+            _seed(seeds[-1], "seed + lane")  # the largest
         elif isinstance(seed, Sequence) and not isinstance(seed, str):
             if len(seed) != n:
                 raise ValueError(
