@@ -155,14 +155,10 @@ def check_settings(
     delay_ms: Any = None,
 ) -> Settings:
     """Checks every setting (``RunConfig`` runs the same checks in parts)."""
-    num_envs, horizon, cap = check_flat(num_envs, horizon, max_episode_steps)
-    lead, delay, execution, delay_ms = check_chunking(
-        prefetch_lead, delay, execution, delay_ms
-    )
-    tile, segment_steps = check_layout(plan_tile, segment_steps)
-    return settings_of(
-        num_envs, horizon, lead, cap, tile, segment_steps, delay, execution, delay_ms
-    )
+    n, h, cap = check_flat(num_envs, horizon, max_episode_steps)
+    lead, *chunking = check_chunking(prefetch_lead, delay, execution, delay_ms)
+    layout = check_layout(plan_tile, segment_steps)
+    return settings_of(n, h, lead, cap, *layout, *chunking)
 
 
 def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
