@@ -318,9 +318,8 @@ def decode_action_batch(
     (ProtocolError)."""
     if num_lanes is not None:  # before anything is made of them
         for key, field in (("batch lanes", msg.lanes), ("batch counts", msg.counts)):
-            ndim = len(field.shape)
-            size = math.prod(field.shape) if ndim <= MAX_NDIM else None
-            if size is not None and size > num_lanes:
+            shape = field.shape
+            if len(shape) <= MAX_NDIM and (size := math.prod(shape)) > num_lanes:
                 raise ProtocolError(
                     f"the action batch names {size} lanes ({key}), but the "
                     f"session has {num_lanes} lanes; each lane appears once"

@@ -126,17 +126,13 @@ class ServerStepper:
         """Refuses (ProtocolError) a request lockstep lanes cannot serve."""
         if not self.lockstep:
             return
-        if not any(isinstance(op, shared.Replay) for op in request.ops):
+        ops, lanes = request.ops, self.lanes
+        replays = {o.lane: len(o.actions) for o in ops if isinstance(o, shared.Replay)}
+        if not replays:
             return  # resets only: nothing is stepped
-        lanes = self.lanes
-        replays = {
-            op.lane: op.actions.shape[0]
-            for op in request.ops
-            if isinstance(op, shared.Replay)
-        }
         named = (
             replays.keys()
-            | {op.lane for op in request.ops if isinstance(op, shared.Reset)}
+            | {op.lane for op in ops if isinstance(op, shared.Reset)}
             | set(request.release)
         )
         live = np.flatnonzero(lanes.started & ~lanes.ended)
