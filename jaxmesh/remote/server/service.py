@@ -282,8 +282,8 @@ class EnvServer:
                 grpc.StatusCode.UNAVAILABLE,
                 f"the server at {self.address} is shutting down; the session ended",
             )
-        done = self._server.stop(self.options.drain_timeout_seconds)
         opts = self.options
+        done = self._server.stop(opts.drain_timeout_seconds)
         if self._session_lock.acquire(timeout=opts.drain_timeout_seconds):
             self._session_lock.release()
         else:  # the call outlived its grace: a hung env's worker is killed
@@ -310,9 +310,8 @@ class EnvServer:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        if self._executor is not None:
-            # Idle handler threads exit now (a call still running ends first).
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        # Idle handler threads exit now (a call still running ends first).
+        self._executor.shutdown(wait=False, cancel_futures=True)
         self._stopped.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -320,9 +319,7 @@ class EnvServer:
         return self._stopped.wait(timeout)
 
     def __enter__(self) -> EnvServer:
-        if self._server is None:
-            self.start()
-        return self
+        return self.start() if self._server is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
