@@ -91,9 +91,8 @@ def _env_lane(value: Any) -> tuple[int | None, str | None, int]:
 def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    trailing = {}
-    if hasattr(exc, "trailing_metadata"):
-        trailing = dict(exc.trailing_metadata() or ())
+    has = hasattr(exc, "trailing_metadata")
+    trailing = dict(exc.trailing_metadata() or ()) if has else {}
     return status_error(code, details, trailing, address)
 
 
@@ -158,10 +157,7 @@ def status_error(
 
 def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
     """A reader thread's loop: ``put(take())`` until None or an exception."""
-    while True:
-        item = take()
-        if item is None:
-            return
+    while (item := take()) is not None:
         if put is not None:
             put(item)
         if isinstance(item, BaseException):

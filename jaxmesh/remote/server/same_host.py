@@ -195,12 +195,10 @@ class SameHostPath:
         while True:
             try:
                 conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):  # none left
-                return taken
-            except OSError:  # out of descriptors, say
-                if not taken:
-                    raise
-                return taken
+            except OSError as exc:  # none left, or out of descriptors (say)
+                if taken or isinstance(exc, BlockingIOError | InterruptedError):
+                    return taken
+                raise
             try:
                 why = peer_refusal(same_host.peer_uid(conn), self.uid)
             except OSError:
