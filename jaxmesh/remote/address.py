@@ -30,11 +30,11 @@ def host_port(target: Any, *, bind: bool = False) -> tuple[str, int] | None:
     if not isinstance(target, str):
         return None
     host, sep, port = target.rpartition(":")
-    if not (sep and host and port.isdigit()):
-        return None
-    if host.startswith("[") ^ host.endswith("]"):
-        return None
-    if not (0 if bind else 1) <= int(port) <= 65535:
+    if (
+        not (sep and host and port.isdigit())
+        or host.startswith("[") ^ host.endswith("]")
+        or not (0 if bind else 1) <= int(port) <= 65535
+    ):
         return None
     return host, int(port)
 
