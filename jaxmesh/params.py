@@ -117,15 +117,17 @@ class Param:
         if self.name in config:
             return config[self.name]
         if self.default is REQUIRED:
-            raise ParamError(
+            raise self._error(
                 f"{self.owner or 'Param'}: param {self.name!r} is required and this "
                 f"instance was not configured with it; build the model with "
-                f"{self.owner}.from_config({self.name}=...)",
-                param=self.name or "?",
-                value=REQUIRED,
-                allowed=self.allowed(),
+                f"{self.owner}.from_config({self.name}=...)"
             )
         return self.default
+
+    def _error(self, message: str, value: Any = REQUIRED) -> ParamError:
+        return ParamError(
+            message, param=self.name or "?", value=value, allowed=self.allowed()
+        )
 
     @property
     def required(self) -> bool:
@@ -149,15 +151,12 @@ class Param:
 
     def check(self, value: Any, who: str = "value") -> Any:
         """Returns ``value`` if the param allows it, else raises ParamError."""
-        name = self.name or "?"
 
         def fail(why: str) -> ParamError:
-            return ParamError(
-                f"{self.owner or 'Param'}: param {name!r} {who} {value!r} {why}; "
-                f"allowed: {self.allowed()}",
-                param=name,
-                value=value,
-                allowed=self.allowed(),
+            return self._error(
+                f"{self.owner or 'Param'}: param {self.name or '?'!r} {who} "
+                f"{value!r} {why}; allowed: {self.allowed()}",
+                value,
             )
 
         if self.choices is not None:
@@ -306,12 +305,9 @@ def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
         if name in config:
             out[name] = decl.check(config[name])
         elif decl.required:
-            raise ParamError(
+            raise decl._error(
                 f"{who}: param {name!r} is required and was not given; allowed: "
-                f"{decl.allowed()}" + (f" ({decl.doc})" if decl.doc else ""),
-                param=name,
-                value=REQUIRED,
-                allowed=decl.allowed(),
+                f"{decl.allowed()}" + (f" ({decl.doc})" if decl.doc else "")
             )
         elif name in declared:
             out[name] = decl.default

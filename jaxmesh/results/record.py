@@ -163,6 +163,17 @@ def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
     return {k: leaves[k] for k in keys}
 
 
+#: A trajectory's per-step arrays (``[T, ...]``).
+_STEP_ARRAYS = ("actions", "rewards", "terminated", "truncated")
+
+
+def _under(arrays: Any, prefix: str) -> dict[str, np.ndarray]:
+    """The arrays named ``<prefix><name>``, by ``name``."""
+    return {
+        k[len(prefix) :]: np.asarray(arrays[k]) for k in arrays if k.startswith(prefix)
+    }
+
+
 @dataclasses.dataclass
 class Trajectory:
     """One recorded episode, as numpy arrays.
@@ -204,12 +215,7 @@ class Trajectory:
             out.update({f"observations/{k}": np.asarray(v) for k, v in obs.items()})
         else:
             out["observations"] = np.asarray(obs)
-        out.update(
-            actions=self.actions,
-            rewards=self.rewards,
-            terminated=self.terminated,
-            truncated=self.truncated,
-        )
+        out.update({k: getattr(self, k) for k in _STEP_ARRAYS})
         if self.frames is not None:
             out["frames"] = self.frames
         for k, v in (self.states or {}).items():
@@ -221,27 +227,17 @@ class Trajectory:
         cls, arrays: dict, episode: int, seed: int, length: int, cut: bool
     ) -> Trajectory:
         """The inverse of ``arrays``."""
-        obs: Any
-        if "observations" in arrays:
-            obs = np.asarray(arrays["observations"])
-        else:
-            p = "observations/"
-            obs = {k[len(p) :]: np.asarray(v) for k, v in arrays.items() if k[:13] == p}
-        p = "states/"
-        states = {k[len(p) :]: np.asarray(v) for k, v in arrays.items() if k[:7] == p}
+        obs = arrays.get("observations")
         frames = arrays.get("frames")
         return cls(
             episode=int(episode),
             seed=int(seed),
-            observations=obs,
-            actions=np.asarray(arrays["actions"]),
-            rewards=np.asarray(arrays["rewards"]),
-            terminated=np.asarray(arrays["terminated"]),
-            truncated=np.asarray(arrays["truncated"]),
+            observations=_under(arrays, "observations/") if obs is None else obs,
             length=int(length),
             cut=bool(cut),
-            frames=None if frames is None else np.asarray(frames),
-            states=states or None,
+            frames=frames,
+            states=_under(arrays, "states/") or None,
+            **{k: arrays[k] for k in _STEP_ARRAYS},
         )
 
 
@@ -275,14 +271,11 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
                 episode=int(ep),
                 seed=int(seeds[k]),
                 observations=obs,
-                actions=np.array(recording.actions[slot, :t]),
-                rewards=np.array(recording.rewards[slot, :t]),
-                terminated=np.array(recording.terminated[slot, :t]),
-                truncated=np.array(recording.truncated[slot, :t]),
                 length=length,
                 cut=length > cap,
                 frames=f,
                 states=states,
+                **{k: np.array(getattr(recording, k)[slot, :t]) for k in _STEP_ARRAYS},
             )
         )
     return out
@@ -311,8 +304,7 @@ def load_trajectories(path: str | Path, recorded: list | None) -> list[Trajector
     out = []
     with np.load(path) as z:
         for r in recorded or []:
-            p = f"ep{r['episode']}/"
-            arrays = {k[len(p) :]: z[k] for k in z.files if k.startswith(p)}
+            arrays = _under(z, f"ep{r['episode']}/")
             if not arrays:
                 raise ValueError(
                     f"{path} holds no arrays of episode {r['episode']} "

@@ -194,12 +194,8 @@ def flags_array(flags: Any) -> np.ndarray | None:
 def flag_rate(flags: Any) -> float | None:
     """The share of True; None when there are no flags or one is missing
     (never a silent 0)."""
-    if flags is None or not len(flags):
-        return None
-    flags = np.asarray(flags, dtype=object)
-    if any(f is None for f in flags):
-        return None
-    return float(np.mean(flags.astype(bool)))
+    bools = None if flags is None else _stats.success_flags(flags, len(flags))
+    return None if bools is None or not bools.size else float(np.mean(bools))
 
 
 @functools.cache  # importlib.metadata takes about a ms a package
@@ -567,11 +563,10 @@ class RunResult:
             )
         settings, totals, episodes = d["settings"], d["totals"], d["episodes"]
         try:
-            columns = {key: [ep[key] for ep in episodes] for key, _ in _ARRAYS.values()}
             steps, sps = int(totals["env_steps"]), float(totals["steps_per_second"])
             run_time = totals.get("run_time", steps / sps if sps > 0 else 0.0)
             arrays = {
-                field: np.asarray(columns[key], dtype)
+                field: np.asarray([ep[key] for ep in episodes], dtype)
                 for field, (key, dtype) in _ARRAYS.items()
             }
             # float32 as the engine writes them (the mean depends on it).
