@@ -27,26 +27,8 @@ class FlaxModel(Model):
     None when deterministic), its output through ``postprocess``; built by
     ``from_nnx`` and ``from_linen``, one subclass per corner."""
 
-    def __init__(
-        self,
-        forward: Forward,
-        params: Any,
-        *,
-        postprocess: Callable[[Any], Any] | None = None,
-        native_chunk: int | None = None,
-        spec: Mapping[str, adapt.Input] | None = None,
-        name: str | None = None,
-        device: Any = None,
-    ):
-        self._forward = forward
-        self._postprocess = postprocess
-        super().__init__(
-            spec=spec,
-            native_chunk=native_chunk,
-            params=params,
-            name=name,
-            device=device,
-        )
+    _forward: Forward
+    _postprocess: Callable[[Any], Any] | None = None
 
     def _run(self, obs: Any, key: Any, rows: bool = False) -> Any:
         """The forward and postprocess (``rows``: row i with ``key[i]``)."""
@@ -105,16 +87,15 @@ def _build(
     corner = "predict_chunk" if native_chunk is not None else "predict"
     if options.get("batched", True):
         corner += "_batch"
-    cls = _model_class(corner, options.get("stochastic", False))
-    return cls(
-        forward,
-        params,
-        postprocess=options.get("postprocess"),
+    model = _model_class(corner, options.get("stochastic", False))(
         native_chunk=native_chunk,
+        params=params,
         spec=options.get("spec"),
         name=options.get("name") or type(module).__name__,
         device=options.get("device"),
     )
+    model._forward, model._postprocess = forward, options.get("postprocess")
+    return model
 
 
 def _str_keys(tree: Any) -> Any:

@@ -360,10 +360,11 @@ class Model:
             apply, stochastic = _wrap_function(
                 self._fn, self.name, with_params or self._fn_takes_params
             )
-            corner = None
+            corner, told = None, self._fn
         else:
             apply, stochastic = self._corner_apply()
             corner = self._engine_corner()[0]
+            told = getattr(self, corner)
         own_hook = type(self).on_episode_end is not Model.on_episode_end
         place = functools.partial(_put, device=device)
         return Policy(
@@ -377,10 +378,7 @@ class Model:
             place=place,
             device=device,
             on_episode_end=self.on_episode_end if own_hook else None,
-            takes_execution_horizon=takes_param(
-                self._fn if self._fn is not None else getattr(self, corner),
-                EXECUTION_HORIZON,
-            ),
+            takes_execution_horizon=takes_param(told, EXECUTION_HORIZON),
             declares_chunk=corner in ("predict_chunk", "predict_chunk_batch"),
         )
 
@@ -391,16 +389,14 @@ class Model:
         stochastic = takes_param(corner, "key")
         recurrent = self.recurrent
 
-        def call(obs, key, state, execution_horizon=None):
-            kw = {}
-            if execution_horizon is not None:
-                kw[EXECUTION_HORIZON] = execution_horizon
-            if stochastic:
-                kw["key"] = key
-            if recurrent:
-                kw["state"] = state
-            out = corner(obs, **kw)
-            if recurrent:
+        def apply(params, obs, keys, rstate, execution_horizon=None):
+            def lane(obs, key, state):
+                kw = {"key": key} if stochastic else {}
+                if execution_horizon is not None:
+                    kw[EXECUTION_HORIZON] = execution_horizon
+                if not recurrent:
+                    return corner(obs, **kw), state
+                out = corner(obs, **kw, state=state)
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError(
                         f"{self.name}.{name} is recurrent (the model defines "
@@ -408,10 +404,7 @@ class Model:
                         f"returned a {type(out).__name__}"
                     )
                 return out
-            return out, state
 
-        def apply(params, obs, keys, rstate, execution_horizon=None):
-            lane = lambda o, k, s: call(o, k, s, execution_horizon)
             with self._bound(params):
                 if batched:
                     return lane(obs, keys, rstate)
@@ -442,7 +435,6 @@ class Model:
         """
         cls = type(self)
         doc = inspect.getdoc(cls) if cls.__doc__ else None
-        spec = None if self.spec is None else dict(self.spec)
         out: dict[str, Any] = {
             "schema_version": DESCRIBE_SCHEMA_VERSION,
             "name": self.name,
@@ -454,10 +446,8 @@ class Model:
             "native_chunk": self.native_chunk,
             "stochastic": self.stochastic,
             "recurrent": self.recurrent,
-            "spec": None
-            if spec is None
-            else {k: _spec_to_dict(d) for k, d in spec.items()},
-            "reads": adapt.read_keys(spec),
+            "spec": self.spec and {k: _spec_to_dict(d) for k, d in self.spec.items()},
+            "reads": adapt.read_keys(self.spec),
             "params": {k: p.to_dict() for k, p in params_schema(cls).items()},
             "config": {k: _jsonable(v) for k, v in self._config.items()},
             "device": None if self.device is None else str(self.device),
