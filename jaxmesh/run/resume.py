@@ -95,6 +95,12 @@ def _compare_identity(done: RunResult, now: dict) -> None:
         )
 
 
+#: What a resumed run compares with the earlier one, in this order.
+_COMPARED = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
+_COMPARED += ("max_episode_seconds", "metrics", "trial_index_base")
+_COMPARED += ("success_mode", "instruction")
+
+
 class _Check:
     """A hook that compares the run, once it is built, with the earlier one."""
 
@@ -102,14 +108,9 @@ class _Check:
         self.done = done
 
     def on_run_start(self, info: dict) -> None:
-        now = {k: info.get(k) for k in ("policy", "env", "horizon", "prefetch_lead")}
-        now["delay"] = info.get("delay", 0)
-        now["execution"] = info.get("execution")
-        now["max_episode_seconds"] = info.get("max_episode_seconds")
+        zero = ("delay", "trial_index_base")
+        now = {k: info.get(k, 0 if k in zero else None) for k in _COMPARED}
         now["metrics"] = info.get("metric_reductions")
-        now["trial_index_base"] = info.get("trial_index_base", 0)
-        now["success_mode"] = info.get("success_mode")
-        now["instruction"] = info.get("instruction")
         _compare(self.done, now)
         _compare_identity(self.done, info.get("fingerprint") or {})
 
@@ -424,6 +425,7 @@ _RUN_KEYS = (
 )
 
 
+_TIMES = ("wall_time", "compile_time", "run_time")
 _LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
@@ -527,7 +529,7 @@ class EpisodeLog:
         self._write({"fault": info})
 
     def _totals(self, result: Any) -> None:
-        keys = ("env_steps", "policy_rows", "wall_time", "compile_time", "run_time")
+        keys = ("env_steps", "policy_rows", *_TIMES)
         self._write({"totals": {k: getattr(result, k) for k in keys}})
 
     def on_run_end(self, result: Any) -> None:
@@ -551,6 +553,11 @@ class EpisodeLog:
             self._fd = None
 
 
+#: A log's settings that a falsy value leaves at these.
+_LOG_DEFAULTS = {"num_envs": 0, "horizon": 1, "effective_horizon": 1}
+_LOG_DEFAULTS |= {"prefetch_lead": 0, "delay": 0, "plan_tile": 0, "trial_index_base": 0}
+
+
 def load_episode_log(path: Any) -> RunResult:
     """An episode log (``EpisodeLog``) as a ``RunResult`` for ``resume=``: the
     first run line's settings and identity, the episodes by index (a line cut
@@ -571,8 +578,7 @@ def load_episode_log(path: Any) -> RunResult:
         )
     first = runs[0]["run"]
     for other in runs[1:]:
-        keys = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
-        for key in (*keys, "plan_tile"):
+        for key in (*_COMPARED[:6], "plan_tile"):
             if other["run"].get(key) != first.get(key):
                 raise ValueError(
                     f"{path} holds runs with {key} {first.get(key)!r} and "
@@ -585,18 +591,8 @@ def load_episode_log(path: Any) -> RunResult:
         "policy": first.get("policy") or "",
         "env": first.get("env") or "",
         "settings": {
-            "num_envs": first.get("num_envs") or 0,
-            "horizon": first.get("horizon") or 1,
-            "effective_horizon": first.get("effective_horizon") or 1,
-            "prefetch_lead": first.get("prefetch_lead") or 0,
-            "delay": first.get("delay") or 0,
-            "delay_ms": first.get("delay_ms"),
-            "execution": first.get("execution"),
-            "chunk": first.get("chunk"),
-            "plan_tile": first.get("plan_tile") or 0,
-            "max_episode_seconds": first.get("max_episode_seconds"),
-            "trial_index_base": first.get("trial_index_base") or 0,
-            "instruction": first.get("instruction"),
+            **{k: first.get(k) for k in SETTINGS},  # from_dict skips asynchronous
+            **{k: first.get(k) or v for k, v in _LOG_DEFAULTS.items()},
             "metrics": first.get("metric_reductions") or {},
             "success_key": first.get("success_key"),
             # A log written before the mode was recorded: the rule of the time.
@@ -608,8 +604,7 @@ def load_episode_log(path: Any) -> RunResult:
             "policy_rows": int(base.get("policy_rows", 0))
             + sum(int(e["predict_calls"]) for e in after),
             "steps_per_second": 0.0,
-            **{k: float(base.get(k, 0.0)) for k in ("wall_time", "compile_time")},
-            "run_time": float(base.get("run_time", 0.0)),
+            **{k: float(base.get(k, 0.0)) for k in _TIMES},
         },
         # Checked above, line by line: from_dict checks nothing again.
         "episodes": [{k: v for k, v in e.items() if k != "check"} for e in eps],
