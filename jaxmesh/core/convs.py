@@ -14,6 +14,7 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
@@ -132,8 +133,4 @@ def _conv(lhs: Any, rhs: Any, *, dimension_numbers: Any, **params: Any) -> Any:
     y = lax.conv_general_dilated_p.bind(x, k, dimension_numbers=canonical, **params)
     # y is (batch, *spatial, feature); the result keeps the asked layout.
     b, f, *s = dn.out_spec
-    where = [0] * 4
-    where[b], where[f] = 0, 3
-    for i, axis in enumerate(s):
-        where[axis] = 1 + i
-    return lax.transpose(y, tuple(where))
+    return lax.transpose(y, tuple(np.argsort((b, *s, f)).tolist()))
