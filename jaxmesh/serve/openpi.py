@@ -58,15 +58,10 @@ class OpenpiService:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         #: A ``Batcher.poke`` is scheduled on the loop.
         self._poke_pending = False
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        #: (waiting loop future, batcher future) pairs finished, for the loop
-        #: to hand over: one wake-up of the loop per batch.
-        self._done: list[tuple[asyncio.Future, Any]] = []
-        self._done_lock = threading.Lock()
 
     def start(self) -> int:
         """Binds and serves in a thread; returns the bound port (OSError:
@@ -94,7 +89,6 @@ class OpenpiService:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         self._stop = asyncio.Event()
         try:
             server: Server = await serve(
@@ -223,49 +217,16 @@ class OpenpiService:
         first (the request is dropped unless its forward began)."""
         if future.done():  # its batch ran in run_ready, on this loop
             return future.result()
-        assert self._loop is not None
-        waiting = self._loop.create_future()
-
-        def gone(_: Any) -> None:
-            if not waiting.done():
-                waiting.set_result(None)
-
-        closed.add_done_callback(gone)
-        future.add_done_callback(lambda f: self._finished(waiting, f))
-        try:
-            reply = await waiting
-        finally:
-            closed.remove_done_callback(gone)
-        if reply is None:
-            future.cancel()
+        waiting = asyncio.wrap_future(future)
+        await asyncio.wait((waiting, closed), return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done():
+            waiting.cancel()  # cancels ``future``
             return None
-        return reply.result()
+        return waiting.result()
 
     def _poke(self) -> None:
         self._poke_pending = False
         self.batcher.poke()
-
-    def _finished(self, waiting: asyncio.Future, future: Any) -> None:
-        """Queues the batcher's done ``future`` for the loop (from whichever
-        thread), waking the loop for the first only."""
-        with self._done_lock:
-            self._done.append((waiting, future))
-            first = len(self._done) == 1
-        if first:
-            assert self._loop is not None
-            if threading.get_ident() == self._loop_thread:  # run_ready's batch
-                self._loop.call_soon(self._hand_over)
-                return
-            with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits
-                self._loop.call_soon_threadsafe(self._hand_over)
-
-    def _hand_over(self) -> None:
-        """On the loop: resolves the waiting requests of finished futures."""
-        with self._done_lock:
-            done, self._done = self._done, []
-        for waiting, future in done:
-            if not waiting.done():
-                waiting.set_result(future)
 
     async def _fail(self, ws: ServerConnection, text: str) -> None:
         await ws.send(f"jaxmesh policy server: {text}")
