@@ -5,6 +5,7 @@ fails alone; a failed forward fails its batch only.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import threading
@@ -84,11 +85,11 @@ class Batcher:
         self.stats = BatchStats()
         self._queue: list[_Item] = []
         #: signature -> its requests in the queue.
-        self._counts: dict[Any, int] = {}
+        self._counts: collections.Counter = collections.Counter()
         self._cond = threading.Condition()
         self._clients = 0
         #: group (a request signature) -> its connected clients.
-        self._groups: dict[Any, int] = {}
+        self._groups: collections.Counter = collections.Counter()
         self._closed = False
         #: A forward is running (in the forward thread or a caller's).
         self._busy = False
@@ -100,16 +101,14 @@ class Batcher:
         with self._cond:
             self._clients += 1
             if group is not None:
-                self._groups[group] = self._groups.get(group, 0) + 1
+                self._groups[group] += 1
 
     def disconnect(self, group: Any = None) -> None:
         """A client (of ``group``, as it connected) left."""
         with self._cond:
             self._clients -= 1
             if group is not None:
-                left = self._groups.pop(group) - 1
-                if left:
-                    self._groups[group] = left
+                self._groups -= collections.Counter([group])  # drops a 0
             self._cond.notify()
 
     def _could_join(self, signature: Any) -> int:
@@ -122,7 +121,7 @@ class Batcher:
         """Whether a forward of ``signature`` has a full batch, or a request
         from every client that could join it."""
         counts = self._counts
-        same = counts.get(signature, 0)
+        same = counts[signature]
         if same >= self.max_batch:
             return True
         if signature in self._groups:
@@ -141,8 +140,7 @@ class Batcher:
             )
         item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
         self._queue.append(item)
-        sig = prepared.signature
-        self._counts[sig] = self._counts.get(sig, 0) + 1
+        self._counts[prepared.signature] += 1
         return item
 
     def _wake(self, lazy: bool = False) -> None:
@@ -210,18 +208,14 @@ class Batcher:
     def _pop(self, signature: Any) -> list[_Item]:
         """Takes the next batch of ``signature``: those of its oldest requests
         whose client is still there."""
-        if self._counts.get(signature, 0) == len(self._queue) <= self.max_batch:
+        if self._counts[signature] == len(self._queue) <= self.max_batch:
             batch, self._queue = self._queue, []
         else:
             same = [i for i in self._queue if i.prepared.signature == signature]
             batch = same[: self.max_batch]
             taken = set(map(id, batch))
             self._queue = [i for i in self._queue if id(i) not in taken]
-        left = self._counts[signature] - len(batch)
-        if left:
-            self._counts[signature] = left
-        else:
-            del self._counts[signature]
+        self._counts -= collections.Counter({signature: len(batch)})  # drops a 0
         live = [i for i in batch if i.future.set_running_or_notify_cancel()]
         self.stats.dropped += len(batch) - len(live)
         return live
