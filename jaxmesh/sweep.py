@@ -116,14 +116,6 @@ def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
     return spec.dt, spec.name
 
 
-class _GridEvaluator(Evaluator):
-    """An ``Evaluator`` whose plan carries a sweep's cells (``RunPlan.grid``)."""
-
-    def __init__(self, *args: Any, grid: tuple, cell_episodes: int, **kw: Any):
-        super().__init__(*args, **kw)  # kw: takes_params
-        self.settings = self.settings._replace(grid=grid, cell_episodes=cell_episodes)
-
-
 class _CellStream:
     """The hook that hands each cell of one program to ``on_cell`` as soon as
     its last episode has ended (its times 0: the cells share them)."""
@@ -354,9 +346,9 @@ def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, o
         seeds = np.tile(seeds_arr, len(group))
         hooks = None if on_cell is None or e == 0 else [_CellStream(group, e, on_cell)]
         if scan:
-            ev = _GridEvaluator(
-                policy, env, cfg, grid=grid, cell_episodes=max(e, 1), takes_params=takes
-            )
+            ev = Evaluator(policy, env, cfg, takes_params=takes)
+            # The plan carries the cells (``RunPlan.grid``).
+            ev.settings = ev.settings._replace(grid=grid, cell_episodes=max(e, 1))
             whole = ev.run(seeds=seeds, params=params, hooks=hooks)
             programs += len(ev.programs())
         else:
