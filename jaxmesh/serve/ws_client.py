@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 from websockets.client import ClientProtocol
-from websockets.exceptions import InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.frames import CloseCode, Opcode
 from websockets.http11 import USER_AGENT
 from websockets.protocol import State as ProtocolState
@@ -31,6 +31,7 @@ from jaxmesh.errors import RemotePolicyError
 from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import resolve_class
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
+from jaxmesh.run.checks import check_int
 from jaxmesh.serve import codec
 
 #: Seconds a request waits for its reply: a large model's first (compiling)
@@ -88,14 +89,6 @@ def decode_prompt(codes: np.ndarray) -> str:
     return np.asarray(codes, np.uint8).tobytes().rstrip(b"\0").decode()
 
 
-class _Closed(Exception):
-    """A connection ended (``code``: the server's close code, or None)."""
-
-    def __init__(self, code: int | None, reason: str = ""):
-        super().__init__(code, reason)
-        self.code, self.reason = code, reason
-
-
 def _wait(sock: socket.socket, events: int, deadline: float) -> bool:
     """Whether ``sock`` is ready for ``events`` by ``deadline`` (monotonic)."""
     left = deadline - time.monotonic()
@@ -118,7 +111,7 @@ def _alive(ws: _Connection) -> bool:
         return False
     try:
         return ws.message() is None and ws.protocol.state is ProtocolState.OPEN
-    except _Closed:
+    except ConnectionClosed:
         return False
 
 
@@ -184,7 +177,7 @@ class _Connection:
 
     def message(self) -> bytes | str | None:
         """The next whole message parsed (bytes, or a text frame's text), or
-        None (_Closed: the connection is over)."""
+        None (ConnectionClosed: the connection is over)."""
         while self.pending:
             frame = self.pending.popleft()
             opcode = frame.opcode
@@ -211,9 +204,9 @@ class _Connection:
             self.feed(deadline)
         return message
 
-    def closed(self) -> _Closed:
-        rcvd = self.protocol.close_rcvd
-        return _Closed(rcvd.code, rcvd.reason) if rcvd else _Closed(None)
+    def closed(self) -> ConnectionClosed:
+        p = self.protocol
+        return ConnectionClosed(p.close_rcvd, p.close_sent, p.close_rcvd_then_sent)
 
     def close(self, wait: float = 0.0) -> None:
         """Sends a close frame (once) and closes the socket, after waiting
@@ -276,10 +269,7 @@ class WebsocketClient:
             )
         self.timeout = check_seconds("timeout", timeout)
         self.connect_timeout = check_seconds("connect_timeout", connect_timeout)
-        if isinstance(connections, bool) or not isinstance(connections, int):
-            raise TypeError(f"connections={connections!r}: expected an int >= 1")
-        if connections < 1:
-            raise ValueError(f"connections={connections!r}: expected an int >= 1")
+        connections = check_int("connections", connections, 1, "the most open at once")
         self.token = env_token(token)
         try:
             self._uri = parse_uri(address)
@@ -368,11 +358,10 @@ class WebsocketClient:
                     f"sent a {type(metadata).__name__} as its metadata; openpi's "
                     "protocol begins with a map: is it an openpi policy server?"
                 )
-        except (codec.CodecError, TimeoutError, _Closed, OSError) as e:
+        except (codec.CodecError, TimeoutError, ConnectionClosed, OSError) as e:
             ws.close()
-            what = "ConnectionClosed" if isinstance(e, _Closed) else type(e).__name__
             raise self._error(
-                f"sent no metadata map on connect ({what}: {e}): "
+                f"sent no metadata map on connect ({type(e).__name__}: {e}): "
                 "is it an openpi policy server?"
             ) from None
         except BaseException:
@@ -492,8 +481,9 @@ class WebsocketClient:
                 "that it is running and not overloaded, or pass a larger "
                 "timeout= to RemotePolicy"
             ) from None
-        except (_Closed, OSError) as e:
-            code, reason = (e.code, e.reason) if isinstance(e, _Closed) else (None, "")
+        except (ConnectionClosed, OSError) as e:
+            rcvd = getattr(e, "rcvd", None)
+            code, reason = (rcvd.code, rcvd.reason) if rcvd else (None, "")
             raise self._error(
                 f"closed the connection (code {code}"
                 f"{': ' + reason if reason else ''}): "
