@@ -8,6 +8,7 @@ compile nothing again.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -57,10 +58,11 @@ class _RunData(NamedTuple):
     episodes: stream.EpisodeStream
 
 
-class _Program(NamedTuple):
+@dataclasses.dataclass
+class _Program:
     engine: Any
-    segment: Any  # the compiled segment executable
     plan: RunPlan  # the sizes the engine was built with
+    segment: Any = None  # the compiled segment executable
 
 
 class Evaluator:
@@ -165,16 +167,10 @@ class Evaluator:
             lanes=self.placement.lanes(s.num_envs),
         )
 
-    @staticmethod
-    def _key(params: Any, plan: RunPlan, steps: bool) -> tuple:
-        return (build.signature(params), plan.capacity) + (
-            ("on_step",) if steps else ()
-        )
-
     def _program(self, params: Any, plan: RunPlan, steps: bool = False) -> _Program:
         """The program for these params' shapes and this plan, built but not
         necessarily compiled; ``steps``: with step events."""
-        key = self._key(params, plan, steps)
+        key = (build.signature(params), plan.capacity) + (("on_step",) if steps else ())
         if key not in self._programs:
             engine = build.build_engine(
                 self.policy,
@@ -187,7 +183,7 @@ class Evaluator:
             )
             if steps:
                 engine = with_step_events(engine, self._sink)
-            self._programs[key] = _Program(engine, None, plan)
+            self._programs[key] = _Program(engine, plan)
         return self._programs[key]
 
     def _compiled(
@@ -197,11 +193,9 @@ class Evaluator:
         program = self._program(params, plan, steps)
         if program.segment is not None:
             return program, False
-        segment = self.placement.compile(
+        program.segment = self.placement.compile(
             program.engine, params, self.settings.segment_steps
         )
-        program = program._replace(segment=segment)
-        self._programs[self._key(params, plan, steps)] = program
         return program, True
 
     def run(
@@ -535,18 +529,16 @@ def run(
     env and settings, else on a new one."""
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
-    scoring, starts = config.scoring, config.starts
-    asked = scoring.asked
-    devices = config.layout.devices
+    scoring, starts, devices = config.scoring, config.starts, config.layout.devices
     mesh = resolve_mesh(devices)
-    key = (id(policy), _env_key(env), config.settings, with_params, str(pol.device))
-    key += (asked,)
     record = check_record(record)
     if mesh is not None:
         placement.refuse_mesh_record(devices, record)
     trials = initial.resolve(starts.initial_states, starts.reset_fn)
+    key = (id(policy), _env_key(env), config.settings, with_params, str(pol.device))
     # Recorded episodes and initial states are data: same shapes, one program.
-    key += (mesh, None if record is None else record_shape(record), starts.randomize)
+    key += (scoring.asked, mesh, starts.randomize)
+    key += (None if record is None else record_shape(record),)
     key += (None if trials is None else trials.key,)
     checked = _Checked(pol, record, trials, mesh)
     ev = _EVALUATORS.get(
