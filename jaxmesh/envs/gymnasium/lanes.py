@@ -9,6 +9,7 @@ Shared by the host loop (``jaxmesh.envs.gymnasium.local``) and the env server
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -312,9 +313,11 @@ def info_leaves(
 
 class GymStepper:
     """What every stepper shares: layout (``leaves.ObsLayout``), lane state and
-    the operations over a subclass's ``run`` and ``close``. ``started[j]``:
-    lane j was reset since made or :meth:`forget`; ``ended[j]``: its episode
-    ended (or was released) since, so replaying it executes nothing.
+    the operations over a subclass's ``run`` (checked ``Reset`` | ``Replay``
+    ops, ascending lanes, one each -> their ``LaneResult``) and ``close`` (of
+    ``owned`` envs). ``started[j]``: lane j was reset since made or
+    :meth:`forget`; ``ended[j]``: its episode ended (or was released) since,
+    so replaying it executes nothing.
     """
 
     num_lanes: int
@@ -341,15 +344,6 @@ class GymStepper:
         #: Buffers ``{leaf: [>= m, ...]}`` ``step_each`` stacks into where they
         #: fit (a same-host server's ring slot).
         self.obs_into: dict[str, np.ndarray] | None = None
-
-    def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
-        """Checked ops (``Reset`` | ``Replay``, ascending lanes, at most one
-        each) -> their ``LaneResult`` (``keep_all_info``: every step's info)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Closes the envs when ``owned`` (jaxmesh made them)."""
-        raise NotImplementedError
 
     def abandon(self, respawn: bool = True) -> None:
         """The call under way is given up (only ``ProcessStepper`` can stop it)."""
@@ -466,6 +460,7 @@ class GymStepper:
         where it serves."""
         js = self._lanes(lanes, "step")
         keys = tuple(info_keys)
+        kw = dict(want_obs=want_obs, info_keys=keys)
         actions = np.asarray(actions)
         if actions.shape[:1] != (len(js),):
             raise ValueError(
@@ -475,8 +470,8 @@ class GymStepper:
         out = self.step_each(np.asarray(js, np.int64), actions, want_obs, keys)
         if out is not None:
             return out
-        ops = [Replay(j, actions[i : i + 1]) for i, j in enumerate(js)]
-        return self._replay_ops(ops, want_obs, keys, True)
+        ones = np.ones(len(js), np.int64)
+        return self.replay(js, ones, actions, keep_all_obs=True, **kw)
 
     def step_each(self, lanes, actions, want_obs, info_keys) -> ResultBatch | None:
         """:meth:`step` of checked input when the fast path serves it, else None."""
@@ -523,10 +518,8 @@ class GymStepper:
             Replay(j, actions[s : s + int(c)])
             for j, s, c in zip(js, starts, counts.tolist(), strict=True)
         ]
-        return self._replay_ops(ops, want_obs, tuple(info_keys), keep_all_obs)
-
-    def _replay_ops(self, ops, want_obs, keys, keep_all) -> ResultBatch:
-        kw = dict(want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all)
+        keys = tuple(info_keys)
+        kw = dict(want_obs=want_obs, info_keys=keys, keep_all_obs=keep_all_obs)
         return self.collect(self.run(ops, **kw), **kw)
 
     def _lanes(self, lanes: npt.ArrayLike, what: str) -> list[int]:
@@ -623,13 +616,13 @@ class EnvListStepper(GymStepper):
             raise ValueError("env=[]: pass at least one gymnasium Env")
         gym = import_gymnasium()
         seen: dict[int, int] = {}
+        first = envs[0]
         for j, e in enumerate(envs):
             if not isinstance(e, gym.Env):
                 raise TypeError(
                     f"env list entry {j} is a {type(e).__name__}, not a "
                     "gymnasium.Env; pass a list of gymnasium Envs, one per lane"
                 )
-        for j, e in enumerate(envs):
             k = seen.setdefault(id(e), j)
             if k != j:
                 raise ValueError(
@@ -637,8 +630,6 @@ class EnvListStepper(GymStepper):
                     "lane needs its own env (e.g. [gymnasium.make(id) for _ in "
                     "range(n)])"
                 )
-        first = envs[0]
-        for j, e in enumerate(envs[1:], start=1):
             for attr in ("observation_space", "action_space"):
                 if not same_space(getattr(e, attr), getattr(first, attr)):
                     raise TypeError(
@@ -656,21 +647,18 @@ class EnvListStepper(GymStepper):
     def step_envs(self, lanes, actions, busy=None) -> list:
         """``env.step(a)`` of each of ``lanes`` (None: the first ones): their
         5-tuples, or LaneError; ``busy[j]`` is set while lane j steps."""
-        envs = self.envs
-        out: list = []
+        envs, out = self.envs, []
+        if lanes is None:
+            lanes = range(min(len(envs), len(actions)))
         try:
-            if lanes is None:
-                for e, a in zip(envs, actions, strict=False):
-                    out.append(e.step(a))
-            else:
-                for j, a in zip(lanes, actions, strict=True):
-                    if busy is not None:
-                        busy[j] = True
-                    out.append(envs[j].step(a))
-                    if busy is not None:
-                        busy[j] = False
+            for j, a in zip(lanes, actions, strict=True):
+                if busy is not None:
+                    busy[j] = True
+                out.append(envs[j].step(a))
+                if busy is not None:
+                    busy[j] = False
         except Exception as exc:
-            lane = len(out) if lanes is None else lanes[len(out)]
+            lane = lanes[len(out)]
             if busy is not None:
                 busy[lane] = False
             raise LaneError(lane, "stepping", exc) from exc
@@ -844,13 +832,10 @@ class VectorEnvStepper(GymStepper):
         """Lane ``j``'s row of a vector info (arrays, ``_key`` masks)."""
         out = {}
         for key in keys:
-            if key in info:
-                present = info.get("_" + key)
-                if present is None or bool(np.asarray(present)[j]):
-                    try:
-                        out[key] = np.asarray(info[key])[j]
-                    except (IndexError, TypeError):
-                        continue
+            present = info.get("_" + key)
+            if key in info and (present is None or bool(np.asarray(present)[j])):
+                with contextlib.suppress(IndexError, TypeError):
+                    out[key] = np.asarray(info[key])[j]
         return out
 
     def _resets(self, resets, want_obs, info_keys) -> list[LaneResult]:

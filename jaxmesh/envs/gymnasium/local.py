@@ -38,15 +38,6 @@ class _InfoKeys:
         return iter({k for info in self.infos if info for k in info})
 
 
-def _none_of(keys: tuple, infos: Sequence) -> bool:
-    """Whether no info has a key of ``keys`` (False where an info is None:
-    ``read_infos`` reads them one by one)."""
-    try:
-        return frozenset(keys).isdisjoint(set().union(*infos))
-    except TypeError:
-        return False
-
-
 def _env_errors(method):
     """The env's own exception instead of the ``LaneError`` wrapping it."""
 
@@ -81,33 +72,32 @@ class _LaneView:
         #: No info had an ``info_keys`` key at the last ``step`` (where known).
         self.info_empty = False
         self.info_seen: set = set()
-        self._absent: tuple = ((), 0, {})  # (keys, n, info): ``_no_info``'s
+        self._absent: tuple = ((), 0, {})  # (keys, n, info): ``_new_info``'s
         self.reset_info: dict = {}
         self.reset_text: dict = {}
 
-    def _new_info(self, n: int, pairs: dict | None = None, seen: set | None = None):
-        """``info`` of n lanes from ``{key: [(lane, value)]}`` (``read_infos``)."""
-        self.info = {
-            k: (np.zeros(n, np.float64), np.zeros(n, bool)) for k in self.info_keys
-        }
-        self.info_seen = set() if seen is None else seen
-        self.info_empty = False
-        for key, got in (pairs or {}).items():
+    def _set_info(self, n: int, infos: Sequence, lanes: Any, seen: Any) -> None:
+        """``info`` of n lanes from lanes ``lanes``' ``infos``."""
+        pairs, _ = read_infos(infos, self.info_keys, lanes, self.spec.name, False)
+        self._new_info(n, pairs, seen)
+
+    def _new_info(self, n: int, pairs: dict, seen: Any) -> None:
+        """``info`` of n lanes from ``{key: [(lane, value)]}`` (``read_infos``);
+        with no value, read-only zeros kept while the keys stay."""
+        self.info_seen, self.info_empty = seen, not any(pairs.values())
+        if self.info_empty:
+            if self._absent[:2] != (self.info_keys, n):
+                pair = (np.zeros(n, np.float64), np.zeros(n, bool))
+                for x in pair:
+                    x.flags.writeable = False
+                self._absent = (self.info_keys, n, dict.fromkeys(self.info_keys, pair))
+            self.info = self._absent[2]
+            return
+        self.info = {k: (np.zeros(n), np.zeros(n, bool)) for k in self.info_keys}
+        for key, got in pairs.items():
             vals, present = self.info[key]
             for j, v in got:
                 vals[j], present[j] = v, True
-
-    def _no_info(self, n: int, seen: Any) -> None:
-        """``info`` of n lanes none of whose infos had a key: read-only arrays
-        kept while the keys stay."""
-        keys, m, info = self._absent
-        if keys != self.info_keys or m != n:
-            pair = (np.zeros(n, np.float64), np.zeros(n, bool))
-            for x in pair:
-                x.flags.writeable = False
-            info = dict.fromkeys(self.info_keys, pair)
-            self._absent = (self.info_keys, n, info)
-        self.info, self.info_seen, self.info_empty = info, seen, True
 
     def reset(self, lanes, seeds, trials, max_episode_seconds=None, text_keys=()):
         """Starts an episode on each of ``lanes`` (any order, with a seed and a
@@ -197,13 +187,9 @@ class EnvLanes(LocalAdapter):
             reward[lanes], term[lanes], trunc[lanes] = r, te, tr
             if any(te) or any(tr):  # the stepper's state: these episodes ended
                 stepper.ended[:n] |= term | trunc
-        keys = self.info_keys
-        if keys and any(infos) and not _none_of(keys, infos):
+        if self.info_keys:
             where = range(n) if isinstance(lanes, slice) else lanes
-            values, _ = read_infos(infos, keys, where, self.spec.name, seen=False)
-            self._new_info(n, values, _InfoKeys(infos))
-        elif keys:  # most steps of many envs: no info has a key asked for
-            self._no_info(n, _InfoKeys(infos))
+            self._set_info(n, infos, where, _InfoKeys(infos))
         return reward, term, trunc
 
 
@@ -229,18 +215,10 @@ class VectorEnvLanes(LocalAdapter):
         batch[:n][go] = values[go]
         o, r, te, tr, info = stepper.step_vector(batch)
         if self.info_keys:
-            # gymnasium's vector info: an array per key, and a ``_key`` mask
-            # of the lanes that had it.
-            self._new_info(n)
-            self.info_seen = {k for k in info if not k.startswith("_")}
-            for k in self.info_keys:
-                if k not in info:
-                    continue
-                mask = np.asarray(info.get("_" + k, np.ones(self.num_lanes, bool)))
-                vals, present = self.info[k]
-                for j in np.flatnonzero(go & mask[:n].astype(bool)):
-                    v = info_value({k: np.asarray(info[k])[j]}, k, f"lane {j}")
-                    vals[j], present[j] = v, True
+            js = np.flatnonzero(go).tolist()
+            rows = [stepper.lane_info(info, j, self.info_keys) for j in js]
+            seen = {k for k in info if not k.startswith("_")}
+            self._set_info(n, rows, js, seen)
         for j in np.flatnonzero(go):
             one = stepper.observation(stepper.layout.row(o, int(j)), int(j))
             for name, leaf in one.items():

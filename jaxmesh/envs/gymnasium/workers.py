@@ -253,6 +253,15 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="jaxmesh-parent-watch", daemon=True).start()
 
 
+def _reap(proc: subprocess.Popen, seconds: float) -> int:
+    """``proc``'s exit code, killed if it has not exited within ``seconds``."""
+    try:
+        return proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 def _picklable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
@@ -552,12 +561,7 @@ class WorkerPool:
 
     def _lost(self, k: int) -> None:
         """Worker k died: start a new one for its lanes, then say so."""
-        proc = self.procs[k]
-        try:
-            code = proc.wait(EXIT_SECONDS)
-        except subprocess.TimeoutExpired:  # alive but mute: end it
-            proc.kill()
-            code = proc.wait()
+        code = _reap(self.procs[k], EXIT_SECONDS)  # alive but mute: killed
         self.conns[k].close()
         pid = self.pids[k]
         if self.closing:  # nothing will use its lanes again
@@ -610,9 +614,7 @@ class WorkerPool:
     def reset(self, lanes, seeds, options, seconds, info_keys, text_keys) -> tuple:
         """``EnvListStepper.reset`` of ``lanes`` (ascending) in the workers, the
         observations into the segment: (info, info_present, reset_text)."""
-        by_worker: dict[int, list[int]] = {}
-        for i, j in enumerate(lanes):
-            by_worker.setdefault(int(self.owner[j]), []).append(i)
+        by_worker = self.by_worker(lanes)
         for k, idx in by_worker.items():
             mine = [
                 None if xs is None else [xs[i] for i in idx]
@@ -626,19 +628,24 @@ class WorkerPool:
         m = len(lanes)
         info: dict = {}
         present: dict = {}
-        texts = {key: [None] * m for key in text_keys}
+        texts: dict = {key: [None] * m for key in text_keys}
         for k, idx in by_worker.items():
             _, inf, pres, text = replies[k]
             for key, vals in inf.items():
-                if key not in info:
-                    info[key] = np.zeros((m,) + vals.shape[1:], vals.dtype)
-                    present[key] = np.zeros(m, bool)
-                info[key][idx] = vals
-                present[key][idx] = pres.get(key, True)
+                zeros = np.zeros((m,) + vals.shape[1:], vals.dtype)
+                info.setdefault(key, zeros)[idx] = vals
+                present.setdefault(key, np.zeros(m, bool))[idx] = pres.get(key, True)
             for key in text_keys:
-                for q, i in enumerate(idx):
-                    texts[key][i] = text[key][q]
+                for i, value in zip(idx, text[key], strict=True):
+                    texts[key][i] = value
         return info, present, texts
+
+    def by_worker(self, lanes: Sequence[int]) -> dict[int, list[int]]:
+        """The positions in ``lanes`` of each worker's lanes."""
+        out: dict[int, list[int]] = {}
+        for i, j in enumerate(lanes):
+            out.setdefault(int(self.owner[j]), []).append(i)
+        return out
 
     def send(self, go: np.ndarray, info_keys: tuple) -> list[int]:
         """Starts the step of the lanes in ``go`` (actions in the segment); the
@@ -681,11 +688,7 @@ class WorkerPool:
         for k, proc in enumerate(self.procs):
             if proc is None:
                 continue
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _reap(proc, max(0.0, deadline - time.monotonic()))
             if self.conns[k] is not None:
                 self.conns[k].close()
             self.procs[k] = self.conns[k] = None
@@ -765,18 +768,17 @@ class ProcessStepper(shared.GymStepper):
         self.pool.abandon(respawn)
 
     def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
-        owner, blocks = self.pool.owner, self.pool.blocks
-        by_worker: dict[int, list] = {}
-        for op in ops:
-            k = int(owner[op.lane])
-            by_worker.setdefault(k, []).append(op._replace(lane=op.lane - blocks[k][0]))
+        blocks = self.pool.blocks
         kw = dict(
             want_obs=want_obs,
             info_keys=info_keys,
             keep_all_obs=keep_all_obs,
             keep_all_info=keep_all_info,
         )
-        msgs = {k: ("run", mine, kw) for k, mine in by_worker.items()}
+        msgs = {}
+        for k, idx in self.pool.by_worker([op.lane for op in ops]).items():
+            mine = [ops[i]._replace(lane=ops[i].lane - blocks[k][0]) for i in idx]
+            msgs[k] = ("run", mine, kw)
         replies = self._each(msgs, "stepping")
         out: list[shared.LaneResult] = []
         for k in sorted(replies):
