@@ -379,10 +379,9 @@ class WebsocketClient:
     def _take(self, want: int) -> list[_Connection]:
         """Up to ``want`` connections for one thread (at least one)."""
         with self._cond:
-            while (
-                not self._idle and self._open >= self.connections and not self._closed
-            ):
-                self._cond.wait()
+            self._cond.wait_for(
+                lambda: self._idle or self._open < self.connections or self._closed
+            )
             if self._closed:
                 raise self._error("is no longer connected: the policy was closed")
             took = [self._idle.pop() for _ in range(min(want, len(self._idle)))]
