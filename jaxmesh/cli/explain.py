@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 import jaxmesh
 from jaxmesh import adapt
@@ -20,12 +19,14 @@ from jaxmesh.cli.build import (
     config_policy,
     import_target,
 )
-from jaxmesh.cli.checks import is_jax_id, is_served, read_config
+from jaxmesh.cli.checks import read_config
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs.gymnasium import make_lanes
+from jaxmesh.run.backend import SCAN, SERVED, backend_of
 from jaxmesh.run.config import Served
+from jaxmesh.run.footprint import KEY
 from jaxmesh.serve.forward import STATE_KEYS
 
 
@@ -33,7 +34,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     config = read_config(args)
     policy, env, run, _ = build_run(config)
     num_envs = run.num_envs
-    if not is_jax_id(env):
+    if backend_of(env) != SCAN:
         env, lanes = host_env_spec(env, run.served)
         num_envs = min(num_envs, lanes)
     try:
@@ -53,7 +54,7 @@ def host_env_spec(
     unknown id or a space jaxmesh does not read; an unreachable server raises
     ``RemoteConnectionError`` (status 1, as a failed run)."""
     try:
-        if is_served(env):
+        if backend_of(env) == SERVED:
             from jaxmesh.run.host.served import ServedLanes  # the [remote] extra: gRPC
 
             addresses = [env] if isinstance(env, str) else list(env)
@@ -81,13 +82,12 @@ def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | Non
     ``PolicyServer(inputs=)`` takes it (key -> ``(shape, dtype)``); None when
     that cannot be told here."""
     env = config.get("env")
-    if not isinstance(env, str) or is_served(env):
+    if not isinstance(env, str) or backend_of(env) == SERVED:
         return None
     try:
-        if is_jax_id(env):
+        if backend_of(env) == SCAN:
             made = build_env(env, config.get("env_config") or {})
-            key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-            obs = jax.eval_shape(lambda k: made.reset(k)[0], key)
+            obs = jax.eval_shape(lambda k: made.reset(k)[0], KEY)
         else:
             spec, _ = host_env_spec(env)
             lay = spec.layout

@@ -19,15 +19,13 @@ from jaxmesh.core.tally import info_leaves
 from jaxmesh.results.record import observation_leaves, records_states
 from jaxmesh.run import identity
 from jaxmesh.run.checks import Metrics, resolve_metrics
-from jaxmesh.run.footprint import check_frame_limit
+from jaxmesh.run.footprint import KEY, check_frame_limit
 from jaxmesh.run.plan import (
     RunPlan,
     default_plan_tile,  # noqa: F401 - re-exported
 )
 
 PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
-#: A PRNG key, abstract: nothing traced with it runs eagerly.
-KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:

@@ -23,6 +23,8 @@ from jaxmesh.types import PolicyLike
 #: Environment variable holding the frame-window limit in bytes.
 LIMIT_ENV = "JAXMESH_FRAME_HISTORY_LIMIT_BYTES"
 DEFAULT_LIMIT_BYTES = 2 * 1024**3
+#: A PRNG key, abstract: nothing traced with it runs eagerly.
+KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,8 +255,7 @@ def footprint(
         raise ValueError(f"num_envs={num_envs!r}: expected an int >= 1")
     spec, policy = _spec_of(spec_or_model)
     env_obj = make_env(env)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # abstract: nothing runs eagerly
-    obs = jax.eval_shape(lambda k: env_obj.reset(k)[0], key)
+    obs = jax.eval_shape(lambda k: env_obj.reset(k)[0], KEY)
     action = jax.ShapeDtypeStruct(tuple(env_obj.action_shape), env_obj.action_dtype)
     items = {WHOLE_OBS: adapt.State()} if spec is None else dict(spec)
     inputs: dict[str, InputInfo] = {}
