@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from jaxmesh.cli.checks import execution_of, is_gymnasium_id, is_served
+from jaxmesh.cli.checks import execution_of
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
 from jaxmesh.cli.tls import channel_credentials
@@ -20,7 +20,8 @@ from jaxmesh.errors import RemoteConnectionError, RemotePolicyError
 from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
-from jaxmesh.run.config import FLAT, GROUP_OF, GROUPS, RunConfig
+from jaxmesh.run.backend import HOST, SERVED, backend_of
+from jaxmesh.run.config import FLAT, GROUP_OF, RunConfig
 from jaxmesh.suite import Suite, Task
 from jaxmesh.types import PolicyLike
 
@@ -158,7 +159,7 @@ def build_suite(tasks: dict[str, dict[str, Any]]) -> Any:
 def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
     """The env to evaluate on: ``make_env(env_id, **env_config)``, an env
     factory, or a ``gymnasium:<id>`` or served addresses as they are."""
-    if is_served(env_id) or is_gymnasium_id(env_id):
+    if backend_of(env_id) in (SERVED, HOST):
         need_packages(env_id)
         return env_id
     factory = env_factory(env_id, env_config)
@@ -176,12 +177,12 @@ def build_env(env_id: str | list[str], env_config: dict[str, Any]) -> Any:
 
 def need_packages(env_id: Any) -> None:
     """Refuses a served env without gRPC, a gymnasium: id without gymnasium."""
-    if is_served(env_id):
+    if backend_of(env_id) == SERVED:
         try:
             require_grpc()
         except ImportError as e:
             raise ConfigError(f"env={env_id!r}: {e}") from e
-    elif is_gymnasium_id(env_id) and importlib.util.find_spec("gymnasium") is None:
+    elif backend_of(env_id) == HOST and importlib.util.find_spec("gymnasium") is None:
         raise ConfigError(
             f"env={env_id!r}: gymnasium is not installed; run: pip install "
             "gymnasium (gymnasium[mujoco] for the MuJoCo envs)"
@@ -235,12 +236,8 @@ def run_config(config: dict[str, Any]) -> RunConfig:
         settings["reply_timeout"] = None  # no limit
     if config.get("tls_ca") is not None:
         settings["credentials"] = channel_credentials(config["tls_ca"])
-    groups: dict[str, dict[str, Any]] = {}
-    for name in [k for k in settings if k in GROUP_OF]:
-        groups.setdefault(GROUP_OF[name], {})[name] = settings.pop(name)
     try:
-        built = {group: GROUPS[group](**kw) for group, kw in groups.items()}
-        return RunConfig(**settings, **built)
+        return RunConfig().replace(**settings)
     except (ValueError, TypeError) as e:  # a refusal, before anything is built
         raise ConfigError(refused(config, e)) from e
 

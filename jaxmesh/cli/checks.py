@@ -12,7 +12,6 @@ from typing import Any
 
 from jaxmesh.cli.config import (
     CONFIG_KEYS,
-    INT_KEYS,
     MAX_SECONDS,
     REQUIRED,
     apply_overrides,
@@ -22,7 +21,7 @@ from jaxmesh.cli.errors import ConfigError
 from jaxmesh.execution import Ensemble
 from jaxmesh.remote.address import SCHEMES, parse_address
 from jaxmesh.results.record import Record
-from jaxmesh.run import backend
+from jaxmesh.run.backend import SCAN, backend_of
 from jaxmesh.suite import make_suite
 
 
@@ -57,12 +56,11 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"policy={config['policy']!r}: expected 'module:Name', e.g. "
             "jaxmesh.zoo.cartpole:CartPoleMLP"
         )
-    for key, low in INT_KEYS.items():
-        v = config.get(key)
-        if not _is_int(v, low):
-            raise ConfigError(
-                f"{key}={v!r}: expected an int >= {low} ({CONFIG_KEYS[key]})"
-            )
+    episodes = config.get("episodes")  # RunConfig checks the other ints
+    if not _is_int(episodes, 0):
+        raise ConfigError(
+            f"episodes={episodes!r}: expected an int >= 0 ({CONFIG_KEYS['episodes']})"
+        )
     out = dict(config)
     for key in ("policy_config", "env_config"):
         value = config.get(key)
@@ -78,7 +76,7 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"env_config={out['env_config']!r} with tasks: give each task its own "
             "env_config (tasks: {name: {env: ..., env_config: {...}}})"
         )
-    if not suite and out["env_config"] and not is_jax_id(config["env"]):
+    if not suite and out["env_config"] and backend_of(config["env"]) != SCAN:
         raise ConfigError(
             f"env_config={out['env_config']!r} with env={config['env']!r}: "
             "env_config only applies to gymnax: and brax: ids (and playground:, "
@@ -237,21 +235,6 @@ def _check_address(address: str) -> None:
         raise ConfigError(f"env={address!r}: {e}") from e
 
 
-def is_served(env: Any) -> bool:
-    """Whether ``jaxmesh.evaluate`` runs ``env`` as served envs."""
-    return backend.backend_of(env) == backend.SERVED
-
-
-def is_gymnasium_id(env: Any) -> bool:
-    """Whether ``env`` is a gymnasium env stepped in this process."""
-    return backend.backend_of(env) == backend.HOST
-
-
-def is_jax_id(env: Any) -> bool:
-    """Whether ``env`` runs on the scan backend (a JAX env)."""
-    return backend.backend_of(env) == backend.SCAN
-
-
 #: The keys of a task in a config's ``tasks:`` mapping.
 TASK_KEYS = ("env", "env_config", "instruction", "episodes", "seeds")
 TASK_KEYS += ("trial_index_base",)
@@ -331,7 +314,7 @@ def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
         env_config = task.get("env_config") or {}
         if not isinstance(env_config, dict):
             raise ConfigError(f"{where}.env_config={env_config!r}: expected a mapping")
-        if env_config and not is_jax_id(task["env"]):
+        if env_config and backend_of(task["env"]) != SCAN:
             raise ConfigError(
                 f"{where}.env_config={env_config!r}: env_config applies to gymnax:, "
                 "brax:, playground: and libero: ids only"

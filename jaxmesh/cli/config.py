@@ -4,6 +4,7 @@ module imports no JAX), reading it from YAML, ``--set`` overrides."""
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import textwrap
 from collections.abc import Sequence
@@ -17,160 +18,92 @@ from jaxmesh.trace import REDACTED, is_secret_key
 
 
 class Key(NamedTuple):
-    """One config key: its YAML type, meaning and default as the help prints
-    them, and the least value of an int key ``RunConfig`` does not check."""
+    """One config key: its YAML type, meaning and default as the help prints them."""
 
     type: str
     help: str
     default: Any = None
-    low: int | None = None
 
 
-#: Every key a run config may hold (docs/cli.md says more of each).
-SCHEMA: dict[str, Key] = {
-    "env": Key(
-        "str | list",
-        "env id: gymnax:<id>, brax:<name>, playground:<name>, libero:<suite>/<i>, "
-        "gymnasium:<id> (stepped here), <module>:<function> (an env factory), "
-        "grpc://host:port or a list of addresses (required unless tasks or suite)",
-    ),
-    "tasks": Key(
-        "mapping",
-        "a suite instead of env: task name -> env id, or -> {env, env_config, "
-        "instruction, episodes, seeds, trial_index_base}",
-    ),
-    "suite": Key(
-        "str | mapping",
-        "a benchmark's suite instead of env or tasks: libero:libero_spatial, or "
-        "{name: ..., tasks: [0, 1], camera_size: ...} (jaxmesh.make_suite)",
-    ),
-    "env_config": Key(
-        "mapping",
-        "keyword arguments of jaxmesh.make_env(env, **env_config), e.g. "
-        "episode_length: 50 (gymnax:, brax:, playground:, libero: ids and env "
-        "factories only)",
-    ),
-    "policy": Key(
-        "str", "module:Class, module:function or module:model_instance (required)"
-    ),
-    "policy_config": Key(
-        "mapping", "keyword arguments of Class.from_config(...) or Class(...)"
-    ),
-    "host": Key(
-        "bool",
-        "the policy function runs on the host with numpy values, "
-        "jaxmesh.HostPolicy(fn) (a function only; a HostPolicy instance needs no key)",
-        False,
-    ),
-    "episodes": Key(
-        "int", "episode budget: seeds 0..episodes-1 (null: one per seed, else 1)", low=0
-    ),
-    "seeds": Key("list of int", "the seeds, one episode each (not with episodes)"),
-    "num_envs": Key("int", "parallel lanes", 64),
-    "horizon": Key("int", "actions of a chunk executed before the next plan", 1),
-    "prefetch_lead": Key("int", "plan L steps before a chunk runs out (0: in step)", 0),
-    "delay": Key(
-        "int",
-        "inference delay d in steps: a chunk planned d steps before it plays, its "
-        "first d actions skipped (0 < d < horizon)",
-        0,
-    ),
-    "delay_ms": Key(
-        "number",
-        "the inference delay in milliseconds: ceil(delay_ms / (1000 dt)) steps "
-        "(not with delay)",
-    ),
-    "execution": Key(
-        "mapping",
-        "null (each plan's first h actions) or ensemble: {m: 0.01} (temporal "
-        "ensembling, jaxmesh.Ensemble)",
-    ),
-    "max_episode_steps": Key(
-        "int", "cap on an episode's length (null: the env's own limit)"
-    ),
-    "plan_tile": Key("int", "rows per policy call (null: chosen by the engine)"),
-    "segment_steps": Key("int", "env steps per scan segment between host visits", 256),
-    "max_episode_seconds": Key(
-        "number",
-        "wall-clock cap on an episode, gymnasium: and grpc:// envs only (null: none)",
-    ),
-    "metrics": Key(
-        "list | mapping",
-        "env info keys kept per episode: [key, ...] (last value) or {key: last | "
-        "sum | max | mean | any}",
-    ),
-    "success": Key(
-        "str | false",
-        "the info key of an episode's success (null: success or is_success when "
-        "the env has one; false: none)",
-    ),
-    "success_mode": Key(
-        "str",
-        "the headline success: once (true at any step) or end (true at the last step)",
-        "once",
-    ),
-    "record": Key(
-        "list | mapping",
-        "episodes to record step by step: [0, 3] or {episodes: [...], max_steps: N, "
-        "keys: [...]}; saved to the output's .npz",
-    ),
-    "trial_index_base": Key(
-        "int",
-        "episode i gets reset option trial_index = trial_index_base + i "
-        "(gymnasium:, grpc:// envs that take one)",
-        0,
-    ),
-    "instruction": Key(
-        "str",
-        "the language instruction of every episode, for a policy with a "
-        "jaxmesh.adapt.Text input",
-    ),
-    "workers": Key(
-        "int | mapping",
-        "gymnasium:, libero: and factory envs: worker processes stepping the lanes "
-        "(0: this process; null: chosen for the machine), or Ray actors: {ray: "
-        "{num_workers: N, address: ..., num_cpus_per_worker: 1, resources: {...}}}",
-    ),
-    "check_seeds": Key(
-        "bool",
-        "gymnasium: envs: check that the env is reproducible from its seed before "
-        "the run",
-        False,
-    ),
-    "token": Key(
-        "str", "served envs: the servers' session token (null: $JAXMESH_TOKEN)"
-    ),
-    "tls_ca": Key(
-        "path",
-        "grpcs:// servers: the PEM file of the CA that signed their certificates",
-    ),
-    "reply_timeout": Key(
-        "number",
-        "served envs: seconds a reply may take (null: auto, a hung server among "
-        "several is dropped; .inf: no limit)",
-    ),
-    "on_server_loss": Key(
-        "str",
-        "served envs over several servers: rerun (the default: a lost server's "
-        "episodes rerun on the others) or raise",
-    ),
-    "transport": Key(
-        "str",
-        "served envs: auto (the default: shared memory for a server on this host), "
-        "grpc or shm",
-    ),
-    "output": Key(
-        "path",
-        "the JSON file of the result (null: none); the episode log goes next to it "
-        "as NAME.episodes.jsonl",
-    ),
-}
+#: Every key a run config may hold, as ``KEY (TYPE[; default VALUE]): MEANING``
+#: with the meaning wrapped (docs/cli.md says more of each).
+_KEYS = """
+env (str | list): env id: gymnax:<id>, brax:<name>, playground:<name>,
+  libero:<suite>/<i>, gymnasium:<id> (stepped here), <module>:<function> (an env
+  factory), grpc://host:port or a list of addresses (required unless tasks or suite)
+tasks (mapping): a suite instead of env: task name -> env id, or -> {env,
+  env_config, instruction, episodes, seeds, trial_index_base}
+suite (str | mapping): a benchmark's suite instead of env or tasks:
+  libero:libero_spatial, or {name: ..., tasks: [0, 1], camera_size: ...}
+  (jaxmesh.make_suite)
+env_config (mapping): keyword arguments of jaxmesh.make_env(env, **env_config), e.g.
+  episode_length: 50 (gymnax:, brax:, playground:, libero: ids and env factories
+  only)
+policy (str): module:Class, module:function or module:model_instance (required)
+policy_config (mapping): keyword arguments of Class.from_config(...) or Class(...)
+host (bool; default false): the policy function runs on the host with numpy values,
+  jaxmesh.HostPolicy(fn) (a function only; a HostPolicy instance needs no key)
+episodes (int): episode budget: seeds 0..episodes-1 (null: one per seed, else 1)
+seeds (list of int): the seeds, one episode each (not with episodes)
+num_envs (int; default 64): parallel lanes
+horizon (int; default 1): actions of a chunk executed before the next plan
+prefetch_lead (int; default 0): plan L steps before a chunk runs out (0: in step)
+delay (int; default 0): inference delay d in steps: a chunk planned d steps before
+  it plays, its first d actions skipped (0 < d < horizon)
+delay_ms (number): the inference delay in milliseconds: ceil(delay_ms / (1000 dt))
+  steps (not with delay)
+execution (mapping): null (each plan's first h actions) or ensemble: {m: 0.01}
+  (temporal ensembling, jaxmesh.Ensemble)
+max_episode_steps (int): cap on an episode's length (null: the env's own limit)
+plan_tile (int): rows per policy call (null: chosen by the engine)
+segment_steps (int; default 256): env steps per scan segment between host visits
+max_episode_seconds (number): wall-clock cap on an episode, gymnasium: and grpc://
+  envs only (null: none)
+metrics (list | mapping): env info keys kept per episode: [key, ...] (last value) or
+  {key: last | sum | max | mean | any}
+success (str | false): the info key of an episode's success (null: success or
+  is_success when the env has one; false: none)
+success_mode (str; default once): the headline success: once (true at any step) or
+  end (true at the last step)
+record (list | mapping): episodes to record step by step: [0, 3] or {episodes:
+  [...], max_steps: N, keys: [...]}; saved to the output's .npz
+trial_index_base (int; default 0): episode i gets reset option trial_index =
+  trial_index_base + i (gymnasium:, grpc:// envs that take one)
+instruction (str): the language instruction of every episode, for a policy with a
+  jaxmesh.adapt.Text input
+workers (int | mapping): gymnasium:, libero: and factory envs: worker processes
+  stepping the lanes (0: this process; null: chosen for the machine), or Ray actors:
+  {ray: {num_workers: N, address: ..., num_cpus_per_worker: 1, resources: {...}}}
+check_seeds (bool; default false): gymnasium: envs: check that the env is
+  reproducible from its seed before the run
+token (str): served envs: the servers' session token (null: $JAXMESH_TOKEN)
+tls_ca (path): grpcs:// servers: the PEM file of the CA that signed their
+  certificates
+reply_timeout (number): served envs: seconds a reply may take (null: auto, a hung
+  server among several is dropped; .inf: no limit)
+on_server_loss (str): served envs over several servers: rerun (the default: a lost
+  server's episodes rerun on the others) or raise
+transport (str): served envs: auto (the default: shared memory for a server on this
+  host), grpc or shm
+output (path): the JSON file of the result (null: none); the episode log goes next
+  to it as NAME.episodes.jsonl
+"""
+
+
+def _schema(text: str) -> dict[str, Key]:
+    """``_KEYS`` as key -> ``Key`` (the default parsed as YAML)."""
+    out = {}
+    for entry in re.split(r"\n(?! )", text.strip()):
+        head, _, meaning = " ".join(entry.split("\n  ")).partition("): ")
+        key, _, kind = head.partition(" (")
+        kind, _, default = kind.partition("; default ")
+        out[key] = Key(kind, meaning, yaml.safe_load(default) if default else None)
+    return out
+
+
+SCHEMA: dict[str, Key] = _schema(_KEYS)
 #: Each key's one-line meaning.
 CONFIG_KEYS: dict[str, str] = {key: k.help for key, k in SCHEMA.items()}
-#: The int keys and their least values.
-INT_KEYS: dict[str, int] = {
-    key: k.low for key, k in SCHEMA.items() if k.low is not None
-}
 REQUIRED = ("env", "policy")
 #: The longest time limit a config may set (a timer waits at most
 #: ``threading.TIMEOUT_MAX``; null is no limit).
@@ -282,48 +215,38 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _swaps_policy(config: dict[str, Any], overrides: Sequence[str]) -> bool:
-    """Whether the last ``policy=`` names another policy than the file's."""
-    last = None
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        if key.strip() == "policy":
-            last = raw
-    if last is None:
-        return False
+def _override(item: str) -> tuple[list[str], Any]:
+    """A ``KEY=VALUE`` override's dotted key and its YAML value."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(
+            f"--set {item!r}: expected KEY=VALUE, e.g. --set episodes=20 or "
+            "--set policy_config.checkpoint=ckpt/mlp"
+        )
     try:
-        policy = yaml_load(last) if last.strip() else ""
-    except yaml.YAMLError:
-        return False
-    return policy != config.get("policy")
+        value = yaml_load(raw) if raw.strip() else ""
+    except _DuplicateKey as e:
+        raise ConfigError(f"--set {key.strip()}=...: {e}") from None
+    except yaml.YAMLError as e:
+        if is_secret_key(key.strip().split(".")[-1]):  # never echo a secret
+            raise ConfigError(
+                f"--set {key.strip()}={REDACTED}: cannot parse the value as "
+                "YAML; quote it, e.g. --set \"token='...'\""
+            ) from None
+        raise ConfigError(f"--set {item!r}: cannot parse the value: {e}") from e
+    return key.strip().split("."), value
 
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict:
     """``config`` with ``KEY=VALUE`` overrides (values parsed as YAML; dotted
     keys reach into mappings); another ``policy`` drops the file's
     ``policy_config`` (not the command line's). ConfigError: a bad override."""
+    sets = [(item, *_override(item)) for item in overrides]
     out = copy.deepcopy(config)
-    if _swaps_policy(config, overrides):
+    policies = [value for _, parts, value in sets if parts == ["policy"]]
+    if policies and policies[-1] != config.get("policy"):
         out.pop("policy_config", None)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(
-                f"--set {item!r}: expected KEY=VALUE, e.g. --set episodes=20 or "
-                "--set policy_config.checkpoint=ckpt/mlp"
-            )
-        try:
-            value = yaml_load(raw) if raw.strip() else ""
-        except _DuplicateKey as e:
-            raise ConfigError(f"--set {key.strip()}=...: {e}") from None
-        except yaml.YAMLError as e:
-            if is_secret_key(key.strip().split(".")[-1]):  # never echo a secret
-                raise ConfigError(
-                    f"--set {key.strip()}={REDACTED}: cannot parse the value as "
-                    "YAML; quote it, e.g. --set \"token='...'\""
-                ) from None
-            raise ConfigError(f"--set {item!r}: cannot parse the value: {e}") from e
-        parts = key.strip().split(".")
+    for item, parts, value in sets:
         node = out
         for depth, part in enumerate(parts[:-1]):
             child = node.get(part)

@@ -31,7 +31,7 @@ from jaxmesh.cli.errors import (
 )
 from jaxmesh.cli.hooks import Progress, Started, SuiteSaver, log_hooks
 from jaxmesh.cli.outputs import (
-    VIDEO_NEXT_TO_OUTPUT,
+    NEXT_TO_OUTPUT,
     check_writable,
     episode_log_path,
     report_path,
@@ -204,7 +204,7 @@ def _write_outputs(
     if video is None:
         return status
     try:
-        write_videos(result, video, base, args.video is not VIDEO_NEXT_TO_OUTPUT)
+        write_videos(result, video, base, args.video is not NEXT_TO_OUTPUT)
     except VideoError as e:
         print(f"jaxmesh eval: error: {video_failed(e, written)}", file=sys.stderr)
         return 1

@@ -22,9 +22,8 @@ EPISODE_LOG_SUFFIX = ".episodes.jsonl"
 #: finishes, next to the config's output (a sweep never writes the output).
 SWEEP_SUFFIX = ".sweep.json"
 SWEEP_CELLS_SUFFIX = ".sweep.cells.jsonl"
-#: ``--video`` and ``--report`` given without a path.
-VIDEO_NEXT_TO_OUTPUT = object()
-REPORT_NEXT_TO_OUTPUT = object()
+#: ``--video`` or ``--report`` given without a path.
+NEXT_TO_OUTPUT = object()
 
 
 def check_writable(*paths: tuple[str, Any]) -> None:
@@ -114,7 +113,10 @@ def write_json(path: Path, data: Any, command: str, log: Path | None = None) -> 
     raise error
 
 
-def _beside(config: dict[str, Any], suffix: str, default: str) -> Path:
+def _beside(given: Any, config: dict[str, Any], suffix: str, default: str) -> Path:
+    """``given``; ``NEXT_TO_OUTPUT``: the output with ``suffix`` (else ``default``)."""
+    if given is not NEXT_TO_OUTPUT:
+        return Path(given)
     output = config.get("output")
     return Path(output).with_suffix(suffix) if output else Path(default)
 
@@ -152,10 +154,7 @@ def video_path(given: Any, config: dict[str, Any]) -> Path | None:
     output JSON, else ``video.mp4``); ConfigError: imageio is missing."""
     if given is None:
         return None
-    if given is VIDEO_NEXT_TO_OUTPUT:
-        path = _beside(config, ".mp4", "video.mp4")
-    else:
-        path = Path(given)
+    path = _beside(given, config, ".mp4", "video.mp4")
     need = ["imageio"] + ([] if path.suffix.lower() == ".gif" else ["imageio_ffmpeg"])
     missing = [m for m in need if importlib.util.find_spec(m) is None]
     if missing:
@@ -172,10 +171,7 @@ def report_path(given: Any, config: dict[str, Any], config_path: str) -> Path | 
     if given is None:
         return None
     need_matplotlib("--report")
-    if given is REPORT_NEXT_TO_OUTPUT:
-        path = _beside(config, ".html", "report.html")
-    else:
-        path = Path(given)
+    path = _beside(given, config, ".html", "report.html")
     output = config.get("output")
     return _not_over("--report", path, config_path, output, "report", "report.html")
 

@@ -14,10 +14,9 @@ from jaxmesh.cli.cache import CACHE_SWITCH_ENV
 from jaxmesh.cli.config import keys_help
 from jaxmesh.cli.outputs import (
     EPISODE_LOG_SUFFIX,
-    REPORT_NEXT_TO_OUTPUT,
+    NEXT_TO_OUTPUT,
     SWEEP_CELLS_SUFFIX,
     SWEEP_SUFFIX,
-    VIDEO_NEXT_TO_OUTPUT,
 )
 from jaxmesh.trace import redact_text, secret_values
 
@@ -175,7 +174,7 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--report",
         nargs="?",
-        const=REPORT_NEXT_TO_OUTPUT,
+        const=NEXT_TO_OUTPUT,
         metavar="PATH",
         help="after the run, write its HTML report (summary, plots, settings, "
         "telemetry, episodes) to PATH; without PATH, next to the output JSON "
@@ -185,7 +184,7 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--video",
         nargs="?",
-        const=VIDEO_NEXT_TO_OUTPUT,
+        const=NEXT_TO_OUTPUT,
         metavar="PATH",
         help="record episode 0 (or the config's record: episodes) and render "
         "each to a video (jaxmesh.render): PATH (.mp4, .gif), or without PATH "

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.build import need_packages
-from jaxmesh.cli.checks import check_env, is_served
+from jaxmesh.cli.checks import check_env
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.tls import channel_credentials, server_credentials, token_of
 from jaxmesh.envs import libero
 from jaxmesh.envs.gymnasium.lanes import PREFIX, parse_id
+from jaxmesh.run.backend import SERVED, backend_of
 from jaxmesh.run.seed_check import check_seeds
 
 
@@ -28,7 +29,7 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     """Prints ``jaxmesh.check_seeds``' report; 0 when reproducible, 1 when not."""
     env = args.env
     check_env(env)  # an address's form, before anything is dialled
-    served = is_served(env)
+    served = backend_of(env) == SERVED
     if not served and (args.token is not None or args.tls_ca is not None):
         raise ConfigError(
             f"--token / --tls-ca are for a served env (grpc://host:port); env "
