@@ -91,9 +91,8 @@ class Param:
                 raise ValueError(f"Param({bound}={v!r}): bounds must be numbers")
         if low is not None and high is not None and low > high:
             raise ValueError(f"Param(low={low!r}, high={high!r}): low exceeds high")
-        if type is None and default is not REQUIRED and default is not None:
-            if choices is None:
-                type = _infer_type(default)
+        if type is None and choices is None:
+            type = _infer_type(default)
         self.default = default
         self.doc = doc
         self.choices = choices

@@ -191,16 +191,24 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _tr(key: str, value: Any, label: str, cells: str) -> str:
+    """A table row headed ``label``; ``data-value`` holds the value as JSON."""
+    return (
+        f"<tr data-key='{esc(key)}' data-value='{esc(json.dumps(value))}'>"
+        f"<th scope='row'>{esc(label)}</th>{cells}</tr>"
+    )
+
+
 def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
-    """A table row showing ``text``; ``data-value`` holds the value as JSON."""
+    """A row showing ``text``, and ``note`` when given."""
     note_cell = f"<td class='note'>{esc(note)}</td>" if note else "<td></td>"
     # A long value (an instruction, a digest, a path) wraps; a number does not.
     kind = "value long" if len(str(text)) > 32 else "value"
-    return (
-        f"<tr data-key='{esc(key)}' data-value='{esc(json.dumps(value))}'>"
-        f"<th scope='row'>{esc(label)}</th><td class='{kind}'>{esc(text)}</td>"
-        f"{note_cell}</tr>"
-    )
+    return _tr(key, value, label, f"<td class='{kind}'>{esc(text)}</td>{note_cell}")
+
+
+def _html_rows(rows: Sequence[_summary.Row]) -> list[str]:
+    return [_row(r.key, r.label, r.value, r.text, r.note) for r in rows]
 
 
 def breakable(name: str) -> str:
@@ -233,9 +241,6 @@ class Page(NamedTuple):
     stats: dict[str, Any]
     episode_rows: int = EPISODE_ROWS
     base: Path | None = None
-
-
-SectionFn = Callable[[Page], Section | None]
 
 
 # Sections ----------------------------------------------------------------------
@@ -309,11 +314,8 @@ def telemetry_section(page: Page) -> Section | None:
         return None
     rows = []
     for name, s in result.telemetry.items():
-        cells = [f"<td>{esc(c)}</td>" for c in _summary.telemetry_cells(name, s)]
-        rows.append(
-            f"<tr data-key='{esc(name)}' data-value='{esc(json.dumps(s))}'>"
-            f"<th scope='row'>{esc(name)}</th>{''.join(cells)}</tr>"
-        )
+        cells = "".join(f"<td>{esc(c)}</td>" for c in _summary.telemetry_cells(name, s))
+        rows.append(_tr(name, s, name, cells))
     note = (
         "One sample per call of the host loop: predict is one jitted agent step, "
         "env_step the env's own stepping time; served envs add encode and decode "
@@ -415,7 +417,7 @@ def videos_section(page: Page) -> Section | None:
 
 
 #: The page's sections, in order.
-SECTIONS: tuple[SectionFn, ...] = (
+SECTIONS: tuple[Callable[[Page], Section | None], ...] = (
     summary_section,
     plots_section,
     videos_section,
@@ -632,10 +634,6 @@ def tasks_section(suite: Any, stats: dict) -> Section:
             said, "instructions-table", ("task", "instruction")
         )
     return Section("tasks", "Tasks", body)
-
-
-def _html_rows(rows: Sequence[_summary.Row]) -> list[str]:
-    return [_row(r.key, r.label, r.value, r.text, r.note) for r in rows]
 
 
 def suite_provenance_section(suite: Any) -> Section:

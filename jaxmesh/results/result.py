@@ -456,12 +456,11 @@ class RunResult:
     def trajectory(self, episode: int) -> Any:
         """The recorded ``Trajectory`` of episode ``episode`` (else a
         ValueError naming those recorded)."""
-        for tr in self.trajectories or []:
-            if tr.episode == episode:
-                return tr
-        have = [tr.episode for tr in self.trajectories or []]
+        have = {tr.episode: tr for tr in self.trajectories or []}
+        if episode in have:
+            return have[episode]
         raise ValueError(
-            f"episode {episode} was not recorded (recorded: {have or 'none'}); "
+            f"episode {episode} was not recorded (recorded: {list(have) or 'none'}); "
             "run with record=jaxmesh.Record(episodes=[...]) naming it"
         )
 
@@ -522,9 +521,7 @@ class RunResult:
                 **some("resumed_part", self.resumed_part),
             },
             "telemetry": self.telemetry,
-            **some("server_losses", self.server_losses),
-            **some("fingerprint", self.fingerprint),
-            **some("provenance", self.provenance),
+            **{k: getattr(self, k) for k in _GIVEN if getattr(self, k)},
             "episodes": self.episode_records(),
             **({"recorded": self._recorded} if self._recorded is not None else {}),
             **some("videos", list(self.videos)),
@@ -580,13 +577,11 @@ class RunResult:
                 **arrays,
                 env_steps=steps,
                 policy_rows=int(totals["policy_rows"]),
-                wall_time=float(totals["wall_time"]),
-                compile_time=float(totals["compile_time"]),
+                **{k: float(totals[k]) for k in ("wall_time", "compile_time")},
                 run_time=float(run_time),
                 **_settings_of(cls, settings),
-                policy=str(d.get("policy", "")),
-                env=str(d.get("env", "")),
-                telemetry=d.get("telemetry"),
+                **{k: str(d.get(k, "")) for k in ("policy", "env")},
+                **{k: d.get(k) for k in ("telemetry", "fingerprint", "provenance")},
                 success=headline(mode, kinds["success_once"], kinds["success_at_end"]),
                 **kinds,
                 success_mode=mode,
@@ -595,8 +590,6 @@ class RunResult:
                 success_key=settings.get("success_key"),
                 videos=[str(v) for v in d.get("videos", [])],
                 server_losses=[dict(x) for x in d.get("server_losses", [])],
-                fingerprint=d.get("fingerprint"),
-                provenance=d.get("provenance"),
                 resumed_part=totals.get("resumed_part"),
                 _recorded_meta=d.get("recorded"),
                 _record_issues=_record_issues(episodes, d.get("fingerprint")),
@@ -672,6 +665,8 @@ SETTINGS = (
     "trial_index_base",
     "instruction",
 )
+#: The fields ``to_dict`` writes when set, after the telemetry.
+_GIVEN = ("server_losses", "fingerprint", "provenance")
 #: The totals ``to_dict`` writes after the episodes and the mean return.
 _TOTALS = (
     "env_steps",

@@ -297,8 +297,7 @@ def text(result: Any, stats: dict[str, Any] | None = None) -> str:
     ``summary_resamples``)."""
     if stats is None:
         stats = result.stats(resamples=_stats.summary_resamples(len(result.returns)))
-    table = rows(result, stats)
-    table = [row for row in table if row.table in TABLES]
+    table = [row for row in rows(result, stats) if row.table in TABLES]
     width = max(len(row.label) for row in table)
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
 

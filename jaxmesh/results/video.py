@@ -25,17 +25,6 @@ from jaxmesh.envs import make_env
 DEFAULT_FPS = 30
 
 
-def _imageio() -> Any:
-    try:
-        import imageio
-    except ImportError as e:  # pragma: no cover - the extra is part of [test]
-        raise ImportError(
-            "jaxmesh.render writes videos with imageio: pip install 'jaxmesh[video]' "
-            "(imageio and imageio-ffmpeg)"
-        ) from e
-    return imageio
-
-
 def replay_states(env: Any, trajectory: Any) -> list:
     """The env states of a recorded episode, replayed from its seed with the
     recorded actions and the episode's env keys (CONTRACT 5).
@@ -233,11 +222,9 @@ def episode_frames(
     if frames is None and tr.frames is None and tr.states is not None:
         jax_env = _env_for(result, env, replay=False)
         return _draw(jax_env, recorded_states(jax_env, tr))
-    jax_env = None
-    if frames is not None or tr.frames is None:
-        jax_env = _env_for(result, env)
     if frames is None and tr.frames is not None:
         return list(tr.frames)
+    jax_env = _env_for(result, env)
     obs = tr.observations
     steps = tr.steps + 1
     obs_at = [
@@ -300,18 +287,6 @@ def _draw(env: Any, states: list) -> list[np.ndarray]:
     )
 
 
-def _even(frame: np.ndarray) -> np.ndarray:
-    """A frame as uint8 RGB with even sides (what H.264's yuv420p needs)."""
-    f = np.asarray(frame)
-    if f.dtype != np.uint8:
-        f = np.clip(f, 0, 255).astype(np.uint8)
-    if f.ndim == 2:
-        f = np.repeat(f[..., None], 3, axis=-1)
-    f = f[..., :3]
-    h, w = f.shape[:2]
-    return np.pad(f, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
-
-
 def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
     """Encodes frames to ``path``: a ``.gif`` with imageio, else ffmpeg.
 
@@ -321,7 +296,14 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
     """
     if not frames:
         raise ValueError(f"no frames to write to {path}")
-    frames = [_even(f) for f in frames]
+    evened = []
+    for f in map(np.asarray, frames):  # uint8 RGB, even sides (H.264's yuv420p)
+        if f.dtype != np.uint8:
+            f = np.clip(f, 0, 255).astype(np.uint8)
+        f = (np.repeat(f[..., None], 3, axis=-1) if f.ndim == 2 else f)[..., :3]
+        h, w = f.shape[:2]
+        evened.append(np.pad(f, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge"))
+    frames = evened
     sizes = {f.shape for f in frames}
     if len(sizes) > 1:
         raise ValueError(
@@ -329,7 +311,14 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
         )
     path = Path(path)
     if path.suffix.lower() == ".gif":
-        _imageio().v3.imwrite(
+        try:
+            import imageio
+        except ImportError as e:  # pragma: no cover - the extra is part of [test]
+            raise ImportError(
+                "jaxmesh.render writes GIFs with imageio: pip install "
+                "'jaxmesh[video]' (imageio and imageio-ffmpeg)"
+            ) from e
+        imageio.v3.imwrite(
             path, np.stack(frames), extension=".gif", duration=1000 / fps, loop=0
         )
     else:
