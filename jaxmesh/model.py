@@ -465,18 +465,11 @@ class Model:
         """``jaxmesh.explain`` of this model on ``env``."""
         return explain(self, env, num_envs=num_envs, instruction=instruction)
 
+    def _placeholder(self, obs):  # pragma: no cover - never called
+        raise NotImplementedError
+
     # The four corners. Authored subclasses override any of them.
-    def predict(self, obs):  # pragma: no cover - placeholder, never called
-        raise NotImplementedError
-
-    def predict_chunk(self, obs):  # pragma: no cover
-        raise NotImplementedError
-
-    def predict_batch(self, obs):  # pragma: no cover
-        raise NotImplementedError
-
-    def predict_chunk_batch(self, obs):  # pragma: no cover
-        raise NotImplementedError
+    predict = predict_chunk = predict_batch = predict_chunk_batch = _placeholder
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -542,10 +542,8 @@ def observe(
     """Pushes the observation into the obs windows (of the lanes in ``mask``)."""
     windows = dict(state.windows)
     for name, decl in cfg.spec:
-        if not decl.reads_obs:
-            continue
-        frame = jax.vmap(lambda o, d=decl: d.frame(o))(obs)
-        windows[name] = _push(windows[name], frame, mask)
+        if decl.reads_obs:
+            windows[name] = _push(windows[name], jax.vmap(decl.frame)(obs), mask)
     return state.replace(windows=windows)
 
 

@@ -39,15 +39,12 @@ def metric_start(reduction: str) -> Any:
 
 def info_leaves(info: Any, prefix: str = "") -> dict[str, Any]:
     """An env's info as flat ``name -> leaf`` (nested names joined by ``/``)."""
-    if not hasattr(info, "items"):
-        return {}
     out: dict[str, Any] = {}
-    for k, v in info.items():
-        name = f"{prefix}{k}"
+    for k, v in info.items() if hasattr(info, "items") else ():
         if hasattr(v, "items"):
-            out.update(info_leaves(v, name + "/"))
+            out.update(info_leaves(v, f"{prefix}{k}/"))
         else:
-            out[name] = v
+            out[f"{prefix}{k}"] = v
     return out
 
 
