@@ -21,7 +21,7 @@ from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
 from jaxmesh.run.backend import HOST, SERVED, backend_of
-from jaxmesh.run.config import FLAT, GROUP_OF, RunConfig
+from jaxmesh.run.config import FLAT, GROUP_OF, GROUPS, RunConfig
 from jaxmesh.suite import Suite, Task
 from jaxmesh.types import PolicyLike
 
@@ -236,8 +236,12 @@ def run_config(config: dict[str, Any]) -> RunConfig:
         settings["reply_timeout"] = None  # no limit
     if config.get("tls_ca") is not None:
         settings["credentials"] = channel_credentials(config["tls_ca"])
+    groups: dict[str, dict[str, Any]] = {}
+    for name in [k for k in settings if k in GROUP_OF]:
+        groups.setdefault(GROUP_OF[name], {})[name] = settings.pop(name)
     try:
-        return RunConfig().replace(**settings)
+        built = {group: GROUPS[group](**kw) for group, kw in groups.items()}
+        return RunConfig(**settings, **built)
     except (ValueError, TypeError) as e:  # a refusal, before anything is built
         raise ConfigError(refused(config, e)) from e
 
