@@ -31,11 +31,10 @@ def positional_arity(fn: Callable) -> int | None:
     params = sig.parameters.values()
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return None
-    positional = (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    # Parameter kinds are ordered: positional-only, then positional-or-keyword.
+    return sum(
+        p.kind <= p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params
     )
-    return sum(p.kind in positional and p.default is p.empty for p in params)
 
 
 def takes_param(fn: Callable, name: str) -> bool:
