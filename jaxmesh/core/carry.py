@@ -179,10 +179,8 @@ def window(
     base = max(0, int(next_episode) - config.agent.num_envs)
 
     def cut(values):
-        out = np.zeros((size,), np.int32)
-        part = np.asarray(values)[base : base + size]
-        out[: part.size] = part
-        return out
+        part = np.asarray(values)[base : base + size].astype(np.int32)
+        return np.pad(part, (0, size - part.size))
 
     out = {"seeds": cut(seeds), "base": np.int32(base)}
     if config.trials is not None:
