@@ -50,18 +50,26 @@ def _leaf(decl: State | Image, obs: Any) -> jax.Array:
     return obs[decl.key]
 
 
+class _Input:
+    """What a declaration reads by default: neither the observation nor the
+    action; one frame (a declaration with a ``stack`` field checks it)."""
+
+    reads_obs: ClassVar[bool] = False
+    reads_action: ClassVar[bool] = False
+    stack: ClassVar[int] = 1
+
+    def __post_init__(self):
+        _check_stack(type(self).__name__, self.stack)
+
+
 @dataclasses.dataclass(frozen=True)
-class State:
+class State(_Input):
     """A state leaf as it is: ``obs[key]``, or the whole observation for None."""
 
     key: str | None = None
     stack: int = 1
 
     reads_obs: ClassVar[bool] = True
-    reads_action: ClassVar[bool] = False
-
-    def __post_init__(self):
-        _check_stack("State", self.stack)
 
     def frame(self, obs: Any, action: Any = None) -> Any:
         del action
@@ -121,7 +129,7 @@ def _fit(hw: tuple[int, int], size: tuple[int, int], cover: bool) -> tuple[int, 
 
 
 @dataclasses.dataclass(frozen=True)
-class Image:
+class Image(_Input):
     """An image leaf (H, W) or (H, W, C), preprocessed on the device, in order:
     ``crop`` (a centre fraction in (0, 1], or ``(top, left, height, width)``
     pixels), ``rotate`` (degrees counter-clockwise), the dtype (uint8 / 255),
@@ -138,10 +146,9 @@ class Image:
     crop: float | tuple[int, int, int, int] | None = None
 
     reads_obs: ClassVar[bool] = True
-    reads_action: ClassVar[bool] = False
 
     def __post_init__(self):
-        _check_stack("Image", self.stack)
+        super().__post_init__()
         if self.size is not None:
             size = tuple(self.size)
             if len(size) != 2 or not all(
@@ -248,16 +255,12 @@ class Image:
 
 
 @dataclasses.dataclass(frozen=True)
-class Previous:
+class Previous(_Input):
     """The action executed on the previous step (zeros at an episode's start)."""
 
     stack: int = 1
 
-    reads_obs: ClassVar[bool] = False
     reads_action: ClassVar[bool] = True
-
-    def __post_init__(self):
-        _check_stack("Previous", self.stack)
 
     def frame(self, obs: Any, action: Any = None) -> Any:
         del obs
@@ -265,7 +268,7 @@ class Previous:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Text:
+class Text(_Input):
     """A language instruction, encoded on the host into fixed-shape arrays
     (docs/models.md, "Language instructions").
 
@@ -282,10 +285,6 @@ class Text:
     _cache: dict = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-
-    reads_obs: ClassVar[bool] = False
-    reads_action: ClassVar[bool] = False
-    stack: ClassVar[int] = 1
 
     def __post_init__(self):
         if not callable(self.encode):
@@ -350,7 +349,7 @@ class Text:
 
 
 @dataclasses.dataclass(frozen=True)
-class PendingChunk:
+class PendingChunk(_Input):
     """The unexecuted tail of the policy's previous chunk, and the delay, for
     real-time chunking: ``{"actions": (K,) + action shape, "mask": (K,) bool,
     "delay": int32}`` aligned with the chunk being planned (docs/evaluation.md,
@@ -363,10 +362,6 @@ class PendingChunk:
     """
 
     length: int | None = None
-
-    reads_obs: ClassVar[bool] = False
-    reads_action: ClassVar[bool] = False
-    stack: ClassVar[int] = 1
 
     def __post_init__(self):
         n = self.length

@@ -248,6 +248,10 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
     at = {int(e): k for k, e in enumerate(np.asarray(episodes))}
     cap = int(np.shape(recording.rewards)[1])
     frames = recording.frames
+
+    def kept(tree: Any, slot: int, stop: int) -> Any:
+        return jax.tree.map(lambda b: np.array(b[slot, :stop]), tree)
+
     out = []
     for slot, ep in enumerate(np.asarray(recording.episodes).tolist()):
         k = at.get(int(ep))
@@ -255,27 +259,20 @@ def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> l
             continue
         length = int(lengths[k])
         t = min(length, cap)
-        obs = jax.tree.map(
-            lambda b, t=t, s=slot: np.array(b[s, : t + 1]), recording.observations
-        )
         f = None
         if frames is not None and frames[slot]:
             f = np.stack(frames[slot][: t + 1])
-        states = None
-        if recording.states:  # an env may have nothing to draw ({})
-            states = {
-                k: np.array(v[slot, : t + 1]) for k, v in recording.states.items()
-            }
         out.append(
             Trajectory(
                 episode=int(ep),
                 seed=int(seeds[k]),
-                observations=obs,
+                observations=kept(recording.observations, slot, t + 1),
                 length=length,
                 cut=length > cap,
                 frames=f,
-                states=states,
-                **{k: np.array(getattr(recording, k)[slot, :t]) for k in _STEP_ARRAYS},
+                # an env may have nothing to draw ({})
+                states=kept(recording.states, slot, t + 1) or None,
+                **{k: kept(getattr(recording, k), slot, t) for k in _STEP_ARRAYS},
             )
         )
     return out

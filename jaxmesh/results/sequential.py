@@ -72,9 +72,16 @@ class BettingSequence:
         mixture, 0.5 for the others).
       bets: ``"mixture"`` (default), ``"ons"`` or ``"plugin"``.
 
+    Attributes:
+      n: values fed so far.
+      decided_at: the number of values at which the null was first rejected,
+        or None.
+      direction: +1: rejected with the mean above the null (the upward bets
+        won; ONS: the mean up to the rejection is above it), -1: below, 0: not
+        rejected.
+
     Raises:
       ValueError, TypeError: bad bounds, level, null, grid or cap.
-
     """
 
     def __init__(
@@ -95,16 +102,12 @@ class BettingSequence:
                 "largest value a difference can take"
             )
         self.alpha = _check_alpha(alpha)
+        self._threshold = math.log(1.0 / self.alpha)
         if not lo < float(null) < hi:
             raise ValueError(
                 f"null={null!r}: expected a value strictly inside ({lo}, {hi})"
             )
-        if (
-            isinstance(grid, bool)
-            or not isinstance(grid, int)
-            or grid < 3
-            or grid % 2 == 0
-        ):
+        if type(grid) is not int or grid < 3 or grid % 2 == 0:
             raise ValueError(f"grid={grid!r}: expected an odd int >= 3, e.g. {GRID}")
         if bets not in BETS:
             raise ValueError(f"bets={bets!r}: expected one of {BETS}")
@@ -129,40 +132,23 @@ class BettingSequence:
             self._mix_lam = _mixture_bets(points, self.truncation)
             self._log_mix = np.zeros(self._mix_lam.shape)
         self._excluded = np.zeros(points.size, bool)
-        self._n = 0
+        self.n = 0
         self._sum = 0.0  # sum of x
         self._squares = 0.0  # sum of (x_i - mu_i)^2
         self._total = 0.0  # sum of the values on their own scale
-        self._decided_at: int | None = None
-        self._direction = 0
-
-    @property
-    def n(self) -> int:
-        """Values fed so far."""
-        return self._n
+        self.decided_at: int | None = None
+        self.direction = 0
 
     @property
     def mean(self) -> float:
         """The mean of the values fed so far (NaN for none)."""
-        return self._total / self._n if self._n else math.nan
+        return self._total / self.n if self.n else math.nan
 
     @property
     def rejects(self) -> bool:
         """Whether the null's capital has reached ``1 / alpha`` (at any value
         so far): the null is rejected at level ``alpha``."""
-        return self._decided_at is not None
-
-    @property
-    def decided_at(self) -> int | None:
-        """The number of values at which the null was first rejected, or None."""
-        return self._decided_at
-
-    @property
-    def direction(self) -> int:
-        """+1: rejected with the mean above the null (the upward bets won;
-        ONS: the mean up to the rejection is above it), -1: below, 0: not
-        rejected."""
-        return self._direction
+        return self.decided_at is not None
 
     def _to_value(self, m: float) -> float:
         return self.lo + m * (self.hi - self.lo)
@@ -212,17 +198,6 @@ class BettingSequence:
             return _exp(float(_log_mean(up))), _exp(float(_log_mean(down)))
         return _exp(self._log_plus[k]), _exp(self._log_minus[k])
 
-    def _plug_in(self, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """The plug-in bets ``lambda_t`` (uncapped) for the next values ``x``,
-        and the sum of squares ``sum (x_i - mu_i)^2`` after them."""
-        t = self._n + np.arange(1, x.size + 1, dtype=np.float64)
-        mu = (0.5 + self._sum + np.cumsum(x)) / (t + 1.0)  # mu_t, with x_t
-        squares = self._squares + np.cumsum((x - mu) ** 2)
-        before = np.concatenate([[self._squares], squares[:-1]])
-        sigma2 = (0.25 + before) / t  # sigma2_{t-1} = (1/4 + S_{t-1}) / t
-        lam = np.sqrt(2.0 * math.log(2.0 / self.alpha) / (sigma2 * t * np.log1p(t)))
-        return lam, float(squares[-1])
-
     def update(self, values: Any) -> None:
         """Bets on ``values`` one by one, in order.
 
@@ -248,7 +223,7 @@ class BettingSequence:
             self._update_ons(x)
         else:
             self._update_plugin(x)
-        self._n += int(x.size)
+        self.n += int(x.size)
         self._sum += float(x.sum())
         self._total += float(v.sum())
 
@@ -256,10 +231,9 @@ class BettingSequence:
         """Online Newton step bets on ``x`` (on [0, 1]), one value at a time."""
         m = self.grid
         high, down = self._caps()
-        threshold = math.log(1.0 / self.alpha)
         k = self._null_at
         log_k, lam, a = self._log_plus.copy(), self._lam.copy(), self._ons_a.copy()
-        total = self._sum - self._n * float(m[k])  # sum of x_i - m at the null
+        total = self._sum - self.n * float(m[k])  # sum of x_i - m at the null
         for t, xt in enumerate(x):
             y = xt - m
             factor = 1.0 + lam * y
@@ -267,19 +241,18 @@ class BettingSequence:
             z = y / factor
             a += z * z
             lam = np.clip(lam + _ONS_STEP * z / a, -down, high)
-            self._excluded |= log_k >= threshold
+            self._excluded |= log_k >= self._threshold
             total += xt - float(m[k])
-            if self._decided_at is None and log_k[k] >= threshold:
-                self._decided_at = self._n + t + 1
+            if self.decided_at is None and log_k[k] >= self._threshold:
+                self.decided_at = self.n + t + 1
                 # the side of the mean so far (the bets followed it)
-                self._direction = 1 if total > 0 or (total == 0 and lam[k] > 0) else -1
+                self.direction = 1 if total > 0 or (total == 0 and lam[k] > 0) else -1
         self._log_plus = self._log_minus = log_k
         self._lam, self._ons_a = lam, a
 
     def _update_mixture(self, x: np.ndarray) -> None:
         """The mixture of constant bets on ``x``, on the kept candidates only
         (an excluded one stays excluded) and the null."""
-        threshold = math.log(1.0 / self.alpha)
         k = self._null_at
         done = 0
         while done < x.size:
@@ -293,24 +266,29 @@ class BettingSequence:
             steps = np.log1p(lam * (xs - m[:, None]))  # (rows, cols, bets)
             log_k = self._log_mix[cols] + np.cumsum(steps, axis=0)
             total = _log_mean(log_k, axis=-1)  # (rows, cols)
-            crossed = total >= threshold
+            crossed = total >= self._threshold
             self._excluded[cols] |= crossed.any(axis=0)
-            if self._decided_at is None and crossed[:, at].any():
+            if self.decided_at is None and crossed[:, at].any():
                 row = int(np.argmax(crossed[:, at]))
                 half = log_k.shape[-1] // 2
                 up = _log_mean(log_k[row, at, half:])
                 down = _log_mean(log_k[row, at, :half])
-                self._decided_at = self._n + done + row + 1
-                self._direction = 1 if up >= down else -1
+                self.decided_at = self.n + done + row + 1
+                self.direction = 1 if up >= down else -1
             self._log_mix[cols] = log_k[-1]
             done += xs.shape[0]
 
     def _update_plugin(self, x: np.ndarray) -> None:
-        """The hedged plug-in bets on ``x``."""
-        lam, squares = self._plug_in(x)
+        """The hedged plug-in bets on ``x``: ``lambda_t`` (uncapped) from the
+        running mean and the sum of squares ``S_t = sum (x_i - mu_i)^2``."""
+        t = self.n + np.arange(1, x.size + 1, dtype=np.float64)
+        mu = (0.5 + self._sum + np.cumsum(x)) / (t + 1.0)  # mu_t, with x_t
+        squares = self._squares + np.cumsum((x - mu) ** 2)
+        before = np.concatenate([[self._squares], squares[:-1]])
+        sigma2 = (0.25 + before) / t  # sigma2_{t-1} = (1/4 + S_{t-1}) / t
+        lam = np.sqrt(2.0 * math.log(2.0 / self.alpha) / (sigma2 * t * np.log1p(t)))
         m = self.grid
         cap_plus, cap_minus = self._caps()
-        threshold = math.log(1.0 / self.alpha)
         for start in range(0, x.size, _ROWS):
             xs, ls = x[start : start + _ROWS, None], lam[start : start + _ROWS, None]
             up = np.log1p(np.minimum(ls, cap_plus) * (xs - m))
@@ -318,18 +296,18 @@ class BettingSequence:
             plus = self._log_plus + np.cumsum(up, axis=0)
             minus = self._log_minus + np.cumsum(down, axis=0)
             hedged = np.maximum(math.log(THETA) + plus, math.log(1.0 - THETA) + minus)
-            crossed = hedged >= threshold
+            crossed = hedged >= self._threshold
             self._excluded |= crossed.any(axis=0)
-            if self._decided_at is None and crossed[:, self._null_at].any():
+            if self.decided_at is None and crossed[:, self._null_at].any():
                 row = int(np.argmax(crossed[:, self._null_at]))
                 k = self._null_at
                 up_wins = math.log(THETA) + plus[row, k] >= (
                     math.log(1.0 - THETA) + minus[row, k]
                 )
-                self._decided_at = self._n + start + row + 1
-                self._direction = 1 if up_wins else -1
+                self.decided_at = self.n + start + row + 1
+                self.direction = 1 if up_wins else -1
             self._log_plus, self._log_minus = plus[-1], minus[-1]
-        self._squares = squares
+        self._squares = float(squares[-1])
 
     def _caps(self) -> tuple[np.ndarray, np.ndarray]:
         """``c / m`` and ``c / (1 - m)`` per candidate (inf where m is 0 or 1)."""
