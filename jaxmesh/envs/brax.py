@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.envs.names import need, unknown_id
+from jaxmesh.envs.names import check_id, need
 from jaxmesh.envs.timing import step_seconds
 
 #: brax's own convention (``brax.envs.create(episode_length=1000)``).
@@ -32,7 +32,10 @@ class BraxEnv:
 
     def __post_init__(self):
         if self.episode_length is not None:
-            self.episode_length = _check_episode_length(self.episode_length)
+            hint = " (steps before truncated), or None for no limit"
+            self.episode_length = positive_int(
+                "episode_length", self.episode_length, hint
+            )
         if not self.name:
             inner = getattr(self.env, "unwrapped", self.env)
             self.name = f"brax:{type(inner).__name__.lower()}"
@@ -103,17 +106,7 @@ def make(env_id: str, **kwargs: Any) -> BraxEnv:
     ``episode_length``, TypeError for a keyword the env does not take."""
     envs = need("brax.envs", env_id, "brax")
     episode_length = kwargs.pop("episode_length", DEFAULT_EPISODE_LENGTH)
-    if episode_length is not None:
-        episode_length = _check_episode_length(episode_length)
-    if env_id not in envs._envs:
-        raise ValueError(
-            unknown_id(
-                "brax env",
-                env_id,
-                envs._envs,
-                "brax.envs.register_environment adds one",
-            )
-        )
+    check_id("brax env", env_id, envs._envs, "brax.envs.register_environment adds one")
     try:
         env = envs.get_environment(env_id, **kwargs)
     except TypeError as e:
@@ -133,8 +126,3 @@ def positive_int(name: str, value: Any, hint: str = "") -> int:
     if isinstance(value, bool) or n < 1:
         raise ValueError(f"{name}={value!r}: expected an int >= 1{hint}")
     return n
-
-
-def _check_episode_length(value: Any) -> int:
-    hint = " (steps before truncated), or None for no limit"
-    return positive_int("episode_length", value, hint)

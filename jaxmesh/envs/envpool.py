@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.envs.brax import positive_int
-from jaxmesh.envs.names import need, unknown_id
+from jaxmesh.envs.names import check_id, need
 
 #: Atari defaults: an episode is a whole game, rewards are not clipped (as
 #: evaluation protocols score them).
@@ -48,12 +48,7 @@ def make(task_id: str, pool_episodes: int = POOL_EPISODES, **kwargs: Any) -> Env
     """
     envpool = need("envpool", f"envpool:{task_id}", "envpool")
     known = envpool.list_all_envs()
-    if task_id not in known:
-        raise ValueError(
-            unknown_id(
-                "EnvPool task", task_id, known, "envpool.list_all_envs() lists them"
-            )
-        )
+    check_id("EnvPool task", task_id, known, "envpool.list_all_envs() lists them")
     ours = sorted(
         set(kwargs) & {"num_envs", "batch_size", "seed", "env_seed", "env_type"}
     )

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.envs import timing
-from jaxmesh.envs.names import need, unknown_id
+from jaxmesh.envs.names import check_id, need
 from jaxmesh.envs.timing import step_seconds
 
 
@@ -75,15 +75,8 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
     the rest go to ``gymnax.make``. ValueError for an unknown id (naming the
     closest), TypeError for a keyword neither takes."""
     gymnax = need("gymnax", env_id, "gymnax")
-    if env_id not in gymnax.registered_envs:
-        raise ValueError(
-            unknown_id(
-                "gymnax env",
-                env_id,
-                gymnax.registered_envs,
-                "gymnax.registered_envs lists them",
-            )
-        )
+    how = "gymnax.registered_envs lists them"
+    check_id("gymnax env", env_id, gymnax.registered_envs, how)
     env, params = gymnax.make(env_id)
     fields = set()
     if dataclasses.is_dataclass(params):

@@ -39,6 +39,12 @@ def unknown_id(kind: str, given: str, registered: Iterable[str], how: str) -> st
     return f"unknown {kind} {given!r}; {hint} ({how})"
 
 
+def check_id(kind: str, given: str, registered: Iterable[str], how: str) -> None:
+    """ValueError (:func:`unknown_id`) unless ``given`` is in ``registered``."""
+    if given not in registered:
+        raise ValueError(unknown_id(kind, given, registered, how))
+
+
 def need(module: str, env_id: str, extra: str, what: str = "") -> Any:
     """``module`` imported, or ImportError naming the extra that installs it."""
     try:
@@ -49,4 +55,4 @@ def need(module: str, env_id: str, extra: str, what: str = "") -> Any:
         ) from e
 
 
-__all__ = ["did_you_mean", "need", "unknown_id"]
+__all__ = ["check_id", "did_you_mean", "need", "unknown_id"]

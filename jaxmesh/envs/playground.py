@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmesh.envs.brax import positive_int
-from jaxmesh.envs.names import did_you_mean, need, unknown_id
+from jaxmesh.envs.names import check_id, did_you_mean, need
 from jaxmesh.envs.timing import step_seconds
 
 #: For a config without ``episode_length`` (Playground's training default).
@@ -331,15 +331,8 @@ def make(
     """
     playground = need("mujoco_playground", env_id, "playground", "MuJoCo Playground")
     registry = playground.registry
-    if env_id not in registry.ALL_ENVS:
-        raise ValueError(
-            unknown_id(
-                "Playground env",
-                env_id,
-                registry.ALL_ENVS,
-                "mujoco_playground.registry.ALL_ENVS lists them",
-            )
-        )
+    how = "mujoco_playground.registry.ALL_ENVS lists them"
+    check_id("Playground env", env_id, registry.ALL_ENVS, how)
     if config_overrides is not None and not hasattr(config_overrides, "items"):
         raise TypeError(
             f"config_overrides={config_overrides!r}: expected a mapping of "
@@ -362,7 +355,14 @@ def make(
         try:
             env = registry.load(env_id, config=config, config_overrides=overrides)
         except Exception as e:
-            hint = "" if root is None else "; " + _menagerie_hint(root)
+            hint = ""
+            if root is not None:
+                hint = (
+                    f"; its robot is read from the MuJoCo Menagerie checkout {root}:"
+                    f" it needs that robot's folder there, at commit "
+                    f"{menagerie_commit()} (the one this Playground is written "
+                    "against)"
+                )
             raise ValueError(
                 f"Playground env {env_id!r} failed to load: {e}{hint}"
             ) from e
@@ -431,8 +431,18 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
     if path is None and os.environ.get(MENAGERIE_ENV):
         path, source = os.environ[MENAGERIE_ENV], f"${MENAGERIE_ENV}="
     if path is None:
-        _clone_menagerie(env_id)
-        yield menagerie_folder()
+        folder = menagerie_folder()
+        if not folder.exists():
+            try:
+                mjx_env.ensure_menagerie_exists()
+            except Exception as e:  # git missing or failing, a read-only install
+                raise FileNotFoundError(
+                    f"Playground env {env_id!r} needs MuJoCo Menagerie's robot "
+                    f"files: Playground reads them from {folder}, which does not "
+                    f"exist, and its git clone of {MENAGERIE_REPO} there failed "
+                    f"({type(e).__name__}: {e}). {_menagerie_fix()}"
+                ) from e
+        yield folder
         return
     root = pathlib.Path(path).expanduser()
     if not root.is_dir():
@@ -450,21 +460,6 @@ def menagerie_for(env_id: str, path: str | os.PathLike | None = None):
         mjx_env.MENAGERIE_PATH = old
 
 
-def _clone_menagerie(env_id: str) -> None:
-    folder = menagerie_folder()
-    if folder.exists():
-        return
-    try:
-        _mjx_env().ensure_menagerie_exists()
-    except Exception as e:  # git missing or failing, a read-only install, ...
-        raise FileNotFoundError(
-            f"Playground env {env_id!r} needs MuJoCo Menagerie's robot files: "
-            f"Playground reads them from {folder}, which does not exist, and "
-            f"its git clone of {MENAGERIE_REPO} there failed "
-            f"({type(e).__name__}: {e}). {_menagerie_fix()}"
-        ) from e
-
-
 def _menagerie_fix() -> str:
     return (
         "On a machine with network access: git clone "
@@ -476,12 +471,4 @@ def _menagerie_fix() -> str:
         f"{MENAGERIE_ENV}=/path/to/mujoco_menagerie. The pip package "
         "mujoco-menagerie holds no robot files: it downloads them from GitHub "
         "when first used."
-    )
-
-
-def _menagerie_hint(root: pathlib.Path) -> str:
-    return (
-        f"its robot is read from the MuJoCo Menagerie checkout {root}: it needs "
-        f"that robot's folder there, at commit {menagerie_commit()} (the one "
-        "this Playground is written against)"
     )

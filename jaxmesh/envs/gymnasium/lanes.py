@@ -10,6 +10,7 @@ Shared by the host loop (``jaxmesh.envs.gymnasium.local``) and the env server
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import time
@@ -23,7 +24,7 @@ import numpy.typing as npt
 
 from jaxmesh.envs.gymnasium.batch import DTYPE_NAMES, TRIAL_INDEX, ResultBatch
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
-from jaxmesh.envs.names import unknown_id
+from jaxmesh.envs.names import check_id
 from jaxmesh.envs.timing import step_seconds
 
 PREFIX = "gymnasium"
@@ -178,12 +179,12 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
     name = parse_id(env_id)
     gym = import_gymnasium()
     # "module:Id" makes gymnasium import the module that registers Id.
-    if ":" not in name and name not in gym.registry:
+    if ":" not in name:
         how = (
             "gymnasium.pprint_registry() lists them; import the package that "
             "registers yours first"
         )
-        raise ValueError(unknown_id("gymnasium env", name, gym.registry, how))
+        check_id("gymnasium env", name, gym.registry, how)
     return build_all(functools.partial(gym.make, name, **kwargs) for _ in range(count))
 
 
@@ -256,19 +257,17 @@ class Replay(NamedTuple):
     actions: np.ndarray
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class LaneResult:
     """What one lane did in one call (before :meth:`GymStepper.collect`)."""
 
-    __slots__ = ("lane", "reset", "obs", "rewards", "terminated", "truncated", "infos")
-
-    def __init__(self, lane: int, reset: bool = False):
-        self.lane = lane
-        self.reset = reset
-        self.obs: list[np.ndarray] = []
-        self.rewards: list[float] = []
-        self.terminated: list[bool] = []
-        self.truncated: list[bool] = []
-        self.infos: list[dict] = []
+    lane: int
+    reset: bool = False
+    obs: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    terminated: list[bool] = dataclasses.field(default_factory=list)
+    truncated: list[bool] = dataclasses.field(default_factory=list)
+    infos: list[dict] = dataclasses.field(default_factory=list)
 
     def record(self, reward, term, trunc, obs, info, every_obs, every_info) -> None:
         """One step; ``obs`` / ``info`` (None: not asked for) kept for every
@@ -364,15 +363,10 @@ class GymStepper:
         """One lane's observation as named leaves, checked (``ObsLayout.leaves``)."""
         return self.layout.leaves(value, lane)
 
-    def observations(self, values, lanes, out=None) -> dict[str, np.ndarray]:
-        """``ObsLayout.stack`` of ``lanes`` (a list, or a slice from 0)."""
-        where = range(len(values)) if isinstance(lanes, slice) else lanes
-        return self.layout.stack(values, where, out)
-
     def stepped_obs(self, values, lanes, out=None) -> dict[str, np.ndarray]:
-        """:meth:`observations` of a step: a bad one raises its lane's LaneError."""
+        """``ObsLayout.stack`` of a step: a bad one raises its lane's LaneError."""
         try:
-            return self.observations(values, lanes, out)
+            return self.layout.stack(values, lanes, out)
         except Exception as exc:
             bad = lanes[0]
             for j, v in zip(lanes, values, strict=True):
@@ -558,19 +552,17 @@ class GymStepper:
         steps = [len(r.rewards) for r in results]
         # The wire's rule: 1 for a reset; a replay's steps when every
         # observation is kept, else min(steps, 1) (the info rows follow it too).
-        rows = [len(r.obs) for r in results]
-        if not want_obs:
-            per = zip(results, steps, strict=True)
-            rows = [1 if r.reset else k if keep_all_obs else min(k, 1) for r, k in per]
+        per = zip(results, steps, strict=True)
+        rows = [1 if r.reset else k if keep_all_obs else min(k, 1) for r, k in per]
         observation = {}
         if want_obs:
+            rows = [len(r.obs) for r in results]
             frames = [o for r in results for o in r.obs]
+            observation = self.layout.empty((0,))
             if frames:
                 observation = {
                     n: np.stack([f[n] for f in frames]) for n in self.layout.names
                 }
-            else:
-                observation = self.layout.empty((0,))
         # Every step's info with only the last observation: a reset's row and
         # one per executed step.
         info_rows = None

@@ -5,6 +5,7 @@ joined with ``/`` (``{"cam": {"rgb": ...}}`` -> ``"cam/rgb"``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,14 +76,11 @@ class ObsLayout:
             k not in self.skeleton for k in keys
         ):
             return self
-        out = object.__new__(ObsLayout)
-        out.where = self.where
+        out = copy.copy(self)
         out.skeleton = {k: self.skeleton[k] for k in keys}
-        kept = [n for n in self.names if self.paths[n][0] in keys]
-        out.paths = {n: self.paths[n] for n in kept}
-        out.shapes = {n: self.shapes[n] for n in kept}
-        out.dtypes = {n: self.dtypes[n] for n in kept}
-        out.names = tuple(kept)
+        out.names = tuple(n for n in self.names if self.paths[n][0] in keys)
+        for field in ("paths", "shapes", "dtypes"):
+            setattr(out, field, {n: getattr(self, field)[n] for n in out.names})
         out.whole = False
         return out
 

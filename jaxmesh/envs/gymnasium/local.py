@@ -105,9 +105,8 @@ class _LaneView:
         the order given. ``max_episode_seconds`` caps episodes in ``replay``."""
         # The stepper resets by ascending lane; ``back`` orders its rows as given.
         lanes = [int(j) for j in lanes]
-        order = sorted(range(len(lanes)), key=lanes.__getitem__)
-        back = np.empty(len(order), np.int64)
-        back[order] = np.arange(len(order))
+        order = np.argsort(lanes, kind="stable").tolist()
+        back = np.argsort(order)
         options = None
         if self.declares_trial_index:  # only then (CONTRACT 6)
             options = [{TRIAL_INDEX: int(trials[i])} for i in order]
@@ -180,9 +179,9 @@ class EnvLanes(LocalAdapter):
             o, r, te, tr, infos = zip(*out, strict=True)
             if isinstance(lanes, slice):  # rows 0 .. m-1: stacked in place
                 into = {k: obs[k][: len(o)] for k in stepper.layout.names}
-                stepper.observations(o, lanes, into)
+                stepper.layout.stack(o, range(len(o)), into)
             else:
-                for name, rows in stepper.observations(o, lanes).items():
+                for name, rows in stepper.layout.stack(o, lanes).items():
                     obs[name][lanes] = rows
             reward[lanes], term[lanes], trunc[lanes] = r, te, tr
             if any(te) or any(tr):  # the stepper's state: these episodes ended
@@ -214,14 +213,13 @@ class VectorEnvLanes(LocalAdapter):
         values = env_actions(self.action_space, actions)
         batch[:n][go] = values[go]
         o, r, te, tr, info = stepper.step_vector(batch)
+        js = np.flatnonzero(go).tolist()
         if self.info_keys:
-            js = np.flatnonzero(go).tolist()
             rows = [stepper.lane_info(info, j, self.info_keys) for j in js]
             seen = {k for k in info if not k.startswith("_")}
             self._set_info(n, rows, js, seen)
-        for j in np.flatnonzero(go):
-            one = stepper.observation(stepper.layout.row(o, int(j)), int(j))
-            for name, leaf in one.items():
+        for j in js:
+            for name, leaf in stepper.observation(stepper.layout.row(o, j), j).items():
                 obs[name][j] = leaf
         stepper.ended[:n] |= (te | tr)[:n] & go  # the stepper's state
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))

@@ -793,24 +793,19 @@ class ProcessStepper(shared.GymStepper):
 
     def release(self, lanes: Sequence[int]) -> None:
         super().release(lanes)
-        self._tell("release", [int(j) for j in lanes])
+        lanes, blocks = [int(j) for j in lanes], self.pool.blocks
+        msgs = {}
+        for k, idx in self.pool.by_worker(lanes).items():
+            msgs[k] = ("release", [lanes[i] - blocks[k][0] for i in idx])
+        self._tell("release", msgs)
 
     def forget(self) -> None:
         super().forget()
-        self._tell("forget", None)
+        self._tell("forget", dict.fromkeys(range(self.pool.workers), ("forget",)))
 
-    def _tell(self, op: str, lanes: list[int] | None) -> None:
-        pool = self.pool
-        msgs: dict[int, tuple] = {}
-        for k, block in enumerate(pool.blocks):
-            if pool.conns[k] is None:  # killed as the server stops
-                continue
-            if lanes is None:
-                msgs[k] = (op,)
-            else:
-                mine = [j - block[0] for j in lanes if j in block]
-                if mine:
-                    msgs[k] = (op, mine)
+    def _tell(self, op: str, msgs: dict[int, tuple]) -> None:
+        # A worker killed as the server stops has no connection.
+        msgs = {k: m for k, m in msgs.items() if self.pool.conns[k] is not None}
         if msgs:
             self._each(msgs, op)
 
