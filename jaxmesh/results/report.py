@@ -144,24 +144,20 @@ def plot(result: Result, title: str | None = None) -> Figure:
     # Integers stay integers: numpy's "auto" bins of integers are at least 1 wide.
     lengths = np.asarray(result.lengths, np.int64)
     flags = _stats.success_flags(result.success, len(result.returns))
-    panels: list[Callable[[Any], None]] = []
+    panels: list[tuple] = []  # (draw, its arguments after the axes)
     if not _constant(returns):
-        panels.append(
-            lambda ax: _histogram(ax, returns, "Returns", "return (sum of rewards)")
-        )
-        panels.append(lambda ax: _cdf(ax, returns))
+        panels.append((_histogram, returns, "Returns", "return (sum of rewards)"))
+        panels.append((_cdf, returns))
     if not _constant(lengths):
-        panels.append(
-            lambda ax: _histogram(ax, lengths, "Episode lengths", "length (env steps)")
-        )
+        panels.append((_histogram, lengths, "Episode lengths", "length (env steps)"))
     if flags is not None:
-        panels.append(lambda ax: _success(ax, np.asarray(result.indices), flags))
+        panels.append((_success, np.asarray(result.indices), flags))
     rows, cols = (2, 2) if len(panels) == 4 else (1, max(len(panels), 1))
     fig = Figure(figsize=(4.4 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, draw in zip(axes, panels, strict=False):
-        draw(ax)
+    for ax, (draw, *args) in zip(axes, panels, strict=False):
+        draw(ax, *args)
     if not panels:  # every figure is one value: say so instead of drawing it
         axes[0].set_axis_off()
         axes[0].text(
