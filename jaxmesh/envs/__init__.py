@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -182,18 +183,14 @@ def _from_id(env_id: str, kwargs: dict) -> Any:
 def _all_ids() -> list[str]:
     """Every 'PREFIX:NAME' of the installed libraries (for hints)."""
     ids = []
-    try:
-        import gymnax as gymnax_lib
-
-        ids += [f"gymnax:{n}" for n in gymnax_lib.registered_envs]
-    except ImportError:
-        pass
-    try:
-        from brax import envs as brax_envs
-
-        ids += [f"brax:{n}" for n in brax_envs._envs]
-    except ImportError:
-        pass
+    for prefix, module, names in (
+        ("gymnax", "gymnax", "registered_envs"),
+        ("brax", "brax.envs", "_envs"),
+    ):
+        try:
+            ids += [f"{prefix}:{n}" for n in getattr(import_module(module), names)]
+        except ImportError:
+            pass
     if "mujoco_playground" in sys.modules:  # importing it takes seconds
         from mujoco_playground import registry
 
