@@ -136,8 +136,7 @@ class Decision:
         return fig
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of the decision (the two runs as their
-        ``to_dict``)."""
+        """A JSON-serialisable dict of the decision."""
         names = [f.name for f in dataclasses.fields(self)]
         out = {k: getattr(self, k) for k in names if k not in ("a", "b")}
         out.update(
@@ -270,8 +269,7 @@ def _first_run(result: Any) -> RunResult:
 
 
 def _stratified(result: Any, metric: str) -> np.ndarray:
-    """Per episode index the metric, of a suite the mean over its tasks (each
-    runs the same seeds: stratified by task)."""
+    """Per episode index the metric (of a suite: the mean over its tasks)."""
     return np.mean([_values(r, metric) for r in _runs_of(result).values()], axis=0)
 
 
@@ -538,8 +536,7 @@ def decide(
         )
 
     def update(start: int) -> None:
-        """The differences ``b - a`` of episodes ``start..`` into the test,
-        every return checked to lie within ``bounds``."""
+        """The differences of episodes ``start..`` into the test, checked."""
         values = {}
         for name in ("a", "b"):
             if metric == "return":

@@ -136,8 +136,7 @@ class Suite:
         return f"Suite({list(self.tasks)}, episodes={self.episodes!r})"
 
     def budget(self, name: str, episodes: Any, seeds: Any) -> dict[str, Any]:
-        """Task ``name``'s ``episodes`` / ``seeds``: its own, the suite's or
-        the run's."""
+        """Task ``name``'s budget: its own, the suite's or the run's."""
         task = self.tasks[name]
         for s, e in ((task.seeds, task.episodes), (self.seeds, self.episodes)):
             if s is not None:
@@ -464,8 +463,7 @@ class SuiteResult:
 
     @property
     def mean_return(self) -> float | None:
-        """The pooled mean return over every episode of every task (None for
-        no episodes)."""
+        """The pooled mean return (None for no episodes)."""
         returns = self._pooled()[0]
         return float(returns.mean()) if returns.size else None
 
@@ -477,8 +475,7 @@ class SuiteResult:
         return returns, lengths, self._pooled_flags("success", None)
 
     def _pooled_flags(self, kind: str, dtype: Any = bool) -> np.ndarray | None:
-        """Every task's ``kind`` flags concatenated (None unless every task
-        has them)."""
+        """Every task's ``kind`` flags concatenated (None unless all have)."""
         flags = [getattr(r, kind, None) for r in self.tasks.values()]
         if not flags or any(f is None for f in flags):
             return None
@@ -535,8 +532,7 @@ class SuiteResult:
         }
 
     def table(self, stats: dict | None = None) -> list[list[str]]:
-        """The per-task table as text cells
-        (``jaxmesh.results.summary.suite_table``)."""
+        """The per-task table as text cells."""
         if stats is None:
             n = max(self.num_episodes, 1)
             stats = self.stats(resamples=_stats.summary_resamples(n))
@@ -551,13 +547,11 @@ class SuiteResult:
         return self.summary()
 
     def plot(self) -> Any:
-        """The per-task figure as a matplotlib ``Figure``
-        (``jaxmesh.results.report``)."""
+        """The per-task figure as a matplotlib ``Figure``."""
         return _report.suite_plot(self)
 
     def report(self, path: str | Path) -> Path:
-        """Writes the suite's HTML report
-        (``jaxmesh.results.report.write_suite_report``)."""
+        """Writes the suite's HTML report."""
         return _report.write_suite_report(self, path)
 
     def to_dict(self) -> dict:

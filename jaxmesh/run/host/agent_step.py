@@ -206,8 +206,7 @@ class StateLayout(NamedTuple):
         return jnp.concatenate(flat), tuple(big)
 
     def unpack(self, flat: Any, big: tuple, xp: Any = jnp) -> Any:
-        """The ``AgentState`` of a word buffer and the separate leaves (``xp``:
-        np for a buffer read back on the host)."""
+        """The ``AgentState`` of a word buffer and the separate leaves."""
         out = []
         for leaf in self.leaves:
             if leaf.index >= 0:

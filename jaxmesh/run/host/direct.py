@@ -151,8 +151,7 @@ class DirectStep:
     def _plan(
         self, state: DirectState, lanes: np.ndarray, ep_keys, t, episodes
     ) -> None:
-        """The policy on the rows of ``lanes`` (``episodes`` by lane, for an
-        error to name); their chunks start over."""
+        """The policy on the rows of ``lanes``; their chunks start over."""
         h = self.cfg.h
         sel = slice(None) if lanes.size == self.cfg.num_envs else lanes
         seeds = None

@@ -80,8 +80,7 @@ class HostMetrics:
             self.at_reset[k][js] = self.reset_has[k][js] = False
 
     def reset(self, js: Any, values: dict) -> None:
-        """The reset infos of lanes ``js``: ``values[key] = (floats [m],
-        present [m])``, keys no info had left out."""
+        """The reset infos of lanes ``js``: ``{key: (floats, present)}``."""
         for k in self.success_keys:
             if k in values:
                 v, ok = values[k]
@@ -89,8 +88,7 @@ class HostMetrics:
                 self.reset_has[k][js] = ok
 
     def check(self, present: Any, seen_keys: Any = ()) -> None:
-        """Once, at the first step: ValueError for a required key not
-        ``present`` (``seen_keys``: the keys the infos had)."""
+        """Once: ValueError for a required key not ``present``."""
         if self.checked:
             return
         self.checked = True
@@ -219,8 +217,7 @@ class HostRecorder:
                 self.recording.actions[self.slot[j], k] = actions[j]
 
     def step(self, js: np.ndarray, t: np.ndarray, obs, reward, term, trunc) -> None:
-        """Step ``t`` of lanes ``js``: the observation after it (``obs`` by
-        lane), the reward and the ends ([m], aligned with ``js``)."""
+        """Step ``t`` of lanes ``js`` (``obs`` by lane, the rest aligned)."""
         rec = self.recording
         for q in np.flatnonzero(self.slot[js] >= 0):
             j, k = js[q], int(t[q])
@@ -284,8 +281,7 @@ class _HostProgram(NamedTuple):
 
 
 class HostAgent:
-    """The jitted agent side for one policy, lane layout and settings, built
-    once per params signature."""
+    """The jitted agent side of a policy, lanes and settings."""
 
     def __init__(self, source, policy: Policy, spec, settings, tile_lanes=None):
         self._source = source  # keeps the keyed object alive
@@ -312,13 +308,9 @@ class HostAgent:
         if sig in self._compiled:
             return 0.0
         t0 = time.perf_counter()
-        program, spec, n = self.program(params), self.spec, self.settings.num_envs
-        obs = spec.zeros((n,))
-        off = np.zeros((n,), bool)
-        k = jax.eval_shape(jax.random.PRNGKey, 0)
-        keys = np.zeros((n,) + tuple(k.shape), k.dtype)
-        state = program.init(obs, off)
-        t = np.zeros(n, np.int32)
+        program, n = self.program(params), self.settings.num_envs
+        obs, off, t = self.spec.zeros((n,)), np.zeros(n, bool), np.zeros(n, np.int32)
+        state, keys = program.init(obs, off), episode_keys(t)
         skip = np.zeros(n, np.int32) if agent.can_skip(program.config) else None
         texts = agent.text_zeros(program.config, n, np)
         _, actions = program.step(
@@ -446,8 +438,7 @@ def _route(route, env, config: RunConfig, num_envs, e, record, served) -> tuple:
 
 
 def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:
-    """The run's ``HostRecorder`` (None without a record), with the frames of
-    in-process envs that render ``rgb_array``."""
+    """The run's ``HostRecorder`` (None without a record)."""
     if record is None:
         return None
     observation_leaves(lanes.spec.zeros(), record.keys, f"env {lanes.spec.name!r}")
@@ -500,8 +491,7 @@ def _lane_texts(
 def _run(
     run: HostRun, config, loop_class, host_agent, pol, hooks, t_start
 ) -> RunResult:
-    """Runs the budget of ``run`` in ``loop_class``; ``host_agent``: the
-    ``HostAgent`` or a served policy's agent side."""
+    """Runs the budget of ``run`` in ``loop_class``."""
     program, lanes = run.program, run.lanes
     settings, cfg, metrics = run.settings, program.config, run.metrics
     n, e = settings.num_envs, int(run.seeds.size)

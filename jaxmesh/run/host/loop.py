@@ -175,8 +175,7 @@ class HostLoop:
         return free
 
     def seen_resets(self, js: Any) -> None:
-        """Warns once when a seed reset twice gives another observation (lanes
-        ``js`` have their reset observations in ``obs``)."""
+        """Warns once when a seed reset twice gives another observation."""
         if self.warned_seeds:
             return
         for j in np.asarray(js).tolist():
@@ -202,8 +201,7 @@ class HostLoop:
                 return
 
     def lose_lanes(self, js: np.ndarray) -> list[int]:
-        """Lanes ``js`` are gone for good: returns their unfinished episodes,
-        which run again on the lanes that remain."""
+        """Lanes ``js`` are gone for good: their episodes, to run again."""
         self.dead[js] = True
         lost = self.give_back(js)
         self.start_reruns(~self.active & ~self.dead)  # idle lanes take them now
@@ -250,8 +248,7 @@ class HostLoop:
         return self.lane_h[js], self.lane_lead[js]
 
     def agent_step(self, started: Any, active: Any, moved: Any) -> Any:
-        """The jitted agent step (``agent.host_step``): the actions on the
-        device (``moved`` None: every lane's observation is new)."""
+        """The jitted agent step (``agent.host_step``): actions on the device."""
         if self.keys_device is None:
             self.keys_device = self.program.step.keys_on_device(self.ep_keys)
         self.state, actions = self.program.step(
@@ -270,8 +267,7 @@ class HostLoop:
         return actions
 
     def predict(self, go: np.ndarray, row: str, cursor: bool = False) -> tuple:
-        """The agent step of lanes ``go``, timed on ``row``: ``(actions,
-        cursors or None, when it ended)``."""
+        """``(actions, cursors or None, end time)`` of lanes ``go``' step."""
         t0 = time.perf_counter()
         device = self.agent_step(self.started & go, go, go)
         actions, cursors = self.read_actions(device, cursor)
@@ -303,8 +299,7 @@ class HostLoop:
         )
 
     def replayed(self, js: np.ndarray) -> np.ndarray:
-        """Lanes ``js``' next chunk actions, without an agent step (by lane,
-        zeros elsewhere)."""
+        """Lanes ``js``' next chunk actions (by lane) without an agent step."""
         actions = np.zeros_like(self.step_action)
         h = self.cfg.h
         actions[js] = self.chunk[js, replay.play_index(self.cursor[js], h, np)]
@@ -529,8 +524,7 @@ class LocalRun(HostLoop):
             self.take_next(np.isin(np.arange(self.n), lost) & ~self.active)
 
     def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``go`` without the lanes whose worker died in this step (their
-        episodes ``requeue``d), and those lanes."""
+        """``go`` without the lanes whose worker died in this step, and those."""
         lost = getattr(self.lanes, "lost", ())
         if not len(lost):
             return go, NONE_LOST

@@ -42,8 +42,7 @@ def import_ray() -> Any:
 
 
 def connect(ray: Any, cfg: Ray) -> bool:
-    """Connects this process to Ray unless it is; whether it did (then the
-    caller shuts it down)."""
+    """Connects to Ray unless connected; whether it did."""
     if ray.is_initialized():
         return False
     with warnings.catch_warnings():
@@ -236,8 +235,7 @@ class RayServers(ServedLanes):
 
     @classmethod
     def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
-        """The lanes of a Ray run (``dispatch.Route.lanes``); a kept fleet
-        with an actor that died is started anew."""
+        """The lanes of a Ray run (``dispatch.Route.lanes``)."""
         n = max(1, min(num_envs, episodes))
         key, start = ("ray", env, n, cfg), lambda: RayFleet(env, n, cfg)
         fleet, is_kept = kept.started(key, start, RayFleet.end)

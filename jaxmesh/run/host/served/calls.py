@@ -41,8 +41,7 @@ class Outbox:
         self.queued[lanes_] += 1
 
     def flush(self, which: np.ndarray | None = None) -> None:
-        """Sends the queued items of the lanes in ``which`` ([N] bool; None:
-        every lane)."""
+        """Sends the queued items of the lanes in ``which`` (None: all)."""
         if not self.resets and not self.segments and not self.released:
             return
         run = self.run

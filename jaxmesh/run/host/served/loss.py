@@ -36,16 +36,14 @@ class ServerLoss:
         self.rejoin_threads: list[threading.Thread] = []
 
     def hung_limit(self) -> float | None:
-        """Seconds a server may owe a reply and send nothing (None before any
-        reply)."""
+        """Seconds a server may owe a reply and send nothing (or None)."""
         slowest = self.run.inbox.slowest
         if not slowest:
             return None
         return max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * slowest)
 
     def hung_wait(self) -> float | None:
-        """How long the next wait may last before a server is past
-        ``hung_limit`` (None: no limit yet)."""
+        """How long the next wait may last (None: no limit yet)."""
         limit = self.hung_limit()
         if limit is None:
             return None
@@ -123,8 +121,7 @@ class ServerLoss:
         return round(time.perf_counter() - self.t_start, 6)
 
     def _reconnect(self, s: int) -> None:
-        """Tries server ``s`` again with backoff; a session goes to
-        ``rejoins``."""
+        """Tries server ``s`` again with backoff, into ``rejoins``."""
         end = time.monotonic() + REJOIN_SECONDS
         for delay in REJOIN_DELAYS:
             if self.stop_rejoining.wait(delay) or time.monotonic() > end:

@@ -128,8 +128,7 @@ class ServedLanes:
         return None
 
     def reconnect(self, s: int, connect_timeout: float) -> Session:
-        """A new session with server ``s``, checked to serve what the lost one
-        did (ValueError if not)."""
+        """A new session with server ``s``, serving what the lost one did."""
         kw = {**self._connect, "connect_timeout": connect_timeout}
         session = Session(self.addresses[s], **kw)
         old, new = self.sessions[s].info, session.info
