@@ -322,9 +322,7 @@ UNITS = {
 
 def unit(name: str) -> str:
     """The unit of series ``name``: ``UNITS``', ``"bytes"`` or ``"s"``."""
-    if name in UNITS:
-        return UNITS[name]
-    return "bytes" if name.endswith("_bytes") else "s"
+    return UNITS.get(name, "bytes" if name.endswith("_bytes") else "s")
 
 
 def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
@@ -346,8 +344,7 @@ def telemetry_text(telemetry: dict[str, dict[str, float]] | None) -> str:
     if not telemetry:
         return "no telemetry (recorded for host-stepped envs only)"
     table = [("series", *STAT_NAMES)]
-    for name, s in telemetry.items():
-        table.append((name, *telemetry_cells(name, s)))
+    table += [(name, *telemetry_cells(name, s)) for name, s in telemetry.items()]
     return "\n".join(line.rstrip() for line in _text.aligned(table))
 
 
