@@ -186,10 +186,25 @@ def test_kept_actors_serve_later_runs_and_a_lost_one_starts_anew(tmp_path):
         run()
         names = our_actors()
         assert len(names) == 2 and len(made.read_text().split()) == 3
-        ray.kill(ray.get_actor(names[0], namespace=_namespace(names[0])))
+        killed(ray.get_actor(names[0], namespace=_namespace(names[0])))
         run()
         assert len(our_actors()) == 2 and set(our_actors()).isdisjoint(names)
         assert len(made.read_text().split()) == 6
+
+
+def killed(actor) -> None:
+    """Kills ``actor`` and returns once it no longer answers: ``ray.kill`` is
+    asynchronous, and a run that starts before the kill lands would still find
+    the actor alive."""
+    ray.kill(actor)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < deadline, "the killed actor still answers"
+        time.sleep(0.05)
 
 
 def _namespace(name: str) -> str:
