@@ -235,9 +235,9 @@ class Trajectory:
             observations=_under(arrays, "observations/") if obs is None else obs,
             length=int(length),
             cut=bool(cut),
-            frames=frames,
+            frames=None if frames is None else np.asarray(frames),
             states=_under(arrays, "states/") or None,
-            **{k: arrays[k] for k in _STEP_ARRAYS},
+            **{k: np.asarray(arrays[k]) for k in _STEP_ARRAYS},
         )
 
 
