@@ -189,9 +189,12 @@ def next_reply(
 
 
 class Stream:
-    """What both transports keep of a session's calls; a subclass sets
-    ``kind``, ``address``, ``reply_timeout``, ``_begin`` (opens the stream) and
-    ``_next`` (a reply, the exception met, or None at the end)."""
+    """How a session's calls and replies travel (``Connection``: the gRPC Step
+    stream, ``shm.ShmStream``: the same-host path): ``open``, ``send(call)``
+    (its size in bytes), ``receive``, ``owed_since``, ``close``. A subclass
+    sets ``kind``, ``address``, ``reply_timeout``, ``send``, ``close``,
+    ``_begin`` (opens the stream) and ``_next`` (a reply, the exception met,
+    or None at the end)."""
 
     kind: str
     address: str
@@ -230,7 +233,8 @@ class Stream:
         tag: Any = None,
         reader: bool = True,
     ) -> None:
-        """Opens the stream (``session.Transport.open``)."""
+        """Opens the stream (``encode``: a call's ``StepRequest``;
+        ``decode(reply, in_ring)``: its batch; the rest as ``Session.open``'s)."""
         self._encode, self._decode = encode, decode
         self._begin()
         if reader:
@@ -296,7 +300,7 @@ _END = object()  # ends the requests of a Step stream
 
 
 class Connection(Stream):
-    """The gRPC ``session.Transport``: the handshake at construction (``info``;
+    """The gRPC ``Stream``: the handshake at construction (``info``;
     the arguments as ``jaxmesh.RemoteEnv``'s), then ``open``, ``send``,
     ``receive``. Raises ValueError or TypeError (bad arguments) and
     ``jaxmesh.RemoteConnectionError`` (unreachable, refused, no common version).
@@ -326,7 +330,7 @@ class Connection(Stream):
             )
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.token = token or None  # for the same-host data path
-        self.reply_timeout = reply_timeout
+        self.connect_timeout, self.reply_timeout = connect_timeout, reply_timeout
         self.max_message_bytes = max_message_bytes
         self._channel = open_channel(self.address, credentials, max_message_bytes)
         self._stub = pb_grpc.EnvServiceStub(self._channel)

@@ -80,17 +80,13 @@ class _Client:
         self.address = info.address
         self.env_name = info.env_name
         self.num_lanes = info.num_lanes
-        try:
-            self.obs_space = observation_space(info.observation)
-            self.act_space = leaf_space(info.action)
-            self.leaf_spaces = {m.key: leaf_space(m) for m in info.observation}
-        except codec.ProtocolError as exc:
-            self.session.close()
-            raise RemoteError(
-                f"the jaxmesh env server at {self.address} declared spaces this "
-                f"client cannot rebuild: {exc}; upgrade the older side",
-                address=self.address,
-            ) from None
+        self.obs_space, self.act_space, self.leaf_spaces = self.session.rebuild(
+            lambda: (
+                observation_space(info.observation),
+                leaf_space(info.action),
+                {m.key: leaf_space(m) for m in info.observation},
+            )
+        )
         self.obs_specs = self.session.obs_specs
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
         self.trial_index = self.session.trial_index
@@ -340,11 +336,10 @@ class RemoteEnv(gymnasium.Env):
         if self._client is not None:
             self._client.close()
 
-    def __str__(self) -> str:
+    def __repr__(self) -> str:
         return f"RemoteEnv({self.env_name} at {self.address}, lane {self.lane})"
 
-    def __repr__(self) -> str:
-        return str(self)
+    __str__ = __repr__
 
 
 class RemoteVectorEnv(VectorEnv):

@@ -1,5 +1,5 @@
 """One session with one env server in numpy (requests built, calls numbered,
-replies decoded and checked) over the ``Transport`` chosen at ``open``.
+replies decoded and checked) over the ``client.Stream`` chosen at ``open``.
 """
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import collections
 import logging
 import queue
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX
 from jaxmesh.errors import RemoteConnectionError, RemoteError
 from jaxmesh.remote import codec, shm
-from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT, Connection
+from jaxmesh.remote.client import Connection, Stream
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
     INFO_EVERY_STEP,
@@ -60,34 +60,6 @@ class Call(NamedTuple):
     info_every_step: bool = False
 
 
-class Transport(Protocol):
-    """How a session's calls and replies travel: ``client.Connection`` (the
-    gRPC Step stream) or ``shm.ShmStream`` (the same-host path)."""
-
-    kind: str  # "grpc" or "shm"
-    sent_at: float  # perf_counter() when the last call's bytes began to go out
-
-    def open(
-        self,
-        encode: Callable[[Call], pb.StepRequest],
-        decode: Callable[[pb.StepReply, bool], codec.ResultBatch],
-        *,
-        replies: queue.SimpleQueue | None,
-        tag: Any,
-        reader: bool,
-    ) -> None:
-        """Starts the stream (``encode``: a call's ``StepRequest``;
-        ``decode(reply, in_ring)``: its batch; the rest as ``Session.open``'s)."""
-
-    def send(self, call: Call) -> int: ...  # queues a call; its size in bytes
-
-    def receive(self) -> tuple[Any, codec.ResultBatch, float, float]: ...
-
-    def owed_since(self) -> float | None: ...
-
-    def close(self) -> None: ...
-
-
 class Reply(NamedTuple):
     """A decoded reply and what the telemetry reads (perf_counter times)."""
 
@@ -114,31 +86,12 @@ class Session:
 
     def __init__(self, address: str, *, transport: str = "auto", **conn: Any):
         self.asked_transport = check_transport(transport)
-        self._connect_timeout = conn.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
         self.conn = Connection(address, **conn)
         info = self.info = self.conn.info
         self.address = info.address
         self.num_lanes = info.num_lanes
         self.reply_timeout = self.conn.reply_timeout
-        try:
-            if info.num_lanes < 1:
-                raise codec.ProtocolError(
-                    f"the handshake declares {info.num_lanes} lanes, expected >= 1"
-                )
-            self.obs_specs = {}  # in the declared order
-            for msg in info.observation:
-                if msg.key in self.obs_specs:
-                    raise codec.ProtocolError(
-                        f"observation leaf {codec.short(msg.key)} is declared twice"
-                    )
-                self.obs_specs[msg.key] = codec.leaf_spec_from_proto(msg)
-        except codec.ProtocolError as exc:
-            self.conn.close()
-            raise RemoteError(
-                f"the jaxmesh env server at {self.address} declared spaces this "
-                f"client cannot rebuild: {exc}; upgrade the older side",
-                address=self.address,
-            ) from None
+        self.obs_specs = self.rebuild(self._obs_specs)  # in the declared order
         self.trial_index = TRIAL_INDEX in info.reset_options  # CONTRACT 6
         self.lockstep = LOCKSTEP in info.capabilities  # a VectorEnv
         self.info_every_step = INFO_EVERY_STEP in info.capabilities
@@ -146,7 +99,34 @@ class Session:
         self.closed = False
         self._call_id = 0
         self._pending: collections.deque[int] = collections.deque()
-        self.stream: Transport = self.conn  # until ``open`` chooses
+        self.stream: Stream = self.conn  # until ``open`` chooses
+
+    def rebuild(self, make: Callable[[], Any]) -> Any:
+        """``make()``, the spaces built from the handshake; its ProtocolError
+        closes the session and is raised as a RemoteError."""
+        try:
+            return make()
+        except codec.ProtocolError as exc:
+            self.conn.close()
+            raise RemoteError(
+                f"the jaxmesh env server at {self.address} declared spaces this "
+                f"client cannot rebuild: {exc}; upgrade the older side",
+                address=self.address,
+            ) from None
+
+    def _obs_specs(self) -> dict[str, codec.LeafSpec]:
+        if self.num_lanes < 1:
+            raise codec.ProtocolError(
+                f"the handshake declares {self.num_lanes} lanes, expected >= 1"
+            )
+        specs = {}
+        for msg in self.info.observation:
+            if msg.key in specs:
+                raise codec.ProtocolError(
+                    f"observation leaf {codec.short(msg.key)} is declared twice"
+                )
+            specs[msg.key] = codec.leaf_spec_from_proto(msg)
+        return specs
 
     @property
     def transport(self) -> str:
@@ -192,24 +172,17 @@ class Session:
         self.stream = self._transport()
         self.stream.open(self._request, decode, replies=replies, tag=tag, reader=reader)
 
-    def _transport(self) -> Transport:
+    def _transport(self) -> Stream:
         """The same-host stream when allowed and it attaches, else gRPC."""
         asked = self.asked_transport
         if asked == "grpc":
             return self.conn
-        name = self.info.shared_memory
-        if SHARED_MEMORY not in self.info.capabilities or not name:
+        if SHARED_MEMORY not in self.info.capabilities or not self.info.shared_memory:
             why = "the server does not offer it (an older server, or one started "
             why += "with ServeOptions(shared_memory=False))"
         else:
             try:
-                return shm.ShmStream(
-                    self.conn,
-                    name,
-                    self.obs_specs,
-                    self.observation_keys,
-                    connect_timeout=self._connect_timeout,
-                )
+                return shm.ShmStream(self.conn, self.obs_specs, self.observation_keys)
             except Exception as exc:  # noqa: BLE001 - any failure falls back
                 if asked == "shm" and isinstance(exc, RemoteError):
                     raise

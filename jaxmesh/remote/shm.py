@@ -314,20 +314,14 @@ def _status_error(payload: bytes, address: str) -> RemoteError:
 
 
 class ShmStream(Stream):
-    """The shared-memory ``session.Transport``: attaches at construction
-    (OSError, ValueError or RemoteError), then works as ``client.Connection``
-    (``conn``, the session's gRPC connection, is closed with it)."""
+    """The shared-memory ``client.Stream``: attaches to the socket ``conn``'s
+    handshake names at construction (OSError, ValueError or RemoteError), then
+    works as ``client.Connection`` (``conn`` is closed with it)."""
 
     kind = "shm"
 
     def __init__(
-        self,
-        conn: Any,
-        name: str,
-        specs: Mapping[str, codec.LeafSpec],
-        keys: Sequence[str],
-        *,
-        connect_timeout: float,
+        self, conn: Any, specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]
     ):
         self.conn = conn
         self.address = address = conn.address
@@ -340,8 +334,8 @@ class ShmStream(Stream):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = sock
         try:
-            sock.settimeout(connect_timeout)
-            sock.connect("\0" + name)
+            sock.settimeout(conn.connect_timeout)
+            sock.connect("\0" + conn.info.shared_memory)
             hello = {"token": conn.token or "", "keys": self.keys, "frames": [BINARY]}
             send_frame(sock, HELLO, json.dumps(hello).encode())
             frame, fd = recv_attach(sock)
