@@ -17,7 +17,6 @@ from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX, ResultBatch
 from jaxmesh.envs.gymnasium.workers import ProcessStepper
 from jaxmesh.remote import codec
 from jaxmesh.remote import spaces as wire_spaces
-from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -153,11 +152,8 @@ class ServerStepper:
                 "every lane mid-episode replays the same number of actions"
             )
 
-    def execute(self, request: _Request) -> pb.ResultBatch:
+    def execute(self, request: _Request) -> ResultBatch:
         """Runs a checked request; its reply's batch (LaneError: an env raised)."""
-        return codec.encode_result_batch(*self.execute_batch(request))
-
-    def execute_batch(self, request: _Request) -> ResultBatch:
         lanes = self.lanes
         lanes.release(request.release)
         keys = request.obs_keys

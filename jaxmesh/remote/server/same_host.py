@@ -18,7 +18,6 @@ from typing import Any
 import grpc
 import numpy as np
 
-from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
@@ -26,10 +25,12 @@ from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.server.lanes import ServerStepper
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
 from jaxmesh.remote.server.sessions import (
+    CallError,
     _Session,
     _shut_read,
-    env_error,
+    check_reply,
     idle_message,
+    run_call,
 )
 
 _log = logging.getLogger(__name__)
@@ -46,13 +47,6 @@ class _Pending:
 
     deadline: float
     data: bytearray = dataclasses.field(default_factory=bytearray)
-
-
-def hello_limit(token: str | None, obs_names: tuple[str, ...]) -> int:
-    """The largest HELLO a client needs: token and leaf names (6 bytes a
-    character, JSON-escaped), and 4 KiB of the rest."""
-    names = len(token or "") + sum(len(k) + 4 for k in obs_names)
-    return 4096 + 6 * names
 
 
 def peer_refusal(peer: int, own: int) -> str | None:
@@ -88,8 +82,9 @@ def parse_hello(payload: bytes) -> tuple[str, list, bool]:
 class SameHostPath:
     """An ``EnvServer``'s same-host path, sharing its session lock, lanes and
     token check. One thread accepts and reads every HELLO (another user's
-    peer refused unread; whole within ``handshake_timeout_seconds``, at most
-    ``hello_limit`` bytes, ``MAX_PENDING`` waiting); a session has a thread."""
+    peer refused unread; whole within ``handshake_timeout_seconds``, no longer
+    than token and leaf names need, ``MAX_PENDING`` waiting); a session has a
+    thread."""
 
     def __init__(self, server: Any, listener: socket.socket, name: str):
         self.server = server
@@ -228,7 +223,10 @@ class SameHostPath:
         if len(state.data) < head:
             return None
         size, kind, _ = same_host.HEADER.unpack_from(state.data)
-        limit = hello_limit(self.options.token, self.server._lanes.obs_names)
+        # The largest HELLO a client needs: token and leaf names (6 bytes a
+        # character, JSON-escaped), and 4 KiB of the rest.
+        names = sum(len(k) + 4 for k in self.server._lanes.obs_names)
+        limit = 4096 + 6 * (len(self.options.token or "") + names)
         if kind != same_host.HELLO:
             return ValueError(f"the first frame is of kind {kind}, not HELLO")
         if size > limit:
@@ -337,88 +335,75 @@ class SameHostPath:
         limit = self.options.max_message_bytes
         idle = self.options.idle_timeout_seconds
         conn.settimeout(None if math.isinf(idle) else idle)
-        n = lanes.num_lanes
+        n, core = lanes.num_lanes, lanes.lanes
 
-        def fail(code: grpc.StatusCode, details: str, metadata=()) -> None:
-            payload = same_host.status_payload(code.name, details, metadata)
-            with contextlib.suppress(OSError):
-                same_host.send_frame(conn, same_host.ERROR, payload)
+        def parse(kind: int, data: bytes) -> Any:
+            if kind == same_host.STEP:
+                return _parse_step(data, lanes, keys)
+            return _parse_request(codec.parse_step_request(data, limit), lanes)
 
         call = 0
-        while True:
-            pending = session.waiting()
-            if pending is not None:
-                return fail(*pending)
-            try:
-                frame = same_host.recv_frame(conn, limit)
-            except TimeoutError:
-                return fail(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    idle_message(self.server.address, "had no request", idle),
-                )
-            except codec.ProtocolError as exc:
-                return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            session.working()
-            if frame is None:
-                if session.pending is not None:
-                    fail(*session.pending)
-                return
-            kind, _, data = frame
-            if kind != same_host.REQUEST and not (binary and kind == same_host.STEP):
-                return fail(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"unexpected frame kind {kind}"
-                )
-            try:
-                if kind == same_host.STEP:
-                    request = _parse_step(data, lanes, keys)
+        try:
+            while (pending := session.waiting()) is None:
+                try:
+                    frame = same_host.recv_frame(conn, limit)
+                except TimeoutError:
+                    what = idle_message(self.server.address, "had no request", idle)
+                    code = grpc.StatusCode.DEADLINE_EXCEEDED
+                    raise CallError(code, what, ()) from None
+                except codec.ProtocolError as exc:
+                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                    raise CallError(code, str(exc), ()) from None
+                session.working()
+                if frame is None:
+                    pending = session.pending
+                    break
+                kind, _, data = frame
+                if kind != same_host.REQUEST and (kind != same_host.STEP or not binary):
+                    what = f"unexpected frame kind {kind}"
+                    raise CallError(grpc.StatusCode.INVALID_ARGUMENT, what, ())
+                slot = call % same_host.RING
+                # Rows are stacked straight into this reply's slot: the client
+                # sends the call that reuses it only once it has read this reply.
+                core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
+                try:
+                    request, batch, seconds = run_call(lanes.execute, parse, kind, data)
+                finally:
+                    core.obs_into = None
+                call += 1
+                shared_bytes = 0  # the observation bytes the ring carries
+                if _fits(batch.observation, keys, slots, slot, n):
+                    rows = int(batch.rows.sum())
+                    for key in keys:
+                        x, dst = batch.observation[key], slots[f"{slot}:{key}"][:rows]
+                        if not _same(x, dst):  # not stacked in place
+                            dst[...] = x
+                        shared_bytes += x.nbytes
+                    batch = batch._replace(observation={})
                 else:
-                    msg = codec.parse_step_request(data, limit)
-                    request = _parse_request(msg, lanes)
-            except codec.ProtocolError as exc:
-                return fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            start = time.perf_counter()
-            slot = call % same_host.RING
-            # Rows are stacked straight into this reply's slot: the client
-            # sends the call that reuses it only once it has read this reply.
-            core = lanes.lanes
-            core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
-            try:
-                batch = lanes.execute_batch(request)
-            except shared.LaneError as exc:
-                return fail(grpc.StatusCode.INTERNAL, exc.details(), env_error(exc))
-            finally:
-                core.obs_into = None
-            seconds = time.perf_counter() - start
-            call += 1
-            shared_bytes = 0  # the observation bytes the ring carries
-            if _fits(batch.observation, keys, slots, slot, n):
-                rows = int(batch.rows.sum())
-                for key in keys:
-                    x, dst = batch.observation[key], slots[f"{slot}:{key}"][:rows]
-                    if not _same(x, dst):  # not stacked in place
-                        dst[...] = x
-                    shared_bytes += x.nbytes
-                batch = batch._replace(observation={})
-            else:
-                slot = same_host.NO_SLOT
-            kind = same_host.REPLY
-            if binary and _plain(batch, keys, slot):
-                kind = same_host.RESULT
-                out = same_host.pack_result(request.call_id, seconds, batch)
-            else:
-                out = pb.StepReply(
-                    batch=codec.encode_result_batch(*batch),
-                    server_step_seconds=seconds,
-                    call_id=request.call_id,
-                ).SerializeToString()
-            try:  # the cap of the gRPC reply: rows in the ring count too
-                codec.check_size(len(out) + shared_bytes, limit, "StepReply")
-            except codec.ProtocolError as exc:
-                return fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            try:
-                same_host.send_frame(conn, kind, out, slot)
-            except TimeoutError:
-                return  # the client took no reply for idle_timeout_seconds
+                    slot = same_host.NO_SLOT
+                kind = same_host.REPLY
+                if binary and _plain(batch, keys, slot):
+                    kind = same_host.RESULT
+                    out = same_host.pack_result(request.call_id, seconds, batch)
+                else:
+                    out = pb.StepReply(
+                        batch=codec.encode_result_batch(*batch),
+                        server_step_seconds=seconds,
+                        call_id=request.call_id,
+                    ).SerializeToString()
+                # The cap of the gRPC reply: rows in the ring count too.
+                check_reply(len(out) + shared_bytes, limit)
+                try:
+                    same_host.send_frame(conn, kind, out, slot)
+                except TimeoutError:
+                    return  # the client took no reply for idle_timeout_seconds
+        except CallError as exc:
+            pending = exc.args
+        if pending is not None:
+            payload = same_host.status_payload(pending[0].name, *pending[1:])
+            with contextlib.suppress(OSError):
+                same_host.send_frame(conn, same_host.ERROR, payload)
 
 
 def _plain(batch: Any, keys: tuple, slot: int) -> bool:

@@ -8,7 +8,6 @@ import hmac
 import math
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxmesh._version import __version__
-from jaxmesh.envs.gymnasium.lanes import LaneError
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
@@ -38,7 +36,13 @@ from jaxmesh.remote.server.options import (
 )
 from jaxmesh.remote.server.requests import _parse_request
 from jaxmesh.remote.server.same_host import SameHostPath
-from jaxmesh.remote.server.sessions import _cancel, _Session, env_error
+from jaxmesh.remote.server.sessions import (
+    CallError,
+    _cancel,
+    _Session,
+    check_reply,
+    run_call,
+)
 
 
 class _EnvTokenInterceptor(grpc.ServerInterceptor):
@@ -410,7 +414,10 @@ class EnvServer:
             )
         )
         limit = self.options.max_message_bytes
-        abort = context.abort
+
+        def parse(data: bytes) -> Any:
+            return _parse_request(codec.parse_step_request(data, limit), lanes)
+
         try:
             while (pending := session.waiting()) is None:
                 data = next(requests, None)
@@ -418,30 +425,22 @@ class EnvServer:
                     return
                 session.working()
                 try:
-                    msg = codec.parse_step_request(data, limit)
-                    request = _parse_request(msg, lanes)
-                except codec.ProtocolError as exc:
-                    abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                start = time.perf_counter()
-                try:
-                    batch = lanes.execute(request)
-                except LaneError as exc:
-                    context.set_trailing_metadata(env_error(exc))
-                    abort(grpc.StatusCode.INTERNAL, exc.details())
-                out = pb.StepReply(
-                    batch=batch,
-                    server_step_seconds=time.perf_counter() - start,
-                    call_id=request.call_id,
-                ).SerializeToString()
-                try:
-                    codec.check_size(len(out), limit, "StepReply")
-                except codec.ProtocolError as exc:
-                    abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                    request, batch, seconds = run_call(lanes.execute, parse, data)
+                    out = pb.StepReply(
+                        batch=codec.encode_result_batch(*batch),
+                        server_step_seconds=seconds,
+                        call_id=request.call_id,
+                    ).SerializeToString()
+                    check_reply(len(out), limit)
+                except CallError as exc:
+                    code, details, metadata = exc.args
+                    context.set_trailing_metadata(metadata)
+                    context.abort(code, details)
                 # The yield blocks while the client takes no replies (flow
                 # control): the watchdog's clock runs through it as a wait.
                 session.sending()
                 yield out
-            abort(*pending)
+            context.abort(*pending)
         finally:
             self._end_session(session, lanes)
             self._session_lock.release()

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from jaxmesh.envs.gymnasium import lanes as shared
+from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
 
 
@@ -28,6 +29,35 @@ def env_error(exc: shared.LaneError) -> tuple:
         (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
         (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
     )
+
+
+class CallError(Exception):
+    """Ends a session with the status ``(code, details, trailing metadata)``."""
+
+
+def run_call(execute: Callable, parse: Callable, *data: Any) -> tuple:
+    """One call as both transports answer it: ``(request, result, seconds)``
+    of ``execute(parse(*data))``, a bad request or an env's error a CallError."""
+    try:
+        request = parse(*data)
+    except codec.ProtocolError as exc:
+        raise CallError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), ()) from None
+    start = time.perf_counter()
+    try:
+        result = execute(request)
+    except shared.LaneError as exc:
+        code = grpc.StatusCode.INTERNAL
+        raise CallError(code, exc.details(), env_error(exc)) from None
+    return request, result, time.perf_counter() - start
+
+
+def check_reply(size: int, limit: int) -> None:
+    """A reply of ``size`` bytes over ``limit``: a CallError."""
+    try:
+        codec.check_size(size, limit, "StepReply")
+    except codec.ProtocolError as exc:
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        raise CallError(code, str(exc), ()) from None
 
 
 def idle_message(address: str, what: str, idle: float) -> str:
