@@ -118,8 +118,7 @@ class _LaneView:
         self.reset_info, where = {}, f"{self.spec.name} reset"
         for key, values in info.items():
             got = [info_value({key: v}, key, where) for v in values]
-            has = present.get(key)
-            has = np.ones(len(values), bool) if has is None else np.asarray(has, bool)
+            has = np.asarray(present.get(key, np.ones(len(values), bool)), bool)
             self.reset_info[key] = (np.asarray(got, np.float64)[back], has[back])
         return obs
 

@@ -708,10 +708,9 @@ class ProcessStepper(shared.GymStepper):
 
     def __init__(self, source: Any, num_lanes: int, workers: int, layout: Any = None):
         self.pool = pool = WorkerPool(source, num_lanes, workers, layout)
-        self.owned, self.num_lanes, self.name = True, num_lanes, pool.name
-        self.dt = pool.dt
-        self.observation_space = pool.observation_space
-        self.action_space = pool.action_space
+        self.owned, self.num_lanes = True, num_lanes
+        for attr in ("name", "dt", "observation_space", "action_space"):
+            setattr(self, attr, getattr(pool, attr))
         self.metadata = {}
         if pool.declares_trial_index:
             self.metadata = {"reset_options": (shared.TRIAL_INDEX,)}
