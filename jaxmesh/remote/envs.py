@@ -65,10 +65,11 @@ def _options(options: Any, e_g: str) -> dict[str, Any]:
 
 
 class _Client:
-    """A ``Session`` and what a gymnasium env needs of it: the spaces, checked
-    actions and options, one call at a time."""
+    """A ``Session``, opened with a call of no lane (a busy server fails here),
+    and what a gymnasium env needs of it: the spaces, checked actions and
+    options, one call at a time."""
 
-    def __init__(self, address: str, token, connect_timeout, reply_timeout, tls):
+    def __init__(self, address: str, token, connect_timeout, reply_timeout, tls, lane):
         self.session = Session(
             address,
             token=token,
@@ -91,10 +92,6 @@ class _Client:
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
         self.trial_index = self.session.trial_index
         self.closed = False
-
-    def start(self, lane: Any = 0) -> None:
-        """Checks ``lane`` and opens the session with a call of no lane: a busy
-        server fails here."""
         try:
             if not _is_int(lane) or not 0 <= int(lane) < self.num_lanes:
                 raise ValueError(
@@ -254,9 +251,9 @@ class RemoteEnv(gymnasium.Env):
         credentials: Any = None,
     ):
         self._client: _Client | None = None
-        client = _Client(address, token, connect_timeout, reply_timeout, credentials)
-        client.start(lane)
-        self._client = client
+        self._client = client = _Client(
+            address, token, connect_timeout, reply_timeout, credentials, lane
+        )
         self.lane = int(lane)
         self.address = client.address
         self.env_name = client.env_name
@@ -366,9 +363,9 @@ class RemoteVectorEnv(VectorEnv):
         credentials: Any = None,
     ):
         self._client: _Client | None = None
-        client = _Client(address, token, connect_timeout, reply_timeout, credentials)
-        client.start()
-        self._client = client
+        self._client = client = _Client(
+            address, token, connect_timeout, reply_timeout, credentials, 0
+        )
         self.address = client.address
         self.env_name = client.env_name
         self.num_envs = client.num_lanes
