@@ -503,12 +503,7 @@ def decide(
     env = _suite(env) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
-    first = _check_int(
-        "batch", config.num_envs if batch is None else batch, 1, "num_envs"
-    )
-    cap_default = BATCH_GROWTH_CAP * first
-    cap = max_batch if max_batch is not None else cap_default
-    cap = _check_int("max_batch", cap, first, f"{cap_default}")
+    first, cap = _batch_sizes(config.num_envs, batch, max_batch)
     if on_batch is not None and not callable(on_batch):
         raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
     width = bounds[1] - bounds[0]  # differences lie in [-width, width]
@@ -517,23 +512,11 @@ def decide(
     policies = {"a": policy_a, "b": policy_b}
     path: list[tuple[int, float, float]] = []
 
+    def run(name: str, seeds: list[int], **kw: Any) -> RunResult:
+        return evaluate(policies[name], env, config, seeds=seeds, **kw)
+
     def decision(runs: dict) -> Decision:
-        return Decision(
-            winner={1: "b", -1: "a", 0: None}[seq.direction],
-            episodes=seq.n,
-            difference=seq.mean,
-            interval=seq.interval,
-            a=runs["a"],
-            b=runs["b"],
-            path=tuple(path),
-            alpha=alpha,
-            metric=metric,
-            bounds=bounds,
-            decided_at=seq.decided_at,
-            capital=seq.capital,
-            log_capital=seq.log_capital,
-            first_seed=first_seed,
-        )
+        return _decision(seq, runs, path, alpha, metric, bounds, first_seed)
 
     def update(start: int) -> None:
         """The differences of episodes ``start..`` into the test, checked."""
@@ -549,43 +532,15 @@ def decide(
 
     with kept_processes():  # one set of worker processes for every batch
         if resume is not None:
-            # Each earlier run checked by evaluate(..., resume=) to come from
-            # its policy, env and settings (a whole budget runs nothing).
-            done = _paired(resume, first_seed)
-            for name, r in zip(("a", "b"), done, strict=True):
-                if _held(r):
-                    seeds = list(range(first_seed, first_seed + _held(r)))
-                    runs[name] = evaluate(
-                        policies[name], env, config, seeds=seeds, resume=r, **call
-                    )
-            held = _held(runs["a"])
-            if held > max_episodes:
-                raise ValueError(
-                    f"resume= holds {held} episodes per arm, more than "
-                    f"max_episodes={max_episodes}; pass a larger max_episodes"
-                )
-            if held:
+            runs = _resumed(run, resume, first_seed, max_episodes, call)
+            if _held(runs["a"]):
                 update(0)
         kept = dict(runs)  # both arms after the last whole batch
         try:
             while seq.n < max_episodes and not seq.rejects:
                 start = seq.n
                 count = min(next_batch(start, first, cap), max_episodes - start)
-                seeds = list(range(first_seed + start, first_seed + start + count))
-                # The batch's episodes keep their index in the whole run: an
-                # env's trial index is trial_index_base + that index, as in one
-                # evaluate.
-                with identity.resumed_indices(np.arange(start, start + count)):
-                    for name in ("a", "b"):
-                        heard = _with_hooks(call, arms[name], start, count)
-                        new = evaluate(
-                            policies[name], env, config, seeds=seeds, **heard
-                        )
-                        runs[name] = _joined(runs[name], new, start)
-                        for h in arms[name]:
-                            end = getattr(h, "on_run_end", None)
-                            if callable(end):
-                                end(runs[name])
+                _run_batch(run, runs, arms, call, first_seed, start, count)
                 update(start)
                 kept = dict(runs)
                 if on_batch is not None:
@@ -596,6 +551,87 @@ def decide(
                 exc.partial_decision = decision(kept)
             raise
         return decision(runs)
+
+
+def _batch_sizes(
+    num_envs: int, batch: int | None, max_batch: int | None
+) -> tuple[int, int]:
+    """The first batch and the cap on any batch, checked."""
+    first = _check_int("batch", num_envs if batch is None else batch, 1, "num_envs")
+    cap_default = BATCH_GROWTH_CAP * first
+    cap = max_batch if max_batch is not None else cap_default
+    return first, _check_int("max_batch", cap, first, f"{cap_default}")
+
+
+def _decision(
+    seq: BettingSequence,
+    runs: dict[str, Any],
+    path: list,
+    alpha: float,
+    metric: str,
+    bounds: tuple[float, float],
+    first_seed: int,
+) -> Decision:
+    """The ``Decision`` the test ``seq`` reached over ``runs``."""
+    return Decision(
+        winner={1: "b", -1: "a", 0: None}[seq.direction],
+        episodes=seq.n,
+        difference=seq.mean,
+        interval=seq.interval,
+        a=runs["a"],
+        b=runs["b"],
+        path=tuple(path),
+        alpha=alpha,
+        metric=metric,
+        bounds=bounds,
+        decided_at=seq.decided_at,
+        capital=seq.capital,
+        log_capital=seq.log_capital,
+        first_seed=first_seed,
+    )
+
+
+def _resumed(
+    run: Callable, resume: Any, first_seed: int, max_episodes: int, call: dict
+) -> dict[str, Any]:
+    """Both arms' runs of ``resume``'s episodes, each checked by
+    ``evaluate(..., resume=)`` to come from its policy, env and settings (a
+    whole budget runs nothing)."""
+    runs = {"a": None, "b": None}
+    for name, r in zip(("a", "b"), _paired(resume, first_seed), strict=True):
+        if _held(r):
+            seeds = list(range(first_seed, first_seed + _held(r)))
+            runs[name] = run(name, seeds, resume=r, **call)
+    held = _held(runs["a"])
+    if held > max_episodes:
+        raise ValueError(
+            f"resume= holds {held} episodes per arm, more than "
+            f"max_episodes={max_episodes}; pass a larger max_episodes"
+        )
+    return runs
+
+
+def _run_batch(
+    run: Callable,
+    runs: dict[str, Any],
+    arms: dict[str, list],
+    call: dict,
+    first_seed: int,
+    start: int,
+    count: int,
+) -> None:
+    """Episodes ``start..start+count`` of both arms, joined into ``runs``. They
+    keep their index in the whole decide: an env's trial index is
+    trial_index_base + that index, as in one evaluate."""
+    seeds = list(range(first_seed + start, first_seed + start + count))
+    with identity.resumed_indices(np.arange(start, start + count)):
+        for name in ("a", "b"):
+            new = run(name, seeds, **_with_hooks(call, arms[name], start, count))
+            runs[name] = _joined(runs[name], new, start)
+            for h in arms[name]:
+                end = getattr(h, "on_run_end", None)
+                if callable(end):
+                    end(runs[name])
 
 
 def _check_arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
