@@ -640,8 +640,9 @@ class EnvListStepper(GymStepper):
         """``env.step(a)`` of each of ``lanes`` (None: the first ones): their
         5-tuples, or LaneError; ``busy[j]`` is set while lane j steps."""
         envs, out = self.envs, []
-        if lanes is None:
+        if lanes is None:  # the first lanes, as many as there are actions
             lanes = range(min(len(envs), len(actions)))
+            actions = actions[: len(lanes)]
         try:
             for j, a in zip(lanes, actions, strict=True):
                 if busy is not None:
