@@ -20,6 +20,3 @@ def record_check(record: dict, identity: str) -> str:
     h.update(identity.encode())
     h.update(json.dumps(body, sort_keys=True, allow_nan=True).encode())
     return h.hexdigest()
-
-
-__all__ = ["identity_text", "record_check"]

@@ -320,6 +320,3 @@ def recorded_index(trajectories: list) -> list[dict]:
     """What ``to_dict()["recorded"]`` lists of each trajectory."""
     keys = ("episode", "seed", "length", "steps", "cut")
     return [{k: getattr(tr, k) for k in keys} for tr in trajectories]
-
-
-__all__ = ["Record", "Trajectory", "DEFAULT_RECORD_STEPS", "check_record"]

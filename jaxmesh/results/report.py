@@ -702,17 +702,3 @@ def write_suite_report(
 ) -> Path:
     """Writes ``suite_report_html(suite, ...)`` to ``path``."""
     return _write(path, suite_report_html(suite, resamples=resamples, base=base))
-
-
-__all__ = [
-    "EPISODE_ROWS",
-    "SECTIONS",
-    "Section",
-    "videos_section",
-    "plot",
-    "report_html",
-    "suite_plot",
-    "suite_report_html",
-    "write_report",
-    "write_suite_report",
-]

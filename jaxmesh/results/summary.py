@@ -423,22 +423,3 @@ def suite_text(suite: Any) -> str:
         f"{len(suite.tasks)} tasks in {suite.wall_time:.2f} s)"
     )
     return "\n".join(lines)
-
-
-__all__ = [
-    "Row",
-    "rows",
-    "setting_rows",
-    "provenance_rows",
-    "text",
-    "telemetry_text",
-    "suite_table",
-    "suite_text",
-    "text_table",
-    "telemetry_cells",
-    "short_env",
-    "mode_text",
-    "STAT_NAMES",
-    "UNITS",
-    "unit",
-]

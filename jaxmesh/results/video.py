@@ -412,13 +412,3 @@ def render(
     if str(out) not in result.videos:
         result.videos.append(str(out))
     return out
-
-
-__all__ = [
-    "render",
-    "episode_frames",
-    "write_video",
-    "replay_states",
-    "recorded_states",
-    "playground_frames",
-]
