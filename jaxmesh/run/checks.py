@@ -30,12 +30,17 @@ HOST_BYTES_PER_EPISODE = 4 + 4 + 8 + 1 + 1 + 4 + 4 + BYTES_PER_EPISODE
 MEMORY_SHARE = 0.5
 
 
-def check_int(name: str, value: Any, low: int, hint: str) -> int:
-    """``value`` as an int >= ``low``; a TypeError / ValueError naming it if not."""
+def check_int(
+    name: str, value: Any, low: int, hint: str, high: int | None = None
+) -> int:
+    """``value`` as an int in [``low``, ``high``]; a TypeError / ValueError
+    naming it if not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}={value!r}: expected an int >= {low}; {hint}")
     if value < low:
         raise ValueError(f"{name}={value!r}: expected an int >= {low}; {hint}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}={value!r}: expected at most {high:,}; {hint}")
     return int(value)
 
 
@@ -56,10 +61,12 @@ def free_memory(device: Any = None) -> tuple[int | None, int | None]:
     return dev, host
 
 
-def _human(n: float) -> str:
-    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2)):
+def human_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit it reaches, and exactly."""
+    units = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+    for unit, size in units:
         if n >= size:
-            return f"{n / size:.1f} {unit}"
+            return f"{n / size:.2f} {unit} ({int(n):,} B)"
     return f"{int(n):,} B"
 
 
@@ -79,8 +86,8 @@ def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
             fits = int(MEMORY_SHARE * free / max(need / max(episodes, 1), 1))
             raise ValueError(
                 f"episodes={episodes:,}: the per-episode results would need "
-                f"{_human(need)} of {where} memory, more than half of the "
-                f"{_human(free)} free. Use a smaller budget (at most about "
+                f"{human_bytes(need)} of {where} memory, more than half of the "
+                f"{human_bytes(free)} free. Use a smaller budget (at most about "
                 f"{fits:,} episodes here), or split it into runs "
                 "(seeds=range(a, b)) and stream each run's episodes to an "
                 "on_episode_end hook or a file"
@@ -168,16 +175,16 @@ def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
     horizon = check_int(
         "horizon", horizon, 1, "actions of a chunk executed before the next plan"
     )
-    if max_episode_steps is None:
-        cap = DEFAULT_MAX_STEPS
-    else:
-        cap = check_int("max_episode_steps", max_episode_steps, 1, "or None")
-        if cap > MAX_STEPS:
-            raise ValueError(
-                f"max_episode_steps={cap!r}: expected at most {MAX_STEPS:,}; episode "
-                "lengths are int32 on the device; or None for the built-in limit "
-                f"of {DEFAULT_MAX_STEPS:,} steps"
-            )
+    cap = DEFAULT_MAX_STEPS
+    if max_episode_steps is not None:
+        cap = check_int(
+            "max_episode_steps",
+            max_episode_steps,
+            1,
+            "episode lengths are int32 on the device; or None for the built-in "
+            f"limit of {DEFAULT_MAX_STEPS:,} steps",
+            MAX_STEPS,
+        )
     return num_envs, horizon, cap
 
 
@@ -214,24 +221,23 @@ def check_layout(plan_tile: Any, segment_steps: Any) -> tuple:
     """``Layout``'s ``(plan_tile, segment_steps)``."""
     tile = None
     if plan_tile is not None:
-        tile = check_int("plan_tile", plan_tile, 1, "rows per policy call, or None")
-        if tile > MAX_PLAN_TILE:
-            raise ValueError(
-                f"plan_tile={tile!r}: expected at most {MAX_PLAN_TILE:,}; rows per "
-                "policy call (rows beyond the lanes that plan are padding), or None "
-                "for the engine's choice"
-            )
-    segment_steps = check_int(
-        "segment_steps", segment_steps, 1, "env steps per scan segment"
-    )
-    if segment_steps > MAX_STEPS:
-        raise ValueError(
-            f"segment_steps={segment_steps!r}: expected an int in [1, "
-            f"{MAX_STEPS:,}] (env steps per scan segment, counted in int32 "
-            f"on the device); pass a smaller value, or leave the default "
-            f"{DEFAULT_SEGMENT_STEPS} (a segment also ends early when its episode "
-            "log fills, so larger values gain little)"
+        tile = check_int(
+            "plan_tile",
+            plan_tile,
+            1,
+            "rows per policy call (rows beyond the lanes that plan are padding), "
+            "or None for the engine's choice",
+            MAX_PLAN_TILE,
         )
+    segment_steps = check_int(
+        "segment_steps",
+        segment_steps,
+        1,
+        "env steps per scan segment, counted in int32 on the device; the default "
+        f"{DEFAULT_SEGMENT_STEPS} serves (a segment also ends early when its "
+        "episode log fills, so larger values gain little)",
+        MAX_STEPS,
+    )
     return tile, segment_steps
 
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxmesh import adapt
 from jaxmesh.adapt import WHOLE_OBS
 from jaxmesh.envs import make_env
+from jaxmesh.run.checks import human_bytes
 from jaxmesh.run.instructions import source
 from jaxmesh.types import PolicyLike
 
@@ -143,8 +144,8 @@ class Explanation:
                 *(["preprocessing:", *prep] if prep else []),
                 *(["instructions:", *texts] if texts else []),
                 f"frame windows: {self.bytes_per_lane:,} B per lane; "
-                f"{_human(self.total_bytes)} for {self.num_envs} lane(s) ({status} "
-                f"the limit of {_human(self.limit_bytes)}, {LIMIT_ENV})",
+                f"{human_bytes(self.total_bytes)} for {self.num_envs} lane(s) "
+                f"({status} the limit of {human_bytes(self.limit_bytes)}, {LIMIT_ENV})",
             ]
         )
 
@@ -155,13 +156,6 @@ def _plain(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [_plain(x) for x in v]
     return v
-
-
-def _human(n: int) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.2f} {unit} ({n:,} B)"
-    return f"{n:,} B"
 
 
 def frame_limit_bytes() -> int:
@@ -317,8 +311,8 @@ def check_frame_limit(spec_or_model: Any, env: Any, num_envs: int) -> Explanatio
     fits = max(ex.limit_bytes // max(ex.bytes_per_lane, 1), 0)
     raise ValueError(
         f"the frame windows of {num_envs} lanes would hold "
-        f"{_human(ex.total_bytes)} ({ex.bytes_per_lane:,} B per lane), over the "
-        f"limit of {_human(ex.limit_bytes)} set by {LIMIT_ENV}. The largest input "
+        f"{human_bytes(ex.total_bytes)} ({ex.bytes_per_lane:,} B per lane), over the "
+        f"limit of {human_bytes(ex.limit_bytes)} set by {LIMIT_ENV}. The largest input "
         f"is {big.name!r} ({big.kind}, window {big.window_shape} "
         f"{big.dtype}, {big.bytes_per_lane:,} B per lane). Use at most "
         f"{fits} lanes (num_envs), a smaller stack or Image size, or raise "

@@ -51,18 +51,9 @@ class _Trace(NamedTuple):
     ends: list  # (terminated, truncated) per step
 
 
-def _leaves(x: Any) -> list:
-    """The arrays of an observation (a pytree of dicts, tuples and lists)."""
-    if isinstance(x, dict):
-        return [leaf for k in sorted(x, key=str) for leaf in _leaves(x[k])]
-    if isinstance(x, tuple | list):
-        return [leaf for v in x for leaf in _leaves(v)]
-    return [np.asarray(x)]
-
-
 def _gap(a: Any, b: Any) -> str | None:
     """None for equal observations, else how they differ ("" when unsaid)."""
-    la, lb = _leaves(a), _leaves(b)
+    la, lb = ([np.asarray(x) for x in jax.tree.leaves(t)] for t in (a, b))
     if len(la) != len(lb):
         return ""
     pairs = list(zip(la, lb, strict=True))
