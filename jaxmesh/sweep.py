@@ -31,6 +31,7 @@ from jaxmesh.run.plan import (
     default_plan_tile,
     effective_horizon,
 )
+from jaxmesh.run.resume import records_result
 from jaxmesh.run.scan import Evaluator
 
 #: ``evaluate`` arguments a sweep does not take, and why.
@@ -83,27 +84,29 @@ def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
     return config
 
 
-def _axis(name: str, values: Any, check: Any, scalar: Any, kind: str) -> tuple:
-    """A sweep axis: one ``scalar`` or distinct ``kind``, each ``check``-ed."""
-    if isinstance(values, scalar) and not isinstance(values, bool):
+def _axis(name: str, values: Any, low: int | None = None) -> tuple:
+    """A sweep axis: one value or distinct ones, ints >= ``low`` (None:
+    milliseconds), each checked."""
+    ms = low is None
+    kind = "numbers of milliseconds" if ms else "ints"
+    if isinstance(values, int | float if ms else int) and not isinstance(values, bool):
         values = [values]
     if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
-        example = "[0, 50, 100, 200]" if name == "delay_ms" else "[0, 1, 2, 4]"
+        example = "[0, 50, 100, 200]" if ms else "[0, 1, 2, 4]"
         raise TypeError(
             f"{name}={values!r}: expected a list of {kind.split()[-1]}, e.g. "
             f"{name}={example}"
         )
-    out = tuple(check(v) for v in values)
+    hint = f"each {name} of the sweep"
+    out = tuple(
+        checks.check_delay_ms(v) if ms else checks.check_int(name, v, low, hint)
+        for v in values
+    )
     if not out or len(set(out)) != len(out):
         raise ValueError(
             f"{name}={list(values)!r}: expected a non-empty list of distinct {kind}"
         )
     return out
-
-
-def _values(name: str, values: Any, low: int) -> tuple[int, ...]:
-    check = lambda v: checks.check_int(name, v, low, f"each {name} of the sweep")
-    return _axis(name, values, check, int, "ints")
 
 
 def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
@@ -135,48 +138,16 @@ class _CellStream:
         self.episodes[c][int(ep.index)] = ep.to_dict()
         if len(self.episodes[c]) == self.e:
             d, big_h, h = self.group[c]
-            eps = [self.episodes[c][i] for i in sorted(self.episodes[c])]
+            first = c * self.e
+            eps = [
+                dict(self.episodes[c][i], index=i - first)
+                for i in sorted(self.episodes[c])
+            ]
             self.episodes[c] = {}
-            self.on_cell(
-                d, big_h, _cell_of_records(self.info, eps, c * self.e, big_h, h, d)
+            cell = records_result(
+                self.info, eps, horizon=big_h, effective_horizon=h, delay=d
             )
-
-
-def _cell_of_records(
-    info: dict, eps: list[dict], first: int, horizon: int, h: int, d: int
-) -> RunResult:
-    """A cell's ``RunResult`` from its episodes' records and the program's
-    ``on_run_start`` info; indices from 0."""
-    eps = [dict(ep, index=int(ep["index"]) - first) for ep in eps]
-    return RunResult.from_dict(
-        {
-            "policy": info.get("policy") or "",
-            "env": info.get("env") or "",
-            "settings": {
-                "num_envs": info.get("num_envs") or 0,
-                "horizon": horizon,
-                "effective_horizon": h,
-                "prefetch_lead": 0,
-                "delay": d,
-                "chunk": info.get("chunk"),
-                "plan_tile": info.get("plan_tile") or 0,
-                "max_episode_seconds": info.get("max_episode_seconds"),
-                "instruction": info.get("instruction"),
-                "metrics": info.get("metric_reductions") or {},
-                "success_key": info.get("success_key"),
-                "success_mode": info.get("success_mode") or "once",
-            },
-            "totals": {
-                "env_steps": sum(int(ep["length"]) for ep in eps),
-                "policy_rows": sum(int(ep["predict_calls"]) for ep in eps),
-                "steps_per_second": 0.0,
-                "wall_time": 0.0,
-                "compile_time": 0.0,
-                "run_time": 0.0,
-            },
-            "episodes": eps,
-        }
-    )
+            self.on_cell(d, big_h, cell)
 
 
 def _resumed(resume: Any, seeds: np.ndarray) -> dict:
@@ -262,12 +233,9 @@ def sweep(
       ValueError, TypeError: bad input, before anything compiles.
     """
     t0 = time.perf_counter()
-    delays = _values("delay", delay, 0)
-    horizons = _values("horizon", horizon, 1)
-    times = None
-    if delay_ms is not None:
-        kind = "numbers of milliseconds"
-        times = _axis("delay_ms", delay_ms, checks.check_delay_ms, int | float, kind)
+    delays = _axis("delay", delay, 0)
+    horizons = _axis("horizon", horizon, 1)
+    times = None if delay_ms is None else _axis("delay_ms", delay_ms)
     if times is not None and delays != (0,):
         raise ValueError(
             f"sweep(delay={list(delays)}, delay_ms={list(times)}): give the "
@@ -504,11 +472,9 @@ class Sweep:
         a success signal), ``mean_return`` and ``mean_interval`` (95%),
         ``skipped`` (None, or why)."""
         rows = []
-        axis = (
-            list(self.delay_steps.items())
-            if self.delay_steps is not None
-            else [(None, d) for d in self.delays]
-        )
+        axis = [(None, d) for d in self.delays]
+        if self.delay_steps is not None:
+            axis = list(self.delay_steps.items())
         for ms, d in axis:
             for h in self.horizons:
                 row = {"delay": d, "horizon": h, "skipped": self.skipped.get((d, h))}
@@ -537,22 +503,16 @@ class Sweep:
             delay = str(row["delay"])
             if "delay_ms" in row:
                 delay = f"{row['delay_ms']:g} ms ({row['delay']})"
+            line = [delay, str(row["horizon"])]
             if row["skipped"] is not None:
-                lines.append((delay, str(row["horizon"]), "skipped"))
+                lines.append([*line, "skipped"])
                 continue
-            rate = row["success_rate"]
-            lines.append(
-                (
-                    delay,
-                    str(row["horizon"]),
-                    str(row["episodes"]),
-                    "-" if rate is None else f"{rate:.3f}",
-                    _interval(row["success_interval"]),
-                    "-"
-                    if row["mean_return"] is None
-                    else f"{row['mean_return']:.3f} {_interval(row['mean_interval'])}",
-                )
-            )
+            rate, mean = row["success_rate"], row["mean_return"]
+            line += [str(row["episodes"]), "-" if rate is None else f"{rate:.3f}"]
+            line.append(_interval(row["success_interval"]))
+            if mean is not None:
+                mean = f"{mean:.3f} {_interval(row['mean_interval'])}"
+            lines.append([*line, mean or "-"])
         widths = [
             max(len(r[i]) for r in [head, *lines] if i < len(r)) for i in range(6)
         ]
@@ -577,11 +537,8 @@ class Sweep:
         canvas_cls(fig)
         ax = fig.add_subplot(1, 1, 1)
         success = self.has_success
-        value, interval = (
-            ("success_rate", "success_interval")
-            if success
-            else ("mean_return", "mean_interval")
-        )
+        value = "success_rate" if success else "mean_return"
+        interval = "success_interval" if success else "mean_interval"
         rows = [r for r in self.table() if r["skipped"] is None]
         for h in self.horizons:
             line = [r for r in rows if r["horizon"] == h and r[value] is not None]
@@ -602,13 +559,12 @@ class Sweep:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict: axes, cells, skipped cells, totals."""
+        ms = self.delay_steps
         return {
             "sweep": {
                 "delay": list(self.delays),
                 "horizon": list(self.horizons),
-                "delay_ms": None
-                if self.delay_steps is None
-                else [[ms, d] for ms, d in self.delay_steps.items()],
+                "delay_ms": None if ms is None else [list(x) for x in ms.items()],
             },
             "cells": [
                 {"delay": d, "horizon": h, "result": r.to_dict()}
@@ -634,25 +590,17 @@ class Sweep:
                 f"sweep), with keys sweep and cells; got {got}"
             )
         try:
+            ms = d["sweep"].get("delay_ms")
+            key = lambda c: (int(c["delay"]), int(c["horizon"]))
             return cls(
-                delays=tuple(int(x) for x in d["sweep"]["delay"]),
-                horizons=tuple(int(x) for x in d["sweep"]["horizon"]),
-                cells={
-                    (int(c["delay"]), int(c["horizon"])): RunResult.from_dict(
-                        c["result"]
-                    )
-                    for c in d["cells"]
-                },
-                skipped={
-                    (int(c["delay"]), int(c["horizon"])): str(c["reason"])
-                    for c in d.get("skipped", [])
-                },
+                delays=tuple(map(int, d["sweep"]["delay"])),
+                horizons=tuple(map(int, d["sweep"]["horizon"])),
+                cells={key(c): RunResult.from_dict(c["result"]) for c in d["cells"]},
+                skipped={key(c): str(c["reason"]) for c in d.get("skipped", [])},
                 programs=int(d.get("programs", 0)),
                 wall_time=float(d.get("wall_time", math.nan)),
                 compile_time=float(d.get("compile_time", math.nan)),
-                delay_steps=None
-                if d["sweep"].get("delay_ms") is None
-                else {float(ms): int(s) for ms, s in d["sweep"]["delay_ms"]},
+                delay_steps=None if ms is None else {float(m): int(n) for m, n in ms},
             )
         except (KeyError, TypeError) as e:
             raise ValueError(

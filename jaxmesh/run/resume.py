@@ -585,33 +585,52 @@ def load_episode_log(path: Any) -> RunResult:
                     f"{other['run'].get(key)!r}; one log holds one run (and its "
                     "resumptions)"
                 )
-    eps = [episodes[i][1] for i in sorted(episodes)]
-    base = totals or {}
-    d = {
-        "policy": first.get("policy") or "",
-        "env": first.get("env") or "",
-        "settings": {
-            **{k: first.get(k) for k in SETTINGS},  # from_dict skips asynchronous
-            **{k: first.get(k) or v for k, v in _LOG_DEFAULTS.items()},
-            "metrics": first.get("metric_reductions") or {},
-            "success_key": first.get("success_key"),
-            # A log written before the mode was recorded: the rule of the time.
-            "success_mode": first.get("success_mode") or "end",
-        },
-        "totals": {
-            "env_steps": int(base.get("env_steps", 0))
-            + sum(int(e["length"]) for e in after),
-            "policy_rows": int(base.get("policy_rows", 0))
-            + sum(int(e["predict_calls"]) for e in after),
-            "steps_per_second": 0.0,
-            **{k: float(base.get(k, 0.0)) for k in _TIMES},
-        },
-        # Checked above, line by line: from_dict checks nothing again.
-        "episodes": [{k: v for k, v in e.items() if k != "check"} for e in eps],
-        "server_losses": faults,
-    }
-    result = RunResult.from_dict(d)
+    # Checked above, line by line: from_dict checks nothing again.
+    eps = [
+        {k: v for k, v in episodes[i][1].items() if k != "check"}
+        for i in sorted(episodes)
+    ]
+    result = records_result(first, eps, totals, after, faults)
     return dataclasses.replace(result, fingerprint=runs[0].get("fingerprint"))
+
+
+def records_result(
+    run: dict,
+    eps: list[dict],
+    totals: dict | None = None,
+    after: list[dict] | None = None,
+    losses: list | None = None,
+    **settings: Any,
+) -> RunResult:
+    """A ``RunResult`` of a run line (or ``on_run_start`` info) and episode
+    records: ``totals`` plus the episodes ``after`` them (None: all; times 0
+    without totals); ``settings`` override the run line's."""
+    base, after = totals or {}, eps if after is None else after
+    return RunResult.from_dict(
+        {
+            "policy": run.get("policy") or "",
+            "env": run.get("env") or "",
+            "settings": {
+                **{k: run.get(k) for k in SETTINGS},  # from_dict skips asynchronous
+                **{k: run.get(k) or v for k, v in _LOG_DEFAULTS.items()},
+                "metrics": run.get("metric_reductions") or {},
+                "success_key": run.get("success_key"),
+                # A log written before the mode was recorded: the rule of the time.
+                "success_mode": run.get("success_mode") or "end",
+                **settings,
+            },
+            "totals": {
+                "env_steps": int(base.get("env_steps", 0))
+                + sum(int(e["length"]) for e in after),
+                "policy_rows": int(base.get("policy_rows", 0))
+                + sum(int(e["predict_calls"]) for e in after),
+                "steps_per_second": 0.0,
+                **{k: float(base.get(k, 0.0)) for k in _TIMES},
+            },
+            "episodes": eps,
+            "server_losses": losses or [],
+        }
+    )
 
 
 def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
