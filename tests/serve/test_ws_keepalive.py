@@ -13,7 +13,6 @@ from openpi_client import msgpack_numpy
 from websockets.asyncio.server import serve
 from ws_servers import ThreadedServer
 
-from jaxmesh.serve import ws_client
 from jaxmesh.serve.ws_client import WebsocketPolicy
 
 
@@ -65,8 +64,7 @@ class PingingServer(ThreadedServer):
             self.connections.remove(ws)
 
 
-def test_idle_connections_answer_pings_and_closed_ones_are_replaced(monkeypatch):
-    monkeypatch.setattr(ws_client, "KEEPALIVE_S", 0.05)
+def test_idle_connections_answer_pings_and_closed_ones_are_replaced():
     obs = np.arange(6, dtype=np.float32).reshape(2, 3)
     with PingingServer() as server:
         with WebsocketPolicy(server.address, connections=2) as policy:
@@ -81,8 +79,7 @@ def test_idle_connections_answer_pings_and_closed_ones_are_replaced(monkeypatch)
             assert server.opened == 4  # two new ones
 
 
-def test_a_connection_closed_between_plans_is_replaced_by_the_next(monkeypatch):
-    monkeypatch.setattr(ws_client, "KEEPALIVE_S", 1000.0)  # no keepalive read
+def test_a_connection_closed_between_plans_is_replaced_by_the_next():
     obs = np.arange(3, dtype=np.float32).reshape(1, 3)
     with PingingServer() as server:
         with WebsocketPolicy(server.address, connections=1) as policy:
