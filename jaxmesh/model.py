@@ -496,14 +496,12 @@ def resolve_class(target: str) -> Any:
         raise ValueError(
             f"{target!r}: cannot import module {module_name!r}: {e}"
         ) from e
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(
-                f"{target!r}: module {module_name!r} has no attribute {attr!r}"
-            )
-        obj = getattr(obj, part)
-    return obj
+    try:
+        return functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise ValueError(
+            f"{target!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from None
 
 
 def build_model(

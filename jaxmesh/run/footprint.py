@@ -93,9 +93,7 @@ class Explanation:
         return self.total_bytes <= self.limit_bytes
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["inputs"] = {k: v.to_dict() for k, v in self.inputs.items()}
-        return _plain(d)
+        return _plain(dataclasses.asdict(self))
 
     def __str__(self) -> str:
         who = f"{self.policy} on " if self.policy else ""
