@@ -217,27 +217,25 @@ def _check_protocol(env: Any) -> Any:
             f"env {_short_repr(env)} is not an environment jaxmesh knows: it lacks "
             f"{lacks}. Add what is missing, or {_KNOWN}"
         )
+    fits = {
+        "name": lambda v: isinstance(v, str),
+        "reset": callable,
+        "step": callable,
+        "action_shape": lambda v: all(operator.index(d) >= 0 for d in v),
+        "action_dtype": lambda v: jnp.dtype(v) is not None,
+        "num_actions": lambda v: (
+            v is None or (not isinstance(v, bool) and operator.index(v) >= 1)
+        ),
+    }
     bad = []
-    if not isinstance(env.name, str):
-        bad.append(f"name={env.name!r}")
-    for a in ("reset", "step"):
-        if not callable(getattr(env, a)):
-            bad.append(f"{a} is not callable")
-    try:
-        if any(operator.index(d) < 0 for d in env.action_shape):
-            raise TypeError
-    except TypeError:
-        bad.append(f"action_shape={env.action_shape!r}")
-    try:
-        jnp.dtype(env.action_dtype)
-    except TypeError:
-        bad.append(f"action_dtype={env.action_dtype!r}")
-    n = env.num_actions
-    try:
-        if n is not None and (isinstance(n, bool) or operator.index(n) < 1):
-            raise TypeError
-    except TypeError:
-        bad.append(f"num_actions={n!r}")
+    for a, fit in fits.items():
+        value = getattr(env, a)
+        try:
+            ok = fit(value)
+        except TypeError:
+            ok = False
+        if not ok:
+            bad.append(f"{a} is not callable" if fit is callable else f"{a}={value!r}")
     if bad:
         expected = "; ".join(f"{a}: {d}" for a, d in PROTOCOL.items())
         raise TypeError(
