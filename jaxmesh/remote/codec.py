@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -93,6 +93,19 @@ def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
     return pb.Tensor(dtype=name, shape=x.shape, data=x.tobytes())
 
 
+def _shape(field: Any, what: str) -> tuple[int, ...]:
+    """A message's shape, checked (``what``: the error's start)."""
+    ndim = len(field)  # before a tuple is made of it: it may be huge
+    shape = tuple(field) if ndim <= MAX_NDIM else ()
+    if ndim > MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > MAX_DIM)):
+        raise ProtocolError(
+            f"{what} shape {few(field[: FEW + 1], ndim)} ({ndim} dimensions), "
+            f"expected at most {MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; "
+            "the peer sent a malformed shape"
+        )
+    return shape
+
+
 def decode_array(
     tensor: pb.Tensor, expected: LeafSpec | None = None, *, key: str | None = None
 ) -> np.ndarray:
@@ -115,20 +128,7 @@ def decode_array(
             f"{sorted(DTYPES)}; the peer sent a dtype this protocol does not know "
             "(check both ends run the same jaxmesh protocol version)"
         )
-    ndim = len(tensor.shape)  # before a tuple is made of it: it may be huge
-    if ndim > MAX_NDIM:
-        raise ProtocolError(
-            f"{_name(key)} has shape {few(tensor.shape[: FEW + 1], ndim)} ({ndim} "
-            f"dimensions), expected at most {MAX_NDIM} dimensions; the peer sent "
-            "a malformed shape"
-        )
-    shape = tuple(tensor.shape)
-    if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
-        raise ProtocolError(
-            f"{_name(key)} has shape {list(shape[: MAX_NDIM + 1])}, expected at most "
-            f"{MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; the peer sent a "
-            "malformed shape"
-        )
+    shape = _shape(tensor.shape, f"{_name(key)} has")
     # One read: under protobuf's upb runtime each access to a bytes field copies.
     data = tensor.data
     need = math.prod(shape) * dtype.itemsize
@@ -199,21 +199,11 @@ def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:
 def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
     """A ``LeafSpec`` message, checked (ProtocolError)."""
     what = _name(msg.key)
-    if len(msg.shape) > MAX_NDIM:
-        raise ProtocolError(
-            f"{what} is declared with {len(msg.shape)} dimensions, expected at "
-            f"most {MAX_NDIM}"
-        )
-    shape = tuple(msg.shape)
+    shape = _shape(msg.shape, f"{what} is declared with")
     if msg.dtype not in DTYPES:
         raise ProtocolError(
             f"{what} is declared with dtype {msg.dtype[:64]!r}, expected one of "
             f"{sorted(DTYPES)}"
-        )
-    if any(d < 0 or d > MAX_DIM for d in shape):
-        raise ProtocolError(
-            f"{what} is declared with shape {list(shape[: MAX_NDIM + 1])}, expected "
-            f"at most {MAX_NDIM} dimensions, each in [0, {MAX_DIM}]"
         )
     return LeafSpec(msg.key, msg.dtype, shape)
 

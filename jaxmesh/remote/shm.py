@@ -11,11 +11,11 @@ ends the session; the client ends it by shutting down its side.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import mmap
 import os
-import secrets
 import socket
 import struct
 import threading
@@ -81,10 +81,6 @@ class Ring:
     def close(self) -> None:
         self.buf.release()
         self._map.close()
-
-
-def socket_name() -> str:
-    return f"jaxmesh-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dict:
@@ -282,6 +278,12 @@ def unpack_result(payload: bytes, *, num_lanes: int) -> tuple[Result, Any]:
     return Result(call_id, seconds, size), batch
 
 
+@functools.lru_cache(maxsize=16)
+def _info_bytes(keys: tuple[str, ...]) -> bytes | None:
+    """Info keys as a STEP frame carries them; None: a key holds a NUL."""
+    return None if any("\0" in k for k in keys) else "\0".join(keys).encode()
+
+
 def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     return struct.unpack("3i", creds)[1]
@@ -368,10 +370,8 @@ class ShmStream(Stream):
         try:  # STEP frames carry actions in the declared dtype and shape
             self._act_spec = codec.leaf_spec_from_proto(conn.info.action)
             self._act_dtype = codec.DTYPES[self._act_spec.dtype]
-        except (codec.ProtocolError, KeyError):
+        except codec.ProtocolError:
             self.binary = False
-        self._info_keys: tuple[str, ...] = ()
-        self._info: bytes | None = b""
         self._start_stream()
         self._cond = threading.Condition()
         self._read = 0
@@ -461,7 +461,7 @@ class ShmStream(Stream):
     def send(self, call: Any) -> int:
         """Sends a call as a STEP frame where it can be one, else a
         ``StepRequest`` (waits while ``RING`` replies are unread)."""
-        info = self._info_bytes(call.info_keys) if self.binary else None
+        info = _info_bytes(tuple(call.info_keys)) if self.binary else None
         actions = call.actions
         if (  # only steps, with actions as declared
             info is not None
@@ -495,15 +495,6 @@ class ShmStream(Stream):
             with contextlib.suppress(OSError):
                 send_frame(self.sock, kind, data)
         return len(data)
-
-    def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
-        """The info keys as a STEP frame carries them; None: a key holds a NUL."""
-        keys = tuple(info_keys)
-        if keys != self._info_keys:
-            nul = any("\0" in k for k in keys)
-            self._info = None if nul else "\0".join(keys).encode("utf-8")
-            self._info_keys = keys
-        return self._info
 
     def close(
         self,

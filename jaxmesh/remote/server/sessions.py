@@ -3,7 +3,6 @@ it, and what both transports send when an env raises or a session idles."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import select
 import socket
@@ -76,12 +75,6 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
         call.cancel(code.value[0], details)
     except Exception:  # noqa: BLE001 - a grpc without it: a plain cancel
         context.cancel()
-
-
-def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
-    """Ends a same-host session from another thread: wakes its waiting read."""
-    with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RD)
 
 
 class _Session:
