@@ -13,13 +13,12 @@ from jaxmesh import suite
 from jaxmesh.results.result import RunResult
 from jaxmesh.run import backend, dispatch
 from jaxmesh.run import resume as resume_mod
-from jaxmesh.run.config import RunConfig, from_keywords
+from jaxmesh.run.config import FLAT, GROUPS, RunConfig, from_keywords
 from jaxmesh.trace import check_trace_path, tracing
 
 #: The flat knobs' defaults, as ``RunConfig`` holds them (shown in signatures).
 _UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from config>"})()
-_FLAT = ("num_envs", "horizon", "max_episode_steps", "max_episode_seconds")
-_FLAT += ("workers", "chunking", "starts", "scoring", "served", "layout")
+_FLAT = (*FLAT, *GROUPS)
 _CALL = ("episodes", "seeds", "params", "hooks", "record", "trace", "resume")
 
 

@@ -171,20 +171,18 @@ class Served:
 
 def _refuse_served(served: Served, label: str) -> None:
     """A ValueError naming the first ``Served`` option set for an unserved env."""
-    for f in dataclasses.fields(served):
-        value = getattr(served, f.name)
-        if value is None or (
-            f.name in ("reply_timeout", "transport") and value == backend.AUTO
-        ):
+    for name in changed(served):
+        value = getattr(served, name)
+        if value is None:  # reply_timeout=None: no limit, nothing to refuse
             continue
         why = {
             "token": "a token is for served envs",
             "lane_groups": "lane groups pipeline calls to env servers",
-        }.get(f.name, f"{f.name} is for served envs")
-        shown = "***" if f.name in ("token", "credentials") else repr(value)
+        }.get(name, f"{name} is for served envs")
+        shown = "***" if name in ("token", "credentials") else repr(value)
         raise ValueError(
-            f"{f.name}={shown}: {why} ('grpc://host:port'); env {label!r} runs in "
-            f"this process, so drop {f.name}="
+            f"{name}={shown}: {why} ('grpc://host:port'); env {label!r} runs in "
+            f"this process, so drop {name}="
         )
 
 

@@ -44,13 +44,6 @@ class SeedReport(NamedTuple):
     message: str
 
 
-class _Trace(NamedTuple):
-    reset: Any
-    observations: list
-    rewards: list
-    ends: list  # (terminated, truncated) per step
-
-
 def _gap(a: Any, b: Any) -> str | None:
     """None for equal observations, else how they differ ("" when unsaid)."""
     la, lb = ([np.asarray(x) for x in jax.tree.leaves(t)] for t in (a, b))
@@ -74,30 +67,30 @@ def _gap(a: Any, b: Any) -> str | None:
     return ""
 
 
-def _first_difference(a: _Trace, b: _Trace) -> str | None:
-    if (gap := _gap(a.reset, b.reset)) is not None:
+def _first_difference(a: list, b: list) -> str | None:
+    """Where two ``_trace``s first differ, or None."""
+    if (gap := _gap(a[0], b[0])) is not None:
         return "the reset observation" + gap
-    for t in range(max(len(a.rewards), len(b.rewards))):
-        if t >= len(a.rewards) or t >= len(b.rewards):
-            return f"the episode's length (one ended after {t} steps)"
-        if (gap := _gap(a.observations[t], b.observations[t])) is not None:
-            return f"the observation after step {t + 1}{gap}"
-        if a.rewards[t] != b.rewards[t]:
-            return f"the reward of step {t + 1} ({a.rewards[t]!r} and {b.rewards[t]!r})"
-        if a.ends[t] != b.ends[t]:
-            return f"terminated/truncated at step {t + 1} ({a.ends[t]} and {b.ends[t]})"
+    for t, (x, y) in enumerate(zip(a[1:], b[1:], strict=False), 1):
+        if (gap := _gap(x[0], y[0])) is not None:
+            return f"the observation after step {t}{gap}"
+        if x[1] != y[1]:
+            return f"the reward of step {t} ({x[1]!r} and {y[1]!r})"
+        if x[2] != y[2]:
+            return f"terminated/truncated at step {t} ({x[2]} and {y[2]})"
+    if len(a) != len(b):
+        return f"the episode's length (one ended after {min(len(a), len(b)) - 1} steps)"
     return None
 
 
-def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> _Trace:
-    """A reset's observation and up to ``steps`` of ``step(t)``, to the end."""
-    out = _Trace(obs, [], [], [])
+def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> list:
+    """A reset's observation, then ``(obs, reward, (terminated, truncated))``
+    of up to ``steps`` of ``step(t)``, to the episode's end."""
+    out = [obs]
     for t in range(steps):
         obs, reward, terminated, truncated = step(t)
-        out.observations.append(obs)
-        out.rewards.append(float(reward))
-        out.ends.append((bool(terminated), bool(truncated)))
-        if out.ends[-1] != (False, False):
+        out.append((obs, float(reward), (bool(terminated), bool(truncated))))
+        if out[-1][2] != (False, False):
             break
     return out
 
@@ -121,7 +114,7 @@ def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
     action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
     reset, step = jax.jit(env.reset), jax.jit(env.step)
 
-    def trace(seed: int) -> _Trace:
+    def trace(seed: int) -> list:
         key = jax.random.PRNGKey(seed)
         obs, state = reset(key)
         held = [state]
@@ -232,7 +225,7 @@ def check_seeds(
     first, again, moved = traces
     compared = "reset observation"
     if steps:
-        compared += f" and {len(first.rewards)} step(s) of {action}"
+        compared += f" and {len(first) - 1} step(s) of {action}"
     same_seed = _first_difference(first, again)
     other_seed = _first_difference(first, moved)
     reproducible, sensitive = same_seed is None, other_seed is not None
