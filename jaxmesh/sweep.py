@@ -18,7 +18,6 @@ import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.envs import make_env
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
@@ -107,16 +106,6 @@ def _axis(name: str, values: Any, low: int | None = None) -> tuple:
             f"{name}={list(values)!r}: expected a non-empty list of distinct {kind}"
         )
     return out
-
-
-def _step_time(env: Any, config: RunConfig) -> tuple[float | None, str]:
-    """The env's seconds per step and its name."""
-    kind = backend.backend_of(env)
-    if kind == backend.SCAN:
-        made = make_env(env)
-        return step_seconds(made), getattr(made, "name", type(made).__name__)
-    spec = _host_spec(env, config.for_backend(backend.Target(env, kind)))
-    return spec.dt, spec.name
 
 
 class _CellStream:
@@ -249,94 +238,65 @@ def sweep(
     done = _resumed(resume, seeds_arr)
     if plan_tile is None and done:  # the tile the earlier cells ran with
         plan_tile = next(iter(done.values())).plan_tile or None
-    steps_of = None
-    if times is not None:
-        dt, name = _step_time(env, config)
-        steps_of = {ms: checks.delay_steps(ms, dt, name) for ms in times}
-        delays = tuple(dict.fromkeys(steps_of.values()))
-    cells, skipped, programs, compile_time = _run_cells(
-        policy,
-        env,
-        delays,
-        horizons,
-        seeds_arr,
-        params,
-        config.replace(plan_tile=plan_tile),
-        done,
-        on_cell,
-    )
-    return Sweep(
-        delays=delays,
-        horizons=horizons,
-        cells=cells,
-        skipped=skipped,
-        programs=programs,
-        wall_time=time.perf_counter() - t0,
-        compile_time=compile_time,
-        delay_steps=steps_of,
-    )
-
-
-def _run_cells(policy, env, delays, horizons, seeds_arr, params, config, done, on_cell):
-    """Every cell not in ``done``, one program per group of ``_programs_of``:
-    the scan, or one host run over the tiled seeds."""
+    config = config.replace(plan_tile=plan_tile)
     scan = backend.backend_of(env) == backend.SCAN
-    takes = params is not None
+    takes, served = params is not None, None
     if scan:
         config.for_backend(backend.Target(env, backend.SCAN))
-        probe = Evaluator(
-            policy, env, config.replace(horizon=max(horizons)), takes_params=takes
-        )
+        cfg = config.replace(horizon=max(horizons))
+        probe = Evaluator(policy, env, cfg, takes_params=takes)
         pol, spec = probe.policy, probe.env
+        dt, name = step_seconds(spec), probe.env_name
     else:
         served = config.for_backend(dispatch.target(env))
         pol = resolve_policy(policy, with_params=takes)
         spec = _host_spec(env, served)
+        dt, name = spec.dt, spec.name
+    steps_of = None
+    if times is not None:
+        steps_of = {ms: checks.delay_steps(ms, dt, name) for ms in times}
+        delays = tuple(dict.fromkeys(steps_of.values()))
     p = pol.default_params() if params is None else pol.place(params)
     # A policy that declares ``execution_horizon`` is told the grid's largest
     # h + d, so its chunk fits every cell (each program is then told its own).
     told = max(horizons) + max(delays) if pol.takes_execution_horizon else None
     chunk = build.probe_chunk(pol, spec, p, max(horizons), told)
     cells, skipped = _fit_cells(delays, horizons, chunk)
-    if scan:
-        tile = config.layout.plan_tile or default_plan_tile(
-            min(h for _, _, h in cells), probe.settings.num_envs
-        )
+    if scan and plan_tile is None:
+        tile = default_plan_tile(min(h for _, _, h in cells), probe.settings.num_envs)
         config = config.replace(plan_tile=tile)
-    e = int(seeds_arr.size)
     # The resumed cells of this grid (others in ``done`` are not swept).
     out = {(d, big_h): done[d, big_h] for d, big_h, _ in cells if (d, big_h) in done}
-    programs, compile_time = 0, 0.0
     todo = [c for c in cells if (c[0], c[1]) not in done]
+    programs, compile_time, e = 0, 0.0, int(seeds_arr.size)
     for group in _programs_of(todo, pol):
         cfg = config.replace(horizon=max(big_h for _, big_h, _ in group))
-        grid = tuple((h, d) for d, _, h in group)
-        seeds = np.tile(seeds_arr, len(group))
-        hooks = None if on_cell is None or e == 0 else [_CellStream(group, e, on_cell)]
+        grid = (tuple((h, d) for d, _, h in group), max(e, 1))
+        streams = [_CellStream(group, e, on_cell)] if on_cell and e else None
+        kw = {"seeds": np.tile(seeds_arr, len(group)), "params": params}
         if scan:
             ev = Evaluator(policy, env, cfg, takes_params=takes)
             # The plan carries the cells (``RunPlan.grid``).
-            ev.settings = ev.settings._replace(grid=grid, cell_episodes=max(e, 1))
-            whole = ev.run(seeds=seeds, params=params, hooks=hooks)
+            ev.settings = ev.settings._replace(grid=grid[0], cell_episodes=grid[1])
+            whole = ev.run(hooks=streams, **kw)
             programs += len(ev.programs())
         else:
-            whole = dispatch.evaluate_host(
-                policy,
-                env,
-                cfg,
-                episodes=None,
-                seeds=seeds,
-                hooks=hooks,
-                params=params,
-                served=served,
-                grid=(grid, max(e, 1)),
-            )
+            kw.update(episodes=None, hooks=streams, served=served, grid=grid)
+            whole = dispatch.evaluate_host(policy, env, cfg, **kw)
             programs += 1  # one agent step (HostAgent) per grid
         compile_time += whole.compile_time
         for c, (d, big_h, h) in enumerate(group):
             out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
-    ordered = {(d, h): out[d, h] for d in delays for h in horizons if (d, h) in out}
-    return ordered, skipped, programs, compile_time
+    return Sweep(
+        delays=delays,
+        horizons=horizons,
+        cells={(d, h): out[d, h] for d in delays for h in horizons if (d, h) in out},
+        skipped=skipped,
+        programs=programs,
+        wall_time=time.perf_counter() - t0,
+        compile_time=compile_time,
+        delay_steps=steps_of,
+    )
 
 
 def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
