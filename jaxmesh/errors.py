@@ -8,13 +8,17 @@ import threading
 from typing import Any
 
 
-class BadValueError(ValueError):
+class _Partial(Exception):
+    """An error of a run: ``partial_result`` is set when the run stops."""
+
+    partial_result: Any = None
+
+
+class BadValueError(_Partial, ValueError):
     """A bad value met while running (a discrete action out of range, a NaN
     action or reward), raised after the segment it happened in; ``episode``,
     ``seed``, ``step`` (0-based), ``lane`` and ``value`` name where.
     """
-
-    partial_result: Any = None
 
     def __init__(self, message: str, *, episode, seed, step, lane, value, kind):
         super().__init__(message)
@@ -22,13 +26,11 @@ class BadValueError(ValueError):
         self.lane, self.value, self.kind = lane, value, kind
 
 
-class EnvError(RuntimeError):
+class EnvError(_Partial, RuntimeError):
     """An env raised while a run reset or stepped it (its exception is
     ``__cause__``); ``episode``, ``seed``, ``lane``, ``step`` (None while
     resetting) and ``server`` (None in process) name where.
     """
-
-    partial_result: Any = None
 
     def __init__(self, message: str, **where):
         super().__init__(message)
@@ -53,12 +55,10 @@ def describe_env_error(what: str, episode, seed, lane, step, server=None) -> str
     )
 
 
-class RemoteError(RuntimeError):
+class RemoteError(_Partial, RuntimeError):
     """A served env failed: the server, the connection or the env behind it;
     ``address``: the server's (``host:port``), ``code``: the gRPC status code
     name (e.g. ``"UNAVAILABLE"``) or None."""
-
-    partial_result: Any = None
 
     def __init__(self, message: str, *, address: str, code: str | None = None):
         super().__init__(message)
@@ -95,35 +95,29 @@ class RemoteConnectionError(RemoteError, ConnectionError):
     out."""
 
 
-class WorkerError(RuntimeError):
+class WorkerError(_Partial, RuntimeError):
     """A worker process stepping a host env's lanes died twice while running
     the same episode (``episode``, ``seed``)."""
-
-    partial_result: Any = None
 
     def __init__(self, message: str, *, episode: int, seed: int):
         super().__init__(message)
         self.episode, self.seed = episode, seed
 
 
-class RemotePolicyError(RuntimeError):
+class RemotePolicyError(_Partial, RuntimeError):
     """A policy served over openpi's protocol (at the ``ws://`` ``address``)
     failed: unreachable, refused, closed, a server error, a timeout, or a reply
     without usable ``actions``."""
-
-    partial_result: Any = None
 
     def __init__(self, message: str, *, address: str):
         super().__init__(message)
         self.address = address
 
 
-class HostPolicyError(RuntimeError):
+class HostPolicyError(_Partial, RuntimeError):
     """A ``jaxmesh.HostPolicy``'s ``fn`` raised (its exception is ``__cause__``)
     or returned the wrong shape; ``lanes``: the call's, ``episodes`` and
     ``seeds``: theirs."""
-
-    partial_result: Any = None
 
     def __init__(
         self,

@@ -212,20 +212,6 @@ def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> An
     return out
 
 
-def env_info(env: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
-    """A JAX env's info leaves (shapes only); None without ``step_with_info``."""
-    step = getattr(env, "step_with_info", None)
-    if step is None:
-        return None
-
-    def one_step(key):
-        _, state = env.reset(key)
-        action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
-        return step(key, state, action)[5]
-
-    return info_leaves(jax.eval_shape(one_step, KEY))
-
-
 def success_at_reset(env: Any, key: str | None) -> bool:
     """Whether a JAX env's ``reset_with_info`` gives ``key`` as one number."""
     reset = getattr(env, "reset_with_info", None)
@@ -248,8 +234,8 @@ def engine_metrics(
     auto = not asked.named and not isinstance(asked.success, str)
     if auto and asked.success is False:
         return (), None
-    info = env_info(env)
-    if info is None:
+    step = getattr(env, "step_with_info", None)
+    if step is None:
         if auto:  # auto success: only when the info has the key
             return (), None
         raise ValueError(
@@ -259,6 +245,13 @@ def engine_metrics(
             "gymnax and brax envs have one: add it to your env, or drop "
             "metrics="
         )
+
+    def one_step(key):
+        _, state = env.reset(key)
+        action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
+        return step(key, state, action)[5]
+
+    info = info_leaves(jax.eval_shape(one_step, KEY))
     named, success = resolve_metrics(asked, info, name)
     keys = [n for n, _ in named] + ([success] if success else [])
     for key in keys:
