@@ -5,8 +5,8 @@ process would plan it (docs/serving.md, "jaxmesh's own protocol: RemotePolicy").
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import itertools
 import threading
 import time
@@ -144,22 +144,30 @@ MAX_IDLE_POOLS = 16
 MAX_LANES = 4096
 
 
+def _compile(pol: Any, spec: Any, settings: Any, params: Any, size: int) -> tuple:
+    """A pool's (config, init, step) for ``size`` lanes (no cycle to the pool)."""
+    settings = settings._replace(num_envs=size)
+    cfg, _, init, step, _ = agent_functions(pol, spec, settings, params, packed=True)
+    return cfg, init, step
+
+
 class Pool:
     """The lanes of the sessions that share one agent program, resized (their
     states moved) when a session joins or leaves; ``lock`` held by a step and
     by a resize."""
 
     def __init__(self, pol: Any, params: Any, spec: Any, settings: Any):
-        self.pol, self.params, self.spec = pol, params, spec
-        self.settings = settings  # the plan tile pinned to the sessions'
-        self.layout = spec.layout
+        self.params, self.layout = params, spec.layout
         self.lock = threading.Lock()
         self.sessions: list[PolicySession] = []
         self.size = 0
         self.state: Any = None
         self.rows = 0
-        #: size -> (config, init, step), least recently used first.
-        self._programs: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+        #: size -> (config, init, step), the least recently used dropped
+        #: (``settings``: the plan tile pinned to the sessions').
+        self.program = functools.lru_cache(MAX_PROGRAMS)(
+            functools.partial(_compile, pol, spec, settings, params)
+        )
         k = jax.eval_shape(jax.random.PRNGKey, 0)
         self._key = (tuple(k.shape), k.dtype)
         self.leaves = self.layout.empty((0,))
@@ -173,27 +181,10 @@ class Pool:
     def lanes(self) -> int:
         return sum(s.slots.size for s in self.sessions)
 
-    def _program(self, size: int) -> tuple:
-        program = self._programs.get(size)
-        if program is None:
-            settings = self.settings._replace(num_envs=size)
-            cfg, _, init, step, _ = agent_functions(
-                self.pol, self.spec, settings, self.params, packed=True
-            )
-            program = self._programs[size] = (cfg, init, step)
-            while len(self._programs) > MAX_PROGRAMS:
-                self._programs.popitem(last=False)
-        self._programs.move_to_end(size)
-        return program
-
-    @property
-    def programs(self) -> int:
-        return len(self._programs)
-
     def _resize(self, size: int, keep: list[PolicySession]) -> None:
         """``size`` lanes, the sessions ``keep`` first (their lanes' state,
         observations, keys and steps moved along); the rest free."""
-        self.cfg, init, self.step = self._program(size)
+        self.cfg, init, self.step = self.program(size)
         self.skipping = agent.can_skip(self.cfg)
         leaves = self.layout.empty((size,), aligned=True)
         keys = np.zeros((size, *self._key[0]), self._key[1])
@@ -495,7 +486,8 @@ class Pools:
         return Forward(replies, len(rows), time.perf_counter() - t0)
 
     def compiled(self) -> int:
-        return sum(p.programs for pools in self._pools.values() for p in pools)
+        pools = [p for pools in self._pools.values() for p in pools]
+        return sum(p.program.cache_info().currsize for p in pools)
 
 
 __all__ = ["Pool", "Pools", "PolicySession", "spec_from_wire", "spec_to_wire"]

@@ -25,8 +25,6 @@ from jaxmesh.serve.forward import RequestError
 
 SERVICE = "jaxmesh.policy.v1.PolicyService"
 METHOD = f"/{SERVICE}/Session"
-#: ``PolicyServer(idle_timeout=)``'s default, in seconds.
-IDLE_TIMEOUT = 300.0
 
 
 class _IdleWatch:
@@ -120,7 +118,7 @@ class GrpcService:
         max_message_bytes: int,
         max_connections: int,
         max_inflight_bytes: int,
-        idle_timeout: float = IDLE_TIMEOUT,
+        idle_timeout: float,
     ):
         self.pools, self.batcher, self.host, self.port = pools, batcher, host, port
         self.token, self.credentials = token, credentials
@@ -182,7 +180,14 @@ class GrpcService:
         held = 0  # the bytes of this stream's latest message
         refuse = functools.partial(context.abort, grpc.StatusCode.INVALID_ARGUMENT)
         try:
-            for data in _heard(requests, idle, stream, context):
+            while True:
+                # A client that takes no reply is idle too (waits from then).
+                idle.waits(stream, context)
+                try:
+                    data = next(requests)
+                except (StopIteration, grpc.RpcError):
+                    return
+                idle.heard(stream)
                 held = self._hold(held, len(data), context)
                 try:
                     msg = codec.unpackb(data, max_bytes=self.max_bytes)
@@ -239,19 +244,6 @@ class GrpcService:
                 "retry later",
             )
         return size
-
-
-def _heard(requests: Any, idle: _IdleWatch, stream: int, context: Any) -> Any:
-    """The stream's messages, ``idle`` watching each wait for the next (from
-    the previous reply's hand-over: a client that takes no reply is idle)."""
-    while True:
-        idle.waits(stream, context)
-        try:
-            data = next(requests)
-        except (StopIteration, grpc.RpcError):
-            return
-        idle.heard(stream)
-        yield data
 
 
 __all__ = ["GrpcService", "METHOD", "SERVICE"]

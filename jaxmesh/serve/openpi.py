@@ -194,13 +194,19 @@ class OpenpiService:
             # A batch this request completes runs here, on the loop (no
             # other connection's request waits on it meanwhile).
             future = self.batcher.run_ready(prepared, lazy=True)
-            if not future.done() and not self._poke_pending:
-                assert self._loop is not None
-                self._poke_pending = True
-                self._loop.call_later(self.batcher.max_wait, self._poke)
-            reply = await self._reply(closed, future)
-            if reply is None:  # the client went while its request waited
-                return None
+            if not future.done():
+                if not self._poke_pending:
+                    assert self._loop is not None
+                    self._poke_pending = True
+                    self._loop.call_later(self.batcher.max_wait, self._poke)
+                waiting = asyncio.wrap_future(future)
+                await asyncio.wait(
+                    (waiting, closed), return_when=asyncio.FIRST_COMPLETED
+                )
+                if not waiting.done():  # the client went: dropped unless it runs
+                    waiting.cancel()  # cancels ``future``
+                    return None
+            reply = future.result()
             timing = {"infer_ms": (time.perf_counter() - start) * 1000.0}
             if prev is not None:
                 timing["prev_total_ms"] = prev * 1000.0
@@ -211,18 +217,6 @@ class OpenpiService:
         except Exception:  # noqa: BLE001 - reported to this client only
             await self._fail(ws, traceback.format_exc())
         return None
-
-    async def _reply(self, closed: asyncio.Future, future: Any) -> Any:
-        """The request's ``BatchReply``, or None when the connection closes
-        first (the request is dropped unless its forward began)."""
-        if future.done():  # its batch ran in run_ready, on this loop
-            return future.result()
-        waiting = asyncio.wrap_future(future)
-        await asyncio.wait((waiting, closed), return_when=asyncio.FIRST_COMPLETED)
-        if not waiting.done():
-            waiting.cancel()  # cancels ``future``
-            return None
-        return waiting.result()
 
     def _poke(self) -> None:
         self._poke_pending = False

@@ -189,7 +189,11 @@ class WebsocketClient:
                 f"refused the connection (HTTP {status}: {body}){fix}"
             ) from None
         except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
-            raise self._unreachable(e) from None
+            raise self._error(
+                f"cannot be reached ({type(e).__name__}: {e}): start one there "
+                "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
+                "scripts/serve_policy.py), or check the address"
+            ) from None
         try:
             # Writes time out after `timeout` s (a socket timeout would end
             # the blocking reads of websockets' thread too): see infer_rows.
@@ -215,13 +219,6 @@ class WebsocketClient:
             ws.close()
             raise
         return ws, metadata
-
-    def _unreachable(self, e: BaseException) -> RemotePolicyError:
-        return self._error(
-            f"cannot be reached ({type(e).__name__}: {e}): start one there "
-            "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
-            "scripts/serve_policy.py), or check the address"
-        )
 
     def _take(self, want: int) -> list[ClientConnection]:
         """Up to ``want`` connections for one thread (at least one)."""
@@ -439,13 +436,9 @@ class WebsocketPolicy(HostPolicy):
             said = None if codes is None else decode_prompt(codes[i])
             return codec.packb(self.inputs(row, said))
 
-        return self._actions(self.client.infer_rows(leaves[0].shape[0], frame))
-
-    def _actions(self, replies: list[Any]) -> np.ndarray:
-        """The replies' ``actions``, stacked: ``[B, K, *A]`` or ``[B, *A]``."""
         k = self.native_chunk
-        out = []
-        for reply in replies:
+        out = []  # each reply's actions, stacked: [B, K, *A] or [B, *A]
+        for reply in self.client.infer_rows(leaves[0].shape[0], frame):
             actions = reply.get("actions") if isinstance(reply, dict) else None
             if actions is None:
                 what = (
