@@ -50,14 +50,13 @@ class Ray:
 
     def __post_init__(self) -> None:
         n = self.num_workers
-        if n is not None and (
-            isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1
-        ):
-            raise (ValueError if isinstance(n, numbers.Integral) else TypeError)(
-                f"Ray(num_workers={n!r}): expected an int >= 1 (the actors that step "
-                "the lanes) or None (one per num_cpus_per_worker CPUs of the cluster)"
-            )
         if n is not None:
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise (ValueError if isinstance(n, numbers.Integral) else TypeError)(
+                    f"Ray(num_workers={n!r}): expected an int >= 1 (the actors that "
+                    "step the lanes) or None (one per num_cpus_per_worker CPUs of the "
+                    "cluster)"
+                )
             object.__setattr__(self, "num_workers", int(n))
         if self.address is not None and (
             not isinstance(self.address, str) or not self.address.strip()

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxmesh import adapt
 from jaxmesh.adapt import WHOLE_OBS
 from jaxmesh.envs import make_env
+from jaxmesh.params import _jsonable
 from jaxmesh.run.checks import human_bytes
 from jaxmesh.run.instructions import source
 from jaxmesh.types import PolicyLike
@@ -61,7 +62,7 @@ class InputInfo:
     instruction: dict[str, str] | None = None
 
     def to_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
+        return _jsonable(dataclasses.asdict(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Explanation:
         return self.total_bytes <= self.limit_bytes
 
     def to_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
+        return _jsonable(dataclasses.asdict(self))
 
     def __str__(self) -> str:
         who = f"{self.policy} on " if self.policy else ""
@@ -146,14 +147,6 @@ class Explanation:
                 f"({status} the limit of {human_bytes(self.limit_bytes)}, {LIMIT_ENV})",
             ]
         )
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    return v
 
 
 def frame_limit_bytes() -> int:
