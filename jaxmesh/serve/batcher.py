@@ -245,23 +245,26 @@ class Batcher:
         """The next batch (its futures running), or None once closed."""
         with self._cond:
             while True:
-                while (not self._queue or self._busy) and not self._closed:
-                    self._cond.wait()
+                self._cond.wait_for(
+                    lambda: (self._queue and not self._busy) or self._closed
+                )
                 if self._closed:
                     return None
                 head = self._queue[0]
                 deadline = head.arrived + self.max_wait
                 sig = head.prepared.signature
-                while not self._closed and not self._complete(sig):
+
+                def gone(head: _Item = head) -> bool:  # run_ready ran it (or runs)
+                    return self._busy or not self._queue or self._queue[0] is not head
+
+                while not (self._closed or self._complete(sig) or gone()):
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
                     self._cond.wait(left)
-                    if self._busy or not self._queue or self._queue[0] is not head:
-                        break  # run_ready ran it (or runs)
                 if self._closed:
                     return None
-                if self._busy or not self._queue or self._queue[0] is not head:
+                if gone():
                     continue
                 live = self._pop(sig)
                 if live:

@@ -101,20 +101,6 @@ class Forward(NamedTuple):
     seconds: float
 
 
-def _refused(spec: Mapping[str, Any] | None, recurrent: bool) -> list[str]:
-    why = []
-    if recurrent:
-        why.append("the model is recurrent (it defines initial_state)")
-    for name, decl in (spec or {}).items():
-        if isinstance(decl, adapt.Previous):
-            why.append(f"input {name!r} is Previous (the last executed action)")
-        elif isinstance(decl, adapt.PendingChunk):
-            why.append(f"input {name!r} is PendingChunk (the previous chunk's tail)")
-        elif getattr(decl, "stack", 1) > 1:
-            why.append(f"input {name!r} keeps a window of {decl.stack} frames")
-    return why
-
-
 def _array(value: Any, where: str) -> np.ndarray:
     """``value`` as an array of numbers or bools in JAX's dtype."""
     try:
@@ -156,11 +142,6 @@ def _layout(inputs: dict, spec: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{name(path)} {Leaf(x.shape, x.dtype)}" for path, x in leaves)
 
 
-def _signature(inputs: dict) -> tuple:
-    leaves, treedef = jax.tree.flatten(inputs)
-    return treedef, tuple((x.shape, x.dtype.str) for x in leaves)
-
-
 class ServedModel:
     """A model ready to serve (its ``load`` runs here; arguments as
     ``PolicyServer``'s). ValueError: it keeps state per episode, or a bad
@@ -181,7 +162,18 @@ class ServedModel:
                 "requests one forward takes)"
             )
         pol = resolve_policy(model, with_params=False)
-        why = _refused(pol.spec, pol.initial_state is not None)
+        why = []
+        if pol.initial_state is not None:
+            why.append("the model is recurrent (it defines initial_state)")
+        for name, decl in (pol.spec or {}).items():
+            if isinstance(decl, adapt.Previous):
+                why.append(f"input {name!r} is Previous (the last executed action)")
+            elif isinstance(decl, adapt.PendingChunk):
+                why.append(
+                    f"input {name!r} is PendingChunk (the previous chunk's tail)"
+                )
+            elif getattr(decl, "stack", 1) > 1:
+                why.append(f"input {name!r} keeps a window of {decl.stack} frames")
         if why:
             raise ValueError(
                 f"cannot serve policy {pol.name!r}: {'; '.join(why)}. A served "
@@ -364,7 +356,8 @@ class ServedModel:
                     inputs[name] = self._checked(decl.key, obs[decl.key])
                 else:
                     inputs[name] = _array(obs[decl.key], f"observation[{decl.key!r}]")
-        sig = _signature(inputs)
+        leaves, treedef = jax.tree.flatten(inputs)
+        sig = treedef, tuple((x.shape, x.dtype.str) for x in leaves)
         if sig in self._bad:
             raise RequestError(self._bad[sig])
         return Prepared(inputs, sig)

@@ -247,10 +247,9 @@ class WebsocketClient:
                 took.append(self._connect()[0])
                 new -= 1
         except BaseException:
-            self._give(took, [])
             with self._cond:
                 self._open -= new
-                self._cond.notify_all()
+            self._give(took, [])
             raise
         return took
 
@@ -343,10 +342,7 @@ class WebsocketClient:
                 return
             self._closed = True
             idle, self._idle = self._idle, []
-            self._open -= len(idle)
-            self._cond.notify_all()
-        for ws in idle:
-            ws.close()
+        self._give([], idle)
 
 
 class WebsocketPolicy(HostPolicy):
