@@ -70,14 +70,8 @@ class BraxEnv:
         truncated = limit
         if self.episode_length is not None:
             truncated = truncated | (t >= self.episode_length)
-        return (
-            bstate.obs,
-            (bstate, t),
-            jnp.asarray(bstate.reward, jnp.float32),
-            done & ~limit,
-            truncated,
-            dict(bstate.metrics),
-        )
+        reward, info = jnp.asarray(bstate.reward, jnp.float32), dict(bstate.metrics)
+        return bstate.obs, (bstate, t), reward, done & ~limit, truncated, info
 
     def render_state(self, state: Any) -> dict:
         """The ``RENDER_FIELDS`` a lane's pipeline state has (``Record.states``)."""

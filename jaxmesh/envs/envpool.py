@@ -147,33 +147,22 @@ class EnvPoolEnv:
         self.action_dtype = self.specs.action_dtype
         self.num_actions = self.specs.num_actions
 
-    def _obs(self) -> Any:
-        return _zeros(self.specs.leaf("obs"))
-
-    def _info(self) -> dict:
-        leaf = self.specs.leaf
-        return {k.removeprefix("info:"): _zeros(leaf(k)) for k in self.specs.info_keys}
-
     def reset(self, key: jax.Array):
         """Shapes only; the state is a digest of the task and its options
         (which ``resume=``'s env digest traces)."""
         text = repr((self.task_id, sorted(self.kwargs.items())))
         digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4]) >> 1
-        return self._obs(), jnp.int32(digest)
+        return _zeros(self.specs.leaf("obs")), jnp.int32(digest)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array):
         return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """Shapes only (see ``reset``)."""
-        return (
-            self._obs(),
-            state,
-            jnp.float32(0),
-            jnp.bool_(False),
-            jnp.bool_(False),
-            self._info(),
-        )
+        keys = self.specs.info_keys
+        info = {k.removeprefix("info:"): _zeros(self.specs.leaf(k)) for k in keys}
+        obs = self.reset(key)[0]
+        return obs, state, jnp.float32(0), jnp.bool_(False), jnp.bool_(False), info
 
     def step_lanes(self, *args: Any) -> Any:
         raise TypeError(
@@ -241,14 +230,8 @@ class BoundPool(EnvPoolEnv):
         trunc = out["trunc"]
         terminated = out["done"] & ~trunc  # EnvPool's gymnasium rule
         info = {k.removeprefix("info:"): out[k] for k in self.specs.info_keys}
-        return (
-            out["obs"],
-            state,
-            out["reward"].astype(jnp.float32),
-            terminated,
-            trunc,
-            info,
-        )
+        reward = out["reward"].astype(jnp.float32)
+        return out["obs"], state, reward, terminated, trunc, info
 
     def _round(self, target: jax.Array, action: jax.Array) -> dict:
         """One send of ``action`` to envs ``target`` and its receive, in lane

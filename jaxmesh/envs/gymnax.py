@@ -59,14 +59,9 @@ class GymnaxEnv:
 
 def _step(env: Any, key: jax.Array, state: Any, action: jax.Array, params: Any):
     obs, state, reward, terminated, info = env.step_env(key, state, action, params)
-    return (
-        obs,
-        state,
-        jnp.asarray(reward, jnp.float32),
-        jnp.asarray(terminated, bool),
-        jnp.asarray(env.is_truncated(state, params), bool),
-        info,
-    )
+    reward, terminated = jnp.asarray(reward, jnp.float32), jnp.asarray(terminated, bool)
+    truncated = jnp.asarray(env.is_truncated(state, params), bool)
+    return obs, state, reward, terminated, truncated, info
 
 
 def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
@@ -160,11 +155,5 @@ def task_batch(envs: list[GymnaxEnv]) -> GymnaxTasks | None:
         lambda *p: jnp.asarray(np.stack([np.asarray(x) for x in p])),
         *[e.params for e in envs],
     )
-    return GymnaxTasks(
-        first.env,
-        stacked,
-        first.name,
-        first.action_shape,
-        first.action_dtype,
-        first.num_actions,
-    )
+    same = (first.name, first.action_shape, first.action_dtype, first.num_actions)
+    return GymnaxTasks(first.env, stacked, *same)

@@ -29,20 +29,15 @@ def did_you_mean(
     return f"did you mean {names}?"
 
 
-def unknown_id(kind: str, given: str, registered: Iterable[str], how: str) -> str:
-    """One paragraph for an unknown ``kind`` id: the closest ones, else every
-    registered id; ``how`` (how to list or register ids) ends it."""
-    registered = sorted(registered)
-    hint = did_you_mean(given, registered)
-    if not hint:
-        hint = f"registered: {', '.join(registered)}."
-    return f"unknown {kind} {given!r}; {hint} ({how})"
-
-
 def check_id(kind: str, given: str, registered: Iterable[str], how: str) -> None:
-    """ValueError (:func:`unknown_id`) unless ``given`` is in ``registered``."""
+    """ValueError unless ``given`` is in ``registered``, naming the closest ids
+    (else every one) and ``how`` to list or register them."""
     if given not in registered:
-        raise ValueError(unknown_id(kind, given, registered, how))
+        registered = sorted(registered)
+        hint = (
+            did_you_mean(given, registered) or f"registered: {', '.join(registered)}."
+        )
+        raise ValueError(f"unknown {kind} {given!r}; {hint} ({how})")
 
 
 def need(module: str, env_id: str, extra: str, what: str = "") -> Any:
@@ -53,6 +48,3 @@ def need(module: str, env_id: str, extra: str, what: str = "") -> Any:
         raise ImportError(
             f"env {env_id!r} needs {what or extra}: pip install 'jaxmesh[{extra}]'"
         ) from e
-
-
-__all__ = ["check_id", "did_you_mean", "need", "unknown_id"]
