@@ -95,34 +95,21 @@ class PlaygroundEnv:
         dt = step_seconds(self.env)
         return None if dt is None else dt * self.action_repeat
 
-    def draw(self, key: jax.Array) -> tuple:
-        """The model leaves the randomizer changes, drawn from an episode's key."""
-        if self.randomize is None:
-            return ()
-        model = self.randomize(
-            self.env.mjx_model, jax.random.fold_in(key, RANDOMIZE_STREAM)
-        )
-        leaves = jax.tree.leaves(model)
-        return tuple(x for x, c in zip(leaves, self._changed, strict=True) if c)
-
-    def model(self, drawn: tuple) -> Any:
-        """The env's model with a lane's drawn leaves in place."""
-        if not drawn:
-            return self.env.mjx_model
-        base, treedef = jax.tree.flatten(self.env.mjx_model)
-        it = iter(drawn)
-        changed = zip(base, self._changed, strict=True)
-        return jax.tree.unflatten(treedef, [next(it) if c else x for x, c in changed])
-
     @contextlib.contextmanager
     def _with_model(self, drawn: tuple):
-        # As Playground's BraxDomainRandomizationVmapWrapper swaps it.
-        inner = self.env.unwrapped
+        """The env with a lane's drawn leaves in its model, as Playground's
+        BraxDomainRandomizationVmapWrapper swaps them."""
         if not drawn:
             yield self.env
             return
+        inner = self.env.unwrapped
+        base, treedef = jax.tree.flatten(self.env.mjx_model)
+        it = iter(drawn)
+        changed = zip(base, self._changed, strict=True)
         old = inner._mjx_model
-        inner._mjx_model = self.model(drawn)
+        inner._mjx_model = jax.tree.unflatten(
+            treedef, [next(it) if c else x for x, c in changed]
+        )
         try:
             yield self.env
         finally:
@@ -147,7 +134,12 @@ class PlaygroundEnv:
         return jax.jit(self._reset), jax.jit(self._step)
 
     def _reset(self, key: jax.Array):
-        drawn = self.draw(key)
+        drawn = ()
+        if self.randomize is not None:  # the model leaves it changes
+            key_r = jax.random.fold_in(key, RANDOMIZE_STREAM)
+            model = self.randomize(self.env.mjx_model, key_r)
+            leaves = zip(jax.tree.leaves(model), self._changed, strict=True)
+            drawn = tuple(x for x, c in leaves if c)
         with self._with_model(drawn) as env:
             state = env.reset(key)
         return state.obs, (state, jnp.int32(0), drawn)
@@ -162,14 +154,9 @@ class PlaygroundEnv:
         t = t + 1
         terminated = jnp.asarray(pstate.done, jnp.float32) > 0.5
         truncated = jnp.zeros((), bool) if self.limit is None else t >= self.limit
-        return (
-            pstate.obs,
-            (pstate, t, drawn),
-            jnp.asarray(pstate.reward, jnp.float32),
-            terminated,
-            truncated,
-            self._info(pstate, drawn),
-        )
+        reward = jnp.asarray(pstate.reward, jnp.float32)
+        info = self._info(pstate, drawn)
+        return pstate.obs, (pstate, t, drawn), reward, terminated, truncated, info
 
     def _info(self, pstate: Any, drawn: tuple) -> dict:
         info = dict(pstate.metrics)
