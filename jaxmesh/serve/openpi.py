@@ -143,40 +143,37 @@ class OpenpiService:
         self._connections += 1
         self.batcher.connect()
         closed = asyncio.ensure_future(ws.wait_closed())
+        prev_total: float | None = None
         try:
             await ws.send(self.metadata)
-            await self._serve(ws, closed)
+            while True:
+                message = await ws.recv()
+                start = time.perf_counter()
+                size = len(message)
+                if self._inflight + size > self.max_inflight_bytes:
+                    await self._fail(
+                        ws,
+                        f"RequestError: a request of {size} bytes while the server "
+                        f"holds {self._inflight} bytes of requests (at most "
+                        f"{self.max_inflight_bytes} at once); retry later",
+                    )
+                    return
+                self._inflight += size
+                try:
+                    out = await self._answer(ws, closed, message, start, prev_total)
+                finally:
+                    self._inflight -= size
+                    del message
+                if out is None:
+                    return
+                await ws.send(out)
+                prev_total = time.perf_counter() - start
         except ConnectionClosed:
             pass
         finally:
             closed.cancel()
             self.batcher.disconnect()
             self._connections -= 1
-
-    async def _serve(self, ws: ServerConnection, closed: asyncio.Future) -> None:
-        prev_total: float | None = None
-        while True:
-            message = await ws.recv()
-            start = time.perf_counter()
-            size = len(message)
-            if self._inflight + size > self.max_inflight_bytes:
-                await self._fail(
-                    ws,
-                    f"RequestError: a request of {size} bytes while the server "
-                    f"holds {self._inflight} bytes of requests (at most "
-                    f"{self.max_inflight_bytes} at once); retry later",
-                )
-                return
-            self._inflight += size
-            try:
-                out = await self._answer(ws, closed, message, start, prev_total)
-            finally:
-                self._inflight -= size
-                del message
-            if out is None:
-                return
-            await ws.send(out)
-            prev_total = time.perf_counter() - start
 
     async def _answer(
         self,
