@@ -637,12 +637,9 @@ class EnvListStepper(GymStepper):
         self._setup(layout)
 
     def step_envs(self, lanes, actions, busy=None) -> list:
-        """``env.step(a)`` of each of ``lanes`` (None: the first ones): their
-        5-tuples, or LaneError; ``busy[j]`` is set while lane j steps."""
+        """``env.step(a)`` of each of ``lanes``: their 5-tuples, or LaneError;
+        ``busy[j]`` is set while lane j steps."""
         envs, out = self.envs, []
-        if lanes is None:  # the first lanes, as many as there are actions
-            lanes = range(min(len(envs), len(actions)))
-            actions = actions[: len(lanes)]
         try:
             for j, a in zip(lanes, actions, strict=True):
                 if busy is not None:
@@ -657,6 +654,19 @@ class EnvListStepper(GymStepper):
             raise LaneError(lane, "stepping", exc) from exc
         return out
 
+    def step_lanes(self, lanes, actions, into=None, busy=None) -> tuple:
+        """One step of each of ``lanes`` (``actions``: the env's own values, one
+        per lane), the ended ones marked: (observations stacked, into ``into``
+        where it fits, rewards, terminated, truncated, infos); LaneError."""
+        acts = actions.tolist() if self.discrete else actions
+        o, r, te, tr, infos = zip(*self.step_envs(lanes, acts, busy), strict=True)
+        obs = self.stepped_obs(o, lanes, into)
+        term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
+        done = term | trunc
+        if done.any():
+            self.ended[lanes] |= done
+        return obs, np.asarray(r, np.float64), term, trunc, infos
+
     def step_each(self, lanes, actions, want_obs, info_keys) -> ResultBatch | None:
         # Live lanes with no deadline, the observation asked for: the batch in a
         # few numpy calls.
@@ -666,18 +676,15 @@ class EnvListStepper(GymStepper):
         deadline = self.deadline
         if self.ended[lanes].any() or any(deadline[j] is not None for j in lane_list):
             return None
-        out = self.step_envs(lane_list, actions.tolist() if self.discrete else actions)
-        o, r, te, tr, infos = zip(*out, strict=True)
-        obs = self.stepped_obs(o, lane_list, self._into(len(lane_list)))
-        term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
-        self.ended[lanes] = term | trunc
+        into = self._into(len(lane_list))
+        obs, r, term, trunc, infos = self.step_lanes(lane_list, actions, into)
         ones = np.ones(len(lane_list), np.int64)
         info, present = info_leaves(infos, info_keys) if info_keys else ({}, {})
         return ResultBatch(
             lanes.astype(np.int64, copy=False),
             ones,
             ones,
-            np.asarray(r, np.float64),
+            r,
             term,
             trunc,
             obs,

@@ -113,7 +113,7 @@ class _LaneView:
         seconds = [max_episode_seconds or 0.0] * len(order)
         ascending = [lanes[i] for i in order]
         args = (ascending, [int(seeds[i]) for i in order], options, seconds)
-        info, present, texts, obs = self._reset(args, tuple(text_keys), back, lanes)
+        info, present, texts, obs = self._reset(args, tuple(text_keys), back)
         self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
         self.reset_info, where = {}, f"{self.spec.name} reset"
         for key, values in info.items():
@@ -131,7 +131,7 @@ class LocalAdapter(_LaneView):
         self._view(lanes, where)
 
     @_env_errors
-    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray, lanes) -> tuple:
+    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray) -> tuple:
         batch = self.lanes.reset(*args, info_keys=self.info_keys, text_keys=text_keys)
         obs = {name: rows[back] for name, rows in batch.observation.items()}
         return batch.info, batch.info_present, self.lanes.reset_text, obs
@@ -161,33 +161,24 @@ class EnvLanes(LocalAdapter):
         leaves ``[n, ...]``): (reward float32, terminated, truncated) ``[n]``,
         0 / False for lanes not in ``go``."""
         n = go.shape[0]
-        reward = np.zeros(n, np.float32)
-        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
         values = env_actions(self.action_space, actions)
-        # Python ints for a Discrete space (what its step expects).
-        acts = values.tolist() if values.ndim == 1 else values
-        stepper = self.lanes
-        if np.count_nonzero(go) == n:  # the usual step: every lane, no index lists
-            lanes: Any = slice(None)
-            out = stepper.step_envs(None, acts)
+        stepper, infos = self.lanes, ()
+        if n and np.count_nonzero(go) == n:  # the usual step: no index lists
+            lanes: Any = range(n)
+            into = {k: obs[k][:n] for k in stepper.layout.names}  # stacked in place
+            _, r, term, trunc, infos = stepper.step_lanes(lanes, values, into)
+            reward = r.astype(np.float32)
         else:
+            reward = np.zeros(n, np.float32)
+            term, trunc = np.zeros(n, bool), np.zeros(n, bool)
             lanes = np.flatnonzero(go).tolist()
-            out = stepper.step_envs(lanes, [acts[j] for j in lanes])
-        infos: tuple = ()
-        if out:
-            o, r, te, tr, infos = zip(*out, strict=True)
-            if isinstance(lanes, slice):  # rows 0 .. m-1: stacked in place
-                into = {k: obs[k][: len(o)] for k in stepper.layout.names}
-                stepper.layout.stack(o, range(len(o)), into)
-            else:
-                for name, rows in stepper.layout.stack(o, lanes).items():
-                    obs[name][lanes] = rows
-            reward[lanes], term[lanes], trunc[lanes] = r, te, tr
-            if any(te) or any(tr):  # the stepper's state: these episodes ended
-                stepper.ended[:n] |= term | trunc
+            if lanes:
+                rows, r, te, tr, infos = stepper.step_lanes(lanes, values[lanes])
+                for name, leaf in rows.items():
+                    obs[name][lanes] = leaf
+                reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         if self.info_keys:
-            where = range(n) if isinstance(lanes, slice) else lanes
-            self._set_info(n, infos, where, _InfoKeys(infos))
+            self._set_info(n, infos, lanes, _InfoKeys(infos))
         return reward, term, trunc
 
 
@@ -278,23 +269,38 @@ class WorkerEnvLanes(_LaneView):
         slots = self.pool.slots
         return {n: slots["obs:" + n][lanes] for n in self.carried}
 
-    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray, lanes) -> tuple:
+    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray) -> tuple:
         """A worker that dies while resetting is replaced and the reset tried
         once more (its lanes reported ``lost`` by the next ``take``); a second
         death raises ``workers.WorkerLost``, marked with the lane."""
         self.carry()  # every leaf, unless the run named the ones it reads
-        args = (*args, self.info_keys, text_keys)
-        try:
-            info, present, texts = self.pool.reset(*args)
-        except WorkerLost as lost:
-            self.lost_in_reset.update(lost.lanes)
-            self.culprits_in_reset += self.pool.culprits
-            try:
-                info, present, texts = self.pool.reset(*args)
-            except WorkerLost as again:  # the run names the episode reset
-                culprits = self.pool.culprits or again.lanes
-                raise shared.mark_where(again, culprits[0], "resetting") from None
-        return info, present, texts, self._rows(lanes)
+        ascending, seeds, options, seconds = args
+        ops = [
+            shared.Reset(j, seed, opt, c)
+            for j, seed, opt, c in zip(
+                ascending, seeds, options or [None] * len(seeds), seconds, strict=True
+            )
+        ]
+        asked = tuple(dict.fromkeys(self.info_keys + text_keys))
+        kw = dict(want_obs=True, info_keys=asked, keep_all_obs=False)
+        pool = self.pool
+        for again in (False, True):
+            results, lost, _ = pool.run(ops, kw)
+            if not lost:
+                break
+            dead = pool.deaths[0]
+            if again:  # the run names the episode reset
+                exc = WorkerLost(dead.worker, lost, dead.exitcode, dead.pid)
+                raise shared.mark_where(exc, (pool.culprits or lost)[0], "resetting")
+            self.lost_in_reset.update(lost)
+            self.culprits_in_reset += pool.culprits
+        rows = [r.infos[0] if r.infos else {} for r in results]
+        info, present = shared.info_leaves(rows, self.info_keys)
+        texts = {key: [row.get(key) for row in rows] for key in text_keys}
+        obs, dtypes = {}, self.spec.layout.dtypes
+        for n in self.carried:
+            obs[n] = np.asarray([r.obs[0][n] for r in results], dtypes[n])[back]
+        return info, present, texts, obs
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
         """:meth:`EnvLanes.step` in the workers (``lost`` lanes: not stepped)."""

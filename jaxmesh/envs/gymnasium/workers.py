@@ -198,13 +198,8 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
             try:
                 if op == "step":
                     conn.send(_step(lanes, slots, block, obs_names, msg[1]))
-                elif op == "reset":
-                    conn.send(_reset(lanes, slots, block, obs_names, *msg[1:]))
                 elif op == "run":
                     conn.send(("ran", _run(lanes, slots, block, msg[1], msg[2])))
-                elif op in ("release", "forget"):
-                    getattr(lanes, op)(*msg[1:])
-                    conn.send(("ok",))
                 else:
                     conn.send(("error", None, ValueError(f"unknown op {op!r}"), ""))
             except shared.LaneError as err:
@@ -270,11 +265,6 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _write_obs(slots: Slots, names: list[str], rows: Any, leaves: dict) -> None:
-    for name in names:
-        slots["obs:" + name][rows] = leaves[name]
-
-
 def read_infos(infos: Sequence, keys: tuple, lanes, where: str, seen: bool = True):
     """Info values per key as (lane, float) pairs, and the keys the infos had
     (an empty set unless ``seen``)."""
@@ -296,22 +286,17 @@ def read_infos(infos: Sequence, keys: tuple, lanes, where: str, seen: bool = Tru
 
 def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, keys):
     lo = block[0]
-    go = slots["go"][lo : lo + len(block)]
-    local = np.flatnonzero(go).tolist()
+    local = np.flatnonzero(slots["go"][lo : lo + len(block)]).tolist()
     if not local:
         return ("stepped", {}, set())
-    acts = slots["action"][lo : lo + len(block)]
-    values = shared.env_actions(lanes.action_space, acts[local])
-    values = values.tolist() if lanes.discrete else values
+    rows = [lo + j for j in local]
     # ``busy`` names the lane whose env step kills the process, if one does.
     busy = slots["busy"][lo : lo + len(block)]
-    o, r, te, tr, infos = zip(*lanes.step_envs(local, values, busy), strict=True)
-    leaves = lanes.stepped_obs(o, local)
-    rows = [lo + j for j in local]
-    _write_obs(slots, names, rows, leaves)
-    slots["reward"][rows] = r
-    slots["terminated"][rows] = te
-    slots["truncated"][rows] = tr
+    leaves, *out, infos = lanes.step_lanes(local, slots["action"][rows], busy=busy)
+    for name in names:
+        slots["obs:" + name][rows] = leaves[name]
+    for field, values in zip(("reward", "terminated", "truncated"), out, strict=True):
+        slots[field][rows] = values
     info, seen = read_infos(infos, keys, rows, lanes.name) if keys else ({}, set())
     return ("stepped", info, seen)
 
@@ -323,17 +308,10 @@ def _run(lanes: shared.EnvListStepper, slots: Slots, block, ops, kw) -> list:
         busy[lo + op.lane] = True
         out += lanes.run([op], **kw)
         busy[lo + op.lane] = False
+    keys = kw["info_keys"]
+    for r in out:  # the keys asked for alone cross the pipe
+        r.infos = [{k: info[k] for k in keys if k in info} for info in r.infos]
     return out
-
-
-def _reset(lanes, slots, block, names, rows, seeds, options, seconds, keys, texts):
-    lo = block[0]
-    local = [j - lo for j in rows]
-    slots["busy"][rows] = True
-    batch = lanes.reset(local, seeds, options, seconds, info_keys=keys, text_keys=texts)
-    slots["busy"][rows] = False
-    _write_obs(slots, names, rows, batch.observation)
-    return ("reset", batch.info, batch.info_present, lanes.reset_text)
 
 
 def _main_path(source: Any, layout: Any) -> str | None:
@@ -590,7 +568,7 @@ class WorkerPool:
             shared.mark_where(exc, lane, phase[0] if phase else None)
         raise exc
 
-    def _gather(self, ks: list[int], doing: str) -> tuple[dict, list[int]]:
+    def _gather(self, ks: list[int]) -> tuple[dict, list[int]]:
         """Each worker's reply, and the lanes of those that died (replaced by
         now); the first env error is raised once every reply is in."""
         replies: dict[int, tuple] = {}
@@ -598,7 +576,7 @@ class WorkerPool:
         self.culprits, self.deaths = [], []
         for k in ks:
             try:
-                replies[k] = self._recv(k, None, doing)
+                replies[k] = self._recv(k, None, "replying")
             except WorkerLost as dead:
                 lost += self.blocks[k]
                 self.deaths.append(dead)
@@ -611,34 +589,22 @@ class WorkerPool:
                 self._raise(reply, k)
         return replies, lost
 
-    def reset(self, lanes, seeds, options, seconds, info_keys, text_keys) -> tuple:
-        """``EnvListStepper.reset`` of ``lanes`` (ascending) in the workers, the
-        observations into the segment: (info, info_present, reset_text)."""
-        by_worker = self.by_worker(lanes)
-        for k, idx in by_worker.items():
-            mine = [
-                None if xs is None else [xs[i] for i in idx]
-                for xs in (lanes, seeds, options, seconds)
-            ]
-            self.conns[k].send(("reset", *mine, tuple(info_keys), tuple(text_keys)))
-        replies, lost = self._gather(list(by_worker), "resetting")
-        if lost:
-            dead = self.deaths[0]
-            raise WorkerLost(dead.worker, lost, dead.exitcode, dead.pid)
-        m = len(lanes)
-        info: dict = {}
-        present: dict = {}
-        texts: dict = {key: [None] * m for key in text_keys}
-        for k, idx in by_worker.items():
-            _, inf, pres, text = replies[k]
-            for key, vals in inf.items():
-                zeros = np.zeros((m,) + vals.shape[1:], vals.dtype)
-                info.setdefault(key, zeros)[idx] = vals
-                present.setdefault(key, np.zeros(m, bool))[idx] = pres.get(key, True)
-            for key in text_keys:
-                for i, value in zip(idx, text[key], strict=True):
-                    texts[key][i] = value
-        return info, present, texts
+    def run(self, ops: list, kw: dict) -> tuple[list, list[int], dict]:
+        """``EnvListStepper.run`` of ``ops`` (ascending lanes) in the workers
+        owning their lanes: the results, the lanes of workers that died (as
+        ``_gather``), and each worker's ops (their lanes local)."""
+        sent = {}
+        for k, idx in self.by_worker([op.lane for op in ops]).items():
+            lo = self.blocks[k][0]
+            sent[k] = [ops[i]._replace(lane=ops[i].lane - lo) for i in idx]
+            self.conns[k].send(("run", sent[k], kw))
+        replies, lost = self._gather(list(sent))
+        out = []
+        for k in sorted(replies):
+            for r in replies[k][1]:
+                r.lane += self.blocks[k][0]
+                out.append(r)
+        return out, lost, sent
 
     def by_worker(self, lanes: Sequence[int]) -> dict[int, list[int]]:
         """The positions in ``lanes`` of each worker's lanes."""
@@ -666,7 +632,7 @@ class WorkerPool:
         """The replies of workers ``ks`` to ``send``: info values ``{key:
         [(lane, value)]}``, the keys the infos had, and the lanes of workers
         that died in the step (rebuilt, to be reset; no results)."""
-        replies, lost = self._gather(ks, "stepping")
+        replies, lost = self._gather(ks)
         info: dict = {}
         seen: set = set()
         for _, inf, s in replies.values():
@@ -722,91 +688,53 @@ class ProcessStepper(shared.GymStepper):
             pool.close()
             raise
 
-    @property
-    def workers(self) -> int:
-        return self.pool.workers
-
-    def _each(self, per_worker: dict[int, tuple], doing: str) -> dict[int, tuple]:
-        """Sends each worker its message, returns their replies; LaneError (a
-        ``WorkerCrashed``) where a worker died, at the lane whose env call was
-        under way (else its ops' lowest lane, else its first)."""
-        pool = self.pool
-        for k, msg in per_worker.items():
-            pool.conns[k].send(msg)
-        replies, lost = pool._gather(list(per_worker), doing)
-        if lost:
-            dead = pool.deaths[0]
-            killed = dead.worker in pool.killed
-            pool.killed.clear()
-            msg = per_worker[dead.worker]  # a run's ops have local lanes
-            ran = msg[1] if msg[0] == "run" else []
-            mine = {dead.lanes[0] + op.lane: op for op in ran}
-            culprits = [j for j in pool.culprits if j in dead.lanes]
-            lane = (culprits or sorted(mine) or dead.lanes)[0]
-            reset = doing == "stepping" and isinstance(mine.get(lane), shared.Reset)
-            phase = "resetting" if reset else doing
-            where = f" in lane {lane}'s env call" if culprits else ""
-            if killed:
-                exc = WorkerCrashed(
-                    f"worker process {dead.worker} (pid {dead.pid}, lanes "
-                    f"{dead.lanes[0]}..{dead.lanes[-1]}) was killed{where} while "
-                    f"{phase}: the call's client gave up on it (the env may "
-                    "hang). A new worker took its lanes"
-                )
-            else:
-                exc = WorkerCrashed(
-                    f"{dead}{where} while {phase}. A new worker took its lanes: "
-                    "their episodes are lost (reset them to go on); run the env "
-                    "in one process (serve-env without --workers) to see its error"
-                )
-            raise shared.LaneError(lane, phase, exc)
-        return replies
-
     def abandon(self, respawn: bool = True) -> None:
         """``WorkerPool.abandon``: the call under way ends with a ``LaneError``."""
         self.pool.abandon(respawn)
 
-    def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
-        blocks = self.pool.blocks
-        kw = dict(
-            want_obs=want_obs,
-            info_keys=info_keys,
-            keep_all_obs=keep_all_obs,
-            keep_all_info=keep_all_info,
-        )
-        msgs = {}
-        for k, idx in self.pool.by_worker([op.lane for op in ops]).items():
-            mine = [ops[i]._replace(lane=ops[i].lane - blocks[k][0]) for i in idx]
-            msgs[k] = ("run", mine, kw)
-        replies = self._each(msgs, "stepping")
-        out: list[shared.LaneResult] = []
-        for k in sorted(replies):
-            for r in replies[k][1]:
-                r.lane += blocks[k][0]
-                if r.reset:
-                    self._started(r.lane)
-                if r.terminated and (r.terminated[-1] or r.truncated[-1]):
-                    self.ended[r.lane] = True
-                out.append(r)
-        return out
+    def run(self, ops, **kw):
+        # A replay of an ended (or released) lane executes nothing: not sent.
+        skip = [isinstance(op, shared.Replay) and self.ended[op.lane] for op in ops]
+        out = [shared.LaneResult(op.lane) for op, s in zip(ops, skip, strict=True) if s]
+        ops = [op for op, s in zip(ops, skip, strict=True) if not s]
+        results, lost, sent = self.pool.run(ops, kw)
+        if lost:
+            self._crashed(sent)
+        for r in results:
+            if r.reset:
+                self._started(r.lane)
+            if r.terminated and (r.terminated[-1] or r.truncated[-1]):
+                self.ended[r.lane] = True
+        out += results
+        return sorted(out, key=lambda r: r.lane)
 
-    def release(self, lanes: Sequence[int]) -> None:
-        super().release(lanes)
-        lanes, blocks = [int(j) for j in lanes], self.pool.blocks
-        msgs = {}
-        for k, idx in self.pool.by_worker(lanes).items():
-            msgs[k] = ("release", [lanes[i] - blocks[k][0] for i in idx])
-        self._tell("release", msgs)
-
-    def forget(self) -> None:
-        super().forget()
-        self._tell("forget", dict.fromkeys(range(self.pool.workers), ("forget",)))
-
-    def _tell(self, op: str, msgs: dict[int, tuple]) -> None:
-        # A worker killed as the server stops has no connection.
-        msgs = {k: m for k, m in msgs.items() if self.pool.conns[k] is not None}
-        if msgs:
-            self._each(msgs, op)
+    def _crashed(self, sent: dict[int, list]) -> None:
+        """The ``LaneError`` (a ``WorkerCrashed``) of a worker that died, at the
+        lane whose env call was under way (else its ops' lowest lane, else its
+        first)."""
+        pool = self.pool
+        dead = pool.deaths[0]
+        killed = dead.worker in pool.killed
+        pool.killed.clear()
+        mine = {dead.lanes[0] + op.lane: op for op in sent[dead.worker]}
+        culprits = [j for j in pool.culprits if j in dead.lanes]
+        lane = (culprits or sorted(mine) or dead.lanes)[0]
+        phase = "resetting" if isinstance(mine.get(lane), shared.Reset) else "stepping"
+        where = f" in lane {lane}'s env call" if culprits else ""
+        if killed:
+            exc = WorkerCrashed(
+                f"worker process {dead.worker} (pid {dead.pid}, lanes "
+                f"{dead.lanes[0]}..{dead.lanes[-1]}) was killed{where} while "
+                f"{phase}: the call's client gave up on it (the env may "
+                "hang). A new worker took its lanes"
+            )
+        else:
+            exc = WorkerCrashed(
+                f"{dead}{where} while {phase}. A new worker took its lanes: "
+                "their episodes are lost (reset them to go on); run the env "
+                "in one process (serve-env without --workers) to see its error"
+            )
+        raise shared.LaneError(lane, phase, exc)
 
     def close(self) -> None:
         self.pool.close()
