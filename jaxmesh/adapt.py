@@ -24,6 +24,13 @@ import numpy as np
 WHOLE_OBS = "__obs__"
 
 
+def host_array(x: Any) -> np.ndarray:
+    """``x`` as numpy in the dtype JAX computes in (int64 is int32 without x64),
+    so that what the host feeds matches the program."""
+    x = np.asarray(x)
+    return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
+
+
 def _check_stack(kind: str, stack: Any) -> None:
     if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
         raise ValueError(
@@ -315,12 +322,7 @@ class Text(_Input):
                 f"Text: the instruction {instruction!r} is a "
                 f"{type(instruction).__name__}; expected a string"
             )
-        # In the dtypes JAX computes in (int64 becomes int32 without x64), so
-        # that the arrays the host feeds match the program's.
-        out = jax.tree.map(
-            lambda x: np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)),
-            self.encode(instruction),
-        )
+        out = jax.tree.map(host_array, self.encode(instruction))
         leaves = jax.tree.leaves(out)
         if not leaves or any(x.dtype.kind not in "biuf" for x in leaves):
             raise TypeError(

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmesh.adapt import host_array
 from jaxmesh.run.kept import Kept
 
 _INDICES: contextvars.ContextVar = contextvars.ContextVar(
@@ -58,9 +59,7 @@ def _leaf_bytes(h: Any, leaf: Any) -> None:
         return
     # A value jax would convert (float64 numpy under 32-bit jax) digests as
     # the value the run evaluates.
-    a = np.ascontiguousarray(
-        a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False)
-    )
+    a = np.ascontiguousarray(host_array(a))
     h.update(f"{a.dtype}|{a.shape}|".encode())
     h.update(a.tobytes())
 

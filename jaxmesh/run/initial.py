@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmesh.adapt import host_array
 from jaxmesh.core.carry import TrialReset
 from jaxmesh.run import identity
 
@@ -144,12 +145,6 @@ def _check_reset_fn(fn: Any) -> None:
         ) from e
 
 
-def _host(x: Any) -> np.ndarray:
-    """A leaf as numpy, in ``jnp.asarray``'s dtype."""
-    x = np.asarray(x)
-    return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
-
-
 def _stack(states: list) -> Any:
     """T ``(obs, state)`` pairs as one pytree of leaves [T, ...]."""
     if not states:
@@ -167,7 +162,7 @@ def _stack(states: list) -> Any:
             )
     try:
         return jax.tree.map(
-            lambda *xs: _host(np.stack([_host(x) for x in xs])), *states
+            lambda *xs: host_array(np.stack([host_array(x) for x in xs])), *states
         )
     except ValueError as e:
         raise ValueError(
@@ -187,7 +182,7 @@ def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
     if isinstance(initial_states, list):
         states = _stack(initial_states)
     else:
-        states = jax.tree.map(_host, initial_states)
+        states = jax.tree.map(host_array, initial_states)
     paths = jax.tree_util.tree_leaves_with_path(states)
     if not paths:
         raise ValueError(
