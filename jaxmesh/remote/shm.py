@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 
 from jaxmesh.envs.gymnasium.shm import Slots
-from jaxmesh.errors import RemoteConnectionError, RemoteError
+from jaxmesh.errors import RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import (
     CLOSE_GRACE_SECONDS,
@@ -99,20 +99,12 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes, slot=NO_SLOT):
 def send_attach(sock: socket.socket, payload: bytes, fd: int) -> None:
     """An ATTACH frame with the ring's descriptor ``fd`` on its first byte."""
     data = HEADER.pack(len(payload), ATTACH, NO_SLOT) + payload
-    sent = sock.sendmsg(
-        [data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
-    )
-    sock.sendall(data[sent:])
+    sock.sendall(data[socket.send_fds(sock, [data[:1]], [fd]) :])
 
 
 def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int]:
     """The answer to HELLO and the descriptor an ATTACH carries (else -1)."""
-    fds: list[int] = []
-    msg, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(4 * 4))
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % 4
-            fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+    msg, fds, _, _ = socket.recv_fds(sock, 1, 4)
     try:
         if not msg:
             return None, -1
@@ -399,12 +391,7 @@ class ShmStream(Stream):
         ):
             return None
         if frame is None or isinstance(frame, BaseException):
-            return self._fail(
-                RemoteConnectionError(
-                    f"the jaxmesh env server at {self.address} closed the session",
-                    address=self.address,
-                )
-            )
+            return self._fail(self._closed())
         kind, slot, payload = frame
         if kind == ERROR:
             return self._fail(_status_error(payload, self.address))

@@ -18,18 +18,6 @@ from jaxmesh.remote import codec
 from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
 
 
-def _ascii(text: str) -> str:
-    return text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
-
-
-def env_error(exc: shared.LaneError) -> tuple:
-    return (
-        (ENV_ERROR_KEY, _ascii(exc.summary())),
-        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
-        (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
-    )
-
-
 class CallError(Exception):
     """Ends a session with the status ``(code, details, trailing metadata)``."""
 
@@ -45,8 +33,14 @@ def run_call(execute: Callable, parse: Callable, *data: Any) -> tuple:
     try:
         result = execute(request)
     except shared.LaneError as exc:
+        summary = exc.summary().encode("ascii", "backslashreplace").decode("ascii")
+        metadata = (
+            (ENV_ERROR_KEY, summary.replace("\n", " ")),
+            (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
+            (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
+        )
         code = grpc.StatusCode.INTERNAL
-        raise CallError(code, exc.details(), env_error(exc)) from None
+        raise CallError(code, exc.details(), metadata) from None
     return request, result, time.perf_counter() - start
 
 
