@@ -332,7 +332,7 @@ class Text(_Input):
         first = cache.get(_FIRST)
         if first is None:
             cache[_FIRST] = (instruction, out)
-        elif _text_signature(first[1]) != _text_signature(out):
+        elif signature(first[1]) != signature(out):
             raise ValueError(
                 f"Text: encode({instruction!r}) gave {_described(out)}, but "
                 f"encode({first[0]!r}) gave {_described(first[1])}; every "
@@ -378,8 +378,16 @@ class PendingChunk(_Input):
 _FIRST = object()
 
 
-def _text_signature(tree: Any) -> tuple:
-    leaves = tuple((x.shape, x.dtype.name) for x in jax.tree.leaves(tree))
+def leaf_spec(x: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of an array, tracer, abstract value or Python scalar."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), jnp.dtype(x.dtype))
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+
+def signature(tree: Any) -> tuple:
+    """A hashable signature of a pytree: structure, shapes and dtypes."""
+    leaves = tuple((s.shape, s.dtype) for s in map(leaf_spec, jax.tree.leaves(tree)))
     return jax.tree.structure(tree), leaves
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmesh import adapt
+from jaxmesh.adapt import leaf_spec, signature
 from jaxmesh.core import agent
 from jaxmesh.core.carry import EngineConfig, TrialReset
 from jaxmesh.core.engine import Engine
@@ -28,22 +29,9 @@ from jaxmesh.run.plan import (
 PROBE_ROWS = 2  # rows of the shape-only probe of the policy's output
 
 
-def _leaf_spec(x: Any) -> jax.ShapeDtypeStruct:
-    """Shape and dtype of an array, tracer, abstract value or Python scalar."""
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(tuple(x.shape), jnp.dtype(x.dtype))
-    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
-
-
 def abstract(tree: Any) -> Any:
     """The shapes and dtypes of a pytree, as ``jax.ShapeDtypeStruct`` leaves."""
-    return jax.tree.map(_leaf_spec, tree)
-
-
-def signature(tree: Any) -> tuple:
-    """A hashable signature of a pytree: structure, shapes and dtypes."""
-    leaves = tuple((s.shape, s.dtype) for s in map(_leaf_spec, jax.tree.leaves(tree)))
-    return jax.tree.structure(tree), leaves
+    return jax.tree.map(leaf_spec, tree)
 
 
 #: Probe programs' digests for the run's identity, by (policy, env, params'

@@ -351,7 +351,25 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with flat knobs or grouped fields changed (each by its own
         name: ``config.replace(horizon=4, prefetch_lead=1)``)."""
-        return _apply(self, changes)
+        flat = {k: v for k, v in changes.items() if k in FLAT or k in GROUPS}
+        by_group: dict[str, dict] = {}
+        for name, value in changes.items():
+            if name in flat:
+                continue
+            group = GROUP_OF.get(name)
+            if group is None:
+                raise TypeError(
+                    f"{name}=: not a setting of a run; the settings are "
+                    f"{', '.join(FLAT)} and the fields of "
+                    + ", ".join(f"{cls.__name__}" for cls in GROUPS.values())
+                )
+            by_group.setdefault(group, {})[name] = value
+        for group, fields in by_group.items():
+            current = flat.get(group, getattr(self, group))
+            if current is None:  # served=None: the defaults
+                current = GROUPS[group]()
+            flat[group] = dataclasses.replace(current, **fields)
+        return dataclasses.replace(self, **flat)
 
     def to_dict(self) -> dict:
         """The settings a result records and resume compares: plain values,
@@ -384,28 +402,6 @@ def _plain(name: str, value: Any) -> Any:
     return describe() if callable(describe) else type(value).__name__
 
 
-def _apply(config: RunConfig, changes: dict) -> RunConfig:
-    flat = {k: v for k, v in changes.items() if k in FLAT or k in GROUPS}
-    by_group: dict[str, dict] = {}
-    for name, value in changes.items():
-        if name in flat:
-            continue
-        group = GROUP_OF.get(name)
-        if group is None:
-            raise TypeError(
-                f"{name}=: not a setting of a run; the settings are "
-                f"{', '.join(FLAT)} and the fields of "
-                + ", ".join(f"{cls.__name__}" for cls in GROUPS.values())
-            )
-        by_group.setdefault(group, {})[name] = value
-    for group, fields in by_group.items():
-        current = flat.get(group, getattr(config, group))
-        if current is None:  # served=None: the defaults
-            current = GROUPS[group]()
-        flat[group] = dataclasses.replace(current, **fields)
-    return dataclasses.replace(config, **flat)
-
-
 def from_keywords(
     config: RunConfig | None, given: dict, caller: str = "jaxmesh.evaluate"
 ) -> RunConfig:
@@ -419,7 +415,7 @@ def from_keywords(
         raise TypeError(
             f"config={config!r}: expected a jaxmesh.RunConfig, or None for the defaults"
         )
-    return _apply(base, given) if given else base
+    return base.replace(**given) if given else base
 
 
 def _grouped_given_flat(caller: str, flat: dict, given: dict) -> str:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmesh.adapt import host_array
+from jaxmesh.adapt import host_array, signature
 from jaxmesh.core.carry import TrialReset
 from jaxmesh.run import identity
 
@@ -43,8 +43,7 @@ class Trials:
         """What the program depends on: the states' shapes, or the function."""
         if self.states is None:
             return ("reset_fn", id(self.reset_fn))
-        leaves = tuple((x.shape, x.dtype) for x in jax.tree.leaves(self.states))
-        return ("initial_states", jax.tree.structure(self.states), leaves)
+        return ("initial_states", *signature(self.states))
 
     def engine_reset(self, env: Any) -> TrialReset:
         """The engine's reset from a trial index, checked against ``env.reset``."""
