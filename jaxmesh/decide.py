@@ -11,19 +11,21 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxmesh import suite
 from jaxmesh.api import evaluate
+from jaxmesh.results import report as rp
 from jaxmesh.results.result import RunResult
 from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
 from jaxmesh.run import identity
-from jaxmesh.run import resume as resume_mod
+from jaxmesh.run.checks import check_int
 from jaxmesh.run.config import RunConfig, from_keywords
 from jaxmesh.run.kept import kept_processes
+from jaxmesh.run.resume import _Renumbered, merge
+from jaxmesh.run.stream import hooks_list
 
 #: What decide reads from an episode.
 METRICS = ("return", "success")
@@ -102,13 +104,9 @@ class Decision:
         )
 
     def plot(self) -> Any:
-        """The interval narrowing over the episodes (``_CAPTION``), as a
-        matplotlib ``Figure`` on an Agg canvas, not registered with pyplot
-        (``fig.savefig(path)``). Needs matplotlib (``jaxmesh[report]``).
-        """
-        from jaxmesh.results.report import _matplotlib
-
-        figure_cls, canvas_cls = _matplotlib()
+        """The interval narrowing over the episodes (``_CAPTION``): a matplotlib
+        ``Figure`` on an Agg canvas (needs ``jaxmesh[report]``)."""
+        figure_cls, canvas_cls = rp._matplotlib()
         fig = figure_cls(figsize=(7.0, 3.6))
         canvas_cls(fig)
         ax = fig.add_subplot()
@@ -197,10 +195,7 @@ class Decision:
           ImportError: matplotlib is missing (``pip install 'jaxmesh[report]'``).
           OSError: the file cannot be written.
         """
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(decision_html(self), encoding="utf-8")
-        return out
+        return rp._write(path, decision_html(self))
 
 
 #: The test, and where it is from, as the report page names them.
@@ -223,8 +218,6 @@ _CAPTION = (
 def decision_html(d: Decision) -> str:
     """A decision's report page (``jaxmesh.results.report``'s, loading nothing
     from outside itself): the summary, the plot and the interval per batch."""
-    from jaxmesh.results import report as rp
-
     capital = d.capital if math.isfinite(d.capital) else None
     lo, hi = d.bounds
     rows = [rp._row(k, label, v, text) for k, label, v, text in d.rows()] + [
@@ -237,11 +230,7 @@ def decision_html(d: Decision) -> str:
         rp._row("citation", "citation", CITATION, CITATION),
     ]
     summary = rp._table(rows, "summary-table", ("what", "value", "note"))
-    plot = (
-        f"<figure><img src='{rp.esc(rp.png_data_uri(rp.png_bytes(d.plot())))}' "
-        f"alt='{rp.esc('The interval narrowing over the episodes')}'><figcaption>"
-        f"{rp.esc(_CAPTION)}</figcaption></figure>"
-    )
+    plot = rp._figure(d.plot(), _CAPTION)
     path = [
         f"<tr data-value='{rp.esc(json.dumps(list(p)))}'><td>{k + 1}</td>"
         f"<td>{p[0]}</td><td>{p[1]:.4g}</td><td>{p[2]:.4g}</td></tr>"
@@ -289,14 +278,6 @@ def _values(result: RunResult, metric: str) -> np.ndarray:
     return np.asarray(flags, bool).astype(np.float64)
 
 
-def _check_int(name: str, value: Any, low: int, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name}={value!r}: expected an int, e.g. {example}")
-    if value < low:
-        raise ValueError(f"{name}={value}: expected at least {low}, e.g. {example}")
-    return int(value)
-
-
 def _check_bounds(metric: str, bounds: Any) -> tuple[float, float]:
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r}: expected 'return' or 'success'")
@@ -335,8 +316,8 @@ def check_settings(
     return (
         _check_alpha(alpha),
         _check_bounds(metric, bounds),
-        _check_int("max_episodes", max_episodes, 1, "2000"),
-        _check_int("first_seed", first_seed, 0, "0"),
+        check_int("max_episodes", max_episodes, 1, "e.g. 2000"),
+        check_int("first_seed", first_seed, 0, "e.g. 0"),
     )
 
 
@@ -355,56 +336,6 @@ def _check_inside(
             "every return within the bounds: pass bounds that hold every return the "
             "env can give"
         )
-
-
-def _paired(done: Any, first_seed: int) -> tuple[Any, Any]:
-    """The two results of an earlier decision (``Decision`` or ``(a, b)``),
-    checked to be the paired episodes ``0..n-1`` of ``first_seed`` (in every
-    task)."""
-    if isinstance(done, Decision):
-        done = (done.a, done.b)
-    kinds = (RunResult, suite.SuiteResult)
-    if not (
-        isinstance(done, tuple | list)
-        and len(done) == 2
-        and all(isinstance(r, kinds) for r in done)
-        and isinstance(done[0], RunResult) == isinstance(done[1], RunResult)
-    ):
-        raise TypeError(
-            f"resume={type(done).__name__}: expected a jaxmesh.Decision or a pair "
-            "(a, b) of RunResults (or SuiteResults) of an earlier decide"
-        )
-    a, b = done
-    if list(_runs_of(a)) != list(_runs_of(b)):
-        raise ValueError(
-            f"resume=: a holds tasks {list(_runs_of(a))} and b "
-            f"{list(_runs_of(b))}; a decide's two runs hold the same tasks"
-        )
-    held = {}
-    for name, result in (("a", a), ("b", b)):
-        for task, r in _runs_of(result).items():
-            n = r.num_episodes
-            if not (
-                np.array_equal(r.indices, np.arange(n))
-                and np.array_equal(r.seeds, first_seed + np.arange(n))
-            ):
-                where = f"run {name}" + (f" (task {task!r})" if task else "")
-                raise ValueError(
-                    f"resume=: {where} does not hold episodes 0..{n - 1} with seeds "
-                    f"{first_seed}..{first_seed + n - 1} (first_seed={first_seed}); "
-                    "resume with the first_seed the earlier decide used"
-                )
-            held[(name, task)] = n
-    if len(set(held.values())) > 1:
-        counts = ", ".join(
-            f"{name}{f' {task!r}' if task else ''}: {n}"
-            for (name, task), n in held.items()
-        )
-        raise ValueError(
-            f"resume=: the runs hold different numbers of episodes ({counts}); a "
-            "decide's runs hold the same episodes"
-        )
-    return a, b
 
 
 def _held(result: Any) -> int:
@@ -427,13 +358,7 @@ def _joined(done: Any, new: Any, start: int) -> Any:
             wall_time=done.wall_time + new.wall_time,
         )
     indices = start + np.arange(new.num_episodes, dtype=np.int64)
-    return dataclasses.replace(resume_mod.merge(done, new, indices), resumed_part=None)
-
-
-def _as_list(hooks: Any) -> list:
-    if hooks is None:
-        return []
-    return list(hooks) if isinstance(hooks, list | tuple) else [hooks]
+    return dataclasses.replace(merge(done, new, indices), resumed_part=None)
 
 
 def decide(
@@ -512,11 +437,13 @@ def decide(
     policies = {"a": policy_a, "b": policy_b}
     path: list[tuple[int, float, float]] = []
 
-    def run(name: str, seeds: list[int], **kw: Any) -> RunResult:
+    def run(name: str, start: int, count: int, **kw: Any) -> RunResult:
+        seeds = list(range(first_seed + start, first_seed + start + count))
         return evaluate(policies[name], env, config, seeds=seeds, **kw)
 
     def decision(runs: dict) -> Decision:
-        return _decision(seq, runs, path, alpha, metric, bounds, first_seed)
+        settings = {"alpha": alpha, "metric": metric, "bounds": bounds}
+        return _decision(seq, runs, path, first_seed=first_seed, **settings)
 
     def update(start: int) -> None:
         """The differences of episodes ``start..`` into the test, checked."""
@@ -540,7 +467,7 @@ def decide(
             while seq.n < max_episodes and not seq.rejects:
                 start = seq.n
                 count = min(next_batch(start, first, cap), max_episodes - start)
-                _run_batch(run, runs, arms, call, first_seed, start, count)
+                _run_batch(run, runs, arms, call, start, count)
                 update(start)
                 kept = dict(runs)
                 if on_batch is not None:
@@ -557,20 +484,14 @@ def _batch_sizes(
     num_envs: int, batch: int | None, max_batch: int | None
 ) -> tuple[int, int]:
     """The first batch and the cap on any batch, checked."""
-    first = _check_int("batch", num_envs if batch is None else batch, 1, "num_envs")
+    first = check_int("batch", num_envs if batch is None else batch, 1, "e.g. num_envs")
     cap_default = BATCH_GROWTH_CAP * first
     cap = max_batch if max_batch is not None else cap_default
-    return first, _check_int("max_batch", cap, first, f"{cap_default}")
+    return first, check_int("max_batch", cap, first, f"e.g. {cap_default}")
 
 
 def _decision(
-    seq: BettingSequence,
-    runs: dict[str, Any],
-    path: list,
-    alpha: float,
-    metric: str,
-    bounds: tuple[float, float],
-    first_seed: int,
+    seq: BettingSequence, runs: dict[str, Any], path: list, **settings: Any
 ) -> Decision:
     """The ``Decision`` the test ``seq`` reached over ``runs``."""
     return Decision(
@@ -581,27 +502,66 @@ def _decision(
         a=runs["a"],
         b=runs["b"],
         path=tuple(path),
-        alpha=alpha,
-        metric=metric,
-        bounds=bounds,
         decided_at=seq.decided_at,
         capital=seq.capital,
         log_capital=seq.log_capital,
-        first_seed=first_seed,
+        **settings,
     )
 
 
 def _resumed(
     run: Callable, resume: Any, first_seed: int, max_episodes: int, call: dict
 ) -> dict[str, Any]:
-    """Both arms' runs of ``resume``'s episodes, each checked by
-    ``evaluate(..., resume=)`` to come from its policy, env and settings (a
-    whole budget runs nothing)."""
+    """Both arms' runs of ``resume``'s episodes (a ``Decision`` or ``(a, b)``),
+    checked to be the paired episodes ``0..n-1`` of ``first_seed`` in every
+    task, ``evaluate(..., resume=)`` checking their policy, env and settings."""
+    if isinstance(resume, Decision):
+        resume = (resume.a, resume.b)
+    kinds = (RunResult, suite.SuiteResult)
+    if not (
+        isinstance(resume, tuple | list)
+        and len(resume) == 2
+        and all(isinstance(r, kinds) for r in resume)
+        and isinstance(resume[0], RunResult) == isinstance(resume[1], RunResult)
+    ):
+        raise TypeError(
+            f"resume={type(resume).__name__}: expected a jaxmesh.Decision or a pair "
+            "(a, b) of RunResults (or SuiteResults) of an earlier decide"
+        )
+    a, b = resume
+    if list(_runs_of(a)) != list(_runs_of(b)):
+        raise ValueError(
+            f"resume=: a holds tasks {list(_runs_of(a))} and b "
+            f"{list(_runs_of(b))}; a decide's two runs hold the same tasks"
+        )
+    sizes = {}
+    for name, result in (("a", a), ("b", b)):
+        for task, r in _runs_of(result).items():
+            n = r.num_episodes
+            if not (
+                np.array_equal(r.indices, np.arange(n))
+                and np.array_equal(r.seeds, first_seed + np.arange(n))
+            ):
+                where = f"run {name}" + (f" (task {task!r})" if task else "")
+                raise ValueError(
+                    f"resume=: {where} does not hold episodes 0..{n - 1} with seeds "
+                    f"{first_seed}..{first_seed + n - 1} (first_seed={first_seed}); "
+                    "resume with the first_seed the earlier decide used"
+                )
+            sizes[(name, task)] = n
+    if len(set(sizes.values())) > 1:
+        counts = ", ".join(
+            f"{name}{f' {task!r}' if task else ''}: {n}"
+            for (name, task), n in sizes.items()
+        )
+        raise ValueError(
+            f"resume=: the runs hold different numbers of episodes ({counts}); a "
+            "decide's runs hold the same episodes"
+        )
     runs = {"a": None, "b": None}
-    for name, r in zip(("a", "b"), _paired(resume, first_seed), strict=True):
+    for name, r in (("a", a), ("b", b)):
         if _held(r):
-            seeds = list(range(first_seed, first_seed + _held(r)))
-            runs[name] = run(name, seeds, resume=r, **call)
+            runs[name] = run(name, 0, _held(r), resume=r, **call)
     held = _held(runs["a"])
     if held > max_episodes:
         raise ValueError(
@@ -616,17 +576,20 @@ def _run_batch(
     runs: dict[str, Any],
     arms: dict[str, list],
     call: dict,
-    first_seed: int,
     start: int,
     count: int,
 ) -> None:
     """Episodes ``start..start+count`` of both arms, joined into ``runs``. They
     keep their index in the whole decide: an env's trial index is
     trial_index_base + that index, as in one evaluate."""
-    seeds = list(range(first_seed + start, first_seed + start + count))
-    with identity.resumed_indices(np.arange(start, start + count)):
+    indices = np.arange(start, start + count)
+    with identity.resumed_indices(indices):
         for name in ("a", "b"):
-            new = run(name, seeds, **_with_hooks(call, arms[name], start, count))
+            # The arm's hooks see episode k of the batch as episode start + k.
+            shifted = [_Renumbered(h, indices, start + count) for h in arms[name]]
+            hooks = [*hooks_list(call.get("hooks")), *shifted]
+            kw = {**call, "hooks": hooks} if shifted else call
+            new = run(name, start, count, **kw)
             runs[name] = _joined(runs[name], new, start)
             for h in arms[name]:
                 end = getattr(h, "on_run_end", None)
@@ -643,20 +606,9 @@ def _check_arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
             f"arm_hooks={arm_hooks!r}: expected a pair (hooks_a, hooks_b), each a "
             "hook, a list of hooks or None"
         )
-    arms = {"a": _as_list(arm_hooks[0]), "b": _as_list(arm_hooks[1])}
-    if isinstance(env, suite.Suite) and (arms["a"] or arms["b"]):
+    if isinstance(env, suite.Suite) and any(arm_hooks):
         raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
-    return arms
-
-
-def _with_hooks(call: dict, hooks: list, start: int, count: int) -> dict:
-    """``call`` with one arm's hooks added, seeing episode k of the batch as
-    episode ``start + k`` (``on_run_end`` is ``decide``'s own call)."""
-    if not hooks:
-        return call
-    indices = np.arange(start, start + count)
-    shifted = [resume_mod._Renumbered(h, indices, start + count) for h in hooks]
-    return {**call, "hooks": [*_as_list(call.get("hooks")), *shifted]}
+    return {"a": hooks_list(arm_hooks[0]), "b": hooks_list(arm_hooks[1])}
 
 
 def _suite(the_suite: suite.Suite) -> suite.Suite:
