@@ -34,7 +34,6 @@ __all__ = [
     "Task",
     "TaskRun",
     "compare",
-    "compare_suites",
     "make_suite",
 ]
 
@@ -65,15 +64,9 @@ class Task:
                 f"Task(instruction={self.instruction!r}): expected a string (the "
                 "instruction the policy reads) or None"
             )
-        if self.episodes is not None and (
-            isinstance(self.episodes, bool)
-            or not isinstance(self.episodes, int)
-            or self.episodes < 1
-        ):
-            raise ValueError(
-                f"Task(episodes={self.episodes!r}): expected an int >= 1, or None "
-                "for the suite's budget"
-            )
+        if self.episodes is not None:
+            hint = "a Task's (or Suite's) budget, or None for the suite's"
+            checks.check_int("episodes", self.episodes, 1, hint)
         if self.seeds is not None:
             object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
             if not self.seeds:
@@ -210,11 +203,8 @@ class TaskRun:
 
 class SuitePlan:
     """``evaluate(policy, suite, ...)`` as ``runs`` (``TaskRun``) that
-    ``jaxmesh.api.run_suite`` makes one by one, telling the plan how each went
-    (``finished`` or ``failed``). Every task's budget is checked first (a bad
-    one or a bad ``resume=``: ValueError or TypeError); a task's trace file is
-    ``run.<task>.json`` (docs/suites.md).
-    """
+    ``jaxmesh.api.run_suite`` makes one by one, telling the plan how each went;
+    every budget and ``resume=`` is checked first (docs/suites.md)."""
 
     def __init__(self, suite: Suite, config: RunConfig, call: dict[str, Any]):
         call = dict(call)
@@ -238,6 +228,7 @@ class SuitePlan:
         self.instructions: dict[str, str | None] = {}
         self.done: dict[str, RunResult] = {}
         self.start = time.perf_counter()
+        self.seeds: dict[str, np.ndarray] = {}  # each task's, resolved
         plans: dict[str, dict[str, Any]] = {}
         for name, task in suite.tasks.items():
             args = dict(call, **suite.budget(name, episodes, seeds))
@@ -247,7 +238,9 @@ class SuitePlan:
                     "Suite(..., episodes=...) or evaluate(..., episodes=...)"
                 )
             try:
-                checks.resolve_budget(args["episodes"], args["seeds"])
+                self.seeds[name] = checks.resolve_budget(
+                    args["episodes"], args["seeds"]
+                )
             except (ValueError, TypeError) as e:
                 raise type(e)(f"task {name!r}: {e}") from None
             said, tib = task.instruction, task.trial_index_base
@@ -261,16 +254,17 @@ class SuitePlan:
                 path = Path(trace)
                 args["trace"] = path.with_name(f"{path.stem}.{name}{path.suffix}")
             plans[name] = args
-        self.plans = plans
-        gymnax_envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
+        envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
         self.runs = []
-        for group in _groups(suite, plans, gymnax_envs):
-            if len(group) > 1:
-                self.runs.append(_together(group, plans, gymnax_envs))
-            else:
-                args = dict(plans[group[0]])
-                task = suite.tasks[group[0]]
-                self.runs.append(TaskRun(group, args.pop("config"), args, task=task))
+        for group in _groups(suite, plans, envs):
+            run = _together(group, plans, self.seeds, envs) if len(group) > 1 else None
+            if run is not None:
+                self.runs.append(run)
+                continue
+            for name in group:  # alone, or not one shape: one by one
+                args = dict(plans[name])
+                task = suite.tasks[name]
+                self.runs.append(TaskRun([name], args.pop("config"), args, task=task))
 
     def finished(self, run: TaskRun, result: RunResult) -> None:
         """``run`` made ``result``: its tasks are done (``on_task_end``)."""
@@ -295,7 +289,7 @@ class SuitePlan:
     def _per_task(self, run: TaskRun, result: RunResult) -> dict[str, RunResult]:
         if len(run.names) == 1:
             return {run.names[0]: result}
-        return _split(result, run.names, self.plans, run.envs)
+        return _split(result, run.names, self.seeds, run.envs)
 
 
 #: A run's arguments, and its config's ``Starts`` fields, under which a task
@@ -320,9 +314,9 @@ def _gymnax_env(task: Task) -> Any:
 def _groups(
     suite: Suite, plans: dict[str, dict], envs: dict[str, Any]
 ) -> list[list[str]]:
-    """The suite's tasks as runs (lists of names) in order: same-shaped gymnax
-    tasks with the same instruction together, every other task alone; ``envs``
-    gets the ``GymnaxEnv`` of each task that may run with others."""
+    """The suite's tasks as runs (lists of names) in order: gymnax tasks of one
+    env class and instruction together, every other task alone; ``envs`` gets
+    the ``GymnaxEnv`` of each task that may run with others."""
     runs: list[list[str]] = []
     together: dict[Any, list[str]] = {}
     for name, task in suite.tasks.items():
@@ -337,26 +331,21 @@ def _groups(
         envs[name] = env
         key = (type(env.env), starts.instruction)
         if key not in together:
-            together[key] = []
-            runs.append(together[key])
+            runs.append(together.setdefault(key, []))
         together[key].append(name)
-    out: list[list[str]] = []
-    for run in runs:
-        if len(run) > 1 and task_batch([envs[n] for n in run]) is None:
-            out.extend([n] for n in run)  # not one shape: one by one
-        else:
-            out.append(run)
-    return out
+    return runs
 
 
 def _together(
-    group: list[str], plans: dict[str, dict], envs: dict[str, Any]
-) -> TaskRun:
-    """Same-shaped gymnax tasks as one run: their episodes one after another,
-    each reset with its task's params (``reset_fn`` of its trial index)."""
+    group: list[str], plans: dict[str, dict], seeds_of: dict, envs: dict[str, Any]
+) -> TaskRun | None:
+    """Gymnax tasks of one shape as one run (else None), each episode reset
+    with its task's params (``reset_fn`` of its trial index)."""
     members = [envs[n] for n in group]
     batch = task_batch(members)
-    seeds = [_seeds(plans[n]) for n in group]
+    if batch is None:
+        return None
+    seeds = [seeds_of[n] for n in group]
     task_of = jnp.asarray(np.repeat(np.arange(len(group)), [s.size for s in seeds]))
 
     def reset_fn(key, trial):
@@ -368,22 +357,13 @@ def _together(
     return TaskRun(list(group), config, args, batch=batch, envs=members)
 
 
-def _seeds(args: dict) -> np.ndarray:
-    if args.get("seeds") is not None:
-        return np.asarray(args["seeds"], np.int64)
-    return np.arange(int(args["episodes"]), dtype=np.int64)
-
-
 def _split(
-    result: RunResult,
-    group: list[str],
-    plans: dict[str, dict],
-    envs: list | None = None,
+    result: RunResult, group: list[str], seeds_of: dict, envs: list
 ) -> dict[str, RunResult]:
     """A run of several tasks (``_together``) as one result per task, its
     episodes renumbered from 0; policy rows and times, shared by the program,
     split in proportion to the task's env steps."""
-    sizes = [_seeds(plans[n]).size for n in group]
+    sizes = [seeds_of[n].size for n in group]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     idx = np.asarray(result.indices)
     total = max(int(np.sum(result.lengths)), 1)
@@ -401,7 +381,7 @@ def _split(
             wall_time=result.wall_time * share,
             compile_time=result.compile_time * share,
             run_time=result.run_time * share,
-            **({} if envs is None else {"env": envs[k].name}),
+            env=envs[k].name,
         )
     return out
 
@@ -453,7 +433,7 @@ class SuiteResult:
     def success_rate(self) -> float | None:
         """The **pooled** success rate over every episode of every task (None
         unless every task has a success signal)."""
-        return flag_rate(self._pooled()[2])
+        return flag_rate(self._pooled("success", None))
 
     @property
     def task_mean_success_rate(self) -> float | None:
@@ -464,22 +444,15 @@ class SuiteResult:
     @property
     def mean_return(self) -> float | None:
         """The pooled mean return (None for no episodes)."""
-        returns = self._pooled()[0]
-        return float(returns.mean()) if returns.size else None
+        returns = self._pooled("returns", np.float64)
+        return float(returns.mean()) if returns is not None and returns.size else None
 
-    def _pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Every task's returns, lengths and success flags, concatenated."""
-        rs = list(self.tasks.values())
-        returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
-        lengths = np.concatenate([np.asarray(r.lengths) for r in rs])
-        return returns, lengths, self._pooled_flags("success", None)
-
-    def _pooled_flags(self, kind: str, dtype: Any = bool) -> np.ndarray | None:
-        """Every task's ``kind`` flags concatenated (None unless all have)."""
-        flags = [getattr(r, kind, None) for r in self.tasks.values()]
-        if not flags or any(f is None for f in flags):
+    def _pooled(self, kind: str, dtype: Any = bool) -> np.ndarray | None:
+        """Every task's ``kind`` values concatenated (None unless all have)."""
+        values = [getattr(r, kind, None) for r in self.tasks.values()]
+        if not values or any(v is None for v in values):
             return None
-        return np.concatenate([np.asarray(f, dtype) for f in flags])
+        return np.concatenate([np.asarray(v, dtype) for v in values])
 
     @property
     def success_mode(self) -> str | None:
@@ -513,10 +486,11 @@ class SuiteResult:
             key: _stats.mean_if_all([row[key] for row in rows])
             for key in ("success_rate", "mean_return")
         }
-        r, lengths, success = self._pooled()
+        r, lengths = self._pooled("returns", np.float64), self._pooled("lengths", None)
+        success = self._pooled("success", None)
         pooled = _task_row("pooled", "", _stats.describe(r, lengths, success, **opts))
         for kind in ("success_once", "success_at_end"):
-            pooled[f"{kind}_rate"] = flag_rate(self._pooled_flags(kind))
+            pooled[f"{kind}_rate"] = flag_rate(self._pooled(kind))
         at_reset = [row["successes_at_reset"] for row in rows]
         pooled["successes_at_reset"] = (
             None if any(v is None for v in at_reset) else int(sum(at_reset))
@@ -526,9 +500,7 @@ class SuiteResult:
             "tasks": rows,
             "mean_over_tasks": over,
             "pooled": pooled,
-            "confidence": confidence,
-            "resamples": resamples,
-            "seed": seed,
+            **opts,
         }
 
     def table(self, stats: dict | None = None) -> list[list[str]]:
@@ -619,15 +591,14 @@ def _as_pairs(s: SuiteResult) -> Any:
     """The (task, seed) pairs of a suite as one run for ``compare``, with each
     label setting every task shares (``jaxmesh.results.stats.LABEL_SETTINGS``)."""
     rs = list(s.tasks.values())
-    returns = np.concatenate([np.asarray(r.returns, np.float64) for r in rs])
-    seeds = np.concatenate([np.asarray(r.seeds, np.int64) for r in rs])
+    returns = s._pooled("returns", np.float64)
     shared = {}
     for name in _stats.LABEL_SETTINGS:
         values = {repr(getattr(r, name, None)) for r in rs}
         shared[name] = getattr(rs[0], name, None) if len(values) == 1 else None
     return types.SimpleNamespace(
         indices=np.arange(returns.size),
-        seeds=seeds,
+        seeds=s._pooled("seeds", np.int64),
         returns=returns,
         policy=rs[0].policy if rs else "",
         env=f"a suite of {len(rs)} tasks",
@@ -635,13 +606,24 @@ def _as_pairs(s: SuiteResult) -> Any:
     )
 
 
-def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison:
-    """Suite B against suite A, task by task and pooled (``jaxmesh.compare``).
+def compare(a: Any, b: Any, **kw: Any) -> _stats.Comparison | SuiteComparison:
+    """``jaxmesh.compare``: two ``RunResult`` paired by seed, or two
+    ``SuiteResult`` task by task and pooled; keywords as
+    ``jaxmesh.results.stats.compare`` (``resamples``, ``seed``, ``confidence``).
 
     Raises:
-      ValueError: the suites have other tasks, or a task's runs cannot be
-        paired (``jaxmesh.compare``'s reasons), naming the task.
+      TypeError: one is a suite result and the other is not.
+      ValueError: the runs cannot be paired, naming what differs (and the
+        task); suites of other tasks.
     """
+    suites = isinstance(a, SuiteResult), isinstance(b, SuiteResult)
+    if not any(suites):
+        return _stats.compare(a, b, **kw)
+    if not all(suites):
+        raise TypeError(
+            f"a is a {type(a).__name__} and b a {type(b).__name__}: compare two "
+            "suite results (task by task) or two run results"
+        )
     if list(a.tasks) != list(b.tasks):
         raise ValueError(
             f"cannot compare these suites: a has tasks {list(a.tasks)} and b "
@@ -655,29 +637,7 @@ def compare_suites(a: SuiteResult, b: SuiteResult, **kw: Any) -> SuiteComparison
             per[name] = _stats.compare(ra, rb, **kw)
         except ValueError as e:
             raise ValueError(f"task {name!r}: {e}") from None
-        flags = [r.success for r in (ra, rb)]
-        success[name] = None
-        if all(f is not None for f in flags):
-            success[name] = tuple(flag_rate(np.asarray(f, bool)) for f in flags)
+        rates = (ra.success_rate, rb.success_rate)
+        success[name] = None if None in rates else rates
     pooled = _stats.compare(_as_pairs(a), _as_pairs(b), **kw)
     return SuiteComparison(per, pooled, success)
-
-
-def compare(a: Any, b: Any, **kw: Any) -> _stats.Comparison | SuiteComparison:
-    """``jaxmesh.compare``: two ``RunResult`` paired by seed, or two
-    ``SuiteResult`` task by task and pooled (``compare_suites``); keywords as
-    ``jaxmesh.results.stats.compare`` (``resamples``, ``seed``, ``confidence``).
-
-    Raises:
-      TypeError: one is a suite result and the other is not.
-      ValueError: the runs cannot be paired, naming what differs.
-    """
-    suites = isinstance(a, SuiteResult), isinstance(b, SuiteResult)
-    if all(suites):
-        return compare_suites(a, b, **kw)
-    if any(suites):
-        raise TypeError(
-            f"a is a {type(a).__name__} and b a {type(b).__name__}: compare two "
-            "suite results (task by task) or two run results"
-        )
-    return _stats.compare(a, b, **kw)
