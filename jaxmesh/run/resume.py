@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
 import stat
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ from jaxmesh.results.result import (
     RunResult,
     flags_array,
     headline,
+    select,
 )
 from jaxmesh.run import checks, identity
 from jaxmesh.run.backend import SERVED, Target
@@ -72,8 +75,19 @@ _WHAT_CHANGED = {
 }
 
 
-def _compare_identity(done: RunResult, now: dict) -> None:
-    before = done.fingerprint or {}
+#: What a resumed run compares with the earlier one, in this order.
+_COMPARED = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
+_COMPARED += ("max_episode_seconds", "metrics", "trial_index_base")
+_COMPARED += ("success_mode", "instruction")
+
+
+def _check_run(done: RunResult, info: dict) -> None:
+    """A resumed run's ``on_run_start``: the run, once built, against ``done``."""
+    zero = ("delay", "trial_index_base")
+    now = {k: info.get(k, 0 if k in zero else None) for k in _COMPARED}
+    now["metrics"] = info.get("metric_reductions")
+    _compare(done, now)
+    before, now = done.fingerprint or {}, info.get("fingerprint") or {}
     for key in ("env", "policy"):
         if before.get(key) == now.get(key):
             continue
@@ -95,26 +109,6 @@ def _compare_identity(done: RunResult, now: dict) -> None:
         )
 
 
-#: What a resumed run compares with the earlier one, in this order.
-_COMPARED = ("policy", "env", "horizon", "prefetch_lead", "delay", "execution")
-_COMPARED += ("max_episode_seconds", "metrics", "trial_index_base")
-_COMPARED += ("success_mode", "instruction")
-
-
-class _Check:
-    """A hook that compares the run, once it is built, with the earlier one."""
-
-    def __init__(self, done: RunResult):
-        self.done = done
-
-    def on_run_start(self, info: dict) -> None:
-        zero = ("delay", "trial_index_base")
-        now = {k: info.get(k, 0 if k in zero else None) for k in _COMPARED}
-        now["metrics"] = info.get("metric_reductions")
-        _compare(self.done, now)
-        _compare_identity(self.done, info.get("fingerprint") or {})
-
-
 #: The hook methods a resumed run renumbers (``on_run_end``: ``merged``'s).
 _RENUMBERED = ("on_run_start", "on_episode_end", "on_step", "on_fault")
 
@@ -124,6 +118,7 @@ class _Renumbered:
 
     def __init__(self, hook: Any, indices: np.ndarray, budget: int):
         self.hook, self.indices, self.budget = hook, indices, budget
+        self.on_fault = getattr(hook, "on_fault", None)  # as it is
         for name in _RENUMBERED:
             if not callable(getattr(hook, name, None)):
                 setattr(self, name, None)
@@ -136,9 +131,6 @@ class _Renumbered:
 
     def on_step(self, event: Any) -> None:
         self.hook.on_step(event._replace(episode=int(self.indices[event.episode])))
-
-    def on_fault(self, info: dict) -> None:
-        self.hook.on_fault(info)
 
 
 def missing_episodes(
@@ -174,9 +166,8 @@ def missing_episodes(
     cap = before.get("max_episode_steps", max_episode_steps)
     if cap != max_episode_steps:
         raise _differs("max_episode_steps", cap, max_episode_steps)
-    if before.get("params") is not None and digest is not None:
-        if before["params"] != digest:
-            raise _differs("params (digest)", before["params"], digest)
+    if None not in (before.get("params"), digest) and before["params"] != digest:
+        raise _differs("params (digest)", before["params"], digest)
     return np.setdiff1d(np.arange(seeds.size, dtype=np.int64), idx)
 
 
@@ -205,16 +196,8 @@ def checked_records(done: RunResult) -> RunResult:
     if not issues:
         return done
     keep = np.setdiff1d(np.arange(done.num_episodes), [x[0] for x in issues])
-    take = lambda v: None if v is None else np.asarray(v)[keep]
-    fields = ("indices", "seeds", *EPISODE_FIELDS, *SUCCESS_KINDS, "success")
-    return dataclasses.replace(
-        done,
-        **{f: take(getattr(done, f)) for f in fields},
-        metrics={k: take(v) for k, v in done.metrics.items()},
-        # The issues and lines were of the entries before the selection.
-        _record_issues=[],
-        _record_lines=None,
-    )
+    # The issues and lines were of the entries before the selection.
+    return select(done, keep, _record_issues=[], _record_lines=None)
 
 
 def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
@@ -250,10 +233,7 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
         **kinds,
         metrics=metrics,
         env_steps=int(np.sum(np.asarray(done.lengths, np.int64))) + new.env_steps,
-        policy_rows=done.policy_rows + new.policy_rows,
-        wall_time=done.wall_time + new.wall_time,
-        compile_time=done.compile_time + new.compile_time,
-        run_time=done.run_time + new.run_time,
+        **{k: getattr(done, k) + getattr(new, k) for k in ("policy_rows", *_TIMES)},
         num_envs=max(done.num_envs, new.num_envs),
         server_losses=list(done.server_losses) + list(new.server_losses),
         fingerprint={**(done.fingerprint or {}), **(new.fingerprint or {})},
@@ -353,9 +333,10 @@ class Resumption:
         self.missing = missing_episodes(done, seeds, config.max_episode_steps, digest)
         self.done = checked_records(done)
         self.user_hooks = hooks_list(call.get("hooks"))
+        check = types.SimpleNamespace(on_run_start=functools.partial(_check_run, done))
         if not self.missing.size:
             _check_complete(self.done, policy, target, config, call)
-            self.call = {**call, "episodes": 0, "seeds": None, "hooks": [_Check(done)]}
+            self.call = {**call, "episodes": 0, "seeds": None, "hooks": [check]}
             return
         tile = config.layout.plan_tile
         if tile is not None and done.plan_tile and tile != done.plan_tile:
@@ -364,7 +345,7 @@ class Resumption:
             **call,
             "episodes": None,
             "seeds": seeds[self.missing].tolist(),
-            "hooks": [_Check(done)]
+            "hooks": [check]
             + [
                 _Renumbered(h, self.missing, int(seeds.size))
                 for h in self.user_hooks
@@ -412,17 +393,9 @@ class Resumption:
 LOG_KEY = "jaxmesh_episode_log"
 #: A run line: the settings as a result writes them, the starts after the scoring.
 _LATER = ("asynchronous", "trial_index_base", "instruction")
-_RUN_KEYS = (
-    "policy",
-    "env",
-    *(k for k in SETTINGS if k not in _LATER),
-    "metric_reductions",
-    "success_key",
-    "success_mode",
-    "trial_index_base",
-    "instruction",
-    "episodes",
-)
+_RUN_KEYS = ("policy", "env", *(k for k in SETTINGS if k not in _LATER))
+_RUN_KEYS += ("metric_reductions", "success_key", "success_mode", *_LATER[1:])
+_RUN_KEYS += ("episodes",)
 
 
 _TIMES = ("wall_time", "compile_time", "run_time")
@@ -528,12 +501,9 @@ class EpisodeLog:
     def on_fault(self, info: dict) -> None:
         self._write({"fault": info})
 
-    def _totals(self, result: Any) -> None:
+    def on_run_end(self, result: Any) -> None:
         keys = ("env_steps", "policy_rows", *_TIMES)
         self._write({"totals": {k: getattr(result, k) for k in keys}})
-
-    def on_run_end(self, result: Any) -> None:
-        self._totals(result)
         self.close()
 
     def flush(self, episodes: list, result: Any) -> None:
@@ -543,8 +513,7 @@ class EpisodeLog:
         for ep in episodes:
             if int(ep.index) not in self.written:
                 self.on_episode_end(ep)
-        self._totals(result)
-        self.close()
+        self.on_run_end(result)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -641,8 +610,7 @@ def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
     faults: list[dict] = []
     totals: dict | None = None
     after: list[dict] = []  # the episodes after the last totals line
-    run_identity = ""
-    checked = False
+    run_identity, checked = "", False
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     for n, line in enumerate(lines, 1):
