@@ -21,6 +21,7 @@ from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
+from jaxmesh.results import summary as _summary
 from jaxmesh.results.result import RunResult, select
 from jaxmesh.run import backend, build, checks, dispatch
 from jaxmesh.run.config import RunConfig, from_keywords
@@ -63,17 +64,12 @@ def _checked_config(config: RunConfig | None, settings: dict) -> RunConfig:
         if settings.pop(name, None) is not None:
             raise _refused(name)
     config = from_keywords(config, settings, "jaxmesh.sweep")
-    c, s = config.chunking, config.starts
-    for name, value in (
-        ("prefetch_lead", c.prefetch_lead),
-        ("execution", c.execution),
-        ("devices", config.layout.devices),
-        ("initial_states", s.initial_states),
-        ("reset_fn", s.reset_fn),
-        ("trial_index_base", s.trial_index_base),
-    ):
-        if value is not None and value != 0:
-            raise _refused(name)
+    c = config.chunking
+    for name in REFUSED:  # those set on the config (fields of its groups)
+        for group in (c, config.layout, config.starts):
+            value = getattr(group, name, None)
+            if value is not None and value != 0:
+                raise _refused(name)
     if c.delay or c.delay_ms is not None or config.horizon != 1:
         raise ValueError(
             f"sweep(config with horizon={config.horizon}, delay={c.delay}, "
@@ -361,12 +357,6 @@ def _host_spec(env: Any, served: Any) -> Any:
         lanes.close()
 
 
-def _interval(pair: Any) -> str:
-    if pair is None:
-        return "-"
-    return f"[{pair[0]:.3f}, {pair[1]:.3f}]"
-
-
 @dataclasses.dataclass
 class Sweep:
     """The results of ``jaxmesh.sweep``: one ``RunResult`` per (delay, horizon).
@@ -458,6 +448,7 @@ class Sweep:
     def summary(self) -> str:
         """The table as text, with how many programs compiled and the time."""
         head = ("delay", "horizon", "episodes", "success", "95% CI", "mean return")
+        span = lambda pair: _summary._span(pair, ".3f") or "-"
         lines = []
         for row in self.table():
             delay = str(row["delay"])
@@ -469,9 +460,9 @@ class Sweep:
                 continue
             rate, mean = row["success_rate"], row["mean_return"]
             line += [str(row["episodes"]), "-" if rate is None else f"{rate:.3f}"]
-            line.append(_interval(row["success_interval"]))
+            line.append(span(row["success_interval"]))
             if mean is not None:
-                mean = f"{mean:.3f} {_interval(row['mean_interval'])}"
+                mean = f"{mean:.3f} {span(row['mean_interval'])}"
             lines.append([*line, mean or "-"])
         widths = [
             max(len(r[i]) for r in [head, *lines] if i < len(r)) for i in range(6)
