@@ -45,12 +45,10 @@ _processes: dict[bytes, tuple[Any, Callable[[Any], None]]] | None = None
 
 @contextlib.contextmanager
 def kept_processes() -> Iterator[None]:
-    """Within it, runs keep the worker processes or Ray actors they start: a
-    run whose env source (equal when pickled), lanes and workers are an
-    earlier run's takes that run's processes and envs instead of starting new
-    ones (``started``). Every episode resets its env with its own seed, so
-    results are unchanged. They stop when it exits, on an exception too.
-    ``jaxmesh.decide`` runs its batches inside it."""
+    """Within it, a run whose env source (equal when pickled), lanes and workers
+    are an earlier run's takes that run's worker processes or Ray actors
+    (``started``); every episode resets with its own seed, so results are
+    unchanged. They stop when it exits (``jaxmesh.decide``'s batches)."""
     global _processes
     if _processes is not None:  # an outer one keeps them
         yield
