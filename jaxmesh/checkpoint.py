@@ -49,12 +49,14 @@ def save_params(
     return target
 
 
-def _abstract_leaf(meta: Any, sharding: jax.sharding.Sharding) -> Any:
+def _abstract_leaf(meta: Any, sharding: jax.sharding.Sharding, placed: bool) -> Any:
     # orbax's metadata classes are non-runtime Protocols, so tell them apart by
-    # their fields: a saved jax.Array records its sharding, a numpy array not.
-    if hasattr(meta, "sharding_metadata"):
+    # their fields: a saved jax.Array records its sharding, a numpy array not
+    # (restored as numpy unless a device is asked for).
+    array = hasattr(meta, "shape") and hasattr(meta, "dtype")
+    if hasattr(meta, "sharding_metadata") or (placed and array):
         return jax.ShapeDtypeStruct(meta.shape, meta.dtype, sharding=sharding)
-    if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+    if array:
         return np.empty(meta.shape, meta.dtype)
     return meta  # scalars and strings: orbax's metadata is the leaf itself
 
@@ -98,17 +100,7 @@ def load_params(
         saved = ocp.v1.metadata(source).metadata
     except ValueError as e:
         raise ValueError(f"{not_checkpoint} (orbax: {e})") from e
-    target_device = device if device is not None else jax.devices()[0]
-    sharding = jax.sharding.SingleDeviceSharding(target_device)
-    abstract = jax.tree.map(lambda m: _abstract_leaf(m, sharding), saved)
-    params = ocp.v1.load(source, abstract)
-    if device is not None:
-        params = jax.tree.map(
-            lambda x: (
-                jax.device_put(x, device)
-                if isinstance(x, np.ndarray | jax.Array)
-                else x
-            ),
-            params,
-        )
-    return params
+    sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+    placed = device is not None
+    abstract = jax.tree.map(lambda m: _abstract_leaf(m, sharding, placed), saved)
+    return ocp.v1.load(source, abstract)
