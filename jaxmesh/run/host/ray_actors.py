@@ -1,6 +1,5 @@
-"""The lanes of ``workers=jaxmesh.Ray(...)``: ``RayServers``, served lanes over
-env servers in Ray actors (``jaxmesh.remote.server.actor.EnvActor``), run by the
-served loop. Ray (the ``[ray]`` extra) is imported here only, on use.
+"""``workers=jaxmesh.Ray(...)``: ``RayServers``, served lanes over env servers
+in Ray actors (``jaxmesh.remote.server.actor.EnvActor``); Ray is imported on use.
 """
 
 from __future__ import annotations
@@ -55,13 +54,9 @@ def connect(ray: Any, cfg: Ray) -> bool:
 
 @contextlib.contextmanager
 def connection(workers: Any) -> Iterator[None]:
-    """For ``workers=jaxmesh.Ray(...)``: one Ray connection held for the block
-    (shared by a suite's runs); anything else: nothing."""
-    if not isinstance(workers, Ray):
-        yield
-        return
-    ray = import_ray()
-    started = connect(ray, workers)
+    """One Ray connection held for the block if ``workers`` is a ``Ray``."""
+    ray = import_ray() if isinstance(workers, Ray) else None
+    started = ray is not None and connect(ray, workers)
     try:
         yield
     finally:
@@ -69,45 +64,10 @@ def connection(workers: Any) -> Iterator[None]:
             ray.shutdown()
 
 
-def actor_options(cfg: Ray, name: str) -> dict:
-    """``ray.remote(...).options`` of one actor (``GPU`` as ``num_gpus``)."""
-    res = dict(cfg.resources or {})
-    options: dict = {
-        "num_cpus": cfg.num_cpus_per_worker,
-        "name": name,
-        "max_restarts": MAX_RESTARTS,
-    }
-    if "GPU" in res:
-        options["num_gpus"] = res.pop("GPU")
-    if res:
-        options["resources"] = res
-    return options
-
-
-def _check_local(ray: Any, cfg: Ray, count: int) -> None:
-    """ValueError for actors a local Ray this run started can never place."""
-    have = ray.cluster_resources()
-    asked = {"CPU": cfg.num_cpus_per_worker * count}
-    for name, amount in (cfg.resources or {}).items():
-        asked[name] = amount * count
-    short = {k: v for k, v in asked.items() if v > have.get(k, 0) + 1e-9}
-    if short:
-        name = next(iter(short))
-        raise ValueError(
-            f"{cfg.describe()}: {count} actors need {short[name]:g} {name} in all; "
-            f"the local Ray started for this run has {have.get(name, 0):g}: pass "
-            "fewer num_workers=, a smaller num_cpus_per_worker= (e.g. 0.5), or "
-            "join a cluster (Ray(address=...), RAY_ADDRESS, or ray.init(...) "
-            "before the run)"
-        )
-
-
 class RayFleet:
-    """The env servers of one run (or of a ``kept.kept_processes`` block's) in
-    Ray actors, actor ``s`` serving lanes ``s, s + A, ...``: ``num_workers``
-    (None: the cluster's CPUs over ``num_cpus_per_worker``), at most one per
-    lane. ImportError without Ray, TimeoutError when not all serve within
-    ``START_SECONDS``, or an actor's error building its envs."""
+    """A run's (or a ``kept.kept_processes`` block's) env servers in Ray actors,
+    actor ``s`` serving lanes ``s, s + A, ...``. ImportError without Ray,
+    TimeoutError past ``START_SECONDS``, or an actor's error building its envs."""
 
     def __init__(self, env: Any, num_lanes: int, cfg: Ray):
         ray = self.ray = import_ray()
@@ -121,17 +81,65 @@ class RayFleet:
                 cpus = float(ray.cluster_resources().get("CPU", 1))
                 count = max(1, int(cpus // cfg.num_cpus_per_worker))
             count = max(1, min(count, num_lanes))
-            if self.started_ray and cfg.address is None:
-                _check_local(ray, cfg, count)
+            if self.started_ray and cfg.address is None:  # can it place them?
+                have = ray.cluster_resources()
+                asked = {"CPU": cfg.num_cpus_per_worker, **(cfg.resources or {})}
+                short = {k: v * count for k, v in asked.items()}
+                short = {k: v for k, v in short.items() if v > have.get(k, 0) + 1e-9}
+                if short:
+                    name = next(iter(short))
+                    raise ValueError(
+                        f"{cfg.describe()}: {count} actors need {short[name]:g} "
+                        f"{name} in all; the local Ray started for this run has "
+                        f"{have.get(name, 0):g}: pass fewer num_workers=, a smaller "
+                        "num_cpus_per_worker= (e.g. 0.5), or join a cluster "
+                        "(Ray(address=...), RAY_ADDRESS, or ray.init(...) before "
+                        "the run)"
+                    )
+            res = dict(cfg.resources or {})
+            options = {
+                "num_cpus": cfg.num_cpus_per_worker,
+                "max_restarts": MAX_RESTARTS,
+            }
+            if "GPU" in res:
+                options["num_gpus"] = res.pop("GPU")
+            if res:
+                options["resources"] = res
             self.token = secrets.token_urlsafe(24)
-            remote = ray.remote(EnvActor)
-            run = secrets.token_hex(4)
+            remote, run = ray.remote(EnvActor), secrets.token_hex(4)
             for s in range(count):
-                options = actor_options(cfg, f"{NAME_PREFIX}-{run}-{s}")
+                name = f"{NAME_PREFIX}-{run}-{s}"
                 mine = list(range(s, num_lanes, count))
-                actor = remote.options(**options).remote(env, mine, self.token)
-                self.actors.append(actor)
-            self.addresses = self._serving(cfg)
+                named = remote.options(name=name, **options)
+                self.actors.append(named.remote(env, mine, self.token))
+            # Each actor's address once it serves.
+            refs = [a.serve.remote() for a in self.actors]
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
+            if pending:
+                have = ray.available_resources()
+                raise TimeoutError(
+                    f"{len(pending)} of {len(refs)} Ray actors were not serving after "
+                    f"{START_SECONDS:g} s; each asks for {cfg.num_cpus_per_worker} CPU"
+                    + (f" and {cfg.resources}" if cfg.resources else "")
+                    + f", and the cluster has {have} free: ask for fewer "
+                    "(num_workers=, num_cpus_per_worker=, resources=) or add nodes"
+                )
+            self.addresses = []
+            for s, ref in enumerate(refs):
+                try:
+                    self.addresses.append(ray.get(ref))
+                except ray.exceptions.RayTaskError as exc:  # the env's own error
+                    cause = exc.cause
+                    if cause is None:
+                        raise
+                    cause.add_note(f"(in Ray actor {s}, building its envs)")
+                    raise cause from None
+                except ray.exceptions.RayActorError as exc:
+                    exc.add_note(
+                        f"Ray actor {s} died before serving its envs: is jaxmesh (with "
+                        "the env's packages) installed on every node of the cluster?"
+                    )
+                    raise
         except BaseException:
             self.end()
             raise
@@ -140,46 +148,6 @@ class RayFleet:
             f"{count} Ray actor{'s' * (count > 1)} on {len(nodes)} "
             f"node{'s' * (len(nodes) > 1)}"
         )
-
-    def _serving(self, cfg: Ray) -> list[str]:
-        """Each actor's address once it serves."""
-        ray = self.ray
-        refs = [a.serve.remote() for a in self.actors]
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=START_SECONDS)
-        if pending:
-            have = ray.available_resources()
-            raise TimeoutError(
-                f"{len(pending)} of {len(refs)} Ray actors were not serving after "
-                f"{START_SECONDS:g} s; each asks for {cfg.num_cpus_per_worker} CPU"
-                + (f" and {cfg.resources}" if cfg.resources else "")
-                + f", and the cluster has {have} free: ask for fewer "
-                "(num_workers=, num_cpus_per_worker=, resources=) or add nodes"
-            )
-        addresses = []
-        for s, ref in enumerate(refs):
-            try:
-                addresses.append(ray.get(ref))
-            except ray.exceptions.RayTaskError as exc:  # the env's own error
-                cause = exc.cause
-                if cause is None:
-                    raise
-                cause.add_note(f"(in Ray actor {s}, building its envs)")
-                raise cause from None
-            except ray.exceptions.RayActorError as exc:
-                exc.add_note(
-                    f"Ray actor {s} died before serving its envs: is jaxmesh (with "
-                    "the env's packages) installed on every node of the cluster?"
-                )
-                raise
-        return addresses
-
-    def serve_again(self, s: int, timeout: float) -> str:
-        """Actor ``s``'s address once Ray restarted it (its old port where it
-        can); an error: gone for good, or not serving yet."""
-        port = int(self.addresses[s].rpartition(":")[2])
-        serving = self.actors[s].serve.remote(port=port)
-        self.addresses[s] = self.ray.get(serving, timeout=timeout)
-        return self.addresses[s]
 
     def alive(self) -> bool:
         """Whether every actor still answers (within ``STOP_SECONDS``)."""
@@ -192,8 +160,7 @@ class RayFleet:
 
     def end(self) -> None:
         """Ends every actor and a Ray this fleet started; idempotent."""
-        actors, self.actors = self.actors, []
-        ray = self.ray
+        actors, self.actors, ray = self.actors, [], self.ray
         if actors:
             stops = []
             for a in actors:
@@ -216,14 +183,13 @@ class RayFleet:
 
 
 class RayServers(ServedLanes):
-    """Served lanes over a ``RayFleet``'s env servers, lane j on actor
-    ``j % A``; ``kept``: the fleet serves later runs too, ``close`` leaves it
-    running."""
+    """Served lanes over a ``RayFleet``, lane j on actor ``j % A``; ``kept``:
+    the fleet serves later runs too (``close`` leaves it running)."""
 
     loop, fast = ServedRun, ServedStepRun
 
     def __init__(self, fleet: RayFleet, num_lanes: int, served: Any, kept: bool):
-        self.fleet, self.kept, self.where = fleet, kept, fleet.where
+        self.fleet, self.kept = fleet, kept
         super().__init__(
             fleet.addresses,
             num_lanes,
@@ -232,6 +198,7 @@ class RayServers(ServedLanes):
             on_server_loss="rerun",
             transport=served.transport or "auto",
         )
+        self.where = fleet.where
 
     @classmethod
     def of(cls, env: Any, num_envs: int, episodes: int, cfg: Ray, served: Any):
@@ -253,8 +220,13 @@ class RayServers(ServedLanes):
             raise
 
     def reconnect(self, s: int, connect_timeout: float) -> Any:
-        """A session with actor ``s`` again, once Ray restarted it."""
-        self.addresses[s] = self.fleet.serve_again(s, connect_timeout)
+        """A session with actor ``s`` again, once Ray restarted it (serving at
+        its old port where it can; an error: gone for good, or not yet)."""
+        fleet = self.fleet
+        port = int(fleet.addresses[s].rpartition(":")[2])
+        serving = fleet.actors[s].serve.remote(port=port)
+        address = fleet.ray.get(serving, timeout=connect_timeout)
+        self.addresses[s] = fleet.addresses[s] = address
         return super().reconnect(s, connect_timeout)
 
     def close(self) -> None:

@@ -1,28 +1,25 @@
-"""The pacing of a served run: ``ServedRun`` (a ``HostLoop`` with an
-``outbox``, ``inbox`` and ``loss``) and ``ServedStepRun``, the per-step case.
-"""
+"""A served run's pace: ``ServedRun`` (segments cut by ``jaxmesh.core.replay``'s
+rules) and ``ServedStepRun``, the per-step case."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
+from jaxmesh.core import replay, rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.remote import codec
 from jaxmesh.run.host.loop import HostLoop, wire_leaves
-from jaxmesh.run.host.served.calls import Outbox
-from jaxmesh.run.host.served.loss import ServerLoss
 from jaxmesh.run.host.served.pool import ServedLanes
-from jaxmesh.run.host.served.replies import Inbox, _present
-from jaxmesh.run.host.served.segments import plan_segments
+from jaxmesh.run.host.served.traffic import Inbox, Outbox, ServerLoss, _present
 
 
 class ServedRun(HostLoop):
-    """One run's pacing over ``ServedLanes``: agent steps for the lanes whose
-    results are in, flushes when none can move, lane groups in turn. Per lane
-    an epoch, bumped whenever its episode changes, voids replies for an ended
-    episode."""
+    """Agent steps for the lanes whose results are in, lane groups in turn, a
+    flush when none can move; a lane's epoch, bumped when its episode changes,
+    voids replies for an ended episode."""
 
     # Whether replies are awaited in the order the calls went (then one
     # server's may be taken off its stream directly).
@@ -36,8 +33,8 @@ class ServedRun(HostLoop):
         # A reduction other than ``last`` and success once read every step's
         # info: a server that declares ``info_every_step`` sends them with the
         # last observation only, an older one with every observation.
-        every_info = any(red != "last" for _, red in metrics.named) or (
-            metrics.tracks_success
+        every_info = metrics.tracks_success or any(
+            r != "last" for _, r in metrics.named
         )
         stacks = any(d.stack > 1 and not d.reads_action for _, d in self.cfg.spec)
         self.every_obs = (
@@ -76,9 +73,8 @@ class ServedRun(HostLoop):
 
     def reset_lanes(self, js: list[int], eps: list[int]) -> None:
         """Queues the resets; a lane is ready when its reset observation is in."""
-        for j, i in zip(js, eps, strict=True):
-            self.epoch[j] += 1
-            self.outbox.resets[j] = i
+        self.epoch[js] += 1
+        self.outbox.resets.update(zip(js, eps, strict=True))
         self.sent[js] = 0
         self.ready[js] = self.waiting[js] = self.started[js] = False
         self.inbox.head[js] = self.inbox.tail[js] = 0
@@ -102,25 +98,23 @@ class ServedRun(HostLoop):
         self.inbox.file_reply(s, reply)
 
     def open_sessions(self) -> None:
-        """Opens a session on every server and starts the first episodes (with
-        one server and group, no reader thread: a hand-off less per call)."""
+        """Opens the sessions (no reader thread for one) and starts episodes."""
         sessions = self.lanes.sessions
         self.inbox.direct = (
             len(sessions) == 1
             and (self.num_groups == 1 or self.takes_in_order)
-            and sessions[0].reply_timeout is None
+            and self.lanes.reply_timeout is None
         )
         for s, c in enumerate(sessions):
-            c.open(
-                replies=self.inbox.replies,
-                tag=s,
-                reader=not self.inbox.direct,
-                observation_keys=self.obs_keys,
-            )
-            # Sessions on the same-host data path: 1 each, 0 each on gRPC.
-            self.tel.add("transport_shm", c.transport == "shm")
+            self.open_session(s, c, reader=not self.inbox.direct)
         self.state = self.program.init(self.agent_obs, np.zeros(self.n, bool))
         self.take_next(np.ones(self.n, bool))
+
+    def open_session(self, s: int, session: Any, reader: bool = True) -> None:
+        keys, replies = self.obs_keys, self.inbox.replies
+        session.open(replies=replies, tag=s, reader=reader, observation_keys=keys)
+        # Sessions on the same-host data path: 1 each, 0 each on gRPC.
+        self.tel.add("transport_shm", session.transport == "shm")
 
     def run(self) -> None:
         """Runs the budget; reconnect attempts end with it."""
@@ -161,9 +155,9 @@ class ServedRun(HostLoop):
                 if (ready & group).any():
                     turn = (turn + k + 1) % self.num_groups
                     break
-            replay = ready & self.replays_next()
-            if replay.any():  # sent with their segments: no agent step
-                self.acted(replay, self.replayed(np.flatnonzero(replay)))
+            known = ready & self.replays_next()
+            if known.any():  # sent with their segments: no agent step
+                self.acted(known, self.replayed(np.flatnonzero(known)))
                 self.inbox.take_results()
                 continue
             go = ready & group
@@ -171,7 +165,7 @@ class ServedRun(HostLoop):
             # h = 1 without a lead: the action is the segment, no cursor read.
             actions, cursor, _ = self.predict(go, row, cursor=not self.per_step)
             self.acted(go, actions)
-            plan_segments(self, go, actions, cursor)
+            self.queue_segments(go, actions, cursor)
             self.inbox.take_results()
             if not (self.ready & group).any():
                 self.outbox.flush(group if self.num_groups > 1 else None)
@@ -185,20 +179,87 @@ class ServedRun(HostLoop):
         if self.steps:
             self.step_action[go] = actions[go]
         self.ready[go] = False
-        self.check_actions(go, actions)
+        faults = self.action_faults(go, actions)
+        if faults is not None:  # BadValueError (the segments stop before it)
+            self.close_episodes(np.zeros(0, np.int64), faults)
         self.waiting[go] = True
 
-    def check_actions(self, go: np.ndarray, actions: np.ndarray) -> None:
-        """BadValueError for a bad action (the segments stop before it)."""
-        faults = self.action_faults(go, actions)
-        if faults is not None:
-            self.close_episodes(np.zeros(0, np.int64), faults)
+    def queue_segments(self, go: np.ndarray, actions: np.ndarray, cursor) -> None:
+        """Queues the unsent actions of lanes ``go`` known now, cut where the agent
+        must see an observation first (``replay``'s rules); no segment passes
+        ``max_episode_steps`` or an action that fails the checks."""
+        lanes_ = np.flatnonzero(go)
+        if self.per_step:  # the action, per lane
+            j = lanes_[self.sent[lanes_] <= self.t[lanes_]]
+            ok = ~rules.failing_actions(np, actions[j], self.spec.num_actions)
+            self.outbox.queue(j[ok], np.ones(int(ok.sum()), np.int64), actions[j][ok])
+            self.sent[j[ok]] += 1
+            return
+        t = self.t[lanes_].astype(np.int64)  # the step of the action just executed
+        played = cursor[lanes_].astype(np.int64) - 1  # its index in its chunk
+        cs = t - played
+        h, lead = self.lane_setting(lanes_)
+        known = replay.known_until(played, t, h, lead, np)
+        target = np.minimum(np.maximum(self.sent[lanes_], known), self.max_steps)
+        need = target > self.sent[lanes_]
+        if not need.any():
+            return
+        if self.chunk is not None and self.cfg.lead == 0:  # read with the actions
+            chunk, pending = self.chunk, None
+        else:
+            chunk, pending = jax.device_get((self.state.chunk, self.state.pending))
+        if self.cfg.lead == 0 and self._one_segment_each(
+            lanes_[need], cs[need], target[need], chunk
+        ):
+            return
+        by_rank: dict[int, list] = {}
+        for j, cs_j, tgt, h_j, lead_j in zip(
+            lanes_[need], cs[need], target[need], h[need], lead[need], strict=True
+        ):
+            first = int(self.sent[j])
+            known = chunk[j, :h_j]
+            if lead_j:
+                known = np.concatenate([known, pending[j, :h_j]])
+            seq = known[first - cs_j : tgt - cs_j]
+            bad = rules.failing_actions(np, seq, self.spec.num_actions)
+            if bad.any():
+                tgt = first + int(np.argmax(bad))
+                seq = seq[: tgt - first]
+            offsets = replay.segment_offsets(int(h_j), int(lead_j))
+            cuts = sorted({int(cs_j) + o for o in offsets if first < cs_j + o < tgt})
+            rank = 0
+            for cut in [*cuts, int(tgt)]:
+                if cut > first:
+                    part = seq[first - self.sent[j] : cut - self.sent[j]]
+                    by_rank.setdefault(rank, []).append((j, cut - first, part))
+                    rank += 1
+                    first = cut
+            self.sent[j] = max(int(self.sent[j]), int(tgt))
+        for rank in sorted(by_rank):
+            js, cnt, parts = zip(*by_rank[rank], strict=True)
+            lanes_, counts = np.asarray([js, cnt], np.int64)
+            self.outbox.queue(lanes_, counts, np.concatenate(parts))
+
+    def _one_segment_each(self, js, cs, target, chunk) -> bool:
+        """Without a lead: each lane's chunk's rest as one segment (False: a bad
+        action, nothing queued)."""
+        first = self.sent[js]
+        counts = target - first
+        offset = first - cs  # where the unsent actions start in the chunk
+        width = int(counts.max())
+        cols = offset[:, None] + np.arange(width)
+        keep = np.arange(width) < counts[:, None]
+        rows = chunk[js[:, None], np.minimum(cols, chunk.shape[1] - 1)][keep]
+        if rules.failing_actions(np, rows, self.spec.num_actions).any():
+            return False
+        self.outbox.queue(js, counts, rows)
+        self.sent[js] = np.maximum(first, target)
+        return True
 
 
 class ServedStepRun(ServedRun):
-    """The per-step case (``applies``) without ``ServedRun``'s ring buffers
-    and segments: one pass over numpy arrays per call, the lane groups in turn,
-    each awaiting its replies at its next turn. ``ServedRun``'s results."""
+    """``ServedRun``'s results in the per-step case without ring buffers and
+    segments; each lane group awaits its replies at its next turn."""
 
     takes_in_order = True
 
@@ -231,15 +292,11 @@ class ServedStepRun(ServedRun):
         wire = None
         if go.any():
             acts, _, _ = self.predict(go, self.group_rows[g])
-            if self.steps:
-                self.step_action[go] = acts[go]
-            self.check_actions(go, acts)
+            self.acted(go, acts)
             wire = gym_lanes.env_actions(self.lanes.action_space, acts)
         stepped = np.flatnonzero(go)
         queued = self.outbox.resets
-        resets = {j: i for j, i in queued.items() if group[j]}
-        for j in resets:
-            del queued[j]
+        resets = {j: queued.pop(j) for j in list(queued) if group[j]}
         many = len(self.lanes.sessions) > 1
         for s in range(len(self.lanes.sessions)):
             on_s = stepped[self.server[stepped] == s] if many else stepped
@@ -251,7 +308,6 @@ class ServedStepRun(ServedRun):
                 tag = (reset_g, g, act_g, None)
                 ones = np.ones(act_g.size, np.int64)
                 self.outbox.call(s, rs, resets, act_g, ones, rows, tag)
-        self.ready[go] = False
         if not self.pending(g):
             raise RuntimeError(
                 "jaxmesh internal error: a lane group has active lanes but "
@@ -277,33 +333,25 @@ class ServedStepRun(ServedRun):
                 f"asked for {asked[:16].tolist()} (resets "
                 f"{self.local[reset_g][:16].tolist()})"
             )
-        obs_rows, leaves = b.observation, self.obs_leaves
         step_rows: Any = slice(None)
         if reset_g.size:
             is_reset = b.steps == 0
-            rl = g[is_reset]
-            for key, x in obs_rows.items():
-                leaves[key][rl] = x[is_reset]
-            self.inbox.reset_infos(b, rl, np.flatnonzero(is_reset))
-            self.seen_resets(rl)
-            self.ready[rl] = self.started[rl] = True
+            rows = np.flatnonzero(is_reset)
+            self.inbox.file_resets(b, g[is_reset], rows, rows)
             step_rows = np.flatnonzero(~is_reset)
         j = g[step_rows]
         if not j.size:
             return
         # One step per stepped lane (rewards, ends), one row per lane
         # (observations, infos: resets have rows too).
-        for key, x in obs_rows.items():
-            leaves[key][j] = x[step_rows]
+        for key, x in b.observation.items():
+            self.obs_leaves[key][j] = x[step_rows]
         if self.info_keys:
             info = self.inbox.info_rows(b)
             none = (np.zeros(j.size), np.zeros(j.size, bool))  # no row had k
-            values = {
-                k: (info[k][step_rows], _present(b, k)[step_rows])
-                if k in info
-                else none
-                for k in self.info_keys
-            }
+            values = dict.fromkeys(self.info_keys, none)
+            for k, x in info.items():
+                values[k] = x[step_rows], _present(b, k)[step_rows]
             self.metrics.step(j, values)
         self.ready[j] = True
         self.account(j, b.rewards.astype(np.float32), b.terminated, b.truncated)

@@ -22,12 +22,10 @@ def default_lane_groups(num_lanes: int) -> int:
 
 
 class ServedLanes:
-    """Lanes dealt round-robin over env servers, one session on each: lane j
-    is lane ``local[j]`` of server ``server[j]``; at most the servers' lanes.
-    ``reply_timeout="auto"`` drops a hung server when there are others and
-    ``on_server_loss="rerun"`` (a lost server's episodes run again on the
-    others; ``"raise"``: the run raises). RemoteConnectionError for a server
-    that cannot be reached, TypeError for servers of different spaces."""
+    """Lanes dealt round-robin over env servers, one session each: lane j is
+    lane ``local[j]`` of server ``server[j]``; ``reply_timeout="auto"`` drops a
+    hung server when others are left and ``on_server_loss="rerun"``.
+    RemoteConnectionError for a server out of reach, TypeError for other spaces."""
 
     def __init__(
         self,
@@ -42,6 +40,7 @@ class ServedLanes:
     ):
         self.on_server_loss = on_server_loss
         self.addresses = list(addresses)
+        self.where = f"{len(addresses)} env server{'s' * (len(addresses) > 1)}"
         self.auto_timeout = (
             reply_timeout == backend.AUTO
             and len(self.addresses) > 1
@@ -49,6 +48,7 @@ class ServedLanes:
         )
         if reply_timeout == backend.AUTO:
             reply_timeout = None
+        self.reply_timeout = reply_timeout  # every session's
         self._connect = {
             "token": token,
             "connect_timeout": CONNECT_SECONDS,
@@ -115,11 +115,10 @@ class ServedLanes:
         lanes the default plan tile is sized for (None: all)."""
         n = min(settings.num_envs, self.num_lanes)
         asked = lane_groups is not None
-        if not asked:
-            lane_groups = default_lane_groups(n)
+        groups = lane_groups if asked else default_lane_groups(n)
         if any(c.lockstep for c in self.sessions):
-            lane_groups = 1
-        self.lane_groups = max(1, min(lane_groups, n))
+            groups = 1
+        self.lane_groups = max(1, min(groups, n))
         # Default groups keep the tile of all N lanes, so that a run's results
         # are those of one group bit for bit (a tile's size can change a row's
         # rounding); asked-for groups plan in a tile sized for one group.
