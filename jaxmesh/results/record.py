@@ -111,9 +111,7 @@ def check_record(record: Any) -> Record | None:
 
 def check_record_budget(record: Record | None, episodes: int) -> None:
     """Refuses recorded episodes outside the budget with a ValueError."""
-    if record is None:
-        return
-    out = [i for i in record.episodes if i >= episodes]
+    out = [i for i in (record.episodes if record else ()) if i >= episodes]
     if out:
         raise ValueError(
             f"Record(episodes={list(record.episodes)}): episodes {out} are not in "
@@ -241,10 +239,14 @@ class Trajectory:
         )
 
 
-def trajectories_from(recording: Any, episodes: np.ndarray, seeds, lengths) -> list:
+def trajectories_from(
+    recording: Any, episodes: np.ndarray, seeds, lengths
+) -> list | None:
     """The ``Trajectory`` of every finished recorded episode, in order, of a
-    host ``jaxmesh.core.tally.Recording`` and the finished ``episodes`` with
-    their ``seeds`` and ``lengths``."""
+    host ``jaxmesh.core.tally.Recording`` (None: None) and the finished
+    ``episodes`` with their ``seeds`` and ``lengths``."""
+    if recording is None:
+        return None
     at = {int(e): k for k, e in enumerate(np.asarray(episodes))}
     cap = int(np.shape(recording.rewards)[1])
     frames = recording.frames

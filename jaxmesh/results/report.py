@@ -69,20 +69,12 @@ def constant_lines(result: Any) -> list[str]:
     return out
 
 
-def _empty(ax: Any, title: str, values: np.ndarray) -> bool:
-    """Titles the panel; says "no episodes" in it when ``values`` is empty."""
-    ax.set_title(title)
-    if values.size:
-        return False
+def _no_episodes(ax: Any) -> None:
     ax.text(0.5, 0.5, "no episodes", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    return True
+    ax.set(xticks=[], yticks=[])
 
 
-def _histogram(ax: Any, values: np.ndarray, title: str, xlabel: str) -> None:
-    if _empty(ax, title, values):
-        return
+def _histogram(ax: Any, values: np.ndarray, xlabel: str) -> None:
     ax.hist(values, bins="auto", color="#4c72b0", edgecolor="white", linewidth=0.5)
     ax.axvline(float(values.mean()), color="#c44e52", linestyle="--", label="mean")
     ax.set_xlabel(xlabel)
@@ -91,8 +83,6 @@ def _histogram(ax: Any, values: np.ndarray, title: str, xlabel: str) -> None:
 
 
 def _cdf(ax: Any, returns: np.ndarray) -> None:
-    if _empty(ax, "Returns CDF", returns):
-        return
     ax.ecdf(returns, color="#4c72b0")
     ax.set_xlabel("return")
     ax.set_ylabel("share of episodes with return <= x")
@@ -100,9 +90,7 @@ def _cdf(ax: Any, returns: np.ndarray) -> None:
     ax.grid(alpha=0.3)
 
 
-def _success(ax: Any, indices: np.ndarray, flags: np.ndarray) -> None:
-    if _empty(ax, "Success over episodes", flags):
-        return
+def _success(ax: Any, flags: np.ndarray, indices: np.ndarray) -> None:
     from matplotlib.ticker import MaxNLocator
 
     running = np.cumsum(flags) / np.arange(1, flags.size + 1)
@@ -144,20 +132,25 @@ def plot(result: Result, title: str | None = None) -> Figure:
     # Integers stay integers: numpy's "auto" bins of integers are at least 1 wide.
     lengths = np.asarray(result.lengths, np.int64)
     flags = _stats.success_flags(result.success, len(result.returns))
-    panels: list[tuple] = []  # (draw, its arguments after the axes)
+    panels: list[tuple] = []  # (title, draw, its arguments after the axes)
     if not _constant(returns):
-        panels.append((_histogram, returns, "Returns", "return (sum of rewards)"))
-        panels.append((_cdf, returns))
+        panels.append(("Returns", _histogram, returns, "return (sum of rewards)"))
+        panels.append(("Returns CDF", _cdf, returns))
     if not _constant(lengths):
-        panels.append((_histogram, lengths, "Episode lengths", "length (env steps)"))
+        panels.append(("Episode lengths", _histogram, lengths, "length (env steps)"))
     if flags is not None:
-        panels.append((_success, np.asarray(result.indices), flags))
+        indices = np.asarray(result.indices)
+        panels.append(("Success over episodes", _success, flags, indices))
     rows, cols = (2, 2) if len(panels) == 4 else (1, max(len(panels), 1))
     fig = Figure(figsize=(4.4 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (draw, *args) in zip(axes, panels, strict=False):
-        draw(ax, *args)
+    for ax, (panel_title, draw, values, *args) in zip(axes, panels, strict=False):
+        ax.set_title(panel_title)
+        if values.size:
+            draw(ax, values, *args)
+        else:
+            _no_episodes(ax)
     if not panels:  # every figure is one value: say so instead of drawing it
         axes[0].set_axis_off()
         axes[0].text(
@@ -236,7 +229,7 @@ class Page(NamedTuple):
     result: Result
     stats: dict[str, Any]
     episode_rows: int = EPISODE_ROWS
-    base: Path | None = None
+    base: str | Path | None = None
 
 
 # Sections ----------------------------------------------------------------------
@@ -255,13 +248,9 @@ def summary_section(page: Page) -> Section:
 
 def plots_section(page: Page, title: str | None = None) -> Section:
     """``plot(result, title)`` as one embedded PNG, with ``constant_lines``."""
-    result = page.result
-    lines = constant_lines(result)
+    lines = constant_lines(page.result)
     body = "".join(f"<p class='constant'>{esc(line)}</p>" for line in lines)
-    fig = plot(result, title)
-    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    if not titles:  # nothing varies: the lines say it all
-        return Section("plots", "Plots", body)
+    fig = plot(page.result, title)
     captions = {
         "Returns": "Returns: how many episodes scored each return (dashed: the mean).",
         "Returns CDF": "Returns CDF: the share of episodes that scored at most a "
@@ -271,8 +260,10 @@ def plots_section(page: Page, title: str | None = None) -> Section:
         "episodes so far, in episode order (it settles as episodes add up); "
         "ticks mark each episode's outcome.",
     }
-    caption = " ".join(captions[t] for t in titles if t in captions)
-    return Section("plots", "Plots", body + _figure(fig, caption))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    if titles:  # else nothing varies: the lines say it all
+        body += _figure(fig, " ".join(captions[t] for t in titles))
+    return Section("plots", "Plots", body)
 
 
 def _figure(fig: Figure, caption: str) -> str:
@@ -357,13 +348,12 @@ def episodes_table(result: Result, episode_rows: int, table_id: str) -> str:
             + "".join(f"<td>{esc(_cell(c))}</td>" for c in cells)
             + "</tr>"
         )
+    note = f"All {n:,} episodes."
     if shown < n:
         note = (
             f"Showing the first {shown:,} of {n:,} episodes; every episode is in "
             "the results JSON (RunResult.to_dict())."
         )
-    else:
-        note = f"All {n:,} episodes."
     return f"<p id='{esc(table_id)}-note'>{esc(note)}</p>" + _table(
         rows, f"{table_id}-table", head
     )
@@ -381,9 +371,7 @@ def videos_section(page: Page) -> Section | None:
         return None
     items = []
     for name in videos:
-        path = Path(name)
-        if not path.is_absolute() and page.base is not None:
-            path = page.base / path
+        path = Path(page.base or "", name)  # an absolute name stays as it is
         kind = VIDEO_TYPES.get(path.suffix.lower())
         label = f"Video: {Path(name).name}"
         why = "unreadable" if path.exists() else "not found"
@@ -497,7 +485,7 @@ def report_html(
     if resamples is None:  # the summary's rule
         resamples = _stats.summary_resamples(len(result.returns))
     stats = result.stats(resamples=resamples)
-    page = Page(result, stats, episode_rows, None if base is None else Path(base))
+    page = Page(result, stats, episode_rows, base)
     parts = [part for part in (fn(page) for fn in SECTIONS) if part is not None]
     name = f"{result.policy or 'policy'} on {_summary.short_env(result.env) or 'env'}"
     lede = (
@@ -605,13 +593,12 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
 def tasks_section(suite: Any, stats: dict) -> Section:
     """The per-task table (``SuiteResult.table``; ``data-task``: the task)."""
     cells = suite.table(stats)
-    rows = []
-    for row in cells[1:]:
-        tds = "".join(f"<td class='value'>{esc(c)}</td>" for c in row[1:])
-        rows.append(
-            f"<tr data-task='{esc(row[0])}'><th scope='row'>{breakable(row[0])}</th>"
-            f"{tds}</tr>"
-        )
+    rows = [
+        f"<tr data-task='{esc(row[0])}'><th scope='row'>{breakable(row[0])}</th>"
+        + "".join(f"<td class='value'>{esc(c)}</td>" for c in row[1:])
+        + "</tr>"
+        for row in cells[1:]
+    ]
     level = f"{stats['confidence']:.0%}"
     note = (
         f"Per task: the success rate with its {level} Wilson interval and the mean "
@@ -652,14 +639,14 @@ def suite_report_html(
     """A ``SuiteResult``'s page: the tasks table and figure, each task's
     plots, videos and episodes, and the provenance (arguments as
     ``report_html``'s)."""
-    n = max(suite.num_episodes, 1)
-    resamples = _stats.summary_resamples(n) if resamples is None else resamples
+    if resamples is None:
+        resamples = _stats.summary_resamples(suite.num_episodes)
     stats = suite.stats(resamples=resamples)
     caption = "Bars: each task; whiskers: the intervals of the Tasks table."
     overview = _figure(suite_plot(suite, stats), caption)
     parts = [tasks_section(suite, stats), Section("plots", "Plots", overview)]
     for k, (name, result) in enumerate(suite.tasks.items()):
-        page = Page(result, {}, episode_rows, None if base is None else Path(base))
+        page = Page(result, {}, episode_rows, base)
         env = _summary.short_env(result.env)
         body = f"<p>{esc(f'{result.num_episodes:,} episodes of {env}')}</p>"
         body += plots_section(page, f"{name}: {result.num_episodes:,} episodes").body

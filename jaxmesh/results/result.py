@@ -11,7 +11,6 @@ import dataclasses
 import datetime
 import functools
 import importlib.metadata
-import math
 import platform
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,6 +21,7 @@ from jaxmesh._version import __version__
 from jaxmesh.core.tally import EPISODE_FIELDS
 from jaxmesh.results import checksum, record
 from jaxmesh.results import stats as _stats
+from jaxmesh.results.stats import none_if_nan as _nan_none
 
 #: The per-episode success flags besides the headline.
 SUCCESS_KINDS = ("success_once", "success_at_end", "success_at_reset")
@@ -58,7 +58,10 @@ class EpisodeResult(NamedTuple):
             if d[key] is None:
                 del d[key]
         if "metrics" in d:
-            d["metrics"] = {k: _json_value(v) for k, v in d["metrics"].items()}
+            d["metrics"] = {  # JSON has no NaN: None
+                k: bool(v) if isinstance(v, bool | np.bool_) else _nan_none(float(v))
+                for k, v in d["metrics"].items()
+            }
         return d
 
 
@@ -82,14 +85,6 @@ class StepEvent(NamedTuple):
     truncated: bool
     planned: bool
     stale: int
-
-
-def _json_value(v: Any) -> float | bool | None:
-    """A metric value for JSON: a bool, a float, or None for NaN."""
-    if isinstance(v, bool | np.bool_):
-        return bool(v)
-    v = float(v)
-    return None if math.isnan(v) else v
 
 
 def _record_issues(episodes: list, fingerprint: Any) -> list[tuple[int, int, str]]:
@@ -241,9 +236,6 @@ _ARRAYS = {
     "predict_calls": ("predict_calls", np.int64),
     "lanes": ("lane", np.int64),
 }
-_EPISODE_KEYS = sorted(key for key, _ in _ARRAYS.values())
-
-
 _HIDDEN = {"repr": False, "compare": False}
 
 
@@ -349,12 +341,9 @@ class RunResult:
         once = flags("success_once", "has_success")
         metrics = getattr(res, "metrics", None) or {}
         metrics = {k: np.asarray(v)[idx] for k, v in metrics.items()}
-        recording = getattr(res, "recording", None)
-        trajectories = None
-        if recording is not None:
-            trajectories = record.trajectories_from(
-                recording, idx, np.asarray(seeds)[idx], per_episode["lengths"]
-            )
+        trajectories = record.trajectories_from(
+            getattr(res, "recording", None), idx, seeds[idx], per_episode["lengths"]
+        )
         return cls(
             indices=idx,
             seeds=np.asarray(seeds, np.int64)[idx],
@@ -422,8 +411,7 @@ class RunResult:
 
         return summary.text(self)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
     def stats(
         self,
@@ -599,7 +587,7 @@ class RunResult:
             raise ValueError(
                 f"the result dict is malformed ({type(e).__name__}: {what}); "
                 "expected what RunResult.to_dict() writes: settings, totals and "
-                f"episodes with fields {_EPISODE_KEYS}"
+                f"episodes with fields {sorted(k for k, _ in _ARRAYS.values())}"
             ) from e
 
 

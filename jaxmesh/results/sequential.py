@@ -217,12 +217,7 @@ class BettingSequence:
         if not v.size:
             return
         x = np.clip((v - self.lo) / (self.hi - self.lo), 0.0, 1.0)
-        if self.bets == "mixture":
-            self._update_mixture(x)
-        elif self.bets == "ons":
-            self._update_ons(x)
-        else:
-            self._update_plugin(x)
+        getattr(self, f"_update_{self.bets}")(x)
         self.n += int(x.size)
         self._sum += float(x.sum())
         self._total += float(v.sum())
@@ -287,7 +282,7 @@ class BettingSequence:
         before = np.concatenate([[self._squares], squares[:-1]])
         sigma2 = (0.25 + before) / t  # sigma2_{t-1} = (1/4 + S_{t-1}) / t
         lam = np.sqrt(2.0 * math.log(2.0 / self.alpha) / (sigma2 * t * np.log1p(t)))
-        m = self.grid
+        m, k = self.grid, self._null_at
         cap_plus, cap_minus = self._caps()
         for start in range(0, x.size, _ROWS):
             xs, ls = x[start : start + _ROWS, None], lam[start : start + _ROWS, None]
@@ -298,14 +293,11 @@ class BettingSequence:
             hedged = np.maximum(math.log(THETA) + plus, math.log(1.0 - THETA) + minus)
             crossed = hedged >= self._threshold
             self._excluded |= crossed.any(axis=0)
-            if self.decided_at is None and crossed[:, self._null_at].any():
-                row = int(np.argmax(crossed[:, self._null_at]))
-                k = self._null_at
-                up_wins = math.log(THETA) + plus[row, k] >= (
-                    math.log(1.0 - THETA) + minus[row, k]
-                )
+            if self.decided_at is None and crossed[:, k].any():
+                row = int(np.argmax(crossed[:, k]))
+                up = math.log(THETA) + plus[row, k]  # the hedge's max: up or down
                 self.decided_at = self.n + start + row + 1
-                self.direction = 1 if up_wins else -1
+                self.direction = 1 if hedged[row, k] == up else -1
             self._log_plus, self._log_minus = plus[-1], minus[-1]
         self._squares = float(squares[-1])
 

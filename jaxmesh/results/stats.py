@@ -142,13 +142,16 @@ def bootstrap_distribution(
 ) -> dict[str, np.ndarray]:
     """The mean and the IQM of ``resamples`` bootstrap resamples of ``x`` (at
     least one value), as ``{"mean", "iqm"}`` float64 arrays. Both are read
-    from how often each sorted value was drawn, so no resample is sorted.
+    from how often each sorted value was drawn, so no resample is sorted; when
+    every value is ``v``, every resample's is exactly ``v``.
     """
     _check(0.5, resamples)
     xs = np.sort(_values(x))
     n = xs.size
     if not n:
         raise ValueError("no values to resample; a bootstrap needs at least one")
+    if xs[0] == xs[-1]:
+        return dict.fromkeys(("mean", "iqm"), np.full(resamples, xs[0]))
     g = n // 4  # dropped at each end, as scipy's trim_mean
     means, iqms = [], []
     for counts in _resampled_counts(n, resamples, seed):
@@ -189,8 +192,6 @@ def bootstrap_interval(
     arr = _values(x)
     if arr.size < 2:
         return None
-    if arr.min() == arr.max():
-        return float(arr[0]), float(arr[0])
     dist = bootstrap_distribution(arr, resamples=resamples, seed=seed)
     return percentile_interval(dist[statistic], confidence)
 
@@ -220,7 +221,7 @@ def wilson_interval(
     return low, high
 
 
-def _none_if_nan(v: float) -> float | None:
+def none_if_nan(v: float) -> float | None:
     return None if math.isnan(v) else v
 
 
@@ -277,21 +278,17 @@ def describe(
     if n:
         ret.update(
             mean=mean(r),
-            std=_none_if_nan(std(r)),
-            standard_error=_none_if_nan(standard_error(r)),
+            std=none_if_nan(std(r)),
+            standard_error=none_if_nan(standard_error(r)),
             iqm=iqm(r),
             quantiles=quantiles(r),
             min=float(r.min()),
             max=float(r.max()),
         )
     if n > 1:
-        _check(confidence)
-        if r.min() == r.max():
-            ret["mean_interval"] = ret["iqm_interval"] = [float(r[0])] * 2
-        else:
-            dist = bootstrap_distribution(r, resamples=resamples, seed=seed)
-            ret["mean_interval"] = list(percentile_interval(dist["mean"], confidence))
-            ret["iqm_interval"] = list(percentile_interval(dist["iqm"], confidence))
+        dist = bootstrap_distribution(r, resamples=resamples, seed=seed)
+        for key in ("mean", "iqm"):
+            ret[f"{key}_interval"] = list(percentile_interval(dist[key], confidence))
     mean_length = None
     if lengths is not None and n:
         mean_length = mean(_values(lengths, "lengths"))
@@ -560,8 +557,6 @@ def compare(
         )
 
     def means(x: np.ndarray, s: int) -> np.ndarray:
-        if x.min() == x.max():  # every resample's mean: x[0]
-            return np.full(resamples, float(x[0]))
         return bootstrap_distribution(x, resamples=resamples, seed=s)["mean"]
 
     if unpaired:

@@ -389,12 +389,11 @@ def suite_table(s: dict[str, Any]) -> list[list[str]]:
     out = [head] + [row_of(row["task"], row) for row in s["tasks"]]
     over, pooled = s["mean_over_tasks"], s["pooled"]
     rates = [row.get(other) for row in s["tasks"]] if other else [None]
-    mean_other = _stats.mean_if_all(rates)
     mean_row = {
         "episodes": sum(row["episodes"] for row in s["tasks"]),
         "success_rate": over["success_rate"],
         "success_interval": None,
-        other or "": mean_other,
+        other or "": _stats.mean_if_all(rates),
         "successes_at_reset": pooled.get("successes_at_reset"),
         "mean_return": over["mean_return"],
         "return_interval": None,
