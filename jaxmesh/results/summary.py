@@ -320,15 +320,11 @@ UNITS = {
 }
 
 
-def unit(name: str) -> str:
-    """The unit of series ``name``: ``UNITS``', ``"bytes"`` or ``"s"``."""
-    return UNITS.get(name, "bytes" if name.endswith("_bytes") else "s")
-
-
 def telemetry_cells(name: str, s: dict[str, float]) -> list[str]:
     """One telemetry series' cells under ``STAT_NAMES`` (times in ms, sizes in
     bytes, ``UNITS``' flags as a share and events as a count)."""
-    kind = unit(str(name))
+    name = str(name)
+    kind = UNITS.get(name, "bytes" if name.endswith("_bytes") else "s")
     count = f"{int(s['count']):,}"
     if kind == "flag":
         return [count, f"{s['mean']:.0%} yes", "", "", ""]
