@@ -412,12 +412,10 @@ class GymStepper:
         *,
         want_obs: bool = True,
         info_keys: Sequence[str] = (),
-        text_keys: Sequence[str] = (),
     ) -> ResultBatch:
         """Starts an episode on each of ``lanes`` (ascending), with per lane a
-        seed, ``options`` and wall-clock cap (0: none); ``text_keys``' values
-        go to ``self.reset_text[key]`` as they are. LaneError: an env raised,
-        or returned an observation that does not fit."""
+        seed, ``options`` and wall-clock cap (0: none). LaneError: an env
+        raised, or returned an observation that does not fit."""
         js = self._lanes(lanes, "reset")
         m = len(js)
         options = [None] * m if options is None else list(options)
@@ -431,15 +429,8 @@ class GymStepper:
             Reset(j, None if s is None else int(s), o or None, float(c))
             for j, s, o, c in zip(js, seeds, options, seconds, strict=True)
         ]
-        keys, texts = tuple(info_keys), tuple(text_keys)
-        asked = tuple(dict.fromkeys(keys + texts))
-        results = self.run(ops, want_obs=want_obs, info_keys=asked, keep_all_obs=False)
-        self.reset_text = {
-            k: [r.infos[0].get(k) if r.infos else None for r in results] for k in texts
-        }
-        return self.collect(
-            results, want_obs=want_obs, info_keys=keys, keep_all_obs=False
-        )
+        kw = dict(want_obs=want_obs, info_keys=tuple(info_keys), keep_all_obs=False)
+        return self.collect(self.run(ops, **kw), **kw)
 
     def step(
         self,
@@ -453,19 +444,17 @@ class GymStepper:
         ``replay`` with counts of 1 and ``keep_all_obs``, by ``step_each``
         where it serves."""
         js = self._lanes(lanes, "step")
-        keys = tuple(info_keys)
-        kw = dict(want_obs=want_obs, info_keys=keys)
-        actions = np.asarray(actions)
+        keys, actions = tuple(info_keys), np.asarray(actions)
         if actions.shape[:1] != (len(js),):
             raise ValueError(
                 f"step: {len(js)} lanes but actions of shape {actions.shape}; "
                 "expected one action per lane, [m, *action_shape]"
             )
         out = self.step_each(np.asarray(js, np.int64), actions, want_obs, keys)
-        if out is not None:
-            return out
-        ones = np.ones(len(js), np.int64)
-        return self.replay(js, ones, actions, keep_all_obs=True, **kw)
+        if out is None:
+            kw = dict(keep_all_obs=True, want_obs=want_obs, info_keys=keys)
+            out = self.replay(js, np.ones(len(js), np.int64), actions, **kw)
+        return out
 
     def step_each(self, lanes, actions, want_obs, info_keys) -> ResultBatch | None:
         """:meth:`step` of checked input when the fast path serves it, else None."""
@@ -678,19 +667,9 @@ class EnvListStepper(GymStepper):
             return None
         into = self._into(len(lane_list))
         obs, r, term, trunc, infos = self.step_lanes(lane_list, actions, into)
-        ones = np.ones(len(lane_list), np.int64)
+        js, ones = lanes.astype(np.int64, copy=False), np.ones(len(lane_list), np.int64)
         info, present = info_leaves(infos, info_keys) if info_keys else ({}, {})
-        return ResultBatch(
-            lanes.astype(np.int64, copy=False),
-            ones,
-            ones,
-            r,
-            term,
-            trunc,
-            obs,
-            info,
-            present,
-        )
+        return ResultBatch(js, ones, ones, r, term, trunc, obs, info, present)
 
     def _into(self, m: int) -> dict[str, np.ndarray] | None:
         """The first ``m`` rows of the ``obs_into`` buffers that fit (or None)."""

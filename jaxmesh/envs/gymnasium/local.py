@@ -103,23 +103,30 @@ class _LaneView:
         """Starts an episode on each of ``lanes`` (any order, with a seed and a
         trial index each): observations as named leaves ``[m, ...]``, rows in
         the order given. ``max_episode_seconds`` caps episodes in ``replay``."""
-        # The stepper resets by ascending lane; ``back`` orders its rows as given.
+        # The lanes reset by ascending lane; ``back`` orders their rows as given.
         lanes = [int(j) for j in lanes]
         order = np.argsort(lanes, kind="stable").tolist()
         back = np.argsort(order)
-        options = None
-        if self.declares_trial_index:  # only then (CONTRACT 6)
-            options = [{TRIAL_INDEX: int(trials[i])} for i in order]
-        seconds = [max_episode_seconds or 0.0] * len(order)
-        ascending = [lanes[i] for i in order]
-        args = (ascending, [int(seeds[i]) for i in order], options, seconds)
-        info, present, texts, obs = self._reset(args, tuple(text_keys), back)
-        self.reset_text = {k: [v[b] for b in back] for k, v in texts.items()}
+        ops = []
+        for i in order:
+            options = None
+            if self.declares_trial_index:  # only then (CONTRACT 6)
+                options = {TRIAL_INDEX: int(trials[i])}
+            seconds = float(max_episode_seconds or 0.0)
+            ops.append(shared.Reset(lanes[i], int(seeds[i]), options, seconds))
+        asked = tuple(dict.fromkeys(self.info_keys + tuple(text_keys)))
+        results = self._resets(ops, asked)
+        rows = [results[b].infos[0] if results[b].infos else {} for b in back]
+        self.reset_text = {k: [row.get(k) for row in rows] for k in text_keys}
+        info, present = shared.info_leaves(rows, self.info_keys)
         self.reset_info, where = {}, f"{self.spec.name} reset"
         for key, values in info.items():
             got = [info_value({key: v}, key, where) for v in values]
-            has = np.asarray(present.get(key, np.ones(len(values), bool)), bool)
-            self.reset_info[key] = (np.asarray(got, np.float64)[back], has[back])
+            has = present.get(key, np.ones(len(values), bool))
+            self.reset_info[key] = (np.asarray(got, np.float64), has)
+        obs, dtypes = {}, self.spec.layout.dtypes
+        for n in self.carried:
+            obs[n] = np.asarray([r.obs[0][n] for r in results], dtypes[n])[back]
         return obs
 
 
@@ -129,12 +136,11 @@ class LocalAdapter(_LaneView):
     def __init__(self, lanes: shared.GymStepper, where: str):
         self.lanes = lanes
         self._view(lanes, where)
+        self.carried = self.spec.layout.names
 
     @_env_errors
-    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray) -> tuple:
-        batch = self.lanes.reset(*args, info_keys=self.info_keys, text_keys=text_keys)
-        obs = {name: rows[back] for name, rows in batch.observation.items()}
-        return batch.info, batch.info_present, self.lanes.reset_text, obs
+    def _resets(self, ops: list, keys: tuple) -> list:
+        return self.lanes.run(ops, want_obs=True, info_keys=keys, keep_all_obs=False)
 
     @_env_errors
     def replay(self, *args: Any, **kwargs: Any) -> shared.ResultBatch:
@@ -265,42 +271,22 @@ class WorkerEnvLanes(_LaneView):
         self.carried = carried
         self.pool.attach(layout, self.spec.action_shape, carried)
 
-    def _rows(self, lanes: Any) -> dict[str, np.ndarray]:
-        slots = self.pool.slots
-        return {n: slots["obs:" + n][lanes] for n in self.carried}
-
-    def _reset(self, args: tuple, text_keys: tuple, back: np.ndarray) -> tuple:
+    def _resets(self, ops: list, keys: tuple) -> list:
         """A worker that dies while resetting is replaced and the reset tried
         once more (its lanes reported ``lost`` by the next ``take``); a second
         death raises ``workers.WorkerLost``, marked with the lane."""
         self.carry()  # every leaf, unless the run named the ones it reads
-        ascending, seeds, options, seconds = args
-        ops = [
-            shared.Reset(j, seed, opt, c)
-            for j, seed, opt, c in zip(
-                ascending, seeds, options or [None] * len(seeds), seconds, strict=True
-            )
-        ]
-        asked = tuple(dict.fromkeys(self.info_keys + text_keys))
-        kw = dict(want_obs=True, info_keys=asked, keep_all_obs=False)
-        pool = self.pool
+        pool, kw = self.pool, dict(want_obs=True, info_keys=keys, keep_all_obs=False)
         for again in (False, True):
             results, lost, _ = pool.run(ops, kw)
             if not lost:
-                break
+                return results
             dead = pool.deaths[0]
             if again:  # the run names the episode reset
                 exc = WorkerLost(dead.worker, lost, dead.exitcode, dead.pid)
                 raise shared.mark_where(exc, (pool.culprits or lost)[0], "resetting")
             self.lost_in_reset.update(lost)
             self.culprits_in_reset += pool.culprits
-        rows = [r.infos[0] if r.infos else {} for r in results]
-        info, present = shared.info_leaves(rows, self.info_keys)
-        texts = {key: [row.get(key) for row in rows] for key in text_keys}
-        obs, dtypes = {}, self.spec.layout.dtypes
-        for n in self.carried:
-            obs[n] = np.asarray([r.obs[0][n] for r in results], dtypes[n])[back]
-        return info, present, texts, obs
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
         """:meth:`EnvLanes.step` in the workers (``lost`` lanes: not stepped)."""
@@ -339,8 +325,8 @@ class WorkerEnvLanes(_LaneView):
             go[[j for j in self.lost if j < n]] = False
         slots = pool.slots
         js = np.flatnonzero(go)
-        for name, rows in self._rows(js).items():
-            obs[name][js] = rows
+        for name in self.carried:
+            obs[name][js] = slots["obs:" + name][js]
         reward = np.where(go, slots["reward"][:n], np.float32(0))
         term = slots["terminated"][:n] & go
         trunc = slots["truncated"][:n] & go

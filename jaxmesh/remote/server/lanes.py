@@ -204,49 +204,47 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
             f"{type(env).__name__} brings its own lanes (pass a list of Envs or a "
             "VectorEnv with the lanes you want)"
         )
-    if isinstance(env, str):
-        if not env.startswith(shared.PREFIX + ":"):
-            raise ValueError(
-                f"env {env!r}: expected 'gymnasium:<id>' (e.g. "
-                "'gymnasium:CartPole-v1'), a gymnasium Env, a list of them, a "
-                "VectorEnv in AutoresetMode.DISABLED, or a factory of one"
-            )
-        count = 1 if lanes is None else lanes
-        if workers > 1 and count > 1:
-            # A Python sim's step holds the GIL: the lanes step in processes.
-            layout = functools.partial(_wire_leaf, where=f"{env} observation_space")
-            procs = ProcessStepper(env, count, workers, layout=layout)
-            try:
-                return ServerStepper(procs, 1)
-            except BaseException:
-                procs.close()
-                raise
-        envs = shared.make_envs(env, count)
-        try:
-            return _served(shared.EnvListStepper, envs, workers, owned=True)
-        except BaseException:
-            for e in envs:
-                e.close()
-            raise
-    if isinstance(env, gymnasium.vector.VectorEnv):
-        return _served(shared.VectorEnvStepper, env, workers)  # DISABLED mode only
+    if isinstance(env, str) and not env.startswith(shared.PREFIX + ":"):
+        raise ValueError(
+            f"env {env!r}: expected 'gymnasium:<id>' (e.g. "
+            "'gymnasium:CartPole-v1'), a gymnasium Env, a list of them, a "
+            "VectorEnv in AutoresetMode.DISABLED, or a factory of one"
+        )
     if isinstance(env, gymnasium.Env):
         env = [env]
-    if isinstance(env, list):
-        # EnvListStepper refuses an empty list, repeated objects, unequal spaces.
-        return _served(shared.EnvListStepper, env, workers)
-    raise TypeError(
-        f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, a "
-        "list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', or "
-        "a zero-argument factory returning one"
-    )
-
-
-def _served(kind: type, env: Any, workers: int, owned: bool = False) -> ServerStepper:
-    first = env[0] if isinstance(env, list) and env else env
-    where = f"{shared.env_name(first)} observation_space"
-    layout = functools.partial(_wire_leaf, where=where)
-    return ServerStepper(kind(env, owned=owned, layout=layout), workers)
+    if not isinstance(env, str | list | gymnasium.vector.VectorEnv):
+        raise TypeError(
+            f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, "
+            "a list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', "
+            "or a zero-argument factory returning one"
+        )
+    count = 1 if lanes is None else lanes
+    if isinstance(env, str) and workers > 1 and count > 1:
+        # A Python sim's step holds the GIL: the lanes step in processes.
+        layout = functools.partial(_wire_leaf, where=f"{env} observation_space")
+        stepper = ProcessStepper(env, count, workers, layout=layout)
+        workers = 1
+    else:
+        # EnvListStepper refuses an empty list, repeated objects, unequal spaces;
+        # VectorEnvStepper a mode other than AutoresetMode.DISABLED.
+        owned = isinstance(env, str)
+        envs = shared.make_envs(env, count) if owned else env
+        vector = isinstance(envs, gymnasium.vector.VectorEnv)
+        first = envs[0] if not vector and envs else envs
+        where = f"{shared.env_name(first)} observation_space"
+        layout = functools.partial(_wire_leaf, where=where)
+        kind = shared.VectorEnvStepper if vector else shared.EnvListStepper
+        try:
+            stepper = kind(envs, owned=owned, layout=layout)
+        except BaseException:
+            for e in envs if owned else ():
+                e.close()
+            raise
+    try:
+        return ServerStepper(stepper, workers)
+    except BaseException:
+        stepper.close()
+        raise
 
 
 def _is_env(env: Any) -> bool:
