@@ -4,7 +4,6 @@ the command line never disagrees with ``jaxmesh.evaluate``."""
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import math
 from pathlib import Path
@@ -47,58 +46,70 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
         )
     if not isinstance(config["policy"], str):
         raise ConfigError(f"policy={config['policy']!r}: expected a string")
-    if suite:
-        config = dict(config, tasks=check_tasks(config["tasks"]))
-    else:
-        check_env(config["env"])
     if ":" not in config["policy"]:
         raise ConfigError(
             f"policy={config['policy']!r}: expected 'module:Name', e.g. "
             "jaxmesh.zoo.cartpole:CartPoleMLP"
         )
-    episodes = config.get("episodes")  # RunConfig checks the other ints
-    if not _is_int(episodes, 0):
+    if suite and config.get("env_config"):
         raise ConfigError(
-            f"episodes={episodes!r}: expected an int >= 0 ({CONFIG_KEYS['episodes']})"
-        )
-    out = dict(config)
-    for key in ("policy_config", "env_config"):
-        value = config.get(key)
-        if value is not None and not isinstance(value, dict):
-            raise ConfigError(
-                f"{key}={value!r}: expected a mapping of keyword arguments "
-                f"({CONFIG_KEYS[key]})"
-            )
-        out[key] = dict(value or {})
-    _check_served_keys(config)
-    if suite and out["env_config"]:
-        raise ConfigError(
-            f"env_config={out['env_config']!r} with tasks: give each task its own "
+            f"env_config={config['env_config']!r} with tasks: give each task its own "
             "env_config (tasks: {name: {env: ..., env_config: {...}}})"
         )
-    if not suite and out["env_config"] and backend_of(config["env"]) != SCAN:
+    out = dict(config, env_config=_check_run_keys(config))
+    if suite:
+        out["tasks"] = check_tasks(config["tasks"])
+    value = config.get("policy_config")
+    if value is not None and not isinstance(value, dict):
         raise ConfigError(
-            f"env_config={out['env_config']!r} with env={config['env']!r}: "
+            f"policy_config={value!r}: expected a mapping of keyword arguments "
+            f"({CONFIG_KEYS['policy_config']})"
+        )
+    out["policy_config"] = dict(value or {})
+    _check_served_keys(config)
+    if out.get("record") is not None:
+        out["record"] = check_record_config(out["record"])
+    if out.get("output") is not None:
+        out["output"] = str(out["output"])
+    return out
+
+
+def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """The env, budget, instruction and env_config of a config (``where``: '')
+    or of its task ``where`` ('tasks.NAME.'), checked; the env_config."""
+    if run.get("env") not in (None, ""):
+        check_env(run["env"])
+    said = run.get("instruction")
+    if said is not None and not isinstance(said, str):
+        raise ConfigError(
+            f"{where}instruction={said!r}: expected a string (quote it in YAML) or "
+            f"null ({CONFIG_KEYS['instruction']})"
+        )
+    lows = (("episodes", 1), ("trial_index_base", 0)) if where else (("episodes", 0),)
+    for key, low in lows:
+        if not _is_int(run.get(key), low):
+            raise ConfigError(
+                f"{where}{key}={run[key]!r}: expected an int >= {low} "
+                f"({CONFIG_KEYS[key]})"
+            )
+    if not _is_seeds(run.get("seeds"), empty=not where):
+        raise ConfigError(f"{where}seeds={run['seeds']!r}: expected a list of ints")
+    env_config = run.get("env_config")
+    if env_config is not None and not isinstance(env_config, dict):
+        raise ConfigError(
+            f"{where}env_config={env_config!r}: expected a mapping of keyword "
+            f"arguments ({CONFIG_KEYS['env_config']})"
+        )
+    if env_config and backend_of(run["env"]) != SCAN:
+        raise ConfigError(
+            f"{where}env_config={env_config!r} with env={run['env']!r}: "
             "env_config only applies to gymnax: and brax: ids (and playground:, "
             "libero:, envpool:); a served env is "
             "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
             "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
             "as registered: remove env_config"
         )
-    text = config.get("instruction")
-    if text is not None and not isinstance(text, str):
-        raise ConfigError(
-            f"instruction={text!r}: expected a string (quote it in YAML) or null "
-            f"({CONFIG_KEYS['instruction']})"
-        )
-    seeds = config.get("seeds")
-    if not _is_seeds(seeds, empty=True):
-        raise ConfigError(f"seeds={seeds!r}: expected a list of ints")
-    if out.get("record") is not None:
-        out["record"] = check_record_config(out["record"])
-    if out.get("output") is not None:
-        out["output"] = str(out["output"])
-    return out
+    return dict(env_config or {})
 
 
 def _is_int(v: Any, low: int) -> bool:
@@ -298,28 +309,7 @@ def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
             )
         if task.get("env") in (None, ""):
             raise ConfigError(f"{where}: the task needs an env: ...")
-        check_env(task["env"])
-        said = task.get("instruction")
-        if said is not None and not isinstance(said, str):
-            raise ConfigError(f"{where}.instruction={said!r}: expected a string")
-        for key, low in (("episodes", 1), ("trial_index_base", 0)):
-            if not _is_int(task.get(key), low):
-                raise ConfigError(
-                    f"{where}.{key}={task[key]!r}: expected an int >= {low}"
-                )
-        if not _is_seeds(task.get("seeds"), empty=False):
-            raise ConfigError(
-                f"{where}.seeds={task['seeds']!r}: expected a list of ints"
-            )
-        env_config = task.get("env_config") or {}
-        if not isinstance(env_config, dict):
-            raise ConfigError(f"{where}.env_config={env_config!r}: expected a mapping")
-        if env_config and backend_of(task["env"]) != SCAN:
-            raise ConfigError(
-                f"{where}.env_config={env_config!r}: env_config applies to gymnax:, "
-                "brax:, playground: and libero: ids only"
-            )
-        out[str(name)] = dict(task, env_config=dict(env_config))
+        out[str(name)] = dict(task, env_config=_check_run_keys(task, f"{where}."))
     return out
 
 
@@ -345,6 +335,6 @@ def execution_of(value: Any) -> Any:
         raise ConfigError(f"execution.ensemble: {e}") from e
 
 
-def read_config(args: argparse.Namespace) -> dict[str, Any]:
+def read_config(path: str, sets: list[str]) -> dict[str, Any]:
     """The checked config of a command's ``CONFIG.yaml`` and ``--set``s."""
-    return check_run_config(apply_overrides(load_config(args.config), args.set))
+    return check_run_config(apply_overrides(load_config(path), sets))

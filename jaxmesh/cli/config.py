@@ -118,7 +118,10 @@ def keys_help(width: int | None = None) -> str:
     column = max(map(len, SCHEMA)) + 4
     lines = ["config keys (YAML; --set KEY=VALUE overrides one; docs/cli.md):"]
     for key, k in SCHEMA.items():
-        default = "" if k.default is None else f" (default: {_yaml(k.default)})"
+        default = ""
+        if k.default is not None:
+            shown = yaml.safe_dump(k.default, default_flow_style=True)
+            default = f" (default: {shown.strip().removesuffix('...').strip()})"
         lines.append(
             textwrap.fill(
                 f"{k.type}: {k.help}{default}",
@@ -129,15 +132,6 @@ def keys_help(width: int | None = None) -> str:
             )
         )
     return "\n".join(lines)
-
-
-def _yaml(value: Any) -> str:
-    return (
-        yaml.safe_dump(value, default_flow_style=True)
-        .strip()
-        .removesuffix("...")
-        .strip()
-    )
 
 
 class _DuplicateKey(yaml.YAMLError):

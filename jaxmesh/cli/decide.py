@@ -34,10 +34,6 @@ POLICY_KEYS = ("policy", "policy_config", "host", "output")
 BUDGET_KEYS = ("episodes", "seeds", "record", "check_seeds")
 
 
-def _config(path: str, sets: list[str]) -> dict[str, Any]:
-    return read_config(argparse.Namespace(config=path, set=sets))
-
-
 def _check_same_run(a: dict, b: dict, path_a: str, path_b: str) -> None:
     skip = set(POLICY_KEYS) | set(BUDGET_KEYS)
     differ = sorted(
@@ -104,8 +100,8 @@ def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> 
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    config_a = _config(args.a, args.set)
-    config_b = _config(args.b, args.set)
+    config_a = read_config(args.a, args.set)
+    config_b = read_config(args.b, args.set)
     _check_same_run(config_a, config_b, args.a, args.b)
     if args.metric == "return" and args.bounds is None:
         raise ConfigError(

@@ -51,7 +51,7 @@ from jaxmesh.suite import SuiteResult
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_config(args.config, args.set)
     use_compile_cache(args.no_compile_cache, "eval")
     report = report_path(args.report, config, args.config)
     suite = config.get("tasks") is not None

@@ -31,7 +31,7 @@ from jaxmesh.serve.forward import STATE_KEYS
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_config(args.config, args.set)
     policy, env, run, _ = build_run(config)
     num_envs = run.num_envs
     if backend_of(env) != SCAN:
