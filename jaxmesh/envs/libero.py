@@ -37,8 +37,6 @@ SUITES: dict[str, int] = {
 DUMMY_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 DEFAULT_SETTLE_STEPS = 10
 DEFAULT_CAMERA_SIZE = 256
-#: LIBERO's cameras, in the order the env returns them.
-CAMERAS = ("agentview", "robot0_eye_in_hand")
 
 #: The OpenGL library each headless backend loads, and its Debian package.
 _GL_LIBRARIES = {
