@@ -58,13 +58,9 @@ def host_env_spec(
             from jaxmesh.run.host.served import ServedLanes  # the [remote] extra: gRPC
 
             addresses = [env] if isinstance(env, str) else list(env)
-            served = served or Served()
-            lanes = ServedLanes(
-                addresses,
-                sys.maxsize,
-                token=served.token,
-                credentials=served.credentials,
-            )
+            s = served or Served()
+            kw = {"token": s.token, "credentials": s.credentials}
+            lanes = ServedLanes(addresses, sys.maxsize, **kw)
             count = lanes.num_lanes
         else:
             lanes = make_lanes(env, 1, 1)
