@@ -19,7 +19,7 @@ import numpy as np
 from jaxmesh.core import tally as core_results
 from jaxmesh.core.engine import with_step_events
 from jaxmesh.core.policy import resolve_policy
-from jaxmesh.core.tally import empty
+from jaxmesh.core.tally import empty, log_capacity
 from jaxmesh.devices import resolve_mesh
 from jaxmesh.envs import make_env, playground
 from jaxmesh.envs.timing import step_seconds
@@ -163,13 +163,15 @@ class Evaluator:
         return plan_run(
             s,
             self._chunks[sig],
-            capacity=self.placement.capacity(episodes, s.num_envs),
-            lanes=self.placement.lanes(s.num_envs),
+            capacity=log_capacity(self.placement.lanes_per_device),
+            lanes=self.placement.lanes_per_device,
         )
 
-    def _program(self, params: Any, plan: RunPlan, steps: bool = False) -> _Program:
-        """The program for these params' shapes and this plan, built but not
-        necessarily compiled; ``steps``: with step events."""
+    def _program(
+        self, params: Any, plan: RunPlan, steps: bool = False, compile: bool = False
+    ) -> _Program:
+        """The program for these params' shapes and this plan (``compile``: with
+        its segment compiled); ``steps``: with step events."""
         key = (build.signature(params), plan.capacity) + (("on_step",) if steps else ())
         if key not in self._programs:
             engine = build.build_engine(
@@ -184,19 +186,12 @@ class Evaluator:
             if steps:
                 engine = with_step_events(engine, self._sink)
             self._programs[key] = _Program(engine, plan)
-        return self._programs[key]
-
-    def _compiled(
-        self, params: Any, plan: RunPlan, steps: bool = False
-    ) -> tuple[_Program, bool]:
-        """The program with its segment compiled; whether it compiled now."""
-        program = self._program(params, plan, steps)
-        if program.segment is not None:
-            return program, False
-        program.segment = self.placement.compile(
-            program.engine, params, self.settings.segment_steps
-        )
-        return program, True
+        program = self._programs[key]
+        if compile and program.segment is None:
+            program.segment = self.placement.compile(
+                program.engine, params, self.settings.segment_steps
+            )
+        return program
 
     def run(
         self,
@@ -221,43 +216,18 @@ class Evaluator:
           ``exc.partial_result``.
         """
         t_start, starts = time.perf_counter(), self.config.starts
+        record = check_record(record)
         if trial_index_base is None:
             trial_index_base = starts.trial_index_base
+        trial_index_base = checks.check_int(
+            "trial_index_base", trial_index_base, 0, TRIAL_HINT
+        )
         if success_mode is None:
             success_mode = self.success_mode
+        success_mode = checks.check_success_mode(success_mode)
         if instruction is None:
             instruction = starts.instruction
-        return self._run(
-            t_start,
-            episodes=episodes,
-            seeds=seeds,
-            params=params,
-            hooks=hooks,
-            record=check_record(record),
-            trial_index_base=checks.check_int(
-                "trial_index_base", trial_index_base, 0, TRIAL_HINT
-            ),
-            initial_states=initial_states,
-            success_mode=checks.check_success_mode(success_mode),
-            instruction=instructions.check_instruction(instruction),
-        )
-
-    def _run(
-        self,
-        t_start: float,
-        *,
-        episodes: int | None,
-        seeds: Sequence[int] | None,
-        params: Any,
-        hooks: Any,
-        record: Any,
-        trial_index_base: int,
-        initial_states: Any,
-        success_mode: str,
-        instruction: str | None,
-    ) -> RunResult:
-        """``run`` with its values checked (``initial_states`` may be a
-        resolved ``initial.Trials``)."""
+        instruction = instructions.check_instruction(instruction)
         pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         e = int(seeds_arr.size)
@@ -305,29 +275,28 @@ class Evaluator:
                 "step events are sent from one device's program; drop devices= "
                 "for a run with on_step hooks, or keep on_episode_end only"
             )
-        if e:  # every check runs before a hook hears of the run
-            self._program(params, plan, bool(steps))
+        # Every check runs before a hook hears of the run.
+        program = self._program(params, plan, bool(steps)) if e else None
         stream.call(hook_list, "on_run_start", {"episodes": e, **run_fields})
         episodes_out = stream.EpisodeStream(
             hook_list, seeds_arr, pol.on_episode_end, run_fields
         )
         run = _RunData(record, trials, texts, steps, episodes_out)
-        compiled: list = []
 
         def compile_program() -> float:
-            if e == 0:
+            nonlocal program
+            if program is None:
                 return 0.0
-            t0 = time.perf_counter()
-            program, fresh = self._compiled(params, plan, bool(steps))
-            compiled.append(program)
+            t0, fresh = time.perf_counter(), program.segment is None
+            program = self._program(params, plan, bool(steps), compile=True)
             return time.perf_counter() - t0 if fresh else 0.0
 
         def loop() -> Any:
-            if e == 0:
+            if program is None:
                 named, key = self.metrics
                 return empty(0, 0, np, metrics=named, success=key is not None)
             with self._sink.listen(steps):
-                return self._loop(compiled[0], params, seeds_arr, run)
+                return self._loop(program, params, seeds_arr, run)
 
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
@@ -384,7 +353,7 @@ class Evaluator:
         for a, b in pieces:
             if a:  # the next piece's pool, and the program that calls it
                 self._bind(seeds_arr[a:b], plan.lanes)
-                program = self._compiled(params, plan, steps)[0]
+                program = self._program(params, plan, steps, compile=True)
             state, book = self._run_piece(
                 program, params, seeds_arr[a:b], a, e, book, run
             )
@@ -532,8 +501,7 @@ def run(
     scoring, starts, devices = config.scoring, config.starts, config.layout.devices
     mesh = resolve_mesh(devices)
     record = check_record(record)
-    if mesh is not None:
-        placement.refuse_mesh_record(devices, record)
+    placement.refuse_mesh_record(devices, mesh, record)
     trials = initial.resolve(starts.initial_states, starts.reset_fn)
     key = (id(policy), _env_key(env), config.settings, with_params, str(pol.device))
     # Recorded episodes and initial states are data: same shapes, one program.
@@ -547,8 +515,7 @@ def run(
             policy, env, config, takes_params=with_params, _checked=checked
         ),
     )
-    return ev._run(
-        time.perf_counter(),
+    return ev.run(
         episodes=episodes,
         seeds=seeds,
         params=params,

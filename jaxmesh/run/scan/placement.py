@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxmesh.core.carry import refill, window, window_fits, with_window
-from jaxmesh.core.tally import Results, log_capacity
+from jaxmesh.core.tally import Results
 from jaxmesh.devices import check_local_share, host_device, mesh_size, resolve_mesh
 from jaxmesh.run import build
 from jaxmesh.run.scan import sharded
@@ -40,20 +40,12 @@ class SingleDevice:
     #: One program sends the step events in order.
     supports_step_hooks = True
 
-    def __init__(self, device: Any = None):
-        self.device = device
+    def __init__(self, device: Any, num_envs: int):
+        self.device, self.lanes_per_device = device, num_envs
         #: Per engine: the ``(lanes, agent)`` its last run kept (None once a run
         #: took them) and its first run's zero results (never donated).
         self._spares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-
-    def lanes(self, num_envs: int) -> int:
-        return num_envs
-
-    def capacity(self, episodes: int, num_envs: int) -> int:
-        """Rows of a segment's log: set by the lanes, never the budget."""
-        del episodes
-        return log_capacity(num_envs)
 
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
         """The engine's segment, compiled for these params' shapes."""
@@ -137,14 +129,6 @@ class DeviceMesh:
         self._split = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
         self._whole = NamedSharding(mesh, PartitionSpec())
 
-    def lanes(self, num_envs: int) -> int:
-        del num_envs
-        return self.lanes_per_device
-
-    def capacity(self, episodes: int, num_envs: int) -> int:
-        del episodes, num_envs
-        return log_capacity(self.lanes_per_device)
-
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
         """The engine's segment over the mesh, for carries stacked by device."""
         d = self.num_devices
@@ -172,22 +156,16 @@ class DeviceMesh:
         the mesh axis (``record``: None, refused on a mesh)."""
         del record
         shares = sharded.device_seeds(seeds, self.num_devices)
-        trial_shares = self._trial_shares(trials)
-        if trials is not None:
-            trial_shares = [(t, trials[1]) for t in trial_shares]
+        trial_of = sharded.device_seeds(trials and trials[0], self.num_devices)
         host = host_device()
         carry = self._stack(
             lambda d: jax.device_get(
-                engine.first_carry(shares[d], host, None, trial_shares[d], texts)
+                engine.first_carry(
+                    shares[d], host, None, trials and (trial_of[d], trials[1]), texts
+                )
             )
         )
         return (carry.lanes, carry.agent), carry.results
-
-    def _trial_shares(self, trials: Any) -> list:
-        """Each device's share of the trial indices."""
-        if trials is None:
-            return [None] * self.num_devices
-        return sharded.device_seeds(trials[0], self.num_devices)
 
     def _stack(self, build: Any) -> Any:
         """Host pytrees ``build(d)`` of this process's devices, placed and
@@ -233,9 +211,9 @@ class DeviceMesh:
             return state, base
         lanes, ag = state
         shares = sharded.device_seeds(seeds, d_count)
-        trial_shares = self._trial_shares(trials)
+        trial_of = sharded.device_seeds(trials and trials[0], d_count)
         windows = [
-            window(engine.config, shares[d], int(next_episode[d]), trial_shares[d])
+            window(engine.config, shares[d], int(next_episode[d]), trial_of[d])
             for d in range(d_count)
         ]
         lanes = with_window(lanes, self._stack(lambda d: windows[d]))
@@ -252,15 +230,15 @@ def placement_for(
         what ``DeviceMesh`` refuses.
     """
     mesh = resolve_mesh(devices)
+    refuse_mesh_record(devices, mesh, record)
     if mesh is None:
-        return SingleDevice(policy.device)
-    refuse_mesh_record(devices, record)
+        return SingleDevice(policy.device, num_envs)
     return DeviceMesh(mesh, num_envs, policy)
 
 
-def refuse_mesh_record(devices: Any, record: Any) -> None:
-    """ValueError for ``record=`` with ``devices=``."""
-    if record is None:
+def refuse_mesh_record(devices: Any, mesh: Any, record: Any) -> None:
+    """ValueError for ``record=`` with ``devices=`` (``mesh``: not None)."""
+    if mesh is None or record is None:
         return
     raise ValueError(
         f"record={record!r} with devices={devices!r}: recorded episodes are kept "

@@ -33,9 +33,10 @@ def split_lanes(num_envs: int, devices: int) -> int:
     return num_envs // devices
 
 
-def device_seeds(seeds: np.ndarray, devices: int) -> list[np.ndarray]:
-    """Device d's share of the budget: episodes d, d + D, d + 2D, ..."""
-    return [seeds[d::devices] for d in range(devices)]
+def device_seeds(seeds: np.ndarray | None, devices: int) -> list:
+    """Device d's share of the budget: episodes d, d + D, d + 2D, ... (None:
+    None each)."""
+    return [None if seeds is None else seeds[d::devices] for d in range(devices)]
 
 
 def put(tree: Any, sharding: NamedSharding) -> Any:
@@ -64,16 +65,6 @@ def to_host(tree: Any, mesh: Mesh) -> Any:
         return jax.device_get(tree)
     whole = _gather(mesh)(tree)
     return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), whole)
-
-
-def fingerprint(seeds: np.ndarray, params: Any) -> np.ndarray:
-    """``[episodes, crc32 of the seeds, crc32 of the params]``: what every
-    process of a run must agree on."""
-    p = 0
-    for leaf in jax.tree.leaves(params):
-        p = zlib.crc32(np.ascontiguousarray(np.asarray(leaf)).tobytes(), p)
-    s = zlib.crc32(np.ascontiguousarray(seeds, np.int64).tobytes())
-    return np.array([seeds.size, s, p], np.uint32)
 
 
 def merge_logs(stacked: Results, lanes: int) -> Results:
@@ -132,13 +123,15 @@ def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
     """
     if not mesh.is_multi_process:
         return
-    mine = fingerprint(seeds, params)
+    p = 0
+    for leaf in jax.tree.leaves(params):
+        p = zlib.crc32(np.ascontiguousarray(np.asarray(leaf)).tobytes(), p)
+    s = zlib.crc32(np.ascontiguousarray(seeds, np.int64).tobytes())
     d = mesh_size(mesh)
-    rows = np.broadcast_to(mine, (d, mine.size))
+    # Every process's [episodes, crc32 of the seeds, crc32 of the params].
+    rows = np.broadcast_to(np.array([seeds.size, s, p], np.uint32), (d, 3))
     split = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
-    rows = to_host(
-        jax.make_array_from_callback(rows.shape, split, lambda i: rows[i]), mesh
-    )
+    rows = to_host(put(rows, split), mesh)
     owners = [dev.process_index for dev in mesh.devices.flat]
     differ = sorted({owners[k] for k in range(d) if np.any(rows[k] != rows[0])})
     if differ:
