@@ -119,8 +119,7 @@ class BettingSequence:
         self.lo, self.hi, self.null = lo, hi, float(null)
         self.truncation = float(truncation)
         m0 = (self.null - lo) / (hi - lo)
-        points = np.union1d(np.linspace(0.0, 1.0, grid), [m0])
-        self.grid = points
+        self.grid = points = np.union1d(np.linspace(0.0, 1.0, grid), [m0])
         self._null_at = int(np.searchsorted(points, m0))
         # log K+ and log K- per grid point (ONS: log K in both).
         self._log_plus = np.zeros(points.size)
@@ -150,21 +149,17 @@ class BettingSequence:
         so far): the null is rejected at level ``alpha``."""
         return self.decided_at is not None
 
-    def _to_value(self, m: float) -> float:
-        return self.lo + m * (self.hi - self.lo)
-
     @property
     def interval(self) -> tuple[float, float]:
         """The open interval that holds the confidence set, on the values'
         scale: its ends are the nearest excluded grid points (or the bounds)."""
         kept = np.flatnonzero(~self._excluded)
-        if not kept.size:  # every grid point excluded: the best-supported one
-            m = float(self.grid[np.argmin(self._hedged())])
-            return self._to_value(m), self._to_value(m)
-        i, j = int(kept[0]), int(kept[-1])
-        low = self.grid[max(i - 1, 0)]
-        high = self.grid[min(j + 1, self.grid.size - 1)]
-        return self._to_value(float(low)), self._to_value(float(high))
+        if kept.size:
+            ends = [max(kept[0] - 1, 0), min(kept[-1] + 1, self.grid.size - 1)]
+        else:  # every grid point excluded: the best-supported one
+            ends = [np.argmin(self._hedged())] * 2
+        low, high = self.lo + self.grid[ends] * (self.hi - self.lo)
+        return float(low), float(high)
 
     def _hedged(self) -> np.ndarray:
         if self.bets == "mixture":
