@@ -142,8 +142,9 @@ def run_one(
     resume: Any,
     **call: Any,
 ) -> RunResult:
-    """One run of one env (``target``: it and its backend), resumed, traced and
-    fingerprinted; ``call``: ``evaluate``'s budget, params, hooks, record."""
+    """One run of one env (``target``: it and its backend), resumed, traced,
+    run by its backend and its result (or ``partial_result``) fingerprinted;
+    ``call``: ``evaluate``'s budget, params, hooks, record."""
     if isinstance(resume, suite.SuiteResult):
         raise TypeError(
             "resume= is a SuiteResult, but env is not a Suite: resume a suite "
@@ -153,27 +154,15 @@ def run_one(
     settings = _trace_settings(policy, target, config, call) if path else None
     with tracing(path, settings):
         todo = resume_mod.Resumption(resume, policy, target, config, call)
-        with todo.running():
-            new = fingerprinted(policy, target, todo.config, todo.call)
+        config, call = todo.config, todo.call
+        with todo.running(), resume_mod.fingerprinting(policy, config, call) as stamp:
+            # The backend refuses (ValueError, TypeError) a setting it does not
+            # take; a served env's options go to it.
+            served = config.for_backend(target)
+            given = call if served is None else {**call, "served": served}
+            run = dispatch.route(target).evaluate
+            new = stamp(run(policy, target.env, config, **given))
         return todo.merged(new)
-
-
-def fingerprinted(
-    policy: Any, target: backend.Target, config: RunConfig, call: dict
-) -> RunResult:
-    """The backend's run, its result (or ``partial_result``) fingerprinted."""
-    with resume_mod.fingerprinting(policy, config, call) as stamp:
-        return stamp(run_backend(policy, target, config, **call))
-
-
-def run_backend(
-    policy: Any, target: backend.Target, config: RunConfig, **call: Any
-) -> RunResult:
-    """The env's backend runs the budget, refusing (ValueError, TypeError) a
-    setting it does not take; ``call`` as for ``run_one``."""
-    served = config.for_backend(target)  # a served env's options, else None
-    given = call if served is None else {**call, "served": served}
-    return dispatch.route(target).evaluate(policy, target.env, config, **given)
 
 
 def _trace_settings(
