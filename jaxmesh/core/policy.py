@@ -91,8 +91,6 @@ def _as_is(tree: Any) -> Any:
 def _numpy_on_device(tree: Any) -> Any:
     """``tree`` with its numpy leaves on jax's default device: the copy jit
     would make at each call (a third of a 2x256 MLP's step), made once."""
-    if tree is None:
-        return None
     return jax.tree.map(
         lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, tree
     )

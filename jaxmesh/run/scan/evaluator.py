@@ -232,7 +232,17 @@ class Evaluator:
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         e = int(seeds_arr.size)
         hook_list = stream.hooks_list(hooks)
-        record = self._check_run_record(record, e)
+        own = self.record
+        if record is None:
+            record = own
+        elif own is None or record_shape(record) != record_shape(own):
+            raise ValueError(
+                f"run(record={record!r}): this Evaluator was built with "
+                f"record={own!r}; a run may name other episodes, as many, with "
+                "the same max_steps, keys and states. Build an Evaluator with "
+                "this record"
+            )
+        check_record_budget(record, e)
         trials = initial.run_trials(self.trials, initial_states, trial_index_base, e)
         if self.takes_params and params is None:
             raise TypeError(
@@ -324,21 +334,6 @@ class Evaluator:
         self._bound = None  # the last pool is freed before the next is built
         self._bound = self.env.bind(seeds, lanes)
 
-    def _check_run_record(self, record: Any, episodes: int) -> Any:
-        """The ``Record`` of a run: the evaluator's, or one of its shape."""
-        own = self.record
-        if record is None:
-            record = own
-        elif own is None or record_shape(record) != record_shape(own):
-            raise ValueError(
-                f"run(record={record!r}): this Evaluator was built with "
-                f"record={own!r}; a run may name other episodes, as many, with "
-                "the same max_steps, keys and states. Build an Evaluator with "
-                "this record"
-            )
-        check_record_budget(record, episodes)
-        return record
-
     def _loop(self, program: _Program, params, seeds_arr, run: _RunData) -> Any:
         """Runs segments until the budget is done; returns the host ``Results``."""
         place, plan = self.placement, program.plan
@@ -374,13 +369,12 @@ class Evaluator:
         """Runs the piece of ``seeds`` (from episode ``offset``) into the host
         ``book`` of all ``e`` episodes; returns the last state and the book."""
         place, plan, rec = self.placement, program.plan, run.record
+        if rec is not None:  # the piece's recorded episodes (-1: another piece's)
+            local = np.asarray(rec.episodes, np.int32) - offset
+            rec = np.where((local >= 0) & (local < seeds.size), local, -1)
         with span("init", "run"):  # a piece's first carry, and the params
             state, res = place.first_carry(
-                program.engine,
-                seeds,
-                None if rec is None else _piece_episodes(rec.episodes, offset, seeds),
-                run.trials,
-                run.texts,
+                program.engine, seeds, rec, run.trials, run.texts
             )
             params = place.put_params(params)
         before = (0, 0) if book is None else (book.env_steps, book.policy_rows)
@@ -411,12 +405,6 @@ class Evaluator:
             state, base = place.put_window(
                 program.engine, state, base, seeds, next_episode, run.trials
             )
-
-
-def _piece_episodes(episodes: Any, offset: int, seeds: np.ndarray) -> np.ndarray:
-    """A piece's recorded episodes in its own indices (-1: another piece's)."""
-    local = np.asarray(episodes, np.int32) - offset
-    return np.where((local >= 0) & (local < seeds.size), local, -1).astype(np.int32)
 
 
 def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> Any:

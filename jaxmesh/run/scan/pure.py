@@ -42,12 +42,29 @@ def make_evaluator(
       returns = jax.jit(jax.vmap(run))(population).returns  # [P, 16]
     """
     config = from_keywords(config, settings, "jaxmesh.make_evaluator")
-    _refuse_host_settings(config)
-    settings = config.settings
+    # What needs the host between segments is refused: one program runs it all.
+    given = changed(config.starts) + [
+        name
+        for name, value in (
+            ("served", config.served),
+            ("workers", config.workers),
+            ("max_episode_seconds", config.max_episode_seconds),
+            ("devices", config.layout.devices),
+        )
+        if value is not None
+    ]
+    if config.layout.segment_steps != checks.DEFAULT_SEGMENT_STEPS:
+        given.append("segment_steps")
+    if given:
+        raise ValueError(
+            f"make_evaluator(..., {given[0]}=...): the pure evaluator is one "
+            "program over the whole budget, with no host between segments, so it "
+            f"does not take {given[0]}; use jaxmesh.evaluate or jaxmesh.Evaluator"
+        )
     seeds_arr = checks.resolve_budget(episodes, seeds, device_buffers=True)
     env_obj = make_env(env)
     name = getattr(env_obj, "name", type(env_obj).__name__)
-    settings = checks.resolve_delay_ms(settings, step_seconds(env_obj), name)
+    settings = checks.resolve_delay_ms(config.settings, step_seconds(env_obj), name)
     pol = resolve_policy(policy, with_params=True)
     kept = build.engine_metrics(env_obj, config.scoring.asked)  # checked once
     e = int(seeds_arr.size)
@@ -76,25 +93,3 @@ def make_evaluator(
         return engines[sig].run(params, jnp.asarray(s, jnp.int32))
 
     return evaluator
-
-
-def _refuse_host_settings(config: RunConfig) -> None:
-    """ValueError for a setting the one pure program cannot honour."""
-    given = changed(config.starts) + [
-        name
-        for name, value in (
-            ("served", config.served),
-            ("workers", config.workers),
-            ("max_episode_seconds", config.max_episode_seconds),
-            ("devices", config.layout.devices),
-        )
-        if value is not None
-    ]
-    if config.layout.segment_steps != checks.DEFAULT_SEGMENT_STEPS:
-        given.append("segment_steps")
-    if given:
-        raise ValueError(
-            f"make_evaluator(..., {given[0]}=...): the pure evaluator is one "
-            "program over the whole budget, with no host between segments, so it "
-            f"does not take {given[0]}; use jaxmesh.evaluate or jaxmesh.Evaluator"
-        )

@@ -179,7 +179,17 @@ def shard_population(evaluator: Any, devices: Any = "all") -> Any:
             population, *seeds
         )
 
-    fns: dict = {}
+    @functools.cache
+    def program(n_seeds: int) -> Any:
+        return jax.jit(
+            jax.shard_map(
+                local,
+                mesh=mesh,
+                in_specs=(spec,) + (PartitionSpec(),) * n_seeds,
+                out_specs=spec,
+                check_vma=False,
+            )
+        )
 
     def run(population: Any, seeds: Any = None) -> Results:
         sizes = {
@@ -198,16 +208,6 @@ def shard_population(evaluator: Any, devices: Any = "all") -> Any:
                 f"(e.g. {math.ceil(p / d) * d})"
             )
         extra = () if seeds is None else (seeds,)
-        if len(extra) not in fns:
-            fns[len(extra)] = jax.jit(
-                jax.shard_map(
-                    local,
-                    mesh=mesh,
-                    in_specs=(spec,) + (PartitionSpec(),) * len(extra),
-                    out_specs=spec,
-                    check_vma=False,
-                )
-            )
-        return fns[len(extra)](population, *extra)
+        return program(len(extra))(population, *extra)
 
     return run
