@@ -19,8 +19,6 @@ import numpy as np
 from jaxmesh.envs.brax import positive_int
 from jaxmesh.envs.names import check_id, need
 
-_MSB = np.uint32(0x80000000)
-
 #: Atari defaults: an episode is a whole game, rewards are not clipped (as
 #: evaluation protocols score them).
 ATARI_DEFAULTS = {"episodic_life": False, "reward_clip": False}
@@ -31,6 +29,8 @@ POOL_EPISODES = 1000
 
 #: The seed of the spare env of each lane (its episodes are never reported).
 SPARE_SEED = 0
+
+_MSB = np.uint32(0x80000000)
 
 
 def make(task_id: str, pool_episodes: int = POOL_EPISODES, **kwargs: Any) -> EnvPoolEnv:
@@ -298,32 +298,67 @@ def _widen(action: jax.Array, raw: np.dtype) -> jax.Array:
 
 
 def f64_bits_to_f32(lo: jax.Array, hi: jax.Array) -> jax.Array:
-    """The float64 of bits ``hi:lo`` (uint32 words) as numpy's
-    ``astype(np.float32)``, on the host (the program holds no float64)."""
-
-    def host(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        x = np.stack([lo, hi], -1).view(np.float64)[..., 0]
-        # XLA's threads flush float32 subnormals to zero: round those by hand.
-        with np.errstate(all="ignore"):
-            bits = x.astype(np.float32).view(np.uint32)
-            sub = np.rint(np.abs(x) * 2.0**149).astype(np.uint32) | (hi & _MSB)
-        return np.where(np.abs(x) < 2.0**-126, sub, bits)
-
-    out = jax.ShapeDtypeStruct(jnp.shape(lo), jnp.uint32)
-    bits = jax.pure_callback(host, out, lo, hi, vmap_method="broadcast_all")
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    """The float32 nearest (ties to even) to the float64 of bits ``hi:lo``
+    (uint32 words), as numpy's ``astype(np.float32)``; inf and nan kept."""
+    u32 = jnp.uint32
+    sign = hi & u32(_MSB)
+    e = ((hi >> 20) & u32(0x7FF)).astype(jnp.int32)
+    sig_hi = (hi & u32(0xFFFFF)) | u32(1 << 20)  # 21 bits, the implicit one
+    e32 = e - 896  # the float32 biased exponent
+    # Keep 24 bits of the 53-bit significand (fewer for a subnormal result).
+    r = jnp.clip(29 + jnp.maximum(1 - e32, 0), 29, 60)
+    s_lo = jnp.minimum(r, 31).astype(u32)
+    kept_lo = (sig_hi << (32 - s_lo)) | (lo >> s_lo)  # r < 32
+    kept_hi = sig_hi >> jnp.clip(r - 32, 0, 31).astype(u32)  # r >= 32
+    kept = jnp.where(r < 32, kept_lo, jnp.where(r - 32 > 20, u32(0), kept_hi))
+    # The dropped bits against half of the last kept bit, as (high, low) words.
+    low_mask = jnp.where(r < 32, (u32(1) << s_lo) - 1, u32(0xFFFFFFFF))
+    rem_lo = lo & low_mask
+    hi_bits = jnp.clip(r - 32, 0, 31).astype(u32)
+    rem_hi = jnp.where(r <= 32, u32(0), sig_hi & ((u32(1) << hi_bits) - 1))
+    half_lo = jnp.where(r <= 32, u32(1) << (s_lo - 1).astype(u32), u32(0))
+    half_lo = jnp.where(r == 32, u32(_MSB), half_lo)
+    half_hi = jnp.where(r > 32, u32(1) << jnp.clip(r - 33, 0, 31).astype(u32), u32(0))
+    above = (rem_hi > half_hi) | ((rem_hi == half_hi) & (rem_lo > half_lo))
+    tie = (rem_hi == half_hi) & (rem_lo == half_lo)
+    up = above | (tie & ((kept & 1) == 1))
+    body = (jnp.maximum(e32, 1) - 1).astype(u32) << 23
+    bits = body + kept + up.astype(u32)
+    bits = jnp.where(e32 >= 255, u32(0x7F800000), bits)
+    nan = (e == 0x7FF) & (((hi & u32(0xFFFFF)) | lo) != 0)
+    bits = jnp.where(e == 0x7FF, u32(0x7F800000), bits)
+    bits = jnp.where(nan, u32(0x7FC00000), bits)
+    bits = jnp.where(e == 0, u32(0), bits)  # float64 zero and subnormals
+    return jax.lax.bitcast_convert_type(bits | sign, jnp.float32)
 
 
 def f32_to_f64_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The float64 equal to float32 ``x``, as (low, high) uint32 words."""
-
-    def host(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        b = np.asarray(x).view(np.uint32)
-        # XLA's threads read float32 subnormals as zero: scale their bits.
-        tiny = (b & 0x7FFFFF) * 2.0**-149
-        mag = np.where(b & 0x7F800000, np.abs(x).astype(np.float64), tiny)
-        words = np.where(b & _MSB, -mag, mag)[..., None].view(np.uint32)
-        return words[..., 0], words[..., 1]
-
-    word = jax.ShapeDtypeStruct(jnp.shape(x), jnp.uint32)
-    return jax.pure_callback(host, (word, word), x, vmap_method="broadcast_all")
+    u32 = jnp.uint32
+    b = jax.lax.bitcast_convert_type(x, u32)
+    sign = b & u32(_MSB)
+    e = ((b >> 23) & u32(0xFF)).astype(jnp.int32)
+    m = b & u32(0x7FFFFF)
+    # Normal numbers: rebias the exponent, move the mantissa up 29 bits.
+    hi = (((e + 896).astype(u32)) << 20) | (m >> 3)
+    lo = (m & u32(7)) << 29
+    # inf and nan
+    hi = jnp.where(e == 255, u32(0x7FF00000) | (m >> 3), hi)
+    # Subnormals: normalize (the top set bit p of m becomes the implicit one).
+    p = 31 - jax.lax.clz(m).astype(jnp.int32)
+    frac = m ^ (u32(1) << jnp.clip(p, 0, 31).astype(u32))
+    s = 52 - p  # shift of frac into the 52-bit mantissa, 30..52
+    sub_hi = jnp.where(
+        s >= 32,
+        frac << jnp.clip(s - 32, 0, 31).astype(u32),
+        frac >> jnp.clip(32 - s, 0, 31).astype(u32),
+    )
+    sub_lo = jnp.where(s >= 32, u32(0), frac << jnp.clip(s, 0, 31).astype(u32))
+    sub_hi = (((p - 149 + 1023).astype(u32)) << 20) | sub_hi
+    sub = (e == 0) & (m != 0)
+    hi = jnp.where(sub, sub_hi, hi)
+    lo = jnp.where(sub, sub_lo, lo)
+    zero = (e == 0) & (m == 0)
+    hi = jnp.where(zero, u32(0), hi)
+    lo = jnp.where(zero, u32(0), lo)
+    return lo, hi | sign
