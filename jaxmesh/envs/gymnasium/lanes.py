@@ -363,20 +363,6 @@ class GymStepper:
         """One lane's observation as named leaves, checked (``ObsLayout.leaves``)."""
         return self.layout.leaves(value, lane)
 
-    def stepped_obs(self, values, lanes, out=None) -> dict[str, np.ndarray]:
-        """``ObsLayout.stack`` of a step: a bad one raises its lane's LaneError."""
-        try:
-            return self.layout.stack(values, lanes, out)
-        except Exception as exc:
-            bad = lanes[0]
-            for j, v in zip(lanes, values, strict=True):
-                try:
-                    self.observation(v, j)
-                except Exception:  # noqa: BLE001 - any failure names this lane
-                    bad = j
-                    break
-            raise LaneError(bad, "stepping", exc) from exc
-
     def _past_deadline(self, lane: int) -> bool:
         deadline = self.deadline[lane]
         return deadline is not None and time.perf_counter() > deadline
@@ -649,7 +635,17 @@ class EnvListStepper(GymStepper):
         where it fits, rewards, terminated, truncated, infos); LaneError."""
         acts = actions.tolist() if self.discrete else actions
         o, r, te, tr, infos = zip(*self.step_envs(lanes, acts, busy), strict=True)
-        obs = self.stepped_obs(o, lanes, into)
+        try:
+            obs = self.layout.stack(o, lanes, into)
+        except Exception as exc:  # a bad observation: its lane's LaneError
+            bad = lanes[0]
+            for j, v in zip(lanes, o, strict=True):
+                try:
+                    self.observation(v, j)
+                except Exception:  # noqa: BLE001 - any failure names this lane
+                    bad = j
+                    break
+            raise LaneError(bad, "stepping", exc) from exc
         term, trunc = np.asarray(te, bool), np.asarray(tr, bool)
         done = term | trunc
         if done.any():
@@ -665,26 +661,18 @@ class EnvListStepper(GymStepper):
         deadline = self.deadline
         if self.ended[lanes].any() or any(deadline[j] is not None for j in lane_list):
             return None
-        into = self._into(len(lane_list))
+        m, layout = len(lane_list), self.layout
+        into = {  # the first m rows of the ``obs_into`` buffers that fit
+            name: buf[:m]
+            for name, buf in (self.obs_into or {}).items()
+            if name in layout.dtypes
+            and (buf.dtype, buf.shape[1:]) == (layout.dtypes[name], layout.shapes[name])
+            and buf.shape[0] >= m
+        }
         obs, r, term, trunc, infos = self.step_lanes(lane_list, actions, into)
-        js, ones = lanes.astype(np.int64, copy=False), np.ones(len(lane_list), np.int64)
         info, present = info_leaves(infos, info_keys) if info_keys else ({}, {})
+        js, ones = lanes.astype(np.int64, copy=False), np.ones(m, np.int64)
         return ResultBatch(js, ones, ones, r, term, trunc, obs, info, present)
-
-    def _into(self, m: int) -> dict[str, np.ndarray] | None:
-        """The first ``m`` rows of the ``obs_into`` buffers that fit (or None)."""
-        if not self.obs_into:
-            return None
-        layout, out = self.layout, {}
-        for name, buf in self.obs_into.items():
-            if (
-                name in layout.dtypes
-                and buf.dtype == layout.dtypes[name]
-                and buf.shape[1:] == layout.shapes[name]
-                and buf.shape[0] >= m
-            ):
-                out[name] = buf[:m]
-        return out or None
 
     def _reset(self, op, want_obs, info_keys) -> LaneResult:
         self._start_clock(op)

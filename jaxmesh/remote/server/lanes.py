@@ -129,11 +129,7 @@ class ServerStepper:
         replays = {o.lane: len(o.actions) for o in ops if isinstance(o, shared.Replay)}
         if not replays:
             return  # resets only: nothing is stepped
-        named = (
-            replays.keys()
-            | {op.lane for op in ops if isinstance(op, shared.Reset)}
-            | set(request.release)
-        )
+        named = {op.lane for op in ops} | set(request.release)
         live = np.flatnonzero(lanes.started & ~lanes.ended)
         missing = [int(j) for j in live if int(j) not in named]
         if missing:
