@@ -52,13 +52,10 @@ class HostPolicy:
     ):
         if not callable(fn):
             raise TypeError(f"HostPolicy: fn must be callable, got {fn!r}")
-        if native_chunk is not None and (
-            isinstance(native_chunk, bool)
-            or not isinstance(native_chunk, int)
-            or native_chunk < 1
-        ):
+        k = native_chunk
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(
-                f"HostPolicy: native_chunk must be a positive int, got {native_chunk!r}"
+                f"HostPolicy: native_chunk must be a positive int, got {k!r}"
             )
         self.fn = fn
         self.batched = batched

@@ -333,8 +333,7 @@ class Model:
         """Releases resources; ``evaluate`` never calls it."""
 
     def placed_params(self) -> Any:
-        """``self.params`` (loaded) on ``self.device``."""
-        self._ensure_loaded()
+        """``self.params`` (loaded: reading them loads) on ``self.device``."""
         return self.place(self.params)
 
     def place(self, tree: Any) -> Any:

@@ -169,23 +169,6 @@ class Served:
         )
 
 
-def _refuse_served(served: Served, label: str) -> None:
-    """A ValueError naming the first ``Served`` option set for an unserved env."""
-    for name in changed(served):
-        value = getattr(served, name)
-        if value is None:  # reply_timeout=None: no limit, nothing to refuse
-            continue
-        why = {
-            "token": "a token is for served envs",
-            "lane_groups": "lane groups pipeline calls to env servers",
-        }.get(name, f"{name} is for served envs")
-        shown = "***" if name in ("token", "credentials") else repr(value)
-        raise ValueError(
-            f"{name}={shown}: {why} ('grpc://host:port'); env {label!r} runs in "
-            f"this process, so drop {name}="
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Where the lanes run and in what pieces.
@@ -315,8 +298,20 @@ class RunConfig:
         served = None
         if kind == backend.SERVED:
             served = Served() if self.served is None else self.served
-        elif self.served is not None:
-            _refuse_served(self.served, label)
+        elif self.served is not None:  # its first option set is refused
+            for name in changed(self.served):
+                value = getattr(self.served, name)
+                if value is None:  # reply_timeout=None: no limit, nothing to refuse
+                    continue
+                why = {
+                    "token": "a token is for served envs",
+                    "lane_groups": "lane groups pipeline calls to env servers",
+                }.get(name, f"{name} is for served envs")
+                shown = "***" if name in ("token", "credentials") else repr(value)
+                raise ValueError(
+                    f"{name}={shown}: {why} ('grpc://host:port'); env {label!r} runs "
+                    f"in this process, so drop {name}="
+                )
         if self.workers and kind != backend.HOST:
             raise ValueError(
                 f"workers={self.workers}: worker processes step a gymnasium env's "
