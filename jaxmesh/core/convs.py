@@ -78,13 +78,10 @@ def _inner(eqn: Any) -> Any:
 
 def _needs(jaxpr: Any) -> bool:
     """Whether ``jaxpr`` holds a convolution ``_eval`` rewrites."""
-    for eqn in jaxpr.eqns:
-        if _slow(eqn):
-            return True
-        inner = _inner(eqn)
-        if inner is not None and _needs(inner[0]):
-            return True
-    return False
+    return any(
+        _slow(eqn) or ((inner := _inner(eqn)) is not None and _needs(inner[0]))
+        for eqn in jaxpr.eqns
+    )
 
 
 def _eval(jaxpr: Any, consts: Any, args: Any) -> list:

@@ -80,14 +80,6 @@ def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable
     return apply, stochastic
 
 
-def _no_params() -> None:
-    return None
-
-
-def _as_is(tree: Any) -> Any:
-    return tree
-
-
 def _numpy_on_device(tree: Any) -> Any:
     """``tree`` with its numpy leaves on jax's default device: the copy jit
     would make at each call (a third of a 2x256 MLP's step), made once."""
@@ -131,8 +123,8 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
         initial_state=None,
         native_chunk=None,
         spec=None,
-        default_params=_no_params,
-        place=_as_is,
+        default_params=lambda: None,
+        place=lambda tree: tree,
         device=None,
         on_episode_end=None,
         takes_execution_horizon=takes_param(policy, EXECUTION_HORIZON),

@@ -104,11 +104,9 @@ class Evaluator:
         config = from_keywords(config, settings, "jaxmesh.Evaluator")
         starts, scoring = config.starts, config.scoring
         if _checked is None:
+            trials = initial.resolve(starts.initial_states, starts.reset_fn)
             _checked = _Checked(
-                policy=None,
-                trials=initial.resolve(starts.initial_states, starts.reset_fn),
-                record=check_record(record),
-                devices=config.layout.devices,
+                None, check_record(record), trials, config.layout.devices
             )
         self.config, self.success_mode = config, scoring.success_mode
         self.trials = trials = _checked.trials
@@ -121,9 +119,9 @@ class Evaluator:
         self.settings = checks.resolve_delay_ms(
             config.settings, step_seconds(self.env), self.env_name
         )
-        self.policy = _checked.policy
-        if self.policy is None:
-            self.policy = resolve_policy(policy, with_params=takes_params)
+        self.policy = _checked.policy or resolve_policy(
+            policy, with_params=takes_params
+        )
         self.takes_params = takes_params
         self._source = (policy, env, randomize)  # keeps the keyed objects alive
         # (info keys, reductions) and the success key, checked by shape.
