@@ -1,9 +1,7 @@
-"""``jaxmesh.make_agent``: the jitted agent step alone, for host loops that step
-their own simulators. The host loop's own program (``PackedStep``) calls the
-same ``agent.host_step`` through fewer buffers (about a microsecond each on a
-CPU): the state's small leaves bitcast into one buffer of 32-bit words, the
-lane masks into one array, the counts into another.
-"""
+"""``jaxmesh.make_agent``: the jitted agent step alone. The host loop's own
+(``PackedStep``) passes fewer buffers (about a microsecond each on a CPU): the
+state's small leaves as one buffer of 32-bit words, the masks and counts as one
+array each."""
 
 from __future__ import annotations
 
@@ -66,13 +64,10 @@ def agent_functions(
     tile_lanes: int | None = None,
     packed: bool = False,
 ) -> tuple:
-    """Probes ``pol`` (with ``params``) against ``env`` (or a host env's spec),
-    plans the run and jits its agent side: ``(config, chunk, init, step,
-    plan)``, ``step`` being ``agent.host_step`` with the state donated.
-    ``tile_lanes``: the lanes the default plan tile is sized for (None: all);
-    ``packed``: the host loop's program (``PackedStep``, or ``DirectStep`` for
-    a ``HostPolicy`` with no device work), else over the ``AgentState`` pytree.
-    ValueError or TypeError (nothing compiled) for a policy that does not fit.
+    """Probes ``pol`` against ``env`` (or a spec), plans and jits the agent
+    side: ``(config, chunk, init, step, plan)``; ``tile_lanes``: the lanes the
+    default tile is sized for; ``packed``: the host loop's program
+    (``PackedStep`` or ``DirectStep``). ValueError or TypeError if it does not fit.
     """
     told, asked = build.told_horizon(pol, settings), build.asks_chunks(settings)
     chunk = build.probe_chunk(
@@ -218,9 +213,8 @@ class StateLayout(NamedTuple):
 
 
 class HostState:
-    """A host loop's agent state: the small leaves in one buffer of 32-bit
-    words on the device, the large ones as they are; a field (``.cursor``)
-    reads its value on the host, read back once per state."""
+    """The small leaves in one buffer of 32-bit words, the large ones as they
+    are; a field (``.cursor``) reads the host copy, read back once per state."""
 
     def __init__(self, layout: StateLayout, flat: jax.Array, big: tuple):
         self.layout, self.flat, self.big = layout, flat, big
@@ -243,9 +237,8 @@ class HostState:
 
 
 class PackedStep:
-    """``agent.host_step`` over a ``HostState``, the lane masks as one bool
-    array and the counts as one int32 array; one jitted program per pattern
-    of inputs given."""
+    """``agent.host_step`` over a ``HostState``, the masks and counts as one
+    array each; one jitted program per pattern of inputs given."""
 
     def __init__(self, cfg: agent.AgentConfig, pol: Policy, step: Any):
         self.cfg, self.pol, self.step = cfg, pol, step

@@ -16,8 +16,7 @@ from jaxmesh.host_policy import row_seeds
 
 
 def applies(cfg: agent.AgentConfig, pol: Any) -> bool:
-    """Whether ``pol`` is a ``HostPolicy`` reading the whole observation, its
-    chunks replayed as they are (the step is then ``DirectStep``)."""
+    """Whether ``pol`` is a ``HostPolicy`` that ``DirectStep`` can step."""
     return (
         pol.host is not None
         and cfg.raw
@@ -28,14 +27,6 @@ def applies(cfg: agent.AgentConfig, pol: Any) -> bool:
         and not cfg.pending_names
         and not cfg.texts
         and pol.initial_state is None
-    )
-
-
-def _host_obs(obs: Any) -> Any:
-    """``obs`` as the jitted step sees it: numpy leaves of JAX's dtypes."""
-    return jax.tree.map(
-        lambda x: np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)),
-        obs,
     )
 
 
@@ -62,12 +53,7 @@ class DirectStep:
         self.cfg, self.host, self.pol = cfg, pol.host, pol
         self._row: Any = None  # one row's output struct (HostPolicy._output)
         self._lanes = np.arange(cfg.num_envs)
-        self._window: Any = None  # the window whose leaves are cached
-        self._window_leaves: list = []
-        self._window_tree: Any = None
-        self._whole = False  # the window is one array, not a nest
-        self._obs: Any = None  # the observation whose leaves are cached
-        self._obs_list: list = []
+        self._flat: dict = {}  # what -> (tree, its leaves, its treedef)
         self._seeds = jax.jit(
             lambda keys, t: row_seeds(agent.plan_keys(keys, t, agent.STREAM_PLAN))
         )
@@ -75,7 +61,8 @@ class DirectStep:
     def init(self, obs: Any, lanes: Any) -> DirectState:
         cfg = self.cfg
         n, h = cfg.num_envs, cfg.h
-        obs = _host_obs(obs)
+        as_jax = lambda x: np.asarray(x, jax.dtypes.canonicalize_dtype(x.dtype))
+        obs = jax.tree.map(lambda x: as_jax(np.asarray(x)), obs)  # the jit's dtypes
         self._row = self.host._output(obs)
         chunk = np.zeros((n, h) + cfg.action_shape, cfg.action_dtype)
         return DirectState(
@@ -114,7 +101,8 @@ class DirectStep:
         # (np.count_nonzero: ``.all()`` / ``.any()`` of [N] bool in a fifth the time)
         every = moved is None or np.count_nonzero(moved) == moved.size
         new = None if every else moved | started
-        for w, o in zip(self._leaves(state), self._obs_leaves(obs), strict=True):
+        window, given = self._leaves("window", state.window), self._leaves("obs", obs)
+        for w, o in zip(window[1], given[1], strict=True):
             if new is None:
                 np.copyto(w, o, casting="unsafe")  # as JAX's dtype: float32
             else:
@@ -134,19 +122,11 @@ class DirectStep:
         cursor += active  # agent._executed
         return state, action
 
-    def _leaves(self, state: DirectState) -> list:
-        """The window's leaves (a loop hands the same state back each step)."""
-        if self._window is not state.window:
-            self._window = state.window
-            self._window_leaves, self._window_tree = jax.tree.flatten(state.window)
-            self._whole = jax.tree_util.treedef_is_leaf(self._window_tree)
-        return self._window_leaves
-
-    def _obs_leaves(self, obs: Any) -> list:
-        """The observation's leaves (a loop passes the same buffers each step)."""
-        if self._obs is not obs:
-            self._obs, self._obs_list = obs, jax.tree.leaves(obs)
-        return self._obs_list
+    def _leaves(self, what: str, tree: Any) -> tuple:
+        """``(tree, leaves, treedef)``, kept: a loop passes the same ones each step."""
+        if what not in self._flat or self._flat[what][0] is not tree:
+            self._flat[what] = (tree, *jax.tree.flatten(tree))
+        return self._flat[what]
 
     def _plan(
         self, state: DirectState, lanes: np.ndarray, ep_keys, t, episodes
@@ -158,10 +138,10 @@ class DirectStep:
         if self.pol.stochastic:
             seeds = np.asarray(self._seeds(ep_keys, np.asarray(t, np.int32)))[sel]
         # Copies: fn may keep what it is given.
-        leaves = [np.array(x[sel]) for x in self._leaves(state)]
-        rows = (
-            leaves[0] if self._whole else jax.tree.unflatten(self._window_tree, leaves)
-        )
+        _, window, tree = self._leaves("window", state.window)
+        leaves = [np.array(x[sel]) for x in window]
+        whole = jax.tree_util.treedef_is_leaf(tree)  # one array, not a nest
+        rows = leaves[0] if whole else jax.tree.unflatten(tree, leaves)
         told = None if episodes is None else np.asarray(episodes)[sel]
         out = self.host.plan(rows, seeds, lanes, self._row, told)
         state.chunk[sel] = out[:, :h] if self.cfg.chunked else out[:, None]
