@@ -1,8 +1,6 @@
-"""The gymnasium envs' backend: the host steps the envs, the agent step is
-jitted. ``driver`` builds a run, ``agent_step`` is the agent step
-(``jaxmesh.make_agent``), ``loop`` the host loop, ``served`` its pace over
-env servers.
-"""
+"""The gymnasium envs' backend: the host steps the envs (``loop``; ``served``
+over env servers), the agent step is jitted (``agent_step``); ``driver`` builds
+a run."""
 
 from jaxmesh.run.host.driver import clear_agents, run_host
 

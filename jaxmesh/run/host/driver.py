@@ -1,7 +1,5 @@
-"""``jaxmesh.evaluate`` over host-stepped gymnasium envs, in process, in worker
-processes or served: ``run_host`` builds the run (its lanes, metrics, recorder
-and the scan engine's jitted agent step, CONTRACT 17) as one ``loop.HostRun``.
-"""
+"""``run_host``: a host-stepped run's lanes, metrics, recorder and the scan
+engine's jitted agent step (CONTRACT 17) as one ``loop.HostRun``."""
 
 from __future__ import annotations
 
@@ -37,14 +35,12 @@ from jaxmesh.run.telemetry import Telemetry
 
 
 class HostMetrics:
-    """Episode metrics and success of host-stepped lanes from their infos,
-    reduced in numpy with the scan engine's arithmetic (``core.rules``); in
-    auto mode (``success=None``) the success key is the first of
-    ``checks.SUCCESS_KEYS`` an episode's info had."""
+    """Episode metrics and success from the lanes' infos (``core.rules`` in
+    numpy); in auto mode the success key is an episode's first of
+    ``checks.SUCCESS_KEYS``."""
 
     def __init__(self, asked: checks.Metrics, num_lanes: int, env_name: str):
-        self.named = asked.named
-        self.env_name = env_name
+        self.named, self.env_name = asked.named, env_name
         named = (asked.success,) if isinstance(asked.success, str) else ()
         auto = asked.success is None
         self.success_keys: tuple[str, ...] = checks.SUCCESS_KEYS if auto else named
@@ -116,9 +112,9 @@ class HostMetrics:
         for name, red in self.named:
             a, c = self.acc[name][lanes], self.count[name][lanes]
             res.metrics[name][episodes] = rules.finalize_metric(np, red, a, c)
-        if not self.success_keys:
-            return
         keys = self.success_keys
+        if not keys:
+            return
         # Each episode's key: the first one its steps had, else (no step had
         # one) the first one its reset had; -1: none.
         key_of = np.full(lanes.size, -1)
@@ -126,21 +122,20 @@ class HostMetrics:
         for had in (seen, self.reset_has):
             for i, k in enumerate(keys):
                 key_of[(key_of < 0) & (had[k][lanes] > 0)] = i
-        flag, once, at_reset, has, reset_has = np.zeros((5, lanes.size), bool)
-        for i, k in enumerate(keys):
-            mine = key_of == i
-            flag[mine] = rules.success(np, self.acc["last", k][lanes][mine])
-            once[mine] = self.acc["any", k][lanes][mine]
-            has[mine] = seen[k][lanes][mine] > 0
-            at_reset[mine] = self.at_reset[k][lanes][mine]
-            reset_has[mine] = self.reset_has[k][lanes][mine]
-            if self.found is None and has[mine].any():
-                self.found = k
-        res.success[episodes] = flag
-        res.success_once[episodes] = once
-        res.has_success[episodes] = has
-        res.success_at_reset[episodes] = at_reset
-        res.has_success_at_reset[episodes] = reset_has
+        mine = [key_of == i for i in range(len(keys))]
+        has = [seen[k][lanes] > 0 for k in keys]
+        per_key = {
+            "success": [rules.success(np, self.acc["last", k][lanes]) for k in keys],
+            "success_once": [self.acc["any", k][lanes] for k in keys],
+            "has_success": has,
+            "success_at_reset": [self.at_reset[k][lanes] for k in keys],
+            "has_success_at_reset": [self.reset_has[k][lanes] for k in keys],
+        }
+        for field, values in per_key.items():  # each episode's key's values
+            getattr(res, field)[episodes] = np.select(mine, values, False)
+        if self.found is None:
+            hit = [k for k, m, h in zip(keys, mine, has, strict=True) if (m & h).any()]
+            self.found = hit[0] if hit else None
 
     def run_fields(self) -> dict:
         """The ``RunResult``'s metric reductions and success key."""
@@ -149,8 +144,7 @@ class HostMetrics:
 
 
 class HostRecorder:
-    """The recorded episodes of a host-stepped run (``jaxmesh.Record``) in
-    numpy buffers of the scan's shapes (``core.tally.Recording``); with
+    """A run's recorded episodes in numpy ``core.tally.Recording`` buffers; with
     ``render`` (``lane -> rgb array``), each reset and step keeps a frame."""
 
     def __init__(self, record: Any, num_lanes: int, spec: Any, render: Any = None):
@@ -169,8 +163,7 @@ class HostRecorder:
 
     def begin(self, js: Any, episodes: Any) -> None:
         """Lanes ``js`` start ``episodes`` (recorded or not)."""
-        for j, i in zip(js, episodes, strict=True):
-            self.slot[j] = self.slot_of.get(int(i), -1)
+        self.slot[js] = [self.slot_of.get(int(i), -1) for i in episodes]
 
     def _frame(self, j: int, slot: int) -> None:
         try:
@@ -195,11 +188,8 @@ class HostRecorder:
     def _put(self, r: int, k: int, obs: Any, j: int) -> None:
         """Lane j's row of ``obs`` as slot r's observation k, and its frame."""
         picked = observation_leaves(obs, self.keys, "")
-        jax.tree.map(
-            lambda buf, x: buf.__setitem__((r, k), x[j]),
-            self.recording.observations,
-            picked,
-        )
+        put = lambda buf, x: buf.__setitem__((r, k), x[j])
+        jax.tree.map(put, self.recording.observations, picked)
         if self.render is not None:
             self._frame(int(j), int(r))
 
@@ -211,31 +201,25 @@ class HostRecorder:
 
     def actions(self, js: np.ndarray, t: np.ndarray, actions: np.ndarray) -> None:
         """The actions (by lane) lanes ``js`` execute at their steps ``t``."""
-        for q in np.flatnonzero(self.slot[js] >= 0):
-            j, k = js[q], int(t[q])
-            if k < self.max_steps:
-                self.recording.actions[self.slot[j], k] = actions[j]
+        q = np.flatnonzero((self.slot[js] >= 0) & (t < self.max_steps))
+        self.recording.actions[self.slot[js[q]], t[q]] = actions[js[q]]
 
     def step(self, js: np.ndarray, t: np.ndarray, obs, reward, term, trunc) -> None:
         """Step ``t`` of lanes ``js`` (``obs`` by lane, the rest aligned)."""
-        rec = self.recording
-        for q in np.flatnonzero(self.slot[js] >= 0):
-            j, k = js[q], int(t[q])
-            r = self.slot[j]
-            if k >= self.max_steps:
-                continue
-            rec.rewards[r, k] = reward[q]
-            rec.terminated[r, k] = term[q]
-            rec.truncated[r, k] = trunc[q]
-            self._put(r, k + 1, obs, j)
+        q = (self.slot[js] >= 0) & (t < self.max_steps)
+        r, k, rec = self.slot[js[q]], t[q], self.recording
+        rec.rewards[r, k] = reward[q]
+        rec.terminated[r, k] = term[q]
+        rec.truncated[r, k] = trunc[q]
+        for j, r_j, k_j in zip(js[q], r, k, strict=True):
+            self._put(r_j, k_j + 1, obs, j)
 
 
 def worker_count(
     workers: int | None, env: Any, lanes: int, record: Any, check_seeds: bool
 ) -> int:
-    """The worker processes of a run (0: none; ``workers=None`` picks them
-    for an env id or factory when nothing needs the envs in this process);
-    TypeError or ValueError for workers the env or settings cannot have."""
+    """A run's worker processes (``None``: picked when nothing needs the envs
+    here); TypeError or ValueError for workers the env or settings forbid."""
     frames = record is not None and record.frames is not False
     if workers is None:
         if frames or check_seeds or not pool.is_source(env):
@@ -257,20 +241,6 @@ def worker_count(
     return min(workers, lanes)
 
 
-def lanes_where(lanes: Any) -> str:
-    """Where a run's lanes are stepped, in words."""
-    where = getattr(lanes, "where", None)  # Ray actors say where they run
-    if where:
-        return where
-    workers = getattr(lanes, "workers", None)
-    if isinstance(workers, int) and workers:
-        return f"{workers} worker process{'es' * (workers > 1)}"
-    servers = getattr(lanes, "addresses", None)
-    if servers:
-        return f"{len(servers)} env server{'s' * (len(servers) > 1)}"
-    return "this process"
-
-
 class _HostProgram(NamedTuple):
     config: agent.AgentConfig
     chunk: int | None
@@ -285,9 +255,7 @@ class HostAgent:
 
     def __init__(self, source, policy: Policy, spec, settings, tile_lanes=None):
         self._source = source  # keeps the keyed object alive
-        self.policy = policy
-        self.spec = spec
-        self.settings = settings
+        self.policy, self.spec, self.settings = policy, spec, settings
         self.tile_lanes = tile_lanes
         self._programs: dict = {}
         self._compiled: set = set()
@@ -350,12 +318,9 @@ def run_host(
     grid: tuple | None = None,
     route: Callable[..., Any],
 ) -> RunResult:
-    """Evaluates a policy on gymnasium envs stepped in this process or served
-    (docs/evaluation.md, "Host-stepped envs (gymnasium, in process)"), as
-    ``evaluate`` does; ``served``: a served env's options, ``grid``: a sweep's
-    ``(cells, cell_episodes)``, ``route``: the backend table. Bad input raises
-    before any env is reset; an env's or a hook's error carries the finished
-    episodes on ``exc.partial_result``."""
+    """``evaluate`` on host-stepped envs (docs/evaluation.md); ``grid``: a
+    sweep's ``(cells, cell_episodes)``, ``route``: the backend table. Bad input
+    raises before any reset; a later error carries ``exc.partial_result``."""
     t_start = time.perf_counter()
     settings, starts, with_params = config.settings, config.starts, params is not None
     if grid is not None:
@@ -374,7 +339,17 @@ def run_host(
     check_record_budget(record, e)
     records_states(record, None, "a host-stepped env")
     hook_list = stream.hooks_list(hooks)
-    row, w = _route(route, env, config, settings.num_envs, e, record, served)
+    w: int | Ray = 0  # the workers (none when served)
+    if served is not None:
+        row = route(backend.Target(env, backend.SERVED))
+    else:
+        most, check = max(1, min(settings.num_envs, e)), starts.check_seeds
+        if isinstance(config.workers, Ray):
+            cluster.check_source(env, most, record, check)
+            w = config.workers
+        else:
+            w = worker_count(config.workers, env, most, record, check)
+        row = route(backend.Target(env, backend.HOST), workers=w, record=record)
     if row.name == RAY:  # the actors serve the envs: a served run from here on
         served = Served()
     lanes = row.lanes(env, settings.num_envs, e, w, served)
@@ -424,19 +399,6 @@ def run_host(
         lanes.close()
 
 
-def _route(route, env, config: RunConfig, num_envs, e, record, served) -> tuple:
-    """The backend table's row for the run and its workers (0 when served)."""
-    if served is not None:
-        return route(backend.Target(env, backend.SERVED)), 0
-    lanes, check_seeds = max(1, min(num_envs, e)), config.starts.check_seeds
-    if isinstance(config.workers, Ray):
-        cluster.check_source(env, lanes, record, check_seeds)
-        w: int | Ray = config.workers
-    else:
-        w = worker_count(config.workers, env, lanes, record, check_seeds)
-    return route(backend.Target(env, backend.HOST), workers=w, record=record), w
-
-
 def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:
     """The run's ``HostRecorder`` (None without a record)."""
     if record is None:
@@ -467,8 +429,7 @@ def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | N
 def _lane_texts(
     pol: Policy, starts: Any, lanes: Any, n: int, served: Any, seeds: np.ndarray
 ) -> instructions.LaneTexts | None:
-    """The Text inputs' per-lane encodings (None: the policy reads none); one
-    from the reset info learns its shapes from a reset of lane 0."""
+    """The Text inputs' per-lane encodings (None: none), shaped by lane 0's reset."""
     name = lanes.spec.name
     encoded = instructions.check_sources(pol.spec, starts.instruction, name, host=True)
     if not encoded:
@@ -504,6 +465,7 @@ def _run(
         policy_digest = build.policy_digest(
             host_agent.policy, host_agent.spec, run.params, settings.horizon, told
         )
+    fingerprint = identity.run_identity(identity.host_env_digest(lanes), policy_digest)
     run_fields = stream.run_fields(
         settings,
         num_envs=n,
@@ -516,12 +478,17 @@ def _run(
         trial_index_base=run.trial_base,
         instruction=config.starts.instruction,
         success_mode=config.scoring.success_mode,
-        fingerprint=identity.run_identity(
-            identity.host_env_digest(lanes), policy_digest
-        ),
+        fingerprint=fingerprint,
         max_episode_seconds=run.seconds,
     )
-    start = {"episodes": e, **run_fields, "lanes_where": lanes_where(lanes)}
+    workers = getattr(lanes, "workers", None)  # where the lanes are stepped:
+    if getattr(lanes, "where", None):  # served lanes say it
+        where = lanes.where
+    elif isinstance(workers, int) and workers:
+        where = f"{workers} worker process{'es' * (workers > 1)}"
+    else:
+        where = "this process"
+    start = {"episodes": e, **run_fields, "lanes_where": where}
     stream.call(hooks, "on_run_start", start)
     episodes_out = stream.EpisodeStream(
         hooks, run.seeds, pol.on_episode_end, run_fields
@@ -555,12 +522,8 @@ def _run(
             return res.replace(success_at_reset=None, has_success_at_reset=None)
         return res
 
-    return stream.drive(
-        episodes_out,
-        t_start,
-        lambda: host_agent.compile(run.params) if e else 0.0,
-        loop,
-    )
+    warm_up = lambda: host_agent.compile(run.params) if e else 0.0
+    return stream.drive(episodes_out, t_start, warm_up, loop)
 
 
 def episode_keys(seeds: Any) -> np.ndarray:

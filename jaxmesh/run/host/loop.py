@@ -1,8 +1,6 @@
-"""The host loop: ``HostLoop`` holds a host-stepped run's per-lane state and
-step rules for every kind of lanes; its subclasses pace the lanes (``LocalRun``
-every lane once per iteration, ``GroupedRun`` a worker's lanes at a time,
-``jaxmesh.run.host.served`` at their own pace). docs/evaluation.md,
-"Host-stepped envs (gymnasium, in process)".
+"""The host loop: ``HostLoop``'s per-lane state and step rules, paced by
+``LocalRun`` (every lane once per iteration), ``GroupedRun`` (a worker's lanes at
+a time) or ``served`` (each lane at its own pace). docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -28,17 +26,12 @@ from jaxmesh.errors import (
 )
 from jaxmesh.run import identity, stream
 
-#: No lane lost in a step (``LocalRun.drop_lost``).
-NONE_LOST = np.zeros(0, np.int64)
-NONE_LOST.flags.writeable = False
-
 #: Seeds whose reset observations a run remembers (``HostLoop.seen_resets``).
 MAX_SEEDS_CHECKED = 1_000_000
 
 
 def wire_leaves(spec: Any, program: Any, recorder: Any) -> tuple[str, ...]:
-    """The observation leaves that cross from worker processes or servers:
-    those the policy reads and those a recording keeps, in the declared order."""
+    """The observation leaves the policy reads or a recording keeps, in order."""
     read = tuple(program.layout.names)
     if recorder is None:
         return read
@@ -69,9 +62,8 @@ class HostRun:
 
 
 class HostLoop:
-    """Per-lane episode state and the step rules of a host-stepped run,
-    filling ``res`` (numpy ``core.tally.Results``) in place; a subclass
-    defines ``reset_lanes(js, eps)`` and ``run()``."""
+    """Per-lane episode state and step rules, filling ``res`` (numpy
+    ``core.tally.Results``); a subclass defines ``reset_lanes`` and ``run``."""
 
     def __init__(
         self, run: HostRun, res: core_results.Results, episodes_out: Any, tel: Any
@@ -79,25 +71,22 @@ class HostLoop:
         self.program, self.lanes = program, lanes = run.program, run.lanes
         self.params = jax.device_put(run.params)
         self.texts, self.seconds, self.seeds = run.texts, run.seconds, run.seeds
-        self.cfg = program.config
-        self.spec = lanes.spec
+        self.cfg, self.spec = program.config, lanes.spec
         self.res, self.episodes_out, self.tel = res, episodes_out, tel
         self.metrics, self.recorder = run.metrics, run.recorder
         self.steps = episodes_out.steps  # on_step hooks (falsy: none)
         self.n, self.e = run.settings.num_envs, int(run.seeds.size)
         self.max_steps = run.settings.max_steps
         n, spec = self.n, self.spec
-        k = jax.eval_shape(jax.random.PRNGKey, 0)
         self.episode = np.full(n, -1, np.int64)
         self.active = np.zeros(n, bool)  # running an episode
         self.started = np.zeros(n, bool)  # its episode begins at its next step
         self.t = np.zeros(n, np.int32)  # steps executed
         self.ret = np.zeros(n, np.float32)
-        self.ep_keys = np.zeros((n,) + tuple(k.shape), k.dtype)
+        self.ep_keys = rules.episode_keys(np, np.zeros(n))  # seed 0's until a start
         self.keys_device: Any = None  # ep_keys on the device (None: stale)
-        # Each lane's last observation (aligned, so a CPU device reads them in
-        # place); ``obs`` as the observation's structure, ``agent_obs`` the
-        # leaves the policy reads.
+        # Each lane's last observation (aligned: a CPU device reads it in place),
+        # as its structure (``obs``) and the leaves the policy reads.
         self.obs_leaves = spec.layout.empty((n,), aligned=True)
         self.obs = spec.layout.build(self.obs_leaves)
         self.agent_obs = program.layout.build(self.obs_leaves)
@@ -105,8 +94,7 @@ class HostLoop:
         self.step_action = np.zeros((n,) + spec.action_shape, spec.action_dtype)
         # Episode start times where this process measures max_episode_seconds.
         self.t0: np.ndarray | None = None
-        self.env_steps = 0
-        self.next_episode = 0
+        self.env_steps = self.next_episode = 0
         # Each episode's trial index (a resumed run runs a part of the budget).
         self.trial_of = run.trial_base + identity.episode_indices(self.e)
         self.losses: dict[int, int] = {}  # episode -> worker deaths under it
@@ -147,9 +135,8 @@ class HostLoop:
         self.reset_lanes(js, eps)
 
     def take_next(self, free: np.ndarray) -> np.ndarray:
-        """The ``free`` lanes ([N] bool) but dead ones take the episodes to run
-        again, then the next unstarted ones (CONTRACT 3); returns those left
-        without one (masked, ascending)."""
+        """Free live lanes take the reruns, then unstarted episodes (CONTRACT
+        3); returns the lanes left without one (masked, ascending)."""
         free = self.start_reruns(free & ~self.dead)
         starts, eps, self.next_episode = rules.next_episodes(
             np, free, self.next_episode, self.e
@@ -163,10 +150,8 @@ class HostLoop:
 
     def start_reruns(self, free: np.ndarray) -> np.ndarray:
         """The lowest ``free`` lanes start the reruns; the lanes still free."""
-        if not self.rerun:
-            return free
         js = np.flatnonzero(free)[: len(self.rerun)]
-        if not js.size:
+        if not js.size:  # no rerun, or no free lane
             return free
         again, self.rerun = self.rerun[: js.size], self.rerun[js.size :]
         free = free.copy()
@@ -219,11 +204,10 @@ class HostLoop:
         """Lanes ``js`` lost their worker: their unfinished episodes run again
         (CONTRACT 30); WorkerError for an episode lost this way twice."""
         js = js[self.active[js]]
-        lost = sorted(int(i) for i in self.episode[js])
         # The episode whose step was under way is the one counted; every one
         # on the worker when that is unknown.
         culprits = [j for j in getattr(self.lanes, "culprits", ()) if j in js]
-        counted = sorted(int(self.episode[j]) for j in culprits) or lost
+        counted = sorted(int(self.episode[j]) for j in culprits or js)
         for i in counted:
             self.losses[i] = self.losses.get(i, 0) + 1
             if self.losses[i] >= 2:
@@ -235,7 +219,7 @@ class HostLoop:
                     episode=i,
                     seed=int(self.seeds[i]),
                 )
-        self.give_back(js)
+        lost = self.give_back(js)
         self.tel.add("worker_lost", 1)
         event = {"event": "worker lost", "lanes": js.tolist(), "episodes_rerun": lost}
         stream.call(self.episodes_out.hooks, "on_fault", event)
@@ -267,8 +251,11 @@ class HostLoop:
         return actions
 
     def predict(self, go: np.ndarray, row: str, cursor: bool = False) -> tuple:
-        """``(actions, cursors or None, end time)`` of lanes ``go``' step."""
+        """``(actions, cursors or None, end time)`` of lanes ``go``."""
         t0 = time.perf_counter()
+        # moved = go, not None: the same actions, and XLA on a CPU pushes the
+        # frame into the windows in one fused pass where it copies an unmasked
+        # one (a third less time with large images).
         device = self.agent_step(self.started & go, go, go)
         actions, cursors = self.read_actions(device, cursor)
         t1 = time.perf_counter()
@@ -277,8 +264,7 @@ class HostLoop:
         return actions, cursors, t1
 
     def read_actions(self, actions: Any, cursor: bool = False) -> tuple:
-        """The actions on the host, and the chunk cursors when skipping
-        replays (then the chunk too) or asked (else None)."""
+        """The actions on the host, and the cursors if skipping or asked."""
         if self.skipping:
             (actions,) = self.state.read_back(actions)  # with the state's words
             cur, self.chunk = jax.device_get((self.state.cursor, self.state.chunk))
@@ -301,16 +287,14 @@ class HostLoop:
     def replayed(self, js: np.ndarray) -> np.ndarray:
         """Lanes ``js``' next chunk actions (by lane) without an agent step."""
         actions = np.zeros_like(self.step_action)
-        h = self.cfg.h
-        actions[js] = self.chunk[js, replay.play_index(self.cursor[js], h, np)]
+        actions[js] = self.chunk[js, replay.play_index(self.cursor[js], self.cfg.h, np)]
         self.cursor[js] += 1
         self.skip[js] += 1
         return actions
 
     def account(self, j, r, te, tr, faults: tuple | None = None) -> None:
-        """The step results ``r, te, tr`` [m] of lanes ``j`` (ascending, their
-        new observations in ``obs``); ``faults``: the step's bad actions
-        (``action_faults``), or None."""
+        """Step results ``r, te, tr`` [m] of lanes ``j`` (ascending; their
+        observations in ``obs``); ``faults``: ``action_faults``'."""
         if j.size == self.n:  # every lane (j ascending: 0 .. n-1), no index
             step_index = self.t.copy()  # the 0-based step just executed
             self.t += 1
@@ -353,8 +337,7 @@ class HostLoop:
         self.steps.raise_error()  # a hook raised on a step that ended nothing
 
     def action_faults(self, go: np.ndarray, actions: np.ndarray) -> tuple | None:
-        """The bad actions (out of range, not finite) of the lanes in ``go``:
-        ``(kinds, values, steps)`` [N], or None."""
+        """``(kinds, values, steps)`` [N] of bad actions of lanes ``go``, or None."""
         n = self.spec.num_actions
         if n is None:  # the usual step in one or two reductions
             usual = np.isfinite(actions).all()
@@ -366,9 +349,7 @@ class HostLoop:
         return (kinds, values, self.t.copy()) if kinds.any() else None
 
     def close_episodes(self, ended: np.ndarray, faults: tuple | None) -> None:
-        """Marks the episodes of lanes ``ended`` (scored) done, raises a fault
-        (``faults``: ``(kinds, values, steps)`` [N] or None) and hands the
-        lanes their next episodes."""
+        """Marks lanes ``ended``' episodes done, raises ``faults``, starts more."""
         res = self.res
         res.env_steps[...] = self.env_steps
         if not ended.size and faults is None:
@@ -396,8 +377,7 @@ class HostLoop:
         self.take_next(free)
 
     def env_error(self, exc: Exception) -> Exception:
-        """``exc`` naming the episode, seed, lane and step when an env raised
-        it on a lane of this run; else ``exc`` itself."""
+        """``exc`` naming the episode, seed, lane and step it was raised at."""
         where = where_raised(exc)
         if where is None or not 0 <= where[0] < self.n:
             return exc
@@ -409,16 +389,14 @@ class HostLoop:
         step = None if phase == "resetting" else int(self.t[lane]) + steps
         at = {"episode": episode, "seed": seed, "lane": lane, "step": step}
         if isinstance(exc, RemoteEnvError):
-            what = exc.summary or "an error"
-            message = describe_env_error(what, server=exc.address, **at)
+            kept = ("address", "remote_traceback", "phase", "steps_done", "summary")
+            message = describe_env_error(
+                exc.summary or "an error", server=exc.address, **at
+            )
             return RemoteEnvError(
                 f"{message}; its traceback on the server:\n{exc.remote_traceback}",
-                address=exc.address,
-                remote_traceback=exc.remote_traceback,
-                phase=exc.phase,
-                steps_done=exc.steps_done,
-                summary=exc.summary,
                 server=exc.address,
+                **{k: getattr(exc, k) for k in kept},
                 **at,
             )
         what = f"{type(exc).__name__}: {exc}"
@@ -445,9 +423,8 @@ class HostLoop:
 
 
 class LocalRun(HostLoop):
-    """Lanes stepped in this process or its workers, every running lane once
-    per iteration in the scan engine's order (CONTRACT 3, 6); measures
-    ``max_episode_seconds`` from just before an episode's reset."""
+    """Every running lane once per iteration, in the scan's order (CONTRACT 3,
+    6); ``max_episode_seconds`` counts from just before a reset."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -478,20 +455,12 @@ class LocalRun(HostLoop):
     def run(self) -> None:
         self.take_next(np.ones(self.n, bool))
         self.state = self.program.init(self.agent_obs, self.active.copy())
-        tel = self.tel
         while np.count_nonzero(self.active):  # every running lane steps once
-            t_predict = time.perf_counter()
+            t_env = time.perf_counter()
             if self.skipping and not np.any(self.active & ~self.replays_next()):
                 actions = self.replayed(np.flatnonzero(self.active))
-                t_env = t_predict
             else:
-                # moved = active, not None: the same actions, and XLA on a CPU
-                # pushes the frame into the windows in one fused pass where it
-                # copies an unmasked one (a third less time with large images).
-                device = self.agent_step(self.started, self.active, self.active)
-                actions, _ = self.read_actions(device)
-                t_env = time.perf_counter()
-                tel.span("predict", t_predict, t_env, "lanes")
+                actions, _, t_env = self.predict(self.active, "lanes")
             self.started[:] = False
             faults = self.action_faults(self.active, actions)
             go = self.passed(self.active, faults)
@@ -506,53 +475,41 @@ class LocalRun(HostLoop):
     def stepped(self, go, reward, term, trunc, actions, faults, t_env, row) -> None:
         """The lanes in ``go`` executed ``actions`` (by lane)."""
         self.tel.span("env_step", t_env, time.perf_counter(), row)
-        go, lost = self.drop_lost(go)
+        metrics, lanes = self.metrics, self.lanes
+        lost = getattr(lanes, "lost", ())  # lanes whose worker died in this step
+        if len(lost):
+            lost = np.asarray(lost, np.int64)
+            lost = lost[lost < self.n]
+        if len(lost):
+            go = go.copy()
+            go[lost] = False
+            self.requeue(lost)
         j = go.nonzero()[0]  # (``np.flatnonzero`` of [N] bool, without its ravel)
-        if self.metrics.active:
-            self.step_metrics(go, j)
+        if metrics.active:  # the step's info values (``lanes.info``)
+            if getattr(lanes, "info_empty", False):  # no info had a key asked for
+                present: set = set()
+            else:
+                present = {k for k, (_, p) in lanes.info.items() if p.any()}
+            if not metrics.checked and go.any():
+                metrics.check(present, lanes.info_seen)
+            if present:  # else no lane's info had a key: nothing to add
+                metrics.step(j, {k: (v[j], p[j]) for k, (v, p) in lanes.info.items()})
         if self.recorder is not None:
             self.recorder.actions(j, self.t[j], actions)
         if self.steps:  # only the hooks read it (``account``)
-            self.step_action = np.where(
-                go.reshape((-1,) + (1,) * (actions.ndim - 1)), actions, self.step_action
-            )
+            shape = (-1,) + (1,) * (actions.ndim - 1)
+            self.step_action = np.where(go.reshape(shape), actions, self.step_action)
         if j.size == self.n:  # every lane: the arrays as they are (fresh ones)
             self.account(j, reward, term, trunc, faults)
         else:
             self.account(j, reward[j], term[j], trunc[j], faults)
-        if lost.size:  # a dead worker's lanes (rebuilt) take the reruns
+        if len(lost):  # a dead worker's lanes (rebuilt) take the reruns
             self.take_next(np.isin(np.arange(self.n), lost) & ~self.active)
-
-    def drop_lost(self, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``go`` without the lanes whose worker died in this step, and those."""
-        lost = getattr(self.lanes, "lost", ())
-        if not len(lost):
-            return go, NONE_LOST
-        lost = np.asarray(lost, np.int64)
-        lost = lost[lost < self.n]
-        if lost.size:
-            go = go.copy()
-            go[lost] = False
-            self.requeue(lost)
-        return go, lost
-
-    def step_metrics(self, go: np.ndarray, j: np.ndarray) -> None:
-        """The info values of the step just taken (``lanes.info``)."""
-        metrics, lanes = self.metrics, self.lanes
-        if getattr(lanes, "info_empty", False):  # no info had a key asked for
-            present: set = set()
-        else:
-            present = {k for k, (_, p) in lanes.info.items() if p.any()}
-        if not metrics.checked and go.any():
-            metrics.check(present, lanes.info_seen)
-        if present:  # else no lane's info had a key: nothing to add
-            metrics.step(j, {k: (v[j], p[j]) for k, (v, p) in lanes.info.items()})
 
 
 class GroupedRun(LocalRun):
-    """Lanes in worker processes, one worker's lanes at a time: this process
-    plans the next group's while a worker steps its own. The same episodes and
-    results as ``LocalRun`` (which lane runs one depends on the timing)."""
+    """One worker's lanes at a time: this process plans the next group while a
+    worker steps its own (``LocalRun``'s results; lanes depend on timing)."""
 
     @staticmethod
     def applies(program: Any, lanes: Any, recorder: Any) -> bool:
@@ -576,29 +533,23 @@ class GroupedRun(LocalRun):
         try:
             while self.active.any() or any(inflight):
                 for g, group in enumerate(masks):
-                    if inflight[g] is not None:
-                        last, inflight[g] = inflight[g], None
-                        self.take_group(*last)
+                    if inflight[g] is not None:  # the group's step is taken
+                        sent, step, actions, faults, t1 = inflight[g]
+                        inflight[g] = None
+                        got = self.lanes.take(sent, step, self.obs_leaves)
+                        self.stepped(step, *got, actions, faults, t1, "group")
                     go = self.active & group
-                    if go.any():
-                        inflight[g] = self.send_group(go)
+                    if go.any():  # its agent step, and the send of its actions
+                        actions, _, t1 = self.predict(go, "group")
+                        faults = self.action_faults(go, actions)
+                        step = self.passed(go, faults)
+                        sent = self.lanes.send(actions, step)
+                        inflight[g] = sent, step, actions, faults, t1
         finally:
             sent = [f[0] for f in inflight if f is not None]
             if sent:  # an error: read what is in flight, so no reply is left
                 self.lanes.pool.take(sum(sent, []))
         self.finish()
-
-    def send_group(self, go: np.ndarray) -> tuple:
-        """The agent step of lanes ``go`` and the send of their actions."""
-        actions, _, t1 = self.predict(go, "group")
-        faults = self.action_faults(go, actions)
-        step = self.passed(go, faults)
-        return self.lanes.send(actions, step), step, actions, faults, t1
-
-    def take_group(self, sent, step, actions, faults, t_env) -> None:
-        """The results of a group's step (``stepped``)."""
-        reward, term, trunc = self.lanes.take(sent, step, self.obs_leaves)
-        self.stepped(step, reward, term, trunc, actions, faults, t_env, "group")
 
 
 __all__ = ["GroupedRun", "HostLoop", "HostRun", "LocalRun"]
