@@ -441,11 +441,7 @@ def read_keys(spec: Mapping[str, Input] | None) -> list[str | None]:
     """The observation leaves a spec reads (None means the whole observation)."""
     if spec is None:
         return [None]
-    keys: list[str | None] = []
-    for decl in spec.values():
-        if decl.reads_obs and decl.key not in keys:
-            keys.append(decl.key)
-    return keys
+    return list(dict.fromkeys(d.key for d in spec.values() if d.reads_obs))
 
 
 __all__ = [

@@ -200,14 +200,6 @@ def _layout(tree: Any) -> tuple[Any, Any]:
     return shape, dtype
 
 
-def _steps(decl: Any, obs: Any) -> list[str]:
-    """An Image's steps on its (abstract) leaf; nothing for the other kinds."""
-    if not isinstance(decl, adapt.Image):
-        return []
-    leaf = adapt._leaf(decl, obs)
-    return decl.steps(tuple(leaf.shape), leaf.dtype)
-
-
 def _text_info(name: str, decl: adapt.Text, instruction: Any) -> InputInfo:
     """A Text input's row: its encoding and each run's or task's source."""
     given = instruction if isinstance(instruction, Mapping) else {"": instruction}
@@ -253,6 +245,10 @@ def footprint(
             continue
         frame = jax.eval_shape(decl.frame, obs, action)
         shape, dtype = _layout(frame)
+        steps = []  # an Image's transforms of its (abstract) leaf
+        if isinstance(decl, adapt.Image):
+            leaf = adapt._leaf(decl, obs)
+            steps = decl.steps(tuple(leaf.shape), leaf.dtype)
         window = jax.tree.map(
             lambda x, s=decl.stack: (s, *x.shape), frame, is_leaf=_is_leaf
         )
@@ -265,7 +261,7 @@ def footprint(
             stack=decl.stack,
             window_shape=window,
             bytes_per_lane=decl.stack * _nbytes(frame),
-            steps=_steps(decl, obs),
+            steps=steps,
         )
     per_lane = sum(i.bytes_per_lane for i in inputs.values())
     return Explanation(
