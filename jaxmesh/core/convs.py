@@ -86,19 +86,12 @@ def _needs(jaxpr: Any) -> bool:
 
 def _eval(jaxpr: Any, consts: Any, args: Any) -> list:
     """``jaxpr``'s values, with the convolutions to rewrite rewritten."""
-    env: dict = {}
+    env = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
 
     def read(v):
         return v.val if isinstance(v, jcore.Literal) else env[v]
 
-    def write(v, x):
-        if not isinstance(v, jcore.DropVar):
-            env[v] = x
-
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-        write(v, x)
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        write(v, x)
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         inner = _inner(eqn)
@@ -115,7 +108,8 @@ def _eval(jaxpr: Any, consts: Any, args: Any) -> list:
             if not eqn.primitive.multiple_results:
                 outs = [outs]
         for v, x in zip(eqn.outvars, outs, strict=True):
-            write(v, x)
+            if not isinstance(v, jcore.DropVar):
+                env[v] = x
     return [read(v) for v in jaxpr.outvars]
 
 

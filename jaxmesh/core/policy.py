@@ -212,13 +212,11 @@ def output_chunk(
             "(e.g. jnp.argmax(logits, -1)), not logits or probabilities"
         )
     declared = policy.native_chunk
-    if declared is not None:
-        got = k if k is not None else 1
-        if got != declared:
-            raise ValueError(
-                f"policy {policy.name!r} declares native_chunk={declared} but its "
-                f"prediction has length {got} (shape {shape}); make them agree"
-            )
+    if declared is not None and (k or 1) != declared:  # a single action: 1
+        raise ValueError(
+            f"policy {policy.name!r} declares native_chunk={declared} but its "
+            f"prediction has length {k or 1} (shape {shape}); make them agree"
+        )
     if k is not None and horizon == 1 and not (chunk_meant or declares_chunk(policy)):
         warnings.warn(
             undeclared_chunk_message(policy, shape, env, k), UserWarning, stacklevel=4

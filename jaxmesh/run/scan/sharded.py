@@ -174,16 +174,11 @@ def shard_population(evaluator: Any, devices: Any = "all") -> Any:
     d = mesh_size(mesh)
     spec = PartitionSpec(mesh.axis_names[0])
 
-    def local(population, *seeds):
-        return jax.vmap(evaluator, in_axes=(0,) + (None,) * len(seeds))(
-            population, *seeds
-        )
-
     @functools.cache
     def program(n_seeds: int) -> Any:
         return jax.jit(
             jax.shard_map(
-                local,
+                jax.vmap(evaluator, in_axes=(0,) + (None,) * n_seeds),
                 mesh=mesh,
                 in_specs=(spec,) + (PartitionSpec(),) * n_seeds,
                 out_specs=spec,
