@@ -138,10 +138,8 @@ def from_nnx(
             "module, use from_linen(module, params))"
         )
     graphdef, state, rest = nnx.split(module, trainable or nnx.Param, ...)
-    if params is None:
-        params = nnx.to_pure_dict(state)
-    elif isinstance(params, nnx.State):
-        params = nnx.to_pure_dict(params)
+    if params is None or isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(state if params is None else params)
     # String keys throughout (nnx.List indices are ints): the same tree as a
     # checkpoint restores, so swapping in loaded weights never recompiles.
     params = _str_keys(params)
