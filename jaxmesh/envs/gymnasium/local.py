@@ -276,7 +276,8 @@ class WorkerEnvLanes(_LaneView):
         once more (its lanes reported ``lost`` by the next ``take``); a second
         death raises ``workers.WorkerLost``, marked with the lane."""
         self.carry()  # every leaf, unless the run named the ones it reads
-        pool, kw = self.pool, dict(want_obs=True, info_keys=keys, keep_all_obs=False)
+        pool = self.pool
+        kw = dict(want_obs=True, info_keys=keys, keep_all_obs=False)
         for again in (False, True):
             results, lost, _ = pool.run(ops, kw)
             if not lost:

@@ -3,8 +3,9 @@
 A Python simulator's step holds the GIL, so :class:`WorkerPool` splits the lanes
 into contiguous blocks, each stepped by a process's ``lanes.EnvListStepper``.
 A shared segment holds each lane's action, flags, reward, ends and observation;
-the pipes carry commands, info values and env errors. A worker that dies raises
-:class:`WorkerLost` once a new one has rebuilt its lanes' envs.
+the pipes carry commands, info values, env errors and what ``run`` ops return
+(resets' observations too). A worker that dies raises :class:`WorkerLost` once a
+new one has rebuilt its lanes' envs.
 """
 
 from __future__ import annotations
@@ -677,9 +678,8 @@ class ProcessStepper(shared.GymStepper):
         self.owned, self.num_lanes = True, num_lanes
         for attr in ("name", "dt", "observation_space", "action_space"):
             setattr(self, attr, getattr(pool, attr))
-        self.metadata = {}
-        if pool.declares_trial_index:
-            self.metadata = {"reset_options": (shared.TRIAL_INDEX,)}
+        options = (shared.TRIAL_INDEX,) if pool.declares_trial_index else ()
+        self.metadata = {"reset_options": options}
         try:
             # ``busy`` flags alone: the data come back over the pipes.
             pool._share({"busy": ((), bool)})
