@@ -215,7 +215,6 @@ def given(
     """
     n = config.agent.num_envs
     budget = np.int32(seeds.size)
-    trial_of = None if trials is None else trials[0]
     lanes = carry.lanes.replace(
         budget=budget,
         active=np.zeros((n,), bool),
@@ -224,7 +223,7 @@ def given(
     )
     if config.trials is not None:
         lanes = lanes.replace(trials=(None, trials[1]))
-    lanes = with_window(lanes, window(config, seeds, 0, trial_of))
+    lanes = with_window(lanes, window(config, seeds, 0, trials and trials[0]))
     ag = carry.agent.replace(fresh=np.zeros((n,), bool), rows=np.int32(0))
     if config.agent.texts:
         ag = ag.replace(texts=texts)

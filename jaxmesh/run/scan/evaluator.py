@@ -1,14 +1,12 @@
-"""JAX envs' backend: the budget runs in scan segments driven by one host loop.
-
-An ``Evaluator`` owns one (policy, env, ``RunConfig``), a placement and the
-programs compiled for it; ``run`` (``jaxmesh.evaluate``'s) keeps a few
-evaluators (``cache_info()``), so the same policy object, env and settings
-compile nothing again.
+"""JAX envs' backend: an ``Evaluator`` runs the budget in scan segments from one
+host loop; ``run`` (``jaxmesh.evaluate``'s) keeps a few (``cache_info()``), so the
+same policy object, env and settings compile nothing again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -247,9 +245,10 @@ class Evaluator:
                 "this Evaluator was built with takes_params=True: pass params="
             )
         params = pol.default_params() if params is None else pol.place(params)
-        env_name = self.env_name
         # Encoded before the probe: the program is built for their shapes.
-        encoded = instructions.check_sources(pol.spec, instruction, env_name, False)
+        encoded = instructions.check_sources(
+            pol.spec, instruction, self.env_name, False
+        )
         plan = self.plan(params, e)
         texts = instructions.run_level(pol.spec, encoded, plan.lanes)
         if e and callable(getattr(self.env, "bind", None)):
@@ -263,7 +262,7 @@ class Evaluator:
             chunk=plan.chunk,
             plan_tile=plan.tile,
             policy=pol.name,
-            env=env_name,
+            env=self.env_name,
             metrics={
                 "metric_reductions": dict(self.metrics[0]),
                 "success_key": self.metrics[1],
@@ -377,8 +376,7 @@ class Evaluator:
             params = place.put_params(params)
         before = (0, 0) if book is None else (book.env_steps, book.policy_rows)
         base = 0  # the first carry's window starts at episode 0
-        k = 0
-        while True:
+        for k in itertools.count():
             # From the dispatch to the sync that reads the log.
             with span("segment", "run", index=k):
                 state, res = program.segment(params, state, res)
@@ -392,7 +390,6 @@ class Evaluator:
             # What a failure from here on keeps (results are never donated).
             run.episodes.latest = book
             run.steps.raise_error()  # an on_step hook raised: it ends
-            k += 1
             finished = n_done >= seeds.size
             if run.episodes.wants_episodes or finished or np.any(book.fault.kind):
                 with span("hooks", "run"):

@@ -85,9 +85,8 @@ class SingleDevice:
         """After a segment, one read: ``(log, episodes finished, next
         unstarted episode)``; the recording stays on the device."""
         del plan
-        lanes = state[0]
         log, n_done, next_episode = jax.device_get(
-            (res.replace(recording=None), lanes.n_done, lanes.next_episode)
+            (res.replace(recording=None), state[0].n_done, state[0].next_episode)
         )
         return log.replace(recording=res.recording), int(n_done), next_episode
 
@@ -195,9 +194,8 @@ class DeviceMesh:
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
         """After a segment, one read of every device's log, merged: ``(log,
         episodes finished, each device's next unstarted episode)``."""
-        lanes = state[0]
         log, n_done, next_episode = sharded.to_host(
-            (res, lanes.n_done, lanes.next_episode), self.mesh
+            (res, state[0].n_done, state[0].next_episode), self.mesh
         )
         return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
 
