@@ -78,7 +78,7 @@ class _LaneView:
 
     def _set_info(self, n: int, infos: Sequence, lanes: Any, seen: Any) -> None:
         """``info`` of n lanes from lanes ``lanes``' ``infos``."""
-        pairs, _ = read_infos(infos, self.info_keys, lanes, self.spec.name, False)
+        pairs = read_infos(infos, self.info_keys, lanes, self.spec.name)
         self._new_info(n, pairs, seen)
 
     def _new_info(self, n: int, pairs: dict, seen: Any) -> None:

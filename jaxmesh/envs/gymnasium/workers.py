@@ -266,23 +266,18 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def read_infos(infos: Sequence, keys: tuple, lanes, where: str, seen: bool = True):
-    """Info values per key as (lane, float) pairs, and the keys the infos had
-    (an empty set unless ``seen``)."""
-    had: set = set()
+def read_infos(infos: Sequence, keys: tuple, lanes, where: str) -> dict:
+    """Info values per key as (lane, float) pairs."""
     values: dict = {k: [] for k in keys}
     wanted = frozenset(keys)
     for j, info in zip(lanes, infos, strict=True):
-        if not info:
-            continue
-        if seen:
-            had.update(info)
-        if wanted.isdisjoint(info):  # most steps of most envs: none of the keys
+        # Most steps of most envs: none of the keys.
+        if not info or wanted.isdisjoint(info):
             continue
         for k in keys:
             if k in info:
                 values[k].append((j, shared.info_value(info, k, f"{where} lane {j}")))
-    return values, had
+    return values
 
 
 def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, keys):
@@ -298,8 +293,10 @@ def _step(lanes: shared.EnvListStepper, slots: Slots, block: list[int], names, k
         slots["obs:" + name][rows] = leaves[name]
     for field, values in zip(("reward", "terminated", "truncated"), out, strict=True):
         slots[field][rows] = values
-    info, seen = read_infos(infos, keys, rows, lanes.name) if keys else ({}, set())
-    return ("stepped", info, seen)
+    if not keys:
+        return ("stepped", {}, set())
+    seen = set().union(*(info for info in infos if info))  # the keys the infos had
+    return ("stepped", read_infos(infos, keys, rows, lanes.name), seen)
 
 
 def _run(lanes: shared.EnvListStepper, slots: Slots, block, ops, kw) -> list:
