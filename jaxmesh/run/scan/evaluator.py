@@ -420,7 +420,6 @@ def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> An
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
     """A later piece's host log as the budget's: episodes shifted by
     ``offset``, totals added to the earlier pieces' (``before``)."""
-    steps, rows = before
     fault = log.fault.replace(episode=np.asarray(log.fault.episode) + offset)
     rec = log.recording
     if rec is not None:
@@ -428,8 +427,8 @@ def _shifted(log: Any, offset: int, before: tuple) -> Any:
         rec = rec.replace(episodes=np.where(local >= 0, local + offset, -1))
     return log.replace(
         index=np.asarray(log.index) + offset,
-        env_steps=np.asarray(log.env_steps) + steps,
-        policy_rows=np.asarray(log.policy_rows) + rows,
+        env_steps=np.asarray(log.env_steps) + before[0],
+        policy_rows=np.asarray(log.policy_rows) + before[1],
         fault=fault,
         recording=rec,
     )

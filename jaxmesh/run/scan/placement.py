@@ -1,8 +1,5 @@
-"""Where an ``Evaluator``'s lanes run: ``SingleDevice`` or ``DeviceMesh`` (a
-one-axis mesh, also under ``jax.distributed``; ``jaxmesh.run.scan.sharded``).
-A placement holds what differs under the evaluator's one loop: lanes per
-program, compiling, where carries, windows and params go, and reading a
-segment's log back (``drain``).
+"""Where an ``Evaluator``'s lanes run, ``SingleDevice`` or ``DeviceMesh`` (one
+mesh axis, also under ``jax.distributed``): what differs under its one loop.
 """
 
 from __future__ import annotations
@@ -221,12 +218,9 @@ class DeviceMesh:
 def placement_for(
     devices: Any, num_envs: int, policy: Any, record: Any = None
 ) -> SingleDevice | DeviceMesh:
-    """The placement of a run's ``devices=`` (None: the policy's device).
-
-    Raises:
-      TypeError, ValueError: a bad ``devices=``, ``record=`` with a mesh, or
-        what ``DeviceMesh`` refuses.
-    """
+    """The placement of a run's ``devices=`` (None: the policy's device);
+    TypeError, ValueError for a bad ``devices=``, ``record=`` with a mesh, or
+    what ``DeviceMesh`` refuses."""
     mesh = resolve_mesh(devices)
     refuse_mesh_record(devices, mesh, record)
     if mesh is None:
