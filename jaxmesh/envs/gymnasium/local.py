@@ -131,11 +131,13 @@ class _LaneView:
 
 
 class LocalAdapter(_LaneView):
-    """The in-process adapters' common part over a shared stepper."""
+    """The in-process adapters' common part over a shared stepper (``kind``
+    of ``env``, its observations in JAX's dtypes)."""
 
-    def __init__(self, lanes: shared.GymStepper, where: str):
-        self.lanes = lanes
-        self._view(lanes, where)
+    def __init__(self, kind: type, env: Any, where: str, **kw: Any):
+        layout = functools.partial(observation_layout, where=where)
+        self.lanes: shared.GymStepper = kind(env, layout=layout, **kw)
+        self._view(self.lanes, where)
         self.carried = self.spec.layout.names
 
     @_env_errors
@@ -155,11 +157,8 @@ class EnvLanes(LocalAdapter):
     """One gymnasium ``Env`` per lane (``owned``: jaxmesh made and closes them)."""
 
     def __init__(self, envs: list, owned: bool = False):
-        lanes = shared.EnvListStepper(
-            envs, owned=owned, layout=lambda space: observation_layout(space, "env")
-        )
-        super().__init__(lanes, "env")
-        self.envs = lanes.envs
+        super().__init__(shared.EnvListStepper, envs, "env", owned=owned)
+        self.envs = self.lanes.envs
 
     @_env_errors
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
@@ -194,10 +193,7 @@ class VectorEnvLanes(LocalAdapter):
 
     def __init__(self, vec: Any):
         where = f"VectorEnv {type(vec).__name__}"
-        lanes = shared.VectorEnvStepper(
-            vec, layout=lambda space: observation_layout(space, where)
-        )
-        super().__init__(lanes, where)
+        super().__init__(shared.VectorEnvStepper, vec, where)
         self.vec = vec
 
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
