@@ -389,8 +389,8 @@ os._exit(code)
 
 class WorkerPool:
     """``num_lanes`` lanes' envs in ``workers`` processes (contiguous blocks),
-    and the messages to them: ``reset`` / ``send`` / ``take`` over the shared
-    segment (``local.WorkerEnvLanes``), or any op (``ProcessStepper``).
+    and the messages to them: ``send`` / ``take`` of a step over the shared
+    segment (``local.WorkerEnvLanes``), ``run`` of any op over the pipes.
 
     Args:
       source: ``"gymnasium:<id>"``, a picklable zero-argument factory, or a list
@@ -591,11 +591,12 @@ class WorkerPool:
         """``EnvListStepper.run`` of ``ops`` (ascending lanes) in the workers
         owning their lanes: the results, the lanes of workers that died (as
         ``_gather``), and each worker's ops (their lanes local)."""
-        sent = {}
-        for k, idx in self.by_worker([op.lane for op in ops]).items():
-            lo = self.blocks[k][0]
-            sent[k] = [ops[i]._replace(lane=ops[i].lane - lo) for i in idx]
-            self.conns[k].send(("run", sent[k], kw))
+        sent: dict[int, list] = {}
+        for op in ops:
+            k = int(self.owner[op.lane])
+            sent.setdefault(k, []).append(op._replace(lane=op.lane - self.blocks[k][0]))
+        for k, mine in sent.items():
+            self.conns[k].send(("run", mine, kw))
         replies, lost = self._gather(list(sent))
         out = []
         for k in sorted(replies):
@@ -603,13 +604,6 @@ class WorkerPool:
                 r.lane += self.blocks[k][0]
                 out.append(r)
         return out, lost, sent
-
-    def by_worker(self, lanes: Sequence[int]) -> dict[int, list[int]]:
-        """The positions in ``lanes`` of each worker's lanes."""
-        out: dict[int, list[int]] = {}
-        for i, j in enumerate(lanes):
-            out.setdefault(int(self.owner[j]), []).append(i)
-        return out
 
     def send(self, go: np.ndarray, info_keys: tuple) -> list[int]:
         """Starts the step of the lanes in ``go`` (actions in the segment); the
