@@ -359,10 +359,6 @@ class GymStepper:
         if len(lanes):
             self.ended[list(lanes)] = True
 
-    def observation(self, value: Any, lane: int) -> dict[str, np.ndarray]:
-        """One lane's observation as named leaves, checked (``ObsLayout.leaves``)."""
-        return self.layout.leaves(value, lane)
-
     def _past_deadline(self, lane: int) -> bool:
         deadline = self.deadline[lane]
         return deadline is not None and time.perf_counter() > deadline
@@ -378,7 +374,7 @@ class GymStepper:
     def _reset_result(self, j, obs, info, want_obs, keys, batched=False) -> LaneResult:
         """Lane ``j``'s reset, its observation checked (``batched``: a vector's)."""
         try:
-            arr = self.observation(self.layout.row(obs, j) if batched else obs, j)
+            arr = self.layout.leaves(self.layout.row(obs, j) if batched else obs, j)
         except Exception as exc:
             raise LaneError(j, "resetting", exc) from exc
         self._started(j)
@@ -641,7 +637,7 @@ class EnvListStepper(GymStepper):
             bad = lanes[0]
             for j, v in zip(lanes, o, strict=True):
                 try:
-                    self.observation(v, j)
+                    self.layout.leaves(v, j)
                 except Exception:  # noqa: BLE001 - any failure names this lane
                     bad = j
                     break
@@ -698,7 +694,7 @@ class EnvListStepper(GymStepper):
             for action in op.actions.tolist() if self.discrete else op.actions:
                 obs, reward, term, trunc, info = step(action)
                 if every_obs:
-                    out.obs.append(self.observation(obs, j))
+                    out.obs.append(self.layout.leaves(obs, j))
                 done += 1
                 out.rewards.append(float(reward))
                 term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
@@ -713,7 +709,7 @@ class EnvListStepper(GymStepper):
                 # Only the last step's observation is converted and checked.
                 done -= 1
                 if want_obs:
-                    out.obs.append(self.observation(obs, j))
+                    out.obs.append(self.layout.leaves(obs, j))
                 if want_info and not every_info:
                     out.infos.append(info)
         except Exception as exc:
@@ -857,7 +853,7 @@ class VectorEnvStepper(GymStepper):
                     tr = bool(trunc[lane]) or self._past_deadline(lane)
                     arr = row = None
                     if want_obs:
-                        arr = self.observation(self.layout.row(obs, lane), lane)
+                        arr = self.layout.leaves(self.layout.row(obs, lane), lane)
                     if info_keys:
                         row = self.lane_info(info, lane, info_keys)
                     results[lane].record(

@@ -210,8 +210,9 @@ class VectorEnvLanes(LocalAdapter):
             rows = [stepper.lane_info(info, j, self.info_keys) for j in js]
             seen = {k for k in info if not k.startswith("_")}
             self._set_info(n, rows, js, seen)
+        layout = stepper.layout
         for j in js:
-            for name, leaf in stepper.observation(stepper.layout.row(o, j), j).items():
+            for name, leaf in layout.leaves(layout.row(o, j), j).items():
                 obs[name][j] = leaf
         stepper.ended[:n] |= (te | tr)[:n] & go  # the stepper's state
         reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
