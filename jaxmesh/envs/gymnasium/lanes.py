@@ -607,30 +607,24 @@ class EnvListStepper(GymStepper):
         self.action_space = first.action_space
         self._setup(layout)
 
-    def step_envs(self, lanes, actions, busy=None) -> list:
-        """``env.step(a)`` of each of ``lanes``: their 5-tuples, or LaneError;
-        ``busy[j]`` is set while lane j steps."""
-        envs, out = self.envs, []
-        try:
-            for j, a in zip(lanes, actions, strict=True):
-                if busy is not None:
-                    busy[j] = True
-                out.append(envs[j].step(a))
-                if busy is not None:
-                    busy[j] = False
-        except Exception as exc:
-            lane = lanes[len(out)]
-            if busy is not None:
-                busy[lane] = False
-            raise LaneError(lane, "stepping", exc) from exc
-        return out
-
     def step_lanes(self, lanes, actions, into=None, busy=None) -> tuple:
         """One step of each of ``lanes`` (``actions``: the env's own values, one
-        per lane), the ended ones marked: (observations stacked, into ``into``
-        where it fits, rewards, terminated, truncated, infos); LaneError."""
+        per lane; ``busy[j]`` set while lane j steps), the ended ones marked:
+        (observations stacked, into ``into`` where it fits, rewards, terminated,
+        truncated, infos); LaneError."""
         acts = actions.tolist() if self.discrete else actions
-        o, r, te, tr, infos = zip(*self.step_envs(lanes, acts, busy), strict=True)
+        envs, steps = self.envs, []
+        flags = {} if busy is None else busy  # a dict takes the flags unread
+        try:
+            for j, a in zip(lanes, acts, strict=True):
+                flags[j] = True
+                steps.append(envs[j].step(a))
+                flags[j] = False
+        except Exception as exc:
+            lane = lanes[len(steps)]
+            flags[lane] = False
+            raise LaneError(lane, "stepping", exc) from exc
+        o, r, te, tr, infos = zip(*steps, strict=True)
         try:
             obs = self.layout.stack(o, lanes, into)
         except Exception as exc:  # a bad observation: its lane's LaneError
