@@ -227,10 +227,9 @@ class LaneError(Exception):
 def mark_where(exc: BaseException, lane: int, phase: str | None, steps: int = 0):
     """Marks an env's exception with where it was raised (``phase`` None:
     unknown), which the run's ``jaxmesh.errors.EnvError`` names."""
-    try:
+    # An exception may take no attribute.
+    with contextlib.suppress(AttributeError, TypeError):
         exc._jaxmesh_where = (int(lane), phase, int(steps))
-    except (AttributeError, TypeError):  # an exception that takes no attribute
-        pass
     return exc
 
 
@@ -733,10 +732,8 @@ class VectorEnvStepper(GymStepper):
     def __init__(self, vec: Any, *, owned: bool = False, layout=None):
         gym = import_gymnasium()
         mode = (vec.metadata or {}).get("autoreset_mode")
-        try:
+        with contextlib.suppress(ValueError):
             mode = gym.vector.AutoresetMode(mode) if mode is not None else None
-        except ValueError:
-            pass
         if mode != gym.vector.AutoresetMode.DISABLED:
             raise ValueError(
                 f"{type(vec).__name__} has metadata['autoreset_mode']={mode!r}; "

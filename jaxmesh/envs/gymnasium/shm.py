@@ -6,6 +6,7 @@ name unlinks it too when its peer dies. Unlinking twice is harmless.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 
@@ -41,10 +42,8 @@ class Segment:
     def unlink(self) -> None:
         import _posixshmem
 
-        try:
+        with contextlib.suppress(FileNotFoundError):
             _posixshmem.shm_unlink("/" + self.name)
-        except FileNotFoundError:
-            pass
 
 
 class Slots:

@@ -10,6 +10,7 @@ new one has rebuilt its lanes' envs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -214,20 +215,16 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
         elif envs is None:
             raise  # building the envs failed: the traceback goes to stderr
     except BaseException as exc:  # noqa: BLE001 - building the envs failed
-        try:
+        with contextlib.suppress(Exception):  # the pipe may be gone
             text = "".join(traceback.format_exception(exc))
             conn.send(("error", None, _picklable(exc), text))
-        except Exception:  # noqa: BLE001 - the pipe is gone
-            pass
     finally:
         if slots is not None:
             slots.release()
         if envs is not None:
             for e in envs:
-                try:
+                with contextlib.suppress(Exception):  # closing is best effort
                     e.close()
-                except Exception:  # noqa: BLE001 - closing is best effort
-                    pass
 
 
 PARENT_POLL_SECONDS = 0.2
@@ -517,10 +514,8 @@ class WorkerPool:
         finally:
             self.waiting.discard(k)
         if ready:
-            try:
+            with contextlib.suppress(EOFError, OSError):
                 return conn.recv()
-            except (EOFError, OSError):
-                pass
         else:
             raise TimeoutError(
                 f"worker process {k} took over {timeout:.0f} s {doing}; is its env "
@@ -638,10 +633,8 @@ class WorkerPool:
         for conn in self.conns:
             if conn is None:
                 continue
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 conn.send(("close",))
-            except (OSError, ValueError):
-                pass
         deadline = time.monotonic() + EXIT_SECONDS  # for all: hung ones die
         for k, proc in enumerate(self.procs):
             if proc is None:
