@@ -239,12 +239,12 @@ def test_a_failed_run_still_writes_its_trace(tmp_path):
 
 
 def test_a_bad_trace_path_is_refused_before_compiling(tmp_path, monkeypatch):
-    from jaxmesh.run import scan
+    from jaxmesh.run.scan import placement
 
     def no_compile(*a, **k):
         raise AssertionError("compiled")
 
-    monkeypatch.setattr(scan.Evaluator, "_compiled", no_compile)
+    monkeypatch.setattr(placement.SingleDevice, "compile", no_compile)
     with pytest.raises(ValueError, match="does not exist"):
         jaxmesh.evaluate(
             lean, "gymnax:CartPole-v1", trace=tmp_path / "no" / "such" / "t.json"
