@@ -221,10 +221,9 @@ def _worker_main(conn: Any, source: Any, block: list[int], layout: Any) -> None:
     finally:
         if slots is not None:
             slots.release()
-        if envs is not None:
-            for e in envs:
-                with contextlib.suppress(Exception):  # closing is best effort
-                    e.close()
+        for e in envs or ():
+            with contextlib.suppress(Exception):  # closing is best effort
+                e.close()
 
 
 PARENT_POLL_SECONDS = 0.2
@@ -630,9 +629,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stops every worker (killed after ``EXIT_SECONDS``), unlinks the segment."""
-        for conn in self.conns:
-            if conn is None:
-                continue
+        for conn in filter(None, self.conns):
             with contextlib.suppress(OSError, ValueError):
                 conn.send(("close",))
         deadline = time.monotonic() + EXIT_SECONDS  # for all: hung ones die
