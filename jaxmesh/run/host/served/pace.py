@@ -307,7 +307,7 @@ class ServedStepRun(ServedRun):
                 rows = wire[act_g] if act_g.size else None
                 tag = (reset_g, g, act_g, None)
                 ones = np.ones(act_g.size, np.int64)
-                self.outbox.call(s, rs, resets, act_g, ones, rows, tag)
+                self.outbox.call(s, resets, act_g, ones, rows, tag)
         if not self.pending(g):
             raise RuntimeError(
                 "jaxmesh internal error: a lane group has active lanes but "

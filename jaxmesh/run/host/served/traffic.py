@@ -238,6 +238,17 @@ class Inbox:
         return out
 
 
+class _Segments:
+    """Segment q: lane ``lanes[q]``'s ``counts[q]`` wire actions from ``starts[q]``."""
+
+    def __init__(self, lanes: np.ndarray, counts: np.ndarray, acts: Any):
+        self.lanes, self.counts, self.acts = lanes, counts, acts
+        self.starts = np.cumsum(counts) - counts
+
+    def rows(self, q: int) -> np.ndarray:
+        return self.acts[self.starts[q] : self.starts[q] + self.counts[q]]
+
+
 class Outbox:
     """Queued resets and segments, flushed into one call per rank per server (one
     at a time to a lockstep server), and the calls in flight with their tags."""
@@ -269,19 +280,17 @@ class Outbox:
         if not self.resets and not self.segments and not self.released:
             return
         run = self.run
-        lanes_ = ranks = counts = starts = np.zeros(0, np.int64)
-        live, acts = np.zeros(0, bool), None
-        if self.segments:
-            queued = (np.concatenate(x) for x in zip(*self.segments, strict=True))
-            lanes_, epochs, ranks, counts, acts = queued
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            live = epochs == run.epoch[lanes_]
+        empty = [(np.zeros(0, np.int64),) * 5]
+        columns = zip(*(self.segments or empty), strict=True)
+        lanes_, epochs, ranks, counts, acts = map(np.concatenate, columns)
+        seg = _Segments(lanes_, counts, acts)
+        live = epochs == run.epoch[lanes_]
         self.segments = []
         self.queued[:] = 0
         resets, self.resets = self.resets, {}
         if which is not None:  # the other lanes' items wait, in order
             for q in np.flatnonzero(live & ~which[lanes_]):
-                self._requeue(lanes_[q], acts[starts[q] : starts[q] + counts[q]])
+                self._requeue(lanes_[q], seg.rows(q))
             live = live & which[lanes_]
             for g in [g for g in resets if not which[g]]:
                 self.resets[g] = resets.pop(g)
@@ -290,54 +299,48 @@ class Outbox:
             on_s = live & (run.server[lanes_] == s)
             rs = [g for g in resets if run.server[g] == s]
             if run.lockstep[s]:
-                self._flush_lockstep(s, on_s, lanes_, counts, starts, acts, rs, resets)
+                self._flush_lockstep(s, np.flatnonzero(on_s), seg, rs, resets)
                 continue
             for r in range(top):
                 pick = np.flatnonzero(on_s & (ranks == r))
                 rr = rs if r == 0 else []
                 if pick.size or rr:
-                    self._send(s, pick, lanes_, counts, starts, acts, rr, resets)
+                    self._send(s, pick, seg, rr, resets)
 
-    def _flush_lockstep(self, s, on_s, lanes_, counts, starts, acts, rs, resets):
+    def _flush_lockstep(self, s, pick, seg: _Segments, rs, resets) -> None:
         """One call at a time, the lanes' next segments cut to one length."""
-        pick = np.flatnonzero(on_s)
         if self.inflight[s]:  # wait for the call in flight: queue it all again
             for g in rs:
                 self.resets[g] = resets[g]
             for q in pick:
-                self._requeue(lanes_[q], acts[starts[q] : starts[q] + counts[q]])
+                self._requeue(seg.lanes[q], seg.rows(q))
             return
         merged: dict[int, list] = {}
         for q in pick:  # in queue order: ranks ascending per lane
-            part = acts[starts[q] : starts[q] + counts[q]]
-            merged.setdefault(int(lanes_[q]), []).append(part)
+            merged.setdefault(int(seg.lanes[q]), []).append(seg.rows(q))
         # Each lane's first segment, cut to the shortest: a segment still ends
         # a call (its last observation is the one a plan reads).
-        chunks = {g: parts[0] for g, parts in merged.items()}
-        if chunks:
-            c = min(len(x) for x in chunks.values())
+        if merged:
+            c = min(len(parts[0]) for parts in merged.values())
             for g, parts in merged.items():
                 if len(parts[0]) > c:
                     self._requeue(g, parts[0][c:])
                 for part in parts[1:]:
                     self._requeue(g, part)
-            gs = np.asarray(sorted(chunks), np.int64)
-            rows = np.concatenate([chunks[g][:c] for g in gs])
-            cnt = np.full(gs.size, c, np.int64)
-            st = np.arange(gs.size, dtype=np.int64) * c
-            # _send reads each lane's rows through (lanes, counts, starts).
-            self._send(s, np.arange(gs.size), gs, cnt, st, rows, rs, resets)
+            gs = np.asarray(sorted(merged), np.int64)
+            rows = np.concatenate([merged[g][0][:c] for g in gs])
+            cut = _Segments(gs, np.full(gs.size, c, np.int64), rows)
+            self._send(s, np.arange(gs.size), cut, rs, resets)
         elif rs or any(self.run.server[g] == s for g in self.released):
-            nothing = np.zeros(0, np.int64)  # the resets and releases alone
-            self._send(s, nothing, lanes_, counts, starts, acts, rs, resets)
+            self._send(s, pick, seg, rs, resets)  # the resets and releases alone
 
     def _requeue(self, g: int, rows: np.ndarray) -> None:
         """Queues wire actions again for lane ``g``."""
         self._append(np.asarray([g], np.int64), np.asarray([len(rows)], np.int64), rows)
 
-    def call(self, s, rs, resets, act_g, counts, rows, tag) -> None:
-        """One call to server ``s``: resets ``rs``, ``counts[i]`` of ``rows`` for
-        each lane of ``act_g`` (in local order), its releases; ``tag`` waits."""
+    def call(self, s, resets, act_g, counts, rows, tag) -> None:
+        """One call to server ``s``: resets ``tag[0]``, ``counts[i]`` of ``rows``
+        per lane of ``act_g`` (in local order), its releases; ``tag`` waits."""
         t0 = time.perf_counter()
         run, reset_g = self.run, tag[0]
         session = run.lanes.sessions[s]
@@ -367,19 +370,19 @@ class Outbox:
         run.tel.add("request_bytes", size)
         self.inflight[s].append((tag, now))
 
-    def _send(self, s, pick, lanes_, counts, starts, acts, rs, resets) -> None:
+    def _send(self, s, pick, seg: _Segments, rs, resets) -> None:
         reset_g = np.asarray(sorted(rs), np.int64)
         act_g = np.zeros(0, np.int64)
         c = rows = None
         if pick.size:
-            order = pick[np.argsort(self.run.local[lanes_[pick]], kind="stable")]
-            act_g = lanes_[order]
-            c = counts[order]
+            order = pick[np.argsort(self.run.local[seg.lanes[pick]], kind="stable")]
+            act_g = seg.lanes[order]
+            c = seg.counts[order]
             # Each row's segment's start, less the rows before it in this call.
-            first = np.repeat(starts[order] - np.cumsum(c) + c, c)
-            rows = acts[first + np.arange(int(c.sum()))]
+            first = np.repeat(seg.starts[order] - np.cumsum(c) + c, c)
+            rows = seg.acts[first + np.arange(int(c.sum()))]
         tag = (reset_g, self.run.epoch[reset_g], act_g, self.run.epoch[act_g])
-        self.call(s, rs, resets, act_g, c, rows, tag)
+        self.call(s, resets, act_g, c, rows, tag)
 
     def drop(self, s: int) -> None:
         """Drops lost server ``s``'s queued resets, releases and calls."""
