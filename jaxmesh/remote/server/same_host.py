@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -19,8 +20,6 @@ import grpc
 from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
-from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.server.lanes import ServerStepper
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
 from jaxmesh.remote.server.sessions import (
     CallError,
@@ -28,6 +27,8 @@ from jaxmesh.remote.server.sessions import (
     check_reply,
     idle_message,
     run_call,
+    serve,
+    step_reply,
 )
 
 _log = logging.getLogger(__name__)
@@ -264,14 +265,70 @@ class SameHostPath:
     def _connection(
         self, conn: socket.socket, keys: tuple[str, ...], binary: bool
     ) -> None:
-        """One admitted client's session (the session lock is held for it)."""
+        """One admitted client's session (the session lock is held for it),
+        its calls answered as the gRPC ``Step`` does (``binary``: the client
+        takes RESULT frames and may send STEP ones)."""
         server = self.server
         lanes = server._lanes
-        n = lanes.num_lanes
+        n, core = lanes.num_lanes, lanes.lanes
+        limit = self.options.max_message_bytes
+        idle = self.options.idle_timeout_seconds
+        calls = itertools.count()
 
         def shut(*_: Any) -> None:  # ends the session: wakes its waiting read
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RD)
+
+        def parse(kind: int, data: bytes) -> Any:
+            if kind == same_host.STEP:
+                return _parse_step(data, lanes, keys)
+            return _parse_request(codec.parse_step_request(data, limit), lanes)
+
+        def receive() -> Any:
+            try:
+                return same_host.recv_frame(conn, limit)
+            except TimeoutError:
+                what = idle_message(server.address, "had no request", idle)
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                raise CallError(code, what, ()) from None
+            except codec.ProtocolError as exc:
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                raise CallError(code, str(exc), ()) from None
+
+        def answer(frame: tuple) -> tuple[int, bytes, int]:
+            kind, _, data = frame
+            if kind != same_host.REQUEST and (kind != same_host.STEP or not binary):
+                what = f"unexpected frame kind {kind}"
+                raise CallError(grpc.StatusCode.INVALID_ARGUMENT, what, ())
+            slot = next(calls) % same_host.RING
+            # Rows are stacked straight into this reply's slot: the client
+            # sends the call that reuses it only once it has read this reply.
+            core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
+            try:
+                request, batch, seconds = run_call(lanes.execute, parse, kind, data)
+            finally:
+                core.obs_into = None
+            shared_bytes = 0  # the observation bytes the ring carries
+            if _fits(batch.observation, keys, slots, slot, n):
+                rows = int(batch.rows.sum())
+                for key in keys:
+                    x, dst = batch.observation[key], slots[f"{slot}:{key}"][:rows]
+                    # Not stacked in place (the same memory, shape, strides):
+                    if x.__array_interface__ != dst.__array_interface__:
+                        dst[...] = x
+                    shared_bytes += x.nbytes
+                batch = batch._replace(observation={})
+            else:
+                slot = same_host.NO_SLOT
+            kind = same_host.REPLY
+            if binary and _plain(batch, keys, slot):
+                kind = same_host.RESULT
+                out = same_host.pack_result(request.call_id, seconds, batch)
+            else:
+                out = step_reply(request, batch, seconds)
+            # The cap of the gRPC reply: rows in the ring count too.
+            check_reply(len(out) + shared_bytes, limit)
+            return kind, out, slot
 
         session = server._session = _Session(shut)
         slots = None
@@ -293,100 +350,24 @@ class SameHostPath:
             finally:
                 os.close(fd)
             frame = same_host.recv_frame(conn, 1 << 10)
-            if frame is not None and frame[0] == same_host.ATTACHED:
-                self._calls(conn, session, lanes, keys, slots, binary)
+            if frame is None or frame[0] != same_host.ATTACHED:
+                return
+            conn.settimeout(None if math.isinf(idle) else idle)
+            for kind, out, slot in serve(session, receive, answer):
+                same_host.send_frame(conn, kind, out, slot)
+        except CallError as exc:
+            payload = same_host.status_payload(exc.args[0].name, *exc.args[1:])
+            with contextlib.suppress(OSError):
+                same_host.send_frame(conn, same_host.ERROR, payload)
         except (OSError, ValueError, codec.ProtocolError):
-            pass  # the client went away or broke the protocol: it is gone
+            # The client went away, took no reply for idle_timeout_seconds (a
+            # send timed out) or broke the protocol: it is gone.
+            pass
         finally:
             server._end_session(session)
             conn.close()
             if slots is not None:
                 slots.release()
-
-    def _calls(
-        self,
-        conn: socket.socket,
-        session: _Session,
-        lanes: ServerStepper,
-        keys: tuple[str, ...],
-        slots: Slots,
-        binary: bool,
-    ) -> None:
-        """Answers the calls as the gRPC ``Step`` does (``binary``: the client
-        takes RESULT frames and may send STEP ones)."""
-        limit = self.options.max_message_bytes
-        idle = self.options.idle_timeout_seconds
-        conn.settimeout(None if math.isinf(idle) else idle)
-        n, core = lanes.num_lanes, lanes.lanes
-
-        def parse(kind: int, data: bytes) -> Any:
-            if kind == same_host.STEP:
-                return _parse_step(data, lanes, keys)
-            return _parse_request(codec.parse_step_request(data, limit), lanes)
-
-        call = 0
-        try:
-            while (pending := session.waiting()) is None:
-                try:
-                    frame = same_host.recv_frame(conn, limit)
-                except TimeoutError:
-                    what = idle_message(self.server.address, "had no request", idle)
-                    code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    raise CallError(code, what, ()) from None
-                except codec.ProtocolError as exc:
-                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                    raise CallError(code, str(exc), ()) from None
-                session.working()
-                if frame is None:
-                    pending = session.pending
-                    break
-                kind, _, data = frame
-                if kind != same_host.REQUEST and (kind != same_host.STEP or not binary):
-                    what = f"unexpected frame kind {kind}"
-                    raise CallError(grpc.StatusCode.INVALID_ARGUMENT, what, ())
-                slot = call % same_host.RING
-                # Rows are stacked straight into this reply's slot: the client
-                # sends the call that reuses it only once it has read this reply.
-                core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
-                try:
-                    request, batch, seconds = run_call(lanes.execute, parse, kind, data)
-                finally:
-                    core.obs_into = None
-                call += 1
-                shared_bytes = 0  # the observation bytes the ring carries
-                if _fits(batch.observation, keys, slots, slot, n):
-                    rows = int(batch.rows.sum())
-                    for key in keys:
-                        x, dst = batch.observation[key], slots[f"{slot}:{key}"][:rows]
-                        # Not stacked in place (the same memory, shape, strides):
-                        if x.__array_interface__ != dst.__array_interface__:
-                            dst[...] = x
-                        shared_bytes += x.nbytes
-                    batch = batch._replace(observation={})
-                else:
-                    slot = same_host.NO_SLOT
-                kind = same_host.REPLY
-                if binary and _plain(batch, keys, slot):
-                    kind = same_host.RESULT
-                    out = same_host.pack_result(request.call_id, seconds, batch)
-                else:
-                    out = pb.StepReply(
-                        batch=codec.encode_result_batch(*batch),
-                        server_step_seconds=seconds,
-                        call_id=request.call_id,
-                    ).SerializeToString()
-                # The cap of the gRPC reply: rows in the ring count too.
-                check_reply(len(out) + shared_bytes, limit)
-                try:
-                    same_host.send_frame(conn, kind, out, slot)
-                except TimeoutError:
-                    return  # the client took no reply for idle_timeout_seconds
-        except CallError as exc:
-            pending = exc.args
-        if pending is not None:
-            payload = same_host.status_payload(pending[0].name, *pending[1:])
-            with contextlib.suppress(OSError):
-                same_host.send_frame(conn, same_host.ERROR, payload)
 
 
 def _plain(batch: Any, keys: tuple, slot: int) -> bool:

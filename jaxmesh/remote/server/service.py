@@ -43,6 +43,8 @@ from jaxmesh.remote.server.sessions import (
     _Session,
     check_reply,
     run_call,
+    serve,
+    step_reply,
 )
 
 
@@ -416,29 +418,17 @@ class EnvServer:
         def parse(data: bytes) -> Any:
             return _parse_request(codec.parse_step_request(data, limit), lanes)
 
+        def answer(data: bytes) -> bytes:
+            out = step_reply(*run_call(lanes.execute, parse, data))
+            check_reply(len(out), limit)
+            return out
+
         try:
-            while (pending := session.waiting()) is None:
-                data = next(requests, None)
-                if data is None:
-                    return
-                session.working()
-                try:
-                    request, batch, seconds = run_call(lanes.execute, parse, data)
-                    out = pb.StepReply(
-                        batch=codec.encode_result_batch(*batch),
-                        server_step_seconds=seconds,
-                        call_id=request.call_id,
-                    ).SerializeToString()
-                    check_reply(len(out), limit)
-                except CallError as exc:
-                    code, details, metadata = exc.args
-                    context.set_trailing_metadata(metadata)
-                    context.abort(code, details)
-                # The yield blocks while the client takes no replies (flow
-                # control): the watchdog's clock runs through it as a wait.
-                session.sending()
-                yield out
-            context.abort(*pending)
+            yield from serve(session, lambda: next(requests, None), answer)
+        except CallError as exc:
+            code, details, metadata = exc.args
+            context.set_trailing_metadata(metadata)
+            context.abort(code, details)
         finally:
             self._end_session(session)
 

@@ -8,13 +8,14 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
 from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.remote import codec
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
 
 
@@ -44,6 +45,15 @@ def run_call(execute: Callable, parse: Callable, *data: Any) -> tuple:
     return request, result, time.perf_counter() - start
 
 
+def step_reply(request: Any, batch: Any, seconds: float) -> bytes:
+    """The ``StepReply`` bytes answering ``request`` with ``batch``."""
+    return pb.StepReply(
+        batch=codec.encode_result_batch(*batch),
+        server_step_seconds=seconds,
+        call_id=request.call_id,
+    ).SerializeToString()
+
+
 def check_reply(size: int, limit: int) -> None:
     """A reply of ``size`` bytes over ``limit``: a CallError."""
     try:
@@ -51,6 +61,21 @@ def check_reply(size: int, limit: int) -> None:
     except codec.ProtocolError as exc:
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
         raise CallError(code, str(exc), ()) from None
+
+
+def serve(session: _Session, receive: Callable, answer: Callable) -> Iterator:
+    """Both transports' session loop: yields ``answer(data)`` for each request
+    ``receive()`` gives until it gives None or the session is ended (then a
+    CallError with the status that ended it)."""
+    while session.waiting() is None and (data := receive()) is not None:
+        session.working()
+        out = answer(data)
+        # Sending blocks while the client takes no replies (flow control): the
+        # watchdog's clock runs through it as a wait.
+        session.sending()
+        yield out
+    if session.pending is not None:
+        raise CallError(*session.pending, ())
 
 
 def idle_message(address: str, what: str, idle: float) -> str:
