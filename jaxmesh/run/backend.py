@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from jaxmesh.envs.gymnasium import is_host_stepped
 from jaxmesh.remote.address import is_address
+from jaxmesh.run import checks
 
 #: A JAX env, run by the scan engine.
 SCAN = "scan"
@@ -52,17 +53,6 @@ class Target(NamedTuple):
         return env if isinstance(env, str) else getattr(env, "name", None)
 
 
-def positive_seconds(value: Any, name: str, hint: str) -> float | None:
-    """``value`` as a float > 0, or None."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}={value!r}: expected a number > 0; {hint}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r}: expected a number > 0; {hint}")
-    return float(value)
-
-
 #: ``reply_timeout``'s default: over several servers, one silent for
 #: ``AUTO_FACTOR`` times the slowest reply (at least ``AUTO_FLOOR_SECONDS``) is
 #: dropped; with one server, no limit.
@@ -77,9 +67,9 @@ def check_reply_timeout(value: Any) -> float | str | None:
         return AUTO
     if isinstance(value, float) and value == math.inf:
         return None
-    return positive_seconds(
-        value,
+    return checks.check_number(
         "reply_timeout",
+        value,
         "seconds a served env's reply may take, 'auto' (the default: a hung "
         "server among several is dropped) or None for no limit",
     )

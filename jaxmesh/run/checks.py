@@ -258,24 +258,37 @@ def settings_of(*values: Any) -> Settings:
     return s
 
 
+def check_number(
+    name: str,
+    value: Any,
+    hint: str,
+    *,
+    zero: bool = False,
+    optional: bool = True,
+    keep_int: bool = False,
+) -> Any:
+    """``value`` as a finite float > 0 (>= 0 with ``zero``; an int kept with
+    ``keep_int``); None for None when ``optional``."""
+    if value is None and optional:
+        return None
+    bound = ">= 0" if zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r}: expected a number {bound}; {hint}")
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        raise ValueError(f"{name}={value!r}: expected a finite number {bound}; {hint}")
+    return value if keep_int and isinstance(value, int) else float(value)
+
+
 def check_delay_ms(delay_ms: Any, delay: int = 0) -> float | None:
     """``delay_ms`` as a float >= 0, or None; not with ``delay``."""
-    if delay_ms is None:
-        return None
-    if isinstance(delay_ms, bool) or not isinstance(
-        delay_ms, numbers.Real | np.integer | np.floating
-    ):
-        raise TypeError(
-            f"delay_ms={delay_ms!r}: expected a number of milliseconds (the "
-            "inference time, turned into steps by the env's dt), or None"
-        )
-    value = float(delay_ms)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"delay_ms={delay_ms!r}: expected a finite number of milliseconds "
-            ">= 0 (0 is no delay)"
-        )
-    if delay:
+    value = check_number(
+        "delay_ms",
+        delay_ms,
+        "milliseconds of inference time, turned into steps by the env's dt (0: "
+        "no delay), or None",
+        zero=True,
+    )
+    if value is not None and delay:
         raise ValueError(
             f"delay={delay} with delay_ms={delay_ms!r}: give the delay once, in "
             "steps (delay=) or in milliseconds (delay_ms=)"

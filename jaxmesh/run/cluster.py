@@ -5,25 +5,17 @@ actors (``jaxmesh.run.host.ray_actors`` runs them); no Ray is imported here.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from jaxmesh.envs.gymnasium import workers as pool
+from jaxmesh.run import checks
 
 #: The backend table's row of Ray actors (``jaxmesh.run.dispatch.route``).
 RAY = "ray"
 #: A config file's key for ``Ray``'s arguments: ``workers: {ray: {...}}``.
 CONFIG_KEY = "ray"
-
-
-def _positive(name: str, value: Any, hint: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"Ray({name}={value!r}): expected a number > 0 ({hint})")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"Ray({name}={value!r}): expected a number > 0 ({hint})")
-    return float(value) if not isinstance(value, int) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +58,12 @@ class Ray:
                 "a string (ray.init's: 'auto', 'host:6379', 'ray://host:10001') or "
                 "None (the cluster ray.init() finds, or a local one)"
             )
-        cpus = _positive(
+        cpus = checks.check_number(
             "num_cpus_per_worker",
             self.num_cpus_per_worker,
-            "the CPUs Ray reserves for each actor",
+            "the CPUs jaxmesh.Ray reserves for each actor",
+            optional=False,
+            keep_int=True,
         )
         object.__setattr__(self, "num_cpus_per_worker", cpus)
         res = self.resources
@@ -91,8 +85,12 @@ class Ray:
                         f"Ray(resources={dict(res)!r}): CPUs per actor are "
                         "num_cpus_per_worker=, not a resource"
                     )
-                checked[name] = _positive(
-                    f"resources[{name!r}]", amount, "the amount each actor reserves"
+                checked[name] = checks.check_number(
+                    f"resources[{name!r}]",
+                    amount,
+                    "the amount each jaxmesh.Ray actor reserves",
+                    optional=False,
+                    keep_int=True,
                 )
             object.__setattr__(self, "resources", checked)
 

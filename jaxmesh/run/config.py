@@ -21,17 +21,14 @@ def _set(obj: Any, **values: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Chunking:
-    """How a chunk is executed (docs/evaluation.md, "How a chunk is executed").
+    """How a chunk is executed (docs/evaluation.md, "What ``evaluate`` takes",
+    and "How a chunk is executed").
 
     Attributes:
-      prefetch_lead: L; the chunk that starts at step t was planned at
-        ``t - min(L, h)`` (simulated asynchronous inference; 0: synchronous).
-      delay: d steps of inference delay (0 < d < h, chunks of K >= h + d;
-        docs/contract.md, "How a chunk is executed"); not with a lead.
-      delay_ms: the delay in milliseconds instead, ``ceil(delay_ms / (1000 *
-        dt))`` steps by the env's ``dt``.
-      execution: None (each plan's chunk replays its first h actions) or a
-        ``jaxmesh.Ensemble`` (not with a horizon, delay or lead).
+      prefetch_lead: L, a chunk planned ``min(L, h)`` steps early (0: synchronous).
+      delay: d steps of inference delay (0 < d < h); not with a lead.
+      delay_ms: the delay in milliseconds, turned into steps by the env's ``dt``.
+      execution: None (replay h actions per plan) or a ``jaxmesh.Ensemble``.
 
     Raises:
       TypeError, ValueError: a bad value, or two that exclude each other.
@@ -51,23 +48,16 @@ class Chunking:
 
 @dataclasses.dataclass(frozen=True)
 class Starts:
-    """How episodes start (docs/evaluation.md, "Initial states").
+    """How episodes start (docs/evaluation.md, "What ``evaluate`` takes", and
+    "Initial states").
 
     Attributes:
-      trial_index_base: episode i is trial ``trial_index_base + i``: a reset
-        option of host-stepped and served envs that list ``"trial_index"`` in
-        ``metadata["reset_options"]`` (CONTRACT 6); a JAX env's entry of
-        ``initial_states`` or ``reset_fn`` (without them, only 0).
-      initial_states: JAX envs: T ``(obs, state)`` as the env's reset returns
-        them, stacked on a leading axis T or as a list; no entry past T.
-      reset_fn: JAX envs, instead: ``reset_fn(key, trial) -> (obs, state)``
-        of one lane, traced in the program.
-      randomize: MuJoCo Playground envs: ``fn(mjx_model, key) -> mjx_model``,
-        domain randomization drawn at every reset from the episode's own key.
-      instruction: every episode's instruction, for a ``jaxmesh.adapt.Text``
-        input (None: a ``Text(info_key=...)`` reads a host env's reset info).
-      check_seeds: host-stepped envs in this process: ``jaxmesh.check_seeds``
-        on the first lane's env first (a ``ValueError`` if not reproducible).
+      trial_index_base: episode i is trial ``trial_index_base + i``.
+      initial_states: JAX envs: T ``(obs, state)`` pairs, stacked or a list.
+      reset_fn: JAX envs: ``reset_fn(key, trial) -> (obs, state)`` of one lane.
+      randomize: Playground envs: ``fn(mjx_model, key) -> mjx_model`` per reset.
+      instruction: every episode's instruction, for a ``jaxmesh.adapt.Text`` input.
+      check_seeds: envs in this process: ``jaxmesh.check_seeds`` first.
     """
 
     trial_index_base: int = 0
@@ -104,16 +94,13 @@ class Starts:
 
 @dataclasses.dataclass(frozen=True)
 class Scoring:
-    """What is scored beside the return (docs/evaluation.md, "Metrics").
+    """What is scored beside the return (docs/evaluation.md, "Episode metrics
+    and success", and "Success").
 
     Attributes:
-      metrics: env info keys kept per episode (``result.metrics``): a key, a
-        list of keys (each its last value), or a dict key -> reduction over
-        the episode, one of ``last``, ``sum``, ``max``, ``mean``, ``any``.
-      success: the info key of an episode's success; None: ``success`` or
-        ``is_success`` when the env's info has one; False: none.
-      success_mode: ``"once"`` (true at any executed step, the default) or
-        ``"end"`` (true at the last step); docs/evaluation.md, "Success".
+      metrics: info keys kept per episode: a key, a list, or a dict key -> reduction.
+      success: the success info key; None: ``success`` or ``is_success``; False: none.
+      success_mode: ``"once"`` (the default) or ``"end"``.
     """
 
     metrics: Any = None
@@ -132,23 +119,15 @@ class Scoring:
 
 @dataclasses.dataclass(frozen=True)
 class Served:
-    """The connection to env servers (``"grpc://host:port"`` envs; docs/remote.md).
+    """The connection to ``"grpc://host:port"`` env servers (docs/remote.md).
 
     Attributes:
       token: the servers' token (None: the ``JAXMESH_TOKEN`` variable).
-      credentials: ``"grpcs://"``: the ``grpc.ChannelCredentials`` that check
-        the servers' certificates; None: gRPC's default roots.
-      reply_timeout: seconds a reply may take before the server is dropped
-        or the run fails; ``"auto"`` (the default): over several servers, one
-        silent for 10 times the slowest reply (at least 10 s) is dropped;
-        None: no limit.
-      lane_groups: lanes in this many groups, so that the device plans for
-        one group while the servers step another; None: the default.
-      on_server_loss: ``"rerun"`` (None, the default): a lost server's
-        unfinished episodes run again on the other servers' lanes;
-        ``"raise"``: the first loss ends the run.
-      transport: ``"auto"`` (shared memory with a server on this host run by
-        this user, else gRPC), ``"grpc"`` or ``"shm"``.
+      credentials: ``"grpcs://"``'s ``grpc.ChannelCredentials``; None: gRPC's roots.
+      reply_timeout: seconds a reply may take; ``"auto"`` (default); None: no limit.
+      lane_groups: groups of lanes that pipeline; None: the default.
+      on_server_loss: ``"rerun"`` (None, the default) or ``"raise"``.
+      transport: ``"auto"`` (default), ``"grpc"`` or ``"shm"``.
     """
 
     token: str | None = None
@@ -171,15 +150,13 @@ class Served:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Where the lanes run and in what pieces.
+    """Where the lanes run and in what pieces (docs/evaluation.md, "What
+    ``evaluate`` takes"; docs/scale.md).
 
     Attributes:
       plan_tile: rows per policy call; None: ``build.default_plan_tile``.
-      segment_steps: JAX envs: env steps per scan segment, between which the
-        host reads the episode log, calls hooks and checks for faults.
-      devices: JAX envs: split the lanes over devices (docs/scale.md). None:
-        one device; ``"all"``: every device; an int D: the first D; a list of
-        devices; or a one-axis ``jax.sharding.Mesh``.
+      segment_steps: JAX envs: env steps per scan segment between host visits.
+      devices: JAX envs: None (one device), ``"all"``, an int, a list or a Mesh.
     """
 
     plan_tile: int | None = None
@@ -209,18 +186,15 @@ GROUP_OF: dict[str, str] = {
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A run's configuration: the flat knobs and the groups, checked once.
+    """A run's configuration: the flat knobs and the groups, checked once
+    (docs/evaluation.md, "What ``evaluate`` takes").
 
     Attributes:
-      num_envs: lanes run side by side (at most a host-stepped env list's or
-        ``VectorEnv``'s own count).
+      num_envs: lanes run side by side.
       horizon: H, actions of a chunk executed before the next plan.
-      max_episode_steps: an episode's step cap (None: the env's own limit,
-        else the engine's built-in one).
+      max_episode_steps: an episode's step cap (None: the env's, else built in).
       max_episode_seconds: host-stepped envs: a wall-clock cap on an episode.
-      workers: host-stepped envs made from an id or factory: worker
-        processes that step the lanes (0: this process; None: chosen for the
-        machine and the env), or ``jaxmesh.Ray(num_workers=N)``.
+      workers: host-stepped envs: worker processes, or ``jaxmesh.Ray(...)``.
       chunking, starts, scoring, layout: the groups.
       served: ``Served`` options for ``"grpc://host:port"`` envs, or None.
 
@@ -268,9 +242,9 @@ class RunConfig:
             c.delay, c.execution, c.delay_ms,
         )  # fmt: skip
         _set(self, _settings=s, num_envs=s.num_envs, horizon=s.horizon)
-        seconds = backend.positive_seconds(
-            self.max_episode_seconds,
+        seconds = checks.check_number(
             "max_episode_seconds",
+            self.max_episode_seconds,
             "seconds of wall clock an episode may run, or None for no limit",
         )
         _set(self, max_episode_seconds=seconds)
