@@ -14,8 +14,7 @@ from typing import Any
 from jaxmesh.remote.server.actor import EnvActor
 from jaxmesh.run import kept
 from jaxmesh.run.cluster import Ray
-from jaxmesh.run.host.served import ServedRun, ServedStepRun
-from jaxmesh.run.host.served.pool import ServedLanes
+from jaxmesh.run.host.served import ServedLanes, ServedRun, ServedStepRun
 
 #: Seconds the actors have to be placed, build their envs and serve.
 START_SECONDS = 600.0

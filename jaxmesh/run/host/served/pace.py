@@ -12,8 +12,7 @@ from jaxmesh.core import replay, rules
 from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.remote import codec
 from jaxmesh.run.host.loop import HostLoop, wire_leaves
-from jaxmesh.run.host.served.pool import ServedLanes
-from jaxmesh.run.host.served.traffic import Inbox, Outbox, ServerLoss, _present
+from jaxmesh.run.host.served import traffic
 
 
 class ServedRun(HostLoop):
@@ -61,7 +60,8 @@ class ServedRun(HostLoop):
             self.to_global.append(m)
         self.lockstep = [c.lockstep for c in lanes.sessions]
         self.server_rows = [f"server {s}" for s in range(len(lanes.sessions))]
-        self.outbox, self.inbox, self.loss = Outbox(self), Inbox(self), ServerLoss(self)
+        self.outbox, self.inbox = traffic.Outbox(self), traffic.Inbox(self)
+        self.loss = traffic.ServerLoss(self)
         self.per_step = self.cfg.h == 1 and self.cfg.lead == 0
         # Lane groups (contiguous): the device plans for one while a server
         # steps another. A lockstep server steps every lane in every call.
@@ -264,7 +264,7 @@ class ServedStepRun(ServedRun):
     takes_in_order = True
 
     @staticmethod
-    def applies(program: Any, lanes: ServedLanes, recorder: Any) -> bool:
+    def applies(program: Any, lanes: traffic.ServedLanes, recorder: Any) -> bool:
         cfg = program.config
         return (
             cfg.h == 1
@@ -351,7 +351,7 @@ class ServedStepRun(ServedRun):
             none = (np.zeros(j.size), np.zeros(j.size, bool))  # no row had k
             values = dict.fromkeys(self.info_keys, none)
             for k, x in info.items():
-                values[k] = x[step_rows], _present(b, k)[step_rows]
+                values[k] = x[step_rows], traffic._present(b, k)[step_rows]
             self.metrics.step(j, values)
         self.ready[j] = True
         self.account(j, b.rewards.astype(np.float32), b.terminated, b.truncated)
