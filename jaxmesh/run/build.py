@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import collections
 import warnings
 from typing import Any
 
@@ -21,6 +20,7 @@ from jaxmesh.results.record import observation_leaves, records_states
 from jaxmesh.run import identity
 from jaxmesh.run.checks import Metrics, resolve_metrics
 from jaxmesh.run.footprint import KEY, check_frame_limit
+from jaxmesh.run.kept import Kept
 from jaxmesh.run.plan import (
     RunPlan,
     default_plan_tile,  # noqa: F401 - re-exported
@@ -34,23 +34,15 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(leaf_spec, tree)
 
 
-#: Probe programs' digests for the run's identity, by (policy, env, params'
-#: signature), newest last.
-_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
-_PROGRAMS_KEPT = 64
+#: Probe programs by (policy, env, params' signature): ``[policy.apply, env,
+#: digest]`` for the run's identity; what the key names is kept alive with it,
+#: so no id is reused.
+_PROGRAMS = Kept(64)
 
 
-def _program_key(policy: Any, env: Any, params: Any) -> tuple:
-    return (id(policy.apply), id(env), signature(params))
-
-
-def _note_program(policy: Any, env: Any, params: Any, closed: Any) -> None:
-    key = _program_key(policy, env, params)
-    # What the key names is kept alive with the digest: no id is reused.
-    _PROGRAMS[key] = (policy.apply, env, identity.program_digest(closed))
-    _PROGRAMS.move_to_end(key)
-    while len(_PROGRAMS) > _PROGRAMS_KEPT:
-        _PROGRAMS.popitem(last=False)
+def _program(policy: Any, env: Any, params: Any) -> list:
+    key = (id(policy.apply), id(env), signature(params))
+    return _PROGRAMS.get(key, lambda: [policy.apply, env, None])
 
 
 def policy_digest(
@@ -58,13 +50,13 @@ def policy_digest(
 ) -> str:
     """The digest of the probe's program of ``policy`` on ``env``, probing
     again when it is not kept."""
-    key = _program_key(policy, env, params)
-    if key not in _PROGRAMS:
+    kept = _program(policy, env, params)
+    if kept[2] is None:
         # The run's own probe has warned of what this one would find.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             probe_chunk(policy, env, params, horizon, told)
-    return _PROGRAMS[key][-1]
+    return kept[2]
 
 
 def told_horizon(policy: Policy, settings: Any) -> int | None:
@@ -142,7 +134,7 @@ def probe_chunk(
         # Traced once, for the output's shape and the run's identity.
         fn = lambda p, o, a: probe_out(p, o, a, length)
         closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
-        _note_program(policy, env, params, closed)
+        _program(policy, env, params)[2] = identity.program_digest(closed)
         return out
 
     pending = adapt.pending_inputs(policy.spec)
