@@ -372,9 +372,7 @@ class HostLoop:
         self.steps.raise_error()
         self.episodes_out.update(res)
         self.episodes_out.check_fault(res)
-        free = np.zeros(self.n, bool)
-        free[ended] = True
-        self.take_next(free)
+        self.take_next(np.isin(np.arange(self.n), ended))
 
     def env_error(self, exc: Exception) -> Exception:
         """``exc`` naming the episode, seed, lane and step it was raised at."""
