@@ -7,7 +7,7 @@ import copy
 import re
 import shutil
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -174,6 +174,20 @@ def existing_file(path: str | Path, what: str, hint: str) -> Path:
             f"{what} {str(path)!r} not found (looked in {str(p.absolute())!r}); " + hint
         )
     return p
+
+
+def read_resume(path: str, hint: str, parse: Callable[[str], Any]) -> Any:
+    """``parse`` of the ``--resume`` file's text; ConfigError (``hint``) when the
+    file is missing, unreadable or not UTF-8, or ``parse`` raises ValueError/OSError."""
+    p = existing_file(path, "--resume file", hint)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--resume {path!r}: cannot read it as text ({e})") from e
+    try:
+        return parse(text)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--resume {path!r}: {e}") from e
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import jaxmesh
 from jaxmesh.cli.build import build_run, close, config_policy
 from jaxmesh.cli.cache import use_compile_cache
 from jaxmesh.cli.checks import read_config
-from jaxmesh.cli.config import existing_file
+from jaxmesh.cli.config import read_resume
 from jaxmesh.cli.errors import ConfigError, resume_refused, stopped, terminating
 from jaxmesh.cli.hooks import log_hooks
 from jaxmesh.cli.outputs import (
@@ -51,19 +51,17 @@ def _check_same_run(a: dict, b: dict, path_a: str, path_b: str) -> None:
 def load_decision(path: str) -> dict[str, Any]:
     """The decision JSON an earlier ``decide --output`` wrote, its runs ``a``
     and ``b`` read back (ConfigError: missing, or not a decision)."""
-    p = existing_file(
-        path, "--resume file", "pass the decision JSON an earlier decide wrote"
-    )
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-        kind = SuiteResult if data["a"].get("suite") else RunResult
-        return {**data, "a": kind.from_dict(data["a"]), "b": kind.from_dict(data["b"])}
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"--resume {path!r}: not a decision JSON of jaxmesh decide ({e})"
-        ) from e
-    except ValueError as e:
-        raise ConfigError(f"--resume {path!r}: {e}") from e
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            data = json.loads(text)
+            kind = SuiteResult if data["a"].get("suite") else RunResult
+            a, b = kind.from_dict(data["a"]), kind.from_dict(data["b"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"not a decision JSON of jaxmesh decide ({e})") from e
+        return {**data, "a": a, "b": b}
+
+    return read_resume(path, "pass the decision JSON an earlier decide wrote", parse)
 
 
 def _progress(enabled: bool):

@@ -20,7 +20,7 @@ from jaxmesh.cli.artifacts import (
 from jaxmesh.cli.build import build_run, close
 from jaxmesh.cli.cache import use_compile_cache
 from jaxmesh.cli.checks import check_record_config, read_config
-from jaxmesh.cli.config import existing_file
+from jaxmesh.cli.config import read_resume
 from jaxmesh.cli.errors import (
     ConfigError,
     bad_input,
@@ -324,29 +324,18 @@ def _held(log_path: Path | None) -> int:
         return 0
 
 
-def load_resume(path: str | Path) -> Any:
+def load_resume(path: str) -> Any:
     """The earlier run ``eval --resume PATH`` continues, from an episode log or
     a result JSON (ConfigError: neither)."""
-    p = existing_file(
-        path,
-        "--resume file",
-        "pass the episode log (NAME.episodes.jsonl) or the result JSON of the run "
-        "to continue",
-    )
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(
-            f"--resume {str(path)!r}: cannot read it as text ({e})"
-        ) from e
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    try:
-        head = json.loads(first)
-    except json.JSONDecodeError:
-        head = None  # a result JSON is indented: its first line is "{"
-    try:
+
+    def parse(text: str) -> Any:
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        try:
+            head = json.loads(first)
+        except json.JSONDecodeError:
+            head = None  # a result JSON is indented: its first line is "{"
         if isinstance(head, dict) and LOG_KEY in head:
-            return load_episode_log(p)
+            return load_episode_log(path)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -356,6 +345,11 @@ def load_resume(path: str | Path) -> Any:
             ) from None
         if isinstance(data, dict) and data.get("suite"):
             return SuiteResult.from_dict(data)
-        return load_results(p)  # RunResult.from_dict, with each episode's line
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"--resume {str(path)!r}: {e}") from e
+        return load_results(path)  # RunResult.from_dict, with each episode's line
+
+    return read_resume(
+        path,
+        "pass the episode log (NAME.episodes.jsonl) or the result JSON of the run "
+        "to continue",
+        parse,
+    )

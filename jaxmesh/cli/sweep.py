@@ -14,7 +14,7 @@ from typing import Any
 import jaxmesh
 from jaxmesh.cli.build import build_run
 from jaxmesh.cli.checks import check_run_config
-from jaxmesh.cli.config import apply_overrides, existing_file, load_config
+from jaxmesh.cli.config import apply_overrides, load_config, read_resume
 from jaxmesh.cli.errors import ConfigError, refused, stopped
 from jaxmesh.cli.outputs import (
     SWEEP_CELLS_SUFFIX,
@@ -51,13 +51,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     given = Path(config["output"]) if config.get("output") else None
     output = None if given is None else given.with_suffix(SWEEP_SUFFIX)
     cells_path = None if given is None else given.with_suffix(SWEEP_CELLS_SUFFIX)
-    earlier = None
+    earlier = None  # the earlier sweep's config and finished cells
     if args.resume is not None:
-        earlier = existing_file(
+        earlier = read_resume(
             args.resume,
-            "--resume file",
             f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
             "next to its output)",
+            _sweep_cells,
         )
     # The sweep's files go next to the output: its folder is checked through it.
     check_writable(
@@ -73,7 +73,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     }
     # As the cells file gives it back: tuples as lists, objects as text.
     identity = json.loads(json.dumps(identity, default=str))
-    done = {} if earlier is None else load_sweep_cells(earlier, identity)
+    before, done = earlier or (identity, {})
+    for key in sorted(set(before) | set(identity)):
+        if before.get(key) != identity.get(key):
+            raise ConfigError(
+                f"--resume {args.resume!r}: the earlier sweep had {key}="
+                f"{before.get(key)!r}, this call {identity.get(key)!r}; a sweep "
+                "resumes only with the same config (pass the same one, or start a "
+                "new sweep without --resume)"
+            )
     cells = None if cells_path is None else SweepCells(cells_path, identity, done)
     try:
         result = jaxmesh.sweep(
@@ -161,14 +169,10 @@ def _sweep_kept(args: argparse.Namespace, config: dict, cells: SweepCells) -> st
     )
 
 
-def load_sweep_cells(path: Path, identity: dict) -> dict:
-    """The finished cells, ``(delay, horizon) -> RunResult``, of a cells file
-    of the sweep ``identity`` describes (a last line cut short skipped);
-    ConfigError: not a cells file, or of another config (the key named)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--resume {str(path)!r}: cannot read it ({e})") from e
+def _sweep_cells(text: str) -> tuple[dict, dict]:
+    """A cells file's sweep config and its finished cells, ``(delay, horizon) ->
+    RunResult`` (a last line cut short skipped); ValueError: not a cells file."""
+    lines = text.splitlines()
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -178,33 +182,22 @@ def load_sweep_cells(path: Path, identity: dict) -> dict:
         except json.JSONDecodeError:
             if n == len(lines):  # cut short by a killed sweep
                 continue
-            raise ConfigError(
-                f"--resume {str(path)!r}: line {n} is not JSON; expected the cells "
-                f"file of jaxmesh sweep (NAME{SWEEP_CELLS_SUFFIX})"
+            raise ValueError(
+                f"line {n} is not JSON; expected the cells file of jaxmesh sweep "
+                f"(NAME{SWEEP_CELLS_SUFFIX})"
             ) from None
     head = records[0] if records else None
     if not (isinstance(head, dict) and SWEEP_CELLS_KEY in head):
-        raise ConfigError(
-            f"--resume {str(path)!r}: not a sweep's cells file (its first line holds "
-            f"no {SWEEP_CELLS_KEY!r}); pass the NAME{SWEEP_CELLS_SUFFIX} file next to "
-            "the output of the sweep to continue"
+        raise ValueError(
+            f"not a sweep's cells file (its first line holds no {SWEEP_CELLS_KEY!r}); "
+            f"pass the NAME{SWEEP_CELLS_SUFFIX} file next to the output of the sweep "
+            "to continue"
         )
-    before = head.get("config") or {}
-    for key in sorted(set(before) | set(identity)):
-        if before.get(key) != identity.get(key):
-            raise ConfigError(
-                f"--resume {str(path)!r}: the earlier sweep had {key}="
-                f"{before.get(key)!r}, this call {identity.get(key)!r}; a sweep "
-                "resumes only with the same config (pass the same one, or start a "
-                "new sweep without --resume)"
-            )
-    cells = {}
     try:
-        for rec in records[1:]:
-            c = rec["cell"]
-            cells[(int(c["delay"]), int(c["horizon"]))] = RunResult.from_dict(
-                c["result"]
-            )
+        cells = {
+            (int(c["delay"]), int(c["horizon"])): RunResult.from_dict(c["result"])
+            for c in (rec["cell"] for rec in records[1:])
+        }
     except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"--resume {str(path)!r}: a malformed cell ({e})") from e
-    return cells
+        raise ValueError(f"a malformed cell ({e})") from e
+    return head.get("config") or {}, cells
