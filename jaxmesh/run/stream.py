@@ -227,19 +227,17 @@ class EpisodeStream:
     def result(self, res: Any, timing: dict) -> RunResult:
         return RunResult.from_results(res, self.seeds, **self.run_fields, **timing)
 
-    def partial(self, timing: dict) -> RunResult | None:
-        """The finished episodes of the newest results (None if none were read)."""
-        if self.latest is None:
-            return None
-        res = jax.device_get(self.latest)
-        return RunResult.from_results(
-            res, self.seeds, keep=np.asarray(res.done), **self.run_fields, **timing
-        )
-
     def fail(self, exc: BaseException, timing: dict) -> None:
-        """Puts the finished episodes on ``exc.partial_result`` with a note."""
+        """Puts the finished episodes of the newest results on
+        ``exc.partial_result`` (None if none were read), with a note."""
         with contextlib.suppress(Exception):  # the results may be unusable
-            partial = self.partial(timing)
+            partial = None
+            if self.latest is not None:
+                res = jax.device_get(self.latest)
+                keep = np.asarray(res.done)
+                partial = RunResult.from_results(
+                    res, self.seeds, keep=keep, **self.run_fields, **timing
+                )
             exc.partial_result = partial  # type: ignore[attr-defined]
             n = 0 if partial is None else partial.num_episodes
             exc.add_note(
