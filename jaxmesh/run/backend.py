@@ -5,7 +5,6 @@ the options only served envs take (``jaxmesh.Served``'s).
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, NamedTuple
 
 from jaxmesh.envs.gymnasium import is_host_stepped
@@ -79,13 +78,13 @@ def check_lane_groups(value: Any) -> int | None:
     """``lane_groups`` as an int >= 1, or None (the default)."""
     if value is None:
         return None
-    not_int = isinstance(value, bool) or not isinstance(value, numbers.Integral)
-    if not_int or value < 1:
-        raise (TypeError if not_int else ValueError)(
-            f"lane_groups={value!r}: expected an int >= 1 (groups of lanes whose "
-            "calls to the servers overlap; 1: no pipelining), or None for the default"
-        )
-    return int(value)
+    return checks.check_int(
+        "lane_groups",
+        value,
+        1,
+        "groups of lanes whose calls to the servers overlap (1: no pipelining), "
+        "or None for the default",
+    )
 
 
 #: What a served run may do when it loses a server.
