@@ -197,6 +197,27 @@ class CartPoleThatFails(gym.Wrapper):
         return self.env.step(action)
 
 
+class ShiftedDiscreteEnv(gym.Env):
+    """Discrete(3, start=5) actions (5, 6, 7): the reward is the action the env
+    got, an episode lasts 4 steps, and an action outside the space raises."""
+
+    metadata = {"render_modes": []}
+    observation_space = spaces.Box(0, 4, (1,), np.float32)
+    action_space = spaces.Discrete(3, start=5)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        self.t += 1
+        obs = np.full(1, self.t, np.float32)
+        return obs, float(action), self.t == 4, False, {}
+
+
 def cartpole_that_fails(how: str, seed: int = 13) -> gym.Env:
     return CartPoleThatFails(how, seed)
 

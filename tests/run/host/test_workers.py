@@ -19,7 +19,7 @@ import pytest
 from conftest import children_of
 from gym_reference import lean, per_step, plain_loop
 from reference_loop import assert_matches
-from worker_envs import CameraEnv, RaisesOnSeed
+from worker_envs import CameraEnv, RaisesOnSeed, ShiftedDiscreteEnv
 
 import jaxmesh
 from jaxmesh.envs.gymnasium.workers import (
@@ -99,6 +99,24 @@ def test_dict_observations_match_the_plain_loop(workers, lanes):
         [r.ret / r.length for r in reference(3, 1)],
         rtol=1e-5,
     )
+    if workers:
+        no_leftovers()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_discrete_action_reaches_the_env_shifted_by_start_once(workers):
+    """The agent's action 1 of Discrete(3, start=5) is the env's 6, in process
+    and in workers: 4 steps of reward 6 make a return of 24 (worked by hand)."""
+
+    def second(obs):
+        del obs
+        return jnp.int32(1)
+
+    result = jaxmesh.evaluate(
+        second, ShiftedDiscreteEnv, num_envs=2, seeds=[0, 1, 2], workers=workers
+    )
+    np.testing.assert_array_equal(result.returns, [24.0, 24.0, 24.0])
+    np.testing.assert_array_equal(result.lengths, [4, 4, 4])
     if workers:
         no_leftovers()
 
