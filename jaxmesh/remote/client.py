@@ -245,10 +245,12 @@ class Stream:
             raise item
         return item
 
-    def _await_end(self, reader: threading.Thread, since: float, timeout, grace):
-        """Waits for ``reader`` (taking a closing stream's last replies) while
-        the server answers: until nothing came for ``grace`` s after ``since``
-        or the last reply, the stream breaks, or ``timeout`` s in all."""
+    def _await_end(self, since: float, timeout: float, grace: float) -> None:
+        """Waits for the reader (a thread taking a closing stream's last replies
+        when none runs) while the server answers: until nothing came for
+        ``grace`` s after ``since`` or the last reply, the stream breaks, or
+        ``timeout`` s in all."""
+        reader = self._reader or self._drain_thread()
         deadline = time.monotonic() + timeout
         while reader.is_alive() and not self._broken:
             left = min(deadline, max(self._progress, since) + grace) - time.monotonic()
@@ -427,14 +429,11 @@ class Connection(Stream):
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
-            reader = self._reader
-            if reader is None and not self._broken:  # drain the stream in one
-                reader = self._drain_thread()
             self._stream = None
             # A reader thread read replies as they came: quiet since the last.
             owed = self._reader is not None and self._owed
             since = max(self._progress, self._last_send) if owed else time.monotonic()
-            if reader is not None:
-                self._await_end(reader, since, timeout, grace)
+            if self._reader is not None or not self._broken:
+                self._await_end(since, timeout, grace)
             stream.cancel()
         self._channel.close()

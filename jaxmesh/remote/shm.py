@@ -495,8 +495,7 @@ class ShmStream(Stream):
             self._ending = True
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
-            reader = self._reader or self._drain_thread()
-            self._await_end(reader, self._last_send, timeout, grace)
+            self._await_end(self._last_send, timeout, grace)
         self._closing = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
