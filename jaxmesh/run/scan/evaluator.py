@@ -201,9 +201,11 @@ class Evaluator:
         initial_states: Any = None,
         success_mode: str | None = None,
         instruction: str | None = None,
+        _checked: bool = False,
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments. Those
         that are data (None: the evaluator's own) run the same program.
+        ``_checked``: ``run`` passes the config's values, checked already.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
@@ -212,18 +214,19 @@ class Evaluator:
           ``exc.partial_result``.
         """
         t_start, starts = time.perf_counter(), self.config.starts
-        record = check_record(record)
-        if trial_index_base is None:
-            trial_index_base = starts.trial_index_base
-        trial_index_base = checks.check_int(
-            "trial_index_base", trial_index_base, 0, TRIAL_HINT
-        )
-        if success_mode is None:
-            success_mode = self.success_mode
-        success_mode = checks.check_success_mode(success_mode)
-        if instruction is None:
-            instruction = starts.instruction
-        instruction = instructions.check_instruction(instruction)
+        if not _checked:
+            record = check_record(record)
+            if trial_index_base is None:
+                trial_index_base = starts.trial_index_base
+            trial_index_base = checks.check_int(
+                "trial_index_base", trial_index_base, 0, TRIAL_HINT
+            )
+            if success_mode is None:
+                success_mode = self.success_mode
+            success_mode = checks.check_success_mode(success_mode)
+            if instruction is None:
+                instruction = starts.instruction
+            instruction = instructions.check_instruction(instruction)
         pol, s = self.policy, self.settings
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         e = int(seeds_arr.size)
@@ -508,6 +511,7 @@ def run(
         initial_states=None if trials is None or trials.states is None else trials,
         success_mode=scoring.success_mode,
         instruction=starts.instruction,
+        _checked=True,
     )
 
 
