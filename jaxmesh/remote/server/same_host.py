@@ -27,7 +27,6 @@ from jaxmesh.remote.server.sessions import (
     check_reply,
     idle_message,
     run_call,
-    serve,
     step_reply,
 )
 
@@ -353,7 +352,7 @@ class SameHostPath:
             if frame is None or frame[0] != same_host.ATTACHED:
                 return
             conn.settimeout(None if math.isinf(idle) else idle)
-            for kind, out, slot in serve(session, receive, answer):
+            for kind, out, slot in session.serve(receive, answer):
                 same_host.send_frame(conn, kind, out, slot)
         except CallError as exc:
             payload = same_host.status_payload(exc.args[0].name, *exc.args[1:])

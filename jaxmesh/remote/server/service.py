@@ -43,7 +43,6 @@ from jaxmesh.remote.server.sessions import (
     _Session,
     check_reply,
     run_call,
-    serve,
     step_reply,
 )
 
@@ -424,7 +423,7 @@ class EnvServer:
             return out
 
         try:
-            yield from serve(session, lambda: next(requests, None), answer)
+            yield from session.serve(lambda: next(requests, None), answer)
         except CallError as exc:
             code, details, metadata = exc.args
             context.set_trailing_metadata(metadata)

@@ -63,21 +63,6 @@ def check_reply(size: int, limit: int) -> None:
         raise CallError(code, str(exc), ()) from None
 
 
-def serve(session: _Session, receive: Callable, answer: Callable) -> Iterator:
-    """Both transports' session loop: yields ``answer(data)`` for each request
-    ``receive()`` gives until it gives None or the session is ended (then a
-    CallError with the status that ended it)."""
-    while session.waiting() is None and (data := receive()) is not None:
-        session.working()
-        out = answer(data)
-        # Sending blocks while the client takes no replies (flow control): the
-        # watchdog's clock runs through it as a wait.
-        session.sending()
-        yield out
-    if session.pending is not None:
-        raise CallError(*session.pending, ())
-
-
 def idle_message(address: str, what: str, idle: float) -> str:
     return (
         f"the session on the server at {address} {what} for {idle:g} s "
@@ -98,7 +83,7 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
 
 class _Session:
     """An open session: ``cancel(code, details)`` ends it from another thread.
-    The serving thread marks when it waits, works and sends; ``end`` ends it
+    ``serve`` marks when it waits, works and sends; ``end`` ends it
     now when it waits for a request, else after the reply in progress."""
 
     POLL_SECONDS = 0.5  # between the hang-up watcher's checks
@@ -150,17 +135,24 @@ class _Session:
 
         threading.Thread(target=run, name="jaxmesh-shm-hangup", daemon=True).start()
 
-    def waiting(self) -> tuple[grpc.StatusCode, str] | None:
-        self.receiving = True
-        self.waiting_since = time.monotonic()
-        return self.pending
-
-    def working(self) -> None:
-        self.waiting_since = None
-        self.receiving = False
-
-    def sending(self) -> None:
-        self.waiting_since = time.monotonic()
+    def serve(self, receive: Callable, answer: Callable) -> Iterator:
+        """Both transports' session loop: yields ``answer(data)`` for each
+        request ``receive()`` gives until it gives None or the session is
+        ended (then a CallError with the status that ended it)."""
+        while True:
+            self.receiving = True
+            self.waiting_since = time.monotonic()
+            if self.pending is not None or (data := receive()) is None:
+                break
+            self.waiting_since = None
+            self.receiving = False
+            out = answer(data)
+            # Sending blocks while the client takes no replies (flow control):
+            # the watchdog's clock runs through it as a wait.
+            self.waiting_since = time.monotonic()
+            yield out
+        if self.pending is not None:
+            raise CallError(*self.pending, ())
 
     def end(self, code: grpc.StatusCode, details: str) -> None:
         self.pending = (code, details)
