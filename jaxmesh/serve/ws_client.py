@@ -5,10 +5,13 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import math
 import os
+import select
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,9 +19,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.frames import CloseCode, Opcode
+from websockets.http11 import USER_AGENT
 from websockets.protocol import State as ProtocolState
-from websockets.sync.client import ClientConnection, connect
 from websockets.uri import parse_uri
 
 from jaxmesh.adapt import State, Text
@@ -41,8 +46,13 @@ PROMPT_BYTES = 1024
 #: The request key of the observation when it is an array, not a dict.
 STATE_KEY = "observation/state"
 SCHEMES = ("ws://", "wss://")
-#: Seconds a connection's ``close`` waits for the server's close.
+#: Seconds between the keepalive thread's reads of the idle connections
+#: (websockets' servers ping every 20 s and wait 20 s for the pong).
+KEEPALIVE_S = 5.0
+#: Seconds ``close`` waits, all connections together, for the server's close.
 CLOSE_TIMEOUT = 1.0
+#: The most bytes one read takes from a socket.
+RECV_BYTES = 1 << 18
 
 
 def default_inputs(obs: Any, instruction: str | None) -> dict:
@@ -79,16 +89,140 @@ def decode_prompt(codes: np.ndarray) -> str:
     return np.asarray(codes, np.uint8).tobytes().rstrip(b"\0").decode()
 
 
-def _alive(ws: ClientConnection) -> bool:
-    """Whether an idle connection is still open (a close, or a message nobody
-    asked for, ends it)."""
+def _wait(sock: socket.socket, events: int, deadline: float) -> bool:
+    """Whether ``sock`` is ready for ``events`` by ``deadline`` (monotonic)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(math.ceil(left * 1000)))
+
+
+def _alive(ws: _Connection) -> bool:
+    """Reads what an idle connection holds, without waiting: whether it is
+    still open (a close, or a message nobody asked for, ends it)."""
     try:
-        ws.recv(0)
-    except TimeoutError:  # nothing has arrived
-        return ws.state is ProtocolState.OPEN
-    except ConnectionClosed:
+        while ws.protocol.state is ProtocolState.OPEN:
+            ws.feed(None)
+    except TimeoutError:  # nothing more has arrived
         pass
-    return False
+    except OSError:
+        return False
+    try:
+        return ws.message() is None and ws.protocol.state is ProtocolState.OPEN
+    except ConnectionClosed:
+        return False
+
+
+class _Connection:
+    """One websocket connection, driven by the thread that holds it:
+    websockets' Sans-I/O ``ClientProtocol`` over a non-blocking socket, polled
+    only when it is not ready (a write waits ``write_timeout`` s at most)."""
+
+    __slots__ = ("sock", "protocol", "parts", "kind", "pending", "write_timeout")
+
+    def __init__(
+        self, sock: socket.socket, protocol: ClientProtocol, write_timeout: float
+    ):
+        sock.settimeout(0.0)
+        self.sock, self.protocol = sock, protocol
+        self.write_timeout = write_timeout
+        #: A fragmented message's frames so far, and its opcode.
+        self.parts: list[bytes] = []
+        self.kind = Opcode.BINARY
+        #: Frames parsed, not yet read.
+        self.pending: collections.deque = collections.deque()
+
+    def flush(self) -> None:
+        """Writes what the protocol has to send (TimeoutError: the socket took
+        nothing for ``write_timeout`` s; OSError: the connection broke)."""
+        for data in self.protocol.data_to_send():
+            if not data:  # the protocol's end of stream
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_WR)
+            deadline = None
+            while data:
+                try:
+                    data = data[self.sock.send(data) :]
+                except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    if deadline is None:
+                        deadline = time.monotonic() + self.write_timeout
+                    if not _wait(self.sock, select.POLLOUT, deadline):
+                        raise TimeoutError from None
+
+    def send(self, frame: bytes) -> None:
+        self.protocol.send_binary(frame)
+        self.flush()
+
+    def feed(self, deadline: float | None) -> None:
+        """Reads what arrives by ``deadline`` (None: only what has arrived)
+        into the protocol (TimeoutError: nothing came)."""
+        while True:
+            try:
+                data = self.sock.recv(RECV_BYTES)
+                break
+            except (BlockingIOError, ssl.SSLWantReadError):
+                if deadline is None or not _wait(self.sock, select.POLLIN, deadline):
+                    raise TimeoutError from None
+            except OSError:  # reset: the connection is over
+                data = b""
+                break
+        if data:
+            self.protocol.receive_data(data)
+        else:
+            self.protocol.receive_eof()
+        self.pending.extend(self.protocol.events_received())
+        self.flush()
+
+    def message(self) -> bytes | str | None:
+        """The next whole message parsed (bytes, or a text frame's text), or
+        None (ConnectionClosed: the connection is over)."""
+        while self.pending:
+            frame = self.pending.popleft()
+            opcode = frame.opcode
+            if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
+                self.kind = opcode
+            elif opcode is Opcode.CLOSE:
+                raise self.closed()
+            elif opcode is not Opcode.CONT:
+                continue  # a ping (answered) or a pong
+            self.parts.append(frame.data)
+            if not frame.fin:
+                continue
+            data, self.parts = b"".join(self.parts), []
+            return data.decode(errors="replace") if self.kind is Opcode.TEXT else data
+        if self.protocol.state is not ProtocolState.OPEN:
+            raise self.closed()
+        return None
+
+    def receive(self, deadline: float) -> bytes | str:
+        """The next message by ``deadline`` (TimeoutError), as ``message``."""
+        while (message := self.message()) is None:
+            if deadline <= time.monotonic():
+                raise TimeoutError
+            self.feed(deadline)
+        return message
+
+    def closed(self) -> ConnectionClosed:
+        p = self.protocol
+        return ConnectionClosed(p.close_rcvd, p.close_sent, p.close_rcvd_then_sent)
+
+    def close(self, wait: float = 0.0) -> None:
+        """Sends a close frame (once) and closes the socket, after waiting
+        at most ``wait`` seconds for the server's end of stream."""
+        self.write_timeout = min(self.write_timeout, CLOSE_TIMEOUT)
+        try:
+            if self.protocol.state is ProtocolState.OPEN:
+                self.protocol.send_close(CloseCode.NORMAL_CLOSURE)
+                self.flush()
+            deadline = time.monotonic() + wait
+            while self.protocol.state is not ProtocolState.CLOSED:
+                self.feed(deadline)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            self.sock.close()
 
 
 def check_seconds(name: str, value: Any, hint: str = "") -> float:
@@ -98,32 +232,22 @@ def check_seconds(name: str, value: Any, hint: str = "") -> float:
     return float(value)
 
 
-class WebsocketPolicy(HostPolicy):
-    """A policy served over openpi's websocket protocol: a ``HostPolicy``
-    whose planning lanes each send one request, at once, and take their
-    reply's ``actions`` as their chunk (or action). docs/serving.md, "Served
-    over openpi's protocol: a policy for jaxmesh.evaluate".
+class WebsocketClient:
+    """Connections to one server of openpi's protocol.
 
     Args:
-      address: ``ws://host:port`` (``wss://`` for TLS).
-      inputs: ``inputs(obs, instruction) -> dict``, the request for one lane
-        (numpy leaves; the instruction or None), or ``"module:function"``;
-        default ``default_inputs`` (LIBERO's: ``libero_inputs``).
+      address: ``ws://host:port`` (or ``wss://`` for TLS).
       token: sent as ``Authorization: Api-Key <token>`` (default:
         ``$JAXMESH_TOKEN``, if set).
       timeout: seconds each request may take, from its send to its reply.
       connections: the most connections open at once (and so requests in
         flight); more are opened as a plan's rows need them.
-      native_chunk: the replies' chunk length K (default: the metadata's
-        ``action_horizon``; None there too: one action per reply).
-      instructions: give ``inputs`` each lane's instruction (a string: also
-        the episode's reset-info key of it, e.g. LIBERO's ``"language"``).
       connect_timeout: seconds to wait for a connection and its metadata.
 
     The first connection opens here: an unreachable server fails at once.
     Against a server that batches (``batching``), a plan closes the idle
-    connections first; each connection's thread (websockets' sync client)
-    answers the server's pings.
+    connections first; while no plan runs, a thread answers the server's
+    pings on the idle connections every ``KEEPALIVE_S`` seconds.
 
     Raises:
       RemotePolicyError: the server cannot be reached, refused the
@@ -133,27 +257,12 @@ class WebsocketPolicy(HostPolicy):
     def __init__(
         self,
         address: str,
-        inputs: Callable | str | None = None,
-        token: str | None = None,
         *,
+        token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         connections: int = DEFAULT_CONNECTIONS,
-        native_chunk: int | None = None,
-        instructions: bool | str = False,
         connect_timeout: float = CONNECT_TIMEOUT,
     ):
-        if isinstance(inputs, str):
-            inputs = resolve_class(inputs)
-        if inputs is not None and not callable(inputs):
-            raise TypeError(
-                f"inputs={inputs!r}: expected a function (obs, instruction) -> "
-                "dict, or 'module:function'"
-            )
-        if not isinstance(instructions, bool | str):
-            raise TypeError(
-                f"instructions={instructions!r}: expected a bool or a reset-info key"
-            )
-        self.inputs = inputs or default_inputs
         if not isinstance(address, str) or not address.startswith(SCHEMES):
             raise ValueError(
                 f"address={address!r}: expected 'ws://host:port' or 'wss://host:port'"
@@ -163,7 +272,7 @@ class WebsocketPolicy(HostPolicy):
         connections = check_int("connections", connections, 1, "the most open at once")
         self.token = env_token(token)
         try:
-            parse_uri(address)
+            self._uri = parse_uri(address)
         except InvalidURI as e:
             raise ValueError(f"address={address!r}: {e}") from None
         self.address, self.connections = address, connections
@@ -171,60 +280,63 @@ class WebsocketPolicy(HostPolicy):
         self.requests = 0
         self._closed = False
         self._cond = threading.Condition()
+        self._stop = threading.Event()
         #: The server's metadata map (its first frame).
         ws, self.metadata = self._connect()
         #: Idle connections, and how many are open (idle or in use).
-        self._idle: list[ClientConnection] = [ws]
+        self._idle: list[_Connection] = [ws]
         self._open = 1
         batch = self.metadata.get("max_batch")
         #: The server batches across connections (metadata ``max_batch`` > 1).
         self.batching = isinstance(batch, int) and batch > 1
-        if native_chunk is None:
-            chunk = self.metadata.get("action_horizon")
-            native_chunk = int(chunk) if isinstance(chunk, int | np.integer) else None
-        self._prompts = instructions is not False
-        spec = None
-        if self._prompts:
-            key = instructions if isinstance(instructions, str) else None
-            spec = {"obs": State(), "prompt": Text(encode_prompt, info_key=key)}
-        try:
-            super().__init__(
-                self._plan,
-                native_chunk=native_chunk,
-                spec=spec,
-                name=f"remote:{address}",
-            )
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def client(self) -> WebsocketPolicy:
-        """This policy, which holds ``requests``, ``metadata`` and ``batching``."""
-        return self
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, name="jaxmesh-ws-keepalive", daemon=True
+        )
+        self._keepalive.start()
 
     def _error(self, what: str) -> RemotePolicyError:
         return RemotePolicyError(
             f"the policy server at {self.address} {what}", address=self.address
         )
 
-    def _connect(self) -> tuple[ClientConnection, dict]:
+    def _connect(self) -> tuple[_Connection, dict]:
+        uri = self._uri
         deadline = time.monotonic() + self.connect_timeout
         try:
-            ws = connect(
-                self.address,
-                additional_headers=(
-                    {"Authorization": f"Api-Key {self.token}"} if self.token else None
-                ),
-                compression=None,
-                proxy=None,
-                open_timeout=self.connect_timeout,
-                ping_interval=None,
-                close_timeout=CLOSE_TIMEOUT,
-                max_size=MAX_MESSAGE_BYTES,
-                legacy=True,  # a connection, not a context manager
+            sock = socket.create_connection(
+                (uri.host, uri.port), timeout=self.connect_timeout
             )
-        except InvalidStatus as e:
+        except OSError as e:
+            raise self._unreachable(e) from None
+        ws = None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if uri.secure:
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=uri.host
+                )
+            protocol = ClientProtocol(uri, max_size=MAX_MESSAGE_BYTES)
+            ws = _Connection(sock, protocol, self.timeout)
+            request = protocol.connect()
+            if self.token:
+                request.headers["Authorization"] = f"Api-Key {self.token}"
+            request.headers.setdefault("User-Agent", USER_AGENT)
+            protocol.send_request(request)
+            ws.flush()
+            while not ws.pending and protocol.handshake_exc is None:
+                try:
+                    ws.feed(deadline)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"no handshake response within {self.connect_timeout:g} s"
+                    ) from None
+            if protocol.handshake_exc is not None:
+                raise protocol.handshake_exc
+            ws.pending.popleft()  # the handshake's response
+        except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
+            (ws or sock).close()
+            if not isinstance(e, InvalidStatus):
+                raise self._unreachable(e) from None
             status = e.response.status_code
             body = (e.response.body or b"").decode(errors="replace").strip()
             fix = (
@@ -236,19 +348,8 @@ class WebsocketPolicy(HostPolicy):
             raise self._error(
                 f"refused the connection (HTTP {status}: {body}){fix}"
             ) from None
-        except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
-            raise self._error(
-                f"cannot be reached ({type(e).__name__}: {e}): start one there "
-                "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
-                "scripts/serve_policy.py), or check the address"
-            ) from None
         try:
-            # Writes time out after `timeout` s (a socket timeout would end
-            # the blocking reads of websockets' thread too): see infer_rows.
-            t = self.timeout
-            sndtimeo = struct.pack("ll", int(t), int(t % 1 * 1e6))
-            ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, sndtimeo)
-            first = ws.recv(deadline - time.monotonic())
+            first = ws.receive(deadline)
             if isinstance(first, str):
                 raise self._error(f"sent a text frame instead of its metadata: {first}")
             metadata = codec.unpackb(first)
@@ -268,7 +369,14 @@ class WebsocketPolicy(HostPolicy):
             raise
         return ws, metadata
 
-    def _take(self, want: int) -> list[ClientConnection]:
+    def _unreachable(self, e: BaseException) -> RemotePolicyError:
+        return self._error(
+            f"cannot be reached ({type(e).__name__}: {e}): start one there "
+            "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
+            "scripts/serve_policy.py), or check the address"
+        )
+
+    def _take(self, want: int) -> list[_Connection]:
         """Up to ``want`` connections for one thread (at least one)."""
         with self._cond:
             self._cond.wait_for(
@@ -295,17 +403,16 @@ class WebsocketPolicy(HostPolicy):
                 took.append(self._connect()[0])
                 new -= 1
         except BaseException:
+            self._give(took, [])
             with self._cond:
                 self._open -= new
-            self._give(took, [])
+                self._cond.notify_all()
             raise
         return took
 
-    def _give(
-        self, healthy: list[ClientConnection], broken: list[ClientConnection]
-    ) -> None:
+    def _give(self, healthy: list[_Connection], broken: list[_Connection]) -> None:
         """Returns a thread's connections: the healthy to the pool, the
-        broken (and all, once the policy is closed) closed."""
+        broken (and all, once the client is closed) closed."""
         with self._cond:
             if self._closed:
                 healthy, broken = [], healthy + broken
@@ -314,6 +421,16 @@ class WebsocketPolicy(HostPolicy):
             self._cond.notify_all()
         for ws in broken:
             ws.close()
+
+    def _keep_alive(self) -> None:
+        """Reads the idle connections now and then (under the pool's lock):
+        pings are answered, a connection the server closed is dropped."""
+        while not self._stop.wait(KEEPALIVE_S):
+            with self._cond:
+                idle = self._idle
+                self._idle = [ws for ws in idle if _alive(ws)]
+                dead = [ws for ws in idle if ws not in self._idle]
+            self._give([], dead)
 
     def infer_rows(self, n: int, frame: Callable[[int], bytes]) -> list[Any]:
         """The replies to the ``n`` requests ``frame(i)`` packs (each as it
@@ -345,7 +462,7 @@ class WebsocketPolicy(HostPolicy):
                 send(j, j)
             for row in range(n):
                 j = row % c
-                reply = pool[j].recv(sent[j] + self.timeout - time.monotonic())
+                reply = pool[j].receive(sent[j] + self.timeout)
                 busy[j] = isinstance(reply, str)  # the server closes it after
                 if busy[j]:
                     raise self._error(f"failed the request:\n{reply}")
@@ -357,15 +474,13 @@ class WebsocketPolicy(HostPolicy):
                     raise self._error(
                         f"sent a reply that is not openpi's msgpack: {e}"
                     ) from None
+        except TimeoutError:
+            raise self._error(
+                f"did not answer a request within {self.timeout:g} s: check "
+                "that it is running and not overloaded, or pass a larger "
+                "timeout= to RemotePolicy"
+            ) from None
         except (ConnectionClosed, OSError) as e:
-            # A send that SO_SNDTIMEO ended closed the connection.
-            why = e.__cause__ if isinstance(e, ConnectionClosed) else e
-            if isinstance(why, TimeoutError | BlockingIOError | ssl.SSLWantWriteError):
-                raise self._error(
-                    f"did not answer a request within {self.timeout:g} s: check "
-                    "that it is running and not overloaded, or pass a larger "
-                    "timeout= to RemotePolicy"
-                ) from None
             rcvd = getattr(e, "rcvd", None)
             code, reason = (rcvd.code, rcvd.reason) if rcvd else (None, "")
             raise self._error(
@@ -383,6 +498,97 @@ class WebsocketPolicy(HostPolicy):
             )
         return out
 
+    def close(self) -> None:
+        """Closes every connection and ends the client's keepalive thread."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        self._stop.set()
+        self._keepalive.join()
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        for ws in idle:
+            ws.close(max(0.0, deadline - time.monotonic()))
+
+
+class WebsocketPolicy(HostPolicy):
+    """A policy served over openpi's websocket protocol: a ``HostPolicy``
+    whose planning lanes each send one request, at once, and take their
+    reply's ``actions`` as their chunk (or action). docs/serving.md, "Served
+    over openpi's protocol: a policy for jaxmesh.evaluate".
+
+    Args:
+      address: ``ws://host:port`` (``wss://`` for TLS).
+      inputs: ``inputs(obs, instruction) -> dict``, the request for one lane
+        (numpy leaves; the instruction or None), or ``"module:function"``;
+        default ``default_inputs`` (LIBERO's: ``libero_inputs``).
+      token: the server's ``Api-Key`` (default: ``$JAXMESH_TOKEN``, if set).
+      timeout: seconds a request may take.
+      connections: the most connections (and requests in flight) at once.
+      native_chunk: the replies' chunk length K (default: the metadata's
+        ``action_horizon``; None there too: one action per reply).
+      instructions: give ``inputs`` each lane's instruction (a string: also
+        the episode's reset-info key of it, e.g. LIBERO's ``"language"``).
+      connect_timeout: seconds to wait for a connection.
+
+    Raises:
+      RemotePolicyError: the server cannot be reached.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        inputs: Callable | str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        connections: int = DEFAULT_CONNECTIONS,
+        native_chunk: int | None = None,
+        instructions: bool | str = False,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ):
+        if isinstance(inputs, str):
+            inputs = resolve_class(inputs)
+        if inputs is not None and not callable(inputs):
+            raise TypeError(
+                f"inputs={inputs!r}: expected a function (obs, instruction) -> "
+                "dict, or 'module:function'"
+            )
+        if not isinstance(instructions, bool | str):
+            raise TypeError(
+                f"instructions={instructions!r}: expected a bool or a reset-info key"
+            )
+        self.inputs = inputs or default_inputs
+        self.client = WebsocketClient(
+            address,
+            token=token,
+            timeout=timeout,
+            connections=connections,
+            connect_timeout=connect_timeout,
+        )
+        self.address = address
+        if native_chunk is None:
+            chunk = self.client.metadata.get("action_horizon")
+            native_chunk = int(chunk) if isinstance(chunk, int | np.integer) else None
+        self._prompts = instructions is not False
+        spec = None
+        if self._prompts:
+            key = instructions if isinstance(instructions, str) else None
+            spec = {"obs": State(), "prompt": Text(encode_prompt, info_key=key)}
+        try:
+            super().__init__(
+                self._plan,
+                native_chunk=native_chunk,
+                spec=spec,
+                name=f"remote:{address}",
+            )
+        except BaseException:
+            self.client.close()
+            raise
+
     def _plan(self, obs: Any) -> np.ndarray:
         """The actions of B rows: one request per row, sent at once."""
         codes = None
@@ -395,9 +601,13 @@ class WebsocketPolicy(HostPolicy):
             said = None if codes is None else decode_prompt(codes[i])
             return codec.packb(self.inputs(row, said))
 
+        return self._actions(self.client.infer_rows(leaves[0].shape[0], frame))
+
+    def _actions(self, replies: list[Any]) -> np.ndarray:
+        """The replies' ``actions``, stacked: ``[B, K, *A]`` or ``[B, *A]``."""
         k = self.native_chunk
-        out = []  # each reply's actions, stacked: [B, K, *A] or [B, *A]
-        for reply in self.infer_rows(leaves[0].shape[0], frame):
+        out = []
+        for reply in replies:
             actions = reply.get("actions") if isinstance(reply, dict) else None
             if actions is None:
                 what = (
@@ -405,7 +615,7 @@ class WebsocketPolicy(HostPolicy):
                     if isinstance(reply, dict)
                     else f"a {type(reply).__name__}"
                 )
-                raise self._error(
+                raise self.client._error(
                     f"replied without 'actions' ({what}): it must answer each "
                     "request with a map holding the actions"
                 )
@@ -414,13 +624,13 @@ class WebsocketPolicy(HostPolicy):
                 k is not None and (actions.ndim == 0 or actions.shape[0] != k)
             ):
                 want = "numbers" if k is None else f"[{k}, ...] (a chunk of {k})"
-                raise self._error(
+                raise self.client._error(
                     f"replied actions of shape {actions.shape} and dtype "
                     f"{actions.dtype}; expected {want}: pass native_chunk= the "
                     "length of its chunks (None for one action per reply)"
                 )
             if out and actions.shape != out[0].shape:
-                raise self._error(
+                raise self.client._error(
                     f"replied actions of shapes {out[0].shape} and "
                     f"{actions.shape} to one plan; expected one shape"
                 )
@@ -429,12 +639,7 @@ class WebsocketPolicy(HostPolicy):
 
     def close(self) -> None:
         """Closes the connections."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            idle, self._idle = self._idle, []
-        self._give([], idle)
+        self.client.close()
 
     def __enter__(self) -> WebsocketPolicy:
         return self
@@ -450,6 +655,7 @@ __all__ = [
     "DEFAULT_CONNECTIONS",
     "DEFAULT_TIMEOUT",
     "RemotePolicyError",
+    "WebsocketClient",
     "WebsocketPolicy",
     "decode_prompt",
     "default_inputs",

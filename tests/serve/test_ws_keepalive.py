@@ -13,6 +13,7 @@ from openpi_client import msgpack_numpy
 from websockets.asyncio.server import serve
 from ws_servers import ThreadedServer
 
+from jaxmesh.serve import ws_client
 from jaxmesh.serve.ws_client import WebsocketPolicy
 
 
@@ -64,7 +65,8 @@ class PingingServer(ThreadedServer):
             self.connections.remove(ws)
 
 
-def test_idle_connections_answer_pings_and_closed_ones_are_replaced():
+def test_idle_connections_answer_pings_and_closed_ones_are_replaced(monkeypatch):
+    monkeypatch.setattr(ws_client, "KEEPALIVE_S", 0.05)
     obs = np.arange(6, dtype=np.float32).reshape(2, 3)
     with PingingServer() as server:
         with WebsocketPolicy(server.address, connections=2) as policy:
@@ -79,7 +81,8 @@ def test_idle_connections_answer_pings_and_closed_ones_are_replaced():
             assert server.opened == 4  # two new ones
 
 
-def test_a_connection_closed_between_plans_is_replaced_by_the_next():
+def test_a_connection_closed_between_plans_is_replaced_by_the_next(monkeypatch):
+    monkeypatch.setattr(ws_client, "KEEPALIVE_S", 1000.0)  # no keepalive read
     obs = np.arange(3, dtype=np.float32).reshape(1, 3)
     with PingingServer() as server:
         with WebsocketPolicy(server.address, connections=1) as policy:
