@@ -6,6 +6,7 @@ becomes a ``jaxmesh.RemoteError`` naming the address (docs/remote.md).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import threading
@@ -77,17 +78,6 @@ def channel_tls(
     return None
 
 
-def _env_lane(value: Any) -> tuple[int | None, str | None, int]:
-    """The server's ``ENV_LANE_KEY``: (lane, phase, steps), else (None, None, 0)."""
-    try:
-        lane, phase, steps = str(value).split(" ")
-        if phase not in ("resetting", "stepping"):
-            raise ValueError(phase)
-        return int(lane), phase, int(steps)
-    except ValueError:
-        return None, None, 0
-
-
 def remote_error(exc: grpc.RpcError, address: str) -> RemoteError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -106,7 +96,11 @@ def status_error(
     if env_error is not None:
         tb = trailing.get(TRACEBACK_KEY, b"")
         tb = tb.decode("utf-8", "replace") if isinstance(tb, bytes) else str(tb)
-        lane, phase, steps = _env_lane(trailing.get(ENV_LANE_KEY))
+        lane, phase, steps = None, None, 0
+        with contextlib.suppress(ValueError):  # "<lane> <phase> <steps>"
+            j, p, k = str(trailing.get(ENV_LANE_KEY)).split(" ")
+            if p in ("resetting", "stepping"):
+                lane, phase, steps = int(j), p, int(k)
         return RemoteEnvError(
             f"the env served at {address} raised {env_error} ({details}); its "
             f"traceback on the server:\n{tb}",
@@ -153,15 +147,6 @@ def status_error(
         address=address,
         code=name,
     )
-
-
-def drain(take: Callable[[], Any], put: Callable[[Any], None] | None = None):
-    """A reader thread's loop: ``put(take())`` until None or an exception."""
-    while (item := take()) is not None:
-        if put is not None:
-            put(item)
-        if isinstance(item, BaseException):
-            return
 
 
 def next_reply(
@@ -239,13 +224,9 @@ class Stream:
         self._begin()
         if reader:
             sink = self._replies if replies is None else replies
-            self._reader = threading.Thread(
-                target=drain,
-                args=(self._next, lambda item: sink.put((tag, item))),
-                name=f"jaxmesh-{self.kind}-reader",
-                daemon=True,
+            self._reader = self._drain_thread(
+                lambda item: sink.put((tag, item)), f"jaxmesh-{self.kind}-reader"
             )
-            self._reader.start()
 
     def receive(self) -> tuple[pb.StepReply, Any, float, float]:
         """The next ``(reply, decoded, arrived, decoded_at)`` (perf_counter
@@ -264,10 +245,12 @@ class Stream:
             raise item
         return item
 
-    def _await_end(self, reader: threading.Thread, since: float, timeout, grace):
-        """Waits for ``reader`` (taking a closing stream's last replies) while
-        the server answers: until nothing came for ``grace`` s after ``since``
-        or the last reply, the stream breaks, or ``timeout`` s in all."""
+    def _await_end(self, since: float, timeout: float, grace: float) -> None:
+        """Waits for the reader (a thread taking a closing stream's last replies
+        when none runs) while the server answers: until nothing came for
+        ``grace`` s after ``since`` or the last reply, the stream breaks, or
+        ``timeout`` s in all."""
+        reader = self._reader or self._drain_thread()
         deadline = time.monotonic() + timeout
         while reader.is_alive() and not self._broken:
             left = min(deadline, max(self._progress, since) + grace) - time.monotonic()
@@ -275,11 +258,25 @@ class Stream:
                 return
             reader.join(left)
 
+    def _closed(self) -> RemoteConnectionError:
+        what = f"the jaxmesh env server at {self.address} closed the session"
+        return RemoteConnectionError(what, address=self.address)
+
     def _hangs(self) -> None:  # no reply in time: close() will not wait
         self._broken = True
 
-    def _drain_thread(self) -> threading.Thread:  # discards the last replies
-        thread = threading.Thread(target=drain, args=(self._next,), daemon=True)
+    def _drain_thread(self, put: Callable | None = None, name: str | None = None):
+        """A thread reading the replies until the end or an exception into
+        ``put`` (None: a closing stream's last ones discarded)."""
+
+        def run() -> None:
+            while (item := self._next()) is not None:
+                if put is not None:
+                    put(item)
+                if isinstance(item, BaseException):
+                    return
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()
         return thread
 
@@ -336,7 +333,6 @@ class Connection(Stream):
         self._stub = pb_grpc.EnvServiceStub(self._channel)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._start_stream()
-        self._received = 0  # replies read
         request = pb.HandshakeRequest(
             protocol_versions=PROTOCOL_VERSIONS,
             client_version=f"jaxmesh {__version__}",
@@ -401,12 +397,8 @@ class Connection(Stream):
             self._broken = True
             if isinstance(exc, grpc.RpcError):
                 return remote_error(exc, self.address)
-            return RemoteConnectionError(
-                f"the jaxmesh env server at {self.address} closed the session",
-                address=self.address,
-            )
+            return self._closed()
         self._progress = time.monotonic()
-        self._received += 1
         if self._owed:
             self._owed.popleft()
         arrived = time.perf_counter()
@@ -437,14 +429,11 @@ class Connection(Stream):
         stream = self._stream
         if stream is not None:
             self._requests.put(_END)
-            reader = self._reader
-            if reader is None and not self._broken:  # drain the stream in one
-                reader = self._drain_thread()
             self._stream = None
             # A reader thread read replies as they came: quiet since the last.
-            owed = self._reader is not None and self._sent > self._received
+            owed = self._reader is not None and self._owed
             since = max(self._progress, self._last_send) if owed else time.monotonic()
-            if reader is not None:
-                self._await_end(reader, since, timeout, grace)
+            if self._reader is not None or not self._broken:
+                self._await_end(since, timeout, grace)
             stream.cancel()
         self._channel.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -93,25 +93,27 @@ def encode_array(x: npt.ArrayLike, key: str | None = None) -> pb.Tensor:
     return pb.Tensor(dtype=name, shape=x.shape, data=x.tobytes())
 
 
+def _shape(field: Any, what: str) -> tuple[int, ...]:
+    """A message's shape, checked (``what``: the error's start)."""
+    ndim = len(field)  # before a tuple is made of it: it may be huge
+    shape = tuple(field) if ndim <= MAX_NDIM else ()
+    if ndim > MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > MAX_DIM)):
+        raise ProtocolError(
+            f"{what} shape {few(field[: FEW + 1], ndim)} ({ndim} dimensions), "
+            f"expected at most {MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; "
+            "the peer sent a malformed shape"
+        )
+    return shape
+
+
 def decode_array(
     tensor: pb.Tensor, expected: LeafSpec | None = None, *, key: str | None = None
 ) -> np.ndarray:
     """A ``Tensor`` as a read-only array viewing its bytes, checked (against
     ``expected``'s dtype and shape when given; ``key`` names the leaf);
     ProtocolError: a bad dtype, shape, byte count or bool byte, or a mismatch."""
-    if expected is None:
-        return _decode(tensor, key, None, None)
-    return _decode(
-        tensor, expected.key if key is None else key, expected.dtype, expected.shape
-    )
-
-
-def _decode(
-    tensor: pb.Tensor,
-    key: str | None,
-    want_dtype: str | None,
-    want_shape: tuple[int, ...] | None,
-) -> np.ndarray:
+    if key is None and expected is not None:
+        key = expected.key
     # Each message field is read once (the hot path).
     if type(tensor) is not pb.Tensor and not isinstance(tensor, pb.Tensor):
         raise ProtocolError(
@@ -126,20 +128,7 @@ def _decode(
             f"{sorted(DTYPES)}; the peer sent a dtype this protocol does not know "
             "(check both ends run the same jaxmesh protocol version)"
         )
-    ndim = len(tensor.shape)  # before a tuple is made of it: it may be huge
-    if ndim > MAX_NDIM:
-        raise ProtocolError(
-            f"{_name(key)} has shape {few(tensor.shape[: FEW + 1], ndim)} ({ndim} "
-            f"dimensions), expected at most {MAX_NDIM} dimensions; the peer sent "
-            "a malformed shape"
-        )
-    shape = tuple(tensor.shape)
-    if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
-        raise ProtocolError(
-            f"{_name(key)} has shape {list(shape[: MAX_NDIM + 1])}, expected at most "
-            f"{MAX_NDIM} dimensions, each in [0, {MAX_DIM}]; the peer sent a "
-            "malformed shape"
-        )
+    shape = _shape(tensor.shape, f"{_name(key)} has")
     # One read: under protobuf's upb runtime each access to a bytes field copies.
     data = tensor.data
     need = math.prod(shape) * dtype.itemsize
@@ -149,10 +138,12 @@ def _decode(
             f"but the message holds {len(data)}; the peer sent bytes that do not "
             "match the shape"
         )
-    if want_dtype is not None and (name != want_dtype or shape != tuple(want_shape)):
+    if expected is not None and (
+        name != expected.dtype or shape != tuple(expected.shape)
+    ):
         raise ProtocolError(
             f"{_name(key)} is {name}{list(shape)}, expected "
-            f"{want_dtype}{list(want_shape)} as declared in the "
+            f"{expected.dtype}{list(expected.shape)} as declared in the "
             "handshake; the peer broke its own declaration"
         )
     # With a zero dimension the bytes bound nothing: the other dims may be huge.
@@ -191,11 +182,13 @@ def decode_leaves(
             f"{sorted(wanted)}; missing {sorted(wanted - given)}, unexpected "
             f"{few(sorted(given - wanted))}"
         )
-    out = {}
-    for key, spec in expected.items():
-        shape = tuple(spec.shape) if lead is None else (lead, *spec.shape)
-        out[key] = _decode(tensors[key], key, spec.dtype, shape)
-    return out
+    return {
+        key: decode_array(
+            tensors[key],
+            spec if lead is None else spec._replace(shape=(lead, *spec.shape)),
+        )
+        for key, spec in expected.items()
+    }
 
 
 def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:
@@ -206,37 +199,13 @@ def leaf_spec_to_proto(spec: LeafSpec) -> pb.LeafSpec:
 def leaf_spec_from_proto(msg: pb.LeafSpec) -> LeafSpec:
     """A ``LeafSpec`` message, checked (ProtocolError)."""
     what = _name(msg.key)
-    if len(msg.shape) > MAX_NDIM:
-        raise ProtocolError(
-            f"{what} is declared with {len(msg.shape)} dimensions, expected at "
-            f"most {MAX_NDIM}"
-        )
-    shape = tuple(msg.shape)
+    shape = _shape(msg.shape, f"{what} is declared with")
     if msg.dtype not in DTYPES:
         raise ProtocolError(
             f"{what} is declared with dtype {msg.dtype[:64]!r}, expected one of "
             f"{sorted(DTYPES)}"
         )
-    if any(d < 0 or d > MAX_DIM for d in shape):
-        raise ProtocolError(
-            f"{what} is declared with shape {list(shape[: MAX_NDIM + 1])}, expected "
-            f"at most {MAX_NDIM} dimensions, each in [0, {MAX_DIM}]"
-        )
     return LeafSpec(msg.key, msg.dtype, shape)
-
-
-def _vector(msg: pb.ResultBatch, key: str, steps: int, kind: str) -> np.ndarray:
-    if steps == 0 and not msg.HasField(key):
-        return np.zeros(0, dtype=np.float64 if kind == "f" else bool)
-    tensor = getattr(msg, key)
-    x = _decode(tensor, key, None, None)
-    if x.shape != (steps,) or x.dtype.kind != kind:
-        want = "a float dtype" if kind == "f" else "bool"
-        raise ProtocolError(
-            f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected {want} of "
-            f"shape [{steps}] (one per executed step)"
-        )
-    return x.astype(np.float64) if kind == "f" else x
 
 
 class ActionBatch(NamedTuple):
@@ -253,17 +222,25 @@ class ActionBatch(NamedTuple):
         return (np.cumsum(self.counts) - self.counts).astype(np.int64)
 
 
-def _index_vector(msg: Message, field: str, key: str) -> np.ndarray:
-    if not msg.HasField(field):
-        return np.zeros(0, np.int64)
+def _vector(msg: Message, field: str, key: str, steps: int | None = None):
+    """A per-lane uint32 vector (``steps`` None) or one float (``rewards``) or
+    bool entry per executed step, checked."""
+    kind = "u" if steps is None else "f" if field == "rewards" else "b"
+    dtype = {"u": np.int64, "f": np.float64, "b": bool}[kind]
+    if not steps and not msg.HasField(field):
+        return np.zeros(0, dtype)
     tensor = getattr(msg, field)
-    x = _decode(tensor, key, None, None)
-    if x.ndim != 1 or x.dtype != np.uint32:
-        raise ProtocolError(
-            f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected a uint32 "
-            "vector (one entry per lane of the batch)"
-        )
-    return x.astype(np.int64)
+    x = decode_array(tensor, key=key)
+    if kind == "u" and (x.ndim != 1 or x.dtype != np.uint32):
+        want = "a uint32 vector (one entry per lane of the batch)"
+    elif kind != "u" and (x.shape != (steps,) or x.dtype.kind != kind):
+        want = "a float dtype" if kind == "f" else "bool"
+        want += f" of shape [{steps}] (one per executed step)"
+    else:
+        return x if kind == "b" else x.astype(dtype)
+    raise ProtocolError(
+        f"{_name(key)} is {tensor.dtype}{list(x.shape)}, expected {want}"
+    )
 
 
 def _check_lanes(lanes: np.ndarray, num_lanes: int | None, what: str) -> None:
@@ -324,8 +301,8 @@ def decode_action_batch(
                     f"the action batch names {size} lanes ({key}), but the "
                     f"session has {num_lanes} lanes; each lane appears once"
                 )
-    lanes = _index_vector(msg, "lanes", "batch lanes")
-    counts = _index_vector(msg, "counts", "batch counts")
+    lanes = _vector(msg, "lanes", "batch lanes")
+    counts = _vector(msg, "counts", "batch counts")
     check_action_vectors(lanes, counts, num_lanes=num_lanes, max_count=max_count)
     actions = _rows_of(msg.actions, specs, int(counts.sum()), "the action batch")
     return ActionBatch(lanes, counts, actions)
@@ -389,17 +366,17 @@ def decode_result_batch(
 ) -> ResultBatch:
     """A ``ResultBatch`` checked against ``observation`` and ``info`` (their
     specs; None: as sent) and ``num_lanes`` (ProtocolError)."""
-    lanes = _index_vector(msg, "lanes", "result lanes")
-    steps = _index_vector(msg, "steps", "result steps")
-    rows = _index_vector(msg, "rows", "result rows")
+    lanes = _vector(msg, "lanes", "result lanes")
+    steps = _vector(msg, "steps", "result steps")
+    rows = _vector(msg, "rows", "result rows")
     info_rows = None
     if msg.HasField("info_rows"):
-        info_rows = _index_vector(msg, "info_rows", "result info rows")
+        info_rows = _vector(msg, "info_rows", "result info rows")
     check_result_vectors(lanes, steps, rows, info_rows, num_lanes=num_lanes)
     total = int(steps.sum())
-    rewards = _vector(msg, "rewards", total, "f")
-    terminated = _vector(msg, "terminated", total, "b")
-    truncated = _vector(msg, "truncated", total, "b")
+    rewards, terminated, truncated = (
+        _vector(msg, k, k, total) for k in ("rewards", "terminated", "truncated")
+    )
     n_rows = int(rows.sum())
     n_info = n_rows if info_rows is None else int(info_rows.sum())
     obs = _rows_of(msg.observation, observation, n_rows, "the result batch")

@@ -64,34 +64,29 @@ def _options(options: Any, e_g: str) -> dict[str, Any]:
     return dict(options or {})
 
 
-class _Client:
+class _Client(Session):
     """A ``Session``, opened with a call of no lane (a busy server fails here),
     and what a gymnasium env needs of it: the spaces, checked actions and
     options, one call at a time."""
 
     def __init__(self, address: str, token, connect_timeout, reply_timeout, tls, lane):
-        self.session = Session(
+        super().__init__(
             address,
             token=token,
             connect_timeout=connect_timeout,
             reply_timeout=reply_timeout,
             credentials=tls,
         )
-        info = self.session.info
-        self.address = info.address
+        info = self.info
         self.env_name = info.env_name
-        self.num_lanes = info.num_lanes
-        self.obs_space, self.act_space, self.leaf_spaces = self.session.rebuild(
+        self.obs_space, self.act_space, self.leaf_spaces = self.rebuild(
             lambda: (
                 observation_space(info.observation),
                 leaf_space(info.action),
                 {m.key: leaf_space(m) for m in info.observation},
             )
         )
-        self.obs_specs = self.session.obs_specs
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
-        self.trial_index = self.session.trial_index
-        self.closed = False
         try:
             if not _is_int(lane) or not 0 <= int(lane) < self.num_lanes:
                 raise ValueError(
@@ -99,7 +94,7 @@ class _Client:
                     f"{self.num_lanes} lanes; expected an int in "
                     f"[0, {self.num_lanes - 1}]"
                 )
-            self.session.open()
+            self.open()
             self.call(np.zeros(0, np.int64))
         except BaseException:
             self.close()
@@ -174,9 +169,9 @@ class _Client:
     def call(self, named: np.ndarray, **request: Any) -> codec.ResultBatch:
         """One call and its reply, which must name the lanes ``named``."""
         self.check_open()
-        self.session.send(**request)
+        self.send(**request)
         try:
-            batch = self.session.receive().batch
+            batch = self.receive().batch
         except codec.ProtocolError as exc:
             raise RemoteError(
                 f"the jaxmesh env server at {self.address} sent a reply this client "
@@ -204,11 +199,6 @@ class _Client:
                 address=self.address,
             )
         return batch
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.session.close()
 
     def __del__(self):  # an env dropped without close() frees the server
         with contextlib.suppress(Exception):  # at interpreter exit anything goes
@@ -250,7 +240,6 @@ class RemoteEnv(gymnasium.Env):
         reply_timeout: float | None = None,
         credentials: Any = None,
     ):
-        self._client: _Client | None = None
         self._client = client = _Client(
             address, token, connect_timeout, reply_timeout, credentials, lane
         )
@@ -330,8 +319,7 @@ class RemoteEnv(gymnasium.Env):
 
     def close(self) -> None:
         """Ends the session (the server is free for the next client). Idempotent."""
-        if self._client is not None:
-            self._client.close()
+        self._client.close()
 
     def __repr__(self) -> str:
         return f"RemoteEnv({self.env_name} at {self.address}, lane {self.lane})"
@@ -362,7 +350,6 @@ class RemoteVectorEnv(VectorEnv):
         reply_timeout: float | None = None,
         credentials: Any = None,
     ):
-        self._client: _Client | None = None
         self._client = client = _Client(
             address, token, connect_timeout, reply_timeout, credentials, 0
         )
@@ -499,8 +486,7 @@ class RemoteVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ends the session (the server is free for the next client)."""
-        if self._client is not None:
-            self._client.close()
+        self._client.close()
 
     def __repr__(self) -> str:
         return (

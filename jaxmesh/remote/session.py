@@ -90,7 +90,6 @@ class Session:
         info = self.info = self.conn.info
         self.address = info.address
         self.num_lanes = info.num_lanes
-        self.reply_timeout = self.conn.reply_timeout
         self.obs_specs = self.rebuild(self._obs_specs)  # in the declared order
         self.trial_index = TRIAL_INDEX in info.reset_options  # CONTRACT 6
         self.lockstep = LOCKSTEP in info.capabilities  # a VectorEnv

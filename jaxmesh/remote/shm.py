@@ -11,11 +11,11 @@ ends the session; the client ends it by shutting down its side.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import mmap
 import os
-import secrets
 import socket
 import struct
 import threading
@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 
 from jaxmesh.envs.gymnasium.shm import Slots
-from jaxmesh.errors import RemoteConnectionError, RemoteError
+from jaxmesh.errors import RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import (
     CLOSE_GRACE_SECONDS,
@@ -83,10 +83,6 @@ class Ring:
         self._map.close()
 
 
-def socket_name() -> str:
-    return f"jaxmesh-{os.getpid()}-{secrets.token_hex(8)}"
-
-
 def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dict:
     """The ring's arrays: ``"<slot>:<key>"`` -> (shape per lane, dtype)."""
     return {
@@ -103,20 +99,12 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes, slot=NO_SLOT):
 def send_attach(sock: socket.socket, payload: bytes, fd: int) -> None:
     """An ATTACH frame with the ring's descriptor ``fd`` on its first byte."""
     data = HEADER.pack(len(payload), ATTACH, NO_SLOT) + payload
-    sent = sock.sendmsg(
-        [data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
-    )
-    sock.sendall(data[sent:])
+    sock.sendall(data[socket.send_fds(sock, [data[:1]], [fd]) :])
 
 
 def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int]:
     """The answer to HELLO and the descriptor an ATTACH carries (else -1)."""
-    fds: list[int] = []
-    msg, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(4 * 4))
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % 4
-            fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+    msg, fds, _, _ = socket.recv_fds(sock, 1, 4)
     try:
         if not msg:
             return None, -1
@@ -282,6 +270,12 @@ def unpack_result(payload: bytes, *, num_lanes: int) -> tuple[Result, Any]:
     return Result(call_id, seconds, size), batch
 
 
+@functools.lru_cache(maxsize=16)
+def _info_bytes(keys: tuple[str, ...]) -> bytes | None:
+    """Info keys as a STEP frame carries them; None: a key holds a NUL."""
+    return None if any("\0" in k for k in keys) else "\0".join(keys).encode()
+
+
 def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     return struct.unpack("3i", creds)[1]
@@ -368,10 +362,8 @@ class ShmStream(Stream):
         try:  # STEP frames carry actions in the declared dtype and shape
             self._act_spec = codec.leaf_spec_from_proto(conn.info.action)
             self._act_dtype = codec.DTYPES[self._act_spec.dtype]
-        except (codec.ProtocolError, KeyError):
+        except codec.ProtocolError:
             self.binary = False
-        self._info_keys: tuple[str, ...] = ()
-        self._info: bytes | None = b""
         self._start_stream()
         self._cond = threading.Condition()
         self._read = 0
@@ -399,12 +391,7 @@ class ShmStream(Stream):
         ):
             return None
         if frame is None or isinstance(frame, BaseException):
-            return self._fail(
-                RemoteConnectionError(
-                    f"the jaxmesh env server at {self.address} closed the session",
-                    address=self.address,
-                )
-            )
+            return self._fail(self._closed())
         kind, slot, payload = frame
         if kind == ERROR:
             return self._fail(_status_error(payload, self.address))
@@ -461,7 +448,7 @@ class ShmStream(Stream):
     def send(self, call: Any) -> int:
         """Sends a call as a STEP frame where it can be one, else a
         ``StepRequest`` (waits while ``RING`` replies are unread)."""
-        info = self._info_bytes(call.info_keys) if self.binary else None
+        info = _info_bytes(tuple(call.info_keys)) if self.binary else None
         actions = call.actions
         if (  # only steps, with actions as declared
             info is not None
@@ -496,15 +483,6 @@ class ShmStream(Stream):
                 send_frame(self.sock, kind, data)
         return len(data)
 
-    def _info_bytes(self, info_keys: Sequence[str]) -> bytes | None:
-        """The info keys as a STEP frame carries them; None: a key holds a NUL."""
-        keys = tuple(info_keys)
-        if keys != self._info_keys:
-            nul = any("\0" in k for k in keys)
-            self._info = None if nul else "\0".join(keys).encode("utf-8")
-            self._info_keys = keys
-        return self._info
-
     def close(
         self,
         timeout: float = CLOSE_TIMEOUT_SECONDS,
@@ -517,8 +495,7 @@ class ShmStream(Stream):
             self._ending = True
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
-            reader = self._reader or self._drain_thread()
-            self._await_end(reader, self._last_send, timeout, grace)
+            self._await_end(self._last_send, timeout, grace)
         self._closing = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)

@@ -113,19 +113,16 @@ def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.Lea
                 raise TypeError(
                     f"{where} has an empty {kind} at {at}; give it at least one entry"
                 )
-            if isinstance(sub, spaces.Tuple):
-                for i, s in enumerate(sub.spaces):
-                    walk(s, path + (i,), nest + TUPLE)
-                return
-            for key, s in sub.spaces.items():
-                if not isinstance(key, str) or not key or "/" in key:
+            named = kind == "Dict"
+            for key, s in sub.spaces.items() if named else enumerate(sub.spaces):
+                if named and (not isinstance(key, str) or not key or "/" in key):
                     raise TypeError(
                         f"{where}: Dict key {key!r} is not a non-empty string "
                         "without '/'; jaxmesh names leaves by their keys joined "
                         "with '/'. Rename the key with a gymnasium "
                         "ObservationWrapper"
                     )
-                walk(s, path + (key,), nest + DICT)
+                walk(s, path + (key,), nest + (DICT if named else TUPLE))
             return
         name = "/".join(str(p) for p in path)
         msg = space_leaf(sub, name, where=f"{where} leaf {name!r}" if path else where)

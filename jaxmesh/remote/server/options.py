@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 from typing import Any
@@ -165,7 +166,10 @@ def check_exposure(
 ) -> None:
     """Refuses (ValueError) a non-loopback ``address`` not ``secured``; ``does``,
     ``token``, ``tls``: what anyone could do there, how to set a token and TLS."""
-    if not (secured or _is_loopback(host)):
+    bare = host[1:-1] if host.startswith("[") else host
+    with contextlib.suppress(ValueError):
+        secured = secured or ipaddress.ip_address(bare).is_loopback
+    if not (secured or bare.lower() == "localhost"):
         raise ValueError(
             f"refusing to serve on {address!r} with no token and no TLS: anyone "
             f"who reaches it could {does}. Bind a loopback address "
@@ -173,13 +177,3 @@ def check_exposure(
             f"pass {tls}, or say insecure=True (--insecure) if the network is "
             "trusted"
         )
-
-
-def _is_loopback(host: str) -> bool:
-    bare = host[1:-1] if host.startswith("[") else host
-    if bare.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bare).is_loopback
-    except ValueError:
-        return False

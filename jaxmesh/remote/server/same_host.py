@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
+import itertools
 import json
 import logging
 import math
 import os
+import secrets
 import selectors
 import socket
 import threading
@@ -16,21 +16,18 @@ import time
 from typing import Any
 
 import grpc
-import numpy as np
 
 from jaxmesh.envs.gymnasium.shm import Slots
 from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
-from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
-from jaxmesh.remote.server.lanes import ServerStepper
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
 from jaxmesh.remote.server.sessions import (
     CallError,
     _Session,
-    _shut_read,
     check_reply,
     idle_message,
     run_call,
+    step_reply,
 )
 
 _log = logging.getLogger(__name__)
@@ -39,14 +36,6 @@ _log = logging.getLogger(__name__)
 MAX_PENDING = 64
 #: Bytes read per ``recv`` of a HELLO: what is held grows with what arrived.
 _CHUNK = 4096
-
-
-@dataclasses.dataclass(slots=True)
-class _Pending:
-    """A connection still sending its HELLO: its deadline and the bytes so far."""
-
-    deadline: float
-    data: bytearray = dataclasses.field(default_factory=bytearray)
 
 
 def peer_refusal(peer: int, own: int) -> str | None:
@@ -86,35 +75,26 @@ class SameHostPath:
     than token and leaf names need, ``MAX_PENDING`` waiting); a session has a
     thread."""
 
-    def __init__(self, server: Any, listener: socket.socket, name: str):
+    def __init__(self, server: Any):
+        """Listens on a fresh abstract Unix socket (OSError: cannot bind)."""
         self.server = server
         self.options = server.options
-        self.listener = listener
-        self.name = name  # the abstract socket the handshake declares
+        # The abstract socket the handshake declares:
+        self.name = f"jaxmesh-{os.getpid()}-{secrets.token_hex(8)}"
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind("\0" + self.name)
+            self.listener.listen(socket.SOMAXCONN)
+            self.listener.setblocking(False)
+        except OSError:
+            self.listener.close()
+            raise
         self.wake = socket.socketpair()
         self.uid = os.getuid()  # a client must run as the server's user
         self.hello_seconds = self.options.handshake_timeout_seconds
-        self.threads: list[threading.Thread] = []
-
-    @classmethod
-    def start(cls, server: Any) -> SameHostPath | None:
-        """Listens on a fresh abstract Unix socket; None when it cannot bind."""
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        name = same_host.socket_name()
-        try:
-            listener.bind("\0" + name)
-            listener.listen(socket.SOMAXCONN)
-            listener.setblocking(False)
-        except OSError:
-            listener.close()
-            return None
-        path = cls(server, listener, name)
-        thread = threading.Thread(
-            target=path._accept, name="jaxmesh-shm-accept", daemon=True
-        )
-        thread.start()
-        path.threads.append(thread)
-        return path
+        name = "jaxmesh-shm-accept"
+        self.threads = [threading.Thread(target=self._accept, name=name, daemon=True)]
+        self.threads[0].start()
 
     def stop(self) -> None:
         """Ends the accepting thread and waits for the session's."""
@@ -134,7 +114,8 @@ class SameHostPath:
         selector = selectors.DefaultSelector()
         selector.register(listener, selectors.EVENT_READ)
         selector.register(wake, selectors.EVENT_READ)
-        pending: dict[socket.socket, _Pending] = {}  # oldest first
+        # Oldest first: each one's deadline and the bytes of its HELLO so far.
+        pending: dict[socket.socket, tuple[float, bytearray]] = {}
 
         def forget(conn: socket.socket) -> None:
             selector.unregister(conn)
@@ -147,9 +128,9 @@ class SameHostPath:
         try:
             while not self.server._stopping:
                 now = time.monotonic()
-                for conn in [c for c, p in pending.items() if p.deadline <= now]:
+                for conn in [c for c, p in pending.items() if p[0] <= now]:
                     drop(conn)  # no whole HELLO in time
-                first = min((p.deadline for p in pending.values()), default=None)
+                first = min((p[0] for p in pending.values()), default=None)
                 events = selector.select(None if first is None else first - now)
                 for key, _ in events:
                     sock = key.fileobj
@@ -168,10 +149,10 @@ class SameHostPath:
                             if len(pending) >= MAX_PENDING:
                                 drop(next(iter(pending)))  # the oldest
                             deadline = time.monotonic() + self.hello_seconds
-                            pending[conn] = _Pending(deadline)
+                            pending[conn] = (deadline, bytearray())
                             selector.register(conn, selectors.EVENT_READ)
                     elif sock in pending:
-                        hello = self._read(sock, pending[sock])
+                        hello = self._read(sock, pending[sock][1])
                         if hello is not None:
                             forget(sock)
                             try:
@@ -205,24 +186,24 @@ class SameHostPath:
             conn.setblocking(False)
             taken.append(conn)
 
-    def _read(self, conn: socket.socket, state: _Pending) -> Any:
+    def _read(self, conn: socket.socket, data: bytearray) -> Any:
         """``conn``'s HELLO payload, None while not whole, or the ``OSError`` /
         ``ValueError`` that refuses it."""
         head = want = same_host.HEADER.size
-        if len(state.data) >= head:
-            want += same_host.HEADER.unpack_from(state.data)[0]
+        if len(data) >= head:
+            want += same_host.HEADER.unpack_from(data)[0]
         try:
-            chunk = conn.recv(min(_CHUNK, want - len(state.data)))
+            chunk = conn.recv(min(_CHUNK, want - len(data)))
         except (BlockingIOError, InterruptedError):
             return None
         except OSError as exc:
             return exc
         if not chunk:
             return ConnectionResetError("the client closed the socket")
-        state.data += chunk
-        if len(state.data) < head:
+        data += chunk
+        if len(data) < head:
             return None
-        size, kind, _ = same_host.HEADER.unpack_from(state.data)
+        size, kind, _ = same_host.HEADER.unpack_from(data)
         # The largest HELLO a client needs: token and leaf names (6 bytes a
         # character, JSON-escaped), and 4 KiB of the rest.
         names = sum(len(k) + 4 for k in self.server._lanes.obs_names)
@@ -234,7 +215,7 @@ class SameHostPath:
                 f"a HELLO of {size} bytes is over the {limit} bytes this server's "
                 "token and observation leaves need"
             )
-        return bytes(state.data[head:]) if len(state.data) == head + size else None
+        return bytes(data[head:]) if len(data) == head + size else None
 
     def _refuse(self, conn: socket.socket, code: grpc.StatusCode, why: str):
         payload = same_host.status_payload(code.name, why)
@@ -283,127 +264,109 @@ class SameHostPath:
     def _connection(
         self, conn: socket.socket, keys: tuple[str, ...], binary: bool
     ) -> None:
-        """One admitted client's session (the session lock is held for it)."""
+        """One admitted client's session (the session lock is held for it),
+        its calls answered as the gRPC ``Step`` does (``binary``: the client
+        takes RESULT frames and may send STEP ones)."""
         server = self.server
         lanes = server._lanes
-        n = lanes.num_lanes
-        try:
-            conn.setblocking(True)
-            conn.settimeout(self.hello_seconds)  # to its ATTACHED
-            session = _Session(functools.partial(_shut_read, conn))
-            server._session = session
-            session.watch_hangup(
-                conn, lambda: lanes.abandon(respawn=not server._stopping)
-            )
-            slots = None
-            try:
-                specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
-                fields = same_host.ring_fields(specs, keys)
-                # An anonymous file: nothing in /dev/shm, even if this process
-                # is killed while the client attaches.
-                ring, fd = same_host.Ring.create(Slots.size(n, fields))
-                slots = Slots(ring, n, fields)
-                try:
-                    attach = {"frames": [same_host.BINARY] if binary else []}
-                    same_host.send_attach(conn, json.dumps(attach).encode(), fd)
-                finally:
-                    os.close(fd)
-                frame = same_host.recv_frame(conn, 1 << 10)
-                if frame is not None and frame[0] == same_host.ATTACHED:
-                    self._calls(conn, session, lanes, keys, slots, binary)
-            finally:
-                if slots is not None:
-                    slots.release()
-                server._end_session(session, lanes)
-        except (OSError, ValueError, codec.ProtocolError):
-            pass  # the client went away or broke the protocol: it is gone
-        finally:
-            server._session_lock.release()
-            conn.close()
-
-    def _calls(
-        self,
-        conn: socket.socket,
-        session: _Session,
-        lanes: ServerStepper,
-        keys: tuple[str, ...],
-        slots: Slots,
-        binary: bool,
-    ) -> None:
-        """Answers the calls as the gRPC ``Step`` does (``binary``: the client
-        takes RESULT frames and may send STEP ones)."""
+        n, core = lanes.num_lanes, lanes.lanes
         limit = self.options.max_message_bytes
         idle = self.options.idle_timeout_seconds
-        conn.settimeout(None if math.isinf(idle) else idle)
-        n, core = lanes.num_lanes, lanes.lanes
+        calls = itertools.count()
+
+        def shut(*_: Any) -> None:  # ends the session: wakes its waiting read
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RD)
 
         def parse(kind: int, data: bytes) -> Any:
             if kind == same_host.STEP:
                 return _parse_step(data, lanes, keys)
             return _parse_request(codec.parse_step_request(data, limit), lanes)
 
-        call = 0
+        def receive() -> Any:
+            try:
+                return same_host.recv_frame(conn, limit)
+            except TimeoutError:
+                what = idle_message(server.address, "had no request", idle)
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                raise CallError(code, what, ()) from None
+            except codec.ProtocolError as exc:
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                raise CallError(code, str(exc), ()) from None
+
+        def answer(frame: tuple) -> tuple[int, bytes, int]:
+            kind, _, data = frame
+            if kind != same_host.REQUEST and (kind != same_host.STEP or not binary):
+                what = f"unexpected frame kind {kind}"
+                raise CallError(grpc.StatusCode.INVALID_ARGUMENT, what, ())
+            slot = next(calls) % same_host.RING
+            # Rows are stacked straight into this reply's slot: the client
+            # sends the call that reuses it only once it has read this reply.
+            core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
+            try:
+                request, batch, seconds = run_call(lanes.execute, parse, kind, data)
+            finally:
+                core.obs_into = None
+            shared_bytes = 0  # the observation bytes the ring carries
+            if _fits(batch.observation, keys, slots, slot, n):
+                rows = int(batch.rows.sum())
+                for key in keys:
+                    x, dst = batch.observation[key], slots[f"{slot}:{key}"][:rows]
+                    # Not stacked in place (the same memory, shape, strides):
+                    if x.__array_interface__ != dst.__array_interface__:
+                        dst[...] = x
+                    shared_bytes += x.nbytes
+                batch = batch._replace(observation={})
+            else:
+                slot = same_host.NO_SLOT
+            kind = same_host.REPLY
+            if binary and _plain(batch, keys, slot):
+                kind = same_host.RESULT
+                out = same_host.pack_result(request.call_id, seconds, batch)
+            else:
+                out = step_reply(request, batch, seconds)
+            # The cap of the gRPC reply: rows in the ring count too.
+            check_reply(len(out) + shared_bytes, limit)
+            return kind, out, slot
+
+        session = server._session = _Session(shut)
+        slots = None
         try:
-            while (pending := session.waiting()) is None:
-                try:
-                    frame = same_host.recv_frame(conn, limit)
-                except TimeoutError:
-                    what = idle_message(self.server.address, "had no request", idle)
-                    code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    raise CallError(code, what, ()) from None
-                except codec.ProtocolError as exc:
-                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                    raise CallError(code, str(exc), ()) from None
-                session.working()
-                if frame is None:
-                    pending = session.pending
-                    break
-                kind, _, data = frame
-                if kind != same_host.REQUEST and (kind != same_host.STEP or not binary):
-                    what = f"unexpected frame kind {kind}"
-                    raise CallError(grpc.StatusCode.INVALID_ARGUMENT, what, ())
-                slot = call % same_host.RING
-                # Rows are stacked straight into this reply's slot: the client
-                # sends the call that reuses it only once it has read this reply.
-                core.obs_into = {key: slots[f"{slot}:{key}"] for key in keys}
-                try:
-                    request, batch, seconds = run_call(lanes.execute, parse, kind, data)
-                finally:
-                    core.obs_into = None
-                call += 1
-                shared_bytes = 0  # the observation bytes the ring carries
-                if _fits(batch.observation, keys, slots, slot, n):
-                    rows = int(batch.rows.sum())
-                    for key in keys:
-                        x, dst = batch.observation[key], slots[f"{slot}:{key}"][:rows]
-                        if not _same(x, dst):  # not stacked in place
-                            dst[...] = x
-                        shared_bytes += x.nbytes
-                    batch = batch._replace(observation={})
-                else:
-                    slot = same_host.NO_SLOT
-                kind = same_host.REPLY
-                if binary and _plain(batch, keys, slot):
-                    kind = same_host.RESULT
-                    out = same_host.pack_result(request.call_id, seconds, batch)
-                else:
-                    out = pb.StepReply(
-                        batch=codec.encode_result_batch(*batch),
-                        server_step_seconds=seconds,
-                        call_id=request.call_id,
-                    ).SerializeToString()
-                # The cap of the gRPC reply: rows in the ring count too.
-                check_reply(len(out) + shared_bytes, limit)
-                try:
-                    same_host.send_frame(conn, kind, out, slot)
-                except TimeoutError:
-                    return  # the client took no reply for idle_timeout_seconds
+            conn.setblocking(True)
+            conn.settimeout(self.hello_seconds)  # to its ATTACHED
+            session.watch_hangup(
+                conn, lambda: lanes.abandon(respawn=not server._stopping)
+            )
+            specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
+            fields = same_host.ring_fields(specs, keys)
+            # An anonymous file: nothing in /dev/shm, even if this process is
+            # killed while the client attaches.
+            ring, fd = same_host.Ring.create(Slots.size(n, fields))
+            slots = Slots(ring, n, fields)
+            try:
+                attach = {"frames": [same_host.BINARY] if binary else []}
+                same_host.send_attach(conn, json.dumps(attach).encode(), fd)
+            finally:
+                os.close(fd)
+            frame = same_host.recv_frame(conn, 1 << 10)
+            if frame is None or frame[0] != same_host.ATTACHED:
+                return
+            conn.settimeout(None if math.isinf(idle) else idle)
+            for kind, out, slot in session.serve(receive, answer):
+                same_host.send_frame(conn, kind, out, slot)
         except CallError as exc:
-            pending = exc.args
-        if pending is not None:
-            payload = same_host.status_payload(pending[0].name, *pending[1:])
+            payload = same_host.status_payload(exc.args[0].name, *exc.args[1:])
             with contextlib.suppress(OSError):
                 same_host.send_frame(conn, same_host.ERROR, payload)
+        except (OSError, ValueError, codec.ProtocolError):
+            # The client went away, took no reply for idle_timeout_seconds (a
+            # send timed out) or broke the protocol: it is gone.
+            pass
+        finally:
+            server._end_session(session)
+            conn.close()
+            if slots is not None:
+                slots.release()
 
 
 def _plain(batch: Any, keys: tuple, slot: int) -> bool:
@@ -411,15 +374,6 @@ def _plain(batch: Any, keys: tuple, slot: int) -> bool:
     if batch.info or batch.info_present or batch.info_rows is not None:
         return False
     return slot != same_host.NO_SLOT if keys else not batch.observation
-
-
-def _same(x: np.ndarray, dst: np.ndarray) -> bool:
-    """Whether ``x`` is the array ``dst`` (the same memory, shape and strides)."""
-    return (
-        x.shape == dst.shape
-        and x.strides == dst.strides
-        and x.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
-    )
 
 
 def _fits(obs: dict, keys: tuple, slots: Slots, slot: int, n: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hmac
 import math
@@ -42,6 +43,7 @@ from jaxmesh.remote.server.sessions import (
     _Session,
     check_reply,
     run_call,
+    step_reply,
 )
 
 
@@ -234,7 +236,8 @@ class EnvServer:
         port = bind(server, f"{self._host}:{self._port}", self._credentials)
         self._address = f"{self._host}:{port}"
         if self.options.shared_memory and sys.platform.startswith("linux"):
-            self._same_host = SameHostPath.start(self)
+            with contextlib.suppress(OSError):  # no same-host path then
+                self._same_host = SameHostPath(self)
         shm_name = self._same_host.name if self._same_host is not None else ""
         self._handshake = pb.HandshakeReply(
             server_protocol_versions=PROTOCOL_VERSIONS,
@@ -360,18 +363,16 @@ class EnvServer:
                 )
         return None
 
-    def _authorize(self, context: grpc.ServicerContext, given: str | None = None):
-        why = self._token_error(context.invocation_metadata(), given)
-        if why is not None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-
     def _handshake_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         limit = self.options.max_message_bytes
         try:
             request = codec.parse_handshake_request(data, limit)
         except codec.ProtocolError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        self._authorize(context, request.token)
+        # The interceptor checked the metadata of every call; this, the token sent.
+        why = self._token_error(context.invocation_metadata(), request.token)
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
         try:
             version = codec.choose_version(request.protocol_versions)
         except codec.ProtocolError as exc:
@@ -382,7 +383,6 @@ class EnvServer:
         return reply.SerializeToString()
 
     def _shutdown_rpc(self, data: bytes, context: grpc.ServicerContext) -> bytes:
-        self._authorize(context)
         if not self.options.allow_remote_shutdown:
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -398,7 +398,6 @@ class EnvServer:
     def _step_rpc(
         self, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        self._authorize(context)
         refused = self._admit()
         if refused is not None:
             context.abort(*refused)
@@ -418,32 +417,19 @@ class EnvServer:
         def parse(data: bytes) -> Any:
             return _parse_request(codec.parse_step_request(data, limit), lanes)
 
+        def answer(data: bytes) -> bytes:
+            out = step_reply(*run_call(lanes.execute, parse, data))
+            check_reply(len(out), limit)
+            return out
+
         try:
-            while (pending := session.waiting()) is None:
-                data = next(requests, None)
-                if data is None:
-                    return
-                session.working()
-                try:
-                    request, batch, seconds = run_call(lanes.execute, parse, data)
-                    out = pb.StepReply(
-                        batch=codec.encode_result_batch(*batch),
-                        server_step_seconds=seconds,
-                        call_id=request.call_id,
-                    ).SerializeToString()
-                    check_reply(len(out), limit)
-                except CallError as exc:
-                    code, details, metadata = exc.args
-                    context.set_trailing_metadata(metadata)
-                    context.abort(code, details)
-                # The yield blocks while the client takes no replies (flow
-                # control): the watchdog's clock runs through it as a wait.
-                session.sending()
-                yield out
-            context.abort(*pending)
+            yield from session.serve(lambda: next(requests, None), answer)
+        except CallError as exc:
+            code, details, metadata = exc.args
+            context.set_trailing_metadata(metadata)
+            context.abort(code, details)
         finally:
-            self._end_session(session, lanes)
-            self._session_lock.release()
+            self._end_session(session)
 
     def _admit(self) -> tuple[grpc.StatusCode, str] | None:
         """Takes the one-session lock, else the status that refuses a session."""
@@ -461,7 +447,9 @@ class EnvServer:
             )
         return None
 
-    def _end_session(self, session: Any, lanes: ServerStepper) -> None:
+    def _end_session(self, session: _Session) -> None:
+        """Ends ``session`` and frees the server for the next one."""
         session.stop()
-        lanes.end_session()
+        self._lanes.end_session()
         self._session = None
+        self._session_lock.release()

@@ -3,32 +3,20 @@ it, and what both transports send when an env raises or a session idles."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
 from jaxmesh.envs.gymnasium import lanes as shared
 from jaxmesh.remote import codec
+from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import ENV_ERROR_KEY, ENV_LANE_KEY, TRACEBACK_KEY
-
-
-def _ascii(text: str) -> str:
-    return text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
-
-
-def env_error(exc: shared.LaneError) -> tuple:
-    return (
-        (ENV_ERROR_KEY, _ascii(exc.summary())),
-        (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
-        (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
-    )
 
 
 class CallError(Exception):
@@ -46,9 +34,24 @@ def run_call(execute: Callable, parse: Callable, *data: Any) -> tuple:
     try:
         result = execute(request)
     except shared.LaneError as exc:
+        summary = exc.summary().encode("ascii", "backslashreplace").decode("ascii")
+        metadata = (
+            (ENV_ERROR_KEY, summary.replace("\n", " ")),
+            (ENV_LANE_KEY, f"{exc.lane} {exc.phase} {exc.steps}"),
+            (TRACEBACK_KEY, exc.text.encode("utf-8", "replace")),
+        )
         code = grpc.StatusCode.INTERNAL
-        raise CallError(code, exc.details(), env_error(exc)) from None
+        raise CallError(code, exc.details(), metadata) from None
     return request, result, time.perf_counter() - start
+
+
+def step_reply(request: Any, batch: Any, seconds: float) -> bytes:
+    """The ``StepReply`` bytes answering ``request`` with ``batch``."""
+    return pb.StepReply(
+        batch=codec.encode_result_batch(*batch),
+        server_step_seconds=seconds,
+        call_id=request.call_id,
+    ).SerializeToString()
 
 
 def check_reply(size: int, limit: int) -> None:
@@ -78,15 +81,9 @@ def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str):
         context.cancel()
 
 
-def _shut_read(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
-    """Ends a same-host session from another thread: wakes its waiting read."""
-    with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RD)
-
-
 class _Session:
     """An open session: ``cancel(code, details)`` ends it from another thread.
-    The serving thread marks when it waits, works and sends; ``end`` ends it
+    ``serve`` marks when it waits, works and sends; ``end`` ends it
     now when it waits for a request, else after the reply in progress."""
 
     POLL_SECONDS = 0.5  # between the hang-up watcher's checks
@@ -138,17 +135,24 @@ class _Session:
 
         threading.Thread(target=run, name="jaxmesh-shm-hangup", daemon=True).start()
 
-    def waiting(self) -> tuple[grpc.StatusCode, str] | None:
-        self.receiving = True
-        self.waiting_since = time.monotonic()
-        return self.pending
-
-    def working(self) -> None:
-        self.waiting_since = None
-        self.receiving = False
-
-    def sending(self) -> None:
-        self.waiting_since = time.monotonic()
+    def serve(self, receive: Callable, answer: Callable) -> Iterator:
+        """Both transports' session loop: yields ``answer(data)`` for each
+        request ``receive()`` gives until it gives None or the session is
+        ended (then a CallError with the status that ended it)."""
+        while True:
+            self.receiving = True
+            self.waiting_since = time.monotonic()
+            if self.pending is not None or (data := receive()) is None:
+                break
+            self.waiting_since = None
+            self.receiving = False
+            out = answer(data)
+            # Sending blocks while the client takes no replies (flow control):
+            # the watchdog's clock runs through it as a wait.
+            self.waiting_since = time.monotonic()
+            yield out
+        if self.pending is not None:
+            raise CallError(*self.pending, ())
 
     def end(self, code: grpc.StatusCode, details: str) -> None:
         self.pending = (code, details)
