@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -34,15 +35,15 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(leaf_spec, tree)
 
 
-#: Probe programs by (policy, env, params' signature): ``[policy.apply, env,
-#: digest]`` for the run's identity; what the key names is kept alive with it,
-#: so no id is reused.
+#: Probe programs by (policy, env, params' signature): their digest for the
+#: run's identity, beside what the key names (kept alive: no id is reused).
 _PROGRAMS = Kept(64)
 
 
-def _program(policy: Any, env: Any, params: Any) -> list:
+def _program(policy: Any, env: Any, params: Any) -> SimpleNamespace:
     key = (id(policy.apply), id(env), signature(params))
-    return _PROGRAMS.get(key, lambda: [policy.apply, env, None])
+    new = lambda: SimpleNamespace(apply=policy.apply, env=env, digest=None)
+    return _PROGRAMS.get(key, new)
 
 
 def policy_digest(
@@ -51,12 +52,12 @@ def policy_digest(
     """The digest of the probe's program of ``policy`` on ``env``, probing
     again when it is not kept."""
     kept = _program(policy, env, params)
-    if kept[2] is None:
+    if kept.digest is None:
         # The run's own probe has warned of what this one would find.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             probe_chunk(policy, env, params, horizon, told)
-    return kept[2]
+    return kept.digest
 
 
 def told_horizon(policy: Policy, settings: Any) -> int | None:
@@ -134,7 +135,7 @@ def probe_chunk(
         # Traced once, for the output's shape and the run's identity.
         fn = lambda p, o, a: probe_out(p, o, a, length)
         closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
-        _program(policy, env, params)[2] = identity.program_digest(closed)
+        _program(policy, env, params).digest = identity.program_digest(closed)
         return out
 
     pending = adapt.pending_inputs(policy.spec)
