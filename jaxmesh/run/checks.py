@@ -44,6 +44,17 @@ def check_int(
     return int(value)
 
 
+def check_trial_index_base(value: Any) -> int:
+    """``trial_index_base`` as an int >= 0."""
+    return check_int(
+        "trial_index_base",
+        value,
+        0,
+        "episode i is trial trial_index_base + i (a host-stepped env's trial_index "
+        "reset option; a JAX env's initial_states= entry or reset_fn= trial)",
+    )
+
+
 #: The most rows one policy call may plan (a tile beyond the lanes is padding).
 MAX_PLAN_TILE = 2**20
 

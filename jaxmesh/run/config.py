@@ -68,13 +68,7 @@ class Starts:
     check_seeds: bool = False
 
     def __post_init__(self) -> None:
-        base = checks.check_int(
-            "trial_index_base",
-            self.trial_index_base,
-            0,
-            "episode i is trial trial_index_base + i (reset options, or the row of "
-            "initial_states / the trial reset_fn gets)",
-        )
+        base = checks.check_trial_index_base(self.trial_index_base)
         _set(self, trial_index_base=base)
         if self.initial_states is not None and self.reset_fn is not None:
             raise ValueError(

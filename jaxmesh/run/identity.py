@@ -30,13 +30,17 @@ def episode_indices(count: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def resumed_indices(indices: np.ndarray) -> Iterator[None]:
-    """Inside the block, ``episode_indices`` gives ``indices``."""
-    token = _INDICES.set(indices)
+def _within(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _INDICES.reset(token)
+        var.reset(token)
+
+
+def resumed_indices(indices: np.ndarray) -> contextlib.AbstractContextManager:
+    """Inside the block, ``episode_indices`` gives ``indices``."""
+    return _within(_INDICES, indices)
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -109,12 +113,12 @@ def _env_digest(env: Any) -> str:
 def host_env_digest(lanes: Any) -> str:
     """A host-stepped env's digest: its name, observation layout and actions,
     which every kind of lanes sees alike."""
-    spec = lanes.spec
-    layout = spec.layout
+    spec, layout = lanes.spec, lanes.spec.layout
     h = _hasher()
-    h.update(f"{spec.name}|{spec.action_shape}|{spec.action_dtype}|".encode())
-    h.update(f"{spec.num_actions}|{layout.names}|{layout.shapes}|".encode())
-    h.update(f"{layout.dtypes}".encode())
+    h.update(
+        f"{spec.name}|{spec.action_shape}|{spec.action_dtype}|{spec.num_actions}|"
+        f"{layout.names}|{layout.shapes}|{layout.dtypes}".encode()
+    )
     return h.hexdigest()
 
 
@@ -144,14 +148,9 @@ def params_digest(params: Any) -> str | None:
     return digest
 
 
-@contextlib.contextmanager
-def evaluating(fields: dict) -> Iterator[None]:
+def evaluating(fields: dict) -> contextlib.AbstractContextManager:
     """Within: the caller's fingerprint fields, for ``run_identity``."""
-    token = _PARAMS.set(dict(fields))
-    try:
-        yield
-    finally:
-        _PARAMS.reset(token)
+    return _within(_PARAMS, dict(fields))
 
 
 def run_identity(env: str, policy: str) -> dict:

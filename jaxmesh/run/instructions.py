@@ -67,12 +67,6 @@ def lanes_of(encoded: Any, n: int) -> Any:
     return jax.tree.map(lambda x: np.broadcast_to(x, (n,) + x.shape).copy(), encoded)
 
 
-def run_level(spec: Mapping[str, Any] | None, encoded: dict, n: int) -> dict:
-    """The agent's ``texts`` for ``n`` lanes of a run whose every Text input
-    has a run-level instruction (``check_sources``'s result)."""
-    return {name: lanes_of(encoded[name], n) for name in adapt.text_inputs(spec)}
-
-
 class LaneTexts:
     """The Text inputs' encodings per lane of a host-stepped run (``encoded``:
     ``check_sources``'s): one read from the reset info changes on a lane when

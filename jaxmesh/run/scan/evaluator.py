@@ -30,12 +30,6 @@ from jaxmesh.run.plan import RunPlan, plan_run
 from jaxmesh.run.scan import placement
 from jaxmesh.trace import span
 
-TRIAL_HINT = (
-    "episode i gets trial index trial_index_base + i (a host-stepped env that "
-    "declares a trial_index reset option; a JAX env with initial_states= or "
-    "reset_fn=)"
-)
-
 
 class _Checked(NamedTuple):
     """What ``run`` checked once for a new evaluator."""
@@ -106,7 +100,7 @@ class Evaluator:
             _checked = _Checked(
                 None, check_record(record), trials, config.layout.devices
             )
-        self.config, self.success_mode = config, scoring.success_mode
+        self.config = config
         self.trials = trials = _checked.trials
         self.record = _checked.record
         randomize = starts.randomize
@@ -218,11 +212,9 @@ class Evaluator:
             record = check_record(record)
             if trial_index_base is None:
                 trial_index_base = starts.trial_index_base
-            trial_index_base = checks.check_int(
-                "trial_index_base", trial_index_base, 0, TRIAL_HINT
-            )
+            trial_index_base = checks.check_trial_index_base(trial_index_base)
             if success_mode is None:
-                success_mode = self.success_mode
+                success_mode = self.config.scoring.success_mode
             success_mode = checks.check_success_mode(success_mode)
             if instruction is None:
                 instruction = starts.instruction
@@ -253,7 +245,7 @@ class Evaluator:
             pol.spec, instruction, self.env_name, False
         )
         plan = self.plan(params, e)
-        texts = instructions.run_level(pol.spec, encoded, plan.lanes)
+        texts = {k: instructions.lanes_of(v, plan.lanes) for k, v in encoded.items()}
         if e and callable(getattr(self.env, "bind", None)):
             self._bind(seeds_arr[: self.env.pool_episodes], plan.lanes)
         # What resume= compares: the env's, policy's and params' digests.
