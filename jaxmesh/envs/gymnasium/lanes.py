@@ -370,19 +370,10 @@ class GymStepper:
         self.ended[lane] = False
         self.started[lane] = True
 
-    def _reset_result(self, j, obs, info, want_obs, keys, batched=False) -> LaneResult:
-        """Lane ``j``'s reset, its observation checked (``batched``: a vector's)."""
-        try:
-            arr = self.layout.leaves(self.layout.row(obs, j) if batched else obs, j)
-        except Exception as exc:
-            raise LaneError(j, "resetting", exc) from exc
+    def _reset_result(self, j, arr, info, want_obs, keys) -> LaneResult:
         self._started(j)
-        out = LaneResult(j, reset=True)
-        if want_obs:
-            out.obs.append(arr)
-        if keys:
-            out.infos.append(info)
-        return out
+        obs, infos = [arr] if want_obs else [], [info] if keys else []
+        return LaneResult(j, reset=True, obs=obs, infos=infos)
 
     def reset(
         self,
@@ -668,9 +659,10 @@ class EnvListStepper(GymStepper):
         options = {"options": op.options} if op.options else {}
         try:
             obs, info = self.envs[op.lane].reset(seed=op.seed, **options)
+            arr = self.layout.leaves(obs, op.lane)
         except Exception as exc:
             raise LaneError(op.lane, "resetting", exc) from exc
-        return self._reset_result(op.lane, obs, info, want_obs, info_keys)
+        return self._reset_result(op.lane, arr, info, want_obs, info_keys)
 
     def _replay(self, op, want_obs, info_keys, keep_all, all_info) -> LaneResult:
         j = op.lane
@@ -755,7 +747,7 @@ class VectorEnvStepper(GymStepper):
         self.ready = False
         self.env_ended = np.zeros(self.num_lanes, bool)
 
-    def reset_vector(self, seeds: dict, options: dict | None):
+    def reset_vector(self, seeds: dict, options: dict | None = None):
         """``vec.reset`` of the lanes ``seeds`` maps to their seeds: (obs, info)."""
         mask = np.zeros(self.num_lanes, bool)
         mask[list(seeds)] = True
@@ -766,20 +758,20 @@ class VectorEnvStepper(GymStepper):
         self.env_ended[mask] = False
         return obs, info
 
-    def idle_batch(self) -> np.ndarray:
-        """Every lane's idle action, ``[num_lanes, *A]`` (to be filled in)."""
-        return np.broadcast_to(self.idle, (self.num_lanes,) + self.idle.shape).copy()
-
-    def step_vector(self, batch: np.ndarray) -> tuple:
-        """``vec.step(batch)`` after resetting lanes whose env ended."""
+    def step_lanes(self, lanes, actions, into=None, want_obs=True) -> tuple:
+        """One ``vec.step``: ``lanes`` play ``actions``, the others
+        :func:`idle_action`; lanes whose env ended are reset first. As
+        :meth:`EnvListStepper.step_lanes`, but with the vector's info dict."""
+        batch = np.broadcast_to(self.idle, (self.num_lanes,) + self.idle.shape).copy()
+        batch[lanes] = actions
         if self.env_ended.any():
-            self.reset_vector(
-                dict.fromkeys(np.flatnonzero(self.env_ended).tolist()), None
-            )
-        obs, reward, term, trunc, info = self.vec.step(batch)
-        term, trunc = np.asarray(term, bool), np.asarray(trunc, bool)
-        self.env_ended = term | trunc
-        return obs, reward, term, trunc, info
+            self.reset_vector(dict.fromkeys(np.flatnonzero(self.env_ended).tolist()))
+        o, r, te, tr, info = self.vec.step(batch)
+        te, tr = np.asarray(te, bool), np.asarray(tr, bool)
+        self.env_ended = te | tr
+        self.ended[lanes] |= self.env_ended[lanes]
+        obs = self.layout.take(o, lanes, into) if want_obs else {}
+        return obs, np.asarray(r, np.float64)[lanes], te[lanes], tr[lanes], info
 
     @staticmethod
     def lane_info(info: dict, j: int, keys: tuple[str, ...]) -> dict:
@@ -796,8 +788,7 @@ class VectorEnvStepper(GymStepper):
         # One reset call per distinct options (one dict for every lane).
         groups: dict[tuple, list[Reset]] = {}
         for op in resets:
-            key = tuple(sorted((op.options or {}).items()))
-            groups.setdefault(key, []).append(op)
+            groups.setdefault(tuple(sorted((op.options or {}).items())), []).append(op)
         results: dict[int, LaneResult] = {}
         calls: list = []
         if not self.ready:
@@ -812,50 +803,41 @@ class VectorEnvStepper(GymStepper):
                     self._start_clock(op)
                 obs, info = self.reset_vector(seeds, dict(key or ()))
                 self.ready = True
-                for op in ops:
-                    got = self.lane_info(info, op.lane, info_keys)
-                    results[op.lane] = self._reset_result(
-                        op.lane, obs, got, want_obs, info_keys, batched=True
-                    )
-        except LaneError:
-            raise
+                lanes = [op.lane for op in ops]
+                rows = self.layout.take(obs, lanes) if lanes else {}
+                for i, j in enumerate(lanes):
+                    arr = {n: x[i] for n, x in rows.items()}
+                    got = self.lane_info(info, j, info_keys)
+                    results[j] = self._reset_result(j, arr, got, want_obs, info_keys)
         except Exception as exc:
             raise LaneError(resets[0].lane, "resetting", exc) from exc
         return [results[op.lane] for op in resets]
 
     def _replays(self, replays, want_obs, info_keys, keep_all, every) -> list:
         results = {op.lane: LaneResult(op.lane) for op in replays}
-        active = [op for op in replays if not self.ended[op.lane]]
-        steps = max((op.actions.shape[0] for op in active), default=0)
-        for k in range(steps):
-            live = [op for op in active if k < op.actions.shape[0]]
-            if not live:
-                break
-            lane = live[0].lane
+        live = [op for op in replays if not self.ended[op.lane]]
+        k = 0
+        while live:
+            lanes = [op.lane for op in live]
             try:
-                batch = self.idle_batch()
-                for op in live:
-                    batch[op.lane] = op.actions[k]
-                obs, reward, term, trunc, info = self.step_vector(batch)
-                reward = np.asarray(reward, np.float64)
-                for op in live:
-                    lane = op.lane
-                    te = bool(term[lane])
-                    tr = bool(trunc[lane]) or self._past_deadline(lane)
-                    arr = row = None
-                    if want_obs:
-                        arr = self.layout.leaves(self.layout.row(obs, lane), lane)
-                    if info_keys:
-                        row = self.lane_info(info, lane, info_keys)
-                    results[lane].record(
-                        reward[lane], te, tr, arr, row, keep_all, every
+                obs, reward, term, trunc, info = self.step_lanes(
+                    lanes, [op.actions[k] for op in live], want_obs=want_obs
+                )
+                for i, j in enumerate(lanes):
+                    tr = bool(trunc[i]) or self._past_deadline(j)
+                    arr = {n: x[i] for n, x in obs.items()} if want_obs else None
+                    row = self.lane_info(info, j, info_keys) if info_keys else None
+                    results[j].record(
+                        reward[i], bool(term[i]), tr, arr, row, keep_all, every
                     )
-                    if te or tr:
-                        self.ended[lane] = True
-                active = [op for op in active if not self.ended[op.lane]]
+                    self.ended[j] |= tr
             except Exception as exc:
-                done = len(results[lane].rewards)
-                raise LaneError(lane, "stepping", exc, done) from exc
+                done = len(results[lanes[0]].rewards)
+                raise LaneError(lanes[0], "stepping", exc, done) from exc
+            k += 1
+            live = [
+                op for op in live if k < len(op.actions) and not self.ended[op.lane]
+            ]
         return [results[op.lane] for op in replays]
 
     def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):

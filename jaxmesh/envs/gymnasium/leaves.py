@@ -146,11 +146,16 @@ class ObsLayout:
             got[name] = arr
         return got
 
-    def row(self, batched: Any, j: int) -> Any:
-        """Lane ``j``'s observation of a vector env's batched observation."""
-        if self.whole:
-            return batched[j]
-        return self.build({n: self._raw(batched, n, j)[j] for n in self.names})
+    def take(self, batched, lanes, out=None) -> dict[str, np.ndarray]:
+        """``lanes``' rows of a vector env's batched observation, into
+        ``out[name]`` where given (ValueError naming the first lane)."""
+        got = {}
+        for name in self.names:
+            arr = np.asarray(self._raw(batched, name, lanes[0]), self.dtypes[name])
+            self._check(arr, name, lanes[0], 1)
+            into = (out or {}).get(name)
+            got[name] = arr[lanes] if into is None else arr.take(lanes, 0, into, "clip")
+        return got
 
     def build(self, leaves: Mapping[str, Any]) -> Any:
         """The observation's own structure holding ``leaves[name]`` at each leaf."""

@@ -149,22 +149,12 @@ class LocalAdapter(_LaneView):
         """``GymStepper.replay`` of the shared lanes, an env's error as raised."""
         return self.lanes.replay(*args, **kwargs)
 
-    def close(self) -> None:
-        self.lanes.close()
-
-
-class EnvLanes(LocalAdapter):
-    """One gymnasium ``Env`` per lane (``owned``: jaxmesh made and closes them)."""
-
-    def __init__(self, envs: list, owned: bool = False):
-        super().__init__(shared.EnvListStepper, envs, "env", owned=owned)
-        self.envs = self.lanes.envs
-
     @_env_errors
     def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
-        """Steps the lanes in ``go``, their observations into ``obs`` (named
-        leaves ``[n, ...]``): (reward float32, terminated, truncated) ``[n]``,
-        0 / False for lanes not in ``go``."""
+        """Steps the lanes in ``go`` (a VectorEnv's others play the idle
+        action), their observations into ``obs`` (named leaves ``[n, ...]``):
+        (reward float32, terminated, truncated) ``[n]``, 0 / False for lanes
+        not in ``go``."""
         n = go.shape[0]
         values = env_actions(self.action_space, actions)
         stepper, infos = self.lanes, ()
@@ -183,8 +173,23 @@ class EnvLanes(LocalAdapter):
                     obs[name][lanes] = leaf
                 reward[lanes], term[lanes], trunc[lanes] = r, te, tr
         if self.info_keys:
-            self._set_info(n, infos, lanes, _InfoKeys(infos))
+            seen: Any = _InfoKeys(infos)
+            if isinstance(infos, dict):  # a VectorEnv's, ``_key`` masks and all
+                seen = {k for k in infos if not k.startswith("_")}
+                infos = [stepper.lane_info(infos, j, self.info_keys) for j in lanes]
+            self._set_info(n, infos, lanes, seen)
         return reward, term, trunc
+
+    def close(self) -> None:
+        self.lanes.close()
+
+
+class EnvLanes(LocalAdapter):
+    """One gymnasium ``Env`` per lane (``owned``: jaxmesh made and closes them)."""
+
+    def __init__(self, envs: list, owned: bool = False):
+        super().__init__(shared.EnvListStepper, envs, "env", owned=owned)
+        self.envs = self.lanes.envs
 
 
 class VectorEnvLanes(LocalAdapter):
@@ -195,28 +200,6 @@ class VectorEnvLanes(LocalAdapter):
         where = f"VectorEnv {type(vec).__name__}"
         super().__init__(shared.VectorEnvStepper, vec, where)
         self.vec = vec
-
-    def step(self, actions: np.ndarray, go: np.ndarray, obs: dict):
-        """Steps every vector lane, those not in ``go`` with the idle action;
-        as :meth:`EnvLanes.step` for the first n lanes."""
-        n = go.shape[0]
-        stepper = self.lanes
-        batch = stepper.idle_batch()
-        values = env_actions(self.action_space, actions)
-        batch[:n][go] = values[go]
-        o, r, te, tr, info = stepper.step_vector(batch)
-        js = np.flatnonzero(go).tolist()
-        if self.info_keys:
-            rows = [stepper.lane_info(info, j, self.info_keys) for j in js]
-            seen = {k for k in info if not k.startswith("_")}
-            self._set_info(n, rows, js, seen)
-        layout = stepper.layout
-        for j in js:
-            for name, leaf in layout.leaves(layout.row(o, j), j).items():
-                obs[name][j] = leaf
-        stepper.ended[:n] |= (te | tr)[:n] & go  # the stepper's state
-        reward = np.where(go, np.asarray(r, np.float32)[:n], np.float32(0))
-        return reward, te[:n] & go, tr[:n] & go
 
 
 class _Sent(list):
