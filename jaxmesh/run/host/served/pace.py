@@ -10,7 +10,6 @@ import numpy as np
 
 from jaxmesh.core import replay, rules
 from jaxmesh.envs import gymnasium as gym_lanes
-from jaxmesh.remote import codec
 from jaxmesh.run.host.loop import HostLoop, wire_leaves
 from jaxmesh.run.host.served import traffic
 
@@ -318,21 +317,7 @@ class ServedStepRun(ServedRun):
     def file_reply(self, s: int, reply: Any) -> None:
         """Files one server's reply to a ``_turn``'s call."""
         b = reply.batch
-        (reset_g, _, act_g, _), sent_at = self.outbox.inflight[s].popleft()
-        self.inbox.tel_reply(s, sent_at, reply)
-        g = self.to_global[s][b.lanes]
-        if reset_g.size:
-            asked = np.sort(np.concatenate([self.local[reset_g], self.local[act_g]]))
-            steps = np.where(np.isin(g, reset_g), 0, 1)
-        else:  # steps only (most calls): act_g is ascending in local order
-            asked, steps = self.local[act_g], 1
-        if g.size != asked.size or np.any(b.lanes != asked) or np.any(b.steps != steps):
-            raise codec.ProtocolError(
-                f"the server at {self.lanes.sessions[s].address} answered for lanes "
-                f"{b.lanes[:16].tolist()} with steps {b.steps[:16].tolist()}, "
-                f"asked for {asked[:16].tolist()} (resets "
-                f"{self.local[reset_g][:16].tolist()})"
-            )
+        (reset_g, _, _, _), g = self.inbox.answered(s, reply, one_step=True)
         step_rows: Any = slice(None)
         if reset_g.size:
             is_reset = b.steps == 0

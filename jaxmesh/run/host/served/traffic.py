@@ -265,18 +265,39 @@ class Inbox:
         run.file_reply(s, reply)
         return True
 
+    def answered(self, s: int, reply: Any, one_step: bool = False) -> tuple:
+        """Server ``s``'s oldest call, which ``reply`` answers: ``(tag, lanes)``;
+        ProtocolError for other lanes (``one_step``: or steps) than it asked."""
+        run, b = self.run, reply.batch
+        tag, sent_at = run.outbox.inflight[s].popleft()
+        self.slowest = max(self.slowest, reply.arrived - sent_at)
+        run.tel.call(run.server_rows[s], sent_at, reply.arrived, reply.server_seconds)
+        run.tel.add("queue", time.perf_counter() - reply.decoded_at)
+        run.tel.add("reply_bytes", reply.nbytes)
+        reset_g, _, act_g, _ = tag
+        g = run.to_global[s][b.lanes]
+        if reset_g.size:
+            asked = np.sort(np.concatenate([run.local[reset_g], run.local[act_g]]))
+            steps = np.where(np.isin(g, reset_g), 0, 1) if one_step else 0
+        else:  # steps only (most calls): act_g is ascending in local order, as b
+            asked, steps = run.local[act_g], 1
+        if (
+            g.size != asked.size
+            or np.any(b.lanes != asked)
+            or (one_step and np.any(b.steps != steps))
+        ):
+            raise codec.ProtocolError(
+                f"the server at {run.lanes.sessions[s].address} answered for lanes "
+                f"{b.lanes[:16].tolist()} with steps {b.steps[:16].tolist()}, "
+                f"asked for {asked[:16].tolist()} (resets "
+                f"{run.local[reset_g][:16].tolist()})"
+            )
+        return tag, g
+
     def file_reply(self, s: int, reply: Any) -> None:
         """Files one server's reply."""
         run, b = self.run, reply.batch
-        (reset_g, reset_ep, act_g, act_ep), sent_at = run.outbox.inflight[s].popleft()
-        self.tel_reply(s, sent_at, reply)
-        g = run.to_global[s][b.lanes]
-        asked = np.sort(np.concatenate([run.local[reset_g], run.local[act_g]]))
-        if g.size != asked.size or np.any(b.lanes != asked):
-            raise codec.ProtocolError(
-                f"the server at {run.lanes.sessions[s].address} answered for lanes "
-                f"{b.lanes[:16].tolist()}, asked for {asked[:16].tolist()}"
-            )
+        (reset_g, reset_ep, act_g, act_ep), g = self.answered(s, reply)
         obs_rows = b.observation
         row0 = np.concatenate([[0], np.cumsum(b.rows)[:-1]]).astype(np.int64)
         step0 = np.concatenate([[0], np.cumsum(b.steps)[:-1]]).astype(np.int64)
@@ -336,14 +357,6 @@ class Inbox:
                 f"({int(b.steps[i])} steps), expected {int(want[i])}"
             )
         return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-
-    def tel_reply(self, s: int, sent_at: float, reply: Any) -> None:
-        """A reply's round trip, queueing and size."""
-        tel = self.run.tel
-        self.slowest = max(self.slowest, reply.arrived - sent_at)
-        tel.call(self.run.server_rows[s], sent_at, reply.arrived, reply.server_seconds)
-        tel.add("queue", time.perf_counter() - reply.decoded_at)
-        tel.add("reply_bytes", reply.nbytes)
 
     def file_resets(self, b: codec.ResultBatch, js, rows, info_rows) -> None:
         """Lanes ``js``' resets (rows ``rows``, info rows ``info_rows`` of ``b``)."""
