@@ -232,16 +232,26 @@ def check_seconds(name: str, value: Any, hint: str = "") -> float:
     return float(value)
 
 
-class WebsocketClient:
-    """Connections to one server of openpi's protocol.
+class WebsocketPolicy(HostPolicy):
+    """A policy served over openpi's websocket protocol: a ``HostPolicy``
+    whose planning lanes each send one request, at once, and take their
+    reply's ``actions`` as their chunk (or action). docs/serving.md, "Served
+    over openpi's protocol: a policy for jaxmesh.evaluate".
 
     Args:
-      address: ``ws://host:port`` (or ``wss://`` for TLS).
+      address: ``ws://host:port`` (``wss://`` for TLS).
+      inputs: ``inputs(obs, instruction) -> dict``, the request for one lane
+        (numpy leaves; the instruction or None), or ``"module:function"``;
+        default ``default_inputs`` (LIBERO's: ``libero_inputs``).
       token: sent as ``Authorization: Api-Key <token>`` (default:
         ``$JAXMESH_TOKEN``, if set).
       timeout: seconds each request may take, from its send to its reply.
       connections: the most connections open at once (and so requests in
         flight); more are opened as a plan's rows need them.
+      native_chunk: the replies' chunk length K (default: the metadata's
+        ``action_horizon``; None there too: one action per reply).
+      instructions: give ``inputs`` each lane's instruction (a string: also
+        the episode's reset-info key of it, e.g. LIBERO's ``"language"``).
       connect_timeout: seconds to wait for a connection and its metadata.
 
     The first connection opens here: an unreachable server fails at once.
@@ -257,12 +267,27 @@ class WebsocketClient:
     def __init__(
         self,
         address: str,
-        *,
+        inputs: Callable | str | None = None,
         token: str | None = None,
+        *,
         timeout: float = DEFAULT_TIMEOUT,
         connections: int = DEFAULT_CONNECTIONS,
+        native_chunk: int | None = None,
+        instructions: bool | str = False,
         connect_timeout: float = CONNECT_TIMEOUT,
     ):
+        if isinstance(inputs, str):
+            inputs = resolve_class(inputs)
+        if inputs is not None and not callable(inputs):
+            raise TypeError(
+                f"inputs={inputs!r}: expected a function (obs, instruction) -> "
+                "dict, or 'module:function'"
+            )
+        if not isinstance(instructions, bool | str):
+            raise TypeError(
+                f"instructions={instructions!r}: expected a bool or a reset-info key"
+            )
+        self.inputs = inputs or default_inputs
         if not isinstance(address, str) or not address.startswith(SCHEMES):
             raise ValueError(
                 f"address={address!r}: expected 'ws://host:port' or 'wss://host:port'"
@@ -293,6 +318,29 @@ class WebsocketClient:
             target=self._keep_alive, name="jaxmesh-ws-keepalive", daemon=True
         )
         self._keepalive.start()
+        if native_chunk is None:
+            chunk = self.metadata.get("action_horizon")
+            native_chunk = int(chunk) if isinstance(chunk, int | np.integer) else None
+        self._prompts = instructions is not False
+        spec = None
+        if self._prompts:
+            key = instructions if isinstance(instructions, str) else None
+            spec = {"obs": State(), "prompt": Text(encode_prompt, info_key=key)}
+        try:
+            super().__init__(
+                self._plan,
+                native_chunk=native_chunk,
+                spec=spec,
+                name=f"remote:{address}",
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def client(self) -> WebsocketPolicy:
+        """This policy, which holds ``requests``, ``metadata`` and ``batching``."""
+        return self
 
     def _error(self, what: str) -> RemotePolicyError:
         return RemotePolicyError(
@@ -412,7 +460,7 @@ class WebsocketClient:
 
     def _give(self, healthy: list[_Connection], broken: list[_Connection]) -> None:
         """Returns a thread's connections: the healthy to the pool, the
-        broken (and all, once the client is closed) closed."""
+        broken (and all, once the policy is closed) closed."""
         with self._cond:
             if self._closed:
                 healthy, broken = [], healthy + broken
@@ -513,82 +561,6 @@ class WebsocketClient:
         for ws in idle:
             ws.close(max(0.0, deadline - time.monotonic()))
 
-
-class WebsocketPolicy(HostPolicy):
-    """A policy served over openpi's websocket protocol: a ``HostPolicy``
-    whose planning lanes each send one request, at once, and take their
-    reply's ``actions`` as their chunk (or action). docs/serving.md, "Served
-    over openpi's protocol: a policy for jaxmesh.evaluate".
-
-    Args:
-      address: ``ws://host:port`` (``wss://`` for TLS).
-      inputs: ``inputs(obs, instruction) -> dict``, the request for one lane
-        (numpy leaves; the instruction or None), or ``"module:function"``;
-        default ``default_inputs`` (LIBERO's: ``libero_inputs``).
-      token: the server's ``Api-Key`` (default: ``$JAXMESH_TOKEN``, if set).
-      timeout: seconds a request may take.
-      connections: the most connections (and requests in flight) at once.
-      native_chunk: the replies' chunk length K (default: the metadata's
-        ``action_horizon``; None there too: one action per reply).
-      instructions: give ``inputs`` each lane's instruction (a string: also
-        the episode's reset-info key of it, e.g. LIBERO's ``"language"``).
-      connect_timeout: seconds to wait for a connection.
-
-    Raises:
-      RemotePolicyError: the server cannot be reached.
-    """
-
-    def __init__(
-        self,
-        address: str,
-        inputs: Callable | str | None = None,
-        token: str | None = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        connections: int = DEFAULT_CONNECTIONS,
-        native_chunk: int | None = None,
-        instructions: bool | str = False,
-        connect_timeout: float = CONNECT_TIMEOUT,
-    ):
-        if isinstance(inputs, str):
-            inputs = resolve_class(inputs)
-        if inputs is not None and not callable(inputs):
-            raise TypeError(
-                f"inputs={inputs!r}: expected a function (obs, instruction) -> "
-                "dict, or 'module:function'"
-            )
-        if not isinstance(instructions, bool | str):
-            raise TypeError(
-                f"instructions={instructions!r}: expected a bool or a reset-info key"
-            )
-        self.inputs = inputs or default_inputs
-        self.client = WebsocketClient(
-            address,
-            token=token,
-            timeout=timeout,
-            connections=connections,
-            connect_timeout=connect_timeout,
-        )
-        self.address = address
-        if native_chunk is None:
-            chunk = self.client.metadata.get("action_horizon")
-            native_chunk = int(chunk) if isinstance(chunk, int | np.integer) else None
-        self._prompts = instructions is not False
-        spec = None
-        if self._prompts:
-            key = instructions if isinstance(instructions, str) else None
-            spec = {"obs": State(), "prompt": Text(encode_prompt, info_key=key)}
-        try:
-            super().__init__(
-                self._plan,
-                native_chunk=native_chunk,
-                spec=spec,
-                name=f"remote:{address}",
-            )
-        except BaseException:
-            self.client.close()
-            raise
-
     def _plan(self, obs: Any) -> np.ndarray:
         """The actions of B rows: one request per row, sent at once."""
         codes = None
@@ -601,13 +573,9 @@ class WebsocketPolicy(HostPolicy):
             said = None if codes is None else decode_prompt(codes[i])
             return codec.packb(self.inputs(row, said))
 
-        return self._actions(self.client.infer_rows(leaves[0].shape[0], frame))
-
-    def _actions(self, replies: list[Any]) -> np.ndarray:
-        """The replies' ``actions``, stacked: ``[B, K, *A]`` or ``[B, *A]``."""
         k = self.native_chunk
-        out = []
-        for reply in replies:
+        out = []  # each reply's actions, stacked: [B, K, *A] or [B, *A]
+        for reply in self.infer_rows(leaves[0].shape[0], frame):
             actions = reply.get("actions") if isinstance(reply, dict) else None
             if actions is None:
                 what = (
@@ -615,7 +583,7 @@ class WebsocketPolicy(HostPolicy):
                     if isinstance(reply, dict)
                     else f"a {type(reply).__name__}"
                 )
-                raise self.client._error(
+                raise self._error(
                     f"replied without 'actions' ({what}): it must answer each "
                     "request with a map holding the actions"
                 )
@@ -624,22 +592,18 @@ class WebsocketPolicy(HostPolicy):
                 k is not None and (actions.ndim == 0 or actions.shape[0] != k)
             ):
                 want = "numbers" if k is None else f"[{k}, ...] (a chunk of {k})"
-                raise self.client._error(
+                raise self._error(
                     f"replied actions of shape {actions.shape} and dtype "
                     f"{actions.dtype}; expected {want}: pass native_chunk= the "
                     "length of its chunks (None for one action per reply)"
                 )
             if out and actions.shape != out[0].shape:
-                raise self.client._error(
+                raise self._error(
                     f"replied actions of shapes {out[0].shape} and "
                     f"{actions.shape} to one plan; expected one shape"
                 )
             out.append(actions)
         return np.stack(out)
-
-    def close(self) -> None:
-        """Closes the connections."""
-        self.client.close()
 
     def __enter__(self) -> WebsocketPolicy:
         return self
@@ -655,7 +619,6 @@ __all__ = [
     "DEFAULT_CONNECTIONS",
     "DEFAULT_TIMEOUT",
     "RemotePolicyError",
-    "WebsocketClient",
     "WebsocketPolicy",
     "decode_prompt",
     "default_inputs",
