@@ -19,12 +19,12 @@ from jaxmesh.remote.address import require_grpc
 require_grpc()
 
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX  # noqa: E402
+from jaxmesh.envs.gymnasium.leaves import ObsLayout  # noqa: E402
 from jaxmesh.errors import RemoteError  # noqa: E402
-from jaxmesh.remote import codec  # noqa: E402
+from jaxmesh.remote import codec, spaces  # noqa: E402
 from jaxmesh.remote.client import DEFAULT_CONNECT_TIMEOUT  # noqa: E402
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb  # noqa: E402
 from jaxmesh.remote.session import Session  # noqa: E402
-from jaxmesh.remote.spaces import build, leaf_space, observation_space  # noqa: E402
 
 __all__ = ["RemoteEnv", "RemoteVectorEnv", "ResetNeeded"]
 
@@ -79,13 +79,16 @@ class _Client(Session):
         )
         info = self.info
         self.env_name = info.env_name
-        self.obs_space, self.act_space, self.leaf_spaces = self.rebuild(
+        self.obs_space, self.act_space = self.rebuild(
             lambda: (
-                observation_space(info.observation),
-                leaf_space(info.action),
-                {m.key: leaf_space(m) for m in info.observation},
+                spaces.observation_space(info.observation),
+                spaces.leaf_space(info.action),
             )
         )
+        self.layout = ObsLayout(self.obs_space, lambda s: (s.shape, s.dtype), "")
+        self.discrete_leaves = {
+            m.key for m in info.observation if m.space == spaces.DISCRETE
+        }
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
         try:
             if not _is_int(lane) or not 0 <= int(lane) < self.num_lanes:
@@ -153,11 +156,11 @@ class _Client(Session):
         return arr.astype(space.dtype)
 
     def observation(self, batch: codec.ResultBatch, row: int) -> Any:
-        leaves = {}  # as a gymnasium env returns them (writable)
-        for k, x in batch.observation.items():
-            discrete = isinstance(self.leaf_spaces[k], gymnasium.spaces.Discrete)
-            leaves[k] = np.int64(x[row]) if discrete else np.array(x[row])
-        return build(self.obs_space, leaves)
+        leaves = {  # as a gymnasium env returns them (writable)
+            k: np.int64(x[row]) if k in self.discrete_leaves else np.array(x[row])
+            for k, x in batch.observation.items()
+        }
+        return self.layout.build(leaves)
 
     def check_open(self) -> _Client:
         if self.closed:
@@ -249,7 +252,6 @@ class RemoteEnv(gymnasium.Env):
         self.observation_space = client.obs_space
         self.action_space = client.act_space
         self.metadata = client.metadata()
-        self.render_mode = None
         self._lanes = np.array([self.lane], np.int64)
         self._state = "new"  # or "running", or "ended" (terminated or truncated)
 
@@ -361,7 +363,6 @@ class RemoteVectorEnv(VectorEnv):
         self.observation_space = batch_space(client.obs_space, self.num_envs)
         self.action_space = batch_space(client.act_space, self.num_envs)
         self.metadata = {**client.metadata(), "autoreset_mode": AutoresetMode.DISABLED}
-        self.render_mode = None
         # Every lane's last observation, per leaf.
         self._obs = {
             k: np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
@@ -480,9 +481,7 @@ class RemoteVectorEnv(VectorEnv):
         return self._observations(), rewards, terminated, truncated, {}
 
     def _observations(self) -> Any:
-        return build(
-            self.single_observation_space, {k: x.copy() for k, x in self._obs.items()}
-        )
+        return self._client.layout.build({k: x.copy() for k, x in self._obs.items()})
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ends the session (the server is free for the next client)."""

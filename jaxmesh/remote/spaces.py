@@ -6,12 +6,14 @@ scalar, so a large observation's handshake stays small.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import operator
 from typing import Any
 
 import gymnasium
 import numpy as np
 
+from jaxmesh.envs.gymnasium.leaves import ObsLayout
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 
@@ -102,34 +104,13 @@ def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
 def space_leaves(space: Any, *, where: str = "observation_space") -> list[pb.LeafSpec]:
     """An observation space as one ``LeafSpec`` per leaf, in its order (a
     single array: the leaf ``""``); TypeError: one that cannot travel."""
-    out: list[pb.LeafSpec] = []
-
-    def walk(sub: Any, path: tuple, nest: str) -> None:
-        spaces = gymnasium.spaces
-        if isinstance(sub, spaces.Dict | spaces.Tuple):
-            kind = type(sub).__name__
-            at = "/".join(str(p) for p in path) or "its top"
-            if not len(sub.spaces):
-                raise TypeError(
-                    f"{where} has an empty {kind} at {at}; give it at least one entry"
-                )
-            named = kind == "Dict"
-            for key, s in sub.spaces.items() if named else enumerate(sub.spaces):
-                if named and (not isinstance(key, str) or not key or "/" in key):
-                    raise TypeError(
-                        f"{where}: Dict key {key!r} is not a non-empty string "
-                        "without '/'; jaxmesh names leaves by their keys joined "
-                        "with '/'. Rename the key with a gymnasium "
-                        "ObservationWrapper"
-                    )
-                walk(s, path + (key,), nest + (DICT if named else TUPLE))
-            return
-        name = "/".join(str(p) for p in path)
+    out = []
+    # ObsLayout refuses an empty Dict or Tuple and a Dict key that names no leaf.
+    for name, path in ObsLayout(space, lambda s: ((), None), where).paths.items():
+        sub = functools.reduce(operator.getitem, path, space)
         msg = space_leaf(sub, name, where=f"{where} leaf {name!r}" if path else where)
-        msg.nest = nest
+        msg.nest = "".join(DICT if isinstance(p, str) else TUPLE for p in path)
         out.append(msg)
-
-    walk(space, (), "")
     return out
 
 
@@ -211,13 +192,3 @@ def observation_space(msgs: Any) -> gymnasium.Space:
         )
 
     return make(root, ())
-
-
-def build(space: Any, leaves: Mapping[str, Any], path: tuple = ()) -> Any:
-    """``leaves`` (named as by ``space_leaves``) in ``space``'s structure."""
-    spaces = gymnasium.spaces
-    if isinstance(space, spaces.Dict):
-        return {k: build(s, leaves, path + (k,)) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(build(s, leaves, path + (i,)) for i, s in enumerate(space.spaces))
-    return leaves["/".join(str(p) for p in path)]

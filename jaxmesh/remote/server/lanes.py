@@ -194,6 +194,12 @@ class ServerStepper:
 
 
 def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
+    """The lanes of ``env``, or of what a factory ``env`` returns (closed with them)."""
+    made = callable(env) and not isinstance(
+        env, str | list | gymnasium.Env | gymnasium.vector.VectorEnv
+    )
+    if made:
+        env = env()
     if lanes is not None and not isinstance(env, str):
         raise ValueError(
             f"lanes={lanes} is only for an env id ('gymnasium:<id>'); a "
@@ -209,10 +215,11 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
     if isinstance(env, gymnasium.Env):
         env = [env]
     if not isinstance(env, str | list | gymnasium.vector.VectorEnv):
+        what = "the env factory returned" if made else "env is"
         raise TypeError(
-            f"env {type(env).__name__} is not a gymnasium env; pass a gymnasium Env, "
-            "a list of them, a VectorEnv in AutoresetMode.DISABLED, 'gymnasium:<id>', "
-            "or a zero-argument factory returning one"
+            f"{what} a {type(env).__name__}, not a gymnasium env; pass a gymnasium "
+            "Env, a list of them, a VectorEnv in AutoresetMode.DISABLED, "
+            "'gymnasium:<id>', or a zero-argument factory returning one"
         )
     count = 1 if lanes is None else lanes
     if isinstance(env, str) and workers > 1 and count > 1:
@@ -236,12 +243,9 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
             for e in envs if owned else ():
                 e.close()
             raise
+    stepper.owned = stepper.owned or made
     try:
         return ServerStepper(stepper, workers)
     except BaseException:
         stepper.close()
         raise
-
-
-def _is_env(env: Any) -> bool:
-    return isinstance(env, str | list | gymnasium.Env | gymnasium.vector.VectorEnv)

@@ -54,54 +54,50 @@ class ServeOptions:
     handshake_timeout_seconds: float = 10.0
 
     def __post_init__(self):
-        def check(name: str, ok: bool, expected: str, error: type = ValueError):
-            if not ok:
-                value = getattr(self, name)
-                raise error(f"ServeOptions({name}={value!r}): expected {expected}")
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
+        def seconds(v: Any) -> bool:
+            return is_int(v) or isinstance(v, float)
 
-        for name in (
-            "idle_timeout_seconds",
-            "handshake_timeout_seconds",
-            "drain_timeout_seconds",
-            "close_timeout_seconds",
-        ):
+        def size(v: Any) -> bool:
+            return is_int(v) and 1024 <= v <= 2**31 - 1
+
+        strict = "a number of seconds > 0 (math.inf for no limit)"
+        loose = "a number of seconds >= 0 (math.inf for no limit)"
+        ints = f"an int in [1024, {2**31 - 1}] (gRPC's own ceiling); "
+        rules = (  # (field, is it fine, what is expected); TypeError: not a bool
+            ("idle_timeout_seconds", lambda v: seconds(v) and v > 0, strict),
+            ("handshake_timeout_seconds", lambda v: seconds(v) and v > 0, strict),
+            ("drain_timeout_seconds", lambda v: seconds(v) and v >= 0, loose),
+            ("close_timeout_seconds", lambda v: seconds(v) and v >= 0, loose),
+            ("shared_memory", lambda v: isinstance(v, bool), None),
+            ("allow_remote_shutdown", lambda v: isinstance(v, bool), None),
+            (
+                "workers",
+                lambda v: v is None or (is_int(v) and v >= 1),
+                "None or an int >= 1 (threads stepping groups of lanes)",
+            ),
+            ("max_message_bytes", size, f"{ints}the default is {MAX_MESSAGE_BYTES}"),
+            (
+                "max_request_bytes",
+                lambda v: v is None or size(v),
+                f"{ints}None: sized from the lanes and the action",
+            ),
+        )
+        for name, ok, expected in rules:
             value = getattr(self, name)
-            strict = name in ("idle_timeout_seconds", "handshake_timeout_seconds")
-            check(
-                name,
-                (is_int(value) or isinstance(value, float))
-                and (value > 0 if strict else value >= 0),
-                f"a number of seconds {'>' if strict else '>='} 0 (math.inf for no "
-                "limit)",
-            )
-        for name in ("shared_memory", "allow_remote_shutdown"):
-            check(
-                name, isinstance(getattr(self, name), bool), "True or False", TypeError
-            )
+            if not ok(value):
+                error = ValueError if expected else TypeError
+                raise error(
+                    f"ServeOptions({name}={value!r}): expected "
+                    f"{expected or 'True or False'}"
+                )
         if self.token is not None and not header_token(self.token):
             raise ValueError(  # never the token itself
                 "ServeOptions(token=...): expected None or a non-empty string of "
                 "printable ASCII without surrounding spaces (it travels as gRPC "
                 "metadata); e.g. secrets.token_urlsafe(32)"
-            )
-        check(
-            "workers",
-            self.workers is None or (is_int(self.workers) and self.workers >= 1),
-            "None or an int >= 1 (threads stepping groups of lanes)",
-        )
-        for name, default in (
-            ("max_message_bytes", f"the default is {MAX_MESSAGE_BYTES}"),
-            ("max_request_bytes", "None: sized from the lanes and the action"),
-        ):
-            value = getattr(self, name)
-            check(
-                name,
-                (value is None and name == "max_request_bytes")
-                or (is_int(value) and 1024 <= value <= 2**31 - 1),
-                f"an int in [1024, {2**31 - 1}] (gRPC's own ceiling); {default}",
             )
 
 

@@ -26,7 +26,7 @@ from jaxmesh.remote.protocol import (
     SHARED_MEMORY,
     TOKEN_ENV,
 )
-from jaxmesh.remote.server.lanes import ServerStepper, _is_env, _make_lanes
+from jaxmesh.remote.server.lanes import ServerStepper, _make_lanes
 from jaxmesh.remote.server.options import (
     SERVICE_NAME,
     ServeOptions,
@@ -177,19 +177,9 @@ class EnvServer:
                     f"EnvServer at {self.address} was already started; make a new "
                     "EnvServer to serve again"
                 )
-            env = self._env
-            factory = callable(env) and not _is_env(env)
-            if factory:
-                env = env()
-                if not _is_env(env):
-                    raise TypeError(
-                        f"the env factory returned a {type(env).__name__}; expected "
-                        "a gymnasium Env, a list of them, a VectorEnv or "
-                        "'gymnasium:<id>'"
-                    )
-            lanes = _make_lanes(env, self._lanes_wanted, self.options.workers or 1)
-            if factory:  # what the factory made is closed at shutdown
-                lanes.lanes.owned = True
+            lanes = _make_lanes(
+                self._env, self._lanes_wanted, self.options.workers or 1
+            )
             try:
                 self._start_server(lanes)
             except BaseException:
