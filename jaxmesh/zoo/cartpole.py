@@ -17,15 +17,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.zoo.shipped import ShippedWeights
+from jaxmesh.zoo.shipped import MLP, ShippedWeights
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "checkpoints" / "cartpole_mlp"
 
@@ -33,30 +31,19 @@ OBS_SIZE = 4
 NUM_ACTIONS = 2
 
 
-class CartPoleNet(nn.Module):
-    """Observation -> action logits: tanh hidden layers, a linear head."""
-
-    hidden: Sequence[int] = (64, 64)
-    num_actions: int = NUM_ACTIONS
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        x = jnp.asarray(obs, jnp.float32)
-        for width in self.hidden:
-            x = nn.tanh(nn.Dense(width)(x))
-        return nn.Dense(self.num_actions)(x)
+#: Observation -> action logits.
+NET = MLP(hidden=(64, 64), out=NUM_ACTIONS)
 
 
 def init(key: jax.Array) -> Any:
-    """Fresh (untrained) params of ``CartPoleNet()``."""
-    return CartPoleNet().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
+    """Fresh (untrained) params of ``NET``."""
+    return NET.init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
 
 
 def apply(params: Any, obs: jax.Array) -> jax.Array:
     """The greedy int32 action for one observation (or a batch) with
-    ``CartPoleNet()``'s params."""
-    logits = CartPoleNet().apply(params, obs)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    ``NET``'s params."""
+    return jnp.argmax(NET.apply(params, obs), axis=-1).astype(jnp.int32)
 
 
 class CartPoleMLP(ShippedWeights):
@@ -69,4 +56,4 @@ class CartPoleMLP(ShippedWeights):
         return apply(self.params, obs)
 
 
-__all__ = ["CartPoleNet", "init", "apply", "CartPoleMLP", "DEFAULT_PATH"]
+__all__ = ["NET", "init", "apply", "CartPoleMLP", "DEFAULT_PATH"]

@@ -7,15 +7,13 @@ docs/playground.md, "A trained policy").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.zoo.shipped import ShippedWeights
+from jaxmesh.zoo.shipped import MLP, ShippedWeights
 
 DEFAULT_PATH = (
     Path(__file__).resolve().parent / "checkpoints" / "playground_cartpole_mlp"
@@ -34,29 +32,19 @@ def balance(obs: jax.Array) -> jax.Array:
     return jnp.tanh(jnp.dot(GAINS, obs))[None]
 
 
-class CartpoleBalanceNet(nn.Module):
-    """Observation -> action in [-1, 1]: tanh hidden layers, a tanh head."""
-
-    hidden: Sequence[int] = (32, 32)
-    action_size: int = ACTION_SIZE
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        x = jnp.asarray(obs, jnp.float32)
-        for width in self.hidden:
-            x = nn.tanh(nn.Dense(width)(x))
-        return nn.tanh(nn.Dense(self.action_size)(x))
+#: Observation -> action in [-1, 1].
+NET = MLP(hidden=(32, 32), out=ACTION_SIZE, squash=True)
 
 
 def init(key: jax.Array) -> Any:
-    """Fresh (untrained) params of ``CartpoleBalanceNet()``."""
-    return CartpoleBalanceNet().init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
+    """Fresh (untrained) params of ``NET``."""
+    return NET.init(key, jnp.zeros((OBS_SIZE,), jnp.float32))
 
 
 def apply(params: Any, obs: jax.Array) -> jax.Array:
     """The action, shape (1,) in [-1, 1], for one observation (or a batch)
-    with ``CartpoleBalanceNet()``'s params."""
-    return CartpoleBalanceNet().apply(params, obs)
+    with ``NET``'s params."""
+    return NET.apply(params, obs)
 
 
 class CartpoleMLP(ShippedWeights):
@@ -68,12 +56,4 @@ class CartpoleMLP(ShippedWeights):
         return apply(self.params, obs)
 
 
-__all__ = [
-    "CartpoleBalanceNet",
-    "init",
-    "apply",
-    "balance",
-    "CartpoleMLP",
-    "DEFAULT_PATH",
-    "GAINS",
-]
+__all__ = ["NET", "init", "apply", "balance", "CartpoleMLP", "DEFAULT_PATH", "GAINS"]

@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 from jaxmesh.checkpoint import load_params
 from jaxmesh.model import Model
 from jaxmesh.params import Param
+
+
+class MLP(nn.Module):
+    """Observation -> ``out`` numbers: tanh hidden layers, a linear head
+    (``squash``: a tanh head, in [-1, 1])."""
+
+    hidden: Sequence[int]
+    out: int
+    squash: bool = False
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = jnp.asarray(obs, jnp.float32)
+        for width in self.hidden:
+            x = nn.tanh(nn.Dense(width)(x))
+        x = nn.Dense(self.out)(x)
+        return nn.tanh(x) if self.squash else x
 
 
 class ShippedWeights(Model):
