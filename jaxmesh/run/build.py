@@ -298,9 +298,9 @@ def build_engine(
     trials: TrialReset | None = None,
 ) -> Engine:
     """The engine for a probed policy, env and run plan; ``metrics``:
-    ``engine_metrics``'s; ``trials``: episodes start from a trial index
-    (``jaxmesh.run.initial``), None: from ``env.reset``."""
-    check_record_keys(env, record)
+    ``engine_metrics``'s; ``record``: ``check_record_keys``'s; ``trials``:
+    episodes start from a trial index (``jaxmesh.run.initial``), None: from
+    ``env.reset``."""
     name = getattr(env, "name", type(env).__name__)
     config = EngineConfig(
         capacity=plan.capacity,

@@ -112,18 +112,17 @@ def resolve_budget(
     ``device_buffers``, ``Engine.run``'s budget-sized device buffers too)."""
     if episodes is not None:
         episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
-    if seeds is None:
-        n = 1 if episodes is None else episodes
-        check_budget_fits(n, capacity_for(n) if device_buffers else 0, device)
-        return np.arange(n, dtype=np.int32)
-    if isinstance(seeds, str | bytes) or not isinstance(
-        seeds, Sequence | np.ndarray | jax.Array | range
+    if seeds is not None and (
+        isinstance(seeds, str | bytes)
+        or not isinstance(seeds, Sequence | np.ndarray | jax.Array | range)
     ):
         raise TypeError(
             f"seeds={seeds!r}: expected a sequence of ints, one per episode"
         )
-    n = len(seeds)
+    n = len(seeds) if seeds is not None else 1 if episodes is None else episodes
     check_budget_fits(n, capacity_for(n) if device_buffers else 0, device)
+    if seeds is None:
+        return np.arange(n, dtype=np.int32)
     arr = np.asarray(seeds)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise TypeError(

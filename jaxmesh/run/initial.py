@@ -59,26 +59,6 @@ class Trials:
         _check_like(spec(1), want, "initial_states", name, "hold")
         return TrialReset(_take_state, spec(0))
 
-    def for_run(self, states: Any) -> Any:
-        """The data a run's reset reads: ``states`` of the evaluator's shapes
-        (None: the evaluator's own)."""
-        if states is None:
-            return () if self.states is None else self.states
-        given = states if isinstance(states, Trials) else resolve(states, None)
-        if self.states is None or given.key != self.key:
-            built = (
-                "a reset_fn"
-                if self.states is None
-                else f"initial_states of {self.count} states with these shapes"
-            )
-            raise ValueError(
-                f"run(initial_states=...): {given.count} states of other shapes "
-                f"than this Evaluator was built with ({built}); states with the "
-                "same structure, shapes and dtypes run on the same program: "
-                "build another Evaluator for these"
-            )
-        return given.states
-
 
 def _take_state(key: jax.Array, trial: jax.Array, states: Any) -> Any:
     del key
@@ -202,9 +182,19 @@ def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
     return Trials(states=states)
 
 
-def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray | None:
-    """Each episode's trial index (int32), ``base`` + its budget index; None
-    without initial states, where ``base`` must be 0."""
+def run_trials(
+    trials: Trials | None, states: Any, base: int, episodes: int
+) -> tuple | None:
+    """A run's ``(trial_of, data)`` for ``Engine.first_carry``: each episode's
+    trial index (int32), ``base`` + its budget index, and the states its reset
+    reads, ``states`` of the evaluator's shapes (None: the evaluator's own).
+    None without initial states, where ``base`` must be 0."""
+    if trials is None and states is not None:
+        raise ValueError(
+            "run(initial_states=...): this Evaluator was built without initial "
+            "states (its program resets episodes from PRNGKey(seed)); build one "
+            "with initial_states="
+        )
     if trials is None:
         if base:
             raise ValueError(
@@ -215,6 +205,22 @@ def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray
                 "or drop trial_index_base="
             )
         return None
+    data = () if trials.states is None else trials.states
+    if states is not None:
+        given = states if isinstance(states, Trials) else resolve(states, None)
+        if trials.states is None or given.key != trials.key:
+            built = (
+                "a reset_fn"
+                if trials.states is None
+                else f"initial_states of {trials.count} states with these shapes"
+            )
+            raise ValueError(
+                f"run(initial_states=...): {given.count} states of other shapes "
+                f"than this Evaluator was built with ({built}); states with the "
+                "same structure, shapes and dtypes run on the same program: "
+                "build another Evaluator for these"
+            )
+        data = given.states
     trial_of = base + identity.episode_indices(episodes).astype(np.int64)
     top = int(trial_of.max()) if trial_of.size else base - 1
     count = trials.count
@@ -231,23 +237,7 @@ def trial_indices(trials: Trials | None, base: int, episodes: int) -> np.ndarray
             f"trial_index_base={base}: trial indices reach {top}, above the "
             f"largest int32 ({MAX_TRIAL}); use a lower base"
         )
-    return trial_of.astype(np.int32)
-
-
-def run_trials(
-    trials: Trials | None, states: Any, base: int, episodes: int
-) -> tuple | None:
-    """A run's ``(trial_of, data)`` for ``Engine.first_carry``, or None;
-    ``states``: the run's own ``initial_states`` (None: the evaluator's)."""
-    if trials is None and states is not None:
-        raise ValueError(
-            "run(initial_states=...): this Evaluator was built without initial "
-            "states (its program resets episodes from PRNGKey(seed)); build one "
-            "with initial_states="
-        )
-    data = None if trials is None else trials.for_run(states)
-    trial_of = trial_indices(trials, base, episodes)
-    return None if trial_of is None else (trial_of, data)
+    return trial_of.astype(np.int32), data
 
 
 def refuse_host(initial_states: Any, reset_fn: Any, label: str) -> None:

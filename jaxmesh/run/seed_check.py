@@ -22,6 +22,7 @@ from jaxmesh.envs.gymnasium.lanes import (
 )
 from jaxmesh.remote.address import require_grpc
 from jaxmesh.run.backend import HOST, SERVED, backend_of
+from jaxmesh.run.checks import check_int
 
 #: Env steps compared after each reset.
 DEFAULT_STEPS = 5
@@ -206,10 +207,7 @@ def check_seeds(
       jaxmesh.RemoteConnectionError: a served env cannot be reached.
     """
     for name, value in (("seed", seed), ("other", other), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{name}={value!r}: expected an int")
-        if value < 0:
-            raise ValueError(f"{name}={value!r}: expected an int >= 0")
+        check_int(name, value, 0, "check_seeds' seeds and env steps")
     if seed == other:
         raise ValueError(
             f"seed={seed} and other={other}: give two different seeds, so that "

@@ -93,17 +93,14 @@ class Evaluator:
         **settings: Any,
     ):
         # _checked: what ``run`` checked (the policy is resolved after the env).
-        config = from_keywords(config, settings, "jaxmesh.Evaluator")
-        starts, scoring = config.starts, config.scoring
-        if _checked is None:
-            trials = initial.resolve(starts.initial_states, starts.reset_fn)
-            _checked = _Checked(
-                None, check_record(record), trials, config.layout.devices
-            )
-        self.config = config
-        self.trials = trials = _checked.trials
-        self.record = _checked.record
-        randomize = starts.randomize
+        self.config = config = from_keywords(config, settings, "jaxmesh.Evaluator")
+        starts, randomize = config.starts, config.starts.randomize
+        pol, self.record, self.trials, devices = _checked or (
+            None,
+            check_record(record),
+            initial.resolve(starts.initial_states, starts.reset_fn),
+            config.layout.devices,
+        )
         self.env = make_env(env)
         if randomize is not None:
             self.env = playground.randomized(self.env, randomize)
@@ -111,17 +108,16 @@ class Evaluator:
         self.settings = checks.resolve_delay_ms(
             config.settings, step_seconds(self.env), self.env_name
         )
-        self.policy = _checked.policy or resolve_policy(
-            policy, with_params=takes_params
-        )
+        self.policy = pol or resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
         self._source = (policy, env, randomize)  # keeps the keyed objects alive
         # (info keys, reductions) and the success key, checked by shape.
-        self.metrics = build.engine_metrics(self.env, scoring.asked)
+        self.metrics = build.engine_metrics(self.env, config.scoring.asked)
         build.check_record_keys(self.env, self.record)
+        trials = self.trials
         self._trial_reset = None if trials is None else trials.engine_reset(self.env)
         self.placement = placement.placement_for(
-            _checked.devices, self.settings.num_envs, self.policy, self.record
+            devices, self.settings.num_envs, self.policy, self.record
         )
         self._sink = stream.StepSink()  # where step events go
         self._chunks: dict = {}  # params signature -> chunk length K
@@ -133,11 +129,6 @@ class Evaluator:
     def device(self) -> Any:
         """The device the policy asked for (None: JAX's default)."""
         return self.policy.device
-
-    @property
-    def supports_step_hooks(self) -> bool:
-        """Whether ``on_step`` hooks can run (a mesh refuses them)."""
-        return self.placement.supports_step_hooks
 
     def programs(self) -> list[tuple]:
         """The (params signature, capacity[, "on_step"]) of every program
@@ -271,7 +262,7 @@ class Evaluator:
             ),
         )
         steps = stream.StepStream(hook_list, plan.h, plan.lead)
-        if steps and not self.supports_step_hooks:
+        if steps and not self.placement.supports_step_hooks:
             raise ValueError(
                 "hooks: an on_step hook with devices= (lanes split over a mesh): "
                 "step events are sent from one device's program; drop devices= "

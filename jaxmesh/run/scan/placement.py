@@ -127,22 +127,17 @@ class DeviceMesh:
 
     def compile(self, engine: Any, params: Any, segment_steps: int) -> Any:
         """The engine's segment over the mesh, for carries stacked by device."""
-        d = self.num_devices
-        split, whole = self._split, self._whole
-        stack = lambda s: jax.ShapeDtypeStruct((d,) + s.shape, s.dtype, sharding=split)
-        shape = engine.carry_shape()
-        return (
-            sharded.segment_program(engine, self.mesh, segment_steps)
-            .lower(
-                jax.tree.map(
-                    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=whole),
-                    build.abstract(params),
-                ),
-                jax.tree.map(stack, (shape.lanes, shape.agent)),
-                jax.tree.map(stack, shape.results),
-            )
-            .compile(compiler_options(self.mesh.devices.flat[0]))
+        d, shape = (self.num_devices,), engine.carry_shape()
+        spec = lambda s, sharding, lead=(): jax.ShapeDtypeStruct(
+            lead + s.shape, s.dtype, sharding=sharding
         )
+        stack = lambda tree: jax.tree.map(lambda s: spec(s, self._split, d), tree)
+        program = sharded.segment_program(engine, self.mesh, segment_steps)
+        return program.lower(
+            jax.tree.map(lambda s: spec(s, self._whole), build.abstract(params)),
+            stack((shape.lanes, shape.agent)),
+            stack(shape.results),
+        ).compile(compiler_options(self.mesh.devices.flat[0]))
 
     def check_same_everywhere(self, seeds: np.ndarray, params: Any) -> None:
         sharded.check_same_everywhere(self.mesh, seeds, params)
