@@ -539,27 +539,84 @@ def load_episode_log(path: Any) -> RunResult:
         episode that disagree (naming the file line and the episode).
     """
     path = os.fspath(path)
-    runs, episodes, faults, totals, after = _read_log(path)
+    runs: list[dict] = []
+    episodes: dict[int, tuple[int, dict]] = {}  # by index, with their line
+    faults: list[dict] = []
+    totals: dict | None = None
+    after: list[dict] = []  # the episodes after the last totals line
+    run_identity, checked = "", False
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            later = [x for x in lines[n:] if x.strip()]
+            if not later or LOG_KEY in later[0]:  # cut short, then resumed
+                continue
+            raise ValueError(
+                f"{path}:{n} is not JSON; an episode log (jaxmesh.EpisodeLog, "
+                "jaxmesh eval --episode-log) holds one JSON object per line"
+            ) from None
+        if not isinstance(rec, dict):
+            raise ValueError(
+                f"{path}:{n}: not a JSON object; an episode log holds one per line"
+            )
+        if LOG_KEY in rec:
+            fp = rec.get("fingerprint") or {}
+            if runs and _identity_of(fp) != _identity_of(runs[0].get("fingerprint")):
+                raise ValueError(
+                    f"{path}:{n}: this run line's identity (env, policy, params, "
+                    "max_episode_steps) is not the first run line's; one log "
+                    "holds one run and its resumptions: split the file"
+                )
+            first, run = (runs[0] if runs else rec)["run"], rec["run"]
+            for key in (*_COMPARED[:6], "plan_tile"):
+                if run.get(key) != first.get(key):
+                    raise ValueError(
+                        f"{path}:{n}: the log holds runs with {key} "
+                        f"{first.get(key)!r} and {run.get(key)!r}; one log holds "
+                        "one run (and its resumptions)"
+                    )
+            runs.append(rec)
+            run_identity = identity_text(fp)
+            checked = "policy" in fp and "env" in fp
+        elif "episode" in rec and runs:
+            ep = rec["episode"]
+            index = int(ep["index"])
+            if checked and ep.get("check") != record_check(ep, run_identity):
+                what = "has no checksum" if "check" not in ep else "fails its checksum"
+                raise ValueError(
+                    f"{path}:{n}: the record of episode {index} {what} (its fields "
+                    f"or its run's identity were changed); {_EDITED}"
+                )
+            if index in episodes:
+                first_line, seen = episodes[index]
+                if seen != ep:
+                    raise ValueError(
+                        f"{path}:{n}: episode {index} is also on line {first_line} "
+                        f"with other fields; {_DISAGREE}"
+                    )
+                continue  # the same record twice: once
+            episodes[index] = (n, ep)
+            after.append(ep)
+        elif "fault" in rec:
+            faults.append(rec["fault"])
+        elif "totals" in rec:
+            totals, after = rec["totals"], []
     if not runs:
         raise ValueError(
             f"{path} has no run line; expected an episode log written by "
             "jaxmesh.EpisodeLog (jaxmesh eval --episode-log)"
         )
-    first = runs[0]["run"]
-    for other in runs[1:]:
-        for key in (*_COMPARED[:6], "plan_tile"):
-            if other["run"].get(key) != first.get(key):
-                raise ValueError(
-                    f"{path} holds runs with {key} {first.get(key)!r} and "
-                    f"{other['run'].get(key)!r}; one log holds one run (and its "
-                    "resumptions)"
-                )
     # Checked above, line by line: from_dict checks nothing again.
     eps = [
         {k: v for k, v in episodes[i][1].items() if k != "check"}
         for i in sorted(episodes)
     ]
-    result = records_result(first, eps, totals, after, faults)
+    result = records_result(runs[0]["run"], eps, totals, after, faults)
     return dataclasses.replace(result, fingerprint=runs[0].get("fingerprint"))
 
 
@@ -600,71 +657,6 @@ def records_result(
             "server_losses": losses or [],
         }
     )
-
-
-def _read_log(path: str) -> tuple[list, dict, list, dict | None, list]:
-    """Run lines, episodes by index (with their line), faults, last totals and
-    the episodes after them, each line checked."""
-    runs: list[dict] = []
-    episodes: dict[int, tuple[int, dict]] = {}
-    faults: list[dict] = []
-    totals: dict | None = None
-    after: list[dict] = []  # the episodes after the last totals line
-    run_identity, checked = "", False
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            later = [x for x in lines[n:] if x.strip()]
-            if not later or LOG_KEY in later[0]:  # cut short, then resumed
-                continue
-            raise ValueError(
-                f"{path}:{n} is not JSON; an episode log (jaxmesh.EpisodeLog, "
-                "jaxmesh eval --episode-log) holds one JSON object per line"
-            ) from None
-        if not isinstance(rec, dict):
-            raise ValueError(
-                f"{path}:{n}: not a JSON object; an episode log holds one per line"
-            )
-        if LOG_KEY in rec:
-            fp = rec.get("fingerprint") or {}
-            if runs and _identity_of(fp) != _identity_of(runs[0].get("fingerprint")):
-                raise ValueError(
-                    f"{path}:{n}: this run line's identity (env, policy, params, "
-                    "max_episode_steps) is not the first run line's; one log "
-                    "holds one run and its resumptions: split the file"
-                )
-            runs.append(rec)
-            run_identity = identity_text(fp)
-            checked = "policy" in fp and "env" in fp
-        elif "episode" in rec and runs:
-            ep = rec["episode"]
-            index = int(ep["index"])
-            if checked and ep.get("check") != record_check(ep, run_identity):
-                what = "has no checksum" if "check" not in ep else "fails its checksum"
-                raise ValueError(
-                    f"{path}:{n}: the record of episode {index} {what} (its fields "
-                    f"or its run's identity were changed); {_EDITED}"
-                )
-            if index in episodes:
-                first_line, first = episodes[index]
-                if first != ep:
-                    raise ValueError(
-                        f"{path}:{n}: episode {index} is also on line {first_line} "
-                        f"with other fields; {_DISAGREE}"
-                    )
-                continue  # the same record twice: once
-            episodes[index] = (n, ep)
-            after.append(ep)
-        elif "fault" in rec:
-            faults.append(rec["fault"])
-        elif "totals" in rec:
-            totals, after = rec["totals"], []
-    return runs, episodes, faults, totals, after
 
 
 def _identity_of(fp: Any) -> tuple:
