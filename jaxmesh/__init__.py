@@ -5,6 +5,7 @@ that ``import jaxmesh`` (and ``jaxmesh --help``) costs no JAX import; ``from
 jaxmesh import evaluate`` and ``jaxmesh.evaluate`` import what they name.
 """
 
+# ruff: noqa: F401 (the TYPE_CHECKING imports are the public names)
 from __future__ import annotations
 
 import sys
@@ -85,7 +86,7 @@ _REMOTE = {
     "RemoteVectorEnv": "jaxmesh.remote.envs",
 }
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers (``__all__`` is built from ``_NAMES``)
     from jaxmesh import adapt, flax_models
     from jaxmesh.api import evaluate
     from jaxmesh.cache import enable_compile_cache
@@ -163,68 +164,4 @@ class _Package(ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
-__all__ = [
-    "adapt",
-    "flax_models",
-    "make_env",
-    "check_seeds",
-    "SeedReport",
-    "evaluate",
-    "RunConfig",
-    "Chunking",
-    "Starts",
-    "Scoring",
-    "Served",
-    "Layout",
-    "Ray",
-    "Ensemble",
-    "sweep",
-    "Sweep",
-    "make_evaluator",
-    "shard_population",
-    "Results",
-    "Evaluator",
-    "cache_info",
-    "clear_cache",
-    "BadValueError",
-    "RemoteError",
-    "EnvError",
-    "RemoteEnvError",
-    "RemoteConnectionError",
-    "HostPolicyError",
-    "RemotePolicyError",
-    "EnvServer",
-    "ServeOptions",
-    "RemoteEnv",
-    "RemoteVectorEnv",
-    "make_agent",
-    "Agent",
-    "Model",
-    "HostPolicy",
-    "EpisodeResult",
-    "EpisodeLog",
-    "load_episode_log",
-    "RunResult",
-    "StepEvent",
-    "Record",
-    "Trajectory",
-    "render",
-    "compare",
-    "decide",
-    "Decision",
-    "Suite",
-    "SuiteResult",
-    "Task",
-    "make_suite",
-    "Comparison",
-    "save_params",
-    "load_params",
-    "Param",
-    "ParamError",
-    "build_model",
-    "explain",
-    "check_frame_limit",
-    "enable_compile_cache",
-    "PolicyServer",
-    "RemotePolicy",
-]
+__all__ = [*_SUBMODULES, *_NAMES, *_REMOTE]
