@@ -21,11 +21,9 @@ MAX_EVENTS = 1_000_000
 #: What a secret setting reads as in a trace (and in messages): given, not shown.
 REDACTED = "***"
 
-#: Names of settings that hold secrets (the served token, TLS material).
-SECRET_KEYS = frozenset(
-    {"token", "credentials", "tls_key", "private_key", "password", "secret"}
-)
-_SECRET_WORDS = ("token", "secret", "password", "private_key", "credential")
+#: A setting whose name has one of these in it holds a secret (the served
+#: token, TLS material).
+_SECRET_WORDS = ("token", "secret", "password", "private_key", "credential", "tls_key")
 
 #: ``jaxmesh.remote.protocol.TOKEN_ENV`` (not imported: that needs gRPC).
 _TOKEN_ENV = "JAXMESH_TOKEN"
@@ -150,12 +148,8 @@ class Trace:
 
 
 def is_secret_key(name: Any) -> bool:
-    """Whether a setting called ``name`` holds a secret (``SECRET_KEYS``, or
-    a name with one of ``_SECRET_WORDS`` in it)."""
-    if not isinstance(name, str):
-        return False
-    low = name.lower()
-    return low in SECRET_KEYS or any(word in low for word in _SECRET_WORDS)
+    """Whether a setting called ``name`` holds a secret (``_SECRET_WORDS``)."""
+    return isinstance(name, str) and any(w in name.lower() for w in _SECRET_WORDS)
 
 
 def secret_values(settings: dict | None = None) -> list[str]:
@@ -234,7 +228,6 @@ def check_trace_path(trace: Any) -> Path | None:
 __all__ = [
     "MAX_EVENTS",
     "REDACTED",
-    "SECRET_KEYS",
     "Trace",
     "check_trace_path",
     "current",
