@@ -31,14 +31,6 @@ def host_array(x: Any) -> np.ndarray:
     return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
 
 
-def _check_stack(kind: str, stack: Any) -> None:
-    if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
-        raise ValueError(
-            f"{kind}(stack={stack!r}): stack must be an int >= 1 "
-            "(the number of frames in the window)"
-        )
-
-
 def _leaf(decl: State | Image, obs: Any) -> jax.Array:
     """The observation leaf a declaration reads (``obs[key]`` or the whole obs)."""
     if decl.key is None:
@@ -66,7 +58,12 @@ class _Input:
     stack: ClassVar[int] = 1
 
     def __post_init__(self):
-        _check_stack(type(self).__name__, self.stack)
+        n = self.stack
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(
+                f"{type(self).__name__}(stack={n!r}): stack must be an int >= 1 "
+                "(the number of frames in the window)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

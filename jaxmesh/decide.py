@@ -428,7 +428,10 @@ def decide(
     env = _suite(env) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
-    first, cap = _batch_sizes(config.num_envs, batch, max_batch)
+    first = config.num_envs if batch is None else batch
+    first = check_int("batch", first, 1, "e.g. num_envs")
+    cap = BATCH_GROWTH_CAP * first if max_batch is None else max_batch
+    cap = check_int("max_batch", cap, first, f"e.g. {BATCH_GROWTH_CAP * first}")
     if on_batch is not None and not callable(on_batch):
         raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
     width = bounds[1] - bounds[0]  # differences lie in [-width, width]
@@ -442,8 +445,22 @@ def decide(
         return evaluate(policies[name], env, config, seeds=seeds, **kw)
 
     def decision(runs: dict) -> Decision:
-        settings = {"alpha": alpha, "metric": metric, "bounds": bounds}
-        return _decision(seq, runs, path, first_seed=first_seed, **settings)
+        return Decision(
+            winner={1: "b", -1: "a", 0: None}[seq.direction],
+            episodes=seq.n,
+            difference=seq.mean,
+            interval=seq.interval,
+            a=runs["a"],
+            b=runs["b"],
+            path=tuple(path),
+            alpha=alpha,
+            metric=metric,
+            bounds=bounds,
+            decided_at=seq.decided_at,
+            capital=seq.capital,
+            log_capital=seq.log_capital,
+            first_seed=first_seed,
+        )
 
     def update(start: int) -> None:
         """The differences of episodes ``start..`` into the test, checked."""
@@ -478,35 +495,6 @@ def decide(
                 exc.partial_decision = decision(kept)
             raise
         return decision(runs)
-
-
-def _batch_sizes(
-    num_envs: int, batch: int | None, max_batch: int | None
-) -> tuple[int, int]:
-    """The first batch and the cap on any batch, checked."""
-    first = check_int("batch", num_envs if batch is None else batch, 1, "e.g. num_envs")
-    cap_default = BATCH_GROWTH_CAP * first
-    cap = max_batch if max_batch is not None else cap_default
-    return first, check_int("max_batch", cap, first, f"e.g. {cap_default}")
-
-
-def _decision(
-    seq: BettingSequence, runs: dict[str, Any], path: list, **settings: Any
-) -> Decision:
-    """The ``Decision`` the test ``seq`` reached over ``runs``."""
-    return Decision(
-        winner={1: "b", -1: "a", 0: None}[seq.direction],
-        episodes=seq.n,
-        difference=seq.mean,
-        interval=seq.interval,
-        a=runs["a"],
-        b=runs["b"],
-        path=tuple(path),
-        decided_at=seq.decided_at,
-        capital=seq.capital,
-        log_capital=seq.log_capital,
-        **settings,
-    )
 
 
 def _resumed(

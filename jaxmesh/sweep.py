@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
-from jaxmesh.envs import gymnasium as gym_lanes
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.results import report as _report
 from jaxmesh.results import stats as _stats
@@ -244,9 +243,15 @@ def sweep(
         pol, spec = probe.policy, probe.env
         dt, name = step_seconds(spec), probe.env_name
     else:
-        served = config.for_backend(dispatch.target(env))
+        target = dispatch.target(env)
+        served = config.for_backend(target)
         pol = resolve_policy(policy, with_params=takes)
-        spec = _host_spec(env, served)
+        # One lane made and closed (of served envs: their handshake).
+        lanes = dispatch.route(target).lanes(env, 1, 1, 0, served)
+        try:
+            spec = lanes.spec
+        finally:
+            lanes.close()
         dt, name = spec.dt, spec.name
     steps_of = None
     if times is not None:
@@ -334,27 +339,6 @@ def _programs_of(cells: list, pol: Any) -> list[list]:
         told = cell[0] + cell[2] if pol.takes_execution_horizon else None
         groups.setdefault(told, []).append(cell)
     return list(groups.values())
-
-
-def _host_spec(env: Any, served: Any) -> Any:
-    """The ``HostEnvSpec`` of a host-stepped env (one lane made and closed)
-    or of served envs (their handshake)."""
-    if served is None:
-        lanes = gym_lanes.make_lanes(env, 1, 1)
-    else:
-        from jaxmesh.run.host.served import ServedLanes  # [remote]: gRPC
-
-        lanes = ServedLanes(
-            [env] if isinstance(env, str) else list(env),
-            1,
-            token=served.token,
-            credentials=served.credentials,
-            reply_timeout=served.reply_timeout,
-        )
-    try:
-        return lanes.spec
-    finally:
-        lanes.close()
 
 
 @dataclasses.dataclass
