@@ -49,8 +49,7 @@ def _program(policy: Any, env: Any, params: Any) -> SimpleNamespace:
 def policy_digest(
     policy: Policy, env: Any, params: Any, horizon: int, told: int | None = None
 ) -> str:
-    """The digest of the probe's program of ``policy`` on ``env``, probing
-    again when it is not kept."""
+    """The digest of the probe's program of ``policy`` on ``env`` (probed again)."""
     kept = _program(policy, env, params)
     if kept.digest is None:
         # The run's own probe has warned of what this one would find.
@@ -61,8 +60,7 @@ def policy_digest(
 
 
 def told_horizon(policy: Policy, settings: Any) -> int | None:
-    """The ``execution_horizon`` a policy that declares it is told, h + d
-    (CONTRACT 24); None for one that does not, and under ensembling."""
+    """The ``execution_horizon`` told to a policy that takes it, h + d (CONTRACT 24)."""
     if not policy.takes_execution_horizon or settings.execution is not None:
         return None
     return settings.horizon + settings.delay
@@ -152,8 +150,7 @@ def probe_chunk(
 
 
 def _probe_pending(policy: Policy, env: Any, pending: dict, shape_of: Any) -> Any:
-    """The output of a policy with PendingChunk inputs: probed with the
-    declared length (or ``native_chunk``, or 1), then with the length it returned."""
+    """The output of a policy with PendingChunk inputs, probed at its length."""
     declared = {d.length for d in pending.values()} - {None}
     if len(declared) > 1:
         raise ValueError(
@@ -209,8 +206,7 @@ def _one_number(leaf: Any) -> bool:
 def engine_metrics(
     env: Any, asked: Metrics
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """The metrics and success key a JAX env's run keeps, each checked to be
-    in its info as one number per step (shapes only)."""
+    """The metrics and success key a JAX env's run keeps, each one number a step."""
     name = getattr(env, "name", type(env).__name__)
     auto = not asked.named and not isinstance(asked.success, str)
     if auto and asked.success is False:
@@ -247,8 +243,7 @@ def engine_metrics(
 
 
 def check_record_keys(env: Any, record: Any) -> None:
-    """Checks a ``jaxmesh.Record``'s observation keys and ``states=True``
-    against a JAX env, by shape."""
+    """Checks a ``jaxmesh.Record``'s keys and ``states=True`` against a JAX env."""
     name = getattr(env, "name", type(env).__name__)
     records_states(record, env, f"env {name!r}")
     if record is None or record.keys is None:

@@ -33,8 +33,7 @@ MEMORY_SHARE = 0.5
 def check_int(
     name: str, value: Any, low: int, hint: str, high: int | None = None
 ) -> int:
-    """``value`` as an int in [``low``, ``high``]; a TypeError / ValueError
-    naming it if not."""
+    """``value`` as an int in [``low``, ``high``], else an error naming it."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}={value!r}: expected an int >= {low}; {hint}")
     if value < low:
@@ -60,8 +59,7 @@ MAX_PLAN_TILE = 2**20
 
 
 def free_memory(device: Any = None) -> tuple[int | None, int | None]:
-    """(device bytes free, host bytes free); None where it cannot be known (a
-    CPU device reports no ``memory_stats`` and lives in host memory)."""
+    """(device bytes free, host bytes free); None where unknown (a CPU device)."""
     dev = host = None
     with contextlib.suppress(ValueError, OSError, AttributeError):  # not POSIX
         host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -82,8 +80,7 @@ def human_bytes(n: float) -> str:
 
 
 def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
-    """A ValueError, before allocating, for a budget whose buffers cannot fit
-    (``capacity``: episodes the device buffers hold; 0: none by the budget)."""
+    """Refuses a budget whose buffers (``capacity``: the device's) cannot fit."""
     dev_free, host_free = free_memory(device)
     dev_need = capacity * BYTES_PER_EPISODE
     host_need = episodes * HOST_BYTES_PER_EPISODE
@@ -179,8 +176,7 @@ def check_settings(
 
 
 def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
-    """``RunConfig``'s own knobs: ``(num_envs, horizon, step cap)``, the cap
-    ``DEFAULT_MAX_STEPS`` for None."""
+    """``RunConfig``'s own knobs: ``(num_envs, horizon, step cap)``."""
     num_envs = check_int("num_envs", num_envs, 1, "the number of parallel lanes")
     horizon = check_int(
         "horizon", horizon, 1, "actions of a chunk executed before the next plan"
@@ -201,8 +197,7 @@ def check_flat(num_envs: Any, horizon: Any, max_episode_steps: Any) -> tuple:
 def check_chunking(
     prefetch_lead: Any, delay: Any, execution: Any, delay_ms: Any
 ) -> tuple:
-    """``Chunking``'s fields and how they exclude each other: ``(lead, delay,
-    execution, delay_ms)``."""
+    """``Chunking``'s ``(lead, delay, execution, delay_ms)``, checked together."""
     lead = check_int(
         "prefetch_lead", prefetch_lead, 0, "0 is synchronous; L > 0 plans L steps early"
     )
@@ -277,8 +272,7 @@ def check_number(
     optional: bool = True,
     keep_int: bool = False,
 ) -> Any:
-    """``value`` as a finite float > 0 (>= 0 with ``zero``; an int kept with
-    ``keep_int``); None for None when ``optional``."""
+    """``value`` as a finite float > 0 (>= 0 with ``zero``, an int ``keep_int``)."""
     if value is None and optional:
         return None
     bound = ">= 0" if zero else "> 0"
@@ -401,8 +395,7 @@ def check_metrics(metrics: Any, success: Any = None) -> Metrics:
 def resolve_metrics(
     asked: Metrics, available: Any, env_name: str
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """``(named, success key or None)`` of ``asked`` for an env whose info
-    keys are ``available``; a ValueError names a key it lacks."""
+    """``(named, success key or None)`` of ``asked`` for info keys ``available``."""
     available = list(available)
     wanted = [n for n, _ in asked.named]
     if isinstance(asked.success, str):

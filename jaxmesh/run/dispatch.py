@@ -17,8 +17,7 @@ from jaxmesh.run.host.loop import GroupedRun, LocalRun
 
 
 def target(env: Any, env_config: Any = None) -> Target:
-    """``env`` (an id made with ``env_config``'s options; a ``libero:`` id is
-    made even without) and its backend."""
+    """``env`` (an id made with ``env_config``'s options) and its backend."""
     if env_config is not None and not isinstance(env_config, Mapping):
         raise TypeError(
             f"env_config={env_config!r}: expected a mapping of the env's options "
@@ -54,8 +53,7 @@ class Route(NamedTuple):
 
 
 def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Route:
-    """The first row of the backend table that runs ``target`` with these
-    ``workers`` and ``record``."""
+    """The first row of the backend table that runs ``target`` with these options."""
     if target.kind == SCAN:
         return Route(SCAN, scan.run)
     if target.kind == SERVED:

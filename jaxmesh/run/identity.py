@@ -84,8 +84,7 @@ _ENVS = Kept()
 
 
 def env_digest(env: Any) -> str:
-    """A JAX env's digest: its name and the programs of its ``reset``, ``step``
-    and (a Playground env's randomizer) ``draw``, once per env object."""
+    """A JAX env's digest: its name and its ``reset``, ``step``, ``draw`` programs."""
     return _ENVS.get(id(env), lambda: (env, _env_digest(env)))[1]
 
 
@@ -111,8 +110,7 @@ def _env_digest(env: Any) -> str:
 
 
 def host_env_digest(lanes: Any) -> str:
-    """A host-stepped env's digest: its name, observation layout and actions,
-    which every kind of lanes sees alike."""
+    """A host-stepped env's digest: its name, observation layout and actions."""
     spec, layout = lanes.spec, lanes.spec.layout
     h = _hasher()
     h.update(
@@ -154,8 +152,7 @@ def evaluating(fields: dict) -> contextlib.AbstractContextManager:
 
 
 def run_identity(env: str, policy: str) -> dict:
-    """A run's ``RunResult.fingerprint``: ``evaluating``'s fields, the digests
-    and the JAX version."""
+    """``RunResult.fingerprint``: ``evaluating``'s fields, digests, JAX version."""
     out = dict(_PARAMS.get() or {})
     out.update(env=env, policy=policy, jax=jax.__version__)
     return out

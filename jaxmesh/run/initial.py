@@ -25,8 +25,7 @@ MAX_TRIAL = 2**31 - 1
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trials:
-    """A checked source of initial states (``resolve``): the stacked
-    ``(obs, state)`` as numpy, or the user's ``reset_fn``."""
+    """Checked initial states: ``(obs, state)`` stacked in numpy, or ``reset_fn``."""
 
     states: Any = None
     reset_fn: Callable | None = None
@@ -151,8 +150,7 @@ def _stack(states: list) -> Any:
 
 
 def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
-    """``Starts``' ``initial_states`` or ``reset_fn``, checked on their own,
-    as a ``Trials`` (None: neither given)."""
+    """``Starts``' ``initial_states`` or ``reset_fn`` as a ``Trials``, or None."""
     if initial_states is None and reset_fn is None:
         return None
     if reset_fn is not None:

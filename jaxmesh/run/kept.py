@@ -79,8 +79,7 @@ def started(key: tuple, start: Callable[[], Any], stop: Callable[[Any], None]):
 
 
 def forget(obj: Any) -> None:
-    """Stops ``obj`` and drops it from ``kept_processes`` (a kept object that
-    can no longer serve, e.g. an actor died)."""
+    """Stops ``obj`` and drops it from ``kept_processes`` (it can no longer serve)."""
     for k, (kept, stop) in list((_processes or {}).items()):
         if kept is obj:
             del _processes[k]

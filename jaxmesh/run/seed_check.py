@@ -96,37 +96,34 @@ def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> list:
     return out
 
 
-def _gym_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
-    action = idle_action(env.action_space)
-    metadata = getattr(env, "metadata", None)
-    options = {TRIAL_INDEX: 0} if declares_trial_index(metadata) else None
-    reset = lambda seed: env.reset(seed=seed, options=options)[0]
-    step = lambda t: env.step(action)[:4]
-    traces = tuple(_trace(reset(seed), step, steps) for seed in seeds)
-    return traces, _action_text(action)
+def _traces(env: Any, is_jax: bool, seeds: tuple[int, ...], steps: int) -> tuple:
+    """Each seed's ``_trace``, and the fixed action in words."""
+    if is_jax:
+        action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
+        reset, step = jax.jit(env.reset), jax.jit(env.step)
 
+        def start(seed: int) -> tuple:
+            key = jax.random.PRNGKey(seed)
+            obs, state = reset(key)
+            held = [state]
 
-def _action_text(action: Any) -> str:
-    a = np.asarray(action)
-    return f"action {a.item()!r}" if a.ndim == 0 else f"the action {a.tolist()!r}"
+            def one(t: int) -> tuple:
+                obs, held[0], *ends = step(jax.random.fold_in(key, t), held[0], action)
+                return (jax.device_get(obs), *ends)
 
+            return jax.device_get(obs), one
 
-def _jax_traces(env: Any, seeds: tuple[int, int, int], steps: int) -> tuple:
-    action = jnp.zeros(tuple(env.action_shape), env.action_dtype)
-    reset, step = jax.jit(env.reset), jax.jit(env.step)
-
-    def trace(seed: int) -> list:
-        key = jax.random.PRNGKey(seed)
-        obs, state = reset(key)
-        held = [state]
-
-        def one(t: int) -> tuple:
-            obs, held[0], *ends = step(jax.random.fold_in(key, t), held[0], action)
-            return (jax.device_get(obs), *ends)
-
-        return _trace(jax.device_get(obs), one, steps)
-
-    return tuple(trace(s) for s in seeds), _action_text(jax.device_get(action))
+    else:
+        action = idle_action(env.action_space)
+        metadata = getattr(env, "metadata", None)
+        options = {TRIAL_INDEX: 0} if declares_trial_index(metadata) else None
+        start = lambda seed: (
+            env.reset(seed=seed, options=options)[0],
+            lambda t: env.step(action)[:4],
+        )
+    a = np.asarray(jax.device_get(action))
+    text = f"action {a.item()!r}" if a.ndim == 0 else f"the action {a.tolist()!r}"
+    return tuple(_trace(*start(seed), steps) for seed in seeds), text
 
 
 def _resolve(env: Any, token: Any, credentials: Any) -> tuple[Any, str, Any, bool]:
@@ -215,8 +212,8 @@ def check_seeds(
         )
     target, name, owned, is_jax = _resolve(env, token, credentials)
     try:
-        trace = _jax_traces if is_jax else _gym_traces
-        traces, action = trace(target, (int(seed), int(seed), int(other)), int(steps))
+        seeds = (int(seed), int(seed), int(other))
+        traces, action = _traces(target, is_jax, seeds, int(steps))
     finally:
         if owned is not None:
             owned.close()

@@ -34,15 +34,13 @@ class Telemetry:
     def span(
         self, name: str, begin: float, end: float, row: str, **args: object
     ) -> None:
-        """A timed sample from ``begin`` to ``end`` (``time.perf_counter``), and
-        its span on the timeline when the run is traced."""
+        """A timed sample, and its span on the timeline when the run is traced."""
         self.series[name].append(end - begin)
         if self.trace is not None:
             self.trace.add(TRACE_NAMES.get(name, name), begin, end, row, args or None)
 
     def call(self, row: str, sent: float, arrived: float, server: float) -> None:
-        """A served call's round trip, and inside it the server's env time
-        (drawn centred on the timeline: its position is not sent)."""
+        """A served call's round trip, the server's env time centred inside."""
         self.series["env_step"].append(server)
         self.series["wire"].append(max(0.0, arrived - sent - server))
         if self.trace is not None:

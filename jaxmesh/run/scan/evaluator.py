@@ -131,13 +131,11 @@ class Evaluator:
         return self.policy.device
 
     def programs(self) -> list[tuple]:
-        """The (params signature, capacity[, "on_step"]) of every program
-        compiled so far."""
+        """The (params signature, capacity[, "on_step"]) of each compiled program."""
         return [k for k, p in self._programs.items() if p.segment is not None]
 
     def plan(self, params: Any, episodes: int) -> RunPlan:
-        """The sizes a run of ``episodes`` with these params is built with;
-        ValueError, TypeError when the policy's output does not fit."""
+        """The sizes a run of ``episodes`` with these params is built with."""
         s, sig = self.settings, build.signature(params)
         if sig not in self._chunks:  # the probe runs once per params signature
             self._chunks[sig] = build.run_chunk(self.policy, self.env, params, s)
@@ -151,8 +149,7 @@ class Evaluator:
     def _program(
         self, params: Any, plan: RunPlan, steps: bool = False, compile: bool = False
     ) -> _Program:
-        """The program for these params' shapes and this plan (``compile``: with
-        its segment compiled); ``steps``: with step events."""
+        """The program for these params' shapes and this plan, ``steps`` events."""
         key = (build.signature(params), plan.capacity) + (("on_step",) if steps else ())
         if key not in self._programs:
             engine = build.build_engine(
@@ -294,8 +291,7 @@ class Evaluator:
         return stream.drive(episodes_out, t_start, compile_program, loop)
 
     def _bind(self, seeds: np.ndarray, lanes: int) -> None:
-        """Builds the run's env from its seeds (an EnvPool pool, called by its
-        address: the run compiles its own program)."""
+        """Builds the run's env (an EnvPool pool) from its seeds."""
         if isinstance(self.placement, placement.DeviceMesh):
             raise ValueError(
                 f"{self.env.name} with devices=: its pool runs on the host's CPU "
@@ -349,8 +345,7 @@ class Evaluator:
         return book
 
     def _run_piece(self, program, params, seeds, offset, e, book, run) -> tuple:
-        """Runs the piece of ``seeds`` (from episode ``offset``) into the host
-        ``book`` of all ``e`` episodes; returns the last state and the book."""
+        """Runs ``seeds`` (from ``offset``) into ``book``; returns (state, book)."""
         place, plan, rec = self.placement, program.plan, run.record
         if rec is not None:  # the piece's recorded episodes (-1: another piece's)
             local = np.asarray(rec.episodes, np.int32) - offset
@@ -404,8 +399,7 @@ def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> An
 
 
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
-    """A later piece's host log as the budget's: episodes shifted by
-    ``offset``, totals added to the earlier pieces' (``before``)."""
+    """A later piece's host log as the budget's (earlier totals ``before``)."""
     fault = log.fault.replace(episode=np.asarray(log.fault.episode) + offset)
     rec = log.recording
     if rec is not None:
@@ -462,8 +456,7 @@ def run(
     hooks: Any,
     record: Any,
 ) -> RunResult:
-    """A JAX env's run, on a kept ``Evaluator`` for the same policy object,
-    env and settings, else on a new one."""
+    """A JAX env's run, on a kept ``Evaluator`` (``cache_info``) or a new one."""
     with_params = params is not None
     pol = resolve_policy(policy, with_params=with_params)
     scoring, starts, devices = config.scoring, config.starts, config.layout.devices

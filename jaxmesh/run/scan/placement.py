@@ -56,8 +56,7 @@ class SingleDevice:
         del seeds, params  # one process runs the whole budget
 
     def first_carry(self, engine, seeds, record, trials=None, texts=None) -> tuple:
-        """``((lanes, agent), results)`` a run starts from: new, or on the
-        buffers the engine's last run kept (``core.carry.refill``)."""
+        """``((lanes, agent), results)``, on the engine's kept buffers if any."""
         run = {"record": record, "trials": trials, "texts": texts}
         with self._lock:
             spare, results0 = self._spares.get(engine, (None, None))
@@ -79,8 +78,7 @@ class SingleDevice:
         return params  # the policy placed them
 
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
-        """After a segment, one read: ``(log, episodes finished, next
-        unstarted episode)``; the recording stays on the device."""
+        """``(log, episodes finished, next unstarted episode)`` in one read."""
         del plan
         log, n_done, next_episode = jax.device_get(
             (res.replace(recording=None), state[0].n_done, state[0].next_episode)
@@ -88,8 +86,7 @@ class SingleDevice:
         return log.replace(recording=res.recording), int(n_done), next_episode
 
     def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
-        """``(state, base)`` for the next segment, with a new window where the
-        one at ``base`` does not serve it (``trials``: ``(trial_of, data)``)."""
+        """``(state, base)`` for the next segment, the window moved if need be."""
         if window_fits(engine.config, int(base), next_episode):
             return state, base
         lanes, ag = state
@@ -143,8 +140,7 @@ class DeviceMesh:
         sharded.check_same_everywhere(self.mesh, seeds, params)
 
     def first_carry(self, engine, seeds, record, trials=None, texts=None) -> tuple:
-        """Every device's first carry of its share of the budget, stacked along
-        the mesh axis (``record``: None, refused on a mesh)."""
+        """Every device's first carry of its share, stacked along the mesh axis."""
         del record
         shares = sharded.device_seeds(seeds, self.num_devices)
         trial_of = sharded.device_seeds(trials and trials[0], self.num_devices)
@@ -159,8 +155,7 @@ class DeviceMesh:
         return (carry.lanes, carry.agent), carry.results
 
     def _stack(self, build: Any) -> Any:
-        """Host pytrees ``build(d)`` of this process's devices, placed and
-        stacked along the mesh axis."""
+        """This process's devices' ``build(d)``, stacked along the mesh axis."""
         mine = [
             (dev, build(d))
             for d, dev in enumerate(self.mesh.devices.flat)
@@ -184,16 +179,14 @@ class DeviceMesh:
         return sharded.put(params, self._whole)
 
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
-        """After a segment, one read of every device's log, merged: ``(log,
-        episodes finished, each device's next unstarted episode)``."""
+        """``SingleDevice.drain`` of every device, the logs merged."""
         log, n_done, next_episode = sharded.to_host(
             (res, state[0].n_done, state[0].next_episode), self.mesh
         )
         return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
 
     def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
-        """``(state, base)`` for the next segment (``SingleDevice``'s), per
-        device."""
+        """``SingleDevice.put_window`` per device."""
         d_count = self.num_devices
         base = np.broadcast_to(np.asarray(base), (d_count,))
         pairs = zip(base, next_episode, strict=True)
@@ -213,9 +206,7 @@ class DeviceMesh:
 def placement_for(
     devices: Any, num_envs: int, policy: Any, record: Any = None
 ) -> SingleDevice | DeviceMesh:
-    """The placement of a run's ``devices=`` (None: the policy's device);
-    TypeError, ValueError for a bad ``devices=``, ``record=`` with a mesh, or
-    what ``DeviceMesh`` refuses."""
+    """The placement of a run's checked ``devices=`` (None: the policy's device)."""
     mesh = resolve_mesh(devices)
     refuse_mesh_record(devices, mesh, record)
     if mesh is None:

@@ -34,14 +34,12 @@ def split_lanes(num_envs: int, devices: int) -> int:
 
 
 def device_seeds(seeds: np.ndarray | None, devices: int) -> list:
-    """Device d's share of the budget: episodes d, d + D, d + 2D, ... (None:
-    None each)."""
+    """Device d's share of the budget: episodes d, d + D, d + 2D, ..."""
     return [None if seeds is None else seeds[d::devices] for d in range(devices)]
 
 
 def put(tree: Any, sharding: NamedSharding) -> Any:
-    """A pytree (the same in every process) as global arrays with
-    ``sharding``."""
+    """A pytree (the same in every process) as global arrays with ``sharding``."""
     if not sharding.mesh.is_multi_process:
         return jax.device_put(tree, sharding)
 
@@ -59,8 +57,7 @@ def _gather(mesh: Mesh) -> Any:
 
 
 def to_host(tree: Any, mesh: Mesh) -> Any:
-    """A pytree sharded over ``mesh`` read back whole as numpy (over several
-    processes, one all-gather every process must make)."""
+    """A pytree sharded over ``mesh`` read back whole (an all-gather)."""
     if not mesh.is_multi_process:
         return jax.device_get(tree)
     whole = _gather(mesh)(tree)
@@ -92,8 +89,7 @@ def merge_logs(stacked: Results, lanes: int) -> Results:
 
 
 def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
-    """The engine's ``run_segment`` on every device's slice of a stacked carry
-    (jitted, the lanes and agent state donated)."""
+    """The engine's ``run_segment`` on every device's slice of a stacked carry."""
     spec = PartitionSpec(mesh.axis_names[0])
 
     def local(params, state, res):
@@ -115,12 +111,7 @@ def segment_program(engine: Any, mesh: Mesh, steps: int) -> Any:
 
 
 def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
-    """Under ``jax.distributed``: checks that every process was given the
-    same budget and params.
-
-    Raises:
-      ValueError: in every process, naming the processes and what differ.
-    """
+    """Refuses processes given other budgets or params (``jax.distributed``)."""
     if not mesh.is_multi_process:
         return
     p = 0
