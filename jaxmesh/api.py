@@ -122,15 +122,9 @@ def run_suite(
             "env_config= with a Suite: give each task's env its options "
             "(jaxmesh.make_suite(..., **options), or Task(make_env(id, ...)))"
         )
-    plan = suite.SuitePlan(the_suite, config, call)
-    for run in plan.runs:
-        try:
-            result = run_one(policy, dispatch.target(run.env()), run.config, **run.call)
-        except BaseException as exc:
-            plan.failed(run, exc)
-            raise
-        plan.finished(run, result)
-    return plan.result()
+    return suite.SuitePlan(the_suite, config, call).run(
+        lambda run: run_one(policy, dispatch.target(run.env()), run.config, **run.call)
+    )
 
 
 def run_one(

@@ -5,15 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxmesh.run.footprint import (
-    DEFAULT_LIMIT_BYTES,
-    LIMIT_ENV,
-    Explanation,
-    InputInfo,
-    check_frame_limit,
-    footprint,
-    frame_limit_bytes,
-)
+from jaxmesh.run.footprint import LIMIT_ENV, Explanation, check_frame_limit, footprint
 from jaxmesh.suite import Suite
 
 
@@ -45,12 +37,4 @@ def explain(
     return footprint(spec_or_model, env, num_envs, instruction)
 
 
-__all__ = [
-    "explain",
-    "check_frame_limit",
-    "frame_limit_bytes",
-    "Explanation",
-    "InputInfo",
-    "LIMIT_ENV",
-    "DEFAULT_LIMIT_BYTES",
-]
+__all__ = ["explain", "check_frame_limit", "Explanation", "LIMIT_ENV"]

@@ -10,7 +10,7 @@ import functools
 import importlib
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +202,9 @@ class TaskRun:
 
 
 class SuitePlan:
-    """``evaluate(policy, suite, ...)`` as ``runs`` (``TaskRun``) that
-    ``jaxmesh.api.run_suite`` makes one by one, telling the plan how each went;
-    every budget and ``resume=`` is checked first (docs/suites.md)."""
+    """``evaluate(policy, suite, ...)`` as ``runs`` (``TaskRun``), made one by
+    one by ``run``; every budget and ``resume=`` is checked first
+    (docs/suites.md)."""
 
     def __init__(self, suite: Suite, config: RunConfig, call: dict[str, Any]):
         call = dict(call)
@@ -266,25 +266,27 @@ class SuitePlan:
                 task = suite.tasks[name]
                 self.runs.append(TaskRun([name], args.pop("config"), args, task=task))
 
-    def finished(self, run: TaskRun, result: RunResult) -> None:
-        """``run`` made ``result``: its tasks are done (``on_task_end``)."""
-        for name, one in self._per_task(run, result).items():
-            self.done[name] = one
-            stream.call(self.hooks, "on_task_end", name, one)
-
-    def failed(self, run: TaskRun, exc: BaseException) -> None:
-        """``run`` raised ``exc``: its ``partial_result`` becomes the
+    def run(self, run_one: Callable[[TaskRun], RunResult]) -> SuiteResult:
+        """Every run made with ``run_one``, each task's result told to
+        ``on_task_end``; a failure's ``partial_result`` becomes the
         ``SuiteResult`` of the tasks finished so far and that run's part."""
-        partial = getattr(exc, "partial_result", None)
-        kept = dict(self.done)
-        if isinstance(partial, RunResult):
-            kept.update(self._per_task(run, partial))
-        exc.partial_result = self.result(kept)
+        for run in self.runs:
+            try:
+                result = run_one(run)
+            except BaseException as exc:
+                partial = getattr(exc, "partial_result", None)
+                if isinstance(partial, RunResult):
+                    self.done.update(self._per_task(run, partial))
+                exc.partial_result = self._result()
+                raise
+            for name, one in self._per_task(run, result).items():
+                self.done[name] = one
+                stream.call(self.hooks, "on_task_end", name, one)
+        return self._result()
 
-    def result(self, done: dict | None = None) -> SuiteResult:
-        """The suite's result once every run has finished."""
-        done = self.done if done is None else done
-        return SuiteResult(done, self.instructions, time.perf_counter() - self.start)
+    def _result(self) -> SuiteResult:
+        elapsed = time.perf_counter() - self.start
+        return SuiteResult(dict(self.done), self.instructions, elapsed)
 
     def _per_task(self, run: TaskRun, result: RunResult) -> dict[str, RunResult]:
         if len(run.names) == 1:
