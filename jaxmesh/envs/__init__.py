@@ -19,7 +19,7 @@ from jaxmesh.envs import brax, envpool, gymnax, playground
 from jaxmesh.envs.brax import BraxEnv
 from jaxmesh.envs.gymnax import GymnaxEnv
 from jaxmesh.envs.names import did_you_mean
-from jaxmesh.envs.playground import PlaygroundEnv, is_playground
+from jaxmesh.envs.playground import PlaygroundEnv
 
 
 def _make_playground(name: str, **kwargs: Any) -> PlaygroundEnv:
@@ -147,14 +147,11 @@ def make_env(env: Any, **kwargs: Any) -> Any:
         )
     if isinstance(env, GymnaxEnv | BraxEnv | PlaygroundEnv):
         return env
-    if isinstance(env, tuple) and len(env) == 2 and _is_gymnax(env[0]):
-        return GymnaxEnv(env[0], env[1])
-    if _is_gymnax(env):
-        return GymnaxEnv(env)
-    if _is_brax(env):
-        return brax.from_env(env)
-    if is_playground(env):
-        return PlaygroundEnv(env)  # its config's episode_length, action_repeat
+    if isinstance(env, tuple) and len(env) == 2 and _loaded(env[0], *_LIBRARY[0][:2]):
+        return GymnaxEnv(*env)
+    for module, cls, adapt in _LIBRARY:
+        if _loaded(env, module, cls):
+            return adapt(env)
     return _check_protocol(env)
 
 
@@ -198,15 +195,19 @@ def _all_ids() -> list[str]:
     return ids
 
 
-def _is_gymnax(env: Any) -> bool:
-    # Nothing is a gymnax env while gymnax is not loaded.
-    mod = sys.modules.get("gymnax.environments.environment")
-    return mod is not None and isinstance(env, mod.Environment)
+#: A library's env class (module, name) and its adapter (a Playground env
+#: keeps its config's episode_length and action_repeat).
+_LIBRARY = (
+    ("gymnax.environments.environment", "Environment", GymnaxEnv),
+    ("brax.envs.base", "Env", brax.from_env),
+    ("mujoco_playground._src.mjx_env", "MjxEnv", PlaygroundEnv),
+)
 
 
-def _is_brax(env: Any) -> bool:
-    mod = sys.modules.get("brax.envs.base")
-    return mod is not None and isinstance(env, mod.Env)
+def _loaded(env: Any, module: str, cls: str) -> bool:
+    """Whether ``env`` is a ``module.cls`` (never while ``module`` is not loaded)."""
+    mod = sys.modules.get(module)
+    return mod is not None and isinstance(env, getattr(mod, cls))
 
 
 def _check_protocol(env: Any) -> Any:

@@ -13,7 +13,6 @@ import itertools
 import math
 import os
 import pathlib
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -285,12 +284,6 @@ def from_registry_randomizer(fn: Callable) -> Callable:
 
 def _fn_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
-
-
-def is_playground(env: Any) -> bool:
-    """Whether ``env`` is a Playground ``MjxEnv`` (never when it is not loaded)."""
-    mod = sys.modules.get("mujoco_playground._src.mjx_env")
-    return mod is not None and isinstance(env, mod.MjxEnv)
 
 
 def make(

@@ -76,11 +76,6 @@ class _LaneView:
         self.reset_info: dict = {}
         self.reset_text: dict = {}
 
-    def _set_info(self, n: int, infos: Sequence, lanes: Any, seen: Any) -> None:
-        """``info`` of n lanes from lanes ``lanes``' ``infos``."""
-        pairs = read_infos(infos, self.info_keys, lanes, self.spec.name)
-        self._new_info(n, pairs, seen)
-
     def _new_info(self, n: int, pairs: dict, seen: Any) -> None:
         """``info`` of n lanes from ``{key: [(lane, value)]}`` (``read_infos``);
         with no value, read-only zeros kept while the keys stay."""
@@ -177,7 +172,8 @@ class LocalAdapter(_LaneView):
             if isinstance(infos, dict):  # a VectorEnv's, ``_key`` masks and all
                 seen = {k for k in infos if not k.startswith("_")}
                 infos = [stepper.lane_info(infos, j, self.info_keys) for j in lanes]
-            self._set_info(n, infos, lanes, seen)
+            pairs = read_infos(infos, self.info_keys, lanes, self.spec.name)
+            self._new_info(n, pairs, seen)
         return reward, term, trunc
 
     def close(self) -> None:
