@@ -3,6 +3,7 @@ of a run's lanes behind the run's token (``jaxmesh.run.host.ray_actors``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,10 +13,11 @@ from jaxmesh.remote.server.options import ServeOptions
 from jaxmesh.remote.server.service import EnvServer
 
 
+@dataclasses.dataclass(eq=False)
 class EnvActor:
     """A Ray actor's envs, served (``serve``) until ``stop`` or its end.
 
-    Args:
+    Attributes:
       source: ``"gymnasium:<id>"``, a factory of a gymnasium ``Env``, or a list
         of them (one per lane of the run).
       lanes: the run's lanes this actor steps.
@@ -23,18 +25,11 @@ class EnvActor:
       options: more ``ServeOptions`` fields.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        lanes: Sequence[int],
-        token: str,
-        options: Mapping[str, Any] | None = None,
-    ):
-        self.source = source
-        self.lanes = list(lanes)
-        self.token = token
-        self.options = dict(options or {})
-        self.server: EnvServer | None = None
+    source: Any
+    lanes: Sequence[int]
+    token: str
+    options: Mapping[str, Any] | None = None
+    server: EnvServer | None = dataclasses.field(default=None, init=False)
 
     def serve(self, host: str | None = None, port: int = 0) -> str:
         """Builds the envs and serves them at ``host`` (None: this node's) and
@@ -44,9 +39,9 @@ class EnvActor:
                 import ray  # in an actor: Ray is there
 
                 host = ray.util.get_node_ip_address()
-            options = ServeOptions(token=self.token, **self.options)
+            options = ServeOptions(token=self.token, **(self.options or {}))
             bound = f"[{host}]" if ":" in host else host  # IPv6
-            make = functools.partial(build_envs, self.source, self.lanes)
+            make = functools.partial(build_envs, self.source, list(self.lanes))
             try:
                 server = EnvServer(make, f"{bound}:{port}", options=options).start()
             except OSError:  # the port is taken: any free one

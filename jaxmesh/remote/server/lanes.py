@@ -99,9 +99,6 @@ class ServerStepper:
         # Lane j belongs to group j * workers // num_lanes (contiguous groups).
         self.group_of = [j * self.workers // n for j in range(n)]
 
-    def abandon(self, respawn: bool = True) -> None:
-        self.lanes.abandon(respawn)
-
     def end_session(self) -> None:
         self.lanes.forget()
         self.lanes.layout = self.full_layout

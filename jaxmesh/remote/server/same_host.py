@@ -319,12 +319,16 @@ class SameHostPath:
                 batch = batch._replace(observation={})
             else:
                 slot = same_host.NO_SLOT
-            kind = same_host.REPLY
-            if binary and _plain(batch, keys, slot):
-                kind = same_host.RESULT
+            if (  # a RESULT frame: no info, rows in the ring (or none asked)
+                binary
+                and not (batch.info or batch.info_present)
+                and batch.info_rows is None
+                and (slot != same_host.NO_SLOT if keys else not batch.observation)
+            ):
                 out = same_host.pack_result(request.call_id, seconds, batch)
+                kind = same_host.RESULT
             else:
-                out = step_reply(request, batch, seconds)
+                kind, out = same_host.REPLY, step_reply(request, batch, seconds)
             # The cap of the gRPC reply: rows in the ring count too.
             check_reply(len(out) + shared_bytes, limit)
             return kind, out, slot
@@ -335,7 +339,7 @@ class SameHostPath:
             conn.setblocking(True)
             conn.settimeout(self.hello_seconds)  # to its ATTACHED
             session.watch_hangup(
-                conn, lambda: lanes.abandon(respawn=not server._stopping)
+                conn, lambda: core.abandon(respawn=not server._stopping)
             )
             specs = {m.key: codec.leaf_spec_from_proto(m) for m in lanes.obs_leaves}
             fields = same_host.ring_fields(specs, keys)
@@ -367,13 +371,6 @@ class SameHostPath:
             conn.close()
             if slots is not None:
                 slots.release()
-
-
-def _plain(batch: Any, keys: tuple, slot: int) -> bool:
-    """Whether a reply goes as a RESULT frame: no info, rows in the ring."""
-    if batch.info or batch.info_present or batch.info_rows is not None:
-        return False
-    return slot != same_host.NO_SLOT if keys else not batch.observation
 
 
 def _fits(obs: dict, keys: tuple, slots: Slots, slot: int, n: int) -> bool:

@@ -284,7 +284,7 @@ class EnvServer:
         if self._session_lock.acquire(timeout=opts.drain_timeout_seconds):
             self._session_lock.release()
         else:  # the call outlived its grace: a hung env's worker is killed
-            self._lanes.abandon(respawn=False)
+            self._lanes.lanes.abandon(respawn=False)
         done.wait(opts.drain_timeout_seconds + opts.close_timeout_seconds)
         if self._same_host is not None:
             self._same_host.stop()
@@ -399,7 +399,7 @@ class EnvServer:
         # or shutdown's grace ran out): a hung env's worker is killed.
         context.add_callback(
             lambda: session.abandon(
-                functools.partial(lanes.abandon, respawn=not self._stopping)
+                functools.partial(lanes.lanes.abandon, respawn=not self._stopping)
             )
         )
         limit = self.options.max_message_bytes
