@@ -13,7 +13,7 @@ import itertools
 import math
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -22,6 +22,9 @@ from jaxmesh.remote.server.sessions import _cancel
 from jaxmesh.serve import codec
 from jaxmesh.serve.batcher import Batcher, ServerClosed
 from jaxmesh.serve.forward import RequestError
+
+if TYPE_CHECKING:
+    from jaxmesh.serve.server import Options
 
 SERVICE = "jaxmesh.policy.v1.PolicyService"
 METHOD = f"/{SERVICE}/Session"
@@ -102,28 +105,12 @@ class _PolicyTokenInterceptor(grpc.ServerInterceptor):
 
 
 class GrpcService:
-    """The gRPC server of a ``PolicyServer(protocol="grpc")``: ``pools``
-    (``agents.Pools``) stepped through ``batcher``; the other arguments are
-    ``PolicyServer``'s."""
+    """The gRPC server of a ``PolicyServer(protocol="grpc")``: ``batcher``'s
+    model (``agents.Pools``) stepped through it; ``opts``: the server's
+    ``Options``."""
 
-    def __init__(
-        self,
-        pools: Any,
-        batcher: Batcher,
-        host: str,
-        port: int,
-        *,
-        token: str | None,
-        credentials: Any,
-        max_message_bytes: int,
-        max_connections: int,
-        max_inflight_bytes: int,
-        idle_timeout: float,
-    ):
-        self.pools, self.batcher, self.host, self.port = pools, batcher, host, port
-        self.token, self.credentials = token, credentials
-        self.max_bytes, self.max_connections = max_message_bytes, max_connections
-        self.max_inflight_bytes, self.idle_timeout = max_inflight_bytes, idle_timeout
+    def __init__(self, batcher: Batcher, opts: Options):
+        self.pools, self.batcher, self.opts = batcher.model, batcher, opts
         self._inflight, self._inflight_lock = 0, threading.Lock()
         self._idle: _IdleWatch | None = None
         self._streams = itertools.count()
@@ -132,16 +119,17 @@ class GrpcService:
 
     def start(self) -> int:
         """Binds and serves; returns the bound port (OSError: cannot bind)."""
+        opts, most = self.opts, min(self.opts.max_connections, 256)
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            self.max_connections, thread_name_prefix="jaxmesh-policy-grpc"
+            most, thread_name_prefix="jaxmesh-policy-grpc"
         )
         server = grpc.server(
             self._executor,
-            interceptors=(_PolicyTokenInterceptor(self.token),) if self.token else (),
-            maximum_concurrent_rpcs=self.max_connections,
+            interceptors=(_PolicyTokenInterceptor(opts.token),) if opts.token else (),
+            maximum_concurrent_rpcs=most,
             options=[
-                ("grpc.max_send_message_length", self.max_bytes),
-                ("grpc.max_receive_message_length", self.max_bytes),
+                ("grpc.max_send_message_length", opts.max_message_bytes),
+                ("grpc.max_receive_message_length", opts.max_message_bytes),
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
@@ -153,13 +141,13 @@ class GrpcService:
             (grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),)
         )
         try:
-            port = bind(server, f"{self.host}:{self.port}", self.credentials)
+            port = bind(server, f"{opts.host}:{opts.port}", opts.tls)
         except OSError:
             self._executor.shutdown(wait=False)
             raise
         server.start()
         self._server = server
-        self._idle = _IdleWatch(self.idle_timeout, f"{self.host}:{port}")
+        self._idle = _IdleWatch(opts.idle_timeout, f"{opts.host}:{port}")
         return port
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -190,7 +178,7 @@ class GrpcService:
                 idle.heard(stream)
                 held = self._hold(held, len(data), context)
                 try:
-                    msg = codec.unpackb(data, max_bytes=self.max_bytes)
+                    msg = codec.unpackb(data, max_bytes=self.opts.max_message_bytes)
                 except codec.CodecError as e:
                     refuse(str(e))
                 if not isinstance(msg, dict) or len(msg) != 1:
@@ -233,14 +221,14 @@ class GrpcService:
         message); ends the stream when all streams' would pass the cap."""
         with self._inflight_lock:
             total = self._inflight - held
-            over = size > 0 and total + size > self.max_inflight_bytes
+            over = size > 0 and total + size > self.opts.max_inflight_bytes
             if not over:  # (refused: ``held`` stays, the stream's end frees it)
                 self._inflight = total + size
         if over:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"a message of {size} bytes while the server's streams hold "
-                f"{total} bytes (at most {self.max_inflight_bytes} at once); "
+                f"{total} bytes (at most {self.opts.max_inflight_bytes} at once); "
                 "retry later",
             )
         return size

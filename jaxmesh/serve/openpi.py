@@ -11,7 +11,7 @@ import http
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -20,6 +20,9 @@ from websockets.frames import CloseCode
 from jaxmesh.serve import codec
 from jaxmesh.serve.batcher import Batcher, ServerClosed
 from jaxmesh.serve.forward import RequestError
+
+if TYPE_CHECKING:
+    from jaxmesh.serve.server import Options
 
 HEALTH_PATH = "/healthz"
 #: Frames a connection's reader buffers beyond the one being answered.
@@ -30,29 +33,12 @@ ERROR_REASON = "Internal server error. Traceback included in previous frame."
 
 class OpenpiService:
     """The websocket server of ``PolicyServer(protocol="openpi")``: requests
-    go to ``batcher``; the other arguments are ``PolicyServer``'s
-    (``ssl_context``: its ``tls``)."""
+    go to ``batcher``; ``opts``: the server's ``Options``."""
 
-    def __init__(
-        self,
-        batcher: Batcher,
-        host: str,
-        port: int,
-        *,
-        metadata: dict,
-        token: str | None,
-        ssl_context: Any,
-        max_message_bytes: int,
-        max_connections: int,
-        max_inflight_bytes: int,
-    ):
-        self.batcher, self.host, self.port = batcher, host, port
-        self.metadata = codec.packb(metadata)
-        self._auth = None if token is None else f"Api-Key {token}".encode()
-        self._ssl = ssl_context
-        self.max_message_bytes = max_message_bytes
-        self.max_connections = max_connections
-        self.max_inflight_bytes = max_inflight_bytes
+    def __init__(self, batcher: Batcher, opts: Options):
+        self.batcher, self.opts, self.port = batcher, opts, opts.port
+        self.metadata = codec.packb(opts.metadata)
+        self._auth = None if opts.token is None else f"Api-Key {opts.token}".encode()
         #: Open connections, and the request bytes they hold now.
         self._connections = self._inflight = 0
         self._ready = threading.Event()
@@ -93,13 +79,13 @@ class OpenpiService:
         try:
             server: Server = await serve(
                 self._handle,
-                self.host,
+                self.opts.host,
                 self.port,
                 process_request=self._process_request,
                 compression=None,
-                max_size=self.max_message_bytes,
+                max_size=self.opts.max_message_bytes,
                 max_queue=MAX_QUEUED_FRAMES,
-                ssl=self._ssl,
+                ssl=self.opts.tls,
             )
         except Exception as e:  # noqa: BLE001 - raised again by start()
             self._error = e
@@ -131,10 +117,10 @@ class OpenpiService:
                     )
                     + "\n",
                 )
-        if self._connections >= self.max_connections:
+        if self._connections >= self.opts.max_connections:
             return connection.respond(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
-                f"this policy server serves {self.max_connections} connections at "
+                f"this policy server serves {self.opts.max_connections} connections at "
                 "once; retry later\n",
             )
         return None
@@ -149,13 +135,13 @@ class OpenpiService:
             while True:
                 message = await ws.recv()
                 start = time.perf_counter()
-                size = len(message)
-                if self._inflight + size > self.max_inflight_bytes:
+                size, cap = len(message), self.opts.max_inflight_bytes
+                if self._inflight + size > cap:
                     await self._fail(
                         ws,
                         f"RequestError: a request of {size} bytes while the server "
                         f"holds {self._inflight} bytes of requests (at most "
-                        f"{self.max_inflight_bytes} at once); retry later",
+                        f"{cap} at once); retry later",
                     )
                     return
                 self._inflight += size

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ssl
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -28,6 +28,22 @@ from jaxmesh.serve.ws_client import check_seconds
 
 #: The protocols a ``PolicyServer`` speaks.
 PROTOCOLS = ("openpi", "grpc")
+
+
+class Options(NamedTuple):
+    """``PolicyServer``'s arguments, as its protocol's service reads them."""
+
+    host: str
+    port: int
+    token: str | None
+    #: ``tls`` as an ``ssl.SSLContext`` (openpi) or ``grpc.ServerCredentials``.
+    tls: Any
+    max_message_bytes: int
+    max_connections: int
+    max_inflight_bytes: int
+    idle_timeout: float
+    #: The map a client receives first (openpi).
+    metadata: dict
 
 
 def _credentials(tls: Any, protocol: str) -> Any:
@@ -147,7 +163,6 @@ class PolicyServer:
         if metadata is not None and not isinstance(metadata, dict):
             raise TypeError(f"metadata={metadata!r}: expected a dict or None")
         self.protocol = protocol
-        self._host, self._port = host, port
         self._requested = address
         if protocol == "grpc":
             for name, value, why in (
@@ -166,27 +181,29 @@ class PolicyServer:
             )
         self._batcher = Batcher(self._served, max_wait_ms=max_wait_ms)
         self._example = example
-        self._metadata = {
-            "server": "jaxmesh",
-            "version": __version__,
-            "policy": self._served.name,
-            "action_chunk": self._served.policy.native_chunk,
-            # openpi's name for the actions one reply holds (its model
-            # configs' and ActionChunkBroker's ``action_horizon``).
-            "action_horizon": getattr(self._served, "reply_length", None),
-            "max_batch": max_batch,
-            **(metadata or {}),
-        }
-        self._context = context
-        self._max_connections = max_connections
-        self._limits = {
-            "token": token,
-            "max_message_bytes": max_message_bytes,
-            "max_inflight_bytes": max_inflight_bytes
+        self._opts = Options(
+            host=host,
+            port=port,
+            token=token,
+            tls=context,
+            max_message_bytes=max_message_bytes,
+            max_connections=max_connections,
+            max_inflight_bytes=max_inflight_bytes
             or max(MAX_INFLIGHT_BYTES, max_message_bytes),
-        }
-        self._idle_timeout = check_seconds(
-            "idle_timeout", idle_timeout, " (math.inf: no limit)"
+            idle_timeout=check_seconds(
+                "idle_timeout", idle_timeout, " (math.inf: no limit)"
+            ),
+            metadata={
+                "server": "jaxmesh",
+                "version": __version__,
+                "policy": self._served.name,
+                "action_chunk": self._served.policy.native_chunk,
+                # openpi's name for the actions one reply holds (its model
+                # configs' and ActionChunkBroker's ``action_horizon``).
+                "action_horizon": getattr(self._served, "reply_length", None),
+                "max_batch": max_batch,
+                **(metadata or {}),
+            },
         )
         self._service: Any = None
         self._address: str | None = None
@@ -203,7 +220,7 @@ class PolicyServer:
         """``ws://host:port`` (``wss://`` with TLS; ``grpc://``, ``grpcs://``
         for protocol ``"grpc"``): what clients dial."""
         scheme = "grpc" if self.protocol == "grpc" else "ws"
-        tls = "s" if self._context is not None else ""
+        tls = "s" if self._opts.tls is not None else ""
         return f"{scheme}{tls}://{self.address}"
 
     @property
@@ -242,31 +259,15 @@ class PolicyServer:
             example = self._served.example()  # the declared inputs, if any
         if example is not None:
             self._served.warm_up(self._served.prepare(example))
-        where = (self._batcher, self._host, self._port)
-        if self.protocol == "grpc":
-            self._service = GrpcService(
-                self._served,
-                *where,
-                credentials=self._context,
-                max_connections=min(self._max_connections, 256),
-                idle_timeout=self._idle_timeout,
-                **self._limits,
-            )
-        else:
-            self._service = OpenpiService(
-                *where,
-                metadata=self._metadata,
-                ssl_context=self._context,
-                max_connections=self._max_connections,
-                **self._limits,
-            )
+        service = GrpcService if self.protocol == "grpc" else OpenpiService
+        self._service = service(self._batcher, self._opts)
         self._batcher.start()
         try:
             port = self._service.start()
         except BaseException:
             self._batcher.close()
             raise
-        self._address = f"{self._host}:{port}"
+        self._address = f"{self._opts.host}:{port}"
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -297,4 +298,4 @@ class PolicyServer:
         )
 
 
-__all__ = ["PROTOCOLS", "PolicyServer"]
+__all__ = ["Options", "PROTOCOLS", "PolicyServer"]
