@@ -265,23 +265,25 @@ def fingerprinting(
             result, fingerprint={**fields, **(result.fingerprint or {})}
         )
 
+    with _on_partial(call.get("hooks"), stamp), identity.evaluating(fields):
+        yield stamp
+
+
+@contextlib.contextmanager
+def _on_partial(hooks: Any, fix: Callable, ran: Callable = lambda p: p.episodes):
+    """A failure's ``partial_result`` becomes ``fix(partial)``; the episode logs
+    in ``hooks`` get the episodes ``ran(partial)`` they lack, and the totals."""
     try:
-        with identity.evaluating(fields):
-            yield stamp
+        yield
     except BaseException as exc:
         partial = getattr(exc, "partial_result", None)
         if isinstance(partial, RunResult):
-            exc.partial_result = partial = stamp(partial)
-            _flush_logs(call.get("hooks"), partial, partial.episodes)
+            exc.partial_result = fix(partial)
+            for log in hooks_list(hooks):
+                if isinstance(log, EpisodeLog):
+                    with contextlib.suppress(OSError):
+                        log.flush(ran(partial), exc.partial_result)
         raise
-
-
-def _flush_logs(hooks: Any, result: RunResult, episodes: list) -> None:
-    """A failed run's episode logs get the ``episodes`` they lack and the totals."""
-    for log in hooks_list(hooks):
-        if isinstance(log, EpisodeLog):
-            with contextlib.suppress(OSError):
-                log.flush(episodes, result)
 
 
 def _check_complete(
@@ -361,19 +363,13 @@ class Resumption:
         if self.done is None or not self.missing.size:
             yield
             return
-        try:
+        renumbered = lambda p: [
+            e._replace(index=int(self.missing[e.index])) for e in p.episodes
+        ]
+        fix = lambda p: merge(self.done, p, self.missing)
+        with _on_partial(self.user_hooks, fix, renumbered):
             with identity.resumed_indices(self.missing):
                 yield
-        except BaseException as exc:
-            partial = getattr(exc, "partial_result", None)
-            if partial is not None:
-                exc.partial_result = merge(self.done, partial, self.missing)
-                ran = [
-                    e._replace(index=int(self.missing[e.index]))
-                    for e in partial.episodes
-                ]
-                _flush_logs(self.user_hooks, exc.partial_result, ran)
-            raise
 
     def merged(self, new: RunResult) -> RunResult:
         """The whole budget, which the user's ``on_run_end`` hooks get."""
@@ -466,8 +462,7 @@ class EpisodeLog:
                 if start is not None and stat.S_ISREG(held.st_mode):
                     os.ftruncate(self._fd, start)
                     # Nothing written at all: no empty file is left behind.
-                    there = os.lstat(self.path)
-                    if not start and os.path.samestat(there, held):
+                    if not start and os.path.samestat(os.lstat(self.path), held):
                         os.unlink(self.path)
                         removed = True
         self.close()

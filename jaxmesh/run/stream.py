@@ -18,14 +18,9 @@ from jaxmesh.errors import BadValueError, HostPolicyError, callback_error
 from jaxmesh.results.result import RunResult, StepEvent, episode_at
 from jaxmesh.trace import span
 
-HOOK_NAMES = (
-    "on_run_start",
-    "on_episode_end",
-    "on_run_end",
-    "on_step",
-    "on_fault",
-    "on_task_end",  # suites only (jaxmesh.suite): (task name, RunResult)
-)
+#: ``on_task_end``: suites only (jaxmesh.suite), with (task name, RunResult).
+HOOK_NAMES = ("on_run_start", "on_episode_end", "on_run_end", "on_step", "on_fault")
+HOOK_NAMES += ("on_task_end",)
 
 
 def drive(
