@@ -140,8 +140,7 @@ def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
 
 
 def workers_of(value: Any) -> Any:
-    """``RunConfig(workers=)``: a ``Ray`` for a config file's ``{ray: {...}}``
-    (or ``{ray: null}``), the value itself otherwise."""
+    """``RunConfig(workers=)``: a ``Ray`` for a config file's ``{ray: ...}``."""
     if not isinstance(value, Mapping):
         return value
     if set(value) != {CONFIG_KEY}:

@@ -260,14 +260,10 @@ class RunConfig:
         return self._settings
 
     def for_backend(self, target: backend.Target) -> Served | None:
-        """Refuses the settings the backend that runs the env does not take;
-        returns the ``Served`` options of a served env (else None)."""
+        """Refuses what ``target``'s backend does not take; a served env's options."""
         kind, label = target.kind, target.label
-        served = None
-        if kind == backend.SERVED:
-            served = Served() if self.served is None else self.served
-        elif self.served is not None:  # its first option set is refused
-            for name in changed(self.served):
+        if kind != backend.SERVED and self.served is not None:
+            for name in changed(self.served):  # the first option set is refused
                 value = getattr(self.served, name)
                 if value is None:  # reply_timeout=None: no limit, nothing to refuse
                     continue
@@ -298,18 +294,17 @@ class RunConfig:
                     "a JAX env's episodes run inside one compiled program, so cap "
                     "them with max_episode_steps instead"
                 )
-            return served
-        starts = self.starts
+            return None
         if self.layout.devices is not None:
             raise ValueError(
                 f"devices={self.layout.devices!r}: lanes are split over devices "
                 f"for JAX envs only; env {label!r} is stepped by the host, so drop "
                 "devices= (Layout(devices=...))"
             )
-        initial.refuse_host(starts.initial_states, starts.reset_fn, label)
-        if starts.randomize is not None:
+        initial.refuse_host(self.starts.initial_states, self.starts.reset_fn, label)
+        if self.starts.randomize is not None:
             raise TypeError(playground.not_playground(label))
-        return served
+        return (self.served or Served()) if kind == backend.SERVED else None
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with flat knobs or grouped fields changed (each by its own
@@ -335,8 +330,7 @@ class RunConfig:
         return dataclasses.replace(self, **flat)
 
     def to_dict(self) -> dict:
-        """The settings a result records and resume compares: plain values,
-        functions and arrays named by type only, the token never."""
+        """The settings a result records (objects by type, the token never)."""
         out: dict = {name: getattr(self, name) for name in FLAT}
         for name in GROUPS:
             group = getattr(self, name)
@@ -368,8 +362,7 @@ def _plain(name: str, value: Any) -> Any:
 def from_keywords(
     config: RunConfig | None, given: dict, caller: str = "jaxmesh.evaluate"
 ) -> RunConfig:
-    """``config`` (None: the defaults) with the flat knobs and groups in
-    ``given``; a TypeError for a grouped field given flat, naming its spelling."""
+    """``config`` (None: the defaults) with ``given``'s flat knobs and groups."""
     flat = {k: v for k, v in given.items() if k in GROUP_OF}
     if flat:
         raise TypeError(_grouped_given_flat(caller, flat, given))

@@ -93,8 +93,7 @@ def worker_lanes(env: Any, num_envs: int, episodes: int, workers: int, *_: Any):
 
 
 def records_frames(env: Any, record: Any) -> bool:
-    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs made here
-    (an unknown id is left to ``make_lanes``, which names it)."""
+    """Whether a recording wants frames of ``"gymnasium:<id>"`` envs made here."""
     if record is None or record.frames is False or not isinstance(env, str):
         return False
     name = env.partition(":")[2]

@@ -150,8 +150,7 @@ class Explanation:
 
 
 def frame_limit_bytes() -> int:
-    """The limit from ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB);
-    a ValueError when it is set to anything but a non-negative integer."""
+    """The limit from ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB)."""
     raw = os.environ.get(LIMIT_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_LIMIT_BYTES

@@ -69,8 +69,7 @@ def _leaf_bytes(h: Any, leaf: Any) -> None:
 
 
 def program_digest(closed: Any) -> str:
-    """A digest of a ``ClosedJaxpr``: its text as every process prints it
-    (without colour or object addresses) and its constants."""
+    """A digest of a ``ClosedJaxpr``'s text (no colour, no addresses) and consts."""
     h = _hasher()
     text = closed.jaxpr.pretty_print(use_color=False)
     h.update(_ADDRESS.sub("", _ANSI.sub("", text)).encode())
@@ -127,8 +126,7 @@ _LAST: list = []  # (leaves, digest) of the last jax.Array params digested
 
 
 def params_digest(params: Any) -> str | None:
-    """A digest of the params' structure, dtypes, shapes and values (None:
-    none); the very ``jax.Array`` leaves digested last time are not read again."""
+    """A digest of the params' structure, dtypes, shapes and values (or None)."""
     if params is None:
         return None
     leaves = jax.tree.leaves(params)

@@ -183,10 +183,8 @@ def resolve(initial_states: Any, reset_fn: Any) -> Trials | None:
 def run_trials(
     trials: Trials | None, states: Any, base: int, episodes: int
 ) -> tuple | None:
-    """A run's ``(trial_of, data)`` for ``Engine.first_carry``: each episode's
-    trial index (int32), ``base`` + its budget index, and the states its reset
-    reads, ``states`` of the evaluator's shapes (None: the evaluator's own).
-    None without initial states, where ``base`` must be 0."""
+    """A run's ``(trial_of, data)`` for ``Engine.first_carry``, or None: each
+    episode's trial index and the ``states`` its reset reads (None: ``trials``')."""
     if trials is None and states is not None:
         raise ValueError(
             "run(initial_states=...): this Evaluator was built without initial "

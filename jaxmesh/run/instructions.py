@@ -36,9 +36,7 @@ def source(decl: adapt.Text, instruction: str | None) -> str:
 def check_sources(
     spec: Mapping[str, Any] | None, instruction: str | None, env_name: str, host: bool
 ) -> dict[str, Any]:
-    """Each Text input of ``spec`` -> its encoded run-level instruction, or
-    None for one read from a host-stepped env's reset info; a ValueError for
-    one with no instruction to read."""
+    """Each Text input -> its encoded instruction (None: read from reset info)."""
     out: dict[str, Any] = {}
     for name, decl in adapt.text_inputs(spec).items():
         if instruction is not None:

@@ -65,8 +65,7 @@ def kept_processes() -> Iterator[None]:
 
 def started(key: tuple, start: Callable[[], Any], stop: Callable[[Any], None]):
     """``(start(), False)``; inside ``kept_processes``, ``(object, True)``: the
-    object kept under ``key`` (started the first time), which the run leaves
-    running. A key that does not pickle is never kept."""
+    object kept under ``key`` (a key that does not pickle is never kept)."""
     if _processes is None:
         return start(), False
     try:

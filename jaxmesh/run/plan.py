@@ -86,13 +86,11 @@ def plan_run(
 
 
 class UnfitDelay(ValueError):
-    """A delay the run's horizon and chunks cannot serve (``0 < d < h``,
-    ``K >= h + d``); a sweep skips such a cell and says why."""
+    """A delay the horizon and chunks cannot serve (a sweep skips the cell)."""
 
 
 def check_execution(settings: Any, chunk: int | None, h: int) -> None:
-    """Refuses a delay or an ensemble the policy's chunks (``chunk``: K)
-    cannot serve at the effective horizon ``h``."""
+    """Refuses a delay or an ensemble chunks of K cannot serve at horizon ``h``."""
     delay, ensemble = settings.delay, settings.execution
     if delay:
         k = 1 if chunk is None else chunk

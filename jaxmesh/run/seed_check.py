@@ -85,8 +85,7 @@ def _first_difference(a: list, b: list) -> str | None:
 
 
 def _trace(obs: Any, step: Callable[[int], tuple], steps: int) -> list:
-    """A reset's observation, then ``(obs, reward, (terminated, truncated))``
-    of up to ``steps`` of ``step(t)``, to the episode's end."""
+    """``obs``, then ``(obs, reward, (terminated, truncated))`` of each step."""
     out = [obs]
     for t in range(steps):
         obs, reward, terminated, truncated = step(t)
@@ -248,8 +247,7 @@ def check_seeds(
 
 
 def require_reproducible(env: Any, what: str = "check_seeds=True") -> SeedReport:
-    """``check_seeds(env)`` for ``Starts(check_seeds=True)``: a ValueError when
-    the env is not reproducible or cannot be checked."""
+    """``check_seeds(env)`` for ``Starts(check_seeds=True)``, refusing a failure."""
     try:
         report = check_seeds(env)
     except TypeError as e:

@@ -45,16 +45,10 @@ def make_evaluator(
     # What needs the host between segments is refused: one program runs it all.
     given = changed(config.starts) + [
         name
-        for name, value in (
-            ("served", config.served),
-            ("workers", config.workers),
-            ("max_episode_seconds", config.max_episode_seconds),
-            ("devices", config.layout.devices),
-        )
-        if value is not None
+        for name in ("served", "workers", "max_episode_seconds")
+        if getattr(config, name) is not None
     ]
-    if config.layout.segment_steps != checks.DEFAULT_SEGMENT_STEPS:
-        given.append("segment_steps")
+    given += [name for name in changed(config.layout) if name != "plan_tile"]
     if given:
         raise ValueError(
             f"make_evaluator(..., {given[0]}=...): the pure evaluator is one "

@@ -65,8 +65,7 @@ def to_host(tree: Any, mesh: Mesh) -> Any:
 
 
 def merge_logs(stacked: Results, lanes: int) -> Results:
-    """The devices' stacked host logs as one: device d's episode k is
-    ``k * D + d``, its lane j is ``d * lanes + j``."""
+    """The devices' stacked logs as one: device d's episode k is ``k * D + d``."""
     rows = np.asarray(stacked.rows)
     d = rows.shape[0]
     col = np.arange(d)[:, None]
