@@ -8,6 +8,7 @@ jaxmesh import evaluate`` and ``jaxmesh.evaluate`` import what they name.
 # ruff: noqa: F401 (the TYPE_CHECKING imports are the public names)
 from __future__ import annotations
 
+import ast
 import sys
 from importlib import import_module
 from importlib.util import find_spec
@@ -16,77 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxmesh._version import __version__ as __version__
 
-#: The public submodules.
-_SUBMODULES = ("adapt", "flax_models")
-#: Every other public name and the module it lives in.
-_NAMES = {
-    "make_env": "jaxmesh.envs",
-    "check_seeds": "jaxmesh.run.seed_check",
-    "SeedReport": "jaxmesh.run.seed_check",
-    "evaluate": "jaxmesh.api",
-    "RunConfig": "jaxmesh.run.config",
-    "Chunking": "jaxmesh.run.config",
-    "Starts": "jaxmesh.run.config",
-    "Scoring": "jaxmesh.run.config",
-    "Served": "jaxmesh.run.config",
-    "Layout": "jaxmesh.run.config",
-    "Ray": "jaxmesh.run.cluster",  # the [ray] extra, imported when a run uses it
-    "Ensemble": "jaxmesh.execution",
-    "sweep": "jaxmesh.sweep",
-    "Sweep": "jaxmesh.sweep",
-    "make_evaluator": "jaxmesh.run.scan.pure",
-    "shard_population": "jaxmesh.run.scan.sharded",
-    "Results": "jaxmesh.core.tally",
-    "Evaluator": "jaxmesh.run.scan",
-    "cache_info": "jaxmesh.run.scan",
-    "clear_cache": "jaxmesh.run.scan",
-    "BadValueError": "jaxmesh.errors",
-    "RemoteError": "jaxmesh.errors",
-    "EnvError": "jaxmesh.errors",
-    "RemoteEnvError": "jaxmesh.errors",
-    "RemoteConnectionError": "jaxmesh.errors",
-    "HostPolicyError": "jaxmesh.errors",
-    "RemotePolicyError": "jaxmesh.errors",
-    "make_agent": "jaxmesh.run.host.agent_step",
-    "Agent": "jaxmesh.run.host.agent_step",
-    "Model": "jaxmesh.model",
-    "HostPolicy": "jaxmesh.host_policy",
-    "EpisodeResult": "jaxmesh.results.result",
-    "EpisodeLog": "jaxmesh.run.resume",
-    "load_episode_log": "jaxmesh.run.resume",
-    "RunResult": "jaxmesh.results.result",
-    "StepEvent": "jaxmesh.results.result",
-    "Record": "jaxmesh.results.record",
-    "Trajectory": "jaxmesh.results.record",
-    "render": "jaxmesh.results.video",
-    "compare": "jaxmesh.suite",
-    "decide": "jaxmesh.decide",
-    "Decision": "jaxmesh.decide",
-    "Suite": "jaxmesh.suite",
-    "SuiteResult": "jaxmesh.suite",
-    "Task": "jaxmesh.suite",
-    "make_suite": "jaxmesh.suite",
-    "Comparison": "jaxmesh.results.stats",
-    "save_params": "jaxmesh.checkpoint",
-    "load_params": "jaxmesh.checkpoint",
-    "Param": "jaxmesh.params",
-    "ParamError": "jaxmesh.params",
-    "build_model": "jaxmesh.model",
-    "explain": "jaxmesh.explain",
-    "check_frame_limit": "jaxmesh.explain",
-    "enable_compile_cache": "jaxmesh.cache",
-    "PolicyServer": "jaxmesh.serve",  # the [serve] extra (websockets, msgpack)
-    "RemotePolicy": "jaxmesh.serve.remote",  # the [serve] extra (gRPC, msgpack)
-}
-#: Served-env names (they need the [remote] extra: gRPC).
-_REMOTE = {
-    "EnvServer": "jaxmesh.remote.server",
-    "ServeOptions": "jaxmesh.remote.server",
-    "RemoteEnv": "jaxmesh.remote.envs",
-    "RemoteVectorEnv": "jaxmesh.remote.envs",
-}
-
-if TYPE_CHECKING:  # for type checkers (``__all__`` is built from ``_NAMES``)
+if TYPE_CHECKING:  # the public names, read by _public() too
     from jaxmesh import adapt, flax_models
     from jaxmesh.api import evaluate
     from jaxmesh.cache import enable_compile_cache
@@ -114,7 +45,7 @@ if TYPE_CHECKING:  # for type checkers (``__all__`` is built from ``_NAMES``)
     from jaxmesh.results.result import EpisodeResult, RunResult, StepEvent
     from jaxmesh.results.stats import Comparison
     from jaxmesh.results.video import render
-    from jaxmesh.run.cluster import Ray
+    from jaxmesh.run.cluster import Ray  # the [ray] extra, imported when a run uses it
     from jaxmesh.run.config import Chunking, Layout, RunConfig, Scoring, Served, Starts
     from jaxmesh.run.host.agent_step import Agent, make_agent
     from jaxmesh.run.resume import EpisodeLog, load_episode_log
@@ -122,10 +53,26 @@ if TYPE_CHECKING:  # for type checkers (``__all__`` is built from ``_NAMES``)
     from jaxmesh.run.scan.pure import make_evaluator
     from jaxmesh.run.scan.sharded import shard_population
     from jaxmesh.run.seed_check import SeedReport, check_seeds
-    from jaxmesh.serve import PolicyServer
-    from jaxmesh.serve.remote import RemotePolicy
+    from jaxmesh.serve import PolicyServer  # the [serve] extra (websockets, msgpack)
+    from jaxmesh.serve.remote import RemotePolicy  # the [serve] extra (gRPC, msgpack)
     from jaxmesh.suite import Suite, SuiteResult, Task, compare, make_suite
     from jaxmesh.sweep import Sweep, sweep
+
+
+def _public() -> dict[str, str]:
+    """Each public name -> its module, as the imports above write them."""
+    with open(__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    block = next(n for n in tree.body if isinstance(n, ast.If))
+    return {a.name: n.module for n in block.body for a in n.names}
+
+
+_ALL = _public()
+#: The public submodules; the served-env names (they need the [remote]
+#: extra: gRPC); every other public name and the module it lives in.
+_SUBMODULES = tuple(n for n, m in _ALL.items() if m == __name__)
+_REMOTE = {n: m for n, m in _ALL.items() if m.startswith("jaxmesh.remote.")}
+_NAMES = {n: m for n, m in _ALL.items() if n not in _SUBMODULES and n not in _REMOTE}
 
 
 def __getattr__(name: str) -> Any:
@@ -164,4 +111,4 @@ class _Package(ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
-__all__ = [*_SUBMODULES, *_NAMES, *_REMOTE]
+__all__ = list(_ALL)
