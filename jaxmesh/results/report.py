@@ -69,11 +69,6 @@ def constant_lines(result: Any) -> list[str]:
     return out
 
 
-def _no_episodes(ax: Any) -> None:
-    ax.text(0.5, 0.5, "no episodes", ha="center", va="center", transform=ax.transAxes)
-    ax.set(xticks=[], yticks=[])
-
-
 def _histogram(ax: Any, values: np.ndarray, xlabel: str) -> None:
     ax.hist(values, bins="auto", color="#4c72b0", edgecolor="white", linewidth=0.5)
     ax.axvline(float(values.mean()), color="#c44e52", linestyle="--", label="mean")
@@ -150,7 +145,9 @@ def plot(result: Result, title: str | None = None) -> Figure:
         if values.size:
             draw(ax, values, *args)
         else:
-            _no_episodes(ax)
+            centre = {"ha": "center", "va": "center", "transform": ax.transAxes}
+            ax.text(0.5, 0.5, "no episodes", **centre)
+            ax.set(xticks=[], yticks=[])
     if not panels:  # every figure is one value: say so instead of drawing it
         axes[0].set_axis_off()
         axes[0].text(
@@ -163,16 +160,6 @@ def plot(result: Result, title: str | None = None) -> Figure:
     chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * 12.0)) - 2)
     fig.suptitle(wrap(title, chars), parse_math=False)
     return fig
-
-
-def png_bytes(fig: Figure) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
-    return buffer.getvalue()
-
-
-def png_data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 # HTML helpers ------------------------------------------------------------------
@@ -198,12 +185,6 @@ def _row(key: str, label: str, value: Any, text: str, note: str = "") -> str:
 
 def _html_rows(rows: Sequence[_summary.Row]) -> list[str]:
     return [_row(r.key, r.label, r.value, r.text, r.note) for r in rows]
-
-
-def breakable(name: str) -> str:
-    """``name`` escaped, with a ``<wbr>`` after each ``_``, ``/`` and ``:`` so
-    that a long task name wraps in its cell."""
-    return "<wbr>".join(esc(part) for part in re.split(r"(?<=[_/:])", str(name)))
 
 
 def _table(rows: Sequence[str], table_id: str, head: Sequence[str]) -> str:
@@ -269,7 +250,9 @@ def plots_section(page: Page, title: str | None = None) -> Section:
 def _figure(fig: Figure, caption: str) -> str:
     """``fig`` as an embedded PNG, its panels' titles as its ``alt``."""
     titles = ", ".join(ax.get_title() for ax in fig.axes if ax.get_title())
-    uri = png_data_uri(png_bytes(fig))
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
+    uri = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
     return (
         f"<figure><img src='{esc(uri)}' alt='{esc('Plots: ' + titles)}'>"
         f"<figcaption>{esc(caption)}</figcaption></figure>"
@@ -526,11 +509,11 @@ def write_report(
     episode_rows: int = EPISODE_ROWS,
     base: str | Path | None = None,
 ) -> Path:
-    """Writes ``report_html(result, ...)`` to ``path`` (parents made) and
-    returns it; an ImportError names the extra when matplotlib is missing."""
-    page = report_html(
-        result, resamples=resamples, episode_rows=episode_rows, base=base
-    )
+    """Writes ``report_html(result, ...)`` (of a ``SuiteResult``:
+    ``suite_report_html``) to ``path`` (parents made) and returns it; an
+    ImportError names the extra when matplotlib is missing."""
+    html_of = suite_report_html if hasattr(result, "tasks") else report_html
+    page = html_of(result, resamples=resamples, episode_rows=episode_rows, base=base)
     return _write(path, page)
 
 
@@ -593,12 +576,13 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
 def tasks_section(suite: Any, stats: dict) -> Section:
     """The per-task table (``SuiteResult.table``; ``data-task``: the task)."""
     cells = suite.table(stats)
-    rows = [
-        f"<tr data-task='{esc(row[0])}'><th scope='row'>{breakable(row[0])}</th>"
-        + "".join(f"<td class='value'>{esc(c)}</td>" for c in row[1:])
-        + "</tr>"
-        for row in cells[1:]
-    ]
+    rows = []
+    for row in cells[1:]:
+        # A <wbr> after each _, / and : lets a long task name wrap in its cell.
+        name = "<wbr>".join(map(esc, re.split(r"(?<=[_/:])", str(row[0]))))
+        values = "".join(f"<td class='value'>{esc(c)}</td>" for c in row[1:])
+        head = f"<tr data-task='{esc(row[0])}'><th scope='row'>{name}</th>"
+        rows.append(f"{head}{values}</tr>")
     level = f"{stats['confidence']:.0%}"
     note = (
         f"Per task: the success rate with its {level} Wilson interval and the mean "
@@ -680,12 +664,4 @@ def suite_name(suite: Any) -> str:
     return f"a suite of {count}"
 
 
-def write_suite_report(
-    suite: Any,
-    path: str | Path,
-    *,
-    resamples: int | None = None,
-    base: str | Path | None = None,
-) -> Path:
-    """Writes ``suite_report_html(suite, ...)`` to ``path``."""
-    return _write(path, suite_report_html(suite, resamples=resamples, base=base))
+write_suite_report = write_report
