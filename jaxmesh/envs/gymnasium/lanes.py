@@ -111,18 +111,19 @@ def env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
     return actions.astype(space.dtype)
 
 
-def native_layout(space: Any) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of an observation in a space's own dtype (Discrete:
-    int64); TypeError for a space that is not one array."""
+def native_layout(space: Any, where: str = "lanes") -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of an observation leaf in its space's own dtype
+    (Discrete: int64); TypeError for a space that is not one array."""
     spaces = import_gymnasium().spaces
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int64)
     if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
         return tuple(int(d) for d in space.shape), np.dtype(space.dtype)
     raise TypeError(
-        f"observation_space {space} is a {type(space).__name__}, not one array; "
-        "lanes read Box, Discrete, MultiBinary or MultiDiscrete observations. "
-        "Flatten it (gymnasium.wrappers.FlattenObservation(env)) or pass layout="
+        f"{where}: observation_space {space} ({type(space).__name__}) is not one "
+        "jaxmesh reads; expected Box, Discrete, MultiBinary or MultiDiscrete "
+        "leaves, alone or in Dict and Tuple spaces: flatten it with "
+        "gymnasium.wrappers.FlattenObservation(env)"
     )
 
 

@@ -9,24 +9,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmesh.envs.gymnasium.lanes import import_gymnasium
+from jaxmesh.envs.gymnasium.lanes import import_gymnasium, native_layout
 from jaxmesh.envs.gymnasium.leaves import ObsLayout
 
 
 def observation_layout(space: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of a one-array observation space in JAX's dtypes (float64:
-    float32 unless x64 is on; Discrete: int32); TypeError for another space."""
-    spaces = import_gymnasium().spaces
-    if isinstance(space, spaces.Discrete):
-        return (), np.dtype(np.int32)
-    if isinstance(space, spaces.Box | spaces.MultiBinary | spaces.MultiDiscrete):
-        dtype = jax.dtypes.canonicalize_dtype(np.dtype(space.dtype))  # JAX's
-        return tuple(int(d) for d in space.shape), np.dtype(dtype)
-    raise TypeError(
-        f"{where}: observation_space {space} ({type(space).__name__}) is not one "
-        "jaxmesh reads; expected Box, Discrete, MultiBinary or MultiDiscrete "
-        "leaves, alone or in Dict and Tuple spaces"
-    )
+    """``native_layout`` in JAX's dtypes (float64: float32 unless x64 is on;
+    Discrete: int32)."""
+    shape, dtype = native_layout(space, where)
+    if isinstance(space, import_gymnasium().spaces.Discrete):
+        return shape, np.dtype(np.int32)
+    return shape, np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def action_layout(space: Any, where: str) -> tuple[tuple[int, ...], Any, int | None]:
