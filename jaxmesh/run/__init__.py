@@ -1,4 +1,2 @@
-"""The backends of a run and what they share: ``scan`` runs JAX envs, ``host``
-gymnasium and served envs; ``config``, ``checks``, ``plan`` and ``build`` make
-the run, ``stream`` and ``resume`` hand its episodes on (docs/architecture.md).
-"""
+"""A run's backends (``scan``: JAX envs; ``host``: gymnasium and served envs) and
+what they share (docs/architecture.md)."""

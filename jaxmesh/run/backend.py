@@ -1,6 +1,4 @@
-"""Which backend runs an env (``backend_of``, ``Target``), and the checks of
-the options only served envs take (``jaxmesh.Served``'s).
-"""
+"""Which backend runs an env (``backend_of``, ``Target``); served envs' options."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Input checks that run before anything is traced: budgets and seeds (CONTRACT
-1), run settings, and whether a budget's per-episode buffers fit in memory.
-"""
+"""Checks before anything is traced: budgets and seeds (CONTRACT 1), settings,
+and whether a budget's per-episode buffers fit in memory."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``jaxmesh.Ray``: the settings of a host-stepped env's lanes stepped by Ray
-actors (``jaxmesh.run.host.ray_actors`` runs them); no Ray is imported here.
-"""
+"""``jaxmesh.Ray``'s settings (``jaxmesh.run.host.ray_actors`` runs the actors);
+no Ray is imported here."""
 
 from __future__ import annotations
 
@@ -140,9 +139,19 @@ def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
 
 
 def workers_of(value: Any) -> Any:
-    """``RunConfig(workers=)``: a ``Ray`` for a config file's ``{ray: ...}``."""
-    if not isinstance(value, Mapping):
+    """``RunConfig(workers=)`` checked: an int, None, or a ``Ray`` (a config
+    file's ``{ray: ...}`` too)."""
+    if value is None or isinstance(value, Ray):
         return value
+    if not isinstance(value, Mapping):
+        return checks.check_int(
+            "workers",
+            value,
+            0,
+            "worker processes that step a host-stepped env's lanes (0: in "
+            "this process; None: chosen for the machine and the env), or "
+            "jaxmesh.Ray(num_workers=N) for Ray actors",
+        )
     if set(value) != {CONFIG_KEY}:
         raise ValueError(
             f"workers={dict(value)!r}: a mapping names Ray actors as "

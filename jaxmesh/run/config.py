@@ -1,7 +1,5 @@
-"""A run's configuration (docs/evaluation.md, "What ``evaluate`` takes"): the
-flat knobs on ``RunConfig`` and its groups, each checked once in its
-constructor; nothing below re-checks it.
-"""
+"""A run's configuration: ``RunConfig``'s flat knobs and groups, each checked once
+in its constructor (docs/evaluation.md, "What ``evaluate`` takes")."""
 
 from __future__ import annotations
 
@@ -242,17 +240,7 @@ class RunConfig:
             "seconds of wall clock an episode may run, or None for no limit",
         )
         _set(self, max_episode_seconds=seconds)
-        workers = cluster.workers_of(self.workers)  # a config's {ray: {...}}
-        if workers is not None and not isinstance(workers, cluster.Ray):
-            workers = checks.check_int(
-                "workers",
-                workers,
-                0,
-                "worker processes that step a host-stepped env's lanes (0: in "
-                "this process; None: chosen for the machine and the env), or "
-                "jaxmesh.Ray(num_workers=N) for Ray actors",
-            )
-        _set(self, workers=workers)
+        _set(self, workers=cluster.workers_of(self.workers))
 
     @property
     def settings(self) -> checks.Settings:

@@ -1,6 +1,5 @@
 """The backend table (docs/architecture.md): ``target`` tells an env's kind once,
-``route`` maps it to the row that runs it; the host driver is handed ``route``.
-"""
+``route`` maps it to the row that runs it."""
 
 from __future__ import annotations
 

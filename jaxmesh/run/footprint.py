@@ -1,7 +1,5 @@
 """What a spec reads from an env and the frame windows it holds per lane
-(``jaxmesh.explain``), by shape only; ``check_frame_limit`` refuses a run over
-``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` before compiling.
-"""
+(``jaxmesh.explain``, ``check_frame_limit``), by shape only."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A run's identity (docs/evaluation.md, "A run's identity"): digests of the
-policy's program, its params and the env, which ``resume=`` compares; and the
-budget index of each episode of a resumed run.
-"""
+"""A run's identity: digests of its policy, params and env, which ``resume=``
+compares (docs/evaluation.md, "A run's identity"); a resumed run's indices."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Initial states of JAX envs: episode i starts from trial ``trial_index_base + i``
-of ``Starts(initial_states=)`` or ``Starts(reset_fn=)`` (docs/evaluation.md,
-"Initial states (JAX envs)"), checked by shape only.
-"""
+"""JAX envs' initial states, ``Starts(initial_states=)`` or ``Starts(reset_fn=)``
+(docs/evaluation.md, "Initial states (JAX envs)"), checked by shape only."""
 
 from __future__ import annotations
 

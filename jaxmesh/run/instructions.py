@@ -1,7 +1,5 @@
-"""Where a run's language instruction comes from: ``Starts(instruction=)``,
-encoded once on the host; else, on a host-stepped env, a ``Text(info_key=)``
-read from each episode's reset info (``LaneTexts``); else the run is refused.
-"""
+"""A run's language instruction: ``Starts(instruction=)``, or on a host-stepped
+env each episode's reset info (``Text(info_key=)``, ``LaneTexts``)."""
 
 from __future__ import annotations
 

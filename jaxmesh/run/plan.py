@@ -1,6 +1,5 @@
 """A run's plan: the sizes its program is built with, computed once by
-``plan_run``, which every backend reads, so no two can disagree on a size.
-"""
+``plan_run`` for every backend, so no two can disagree on a size."""
 
 from __future__ import annotations
 

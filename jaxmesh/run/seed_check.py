@@ -1,6 +1,5 @@
 """Does an env honour its seed? ``check_seeds`` finds out before a run
-(docs/evaluation.md, "Envs that ignore their seed").
-"""
+(docs/evaluation.md, "Envs that ignore their seed")."""
 
 from __future__ import annotations
 

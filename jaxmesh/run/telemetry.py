@@ -1,7 +1,5 @@
 """Per-call timings of a host-stepped run (``result.telemetry``; docs/cli.md,
-``--telemetry``) in named series, reduced by ``stats``; under ``trace=`` the
-timed series are also spans of the run's timeline (``TRACE_NAMES``).
-"""
+``--telemetry``), also spans of the run's timeline under ``trace=``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""JAX envs' backend: an ``Evaluator`` runs the budget in scan segments from one
-host loop; ``run`` (``jaxmesh.evaluate``'s) keeps a few (``cache_info()``), so the
-same policy object, env and settings compile nothing again.
-"""
+"""An ``Evaluator`` runs the budget in scan segments from one host loop; ``run``
+keeps a few (``cache_info()``): the same policy, env and settings compile once."""
 
 from __future__ import annotations
 

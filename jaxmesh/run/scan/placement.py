@@ -1,6 +1,5 @@
-"""Where an ``Evaluator``'s lanes run, ``SingleDevice`` or ``DeviceMesh`` (one
-mesh axis, also under ``jax.distributed``): what differs under its one loop.
-"""
+"""Where an ``Evaluator``'s lanes run: ``SingleDevice`` or ``DeviceMesh`` (one
+mesh axis, also under ``jax.distributed``)."""
 
 from __future__ import annotations
 

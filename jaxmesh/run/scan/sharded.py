@@ -1,9 +1,6 @@
-"""Lanes sharded over devices (``Layout(devices=...)``) and populations.
-
-Device d of D runs episodes d, d + D, ... on N / D lanes with the one-device
-plan tile, no collective inside the loop, so each episode is bit for bit the
-one-device one (CONTRACT 3-4; docs/scale.md). The host merges the logs.
-"""
+"""Lanes sharded over devices (``Layout(devices=...)``) and populations: device d
+of D runs episodes d, d + D, ... with no collective, so each is bit for bit the
+one-device one (CONTRACT 3-4; docs/scale.md). The host merges the logs."""
 
 from __future__ import annotations
 
