@@ -11,12 +11,11 @@ INSTALL = "pip install 'jaxmesh[remote]'"
 
 def is_address(env: Any) -> bool:
     """Whether ``env`` is a served env's address or a list of them."""
-    if isinstance(env, str):
-        return env.startswith(SCHEMES)
+    envs = [env] if isinstance(env, str) else env
     return (
-        isinstance(env, list | tuple)
-        and len(env) > 0
-        and all(isinstance(e, str) and e.startswith(SCHEMES) for e in env)
+        isinstance(envs, list | tuple)
+        and len(envs) > 0
+        and all(isinstance(e, str) and e.startswith(SCHEMES) for e in envs)
     )
 
 
@@ -43,10 +42,9 @@ def parse_address(address: Any) -> str:
     """An address as gRPC's ``"host:port"`` (TypeError, ValueError)."""
     if not isinstance(address, str):
         raise TypeError(f"address {address!r}: expected a string 'grpc://host:port'")
-    target = address
-    for scheme in SCHEMES:
-        if address.startswith(scheme):
-            target = address[len(scheme) :]
+    target = next(
+        (address[len(s) :] for s in SCHEMES if address.startswith(s)), address
+    )
     if host_port(target) is None:
         raise ValueError(
             f"address {address!r} is not 'grpc://host:port' with a port in "

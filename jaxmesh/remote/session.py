@@ -71,18 +71,10 @@ class Reply(NamedTuple):
 
 
 class Session:
-    """One session with one env server: the handshake at construction
-    (``info``), then ``open``, ``send`` and ``receive`` (in order).
-
-    Args:
-      address, **conn: as for ``jaxmesh.remote.client.Connection``.
-      transport: ``"auto"``, ``"grpc"`` or ``"shm"`` (``TRANSPORTS``): how
-        ``open`` carries the calls; ``self.transport`` says which it took.
-
-    Raises:
-      jaxmesh.RemoteConnectionError: the server cannot be reached or refuses.
-      jaxmesh.RemoteError: it declares spaces this client cannot read.
-    """
+    """One session with one env server: the handshake at construction (``info``;
+    ``**conn`` as for ``client.Connection``; RemoteConnectionError: unreachable or
+    refused, RemoteError: spaces this client cannot read), then ``open`` (over
+    ``transport``, one of ``TRANSPORTS``), ``send`` and ``receive``, in order."""
 
     def __init__(self, address: str, *, transport: str = "auto", **conn: Any):
         self.asked_transport = check_transport(transport)
@@ -140,17 +132,11 @@ class Session:
         reader: bool = True,
         observation_keys: Sequence[str] | None = None,
     ) -> None:
-        """Opens the session; replies are decoded as they arrive.
-
-        Args:
-          replies: a queue shared with other sessions, where a reader thread
-            puts ``(tag, item)`` for the caller's ``reply(item)``; None:
-            ``receive`` reads this session's own.
-          tag: names this session in ``replies``.
-          reader: False: no reader thread; ``receive`` reads the stream.
-          observation_keys: the observation leaves every call asks for (None:
-            every leaf); ValueError: one the server did not declare.
-        """
+        """Opens the session, its replies decoded as they arrive: a reader thread
+        puts ``(tag, item)`` in ``replies`` (shared with other sessions, for the
+        caller's ``reply(item)``; None: ``receive`` reads them), none without
+        ``reader``. ``observation_keys``: the leaves every call asks for (None:
+        all; ValueError: one the server did not declare)."""
         if observation_keys is not None:
             unknown = [k for k in observation_keys if k not in self.obs_specs]
             if unknown:
@@ -198,14 +184,8 @@ class Session:
         return self.conn
 
     def send(self, **call: Any) -> int:
-        """Queues one call (never waits for the server); its size in bytes.
-
-        Args:
-          **call: the fields of :class:`Call` but ``call_id``.
-
-        Raises:
-          jaxmesh.remote.codec.ProtocolError: larger than the message cap.
-        """
+        """Queues a ``Call`` of these fields (never waits for the server); its
+        size in bytes (ProtocolError: larger than the message cap)."""
         if self.closed:
             raise RemoteError(
                 f"the session with the jaxmesh env server at {self.address} is "
