@@ -517,8 +517,7 @@ class SuiteResult:
         (``jaxmesh.results.summary.suite_text``)."""
         return _summary.suite_text(self)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
     def plot(self) -> Any:
         """The per-task figure as a matplotlib ``Figure``."""

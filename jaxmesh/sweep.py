@@ -160,20 +160,6 @@ def _resumed(resume: Any, seeds: np.ndarray) -> dict:
     return {(int(d), int(big_h)): r for (d, big_h), r in cells.items()}
 
 
-def _cell(whole: RunResult, c: int, e: int, horizon: int, h: int, d: int) -> RunResult:
-    at = slice(c * e, (c + 1) * e)
-    return select(
-        whole,
-        at,
-        indices=np.arange(e),
-        env_steps=int(np.sum(whole.lengths[at])),
-        policy_rows=int(np.sum(whole.predict_calls[at])),
-        horizon=horizon,
-        effective_horizon=h,
-        delay=d,
-    )
-
-
 def sweep(
     policy: Any,
     env: Any,
@@ -270,7 +256,11 @@ def sweep(
     out = {(d, big_h): done[d, big_h] for d, big_h, _ in cells if (d, big_h) in done}
     todo = [c for c in cells if (c[0], c[1]) not in done]
     programs, compile_time, e = 0, 0.0, int(seeds_arr.size)
-    for group in _programs_of(todo, pol):
+    groups: dict = {}  # a program per h + d told as ``execution_horizon``, else one
+    for cell in todo:
+        told = cell[0] + cell[2] if pol.takes_execution_horizon else None
+        groups.setdefault(told, []).append(cell)
+    for group in groups.values():
         cfg = config.replace(horizon=max(big_h for _, big_h, _ in group))
         grid = (tuple((h, d) for d, _, h in group), max(e, 1))
         streams = [_CellStream(group, e, on_cell)] if on_cell and e else None
@@ -287,7 +277,17 @@ def sweep(
             programs += 1  # one agent step (HostAgent) per grid
         compile_time += whole.compile_time
         for c, (d, big_h, h) in enumerate(group):
-            out[(d, big_h)] = _cell(whole, c, e, big_h, h, d)
+            at = slice(c * e, (c + 1) * e)
+            out[(d, big_h)] = select(
+                whole,
+                at,
+                indices=np.arange(e),
+                env_steps=int(np.sum(whole.lengths[at])),
+                policy_rows=int(np.sum(whole.predict_calls[at])),
+                horizon=big_h,
+                effective_horizon=h,
+                delay=d,
+            )
     return Sweep(
         delays=delays,
         horizons=horizons,
@@ -329,16 +329,6 @@ def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
             f"run with chunks of K={chunk}: {next(iter(skipped.values()))}"
         )
     return cells, skipped
-
-
-def _programs_of(cells: list, pol: Any) -> list[list]:
-    """The cells in groups of one program each: one group per ``h + d`` for
-    a policy told ``execution_horizon`` (a static int), else one."""
-    groups: dict = {}
-    for cell in cells:
-        told = cell[0] + cell[2] if pol.takes_execution_horizon else None
-        groups.setdefault(told, []).append(cell)
-    return list(groups.values())
 
 
 @dataclasses.dataclass
@@ -461,8 +451,7 @@ class Sweep:
             text.append("skipped: a delay needs 0 < d < h and chunks of K >= h + d")
         return "\n".join(text)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
     def plot(self) -> Any:
         """Success rate (else mean return) against the delay, a line per
