@@ -29,35 +29,21 @@ _log = logging.getLogger(__name__)
 
 
 class Call(NamedTuple):
-    """One call, numbered: the keyword arguments of ``Session.send``.
-
-    Attributes:
-      reset_lanes: lanes to reset, ascending, each with its ``seeds`` and
-        (when given) ``trials`` entry, and the same ``options`` for all.
-      max_episode_seconds: the wall-clock cap of the episodes reset here.
-      lanes, counts, actions: one run of actions per lane (lanes ascending,
-        ``counts[i]`` rows of ``actions`` each).
-      release: lanes a lockstep server stops expecting.
-      all_observations: send every replayed step's observation (else only
-        each run's last).
-      info_keys: the info keys to send, for the rows that have them.
-      info_every_step: send the info of every replayed step (only for a
-        server that declares it, ``Session.info_every_step``).
-    """
+    """One call, numbered: the keyword arguments of ``Session.send``."""
 
     call_id: int
-    reset_lanes: Sequence[int] | np.ndarray = ()
+    reset_lanes: Sequence[int] | np.ndarray = ()  # ascending, each with a seed
     seeds: Sequence[int] | np.ndarray = ()
-    trials: Sequence[int] | np.ndarray | None = None
-    options: Mapping[str, pb.Value] | None = None
-    max_episode_seconds: float | None = None
-    lanes: np.ndarray | None = None
+    trials: Sequence[int] | np.ndarray | None = None  # one per reset, if given
+    options: Mapping[str, pb.Value] | None = None  # the same for every reset
+    max_episode_seconds: float | None = None  # wall-clock cap of those episodes
+    lanes: np.ndarray | None = None  # ascending, lane i replaying counts[i] rows
     counts: np.ndarray | None = None
     actions: np.ndarray | None = None
-    release: Sequence[int] | np.ndarray = ()
-    all_observations: bool = False
-    info_keys: Sequence[str] = ()
-    info_every_step: bool = False
+    release: Sequence[int] | np.ndarray = ()  # lanes a lockstep server lets go
+    all_observations: bool = False  # every replayed step's (else each run's last)
+    info_keys: Sequence[str] = ()  # sent for the rows that have them
+    info_every_step: bool = False  # only to a server that declares it
 
 
 class Reply(NamedTuple):

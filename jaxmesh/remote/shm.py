@@ -294,10 +294,7 @@ def _status_error(payload: bytes, address: str) -> RemoteError:
     try:
         msg = json.loads(payload.decode("utf-8"))
         code = getattr(grpc.StatusCode, str(msg.get("code")), None)
-        trailing = {
-            k: v.encode("utf-8") if k.endswith("-bin") else v
-            for k, v in msg.get("metadata", [])
-        }
+        trailing = dict(msg.get("metadata", []))  # status_error takes text
         return status_error(code, str(msg.get("details", "")), trailing, address)
     except (ValueError, TypeError, AttributeError):
         return RemoteError(

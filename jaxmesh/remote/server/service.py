@@ -131,7 +131,7 @@ class EnvServer:
         check_exposure(address, host, secured, "drive the env", token_arg, tls_arg)
         self._env = env
         self._host, self._port = host, port
-        self._requested = address
+        self._address = address  # the bound one once started
         self.options = options
         self._lanes_wanted = lanes
         self._credentials = credentials
@@ -139,7 +139,6 @@ class EnvServer:
         self._server: grpc.Server | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._health: health.HealthServicer | None = None
-        self._address: str | None = None
         self._state_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._session: _Session | None = None
@@ -151,7 +150,7 @@ class EnvServer:
     @property
     def address(self) -> str:
         """The bound ``"host:port"`` (the actual port once started)."""
-        return self._address or self._requested
+        return self._address
 
     @property
     def num_lanes(self) -> int:
