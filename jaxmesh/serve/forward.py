@@ -274,9 +274,11 @@ class ServedModel:
         return obs
 
     def _checked(self, key: str, value: Any) -> np.ndarray:
-        """``obs[key]`` as its declared leaf, or the reason it is not."""
-        leaf = self.inputs[key]
+        """``obs[key]`` as its declared leaf (if declared), or the reason it is not."""
         x = _array(value, f"observation[{key!r}]")
+        if self.inputs is None:
+            return x
+        leaf = self.inputs[key]
         if x.shape != leaf.shape:
             raise RequestError(
                 f"observation[{key!r}] has shape {x.shape}; policy {self.name!r} "
@@ -352,10 +354,8 @@ class ServedModel:
                         f"input {name!r} reads observation key {decl.key!r}, which "
                         f"this observation lacks; its keys are {sorted(map(str, obs))}"
                     )
-                elif self.inputs is not None:
-                    inputs[name] = self._checked(decl.key, obs[decl.key])
                 else:
-                    inputs[name] = _array(obs[decl.key], f"observation[{decl.key!r}]")
+                    inputs[name] = self._checked(decl.key, obs[decl.key])
         leaves, treedef = jax.tree.flatten(inputs)
         sig = treedef, tuple((x.shape, x.dtype.str) for x in leaves)
         if sig in self._bad:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hmac
-import itertools
 import math
 import threading
 import time
@@ -36,8 +35,8 @@ class _IdleWatch:
     def __init__(self, seconds: float, address: str):
         self.seconds, self.address = seconds, address
         self.cond = threading.Condition()
-        #: stream -> (since when it waits for a message, its context)
-        self.waiting: dict[int, tuple[float, Any]] = {}
+        #: a stream's context -> since when it waits for a message
+        self.waiting: dict[Any, float] = {}
         self.done = False
         self.thread = threading.Thread(
             target=self._watch, name="jaxmesh-policy-idle", daemon=True
@@ -45,23 +44,23 @@ class _IdleWatch:
         if not math.isinf(seconds):
             self.thread.start()
 
-    def waits(self, stream: int, context: Any) -> None:
-        """``stream`` waits for its client from now (or earlier)."""
+    def waits(self, context: Any) -> None:
+        """The stream of ``context`` waits for its client from now (or earlier)."""
         with self.cond:
-            self.waiting.setdefault(stream, (time.monotonic(), context))
+            self.waiting.setdefault(context, time.monotonic())
             self.cond.notify()
 
-    def heard(self, stream: int) -> None:
+    def heard(self, context: Any) -> None:
         with self.cond:
-            self.waiting.pop(stream, None)
+            self.waiting.pop(context, None)
 
     def _watch(self) -> None:
         with self.cond:
             while not self.done:
                 now = time.monotonic()
-                for stream, (since, context) in list(self.waiting.items()):
+                for context, since in list(self.waiting.items()):
                     if now - since >= self.seconds:
-                        del self.waiting[stream]
+                        del self.waiting[context]
                         _cancel(
                             context,
                             grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -70,7 +69,7 @@ class _IdleWatch:
                             "(idle_timeout) and ended it; open a new session, or "
                             "start the server with a longer --idle-timeout",
                         )
-                first = min((t for t, _ in self.waiting.values()), default=None)
+                first = min(self.waiting.values(), default=None)
                 wait = None if first is None else first + self.seconds - now
                 self.cond.wait(wait)
 
@@ -113,7 +112,6 @@ class GrpcService:
         self.pools, self.batcher, self.opts = batcher.model, batcher, opts
         self._inflight, self._inflight_lock = 0, threading.Lock()
         self._idle: _IdleWatch | None = None
-        self._streams = itertools.count()
         self._server: grpc.Server | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -164,18 +162,18 @@ class GrpcService:
 
     def _session(self, requests: Any, context: grpc.ServicerContext) -> Any:
         session = None
-        idle, stream = self._idle, next(self._streams)
+        idle = self._idle
         held = 0  # the bytes of this stream's latest message
         refuse = functools.partial(context.abort, grpc.StatusCode.INVALID_ARGUMENT)
         try:
             while True:
                 # A client that takes no reply is idle too (waits from then).
-                idle.waits(stream, context)
+                idle.waits(context)
                 try:
                     data = next(requests)
                 except (StopIteration, grpc.RpcError):
                     return
-                idle.heard(stream)
+                idle.heard(context)
                 held = self._hold(held, len(data), context)
                 try:
                     msg = codec.unpackb(data, max_bytes=self.opts.max_message_bytes)
@@ -193,7 +191,7 @@ class GrpcService:
                         refuse(str(e))
                     group = id(session.pool)  # its steps' signature
                     self.batcher.connect(group)
-                    idle.waits(stream, context)  # a reply it does not take, too
+                    idle.waits(context)  # a reply it does not take, too
                     yield codec.packb({"opened": info})
                     continue
                 if kind != "step":
@@ -207,11 +205,11 @@ class GrpcService:
                     refuse(str(e))
                 except ServerClosed as e:
                     context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-                idle.waits(stream, context)
+                idle.waits(context)
                 yield codec.packb({"step": reply.output, "timing": reply.timing()})
         finally:
             self._hold(held, 0, context)
-            idle.heard(stream)
+            idle.heard(context)
             if session is not None:
                 self.pools.close(session)
                 self.batcher.disconnect(group)

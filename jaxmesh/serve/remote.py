@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import os
 import queue
-import threading
 from typing import Any, NamedTuple
 
 import grpc
@@ -171,7 +170,6 @@ class _Stream:
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         call = self.channel.stream_stream(METHOD)
         self._replies = call(iter(self._queue.get, _END), metadata=metadata)
-        self.lock = threading.Lock()
         #: Whether a reply has come (before it, a failure is not "mid-run").
         self.opened = False
 
@@ -344,10 +342,9 @@ class RemoteAgent:
             delay=s.delay,
             chunk_len=1 if chunk is None else int(chunk),
         )
-        a_shape, a_dtype = tuple(spec.action_shape), np.dtype(spec.action_dtype)
 
         def init(obs: Any, lanes: Any) -> RemoteState:
-            chunks = np.zeros((n, h, *a_shape), a_dtype)
+            chunks = np.zeros((n, h, *cfg.action_shape), cfg.action_dtype)
             zeros = np.zeros(n, np.int32)
             return RemoteState(zeros.copy(), chunks, chunks.copy(), zeros.copy(), 0)
 
