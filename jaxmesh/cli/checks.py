@@ -75,16 +75,11 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """The env, budget, instruction and env_config of a config (``where``: '')
-    or of its task ``where`` ('tasks.NAME.'), checked; the env_config."""
+    """The env, budget and env_config of a config (``where``: '') or of its
+    task ``where`` ('tasks.NAME.'), checked; the env_config (the instruction is
+    checked by ``jaxmesh.Starts`` and ``jaxmesh.Task``)."""
     if run.get("env") not in (None, ""):
         check_env(run["env"])
-    said = run.get("instruction")
-    if said is not None and not isinstance(said, str):
-        raise ConfigError(
-            f"{where}instruction={said!r}: expected a string (quote it in YAML) or "
-            f"null ({CONFIG_KEYS['instruction']})"
-        )
     lows = (("episodes", 1), ("trial_index_base", 0)) if where else (("episodes", 0),)
     for key, low in lows:
         if not _is_int(run.get(key), low):
@@ -206,44 +201,40 @@ def check_env(env: Any) -> None:
     """Checks the form of a config's ``env``: an id, ``"grpc://host:port"`` or a
     list of distinct such addresses (parsed, not dialled)."""
     if isinstance(env, str):
-        if env.startswith("grpc:"):
-            _check_address(env)
-        return
-    if not (isinstance(env, list) and env and all(isinstance(e, str) for e in env)):
+        addresses = [env] if env.startswith("grpc:") else []
+    elif isinstance(env, list) and env and all(isinstance(e, str) for e in env):
+        addresses = env
+        not_served = [e for e in env if not e.startswith(SCHEMES)]
+        if not_served:
+            raise ConfigError(
+                f"env={env!r}: a list of envs must hold served addresses "
+                f"'grpc://host:port' only, and {not_served} are not; give one env "
+                "id, or serve each env (jaxmesh serve-env) and list the addresses"
+            )
+    else:
         raise ConfigError(
             f"env={env!r}: expected an env id (e.g. gymnax:CartPole-v1 or "
             "gymnasium:CartPole-v1), a served env's address grpc://host:port, or "
             "a list of such addresses"
         )
-    not_served = [e for e in env if not e.startswith(SCHEMES)]
-    if not_served:
-        raise ConfigError(
-            f"env={env!r}: a list of envs must hold served addresses "
-            f"'grpc://host:port' only, and {not_served} are not; give one env id, "
-            "or serve each env (jaxmesh serve-env) and list the addresses"
-        )
-    for address in env:
-        _check_address(address)
-    twice = sorted({e for e in env if env.count(e) > 1})
+    for address in addresses:
+        if not address.startswith(SCHEMES):
+            raise ConfigError(
+                f"env={address!r}: a served env's address is 'grpc://host:port' "
+                "(or 'grpcs://host:port' over TLS), e.g. grpc://127.0.0.1:5555 "
+                "(what `jaxmesh serve-env` printed)"
+            )
+        try:
+            parse_address(address)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"env={address!r}: {e}") from e
+    twice = sorted({e for e in addresses if addresses.count(e) > 1})
     if twice:
         raise ConfigError(
             f"env={env!r} lists {twice} more than once; a server holds one session "
             "at a time, so list each server once (its --lanes set how many lanes "
             "it serves)"
         )
-
-
-def _check_address(address: str) -> None:
-    if not address.startswith(SCHEMES):
-        raise ConfigError(
-            f"env={address!r}: a served env's address is 'grpc://host:port' "
-            "(or 'grpcs://host:port' over TLS), e.g. grpc://127.0.0.1:5555 (what "
-            "`jaxmesh serve-env` printed)"
-        )
-    try:
-        parse_address(address)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"env={address!r}: {e}") from e
 
 
 #: The keys of a task in a config's ``tasks:`` mapping.

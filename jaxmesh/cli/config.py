@@ -166,24 +166,29 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
 
 
-def existing_file(path: str | Path, what: str, hint: str) -> Path:
-    """``path`` as a Path; ConfigError (``what``, ``hint``) when no file is there."""
+def read_text(path: str | Path, what: str, hint: str) -> str:
+    """The UTF-8 text of the file ``what`` at ``path``; ConfigError (``hint``:
+    what to pass) when it is missing, unreadable or not UTF-8."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(
             f"{what} {str(path)!r} not found (looked in {str(p.absolute())!r}); " + hint
         )
-    return p
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{what} {str(path)!r} is not UTF-8 text (byte "
+            f"0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{what} {str(path)!r}: cannot read it ({e})") from e
 
 
 def read_resume(path: str, hint: str, parse: Callable[[str], Any]) -> Any:
-    """``parse`` of the ``--resume`` file's text; ConfigError (``hint``) when the
-    file is missing, unreadable or not UTF-8, or ``parse`` raises ValueError/OSError."""
-    p = existing_file(path, "--resume file", hint)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--resume {path!r}: cannot read it as text ({e})") from e
+    """``parse`` of the ``--resume`` file's text (``read_text``); ConfigError
+    when ``parse`` raises ValueError/OSError."""
+    text = read_text(path, "--resume file", hint)
     try:
         return parse(text)
     except (ValueError, OSError) as e:
@@ -193,20 +198,8 @@ def read_resume(path: str, hint: str, parse: Callable[[str], Any]) -> Any:
 def load_config(path: str | Path) -> dict[str, Any]:
     """Reads a YAML run config: a mapping, else a ConfigError (as for a file
     missing, unreadable, not UTF-8 or not valid YAML)."""
-    p = existing_file(
-        path,
-        "config file",
-        "pass the path of a YAML run config, e.g. configs/cartpole.yaml",
-    )
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"config file {str(path)!r} is not UTF-8 text (byte "
-            f"0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
-        ) from None
-    except OSError as e:
-        raise ConfigError(f"config file {str(path)!r}: cannot read it ({e})") from e
+    hint = "pass the path of a YAML run config, e.g. configs/cartpole.yaml"
+    text = read_text(path, "config file", hint)
     try:
         data = yaml_load(text)
     except _DuplicateKey as e:

@@ -34,20 +34,6 @@ POLICY_KEYS = ("policy", "policy_config", "host", "output")
 BUDGET_KEYS = ("episodes", "seeds", "record", "check_seeds")
 
 
-def _check_same_run(a: dict, b: dict, path_a: str, path_b: str) -> None:
-    skip = set(POLICY_KEYS) | set(BUDGET_KEYS)
-    differ = sorted(
-        k for k in set(a) | set(b) if k not in skip and a.get(k) != b.get(k)
-    )
-    if differ:
-        shown = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in differ[:4])
-        raise ConfigError(
-            f"{path_a} and {path_b} differ in {differ} ({shown}); decide runs both "
-            "policies on A's env and settings: B's config may differ only in "
-            f"{', '.join(POLICY_KEYS)}"
-        )
-
-
 def load_decision(path: str) -> dict[str, Any]:
     """The decision JSON an earlier ``decide --output`` wrote, its runs ``a``
     and ``b`` read back (ConfigError: missing, or not a decision)."""
@@ -64,20 +50,15 @@ def load_decision(path: str) -> dict[str, Any]:
     return read_resume(path, "pass the decision JSON an earlier decide wrote", parse)
 
 
-def _progress(enabled: bool):
-    def line(d: Any) -> None:
-        if not enabled:
-            return
-        low, high = d.interval
-        state = f"decided: {d.winner.upper()}" if d.winner else "undecided"
-        print(
-            f"jaxmesh decide: {d.episodes} episodes per arm, difference "
-            f"{d.difference:.4g}, interval ({low:.4g}, {high:.4g}), {state}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return line
+def _progress(d: Any) -> None:
+    low, high = d.interval
+    state = f"decided: {d.winner.upper()}" if d.winner else "undecided"
+    print(
+        f"jaxmesh decide: {d.episodes} episodes per arm, difference "
+        f"{d.difference:.4g}, interval ({low:.4g}, {high:.4g}), {state}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> str:
@@ -100,7 +81,18 @@ def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> 
 def cmd_decide(args: argparse.Namespace) -> int:
     config_a = read_config(args.a, args.set)
     config_b = read_config(args.b, args.set)
-    _check_same_run(config_a, config_b, args.a, args.b)
+    skip = set(POLICY_KEYS) | set(BUDGET_KEYS)
+    keys = set(config_a) | set(config_b)
+    differ = sorted(
+        k for k in keys if k not in skip and config_a.get(k) != config_b.get(k)
+    )
+    if differ:
+        shown = [f"{k}: {config_a.get(k)!r} vs {config_b.get(k)!r}" for k in differ[:4]]
+        raise ConfigError(
+            f"{args.a} and {args.b} differ in {differ} ({', '.join(shown)}); decide "
+            "runs both policies on A's env and settings: B's config may differ only "
+            f"in {', '.join(POLICY_KEYS)}"
+        )
     if args.metric == "return" and args.bounds is None:
         raise ConfigError(
             "--metric return needs --bounds LO HI: the smallest and largest return "
@@ -162,7 +154,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         max_episodes=args.max_episodes,
         first_seed=first_seed,
         batch=args.batch,
-        on_batch=_progress(not args.no_progress),
+        on_batch=None if args.no_progress else _progress,
         resume=resume,
         arm_hooks=tuple(
             [] if path is None else log_hooks(path, p, c, resume is None, "decide")

@@ -56,7 +56,7 @@ def stopped(command: str, exc: BaseException, kept: str) -> Interrupted:
     return Interrupted(143 if term else 130)
 
 
-def resume_refused(error: Exception, flag: str | None) -> str:
+def resume_refused(error: Any, flag: str | None) -> str:
     """``error``'s text, a refusal of ``resume=`` named as ``--resume flag``."""
     text = str(error)
     if flag and text.startswith("resume="):

@@ -88,12 +88,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         params = getattr(policy, "params", None)  # a Model's; a function has none
         steps = config.get("max_episode_steps")
         fp = fingerprint(steps, params, digest=params is not None)
+    kept = lambda e: _kept(args, config, log_path, e, earlier, log)
     try:
-        result = _run_eval(args, config, log_path, policy, env, hooks, kwargs)
-    except (ValueError, TypeError) as e:  # jaxmesh.ParamError is a ValueError
-        if started.started:
+        # SIGTERM stops the run as Ctrl-C does; a suite's runs on Ray share
+        # one connection.
+        with terminating(), _ray_connection(run.workers):
+            result = jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
+    except KeyboardInterrupt as e:
+        raise stopped(args.command, e, kept(e)) from None
+    except Exception as e:  # jaxmesh.ParamError is a ValueError
+        # Before the run started, a ValueError or TypeError (or flax's or
+        # gymnasium's error, bad_input) is a refusal: nothing ran.
+        why = e if isinstance(e, ValueError | TypeError) else bad_input(e)
+        if started.started or why is None:
+            if started.started or not isinstance(e, ConfigError):
+                e.add_note(kept(e))
             raise
-        text = resume_refused(e, args.resume)
+        text = resume_refused(why, args.resume)
         if not suite:
             raise ConfigError(refused(config, text)) from e
         done = started.finished
@@ -120,14 +131,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if isinstance(run.workers, Ray) and progress.where and not suite:
         print(f"{'lanes stepped by':<28}{progress.where}")
     whole = log is None or log.error is None
-    try:
-        # A log that stopped does not hold the episodes: write_json says so.
-        status = _write_outputs(
-            args, result, output, log_path if whole else None, report, video
-        )
-    except _Unwritten as e:
-        print(f"jaxmesh eval: error: {e.text(args, config, log_path)}", file=sys.stderr)
-        return 1
+    # A log that stopped does not hold the episodes: write_json says so.
+    held_log = log_path if whole else None
+    saved = None
+    if output is not None:
+        try:
+            saved = write_json(output, result.to_dict(), "eval", held_log)
+        except OSError as e:  # a disk full everywhere
+            n, held = result.num_episodes, _held(log_path)
+            line = (
+                f"cannot write {str(output)!r} ({e.strerror or e}), nor a copy in "
+                "the working or the temporary folder; "
+            )
+            if held:
+                line += (
+                    f"the episode log {log_path} holds {held} of the {n} episodes; "
+                    f"to run only the rest: {resume_command(args, config, log_path)}"
+                )
+            else:
+                line += f"the result of its {n} episodes is lost"
+            print(f"jaxmesh eval: error: {line}", file=sys.stderr)
+            return 1
+    status = _write_outputs(args, result, output, saved, held_log, report, video)
     if whole:
         return status
     print(
@@ -148,49 +173,23 @@ def _ray_connection(workers: Any) -> Any:
     return connection(workers)
 
 
-class _Unwritten(Exception):
-    """The result JSON could be written nowhere (a disk full everywhere)."""
-
-    def __init__(self, path: Path, error: OSError, result: Any):
-        super().__init__(str(error))
-        self.path, self.error, self.result = path, error, result
-
-    def text(self, args: argparse.Namespace, config: dict, log_path: Any) -> str:
-        """What is lost and what is kept (the log's episodes, read back)."""
-        n = self.result.num_episodes
-        held = _held(log_path)
-        line = (
-            f"cannot write {str(self.path)!r} ({self.error.strerror or self.error}), "
-            "nor a copy in the working or the temporary folder; "
-        )
-        if not held:
-            return line + f"the result of its {n} episodes is lost"
-        return line + (
-            f"the episode log {log_path} holds {held} of the {n} episodes; to run "
-            f"only the rest: {resume_command(args, config, log_path)}"
-        )
-
-
 def _write_outputs(
     args: argparse.Namespace,
     result: Any,
     output: Path | None,
+    saved: Path | None,
     log_path: Path | None,
     report: Path | None,
     video: Path | None,
 ) -> int:
-    """Writes a finished run's (or suite's) files, the results before the videos
-    (a video that cannot be rendered never costs them); returns 0, or 1 when
-    the JSON went elsewhere than ``output`` or a video failed."""
+    """Writes a finished run's (or suite's) files beside its result JSON
+    (``saved``, where ``output`` went), the videos last (a video that cannot be
+    rendered never costs the rest); returns 0, or 1 when the JSON went
+    elsewhere than ``output`` or a video failed."""
     suite = isinstance(result, SuiteResult)
     base = output.parent if output is not None and not suite else None
     written: list[Path] = []
-    saved = None
-    if output is not None:
-        try:
-            saved = write_json(output, result.to_dict(), "eval", log_path)
-        except OSError as e:
-            raise _Unwritten(output, e, result) from e
+    if saved is not None:
         written.append(saved)
         print(f"wrote {saved}")
         if getattr(result, "trajectories", None):
@@ -214,41 +213,6 @@ def _write_outputs(
     if report is not None:
         write_report_file(result, report, base, announce=False)
     return status
-
-
-def _run_eval(
-    args: argparse.Namespace,
-    config: dict[str, Any],
-    log_path: Path | None,
-    policy: Any,
-    env: Any,
-    hooks: list,
-    kwargs: dict,
-) -> Any:
-    """``jaxmesh.evaluate``; a stopped or failed run says where its finished
-    episodes are and the command that continues it."""
-    earlier = kwargs.get("resume")
-    log = next((h for h in hooks if isinstance(h, EpisodeLog)), None)
-    started = lambda: any(getattr(h, "started", False) for h in hooks)
-    kept = lambda e: _kept(args, config, log_path, e, earlier, log)
-    try:
-        # SIGTERM stops the run as Ctrl-C does; a suite's runs on Ray share
-        # one connection.
-        with terminating(), _ray_connection(kwargs["config"].workers):
-            return jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
-    except (ConfigError, ValueError, TypeError) as e:
-        if not started():
-            raise  # a refusal: nothing ran
-        e.add_note(kept(e))
-        raise
-    except KeyboardInterrupt as e:
-        raise stopped(args.command, e, kept(e)) from None
-    except Exception as e:
-        why = None if started() else bad_input(e)
-        if why is not None:  # refused as cmd_eval refuses a ValueError
-            raise ValueError(why) from e
-        e.add_note(kept(e))
-        raise
 
 
 def _kept(

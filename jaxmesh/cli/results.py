@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.artifacts import write_report_file
-from jaxmesh.cli.config import existing_file
+from jaxmesh.cli.config import read_text
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.outputs import need_matplotlib
 from jaxmesh.results.result import RunResult
@@ -18,20 +18,17 @@ from jaxmesh.suite import SuiteResult, compare
 def load_result(path: str | Path) -> Any:
     """The ``RunResult`` (a suite's ``SuiteResult``) ``jaxmesh eval`` wrote to a
     JSON file; ConfigError: missing, not JSON, or not a result."""
-    p = existing_file(
-        path,
-        "result file",
-        "pass the JSON that jaxmesh eval wrote (its config's output key)",
-    )
+    hint = "pass the JSON that jaxmesh eval wrote (its config's output key)"
+    text = read_text(path, "result file", hint)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ConfigError(f"result file {str(path)!r} is not valid JSON: {e}") from e
     try:
         if isinstance(data, dict) and data.get("suite"):
             return SuiteResult.from_dict(data)
         result = RunResult.from_dict(data)
-        npz = p.with_suffix(".npz")  # what eval wrote for a run with record:
+        npz = Path(path).with_suffix(".npz")  # eval's, for a run with record:
         if data.get("recorded") and npz.is_file():
             result = result.load_trajectories(npz, data["recorded"])
         return result

@@ -194,12 +194,9 @@ def test_ctrl_c_writes_the_finished_batches_and_exits_130(
 ):
     import jaxmesh.cli.decide as command
 
-    def interrupt_after_two(enabled):
-        def line(d):
-            if d.batches == 2:
-                raise KeyboardInterrupt
-
-        return line
+    def interrupt_after_two(d):
+        if d.batches == 2:
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(command, "_progress", interrupt_after_two)
     a, b = configs(tmp_path)
