@@ -15,8 +15,6 @@ from jaxmesh.results import stats as _stats
 
 #: The columns of a telemetry series (``RunResult.telemetry``), in order.
 STAT_NAMES = ("count", "mean", "p50", "p95", "p99")
-#: The tables a row belongs to, in the order ``text`` prints them.
-TABLES = ("settings", "summary", "totals")
 
 
 class Row(NamedTuple):
@@ -114,7 +112,7 @@ def _return_rows(stats: dict[str, Any]) -> list[Row]:
 
     def span(key: str, label: str) -> Row:
         v = _at(stats, key)
-        text = "n/a (one episode)" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]"
+        text = _span(v, ".3f") or "n/a (one episode)"
         return Row(key, f"{label}, {level} interval", v, text, how)
 
     error, at_most = "std / sqrt(episodes)", "of the episodes return at most this"
@@ -150,9 +148,9 @@ def _success_rows(stats: dict[str, Any]) -> list[Row]:
     label = "success rate" + (f" ({named}, the headline)" if named else "")
     rate = stats["success_rate"]
     if rate is not None:
-        low, high = pair = stats["success_interval"]
+        pair = stats["success_interval"]
         wilson = f"success rate, {level} Wilson interval"
-        text = f"[{low:.1%}, {high:.1%}]"
+        text = _span(pair, ".1%")
         out += [
             Row("success_rate", label, rate, f"{rate:.1%}", f"success_mode={mode!r}"),
             Row("success_interval", wilson, pair, text, "Wilson score interval"),
@@ -297,7 +295,7 @@ def text(result: Any, stats: dict[str, Any] | None = None) -> str:
     ``summary_resamples``)."""
     if stats is None:
         stats = result.stats(resamples=_stats.summary_resamples(len(result.returns)))
-    table = [row for row in rows(result, stats) if row.table in TABLES]
+    table = [row for row in rows(result, stats) if row.table != "provenance"]
     width = max(len(row.label) for row in table)
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
 

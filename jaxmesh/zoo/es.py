@@ -31,12 +31,6 @@ except ImportError as e:
     ) from e
 
 
-def centered_ranks(x: jax.Array) -> jax.Array:
-    """Ranks of ``x`` mapped linearly onto [-0.5, 0.5] (ties by position)."""
-    ranks = jnp.argsort(jnp.argsort(x)).astype(jnp.float32)
-    return ranks / (x.shape[0] - 1) - 0.5
-
-
 def flat_policy(init: Callable, apply: Callable, cfg: Any):
     """(flat params of ``init(PRNGKey(cfg.seed))``, unravel,
     ``policy(flat, obs)``); ValueError for an odd population."""
@@ -106,8 +100,11 @@ def make_generation(
         centre = None
         if score_centre:
             centre, score = score[0], score[1:]
-        # Gradient ascent on the rank-weighted directions; optax minimises.
-        grad = -(centered_ranks(score) @ eps) / (cfg.population * cfg.sigma)
+        # Ranks onto [-0.5, 0.5] (ties by position) weigh the directions;
+        # gradient ascent on them, as optax minimises.
+        ranks = jnp.argsort(jnp.argsort(score)).astype(jnp.float32)
+        weights = ranks / (score.shape[0] - 1) - 0.5
+        grad = -(weights @ eps) / (cfg.population * cfg.sigma)
         updates, opt_state = optimizer.update(grad, opt_state, flat)
         return optax.apply_updates(flat, updates), opt_state, centre, score
 
