@@ -269,21 +269,6 @@ class LaneResult:
     truncated: list[bool] = dataclasses.field(default_factory=list)
     infos: list[dict] = dataclasses.field(default_factory=list)
 
-    def record(self, reward, term, trunc, obs, info, every_obs, every_info) -> None:
-        """One step; ``obs`` / ``info`` (None: not asked for) kept for every
-        step when ``every_obs`` / ``every_info``, else only the last."""
-        self.rewards.append(float(reward))
-        self.terminated.append(term)
-        self.truncated.append(trunc)
-        for rows, row, every in (
-            (self.obs, obs, every_obs),
-            (self.infos, info, every_info),
-        ):
-            if row is not None and (every or not rows):
-                rows.append(row)
-            elif row is not None:
-                rows[0] = row
-
 
 def info_leaves(
     rows: Sequence[dict], keys: Sequence[str]
@@ -763,6 +748,7 @@ class VectorEnvStepper(GymStepper):
         """One ``vec.step``: ``lanes`` play ``actions``, the others
         :func:`idle_action`; lanes whose env ended are reset first. As
         :meth:`EnvListStepper.step_lanes`, but with the vector's info dict."""
+        lanes = np.asarray(lanes, np.int64)  # one index array for every lookup
         batch = np.broadcast_to(self.idle, (self.num_lanes,) + self.idle.shape).copy()
         batch[lanes] = actions
         if self.env_ended.any():
@@ -825,12 +811,17 @@ class VectorEnvStepper(GymStepper):
                     lanes, [op.actions[k] for op in live], want_obs=want_obs
                 )
                 for i, j in enumerate(lanes):
-                    tr = bool(trunc[i]) or self._past_deadline(j)
-                    arr = {n: x[i] for n, x in obs.items()} if want_obs else None
-                    row = self.lane_info(info, j, info_keys) if info_keys else None
-                    results[j].record(
-                        reward[i], bool(term[i]), tr, arr, row, keep_all, every
-                    )
+                    res, tr = results[j], bool(trunc[i]) or self._past_deadline(j)
+                    res.rewards.append(float(reward[i]))
+                    res.terminated.append(bool(term[i]))
+                    res.truncated.append(tr)
+                    # Every step's row, or the last one only.
+                    if want_obs:
+                        row = {n: x[i] for n, x in obs.items()}
+                        res.obs[len(res.obs) if keep_all else 0 :] = [row]
+                    if info_keys:
+                        row = self.lane_info(info, j, info_keys)
+                        res.infos[len(res.infos) if every else 0 :] = [row]
                     self.ended[j] |= tr
             except Exception as exc:
                 done = len(results[lanes[0]].rewards)
