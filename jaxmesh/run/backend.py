@@ -89,11 +89,9 @@ def check_lane_groups(value: Any) -> int | None:
 SERVER_LOSS = ("rerun", "raise")
 
 
-def check_server_loss(value: Any) -> str:
-    """``on_server_loss`` as ``"rerun"`` or ``"raise"`` (None: ``"rerun"``)."""
-    if value is None:
-        return "rerun"
-    if not isinstance(value, str) or value not in SERVER_LOSS:
+def check_server_loss(value: Any) -> str | None:
+    """``on_server_loss``: ``"rerun"``, ``"raise"`` or None (``"rerun"``)."""
+    if value is not None and (not isinstance(value, str) or value not in SERVER_LOSS):
         raise ValueError(
             f"on_server_loss={value!r}: expected 'rerun' (run a lost server's "
             "unfinished episodes again on the other servers) or 'raise' (end the "

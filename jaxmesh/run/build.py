@@ -91,10 +91,8 @@ def probe_chunk(
     *,
     chunks_asked: bool = False,
 ) -> int | None:
-    """The policy's chunk length K (None: single actions), its output checked
-    against the env by shape only. ``told``: the ``execution_horizon`` the run
-    tells it; without ``chunks_asked`` a chunk at horizon 1 from a policy that
-    declares none warns once (CONTRACT 11)."""
+    """The policy's chunk length K (None: single actions), checked by shape;
+    unless ``chunks_asked``, a chunk at horizon 1 warns (CONTRACT 11)."""
     if policy.native_chunk is not None and horizon > policy.native_chunk:
         raise ValueError(
             f"horizon={horizon} exceeds policy {policy.name!r}'s "
@@ -209,12 +207,10 @@ def engine_metrics(
     """The metrics and success key a JAX env's run keeps, each one number a step."""
     name = getattr(env, "name", type(env).__name__)
     auto = not asked.named and not isinstance(asked.success, str)
-    if auto and asked.success is False:
-        return (), None
     step = getattr(env, "step_with_info", None)
+    if auto and (asked.success is False or step is None):
+        return (), None  # auto success: only when the info has the key
     if step is None:
-        if auto:  # auto success: only when the info has the key
-            return (), None
         raise ValueError(
             f"metrics={dict(asked.named)!r} / success={asked.success!r}: env "
             f"{name!r} reports no info (it has no step_with_info(key, state, "
@@ -292,10 +288,8 @@ def build_engine(
     record: Any = None,
     trials: TrialReset | None = None,
 ) -> Engine:
-    """The engine for a probed policy, env and run plan; ``metrics``:
-    ``engine_metrics``'s; ``record``: ``check_record_keys``'s; ``trials``:
-    episodes start from a trial index (``jaxmesh.run.initial``), None: from
-    ``env.reset``."""
+    """The engine for a probed policy, env and plan (checked ``metrics``,
+    ``record``; ``trials``: episodes start from a trial index, not a reset)."""
     name = getattr(env, "name", type(env).__name__)
     config = EngineConfig(
         capacity=plan.capacity,

@@ -104,8 +104,8 @@ def check_budget_fits(episodes: int, capacity: int, device: Any = None) -> None:
 def resolve_budget(
     episodes: Any, seeds: Any, device: Any = None, device_buffers: bool = False
 ) -> np.ndarray:
-    """The run's seeds (CONTRACT 1), int32, once they fit in memory (with
-    ``device_buffers``, ``Engine.run``'s budget-sized device buffers too)."""
+    """The run's seeds (CONTRACT 1), int32, once they (and ``device_buffers``)
+    fit in memory."""
     if episodes is not None:
         episodes = check_int("episodes", episodes, 0, "the number of episodes to score")
     if seeds is not None and (

@@ -139,8 +139,7 @@ def check_source(env: Any, lanes: int, record: Any, check_seeds: bool) -> None:
 
 
 def workers_of(value: Any) -> Any:
-    """``RunConfig(workers=)`` checked: an int, None, or a ``Ray`` (a config
-    file's ``{ray: ...}`` too)."""
+    """``RunConfig(workers=)``: an int, None, or a ``Ray`` (also ``{ray: ...}``)."""
     if value is None or isinstance(value, Ray):
         return value
     if not isinstance(value, Mapping):

@@ -130,12 +130,12 @@ class Served:
     transport: str | None = "auto"
 
     def __post_init__(self) -> None:
-        loss, transport = self.on_server_loss, self.transport
+        transport = self.transport
         _set(
             self,
             reply_timeout=backend.check_reply_timeout(self.reply_timeout),
             lane_groups=backend.check_lane_groups(self.lane_groups),
-            on_server_loss=None if loss is None else backend.check_server_loss(loss),
+            on_server_loss=backend.check_server_loss(self.on_server_loss),
             transport=check_transport(backend.AUTO if transport is None else transport),
         )
 
@@ -295,8 +295,7 @@ class RunConfig:
         return (self.served or Served()) if kind == backend.SERVED else None
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A copy with flat knobs or grouped fields changed (each by its own
-        name: ``config.replace(horizon=4, prefetch_lead=1)``)."""
+        """A copy with fields changed by name: ``replace(horizon=4, delay=1)``."""
         flat = {k: v for k, v in changes.items() if k in FLAT or k in GROUPS}
         by_group: dict[str, dict] = {}
         for name, value in changes.items():

@@ -35,9 +35,8 @@ def target(env: Any, env_config: Any = None) -> Target:
 
 
 class Route(NamedTuple):
-    """A row of the backend table: what ``jaxmesh.evaluate`` calls; a host
-    row's ``lanes(env, num_envs, episodes, workers, served)``, loop class and
-    a faster one taken when its ``applies(program, lanes, recorder)``."""
+    """A row of the backend table: what ``jaxmesh.evaluate`` calls; a host row's
+    lanes, loop class, and a faster one taken when it ``applies``."""
 
     name: str
     evaluate: Callable[..., Any]

@@ -44,12 +44,21 @@ class Trials:
 
     def engine_reset(self, env: Any) -> TrialReset:
         """The engine's reset from a trial index, checked against ``env.reset``."""
-        want = jax.eval_shape(env.reset, jax.ShapeDtypeStruct((2,), jnp.uint32))
+        key, fn = jax.ShapeDtypeStruct((2,), jnp.uint32), self.reset_fn
+        want = jax.eval_shape(env.reset, key)
         name = getattr(env, "name", type(env).__name__)
         if self.states is None:
-            got = _trace_reset_fn(self.reset_fn)
+            try:
+                got = jax.eval_shape(fn, key, jax.ShapeDtypeStruct((), jnp.int32))
+            except Exception as e:
+                raise TypeError(
+                    f"reset_fn={_name(fn)}: calling it on one lane's key (uint32[2]) "
+                    "and trial index (int32 scalar), inside jit, failed: "
+                    f"{type(e).__name__}: {e}. It must be a JAX function "
+                    "reset_fn(key, trial) -> (obs, state)"
+                ) from e
             _check_like(got, want, "reset_fn(key, trial)", name, "return")
-            return TrialReset(functools.partial(_call_reset_fn, self.reset_fn))
+            return TrialReset(functools.partial(_call_reset_fn, fn))
         spec = lambda k: jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape[k:], x.dtype), self.states
         )  # k = 1: one state's
@@ -65,19 +74,6 @@ def _take_state(key: jax.Array, trial: jax.Array, states: Any) -> Any:
 def _call_reset_fn(fn: Callable, key: jax.Array, trial: jax.Array, data: Any) -> Any:
     del data
     return fn(key, trial)
-
-
-def _trace_reset_fn(fn: Callable) -> Any:
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    trial = jax.ShapeDtypeStruct((), jnp.int32)
-    try:
-        return jax.eval_shape(fn, key, trial)
-    except Exception as e:
-        raise TypeError(
-            f"reset_fn={_name(fn)}: calling it on one lane's key (uint32[2]) and "
-            f"trial index (int32 scalar), inside jit, failed: {type(e).__name__}: "
-            f"{e}. It must be a JAX function reset_fn(key, trial) -> (obs, state)"
-        ) from e
 
 
 def _check_like(got: Any, want: Any, what: str, env: str, verb: str) -> None:

@@ -64,9 +64,8 @@ def lanes_of(encoded: Any, n: int) -> Any:
 
 
 class LaneTexts:
-    """The Text inputs' encodings per lane of a host-stepped run (``encoded``:
-    ``check_sources``'s): one read from the reset info changes on a lane when
-    it starts an episode (``begin``), and only then moves to the device."""
+    """A host-stepped run's Text encodings per lane; one from the reset info
+    changes when a lane ``begin``s an episode, and only then moves to the device."""
 
     def __init__(
         self, spec: Any, encoded: dict, n: int, device: Any = None, env_name: str = ""

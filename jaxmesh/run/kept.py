@@ -45,10 +45,9 @@ _processes: dict[bytes, tuple[Any, Callable[[Any], None]]] | None = None
 
 @contextlib.contextmanager
 def kept_processes() -> Iterator[None]:
-    """Within it, a run whose env source (equal when pickled), lanes and workers
-    are an earlier run's takes that run's worker processes or Ray actors
-    (``started``); every episode resets with its own seed, so results are
-    unchanged. They stop when it exits (``jaxmesh.decide``'s batches)."""
+    """Within it, a run with an earlier run's env source (pickled), lanes and
+    workers takes its worker processes or Ray actors (``started``), stopped at
+    the exit; every episode resets with its own seed, so results are unchanged."""
     global _processes
     if _processes is not None:  # an outer one keeps them
         yield

@@ -13,8 +13,7 @@ MIN_TILE_ROWS = 8
 
 def default_plan_tile(h: int, num_envs: int) -> int:
     """``min(128 // h, next power of two >= num_envs)`` within [8, 128]
-    (docs/evaluation.md, "The default tile"); ``h``: the effective horizon,
-    ``num_envs``: the lanes that plan together (one served lane group's)."""
+    (docs/evaluation.md, "The default tile"), for the lanes that plan together."""
     return max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS // h, pow2_at_least(num_envs)))
 
 
@@ -52,8 +51,7 @@ def plan_run(
     tile_lanes: int | None = None,
 ) -> RunPlan:
     """The plan of a run with checked ``settings`` and a probed ``chunk`` (K);
-    ``lanes`` (one program's) and ``tile_lanes`` (the default tile's) default
-    to ``settings.num_envs``. A sweep's grid takes the smallest h's tile."""
+    ``lanes`` and ``tile_lanes`` (the default tile's) default to ``num_envs``."""
     h = effective_horizon(settings.horizon, chunk)
     delay, ensemble = settings.delay, settings.execution
     check_execution(settings, chunk, h)

@@ -96,13 +96,8 @@ class SingleDevice:
 
 
 class DeviceMesh:
-    """Lanes split over the devices of a one-axis mesh: device d of D runs
-    episodes d, d + D, ... on N / D lanes of its own (``sharded``).
-
-    Raises:
-      ValueError: ``num_envs`` not a multiple of D, a policy pinned to one
-        device, or a mesh with no device of this process.
-    """
+    """Lanes split over a one-axis mesh: device d of D runs episodes d, d + D,
+    ... on N / D lanes of its own (``sharded``)."""
 
     #: D programs' step events have no order.
     supports_step_hooks = False

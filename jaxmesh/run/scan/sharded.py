@@ -122,11 +122,8 @@ def check_same_everywhere(mesh: Mesh, seeds: np.ndarray, params: Any) -> None:
     owners = [dev.process_index for dev in mesh.devices.flat]
     differ = sorted({owners[k] for k in range(d) if np.any(rows[k] != rows[0])})
     if differ:
-        what = [
-            name
-            for name, col in (("episodes", 0), ("seeds", 1), ("params", 2))
-            if np.any(rows[:, col] != rows[0, col])
-        ]
+        names = ("episodes", "seeds", "params")
+        what = [n for c, n in enumerate(names) if np.any(rows[:, c] != rows[0, c])]
         raise ValueError(
             f"under jax.distributed, process(es) {differ} were given other "
             f"{' and '.join(what)} than process {owners[0]}; every process "
