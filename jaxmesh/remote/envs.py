@@ -55,15 +55,6 @@ def _seed(seed: Any, what: str = "seed") -> int | None:
     return int(seed)
 
 
-def _options(options: Any, e_g: str) -> dict[str, Any]:
-    if options is not None and not isinstance(options, Mapping):
-        raise TypeError(
-            f"options is a {type(options).__name__}; expected None or a dict "
-            f"such as {e_g}"
-        )
-    return dict(options or {})
-
-
 class _Client(Session):
     """A ``Session``, opened with a call of no lane (a busy server fails here),
     and what a gymnasium env needs of it: the spaces, checked actions and
@@ -109,8 +100,19 @@ class _Client(Session):
             meta["reset_options"] = (TRIAL_INDEX,)
         return meta
 
-    def options(self, options: Mapping[str, Any], what: str) -> dict[str, pb.Value]:
-        unknown = sorted(str(k) for k in options if k != TRIAL_INDEX)
+    def options(self, options: Any, vector: bool) -> dict[str, pb.Value]:
+        """``RemoteEnv.reset``'s options as the wire's (``vector``:
+        ``RemoteVectorEnv.reset``'s, its ``reset_mask`` left out)."""
+        what = "RemoteVectorEnv.reset" if vector else "RemoteEnv.reset"
+        if options is not None and not isinstance(options, Mapping):
+            e_g = "{'reset_mask': mask}" if vector else "{'trial_index': 0}"
+            raise TypeError(
+                f"options is a {type(options).__name__}; expected None or a dict "
+                f"such as {e_g}"
+            )
+        options = options or {}
+        known = (TRIAL_INDEX, RESET_MASK) if vector else (TRIAL_INDEX,)
+        unknown = sorted(str(k) for k in options if k not in known)
         declared = [TRIAL_INDEX] if self.trial_index else []
         if unknown:
             raise ValueError(
@@ -273,8 +275,7 @@ class RemoteEnv(gymnasium.Env):
         """
         client = self._client.check_open()
         seed = _seed(seed)
-        options = _options(options, "{'trial_index': 0}")
-        wire = client.options(options, "RemoteEnv.reset")
+        wire = client.options(options, vector=False)
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(SEED_BOUND))
@@ -411,8 +412,8 @@ class RemoteVectorEnv(VectorEnv):
                 f"seed is a {type(seed).__name__}; expected None, an int or a list "
                 f"of {n} ints or Nones"
             )
-        options = _options(options, "{'reset_mask': mask}")
-        mask = options.pop(RESET_MASK, None)
+        wire = client.options(options, vector=True)
+        mask = None if options is None else options.get(RESET_MASK)
         if mask is None:
             lanes = self._all
         else:
@@ -424,7 +425,6 @@ class RemoteVectorEnv(VectorEnv):
                     "with at least one True (the lanes to reset)"
                 )
             lanes = np.flatnonzero(arr).astype(np.int64)
-        wire = client.options(options, "RemoteVectorEnv.reset")
         if _is_int(seed):
             super().reset(seed=int(seed))
         drawn = [
