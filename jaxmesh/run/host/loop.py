@@ -79,8 +79,8 @@ class HostLoop:
         self.max_steps = run.settings.max_steps
         n, spec = self.n, self.spec
         self.episode = np.full(n, -1, np.int64)
-        self.active = np.zeros(n, bool)  # running an episode
-        self.started = np.zeros(n, bool)  # its episode begins at its next step
+        # Running an episode; beginning it at the next step; of a lost server.
+        self.active, self.started, self.dead = np.zeros((3, n), bool)
         self.t = np.zeros(n, np.int32)  # steps executed
         self.ret = np.zeros(n, np.float32)
         self.ep_keys = rules.episode_keys(np, np.zeros(n))  # seed 0's until a start
@@ -98,7 +98,6 @@ class HostLoop:
         # Each episode's trial index (a resumed run runs a part of the budget).
         self.trial_of = run.trial_base + identity.episode_indices(self.e)
         self.losses: dict[int, int] = {}  # episode -> worker deaths under it
-        self.dead = np.zeros(n, bool)  # lanes of a lost server: no episodes
         # Started episodes to run again from their seeds (a lost lane's), taken
         # before the next unstarted ones, lowest index first.
         self.rerun: list[int] = []

@@ -42,11 +42,10 @@ class ServedRun(HostLoop):
         )
         self.info_every_step = every_info and not self.every_obs
         n = self.n
-        self.epoch = np.zeros(n, np.int64)
-        self.ready = np.zeros(n, bool)  # its current observation is in: may act
-        self.waiting = np.zeros(n, bool)  # acted; that action's result not in yet
-        self.sent = np.zeros(n, np.int64)  # actions of the episode sent
-        self.capped = np.zeros(n, bool)  # the last result ended at the cap only
+        # May act (its observation is in); awaits its action's result; ended at
+        # the cap only. Its episode's epoch and actions sent.
+        self.ready, self.waiting, self.capped = np.zeros((3, n), bool)
+        self.epoch, self.sent = np.zeros((2, n), np.int64)
         # The leaves asked for; the others stay zeros in ``obs_leaves``.
         self.obs_keys = wire_leaves(self.spec, self.program, recorder)
         self.server = np.asarray(lanes.server, np.int64)

@@ -249,7 +249,8 @@ class Inbox:
                 reply = sessions[s].reply(item)
         except RemoteConnectionError as exc:
             if s is None:  # no reply in time: the server waited on longest
-                s = loss.oldest_in_flight()
+                waiting = [(q[0][1], t) for t, q in enumerate(run.outbox.inflight) if q]
+                s = min(waiting)[1]
             if not loss.lose(s, exc):
                 raise
             return True
@@ -590,11 +591,6 @@ class ServerLoss:
         if not times:
             return limit
         return max(min(times) + limit - time.monotonic(), 0.0) + 0.01
-
-    def oldest_in_flight(self) -> int:
-        """The server whose oldest call in flight was sent first."""
-        waiting = [(q[0][1], s) for s, q in enumerate(self.run.outbox.inflight) if q]
-        return min(waiting)[1]
 
     def lose(self, s: int, exc: BaseException) -> bool:
         """Drops server ``s`` after ``exc`` when the run may go on; False (the
