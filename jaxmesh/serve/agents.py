@@ -172,10 +172,9 @@ class Pool:
         self._key = (tuple(k.shape), k.dtype)
         self.leaves = self.layout.empty((0,))
         #: The leaves in the observation's tree order (what a request sends).
-        self.order = [
-            next(n for n in self.leaves if self.leaves[n] is x)
-            for x in jax.tree.leaves(self.layout.build(self.leaves))
-        ]
+        self.order = jax.tree.leaves(
+            self.layout.build({n: n for n in self.layout.names})
+        )
 
     @property
     def lanes(self) -> int:
@@ -269,23 +268,19 @@ class Pool:
             st = self.state
             rows = int(st.rows)
             delta, self.rows = rows - self.rows, rows
-            cursor, calls = np.asarray(st.cursor), np.asarray(st.predict_calls)
-            chunk = np.asarray(jax.device_get(st.chunk))
-            pending = np.asarray(jax.device_get(st.pending)) if self.cfg.lead else None
-        out = []
-        for r in requests:
-            sl = r.session.slots
-            reply = {
-                "actions": np.ascontiguousarray(actions[sl]),
-                "cursor": cursor[sl].astype(np.int64),
-                "predict_calls": calls[sl].astype(np.int32),
-                "rows": delta,
-                "chunk": np.ascontiguousarray(chunk[sl]),
+            lanes = {
+                "actions": actions,
+                "cursor": np.asarray(st.cursor, np.int64),
+                "predict_calls": np.asarray(st.predict_calls, np.int32),
+                "chunk": np.asarray(jax.device_get(st.chunk)),
             }
-            if pending is not None:
-                reply["pending"] = np.ascontiguousarray(pending[sl])
-            out.append(reply)
-        return out
+            if self.cfg.lead:
+                lanes["pending"] = np.asarray(jax.device_get(st.pending))
+        # (A session's slots index its rows: each is a contiguous copy.)
+        return [
+            {"rows": delta, **{k: x[r.session.slots] for k, x in lanes.items()}}
+            for r in requests
+        ]
 
 
 @dataclasses.dataclass(eq=False)
