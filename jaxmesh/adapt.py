@@ -342,9 +342,7 @@ class Text(_Input):
     def signature(self) -> Any:
         """The encodings' ``jax.ShapeDtypeStruct`` leaves (None: none yet)."""
         first = self._cache.get(_FIRST)
-        if first is None:
-            return None
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), first[1])
+        return None if first is None else jax.tree.map(leaf_spec, first[1])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,7 +145,15 @@ def run_one(
             "with the same Suite, or a single run with its RunResult"
         )
     path = check_trace_path(trace)
-    settings = _trace_settings(policy, target, config, call) if path else None
+    settings = None
+    if path:  # the policy's and env's names, the config, the seeds counted
+        settings = {
+            k: v if isinstance(v, str) else getattr(v, "name", None) or type(v).__name__
+            for k, v in (("policy", policy), ("env", target.env))
+        }
+        settings.update(config.to_dict(), episodes=call["episodes"])
+        if call["seeds"] is not None:
+            settings["seeds"] = f"{len(call['seeds'])} seeds"
     with tracing(path, settings):
         todo = resume_mod.Resumption(resume, policy, target, config, call)
         config, call = todo.config, todo.call
@@ -157,18 +165,3 @@ def run_one(
             run = dispatch.route(target).evaluate
             new = stamp(run(policy, target.env, config, **given))
         return todo.merged(new)
-
-
-def _trace_settings(
-    policy: Any, target: backend.Target, config: RunConfig, call: dict
-) -> dict:
-    """What a timeline records: the policy's and env's names, the config and
-    the budget (seeds counted, not listed)."""
-    out = {
-        k: v if isinstance(v, str) else getattr(v, "name", None) or type(v).__name__
-        for k, v in (("policy", policy), ("env", target.env))
-    }
-    out.update(config.to_dict(), episodes=call["episodes"])
-    if call["seeds"] is not None:
-        out["seeds"] = f"{len(call['seeds'])} seeds"
-    return out

@@ -178,14 +178,10 @@ class Model:
             raise TypeError(f"Model(fn={fn!r}): fn must be callable")
         self._fn = fn
         self._name = name
-        if spec is not None:
-            self.spec = adapt.check_spec(spec)
-        if native_chunk is not None:
-            self.native_chunk = native_chunk
-        if params is not None:
-            self.params = params
-        if device is not None:
-            self.device = device
+        given = {"spec": adapt.check_spec(spec), "native_chunk": native_chunk}
+        for key, value in dict(given, params=params, device=device).items():
+            if value is not None:  # else the class's
+                setattr(self, key, value)
         self._fn_takes_params = fn is not None and params is not None
         self._check()
 

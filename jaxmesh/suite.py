@@ -389,15 +389,11 @@ def _split(
 
 
 def _task_row(name: str, env: str, stats: dict) -> dict[str, Any]:
-    ret = stats["returns"]
+    ret, rates = stats["returns"], ("success_once_rate", "success_at_end_rate")
     return {
         "task": name,
-        "episodes": stats["episodes"],
-        "success_rate": stats["success_rate"],
-        "success_interval": stats["success_interval"],
-        "success_once_rate": stats.get("success_once_rate"),
-        "success_at_end_rate": stats.get("success_at_end_rate"),
-        "successes_at_reset": stats.get("successes_at_reset"),
+        **{k: stats[k] for k in ("episodes", "success_rate", "success_interval")},
+        **{k: stats.get(k) for k in (*rates, "successes_at_reset")},
         "mean_return": ret["mean"],
         "return_interval": ret["mean_interval"],
         "mean_length": stats["lengths"]["mean"],
