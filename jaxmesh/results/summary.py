@@ -41,29 +41,6 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def mode_text(result: Any) -> str:
-    """How chunks were played (synchronous, asynchronous, delayed, ensembled)."""
-    mode = (
-        f"asynchronous (prefetch_lead={result.prefetch_lead}; not comparable to "
-        "a synchronous score)"
-        if result.asynchronous
-        else "synchronous"
-    )
-    if result.delay:
-        mode = (
-            f"inference delay of {result.delay} steps (each chunk planned "
-            f"{result.delay} steps before it plays, its first {result.delay} "
-            "actions skipped)"
-        )
-        if result.delay_ms is not None:
-            mode += f", from delay_ms={result.delay_ms:g}"
-    elif result.delay_ms is not None:
-        mode += " (delay_ms=0: no delay)"
-    if result.execution is not None:
-        mode += f", temporal ensembling: {result.execution}"
-    return mode
-
-
 def loss_text(loss: dict) -> str:
     """One lost server (``RunResult.server_losses``) in words."""
     text = (
@@ -197,13 +174,32 @@ def setting_rows(result: Any) -> list[Row]:
     horizon = "actions of a chunk executed before the next plan"
     effective = "min(horizon, chunk length)"
     lead = "steps a chunk is planned before it plays"
+    # How chunks were played (synchronous, asynchronous, delayed, ensembled).
+    mode = (
+        f"asynchronous (prefetch_lead={result.prefetch_lead}; not comparable to "
+        "a synchronous score)"
+        if result.asynchronous
+        else "synchronous"
+    )
+    if result.delay:
+        mode = (
+            f"inference delay of {result.delay} steps (each chunk planned "
+            f"{result.delay} steps before it plays, its first {result.delay} "
+            "actions skipped)"
+        )
+        if result.delay_ms is not None:
+            mode += f", from delay_ms={result.delay_ms:g}"
+    elif result.delay_ms is not None:
+        mode += " (delay_ms=0: no delay)"
+    if result.execution is not None:
+        mode += f", temporal ensembling: {result.execution}"
     rows += [
         field("num_envs", "lanes (num_envs)", f"{result.num_envs:,}"),
         field("horizon", "horizon", None, horizon),
         field("effective_horizon", "effective horizon", None, effective),
         field("chunk", "chunk length", chunks, "actions a plan returns"),
         field("prefetch_lead", "prefetch lead", None, lead),
-        Row("mode", "mode", mode_text(result), mode_text(result)),
+        Row("mode", "mode", mode, mode),
         field("plan_tile", "plan tile", None, "rows per policy call"),
         field("max_episode_seconds", "max episode seconds", cap),
     ]
