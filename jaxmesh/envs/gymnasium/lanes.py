@@ -651,22 +651,16 @@ class EnvListStepper(GymStepper):
         return self._reset_result(op.lane, arr, info, want_obs, info_keys)
 
     def _replay(self, op, want_obs, info_keys, keep_all, all_info) -> LaneResult:
-        j = op.lane
-        out = LaneResult(j)
+        j, out = op.lane, LaneResult(op.lane)
         if self.ended[j]:
             return out
-        step = self.envs[j].step
-        want_info = bool(info_keys)
-        every_info = want_info and (keep_all or all_info)
-        every_obs = want_obs and keep_all
-        obs = info = None
-        done = 0  # steps taken before the one that raised
+        step, every_info = self.envs[j].step, info_keys and (keep_all or all_info)
+        last = 0  # 1 once the last step's observation is converted
         try:
             for action in op.actions.tolist() if self.discrete else op.actions:
                 obs, reward, term, trunc, info = step(action)
-                if every_obs:
+                if want_obs and keep_all:
                     out.obs.append(self.layout.leaves(obs, j))
-                done += 1
                 out.rewards.append(float(reward))
                 term, trunc = bool(term), bool(trunc) or self._past_deadline(j)
                 out.terminated.append(term)
@@ -678,13 +672,13 @@ class EnvListStepper(GymStepper):
                     break
             if out.rewards and not keep_all:
                 # Only the last step's observation is converted and checked.
-                done -= 1
+                last = 1
                 if want_obs:
                     out.obs.append(self.layout.leaves(obs, j))
-                if want_info and not every_info:
+                if info_keys and not every_info:
                     out.infos.append(info)
-        except Exception as exc:
-            raise LaneError(j, "stepping", exc, done) from exc
+        except Exception as exc:  # steps taken before the one that raised
+            raise LaneError(j, "stepping", exc, len(out.rewards) - last) from exc
         return out
 
     def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):

@@ -102,12 +102,11 @@ class _LaneView:
         lanes = [int(j) for j in lanes]
         order = np.argsort(lanes, kind="stable").tolist()
         back = np.argsort(order)
-        ops = []
-        for i in order:
-            options = None
-            if self.declares_trial_index:  # only then (CONTRACT 6)
-                options = {TRIAL_INDEX: int(trials[i])}
-            seconds = float(max_episode_seconds or 0.0)
+        seconds, ops = float(max_episode_seconds or 0.0), []
+        for i in order:  # the trial index only for an env that takes it (CONTRACT 6)
+            options = (
+                {TRIAL_INDEX: int(trials[i])} if self.declares_trial_index else None
+            )
             ops.append(shared.Reset(lanes[i], int(seeds[i]), options, seconds))
         asked = tuple(dict.fromkeys(self.info_keys + tuple(text_keys)))
         results = self._resets(ops, asked)
