@@ -4,6 +4,7 @@ and whether a budget's per-episode buffers fit in memory."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import numbers
 import os
@@ -27,6 +28,17 @@ DEFAULT_SEGMENT_STEPS = 256
 HOST_BYTES_PER_EPISODE = 4 + 4 + 8 + 1 + 1 + 4 + 4 + BYTES_PER_EPISODE
 #: Share of free memory a budget's per-episode buffers may take.
 MEMORY_SHARE = 0.5
+
+
+def changed(obj: Any) -> list[str]:
+    """The fields of a dataclass not at their defaults (objects by identity)."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        plain = isinstance(value, bool | int | float | str)
+        if not (value is f.default or (plain and value == f.default)):
+            out.append(f.name)
+    return out
 
 
 def check_int(

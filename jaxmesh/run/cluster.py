@@ -102,11 +102,7 @@ class Ray:
 
     def describe(self) -> str:
         """``Ray(...)`` with the fields that differ from their defaults."""
-        given = [
-            f"{f.name}={getattr(self, f.name)!r}"
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != f.default
-        ]
+        given = [f"{name}={getattr(self, name)!r}" for name in checks.changed(self)]
         return f"Ray({', '.join(given)})"
 
     __str__ = describe

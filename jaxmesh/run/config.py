@@ -251,7 +251,7 @@ class RunConfig:
         """Refuses what ``target``'s backend does not take; a served env's options."""
         kind, label = target.kind, target.label
         if kind != backend.SERVED and self.served is not None:
-            for name in changed(self.served):  # the first option set is refused
+            for name in checks.changed(self.served):  # the first option set is refused
                 value = getattr(self.served, name)
                 if value is None:  # reply_timeout=None: no limit, nothing to refuse
                     continue
@@ -326,17 +326,6 @@ class RunConfig:
             for f in dataclasses.fields(group):
                 out[f.name] = _plain(f.name, getattr(group, f.name))
         return out
-
-
-def changed(group: Any) -> list[str]:
-    """The fields of a group not at their defaults (objects by identity)."""
-    out = []
-    for f in dataclasses.fields(group):
-        value = getattr(group, f.name)
-        plain = isinstance(value, bool | int | float | str)
-        if not (value is f.default or (plain and value == f.default)):
-            out.append(f.name)
-    return out
 
 
 def _plain(name: str, value: Any) -> Any:

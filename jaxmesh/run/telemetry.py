@@ -9,13 +9,8 @@ import numpy as np
 
 from jaxmesh import trace as trace_mod
 
-#: Series -> the span's name on the timeline.
-TRACE_NAMES = {
-    "predict": "plan",
-    "env_step": "env step",
-    "encode": "encode",
-    "decode": "decode",
-}
+#: Series -> the span's name on the timeline (others: the series' own).
+TRACE_NAMES = {"predict": "plan", "env_step": "env step"}
 
 
 class Telemetry:

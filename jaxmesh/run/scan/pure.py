@@ -13,7 +13,7 @@ from jaxmesh.core.tally import Results, empty
 from jaxmesh.envs import make_env
 from jaxmesh.envs.timing import step_seconds
 from jaxmesh.run import build, checks, plan
-from jaxmesh.run.config import RunConfig, changed, from_keywords
+from jaxmesh.run.config import RunConfig, from_keywords
 
 
 def make_evaluator(
@@ -43,12 +43,12 @@ def make_evaluator(
     """
     config = from_keywords(config, settings, "jaxmesh.make_evaluator")
     # What needs the host between segments is refused: one program runs it all.
-    given = changed(config.starts) + [
+    given = checks.changed(config.starts) + [
         name
         for name in ("served", "workers", "max_episode_seconds")
         if getattr(config, name) is not None
     ]
-    given += [name for name in changed(config.layout) if name != "plan_tile"]
+    given += [name for name in checks.changed(config.layout) if name != "plan_tile"]
     if given:
         raise ValueError(
             f"make_evaluator(..., {given[0]}=...): the pure evaluator is one "
