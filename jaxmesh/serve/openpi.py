@@ -5,6 +5,7 @@ by one asyncio loop in its own thread (docs/serving.md).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import http
@@ -41,8 +42,6 @@ class OpenpiService:
         self._auth = None if opts.token is None else f"Api-Key {opts.token}".encode()
         #: Open connections, and the request bytes they hold now.
         self._connections = self._inflight = 0
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: A ``Batcher.poke`` is scheduled on the loop.
         self._poke_pending = False
@@ -52,17 +51,16 @@ class OpenpiService:
     def start(self) -> int:
         """Binds and serves in a thread; returns the bound port (OSError:
         cannot bind, or what else kept the server from listening)."""
+        bound: concurrent.futures.Future = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._main()),
+            target=lambda: asyncio.run(self._main(bound)),
             name="jaxmesh-policy-websocket",
             daemon=True,
         )
         self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
+        if bound.exception() is not None:
             self._thread.join()
-            raise self._error
-        return self.port
+        return bound.result()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Closes every connection and the listening socket; joins the thread."""
@@ -73,7 +71,7 @@ class OpenpiService:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    async def _main(self) -> None:
+    async def _main(self, bound: concurrent.futures.Future) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
@@ -88,11 +86,10 @@ class OpenpiService:
                 ssl=self.opts.tls,
             )
         except Exception as e:  # noqa: BLE001 - raised again by start()
-            self._error = e
-            self._ready.set()
+            bound.set_exception(e)
             return
         self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
+        bound.set_result(self.port)
         await self._stop.wait()
         server.close()  # closes the connections too (1001, going away)
         with contextlib.suppress(TimeoutError):

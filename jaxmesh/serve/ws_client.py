@@ -350,14 +350,11 @@ class WebsocketPolicy(HostPolicy):
     def _connect(self) -> tuple[_Connection, dict]:
         uri = self._uri
         deadline = time.monotonic() + self.connect_timeout
+        sock = ws = None
         try:
             sock = socket.create_connection(
                 (uri.host, uri.port), timeout=self.connect_timeout
             )
-        except OSError as e:
-            raise self._unreachable(e) from None
-        ws = None
-        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if uri.secure:
                 sock = ssl.create_default_context().wrap_socket(
@@ -382,9 +379,14 @@ class WebsocketPolicy(HostPolicy):
                 raise protocol.handshake_exc
             ws.pending.popleft()  # the handshake's response
         except Exception as e:  # noqa: BLE001 - OSError, a timeout, a bad handshake
-            (ws or sock).close()
+            if sock is not None:
+                (ws or sock).close()
             if not isinstance(e, InvalidStatus):
-                raise self._unreachable(e) from None
+                raise self._error(
+                    f"cannot be reached ({type(e).__name__}: {e}): start one there "
+                    "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
+                    "scripts/serve_policy.py), or check the address"
+                ) from None
             status = e.response.status_code
             body = (e.response.body or b"").decode(errors="replace").strip()
             fix = (
@@ -416,13 +418,6 @@ class WebsocketPolicy(HostPolicy):
             ws.close()
             raise
         return ws, metadata
-
-    def _unreachable(self, e: BaseException) -> RemotePolicyError:
-        return self._error(
-            f"cannot be reached ({type(e).__name__}: {e}): start one there "
-            "(`jaxmesh serve-policy MODEL --address HOST:PORT`, or openpi's "
-            "scripts/serve_policy.py), or check the address"
-        )
 
     def _take(self, want: int) -> list[_Connection]:
         """Up to ``want`` connections for one thread (at least one)."""
