@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,42 @@ from jaxmesh.remote.address import SCHEMES, parse_address
 from jaxmesh.results.record import Record
 from jaxmesh.run.backend import SCAN, backend_of
 from jaxmesh.suite import make_suite
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _seconds(v: Any) -> bool:
+    return (_int(v) or isinstance(v, float)) and 0 < v <= MAX_SECONDS
+
+
+_KWARGS = "a mapping of keyword arguments"
+_SECONDS = f"a number of seconds > 0 and at most {MAX_SECONDS:.0f}, or null for"
+#: The form of a config's (and a task's) values, null aside: a test of a
+#: value, and what a value that fails it should be.
+_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "policy": (
+        lambda v: isinstance(v, str) and ":" in v,
+        "a string 'module:Name', e.g. jaxmesh.zoo.cartpole:CartPoleMLP",
+    ),
+    "policy_config": (lambda v: isinstance(v, dict), _KWARGS),
+    "env_config": (lambda v: isinstance(v, dict), _KWARGS),
+    "episodes": (lambda v: _int(v) and v >= 0, "an int >= 0"),
+    "trial_index_base": (lambda v: _int(v) and v >= 0, "an int >= 0"),
+    "seeds": (lambda v: isinstance(v, list) and all(map(_int, v)), "a list of ints"),
+    "max_episode_seconds": (_seconds, f"{_SECONDS} no limit"),
+    "reply_timeout": (
+        lambda v: v == math.inf or _seconds(v),
+        f"{_SECONDS} the default",
+    ),
+    "check_seeds": (lambda v: isinstance(v, bool), "true or false"),
+    "host": (lambda v: isinstance(v, bool), "true or false"),
+    "tls_ca": (
+        lambda v: isinstance(v, str) and Path(v).is_file(),
+        "the path of a PEM file that exists",
+    ),
+}
 
 
 def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -44,13 +81,6 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
             f"config is missing {missing}; e.g. env: gymnax:CartPole-v1 and policy: "
             "jaxmesh.zoo.cartpole:CartPoleMLP"
         )
-    if not isinstance(config["policy"], str):
-        raise ConfigError(f"policy={config['policy']!r}: expected a string")
-    if ":" not in config["policy"]:
-        raise ConfigError(
-            f"policy={config['policy']!r}: expected 'module:Name', e.g. "
-            "jaxmesh.zoo.cartpole:CartPoleMLP"
-        )
     if suite and config.get("env_config"):
         raise ConfigError(
             f"env_config={config['env_config']!r} with tasks: give each task its own "
@@ -59,14 +89,15 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
     out = dict(config, env_config=_check_run_keys(config))
     if suite:
         out["tasks"] = check_tasks(config["tasks"])
-    value = config.get("policy_config")
-    if value is not None and not isinstance(value, dict):
-        raise ConfigError(
-            f"policy_config={value!r}: expected a mapping of keyword arguments "
-            f"({CONFIG_KEYS['policy_config']})"
+    out["policy_config"] = dict(config.get("policy_config") or {})
+    token = config.get("token")
+    if token is not None and (not isinstance(token, str) or not token):
+        kind = type(token).__name__
+        given = "an empty string" if token == "" else f"a value of type {kind}"
+        raise ConfigError(  # the value itself is never echoed: it is a secret
+            f"token: expected a non-empty string, got {given} (quote it in YAML, "
+            "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
         )
-    out["policy_config"] = dict(value or {})
-    _check_served_keys(config)
     if out.get("record") is not None:
         out["record"] = check_record_config(out["record"])
     if out.get("output") is not None:
@@ -75,26 +106,19 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """The env, budget and env_config of a config (``where``: '') or of its
-    task ``where`` ('tasks.NAME.'), checked; the env_config (the instruction is
-    checked by ``jaxmesh.Starts`` and ``jaxmesh.Task``)."""
+    """The env and the values' forms (``_FORMS``) of a config (``where``: '')
+    or of its task ``where`` ('tasks.NAME.'), checked; the env_config (a
+    task's budget and instruction are ``jaxmesh.Task``'s to check, a config's
+    instruction ``jaxmesh.Starts``')."""
     if run.get("env") not in (None, ""):
         check_env(run["env"])
-    lows = (("episodes", 1), ("trial_index_base", 0)) if where else (("episodes", 0),)
-    for key, low in lows:
-        if not _is_int(run.get(key), low):
+    for key, (ok, expected) in _FORMS.items():
+        value = run.get(key)
+        if value is not None and not ok(value):
             raise ConfigError(
-                f"{where}{key}={run[key]!r}: expected an int >= {low} "
-                f"({CONFIG_KEYS[key]})"
+                f"{where}{key}={value!r}: expected {expected} ({CONFIG_KEYS[key]})"
             )
-    if not _is_seeds(run.get("seeds"), empty=not where):
-        raise ConfigError(f"{where}seeds={run['seeds']!r}: expected a list of ints")
     env_config = run.get("env_config")
-    if env_config is not None and not isinstance(env_config, dict):
-        raise ConfigError(
-            f"{where}env_config={env_config!r}: expected a mapping of keyword "
-            f"arguments ({CONFIG_KEYS['env_config']})"
-        )
     if env_config and backend_of(run["env"]) != SCAN:
         raise ConfigError(
             f"{where}env_config={env_config!r} with env={run['env']!r}: "
@@ -105,18 +129,6 @@ def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
             "as registered: remove env_config"
         )
     return dict(env_config or {})
-
-
-def _is_int(v: Any, low: int) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= low)
-
-
-def _is_seeds(v: Any, empty: bool) -> bool:
-    """None, or a list of ints (``empty``: possibly empty)."""
-    if not isinstance(v, list):
-        return v is None
-    ints = all(isinstance(s, int) and not isinstance(s, bool) for s in v)
-    return ints and (empty or bool(v))
 
 
 def _check_keys(config: dict[str, Any]) -> None:
@@ -132,46 +144,6 @@ def _check_keys(config: dict[str, Any]) -> None:
         raise ConfigError(
             f"unknown config key(s) {unknown}{hint}; allowed keys: "
             f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
-        )
-
-
-def _check_served_keys(config: dict[str, Any]) -> None:
-    """The form of the time limits, flags and served envs' keys."""
-    for key in ("max_episode_seconds", "reply_timeout"):
-        value = config.get(key)
-        if key == "reply_timeout" and value == math.inf:
-            continue  # no limit
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-            or value > MAX_SECONDS
-        ):
-            raise ConfigError(
-                f"{key}={value!r}: expected a number of seconds > 0 and at most "
-                f"{MAX_SECONDS:.0f} ({CONFIG_KEYS[key]}), or null for "
-                + ("the default" if key == "reply_timeout" else "no limit")
-            )
-    for key in ("check_seeds", "host"):
-        flag = config.get(key)
-        if flag is not None and not isinstance(flag, bool):
-            raise ConfigError(
-                f"{key}={flag!r}: expected true or false ({CONFIG_KEYS[key]})"
-            )
-    ca = config.get("tls_ca")
-    if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
-        raise ConfigError(
-            f"tls_ca={ca!r}: expected the path of a PEM file that exists "
-            f"({CONFIG_KEYS['tls_ca']})"
-        )
-    token = config.get("token")
-    if token is not None and (not isinstance(token, str) or not token):
-        kind = type(token).__name__
-        given = "an empty string" if token == "" else f"a value of type {kind}"
-        raise ConfigError(  # the value itself is never echoed: it is a secret
-            f"token: expected a non-empty string, got {given} (quote it in YAML, "
-            "e.g. token: '0123'), or null to use $JAXMESH_TOKEN"
         )
 
 
