@@ -38,17 +38,15 @@ def few(values: Iterable, count: int | None = None) -> str:
     """The first ``FEW`` of ``values`` for an error message (``count``: how many
     there are, when ``values`` is a prefix)."""
     head = [v if isinstance(v, int) else short(v) for v in list(values)[: FEW + 1]]
-    if len(head) <= FEW and (count is None or count <= FEW):
-        return "[" + ", ".join(str(v) for v in head) + "]"
-    return "[" + ", ".join(str(v) for v in head[:FEW]) + ", ...]"
+    more = len(head) > FEW or (count is not None and count > FEW)
+    return "[" + ", ".join(str(v) for v in head[:FEW]) + (", ...]" if more else "]")
 
 
 def short(text: object, limit: int = 64) -> str:
     """``repr(text)`` cut to about ``limit`` characters, for an error message."""
     text = str(text)
-    if len(text) <= limit:
-        return repr(text)
-    return repr(text[:limit]) + f"... ({len(text)} characters)"
+    more = f"... ({len(text)} characters)" if len(text) > limit else ""
+    return repr(text[:limit]) + more
 
 
 class ProtocolError(ValueError):
@@ -369,9 +367,8 @@ def decode_result_batch(
     lanes = _vector(msg, "lanes", "result lanes")
     steps = _vector(msg, "steps", "result steps")
     rows = _vector(msg, "rows", "result rows")
-    info_rows = None
-    if msg.HasField("info_rows"):
-        info_rows = _vector(msg, "info_rows", "result info rows")
+    has = msg.HasField("info_rows")
+    info_rows = _vector(msg, "info_rows", "result info rows") if has else None
     check_result_vectors(lanes, steps, rows, info_rows, num_lanes=num_lanes)
     total = int(steps.sum())
     rewards, terminated, truncated = (

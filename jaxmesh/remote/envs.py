@@ -70,6 +70,9 @@ class _Client(Session):
         )
         info = self.info
         self.env_name = info.env_name
+        self.metadata: dict[str, Any] = {"render_modes": []}
+        if self.trial_index:
+            self.metadata["reset_options"] = (TRIAL_INDEX,)
         self.obs_space, self.act_space = self.rebuild(
             lambda: (
                 spaces.observation_space(info.observation),
@@ -93,12 +96,6 @@ class _Client(Session):
         except BaseException:
             self.close()
             raise
-
-    def metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {"render_modes": []}
-        if self.trial_index:
-            meta["reset_options"] = (TRIAL_INDEX,)
-        return meta
 
     def options(self, options: Any, vector: bool) -> dict[str, pb.Value]:
         """``RemoteEnv.reset``'s options as the wire's (``vector``:
@@ -253,7 +250,7 @@ class RemoteEnv(gymnasium.Env):
         self.env_name = client.env_name
         self.observation_space = client.obs_space
         self.action_space = client.act_space
-        self.metadata = client.metadata()
+        self.metadata = dict(client.metadata)
         self._lanes = np.array([self.lane], np.int64)
         self._state = "new"  # or "running", or "ended" (terminated or truncated)
 
@@ -363,7 +360,7 @@ class RemoteVectorEnv(VectorEnv):
         self.single_action_space = client.act_space
         self.observation_space = batch_space(client.obs_space, self.num_envs)
         self.action_space = batch_space(client.act_space, self.num_envs)
-        self.metadata = {**client.metadata(), "autoreset_mode": AutoresetMode.DISABLED}
+        self.metadata = {**client.metadata, "autoreset_mode": AutoresetMode.DISABLED}
         # Every lane's last observation, per leaf.
         self._obs = {
             k: np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
