@@ -420,12 +420,31 @@ class RunResult:
         resamples: int = _stats.RESAMPLES,
         seed: int = _stats.SEED,
     ) -> dict[str, Any]:
-        """The statistics of the returns, lengths, successes and metrics as a
-        JSON-serialisable dict (``jaxmesh.results.stats.run_stats``), at level
-        ``confidence`` with ``resamples`` bootstrap draws from ``seed``."""
-        return _stats.run_stats(
-            self, confidence=confidence, resamples=resamples, seed=seed
+        """``jaxmesh.results.stats.describe`` of the returns, lengths and
+        successes (at level ``confidence``, ``resamples`` bootstrap draws from
+        ``seed``) with the success key, mode and other rates, and each
+        metric's reduction and mean over the episodes that have a value."""
+        out = _stats.describe(
+            self.returns,
+            self.lengths,
+            self.success,
+            confidence=confidence,
+            resamples=resamples,
+            seed=seed,
         )
+        out["success_key"] = self.success_key
+        out["success_mode"] = self.success_mode
+        out["success_once_rate"] = self.success_once_rate
+        out["success_at_end_rate"] = self.success_at_end_rate
+        out["successes_at_reset"] = self.successes_at_reset
+        out["metrics"] = {}
+        for name, values in self.metrics.items():
+            v = np.asarray(values, np.float64).reshape(-1)
+            v = v[~np.isnan(v)]  # NaN: the episode has no value
+            reduction = self.metric_reductions.get(name, "last")
+            mean = float(v.mean()) if v.size else None
+            out["metrics"][name] = {"reduction": reduction, "mean": mean}
+        return out
 
     def plot(self) -> Any:
         """The run's plots as a matplotlib ``Figure``

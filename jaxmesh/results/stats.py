@@ -240,14 +240,6 @@ def success_flags(success: Any, n: int) -> np.ndarray | None:
     return flags.astype(bool)
 
 
-def metric_mean(values: Any) -> float | None:
-    """The mean of a metric over the episodes that have a value (not NaN);
-    None when none has."""
-    v = np.asarray(values, np.float64).reshape(-1)
-    v = v[~np.isnan(v)]
-    return float(v.mean()) if v.size else None
-
-
 def mean_if_all(values: Sequence[float | None]) -> float | None:
     """The mean of ``values``; None when there are none or any is None."""
     if not len(values) or any(v is None for v in values):
@@ -307,38 +299,6 @@ def describe(
         "success_rate": rate,
         "success_interval": interval,
     }
-
-
-def run_stats(
-    result: Any,
-    *,
-    confidence: float = CONFIDENCE,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-) -> dict[str, Any]:
-    """``RunResult.stats()``: ``describe`` with the success key, mode and
-    other figures, and each metric's reduction and mean."""
-    out = describe(
-        result.returns,
-        result.lengths,
-        result.success,
-        confidence=confidence,
-        resamples=resamples,
-        seed=seed,
-    )
-    out["success_key"] = result.success_key
-    out["success_mode"] = result.success_mode
-    out["success_once_rate"] = result.success_once_rate
-    out["success_at_end_rate"] = result.success_at_end_rate
-    out["successes_at_reset"] = result.successes_at_reset
-    out["metrics"] = {
-        name: {
-            "reduction": result.metric_reductions.get(name, "last"),
-            "mean": metric_mean(values),
-        }
-        for name, values in result.metrics.items()
-    }
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
