@@ -424,7 +424,16 @@ def decide(
             "both arms with seed first_seed + i, up to max_episodes); pass "
             "first_seed= and max_episodes="
         )
-    arms = _check_arm_hooks(arm_hooks, env)
+    arms: dict[str, list] = {"a": [], "b": []}
+    if arm_hooks is not None:
+        if not (isinstance(arm_hooks, list | tuple) and len(arm_hooks) == 2):
+            raise TypeError(
+                f"arm_hooks={arm_hooks!r}: expected a pair (hooks_a, hooks_b), each "
+                "a hook, a list of hooks or None"
+            )
+        if isinstance(env, suite.Suite) and any(arm_hooks):
+            raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
+        arms = {"a": hooks_list(arm_hooks[0]), "b": hooks_list(arm_hooks[1])}
     env = _suite(env) if isinstance(env, suite.Suite) else env
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
@@ -440,9 +449,11 @@ def decide(
     policies = {"a": policy_a, "b": policy_b}
     path: list[tuple[int, float, float]] = []
 
-    def run(name: str, start: int, count: int, **kw: Any) -> RunResult:
+    def run(name: str, start: int, count: int, **kw: Any) -> None:
+        """Episodes ``start..start+count`` of arm ``name``, joined into ``runs``."""
         seeds = list(range(first_seed + start, first_seed + start + count))
-        return evaluate(policies[name], env, config, seeds=seeds, **kw)
+        new = evaluate(policies[name], env, config, seeds=seeds, **kw)
+        runs[name] = _joined(runs[name], new, start)
 
     def decision(runs: dict) -> Decision:
         return Decision(
@@ -476,7 +487,7 @@ def decide(
 
     with kept_processes():  # one set of worker processes for every batch
         if resume is not None:
-            runs = _resumed(run, resume, first_seed, max_episodes, call)
+            _resumed(run, runs, resume, first_seed, max_episodes, call)
             if _held(runs["a"]):
                 update(0)
         kept = dict(runs)  # both arms after the last whole batch
@@ -484,7 +495,22 @@ def decide(
             while seq.n < max_episodes and not seq.rejects:
                 start = seq.n
                 count = min(next_batch(start, first, cap), max_episodes - start)
-                _run_batch(run, runs, arms, call, start, count)
+                # Each episode keeps its index in the whole decide: an env's trial
+                # index is trial_index_base + it, as in one evaluate; an arm's
+                # hooks see episode k of the batch as episode start + k.
+                indices = np.arange(start, start + count)
+                with identity.resumed_indices(indices):
+                    for name in ("a", "b"):
+                        shifted = [
+                            _Renumbered(h, indices, start + count) for h in arms[name]
+                        ]
+                        hooks = [*hooks_list(call.get("hooks")), *shifted]
+                        kw = {**call, "hooks": hooks} if shifted else call
+                        run(name, start, count, **kw)
+                        for h in arms[name]:
+                            end = getattr(h, "on_run_end", None)
+                            if callable(end):
+                                end(runs[name])
                 update(start)
                 kept = dict(runs)
                 if on_batch is not None:
@@ -498,9 +524,14 @@ def decide(
 
 
 def _resumed(
-    run: Callable, resume: Any, first_seed: int, max_episodes: int, call: dict
-) -> dict[str, Any]:
-    """Both arms' runs of ``resume``'s episodes (a ``Decision`` or ``(a, b)``),
+    run: Callable,
+    runs: dict,
+    resume: Any,
+    first_seed: int,
+    max_episodes: int,
+    call: dict,
+) -> None:
+    """Both arms' ``runs`` of ``resume``'s episodes (a ``Decision`` or ``(a, b)``),
     checked to be the paired episodes ``0..n-1`` of ``first_seed`` in every
     task, ``evaluate(..., resume=)`` checking their policy, env and settings."""
     if isinstance(resume, Decision):
@@ -546,57 +577,15 @@ def _resumed(
             f"resume=: the runs hold different numbers of episodes ({counts}); a "
             "decide's runs hold the same episodes"
         )
-    runs = {"a": None, "b": None}
     for name, r in (("a", a), ("b", b)):
         if _held(r):
-            runs[name] = run(name, 0, _held(r), resume=r, **call)
+            run(name, 0, _held(r), resume=r, **call)
     held = _held(runs["a"])
     if held > max_episodes:
         raise ValueError(
             f"resume= holds {held} episodes per arm, more than "
             f"max_episodes={max_episodes}; pass a larger max_episodes"
         )
-    return runs
-
-
-def _run_batch(
-    run: Callable,
-    runs: dict[str, Any],
-    arms: dict[str, list],
-    call: dict,
-    start: int,
-    count: int,
-) -> None:
-    """Episodes ``start..start+count`` of both arms, joined into ``runs``. They
-    keep their index in the whole decide: an env's trial index is
-    trial_index_base + that index, as in one evaluate."""
-    indices = np.arange(start, start + count)
-    with identity.resumed_indices(indices):
-        for name in ("a", "b"):
-            # The arm's hooks see episode k of the batch as episode start + k.
-            shifted = [_Renumbered(h, indices, start + count) for h in arms[name]]
-            hooks = [*hooks_list(call.get("hooks")), *shifted]
-            kw = {**call, "hooks": hooks} if shifted else call
-            new = run(name, start, count, **kw)
-            runs[name] = _joined(runs[name], new, start)
-            for h in arms[name]:
-                end = getattr(h, "on_run_end", None)
-                if callable(end):
-                    end(runs[name])
-
-
-def _check_arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
-    """``arm_hooks`` as ``{"a": [...], "b": [...]}``."""
-    if arm_hooks is None:
-        return {"a": [], "b": []}
-    if not (isinstance(arm_hooks, list | tuple) and len(arm_hooks) == 2):
-        raise TypeError(
-            f"arm_hooks={arm_hooks!r}: expected a pair (hooks_a, hooks_b), each a "
-            "hook, a list of hooks or None"
-        )
-    if isinstance(env, suite.Suite) and any(arm_hooks):
-        raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
-    return {"a": hooks_list(arm_hooks[0]), "b": hooks_list(arm_hooks[1])}
 
 
 def _suite(the_suite: suite.Suite) -> suite.Suite:
