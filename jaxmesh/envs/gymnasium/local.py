@@ -244,7 +244,7 @@ class WorkerEnvLanes(_LaneView):
         if self.carried is not None:  # kept lanes, another run's leaves
             self.pool.detach()
         self.carried = carried
-        self.pool.attach(layout, self.spec.action_shape, carried)
+        self.pool.attach(layout, carried)
 
     def _resets(self, ops: list, keys: tuple) -> list:
         """A worker that dies while resetting is replaced and the reset tried

@@ -471,17 +471,14 @@ class WorkerPool:
             self._recv(k, START_SECONDS, "attaching", starting=True)
         return reply
 
-    def attach(self, layout: ObsLayout, action_shape: tuple, names: Any = None) -> None:
-        """Makes the shared segment (the env's own action values; observation
-        leaves ``names``, None: every leaf) and hands it to the workers."""
-        space = self.action_space
-        action = (action_shape, space.dtype)
-        if isinstance(space, shared.import_gymnasium().spaces.Discrete):
-            action = ((), np.int64)
-        fields: dict = {"action": action, "reward": ((), np.float32)}
+    def attach(self, layout: ObsLayout, names: Sequence[str]) -> None:
+        """Makes the shared segment (the env's own action values, observation
+        leaves ``names``) and hands it to the workers."""
+        idle = shared.idle_action(self.action_space)  # an action's shape and dtype
+        fields: dict = {"action": (idle.shape, idle.dtype), "reward": ((), np.float32)}
         for flag in ("go", "busy", "terminated", "truncated"):
             fields[flag] = ((), bool)
-        for name in layout.names if names is None else names:
+        for name in names:
             fields["obs:" + name] = (layout.shapes[name], layout.dtypes[name])
         self._share(fields)
 
