@@ -109,8 +109,7 @@ class StepStream:
 
     def __init__(self, hooks: list, horizon: int, lead: int):
         self.fns = [h.on_step for h in hooks if callable(getattr(h, "on_step", None))]
-        self.horizon = horizon
-        self.lead = lead
+        self.horizon, self.lead = horizon, lead
         self.error: BaseException | None = None
 
     def __bool__(self) -> bool:
@@ -191,10 +190,8 @@ class EpisodeStream:
         on_episode_end: Callable[[int], None] | None,
         run_fields: dict,
     ):
-        self.hooks = hooks
-        self.seeds = seeds
+        self.hooks, self.seeds, self.run_fields = hooks, seeds, run_fields
         self.policy_hook = on_episode_end
-        self.run_fields = run_fields
         self.cursor = 0
         #: The newest ``Results``; on a failure the finished episodes are read from it.
         self.latest: Any = None

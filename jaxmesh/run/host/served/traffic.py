@@ -74,30 +74,28 @@ class ServedLanes:
         try:
             for a in addresses:
                 self.sessions.append(Session(a, **self._connect))
+            first = self.sessions[0].info
+            for c in self.sessions[1:]:
+                for field in ("observation", "action"):
+                    if getattr(c.info, field) != getattr(first, field):
+                        raise TypeError(
+                            f"the server at {c.address} declares the {field} space "
+                            f"{getattr(c.info, field)}, the one at {first.address} "
+                            f"{getattr(first, field)}; every server of a run must "
+                            "serve the same env"
+                        )
+            try:
+                self.observation_space = spaces.observation_space(first.observation)
+                self.action_space = spaces.leaf_space(first.action)
+            except codec.ProtocolError as exc:
+                raise RemoteError(
+                    f"the jaxmesh env server at {first.address} declared spaces "
+                    f"this client cannot rebuild: {exc}; upgrade the older side",
+                    address=first.address,
+                ) from None
         except BaseException:
             self.close()
             raise
-        first = self.sessions[0].info
-        for c in self.sessions[1:]:
-            for field in ("observation", "action"):
-                if getattr(c.info, field) != getattr(first, field):
-                    self.close()
-                    raise TypeError(
-                        f"the server at {c.address} declares the {field} space "
-                        f"{getattr(c.info, field)}, the one at {first.address} "
-                        f"{getattr(first, field)}; every server of a run must serve "
-                        "the same env"
-                    )
-        try:
-            self.observation_space = spaces.observation_space(first.observation)
-            self.action_space = spaces.leaf_space(first.action)
-        except codec.ProtocolError as exc:
-            self.close()
-            raise RemoteError(
-                f"the jaxmesh env server at {first.address} declared spaces this "
-                f"client cannot rebuild: {exc}; upgrade the older side",
-                address=first.address,
-            ) from None
         where = f"served env at {first.address}"
         self.spec = spec_for(
             first.env_name, self.observation_space, self.action_space, where, first.dt
@@ -568,26 +566,25 @@ class ServerLoss:
             return None
         limit = max(backend.AUTO_FLOOR_SECONDS, backend.AUTO_FACTOR * slowest)
         sessions, now = self.run.lanes.sessions, time.monotonic()
+        times = []  # since when each server kept owes a reply
         for s, session in enumerate(sessions):
             since = None if s in self.lost else session.owed_since()
-            if since is None or now - since <= limit:
+            if since is None:
                 continue
-            error = RemoteConnectionError(
-                f"the jaxmesh env server at {session.address} sent nothing for "
-                f"{now - since:.1f} s while owing a reply: past the default reply "
-                f"timeout of {limit:.1f} s ({backend.AUTO_FACTOR:g}x the slowest "
-                f"reply of this run, {slowest:.3f} s, and at least "
-                f"{backend.AUTO_FLOOR_SECONDS:g} s); pass served=jaxmesh.Served("
-                "reply_timeout=...) to set it, or reply_timeout=None to wait",
-                address=session.address,
-                code="DEADLINE_EXCEEDED",
-            )
-            self.lose(s, error)  # False: the last server; it may answer
-        times = [
-            since
-            for s, c in enumerate(sessions)
-            if s not in self.lost and (since := c.owed_since()) is not None
-        ]
+            if now - since > limit:
+                error = RemoteConnectionError(
+                    f"the jaxmesh env server at {session.address} sent nothing for "
+                    f"{now - since:.1f} s while owing a reply: past the default reply "
+                    f"timeout of {limit:.1f} s ({backend.AUTO_FACTOR:g}x the slowest "
+                    f"reply of this run, {slowest:.3f} s, and at least "
+                    f"{backend.AUTO_FLOOR_SECONDS:g} s); pass served=jaxmesh.Served("
+                    "reply_timeout=...) to set it, or reply_timeout=None to wait",
+                    address=session.address,
+                    code="DEADLINE_EXCEEDED",
+                )
+                if self.lose(s, error):  # False: the last server; it may answer
+                    continue
+            times.append(since)
         if not times:
             return limit
         return max(min(times) + limit - time.monotonic(), 0.0) + 0.01
