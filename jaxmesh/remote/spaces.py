@@ -81,9 +81,7 @@ def leaf_space(msg: pb.LeafSpec) -> gymnasium.Space:
         scalar = spec._replace(shape=())
         # A scalar bound (every entry the same) as a numpy scalar: Box takes it.
         low, high = (
-            codec.decode_array(t, scalar, key=msg.key)[()]
-            if len(t.shape) == 0
-            else codec.decode_array(t, spec, key=msg.key)
+            codec.decode_array(t, spec if len(t.shape) else scalar)[()]
             for t in (msg.low, msg.high)
         )
         try:
