@@ -54,6 +54,3 @@ class CartPoleMLP(ShippedWeights):
 
     def predict(self, obs: jax.Array) -> jax.Array:
         return apply(self.params, obs)
-
-
-__all__ = ["NET", "init", "apply", "CartPoleMLP", "DEFAULT_PATH"]

@@ -15,8 +15,6 @@ from __future__ import annotations
 import gymnasium as gym
 import jax.numpy as jnp
 
-__all__ = ["TASKS", "register", "scripted"]
-
 #: The flat ids this module registers -> the gymnasium-robotics task each wraps.
 TASKS = {
     "FetchReachFlat-v4": "FetchReach-v4",

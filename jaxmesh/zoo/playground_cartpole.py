@@ -54,6 +54,3 @@ class CartpoleMLP(ShippedWeights):
 
     def predict(self, obs: jax.Array) -> jax.Array:
         return apply(self.params, obs)
-
-
-__all__ = ["NET", "init", "apply", "balance", "CartpoleMLP", "DEFAULT_PATH", "GAINS"]
