@@ -55,7 +55,6 @@ def check_int(
 
 
 def check_trial_index_base(value: Any) -> int:
-    """``trial_index_base`` as an int >= 0."""
     return check_int(
         "trial_index_base",
         value,
@@ -341,7 +340,6 @@ DEFAULT_SUCCESS_MODE = "once"
 
 
 def check_success_mode(mode: Any) -> str:
-    """``success_mode=`` if it is one of ``SUCCESS_MODES``."""
     if not isinstance(mode, str) or mode not in SUCCESS_MODES:
         raise ValueError(
             f"success_mode={mode!r}: expected one of {list(SUCCESS_MODES)}: "

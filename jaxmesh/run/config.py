@@ -244,7 +244,6 @@ class RunConfig:
 
     @property
     def settings(self) -> checks.Settings:
-        """The engine's view."""
         return self._settings
 
     def for_backend(self, target: backend.Target) -> Served | None:

@@ -13,7 +13,6 @@ from jaxmesh import adapt
 
 
 def check_instruction(value: Any) -> str | None:
-    """``instruction=`` if it is a string or None."""
     if value is None or isinstance(value, str):
         return value
     raise TypeError(

@@ -29,15 +29,6 @@ from jaxmesh.run.scan import placement
 from jaxmesh.trace import span
 
 
-class _Checked(NamedTuple):
-    """What ``run`` checked once for a new evaluator."""
-
-    policy: Any  # the resolved ``Policy``
-    record: Any  # ``check_record``'s
-    trials: Any  # ``initial.resolve``'s
-    devices: Any  # the mesh (``resolve_mesh``), None: one device
-
-
 class _RunData(NamedTuple):
     """One run's own checked values."""
 
@@ -87,14 +78,14 @@ class Evaluator:
         *,
         takes_params: bool = False,
         record: Any = None,
-        _checked: _Checked | None = None,
+        _checked: tuple | None = None,
         **settings: Any,
     ):
-        # _checked: what ``run`` checked (the policy is resolved after the env).
+        # _checked: what run checked, (policy, record, trials, mesh).
         self.config = config = from_keywords(config, settings, "jaxmesh.Evaluator")
         starts, randomize = config.starts, config.starts.randomize
         pol, self.record, self.trials, devices = _checked or (
-            None,
+            None,  # the policy, resolved after the env
             check_record(record),
             initial.resolve(starts.initial_states, starts.reset_fn),
             config.layout.devices,
@@ -467,7 +458,7 @@ def run(
     key += (scoring.asked, mesh, starts.randomize)
     key += (None if record is None else record_shape(record),)
     key += (None if trials is None else trials.key,)
-    checked = _Checked(pol, record, trials, mesh)
+    checked = (pol, record, trials, mesh)
     ev = _EVALUATORS.get(
         key,
         lambda: Evaluator(

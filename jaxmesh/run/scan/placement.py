@@ -25,7 +25,6 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def compiler_options(device: Any = None) -> dict | None:
-    """The XLA options of the segment on ``device``."""
     platform = (device or jax.devices()[0]).platform
     return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
 
@@ -69,7 +68,6 @@ class SingleDevice:
         return (carry.lanes, carry.agent), carry.results
 
     def keep(self, engine: Any, state: Any) -> None:
-        """Keeps a finished run's ``(lanes, agent)`` for the next run."""
         with self._lock:
             self._spares[engine] = (state, self._spares[engine][1])
 
@@ -173,14 +171,12 @@ class DeviceMesh:
         return sharded.put(params, self._whole)
 
     def drain(self, state: Any, res: Results, plan: Any) -> tuple:
-        """``SingleDevice.drain`` of every device, the logs merged."""
         log, n_done, next_episode = sharded.to_host(
             (res, state[0].n_done, state[0].next_episode), self.mesh
         )
         return sharded.merge_logs(log, plan.lanes), int(np.sum(n_done)), next_episode
 
     def put_window(self, engine, state, base, seeds, next_episode, trials) -> tuple:
-        """``SingleDevice.put_window`` per device."""
         d_count = self.num_devices
         base = np.broadcast_to(np.asarray(base), (d_count,))
         pairs = zip(base, next_episode, strict=True)
