@@ -9,12 +9,13 @@ import contextlib
 import dataclasses
 import os
 import queue
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import jax
 import numpy as np
 
+from jaxmesh import adapt
 from jaxmesh.core import agent
 from jaxmesh.errors import RemoteConnectionError
 from jaxmesh.remote.address import parse_address, uses_tls
@@ -219,12 +220,6 @@ class _Stream:
         self.channel.close()
 
 
-class _Window(NamedTuple):
-    """A stand-in declaration, for ``agent.can_skip``."""
-
-    stack: int
-
-
 @dataclasses.dataclass(eq=False)
 class RemoteState:
     """What the host loop reads of the agent state, as the server sent it."""
@@ -336,7 +331,10 @@ class RemoteAgent:
             tile=int(info["tile"]),
             action_shape=tuple(spec.action_shape),
             action_dtype=spec.action_dtype,
-            spec=(("served", _Window(1 if info["can_skip"] or h == 1 else 2)),),
+            # A stand-in for the served inputs (what can_skip and a pace read).
+            spec=(
+                ("served", adapt.State(stack=1 if info["can_skip"] or h == 1 else 2)),
+            ),
             raw=False,
             chunked=chunk is not None,
             delay=s.delay,
