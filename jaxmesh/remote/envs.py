@@ -361,11 +361,7 @@ class RemoteVectorEnv(VectorEnv):
         self.observation_space = batch_space(client.obs_space, self.num_envs)
         self.action_space = batch_space(client.act_space, self.num_envs)
         self.metadata = {**client.metadata, "autoreset_mode": AutoresetMode.DISABLED}
-        # Every lane's last observation, per leaf.
-        self._obs = {
-            k: np.zeros((self.num_envs, *spec.shape), np.dtype(spec.dtype))
-            for k, spec in client.obs_specs.items()
-        }
+        self._obs = client.layout.empty((self.num_envs,))  # each lane's last, per leaf
         self._was_reset = np.zeros(self.num_envs, bool)
         self._ended = np.zeros(self.num_envs, bool)
         self._all = np.arange(self.num_envs, dtype=np.int64)

@@ -86,9 +86,7 @@ class ServerStepper:
         self.act_leaf = wire_spaces.space_leaf(
             lanes.action_space, where=f"{self.name} action_space"
         )
-        self.act_spec = codec.LeafSpec(
-            "", self.act_leaf.dtype, tuple(self.act_leaf.shape)
-        )
+        self.act_spec = codec.leaf_spec_from_proto(self.act_leaf)
         self.discrete = lanes.discrete
         self.reset_options = (TRIAL_INDEX,) if lanes.declares_trial_index else ()
         self.workers = 1 if self.lockstep else max(1, min(workers, n))
