@@ -103,31 +103,29 @@ def _axis(name: str, values: Any, low: int | None = None) -> tuple:
     return out
 
 
+@dataclasses.dataclass
 class _CellStream:
     """The hook that hands each cell of one program to ``on_cell`` as soon as
     its last episode has ended (its times 0: the cells share them)."""
 
-    def __init__(self, group: list, e: int, on_cell: Any):
-        self.group, self.e, self.on_cell = group, e, on_cell
-        self.episodes: list[dict] = [{} for _ in group]
-        self.info: dict = {}
+    group: list
+    e: int
+    on_cell: Any
+    info: dict = dataclasses.field(default_factory=dict)
+    episodes: dict = dataclasses.field(default_factory=dict)  # cell -> its ended
 
     def on_run_start(self, info: dict) -> None:
         self.info = dict(info)
 
     def on_episode_end(self, ep: Any) -> None:
-        c = int(ep.index) // self.e
+        c, i = divmod(int(ep.index), self.e)
         if not 0 <= c < len(self.group):
             return
-        self.episodes[c][int(ep.index)] = ep.to_dict()
-        if len(self.episodes[c]) == self.e:
+        ended = self.episodes.setdefault(c, {})
+        ended[i] = dict(ep.to_dict(), index=i)
+        if len(ended) == self.e:
             d, big_h, h = self.group[c]
-            first = c * self.e
-            eps = [
-                dict(self.episodes[c][i], index=i - first)
-                for i in sorted(self.episodes[c])
-            ]
-            self.episodes[c] = {}
+            eps = [ended[k] for k in sorted(self.episodes.pop(c))]
             cell = records_result(
                 self.info, eps, horizon=big_h, effective_horizon=h, delay=d
             )
@@ -361,13 +359,13 @@ class Sweep:
         if (delay is None) == (delay_ms is None):
             raise TypeError("Sweep.get: give delay= (steps) or delay_ms=, not both")
         if delay_ms is not None:
-            if self.delay_steps is None or float(delay_ms) not in self.delay_steps:
-                swept = None if self.delay_steps is None else list(self.delay_steps)
+            steps = self.delay_steps or {}
+            if float(delay_ms) not in steps:
                 raise KeyError(
                     f"sweep cell delay_ms={delay_ms} was not swept: the sweep has "
-                    f"delay_ms in {swept}"
+                    f"delay_ms in {list(steps) or None}"
                 )
-            delay = self.delay_steps[float(delay_ms)]
+            delay = steps[float(delay_ms)]
         key = (delay, horizon)
         if key in self.cells:
             return self.cells[key]

@@ -78,20 +78,21 @@ class Trace:
         self._threads: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def tid(self, row: str) -> int:
-        """The thread id of row ``row`` (made on first use)."""
-        with self._lock:
-            return self._threads.setdefault(row, len(self._threads) + 1)
-
     def _us(self, t: float) -> float:
         return round((t - self.start) * 1e6, 3)
 
     def _add(self, name: str, ph: str, row: str, args: dict | None, **at: Any):
-        event = {"name": name, "cat": row.split(" ")[0], "ph": ph, **at}
-        event.update(pid=self.pid, tid=self.tid(row))
-        if args:
-            event["args"] = args
-        with self._lock:
+        event = {
+            "name": name,
+            "cat": row.split(" ")[0],
+            "ph": ph,
+            **at,
+            "pid": self.pid,
+        }
+        with self._lock:  # a row's thread id is made on its first event
+            event["tid"] = self._threads.setdefault(row, len(self._threads) + 1)
+            if args:
+                event["args"] = args
             if len(self.events) < self.max_events:
                 self.events.append(event)
             else:
