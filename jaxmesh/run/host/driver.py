@@ -144,30 +144,57 @@ class HostMetrics:
 
 
 class HostRecorder:
-    """A run's recorded episodes in numpy ``core.tally.Recording`` buffers; with
-    ``render`` (``lane -> rgb array``), each reset and step keeps a frame."""
+    """A run's recorded episodes in numpy ``core.tally.Recording`` buffers; where
+    the envs render here, each reset and step keeps a frame."""
 
-    def __init__(self, record: Any, num_lanes: int, spec: Any, render: Any = None):
-        self.record, self.max_steps, self.keys = record, record.max_steps, record.keys
-        obs, eps = observation_leaves(spec.zeros(), self.keys, ""), record.episodes
-        self.recording = core_results.empty_recording(
-            eps, record.max_steps, obs, spec.action_shape, spec.action_dtype, xp=np
-        )
-        self.slot_of = {int(e): r for r, e in enumerate(record.episodes)}
-        self.slot = np.full(num_lanes, -1, np.int64)
-        self.render = render
-        if render is not None:
-            self.recording = self.recording.replace(
-                frames=tuple([] for _ in record.episodes)
+    def __init__(self, record: Any, lanes: Any, num_lanes: int, served: bool):
+        spec = lanes.spec
+        obs = observation_leaves(spec.zeros(), record.keys, f"env {spec.name!r}")
+        if served and record.frames:
+            raise ValueError(
+                "Record(frames=True): a served env sends observations, not "
+                "frames; record without frames and render with "
+                "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
             )
+        no_envs = served or record.frames is False
+        envs = None if no_envs else getattr(lanes, "envs", None)
+        modes = [getattr(e, "render_mode", None) for e in envs or ()]
+        self.render: Any = None  # lane -> rgb array
+        if envs is not None and all(m == "rgb_array" for m in modes):
+            self.render = lambda j: envs[j].render()
+        elif record.frames:
+            what = (
+                "a VectorEnv's lanes" if envs is None else f"render_mode={modes[0]!r}"
+            )
+            raise ValueError(
+                f"Record(frames=True): {what} gives no rgb_array frames; pass envs "
+                "made with render_mode='rgb_array' (a list of gymnasium Envs, or "
+                "'gymnasium:<id>'), or record without frames and render with "
+                "jaxmesh.render(..., frames=fn)"
+            )
+        self.record, self.max_steps, self.keys = record, record.max_steps, record.keys
+        eps = record.episodes
+        self.recording = core_results.empty_recording(
+            eps, self.max_steps, obs, spec.action_shape, spec.action_dtype, xp=np
+        )
+        if self.render is not None:
+            self.recording = self.recording.replace(frames=tuple([] for _ in eps))
+        self.slot_of = {int(e): r for r, e in enumerate(eps)}
+        self.slot = np.full(num_lanes, -1, np.int64)
 
     def begin(self, js: Any, episodes: Any) -> None:
         """Lanes ``js`` start ``episodes`` (recorded or not)."""
         self.slot[js] = [self.slot_of.get(int(i), -1) for i in episodes]
 
-    def _frame(self, j: int, slot: int) -> None:
+    def _put(self, r: int, k: int, obs: Any, j: int) -> None:
+        """Lane j's row of ``obs`` as slot r's observation k, and its frame."""
+        picked = observation_leaves(obs, self.keys, "")
+        put = lambda buf, x: buf.__setitem__((r, k), x[j])
+        jax.tree.map(put, self.recording.observations, picked)
+        if self.render is None:
+            return
         try:
-            frame = self.render(j)
+            frame = self.render(int(j))
         except Exception as e:
             if self.record.frames:  # asked for: the run fails
                 raise
@@ -176,22 +203,14 @@ class HostRecorder:
                 f"jaxmesh.Record: env.render() failed ({type(e).__name__}: {e}); "
                 "recording goes on without frames (Record(frames=False) skips "
                 "them, frames=True makes this an error)",
-                stacklevel=2,
+                stacklevel=3,
             )
             self.render = None
             for kept in self.recording.frames:  # a trajectory gets all or none
                 kept.clear()
             return
         if frame is not None:
-            self.recording.frames[slot].append(np.asarray(frame, np.uint8))
-
-    def _put(self, r: int, k: int, obs: Any, j: int) -> None:
-        """Lane j's row of ``obs`` as slot r's observation k, and its frame."""
-        picked = observation_leaves(obs, self.keys, "")
-        put = lambda buf, x: buf.__setitem__((r, k), x[j])
-        jax.tree.map(put, self.recording.observations, picked)
-        if self.render is not None:
-            self._frame(int(j), int(r))
+            self.recording.frames[int(r)].append(np.asarray(frame, np.uint8))
 
     def reset(self, js: Any, obs: Any) -> None:
         """The reset observations of lanes ``js`` (``obs`` by lane)."""
@@ -364,7 +383,9 @@ def run_host(
         settings = checks.resolve_delay_ms(settings, lanes.spec.dt, lanes.spec.name)
         n = settings.num_envs
         metrics = HostMetrics(config.scoring.asked, n, lanes.spec.name)
-        recorder = _recorder(record, lanes, n, served is not None)
+        recorder = None
+        if record is not None:
+            recorder = HostRecorder(record, lanes, n, served is not None)
         # The policy's view: only the observation leaves it reads.
         spec = lanes.spec.reading(read_keys(pol.spec))
         if row.name == backend.WORKERS:  # only those leaves (and a recording's) cross
@@ -397,33 +418,6 @@ def run_host(
         if remote_agent is not None:
             remote_agent.close()
         lanes.close()
-
-
-def _recorder(record: Any, lanes: Any, n: int, served: bool) -> HostRecorder | None:
-    """The run's ``HostRecorder`` (None without a record)."""
-    if record is None:
-        return None
-    observation_leaves(lanes.spec.zeros(), record.keys, f"env {lanes.spec.name!r}")
-    if served and record.frames:
-        raise ValueError(
-            "Record(frames=True): a served env sends observations, not "
-            "frames; record without frames and render with "
-            "jaxmesh.render(result, frames=fn), fn(obs, None) -> rgb"
-        )
-    envs = None if served or record.frames is False else getattr(lanes, "envs", None)
-    modes = [getattr(e, "render_mode", None) for e in envs or ()]
-    render = None
-    if envs is not None and all(m == "rgb_array" for m in modes):
-        render = lambda j: envs[j].render()
-    elif record.frames:
-        what = "a VectorEnv's lanes" if envs is None else f"render_mode={modes[0]!r}"
-        raise ValueError(
-            f"Record(frames=True): {what} gives no rgb_array frames; pass envs made "
-            "with render_mode='rgb_array' (a list of gymnasium Envs, or "
-            "'gymnasium:<id>'), or record without frames and render with "
-            "jaxmesh.render(..., frames=fn)"
-        )
-    return HostRecorder(record, n, lanes.spec, render)
 
 
 def _lane_texts(
