@@ -1,25 +1,27 @@
 """Builds what a checked run config names: the policy, the env (or a suite) and
-``jaxmesh.evaluate``'s arguments."""
+``jaxmesh.evaluate``'s arguments; served envs' and policies' credentials (the
+session token, TLS from PEM files: gRPC, the ``[remote]`` extra, is imported
+only when TLS is asked for)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import inspect
-import math
+import os
 from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.checks import execution_of
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError, refused
-from jaxmesh.cli.tls import channel_credentials
 from jaxmesh.envs import PREFIXES, make_env
 from jaxmesh.envs.gymnasium.lanes import is_factory
 from jaxmesh.errors import RemoteConnectionError, RemotePolicyError
 from jaxmesh.host_policy import HostPolicy
 from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
+from jaxmesh.remote.protocol import TOKEN_ENV
 from jaxmesh.run.backend import HOST, SERVED, backend_of
 from jaxmesh.run.config import FLAT, GROUP_OF, GROUPS, RunConfig
 from jaxmesh.suite import Suite, Task
@@ -232,8 +234,6 @@ def run_config(config: dict[str, Any]) -> RunConfig:
         settings.pop("check_seeds", None)
     if "execution" in settings:
         settings["execution"] = execution_of(settings["execution"])
-    if settings.get("reply_timeout") == math.inf:  # else seconds, or the default
-        settings["reply_timeout"] = None  # no limit
     if config.get("tls_ca") is not None:
         settings["credentials"] = channel_credentials(config["tls_ca"])
     groups: dict[str, dict[str, Any]] = {}
@@ -258,3 +258,45 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, An
     call = {k: config.get(k) for k in ("episodes", "seeds", "record")}
     call = {k: v for k, v in call.items() if v is not None}
     return policy, env, run, call
+
+
+def token_of(given: str | None) -> str | None:
+    """``--token``, else ``$JAXMESH_TOKEN`` (None: neither, or empty)."""
+    return (given if given is not None else os.environ.get(TOKEN_ENV)) or None
+
+
+def channel_credentials(ca: str | None) -> Any:
+    """``grpc.ssl_channel_credentials`` trusting the PEM file ``ca`` (None: none)."""
+    if ca is None:
+        return None
+    import grpc
+
+    return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+
+
+def tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
+    """``--tls-cert`` and ``--tls-key``: both, or neither (None: no TLS)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError(
+            f"--tls-cert {cert!r} and --tls-key {key!r}: TLS needs both the "
+            "certificate chain and its private key (PEM files); give both, or "
+            "neither for a plain server"
+        )
+    return cert, key
+
+
+def server_credentials(cert: str | None, key: str | None) -> Any:
+    """``grpc.ssl_server_credentials`` from PEM files (None: no TLS)."""
+    if tls_files(cert, key) is None:
+        return None
+    import grpc
+
+    pems = []
+    for flag, path in (("--tls-key", key), ("--tls-cert", cert)):
+        try:
+            pems.append(Path(path).read_bytes())
+        except OSError as e:
+            raise ConfigError(f"{flag} {path!r}: cannot read it ({e})") from e
+    return grpc.ssl_server_credentials([(pems[0], pems[1])])

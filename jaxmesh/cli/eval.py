@@ -11,12 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import jaxmesh
-from jaxmesh.cli.artifacts import (
-    VideoError,
-    video_failed,
-    write_report_file,
-    write_videos,
-)
 from jaxmesh.cli.build import build_run, close
 from jaxmesh.cli.cache import use_compile_cache
 from jaxmesh.cli.checks import check_record_config, read_config
@@ -39,6 +33,12 @@ from jaxmesh.cli.outputs import (
     write_json,
 )
 from jaxmesh.cli.parser import resume_command
+from jaxmesh.cli.results import (
+    VideoError,
+    video_failed,
+    write_report_file,
+    write_videos,
+)
 from jaxmesh.run.cluster import Ray
 from jaxmesh.run.resume import (
     LOG_KEY,

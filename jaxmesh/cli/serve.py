@@ -15,10 +15,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from jaxmesh.cli.build import need_packages
+from jaxmesh.cli.build import (
+    channel_credentials,
+    need_packages,
+    server_credentials,
+    token_of,
+)
 from jaxmesh.cli.checks import check_env
 from jaxmesh.cli.errors import ConfigError
-from jaxmesh.cli.tls import channel_credentials, server_credentials, token_of
 from jaxmesh.envs import libero
 from jaxmesh.envs.gymnasium.lanes import PREFIX, parse_id
 from jaxmesh.run.backend import SERVED, backend_of

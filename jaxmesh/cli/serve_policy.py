@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jaxmesh.cli.build import is_config_file, load_policy
+from jaxmesh.cli.build import is_config_file, load_policy, tls_files, token_of
 from jaxmesh.cli.config import load_config
 from jaxmesh.cli.errors import ConfigError
 from jaxmesh.cli.explain import served_inputs
 from jaxmesh.cli.serve import check_ready_fd, serve_until_stopped
-from jaxmesh.cli.tls import tls_files, token_of
 
 
 def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:

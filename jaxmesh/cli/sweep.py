@@ -34,14 +34,9 @@ SWEEP_CELLS_KEY = "jaxmesh_sweep_cells"
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     raw = apply_overrides(load_config(args.config), args.set)
-    axes = {}
-    for key in SWEEP_AXES:
-        value = raw.pop(key, None)
-        if value is None and key == "delay_ms":
-            continue
-        if value is None:
-            value = [0 if key == "delay" else 1]
-        axes[key] = value if isinstance(value, list) else [value]
+    axes = {"delay": 0, "horizon": 1}  # delay_ms: only when given
+    axes.update({k: raw.pop(k) for k in SWEEP_AXES if raw.get(k) is not None})
+    axes = {k: v if isinstance(v, list) else [v] for k, v in axes.items()}
     config = check_run_config(raw)
     if config.get("tasks") is not None:
         raise ConfigError(
@@ -51,14 +46,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     given = Path(config["output"]) if config.get("output") else None
     output = None if given is None else given.with_suffix(SWEEP_SUFFIX)
     cells_path = None if given is None else given.with_suffix(SWEEP_CELLS_SUFFIX)
-    earlier = None  # the earlier sweep's config and finished cells
-    if args.resume is not None:
-        earlier = read_resume(
-            args.resume,
-            f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
-            "next to its output)",
-            _sweep_cells,
-        )
+    hint = (
+        f"pass the cells file of the sweep to continue (NAME{SWEEP_CELLS_SUFFIX} "
+        "next to its output)"
+    )
+    # The earlier sweep's config and finished cells.
+    earlier = args.resume and read_resume(args.resume, hint, _sweep_cells)
     # The sweep's files go next to the output: its folder is checked through it.
     check_writable(
         ("output", given),
