@@ -309,19 +309,15 @@ class RunConfig:
                 )
             by_group.setdefault(group, {})[name] = value
         for group, fields in by_group.items():
-            current = flat.get(group, getattr(self, group))
-            if current is None:  # served=None: the defaults
-                current = GROUPS[group]()
+            # served=None: the defaults
+            current = flat.get(group, getattr(self, group)) or GROUPS[group]()
             flat[group] = dataclasses.replace(current, **fields)
         return dataclasses.replace(self, **flat)
 
     def to_dict(self) -> dict:
         """The settings a result records (objects by type, the token never)."""
         out: dict = {name: getattr(self, name) for name in FLAT}
-        for name in GROUPS:
-            group = getattr(self, name)
-            if group is None:
-                continue
+        for group in filter(None, (getattr(self, name) for name in GROUPS)):
             for f in dataclasses.fields(group):
                 out[f.name] = _plain(f.name, getattr(group, f.name))
         return out

@@ -56,13 +56,10 @@ def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Rout
         return Route(SCAN, scan.run)
     if target.kind == SERVED:
         require_grpc()
-        from jaxmesh.run.host.served import (  # the [remote] extra: gRPC
-            ServedLanes,
-            ServedRun,
-            ServedStepRun,
-        )
+        from jaxmesh.run.host import served  # the [remote] extra: gRPC
 
-        return Route(SERVED, evaluate_host, ServedLanes.of, ServedRun, ServedStepRun)
+        row = (served.ServedLanes.of, served.ServedRun, served.ServedStepRun)
+        return Route(SERVED, evaluate_host, *row)
     if isinstance(workers, Ray):
         require_grpc()
         from jaxmesh.run.host.ray_actors import RayServers  # the [ray] extra

@@ -105,9 +105,7 @@ class Explanation:
                 "(observation, no spec)" if info.name == WHOLE_OBS else info.name,
                 info.kind,
                 "-" if info.key is None else str(info.key),
-                str(info.shape),
-                str(info.dtype),
-                str(info.stack),
+                *map(str, (info.shape, info.dtype, info.stack)),
                 f"{info.bytes_per_lane:,}",
             )
             for info in self.inputs.values()

@@ -196,7 +196,7 @@ class Evaluator:
             if instruction is None:
                 instruction = starts.instruction
             instruction = instructions.check_instruction(instruction)
-        pol, s = self.policy, self.settings
+        pol, s, (named, success_key) = self.policy, self.settings, self.metrics
         seeds_arr = checks.resolve_budget(episodes, seeds, self.device)
         e = int(seeds_arr.size)
         hook_list = stream.hooks_list(hooks)
@@ -235,10 +235,7 @@ class Evaluator:
             plan_tile=plan.tile,
             policy=pol.name,
             env=self.env_name,
-            metrics={
-                "metric_reductions": dict(self.metrics[0]),
-                "success_key": self.metrics[1],
-            },
+            metrics={"metric_reductions": dict(named), "success_key": success_key},
             trial_index_base=trial_index_base,
             instruction=instruction,
             success_mode=success_mode,
@@ -272,8 +269,7 @@ class Evaluator:
 
         def loop() -> Any:
             if program is None:
-                named, key = self.metrics
-                return empty(0, 0, np, metrics=named, success=key is not None)
+                return empty(0, 0, np, metrics=named, success=success_key is not None)
             with self._sink.listen(steps):
                 return self._loop(program, params, seeds_arr, run)
 
