@@ -325,7 +325,6 @@ class Pools:
         self.max_lanes = max_lanes
         self.max_batch = 4096
         self._pools: dict[Any, list[Pool]] = {}
-        self._sessions: dict[int, PolicySession] = {}
         #: (env signature, settings, tile lanes) -> (config, chunk, digest).
         self._plans: dict[tuple, tuple] = {}
         #: Pools without a session, the one emptied longest ago first.
@@ -398,7 +397,6 @@ class Pools:
                 raise RuntimeError(
                     f"a pool of {pool.size} lanes plans {pool.cfg}, not {cfg}"
                 )
-            self._sessions[session.id] = session
         info = {
             "session": session.id,
             "policy": self.name,
@@ -419,9 +417,9 @@ class Pools:
         """Frees the session's slots; past ``MAX_IDLE_POOLS`` pools without a
         session, the one emptied longest ago is dropped with its programs."""
         with self._lock:
-            if self._sessions.pop(session.id, None) is None:
-                return
             pool = session.pool
+            if session not in pool.sessions:
+                return
             pool.remove(session)
             if pool.sessions:
                 return

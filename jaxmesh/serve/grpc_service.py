@@ -152,13 +152,10 @@ class GrpcService:
         """Ends every stream and joins the handler threads."""
         if self._server is not None:
             self._server.stop(0).wait(timeout)
-            self._server = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-            self._executor = None
         if self._idle is not None:
             self._idle.stop()
-            self._idle = None
 
     def _session(self, requests: Any, context: grpc.ServicerContext) -> Any:
         session = None
