@@ -173,15 +173,12 @@ def check_settings(
     prefetch_lead: Any,
     max_episode_steps: Any,
     plan_tile: Any,
-    segment_steps: Any = DEFAULT_SEGMENT_STEPS,
     delay: Any = 0,
-    execution: Any = None,
-    delay_ms: Any = None,
 ) -> Settings:
-    """Checks every setting (``RunConfig`` runs the same checks in parts)."""
+    """Checks an agent's settings (``RunConfig`` runs the same checks in parts)."""
     n, h, cap = check_flat(num_envs, horizon, max_episode_steps)
-    lead, *chunking = check_chunking(prefetch_lead, delay, execution, delay_ms)
-    layout = check_layout(plan_tile, segment_steps)
+    lead, *chunking = check_chunking(prefetch_lead, delay, None, None)
+    layout = check_layout(plan_tile, DEFAULT_SEGMENT_STEPS)
     return settings_of(n, h, lead, cap, *layout, *chunking)
 
 

@@ -70,11 +70,10 @@ class LaneTexts:
         self, spec: Any, encoded: dict, n: int, device: Any = None, env_name: str = ""
     ):
         self.decls = adapt.text_inputs(spec)
-        self.env_name = env_name
+        self.env_name, self.n = env_name, n
         self.per_episode = {k: d for k, d in self.decls.items() if encoded[k] is None}
         #: Reset-info keys to read at every reset.
         self.keys = tuple(dict.fromkeys(d.info_key for d in self.per_episode.values()))
-        self.n = n
         self.host: dict = {}
         for name, decl in self.decls.items():
             enc = encoded[name]

@@ -7,14 +7,11 @@ from typing import Any, NamedTuple
 
 from jaxmesh.core.tally import pow2_at_least
 
-AUTO_TILE_ROWS = 128  # the default tile at h = 1
-MIN_TILE_ROWS = 8
-
 
 def default_plan_tile(h: int, num_envs: int) -> int:
     """``min(128 // h, next power of two >= num_envs)`` within [8, 128]
     (docs/evaluation.md, "The default tile"), for the lanes that plan together."""
-    return max(MIN_TILE_ROWS, min(AUTO_TILE_ROWS // h, pow2_at_least(num_envs)))
+    return max(8, min(128 // h, pow2_at_least(num_envs)))
 
 
 def effective_horizon(horizon: int, chunk: int | None) -> int:
