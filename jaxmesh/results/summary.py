@@ -286,11 +286,9 @@ def rows(result: Any, stats: dict[str, Any]) -> list[Row]:
     )
 
 
-def text(result: Any, stats: dict[str, Any] | None = None) -> str:
-    """``result``'s summary as text, a line per row (``stats`` None: with
-    ``summary_resamples``)."""
-    if stats is None:
-        stats = result.stats(resamples=_stats.summary_resamples(len(result.returns)))
+def text(result: Any) -> str:
+    """``result``'s summary as text, a line per row (``summary_resamples``)."""
+    stats = result.stats(resamples=_stats.summary_resamples(len(result.returns)))
     table = [row for row in rows(result, stats) if row.table != "provenance"]
     width = max(len(row.label) for row in table)
     return "\n".join(f"{row.label:<{width}}  {row.text}" for row in table)
