@@ -298,10 +298,23 @@ class Inbox:
         run, b = self.run, reply.batch
         (reset_g, reset_ep, act_g, act_ep), g = self.answered(s, reply)
         obs_rows = b.observation
+        # Where each lane's observation rows, steps and info rows start: its
+        # info rows are its observation rows, or a reset's and every step's.
         row0 = np.concatenate([[0], np.cumsum(b.rows)[:-1]]).astype(np.int64)
         step0 = np.concatenate([[0], np.cumsum(b.steps)[:-1]]).astype(np.int64)
-        # Info rows: the observation rows, or a reset's and every step's.
-        info0 = self._info_starts(s, b) if b.info else row0
+        info0 = row0
+        if b.info:
+            counts, want = b.info_row_counts, b.rows
+            if run.info_every_step:
+                want = np.where(b.steps > 0, b.steps, b.rows)
+            if not np.array_equal(counts, want):
+                i = int(np.argmax(counts != want))
+                raise codec.ProtocolError(
+                    f"the server at {run.lanes.sessions[s].address} sent "
+                    f"{int(counts[i])} info rows for lane {int(b.lanes[i])} "
+                    f"({int(b.steps[i])} steps), expected {int(want[i])}"
+                )
+            info0 = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         is_reset = np.isin(g, reset_g)
         ep_sent = np.zeros(g.size, np.int64)
         ep_sent[is_reset] = reset_ep[np.searchsorted(reset_g, g[is_reset])]
@@ -310,7 +323,6 @@ class Inbox:
         rl = np.flatnonzero(live & is_reset)
         if rl.size:
             self.file_resets(b, g[rl], row0[rl], info0[rl])
-        # Step results into the ring buffers.
         al = np.flatnonzero(live & ~is_reset & (b.steps > 0))
         if al.size:
             k = b.steps[al]
@@ -340,22 +352,6 @@ class Inbox:
                         self.rb_info[key][at] = info[key][rows(info0)]
                         self.rb_info_has[key][at] = _present(b, key)[rows(info0)]
             self.tail[g[al]] += k
-
-    def _info_starts(self, s: int, b: codec.ResultBatch) -> np.ndarray:
-        """Where each lane's info rows start in reply ``b``, checked."""
-        counts = b.info_row_counts
-        if self.run.info_every_step:
-            want = np.where(b.steps > 0, b.steps, b.rows)
-        else:
-            want = b.rows
-        if not np.array_equal(counts, want):
-            i = int(np.argmax(counts != want))
-            raise codec.ProtocolError(
-                f"the server at {self.run.lanes.sessions[s].address} sent "
-                f"{int(counts[i])} info rows for lane {int(b.lanes[i])} "
-                f"({int(b.steps[i])} steps), expected {int(want[i])}"
-            )
-        return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
     def file_resets(self, b: codec.ResultBatch, js, rows, info_rows) -> None:
         """Lanes ``js``' resets (rows ``rows``, info rows ``info_rows`` of ``b``)."""
