@@ -20,8 +20,15 @@ DEFAULT_EPISODE_LENGTH = 1000
 RENDER_FIELDS = ("q", "qd", "mocap_pos", "mocap_quat")
 
 
+class StepWithInfo:
+    """``step``: ``step_with_info`` without its info (the JAX adapters' own)."""
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        return self.step_with_info(key, state, action)[:5]
+
+
 @dataclasses.dataclass(eq=False)
-class BraxEnv:
+class BraxEnv(StepWithInfo):
     """A brax ``Env`` as a jaxmesh single-lane env: ``truncated`` after
     ``episode_length`` steps (None: no limit) or a wrapper's
     ``info["truncation"]``, ``terminated`` from ``state.done`` otherwise."""
@@ -54,9 +61,6 @@ class BraxEnv:
         """``reset`` and brax's ``state.metrics`` of the reset state."""
         state = self.env.reset(key)
         return state.obs, (state, jnp.int32(0)), dict(state.metrics)
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array):
-        return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """``step`` and brax's ``state.metrics`` (``Scoring(metrics=...)``)."""

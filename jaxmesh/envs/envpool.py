@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmesh.envs.brax import positive_int
+from jaxmesh.envs.brax import StepWithInfo, positive_int
 from jaxmesh.envs.names import check_id, need
 
 #: Atari defaults: an episode is a whole game, rewards are not clipped (as
@@ -129,7 +129,7 @@ def _narrow(dtype: Any) -> np.dtype:
 
 
 @dataclasses.dataclass(eq=False)
-class EnvPoolEnv:
+class EnvPoolEnv(StepWithInfo):
     """An EnvPool task: ``reset`` and ``step`` give shapes only; a run steps
     ``bind(seeds, num_envs)`` (``jaxmesh.evaluate``, ``jaxmesh.Evaluator``;
     not ``make_evaluator``: the pool is built from the seeds)."""
@@ -153,9 +153,6 @@ class EnvPoolEnv:
         text = repr((self.task_id, sorted(self.kwargs.items())))
         digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4]) >> 1
         return _zeros(self.specs.leaf("obs")), jnp.int32(digest)
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array):
-        return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """Shapes only (see ``reset``)."""

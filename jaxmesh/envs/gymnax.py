@@ -10,12 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmesh.envs import timing
+from jaxmesh.envs.brax import StepWithInfo
 from jaxmesh.envs.names import check_id, need
 from jaxmesh.envs.timing import step_seconds
 
 
 @dataclasses.dataclass(eq=False)
-class GymnaxEnv:
+class GymnaxEnv(StepWithInfo):
     """A gymnax ``Environment`` with its params as a jaxmesh single-lane env
     (never gymnax's auto-resetting ``step``: the engine starts episodes)."""
 
@@ -48,9 +49,6 @@ class GymnaxEnv:
 
     def reset(self, key: jax.Array):
         return self.env.reset_env(key, self.params)
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array):
-        return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """``step`` and ``step_env``'s ``info`` (``Scoring(metrics=...)`` reads it)."""
@@ -93,7 +91,7 @@ def make(env_id: str, **kwargs: Any) -> GymnaxEnv:
 
 
 @dataclasses.dataclass(eq=False)
-class GymnaxTasks:
+class GymnaxTasks(StepWithInfo):
     """Several param sets of one gymnax env as one env (``task_batch``): the
     state carries its episode's params, so lanes step different tasks side by
     side; ``reset_task(key, task)`` starts one of task ``task``."""
@@ -124,9 +122,6 @@ class GymnaxTasks:
 
     def reset(self, key: jax.Array):
         return self.reset_task(key, 0)
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array):
-        return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         inner, params = state

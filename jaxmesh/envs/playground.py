@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmesh.envs.brax import positive_int
+from jaxmesh.envs.brax import StepWithInfo, positive_int
 from jaxmesh.envs.names import check_id, did_you_mean, need
 from jaxmesh.envs.timing import step_seconds
 
@@ -44,7 +44,7 @@ DEFAULT_OVERRIDES = {"impl": "jax"}
 
 
 @dataclasses.dataclass(eq=False)
-class PlaygroundEnv:
+class PlaygroundEnv(StepWithInfo):
     """A MuJoCo Playground ``MjxEnv`` as a jaxmesh single-lane env.
 
     Attributes:
@@ -116,9 +116,6 @@ class PlaygroundEnv:
 
     def reset(self, key: jax.Array):
         return self._jitted[0](key)
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array):
-        return self.step_with_info(key, state, action)[:5]
 
     def step_with_info(self, key: jax.Array, state: Any, action: jax.Array):
         """``step`` and an info dict: ``state.metrics``, ``"info/"``, ``"model/"``
