@@ -348,13 +348,8 @@ def check_success_mode(mode: Any) -> str:
 
 
 class Metrics(NamedTuple):
-    """What ``metrics=`` and ``success=`` asked for (checked for form only).
-
-    Attributes:
-      named: ``(info key, reduction)`` pairs, in the order given.
-      success: the success key; None: the first of ``SUCCESS_KEYS`` the env's
-        info has (no signal when it has neither); False: no success flag.
-    """
+    """``metrics=`` as ``(info key, reduction)`` pairs and ``success=`` (None:
+    the first of ``SUCCESS_KEYS`` the info has; False: none), checked for form."""
 
     named: tuple[tuple[str, str], ...] = ()
     success: str | bool | None = None
@@ -403,10 +398,10 @@ def resolve_metrics(
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
     """``(named, success key or None)`` of ``asked`` for info keys ``available``."""
     available = list(available)
-    wanted = [n for n, _ in asked.named]
-    if isinstance(asked.success, str):
-        wanted.append(asked.success)
-    for name in wanted:
+    key = asked.success if isinstance(asked.success, str) else None
+    if asked.success is None:
+        key = next((k for k in SUCCESS_KEYS if k in available), None)
+    for name in [n for n, _ in asked.named] + ([key] if key else []):
         if name not in available:
             hint = did_you_mean(name, available)
             has = ", ".join(repr(k) for k in available) or "no keys"
@@ -415,7 +410,4 @@ def resolve_metrics(
                 f"{'; ' + hint if hint else ''} (its info has {has}); name one "
                 "of its info keys, or drop it from metrics= / success="
             )
-    key = asked.success if isinstance(asked.success, str) else None
-    if asked.success is None:
-        key = next((k for k in SUCCESS_KEYS if k in available), None)
     return asked.named, key

@@ -100,11 +100,9 @@ class Evaluator:
         self.policy = pol or resolve_policy(policy, with_params=takes_params)
         self.takes_params = takes_params
         self._source = (policy, env, randomize)  # keeps the keyed objects alive
-        # (info keys, reductions) and the success key, checked by shape.
         self.metrics = build.engine_metrics(self.env, config.scoring.asked)
         build.check_record_keys(self.env, self.record)
-        trials = self.trials
-        self._trial_reset = None if trials is None else trials.engine_reset(self.env)
+        self._trial_reset = self.trials and self.trials.engine_reset(self.env)
         self.placement = placement.placement_for(
             devices, self.settings.num_envs, self.policy, self.record
         )
@@ -172,11 +170,10 @@ class Evaluator:
         initial_states: Any = None,
         success_mode: str | None = None,
         instruction: str | None = None,
-        _checked: bool = False,
+        _checked: bool = False,  # the config's values, checked by run
     ) -> RunResult:
         """Scores a budget; see ``jaxmesh.evaluate`` for the arguments. Those
         that are data (None: the evaluator's own) run the same program.
-        ``_checked``: ``run`` passes the config's values, checked already.
 
         Raises:
           ValueError, TypeError: bad input, before anything compiles.
