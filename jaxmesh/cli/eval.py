@@ -23,7 +23,7 @@ from jaxmesh.cli.errors import (
     stopped,
     terminating,
 )
-from jaxmesh.cli.hooks import Progress, Started, SuiteSaver, log_hooks
+from jaxmesh.cli.hooks import Progress, SuiteSaver, log_hooks
 from jaxmesh.cli.outputs import (
     NEXT_TO_OUTPUT,
     check_writable,
@@ -73,10 +73,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     policy, env, run, kwargs = build_run(config)
     kwargs.update(config=run, trace=args.trace, resume=earlier)
-    started = Started()
     done = 0 if earlier is None or suite else earlier.num_episodes
     progress = Progress(enabled=not args.no_progress, initial=done)
-    hooks: list = [started, progress]
+    hooks: list = [progress]
     if suite and output:
         hooks.append(SuiteSaver(output, earlier))
     log = None
@@ -100,14 +99,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         # Before the run started, a ValueError or TypeError (or flax's or
         # gymnasium's error, bad_input) is a refusal: nothing ran.
         why = e if isinstance(e, ValueError | TypeError) else bad_input(e)
-        if started.started or why is None:
-            if started.started or not isinstance(e, ConfigError):
+        if progress.started or why is None:
+            if progress.started or not isinstance(e, ConfigError):
                 e.add_note(kept(e))
             raise
         text = resume_refused(why, args.resume)
         if not suite:
             raise ConfigError(refused(config, text)) from e
-        done = started.finished
+        done = progress.finished
         task = next((n for n in config["tasks"] if n not in done), None)
         line = refused(config, text, task if done or earlier is not None else None)
         if done and output:

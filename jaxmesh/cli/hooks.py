@@ -1,5 +1,5 @@
-"""The hooks the commands run with: the progress bar, the mark of a started
-run, the episode log and its start, a suite's saver."""
+"""The hooks the commands run with: the progress bar (which marks a started
+run), the episode log and its start, a suite's saver."""
 
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ from jaxmesh.suite import SuiteResult
 class Progress:
     """A tqdm bar on stderr: episodes done of the budget (from ``initial``, a
     resumed run's), and env steps/s from the first finished episode (compile
-    time left out). ``where``: the run's ``lanes_where``, once started."""
+    time left out). ``where``: the run's ``lanes_where``, once started.
+
+    ``started`` marks the end of ``evaluate``'s checks: an error before
+    ``on_run_start`` is bad input, one after a failure of the run. In a suite,
+    ``finished`` names the tasks done, and each task's run starts anew."""
 
     def __init__(self, enabled: bool = True, stream: Any = None, initial: int = 0):
         self.enabled, self.stream, self.initial = enabled, stream, initial
@@ -28,8 +32,15 @@ class Progress:
         self.t_first: float | None = None
         self.steps_first = 0
         self.where: str | None = None
+        self.started = False
+        self.finished: list[str] = []
+
+    def on_task_end(self, name: str, result: Any) -> None:
+        self.finished.append(name)
+        self.started = False
 
     def on_run_start(self, info: dict) -> None:
+        self.started = True
         desc = f"{info.get('policy', '')} on {short_env(info.get('env', ''))}"
         self.where = info.get("lanes_where")
         if self.where and self.where != "this process":
@@ -85,23 +96,6 @@ class Progress:
                 f"{result.steps_per_second:,.0f} env steps/s", refresh=False
             )
             self.bar.close()
-
-
-class Started:
-    """Marks the end of ``evaluate``'s checks: an error before ``on_run_start``
-    is bad input, one after a failure of the run. In a suite, ``finished``
-    names the tasks done, and each task's run starts anew."""
-
-    def __init__(self) -> None:
-        self.started = False
-        self.finished: list[str] = []
-
-    def on_run_start(self, info: dict) -> None:
-        self.started = True
-
-    def on_task_end(self, name: str, result: Any) -> None:
-        self.finished.append(name)
-        self.started = False
 
 
 class LogStart:

@@ -44,10 +44,8 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     need_packages(env)
     extra = {}
     if served:
-        extra = {
-            "token": token_of(args.token),
-            "credentials": channel_credentials(args.tls_ca),
-        }
+        extra["token"] = token_of(args.token)
+        extra["credentials"] = channel_credentials(args.tls_ca)
     try:
         report = check_seeds(env, args.seed, args.other, steps=args.steps, **extra)
     except (ValueError, TypeError, ImportError) as e:
