@@ -320,11 +320,8 @@ class GymStepper:
             self.action_space, import_gymnasium().spaces.Discrete
         )
         self.declares_trial_index = declares_trial_index(self.metadata)
-        n = self.num_lanes
-        self.started = np.zeros(n, bool)
-        self.ended = np.zeros(n, bool)
-        # perf_counter() past which an episode is truncated; None: no cap.
-        self.deadline: list[float | None] = [None] * n
+        self.started, self.ended = np.zeros((2, self.num_lanes), bool)
+        self.forget()
         #: Buffers ``{leaf: [>= m, ...]}`` ``step_each`` stacks into where they
         #: fit (a same-host server's ring slot).
         self.obs_into: dict[str, np.ndarray] | None = None
@@ -337,7 +334,8 @@ class GymStepper:
         """Every lane "not reset" again; the envs' own state is kept."""
         self.started[:] = False
         self.ended[:] = False
-        self.deadline = [None] * self.num_lanes
+        # perf_counter() past which an episode is truncated; None: no cap.
+        self.deadline: list[float | None] = [None] * self.num_lanes
 
     def release(self, lanes: Sequence[int]) -> None:
         """Treat ``lanes``' episodes as ended (abandoned without another)."""

@@ -484,8 +484,10 @@ class WorkerPool:
 
     def detach(self) -> None:
         """Unlinks the shared segment (``attach`` makes another)."""
-        self.slots.release()
-        self.shm.unlink()
+        if self.slots is not None:
+            self.slots.release()
+        if self.shm is not None:
+            self.shm.unlink()
         self.slots = self.shm = None
 
     def _share(self, fields: dict) -> None:
@@ -637,12 +639,7 @@ class WorkerPool:
             if self.conns[k] is not None:
                 self.conns[k].close()
             self.procs[k] = self.conns[k] = None
-        if self.slots is not None:
-            self.slots.release()
-            self.slots = None
-        if self.shm is not None:
-            self.shm.unlink()
-            self.shm = None
+        self.detach()
 
 
 class ProcessStepper(shared.GymStepper):
