@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -147,19 +148,16 @@ class Explanation:
 
 def frame_limit_bytes() -> int:
     """The limit from ``JAXMESH_FRAME_HISTORY_LIMIT_BYTES`` (default 2 GiB)."""
-    raw = os.environ.get(LIMIT_ENV)
-    if raw is None or not raw.strip():
+    raw = os.environ.get(LIMIT_ENV, "")
+    if not raw.strip():
         return DEFAULT_LIMIT_BYTES
-    try:
-        value = int(raw.strip().replace("_", ""))
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{LIMIT_ENV}={raw!r}: expected a non-negative integer number of bytes "
-            f"(e.g. {DEFAULT_LIMIT_BYTES} for 2 GiB); unset it for the default"
-        )
-    return value
+    with contextlib.suppress(ValueError):
+        if (value := int(raw.strip().replace("_", ""))) >= 0:
+            return value
+    raise ValueError(
+        f"{LIMIT_ENV}={raw!r}: expected a non-negative integer number of bytes "
+        f"(e.g. {DEFAULT_LIMIT_BYTES} for 2 GiB); unset it for the default"
+    )
 
 
 def _spec_of(spec_or_model: Any) -> tuple[Mapping[str, adapt.Input] | None, Any]:

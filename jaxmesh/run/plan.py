@@ -61,16 +61,14 @@ def plan_run(
         h, lead = max(c[0] for c in grid), max(c[1] for c in grid)
         tile_h = min(c[0] for c in grid)
     n = settings.num_envs
-    tile = settings.plan_tile or default_plan_tile(
-        tile_h, n if tile_lanes is None else tile_lanes
-    )
+    tile = settings.plan_tile or default_plan_tile(tile_h, tile_lanes or n)
     return RunPlan(
         horizon=settings.horizon,
         chunk=chunk,
         h=h,
         lead=lead,
         tile=tile,
-        lanes=min(n if lanes is None else lanes, capacity),
+        lanes=min(lanes or n, capacity),
         capacity=capacity,
         delay=delay,
         ensemble=ensemble,

@@ -126,12 +126,8 @@ class Evaluator:
         s, sig = self.settings, build.signature(params)
         if sig not in self._chunks:  # the probe runs once per params signature
             self._chunks[sig] = build.run_chunk(self.policy, self.env, params, s)
-        return plan_run(
-            s,
-            self._chunks[sig],
-            capacity=log_capacity(self.placement.lanes_per_device),
-            lanes=self.placement.lanes_per_device,
-        )
+        lanes = self.placement.lanes_per_device
+        return plan_run(s, self._chunks[sig], capacity=log_capacity(lanes), lanes=lanes)
 
     def _program(
         self, params: Any, plan: RunPlan, steps: bool = False, compile: bool = False

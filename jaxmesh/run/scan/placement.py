@@ -101,8 +101,7 @@ class DeviceMesh:
     supports_step_hooks = False
 
     def __init__(self, mesh: Any, num_envs: int, policy: Any):
-        self.mesh = mesh
-        self.num_devices = mesh_size(mesh)
+        self.mesh, self.num_devices = mesh, mesh_size(mesh)
         self.lanes_per_device = sharded.split_lanes(num_envs, self.num_devices)
         if policy.device is not None:
             raise ValueError(
