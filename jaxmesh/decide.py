@@ -434,7 +434,17 @@ def decide(
         if isinstance(env, suite.Suite) and any(arm_hooks):
             raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
         arms = {"a": hooks_list(arm_hooks[0]), "b": hooks_list(arm_hooks[1])}
-    env = _suite(env) if isinstance(env, suite.Suite) else env
+    if isinstance(env, suite.Suite):
+        # Each task in a run of its own (a run of several gymnax tasks together
+        # reads a batch's resumed_indices as each episode's task).
+        own = [n for n, t in env.tasks.items() if (t.episodes, t.seeds) != (None, None)]
+        if env.episodes is not None or env.seeds is not None or own:
+            where = f"tasks {own}" if own else "the Suite"
+            raise ValueError(
+                f"{where} set a budget (episodes= or seeds=); decide gives every "
+                "task the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
+            )
+        env = suite.Suite(env.tasks, together=False)
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
     first = config.num_envs if batch is None else batch
@@ -586,21 +596,3 @@ def _resumed(
             f"resume= holds {held} episodes per arm, more than "
             f"max_episodes={max_episodes}; pass a larger max_episodes"
         )
-
-
-def _suite(the_suite: suite.Suite) -> suite.Suite:
-    """The suite decide runs: each task in a run of its own (a run of several
-    gymnax tasks together reads a batch's ``resumed_indices`` as each
-    episode's task); ValueError for a budget of the suite's or a task's own."""
-    own = [
-        name
-        for name, task in the_suite.tasks.items()
-        if task.episodes is not None or task.seeds is not None
-    ]
-    if the_suite.episodes is not None or the_suite.seeds is not None or own:
-        where = f"tasks {own}" if own else "the Suite"
-        raise ValueError(
-            f"{where} set a budget (episodes= or seeds=); decide gives every task "
-            "the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
-        )
-    return suite.Suite(the_suite.tasks, together=False)

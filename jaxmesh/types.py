@@ -50,8 +50,9 @@ class Policy:
       spec: input name -> declaration (``jaxmesh.adapt``); None: the whole
         observation.
       default_params: the params a run uses when none are given (loaded, on
-        ``device``; ``lambda: None`` for a plain function).
-      place: puts a pytree on ``device`` (None: jax's default).
+        ``device``; default: none).
+      place: puts a pytree on ``device`` (None: jax's default; default: as it
+        is).
       on_episode_end: a host hook called with each ended episode's index, in
         order, or None.
       takes_execution_horizon: ``apply`` takes ``execution_horizon=E``, the
@@ -65,14 +66,14 @@ class Policy:
 
     name: str
     apply: Callable[..., tuple[Any, Any]]
-    stochastic: bool
-    initial_state: Callable[[], Any] | None
-    native_chunk: int | None
-    spec: dict | None
-    default_params: Callable[[], Any]
-    place: Callable[[Any], Any]
-    device: Any
-    on_episode_end: Callable[[int], None] | None
+    stochastic: bool = False
+    initial_state: Callable[[], Any] | None = None
+    native_chunk: int | None = None
+    spec: dict | None = None
+    default_params: Callable[[], Any] = lambda: None
+    place: Callable[[Any], Any] = lambda tree: tree
+    device: Any = None
+    on_episode_end: Callable[[int], None] | None = None
     takes_execution_horizon: bool = False
     declares_chunk: bool = False
     takes_rows: bool = False
