@@ -130,43 +130,11 @@ class Batcher:
             queued = sum(n for sig, n in counts.items() if sig not in self._groups)
         return queued >= self._could_join(signature)
 
-    def _queue_item(self, prepared: Prepared) -> _Item:
-        """Queues a request; raises as ``submit``."""
-        if self._closed:
-            raise ServerClosed("the policy server is shutting down")
-        if len(self._queue) >= MAX_QUEUE:
-            raise RequestError(
-                f"the server has {MAX_QUEUE} requests waiting; retry later"
-            )
-        item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
-        self._queue.append(item)
-        self._counts[prepared.signature] += 1
-        return item
-
-    def _wake(self, lazy: bool = False) -> None:
-        """Wakes the forward thread for a first request (unless ``lazy``: the
-        caller ``poke``s it) or a batch now complete."""
-        first = len(self._queue) == 1 and not lazy
-        if first or self._complete(self._queue[0].prepared.signature):
-            self._cond.notify()
-
     def poke(self) -> None:
-        """Wakes the forward thread if requests wait (for ``run_ready(lazy=)``)."""
+        """Wakes the forward thread if requests wait (for ``submit(lazy=True)``)."""
         with self._cond:
             if self._queue and not self._busy:
                 self._cond.notify()
-
-    def submit(self, prepared: Prepared) -> concurrent.futures.Future:
-        """Queues a request; its future's result is a ``BatchReply``.
-
-        Raises:
-          ServerClosed: the batcher is closed.
-          RequestError: the queue is full.
-        """
-        with self._cond:
-            item = self._queue_item(prepared)
-            self._wake()
-        return item.future
 
     def run_alone(self, prepared: Prepared) -> BatchReply | None:
         """The request's ``BatchReply``, run in the calling thread when no other
@@ -181,29 +149,53 @@ class Batcher:
         self._run([item])
         return item.future.result()
 
-    def run_ready(
-        self, prepared: Prepared, *, lazy: bool = False
+    def submit(
+        self, prepared: Prepared, *, inline: bool = False, lazy: bool = False
     ) -> concurrent.futures.Future:
-        """``submit``; a batch this request completes while no forward runs
-        runs here, in the calling thread. ``lazy``: a first request does not
-        wake the forward thread (the caller ``poke``s it within ``max_wait_ms``).
+        """Queues a request; its future's result is a ``BatchReply``.
+        ``inline``: a batch this request completes while no forward runs runs
+        here, in the calling thread; ``lazy``: a first request does not wake
+        the forward thread (the caller ``poke``s it within ``max_wait_ms``).
+
+        Raises:
+          ServerClosed: the batcher is closed.
+          RequestError: the queue is full.
         """
+        sig = prepared.signature
         with self._cond:
-            item = self._queue_item(prepared)
-            sig = prepared.signature
+            if self._closed:
+                raise ServerClosed("the policy server is shutting down")
+            if len(self._queue) >= MAX_QUEUE:
+                raise RequestError(
+                    f"the server has {MAX_QUEUE} requests waiting; retry later"
+                )
+            item = _Item(prepared, concurrent.futures.Future(), time.perf_counter())
+            self._queue.append(item)
+            self._counts[sig] += 1
             batch = None
             if (
-                not self._busy
+                inline
+                and not self._busy
                 and self._queue[0].prepared.signature == sig
                 and self._counts[sig] >= self._could_join(sig)
             ):
                 batch = self._pop(sig)
                 self._busy = bool(batch)
             if not batch:
-                self._wake(lazy)
+                # The forward thread wakes for a first request (unless lazy)
+                # or a batch now complete.
+                first = len(self._queue) == 1 and not lazy
+                if first or self._complete(self._queue[0].prepared.signature):
+                    self._cond.notify()
                 return item.future
         self._run(batch)
         return item.future
+
+    def run_ready(
+        self, prepared: Prepared, *, lazy: bool = False
+    ) -> concurrent.futures.Future:
+        """``submit(prepared, inline=True, lazy=lazy)``."""
+        return self.submit(prepared, inline=True, lazy=lazy)
 
     def _pop(self, signature: Any) -> list[_Item]:
         """Takes the next batch of ``signature``: those of its oldest requests
@@ -254,7 +246,7 @@ class Batcher:
                 deadline = head.arrived + self.max_wait
                 sig = head.prepared.signature
 
-                def gone(head: _Item = head) -> bool:  # run_ready ran it (or runs)
+                def gone(head: _Item = head) -> bool:  # an inline submit ran it
                     return self._busy or not self._queue or self._queue[0] is not head
 
                 while not (self._closed or self._complete(sig) or gone()):

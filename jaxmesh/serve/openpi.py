@@ -173,7 +173,7 @@ class OpenpiService:
             prepared = self.batcher.model.prepare(obs)
             # A batch this request completes runs here, on the loop (no
             # other connection's request waits on it meanwhile).
-            future = self.batcher.run_ready(prepared, lazy=True)
+            future = self.batcher.submit(prepared, inline=True, lazy=True)
             if not future.done():
                 if not self._poke_pending:
                     assert self._loop is not None
