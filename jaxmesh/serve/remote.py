@@ -344,14 +344,8 @@ class RemoteAgent:
             zeros = np.zeros(n, np.int32)
             return RemoteState(zeros.copy(), chunks, chunks.copy(), zeros.copy(), 0)
 
-        self._program = _HostProgram(
-            cfg,
-            chunk,
-            init,
-            RemoteStep(stream, n, spec.layout, list(info["leaves"])),
-            None,
-            spec.layout,
-        )
+        step = RemoteStep(stream, n, spec.layout, list(info["leaves"]))
+        self._program = _HostProgram(cfg, chunk, init, step, None, spec.layout)
         return self._program
 
     def compile(self, params: Any) -> float:
