@@ -34,9 +34,7 @@ class ParamError(ValueError):
 
     def __init__(self, message: str, *, param: str, value: Any, allowed: str):
         super().__init__(message)
-        self.param = param
-        self.value = value
-        self.allowed = allowed
+        self.param, self.value, self.allowed = param, value, allowed
 
 
 def _type_name(t: type | tuple[type, ...]) -> str:
@@ -93,12 +91,8 @@ class Param:
             raise ValueError(f"Param(low={low!r}, high={high!r}): low exceeds high")
         if type is None and choices is None:
             type = _infer_type(default)
-        self.default = default
-        self.doc = doc
-        self.choices = choices
-        self.low = low
-        self.high = high
-        self.type = type
+        self.default, self.doc, self.choices = default, doc, choices
+        self.low, self.high, self.type = low, high, type
         self.name: str | None = None
         self.owner: str | None = None
         if default is not REQUIRED:
