@@ -23,7 +23,7 @@ from jaxmesh.model import Model, resolve_class
 from jaxmesh.remote.address import require_grpc
 from jaxmesh.remote.protocol import TOKEN_ENV
 from jaxmesh.run.backend import HOST, SERVED, backend_of
-from jaxmesh.run.config import FLAT, GROUP_OF, GROUPS, RunConfig
+from jaxmesh.run.config import FLAT, GROUP_OF, RunConfig
 from jaxmesh.suite import Suite, Task
 from jaxmesh.types import PolicyLike
 
@@ -239,9 +239,8 @@ def run_config(config: dict[str, Any]) -> RunConfig:
     groups: dict[str, dict[str, Any]] = {}
     for name in [k for k in settings if k in GROUP_OF]:
         groups.setdefault(GROUP_OF[name], {})[name] = settings.pop(name)
-    try:
-        built = {group: GROUPS[group](**kw) for group, kw in groups.items()}
-        return RunConfig(**settings, **built)
+    try:  # RunConfig builds each group from its mapping
+        return RunConfig(**settings, **groups)
     except (ValueError, TypeError) as e:  # a refusal, before anything is built
         raise ConfigError(refused(config, e)) from e
 
@@ -255,8 +254,8 @@ def build_run(config: dict[str, Any]) -> tuple[Any, Any, RunConfig, dict[str, An
         env = build_suite(config["tasks"])
     else:
         env = build_env(config["env"], config["env_config"])
-    call = {k: config.get(k) for k in ("episodes", "seeds", "record")}
-    call = {k: v for k, v in call.items() if v is not None}
+    keys = ("episodes", "seeds", "record")
+    call = {k: config[k] for k in keys if config.get(k) is not None}
     return policy, env, run, call
 
 

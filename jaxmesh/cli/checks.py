@@ -121,12 +121,11 @@ def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
     env_config = run.get("env_config")
     if env_config and backend_of(run["env"]) != SCAN:
         raise ConfigError(
-            f"{where}env_config={env_config!r} with env={run['env']!r}: "
-            "env_config only applies to gymnax: and brax: ids (and playground:, "
-            "libero:, envpool:); a served env is "
-            "configured where it is served (jaxmesh.EnvServer(gymnasium.make(id, "
-            "**kwargs), ...)), and a gymnasium: id is made with gymnasium.make(id) "
-            "as registered: remove env_config"
+            f"{where}env_config={env_config!r} with env={run['env']!r}: env_config "
+            "only applies to gymnax: and brax: ids (and playground:, libero:, "
+            "envpool:); a served env is configured where it is served "
+            "(jaxmesh.EnvServer(gymnasium.make(id, **kwargs), ...)), and a gymnasium: "
+            "id is made with gymnasium.make(id) as registered: remove env_config"
         )
     return dict(env_config or {})
 
@@ -150,8 +149,6 @@ def _check_keys(config: dict[str, Any]) -> None:
 def check_record_config(value: Any) -> Any:
     """A config's ``record:`` as a ``jaxmesh.Record`` (ConfigError: not a list
     of episodes nor a mapping of its fields)."""
-    if isinstance(value, Record):
-        return value
     try:
         if isinstance(value, dict):
             fields = {"episodes", "keys", "max_steps", "frames", "states"}
@@ -277,10 +274,8 @@ def check_tasks(tasks: Any) -> dict[str, dict[str, Any]]:
 
 
 def execution_of(value: Any) -> Any:
-    """A config's ``execution``: None, or ``{ensemble: {...}}`` as a
+    """A config's ``execution`` (not null), ``{ensemble: {...}}``, as a
     ``jaxmesh.Ensemble(**...)``."""
-    if value is None:
-        return None
     if not isinstance(value, dict) or set(value) != {"ensemble"}:
         raise ConfigError(
             f"execution={value!r}: expected null or a mapping ensemble: {{m: 0.01}} "

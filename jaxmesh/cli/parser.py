@@ -245,9 +245,8 @@ def make_parser() -> argparse.ArgumentParser:
         const=NEXT_TO_OUTPUT,
         metavar="PATH",
         help="after the run, write its HTML report (summary, plots, settings, "
-        "telemetry, episodes) to PATH; without PATH, next to the output JSON "
-        "(.html) or to report.html. Needs matplotlib (pip install "
-        "'jaxmesh[report]')",
+        "telemetry, episodes) to PATH; without PATH, next to the output JSON (.html) "
+        "or to report.html. Needs matplotlib (pip install 'jaxmesh[report]')",
     )
     ev.add_argument(
         "--video",
