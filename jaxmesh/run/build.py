@@ -242,10 +242,9 @@ def check_record_keys(env: Any, record: Any) -> None:
     """Checks a ``jaxmesh.Record``'s keys and ``states=True`` against a JAX env."""
     name = getattr(env, "name", type(env).__name__)
     records_states(record, env, f"env {name!r}")
-    if record is None or record.keys is None:
-        return
-    obs = jax.eval_shape(lambda k: env.reset(k)[0], KEY)
-    observation_leaves(obs, record.keys, f"env {name!r}")
+    if record is not None and record.keys is not None:
+        obs = jax.eval_shape(lambda k: env.reset(k)[0], KEY)
+        observation_leaves(obs, record.keys, f"env {name!r}")
 
 
 def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:

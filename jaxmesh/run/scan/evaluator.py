@@ -368,12 +368,9 @@ def _merge_recording(kept: Any, piece: Any, episodes: Any, a: int, b: int) -> An
         kept = jax.tree.map(np.array, piece)
     episodes = np.asarray(episodes, np.int32)
     mine = (episodes >= a) & (episodes < b)
-
-    def take(k: np.ndarray, p: np.ndarray) -> np.ndarray:
+    for k, p in zip(jax.tree.leaves(kept), jax.tree.leaves(piece), strict=True):
         k[mine] = np.asarray(p)[mine]
-        return k
-
-    return jax.tree.map(take, kept, piece).replace(episodes=episodes)
+    return kept.replace(episodes=episodes)
 
 
 def _shifted(log: Any, offset: int, before: tuple) -> Any:
