@@ -794,9 +794,10 @@ class VectorEnvStepper(GymStepper):
 
     def _replays(self, replays, want_obs, info_keys, keep_all, every) -> list:
         results = {op.lane: LaneResult(op.lane) for op in replays}
-        live = [op for op in replays if not self.ended[op.lane]]
-        k = 0
-        while live:
+        live, k = replays, 0
+        while live := [
+            op for op in live if k < len(op.actions) and not self.ended[op.lane]
+        ]:
             lanes = [op.lane for op in live]
             try:
                 obs, reward, term, trunc, info = self.step_lanes(
@@ -819,9 +820,6 @@ class VectorEnvStepper(GymStepper):
                 done = len(results[lanes[0]].rewards)
                 raise LaneError(lanes[0], "stepping", exc, done) from exc
             k += 1
-            live = [
-                op for op in live if k < len(op.actions) and not self.ended[op.lane]
-            ]
         return [results[op.lane] for op in replays]
 
     def run(self, ops, *, want_obs, info_keys, keep_all_obs, keep_all_info=False):
