@@ -321,23 +321,6 @@ def check_settings(
     )
 
 
-def _check_inside(
-    result: RunResult, name: str, values: np.ndarray, bounds, start: int
-) -> None:
-    lo, hi = bounds
-    v = values[start:]
-    out = start + np.flatnonzero((v < lo) | (v > hi) | ~np.isfinite(v))
-    if out.size:
-        k = int(out[0])
-        raise ValueError(
-            f"policy {name}'s episode {int(result.indices[k])} (seed "
-            f"{int(result.seeds[k])}) returned {values[k]!r}, outside bounds=({lo:g}, "
-            f"{hi:g}) ({out.size} episodes out of them); the test's guarantee needs "
-            "every return within the bounds: pass bounds that hold every return the "
-            "env can give"
-        )
-
-
 def _held(result: Any) -> int:
     """The paired episodes per arm a run (or each task of a suite's) holds."""
     return 0 if result is None else _first_run(result).num_episodes
@@ -453,7 +436,8 @@ def decide(
     cap = check_int("max_batch", cap, first, f"e.g. {BATCH_GROWTH_CAP * first}")
     if on_batch is not None and not callable(on_batch):
         raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
-    width = bounds[1] - bounds[0]  # differences lie in [-width, width]
+    lo, hi = bounds
+    width = hi - lo  # differences lie in [-width, width]
     seq = BettingSequence(-width, width, alpha=alpha, null=0.0, grid=grid)
     runs: dict[str, Any] = {"a": None, "b": None}
     policies = {"a": policy_a, "b": policy_b}
@@ -487,10 +471,18 @@ def decide(
         """The differences of episodes ``start..`` into the test, checked."""
         values = {}
         for name in ("a", "b"):
-            if metric == "return":
-                for task, r in _runs_of(runs[name]).items():
-                    label = f"{name} (task {task!r})" if task else name
-                    _check_inside(r, label, _values(r, metric), bounds, start)
+            for task, r in _runs_of(runs[name]).items():  # (a success is within)
+                v = _values(r, metric)
+                out = start + np.flatnonzero(~((v[start:] >= lo) & (v[start:] <= hi)))
+                if out.size:
+                    k, label = int(out[0]), f"{name} (task {task!r})" if task else name
+                    raise ValueError(
+                        f"policy {label}'s episode {int(r.indices[k])} (seed "
+                        f"{int(r.seeds[k])}) returned {v[k]!r}, outside bounds=({lo:g}"
+                        f", {hi:g}) ({out.size} episodes out of them); the test's "
+                        "guarantee needs every return within the bounds: pass bounds "
+                        "that hold every return the env can give"
+                    )
             values[name] = _stratified(runs[name], metric)[start:]
         seq.update(values["b"] - values["a"])
         path.append((seq.n, *seq.interval))

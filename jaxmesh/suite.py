@@ -573,12 +573,9 @@ class SuiteComparison:
             means = [f"{c.mean_a:.3f}", f"{c.mean_b:.3f}", f"{c.difference:+.3f}"]
             interval = f"[{low:+.3f}, {high:+.3f}]"
             rows.append([name, *means, interval, f"{c.wins:.1%}", *rates])
-        pairing = (
-            "(paired by task and seed)"
-            if p.paired
-            else "(UNPAIRED: not the same episodes; each run resampled on its own)"
-        )
-        lines = [f"A: {p.label_a}", f"B: {p.label_b}", pairing]
+        unpaired = "(UNPAIRED: not the same episodes; each run resampled on its own)"
+        lines = [f"A: {p.label_a}", f"B: {p.label_b}"]
+        lines.append("(paired by task and seed)" if p.paired else unpaired)
         lines += _summary.text_table(rows)
         lines.append(f"pooled verdict: {p.verdict}")
         return "\n".join(lines)
