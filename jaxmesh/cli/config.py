@@ -143,13 +143,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<: *anchor` merges; an explicit key may override
-                try:
-                    key = self.construct_object(key_node, deep=True)
-                    hash(key)
-                except (yaml.YAMLError, TypeError):
-                    continue  # SafeLoader says what is wrong with it
+                # A key may override a merged one (`<<: *anchor`); SafeLoader
+                # refuses a key that is no scalar (unhashable).
+                merge = key_node.tag == "tag:yaml.org,2002:merge"
+                if merge or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
                 line = key_node.start_mark.line + 1
                 if key in seen:
                     raise _DuplicateKey(
@@ -206,8 +205,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r}, {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
-    if data is None:
-        data = {}
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(
             f"config file {str(path)!r} holds a {type(data).__name__}; expected a "

@@ -101,14 +101,13 @@ def cmd_decide(args: argparse.Namespace) -> int:
         )
     if args.metric == "success" and args.bounds is not None:
         raise ConfigError("--bounds is for --metric return; leave it out")
+    earlier = load_decision(args.resume) if args.resume else None
     first_seed = args.first_seed
+    if first_seed is None:  # 0, or the resumed decision's
+        first_seed = 0 if earlier is None else int(earlier.get("first_seed", 0))
     try:
         check_settings(
-            args.alpha,
-            args.metric,
-            args.bounds,
-            args.max_episodes,
-            0 if first_seed is None else first_seed,
+            args.alpha, args.metric, args.bounds, args.max_episodes, first_seed
         )
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
@@ -140,12 +139,9 @@ def cmd_decide(args: argparse.Namespace) -> int:
         ("--plot", plot),
         ("--report", report),
     )
-    earlier = load_decision(args.resume) if args.resume else None
     use_compile_cache(args.no_compile_cache, "decide")
     policy_a, env, run, _ = build_run(config_a)
     policy_b = config_policy(config_b, args.b)
-    if first_seed is None:
-        first_seed = 0 if earlier is None else int(earlier.get("first_seed", 0))
     resume = None if earlier is None else (earlier["a"], earlier["b"])
     kwargs = dict(
         alpha=args.alpha,

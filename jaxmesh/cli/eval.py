@@ -42,7 +42,6 @@ from jaxmesh.cli.results import (
 from jaxmesh.run.cluster import Ray
 from jaxmesh.run.resume import (
     LOG_KEY,
-    EpisodeLog,
     fingerprint,
     load_episode_log,
     load_results,
@@ -87,11 +86,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         params = getattr(policy, "params", None)  # a Model's; a function has none
         steps = config.get("max_episode_steps")
         fp = fingerprint(steps, params, digest=params is not None)
-    kept = lambda e: _kept(args, config, log_path, e, earlier, log)
+    kept = lambda e: _kept(args, config, log_path, e, earlier)
+    ray = contextlib.nullcontext()
+    if isinstance(run.workers, Ray):  # one connection, a suite's tasks share it
+        from jaxmesh.run.host.ray_actors import connection  # the [ray] extra
+
+        ray = connection(run.workers)
     try:
-        # SIGTERM stops the run as Ctrl-C does; a suite's runs on Ray share
-        # one connection.
-        with terminating(), _ray_connection(run.workers):
+        with terminating(), ray:  # SIGTERM stops the run as Ctrl-C does
             result = jaxmesh.evaluate(policy, env, hooks=hooks, **kwargs)
     except KeyboardInterrupt as e:
         raise stopped(args.command, e, kept(e)) from None
@@ -163,15 +165,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return max(status, 1)
 
 
-def _ray_connection(workers: Any) -> Any:
-    """One Ray connection for the command (a suite's tasks share it), else none."""
-    if not isinstance(workers, Ray):
-        return contextlib.nullcontext()
-    from jaxmesh.run.host.ray_actors import connection  # the [ray] extra
-
-    return connection(workers)
-
-
 def _write_outputs(
     args: argparse.Namespace,
     result: Any,
@@ -220,7 +213,6 @@ def _kept(
     log_path: Path | None,
     exc: Any,
     earlier: Any,
-    log: EpisodeLog | None,
 ) -> str:
     """Where a stopped run's finished episodes are and how to continue it
     (never raises: the run's own error comes first); ``earlier``: the result
@@ -241,17 +233,7 @@ def _kept(
         n = 0 if made is None else made.num_episodes
         if not n:
             return "No episode had finished: nothing to resume from."
-        resumed = args.resume
-        if (
-            log is not None
-            and log.error is None
-            and (resumed is None or Path(resumed).resolve() == Path(log_path).resolve())
-        ):
-            # Every line was written, and a failed run's episodes were flushed to
-            # it: the log holds them all (and the earlier ones it was resumed from).
-            held = n
-        else:  # read back: the log stopped, or holds another file's earlier run
-            held = _held(log_path)
+        held = _held(log_path)  # read back: it may have stopped, or hold less
         also = ""
         if log_path is not None and held >= n:
             where = log_path

@@ -26,7 +26,8 @@ class Progress:
     ``finished`` names the tasks done, and each task's run starts anew."""
 
     def __init__(self, enabled: bool = True, stream: Any = None, initial: int = 0):
-        self.enabled, self.stream, self.initial = enabled, stream, initial
+        self.enabled, self.initial = enabled, initial
+        self.stream = stream if stream is not None else sys.stderr
         self.bar = None
         self.steps = 0
         self.t_first: float | None = None
@@ -50,7 +51,7 @@ class Progress:
             initial=self.initial,
             desc=desc,
             unit="ep",
-            file=self.stream if self.stream is not None else sys.stderr,
+            file=self.stream,
             disable=not self.enabled,
             dynamic_ncols=True,
         )
@@ -84,11 +85,10 @@ class Progress:
             )
         else:
             line = f"jaxmesh: {info}"
-        stream = self.stream if self.stream is not None else sys.stderr
         if self.bar is not None and self.enabled:
-            self.bar.write(line, file=stream)
+            self.bar.write(line, file=self.stream)
         else:
-            print(line, file=stream)
+            print(line, file=self.stream)
 
     def on_run_end(self, result: Any) -> None:
         if self.bar is not None:
