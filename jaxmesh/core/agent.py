@@ -162,17 +162,18 @@ def tail_start(h: Any, d: Any, planned_late: bool) -> Any:
     return h if planned_late else h - d
 
 
+def _take(x: jax.Array, at: jax.Array, axis: int = 1) -> jax.Array:
+    """``x``'s entries ``at`` along ``axis`` (``at`` spans the leading axes)."""
+    at = jnp.reshape(at, at.shape + (1,) * (x.ndim - at.ndim))
+    return jnp.take_along_axis(x, at, axis=axis)
+
+
 def _shifted(out: jax.Array, start: Any, k: int) -> tuple[jax.Array, jax.Array]:
     """``out[:, start:]`` zero-padded to K entries, and the valid entries."""
     start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), out.shape[:1])
     at = start[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
-    valid = at < out.shape[1]
-    extra = (1,) * (out.ndim - 2)
-    got = jnp.take_along_axis(
-        out, jnp.reshape(jnp.clip(at, 0, out.shape[1] - 1), at.shape + extra), axis=1
-    )
-    tail = jnp.where(jnp.reshape(valid, valid.shape + extra), got, 0)
-    return tail, jnp.maximum(out.shape[1] - start, 0)
+    got = _take(out, jnp.clip(at, 0, out.shape[1] - 1))
+    return _where(at < out.shape[1], got, 0), jnp.maximum(out.shape[1] - start, 0)
 
 
 def text_zeros(cfg: AgentConfig, n: int, xp: Any = jnp) -> dict:
@@ -452,10 +453,7 @@ def act(
         pending, state, more = plan(state, pre, pending, STREAM_PREFETCH, late, True)
         rows = rows + more
         calls = calls + pre
-    at = replay.play_index(cursor, hl, jnp)
-    action = jnp.take_along_axis(
-        chunk, jnp.reshape(at, (-1, 1) + (1,) * len(cfg.action_shape)), 1
-    )[:, 0]
+    action = _take(chunk, replay.play_index(cursor, hl, jnp)[:, None])[:, 0]
     state = state.replace(
         chunk=chunk,
         pending=pending,
@@ -478,10 +476,7 @@ def _actions_from(out: jax.Array, start: Any, h: int) -> jax.Array:
     """Actions ``start .. start + h - 1`` of each chunk (past K: the last)."""
     if isinstance(start, int):
         return out[:, start : start + h]
-    at = jnp.clip(start[:, None] + jnp.arange(h), 0, out.shape[1] - 1)
-    return jnp.take_along_axis(
-        out, jnp.reshape(at, at.shape + (1,) * (out.ndim - 2)), axis=1
-    )
+    return _take(out, jnp.clip(start[:, None] + jnp.arange(h), 0, out.shape[1] - 1))
 
 
 def _executed(
@@ -505,9 +500,7 @@ def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Arra
     valid = age <= t[:, None]
     w = lane_weights(cfg.ensemble, age, valid, k)  # [N, K]
     extra = (1,) * len(cfg.action_shape)
-    entries = jnp.take_along_axis(
-        ring, jnp.reshape(age, age.shape + (1,) + extra), axis=2
-    )[:, :, 0]  # [N, K, *A]
+    entries = _take(ring, age, axis=2)[:, :, 0]  # [N, K, *A]
     w = jnp.reshape(w, w.shape + extra)
     total = jnp.sum(w * entries.astype(jnp.float32), axis=1)
     return (total / jnp.sum(w, axis=1)).astype(cfg.action_dtype)
@@ -556,8 +549,6 @@ def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) ->
     """[N] lanes whose next action needs an agent step (``replay.due``)."""
     if h is None:
         h, lead = cfg.h, cfg.lead
-    if not cfg.lead:
-        return replay.exhausted(cursor, h)
     return replay.due(cursor, h, lead)
 
 
@@ -566,10 +557,7 @@ def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> Agent
     without an agent step (``can_skip`` configs only)."""
     h = cfg.h
     cursor = state.cursor + skip
-    at = jnp.reshape(
-        jnp.clip(cursor - 1, 0, h - 1), (-1, 1) + (1,) * len(cfg.action_shape)
-    )
-    last = jnp.take_along_axis(state.chunk, at, 1)[:, 0]
+    last = _take(state.chunk, jnp.clip(cursor - 1, 0, h - 1)[:, None])[:, 0]
     moved = skip > 0
     prev = _where(moved, last, state.prev)
     windows = _push_action(cfg, state.windows, prev, moved)

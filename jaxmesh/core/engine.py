@@ -131,24 +131,6 @@ def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) ->
     return Carry(lanes, ag, res)
 
 
-def _episode_metrics(
-    cfg: EngineConfig, lanes: LaneState, t: jax.Array
-) -> tuple[dict, dict]:
-    """The per-lane metrics and success fields of episodes ending now."""
-    acc = lanes.acc
-    values = {
-        name: rules.finalize_metric(jnp, red, a, t)
-        for a, (name, red) in zip(acc[: len(cfg.metrics)], cfg.metrics, strict=True)
-    }
-    success = {}
-    if cfg.success is not None:
-        success["success"] = rules.success(jnp, acc[-2])
-        success["success_once"] = acc[-1]
-    if cfg.success_at_reset:
-        success["success_at_reset"] = lanes.reset_success
-    return values, success
-
-
 class Engine:
     """The jitted engine for one (policy, env, configuration).
 
@@ -226,8 +208,13 @@ class Engine:
                 obs0, state0, info0 = jax.vmap(self.env.reset_with_info)(k)
                 flag = tally.info_leaves(info0)[cfg.success]
                 at_reset = at(at_reset, rules.success(jnp, jnp.reshape(flag, (-1,))))
-            else:
-                obs0, state0 = self._reset(lanes, k, episode)
+            elif cfg.trials is None:
+                obs0, state0 = jax.vmap(self.env.reset)(k)
+            else:  # from each episode's trial
+                trial_of, data = lanes.trials
+                i = jnp.clip(episode - lanes.base, 0, trial_of.shape[0] - 1)
+                reset = jax.vmap(cfg.trials.reset, in_axes=(0, 0, None))
+                obs0, state0 = reset(k, trial_of[i], data)
             return (
                 jax.tree.map(at, env_state, state0),
                 jax.tree.map(at, obs, obs0),
@@ -279,38 +266,6 @@ class Engine:
             reset_success=reset_success,
         )
         return lanes, ag, obs, begins, stepping
-
-    def _reset(self, lanes: LaneState, ep_keys: jax.Array, episodes: jax.Array):
-        """A tile's reset: ``env.reset(key)``, or from each episode's trial."""
-        trials = self.config.trials
-        if trials is None:
-            return jax.vmap(self.env.reset)(ep_keys)
-        trial_of, data = lanes.trials
-        at = jnp.clip(episodes - lanes.base, 0, trial_of.shape[0] - 1)
-        reset = jax.vmap(trials.reset, in_axes=(0, 0, None))
-        return reset(ep_keys, trial_of[at], data)
-
-    def _step_events(self, lanes: LaneState, kinds, action, reward, term, trunc):
-        """Sends this step's per-lane values to ``on_step`` (ordered; episode
-        and t before the step); whether to go on."""
-        on_step = self.on_step
-
-        def emit(*arrays: Any) -> np.bool_:
-            return np.bool_(on_step(*(np.array(a) for a in arrays)))
-
-        stepped = lanes.active & (kinds == tally.NO_FAULT)
-        return io_callback(
-            emit,
-            jax.ShapeDtypeStruct((), jnp.bool_),
-            stepped,
-            lanes.episode,
-            lanes.t,
-            action,
-            reward,
-            term,
-            trunc,
-            ordered=True,
-        )
 
     # An inner loop of env steps (``_begin``, ``_core``) until a lane's episode
     # ends, inside an outer one that writes the results and hands the next
@@ -386,8 +341,17 @@ class Engine:
         trunc = trunc | rules.at_cap(jnp, t, cfg.max_steps)
         ended = active & (term | trunc)
         go_on = c.go_on
-        if cfg.step_events:
-            go_on = self._step_events(lanes, kinds, action, reward, term, trunc)
+        if cfg.step_events:  # episode and t before the step
+            on_step = self.on_step
+
+            def emit(*arrays: Any) -> np.bool_:
+                return np.bool_(on_step(*(np.array(a) for a in arrays)))
+
+            stepped = active & (kinds == tally.NO_FAULT)
+            per_lane = (stepped, lanes.episode, lanes.t, action, reward, term, trunc)
+            go_on = io_callback(
+                emit, jax.ShapeDtypeStruct((), jnp.bool_), *per_lane, ordered=True
+            )
         rec = c.recording
         if cfg.record_slots:  # skipped once every recorded episode is done
             step_values = dict(
@@ -429,8 +393,17 @@ class Engine:
         def finish(lanes, res):
             extra = {}
             if cfg.reads_info:
-                extra["metrics"], success = _episode_metrics(cfg, lanes, lanes.t)
-                extra.update(success)
+                acc, t = lanes.acc, lanes.t
+                metrics = zip(acc[: len(cfg.metrics)], cfg.metrics, strict=True)
+                extra["metrics"] = {
+                    name: rules.finalize_metric(jnp, red, a, t)
+                    for a, (name, red) in metrics
+                }
+                if cfg.success is not None:
+                    extra["success"] = rules.success(jnp, acc[-2])
+                    extra["success_once"] = acc[-1]
+                if cfg.success_at_reset:
+                    extra["success_at_reset"] = lanes.reset_success
             at = jnp.where(c.scored, lanes.episode, cfg.capacity)
             # One prefix count for both: the ended lanes' and the scored ones'.
             ranks = tiles.prefix_count(jnp.stack([ended, c.scored]))
@@ -478,28 +451,18 @@ class Engine:
         may go on (budget, faults, step events), and whether it may."""
         cfg = self.config
 
-        def no_fault(fault):
-            if not stop_at_fault:
-                return jnp.bool_(True)
-            return jnp.all(fault.kind == tally.NO_FAULT)
-
         def steps_left(steps):
             return jnp.bool_(True) if max_steps is None else steps < max_steps
 
-        def room(res):  # a segment's log holds another step's ends
-            if res.rows is None:
-                return jnp.bool_(True)
-            return res.rows + cfg.agent.num_envs <= cfg.capacity
-
         def outer_cond(o):
             steps, go_on, carry = o
-            return (
-                steps_left(steps)
-                & go_on
-                & (carry.lanes.n_done < carry.lanes.budget)
-                & no_fault(carry.results.fault)
-                & room(carry.results)
-            )
+            lanes, res = carry.lanes, carry.results
+            ok = steps_left(steps) & go_on & (lanes.n_done < lanes.budget)
+            if stop_at_fault:
+                ok = ok & jnp.all(res.fault.kind == tally.NO_FAULT)
+            if res.rows is not None:  # a segment's log holds another step's ends
+                ok = ok & (res.rows + cfg.agent.num_envs <= cfg.capacity)
+            return ok
 
         # Under vmap (a population) a member whose budget is done runs the
         # loops with the others: it must see no lane running.
