@@ -135,8 +135,8 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the decision."""
-        names = [f.name for f in dataclasses.fields(self)]
-        out = {k: getattr(self, k) for k in names if k not in ("a", "b")}
+        fields = [f.name for f in dataclasses.fields(self) if f.name not in ("a", "b")]
+        out = {k: getattr(self, k) for k in fields}
         out.update(
             interval=list(self.interval),
             path=[list(p) for p in self.path],
@@ -332,14 +332,11 @@ def _joined(done: Any, new: Any, start: int) -> Any:
     if done is None:
         return new
     if isinstance(new, suite.SuiteResult):
-        return suite.SuiteResult(
-            {
-                name: _joined(done.tasks[name], r, start)
-                for name, r in new.tasks.items()
-            },
-            instructions=dict(new.instructions),
-            wall_time=done.wall_time + new.wall_time,
-        )
+        tasks = {
+            name: _joined(done.tasks[name], r, start) for name, r in new.tasks.items()
+        }
+        wall_time = done.wall_time + new.wall_time
+        return dataclasses.replace(new, tasks=tasks, wall_time=wall_time)
     indices = start + np.arange(new.num_episodes, dtype=np.int64)
     return dataclasses.replace(merge(done, new, indices), resumed_part=None)
 

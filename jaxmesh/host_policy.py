@@ -57,11 +57,8 @@ class HostPolicy:
             raise ValueError(
                 f"HostPolicy: native_chunk must be a positive int, got {k!r}"
             )
-        self.fn = fn
-        self.batched = batched
-        self.native_chunk = native_chunk
-        self.stochastic = stochastic
-        self.spec = adapt.check_spec(spec)
+        self.fn, self.batched, self.native_chunk = fn, batched, native_chunk
+        self.stochastic, self.spec = stochastic, adapt.check_spec(spec)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self._outputs: dict = {}  # input shapes -> one row's output struct
 
