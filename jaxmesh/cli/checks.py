@@ -4,6 +4,7 @@ the command line never disagrees with ``jaxmesh.evaluate``."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Callable
@@ -151,13 +152,10 @@ def check_record_config(value: Any) -> Any:
     of episodes nor a mapping of its fields)."""
     try:
         if isinstance(value, dict):
-            fields = {"episodes", "keys", "max_steps", "frames", "states"}
-            unknown = sorted(set(value) - fields)
+            fields = [f.name for f in dataclasses.fields(Record)]
+            unknown = sorted(set(value) - set(fields))
             if unknown:
-                raise ValueError(
-                    f"unknown keys {unknown} (expected episodes, keys, max_steps, "
-                    "frames, states)"
-                )
+                raise ValueError(f"unknown keys {unknown} (expected {fields})")
             return Record(**value)
         if isinstance(value, int | list) and not isinstance(value, bool):
             return Record(episodes=value)

@@ -25,6 +25,7 @@ from jaxmesh.cli.errors import (
 )
 from jaxmesh.cli.hooks import Progress, SuiteSaver, log_hooks
 from jaxmesh.cli.outputs import (
+    EPISODE_LOG_SUFFIX,
     NEXT_TO_OUTPUT,
     check_writable,
     episode_log_path,
@@ -274,12 +275,8 @@ def load_resume(path: str) -> Any:
     a result JSON (ConfigError: neither)."""
 
     def parse(text: str) -> Any:
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        try:
-            head = json.loads(first)
-        except json.JSONDecodeError:
-            head = None  # a result JSON is indented: its first line is "{"
-        if isinstance(head, dict) and LOG_KEY in head:
+        # An episode log's first line names LOG_KEY; a result JSON's is "{".
+        if f'"{LOG_KEY}"' in text.lstrip().partition("\n")[0]:
             return load_episode_log(path)
         try:
             data = json.loads(text)
@@ -292,9 +289,5 @@ def load_resume(path: str) -> Any:
             return SuiteResult.from_dict(data)
         return load_results(path)  # RunResult.from_dict, with each episode's line
 
-    return read_resume(
-        path,
-        "pass the episode log (NAME.episodes.jsonl) or the result JSON of the run "
-        "to continue",
-        parse,
-    )
+    hint = f"pass the episode log (NAME{EPISODE_LOG_SUFFIX}) or the result JSON"
+    return read_resume(path, hint + " of the run to continue", parse)

@@ -11,6 +11,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from jaxmesh.cli.outputs import write_file
 from jaxmesh.results.summary import short_env
 from jaxmesh.run.resume import EpisodeLog
 from jaxmesh.suite import SuiteResult
@@ -144,6 +145,5 @@ class SuiteSaver:
 
     def on_task_end(self, name: str, result: Any) -> None:
         self.tasks[name] = result
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(SuiteResult(dict(self.tasks)).to_dict(), indent=2)
-        self.path.write_text(text + "\n")
+        write_file(self.path, f"{text}\n".encode())  # whole or not at all
