@@ -241,20 +241,17 @@ def init(cfg: AgentConfig, policy: Policy, obs: Any, lanes: jax.Array) -> AgentS
     """Agent state for N lanes; lanes in ``lanes`` begin an episode at ``obs``."""
     n, h, k = cfg.num_envs, cfg.h, cfg.chunk_len
     zeros = lambda *shape: jnp.zeros(shape + cfg.action_shape, cfg.action_dtype)
-    zeros_a = zeros(n, h)
-    prev = zeros(n)
-    windows = _reset_windows(cfg, obs, prev)
-    rstate = _initial_rstate(policy, n)
+    zeros_a, prev = zeros(n, h), zeros(n)
     pending = bool(cfg.pending_names)
     state = AgentState(
         chunk=zeros_a,
         pending=zeros_a,
         cursor=jnp.full((n,), h, jnp.int32),
         fresh=jnp.ones((n,), bool),
-        windows=windows,
+        windows=_reset_windows(cfg, obs, prev),
         texts=text_zeros(cfg, n),
         prev=prev,
-        rstate=rstate,
+        rstate=_initial_rstate(policy, n),
         predict_calls=jnp.zeros((n,), jnp.int32),
         rows=jnp.zeros((), jnp.int32),
         ring=zeros(n, k, k) if cfg.ensemble is not None else None,
@@ -512,10 +509,7 @@ def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
     def push(w, f):
         f = f[:, None].astype(w.dtype)
         moved = f if w.shape[1] == 1 else jnp.concatenate([w[:, 1:], f], axis=1)
-        if mask is None:
-            return moved
-        m = jnp.reshape(mask, mask.shape + (1,) * (w.ndim - 1))
-        return jnp.where(m, moved, w)
+        return moved if mask is None else _where(mask, moved, w)
 
     return jax.tree.map(push, window, frame)
 
@@ -579,20 +573,13 @@ def host_step(
     texts: dict | None = None,
     episodes: jax.Array | None = None,
 ) -> tuple[AgentState, jax.Array]:
-    """One agent step for a host loop, in the scan engine's order: observe,
-    begin the episodes in ``started``, then plan and act.
-
-    Args:
-      moved: [N] lanes whose ``obs`` is new (default: all); a lane neither
-        moved nor ``active`` keeps its whole state.
-      skip: replayed actions each lane executed on the host since its last
-        agent step (``skip_replayed``).
-      texts: each Text input's encoding per lane (None: the state's).
-      episodes: each lane's budget episode, under a sweep.
-
-    Returns:
-      The new agent state and [N] actions (meaningless for inactive lanes).
-    """
+    """One agent step for a host loop, in the scan engine's order: observe (the
+    lanes in ``moved``, None: all), begin the episodes in ``started`` (under a
+    sweep with their budget ``episodes``), then plan and act; a lane neither
+    moved nor ``active`` keeps its whole state. ``skip``: the replayed actions
+    each lane executed since its last agent step (``skip_replayed``); ``texts``:
+    the Text inputs' encodings (None: the state's). Returns the new state and
+    [N] actions (meaningless for inactive lanes)."""
     if texts is not None:
         state = state.replace(texts=texts)
     if skip is not None:

@@ -80,14 +80,6 @@ def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable
     return apply, stochastic
 
 
-def _numpy_on_device(tree: Any) -> Any:
-    """``tree`` with its numpy leaves on jax's default device: the copy jit
-    would make at each call (a third of a 2x256 MLP's step), made once."""
-    return jax.tree.map(
-        lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, tree
-    )
-
-
 def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
     """Resolves a ``PolicyLike`` or a single-lane function (with
     ``with_params``: ``fn(params, obs[, key])``) into the engine's ``Policy``.
@@ -103,10 +95,11 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
                 f"{type(policy).__name__}.as_policy returned a "
                 f"{type(pol).__name__}; expected a jaxmesh.types.Policy"
             )
-        if pol.device is None:
+        if pol.device is None:  # numpy leaves put on the device once, not per call
             own = pol.default_params
+            put = lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x
             pol = dataclasses.replace(
-                pol, default_params=lambda: _numpy_on_device(own())
+                pol, default_params=lambda: jax.tree.map(put, own())
             )
         return pol
     if not callable(policy):
@@ -146,22 +139,6 @@ def action_space(env: Any) -> str:
     if env.num_actions is not None:
         return f"Discrete({env.num_actions}): one action is an int of shape {a}"
     return f"one action of shape {a}, {jnp.dtype(env.action_dtype)}"
-
-
-def undeclared_chunk_message(policy: Policy, shape: tuple, env: Any, k: int) -> str:
-    """The warning for a chunk nobody declared, played at horizon 1 (CONTRACT 11)."""
-    a = tuple(env.action_shape)
-    name = getattr(env, "name", type(env).__name__)
-    return (
-        f"policy {policy.name!r} returned shape {shape} per lane, read as a chunk "
-        f"of {k} actions for env {name!r} (action space {action_space(env)}); at "
-        "horizon=1 only each chunk's first action is played. If the policy means "
-        f"one action, return shape {a} (index what it computes, e.g. obs[2] "
-        "instead of obs, or jnp.argmax(logits, -1)). If it means a chunk, declare "
-        f"it to silence this warning: jaxmesh.Model(fn, native_chunk={k}), a "
-        "predict_chunk corner or an execution_horizon parameter (and "
-        f"horizon={k} plays all of it)"
-    )
 
 
 def output_chunk(
@@ -218,8 +195,18 @@ def output_chunk(
             f"prediction has length {k or 1} (shape {shape}); make them agree"
         )
     if k is not None and horizon == 1 and not (chunk_meant or declares_chunk(policy)):
-        warnings.warn(
-            undeclared_chunk_message(policy, shape, env, k), UserWarning, stacklevel=4
+        name = getattr(env, "name", type(env).__name__)
+        warnings.warn(  # CONTRACT 11
+            f"policy {policy.name!r} returned shape {shape} per lane, read as a chunk "
+            f"of {k} actions for env {name!r} (action space {action_space(env)}); at "
+            "horizon=1 only each chunk's first action is played. If the policy means "
+            f"one action, return shape {a} (index what it computes, e.g. obs[2] "
+            "instead of obs, or jnp.argmax(logits, -1)). If it means a chunk, declare "
+            f"it to silence this warning: jaxmesh.Model(fn, native_chunk={k}), a "
+            "predict_chunk corner or an execution_horizon parameter (and "
+            f"horizon={k} plays all of it)",
+            UserWarning,
+            stacklevel=4,
         )
     if k is None and horizon > 1:
         warnings.warn(
