@@ -113,44 +113,30 @@ def headline(mode: str | None, once: Any, end: Any) -> Any:
     return once if mode == "once" else end
 
 
-def _flag_at(values: Any, has: Any, i: int) -> bool | None:
-    """Entry ``i`` of success flags as a bool, or None (no flag there)."""
+def _flag_at(arrays: Any, name: str, has: str, i: int) -> bool | None:
+    """Entry ``i`` of success flags ``name`` as a bool, or None (no flag there)."""
+    values, has = getattr(arrays, name, None), getattr(arrays, has, None)
     if values is None or (has is not None and not bool(has[i])):
         return None
     value = values[i]
     return None if value is None else bool(value)
 
 
-def _success_at(arrays: Any, i: int, mode: str | None) -> dict:
-    """Entry ``i``'s success fields of a RunResult or of the engine's Results
-    (whose ``success`` is the flag at the end)."""
-    if isinstance(arrays, RunResult):
-        kinds = ("success", *SUCCESS_KINDS)
-        return {k: _flag_at(getattr(arrays, k), None, i) for k in kinds}
-    has = getattr(arrays, "has_success", None)
-    once = _flag_at(getattr(arrays, "success_once", None), has, i)
-    end = _flag_at(getattr(arrays, "success", None), has, i)
-    has_reset = getattr(arrays, "has_success_at_reset", None)
-    reset = _flag_at(getattr(arrays, "success_at_reset", None), has_reset, i)
-    return {
-        "success": headline(mode, once, end),
-        "success_once": once,
-        "success_at_end": end,
-        "success_at_reset": reset,
-    }
-
-
 def episode_at(
     arrays: Any, i: int, index: int, seed: int, mode: str | None = None
 ) -> EpisodeResult:
-    """Entry ``i`` of a RunResult or the engine's Results (``mode``: the run's
-    ``success_mode``, which the engine's Results lack)."""
+    """Entry ``i`` of a RunResult or the engine's Results (whose ``success`` is
+    the flag at the end; ``mode``: the run's ``success_mode``, which they lack)."""
     metrics = getattr(arrays, "metrics", None)
     if metrics:
         metrics = {
             k: bool(v[i]) if np.asarray(v[i]).dtype == bool else float(v[i])
             for k, v in metrics.items()
         }
+    own = isinstance(arrays, RunResult)
+    once = _flag_at(arrays, "success_once", "has_success", i)
+    end = _flag_at(arrays, "success_at_end" if own else "success", "has_success", i)
+    success = _flag_at(arrays, "success", "", i) if own else headline(mode, once, end)
     return EpisodeResult(
         index=int(index),
         seed=int(seed),
@@ -161,7 +147,12 @@ def episode_at(
         predict_calls=int(arrays.predict_calls[i]),
         lane=int(arrays.lanes[i]),
         metrics=metrics or None,
-        **_success_at(arrays, i, mode),
+        success=success,
+        success_once=once,
+        success_at_end=end,
+        success_at_reset=_flag_at(
+            arrays, "success_at_reset", "has_success_at_reset", i
+        ),
     )
 
 
@@ -624,15 +615,13 @@ def _success_kinds(settings: dict, episodes: list) -> dict:
 
 def _episode_metrics(episodes: list, reductions: dict) -> dict:
     """Each metric's values of a results dict (NaN: no value)."""
-    metrics = {}
-    for name, red in reductions.items():
-        values = [ep["metrics"][name] for ep in episodes]
-        if red == "any":
-            metrics[name] = np.asarray(values, bool)
-        else:
-            none_nan = [np.nan if v is None else v for v in values]
-            metrics[name] = np.asarray(none_nan, np.float32)
-    return metrics
+    return {
+        name: np.asarray(
+            [ep["metrics"][name] for ep in episodes],
+            bool if red == "any" else np.float32,  # float32: None as NaN
+        )
+        for name, red in reductions.items()
+    }
 
 
 def select(result: RunResult, keep: Any, **changes: Any) -> RunResult:

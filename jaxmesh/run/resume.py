@@ -213,15 +213,12 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
     fields = {
         f: cat(getattr(done, f), getattr(new, f)) for f in ("seeds", *EPISODE_FIELDS)
     }
-    flags = lambda r, kind: np.asarray(
-        np.full(r.num_episodes, None) if getattr(r, kind) is None else getattr(r, kind),
-        object,
-    )
-    kinds = {
-        kind: flags_array(cat(flags(done, kind), flags(new, kind)))
-        for kind in SUCCESS_KINDS
-    }
-    success = headline(new.success_mode, kinds["success_once"], kinds["success_at_end"])
+
+    def flags(r: RunResult, kind: str) -> list:
+        values = getattr(r, kind)
+        return [None] * r.num_episodes if values is None else list(values)
+
+    kinds = {k: flags_array(cat(flags(done, k), flags(new, k))) for k in SUCCESS_KINDS}
     metrics = {
         k: cat(done.metrics[k], v) for k, v in new.metrics.items() if k in done.metrics
     }
@@ -229,7 +226,9 @@ def merge(done: RunResult, new: RunResult, indices: np.ndarray) -> RunResult:
         new,
         indices=at[order],
         **fields,
-        success=success,
+        success=headline(
+            new.success_mode, kinds["success_once"], kinds["success_at_end"]
+        ),
         **kinds,
         metrics=metrics,
         env_steps=int(np.sum(np.asarray(done.lengths, np.int64))) + new.env_steps,
