@@ -18,6 +18,22 @@ from jaxmesh.serve.forward import Prepared, RequestError, ServedModel
 MAX_QUEUE = 4096
 
 
+class Options(NamedTuple):
+    """``PolicyServer``'s arguments, as its protocol's service reads them."""
+
+    host: str
+    port: int
+    token: str | None
+    #: ``tls`` as an ``ssl.SSLContext`` (openpi) or ``grpc.ServerCredentials``.
+    tls: Any
+    max_message_bytes: int
+    max_connections: int
+    max_inflight_bytes: int
+    idle_timeout: float
+    #: The map a client receives first (openpi).
+    metadata: dict
+
+
 class ServerClosed(RuntimeError):
     """The server shut down before the request ran."""
 

@@ -12,18 +12,15 @@ import http
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from jaxmesh.serve import codec
-from jaxmesh.serve.batcher import Batcher, ServerClosed
+from jaxmesh.serve.batcher import Batcher, Options, ServerClosed
 from jaxmesh.serve.forward import RequestError
-
-if TYPE_CHECKING:
-    from jaxmesh.serve.server import Options
 
 HEALTH_PATH = "/healthz"
 #: Frames a connection's reader buffers beyond the one being answered.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ssl
 import threading
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 
@@ -19,7 +19,7 @@ from jaxmesh.remote.server.options import (
     header_token,
 )
 from jaxmesh.serve.agents import Pools
-from jaxmesh.serve.batcher import Batcher, BatchStats
+from jaxmesh.serve.batcher import Batcher, BatchStats, Options
 from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
 from jaxmesh.serve.forward import ServedModel
 from jaxmesh.serve.grpc_service import GrpcService
@@ -28,22 +28,6 @@ from jaxmesh.serve.ws_client import check_seconds
 
 #: The protocols a ``PolicyServer`` speaks.
 PROTOCOLS = ("openpi", "grpc")
-
-
-class Options(NamedTuple):
-    """``PolicyServer``'s arguments, as its protocol's service reads them."""
-
-    host: str
-    port: int
-    token: str | None
-    #: ``tls`` as an ``ssl.SSLContext`` (openpi) or ``grpc.ServerCredentials``.
-    tls: Any
-    max_message_bytes: int
-    max_connections: int
-    max_inflight_bytes: int
-    idle_timeout: float
-    #: The map a client receives first (openpi).
-    metadata: dict
 
 
 def _credentials(tls: Any, protocol: str) -> Any:

@@ -1,11 +1,16 @@
-"""``ServeOptions``, the request size limit and the bind address."""
+"""``ServeOptions``, the request size limit, the bind address and the gRPC
+server both servers build."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import ipaddress
+from collections.abc import Callable
 from typing import Any
+
+import grpc
 
 from jaxmesh.remote import codec
 from jaxmesh.remote.address import host_port
@@ -126,9 +131,72 @@ def header_token(token: Any) -> bool:
     )
 
 
-def bind(server: Any, where: str, credentials: Any) -> int:
-    """Binds a ``grpc.Server`` to ``where`` (TLS with ``credentials``); the
-    port bound (OSError: none)."""
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuses a call to ``handlers`` that ``why(metadata)`` names a reason
+    for before its message is read, so such a client holds no more than a
+    flow-control window (calls to other services pass: Health)."""
+
+    def __init__(self, service: str, handlers: dict, why: Callable):
+        self.prefix, self.handlers, self.why = f"/{service}/", handlers, why
+
+    def intercept_service(self, continuation, details):
+        method, why = details.method, None
+        if method.startswith(self.prefix):
+            why = self.why(details.invocation_metadata)
+        if why is None:
+            return continuation(details)
+
+        def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+        handler = self.handlers.get(method[len(self.prefix) :])
+        if handler is not None and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        # Unary methods are answered as client-streaming ones: the request
+        # iterator is never advanced, so the message is never received.
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+def grpc_server(
+    where: str,
+    credentials: Any,
+    service: str,
+    handlers: dict,
+    *,
+    workers: int,
+    name: str,
+    why: Callable | None,
+    send: int,
+    receive: int,
+    extra: tuple = (),
+    **kwargs: Any,
+) -> tuple[grpc.Server, concurrent.futures.ThreadPoolExecutor, int]:
+    """A ``grpc.Server`` serving ``handlers`` as ``service`` in ``workers``
+    threads, bound to ``where`` (TLS with ``credentials``) and not started; its
+    executor (``stop()`` leaves its threads idle) and port. ``why``: the token
+    check (None: none); ``send``, ``receive``: the largest message each way;
+    ``extra``: more channel options. OSError: cannot bind."""
+    executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=name)
+    server = grpc.server(
+        executor,
+        interceptors=() if why is None else (_TokenCheck(service, handlers, why),),
+        options=[
+            ("grpc.max_send_message_length", send),
+            ("grpc.max_receive_message_length", receive),
+            # Without this, Linux lets a second server bind a port in use.
+            ("grpc.so_reuseport", 0),
+            # Clients ping every 10 s; gRPC answers pings more often than
+            # every 5 minutes with GOAWAY "too_many_pings" by default.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+            ("grpc.http2.max_ping_strikes", 0),
+            *extra,
+        ],
+        **kwargs,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, handlers),)
+    )
     failed = None
     try:
         if credentials is not None:
@@ -138,12 +206,13 @@ def bind(server: Any, where: str, credentials: Any) -> int:
     except RuntimeError as exc:
         port, failed = 0, exc
     if not port:
-        why = f" ({failed})" if failed else ""
+        executor.shutdown(wait=False)
+        cause = f" ({failed})" if failed else ""
         raise OSError(
-            f"cannot bind {where!r}{why}; is the port in use? Pick another port, "
+            f"cannot bind {where!r}{cause}; is the port in use? Pick another port, "
             "or port 0 for a free one"
         ) from failed
-    return port
+    return server, executor, port
 
 
 def _split_address(address: Any) -> tuple[str, int]:

@@ -287,7 +287,7 @@ class SameHostPath:
             try:
                 return same_host.recv_frame(conn, limit)
             except TimeoutError:
-                what = idle_message(server.address, "had no request", idle)
+                what = idle_message(server.address, idle, "had no request")
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
                 raise CallError(code, what, ()) from None
             except codec.ProtocolError as exc:

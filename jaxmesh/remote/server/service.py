@@ -31,8 +31,8 @@ from jaxmesh.remote.server.options import (
     SERVICE_NAME,
     ServeOptions,
     _split_address,
-    bind,
     check_exposure,
+    grpc_server,
     request_limit,
 )
 from jaxmesh.remote.server.requests import _parse_request
@@ -42,34 +42,10 @@ from jaxmesh.remote.server.sessions import (
     _cancel,
     _Session,
     check_reply,
+    idle_message,
     run_call,
     step_reply,
 )
-
-
-class _EnvTokenInterceptor(grpc.ServerInterceptor):
-    """Refuses an EnvService call without the token before its message is read,
-    so such a client holds no more than a flow-control window (not Health)."""
-
-    def __init__(self, server: EnvServer):
-        self.server = server
-        self.prefix = f"/{SERVICE_NAME}/"
-
-    def intercept_service(self, continuation, handler_call_details):
-        why = None
-        if handler_call_details.method.startswith(self.prefix):
-            why = self.server._token_error(handler_call_details.invocation_metadata)
-        if why is None:
-            return continuation(handler_call_details)
-
-        def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-
-        if handler_call_details.method.endswith("/Step"):
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        # Unary methods are answered as client-streaming ones: the request
-        # iterator is never advanced, so the message is never received.
-        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class EnvServer:
@@ -191,38 +167,27 @@ class EnvServer:
         limit = self.options.max_message_bytes
         action_size = math.prod(lanes.act_leaf.shape)
         receive = request_limit(self.options, lanes.num_lanes, action_size)
-        # gRPC's stop() leaves the pool's threads idle: shutdown() ends them.
-        pool = concurrent.futures.ThreadPoolExecutor
-        self._executor = pool(16, thread_name_prefix="jaxmesh-serve")
-        server = grpc.server(
-            self._executor,
-            interceptors=(_EnvTokenInterceptor(self),) if self.options.token else (),
-            options=[
-                ("grpc.max_send_message_length", limit),
-                ("grpc.max_receive_message_length", receive),
-                # Without this, Linux lets a second server bind a port in use.
-                ("grpc.so_reuseport", 0),
-                # Receive windows stay at 64 KiB: all a refused client can
-                # make the server hold.
-                ("grpc.http2.bdp_probe", 0),
-                # Clients ping every 10 s; gRPC answers pings more often than
-                # every 5 minutes with GOAWAY "too_many_pings" by default.
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
-                ("grpc.http2.max_ping_strikes", 0),
-            ],
-        )
         handlers = {
             "Handshake": grpc.unary_unary_rpc_method_handler(self._handshake_rpc),
             "Step": grpc.stream_stream_rpc_method_handler(self._step_rpc),
             "Shutdown": grpc.unary_unary_rpc_method_handler(self._shutdown_rpc),
         }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        server, self._executor, port = grpc_server(
+            f"{self._host}:{self._port}",
+            self._credentials,
+            SERVICE_NAME,
+            handlers,
+            workers=16,
+            name="jaxmesh-serve",
+            why=self._token_error if self.options.token else None,
+            send=limit,
+            receive=receive,
+            # Receive windows stay at 64 KiB: all a refused client can
+            # make the server hold.
+            extra=(("grpc.http2.bdp_probe", 0),),
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        port = bind(server, f"{self._host}:{self._port}", self._credentials)
         self._address = f"{self._host}:{port}"
         if self.options.shared_memory and sys.platform.startswith("linux"):
             with contextlib.suppress(OSError):  # no same-host path then
@@ -392,7 +357,8 @@ class EnvServer:
             context.abort(*refused)
         lanes = self._lanes
         session = _Session(functools.partial(_cancel, context))
-        session.watch_idle(self.options.idle_timeout_seconds, self.address)
+        idle = self.options.idle_timeout_seconds
+        session.watch_idle(idle, functools.partial(idle_message, self.address, idle))
         self._session = session
         # The stream ends while a call runs (its client gave up or went away,
         # or shutdown's grace ran out): a hung env's worker is killed.

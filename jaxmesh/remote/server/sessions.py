@@ -63,7 +63,7 @@ def check_reply(size: int, limit: int) -> None:
         raise CallError(code, str(exc), ()) from None
 
 
-def idle_message(address: str, what: str, idle: float) -> str:
+def idle_message(address: str, idle: float, what: str) -> str:
     return (
         f"the session on the server at {address} {what} for {idle:g} s "
         "(idle_timeout_seconds) and was ended; open a new session, or start the "
@@ -96,28 +96,29 @@ class _Session:
         self.cond = threading.Condition()
         self.done = False
 
-    def watch_idle(self, idle: float, address: str) -> None:
+    def watch_idle(self, idle: float, message: Callable[[str], str]) -> None:
         """Ends the session once it has waited ``idle`` seconds for a request
-        or for the client to take a reply (in a thread)."""
+        or for the client to take a reply (in a thread), saying
+        ``message(what it waited for)``."""
 
         def run() -> None:
             with self.cond:
                 while not self.done:
                     since = self.waiting_since
-                    if since is None or math.isinf(idle):
-                        self.cond.wait(None if math.isinf(idle) else idle)
+                    if since is None:
+                        self.cond.wait(idle)
                     elif (left := since + idle - time.monotonic()) > 0:
                         self.cond.wait(left)
                     else:
                         what = "had no request"
                         if not self.receiving:
                             what = "took no reply (the client read none)"
-                        message = idle_message(address, what, idle)
-                        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+                        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, message(what))
                         self.done = True
 
-        name = "jaxmesh-session-watchdog"
-        threading.Thread(target=run, name=name, daemon=True).start()
+        if not math.isinf(idle):
+            name = "jaxmesh-session-watchdog"
+            threading.Thread(target=run, name=name, daemon=True).start()
 
     def watch_hangup(self, conn: socket.socket, give_up: Callable[[], Any]) -> None:
         """Calls ``give_up()`` if the client hangs up while the session is open
