@@ -98,9 +98,8 @@ def make_config(
     cell_episodes=0,
 ) -> AgentConfig:
     """The static agent configuration."""
-    spec = policy.spec
-    raw = spec is None
-    items = ((WHOLE_OBS, State()),) if raw else tuple(spec.items())
+    raw = policy.spec is None
+    items = ((WHOLE_OBS, State()),) if raw else tuple(policy.spec.items())
     h = min(horizon, chunk) if chunk is not None else 1
     texts = []
     for name, decl in items:

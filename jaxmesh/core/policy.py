@@ -63,19 +63,16 @@ def _wrap_function(fn: Callable, name: str, with_params: bool) -> tuple[Callable
     by_keyword = arity == base and takes_param(fn, "key")
     stochastic = arity == base + 1 or by_keyword
 
-    def one(params, obs, key, execution_horizon=None):
-        args = ((params,) if with_params else ()) + (obs,)
-        kw = {} if execution_horizon is None else {EXECUTION_HORIZON: execution_horizon}
-        if by_keyword:
-            return fn(*args, key=key, **kw)
-        if stochastic:
-            args += (key,)
-        return fn(*args, **kw)
-
     def apply(params, obs, keys, rstate, execution_horizon=None):
-        lane = lambda p, o, k: one(p, o, k, execution_horizon)
-        out = jax.vmap(lane, in_axes=(None, 0, 0))(params, obs, keys)
-        return out, rstate
+        kw = {} if execution_horizon is None else {EXECUTION_HORIZON: execution_horizon}
+
+        def one(params, obs, key):
+            args = ((params,) if with_params else ()) + (obs,)
+            if by_keyword:
+                return fn(*args, key=key, **kw)
+            return fn(*args, *((key,) if stochastic else ()), **kw)
+
+        return jax.vmap(one, in_axes=(None, 0, 0))(params, obs, keys), rstate
 
     return apply, stochastic
 

@@ -27,32 +27,27 @@ def done(rec: Any, lanes: LaneState) -> jax.Array:
     return (rec.episodes < lanes.next_episode) & ~running
 
 
-def lanes_of(rec: Any, mask: jax.Array, episode: jax.Array) -> tuple:
-    """Per slot: whether a lane in ``mask`` runs its episode, and which."""
+def _writer(rec: Any, mask: jax.Array, episode: jax.Array) -> tuple:
+    """Per slot: whether a lane in ``mask`` runs its episode, which, and
+    ``put(at)`` writing that lane's value at step ``at`` of each slot."""
     match = (rec.episodes[:, None] == episode[None, :]) & mask[None, :]
-    return jnp.any(match, axis=1), jnp.argmax(match, axis=1)
+    has, lane = jnp.any(match, axis=1), jnp.argmax(match, axis=1)
+    slots = jnp.arange(has.shape[0])
 
+    def put(at):
+        return lambda b, x: b.at[slots, at].set(x[lane].astype(b.dtype), mode="drop")
 
-def render_states(env: Any, rec: Any, env_state: Any) -> Any:
-    """The lanes' render states (None: not recorded)."""
-    if rec.states is None:
-        return None
-    return jax.vmap(env.render_state)(env_state)
-
-
-def _put(slots: jax.Array, at: jax.Array, lane: jax.Array):
-    """Writes lane ``lane``'s value at step ``at`` of each slot."""
-    return lambda b, x: b.at[slots, at].set(x[lane].astype(b.dtype), mode="drop")
+    return has, lane, put
 
 
 def reset(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, begins, obs):
     """Writes the reset of recorded episodes that begin now."""
-    has, lane = lanes_of(rec, begins, lanes.episode)
-    slots = jnp.arange(has.shape[0])
-    put = _put(slots, jnp.where(has, 0, config.record_steps + 1), lane)
+    has, _, put = _writer(rec, begins, lanes.episode)
+    put = put(jnp.where(has, 0, config.record_steps + 1))
+    states = None if rec.states is None else jax.vmap(env.render_state)(lanes.env_state)
     return rec.replace(
         observations=jax.tree.map(put, rec.observations, kept_obs(config, obs)),
-        states=jax.tree.map(put, rec.states, render_states(env, rec, lanes.env_state)),
+        states=jax.tree.map(put, rec.states, states),
     )
 
 
@@ -60,14 +55,14 @@ def step(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, **values):
     """Writes step ``lanes.t`` of the recorded episodes running now
     (``values``: per lane ``obs``, ``states``, ``actions``, ``rewards``,
     ``terminated``, ``truncated``)."""
-    has, lane = lanes_of(rec, lanes.active, lanes.episode)
-    slots = jnp.arange(has.shape[0])
+    has, lane, put = _writer(rec, lanes.active, lanes.episode)
     at = jnp.where(has, lanes.t[lane], config.record_steps + 1)
     obs = kept_obs(config, values.pop("obs"))
-    states = render_states(env, rec, values.pop("states"))
-    after = _put(slots, at + 1, lane)
+    states = values.pop("states")
+    states = None if rec.states is None else jax.vmap(env.render_state)(states)
+    after = put(at + 1)
     return rec.replace(
         observations=jax.tree.map(after, rec.observations, obs),
         states=jax.tree.map(after, rec.states, states),
-        **{k: _put(slots, at, lane)(getattr(rec, k), v) for k, v in values.items()},
+        **{k: put(at)(getattr(rec, k), v) for k, v in values.items()},
     )
