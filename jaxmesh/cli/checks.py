@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from jaxmesh.cli.config import (
-    CONFIG_KEYS,
     MAX_SECONDS,
     REQUIRED,
+    SCHEMA,
     apply_overrides,
     load_config,
 )
@@ -117,7 +117,7 @@ def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
         value = run.get(key)
         if value is not None and not ok(value):
             raise ConfigError(
-                f"{where}{key}={value!r}: expected {expected} ({CONFIG_KEYS[key]})"
+                f"{where}{key}={value!r}: expected {expected} ({SCHEMA[key].help})"
             )
     env_config = run.get("env_config")
     if env_config and backend_of(run["env"]) != SCAN:
@@ -133,9 +133,9 @@ def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
 
 def _check_keys(config: dict[str, Any]) -> None:
     """Refuses a key no config holds, with the closest one it may mean."""
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    unknown = sorted(set(config) - set(SCHEMA))
     if unknown:
-        close = [difflib.get_close_matches(k, list(CONFIG_KEYS), n=1) for k in unknown]
+        close = [difflib.get_close_matches(k, list(SCHEMA), n=1) for k in unknown]
         hint = "".join(
             f" (did you mean {c[0]!r} for {k!r}?)"
             for k, c in zip(unknown, close, strict=True)
@@ -143,7 +143,7 @@ def _check_keys(config: dict[str, Any]) -> None:
         )
         raise ConfigError(
             f"unknown config key(s) {unknown}{hint}; allowed keys: "
-            f"{', '.join(CONFIG_KEYS)} (see jaxmesh eval --help)"
+            f"{', '.join(SCHEMA)} (see jaxmesh eval --help)"
         )
 
 
@@ -161,7 +161,7 @@ def check_record_config(value: Any) -> Any:
             return Record(episodes=value)
         raise TypeError(f"a {type(value).__name__}")
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"record={value!r}: {e} ({CONFIG_KEYS['record']})") from e
+        raise ConfigError(f"record={value!r}: {e} ({SCHEMA['record'].help})") from e
 
 
 def check_env(env: Any) -> None:
@@ -277,7 +277,7 @@ def execution_of(value: Any) -> Any:
     if not isinstance(value, dict) or set(value) != {"ensemble"}:
         raise ConfigError(
             f"execution={value!r}: expected null or a mapping ensemble: {{m: 0.01}} "
-            f"({CONFIG_KEYS['execution']})"
+            f"({SCHEMA['execution'].help})"
         )
     args = value["ensemble"] or {}
     if not isinstance(args, dict):

@@ -102,8 +102,6 @@ def _schema(text: str) -> dict[str, Key]:
 
 
 SCHEMA: dict[str, Key] = _schema(_KEYS)
-#: Each key's one-line meaning.
-CONFIG_KEYS: dict[str, str] = {key: k.help for key, k in SCHEMA.items()}
 REQUIRED = ("env", "policy")
 #: The longest time limit a config may set (a timer waits at most
 #: ``threading.TIMEOUT_MAX``; null is no limit).
@@ -209,7 +207,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(
             f"config file {str(path)!r} holds a {type(data).__name__}; expected a "
-            f"mapping of keys {sorted(CONFIG_KEYS)}"
+            f"mapping of keys {sorted(SCHEMA)}"
         )
     return data
 

@@ -17,7 +17,7 @@ from jaxmesh.cli.cache import use_compile_cache
 from jaxmesh.cli.checks import read_config
 from jaxmesh.cli.config import read_resume
 from jaxmesh.cli.errors import ConfigError, resume_refused, stopped, terminating
-from jaxmesh.cli.hooks import log_hooks
+from jaxmesh.cli.hooks import CommandLog
 from jaxmesh.cli.outputs import (
     check_writable,
     episode_log_path,
@@ -153,7 +153,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         on_batch=None if args.no_progress else _progress,
         resume=resume,
         arm_hooks=tuple(
-            [] if path is None else log_hooks(path, p, c, resume is None, "decide")
+            [] if path is None else [CommandLog(path, p, c, resume is None, "decide")]
             for path, c, p in zip(
                 logs, (config_a, config_b), (policy_a, policy_b), strict=True
             )

@@ -23,7 +23,7 @@ from jaxmesh.cli.errors import (
     stopped,
     terminating,
 )
-from jaxmesh.cli.hooks import Progress, SuiteSaver, log_hooks
+from jaxmesh.cli.hooks import CommandLog, Progress, SuiteSaver
 from jaxmesh.cli.outputs import (
     EPISODE_LOG_SUFFIX,
     NEXT_TO_OUTPUT,
@@ -80,8 +80,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         hooks.append(SuiteSaver(output, earlier))
     log = None
     if log_path is not None:
-        hooks += log_hooks(log_path, policy, config, earlier is None, "eval")
-        log = hooks[-1]
+        log = CommandLog(log_path, policy, config, earlier is None, "eval")
+        hooks.append(log)
         fp = dict(log.fp)
     else:
         params = getattr(policy, "params", None)  # a Model's; a function has none

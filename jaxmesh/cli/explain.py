@@ -49,10 +49,9 @@ def host_env_spec(
     env: str | list[str], served: Served | None = None
 ) -> tuple[Any, int]:
     """The spaces of host-stepped envs (a ``gymnasium:<id>`` made once, served
-    envs asked by handshake) as ``jaxmesh.envs.gymnasium.HostEnvSpec``, and
-    the lanes the env offers (a server's; no limit for an id). ConfigError: an
-    unknown id or a space jaxmesh does not read; an unreachable server raises
-    ``RemoteConnectionError`` (status 1, as a failed run)."""
+    envs asked by handshake) as a ``HostEnvSpec``, and the lanes the env offers
+    (no limit for an id); ConfigError: an unknown id or an unread space (an
+    unreachable server raises ``RemoteConnectionError``, as a failed run)."""
     try:
         if backend_of(env) == SERVED:
             from jaxmesh.run.host.served import ServedLanes  # the [remote] extra: gRPC
@@ -85,12 +84,8 @@ def served_inputs(policy: Any, config: dict[str, Any]) -> dict[str, tuple] | Non
             made = build_env(env, config.get("env_config") or {})
             obs = jax.eval_shape(lambda k: made.reset(k)[0], KEY)
         else:
-            spec, _ = host_env_spec(env)
-            lay = spec.layout
-
-            def leaf(name: str) -> Any:
-                return jax.ShapeDtypeStruct(lay.shapes[name], lay.dtypes[name])
-
+            lay = host_env_spec(env)[0].layout
+            leaf = lambda n: jax.ShapeDtypeStruct(lay.shapes[n], lay.dtypes[n])
             obs = jax.tree.map(leaf, lay.skeleton)
         spec = resolve_policy(policy, with_params=False).spec
     except Exception:  # noqa: BLE001 - then the inputs are not declared

@@ -99,40 +99,37 @@ class Progress:
             self.bar.close()
 
 
-class LogStart:
-    """The hook before an ``EpisodeLog``: at the first run start it makes the
-    log's folder and, for a new run (``fresh``), empties it (``note``: saying
-    so on stderr when it held episodes)."""
+class CommandLog(EpisodeLog):
+    """The ``EpisodeLog`` of a command's run of ``policy``: its first run
+    start makes the log's folder and, for a new run (``fresh``; a resumed one
+    appends), empties it (eval says so on stderr when it held episodes)."""
 
-    def __init__(self, path: Path, fresh: bool, note: bool = True):
-        self.path, self.fresh, self.note = path, fresh, note
+    def __init__(
+        self, path: Path, policy: Any, config: dict, fresh: bool, command: str
+    ):
+        super().__init__(
+            path,
+            params=getattr(policy, "params", None),
+            max_episode_steps=config.get("max_episode_steps"),
+            on_error=lambda text: print(
+                f"jaxmesh {command}: warning: {text}", file=sys.stderr
+            ),
+        )
+        self.fresh, self.note = fresh, command == "eval"
 
     def on_run_start(self, info: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.fresh:
-            return
-        self.fresh = False
-        if self.note and self.path.is_file() and self.path.stat().st_size:
-            print(
-                f"jaxmesh eval: note: starting the episode log {self.path} afresh "
-                f"(--resume {self.path} continues the run it holds)",
-                file=sys.stderr,
-            )
-        self.path.write_text("", encoding="utf-8")
-
-
-def log_hooks(path: Path, policy: Any, config: dict, fresh: bool, command: str) -> list:
-    """``LogStart`` and the ``EpisodeLog`` at ``path`` of a run of ``policy``
-    (a resumed one, not ``fresh``, appends to it)."""
-    log = EpisodeLog(
-        path,
-        params=getattr(policy, "params", None),
-        max_episode_steps=config.get("max_episode_steps"),
-        on_error=lambda text: print(
-            f"jaxmesh {command}: warning: {text}", file=sys.stderr
-        ),
-    )
-    return [LogStart(path, fresh, note=command == "eval"), log]
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.fresh:
+            self.fresh = False
+            if self.note and path.is_file() and path.stat().st_size:
+                print(
+                    f"jaxmesh eval: note: starting the episode log {path} afresh "
+                    f"(--resume {path} continues the run it holds)",
+                    file=sys.stderr,
+                )
+            path.write_text("", encoding="utf-8")
+        super().on_run_start(info)
 
 
 class SuiteSaver:
