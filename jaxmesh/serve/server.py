@@ -13,11 +13,7 @@ import grpc
 
 from jaxmesh._version import __version__
 from jaxmesh.remote.protocol import MAX_MESSAGE_BYTES
-from jaxmesh.remote.server.options import (
-    _split_address,
-    check_exposure,
-    header_token,
-)
+from jaxmesh.remote.server.options import check_token, listen_address
 from jaxmesh.serve.agents import Pools
 from jaxmesh.serve.batcher import Batcher, BatchStats, Options
 from jaxmesh.serve.codec import MAX_INFLIGHT_BYTES
@@ -124,16 +120,12 @@ class PolicyServer:
                 "the websocket protocol openpi-client speaks; 'grpc': jaxmesh's "
                 "own, for jaxmesh.RemotePolicy)"
             )
-        host, port = _split_address(address)
-        if token is not None and not header_token(token):
-            raise ValueError(
-                "token=...: expected None or a non-empty string of printable ASCII "
-                "without surrounding spaces (it travels in an HTTP header); e.g. "
-                "secrets.token_urlsafe(32)"
-            )
+        check_token(token, "token=...", "in an HTTP header")
         context = _credentials(tls, protocol)
         secured = bool(token) or context is not None or insecure
-        check_exposure(address, host, secured, "run the policy", "token=...", "tls=")
+        host, port = listen_address(
+            address, secured, "run the policy", "token=...", "tls="
+        )
         for name, value, low in (
             ("max_message_bytes", max_message_bytes, 1024),
             ("max_connections", max_connections, 1),

@@ -98,12 +98,7 @@ class ServeOptions:
                     f"ServeOptions({name}={value!r}): expected "
                     f"{expected or 'True or False'}"
                 )
-        if self.token is not None and not header_token(self.token):
-            raise ValueError(  # never the token itself
-                "ServeOptions(token=...): expected None or a non-empty string of "
-                "printable ASCII without surrounding spaces (it travels as gRPC "
-                "metadata); e.g. secrets.token_urlsafe(32)"
-            )
+        check_token(self.token, "ServeOptions(token=...)", "as gRPC metadata")
 
 
 #: Actions per lane a step request may carry under the default receive limit.
@@ -121,14 +116,20 @@ def request_limit(options: ServeOptions, num_lanes: int, action_size: int) -> in
     return min(wanted, options.max_message_bytes)
 
 
-def header_token(token: Any) -> bool:
-    """Whether ``token`` can travel in a header."""
-    return (
+def check_token(token: Any, name: str, travels: str) -> None:
+    """ValueError (never saying the token) unless ``token`` is None or can
+    travel ``travels`` (a header)."""
+    if token is not None and not (
         isinstance(token, str)
         and token.isascii()
         and token.isprintable()
         and token.strip() == token != ""
-    )
+    ):
+        raise ValueError(
+            f"{name}: expected None or a non-empty string of printable ASCII "
+            f"without surrounding spaces (it travels {travels}); e.g. "
+            "secrets.token_urlsafe(32)"
+        )
 
 
 class _TokenCheck(grpc.ServerInterceptor):
@@ -215,23 +216,19 @@ def grpc_server(
     return server, executor, port
 
 
-def _split_address(address: Any) -> tuple[str, int]:
-    """(host, port) to listen on (ValueError: not ``"host:port"``)."""
+def listen_address(
+    address: Any, secured: bool, does: str, token: str, tls: str
+) -> tuple[str, int]:
+    """(host, port) to listen on. ValueError: not ``"host:port"``, or a
+    non-loopback address not ``secured`` (``does``, ``token``, ``tls``: what
+    anyone could do there, how to set a token and TLS)."""
     pair = host_port(address, bind=True)
-    if pair is not None:
-        return pair
-    raise ValueError(
-        f"address {address!r} is not HOST:PORT; expected e.g. '127.0.0.1:5555', "
-        "'[::1]:5555' or '0.0.0.0:0' (port 0 picks a free port)"
-    )
-
-
-def check_exposure(
-    address: str, host: str, secured: bool, does: str, token: str, tls: str
-) -> None:
-    """Refuses (ValueError) a non-loopback ``address`` not ``secured``; ``does``,
-    ``token``, ``tls``: what anyone could do there, how to set a token and TLS."""
-    bare = host[1:-1] if host.startswith("[") else host
+    if pair is None:
+        raise ValueError(
+            f"address {address!r} is not HOST:PORT; expected e.g. '127.0.0.1:5555', "
+            "'[::1]:5555' or '0.0.0.0:0' (port 0 picks a free port)"
+        )
+    bare = pair[0][1:-1] if pair[0].startswith("[") else pair[0]
     with contextlib.suppress(ValueError):
         secured = secured or ipaddress.ip_address(bare).is_loopback
     if not (secured or bare.lower() == "localhost"):
@@ -242,3 +239,4 @@ def check_exposure(
             f"pass {tls}, or say insecure=True (--insecure) if the network is "
             "trusted"
         )
+    return pair

@@ -30,9 +30,8 @@ from jaxmesh.remote.server.lanes import ServerStepper, _make_lanes
 from jaxmesh.remote.server.options import (
     SERVICE_NAME,
     ServeOptions,
-    _split_address,
-    check_exposure,
     grpc_server,
+    listen_address,
     request_limit,
 )
 from jaxmesh.remote.server.requests import _parse_request
@@ -101,10 +100,11 @@ class EnvServer:
                 "grpc.ServerCredentials (e.g. grpc.ssl_server_credentials(...)) or "
                 "None"
             )
-        host, port = _split_address(address)
         secured = options.token is not None or credentials is not None or insecure
         token_arg, tls_arg = "ServeOptions(token=...)", "TLS credentials="
-        check_exposure(address, host, secured, "drive the env", token_arg, tls_arg)
+        host, port = listen_address(
+            address, secured, "drive the env", token_arg, tls_arg
+        )
         self._env = env
         self._host, self._port = host, port
         self._address = address  # the bound one once started
