@@ -83,21 +83,9 @@ class AgentState:
     tail_len: Any = None
 
 
-def make_config(
-    env,
-    policy: Policy,
-    *,
-    num_envs,
-    horizon,
-    lead,
-    tile,
-    chunk,
-    delay=0,
-    ensemble=None,
-    grid=None,
-    cell_episodes=0,
-) -> AgentConfig:
-    """The static agent configuration."""
+def make_config(env, policy: Policy, *, horizon, lead, chunk, **fields) -> AgentConfig:
+    """The static agent configuration; ``fields``: the ``AgentConfig`` fields
+    taken as given (``num_envs``, ``tile``, ``delay``, ``ensemble``, ...)."""
     raw = policy.spec is None
     items = ((WHOLE_OBS, State()),) if raw else tuple(policy.spec.items())
     h = min(horizon, chunk) if chunk is not None else 1
@@ -117,22 +105,17 @@ def make_config(
                 (name, treedef, tuple((x.shape, jnp.dtype(x.dtype)) for x in leaves))
             )
     return AgentConfig(
-        num_envs=num_envs,
         h=h,
         lead=min(lead, h),
-        tile=tile,
         action_shape=tuple(env.action_shape),
         action_dtype=jnp.dtype(env.action_dtype),
         spec=items,
         raw=raw,
         chunked=chunk is not None,
-        delay=delay,
-        ensemble=ensemble,
         chunk_len=1 if chunk is None else chunk,
         texts=tuple(texts),
-        grid=grid,
-        cell_episodes=cell_episodes,
         pending_names=tuple(n for n, d in items if isinstance(d, PendingChunk)),
+        **fields,
     )
 
 

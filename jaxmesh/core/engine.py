@@ -83,19 +83,14 @@ def zero_carry(policy: Policy, env: Any, cfg: EngineConfig, log: bool = True) ->
     lanes_of = lambda tree: jax.tree.map(
         lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), tree
     )
+    per_lane = dict(episode=jnp.int32, active=bool, start=bool, t=jnp.int32)
     lanes = LaneState(
-        episode=jnp.zeros((n,), jnp.int32),
-        active=jnp.zeros((n,), bool),
-        start=jnp.zeros((n,), bool),
-        t=jnp.zeros((n,), jnp.int32),
+        **{f: jnp.zeros((n,), dtype) for f, dtype in per_lane.items()},
         ret=jnp.zeros((n,), jnp.float32),
         key=lanes_of(key0),
         env_state=lanes_of(env_state),
         seeds=jnp.zeros((seeds,), jnp.int32),
-        budget=jnp.int32(0),
-        base=jnp.int32(0),
-        next_episode=jnp.int32(0),
-        n_done=jnp.int32(0),
+        **dict.fromkeys(("budget", "base", "next_episode", "n_done"), jnp.int32(0)),
         acc=tuple(
             jnp.zeros((n,), tally.metric_dtype(red)) for _, red in cfg.accumulators
         ),
@@ -195,13 +190,11 @@ class Engine:
         start = lanes.start
         begins = start & (lanes.episode < lanes.budget)
         cheap, (obs_shape, _) = self._reset_probe
-        obs = jax.tree.map(
-            lambda s: jnp.zeros((cfg.agent.num_envs,) + s.shape, s.dtype), obs_shape
-        )
+        n = cfg.agent.num_envs
+        obs = jax.tree.map(lambda s: jnp.zeros((n,) + s.shape, s.dtype), obs_shape)
 
         def body(rows, c):
             env_state, obs, at_reset = c
-            episode = rows.take(lanes.episode)
             k = rows.take(lanes.key)  # set at the hand-over (_inner)
             at = rows.put
             if cfg.success_at_reset:  # never with trials (build.py)
@@ -212,7 +205,8 @@ class Engine:
                 obs0, state0 = jax.vmap(self.env.reset)(k)
             else:  # from each episode's trial
                 trial_of, data = lanes.trials
-                i = jnp.clip(episode - lanes.base, 0, trial_of.shape[0] - 1)
+                i = rows.take(lanes.episode) - lanes.base
+                i = jnp.clip(i, 0, trial_of.shape[0] - 1)
                 reset = jax.vmap(cfg.trials.reset, in_axes=(0, 0, None))
                 obs0, state0 = reset(k, trial_of[i], data)
             return (
@@ -221,7 +215,6 @@ class Engine:
                 at_reset,
             )
 
-        n = cfg.agent.num_envs
         tile = n if cheap and n <= WHERE_RESET_LANES else min(RESET_TILE, n)
 
         def start_lanes(c):
@@ -245,13 +238,8 @@ class Engine:
         starting, stepping = jnp.sum(
             jnp.stack([start, active]), axis=1, dtype=jnp.int32
         )
-        first = (
-            (lanes.env_state, obs, lanes.reset_success),
-            ag,
-            lanes.t,
-            lanes.ret,
-            lanes.acc,
-        )
+        first = (lanes.env_state, obs, lanes.reset_success)
+        first = (first, ag, lanes.t, lanes.ret, lanes.acc)
         resets, ag, t, ret, acc = jax.lax.cond(
             starting > 0, start_lanes, lambda c: c, first
         )
