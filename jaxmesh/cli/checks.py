@@ -34,15 +34,13 @@ def _seconds(v: Any) -> bool:
     return (_int(v) or isinstance(v, float)) and 0 < v <= MAX_SECONDS
 
 
+_POLICY = "a string 'module:Name', e.g. jaxmesh.zoo.cartpole:CartPoleMLP"
 _KWARGS = "a mapping of keyword arguments"
 _SECONDS = f"a number of seconds > 0 and at most {MAX_SECONDS:.0f}, or null for"
 #: The form of a config's (and a task's) values, null aside: a test of a
 #: value, and what a value that fails it should be.
 _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "policy": (
-        lambda v: isinstance(v, str) and ":" in v,
-        "a string 'module:Name', e.g. jaxmesh.zoo.cartpole:CartPoleMLP",
-    ),
+    "policy": (lambda v: isinstance(v, str) and ":" in v, _POLICY),
     "policy_config": (lambda v: isinstance(v, dict), _KWARGS),
     "env_config": (lambda v: isinstance(v, dict), _KWARGS),
     "episodes": (lambda v: _int(v) and v >= 0, "an int >= 0"),

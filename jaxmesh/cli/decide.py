@@ -61,16 +61,13 @@ def _progress(d: Any) -> None:
     )
 
 
-def _kept(args: argparse.Namespace, exc: BaseException, output: Path | None) -> str:
+def _kept(exc: BaseException, output: Path | None) -> str:
     """Where an interrupted decide's finished batches went, and how to go on."""
     partial = getattr(exc, "partial_decision", None)
     if partial is None:
         return "No batch had finished: nothing to resume from."
     if output is None:
-        return (
-            f"{partial.episodes} episodes per arm had run; they are not saved (no "
-            "--output)."
-        )
+        return f"{partial.episodes} episodes per arm had run, not saved (no --output)."
     where = write_json(output, partial.to_dict(), "decide")
     return (
         f"{partial.episodes} episodes per arm are in {where}; to go on from them, "
@@ -163,7 +160,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         with terminating():  # SIGTERM stops it as Ctrl-C does
             decision = jaxmesh.decide(policy_a, policy_b, env, run, **kwargs)
     except KeyboardInterrupt as e:
-        raise stopped("decide", e, _kept(args, e, output)) from None
+        raise stopped("decide", e, _kept(e, output)) from None
     except (ValueError, TypeError) as e:
         raise ConfigError(resume_refused(e, args.resume)) from e
     finally:

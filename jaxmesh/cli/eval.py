@@ -82,11 +82,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if log_path is not None:
         log = CommandLog(log_path, policy, config, earlier is None, "eval")
         hooks.append(log)
-        fp = dict(log.fp)
-    else:
-        params = getattr(policy, "params", None)  # a Model's; a function has none
-        steps = config.get("max_episode_steps")
-        fp = fingerprint(steps, params, digest=params is not None)
+    params = getattr(policy, "params", None)  # a Model's; a function has none
+    steps = config.get("max_episode_steps")
+    fp = log.fp if log else fingerprint(steps, params, digest=params is not None)
     kept = lambda e: _kept(args, config, log_path, e, earlier)
     ray = contextlib.nullcontext()
     if isinstance(run.workers, Ray):  # one connection, a suite's tasks share it

@@ -110,16 +110,14 @@ def cmd_describe(args: argparse.Namespace) -> int:
         obj = config_policy(config, args.target)
     else:
         obj = import_target(args.target)
+    model = obj
     if inspect.isclass(obj):
-        build = obj.from_config if hasattr(obj, "from_config") else obj
         try:
-            model = build()
+            model = getattr(obj, "from_config", obj)()
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise ConfigError(
                 f"cannot build {args.target!r} with no config: {e}"
             ) from e
-    else:
-        model = obj
     describe = getattr(model, "describe", None)
     if not callable(describe):
         raise ConfigError(

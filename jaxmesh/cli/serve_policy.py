@@ -28,12 +28,10 @@ def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
                 "client's observation layout from its session; drop --input"
             )
         return None
-    if not given:
-        if is_config_file(args.policy):
-            return served_inputs(policy, load_config(args.policy))
-        return None
+    if not given and is_config_file(args.policy):
+        return served_inputs(policy, load_config(args.policy))
     inputs: dict = {}
-    for text in given:
+    for text in given or ():
         try:
             key, leaf = parse_input(text)
         except ValueError as e:
@@ -41,7 +39,7 @@ def declared_inputs(args: argparse.Namespace, policy: Any) -> dict | None:
         if key in inputs:
             raise ConfigError(f"--input {text!r}: key {key!r} is given twice")
         inputs[key] = tuple(leaf)
-    return inputs
+    return inputs or None
 
 
 def cmd_serve_policy(args: argparse.Namespace) -> int:
