@@ -419,7 +419,6 @@ def check_spec(spec: Any) -> dict[str, Input] | None:
             "spec must be a non-empty dict of input name to State/Image/Previous/"
             f"Text/PendingChunk, got {spec!r}"
         )
-    out = {}
     for name, decl in spec.items():
         if not isinstance(name, str):
             raise TypeError(f"spec keys must be strings, got {name!r}")
@@ -428,8 +427,7 @@ def check_spec(spec: Any) -> dict[str, Input] | None:
                 f"spec[{name!r}] = {decl!r}: expected jaxmesh.adapt.State, Image, "
                 "Previous, Text or PendingChunk"
             )
-        out[name] = decl
-    return out
+    return dict(spec)
 
 
 def read_keys(spec: Mapping[str, Input] | None) -> list[str | None]:

@@ -20,6 +20,7 @@ from jaxmesh.api import evaluate
 from jaxmesh.results import report as rp
 from jaxmesh.results.result import RunResult
 from jaxmesh.results.sequential import GRID, BettingSequence, _check_alpha
+from jaxmesh.results.stats import success_flags
 from jaxmesh.run import identity
 from jaxmesh.run.checks import check_int
 from jaxmesh.run.config import RunConfig, from_keywords
@@ -266,8 +267,8 @@ def _values(result: RunResult, metric: str) -> np.ndarray:
     """Per episode of ``result`` the metric, as floats (success: 0 or 1)."""
     if metric == "return":
         return np.asarray(result.returns, np.float64)
-    flags = result.success
-    if flags is None or any(f is None for f in np.asarray(flags, object)):
+    flags = success_flags(result.success, result.num_episodes)
+    if flags is None:
         raise ValueError(
             f"metric='success', but the run of {result.policy or 'a policy'} on "
             f"{result.env or 'this env'} has no success signal for every episode "
@@ -275,7 +276,7 @@ def _values(result: RunResult, metric: str) -> np.ndarray:
             "with scoring=jaxmesh.Scoring(success='KEY'), or decide on "
             "metric='return' with bounds=(lo, hi)"
         )
-    return np.asarray(flags, bool).astype(np.float64)
+    return flags.astype(np.float64)
 
 
 def _check_bounds(metric: str, bounds: Any) -> tuple[float, float]:
