@@ -297,7 +297,7 @@ class HostAgent:
         t0 = time.perf_counter()
         program, n = self.program(params), self.settings.num_envs
         obs, off, t = self.spec.zeros((n,)), np.zeros(n, bool), np.zeros(n, np.int32)
-        state, keys = program.init(obs, off), episode_keys(t)
+        state, keys = program.init(obs, off), rules.episode_keys(np, t)
         skip = np.zeros(n, np.int32) if agent.can_skip(program.config) else None
         texts = agent.text_zeros(program.config, n, np)
         _, actions = program.step(
@@ -518,11 +518,3 @@ def _run(
 
     warm_up = lambda: host_agent.compile(run.params) if e else 0.0
     return stream.drive(episodes_out, t_start, warm_up, loop)
-
-
-def episode_keys(seeds: Any) -> np.ndarray:
-    """``jax.random.PRNGKey(seed)`` of each seed, as numpy."""
-    return rules.episode_keys(np, seeds)
-
-
-__all__ = ["run_host", "HostAgent", "clear_agents"]

@@ -547,6 +547,3 @@ class GroupedRun(LocalRun):
             if sent:  # an error: read what is in flight, so no reply is left
                 self.lanes.pool.take(sum(sent, []))
         self.finish()
-
-
-__all__ = ["GroupedRun", "HostLoop", "HostRun", "LocalRun"]
