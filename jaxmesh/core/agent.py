@@ -466,7 +466,7 @@ def _executed(
     return state.replace(
         cursor=state.cursor + active,
         fresh=state.fresh & ~active,
-        windows=_push_action(cfg, state.windows, prev, active),
+        windows=_pushed(cfg, state.windows, active, prev=prev),
         prev=prev,
     )
 
@@ -485,23 +485,22 @@ def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Arra
     return (total / jnp.sum(w, axis=1)).astype(cfg.action_dtype)
 
 
-def _push(window: Any, frame: Any, mask: jax.Array | None) -> Any:
-    """Appends a frame to each lane's window where ``mask``."""
+def _pushed(
+    cfg: AgentConfig, windows: dict, mask: Any, obs: Any = None, prev: Any = None
+) -> dict:
+    """``windows`` with ``prev`` pushed into those that read the action, or
+    ``obs``'s frames into those that read it, where ``mask`` (None: all)."""
 
     def push(w, f):
         f = f[:, None].astype(w.dtype)
         moved = f if w.shape[1] == 1 else jnp.concatenate([w[:, 1:], f], axis=1)
         return moved if mask is None else _where(mask, moved, w)
 
-    return jax.tree.map(push, window, frame)
-
-
-def _push_action(cfg: AgentConfig, windows: dict, prev: Any, mask: Any) -> dict:
-    """``windows`` with ``prev`` pushed into those that read the action."""
     windows = dict(windows)
     for name, decl in cfg.spec:
-        if decl.reads_action:
-            windows[name] = _push(windows[name], prev, mask)
+        if decl.reads_action if obs is None else decl.reads_obs:
+            frame = prev if obs is None else jax.vmap(decl.frame)(obs)
+            windows[name] = jax.tree.map(push, windows[name], frame)
     return windows
 
 
@@ -509,11 +508,7 @@ def observe(
     cfg: AgentConfig, state: AgentState, obs: Any, mask: jax.Array | None = None
 ) -> AgentState:
     """Pushes the observation into the obs windows (of the lanes in ``mask``)."""
-    windows = dict(state.windows)
-    for name, decl in cfg.spec:
-        if decl.reads_obs:
-            windows[name] = _push(windows[name], jax.vmap(decl.frame)(obs), mask)
-    return state.replace(windows=windows)
+    return state.replace(windows=_pushed(cfg, state.windows, mask, obs=obs))
 
 
 def can_skip(cfg: AgentConfig) -> bool:
@@ -536,7 +531,7 @@ def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> Agent
     last = _take(state.chunk, jnp.clip(cursor - 1, 0, h - 1)[:, None])[:, 0]
     moved = skip > 0
     prev = _where(moved, last, state.prev)
-    windows = _push_action(cfg, state.windows, prev, moved)
+    windows = _pushed(cfg, state.windows, moved, prev=prev)
     return state.replace(cursor=cursor, prev=prev, windows=windows)
 
 
