@@ -76,7 +76,6 @@ class State(_Input):
     reads_obs: ClassVar[bool] = True
 
     def frame(self, obs: Any, action: Any = None) -> Any:
-        del action
         return _leaf(self, obs)
 
 
@@ -251,7 +250,6 @@ class Image(_Input):
         return [what for what, _ in self._plan(tuple(shape), dtype)]
 
     def frame(self, obs: Any, action: Any = None) -> jax.Array:
-        del action
         img = jnp.asarray(_leaf(self, obs))
         for _, step in self._plan(tuple(img.shape), img.dtype):
             img = step(img)
@@ -267,7 +265,6 @@ class Previous(_Input):
     reads_action: ClassVar[bool] = True
 
     def frame(self, obs: Any, action: Any = None) -> Any:
-        del obs
         return action
 
 
