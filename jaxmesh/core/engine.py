@@ -280,10 +280,7 @@ class Engine:
             env_steps=res.env_steps,
             steps=jnp.int32(0),
             go_on=jnp.bool_(True),
-            ended=no,
-            terminated=no,
-            truncated=no,
-            scored=no,
+            **dict.fromkeys(("ended", "terminated", "truncated", "scored"), no),
         )
 
     def _core(self, params: Any, c: Inner, stepping: jax.Array) -> Inner:

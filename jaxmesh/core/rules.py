@@ -146,11 +146,8 @@ _PROBE_SEEDS = (0, 1, 65_539, 2**31 - 1)
 def _keys_are_seed_pairs(impl: str, x64: bool) -> bool:
     """Whether ``jax.random.PRNGKey(s)`` is ``uint32 [0, s]`` here."""
     del impl, x64  # the cache key: a run under another setting checks again
-    for s in _PROBE_SEEDS:
-        k = np.asarray(jax.random.PRNGKey(s))
-        if k.dtype != np.uint32 or k.shape != (2,) or k.tolist() != [0, s]:
-            return False
-    return True
+    keys = {s: np.asarray(jax.random.PRNGKey(s)) for s in _PROBE_SEEDS}
+    return all(k.dtype == np.uint32 and k.tolist() == [0, s] for s, k in keys.items())
 
 
 def episode_keys(xp: Any, seeds: Any) -> Any:
