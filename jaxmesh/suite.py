@@ -254,17 +254,7 @@ class SuitePlan:
                 path = Path(trace)
                 args["trace"] = path.with_name(f"{path.stem}.{name}{path.suffix}")
             plans[name] = args
-        envs: dict[str, Any] = {}  # filled by _groups: the tasks run together
-        self.runs = []
-        for group in _groups(suite, plans, envs):
-            run = _together(group, plans, self.seeds, envs) if len(group) > 1 else None
-            if run is not None:
-                self.runs.append(run)
-                continue
-            for name in group:  # alone, or not one shape: one by one
-                args = dict(plans[name])
-                task = suite.tasks[name]
-                self.runs.append(TaskRun([name], args.pop("config"), args, task=task))
+        self.runs = _runs(suite, plans, self.seeds)
 
     def run(self, run_one: Callable[[TaskRun], RunResult]) -> SuiteResult:
         """Every run made with ``run_one``, each task's result told to
@@ -313,14 +303,12 @@ def _gymnax_env(task: Task) -> Any:
     return made if isinstance(made, GymnaxEnv) else None
 
 
-def _groups(
-    suite: Suite, plans: dict[str, dict], envs: dict[str, Any]
-) -> list[list[str]]:
-    """The suite's tasks as runs (lists of names) in order: gymnax tasks of one
-    env class and instruction together, every other task alone; ``envs`` gets
-    the ``GymnaxEnv`` of each task that may run with others."""
-    runs: list[list[str]] = []
+def _runs(suite: Suite, plans: dict[str, dict], seeds_of: dict) -> list[TaskRun]:
+    """The suite's tasks as runs in order: gymnax tasks of one env class,
+    instruction and shape together (``_together``), every other task alone."""
+    groups: list[list[str]] = []
     together: dict[Any, list[str]] = {}
+    envs: dict[str, Any] = {}  # the GymnaxEnv of each task that may run with others
     for name, task in suite.tasks.items():
         args = plans[name]
         starts = args["config"].starts
@@ -328,13 +316,23 @@ def _groups(
         alone = alone or any(getattr(starts, k) for k in _ALONE_STARTS)
         env = None if alone else _gymnax_env(task)
         if env is None:
-            runs.append([name])
+            groups.append([name])
             continue
         envs[name] = env
         key = (type(env.env), starts.instruction)
         if key not in together:
-            runs.append(together.setdefault(key, []))
+            groups.append(together.setdefault(key, []))
         together[key].append(name)
+    runs = []
+    for group in groups:
+        run = _together(group, plans, seeds_of, envs) if len(group) > 1 else None
+        if run is not None:
+            runs.append(run)
+            continue
+        for name in group:  # alone, or not one shape: one by one
+            args = dict(plans[name])
+            task = suite.tasks[name]
+            runs.append(TaskRun([name], args.pop("config"), args, task=task))
     return runs
 
 
