@@ -64,7 +64,18 @@ def check_run_config(config: dict[str, Any]) -> dict[str, Any]:
     """A run config (read, overrides applied) checked: a new dict with
     ``policy_config`` and ``env_config`` dicts; ConfigError: an unknown or
     missing key, or a value of the wrong type."""
-    _check_keys(config)
+    unknown = sorted(set(config) - set(SCHEMA))
+    if unknown:  # with the closest key each may mean
+        close = [difflib.get_close_matches(k, list(SCHEMA), n=1) for k in unknown]
+        hint = "".join(
+            f" (did you mean {c[0]!r} for {k!r}?)"
+            for k, c in zip(unknown, close, strict=True)
+            if c
+        )
+        raise ConfigError(
+            f"unknown config key(s) {unknown}{hint}; allowed keys: "
+            f"{', '.join(SCHEMA)} (see jaxmesh eval --help)"
+        )
     if config.get("suite") is not None:
         config = expand_suite(config)
     suite = config.get("tasks") is not None
@@ -127,22 +138,6 @@ def _check_run_keys(run: dict[str, Any], where: str = "") -> dict[str, Any]:
             "id is made with gymnasium.make(id) as registered: remove env_config"
         )
     return dict(env_config or {})
-
-
-def _check_keys(config: dict[str, Any]) -> None:
-    """Refuses a key no config holds, with the closest one it may mean."""
-    unknown = sorted(set(config) - set(SCHEMA))
-    if unknown:
-        close = [difflib.get_close_matches(k, list(SCHEMA), n=1) for k in unknown]
-        hint = "".join(
-            f" (did you mean {c[0]!r} for {k!r}?)"
-            for k, c in zip(unknown, close, strict=True)
-            if c
-        )
-        raise ConfigError(
-            f"unknown config key(s) {unknown}{hint}; allowed keys: "
-            f"{', '.join(SCHEMA)} (see jaxmesh eval --help)"
-        )
 
 
 def check_record_config(value: Any) -> Any:

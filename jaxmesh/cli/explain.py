@@ -125,24 +125,21 @@ def cmd_describe(args: argparse.Namespace) -> int:
             "describe needs a jaxmesh.Model (a jaxmesh version with Model.describe)"
         )
     out = describe()
-    out["inputs"] = _inputs(model, out, config)
-    print(json.dumps(out, indent=2, default=str))
-    return 0
-
-
-def _inputs(model: Any, described: dict, config: dict | None) -> Any:
-    """What the model reads, with shapes where a run config's env tells them."""
+    # What the model reads, with shapes where a run config's env tells them.
     inputs = None if config is None else served_inputs(model, config)
     if inputs is not None:
-        return {
+        out["inputs"] = {
             k: {"shape": list(shape), "dtype": str(dtype)}
             for k, (shape, dtype) in inputs.items()
         }
-    if described.get("spec") is not None:
-        return f"the observation keys {described.get('reads')} (see spec)"
-    return (
-        "the whole observation, as the env gives it (no spec). Served over "
-        "openpi's protocol, declare its shape (serve-policy --input "
-        "observation/state=float32[N], or serve a run config: its env tells it); "
-        "clients then send it under 'observation/state', 'state' or 'obs'"
-    )
+    elif out.get("spec") is not None:
+        out["inputs"] = f"the observation keys {out.get('reads')} (see spec)"
+    else:
+        out["inputs"] = (
+            "the whole observation, as the env gives it (no spec). Served over "
+            "openpi's protocol, declare its shape (serve-policy --input "
+            "observation/state=float32[N], or serve a run config: its env tells it); "
+            "clients then send it under 'observation/state', 'state' or 'obs'"
+        )
+    print(json.dumps(out, indent=2, default=str))
+    return 0

@@ -179,13 +179,12 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as e:
         raise ConfigError(f"cannot serve {env!r} on {args.address!r}: {e}") from e
 
-    serve_until_stopped(
+    return serve_until_stopped(
         server,
         f"jaxmesh serve-env: serving {args.env} ({server.num_lanes} lanes) at "
         f"{server.address}",
         args.ready_fd,
     )
-    return 0
 
 
 def check_ready_fd(ready_fd: int | None) -> None:
@@ -201,9 +200,9 @@ def check_ready_fd(ready_fd: int | None) -> None:
         ) from e
 
 
-def serve_until_stopped(server: Any, what: str, ready_fd: int | None) -> None:
+def serve_until_stopped(server: Any, what: str, ready_fd: int | None) -> int:
     """Prints the started ``server``'s address (stdout) and ``what`` it serves
-    (stderr), tells a parent on ``--ready-fd``, and returns once SIGTERM or
+    (stderr), tells a parent on ``--ready-fd``, and returns 0 once SIGTERM or
     Ctrl-C has shut it down."""
 
     def stop(signum: int, frame: Any) -> None:
@@ -219,3 +218,4 @@ def serve_until_stopped(server: Any, what: str, ready_fd: int | None) -> None:
         os.close(ready_fd)
     while not server.wait(1.0):
         pass
+    return 0

@@ -72,10 +72,9 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
             f"cannot serve {args.policy!r} on {args.address!r}: {e}"
         ) from e
 
-    serve_until_stopped(
+    return serve_until_stopped(
         server,
         f"jaxmesh serve-policy: serving {args.policy} ({args.protocol}, max batch "
         f"{args.max_batch}) at {server.url}; a request holds {server.expects}",
         args.ready_fd,
     )
-    return 0
