@@ -4,6 +4,7 @@ no Ray is imported here."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -57,12 +58,11 @@ class Ray:
                 "a string (ray.init's: 'auto', 'host:6379', 'ray://host:10001') or "
                 "None (the cluster ray.init() finds, or a local one)"
             )
-        cpus = checks.check_number(
+        amount = functools.partial(checks.check_number, optional=False, keep_int=True)
+        cpus = amount(
             "num_cpus_per_worker",
             self.num_cpus_per_worker,
             "the CPUs jaxmesh.Ray reserves for each actor",
-            optional=False,
-            keep_int=True,
         )
         object.__setattr__(self, "num_cpus_per_worker", cpus)
         res = self.resources
@@ -73,7 +73,7 @@ class Ray:
                     "to amount per actor, e.g. {'GPU': 1} or {'sim_node': 1}"
                 )
             checked = {}
-            for name, amount in res.items():
+            for name, value in res.items():
                 if not isinstance(name, str) or not name:
                     raise TypeError(
                         f"Ray(resources={dict(res)!r}): resource names are strings, "
@@ -84,12 +84,10 @@ class Ray:
                         f"Ray(resources={dict(res)!r}): CPUs per actor are "
                         "num_cpus_per_worker=, not a resource"
                     )
-                checked[name] = checks.check_number(
+                checked[name] = amount(
                     f"resources[{name!r}]",
-                    amount,
+                    value,
                     "the amount each jaxmesh.Ray actor reserves",
-                    optional=False,
-                    keep_int=True,
                 )
             object.__setattr__(self, "resources", checked)
 

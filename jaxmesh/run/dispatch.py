@@ -64,9 +64,8 @@ def route(target: Target, *, workers: int | Ray = 0, record: Any = None) -> Rout
         require_grpc()
         from jaxmesh.run.host.ray_actors import RayServers  # the [ray] extra
 
-        return Route(
-            RAY, evaluate_host, RayServers.of, RayServers.loop, RayServers.fast
-        )
+        row = (RayServers.of, RayServers.loop, RayServers.fast)
+        return Route(RAY, evaluate_host, *row)
     if workers:
         return Route(WORKERS, evaluate_host, worker_lanes, LocalRun, GroupedRun)
     if records_frames(target.env, record):
