@@ -405,8 +405,7 @@ def act(
     hl, dl, lead_l = _replay_setting(cfg, state)
     exhausted = active & replay.exhausted(state.cursor, hl)
     if lead == 0:
-        sync = exhausted
-        chunk = state.chunk
+        sync, chunk = exhausted, state.chunk
     else:
         takes = exhausted & ~state.fresh & (lead_l > 0)
         sync = exhausted & ~takes

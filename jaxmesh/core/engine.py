@@ -339,20 +339,12 @@ class Engine:
             )
         rec = c.recording
         if cfg.record_slots:  # skipped once every recorded episode is done
-            step_values = dict(
-                obs=obs,
-                states=env_state,
-                actions=action,
-                rewards=reward,
-                terminated=term,
-                truncated=trunc,
-            )
-            rec = jax.lax.cond(
-                ~jnp.all(c.record_done),
-                lambda rec: recording.step(self.env, cfg, rec, lanes, **step_values),
-                lambda rec: rec,
-                rec,
-            )
+            v = dict(actions=action, rewards=reward, terminated=term, truncated=trunc)
+
+            def write(r):
+                return recording.step(self.env, cfg, r, lanes, obs, env_state, **v)
+
+            rec = jax.lax.cond(~jnp.all(c.record_done), write, lambda r: r, rec)
         return c.replace(
             lanes=lanes.replace(
                 active=active & ~ended, t=t, ret=lanes.ret + reward, env_state=env_state

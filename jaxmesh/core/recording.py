@@ -51,14 +51,15 @@ def reset(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, begins, ob
     )
 
 
-def step(env: Any, config: EngineConfig, rec: Any, lanes: LaneState, **values):
-    """Writes step ``lanes.t`` of the recorded episodes running now
-    (``values``: per lane ``obs``, ``states``, ``actions``, ``rewards``,
-    ``terminated``, ``truncated``)."""
+def step(
+    env: Any, config: EngineConfig, rec: Any, lanes: LaneState, obs, states, **values
+):
+    """Writes step ``lanes.t`` of the recorded episodes running now: per lane
+    the observation and env state after it, and ``actions``, ``rewards``,
+    ``terminated``, ``truncated``."""
     has, lane, put = _writer(rec, lanes.active, lanes.episode)
     at = jnp.where(has, lanes.t[lane], config.record_steps + 1)
-    obs = kept_obs(config, values.pop("obs"))
-    states = values.pop("states")
+    obs = kept_obs(config, obs)
     states = None if rec.states is None else jax.vmap(env.render_state)(states)
     after = put(at + 1)
     return rec.replace(

@@ -224,15 +224,11 @@ def empty(
     the metric and success buffers asked for, or as a segment's ``log``."""
     f = lambda dtype: xp.zeros((capacity,), dtype)
     i32 = lambda v: xp.asarray(v, xp.int32)
+    dtypes = (xp.float32, xp.int32, bool, bool, xp.int32, xp.int32)
     return Results(
         index=f(xp.int32) if log else None,
         rows=i32(0) if log else None,
-        returns=f(xp.float32),
-        lengths=f(xp.int32),
-        terminated=f(bool),
-        truncated=f(bool),
-        predict_calls=f(xp.int32),
-        lanes=f(xp.int32),
+        **{k: f(d) for k, d in zip(EPISODE_FIELDS, dtypes, strict=True)},
         done=f(bool),
         env_steps=i32(0),
         policy_rows=i32(0),
