@@ -423,11 +423,9 @@ class RunResult:
             resamples=resamples,
             seed=seed,
         )
-        out["success_key"] = self.success_key
-        out["success_mode"] = self.success_mode
-        out["success_once_rate"] = self.success_once_rate
-        out["success_at_end_rate"] = self.success_at_end_rate
-        out["successes_at_reset"] = self.successes_at_reset
+        rates = ("success_once_rate", "success_at_end_rate", "successes_at_reset")
+        for name in ("success_key", "success_mode", *rates):
+            out[name] = getattr(self, name)
         out["metrics"] = {}
         for name, values in self.metrics.items():
             v = np.asarray(values, np.float64).reshape(-1)
@@ -570,7 +568,13 @@ class RunResult:
                 arrays["returns"] = single
             reductions = dict(settings.get("metrics") or {})
             mode = settings.get("success_mode", "end")  # an older file's: "end"
-            kinds = _success_kinds(settings, episodes)
+            kinds: dict = dict.fromkeys(SUCCESS_KINDS)
+            if settings.get("success_key") is not None:
+                for kind in SUCCESS_KINDS:
+                    kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
+                if "success_mode" not in settings:  # an older file's end flag
+                    old = flags_array(ep.get("success") for ep in episodes)
+                    kinds["success_at_end"] = old
             return cls(
                 **arrays,
                 env_steps=steps,
@@ -599,18 +603,6 @@ class RunResult:
                 "expected what RunResult.to_dict() writes: settings, totals and "
                 f"episodes with fields {sorted(k for k, _ in _ARRAYS.values())}"
             ) from e
-
-
-def _success_kinds(settings: dict, episodes: list) -> dict:
-    """Each success kind's flags of a results dict (an older one's flag at the
-    end is its ``success``)."""
-    kinds: dict = dict.fromkeys(SUCCESS_KINDS)
-    if settings.get("success_key") is not None:
-        for kind in SUCCESS_KINDS:
-            kinds[kind] = flags_array(ep.get(kind) for ep in episodes)
-        if "success_mode" not in settings:
-            kinds["success_at_end"] = flags_array(ep.get("success") for ep in episodes)
-    return kinds
 
 
 def _episode_metrics(episodes: list, reductions: dict) -> dict:
