@@ -525,9 +525,8 @@ def plans_due(cfg: AgentConfig, cursor: Any, h: Any = None, lead: Any = None) ->
 def skip_replayed(cfg: AgentConfig, state: AgentState, skip: jax.Array) -> AgentState:
     """Advances each lane past ``skip`` chunk actions the host executed
     without an agent step (``can_skip`` configs only)."""
-    h = cfg.h
     cursor = state.cursor + skip
-    last = _take(state.chunk, jnp.clip(cursor - 1, 0, h - 1)[:, None])[:, 0]
+    last = _take(state.chunk, jnp.clip(cursor - 1, 0, cfg.h - 1)[:, None])[:, 0]
     moved = skip > 0
     prev = _where(moved, last, state.prev)
     windows = _pushed(cfg, state.windows, moved, prev=prev)

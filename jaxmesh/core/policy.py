@@ -110,13 +110,6 @@ def resolve_policy(policy: Any, *, with_params: bool) -> Policy:
         name=name,
         apply=apply,
         stochastic=stochastic,
-        initial_state=None,
-        native_chunk=None,
-        spec=None,
-        default_params=lambda: None,
-        place=lambda tree: tree,
-        device=None,
-        on_episode_end=None,
         takes_execution_horizon=takes_param(policy, EXECUTION_HORIZON),
     )
 
