@@ -43,12 +43,10 @@ def check_writable(*paths: tuple[str, Any]) -> None:
             )
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".jaxmesh-probe-", dir=p.parent)
-            os.close(fd)
-            os.unlink(probe)
-            if p.exists():
-                with open(p, "a"):  # a file there must take writes (not truncated)
-                    pass
+            with tempfile.NamedTemporaryFile(prefix=".jaxmesh-probe-", dir=p.parent):
+                pass
+            if p.exists():  # a file there must take writes (not truncated)
+                open(p, "a").close()
         except OSError as e:
             why = e.strerror or str(e)
             raise ConfigError(
