@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -165,7 +164,7 @@ def observation_leaves(obs: Any, keys: Sequence[str] | None, where: str) -> Any:
 _STEP_ARRAYS = ("actions", "rewards", "terminated", "truncated")
 
 
-def _under(arrays: Any, prefix: str) -> dict[str, np.ndarray]:
+def under(arrays: Any, prefix: str) -> dict[str, np.ndarray]:
     """The arrays named ``<prefix><name>``, by ``name``."""
     return {
         k[len(prefix) :]: np.asarray(arrays[k]) for k in arrays if k.startswith(prefix)
@@ -230,11 +229,11 @@ class Trajectory:
         return cls(
             episode=int(episode),
             seed=int(seed),
-            observations=_under(arrays, "observations/") if obs is None else obs,
+            observations=under(arrays, "observations/") if obs is None else obs,
             length=int(length),
             cut=bool(cut),
             frames=None if frames is None else np.asarray(frames),
-            states=_under(arrays, "states/") or None,
+            states=under(arrays, "states/") or None,
             **{k: np.asarray(arrays[k]) for k in _STEP_ARRAYS},
         )
 
@@ -278,47 +277,3 @@ def trajectories_from(
             )
         )
     return out
-
-
-def save_trajectories(trajectories: list | None, path: str | Path) -> Path:
-    """``RunResult.save_trajectories`` (its docstring says what it writes)."""
-    if not trajectories:
-        raise ValueError(
-            "this result holds no trajectories; run with "
-            "record=jaxmesh.Record(episodes=[...])"
-        )
-    arrays = {
-        f"ep{tr.episode}/{name}": value
-        for tr in trajectories
-        for name, value in tr.arrays().items()
-    }
-    path = Path(path)
-    with open(path, "wb") as f:  # np.savez would append .npz to other names
-        np.savez_compressed(f, **arrays)
-    return path
-
-
-def load_trajectories(path: str | Path, recorded: list | None) -> list[Trajectory]:
-    """The trajectories of ``path``, one per entry of ``recorded``."""
-    out = []
-    with np.load(path) as z:
-        for r in recorded or []:
-            arrays = _under(z, f"ep{r['episode']}/")
-            if not arrays:
-                raise ValueError(
-                    f"{path} holds no arrays of episode {r['episode']} "
-                    f"(it has {sorted(z.files)[:6]}...); pass the .npz file "
-                    "that save_trajectories wrote for this result"
-                )
-            out.append(
-                Trajectory.from_arrays(
-                    arrays, r["episode"], r["seed"], r["length"], r["cut"]
-                )
-            )
-    return out
-
-
-def recorded_index(trajectories: list) -> list[dict]:
-    """What ``to_dict()["recorded"]`` lists of each trajectory."""
-    keys = ("episode", "seed", "length", "steps", "cut")
-    return [{k: getattr(tr, k) for k in keys} for tr in trajectories]

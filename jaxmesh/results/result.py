@@ -464,7 +464,20 @@ class RunResult:
         """Writes the recorded trajectories to one ``.npz`` file, each array as
         ``ep<episode>/<name>`` (the episode, seed, length and cut are in
         ``to_dict()["recorded"]``); a ValueError when nothing was recorded."""
-        return record.save_trajectories(self.trajectories, path)
+        if not self.trajectories:
+            raise ValueError(
+                "this result holds no trajectories; run with "
+                "record=jaxmesh.Record(episodes=[...])"
+            )
+        arrays = {
+            f"ep{tr.episode}/{name}": value
+            for tr in self.trajectories
+            for name, value in tr.arrays().items()
+        }
+        path = Path(path)
+        with open(path, "wb") as f:  # np.savez would append .npz to other names
+            np.savez_compressed(f, **arrays)
+        return path
 
     def load_trajectories(
         self, path: str | Path, recorded: list | None = None
@@ -473,14 +486,26 @@ class RunResult:
         ``path`` (``recorded``: ``to_dict()["recorded"]``, default: what
         ``from_dict`` kept); a ValueError when the file lacks one."""
         recorded = recorded if recorded is not None else self._recorded
-        loaded = record.load_trajectories(path, recorded)
+        loaded = []
+        with np.load(path) as z:
+            for r in recorded or []:
+                arrays = record.under(z, f"ep{r['episode']}/")
+                if not arrays:
+                    raise ValueError(
+                        f"{path} holds no arrays of episode {r['episode']} "
+                        f"(it has {sorted(z.files)[:6]}...); pass the .npz file "
+                        "that save_trajectories wrote for this result"
+                    )
+                fields = (r[k] for k in ("episode", "seed", "length", "cut"))
+                loaded.append(record.Trajectory.from_arrays(arrays, *fields))
         return dataclasses.replace(self, trajectories=loaded)
 
     @property
     def _recorded(self) -> list | None:
         if self.trajectories is None:
             return self._recorded_meta
-        return record.recorded_index(self.trajectories)
+        keys = ("episode", "seed", "length", "steps", "cut")
+        return [{k: getattr(tr, k) for k in keys} for tr in self.trajectories]
 
     def format_telemetry(self) -> str:
         """The telemetry as a table (milliseconds per call; bytes)."""
