@@ -78,11 +78,8 @@ def _kept(exc: BaseException, output: Path | None) -> str:
 def cmd_decide(args: argparse.Namespace) -> int:
     config_a = read_config(args.a, args.set)
     config_b = read_config(args.b, args.set)
-    skip = set(POLICY_KEYS) | set(BUDGET_KEYS)
-    keys = set(config_a) | set(config_b)
-    differ = sorted(
-        k for k in keys if k not in skip and config_a.get(k) != config_b.get(k)
-    )
+    keys = {*config_a, *config_b} - {*POLICY_KEYS, *BUDGET_KEYS}
+    differ = sorted(k for k in keys if config_a.get(k) != config_b.get(k))
     if differ:
         shown = [f"{k}: {config_a.get(k)!r} vs {config_b.get(k)!r}" for k in differ[:4]]
         raise ConfigError(
