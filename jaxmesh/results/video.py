@@ -7,7 +7,6 @@ evaluation.md, "Recording episodes and videos".
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import subprocess
 import tempfile
@@ -24,16 +23,6 @@ from jaxmesh.envs import make_env
 
 #: Frames per second when neither ``fps=`` nor the env says.
 DEFAULT_FPS = 30
-_VIDEO = "pip install 'jaxmesh[video]'"
-_FRAMES = "or pass jaxmesh.render(..., frames=fn)"
-
-
-def _need(module: str, what: str, fix: str) -> Any:
-    """``module``, or an ImportError: ``what`` needs it, ``fix`` says what to do."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{what} needs {module} ({e}): {fix}") from e
 
 
 def replay_states(env: Any, trajectory: Any) -> list:
@@ -110,8 +99,14 @@ def gymnax_frames(env: Any, states: list) -> list[np.ndarray]:
     if name in vis_gym.SUPPORTED_GYM_ENVS:
         import gymnasium
 
-        # gymnasium's classic-control renderer draws with pygame
-        _need("pygame", f"drawing gymnax's {name}", f"{_VIDEO}, {_FRAMES}")
+        try:  # gymnasium's classic-control renderer draws with pygame
+            import pygame  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                f"drawing gymnax's {name} needs pygame: pip install "
+                "'jaxmesh[video]'; or pass jaxmesh.render(..., frames=fn)"
+            ) from e
+
         # pygame (gymnasium's renderer) needs no display or sound card here.
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
@@ -151,7 +146,13 @@ def gymnax_frames(env: Any, states: list) -> list[np.ndarray]:
 def brax_frames(env: Any, states: list) -> list[np.ndarray]:
     """brax's renderer (``brax.io.image``) over the pipeline states (MuJoCo's
     OpenGL: headless, ``MUJOCO_GL=egl`` before MuJoCo is imported)."""
-    image = _need("brax.io.image", "brax's renderer", f"install brax, {_FRAMES}")
+    try:
+        from brax.io import image
+    except ImportError as e:
+        raise ImportError(
+            f"brax renders with brax.io.image, which failed to import ({e}); "
+            "or pass jaxmesh.render(..., frames=fn)"
+        ) from e
     pipeline = [s[0].pipeline_state for s in states]
     with _needs_gl("brax's renderer"):
         return list(image.render_array(env.env.sys, pipeline, height=240, width=320))
@@ -310,7 +311,13 @@ def write_video(frames: list, path: str | os.PathLike, fps: float) -> Path:
         )
     path = Path(path)
     if path.suffix.lower() == ".gif":
-        imageio = _need("imageio", "writing a GIF", f"{_VIDEO} (with imageio-ffmpeg)")
+        try:
+            import imageio
+        except ImportError as e:  # pragma: no cover - the extra is part of [test]
+            raise ImportError(
+                "jaxmesh.render writes GIFs with imageio: pip install "
+                "'jaxmesh[video]' (imageio and imageio-ffmpeg)"
+            ) from e
         imageio.v3.imwrite(
             path, np.stack(frames), extension=".gif", duration=1000 / fps, loop=0
         )
@@ -326,11 +333,17 @@ def _ffmpeg_write(frames: list[np.ndarray], path: Path, fps: float) -> None:
     messages go to a file, not a pipe that could fill. A failure leaves no
     partial file; an interruption kills ffmpeg first.
     """
-    ff = _need("imageio_ffmpeg", f"writing {path.suffix}", f"{_VIDEO}, or write a .gif")
+    try:
+        import imageio_ffmpeg
+    except ImportError as e:
+        raise ImportError(
+            f"writing {path.suffix} needs imageio-ffmpeg: pip install "
+            "'jaxmesh[video]' (or write a .gif)"
+        ) from e
     h, w = frames[0].shape[:2]
     rate = Fraction(fps).limit_denominator(1001)
     cmd = [
-        ff.get_ffmpeg_exe(),
+        imageio_ffmpeg.get_ffmpeg_exe(),
         "-hide_banner", "-loglevel", "error", "-y",
         "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}",
         "-framerate", f"{rate.numerator}/{rate.denominator}", "-i", "pipe:0",
