@@ -41,13 +41,10 @@ def _switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
     parser.add_argument(flag, action="store_true", help=help)
 
 
-def _no_compile_cache(parser: argparse.ArgumentParser) -> None:
-    _switch(
-        parser,
-        "--no-compile-cache",
-        f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0;"
-        f" its directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)",
-    )
+_NO_COMPILE_CACHE = (
+    f"do not use the persistent compilation cache (also {CACHE_SWITCH_ENV}=0; its "
+    f"directory: ${CACHE_DIR_ENV}, else ~/.cache/jaxmesh/xla)"
+)
 
 
 def _int(parser: argparse.ArgumentParser, flag: str, default: int, help: str) -> None:
@@ -231,7 +228,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="the Ray cluster the actors run on (ray.init's address: auto, "
         "host:6379, ray://host:10001); --set workers.ray.address=ADDRESS",
     )
-    _no_compile_cache(ev)
+    _switch(ev, "--no-compile-cache", _NO_COMPILE_CACHE)
     _switch(
         ev,
         "--telemetry",
@@ -373,7 +370,7 @@ def make_parser() -> argparse.ArgumentParser:
         "its episodes count and do not run again",
     )
     _switch(dc, "--no-progress", "no progress line per batch")
-    _no_compile_cache(dc)
+    _switch(dc, "--no-compile-cache", _NO_COMPILE_CACHE)
     rp = p["report"]
     rp.add_argument("results", metavar="RESULTS.json", help="the result of eval")
     rp.add_argument(
