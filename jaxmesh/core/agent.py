@@ -310,7 +310,6 @@ def _plan(
     putting a tile's chunks into ``buf`` (default: their first h actions);
     with a PendingChunk input ``out[start:]`` becomes the tail. Returns the
     buffer, the state and the rows computed."""
-    h = cfg.h
     pending = None
     if cfg.pending_names:
         _, delay, _ = _replay_setting(cfg, state)
@@ -320,7 +319,7 @@ def _plan(
     if policy.takes_execution_horizon and cfg.chunked:
         told = {"execution_horizon": cfg.execution_horizon}
     if write is None:
-        write = lambda buf, idx, out: tiles.put(buf, idx, out[:, :h])
+        write = lambda buf, idx, out: tiles.put(buf, idx, out[:, : cfg.h])
 
     def body(idx, carry):
         buf, rstate, tail = carry

@@ -71,12 +71,7 @@ class Fault:
         """Keeps each lane's first fault."""
         new = (self.kind == NO_FAULT) & (kinds != NO_FAULT)
         pick = lambda old, v: jnp.where(new, v.astype(old.dtype), old)
-        return Fault(
-            pick(self.kind, kinds),
-            pick(self.episode, episode),
-            pick(self.step, t),
-            pick(self.value, values),
-        )
+        return jax.tree.map(pick, self, Fault(kinds, episode, t, values))
 
     def first(self) -> dict | None:
         """On the host: the fault of the lowest episode index, or None."""
