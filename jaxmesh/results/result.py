@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import hashlib
 import importlib.metadata
+import json
 import platform
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,7 +21,7 @@ import numpy as np
 
 from jaxmesh._version import __version__
 from jaxmesh.core.tally import EPISODE_FIELDS
-from jaxmesh.results import checksum, record
+from jaxmesh.results import record
 from jaxmesh.results import stats as _stats
 from jaxmesh.results.stats import none_if_nan as _nan_none
 
@@ -87,18 +89,35 @@ class StepEvent(NamedTuple):
     stale: int
 
 
+# A record's checksum binds it to its run's fingerprint: a record edited by hand
+# or moved to another run's file fails it (an accident, not a forger, who can
+# recompute it).
+def identity_text(fingerprint: dict | None) -> str:
+    """The part of a run's fingerprint a record's checksum covers, as text."""
+    return json.dumps(fingerprint or {}, sort_keys=True, allow_nan=True)
+
+
+def record_check(record: dict, identity: str) -> str:
+    """The checksum of an ``EpisodeResult.to_dict()`` under ``identity_text``."""
+    body = {k: v for k, v in record.items() if k != "check"}
+    h = hashlib.blake2b(digest_size=16)
+    h.update(identity.encode())
+    h.update(json.dumps(body, sort_keys=True, allow_nan=True).encode())
+    return h.hexdigest()
+
+
 def _record_issues(episodes: list, fingerprint: Any) -> list[tuple[int, int, str]]:
     """``RunResult.record_issues`` of a dict's episodes (none without an identity)."""
     if not isinstance(fingerprint, dict) or "policy" not in fingerprint:
         return []
-    run = checksum.identity_text(fingerprint)
+    run = identity_text(fingerprint)
     issues: list[tuple[int, int, str]] = []
     seen: dict[int, dict] = {}
     for k, ep in enumerate(episodes):
         index = int(ep["index"])
         if "check" not in ep:
             issues.append((k, index, "has no checksum"))
-        elif ep["check"] != checksum.record_check(ep, run):
+        elif ep["check"] != record_check(ep, run):
             issues.append((k, index, "fails its checksum"))
         if index in seen:
             what = "same" if seen[index] == ep else "repeats it with other fields"
@@ -516,9 +535,9 @@ class RunResult:
     def episode_records(self) -> list[dict]:
         """Every ``EpisodeResult.to_dict()`` with its ``check``, a checksum of
         its fields and the ``fingerprint`` that ``resume=`` verifies."""
-        run = checksum.identity_text(self.fingerprint)
+        run = identity_text(self.fingerprint)
         records = (e.to_dict() for e in self.episodes)
-        return [{**d, "check": checksum.record_check(d, run)} for d in records]
+        return [{**d, "check": record_check(d, run)} for d in records]
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict (settings, totals and every episode)."""

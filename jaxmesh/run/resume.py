@@ -21,13 +21,14 @@ import numpy as np
 
 from jaxmesh.core.policy import resolve_policy
 from jaxmesh.core.tally import EPISODE_FIELDS
-from jaxmesh.results.checksum import identity_text, record_check
 from jaxmesh.results.result import (
     SETTINGS,
     SUCCESS_KINDS,
     RunResult,
     flags_array,
     headline,
+    identity_text,
+    record_check,
     select,
 )
 from jaxmesh.run import checks, identity
