@@ -476,9 +476,8 @@ def ensemble_action(cfg: AgentConfig, ring: jax.Array, t: jax.Array) -> jax.Arra
     age = (t[:, None] - jnp.arange(k, dtype=t.dtype)[None, :]) % k  # [N, K]
     valid = age <= t[:, None]
     w = lane_weights(cfg.ensemble, age, valid, k)  # [N, K]
-    extra = (1,) * len(cfg.action_shape)
     entries = _take(ring, age, axis=2)[:, :, 0]  # [N, K, *A]
-    w = jnp.reshape(w, w.shape + extra)
+    w = jnp.reshape(w, w.shape + (1,) * len(cfg.action_shape))
     total = jnp.sum(w * entries.astype(jnp.float32), axis=1)
     return (total / jnp.sum(w, axis=1)).astype(cfg.action_dtype)
 

@@ -56,15 +56,10 @@ def env_stream(ep_keys: jax.Array) -> jax.Array:
 
 def equations(jaxpr: Any) -> int:
     """The equations of a jaxpr, those of the programs it calls included."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += 1
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's
-                if hasattr(sub, "eqns"):
-                    count += equations(sub)
-    return count
+    params = [p for eqn in jaxpr.eqns for p in eqn.params.values()]
+    subs = [s for p in params for s in (p if isinstance(p, (tuple, list)) else (p,))]
+    subs = [getattr(s, "jaxpr", s) for s in subs]  # a ClosedJaxpr's
+    return len(jaxpr.eqns) + sum(equations(s) for s in subs if hasattr(s, "eqns"))
 
 
 def with_step_events(engine: Engine, on_step: Callable) -> Engine:
