@@ -216,8 +216,10 @@ class EpisodeStream:
             if self.policy_hook is not None:
                 self.policy_hook(i)
 
-    def result(self, res: Any, timing: dict) -> RunResult:
-        return RunResult.from_results(res, self.seeds, **self.run_fields, **timing)
+    def result(self, res: Any, timing: dict, keep: Any = None) -> RunResult:
+        return RunResult.from_results(
+            res, self.seeds, keep, **self.run_fields, **timing
+        )
 
     def fail(self, exc: BaseException, timing: dict) -> None:
         """Puts the finished episodes of the newest results on
@@ -226,10 +228,7 @@ class EpisodeStream:
             partial = None
             if self.latest is not None:
                 res = jax.device_get(self.latest)
-                keep = np.asarray(res.done)
-                partial = RunResult.from_results(
-                    res, self.seeds, keep=keep, **self.run_fields, **timing
-                )
+                partial = self.result(res, timing, np.asarray(res.done))
             exc.partial_result = partial  # type: ignore[attr-defined]
             n = 0 if partial is None else partial.num_episodes
             exc.add_note(
