@@ -14,7 +14,6 @@ import contextlib
 import functools
 import json
 import math
-import mmap
 import os
 import socket
 import struct
@@ -26,7 +25,7 @@ from typing import Any, NamedTuple
 import grpc
 import numpy as np
 
-from jaxmesh.envs.gymnasium.shm import Slots
+from jaxmesh.envs.gymnasium.shm import Segment, Slots
 from jaxmesh.errors import RemoteError
 from jaxmesh.remote import codec
 from jaxmesh.remote.client import (
@@ -56,31 +55,16 @@ NO_SLOT = 255
 _CONTROL_BYTES = 1 << 20  # the largest ATTACH, REFUSE or ERROR a client reads
 
 
-class Ring:
-    """An anonymous shared-memory file mapped here (``buf``): ``create`` makes
-    one, ``Ring(fd)`` maps a received one."""
-
-    def __init__(self, fd: int):
-        try:
-            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-        self.buf = memoryview(self._map)
-
-    @classmethod
-    def create(cls, size: int) -> tuple[Ring, int]:
-        """A new ring and a descriptor of it to send (the caller closes it)."""
-        fd = os.memfd_create("jaxmesh-ring", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            return cls(os.dup(fd)), fd
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def close(self) -> None:
-        self.buf.release()
-        self._map.close()
+def new_ring(size: int) -> tuple[Segment, int]:
+    """An anonymous shared-memory file of ``size`` bytes mapped here, and a
+    descriptor of it to send (the caller closes it)."""
+    fd = os.memfd_create("jaxmesh-ring", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        return Segment(fd=os.dup(fd)), fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dict:
@@ -340,7 +324,7 @@ class ShmStream(Stream):
                     f"the server answered frame kind {kind} "
                     f"({'with' if fd >= 0 else 'without'} a shared-memory file)"
                 )
-            shm = Ring(fd)
+            shm = Segment(fd=fd)
             try:
                 attach = json.loads(payload.decode())
                 self.binary = BINARY in (attach.get("frames") or ())

@@ -15,14 +15,16 @@ import numpy as np
 
 class Segment:
     """A shared-memory segment created with ``size`` or mapped by name, without
-    a resource-tracker process (which would outlive the run)."""
+    a resource-tracker process (which would outlive the run), or the file ``fd``
+    mapped (and closed)."""
 
-    def __init__(self, name: str, size: int | None = None):
+    def __init__(self, name: str = "", size: int | None = None, fd: int = -1):
         import _posixshmem
 
         self.name = name
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
-        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        if fd < 0:
+            flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
+            fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
         try:
             if size is not None:
                 os.ftruncate(fd, size)

@@ -345,7 +345,7 @@ class SameHostPath:
             fields = same_host.ring_fields(specs, keys)
             # An anonymous file: nothing in /dev/shm, even if this process is
             # killed while the client attaches.
-            ring, fd = same_host.Ring.create(Slots.size(n, fields))
+            ring, fd = same_host.new_ring(Slots.size(n, fields))
             slots = Slots(ring, n, fields)
             try:
                 attach = {"frames": [same_host.BINARY] if binary else []}
