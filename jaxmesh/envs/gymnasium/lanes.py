@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -192,14 +192,21 @@ def make_envs(env_id: str, count: int, **kwargs: Any) -> list:
 def build_all(makers: Iterable[Callable[[], Any]]) -> list:
     """``[make() for make in makers]``; the envs made are closed if one fails."""
     envs: list = []
-    try:
+    with closing_on_error(envs):
         for make in makers:
             envs.append(make())
-    except BaseException:
-        for e in envs:
-            e.close()
-        raise
     return envs
+
+
+@contextlib.contextmanager
+def closing_on_error(things: Iterable) -> Iterator[None]:
+    """Closes each of ``things`` (as they are then) if the block raises."""
+    try:
+        yield
+    except BaseException:
+        for thing in things:
+            thing.close()
+        raise
 
 
 class LaneError(Exception):

@@ -215,11 +215,8 @@ class WorkerEnvLanes(_LaneView):
 
     def __init__(self, source: Any, num_lanes: int, workers: int):
         self.pool = pool = WorkerPool(source, num_lanes, workers)
-        try:
+        with shared.closing_on_error([pool]):
             self._view(pool, "env")
-        except BaseException:
-            pool.close()
-            raise
         self.lost: list[int] = []
         self.culprits: list[int] = []
         #: The lanes of a worker that died in a ``reset`` (and those it was
@@ -329,12 +326,8 @@ def make_lanes(env: Any, num_envs: int, episodes: int) -> LocalAdapter:
     gym = import_gymnasium()
     if isinstance(env, str) or is_source(env):
         envs = build_envs(env, range(max(1, min(num_envs, episodes))))
-        try:
+        with shared.closing_on_error(envs):
             return EnvLanes(envs, owned=True)
-        except BaseException:
-            for e in envs:
-                e.close()
-            raise
     if isinstance(env, gym.vector.VectorEnv):
         return VectorEnvLanes(env)
     if isinstance(env, gym.Env):

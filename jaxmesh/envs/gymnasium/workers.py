@@ -419,15 +419,12 @@ class WorkerPool:
         self.waiting: set[int] = set()
         self.killed: set[int] = set()
         self.closing = False  # dead workers are not replaced
-        try:
+        with shared.closing_on_error([self]):
             for k in range(w):
                 self._spawn(k)
             first = [self._ready(k) for k in range(w)][0]
             (self.observation_space, self.action_space, _, self.name) = first[1:5]
             self.declares_trial_index, self.dt = first[5], first[6]
-        except BaseException:
-            self.close()
-            raise
 
     @property
     def workers(self) -> int:
@@ -655,13 +652,10 @@ class ProcessStepper(shared.GymStepper):
             setattr(self, attr, getattr(pool, attr))
         options = (shared.TRIAL_INDEX,) if pool.declares_trial_index else ()
         self.metadata = {"reset_options": options}
-        try:
+        with shared.closing_on_error([pool]):
             # ``busy`` flags alone: the data come back over the pipes.
             pool._share({"busy": ((), bool)})
             self._setup(layout)
-        except BaseException:
-            pool.close()
-            raise
 
     def abandon(self, respawn: bool = True) -> None:
         """``WorkerPool.abandon``: the call under way ends with a ``LaneError``."""

@@ -225,15 +225,8 @@ def _make_lanes(env: Any, lanes: int | None, workers: int) -> ServerStepper:
         where = f"{shared.env_name(first)} observation_space"
         layout = functools.partial(_wire_leaf, where=where)
         kind = shared.VectorEnvStepper if vector else shared.EnvListStepper
-        try:
+        with shared.closing_on_error(envs if owned else ()):
             stepper = kind(envs, owned=owned, layout=layout)
-        except BaseException:
-            for e in envs if owned else ():
-                e.close()
-            raise
     stepper.owned = stepper.owned or made
-    try:
+    with shared.closing_on_error([stepper]):
         return ServerStepper(stepper, workers)
-    except BaseException:
-        stepper.close()
-        raise

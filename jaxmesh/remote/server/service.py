@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxmesh._version import __version__
+from jaxmesh.envs.gymnasium.lanes import closing_on_error
 from jaxmesh.remote import codec
 from jaxmesh.remote.proto import jaxmesh_env_pb2 as pb
 from jaxmesh.remote.protocol import (
@@ -155,11 +156,8 @@ class EnvServer:
             lanes = _make_lanes(
                 self._env, self._lanes_wanted, self.options.workers or 1
             )
-            try:
+            with closing_on_error([lanes]):
                 self._start_server(lanes)
-            except BaseException:
-                lanes.close()
-                raise
             self._lanes = lanes
         return self
 
