@@ -19,6 +19,7 @@ from jaxmesh.remote.address import require_grpc
 require_grpc()
 
 from jaxmesh.envs.gymnasium.batch import TRIAL_INDEX  # noqa: E402
+from jaxmesh.envs.gymnasium.lanes import closing_on_error  # noqa: E402
 from jaxmesh.envs.gymnasium.leaves import ObsLayout  # noqa: E402
 from jaxmesh.errors import RemoteError  # noqa: E402
 from jaxmesh.remote import codec, spaces  # noqa: E402
@@ -84,7 +85,7 @@ class _Client(Session):
             m.key for m in info.observation if m.space == spaces.DISCRETE
         }
         self.discrete = isinstance(self.act_space, gymnasium.spaces.Discrete)
-        try:
+        with closing_on_error([self]):
             if not _is_int(lane) or not 0 <= int(lane) < self.num_lanes:
                 raise ValueError(
                     f"lane={lane!r}, but the server at {self.address} serves "
@@ -93,9 +94,6 @@ class _Client(Session):
                 )
             self.open()
             self.call(np.zeros(0, np.int64))
-        except BaseException:
-            self.close()
-            raise
 
     def options(self, options: Any, vector: bool) -> dict[str, pb.Value]:
         """``RemoteEnv.reset``'s options as the wire's (``vector``:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import grpc
 import numpy as np
 
+from jaxmesh.envs.gymnasium.lanes import closing_on_error
 from jaxmesh.envs.gymnasium.shm import Segment, Slots
 from jaxmesh.errors import RemoteError
 from jaxmesh.remote import codec
@@ -325,16 +326,13 @@ class ShmStream(Stream):
                     f"({'with' if fd >= 0 else 'without'} a shared-memory file)"
                 )
             shm = Segment(fd=fd)
-            try:
+            with closing_on_error([shm]):
                 attach = json.loads(payload.decode())
                 self.binary = BINARY in (attach.get("frames") or ())
                 fields = ring_fields(specs, self.keys)
                 if len(shm.buf) < Slots.size(num_lanes, fields):
                     raise ConnectionError("the shared segment is smaller than agreed")
                 self.slots = Slots(shm, num_lanes, fields)
-            except BaseException:
-                shm.close()
-                raise
             send_frame(sock, ATTACHED, b"")
             sock.settimeout(None)
         except BaseException:
