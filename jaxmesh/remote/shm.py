@@ -95,13 +95,10 @@ def recv_attach(sock: socket.socket) -> tuple[tuple[int, int, bytes] | None, int
             return None, -1
         rest = _recv_exact(sock, HEADER.size - 1, mid_frame=True)
         kind, slot, payload = recv_frame(sock, _CONTROL_BYTES, msg + rest)
-    except BaseException:
-        for fd in fds:
+        keep = fds.pop(0) if kind == ATTACH and fds else -1
+    finally:
+        for fd in fds:  # those not kept
             os.close(fd)
-        raise
-    keep = fds.pop(0) if kind == ATTACH and fds else -1
-    for fd in fds:
-        os.close(fd)
     return (kind, slot, payload), keep
 
 
