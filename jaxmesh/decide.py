@@ -398,40 +398,13 @@ def decide(
     alpha, bounds, max_episodes, first_seed = check_settings(
         alpha, metric, bounds, max_episodes, first_seed
     )
-    own = sorted(k for k in kwargs if k in _OWN)
-    if own:
-        raise TypeError(
-            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
-            "both arms with seed first_seed + i, up to max_episodes); pass "
-            "first_seed= and max_episodes="
-        )
-    arms: dict[str, list] = {"a": [], "b": []}
-    if arm_hooks is not None:
-        if not (isinstance(arm_hooks, list | tuple) and len(arm_hooks) == 2):
-            raise TypeError(
-                f"arm_hooks={arm_hooks!r}: expected a pair (hooks_a, hooks_b), each "
-                "a hook, a list of hooks or None"
-            )
-        if isinstance(env, suite.Suite) and any(arm_hooks):
-            raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
-        arms = {"a": hooks_list(arm_hooks[0]), "b": hooks_list(arm_hooks[1])}
+    _check_own(kwargs)
+    arms = _arm_hooks(arm_hooks, env)
     if isinstance(env, suite.Suite):
-        # Each task in a run of its own (a run of several gymnax tasks together
-        # reads a batch's resumed_indices as each episode's task).
-        own = [n for n, t in env.tasks.items() if (t.episodes, t.seeds) != (None, None)]
-        if env.episodes is not None or env.seeds is not None or own:
-            where = f"tasks {own}" if own else "the Suite"
-            raise ValueError(
-                f"{where} set a budget (episodes= or seeds=); decide gives every "
-                "task the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
-            )
-        env = suite.Suite(env.tasks, together=False)
+        env = _unbudgeted(env)
     call = {k: kwargs.pop(k) for k in _CALL if k in kwargs}
     config = from_keywords(config, kwargs, caller="jaxmesh.decide")
-    first = config.num_envs if batch is None else batch
-    first = check_int("batch", first, 1, "e.g. num_envs")
-    cap = BATCH_GROWTH_CAP * first if max_batch is None else max_batch
-    cap = check_int("max_batch", cap, first, f"e.g. {BATCH_GROWTH_CAP * first}")
+    first, cap = _batch_sizes(config, batch, max_batch)
     if on_batch is not None and not callable(on_batch):
         raise TypeError(f"on_batch={on_batch!r}: expected a callable(Decision)")
     lo, hi = bounds
@@ -448,41 +421,11 @@ def decide(
         runs[name] = _joined(runs[name], new, start)
 
     def decision(runs: dict) -> Decision:
-        return Decision(
-            winner={1: "b", -1: "a", 0: None}[seq.direction],
-            episodes=seq.n,
-            difference=seq.mean,
-            interval=seq.interval,
-            a=runs["a"],
-            b=runs["b"],
-            path=tuple(path),
-            alpha=alpha,
-            metric=metric,
-            bounds=bounds,
-            decided_at=seq.decided_at,
-            capital=seq.capital,
-            log_capital=seq.log_capital,
-            first_seed=first_seed,
-        )
+        return _decision(seq, runs, path, alpha, metric, bounds, first_seed)
 
     def update(start: int) -> None:
         """The differences of episodes ``start..`` into the test, checked."""
-        values = {}
-        for name in ("a", "b"):
-            for task, r in _runs_of(runs[name]).items():  # (a success is within)
-                v = _values(r, metric)
-                out = start + np.flatnonzero(~((v[start:] >= lo) & (v[start:] <= hi)))
-                if out.size:
-                    k, label = int(out[0]), f"{name} (task {task!r})" if task else name
-                    raise ValueError(
-                        f"policy {label}'s episode {int(r.indices[k])} (seed "
-                        f"{int(r.seeds[k])}) returned {v[k]!r}, outside bounds=({lo:g}"
-                        f", {hi:g}) ({out.size} episodes out of them); the test's "
-                        "guarantee needs every return within the bounds: pass bounds "
-                        "that hold every return the env can give"
-                    )
-            values[name] = _stratified(runs[name], metric)[start:]
-        seq.update(values["b"] - values["a"])
+        seq.update(_differences(runs, metric, bounds, start))
         path.append((seq.n, *seq.interval))
 
     with kept_processes():  # one set of worker processes for every batch
@@ -498,19 +441,9 @@ def decide(
                 # Each episode keeps its index in the whole decide: an env's trial
                 # index is trial_index_base + it, as in one evaluate; an arm's
                 # hooks see episode k of the batch as episode start + k.
-                indices = np.arange(start, start + count)
-                with identity.resumed_indices(indices):
+                with identity.resumed_indices(np.arange(start, start + count)):
                     for name in ("a", "b"):
-                        shifted = [
-                            _Renumbered(h, indices, start + count) for h in arms[name]
-                        ]
-                        hooks = [*hooks_list(call.get("hooks")), *shifted]
-                        kw = {**call, "hooks": hooks} if shifted else call
-                        run(name, start, count, **kw)
-                        for h in arms[name]:
-                            end = getattr(h, "on_run_end", None)
-                            if callable(end):
-                                end(runs[name])
+                        _run_arm(run, name, arms[name], call, start, count, runs)
                 update(start)
                 kept = dict(runs)
                 if on_batch is not None:
@@ -521,6 +454,127 @@ def decide(
                 exc.partial_decision = decision(kept)
             raise
         return decision(runs)
+
+
+def _check_own(kwargs: dict) -> None:
+    """Refuses ``evaluate`` keywords that choose the episodes (decide does)."""
+    own = sorted(k for k in kwargs if k in _OWN)
+    if own:
+        raise TypeError(
+            f"{', '.join(own)}=: decide chooses the episodes itself (episode i of "
+            "both arms with seed first_seed + i, up to max_episodes); pass "
+            "first_seed= and max_episodes="
+        )
+
+
+def _arm_hooks(arm_hooks: Any, env: Any) -> dict[str, list]:
+    """Each arm's hooks of ``arm_hooks`` (a pair, or None: none), checked."""
+    if arm_hooks is None:
+        return {"a": [], "b": []}
+    if not (isinstance(arm_hooks, list | tuple) and len(arm_hooks) == 2):
+        raise TypeError(
+            f"arm_hooks={arm_hooks!r}: expected a pair (hooks_a, hooks_b), each "
+            "a hook, a list of hooks or None"
+        )
+    if isinstance(env, suite.Suite) and any(arm_hooks):
+        raise TypeError("arm_hooks= with a Suite: not supported; pass hooks=")
+    return {"a": hooks_list(arm_hooks[0]), "b": hooks_list(arm_hooks[1])}
+
+
+def _unbudgeted(env: suite.Suite) -> suite.Suite:
+    """``env`` with each task in a run of its own (a run of several gymnax tasks
+    together reads a batch's resumed_indices as each episode's task), refused
+    if it sets a budget."""
+    own = [n for n, t in env.tasks.items() if (t.episodes, t.seeds) != (None, None)]
+    if env.episodes is not None or env.seeds is not None or own:
+        where = f"tasks {own}" if own else "the Suite"
+        raise ValueError(
+            f"{where} set a budget (episodes= or seeds=); decide gives every "
+            "task the seeds first_seed + i, i = 0, 1, ...: leave the budgets out"
+        )
+    return suite.Suite(env.tasks, together=False)
+
+
+def _batch_sizes(config: RunConfig, batch: Any, max_batch: Any) -> tuple[int, int]:
+    """The first batch's episodes per arm and the largest batch's, checked."""
+    first = config.num_envs if batch is None else batch
+    first = check_int("batch", first, 1, "e.g. num_envs")
+    cap = BATCH_GROWTH_CAP * first if max_batch is None else max_batch
+    return first, check_int("max_batch", cap, first, f"e.g. {BATCH_GROWTH_CAP * first}")
+
+
+def _decision(
+    seq: BettingSequence,
+    runs: dict,
+    path: list,
+    alpha: float,
+    metric: str,
+    bounds: tuple[float, float],
+    first_seed: int,
+) -> Decision:
+    """The ``Decision`` of the test ``seq`` over both arms' ``runs`` so far."""
+    return Decision(
+        winner={1: "b", -1: "a", 0: None}[seq.direction],
+        episodes=seq.n,
+        difference=seq.mean,
+        interval=seq.interval,
+        a=runs["a"],
+        b=runs["b"],
+        path=tuple(path),
+        alpha=alpha,
+        metric=metric,
+        bounds=bounds,
+        decided_at=seq.decided_at,
+        capital=seq.capital,
+        log_capital=seq.log_capital,
+        first_seed=first_seed,
+    )
+
+
+def _differences(
+    runs: dict, metric: str, bounds: tuple[float, float], start: int
+) -> np.ndarray:
+    """b - a of the paired episodes ``start..``, each value checked to lie in
+    ``bounds``."""
+    lo, hi = bounds
+    values = {}
+    for name in ("a", "b"):
+        for task, r in _runs_of(runs[name]).items():  # (a success is within)
+            v = _values(r, metric)
+            out = start + np.flatnonzero(~((v[start:] >= lo) & (v[start:] <= hi)))
+            if out.size:
+                k, label = int(out[0]), f"{name} (task {task!r})" if task else name
+                raise ValueError(
+                    f"policy {label}'s episode {int(r.indices[k])} (seed "
+                    f"{int(r.seeds[k])}) returned {v[k]!r}, outside bounds=({lo:g}"
+                    f", {hi:g}) ({out.size} episodes out of them); the test's "
+                    "guarantee needs every return within the bounds: pass bounds "
+                    "that hold every return the env can give"
+                )
+        values[name] = _stratified(runs[name], metric)[start:]
+    return values["b"] - values["a"]
+
+
+def _run_arm(
+    run: Callable,
+    name: str,
+    hooks: list,
+    call: dict,
+    start: int,
+    count: int,
+    runs: dict,
+) -> None:
+    """Arm ``name``'s episodes ``start..start+count``; its own ``hooks`` see
+    episode k of the batch as episode ``start + k`` (its index in the whole
+    decide), and hear ``on_run_end`` with the arm's joined result."""
+    indices = np.arange(start, start + count)
+    shifted = [_Renumbered(h, indices, start + count) for h in hooks]
+    all_hooks = [*hooks_list(call.get("hooks")), *shifted]
+    run(name, start, count, **({**call, "hooks": all_hooks} if shifted else call))
+    for h in hooks:
+        end = getattr(h, "on_run_end", None)
+        if callable(end):
+            end(runs[name])
 
 
 def _resumed(

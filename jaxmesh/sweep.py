@@ -253,39 +253,16 @@ def sweep(
     # The resumed cells of this grid (others in ``done`` are not swept).
     out = {(d, big_h): done[d, big_h] for d, big_h, _ in cells if (d, big_h) in done}
     todo = [c for c in cells if (c[0], c[1]) not in done]
-    programs, compile_time, e = 0, 0.0, int(seeds_arr.size)
+    programs, compile_time = 0, 0.0
     groups: dict = {}  # a program per h + d told as ``execution_horizon``, else one
     for cell in todo:
         told = cell[0] + cell[2] if pol.takes_execution_horizon else None
         groups.setdefault(told, []).append(cell)
     for group in groups.values():
         cfg = config.replace(horizon=max(big_h for _, big_h, _ in group))
-        grid = (tuple((h, d) for d, _, h in group), max(e, 1))
-        streams = [_CellStream(group, e, on_cell)] if on_cell and e else None
-        kw = {"seeds": np.tile(seeds_arr, len(group)), "params": params}
-        if scan:
-            ev = Evaluator(policy, env, cfg, takes_params=takes)
-            # The plan carries the cells (``RunPlan.grid``).
-            ev.settings = ev.settings._replace(grid=grid[0], cell_episodes=grid[1])
-            whole = ev.run(hooks=streams, **kw)
-            programs += len(ev.programs())
-        else:
-            kw.update(episodes=None, hooks=streams, served=served, grid=grid)
-            whole = dispatch.evaluate_host(policy, env, cfg, **kw)
-            programs += 1  # one agent step (HostAgent) per grid
-        compile_time += whole.compile_time
-        for c, (d, big_h, h) in enumerate(group):
-            at = slice(c * e, (c + 1) * e)
-            out[(d, big_h)] = select(
-                whole,
-                at,
-                indices=np.arange(e),
-                env_steps=int(np.sum(whole.lengths[at])),
-                policy_rows=int(np.sum(whole.predict_calls[at])),
-                horizon=big_h,
-                effective_horizon=h,
-                delay=d,
-            )
+        ran = _run_group(policy, env, cfg, group, seeds_arr, params, on_cell, served)
+        out.update(ran[0])
+        programs, compile_time = programs + ran[1], compile_time + ran[2]
     return Sweep(
         delays=delays,
         horizons=horizons,
@@ -296,6 +273,47 @@ def sweep(
         compile_time=compile_time,
         delay_steps=steps_of,
     )
+
+
+def _run_group(
+    policy: Any,
+    env: Any,
+    cfg: RunConfig,
+    group: list,
+    seeds_arr: np.ndarray,
+    params: Any,
+    on_cell: Any,
+    served: Any,
+) -> tuple[dict, int, float]:
+    """One run of a group's cells ``(d, H, h)``, each cell the seeds once:
+    ``(d, H) -> RunResult``, the programs it compiled and its compile time."""
+    e = int(seeds_arr.size)
+    grid = (tuple((h, d) for d, _, h in group), max(e, 1))
+    streams = [_CellStream(group, e, on_cell)] if on_cell and e else None
+    kw = {"seeds": np.tile(seeds_arr, len(group)), "params": params}
+    if backend.backend_of(env) == backend.SCAN:
+        ev = Evaluator(policy, env, cfg, takes_params=params is not None)
+        # The plan carries the cells (``RunPlan.grid``).
+        ev.settings = ev.settings._replace(grid=grid[0], cell_episodes=grid[1])
+        whole, programs = ev.run(hooks=streams, **kw), len(ev.programs())
+    else:
+        kw.update(episodes=None, hooks=streams, served=served, grid=grid)
+        whole = dispatch.evaluate_host(policy, env, cfg, **kw)
+        programs = 1  # one agent step (HostAgent) per grid
+    cells = {}
+    for c, (d, big_h, h) in enumerate(group):
+        at = slice(c * e, (c + 1) * e)
+        cells[(d, big_h)] = select(
+            whole,
+            at,
+            indices=np.arange(e),
+            env_steps=int(np.sum(whole.lengths[at])),
+            policy_rows=int(np.sum(whole.predict_calls[at])),
+            horizon=big_h,
+            effective_horizon=h,
+            delay=d,
+        )
+    return cells, programs, whole.compile_time
 
 
 def _fit_cells(delays: tuple, horizons: tuple, chunk: int | None) -> tuple:
