@@ -123,18 +123,7 @@ class GrpcPolicy:
                 f"evaluate(params=...) with {self.name}: the params live on the "
                 "policy server; serve the model with the params you want"
             )
-        return Policy(
-            name=self.name,
-            apply=_refuse_apply,
-            stochastic=False,
-            initial_state=None,
-            native_chunk=None,
-            spec=None,
-            default_params=lambda: None,
-            place=lambda x: x,
-            device=None,
-            on_episode_end=None,
-        )
+        return Policy(name=self.name, apply=_refuse_apply)
 
     def remote_agent(self, pol: Policy, spec: Any, settings: Any, tile_lanes: Any):
         """The agent side of one run (``driver.HostAgent``'s part)."""
