@@ -56,18 +56,6 @@ NO_SLOT = 255
 _CONTROL_BYTES = 1 << 20  # the largest ATTACH, REFUSE or ERROR a client reads
 
 
-def new_ring(size: int) -> tuple[Segment, int]:
-    """An anonymous shared-memory file of ``size`` bytes mapped here, and a
-    descriptor of it to send (the caller closes it)."""
-    fd = os.memfd_create("jaxmesh-ring", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        return Segment(fd=os.dup(fd)), fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def ring_fields(specs: Mapping[str, codec.LeafSpec], keys: Sequence[str]) -> dict:
     """The ring's arrays: ``"<slot>:<key>"`` -> (shape per lane, dtype)."""
     return {

@@ -16,12 +16,13 @@ import numpy as np
 class Segment:
     """A shared-memory segment created with ``size`` or mapped by name, without
     a resource-tracker process (which would outlive the run), or the file ``fd``
-    mapped (and closed)."""
+    (sized to ``size`` if given) mapped and closed."""
 
     def __init__(self, name: str = "", size: int | None = None, fd: int = -1):
         import _posixshmem
 
         self.name = name
+        created = fd < 0 and size is not None  # unlinked on failure: ours, named
         if fd < 0:
             flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
             fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
@@ -30,7 +31,7 @@ class Segment:
                 os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, os.fstat(fd).st_size)
         except BaseException:
-            if size is not None:
+            if created:
                 self.unlink()
             raise
         finally:

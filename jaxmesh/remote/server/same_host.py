@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from jaxmesh.envs.gymnasium.shm import Slots
+from jaxmesh.envs.gymnasium.shm import Segment, Slots
 from jaxmesh.remote import codec
 from jaxmesh.remote import shm as same_host
 from jaxmesh.remote.server.requests import _parse_request, _parse_step
@@ -345,9 +345,10 @@ class SameHostPath:
             fields = same_host.ring_fields(specs, keys)
             # An anonymous file: nothing in /dev/shm, even if this process is
             # killed while the client attaches.
-            ring, fd = same_host.new_ring(Slots.size(n, fields))
-            slots = Slots(ring, n, fields)
+            fd = os.memfd_create("jaxmesh-ring", os.MFD_CLOEXEC)
             try:
+                ring = Segment(size=Slots.size(n, fields), fd=os.dup(fd))
+                slots = Slots(ring, n, fields)
                 attach = {"frames": [same_host.BINARY] if binary else []}
                 same_host.send_attach(conn, json.dumps(attach).encode(), fd)
             finally:
