@@ -47,10 +47,9 @@ def is_host_stepped(env: Any) -> bool:
     gym = sys.modules.get("gymnasium")
     if gym is None:
         return False
-    if isinstance(env, gym.Env | gym.vector.VectorEnv) or is_factory(env):
-        return True
-    return isinstance(env, list) and any(
-        isinstance(e, gym.Env) or is_factory(e) for e in env
+    envs = env if isinstance(env, list) else [env]
+    return isinstance(env, gym.vector.VectorEnv) or any(
+        isinstance(e, gym.Env) or is_factory(e) for e in envs
     )
 
 
