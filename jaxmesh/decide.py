@@ -107,9 +107,7 @@ class Decision:
     def plot(self) -> Any:
         """The interval narrowing over the episodes (``_CAPTION``): a matplotlib
         ``Figure`` on an Agg canvas (needs ``jaxmesh[report]``)."""
-        figure_cls, canvas_cls = rp._matplotlib()
-        fig = figure_cls(figsize=(7.0, 3.6))
-        canvas_cls(fig)
+        fig = rp._new_figure((7.0, 3.6), layout="tight")
         ax = fig.add_subplot()
         n, low, high = (np.array(x, np.float64) for x in zip(*self.path, strict=True))
         d = _stratified(self.b, self.metric) - _stratified(self.a, self.metric)
@@ -131,7 +129,6 @@ class Decision:
         ax.set_ylabel(f"{self.metric} difference (B - A)")
         ax.set_title(self.verdict, fontsize=9, wrap=True)
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
         return fig
 
     def to_dict(self) -> dict[str, Any]:

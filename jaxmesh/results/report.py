@@ -49,6 +49,15 @@ def _matplotlib() -> tuple[type, type]:
     return Figure, FigureCanvasAgg
 
 
+def _new_figure(size: tuple[float, float], **kwargs: Any) -> Figure:
+    """An empty ``Figure`` of ``size`` inches on an Agg canvas, not registered
+    with pyplot; an ImportError names the extra when matplotlib is missing."""
+    figure_cls, canvas_cls = _matplotlib()
+    fig = figure_cls(figsize=size, dpi=DPI, **kwargs)
+    canvas_cls(fig)
+    return fig
+
+
 def _constant(values: np.ndarray) -> bool:
     """Whether every episode has the same value (a line says it better)."""
     return values.size > 0 and bool(values.min() == values.max())
@@ -122,7 +131,6 @@ def plot(result: Result, title: str | None = None) -> Figure:
     report"); ``title`` None: ``policy on env: N episodes``. An ImportError
     names the extra when matplotlib is missing.
     """
-    Figure, FigureCanvasAgg = _matplotlib()
     returns = np.asarray(result.returns, np.float64)
     # Integers stay integers: numpy's "auto" bins of integers are at least 1 wide.
     lengths = np.asarray(result.lengths, np.int64)
@@ -137,8 +145,7 @@ def plot(result: Result, title: str | None = None) -> Figure:
         indices = np.asarray(result.indices)
         panels.append(("Success over episodes", _success, flags, indices))
     rows, cols = (2, 2) if len(panels) == 4 else (1, max(len(panels), 1))
-    fig = Figure(figsize=(4.4 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _new_figure((4.4 * cols, 3.6 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (panel_title, draw, values, *args) in zip(axes, panels, strict=False):
         ax.set_title(panel_title)
@@ -536,15 +543,13 @@ def suite_plot(suite: Any, stats: dict | None = None) -> Figure:
     """A suite's figure: horizontal bars per task, its name wrapped beside
     them, of the success rate (when every task has a signal) and the mean
     return, with their intervals as whiskers."""
-    figure_cls, canvas_cls = _matplotlib()
     s = suite.stats() if stats is None else stats
     rows = s["tasks"]
     names = [wrap(row["task"], 34) for row in rows]
     rated = all(row["success_rate"] is not None for row in rows)
     lines = sum(name.count("\n") + 1 for name in names)
     height = max(2.4, 1.2 + 0.2 * lines + 0.12 * len(names))
-    fig = figure_cls(figsize=(11.0, height), dpi=DPI, layout="constrained")
-    canvas_cls(fig)
+    fig = _new_figure((11.0, height), layout="constrained")
     axes = fig.subplots(1, 2 if rated else 1, squeeze=False, sharey=True)[0]
     y = np.arange(len(names))
 
