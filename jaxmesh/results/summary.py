@@ -41,17 +41,6 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def loss_text(loss: dict) -> str:
-    """One lost server (``RunResult.server_losses``) in words."""
-    text = (
-        f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
-        f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
-        f"episodes run again ({loss.get('error')})"
-    )
-    back = loss.get("rejoined_at_seconds")
-    return text + ("" if back is None else f"; rejoined at {back:.1f} s")
-
-
 def _at(stats: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         stats = stats[part]
@@ -60,27 +49,10 @@ def _at(stats: dict[str, Any], key: str) -> Any:
 
 def _stat_rows(result: Any, stats: dict[str, Any]) -> list[Row]:
     """The statistics."""
-    n = stats["episodes"]
-    out = [Row("episodes", "episodes", n, f"{n:,}")]
-    if not n:
+    episodes = stats["episodes"]
+    out = [Row("episodes", "episodes", episodes, f"{episodes:,}")]
+    if not episodes:
         return out
-    out += _return_rows(stats) + _success_rows(stats)
-    for name, m in (stats.get("metrics") or {}).items():
-        text = "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}"
-        label = f"metric {name} ({m['reduction']}), mean"
-        note = "over the episodes that have a value"
-        out.append(Row(f"metrics.{name}.mean", label, m["mean"], text, note))
-    for key, note in (
-        ("terminated", "episodes the env ended (a failure or a goal)"),
-        ("truncated", "episodes cut by a step or time limit"),
-    ):
-        count = int(np.sum(getattr(result, key)))
-        out.append(Row(key, key, count, f"{count:,}", note))
-    return out
-
-
-def _return_rows(stats: dict[str, Any]) -> list[Row]:
-    """The statistics of the returns and the mean length."""
     level, n, seed = f"{stats['confidence']:.0%}", stats["resamples"], stats["seed"]
     how = f"percentile bootstrap, {n:,} resamples, seed {seed}"
 
@@ -101,7 +73,7 @@ def _return_rows(stats: dict[str, Any]) -> list[Row]:
         num(f"returns.quantiles.{k}", f"return {k}", f"{k[1:]}% {at_most}")
         for k in stats["returns"]["quantiles"]
     ]
-    return [
+    out += [
         num("returns.mean", "mean return"),
         num("returns.std", "std of the returns", std),
         num("returns.standard_error", "standard error of the mean", error),
@@ -113,7 +85,20 @@ def _return_rows(stats: dict[str, Any]) -> list[Row]:
         num("returns.min", "min return"),
         num("returns.max", "max return"),
         num("lengths.mean", "mean length", "env steps per episode", 1),
+        *_success_rows(stats),
     ]
+    for name, m in (stats.get("metrics") or {}).items():
+        text = "n/a (no value)" if m["mean"] is None else f"{m['mean']:.4g}"
+        label = f"metric {name} ({m['reduction']}), mean"
+        note = "over the episodes that have a value"
+        out.append(Row(f"metrics.{name}.mean", label, m["mean"], text, note))
+    for key, note in (
+        ("terminated", "episodes the env ended (a failure or a goal)"),
+        ("truncated", "episodes cut by a step or time limit"),
+    ):
+        count = int(np.sum(getattr(result, key)))
+        out.append(Row(key, key, count, f"{count:,}", note))
+    return out
 
 
 def _success_rows(stats: dict[str, Any]) -> list[Row]:
@@ -203,10 +188,15 @@ def setting_rows(result: Any) -> list[Row]:
         field("plan_tile", "plan tile", None, "rows per policy call"),
         field("max_episode_seconds", "max episode seconds", cap),
     ]
-    rows += [
-        Row(f"server_losses.{i}", "server lost", loss, loss_text(loss))
-        for i, loss in enumerate(result.server_losses)
-    ]
+    for i, loss in enumerate(result.server_losses):
+        back = loss.get("rejoined_at_seconds")
+        text = (
+            f"{loss.get('server')} at {loss.get('at_seconds', 0):.1f} s: "
+            f"{loss.get('lanes')} lanes out, {loss.get('episodes_rerun')} unfinished "
+            f"episodes run again ({loss.get('error')})"
+            + ("" if back is None else f"; rejoined at {back:.1f} s")
+        )
+        rows.append(Row(f"server_losses.{i}", "server lost", loss, text))
     lost = (getattr(result, "telemetry", None) or {}).get("worker_lost")
     if lost:  # a worker process died (a crash, the OOM killer) and was replaced
         n = int(lost["count"])

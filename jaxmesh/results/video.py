@@ -232,7 +232,20 @@ def episode_frames(
         for t in range(steps)
     ]
     if frames is None and str(result.env).startswith("envpool:"):
-        return observation_frames(result.env, obs_at)
+        out = []  # uint8 [H, W, 3] as it is; [stack, H, W] or [H, W]: the newest, gray
+        for o in map(np.asarray, obs_at):
+            if o.dtype == np.uint8 and o.ndim == 3 and o.shape[-1] == 3:
+                out.append(o)
+            elif o.dtype == np.uint8 and o.ndim in (2, 3):
+                gray = o if o.ndim == 2 else o[-1]
+                out.append(np.repeat(gray[..., None], 3, axis=-1))
+            else:
+                raise ValueError(
+                    f"env {result.env!r} has no renderer and its observations "
+                    f"(shape {o.shape}, {o.dtype}) are not image frames; pass "
+                    "frames=fn, fn(obs, None) -> rgb array [H, W, 3]"
+                )
+        return out
     if jax_env is None:
         if frames is None:
             raise ValueError(
@@ -246,30 +259,6 @@ def episode_frames(
     if frames is not None:
         return [np.asarray(frames(o, s)) for o, s in zip(obs_at, states, strict=True)]
     return _draw(jax_env, states)
-
-
-def observation_frames(name: str, observations: list) -> list[np.ndarray]:
-    """An EnvPool episode's image observations as RGB (``[H, W, 3]`` as it
-    is; uint8 ``[stack, H, W]`` or ``[H, W]``: the newest frame, gray).
-
-    Raises:
-      ValueError: the observations are not images.
-    """
-    out = []
-    for obs in observations:
-        o = np.asarray(obs)
-        if o.dtype == np.uint8 and o.ndim == 3 and o.shape[-1] == 3:
-            out.append(o)
-        elif o.dtype == np.uint8 and o.ndim in (2, 3):
-            gray = o if o.ndim == 2 else o[-1]
-            out.append(np.repeat(gray[..., None], 3, axis=-1))
-        else:
-            raise ValueError(
-                f"env {name!r} has no renderer and its observations (shape "
-                f"{o.shape}, {o.dtype}) are not image frames; pass frames=fn, "
-                "fn(obs, None) -> rgb array [H, W, 3]"
-            )
-    return out
 
 
 def _draw(env: Any, states: list) -> list[np.ndarray]:
