@@ -293,7 +293,7 @@ def _run_group(
     kw = {"seeds": np.tile(seeds_arr, len(group)), "params": params}
     if backend.backend_of(env) == backend.SCAN:
         ev = Evaluator(policy, env, cfg, takes_params=params is not None)
-        # The plan carries the cells (``RunPlan.grid``).
+        # The settings carry the cells (``Settings.grid``).
         ev.settings = ev.settings._replace(grid=grid[0], cell_episodes=grid[1])
         whole, programs = ev.run(hooks=streams, **kw), len(ev.programs())
     else:

@@ -247,13 +247,16 @@ def check_record_keys(env: Any, record: Any) -> None:
         observation_leaves(obs, record.keys, f"env {name!r}")
 
 
-def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
-    """The agent's static configuration for a run's plan, checked."""
+def agent_config(
+    policy: Policy, env: Any, plan: RunPlan, settings: Any
+) -> agent.AgentConfig:
+    """The agent's static configuration for a run's plan and checked settings."""
+    ensemble = settings.execution
     pending = adapt.pending_inputs(policy.spec)
-    if pending and (plan.ensemble is not None or plan.chunk is None):
+    if pending and (ensemble is not None or plan.chunk is None):
         name = next(iter(pending))
         why = (
-            f"execution={plan.ensemble!r} plans every step and executes an "
+            f"execution={ensemble!r} plans every step and executes an "
             "average of the chunks, so no chunk's tail is pending: drop execution= "
             "or the PendingChunk input"
             if plan.chunk is not None
@@ -264,16 +267,18 @@ def agent_config(policy: Policy, env: Any, plan: RunPlan) -> agent.AgentConfig:
             f"policy {policy.name!r}: input {name!r} is a jaxmesh.adapt.PendingChunk "
             f"(the unexecuted tail of the previous chunk), but {why}"
         )
-    if plan.ensemble is not None and env.num_actions is not None:
+    if ensemble is not None and env.num_actions is not None:
         raise ValueError(
-            f"execution={plan.ensemble!r}: env "
+            f"execution={ensemble!r}: env "
             f"{getattr(env, 'name', type(env).__name__)!r} has {env.num_actions} "
             "discrete actions, and an average of discrete actions is no action; "
             "ensembling is for continuous actions: drop execution="
         )
-    same = ("lead", "tile", "chunk", "delay", "ensemble", "grid", "cell_episodes")
-    sizes = {k: getattr(plan, k) for k in same}
-    cfg = agent.make_config(env, policy, num_envs=plan.lanes, horizon=plan.h, **sizes)
+    sizes = {k: getattr(plan, k) for k in ("lead", "tile", "chunk")}
+    sizes |= {k: getattr(settings, k) for k in ("delay", "grid", "cell_episodes")}
+    cfg = agent.make_config(
+        env, policy, num_envs=plan.lanes, horizon=plan.h, ensemble=ensemble, **sizes
+    )
     check_frame_limit(policy.spec, env, plan.lanes)
     return cfg
 
@@ -282,18 +287,18 @@ def build_engine(
     policy: Policy,
     env: Any,
     plan: RunPlan,
-    max_steps: int,
+    settings: Any,
     metrics: tuple[tuple[tuple[str, str], ...], str | None] = ((), None),
     record: Any = None,
     trials: TrialReset | None = None,
 ) -> Engine:
-    """The engine for a probed policy, env and plan (checked ``metrics``,
+    """The engine for a probed policy, env, plan and settings (checked ``metrics``,
     ``record``; ``trials``: episodes start from a trial index, not a reset)."""
     name = getattr(env, "name", type(env).__name__)
     config = EngineConfig(
         capacity=plan.capacity,
-        max_steps=max_steps,
-        agent=agent_config(policy, env, plan),
+        max_steps=settings.max_steps,
+        agent=agent_config(policy, env, plan, settings),
         metrics=metrics[0],
         success=metrics[1],
         # A trial's reset (initial states, reset_fn) gives no reset info.

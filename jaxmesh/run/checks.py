@@ -162,7 +162,7 @@ class Settings(NamedTuple):
     execution: Any = None
     #: None: the delay was given in steps (``resolve_delay_ms`` sets ``delay``).
     delay_ms: float | None = None
-    #: A sweep's cells, each ``(h, d)`` (``plan.RunPlan.grid``). None: one setting.
+    #: A sweep's cells, each ``(h, d)``. None: one setting.
     grid: tuple[tuple[int, int], ...] | None = None
     cell_episodes: int = 0
 

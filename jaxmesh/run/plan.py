@@ -23,8 +23,8 @@ class RunPlan(NamedTuple):
     """The sizes one run's program is built with (``plan_run``): ``h`` is
     ``min(H, K)`` (1 for single actions or an ensemble), ``lead`` ``min(L, h)``
     or the delay d; ``lanes`` and ``capacity`` are one program's (per device),
-    ``lanes <= capacity``; a sweep's ``grid`` of ``(h, d)`` cells makes ``h``
-    and ``lead`` the largest of them."""
+    ``lanes <= capacity``; a sweep's ``grid`` of ``(h, d)`` cells (in the
+    settings) makes ``h`` and ``lead`` the largest of them."""
 
     horizon: int
     chunk: int | None
@@ -33,10 +33,6 @@ class RunPlan(NamedTuple):
     tile: int
     lanes: int
     capacity: int
-    delay: int = 0
-    ensemble: Any = None
-    grid: tuple[tuple[int, int], ...] | None = None
-    cell_episodes: int = 0
 
 
 def plan_run(
@@ -50,12 +46,11 @@ def plan_run(
     """The plan of a run with checked ``settings`` and a probed ``chunk`` (K);
     ``lanes`` and ``tile_lanes`` (the default tile's) default to ``num_envs``."""
     h = effective_horizon(settings.horizon, chunk)
-    delay, ensemble = settings.delay, settings.execution
     check_execution(settings, chunk, h)
-    if ensemble is not None:
+    if settings.execution is not None:
         h = 1  # a plan every step
     grid = settings.grid
-    lead = delay or min(settings.prefetch_lead, h)
+    lead = settings.delay or min(settings.prefetch_lead, h)
     tile_h = h
     if grid is not None:
         h, lead = max(c[0] for c in grid), max(c[1] for c in grid)
@@ -70,10 +65,6 @@ def plan_run(
         tile=tile,
         lanes=min(lanes or n, capacity),
         capacity=capacity,
-        delay=delay,
-        ensemble=ensemble,
-        grid=grid,
-        cell_episodes=settings.cell_episodes,
     )
 
 

@@ -77,7 +77,7 @@ def agent_functions(
     run_plan = plan.plan_run(
         settings, chunk, capacity=settings.num_envs, tile_lanes=tile_lanes
     )
-    cfg = build.agent_config(pol, env, run_plan)
+    cfg = build.agent_config(pol, env, run_plan, settings)
 
     init = functools.partial(agent.init, cfg, pol)  # (obs, lanes)
     step = functools.partial(agent.host_step, cfg, pol)

@@ -139,7 +139,7 @@ class Evaluator:
                 self.policy,
                 self.env if self._bound is None else self._bound,
                 plan,
-                self.settings.max_steps,
+                self.settings,
                 self.metrics,
                 self.record,
                 self._trial_reset,

@@ -81,9 +81,7 @@ def make_evaluator(
             chunk = build.run_chunk(pol, env_obj, params, settings)
             # One program holds the whole budget: its buffers are e entries.
             run_plan = plan.plan_run(settings, chunk, capacity=e)
-            engines[sig] = build.build_engine(
-                pol, env_obj, run_plan, settings.max_steps, kept
-            )
+            engines[sig] = build.build_engine(pol, env_obj, run_plan, settings, kept)
         return engines[sig].run(params, jnp.asarray(s, jnp.int32))
 
     return evaluator
