@@ -50,8 +50,7 @@ def _matplotlib() -> tuple[type, type]:
 
 
 def _new_figure(size: tuple[float, float], **kwargs: Any) -> Figure:
-    """An empty ``Figure`` of ``size`` inches on an Agg canvas, not registered
-    with pyplot; an ImportError names the extra when matplotlib is missing."""
+    """An empty ``Figure`` of ``size`` inches on an Agg canvas, not pyplot's."""
     figure_cls, canvas_cls = _matplotlib()
     fig = figure_cls(figsize=size, dpi=DPI, **kwargs)
     canvas_cls(fig)
