@@ -472,9 +472,7 @@ class Sweep:
     def plot(self) -> Any:
         """Success rate (else mean return) against the delay, a line per
         horizon, with 95% intervals: a matplotlib ``Figure`` on an Agg canvas."""
-        figure_cls, canvas_cls = _report._matplotlib()
-        fig = figure_cls(figsize=(6, 4))
-        canvas_cls(fig)
+        fig = _report._new_figure((6, 4), layout="tight")
         ax = fig.add_subplot(1, 1, 1)
         success = self.has_success
         value = "success_rate" if success else "mean_return"
@@ -494,7 +492,6 @@ class Sweep:
         ax.set_xticks(list(self.delay_steps) if ms else list(self.delays))
         ax.legend(title="horizon")
         ax.grid(alpha=0.3)
-        fig.tight_layout()
         return fig
 
     def to_dict(self) -> dict:

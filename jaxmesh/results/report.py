@@ -34,8 +34,9 @@ DPI = 100
 
 
 # Plots -------------------------------------------------------------------------
-def _matplotlib() -> tuple[type, type]:
-    """``(Figure, FigureCanvasAgg)``; an ImportError names the extra."""
+def _new_figure(size: tuple[float, float], **kwargs: Any) -> Figure:
+    """An empty ``Figure`` of ``size`` inches on an Agg canvas, not pyplot's; an
+    ImportError names the extra."""
     try:
         # The package first: it fails even when a submodule is still imported.
         import matplotlib  # noqa: F401
@@ -46,14 +47,8 @@ def _matplotlib() -> tuple[type, type]:
             f"jaxmesh's plots and HTML report need matplotlib, which cannot be "
             f"imported ({e}); install it with: pip install 'jaxmesh[report]'"
         ) from e
-    return Figure, FigureCanvasAgg
-
-
-def _new_figure(size: tuple[float, float], **kwargs: Any) -> Figure:
-    """An empty ``Figure`` of ``size`` inches on an Agg canvas, not pyplot's."""
-    figure_cls, canvas_cls = _matplotlib()
-    fig = figure_cls(figsize=size, dpi=DPI, **kwargs)
-    canvas_cls(fig)
+    fig = Figure(figsize=size, dpi=DPI, **kwargs)
+    FigureCanvasAgg(fig)
     return fig
 
 
